@@ -1,0 +1,225 @@
+"""Graph questions on plain names and indices: topological orders, live bytes, what crosses a cut.
+
+Nothing here touches protobuf.  Functions take a node list as ``deps[i]`` (tensors node ``i`` reads,
+outer-scope reads of subgraphs included) and ``outs[i]`` (tensors it writes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from onnxpipe.errors import ModelLoadError
+
+
+def _producers(outs: Sequence[Sequence[str]]) -> dict[str, int]:
+    prod: dict[str, int] = {}
+    for i, o in enumerate(outs):
+        for t in o:
+            prod[t] = i
+    return prod
+
+
+def file_order_if_topological(
+    deps: Sequence[Sequence[str]], outs: Sequence[Sequence[str]], available: Iterable[str]
+) -> list[int] | None:
+    """``[0, 1, ..., n-1]`` if every node reads only what is defined before it, else ``None``."""
+    defined = set(available)
+    prod = _producers(outs)
+    for i, d in enumerate(deps):
+        for t in d:
+            if t not in defined and t in prod:
+                return None
+        defined.update(outs[i])
+    return list(range(len(deps)))
+
+
+def dfs_order(
+    deps: Sequence[Sequence[str]],
+    outs: Sequence[Sequence[str]],
+    available: Iterable[str],
+    labels: Sequence[str] | None = None,
+) -> list[int]:
+    """Kahn's algorithm with a ready *stack*: depth-first, so a branch runs to its join before the next.
+
+    Breadth-first orders interleave parallel branches layer by layer and keep every branch's tensors live
+    at once; depth-first keeps one branch's tensors live at a time.  Ties go to the file order, so the
+    result is deterministic.  Raises :class:`ModelLoadError` on a cycle or a read of an undefined tensor.
+    """
+    n = len(deps)
+    prod = _producers(outs)
+    avail = set(available)
+    indeg = [0] * n
+    succ: list[list[int]] = [[] for _ in range(n)]
+    for i, d in enumerate(deps):
+        preds = {prod[t] for t in d if t in prod and t not in avail}
+        indeg[i] = len(preds)
+        for p in preds:
+            succ[p].append(i)
+    stack = [i for i in range(n - 1, -1, -1) if indeg[i] == 0]
+    order: list[int] = []
+    while stack:
+        i = stack.pop()
+        order.append(i)
+        ready = []
+        for s in succ[i]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                ready.append(s)
+        # push in reverse file order so the earliest-in-file successor runs first
+        stack.extend(sorted(ready, reverse=True))
+    if len(order) != n:
+        stuck = [i for i in range(n) if indeg[i] > 0]
+        name = labels[stuck[0]] if labels is not None else str(stuck[0])
+        raise ModelLoadError(
+            f"node {name!r} is part of a cycle or reads a tensor no node produces; the graph is not a DAG"
+        )
+    return order
+
+
+def live_bytes_profile(
+    order: Sequence[int],
+    deps: Sequence[Sequence[str]],
+    outs: Sequence[Sequence[str]],
+    size: Mapping[str, int],
+    initializers: Mapping[str, int] | Iterable[str],
+    model_outputs: Sequence[str] = (),
+) -> list[int]:
+    """Bytes live across each cut point ``p = 1 .. n-1`` of ``order`` (initializers excluded)."""
+    n = len(order)
+    pos = {node: p for p, node in enumerate(order)}
+    inits = set(initializers)
+    start: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for node in order:
+        for t in outs[node]:
+            start[t] = pos[node]
+    for node in order:
+        for t in deps[node]:
+            if t in inits:
+                continue
+            last[t] = max(last.get(t, -1), pos[node])
+    for t in model_outputs:
+        if t in start:
+            last[t] = max(last.get(t, -1), n)
+    diff = np.zeros(n + 2, dtype=np.int64)
+    for t, end in last.items():
+        a = start.get(t, -1)
+        if end <= a:
+            continue
+        diff[a + 1] += size.get(t, 0)
+        diff[end + 1] -= size.get(t, 0)
+    live = np.cumsum(diff)[: n + 1]
+    return [int(x) for x in live[1:n]]
+
+
+@dataclass(frozen=True)
+class CutProfile:
+    """What crosses each cut between consecutive compute nodes.
+
+    ``bytes[p]`` for ``p = 0 .. m`` is the size of the tensors a stage starting at compute position ``p``
+    must receive: produced before ``p`` (model inputs count as produced before 0) and read at or after
+    ``p``.  In a linear pipeline these travel down the chain, skip connections included, so this is the
+    load on the link in front of that stage.  ``bytes[0]`` and ``bytes[m]`` are 0 by convention.
+    """
+
+    bytes: tuple[int, ...]
+
+
+def cut_profile(
+    compute_deps: Sequence[Sequence[str]],
+    compute_outs: Sequence[Sequence[str]],
+    tensor_bytes: Mapping[str, int],
+    free: Iterable[str],
+) -> CutProfile:
+    """Cut bytes for nodes already in order; ``free`` tensors (weights, constants) never cross."""
+    m = len(compute_deps)
+    freeset = set(free)
+    start: dict[str, int] = {}
+    for p, o in enumerate(compute_outs):
+        for t in o:
+            start[t] = p
+    last: dict[str, int] = {}
+    for p, d in enumerate(compute_deps):
+        for t in d:
+            if t not in freeset:
+                last[t] = p
+    diff = np.zeros(m + 2, dtype=np.int64)
+    for t, end in last.items():
+        a = start.get(t, -1)
+        if end <= a:
+            continue
+        b = tensor_bytes.get(t, 0)
+        diff[a + 1] += b
+        diff[end + 1] -= b
+    live = np.cumsum(diff)[: m + 1]
+    live[0] = 0
+    live[m] = 0
+    return CutProfile(tuple(int(x) for x in live))
+
+
+def greedy_live_order(
+    deps: Sequence[Sequence[str]],
+    outs: Sequence[Sequence[str]],
+    available: Iterable[str],
+    size: Mapping[str, int],
+) -> list[int]:
+    """List scheduling that runs next the ready node that adds the fewest live bytes.
+
+    A node's effect is the bytes it writes minus the bytes of inputs it reads for the last time.
+    Effects change as other readers run, so the ready heap is refreshed lazily (a stale entry is
+    re-pushed with its current effect).  Ties go to the most recently readied node, which keeps a branch
+    going (depth-first) rather than interleaving branches.
+    """
+    import heapq
+
+    n = len(deps)
+    prod = _producers(outs)
+    avail = set(available)
+    readers: dict[str, int] = {}
+    unique_deps = [tuple(dict.fromkeys(t for t in d if t not in avail or t in prod)) for d in deps]
+    for d in unique_deps:
+        for t in d:
+            readers[t] = readers.get(t, 0) + 1
+    indeg = [0] * n
+    succ: list[list[int]] = [[] for _ in range(n)]
+    for i, d in enumerate(deps):
+        preds = {prod[t] for t in d if t in prod and t not in avail}
+        indeg[i] = len(preds)
+        for p in preds:
+            succ[p].append(i)
+
+    def effect(i: int) -> int:
+        freed = sum(size.get(t, 0) for t in unique_deps[i] if readers.get(t, 0) == 1)
+        return sum(size.get(t, 0) for t in outs[i]) - freed
+
+    seq = 0
+    heap: list[tuple[int, int, int]] = []
+    for i in range(n):
+        if indeg[i] == 0:
+            heapq.heappush(heap, (effect(i), -seq, i))
+            seq += 1
+    order: list[int] = []
+    done = [False] * n
+    while heap:
+        eff, neg_seq, i = heapq.heappop(heap)
+        if done[i]:
+            continue
+        current = effect(i)
+        if current != eff:
+            heapq.heappush(heap, (current, neg_seq, i))
+            continue
+        done[i] = True
+        order.append(i)
+        for t in unique_deps[i]:
+            readers[t] -= 1
+        for s in sorted(succ[i]):
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                heapq.heappush(heap, (effect(s), -seq, s))
+                seq += 1
+    if len(order) != n:
+        raise ModelLoadError("the graph has a cycle or reads a tensor no node produces; it is not a DAG")
+    return order
