@@ -63,10 +63,13 @@ def main(argv: list[str]) -> int:
         r = measure(view)
         ratio = r["chosen_mean"] / r["file_mean"] if r["file_mean"] else 1.0
         max_ratio = r["chosen_max"] / r["file_max"] if r["file_max"] else 1.0
-        rows.append({"model": path.name, "nodes": len(view.nodes), **r, "mean_ratio": ratio,
-                     "max_ratio": max_ratio})
-        print(f"{path.name[:32]:32} {len(view.nodes):6d} {r['file_mean']:12.0f} {r['chosen_mean']:12.0f} "
-              f"{ratio:6.3f} {max_ratio:9.3f}")
+        rows.append(
+            {"model": path.name, "nodes": len(view.nodes), **r, "mean_ratio": ratio, "max_ratio": max_ratio}
+        )
+        print(
+            f"{path.name[:32]:32} {len(view.nodes):6d} {r['file_mean']:12.0f} {r['chosen_mean']:12.0f} "
+            f"{ratio:6.3f} {max_ratio:9.3f}"
+        )
     out = ROOT / "benchmarks" / "results" / "order.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"baseline": "file order", "rows": rows}, indent=2))

@@ -180,8 +180,8 @@ def greedy_live_order(
     avail = set(available)
     readers: dict[str, int] = {}
     unique_deps = [tuple(dict.fromkeys(t for t in d if t not in avail or t in prod)) for d in deps]
-    for d in unique_deps:
-        for t in d:
+    for ud in unique_deps:
+        for t in ud:
             readers[t] = readers.get(t, 0) + 1
     indeg = [0] * n
     succ: list[list[int]] = [[] for _ in range(n)]

@@ -141,7 +141,7 @@ def dtype_name(elem_type: int) -> str:
     try:
         return str(np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)))
     except (KeyError, TypeError, ValueError):
-        return onnx.TensorProto.DataType.Name(elem_type).lower()
+        return str(onnx.TensorProto.DataType.Name(elem_type)).lower()
 
 
 def itemsize(elem_type: int) -> int:
@@ -188,9 +188,10 @@ def load_model(path: str | Path, *, check: bool = True) -> ModelView:
     try:
         proto = onnx.load(str(p), load_external_data=False)
     except (DecodeError, RuntimeError, ValueError, OSError) as e:
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ModelLoadError(
-            f"{p}: not a readable ONNX model ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''});"
-            " check that the file is complete and was saved by an ONNX exporter"
+            f"{p}: not a readable ONNX model ({detail}); "
+            "check that the file is complete and was saved by an ONNX exporter"
         ) from e
     if not proto.graph.node and not proto.graph.output:
         raise ModelLoadError(f"{p}: holds no ONNX graph (empty or not a model file); re-export the model")
@@ -201,9 +202,7 @@ def load_model(path: str | Path, *, check: bool = True) -> ModelView:
 
 def _check(proto: onnx.ModelProto, p: Path) -> None:
     try:
-        has_external = any(
-            t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer
-        )
+        has_external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
         if has_external or proto.ByteSize() > 2_000_000_000:
             onnx.checker.check_model(str(p))  # by path: resolves external files beside the model
         else:

@@ -56,10 +56,12 @@ def _if_reading(outer: str, out: str, depth: int) -> onnx.NodeProto:
     """An If whose branches read ``outer`` from the enclosing scope, nested ``depth`` deep."""
     if depth == 0:
         return helper.make_node("Identity", [outer], [out])
-    then_g = helper.make_graph([_if_reading(outer, f"{out}_t", depth - 1)], f"then{depth}", [],
-                               [_vi(f"{out}_t", [2])])
-    else_g = helper.make_graph([helper.make_node("Neg", [outer], [f"{out}_e"])], f"else{depth}", [],
-                               [_vi(f"{out}_e", [2])])
+    then_g = helper.make_graph(
+        [_if_reading(outer, f"{out}_t", depth - 1)], f"then{depth}", [], [_vi(f"{out}_t", [2])]
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("Neg", [outer], [f"{out}_e"])], f"else{depth}", [], [_vi(f"{out}_e", [2])]
+    )
     return helper.make_node("If", ["cond"], [out], then_branch=then_g, else_branch=else_g)
 
 
@@ -135,17 +137,20 @@ def test_dfs_order_keeps_branches_together() -> None:
 
 
 def test_file_order_kept_when_no_better() -> None:
-    nodes = [helper.make_node("Relu", ["x"], ["a"], name="first"),
-             helper.make_node("Relu", ["x"], ["b"], name="second"),
-             helper.make_node("Add", ["a", "b"], ["y"], name="join")]
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="first"),
+        helper.make_node("Relu", ["x"], ["b"], name="second"),
+        helper.make_node("Add", ["a", "b"], ["y"], name="join"),
+    ]
     view = view_from_proto(_model(nodes, [_vi("x", [4])], [_vi("y", [4])]))
     assert [n.name for n in view.nodes] == ["first", "second", "join"]
 
 
 def test_external_data_loads_without_reading_weights(tmp_path: Path) -> None:
     w = numpy_helper.from_array(np.arange(4096, dtype=np.float32), "w")
-    m = _model([helper.make_node("Add", ["x", "w"], ["y"], name="add")], [_vi("x", [4096])],
-               [_vi("y", [4096])], [w])
+    m = _model(
+        [helper.make_node("Add", ["x", "w"], ["y"], name="add")], [_vi("x", [4096])], [_vi("y", [4096])], [w]
+    )
     path = tmp_path / "m.onnx"
     onnx.save_model(m, str(path), save_as_external_data=True, location="m.data", size_threshold=0)
     view = load_model(path)
@@ -170,8 +175,7 @@ def test_load_errors_name_the_file(tmp_path: Path) -> None:
     cut.write_bytes(data[: len(data) // 2])
     with pytest.raises(ModelLoadError, match=r"truncated\.onnx"):
         load_model(cut)
-    bad = _model([helper.make_node("Relu", ["nowhere"], ["y"], name="r")], [_vi("x", [2])],
-                 [_vi("y", [2])])
+    bad = _model([helper.make_node("Relu", ["nowhere"], ["y"], name="r")], [_vi("x", [2])], [_vi("y", [2])])
     bad_path = tmp_path / "bad.onnx"
     onnx.save(bad, str(bad_path))
     with pytest.raises(ModelLoadError, match=r"bad\.onnx: fails the ONNX checker"):

@@ -1,0 +1,301 @@
+"""From a model view and per-node costs to a :class:`Plan`: which nodes each stage holds and what flows.
+
+This module is the bridge between the graph (names) and the partitioner (plain numbers): it lines up
+the compute nodes in the view's order, builds the cost and cut-byte sequences, asks
+:mod:`onnxpipe.partition` for the optimal bounds, and turns the bounds back into named stages.
+
+Cheap constant producers (see :mod:`onnxpipe.model`) are left out of the sequence; each stage that
+reads one gets its own copy (``constant_nodes``), so their values never cross a cut.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from onnxpipe.errors import PartitionError
+from onnxpipe.graph import cut_profile
+from onnxpipe.model import ModelView, NodeInfo
+
+if TYPE_CHECKING:
+    from onnxpipe.profile import Profile
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage: its nodes, the tensors it receives and emits, and its estimated costs."""
+
+    index: int
+    node_names: tuple[str, ...]
+    constant_nodes: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    compute_seconds: float
+    transfer_seconds: float
+    bytes_in: int
+    bytes_out: int
+    param_bytes: int
+    peak_activation_bytes: int
+
+    @property
+    def cost_seconds(self) -> float:
+        return self.compute_seconds + self.transfer_seconds
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A K-stage partition of one model, with the numbers that justify it."""
+
+    model_sha256: str
+    stages: tuple[StageSpec, ...]
+    bottleneck_seconds: float
+    lower_bound_seconds: float
+    cost_source: str
+    threads: int
+    bandwidth_bytes_per_s: float
+    input_shapes: Mapping[str, tuple[int, ...]]
+    tensor_bytes: Mapping[str, int] = field(repr=False)
+    objective: str = "minimize the largest stage time (compute + transfer in)"
+    notes: tuple[str, ...] = ()
+
+    @property
+    def k(self) -> int:
+        return len(self.stages)
+
+    @property
+    def ratio_to_lower_bound(self) -> float:
+        if self.lower_bound_seconds <= 0:
+            return 1.0
+        return self.bottleneck_seconds / self.lower_bound_seconds
+
+    def stage_of(self) -> dict[str, int]:
+        """Node name -> stage index, for every compute node."""
+        return {n: s.index for s in self.stages for n in s.node_names}
+
+
+def tensor_sizes(view: ModelView, profile: Profile) -> dict[str, int]:
+    """Bytes of each tensor at the profiled shapes; shape inference fills what the profile lacks."""
+    dims: dict[str, int] = {}
+    for name, shape in profile.input_shapes.items():
+        info = view.tensors.get(name)
+        if info is None or info.shape is None:
+            continue
+        for d, v in zip(info.shape, shape, strict=False):
+            if isinstance(d, str):
+                dims[d] = int(v)
+    sizes = {name: t.nbytes(dims) for name, t in view.tensors.items()}
+    sizes.update(profile.tensor_bytes)
+    return sizes
+
+
+def allowed_cuts_from_regions(compute: Sequence[NodeInfo], regions: Sequence[Sequence[str]]) -> list[bool]:
+    """Cut positions that do not split a fused group (cutting one breaks the fusion at deployment)."""
+    pos = {n.name: p for p, n in enumerate(compute)}
+    m = len(compute)
+    diff = [0] * (m + 2)
+    for region in regions:
+        ps = [pos[n] for n in region if n in pos]
+        if len(ps) < 2:
+            continue
+        lo, hi = min(ps), max(ps)
+        diff[lo + 1] += 1
+        diff[hi + 1] -= 1
+    allowed, run = [], 0
+    for p in range(m + 1):
+        run += diff[p]
+        allowed.append(run == 0 or p in (0, m))
+    return allowed
+
+
+def make_plan(
+    view: ModelView,
+    profile: Profile,
+    k: int,
+    *,
+    bandwidth_bytes_per_s: float = math.inf,
+) -> Plan:
+    """Partition ``view`` into ``k`` stages that minimize the slowest stage, exactly.
+
+    Fused groups reported by the profiler are kept whole when that still leaves ``k`` stages possible;
+    otherwise the constraint is dropped and a note says so.
+    """
+    from onnxpipe import partition as _partition
+
+    profile.check_matches(view)
+    compute = view.compute_nodes
+    m = len(compute)
+    if k < 1 or k > m:
+        raise PartitionError(
+            f"{view.path.name if view.path else 'model'}: cannot make {k} non-empty stages from {m} "
+            f"compute nodes; choose --stages between 1 and {m}"
+        )
+    sizes = tensor_sizes(view, profile)
+    free = set(view.initializers) | {o for n in view.nodes if n.is_constant for o in n.outputs}
+    cuts = cut_profile([n.reads for n in compute], [n.outputs for n in compute], sizes, free)
+    costs = [max(0.0, float(profile.node_seconds.get(n.name, 0.0))) for n in compute]
+    allowed = allowed_cuts_from_regions(compute, profile.regions)
+    notes: list[str] = []
+    try:
+        part = _partition.solve(
+            costs, k, cut_bytes=cuts.bytes, bandwidth=bandwidth_bytes_per_s, allowed_cuts=allowed
+        )
+    except PartitionError:
+        if all(allowed):
+            raise
+        notes.append("fused groups had to be cut to make this many stages")
+        part = _partition.solve(costs, k, cut_bytes=cuts.bytes, bandwidth=bandwidth_bytes_per_s)
+
+    stages = assign_stages(view, part.bounds, sizes, part.compute, part.transfer)
+    return Plan(
+        model_sha256=view.sha256,
+        stages=stages,
+        bottleneck_seconds=part.bottleneck,
+        lower_bound_seconds=part.lower_bound,
+        cost_source=profile.source,
+        threads=profile.threads,
+        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+        input_shapes=profile.input_shapes,
+        tensor_bytes=sizes,
+        notes=tuple(notes),
+    )
+
+
+def assign_stages(
+    view: ModelView,
+    bounds: Sequence[int],
+    sizes: Mapping[str, int],
+    compute_seconds: Sequence[float],
+    transfer_seconds: Sequence[float],
+) -> tuple[StageSpec, ...]:
+    """Turn partition bounds over compute positions into named stages with their inputs and outputs."""
+    compute = view.compute_nodes
+    k = len(bounds) - 1
+    const_by_output = {o: n for n in view.nodes if n.is_constant for o in n.outputs}
+    stage_nodes = [compute[bounds[s] : bounds[s + 1]] for s in range(k)]
+    produced_in: dict[str, int] = {}
+    for s, nodes in enumerate(stage_nodes):
+        for n in nodes:
+            for o in n.outputs:
+                produced_in[o] = s
+    # model outputs that no compute node makes (constants) are made by the last stage
+    last_reads: dict[str, int] = {}
+    for s, nodes in enumerate(stage_nodes):
+        for n in nodes:
+            for t in n.reads:
+                last_reads[t] = max(last_reads.get(t, -1), s)
+    for t in view.outputs:
+        last_reads[t] = k  # read "after" the last stage
+    specs = []
+    for s, nodes in enumerate(stage_nodes):
+        reads: dict[str, None] = {}
+        for n in nodes:
+            for t in n.reads:
+                reads.setdefault(t, None)
+        extra_outputs = [t for t in view.outputs if t in const_by_output] if s == k - 1 else []
+        consts = _constant_closure(view, list(reads) + extra_outputs, const_by_output)
+        inputs = tuple(
+            t
+            for t in reads
+            if t not in view.initializers and t not in const_by_output and produced_in.get(t, -1) != s
+        )
+        outputs = tuple(o for n in nodes for o in n.outputs if last_reads.get(o, -1) > s) + tuple(
+            extra_outputs
+        )
+        specs.append(
+            StageSpec(
+                index=s,
+                node_names=tuple(n.name for n in nodes),
+                constant_nodes=consts,
+                inputs=inputs,
+                outputs=outputs,
+                compute_seconds=float(compute_seconds[s]),
+                transfer_seconds=float(transfer_seconds[s]),
+                bytes_in=sum(sizes.get(t, 0) for t in inputs),
+                bytes_out=sum(sizes.get(t, 0) for t in outputs),
+                param_bytes=sum(
+                    view.initializers.get(t, 0) for t in dict.fromkeys(t for n in nodes for t in n.reads)
+                ),
+                peak_activation_bytes=_peak_activation(nodes, inputs, outputs, sizes, view),
+            )
+        )
+    return tuple(specs)
+
+
+def _constant_closure(
+    view: ModelView, wanted: Sequence[str], const_by_output: Mapping[str, NodeInfo]
+) -> tuple[str, ...]:
+    """Names of the constant nodes needed to make ``wanted``, in the view's order."""
+    need: set[int] = set()
+    stack = [t for t in wanted if t in const_by_output]
+    while stack:
+        node = const_by_output[stack.pop()]
+        if node.position in need:
+            continue
+        need.add(node.position)
+        if node.op_type == "Shape":
+            continue  # exported as a Constant of the static shape; its input is not needed
+        stack.extend(t for t in node.reads if t in const_by_output)
+    return tuple(view.nodes[p].name for p in sorted(need))
+
+
+def _peak_activation(
+    nodes: Sequence[NodeInfo],
+    inputs: Sequence[str],
+    outputs: Sequence[str],
+    sizes: Mapping[str, int],
+    view: ModelView,
+) -> int:
+    """Largest sum of live activation bytes while the stage runs its nodes in order."""
+    last: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        for t in n.reads:
+            last[t] = i
+    keep = set(outputs)
+    live = {t: sizes.get(t, 0) for t in inputs}
+    current = sum(live.values())
+    peak = current
+    for i, n in enumerate(nodes):
+        for o in n.outputs:
+            if o not in live:
+                live[o] = sizes.get(o, 0)
+                current += live[o]
+        peak = max(peak, current)
+        for t in list(live):
+            if t not in keep and last.get(t, -1) <= i:
+                current -= live.pop(t)
+    return peak
+
+
+@dataclass(frozen=True)
+class StreamSchedule:
+    """Inference streaming: micro-batch j enters stage s when stage s is free and stage s-1 is done."""
+
+    microbatches: int
+    steady_state_throughput_per_s: float
+    latency_first_seconds: float
+    makespan_seconds: float
+    steps: tuple[tuple[tuple[int, float, float], ...], ...]  # per stage: (micro-batch, start, end)
+
+
+def stream_schedule(stage_seconds: Sequence[float], microbatches: int) -> StreamSchedule:
+    """Simulate M micro-batches through the stages; fill/drain makespan = sum + (M-1) * bottleneck."""
+    k = len(stage_seconds)
+    end = [[0.0] * microbatches for _ in range(k)]
+    steps: list[list[tuple[int, float, float]]] = [[] for _ in range(k)]
+    for j in range(microbatches):
+        for s in range(k):
+            ready = end[s - 1][j] if s > 0 else 0.0
+            free = end[s][j - 1] if j > 0 else 0.0
+            start = max(ready, free)
+            end[s][j] = start + stage_seconds[s]
+            steps[s].append((j, start, end[s][j]))
+    bottleneck = max(stage_seconds) if stage_seconds else 0.0
+    return StreamSchedule(
+        microbatches=microbatches,
+        steady_state_throughput_per_s=(1.0 / bottleneck) if bottleneck > 0 else math.inf,
+        latency_first_seconds=sum(stage_seconds),
+        makespan_seconds=end[-1][-1] if microbatches and k else 0.0,
+        steps=tuple(tuple(x) for x in steps),
+    )

@@ -1,0 +1,71 @@
+"""Unit tests of onnxpipe.plan: stage assignment, fused-group cuts, the streaming schedule."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxpipe.model import view_from_proto
+from onnxpipe.plan import allowed_cuts_from_regions, assign_stages, stream_schedule
+
+
+def _skip_model() -> onnx.ModelProto:
+    """x -> r1 -> r2 -> r3 -> add(r3, r1) -> y, a Constant read by r2 and by the add's partner."""
+    w = numpy_helper.from_array(np.ones((4,), np.float32), "w")
+    nodes = [
+        helper.make_node(
+            "Constant", [], ["c"], name="const", value=numpy_helper.from_array(np.full((4,), 2.0, np.float32))
+        ),
+        helper.make_node("Relu", ["x"], ["h1"], name="r1"),
+        helper.make_node("Mul", ["h1", "c"], ["h2"], name="r2"),
+        helper.make_node("Add", ["h2", "w"], ["h3"], name="r3"),
+        helper.make_node("Add", ["h3", "h1"], ["h4"], name="skip"),
+        helper.make_node("Mul", ["h4", "c"], ["y"], name="out"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[w],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_assign_stages_skip_connection_and_constant_copies() -> None:
+    view = view_from_proto(_skip_model())
+    assert [n.name for n in view.compute_nodes] == ["r1", "r2", "r3", "skip", "out"]
+    sizes = {"x": 16, "h1": 16, "h2": 16, "h3": 16, "h4": 16, "y": 16}
+    stages = assign_stages(view, (0, 1, 3, 5), sizes, (1.0, 2.0, 3.0), (0.0, 0.5, 0.5))
+    s0, s1, s2 = stages
+    assert s0.node_names == ("r1",) and s0.inputs == ("x",) and s0.outputs == ("h1",)
+    # h1 jumps over stage 1 to stage 2: stage 0 emits it once, stage 2 receives it
+    assert s1.node_names == ("r2", "r3") and s1.inputs == ("h1",) and s1.outputs == ("h3",)
+    assert s1.constant_nodes == ("const",) and s1.param_bytes == 16
+    assert s2.inputs == ("h3", "h1") and s2.outputs == ("y",)
+    assert s2.constant_nodes == ("const",)
+    assert s0.constant_nodes == ()
+    every = [n for s in stages for n in s.node_names]
+    assert sorted(every) == sorted(n.name for n in view.compute_nodes)
+    assert s1.bytes_in == 16 and s2.bytes_in == 32
+    assert s1.cost_seconds == pytest.approx(2.5)
+
+
+def test_allowed_cuts_keep_fused_groups_whole() -> None:
+    view = view_from_proto(_skip_model())
+    allowed = allowed_cuts_from_regions(view.compute_nodes, [("r2", "r3"), ("out",)])
+    # positions 0..5; cutting at 2 would split r2 (pos 1) from r3 (pos 2)
+    assert allowed == [True, True, False, True, True, True]
+
+
+def test_stream_schedule_matches_hand_computation() -> None:
+    sched = stream_schedule([1.0, 3.0, 2.0], 3)
+    # stage 1 is the bottleneck: micro-batches leave it at 4, 7, 10; stage 2 ends at 6, 9, 12
+    assert sched.steps[0] == ((0, 0.0, 1.0), (1, 1.0, 2.0), (2, 2.0, 3.0))
+    assert sched.steps[1] == ((0, 1.0, 4.0), (1, 4.0, 7.0), (2, 7.0, 10.0))
+    assert sched.steps[2] == ((0, 4.0, 6.0), (1, 7.0, 9.0), (2, 10.0, 12.0))
+    assert sched.makespan_seconds == pytest.approx(1 + 3 + 2 + 2 * 3)
+    assert sched.latency_first_seconds == pytest.approx(6.0)
+    assert sched.steady_state_throughput_per_s == pytest.approx(1 / 3)
