@@ -1,0 +1,94 @@
+"""The Python API: the same steps as the CLI, returning typed results instead of printing.
+
+Each step can be called on its own (``load_model`` → ``profile_model`` → ``make_plan`` →
+``export_stages`` → ``verify``) or all at once through :func:`split`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from onnxpipe.costs import static_profile
+from onnxpipe.errors import UsageError
+from onnxpipe.export import export_stages
+from onnxpipe.manifest import Manifest
+from onnxpipe.model import ModelView, load_model
+from onnxpipe.plan import Plan, make_plan
+from onnxpipe.profile import Profile, profile_model
+from onnxpipe.verify import VerifyReport, verify
+
+COST_SOURCES = ("profile", "static")
+
+
+@dataclass(frozen=True)
+class SplitResult:
+    """What :func:`split` produced: the plan, the manifest written, and the verification (if run)."""
+
+    plan: Plan
+    manifest: Manifest
+    out_dir: Path
+    report: VerifyReport | None
+
+
+def get_profile(
+    view: ModelView,
+    *,
+    cost: str = "profile",
+    profile: Profile | str | Path | None = None,
+    threads: int = 1,
+    runs: int = 10,
+    warmup: int = 3,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    progress: bool = False,
+) -> Profile:
+    """A profile for ``view``: a saved one (checked to belong to it), a measured one, or static costs."""
+    if profile is not None:
+        prof = profile if isinstance(profile, Profile) else Profile.load(Path(profile))
+        prof.check_matches(view)
+        return prof
+    if cost not in COST_SOURCES:
+        raise UsageError(f"--cost {cost!r}: choose one of {', '.join(COST_SOURCES)}")
+    if threads < 1:
+        raise UsageError(f"--threads {threads}: give a positive number of intra-op threads")
+    if cost == "static":
+        return static_profile(view, shapes=shapes)
+    return profile_model(view, threads=threads, runs=runs, warmup=warmup, shapes=shapes, progress=progress)
+
+
+def split(
+    model: str | Path,
+    stages: int,
+    out: str | Path,
+    *,
+    profile: Profile | str | Path | None = None,
+    cost: str = "profile",
+    threads: int = 1,
+    runs: int = 10,
+    warmup: int = 3,
+    bandwidth_bytes_per_s: float = math.inf,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    force: bool = False,
+    run_verify: bool = True,
+    external_data: str = "auto",
+    progress: bool = False,
+) -> SplitResult:
+    """Load, profile (or reuse a profile), partition optimally, export K stages, and verify them."""
+    view = load_model(model)
+    prof = get_profile(
+        view,
+        cost=cost,
+        profile=profile,
+        threads=threads,
+        runs=runs,
+        warmup=warmup,
+        shapes=shapes,
+        progress=progress,
+    )
+    plan = make_plan(view, prof, stages, bandwidth_bytes_per_s=bandwidth_bytes_per_s)
+    out_dir = Path(out)
+    manifest = export_stages(view, plan, out_dir, force=force, external_data=external_data)
+    report = verify(out_dir, shapes=shapes) if run_verify else None
+    return SplitResult(plan=plan, manifest=manifest, out_dir=out_dir, report=report)

@@ -1,0 +1,232 @@
+"""The ``onnxpipe`` command: thin argument parsing over :mod:`onnxpipe.api`; the only place that prints.
+
+Exit codes (documented in docs/cli.md): 0 success; 1 verification found a mismatch; 2 usage error;
+3 model cannot be loaded; 4 profiling failed or profile of another model; 5 no valid partition;
+6 export failed; 7 manifest invalid or stage files changed; 8 a stage failed while running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from onnxpipe import api
+from onnxpipe.errors import OnnxpipeError, UsageError
+from onnxpipe.feeds import parse_shape_overrides
+from onnxpipe.tables import format_manifest_table, format_model_table
+from onnxpipe.manifest import load_manifest
+from onnxpipe.model import load_model
+from onnxpipe.verify import VerifyReport, verify
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _bandwidth(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of bytes per second") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("bandwidth must be positive (bytes per second)")
+    return value
+
+
+def _add_measure_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("measurement")
+    g.add_argument("--threads", type=_positive_int, default=1, help="intra-op threads per stage (default 1)")
+    g.add_argument("--runs", type=_positive_int, default=10, help="timed runs to take the median of")
+    g.add_argument("--warmup", type=int, default=3, help="untimed warm-up runs")
+    _add_shape_arg(g)
+
+
+def _add_shape_arg(g: argparse._ActionsContainer) -> None:
+    g.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="NAME=D1,D2,...",
+        help="concrete shape of a model input with dynamic dims (repeatable)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="onnxpipe",
+        description="Split an ONNX model into a balanced pipeline of stage models.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("profile", help="measure every node's time with onnxruntime and save it")
+    p.add_argument("model", type=Path)
+    p.add_argument("--out", type=Path, required=True, help="profile JSON to write")
+    p.add_argument("--cost", choices=api.COST_SOURCES, default="profile", help="measure, or static FLOPs")
+    p.add_argument("--force", action="store_true", help="overwrite an existing profile file")
+    _add_measure_args(p)
+
+    s = sub.add_parser("split", help="partition the model into K balanced stages and export them")
+    s.add_argument("model", type=Path)
+    s.add_argument("--stages", "-k", type=_positive_int, required=True, help="number of stages K")
+    s.add_argument("--out", type=Path, required=True, help="folder to write stages and manifest.json into")
+    s.add_argument("--profile", type=Path, help="reuse a profile saved by 'onnxpipe profile'")
+    s.add_argument("--cost", choices=api.COST_SOURCES, default="profile", help="measured or static costs")
+    s.add_argument(
+        "--bandwidth",
+        type=_bandwidth,
+        default=math.inf,
+        help="link bandwidth in bytes/s; bytes a stage receives count as transfer time (default: free)",
+    )
+    s.add_argument(
+        "--external-data",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="store stage weights in separate files",
+    )
+    s.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    s.add_argument("--no-verify", action="store_true", help="skip comparing the stages with the model")
+    s.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    _add_measure_args(s)
+
+    v = sub.add_parser("verify", help="check that the chained stages reproduce the model's outputs")
+    v.add_argument("dir", type=Path)
+    v.add_argument("--model", type=Path, help="the source model (default: the path in the manifest)")
+    v.add_argument("--rtol", type=float, default=1e-4)
+    v.add_argument("--atol", type=float, default=1e-5)
+    v.add_argument("--seed", type=int, default=0)
+    _add_shape_arg(v)
+
+    i = sub.add_parser("inspect", help="print a table of a split folder's stages, or of a model")
+    i.add_argument("target", type=Path, help="a folder written by 'onnxpipe split', or an .onnx model")
+    return parser
+
+
+def _version() -> str:
+    from onnxpipe import __version__
+
+    return __version__
+
+
+def _print_report(report: VerifyReport) -> None:
+    for o in report.outputs:
+        status = "ok" if o.ok else "MISMATCH"
+        print(f"  {o.name}: {status} (max abs diff {o.max_abs_diff:.3g}, max rel diff {o.max_rel_diff:.3g})")
+    verdict = "match" if report.ok else "DO NOT match"
+    print(
+        f"verify: {len(report.outputs)} output(s) {verdict} the original "
+        f"(tolerance: |a-b| <= {report.atol:g} + {report.rtol:g}*max|a|)"
+    )
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    if args.out.exists() and not args.force:
+        raise UsageError(f"{args.out}: exists; choose another --out or pass --force")
+    view = load_model(args.model)
+    prof = api.get_profile(
+        view,
+        cost=args.cost,
+        threads=args.threads,
+        runs=args.runs,
+        warmup=args.warmup,
+        shapes=parse_shape_overrides(args.shape),
+        progress=sys.stderr.isatty(),
+    )
+    prof.save(args.out)
+    print(
+        f"profiled {len(prof.node_seconds)} nodes of {args.model.name}: "
+        f"{prof.total_seconds * 1e3:.3f} ms per run ({prof.source}, {prof.threads} thread(s)); "
+        f"saved {args.out}"
+    )
+    for note in prof.unattributed[:10]:
+        print(f"  note: {note}")
+    if len(prof.unattributed) > 10:
+        print(f"  ... and {len(prof.unattributed) - 10} more notes in {args.out}")
+    return 0
+
+
+def _cmd_split(args: argparse.Namespace) -> int:
+    result = api.split(
+        args.model,
+        args.stages,
+        args.out,
+        profile=args.profile,
+        cost=args.cost,
+        threads=args.threads,
+        runs=args.runs,
+        warmup=args.warmup,
+        bandwidth_bytes_per_s=args.bandwidth,
+        shapes=parse_shape_overrides(args.shape),
+        force=args.force,
+        run_verify=not args.no_verify,
+        external_data=args.external_data,
+        progress=not args.quiet and sys.stderr.isatty(),
+    )
+    plan = result.plan
+    print(format_manifest_table(result.manifest))
+    print(
+        f"wrote {plan.k} stages to {result.out_dir}/ (bottleneck {plan.bottleneck_seconds * 1e3:.3f} ms, "
+        f"{plan.ratio_to_lower_bound:.3f}x the lower bound)"
+    )
+    for note in plan.notes:
+        print(f"  note: {note}")
+    if result.report is not None:
+        _print_report(result.report)
+        return 0 if result.report.ok else 1
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    report = verify(
+        args.dir,
+        model_path=args.model,
+        shapes=parse_shape_overrides(args.shape),
+        seed=args.seed,
+        rtol=args.rtol,
+        atol=args.atol,
+    )
+    _print_report(report)
+    return 0 if report.ok else 1
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    target: Path = args.target
+    if target.is_dir():
+        print(format_manifest_table(load_manifest(target, check_files=False)))
+    else:
+        print(format_model_table(load_model(target)))
+    return 0
+
+
+COMMANDS = {
+    "profile": _cmd_profile,
+    "split": _cmd_split,
+    "verify": _cmd_verify,
+    "inspect": _cmd_inspect,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (errors print one line to stderr)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except OnnxpipeError as e:
+        print(f"onnxpipe {args.command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"onnxpipe {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

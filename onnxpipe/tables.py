@@ -1,0 +1,82 @@
+"""Plain-text tables of a split (from its manifest) and of a model, for ``onnxpipe inspect``.
+
+Formatting only: the functions return strings and the CLI prints them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from onnxpipe.manifest import Manifest
+from onnxpipe.model import ModelView
+
+
+def human_bytes(n: float) -> str:
+    """``1536`` -> ``"1.5 KiB"``: sizes people can compare at a glance."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Right-aligned columns (left-aligned first column) with a rule under the header."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    out = [line(headers), "  ".join("-" * w for w in widths)]
+    out += [line(r) for r in rows]
+    return "\n".join(out)
+
+
+def format_manifest_table(manifest: Manifest) -> str:
+    """Stage, device, nodes, estimated cost, bytes in and out, params, and share of the bottleneck."""
+    costs = [s.estimated_compute_seconds + s.estimated_transfer_seconds for s in manifest.stages]
+    bottleneck = max(costs) if costs else 0.0
+    rows = []
+    for s, cost in zip(manifest.stages, costs):
+        share = cost / bottleneck if bottleneck > 0 else 0.0
+        rows.append(
+            [
+                f"{s.index}",
+                s.device,
+                f"{s.node_count}",
+                f"{cost * 1e3:.3f}",
+                human_bytes(sum(i.bytes_per_sample for i in s.inputs)),
+                human_bytes(sum(o.bytes_per_sample for o in s.outputs)),
+                human_bytes(s.param_bytes),
+                f"{share:.0%}",
+            ]
+        )
+    head = ["stage", "device", "nodes", "cost ms", "bytes in", "bytes out", "params", "of bottleneck"]
+    plan = manifest.plan
+    footer = (
+        f"{manifest.source.file}: {plan.k} stages, bottleneck {plan.bottleneck_seconds * 1e3:.3f} ms, "
+        f"lower bound {plan.lower_bound_seconds * 1e3:.3f} ms (ratio {plan.ratio_to_lower_bound:.3f}), "
+        f"costs: {plan.cost_source}, {plan.threads} thread(s)"
+    )
+    return table(head, rows) + "\n" + footer
+
+
+def format_model_table(view: ModelView) -> str:
+    """Per operator type: node count and parameter bytes; then a one-line summary of the model."""
+    counts: Counter[str] = Counter()
+    params: Counter[str] = Counter()
+    for n in view.nodes:
+        key = f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
+        counts[key] += 1
+        params[key] += n.param_bytes
+    rows = [[op, f"{c}", human_bytes(params[op])] for op, c in counts.most_common()]
+    name = view.path.name if view.path else "model"
+    summary = (
+        f"{name}: {len(view.nodes)} nodes ({len(view.compute_nodes)} placed by the partitioner, "
+        f"{len(view.nodes) - len(view.compute_nodes)} cheap constants), "
+        f"{human_bytes(view.param_bytes)} of weights; inputs: {', '.join(view.inputs) or '-'}; "
+        f"outputs: {', '.join(view.outputs) or '-'}"
+    )
+    return table(["op", "nodes", "params"], rows) + "\n" + summary

@@ -1,0 +1,132 @@
+"""Shared fixtures: the committed sample models, real third-party models, torch-exported transformers.
+
+Fixtures that fetch from the package registry skip (with the reason) only on ``CorpusUnavailable``; the
+torch-exported ones skip only where torch/transformers are not installed (the ``test`` extra has them).
+Everything fetched or exported is cached across runs (see ``tools/corpus.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import TypeVar
+
+import pytest
+from hypothesis import settings
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))  # makes `tools` importable
+
+from tools import corpus as _corpus  # noqa: E402
+
+# onnxruntime session creation is slow and uneven: no per-example deadline.
+settings.register_profile("ci", deadline=None, max_examples=50, print_blob=True)
+settings.register_profile("dev", deadline=None, max_examples=10)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+T = TypeVar("T")
+
+
+def _fetch(get: Callable[..., T], *args: object) -> T:
+    try:
+        return get(*args)
+    except _corpus.CorpusUnavailable as e:
+        pytest.skip(f"corpus model unavailable, the package registry could not be reached: {e}")
+
+
+def _exporter() -> ModuleType:
+    pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[test]')")
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[test]')")
+    from tools import export_transformers
+
+    return export_transformers
+
+
+# ------------------------------------------------------------------------------------------- own models
+
+
+@pytest.fixture(scope="session")
+def sample_models_dir() -> Path:
+    """The committed ``sample_models/`` folder (regenerate with ``python tools/make_sample_models.py``)."""
+    return REPO_ROOT / "sample_models"
+
+
+# ----------------------------------------------------------------------------------- real models
+
+
+@pytest.fixture(scope="session")
+def corpus() -> ModuleType:
+    """The ``tools.corpus`` module."""
+    return _corpus
+
+
+@pytest.fixture(scope="session")
+def light_model() -> Callable[[str], Path]:
+    """``light_model("resnet50")``: the onnx package's light model; see ``corpus.onnx_light_names()``."""
+    return _corpus.onnx_light
+
+
+@pytest.fixture(scope="session")
+def iris_path() -> Path:
+    return _corpus.iris()
+
+
+@pytest.fixture(scope="session")
+def rapidocr_det_path() -> Path:
+    return _fetch(_corpus.rapidocr, "det")
+
+
+@pytest.fixture(scope="session")
+def rapidocr_rec_path() -> Path:
+    return _fetch(_corpus.rapidocr, "rec")
+
+
+@pytest.fixture(scope="session")
+def rapidocr_cls_path() -> Path:
+    return _fetch(_corpus.rapidocr, "cls")
+
+
+@pytest.fixture(scope="session")
+def nudenet_path() -> Path:
+    return _fetch(_corpus.nudenet)
+
+
+# ------------------------------------------------------------------------- torch-exported transformers
+
+
+@pytest.fixture(scope="session")
+def export_transformers() -> ModuleType:
+    """The ``tools.export_transformers`` module (skips without torch)."""
+    return _exporter()
+
+
+@pytest.fixture(scope="session")
+def gpt2_tiny_path(export_transformers: ModuleType) -> Path:
+    """4-layer GPT-2, TorchScript exporter, opset 17: ``input_ids`` -> ``logits``; one file."""
+    path: Path = export_transformers.gpt2_tiny(dynamo=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def gpt2_tiny_dynamo_path(export_transformers: ModuleType) -> Path:
+    """The same GPT-2 from the dynamo exporter; its weights are in ``<path>.data`` beside it."""
+    path: Path = export_transformers.gpt2_tiny(dynamo=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def bert_tiny_path(export_transformers: ModuleType) -> Path:
+    """4-layer BERT, TorchScript exporter: ``input_ids``, ``attention_mask`` -> two outputs; one file."""
+    path: Path = export_transformers.bert_tiny(dynamo=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def bert_tiny_dynamo_path(export_transformers: ModuleType) -> Path:
+    """The same BERT from the dynamo exporter; its weights are in ``<path>.data`` beside it."""
+    path: Path = export_transformers.bert_tiny(dynamo=True)
+    return path
