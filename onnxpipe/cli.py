@@ -16,9 +16,9 @@ from pathlib import Path
 from onnxpipe import api
 from onnxpipe.errors import OnnxpipeError, UsageError
 from onnxpipe.feeds import parse_shape_overrides
-from onnxpipe.tables import format_manifest_table, format_model_table
 from onnxpipe.manifest import load_manifest
 from onnxpipe.model import load_model
+from onnxpipe.tables import format_manifest_table, format_model_table
 from onnxpipe.verify import VerifyReport, verify
 
 

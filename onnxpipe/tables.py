@@ -27,7 +27,9 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
 
     def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
 
     out = [line(headers), "  ".join("-" * w for w in widths)]
     out += [line(r) for r in rows]
@@ -39,7 +41,7 @@ def format_manifest_table(manifest: Manifest) -> str:
     costs = [s.estimated_compute_seconds + s.estimated_transfer_seconds for s in manifest.stages]
     bottleneck = max(costs) if costs else 0.0
     rows = []
-    for s, cost in zip(manifest.stages, costs):
+    for s, cost in zip(manifest.stages, costs, strict=True):
         share = cost / bottleneck if bottleneck > 0 else 0.0
         rows.append(
             [
