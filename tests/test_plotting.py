@@ -1,0 +1,62 @@
+"""Tests of onnxpipe.plotting: a picture of a plan is written, in the format its suffix asks for."""
+
+from __future__ import annotations
+
+import builtins
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from onnxpipe.errors import UsageError
+from onnxpipe.plotting import StageSummary, plot_plan
+from onnxpipe.schedule import simulate
+
+STAGES = [
+    StageSummary("cpu0", 1e-3, 0.0, 3e6, 2e6, 8e6),
+    StageSummary("gpu0", 2e-3, 5e-4, 5e6, 4e6, 6e6),  # over its memory: drawn above the red line
+    StageSummary("edge", 1e-3, 5e-4, 1e6, 1e6, math.inf),
+]
+
+
+def test_png_and_svg(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    tl = simulate("1f1b", [1e-3, 2e-3, 1e-3], [2e-3, 4e-3, 2e-3], [0.0, 5e-4, 5e-4], 6)
+    png = plot_plan(tl, STAGES, tmp_path / "plan.png")
+    data = png.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
+    svg = plot_plan(tl, STAGES, tmp_path / "sub" / "plan.SVG", title="my plan")
+    text = svg.read_text(encoding="utf-8")
+    assert "<svg" in text and "my plan" in text
+
+
+def test_stream_plan(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    tl = simulate("stream", [1.0, 2.0], None, [0.0, 0.0], 4)
+    stages = [StageSummary("a", 1.0, 0.0, 0, 10, math.inf), StageSummary("b", 2.0, 0.0, 0, 10, math.inf)]
+    out = plot_plan(tl, stages, tmp_path / "stream.png")
+    assert out.stat().st_size > 0
+
+
+def test_refusals(tmp_path: Path) -> None:
+    tl = simulate("stream", [1.0], None, [0.0], 1)
+    with pytest.raises(UsageError, match=r"\.png or \.svg"):
+        plot_plan(tl, STAGES[:1], tmp_path / "plan.pdf")
+    with pytest.raises(ValueError, match="stage summaries"):
+        plot_plan(tl, STAGES, tmp_path / "plan.png")
+
+
+def test_missing_matplotlib_says_what_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_import = builtins.__import__
+
+    def fake_import(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    tl = simulate("stream", [1.0], None, [0.0], 1)
+    with pytest.raises(UsageError, match=r"install onnxpipe\[plot\]"):
+        plot_plan(tl, STAGES[:1], tmp_path / "plan.png")
+    assert not (tmp_path / "plan.png").exists()
