@@ -244,7 +244,7 @@ def view_from_proto(
 
     constant_idx = _constant_nodes(raw, init_bytes, tensors)
     free = set(init_bytes) | {o for i in constant_idx for o in raw[i][3]}
-    order = _choose_order(raw, free, inputs, outputs, tensors)
+    order = _choose_order(raw, set(init_bytes), free, inputs, outputs, tensors)
 
     nodes: list[NodeInfo] = []
     producer: dict[str, int] = {}
@@ -371,7 +371,7 @@ def _type_of(vi: onnx.ValueInfoProto) -> TensorInfo | None:
         return TensorInfo(vi.name, tt.elem_type, None)
     dims: list[Dim] = []
     for d in tt.shape.dim:
-        if d.HasField("dim_value"):
+        if d.HasField("dim_value") and d.dim_value >= 0:
             dims.append(int(d.dim_value))
         elif d.HasField("dim_param") and d.dim_param:
             dims.append(d.dim_param)
@@ -423,6 +423,7 @@ _RawNode = tuple[onnx.NodeProto, tuple[str, ...], tuple[str, ...], tuple[str, ..
 
 def _choose_order(
     raw: list[_RawNode],
+    weights: set[str],
     free: set[str],
     inputs: tuple[str, ...],
     outputs: tuple[str, ...],
@@ -443,10 +444,10 @@ def _choose_order(
         live_bytes_profile,
     )
 
-    size = {name: t.nbytes() for name, t in tensors.items()}
+    size = {name: 0 if name in free else t.nbytes() for name, t in tensors.items()}
     deps = [ins + tuple(t for t in outer if t not in ins) for _, ins, outer, _ in raw]
     outs = [o for _, _, _, o in raw]
-    available = set(free) | set(inputs)
+    available = weights | set(inputs)
     candidates = []
     file_order = file_order_if_topological(deps, outs, available)
     if file_order is not None:

@@ -180,3 +180,26 @@ def test_load_errors_name_the_file(tmp_path: Path) -> None:
     onnx.save(bad, str(bad_path))
     with pytest.raises(ModelLoadError, match=r"bad\.onnx: fails the ONNX checker"):
         load_model(bad_path)
+
+
+def test_order_is_topological_for_constant_chains() -> None:
+    # a ConstantOfShape fed by a Shape of a static tensor, listed before it in the file
+    nodes = [
+        helper.make_node("Relu", ["x"], ["h"], name="relu"),
+        helper.make_node("ConstantOfShape", ["hs"], ["zeros"], name="zeros"),
+        helper.make_node("Shape", ["h"], ["hs"], name="shape"),
+        helper.make_node("Add", ["h", "zeros"], ["y"], name="add"),
+    ]
+    view = view_from_proto(_model(nodes, [_vi("x", [2, 3])], [_vi("y", [2, 3])]))
+    seen: set[str] = {"x"}
+    for n in view.nodes:
+        assert all(t in seen for t in n.reads), n.name
+        seen.update(n.outputs)
+    assert {n.name for n in view.nodes if n.is_constant} == {"zeros", "shape"}
+
+
+def test_negative_dims_are_unknown() -> None:
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="r")]
+    view = view_from_proto(_model(nodes, [_vi("x", [-1, 4])], [_vi("y", [-1, 4])]))
+    assert view.tensor("x").shape == (None, 4)
+    assert view.tensor("x").nbytes() == 16

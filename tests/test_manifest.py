@@ -1,0 +1,378 @@
+"""Tests of onnxpipe.manifest: JSON round trips and one asserted message per validation failure."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxpipe.errors import ManifestError
+from onnxpipe.export import export_stages
+from onnxpipe.manifest import (
+    SCHEMA_VERSION,
+    Manifest,
+    ModelOutput,
+    ModelTensor,
+    PlanSummary,
+    Schedule,
+    ScheduleStep,
+    SourceInfo,
+    StageEntry,
+    StageInput,
+    StageOutput,
+    StageSchedule,
+    load_manifest,
+    write_manifest,
+)
+from onnxpipe.model import load_model
+from onnxpipe.plan import Plan, assign_stages
+
+SHA_A = "a" * 64
+SHA_B = "b" * 64
+SHA_C = "c" * 64
+
+
+def two_stage_manifest() -> Manifest:
+    """x -> stage 0 -> h -> stage 1 -> y; x is also a model output; h skips to the model output too."""
+    stage0 = StageEntry(
+        index=0,
+        file="stage_0.onnx",
+        sha256=SHA_A,
+        external_data="stage_0.onnx.data",
+        external_data_sha256=SHA_B,
+        node_count=3,
+        constant_node_count=1,
+        device="cpu",
+        inputs=(StageInput("x", "float32", ("batch", 8), 32, "model"),),
+        outputs=(StageOutput("h", "float32", ("batch", None), 32, (1, "model_output")),),
+        estimated_compute_seconds=0.002,
+        estimated_transfer_seconds=0.0,
+        param_bytes=256,
+        peak_activation_bytes=64,
+    )
+    stage1 = StageEntry(
+        index=1,
+        file="stage_1.onnx",
+        sha256=SHA_C,
+        external_data=None,
+        external_data_sha256=None,
+        node_count=2,
+        constant_node_count=0,
+        device="cpu",
+        inputs=(StageInput("h", "float32", ("batch", None), 32, 0),),
+        outputs=(StageOutput("y", "int64", None, 8, ("model_output",)),),
+        estimated_compute_seconds=0.001,
+        estimated_transfer_seconds=0.0005,
+        param_bytes=0,
+        peak_activation_bytes=40,
+    )
+    return Manifest(
+        source=SourceInfo(file="m.onnx", path="../m.onnx", sha256=SHA_A),
+        model_inputs=(ModelTensor("x", "float32", ("batch", 8)),),
+        model_outputs=(
+            ModelOutput("y", "int64", None, 1),
+            ModelOutput("h", "float32", ("batch", None), 0),
+            ModelOutput("x", "float32", ("batch", 8), "model input"),
+        ),
+        stages=(stage0, stage1),
+        plan=PlanSummary(
+            objective="minimize the largest stage time",
+            k=2,
+            bottleneck_seconds=0.002,
+            lower_bound_seconds=0.00175,
+            ratio_to_lower_bound=0.002 / 0.00175,
+            cost_source="profile",
+            threads=1,
+            bandwidth_bytes_per_s=math.inf,
+            profiled_input_shapes={"x": (1, 8)},
+            notes=("a note",),
+        ),
+        schedule=Schedule(
+            kind="stream",
+            microbatches=2,
+            steady_state_throughput_per_s=500.0,
+            latency_first_seconds=0.0035,
+            makespan_seconds=0.0055,
+            stages=(
+                StageSchedule(0, (ScheduleStep(0, 0.0, 0.002), ScheduleStep(1, 0.002, 0.004))),
+                StageSchedule(1, (ScheduleStep(0, 0.002, 0.0035), ScheduleStep(1, 0.004, 0.0055))),
+            ),
+        ),
+    )
+
+
+def test_json_round_trip() -> None:
+    m = two_stage_manifest()
+    text = m.to_json()
+    assert text.endswith("}\n")
+    assert Manifest.from_json(text) == m
+    obj = json.loads(text)
+    assert obj["schema_version"] == SCHEMA_VERSION == 1
+    assert obj["plan"]["bandwidth_bytes_per_s"] is None  # JSON has no infinity: null stands for it
+    assert obj["stages"][0]["outputs"][0]["shape"] == ["batch", None]
+    assert obj["stages"][1]["outputs"][0]["shape"] is None
+    assert obj["schedule"]["stages"][1]["steps"][0] == [0, 0.002, 0.0035]
+    assert '"shape": ["batch", 8]' in text  # short lists stay on one line
+
+
+def test_write_and_load(tmp_path: Path) -> None:
+    m = two_stage_manifest()
+    write_manifest(tmp_path / "manifest.json", m)
+    assert load_manifest(tmp_path, check_files=False) == m
+    assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"]
+
+
+def test_infinite_throughput_round_trips() -> None:
+    m = two_stage_manifest()
+    sched = m.schedule
+    m2 = Manifest(
+        m.source,
+        m.model_inputs,
+        m.model_outputs,
+        m.stages,
+        m.plan,
+        Schedule("stream", 2, math.inf, 0.0, 0.0, sched.stages),
+    )
+    assert Manifest.from_json(m2.to_json()).schedule.steady_state_throughput_per_s == math.inf
+
+
+def test_nan_is_refused_on_write() -> None:
+    m = two_stage_manifest()
+    bad = Manifest(
+        m.source,
+        m.model_inputs,
+        m.model_outputs,
+        m.stages,
+        PlanSummary("o", 2, math.nan, 0.0, 1.0, "profile", 1, 1.0, {}, ()),
+        m.schedule,
+    )
+    with pytest.raises(ValueError, match="NaN"):
+        bad.to_json()
+
+
+# --------------------------------------------------------------------------------------------------
+# validation: each failure has its own message naming the field
+
+
+def edited(edit: Callable[[dict[str, Any]], None]) -> str:
+    obj = json.loads(two_stage_manifest().to_json())
+    edit(obj)
+    return json.dumps(obj)
+
+
+def _del(path: str) -> Callable[[dict[str, Any]], None]:
+    def edit(obj: dict[str, Any]) -> None:
+        *parents, last = path.split("/")
+        target: Any = obj
+        for p in parents:
+            target = target[int(p)] if p.isdigit() else target[p]
+        del target[int(last) if last.isdigit() else last]
+
+    return edit
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def edit(obj: dict[str, Any]) -> None:
+        *parents, last = path.split("/")
+        target: Any = obj
+        for p in parents:
+            target = target[int(p)] if p.isdigit() else target[p]
+        target[int(last) if last.isdigit() else last] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (_del("stages/0/sha256"), "m.json: missing field 'stages[0].sha256'; re-run onnxpipe split"),
+        (_del("plan"), "m.json: missing field 'plan'; re-run onnxpipe split"),
+        (_del("schema_version"), "m.json: missing field 'schema_version'; re-run onnxpipe split"),
+        (
+            _del("stages/1/inputs/0/bytes_per_sample"),
+            "m.json: missing field 'stages[1].inputs[0].bytes_per_sample'; re-run onnxpipe split",
+        ),
+        (
+            _set("stages/0/node_count", "3"),
+            "m.json: stages[0].node_count: expected an integer, got string '3'; re-run onnxpipe split",
+        ),
+        (
+            _set("stages/0/node_count", True),
+            "m.json: stages[0].node_count: expected an integer, got true; re-run onnxpipe split",
+        ),
+        (
+            _set("stages", {}),
+            "m.json: stages: expected a list, got an object; re-run onnxpipe split",
+        ),
+        (
+            _set("plan/threads", 0),
+            "m.json: plan.threads: expected an integer >= 1, got 0; re-run onnxpipe split",
+        ),
+        (
+            _set("stages/0/estimated_compute_seconds", "fast"),
+            "m.json: stages[0].estimated_compute_seconds: expected a number or null (infinity), "
+            "got string 'fast'; re-run onnxpipe split",
+        ),
+        (
+            _set("model_inputs/0/shape", [1, -3]),
+            "m.json: model_inputs[0].shape[1]: expected a dim (integer >= 0, symbolic name or null), "
+            "got int -3; re-run onnxpipe split",
+        ),
+        (
+            _set("stages/0/file", "../elsewhere.onnx"),
+            "m.json: stages[0].file: expected a plain file name in the folder, got '../elsewhere.onnx'; "
+            "re-run onnxpipe split",
+        ),
+        (
+            _set("stages/0/sha256", "xyz"),
+            "m.json: stages[0].sha256: expected a sha256 as 64 lowercase hex digits, got 'xyz'; "
+            "re-run onnxpipe split",
+        ),
+        (
+            _set("schema_version", 99),
+            "m.json: schema_version 99 is not supported (this onnxpipe reads version 1); "
+            "use the onnxpipe that wrote it or re-run onnxpipe split",
+        ),
+        (
+            _set("schema_version", "1"),
+            "m.json: schema_version: expected an integer, got string '1'; re-run onnxpipe split",
+        ),
+        (
+            _set("plan/k", 3),
+            "m.json: plan.k: says 3 stages but 'stages' lists 2; re-run onnxpipe split",
+        ),
+        (
+            _set("stages/1/index", 5),
+            "m.json: stages[1].index: expected 1 (stages are listed in order), got 5; re-run onnxpipe split",
+        ),
+        (
+            _set("stages/1/inputs/0/source", 1),
+            "m.json: stages[1].inputs[0].source: says stage 1 produces 'h', but no earlier stage output "
+            "matches; re-run onnxpipe split",
+        ),
+        (
+            _set("stages/0/outputs/0/consumers", [0]),
+            "m.json: stages[0].outputs[0].consumers: lists stage 0, but it does not come after stage 0; "
+            "re-run onnxpipe split",
+        ),
+        (
+            _set("model_outputs/0/produced_by", 0),
+            "m.json: model_outputs[0].produced_by: says stage 0 produces 'y', but that stage does not "
+            "output it; re-run onnxpipe split",
+        ),
+        (
+            _set("stages/0/external_data_sha256", None),
+            "m.json: stages[0].external_data_sha256: must be null exactly when external_data is null; "
+            "re-run onnxpipe split",
+        ),
+        (
+            _set("schedule/kind", "train"),
+            "m.json: schedule.kind: expected \"stream\", got 'train'; re-run onnxpipe split",
+        ),
+        (
+            _set("schedule/stages/0/steps/0", [0, 1.0]),
+            "m.json: schedule.stages[0].steps[0]: expected [microbatch, start, end], got 2 items; "
+            "re-run onnxpipe split",
+        ),
+    ],
+)
+def test_validation_errors(edit: Callable[[dict[str, Any]], None], message: str) -> None:
+    with pytest.raises(ManifestError) as info:
+        Manifest.from_json(edited(edit), source="m.json")
+    assert str(info.value) == message
+
+
+def test_not_json() -> None:
+    with pytest.raises(ManifestError, match=r"^m\.json: not valid JSON \(Expecting value at line 1\)"):
+        Manifest.from_json("", source="m.json")
+    with pytest.raises(ManifestError, match=r"^m\.json: manifest: expected an object, got a list"):
+        Manifest.from_json("[]", source="m.json")
+
+
+def test_unknown_fields_are_ignored() -> None:
+    """Additive fields do not bump the schema version (docs/manifest.md, versioning)."""
+    text = edited(_set("stages/0/future_field", {"anything": 1}))
+    assert Manifest.from_json(text) == two_stage_manifest()
+
+
+def test_missing_folder_and_file(tmp_path: Path) -> None:
+    with pytest.raises(ManifestError, match="no such folder"):
+        load_manifest(tmp_path / "nope")
+    with pytest.raises(ManifestError, match=r"manifest\.json: no such file; give a folder written by"):
+        load_manifest(tmp_path)
+
+
+# --------------------------------------------------------------------------------------------------
+# stage files against their recorded hashes
+
+
+@pytest.fixture
+def exported(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    w = [numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), f"w{i}") for i in range(3)]
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w0"], ["a"], name="mm0"),
+            helper.make_node("MatMul", ["a", "w1"], ["b"], name="mm1"),
+            helper.make_node("MatMul", ["b", "w2"], ["y"], name="mm2"),
+        ],
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 16])],
+        initializer=w,
+    )
+    path = tmp_path / "chain.onnx"
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    view = load_model(path)
+    sizes = {n: t.nbytes() for n, t in view.tensors.items()}
+    stages = assign_stages(view, [0, 1, 2, 3], sizes, [1.0, 1.0, 1.0], [0.0, 0.0, 0.0])
+    plan = Plan(view.sha256, stages, 1.0, 1.0, "test", 1, math.inf, {"x": (1, 16)}, sizes)
+    out = tmp_path / "out"
+    export_stages(view, plan, out, external_data="always")
+    return out
+
+
+def test_exported_manifest_loads_with_file_checks(exported: Path) -> None:
+    m = load_manifest(exported)
+    assert m.k == 3 and all(s.external_data == f"stage_{s.index}.onnx.data" for s in m.stages)
+    assert m.source.path == "../chain.onnx"
+    assert m.plan.profiled_input_shapes == {"x": (1, 16)}
+
+
+def test_changed_stage_file_is_refused(exported: Path) -> None:
+    with (exported / "stage_2.onnx").open("ab") as f:
+        f.write(b"\0")
+    assert load_manifest(exported, check_files=False).k == 3
+    with pytest.raises(ManifestError) as info:
+        load_manifest(exported)
+    assert str(info.value) == (
+        f"{exported}/manifest.json: stage 2 file stage_2.onnx changed after export (sha256 mismatch); "
+        "re-run onnxpipe split"
+    )
+
+
+def test_changed_external_data_is_refused(exported: Path) -> None:
+    data = exported / "stage_1.onnx.data"
+    data.write_bytes(b"\1" + data.read_bytes()[1:])
+    with pytest.raises(ManifestError) as info:
+        load_manifest(exported)
+    assert str(info.value) == (
+        f"{exported}/manifest.json: stage 1 file stage_1.onnx.data changed after export (sha256 mismatch); "
+        "re-run onnxpipe split"
+    )
+
+
+def test_missing_stage_file_is_refused(exported: Path) -> None:
+    (exported / "stage_0.onnx").unlink()
+    with pytest.raises(ManifestError) as info:
+        load_manifest(exported)
+    assert str(info.value) == (
+        f"{exported}/manifest.json: stage 0 file stage_0.onnx is missing; re-run onnxpipe split"
+    )

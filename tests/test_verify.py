@@ -1,0 +1,252 @@
+"""Tests of onnxpipe.verify and onnxpipe.runner: the chained stages against the original model."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxpipe.errors import ManifestError, UsageError
+from onnxpipe.export import export_stages
+from onnxpipe.manifest import load_manifest
+from onnxpipe.model import ModelView, file_sha256, load_model
+from onnxpipe.plan import Plan, assign_stages
+from onnxpipe.runner import StageChain
+from onnxpipe.verify import compare, verify
+
+
+def plan_for(view: ModelView, bounds: list[int]) -> Plan:
+    k = len(bounds) - 1
+    sizes = {name: t.nbytes() for name, t in view.tensors.items()}
+    stages = assign_stages(view, bounds, sizes, [1.0] * k, [0.0] * k)
+    return Plan(view.sha256, stages, 1.0, 1.0, "test", 1, math.inf, {}, sizes)
+
+
+def skip_model() -> onnx.ModelProto:
+    """mm0 -> relu -> scale (by Constant c) -> mm1 -> add(skip from relu) -> y; x is also an output."""
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array((rng.standard_normal((8, 8)) * 0.5).astype(np.float32), f"w{i}")
+        for i in range(2)
+    ]
+    nodes = [
+        helper.make_node(
+            "Constant",
+            [],
+            ["c"],
+            name="c_const",
+            value=numpy_helper.from_array(np.full((8,), 3.0, np.float32)),
+        ),
+        helper.make_node("MatMul", ["x", "w0"], ["h0"], name="mm0"),
+        helper.make_node("Relu", ["h0"], ["r0"], name="relu"),
+        helper.make_node("Mul", ["r0", "c"], ["s"], name="scale"),
+        helper.make_node("MatMul", ["s", "w1"], ["h1"], name="mm1"),
+        helper.make_node("Add", ["h1", "r0"], ["y"], name="skip"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "skip",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8]),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8]),
+        ],
+        initializer=weights,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture
+def split(tmp_path: Path) -> Path:
+    """``<tmp>/skip.onnx`` split in 3 stages into ``<tmp>/out``; the Constant ends up in stage 1."""
+    path = tmp_path / "skip.onnx"
+    onnx.save_model(skip_model(), str(path))
+    view = load_model(path)
+    plan = plan_for(view, [0, 2, 4, 5])
+    assert plan.stages[1].node_names == ("scale", "mm1") and plan.stages[1].constant_nodes == ("c_const",)
+    export_stages(view, plan, tmp_path / "out")
+    return tmp_path / "out"
+
+
+def test_good_split_verifies(split: Path) -> None:
+    report = verify(split, runs=2, seed=3)
+    assert report.ok
+    assert [o.name for o in report.outputs] == ["y", "x"]
+    for o in report.outputs:
+        assert o.allclose and o.shape_equal and o.dtype_equal and o.expected_shape == (1, 8)
+        assert o.max_abs_diff <= 1e-5 and o.expected_dtype == "float32"
+    assert report.input_shapes == {"x": (1, 8)} and report.runs == 2 and report.seed == 3
+    assert report.model_path == split.parent / "out" / ".." / "skip.onnx"
+    text = report.summary()
+    assert "y: ok (max abs diff" in text
+    assert text.endswith(
+        "verify: 2 output(s) match the original over 2 run(s) (tolerance: |a-b| <= 1e-05 + 0.0001*max|a|)"
+    )
+    report.raise_for_mismatch()
+
+
+def test_shape_overrides_reach_the_inputs(split: Path) -> None:
+    report = verify(split, shapes={"x": (5, 8)})
+    assert report.ok and report.input_shapes == {"x": (5, 8)}
+    assert report.outputs[0].expected_shape == (5, 8)
+
+
+def tamper_constant(out: Path, stage: int, value: float) -> None:
+    """Change the Constant of ``stage`` and record the new sha256, as if the export had written it."""
+    path = out / f"stage_{stage}.onnx"
+    model = onnx.load(str(path))
+    (node,) = (n for n in model.graph.node if n.op_type == "Constant")
+    node.attribute[0].t.CopyFrom(numpy_helper.from_array(np.full((8,), value, np.float32)))
+    onnx.save_model(model, str(path))
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["stages"][stage]["sha256"] = file_sha256(path)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_tampered_stage_is_reported_not_raised(split: Path) -> None:
+    tamper_constant(split, 1, 3.001)
+    report = verify(split)
+    assert not report.ok
+    y, x = report.outputs
+    assert not y.ok and not y.allclose and y.shape_equal and y.dtype_equal
+    assert y.max_abs_diff > 1e-4 and 0 < y.max_rel_diff < 1
+    assert x.ok  # the pass-through output is untouched
+    assert "y: MISMATCH" in report.summary() and "DO NOT match" in report.summary()
+    with pytest.raises(Exception, match="output y: MISMATCH"):
+        report.raise_for_mismatch()
+
+
+def test_tolerance_is_relative_to_the_output_scale(split: Path) -> None:
+    tamper_constant(split, 1, 3.001)
+    diff = verify(split).outputs[0].max_rel_diff
+    assert verify(split, rtol=diff * 1.01).ok
+    assert not verify(split, rtol=diff * 0.99, atol=0.0).ok
+
+
+def test_model_of_another_sha_is_refused(split: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other.onnx"
+    model = skip_model()
+    model.doc_string = "changed"
+    onnx.save_model(model, str(other))
+    recorded = load_manifest(split).source.sha256
+    with pytest.raises(ManifestError) as info:
+        verify(split, model_path=other)
+    message = str(info.value)
+    assert message.startswith(f"{other}: sha256 {file_sha256(other)} is not the source sha256 {recorded}")
+    assert "pass the model that was split (--model)" in message
+
+
+def test_model_found_through_the_manifest_or_given(split: Path, tmp_path: Path) -> None:
+    moved = tmp_path / "elsewhere" / "skip.onnx"
+    moved.parent.mkdir()
+    shutil.move(tmp_path / "skip.onnx", moved)
+    with pytest.raises(UsageError, match=r"the source model recorded in .*manifest\.json is not there"):
+        verify(split)
+    assert verify(split, model_path=moved).ok
+    # the recorded path is relative: moving the model and the folder together keeps it valid
+    together = tmp_path / "elsewhere" / "out"
+    shutil.move(split, together)
+    assert verify(together).ok
+
+
+def test_changed_stage_file_is_refused_before_running(split: Path) -> None:
+    with (split / "stage_1.onnx").open("ab") as f:
+        f.write(b"\0")
+    with pytest.raises(ManifestError, match=r"stage 1 file stage_1\.onnx changed after export"):
+        verify(split)
+
+
+# --------------------------------------------------------------------------------------------------
+# the runner
+
+
+def test_runner_passes_tensors_by_name(split: Path) -> None:
+    x = np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32)
+    with StageChain.from_manifest(split) as chain:
+        assert chain.input_names == ("x",) and chain.output_names == ("y", "x")
+        out = chain.run({"x": x})
+    assert list(out) == ["y", "x"]
+    np.testing.assert_array_equal(out["x"], x)  # a model output that is a model input
+    import onnxruntime as ort
+
+    ref = ort.InferenceSession(str(split.parent / "skip.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(out["y"], ref.run(["y"], {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_runner_lifecycle_and_missing_inputs(split: Path) -> None:
+    chain = StageChain.from_manifest(split, threads=2)
+    with pytest.raises(UsageError, match="model input 'x' is not in the feeds"):
+        chain.run({})
+    chain.close()
+    with pytest.raises(UsageError, match="the stage chain is closed"):
+        chain.run({"x": np.zeros((1, 8), np.float32)})
+
+
+# --------------------------------------------------------------------------------------------------
+# the comparison itself
+
+
+def test_compare_nan_equals_nan_and_inf_equals_inf() -> None:
+    a = np.array([1.0, np.nan, np.inf, -np.inf], np.float32)
+    c = compare("t", a, a.copy(), rtol=0.0, atol=0.0)
+    assert c.ok and c.max_abs_diff == 0.0 and c.max_abs_expected == 1.0
+    b = np.array([1.0, 2.0, np.inf, -np.inf], np.float32)
+    c = compare("t", a, b, rtol=1e-4, atol=1e-5)
+    assert not c.ok and c.max_abs_diff == math.inf
+    b = np.array([1.0, np.nan, -np.inf, -np.inf], np.float32)
+    assert not compare("t", a, b, rtol=1e-4, atol=1e-5).ok
+
+
+def test_compare_scale_shape_and_dtype() -> None:
+    a = np.array([1000.0, 0.001], np.float32)
+    b = np.array([1000.05, 0.002], np.float32)  # 0.001 off next to 0.001: fine next to 1000
+    c = compare("t", a, b, rtol=1e-4, atol=1e-5)
+    assert c.ok and c.max_rel_diff == pytest.approx(5e-5, rel=1e-2)
+    assert not compare("t", a, b, rtol=1e-5, atol=1e-5).ok
+    shape = compare("t", a, a.reshape(2, 1), rtol=1e-4, atol=1e-5)
+    assert not shape.ok and not shape.shape_equal and shape.max_abs_diff == math.inf
+    assert "shape [2, 1] != [2]" in shape.describe()
+    dtype = compare("t", a, a.astype(np.float64), rtol=1e-4, atol=1e-5)
+    assert dtype.allclose and not dtype.dtype_equal and not dtype.ok
+    assert "dtype float64 != float32" in dtype.describe()
+    ints = compare("t", np.array([1, 2], np.int64), np.array([1, 3], np.int64), rtol=0, atol=0)
+    assert not ints.ok and ints.max_abs_diff == 1.0
+    strings = np.array(["a", "b"], dtype=object)
+    assert compare("t", strings, strings.copy(), rtol=0, atol=0).ok
+    assert compare("t", np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32), rtol=0, atol=0).ok
+
+
+def test_compare_sequences_of_maps_with_tolerance() -> None:
+    def maps(*rows: dict[int, float]) -> np.ndarray:
+        out = np.empty(len(rows), dtype=object)
+        out[:] = list(rows)
+        return out
+
+    a = maps({0: 0.5, 1: 0.5}, {0: 0.25, 1: 0.75})
+    close = maps({0: 0.50001, 1: 0.5}, {0: 0.25, 1: 0.75})
+    assert compare("p", a, close, rtol=1e-4, atol=1e-5).ok
+    assert not compare("p", a, close, rtol=1e-6, atol=1e-6).ok
+    other_keys = maps({0: 0.5, 2: 0.5}, {0: 0.25, 2: 0.75})
+    assert compare("p", a, other_keys, rtol=1e-4, atol=1e-5).max_abs_diff == math.inf
+
+
+def test_model_that_was_never_a_file_needs_model_path(tmp_path: Path) -> None:
+    from onnxpipe.model import view_from_proto
+
+    proto = skip_model()
+    view = view_from_proto(proto)
+    manifest = export_stages(view, plan_for(view, [0, 2, 5]), tmp_path / "out", source_name="skip.onnx")
+    assert manifest.source.path is None and manifest.source.file == "skip.onnx"
+    with pytest.raises(
+        UsageError, match=r"records no path for the source model skip\.onnx; pass it with --model"
+    ):
+        verify(tmp_path / "out")
+    path = tmp_path / "skip.onnx"
+    path.write_bytes(proto.SerializeToString())
+    assert verify(tmp_path / "out", model_path=path).ok
