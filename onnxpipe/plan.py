@@ -90,8 +90,16 @@ def tensor_sizes(view: ModelView, profile: Profile) -> dict[str, int]:
     return sizes
 
 
-def allowed_cuts_from_regions(compute: Sequence[NodeInfo], regions: Sequence[Sequence[str]]) -> list[bool]:
-    """Cut positions that do not split a fused group (cutting one breaks the fusion at deployment)."""
+def allowed_cuts_from_regions(
+    compute: Sequence[NodeInfo], regions: Sequence[Sequence[str]]
+) -> list[bool]:
+    """Cut positions that do not split a fused group (cutting one breaks the fusion at deployment).
+
+    Only compact groups are protected: a group whose nodes lie far apart in the order (a span of more
+    than twice its size plus four) is usually a shape computation joined to its consumer, or two
+    branches onnxruntime merged; keeping it whole would forbid every cut in between, which costs far
+    more balance than the fusion is worth.
+    """
     pos = {n.name: p for p, n in enumerate(compute)}
     m = len(compute)
     diff = [0] * (m + 2)
@@ -100,6 +108,8 @@ def allowed_cuts_from_regions(compute: Sequence[NodeInfo], regions: Sequence[Seq
         if len(ps) < 2:
             continue
         lo, hi = min(ps), max(ps)
+        if hi - lo + 1 > 2 * len(ps) + 4:
+            continue
         diff[lo + 1] += 1
         diff[hi + 1] -= 1
     allowed, run = [], 0

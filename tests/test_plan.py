@@ -69,3 +69,20 @@ def test_stream_schedule_matches_hand_computation() -> None:
     assert sched.makespan_seconds == pytest.approx(1 + 3 + 2 + 2 * 3)
     assert sched.latency_first_seconds == pytest.approx(6.0)
     assert sched.steady_state_throughput_per_s == pytest.approx(1 / 3)
+
+
+def test_scattered_groups_do_not_block_cuts() -> None:
+    view = view_from_proto(_skip_model())
+    # r1 (pos 0) and out (pos 4) are far apart for a 2-node group: 5 > 2*2+4 is False, so still kept
+    assert allowed_cuts_from_regions(view.compute_nodes, [("r1", "out")]) == [True] + [False] * 4 + [True]
+
+
+def test_far_apart_group_is_ignored() -> None:
+    from onnxpipe.model import NodeInfo
+
+    nodes = tuple(
+        NodeInfo(i, i, f"n{i}", "Relu", "", (), (), (f"t{i}",), 0, False, False) for i in range(20)
+    )
+    allowed = allowed_cuts_from_regions(nodes, [("n0", "n19"), ("n5", "n6")])
+    assert allowed[6] is False
+    assert sum(allowed) == 20  # only the cut inside the compact group (n5, n6) is forbidden
