@@ -11,12 +11,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from onnxpipe.cluster import Cluster, load_cluster
 from onnxpipe.costs import static_profile
 from onnxpipe.errors import UsageError
 from onnxpipe.export import export_stages
 from onnxpipe.manifest import Manifest
 from onnxpipe.model import ModelView, load_model
 from onnxpipe.plan import Plan, make_plan
+from onnxpipe.planner import ScheduleRequest, plan_pipeline
 from onnxpipe.profile import Profile, profile_model
 from onnxpipe.verify import VerifyReport, verify
 
@@ -58,9 +60,41 @@ def get_profile(
     return profile_model(view, threads=threads, runs=runs, warmup=warmup, shapes=shapes, progress=progress)
 
 
+def plan(
+    view: ModelView,
+    profile: Profile,
+    stages: int | str,
+    *,
+    devices: Cluster | str | Path | None = None,
+    bandwidth_bytes_per_s: float = math.inf,
+    order: str = "fixed",
+    schedule: ScheduleRequest | None = None,
+) -> Plan:
+    """The plan for ``stages`` stages (or ``"auto"``): :func:`make_plan` on identical workers when no
+    devices file, schedule or order is asked for, else :func:`onnxpipe.planner.plan_pipeline`."""
+    if isinstance(stages, str) and stages != "auto":
+        raise UsageError(f"--stages {stages!r}: give a number of stages or 'auto'")
+    if order not in ("fixed", "free"):
+        raise UsageError(f"--order {order!r}: choose fixed or free")
+    cluster = load_cluster(devices) if isinstance(devices, str | Path) else devices
+    simple = cluster is None and order == "fixed" and (schedule is None or schedule.kind == "stream")
+    if simple and isinstance(stages, int):
+        mb = schedule.microbatches if schedule is not None and schedule.microbatches else 8
+        return make_plan(view, profile, stages, bandwidth_bytes_per_s=bandwidth_bytes_per_s, microbatches=mb)
+    return plan_pipeline(
+        view,
+        profile,
+        stages if isinstance(stages, int) else "auto",
+        cluster=cluster,
+        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+        order="free" if order == "free" else "fixed",
+        schedule=schedule,
+    )
+
+
 def split(
     model: str | Path,
-    stages: int,
+    stages: int | str,
     out: str | Path,
     *,
     profile: Profile | str | Path | None = None,
@@ -74,6 +108,9 @@ def split(
     run_verify: bool = True,
     external_data: str = "auto",
     progress: bool = False,
+    devices: Cluster | str | Path | None = None,
+    order: str = "fixed",
+    schedule: ScheduleRequest | None = None,
 ) -> SplitResult:
     """Load, profile (or reuse a profile), partition optimally, export K stages, and verify them."""
     view = load_model(model)
@@ -87,8 +124,16 @@ def split(
         shapes=shapes,
         progress=progress,
     )
-    plan = make_plan(view, prof, stages, bandwidth_bytes_per_s=bandwidth_bytes_per_s)
+    the_plan = plan(
+        view,
+        prof,
+        stages,
+        devices=devices,
+        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+        order=order,
+        schedule=schedule,
+    )
     out_dir = Path(out)
-    manifest = export_stages(view, plan, out_dir, force=force, external_data=external_data)
+    manifest = export_stages(view, the_plan, out_dir, force=force, external_data=external_data)
     report = verify(out_dir, shapes=shapes) if run_verify else None
-    return SplitResult(plan=plan, manifest=manifest, out_dir=out_dir, report=report)
+    return SplitResult(plan=the_plan, manifest=manifest, out_dir=out_dir, report=report)

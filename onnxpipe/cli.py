@@ -18,7 +18,8 @@ from onnxpipe.errors import OnnxpipeError, UsageError
 from onnxpipe.feeds import parse_shape_overrides
 from onnxpipe.manifest import load_manifest
 from onnxpipe.model import load_model
-from onnxpipe.tables import format_manifest_table, format_model_table
+from onnxpipe.planner import SCHEDULE_CHOICES, ScheduleRequest, draw_plan
+from onnxpipe.tables import format_manifest_table, format_model_table, format_plan_table
 from onnxpipe.verify import VerifyReport, verify
 
 
@@ -30,6 +31,12 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be at least 1")
     return value
+
+
+def _stages(text: str) -> int | str:
+    if text == "auto":
+        return "auto"
+    return _positive_int(text)
 
 
 def _bandwidth(text: str) -> float:
@@ -60,6 +67,45 @@ def _add_shape_arg(g: argparse._ActionsContainer) -> None:
     )
 
 
+def _add_planning_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("planning")
+    g.add_argument(
+        "--stages", "-k", type=_stages, required=True, metavar="K|auto", help="number of stages, or auto"
+    )
+    g.add_argument("--profile", type=Path, help="reuse a profile saved by 'onnxpipe profile'")
+    g.add_argument("--cost", choices=api.COST_SOURCES, default="profile", help="measured or static costs")
+    g.add_argument(
+        "--bandwidth",
+        type=_bandwidth,
+        default=math.inf,
+        help="link bandwidth in bytes/s; bytes a stage receives count as transfer time (default: free)",
+    )
+    g.add_argument("--devices", type=Path, help="cluster file: devices in pipeline order and their links")
+    g.add_argument(
+        "--order", choices=("fixed", "free"), default="fixed", help="keep the devices' order, or search it"
+    )
+    g.add_argument(
+        "--schedule",
+        choices=SCHEDULE_CHOICES,
+        default="stream",
+        help="stream (inference), gpipe or 1f1b (training), auto (best training schedule)",
+    )
+    g.add_argument("--microbatches", type=_positive_int, help="micro-batches M per batch (default 8)")
+    g.add_argument("--batch", type=_positive_int, help="samples per training iteration (default: M)")
+    g.add_argument(
+        "--backward-ratio", type=float, default=2.0, help="backward time over forward time (training)"
+    )
+
+
+def _schedule_request(args: argparse.Namespace) -> ScheduleRequest:
+    return ScheduleRequest(
+        kind=args.schedule,
+        microbatches=args.microbatches,
+        batch=args.batch,
+        backward_ratio=args.backward_ratio,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="onnxpipe",
@@ -77,16 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("split", help="partition the model into K balanced stages and export them")
     s.add_argument("model", type=Path)
-    s.add_argument("--stages", "-k", type=_positive_int, required=True, help="number of stages K")
     s.add_argument("--out", type=Path, required=True, help="folder to write stages and manifest.json into")
-    s.add_argument("--profile", type=Path, help="reuse a profile saved by 'onnxpipe profile'")
-    s.add_argument("--cost", choices=api.COST_SOURCES, default="profile", help="measured or static costs")
-    s.add_argument(
-        "--bandwidth",
-        type=_bandwidth,
-        default=math.inf,
-        help="link bandwidth in bytes/s; bytes a stage receives count as transfer time (default: free)",
-    )
+    _add_planning_args(s)
     s.add_argument(
         "--external-data",
         choices=("auto", "always", "never"),
@@ -97,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-verify", action="store_true", help="skip comparing the stages with the model")
     s.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     _add_measure_args(s)
+
+    pl = sub.add_parser("plan", help="plan stages for a cluster and print (and draw) the plan")
+    pl.add_argument("model", type=Path)
+    _add_planning_args(pl)
+    pl.add_argument("--plot", type=Path, help="draw the schedule and the stage loads (.png or .svg)")
+    _add_measure_args(pl)
 
     v = sub.add_parser("verify", help="check that the chained stages reproduce the model's outputs")
     v.add_argument("dir", type=Path)
@@ -154,11 +198,44 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    view = load_model(args.model)
+    prof = api.get_profile(
+        view,
+        cost=args.cost,
+        profile=args.profile,
+        threads=args.threads,
+        runs=args.runs,
+        warmup=args.warmup,
+        shapes=parse_shape_overrides(args.shape),
+        progress=sys.stderr.isatty(),
+    )
+    plan = api.plan(
+        view,
+        prof,
+        args.stages,
+        devices=args.devices,
+        bandwidth_bytes_per_s=args.bandwidth,
+        order=args.order,
+        schedule=_schedule_request(args),
+    )
+    print(format_plan_table(plan))
+    for note in plan.notes:
+        print(f"  note: {note}")
+    if args.plot is not None:
+        path = draw_plan(plan, args.plot, title=args.model.name)
+        print(f"drew {path}")
+    return 0
+
+
 def _cmd_split(args: argparse.Namespace) -> int:
     result = api.split(
         args.model,
         args.stages,
         args.out,
+        devices=args.devices,
+        order=args.order,
+        schedule=_schedule_request(args),
         profile=args.profile,
         cost=args.cost,
         threads=args.threads,
@@ -209,6 +286,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "profile": _cmd_profile,
+    "plan": _cmd_plan,
     "split": _cmd_split,
     "verify": _cmd_verify,
     "inspect": _cmd_inspect,

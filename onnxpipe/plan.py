@@ -20,7 +20,9 @@ from onnxpipe.graph import cut_profile
 from onnxpipe.model import ModelView, NodeInfo
 
 if TYPE_CHECKING:
+    from onnxpipe.cluster import Cluster, DeviceCosts
     from onnxpipe.profile import Profile
+    from onnxpipe.schedule import Timeline
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class StageSpec:
     bytes_out: int
     param_bytes: int
     peak_activation_bytes: int
+    device: str = "cpu"
 
     @property
     def cost_seconds(self) -> float:
@@ -59,6 +62,10 @@ class Plan:
     tensor_bytes: Mapping[str, int] = field(repr=False)
     objective: str = "minimize the largest stage time (compute + transfer in)"
     notes: tuple[str, ...] = ()
+    timeline: Timeline | None = None
+    cluster: Cluster | None = None
+    device_costs: tuple[DeviceCosts, ...] = ()
+    microbatch_size: int = 1
 
     @property
     def k(self) -> int:
@@ -90,9 +97,7 @@ def tensor_sizes(view: ModelView, profile: Profile) -> dict[str, int]:
     return sizes
 
 
-def allowed_cuts_from_regions(
-    compute: Sequence[NodeInfo], regions: Sequence[Sequence[str]]
-) -> list[bool]:
+def allowed_cuts_from_regions(compute: Sequence[NodeInfo], regions: Sequence[Sequence[str]]) -> list[bool]:
     """Cut positions that do not split a fused group (cutting one breaks the fusion at deployment).
 
     Only compact groups are protected: a group whose nodes lie far apart in the order (a span of more
@@ -125,8 +130,14 @@ def make_plan(
     k: int,
     *,
     bandwidth_bytes_per_s: float = math.inf,
+    microbatches: int = 8,
 ) -> Plan:
     """Partition ``view`` into ``k`` stages that minimize the slowest stage, exactly.
+
+    Stages run on identical workers; a received byte costs ``1 / bandwidth_bytes_per_s`` seconds on top
+    of the stage's compute.  ``microbatches`` only sets the length of the simulated streaming timeline.
+    For a cluster of different devices, memory limits and training schedules see
+    :func:`onnxpipe.planner.plan_pipeline`.
 
     Fused groups reported by the profiler are kept whole when that still leaves ``k`` stages possible;
     otherwise the constraint is dropped and a note says so.
@@ -158,6 +169,9 @@ def make_plan(
         part = _partition.solve(costs, k, cut_bytes=cuts.bytes, bandwidth=bandwidth_bytes_per_s)
 
     stages = assign_stages(view, part.bounds, sizes, part.compute, part.transfer)
+    from onnxpipe.schedule import simulate
+
+    timeline = simulate("stream", [s.cost_seconds for s in stages], None, [0.0] * k, microbatches)
     return Plan(
         model_sha256=view.sha256,
         stages=stages,
@@ -169,6 +183,7 @@ def make_plan(
         input_shapes=profile.input_shapes,
         tensor_bytes=sizes,
         notes=tuple(notes),
+        timeline=timeline,
     )
 
 
@@ -178,6 +193,7 @@ def assign_stages(
     sizes: Mapping[str, int],
     compute_seconds: Sequence[float],
     transfer_seconds: Sequence[float],
+    devices: Sequence[str] | None = None,
 ) -> tuple[StageSpec, ...]:
     """Turn partition bounds over compute positions into named stages with their inputs and outputs."""
     compute = view.compute_nodes
@@ -228,6 +244,7 @@ def assign_stages(
                     view.initializers.get(t, 0) for t in dict.fromkeys(t for n in nodes for t in n.reads)
                 ),
                 peak_activation_bytes=_peak_activation(nodes, inputs, outputs, sizes, view),
+                device=devices[s] if devices is not None else "cpu",
             )
         )
     return tuple(specs)

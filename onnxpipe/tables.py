@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from onnxpipe.manifest import Manifest
 from onnxpipe.model import ModelView
+from onnxpipe.plan import Plan
 
 
 def human_bytes(n: float) -> str:
@@ -82,3 +83,46 @@ def format_model_table(view: ModelView) -> str:
         f"outputs: {', '.join(view.outputs) or '-'}"
     )
     return table(["op", "nodes", "params"], rows) + "\n" + summary
+
+
+def format_plan_table(plan: Plan) -> str:
+    """Stage, device, nodes, compute and transfer per micro-batch, parameters, memory, share of bottleneck;
+    then the schedule: kind, micro-batches, simulated batch time, bubble, throughput."""
+    costs = [
+        max(s.compute_seconds, s.transfer_seconds) if plan.cluster else s.cost_seconds for s in plan.stages
+    ]
+    bottleneck = max(costs) if costs else 0.0
+    caps = plan.cluster.mem_caps if plan.cluster is not None else None
+    rows = []
+    for i, (s, cost) in enumerate(zip(plan.stages, costs, strict=True)):
+        cap = "-" if caps is None or caps[i] == float("inf") else human_bytes(caps[i])
+        rows.append(
+            [
+                f"{s.index}",
+                s.device,
+                f"{len(s.node_names)}",
+                f"{s.compute_seconds * 1e3:.3f}",
+                f"{s.transfer_seconds * 1e3:.3f}",
+                human_bytes(s.bytes_in),
+                human_bytes(s.param_bytes),
+                cap,
+                f"{cost / bottleneck:.0%}" if bottleneck > 0 else "-",
+            ]
+        )
+    head = ["stage", "device", "nodes", "compute ms", "transfer ms", "bytes in", "params", "memory", "load"]
+    lines = [table(head, rows)]
+    lines.append(
+        f"bottleneck {plan.bottleneck_seconds * 1e3:.3f} ms per micro-batch, lower bound "
+        f"{plan.lower_bound_seconds * 1e3:.3f} ms (ratio {plan.ratio_to_lower_bound:.3f}); costs: "
+        f"{plan.cost_source}, {plan.threads} thread(s)"
+    )
+    for rec in plan.device_costs:
+        lines.append(f"  {rec.device}: {rec.source}")
+    tl = plan.timeline
+    if tl is not None:
+        lines.append(
+            f"schedule {tl.kind}: {tl.microbatches} micro-batches of {plan.microbatch_size} sample(s), "
+            f"simulated {tl.makespan * 1e3:.3f} ms, bubble {tl.bubble_fraction:.0%}, "
+            f"{tl.steady_state_throughput_per_s:.1f} micro-batches/s in steady state"
+        )
+    return "\n".join(lines)

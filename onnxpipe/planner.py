@@ -1,0 +1,363 @@
+"""Plan a pipeline for a cluster: devices, memory, links, device order, stage count and schedule.
+
+:func:`onnxpipe.plan.make_plan` balances K stages on identical workers.  This module does what BaPipe
+does for a real cluster: stage ``i`` runs on device ``i`` of a devices file, each device computes at its
+own speed (or with its own profile), must hold its stage's parameters and the activations of the
+micro-batches in flight, and each link between consecutive devices costs ``bytes / bandwidth +
+latency`` per micro-batch, overlapping compute.  For every candidate schedule (streaming inference, or
+the GPipe and 1F1B training schedules with M micro-batches) it solves the exact partition under that
+schedule's memory model, simulates the timeline, and keeps the fastest plan that fits.
+
+The exact work happens elsewhere: :func:`onnxpipe.partition.solve_heterogeneous` (the partition),
+:mod:`onnxpipe.orders` (device orders and ``--stages auto``) and :mod:`onnxpipe.schedule` (timelines).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from onnxpipe import partition as _partition
+from onnxpipe.cluster import Cluster, Device, DeviceCosts, device_costs, effective_speeds
+from onnxpipe.errors import PartitionError, UsageError
+from onnxpipe.graph import cut_profile
+from onnxpipe.model import ModelView
+from onnxpipe.orders import OrderSearch, place, stages_auto
+from onnxpipe.plan import Plan, allowed_cuts_from_regions, assign_stages, tensor_sizes
+from onnxpipe.schedule import KINDS, ScheduleKind, Timeline, in_flight, simulate
+
+if TYPE_CHECKING:
+    from onnxpipe.profile import Profile
+
+SCHEDULE_CHOICES = (*KINDS, "auto")
+DEFAULT_MICROBATCHES = 8
+TRAINING_STATE_FACTOR = 4.0
+"""Bytes held per parameter byte when training with Adam: weights, gradients and two moments."""
+
+
+@dataclass(frozen=True)
+class ScheduleRequest:
+    """What the user asked for: a schedule (or ``auto`` among the training ones), M, and the batch.
+
+    ``batch`` samples (at the profiled input shapes) make one training iteration, split into
+    ``microbatches`` micro-batches of ``batch / microbatches`` samples; ``auto`` tries every divisor of
+    ``batch`` for M when ``microbatches`` is not given.  Streaming inference uses micro-batches of one
+    profiled sample and M only for the simulated timeline.
+    """
+
+    kind: str = "stream"
+    microbatches: int | None = None
+    batch: int | None = None
+    backward_ratio: float = 2.0
+
+    def candidates(self) -> list[tuple[ScheduleKind, int, int]]:
+        """(kind, M, samples per micro-batch) to try."""
+        if self.kind not in SCHEDULE_CHOICES:
+            raise UsageError(f"--schedule {self.kind!r}: choose one of {', '.join(SCHEDULE_CHOICES)}")
+        if self.microbatches is not None and self.microbatches < 1:
+            raise UsageError(f"--microbatches {self.microbatches}: give 1 or more")
+        if self.kind == "stream":
+            return [("stream", self.microbatches or DEFAULT_MICROBATCHES, 1)]
+        kinds: list[ScheduleKind] = ["gpipe", "1f1b"] if self.kind == "auto" else [self.kind]  # type: ignore[list-item]
+        batch = self.batch or self.microbatches or DEFAULT_MICROBATCHES
+        if self.microbatches is not None:
+            if batch % self.microbatches:
+                raise UsageError(
+                    f"--microbatches {self.microbatches} does not split --batch {batch} evenly; "
+                    "choose a divisor of the batch"
+                )
+            options = [self.microbatches]
+        else:
+            options = [m for m in range(1, batch + 1) if batch % m == 0]
+        return [(kd, m, batch // m) for kd in kinds for m in options]
+
+
+def first_reader_param_bytes(view: ModelView) -> list[float]:
+    """Parameter bytes per compute node, each weight counted once, at the first node that reads it.
+
+    Summing this over a stage counts a weight shared with an earlier stage only there: the partitioner's
+    memory check is then slightly optimistic for shared weights, which the final check below corrects.
+    """
+    seen: set[str] = set()
+    out: list[float] = []
+    for n in view.compute_nodes:
+        total = 0
+        for t in n.reads:
+            if t in view.initializers and t not in seen:
+                seen.add(t)
+                total += view.initializers[t]
+        out.append(float(total))
+    return out
+
+
+def _measure_fn(view: ModelView, profile: Profile) -> Callable[[Device], Mapping[str, float]]:
+    def measure(device: Device) -> Mapping[str, float]:
+        from onnxpipe.profile import profile_model
+
+        if device.provider != "CPUExecutionProvider" or device.provider_options:
+            raise UsageError(
+                f"device {device.name!r}: profiling on {device.provider} is not supported here; "
+                "set profile_here to false and give its speed, or a profile_path measured on it"
+            )
+        prof = profile_model(view, threads=device.threads, shapes=profile.input_shapes)
+        return prof.node_seconds
+
+    return measure
+
+
+def _load_fn(view: ModelView) -> Callable[[Device, str], Mapping[str, float]]:
+    def load(device: Device, path: str) -> Mapping[str, float]:
+        from onnxpipe.profile import Profile
+
+        prof = Profile.load(Path(path))
+        prof.check_matches(view)
+        return prof.node_seconds
+
+    return load
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    kind: ScheduleKind
+    microbatches: int
+    size: int
+    search: OrderSearch[_partition.Partition]
+    timeline: Timeline
+
+
+def plan_pipeline(
+    view: ModelView,
+    profile: Profile,
+    stages: int | Literal["auto"],
+    *,
+    cluster: Cluster | None = None,
+    bandwidth_bytes_per_s: float = math.inf,
+    order: Literal["fixed", "free"] = "fixed",
+    schedule: ScheduleRequest | None = None,
+    tolerance: float = 0.05,
+) -> Plan:
+    """The fastest pipeline of ``stages`` stages (or the fewest within ``tolerance`` of the best, for
+    ``"auto"``) over ``cluster``'s devices, under the requested schedule, within every device's memory.
+
+    Without a cluster the devices are ``stages`` copies of the profiling machine joined by links of
+    ``bandwidth_bytes_per_s``.
+    """
+    profile.check_matches(view)
+    request = schedule or ScheduleRequest()
+    compute = view.compute_nodes
+    m = len(compute)
+    if cluster is None:
+        if stages == "auto":
+            raise UsageError("--stages auto needs --devices: the cluster bounds how many stages to try")
+        cluster = Cluster.homogeneous(stages, profile.threads, bandwidth_bytes_per_s=bandwidth_bytes_per_s)
+    max_k = min(cluster.size, m)
+    if stages != "auto" and not 1 <= stages <= max_k:
+        what = (
+            f"{m} compute nodes"
+            if stages > m
+            else f"{cluster.size} devices in {cluster.source or 'the cluster'}"
+        )
+        raise PartitionError(
+            f"cannot make {stages} stages: the plan has {what}; choose --stages between 1 and {max_k}"
+        )
+
+    sizes = tensor_sizes(view, profile)
+    free = set(view.initializers) | {o for n in view.nodes if n.is_constant for o in n.outputs}
+    cuts = cut_profile([n.reads for n in compute], [n.outputs for n in compute], sizes, free).bytes
+    reference = {n.name: max(0.0, float(profile.node_seconds.get(n.name, 0.0))) for n in compute}
+    costs = [reference[n.name] for n in compute]
+    allowed = allowed_cuts_from_regions(compute, profile.regions)
+    records = device_costs(
+        cluster,
+        reference,
+        {n.name: n.op_type for n in compute},
+        measure=_measure_fn(view, profile),
+        load=_load_fn(view),
+        reference_threads=profile.threads,
+    )
+    speed_of = dict(zip(cluster.names, effective_speeds(records, reference), strict=True))
+    params = first_reader_param_bytes(view)
+    acts = [float(sum(sizes.get(o, 0) for o in n.outputs)) for n in compute]
+    notes: list[str] = []
+    if any(r.method != "scaled" or d.op_speeds for r, d in zip(records, cluster.devices, strict=True)):
+        notes.append(
+            "per-device costs enter the partition as one overall speed per device (reference total over "
+            "the device's total)"
+        )
+
+    def solver(kind: ScheduleKind, mb: int, size: int) -> Callable[[Cluster], _partition.Partition]:
+        training = kind != "stream"
+        work = (1.0 + request.backward_ratio) * size if training else float(size)
+
+        def solve_on(arr: Cluster) -> _partition.Partition:
+            k = arr.size
+            state = TRAINING_STATE_FACTOR if training else 1.0
+            held = in_flight(kind, 0, k, mb) * size if training else 0
+            item_mem = [state * p + held * a for p, a in zip(params, acts, strict=True)]
+            # inference holds the micro-batch it computes and the next one arriving
+            cut_factor = [0.0 if training else 2.0 * size] * k
+            kwargs = {
+                "speeds": [speed_of[name] for name in arr.names],
+                "cut_bytes": [c * size for c in cuts],
+                "bandwidths": arr.bandwidths,
+                "latencies": arr.latencies,
+                "overlap": True,
+                "item_mem": item_mem,
+                "mem_caps": arr.mem_caps,
+                "cut_mem_factor": cut_factor,
+            }
+            scaled = [c * work for c in costs]
+            try:
+                return _partition.solve_heterogeneous(scaled, k, allowed_cuts=allowed, **kwargs)  # type: ignore[arg-type]
+            except PartitionError:
+                if all(allowed):
+                    raise
+                return _partition.solve_heterogeneous(scaled, k, **kwargs)  # type: ignore[arg-type]
+
+        return solve_on
+
+    def candidate(kind: ScheduleKind, mb: int, size: int, k: int) -> _Candidate:
+        search = place(cluster, k, solver(kind, mb, size), order=order)
+        part = search.result
+        if kind == "stream":
+            timeline = simulate(kind, list(part.compute), None, list(part.transfer), mb)
+        else:
+            fwd = [c / (1.0 + request.backward_ratio) for c in part.compute]
+            bwd = [c - f for c, f in zip(part.compute, fwd, strict=True)]
+            timeline = simulate(kind, fwd, bwd, list(part.transfer), mb)
+        return _Candidate(kind, mb, size, search, timeline)
+
+    best: _Candidate | None = None
+    chosen_k_reason = ""
+    last_error: PartitionError | None = None
+    for kind, mb, size in request.candidates():
+        cache: dict[int, _Candidate] = {}
+
+        def search_k(
+            k: int,
+            kind: ScheduleKind = kind,
+            mb: int = mb,
+            size: int = size,
+            cache: dict[int, _Candidate] = cache,
+        ) -> OrderSearch[_partition.Partition]:
+            if k not in cache:
+                cache[k] = candidate(kind, mb, size, k)
+            return cache[k].search
+
+        try:
+            if stages == "auto":
+                choice = stages_auto(max_k, search_k, tolerance=tolerance)
+                search_k(choice.k)
+                cand, reason = cache[choice.k], choice.reason
+            else:
+                search_k(stages)
+                cand, reason = cache[stages], ""
+        except PartitionError as e:
+            last_error = e
+            continue
+        if best is None or _iteration_time(cand) < _iteration_time(best) * (1 - 1e-12):
+            best, chosen_k_reason = cand, reason
+    if best is None:
+        assert last_error is not None
+        raise last_error
+    if chosen_k_reason:
+        notes.append(f"--stages auto chose {best.search.k}: {chosen_k_reason}")
+    if best.search.free:
+        notes.append(
+            f"--order free tried {best.search.evaluated} device orders; "
+            f"chose {', '.join(best.search.cluster.names)}"
+        )
+    part = best.search.result
+    arranged = best.search.cluster
+    specs = assign_stages(
+        view,
+        part.bounds,
+        sizes,
+        part.compute,
+        part.transfer,
+        devices=arranged.names,
+    )
+    _check_final_memory(specs, arranged, best, notes)
+    kept = {d.name for d in arranged.devices}
+    return Plan(
+        model_sha256=view.sha256,
+        stages=specs,
+        bottleneck_seconds=part.bottleneck,
+        lower_bound_seconds=part.lower_bound,
+        cost_source=profile.source,
+        threads=profile.threads,
+        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+        input_shapes=profile.input_shapes,
+        tensor_bytes=sizes,
+        objective=(
+            "minimize the pipeline bottleneck: the largest stage compute time on its device or link "
+            "transfer time (transfers overlap compute)"
+        ),
+        notes=tuple(notes),
+        timeline=best.timeline,
+        cluster=arranged,
+        device_costs=tuple(r for r in records if r.device in kept),
+        microbatch_size=best.size,
+    )
+
+
+def _iteration_time(c: _Candidate) -> float:
+    """Streaming: time per micro-batch in steady state; training: the simulated batch (makespan)."""
+    if c.kind == "stream":
+        return c.search.result.bottleneck
+    return c.timeline.makespan
+
+
+def _check_final_memory(
+    specs: Sequence[object], arranged: Cluster, best: _Candidate, notes: list[str]
+) -> None:
+    """Exact stage memory (shared weights counted in every stage, peak working set) against capacity."""
+    from onnxpipe.plan import StageSpec
+
+    k = len(specs)
+    for s, spec in enumerate(specs):
+        assert isinstance(spec, StageSpec)
+        cap = arranged.devices[s].memory_bytes
+        if cap is None:
+            continue
+        training = best.kind != "stream"
+        held = in_flight(best.kind, s, k, best.microbatches) * best.size
+        need = (
+            TRAINING_STATE_FACTOR if training else 1.0
+        ) * spec.param_bytes + held * spec.peak_activation_bytes
+        if need > cap:
+            notes.append(
+                f"stage {s} on {arranged.names[s]} may need {need:.0f} bytes (peak working set, shared "
+                f"weights) but the device has {cap}; check with onnxpipe run"
+            )
+
+
+def device_records(plan: Plan) -> tuple[DeviceCosts, ...]:
+    """How each stage's device costs were obtained, for the manifest."""
+    return plan.device_costs
+
+
+def draw_plan(plan: Plan, path: str | Path, *, title: str | None = None) -> Path:
+    """Gantt chart of the plan's simulated schedule and per-stage loads against device capacity."""
+    from onnxpipe.plotting import StageSummary, plot_plan
+    from onnxpipe.schedule import simulate as _simulate
+
+    timeline = plan.timeline or _simulate(
+        "stream", [s.cost_seconds for s in plan.stages], None, [0.0] * plan.k, DEFAULT_MICROBATCHES
+    )
+    caps = plan.cluster.mem_caps if plan.cluster is not None else (math.inf,) * plan.k
+    summaries = [
+        StageSummary(
+            device=s.device,
+            compute_seconds=s.compute_seconds,
+            transfer_seconds=s.transfer_seconds,
+            param_bytes=float(s.param_bytes),
+            activation_bytes=float(s.peak_activation_bytes * plan.microbatch_size),
+            memory_cap=float(caps[i]),
+        )
+        for i, s in enumerate(plan.stages)
+    ]
+    return plot_plan(timeline, summaries, path, title=title)
