@@ -12,6 +12,7 @@ from onnxpipe.costs import static_profile
 from onnxpipe.errors import (
     ExportError,
     ManifestError,
+    MemoryFitError,
     ModelLoadError,
     OnnxpipeError,
     PartitionError,
@@ -33,6 +34,7 @@ __all__ = [
     "ExportError",
     "Manifest",
     "ManifestError",
+    "MemoryFitError",
     "ModelLoadError",
     "ModelView",
     "OnnxpipeError",

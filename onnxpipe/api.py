@@ -6,6 +6,7 @@ Each step can be called on its own (``load_model`` → ``profile_model`` → ``m
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from pathlib import Path
 from onnxpipe.cluster import Cluster, load_cluster
 from onnxpipe.costs import static_profile
 from onnxpipe.errors import UsageError
-from onnxpipe.export import export_stages
+from onnxpipe.export import check_exportable, export_stages
 from onnxpipe.manifest import Manifest
 from onnxpipe.model import ModelView, load_model
 from onnxpipe.plan import Plan, make_plan
@@ -41,7 +42,7 @@ def get_profile(
     cost: str = "profile",
     profile: Profile | str | Path | None = None,
     threads: int = 1,
-    runs: int = 10,
+    runs: int = 30,
     warmup: int = 3,
     shapes: Mapping[str, Sequence[int]] | None = None,
     progress: bool = False,
@@ -56,7 +57,8 @@ def get_profile(
     if threads < 1:
         raise UsageError(f"--threads {threads}: give a positive number of intra-op threads")
     if cost == "static":
-        return static_profile(view, shapes=shapes)
+        # static costs do not depend on threads, but the plan records what the stages will run with
+        return dataclasses.replace(static_profile(view, shapes=shapes), threads=threads)
     return profile_model(view, threads=threads, runs=runs, warmup=warmup, shapes=shapes, progress=progress)
 
 
@@ -100,7 +102,7 @@ def split(
     profile: Profile | str | Path | None = None,
     cost: str = "profile",
     threads: int = 1,
-    runs: int = 10,
+    runs: int = 30,
     warmup: int = 3,
     bandwidth_bytes_per_s: float = math.inf,
     shapes: Mapping[str, Sequence[int]] | None = None,
@@ -114,6 +116,8 @@ def split(
 ) -> SplitResult:
     """Load, profile (or reuse a profile), partition optimally, export K stages, and verify them."""
     view = load_model(model)
+    # refuse an output folder in use, or a model onnxruntime cannot run, before minutes of profiling
+    check_exportable(view, out, force=force)
     prof = get_profile(
         view,
         cost=cost,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from onnxpipe import api
 from onnxpipe.errors import OnnxpipeError, UsageError
+from onnxpipe.export import check_runtime_opsets
 from onnxpipe.feeds import parse_shape_overrides
 from onnxpipe.manifest import load_manifest
 from onnxpipe.model import load_model
@@ -44,15 +45,25 @@ def _bandwidth(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of bytes per second") from None
-    if value <= 0:
+    if not value > 0:  # also refuses nan
         raise argparse.ArgumentTypeError("bandwidth must be positive (bytes per second)")
+    return value
+
+
+def _ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive finite number")
     return value
 
 
 def _add_measure_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("measurement")
     g.add_argument("--threads", type=_positive_int, default=1, help="intra-op threads per stage (default 1)")
-    g.add_argument("--runs", type=_positive_int, default=10, help="timed runs to take the median of")
+    g.add_argument("--runs", type=_positive_int, default=30, help="timed runs to take the median of")
     g.add_argument("--warmup", type=int, default=3, help="untimed warm-up runs")
     _add_shape_arg(g)
 
@@ -93,7 +104,7 @@ def _add_planning_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--microbatches", type=_positive_int, help="micro-batches M per batch (default 8)")
     g.add_argument("--batch", type=_positive_int, help="samples per training iteration (default: M)")
     g.add_argument(
-        "--backward-ratio", type=float, default=2.0, help="backward time over forward time (training)"
+        "--backward-ratio", type=_ratio, default=2.0, help="backward time over forward time (training)"
     )
 
 
@@ -176,6 +187,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     if args.out.exists() and not args.force:
         raise UsageError(f"{args.out}: exists; choose another --out or pass --force")
     view = load_model(args.model)
+    check_runtime_opsets(view)
     prof = api.get_profile(
         view,
         cost=args.cost,

@@ -39,6 +39,16 @@ class PartitionError(OnnxpipeError):
     exit_code = 5
 
 
+class MemoryFitError(PartitionError):
+    """No split fits the devices' memory; ``smallest_fit_bytes`` is the least memory per device that would."""
+
+    exit_code = 5
+
+    def __init__(self, message: str, smallest_fit_bytes: float) -> None:
+        super().__init__(message)
+        self.smallest_fit_bytes = smallest_fit_bytes
+
+
 class ExportError(OnnxpipeError):
     """A stage could not be written (output folder exists, disk full, invalid stage)."""
 

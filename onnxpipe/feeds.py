@@ -68,7 +68,7 @@ def parse_shape_overrides(items: Iterable[str]) -> dict[str, tuple[int, ...]]:
         name, sep, dims_text = item.rpartition("=")
         name = name.strip()
         if not sep or not name:
-            raise UsageError(f"--shape {item!r}: expected NAME=D1,D2,... (for example input=1,3,224,224)")
+            raise UsageError(f"--shape {item!r}: expected NAME=D1,D2,...; write it like input=1,3,224,224")
         text = dims_text.strip().replace("x", ",").replace("X", ",")
         dims: list[int] = []
         if text:
@@ -78,13 +78,15 @@ def parse_shape_overrides(items: Iterable[str]) -> dict[str, tuple[int, ...]]:
                     value = int(part)
                 except ValueError:
                     raise UsageError(
-                        f"--shape {item!r}: {part!r} is not a whole number; expected NAME=D1,D2,..."
+                        f"--shape {item!r}: {part!r} is not a whole number; write NAME=D1,D2,..."
                     ) from None
                 if value < 0:
-                    raise UsageError(f"--shape {item!r}: dims must be >= 0, got {value}")
+                    raise UsageError(
+                        f"--shape {item!r}: dims must be >= 0, got {value}; give sizes like NAME=1,3,224,224"
+                    )
                 dims.append(value)
         if name in result:
-            raise UsageError(f"--shape {item!r}: input {name!r} is given twice")
+            raise UsageError(f"--shape {item!r}: input {name!r} is given twice; give each input once")
         result[name] = tuple(dims)
     return result
 
@@ -112,13 +114,13 @@ def resolve_input_shapes(
             if len(dims) != len(shape):
                 raise UsageError(
                     f"--shape {name}: the model's input {name!r} has rank {len(shape)} "
-                    f"({_show(shape)}), the override gives {len(dims)} dims"
+                    f"({_show(shape)}), the override gives {len(dims)} dims; give {len(shape)} dims"
                 )
             for axis, (declared, value) in enumerate(zip(shape, dims, strict=True)):
                 if isinstance(declared, int) and declared >= 0 and declared != value:
                     raise UsageError(
                         f"--shape {name}: dim {axis} of input {name!r} is fixed at {declared} by the model "
-                        f"({_show(shape)}), the override gives {value}"
+                        f"({_show(shape)}), the override gives {value}; give {declared} for dim {axis}"
                     )
                 if isinstance(declared, str):
                     symbols.setdefault(declared, value)

@@ -20,8 +20,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
-from onnxpipe.errors import ManifestError
+from onnxpipe.cluster import Cluster
+from onnxpipe.errors import ManifestError, UsageError
 from onnxpipe.model import Dim, file_sha256
+from onnxpipe.schedule import Timeline
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -106,6 +108,7 @@ class StageEntry:
     estimated_transfer_seconds: float
     param_bytes: int
     peak_activation_bytes: int
+    shared_param_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -122,33 +125,16 @@ class PlanSummary:
     bandwidth_bytes_per_s: float
     profiled_input_shapes: Mapping[str, tuple[int, ...]]
     notes: tuple[str, ...] = ()
+    duplicated_param_bytes: int = 0
 
 
 @dataclass(frozen=True)
-class ScheduleStep:
-    """Micro-batch ``microbatch`` runs on a stage from ``start`` to ``end`` seconds."""
+class DeviceRecord:
+    """Where one stage runs and how its costs were obtained (``scaled``, ``profiled``, ``profile_file``)."""
 
-    microbatch: int
-    start: float
-    end: float
-
-
-@dataclass(frozen=True)
-class StageSchedule:
-    stage: int
-    steps: tuple[ScheduleStep, ...]
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """Inference streaming of ``microbatches`` micro-batches through the stages (estimated times)."""
-
-    kind: Literal["stream"]
-    microbatches: int
-    steady_state_throughput_per_s: float
-    latency_first_seconds: float
-    makespan_seconds: float
-    stages: tuple[StageSchedule, ...]
+    device: str
+    method: str
+    source: str
 
 
 @dataclass(frozen=True)
@@ -160,8 +146,10 @@ class Manifest:
     model_outputs: tuple[ModelOutput, ...]
     stages: tuple[StageEntry, ...]
     plan: PlanSummary
-    schedule: Schedule
+    schedule: Timeline
     schema_version: int = field(default=SCHEMA_VERSION)
+    cluster: Cluster | None = None
+    device_costs: tuple[DeviceRecord, ...] = ()
 
     @property
     def k(self) -> int:
@@ -303,18 +291,13 @@ def _manifest_to_obj(m: Manifest) -> dict[str, Any]:
             "bandwidth_bytes_per_s": _num(m.plan.bandwidth_bytes_per_s),
             "profiled_input_shapes": {k: list(v) for k, v in m.plan.profiled_input_shapes.items()},
             "notes": list(m.plan.notes),
+            "duplicated_param_bytes": m.plan.duplicated_param_bytes,
         },
-        "schedule": {
-            "kind": m.schedule.kind,
-            "microbatches": m.schedule.microbatches,
-            "steady_state_throughput_per_s": _num(m.schedule.steady_state_throughput_per_s),
-            "latency_first_seconds": _num(m.schedule.latency_first_seconds),
-            "makespan_seconds": _num(m.schedule.makespan_seconds),
-            "stages": [
-                {"stage": s.stage, "steps": [[t.microbatch, _num(t.start), _num(t.end)] for t in s.steps]}
-                for s in m.schedule.stages
-            ],
-        },
+        "schedule": m.schedule.to_obj([s.device for s in m.stages]),
+        "cluster": m.cluster.to_obj() if m.cluster is not None else None,
+        "device_costs": [
+            {"device": d.device, "method": d.method, "source": d.source} for d in m.device_costs
+        ],
     }
 
 
@@ -352,6 +335,7 @@ def _stage_to_obj(s: StageEntry) -> dict[str, Any]:
         "estimated_transfer_seconds": _num(s.estimated_transfer_seconds),
         "param_bytes": s.param_bytes,
         "peak_activation_bytes": s.peak_activation_bytes,
+        "shared_param_bytes": s.shared_param_bytes,
     }
 
 
@@ -475,7 +459,16 @@ class _Reader:
         model_outputs = self.items(top, "model_outputs", "", self.model_output)
         stages = self.items(top, "stages", "", self.stage)
         plan = self.plan(self.as_obj(self.field(top, "plan", ""), "plan"))
-        schedule = self.schedule(self.as_obj(self.field(top, "schedule", ""), "schedule"))
+        schedule = Timeline.from_obj(self.field(top, "schedule", ""), "schedule", self.source)
+        cluster = self.cluster(top.get("cluster"))
+        device_costs = tuple(
+            DeviceRecord(
+                self.get_str(self.as_obj(d, f"device_costs[{i}]"), "device", f"device_costs[{i}]"),
+                self.get_str(self.as_obj(d, f"device_costs[{i}]"), "method", f"device_costs[{i}]"),
+                self.get_str(self.as_obj(d, f"device_costs[{i}]"), "source", f"device_costs[{i}]"),
+            )
+            for i, d in enumerate(self.as_list(top.get("device_costs", []), "device_costs"))
+        )
         manifest = Manifest(
             source=source,
             model_inputs=model_inputs,
@@ -484,6 +477,8 @@ class _Reader:
             plan=plan,
             schedule=schedule,
             schema_version=version,
+            cluster=cluster,
+            device_costs=device_costs,
         )
         self.check_consistency(manifest)
         return manifest
@@ -567,6 +562,7 @@ class _Reader:
             estimated_transfer_seconds=self.get_float(o, "estimated_transfer_seconds", where),
             param_bytes=self.get_int(o, "param_bytes", where),
             peak_activation_bytes=self.get_int(o, "peak_activation_bytes", where),
+            shared_param_bytes=self.get_int(o, "shared_param_bytes", where),
         )
 
     def plan(self, o: Mapping[str, Any]) -> PlanSummary:
@@ -592,40 +588,17 @@ class _Reader:
             bandwidth_bytes_per_s=self.get_float(o, "bandwidth_bytes_per_s", w),
             profiled_input_shapes=MappingProxyType(shapes),
             notes=tuple(notes),
+            duplicated_param_bytes=self.get_int(o, "duplicated_param_bytes", w),
         )
 
-    def schedule(self, o: Mapping[str, Any]) -> Schedule:
-        w = "schedule"
-        kind = self.get_str(o, "kind", w)
-        if kind != "stream":
-            raise self.fail("schedule.kind", f'expected "stream", got {kind!r}')
-        stages: list[StageSchedule] = []
-        raw_stages = self.as_list(self.field(o, "stages", w), "schedule.stages")
-        for i, s in enumerate(raw_stages):
-            sw = f"schedule.stages[{i}]"
-            so = self.as_obj(s, sw)
-            steps: list[ScheduleStep] = []
-            for j, step in enumerate(self.as_list(self.field(so, "steps", sw), f"{sw}.steps")):
-                tw = f"{sw}.steps[{j}]"
-                triple = self.as_list(step, tw)
-                if len(triple) != 3:
-                    raise self.fail(tw, f"expected [microbatch, start, end], got {len(triple)} items")
-                steps.append(
-                    ScheduleStep(
-                        self.int_value(triple[0], f"{tw}[0]"),
-                        self.float_value(triple[1], f"{tw}[1]"),
-                        self.float_value(triple[2], f"{tw}[2]"),
-                    )
-                )
-            stages.append(StageSchedule(self.get_int(so, "stage", sw), tuple(steps)))
-        return Schedule(
-            kind="stream",
-            microbatches=self.get_int(o, "microbatches", w, minimum=1),
-            steady_state_throughput_per_s=self.get_float(o, "steady_state_throughput_per_s", w),
-            latency_first_seconds=self.get_float(o, "latency_first_seconds", w),
-            makespan_seconds=self.get_float(o, "makespan_seconds", w),
-            stages=tuple(stages),
-        )
+    def cluster(self, value: Any) -> Cluster | None:
+        """The devices and links the plan was made for (``null`` for identical CPU workers)."""
+        if value is None:
+            return None
+        try:
+            return Cluster.from_obj(self.as_obj(value, "cluster"), source=f"{self.source}: cluster")
+        except UsageError as e:
+            raise ManifestError(str(e)) from e
 
     def check_consistency(self, m: Manifest) -> None:
         """Cross-field rules: stages numbered in order, edges that point backwards, names that resolve."""
@@ -635,7 +608,12 @@ class _Reader:
         if m.plan.k != k:
             raise self.fail("plan.k", f"says {m.plan.k} stages but 'stages' lists {k}")
         if len(m.schedule.stages) != k:
-            raise self.fail("schedule.stages", f"lists {len(m.schedule.stages)} stages, expected {k}")
+            raise self.fail("schedule.devices", f"lists {len(m.schedule.stages)} stages, expected {k}")
+        if m.cluster is not None:
+            names = set(m.cluster.names)
+            for i, st in enumerate(m.stages):
+                if st.device not in names:
+                    raise self.fail(f"stages[{i}].device", f"{st.device!r} is not a device of 'cluster'")
         files: set[str] = set()
         model_inputs = {t.name for t in m.model_inputs}
         produced: dict[str, int] = {}

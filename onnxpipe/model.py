@@ -196,8 +196,38 @@ def load_model(path: str | Path, *, check: bool = True) -> ModelView:
     if not proto.graph.node and not proto.graph.output:
         raise ModelLoadError(f"{p}: holds no ONNX graph (empty or not a model file); re-export the model")
     if check:
+        _check_external_data(proto, p)
         _check(proto, p)
     return view_from_proto(proto, path=p, sha256=file_sha256(p), base_dir=p.parent)
+
+
+def _check_external_data(proto: onnx.ModelProto, p: Path) -> None:
+    """Every external weight's file exists beside the model and is long enough to hold it.
+
+    Checked up front because onnxruntime and the checker report a short or missing weights file late,
+    as a multi-line log, or not at all.
+    """
+    sizes: dict[str, int] = {}
+    for t in proto.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        location = info.get("location", "")
+        target = p.parent / location
+        if not location or not target.is_file():
+            raise ModelLoadError(
+                f"{p}: weight {t.name!r} lives in {location or '(no file named)'}, which is not beside the "
+                "model; copy the model together with its weights file"
+            )
+        if location not in sizes:
+            sizes[location] = target.stat().st_size
+        offset = int(info.get("offset", "0") or 0)
+        length = int(info["length"]) if info.get("length") else initializer_nbytes(t)
+        if offset + length > sizes[location]:
+            raise ModelLoadError(
+                f"{p}: weights file {location} is truncated: weight {t.name!r} needs bytes "
+                f"{offset}..{offset + length} but the file has {sizes[location]}; copy it again"
+            )
 
 
 def _check(proto: onnx.ModelProto, p: Path) -> None:

@@ -80,7 +80,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from onnxpipe.errors import PartitionError
+from onnxpipe.errors import MemoryFitError, PartitionError
 
 __all__ = ["TIE_RTOL", "Partition", "evaluate", "solve", "solve_heterogeneous"]
 
@@ -252,9 +252,9 @@ def _exact_prefix(values: FloatArr) -> FloatArr:
     """Correctly rounded prefix sums ``[0, v0, v0+v1, ...]`` of non-negative finite floats.
 
     Every float is an integer multiple of ``2**emin``, so the sums are computed exactly with Python
-    integers and rounded once.  Monotone and accurate to half an ulp, unlike ``numpy.cumsum`` whose error
-    grows with ``n`` (about 1e-14 relative at n = 100,000, which would blur the 1e-9 tie tolerance for
-    small stages).
+    integers and rounded once (about 50 ms at n = 100,000).  Each prefix is then within half an ulp of
+    the true sum, so a stage's compute is exact to an ulp of the running total whatever ``n`` is, while
+    ``numpy.cumsum``'s error grows with ``n`` (measured: 1.6e-14 of the total at n = 100,000).
     """
     out = np.zeros(values.size + 1)
     if values.size == 0:
@@ -538,7 +538,9 @@ class _Engine:
             for layer in reversed(layers):
                 b = bounds[-1]
                 upto = b - layer.lo
-                idx = int(np.argmax(layer.mask[:upto] & (layer.r[:upto] >= b)))
+                covers = layer.mask[:upto] & (layer.r[:upto] >= b)
+                idx = int(np.argmax(covers))  # the earliest reachable start that can end at b
+                assert covers[idx]
                 bounds.append(layer.lo + idx)
             return _Probe(True, tuple(reversed(bounds)), math.nan)
         return _Probe(False, None, min(comeback, self._next_bound(layers, cache)))
@@ -592,6 +594,7 @@ class _Engine:
                 assert res.bounds is not None
                 best = res.bounds
                 hi = self.m.bottleneck(best)
+                assert hi <= mid, (hi, mid)
                 gap = mid - hi
             else:
                 if math.isinf(res.next_lo):
@@ -673,6 +676,7 @@ class _Engine:
 # Reference: plain O(K n^2) dynamic programme (test oracle; same canonical costs, same tie rules)
 # ----------------------------------------------------------------------------------------------------------
 def _reference_min_bottleneck(model: _Model) -> float:
+    """``best[b]`` = smallest bottleneck reaching ``b`` after ``s`` stages, over every previous start."""
     n, k = model.n, model.k
     best = np.full(n + 1, np.inf)
     best[0] = 0.0
@@ -694,6 +698,7 @@ def _reference_min_bottleneck(model: _Model) -> float:
 
 
 def _reference_min_bytes(model: _Model, bound: float) -> tuple[float, tuple[int, ...]]:
+    """Fewest cut bytes with every stage ``<= bound``; predecessor = smallest ``(bytes, position)``."""
     n, k = model.n, model.k
     val = np.full(n + 1, np.inf)
     val[0] = 0.0
@@ -753,9 +758,10 @@ def _memory_error(model: _Model, reference: bool) -> PartitionError:
         assert found is not None
         need = found[0]
     assert model.mem_cap is not None
-    return PartitionError(
-        f"no split into {model.k} stages fits the memory caps (smallest cap {float(model.mem_cap.min()):.6g} "
-        f"bytes); the smallest uniform cap that fits is {need:.17g} bytes: raise mem_caps or change k"
+    return MemoryFitError(
+        f"no split into {model.k} stages fits the memory caps (tightest {float(model.mem_cap.min()):.6g} "
+        f"bytes); the smallest uniform cap that fits is {need:.17g} bytes: raise mem_caps or change k",
+        need,
     )
 
 
@@ -817,7 +823,7 @@ def _vector(
         i = int(np.flatnonzero(bad)[0])
         need = "> 0" if positive else ">= 0"
         need += "" if allow_inf else " and finite"
-        raise PartitionError(f"{name}[{i}] = {arr[i]!r} is invalid: every entry must be {need}")
+        raise PartitionError(f"{name}[{i}] = {float(arr[i])!r} is invalid: every entry must be {need}")
     return arr
 
 

@@ -219,7 +219,18 @@ def assign_stages(
         for n in nodes:
             for t in n.reads:
                 reads.setdefault(t, None)
-        extra_outputs = [t for t in view.outputs if t in const_by_output] if s == k - 1 else []
+        # model outputs that no compute node makes (constants, weights) come out of the last stage
+        extra_outputs = (
+            [
+                t
+                for t in view.outputs
+                if t not in produced_in
+                and t not in view.inputs
+                and (t in const_by_output or t in view.initializers)
+            ]
+            if s == k - 1
+            else []
+        )
         consts = _constant_closure(view, list(reads) + extra_outputs, const_by_output)
         inputs = tuple(
             t

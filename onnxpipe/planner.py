@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Literal
 
 from onnxpipe import partition as _partition
 from onnxpipe.cluster import Cluster, Device, DeviceCosts, device_costs, effective_speeds
-from onnxpipe.errors import PartitionError, UsageError
+from onnxpipe.errors import MemoryFitError, PartitionError, UsageError
 from onnxpipe.graph import cut_profile
 from onnxpipe.model import ModelView
 from onnxpipe.orders import OrderSearch, place, stages_auto
@@ -57,6 +57,10 @@ class ScheduleRequest:
         """(kind, M, samples per micro-batch) to try."""
         if self.kind not in SCHEDULE_CHOICES:
             raise UsageError(f"--schedule {self.kind!r}: choose one of {', '.join(SCHEDULE_CHOICES)}")
+        if not (self.backward_ratio > 0 and math.isfinite(self.backward_ratio)):
+            raise UsageError(
+                f"--backward-ratio {self.backward_ratio}: give a positive finite number (default 2)"
+            )
         if self.microbatches is not None and self.microbatches < 1:
             raise UsageError(f"--microbatches {self.microbatches}: give 1 or more")
         if self.kind == "stream":
@@ -211,11 +215,22 @@ def plan_pipeline(
             }
             scaled = [c * work for c in costs]
             try:
-                return _partition.solve_heterogeneous(scaled, k, allowed_cuts=allowed, **kwargs)  # type: ignore[arg-type]
-            except PartitionError:
-                if all(allowed):
-                    raise
-                return _partition.solve_heterogeneous(scaled, k, **kwargs)  # type: ignore[arg-type]
+                try:
+                    return _partition.solve_heterogeneous(scaled, k, allowed_cuts=allowed, **kwargs)  # type: ignore[arg-type]
+                except PartitionError:
+                    if all(allowed):
+                        raise
+                    return _partition.solve_heterogeneous(scaled, k, **kwargs)  # type: ignore[arg-type]
+            except MemoryFitError as e:
+                where = arr.source or "the devices"
+                schedule_text = "streaming" if kind == "stream" else f"{kind} with {mb} micro-batches"
+                raise MemoryFitError(
+                    f"{where}: {k} stages of {view.path.name if view.path else 'the model'} do not fit the "
+                    f"devices' memory under {schedule_text}; the smallest memory that fits is "
+                    f"{e.smallest_fit_bytes:.0f} bytes per device: raise memory_bytes, add devices, or "
+                    "choose another schedule",
+                    e.smallest_fit_bytes,
+                ) from e
 
         return solve_on
 

@@ -31,6 +31,7 @@ import bisect
 import contextlib
 import json
 import math
+import os
 import statistics
 import tempfile
 import time
@@ -185,10 +186,14 @@ class Profile:
         )
 
     def save(self, path: str | Path) -> None:
+        """Write through a temporary file renamed into place: a failed write leaves nothing behind."""
         p = Path(path)
+        tmp = p.with_name(f".{p.name}.tmp")
         try:
-            p.write_text(self.to_json(), encoding="utf-8")
+            tmp.write_text(self.to_json(), encoding="utf-8")
+            os.replace(tmp, p)
         except OSError as e:
+            tmp.unlink(missing_ok=True)
             raise ProfileError(f"{p}: cannot write the profile ({e.strerror}); choose another path") from e
 
     @classmethod
@@ -345,7 +350,7 @@ class _OrtModel:
     def options(self, level: str, *, threads: int | None, external_dir: Path | None) -> Any:
         ort = self.ort
         so = ort.SessionOptions()
-        so.log_severity_level = 3
+        so.log_severity_level = 4  # errors reach the user as one ProfileError line, not ORT's log
         so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.inter_op_num_threads = 1

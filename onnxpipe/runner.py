@@ -5,19 +5,27 @@ A small lifecycle: :meth:`StageChain.from_manifest` opens one onnxruntime sessio
 ``with`` block) releases the sessions.  Each stage receives exactly the tensors its manifest entry lists
 (model inputs and outputs of earlier stages); a tensor is dropped once no later stage or model output
 needs it, so memory holds what crosses the current cut, not every activation.
+
+:func:`run_stage_by_stage` computes the same for several input sets with only one stage open at a time,
+so a model larger than memory twice over can still be checked (``onnxpipe verify`` uses it).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
 from onnxpipe.errors import RuntimeStageError, UsageError
-from onnxpipe.manifest import MODEL_INPUT, Manifest, load_manifest
+from onnxpipe.manifest import MODEL_INPUT, Manifest, StageEntry, load_manifest
+
+Values = dict[str, Any]
+"""Tensors by name: numpy arrays, or the lists and dicts onnxruntime returns for sequences and maps."""
 
 
 class StageChain:
@@ -29,13 +37,7 @@ class StageChain:
         self.manifest = manifest
         self.directory = directory
         self._sessions: list[ort.InferenceSession] | None = list(sessions)
-        # after stage s, keep only tensors that a later stage or the model outputs still read
-        self._keep_after: list[frozenset[str]] = []
-        later: set[str] = {o.name for o in manifest.model_outputs}
-        for st in reversed(manifest.stages):
-            self._keep_after.append(frozenset(later))
-            later |= {t.name for t in st.inputs}
-        self._keep_after.reverse()
+        self._keep_after = keep_after(manifest)
 
     @classmethod
     def from_manifest(
@@ -51,19 +53,7 @@ class StageChain:
         if threads < 1:
             raise UsageError(f"threads {threads}: give a positive number of intra-op threads")
         manifest = load_manifest(d, check_files=check_files)
-        sessions: list[ort.InferenceSession] = []
-        for st in manifest.stages:
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = threads
-            options.inter_op_num_threads = 1
-            options.log_severity_level = 3
-            try:
-                sessions.append(ort.InferenceSession(str(d / st.file), options, providers=list(providers)))
-            except Exception as e:
-                raise RuntimeStageError(
-                    f"{d / st.file}: stage {st.index} does not load in onnxruntime ({_first_line(e)}); "
-                    "re-run onnxpipe split"
-                ) from e
+        sessions = [open_stage(d, st, threads, providers) for st in manifest.stages]
         return cls(manifest, sessions, d)
 
     @property
@@ -74,7 +64,7 @@ class StageChain:
     def output_names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.manifest.model_outputs)
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray]) -> Values:
         """Model outputs for the model inputs ``feeds`` (a model output that is an input is passed back).
 
         Tensors are numpy arrays; sequences and maps come back as onnxruntime returns them (lists, dicts).
@@ -82,28 +72,10 @@ class StageChain:
         sessions = self._sessions
         if sessions is None:
             raise UsageError(f"{self.directory}: the stage chain is closed; open it again")
-        missing = [n for n in self.input_names if n not in feeds]
-        if missing:
-            listed = ", ".join(self.input_names)
-            raise UsageError(f"model input {missing[0]!r} is not in the feeds; give every input: {listed}")
-        values: dict[str, np.ndarray] = {n: feeds[n] for n in self.input_names}
-        passthrough = {
-            o.name: feeds[o.name] for o in self.manifest.model_outputs if o.produced_by == MODEL_INPUT
-        }
+        values = model_inputs(self.manifest, feeds)
         for st, session, keep in zip(self.manifest.stages, sessions, self._keep_after, strict=True):
-            stage_feeds = {t.name: values[t.name] for t in st.inputs}
-            names = [t.name for t in st.outputs]
-            try:
-                results = session.run(names, stage_feeds)
-            except Exception as e:
-                raise RuntimeStageError(
-                    f"{self.directory / st.file}: stage {st.index} failed ({_first_line(e)}); "
-                    "check the input shapes against the manifest"
-                ) from e
-            values.update(zip(names, results, strict=True))
-            values = {n: v for n, v in values.items() if n in keep}
-        values.update(passthrough)
-        return {n: values[n] for n in self.output_names}
+            values = run_stage(self.directory, st, session, values, keep)
+        return model_outputs(self.manifest, feeds, values)
 
     def close(self) -> None:
         """Release the sessions; :meth:`run` refuses to run afterwards."""
@@ -121,6 +93,125 @@ class StageChain:
         self.close()
 
 
-def _first_line(e: BaseException) -> str:
+def run_stage_by_stage(
+    directory: str | Path,
+    all_feeds: Sequence[Mapping[str, np.ndarray]],
+    *,
+    threads: int = 1,
+    providers: Sequence[str] = ("CPUExecutionProvider",),
+    check_files: bool = True,
+) -> list[Values]:
+    """Model outputs for each feed set, opening one stage at a time (stage ``s`` runs every set, closes).
+
+    Equal to ``[chain.run(f) for f in all_feeds]`` but holds one stage's weights at a time plus the
+    tensors crossing the current cut for every feed set.
+    """
+    d = Path(directory)
+    if threads < 1:
+        raise UsageError(f"threads {threads}: give a positive number of intra-op threads")
+    manifest = load_manifest(d, check_files=check_files)
+    keep = keep_after(manifest)
+    states = [model_inputs(manifest, feeds) for feeds in all_feeds]
+    for st, kept in zip(manifest.stages, keep, strict=True):
+        session = open_stage(d, st, threads, providers)
+        states = [run_stage(d, st, session, values, kept) for values in states]
+        del session
+    return [model_outputs(manifest, feeds, values) for feeds, values in zip(all_feeds, states, strict=True)]
+
+
+# --------------------------------------------------------------------------------------------------
+# steps shared by both ways of running
+
+
+def keep_after(manifest: Manifest) -> list[frozenset[str]]:
+    """Per stage: the tensors a later stage or the model outputs still read once it has run."""
+    keep: list[frozenset[str]] = []
+    later: set[str] = {o.name for o in manifest.model_outputs}
+    for st in reversed(manifest.stages):
+        keep.append(frozenset(later))
+        later |= {t.name for t in st.inputs}
+    keep.reverse()
+    return keep
+
+
+def open_stage(
+    directory: Path, st: StageEntry, threads: int, providers: Sequence[str]
+) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(directory / st.file), options, providers=list(providers))
+    except Exception as e:
+        raise RuntimeStageError(
+            f"{directory / st.file}: stage {st.index} does not load in onnxruntime ({error_line(e)}); "
+            "re-run onnxpipe split"
+        ) from e
+
+
+def model_inputs(manifest: Manifest, feeds: Mapping[str, np.ndarray]) -> Values:
+    names = [t.name for t in manifest.model_inputs]
+    missing = [n for n in names if n not in feeds]
+    if missing:
+        raise UsageError(
+            f"model input {missing[0]!r} is not in the feeds; give every input: {', '.join(names)}"
+        )
+    return {n: feeds[n] for n in names}
+
+
+def run_stage(
+    directory: Path, st: StageEntry, session: ort.InferenceSession, values: Values, keep: frozenset[str]
+) -> Values:
+    """Run one stage on ``values``; return what later stages and the model outputs still need."""
+    stage_feeds = {t.name: values[t.name] for t in st.inputs}
+    names = [t.name for t in st.outputs]
+    if not names:  # only dead ends (nodes whose outputs nothing reads): nothing to compute
+        return {n: v for n, v in values.items() if n in keep}
+    try:
+        results = session.run(names, stage_feeds)
+    except Exception as e:
+        raise RuntimeStageError(
+            f"{directory / st.file}: stage {st.index} failed ({error_line(e)}); "
+            "check the input shapes against the manifest"
+        ) from e
+    merged = {**values, **dict(zip(names, results, strict=True))}
+    return {n: v for n, v in merged.items() if n in keep}
+
+
+def model_outputs(manifest: Manifest, feeds: Mapping[str, np.ndarray], values: Values) -> Values:
+    """The model outputs from the last stage's ``values``; outputs that are model inputs come from feeds."""
+    out = dict(values)
+    out.update({o.name: feeds[o.name] for o in manifest.model_outputs if o.produced_by == MODEL_INPUT})
+    return {o.name: out[o.name] for o in manifest.model_outputs}
+
+
+_ORT_STATUS = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
+_LOAD_FAILED = re.compile(r"^Load model from .*? failed:")
+_SOURCE_LOCATION = re.compile(r"^\s*\S*onnxruntime_src/\S*:\d+ ")
+
+
+def error_line(e: BaseException) -> str:
+    """The first line of an error, without onnxruntime's status prefix, source location and C++ signature.
+
+    ``[ONNXRuntimeError] : 1 : FAIL : Load model from m.onnx failed:/onnxruntime_src/x.h:46 void f(int) Opset
+    29 is ...`` becomes ``Opset 29 is ...``.
+    """
     text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+    if not text:
+        return type(e).__name__
+    line = _LOAD_FAILED.sub("", _ORT_STATUS.sub("", text.splitlines()[0])).strip()
+    location = _SOURCE_LOCATION.match(line)
+    if location is None:
+        return line or type(e).__name__
+    rest = line[location.end() :]
+    depth = 0
+    for i, ch in enumerate(rest):
+        if ch == "(":
+            depth += 1
+        elif ch == ")" and depth > 0:
+            depth -= 1
+            if depth == 0:  # the end of the function signature
+                message = re.sub(r"^\s*const\b", "", rest[i + 1 :]).strip()
+                return message or line
+    return rest.strip() or line

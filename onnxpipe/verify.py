@@ -29,7 +29,7 @@ from onnxpipe.errors import ManifestError, UsageError, VerificationError
 from onnxpipe.feeds import random_feeds, resolve_input_shapes
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, load_manifest
 from onnxpipe.model import file_sha256, load_model
-from onnxpipe.runner import StageChain
+from onnxpipe.runner import error_line, run_stage_by_stage
 
 DEFAULT_RTOL = 1e-4
 DEFAULT_ATOL = 1e-5
@@ -149,16 +149,15 @@ def verify(
     input_shapes = resolve_input_shapes(view, shapes)
     names = [o.name for o in manifest.model_outputs]
 
-    # the original first, then the stages: never both in memory at once
+    # the original first, then the stages one at a time: never two of them in memory at once
     all_feeds = [random_feeds(view, input_shapes, seed + r) for r in range(runs)]
     expected = _run_original(model, names, all_feeds, threads, input_shapes)
     merged: dict[str, OutputComparison] = {}
-    with StageChain.from_manifest(d, threads=threads, check_files=False) as chain:
-        for feeds, want in zip(all_feeds, expected, strict=True):
-            actual = chain.run(feeds)
-            for n in names:
-                c = compare(n, want[n], _as_array(actual[n]), rtol=rtol, atol=atol)
-                merged[n] = _merge(merged[n], c) if n in merged else c
+    staged = run_stage_by_stage(d, all_feeds, threads=threads, check_files=False)
+    for actual, want in zip(staged, expected, strict=True):
+        for n in names:
+            c = compare(n, want[n], _as_array(actual[n]), rtol=rtol, atol=atol)
+            merged[n] = _merge(merged[n], c) if n in merged else c
     return VerifyReport(
         outputs=tuple(merged[n] for n in names),
         rtol=rtol,
@@ -190,7 +189,7 @@ def _run_original(
             shown = ", ".join(f"{n}={list(v)}" for n, v in input_shapes.items())
             raise UsageError(
                 f"{model}: the model itself fails on random inputs of shapes {shown} "
-                f"({_first_line(e)}); give working shapes with --shape NAME=D1,D2,..."
+                f"({error_line(e)}); give working shapes with --shape NAME=D1,D2,..."
             ) from e
         results.append({n: _as_array(v) for n, v in zip(names, values, strict=True)})
     return results
@@ -212,11 +211,6 @@ def _as_array(value: object) -> np.ndarray:
             out[i] = v
         return out
     return np.asarray(value)
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def source_model_path(directory: Path, manifest: Manifest, model_path: str | Path | None) -> Path:

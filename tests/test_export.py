@@ -439,7 +439,7 @@ def test_manifest_records_the_flows(residual_path: Path, tmp_path: Path) -> None
     assert all(t.bytes_per_sample == 32 for s in manifest.stages for t in s.inputs + s.outputs)
     assert [s.node_count for s in manifest.stages] == [4, 4, 4]
     assert manifest.schedule.microbatches == 4 and len(manifest.schedule.stages) == 3
-    assert manifest.schedule.latency_first_seconds == pytest.approx(0.006)
+    assert manifest.schedule.first_latency == pytest.approx(0.006)
     assert manifest.plan.bandwidth_bytes_per_s == math.inf and manifest.plan.k == 3
 
 

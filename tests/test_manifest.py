@@ -21,18 +21,16 @@ from onnxpipe.manifest import (
     ModelOutput,
     ModelTensor,
     PlanSummary,
-    Schedule,
-    ScheduleStep,
     SourceInfo,
     StageEntry,
     StageInput,
     StageOutput,
-    StageSchedule,
     load_manifest,
     write_manifest,
 )
 from onnxpipe.model import load_model
 from onnxpipe.plan import Plan, assign_stages
+from onnxpipe.schedule import simulate
 
 SHA_A = "a" * 64
 SHA_B = "b" * 64
@@ -94,17 +92,7 @@ def two_stage_manifest() -> Manifest:
             profiled_input_shapes={"x": (1, 8)},
             notes=("a note",),
         ),
-        schedule=Schedule(
-            kind="stream",
-            microbatches=2,
-            steady_state_throughput_per_s=500.0,
-            latency_first_seconds=0.0035,
-            makespan_seconds=0.0055,
-            stages=(
-                StageSchedule(0, (ScheduleStep(0, 0.0, 0.002), ScheduleStep(1, 0.002, 0.004))),
-                StageSchedule(1, (ScheduleStep(0, 0.002, 0.0035), ScheduleStep(1, 0.004, 0.0055))),
-            ),
-        ),
+        schedule=simulate("stream", [0.002, 0.0015], None, [0.0, 0.0], 2),
     )
 
 
@@ -118,7 +106,7 @@ def test_json_round_trip() -> None:
     assert obj["plan"]["bandwidth_bytes_per_s"] is None  # JSON has no infinity: null stands for it
     assert obj["stages"][0]["outputs"][0]["shape"] == ["batch", None]
     assert obj["stages"][1]["outputs"][0]["shape"] is None
-    assert obj["schedule"]["stages"][1]["steps"][0] == [0, 0.002, 0.0035]
+    assert obj["schedule"]["devices"][1]["steps"][0] == ["F", 0, 0.002, 0.0035]
     assert '"shape": ["batch", 8]' in text  # short lists stay on one line
 
 
@@ -131,14 +119,13 @@ def test_write_and_load(tmp_path: Path) -> None:
 
 def test_infinite_throughput_round_trips() -> None:
     m = two_stage_manifest()
-    sched = m.schedule
     m2 = Manifest(
         m.source,
         m.model_inputs,
         m.model_outputs,
         m.stages,
         m.plan,
-        Schedule("stream", 2, math.inf, 0.0, 0.0, sched.stages),
+        simulate("stream", [0.0, 0.0], None, [0.0, 0.0], 2),
     )
     assert Manifest.from_json(m2.to_json()).schedule.steady_state_throughput_per_s == math.inf
 
@@ -274,11 +261,11 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
         ),
         (
             _set("schedule/kind", "train"),
-            "m.json: schedule.kind: expected \"stream\", got 'train'; re-run onnxpipe split",
+            "m.json: schedule.kind: expected one of stream, gpipe, 1f1b, got 'train'; re-run onnxpipe split",
         ),
         (
-            _set("schedule/stages/0/steps/0", [0, 1.0]),
-            "m.json: schedule.stages[0].steps[0]: expected [microbatch, start, end], got 2 items; "
+            _set("schedule/devices/0/steps/0", [0, 1.0]),
+            "m.json: schedule.devices[0].steps[0]: expected [kind, microbatch, start, end]; "
             "re-run onnxpipe split",
         ),
     ],
@@ -376,3 +363,23 @@ def test_missing_stage_file_is_refused(exported: Path) -> None:
     assert str(info.value) == (
         f"{exported}/manifest.json: stage 0 file stage_0.onnx is missing; re-run onnxpipe split"
     )
+
+
+def test_cluster_and_device_costs_round_trip() -> None:
+    from onnxpipe.cluster import Cluster
+    from onnxpipe.manifest import DeviceRecord
+
+    m = two_stage_manifest()
+    cluster = Cluster.homogeneous(2, 1, bandwidth_bytes_per_s=1e9)
+    stages = tuple(
+        StageEntry(**{**s.__dict__, "device": cluster.names[i]}) for i, s in enumerate(m.stages)
+    )
+    m2 = Manifest(m.source, m.model_inputs, m.model_outputs, stages, m.plan, m.schedule,
+                  cluster=cluster, device_costs=(DeviceRecord("cpu0", "scaled", "scaled by 1"),))
+    back = Manifest.from_json(m2.to_json())
+    assert back.cluster is not None and back.cluster.names == ("cpu0", "cpu1")
+    assert back.device_costs == m2.device_costs
+    bad = json.loads(m2.to_json())
+    bad["stages"][1]["device"] = "gpu7"
+    with pytest.raises(ManifestError, match=r"stages\[1\]\.device: 'gpu7' is not a device of 'cluster'"):
+        Manifest.from_json(json.dumps(bad))

@@ -1,0 +1,300 @@
+"""How close to perfect each partitioner gets on real measured costs, and how fast onnxpipe's solver is.
+
+Part 1, quality.  Every model is profiled once (1 intra-op thread, median of 30 runs, cached under
+``benchmarks/results/profiles/``); then for K = 2, 4, 8 each partitioner splits the same per-node costs and
+its bottleneck (slowest stage, compute only: the baselines know nothing of transfers) is divided by the
+lower bound ``max(total / K, largest node)``:
+
+* ``onnxpipe``   — :func:`onnxpipe.make_plan` (exact, and it keeps onnxruntime's fused groups whole);
+* ``exact``      — :func:`onnxpipe.partition.solve` on the same costs without the fused-group constraint
+  (the true optimum for the objective the baselines are scored with);
+* ``equal``      — the same node count per stage (DeepSpeed ``partition_method="uniform"``);
+* ``params``     — parameter-balanced (DeepSpeed's default ``partition_method="parameters"``);
+* ``torchgpipe`` — torchgpipe's ``balance_by_time`` block-partition heuristic.
+
+The baselines are :mod:`benchmarks.baselines`; every split is scored with
+:func:`onnxpipe.partition.evaluate`, the solver's own cost formula.
+
+Part 2, speed.  Solve time against graph size: ``tools/make_large_graph.make_many_nodes(n)`` graphs up to
+100,000 nodes with static costs (load, static costs, ``make_plan`` and the bare ``solve`` timed apart), and
+random log-normal costs up to 1,000,000 items; the ``O(K n^2)`` reference DP
+(:func:`onnxpipe.partition._reference_solve`) is timed alongside where it finishes in seconds.
+
+    python benchmarks/bench_partition.py [--models a,b,...] [--max-nodes N] [--refresh]
+
+Writes ``benchmarks/results/partition.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import baselines
+from benchmarks.common import (
+    cached_profile,
+    compute_costs,
+    model_path,
+    print_table,
+    write_results,
+)
+from onnxpipe import partition
+from onnxpipe.costs import static_profile
+from onnxpipe.model import load_model
+from onnxpipe.plan import make_plan
+
+MODELS = (
+    "light_resnet50",
+    "light_inception_v2",
+    "light_densenet121",
+    "nudenet",
+    "rapidocr_det",
+    "rapidocr_rec",
+    "gpt2_tiny",
+    "bert_tiny",
+)
+KS = (2, 4, 8)
+METHODS = ("onnxpipe", "exact", "equal", "params", "torchgpipe")
+GRAPH_SIZES = (1_000, 3_000, 10_000, 30_000, 100_000)
+RANDOM_SIZES = (1_000, 10_000, 100_000, 1_000_000)
+REFERENCE_MAX_N = 3_500  # the O(K n^2) DP beyond this takes minutes
+
+
+def best_of(fn: Callable[[], Any], repeats: int = 3) -> tuple[float, Any]:
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, result
+
+
+def quality(models: list[str], refresh: bool) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for name in models:
+        try:
+            path = model_path(name)
+        except Exception as e:  # noqa: BLE001 - a missing optional model only shortens the table
+            print(f"skipped {name}: {e}", file=sys.stderr)
+            continue
+        view = load_model(path)
+        t0 = time.perf_counter()
+        profile, cached = cached_profile(name, view, threads=1, runs=30, refresh=refresh)
+        took = time.perf_counter() - t0
+        print(f"{name}: {'cached profile' if cached else f'profiled in {took:.1f} s'}", file=sys.stderr)
+        costs = compute_costs(view, profile)
+        params = [float(n.param_bytes) for n in view.compute_nodes]
+        n = len(costs)
+        for k in KS:
+            if k > n:
+                continue
+            plan = make_plan(view, profile, k)
+            exact = partition.solve(costs, k)
+            lower = exact.lower_bound
+            splits = {
+                "equal": baselines.equal_count(n, k),
+                "params": baselines.parameter_balanced(params, k),
+                "torchgpipe": baselines.torchgpipe_block(costs, k),
+            }
+            bottleneck = {"onnxpipe": plan.bottleneck_seconds, "exact": exact.bottleneck}
+            for label, bounds in splits.items():
+                bottleneck[label] = partition.evaluate(costs, bounds).bottleneck
+            ratio = {m: (bottleneck[m] / lower if lower > 0 else 1.0) for m in METHODS}
+            rows.append(
+                {
+                    "model": name,
+                    "nodes": n,
+                    "k": k,
+                    "total_ms": sum(costs) * 1e3,
+                    "largest_node_share": max(costs) / sum(costs) if sum(costs) else 0.0,
+                    "lower_bound_ms": lower * 1e3,
+                    "bottleneck_ms": {m: v * 1e3 for m, v in bottleneck.items()},
+                    "ratio_to_lower_bound": ratio,
+                    "fused_groups_cut": bool(plan.notes),
+                    "profile_exact_fraction": profile.exact_fraction,
+                }
+            )
+    return rows
+
+
+def _mean_ratio(rows: list[dict[str, Any]], method: str, k: int | None = None) -> float:
+    vals = [r["ratio_to_lower_bound"][method] for r in rows if k is None or r["k"] == k]
+    return float(np.exp(np.mean(np.log(vals)))) if vals else float("nan")
+
+
+def speed_graphs(max_nodes: int) -> list[dict[str, Any]]:
+    import onnx
+
+    from tools.make_large_graph import make_many_nodes
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in (s for s in GRAPH_SIZES if s <= max_nodes):
+            path = Path(tmp) / f"many_{size}.onnx"
+            onnx.save(make_many_nodes(size), str(path))
+            t0 = time.perf_counter()
+            view = load_model(path)
+            t_load = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            prof = static_profile(view)
+            t_static = time.perf_counter() - t0
+            costs = compute_costs(view, prof)
+            for k in (8, 64):
+                t_plan, _ = best_of(partial(make_plan, view, prof, k), repeats=1 if size > 30_000 else 3)
+                t_solve, part = best_of(partial(partition.solve, costs, k))
+                t_ref = None
+                if len(costs) <= REFERENCE_MAX_N and k == 8:
+                    t_ref, ref = best_of(partial(partition._reference_solve, costs, k), repeats=1)
+                    assert ref.bottleneck == part.bottleneck
+                rows.append(
+                    {
+                        "kind": "make_many_nodes",
+                        "n": len(costs),
+                        "k": k,
+                        "load_s": t_load,
+                        "static_costs_s": t_static,
+                        "make_plan_s": t_plan,
+                        "solve_s": t_solve,
+                        "reference_dp_s": t_ref,
+                        "ratio": part.ratio,
+                    }
+                )
+    return rows
+
+
+def speed_random() -> list[dict[str, Any]]:
+    rng = np.random.default_rng(0)
+    rows = []
+    for n in RANDOM_SIZES:
+        costs: list[float] = rng.lognormal(0.0, 1.5, n).tolist()
+        cut: list[float] = rng.integers(0, 1 << 20, n + 1).astype(np.float64).tolist()
+        for k in (8, 64):
+            t_solve, part = best_of(partial(partition.solve, costs, k))
+            t_bw, _ = best_of(partial(partition.solve, costs, k, cut_bytes=cut, bandwidth=1e9 / n))
+            t_tg = None
+            if n <= 10_000:
+                t_tg, _ = best_of(partial(baselines.torchgpipe_block, costs, k), repeats=1)
+            t_ref = None
+            if n <= REFERENCE_MAX_N and k == 8:
+                t_ref, ref = best_of(partial(partition._reference_solve, costs, k), repeats=1)
+                assert ref.bottleneck == part.bottleneck
+            rows.append(
+                {
+                    "kind": "random",
+                    "n": n,
+                    "k": k,
+                    "solve_s": t_solve,
+                    "solve_with_transfers_s": t_bw,
+                    "torchgpipe_s": t_tg,
+                    "reference_dp_s": t_ref,
+                    "ratio": part.ratio,
+                }
+            )
+    return rows
+
+
+def _s(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.2f} s"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--max-nodes", type=int, default=max(GRAPH_SIZES))
+    parser.add_argument("--refresh", action="store_true", help="re-profile instead of using cached profiles")
+    args = parser.parse_args(argv)
+
+    rows = quality([m for m in args.models.split(",") if m], args.refresh)
+    print_table(
+        "bottleneck / lower bound (1.000 = perfect; compute only; same measured costs for every method)",
+        ["model", "nodes", "K", *METHODS, "equal/onnxpipe", "torchgpipe/onnxpipe"],
+        [
+            [
+                r["model"],
+                r["nodes"],
+                r["k"],
+                *(f"{r['ratio_to_lower_bound'][m]:.3f}" for m in METHODS),
+                f"{r['bottleneck_ms']['equal'] / r['bottleneck_ms']['onnxpipe']:.2f}x",
+                f"{r['bottleneck_ms']['torchgpipe'] / r['bottleneck_ms']['onnxpipe']:.2f}x",
+            ]
+            for r in rows
+        ],
+    )
+    summary = {str(k): {m: _mean_ratio(rows, m, k) for m in METHODS} for k in KS} | {
+        "all": {m: _mean_ratio(rows, m) for m in METHODS}
+    }
+    print_table(
+        "geometric mean of bottleneck / lower bound over the models",
+        ["K", *METHODS],
+        [[k, *(f"{v[m]:.3f}" for m in METHODS)] for k, v in summary.items()],
+    )
+
+    graphs = speed_graphs(args.max_nodes)
+    print_table(
+        "solve time against graph size (make_many_nodes, static costs; best of 3, the largest once)",
+        ["nodes", "K", "load", "static costs", "make_plan", "solve", "reference DP", "DP/solve"],
+        [
+            [
+                r["n"],
+                r["k"],
+                _s(r["load_s"]),
+                _s(r["static_costs_s"]),
+                _s(r["make_plan_s"]),
+                _s(r["solve_s"]),
+                _s(r["reference_dp_s"]),
+                f"{r['reference_dp_s'] / r['solve_s']:.0f}x" if r["reference_dp_s"] else "-",
+            ]
+            for r in graphs
+        ],
+    )
+    rand = speed_random()
+    print_table(
+        "solve time, random log-normal costs (best of 3)",
+        ["items", "K", "solve", "with transfers", "torchgpipe", "reference DP", "DP/solve"],
+        [
+            [
+                r["n"],
+                r["k"],
+                _s(r["solve_s"]),
+                _s(r["solve_with_transfers_s"]),
+                _s(r["torchgpipe_s"]),
+                _s(r["reference_dp_s"]),
+                f"{r['reference_dp_s'] / r['solve_s']:.0f}x" if r["reference_dp_s"] else "-",
+            ]
+            for r in rand
+        ],
+    )
+    out = write_results(
+        "partition",
+        {
+            "baselines": {
+                "equal": "benchmarks.baselines.equal_count (DeepSpeed uniform)",
+                "params": "benchmarks.baselines.parameter_balanced (DeepSpeed default)",
+                "torchgpipe": "benchmarks.baselines.torchgpipe_block (torchgpipe balance_by_time)",
+                "exact": "onnxpipe.partition.solve without the fused-group constraint",
+            },
+            "objective": "max stage compute seconds / max(total / K, largest node)",
+            "quality": rows,
+            "quality_geomean": summary,
+            "speed_graphs": graphs,
+            "speed_random": rand,
+        },
+    )
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

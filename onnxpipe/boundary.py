@@ -1,0 +1,265 @@
+"""Types of the tensors that cross stage boundaries: what the stage files declare and the manifest records.
+
+A stage file must declare the element type and rank of every input and output.  Most come from the
+model's own shape inference (:attr:`ModelView.tensors`, symbolic dims kept as names); for the rest
+:meth:`BoundaryTypes.resolve` tries, each only for what the previous step left open:
+
+1. ONNX shape inference on the stage alone (weights left out);
+2. onnxruntime's inference, by opening the stage with those outputs untyped;
+3. where onnxruntime cannot tell a scalar from an unknown rank, one run of the source model on random
+   inputs, keeping only the ranks it observes (dims stay unknown, so nothing is frozen to the shapes of
+   that run).
+
+Sequences, maps and optionals keep their whole ``TypeProto``.  What an earlier stage learned serves the
+later stages that receive the same tensor.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper
+
+from onnxpipe.errors import ExportError
+from onnxpipe.feeds import random_feeds, resolve_input_shapes
+from onnxpipe.manifest import Shape
+from onnxpipe.model import ModelView, TensorInfo, dtype_name
+from onnxpipe.plan import StageSpec
+
+BuildStage = Callable[[StageSpec, bool, frozenset[str]], onnx.ModelProto]
+"""``build(spec, weights, untyped)``: the stage as a model, with ``untyped`` outputs left without a type."""
+
+PROTOBUF_LIMIT = 2_000_000_000
+
+
+class BoundaryTypes:
+    """Known types of boundary tensors; fills gaps with :meth:`resolve`."""
+
+    def __init__(self, view: ModelView) -> None:
+        self.view = view
+        src = view.proto.graph
+        self.types: dict[str, TensorInfo] = dict(view.tensors)
+        # sequences, maps, optionals: their whole type, as the source or shape inference wrote it
+        self.other: dict[str, onnx.TypeProto] = {
+            vi.name: vi.type
+            for vi in [*src.value_info, *src.input, *src.output]
+            if vi.type.WhichOneof("value") not in (None, "tensor_type")
+        }
+
+    def known(self, name: str) -> bool:
+        return name in self.other or complete(self.types.get(name))
+
+    def describe(self, name: str) -> tuple[str, Shape]:
+        """dtype text and shape of a boundary tensor, for the manifest."""
+        other = self.other.get(name)
+        if other is not None:
+            return type_text(other), None
+        info = self.types.get(name) or TensorInfo(name, 0, None)
+        return info.dtype, clean(info.shape)
+
+    def value_info(self, name: str, stage: int) -> onnx.ValueInfoProto:
+        """The declaration of ``name`` for a stage's graph inputs or outputs."""
+        other = self.other.get(name)
+        if other is not None:
+            vi = onnx.ValueInfoProto(name=name)
+            vi.type.CopyFrom(other)
+            return vi
+        info = self.types.get(name)
+        if info is None or info.elem_type == 0 or info.shape is None:
+            raise ExportError(
+                f"stage {stage}: the type or rank of tensor {name!r} at the stage boundary is unknown "
+                "(neither ONNX shape inference nor onnxruntime could tell); choose another number of stages"
+            )
+        return helper.make_tensor_value_info(name, info.elem_type, list(clean(info.shape) or ()))
+
+    # ----------------------------------------------------------------------------------------------
+
+    def resolve(
+        self,
+        spec: StageSpec,
+        build: BuildStage,
+        scratch: Path,
+        input_shapes: Mapping[str, Sequence[int]] | None,
+        can_run_source: bool,
+    ) -> None:
+        """Learn the types of ``spec``'s outputs that are still unknown (see the module docstring).
+
+        ``scratch`` is a folder for a probe file (a stage over 2 GB); ``can_run_source`` allows step 3
+        (not for a source with external weights: it would have to be loaded whole).
+        """
+        missing = frozenset(t for t in spec.outputs if not self.known(t))
+        if missing:
+            self._infer_with_onnx(spec, build, missing)
+            missing = frozenset(t for t in missing if not self.known(t))
+        if missing:
+            unsure_rank = self._infer_with_ort(spec, build, missing, scratch)
+            if unsure_rank and can_run_source:
+                self._observe_ranks(unsure_rank, input_shapes)
+
+    def _infer_with_onnx(self, spec: StageSpec, build: BuildStage, missing: frozenset[str]) -> None:
+        light = build(spec, False, missing)
+        try:
+            inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False)
+        except Exception:  # noqa: BLE001 - best effort; onnxruntime is asked next
+            return
+        for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+            if vi.name not in missing:
+                continue
+            info = tensor_info(vi)
+            if info is not None and complete(info):
+                self.types[vi.name] = info
+            elif vi.type.WhichOneof("value") not in (None, "tensor_type"):
+                self.other[vi.name] = vi.type
+
+    def _infer_with_ort(
+        self, spec: StageSpec, build: BuildStage, missing: frozenset[str], scratch: Path
+    ) -> set[str]:
+        """Types onnxruntime infers; returns the tensors it shows as rank 0 (which may mean unknown)."""
+        probe = build(spec, True, missing)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.log_severity_level = 3
+        probe_dir = Path(tempfile.mkdtemp(prefix="probe-", dir=scratch))
+        unsure: set[str] = set()
+        try:
+            if serialized_size(probe) < PROTOBUF_LIMIT:
+                session = ort.InferenceSession(
+                    probe.SerializeToString(), options, providers=["CPUExecutionProvider"]
+                )
+            else:
+                path = probe_dir / "probe.onnx"
+                onnx.save_model(probe, str(path), save_as_external_data=True, location="probe.data")
+                session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            del probe
+            for o in session.get_outputs():
+                if o.name in missing:
+                    info = from_ort(o.name, o.type, o.shape)
+                    if info is not None:
+                        self.types[o.name] = info
+                        if info.shape == ():
+                            unsure.add(o.name)
+            del session
+        except Exception:  # noqa: BLE001 - the checker and the real load of the stage report the failure
+            pass
+        finally:
+            shutil.rmtree(probe_dir, ignore_errors=True)
+        return unsure
+
+    def _observe_ranks(self, names: set[str], input_shapes: Mapping[str, Sequence[int]] | None) -> None:
+        """Run the source model once, with ``names`` as extra outputs, and keep their ranks (dims unknown)."""
+        src = self.view.proto
+        added = [n for n in sorted(names) if n not in {o.name for o in src.graph.output}]
+        try:
+            for n in added:
+                src.graph.output.append(helper.make_empty_tensor_value_info(n))
+            data = src.SerializeToString()
+        finally:
+            del src.graph.output[len(src.graph.output) - len(added) :]
+        try:
+            shapes = resolve_input_shapes(self.view, input_shapes or None)
+            feeds = random_feeds(self.view, shapes, seed=0)
+            options = ort.SessionOptions()
+            options.log_severity_level = 3
+            session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+            values = session.run(sorted(names), feeds)
+        except Exception:  # noqa: BLE001 - the stage checks report what stays wrong
+            return
+        for n, v in zip(sorted(names), values, strict=True):
+            if isinstance(v, np.ndarray):
+                self.types[n] = TensorInfo(n, self.types[n].elem_type, (None,) * v.ndim)
+
+
+# --------------------------------------------------------------------------------------------------
+# type helpers
+
+
+def serialized_size(model: onnx.ModelProto) -> float:
+    """About the bytes of ``model`` serialized; protobuf's ``ByteSize`` fails above 2 GB, so sum the parts.
+
+    ``inf`` when a single part is already too large to measure.
+    """
+    from google.protobuf.message import EncodeError
+
+    graph = model.graph
+    total = 0
+    try:
+        for part in (
+            graph.node,
+            graph.initializer,
+            graph.sparse_initializer,
+            graph.input,
+            graph.output,
+            graph.value_info,
+            model.functions,
+        ):
+            total += sum(p.ByteSize() for p in part)
+    except EncodeError:
+        return float("inf")
+    return float(total)
+
+
+def type_text(t: onnx.TypeProto) -> str:
+    """``seq(map(int64,tensor(float32)))``: onnxruntime's notation with numpy dtype names."""
+    kind = t.WhichOneof("value")
+    if kind == "tensor_type":
+        return f"tensor({dtype_name(t.tensor_type.elem_type)})"
+    if kind == "sparse_tensor_type":
+        return f"sparse_tensor({dtype_name(t.sparse_tensor_type.elem_type)})"
+    if kind == "sequence_type":
+        return f"seq({type_text(t.sequence_type.elem_type)})"
+    if kind == "optional_type":
+        return f"optional({type_text(t.optional_type.elem_type)})"
+    if kind == "map_type":
+        return f"map({dtype_name(t.map_type.key_type)},{type_text(t.map_type.value_type)})"
+    return "undefined"
+
+
+def clean(shape: Shape) -> Shape:
+    """Negative dims (``-1``, which some exporters write for "any") as unknown dims."""
+    if shape is None:
+        return None
+    return tuple(None if isinstance(d, int) and d < 0 else d for d in shape)
+
+
+def complete(info: TensorInfo | None) -> bool:
+    return info is not None and info.elem_type != 0 and info.shape is not None
+
+
+def tensor_info(vi: onnx.ValueInfoProto) -> TensorInfo | None:
+    if not vi.type.HasField("tensor_type"):
+        return None
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        return TensorInfo(vi.name, tt.elem_type, None)
+    dims: list[int | str | None] = []
+    for d in tt.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        elif d.HasField("dim_param") and d.dim_param:
+            dims.append(d.dim_param)
+        else:
+            dims.append(None)
+    return TensorInfo(vi.name, tt.elem_type, tuple(dims))
+
+
+def from_ort(name: str, type_name: str, shape: Sequence[object] | None) -> TensorInfo | None:
+    """``tensor(float)`` and onnxruntime's dims -> TensorInfo; ``None`` for non-tensors."""
+    if not type_name.startswith("tensor(") or not type_name.endswith(")"):
+        return None
+    try:
+        elem = int(onnx.TensorProto.DataType.Value(type_name[len("tensor(") : -1].upper()))
+    except ValueError:
+        return None
+    dims: list[int | str | None] = []
+    for d in shape or ():
+        dims.append(d if isinstance(d, int | str) else None)
+    return TensorInfo(name, elem, tuple(dims))
+
+
+__all__ = ["BoundaryTypes", "clean", "serialized_size", "type_text"]

@@ -1,0 +1,169 @@
+"""The output folder of a split, made atomically: all of it appears, or nothing changes.
+
+:func:`staged_folder` hands out a temporary folder next to ``out``; when the block ends without error
+the temporary folder is renamed to ``out``.  With ``force`` an existing ``out`` is first renamed aside
+and deleted only once the new one is in place, so a failure at any step (a full disk, a stage that
+fails its checks, Ctrl-C) leaves the user's old folder exactly as it was and no half-written one
+behind, and removes the parent folders it had to create.
+
+:func:`check_target` refuses, before any work, a target that is a file, a non-empty folder without
+``force``, or a folder that holds the source model (``--force`` would delete it).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from onnxpipe.errors import ExportError
+
+
+def normalized(out_dir: str | Path) -> Path:
+    """``out_dir`` as a folder that can be renamed (``.`` and ``..`` made absolute)."""
+    out = Path(out_dir)
+    return Path(os.path.abspath(out)) if out.name in ("", ".", "..") else out
+
+
+def check_target(out: Path, *, force: bool, protected: Iterable[Path | None] = ()) -> None:
+    """Refuse ``out`` unless it is absent, empty, or (with ``force``) free of every ``protected`` path."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ExportError(f"{out}: exists and is not a folder; choose another --out")
+    if not out.exists() or not any(out.iterdir()):
+        return
+    if not force:
+        raise ExportError(f"{out}: exists and is not empty; choose another --out or pass --force")
+    root = out.resolve()
+    for p in protected:
+        if p is not None and p.resolve().is_relative_to(root):
+            raise ExportError(
+                f"{out}: holds the source model {p.name}; --force would delete it; choose another --out"
+            )
+
+
+@contextmanager
+def staged_folder(out: Path, *, last: str | None = None) -> Iterator[Path]:
+    """Yield a fresh temporary folder beside ``out``; on success it becomes ``out``, else it vanishes.
+
+    ``last`` names the file that must appear last (the manifest) when files move into an empty ``out``.
+    """
+    created = _make_parents(out.parent)
+    try:
+        tmp = _make_temporary(out)
+    except OSError as e:
+        _remove_empty(created)
+        raise ExportError(
+            f"{out.parent}: cannot create a temporary folder ({reason(e)}){hint(e, 'choose another --out')}"
+        ) from e
+    try:
+        yield tmp
+        _move_into_place(tmp, out, last)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_empty(created)
+        raise
+
+
+@contextmanager
+def writing(final: Path, out: Path) -> Iterator[None]:
+    """Turn an OSError while writing ``final`` into an ExportError that names it (as it will be named)."""
+    try:
+        yield
+    except OSError as e:
+        raise ExportError(
+            f"{final}: cannot be written ({reason(e)}); {out} is left as it was{hint(e, '')}"
+        ) from e
+    except ValueError as e:  # onnx refuses protos over 2 GB with a ValueError
+        raise ExportError(f"{final}: cannot be written: {e}") from e
+
+
+def reason(e: OSError) -> str:
+    text = e.strerror or str(e) or type(e).__name__
+    return f"{text}: disk full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else text
+
+
+def hint(e: OSError, otherwise: str) -> str:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "; free some space or choose another --out"
+    return f"; {otherwise}" if otherwise else ""
+
+
+def _make_parents(parent: Path) -> list[Path]:
+    """Create ``parent`` (and its missing parents); return what was created, deepest first."""
+    created: list[Path] = []
+    p = parent
+    while not p.exists():
+        created.append(p)
+        p = p.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        _remove_empty(created)
+        raise ExportError(
+            f"{parent}: cannot create the folder ({reason(e)}){hint(e, 'choose another --out')}"
+        ) from e
+    return created
+
+
+def _make_temporary(out: Path) -> Path:
+    """A new folder beside ``out``, with the mode the umask gives (``mkdtemp`` would make it 0700)."""
+    while True:
+        tmp = out.parent / f".{out.name}.onnxpipe-tmp-{uuid.uuid4().hex[:12]}"
+        try:
+            tmp.mkdir(mode=0o777)
+            return tmp
+        except FileExistsError:
+            continue
+
+
+def _remove_empty(folders: Iterable[Path]) -> None:
+    for f in folders:
+        try:
+            f.rmdir()
+        except OSError:
+            return
+
+
+def _move_into_place(tmp: Path, out: Path, last: str | None) -> None:
+    """Rename ``tmp`` to ``out``; an existing ``out`` is moved aside first and deleted last.
+
+    An existing *empty* ``out`` stays (it may be the current folder, or have its own owner and mode):
+    the files move into it one by one, and back out if one cannot.
+    """
+    if not out.exists():
+        with writing(out, out):
+            os.rename(tmp, out)
+        return
+    if not any(out.iterdir()):
+        _move_files_into(tmp, out, last)
+        return
+    old = out.parent / f".{out.name}.onnxpipe-old-{uuid.uuid4().hex[:8]}"
+    with writing(out, out):
+        os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except OSError as e:
+        os.rename(old, out)
+        raise ExportError(f"{out}: cannot be replaced ({reason(e)}); {out} is left as it was") from e
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _move_files_into(tmp: Path, out: Path, last: str | None) -> None:
+    moved: list[Path] = []
+    try:
+        for f in sorted(tmp.iterdir(), key=lambda p: (p.name == last, p.name)):
+            target = out / f.name
+            os.rename(f, target)
+            moved.append(target)
+        tmp.rmdir()
+    except OSError as e:
+        for target in moved:
+            os.rename(target, tmp / target.name)
+        raise ExportError(f"{out}: cannot be filled ({reason(e)}); {out} is left as it was") from e
+
+
+__all__ = ["check_target", "hint", "normalized", "reason", "staged_folder", "writing"]

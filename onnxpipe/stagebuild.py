@@ -1,0 +1,327 @@
+"""Build one stage of a plan as an ONNX model, copied out of the loaded source by node index.
+
+A stage holds, in this order:
+
+* its constant producers (each stage that reads a cheap constant makes its own copy), listed after the
+  constants they read; a ``Shape`` of a static tensor becomes a ``Constant`` of that shape;
+* its compute nodes, as they are (subgraph bodies of If/Loop/Scan included, never cut);
+* the initializers (dense and sparse) that its nodes read, their bodies included, and the model outputs
+  it must emit that are initializers; weights kept in external files are read one tensor at a time;
+* inputs and outputs declared with the boundary types (:mod:`onnxpipe.boundary`), ``value_info`` of its
+  inner tensors, the quantization annotations of its tensors;
+* the local functions its nodes call (transitively), and every opset import of the source (unused
+  imports are harmless; the functions carry their own imports).
+
+Model-level fields are kept: ``producer_*``, ``domain``, ``model_version``, ``doc_string``, metadata,
+the graph's doc string and metadata.  ``ir_version`` is raised to 4 for IR-3 sources, whose initializers
+would otherwise also have to be graph inputs.  ``training_info`` cannot be split and is refused before
+anything is built (:func:`onnxpipe.export.check_exportable`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+from onnx.external_data_helper import load_external_data_for_tensor
+
+from onnxpipe.boundary import BoundaryTypes
+from onnxpipe.errors import ExportError, ModelLoadError
+from onnxpipe.model import ModelView, NodeInfo, initializer_nbytes
+from onnxpipe.plan import StageSpec
+from onnxpipe.weightfile import is_external
+
+SMALL_TENSOR_BYTES = 1024
+"""Without weights (for shape inference), initializers above this keep only their dims and type."""
+
+
+class StageBuilder:
+    """Builds stage models out of ``view.proto``; :meth:`build` is called once or a few times per stage."""
+
+    def __init__(self, view: ModelView, types: BoundaryTypes) -> None:
+        self.view = view
+        self.types = types
+        src = view.proto
+        self.by_name: dict[str, NodeInfo] = {n.name: n for n in view.nodes}
+        self.functions = {_key(f): f for f in src.functions}
+        self.value_info = {vi.name: vi for vi in src.graph.value_info}
+        self.dense = {t.name: t for t in src.graph.initializer}
+        self.sparse = {sp.values.name: sp for sp in src.graph.sparse_initializer}
+        self.annotations = {a.tensor_name: a for a in src.graph.quantization_annotation}
+
+    # ----------------------------------------------------------------------------------------------
+
+    def weights_of(self, spec: StageSpec) -> list[str]:
+        """Names of the initializers (dense and sparse) the stage holds, in the source's order."""
+        wanted: set[str] = set()
+        for info in self._constants_in_order(spec.constant_nodes):
+            if info.op_type != "Shape":
+                wanted.update(info.reads)
+        for name in spec.node_names:
+            wanted.update(self.by_name[name].reads)
+        wanted.update(spec.outputs)  # a model output that is an initializer
+        tensors = wanted | set(spec.inputs)
+        for name in list(tensors):
+            ann = self.annotations.get(name)
+            if ann is not None:
+                wanted.update(e.value for e in ann.quant_parameter_tensor_names)
+        return [t for t in [*self.dense, *self.sparse] if t in wanted and t not in spec.inputs]
+
+    def build(
+        self,
+        spec: StageSpec,
+        *,
+        weights: bool,
+        untyped: frozenset[str] = frozenset(),
+        keep_external: bool = False,
+    ) -> onnx.ModelProto:
+        """The stage as a model; without ``weights`` large initializers keep only dims (for inference).
+
+        ``untyped`` outputs are declared without a type (so that a type inference fills them in).  With
+        ``keep_external`` the main graph's initializers stored in the source's external files keep
+        pointing there, unread: such a model must go through :func:`onnxpipe.weightfile.externalize`
+        before it is saved.  Tensors inside nodes (attributes, initializers of If/Loop/Scan bodies) that
+        the source stores externally are always read in (or, without ``weights``, reduced to dims).
+        """
+        src = self.view.proto
+        model = onnx.ModelProto()
+        model.ir_version = max(src.ir_version, 4)
+        model.producer_name = src.producer_name
+        model.producer_version = src.producer_version
+        model.domain = src.domain
+        model.model_version = src.model_version
+        model.doc_string = src.doc_string
+        model.opset_import.extend(src.opset_import)  # all of them: what a stage uses is a subset
+        model.metadata_props.extend(src.metadata_props)
+        if "configuration" in onnx.ModelProto.DESCRIPTOR.fields_by_name:  # onnx >= 1.18: multi-device
+            model.configuration.extend(src.configuration)
+        graph = model.graph
+        graph.name = f"{src.graph.name or 'graph'}_stage{spec.index}"
+        graph.doc_string = src.graph.doc_string
+        graph.metadata_props.extend(src.graph.metadata_props)
+
+        produced: set[str] = set()
+        for info in self._constants_in_order(spec.constant_nodes):
+            if info.op_type == "Shape":
+                graph.node.append(self._shape_as_constant(spec, info))
+            else:
+                self._copy_node(info, graph.node.add(), spec, weights)
+        for name in spec.node_names:
+            info = self.by_name[name]
+            self._copy_node(info, graph.node.add(), spec, weights)
+            produced.update(info.outputs)
+
+        keep = keep_external and weights
+        for t in self.weights_of(spec):
+            if t in self.dense:
+                self._copy_tensor(self.dense[t], graph.initializer.add(), spec, weights, keep)
+            else:
+                sp = self.sparse[t]
+                new = graph.sparse_initializer.add()
+                new.dims.extend(sp.dims)
+                self._copy_tensor(sp.values, new.values, spec, weights, keep)
+                self._copy_tensor(sp.indices, new.indices, spec, weights, keep)
+
+        for t in spec.inputs:
+            graph.input.append(self.types.value_info(t, spec.index))
+        for t in spec.outputs:
+            if t in untyped:
+                graph.output.append(helper.make_empty_tensor_value_info(t))
+            else:
+                graph.output.append(self.types.value_info(t, spec.index))
+        boundary = set(spec.inputs) | set(spec.outputs)
+        for t in sorted(produced - boundary):
+            vi = self.value_info.get(t)
+            if vi is not None:
+                graph.value_info.append(vi)
+
+        present = boundary | produced | {t.name for t in graph.initializer}
+        present |= {sp.values.name for sp in graph.sparse_initializer}
+        for tensor_name, ann in self.annotations.items():
+            if tensor_name in present:
+                graph.quantization_annotation.add().CopyFrom(ann)
+
+        model.functions.extend(self._functions_used(graph.node))
+        return model
+
+    # ----------------------------------------------------------------------------------------------
+
+    def _constants_in_order(self, names: Iterable[str]) -> list[NodeInfo]:
+        """The constant producers in the view's order, each after the constants it reads.
+
+        The view may place a constant producer after its readers (it is copied wherever it is read, so
+        its position does not matter to the partition); a graph must list producers first.
+        """
+        infos = sorted((self.by_name[n] for n in names), key=lambda n: n.position)
+        maker = {o: info for info in infos for o in info.outputs}
+
+        def deps(info: NodeInfo) -> list[NodeInfo]:
+            if info.op_type == "Shape":  # becomes a Constant: reads nothing
+                return []
+            return [maker[t] for t in info.reads if t in maker and maker[t] is not info]
+
+        order: list[NodeInfo] = []
+        seen: set[str] = set()
+        for root in infos:
+            stack: list[tuple[NodeInfo, bool]] = [(root, False)]
+            while stack:
+                info, expanded = stack.pop()
+                if expanded:
+                    order.append(info)
+                    continue
+                if info.name in seen:
+                    continue
+                seen.add(info.name)
+                stack.append((info, True))
+                stack.extend((d, False) for d in reversed(deps(info)) if d.name not in seen)
+        return order
+
+    def _shape_as_constant(self, spec: StageSpec, info: NodeInfo) -> onnx.NodeProto:
+        """``Shape`` of a static tensor as a ``Constant`` holding that shape (``start``/``end`` honoured)."""
+        proto = self.view.proto.graph.node[info.index]
+        shape = self.view.tensor(info.inputs[0]).shape if info.inputs else None
+        if shape is None or not all(isinstance(d, int) for d in shape):
+            raise ExportError(
+                f"stage {spec.index}: node {info.name!r} (Shape) reads {info.inputs[:1]} whose shape is not "
+                "static; please report this with the model"
+            )
+        rank = len(shape)
+        start, end = 0, rank
+        for attr in proto.attribute:
+            if attr.name == "start":
+                start = int(attr.i)
+            elif attr.name == "end":
+                end = int(attr.i)
+        start = min(max(start + rank if start < 0 else start, 0), rank)
+        end = min(max(end + rank if end < 0 else end, 0), rank)
+        value = np.array([int(d) for d in shape[start:end] if isinstance(d, int)], dtype=np.int64)
+        return helper.make_node(
+            "Constant", [], [proto.output[0]], name=info.name, value=numpy_helper.from_array(value)
+        )
+
+    def _copy_node(self, info: NodeInfo, dst: onnx.NodeProto, spec: StageSpec, weights: bool) -> None:
+        """Copy a source node; tensors inside it that live in the source's external files are read in."""
+        dst.CopyFrom(self.view.proto.graph.node[info.index])
+        for t in _tensors_inside(dst):
+            if is_external(t):
+                held = onnx.TensorProto()
+                held.CopyFrom(t)
+                t.Clear()
+                self._copy_tensor(held, t, spec, weights, keep_external=False)
+
+    def _copy_tensor(
+        self,
+        src: onnx.TensorProto,
+        dst: onnx.TensorProto,
+        spec: StageSpec,
+        weights: bool,
+        keep_external: bool = False,
+    ) -> None:
+        if not weights and (is_external(src) or src.ByteSize() > SMALL_TENSOR_BYTES):
+            dst.name = src.name
+            dst.data_type = src.data_type
+            dst.dims.extend(src.dims)
+            return
+        dst.CopyFrom(src)
+        if is_external(dst) and not keep_external:
+            base = self.view.base_dir
+            if base is None:
+                raise ExportError(
+                    f"stage {spec.index}: initializer {src.name!r} is stored in an external file but the "
+                    "model's folder is unknown; load the model with onnxpipe.load_model(path)"
+                )
+            where = _external_file(src, base)
+            try:
+                load_external_data_for_tensor(dst, str(base))
+            except (OSError, ValueError) as e:
+                text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                todo = (
+                    "keep the model's weight files next to it"
+                    if isinstance(e, FileNotFoundError)
+                    else "the weights file is truncated or was changed: copy it again or re-export the model"
+                )
+                raise ModelLoadError(
+                    f"{where}: cannot read the weights of initializer {src.name!r} ({text}); {todo}"
+                ) from e
+            dst.data_location = onnx.TensorProto.DEFAULT
+            del dst.external_data[:]
+            expected = _packed_nbytes(dst)
+            if expected is not None and len(dst.raw_data) < expected:
+                raise ModelLoadError(
+                    f"{where}: ends inside the weights of initializer {src.name!r} ({len(dst.raw_data)} of "
+                    f"{expected} bytes); the weights file is truncated: copy it again or re-export the model"
+                )
+
+    def _functions_used(self, nodes: Iterable[onnx.NodeProto]) -> list[onnx.FunctionProto]:
+        """Local functions the nodes call, transitively, in the source's order."""
+        used: set[tuple[str, str, str]] = set()
+        stack = list(_calls(nodes))
+        while stack:
+            key = stack.pop()
+            f = self.functions.get(key)
+            if f is None or key in used:
+                continue
+            used.add(key)
+            stack.extend(_calls(f.node))
+        return [f for f in self.view.proto.functions if _key(f) in used]
+
+
+def _key(f: onnx.FunctionProto) -> tuple[str, str, str]:
+    return (f.domain, f.name, getattr(f, "overload", ""))
+
+
+def _tensors_inside(node: onnx.NodeProto) -> Iterator[onnx.TensorProto]:
+    """Tensors held by a node: attribute values, and the initializers of its bodies, to any depth."""
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.TENSOR:
+            yield attr.t
+        elif attr.type == onnx.AttributeProto.TENSORS:
+            yield from attr.tensors
+        elif attr.type == onnx.AttributeProto.SPARSE_TENSOR:
+            yield attr.sparse_tensor.values
+            yield attr.sparse_tensor.indices
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for g in graphs:
+            yield from g.initializer
+            for sp in g.sparse_initializer:
+                yield sp.values
+                yield sp.indices
+            for n in g.node:
+                yield from _tensors_inside(n)
+
+
+def _calls(nodes: Iterable[onnx.NodeProto]) -> Iterator[tuple[str, str, str]]:
+    """(domain, op_type, overload) of every node, inside subgraph bodies too."""
+    for n in nodes:
+        yield (n.domain, n.op_type, getattr(n, "overload", ""))
+        for attr in n.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _calls(attr.g.node)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from _calls(g.node)
+
+
+_SUB_BYTE_TYPES = frozenset(
+    getattr(onnx.TensorProto, name)
+    for name in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
+    if hasattr(onnx.TensorProto, name)
+)
+
+
+def _packed_nbytes(t: onnx.TensorProto) -> int | None:
+    """Bytes ``t``'s raw data must hold; ``None`` where that is not a plain product (strings, 4-bit)."""
+    if t.data_type in _SUB_BYTE_TYPES or t.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+        return None
+    return initializer_nbytes(t)
+
+
+def _external_file(t: onnx.TensorProto, base: Path) -> Path:
+    entries: Mapping[str, str] = {e.key: e.value for e in t.external_data}
+    return base / entries.get("location", "?")
+
+
+__all__ = ["StageBuilder"]

@@ -1,0 +1,188 @@
+"""A stage's own weights file (``stage_<i>.onnx.data``), written without holding the weights in memory.
+
+:func:`externalize` moves the data of a stage model's initializers (dense, and the values and indices of
+sparse ones) of at least ``threshold`` bytes into one file and points the tensors at it.  A tensor whose
+data is still in the *source's* external file is copied from there in chunks, so the stage's weights
+never sit in memory; a tensor held in memory is written as it is.  Offsets are aligned to
+:data:`ALIGNMENT` bytes (onnxruntime can then map the file instead of copying it), and the file's
+sha256 is computed while writing, so it is never read back.
+
+Errors reading the source's files are :class:`~onnxpipe.errors.ModelLoadError` (the model's weights are
+missing or truncated); errors writing are left as ``OSError`` for the caller, who knows the file's name
+as the user will see it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from onnxpipe.errors import ModelLoadError
+from onnxpipe.model import initializer_nbytes
+
+ALIGNMENT = 4096
+CHUNK_BYTES = 16 << 20
+
+_TYPED_FIELDS = ("float_data", "int32_data", "int64_data", "double_data", "uint64_data")
+
+
+def is_external(t: onnx.TensorProto) -> bool:
+    return t.HasField("data_location") and t.data_location == onnx.TensorProto.EXTERNAL
+
+
+def external_info(t: onnx.TensorProto) -> tuple[str, int, int | None]:
+    """``(location, offset, length)`` of an external tensor; ``length`` ``None`` means to the file's end."""
+    entries = {e.key: e.value for e in t.external_data}
+    length = entries.get("length")
+    return entries.get("location", ""), int(entries.get("offset", "0") or 0), int(length) if length else None
+
+
+def source_file(t: onnx.TensorProto, source_dir: Path) -> Path:
+    """The source's file holding ``t``; refuses a location outside the model's folder."""
+    location, _, _ = external_info(t)
+    path = source_dir / location
+    if not location or os.path.isabs(location) or not path.resolve().is_relative_to(source_dir.resolve()):
+        raise ModelLoadError(
+            f"{source_dir}: initializer {t.name!r} names its weights file {location!r}, which is not a file "
+            "inside the model's folder; re-export the model with its weights beside it"
+        )
+    return path
+
+
+class WeightFile:
+    """Appends tensors' data to one file at aligned offsets and hashes it as it goes; opened lazily."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: BinaryIO | None = None
+        self._sha = hashlib.sha256()
+        self._size = 0
+
+    def add(self, t: onnx.TensorProto, source_dir: Path | None) -> None:
+        """Move ``t``'s data to the end of this file and point ``t`` at it."""
+        if self._size % ALIGNMENT:
+            self._write(b"\0" * (ALIGNMENT - self._size % ALIGNMENT))
+        offset = self._size
+        if is_external(t):
+            if source_dir is None:
+                raise ModelLoadError(
+                    f"initializer {t.name!r} is stored in an external file but the model's folder is "
+                    "unknown; load the model with onnxpipe.load_model(path)"
+                )
+            self._copy_from(t, source_file(t, source_dir))
+        elif t.HasField("raw_data"):
+            self._write(t.raw_data)
+        else:
+            self._write(np.ascontiguousarray(numpy_helper.to_array(t)).tobytes())
+        t.ClearField("raw_data")
+        for name in _TYPED_FIELDS:
+            t.ClearField(name)
+        del t.external_data[:]
+        t.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", self.path.name), ("offset", offset), ("length", self._size - offset)):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, str(value)
+
+    def close(self) -> str | None:
+        """Close the file; its sha256, or ``None`` when nothing was written (and no file exists)."""
+        if self._file is None:
+            return None
+        self._file.close()
+        self._file = None
+        return self._sha.hexdigest()
+
+    def abort(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _write(self, data: bytes | memoryview) -> None:
+        if self._file is None:
+            self._file = self.path.open("xb")
+        self._file.write(data)
+        self._sha.update(data)
+        self._size += len(data)
+
+    def _copy_from(self, t: onnx.TensorProto, src: Path) -> None:
+        for chunk in read_source(t, src):
+            self._write(chunk)
+
+
+def read_source(t: onnx.TensorProto, src: Path) -> Iterator[bytes]:
+    """The bytes of external tensor ``t`` in the source's file ``src``, in chunks of at most 16 MiB."""
+    _, offset, length = external_info(t)
+    try:
+        with src.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            want = size - offset if length is None else length
+            if offset + want > size:
+                raise ModelLoadError(
+                    f"{src}: ends inside the weights of initializer {t.name!r} (bytes {offset}..."
+                    f"{offset + want}, the file has {size}); the weights file is truncated: copy it "
+                    "again or re-export the model"
+                )
+            f.seek(offset)
+            left = want
+            while left > 0:
+                chunk = f.read(min(CHUNK_BYTES, left))
+                if not chunk:
+                    return
+                yield chunk
+                left -= len(chunk)
+    except OSError as e:
+        raise ModelLoadError(
+            f"{src}: cannot read the weights of initializer {t.name!r} ({e.strerror or e}); keep the "
+            "model's weight files next to it"
+        ) from e
+
+
+def read_inline(t: onnx.TensorProto, source_dir: Path) -> None:
+    """Bring external tensor ``t``'s data into its ``raw_data`` (for tensors too small for a file)."""
+    t.raw_data = b"".join(read_source(t, source_file(t, source_dir)))
+    del t.external_data[:]
+    t.data_location = onnx.TensorProto.DEFAULT
+
+
+def stored_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """The main graph's initializers, and the values and indices of its sparse initializers."""
+    yield from model.graph.initializer
+    for sp in model.graph.sparse_initializer:
+        yield sp.values
+        yield sp.indices
+
+
+def externalize(model: onnx.ModelProto, path: Path, source_dir: Path | None, threshold: int) -> str | None:
+    """Move every stored tensor of ``model`` of ``threshold`` bytes or more into the file ``path``.
+
+    Returns the file's sha256, or ``None`` when no tensor was big enough (no file is created).  String
+    tensors stay inside the model (they have no raw byte form).
+    """
+    weights = WeightFile(path)
+    try:
+        for t in stored_tensors(model):
+            if t.data_type == onnx.TensorProto.STRING:
+                continue
+            size = external_info(t)[2] if is_external(t) else None
+            if (initializer_nbytes(t) if size is None else size) >= threshold:
+                weights.add(t, source_dir)
+            elif is_external(t):  # small, but still in the source's file: into the stage file itself
+                if source_dir is None:
+                    raise ModelLoadError(
+                        f"initializer {t.name!r} is stored in an external file but the model's folder is "
+                        "unknown; load the model with onnxpipe.load_model(path)"
+                    )
+                read_inline(t, source_dir)
+    except BaseException:
+        weights.abort()
+        raise
+    return weights.close()
+
+
+__all__ = ["ALIGNMENT", "WeightFile", "external_info", "externalize", "is_external", "read_source"]

@@ -1,0 +1,429 @@
+"""Bad input gets one clear line, a documented exit code, and leaves the file system as it was.
+
+Through :func:`onnxpipe.cli.main` (in-process; a child process where a real write limit is needed).
+The basic cases (missing, folder, text, truncated, checker, K out of range, folder exists, malformed
+manifest, changed stage) are in ``tests/test_cli.py``; this file covers the rest of the list: opsets
+onnxruntime cannot run, training info, external weights that are missing or truncated, a disk that
+fills at each kind of file (stage, weights, manifest, with and without an old folder to keep), a
+profile or a manifest that belongs to another model, a stage's weights file changed after export, and
+manifests that are well-formed JSON but say impossible things.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from models import save, shared_weights_model, training_model
+
+from onnxpipe.cli import main
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+
+
+@pytest.fixture
+def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """An empty working folder that is also the current directory."""
+    w = tmp_path / "work"
+    w.mkdir()
+    monkeypatch.chdir(w)
+    yield w
+
+
+@pytest.fixture
+def model(work: Path) -> Path:
+    """A 13-node MLP with a shared weight, inline weights."""
+    return save(shared_weights_model(), work / "m.onnx")
+
+
+def external_model(folder: Path) -> Path:
+    """The same MLP with its weights in ``weights.bin`` beside it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "ext.onnx"
+    onnx.save_model(shared_weights_model(), str(path), save_as_external_data=True, location="weights.bin")
+    return path
+
+
+def run(args: list[object], capfd: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    capfd.readouterr()
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
+def error_line(err: str, command: str = "split", *, where: bool = True) -> str:
+    """The one line on stderr: ``onnxpipe <command>: error: <where>: <what>; <what to do>``."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{err}"
+    shape = r"\S.*: .+; \S.*" if where else r".+; \S.*"
+    assert re.match(rf"^onnxpipe {command}: error: {shape}$", lines[0]), lines[0]
+    return lines[0]
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file and folder below ``folder`` (hidden ones too), files with their sha256."""
+    state: dict[str, str] = {}
+    for p in sorted(folder.rglob("*")):
+        key = str(p.relative_to(folder))
+        state[key] = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+    return state
+
+
+def split_static(model: Path, out: str, k: int = 3, *extra: str) -> list[object]:
+    return ["split", model, "-k", k, "--out", out, "--cost", "static", *extra]
+
+
+def rehash(out: Path) -> None:
+    """Record every file's current sha256 in the manifest, as if the export had written them."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    for st in manifest["stages"]:
+        st["sha256"] = hashlib.sha256((out / st["file"]).read_bytes()).hexdigest()
+    (out / "manifest.json").write_text(json.dumps(manifest))
+
+
+# --------------------------------------------------------------------------------------------------
+# models onnxpipe cannot split, said before anything is written
+
+
+def newest_default_opset() -> int:
+    """The newest ``ai.onnx`` opset this onnxruntime accepts (it refuses the next one)."""
+    m = shared_weights_model()
+    for version in range(17, 200):
+        m.opset_import[0].version = version
+        options = ort.SessionOptions()
+        options.log_severity_level = 4
+        try:
+            ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        except Exception:  # noqa: BLE001 - the first refused version ends the search
+            return version - 1
+    raise AssertionError("onnxruntime accepts every opset up to 200")
+
+
+@pytest.fixture(scope="module")
+def too_new(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    newest = newest_default_opset()
+    m = shared_weights_model()
+    m.opset_import[0].version = newest + 1
+    m.ir_version = 11
+    path = tmp_path_factory.mktemp("too_new") / "too_new.onnx"
+    onnx.save_model(m, str(path))
+    return path, newest
+
+
+def test_opset_onnxruntime_cannot_run_exits_3(
+    too_new: tuple[Path, int], work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    path, newest = too_new
+    code, out, err = run(split_static(path, "out"), capfd)
+    assert code == 3 and out == ""
+    assert error_line(err) == (
+        f"onnxpipe split: error: {path}: opset {newest + 1} of domain ai.onnx is newer than onnxruntime "
+        f"{ort.__version__} runs (up to {newest}); re-export the model at opset {newest} or lower, or "
+        "upgrade onnxruntime"
+    )
+    assert list(work.iterdir()) == []
+
+
+def test_opset_onnxruntime_cannot_run_exits_3_before_profiling(
+    too_new: tuple[Path, int], work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    path, newest = too_new
+    code, _, err = run(["split", path, "-k", "2", "--out", "out"], capfd)
+    assert code == 3
+    assert f"opset {newest + 1} of domain ai.onnx is newer than onnxruntime" in error_line(err)
+    assert list(work.iterdir()) == []
+
+
+def test_ml_domain_opset_too_new_exits_3(work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    m = shared_weights_model()
+    m.opset_import.append(onnx.helper.make_opsetid("ai.onnx.ml", 99))
+    path = work / "ml.onnx"
+    onnx.save_model(m, str(path))
+    before = snapshot(work)
+    code, _, err = run(split_static(path, "out"), capfd)
+    assert code == 3
+    assert "opset 99 of domain ai.onnx.ml is newer than onnxruntime" in error_line(err)
+    assert snapshot(work) == before
+
+
+def test_training_info_exits_6_and_says_why(work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    path = save(training_model(), work / "trainable.onnx")
+    before = snapshot(work)
+    code, out, err = run(split_static(path, "out", 2), capfd)
+    assert code == 6 and out == ""
+    assert error_line(err) == (
+        f"onnxpipe split: error: {path}: carries training_info (1 training algorithm(s) bound to "
+        "its weights), which cannot be split across stages; save the model without it "
+        "(del model.training_info[:]) and split that"
+    )
+    assert snapshot(work) == before
+
+
+def test_missing_external_weights_exit_3(work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    path = external_model(work / "src")
+    (path.parent / "weights.bin").unlink()
+    before = snapshot(work)
+    code, _, err = run(split_static(path, "out"), capfd)
+    assert code == 3
+    line = error_line(err)
+    assert "ext.onnx" in line and "weights.bin" in line
+    assert snapshot(work) == before
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.99])
+def test_truncated_external_weights_exit_3(
+    keep: float, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    path = external_model(work / "src")
+    data = path.parent / "weights.bin"
+    data.write_bytes(data.read_bytes()[: int(data.stat().st_size * keep)])
+    before = snapshot(work)
+    code, _, err = run(split_static(path, "out"), capfd)
+    assert code == 3, err
+    line = error_line(err)  # the loader or, failing that, the exporter finds it
+    assert "weights.bin" in line and "truncated" in line and "copy it again" in line
+    assert snapshot(work) == before
+
+
+# --------------------------------------------------------------------------------------------------
+# the disk fills
+
+
+@pytest.mark.parametrize("old", [False, True], ids=["new-folder", "old-folder"])
+@pytest.mark.parametrize("at", ["stage", "weights", "manifest"])
+def test_disk_full_at_each_file_exits_6_and_keeps_the_old_folder(
+    at: str,
+    old: bool,
+    model: Path,
+    work: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import onnxpipe.manifest
+
+    if old:
+        (work / "out").mkdir()
+        (work / "out" / "mine.txt").write_text("keep me")
+    before = snapshot(work)
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    failing = {"stage": "stage_1.onnx", "weights": "stage_1.onnx.data", "manifest": "manifest.json"}[at]
+    if at == "manifest":
+
+        def fsync(fd: int) -> None:
+            raise full
+
+        monkeypatch.setattr(onnxpipe.manifest.os, "fsync", fsync)
+    elif at == "stage":
+        real_save = onnx.save_model
+
+        def save_model(proto: onnx.ModelProto, path: str, *args: object, **kwargs: object) -> None:
+            if Path(path).name == failing:
+                raise full
+            real_save(proto, path, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(onnx, "save_model", save_model)
+    else:  # the weights file is created, then the disk is full
+        real_open = Path.open
+
+        def open_(self: Path, mode: str = "r", *args: object, **kwargs: object) -> object:
+            f = real_open(self, mode, *args, **kwargs)  # type: ignore[call-overload]
+            if self.name == failing:
+
+                def write(data: bytes) -> int:
+                    raise full
+
+                f.write = write
+            return f
+
+        monkeypatch.setattr(Path, "open", open_)
+    extra = ("--force",) if old else ()
+    mode = ("--external-data", "always") if at == "weights" else ()
+    code, out, err = run(split_static(model, "out", 3, *extra, *mode), capfd)
+    assert code == 6 and out == ""
+    assert error_line(err) == (
+        f"onnxpipe split: error: out/{failing}: cannot be written (No space left on device: disk full); "
+        "out is left as it was; free some space or choose another --out"
+    )
+    assert snapshot(work) == before
+
+
+def run_with_file_size_limit(limit: int, args: list[object], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``onnxpipe ARGS`` in a child process that cannot write more than ``limit`` bytes to any file."""
+    code = (
+        "import resource, signal, sys\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))\n"
+        "from onnxpipe.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="needs POSIX file size limits")
+def test_real_write_limit_on_a_weights_file_keeps_the_old_folder(work: Path) -> None:
+    """A real short write (the OS refuses the bytes past the limit) while the weights file of a stage is
+    written; the old folder given with --force stays as it was."""
+    big = shared_weights_model(width=64)  # 16 KiB weights per MatMul
+    path = save(big, work / "big.onnx")
+    (work / "out").mkdir()
+    (work / "out" / "mine.txt").write_text("keep me")
+    before = snapshot(work)
+    proc = run_with_file_size_limit(
+        30_000, split_static(path, "out", 2, "--force", "--external-data", "always"), work
+    )
+    assert proc.returncode == 6, proc.stderr
+    line = error_line(proc.stderr)
+    assert re.search(
+        r"out/stage_\d\.onnx\.data: cannot be written \(File too large\); out is left as it was$", line
+    )
+    assert snapshot(work) == before
+
+
+# --------------------------------------------------------------------------------------------------
+# profiles and manifests of another model, files changed after export
+
+
+def test_profile_of_the_model_before_it_was_edited_exits_4(
+    model: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    assert run(["profile", model, "--out", "p.json", "--cost", "static"], capfd)[0] == 0
+    edited = shared_weights_model()
+    edited.graph.node[0].name = "renamed"
+    save(edited, model)  # same file name, other content
+    before = snapshot(work)
+    code, _, err = run(["split", model, "-k", "2", "--out", "out", "--profile", "p.json"], capfd)
+    assert code == 4
+    line = error_line(err, where=False)  # "p.json was made for ...": no "<file>: " in front
+    assert "p.json was made for model m.onnx" in line and "re-run onnxpipe profile" in line
+    assert snapshot(work) == before
+
+
+@pytest.fixture
+def two_splits(model: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> tuple[Path, Path]:
+    other = shared_weights_model()
+    other.graph.initializer[0].raw_data = np.ones((16, 16), np.float32).tobytes()
+    other_path = save(other, work / "other.onnx")
+    assert run(split_static(model, "a", 2, "--external-data", "always"), capfd)[0] == 0
+    assert run(split_static(other_path, "b", 2, "--external-data", "always"), capfd)[0] == 0
+    return work / "a", work / "b"
+
+
+def test_manifest_of_another_model_is_refused(
+    two_splits: tuple[Path, Path], work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    a, b = two_splits
+    shutil.copy(b / "manifest.json", a / "manifest.json")  # a's stages, b's manifest
+    before = snapshot(work)
+    code, _, err = run(["verify", a], capfd)
+    assert code == 7
+    line = error_line(err, "verify")
+    assert re.search(
+        r"a/manifest\.json: stage 0 file stage_0\.onnx(\.data)? changed after export \(sha256", line
+    )
+    # the matching model given by hand is refused too: its sha256 is not the manifest's
+    code, _, err = run(["verify", b, "--model", work / "m.onnx"], capfd)
+    assert code == 7 and "is not the source sha256" in error_line(err, "verify")
+    assert snapshot(work) == before
+
+
+@pytest.mark.parametrize("damage", ["changed", "missing"])
+def test_stage_weights_file_changed_or_missing_exits_7(
+    damage: str, two_splits: tuple[Path, Path], work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    a, _ = two_splits
+    data = a / "stage_1.onnx.data"
+    if damage == "changed":
+        raw = bytearray(data.read_bytes())
+        raw[10] ^= 0xFF
+        data.write_bytes(bytes(raw))
+    else:
+        data.unlink()
+    before = snapshot(work)
+    for command in (["verify", a], ["inspect", a]):
+        code, _, err = run(command, capfd)
+        if command[0] == "inspect":  # inspect reads the manifest only, files are not needed
+            assert code == 0
+            continue
+        assert code == 7
+        what = "changed after export (sha256 mismatch)" if damage == "changed" else "is missing"
+        assert f"stage 1 file stage_1.onnx.data {what}; re-run onnxpipe split" in error_line(err, "verify")
+    assert snapshot(work) == before
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda m: m["stages"][0]["inputs"].append({**m["stages"][1]["outputs"][0], "source": 1}), "source"),
+        (lambda m: m["stages"][1].update(file="stage_0.onnx"), "listed twice"),
+        (lambda m: m["model_outputs"][0].update(produced_by=0), "produced_by"),
+        (lambda m: m["plan"].update(k=5), "plan.k"),
+    ],
+    ids=["forward-edge", "same-file-twice", "wrong-producer", "wrong-k"],
+)
+def test_manifest_that_says_impossible_things_exits_7(
+    edit: object, says: str, two_splits: tuple[Path, Path], work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    a, _ = two_splits
+    manifest = json.loads((a / "manifest.json").read_text())
+    edit(manifest)  # type: ignore[operator]
+    (a / "manifest.json").write_text(json.dumps(manifest))
+    before = snapshot(work)
+    for command in ("verify", "inspect"):
+        code, _, err = run([command, a], capfd)
+        assert code == 7
+        line = error_line(err, command)
+        assert "a/manifest.json" in line and says in line and line.endswith("; re-run onnxpipe split")
+    assert snapshot(work) == before
+
+
+def test_output_folder_holding_the_source_is_never_deleted(
+    model: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    before = snapshot(work)
+    code, _, err = run(split_static(model, ".", 2, "--force"), capfd)
+    assert code == 6
+    assert error_line(err) == (
+        f"onnxpipe split: error: {work}: holds the source model m.onnx; --force would delete it; "
+        "choose another --out"
+    )
+    assert snapshot(work) == before
+
+
+def test_output_that_is_the_source_file_itself_is_refused(
+    model: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    before = snapshot(work)
+    code, _, err = run(split_static(model, "m.onnx", 2, "--force"), capfd)
+    assert code == 6
+    assert (
+        error_line(err) == "onnxpipe split: error: m.onnx: exists and is not a folder; choose another --out"
+    )
+    assert snapshot(work) == before

@@ -1,0 +1,906 @@
+"""The ``onnxpipe`` command: every subcommand, documented exit codes, one-line errors, nothing half-written.
+
+Everything runs through :func:`onnxpipe.cli.main` in-process, and once through the installed console script
+in a subprocess.  The exit codes asserted here are the table in ``docs/cli.md`` (the table itself is
+checked against the error classes), and every refused request must leave the file system as it was: no
+output folder, no temporary folder, the old contents of an existing folder intact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxpipe
+from onnxpipe import errors
+from onnxpipe.cli import build_parser, main
+from onnxpipe.model import file_sha256
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DOCS = REPO_ROOT / "docs" / "cli.md"
+MLP_NODES = 11  # compute nodes of sample_models/mlp.onnx
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+
+
+@pytest.fixture
+def mlp(sample_models_dir: Path, tmp_path: Path) -> Path:
+    """A private copy of the mlp sample model (so a test may put files next to it)."""
+    path = tmp_path / "models" / "mlp.onnx"
+    path.parent.mkdir()
+    shutil.copy(sample_models_dir / "mlp.onnx", path)
+    return path
+
+
+@pytest.fixture
+def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """An empty working folder that is also the current directory."""
+    w = tmp_path / "work"
+    w.mkdir()
+    monkeypatch.chdir(w)
+    yield w
+
+
+def run(args: Sequence[object], capfd: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``main(args)`` -> (exit code, stdout, stderr); argparse's SystemExit counts as an exit code."""
+    capfd.readouterr()
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
+def one_line_error(err: str, command: str, *, says_what_to_do: bool = True) -> str:
+    """The documented error shape: one line, ``onnxpipe <command>: error: <where>: <what>; <what to do>``.
+
+    Checked: exactly one line, the prefix, and (unless told otherwise) a ``; <what to do>`` part.
+    """
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{err}"
+    line = lines[0]
+    assert line.startswith(f"onnxpipe {command}: error: ") and len(line) > len(f"onnxpipe {command}: error: ")
+    if says_what_to_do:
+        assert re.match(rf"^onnxpipe {command}: error: .+; \S.*$", line), f"no '; what to do' in: {line}"
+    return line
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file below ``folder`` (hidden ones included) with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def no_leftovers(folder: Path) -> None:
+    left = [p.name for p in folder.rglob("*") if "onnxpipe-tmp" in p.name or "onnxpipe-old" in p.name]
+    left += [p.name for p in folder.rglob("*.tmp")]
+    assert not left, f"half-written files left behind: {left}"
+
+
+def rehash(out: Path, stage: int) -> None:
+    """Record stage ``stage``'s current sha256 in the manifest, as if the export had written it."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["stages"][stage]["sha256"] = file_sha256(out / f"stage_{stage}.onnx")
+    (out / "manifest.json").write_text(json.dumps(manifest))
+
+
+def split_ok(model: Path, out: Path, k: int = 3, *extra: str) -> None:
+    assert main(["split", str(model), "--stages", str(k), "--out", str(out), "--cost", "static", *extra]) == 0
+
+
+def fails_checker_model() -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    node = helper.make_node("NoSuchOperator", ["x"], ["y"], name="bad")
+    return helper.make_model(
+        helper.make_graph([node], "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)]
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# the documentation itself
+
+
+def documented_exit_codes() -> dict[str, int]:
+    """``error class -> code`` from the table in docs/cli.md."""
+    codes: dict[str, int] = {}
+    for line in DOCS.read_text().splitlines():
+        m = re.match(r"^\|\s*(\d+)\s*\|[^|]*\|\s*`(\w+)`\s*\|", line)
+        if m:
+            codes[m.group(2)] = int(m.group(1))
+    return codes
+
+
+def test_exit_code_table_matches_the_error_classes() -> None:
+    codes = documented_exit_codes()
+    assert len(codes) == 8
+    for name, code in codes.items():
+        cls = getattr(errors, name)
+        assert issubclass(cls, onnxpipe.OnnxpipeError)
+        assert cls.exit_code == code, f"{name}: docs say {code}, the class says {cls.exit_code}"
+
+
+def test_every_documented_option_is_accepted() -> None:
+    text = DOCS.read_text()
+    block = text.split("```")[1]
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    choices: dict[str, argparse.ArgumentParser] = sub.choices
+    command = ""
+    seen: set[str] = set()
+    for line in block.splitlines():
+        m = re.match(r"^onnxpipe (\w+)", line)
+        if m:
+            command = m.group(1)
+            seen.add(command)
+        for option in re.findall(r"(--[a-z][a-z-]*)", line):
+            assert option in choices[command]._option_string_actions, f"{command} {option}"
+    assert seen == set(choices) and {"profile", "split", "verify", "inspect"} <= seen
+
+
+# --------------------------------------------------------------------------------------------------
+# every subcommand, working
+
+
+def test_profile_split_inspect_verify(mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["profile", mlp, "--out", "p.json", "--runs", "3", "--warmup", "1"], capfd)
+    assert code == 0 and err == ""
+    assert out.startswith(f"profiled {MLP_NODES} nodes of mlp.onnx") and "saved p.json" in out
+    assert onnxpipe.Profile.load(work / "p.json").model_sha256 == file_sha256(mlp)
+
+    code, out, err = run(["profile", mlp, "--out", "s.json", "--cost", "static"], capfd)
+    assert code == 0 and "(static, 1 thread(s))" in out
+
+    code, out, err = run(["split", mlp, "--stages", "3", "--out", "stages", "--profile", "p.json"], capfd)
+    assert code == 0, err
+    assert "wrote 3 stages to stages/" in out and "verify: 1 output(s) match the original" in out
+    assert sorted(p.name for p in (work / "stages").iterdir()) == [
+        "manifest.json",
+        "stage_0.onnx",
+        "stage_1.onnx",
+        "stage_2.onnx",
+    ]
+
+    code, out, err = run(["inspect", "stages"], capfd)
+    assert code == 0 and err == ""
+    assert out.splitlines()[0].split()[:3] == ["stage", "device", "nodes"] and "3 stages" in out
+
+    code, out, err = run(["inspect", mlp], capfd)
+    assert code == 0 and f"mlp.onnx: {MLP_NODES} nodes" in out
+
+    code, out, err = run(["verify", "stages", "--seed", "3", "--shape", "x=4,64"], capfd)
+    assert code == 0 and err == ""
+    assert out.strip().splitlines()[-1].startswith("verify: 1 output(s) match the original")
+
+    code, out, err = run(
+        ["split", mlp, "-k", "2", "--out", "nv", "--no-verify", "--quiet", "--cost", "static"], capfd
+    )
+    assert code == 0 and "verify:" not in out and (work / "nv" / "manifest.json").is_file()
+
+
+def test_split_options_reach_the_manifest(mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(
+        ["split", mlp, "-k", "2", "--out", "o", "--cost", "static", "--bandwidth", "1e9",
+         "--external-data", "always", "--threads", "2", "--shape", "x=2,64"],
+        capfd,
+    )  # fmt: skip
+    assert code == 0, err
+    manifest = onnxpipe.load_manifest(work / "o")
+    assert manifest.plan.bandwidth_bytes_per_s == 1e9
+    assert dict(manifest.plan.profiled_input_shapes) == {"x": (2, 64)}
+    assert all(s.external_data == f"stage_{s.index}.onnx.data" for s in manifest.stages)
+
+
+def test_threads_reach_the_manifest_with_static_costs(
+    mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: --threads was silently dropped with --cost static (the manifest said 1)."""
+    code, _, err = run(["split", mlp, "-k", "2", "--out", "o", "--cost", "static", "--threads", "2"], capfd)
+    assert code == 0, err
+    assert onnxpipe.load_manifest(work / "o").plan.threads == 2
+
+
+def test_console_script(mlp: Path, tmp_path: Path) -> None:
+    script = Path(sys.executable).parent / "onnxpipe"
+    if not script.is_file():
+        found = shutil.which("onnxpipe")
+        if found is None:
+            pytest.skip("the onnxpipe console script is not installed (pip install -e .)")
+        script = Path(found)
+    version = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=120)
+    assert version.returncode == 0 and version.stdout.strip() == f"onnxpipe {onnxpipe.__version__}"
+
+    ok = subprocess.run(
+        [script, "split", mlp, "--stages", "2", "--out", tmp_path / "out", "--cost", "static"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert "wrote 2 stages" in ok.stdout and (tmp_path / "out" / "manifest.json").is_file()
+
+    bad = subprocess.run(
+        [script, "split", tmp_path / "missing.onnx", "--stages", "2", "--out", tmp_path / "out2"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert bad.returncode == 3 and bad.stdout == ""
+    line = one_line_error(bad.stderr, "split")
+    assert "missing.onnx: no such file" in line
+    assert not (tmp_path / "out2").exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# models that cannot be loaded: exit 3 from every command that takes a model
+
+
+def _bad_model(kind: str, folder: Path, good: Path) -> Path:
+    path = folder / f"{kind}.onnx"
+    data = good.read_bytes()
+    if kind == "missing":
+        pass
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "text":
+        path.write_text("this is not an ONNX model\n")
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "truncated_half":
+        path.write_bytes(data[: len(data) // 2])
+    elif kind == "truncated_end":
+        path.write_bytes(data[:-3])
+    elif kind == "fails_checker":
+        onnx.save_model(fails_checker_model(), str(path))
+    else:
+        raise AssertionError(kind)
+    return path
+
+
+BAD_MODELS = ["missing", "folder", "text", "empty", "truncated_half", "truncated_end", "fails_checker"]
+
+
+@pytest.mark.parametrize("kind", BAD_MODELS)
+@pytest.mark.parametrize("command", ["split", "profile", "inspect"])
+def test_unloadable_model_exits_3(
+    kind: str, command: str, mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    bad = _bad_model(kind, work, mlp)
+    before = snapshot(work)
+    args = {
+        "split": ["split", bad, "--stages", "2", "--out", "out"],
+        "profile": ["profile", bad, "--out", "p.json"],
+        "inspect": ["inspect", bad],
+    }[command]
+    code, out, err = run(args, capfd)
+    # inspect takes a folder for a split folder: no manifest there is a manifest error
+    assert code == (7 if (command, kind) == ("inspect", "folder") else 3), err
+    line = one_line_error(err, command)
+    assert f"{bad.name}" in line and out == ""
+    if kind == "fails_checker":
+        assert "checker" in line and "NoSuchOperator" in line
+    assert snapshot(work) == before and not (work / "out").exists() and not (work / "p.json").exists()
+    no_leftovers(work)
+
+
+def _truncate_external_data(model: Path, folder: Path) -> Path:
+    """A copy of an external-data model whose ``.data`` file lost its second half."""
+    folder.mkdir()
+    copy = folder / model.name
+    shutil.copy(model, copy)
+    data = model.with_name(model.name + ".data").read_bytes()
+    copy.with_name(copy.name + ".data").write_bytes(data[: len(data) // 2])
+    return copy
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize("command", ["split", "profile"])
+def test_truncated_external_data_exits_3(
+    command: str, gpt2_tiny_dynamo_path: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: a truncated .data file was not seen at load (split exited 6, profile 4 with ORT's log)."""
+    model = _truncate_external_data(gpt2_tiny_dynamo_path, work / "m")
+    args = {
+        "split": ["split", model, "--stages", "2", "--out", "out", "--cost", "static"],
+        "profile": ["profile", model, "--out", "p.json"],
+    }[command]
+    code, _, err = run(args, capfd)
+    assert not (work / "out").exists() and not (work / "p.json").exists()
+    assert code == 3, err
+
+
+# --------------------------------------------------------------------------------------------------
+# bad arguments
+
+
+@pytest.mark.parametrize("stages", ["0", "-1", "two", "1.5"])
+def test_stages_not_a_positive_integer_is_a_usage_error(
+    stages: str, mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(["split", mlp, "--stages", stages, "--out", "out"], capfd)
+    assert code == 2 and out == ""
+    # argparse prints its usage first; the error itself is the last line
+    assert err.strip().splitlines()[-1].startswith("onnxpipe split: error: argument --stages/-k: ")
+    assert list(work.iterdir()) == []
+
+
+@pytest.mark.parametrize("stages", [MLP_NODES + 1, 1000])
+def test_more_stages_than_nodes_exits_5(
+    stages: int, mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(["split", mlp, "--stages", stages, "--out", "out", "--cost", "static"], capfd)
+    assert code == 5 and out == ""
+    line = one_line_error(err, "split")
+    assert f"cannot make {stages} non-empty stages from {MLP_NODES} compute nodes" in line
+    assert f"between 1 and {MLP_NODES}" in line
+    assert list(work.iterdir()) == []
+
+
+def test_as_many_stages_as_nodes_works(mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["split", mlp, "--stages", MLP_NODES, "--out", "out"], capfd)
+    assert code == 0 and f"wrote {MLP_NODES} stages" in out
+
+
+@pytest.mark.parametrize(
+    ("shape", "says"),
+    [
+        ("x", "expected NAME=D1,D2"),
+        ("=1,64", "expected NAME=D1,D2"),
+        ("x=a,64", "'a' is not a whole number"),
+        ("x=1,-64", "dims must be >= 0"),
+        ("x=1", "rank 2"),
+        ("x=1,65", "fixed at 64"),
+        ("nosuch=1,64", "not a model input"),
+    ],
+)
+@pytest.mark.parametrize("command", ["split", "profile", "verify"])
+def test_malformed_shape_exits_2(
+    shape: str,
+    says: str,
+    command: str,
+    mlp: Path,
+    work: Path,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    split_ok(mlp, tmp_path / "done", 2)
+    before = snapshot(work)
+    args = {
+        "split": ["split", mlp, "-k", "2", "--out", "out", "--shape", shape],
+        "profile": ["profile", mlp, "--out", "p.json", "--shape", shape],
+        "verify": ["verify", tmp_path / "done", "--shape", shape],
+    }[command]
+    code, _, err = run(args, capfd)
+    assert code == 2, err
+    line = one_line_error(err, command, says_what_to_do=False)  # see test_shape_errors_say_what_to_do
+    assert says in line
+    assert snapshot(work) == before
+    no_leftovers(work)
+
+
+def test_shape_errors_say_what_to_do(mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Regression: most --shape errors had no '; <what to do>' part, unlike the documented line."""
+    lacking = []
+    for shape in ["x", "x=1,-64", "x=1", "x=1,65"]:
+        _, _, err = run(["profile", mlp, "--out", "p.json", "--cost", "static", "--shape", shape], capfd)
+        line = one_line_error(err, "profile", says_what_to_do=False)
+        if "; " not in line:
+            lacking.append(line)
+    assert lacking == []
+
+
+def test_duplicate_shape_exits_2(mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(
+        ["split", mlp, "-k", "2", "--out", "o", "--shape", "x=1,64", "--shape", "x=2,64"], capfd
+    )
+    assert code == 2 and "given twice" in one_line_error(err, "split", says_what_to_do=False)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--cost", "bogus"],
+        ["--external-data", "sometimes"],
+        ["--bandwidth", "0"],
+        ["--bandwidth", "fast"],
+        ["--threads", "0"],
+        ["--runs", "0"],
+    ],
+    ids=lambda a: " ".join(a),
+)
+def test_bad_option_values_exit_2(
+    args: list[str], mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(["split", mlp, "-k", "2", "--out", "out", *args], capfd)
+    assert code == 2 and out == ""
+    assert err.strip().splitlines()[-1].startswith("onnxpipe split: error: argument ")
+    assert list(work.iterdir()) == []
+
+
+# --------------------------------------------------------------------------------------------------
+# outputs that exist
+
+
+def test_non_empty_output_folder_exits_6_and_is_left_intact(
+    mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    old = work / "out"
+    old.mkdir()
+    (old / "notes.txt").write_text("keep me")
+    (old / "stage_0.onnx").write_bytes(b"not a stage")
+    (old / ".hidden").write_text("hidden")
+    before = snapshot(work)
+    code, out, err = run(["split", mlp, "-k", "2", "--out", "out"], capfd)
+    assert code == 6 and out == ""
+    line = one_line_error(err, "split")
+    assert "out: exists and is not empty" in line and "--force" in line
+    assert snapshot(work) == before
+    no_leftovers(work)
+
+
+def test_force_replaces_only_a_complete_folder(
+    mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    old = work / "out"
+    old.mkdir()
+    (old / "notes.txt").write_text("keep me")
+    before = snapshot(work)
+    # a failing --force run (K out of range) keeps the old folder
+    code, _, _ = run(["split", mlp, "-k", "99", "--out", "out", "--force", "--cost", "static"], capfd)
+    assert code == 5 and snapshot(work) == before
+    code, _, err = run(["split", mlp, "-k", "2", "--out", "out", "--force", "--cost", "static"], capfd)
+    assert code == 0, err
+    assert sorted(p.name for p in old.iterdir()) == ["manifest.json", "stage_0.onnx", "stage_1.onnx"]
+    assert sorted(p.name for p in work.iterdir()) == ["out"]
+    no_leftovers(work)
+
+
+def test_empty_output_folder_is_used(mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    (work / "out").mkdir()
+    code, _, err = run(["split", mlp, "-k", "2", "--out", "out", "--cost", "static"], capfd)
+    assert code == 0, err
+    assert (work / "out" / "manifest.json").is_file()
+
+
+def test_output_that_is_a_file_exits_6(mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    (work / "out").write_text("a file")
+    code, _, err = run(["split", mlp, "-k", "2", "--out", "out", "--cost", "static", "--force"], capfd)
+    assert code == 6
+    assert "is not a folder" in one_line_error(err, "split")
+    assert (work / "out").read_text() == "a file"
+    no_leftovers(work)
+
+
+def test_missing_parents_are_created(mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["split", mlp, "-k", "2", "--out", "a/b/c", "--cost", "static"], capfd)
+    assert code == 0, err
+    assert (work / "a" / "b" / "c" / "manifest.json").is_file()
+
+
+def test_split_into_the_current_empty_folder(
+    mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: the cwd used to be renamed away, then verify read 'manifest.json' from the deleted cwd."""
+    code, _, err = run(["split", mlp, "-k", "2", "--out", ".", "--cost", "static"], capfd)
+    assert (work / "manifest.json").is_file()
+    assert code == 0, err
+    assert sorted(p.name for p in work.iterdir()) == ["manifest.json", "stage_0.onnx", "stage_1.onnx"]
+
+
+def test_profile_output_that_exists_exits_2(mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    (work / "p.json").write_text("old")
+    code, out, err = run(["profile", mlp, "--out", "p.json", "--cost", "static"], capfd)
+    assert code == 2 and out == ""
+    assert "p.json: exists" in one_line_error(err, "profile")
+    assert (work / "p.json").read_text() == "old"
+    code, _, _ = run(["profile", mlp, "--out", "p.json", "--cost", "static", "--force"], capfd)
+    assert code == 0 and onnxpipe.Profile.load(work / "p.json").source == "static"
+
+
+# --------------------------------------------------------------------------------------------------
+# profiles
+
+
+def test_profile_of_another_model_exits_4(
+    mlp: Path, sample_models_dir: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    assert run(["profile", mlp, "--out", "mlp.json", "--cost", "static"], capfd)[0] == 0
+    before = snapshot(work)
+    other = sample_models_dir / "resnet_tiny.onnx"
+    code, out, err = run(["split", other, "-k", "2", "--out", "out", "--profile", "mlp.json"], capfd)
+    assert code == 4 and out == ""
+    line = one_line_error(err, "split")
+    assert "mlp.json was made for model mlp.onnx" in line and "resnet_tiny.onnx" in line
+    assert snapshot(work) == before
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[]", "expected a JSON object"),
+        ('{"schema_version": 99}', "schema_version 99"),
+        (None, "cannot read the profile"),
+    ],
+)
+def test_unreadable_profile_exits_4(
+    content: str | None, says: str, mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    if content is not None:
+        (work / "p.json").write_text(content)
+    code, out, err = run(["split", mlp, "-k", "2", "--out", "out", "--profile", "p.json"], capfd)
+    assert code == 4 and out == ""
+    line = one_line_error(err, "split")
+    assert "p.json" in line and says in line
+    assert not (work / "out").exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# split folders that changed or never were
+
+
+@pytest.fixture
+def done(mlp: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "done"
+    split_ok(mlp, out, 3)
+    return out
+
+
+def test_stage_changed_after_export_exits_7(done: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    with (done / "stage_1.onnx").open("ab") as f:
+        f.write(b"\0")
+    code, out, err = run(["verify", done], capfd)
+    assert code == 7 and out == ""
+    line = one_line_error(err, "verify")
+    assert "stage 1 file stage_1.onnx changed after export (sha256 mismatch)" in line
+    # inspect only reads the manifest, so it still lists the stages
+    assert run(["inspect", done], capfd)[0] == 0
+
+
+def test_missing_stage_file_exits_7(done: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    (done / "stage_2.onnx").unlink()
+    code, _, err = run(["verify", done], capfd)
+    assert code == 7 and "stage 2 file stage_2.onnx is missing" in one_line_error(err, "verify")
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda m: "{truncated", "not valid JSON"),
+        (lambda m: json.dumps({**m, "schema_version": 2}), "schema_version"),
+        (lambda m: json.dumps({k: v for k, v in m.items() if k != "stages"}), "stages"),
+        (
+            lambda m: json.dumps(
+                {**m, "stages": [{**m["stages"][0], "file": "../x.onnx"}, *m["stages"][1:]]}
+            ),
+            "file",
+        ),
+    ],
+    ids=["not-json", "schema", "no-stages", "file-outside"],
+)
+@pytest.mark.parametrize("command", ["verify", "inspect"])
+def test_malformed_manifest_exits_7(
+    edit: object, says: str, command: str, done: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    manifest = json.loads((done / "manifest.json").read_text())
+    (done / "manifest.json").write_text(edit(manifest))  # type: ignore[operator]
+    code, out, err = run([command, done], capfd)
+    assert code == 7 and out == ""
+    line = one_line_error(err, command)
+    assert "manifest.json" in line and says in line
+
+
+@pytest.mark.parametrize("command", ["verify", "inspect"])
+def test_folder_without_manifest_exits_7(command: str, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    (work / "empty").mkdir()
+    code, _, err = run([command, "empty"], capfd)
+    assert code == 7 and "manifest.json: no such file" in one_line_error(err, command)
+
+
+def test_verify_of_a_missing_folder_exits_7(work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["verify", "nowhere"], capfd)
+    assert code == 7 and "nowhere: no such folder" in one_line_error(err, "verify")
+
+
+def test_verify_with_another_model_exits_7(
+    done: Path, sample_models_dir: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(["verify", done, "--model", sample_models_dir / "resnet_tiny.onnx"], capfd)
+    assert code == 7 and "is not the source sha256" in one_line_error(err, "verify")
+
+
+def test_verify_with_a_missing_model_exits_2(
+    done: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(["verify", done, "--model", tmp_path / "gone.onnx"], capfd)
+    assert code == 2 and "gone.onnx: no such model file" in one_line_error(err, "verify")
+
+
+def test_wrong_results_exit_1(done: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A stage that computes something else (its hash re-recorded) is a mismatch, not an error."""
+    path = done / "stage_0.onnx"
+    model = onnx.load(str(path))
+    weight = max(model.graph.initializer, key=lambda t: int(np.prod(t.dims)))
+    values = numpy_helper.to_array(weight).copy()
+    values += 1.0
+    weight.CopyFrom(numpy_helper.from_array(values, weight.name))
+    onnx.save_model(model, str(path))
+    rehash(done, 0)
+    code, out, err = run(["verify", done], capfd)
+    assert code == 1 and err == ""
+    assert "y: MISMATCH" in out and "DO NOT match" in out
+
+
+def test_stage_failing_at_run_time_exits_8(done: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A stage whose declared input shape no longer fits what the previous stage sends."""
+    path = done / "stage_1.onnx"
+    model = onnx.load(str(path))
+    dim = model.graph.input[0].type.tensor_type.shape.dim[-1]
+    dim.ClearField("dim_param")
+    dim.dim_value = 999
+    onnx.save_model(model, str(path))
+    rehash(done, 1)
+    code, out, err = run(["verify", done], capfd)
+    assert code == 8 and out == ""
+    line = one_line_error(err, "verify")
+    assert "stage_1.onnx: stage 1 " in line
+
+
+# --------------------------------------------------------------------------------------------------
+# interruption
+
+
+@pytest.mark.parametrize("old", [False, True])
+def test_interrupt_exits_130_and_leaves_nothing_half_written(
+    old: bool, mlp: Path, work: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if old:
+        (work / "out").mkdir()
+        (work / "out" / "keep.txt").write_text("old run")
+    before = snapshot(work)
+    real_save = onnx.save_model
+    calls = []
+
+    def save_then_interrupt(*args: object, **kwargs: object) -> None:
+        calls.append(args)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real_save(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(onnx, "save_model", save_then_interrupt)
+    args = ["split", mlp, "-k", "3", "--out", "out", "--cost", "static"] + (["--force"] if old else [])
+    code, _, err = run(args, capfd)
+    assert code == 130 and len(calls) == 2
+    assert err.strip() == "onnxpipe split: interrupted"
+    assert snapshot(work) == before
+    no_leftovers(work)
+    assert sorted(p.name for p in work.iterdir()) == (["out"] if old else [])
+
+
+def test_no_command_is_a_usage_error(capfd: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run([], capfd)
+    assert code == 2 and "required: COMMAND" in err.strip().splitlines()[-1]
+
+
+def test_repeated_runs_write_identical_stages(
+    mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Two CLI runs in one process are independent (no global state) and deterministic: same stage bytes."""
+    for name in ("a", "b"):
+        assert run(["split", mlp, "-k", "3", "--out", name, "--cost", "static"], capfd)[0] == 0
+    a, b = snapshot(work / "a"), snapshot(work / "b")
+    assert a.keys() == b.keys()
+    for key in a:
+        if key.endswith(".onnx"):
+            assert a[key] == b[key], key
+
+
+def custom_op_model() -> onnx.ModelProto:
+    """Valid for the checker (unknown domains are not checked) but onnxruntime has no such op."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["h"], name="relu"),
+        helper.make_node("Foo", ["h"], ["y"], name="foo", domain="com.example"),
+    ]
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
+    return helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=opsets)
+
+
+def test_model_onnxruntime_cannot_run(work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Profiling fails with 4; a static split fails at the stage check with 6; nothing is left behind."""
+    onnx.save_model(custom_op_model(), str(work / "custom.onnx"))
+    code, out, err = run(["profile", "custom.onnx", "--out", "p.json"], capfd)
+    assert code == 4 and out == "" and "is not a registered function/op" in err
+    code, out, err = run(["split", "custom.onnx", "-k", "2", "--out", "out", "--cost", "static"], capfd)
+    assert code == 6 and out == ""
+    line = one_line_error(err, "split")
+    assert "stage 1 does not load in onnxruntime at node 'foo'" in line
+    assert sorted(p.name for p in work.iterdir()) == ["custom.onnx"]
+    no_leftovers(work)
+
+
+def test_profile_error_from_onnxruntime_is_one_line(work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Regression: onnxruntime's own logger added an '[E:onnxruntime ...] EndProfiling' line to stderr."""
+    onnx.save_model(custom_op_model(), str(work / "custom.onnx"))
+    code, _, err = run(["profile", "custom.onnx", "--out", "p.json"], capfd)
+    assert code == 4
+    one_line_error(err, "profile")
+
+
+# --------------------------------------------------------------------------------------------------
+# a write that fails half-way (a file size limit stands in for a full disk)
+
+
+def run_with_file_size_limit(limit: int, args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``onnxpipe ARGS`` in a child process that cannot write more than ``limit`` bytes to any file."""
+    code = (
+        "import resource, signal, sys\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))\n"
+        "from onnxpipe.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+needs_rlimit = pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="needs POSIX file size limits")
+
+
+@needs_rlimit
+def test_split_that_cannot_write_leaves_nothing(mlp: Path, work: Path) -> None:
+    proc = run_with_file_size_limit(
+        50_000, ["split", str(mlp), "-k", "2", "--out", "out", "--cost", "static"], work
+    )
+    assert proc.returncode == 6, proc.stderr
+    assert "cannot be written (File too large)" in one_line_error(proc.stderr, "split")
+    assert list(work.iterdir()) == []
+
+
+@needs_rlimit
+def test_profile_that_cannot_write_leaves_nothing(mlp: Path, work: Path) -> None:
+    """Regression: Profile.save wrote in place, so a failed write left a truncated profile behind."""
+    proc = run_with_file_size_limit(1000, ["profile", str(mlp), "--out", "p.json", "--cost", "static"], work)
+    assert proc.returncode == 4, proc.stderr
+    assert "cannot write the profile" in one_line_error(proc.stderr, "profile")
+    assert list(work.iterdir()) == []
+
+
+# --------------------------------------------------------------------------------------------------
+# plan: the same planning as split, printed (and drawn) instead of exported
+
+DEVICES = REPO_ROOT / "examples" / "devices"
+
+
+@pytest.fixture
+def resnet(sample_models_dir: Path) -> Path:
+    return sample_models_dir / "resnet_tiny.onnx"
+
+
+def test_plan_prints_and_writes_nothing(resnet: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["plan", resnet, "--stages", "3", "--cost", "static"], capfd)
+    assert code == 0 and err == ""
+    assert "bottleneck" in out and "lower bound" in out and "schedule stream" in out
+    assert list(work.iterdir()) == []
+
+
+def test_plan_for_a_cluster(resnet: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(
+        ["plan", resnet, "--stages", "auto", "--devices", DEVICES / "edge_1248.json", "--order", "free",
+         "--cost", "static"],
+        capfd,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "--stages auto chose" in out and "--order free tried" in out
+    code, out, err = run(
+        ["plan", resnet, "-k", "3", "--schedule", "gpipe", "--microbatches", "4", "--cost", "static"], capfd
+    )
+    assert code == 0, err
+    assert "schedule gpipe: 4 micro-batches" in out
+
+
+def test_plan_draws(resnet: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib", reason="drawing needs the plot extra")
+    code, out, err = run(["plan", resnet, "-k", "2", "--cost", "static", "--plot", "plan.svg"], capfd)
+    assert code == 0, err
+    assert (work / "plan.svg").stat().st_size > 0 and "drew plan.svg" in out
+
+
+def test_split_for_a_cluster_records_the_devices(
+    resnet: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(
+        [
+            "split",
+            resnet,
+            "-k",
+            "2",
+            "--out",
+            "out",
+            "--cost",
+            "static",
+            "--devices",
+            DEVICES / "two_cpus.json",
+        ],
+        capfd,
+    )
+    assert code == 0, err
+    manifest = onnxpipe.load_manifest(work / "out")
+    assert [s.device for s in manifest.stages] == ["cpu0", "cpu1"]
+
+
+def _devices_file(folder: Path, text: str) -> Path:
+    path = folder / "devices.json"
+    path.write_text(text)
+    return path
+
+
+ONE_DEVICE = '{"devices": [{"name": "a", "provider": "CPUExecutionProvider", "threads": 1, %s}], "links": []}'
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "says"),
+    [
+        (["--stages", "auto"], 2, "--stages auto needs --devices"),
+        (["-k", "2", "--devices", "missing.json"], 2, "missing.json: no such devices file"),
+        (["-k", "2", "--devices", "{bad"], 2, "not valid JSON"),
+        (["-k", "1", "--devices", ONE_DEVICE % '"memory": 5'], 2, "did you mean 'memory_bytes'"),
+        (["-k", "3", "--devices", str(DEVICES / "two_cpus.json")], 5, "choose --stages between 1 and 2"),
+        (["-k", "1", "--devices", ONE_DEVICE % '"memory_bytes": 10'], 5, "smallest memory that fits"),
+        (["-k", "3", "--schedule", "1f1b", "--microbatches", "4", "--batch", "2"], 2, "divisor of the batch"),
+        (["-k", "3", "--plot", "plan.txt"], 2, "give a file name ending in .png or .svg"),
+    ],
+    ids=["auto-no-devices", "no-file", "not-json", "unknown-key", "k-over-devices", "no-memory", "batch",
+         "plot-format"],
+)  # fmt: skip
+def test_plan_refusals(
+    args: list[str], code: int, says: str, resnet: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    if "--devices" in args:
+        i = args.index("--devices") + 1
+        if args[i].startswith("{"):
+            args = [*args[:i], str(_devices_file(work, args[i])), *args[i + 1 :]]
+    before = snapshot(work)
+    got, _, err = run(["plan", resnet, "--cost", "static", *args], capfd)
+    assert got == code, err
+    line = one_line_error(err, "plan", says_what_to_do=False)
+    assert says in line
+    assert snapshot(work) == before
+
+
+@pytest.mark.parametrize("ratio", ["-1", "nan", "inf"])
+def test_bad_backward_ratio_is_a_usage_error(
+    ratio: str, resnet: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(
+        ["plan", resnet, "-k", "3", "--schedule", "gpipe", "--backward-ratio", ratio, "--cost", "static"],
+        capfd,
+    )
+    assert code == 2, err
+    assert err.strip().splitlines()[-1].startswith("onnxpipe plan: error: ")
+    assert "backward" in err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("command", ["plan", "split"])
+def test_nan_bandwidth_is_a_usage_error(
+    command: str, resnet: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    extra = ["--out", "out"] if command == "split" else []
+    code, _, err = run([command, resnet, "-k", "2", "--bandwidth", "nan", "--cost", "static", *extra], capfd)
+    assert code == 2, err
+    assert err.strip().splitlines()[-1].startswith(f"onnxpipe {command}: error: argument --bandwidth")
+    assert list(work.iterdir()) == []

@@ -1,0 +1,194 @@
+"""The README's promises, run as written.
+
+* The first two lines of the first code block are the set-up contract: line 1 installs and splits a sample
+  model, line 2 installs the test extra and runs the tests.  The ``onnxpipe ...`` command of line 1 is run
+  through the installed console script in a temporary copy of the repository's files (the install itself
+  is what this virtual environment already did); line 2's extra must exist and hold what the tests import.
+* The CLI block (``split``, ``inspect``, ``verify``) runs in order in that copy.
+* The Python block runs (``exec``) in a temporary working folder, with the sample model's path adjusted,
+  and so does the one-liner ``onnxpipe.split("model.onnx", 3, "stages/")``.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import onnxpipe
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+README = REPO_ROOT / "README.md"
+
+
+def code_blocks(text: str) -> list[tuple[str, str]]:
+    """``(language, body)`` of every fenced block, in order."""
+    return [(m.group(1), m.group(2)) for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.M | re.S)]
+
+
+def setup_lines() -> list[str]:
+    _lang, body = code_blocks(README.read_text())[0]
+    lines = [line for line in body.splitlines() if line.strip()]
+    assert len(lines) >= 2, "the README's first block must hold the two set-up lines"
+    return lines[:2]
+
+
+def onnxpipe_command(line: str) -> list[str]:
+    """The ``onnxpipe ...`` part of a ``pip install ... && onnxpipe ...`` line, as argv."""
+    parts = [p.strip() for p in line.split("&&")]
+    commands = [shlex.split(p) for p in parts if p.startswith("onnxpipe ")]
+    assert len(commands) == 1, f"expected one onnxpipe command in {line!r}"
+    return commands[0]
+
+
+def console_script() -> Path:
+    script = Path(sys.executable).parent / "onnxpipe"
+    if script.is_file():
+        return script
+    found = shutil.which("onnxpipe")
+    if found is None:
+        pytest.skip("the onnxpipe console script is not installed (pip install .)")
+    return Path(found)
+
+
+@pytest.fixture
+def repo_copy(tmp_path: Path) -> Path:
+    """What a user has after cloning: the tracked files the commands read (README, sample models, docs)."""
+    copy = tmp_path / "onnxpipe"
+    copy.mkdir()
+    for name in ("README.md", "pyproject.toml"):
+        shutil.copy(REPO_ROOT / name, copy / name)
+    for folder in ("sample_models", "docs"):
+        shutil.copytree(REPO_ROOT / folder, copy / folder)
+    return copy
+
+
+def with_out(argv: list[str], out: Path) -> list[str]:
+    """``argv`` with the value of ``--out`` replaced by ``out``."""
+    i = argv.index("--out")
+    return [*argv[: i + 1], str(out), *argv[i + 2 :]]
+
+
+def test_first_line_installs_and_splits(repo_copy: Path, tmp_path: Path) -> None:
+    line = setup_lines()[0]
+    assert line.startswith("pip install . && ")
+    argv = onnxpipe_command(line)
+    assert argv[:2] == ["onnxpipe", "split"]
+    model = repo_copy / argv[2]
+    assert model.is_file(), f"the README splits {argv[2]}, which the repository does not have"
+    out = tmp_path / "stages"
+    proc = subprocess.run(
+        [str(console_script()), *with_out(argv, out)[1:]],
+        cwd=repo_copy,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    k = int(argv[argv.index("--stages") + 1])
+    assert f"wrote {k} stages" in proc.stdout
+    assert "match the original" in proc.stdout
+    manifest = onnxpipe.load_manifest(out)
+    assert manifest.k == k
+    assert onnxpipe.verify(out).ok
+    # the model path recorded in the manifest leads back to the copy's model
+    assert (out / manifest.source.path).resolve() == model.resolve()  # type: ignore[operator]
+
+
+def test_first_line_as_written_in_the_copy(repo_copy: Path) -> None:
+    """The command exactly as printed (relative ``--out stages/``) from the copy's root."""
+    argv = onnxpipe_command(setup_lines()[0])
+    proc = subprocess.run(
+        [str(console_script()), *argv[1:]], cwd=repo_copy, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = repo_copy / argv[argv.index("--out") + 1]
+    assert (out / "manifest.json").is_file()
+    assert sorted(p.name for p in repo_copy.iterdir()) == sorted(
+        ["README.md", "pyproject.toml", "sample_models", "docs", out.name]
+    )
+
+
+def _imported_top_level_modules(folder: Path) -> set[str]:
+    names: set[str] = set()
+    for path in folder.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module.split(".")[0])
+    return names
+
+
+def test_second_line_installs_what_the_tests_need() -> None:
+    line = setup_lines()[1]
+    assert line == "pip install '.[test]' && pytest"
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    requirement = re.compile(r"^([A-Za-z0-9_.-]+)")
+    dists = {requirement.match(r).group(1).lower() for r in project["dependencies"]}  # type: ignore[union-attr]
+    dists |= {requirement.match(r).group(1).lower() for r in project["optional-dependencies"]["test"]}  # type: ignore[union-attr]
+    assert "pytest" in dists
+    # third-party modules the tests import must come with the install (module name -> distribution)
+    dist_of = {"yaml": "pyyaml", "google": "protobuf", "numpy": "numpy"}
+    provided_by_deps = {"google", "numpy"}  # protobuf arrives with onnx
+    stdlib = set(sys.stdlib_module_names)
+    local = {"onnxpipe", "tools", "tests", "benchmarks"} | {
+        p.stem for p in (REPO_ROOT / "tests").glob("*.py")
+    }
+    imported = _imported_top_level_modules(REPO_ROOT / "tests") - stdlib - local - provided_by_deps
+    # the optional extras (ray, plotting) are imported behind importorskip: allowed to be absent
+    optional = {d.lower() for extra in project["optional-dependencies"].values() for d in extra}
+    optional_names = {requirement.match(d).group(1).lower() for d in optional}  # type: ignore[union-attr]
+    missing = sorted(m for m in imported if dist_of.get(m, m).replace("_", "-") not in dists | optional_names)
+    assert not missing, f"tests import {missing}, which pip install '.[test]' does not install"
+
+
+def python_block() -> str:
+    blocks = [body for lang, body in code_blocks(README.read_text()) if lang == "python"]
+    assert len(blocks) == 1, "expected one Python example in the README"
+    return blocks[0]
+
+
+def test_python_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    code = python_block()
+    sample = re.search(r'"(sample_models/[\w.]+\.onnx)"', code)
+    assert sample is not None, "the Python example names no sample model"
+    assert (REPO_ROOT / sample.group(1)).is_file()
+    code = code.replace(f'"{sample.group(1)}"', repr(str(REPO_ROOT / sample.group(1))))
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, object] = {"__name__": "readme_example"}
+    exec(compile(code, str(README), "exec"), namespace)  # the asserts in the example must hold
+    assert (tmp_path / "stages" / "manifest.json").is_file()
+    report = namespace["report"]
+    assert isinstance(report, onnxpipe.VerifyReport) and report.ok
+
+
+def test_all_at_once_one_liner_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = README.read_text()
+    m = re.search(r"`(onnxpipe\.split\([^`]*\))`", text)
+    assert m is not None, "the README's all-at-once call is gone"
+    call = m.group(1)
+    shutil.copy(REPO_ROOT / "sample_models" / "transformer_tiny.onnx", tmp_path / "model.onnx")
+    monkeypatch.chdir(tmp_path)
+    result = eval(call, {"onnxpipe": onnxpipe})
+    assert result.report is not None and result.report.ok
+    assert (tmp_path / "stages" / "manifest.json").is_file()
+
+
+def test_cli_block_runs_in_order(repo_copy: Path) -> None:
+    blocks = [body for lang, body in code_blocks(README.read_text()) if lang == ""]
+    cli = next(b for b in blocks if b.lstrip().startswith("$ onnxpipe"))
+    commands = [shlex.split(line[2:]) for line in cli.splitlines() if line.startswith("$ ")]
+    assert [c[1] for c in commands] == ["split", "inspect", "verify"]
+    for argv in commands:
+        proc = subprocess.run(
+            [str(console_script()), *argv[1:]], cwd=repo_copy, capture_output=True, text=True, timeout=300
+        )
+        assert proc.returncode == 0, f"{shlex.join(argv)}: {proc.stderr}"
