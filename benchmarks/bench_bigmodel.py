@@ -1,4 +1,4 @@
-"""Peak memory of splitting a model over 2 GB: near the largest stage plus the graph, not the model.
+"""Peak memory of splitting a model over 2 GB: the graph, not the model (nor even the largest stage).
 
 ``tools/make_large_graph.make_big_weights`` writes a MatMul chain (16 layers, two weights each) whose
 weights, ``--gb`` gigabytes in all, live in an external data file (written layer by layer).  For every K,
@@ -6,23 +6,28 @@ a fresh subprocess loads the model, partitions it (static costs) and exports it 
 ``--external-data auto`` (every stage gets its own ``.data`` file holding only its weights; with K=1 the
 one stage is itself over 2 GB).  It reports per phase (peak reset in between through
 ``/proc/self/clear_refs``) the seconds and the peak resident memory, and then verifies the split in
-another subprocess (the original model and the stages, one stage open at a time).
+another subprocess (the original model, then the stages one at a time).
 
-Columns: ``model`` and ``largest stage`` are weight bytes; ``export peak`` is the process's peak resident
-memory while exporting; ``above floor`` subtracts what the process held before exporting (interpreter,
-libraries, the loaded graph: the "graph" part); the two ratios divide that by the model and by the
-largest stage.  Results go to ``benchmarks/results/bigmodel.json``.
+Stage weights are copied from the source's weights file into each stage's own file in 16 MiB chunks
+(:mod:`onnxpipe.weightfile`), so the export's memory does not grow with the model; its time is mostly
+the disk's (the page cache is flushed before each run).  Columns: ``model`` and ``largest stage`` are
+weight bytes; ``export peak`` is the process's peak resident memory while exporting; ``above floor``
+subtracts what the process held before exporting (interpreter, libraries, the loaded graph); the two
+ratios divide that by the model and by the largest stage.  ``verify peak`` is the verification's (the
+original model, then one stage at a time, in onnxruntime); it is not representative of real weights:
+onnxruntime holds these constant-filled generated weights in far less than their size, while a model
+with random weights costs it about its size.  Results go to ``benchmarks/results/bigmodel.json``.
 
     python benchmarks/bench_bigmodel.py [--gb 0.5 2.5] [--k 1 2 4 8] [--keep DIR]
 
-Needs about 3x the model size of free disk (model, one split at a time) and RAM for the largest stage
-twice over (export, then onnxruntime opening the stage to check it).
+Needs about 3x the model size of free disk (the model, one split at a time).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -83,7 +88,7 @@ print("RESULT " + json.dumps(result))
 """
 
 VERIFY = """
-from onnxpipe.verify import verify
+from onnxpipe.verification import verify
 
 report = phase("verify", lambda: verify(sys.argv[1]))
 result["verify_ok"] = report.ok
@@ -92,6 +97,7 @@ print("RESULT " + json.dumps(result))
 
 
 def child(code: str, *args: str) -> dict[str, Any]:
+    os.sync()  # the previous run's dirty pages must not throttle this one's writes
     proc = subprocess.run(
         [sys.executable, "-c", CHILD_PRELUDE + code, *args], capture_output=True, text=True, check=False
     )

@@ -6,7 +6,13 @@ dominating.  For each ``n`` and ``K`` the best of ``--repeats`` wall-clock times
 :func:`onnxpipe.partition.solve` and, where affordable (``n <= --ref-max-n``), for the reference DP, whose
 answer must be identical.  Prints a table and writes ``benchmarks/results/partition_speed.json``.
 
+``--devices`` times :func:`onnxpipe.partition.solve_heterogeneous` on a mixed cluster instead: the first
+half of the stages on "GPUs" (MatMul-like nodes 25x faster, the rest 6x: per-device cost rows, equal for
+equal devices), the rest on the reference "CPUs", 1F1B activation memory (``min(4, K - s)`` micro-batches
+on stage ``s``) under caps 1.5x the smallest that fits; written to ``partition_speed_devices.json``.
+
     python benchmarks/bench_partition_speed.py [--sizes 1000 10000 100000] [--ks 2 4 8] [--repeats 3]
+    python benchmarks/bench_partition_speed.py --devices
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +34,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
 from onnxpipe import partition  # noqa: E402
+from onnxpipe.errors import MemoryFitError  # noqa: E402
 
 
 def instance(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, float]:
@@ -37,6 +45,28 @@ def instance(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, float]:
     cut = np.round(rng.lognormal(mean=11.0, sigma=2.0, size=n + 1))  # median ~60 kB, some many MB
     bandwidth = 10e9  # 10 GB/s: a typical cut costs a few microseconds, a big one milliseconds
     return costs, cut, bandwidth
+
+
+def device_instance(n: int, k: int, seed: int) -> dict[str, Any]:
+    """Keyword arguments of ``solve_heterogeneous`` for the ``--devices`` cluster (see the docstring)."""
+    costs, cut, bandwidth = instance(n, seed)
+    rng = np.random.default_rng(seed + 1)
+    matmul = rng.random(n) < 0.3
+    gpu = costs * np.where(matmul, 1 / 25, 1 / 6)
+    kw: dict[str, Any] = {
+        "device_costs": [gpu if s < k // 2 else costs for s in range(k)],
+        "cut_bytes": cut,
+        "bandwidths": [bandwidth] * k,
+        "item_mem": np.round(rng.lognormal(12.0, 2.0, n)),  # parameters: median ~160 kB
+        "item_act": np.round(rng.lognormal(10.0, 1.5, n)),  # activations per micro-batch
+        "act_factor": [float(min(4, k - s)) for s in range(k)],
+        "cut_mem_factor": [float(min(4, k - s)) for s in range(k)],
+    }
+    try:
+        partition.solve_heterogeneous(None, k, **{**kw, "mem_caps": [0.0] * k})
+    except MemoryFitError as e:
+        kw["mem_caps"] = [e.smallest_fit_bytes * 1.5] * k
+    return kw
 
 
 def best_time(fn: Callable[[], partition.Partition], repeats: int) -> tuple[float, partition.Partition]:
@@ -56,8 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ref-max-n", type=int, default=2000, help="largest n for the O(K n^2) reference")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "partition_speed.json")
+    ap.add_argument("--devices", action="store_true", help="mixed GPU/CPU cluster with per-device costs")
+    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    name = "partition_speed_devices.json" if args.devices else "partition_speed.json"
+    out: Path = args.out or ROOT / "benchmarks" / "results" / name
 
     rows = []
     header = (
@@ -68,14 +101,19 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.sizes:
         costs, cut, bw = instance(n, args.seed + n)
         for k in args.ks:
-            fast_s, fast = best_time(
-                functools.partial(partition.solve, costs, k, cut_bytes=cut, bandwidth=bw), args.repeats
-            )
+            fast_fn: Callable[[], partition.Partition]
+            ref_fn: Callable[[], partition.Partition]
+            if args.devices:
+                kw = device_instance(n, k, args.seed + n)
+                fast_fn = functools.partial(partition.solve_heterogeneous, None, k, **kw)
+                ref_fn = functools.partial(partition._reference_solve_heterogeneous, None, k, **kw)
+            else:
+                fast_fn = functools.partial(partition.solve, costs, k, cut_bytes=cut, bandwidth=bw)
+                ref_fn = functools.partial(partition._reference_solve, costs, k, cut_bytes=cut, bandwidth=bw)
+            fast_s, fast = best_time(fast_fn, args.repeats)
             ref_s = None
             if n <= args.ref_max_n:
-                ref_s, ref = best_time(
-                    functools.partial(partition._reference_solve, costs, k, cut_bytes=cut, bandwidth=bw), 1
-                )
+                ref_s, ref = best_time(ref_fn, 1)
                 if ref != fast:
                     raise SystemExit(f"n={n} K={k}: solver and reference disagree: {fast} vs {ref}")
             speedup = None if ref_s is None else ref_s / fast_s
@@ -95,11 +133,18 @@ def main(argv: list[str] | None = None) -> int:
             sp_txt = "-" if speedup is None else f"{speedup:.0f}x"
             print(f"{n:>8} {k:>3} {fast_s:>11.4f} {ref_txt:>12} {sp_txt:>13} {fast.ratio:>12.4f}", flush=True)
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    solver = "solve_heterogeneous (device_costs, activation memory)" if args.devices else "solve"
+    instance_text = "lognormal(-9, 1.5) s node costs (20% scaled by 1e-3), lognormal(11, 2) B cuts, 10 GB/s"
+    if args.devices:
+        instance_text += (
+            "; first K//2 stages on GPUs (30% of nodes 25x faster, the rest 6x), the rest on CPUs; 1F1B "
+            "activation memory min(4, K - s), caps 1.5x the smallest uniform cap that fits"
+        )
     doc = {
-        "benchmark": "partition_speed",
-        "description": "best-of-repeats wall time of onnxpipe.partition.solve vs the O(K n^2) reference DP",
-        "instance": "lognormal(-9, 1.5) s node costs (20% scaled by 1e-3), lognormal(11, 2) B cuts, 10 GB/s",
+        "benchmark": "partition_speed_devices" if args.devices else "partition_speed",
+        "description": f"best-of-repeats wall time of onnxpipe.partition.{solver} vs the O(K n^2) reference",
+        "instance": instance_text,
         "seed": args.seed,
         "repeats": args.repeats,
         "python": platform.python_version(),
@@ -108,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         "processor": platform.processor() or platform.machine(),
         "rows": rows,
     }
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
     return 0
 
 

@@ -11,7 +11,7 @@ each phase and reads its own peak resident memory per phase (``VmHWM``, reset be
 * ``partition``: :func:`onnxpipe.plan.make_plan` (the exact partitioner) into K stages;
 * ``export``: :func:`onnxpipe.export.export_stages` (build, write, ``onnx.checker`` and an onnxruntime
   load of every stage, manifest);
-* ``verify``: :func:`onnxpipe.verify.verify` (the model and the chained stages in onnxruntime at deployment
+* ``verify``: :func:`onnxpipe.verification.verify` (the model and the chained stages in onnxruntime at deployment
   settings, one random input), reported apart: it is not part of splitting.
 
 The table gives seconds per phase, their sum without ``verify``, microseconds per node (flat when the
@@ -59,7 +59,7 @@ CHILD = textwrap.dedent(
     from onnxpipe.export import export_stages
     from onnxpipe.model import load_model
     from onnxpipe.plan import make_plan
-    from onnxpipe.verify import verify
+    from onnxpipe.verification import verify
 
     model, out, k, run_verify = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
     result = {{"floor_bytes": status("VmRSS")}}

@@ -1,36 +1,60 @@
 """onnxpipe: split one ONNX model into a balanced pipeline of stage models.
 
-The public API is this module's ``__all__``; everything else is private and may change.
+The public API is this module's ``__all__``; everything else is private and may change.  Names are
+imported on first use (PEP 562), so ``import onnxpipe`` is cheap: every pipeline worker process imports
+the package, and most of them need only the runtime.  A public name never equals a submodule's name:
+importing a submodule sets the package attribute of its name, which would hide a function so named.
 
 >>> import onnxpipe
->>> sorted(onnxpipe.__all__)[:3]
-['Manifest', 'ModelView', 'OnnxpipeError']
+>>> "split" in onnxpipe.__all__
+True
 """
 
-from onnxpipe.api import SplitResult, get_profile, split
-from onnxpipe.costs import static_profile
-from onnxpipe.errors import (
-    ExportError,
-    ManifestError,
-    MemoryFitError,
-    ModelLoadError,
-    OnnxpipeError,
-    PartitionError,
-    ProfileError,
-    UsageError,
-    VerificationError,
-)
-from onnxpipe.export import export_stages
-from onnxpipe.manifest import Manifest, load_manifest
-from onnxpipe.model import ModelView, load_model
-from onnxpipe.partition import Partition, solve
-from onnxpipe.plan import Plan, StageSpec, make_plan
-from onnxpipe.profile import Profile, profile_model
-from onnxpipe.verify import VerifyReport, verify
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+_EXPORTS: dict[str, str] = {
+    "SplitResult": "onnxpipe.api",
+    "get_profile": "onnxpipe.api",
+    "split": "onnxpipe.api",
+    "static_profile": "onnxpipe.costs",
+    "ExportError": "onnxpipe.errors",
+    "ManifestError": "onnxpipe.errors",
+    "MemoryFitError": "onnxpipe.errors",
+    "ModelLoadError": "onnxpipe.errors",
+    "OnnxpipeError": "onnxpipe.errors",
+    "PartitionError": "onnxpipe.errors",
+    "ProfileError": "onnxpipe.errors",
+    "RuntimeStageError": "onnxpipe.errors",
+    "UsageError": "onnxpipe.errors",
+    "VerificationError": "onnxpipe.errors",
+    "export_stages": "onnxpipe.export",
+    "Manifest": "onnxpipe.manifest",
+    "load_manifest": "onnxpipe.manifest",
+    "ModelView": "onnxpipe.model",
+    "load_model": "onnxpipe.model",
+    "Partition": "onnxpipe.partition",
+    "solve": "onnxpipe.partition",
+    "Plan": "onnxpipe.plan",
+    "StageSpec": "onnxpipe.plan",
+    "make_plan": "onnxpipe.plan",
+    "ScheduleRequest": "onnxpipe.planner",
+    "plan_pipeline": "onnxpipe.planner",
+    "Profile": "onnxpipe.profile",
+    "profile_model": "onnxpipe.profile",
+    "Pipeline": "onnxpipe.runtime",
+    "VerifyReport": "onnxpipe.verification",
+    "verify": "onnxpipe.verification",
+    "Cluster": "onnxpipe.cluster",
+    "load_cluster": "onnxpipe.cluster",
+}
+
 __all__ = [
+    "Cluster",
     "ExportError",
     "Manifest",
     "ManifestError",
@@ -40,9 +64,12 @@ __all__ = [
     "OnnxpipeError",
     "Partition",
     "PartitionError",
+    "Pipeline",
     "Plan",
     "Profile",
     "ProfileError",
+    "RuntimeStageError",
+    "ScheduleRequest",
     "SplitResult",
     "StageSpec",
     "UsageError",
@@ -51,12 +78,54 @@ __all__ = [
     "__version__",
     "export_stages",
     "get_profile",
+    "load_cluster",
     "load_manifest",
     "load_model",
     "make_plan",
+    "plan_pipeline",
     "profile_model",
     "solve",
     "split",
     "static_profile",
     "verify",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'onnxpipe' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:
+    from onnxpipe.api import SplitResult, get_profile, split
+    from onnxpipe.cluster import Cluster, load_cluster
+    from onnxpipe.costs import static_profile
+    from onnxpipe.errors import (
+        ExportError,
+        ManifestError,
+        MemoryFitError,
+        ModelLoadError,
+        OnnxpipeError,
+        PartitionError,
+        ProfileError,
+        RuntimeStageError,
+        UsageError,
+        VerificationError,
+    )
+    from onnxpipe.export import export_stages
+    from onnxpipe.manifest import Manifest, load_manifest
+    from onnxpipe.model import ModelView, load_model
+    from onnxpipe.partition import Partition, solve
+    from onnxpipe.plan import Plan, StageSpec, make_plan
+    from onnxpipe.planner import ScheduleRequest, plan_pipeline
+    from onnxpipe.profile import Profile, profile_model
+    from onnxpipe.runtime import Pipeline
+    from onnxpipe.verification import VerifyReport, verify

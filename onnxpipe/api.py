@@ -21,7 +21,7 @@ from onnxpipe.model import ModelView, load_model
 from onnxpipe.plan import Plan, make_plan
 from onnxpipe.planner import ScheduleRequest, plan_pipeline
 from onnxpipe.profile import Profile, profile_model
-from onnxpipe.verify import VerifyReport, verify
+from onnxpipe.verification import VerifyReport, verify
 
 COST_SOURCES = ("profile", "static")
 

@@ -31,9 +31,12 @@ from onnxpipe.feeds import random_feeds, resolve_input_shapes
 from onnxpipe.manifest import Shape
 from onnxpipe.model import ModelView, TensorInfo, dtype_name
 from onnxpipe.plan import StageSpec
+from onnxpipe.weightfile import externalize, is_external, stored_tensors
 
 BuildStage = Callable[[StageSpec, bool, frozenset[str]], onnx.ModelProto]
-"""``build(spec, weights, untyped)``: the stage as a model, with ``untyped`` outputs left without a type."""
+"""``build(spec, weights, untyped)``: the stage as a model, with ``untyped`` outputs left without a type;
+with weights, those the source keeps in external files may stay there (see
+:meth:`onnxpipe.stagebuild.StageBuilder.build`'s ``keep_external``)."""
 
 PROTOBUF_LIMIT = 2_000_000_000
 
@@ -128,13 +131,17 @@ class BoundaryTypes:
         probe_dir = Path(tempfile.mkdtemp(prefix="probe-", dir=scratch))
         unsure: set[str] = set()
         try:
-            if serialized_size(probe) < PROTOBUF_LIMIT:
+            if (
+                not any(is_external(t) for t in stored_tensors(probe))
+                and serialized_size(probe) < PROTOBUF_LIMIT
+            ):
                 session = ort.InferenceSession(
                     probe.SerializeToString(), options, providers=["CPUExecutionProvider"]
                 )
-            else:
+            else:  # weights still in the source's files, or too big for one protobuf: through a file
                 path = probe_dir / "probe.onnx"
-                onnx.save_model(probe, str(path), save_as_external_data=True, location="probe.data")
+                externalize(probe, probe_dir / "probe.data", self.view.base_dir, 1024)
+                onnx.save_model(probe, str(path))
                 session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
             del probe
             for o in session.get_outputs():

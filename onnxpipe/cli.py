@@ -20,8 +20,9 @@ from onnxpipe.feeds import parse_shape_overrides
 from onnxpipe.manifest import load_manifest
 from onnxpipe.model import load_model
 from onnxpipe.planner import SCHEDULE_CHOICES, ScheduleRequest, draw_plan
+from onnxpipe.runtime.cli import add_run_arguments, run_command
 from onnxpipe.tables import format_manifest_table, format_model_table, format_plan_table
-from onnxpipe.verify import VerifyReport, verify
+from onnxpipe.verification import VerifyReport, verify
 
 
 def _positive_int(text: str) -> int:
@@ -161,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--seed", type=int, default=0)
     _add_shape_arg(v)
 
+    r = sub.add_parser("run", help="run a split folder as a pipeline and measure it")
+    add_run_arguments(r)
+
     i = sub.add_parser("inspect", help="print a table of a split folder's stages, or of a model")
     i.add_argument("target", type=Path, help="a folder written by 'onnxpipe split', or an .onnx model")
     return parser
@@ -297,6 +301,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {
+    "run": run_command,
     "profile": _cmd_profile,
     "plan": _cmd_plan,
     "split": _cmd_split,

@@ -1,10 +1,13 @@
 """Write a :class:`~onnxpipe.plan.Plan` as one valid ONNX file per stage, plus ``manifest.json``.
 
 One pass over the already loaded model (:mod:`onnxpipe.stagebuild` copies each stage out of
-``view.proto``; :mod:`onnxpipe.boundary` settles the types of the tensors between stages).  Weights kept
-in external files are read one tensor at a time while their stage is built, and a stage is released
-before the next one is built, so memory holds about the graph plus the largest stage.  Each stage is
-checked with ``onnx.checker`` and opened in onnxruntime before the export counts as done.
+``view.proto``; :mod:`onnxpipe.boundary` settles the types of the tensors between stages).  A stage
+written with external data (``always``; ``auto`` for a source whose weights are in external files, or a
+stage over ~1.8 GB) gets its weights copied into its own ``.data`` file in chunks, straight from the
+source's files (:mod:`onnxpipe.weightfile`): memory holds the graph, whatever the size of the model.  An
+inline stage is built with its weights and released before the next, so memory holds the graph plus
+one stage.  Each stage is checked with ``onnx.checker`` and opened in onnxruntime before the export
+counts as done.
 
 The folder appears atomically (:mod:`onnxpipe.outdir`): a failure at any step leaves the user's old
 folder as it was and no half-written one behind.
@@ -257,7 +260,7 @@ class _StageWriter:
         )
 
     def _build(self, spec: StageSpec, weights: bool, untyped: frozenset[str]) -> onnx.ModelProto:
-        return self.builder.build(spec, weights=weights, untyped=untyped)
+        return self.builder.build(spec, weights=weights, untyped=untyped, keep_external=True)
 
     def check_sizes(self, specs: Sequence[StageSpec]) -> None:
         """With ``external_data="never"``, refuse a stage whose weights alone pass protobuf's limit

@@ -108,6 +108,7 @@ class ModelView:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     initializers: Mapping[str, int]
+    weights: Mapping[str, int]
     producer: Mapping[str, int]
     consumers: Mapping[str, tuple[int, ...]]
     proto: onnx.ModelProto = field(repr=False, compare=False)
@@ -128,7 +129,8 @@ class ModelView:
 
     @property
     def param_bytes(self) -> int:
-        return sum(self.initializers.values())
+        """Bytes of every weight: initializers and the tensors cheap constant nodes make."""
+        return sum(self.weights.values())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -273,7 +275,12 @@ def view_from_proto(
         raw.append((node, ins, outer, outs))
 
     constant_idx = _constant_nodes(raw, init_bytes, tensors)
-    free = set(init_bytes) | {o for i in constant_idx for o in raw[i][3]}
+    # weights: initializers and constant-node outputs (old exporters build weights with ConstantOfShape)
+    weights = dict(init_bytes)
+    for i in constant_idx:
+        for o in raw[i][3]:
+            weights[o] = max(0, tensors[o].nbytes()) if o in tensors else 0
+    free = set(weights)
     order = _choose_order(raw, set(init_bytes), free, inputs, outputs, tensors)
 
     nodes: list[NodeInfo] = []
@@ -282,7 +289,7 @@ def view_from_proto(
     for pos, idx in enumerate(order):
         node, ins, outer, outs = raw[idx]
         reads = ins + tuple(t for t in outer if t not in ins)
-        pbytes = sum(init_bytes.get(t, 0) for t in dict.fromkeys(reads))
+        pbytes = sum(weights.get(t, 0) for t in dict.fromkeys(reads))
         nodes.append(
             NodeInfo(
                 position=pos,
@@ -311,6 +318,7 @@ def view_from_proto(
         inputs=inputs,
         outputs=outputs,
         initializers=MappingProxyType(init_bytes),
+        weights=MappingProxyType(weights),
         producer=MappingProxyType(producer),
         consumers=MappingProxyType({k: tuple(v) for k, v in consumers.items()}),
         proto=proto,

@@ -10,14 +10,17 @@ Objective
 ---------
 Stage ``s`` running on a device of speed ``speed[s]`` fed by a link of ``bandwidth[s]`` and ``latency[s]``::
 
-    compute_s  = (P[b_{s+1}] - P[b_s]) / speed[s]           P = prefix sums of the costs
+    compute_s  = (P_s[b_{s+1}] - P_s[b_s]) / speed[s]       P_s = prefix sums of stage s's item costs
     transfer_s = cut_bytes[b_s] / bandwidth[s] + latency[s]  (0 for s = 0)
     cost_s     = compute_s + transfer_s        when transfers do not overlap compute
                = max(compute_s, transfer_s)    when they do (the link is its own pipeline resource)
 
-and the bottleneck ``max_s cost_s`` is minimised *exactly*.  The homogeneous issue (:func:`solve`) is the
-special case ``speed = 1``, one bandwidth, no latency, no overlap.  Optional memory limits require
-``sum(item_mem in stage) + cut_mem_factor[s] * cut_bytes[b_s] <= mem_cap[s]``.
+and the bottleneck ``max_s cost_s`` is minimised *exactly*.  The item costs are one row shared by every
+stage (``costs``, with ``speeds``), or one row per stage (``device_costs``: item ``i``'s time on the device
+of stage ``s``; speeds are then 1).  The homogeneous issue (:func:`solve`) is the special case of one row,
+``speed = 1``, one bandwidth, no latency, no overlap.  Optional memory limits require
+``sum(item_mem in stage) + act_factor[s] * sum(item_act in stage) + cut_mem_factor[s] * cut_bytes[b_s]
+<= mem_cap[s]`` (the first two summed per item, as prefix sums of ``item_mem + act_factor[s] * item_act``).
 
 Tie-break: among splits whose bottleneck is within ``TIE_RTOL`` (relative 1e-9) of the optimum, the one
 with the fewest bytes crossing cuts wins; when the tolerance saves no byte, an exactly optimal split is
@@ -51,21 +54,25 @@ for 1D partitioning", JPDC 2004), adapted to stage costs that depend on where a 
   the lower bound; then ``B`` bisects ``[lo, hi]``, except that once the interval spans only a few snap
   distances the next probe asks directly "anything below ``hi``?", which usually ends the search.
 * **Pruning.**  A start ``a`` of stage ``s`` is dropped when even perfect balancing could not fit the
-  rest, ``P[n] - P[a] > B * sum(speed[s:])`` (with a 1e-12 margin against rounding).  Dropped starts feed
-  the lower-bound snap with the ``B`` at which they would come back, which keeps the argument above
-  valid.  When the optimum is close to the average load only a narrow band of positions survives per
-  layer; when one huge item dictates the optimum the bands stay wide (every split is nearly as good).
+  rest, ``P[n] - P[a] > B * sum(speed[s:])`` (with a 1e-12 margin against rounding); with per-stage rows,
+  when the weighted work bound of the fractional-assignment LP over the stages left exceeds ``B``
+  (:attr:`_Model.relaxation`).  Dropped starts feed the lower-bound snap with the ``B`` at which they
+  would come back, which keeps the argument above valid.  When the optimum is close to the average load
+  only a narrow band of positions survives per layer; when one huge item dictates the optimum the bands
+  stay wide (every split is nearly as good).
 * **Tie-break.**  A second layered pass minimises total cut bytes over splits whose stages all cost
   ``<= threshold``: each layer is a "minimum over the intervals covering each position" problem, solved
   with a sparse-table decomposition over packed ``(bytes, position)`` keys, ``O(n log n)`` per layer.
-* **Memory.**  Memory limits only shorten ``r``.  Minimising the largest stage memory is the same problem
-  (prefix sums of ``item_mem``, "transfer" ``cut_mem_factor * cut_bytes``), so when no split fits the
-  caps the same engine computes the smallest uniform cap that would, exactly, for the error message.
+* **Memory.**  Memory limits only shorten ``r`` (a stage's memory grows with its end, whatever the
+  per-stage factors).  Minimising the largest stage memory is the same problem (per-stage rows
+  ``item_mem + act_factor[s] * item_act``, "transfer" ``cut_mem_factor * cut_bytes``), so when no split
+  fits the caps the same engine computes the smallest uniform cap that would, exactly, for the error.
 
 Cost: ``O(K w log n)`` per probe where ``w <= n`` is the band width, and a dozen or two probes.  Stages
-with identical parameters share their ``r`` arrays, so the homogeneous mode pays ``searchsorted`` once per
-probe, not ``K`` times.  A plain ``O(K n^2)`` dynamic programme with the same cost formula and tie rules
-(:func:`_reference_solve`, :func:`_reference_solve_heterogeneous`) is kept as the test oracle.
+with identical parameters (equal cost rows included: they are detected and stored once) share their ``r``
+arrays, so the homogeneous mode pays ``searchsorted`` once per probe, not ``K`` times.  A plain
+``O(K n^2)`` dynamic programme with the same cost formula and tie rules (:func:`_reference_solve`,
+:func:`_reference_solve_heterogeneous`) is kept as the test oracle.
 """
 
 from __future__ import annotations
@@ -82,7 +89,7 @@ from numpy.typing import NDArray
 
 from onnxpipe.errors import MemoryFitError, PartitionError
 
-__all__ = ["TIE_RTOL", "Partition", "evaluate", "solve", "solve_heterogeneous"]
+__all__ = ["TIE_RTOL", "Partition", "evaluate", "evaluate_heterogeneous", "solve", "solve_heterogeneous"]
 
 TIE_RTOL = 1e-9
 """Partitions whose bottleneck is within this relative distance of the optimum count as optimal when the
@@ -91,6 +98,7 @@ tie-break on cut bytes is applied."""
 _PRUNE_MARGIN = 1e-12  # relative slack that makes the work-based pruning immune to rounding
 _BIG = np.iinfo(np.intp).max
 _ENDGAME = 16.0  # try 'anything better than hi?' once [lo, hi] spans <= 16 snap gaps (tuned)
+_DUAL_SAMPLE = 8192  # items the lower-bound weight search looks at (evenly spaced), at most
 
 FloatArr = NDArray[np.float64]
 IntArr = NDArray[np.intp]
@@ -112,7 +120,7 @@ class Partition:
     bounds: tuple[int, ...]
     """``K + 1`` positions ``0 = b_0 < ... < b_K = n``; stage ``s`` holds items ``[b_s, b_{s+1})``."""
     compute: tuple[float, ...]
-    """Per-stage compute time after speed scaling."""
+    """Per-stage compute time (after speed scaling; or the sum of the stage's ``device_costs`` row)."""
     transfer: tuple[float, ...]
     """Per-stage transfer-in time (bytes / bandwidth + latency); 0 for stage 0."""
     stage_costs: tuple[float, ...]
@@ -120,8 +128,10 @@ class Partition:
     bottleneck: float
     """``max(stage_costs)``: the pipeline's steady-state time per micro-batch."""
     lower_bound: float
-    """A bound no partition can beat (average load, largest item, largest latency), clamped to
-    ``bottleneck`` so that float rounding of the prefix sums can never make it exceed the optimum."""
+    """A bound no partition can beat (work spread over the devices, largest item, largest latency),
+    clamped to ``bottleneck`` so that float rounding of the prefix sums can never make it exceed the
+    optimum.  The work bound is the total over the total speed, or, with ``device_costs``, a bound of
+    the fractional-assignment LP (see :func:`solve_heterogeneous`)."""
     cut_bytes_total: int
     """Sum of ``cut_bytes[b_s]`` over the K-1 internal cuts."""
 
@@ -152,6 +162,45 @@ class Partition:
 # Internal model: one canonical cost formula shared by the solver, the reference and the report
 # ----------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
+class _Work:
+    """Per-item amounts of every stage (compute time, or memory), each distinct row stored once.
+
+    Stage ``s`` uses row ``of[s]``; stages whose rows are equal share one row (and one prefix array), which
+    is what lets the engine share its ``r`` arrays between identical stages.
+    """
+
+    rows: FloatArr  # (r, n): the distinct rows
+    prefix: tuple[FloatArr, ...]  # r correctly rounded prefix sums, len n+1 each
+    of: tuple[int, ...]  # len k: the row of each stage
+
+    @staticmethod
+    def single(row: FloatArr, prefix: FloatArr, k: int) -> _Work:
+        """Every stage reads the same row."""
+        return _Work(rows=row[None, :], prefix=(prefix,), of=(0,) * k)
+
+    @staticmethod
+    def table(name: str, rows: Sequence[FloatArr]) -> _Work:
+        """One row per stage (``name.format(s=s)`` in messages); equal rows are detected and stored once."""
+        index: dict[bytes, int] = {}
+        distinct: list[FloatArr] = []
+        prefix: list[FloatArr] = []
+        of: list[int] = []
+        by_id: dict[int, int] = {}
+        for s, row in enumerate(rows):
+            if id(row) in by_id:  # the very same array: no need to compare
+                of.append(by_id[id(row)])
+                continue
+            key = (row + 0.0).tobytes()  # -0.0 -> 0.0: equal values, equal bytes
+            if key not in index:
+                index[key] = len(distinct)
+                distinct.append(row)
+                prefix.append(_prefix(name.format(s=s), row))
+            by_id[id(row)] = index[key]
+            of.append(index[key])
+        return _Work(rows=np.array(distinct, dtype=np.float64), prefix=tuple(prefix), of=tuple(of))
+
+
+@dataclass(frozen=True, eq=False)
 class _Model:
     """Validated numbers of one request.
 
@@ -162,7 +211,7 @@ class _Model:
 
     n: int
     k: int
-    prefix: FloatArr  # len n+1, correctly rounded prefix sums of the costs
+    work: _Work  # per-stage item costs: the costs row (and speeds), or the device_costs rows
     cut: FloatArr  # len n+1
     speed: FloatArr  # len k
     tr_mul: FloatArr  # len k (index 0 unused)
@@ -170,9 +219,13 @@ class _Model:
     tr_add: FloatArr  # len k (index 0 unused)
     overlap: bool
     allowed: BoolArr  # len n+1; 0 and n always True
-    mem_prefix: FloatArr | None = None  # len n+1
+    mem: _Work | None = None  # per-stage item memory: item_mem (+ act_factor[s] * item_act)
     mem_cap: FloatArr | None = None  # len k
     mem_fac: FloatArr | None = None  # len k
+
+    def prefix(self, s: int) -> FloatArr:
+        """Prefix sums of stage ``s``'s item costs (before speed scaling)."""
+        return self.work.prefix[self.work.of[s]]
 
     def transfer(self, s: int, a: IntArr) -> FloatArr:
         """Transfer-in time of stage ``s`` for starts ``a`` (0 for the first stage)."""
@@ -183,7 +236,8 @@ class _Model:
 
     def compute(self, s: int, a: IntArr, b: IntArr | int) -> FloatArr:
         """Compute time of stage ``s`` over ``[a, b)``."""
-        out: FloatArr = (self.prefix[b] - self.prefix[a]) / self.speed[s]
+        p = self.prefix(s)
+        out: FloatArr = (p[b] - p[a]) / self.speed[s]
         return out
 
     def cost(self, s: int, a: IntArr, b: IntArr | int) -> FloatArr:
@@ -199,8 +253,9 @@ class _Model:
 
     def memory(self, s: int, a: IntArr, b: IntArr | int) -> FloatArr:
         """Memory of stage ``s`` over ``[a, b)`` (same operations as the memory model's ``cost``)."""
-        assert self.mem_prefix is not None and self.mem_fac is not None
-        held: FloatArr = self.mem_prefix[b] - self.mem_prefix[a]
+        assert self.mem is not None and self.mem_fac is not None
+        p = self.mem.prefix[self.mem.of[s]]
+        held: FloatArr = p[b] - p[a]
         if s == 0:
             return held
         out: FloatArr = held + self.cut[a] * self.mem_fac[s]
@@ -214,12 +269,12 @@ class _Model:
 
     def memory_model(self) -> _Model:
         """The problem "minimise the largest stage memory": its optimum is the smallest uniform cap."""
-        assert self.mem_prefix is not None and self.mem_fac is not None
+        assert self.mem is not None and self.mem_fac is not None
         ones = np.ones(self.k)
         return _Model(
             n=self.n,
             k=self.k,
-            prefix=self.mem_prefix,
+            work=self.mem,
             cut=self.cut,
             speed=ones,
             tr_mul=self.mem_fac,
@@ -243,6 +298,54 @@ class _Model:
 
     def bottleneck(self, bounds: Sequence[int]) -> float:
         return float(self.evaluate(bounds)[2].max())
+
+    @functools.cached_property
+    def relaxation(self) -> tuple[list[FloatArr], list[float], list[float]]:
+        """Work bounds for pruning: per stage ``s``, ``(rest_s, weight_s, slack_s)`` such that a start ``a``
+        from which stages ``s..k-1`` can finish with every compute ``<= B`` has
+        ``rest_s[a] <= B * weight_s * (1 + 1e-12) + slack_s`` (``rest_s`` non-increasing, ``rest_s[n] = 0``).
+
+        One cost row (``speeds``): ``rest_s = P[n] - P``, ``weight_s = sum(speed[s:])``, no slack: the
+        stages' compute times, scaled back by their speeds, add up to the work left.
+
+        Several rows (``device_costs``; speeds are 1): a weighted sum of the stage loads.  For any weights
+        ``w_t >= 0``, ``sum_t w_t * load_t >= sum_i min_t w_t * d[t][i]`` (each item is paid by the stage
+        that runs it), and the left side is at most ``B * sum_t w_t``.  This is weak duality of the
+        fractional-assignment linear programme; :func:`_dual_weights` picks weights that nearly maximise the
+        bound.  ``slack_s`` covers every rounding (correctly rounded prefix sums, a cumulative sum of ``n``
+        terms), generously: ``4 (n + 4) u (rest_s[0] + sum_{t >= s} w_t total_t)``.
+        """
+        n, k, work = self.n, self.k, self.work
+        if len(work.prefix) == 1:
+            p = work.prefix[0]
+            rest = p[n] - p
+            suffix_speed = np.cumsum(self.speed[::-1])[::-1]
+            return [rest] * k, [float(w) for w in suffix_speed], [0.0] * k
+        assert bool(np.all(self.speed == 1.0)), "several cost rows come with unit speeds"
+        mult = np.bincount(np.array(work.of), minlength=len(work.prefix)).astype(np.float64)
+        y = _dual_weights(work.rows, mult)
+        cheapest = np.full(n, np.inf)
+        weight = paid = 0.0
+        rests: list[FloatArr] = []
+        weights: list[float] = []
+        slacks: list[float] = []
+        for t in range(k - 1, -1, -1):
+            row = work.of[t]
+            w = float(y[row])
+            cheapest = np.minimum(cheapest, w * work.rows[row])
+            weight += w
+            paid += w * float(work.prefix[row][n])
+            rest = np.zeros(n + 1)
+            rest[:n] = np.cumsum(cheapest[::-1])[::-1]
+            rests.append(rest)
+            weights.append(weight)
+            slacks.append(4.0 * (n + 4) * 2.0**-53 * (float(rest[0]) + paid))
+        return rests[::-1], weights[::-1], slacks[::-1]
+
+    def spread_bound(self) -> float:
+        """The work bound of the whole problem: no split has a bottleneck below it (up to rounding)."""
+        rests, weights, _ = self.relaxation
+        return float(rests[0][0]) / weights[0] if weights[0] > 0 else 0.0
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -280,6 +383,77 @@ def _exact_prefix(values: FloatArr) -> FloatArr:
         den = 1 << -emin
         out[:] = [x / den for x in sums]  # int / int is correctly rounded in CPython
     return out
+
+
+def _dual_weights(rows: FloatArr, mult: FloatArr) -> FloatArr:
+    """Weights ``y >= 0`` with ``sum(mult * y) = 1`` making ``f(y) = sum_i min_r y_r rows[r, i]`` large.
+
+    ``f(y)`` is, for *any* such ``y``, a lower bound on the bottleneck of every assignment of the items to
+    ``mult[r]`` devices of each kind ``r`` (weak duality of the fractional-assignment LP), so the search
+    only affects how tight the bound is, never its validity.  Start: ``y_r`` proportional to
+    ``1 / sum(rows[r])`` (the device's speed: the exact optimum when rows are proportional).  Then
+    ``f`` -- concave, piecewise linear -- is maximised exactly along lines that trade weight between two
+    kinds of adjacent total work (:func:`_best_on_line`), keeping the best point: for two kinds that one
+    line gives the LP optimum; for more, a sweep up and back.  Beyond ``_DUAL_SAMPLE`` items the search
+    looks at evenly spaced items only.
+    """
+    r, n = rows.shape
+    total = rows.sum(axis=1)
+    if not bool((total > 0).all()):  # a free device: the bound is 0 whatever the weights
+        free = (total <= 0).astype(np.float64)
+        out: FloatArr = free / float((mult * free).sum())
+        return out
+    y: FloatArr = float(total.min()) / total  # in (0, 1]: no overflow
+    y = y / float((mult * y).sum())
+    if r == 1:
+        return y
+    order = [int(x) for x in np.argsort(total, kind="stable")]
+    lines = list(itertools.pairwise(order))
+    if r > 2:
+        lines += [(c, a) for a, c in reversed(lines)]
+    if n > _DUAL_SAMPLE:  # search on evenly spaced items; any weights stay valid on all of them
+        rows = rows[:, :: -(-n // _DUAL_SAMPLE)]
+    best = float((y[:, None] * rows).min(axis=0).sum())
+    for a, c in lines:
+        others = [x for x in range(r) if x not in (a, c)]
+        floor = (y[others, None] * rows[others]).min(axis=0) if others else np.full(rows.shape[1], np.inf)
+        budget = float(mult[a] * y[a] + mult[c] * y[c])
+        u = _best_on_line(rows[a], rows[c], floor, budget / float(mult[c]), float(mult[a] / mult[c]))
+        ya, yc = u, (budget - float(mult[a]) * u) / float(mult[c])
+        val = float(np.minimum(np.minimum(ya * rows[a], yc * rows[c]), floor).sum())
+        if val > best:
+            best = val
+            y = y.copy()
+            y[a], y[c] = ya, max(yc, 0.0)
+    return y
+
+
+def _best_on_line(p: FloatArr, q: FloatArr, floor: FloatArr, beta: float, kappa: float) -> float:
+    """``argmax`` over ``u in [0, beta / kappa]`` of ``sum_i min(u p_i, (beta - kappa u) q_i, floor_i)``.
+
+    Each term is concave: rising with slope ``p_i`` until ``lo_i``, flat (at ``floor_i``) until
+    ``hi_i``, then falling with slope ``-kappa q_i``.  The sum's right derivative
+    ``sum(p[lo > u]) - kappa * sum(q[hi <= u])`` only falls, so the maximum is at the first breakpoint
+    where it is no longer positive: found with two sorts and cumulative sums.
+    """
+    top = beta / kappa
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cross = beta * q / (p + kappa * q)  # rising = falling
+        reach = np.where(p > 0, floor / p, np.inf)  # rising meets the floor
+        leave = np.where(q > 0, (beta - floor / q) / kappa, -np.inf)  # falling leaves the floor
+    dead = (p <= 0) & (q <= 0)  # the term is 0 everywhere
+    lo = np.where(dead, 0.0, np.minimum(reach, cross))
+    hi = np.where(dead, 0.0, np.maximum(leave, cross))
+    by_lo = np.argsort(lo, kind="stable")
+    lo_sorted, p_cum = lo[by_lo], np.concatenate([[0.0], np.cumsum(p[by_lo])])
+    by_hi = np.argsort(hi, kind="stable")
+    hi_sorted, q_cum = hi[by_hi], np.concatenate([[0.0], np.cumsum(q[by_hi])])
+    cand = np.concatenate([[0.0], lo, hi])
+    cand = np.unique(cand[(cand >= 0) & (cand <= top)])
+    rising = p_cum[-1] - p_cum[np.searchsorted(lo_sorted, cand, side="right")]
+    falling = q_cum[np.searchsorted(hi_sorted, cand, side="right")]
+    stop = np.flatnonzero(rising - kappa * falling <= 0)
+    return float(cand[stop[0]]) if stop.size else top
 
 
 def _monotone_search(
@@ -402,8 +576,10 @@ class _Engine:
         for s in range(k):
             cap = float(model.mem_cap[s]) if model.mem_cap is not None else math.inf
             fac = float(model.mem_fac[s]) if model.mem_fac is not None and s > 0 else 0.0
+            row = model.work.of[s]
+            mrow = model.mem.of[s] if model.mem is not None else -1
             if s == 0:
-                key: tuple[float, ...] = (0.0, float(model.speed[0]), cap)
+                key: tuple[float, ...] = (0.0, float(model.speed[0]), cap, row, mrow)
             else:
                 key = (
                     1.0,
@@ -413,9 +589,11 @@ class _Engine:
                     float(model.tr_add[s]),
                     cap,
                     fac,
+                    row,
+                    mrow,
                 )
             self.group.append(keys.setdefault(key, len(keys)))
-            mkey = (float(s == 0), cap, fac)
+            mkey = (float(s == 0), cap, fac, mrow)
             if math.isinf(cap):
                 self.mem.append(None)
             elif mkey in mem_keys:
@@ -426,19 +604,24 @@ class _Engine:
         counts = np.bincount(np.array(self.group), minlength=len(keys))
         self.shared = [bool(c > 1) for c in counts]
         self.win_hi = [n - (k - 1 - s) for s in range(k)]  # later stages need one item each
-        suffix_speed = np.cumsum(model.speed[::-1])[::-1]
-        self.work_w = [float(w) * (1.0 + _PRUNE_MARGIN) for w in suffix_speed]
-        self.neg_rest = -(model.prefix[n] - model.prefix)  # non-decreasing: -(work left after a)
+        rests, weights, self.slack = model.relaxation
+        self.work_w = [w * (1.0 + _PRUNE_MARGIN) for w in weights]
+        negs: dict[int, FloatArr] = {}  # one array when every stage shares it
+        for r in rests:
+            if id(r) not in negs:
+                negs[id(r)] = -r
+        self.neg_rest = [negs[id(r)] for r in rests]  # non-decreasing: -(work left after a)
         self.positions = np.arange(n + 1, dtype=np.intp)
 
     # -- ends --------------------------------------------------------------------------------------------
     def _memory_ends(self, s: int, lo: int, hi: int) -> IntArr:
         """Latest end of stage ``s`` allowed by its memory cap, for starts ``lo..hi``."""
         m = self.m
-        assert m.mem_cap is not None and m.mem_prefix is not None and m.mem_fac is not None
+        assert m.mem_cap is not None and m.mem is not None and m.mem_fac is not None
         a = self.positions[lo : hi + 1]
         room = float(m.mem_cap[s]) - (m.cut[a] * m.mem_fac[s] if s > 0 else 0.0)
-        guess = (np.searchsorted(m.mem_prefix, m.mem_prefix[a] + room, side="right") - 1).astype(np.intp)
+        p = m.mem.prefix[m.mem.of[s]]
+        guess = (np.searchsorted(p, p[a] + room, side="right") - 1).astype(np.intp)
 
         def ok(i: IntArr, bb: IntArr) -> BoolArr:
             return m.memory_ok(s, a[i], bb)
@@ -448,13 +631,14 @@ class _Engine:
     def _time_ends(self, s: int, a: IntArr, bound: float, lim: IntArr) -> IntArr:
         m = self.m
         tr = m.transfer(s, a)
-        pa = m.prefix[a]
+        p = m.prefix(s)
+        pa = p[a]
         # How much prefix sum the stage may still add; only a guess, _monotone_search makes it exact.
         room = np.where(tr <= bound, bound * m.speed[s], -1.0) if m.overlap else (bound - tr) * m.speed[s]
-        guess = (np.searchsorted(m.prefix, pa + room, side="right") - 1).astype(np.intp)
+        guess = (np.searchsorted(p, pa + room, side="right") - 1).astype(np.intp)
 
         def ok(i: IntArr, bb: IntArr) -> BoolArr:
-            out: BoolArr = m.combine(s, (m.prefix[bb] - pa[i]) / m.speed[s], tr[i]) <= bound
+            out: BoolArr = m.combine(s, (p[bb] - pa[i]) / m.speed[s], tr[i]) <= bound
             return out
 
         return _monotone_search(a, lim, guess, ok)
@@ -485,13 +669,19 @@ class _Engine:
 
     def _first_alive(self, s: int, bound: float) -> int:
         """First start of stage ``s`` whose remaining work fits the remaining stages even perfectly
-        balanced.  Sound: a start that can finish has ``P[n] - P[a] <= bound * sum(speed[s:])`` up to a
-        few ulps, far inside ``_PRUNE_MARGIN``."""
-        return int(np.searchsorted(self.neg_rest, -(bound * self.work_w[s]), side="left"))
+        balanced (:attr:`_Model.relaxation`).  Sound: a start that can finish has
+        ``rest_s[a] <= bound * weight_s + slack_s`` up to a few ulps, far inside ``_PRUNE_MARGIN``."""
+        return int(np.searchsorted(self.neg_rest[s], -(bound * self.work_w[s] + self.slack[s]), side="left"))
 
     def _comeback(self, s: int, a: int) -> float:
-        """A bound below which pruned start ``a`` of stage ``s`` stays pruned (keeps snapping valid)."""
-        return (float(-self.neg_rest[a]) / self.work_w[s]) * (1.0 - 1e-15)
+        """A bound below which pruned start ``a`` of stage ``s`` stays pruned (keeps snapping valid).
+
+        The pruning test is monotone in the bound, so it suffices that the value returned is pruned."""
+        rest, w, slack = float(-self.neg_rest[s][a]), self.work_w[s], self.slack[s]
+        out = ((rest - slack) / w) * (1.0 - 1e-15)
+        while out > 0 and not rest > out * w + slack:
+            out *= 1.0 - 2.0**-50
+        return max(out, 0.0)
 
     # -- probe -------------------------------------------------------------------------------------------
     def probe(self, bound: float) -> _Probe:
@@ -754,7 +944,7 @@ def _memory_error(model: _Model, reference: bool) -> PartitionError:
     if reference:
         need = _reference_min_bottleneck(mem)
     else:
-        found = _Engine(mem).min_bottleneck(float(mem.prefix[-1]) / mem.k)
+        found = _Engine(mem).min_bottleneck(min(float(p[-1]) for p in mem.work.prefix) / mem.k)
         assert found is not None
         need = found[0]
     assert model.mem_cap is not None
@@ -911,7 +1101,7 @@ def _homogeneous_model(
     model = _Model(
         n=n,
         k=k,
-        prefix=_prefix("costs", c),
+        work=_Work.single(c, _prefix("costs", c), k),
         cut=cut,
         speed=np.ones(k),
         tr_mul=np.ones(k),
@@ -920,15 +1110,61 @@ def _homogeneous_model(
         overlap=False,
         allowed=_allowed(allowed_cuts, n, k),
     )
-    lower = max(float(model.prefix[n]) / k, float(c.max()))
+    lower = max(float(model.prefix(0)[n]) / k, float(c.max()))
     return model, lower
 
 
+def _device_costs(device_costs: Sequence[Sequence[float]], k: int) -> FloatArr:
+    """The ``k x n`` matrix of per-device item costs, validated (``k`` itself checked by the caller)."""
+    try:
+        arr = np.asarray(device_costs, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise PartitionError(
+            f"device_costs must be one row of numbers per stage, all of the same length ({exc})"
+        ) from None
+    if arr.ndim != 2:
+        raise PartitionError(
+            f"device_costs has shape {arr.shape} but needs (k, n): one row per stage, one entry per item"
+        )
+    _check_k(k, arr.shape[1])
+    if arr.shape[0] != k:
+        raise PartitionError(f"device_costs has {arr.shape[0]} rows but needs {k} (one per stage)")
+    bad = np.isnan(arr) | (arr < 0) | np.isinf(arr)
+    if bad.any():
+        s, i = (int(x) for x in np.argwhere(bad)[0])
+        raise PartitionError(
+            f"device_costs[{s}][{i}] = {float(arr[s, i])!r} is invalid: every entry must be >= 0 and finite"
+        )
+    return arr
+
+
+def _memory_work(
+    n: int,
+    k: int,
+    item_mem: Sequence[float],
+    item_act: Sequence[float] | None,
+    act_factor: Sequence[float] | None,
+) -> _Work:
+    """Per-stage item memory: ``item_mem[i] + act_factor[s] * item_act[i]`` (just ``item_mem`` without
+    activations), one correctly rounded prefix array per distinct factor."""
+    mem = _vector("item_mem", item_mem, n, 0.0, hint=" (one per item)")
+    if item_act is None:
+        return _Work.single(mem, _prefix("item_mem", mem), k)
+    act = _vector("item_act", item_act, n, 0.0, hint=" (one per item)")
+    fac = _vector("act_factor", act_factor, k, 0.0, hint=" (one per stage)")
+    rows: dict[float, FloatArr] = {}
+    for f in fac.tolist():
+        if f not in rows:
+            rows[f] = mem + f * act
+    return _Work.table("item_mem + act_factor[{s}] * item_act", [rows[f] for f in fac.tolist()])
+
+
 def _heterogeneous_model(
-    costs: Sequence[float],
+    costs: Sequence[float] | None,
     k: int,
     *,
-    speeds: Sequence[float],
+    speeds: Sequence[float] | None,
+    device_costs: Sequence[Sequence[float]] | None,
     cut_bytes: Sequence[float] | None,
     bandwidths: Sequence[float] | None,
     latencies: Sequence[float] | None,
@@ -936,12 +1172,34 @@ def _heterogeneous_model(
     item_mem: Sequence[float] | None,
     mem_caps: Sequence[float] | None,
     cut_mem_factor: Sequence[float] | None,
+    item_act: Sequence[float] | None,
+    act_factor: Sequence[float] | None,
     allowed_cuts: Sequence[bool] | None,
 ) -> tuple[_Model, float]:
-    c = _costs(costs)
-    n = c.size
-    _check_k(k, n)
-    sp = _vector("speeds", speeds, k, 1.0, positive=True, hint=" (one per stage)")
+    if device_costs is not None:
+        if costs is not None:
+            raise PartitionError(
+                "give costs (with speeds) or device_costs, not both: with device_costs each stage's compute "
+                "is the sum of its device's row, so pass costs=None"
+            )
+        if speeds is not None:
+            raise PartitionError(
+                "speeds and device_costs exclude each other: device_costs rows are already per-device times"
+            )
+        d = _device_costs(device_costs, k)
+        n = d.shape[1]
+        sp = np.ones(k)
+        work = _Work.table("device_costs[{s}]", list(d))
+        largest_item = float(d.min(axis=0).max())  # every item runs somewhere, at best on its fastest device
+    else:
+        if costs is None:
+            raise PartitionError("costs is missing: give costs (with speeds), or device_costs")
+        c = _costs(costs)
+        n = c.size
+        _check_k(k, n)
+        sp = _vector("speeds", speeds, k, 1.0, positive=True, hint=" (one per stage)")
+        work = _Work.single(c, _prefix("costs", c), k)
+        largest_item = float(c.max()) / float(sp.max())
     bw = _per_stage("bandwidths", bandwidths, k, math.inf, positive=True, allow_inf=True)
     lat = _per_stage("latencies", latencies, k, 0.0)
     cut = _vector("cut_bytes", cut_bytes, n + 1, 0.0, hint=" (n+1: one per cut position 0..n)")
@@ -949,15 +1207,24 @@ def _heterogeneous_model(
         raise PartitionError("item_mem and mem_caps go together: give both to enforce memory, or neither")
     if cut_mem_factor is not None and mem_caps is None:
         raise PartitionError("cut_mem_factor needs item_mem and mem_caps: give them too, or drop it")
-    mem_prefix = mem_cap = mem_fac = None
+    if (item_act is None) != (act_factor is None):
+        raise PartitionError(
+            "item_act and act_factor go together: activation bytes per item, and per stage how many "
+            "copies of them it holds; give both, or neither"
+        )
+    if item_act is not None and mem_caps is None:
+        raise PartitionError(
+            "item_act and act_factor need item_mem and mem_caps: give them too, or drop them"
+        )
+    mem = mem_cap = mem_fac = None
     if item_mem is not None:
-        mem_prefix = _prefix("item_mem", _vector("item_mem", item_mem, n, 0.0, hint=" (one per item)"))
+        mem = _memory_work(n, k, item_mem, item_act, act_factor)
         mem_cap = _vector("mem_caps", mem_caps, k, math.inf, allow_inf=True, hint=" (one per stage)")
         mem_fac = _per_stage("cut_mem_factor", cut_mem_factor, k, 0.0)
     model = _Model(
         n=n,
         k=k,
-        prefix=_prefix("costs", c),
+        work=work,
         cut=cut,
         speed=sp,
         tr_mul=np.ones(k),
@@ -965,14 +1232,26 @@ def _heterogeneous_model(
         tr_add=lat,
         overlap=bool(overlap),
         allowed=_allowed(allowed_cuts, n, k),
-        mem_prefix=mem_prefix,
+        mem=mem,
         mem_cap=mem_cap,
         mem_fac=mem_fac,
     )
-    lower = max(float(model.prefix[n]) / float(sp.sum()), float(c.max()) / float(sp.max()))
+    # the work bound: total work over total speed, or its generalisation (see _Model.relaxation)
+    spread = model.spread_bound() if device_costs is not None else float(model.prefix(0)[n]) / float(sp.sum())
+    lower = max(spread, largest_item)
     if k > 1:
         lower = max(lower, float(lat[1:].max()))  # every later stage pays its link's latency
     return model, lower
+
+
+def _check_bounds(bounds: Sequence[int], n: int) -> list[int]:
+    try:
+        b = [int(x) for x in bounds]
+    except (TypeError, ValueError):
+        raise PartitionError(f"bounds must be integers, got {bounds!r}") from None
+    if len(b) < 2 or b[0] != 0 or b[-1] != n or any(x >= y for x, y in itertools.pairwise(b)):
+        raise PartitionError(f"bounds {tuple(b)} are not 0 < ... < n = {n} (strictly increasing, non-empty)")
+    return b
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1000,10 +1279,10 @@ def solve(
 
 
 def solve_heterogeneous(
-    costs: Sequence[float],
+    costs: Sequence[float] | None,
     k: int,
     *,
-    speeds: Sequence[float],
+    speeds: Sequence[float] | None = None,
     cut_bytes: Sequence[float] | None = None,
     bandwidths: Sequence[float] | None = None,
     latencies: Sequence[float] | None = None,
@@ -1012,23 +1291,42 @@ def solve_heterogeneous(
     mem_caps: Sequence[float] | None = None,
     cut_mem_factor: Sequence[float] | None = None,
     allowed_cuts: Sequence[bool] | None = None,
+    device_costs: Sequence[Sequence[float]] | None = None,
+    item_act: Sequence[float] | None = None,
+    act_factor: Sequence[float] | None = None,
 ) -> Partition:
-    """Split ``costs`` over ``k`` different devices in a fixed order, minimising the pipeline bottleneck.
+    """Split the items over ``k`` different devices in a fixed order, minimising the pipeline bottleneck.
 
-    Stage ``s`` runs on device ``s``: compute = sum of its costs / ``speeds[s]``.  The link into stage
-    ``s >= 1`` takes ``cut_bytes[start] / bandwidths[s] + latencies[s]`` (per-link lists take ``k`` entries
-    with entry 0 ignored, or ``k - 1`` entries for the links alone; default: free links).  With
-    ``overlap=True`` transfers run concurrently with compute, so each link is its own pipeline resource and
-    a stage costs ``max(compute, transfer)``; with ``overlap=False`` a stage costs their sum.
+    Compute, one of two ways:
 
-    Memory (optional, all per stage): ``sum(item_mem in stage) + cut_mem_factor[s] * cut_bytes[start]``
-    must not exceed ``mem_caps[s]`` — parameters plus the activations held for in-flight micro-batches.
-    If no split fits, :class:`PartitionError` names the smallest uniform cap that would.
+    * ``costs`` with ``speeds``: stage ``s`` runs on device ``s`` in ``sum(costs[a:b]) / speeds[s]``
+      (``speeds`` defaults to all 1);
+    * ``device_costs`` (``costs=None``, no ``speeds``): a ``k x n`` matrix, ``device_costs[s][i]`` = item
+      ``i``'s time on the device of stage ``s`` (a per-device profile, per-op-type speed-ups...); stage ``s``
+      computes in ``sum(device_costs[s][a:b])``.  Equal rows are detected and share the solver's work.
+
+    The link into stage ``s >= 1`` takes ``cut_bytes[start] / bandwidths[s] + latencies[s]`` (per-link
+    lists take ``k`` entries with entry 0 ignored, or ``k - 1`` entries for the links alone; default: free
+    links).  With ``overlap=True`` transfers run concurrently with compute, so each link is its own
+    pipeline resource and a stage costs ``max(compute, transfer)``; with ``overlap=False`` their sum.
+
+    Memory (optional, per stage): ``sum(item_mem[a:b]) + act_factor[s] * sum(item_act[a:b]) +
+    cut_mem_factor[s] * cut_bytes[a]`` must not exceed ``mem_caps[s]`` — parameters (and optimizer state),
+    activations kept for the micro-batches in flight on that stage (1F1B: ``min(M, k - s)``; GPipe: ``M``),
+    and received inputs.  ``item_act``/``act_factor`` (``k`` entries, stage 0 included) are optional and go
+    together; the per-item sums are ``item_mem[i] + act_factor[s] * item_act[i]``, correctly rounded.  If no
+    split fits, :class:`MemoryFitError` names (and carries as ``smallest_fit_bytes``) the smallest cap that
+    would fit every stage if all stages had it, computed with this very formula.
+
+    ``lower_bound`` of the result: the largest of the work bound (total work over total speed; with
+    ``device_costs`` the fractional-assignment bound ``sum_i min_s w_s d[s][i] / sum_s w_s`` with
+    ``w_s = 1 / sum(device_costs[s])``), the largest item on its fastest device, and the largest latency.
     """
     model, lower = _heterogeneous_model(
         costs,
         k,
         speeds=speeds,
+        device_costs=device_costs,
         cut_bytes=cut_bytes,
         bandwidths=bandwidths,
         latencies=latencies,
@@ -1036,6 +1334,8 @@ def solve_heterogeneous(
         item_mem=item_mem,
         mem_caps=mem_caps,
         cut_mem_factor=cut_mem_factor,
+        item_act=item_act,
+        act_factor=act_factor,
         allowed_cuts=allowed_cuts,
     )
     return _finish(model, lower, reference=False)
@@ -1053,14 +1353,71 @@ def evaluate(
     Uses the very same cost formula as the solver, so ``evaluate(c, solve(c, k).bounds)`` reproduces the
     solver's numbers exactly and any other split can be compared with it fairly.
     """
-    n = len(costs)
-    try:
-        b = [int(x) for x in bounds]
-    except (TypeError, ValueError):
-        raise PartitionError(f"bounds must be integers, got {bounds!r}") from None
-    if len(b) < 2 or b[0] != 0 or b[-1] != n or any(x >= y for x, y in itertools.pairwise(b)):
-        raise PartitionError(f"bounds {tuple(b)} are not 0 < ... < n = {n} (strictly increasing, non-empty)")
+    b = _check_bounds(bounds, len(costs))
     model, lower = _homogeneous_model(costs, len(b) - 1, cut_bytes, bandwidth, None)
+    return _partition_of(model, lower, b)
+
+
+def evaluate_heterogeneous(
+    bounds: Sequence[int],
+    costs: Sequence[float] | None,
+    *,
+    speeds: Sequence[float] | None = None,
+    cut_bytes: Sequence[float] | None = None,
+    bandwidths: Sequence[float] | None = None,
+    latencies: Sequence[float] | None = None,
+    overlap: bool = True,
+    item_mem: Sequence[float] | None = None,
+    mem_caps: Sequence[float] | None = None,
+    cut_mem_factor: Sequence[float] | None = None,
+    allowed_cuts: Sequence[bool] | None = None,
+    device_costs: Sequence[Sequence[float]] | None = None,
+    item_act: Sequence[float] | None = None,
+    act_factor: Sequence[float] | None = None,
+) -> Partition:
+    """Score a given split under :func:`solve_heterogeneous`'s objective (``k = len(bounds) - 1``).
+
+    Same arguments, same cost formula and same ``lower_bound``, so
+    ``evaluate_heterogeneous(solve_heterogeneous(...).bounds, ...)`` reproduces the solver's result exactly
+    and a baseline split can be compared with it fairly.  A split the solver could not return is refused
+    with :class:`PartitionError`: a cut that ``allowed_cuts`` forbids, or a stage over its memory cap.
+    """
+    if device_costs is not None and costs is None:
+        try:
+            n = len(device_costs[0]) if len(device_costs) else 0
+        except (TypeError, IndexError, KeyError):
+            _device_costs(device_costs, 1)  # malformed: raises, saying what is wrong
+            raise AssertionError("unreachable") from None
+    else:
+        n = len(costs) if costs is not None else 0
+    b = _check_bounds(bounds, n)
+    model, lower = _heterogeneous_model(
+        costs,
+        len(b) - 1,
+        speeds=speeds,
+        device_costs=device_costs,
+        cut_bytes=cut_bytes,
+        bandwidths=bandwidths,
+        latencies=latencies,
+        overlap=overlap,
+        item_mem=item_mem,
+        mem_caps=mem_caps,
+        cut_mem_factor=cut_mem_factor,
+        item_act=item_act,
+        act_factor=act_factor,
+        allowed_cuts=allowed_cuts,
+    )
+    for cut in b[1:-1]:
+        if not model.allowed[cut]:
+            raise PartitionError(f"bounds {tuple(b)} cut at {cut}, which allowed_cuts forbids")
+    if model.mem_cap is not None:
+        for s in range(model.k):
+            held = float(model.memory(s, np.array([b[s]], dtype=np.intp), b[s + 1])[0])
+            if not held <= model.mem_cap[s]:
+                raise PartitionError(
+                    f"bounds {tuple(b)}: stage {s} needs {held:.17g} bytes but mem_caps[{s}] is "
+                    f"{float(model.mem_cap[s]):.17g}"
+                )
     return _partition_of(model, lower, b)
 
 
@@ -1078,10 +1435,10 @@ def _reference_solve(
 
 
 def _reference_solve_heterogeneous(
-    costs: Sequence[float],
+    costs: Sequence[float] | None,
     k: int,
     *,
-    speeds: Sequence[float],
+    speeds: Sequence[float] | None = None,
     cut_bytes: Sequence[float] | None = None,
     bandwidths: Sequence[float] | None = None,
     latencies: Sequence[float] | None = None,
@@ -1090,12 +1447,16 @@ def _reference_solve_heterogeneous(
     mem_caps: Sequence[float] | None = None,
     cut_mem_factor: Sequence[float] | None = None,
     allowed_cuts: Sequence[bool] | None = None,
+    device_costs: Sequence[Sequence[float]] | None = None,
+    item_act: Sequence[float] | None = None,
+    act_factor: Sequence[float] | None = None,
 ) -> Partition:
     """:func:`solve_heterogeneous` by the ``O(K n^2)`` reference DP (tests and benchmarks only)."""
     model, lower = _heterogeneous_model(
         costs,
         k,
         speeds=speeds,
+        device_costs=device_costs,
         cut_bytes=cut_bytes,
         bandwidths=bandwidths,
         latencies=latencies,
@@ -1103,6 +1464,8 @@ def _reference_solve_heterogeneous(
         item_mem=item_mem,
         mem_caps=mem_caps,
         cut_mem_factor=cut_mem_factor,
+        item_act=item_act,
+        act_factor=act_factor,
         allowed_cuts=allowed_cuts,
     )
     return _finish(model, lower, reference=True)

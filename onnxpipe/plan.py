@@ -124,6 +124,35 @@ def allowed_cuts_from_regions(compute: Sequence[NodeInfo], regions: Sequence[Seq
     return allowed
 
 
+@dataclass(frozen=True)
+class Sequences:
+    """The plain numbers the partitioner sees, one entry per compute node in the view's order.
+
+    ``cut_bytes[p]`` is what a stage starting at ``p`` receives; ``allowed[p]`` says whether a stage may
+    start there (not inside a fused group); ``sizes`` are every tensor's bytes at the profiled shapes.
+    """
+
+    compute: tuple[NodeInfo, ...]
+    costs: tuple[float, ...]
+    cut_bytes: tuple[int, ...]
+    allowed: tuple[bool, ...]
+    sizes: Mapping[str, int] = field(repr=False)
+
+
+def sequences(view: ModelView, profile: Profile) -> Sequences:
+    """Line up costs, cut bytes and allowed cuts for :mod:`onnxpipe.partition` (weights never cross)."""
+    compute = view.compute_nodes
+    sizes = tensor_sizes(view, profile)
+    cuts = cut_profile([n.reads for n in compute], [n.outputs for n in compute], sizes, view.weights)
+    return Sequences(
+        compute=compute,
+        costs=tuple(max(0.0, float(profile.node_seconds.get(n.name, 0.0))) for n in compute),
+        cut_bytes=cuts.bytes,
+        allowed=tuple(allowed_cuts_from_regions(compute, profile.regions)),
+        sizes=sizes,
+    )
+
+
 def make_plan(
     view: ModelView,
     profile: Profile,
@@ -152,23 +181,19 @@ def make_plan(
             f"{view.path.name if view.path else 'model'}: cannot make {k} non-empty stages from {m} "
             f"compute nodes; choose --stages between 1 and {m}"
         )
-    sizes = tensor_sizes(view, profile)
-    free = set(view.initializers) | {o for n in view.nodes if n.is_constant for o in n.outputs}
-    cuts = cut_profile([n.reads for n in compute], [n.outputs for n in compute], sizes, free)
-    costs = [max(0.0, float(profile.node_seconds.get(n.name, 0.0))) for n in compute]
-    allowed = allowed_cuts_from_regions(compute, profile.regions)
+    seq = sequences(view, profile)
     notes: list[str] = []
     try:
         part = _partition.solve(
-            costs, k, cut_bytes=cuts.bytes, bandwidth=bandwidth_bytes_per_s, allowed_cuts=allowed
+            seq.costs, k, cut_bytes=seq.cut_bytes, bandwidth=bandwidth_bytes_per_s, allowed_cuts=seq.allowed
         )
     except PartitionError:
-        if all(allowed):
+        if all(seq.allowed):
             raise
         notes.append("fused groups had to be cut to make this many stages")
-        part = _partition.solve(costs, k, cut_bytes=cuts.bytes, bandwidth=bandwidth_bytes_per_s)
+        part = _partition.solve(seq.costs, k, cut_bytes=seq.cut_bytes, bandwidth=bandwidth_bytes_per_s)
 
-    stages = assign_stages(view, part.bounds, sizes, part.compute, part.transfer)
+    stages = assign_stages(view, part.bounds, seq.sizes, part.compute, part.transfer)
     from onnxpipe.schedule import simulate
 
     timeline = simulate("stream", [s.cost_seconds for s in stages], None, [0.0] * k, microbatches)
@@ -181,7 +206,7 @@ def make_plan(
         threads=profile.threads,
         bandwidth_bytes_per_s=bandwidth_bytes_per_s,
         input_shapes=profile.input_shapes,
-        tensor_bytes=sizes,
+        tensor_bytes=seq.sizes,
         notes=tuple(notes),
         timeline=timeline,
     )
@@ -252,7 +277,7 @@ def assign_stages(
                 bytes_in=sum(sizes.get(t, 0) for t in inputs),
                 bytes_out=sum(sizes.get(t, 0) for t in outputs),
                 param_bytes=sum(
-                    view.initializers.get(t, 0) for t in dict.fromkeys(t for n in nodes for t in n.reads)
+                    view.weights.get(t, 0) for t in dict.fromkeys(t for n in nodes for t in n.reads)
                 ),
                 peak_activation_bytes=_peak_activation(nodes, inputs, outputs, sizes, view),
                 device=devices[s] if devices is not None else "cpu",

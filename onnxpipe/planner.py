@@ -23,10 +23,9 @@ from typing import TYPE_CHECKING, Literal
 from onnxpipe import partition as _partition
 from onnxpipe.cluster import Cluster, Device, DeviceCosts, device_costs, effective_speeds
 from onnxpipe.errors import MemoryFitError, PartitionError, UsageError
-from onnxpipe.graph import cut_profile
 from onnxpipe.model import ModelView
 from onnxpipe.orders import OrderSearch, place, stages_auto
-from onnxpipe.plan import Plan, allowed_cuts_from_regions, assign_stages, tensor_sizes
+from onnxpipe.plan import Plan, StageSpec, assign_stages, sequences
 from onnxpipe.schedule import KINDS, ScheduleKind, Timeline, in_flight, simulate
 
 if TYPE_CHECKING:
@@ -90,9 +89,9 @@ def first_reader_param_bytes(view: ModelView) -> list[float]:
     for n in view.compute_nodes:
         total = 0
         for t in n.reads:
-            if t in view.initializers and t not in seen:
+            if t in view.weights and t not in seen:
                 seen.add(t)
-                total += view.initializers[t]
+                total += view.weights[t]
         out.append(float(total))
     return out
 
@@ -168,12 +167,9 @@ def plan_pipeline(
             f"cannot make {stages} stages: the plan has {what}; choose --stages between 1 and {max_k}"
         )
 
-    sizes = tensor_sizes(view, profile)
-    free = set(view.initializers) | {o for n in view.nodes if n.is_constant for o in n.outputs}
-    cuts = cut_profile([n.reads for n in compute], [n.outputs for n in compute], sizes, free).bytes
-    reference = {n.name: max(0.0, float(profile.node_seconds.get(n.name, 0.0))) for n in compute}
-    costs = [reference[n.name] for n in compute]
-    allowed = allowed_cuts_from_regions(compute, profile.regions)
+    seq = sequences(view, profile)
+    sizes, cuts, costs, allowed = seq.sizes, seq.cut_bytes, seq.costs, seq.allowed
+    reference = {n.name: c for n, c in zip(compute, costs, strict=True)}
     records = device_costs(
         cluster,
         reference,
@@ -295,7 +291,7 @@ def plan_pipeline(
         part.transfer,
         devices=arranged.names,
     )
-    _check_final_memory(specs, arranged, best, notes)
+    _check_final_memory(specs, arranged, best, acts, notes)
     kept = {d.name for d in arranged.devices}
     return Plan(
         model_sha256=view.sha256,
@@ -326,27 +322,56 @@ def _iteration_time(c: _Candidate) -> float:
     return c.timeline.makespan
 
 
-def _check_final_memory(
-    specs: Sequence[object], arranged: Cluster, best: _Candidate, notes: list[str]
-) -> None:
-    """Exact stage memory (shared weights counted in every stage, peak working set) against capacity."""
-    from onnxpipe.plan import StageSpec
+def stage_memory_bytes(
+    kind: ScheduleKind,
+    stage: int,
+    k: int,
+    microbatches: int,
+    size: int,
+    weight_bytes: float,
+    activation_bytes: float,
+    bytes_in: float,
+) -> float:
+    """What stage ``stage`` must hold on its device under a schedule: the planner's memory model.
 
+    * streaming inference: its weights, plus the micro-batch it computes and the next one arriving
+      (``2 * size * bytes_in``); the working set inside one run is reported separately
+      (``peak_activation_bytes``);
+    * training: weights, gradients and Adam's two moments (``4 *`` weights), plus every activation of the
+      stage for each micro-batch in flight (GPipe ``M``, 1F1B ``min(M, K - s)``).
+    """
+    if kind == "stream":
+        return weight_bytes + 2.0 * size * bytes_in
+    held = in_flight(kind, stage, k, microbatches) * size
+    return TRAINING_STATE_FACTOR * weight_bytes + held * activation_bytes
+
+
+def _check_final_memory(
+    specs: Sequence[StageSpec],
+    arranged: Cluster,
+    best: _Candidate,
+    acts: Sequence[float],
+    notes: list[str],
+) -> None:
+    """The memory model again with shared weights counted in every stage that copies them.
+
+    The partitioner counts a weight shared by two stages once (at its first reader), so a plan can pass
+    the partitioner and still overflow by the copies; such a stage gets a note.
+    """
     k = len(specs)
+    bounds = best.search.result.bounds
     for s, spec in enumerate(specs):
-        assert isinstance(spec, StageSpec)
         cap = arranged.devices[s].memory_bytes
         if cap is None:
             continue
-        training = best.kind != "stream"
-        held = in_flight(best.kind, s, k, best.microbatches) * best.size
-        need = (
-            TRAINING_STATE_FACTOR if training else 1.0
-        ) * spec.param_bytes + held * spec.peak_activation_bytes
+        act = float(sum(acts[bounds[s] : bounds[s + 1]]))
+        need = stage_memory_bytes(
+            best.kind, s, k, best.microbatches, best.size, spec.param_bytes, act, spec.bytes_in
+        )
         if need > cap:
             notes.append(
-                f"stage {s} on {arranged.names[s]} may need {need:.0f} bytes (peak working set, shared "
-                f"weights) but the device has {cap}; check with onnxpipe run"
+                f"stage {s} on {arranged.names[s]} needs {need:.0f} bytes with its shared weights "
+                f"copied in, over the device's {cap}; give it more memory_bytes"
             )
 
 

@@ -216,7 +216,7 @@ class Profile:
         made_for = self.model_name or "another model"
         this = view.path.name if view.path is not None else "the in-memory model"
         raise ProfileError(
-            f"{which} was made for model {made_for} (sha256 {self.model_sha256[:12]}), not {this} "
+            f"{which}: made for model {made_for} (sha256 {self.model_sha256[:12]}), not {this} "
             f"(sha256 {view.sha256[:12]}); re-run onnxpipe profile"
         )
 

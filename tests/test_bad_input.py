@@ -321,8 +321,8 @@ def test_profile_of_the_model_before_it_was_edited_exits_4(
     before = snapshot(work)
     code, _, err = run(["split", model, "-k", "2", "--out", "out", "--profile", "p.json"], capfd)
     assert code == 4
-    line = error_line(err, where=False)  # "p.json was made for ...": no "<file>: " in front
-    assert "p.json was made for model m.onnx" in line and "re-run onnxpipe profile" in line
+    line = error_line(err, where=False)
+    assert "p.json: made for model m.onnx" in line and "re-run onnxpipe profile" in line
     assert snapshot(work) == before
 
 

@@ -521,7 +521,7 @@ def test_profile_of_another_model_exits_4(
     code, out, err = run(["split", other, "-k", "2", "--out", "out", "--profile", "mlp.json"], capfd)
     assert code == 4 and out == ""
     line = one_line_error(err, "split")
-    assert "mlp.json was made for model mlp.onnx" in line and "resnet_tiny.onnx" in line
+    assert "mlp.json: made for model mlp.onnx" in line and "resnet_tiny.onnx" in line
     assert snapshot(work) == before
 
 

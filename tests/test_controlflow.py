@@ -173,7 +173,7 @@ def test_loop_body_reading_an_external_weight(tmp_path: Path, mode: str) -> None
     (loop,) = [n for n in stage.graph.node if n.name == "loop"]
     (bias,) = loop.attribute[0].g.initializer
     assert bias.data_location == onnx.TensorProto.DEFAULT  # read in, not pointing at the source's file
-    np.testing.assert_array_equal(onnx.numpy_helper.to_array(bias), [0.1, -0.1, 0.2, -0.2])
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(bias), np.float32([0.1, -0.1, 0.2, -0.2]))
     assert_chain_equals(tmp_path / "out", path, [feeds_for(view.proto, 3)])
 
 

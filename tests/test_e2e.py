@@ -341,7 +341,7 @@ def test_split_refuses_a_profile_of_another_model(
         main(["split", str(other), "-k", "2", "--out", str(tmp_path / "out"), "--profile", str(saved)]) == 4
     )
     err = capsys.readouterr().err.strip()
-    assert err.startswith("onnxpipe split: error: mlp_profile.json was made for model mlp.onnx")
+    assert err.startswith("onnxpipe split: error: mlp_profile.json: made for model mlp.onnx")
     assert "\n" not in err and not (tmp_path / "out").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mlp_profile.json"]
 

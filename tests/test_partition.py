@@ -21,8 +21,15 @@ from hypothesis import strategies as st
 
 from benchmarks.baselines import equal_count, parameter_balanced, torchgpipe_block
 from onnxpipe import partition
-from onnxpipe.errors import PartitionError
-from onnxpipe.partition import TIE_RTOL, Partition, evaluate, solve, solve_heterogeneous
+from onnxpipe.errors import MemoryFitError, PartitionError
+from onnxpipe.partition import (
+    TIE_RTOL,
+    Partition,
+    evaluate,
+    evaluate_heterogeneous,
+    solve,
+    solve_heterogeneous,
+)
 
 INF = math.inf
 REL = 1e-12  # brute force (fsum) vs solver (prefix sums): agreement expected to ~1e-15
@@ -44,14 +51,21 @@ class Case:
     item_mem: list[float] | None = None
     mem_caps: list[float] | None = None
     mem_fac: list[float] | None = None
+    device_costs: list[list[float]] | None = None  # when set, replaces costs and speeds
+    item_act: list[float] | None = None
+    act_factor: list[float] | None = None
 
     @property
     def n(self) -> int:
         return len(self.costs)
 
+    def args(self) -> tuple[list[float] | None, int]:
+        """Positional arguments of the heterogeneous entry points."""
+        return (None if self.device_costs is not None else self.costs), self.k
+
     def kwargs(self) -> dict[str, object]:
-        return {
-            "speeds": self.speeds,
+        kw: dict[str, object] = {
+            "speeds": None if self.device_costs is not None else self.speeds,
             "cut_bytes": self.cut,
             "bandwidths": self.bws,
             "latencies": self.lats,
@@ -61,6 +75,31 @@ class Case:
             "cut_mem_factor": self.mem_fac,
             "allowed_cuts": self.allowed,
         }
+        if self.device_costs is not None:  # only the new arguments that are used: the old calls stay tested
+            kw["device_costs"] = self.device_costs
+        if self.item_act is not None:
+            kw["item_act"] = self.item_act
+            kw["act_factor"] = self.act_factor
+        return kw
+
+    def compute(self, s: int, a: int, b: int) -> float:
+        if self.device_costs is not None:
+            return math.fsum(self.device_costs[s][a:b])
+        return math.fsum(self.costs[a:b]) / self.speeds[s]
+
+    def memory(self, s: int, a: int, b: int) -> float:
+        assert self.item_mem is not None and self.mem_fac is not None
+        held = math.fsum(self.item_mem[a:b]) + (self.mem_fac[s] * self.cut[a] if s else 0.0)
+        if self.item_act is not None:
+            assert self.act_factor is not None
+            held += self.act_factor[s] * math.fsum(self.item_act[a:b])
+        return held
+
+    def work_scale(self) -> float:
+        """Largest total compute of a device (the scale of prefix-sum rounding)."""
+        if self.device_costs is not None:
+            return max(math.fsum(row) for row in self.device_costs)
+        return math.fsum(self.costs) / min(self.speeds)
 
 
 def all_bounds(n: int, k: int, allowed: Sequence[bool] | None = None) -> Iterator[tuple[int, ...]]:
@@ -73,7 +112,7 @@ def brute_stages(c: Case, bounds: Sequence[int]) -> list[tuple[float, float, flo
     """(compute, transfer, cost) per stage, straight from the definitions."""
     out = []
     for s, (a, b) in enumerate(itertools.pairwise(bounds)):
-        comp = math.fsum(c.costs[a:b]) / c.speeds[s]
+        comp = c.compute(s, a, b)
         tr = 0.0 if s == 0 else c.cut[a] / c.bws[s] + c.lats[s]
         out.append((comp, tr, max(comp, tr) if c.overlap else comp + tr))
     return out
@@ -83,21 +122,14 @@ def brute_memory(c: Case, bounds: Sequence[int]) -> float:
     """Largest stage memory; 0 without memory data."""
     if c.item_mem is None:
         return 0.0
-    assert c.mem_fac is not None
-    worst = 0.0
-    for s, (a, b) in enumerate(itertools.pairwise(bounds)):
-        worst = max(worst, math.fsum(c.item_mem[a:b]) + (c.mem_fac[s] * c.cut[a] if s else 0.0))
-    return worst
+    return max(c.memory(s, a, b) for s, (a, b) in enumerate(itertools.pairwise(bounds)))
 
 
 def fits(c: Case, bounds: Sequence[int]) -> bool:
     if c.item_mem is None:
         return True
-    assert c.mem_caps is not None and c.mem_fac is not None
-    for s, (a, b) in enumerate(itertools.pairwise(bounds)):
-        if math.fsum(c.item_mem[a:b]) + (c.mem_fac[s] * c.cut[a] if s else 0.0) > c.mem_caps[s]:
-            return False
-    return True
+    assert c.mem_caps is not None
+    return all(c.memory(s, a, b) <= c.mem_caps[s] for s, (a, b) in enumerate(itertools.pairwise(bounds)))
 
 
 def cut_total(c: Case, bounds: Sequence[int]) -> float:
@@ -131,7 +163,7 @@ def check_invariants(p: Partition, c: Case) -> None:
         assert cost == (max(comp, tr) if c.overlap else comp + tr)
     assert p.bottleneck == max(p.stage_costs)
     # ... and agree with the definitions (prefix-sum differences are exact to an ulp of the total).
-    slack = 1e-13 * math.fsum(c.costs) / min(c.speeds)
+    slack = 1e-13 * c.work_scale()
     for (_, _, cost), got in zip(brute_stages(c, p.bounds), p.stage_costs, strict=True):
         assert got == pytest.approx(cost, rel=REL, abs=slack)
     assert p.cut_bytes_total == round(cut_total(c, p.bounds))
@@ -168,9 +200,12 @@ COST = st.one_of(
 
 
 @st.composite
-def cases(draw: st.DrawFn, *, hetero: bool, memory: bool = False) -> Case:
-    n = draw(st.integers(1, 9))
-    k = draw(st.integers(1, n))
+def cases(
+    draw: st.DrawFn, *, hetero: bool, memory: bool = False, devices: bool = False, acts: bool = False
+) -> Case:
+    small = devices or acts  # richer cases, smaller sizes (n <= 8, K <= 4)
+    n = draw(st.integers(1, 8 if small else 9))
+    k = draw(st.integers(1, min(n, 4) if small else n))
     costs = draw(st.lists(COST, min_size=n, max_size=n))
     cut = [float(x) for x in draw(st.lists(st.integers(0, 1000), min_size=n + 1, max_size=n + 1))]
     if draw(st.booleans()):
@@ -187,36 +222,78 @@ def cases(draw: st.DrawFn, *, hetero: bool, memory: bool = False) -> Case:
     bws = draw(st.lists(st.sampled_from([INF, 1.0, 10.0, 100.0, 1000.0]), min_size=k, max_size=k))
     lats = draw(st.lists(st.sampled_from([0.0, 0.5, 2.0]) | st.floats(0, 5), min_size=k, max_size=k))
     c = Case(costs, k, cut, speeds, bws, lats, draw(st.booleans()), allowed)
-    if memory or draw(st.booleans()):
+    if devices:
+        c.device_costs = draw(device_rows(costs, k))
+    if memory or acts or draw(st.booleans()):
         c.item_mem = [float(x) for x in draw(st.lists(st.integers(0, 10), min_size=n, max_size=n))]
+        top = 60 if not acts else 200
         c.mem_caps = draw(
             st.lists(
-                st.sampled_from([INF, 5.0, 10.0, 20.0]) | st.integers(0, 60).map(float),
+                st.sampled_from([INF, 5.0, 10.0, 20.0]) | st.integers(0, top).map(float),
                 min_size=k,
                 max_size=k,
             )
         )
         c.mem_fac = draw(st.lists(st.sampled_from([0.0, 0.01, 0.05]), min_size=k, max_size=k))
+    if acts:
+        c.item_act = [float(x) for x in draw(st.lists(st.integers(0, 10), min_size=n, max_size=n))]
+        c.act_factor = draw(st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0]), min_size=k, max_size=k))
     return c
 
 
-def run_checked(c: Case, p_or_error: Partition | PartitionError) -> None:
-    """Solver output vs brute force, including the refusals."""
+@st.composite
+def device_rows(draw: st.DrawFn, costs: list[float], k: int) -> list[list[float]]:
+    """A k x n cost matrix: a few distinct rows (so stages often share one), each random, a scaled copy of
+    the costs, or the costs with per-"op type" speed-ups (a GPU: MatMul 25x, the rest 6x)."""
+    n = len(costs)
+    kind = draw(st.lists(st.booleans(), min_size=n, max_size=n))  # "MatMul" or not
+    pool = []
+    for _ in range(draw(st.integers(1, k))):
+        how = draw(st.sampled_from(["random", "scaled", "typed"]))
+        if how == "random":
+            pool.append(draw(st.lists(COST, min_size=n, max_size=n)))
+        elif how == "scaled":
+            f = draw(st.sampled_from([0.25, 0.5, 1.0, 2.0, 3.0]))
+            pool.append([x * f for x in costs])
+        else:
+            fast, slow = draw(st.sampled_from([1.0, 2.0, 6.0, 25.0])), draw(st.sampled_from([1.0, 6.0]))
+            pool.append([x / (fast if t else slow) for x, t in zip(costs, kind, strict=True)])
+    return [list(pool[draw(st.integers(0, len(pool) - 1))]) for _ in range(k)]
+
+
+def run_checked(c: Case, p_or_error: Partition | PartitionError, lower: float | None = None) -> float | None:
+    """Solver output vs brute force, including the refusals; returns the brute-force optimum (if any).
+
+    ``lower``: the solver's unclamped lower bound, which must not exceed the optimum."""
     inner_allowed = c.n - 1 if c.allowed is None else sum(c.allowed[1 : c.n])
     if inner_allowed < c.k - 1:
         assert isinstance(p_or_error, PartitionError) and "allowed_cuts" in str(p_or_error)
-        return
+        return None
     table = brute(c)
     if not table:  # memory cannot fit: the message names the smallest uniform cap, computed exactly
-        assert isinstance(p_or_error, PartitionError), p_or_error
+        assert isinstance(p_or_error, MemoryFitError), p_or_error
         m = re.search(r"smallest uniform cap that fits is ([0-9.e+-]+) bytes", str(p_or_error))
         assert m, str(p_or_error)
+        assert p_or_error.smallest_fit_bytes == float(m.group(1))  # %.17g round-trips
         need = min(brute_memory(c, b) for b in all_bounds(c.n, c.k, c.allowed))
         assert float(m.group(1)) == pytest.approx(need, rel=REL)
-        return
+        # ... and it is the smallest: every stage capped at it, a split fits
+        uniform = Case(**{**c.__dict__, "mem_caps": [p_or_error.smallest_fit_bytes * (1 + REL)] * c.k})
+        assert brute(uniform)
+        return None
     assert isinstance(p_or_error, Partition), p_or_error
     check_invariants(p_or_error, c)
     check_optimal(p_or_error, c)
+    opt = min(bb for _, bb, _ in table)
+    if lower is not None:
+        assert lower <= opt * (1 + REL) + 1e-13 * c.work_scale()
+    return opt
+
+
+def raw_lower(c: Case) -> float:
+    """The heterogeneous model's lower bound before clamping to the bottleneck."""
+    kw = {"device_costs": None, "item_act": None, "act_factor": None, **c.kwargs()}
+    return partition._heterogeneous_model(*c.args(), **kw)[1]  # type: ignore[arg-type]
 
 
 def attempt(fn: object, *args: object, **kwargs: object) -> Partition | PartitionError:
@@ -330,6 +407,128 @@ def test_memory_caps_and_the_smallest_uniform_cap() -> None:
         )
 
 
+def test_device_costs_see_what_one_speed_per_device_hides() -> None:
+    # Three "Add"-like items, then three "MatMul"-like ones.  Device 0 is 10x on everything; device 1
+    # speeds MatMul 25x but the rest only 6x.  Its overall speed (15.5x) hides that it is slow on the
+    # first half: one speed per device cuts after item 4, the per-device costs after item 3.
+    costs = [60.0, 60.0, 60.0, 250.0, 250.0, 250.0]
+    rows = [[6.0, 6.0, 6.0, 25.0, 25.0, 25.0], [10.0] * 6]
+    p = solve_heterogeneous(None, 2, device_costs=rows)
+    assert p.bounds == (0, 3, 6) and p.compute == (18.0, 30.0) and p.bottleneck == 30.0
+    by_speed = solve_heterogeneous(costs, 2, speeds=[10.0, sum(costs) / sum(rows[1])])
+    assert by_speed.bounds == (0, 4, 6)
+    assert evaluate_heterogeneous(by_speed.bounds, None, device_costs=rows).bottleneck == 43.0
+    assert evaluate_heterogeneous(p.bounds, None, device_costs=rows) == p
+    # Lower bound: the fractional assignment LP: device 0 takes the three cheap items and 12/35 of a
+    # MatMul, device 1 the rest; both then run 18 + 300/35.
+    assert p.lower_bound == pytest.approx(18 + 300 / 35, rel=1e-5)
+    assert p.lower_bound <= 18 + 300 / 35 * (1 + 1e-12)
+
+
+def test_proportional_device_rows_are_speeds() -> None:
+    rng = np.random.default_rng(3)
+    n, k = 80, 4
+    costs = rng.random(n) * (rng.random(n) < 0.7)
+    speeds = [2.0, 0.5, 1.0, 0.25]  # powers of two: the rows are exact, so are their prefix sums
+    kw = {"cut_bytes": rng.integers(0, 1000, n + 1).astype(float), "bandwidths": [INF, 100.0, 300.0, 50.0]}
+    a = solve_heterogeneous(costs, k, speeds=speeds, **kw)
+    b = solve_heterogeneous(None, k, device_costs=[costs / sp for sp in speeds], **kw)
+    assert (a.bounds, a.compute, a.transfer, a.stage_costs, a.bottleneck, a.cut_bytes_total) == (
+        b.bounds,
+        b.compute,
+        b.transfer,
+        b.stage_costs,
+        b.bottleneck,
+        b.cut_bytes_total,
+    )
+    assert b.lower_bound == pytest.approx(a.lower_bound, rel=1e-12)  # total work over total speed
+    # All rows equal: plain homogeneous balancing, and one shared row
+    c = solve_heterogeneous(None, k, device_costs=[costs] * k, **kw)
+    assert c == solve_heterogeneous(costs, k, **kw)
+
+
+def test_identical_device_rows_share_the_work() -> None:
+    r, q = [1.0, 0.0, 2.0, 3.0], [2.0, 1.0, 1.0, 0.5]
+    neg = [1.0, -0.0, 2.0, 3.0]  # equal to r
+    model, _ = partition._heterogeneous_model(
+        None,
+        4,
+        speeds=None,
+        device_costs=[r, q, neg, np.array(r)],
+        cut_bytes=None,
+        bandwidths=None,
+        latencies=None,
+        overlap=True,
+        item_mem=[1, 1, 1, 1],
+        mem_caps=[9, 9, 9, 9],
+        cut_mem_factor=None,
+        item_act=[1, 2, 3, 4],
+        act_factor=[2, 0, 2, 2],
+        allowed_cuts=None,
+    )
+    assert model.work.of == (0, 1, 0, 0) and len(model.work.prefix) == 2
+    assert model.mem is not None and model.mem.of == (0, 1, 0, 0) and len(model.mem.prefix) == 2
+    engine = partition._Engine(model)
+    assert engine.group[2] == engine.group[3] != engine.group[1]  # same row, same link: one r array
+    assert engine.shared[engine.group[2]]
+
+
+def test_lower_bound_with_two_device_kinds_is_the_fractional_lp() -> None:
+    rng = np.random.default_rng(8)
+    n = 300
+    base = rng.lognormal(0, 1, n)
+    matmul = rng.random(n) < 0.3
+    gpu, cpu = base * np.where(matmul, 1 / 25, 1 / 6), base
+    rows = [gpu, gpu, cpu, cpu, cpu]
+    p = solve_heterogeneous(None, 5, device_costs=rows)
+    # The LP by hand: items sorted by their GPU/CPU cost ratio go to the GPUs first (2 of them), the rest
+    # to the CPUs (3), one item split so that both kinds run equally long.
+    order = np.argsort(gpu / cpu, kind="stable")
+    g_load = np.concatenate([[0.0], np.cumsum(gpu[order])]) / 2
+    c_load = np.concatenate([np.cumsum(cpu[order][::-1])[::-1], [0.0]]) / 3
+    j = int(np.argmax(g_load >= c_load)) - 1  # item order[j] is split
+    x = (c_load[j + 1] + cpu[order[j]] / 3 - g_load[j]) / (gpu[order[j]] / 2 + cpu[order[j]] / 3)
+    lp = g_load[j] + x * gpu[order[j]] / 2
+    assert p.lower_bound == pytest.approx(lp, rel=1e-5)
+    assert p.lower_bound <= lp * (1 + 1e-12) <= p.bottleneck
+    assert p.ratio < 1.1  # contiguity costs little here: the bound certifies the split
+
+
+def test_activation_memory_per_stage() -> None:
+    # 1F1B with 4 micro-batches on 2 stages keeps min(4, 2 - s) = 2 and 1 sets of activations.
+    kw = {"speeds": [1, 1], "item_mem": [1, 1, 1, 1], "item_act": [2, 2, 2, 2], "act_factor": [2, 1]}
+    # stage 0 over [0, b) holds 5 b bytes, stage 1 holds 3 (4 - b)
+    assert solve_heterogeneous([1, 1, 1, 1], 2, mem_caps=[10, 10], **kw).bounds == (0, 2, 4)
+    assert solve_heterogeneous([1, 1, 1, 1], 2, mem_caps=[9, 9], **kw).bounds == (0, 1, 4)
+    with pytest.raises(MemoryFitError, match=r"smallest uniform cap that fits is 9 bytes") as info:
+        solve_heterogeneous([1, 1, 1, 1], 2, mem_caps=[8, 8], **kw)
+    assert info.value.smallest_fit_bytes == 9.0
+    # One factor for every stage is the same as folding it into item_mem.
+    rng = np.random.default_rng(4)
+    n, k = 60, 3
+    costs, mem, act = rng.random(n), rng.integers(0, 100, n), rng.integers(0, 1000, n)
+    same = {"speeds": [1, 2, 1], "mem_caps": [25000.0, 30000.0, 25000.0], "cut_mem_factor": [0, 0.5, 0.5]}
+    a = solve_heterogeneous(costs, k, item_mem=mem, item_act=act, act_factor=[2, 2, 2], **same)
+    assert a == solve_heterogeneous(costs, k, item_mem=mem + 2 * act, **same)
+    with pytest.raises(MemoryFitError) as e1:
+        solve_heterogeneous(costs, k, item_mem=mem, item_act=act, act_factor=[4, 4, 4], **same)
+    with pytest.raises(MemoryFitError) as e2:
+        solve_heterogeneous(costs, k, item_mem=mem + 4 * act, **same)
+    assert e1.value.smallest_fit_bytes == e2.value.smallest_fit_bytes
+
+
+def test_evaluate_heterogeneous_refuses_what_the_solver_cannot_return() -> None:
+    kw = {"speeds": [1, 1], "item_mem": [5, 5, 5], "mem_caps": [5, 10], "allowed_cuts": [1, 1, 0, 1]}
+    p = evaluate_heterogeneous([0, 1, 3], [1, 2, 3], **kw)  # type: ignore[arg-type]
+    assert p.bounds == (0, 1, 3) and p.compute == (1.0, 5.0) and p.bottleneck == 5.0
+    with pytest.raises(PartitionError, match=r"cut at 2, which allowed_cuts forbids"):
+        evaluate_heterogeneous([0, 2, 3], [1, 2, 3], speeds=[1, 1], allowed_cuts=[1, 1, 0, 1])
+    with pytest.raises(PartitionError, match=r"stage 1 needs 10 bytes but mem_caps\[1\] is 6"):
+        evaluate_heterogeneous([0, 1, 3], [1, 2, 3], speeds=[1, 1], item_mem=[5, 5, 5], mem_caps=[10, 6])
+    with pytest.raises(PartitionError, match=r"strictly increasing"):
+        evaluate_heterogeneous([0, 3], None, device_costs=[[1, 2]])
+
+
 @pytest.mark.parametrize(
     ("call", "match"),
     [
@@ -357,6 +556,38 @@ def test_memory_caps_and_the_smallest_uniform_cap() -> None:
         (lambda: solve_heterogeneous([1, 2], 2, speeds=[1, 1], item_mem=[1, 1]), r"go together"),
         (lambda: solve_heterogeneous([1, 2], 2, speeds=[1, 1], cut_mem_factor=[0, 1]), r"needs item_mem"),
         (lambda: solve_heterogeneous([1, 2], 2, speeds=[1, 1], item_mem=[1], mem_caps=[9, 9]), r"item_mem"),
+        (lambda: solve_heterogeneous(None, 2), r"costs is missing"),
+        (lambda: solve_heterogeneous([1, 2], 2, device_costs=[[1, 2], [1, 2]]), r"not both"),
+        (lambda: solve_heterogeneous(None, 2, speeds=[1, 1], device_costs=[[1, 2], [1, 2]]), r"speeds and"),
+        (lambda: solve_heterogeneous(None, 2, device_costs=[[1, 2]]), r"device_costs has 1 rows but needs 2"),
+        (lambda: solve_heterogeneous(None, 2, device_costs=[1, 2]), r"device_costs has shape \(2,\)"),
+        (lambda: solve_heterogeneous(None, 2, device_costs=[[1, 2], [1]]), r"same length"),
+        (lambda: solve_heterogeneous(None, 3, device_costs=[[1, 2]] * 3), r"cannot split 2 items into 3"),
+        (
+            lambda: solve_heterogeneous(None, 2, device_costs=[[1, 2], [1, -1]]),
+            r"device_costs\[1\]\[1\] = -1",
+        ),
+        (lambda: solve_heterogeneous(None, 1, device_costs=[[1, math.nan]]), r"device_costs\[0\]\[1\] = nan"),
+        (lambda: solve_heterogeneous(None, 1, device_costs=[[1e308, 1e308]]), r"device_costs\[0\] sum"),
+        (lambda: solve_heterogeneous([1, 2], 2, item_act=[1, 1]), r"item_act and act_factor go together"),
+        (
+            lambda: solve_heterogeneous([1, 2], 2, item_act=[1, 1], act_factor=[1, 1]),
+            r"need item_mem and mem_caps",
+        ),
+        (
+            lambda: solve_heterogeneous(
+                [1, 2], 2, item_mem=[1, 1], mem_caps=[5, 5], item_act=[1, 1], act_factor=[1]
+            ),
+            r"act_factor has 1 entries but needs 2 \(one per stage\)",
+        ),
+        (
+            lambda: solve_heterogeneous(
+                [1, 2], 2, item_mem=[1, 1], mem_caps=[5, 5], item_act=[1, -1], act_factor=[1, 1]
+            ),
+            r"item_act\[1\]",
+        ),
+        (lambda: evaluate_heterogeneous([0, 1, 1, 2], [1, 2]), r"strictly increasing"),
+        (lambda: evaluate_heterogeneous([0, 1, 2], [1, 2], speeds=[1]), r"speeds has 1 entries"),
         (lambda: evaluate([1, 2, 3], [0, 2, 2, 3]), r"strictly increasing"),
         (lambda: evaluate([1, 2, 3], [0, 2]), r"strictly increasing"),
     ],
@@ -400,27 +631,80 @@ def test_homogeneous_matches_brute_force(c: Case) -> None:
         assert evaluate(c.costs, p.bounds, cut_bytes=c.cut, bandwidth=c.bws[0]) == p
 
 
+def check_heterogeneous(c: Case) -> None:
+    """Solver vs brute force, the lower bound, and the evaluator on the solver's split."""
+    p = attempt(solve_heterogeneous, *c.args(), **c.kwargs())
+    lower = raw_lower(c) if isinstance(p, Partition) else None
+    run_checked(c, p, lower)
+    if isinstance(p, Partition):
+        assert evaluate_heterogeneous(p.bounds, c.args()[0], **c.kwargs()) == p
+
+
 @FAST
 @given(cases(hetero=True))
 def test_heterogeneous_matches_brute_force(c: Case) -> None:
-    run_checked(c, attempt(solve_heterogeneous, c.costs, c.k, **c.kwargs()))
+    check_heterogeneous(c)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases(hetero=True, memory=True))
 def test_memory_caps_match_brute_force(c: Case) -> None:
-    run_checked(c, attempt(solve_heterogeneous, c.costs, c.k, **c.kwargs()))
+    check_heterogeneous(c)
+
+
+@FAST
+@given(cases(hetero=True, devices=True))
+def test_device_costs_match_brute_force(c: Case) -> None:
+    check_heterogeneous(c)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases(hetero=True, acts=True))
+def test_activation_memory_matches_brute_force(c: Case) -> None:
+    check_heterogeneous(c)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.booleans().flatmap(lambda dev: cases(hetero=True, acts=True, devices=dev)))
+def test_activation_memory_with_device_costs_matches_brute_force(c: Case) -> None:
+    check_heterogeneous(c)
 
 
 @settings(max_examples=150, deadline=None)
-@given(cases(hetero=True))
+@given(
+    st.sampled_from([(False, False), (True, False), (False, True), (True, True)]).flatmap(
+        lambda f: cases(hetero=True, devices=f[0], acts=f[1])
+    )
+)
 def test_reference_dp_agrees_exactly(c: Case) -> None:
-    fast = attempt(solve_heterogeneous, c.costs, c.k, **c.kwargs())
-    ref = attempt(partition._reference_solve_heterogeneous, c.costs, c.k, **c.kwargs())
+    fast = attempt(solve_heterogeneous, *c.args(), **c.kwargs())
+    ref = attempt(partition._reference_solve_heterogeneous, *c.args(), **c.kwargs())
     if isinstance(fast, PartitionError):
         assert isinstance(ref, PartitionError) and str(ref) == str(fast)
+        assert type(ref) is type(fast)
+        if isinstance(fast, MemoryFitError):
+            assert isinstance(ref, MemoryFitError) and ref.smallest_fit_bytes == fast.smallest_fit_bytes
     else:
         assert fast == ref
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.booleans().flatmap(lambda acts: cases(hetero=True, devices=True, acts=acts)))
+def test_evaluate_heterogeneous_scores_every_split(c: Case) -> None:
+    """Any split scores with the definitions; the solver's is never worse; unfit splits are refused."""
+    best = attempt(solve_heterogeneous, *c.args(), **c.kwargs())
+    lower = raw_lower(c) if isinstance(best, Partition) else INF
+    for bounds in all_bounds(c.n, c.k):
+        got = attempt(evaluate_heterogeneous, bounds, c.args()[0], **c.kwargs())
+        if (c.allowed is not None and not all(c.allowed[b] for b in bounds[1:-1])) or not fits(c, bounds):
+            assert isinstance(got, PartitionError) and "\n" not in str(got)
+            continue
+        assert isinstance(got, Partition), got
+        check_invariants(got, c)
+        assert got.bounds == bounds
+        assert isinstance(best, Partition)
+        assert best.bottleneck <= got.bottleneck * (1 + TIE_RTOL)
+        assert got.lower_bound == min(lower, got.bottleneck)  # the same bound as the solver's
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -457,6 +741,48 @@ def test_large_heterogeneous_with_memory_equals_reference_dp() -> None:
     for overlap in (False, True):
         fast = solve_heterogeneous(costs, k, overlap=overlap, **kw)
         assert fast == partition._reference_solve_heterogeneous(costs, k, overlap=overlap, **kw)
+
+
+def test_large_device_costs_with_activation_memory_equal_reference_dp() -> None:
+    rng = np.random.default_rng(12)
+    n, k, micro = 600, 6, 4
+    base = rng.pareto(1.5, n) * 1e-3
+    matmul = rng.random(n) < 0.3
+    gpu = base * np.where(matmul, 1 / 25, 1 / 6)
+    measured = base * rng.uniform(0.8, 1.2, n)  # one device's own profile
+    rows = [gpu, gpu, base, measured, base, gpu]
+    kw = {
+        "device_costs": rows,
+        "cut_bytes": rng.integers(0, 1 << 16, n + 1).astype(float),
+        "bandwidths": rng.uniform(1e7, 1e9, k),
+        "latencies": rng.uniform(0, 1e-4, k),
+        "item_mem": rng.integers(0, 1000, n).astype(float),
+        "item_act": rng.integers(0, 500, n).astype(float),
+        "act_factor": [float(min(micro, k - s)) for s in range(k)],  # 1F1B in-flight micro-batches
+        "cut_mem_factor": np.full(k, 0.5),
+        "mem_caps": np.full(k, 200_000.0),
+    }
+    for overlap in (False, True):
+        fast = solve_heterogeneous(None, k, overlap=overlap, **kw)
+        assert fast == partition._reference_solve_heterogeneous(None, k, overlap=overlap, **kw)
+        assert evaluate_heterogeneous(fast.bounds, None, overlap=overlap, **kw) == fast
+        assert fast.ratio < 2.0
+    # The memory binds: without it the split differs.
+    free = {**kw, "mem_caps": np.full(k, INF)}
+    assert solve_heterogeneous(None, k, **free).bounds != solve_heterogeneous(None, k, **kw).bounds
+    # Too little memory: both name the same smallest uniform cap.
+    tight = {**kw, "mem_caps": np.full(k, 100_000.0)}
+    with pytest.raises(MemoryFitError) as fast_err:
+        solve_heterogeneous(None, k, **tight)
+    with pytest.raises(MemoryFitError) as ref_err:
+        partition._reference_solve_heterogeneous(None, k, **tight)
+    assert fast_err.value.smallest_fit_bytes == ref_err.value.smallest_fit_bytes > 100_000.0
+    assert str(fast_err.value) == str(ref_err.value)
+    fit = {**kw, "mem_caps": np.full(k, fast_err.value.smallest_fit_bytes)}
+    assert solve_heterogeneous(None, k, **fit) == partition._reference_solve_heterogeneous(None, k, **fit)
+    below = {**kw, "mem_caps": np.full(k, math.nextafter(fast_err.value.smallest_fit_bytes, 0))}
+    with pytest.raises(MemoryFitError):
+        solve_heterogeneous(None, k, **below)
 
 
 def test_mostly_free_nodes_equal_reference_dp() -> None:

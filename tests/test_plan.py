@@ -43,7 +43,8 @@ def test_assign_stages_skip_connection_and_constant_copies() -> None:
     assert s0.node_names == ("r1",) and s0.inputs == ("x",) and s0.outputs == ("h1",)
     # h1 jumps over stage 1 to stage 2: stage 0 emits it once, stage 2 receives it
     assert s1.node_names == ("r2", "r3") and s1.inputs == ("h1",) and s1.outputs == ("h3",)
-    assert s1.constant_nodes == ("const",) and s1.param_bytes == 16
+    # weights: the initializer w and the Constant c (copied into the stage) count as parameters
+    assert s1.constant_nodes == ("const",) and s1.param_bytes == 16 + 16
     assert s2.inputs == ("h3", "h1") and s2.outputs == ("y",)
     assert s2.constant_nodes == ("const",)
     assert s0.constant_nodes == ()

@@ -364,7 +364,7 @@ def test_check_matches_refuses_another_model(conv_profile: tuple[ModelView, Prof
         prof.check_matches(other)
     path = tmp_path / "profile.json"
     prof.save(path)
-    with pytest.raises(ProfileError, match=r"^profile.json was made for"):
+    with pytest.raises(ProfileError, match=r"^profile.json: made for"):
         Profile.load(path).check_matches(other)
 
 

@@ -29,7 +29,7 @@ from onnxpipe.costs import static_profile
 from onnxpipe.errors import ExportError
 from onnxpipe.export import export_stages
 from onnxpipe.manifest import load_manifest
-from onnxpipe.model import load_model
+from onnxpipe.model import file_sha256, load_model
 from onnxpipe.plan import make_plan
 from onnxpipe.runner import StageChain
 from tools.make_large_graph import make_big_weights, make_many_nodes
@@ -199,7 +199,7 @@ import json, sys
 sys.path.insert(0, sys.argv[3])
 from onnxpipe.costs import static_profile
 from onnxpipe.export import export_stages
-from onnxpipe.model import load_model
+from onnxpipe.model import file_sha256, load_model
 from onnxpipe.plan import make_plan
 
 def status(key):
@@ -240,3 +240,20 @@ def test_export_peak_memory_follows_the_largest_stage_not_the_model(tmp_path: Pa
         f"export peak {above / 1e6:.0f} MB above the floor for a {total / 1e6:.0f} MB model"
     )
     assert above < 2.5 * m["largest"]
+
+
+def test_weights_file_offsets_are_aligned_and_the_hash_is_of_the_file(tmp_path: Path) -> None:
+    """Weights of 1600 bytes each: every one starts at a multiple of 4096 (onnxruntime can map them)."""
+    path = save(shared_weights_model(width=20), tmp_path / "m.onnx")
+    view = load_model(path)
+    manifest = export_stages(view, plan_for(view, [0, 6, 13]), tmp_path / "out", external_data="always")
+    for entry in manifest.stages:
+        assert entry.external_data is not None
+        data = tmp_path / "out" / entry.external_data
+        assert entry.external_data_sha256 == file_sha256(data)
+        stage = onnx.load(str(tmp_path / "out" / entry.file), load_external_data=False)
+        for t in stage.graph.initializer:
+            where = {e.key: int(e.value) for e in t.external_data if e.key != "location"}
+            assert where["offset"] % 4096 == 0 and where["length"] == 1600
+    x = np.random.default_rng(3).standard_normal((2, 20)).astype(np.float32)
+    chain_equals_model(tmp_path / "out", path, {"x": x})

@@ -1,4 +1,4 @@
-"""Tests of onnxpipe.verify and onnxpipe.runner: the chained stages against the original model."""
+"""Tests of onnxpipe.verification and onnxpipe.runner: the chained stages against the original model."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from onnxpipe.manifest import load_manifest
 from onnxpipe.model import ModelView, file_sha256, load_model
 from onnxpipe.plan import Plan, assign_stages
 from onnxpipe.runner import StageChain
-from onnxpipe.verify import compare, verify
+from onnxpipe.verification import compare, verify
 
 
 def plan_for(view: ModelView, bounds: list[int]) -> Plan:

@@ -1,0 +1,427 @@
+"""A K-stage pipeline (one thread per stage) against the model run without one, on this machine.
+
+For each model the benchmark splits it with ``onnxpipe.api.split`` (measured costs by default), then
+measures, in rounds whose order is shuffled:
+
+* ``pipeline_processes``: the split run by ``onnxpipe.runtime`` with worker processes (shared memory);
+* ``pipeline_threads``: the same with worker threads;
+* ``session_1``: the original model, one onnxruntime session, one intra-op thread, in this process;
+* ``session_K``: the same with K threads;
+* ``replicas``: K copies of the whole model, one worker process each (one thread), fed in turn.
+
+Throughput is steady-state: outputs per second between the first and the last output of a run of
+micro-batches (a pipeline's fill, one pass through all stages, excluded; the JSON also has the
+throughput over the whole run).  It prints the median throughput of each and the median per-round ratios
+of the pipeline to each, the
+measured time of every stage against the manifest's estimate, and the peak memory of every worker: a
+stage worker against a replica, both as peak RSS and as "model memory" (peak minus the worker's memory
+before it loaded its model).  Results go to ``benchmarks/results/pipeline.json``.
+
+The machine may be shared: every measurement records how much CPU *other* processes used meanwhile
+(``/proc/stat`` minus our own processes), in cores, and the summary gives the medians over all rounds
+and over the quiet ones (others below ``--quiet`` cores) separately.  ``--wait-quiet S`` waits up to S
+seconds before each round for the others to go quiet.  Where that never happens (several people's jobs
+on two cores) and Linux's autogroup scheduling is on, running the benchmark as its own session with a
+raised group priority keeps other sessions from skewing the comparison (root; tell the others)::
+
+    setsid sh -c 'echo -10 > /proc/self/autogroup; exec python benchmarks/bench_pipeline.py'
+
+    python benchmarks/bench_pipeline.py [--models gpt2_tiny,bert_tiny,yolov8n,resnet50] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+
+from onnxpipe import api  # noqa: E402
+from onnxpipe.manifest import load_manifest  # noqa: E402
+from onnxpipe.runtime.inputs import random_inputs  # noqa: E402
+from onnxpipe.runtime.pipeline import Pipeline, make_backend  # noqa: E402
+from onnxpipe.runtime.report import measure  # noqa: E402
+from onnxpipe.runtime.session import WorkerStats  # noqa: E402
+from onnxpipe.runtime.spec import Placement, model_spec  # noqa: E402
+
+Feeds = Mapping[str, np.ndarray]
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+TARGET_SECONDS = 3.0  # one measurement of the one-thread session takes about this long
+MIN_MICROBATCHES = 32
+
+
+def model_table() -> dict[str, tuple[Callable[[], Path], dict[str, tuple[int, ...]] | None]]:
+    from tools import corpus, export_transformers
+
+    return {
+        "gpt2_tiny": (lambda: export_transformers.gpt2_tiny(dynamo=False), {"input_ids": (4, 128)}),
+        "bert_tiny": (
+            lambda: export_transformers.bert_tiny(dynamo=False),
+            {"input_ids": (4, 128), "attention_mask": (4, 128)},
+        ),
+        "yolov8n": (corpus.nudenet, {"images": (1, 3, 320, 320)}),
+        "resnet50": (lambda: corpus.onnx_light("resnet50"), None),
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# CPU used by other processes
+
+
+def _busy_ticks() -> int:
+    with open("/proc/stat", encoding="ascii") as f:
+        parts = f.readline().split()[1:]
+    values = [int(v) for v in parts]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    return sum(values[:8]) - idle
+
+
+def _process_ticks(pid: int | str) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+@dataclass
+class CpuWatch:
+    pids: Sequence[int]
+    start: float = 0.0
+    busy: int = 0
+    ours: int = 0
+
+    def __enter__(self) -> CpuWatch:
+        self.start = time.perf_counter()
+        self.busy = _busy_ticks()
+        self.ours = _process_ticks("self") + sum(_process_ticks(p) for p in self.pids)
+        return self
+
+    def others_cores(self) -> float:
+        wall = time.perf_counter() - self.start
+        busy = _busy_ticks() - self.busy
+        ours = _process_ticks("self") + sum(_process_ticks(p) for p in self.pids) - self.ours
+        return max(0.0, (busy - ours) / CLOCK_TICKS / wall) if wall > 0 else 0.0
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def wait_for_quiet(threshold: float, patience: float, window: float = 2.0) -> float:
+    """Wait (at most ``patience`` s) until other processes use under ``threshold`` cores; their last load."""
+    deadline = time.monotonic() + patience
+    while True:
+        with CpuWatch(()) as watch:
+            time.sleep(window)
+        others = watch.others_cores()
+        if others < threshold or time.monotonic() > deadline:
+            return others
+        time.sleep(5.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# variants
+
+
+@dataclass
+class Variant:
+    """``run`` returns (throughput over the whole run, steady throughput between first and last output)."""
+
+    name: str
+    run: Callable[[Sequence[Feeds]], tuple[float, float]]
+    pids: Callable[[], list[int]] = list
+    throughputs: list[float] = field(default_factory=list)
+    overall: list[float] = field(default_factory=list)
+    others: list[float] = field(default_factory=list)
+
+
+def session_variant(name: str, model: Path, threads: int) -> Variant:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+
+    def run(inputs: Sequence[Feeds]) -> tuple[float, float]:
+        start = time.perf_counter()
+        done = []
+        for feeds in inputs:
+            session.run(names, dict(feeds))
+            done.append(time.perf_counter())
+        steady = (len(done) - 1) / (done[-1] - done[0]) if len(done) > 1 else math.nan
+        return len(inputs) / (done[-1] - start), steady
+
+    return Variant(name, run)
+
+
+def pipeline_variant(name: str, pipe: Pipeline, runs: list[list[WorkerStats]]) -> Variant:
+    def run(inputs: Sequence[Feeds]) -> tuple[float, float]:
+        m = measure(pipe, inputs)
+        runs.append(list(m.stats))
+        return m.throughput_per_s, m.steady_throughput_per_s
+
+    return Variant(name, run, pipe.worker_pids)
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else math.nan
+
+
+# --------------------------------------------------------------------------------------------------
+# one model
+
+
+def bench_model(
+    name: str, path: Path, shapes: dict[str, tuple[int, ...]] | None, args: argparse.Namespace
+) -> dict[str, Any]:
+    k = args.k
+    out = Path(tempfile.mkdtemp(prefix=f"bench-{name}-")) / "split"
+    start = time.perf_counter()
+    result = api.split(path, k, out, cost=args.cost, run_verify=False, shapes=shapes)
+    split_s = time.perf_counter() - start
+    manifest = load_manifest(out)
+    input_shapes = {n: tuple(v) for n, v in manifest.plan.profiled_input_shapes.items()}
+    pool = random_inputs(path, input_shapes, 8, seed=0)
+
+    single = session_variant("session_1", path, 1)
+    per_item = 1.0 / single.run(pool)[0]
+    count = int(min(args.max_microbatches, max(MIN_MICROBATCHES, math.ceil(TARGET_SECONDS / per_item))))
+    inputs = [pool[j % len(pool)] for j in range(count)]
+
+    stage_runs: list[list[WorkerStats]] = []
+    thread_runs: list[list[WorkerStats]] = []
+    replica_runs: list[list[WorkerStats]] = []
+    pipe_p = Pipeline.from_manifest(out, mode="processes", threads=1)
+    pipe_t = Pipeline.from_manifest(out, mode="threads", threads=1)
+    names = [t.name for t in manifest.model_inputs]
+    outs = [o.name for o in manifest.model_outputs]
+    lanes = [[model_spec(path, names, outs, Placement(threads=1), index=i)] for i in range(k)]
+    replicas = Pipeline(
+        make_backend(lanes, mode="processes"),
+        input_types={t.name: t.dtype for t in manifest.model_inputs},
+        output_names=outs,
+        lanes=lanes,
+    )
+    variants = [
+        pipeline_variant("pipeline_processes", pipe_p, stage_runs),
+        pipeline_variant("pipeline_threads", pipe_t, thread_runs),
+        single,
+        session_variant(f"session_{k}", path, k),
+        pipeline_variant("replicas", replicas, replica_runs),
+    ]
+    try:
+        for v in variants:  # warm-up
+            v.run(inputs[: max(4, 2 * k)])
+        stage_runs.clear()
+        thread_runs.clear()
+        replica_runs.clear()
+        rng = random.Random(0)
+        for r in range(args.rounds):
+            if args.wait_quiet > 0:
+                wait_for_quiet(args.quiet, args.wait_quiet)
+            order = list(variants)
+            rng.shuffle(order)
+            for v in order:
+                with CpuWatch(v.pids()) as watch:
+                    overall, steady = v.run(inputs)
+                v.throughputs.append(steady)
+                v.overall.append(overall)
+                v.others.append(watch.others_cores())
+            print(
+                f"  {name} round {r + 1}/{args.rounds}: "
+                + ", ".join(f"{v.name} {v.throughputs[-1]:.1f}/s ({v.others[-1]:.2f})" for v in variants),
+                flush=True,
+            )
+    finally:
+        for p in (pipe_p, pipe_t, replicas):
+            p.close()
+
+    by = {v.name: v for v in variants}
+
+    cpus = os.cpu_count() or k
+    # a variant on fewer cores than the machine has leaves the rest to others: not a disturbance
+    spare = {v.name: max(0, cpus - (1 if v.name == "session_1" else k)) for v in variants}
+
+    def ratio(numerator: str, base: str, quiet_only: bool) -> float:
+        num, den = by[numerator], by[base]
+        rs = [
+            a / b
+            for a, b, oa, ob in zip(num.throughputs, den.throughputs, num.others, den.others, strict=True)
+            if not quiet_only or (oa < args.quiet + spare[numerator] and ob < args.quiet + spare[base])
+        ]
+        return median(rs)
+
+    stages: list[dict[str, Any]] = []
+    for i, st in enumerate(manifest.stages):
+        estimated = st.estimated_compute_seconds * 1e3
+        measured = {
+            mode: median([r.run_seconds * 1e3 for stats in runs for r in stats[i].records])
+            for mode, runs in (("threads", thread_runs), ("processes", stage_runs))
+        }
+        last = stage_runs[-1][i]
+        stages.append(
+            {
+                "index": i,
+                "estimated_ms": estimated,
+                "measured_ms": measured,
+                "estimate_error": {m: (estimated - v) / v for m, v in measured.items()},
+                "peak_rss_bytes": last.peak_rss_bytes,
+                "model_rss_bytes": last.model_rss_bytes,
+                "param_bytes": st.param_bytes,
+            }
+        )
+    replica_last = replica_runs[-1][0]
+    bases = ("session_1", f"session_{k}", "replicas")
+    return {
+        "model": name,
+        "path": str(path),
+        "k": k,
+        "cost": args.cost,
+        "split_seconds": split_s,
+        "input_shapes": {n: list(v) for n, v in input_shapes.items()},
+        "microbatches": count,
+        "rounds": args.rounds,
+        "plan_bottleneck_ms": result.plan.bottleneck_seconds * 1e3,
+        "plan_lower_bound_ms": result.plan.lower_bound_seconds * 1e3,
+        "throughput_per_s": {v.name: median(v.throughputs) for v in variants},
+        "overall_throughput_per_s": {v.name: median(v.overall) for v in variants},
+        "others_cores": {v.name: median(v.others) for v in variants},
+        "all_rounds": {v.name: v.throughputs for v in variants},
+        "others_all_rounds": {v.name: v.others for v in variants},
+        "ratios": {
+            pipe: {
+                base: {"all": ratio(pipe, base, False), "quiet": ratio(pipe, base, True)} for base in bases
+            }
+            for pipe in ("pipeline_threads", "pipeline_processes")
+        },
+        "threads_over_processes": ratio("pipeline_threads", "pipeline_processes", False),
+        "stages": stages,
+        "replica_peak_rss_bytes": replica_last.peak_rss_bytes,
+        "replica_model_rss_bytes": replica_last.model_rss_bytes,
+        "model_param_bytes": sum(st.param_bytes for st in manifest.stages),
+        "estimate_max_error": {
+            m: max(abs(s["estimate_error"][m]) for s in stages) for m in ("threads", "processes")
+        },
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# output
+
+
+def print_summary(rows: Sequence[dict[str, Any]], k: int) -> None:
+    mib = 1024 * 1024
+    print()
+    header = (
+        f"{'model':10} {'input':12} {'1-thr/s':>8} {'pipe/s':>7} {'x1-thr':>13} {f'x{k}-thr':>11} "
+        f"{'x repl':>11} {'thr/proc':>8} {'est err':>7} {'weights':>9} {'stage MiB':>9} {'repl MiB':>8}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        t, p = r["ratios"]["pipeline_threads"], r["ratios"]["pipeline_processes"]
+        shape = "x".join(str(d) for d in next(iter(r["input_shapes"].values())))
+        stage_mem = "/".join(f"{(s['model_rss_bytes'] or 0) / mib:.0f}" for s in r["stages"])
+        total = max(1, r["model_param_bytes"])
+        weights = "/".join(f"{s['param_bytes'] / total * 100:.0f}%" for s in r["stages"])
+
+        def pair(base: str, t: dict[str, Any] = t, p: dict[str, Any] = p) -> str:
+            return f"{t[base]['all']:.2f} ({p[base]['all']:.2f})"
+
+        print(
+            f"{r['model']:10} {shape:12} {r['throughput_per_s']['session_1']:8.2f} "
+            f"{r['throughput_per_s']['pipeline_threads']:7.2f} {pair('session_1'):>13} "
+            f"{pair(f'session_{k}'):>11} {pair('replicas'):>11} {r['threads_over_processes']:8.2f} "
+            f"{r['estimate_max_error']['threads'] * 100:6.1f}% {weights:>9} {stage_mem:>9} "
+            f"{(r['replica_model_rss_bytes'] or 0) / mib:8.0f}"
+        )
+    print(
+        "pipe/s and the ratios: the pipeline with worker threads (the default), in brackets with worker "
+        "processes;\nratios are medians of per-round ratios; thr/proc the thread pipeline over the process "
+        "one; est err the largest |estimated - measured| / measured\nstage time (threads); weights: "
+        "each stage's share of the parameters;\nMiB: model memory of a process worker (peak minus its "
+        "memory before loading its model)"
+    )
+    for r in rows:
+        print(
+            f"  {r['model']}: others used {r['others_cores']['pipeline_threads']:.2f} cores (median, threads "
+            f"pipeline); stages measured/estimated "
+            + ", ".join(f"{s['measured_ms']['threads']:.2f}/{s['estimated_ms']:.2f} ms" for s in r["stages"])
+            + f"; plan {r['plan_bottleneck_ms']:.2f} ms vs bound {r['plan_lower_bound_ms']:.2f} ms; "
+            "quiet rounds only: "
+            + ", ".join(
+                f"x {base} {r['ratios']['pipeline_threads'][base]['quiet']:.2f}"
+                for base in r["ratios"]["pipeline_threads"]
+            )
+        )
+
+
+def _autogroup() -> str | None:
+    try:
+        return Path("/proc/self/autogroup").read_text().strip()
+    except OSError:
+        return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    table = model_table()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--models", default=",".join(table), help="comma-separated: " + ", ".join(table))
+    parser.add_argument("--k", type=int, default=2, help="stages (and replicas, and session threads)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--cost", choices=("profile", "static"), default="profile")
+    parser.add_argument("--max-microbatches", type=int, default=200)
+    parser.add_argument(
+        "--quiet", type=float, default=0.15, help="cores used by others below which a round counts as quiet"
+    )
+    parser.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each round, wait up to this long for other processes to go quiet",
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "pipeline.json")
+    args = parser.parse_args(argv)
+    rows = []
+    for name in args.models.split(","):
+        if name not in table:
+            parser.error(f"unknown model {name!r}; choose from {', '.join(table)}")
+        get, shapes = table[name]
+        path = get()
+        print(f"{name}: {path}", flush=True)
+        rows.append(bench_model(name, path, shapes, args))
+    print_summary(rows, args.k)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "cpus": os.cpu_count(),
+        "onnxruntime": ort.__version__,
+        "python": sys.version.split()[0],
+        "quiet_threshold_cores": args.quiet,
+        "autogroup": _autogroup(),
+    }
+    args.out.write_text(json.dumps({"machine": meta, "rows": rows}, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""Running a split folder: one worker per stage, locally (processes or threads) or on a Ray cluster.
+
+>>> from onnxpipe.runtime import Pipeline                  # doctest: +SKIP
+>>> with Pipeline.from_manifest("out/") as pipe:           # doctest: +SKIP
+...     outputs = pipe.run(feeds)
+
+``onnxpipe run DIR`` (:mod:`onnxpipe.runtime.cli`) measures a pipeline and, with ``--compare``, the
+model without one; docs/runtime.md describes both.
+"""
+
+from onnxpipe.runtime.pipeline import DEFAULT_LOCAL_MODE, Job, Pipeline
+from onnxpipe.runtime.report import Measurement, RunReport, build_report, format_report, measure
+from onnxpipe.runtime.session import WorkerStats
+from onnxpipe.runtime.spec import Placement, WorkerSpec
+
+__all__ = [
+    "DEFAULT_LOCAL_MODE",
+    "Job",
+    "Measurement",
+    "Pipeline",
+    "Placement",
+    "RunReport",
+    "WorkerSpec",
+    "WorkerStats",
+    "build_report",
+    "format_report",
+    "measure",
+]

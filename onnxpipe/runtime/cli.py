@@ -1,0 +1,232 @@
+"""``onnxpipe run DIR``: run a split folder as a pipeline, measure it, optionally against the model.
+
+:func:`add_run_arguments` fills the subcommand's parser and :func:`run_command` runs it; the main CLI
+(:mod:`onnxpipe.cli`) wires them in and maps the :class:`~onnxpipe.errors.OnnxpipeError` subclasses raised
+here to exit codes.  This module is the only place in :mod:`onnxpipe.runtime` that prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxpipe.cluster import load_cluster
+from onnxpipe.errors import ManifestError, UsageError
+from onnxpipe.feeds import parse_shape_overrides
+from onnxpipe.manifest import Manifest, load_manifest
+from onnxpipe.runtime.compare import add_baselines
+from onnxpipe.runtime.inputs import input_shapes_for, load_npz, random_inputs
+from onnxpipe.runtime.pipeline import BACKENDS, DEFAULT_LOCAL_MODE, LOCAL_MODES, LocalMode, Pipeline
+from onnxpipe.runtime.processes import DEFAULT_SLOTS
+from onnxpipe.runtime.report import build_report, format_report, measure
+from onnxpipe.runtime.session import peak_rss_bytes
+from onnxpipe.runtime.spec import Placement, placement_for_device
+from onnxpipe.verification import source_model_path
+
+DEFAULT_MICROBATCHES = 32
+DEFAULT_WARMUP = 4
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
+    return value
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``onnxpipe run``."""
+    parser.add_argument("dir", type=Path, help="a folder written by 'onnxpipe split'")
+    w = parser.add_argument_group("workers")
+    w.add_argument("--backend", choices=BACKENDS, default="local", help="local workers or a Ray cluster")
+    w.add_argument(
+        "--local-mode",
+        choices=LOCAL_MODES,
+        default=DEFAULT_LOCAL_MODE,
+        help=f"local workers as processes (shared memory) or threads (default {DEFAULT_LOCAL_MODE})",
+    )
+    w.add_argument(
+        "--threads", type=_positive_int, metavar="N", help="intra-op threads per stage (default: the plan's)"
+    )
+    w.add_argument(
+        "--devices",
+        type=Path,
+        metavar="FILE",
+        help="devices file naming each stage's provider and threads (docs/devices.md)",
+    )
+    w.add_argument(
+        "--slots",
+        type=_positive_int,
+        metavar="N",
+        default=DEFAULT_SLOTS,
+        help=f"micro-batches each link between stages holds (default {DEFAULT_SLOTS})",
+    )
+    w.add_argument(
+        "--ray-address", metavar="ADDR", help="address of a running Ray cluster (default: start a local one)"
+    )
+    w.add_argument(
+        "--ray-resources", type=Path, metavar="FILE", help="JSON file of per-stage Ray actor resources"
+    )
+
+    i = parser.add_argument_group("inputs")
+    i.add_argument(
+        "--inputs",
+        type=Path,
+        metavar="FILE.npz",
+        help=".npz with one array per model input, micro-batches stacked on axis 0",
+    )
+    i.add_argument(
+        "--microbatches",
+        "-m",
+        type=_positive_int,
+        metavar="M",
+        help=f"micro-batches to run (default: all of --inputs, else {DEFAULT_MICROBATCHES})",
+    )
+    i.add_argument(
+        "--warmup", type=_count, default=DEFAULT_WARMUP, metavar="W", help="untimed micro-batches run first"
+    )
+    i.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="NAME=D1,D2,...",
+        help="shape of a random model input (default: the shapes the plan was made for)",
+    )
+    i.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    i.add_argument(
+        "--model", type=Path, metavar="MODEL", help="the source model (default: the path in the manifest)"
+    )
+
+    o = parser.add_argument_group("results")
+    o.add_argument("--report", type=Path, metavar="FILE.json", help="write the measurements as JSON")
+    o.add_argument(
+        "--outputs", type=Path, metavar="FILE.npz", help="write the model outputs as .npz, stacked on axis 0"
+    )
+    o.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run the model as one session (1 thread, all threads) and as K replicas",
+    )
+
+
+def _placements(args: argparse.Namespace, manifest: Manifest) -> list[Placement] | None:
+    if args.devices is None:
+        if args.threads is None:
+            return None
+        return [placement_for_device(st.device, args.threads) for st in manifest.stages]
+    cluster = load_cluster(args.devices)
+    by_name = {d.name: d for d in cluster.devices}
+    result: list[Placement] = []
+    for st in manifest.stages:
+        dev = by_name.get(st.device)
+        if dev is None:
+            if len(cluster.devices) == manifest.k:
+                dev = cluster.devices[st.index]  # a manifest planned without names: pipeline order
+            else:
+                raise UsageError(
+                    f"{args.devices}: has no device {st.device!r}, which stage {st.index} runs on; "
+                    f"devices are {', '.join(by_name)}"
+                )
+        options = tuple((k, str(v)) for k, v in dev.provider_options.items())
+        result.append(Placement(dev.provider, options, args.threads or dev.threads))
+    return result
+
+
+def _source_model(args: argparse.Namespace, manifest: Manifest, *, needed: bool) -> Path | None:
+    try:
+        return source_model_path(args.dir, manifest, args.model)
+    except (ManifestError, UsageError):
+        if needed:
+            raise
+        return None
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run ``args.dir`` as a pipeline and print what it delivered; 1 when ``--compare`` finds a mismatch."""
+    manifest = load_manifest(args.dir)
+    placements = _placements(args, manifest)
+    input_types = {t.name: t.dtype for t in manifest.model_inputs}
+    overrides = parse_shape_overrides(args.shape)
+    model = _source_model(args, manifest, needed=args.compare or args.inputs is None)
+    if args.inputs is not None:
+        if overrides:
+            raise UsageError("--shape is for random inputs; the shapes of --inputs are those in the file")
+        inputs = load_npz(args.inputs, input_types)
+        if args.microbatches is not None:
+            inputs = [inputs[j % len(inputs)] for j in range(args.microbatches)]
+        shapes = {n: tuple(int(d) for d in v.shape) for n, v in inputs[0].items()}
+    else:
+        assert model is not None
+        shapes = input_shapes_for(manifest, model, overrides)
+        inputs = random_inputs(model, shapes, args.microbatches or DEFAULT_MICROBATCHES, seed=args.seed)
+    resources = None
+    if args.ray_resources is not None:
+        if args.backend != "ray":
+            raise UsageError("--ray-resources is for --backend ray")
+        from onnxpipe.runtime.ray_backend import load_ray_resources
+
+        resources = load_ray_resources(args.ray_resources, manifest.k)
+    mode: LocalMode = args.local_mode
+    with Pipeline.from_manifest(
+        args.dir,
+        backend=args.backend,
+        mode=mode,
+        placements=placements,
+        slots=args.slots,
+        ray_address=args.ray_address,
+        ray_resources=resources,
+    ) as pipeline:
+        measurement = measure(pipeline, inputs, warmup=args.warmup)
+    report = build_report(
+        pipeline,
+        measurement,
+        warmup=args.warmup,
+        input_shapes=shapes,
+        driver_peak_rss_bytes=peak_rss_bytes(),
+    )
+    if args.compare:
+        assert model is not None
+        report = add_baselines(report, pipeline, measurement, model, inputs, warmup=args.warmup)
+    print(format_report(report))
+    if args.report is not None:
+        _write(args.report, report.to_json())
+        print(f"wrote {args.report}")
+    if args.outputs is not None:
+        _save_outputs(args.outputs, measurement.outputs)
+        print(f"wrote {args.outputs}")
+    return 1 if report.outputs_match is False else 0
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"{path}: cannot be written ({e.strerror or e})") from e
+
+
+def _save_outputs(path: Path, outputs: Any) -> None:
+    names = list(outputs[0]) if outputs else []
+    stacked = {n: np.stack([o[n] for o in outputs]) for n in names}
+    try:
+        with path.open("wb") as f:
+            np.savez(f, **stacked)  # type: ignore[arg-type]
+    except OSError as e:
+        raise UsageError(f"{path}: cannot be written ({e.strerror or e})") from e
+    except ValueError as e:
+        raise UsageError(f"{path}: outputs of different shapes cannot be stacked ({e})") from e

@@ -1,0 +1,240 @@
+"""The work of one worker, whatever runs it (a thread, a process, a Ray actor): open the stage's
+onnxruntime session, run one micro-batch, say precisely what failed, and keep timing records.
+
+Failures are raised as :class:`StageFailure` with a one-line message naming the stage, the micro-batch,
+the node and the tensor at fault; the backends carry that text to the caller, who raises it as
+:class:`onnxpipe.errors.RuntimeStageError`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnxruntime as ort
+
+from onnxpipe.runtime.spec import CPU_PROVIDER, WorkerSpec
+
+MAX_RECORDS = 1 << 16
+"""Timing records a worker keeps (the most recent ones): bounded, so a long-running server does not grow."""
+
+_NODE_NAME = re.compile(r"running (\w+) node\. Name:'([^']*)'")
+
+
+class StageFailure(Exception):
+    """A stage could not load or run; the message is the complete one-line explanation."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One micro-batch at one worker (``time.perf_counter`` seconds in that worker's process).
+
+    ``received``: the worker took it; ``run_start``/``run_end``: the session ran; ``out_ready``: a free
+    slot downstream was available (waiting for it is backpressure, not work); ``done``: sent on.
+    """
+
+    seq: int
+    received: float
+    run_start: float
+    run_end: float
+    out_ready: float
+    done: float
+
+    @property
+    def run_seconds(self) -> float:
+        return self.run_end - self.run_start
+
+    @property
+    def busy_seconds(self) -> float:
+        return (self.run_end - self.received) + (self.done - self.out_ready)
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    """What a worker measured since it started or since its stats were last reset."""
+
+    index: int
+    label: str
+    records: tuple[Record, ...]
+    pid: int | None
+    load_seconds: float
+    startup_rss_bytes: int | None
+    rss_bytes: int | None
+    peak_rss_bytes: int | None
+    process_shared: bool = False
+    """True when the worker shares its process with others (threads): the memory is the process's."""
+    load_rss_bytes: int | None = None
+    """How much the process's resident memory grew while this worker's session loaded."""
+
+    @property
+    def model_rss_bytes(self) -> int | None:
+        """Memory the worker's model costs: its peak less its memory before loading when the worker has
+        its process to itself, else the growth while its session loaded."""
+        if self.process_shared:
+            return self.load_rss_bytes
+        if self.peak_rss_bytes is None or self.startup_rss_bytes is None:
+            return None
+        return self.peak_rss_bytes - self.startup_rss_bytes
+
+
+@dataclass
+class Recorder:
+    """Timing records of one worker, bounded to the last :data:`MAX_RECORDS`."""
+
+    records: deque[Record] = field(default_factory=lambda: deque(maxlen=MAX_RECORDS))
+
+    def add(self, record: Record) -> None:
+        self.records.append(record)
+
+    def reset(self) -> None:
+        self.records.clear()
+
+
+class StageRunner:
+    """An onnxruntime session for one worker spec, and the bookkeeping around running it."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        start = time.perf_counter()
+        rss_before = current_rss_bytes()
+        place = spec.placement
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = place.threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.log_severity_level = 3
+        available = ort.get_available_providers()
+        if place.provider not in available:
+            raise StageFailure(
+                f"{spec.label}: provider {place.provider} (device {spec.device!r}) is not available in "
+                f"this onnxruntime on {os.uname().nodename} (it has {', '.join(available)}); install the "
+                "matching onnxruntime package there or run the stage on another device"
+            )
+        providers: list[str | tuple[str, dict[str, str]]] = [(place.provider, dict(place.provider_options))]
+        if place.provider != CPU_PROVIDER:
+            providers.append(CPU_PROVIDER)
+        try:
+            self.session = ort.InferenceSession(spec.path, options, providers=providers)
+        except Exception as e:
+            raise StageFailure(
+                f"{spec.label}: does not load in onnxruntime ({first_line(e)}); re-run onnxpipe split"
+            ) from e
+        self.load_seconds = time.perf_counter() - start
+        rss_after = current_rss_bytes()
+        self.load_rss_bytes = (
+            rss_after - rss_before if rss_after is not None and rss_before is not None else None
+        )
+        self.recorder = Recorder()
+
+    def run(self, seq: int, received: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The tensors to send on, for micro-batch ``seq`` whose received tensors are ``received``."""
+        spec = self.spec
+        try:
+            feeds = {n: received[n] for n in spec.inputs}
+        except KeyError as e:
+            raise StageFailure(
+                f"{spec.label}: micro-batch {seq} lacks tensor {e.args[0]!r}; the upstream worker did not "
+                "send it (a manifest out of step with its stage files?)"
+            ) from None
+        try:
+            # a stage of dead-end nodes has no outputs; onnxruntime refuses to run for none
+            results = self.session.run(list(spec.outputs), feeds) if spec.outputs else []
+        except Exception as e:
+            raise StageFailure(describe_failure(spec, seq, feeds, e)) from e
+        produced = dict(zip(spec.outputs, results, strict=True))
+        return {n: produced[n] if n in produced else received[n] for n in spec.sends}
+
+    def stats(self, *, pid: int | None, startup_rss: int | None, shared: bool = False) -> WorkerStats:
+        return WorkerStats(
+            index=self.spec.index,
+            label=self.spec.label,
+            records=tuple(self.recorder.records),
+            pid=pid,
+            load_seconds=self.load_seconds,
+            startup_rss_bytes=startup_rss,
+            rss_bytes=current_rss_bytes(),
+            peak_rss_bytes=peak_rss_bytes(),
+            process_shared=shared,
+            load_rss_bytes=self.load_rss_bytes,
+        )
+
+
+def describe_failure(spec: WorkerSpec, seq: int, feeds: Mapping[str, np.ndarray], e: BaseException) -> str:
+    """One line: stage, micro-batch, node and tensor at fault (when onnxruntime names them), the inputs."""
+    text = first_line(e)
+    where = ""
+    m = _NODE_NAME.search(text)
+    if m:
+        op, node = m.group(1), m.group(2)
+        outs = node_outputs(spec.path, node)
+        shown = f" (output {', '.join(repr(o) for o in outs)})" if outs else ""
+        where = f" at {op} node {node!r}{shown}"
+    else:
+        named = [n for n in feeds if f"input: {n} " in text or f"'{n}'" in text or f" {n} " in text]
+        if named:
+            where = f" on input tensor {named[0]!r}"
+    shapes = ", ".join(f"{n} {_describe_array(v)}" for n, v in feeds.items())
+    return f"{spec.label} failed on micro-batch {seq}{where}: {text} [inputs: {shapes}]"
+
+
+def node_outputs(path: str, node_name: str) -> list[str]:
+    """Output tensor names of the node called ``node_name`` in the model at ``path`` (empty if unknown)."""
+    try:
+        import onnx
+
+        graph = onnx.load(path, load_external_data=False).graph
+    except Exception:  # noqa: BLE001 - best effort while reporting another error
+        return []
+    for node in graph.node:
+        if node.name == node_name:
+            return [o for o in node.output if o]
+    return []
+
+
+def _describe_array(v: object) -> str:
+    if isinstance(v, np.ndarray):
+        return f"{v.dtype}[{','.join(str(d) for d in v.shape)}]"
+    return type(v).__name__
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+# --------------------------------------------------------------------------------------------------
+# memory
+
+
+def _status_kib(field_name: str) -> int | None:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field_name + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def peak_rss_bytes() -> int | None:
+    """Peak resident memory of this process (VmHWM; ``getrusage`` where /proc is missing)."""
+    value = _status_kib("VmHWM")
+    if value is not None:
+        return value
+    try:
+        maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    except (OSError, ValueError):
+        return None
+    return int(maxrss) * (1 if os.uname().sysname == "Darwin" else 1024)
+
+
+def current_rss_bytes() -> int | None:
+    """Resident memory of this process now (VmRSS), or ``None`` where /proc is missing."""
+    return _status_kib("VmRSS")

@@ -1,0 +1,248 @@
+"""A bounded channel between two processes: tensors in shared memory, small messages in pipes.
+
+A channel has ``slots`` shared-memory buffers.  The writer copies a micro-batch's tensors into a free
+slot and sends a small message (sequence number, slot, segment name, dtype/shape/offset of each tensor)
+through the ``data`` pipe; the reader maps the slot, hands out numpy views of it (no copy), and returns
+the slot through the ``free`` pipe once it no longer needs them.  A writer with no free slot waits:
+that is the backpressure between stages.
+
+A slot's segment grows when a micro-batch does not fit (a new, larger segment under a new name; the
+message carries the name, so the reader re-maps).  The writer unlinks the segments it created when it
+closes; every name starts with the pipeline's prefix, so the owner of the pipeline can also remove what a
+killed worker left behind (:func:`unlink_prefix`).  Segments are not registered with multiprocessing's
+resource tracker, which would otherwise warn about, and unlink, segments it cannot know are handled.
+"""
+
+from __future__ import annotations
+
+import _posixshmem
+import contextlib
+import os
+import select
+import struct
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from multiprocessing import resource_tracker
+from multiprocessing.connection import Connection
+from multiprocessing.shared_memory import SharedMemory
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ALIGN = 64
+MIN_SEGMENT = 1 << 16
+SHM_DIR = Path("/dev/shm")
+_SLOT = struct.Struct("<i")
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Where one tensor of a message lies in its slot (``offset`` -1: ``inline`` holds it, for objects)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    inline: Any = None
+
+
+@dataclass(frozen=True)
+class ItemMessage:
+    seq: int
+    slot: int
+    segment: str
+    tensors: tuple[TensorMeta, ...]
+
+
+def _open(name: str, *, create: bool, size: int = 0) -> SharedMemory:
+    """A segment that multiprocessing's resource tracker does not know about (we unlink our own)."""
+    if sys.version_info >= (3, 13):
+        return SharedMemory(name=name, create=create, size=size, track=False)
+    segment = SharedMemory(name=name, create=create, size=size)
+    # Python < 3.13 registers every segment, created or attached, and its unlink() unregisters again
+    resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
+    return segment
+
+
+def _unlink(name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        _posixshmem.shm_unlink("/" + name)
+
+
+class Poller:
+    """A persistent ``select.poll`` over a few connections or file descriptors (no per-call set-up)."""
+
+    def __init__(self, *objects: Connection | int) -> None:
+        self._poll = select.poll()
+        self._fds: dict[int, Connection | int] = {}
+        for obj in objects:
+            fd = obj if isinstance(obj, int) else obj.fileno()
+            self._fds[fd] = obj
+            self._poll.register(fd, select.POLLIN)
+
+    def ready(self, timeout: float | None = 0.0) -> list[Connection | int]:
+        """The objects readable (or closed) within ``timeout`` seconds (``None``: wait for one)."""
+        ms = None if timeout is None else max(0, int(timeout * 1000))
+        return [self._fds[fd] for fd, _ in self._poll.poll(ms)]
+
+    def any(self) -> bool:
+        return bool(self._poll.poll(0))
+
+
+def _round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def unlink_prefix(prefix: str) -> int:
+    """Remove every shared-memory segment whose name starts with ``prefix``; returns how many."""
+    removed = 0
+    if not SHM_DIR.is_dir():
+        return 0
+    for p in SHM_DIR.glob(prefix + "*"):
+        try:
+            p.unlink()
+            removed += 1
+        except FileNotFoundError:
+            pass
+        except OSError:
+            continue
+    return removed
+
+
+class SlotWriter:
+    """The sending end of a channel."""
+
+    def __init__(self, prefix: str, slots: int, data: Connection, free: Connection) -> None:
+        if slots < 1:
+            raise ValueError(f"a channel needs at least one slot, got {slots}")
+        self.prefix = prefix
+        self.data = data
+        self.free = free
+        self._free_slots = list(range(slots - 1, -1, -1))
+        self._freed = Poller(free)
+        self._segments: dict[int, SharedMemory] = {}
+        self._generation = 0
+
+    def collect_freed(self) -> None:
+        """Take back the slots the reader returned (never blocks)."""
+        while self._freed.any():
+            (slot,) = _SLOT.unpack(self.free.recv_bytes())
+            self._free_slots.append(slot)
+
+    def has_room(self) -> bool:
+        self.collect_freed()
+        return bool(self._free_slots)
+
+    def send(self, seq: int, tensors: Mapping[str, np.ndarray]) -> None:
+        """Copy ``tensors`` into a free slot and announce them; call only after :meth:`has_room`."""
+        slot = self._free_slots.pop()
+        metas: list[TensorMeta] = []
+        arrays: list[tuple[int, np.ndarray]] = []
+        offset = 0
+        for name, value in tensors.items():
+            a = np.asarray(value)
+            if a.dtype.hasobject:
+                metas.append(TensorMeta(name, a.dtype.str, tuple(a.shape), -1, a))
+                continue
+            metas.append(TensorMeta(name, a.dtype.str, tuple(int(d) for d in a.shape), offset))
+            arrays.append((offset, a))
+            offset = _round_up(offset + a.nbytes, ALIGN)
+        segment = self._segment(slot, max(offset, 1))
+        buf = segment.buf
+        for (off, a), meta in zip(arrays, (m for m in metas if m.offset >= 0), strict=True):
+            if a.nbytes:
+                dst: np.ndarray = np.ndarray(meta.shape, dtype=a.dtype, buffer=buf, offset=off)
+                np.copyto(dst, a, casting="no")
+                del dst
+        self.data.send(ItemMessage(seq, slot, segment.name, tuple(metas)))
+
+    def send_control(self, message: object) -> None:
+        self.data.send(message)
+
+    def _segment(self, slot: int, size: int) -> SharedMemory:
+        current = self._segments.get(slot)
+        if current is not None and current.size >= size:
+            return current
+        if current is not None:
+            self._release(current)
+        self._generation += 1
+        grown = max(MIN_SEGMENT, size, 2 * current.size if current is not None else 0)
+        segment = _open(
+            f"{self.prefix}-{slot}-{self._generation}",
+            create=True,
+            size=_round_up(grown, os.sysconf("SC_PAGE_SIZE")),
+        )
+        self._segments[slot] = segment
+        return segment
+
+    @staticmethod
+    def _release(segment: SharedMemory) -> None:
+        with contextlib.suppress(BufferError):
+            segment.close()
+        _unlink(segment.name)
+
+    def close(self) -> None:
+        """Unlink every segment this writer created."""
+        for segment in self._segments.values():
+            self._release(segment)
+        self._segments.clear()
+
+
+class SlotReader:
+    """The receiving end of a channel."""
+
+    def __init__(self, data: Connection, free: Connection) -> None:
+        self.data = data
+        self.free = free
+        self._mapped: dict[int, SharedMemory] = {}
+        self._incoming = Poller(data)
+
+    def pending(self) -> bool:
+        """Whether a message (or the end of the channel) is waiting."""
+        return self._incoming.any()
+
+    def recv(self) -> object:
+        """The next message (an :class:`ItemMessage` or a control object); blocks."""
+        return self.data.recv()
+
+    def views(self, item: ItemMessage) -> dict[str, np.ndarray]:
+        """Numpy views of the item's tensors (valid until :meth:`release`; read-only by convention)."""
+        segment = self._map(item.slot, item.segment)
+        out: dict[str, np.ndarray] = {}
+        for meta in item.tensors:
+            if meta.offset < 0:
+                out[meta.name] = meta.inline
+            else:
+                out[meta.name] = np.ndarray(
+                    meta.shape, dtype=np.dtype(meta.dtype), buffer=segment.buf, offset=meta.offset
+                )
+        return out
+
+    def copies(self, item: ItemMessage) -> dict[str, np.ndarray]:
+        """The item's tensors as arrays the caller owns."""
+        views = self.views(item)
+        out = {n: np.array(v, copy=True) for n, v in views.items()}
+        del views
+        return out
+
+    def release(self, slot: int) -> None:
+        self.free.send_bytes(_SLOT.pack(slot))
+
+    def _map(self, slot: int, name: str) -> SharedMemory:
+        current = self._mapped.get(slot)
+        if current is not None and current.name == name:
+            return current
+        if current is not None:
+            with contextlib.suppress(BufferError):  # a view still alive: the mapping goes when it does
+                current.close()
+        segment = _open(name, create=False)
+        self._mapped[slot] = segment
+        return segment
+
+    def close(self) -> None:
+        for segment in self._mapped.values():
+            with contextlib.suppress(BufferError):
+                segment.close()
+        self._mapped.clear()

@@ -1,0 +1,153 @@
+"""What one worker runs: a model file, the tensors it receives, runs on and sends on, and how to run it.
+
+A pipeline is a chain of workers.  Every micro-batch enters the first worker as the set of model inputs
+any stage (or a pass-through model output) reads, and each worker forwards downstream exactly the tensors
+that a later stage or the model outputs still need, so that one FIFO chain carries everything and the
+order of micro-batches is kept by construction.  :func:`stage_specs` derives these sets from a manifest;
+:func:`model_spec` makes the one-worker "chain" of a whole model (a replica, for the baselines).
+
+Specs are plain frozen data: they are pickled to worker processes and Ray actors.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from onnxpipe.errors import UsageError
+
+if TYPE_CHECKING:
+    from onnxpipe.manifest import Manifest
+
+CPU_PROVIDER = "CPUExecutionProvider"
+CUDA_PROVIDER = "CUDAExecutionProvider"
+
+_GPU_DEVICE = re.compile(r"^(?:cuda|gpu)(?::?(\d+))?$", re.IGNORECASE)
+_CPU_DEVICE = re.compile(r"^cpu\d*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How a worker runs its session: the onnxruntime provider, its options, and intra-op threads."""
+
+    provider: str = CPU_PROVIDER
+    provider_options: tuple[tuple[str, str], ...] = ()
+    threads: int = 1
+
+    @property
+    def uses_gpu(self) -> bool:
+        return self.provider in (CUDA_PROVIDER, "ROCMExecutionProvider", "TensorrtExecutionProvider")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One worker of a chain.
+
+    ``receives`` arrive from upstream (model inputs for the first worker); ``inputs`` of them are fed to
+    the session, which computes ``outputs``; ``sends`` (a subset of ``receives`` and ``outputs``) go
+    downstream, or back to the caller from the last worker.
+    """
+
+    index: int
+    label: str
+    path: str
+    receives: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    sends: tuple[str, ...]
+    placement: Placement = Placement()
+    device: str = "cpu"
+
+
+def placement_for_device(device: str, threads: int) -> Placement:
+    """The provider a manifest's ``device`` names: ``cpu``/``cpuN``, ``cuda[:N]``/``gpu[N]``, or a provider.
+
+    A device named after an onnxruntime provider (``"CUDAExecutionProvider"``) is taken as that provider.
+    """
+    if threads < 1:
+        raise UsageError(f"threads {threads}: give a positive number of intra-op threads")
+    name = device.strip()
+    if not name or _CPU_DEVICE.match(name):
+        return Placement(CPU_PROVIDER, (), threads)
+    m = _GPU_DEVICE.match(name)
+    if m:
+        return Placement(CUDA_PROVIDER, (("device_id", m.group(1) or "0"),), threads)
+    if name.endswith("ExecutionProvider"):
+        return Placement(name, (), threads)
+    raise UsageError(
+        f"device {device!r}: onnxpipe run knows cpu, cpuN, cuda[:N] and onnxruntime provider names; "
+        "give a devices file (--devices) that says which provider this device uses"
+    )
+
+
+def stage_specs(
+    directory: Path,
+    manifest: Manifest,
+    placements: Sequence[Placement],
+) -> list[WorkerSpec]:
+    """One spec per stage of ``manifest``, forwarding what later stages and the model outputs need."""
+    if len(placements) != manifest.k:
+        raise ValueError(f"{len(placements)} placements for {manifest.k} stages")
+    model_inputs = [t.name for t in manifest.model_inputs]
+    outputs = [o.name for o in manifest.model_outputs]
+    # tensors still needed after stage i: read by a later stage or a model output
+    later: set[str] = set(outputs)
+    needed_after: list[set[str]] = []
+    for st in reversed(manifest.stages):
+        needed_after.append(set(later))
+        later |= {t.name for t in st.inputs}
+    needed_after.reverse()
+    first_needs = later  # everything any stage or output reads
+
+    available: list[str] = [n for n in model_inputs if n in first_needs]
+    specs: list[WorkerSpec] = []
+    for st, place, after in zip(manifest.stages, placements, needed_after, strict=True):
+        receives = tuple(available)
+        produced = [t.name for t in st.outputs]
+        seen = set(receives)
+        pool = list(receives) + [n for n in produced if n not in seen]
+        sends = tuple(n for n in pool if n in after)
+        specs.append(
+            WorkerSpec(
+                index=st.index,
+                label=f"stage {st.index} ({st.file})",
+                path=str(directory / st.file),
+                receives=receives,
+                inputs=tuple(t.name for t in st.inputs),
+                outputs=tuple(produced),
+                sends=sends,
+                placement=place,
+                device=st.device,
+            )
+        )
+        available = list(sends)
+    missing = [o.name for o in manifest.model_outputs if o.name not in available]
+    if missing:  # load_manifest's consistency checks make this unreachable for a valid manifest
+        raise UsageError(f"model output {missing[0]!r} is produced by no stage of the manifest")
+    return specs
+
+
+def model_spec(
+    path: Path,
+    inputs: Sequence[str],
+    outputs: Sequence[str],
+    placement: Placement,
+    *,
+    index: int = 0,
+    label: str | None = None,
+) -> WorkerSpec:
+    """A one-worker chain running the whole model at ``path`` (a replica of the original model)."""
+    session_outputs = tuple(o for o in outputs if o not in inputs)
+    return WorkerSpec(
+        index=index,
+        label=label or f"replica {index} ({path.name})",
+        path=str(path),
+        receives=tuple(inputs),
+        inputs=tuple(inputs),
+        outputs=session_outputs,
+        sends=tuple(outputs),
+        placement=placement,
+    )

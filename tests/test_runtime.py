@@ -1,0 +1,528 @@
+"""Tests of onnxpipe.runtime: the pipeline equals the model, in order; failures stop it cleanly.
+
+Each pipeline here runs on real worker processes (``spawn``) or threads over stage files written by
+``onnxpipe.api.split``.  No test asserts on speed: benchmarks/bench_pipeline.py measures that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from multiprocessing import active_children
+from multiprocessing import connection as mpc
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxpipe import api
+from onnxpipe.errors import RuntimeStageError, UsageError
+from onnxpipe.manifest import load_manifest
+from onnxpipe.runtime.cli import add_run_arguments, run_command
+from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.ray_backend import actor_options, load_ray_resources
+from onnxpipe.runtime.shm import SHM_DIR, ItemMessage, SlotReader, SlotWriter, unlink_prefix
+from onnxpipe.runtime.spec import Placement, placement_for_device, stage_specs
+from onnxpipe.verification import compare
+
+MODES = ["processes", "threads"]
+
+
+# --------------------------------------------------------------------------------------------------
+# models and splits
+
+
+def reshape_model() -> onnx.ModelProto:
+    """x[N,8] -> three MatMul/Relu -> Reshape(., shape) -> y: a bad ``shape`` fails the last stage."""
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), f"w{i}") for i in range(3)
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w0"], ["a"], name="mm0"),
+        helper.make_node("Relu", ["a"], ["b"], name="relu0"),
+        helper.make_node("MatMul", ["b", "w1"], ["c"], name="mm1"),
+        helper.make_node("Relu", ["c"], ["d"], name="relu1"),
+        helper.make_node("MatMul", ["d", "w2"], ["e"], name="mm2"),
+        helper.make_node("Reshape", ["e", "shape"], ["y"], name="reshape"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "reshape_model",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8]),
+            helper.make_tensor_value_info("shape", TensorProto.INT64, [2]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["p", "q"])],
+        initializer=weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def split_tiny(base: Path, sample_models_dir: Path) -> Path:
+    """The sample transformer split in 2 (static costs)."""
+    out = base / "split"
+    api.split(sample_models_dir / "transformer_tiny.onnx", 2, out, cost="static", run_verify=False)
+    return out
+
+
+def split_reshape(base: Path) -> Path:
+    """:func:`reshape_model` split in 2: the Reshape lands in the last stage."""
+    path = base / "reshape.onnx"
+    onnx.save_model(reshape_model(), str(path))
+    out = base / "split"
+    api.split(path, 2, out, cost="static", run_verify=False, shapes={"x": (4, 8), "shape": (2,)})
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_split(tmp_path_factory: pytest.TempPathFactory, sample_models_dir: Path) -> Path:
+    return split_tiny(tmp_path_factory.mktemp("tiny"), sample_models_dir)
+
+
+@pytest.fixture(scope="module")
+def reshape_split(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return split_reshape(tmp_path_factory.mktemp("reshape"))
+
+
+def token_batches(count: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"tokens": rng.integers(0, 256, (2, 16)).astype(np.int64)} for _ in range(count)]
+
+
+def reshape_batches(count: int, bad: int | None = None) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(1)
+    out: list[dict[str, np.ndarray]] = []
+    for j in range(count):
+        shape = np.array([3, 5] if j == bad else [8, 4], dtype=np.int64)
+        out.append({"x": rng.standard_normal((4, 8)).astype(np.float32), "shape": shape})
+    return out
+
+
+def original_outputs(model: Path, batches: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return [dict(zip(names, session.run(names, b), strict=True)) for b in batches]
+
+
+def assert_same(expected: list[dict[str, np.ndarray]], actual: list[dict[str, np.ndarray]]) -> None:
+    assert len(expected) == len(actual)
+    for j, (e, a) in enumerate(zip(expected, actual, strict=True)):
+        assert set(e) == set(a), j
+        for name in e:
+            c = compare(name, e[name], a[name], rtol=1e-4, atol=1e-5)
+            assert c.ok, f"micro-batch {j}: {c.describe()}"
+
+
+def segments(pipeline: Pipeline) -> list[str]:
+    prefix = getattr(pipeline.backend, "prefix", f"onnxpipe-{os.getpid()}-")
+    return sorted(p.name for p in SHM_DIR.glob(prefix + "*"))
+
+
+def assert_no_workers_left(pids: list[int], pipeline: Pipeline) -> None:
+    alive = {p.pid for p in active_children()}
+    for pid in pids:
+        assert pid not in alive
+        assert not Path(f"/proc/{pid}").exists(), f"worker {pid} is still there"
+    assert segments(pipeline) == []
+    assert not [t for t in threading.enumerate() if t.name.startswith("onnxpipe")]
+
+
+# --------------------------------------------------------------------------------------------------
+# the pipeline equals the model, in order
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stream_equals_the_model_in_order(tiny_split: Path, sample_models_dir: Path, mode: str) -> None:
+    batches = token_batches(40)
+    expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
+    with Pipeline.from_manifest(tiny_split, mode=mode) as pipe:  # type: ignore[arg-type]
+        pids = pipe.worker_pids()
+        assert len(pids) == (2 if mode == "processes" else 0)
+        actual = list(pipe.stream(batches))
+        assert_same(expected[:1], [pipe.run(batches[0])])
+        stats = pipe.stats()
+    assert_same(expected, actual)
+    assert [s.index for s in stats] == [0, 1]
+    assert all(len(s.records) == 41 for s in stats)
+    assert all(s.peak_rss_bytes and s.peak_rss_bytes > 0 for s in stats)
+    assert_no_workers_left(pids, pipe)
+
+
+def test_stream_keeps_order_with_many_slots_and_an_endless_source(
+    tiny_split: Path, sample_models_dir: Path
+) -> None:
+    batches = token_batches(12, seed=3)
+    expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
+
+    def endless() -> Iterator[dict[str, np.ndarray]]:
+        j = 0
+        while True:
+            yield batches[j % len(batches)]
+            j += 1
+
+    with Pipeline.from_manifest(tiny_split, slots=4) as pipe:
+        got = []
+        for out in pipe.stream(endless()):
+            got.append(out)
+            if len(got) == 36:
+                break
+        # the abandoned stream's micro-batches finish in the background; the pipeline still works
+        assert_same(expected[:3], [pipe.run(b) for b in batches[:3]])
+    assert_same(expected * 3, got)
+
+
+def test_submit_from_many_threads(tiny_split: Path, sample_models_dir: Path) -> None:
+    batches = token_batches(24, seed=5)
+    expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
+    results: dict[int, dict[str, np.ndarray]] = {}
+    with Pipeline.from_manifest(tiny_split, mode="threads") as pipe:
+
+        def client(start: int) -> None:
+            for j in range(start, len(batches), 4):
+                results[j] = pipe.submit(batches[j]).result(timeout=60)
+
+        clients = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+        for c in clients:
+            c.start()
+        for c in clients:
+            c.join()
+    assert_same(expected, [results[j] for j in range(len(batches))])
+
+
+def test_a_model_input_read_by_a_later_stage_is_forwarded(reshape_split: Path) -> None:
+    manifest = load_manifest(reshape_split)
+    specs = stage_specs(reshape_split, manifest, [Placement()] * manifest.k)
+    last = specs[-1]
+    assert "shape" in last.inputs, "the Reshape should be in the last stage"
+    assert "shape" in specs[0].receives and "shape" in specs[0].sends
+    assert specs[-1].sends == ("y",)
+
+
+# --------------------------------------------------------------------------------------------------
+# failures
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_failing_stage_stops_the_pipeline_naming_stage_and_tensor(reshape_split: Path, mode: str) -> None:
+    batches = reshape_batches(30, bad=7)
+    pipe = Pipeline.from_manifest(reshape_split, mode=mode)  # type: ignore[arg-type]
+    pids = pipe.worker_pids()
+    got = []
+    start = time.monotonic()
+    with pytest.raises(RuntimeStageError) as info:
+        for out in pipe.stream(batches):
+            got.append(out)
+    assert time.monotonic() - start < 30
+    text = str(info.value)
+    assert "stage 1 (stage_1.onnx)" in text
+    assert "micro-batch 7" in text
+    assert "'reshape'" in text and "'y'" in text
+    assert "shape int64[2]" in text
+    assert len(got) <= 7
+    assert pipe.failure is not None
+    with pytest.raises(RuntimeStageError, match="stopped after a failure"):
+        pipe.submit(batches[0])
+    pipe.close()
+    assert_no_workers_left(pids, pipe)
+
+
+def test_a_killed_worker_stops_the_pipeline(tiny_split: Path) -> None:
+    batches = token_batches(8)
+    pipe = Pipeline.from_manifest(tiny_split, mode="processes")
+    pids = pipe.worker_pids()
+    list(pipe.stream(batches))
+    os.kill(pids[1], signal.SIGKILL)
+    with pytest.raises(RuntimeStageError, match=r"stage 1 \(stage_1.onnx\): worker process .* SIGKILL"):
+        for _ in range(50):
+            list(pipe.stream(batches))
+    pipe.close()
+    assert_no_workers_left(pids, pipe)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_ctrl_c_while_streaming_stops_every_worker(tiny_split: Path, mode: str) -> None:
+    batches = token_batches(4)
+    pipe = Pipeline.from_manifest(tiny_split, mode=mode)  # type: ignore[arg-type]
+    pids = pipe.worker_pids()
+
+    def interrupted() -> Iterator[dict[str, np.ndarray]]:
+        yield from batches
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        list(pipe.stream(interrupted()))
+    assert_no_workers_left(pids, pipe)
+    with pytest.raises(UsageError, match="closed"):
+        pipe.run(batches[0])
+
+
+LEAVE_SCRIPT = """
+import json, os, signal, sys, time
+import numpy as np
+from onnxpipe.runtime import Pipeline
+
+if __name__ == "__main__":
+    pipe = Pipeline.from_manifest(sys.argv[1], mode="processes")
+    pipe.run({"tokens": np.zeros((2, 16), np.int64)})
+    print(json.dumps({"pids": pipe.worker_pids(), "prefix": pipe.backend.prefix}), flush=True)
+    if sys.argv[2] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if sys.argv[2] == "wait":
+        time.sleep(120)
+    # else: leave without closing the pipeline
+"""
+
+
+def wait_gone(pids: list[int], prefix: str, timeout: float = 15.0) -> tuple[list[int], list[str]]:
+    """Pids still running (zombies count as gone) and segments still there after at most ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [p for p in pids if _running(p)]
+        left = sorted(p.name for p in SHM_DIR.glob(prefix + "*"))
+        if (not alive and not left) or time.monotonic() > deadline:
+            return alive, left
+        time.sleep(0.1)
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("how", ["exit", "kill"])
+def test_workers_and_segments_go_when_the_caller_leaves(tiny_split: Path, tmp_path: Path, how: str) -> None:
+    script = tmp_path / "leave.py"
+    script.write_text(LEAVE_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tiny_split), how],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    info = json.loads(proc.stdout.strip().splitlines()[0])
+    assert len(info["pids"]) == 2
+    assert wait_gone(info["pids"], info["prefix"]) == ([], [])
+    assert "leaked" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_terminating_the_whole_process_group_leaves_nothing(tiny_split: Path, tmp_path: Path) -> None:
+    script = tmp_path / "leave.py"
+    script.write_text(LEAVE_SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tiny_split), "wait"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        info = json.loads(proc.stdout.readline())
+        os.killpg(proc.pid, signal.SIGTERM)  # what a terminal, timeout(1) or a supervisor does
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert wait_gone(info["pids"], info["prefix"]) == ([], [])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_stage_that_does_not_load_is_named(tmp_path: Path, sample_models_dir: Path, mode: str) -> None:
+    out = tmp_path / "split"
+    api.split(sample_models_dir / "mlp.onnx", 2, out, cost="static", run_verify=False)
+    (out / "stage_1.onnx").write_bytes(b"not an onnx model")
+    before = {p.pid for p in active_children()}
+    with pytest.raises(RuntimeStageError, match=r"stage 1 \(stage_1.onnx\): does not load"):
+        Pipeline.from_manifest(out, check_files=False, mode=mode)  # type: ignore[arg-type]
+    assert {p.pid for p in active_children()} <= before
+    assert not list(SHM_DIR.glob(f"onnxpipe-{os.getpid()}-*"))
+
+
+def test_feeds_are_checked_before_they_reach_a_worker(tiny_split: Path) -> None:
+    with Pipeline.from_manifest(tiny_split, mode="threads") as pipe:
+        with pytest.raises(UsageError, match="'tokens' is not in the feeds"):
+            pipe.run({})
+        with pytest.raises(UsageError, match="is float32, the model takes int64"):
+            pipe.run({"tokens": np.zeros((2, 16), np.float32)})
+        with pytest.raises(UsageError, match="'extra' is not a model input"):
+            pipe.run({"tokens": np.zeros((2, 16), np.int64), "extra": np.zeros(1)})
+
+
+# --------------------------------------------------------------------------------------------------
+# shared memory
+
+
+def test_channel_grows_slots_and_carries_objects_and_empty_tensors() -> None:
+    data_r, data_w = mpc.Pipe(duplex=False)
+    free_r, free_w = mpc.Pipe(duplex=False)
+    prefix = f"onnxpipe-{os.getpid()}-unit"
+    writer = SlotWriter(prefix, 2, data_w, free_r)
+    reader = SlotReader(data_r, free_w)
+    try:
+        sent: list[dict[str, np.ndarray]] = [
+            {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "e": np.zeros((0, 4), np.int64)},
+            {"a": np.ones((512, 1024), np.float16)},  # 1 MiB: larger than the first segment
+            {"s": np.array(["x", "yz"], dtype=object), "b": np.array([True, False])},
+        ]
+        for seq, tensors in enumerate(sent):
+            assert writer.has_room()
+            writer.send(seq, tensors)
+            message = reader.recv()
+            assert isinstance(message, ItemMessage) and message.seq == seq
+            got = reader.copies(message)
+            reader.release(message.slot)
+            for name, value in tensors.items():
+                assert got[name].dtype == value.dtype and np.array_equal(got[name], value)
+        assert writer.has_room()
+        writer.send(3, sent[0])
+        writer.send(4, sent[0])
+        assert not writer.has_room()  # both slots are out: backpressure
+    finally:
+        reader.close()
+        writer.close()
+    assert not list(SHM_DIR.glob(prefix + "*"))
+    assert unlink_prefix(prefix) == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# the command
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="onnxpipe run")
+    add_run_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_cli_run_with_compare_writes_the_report(
+    tiny_split: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "report.json"
+    outputs = tmp_path / "outputs.npz"
+    code = run_command(
+        parse(
+            str(tiny_split),
+            "-m",
+            "12",
+            "--warmup",
+            "2",
+            "--compare",
+            "--report",
+            str(report),
+            "--outputs",
+            str(outputs),
+            "--local-mode",
+            "processes",
+        )
+    )
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "session_1_thread" in printed and "outputs match" in printed
+    obj = json.loads(report.read_text())
+    assert obj["throughput_per_s"] > 0
+    assert obj["microbatches"] == 12 and obj["k"] == 2 and obj["mode"] == "processes"
+    assert obj["bottleneck_stage"] in (0, 1)
+    for stage in obj["stages"]:
+        assert stage["measured_ms"] > 0
+        assert stage["estimated_ms"] > 0
+        assert stage["peak_rss_bytes"] > 0
+        assert stage["model_rss_bytes"] > 0
+        assert stage["microbatches"] == 12
+    assert set(obj["baselines"]) == {"session_1_thread", "session_total_threads", "replicas"}
+    for baseline in obj["baselines"].values():
+        assert baseline["throughput_per_s"] > 0
+    assert obj["baselines"]["replicas"]["workers"] == 2
+    assert obj["baselines"]["replicas"]["peak_rss_bytes"] > 0
+    assert obj["baselines"]["replicas"]["model_rss_bytes"] > 0
+    assert obj["outputs_match"] is True
+    with np.load(outputs) as saved:
+        assert saved["logits"].shape[0] == 12
+
+
+def test_cli_run_with_inputs_file(tiny_split: Path, tmp_path: Path, sample_models_dir: Path) -> None:
+    batches = token_batches(5, seed=9)
+    inputs = tmp_path / "inputs.npz"
+    np.savez(inputs, tokens=np.stack([b["tokens"] for b in batches]))
+    outputs = tmp_path / "outputs.npz"
+    code = run_command(parse(str(tiny_split), "--inputs", str(inputs), "--outputs", str(outputs)))
+    assert code == 0
+    expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
+    with np.load(outputs) as saved:
+        assert_same(expected, [{"logits": saved["logits"][j]} for j in range(5)])
+
+
+def test_cli_run_refuses_a_malformed_inputs_file(tiny_split: Path, tmp_path: Path) -> None:
+    inputs = tmp_path / "inputs.npz"
+    np.savez(inputs, other=np.zeros((2, 2, 16), np.int64))
+    with pytest.raises(UsageError, match="has no array 'tokens'"):
+        run_command(parse(str(tiny_split), "--inputs", str(inputs)))
+
+
+# --------------------------------------------------------------------------------------------------
+# placement and Ray options (no Ray needed)
+
+
+def test_devices_map_to_providers() -> None:
+    assert placement_for_device("cpu", 2) == Placement("CPUExecutionProvider", (), 2)
+    assert placement_for_device("cpu3", 1).provider == "CPUExecutionProvider"
+    gpu = placement_for_device("cuda:1", 1)
+    assert gpu.provider == "CUDAExecutionProvider" and gpu.provider_options == (("device_id", "1"),)
+    assert placement_for_device("DmlExecutionProvider", 1).provider == "DmlExecutionProvider"
+    with pytest.raises(UsageError, match="devices file"):
+        placement_for_device("tpu-pod", 1)
+
+
+def test_cli_run_with_a_devices_file(tiny_split: Path, tmp_path: Path) -> None:
+    devices = tmp_path / "devices.json"
+    cpu = {"provider": "CPUExecutionProvider", "threads": 1, "memory_bytes": None}
+    devices.write_text(
+        json.dumps(
+            {
+                "devices": [{"name": "a", **cpu}, {"name": "b", **cpu}],
+                "links": [{"bandwidth_bytes_per_s": None, "latency_s": 0}],
+            }
+        )
+    )
+    report = tmp_path / "report.json"
+    assert (
+        run_command(parse(str(tiny_split), "--devices", str(devices), "-m", "3", "--report", str(report)))
+        == 0
+    )
+    assert [s["threads"] for s in json.loads(report.read_text())["stages"]] == [1, 1]
+
+
+def test_ray_resources_file(tmp_path: Path, tiny_split: Path) -> None:
+    path = tmp_path / "resources.json"
+    path.write_text(
+        json.dumps({"default": {"num_cpus": 1}, "stages": [{"resources": {"a": 1}}, {"num_gpus": 1}]})
+    )
+    res = load_ray_resources(path, 2)
+    assert res == [{"num_cpus": 1, "resources": {"a": 1}}, {"num_cpus": 1, "num_gpus": 1}]
+    manifest = load_manifest(tiny_split)
+    spec = stage_specs(tiny_split, manifest, [Placement(threads=2)] * 2)[0]
+    assert actor_options(spec, {})["num_cpus"] == 2
+    assert actor_options(spec, res[0])["resources"] == {"a": 1}
+    path.write_text(json.dumps({"stages": [{"cpus": 1}, {}]}))
+    with pytest.raises(UsageError, match=r"stages\[0\].cpus: unknown key"):
+        load_ray_resources(path, 2)
+    path.write_text(json.dumps({"stages": [{}]}))
+    with pytest.raises(UsageError, match="1 entries for a pipeline of 2 stages"):
+        load_ray_resources(path, 2)

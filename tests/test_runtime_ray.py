@@ -1,0 +1,109 @@
+"""The Ray backend on a local two-CPU cluster: same outputs, same order, same failure behaviour."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from test_runtime import (
+    assert_same,
+    original_outputs,
+    parse,
+    reshape_batches,
+    split_reshape,
+    split_tiny,
+    token_batches,
+)
+
+from onnxpipe.errors import RuntimeStageError
+from onnxpipe.runtime.pipeline import Pipeline
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny_split(tmp_path_factory: pytest.TempPathFactory, sample_models_dir: Path) -> Path:
+    return split_tiny(tmp_path_factory.mktemp("tiny"), sample_models_dir)
+
+
+@pytest.fixture(scope="module")
+def reshape_split(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return split_reshape(tmp_path_factory.mktemp("reshape"))
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[Any]:
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[ray]')")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    yield ray
+    ray.shutdown()
+
+
+def wait_gone(pids: list[int], timeout: float = 20.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if Path(f"/proc/{p}").exists() and _not_zombie(p)]
+        time.sleep(0.1)
+    return alive
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        return " Z " not in Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1][:4]
+    except OSError:
+        return False
+
+
+def test_ray_stream_equals_the_model_in_order(
+    ray_cluster: Any,
+    tiny_split: Path,
+    sample_models_dir: Path,
+) -> None:
+    batches = token_batches(40, seed=2)
+    expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
+    with Pipeline.from_manifest(tiny_split, backend="ray") as pipe:
+        assert pipe.backend.kind == "ray"
+        actual = list(pipe.stream(batches))
+        stats = pipe.stats()
+    assert_same(expected, actual)
+    assert [len(s.records) for s in stats] == [40, 40]
+
+
+def test_ray_failing_stage_stops_the_pipeline_and_its_actors(
+    ray_cluster: Any,
+    reshape_split: Path,
+) -> None:
+    pipe = Pipeline.from_manifest(reshape_split, backend="ray")
+    actors = list(pipe.backend.actors)  # type: ignore[attr-defined]
+    pids = [pid for pid, _ in pipe.backend.placed]  # type: ignore[attr-defined]
+    got = []
+    with pytest.raises(RuntimeStageError) as info:
+        for out in pipe.stream(reshape_batches(20, bad=5)):
+            got.append(out)
+    text = str(info.value)
+    assert "stage 1 (stage_1.onnx) failed on micro-batch 5" in text
+    assert "'reshape'" in text and "'y'" in text
+    assert len(got) <= 5
+    pipe.close()
+    for actor in actors:
+        with pytest.raises(ray_cluster.exceptions.RayActorError):
+            ray_cluster.get(actor.ready.remote(), timeout=30)
+    assert wait_gone(pids) == []
+
+
+def test_ray_cli_run(ray_cluster: Any, tiny_split: Path, tmp_path: Path) -> None:
+    from onnxpipe.runtime.cli import run_command
+
+    report = tmp_path / "report.json"
+    assert run_command(parse(str(tiny_split), "--backend", "ray", "-m", "8", "--report", str(report))) == 0
+    import json
+
+    obj = json.loads(report.read_text())
+    assert obj["backend"] == "ray" and obj["microbatches"] == 8
+    assert all(s["measured_ms"] > 0 and s["peak_rss_bytes"] > 0 for s in obj["stages"])
+    assert np.isfinite(obj["throughput_per_s"])
