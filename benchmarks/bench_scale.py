@@ -11,8 +11,8 @@ each phase and reads its own peak resident memory per phase (``VmHWM``, reset be
 * ``partition``: :func:`onnxpipe.plan.make_plan` (the exact partitioner) into K stages;
 * ``export``: :func:`onnxpipe.export.export_stages` (build, write, ``onnx.checker`` and an onnxruntime
   load of every stage, manifest);
-* ``verify``: :func:`onnxpipe.verification.verify` (the model and the chained stages in onnxruntime at deployment
-  settings, one random input), reported apart: it is not part of splitting.
+* ``verify``: :func:`onnxpipe.verification.verify` (the model and the chained stages in onnxruntime at
+  deployment settings, one random input), reported apart: it is not part of splitting.
 
 The table gives seconds per phase, their sum without ``verify``, microseconds per node (flat when the
 growth is linear), and the peak memory of the process.  Results go to ``benchmarks/results/scale.json``.

@@ -371,11 +371,17 @@ def test_cluster_and_device_costs_round_trip() -> None:
 
     m = two_stage_manifest()
     cluster = Cluster.homogeneous(2, 1, bandwidth_bytes_per_s=1e9)
-    stages = tuple(
-        StageEntry(**{**s.__dict__, "device": cluster.names[i]}) for i, s in enumerate(m.stages)
+    stages = tuple(StageEntry(**{**s.__dict__, "device": cluster.names[i]}) for i, s in enumerate(m.stages))
+    m2 = Manifest(
+        m.source,
+        m.model_inputs,
+        m.model_outputs,
+        stages,
+        m.plan,
+        m.schedule,
+        cluster=cluster,
+        device_costs=(DeviceRecord("cpu0", "scaled", "scaled by 1"),),
     )
-    m2 = Manifest(m.source, m.model_inputs, m.model_outputs, stages, m.plan, m.schedule,
-                  cluster=cluster, device_costs=(DeviceRecord("cpu0", "scaled", "scaled by 1"),))
     back = Manifest.from_json(m2.to_json())
     assert back.cluster is not None and back.cluster.names == ("cpu0", "cpu1")
     assert back.device_costs == m2.device_costs

@@ -81,9 +81,7 @@ def test_scattered_groups_do_not_block_cuts() -> None:
 def test_far_apart_group_is_ignored() -> None:
     from onnxpipe.model import NodeInfo
 
-    nodes = tuple(
-        NodeInfo(i, i, f"n{i}", "Relu", "", (), (), (f"t{i}",), 0, False, False) for i in range(20)
-    )
+    nodes = tuple(NodeInfo(i, i, f"n{i}", "Relu", "", (), (), (f"t{i}",), 0, False, False) for i in range(20))
     allowed = allowed_cuts_from_regions(nodes, [("n0", "n19"), ("n5", "n6")])
     assert allowed[6] is False
     assert sum(allowed) == 20  # only the cut inside the compact group (n5, n6) is forbidden
