@@ -14,7 +14,7 @@ from pathlib import Path
 
 from onnxpipe.cluster import Cluster, load_cluster
 from onnxpipe.costs import static_profile
-from onnxpipe.errors import UsageError
+from onnxpipe.errors import PartitionError, UsageError
 from onnxpipe.export import check_exportable, export_stages
 from onnxpipe.manifest import Manifest
 from onnxpipe.model import ModelView, load_model
@@ -41,17 +41,36 @@ def get_profile(
     *,
     cost: str = "profile",
     profile: Profile | str | Path | None = None,
-    threads: int = 1,
+    threads: int | None = None,
     runs: int = 30,
     warmup: int = 3,
     shapes: Mapping[str, Sequence[int]] | None = None,
     progress: bool = False,
 ) -> Profile:
-    """A profile for ``view``: a saved one (checked to belong to it), a measured one, or static costs."""
+    """A profile for ``view``: a saved one (checked to belong to it), a measured one, or static costs.
+
+    A saved profile fixes the threads and input shapes its costs were measured with, so asking for
+    other ones alongside it is refused rather than silently ignored.
+    """
     if profile is not None:
         prof = profile if isinstance(profile, Profile) else Profile.load(Path(profile))
         prof.check_matches(view)
+        name = Path(prof.origin).name if prof.origin else "the profile"
+        if threads is not None and threads != prof.threads:
+            raise UsageError(
+                f"--threads {threads}: {name} was measured with {prof.threads} thread(s); "
+                "profile again with --threads or leave --threads out"
+            )
+        if cost == "static":
+            raise UsageError(f"--cost static: {name} holds measured costs; give one or the other")
+        for inp, dims in (shapes or {}).items():
+            if tuple(prof.input_shapes.get(inp, ())) != tuple(dims):
+                raise UsageError(
+                    f"--shape {inp}: {name} was measured at {inp}={list(prof.input_shapes.get(inp, ()))}; "
+                    "profile again with this --shape or leave it out"
+                )
         return prof
+    threads = 1 if threads is None else threads
     if cost not in COST_SOURCES:
         raise UsageError(f"--cost {cost!r}: choose one of {', '.join(COST_SOURCES)}")
     if threads < 1:
@@ -60,6 +79,31 @@ def get_profile(
         # static costs do not depend on threads, but the plan records what the stages will run with
         return dataclasses.replace(static_profile(view, shapes=shapes), threads=threads)
     return profile_model(view, threads=threads, runs=runs, warmup=warmup, shapes=shapes, progress=progress)
+
+
+def check_plan_request(
+    stages: int | str,
+    devices: Cluster | str | Path | None,
+    order: str,
+    schedule: ScheduleRequest | None,
+) -> Cluster | None:
+    """Validate what can be validated without costs (cheap, so it runs before profiling); returns the
+    loaded cluster."""
+    if isinstance(stages, str) and stages != "auto":
+        raise UsageError(f"--stages {stages!r}: give a number of stages or 'auto'")
+    if order not in ("fixed", "free"):
+        raise UsageError(f"--order {order!r}: choose fixed or free")
+    cluster = load_cluster(devices) if isinstance(devices, str | Path) else devices
+    if stages == "auto" and cluster is None:
+        raise UsageError("--stages auto needs --devices: the cluster bounds how many stages to try")
+    if cluster is not None and isinstance(stages, int) and stages > cluster.size:
+        raise PartitionError(
+            f"{cluster.source or 'the devices file'}: {stages} stages need {stages} devices but it lists "
+            f"{cluster.size}; choose --stages between 1 and {cluster.size}"
+        )
+    if schedule is not None:
+        schedule.candidates()
+    return cluster
 
 
 def plan(
@@ -74,11 +118,7 @@ def plan(
 ) -> Plan:
     """The plan for ``stages`` stages (or ``"auto"``): :func:`make_plan` on identical workers when no
     devices file, schedule or order is asked for, else :func:`onnxpipe.planner.plan_pipeline`."""
-    if isinstance(stages, str) and stages != "auto":
-        raise UsageError(f"--stages {stages!r}: give a number of stages or 'auto'")
-    if order not in ("fixed", "free"):
-        raise UsageError(f"--order {order!r}: choose fixed or free")
-    cluster = load_cluster(devices) if isinstance(devices, str | Path) else devices
+    cluster = check_plan_request(stages, devices, order, schedule)
     simple = cluster is None and order == "fixed" and (schedule is None or schedule.kind == "stream")
     if simple and isinstance(stages, int):
         mb = schedule.microbatches if schedule is not None and schedule.microbatches else 8
@@ -101,7 +141,7 @@ def split(
     *,
     profile: Profile | str | Path | None = None,
     cost: str = "profile",
-    threads: int = 1,
+    threads: int | None = None,
     runs: int = 30,
     warmup: int = 3,
     bandwidth_bytes_per_s: float = math.inf,
@@ -115,9 +155,12 @@ def split(
     schedule: ScheduleRequest | None = None,
 ) -> SplitResult:
     """Load, profile (or reuse a profile), partition optimally, export K stages, and verify them."""
+    out_dir = Path(out).absolute()  # verification must find the folder even if "." is replaced
     view = load_model(model)
-    # refuse an output folder in use, or a model onnxruntime cannot run, before minutes of profiling
-    check_exportable(view, out, force=force)
+    # refuse an output folder in use, a model onnxruntime cannot run, or a bad devices file or
+    # schedule before minutes of profiling
+    check_exportable(view, out_dir, force=force)
+    devices = check_plan_request(stages, devices, order, schedule)
     prof = get_profile(
         view,
         cost=cost,
@@ -137,7 +180,6 @@ def split(
         order=order,
         schedule=schedule,
     )
-    out_dir = Path(out)
     manifest = export_stages(view, the_plan, out_dir, force=force, external_data=external_data)
     report = verify(out_dir, shapes=shapes) if run_verify else None
     return SplitResult(plan=the_plan, manifest=manifest, out_dir=out_dir, report=report)

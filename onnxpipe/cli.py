@@ -63,7 +63,13 @@ def _ratio(text: str) -> float:
 
 def _add_measure_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("measurement")
-    g.add_argument("--threads", type=_positive_int, default=1, help="intra-op threads per stage (default 1)")
+    g.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=None,
+        help="intra-op threads to profile with, which the stages run with (default 1; with --devices each "
+        "device's threads)",
+    )
     g.add_argument("--runs", type=_positive_int, default=30, help="timed runs to take the median of")
     g.add_argument("--warmup", type=int, default=3, help="untimed warm-up runs")
     _add_shape_arg(g)
@@ -85,7 +91,9 @@ def _add_planning_args(p: argparse.ArgumentParser) -> None:
         "--stages", "-k", type=_stages, required=True, metavar="K|auto", help="number of stages, or auto"
     )
     g.add_argument("--profile", type=Path, help="reuse a profile saved by 'onnxpipe profile'")
-    g.add_argument("--cost", choices=api.COST_SOURCES, default="profile", help="measured or static costs")
+    g.add_argument(
+        "--cost", choices=api.COST_SOURCES, default="profile", help="measured (default) or static costs"
+    )
     g.add_argument(
         "--bandwidth",
         type=_bandwidth,
@@ -267,7 +275,7 @@ def _cmd_split(args: argparse.Namespace) -> int:
     plan = result.plan
     print(format_manifest_table(result.manifest))
     print(
-        f"wrote {plan.k} stages to {result.out_dir}/ (bottleneck {plan.bottleneck_seconds * 1e3:.3f} ms, "
+        f"wrote {plan.k} stages to {args.out}/ (bottleneck {plan.bottleneck_seconds * 1e3:.3f} ms, "
         f"{plan.ratio_to_lower_bound:.3f}x the lower bound)"
     )
     for note in plan.notes:

@@ -473,6 +473,7 @@ def _build_manifest(
                 param_bytes=max(0, s.param_bytes),
                 peak_activation_bytes=max(0, s.peak_activation_bytes),
                 shared_param_bytes=shared.per_stage[s.index],
+                link_bytes_in=s.link_bytes_in,
             )
         )
 

@@ -109,6 +109,7 @@ class StageEntry:
     param_bytes: int
     peak_activation_bytes: int
     shared_param_bytes: int = 0
+    link_bytes_in: int = 0
 
 
 @dataclass(frozen=True)
@@ -336,6 +337,7 @@ def _stage_to_obj(s: StageEntry) -> dict[str, Any]:
         "param_bytes": s.param_bytes,
         "peak_activation_bytes": s.peak_activation_bytes,
         "shared_param_bytes": s.shared_param_bytes,
+        "link_bytes_in": s.link_bytes_in,
     }
 
 
@@ -563,6 +565,7 @@ class _Reader:
             param_bytes=self.get_int(o, "param_bytes", where),
             peak_activation_bytes=self.get_int(o, "peak_activation_bytes", where),
             shared_param_bytes=self.get_int(o, "shared_param_bytes", where),
+            link_bytes_in=self.get_int(o, "link_bytes_in", where),
         )
 
     def plan(self, o: Mapping[str, Any]) -> PlanSummary:

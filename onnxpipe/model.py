@@ -27,7 +27,6 @@ from types import MappingProxyType
 
 import numpy as np
 import onnx
-from google.protobuf.message import DecodeError
 from onnx import helper, shape_inference
 
 from onnxpipe.errors import ModelLoadError
@@ -188,8 +187,9 @@ def load_model(path: str | Path, *, check: bool = True) -> ModelView:
     if not p.is_file():
         raise ModelLoadError(f"{p}: is not a file; give the path of an .onnx model")
     try:
-        proto = onnx.load(str(p), load_external_data=False)
-    except (DecodeError, RuntimeError, ValueError, OSError) as e:
+        # format given: onnx would otherwise pick a JSON or text parser from a .json/.txt suffix
+        proto = onnx.load(str(p), format="protobuf", load_external_data=False)
+    except Exception as e:
         detail = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ModelLoadError(
             f"{p}: not a readable ONNX model ({detail}); "

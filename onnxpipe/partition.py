@@ -678,6 +678,8 @@ class _Engine:
 
         The pruning test is monotone in the bound, so it suffices that the value returned is pruned."""
         rest, w, slack = float(-self.neg_rest[s][a]), self.work_w[s], self.slack[s]
+        if not (w > 0 and rest > slack):  # cannot happen for a pruned start; stay safe anyway
+            return 0.0
         out = ((rest - slack) / w) * (1.0 - 1e-15)
         while out > 0 and not rest > out * w + slack:
             out *= 1.0 - 2.0**-50
@@ -1301,9 +1303,12 @@ def solve_heterogeneous(
 
     * ``costs`` with ``speeds``: stage ``s`` runs on device ``s`` in ``sum(costs[a:b]) / speeds[s]``
       (``speeds`` defaults to all 1);
-    * ``device_costs`` (``costs=None``, no ``speeds``): a ``k x n`` matrix, ``device_costs[s][i]`` = item
-      ``i``'s time on the device of stage ``s`` (a per-device profile, per-op-type speed-ups...); stage ``s``
-      computes in ``sum(device_costs[s][a:b])``.  Equal rows are detected and share the solver's work.
+    * ``device_costs`` (``costs=None``, no ``speeds``; giving either is refused): a ``k x n`` matrix,
+      ``device_costs[s][i]`` = item ``i``'s time on the device of stage ``s`` (a per-device profile,
+      per-op-type speed-ups...); stage ``s`` computes in ``sum(device_costs[s][a:b])``.  Equal rows are
+      detected and share the solver's work.  Entries must be finite: like every stage sum here it is a
+      difference of correctly rounded prefix sums, exact to an ulp of ``sum(device_costs[s][:b])``, so a
+      huge placeholder for "cannot run" would blur that device's later sums.
 
     The link into stage ``s >= 1`` takes ``cut_bytes[start] / bandwidths[s] + latencies[s]`` (per-link
     lists take ``k`` entries with entry 0 ignored, or ``k - 1`` entries for the links alone; default: free
@@ -1318,9 +1323,11 @@ def solve_heterogeneous(
     split fits, :class:`MemoryFitError` names (and carries as ``smallest_fit_bytes``) the smallest cap that
     would fit every stage if all stages had it, computed with this very formula.
 
-    ``lower_bound`` of the result: the largest of the work bound (total work over total speed; with
-    ``device_costs`` the fractional-assignment bound ``sum_i min_s w_s d[s][i] / sum_s w_s`` with
-    ``w_s = 1 / sum(device_costs[s])``), the largest item on its fastest device, and the largest latency.
+    ``lower_bound`` of the result: the largest of the work bound, the largest item on its fastest device,
+    and the largest latency.  The work bound is the total work over the total speed, or with
+    ``device_costs`` the fractional-assignment bound ``sum_i min_s w_s d[s][i] / sum_s w_s``, valid for
+    any weights ``w >= 0`` (weak LP duality), with weights searched for the LP optimum: exact for two
+    kinds of device, close for more (see ``_dual_weights``).
     """
     model, lower = _heterogeneous_model(
         costs,

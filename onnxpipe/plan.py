@@ -41,6 +41,7 @@ class StageSpec:
     param_bytes: int
     peak_activation_bytes: int
     device: str = "cpu"
+    link_bytes_in: int = 0
 
     @property
     def cost_seconds(self) -> float:
@@ -193,7 +194,9 @@ def make_plan(
         notes.append("fused groups had to be cut to make this many stages")
         part = _partition.solve(seq.costs, k, cut_bytes=seq.cut_bytes, bandwidth=bandwidth_bytes_per_s)
 
-    stages = assign_stages(view, part.bounds, seq.sizes, part.compute, part.transfer)
+    stages = assign_stages(
+        view, part.bounds, seq.sizes, part.compute, part.transfer, link_bytes=seq.cut_bytes
+    )
     from onnxpipe.schedule import simulate
 
     timeline = simulate("stream", [s.cost_seconds for s in stages], None, [0.0] * k, microbatches)
@@ -219,8 +222,13 @@ def assign_stages(
     compute_seconds: Sequence[float],
     transfer_seconds: Sequence[float],
     devices: Sequence[str] | None = None,
+    link_bytes: Sequence[int] | None = None,
 ) -> tuple[StageSpec, ...]:
-    """Turn partition bounds over compute positions into named stages with their inputs and outputs."""
+    """Turn partition bounds over compute positions into named stages with their inputs and outputs.
+
+    ``link_bytes[p]`` (the cut profile) is what crosses the link in front of a stage starting at ``p``:
+    the stage's own inputs plus tensors it forwards to later stages.
+    """
     compute = view.compute_nodes
     k = len(bounds) - 1
     const_by_output = {o: n for n in view.nodes if n.is_constant for o in n.outputs}
@@ -281,6 +289,7 @@ def assign_stages(
                 ),
                 peak_activation_bytes=_peak_activation(nodes, inputs, outputs, sizes, view),
                 device=devices[s] if devices is not None else "cpu",
+                link_bytes_in=int(link_bytes[bounds[s]]) if link_bytes is not None and s > 0 else 0,
             )
         )
     return tuple(specs)
@@ -329,36 +338,3 @@ def _peak_activation(
             if t not in keep and last.get(t, -1) <= i:
                 current -= live.pop(t)
     return peak
-
-
-@dataclass(frozen=True)
-class StreamSchedule:
-    """Inference streaming: micro-batch j enters stage s when stage s is free and stage s-1 is done."""
-
-    microbatches: int
-    steady_state_throughput_per_s: float
-    latency_first_seconds: float
-    makespan_seconds: float
-    steps: tuple[tuple[tuple[int, float, float], ...], ...]  # per stage: (micro-batch, start, end)
-
-
-def stream_schedule(stage_seconds: Sequence[float], microbatches: int) -> StreamSchedule:
-    """Simulate M micro-batches through the stages; fill/drain makespan = sum + (M-1) * bottleneck."""
-    k = len(stage_seconds)
-    end = [[0.0] * microbatches for _ in range(k)]
-    steps: list[list[tuple[int, float, float]]] = [[] for _ in range(k)]
-    for j in range(microbatches):
-        for s in range(k):
-            ready = end[s - 1][j] if s > 0 else 0.0
-            free = end[s][j - 1] if j > 0 else 0.0
-            start = max(ready, free)
-            end[s][j] = start + stage_seconds[s]
-            steps[s].append((j, start, end[s][j]))
-    bottleneck = max(stage_seconds) if stage_seconds else 0.0
-    return StreamSchedule(
-        microbatches=microbatches,
-        steady_state_throughput_per_s=(1.0 / bottleneck) if bottleneck > 0 else math.inf,
-        latency_first_seconds=sum(stage_seconds),
-        makespan_seconds=end[-1][-1] if microbatches and k else 0.0,
-        steps=tuple(tuple(x) for x in steps),
-    )

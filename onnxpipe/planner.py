@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from onnxpipe import partition as _partition
-from onnxpipe.cluster import Cluster, Device, DeviceCosts, device_costs, effective_speeds
+from onnxpipe.cluster import Cluster, Device, device_costs
 from onnxpipe.errors import MemoryFitError, PartitionError, UsageError
 from onnxpipe.model import ModelView
 from onnxpipe.orders import OrderSearch, place, stages_auto
 from onnxpipe.plan import Plan, StageSpec, assign_stages, sequences
-from onnxpipe.schedule import KINDS, ScheduleKind, Timeline, in_flight, simulate
+from onnxpipe.schedule import DEFAULT_BACKWARD_RATIO, KINDS, ScheduleKind, Timeline, in_flight, simulate
 
 if TYPE_CHECKING:
     from onnxpipe.profile import Profile
@@ -50,7 +50,7 @@ class ScheduleRequest:
     kind: str = "stream"
     microbatches: int | None = None
     batch: int | None = None
-    backward_ratio: float = 2.0
+    backward_ratio: float = DEFAULT_BACKWARD_RATIO
 
     def candidates(self) -> list[tuple[ScheduleKind, int, int]]:
         """(kind, M, samples per micro-batch) to try."""
@@ -63,6 +63,11 @@ class ScheduleRequest:
         if self.microbatches is not None and self.microbatches < 1:
             raise UsageError(f"--microbatches {self.microbatches}: give 1 or more")
         if self.kind == "stream":
+            if self.batch is not None or self.backward_ratio != DEFAULT_BACKWARD_RATIO:
+                raise UsageError(
+                    "--batch and --backward-ratio plan training; give --schedule gpipe, 1f1b or auto, "
+                    "or leave them out for streaming inference"
+                )
             return [("stream", self.microbatches or DEFAULT_MICROBATCHES, 1)]
         kinds: list[ScheduleKind] = ["gpipe", "1f1b"] if self.kind == "auto" else [self.kind]  # type: ignore[list-item]
         batch = self.batch or self.microbatches or DEFAULT_MICROBATCHES
@@ -150,6 +155,11 @@ def plan_pipeline(
     """
     profile.check_matches(view)
     request = schedule or ScheduleRequest()
+    if cluster is not None and bandwidth_bytes_per_s != math.inf:
+        raise UsageError(
+            f"--bandwidth: the links of {cluster.source or 'the devices file'} set the bandwidth; "
+            "give it there (links[].bandwidth_bytes_per_s) instead"
+        )
     compute = view.compute_nodes
     m = len(compute)
     if cluster is None:
@@ -178,15 +188,11 @@ def plan_pipeline(
         load=_load_fn(view),
         reference_threads=profile.threads,
     )
-    speed_of = dict(zip(cluster.names, effective_speeds(records, reference), strict=True))
+    # each device's own cost of every node: scaled by its speed or per-op speeds, or measured on it
+    row_of = {r.device: [float(r.node_seconds.get(n.name, 0.0)) for n in compute] for r in records}
     params = first_reader_param_bytes(view)
     acts = [float(sum(sizes.get(o, 0) for o in n.outputs)) for n in compute]
     notes: list[str] = []
-    if any(r.method != "scaled" or d.op_speeds for r, d in zip(records, cluster.devices, strict=True)):
-        notes.append(
-            "per-device costs enter the partition as one overall speed per device (reference total over "
-            "the device's total)"
-        )
 
     def solver(kind: ScheduleKind, mb: int, size: int) -> Callable[[Cluster], _partition.Partition]:
         training = kind != "stream"
@@ -195,28 +201,28 @@ def plan_pipeline(
         def solve_on(arr: Cluster) -> _partition.Partition:
             k = arr.size
             state = TRAINING_STATE_FACTOR if training else 1.0
-            held = in_flight(kind, 0, k, mb) * size if training else 0
-            item_mem = [state * p + held * a for p, a in zip(params, acts, strict=True)]
-            # inference holds the micro-batch it computes and the next one arriving
-            cut_factor = [0.0 if training else 2.0 * size] * k
-            kwargs = {
-                "speeds": [speed_of[name] for name in arr.names],
+            kwargs: dict[str, object] = {
+                "device_costs": [[c * work for c in row_of[name]] for name in arr.names],
                 "cut_bytes": [c * size for c in cuts],
                 "bandwidths": arr.bandwidths,
                 "latencies": arr.latencies,
                 "overlap": True,
-                "item_mem": item_mem,
+                "item_mem": [state * p for p in params],
                 "mem_caps": arr.mem_caps,
-                "cut_mem_factor": cut_factor,
+                # inference holds the micro-batch it computes and the next one arriving
+                "cut_mem_factor": [0.0 if training else 2.0 * size] * k,
             }
-            scaled = [c * work for c in costs]
+            if training:
+                # every activation of the stage, for each micro-batch it holds (GPipe M, 1F1B min(M, K-s))
+                kwargs["item_act"] = acts
+                kwargs["act_factor"] = [float(in_flight(kind, st, k, mb) * size) for st in range(k)]
             try:
                 try:
-                    return _partition.solve_heterogeneous(scaled, k, allowed_cuts=allowed, **kwargs)  # type: ignore[arg-type]
+                    return _partition.solve_heterogeneous(None, k, allowed_cuts=allowed, **kwargs)  # type: ignore[arg-type]
                 except PartitionError:
                     if all(allowed):
                         raise
-                    return _partition.solve_heterogeneous(scaled, k, **kwargs)  # type: ignore[arg-type]
+                    return _partition.solve_heterogeneous(None, k, **kwargs)  # type: ignore[arg-type]
             except MemoryFitError as e:
                 where = arr.source or "the devices"
                 schedule_text = "streaming" if kind == "stream" else f"{kind} with {mb} micro-batches"
@@ -283,15 +289,19 @@ def plan_pipeline(
         )
     part = best.search.result
     arranged = best.search.cluster
+    # the manifest's stage times are one sample's forward pass (what inference and `run` measure);
+    # training step times live in the timeline
+    per_sample = 1.0 if best.kind == "stream" else (1.0 + request.backward_ratio) * best.size
     specs = assign_stages(
         view,
         part.bounds,
         sizes,
-        part.compute,
-        part.transfer,
+        [c / per_sample for c in part.compute],
+        [t / best.size for t in part.transfer] if best.kind != "stream" else part.transfer,
         devices=arranged.names,
+        link_bytes=cuts,
     )
-    _check_final_memory(specs, arranged, best, acts, notes)
+    _check_final_memory(specs, arranged, best, acts)
     kept = {d.name for d in arranged.devices}
     return Plan(
         model_sha256=view.sha256,
@@ -351,12 +361,11 @@ def _check_final_memory(
     arranged: Cluster,
     best: _Candidate,
     acts: Sequence[float],
-    notes: list[str],
 ) -> None:
     """The memory model again with shared weights counted in every stage that copies them.
 
     The partitioner counts a weight shared by two stages once (at its first reader), so a plan can pass
-    the partitioner and still overflow by the copies; such a stage gets a note.
+    the partitioner and still overflow by the copies; such a plan is refused rather than written.
     """
     k = len(specs)
     bounds = best.search.result.bounds
@@ -369,15 +378,12 @@ def _check_final_memory(
             best.kind, s, k, best.microbatches, best.size, spec.param_bytes, act, spec.bytes_in
         )
         if need > cap:
-            notes.append(
-                f"stage {s} on {arranged.names[s]} needs {need:.0f} bytes with its shared weights "
-                f"copied in, over the device's {cap}; give it more memory_bytes"
+            raise MemoryFitError(
+                f"{arranged.source or 'the devices'}: stage {s} on {arranged.names[s]} needs {need:.0f} "
+                f"bytes once the weights it shares with other stages are copied in, over the device's "
+                f"{cap}; give it at least that much memory_bytes, or use more stages",
+                need,
             )
-
-
-def device_records(plan: Plan) -> tuple[DeviceCosts, ...]:
-    """How each stage's device costs were obtained, for the manifest."""
-    return plan.device_costs
 
 
 def draw_plan(plan: Plan, path: str | Path, *, title: str | None = None) -> Path:

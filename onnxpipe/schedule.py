@@ -2,8 +2,8 @@
 
 The partitioner balances per-micro-batch costs; how long a whole batch takes, and how much memory each
 stage needs while it runs, depends on the *schedule*: in which order each device runs the forward (F) and
-backward (B) steps of the micro-batches.  This module generalizes :func:`onnxpipe.plan.stream_schedule`
-(inference streaming) to the two training schedules BaPipe explores:
+backward (B) steps of the micro-batches.  This module simulates inference streaming and the two
+training schedules BaPipe explores:
 
 ``stream``
     Inference: every device runs F0, F1, ... F(M-1).  Nothing is kept for a backward pass.

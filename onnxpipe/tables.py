@@ -23,6 +23,12 @@ def human_bytes(n: float) -> str:
     return f"{value:.1f} GiB"
 
 
+def stage_time(compute: float, transfer: float, overlapped: bool) -> float:
+    """A stage's time per micro-batch as the plan's objective counts it: with a devices file transfers
+    run on their own links and overlap compute (the larger counts), else they add to the stage."""
+    return max(compute, transfer) if overlapped else compute + transfer
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Right-aligned columns (left-aligned first column) with a rule under the header."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
@@ -38,8 +44,15 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def format_manifest_table(manifest: Manifest) -> str:
-    """Stage, device, nodes, estimated cost, bytes in and out, params, and share of the bottleneck."""
-    costs = [s.estimated_compute_seconds + s.estimated_transfer_seconds for s in manifest.stages]
+    """Stage, device, nodes, estimated cost, bytes in and out, params, and share of the bottleneck.
+
+    "bytes in" is what the stage reads from earlier stages and the model; "link in" what crosses the
+    link in front of it in a chain, tensors it forwards to later stages included (what transfer costs).
+    """
+    costs = [
+        stage_time(s.estimated_compute_seconds, s.estimated_transfer_seconds, manifest.cluster is not None)
+        for s in manifest.stages
+    ]
     bottleneck = max(costs) if costs else 0.0
     rows = []
     for s, cost in zip(manifest.stages, costs, strict=True):
@@ -51,12 +64,23 @@ def format_manifest_table(manifest: Manifest) -> str:
                 f"{s.node_count}",
                 f"{cost * 1e3:.3f}",
                 human_bytes(sum(i.bytes_per_sample for i in s.inputs)),
+                human_bytes(s.link_bytes_in),
                 human_bytes(sum(o.bytes_per_sample for o in s.outputs)),
                 human_bytes(s.param_bytes),
                 f"{share:.0%}",
             ]
         )
-    head = ["stage", "device", "nodes", "cost ms", "bytes in", "bytes out", "params", "of bottleneck"]
+    head = [
+        "stage",
+        "device",
+        "nodes",
+        "cost ms",
+        "bytes in",
+        "link in",
+        "bytes out",
+        "params",
+        "of bottleneck",
+    ]
     plan = manifest.plan
     footer = (
         f"{manifest.source.file}: {plan.k} stages, bottleneck {plan.bottleneck_seconds * 1e3:.3f} ms, "
@@ -104,12 +128,24 @@ def format_plan_table(plan: Plan) -> str:
                 f"{s.compute_seconds * 1e3:.3f}",
                 f"{s.transfer_seconds * 1e3:.3f}",
                 human_bytes(s.bytes_in),
+                human_bytes(s.link_bytes_in),
                 human_bytes(s.param_bytes),
                 cap,
                 f"{cost / bottleneck:.0%}" if bottleneck > 0 else "-",
             ]
         )
-    head = ["stage", "device", "nodes", "compute ms", "transfer ms", "bytes in", "params", "memory", "load"]
+    head = [
+        "stage",
+        "device",
+        "nodes",
+        "compute ms",
+        "transfer ms",
+        "bytes in",
+        "link in",
+        "params",
+        "memory",
+        "load",
+    ]
     lines = [table(head, rows)]
     lines.append(
         f"bottleneck {plan.bottleneck_seconds * 1e3:.3f} ms per micro-batch, lower bound "

@@ -453,8 +453,8 @@ def test_force_replaces_only_a_complete_folder(
     mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     old = work / "out"
-    old.mkdir()
-    (old / "notes.txt").write_text("keep me")
+    code, _, err = run(["split", mlp, "-k", "3", "--out", "out", "--cost", "static"], capfd)
+    assert code == 0, err
     before = snapshot(work)
     # a failing --force run (K out of range) keeps the old folder
     code, _, _ = run(["split", mlp, "-k", "99", "--out", "out", "--force", "--cost", "static"], capfd)
@@ -665,9 +665,9 @@ def test_stage_failing_at_run_time_exits_8(done: Path, capfd: pytest.CaptureFixt
 def test_interrupt_exits_130_and_leaves_nothing_half_written(
     old: bool, mlp: Path, work: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if old:
-        (work / "out").mkdir()
-        (work / "out" / "keep.txt").write_text("old run")
+    if old:  # a previous split, which --force may replace
+        code, _, err = run(["split", mlp, "-k", "2", "--out", "out", "--cost", "static"], capfd)
+        assert code == 0, err
     before = snapshot(work)
     real_save = onnx.save_model
     calls = []

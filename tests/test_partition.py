@@ -473,6 +473,20 @@ def test_identical_device_rows_share_the_work() -> None:
     assert engine.shared[engine.group[2]]
 
 
+def test_a_free_device_row() -> None:
+    rng = np.random.default_rng(9)
+    n, k = 40, 4
+    rows = [rng.random(n), np.zeros(n), rng.random(n), rng.random(n)]
+    kw = {
+        "device_costs": rows,
+        "cut_bytes": rng.integers(0, 100, n + 1).astype(float),
+        "bandwidths": [50.0] * k,
+    }
+    p = solve_heterogeneous(None, k, **kw)
+    assert p == partition._reference_solve_heterogeneous(None, k, **kw)
+    assert p.lower_bound == 0.0 and p.ratio == 1.0  # the free device could run everything: no bound
+
+
 def test_lower_bound_with_two_device_kinds_is_the_fractional_lp() -> None:
     rng = np.random.default_rng(8)
     n = 300

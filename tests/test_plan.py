@@ -8,7 +8,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.model import view_from_proto
-from onnxpipe.plan import allowed_cuts_from_regions, assign_stages, stream_schedule
+from onnxpipe.plan import allowed_cuts_from_regions, assign_stages
+from onnxpipe.schedule import simulate
 
 
 def _skip_model() -> onnx.ModelProto:
@@ -62,13 +63,25 @@ def test_allowed_cuts_keep_fused_groups_whole() -> None:
 
 
 def test_stream_schedule_matches_hand_computation() -> None:
-    sched = stream_schedule([1.0, 3.0, 2.0], 3)
+    sched = simulate("stream", [1.0, 3.0, 2.0], None, [0.0, 0.0, 0.0], 3)
     # stage 1 is the bottleneck: micro-batches leave it at 4, 7, 10; stage 2 ends at 6, 9, 12
-    assert sched.steps[0] == ((0, 0.0, 1.0), (1, 1.0, 2.0), (2, 2.0, 3.0))
-    assert sched.steps[1] == ((0, 1.0, 4.0), (1, 4.0, 7.0), (2, 7.0, 10.0))
-    assert sched.steps[2] == ((0, 4.0, 6.0), (1, 7.0, 9.0), (2, 10.0, 12.0))
-    assert sched.makespan_seconds == pytest.approx(1 + 3 + 2 + 2 * 3)
-    assert sched.latency_first_seconds == pytest.approx(6.0)
+    assert [(st.microbatch, st.start, st.end) for st in sched.stages[0]] == [
+        (0, 0.0, 1.0),
+        (1, 1.0, 2.0),
+        (2, 2.0, 3.0),
+    ]
+    assert [(st.microbatch, st.start, st.end) for st in sched.stages[1]] == [
+        (0, 1.0, 4.0),
+        (1, 4.0, 7.0),
+        (2, 7.0, 10.0),
+    ]
+    assert [(st.microbatch, st.start, st.end) for st in sched.stages[2]] == [
+        (0, 4.0, 6.0),
+        (1, 7.0, 9.0),
+        (2, 10.0, 12.0),
+    ]
+    assert sched.makespan == pytest.approx(1 + 3 + 2 + 2 * 3)
+    assert sched.first_latency == pytest.approx(6.0)
     assert sched.steady_state_throughput_per_s == pytest.approx(1 / 3)
 
 
