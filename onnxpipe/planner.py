@@ -345,7 +345,8 @@ def stage_memory_bytes(
     """What stage ``stage`` must hold on its device under a schedule: the planner's memory model.
 
     * streaming inference: its weights, plus the micro-batch it computes and the next one arriving
-      (``2 * size * bytes_in``); the working set inside one run is reported separately
+      (``2 * size * bytes_in``, with ``bytes_in`` what crosses the link in front of it; stage 0's input
+      comes from the caller and is not counted); the working set inside one run is reported separately
       (``peak_activation_bytes``);
     * training: weights, gradients and Adam's two moments (``4 *`` weights), plus every activation of the
       stage for each micro-batch in flight (GPipe ``M``, 1F1B ``min(M, K - s)``).
@@ -375,7 +376,7 @@ def _check_final_memory(
             continue
         act = float(sum(acts[bounds[s] : bounds[s + 1]]))
         need = stage_memory_bytes(
-            best.kind, s, k, best.microbatches, best.size, spec.param_bytes, act, spec.bytes_in
+            best.kind, s, k, best.microbatches, best.size, spec.param_bytes, act, spec.link_bytes_in
         )
         if need > cap:
             raise MemoryFitError(
