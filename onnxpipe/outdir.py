@@ -6,8 +6,11 @@ and deleted only once the new one is in place, so a failure at any step (a full 
 fails its checks, Ctrl-C) leaves the user's old folder exactly as it was and no half-written one
 behind, and removes the parent folders it had to create.
 
-:func:`check_target` refuses, before any work, a target that is a file, a non-empty folder without
-``force``, or a folder that holds the source model (``--force`` would delete it).
+:func:`check_target` refuses, before any work, a target that is a file or a non-empty folder without
+``force``.  ``force`` replaces only what a split wrote: a non-empty folder is replaced only when it holds
+a previous split (its ``manifest.json``), and never when it holds the source model or is the current
+folder or one above it (the process would be left in a deleted folder).  Anything else of the user's is
+refused, not deleted.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from onnxpipe.errors import ExportError
+from onnxpipe.manifest import MANIFEST_NAME
 
 
 def normalized(out_dir: str | Path) -> Path:
@@ -30,7 +34,11 @@ def normalized(out_dir: str | Path) -> Path:
 
 
 def check_target(out: Path, *, force: bool, protected: Iterable[Path | None] = ()) -> None:
-    """Refuse ``out`` unless it is absent, empty, or (with ``force``) free of every ``protected`` path."""
+    """Refuse ``out`` unless it is absent, empty, or (with ``force``) a previous split that may go.
+
+    With ``force`` a non-empty ``out`` is refused when it holds a ``protected`` path (the source model),
+    is the current folder or one of its parents, or holds no ``manifest.json`` (it is not a split's).
+    """
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise ExportError(f"{out}: exists and is not a folder; choose another --out")
     if not out.exists() or not any(out.iterdir()):
@@ -43,6 +51,30 @@ def check_target(out: Path, *, force: bool, protected: Iterable[Path | None] = (
             raise ExportError(
                 f"{out}: holds the source model {p.name}; --force would delete it; choose another --out"
             )
+    check_replaceable(out)
+
+
+def check_replaceable(out: Path) -> None:
+    """Refuse to replace the non-empty folder ``out`` unless it is a previous split away from the cwd."""
+    cwd = _current_folder()
+    if cwd is not None and cwd.is_relative_to(out.resolve()):
+        where = "is the current folder" if cwd == out.resolve() else "holds the current folder"
+        raise ExportError(
+            f"{out}: {where}; --force would delete it; choose another --out or run from elsewhere"
+        )
+    mark = out / MANIFEST_NAME
+    if mark.is_symlink() or not mark.is_file():
+        raise ExportError(
+            f"{out}: is not empty and holds no previous split ({MANIFEST_NAME}); --force replaces "
+            "only an empty folder or an earlier split's; choose another --out or empty it"
+        )
+
+
+def _current_folder() -> Path | None:
+    try:
+        return Path.cwd().resolve()
+    except OSError:  # the current folder was deleted: no folder on disk holds it
+        return None
 
 
 @contextmanager
@@ -141,6 +173,7 @@ def _move_into_place(tmp: Path, out: Path, last: str | None) -> None:
     if not any(out.iterdir()):
         _move_files_into(tmp, out, last)
         return
+    check_replaceable(out)  # again: the folder may have changed while the stages were written
     old = out.parent / f".{out.name}.onnxpipe-old-{uuid.uuid4().hex[:8]}"
     with writing(out, out):
         os.rename(out, old)
@@ -166,4 +199,4 @@ def _move_files_into(tmp: Path, out: Path, last: str | None) -> None:
         raise ExportError(f"{out}: cannot be filled ({reason(e)}); {out} is left as it was") from e
 
 
-__all__ = ["check_target", "hint", "normalized", "reason", "staged_folder", "writing"]
+__all__ = ["check_replaceable", "check_target", "hint", "normalized", "reason", "staged_folder", "writing"]

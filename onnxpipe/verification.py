@@ -1,8 +1,10 @@
 """Check that a split folder's chained stages compute what the original model computes.
 
 Both run in onnxruntime (CPU, the default optimization level) on the same seeded random inputs
-(:func:`onnxpipe.feeds.random_feeds` at :func:`onnxpipe.feeds.resolve_input_shapes` shapes), and every
-model output is compared.  An output matches when dtype and shape are equal and::
+(:func:`onnxpipe.feeds.random_feeds`) at the shapes the plan was made for (the manifest's
+``plan.profiled_input_shapes``, which ``split`` and ``run`` use too), with any ``shapes`` given layered on
+top (:func:`planned_input_shapes`), and every model output is compared.  An output matches when dtype
+and shape are equal and::
 
     max|a - b| <= atol + rtol * max|a|        (a: the original's output, b: the chained stages')
 
@@ -26,9 +28,9 @@ import numpy as np
 import onnxruntime as ort
 
 from onnxpipe.errors import ManifestError, UsageError, VerificationError
-from onnxpipe.feeds import random_feeds, resolve_input_shapes
+from onnxpipe.feeds import random_feeds, resolve_input_shapes, symbol_sizes
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, load_manifest
-from onnxpipe.model import file_sha256, load_model
+from onnxpipe.model import ModelView, file_sha256, load_model
 from onnxpipe.runner import error_line, run_stage_by_stage
 
 DEFAULT_RTOL = 1e-4
@@ -146,7 +148,7 @@ def verify(
             f"{d / MANIFEST_NAME}; pass the model that was split (--model) or re-run onnxpipe split"
         )
     view = load_model(model, check=False)
-    input_shapes = resolve_input_shapes(view, shapes)
+    input_shapes = planned_input_shapes(manifest, view, shapes)
     names = [o.name for o in manifest.model_outputs]
 
     # the original first, then the stages one at a time: never two of them in memory at once
@@ -167,6 +169,32 @@ def verify(
         input_shapes=input_shapes,
         model_path=model,
     )
+
+
+def planned_input_shapes(
+    manifest: Manifest, view: ModelView, overrides: Mapping[str, Sequence[int]] | None = None
+) -> dict[str, tuple[int, ...]]:
+    """The shapes the plan was made for (``plan.profiled_input_shapes``), with ``overrides`` on top.
+
+    A size an override gives a symbolic dim (``batch``, ``seq``) reaches every other input that names
+    it, so the inputs stay consistent; an input the manifest records no shape for gets the defaults of
+    :func:`onnxpipe.feeds.resolve_input_shapes`.  ``view`` is the source model.
+    """
+    given = {n: tuple(int(d) for d in v) for n, v in (overrides or {}).items()}
+    inputs = set(view.inputs)
+    symbols = symbol_sizes(view, {n: v for n, v in given.items() if n in inputs})
+    merged = dict(given)
+    for name, dims in manifest.plan.profiled_input_shapes.items():
+        if name in given or name not in inputs:
+            continue
+        planned = tuple(int(d) for d in dims)
+        declared = view.tensor(name).shape
+        if declared is not None and len(declared) == len(planned):
+            planned = tuple(
+                symbols.get(d, v) if isinstance(d, str) else v for d, v in zip(declared, planned, strict=True)
+            )
+        merged[name] = planned
+    return resolve_input_shapes(view, merged)
 
 
 def _run_original(

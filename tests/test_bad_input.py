@@ -72,12 +72,16 @@ def run(args: list[object], capfd: pytest.CaptureFixture[str]) -> tuple[int, str
 
 
 def error_line(err: str, command: str = "split", *, where: bool = True) -> str:
-    """The one line on stderr: ``onnxpipe <command>: error: <where>: <what>; <what to do>``."""
+    """The one line on stderr: ``onnxpipe <command>: error: <where>: <what>; <what to do>``.
+
+    Paths below the current folder are shown relative to it, whether the message named them so or made
+    them absolute (``split`` names its output folder absolute).
+    """
     lines = err.strip().splitlines()
     assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{err}"
     shape = r"\S.*: .+; \S.*" if where else r".+; \S.*"
     assert re.match(rf"^onnxpipe {command}: error: {shape}$", lines[0]), lines[0]
-    return lines[0]
+    return lines[0].replace(f"{Path.cwd()}{os.sep}", "")
 
 
 def snapshot(folder: Path) -> dict[str, str]:
@@ -172,7 +176,7 @@ def test_training_info_exits_6_and_says_why(work: Path, capfd: pytest.CaptureFix
     code, out, err = run(split_static(path, "out", 2), capfd)
     assert code == 6 and out == ""
     assert error_line(err) == (
-        f"onnxpipe split: error: {path}: carries training_info (1 training algorithm(s) bound to "
+        "onnxpipe split: error: trainable.onnx: carries training_info (1 training algorithm(s) bound to "
         "its weights), which cannot be split across stages; save the model without it "
         "(del model.training_info[:]) and split that"
     )
@@ -221,8 +225,9 @@ def test_disk_full_at_each_file_exits_6_and_keeps_the_old_folder(
 ) -> None:
     import onnxpipe.manifest
 
-    if old:
+    if old:  # a previous split (--force replaces nothing else)
         (work / "out").mkdir()
+        (work / "out" / "manifest.json").write_text("{}")
         (work / "out" / "mine.txt").write_text("keep me")
     before = snapshot(work)
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -294,6 +299,7 @@ def test_real_write_limit_on_a_weights_file_keeps_the_old_folder(work: Path) -> 
     big = shared_weights_model(width=64)  # 16 KiB weights per MatMul
     path = save(big, work / "big.onnx")
     (work / "out").mkdir()
+    (work / "out" / "manifest.json").write_text("{}")
     (work / "out" / "mine.txt").write_text("keep me")
     before = snapshot(work)
     proc = run_with_file_size_limit(
@@ -427,3 +433,84 @@ def test_output_that_is_the_source_file_itself_is_refused(
         error_line(err) == "onnxpipe split: error: m.onnx: exists and is not a folder; choose another --out"
     )
     assert snapshot(work) == before
+
+
+# --------------------------------------------------------------------------------------------------
+# --force replaces an earlier split, never the user's own folder
+
+
+def test_force_refuses_a_folder_that_holds_no_split(
+    model: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: --force replaced any non-empty folder, and the user's files in it were lost."""
+    (work / "out" / "photos").mkdir(parents=True)
+    (work / "out" / "notes.txt").write_text("keep me")
+    (work / "out" / "photos" / "a.jpg").write_bytes(b"\xff\xd8")
+    (work / "out" / "stage_0.onnx").write_bytes(b"mine, not a stage")
+    before = snapshot(work)
+    code, out, err = run(split_static(model, "out", 2, "--force"), capfd)
+    assert code == 6 and out == ""
+    assert error_line(err) == (
+        "onnxpipe split: error: out: is not empty and holds no previous split (manifest.json); --force "
+        "replaces only an empty folder or an earlier split's; choose another --out or empty it"
+    )
+    assert snapshot(work) == before
+
+
+def test_force_replaces_an_earlier_split(model: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(split_static(model, "out", 3), capfd)
+    assert code == 0, err
+    code, _, err = run(split_static(model, "out", 2, "--force"), capfd)
+    assert code == 0, err
+    assert sorted(p.name for p in (work / "out").iterdir()) == [
+        "manifest.json",
+        "stage_0.onnx",
+        "stage_1.onnx",
+    ]
+    assert sorted(p.name for p in work.iterdir()) == ["m.onnx", "out"]
+
+
+@pytest.mark.parametrize("previous_split", [False, True])
+def test_force_never_deletes_the_current_folder(
+    previous_split: bool,
+    model: Path,
+    work: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression: '--out . --force' deleted the current folder's files, then failed inside it."""
+    here = work / "here"
+    here.mkdir()
+    (here / "notes.txt").write_text("keep me")
+    if previous_split:  # even an earlier split: the process would be left in a deleted folder
+        (here / "manifest.json").write_text("{}")
+    monkeypatch.chdir(here)
+    before = snapshot(work)
+    code, out, err = run(split_static(model, ".", 2, "--force"), capfd)
+    assert code == 6 and out == ""
+    assert error_line(err) == (
+        f"onnxpipe split: error: {here}: is the current folder; --force would delete it; "
+        "choose another --out or run from elsewhere"
+    )
+    assert snapshot(work) == before
+    (here / "deeper").mkdir()
+    monkeypatch.chdir(here / "deeper")
+    before = snapshot(work)
+    code, _, err = run(split_static(model, "..", 2, "--force"), capfd)
+    assert code == 6
+    assert f"{here}: holds the current folder; --force would delete it" in error_line(err)
+    assert snapshot(work) == before
+
+
+def test_force_into_the_current_empty_folder_fills_it(
+    model: Path, work: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (work / "here").mkdir()
+    monkeypatch.chdir(work / "here")
+    code, _, err = run(split_static(model, ".", 2, "--force"), capfd)
+    assert code == 0, err
+    assert sorted(p.name for p in (work / "here").iterdir()) == [
+        "manifest.json",
+        "stage_0.onnx",
+        "stage_1.onnx",
+    ]

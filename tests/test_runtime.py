@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from multiprocessing import active_children
 from multiprocessing import connection as mpc
 from pathlib import Path
@@ -26,13 +27,20 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe import api
+from onnxpipe.cluster import Device
 from onnxpipe.errors import RuntimeStageError, UsageError
 from onnxpipe.manifest import load_manifest
 from onnxpipe.runtime.cli import add_run_arguments, run_command
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.ray_backend import actor_options, load_ray_resources
 from onnxpipe.runtime.shm import SHM_DIR, ItemMessage, SlotReader, SlotWriter, unlink_prefix
-from onnxpipe.runtime.spec import Placement, placement_for_device, stage_specs
+from onnxpipe.runtime.spec import (
+    Placement,
+    manifest_placements,
+    placement_for_device,
+    placement_of,
+    stage_specs,
+)
 from onnxpipe.verification import compare
 
 MODES = ["processes", "threads"]
@@ -507,6 +515,99 @@ def test_cli_run_with_a_devices_file(tiny_split: Path, tmp_path: Path) -> None:
         == 0
     )
     assert [s["threads"] for s in json.loads(report.read_text())["stages"]] == [1, 1]
+
+
+def devices_file(path: Path, *devices: tuple[str, str, int]) -> Path:
+    """A devices file of ``(name, provider, threads)`` devices on free links."""
+    path.write_text(
+        json.dumps(
+            {
+                "devices": [
+                    {"name": n, "provider": p, "threads": t, "memory_bytes": None} for n, p, t in devices
+                ],
+                "links": {"bandwidth_bytes_per_s": None, "latency_s": 0},
+            }
+        )
+    )
+    return path
+
+
+def split_on_devices(tmp_path: Path, sample_models_dir: Path, *devices: tuple[str, str, int]) -> Path:
+    out = tmp_path / "split"
+    devices_path = devices_file(tmp_path / "devices.json", *devices)
+    api.split(
+        sample_models_dir / "transformer_tiny.onnx",
+        len(devices),
+        out,
+        cost="static",
+        run_verify=False,
+        devices=devices_path,
+    )
+    return out
+
+
+def test_a_split_made_with_devices_runs_on_its_own_devices(
+    tmp_path: Path, sample_models_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: 'split --devices' wrote device names ('board-a') that 'run' could not map to providers."""
+    cpu = "CPUExecutionProvider"
+    out = split_on_devices(tmp_path, sample_models_dir, ("board-a", cpu, 2), ("board-b", cpu, 1))
+    manifest = load_manifest(out)
+    assert [st.device for st in manifest.stages] == ["board-a", "board-b"]
+    assert manifest_placements(manifest) == [Placement(cpu, (), 2), Placement(cpu, (), 1)]
+    assert manifest_placements(manifest, threads=3) == [Placement(cpu, (), 3)] * 2
+    batches = token_batches(3)
+    with Pipeline.from_manifest(out) as pipe:
+        assert [s.placement.threads for s in pipe.lanes[0]] == [2, 1]
+        got = pipe.run_many(batches)
+    assert_same(original_outputs(sample_models_dir / "transformer_tiny.onnx", batches), got)
+    report = tmp_path / "report.json"
+    assert run_command(parse(str(out), "-m", "3", "--report", str(report))) == 0
+    assert [s["threads"] for s in json.loads(report.read_text())["stages"]] == [2, 1]
+    assert run_command(parse(str(out), "-m", "2", "--threads", "1", "--report", str(report))) == 0
+    assert [s["threads"] for s in json.loads(report.read_text())["stages"]] == [1, 1]
+    capsys.readouterr()
+
+
+def test_a_provider_this_machine_lacks_is_named_before_any_worker_starts(
+    tmp_path: Path, sample_models_dir: Path
+) -> None:
+    missing = [p for p in ort.get_all_providers() if p not in ort.get_available_providers()]
+    if "CUDAExecutionProvider" not in missing:
+        pytest.skip("this onnxruntime has CUDA")
+    cpu = "CPUExecutionProvider"
+    out = split_on_devices(
+        tmp_path, sample_models_dir, ("host", cpu, 1), ("gpu-box", "CUDAExecutionProvider", 1)
+    )
+    threads_before = threading.active_count()
+    with pytest.raises(UsageError) as info:
+        Pipeline.from_manifest(out)
+    message = str(info.value)
+    assert "device 'gpu-box'" in message and "provider CUDAExecutionProvider" in message
+    assert "is not available here" in message and "--devices FILE" in message
+    assert threading.active_count() == threads_before and not active_children()
+    # a devices file that maps the same names to an available provider runs it here
+    here = devices_file(tmp_path / "here.json", ("host", cpu, 1), ("gpu-box", cpu, 1))
+    assert run_command(parse(str(out), "-m", "2", "--devices", str(here))) == 0
+
+
+def test_a_manifest_without_a_cluster_maps_device_names(tiny_split: Path) -> None:
+    manifest = load_manifest(tiny_split)
+    assert manifest.cluster is None
+    assert manifest_placements(manifest) == [Placement("CPUExecutionProvider", (), manifest.plan.threads)] * 2
+    renamed = replace(manifest, stages=(manifest.stages[0], replace(manifest.stages[1], device="cuda:1")))
+    assert manifest_placements(renamed, threads=2) == [
+        Placement("CPUExecutionProvider", (), 2),
+        Placement("CUDAExecutionProvider", (("device_id", "1"),), 2),
+    ]
+
+
+def test_provider_options_reach_onnxruntime_as_json_writes_them() -> None:
+    dev = Device("g", provider="CUDAExecutionProvider", provider_options={"device_id": 1, "flag": True})
+    assert placement_of(dev) == Placement("CUDAExecutionProvider", (("device_id", "1"), ("flag", "true")), 1)
+    assert placement_of(dev, 4).threads == 4
+    with pytest.raises(UsageError, match="threads 0"):
+        placement_of(dev, 0)
 
 
 def test_ray_resources_file(tmp_path: Path, tiny_split: Path) -> None:

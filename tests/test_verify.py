@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,13 +13,16 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxpipe import api
+from onnxpipe.cli import main
 from onnxpipe.errors import ManifestError, UsageError
 from onnxpipe.export import export_stages
 from onnxpipe.manifest import load_manifest
 from onnxpipe.model import ModelView, file_sha256, load_model
 from onnxpipe.plan import Plan, assign_stages
 from onnxpipe.runner import StageChain
-from onnxpipe.verification import compare, verify
+from onnxpipe.runtime.inputs import input_shapes_for
+from onnxpipe.verification import compare, planned_input_shapes, verify
 
 
 def plan_for(view: ModelView, bounds: list[int]) -> Plan:
@@ -250,3 +254,70 @@ def test_model_that_was_never_a_file_needs_model_path(tmp_path: Path) -> None:
     path = tmp_path / "skip.onnx"
     path.write_bytes(proto.SerializeToString())
     assert verify(tmp_path / "out", model_path=path).ok
+
+
+def width_20_model() -> onnx.ModelProto:
+    """x[b, n] + w[20] -> relu -> * m[b, n] -> y: runs only when n is 20 (or 1), not at the default 16."""
+    w = numpy_helper.from_array(np.linspace(-1, 1, 20, dtype=np.float32), "w")
+    nodes = [
+        helper.make_node("Add", ["x", "w"], ["a"], name="add"),
+        helper.make_node("Relu", ["a"], ["r"], name="relu"),
+        helper.make_node("Mul", ["r", "m"], ["y"], name="mask"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "width_20",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "n"]),
+            helper.make_tensor_value_info("m", TensorProto.FLOAT, ["b", "n"]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "n"])],
+        initializer=[w],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture
+def width_20_split(tmp_path: Path) -> Path:
+    """:func:`width_20_model` split in 2 with ``--shape x=1,20 m=1,20``."""
+    path = tmp_path / "w20.onnx"
+    onnx.save_model(width_20_model(), str(path))
+    out = tmp_path / "out"
+    result = api.split(path, 2, out, cost="static", shapes={"x": (1, 20), "m": (1, 20)})
+    assert result.report is not None and result.report.ok
+    return out
+
+
+def test_verify_uses_the_shapes_the_split_was_made_for(
+    width_20_split: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: a later 'onnxpipe verify DIR' used default sizes (n=16), which this model refuses."""
+    assert load_manifest(width_20_split).plan.profiled_input_shapes == {"x": (1, 20), "m": (1, 20)}
+    report = verify(width_20_split)
+    assert report.ok and report.input_shapes == {"x": (1, 20), "m": (1, 20)}
+    capsys.readouterr()
+    assert main(["verify", str(width_20_split)]) == 0
+    assert "match the original" in capsys.readouterr().out
+
+
+def test_verify_layers_shape_overrides_on_the_planned_shapes(width_20_split: Path) -> None:
+    # a size given for the symbol 'b' through x reaches m, which keeps its planned n = 20
+    report = verify(width_20_split, shapes={"x": (3, 20)})
+    assert report.ok and report.input_shapes == {"x": (3, 20), "m": (3, 20)}
+    assert report.outputs[0].expected_shape == (3, 20)
+    # the same helper gives 'onnxpipe run' its random inputs' shapes
+    manifest = load_manifest(width_20_split)
+    model = width_20_split.parent / "w20.onnx"
+    assert input_shapes_for(manifest, model, {"x": (3, 20)}) == {"x": (3, 20), "m": (3, 20)}
+    assert input_shapes_for(manifest, model, {}) == {"x": (1, 20), "m": (1, 20)}
+    # an override this model refuses is still the user's to give, and said so
+    with pytest.raises(UsageError, match=r"fails on random inputs of shapes x=\[1, 16\], m=\[1, 16\]"):
+        verify(width_20_split, shapes={"x": (1, 16)})
+
+
+def test_planned_shapes_fall_back_to_the_defaults_for_an_input_the_plan_lacks(split: Path) -> None:
+    manifest = load_manifest(split)
+    bare = replace(manifest, plan=replace(manifest.plan, profiled_input_shapes={}))
+    view = load_model(split.parent / "skip.onnx")
+    assert planned_input_shapes(bare, view) == {"x": (1, 8)}
+    assert planned_input_shapes(bare, view, {"x": (4, 8)}) == {"x": (4, 8)}

@@ -23,7 +23,7 @@ from onnxpipe.runtime.pipeline import BACKENDS, DEFAULT_LOCAL_MODE, LOCAL_MODES,
 from onnxpipe.runtime.processes import DEFAULT_SLOTS
 from onnxpipe.runtime.report import build_report, format_report, measure
 from onnxpipe.runtime.session import peak_rss_bytes
-from onnxpipe.runtime.spec import Placement, placement_for_device
+from onnxpipe.runtime.spec import Placement, placement_of
 from onnxpipe.verification import source_model_path
 
 DEFAULT_MICROBATCHES = 32
@@ -62,13 +62,16 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"local workers as processes (shared memory) or threads (default {DEFAULT_LOCAL_MODE})",
     )
     w.add_argument(
-        "--threads", type=_positive_int, metavar="N", help="intra-op threads per stage (default: the plan's)"
+        "--threads",
+        type=_positive_int,
+        metavar="N",
+        help="intra-op threads per stage (default: the split's devices', else the plan's)",
     )
     w.add_argument(
         "--devices",
         type=Path,
         metavar="FILE",
-        help="devices file naming each stage's provider and threads (docs/devices.md)",
+        help="devices file naming each stage's provider and threads (default: the split's, docs/devices.md)",
     )
     w.add_argument(
         "--slots",
@@ -126,10 +129,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _placements(args: argparse.Namespace, manifest: Manifest) -> list[Placement] | None:
+    """Each stage's placement from ``--devices``; None: as the manifest records (with ``--threads``)."""
     if args.devices is None:
-        if args.threads is None:
-            return None
-        return [placement_for_device(st.device, args.threads) for st in manifest.stages]
+        return None
     cluster = load_cluster(args.devices)
     by_name = {d.name: d for d in cluster.devices}
     result: list[Placement] = []
@@ -143,8 +145,7 @@ def _placements(args: argparse.Namespace, manifest: Manifest) -> list[Placement]
                     f"{args.devices}: has no device {st.device!r}, which stage {st.index} runs on; "
                     f"devices are {', '.join(by_name)}"
                 )
-        options = tuple((k, str(v)) for k, v in dev.provider_options.items())
-        result.append(Placement(dev.provider, options, args.threads or dev.threads))
+        result.append(placement_of(dev, args.threads))
     return result
 
 
@@ -187,6 +188,7 @@ def run_command(args: argparse.Namespace) -> int:
         args.dir,
         backend=args.backend,
         mode=mode,
+        threads=args.threads,
         placements=placements,
         slots=args.slots,
         ray_address=args.ray_address,

@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from onnxpipe.errors import UsageError
-from onnxpipe.feeds import random_feeds, resolve_input_shapes
+from onnxpipe.feeds import random_feeds
 from onnxpipe.manifest import Manifest
 from onnxpipe.model import load_model
+from onnxpipe.verification import planned_input_shapes
 
 DISTINCT_RANDOM = 16
 """Random micro-batches that are actually different; longer runs cycle through them (memory stays small)."""
@@ -54,17 +55,17 @@ def load_npz(path: Path, input_types: Mapping[str, str]) -> list[Feeds]:
 def input_shapes_for(
     manifest: Manifest, model: Path | None, overrides: Mapping[str, Sequence[int]]
 ) -> dict[str, tuple[int, ...]]:
-    """The shapes random inputs get: the plan's profiled shapes, with ``overrides`` on top."""
+    """The shapes random inputs get: the plan's profiled shapes, with ``overrides`` on top.
+
+    The same shapes ``onnxpipe verify`` uses (:func:`onnxpipe.verification.planned_input_shapes`).
+    """
     names = [t.name for t in manifest.model_inputs]
     profiled = {n: tuple(v) for n, v in manifest.plan.profiled_input_shapes.items()}
     if not overrides and all(n in profiled for n in names):
         return {n: profiled[n] for n in names}
     if model is None:
         raise UsageError("no source model to derive input shapes from; give --inputs FILE.npz")
-    view = load_model(model, check=False)
-    merged = {n: tuple(v) for n, v in profiled.items() if n in names}
-    merged.update({n: tuple(int(d) for d in v) for n, v in overrides.items()})
-    return resolve_input_shapes(view, merged)
+    return planned_input_shapes(manifest, load_model(model, check=False), overrides)
 
 
 def random_inputs(

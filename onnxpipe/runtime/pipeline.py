@@ -28,13 +28,20 @@ from types import TracebackType
 from typing import Any, Literal
 
 import numpy as np
+import onnxruntime as ort
 
 from onnxpipe.errors import RuntimeStageError, UsageError
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.base import WAIT_SECONDS, Backend, Tensors
 from onnxpipe.runtime.processes import DEFAULT_SLOTS, ProcessBackend
 from onnxpipe.runtime.session import WorkerStats
-from onnxpipe.runtime.spec import Placement, WorkerSpec, placement_for_device, stage_specs
+from onnxpipe.runtime.spec import (
+    Placement,
+    WorkerSpec,
+    check_providers_here,
+    manifest_placements,
+    stage_specs,
+)
 from onnxpipe.runtime.threads import ThreadBackend
 
 LocalMode = Literal["processes", "threads"]
@@ -105,20 +112,26 @@ class Pipeline:
         """Start one worker per stage of the split folder ``directory``.
 
         ``backend`` is ``"local"`` (``mode`` ``"threads"``, the default, or ``"processes"``) or ``"ray"``.
-        Each stage runs with the provider its ``device`` names and ``threads`` intra-op threads (default:
-        the manifest's ``plan.threads``), unless ``placements`` gives each stage's explicitly.
+        Each stage runs as the manifest records (:func:`~onnxpipe.runtime.spec.manifest_placements`): with
+        the provider, provider options and threads of its device in the manifest's ``cluster`` (a split
+        made with ``--devices``), else with the provider its ``device`` name implies (``cpu0``,
+        ``cuda:1``) and the plan's threads; ``threads`` replaces every stage's intra-op threads.
+        ``placements`` gives each stage's explicitly instead.  On the local backend a provider from the
+        manifest that this machine lacks is a :class:`UsageError`, before any worker starts.
         ``ray_resources`` are per-stage actor options (``num_cpus``, ``num_gpus``, ``resources``).
         """
         d = Path(directory)
         manifest = load_manifest(d, check_files=check_files)
+        from_manifest = placements is None
         if placements is None:
-            n = manifest.plan.threads if threads is None else threads
-            placements = [placement_for_device(st.device, n) for st in manifest.stages]
+            placements = manifest_placements(manifest, threads)
         elif len(placements) != manifest.k:
             raise UsageError(f"{len(placements)} placements given for the {manifest.k} stages of {d}")
         if slots < 1:
             raise UsageError(f"slots {slots}: a channel needs at least one slot")
         specs = stage_specs(d, manifest, placements)
+        if from_manifest and backend == "local":  # Ray actors check the provider on their own node
+            check_providers_here(specs, ort.get_available_providers())
         back = make_backend(
             [specs],
             backend=backend,

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from onnxpipe.errors import UsageError
 
 if TYPE_CHECKING:
+    from onnxpipe.cluster import Device
     from onnxpipe.manifest import Manifest
 
 CPU_PROVIDER = "CPUExecutionProvider"
@@ -81,6 +82,57 @@ def placement_for_device(device: str, threads: int) -> Placement:
         f"device {device!r}: onnxpipe run knows cpu, cpuN, cuda[:N] and onnxruntime provider names; "
         "give a devices file (--devices) that says which provider this device uses"
     )
+
+
+def placement_of(device: Device, threads: int | None = None) -> Placement:
+    """How a stage on ``device`` (of a devices file or a manifest's cluster) runs.
+
+    Its provider and provider options, and its ``threads`` unless ``threads`` is given.
+    """
+    n = device.threads if threads is None else threads
+    if n < 1:
+        raise UsageError(f"threads {n}: give a positive number of intra-op threads")
+    options = tuple((k, _option_text(v)) for k, v in device.provider_options.items())
+    return Placement(device.provider, options, n)
+
+
+def _option_text(value: object) -> str:
+    """A provider option as onnxruntime takes it: JSON's ``true`` stays ``true``, not Python's ``True``."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def manifest_placements(manifest: Manifest, threads: int | None = None) -> list[Placement]:
+    """Each stage's placement as the split folder records it.
+
+    A manifest with a ``cluster`` (a split made with ``--devices``) names, for each stage, a device of
+    it: the stage runs with that device's provider, provider options and threads.  A manifest without
+    one names devices like ``cpu0`` or ``cuda:1``, mapped by :func:`placement_for_device`, with the plan's
+    threads.  ``threads``, when given, replaces every stage's.
+    """
+    if manifest.cluster is None:
+        n = manifest.plan.threads if threads is None else threads
+        return [placement_for_device(st.device, n) for st in manifest.stages]
+    by_name = {d.name: d for d in manifest.cluster.devices}
+    result: list[Placement] = []
+    for st in manifest.stages:
+        dev = by_name.get(st.device)
+        if dev is None:  # load_manifest's consistency checks make this unreachable for a valid manifest
+            raise UsageError(f"stage {st.index} runs on {st.device!r}, which is not a device of the manifest")
+        result.append(placement_of(dev, threads))
+    return result
+
+
+def check_providers_here(specs: Sequence[WorkerSpec], available: Sequence[str]) -> None:
+    """Refuse, naming the stage, its device and the provider, a stage whose provider this machine lacks."""
+    for spec in specs:
+        provider = spec.placement.provider
+        if provider not in available:
+            raise UsageError(
+                f"{spec.label} runs on device {spec.device!r}, whose provider {provider} (from the split's "
+                f"manifest) is not available here (this onnxruntime has {', '.join(available)}); install "
+                "the onnxruntime package that has it, or give a devices file (onnxpipe run --devices FILE) "
+                "that names an available provider for each device"
+            )
 
 
 def stage_specs(
