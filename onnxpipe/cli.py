@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from onnxpipe import api
+from onnxpipe.argtypes import bandwidth, count, positive_int, positive_number
 from onnxpipe.errors import OnnxpipeError, UsageError
 from onnxpipe.export import check_runtime_opsets
 from onnxpipe.feeds import parse_shape_overrides
@@ -25,53 +26,21 @@ from onnxpipe.tables import format_manifest_table, format_model_table, format_pl
 from onnxpipe.verification import VerifyReport, verify
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
 def _stages(text: str) -> int | str:
-    if text == "auto":
-        return "auto"
-    return _positive_int(text)
-
-
-def _bandwidth(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of bytes per second") from None
-    if not value > 0:  # also refuses nan
-        raise argparse.ArgumentTypeError("bandwidth must be positive (bytes per second)")
-    return value
-
-
-def _ratio(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"{text} must be a positive finite number")
-    return value
+    return "auto" if text == "auto" else positive_int(text)
 
 
 def _add_measure_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("measurement")
     g.add_argument(
         "--threads",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="intra-op threads to profile with, which the stages run with (default 1; with --devices each "
         "device's threads)",
     )
-    g.add_argument("--runs", type=_positive_int, default=30, help="timed runs to take the median of")
-    g.add_argument("--warmup", type=int, default=3, help="untimed warm-up runs")
+    g.add_argument("--runs", type=positive_int, default=30, help="timed runs to take the median of")
+    g.add_argument("--warmup", type=count, default=3, help="untimed warm-up runs")
     _add_shape_arg(g)
 
 
@@ -96,7 +65,7 @@ def _add_planning_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--bandwidth",
-        type=_bandwidth,
+        type=bandwidth,
         default=math.inf,
         help="link bandwidth in bytes/s; bytes a stage receives count as transfer time (default: free)",
     )
@@ -110,10 +79,13 @@ def _add_planning_args(p: argparse.ArgumentParser) -> None:
         default="stream",
         help="stream (inference), gpipe or 1f1b (training), auto (best training schedule)",
     )
-    g.add_argument("--microbatches", type=_positive_int, help="micro-batches M per batch (default 8)")
-    g.add_argument("--batch", type=_positive_int, help="samples per training iteration (default: M)")
+    g.add_argument("--microbatches", type=positive_int, help="micro-batches M per batch (default 8)")
+    g.add_argument("--batch", type=positive_int, help="samples per training iteration (default: M)")
     g.add_argument(
-        "--backward-ratio", type=_ratio, default=2.0, help="backward time over forward time (training)"
+        "--backward-ratio",
+        type=positive_number,
+        default=2.0,
+        help="backward time over forward time (training)",
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxpipe.argtypes import count, positive_int
 from onnxpipe.cluster import load_cluster
 from onnxpipe.errors import ManifestError, UsageError
 from onnxpipe.feeds import parse_shape_overrides
@@ -30,26 +31,6 @@ DEFAULT_MICROBATCHES = 32
 DEFAULT_WARMUP = 4
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
-    return value
-
-
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``onnxpipe run``."""
     parser.add_argument("dir", type=Path, help="a folder written by 'onnxpipe split'")
@@ -63,7 +44,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     w.add_argument(
         "--threads",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="intra-op threads per stage (default: the split's devices', else the plan's)",
     )
@@ -75,7 +56,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     w.add_argument(
         "--slots",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         default=DEFAULT_SLOTS,
         help=f"micro-batches each link between stages holds (default {DEFAULT_SLOTS})",
@@ -97,12 +78,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     i.add_argument(
         "--microbatches",
         "-m",
-        type=_positive_int,
+        type=positive_int,
         metavar="M",
         help=f"micro-batches to run (default: all of --inputs, else {DEFAULT_MICROBATCHES})",
     )
     i.add_argument(
-        "--warmup", type=_count, default=DEFAULT_WARMUP, metavar="W", help="untimed micro-batches run first"
+        "--warmup", type=count, default=DEFAULT_WARMUP, metavar="W", help="untimed micro-batches run first"
     )
     i.add_argument(
         "--shape",
