@@ -23,13 +23,13 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import helper
 
 from onnxpipe.errors import ExportError
 from onnxpipe.feeds import random_feeds, resolve_input_shapes
 from onnxpipe.manifest import Shape
 from onnxpipe.model import ModelView, TensorInfo, dtype_name
+from onnxpipe.ortsession import open_session, session_options
 from onnxpipe.plan import StageSpec
 from onnxpipe.weightfile import externalize, is_external, stored_tensors
 
@@ -125,9 +125,7 @@ class BoundaryTypes:
     ) -> set[str]:
         """Types onnxruntime infers; returns the tensors it shows as rank 0 (which may mean unknown)."""
         probe = build(spec, True, missing)
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        options.log_severity_level = 3
+        options = session_options(level="ORT_DISABLE_ALL")
         probe_dir = Path(tempfile.mkdtemp(prefix="probe-", dir=scratch))
         unsure: set[str] = set()
         try:
@@ -135,14 +133,12 @@ class BoundaryTypes:
                 not any(is_external(t) for t in stored_tensors(probe))
                 and serialized_size(probe) < PROTOBUF_LIMIT
             ):
-                session = ort.InferenceSession(
-                    probe.SerializeToString(), options, providers=["CPUExecutionProvider"]
-                )
+                session = open_session(probe.SerializeToString(), options)
             else:  # weights still in the source's files, or too big for one protobuf: through a file
                 path = probe_dir / "probe.onnx"
                 externalize(probe, probe_dir / "probe.data", self.view.base_dir, 1024)
                 onnx.save_model(probe, str(path))
-                session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+                session = open_session(path, options)
             del probe
             for o in session.get_outputs():
                 if o.name in missing:
@@ -171,9 +167,7 @@ class BoundaryTypes:
         try:
             shapes = resolve_input_shapes(self.view, input_shapes or None)
             feeds = random_feeds(self.view, shapes, seed=0)
-            options = ort.SessionOptions()
-            options.log_severity_level = 3
-            session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+            session = open_session(data, session_options())
             values = session.run(sorted(names), feeds)
         except Exception:  # noqa: BLE001 - the stage checks report what stays wrong
             return

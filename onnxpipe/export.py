@@ -49,6 +49,7 @@ from onnxpipe.manifest import (
     write_manifest,
 )
 from onnxpipe.model import ModelView, file_sha256
+from onnxpipe.ortsession import open_session, session_options
 from onnxpipe.outdir import check_target, normalized, staged_folder, writing
 from onnxpipe.plan import Plan, StageSpec
 from onnxpipe.runner import error_line
@@ -160,11 +161,9 @@ def check_runtime_opsets(view: ModelView) -> None:
             [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
         )
     )
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 4
+    options = session_options(level="ORT_DISABLE_ALL", log_severity=4)
     try:
-        ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        open_session(probe.SerializeToString(), options)
     except Exception as e:
         text = str(e)
         too_new = _OPSET_TOO_NEW.search(text)
@@ -338,21 +337,20 @@ class _StageWriter:
                 f"{self.out / path.name}: stage {i} fails the ONNX checker{self._node_in(spec, str(e))}: "
                 f"{self._error_line(e)}; please report this with the model"
             ) from e
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        options.log_severity_level = 3
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        options.add_session_config_entry("session.disable_prepacking", "1")  # no second copy of weights
-        try:
-            session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        except Exception as e:
-            where = self._node_in(spec, str(e))
-            raise ExportError(
-                f"{self.out / path.name}: stage {i} does not load in onnxruntime{where}: "
-                f"{self._error_line(e)}; check that the model itself loads in onnxruntime, "
+        options = session_options(
+            level="ORT_DISABLE_ALL",
+            threads=1,
+            config={"session.disable_prepacking": "1"},  # no second copy of weights
+        )
+
+        def does_not_load(e: Exception) -> ExportError:
+            return ExportError(
+                f"{self.out / path.name}: stage {i} does not load in onnxruntime{self._node_in(spec, str(e))}"
+                f": {self._error_line(e)}; check that the model itself loads in onnxruntime, "
                 "else please report this with the model"
-            ) from e
+            )
+
+        session = open_session(path, options, fail=does_not_load)
         del session
 
     def _error_line(self, e: BaseException) -> str:

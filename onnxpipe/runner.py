@@ -23,6 +23,7 @@ import onnxruntime as ort
 
 from onnxpipe.errors import RuntimeStageError, UsageError
 from onnxpipe.manifest import MODEL_INPUT, Manifest, StageEntry, load_manifest
+from onnxpipe.ortsession import open_session, session_options
 
 Values = dict[str, Any]
 """Tensors by name: numpy arrays, or the lists and dicts onnxruntime returns for sequences and maps."""
@@ -137,17 +138,15 @@ def keep_after(manifest: Manifest) -> list[frozenset[str]]:
 def open_stage(
     directory: Path, st: StageEntry, threads: int, providers: Sequence[str]
 ) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    try:
-        return ort.InferenceSession(str(directory / st.file), options, providers=list(providers))
-    except Exception as e:
-        raise RuntimeStageError(
+    return open_session(
+        directory / st.file,
+        session_options(threads=threads),
+        providers,
+        fail=lambda e: RuntimeStageError(
             f"{directory / st.file}: stage {st.index} does not load in onnxruntime ({error_line(e)}); "
             "re-run onnxpipe split"
-        ) from e
+        ),
+    )
 
 
 def model_inputs(manifest: Manifest, feeds: Mapping[str, np.ndarray]) -> Values:

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 
 from onnxpipe.errors import ManifestError, UsageError, VerificationError
 from onnxpipe.feeds import random_feeds, resolve_input_shapes, symbol_sizes
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, load_manifest
 from onnxpipe.model import ModelView, file_sha256, load_model
+from onnxpipe.ortsession import open_session, session_options
 from onnxpipe.runner import error_line, run_stage_by_stage
 
 DEFAULT_RTOL = 1e-4
@@ -204,11 +204,7 @@ def _run_original(
     threads: int,
     input_shapes: Mapping[str, tuple[int, ...]],
 ) -> list[dict[str, np.ndarray]]:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    session = open_session(model, session_options(threads=threads))
     results: list[dict[str, np.ndarray]] = []
     for feeds in all_feeds:
         try:

@@ -19,9 +19,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 
 from onnxpipe.errors import RuntimeStageError
+from onnxpipe.ortsession import open_session, session_options
 from onnxpipe.runtime.pipeline import Pipeline, make_backend
 from onnxpipe.runtime.report import BaselineReport, Measurement, RunReport, measure
 from onnxpipe.runtime.session import first_line
@@ -35,15 +35,11 @@ def session_throughput(
     model: Path, inputs: Sequence[Feeds], *, threads: int, warmup: int
 ) -> tuple[float, list[dict[str, np.ndarray]]]:
     """Micro-batches per second of one session with ``threads`` intra-op threads, and its outputs."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.log_severity_level = 3
-    try:
-        session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-    except Exception as e:
-        raise RuntimeStageError(f"{model}: the original model does not load ({first_line(e)})") from e
+    session = open_session(
+        model,
+        session_options(threads=threads),
+        fail=lambda e: RuntimeStageError(f"{model}: the original model does not load ({first_line(e)})"),
+    )
     names = [o.name for o in session.get_outputs()]
     for j in range(warmup):
         session.run(names, dict(inputs[j % len(inputs)]))

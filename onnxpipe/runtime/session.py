@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
+from onnxpipe.ortsession import Provider, open_session, session_options
 from onnxpipe.runtime.spec import CPU_PROVIDER, WorkerSpec
 
 MAX_RECORDS = 1 << 16
@@ -104,11 +105,7 @@ class StageRunner:
         start = time.perf_counter()
         rss_before = current_rss_bytes()
         place = spec.placement
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = place.threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.log_severity_level = 3
+        options = session_options(threads=place.threads)
         available = ort.get_available_providers()
         if place.provider not in available:
             raise StageFailure(
@@ -116,15 +113,17 @@ class StageRunner:
                 f"this onnxruntime on {os.uname().nodename} (it has {', '.join(available)}); install the "
                 "matching onnxruntime package there or run the stage on another device"
             )
-        providers: list[str | tuple[str, dict[str, str]]] = [(place.provider, dict(place.provider_options))]
+        providers: list[Provider] = [(place.provider, dict(place.provider_options))]
         if place.provider != CPU_PROVIDER:
             providers.append(CPU_PROVIDER)
-        try:
-            self.session = ort.InferenceSession(spec.path, options, providers=providers)
-        except Exception as e:
-            raise StageFailure(
+        self.session = open_session(
+            spec.path,
+            options,
+            providers,
+            fail=lambda e: StageFailure(
                 f"{spec.label}: does not load in onnxruntime ({first_line(e)}); re-run onnxpipe split"
-            ) from e
+            ),
+        )
         self.load_seconds = time.perf_counter() - start
         rss_after = current_rss_bytes()
         self.load_rss_bytes = (

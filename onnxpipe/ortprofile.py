@@ -1,0 +1,254 @@
+"""onnxruntime sessions for :mod:`onnxpipe.profile`: the timing run and its trace, the optimized graph
+onnxruntime saves, and runs at ``ORT_DISABLE_ALL`` that expose chosen tensors as outputs."""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from onnxpipe.errors import ProfileError
+from onnxpipe.model import ModelView, subgraph_outer_reads
+from onnxpipe.progress import Progress
+
+_EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    line = text.splitlines()[0] if text else type(e).__name__
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+@dataclass
+class Timing:
+    optimized: onnx.ModelProto
+    optimized_dir: Path
+    node_seconds: dict[str, float]
+    """Per optimized node, scaled to the unprofiled total."""
+    output_bytes: dict[str, int]
+    total_seconds: float
+    foreign_seconds: float
+    foreign_names: list[str]
+
+
+class OrtModel:
+    """The view's model for onnxruntime: its (renamed) graph, with external data read from ``base_dir``."""
+
+    def __init__(self, view: ModelView, tmp: Path, label: str, threads: int) -> None:
+        import onnxruntime as ort
+
+        self.ort = ort
+        self.view = view
+        self.tmp = tmp
+        self.label = label
+        self.threads = threads
+
+    def options(self, level: str, *, threads: int | None, external_dir: Path | None) -> Any:
+        ort = self.ort
+        so = ort.SessionOptions()
+        so.log_severity_level = 4  # errors reach the user as one ProfileError line, not ORT's log
+        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.inter_op_num_threads = 1
+        if threads is not None:
+            so.intra_op_num_threads = threads
+        if external_dir is not None:
+            so.add_session_config_entry(_EXTERNAL_FOLDER_KEY, str(external_dir))
+        return so
+
+    def session(self, model: bytes, so: Any, what: str) -> Any:
+        try:
+            return self.ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+        except Exception as e:
+            raise ProfileError(
+                f"{self.label}: onnxruntime cannot load {what} ({_first_line(e)}); make sure onnxruntime "
+                "supports its ops and opset and finds its external weight files, or use --cost static"
+            ) from e
+
+    def run(
+        self, sess: Any, feeds: Mapping[str, np.ndarray], what: str, outputs: list[str] | None = None
+    ) -> Any:
+        names = {i.name for i in sess.get_inputs()}
+        try:
+            return sess.run(outputs, {k: v for k, v in feeds.items() if k in names})
+        except Exception as e:
+            shapes = ", ".join(f"{k}={list(v.shape)}" for k, v in feeds.items())
+            raise ProfileError(
+                f"{self.label}: onnxruntime failed running {what} ({_first_line(e)}) with inputs {shapes}; "
+                "give the shapes the model expects with --shape NAME=D1,D2,..."
+            ) from e
+
+    def save_optimized(self, model: bytes, stem: str, what: str) -> onnx.ModelProto:
+        """Optimize at ENABLE_ALL and return the optimized graph (weights left in ``tmp``)."""
+        so = self.options("ORT_ENABLE_ALL", threads=self.threads, external_dir=self.view.base_dir)
+        self._save_to(so, stem)
+        sess = self.session(model, so, what)
+        del sess
+        return self._load_saved(stem)
+
+    def _save_to(self, so: Any, stem: str) -> None:
+        so.optimized_model_filepath = str(self.tmp / f"{stem}.onnx")
+        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", f"{stem}.data")
+        so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+
+    def _load_saved(self, stem: str) -> onnx.ModelProto:
+        path = self.tmp / f"{stem}.onnx"
+        try:
+            return onnx.load(str(path), load_external_data=False)
+        except Exception as e:
+            raise ProfileError(
+                f"{self.label}: onnxruntime did not save its optimized graph ({_first_line(e)}); "
+                "use --cost static for this model"
+            ) from e
+
+    def measure(self, feeds: Mapping[str, np.ndarray], warmup: int, runs: int, bar: Progress) -> Timing:
+        so = self.options("ORT_ENABLE_ALL", threads=self.threads, external_dir=self.view.base_dir)
+        so.enable_profiling = True
+        so.profile_file_prefix = str(self.tmp / "trace")
+        self._save_to(so, "optimized")
+        if self.view.base_dir is None and _uses_external_data(self.view.proto):
+            raise ProfileError(
+                f"{self.label}: its weights are in external files but the model was not loaded from a file; "
+                "load it with onnxpipe.model.load_model(path)"
+            )
+        sess = self.session(self.view.proto.SerializeToString(), so, "the model")
+        for _ in range(warmup + runs):
+            self.run(sess, feeds, "the model")
+            bar.advance()
+        trace = sess.end_profiling()
+        walls: list[float] = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            self.run(sess, feeds, "the model")
+            walls.append(time.perf_counter() - start)
+            bar.advance()
+        del sess
+        total = statistics.median(walls)
+        optimized = self._load_saved("optimized")
+        events = json.loads(Path(trace).read_text(encoding="utf-8"))
+        medians, output_bytes = node_medians(events, runs)
+        top = {n.name for n in optimized.graph.node}
+        foreign = sorted(n for n in medians if n not in top)
+        foreign_us = sum(medians[n] for n in foreign)
+        kept = {n: us for n, us in medians.items() if n in top}
+        measured = sum(kept.values())
+        scale = total / (measured * 1e-6) if measured > 0 else 0.0
+        return Timing(
+            optimized=optimized,
+            optimized_dir=self.tmp,
+            node_seconds={n: us * 1e-6 * scale for n, us in kept.items()},
+            output_bytes=output_bytes,
+            total_seconds=total,
+            foreign_seconds=foreign_us * 1e-6 * scale,
+            foreign_names=foreign,
+        )
+
+
+def _uses_external_data(proto: onnx.ModelProto) -> bool:
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
+
+
+def node_medians(events: Sequence[Mapping[str, Any]], runs: int) -> tuple[dict[str, float], dict[str, int]]:
+    """Median per-node kernel time (us) over the last ``runs`` model runs, and each node's output bytes."""
+    spans = sorted(
+        (int(e["ts"]), int(e["ts"]) + int(e["dur"]))
+        for e in events
+        if e.get("cat") == "Session" and e.get("name") == "model_run"
+    )[-runs:]
+    starts = [s for s, _ in spans]
+    per_run: dict[str, list[float]] = {}
+    output_bytes: dict[str, int] = {}
+    suffix = "_kernel_time"
+    for e in events:
+        name = e.get("name", "")
+        if e.get("cat") != "Node" or not isinstance(name, str) or not name.endswith(suffix):
+            continue
+        node = name[: -len(suffix)]
+        dur = float(e.get("dur", 0))
+        if spans:
+            ts = int(e["ts"])
+            k = bisect.bisect_right(starts, ts) - 1
+            if k < 0 or ts > spans[k][1]:
+                continue  # a warm-up run
+            per_run.setdefault(node, [0.0] * len(spans))[k] += dur
+        else:  # no run markers (another onnxruntime version): the node's k-th event is run k
+            per_run.setdefault(node, []).append(dur)
+        args = e.get("args") or {}
+        if node not in output_bytes and "output_size" in args:
+            with contextlib.suppress(TypeError, ValueError):
+                output_bytes[node] = int(args["output_size"])
+    return {n: statistics.median(v[-runs:]) for n, v in per_run.items()}, output_bytes
+
+
+def run_exposed(
+    ort_model: OrtModel,
+    model: onnx.ModelProto,
+    names: Sequence[str],
+    estimates: Mapping[str, int],
+    external_dir: Path | None,
+    feeds: Mapping[str, np.ndarray],
+    take: Callable[[str, np.ndarray], None],
+    what: str,
+    *,
+    chunk_bytes: int,
+    prune_inputs: bool = False,
+) -> None:
+    """Run ``model`` at DISABLE_ALL exposing ``names`` as outputs, in chunks of about ``chunk_bytes``.
+
+    The graph outputs of ``model`` are swapped for each chunk and restored afterwards (no copy of the
+    weights is made); each value is handed to ``take`` and released.
+    """
+    graph = model.graph
+    saved_outputs = list(graph.output)
+    saved_inputs = list(graph.input)
+    try:
+        if prune_inputs:
+            # old-IR models list initializers as inputs; the optimizer may have folded them away
+            inits = {t.name for t in graph.initializer}
+            read = {i for n in graph.node for i in n.input} | {
+                t for n in graph.node for t in subgraph_outer_reads(n)
+            }
+            keep = [i for i in saved_inputs if i.name in inits or i.name in read or i.name in feeds]
+            del graph.input[:]
+            graph.input.extend(keep)
+        for chunk in _chunks(names, estimates, chunk_bytes):
+            del graph.output[:]
+            graph.output.extend(onnx.ValueInfoProto(name=t) for t in chunk)
+            so = ort_model.options("ORT_DISABLE_ALL", threads=None, external_dir=external_dir)
+            sess = ort_model.session(model.SerializeToString(), so, what)
+            values = ort_model.run(sess, feeds, what)
+            del sess
+            for t, arr in zip(chunk, values, strict=True):
+                if isinstance(arr, np.ndarray):
+                    take(t, arr)
+            del values
+    finally:
+        del graph.output[:]
+        graph.output.extend(saved_outputs)
+        if prune_inputs:
+            del graph.input[:]
+            graph.input.extend(saved_inputs)
+
+
+def _chunks(names: Sequence[str], estimates: Mapping[str, int], chunk_bytes: int) -> Iterable[list[str]]:
+    chunk: list[str] = []
+    size = 0
+    for t in dict.fromkeys(names):
+        b = max(0, estimates.get(t, 0))
+        if chunk and size + b > chunk_bytes:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(t)
+        size += b
+    if chunk:
+        yield chunk
