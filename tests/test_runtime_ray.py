@@ -90,10 +90,11 @@ def test_ray_failing_stage_stops_the_pipeline_and_its_actors(
     assert "'reshape'" in text and "'y'" in text
     assert len(got) <= 5
     pipe.close()
+    # ray.kill is asynchronous: wait for the actors' processes to go, then no actor may answer
+    assert wait_gone(pids) == []
     for actor in actors:
         with pytest.raises(ray_cluster.exceptions.RayActorError):
             ray_cluster.get(actor.ready.remote(), timeout=30)
-    assert wait_gone(pids) == []
 
 
 def test_ray_cli_run(ray_cluster: Any, tiny_split: Path, tmp_path: Path) -> None:
