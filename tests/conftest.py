@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
@@ -130,3 +130,12 @@ def bert_tiny_dynamo_path(export_transformers: ModuleType) -> Path:
     """The same BERT from the dynamo exporter; its weights are in ``<path>.data`` beside it."""
     path: Path = export_transformers.bert_tiny(dynamo=True)
     return path
+
+
+@pytest.fixture
+def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """An empty working folder that is also the current directory."""
+    w = tmp_path / "work"
+    w.mkdir()
+    monkeypatch.chdir(w)
+    yield w

@@ -20,31 +20,20 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from cli_runner import run
 from models import save, shared_weights_model, training_model
-
-from onnxpipe.cli import main
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 # --------------------------------------------------------------------------------------------------
 # helpers
-
-
-@pytest.fixture
-def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """An empty working folder that is also the current directory."""
-    w = tmp_path / "work"
-    w.mkdir()
-    monkeypatch.chdir(w)
-    yield w
 
 
 @pytest.fixture
@@ -59,16 +48,6 @@ def external_model(folder: Path) -> Path:
     path = folder / "ext.onnx"
     onnx.save_model(shared_weights_model(), str(path), save_as_external_data=True, location="weights.bin")
     return path
-
-
-def run(args: list[object], capfd: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    capfd.readouterr()
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    out, err = capfd.readouterr()
-    return code, out, err
 
 
 def error_line(err: str, command: str = "split", *, where: bool = True) -> str:

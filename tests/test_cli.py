@@ -16,12 +16,12 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from cli_runner import run
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxpipe
@@ -45,26 +45,6 @@ def mlp(sample_models_dir: Path, tmp_path: Path) -> Path:
     path.parent.mkdir()
     shutil.copy(sample_models_dir / "mlp.onnx", path)
     return path
-
-
-@pytest.fixture
-def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """An empty working folder that is also the current directory."""
-    w = tmp_path / "work"
-    w.mkdir()
-    monkeypatch.chdir(w)
-    yield w
-
-
-def run(args: Sequence[object], capfd: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """``main(args)`` -> (exit code, stdout, stderr); argparse's SystemExit counts as an exit code."""
-    capfd.readouterr()
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    out, err = capfd.readouterr()
-    return code, out, err
 
 
 def one_line_error(err: str, command: str, *, says_what_to_do: bool = True) -> str:
