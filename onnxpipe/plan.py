@@ -21,6 +21,7 @@ from onnxpipe.model import ModelView, NodeInfo
 
 if TYPE_CHECKING:
     from onnxpipe.cluster import Cluster, DeviceCosts
+    from onnxpipe.partition import Partition
     from onnxpipe.profile import Profile
     from onnxpipe.schedule import Timeline
 
@@ -200,6 +201,27 @@ def make_plan(
     from onnxpipe.schedule import simulate
 
     timeline = simulate("stream", [s.cost_seconds for s in stages], None, [0.0] * k, microbatches)
+    return plan_from(
+        view, profile, part, stages, seq.sizes, bandwidth_bytes_per_s, notes=tuple(notes), timeline=timeline
+    )
+
+
+def plan_from(
+    view: ModelView,
+    profile: Profile,
+    part: Partition,
+    stages: tuple[StageSpec, ...],
+    sizes: Mapping[str, int],
+    bandwidth_bytes_per_s: float,
+    *,
+    notes: tuple[str, ...] = (),
+    timeline: Timeline | None = None,
+    objective: str = "minimize the largest stage time (compute + transfer in)",
+    cluster: Cluster | None = None,
+    device_costs: tuple[DeviceCosts, ...] = (),
+    microbatch_size: int = 1,
+) -> Plan:
+    """A :class:`Plan` from a solved partition: the fields every planner fills the same way, and its own."""
     return Plan(
         model_sha256=view.sha256,
         stages=stages,
@@ -209,9 +231,13 @@ def make_plan(
         threads=profile.threads,
         bandwidth_bytes_per_s=bandwidth_bytes_per_s,
         input_shapes=profile.input_shapes,
-        tensor_bytes=seq.sizes,
-        notes=tuple(notes),
+        tensor_bytes=sizes,
+        objective=objective,
+        notes=notes,
         timeline=timeline,
+        cluster=cluster,
+        device_costs=device_costs,
+        microbatch_size=microbatch_size,
     )
 
 

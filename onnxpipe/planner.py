@@ -25,7 +25,7 @@ from onnxpipe.cluster import Cluster, Device, device_costs
 from onnxpipe.errors import MemoryFitError, PartitionError, UsageError
 from onnxpipe.model import ModelView
 from onnxpipe.orders import OrderSearch, place, stages_auto
-from onnxpipe.plan import Plan, StageSpec, assign_stages, sequences
+from onnxpipe.plan import Plan, StageSpec, assign_stages, plan_from, sequences
 from onnxpipe.schedule import DEFAULT_BACKWARD_RATIO, KINDS, ScheduleKind, Timeline, in_flight, simulate
 
 if TYPE_CHECKING:
@@ -303,16 +303,13 @@ def plan_pipeline(
     )
     _check_final_memory(specs, arranged, best, acts)
     kept = {d.name for d in arranged.devices}
-    return Plan(
-        model_sha256=view.sha256,
-        stages=specs,
-        bottleneck_seconds=part.bottleneck,
-        lower_bound_seconds=part.lower_bound,
-        cost_source=profile.source,
-        threads=profile.threads,
-        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
-        input_shapes=profile.input_shapes,
-        tensor_bytes=sizes,
+    return plan_from(
+        view,
+        profile,
+        part,
+        specs,
+        sizes,
+        bandwidth_bytes_per_s,
         objective=(
             "minimize the pipeline bottleneck: the largest stage compute time on its device or link "
             "transfer time (transfers overlap compute)"
