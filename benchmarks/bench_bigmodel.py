@@ -39,27 +39,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import ROOT, print_table, write_results
+from benchmarks.common import MEMORY_PRELUDE, ROOT, print_table, write_results
 
-CHILD_PRELUDE = textwrap.dedent(
-    f"""
-    import json, sys, time
-    sys.path.insert(0, {str(ROOT)!r})
-
-    def status(key):
-        for line in open("/proc/self/status"):
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-        return 0
-
-    def reset_peak():
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-        except OSError:
-            pass
-
-    result = {{}}
+CHILD_PRELUDE = MEMORY_PRELUDE + textwrap.dedent(
+    """
+    result = {}
 
     def phase(name, fn):
         reset_peak()

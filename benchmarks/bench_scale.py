@@ -33,26 +33,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import ROOT, print_table, write_results
+from benchmarks.common import MEMORY_PRELUDE, ROOT, print_table, write_results
 
-CHILD = textwrap.dedent(
-    f"""
-    import json, sys, time
-    sys.path.insert(0, {str(ROOT)!r})
+CHILD = MEMORY_PRELUDE + textwrap.dedent(
+    """
     from pathlib import Path
-
-    def status(key):
-        for line in open("/proc/self/status"):
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-        return 0
-
-    def reset_peak():
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # resets VmHWM to the current resident size
-        except OSError:
-            pass
 
     import onnx
     from onnxpipe.costs import static_profile
@@ -62,7 +47,7 @@ CHILD = textwrap.dedent(
     from onnxpipe.verification import verify
 
     model, out, k, run_verify = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
-    result = {{"floor_bytes": status("VmRSS")}}
+    result = {"floor_bytes": status("VmRSS")}
 
     def phase(name, fn):
         reset_peak()

@@ -243,3 +243,24 @@ def _json_default(x: object) -> object:
     if isinstance(x, Path):
         return str(x)
     raise TypeError(f"cannot write {type(x).__name__} to JSON")
+
+
+MEMORY_PRELUDE = f"""
+import json, sys, time
+sys.path.insert(0, {str(ROOT)!r})
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+def reset_peak():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current resident size
+    except OSError:
+        pass
+"""
+"""Source code a benchmark's child process starts with: ``status("VmRSS"|"VmHWM")`` in bytes and
+``reset_peak()``, so each phase's peak memory can be measured on its own."""
