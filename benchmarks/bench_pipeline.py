@@ -7,7 +7,11 @@ measures, in rounds whose order is shuffled:
 * ``pipeline_threads``: the same with worker threads;
 * ``session_1``: the original model, one onnxruntime session, one intra-op thread, in this process;
 * ``session_K``: the same with K threads;
-* ``replicas``: K copies of the whole model, one worker process each (one thread), fed in turn.
+* ``replicas``: K copies of the whole model, one worker process each (one thread), fed in turn;
+* ``pipeline_weights``: a second split of the same profile with the least weight memory per worker
+  (``--devices`` of K one-thread CPUs whose ``memory_bytes`` is the smallest that any split fits, as
+  the planner's memory error reports it), run with worker threads: what holding about 1/K of the weights
+  per worker costs in throughput when the time-balanced split does not.
 
 Throughput is steady-state: outputs per second between the first and the last output of a run of
 micro-batches (a pipeline's fill, one pass through all stages, excluded; the JSON also has the
@@ -52,7 +56,11 @@ import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
 from onnxpipe import api  # noqa: E402
+from onnxpipe.cluster import Cluster, Device, Link  # noqa: E402
+from onnxpipe.errors import MemoryFitError  # noqa: E402
 from onnxpipe.manifest import load_manifest  # noqa: E402
+from onnxpipe.model import load_model  # noqa: E402
+from onnxpipe.profile import Profile  # noqa: E402
 from onnxpipe.runtime.inputs import random_inputs  # noqa: E402
 from onnxpipe.runtime.pipeline import Pipeline, make_backend  # noqa: E402
 from onnxpipe.runtime.report import measure  # noqa: E402
@@ -186,6 +194,30 @@ def median(xs: Sequence[float]) -> float:
 
 
 # --------------------------------------------------------------------------------------------------
+# the weight-balanced split
+
+
+def _cpus(k: int, memory_bytes: int) -> Cluster:
+    devices = tuple(Device(name=f"cpu{i}", threads=1, memory_bytes=memory_bytes) for i in range(k))
+    return Cluster(devices=devices, links=tuple(Link() for _ in range(k - 1)), source="bench_pipeline")
+
+
+def weight_balanced_split(path: Path, k: int, profile: Profile, out: Path) -> api.SplitResult:
+    """The split of ``profile`` whose largest worker memory (weights + buffered inputs) is least.
+
+    The planner's memory error names the smallest per-device memory any split fits; splitting again at
+    exactly that memory gives the fastest of the splits that fit it.
+    """
+    try:
+        api.split(path, k, out / "probe", profile=profile, devices=_cpus(k, 1), run_verify=False)
+    except MemoryFitError as e:
+        need = math.ceil(e.smallest_fit_bytes * (1 + 1e-9)) + 1
+    else:
+        raise RuntimeError("a split fitted 1 byte per worker: the memory model is broken")
+    return api.split(path, k, out / "weights", profile=profile, devices=_cpus(k, need), run_verify=False)
+
+
+# --------------------------------------------------------------------------------------------------
 # one model
 
 
@@ -193,11 +225,14 @@ def bench_model(
     name: str, path: Path, shapes: dict[str, tuple[int, ...]] | None, args: argparse.Namespace
 ) -> dict[str, Any]:
     k = args.k
-    out = Path(tempfile.mkdtemp(prefix=f"bench-{name}-")) / "split"
+    work = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+    out = work / "split"
     start = time.perf_counter()
-    result = api.split(path, k, out, cost=args.cost, run_verify=False, shapes=shapes)
+    profile = api.get_profile(load_model(path), cost=args.cost, shapes=shapes)
+    result = api.split(path, k, out, profile=profile, run_verify=False)
     split_s = time.perf_counter() - start
     manifest = load_manifest(out)
+    balanced = weight_balanced_split(path, k, profile, work)
     input_shapes = {n: tuple(v) for n, v in manifest.plan.profiled_input_shapes.items()}
     pool = random_inputs(path, input_shapes, 8, seed=0)
 
@@ -211,6 +246,7 @@ def bench_model(
     replica_runs: list[list[WorkerStats]] = []
     pipe_p = Pipeline.from_manifest(out, mode="processes", threads=1)
     pipe_t = Pipeline.from_manifest(out, mode="threads", threads=1)
+    pipe_w = Pipeline.from_manifest(balanced.out_dir, mode="threads", threads=1)
     names = [t.name for t in manifest.model_inputs]
     outs = [o.name for o in manifest.model_outputs]
     lanes = [[model_spec(path, names, outs, Placement(threads=1), index=i)] for i in range(k)]
@@ -226,6 +262,7 @@ def bench_model(
         single,
         session_variant(f"session_{k}", path, k),
         pipeline_variant("replicas", replicas, replica_runs),
+        pipeline_variant("pipeline_weights", pipe_w, []),
     ]
     try:
         for v in variants:  # warm-up
@@ -251,7 +288,7 @@ def bench_model(
                 flush=True,
             )
     finally:
-        for p in (pipe_p, pipe_t, replicas):
+        for p in (pipe_p, pipe_t, replicas, pipe_w):
             p.close()
 
     by = {v.name: v for v in variants}
@@ -310,13 +347,20 @@ def bench_model(
             pipe: {
                 base: {"all": ratio(pipe, base, False), "quiet": ratio(pipe, base, True)} for base in bases
             }
-            for pipe in ("pipeline_threads", "pipeline_processes")
+            for pipe in ("pipeline_threads", "pipeline_processes", "pipeline_weights")
         },
         "threads_over_processes": ratio("pipeline_threads", "pipeline_processes", False),
         "stages": stages,
         "replica_peak_rss_bytes": replica_last.peak_rss_bytes,
         "replica_model_rss_bytes": replica_last.model_rss_bytes,
         "model_param_bytes": sum(st.param_bytes for st in manifest.stages),
+        "weight_balanced": {
+            "param_bytes": [st.param_bytes for st in balanced.manifest.stages],
+            "plan_bottleneck_ms": balanced.plan.bottleneck_seconds * 1e3,
+            "memory_bytes_per_worker": balanced.plan.cluster.devices[0].memory_bytes
+            if balanced.plan.cluster
+            else None,
+        },
         "estimate_max_error": {
             m: max(abs(s["estimate_error"][m]) for s in stages) for m in ("threads", "processes")
         },
@@ -325,6 +369,11 @@ def bench_model(
 
 # --------------------------------------------------------------------------------------------------
 # output
+
+
+def t_all(row: dict[str, Any], pipe: str) -> float:
+    value: float = row["ratios"][pipe]["session_1"]["all"]
+    return value
 
 
 def print_summary(rows: Sequence[dict[str, Any]], k: int) -> None:
@@ -360,6 +409,21 @@ def print_summary(rows: Sequence[dict[str, Any]], k: int) -> None:
         "each stage's share of the parameters;\nMiB: model memory of a process worker (peak minus its "
         "memory before loading its model)"
     )
+    print(
+        "\nweights per worker (share of the model's parameters), the time-balanced split against the split"
+        " with the\nleast memory per worker, and what the latter keeps of the one-thread session's "
+        "throughput:"
+    )
+    for r in rows:
+        total = max(1, r["model_param_bytes"])
+        timed = [s["param_bytes"] / total for s in r["stages"]]
+        light = [b / total for b in r["weight_balanced"]["param_bytes"]]
+        w = r["ratios"]["pipeline_weights"]
+        print(
+            f"  {r['model']:10} time-balanced max {max(timed) * 100:3.0f}% (mean {sum(timed) / k * 100:.0f}%)"
+            f" x1-thr {t_all(r, 'pipeline_threads'):.2f} | weight-balanced max {max(light) * 100:3.0f}% "
+            f"x1-thr {w['session_1']['all']:.2f}, x repl {w['replicas']['all']:.2f}"
+        )
     for r in rows:
         print(
             f"  {r['model']}: others used {r['others_cores']['pipeline_threads']:.2f} cores (median, threads "
