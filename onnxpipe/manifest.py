@@ -14,14 +14,15 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from onnxpipe.cluster import Cluster
 from onnxpipe.errors import ManifestError, UsageError
+from onnxpipe.jsonread import Document, Fields, Rule, Value
 from onnxpipe.model import Dim, file_sha256
 from onnxpipe.schedule import Timeline
 
@@ -169,7 +170,7 @@ class Manifest:
             raise ManifestError(
                 f"{source}: not valid JSON ({e.msg} at line {e.lineno}); re-run onnxpipe split"
             ) from e
-        return _Reader(source).manifest(obj)
+        return _read_manifest(obj, source)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -342,337 +343,212 @@ def _stage_to_obj(s: StageEntry) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------------
-# reading: every field checked for presence and type; messages name the field by its JSON path
+# reading: every field checked for presence, type and range by onnxpipe.jsonread, one line per field;
+# a message names the file and the field's JSON path.  Unknown keys are ignored (additive changes keep
+# schema_version, see docs/manifest.md); then _check_consistency applies the rules that span fields.
 
-T = TypeVar("T")
 
-
-class _Reader:
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def fail(self, where: str, what: str) -> ManifestError:
-        return ManifestError(f"{self.source}: {where}: {what}; re-run onnxpipe split")
-
-    def field(self, obj: Mapping[str, Any], key: str, where: str) -> Any:
-        if key not in obj:
-            raise ManifestError(f"{self.source}: missing field '{_join(where, key)}'; re-run onnxpipe split")
-        return obj[key]
-
-    def as_obj(self, value: Any, where: str) -> Mapping[str, Any]:
-        if not isinstance(value, dict):
-            raise self.fail(where or "manifest", f"expected an object, got {_describe(value)}")
-        return value
-
-    def as_list(self, value: Any, where: str) -> list[Any]:
-        if not isinstance(value, list):
-            raise self.fail(where, f"expected a list, got {_describe(value)}")
-        return value
-
-    def get_str(self, obj: Mapping[str, Any], key: str, where: str) -> str:
-        v = self.field(obj, key, where)
-        if not isinstance(v, str):
-            raise self.fail(_join(where, key), f"expected a string, got {_describe(v)}")
-        return v
-
-    def get_opt_str(self, obj: Mapping[str, Any], key: str, where: str) -> str | None:
-        v = self.field(obj, key, where)
-        if v is not None and not isinstance(v, str):
-            raise self.fail(_join(where, key), f"expected a string or null, got {_describe(v)}")
-        return v
-
-    def get_int(self, obj: Mapping[str, Any], key: str, where: str, *, minimum: int = 0) -> int:
-        v = self.field(obj, key, where)
-        return self.int_value(v, _join(where, key), minimum=minimum)
-
-    def int_value(self, v: Any, where: str, *, minimum: int = 0) -> int:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise self.fail(where, f"expected an integer, got {_describe(v)}")
-        if v < minimum:
-            raise self.fail(where, f"expected an integer >= {minimum}, got {v}")
-        return v
-
-    def get_float(self, obj: Mapping[str, Any], key: str, where: str) -> float:
-        return self.float_value(self.field(obj, key, where), _join(where, key))
-
-    def float_value(self, v: Any, where: str) -> float:
-        if v is None:
-            return math.inf
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            raise self.fail(where, f"expected a number or null (infinity), got {_describe(v)}")
-        if v < 0:
-            raise self.fail(where, f"expected a number >= 0, got {v}")
-        return float(v)
-
-    def items(
-        self, obj: Mapping[str, Any], key: str, where: str, read: Callable[[Any, str], T]
-    ) -> tuple[T, ...]:
-        w = _join(where, key)
-        values = self.as_list(self.field(obj, key, where), w)
-        return tuple(read(v, f"{w}[{i}]") for i, v in enumerate(values))
-
-    def shape(self, obj: Mapping[str, Any], where: str) -> Shape:
-        v = self.field(obj, "shape", where)
-        if v is None:
-            return None
-        dims = self.as_list(v, _join(where, "shape"))
-        out: list[Dim] = []
-        for i, d in enumerate(dims):
-            if d is None or isinstance(d, str) or (isinstance(d, int) and not isinstance(d, bool) and d >= 0):
-                out.append(d)
-            else:
-                raise self.fail(
-                    f"{where}.shape[{i}]",
-                    f"expected a dim (integer >= 0, symbolic name or null), got {_describe(d)}",
-                )
-        return tuple(out)
-
-    def file_name(self, obj: Mapping[str, Any], key: str, where: str, *, optional: bool) -> str | None:
-        v = self.get_opt_str(obj, key, where) if optional else self.get_str(obj, key, where)
-        if v is not None and (v in ("", ".", "..") or "/" in v or "\\" in v):
-            raise self.fail(_join(where, key), f"expected a plain file name in the folder, got {v!r}")
-        return v
-
-    def sha(self, obj: Mapping[str, Any], key: str, where: str, *, optional: bool = False) -> str | None:
-        v = self.get_opt_str(obj, key, where) if optional else self.get_str(obj, key, where)
-        if v is not None and (len(v) != 64 or any(c not in "0123456789abcdef" for c in v)):
-            raise self.fail(_join(where, key), f"expected a sha256 as 64 lowercase hex digits, got {v!r}")
-        return v
-
-    # ----------------------------------------------------------------------------------------------
-
-    def manifest(self, value: Any) -> Manifest:
-        top = self.as_obj(value, "")
-        version = self.field(top, "schema_version", "")
-        if isinstance(version, bool) or not isinstance(version, int):
-            raise self.fail("schema_version", f"expected an integer, got {_describe(version)}")
-        if version != SCHEMA_VERSION:
-            raise ManifestError(
-                f"{self.source}: schema_version {version} is not supported (this onnxpipe reads version "
-                f"{SCHEMA_VERSION}); use the onnxpipe that wrote it or re-run onnxpipe split"
-            )
-        src = self.as_obj(self.field(top, "source", ""), "source")
-        source = SourceInfo(
-            file=self.get_str(src, "file", "source"),
-            path=self.get_opt_str(src, "path", "source"),
-            sha256=self.sha(src, "sha256", "source") or "",
+def _read_manifest(value: Any, source: str) -> Manifest:
+    doc = Document(source, ManifestError, "re-run onnxpipe split", root="manifest")
+    top = doc.read(value).fields()
+    version = top["schema_version"].integer(minimum=None)
+    if version != SCHEMA_VERSION:
+        raise ManifestError(
+            f"{source}: schema_version {version} is not supported (this onnxpipe reads version "
+            f"{SCHEMA_VERSION}); use the onnxpipe that wrote it or re-run onnxpipe split"
         )
-        model_inputs = self.items(top, "model_inputs", "", self.model_tensor)
-        model_outputs = self.items(top, "model_outputs", "", self.model_output)
-        stages = self.items(top, "stages", "", self.stage)
-        plan = self.plan(self.as_obj(self.field(top, "plan", ""), "plan"))
-        schedule = Timeline.from_obj(self.field(top, "schedule", ""), "schedule", self.source)
-        cluster = self.cluster(top.get("cluster"))
-        device_costs = tuple(
-            DeviceRecord(
-                self.get_str(self.as_obj(d, f"device_costs[{i}]"), "device", f"device_costs[{i}]"),
-                self.get_str(self.as_obj(d, f"device_costs[{i}]"), "method", f"device_costs[{i}]"),
-                self.get_str(self.as_obj(d, f"device_costs[{i}]"), "source", f"device_costs[{i}]"),
-            )
-            for i, d in enumerate(self.as_list(top.get("device_costs", []), "device_costs"))
-        )
-        manifest = Manifest(
-            source=source,
-            model_inputs=model_inputs,
-            model_outputs=model_outputs,
-            stages=stages,
-            plan=plan,
-            schedule=schedule,
-            schema_version=version,
-            cluster=cluster,
-            device_costs=device_costs,
-        )
-        self.check_consistency(manifest)
-        return manifest
+    manifest = Manifest(
+        source=top["source"].object(_source),
+        model_inputs=top["model_inputs"].objects(_model_tensor),
+        model_outputs=top["model_outputs"].objects(_model_output),
+        stages=top["stages"].objects(_stage),
+        plan=top["plan"].object(_plan),
+        schedule=Timeline.from_obj(top["schedule"].raw, "schedule", source),
+        schema_version=version,
+        cluster=_cluster(top.get("cluster", None)),
+        device_costs=top.get("device_costs", []).objects(_device_record),
+    )
+    _check_consistency(manifest, doc)
+    return manifest
 
-    def model_tensor(self, value: Any, where: str) -> ModelTensor:
-        o = self.as_obj(value, where)
-        return ModelTensor(
-            self.get_str(o, "name", where), self.get_str(o, "dtype", where), self.shape(o, where)
-        )
 
-    def model_output(self, value: Any, where: str) -> ModelOutput:
-        o = self.as_obj(value, where)
-        by = self.field(o, "produced_by", where)
-        produced_by: int | Literal["model input"]
-        if by == MODEL_INPUT:
-            produced_by = MODEL_INPUT
-        else:
-            if isinstance(by, bool) or not isinstance(by, int) or by < 0:
-                raise self.fail(
-                    f"{where}.produced_by", f'expected a stage index or "model input", got {_describe(by)}'
-                )
-            produced_by = by
-        return ModelOutput(
-            self.get_str(o, "name", where), self.get_str(o, "dtype", where), self.shape(o, where), produced_by
-        )
+def _is_plain_file_name(name: str) -> bool:
+    return name not in ("", ".", "..") and "/" not in name and "\\" not in name
 
-    def stage_input(self, value: Any, where: str) -> StageInput:
-        o = self.as_obj(value, where)
-        src = self.field(o, "source", where)
-        source: int | Literal["model"]
-        if src == MODEL:
-            source = MODEL
-        else:
-            if isinstance(src, bool) or not isinstance(src, int) or src < 0:
-                raise self.fail(f"{where}.source", f'expected a stage index or "model", got {_describe(src)}')
-            source = src
-        return StageInput(
-            name=self.get_str(o, "name", where),
-            dtype=self.get_str(o, "dtype", where),
-            shape=self.shape(o, where),
-            bytes_per_sample=self.get_int(o, "bytes_per_sample", where),
-            source=source,
-        )
 
-    def stage_output(self, value: Any, where: str) -> StageOutput:
-        o = self.as_obj(value, where)
-        raw = self.as_list(self.field(o, "consumers", where), f"{where}.consumers")
-        consumers: list[int | Literal["model_output"]] = []
-        for i, c in enumerate(raw):
-            if c == MODEL_OUTPUT:
-                consumers.append(MODEL_OUTPUT)
-            elif isinstance(c, int) and not isinstance(c, bool) and c >= 0:
-                consumers.append(c)
-            else:
-                raise self.fail(
-                    f"{where}.consumers[{i}]",
-                    f'expected a stage index or "model_output", got {_describe(c)}',
-                )
-        return StageOutput(
-            name=self.get_str(o, "name", where),
-            dtype=self.get_str(o, "dtype", where),
-            shape=self.shape(o, where),
-            bytes_per_sample=self.get_int(o, "bytes_per_sample", where),
-            consumers=tuple(consumers),
-        )
+def _is_sha256(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
 
-    def stage(self, value: Any, where: str) -> StageEntry:
-        o = self.as_obj(value, where)
-        return StageEntry(
-            index=self.get_int(o, "index", where),
-            file=self.file_name(o, "file", where, optional=False) or "",
-            sha256=self.sha(o, "sha256", where) or "",
-            external_data=self.file_name(o, "external_data", where, optional=True),
-            external_data_sha256=self.sha(o, "external_data_sha256", where, optional=True),
-            node_count=self.get_int(o, "node_count", where),
-            constant_node_count=self.get_int(o, "constant_node_count", where),
-            device=self.get_str(o, "device", where),
-            inputs=self.items(o, "inputs", where, self.stage_input),
-            outputs=self.items(o, "outputs", where, self.stage_output),
-            estimated_compute_seconds=self.get_float(o, "estimated_compute_seconds", where),
-            estimated_transfer_seconds=self.get_float(o, "estimated_transfer_seconds", where),
-            param_bytes=self.get_int(o, "param_bytes", where),
-            peak_activation_bytes=self.get_int(o, "peak_activation_bytes", where),
-            shared_param_bytes=self.get_int(o, "shared_param_bytes", where),
-            link_bytes_in=self.get_int(o, "link_bytes_in", where),
-        )
 
-    def plan(self, o: Mapping[str, Any]) -> PlanSummary:
-        w = "plan"
-        shapes_obj = self.as_obj(self.field(o, "profiled_input_shapes", w), "plan.profiled_input_shapes")
-        shapes: dict[str, tuple[int, ...]] = {}
-        for name, dims in shapes_obj.items():
-            dw = f"plan.profiled_input_shapes.{name}"
-            values = self.as_list(dims, dw)
-            shapes[name] = tuple(self.int_value(d, f"{dw}[{i}]") for i, d in enumerate(values))
-        notes = self.as_list(self.field(o, "notes", w), "plan.notes")
-        for i, n in enumerate(notes):
-            if not isinstance(n, str):
-                raise self.fail(f"plan.notes[{i}]", f"expected a string, got {_describe(n)}")
-        return PlanSummary(
-            objective=self.get_str(o, "objective", w),
-            k=self.get_int(o, "k", w, minimum=1),
-            bottleneck_seconds=self.get_float(o, "bottleneck_seconds", w),
-            lower_bound_seconds=self.get_float(o, "lower_bound_seconds", w),
-            ratio_to_lower_bound=self.get_float(o, "ratio_to_lower_bound", w),
-            cost_source=self.get_str(o, "cost_source", w),
-            threads=self.get_int(o, "threads", w, minimum=1),
-            bandwidth_bytes_per_s=self.get_float(o, "bandwidth_bytes_per_s", w),
-            profiled_input_shapes=MappingProxyType(shapes),
-            notes=tuple(notes),
-            duplicated_param_bytes=self.get_int(o, "duplicated_param_bytes", w),
-        )
+# A stage file outside the folder would let a manifest make the runner load (and check_stage_files hash)
+# any file on the machine; a malformed hash could never match, so it is refused here, not at load time.
+_FILE_NAME = Rule(_is_plain_file_name, "a plain file name in the folder")
+_SHA256 = Rule(_is_sha256, "a sha256 as 64 lowercase hex digits")
+_STAGE_OR_MODEL_INPUT = 'a stage index or "model input"'
+_STAGE_OR_MODEL = 'a stage index or "model"'
+_STAGE_OR_MODEL_OUTPUT = 'a stage index or "model_output"'
 
-    def cluster(self, value: Any) -> Cluster | None:
-        """The devices and links the plan was made for (``null`` for identical CPU workers)."""
-        if value is None:
-            return None
-        try:
-            return Cluster.from_obj(self.as_obj(value, "cluster"), source=f"{self.source}: cluster")
-        except UsageError as e:
-            raise ManifestError(str(e)) from e
 
-    def check_consistency(self, m: Manifest) -> None:
-        """Cross-field rules: stages numbered in order, edges that point backwards, names that resolve."""
-        k = len(m.stages)
-        if k == 0:
-            raise self.fail("stages", "expected at least one stage, got none")
-        if m.plan.k != k:
-            raise self.fail("plan.k", f"says {m.plan.k} stages but 'stages' lists {k}")
-        if len(m.schedule.stages) != k:
-            raise self.fail("schedule.devices", f"lists {len(m.schedule.stages)} stages, expected {k}")
-        if m.cluster is not None:
-            names = set(m.cluster.names)
-            for i, st in enumerate(m.stages):
-                if st.device not in names:
-                    raise self.fail(f"stages[{i}].device", f"{st.device!r} is not a device of 'cluster'")
-        files: set[str] = set()
-        model_inputs = {t.name for t in m.model_inputs}
-        produced: dict[str, int] = {}
+def _dim(v: Value) -> Dim:
+    d = v.raw
+    if d is None or isinstance(d, str) or (isinstance(d, int) and not isinstance(d, bool) and d >= 0):
+        return d
+    raise v.expected("a dim (integer >= 0, symbolic name or null)")
+
+
+def _shape(v: Value) -> Shape:
+    return v.opt_list_of(_dim)
+
+
+def _source(f: Fields) -> SourceInfo:
+    return SourceInfo(
+        file=f["file"].string(), path=f["path"].opt_string(), sha256=f["sha256"].string(_SHA256)
+    )
+
+
+def _model_tensor(f: Fields) -> ModelTensor:
+    return ModelTensor(name=f["name"].string(), dtype=f["dtype"].string(), shape=_shape(f["shape"]))
+
+
+def _model_output(f: Fields) -> ModelOutput:
+    return ModelOutput(
+        name=f["name"].string(),
+        dtype=f["dtype"].string(),
+        shape=_shape(f["shape"]),
+        produced_by=f["produced_by"].integer_or(MODEL_INPUT, expected=_STAGE_OR_MODEL_INPUT),
+    )
+
+
+def _stage_input(f: Fields) -> StageInput:
+    return StageInput(
+        name=f["name"].string(),
+        dtype=f["dtype"].string(),
+        shape=_shape(f["shape"]),
+        bytes_per_sample=f["bytes_per_sample"].integer(),
+        source=f["source"].integer_or(MODEL, expected=_STAGE_OR_MODEL),
+    )
+
+
+def _stage_output(f: Fields) -> StageOutput:
+    return StageOutput(
+        name=f["name"].string(),
+        dtype=f["dtype"].string(),
+        shape=_shape(f["shape"]),
+        bytes_per_sample=f["bytes_per_sample"].integer(),
+        consumers=f["consumers"].list_of(
+            lambda c: c.integer_or(MODEL_OUTPUT, expected=_STAGE_OR_MODEL_OUTPUT)
+        ),
+    )
+
+
+def _stage(f: Fields) -> StageEntry:
+    return StageEntry(
+        index=f["index"].integer(),
+        file=f["file"].string(_FILE_NAME),
+        sha256=f["sha256"].string(_SHA256),
+        external_data=f["external_data"].opt_string(_FILE_NAME),
+        external_data_sha256=f["external_data_sha256"].opt_string(_SHA256),
+        node_count=f["node_count"].integer(),
+        constant_node_count=f["constant_node_count"].integer(),
+        device=f["device"].string(),
+        inputs=f["inputs"].objects(_stage_input),
+        outputs=f["outputs"].objects(_stage_output),
+        estimated_compute_seconds=f["estimated_compute_seconds"].number(),
+        estimated_transfer_seconds=f["estimated_transfer_seconds"].number(),
+        param_bytes=f["param_bytes"].integer(),
+        peak_activation_bytes=f["peak_activation_bytes"].integer(),
+        shared_param_bytes=f["shared_param_bytes"].integer(),
+        link_bytes_in=f["link_bytes_in"].integer(),
+    )
+
+
+def _plan(f: Fields) -> PlanSummary:
+    return PlanSummary(
+        objective=f["objective"].string(),
+        k=f["k"].integer(minimum=1),
+        bottleneck_seconds=f["bottleneck_seconds"].number(),
+        lower_bound_seconds=f["lower_bound_seconds"].number(),
+        ratio_to_lower_bound=f["ratio_to_lower_bound"].number(),
+        cost_source=f["cost_source"].string(),
+        threads=f["threads"].integer(minimum=1),
+        bandwidth_bytes_per_s=f["bandwidth_bytes_per_s"].number(),
+        profiled_input_shapes=MappingProxyType(
+            f["profiled_input_shapes"].dict_of(lambda dims: dims.list_of(Value.integer))
+        ),
+        notes=f["notes"].list_of(Value.string),
+        duplicated_param_bytes=f["duplicated_param_bytes"].integer(),
+    )
+
+
+def _device_record(f: Fields) -> DeviceRecord:
+    return DeviceRecord(device=f["device"].string(), method=f["method"].string(), source=f["source"].string())
+
+
+def _cluster(v: Value) -> Cluster | None:
+    """The devices and links the plan was made for (``null`` for identical CPU workers).
+
+    The devices file has its own reader (and raises ``UsageError``, which means a bad ``--devices``
+    argument); inside a manifest the same fault is a bad manifest, so it becomes a ``ManifestError``.
+    """
+    if v.raw is None:
+        return None
+    try:
+        return Cluster.from_obj(v.fields().raw, source=f"{v.doc.source}: cluster")
+    except UsageError as e:
+        raise ManifestError(str(e)) from e
+
+
+def _check_consistency(m: Manifest, doc: Document) -> None:
+    """Cross-field rules: stages numbered in order, edges that point backwards, names that resolve."""
+    fail = doc.fail
+    k = len(m.stages)
+    if k == 0:
+        raise fail("stages", "expected at least one stage, got none")
+    if m.plan.k != k:
+        raise fail("plan.k", f"says {m.plan.k} stages but 'stages' lists {k}")
+    if len(m.schedule.stages) != k:
+        raise fail("schedule.devices", f"lists {len(m.schedule.stages)} stages, expected {k}")
+    if m.cluster is not None:
+        names = set(m.cluster.names)
         for i, st in enumerate(m.stages):
-            w = f"stages[{i}]"
-            if st.index != i:
-                raise self.fail(f"{w}.index", f"expected {i} (stages are listed in order), got {st.index}")
-            if (st.external_data is None) != (st.external_data_sha256 is None):
-                raise self.fail(
-                    f"{w}.external_data_sha256", "must be null exactly when external_data is null"
+            if st.device not in names:
+                raise fail(f"stages[{i}].device", f"{st.device!r} is not a device of 'cluster'")
+    files: set[str] = set()
+    model_inputs = {t.name for t in m.model_inputs}
+    produced: dict[str, int] = {}
+    for i, st in enumerate(m.stages):
+        w = f"stages[{i}]"
+        if st.index != i:
+            raise fail(f"{w}.index", f"expected {i} (stages are listed in order), got {st.index}")
+        if (st.external_data is None) != (st.external_data_sha256 is None):
+            raise fail(f"{w}.external_data_sha256", "must be null exactly when external_data is null")
+        for name in (st.file, st.external_data):
+            if name is None:
+                continue
+            if name in files:
+                raise fail(w, f"file {name} is listed twice")
+            files.add(name)
+        for j, t in enumerate(st.inputs):
+            if t.source == MODEL:
+                if t.name not in model_inputs:
+                    raise fail(f"{w}.inputs[{j}].source", f"{t.name!r} is not a model input")
+            elif produced.get(t.name) != t.source:
+                raise fail(
+                    f"{w}.inputs[{j}].source",
+                    f"says stage {t.source} produces {t.name!r}, but no earlier stage output matches",
                 )
-            for name in (st.file, st.external_data):
-                if name is None:
-                    continue
-                if name in files:
-                    raise self.fail(w, f"file {name} is listed twice")
-                files.add(name)
-            for j, t in enumerate(st.inputs):
-                if t.source == MODEL:
-                    if t.name not in model_inputs:
-                        raise self.fail(f"{w}.inputs[{j}].source", f"{t.name!r} is not a model input")
-                elif produced.get(t.name) != t.source:
-                    raise self.fail(
-                        f"{w}.inputs[{j}].source",
-                        f"says stage {t.source} produces {t.name!r}, but no earlier stage output matches",
-                    )
-            for j, out in enumerate(st.outputs):
-                for c in out.consumers:
-                    if c != MODEL_OUTPUT and not (i < c < k):
-                        why = f"there are only {k} stages" if c >= k else f"it does not come after stage {i}"
-                        raise self.fail(f"{w}.outputs[{j}].consumers", f"lists stage {c}, but {why}")
-                produced[out.name] = i
-        for j, o in enumerate(m.model_outputs):
-            if o.produced_by == MODEL_INPUT:
-                if o.name not in model_inputs:
-                    raise self.fail(f"model_outputs[{j}].produced_by", f"{o.name!r} is not a model input")
-            elif produced.get(o.name) != o.produced_by:
-                raise self.fail(
-                    f"model_outputs[{j}].produced_by",
-                    f"says stage {o.produced_by} produces {o.name!r}, but that stage does not output it",
-                )
-
-
-def _join(where: str, key: str) -> str:
-    return f"{where}.{key}" if where else key
-
-
-def _describe(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return f"string {v!r}"
-    if isinstance(v, list):
-        return "a list"
-    if isinstance(v, dict):
-        return "an object"
-    return f"{type(v).__name__} {v!r}"
+        for j, out in enumerate(st.outputs):
+            for c in out.consumers:
+                if c != MODEL_OUTPUT and not (i < c < k):
+                    why = f"there are only {k} stages" if c >= k else f"it does not come after stage {i}"
+                    raise fail(f"{w}.outputs[{j}].consumers", f"lists stage {c}, but {why}")
+            produced[out.name] = i
+    for j, o in enumerate(m.model_outputs):
+        if o.produced_by == MODEL_INPUT:
+            if o.name not in model_inputs:
+                raise fail(f"model_outputs[{j}].produced_by", f"{o.name!r} is not a model input")
+        elif produced.get(o.name) != o.produced_by:
+            raise fail(
+                f"model_outputs[{j}].produced_by",
+                f"says stage {o.produced_by} produces {o.name!r}, but that stage does not output it",
+            )

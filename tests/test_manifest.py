@@ -15,7 +15,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.errors import ManifestError
 from onnxpipe.export import export_stages
+from onnxpipe.jsonread import Document, Rule, Value, describe
 from onnxpipe.manifest import (
+    MODEL,
     SCHEMA_VERSION,
     Manifest,
     ModelOutput,
@@ -268,6 +270,151 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
             "m.json: schedule.devices[0].steps[0]: expected [kind, microbatch, start, end]; "
             "re-run onnxpipe split",
         ),
+        # one or more malformed values per kind of field: object, string, optional string, integer,
+        # index-or-word, float, list, shape, map, and the lists and objects nested in them
+        (
+            _set("source", "m.onnx"),
+            "m.json: source: expected an object, got string 'm.onnx'; re-run onnxpipe split",
+        ),
+        (
+            _set("source/path", 3),
+            "m.json: source.path: expected a string or null, got int 3; re-run onnxpipe split",
+        ),
+        (
+            _set("source/sha256", "A" * 64),
+            f"m.json: source.sha256: expected a sha256 as 64 lowercase hex digits, got {'A' * 64!r}; "
+            "re-run onnxpipe split",
+        ),
+        (
+            _set("model_inputs/0/name", None),
+            "m.json: model_inputs[0].name: expected a string, got null; re-run onnxpipe split",
+        ),
+        (
+            _set("model_inputs/0/shape", "batch"),
+            "m.json: model_inputs[0].shape: expected a list or null, got string 'batch'; "
+            "re-run onnxpipe split",
+        ),
+        (
+            _set("model_inputs/0/shape", [1.5]),
+            "m.json: model_inputs[0].shape[0]: expected a dim (integer >= 0, symbolic name or null), "
+            "got float 1.5; re-run onnxpipe split",
+        ),
+        (
+            _set("model_inputs/0", ["x"]),
+            "m.json: model_inputs[0]: expected an object, got a list; re-run onnxpipe split",
+        ),
+        (
+            _set("model_outputs/0/produced_by", -1),
+            'm.json: model_outputs[0].produced_by: expected a stage index or "model input", got int -1; '
+            "re-run onnxpipe split",
+        ),
+        (
+            _set("model_outputs/2/produced_by", "model"),
+            'm.json: model_outputs[2].produced_by: expected a stage index or "model input", '
+            "got string 'model'; re-run onnxpipe split",
+        ),
+        (
+            _set("stages/1/inputs/0/source", "model input"),
+            'm.json: stages[1].inputs[0].source: expected a stage index or "model", '
+            "got string 'model input'; re-run onnxpipe split",
+        ),
+        (
+            _set("stages/1/inputs/0/source", False),
+            'm.json: stages[1].inputs[0].source: expected a stage index or "model", got false; '
+            "re-run onnxpipe split",
+        ),
+        (
+            _set("stages/0/outputs/0/consumers/0", True),
+            'm.json: stages[0].outputs[0].consumers[0]: expected a stage index or "model_output", got true; '
+            "re-run onnxpipe split",
+        ),
+        (
+            _set("stages/0/outputs/0/consumers", "model_output"),
+            "m.json: stages[0].outputs[0].consumers: expected a list, got string 'model_output'; "
+            "re-run onnxpipe split",
+        ),
+        (
+            _set("stages/0/inputs", ["x"]),
+            "m.json: stages[0].inputs[0]: expected an object, got string 'x'; re-run onnxpipe split",
+        ),
+        (
+            _set("stages/0/external_data", "data/stage_0.onnx.data"),
+            "m.json: stages[0].external_data: expected a plain file name in the folder, "
+            "got 'data/stage_0.onnx.data'; re-run onnxpipe split",
+        ),
+        (
+            _set("stages/0/external_data", 7),
+            "m.json: stages[0].external_data: expected a string or null, got int 7; re-run onnxpipe split",
+        ),
+        (
+            _set("stages/0/external_data_sha256", "b" * 63),
+            f"m.json: stages[0].external_data_sha256: expected a sha256 as 64 lowercase hex digits, "
+            f"got {'b' * 63!r}; re-run onnxpipe split",
+        ),
+        (
+            _set("stages/0/param_bytes", -1),
+            "m.json: stages[0].param_bytes: expected an integer >= 0, got -1; re-run onnxpipe split",
+        ),
+        (
+            _set("plan/k", 2.0),
+            "m.json: plan.k: expected an integer, got float 2.0; re-run onnxpipe split",
+        ),
+        (
+            _set("stages/0/estimated_transfer_seconds", -0.5),
+            "m.json: stages[0].estimated_transfer_seconds: expected a number >= 0, got -0.5; "
+            "re-run onnxpipe split",
+        ),
+        (
+            _set("plan/bandwidth_bytes_per_s", True),
+            "m.json: plan.bandwidth_bytes_per_s: expected a number or null (infinity), got true; "
+            "re-run onnxpipe split",
+        ),
+        (
+            _set("plan/bottleneck_seconds", math.nan),  # json.dumps writes NaN, which json.loads reads
+            "m.json: plan.bottleneck_seconds: expected a number >= 0, got nan; re-run onnxpipe split",
+        ),
+        (
+            _set("plan/notes", ["fine", 1]),
+            "m.json: plan.notes[1]: expected a string, got int 1; re-run onnxpipe split",
+        ),
+        (
+            _set("plan/profiled_input_shapes", [[1, 8]]),
+            "m.json: plan.profiled_input_shapes: expected an object, got a list; re-run onnxpipe split",
+        ),
+        (
+            _set("plan/profiled_input_shapes", {"x": 8}),
+            "m.json: plan.profiled_input_shapes.x: expected a list, got int 8; re-run onnxpipe split",
+        ),
+        (
+            _set("plan/profiled_input_shapes", {"x": [1, -8]}),
+            "m.json: plan.profiled_input_shapes.x[1]: expected an integer >= 0, got -8; "
+            "re-run onnxpipe split",
+        ),
+        (
+            _set("device_costs", {}),
+            "m.json: device_costs: expected a list, got an object; re-run onnxpipe split",
+        ),
+        (
+            _set("device_costs", [{"device": "cpu", "source": "profile"}]),
+            "m.json: missing field 'device_costs[0].method'; re-run onnxpipe split",
+        ),
+        (
+            _set("cluster", "cpu"),
+            "m.json: cluster: expected an object, got string 'cpu'; re-run onnxpipe split",
+        ),
+        (
+            _set("schema_version", True),
+            "m.json: schema_version: expected an integer, got true; re-run onnxpipe split",
+        ),
+        (
+            _set("schema_version", -1),
+            "m.json: schema_version -1 is not supported (this onnxpipe reads version 1); "
+            "use the onnxpipe that wrote it or re-run onnxpipe split",
+        ),
+        (
+            _set("stages", []),
+            "m.json: stages: expected at least one stage, got none; re-run onnxpipe split",
+        ),
     ],
 )
 def test_validation_errors(edit: Callable[[dict[str, Any]], None], message: str) -> None:
@@ -281,6 +428,23 @@ def test_not_json() -> None:
         Manifest.from_json("", source="m.json")
     with pytest.raises(ManifestError, match=r"^m\.json: manifest: expected an object, got a list"):
         Manifest.from_json("[]", source="m.json")
+
+
+def test_schema_version_is_checked_before_any_other_field() -> None:
+    """A manifest of another version may lay out every other field differently: say so, not 'missing'."""
+    with pytest.raises(ManifestError, match=r"^m\.json: schema_version 2 is not supported"):
+        Manifest.from_json('{"schema_version": 2}', source="m.json")
+
+
+def test_optional_top_level_fields_may_be_absent() -> None:
+    """``cluster`` and ``device_costs`` came after the first manifests: absent reads as none."""
+
+    def drop(obj: dict[str, Any]) -> None:
+        del obj["cluster"], obj["device_costs"]
+
+    text = edited(drop)
+    back = Manifest.from_json(text)
+    assert back.cluster is None and back.device_costs == () and back == two_stage_manifest()
 
 
 def test_unknown_fields_are_ignored() -> None:
@@ -389,3 +553,127 @@ def test_cluster_and_device_costs_round_trip() -> None:
     bad["stages"][1]["device"] = "gpu7"
     with pytest.raises(ManifestError, match=r"stages\[1\]\.device: 'gpu7' is not a device of 'cluster'"):
         Manifest.from_json(json.dumps(bad))
+
+
+# --------------------------------------------------------------------------------------------------
+# onnxpipe.jsonread, the typed field reader the manifest reader is written with
+
+
+class _Bad(Exception):
+    pass
+
+
+def _doc() -> Document:
+    return Document("f.json", _Bad, "fix it", root="top")
+
+
+def _fails(read: Callable[[], object], message: str) -> None:
+    with pytest.raises(_Bad) as info:
+        read()
+    assert str(info.value) == message
+
+
+def test_reader_messages_name_the_file_the_path_and_what_to_do() -> None:
+    top = _doc().read({"a": {"b": [{"c": "x"}]}}).fields()
+    c = top["a"].fields()["b"].objects(lambda f: f["c"])[0]
+    assert c.path == "a.b[0].c" and c.string() == "x"
+    _fails(c.integer, "f.json: a.b[0].c: expected an integer, got string 'x'; fix it")
+    _fails(lambda: top["a"].fields()["z"], "f.json: missing field 'a.z'; fix it")
+    _fails(lambda: _doc().read([]).fields(), "f.json: top: expected an object, got a list; fix it")
+    assert str(top.fail("wrong as a whole")) == "f.json: top: wrong as a whole; fix it"
+    assert str(top["a"].fields().fail("too long")) == "f.json: a: too long; fix it"
+    assert isinstance(top["a"].fail("too long"), _Bad)
+    assert str(top["a"].expected("a list")) == "f.json: a: expected a list, got an object; fix it"
+
+
+def test_reader_optional_keys_read_their_default() -> None:
+    top = _doc().read({"n": 3}).fields()
+    assert top.get("n", 0).integer() == 3
+    assert top.get("m", 5).integer() == 5 and top.get("m", 5).path == "m"
+    assert top.get("l", []).list_of(Value.string) == ()
+
+
+def test_reader_integers() -> None:
+    v = _doc().read
+    assert v(0).integer() == 0 and v(-4).integer(minimum=None) == -4 and v(3).integer(minimum=3) == 3
+    _fails(v(True).integer, "f.json: top: expected an integer, got true; fix it")
+    _fails(v(1.0).integer, "f.json: top: expected an integer, got float 1.0; fix it")
+    _fails(lambda: v(0).integer(minimum=1), "f.json: top: expected an integer >= 1, got 0; fix it")
+
+
+def test_reader_index_or_word_keeps_the_word() -> None:
+    v = _doc().read
+    assert v("model").integer_or(MODEL, expected="i or model") == "model"
+    assert v(2).integer_or(MODEL, expected="i or model") == 2
+
+
+@pytest.mark.parametrize(
+    ("bad", "seen"), [(-1, "int -1"), (True, "true"), ("models", "string 'models'"), (None, "null")]
+)
+def test_reader_index_or_word_refuses_anything_else(bad: object, seen: str) -> None:
+    _fails(
+        lambda: _doc().read(bad).integer_or(MODEL, expected="i or model"),
+        f"f.json: top: expected i or model, got {seen}; fix it",
+    )
+
+
+def test_reader_numbers_read_null_as_infinity_and_refuse_nan() -> None:
+    v = _doc().read
+    assert v(None).number() == math.inf
+    assert v(2).number() == 2.0 and type(v(2).number()) is float
+    assert v(-1.5).number(minimum=-2) == -1.5
+    _fails(v(math.nan).number, "f.json: top: expected a number >= 0, got nan; fix it")
+    _fails(v(-0.5).number, "f.json: top: expected a number >= 0, got -0.5; fix it")
+    _fails(lambda: v(0.5).number(minimum=1.5), "f.json: top: expected a number >= 1.5, got 0.5; fix it")
+    _fails(v("1").number, "f.json: top: expected a number or null (infinity), got string '1'; fix it")
+
+
+def test_reader_strings_and_rules() -> None:
+    v = _doc().read
+    short: Rule[str] = Rule(lambda s: len(s) < 3, "a short string")
+    assert v("ab").string(short) == "ab" and v(None).opt_string(short) is None
+    _fails(lambda: v("abc").string(short), "f.json: top: expected a short string, got 'abc'; fix it")
+    _fails(lambda: v("abc").opt_string(short), "f.json: top: expected a short string, got 'abc'; fix it")
+    _fails(v(1).string, "f.json: top: expected a string, got int 1; fix it")
+    _fails(v(None).string, "f.json: top: expected a string, got null; fix it")
+    _fails(v([]).opt_string, "f.json: top: expected a string or null, got a list; fix it")
+
+
+def test_reader_lists_and_maps() -> None:
+    v = _doc().read
+    assert v([1, 2]).list_of(Value.integer) == (1, 2)
+    assert v(None).opt_list_of(Value.integer) is None and v([]).opt_list_of(Value.integer) == ()
+    assert list(v({"b": [1], "a": []}).dict_of(lambda x: x.list_of(Value.integer)).items()) == [
+        ("b", (1,)),
+        ("a", ()),
+    ]
+    _fails(lambda: v({"x": 1}).list_of(Value.integer), "f.json: top: expected a list, got an object; fix it")
+    _fails(lambda: v(1).opt_list_of(Value.integer), "f.json: top: expected a list or null, got int 1; fix it")
+    _fails(
+        lambda: v([1, "2"]).list_of(Value.integer),
+        "f.json: [1]: expected an integer, got string '2'; fix it",
+    )
+    _fails(
+        lambda: v({"b": [1, None]}).dict_of(lambda x: x.list_of(Value.integer)),
+        "f.json: b[1]: expected an integer, got null; fix it",
+    )
+    _fails(lambda: v([{}, 3]).objects(lambda f: f), "f.json: [1]: expected an object, got int 3; fix it")
+    assert v([{"k": 1}]).objects(lambda f: f["k"].integer()) == (1,)
+    assert v({"k": "x"}).object(lambda f: f["k"].string()) == "x"
+
+
+@pytest.mark.parametrize(
+    ("value", "described"),
+    [
+        (None, "null"),
+        (True, "true"),
+        (False, "false"),
+        ("s", "string 's'"),
+        ([1], "a list"),
+        ({"a": 1}, "an object"),
+        (3, "int 3"),
+        (2.5, "float 2.5"),
+    ],
+)
+def test_describe(value: object, described: str) -> None:
+    assert describe(value) == described

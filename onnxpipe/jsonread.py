@@ -1,0 +1,211 @@
+"""Typed reading of parsed JSON: one call per field, one-line errors naming the file and the JSON path.
+
+Why a module of its own: every document onnxpipe reads back needs the same checks (is the key there, is
+it the JSON type we want, is it in range) and the same message shape,
+``<file>: <json path>: expected <what>, got <what it is>; <what to do>``.  Spelled out per field, those
+checks buried a format's few real rules under plumbing and let messages drift apart.  Here each check is
+written once; a format's reader is one declarative line per field::
+
+    def _stage_input(f: Fields) -> StageInput:
+        return StageInput(name=f["name"].string(), bytes_per_sample=f["bytes_per_sample"].integer(), ...)
+
+:class:`Document` says which file is read and which exception to raise, :class:`Value` is any JSON value
+at a known path, :class:`Fields` a JSON object (``f[key]`` is a :class:`Value`, and a missing key is an
+error naming its path).  Unknown keys are ignored: formats add fields without breaking older readers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+W = TypeVar("W", bound=str)
+
+
+@dataclass(frozen=True)
+class Rule(Generic[T]):
+    """A check beyond the JSON type (a plain file name, a hash) and what a passing value is called.
+
+    A value rather than code at each call site, so that a field's reader stays one line and every rule
+    fails with the same message: ``expected <expected>, got <the value>``.
+    """
+
+    ok: Callable[[T], bool]
+    expected: str
+
+
+@dataclass(frozen=True)
+class Document:
+    """One JSON document being read: the file named in messages, and the errors it raises.
+
+    ``error`` builds the exception the caller's users expect (``ManifestError`` for a manifest);
+    ``advice`` ends every message with what to do; ``root`` names the top level, whose path is empty.
+    """
+
+    source: str
+    error: Callable[[str], Exception]
+    advice: str
+    root: str = "top level"
+
+    def read(self, value: Any) -> Value:
+        """The whole parsed document, at the empty path."""
+        return Value(value, "", self)
+
+    def fail(self, path: str, what: str) -> Exception:
+        """``<file>: <path>: <what>; <advice>``: returned, not raised, so that callers write ``raise``."""
+        return self.error(f"{self.source}: {path or self.root}: {what}; {self.advice}")
+
+    def missing(self, path: str) -> Exception:
+        return self.error(f"{self.source}: missing field '{path}'; {self.advice}")
+
+
+@dataclass(frozen=True)
+class Value:
+    """A JSON value at ``path`` (``stages[0].inputs[1].shape``) in a document, read as the type wanted.
+
+    Each reader returns the value as a Python type or raises the document's error naming ``path``.
+    ``raw`` is the value as parsed, for the rare check no reader here covers (see :meth:`expected`).
+    """
+
+    raw: Any
+    path: str
+    doc: Document
+
+    def fail(self, what: str) -> Exception:
+        return self.doc.fail(self.path, what)
+
+    def expected(self, what: str) -> Exception:
+        """The error for a value of the wrong kind: ``expected <what>, got <a description of it>``."""
+        return self.fail(f"expected {what}, got {describe(self.raw)}")
+
+    def string(self, rule: Rule[str] | None = None) -> str:
+        if not isinstance(self.raw, str):
+            raise self.expected("a string")
+        return self._checked(self.raw, rule)
+
+    def opt_string(self, rule: Rule[str] | None = None) -> str | None:
+        """A string, or ``None`` for ``null``; ``rule`` applies to a string only."""
+        if self.raw is None:
+            return None
+        if not isinstance(self.raw, str):
+            raise self.expected("a string or null")
+        return self._checked(self.raw, rule)
+
+    def integer(self, minimum: int | None = 0) -> int:
+        """An integer (``true`` is not one, although Python says so), ``>= minimum`` unless that is None."""
+        v = self.raw
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.expected("an integer")
+        if minimum is not None and v < minimum:
+            raise self.fail(f"expected an integer >= {minimum}, got {v}")
+        return v
+
+    def integer_or(self, word: W, *, expected: str) -> int | W:
+        """An index (an integer >= 0), or the one string that stands in for one (``"model input"``)."""
+        v = self.raw
+        if v == word:
+            return word
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise self.expected(expected)
+        return v
+
+    def number(self, minimum: float = 0.0) -> float:
+        """A float ``>= minimum``; ``null`` reads as ``+inf`` because JSON cannot write infinity.
+
+        NaN (which Python's json module parses from ``NaN``) fails the minimum: no field means "unknown"
+        by NaN, and letting one through would poison every comparison made with it.
+        """
+        v = self.raw
+        if v is None:
+            return math.inf
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise self.expected("a number or null (infinity)")
+        if not v >= minimum:
+            raise self.fail(f"expected a number >= {minimum:g}, got {v}")
+        return float(v)
+
+    def fields(self) -> Fields:
+        """This value as a JSON object, read key by key."""
+        if not isinstance(self.raw, dict):
+            raise self.expected("an object")
+        return Fields(self.raw, self.path, self.doc)
+
+    def object(self, read: Callable[[Fields], T]) -> T:
+        """A JSON object turned into ``T`` by ``read`` (a dataclass's reader)."""
+        return read(self.fields())
+
+    def list_of(self, item: Callable[[Value], T]) -> tuple[T, ...]:
+        """A list, each element read by ``item`` at path ``<path>[i]``."""
+        if not isinstance(self.raw, list):
+            raise self.expected("a list")
+        return self._items(item)
+
+    def opt_list_of(self, item: Callable[[Value], T]) -> tuple[T, ...] | None:
+        """Like :meth:`list_of`, or ``None`` for ``null`` (a shape of unknown rank)."""
+        if self.raw is None:
+            return None
+        if not isinstance(self.raw, list):
+            raise self.expected("a list or null")
+        return self._items(item)
+
+    def objects(self, read: Callable[[Fields], T]) -> tuple[T, ...]:
+        """A list of JSON objects, each turned into ``T`` by ``read``."""
+        return self.list_of(lambda v: v.object(read))
+
+    def dict_of(self, item: Callable[[Value], T]) -> dict[str, T]:
+        """A JSON object used as a map (any keys), each value read by ``item`` at path ``<path>.<key>``."""
+        return {key: item(v) for key, v in self.fields().items()}
+
+    def _items(self, item: Callable[[Value], T]) -> tuple[T, ...]:
+        return tuple(item(Value(v, f"{self.path}[{i}]", self.doc)) for i, v in enumerate(self.raw))
+
+    def _checked(self, s: str, rule: Rule[str] | None) -> str:
+        if rule is not None and not rule.ok(s):
+            raise self.fail(f"expected {rule.expected}, got {s!r}")
+        return s
+
+
+@dataclass(frozen=True)
+class Fields:
+    """A JSON object at ``path``: ``fields[key]`` is the :class:`Value` of a key that must be there."""
+
+    raw: Mapping[str, Any]
+    path: str
+    doc: Document
+
+    def __getitem__(self, key: str) -> Value:
+        if key not in self.raw:
+            raise self.doc.missing(self._path(key))
+        return Value(self.raw[key], self._path(key), self.doc)
+
+    def get(self, key: str, default: Any) -> Value:
+        """The value of an optional key, ``default`` (a JSON value, read like one) when it is absent."""
+        return Value(self.raw.get(key, default), self._path(key), self.doc)
+
+    def items(self) -> list[tuple[str, Value]]:
+        """Every key and its value, in document order."""
+        return [(key, Value(v, self._path(key), self.doc)) for key, v in self.raw.items()]
+
+    def fail(self, what: str) -> Exception:
+        return self.doc.fail(self.path, what)
+
+    def _path(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+
+def describe(v: Any) -> str:
+    """A JSON value as a message shows it: its kind, and the value itself unless it is a list or object."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return f"string {v!r}"
+    if isinstance(v, list):
+        return "a list"
+    if isinstance(v, dict):
+        return "an object"
+    return f"{type(v).__name__} {v!r}"
