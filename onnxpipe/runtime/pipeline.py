@@ -172,8 +172,10 @@ class Pipeline:
             self._next_seq += 1
             self._queue.append(job)
             failed = self._pump()
+            waiting = bool(self._queue)
         self._settle(failed)
-        self.backend.wake()
+        if waiting:  # the driver hands it over once a worker makes room; a job handed over needs no one
+            self.backend.wake()
         return job
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> Tensors:
