@@ -1,0 +1,131 @@
+"""Tests of onnxpipe.jsonread, the typed JSON field reader the manifest reader is written with."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+
+from onnxpipe.jsonread import Document, Rule, Value, describe
+from onnxpipe.manifest import MODEL
+
+
+class _Bad(Exception):
+    pass
+
+
+def _doc() -> Document:
+    return Document("f.json", _Bad, "fix it", root="top")
+
+
+def _fails(read: Callable[[], object], message: str) -> None:
+    with pytest.raises(_Bad) as info:
+        read()
+    assert str(info.value) == message
+
+
+def test_reader_messages_name_the_file_the_path_and_what_to_do() -> None:
+    top = _doc().read({"a": {"b": [{"c": "x"}]}}).fields()
+    c = top["a"].fields()["b"].objects(lambda f: f["c"])[0]
+    assert c.path == "a.b[0].c" and c.string() == "x"
+    _fails(c.integer, "f.json: a.b[0].c: expected an integer, got string 'x'; fix it")
+    _fails(lambda: top["a"].fields()["z"], "f.json: missing field 'a.z'; fix it")
+    _fails(lambda: _doc().read([]).fields(), "f.json: top: expected an object, got a list; fix it")
+    assert str(top.fail("wrong as a whole")) == "f.json: top: wrong as a whole; fix it"
+    assert str(top["a"].fields().fail("too long")) == "f.json: a: too long; fix it"
+    assert isinstance(top["a"].fail("too long"), _Bad)
+    assert str(top["a"].expected("a list")) == "f.json: a: expected a list, got an object; fix it"
+
+
+def test_reader_optional_keys_read_their_default() -> None:
+    top = _doc().read({"n": 3}).fields()
+    assert top.get("n", 0).integer() == 3
+    assert top.get("m", 5).integer() == 5 and top.get("m", 5).path == "m"
+    assert top.get("l", []).list_of(Value.string) == ()
+
+
+def test_reader_integers() -> None:
+    v = _doc().read
+    assert v(0).integer() == 0 and v(-4).integer(minimum=None) == -4 and v(3).integer(minimum=3) == 3
+    _fails(v(True).integer, "f.json: top: expected an integer, got true; fix it")
+    _fails(v(1.0).integer, "f.json: top: expected an integer, got float 1.0; fix it")
+    _fails(lambda: v(0).integer(minimum=1), "f.json: top: expected an integer >= 1, got 0; fix it")
+
+
+def test_reader_index_or_word_keeps_the_word() -> None:
+    v = _doc().read
+    assert v("model").integer_or(MODEL, expected="i or model") == "model"
+    assert v(2).integer_or(MODEL, expected="i or model") == 2
+
+
+@pytest.mark.parametrize(
+    ("bad", "seen"), [(-1, "int -1"), (True, "true"), ("models", "string 'models'"), (None, "null")]
+)
+def test_reader_index_or_word_refuses_anything_else(bad: object, seen: str) -> None:
+    _fails(
+        lambda: _doc().read(bad).integer_or(MODEL, expected="i or model"),
+        f"f.json: top: expected i or model, got {seen}; fix it",
+    )
+
+
+def test_reader_numbers_read_null_as_infinity_and_refuse_nan() -> None:
+    v = _doc().read
+    assert v(None).number() == math.inf
+    assert v(2).number() == 2.0 and type(v(2).number()) is float
+    assert v(-1.5).number(minimum=-2) == -1.5
+    _fails(v(math.nan).number, "f.json: top: expected a number >= 0, got nan; fix it")
+    _fails(v(-0.5).number, "f.json: top: expected a number >= 0, got -0.5; fix it")
+    _fails(lambda: v(0.5).number(minimum=1.5), "f.json: top: expected a number >= 1.5, got 0.5; fix it")
+    _fails(v("1").number, "f.json: top: expected a number or null (infinity), got string '1'; fix it")
+
+
+def test_reader_strings_and_rules() -> None:
+    v = _doc().read
+    short: Rule[str] = Rule(lambda s: len(s) < 3, "a short string")
+    assert v("ab").string(short) == "ab" and v(None).opt_string(short) is None
+    _fails(lambda: v("abc").string(short), "f.json: top: expected a short string, got 'abc'; fix it")
+    _fails(lambda: v("abc").opt_string(short), "f.json: top: expected a short string, got 'abc'; fix it")
+    _fails(v(1).string, "f.json: top: expected a string, got int 1; fix it")
+    _fails(v(None).string, "f.json: top: expected a string, got null; fix it")
+    _fails(v([]).opt_string, "f.json: top: expected a string or null, got a list; fix it")
+
+
+def test_reader_lists_and_maps() -> None:
+    v = _doc().read
+    assert v([1, 2]).list_of(Value.integer) == (1, 2)
+    assert v(None).opt_list_of(Value.integer) is None and v([]).opt_list_of(Value.integer) == ()
+    assert list(v({"b": [1], "a": []}).dict_of(lambda x: x.list_of(Value.integer)).items()) == [
+        ("b", (1,)),
+        ("a", ()),
+    ]
+    _fails(lambda: v({"x": 1}).list_of(Value.integer), "f.json: top: expected a list, got an object; fix it")
+    _fails(lambda: v(1).opt_list_of(Value.integer), "f.json: top: expected a list or null, got int 1; fix it")
+    _fails(
+        lambda: v([1, "2"]).list_of(Value.integer),
+        "f.json: [1]: expected an integer, got string '2'; fix it",
+    )
+    _fails(
+        lambda: v({"b": [1, None]}).dict_of(lambda x: x.list_of(Value.integer)),
+        "f.json: b[1]: expected an integer, got null; fix it",
+    )
+    _fails(lambda: v([{}, 3]).objects(lambda f: f), "f.json: [1]: expected an object, got int 3; fix it")
+    assert v([{"k": 1}]).objects(lambda f: f["k"].integer()) == (1,)
+    assert v({"k": "x"}).object(lambda f: f["k"].string()) == "x"
+
+
+@pytest.mark.parametrize(
+    ("value", "described"),
+    [
+        (None, "null"),
+        (True, "true"),
+        (False, "false"),
+        ("s", "string 's'"),
+        ([1], "a list"),
+        ({"a": 1}, "an object"),
+        (3, "int 3"),
+        (2.5, "float 2.5"),
+    ],
+)
+def test_describe(value: object, described: str) -> None:
+    assert describe(value) == described
