@@ -8,8 +8,11 @@ and must agree *exactly* (same bounds, same bottleneck bits).
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import itertools
 import math
+import pkgutil
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -292,8 +295,9 @@ def run_checked(c: Case, p_or_error: Partition | PartitionError, lower: float | 
 
 def raw_lower(c: Case) -> float:
     """The heterogeneous model's lower bound before clamping to the bottleneck."""
-    kw = {"device_costs": None, "item_act": None, "act_factor": None, **c.kwargs()}
-    return partition._heterogeneous_model(*c.args(), **kw)[1]  # type: ignore[arg-type]
+    costs, k = c.args()
+    request = partition.HeterogeneousRequest(costs, **c.kwargs())  # type: ignore[arg-type]
+    return partition._heterogeneous_model(request, k)[1]
 
 
 def attempt(fn: object, *args: object, **kwargs: object) -> Partition | PartitionError:
@@ -450,22 +454,15 @@ def test_proportional_device_rows_are_speeds() -> None:
 def test_identical_device_rows_share_the_work() -> None:
     r, q = [1.0, 0.0, 2.0, 3.0], [2.0, 1.0, 1.0, 0.5]
     neg = [1.0, -0.0, 2.0, 3.0]  # equal to r
-    model, _ = partition._heterogeneous_model(
+    request = partition.HeterogeneousRequest(
         None,
-        4,
-        speeds=None,
-        device_costs=[r, q, neg, np.array(r)],
-        cut_bytes=None,
-        bandwidths=None,
-        latencies=None,
-        overlap=True,
+        device_costs=[r, q, neg, np.array(r)],  # type: ignore[list-item]
         item_mem=[1, 1, 1, 1],
         mem_caps=[9, 9, 9, 9],
-        cut_mem_factor=None,
         item_act=[1, 2, 3, 4],
         act_factor=[2, 0, 2, 2],
-        allowed_cuts=None,
     )
+    model, _ = partition._heterogeneous_model(request, 4)
     assert model.work.of == (0, 1, 0, 0) and len(model.work.prefix) == 2
     assert model.mem is not None and model.mem.of == (0, 1, 0, 0) and len(model.mem.prefix) == 2
     engine = partition._Engine(model)
@@ -541,6 +538,23 @@ def test_evaluate_heterogeneous_refuses_what_the_solver_cannot_return() -> None:
         evaluate_heterogeneous([0, 1, 3], [1, 2, 3], speeds=[1, 1], item_mem=[5, 5, 5], mem_caps=[10, 6])
     with pytest.raises(PartitionError, match=r"strictly increasing"):
         evaluate_heterogeneous([0, 3], None, device_costs=[[1, 2]])
+
+
+def test_public_keywords_are_the_request_fields() -> None:
+    """The public functions spell out HeterogeneousRequest's fields: same names, order and defaults."""
+    fields = [(f.name, f.default) for f in dataclasses.fields(partition.HeterogeneousRequest)]
+    for fn, skip in ((solve_heterogeneous, {"k"}), (evaluate_heterogeneous, {"bounds"})):
+        params = inspect.signature(fn).parameters.values()
+        assert [(p.name, p.default) for p in params if p.name not in skip and p.name != "costs"] == fields[1:]
+    assert fields[0] == ("costs", None)
+    with pytest.raises(TypeError, match="bandwidth"):  # the oracle refuses a misspelt keyword too
+        partition._reference_solve_heterogeneous([1.0, 2.0], 2, bandwidth=1.0)
+
+
+def test_no_public_name_is_a_submodule() -> None:
+    """Importing a submodule sets the package attribute of its name, which would hide a function so named."""
+    submodules = {info.name for info in pkgutil.iter_modules(partition.__path__)}
+    assert submodules and not submodules & set(partition.__all__)
 
 
 @pytest.mark.parametrize(

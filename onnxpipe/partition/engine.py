@@ -1,0 +1,393 @@
+"""The exact engine: layered probe, exact bottleneck search, fewest-bytes tie-break pass.
+
+This is the fast path behind :func:`~onnxpipe.partition.solve` and
+:func:`~onnxpipe.partition.solve_heterogeneous`; the package docstring gives the argument for why each
+step is exact.  It reads the problem only through :class:`_Model`'s canonical formulas, so its answers
+can be compared bit for bit with the reference DP's.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from onnxpipe.partition.costmodel import _Model
+from onnxpipe.partition.numeric import BoolArr, FloatArr, IntArr
+from onnxpipe.partition.result import Partition, _choose, _memory_error, _partition_of
+from onnxpipe.partition.scan import _BIG, _monotone_search, _range_chmin
+
+_PRUNE_MARGIN = 1e-12  # relative slack that makes the work-based pruning immune to rounding
+_ENDGAME = 16.0  # try 'anything better than hi?' once [lo, hi] spans <= 16 snap gaps (tuned)
+
+
+@dataclass
+class _Probe:
+    """One probe's verdict; ``next_lo`` is what lets the search snap ``lo`` to a realised cost."""
+
+    feasible: bool
+    bounds: tuple[int, ...] | None
+    next_lo: float  # if infeasible: no bottleneck below this value is feasible
+
+
+@dataclass
+class _Layer:
+    """Starts of one stage: a window of positions ``lo..lo+len(mask)-1``, which of them are reachable, and
+    their latest ends ``r`` under the probed bound and the hard cap ``lim`` on any end (memory, items
+    left for later stages; a plain int when only the latter applies)."""
+
+    lo: int
+    mask: BoolArr
+    r: IntArr
+    lim: IntArr | int
+
+
+class _Lazy:
+    """An ``int`` array over positions ``0..n-1`` filled on demand over one contiguous computed range."""
+
+    def __init__(self, n: int, compute: Callable[[int, int], IntArr]) -> None:
+        self.values = np.empty(max(n, 1), dtype=np.intp)
+        self.compute = compute  # (lo, hi) -> values for positions lo..hi
+        self.lo, self.hi = 0, -1
+
+    def get(self, lo: int, hi: int) -> IntArr:
+        if self.lo > self.hi:
+            self.values[lo : hi + 1] = self.compute(lo, hi)
+            self.lo, self.hi = lo, hi
+        else:
+            if lo < self.lo:
+                self.values[lo : self.lo] = self.compute(lo, self.lo - 1)
+                self.lo = lo
+            if hi > self.hi:
+                self.values[self.hi + 1 : hi + 1] = self.compute(self.hi + 1, hi)
+                self.hi = hi
+        return self.values[lo : hi + 1]
+
+
+class _Engine:
+    """Exact probes of one :class:`_Model`.
+
+    Sets of positions are bit masks over a moving window, so a layer costs a handful of contiguous numpy
+    operations.  Stages with identical parameters (all but the first in the homogeneous mode) share one
+    lazily filled array of latest ends per probe; memory limits are computed once, lazily.
+    """
+
+    def __init__(self, model: _Model) -> None:
+        self.m = model
+        n, k = model.n, model.k
+        keys: dict[tuple[float, ...], int] = {}
+        mem_keys: dict[tuple[float, ...], int] = {}
+        self.group: list[int] = []
+        self.mem: list[_Lazy | None] = []
+        for s in range(k):
+            cap = float(model.mem_cap[s]) if model.mem_cap is not None else math.inf
+            fac = float(model.mem_fac[s]) if model.mem_fac is not None and s > 0 else 0.0
+            row = model.work.of[s]
+            mrow = model.mem.of[s] if model.mem is not None else -1
+            if s == 0:
+                key: tuple[float, ...] = (0.0, float(model.speed[0]), cap, row, mrow)
+            else:
+                key = (
+                    1.0,
+                    float(model.speed[s]),
+                    float(model.tr_mul[s]),
+                    float(model.tr_div[s]),
+                    float(model.tr_add[s]),
+                    cap,
+                    fac,
+                    row,
+                    mrow,
+                )
+            self.group.append(keys.setdefault(key, len(keys)))
+            mkey = (float(s == 0), cap, fac, mrow)
+            if math.isinf(cap):
+                self.mem.append(None)
+            elif mkey in mem_keys:
+                self.mem.append(self.mem[mem_keys[mkey]])
+            else:
+                mem_keys[mkey] = s
+                self.mem.append(_Lazy(n, functools.partial(self._memory_ends, s)))
+        counts = np.bincount(np.array(self.group), minlength=len(keys))
+        self.shared = [bool(c > 1) for c in counts]
+        self.win_hi = [n - (k - 1 - s) for s in range(k)]  # later stages need one item each
+        rests, weights, self.slack = model.relaxation
+        self.work_w = [w * (1.0 + _PRUNE_MARGIN) for w in weights]
+        negs: dict[int, FloatArr] = {}  # one array when every stage shares it
+        for r in rests:
+            if id(r) not in negs:
+                negs[id(r)] = -r
+        self.neg_rest = [negs[id(r)] for r in rests]  # non-decreasing: -(work left after a)
+        self.positions = np.arange(n + 1, dtype=np.intp)
+
+    # -- ends --------------------------------------------------------------------------------------------
+    def _memory_ends(self, s: int, lo: int, hi: int) -> IntArr:
+        """Latest end of stage ``s`` allowed by its memory cap, for starts ``lo..hi``."""
+        m = self.m
+        assert m.mem_cap is not None and m.mem is not None and m.mem_fac is not None
+        a = self.positions[lo : hi + 1]
+        room = float(m.mem_cap[s]) - (m.cut[a] * m.mem_fac[s] if s > 0 else 0.0)
+        p = m.mem.prefix[m.mem.of[s]]
+        guess = (np.searchsorted(p, p[a] + room, side="right") - 1).astype(np.intp)
+
+        def ok(i: IntArr, bb: IntArr) -> BoolArr:
+            return m.memory_ok(s, a[i], bb)
+
+        return _monotone_search(a, np.full(a.size, m.n, dtype=np.intp), guess, ok)
+
+    def _time_ends(self, s: int, a: IntArr, bound: float, lim: IntArr) -> IntArr:
+        """Latest end ``<= lim`` of stage ``s`` with cost ``<= bound``, for starts ``a``: searchsorted's
+        guess on the prefix sums, made exact by :func:`_monotone_search` with the canonical formula."""
+        m = self.m
+        tr = m.transfer(s, a)
+        p = m.prefix(s)
+        pa = p[a]
+        # How much prefix sum the stage may still add; only a guess, _monotone_search makes it exact.
+        room = np.where(tr <= bound, bound * m.speed[s], -1.0) if m.overlap else (bound - tr) * m.speed[s]
+        guess = (np.searchsorted(p, pa + room, side="right") - 1).astype(np.intp)
+
+        def ok(i: IntArr, bb: IntArr) -> BoolArr:
+            out: BoolArr = m.combine(s, (p[bb] - pa[i]) / m.speed[s], tr[i]) <= bound
+            return out
+
+        return _monotone_search(a, lim, guess, ok)
+
+    def _unclipped_ends(self, s: int, lo: int, hi: int, bound: float) -> IntArr:
+        """Latest end of stage ``s`` under ``bound`` and memory only (no window), starts ``lo..hi``."""
+        mem = self.mem[s]
+        lim = mem.get(lo, hi) if mem is not None else np.full(hi - lo + 1, self.m.n, dtype=np.intp)
+        return self._time_ends(s, self.positions[lo : hi + 1], bound, lim)
+
+    def ends(
+        self, s: int, lo: int, hi: int, bound: float, cache: dict[int, _Lazy]
+    ) -> tuple[IntArr, IntArr | int]:
+        """``(r, lim)`` for starts ``lo..hi`` of stage ``s``: the latest end with cost ``<= bound``, and
+        the hard cap on any end (memory, and one item left for every later stage)."""
+        mem = self.mem[s]
+        win = self.win_hi[s]
+        lim: IntArr | int = win if mem is None else np.minimum(mem.get(lo, hi), win)
+        g = self.group[s]
+        if self.shared[g]:
+            lazy = cache.get(g)
+            if lazy is None:
+                lazy = _Lazy(self.m.n, lambda x, y: self._unclipped_ends(s, x, y, bound))
+                cache[g] = lazy
+            return np.minimum(lazy.get(lo, hi), win), lim
+        lim_arr = np.full(hi - lo + 1, win, dtype=np.intp) if isinstance(lim, int) else lim
+        return self._time_ends(s, self.positions[lo : hi + 1], bound, lim_arr), lim
+
+    def _first_alive(self, s: int, bound: float) -> int:
+        """First start of stage ``s`` whose remaining work fits the remaining stages even perfectly
+        balanced (:attr:`_Model.relaxation`).  Sound: a start that can finish has
+        ``rest_s[a] <= bound * weight_s + slack_s`` up to a few ulps, far inside ``_PRUNE_MARGIN``."""
+        return int(np.searchsorted(self.neg_rest[s], -(bound * self.work_w[s] + self.slack[s]), side="left"))
+
+    def _comeback(self, s: int, a: int) -> float:
+        """A bound below which pruned start ``a`` of stage ``s`` stays pruned (keeps snapping valid).
+
+        The pruning test is monotone in the bound, so it suffices that the value returned is pruned."""
+        rest, w, slack = float(-self.neg_rest[s][a]), self.work_w[s], self.slack[s]
+        if not (w > 0 and rest > slack):  # cannot happen for a pruned start; stay safe anyway
+            return 0.0
+        out = ((rest - slack) / w) * (1.0 - 1e-15)
+        while out > 0 and not rest > out * w + slack:
+            out *= 1.0 - 2.0**-50
+        return max(out, 0.0)
+
+    # -- probe -------------------------------------------------------------------------------------------
+    def probe(self, bound: float) -> _Probe:
+        """Is there a partition with every stage cost ``<= bound``?  Exact (see module docstring)."""
+        m = self.m
+        n, k = m.n, m.k
+        cache: dict[int, _Lazy] = {}
+        layers: list[_Layer] = []
+        comeback = math.inf
+        lo, mask = 0, np.ones(1, dtype=bool)
+        feasible = False
+        for s in range(k):
+            first = self._first_alive(s, bound)
+            if first > lo:
+                dropped = mask[: first - lo]
+                if dropped.any():
+                    last = lo + dropped.size - 1 - int(dropped[::-1].argmax())
+                    comeback = min(comeback, self._comeback(s, last))
+                mask = mask[first - lo :]
+                lo = first
+            if not mask.any():
+                break
+            i0 = int(mask.argmax())
+            i1 = mask.size - int(mask[::-1].argmax())
+            mask = mask[i0:i1]
+            lo += i0
+            hi = lo + mask.size - 1
+            r, lim = self.ends(s, lo, hi, bound, cache)
+            layers.append(_Layer(lo, mask, r, lim))
+            if s == k - 1:
+                feasible = bool(mask[r == n].any())
+                break
+            reach = np.where(mask, r, -1)
+            np.maximum.accumulate(reach, out=reach)
+            top = int(reach[-1])
+            if top <= lo:
+                break
+            if top - lo > reach.size:
+                reach = np.concatenate([reach, np.full(top - lo - reach.size, top, dtype=np.intp)])
+            mask = (reach[: top - lo] >= self.positions[lo + 1 : top + 1]) & m.allowed[lo + 1 : top + 1]
+            lo += 1
+        if feasible:
+            bounds = [n]
+            for layer in reversed(layers):
+                b = bounds[-1]
+                upto = b - layer.lo
+                covers = layer.mask[:upto] & (layer.r[:upto] >= b)
+                idx = int(np.argmax(covers))  # the earliest reachable start that can end at b
+                assert covers[idx]
+                bounds.append(layer.lo + idx)
+            return _Probe(True, tuple(reversed(bounds)), math.nan)
+        return _Probe(False, None, min(comeback, self._next_bound(layers, cache)))
+
+    def _next_bound(self, layers: list[_Layer], cache: dict[int, _Lazy]) -> float:
+        """Smallest cost at which some reachable start could end one item later than it can now."""
+        m = self.m
+        nxt = math.inf
+        union: dict[int, BoolArr] = {}
+        for s, layer in enumerate(layers):
+            grow = layer.mask & (layer.r < layer.lim)
+            g = self.group[s]
+            if self.shared[g]:  # same r for every stage of the group: evaluate each start once
+                if g not in union:
+                    union[g] = np.zeros(m.n, dtype=bool)
+                union[g][layer.lo : layer.lo + grow.size] |= grow
+                continue
+            idx = np.flatnonzero(grow)
+            if idx.size:
+                nxt = min(nxt, float(m.cost(s, layer.lo + idx, layer.r[idx] + 1).min()))
+        for g, grown in union.items():
+            a = np.flatnonzero(grown)
+            if a.size:
+                r = cache[g].values[a]
+                nxt = min(nxt, float(m.cost(self.group.index(g), a, r + 1).min()))
+        return nxt
+
+    # -- exact minimum bottleneck ------------------------------------------------------------------------
+    def min_bottleneck(self, guess: float) -> tuple[float, tuple[int, ...]] | None:
+        """The exact optimum and a partition achieving it, or ``None`` if no bound is feasible.
+
+        Invariant: ``lo <= opt <= hi``.  Until a first feasible probe, ``mid`` gallops upward from the
+        lower-bound guess; afterwards it bisects.  Every probe moves ``lo`` above ``mid`` or ``hi`` to at
+        most ``mid``, so the loop ends, and it ends only when ``lo == hi == opt``.
+        """
+        lo, hi = 0.0, math.inf
+        best: tuple[int, ...] | None = None
+        mid = guess * (1.0 - _PRUNE_MARGIN) if guess > 0 and math.isfinite(guess) else 0.0
+        step = 0.0
+        while lo < hi:
+            if not lo <= mid < hi:
+                if math.isinf(hi):
+                    step = lo * 2.0**-16 if step == 0.0 else step * 8.0
+                    mid = lo + step
+                else:
+                    mid = lo + (hi - lo) * 0.5
+                if not lo <= mid < hi:
+                    mid = lo
+            res = self.probe(mid)
+            if res.feasible:
+                assert res.bounds is not None
+                best = res.bounds
+                hi = self.m.bottleneck(best)
+                assert hi <= mid, (hi, mid)
+                gap = mid - hi
+            else:
+                if math.isinf(res.next_lo):
+                    return None
+                lo = max(math.nextafter(mid, math.inf), res.next_lo)
+                gap = lo - mid
+            # Endgame: the snap distances estimate how far apart realised costs lie here.  When the
+            # interval is only a few of those apart, ask directly whether anything beats ``hi``: if not,
+            # that single probe proves optimality instead of a long creep of tiny ``lo`` steps.
+            mid = math.nan
+            if math.isfinite(hi) and hi - lo <= _ENDGAME * gap:
+                mid = math.nextafter(hi, -math.inf)
+        assert best is not None and lo == hi, (lo, hi)
+        return hi, best
+
+    # -- tie-break ---------------------------------------------------------------------------------------
+    def min_bytes(self, bound: float) -> tuple[float, tuple[int, ...]]:
+        """Fewest total cut bytes over partitions with every stage cost ``<= bound`` (must be feasible).
+
+        Layered DP: value(b) = cut[b] + min over starts a covering b of value(a).  Candidates are ordered
+        by ``(value, position)`` so the minimum is unique and the choice deterministic (earliest start).
+        When values are integers (bytes) the pair is packed into one int64 key; otherwise it is ranked.
+        """
+        m = self.m
+        n, k = m.n, m.k
+        if not m.cut[1:n].any():  # all values 0: the probe's reconstruction makes the same choice, cheaper
+            res = self.probe(bound)
+            assert res.bounds is not None
+            return 0.0, res.bounds
+        cache: dict[int, _Lazy] = {}
+        lo, vals = 0, np.zeros(1)
+        preds: list[tuple[int, IntArr]] = []
+        for s in range(k):
+            first = self._first_alive(s, bound)
+            if first > lo:
+                vals = vals[first - lo :]
+                lo = first
+            live = np.isfinite(vals)
+            i0 = int(live.argmax())
+            i1 = live.size - int(live[::-1].argmax())
+            vals = vals[i0:i1]
+            lo += i0
+            hi = lo + vals.size - 1
+            r, _ = self.ends(s, lo, hi, bound, cache)
+            if s == k - 1:
+                hit = np.flatnonzero((r == n) & np.isfinite(vals))
+                j = int(hit[np.argmin(vals[hit])])  # argmin: first (earliest) among equal values
+                total = float(vals[j])
+                bounds = [n, lo + j]
+                for plo, parr in reversed(preds):
+                    bounds.append(int(parr[bounds[-1] - plo]))
+                return total, tuple(reversed(bounds))
+            idx = np.flatnonzero(np.isfinite(vals) & (r > self.positions[lo : hi + 1]))
+            r2, v2 = r[idx], vals[idx]
+            base = lo + int(idx[0])
+            offset = idx - (base - lo)  # position - base, ascending
+            size = int(r2.max()) - base
+            shift = max(size, 1).bit_length()
+            if v2.max() < 2.0 ** (62 - shift) and bool(np.all(v2 == np.floor(v2))):
+                keys = (v2.astype(np.intp) << shift) | offset  # (value, position) in one integer
+                best = _range_chmin(size, offset, r2 - base - 1, keys)
+                ok = (best < _BIG) & m.allowed[base + 1 : base + 1 + size]
+                pred = np.where(ok, base + (best & ((1 << shift) - 1)), -1)
+            else:
+                order = np.argsort(v2, kind="stable").astype(np.intp)  # ties: earlier position first
+                rank = np.empty(order.size, dtype=np.intp)
+                rank[order] = np.arange(order.size, dtype=np.intp)
+                best = _range_chmin(size, offset, r2 - base - 1, rank)
+                ok = (best < _BIG) & m.allowed[base + 1 : base + 1 + size]
+                pred = np.where(ok, base + offset[order[np.where(ok, best, 0)]], -1)
+            prev = vals[np.maximum(pred - lo, 0)]  # value of the chosen start (junk where not ok)
+            lo = base + 1
+            preds.append((lo, pred))
+            vals = np.where(ok, prev + m.cut[lo : lo + size], np.inf)
+        raise AssertionError("unreachable")
+
+
+def _finish(model: _Model, lower: float) -> Partition:
+    """Solve ``model`` exactly and package the result; ``lower`` (a valid lower bound) seeds the search."""
+    engine = _Engine(model)
+    found = engine.min_bottleneck(lower)
+    if found is None:
+        raise _memory_error(model, _smallest_uniform_cap(model))
+    bounds = _choose(model, found[0], engine.min_bytes)
+    return _partition_of(model, lower, bounds)
+
+
+def _smallest_uniform_cap(model: _Model) -> float:
+    """The optimum of the memory problem (:meth:`_Model.memory_model`): only asked when no split fits."""
+    mem = model.memory_model()
+    found = _Engine(mem).min_bottleneck(min(float(p[-1]) for p in mem.work.prefix) / mem.k)
+    assert found is not None
+    return found[0]

@@ -1,0 +1,99 @@
+"""The reference: a plain ``O(K n^2)`` dynamic programme, kept as the test oracle.
+
+It shares the canonical cost formula (:class:`_Model`) and the tie-break rule (:func:`_choose`) with the
+engine but none of its cleverness (no bisection, no pruning, no windows), so the engine's results must
+equal its results exactly: same bounds, same bits.  Tests and benchmarks only; too slow beyond a few
+thousand items.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from onnxpipe.partition.costmodel import _Model
+from onnxpipe.partition.inputs import HeterogeneousRequest, _heterogeneous_model, _homogeneous_model
+from onnxpipe.partition.numeric import IntArr
+from onnxpipe.partition.result import Partition, _choose, _memory_error, _partition_of
+
+
+def _reference_solve(
+    costs: Sequence[float],
+    k: int,
+    *,
+    cut_bytes: Sequence[float] | None = None,
+    bandwidth: float = math.inf,
+    allowed_cuts: Sequence[bool] | None = None,
+) -> Partition:
+    """:func:`~onnxpipe.partition.solve` by the reference DP."""
+    return _reference_finish(*_homogeneous_model(costs, k, cut_bytes, bandwidth, allowed_cuts))
+
+
+def _reference_solve_heterogeneous(costs: Sequence[float] | None, k: int, **options: Any) -> Partition:
+    """:func:`~onnxpipe.partition.solve_heterogeneous` by the reference DP; ``options`` are its keyword
+    arguments (the fields of :class:`HeterogeneousRequest`, which refuses any other name)."""
+    return _reference_finish(*_heterogeneous_model(HeterogeneousRequest(costs, **options), k))
+
+
+def _reference_finish(model: _Model, lower: float) -> Partition:
+    """Solve ``model`` by the DP and package the result exactly as the engine's ``_finish`` does."""
+    opt = _reference_min_bottleneck(model)
+    if math.isinf(opt):
+        raise _memory_error(model, _reference_min_bottleneck(model.memory_model()))
+    bounds = _choose(model, opt, lambda t: _reference_min_bytes(model, t))
+    return _partition_of(model, lower, bounds)
+
+
+def _reference_min_bottleneck(model: _Model) -> float:
+    """``best[b]`` = smallest bottleneck reaching ``b`` after ``s`` stages, over every previous start."""
+    n, k = model.n, model.k
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0
+    for s in range(k):
+        new = np.full(n + 1, np.inf)
+        ends = [n] if s == k - 1 else range(s + 1, n - (k - 1 - s) + 1)
+        for b in ends:
+            if not model.allowed[b]:
+                continue
+            a = np.arange(s, b, dtype=np.intp)
+            a = a[np.isfinite(best[a])]
+            if a.size == 0:
+                continue
+            a = a[model.memory_ok(s, a, b)]
+            if a.size:
+                new[b] = float(np.maximum(best[a], model.cost(s, a, b)).min())
+        best = new
+    return float(best[n])
+
+
+def _reference_min_bytes(model: _Model, bound: float) -> tuple[float, tuple[int, ...]]:
+    """Fewest cut bytes with every stage ``<= bound``; predecessor = smallest ``(bytes, position)``."""
+    n, k = model.n, model.k
+    val = np.full(n + 1, np.inf)
+    val[0] = 0.0
+    preds: list[IntArr] = []
+    for s in range(k):
+        new = np.full(n + 1, np.inf)
+        pred = np.full(n + 1, -1, dtype=np.intp)
+        ends = [n] if s == k - 1 else range(s + 1, n - (k - 1 - s) + 1)
+        for b in ends:
+            if not model.allowed[b]:
+                continue
+            a = np.arange(s, b, dtype=np.intp)
+            a = a[np.isfinite(val[a])]
+            if a.size == 0:
+                continue
+            a = a[model.memory_ok(s, a, b) & (model.cost(s, a, b) <= bound)]
+            if a.size:
+                j = int(a[np.lexsort((a, val[a]))[0]])
+                pred[b] = j
+                new[b] = val[j] + (model.cut[b] if b < n else 0.0)
+        preds.append(pred)
+        val = new
+    bounds = [n]
+    for s in range(k - 1, -1, -1):
+        bounds.append(int(preds[s][bounds[-1]]))
+    return float(val[n]), tuple(reversed(bounds))
