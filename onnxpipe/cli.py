@@ -3,6 +3,7 @@
 Exit codes (documented in docs/cli.md): 0 success; 1 verification found a mismatch; 2 usage error;
 3 model cannot be loaded; 4 profiling failed or profile of another model; 5 no valid partition;
 6 export failed; 7 manifest invalid or stage files changed; 8 a stage failed while running.
+argparse's own errors (a missing or unknown option, a bad value) are usage errors too: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any, NoReturn, TypeVar, overload
 
 from onnxpipe import api
 from onnxpipe.argtypes import bandwidth, count, positive_int, positive_number
@@ -24,6 +26,46 @@ from onnxpipe.planner import SCHEDULE_CHOICES, ScheduleRequest, draw_plan
 from onnxpipe.runtime.cli import add_run_arguments, run_command
 from onnxpipe.tables import format_manifest_table, format_model_table, format_plan_table
 from onnxpipe.verification import VerifyReport, verify
+
+_N = TypeVar("_N")
+
+
+class _CommandParser(argparse.ArgumentParser):
+    """A parser whose own errors are one line, like every other onnxpipe error.
+
+    argparse prints its whole usage block before the error, which buries the one line that matters; the
+    project's rule is one line naming what is wrong and what to do.  The usage stays one ``--help`` away
+    (the line says so), and the exit code stays argparse's 2, the usage-error code of docs/cli.md.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        what = " ".join(message.split())  # one line, whatever a type function put in its message
+        self.exit(2, f"{self.prog}: error: {what}; see '{self.prog} --help'\n")
+
+
+class _SubcommandParser(_CommandParser):
+    """A subcommand's parser, which also refuses arguments it does not know itself.
+
+    argparse hands a subcommand's unknown arguments up to the top-level parser, whose error would read
+    ``onnxpipe: error: unrecognized arguments`` and point at the top-level help, which does not list the
+    subcommand's options; refused here, the line names the subcommand and its ``--help``.
+    """
+
+    @overload
+    def parse_known_args(
+        self, args: Iterable[str] | None = None, namespace: None = None
+    ) -> tuple[argparse.Namespace, list[str]]: ...
+    @overload
+    def parse_known_args(self, args: Iterable[str] | None, namespace: _N) -> tuple[_N, list[str]]: ...
+    @overload
+    def parse_known_args(self, *, namespace: _N) -> tuple[_N, list[str]]: ...
+    def parse_known_args(
+        self, args: Iterable[str] | None = None, namespace: Any = None
+    ) -> tuple[Any, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
 
 
 def _stages(text: str) -> int | str:
@@ -99,12 +141,14 @@ def _schedule_request(args: argparse.Namespace) -> ScheduleRequest:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _CommandParser(
         prog="onnxpipe",
         description="Split an ONNX model into a balanced pipeline of stage models.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_SubcommandParser
+    )
 
     p = sub.add_parser("profile", help="measure every node's time with onnxruntime and save it")
     p.add_argument("model", type=Path)
@@ -291,7 +335,11 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (errors print one line to stderr)."""
+    """Run the CLI; returns the exit code (errors print one line to stderr).
+
+    argparse's usage errors, ``--help`` and ``--version`` end in :class:`SystemExit` (code 2, 0, 0), as
+    argparse does, before any command runs: a usage error writes nothing.
+    """
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -20,7 +20,10 @@ from onnxpipe.errors import ProfileError
 from onnxpipe.model import ModelView, subgraph_outer_reads
 from onnxpipe.progress import Progress
 
-_EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
+if TYPE_CHECKING:  # onnxruntime loads when a model is first profiled, not on import
+    import onnxruntime as ort
+
+    from onnxpipe.ortsession import OptimizationLevel
 
 
 def _first_line(e: BaseException) -> str:
@@ -42,41 +45,67 @@ class Timing:
 
 
 class OrtModel:
-    """The view's model for onnxruntime: its (renamed) graph, with external data read from ``base_dir``."""
+    """The view's model for onnxruntime: its (renamed) graph, with external data read from ``base_dir``.
+
+    Sessions are configured by :func:`onnxpipe.ortsession.session_options`, the one place that sets
+    onnxpipe's session settings, so the profiled session runs as the stages will; only the profiler's
+    own needs (trace, saved optimized graph, silent log) are added here.
+    """
 
     def __init__(self, view: ModelView, tmp: Path, label: str, threads: int) -> None:
-        import onnxruntime as ort
-
-        self.ort = ort
         self.view = view
         self.tmp = tmp
         self.label = label
         self.threads = threads
 
-    def options(self, level: str, *, threads: int | None, external_dir: Path | None) -> Any:
-        ort = self.ort
-        so = ort.SessionOptions()
-        so.log_severity_level = 4  # errors reach the user as one ProfileError line, not ORT's log
-        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.inter_op_num_threads = 1
-        if threads is not None:
-            so.intra_op_num_threads = threads
-        if external_dir is not None:
-            so.add_session_config_entry(_EXTERNAL_FOLDER_KEY, str(external_dir))
-        return so
+    def options(
+        self,
+        level: OptimizationLevel,
+        *,
+        threads: int | None,
+        external_dir: Path | None,
+        trace: bool = False,
+        save_as: str | None = None,
+    ) -> ort.SessionOptions:
+        """Options at onnxpipe's settings; ``trace``: profile into ``tmp``; ``save_as``: save the optimized
+        graph as ``tmp/<save_as>.onnx``, weights over 1 KiB in ``<save_as>.data`` beside it."""
+        config = (
+            {
+                "session.optimized_model_external_initializers_file_name": f"{save_as}.data",
+                "session.optimized_model_external_initializers_min_size_in_bytes": "1024",
+            }
+            if save_as is not None
+            else None
+        )
+        from onnxpipe.ortsession import session_options
 
-    def session(self, model: bytes, so: Any, what: str) -> Any:
-        try:
-            return self.ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
-        except Exception as e:
-            raise ProfileError(
+        return session_options(
+            level=level,
+            threads=threads,
+            log_severity=4,  # errors reach the user as one ProfileError line, not ORT's log
+            external_dir=external_dir,
+            config=config,
+            profile_prefix=self.tmp / "trace" if trace else None,
+            optimized_path=self.tmp / f"{save_as}.onnx" if save_as is not None else None,
+        )
+
+    def session(self, model: bytes, so: ort.SessionOptions, what: str) -> ort.InferenceSession:
+        def fail(e: Exception) -> ProfileError:
+            return ProfileError(
                 f"{self.label}: onnxruntime cannot load {what} ({_first_line(e)}); make sure onnxruntime "
                 "supports its ops and opset and finds its external weight files, or use --cost static"
-            ) from e
+            )
+
+        from onnxpipe.ortsession import open_session
+
+        return open_session(model, so, fail=fail)
 
     def run(
-        self, sess: Any, feeds: Mapping[str, np.ndarray], what: str, outputs: list[str] | None = None
+        self,
+        sess: ort.InferenceSession,
+        feeds: Mapping[str, np.ndarray],
+        what: str,
+        outputs: list[str] | None = None,
     ) -> Any:
         names = {i.name for i in sess.get_inputs()}
         try:
@@ -90,16 +119,12 @@ class OrtModel:
 
     def save_optimized(self, model: bytes, stem: str, what: str) -> onnx.ModelProto:
         """Optimize at ENABLE_ALL and return the optimized graph (weights left in ``tmp``)."""
-        so = self.options("ORT_ENABLE_ALL", threads=self.threads, external_dir=self.view.base_dir)
-        self._save_to(so, stem)
+        so = self.options(
+            "ORT_ENABLE_ALL", threads=self.threads, external_dir=self.view.base_dir, save_as=stem
+        )
         sess = self.session(model, so, what)
         del sess
         return self._load_saved(stem)
-
-    def _save_to(self, so: Any, stem: str) -> None:
-        so.optimized_model_filepath = str(self.tmp / f"{stem}.onnx")
-        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", f"{stem}.data")
-        so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
 
     def _load_saved(self, stem: str) -> onnx.ModelProto:
         path = self.tmp / f"{stem}.onnx"
@@ -112,10 +137,13 @@ class OrtModel:
             ) from e
 
     def measure(self, feeds: Mapping[str, np.ndarray], warmup: int, runs: int, bar: Progress) -> Timing:
-        so = self.options("ORT_ENABLE_ALL", threads=self.threads, external_dir=self.view.base_dir)
-        so.enable_profiling = True
-        so.profile_file_prefix = str(self.tmp / "trace")
-        self._save_to(so, "optimized")
+        so = self.options(
+            "ORT_ENABLE_ALL",
+            threads=self.threads,
+            external_dir=self.view.base_dir,
+            trace=True,
+            save_as="optimized",
+        )
         if self.view.base_dir is None and _uses_external_data(self.view.proto):
             raise ProfileError(
                 f"{self.label}: its weights are in external files but the model was not loaded from a file; "

@@ -14,6 +14,9 @@ Why the settings are what they are:
   error, not as onnxruntime's log on stderr.
 * ``external_dir``: where onnxruntime looks for external-initializer files of a model given as bytes,
   which has no folder of its own.
+* ``profile_prefix`` and ``optimized_path``: only the profiler (:mod:`onnxpipe.ortprofile`) sets them, to
+  read onnxruntime's per-node trace and the graph it actually ran; they go through here so that the
+  session it measures is configured exactly like the ones that later run the stages.
 
 :func:`open_session` turns a load failure into the caller's one-line error (``fail``); callers that
 inspect the failure themselves, or expect it, call it without ``fail`` inside their own ``try``.
@@ -41,11 +44,15 @@ def session_options(
     log_severity: int = 3,
     external_dir: Path | None = None,
     config: Mapping[str, str] | None = None,
+    profile_prefix: Path | None = None,
+    optimized_path: Path | None = None,
 ) -> ort.SessionOptions:
     """Session options at onnxpipe's settings (see the module docstring for why).
 
     ``threads``: intra-op threads, or None for onnxruntime's default; ``config``: extra session config
-    entries (e.g. ``{"session.disable_prepacking": "1"}``).
+    entries (e.g. ``{"session.disable_prepacking": "1"}``); ``profile_prefix``: turn on onnxruntime's
+    profiler, its JSON trace named from this prefix; ``optimized_path``: where onnxruntime saves the
+    graph it optimized (how its weights are saved is up to ``config``).
     """
     options = ort.SessionOptions()
     options.log_severity_level = log_severity
@@ -58,6 +65,11 @@ def session_options(
         options.add_session_config_entry(EXTERNAL_FOLDER_KEY, str(external_dir))
     for key, value in (config or {}).items():
         options.add_session_config_entry(key, value)
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(profile_prefix)
+    if optimized_path is not None:
+        options.optimized_model_filepath = str(optimized_path)
     return options
 
 

@@ -51,13 +51,15 @@ def one_line_error(err: str, command: str, *, says_what_to_do: bool = True) -> s
     """The documented error shape: one line, ``onnxpipe <command>: error: <where>: <what>; <what to do>``.
 
     Checked: exactly one line, the prefix, and (unless told otherwise) a ``; <what to do>`` part.
+    ``command`` "" is the top-level parser (``onnxpipe: error: ...``).
     """
     lines = err.strip().splitlines()
     assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{err}"
     line = lines[0]
-    assert line.startswith(f"onnxpipe {command}: error: ") and len(line) > len(f"onnxpipe {command}: error: ")
+    prefix = f"onnxpipe {command}: error: " if command else "onnxpipe: error: "
+    assert line.startswith(prefix) and len(line) > len(prefix)
     if says_what_to_do:
-        assert re.match(rf"^onnxpipe {command}: error: .+; \S.*$", line), f"no '; what to do' in: {line}"
+        assert re.match(rf"^{re.escape(prefix)}.+; \S.*$", line), f"no '; what to do' in: {line}"
     return line
 
 
@@ -221,6 +223,14 @@ def test_console_script(mlp: Path, tmp_path: Path) -> None:
     assert "missing.onnx: no such file" in line
     assert not (tmp_path / "out2").exists()
 
+    usage = subprocess.run(
+        [script, "split", mlp, "--out", tmp_path / "out3"], capture_output=True, text=True, timeout=300
+    )
+    assert usage.returncode == 2 and usage.stdout == ""
+    line = one_line_error(usage.stderr, "split")
+    assert line.endswith("required: --stages/-k; see 'onnxpipe split --help'")
+    assert not (tmp_path / "out3").exists()
+
 
 # --------------------------------------------------------------------------------------------------
 # models that cannot be loaded: exit 3 from every command that takes a model
@@ -310,8 +320,7 @@ def test_stages_not_a_positive_integer_is_a_usage_error(
 ) -> None:
     code, out, err = run(["split", mlp, "--stages", stages, "--out", "out"], capfd)
     assert code == 2 and out == ""
-    # argparse prints its usage first; the error itself is the last line
-    assert err.strip().splitlines()[-1].startswith("onnxpipe split: error: argument --stages/-k: ")
+    assert one_line_error(err, "split").startswith("onnxpipe split: error: argument --stages/-k: ")
     assert list(work.iterdir()) == []
 
 
@@ -404,8 +413,66 @@ def test_bad_option_values_exit_2(
 ) -> None:
     code, out, err = run(["split", mlp, "-k", "2", "--out", "out", *args], capfd)
     assert code == 2 and out == ""
-    assert err.strip().splitlines()[-1].startswith("onnxpipe split: error: argument ")
+    assert one_line_error(err, "split").startswith("onnxpipe split: error: argument ")
     assert list(work.iterdir()) == []
+
+
+# --------------------------------------------------------------------------------------------------
+# argparse's own errors (missing, unknown or malformed options): one line too, no usage block
+
+
+ARGPARSE_ERRORS = [
+    (["profile", "{m}"], "the following arguments are required: --out"),
+    (["profile", "{m}", "--out", "p.json", "--runs", "0"], "argument --runs: 0 must be at least 1"),
+    (["profile", "{m}", "--out", "p.json", "--cost", "bogus"], "argument --cost: invalid choice: 'bogus'"),
+    (["profile", "{m}", "--out", "p.json", "--bogus"], "unrecognized arguments: --bogus"),
+    (["split", "{m}", "--out", "out"], "the following arguments are required: --stages/-k"),
+    (["split", "{m}", "-k", "2", "--out", "out", "--order", "sideways"], "invalid choice: 'sideways'"),
+    (["split", "{m}", "-k", "2", "--out", "out", "--verbose"], "unrecognized arguments: --verbose"),
+    (["plan", "{m}", "--plot", "p.png"], "the following arguments are required: --stages/-k"),
+    (["plan", "{m}", "-k", "2", "--plot", "p.png", "--microbatches", "0"], "argument --microbatches: 0"),
+    (["plan", "{m}", "-k", "2", "--plot", "p.png", "extra"], "unrecognized arguments: extra"),
+    (["verify"], "the following arguments are required: dir"),
+    (["verify", "{d}", "--rtol", "tight"], "argument --rtol: invalid float value: 'tight'"),
+    (["run", "--report", "r.json"], "the following arguments are required: dir"),
+    (["run", "{d}", "--backend", "mpi", "--report", "r.json", "--outputs", "o.npz"], "choice: 'mpi'"),
+    (["run", "{d}", "--warmup", "-1", "--report", "r.json"], "argument --warmup: -1 must be 0 or more"),
+    (["run", "{d}", "--report", "r.json", "--no-such"], "unrecognized arguments: --no-such"),
+    (["inspect"], "the following arguments are required: target"),
+    (["inspect", "{d}", "more"], "unrecognized arguments: more"),
+    ([], "the following arguments are required: COMMAND"),
+    (["splt", "{m}", "-k", "2", "--out", "out"], "argument COMMAND: invalid choice: 'splt'"),
+    (["--bogus", "inspect", "{d}"], "unrecognized arguments: --bogus"),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"), ARGPARSE_ERRORS, ids=[" ".join(a) or "-" for a, _ in ARGPARSE_ERRORS]
+)
+def test_argparse_errors_are_one_line(
+    args: list[str], says: str, mlp: Path, done: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: argparse printed its whole usage block before the error; now the error is the one line,
+    exit 2 (a usage error), ending in where to read the usage; nothing is written (``--out``, ``--plot``,
+    ``--report``, ``--outputs`` all name files in ``work``)."""
+    command = args[0] if args and args[0] in {"profile", "split", "plan", "verify", "run", "inspect"} else ""
+    before, split_before = snapshot(work), snapshot(done)
+    code, out, err = run([a.format(m=mlp, d=done) for a in args], capfd)
+    assert code == 2 and out == ""
+    line = one_line_error(err, command)
+    prog = f"onnxpipe {command}" if command else "onnxpipe"
+    assert line.endswith(f"; see '{prog} --help'"), line
+    assert says in line
+    assert snapshot(work) == before and snapshot(done) == split_before
+    no_leftovers(work)
+
+
+@pytest.mark.parametrize("command", ["", "profile", "split", "plan", "run", "verify", "inspect"])
+def test_help_still_prints_the_full_usage(command: str, capfd: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run([command, "--help"] if command else ["--help"], capfd)
+    prog = f"onnxpipe {command}" if command else "onnxpipe"
+    assert code == 0 and err == ""
+    assert out.startswith(f"usage: {prog} ") and "options:" in out and len(out.splitlines()) > 5
 
 
 # --------------------------------------------------------------------------------------------------
@@ -670,7 +737,7 @@ def test_interrupt_exits_130_and_leaves_nothing_half_written(
 
 def test_no_command_is_a_usage_error(capfd: pytest.CaptureFixture[str]) -> None:
     code, _, err = run([], capfd)
-    assert code == 2 and "required: COMMAND" in err.strip().splitlines()[-1]
+    assert code == 2 and "required: COMMAND; see 'onnxpipe --help'" in one_line_error(err, "")
 
 
 def test_repeated_runs_write_identical_stages(
@@ -871,8 +938,7 @@ def test_bad_backward_ratio_is_a_usage_error(
         capfd,
     )
     assert code == 2, err
-    assert err.strip().splitlines()[-1].startswith("onnxpipe plan: error: ")
-    assert "backward" in err.strip().splitlines()[-1]
+    assert "backward" in one_line_error(err, "plan", says_what_to_do=False)
 
 
 @pytest.mark.parametrize("command", ["plan", "split"])
@@ -882,5 +948,5 @@ def test_nan_bandwidth_is_a_usage_error(
     extra = ["--out", "out"] if command == "split" else []
     code, _, err = run([command, resnet, "-k", "2", "--bandwidth", "nan", "--cost", "static", *extra], capfd)
     assert code == 2, err
-    assert err.strip().splitlines()[-1].startswith(f"onnxpipe {command}: error: argument --bandwidth")
+    assert one_line_error(err, command).startswith(f"onnxpipe {command}: error: argument --bandwidth")
     assert list(work.iterdir()) == []
