@@ -30,7 +30,7 @@ raised group priority keeps other sessions from skewing the comparison (root; te
 
     setsid sh -c 'echo -10 > /proc/self/autogroup; exec python benchmarks/bench_pipeline.py'
 
-    python benchmarks/bench_pipeline.py [--models gpt2_tiny,bert_tiny,yolov8n,resnet50] [--rounds 5]
+    python benchmarks/bench_pipeline.py [--models gpt2_tiny,bert_tiny,bert_mini,yolov8n,resnet50] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -80,6 +80,10 @@ def model_table() -> dict[str, tuple[Callable[[], Path], dict[str, tuple[int, ..
         "gpt2_tiny": (lambda: export_transformers.gpt2_tiny(dynamo=False), {"input_ids": (4, 128)}),
         "bert_tiny": (
             lambda: export_transformers.bert_tiny(dynamo=False),
+            {"input_ids": (4, 128), "attention_mask": (4, 128)},
+        ),
+        "bert_mini": (
+            lambda: export_transformers.bert_mini(dynamo=False),
             {"input_ids": (4, 128), "attention_mask": (4, 128)},
         ),
         "yolov8n": (corpus.nudenet, {"images": (1, 3, 320, 320)}),

@@ -6,6 +6,8 @@
   -> ``logits`` [batch, seq, vocab], no past key values.
 - ``bert_tiny``: ``BertModel`` (4 layers, 128 wide, 4 heads), ``input_ids`` and ``attention_mask``
   [batch, seq] -> ``last_hidden_state`` [batch, seq, 128] and ``pooler_output`` [batch, 128].
+- ``bert_mini``: the same 256 wide (feed-forward 1024), the size of Google's BERT-Mini without its
+  30k-word vocabulary (benchmarks only; the tests use the tiny models).
 
 Each comes from two exporters: the TorchScript one (``dynamo=False``, opset 17, one self-contained file) and
 the ``torch.export`` one (``dynamo=True``, the exporter's default opset, ``external_data=True``: the large
@@ -101,6 +103,20 @@ SPECS: dict[str, ModelSpec] = {
         output_names=("last_hidden_state", "pooler_output"),
         output_axes={"last_hidden_state": {0: "batch", 1: "seq"}, "pooler_output": {0: "batch"}},
     ),
+    "bert_mini": ModelSpec(
+        name="bert_mini",
+        config={
+            "vocab_size": 1000,
+            "hidden_size": 256,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "intermediate_size": 1024,
+            "max_position_embeddings": 128,
+        },
+        input_names=("input_ids", "attention_mask"),
+        output_names=("last_hidden_state", "pooler_output"),
+        output_axes={"last_hidden_state": {0: "batch", 1: "seq"}, "pooler_output": {0: "batch"}},
+    ),
 }
 
 
@@ -130,7 +146,7 @@ def build_torch_model(name: str) -> torch.nn.Module:
                 return logits
 
         return Gpt2Logits().eval()  # eval() reaches the wrapped model too
-    if name == "bert_tiny":
+    if name in ("bert_tiny", "bert_mini"):
         bert = transformers.BertModel(transformers.BertConfig(**spec.config))
 
         class BertOutputs(torch.nn.Module):
@@ -271,6 +287,11 @@ def gpt2_tiny(dynamo: bool = False) -> Path:
 def bert_tiny(dynamo: bool = False) -> Path:
     """A 4-layer BERT: ``input_ids``, ``attention_mask`` -> ``last_hidden_state``, ``pooler_output``."""
     return cached_export("bert_tiny", dynamo)
+
+
+def bert_mini(dynamo: bool = False) -> Path:
+    """A 4-layer, 256-wide BERT, same inputs and outputs as :func:`bert_tiny`."""
+    return cached_export("bert_mini", dynamo)
 
 
 def model_files(path: Path) -> list[Path]:
