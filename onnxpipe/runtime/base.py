@@ -7,12 +7,16 @@ threads; a backend only moves micro-batches:
 * :meth:`Backend.try_submit` hands one micro-batch to a lane with room, or says there is none (the
   bound is the backpressure: a backend holds at most :attr:`Backend.capacity` micro-batches);
 * :meth:`Backend.poll` returns the micro-batches that came out (in any order; each carries its sequence
-  number) and raises :class:`~onnxpipe.errors.RuntimeStageError` once a worker failed or died;
+  number) and raises :class:`~onnxpipe.errors.RuntimeStageError` once a worker failed or died; what
+  came out before the failure is best returned first (raising on the next call), so that those callers
+  get their results;
 * :meth:`Backend.wait` blocks until ``poll`` may have something new.
 
 ``try_submit`` and ``poll`` are called under the pipeline's lock (from any thread); ``wait`` only from
-the pipeline's driver thread, without the lock.  ``stats``, ``reset_stats`` and ``close`` come from the
-caller.  ``close(graceful=False)`` must end every worker promptly, including one stuck in a session.
+the pipeline's driver thread, without the lock.  ``stats`` and ``reset_stats`` come from the caller.
+``close`` comes once the driver has ended: from the caller of ``Pipeline.close``, or from the driver
+thread itself after a failure or when the pipeline was dropped.  ``close(graceful=False)`` must end
+every worker promptly, including one stuck in a session.
 """
 
 from __future__ import annotations

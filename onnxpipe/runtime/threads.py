@@ -1,8 +1,13 @@
-"""Workers as threads of the caller's process, bounded queues between them.
+"""Workers as threads of the caller's process, bounded channels between them.
 
 onnxruntime releases the GIL while a session runs, so stages overlap; tensors pass by reference (no
 copy).  The workers share the process, so memory is reported for the process as a whole.  A thread cannot
 be killed: closing stops each worker after the session run it is in, if any.
+
+A channel has ``slots`` places, as a process channel has shared-memory slots: a micro-batch takes one
+when it is put in and gives it back once its receiver has passed it on (or the caller has polled it), so
+the one a worker runs still counts.  A lane of ``k`` workers thus holds at most ``slots * (k + 1)``
+micro-batches, which is :attr:`ThreadBackend.capacity`.
 """
 
 from __future__ import annotations
@@ -28,6 +33,41 @@ STOP_GRACE_S = 10.0
 Item = tuple[int, Tensors]
 
 
+class _Channel:
+    """A FIFO of micro-batches with ``slots`` places (see the module docstring)."""
+
+    def __init__(self, slots: int) -> None:
+        self._items: queue.SimpleQueue[Item] = queue.SimpleQueue()
+        self._places = threading.Semaphore(slots)
+
+    def try_put(self, item: Item) -> bool:
+        """Put ``item`` if a place is free now."""
+        if not self._places.acquire(blocking=False):
+            return False
+        self._items.put(item)
+        return True
+
+    def put(self, item: Item, timeout: float) -> bool:
+        """Put ``item`` if a place frees within ``timeout`` seconds."""
+        if not self._places.acquire(timeout=timeout):
+            return False
+        self._items.put(item)
+        return True
+
+    def get(self, timeout: float) -> Item:
+        """The oldest item, waiting up to ``timeout`` seconds (else :class:`queue.Empty`); its place
+        stays taken until :meth:`release`."""
+        return self._items.get(timeout=timeout)
+
+    def get_nowait(self) -> Item:
+        """:meth:`get` without waiting."""
+        return self._items.get_nowait()
+
+    def release(self) -> None:
+        """Give back the place of an item taken with :meth:`get`."""
+        self._places.release()
+
+
 @dataclass
 class _Shared:
     wake: threading.Event = field(default_factory=threading.Event)
@@ -47,8 +87,8 @@ class _Worker:
     def __init__(
         self,
         runner: StageRunner,
-        inbox: queue.Queue[Item],
-        outbox: queue.Queue[Item],
+        inbox: _Channel,
+        outbox: _Channel,
         shared: _Shared,
         *,
         first: bool,
@@ -72,23 +112,16 @@ class _Worker:
                     seq, tensors = self.inbox.get(timeout=_POLL_S)
                 except queue.Empty:
                     continue
-                received = time.perf_counter()
-                if self.first:
-                    shared.wake.set()  # room for the next micro-batch
-                run_start = time.perf_counter()
+                received = run_start = time.perf_counter()
                 sends = self.runner.run(seq, tensors)
                 run_end = time.perf_counter()
-                while True:
+                while not self.outbox.put((seq, sends), timeout=_POLL_S):
                     if shared.stopping.is_set():
                         return
-                    try:
-                        self.outbox.put((seq, sends), timeout=_POLL_S)
-                        break
-                    except queue.Full:
-                        continue
+                self.inbox.release()
                 done = time.perf_counter()
-                if self.last:
-                    shared.wake.set()
+                if self.first or self.last:
+                    shared.wake.set()  # room for the next micro-batch, or a result for the driver
                 with self.lock:
                     self.runner.recorder.add(Record(seq, received, run_start, run_end, done, done))
                 seq = None
@@ -100,21 +133,27 @@ class _Worker:
             )
 
 
+@dataclass
+class _Lane:
+    inbox: _Channel
+    workers: list[_Worker]
+    results: _Channel
+
+
 class ThreadBackend:
-    """Lanes of worker threads joined by bounded queues."""
+    """Lanes of worker threads joined by bounded channels."""
 
     kind = "threads"
 
     def __init__(self, lanes: Sequence[Sequence[WorkerSpec]], *, slots: int = DEFAULT_SLOTS) -> None:
         if not lanes or any(not lane for lane in lanes):
             raise ValueError("a backend needs at least one lane of at least one worker")
+        if slots < 1:
+            raise ValueError(f"slots {slots}: a channel needs at least one slot")
         self._shared = _Shared()
         self._startup_rss = current_rss_bytes()
-        self._results: queue.Queue[Item] = queue.Queue()
         self._slots = slots
-        # a queue holds what waits; the worker holds what it runs: slots - 1 waiting matches processes
-        size = max(1, slots - 1)
-        self._lanes: list[tuple[queue.Queue[Item], list[_Worker]]] = []
+        self._lanes: list[_Lane] = []
         self._next_lane = 0
         self._closed = False
         try:
@@ -122,54 +161,58 @@ class ThreadBackend:
         except StageFailure as e:
             raise RuntimeStageError(str(e)) from e
         for lane_runners in runners:
-            queues: list[queue.Queue[Item]] = [queue.Queue(maxsize=size) for _ in lane_runners]
-            queues.append(self._results)
+            channels = [_Channel(slots) for _ in range(len(lane_runners) + 1)]
             workers = [
                 _Worker(
                     runner,
-                    queues[i],
-                    queues[i + 1],
+                    channels[i],
+                    channels[i + 1],
                     self._shared,
                     first=i == 0,
                     last=i == len(lane_runners) - 1,
                 )
                 for i, runner in enumerate(lane_runners)
             ]
-            self._lanes.append((queues[0], workers))
+            self._lanes.append(_Lane(channels[0], workers, channels[-1]))
         for w in self._workers:
             w.thread.start()
 
     @property
     def _workers(self) -> list[_Worker]:
-        return [w for _, workers in self._lanes for w in workers]
+        return [w for lane in self._lanes for w in lane.workers]
 
     @property
     def capacity(self) -> int:
-        return sum(self._slots * (len(workers) + 1) for _, workers in self._lanes)
+        """``slots`` per channel, ``k + 1`` channels per lane of ``k`` workers: exactly what fits."""
+        return sum(self._slots * (len(lane.workers) + 1) for lane in self._lanes)
 
     def try_submit(self, seq: int, feeds: Mapping[str, np.ndarray]) -> bool:
         self._check()
         n = len(self._lanes)
         for step in range(n):
             li = (self._next_lane + step) % n
-            inbox, workers = self._lanes[li]
-            received = {name: feeds[name] for name in workers[0].runner.spec.receives}
-            try:
-                inbox.put_nowait((seq, received))
-            except queue.Full:
+            lane = self._lanes[li]
+            received = {name: feeds[name] for name in lane.workers[0].runner.spec.receives}
+            if not lane.inbox.try_put((seq, received)):
                 continue
             self._next_lane = (li + 1) % n
             return True
         return False
 
     def poll(self) -> list[tuple[int, Tensors]]:
+        """What came out; after a failure, first what came out before it, then the failure next call."""
         done: list[tuple[int, Tensors]] = []
-        while True:
-            try:
-                done.append(self._results.get_nowait())
-            except queue.Empty:
-                break
-        self._check()
+        for lane in self._lanes:
+            while True:
+                try:
+                    done.append(lane.results.get_nowait())
+                except queue.Empty:
+                    break
+                lane.results.release()
+        if not done:
+            self._check()
+        elif self._shared.failure is not None:
+            self._shared.wake.set()  # so that the driver's next wait returns and polls the failure
         return done
 
     def wait(self, timeout: float) -> None:
