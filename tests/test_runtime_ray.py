@@ -20,7 +20,9 @@ from test_runtime import (
 )
 
 from onnxpipe.errors import RuntimeStageError
+from onnxpipe.runtime import ray_backend
 from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.ray_backend import RayBackend
 
 pytestmark = pytest.mark.slow
 
@@ -95,6 +97,56 @@ def test_ray_failing_stage_stops_the_pipeline_and_its_actors(
     for actor in actors:
         with pytest.raises(ray_cluster.exceptions.RayActorError):
             ray_cluster.get(actor.ready.remote(), timeout=30)
+
+
+HALF_CPU = [{"num_cpus": 0.5}, {"num_cpus": 0.5}]  # two pipelines of two stages on the two-CPU cluster
+
+
+def test_closing_one_ray_pipeline_leaves_the_others_and_the_callers_ray(
+    ray_cluster: Any,
+    tiny_split: Path,
+    sample_models_dir: Path,
+) -> None:
+    batches = token_batches(6, seed=4)
+    expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
+    first = Pipeline.from_manifest(tiny_split, backend="ray", ray_resources=HALF_CPU)
+    try:
+        with Pipeline.from_manifest(tiny_split, backend="ray", ray_resources=HALF_CPU) as second:
+            first.close()
+            assert_same(expected, list(second.stream(batches)))
+    finally:
+        first.close()
+    assert ray_cluster.is_initialized()  # the caller started it: only the caller shuts it down
+
+
+def test_ctrl_c_while_actors_start_kills_those_started(
+    ray_cluster: Any,
+    tiny_split: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    options = ray_backend.actor_options
+    stages: list[int] = []
+
+    def options_then_ctrl_c(spec: Any, given: Any) -> dict[str, Any]:
+        stages.append(spec.index)
+        if len(stages) == 2:
+            raise KeyboardInterrupt
+        return options(spec, given)
+
+    closed = RayBackend.close
+    started: list[Any] = []
+
+    def close(self: RayBackend, graceful: bool = True) -> None:
+        started.extend(self.actors)
+        closed(self, graceful)
+
+    monkeypatch.setattr(ray_backend, "actor_options", options_then_ctrl_c)
+    monkeypatch.setattr(RayBackend, "close", close)
+    with pytest.raises(KeyboardInterrupt):
+        Pipeline.from_manifest(tiny_split, backend="ray")
+    assert len(started) == 1, "the actor of stage 0 was left running"
+    with pytest.raises(ray_cluster.exceptions.RayActorError):
+        ray_cluster.get(started[0].ready.remote(), timeout=30)
 
 
 def test_ray_cli_run(ray_cluster: Any, tiny_split: Path, tmp_path: Path) -> None:

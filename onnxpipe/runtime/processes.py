@@ -18,18 +18,20 @@ import multiprocessing as mp
 import os
 import secrets
 import signal
+import threading
 import time
 import traceback
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
+from multiprocessing.context import SpawnContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
 import numpy as np
 
-from onnxpipe.errors import RuntimeStageError
+from onnxpipe.errors import RuntimeStageError, UsageError
 from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.session import (
     Record,
@@ -38,7 +40,7 @@ from onnxpipe.runtime.session import (
     WorkerStats,
     current_rss_bytes,
 )
-from onnxpipe.runtime.shm import ItemMessage, Poller, SlotReader, SlotWriter, unlink_prefix
+from onnxpipe.runtime.shm import MAX_SLOTS, ItemMessage, Poller, SlotReader, SlotWriter, unlink_prefix
 from onnxpipe.runtime.spec import WorkerSpec
 
 DEFAULT_SLOTS = 2
@@ -49,7 +51,7 @@ _WATCH_S = 1.0  # how often a waiting worker checks that its parent is alive
 _SIGNAL_WAIT_S = 0.25  # how long a signalled worker waits to see whether its parent is dying too
 
 _STOP = "stop"
-_STATS = "stats"
+_STATS = "stats"  # sent as (_STATS, request id); the reply is (request id, WorkerStats)
 _RESET = "reset"
 
 
@@ -95,8 +97,8 @@ def worker_main(
 
     def control_says_go() -> bool:
         message = control.recv()
-        if message == _STATS:
-            control.send(runner.stats(pid=os.getpid(), startup_rss=startup_rss))
+        if isinstance(message, tuple) and message[0] == _STATS:
+            control.send((message[1], runner.stats(pid=os.getpid(), startup_rss=startup_rss)))
         elif message == _RESET:
             runner.recorder.reset()
         return bool(message != _STOP)
@@ -213,56 +215,29 @@ class ProcessBackend:
     ) -> None:
         if not lanes or any(not lane for lane in lanes):
             raise ValueError("a backend needs at least one lane of at least one worker")
+        if not 1 <= slots <= MAX_SLOTS:
+            raise UsageError(f"slots {slots}: a link between two worker processes has 1 to {MAX_SLOTS}")
         ctx = mp.get_context("spawn")
         self.prefix = f"onnxpipe-{os.getpid()}-{secrets.token_hex(4)}"
         self._slots = slots
         self._lanes: list[_Lane] = []
+        self._workers: list[_Worker] = []  # in lane order, each recorded before it starts: close() finds it
         self._next_lane = 0
         self._closed = False
         self._failure: RuntimeStageError | None = None
+        self._control_lock = threading.Lock()
+        self._last_request = 0
+        self._wake_lock = threading.Lock()
+        self._wake_read, self._wake_write = os.pipe()  # wake() writes a byte that wait() sees
+        self._close_wake_pipe = weakref.finalize(self, _close_fds, self._wake_read, self._wake_write)
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(self._wake_write, False)
         self._finalizer = weakref.finalize(self, unlink_prefix, self.prefix)
         try:
             for li, lane in enumerate(lanes):
-                k = len(lane)
-                data = [ctx.Pipe(duplex=False) for _ in range(k + 1)]  # (reader, writer)
-                free = [ctx.Pipe(duplex=False) for _ in range(k + 1)]  # (reader at the writer, writer)
-                workers: list[_Worker] = []
-                for i, spec in enumerate(lane):
-                    control, control_child = ctx.Pipe()
-                    status, status_child = ctx.Pipe(duplex=False)
-                    process = ctx.Process(
-                        target=worker_main,
-                        name=f"onnxpipe {spec.label}",
-                        args=(
-                            spec,
-                            data[i][0],
-                            free[i][1],
-                            data[i + 1][1],
-                            free[i + 1][0],
-                            control_child,
-                            status_child,
-                            f"{self.prefix}-l{li}c{i + 1}",
-                            slots,
-                            os.getpid(),
-                            self.prefix,
-                        ),
-                        daemon=True,
-                    )
-                    workers.append(_Worker(spec, process, control, status))
-                    process.start()
-                    control_child.close()
-                    status_child.close()
-                writer = SlotWriter(f"{self.prefix}-l{li}c0", slots, data[0][1], free[0][0])
-                reader = SlotReader(data[k][0], free[k][1])
-                self._lanes.append(_Lane(workers, writer, reader))
-                # keep only the caller's ends here, so that a dead process closes its pipes for good
-                mine = {id(data[0][1]), id(free[0][0]), id(data[k][0]), id(free[k][1])}
-                for pair in (*data, *free):
-                    for end in pair:
-                        if id(end) not in mine:
-                            end.close()
+                self._start_lane(ctx, li, lane)
             self._await_ready(start_timeout)
-            everything: list[Connection | int] = []
+            everything: list[Connection | int] = [self._wake_read]
             health: list[Connection | int] = []
             for started in self._lanes:
                 everything += [started.reader.data, started.writer.free]
@@ -276,9 +251,52 @@ class ProcessBackend:
 
     # ---------------------------------------------------------------------------------- start-up
 
-    @property
-    def _workers(self) -> list[_Worker]:
-        return [w for lane in self._lanes for w in lane.workers]
+    def _start_lane(self, ctx: SpawnContext, li: int, lane: Sequence[WorkerSpec]) -> None:
+        """Start lane ``li``'s workers and its channels, recording each part before it can fail."""
+        k = len(lane)
+        data = [ctx.Pipe(duplex=False) for _ in range(k + 1)]  # (reader, writer)
+        free = [ctx.Pipe(duplex=False) for _ in range(k + 1)]  # (reader at the writer, writer)
+        writer = SlotWriter(f"{self.prefix}-l{li}c0", self._slots, data[0][1], free[0][0])
+        reader = SlotReader(data[k][0], free[k][1])
+        started = _Lane([], writer, reader)
+        self._lanes.append(started)
+        try:
+            for i, spec in enumerate(lane):
+                control, control_child = ctx.Pipe()
+                status, status_child = ctx.Pipe(duplex=False)
+                process = ctx.Process(
+                    target=worker_main,
+                    name=f"onnxpipe {spec.label}",
+                    args=(
+                        spec,
+                        data[i][0],
+                        free[i][1],
+                        data[i + 1][1],
+                        free[i + 1][0],
+                        control_child,
+                        status_child,
+                        f"{self.prefix}-l{li}c{i + 1}",
+                        self._slots,
+                        os.getpid(),
+                        self.prefix,
+                    ),
+                    daemon=True,
+                )
+                worker = _Worker(spec, process, control, status)
+                started.workers.append(worker)
+                self._workers.append(worker)
+                try:
+                    process.start()
+                finally:
+                    control_child.close()
+                    status_child.close()
+        finally:
+            # keep only the caller's ends here, so that a dead process closes its pipes for good
+            mine = {id(data[0][1]), id(free[0][0]), id(data[k][0]), id(free[k][1])}
+            for pair in (*data, *free):
+                for end in pair:
+                    if id(end) not in mine:
+                        end.close()
 
     def _await_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -348,10 +366,18 @@ class ProcessBackend:
     def wait(self, timeout: float) -> None:
         if self._closed:
             return
-        self._events.ready(timeout)
+        if self._wake_read in self._events.ready(timeout):
+            with self._wake_lock, contextlib.suppress(OSError):  # OSError: closed meanwhile
+                while os.read(self._wake_read, 4096):  # BlockingIOError (an OSError) once empty
+                    pass
 
     def wake(self) -> None:
-        """Nothing to do: submitting happens in the caller's thread, not in :meth:`wait`'s."""
+        """Make the driver's :meth:`wait` return now (it would otherwise sleep up to its timeout, e.g. in a
+        close); a wake-up before the wait counts too.  Never blocks: a full pipe has one pending anyway."""
+        with self._wake_lock:
+            if self._wake_write >= 0:
+                with contextlib.suppress(BlockingIOError):
+                    os.write(self._wake_write, b"w")
 
     def _check_open(self) -> None:
         if self._failure is not None:
@@ -377,26 +403,34 @@ class ProcessBackend:
     # ---------------------------------------------------------------------------------- stats
 
     def stats(self) -> list[WorkerStats]:
+        """Each worker's statistics.  Requests carry an id and a reply to another (one that timed out) is
+        dropped; the lock keeps two callers from taking each other's replies."""
         self._check_open()
-        for w in self._workers:
-            w.control.send(_STATS)
-        result: list[WorkerStats] = []
-        for w in self._workers:
-            deadline = time.monotonic() + STATS_TIMEOUT_S
+        with self._control_lock:
+            self._last_request += 1
+            request = self._last_request
+            for w in self._workers:
+                w.control.send((_STATS, request))
+            return [self._stats_reply(w, request) for w in self._workers]
+
+    def _stats_reply(self, w: _Worker, request: int) -> WorkerStats:
+        deadline = time.monotonic() + STATS_TIMEOUT_S
+        while True:
             while not w.control.poll(_WATCH_S):
                 if w.process.exitcode is not None:
                     raise RuntimeStageError(_exit_text(w))
                 if time.monotonic() > deadline:
                     raise RuntimeStageError(f"{w.spec.label}: gave no statistics in {STATS_TIMEOUT_S:.0f} s")
-            stats = w.control.recv()
-            assert isinstance(stats, WorkerStats)
-            result.append(stats)
-        return result
+            answered, stats = w.control.recv()
+            if answered == request:
+                assert isinstance(stats, WorkerStats)
+                return stats
 
     def reset_stats(self) -> None:
         self._check_open()
-        for w in self._workers:
-            w.control.send(_RESET)
+        with self._control_lock:
+            for w in self._workers:
+                w.control.send(_RESET)
 
     def worker_pids(self) -> list[int]:
         return [w.pid for w in self._workers]
@@ -435,8 +469,17 @@ class ProcessBackend:
         for w in workers:
             w.control.close()
             w.status.close()
+        with self._wake_lock:  # wake() and wait() never touch a closed (or reused) descriptor
+            self._close_wake_pipe()
+            self._wake_read = self._wake_write = -1
         unlink_prefix(self.prefix)
         self._finalizer.detach()
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _exit_text(w: _Worker) -> str:

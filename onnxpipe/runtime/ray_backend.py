@@ -14,6 +14,10 @@ stage to the node started with ``ray start --resources='{"stage0_host": 1}'``), 
     {"default": {"num_cpus": 1},
      "stages": [{"resources": {"node_a": 1}}, {"num_gpus": 1, "resources": {"node_b": 1}}]}
 
+A backend connects to Ray unless the caller already did (``ray.init``).  The Ray a backend starts is
+shared by every backend opened while it runs and shut down when the last of them closes; a Ray the caller
+started is never shut down here.
+
 Ray is an optional dependency (``pip install 'onnxpipe[ray]'``); it is imported only here, lazily.
 """
 
@@ -79,6 +83,58 @@ class StageActor:
         self.runner.recorder.reset()
 
 
+class _OwnedRay:
+    """How many open backends use the Ray this module started: the last one to close shuts it down.
+
+    ``generation`` tells the Rays this module started apart: a backend that outlived its Ray (the caller
+    shut it down, and a later backend started another) does not count against the new one.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+        self.generation = 0
+
+    def acquire(self, ray: Any, address: str | None) -> int | None:
+        """Start Ray unless it runs; the generation to :meth:`release` at close, ``None`` for the caller's."""
+        with self.lock:
+            if ray.is_initialized():
+                if self.users == 0:
+                    return None
+                self.users += 1
+                return self.generation
+            try:
+                ray.init(address=address, include_dashboard=False, logging_level="WARNING")
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                _shutdown_quietly(ray)
+                where = address or "a new local cluster"
+                raise UsageError(f"cannot connect to Ray at {where}: {first_line(e)}") from e
+            except BaseException:  # Ctrl-C half-way through: leave nothing of it running
+                _shutdown_quietly(ray)
+                raise
+            self.generation += 1
+            self.users = 1
+            return self.generation
+
+    def release(self, ray: Any, generation: int | None) -> None:
+        if generation is None:
+            return
+        with self.lock:
+            if generation != self.generation or self.users == 0:
+                return
+            self.users -= 1
+            if self.users == 0:
+                ray.shutdown()
+
+
+_OWNED_RAY = _OwnedRay()
+
+
+def _shutdown_quietly(ray: Any) -> None:
+    with contextlib.suppress(Exception):
+        ray.shutdown()
+
+
 def _import_ray() -> Any:
     try:
         import ray
@@ -108,36 +164,31 @@ class RayBackend:
         self.specs = list(specs)
         if resources is not None and len(resources) != len(self.specs):
             raise UsageError(f"{len(resources)} resource entries for {len(self.specs)} stages")
-        self._owns_ray = False
-        if not ray.is_initialized():
-            try:
-                ray.init(address=address, include_dashboard=False, logging_level="WARNING")
-            except (ConnectionError, RuntimeError, ValueError) as e:
-                where = address or "a new local cluster"
-                raise UsageError(f"cannot connect to Ray at {where}: {first_line(e)}") from e
-            self._owns_ray = True
         self._capacity = slots * (len(self.specs) + 1)
         self._lock = threading.Lock()
         self._in_flight: dict[Any, int] = {}
         self._event = threading.Event()
         self._closed = False
         self._failure: RuntimeStageError | None = None
-        remote = ray.remote(StageActor)
         self.actors: list[Any] = []
-        for i, spec in enumerate(self.specs):
-            options = actor_options(spec, resources[i] if resources is not None else {})
-            self.actors.append(remote.options(**options).remote(spec))
-        try:
-            placed = ray.get([a.ready.remote() for a in self.actors], timeout=start_timeout)
-        except ray.exceptions.GetTimeoutError as e:
+        self._ray_generation = _OWNED_RAY.acquire(ray, address)
+        try:  # whatever fails from here on (Ctrl-C, bad options, no resources), close() undoes the rest
+            remote = ray.remote(StageActor)
+            for i, spec in enumerate(self.specs):
+                options = actor_options(spec, resources[i] if resources is not None else {})
+                self.actors.append(remote.options(**options).remote(spec))
+            try:
+                placed = ray.get([a.ready.remote() for a in self.actors], timeout=start_timeout)
+            except ray.exceptions.GetTimeoutError as e:
+                raise RuntimeStageError(
+                    f"the stage actors did not start within {start_timeout:.0f} s: the cluster may lack "
+                    f"the resources they ask for ({self._describe_requests(resources)})"
+                ) from e
+            except ray.exceptions.RayError as e:
+                raise RuntimeStageError(_ray_error_text(e, "a stage actor failed to start")) from e
+        except BaseException:
             self.close(graceful=False)
-            raise RuntimeStageError(
-                f"the stage actors did not start within {start_timeout:.0f} s: the cluster may lack the "
-                f"resources they ask for ({self._describe_requests(resources)})"
-            ) from e
-        except ray.exceptions.RayError as e:
-            self.close(graceful=False)
-            raise RuntimeStageError(_ray_error_text(e, "a stage actor failed to start")) from e
+            raise
         self.placed: list[tuple[int, str]] = [(int(pid), str(host)) for pid, host in placed]
 
     def _describe_requests(self, resources: Sequence[Mapping[str, Any]] | None) -> str:
@@ -213,7 +264,8 @@ class RayBackend:
         return []
 
     def close(self, graceful: bool = True) -> None:
-        """Kill every stage actor (their in-flight calls fail); shut Ray down if this backend started it."""
+        """Kill every stage actor (their in-flight calls fail); shut Ray down if this was the last backend
+        using the Ray that a backend started."""
         if self._closed:
             return
         self._closed = True
@@ -223,8 +275,7 @@ class RayBackend:
                 self._ray.kill(actor, no_restart=True)
         with self._lock:
             self._in_flight.clear()
-        if self._owns_ray:
-            self._ray.shutdown()
+        _OWNED_RAY.release(self._ray, self._ray_generation)
 
 
 def actor_options(spec: WorkerSpec, given: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,10 +1,14 @@
 """A bounded channel between two processes: tensors in shared memory, small messages in pipes.
 
 A channel has ``slots`` shared-memory buffers.  The writer copies a micro-batch's tensors into a free
-slot and sends a small message (sequence number, slot, segment name, dtype/shape/offset of each tensor)
-through the ``data`` pipe; the reader maps the slot, hands out numpy views of it (no copy), and returns
-the slot through the ``free`` pipe once it no longer needs them.  A writer with no free slot waits:
-that is the backpressure between stages.
+slot, followed by their table (name, dtype, shape and offset of each), and sends a small message (sequence
+number, slot, segment name, where the table lies) through the ``data`` pipe; the reader maps the slot,
+hands out numpy views of it (no copy), and returns the slot through the ``free`` pipe once it no longer
+needs them.  A writer with no free slot waits: that is the backpressure between stages.
+
+Every pipe message is small and of bounded size whatever the tensors (object tensors, e.g. strings,
+travel pickled in the slot too), and a pipe holds at most ``slots`` of them, so a send never blocks on a
+full pipe: a caller that sends while holding a lock cannot deadlock with a worker that waits for it.
 
 A slot's segment grows when a micro-batch does not fit (a new, larger segment under a new name; the
 message carries the name, so the reader re-maps).  The writer unlinks the segments it created when it
@@ -18,6 +22,7 @@ from __future__ import annotations
 import _posixshmem
 import contextlib
 import os
+import pickle
 import select
 import struct
 import sys
@@ -27,33 +32,40 @@ from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 ALIGN = 64
 MIN_SEGMENT = 1 << 16
+MAX_SLOTS = 64
+"""Slots a channel may have: that many messages (each well under 256 bytes) fit in a pipe's buffer
+(64 KiB on Linux, at least 16 KiB on macOS), so that no send waits for the reader."""
 SHM_DIR = Path("/dev/shm")
 _SLOT = struct.Struct("<i")
 
 
 @dataclass(frozen=True)
 class TensorMeta:
-    """Where one tensor of a message lies in its slot (``offset`` -1: ``inline`` holds it, for objects)."""
+    """Where one tensor lies in its slot; ``pickled``: its ``nbytes`` there are a pickled object array."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
     offset: int
-    inline: Any = None
+    nbytes: int
+    pickled: bool = False
 
 
 @dataclass(frozen=True)
 class ItemMessage:
+    """One micro-batch on the data pipe: the slot and segment holding it, and where its table of
+    :class:`TensorMeta` lies there (the table is in the slot so that the message stays small)."""
+
     seq: int
     slot: int
     segment: str
-    tensors: tuple[TensorMeta, ...]
+    table_offset: int
+    table_size: int
 
 
 def _open(name: str, *, create: bool, size: int = 0) -> SharedMemory:
@@ -64,6 +76,12 @@ def _open(name: str, *, create: bool, size: int = 0) -> SharedMemory:
     # Python < 3.13 registers every segment, created or attached, and its unlink() unregisters again
     resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
     return segment
+
+
+def _buffer(segment: SharedMemory) -> memoryview:
+    buf = segment.buf
+    assert buf is not None, "a closed segment"
+    return buf
 
 
 def _unlink(name: str) -> None:
@@ -115,8 +133,8 @@ class SlotWriter:
     """The sending end of a channel."""
 
     def __init__(self, prefix: str, slots: int, data: Connection, free: Connection) -> None:
-        if slots < 1:
-            raise ValueError(f"a channel needs at least one slot, got {slots}")
+        if not 1 <= slots <= MAX_SLOTS:
+            raise ValueError(f"a channel has 1 to {MAX_SLOTS} slots, got {slots}")
         self.prefix = prefix
         self.data = data
         self.free = free
@@ -139,27 +157,31 @@ class SlotWriter:
         """Copy ``tensors`` into a free slot and announce them; call only after :meth:`has_room`."""
         slot = self._free_slots.pop()
         metas: list[TensorMeta] = []
-        arrays: list[tuple[int, np.ndarray]] = []
+        contents: list[np.ndarray | bytes] = []
         offset = 0
         for name, value in tensors.items():
             a = np.asarray(value)
-            if a.dtype.hasobject:
-                metas.append(TensorMeta(name, a.dtype.str, tuple(a.shape), -1, a))
-                continue
-            metas.append(TensorMeta(name, a.dtype.str, tuple(int(d) for d in a.shape), offset))
-            arrays.append((offset, a))
-            offset = _round_up(offset + a.nbytes, ALIGN)
-        segment = self._segment(slot, max(offset, 1))
-        buf = segment.buf
-        for (off, a), meta in zip(arrays, (m for m in metas if m.offset >= 0), strict=True):
-            if a.nbytes:
-                dst: np.ndarray = np.ndarray(meta.shape, dtype=a.dtype, buffer=buf, offset=off)
-                np.copyto(dst, a, casting="no")
+            shape = tuple(int(d) for d in a.shape)
+            content: np.ndarray | bytes = a
+            if a.dtype.hasobject:  # no fixed-size layout: pickled, like the pipe would have done
+                content = pickle.dumps(a, protocol=pickle.HIGHEST_PROTOCOL)
+                metas.append(TensorMeta(name, a.dtype.str, shape, offset, len(content), pickled=True))
+            else:
+                metas.append(TensorMeta(name, a.dtype.str, shape, offset, a.nbytes))
+            contents.append(content)
+            offset = _round_up(offset + metas[-1].nbytes, ALIGN)
+        table = pickle.dumps(tuple(metas), protocol=pickle.HIGHEST_PROTOCOL)
+        segment = self._segment(slot, offset + len(table))
+        buf = _buffer(segment)
+        for meta, content in zip(metas, contents, strict=True):
+            if isinstance(content, bytes):
+                buf[meta.offset : meta.offset + meta.nbytes] = content
+            elif meta.nbytes:
+                dst: np.ndarray = np.ndarray(meta.shape, dtype=content.dtype, buffer=buf, offset=meta.offset)
+                np.copyto(dst, content, casting="no")
                 del dst
-        self.data.send(ItemMessage(seq, slot, segment.name, tuple(metas)))
-
-    def send_control(self, message: object) -> None:
-        self.data.send(message)
+        buf[offset : offset + len(table)] = table
+        self.data.send(ItemMessage(seq, slot, segment.name, offset, len(table)))
 
     def _segment(self, slot: int, size: int) -> SharedMemory:
         current = self._segments.get(slot)
@@ -204,19 +226,25 @@ class SlotReader:
         return self._incoming.any()
 
     def recv(self) -> object:
-        """The next message (an :class:`ItemMessage` or a control object); blocks."""
+        """The next message (an :class:`ItemMessage`); blocks."""
         return self.data.recv()
 
     def views(self, item: ItemMessage) -> dict[str, np.ndarray]:
-        """Numpy views of the item's tensors (valid until :meth:`release`; read-only by convention)."""
-        segment = self._map(item.slot, item.segment)
+        """Numpy views of the item's tensors (valid until :meth:`release`; read-only by convention).
+
+        Object tensors are unpickled: they are the reader's own arrays, not views.
+        """
+        buf = _buffer(self._map(item.slot, item.segment))
+        with buf[item.table_offset : item.table_offset + item.table_size] as raw:
+            metas: tuple[TensorMeta, ...] = pickle.loads(raw)
         out: dict[str, np.ndarray] = {}
-        for meta in item.tensors:
-            if meta.offset < 0:
-                out[meta.name] = meta.inline
+        for meta in metas:
+            if meta.pickled:
+                with buf[meta.offset : meta.offset + meta.nbytes] as raw:
+                    out[meta.name] = pickle.loads(raw)
             else:
                 out[meta.name] = np.ndarray(
-                    meta.shape, dtype=np.dtype(meta.dtype), buffer=segment.buf, offset=meta.offset
+                    meta.shape, dtype=np.dtype(meta.dtype), buffer=buf, offset=meta.offset
                 )
         return out
 
