@@ -29,6 +29,8 @@ from onnxpipe.verification import source_model_path
 
 DEFAULT_MICROBATCHES = 32
 DEFAULT_WARMUP = 4
+SINGLE_LATENCY_MICROBATCHES = 8
+"""Micro-batches run one at a time after the measured stream, for the latency of one alone."""
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -175,7 +177,8 @@ def run_command(args: argparse.Namespace) -> int:
         ray_address=args.ray_address,
         ray_resources=resources,
     ) as pipeline:
-        measurement = measure(pipeline, inputs, warmup=args.warmup)
+        single = min(len(inputs), SINGLE_LATENCY_MICROBATCHES)
+        measurement = measure(pipeline, inputs, warmup=args.warmup, single=single)
     report = build_report(
         pipeline,
         measurement,

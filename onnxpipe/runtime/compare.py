@@ -1,13 +1,17 @@
-"""Baselines for ``onnxpipe run --compare``: the original model run without a pipeline.
+"""Baselines for ``onnxpipe run --compare``: the original model run without a pipeline, like with like.
 
 * ``session_1_thread``: one onnxruntime session with one intra-op thread, micro-batches one after
   another in this process;
 * ``session_total_threads``: the same with as many threads as all the stages together;
-* ``replicas``: K copies of the whole model, one worker process each with a stage's threads, fed in turn
-  (data parallel), so that each replica's memory is measured too.
+* ``replicas``: K copies of the whole model fed in turn (data parallel), in the pipeline's local mode
+  (threads when it runs threads), sharing the pipeline's total threads (:func:`replica_threads`).
 
-The sessions run in this process with no inter-process traffic at all: the strongest form of each
-baseline, not a strawman.  :func:`compare_outputs` checks that the pipeline computed what the model does.
+Every baseline runs on the stages' provider (:func:`baseline_placement`), so that a GPU pipeline is not
+measured against a CPU session.  A replica's memory is measured in a fresh process of its own (the
+replicas' own processes, or one short extra run when they ran as threads), like a stage worker's with
+``--local-mode processes``.  The sessions run in this process with no inter-process traffic at all: the
+strongest form of each baseline, not a strawman.  :func:`compare_outputs` checks that the pipeline
+computed what the model does.
 """
 
 from __future__ import annotations
@@ -21,23 +25,72 @@ from pathlib import Path
 import numpy as np
 
 from onnxpipe.errors import RuntimeStageError
-from onnxpipe.ortsession import open_session, session_options
-from onnxpipe.runtime.pipeline import Pipeline, make_backend
+from onnxpipe.ortsession import Provider, open_session, session_options
+from onnxpipe.runtime.pipeline import LocalMode, Pipeline, make_backend
 from onnxpipe.runtime.report import BaselineReport, Measurement, RunReport, measure
-from onnxpipe.runtime.session import first_line
-from onnxpipe.runtime.spec import Placement, model_spec
+from onnxpipe.runtime.session import WorkerStats, first_line
+from onnxpipe.runtime.spec import CPU_PROVIDER, Placement, WorkerSpec, model_spec
 from onnxpipe.verification import DEFAULT_ATOL, DEFAULT_RTOL, compare
 
 Feeds = Mapping[str, np.ndarray]
 
+MEMORY_MICROBATCHES = 4
+"""Micro-batches of the one-replica memory run: its peak then includes running, not only loading."""
+
+
+def baseline_placement(specs: Sequence[WorkerSpec]) -> tuple[Placement, str | None]:
+    """The provider (and options) every baseline runs the whole model on, and a note when it is a choice.
+
+    The stages' provider when they share one.  Stages on several providers: the first stage's, because
+    one session (or one replica) runs on one provider while the pipeline spreads the model over several;
+    the note says so, since then no baseline is quite like the pipeline.  ``threads`` is left at 1: each
+    baseline sets its own.
+    """
+    first = specs[0]
+    providers = list(dict.fromkeys(s.placement.provider for s in specs))
+    note = None
+    if len(providers) > 1:
+        note = (
+            f"the stages run on several providers ({', '.join(providers)}); the baselines run the whole "
+            f"model on the first stage's ({first.placement.provider}, device {first.device!r}), since one "
+            "session runs on one provider"
+        )
+    return Placement(first.placement.provider, first.placement.provider_options, 1), note
+
+
+def replica_threads(stage_threads: Sequence[int]) -> list[int]:
+    """Intra-op threads of each of the K replicas: the pipeline's total split as evenly as possible.
+
+    ``total // K`` each, the first ``total % K`` replicas one more, so that K replicas hold exactly as
+    many threads as the K stages (each stage has at least one, so each replica does too) and neither
+    side wins by using more cores.
+    """
+    total, k = sum(stage_threads), len(stage_threads)
+    return [total // k + (1 if i < total % k else 0) for i in range(k)]
+
+
+def replica_mode(pipeline: Pipeline) -> LocalMode:
+    """The local mode the replicas' throughput is measured in: the pipeline's, so that neither side pays
+    for (or is spared) the copies and wake-ups of processes alone; processes for a pipeline on Ray."""
+    return "threads" if pipeline.backend.kind == "threads" else "processes"
+
+
+def _providers(placement: Placement) -> list[Provider]:
+    """The session's providers as a stage worker gives them: its own, then the CPU for what it lacks."""
+    providers: list[Provider] = [(placement.provider, dict(placement.provider_options))]
+    if placement.provider != CPU_PROVIDER:
+        providers.append(CPU_PROVIDER)
+    return providers
+
 
 def session_throughput(
-    model: Path, inputs: Sequence[Feeds], *, threads: int, warmup: int
+    model: Path, inputs: Sequence[Feeds], *, placement: Placement, warmup: int
 ) -> tuple[float, list[dict[str, np.ndarray]]]:
-    """Micro-batches per second of one session with ``threads`` intra-op threads, and its outputs."""
+    """Micro-batches per second of one session on ``placement`` (provider, threads), and its outputs."""
     session = open_session(
         model,
-        session_options(threads=threads),
+        session_options(threads=placement.threads),
+        _providers(placement),
         fail=lambda e: RuntimeStageError(f"{model}: the original model does not load ({first_line(e)})"),
     )
     names = [o.name for o in session.get_outputs()]
@@ -51,33 +104,55 @@ def session_throughput(
     return (len(inputs) / wall if wall > 0 else math.inf), outputs
 
 
-def replicas_measurement(
-    model: Path,
-    inputs: Sequence[Feeds],
-    *,
-    pipeline: Pipeline,
-    replicas: int,
-    threads: int,
-    warmup: int,
-) -> Measurement:
-    """Run ``inputs`` through ``replicas`` one-worker lanes of the whole model."""
-    lanes = [
+def _replica_lanes(
+    model: Path, pipeline: Pipeline, placement: Placement, threads: Sequence[int]
+) -> list[list[WorkerSpec]]:
+    return [
         [
             model_spec(
                 model,
                 pipeline.input_names,
                 pipeline.output_names,
-                Placement(threads=threads),
+                replace(placement, threads=n),
                 index=i,
             )
         ]
-        for i in range(replicas)
+        for i, n in enumerate(threads)
     ]
-    backend = make_backend(lanes, backend="local", mode="processes")
+
+
+def replicas_measurement(
+    model: Path,
+    inputs: Sequence[Feeds],
+    *,
+    pipeline: Pipeline,
+    placement: Placement,
+    threads: Sequence[int],
+    mode: LocalMode,
+    warmup: int,
+) -> Measurement:
+    """Run ``inputs`` through one one-worker lane of the whole model per entry of ``threads``."""
+    lanes = _replica_lanes(model, pipeline, placement, threads)
+    backend = make_backend(lanes, backend="local", mode=mode)
     with Pipeline(
         backend, input_types=pipeline.input_types, output_names=pipeline.output_names, lanes=lanes
     ) as data_parallel:
         return measure(data_parallel, inputs, warmup=warmup)
+
+
+def replica_memory(
+    model: Path, inputs: Sequence[Feeds], *, pipeline: Pipeline, placement: Placement
+) -> WorkerStats:
+    """One replica in a fresh worker process, run for a few micro-batches: what a replica's worker
+    holds, measured as a stage's is with ``--local-mode processes`` (threads share the process, whose
+    growth while a session loads says little)."""
+    lanes = _replica_lanes(model, pipeline, placement, [placement.threads])
+    backend = make_backend(lanes, backend="local", mode="processes")
+    with Pipeline(
+        backend, input_types=pipeline.input_types, output_names=pipeline.output_names, lanes=lanes
+    ) as one:
+        one.run_many([inputs[j % len(inputs)] for j in range(MEMORY_MICROBATCHES)])
+        return one.stats()[0]
 
 
 def compare_outputs(
@@ -96,6 +171,11 @@ def compare_outputs(
     return ok, worst
 
 
+def _most(values: Sequence[int | None]) -> int | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
 def add_baselines(
     report: RunReport,
     pipeline: Pipeline,
@@ -106,38 +186,65 @@ def add_baselines(
     warmup: int,
 ) -> RunReport:
     """``report`` with the three baselines, the output check and the memory comparison added."""
-    stage_threads = [s.placement.threads for s in pipeline.lanes[0]]
+    specs = pipeline.lanes[0]
+    stage_threads = [s.placement.threads for s in specs]
     total = sum(stage_threads)
     pipe_tp = report.throughput_per_s
+    place, note = baseline_placement(specs)
+    notes = list(report.notes) + ([note] if note else [])
+    on = "" if place.provider == CPU_PROVIDER else f" on {place.provider}"
     baselines: dict[str, BaselineReport] = {}
 
-    tp1, expected = session_throughput(model, inputs, threads=1, warmup=warmup)
+    tp1, expected = session_throughput(model, inputs, placement=place, warmup=warmup)
     baselines["session_1_thread"] = BaselineReport(
-        "session_1_thread", "one session, 1 thread", 1, 1, tp1, pipe_tp / tp1
+        "session_1_thread",
+        f"one session{on}, 1 thread",
+        1,
+        1,
+        tp1,
+        pipe_tp / tp1,
+        provider=place.provider,
+        total_threads=1,
     )
     if total > 1:
-        tpn, _ = session_throughput(model, inputs, threads=total, warmup=warmup)
+        tpn, _ = session_throughput(model, inputs, placement=replace(place, threads=total), warmup=warmup)
         baselines["session_total_threads"] = BaselineReport(
-            "session_total_threads", f"one session, {total} threads", 1, total, tpn, pipe_tp / tpn
+            "session_total_threads",
+            f"one session{on}, {total} threads",
+            1,
+            total,
+            tpn,
+            pipe_tp / tpn,
+            provider=place.provider,
+            total_threads=total,
         )
-    k = len(stage_threads)
-    # replicas always get their own processes, so that a replica's memory is measured
+    threads = replica_threads(stage_threads)
+    mode = replica_mode(pipeline)
+    if pipeline.backend.kind == "ray":
+        notes.append("the pipeline runs on Ray; the replicas run as local processes")
     rep = replicas_measurement(
-        model, inputs, pipeline=pipeline, replicas=k, threads=max(stage_threads), warmup=warmup
+        model, inputs, pipeline=pipeline, placement=place, threads=threads, mode=mode, warmup=warmup
     )
-    peaks = [s.peak_rss_bytes for s in rep.stats if s.peak_rss_bytes is not None]
-    model_mem = [m for m in (s.model_rss_bytes for s in rep.stats) if m is not None]
-    load_mem = [m for m in (s.load_rss_bytes for s in rep.stats) if m is not None]
+    # memory per replica worker from a process of its own: the replicas' own, else one short run
+    mem: Sequence[WorkerStats] = rep.stats
+    if mode != "processes":
+        mem = [replica_memory(model, inputs, pipeline=pipeline, placement=replace(place, threads=threads[0]))]
+    split = "+".join(str(n) for n in threads)
     baselines["replicas"] = BaselineReport(
         "replicas",
-        f"{k} replicas of the model, {max(stage_threads)} thread(s) each",
-        k,
-        max(stage_threads),
+        f"{len(threads)} replicas of the model{on}, {split} threads ({mode})",
+        len(threads),
+        max(threads),
         rep.throughput_per_s,
         pipe_tp / rep.throughput_per_s,
-        peak_rss_bytes=max(peaks) if peaks else None,
-        model_rss_bytes=max(model_mem) if model_mem else None,
-        load_rss_bytes=max(load_mem) if load_mem else None,
+        peak_rss_bytes=_most([s.peak_rss_bytes for s in mem]),
+        model_rss_bytes=_most([s.model_rss_bytes for s in mem]),
+        load_rss_bytes=_most([s.load_rss_bytes for s in mem]),
+        provider=place.provider,
+        mode=mode,
+        total_threads=sum(threads),
     )
     ok, worst = compare_outputs(expected, measurement.outputs)
-    return replace(report, baselines=baselines, outputs_match=ok, outputs_max_rel_diff=worst)
+    return replace(
+        report, baselines=baselines, outputs_match=ok, outputs_max_rel_diff=worst, notes=tuple(notes)
+    )

@@ -20,17 +20,30 @@ from typing import Any
 
 import numpy as np
 
+from onnxpipe.errors import UsageError
+from onnxpipe.manifest import Manifest
 from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.pipeline import Job, Pipeline
 from onnxpipe.runtime.session import WorkerStats
+from onnxpipe.runtime.spec import CPU_PROVIDER, Placement, WorkerSpec, manifest_placements
 from onnxpipe.tables import human_bytes, table
 
 Feeds = Mapping[str, np.ndarray]
 
 
+def min_steady_microbatches(workers: int) -> int:
+    """Fewest micro-batches for which :attr:`Measurement.steady_throughput_per_s` is given: ``2K + 2``
+    for K workers, since the first K or so are the pipeline filling up and a rate needs a few more."""
+    return 2 * max(1, workers) + 2
+
+
 @dataclass(frozen=True)
 class Measurement:
-    """Outputs and timings of one measured stream (``perf_counter`` seconds of the caller)."""
+    """Outputs and timings of one measured stream (``perf_counter`` seconds of the caller).
+
+    ``queued_at``/``done_at`` are the driver's times: several outputs collected in one poll share one
+    ``done_at``, so rates between outputs come from the workers' own records (``stats``) instead.
+    """
 
     outputs: tuple[Tensors, ...]
     queued_at: tuple[float, ...]
@@ -38,6 +51,13 @@ class Measurement:
     start: float
     end: float
     stats: tuple[WorkerStats, ...]
+    in_flight: int = 1
+    """Micro-batches kept in flight during the stream (the pipeline's capacity): the latencies of
+    :attr:`latencies_s` are latencies at saturation, about ``in_flight / throughput``."""
+    output_workers: tuple[int, ...] = ()
+    """Positions in ``stats`` of the workers whose outputs leave the pipeline (each lane's last)."""
+    single_latencies_s: tuple[float, ...] = ()
+    """Latencies of micro-batches run one at a time after the stream (``measure(..., single=N)``)."""
 
     @property
     def wall_seconds(self) -> float:
@@ -47,22 +67,51 @@ class Measurement:
     def throughput_per_s(self) -> float:
         return len(self.outputs) / self.wall_seconds if self.wall_seconds > 0 else math.inf
 
+    def _worker_done_times(self) -> list[float]:
+        """When each output left its lane's last worker, by that worker's clock (``Record.done``).
+
+        Local workers share the machine's monotonic clock, so several lanes' times merge; a pipeline
+        on Ray has one lane, whose last worker's times are all on one clock."""
+        times = [r.done for i in self.output_workers if i < len(self.stats) for r in self.stats[i].records]
+        return sorted(times)
+
     @property
-    def steady_throughput_per_s(self) -> float:
-        """Micro-batches per second between the first and the last output: the pipeline's fill excluded."""
-        if len(self.done_at) < 2:
-            return self.throughput_per_s
-        span = self.done_at[-1] - self.done_at[0]
-        return (len(self.done_at) - 1) / span if span > 0 else math.inf
+    def steady_throughput_from(self) -> str | None:
+        """``"worker"`` (the last workers' records), ``"driver"`` (its poll times) or None (too few)."""
+        if len(self.outputs) < min_steady_microbatches(len(self.stats)):
+            return None
+        return "worker" if len(self._worker_done_times()) >= 2 else "driver"
+
+    @property
+    def steady_throughput_per_s(self) -> float | None:
+        """Micro-batches per second between the first and the last output (the pipeline's fill excluded).
+
+        From the last worker's own completion times, because the driver stamps every output it collects
+        in one poll with the same time, which shortens the span and inflates the rate; from the
+        driver's times only when no worker records are there.  None for fewer than
+        :func:`min_steady_microbatches` micro-batches, where the fill dominates.
+        """
+        source = self.steady_throughput_from
+        if source is None:
+            return None
+        times = self._worker_done_times() if source == "worker" else sorted(self.done_at)
+        span = times[-1] - times[0]
+        return (len(times) - 1) / span if span > 0 else None
 
     @property
     def latencies_s(self) -> list[float]:
+        """Submission-to-result time of each micro-batch of the stream, at saturation (see ``in_flight``)."""
         return [d - q for q, d in zip(self.queued_at, self.done_at, strict=True)]
 
 
-def measure(pipeline: Pipeline, inputs: Sequence[Feeds], *, warmup: int = 0) -> Measurement:
+def measure(pipeline: Pipeline, inputs: Sequence[Feeds], *, warmup: int = 0, single: int = 0) -> Measurement:
     """Stream ``warmup`` micro-batches (cycling through ``inputs``), reset the workers' stats, then
-    stream ``inputs`` and return their outputs, timings and the workers' stats."""
+    stream ``inputs`` and return their outputs, timings and the workers' stats.
+
+    The stream keeps the pipeline full (``capacity`` micro-batches in flight), which is what its
+    throughput needs but makes each latency mostly the wait behind the others; ``single`` more
+    micro-batches are then run one at a time, after the stats were taken, for the latency of one alone.
+    """
     if warmup > 0 and inputs:
         pipeline.run_many([inputs[j % len(inputs)] for j in range(warmup)])
     pipeline.reset_stats()
@@ -83,14 +132,33 @@ def measure(pipeline: Pipeline, inputs: Sequence[Feeds], *, warmup: int = 0) -> 
         finished.append(job)
     done_at = tuple(j.done_at if j.done_at is not None else time.perf_counter() for j in finished)
     end = max(done_at, default=time.perf_counter())
+    stats = tuple(pipeline.stats())
+    single_latencies: list[float] = []
+    for j in range(single if inputs else 0):
+        job = pipeline.submit(inputs[j % len(inputs)])
+        job.result()
+        single_latencies.append((job.done_at or time.perf_counter()) - job.queued_at)
     return Measurement(
         outputs=tuple(outputs),
         queued_at=tuple(j.queued_at for j in finished),
         done_at=done_at,
         start=start,
         end=end,
-        stats=tuple(pipeline.stats()),
+        stats=stats,
+        in_flight=min(window, len(inputs)),
+        output_workers=_last_positions(pipeline.lanes),
+        single_latencies_s=tuple(single_latencies),
     )
+
+
+def _last_positions(lanes: Sequence[Sequence[object]]) -> tuple[int, ...]:
+    """Positions of each lane's last worker in the backends' stats, which list the lanes in order."""
+    positions: list[int] = []
+    total = 0
+    for lane in lanes:
+        total += len(lane)
+        positions.append(total - 1)
+    return tuple(positions)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -149,7 +217,9 @@ class StageReport:
     pid: int | None
     memory_shared_with_other_workers: bool = False
     model_rss_bytes: int | None = None
-    """Peak minus the memory before loading (own process), or the growth while loading (threads)."""
+    """Peak minus the memory before loading, for a worker with its own process; None for thread
+    workers, whose process's growth while a session loads hides what the allocator reused."""
+    provider: str = CPU_PROVIDER
 
 
 @dataclass(frozen=True)
@@ -163,11 +233,16 @@ class BaselineReport:
     throughput_per_s: float
     pipeline_speedup: float
     peak_rss_bytes: int | None = None
-    """Largest worker's peak resident memory (workers in their own processes only)."""
+    """Largest worker's peak resident memory (a worker in its own process)."""
     model_rss_bytes: int | None = None
     """Largest worker's peak minus its memory before loading the model."""
     load_rss_bytes: int | None = None
     """Largest growth of a worker's memory while its session loaded."""
+    provider: str = CPU_PROVIDER
+    mode: str = "session"
+    """How its throughput was measured: ``session`` (in this process), ``threads`` or ``processes``."""
+    total_threads: int | None = None
+    """Intra-op threads of all its workers together."""
 
 
 @dataclass(frozen=True)
@@ -179,9 +254,10 @@ class RunReport:
     warmup: int
     input_shapes: Mapping[str, tuple[int, ...]]
     throughput_per_s: float
-    steady_throughput_per_s: float
+    steady_throughput_per_s: float | None
     wall_seconds: float
-    latency: Latency
+    latency_saturated: Latency
+    """Submission to result while ``latency_in_flight`` micro-batches are in flight: mostly queueing."""
     stages: tuple[StageReport, ...]
     bottleneck_stage: int
     estimates_comparable: bool
@@ -191,6 +267,15 @@ class RunReport:
     outputs_match: bool | None = None
     outputs_max_rel_diff: float | None = None
     notes: tuple[str, ...] = ()
+    latency_in_flight: int = 1
+    latency_single: Latency | None = None
+    """Submission to result of micro-batches run one at a time (None when not measured)."""
+    steady_throughput_from: str | None = None
+
+    @property
+    def memory_shared(self) -> bool:
+        """Whether the stages share one process (threads), so no stage's memory can be told apart."""
+        return any(s.memory_shared_with_other_workers for s in self.stages)
 
     def to_obj(self) -> dict[str, Any]:
         """The report as JSON-ready data (NaN and infinity as ``null``)."""
@@ -203,14 +288,11 @@ class RunReport:
             "input_shapes": {n: list(s) for n, s in self.input_shapes.items()},
             "throughput_per_s": _num(self.throughput_per_s),
             "steady_throughput_per_s": _num(self.steady_throughput_per_s),
+            "steady_throughput_from": self.steady_throughput_from,
             "wall_seconds": _num(self.wall_seconds),
-            "latency_ms": {
-                "mean": _num(self.latency.mean_ms),
-                "p50": _num(self.latency.p50_ms),
-                "p90": _num(self.latency.p90_ms),
-                "p99": _num(self.latency.p99_ms),
-                "max": _num(self.latency.max_ms),
-            },
+            "latency_ms": _latency_obj(self.latency_saturated),
+            "latency_in_flight": self.latency_in_flight,
+            "latency_single_ms": _latency_obj(self.latency_single) if self.latency_single else None,
             "bottleneck_stage": self.bottleneck_stage,
             "estimates_comparable": self.estimates_comparable,
             "estimate_max_error": _num(self.estimate_max_error),
@@ -221,6 +303,7 @@ class RunReport:
                     "label": s.label,
                     "file": s.file,
                     "device": s.device,
+                    "provider": s.provider,
                     "threads": s.threads,
                     "microbatches": s.microbatches,
                     "measured_ms": _num(s.measured_ms),
@@ -243,8 +326,11 @@ class RunReport:
             "baselines": {
                 name: {
                     "description": b.description,
+                    "provider": b.provider,
+                    "mode": b.mode,
                     "workers": b.workers,
                     "threads_per_worker": b.threads_per_worker,
+                    "total_threads": b.total_threads,
                     "throughput_per_s": _num(b.throughput_per_s),
                     "pipeline_speedup": _num(b.pipeline_speedup),
                     "peak_rss_bytes": b.peak_rss_bytes,
@@ -262,10 +348,84 @@ class RunReport:
         return json.dumps(self.to_obj(), indent=2, allow_nan=False) + "\n"
 
 
+def _latency_obj(latency: Latency) -> dict[str, float | None]:
+    return {
+        "mean": _num(latency.mean_ms),
+        "p50": _num(latency.p50_ms),
+        "p90": _num(latency.p90_ms),
+        "p99": _num(latency.p99_ms),
+        "max": _num(latency.max_ms),
+    }
+
+
 def _num(x: float | None) -> float | None:
     if x is None or math.isnan(x) or math.isinf(x):
         return None
     return float(x)
+
+
+def estimate_placements(manifest: Manifest) -> list[Placement] | None:
+    """Where each stage's estimate is for: its device in the manifest's cluster (provider and threads;
+    ``device_costs`` says whether those costs were profiled there or scaled from the reference), else
+    the provider its device name implies with the plan's threads.  None when a device name maps to no
+    provider (such a split runs only with ``--devices``): then only the plan's threads are known."""
+    try:
+        return manifest_placements(manifest)
+    except UsageError:
+        return None
+
+
+def check_estimates(
+    manifest: Manifest, specs: Sequence[WorkerSpec], input_shapes: Mapping[str, tuple[int, ...]]
+) -> tuple[bool, list[str]]:
+    """Whether the stages ran as their estimates were made for, and notes saying where not.
+
+    Each stage's actual placement (provider, threads) is compared with the one its estimate is for
+    (:func:`estimate_placements`), not with the reference profile's threads: a split made with
+    ``--devices`` estimates each stage on its own device.
+    """
+    comparable = True
+    notes: list[str] = []
+    profiled = {n: tuple(v) for n, v in manifest.plan.profiled_input_shapes.items()}
+    if profiled and dict(input_shapes) != profiled:
+        comparable = False
+        notes.append(
+            f"the inputs' shapes differ from those the plan was made for ({_shapes(profiled)}): "
+            "the estimates are for those shapes"
+        )
+    expected = estimate_placements(manifest)
+    differs: list[str] = []
+    for spec in specs:
+        ran = spec.placement
+        if expected is not None and spec.index < len(expected):
+            want = expected[spec.index]
+            if ran.provider != want.provider:
+                differs.append(
+                    f"stage {spec.index} ran on {ran.provider} with {ran.threads} thread(s), its estimate is "
+                    f"for {want.provider} with {want.threads}"
+                )
+            elif ran.threads != want.threads:
+                differs.append(
+                    f"stage {spec.index} ran with {ran.threads} thread(s), its estimate is for {want.threads}"
+                )
+        elif ran.threads != manifest.plan.threads:
+            differs.append(
+                f"stage {spec.index} ran with {ran.threads} thread(s), its estimate is for "
+                f"{manifest.plan.threads}"
+            )
+    if differs:
+        comparable = False
+        notes.append("; ".join(differs))
+    if manifest.plan.cost_source == "static":
+        notes.append("the estimates are static costs (FLOPs and bytes), not measured times")
+    stage_devices = {st.device for st in manifest.stages}
+    scaled = [d for d in manifest.device_costs if d.method == "scaled" and d.device in stage_devices]
+    if scaled and manifest.plan.cost_source != "static":
+        notes.append(
+            "estimates extrapolated, not measured on the device: "
+            + "; ".join(f"{d.device}: {d.source}" for d in scaled)
+        )
+    return comparable, notes
 
 
 def build_report(
@@ -293,6 +453,7 @@ def build_report(
         estimated = entry.estimated_compute_seconds * 1e3 if entry is not None else None
         error = (estimated - measured) / measured if estimated is not None and measured > 0 else None
         busy_total = float(sum(busy))
+        shared = st.process_shared if st is not None else False
         stages.append(
             StageReport(
                 index=spec.index,
@@ -313,31 +474,29 @@ def build_report(
                 startup_rss_bytes=st.startup_rss_bytes if st is not None else None,
                 param_bytes=entry.param_bytes if entry is not None else None,
                 pid=st.pid if st is not None else None,
-                memory_shared_with_other_workers=st.process_shared if st is not None else False,
-                model_rss_bytes=st.model_rss_bytes if st is not None else None,
+                memory_shared_with_other_workers=shared,
+                model_rss_bytes=st.model_rss_bytes if st is not None and not shared else None,
+                provider=spec.placement.provider,
             )
         )
     bottleneck = max(range(len(stages)), key=lambda i: stages[i].busy_seconds) if stages else 0
     comparable = True
     if manifest is not None:
-        profiled = {n: tuple(v) for n, v in manifest.plan.profiled_input_shapes.items()}
-        if profiled and dict(input_shapes) != profiled:
-            comparable = False
-            notes.append(
-                f"the inputs' shapes differ from those the plan was made for ({_shapes(profiled)}): "
-                "the estimates are for those shapes"
-            )
-        if any(s.placement.threads != manifest.plan.threads for s in specs):
-            comparable = False
-            notes.append(f"the plan's estimates are for {manifest.plan.threads} thread(s) per stage")
-        if manifest.plan.cost_source == "static":
-            notes.append("the estimates are static costs (FLOPs and bytes), not measured times")
+        comparable, estimate_notes = check_estimates(manifest, specs, input_shapes)
+        notes.extend(estimate_notes)
     errors = [abs(s.estimate_error) for s in stages if s.estimate_error is not None]
     if any(s.memory_shared_with_other_workers for s in stages):
         notes.append(
-            "thread workers share one process: peak RSS is the process's; a stage's model memory is "
-            "what loading its session added"
+            "thread workers share one process: a stage's peak RSS is the process's, and its own memory "
+            "cannot be told apart (the allocator reuses memory across sessions); --local-mode processes "
+            "measures each worker's"
         )
+    if measurement.steady_throughput_per_s is None:
+        notes.append(
+            f"no steady throughput: it needs at least {min_steady_microbatches(len(measurement.stats))} "
+            "micro-batches (--microbatches)"
+        )
+    single = measurement.single_latencies_s
     return RunReport(
         backend="ray" if pipeline.backend.kind == "ray" else "local",
         mode=pipeline.backend.kind,
@@ -347,8 +506,11 @@ def build_report(
         input_shapes=dict(input_shapes),
         throughput_per_s=measurement.throughput_per_s,
         steady_throughput_per_s=measurement.steady_throughput_per_s,
+        steady_throughput_from=measurement.steady_throughput_from,
         wall_seconds=wall,
-        latency=Latency.of(measurement.latencies_s),
+        latency_saturated=Latency.of(measurement.latencies_s),
+        latency_in_flight=measurement.in_flight,
+        latency_single=Latency.of(single) if single else None,
         stages=tuple(stages),
         bottleneck_stage=stages[bottleneck].index if stages else 0,
         estimates_comparable=comparable,
@@ -375,32 +537,49 @@ def _bytes(x: int | None) -> str:
 
 
 def format_report(report: RunReport) -> str:
-    """The report as the CLI prints it: a stage table, the totals, then the baselines if any."""
+    """The report as the CLI prints it: a stage table, the totals, then the baselines if any.
+
+    Per-worker memory (peak RSS, model memory) is shown only where each worker has its own process;
+    thread workers show their weights and the memory line says what can be compared.
+    """
+    shared = report.memory_shared
     rows = []
     for s in report.stages:
         err = "-" if s.estimate_error is None else f"{s.estimate_error * 100:+.1f}%"
         mark = " *" if s.index == report.bottleneck_stage else ""
-        rows.append(
-            [
-                f"{s.index}{mark}",
-                s.file or s.label,
-                str(s.threads),
-                _ms(s.estimated_ms),
-                _ms(s.measured_ms),
-                err,
-                f"{s.busy_fraction * 100:.0f}%" if not math.isnan(s.busy_fraction) else "-",
-                _bytes(s.peak_rss_bytes),
-                _bytes(s.model_rss_bytes),
-            ]
-        )
+        row = [
+            f"{s.index}{mark}",
+            s.file or s.label,
+            str(s.threads),
+            _ms(s.estimated_ms),
+            _ms(s.measured_ms),
+            err,
+            f"{s.busy_fraction * 100:.0f}%" if not math.isnan(s.busy_fraction) else "-",
+            _bytes(s.param_bytes),
+        ]
+        if not shared:
+            row += [_bytes(s.peak_rss_bytes), _bytes(s.model_rss_bytes)]
+        rows.append(row)
+    headers = ["stage", "file", "threads", "est ms", "measured ms", "error", "busy", "weights"]
+    if not shared:
+        headers += ["peak RSS", "model mem"]
+    steady = (
+        f"{report.steady_throughput_per_s:.2f}/s once full"
+        if report.steady_throughput_per_s is not None
+        else "too few for a steady rate"
+    )
+    sat = report.latency_saturated
+    latency = (
+        f"latency at saturation ({report.latency_in_flight} in flight) p50 {sat.p50_ms:.2f} ms, "
+        f"p90 {sat.p90_ms:.2f} ms"
+    )
+    if report.latency_single is not None:
+        one = report.latency_single
+        latency += f"; one at a time p50 {one.p50_ms:.2f} ms, p90 {one.p90_ms:.2f} ms"
     lines = [
-        table(
-            ["stage", "file", "threads", "est ms", "measured ms", "error", "busy", "peak RSS", "model mem"],
-            rows,
-        ),
+        table(headers, rows),
         f"{report.microbatches} micro-batches ({_shapes(report.input_shapes)}) on {report.k} {report.mode} "
-        f"workers: {report.throughput_per_s:.2f}/s ({report.steady_throughput_per_s:.2f}/s once full), "
-        f"latency p50 {report.latency.p50_ms:.2f} ms, p90 {report.latency.p90_ms:.2f} ms; "
+        f"workers: {report.throughput_per_s:.2f}/s ({steady}); {latency}; "
         f"bottleneck stage {report.bottleneck_stage} (*)",
     ]
     if report.baselines:
@@ -415,20 +594,9 @@ def format_report(report: RunReport) -> str:
             for name, b in report.baselines.items()
         ]
         lines.append(table(["baseline", "how", "per s", "pipeline is", "peak RSS/worker"], brows))
-        replicas = report.baselines.get("replicas")
-        stage_models = [s.model_rss_bytes for s in report.stages if s.model_rss_bytes is not None]
-        shared = any(s.memory_shared_with_other_workers for s in report.stages)
-        # like with like: what loading added (threads), or peak less memory before loading (processes)
-        replica_model: int | None = None
-        if replicas is not None:
-            replica_model = replicas.load_rss_bytes if shared else replicas.model_rss_bytes
-        if replicas is not None and replica_model and stage_models:
-            worst = max(stage_models)
-            how = "loading a stage's session added" if shared else "a stage's model takes"
-            lines.append(
-                f"memory: {how} up to {human_bytes(worst)}, a replica's {human_bytes(replica_model)} "
-                f"({worst / replica_model:.2f}x; a replica worker peaks at {_bytes(replicas.peak_rss_bytes)})"
-            )
+    memory = memory_line(report)
+    if memory:
+        lines.append(memory)
     if report.outputs_match is not None:
         verdict = "match" if report.outputs_match else "DO NOT match"
         lines.append(
@@ -436,3 +604,35 @@ def format_report(report: RunReport) -> str:
         )
     lines.extend(f"note: {n}" for n in report.notes)
     return "\n".join(lines)
+
+
+def memory_line(report: RunReport) -> str | None:
+    """What the memory numbers allow to say, like with like.
+
+    Workers in their own processes: a stage's model memory against a replica's, both measured in a
+    fresh process.  Thread workers: no stage's memory is measurable apart (what loading a session adds
+    to a shared process depends on what the allocator already holds), so no ratio, only the stages'
+    weights, the process's peak and a replica process's peak.
+    """
+    replicas = report.baselines.get("replicas")
+    if report.memory_shared:
+        weights = [s.param_bytes for s in report.stages if s.param_bytes is not None]
+        peaks = [p for p in [report.driver_peak_rss_bytes, *(s.peak_rss_bytes for s in report.stages)] if p]
+        parts = []
+        if weights:
+            parts.append(f"stage weights {', '.join(human_bytes(w) for w in weights)}")
+        if peaks:
+            parts.append(f"this process (every stage and the driver) peaked at {human_bytes(max(peaks))}")
+        if replicas is not None and replicas.peak_rss_bytes:
+            parts.append(f"one replica in its own process peaks at {human_bytes(replicas.peak_rss_bytes)}")
+        parts.append("comparing memory per worker with a replica's needs --local-mode processes")
+        return "memory: " + "; ".join(parts)
+    stage_models = [s.model_rss_bytes for s in report.stages if s.model_rss_bytes is not None]
+    if replicas is None or not replicas.model_rss_bytes or not stage_models:
+        return None
+    worst = max(stage_models)
+    return (
+        f"memory: a stage's model takes up to {human_bytes(worst)}, a replica's "
+        f"{human_bytes(replicas.model_rss_bytes)} ({worst / replicas.model_rss_bytes:.2f}x; a replica "
+        f"worker peaks at {_bytes(replicas.peak_rss_bytes)})"
+    )

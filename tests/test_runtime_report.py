@@ -1,0 +1,389 @@
+"""The measurements of ``onnxpipe run``: what each number is computed from, not how fast anything runs.
+
+Most tests feed synthetic worker records to :mod:`onnxpipe.runtime.report` and check the logic (which
+clock a rate comes from, what the estimates are compared with, what memory may be compared); a few run
+the tiny sample split to check the report's structure end to end.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import pytest
+from test_runtime import parse, split_on_devices, split_tiny, token_batches
+
+from onnxpipe.manifest import Manifest, load_manifest
+from onnxpipe.runtime import compare
+from onnxpipe.runtime.cli import run_command
+from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.report import (
+    BaselineReport,
+    Measurement,
+    build_report,
+    check_estimates,
+    format_report,
+    measure,
+    memory_line,
+    min_steady_microbatches,
+)
+from onnxpipe.runtime.session import Record, WorkerStats
+from onnxpipe.runtime.spec import (
+    CPU_PROVIDER,
+    CUDA_PROVIDER,
+    Placement,
+    WorkerSpec,
+    manifest_placements,
+    stage_specs,
+)
+from onnxpipe.tables import human_bytes
+
+CPU = CPU_PROVIDER
+
+
+@pytest.fixture(scope="module")
+def tiny_split(tmp_path_factory: pytest.TempPathFactory, sample_models_dir: Path) -> Path:
+    return split_tiny(tmp_path_factory.mktemp("tiny"), sample_models_dir)
+
+
+@pytest.fixture(scope="module")
+def devices_split(tmp_path_factory: pytest.TempPathFactory, sample_models_dir: Path) -> Path:
+    """The tiny transformer split with ``--devices``: stage 0 on a 2-thread device, stage 1 on 1 thread."""
+    base = tmp_path_factory.mktemp("devices")
+    return split_on_devices(base, sample_models_dir, ("board-a", CPU, 2), ("board-b", CPU, 1))
+
+
+# --------------------------------------------------------------------------------------------------
+# synthetic pipelines and records
+
+
+@dataclass
+class FakeBackend:
+    kind: str
+
+
+@dataclass
+class FakePipeline:
+    """What build_report and the baselines read of a pipeline: its lanes, backend kind and manifest."""
+
+    lanes: tuple[tuple[WorkerSpec, ...], ...]
+    backend: FakeBackend
+    manifest: Manifest | None = None
+    capacity: int = 6
+    input_types: dict[str, str] = field(default_factory=dict)
+    output_names: tuple[str, ...] = ()
+
+
+def spec(index: int, placement: Placement | None = None, device: str = "cpu") -> WorkerSpec:
+    placement = placement or Placement()
+    return WorkerSpec(index, f"stage {index}", f"stage_{index}.onnx", (), (), (), (), placement, device)
+
+
+def records(done: list[float], run_s: float = 0.01) -> tuple[Record, ...]:
+    """One record per entry of ``done`` (the worker's own clock), each run taking ``run_s``."""
+    return tuple(Record(j, t - 2 * run_s, t - 2 * run_s, t - run_s, t - run_s, t) for j, t in enumerate(done))
+
+
+def stats(
+    index: int, done: list[float], *, shared: bool = False, peak: int = 100, startup: int = 60
+) -> WorkerStats:
+    return WorkerStats(
+        index=index,
+        label=f"stage {index}",
+        records=records(done),
+        pid=1000 + index,
+        load_seconds=0.1,
+        startup_rss_bytes=startup,
+        rss_bytes=peak,
+        peak_rss_bytes=peak,
+        process_shared=shared,
+        load_rss_bytes=7,
+    )
+
+
+def measurement(
+    n: int,
+    worker_stats: tuple[WorkerStats, ...],
+    *,
+    driver_done: list[float] | None = None,
+    output_workers: tuple[int, ...] = (1,),
+    single: tuple[float, ...] = (),
+) -> Measurement:
+    done = driver_done if driver_done is not None else [float(j) for j in range(n)]
+    return Measurement(
+        outputs=tuple({"y": np.zeros(1)} for _ in range(n)),
+        queued_at=tuple(0.0 for _ in range(n)),
+        done_at=tuple(done),
+        start=0.0,
+        end=max(done),
+        stats=worker_stats,
+        in_flight=6,
+        output_workers=output_workers,
+        single_latencies_s=single,
+    )
+
+
+def as_pipeline(fake: FakePipeline) -> Pipeline:
+    return cast(Pipeline, fake)
+
+
+# --------------------------------------------------------------------------------------------------
+# steady throughput: the last worker's clock, not the driver's polls
+
+
+def test_steady_throughput_comes_from_the_last_workers_records() -> None:
+    """Regression: outputs collected in one poll shared the driver's timestamp, which inflated the rate."""
+    n = 12
+    last = [10.0 + j for j in range(n)]  # the last worker finishes one micro-batch a second
+    # the driver collected them in bursts: pairs share one poll's time, the first pair late
+    polls = [11.0, 11.0, 12.0, 13.0, 14.0, 14.0, 16.0, 16.0, 18.0, 18.0, 21.0, 21.0]
+    m = measurement(n, (stats(0, [5.0 + j for j in range(n)]), stats(1, last)), driver_done=polls)
+    assert m.steady_throughput_from == "worker"
+    assert m.steady_throughput_per_s == pytest.approx(1.0)
+    assert (n - 1) / (polls[-1] - polls[0]) != pytest.approx(1.0)  # what the driver's times would say
+
+
+def test_steady_throughput_falls_back_to_the_driver_without_records() -> None:
+    n = 12
+    empty = (stats(0, []), stats(1, []))
+    m = measurement(n, empty, driver_done=[2.0 * j for j in range(n)])
+    assert m.steady_throughput_from == "driver"
+    assert m.steady_throughput_per_s == pytest.approx(0.5)
+
+
+def test_steady_throughput_is_none_below_the_minimum() -> None:
+    k = 2
+    assert min_steady_microbatches(k) == 2 * k + 2
+    n = min_steady_microbatches(k) - 1
+    m = measurement(n, (stats(0, [float(j) for j in range(n)]), stats(1, [float(j) for j in range(n)])))
+    assert m.steady_throughput_per_s is None and m.steady_throughput_from is None
+    fake = FakePipeline(lanes=((spec(0), spec(1)),), backend=FakeBackend("threads"))
+    report = build_report(as_pipeline(fake), m, warmup=0, input_shapes={})
+    obj = report.to_obj()
+    assert obj["steady_throughput_per_s"] is None and obj["throughput_per_s"] > 0
+    assert any("no steady throughput" in note for note in report.notes)
+    assert "too few for a steady rate" in format_report(report)
+    json.loads(report.to_json())  # null, not NaN
+
+
+def test_steady_throughput_merges_every_lanes_last_worker() -> None:
+    """Replicas are K one-worker lanes: the outputs leave from every lane."""
+    n = 8
+    a = [float(j) for j in range(0, n, 2)]  # 0, 2, 4, 6
+    b = [float(j) for j in range(1, n, 2)]  # 1, 3, 5, 7
+    m = measurement(n, (stats(0, a), stats(1, b)), output_workers=(0, 1))
+    assert m.steady_throughput_per_s == pytest.approx(1.0)
+    only_last = measurement(n, (stats(0, a), stats(1, b)), output_workers=(1,))
+    assert only_last.steady_throughput_per_s == pytest.approx(3 / 6)
+
+
+# --------------------------------------------------------------------------------------------------
+# latency at saturation and one at a time
+
+
+def test_the_report_labels_latency_at_saturation_and_one_at_a_time() -> None:
+    n = 12
+    m = measurement(
+        n, (stats(0, [float(j) for j in range(n)]), stats(1, [float(j) for j in range(n)])), single=(0.002,)
+    )
+    fake = FakePipeline(lanes=((spec(0), spec(1)),), backend=FakeBackend("threads"))
+    report = build_report(as_pipeline(fake), m, warmup=0, input_shapes={})
+    obj = report.to_obj()
+    assert obj["latency_in_flight"] == 6
+    assert set(obj["latency_ms"]) == {"mean", "p50", "p90", "p99", "max"}
+    assert obj["latency_single_ms"]["p50"] == pytest.approx(2.0)
+    text = format_report(report)
+    assert "latency at saturation (6 in flight)" in text and "one at a time p50 2.00 ms" in text
+    without = build_report(as_pipeline(fake), measurement(n, m.stats), warmup=0, input_shapes={})
+    assert without.to_obj()["latency_single_ms"] is None and "one at a time" not in format_report(without)
+
+
+def test_measure_runs_single_micro_batches_after_the_stream(tiny_split: Path) -> None:
+    with Pipeline.from_manifest(tiny_split, mode="threads") as pipe:
+        m = measure(pipe, token_batches(10), warmup=1, single=3)
+        capacity = pipe.capacity
+    assert len(m.outputs) == 10 and len(m.single_latencies_s) == 3
+    assert all(t > 0 for t in m.single_latencies_s)
+    assert m.in_flight == min(capacity, 10)
+    assert m.output_workers == (1,)
+    assert [len(s.records) for s in m.stats] == [10, 10]  # the single runs came after the stats
+    assert m.steady_throughput_from == "worker"
+
+
+# --------------------------------------------------------------------------------------------------
+# estimates: compared with the placement each was made for
+
+
+def test_a_devices_split_is_comparable_on_its_own_devices(devices_split: Path) -> None:
+    """Regression: a split made with --devices was compared with the reference profile's threads."""
+    manifest = load_manifest(devices_split)
+    shapes = {n: tuple(v) for n, v in manifest.plan.profiled_input_shapes.items()}
+    own = stage_specs(devices_split, manifest, manifest_placements(manifest))
+    assert [s.placement.threads for s in own] == [2, 1] and manifest.plan.threads == 1
+    comparable, notes = check_estimates(manifest, own, shapes)
+    assert comparable, notes
+
+    one = stage_specs(devices_split, manifest, manifest_placements(manifest, threads=1))
+    comparable, notes = check_estimates(manifest, one, shapes)
+    assert not comparable
+    assert any("stage 0 ran with 1 thread(s), its estimate is for 2" in n for n in notes)
+    assert not any("stage 1 ran" in n for n in notes)
+
+    gpu = [Placement(CUDA_PROVIDER, (), 2), Placement(CPU, (), 1)]
+    comparable, notes = check_estimates(manifest, stage_specs(devices_split, manifest, gpu), shapes)
+    assert not comparable
+    assert any(f"stage 0 ran on {CUDA_PROVIDER}" in n and f"for {CPU}" in n for n in notes)
+
+
+def test_a_split_without_devices_is_compared_with_the_plans_threads(tiny_split: Path) -> None:
+    manifest = load_manifest(tiny_split)
+    shapes = {n: tuple(v) for n, v in manifest.plan.profiled_input_shapes.items()}
+    plan = manifest.plan.threads
+    same = stage_specs(tiny_split, manifest, manifest_placements(manifest))
+    assert check_estimates(manifest, same, shapes)[0]
+    more = stage_specs(tiny_split, manifest, manifest_placements(manifest, threads=plan + 1))
+    comparable, notes = check_estimates(manifest, more, shapes)
+    assert not comparable and any(f"its estimate is for {plan}" in n for n in notes)
+    other_shapes = {n: (*s[:-1], s[-1] + 1) for n, s in shapes.items()}
+    assert not check_estimates(manifest, same, other_shapes)[0]
+
+
+# --------------------------------------------------------------------------------------------------
+# baselines: like with like
+
+
+def test_baselines_run_on_the_stages_provider() -> None:
+    gpu = Placement(CUDA_PROVIDER, (("device_id", "1"),), 2)
+    place, note = compare.baseline_placement([spec(0, gpu, "cuda:1"), spec(1, gpu, "cuda:1")])
+    assert place == Placement(CUDA_PROVIDER, (("device_id", "1"),), 1) and note is None
+    place, note = compare.baseline_placement([spec(0, Placement(CPU, (), 2), "cpu0"), spec(1, gpu, "cuda:1")])
+    assert place.provider == CPU
+    assert note is not None and CUDA_PROVIDER in note and "first stage's" in note
+
+
+def test_replicas_share_the_pipelines_threads() -> None:
+    for stage_threads in ([1, 1], [2, 1], [3, 1, 1], [5, 1], [1, 1, 1, 4]):
+        split = compare.replica_threads(stage_threads)
+        assert len(split) == len(stage_threads)
+        assert sum(split) == sum(stage_threads)
+        assert max(split) - min(split) <= 1 and min(split) >= 1
+    assert compare.replica_threads([3, 1, 1]) == [2, 2, 1]
+
+
+def test_replicas_run_in_the_pipelines_local_mode() -> None:
+    def mode(kind: str) -> str:
+        return compare.replica_mode(as_pipeline(FakePipeline(lanes=(), backend=FakeBackend(kind))))
+
+    assert mode("threads") == "threads"
+    assert mode("processes") == "processes"
+    assert mode("ray") == "processes"
+
+
+def test_a_session_baseline_opens_the_model_on_the_given_provider(
+    monkeypatch: pytest.MonkeyPatch, sample_models_dir: Path
+) -> None:
+    seen: list[Any] = []
+    real = compare.open_session
+
+    def spy(model: Any, options: Any, providers: Any = (CPU,), **kwargs: Any) -> Any:
+        seen.append((options.intra_op_num_threads, list(providers)))
+        return real(model, options, [CPU], **kwargs)
+
+    monkeypatch.setattr(compare, "open_session", spy)
+    gpu = Placement(CUDA_PROVIDER, (("device_id", "0"),), 3)
+    tp, outputs = compare.session_throughput(
+        sample_models_dir / "transformer_tiny.onnx",
+        [{"tokens": t["tokens"][:1]} for t in token_batches(2)],
+        placement=gpu,
+        warmup=0,
+    )
+    assert tp > 0 and len(outputs) == 2
+    assert seen == [(3, [(CUDA_PROVIDER, {"device_id": "0"}), CPU])]
+
+
+# --------------------------------------------------------------------------------------------------
+# memory: no stage / replica ratio for thread workers
+
+
+def _memory_report(shared: bool, manifest: Manifest) -> tuple[str, dict[str, Any]]:
+    n = 12
+    ws = tuple(stats(i, [float(j) for j in range(n)], shared=shared, peak=500, startup=100) for i in (0, 1))
+    kind = "threads" if shared else "processes"
+    fake = FakePipeline(lanes=((spec(0), spec(1)),), backend=FakeBackend(kind), manifest=manifest)
+    report = build_report(as_pipeline(fake), measurement(n, ws), warmup=0, input_shapes={})
+    replicas = BaselineReport("replicas", "2 replicas", 2, 1, 1.0, 1.0, 300, 200, 150, mode="threads")
+    report = replace(report, baselines={"replicas": replicas})
+    return format_report(report), report.to_obj()
+
+
+def test_thread_workers_show_weights_not_a_memory_ratio(tiny_split: Path) -> None:
+    manifest = load_manifest(tiny_split)
+    text, obj = _memory_report(True, manifest)
+    assert all(s["model_rss_bytes"] is None for s in obj["stages"])
+    assert all(s["peak_rss_bytes"] == 500 for s in obj["stages"])  # the process's, still reported
+    line = next(x for x in text.splitlines() if x.startswith("memory:"))
+    weights = ", ".join(human_bytes(st.param_bytes) for st in manifest.stages)
+    assert f"stage weights {weights}" in line and "peaked at 500 B" in line and "300 B" in line
+    assert "--local-mode processes" in line and "x;" not in line
+    assert "model mem" not in text.splitlines()[0]
+
+
+def test_process_workers_compare_a_stages_model_memory_with_a_replicas(tiny_split: Path) -> None:
+    text, obj = _memory_report(False, load_manifest(tiny_split))
+    assert [s["model_rss_bytes"] for s in obj["stages"]] == [400, 400]
+    line = next(x for x in text.splitlines() if x.startswith("memory:"))
+    assert "(2.00x;" in line
+    assert "model mem" in text.splitlines()[0]
+
+
+def test_memory_line_without_baselines() -> None:
+    n = 12
+    ws = tuple(stats(i, [float(j) for j in range(n)], shared=False) for i in (0, 1))
+    fake = FakePipeline(lanes=((spec(0), spec(1)),), backend=FakeBackend("processes"))
+    assert memory_line(build_report(as_pipeline(fake), measurement(n, ws), warmup=0, input_shapes={})) is None
+
+
+# --------------------------------------------------------------------------------------------------
+# end to end: the documented keys
+
+
+REQUIRED_KEYS = {"throughput_per_s", "steady_throughput_per_s", "latency_ms", "stages", "baselines"}
+
+
+def test_cli_compare_in_threads_mode_is_like_for_like(
+    tiny_split: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "report.json"
+    code = run_command(
+        parse(
+            str(tiny_split),
+            "-m",
+            "8",
+            "--warmup",
+            "1",
+            "--compare",
+            "--threads",
+            "2",
+            "--report",
+            str(report),
+        )
+    )
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    obj = json.loads(report.read_text())
+    assert set(obj) >= REQUIRED_KEYS and obj["mode"] == "threads"
+    for stage in obj["stages"]:
+        assert {"measured_ms", "estimated_ms", "peak_rss_bytes", "param_bytes"} <= set(stage)
+        assert stage["model_rss_bytes"] is None and stage["param_bytes"] > 0
+    assert obj["latency_in_flight"] >= 1 and obj["latency_single_ms"]["p50"] > 0
+    assert obj["steady_throughput_from"] == "worker" and obj["steady_throughput_per_s"] > 0
+    replicas = obj["baselines"]["replicas"]
+    assert replicas["mode"] == "threads" and replicas["provider"] == CPU
+    assert replicas["total_threads"] == 4 and replicas["threads_per_worker"] == 2
+    assert replicas["throughput_per_s"] > 0
+    assert replicas["peak_rss_bytes"] > 0 and replicas["model_rss_bytes"] > 0  # one replica process
+    assert obj["baselines"]["session_total_threads"]["total_threads"] == 4
+    assert "--local-mode processes" in printed and "latency at saturation" in printed
