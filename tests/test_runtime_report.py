@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from test_runtime import parse, split_on_devices, split_tiny, token_batches
 
+from onnxpipe import ortsession
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime import compare
 from onnxpipe.runtime.cli import run_command
@@ -286,7 +287,7 @@ def test_a_session_baseline_opens_the_model_on_the_given_provider(
     monkeypatch: pytest.MonkeyPatch, sample_models_dir: Path
 ) -> None:
     seen: list[Any] = []
-    real = compare.open_session
+    real = ortsession.open_session
 
     def spy(model: Any, options: Any, providers: Any = (CPU,), **kwargs: Any) -> Any:
         seen.append((options.intra_op_num_threads, list(providers)))
@@ -320,22 +321,42 @@ def _memory_report(shared: bool, manifest: Manifest) -> tuple[str, dict[str, Any
 
 
 def test_thread_workers_show_weights_not_a_memory_ratio(tiny_split: Path) -> None:
+    """Without a processes run of the stages, thread workers' memory cannot be compared: no ratio."""
     manifest = load_manifest(tiny_split)
     text, obj = _memory_report(True, manifest)
     assert all(s["model_rss_bytes"] is None for s in obj["stages"])
+    assert all(s["worker_model_rss_bytes"] is None for s in obj["stages"])
     assert all(s["peak_rss_bytes"] == 500 for s in obj["stages"])  # the process's, still reported
     line = next(x for x in text.splitlines() if x.startswith("memory:"))
     weights = ", ".join(human_bytes(st.param_bytes) for st in manifest.stages)
     assert f"stage weights {weights}" in line and "peaked at 500 B" in line and "300 B" in line
-    assert "--local-mode processes" in line and "x;" not in line
+    assert "x a replica" not in line
     assert "model mem" not in text.splitlines()[0]
+
+
+def test_thread_workers_compare_their_own_process_memory_with_a_replicas(tiny_split: Path) -> None:
+    """--compare measures each stage of a thread pipeline in a process of its own: then a ratio."""
+    n = 12
+    ws = tuple(stats(i, [float(j) for j in range(n)], shared=True, peak=500, startup=100) for i in (0, 1))
+    fake = FakePipeline(lanes=((spec(0), spec(1)),), backend=FakeBackend("threads"))
+    report = build_report(as_pipeline(fake), measurement(n, ws), warmup=0, input_shapes={})
+    alone = [stats(i, [0.0], shared=False, peak=150 + 50 * i, startup=50) for i in (0, 1)]
+    report = compare._with_worker_memory(report, alone)
+    replicas = BaselineReport("replicas", "2 replicas", 2, 1, 1.0, 1.0, 300, 200, 150, mode="threads")
+    report = replace(report, baselines={"replicas": replicas})
+    obj = report.to_obj()
+    assert [s["worker_model_rss_bytes"] for s in obj["stages"]] == [100, 150]
+    assert [s["model_rss_bytes"] for s in obj["stages"]] == [None, None]  # the shared process's: unknown
+    line = memory_line(report)
+    assert line is not None and "each in a process of its own" in line and "0.75x a replica" in line
 
 
 def test_process_workers_compare_a_stages_model_memory_with_a_replicas(tiny_split: Path) -> None:
     text, obj = _memory_report(False, load_manifest(tiny_split))
     assert [s["model_rss_bytes"] for s in obj["stages"]] == [400, 400]
+    assert [s["worker_model_rss_bytes"] for s in obj["stages"]] == [400, 400]
     line = next(x for x in text.splitlines() if x.startswith("memory:"))
-    assert "(2.00x;" in line
+    assert "2.00x a replica" in line and "each in a process of its own" not in line
     assert "model mem" in text.splitlines()[0]
 
 
@@ -378,6 +399,7 @@ def test_cli_compare_in_threads_mode_is_like_for_like(
     for stage in obj["stages"]:
         assert {"measured_ms", "estimated_ms", "peak_rss_bytes", "param_bytes"} <= set(stage)
         assert stage["model_rss_bytes"] is None and stage["param_bytes"] > 0
+        assert stage["worker_model_rss_bytes"] > 0  # measured in a short processes run of the stages
     assert obj["latency_in_flight"] >= 1 and obj["latency_single_ms"]["p50"] > 0
     assert obj["steady_throughput_from"] == "worker" and obj["steady_throughput_per_s"] > 0
     replicas = obj["baselines"]["replicas"]
@@ -386,4 +408,4 @@ def test_cli_compare_in_threads_mode_is_like_for_like(
     assert replicas["throughput_per_s"] > 0
     assert replicas["peak_rss_bytes"] > 0 and replicas["model_rss_bytes"] > 0  # one replica process
     assert obj["baselines"]["session_total_threads"]["total_threads"] == 4
-    assert "--local-mode processes" in printed and "latency at saturation" in printed
+    assert "each in a process of its own" in printed and "latency at saturation" in printed

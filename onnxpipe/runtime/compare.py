@@ -8,9 +8,10 @@
 
 Every baseline runs on the stages' provider (:func:`baseline_placement`), so that a GPU pipeline is not
 measured against a CPU session.  A replica's memory is measured in a fresh process of its own (the
-replicas' own processes, or one short extra run when they ran as threads), like a stage worker's with
-``--local-mode processes``.  The sessions run in this process with no inter-process traffic at all: the
-strongest form of each baseline, not a strawman.  :func:`compare_outputs` checks that the pipeline
+replicas' own processes, or one short extra run when they ran as threads), like a stage worker's (the
+stage workers' own processes, or one short processes run of the stages when they ran as threads).
+The sessions run in this process with no inter-process traffic at all: the strongest form of each
+baseline, not a strawman.  :func:`compare_outputs` checks that the pipeline
 computed what the model does.
 """
 
@@ -155,6 +156,36 @@ def replica_memory(
         return one.stats()[0]
 
 
+def stage_worker_memory(pipeline: Pipeline, inputs: Sequence[Feeds]) -> list[WorkerStats] | None:
+    """Each stage of a thread pipeline in a worker process of its own, run for a few micro-batches.
+
+    Thread workers share one process, so none of their memory can be told apart; the same stages, with
+    the same placements, as processes give each stage's worker memory measured like a replica's.  None
+    for a pipeline not opened from a split folder.
+    """
+    if pipeline.directory is None:
+        return None
+    placements = [s.placement for s in pipeline.lanes[0]]
+    with Pipeline.from_manifest(pipeline.directory, mode="processes", placements=placements) as alone:
+        alone.run_many([inputs[j % len(inputs)] for j in range(MEMORY_MICROBATCHES)])
+        return alone.stats()
+
+
+def _with_worker_memory(report: RunReport, stats: Sequence[WorkerStats]) -> RunReport:
+    by_index = {st.index: st for st in stats}
+    stages = tuple(
+        replace(
+            s,
+            worker_peak_rss_bytes=by_index[s.index].peak_rss_bytes,
+            worker_model_rss_bytes=by_index[s.index].model_rss_bytes,
+        )
+        if s.index in by_index
+        else s
+        for s in report.stages
+    )
+    return replace(report, stages=stages)
+
+
 def compare_outputs(
     expected: Sequence[Mapping[str, np.ndarray]], actual: Sequence[Mapping[str, np.ndarray]]
 ) -> tuple[bool, float]:
@@ -229,6 +260,10 @@ def add_baselines(
     mem: Sequence[WorkerStats] = rep.stats
     if mode != "processes":
         mem = [replica_memory(model, inputs, pipeline=pipeline, placement=replace(place, threads=threads[0]))]
+    if report.memory_shared and pipeline.backend.kind == "threads":
+        alone = stage_worker_memory(pipeline, inputs)
+        if alone is not None:
+            report = _with_worker_memory(report, alone)
     split = "+".join(str(n) for n in threads)
     baselines["replicas"] = BaselineReport(
         "replicas",

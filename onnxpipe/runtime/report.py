@@ -220,6 +220,11 @@ class StageReport:
     """Peak minus the memory before loading, for a worker with its own process; None for thread
     workers, whose process's growth while a session loads hides what the allocator reused."""
     provider: str = CPU_PROVIDER
+    worker_peak_rss_bytes: int | None = None
+    """Peak RSS of a worker process running this stage alone: the worker's own (processes), or one
+    short run in processes of their own when the pipeline ran threads (``--compare`` only)."""
+    worker_model_rss_bytes: int | None = None
+    """That worker's peak minus its memory before loading: what the stage's model costs a worker."""
 
 
 @dataclass(frozen=True)
@@ -320,6 +325,8 @@ class RunReport:
                     "pid": s.pid,
                     "memory_shared_with_other_workers": s.memory_shared_with_other_workers,
                     "model_rss_bytes": s.model_rss_bytes,
+                    "worker_peak_rss_bytes": s.worker_peak_rss_bytes,
+                    "worker_model_rss_bytes": s.worker_model_rss_bytes,
                 }
                 for s in self.stages
             ],
@@ -477,6 +484,8 @@ def build_report(
                 memory_shared_with_other_workers=shared,
                 model_rss_bytes=st.model_rss_bytes if st is not None and not shared else None,
                 provider=spec.placement.provider,
+                worker_peak_rss_bytes=st.peak_rss_bytes if st is not None and not shared else None,
+                worker_model_rss_bytes=st.model_rss_bytes if st is not None and not shared else None,
             )
         )
     bottleneck = max(range(len(stages)), key=lambda i: stages[i].busy_seconds) if stages else 0
@@ -488,8 +497,8 @@ def build_report(
     if any(s.memory_shared_with_other_workers for s in stages):
         notes.append(
             "thread workers share one process: a stage's peak RSS is the process's, and its own memory "
-            "cannot be told apart (the allocator reuses memory across sessions); --local-mode processes "
-            "measures each worker's"
+            "cannot be told apart (the allocator reuses memory across sessions); --compare measures each "
+            "stage in a process of its own, --local-mode processes runs them so"
         )
     if measurement.steady_throughput_per_s is None:
         notes.append(
@@ -607,32 +616,33 @@ def format_report(report: RunReport) -> str:
 
 
 def memory_line(report: RunReport) -> str | None:
-    """What the memory numbers allow to say, like with like.
+    """What the memory numbers allow to say, like with like: a stage worker's model memory against a
+    replica's, both measured in a fresh process of their own.
 
-    Workers in their own processes: a stage's model memory against a replica's, both measured in a
-    fresh process.  Thread workers: no stage's memory is measurable apart (what loading a session adds
-    to a shared process depends on what the allocator already holds), so no ratio, only the stages'
-    weights, the process's peak and a replica process's peak.
+    Thread workers share one process, where what loading a session adds depends on what the allocator
+    already holds; ``--compare`` then measures each stage in a short processes run
+    (``worker_model_rss_bytes``).  Without those numbers, no ratio: only the stages' weights and peaks.
     """
     replicas = report.baselines.get("replicas")
-    if report.memory_shared:
-        weights = [s.param_bytes for s in report.stages if s.param_bytes is not None]
-        peaks = [p for p in [report.driver_peak_rss_bytes, *(s.peak_rss_bytes for s in report.stages)] if p]
-        parts = []
-        if weights:
-            parts.append(f"stage weights {', '.join(human_bytes(w) for w in weights)}")
-        if peaks:
-            parts.append(f"this process (every stage and the driver) peaked at {human_bytes(max(peaks))}")
-        if replicas is not None and replicas.peak_rss_bytes:
-            parts.append(f"one replica in its own process peaks at {human_bytes(replicas.peak_rss_bytes)}")
-        parts.append("comparing memory per worker with a replica's needs --local-mode processes")
-        return "memory: " + "; ".join(parts)
-    stage_models = [s.model_rss_bytes for s in report.stages if s.model_rss_bytes is not None]
-    if replicas is None or not replicas.model_rss_bytes or not stage_models:
+    stage_models = [s.worker_model_rss_bytes for s in report.stages if s.worker_model_rss_bytes is not None]
+    if replicas is not None and replicas.model_rss_bytes and stage_models:
+        worst = max(stage_models)
+        where = " (each in a process of its own, a short run)" if report.memory_shared else ""
+        return (
+            f"memory: a stage worker's model takes {', '.join(human_bytes(m) for m in stage_models)}, a "
+            f"replica's {human_bytes(replicas.model_rss_bytes)}{where}: the largest stage "
+            f"{worst / replicas.model_rss_bytes:.2f}x a replica (a replica worker peaks at "
+            f"{_bytes(replicas.peak_rss_bytes)})"
+        )
+    if not report.memory_shared:
         return None
-    worst = max(stage_models)
-    return (
-        f"memory: a stage's model takes up to {human_bytes(worst)}, a replica's "
-        f"{human_bytes(replicas.model_rss_bytes)} ({worst / replicas.model_rss_bytes:.2f}x; a replica "
-        f"worker peaks at {_bytes(replicas.peak_rss_bytes)})"
-    )
+    weights = [s.param_bytes for s in report.stages if s.param_bytes is not None]
+    peaks = [p for p in [report.driver_peak_rss_bytes, *(s.peak_rss_bytes for s in report.stages)] if p]
+    parts = []
+    if weights:
+        parts.append(f"stage weights {', '.join(human_bytes(w) for w in weights)}")
+    if peaks:
+        parts.append(f"this process (every stage and the driver) peaked at {human_bytes(max(peaks))}")
+    if replicas is not None and replicas.peak_rss_bytes:
+        parts.append(f"one replica in its own process peaks at {human_bytes(replicas.peak_rss_bytes)}")
+    return "memory: " + "; ".join(parts)
