@@ -7,7 +7,11 @@ measures, in rounds whose order is shuffled:
 * ``pipeline_threads``: the same with worker threads;
 * ``session_1``: the original model, one onnxruntime session, one intra-op thread, in this process;
 * ``session_K``: the same with K threads;
-* ``replicas``: K copies of the whole model, one worker process each (one thread), fed in turn;
+* ``replicas``: K copies of the whole model, one worker thread each (one intra-op thread), fed in
+  turn: data parallelism in the thread pipeline's own mode, so neither pays for copies the other is
+  spared (``onnxpipe run --compare`` measures them the same way);
+* ``replicas_processes``: the same with one worker process each, the baseline of the process pipeline
+  and where a replica's memory is measured;
 * ``pipeline_weights``: a second split of the same profile with the least weight memory per worker
   (``--devices`` of K one-thread CPUs whose ``memory_bytes`` is the smallest that any split fits, as
   the planner's memory error reports it), run with worker threads: what holding about 1/K of the weights
@@ -188,7 +192,8 @@ def pipeline_variant(name: str, pipe: Pipeline, runs: list[list[WorkerStats]]) -
     def run(inputs: Sequence[Feeds]) -> tuple[float, float]:
         m = measure(pipe, inputs)
         runs.append(list(m.stats))
-        return m.throughput_per_s, m.steady_throughput_per_s
+        steady = m.steady_throughput_per_s  # None only for the short warm-up runs
+        return m.throughput_per_s, math.nan if steady is None else steady
 
     return Variant(name, run, pipe.worker_pids)
 
@@ -254,18 +259,22 @@ def bench_model(
     names = [t.name for t in manifest.model_inputs]
     outs = [o.name for o in manifest.model_outputs]
     lanes = [[model_spec(path, names, outs, Placement(threads=1), index=i)] for i in range(k)]
-    replicas = Pipeline(
-        make_backend(lanes, mode="processes"),
-        input_types={t.name: t.dtype for t in manifest.model_inputs},
-        output_names=outs,
-        lanes=lanes,
+    replicas, replicas_p = (
+        Pipeline(
+            make_backend(lanes, mode=mode),
+            input_types={t.name: t.dtype for t in manifest.model_inputs},
+            output_names=outs,
+            lanes=lanes,
+        )
+        for mode in ("threads", "processes")
     )
     variants = [
         pipeline_variant("pipeline_processes", pipe_p, stage_runs),
         pipeline_variant("pipeline_threads", pipe_t, thread_runs),
         single,
         session_variant(f"session_{k}", path, k),
-        pipeline_variant("replicas", replicas, replica_runs),
+        pipeline_variant("replicas", replicas, []),
+        pipeline_variant("replicas_processes", replicas_p, replica_runs),
         pipeline_variant("pipeline_weights", pipe_w, []),
     ]
     try:
@@ -292,7 +301,7 @@ def bench_model(
                 flush=True,
             )
     finally:
-        for p in (pipe_p, pipe_t, replicas, pipe_w):
+        for p in (pipe_p, pipe_t, replicas, replicas_p, pipe_w):
             p.close()
 
     by = {v.name: v for v in variants}
@@ -309,6 +318,10 @@ def bench_model(
             if not quiet_only or (oa < args.quiet + spare[numerator] and ob < args.quiet + spare[base])
         ]
         return median(rs)
+
+    def own_mode(pipe: str, base: str) -> str:
+        """Each pipeline is compared with the replicas run in its own local mode."""
+        return "replicas_processes" if pipe == "pipeline_processes" and base == "replicas" else base
 
     stages: list[dict[str, Any]] = []
     for i, st in enumerate(manifest.stages):
@@ -349,10 +362,15 @@ def bench_model(
         "others_all_rounds": {v.name: v.others for v in variants},
         "ratios": {
             pipe: {
-                base: {"all": ratio(pipe, base, False), "quiet": ratio(pipe, base, True)} for base in bases
+                base: {
+                    "all": ratio(pipe, own_mode(pipe, base), False),
+                    "quiet": ratio(pipe, own_mode(pipe, base), True),
+                }
+                for base in bases
             }
             for pipe in ("pipeline_threads", "pipeline_processes", "pipeline_weights")
         },
+        "replicas_threads_over_processes": ratio("replicas", "replicas_processes", False),
         "threads_over_processes": ratio("pipeline_threads", "pipeline_processes", False),
         "stages": stages,
         "replica_peak_rss_bytes": replica_last.peak_rss_bytes,
@@ -415,8 +433,8 @@ def print_summary(rows: Sequence[dict[str, Any]], k: int) -> None:
     )
     print(
         "\nweights per worker (share of the model's parameters), the time-balanced split against the split"
-        " with the\nleast memory per worker, and what the latter keeps of the one-thread session's "
-        "throughput:"
+        " with the\nleast memory per worker (weights + buffered inputs, as the planner counts it), and what"
+        " the latter keeps\nof the one-thread session's throughput and of the replicas':"
     )
     for r in rows:
         total = max(1, r["model_param_bytes"])
@@ -425,7 +443,7 @@ def print_summary(rows: Sequence[dict[str, Any]], k: int) -> None:
         w = r["ratios"]["pipeline_weights"]
         print(
             f"  {r['model']:10} time-balanced max {max(timed) * 100:3.0f}% (mean {sum(timed) / k * 100:.0f}%)"
-            f" x1-thr {t_all(r, 'pipeline_threads'):.2f} | weight-balanced max {max(light) * 100:3.0f}% "
+            f" x1-thr {t_all(r, 'pipeline_threads'):.2f} | least-memory max {max(light) * 100:3.0f}% "
             f"x1-thr {w['session_1']['all']:.2f}, x repl {w['replicas']['all']:.2f}"
         )
     for r in rows:
