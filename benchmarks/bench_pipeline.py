@@ -217,13 +217,15 @@ def weight_balanced_split(path: Path, k: int, profile: Profile, out: Path) -> ap
     The planner's memory error names the smallest per-device memory any split fits; splitting again at
     exactly that memory gives the fastest of the splits that fit it.
     """
-    try:
-        api.split(path, k, out / "probe", profile=profile, devices=_cpus(k, 1), run_verify=False)
-    except MemoryFitError as e:
-        need = math.ceil(e.smallest_fit_bytes * (1 + 1e-9)) + 1
-    else:
-        raise RuntimeError("a split fitted 1 byte per worker: the memory model is broken")
-    return api.split(path, k, out / "weights", profile=profile, devices=_cpus(k, need), run_verify=False)
+    need = 1
+    for attempt in range(4):
+        try:
+            return api.split(
+                path, k, out / f"weights{attempt}", profile=profile, devices=_cpus(k, need), run_verify=False
+            )
+        except MemoryFitError as e:  # the partitioner's bound, then the final check with shared weights
+            need = max(need + 1, math.ceil(e.smallest_fit_bytes * (1 + 1e-9)) + 1)
+    raise RuntimeError(f"{path.name}: no split fits {need} bytes per worker after four tries")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -467,6 +469,18 @@ def _autogroup() -> str | None:
         return None
 
 
+def write_results(args: argparse.Namespace, rows: Sequence[dict[str, Any]]) -> None:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "cpus": os.cpu_count(),
+        "onnxruntime": ort.__version__,
+        "python": sys.version.split()[0],
+        "quiet_threshold_cores": args.quiet,
+        "autogroup": _autogroup(),
+    }
+    args.out.write_text(json.dumps({"machine": meta, "rows": list(rows)}, indent=2) + "\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     table = model_table()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -495,16 +509,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = get()
         print(f"{name}: {path}", flush=True)
         rows.append(bench_model(name, path, shapes, args))
+        write_results(args, rows)  # after every model: a later failure keeps what was measured
     print_summary(rows, args.k)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "cpus": os.cpu_count(),
-        "onnxruntime": ort.__version__,
-        "python": sys.version.split()[0],
-        "quiet_threshold_cores": args.quiet,
-        "autogroup": _autogroup(),
-    }
-    args.out.write_text(json.dumps({"machine": meta, "rows": rows}, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
 
