@@ -34,7 +34,11 @@ raised group priority keeps other sessions from skewing the comparison (root; te
 
     setsid sh -c 'echo -10 > /proc/self/autogroup; exec python benchmarks/bench_pipeline.py'
 
-    python benchmarks/bench_pipeline.py [--models gpt2_tiny,bert_tiny,bert_mini,yolov8n,resnet50] [--rounds 5]
+    python benchmarks/bench_pipeline.py [--models gpt2_tiny,bert_tiny,bert_mini,yolov8n,resnet50]
+        [--rounds 5] [--pin] [--out FILE.json]
+
+``--pin`` pins every variant alike (``onnxpipe run --pin``): each pipeline worker and each replica to a
+CPU of its own, each session to the first CPUs.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ from onnxpipe.errors import MemoryFitError  # noqa: E402
 from onnxpipe.manifest import load_manifest  # noqa: E402
 from onnxpipe.model import load_model  # noqa: E402
 from onnxpipe.profile import Profile  # noqa: E402
+from onnxpipe.runtime.affinity import assign_cpus, available_cpus, pinned  # noqa: E402
 from onnxpipe.runtime.inputs import random_inputs  # noqa: E402
 from onnxpipe.runtime.pipeline import Pipeline, make_backend  # noqa: E402
 from onnxpipe.runtime.report import measure  # noqa: E402
@@ -167,21 +172,24 @@ class Variant:
     others: list[float] = field(default_factory=list)
 
 
-def session_variant(name: str, model: Path, threads: int) -> Variant:
+def session_variant(name: str, model: Path, threads: int, pin: bool = False) -> Variant:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = 3
-    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    cpus = available_cpus()[:threads] if pin else ()
+    with pinned(cpus):  # its intra-op threads, made now, keep these CPUs
+        session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
 
     def run(inputs: Sequence[Feeds]) -> tuple[float, float]:
         start = time.perf_counter()
         done = []
-        for feeds in inputs:
-            session.run(names, dict(feeds))
-            done.append(time.perf_counter())
+        with pinned(cpus):  # the calling thread runs the first of them
+            for feeds in inputs:
+                session.run(names, dict(feeds))
+                done.append(time.perf_counter())
         steady = (len(done) - 1) / (done[-1] - done[0]) if len(done) > 1 else math.nan
         return len(inputs) / (done[-1] - start), steady
 
@@ -247,7 +255,7 @@ def bench_model(
     input_shapes = {n: tuple(v) for n, v in manifest.plan.profiled_input_shapes.items()}
     pool = random_inputs(path, input_shapes, 8, seed=0)
 
-    single = session_variant("session_1", path, 1)
+    single = session_variant("session_1", path, 1, args.pin)
     per_item = 1.0 / single.run(pool)[0]
     count = int(min(args.max_microbatches, max(MIN_MICROBATCHES, math.ceil(TARGET_SECONDS / per_item))))
     inputs = [pool[j % len(pool)] for j in range(count)]
@@ -255,12 +263,14 @@ def bench_model(
     stage_runs: list[list[WorkerStats]] = []
     thread_runs: list[list[WorkerStats]] = []
     replica_runs: list[list[WorkerStats]] = []
-    pipe_p = Pipeline.from_manifest(out, mode="processes", threads=1)
-    pipe_t = Pipeline.from_manifest(out, mode="threads", threads=1)
-    pipe_w = Pipeline.from_manifest(balanced.out_dir, mode="threads", threads=1)
+    pipe_p = Pipeline.from_manifest(out, mode="processes", threads=1, pin=args.pin)
+    pipe_t = Pipeline.from_manifest(out, mode="threads", threads=1, pin=args.pin)
+    pipe_w = Pipeline.from_manifest(balanced.out_dir, mode="threads", threads=1, pin=args.pin)
     names = [t.name for t in manifest.model_inputs]
     outs = [o.name for o in manifest.model_outputs]
     lanes = [[model_spec(path, names, outs, Placement(threads=1), index=i)] for i in range(k)]
+    if args.pin:
+        lanes, _ = assign_cpus(lanes)
     replicas, replicas_p = (
         Pipeline(
             make_backend(lanes, mode=mode),
@@ -274,7 +284,7 @@ def bench_model(
         pipeline_variant("pipeline_processes", pipe_p, stage_runs),
         pipeline_variant("pipeline_threads", pipe_t, thread_runs),
         single,
-        session_variant(f"session_{k}", path, k),
+        session_variant(f"session_{k}", path, k, args.pin),
         pipeline_variant("replicas", replicas, []),
         pipeline_variant("replicas_processes", replicas_p, replica_runs),
         pipeline_variant("pipeline_weights", pipe_w, []),
@@ -477,6 +487,7 @@ def write_results(args: argparse.Namespace, rows: Sequence[dict[str, Any]]) -> N
         "python": sys.version.split()[0],
         "quiet_threshold_cores": args.quiet,
         "autogroup": _autogroup(),
+        "pinned": args.pin,
     }
     args.out.write_text(json.dumps({"machine": meta, "rows": list(rows)}, indent=2) + "\n")
 
@@ -487,6 +498,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(table), help="comma-separated: " + ", ".join(table))
     parser.add_argument("--k", type=int, default=2, help="stages (and replicas, and session threads)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="pin every variant alike: pipeline workers and replicas to CPUs of their own, sessions too",
+    )
     parser.add_argument("--cost", choices=("profile", "static"), default="profile")
     parser.add_argument("--max-microbatches", type=int, default=200)
     parser.add_argument(

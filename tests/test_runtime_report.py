@@ -76,6 +76,7 @@ class FakePipeline:
     capacity: int = 6
     input_types: dict[str, str] = field(default_factory=dict)
     output_names: tuple[str, ...] = ()
+    pin_note: str | None = None
 
 
 def spec(index: int, placement: Placement | None = None, device: str = "cpu") -> WorkerSpec:

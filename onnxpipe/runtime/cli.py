@@ -64,6 +64,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"micro-batches each link between stages holds (default {DEFAULT_SLOTS})",
     )
     w.add_argument(
+        "--pin",
+        action="store_true",
+        help="pin each local worker (and, with --compare, each baseline) to CPUs of its own",
+    )
+    w.add_argument(
         "--ray-address", metavar="ADDR", help="address of a running Ray cluster (default: start a local one)"
     )
     w.add_argument(
@@ -176,6 +181,7 @@ def run_command(args: argparse.Namespace) -> int:
         slots=args.slots,
         ray_address=args.ray_address,
         ray_resources=resources,
+        pin=args.pin,
     ) as pipeline:
         single = min(len(inputs), SINGLE_LATENCY_MICROBATCHES)
         measurement = measure(pipeline, inputs, warmup=args.warmup, single=single)

@@ -27,6 +27,7 @@ import numpy as np
 
 from onnxpipe.errors import RuntimeStageError
 from onnxpipe.ortsession import Provider, open_session, session_options
+from onnxpipe.runtime.affinity import assign_cpus, available_cpus, pinned
 from onnxpipe.runtime.pipeline import LocalMode, Pipeline, make_backend
 from onnxpipe.runtime.report import BaselineReport, Measurement, RunReport, measure
 from onnxpipe.runtime.session import WorkerStats, first_line
@@ -87,7 +88,17 @@ def _providers(placement: Placement) -> list[Provider]:
 def session_throughput(
     model: Path, inputs: Sequence[Feeds], *, placement: Placement, warmup: int
 ) -> tuple[float, list[dict[str, np.ndarray]]]:
-    """Micro-batches per second of one session on ``placement`` (provider, threads), and its outputs."""
+    """Micro-batches per second of one session on ``placement`` (provider, threads, CPUs), and its outputs.
+
+    The session runs in the calling thread, pinned to ``placement.cpus`` while it runs (if any).
+    """
+    with pinned(placement.cpus):
+        return _session_throughput(model, inputs, placement=placement, warmup=warmup)
+
+
+def _session_throughput(
+    model: Path, inputs: Sequence[Feeds], *, placement: Placement, warmup: int
+) -> tuple[float, list[dict[str, np.ndarray]]]:
     session = open_session(
         model,
         session_options(threads=placement.threads),
@@ -134,6 +145,8 @@ def replicas_measurement(
 ) -> Measurement:
     """Run ``inputs`` through one one-worker lane of the whole model per entry of ``threads``."""
     lanes = _replica_lanes(model, pipeline, placement, threads)
+    if is_pinned(pipeline):  # like the pipeline's workers
+        lanes, _ = assign_cpus(lanes)
     backend = make_backend(lanes, backend="local", mode=mode)
     with Pipeline(
         backend, input_types=pipeline.input_types, output_names=pipeline.output_names, lanes=lanes
@@ -186,6 +199,19 @@ def _with_worker_memory(report: RunReport, stats: Sequence[WorkerStats]) -> RunR
     return replace(report, stages=stages)
 
 
+def is_pinned(pipeline: Pipeline) -> bool:
+    """Whether the pipeline's workers are pinned to CPUs: its baselines then are too."""
+    return any(spec.placement.cpus for lane in pipeline.lanes for spec in lane)
+
+
+def _pinned_first(placement: Placement, pin: bool) -> Placement:
+    """``placement`` pinned to the first of this process's CPUs, one per thread, when ``pin``."""
+    if not pin:
+        return placement
+    cpus = available_cpus()
+    return replace(placement, cpus=cpus[: placement.threads]) if len(cpus) >= placement.threads else placement
+
+
 def compare_outputs(
     expected: Sequence[Mapping[str, np.ndarray]], actual: Sequence[Mapping[str, np.ndarray]]
 ) -> tuple[bool, float]:
@@ -224,9 +250,12 @@ def add_baselines(
     place, note = baseline_placement(specs)
     notes = list(report.notes) + ([note] if note else [])
     on = "" if place.provider == CPU_PROVIDER else f" on {place.provider}"
+    if is_pinned(pipeline):
+        on += ", pinned"
     baselines: dict[str, BaselineReport] = {}
 
-    tp1, expected = session_throughput(model, inputs, placement=place, warmup=warmup)
+    pin = is_pinned(pipeline)
+    tp1, expected = session_throughput(model, inputs, placement=_pinned_first(place, pin), warmup=warmup)
     baselines["session_1_thread"] = BaselineReport(
         "session_1_thread",
         f"one session{on}, 1 thread",
@@ -238,7 +267,9 @@ def add_baselines(
         total_threads=1,
     )
     if total > 1:
-        tpn, _ = session_throughput(model, inputs, placement=replace(place, threads=total), warmup=warmup)
+        tpn, _ = session_throughput(
+            model, inputs, placement=_pinned_first(replace(place, threads=total), pin), warmup=warmup
+        )
         baselines["session_total_threads"] = BaselineReport(
             "session_total_threads",
             f"one session{on}, {total} threads",

@@ -42,6 +42,7 @@ import onnxruntime as ort
 
 from onnxpipe.errors import RuntimeStageError, UsageError
 from onnxpipe.manifest import Manifest, Shape, load_manifest
+from onnxpipe.runtime.affinity import assign_cpus
 from onnxpipe.runtime.base import WAIT_SECONDS, Backend, Tensors
 from onnxpipe.runtime.processes import DEFAULT_SLOTS, ProcessBackend
 from onnxpipe.runtime.session import WorkerStats
@@ -306,6 +307,7 @@ class Pipeline:
         manifest: Manifest | None = None,
         directory: Path | None = None,
         input_shapes: Mapping[str, Shape] | None = None,
+        pin_note: str | None = None,
     ) -> None:
         self.backend = backend
         self.input_types = dict(input_types)
@@ -314,6 +316,8 @@ class Pipeline:
         self.lanes = tuple(tuple(lane) for lane in lanes)
         self.manifest = manifest
         self.directory = directory
+        self.pin_note = pin_note
+        """Why the workers were not pinned although asked to be (too few CPUs), else None."""
         self._driver = _Driver(backend, self.output_names)
         self._finalizer = weakref.finalize(self, self._driver.abandon)
         self._finalizer.atexit = False  # at exit the workers go with the process
@@ -333,6 +337,7 @@ class Pipeline:
         check_files: bool = True,
         ray_address: str | None = None,
         ray_resources: Sequence[Mapping[str, Any]] | None = None,
+        pin: bool = False,
     ) -> Pipeline:
         """Start one worker per stage of the split folder ``directory``.
 
@@ -344,7 +349,9 @@ class Pipeline:
         ``placements`` gives each stage's explicitly instead.  On the local backend a provider from the
         manifest that this machine lacks is a :class:`UsageError`, before any worker starts.
         ``ray_resources`` are per-stage actor options (``num_cpus``, ``num_gpus``, ``resources``).
-        ``slots`` is the number of micro-batches each channel between two workers holds.
+        ``slots`` is the number of micro-batches each channel between two workers holds.  ``pin`` pins
+        each local worker to CPUs of its own (:mod:`~onnxpipe.runtime.affinity`; :attr:`pin_note` says
+        why not when there are too few).
         """
         d = Path(directory)
         manifest = load_manifest(d, check_files=check_files)
@@ -358,6 +365,12 @@ class Pipeline:
         specs = stage_specs(d, manifest, placements)
         if from_manifest and backend == "local":  # Ray actors check the provider on their own node
             check_providers_here(specs, ort.get_available_providers())
+        pin_note = None
+        if pin:
+            if backend != "local":
+                raise UsageError("pinning is for local workers; Ray places its actors itself")
+            lanes, pin_note = assign_cpus([specs])
+            specs = lanes[0]
         back = make_backend(
             [specs],
             backend=backend,
@@ -374,6 +387,7 @@ class Pipeline:
             lanes=[specs],
             manifest=manifest,
             directory=d,
+            pin_note=pin_note,
         )
 
     # ---------------------------------------------------------------------------------- running

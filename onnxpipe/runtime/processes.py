@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from onnxpipe.errors import RuntimeStageError, UsageError
+from onnxpipe.runtime.affinity import pin_thread
 from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.session import (
     Record,
@@ -81,6 +82,7 @@ def worker_main(
         signal.signal(ending, _leave)
     startup_rss = current_rss_bytes()
     try:
+        pin_thread(spec.placement.cpus)
         runner = StageRunner(spec)
     except StageFailure as e:
         status.send(("failed", None, str(e)))

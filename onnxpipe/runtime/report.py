@@ -220,6 +220,8 @@ class StageReport:
     """Peak minus the memory before loading, for a worker with its own process; None for thread
     workers, whose process's growth while a session loads hides what the allocator reused."""
     provider: str = CPU_PROVIDER
+    cpus: tuple[int, ...] = ()
+    """The CPUs the worker was pinned to (``--pin``); empty: not pinned."""
     worker_peak_rss_bytes: int | None = None
     """Peak RSS of a worker process running this stage alone: the worker's own (processes), or one
     short run in processes of their own when the pipeline ran threads (``--compare`` only)."""
@@ -310,6 +312,7 @@ class RunReport:
                     "device": s.device,
                     "provider": s.provider,
                     "threads": s.threads,
+                    "cpus": list(s.cpus),
                     "microbatches": s.microbatches,
                     "measured_ms": _num(s.measured_ms),
                     "mean_ms": _num(s.mean_ms),
@@ -484,6 +487,7 @@ def build_report(
                 memory_shared_with_other_workers=shared,
                 model_rss_bytes=st.model_rss_bytes if st is not None and not shared else None,
                 provider=spec.placement.provider,
+                cpus=spec.placement.cpus,
                 worker_peak_rss_bytes=st.peak_rss_bytes if st is not None and not shared else None,
                 worker_model_rss_bytes=st.model_rss_bytes if st is not None and not shared else None,
             )
@@ -494,6 +498,8 @@ def build_report(
         comparable, estimate_notes = check_estimates(manifest, specs, input_shapes)
         notes.extend(estimate_notes)
     errors = [abs(s.estimate_error) for s in stages if s.estimate_error is not None]
+    if pipeline.pin_note is not None:
+        notes.append(pipeline.pin_note)
     if any(s.memory_shared_with_other_workers for s in stages):
         notes.append(
             "thread workers share one process: a stage's peak RSS is the process's, and its own memory "
@@ -559,7 +565,7 @@ def format_report(report: RunReport) -> str:
         row = [
             f"{s.index}{mark}",
             s.file or s.label,
-            str(s.threads),
+            f"{s.threads} @{','.join(str(c) for c in s.cpus)}" if s.cpus else str(s.threads),
             _ms(s.estimated_ms),
             _ms(s.measured_ms),
             err,

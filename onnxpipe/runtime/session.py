@@ -20,6 +20,7 @@ import numpy as np
 import onnxruntime as ort
 
 from onnxpipe.ortsession import Provider, open_session, session_options
+from onnxpipe.runtime.affinity import pinned
 from onnxpipe.runtime.spec import CPU_PROVIDER, WorkerSpec
 
 MAX_RECORDS = 1 << 16
@@ -116,14 +117,15 @@ class StageRunner:
         providers: list[Provider] = [(place.provider, dict(place.provider_options))]
         if place.provider != CPU_PROVIDER:
             providers.append(CPU_PROVIDER)
-        self.session = open_session(
-            spec.path,
-            options,
-            providers,
-            fail=lambda e: StageFailure(
-                f"{spec.label}: does not load in onnxruntime ({first_line(e)}); re-run onnxpipe split"
-            ),
-        )
+        with pinned(place.cpus):  # onnxruntime's intra-op threads inherit the worker's CPUs
+            self.session = open_session(
+                spec.path,
+                options,
+                providers,
+                fail=lambda e: StageFailure(
+                    f"{spec.label}: does not load in onnxruntime ({first_line(e)}); re-run onnxpipe split"
+                ),
+            )
         self.load_seconds = time.perf_counter() - start
         rss_after = current_rss_bytes()
         self.load_rss_bytes = (

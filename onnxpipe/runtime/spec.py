@@ -32,11 +32,13 @@ _CPU_DEVICE = re.compile(r"^cpu\d*$", re.IGNORECASE)
 
 @dataclass(frozen=True)
 class Placement:
-    """How a worker runs its session: the onnxruntime provider, its options, and intra-op threads."""
+    """How a worker runs its session: the onnxruntime provider, its options, intra-op threads, and the
+    CPUs it is pinned to (none: not pinned; see :mod:`onnxpipe.runtime.affinity`)."""
 
     provider: str = CPU_PROVIDER
     provider_options: tuple[tuple[str, str], ...] = ()
     threads: int = 1
+    cpus: tuple[int, ...] = ()
 
     @property
     def uses_gpu(self) -> bool:

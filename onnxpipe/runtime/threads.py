@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from onnxpipe.errors import RuntimeStageError
+from onnxpipe.runtime.affinity import pin_thread
 from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.processes import DEFAULT_SLOTS
 from onnxpipe.runtime.session import Record, StageFailure, StageRunner, WorkerStats, current_rss_bytes
@@ -107,6 +108,7 @@ class _Worker:
         shared = self.shared
         seq: int | None = None
         try:
+            pin_thread(self.runner.spec.placement.cpus)
             while not shared.stopping.is_set():
                 try:
                     seq, tensors = self.inbox.get(timeout=_POLL_S)
