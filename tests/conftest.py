@@ -23,6 +23,10 @@ if str(REPO_ROOT) not in sys.path:
 
 from tools import corpus as _corpus  # noqa: E402
 
+# the runtime tests' shared helpers: their asserts get pytest's explanations, as in a test module
+pytest.register_assert_rewrite("runtime_support")
+from runtime_support import split_reshape, split_tiny  # noqa: E402
+
 # onnxruntime session creation is slow and uneven: no per-example deadline.
 settings.register_profile("ci", deadline=None, max_examples=50, print_blob=True)
 settings.register_profile("dev", deadline=None, max_examples=10)
@@ -53,6 +57,21 @@ def _exporter() -> ModuleType:
 def sample_models_dir() -> Path:
     """The committed ``sample_models/`` folder (regenerate with ``python tools/make_sample_models.py``)."""
     return REPO_ROOT / "sample_models"
+
+
+# ----------------------------------------------------------------------------------- runtime splits
+
+
+@pytest.fixture(scope="module")
+def tiny_split(tmp_path_factory: pytest.TempPathFactory, sample_models_dir: Path) -> Path:
+    """The sample transformer split in 2 (static costs); see ``runtime_support.split_tiny``."""
+    return split_tiny(tmp_path_factory.mktemp("tiny"), sample_models_dir)
+
+
+@pytest.fixture(scope="module")
+def reshape_split(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``runtime_support.reshape_model`` split in 2: a bad ``shape`` feed fails the last stage."""
+    return split_reshape(tmp_path_factory.mktemp("reshape"))
 
 
 # ----------------------------------------------------------------------------------- real models

@@ -19,13 +19,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_runtime import (
+from runtime_support import (
     MODES,
     assert_same,
     original_outputs,
     reshape_batches,
-    split_reshape,
-    split_tiny,
     token_batches,
 )
 
@@ -39,16 +37,6 @@ from onnxpipe.runtime.threads import ThreadBackend
 
 SETTLE_S = 10.0
 """How long a test waits for a future that must settle (a hang fails the test instead of blocking it)."""
-
-
-@pytest.fixture(scope="module")
-def tiny_split(tmp_path_factory: pytest.TempPathFactory, sample_models_dir: Path) -> Path:
-    return split_tiny(tmp_path_factory.mktemp("tiny"), sample_models_dir)
-
-
-@pytest.fixture(scope="module")
-def reshape_split(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return split_reshape(tmp_path_factory.mktemp("reshape"))
 
 
 # --------------------------------------------------------------------------------------------------

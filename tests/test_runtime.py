@@ -6,7 +6,6 @@ Each pipeline here runs on real worker processes (``spawn``) or threads over sta
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -21,16 +20,25 @@ from multiprocessing import connection as mpc
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from runtime_support import (
+    MODES,
+    assert_no_workers_left,
+    assert_same,
+    devices_file,
+    original_outputs,
+    parse,
+    reshape_batches,
+    split_on_devices,
+    token_batches,
+)
 
 from onnxpipe import api
 from onnxpipe.cluster import Device
 from onnxpipe.errors import RuntimeStageError, UsageError
 from onnxpipe.manifest import load_manifest
-from onnxpipe.runtime.cli import add_run_arguments, run_command
+from onnxpipe.runtime.cli import run_command
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.ray_backend import actor_options, load_ray_resources
 from onnxpipe.runtime.shm import SHM_DIR, ItemMessage, SlotReader, SlotWriter, unlink_prefix
@@ -41,112 +49,6 @@ from onnxpipe.runtime.spec import (
     placement_of,
     stage_specs,
 )
-from onnxpipe.verification import compare
-
-MODES = ["processes", "threads"]
-
-
-# --------------------------------------------------------------------------------------------------
-# models and splits
-
-
-def reshape_model() -> onnx.ModelProto:
-    """x[N,8] -> three MatMul/Relu -> Reshape(., shape) -> y: a bad ``shape`` fails the last stage."""
-    rng = np.random.default_rng(0)
-    weights = [
-        numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), f"w{i}") for i in range(3)
-    ]
-    nodes = [
-        helper.make_node("MatMul", ["x", "w0"], ["a"], name="mm0"),
-        helper.make_node("Relu", ["a"], ["b"], name="relu0"),
-        helper.make_node("MatMul", ["b", "w1"], ["c"], name="mm1"),
-        helper.make_node("Relu", ["c"], ["d"], name="relu1"),
-        helper.make_node("MatMul", ["d", "w2"], ["e"], name="mm2"),
-        helper.make_node("Reshape", ["e", "shape"], ["y"], name="reshape"),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "reshape_model",
-        [
-            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8]),
-            helper.make_tensor_value_info("shape", TensorProto.INT64, [2]),
-        ],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["p", "q"])],
-        initializer=weights,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    onnx.checker.check_model(model, full_check=True)
-    return model
-
-
-def split_tiny(base: Path, sample_models_dir: Path) -> Path:
-    """The sample transformer split in 2 (static costs)."""
-    out = base / "split"
-    api.split(sample_models_dir / "transformer_tiny.onnx", 2, out, cost="static", run_verify=False)
-    return out
-
-
-def split_reshape(base: Path) -> Path:
-    """:func:`reshape_model` split in 2: the Reshape lands in the last stage."""
-    path = base / "reshape.onnx"
-    onnx.save_model(reshape_model(), str(path))
-    out = base / "split"
-    api.split(path, 2, out, cost="static", run_verify=False, shapes={"x": (4, 8), "shape": (2,)})
-    return out
-
-
-@pytest.fixture(scope="module")
-def tiny_split(tmp_path_factory: pytest.TempPathFactory, sample_models_dir: Path) -> Path:
-    return split_tiny(tmp_path_factory.mktemp("tiny"), sample_models_dir)
-
-
-@pytest.fixture(scope="module")
-def reshape_split(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return split_reshape(tmp_path_factory.mktemp("reshape"))
-
-
-def token_batches(count: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    return [{"tokens": rng.integers(0, 256, (2, 16)).astype(np.int64)} for _ in range(count)]
-
-
-def reshape_batches(count: int, bad: int | None = None) -> list[dict[str, np.ndarray]]:
-    rng = np.random.default_rng(1)
-    out: list[dict[str, np.ndarray]] = []
-    for j in range(count):
-        shape = np.array([3, 5] if j == bad else [8, 4], dtype=np.int64)
-        out.append({"x": rng.standard_normal((4, 8)).astype(np.float32), "shape": shape})
-    return out
-
-
-def original_outputs(model: Path, batches: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    return [dict(zip(names, session.run(names, b), strict=True)) for b in batches]
-
-
-def assert_same(expected: list[dict[str, np.ndarray]], actual: list[dict[str, np.ndarray]]) -> None:
-    assert len(expected) == len(actual)
-    for j, (e, a) in enumerate(zip(expected, actual, strict=True)):
-        assert set(e) == set(a), j
-        for name in e:
-            c = compare(name, e[name], a[name], rtol=1e-4, atol=1e-5)
-            assert c.ok, f"micro-batch {j}: {c.describe()}"
-
-
-def segments(pipeline: Pipeline) -> list[str]:
-    prefix = getattr(pipeline.backend, "prefix", f"onnxpipe-{os.getpid()}-")
-    return sorted(p.name for p in SHM_DIR.glob(prefix + "*"))
-
-
-def assert_no_workers_left(pids: list[int], pipeline: Pipeline) -> None:
-    alive = {p.pid for p in active_children()}
-    for pid in pids:
-        assert pid not in alive
-        assert not Path(f"/proc/{pid}").exists(), f"worker {pid} is still there"
-    assert segments(pipeline) == []
-    assert not [t for t in threading.enumerate() if t.name.startswith("onnxpipe")]
-
 
 # --------------------------------------------------------------------------------------------------
 # the pipeline equals the model, in order
@@ -417,12 +319,6 @@ def test_channel_grows_slots_and_carries_objects_and_empty_tensors() -> None:
 # the command
 
 
-def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="onnxpipe run")
-    add_run_arguments(parser)
-    return parser.parse_args(list(argv))
-
-
 def test_cli_run_with_compare_writes_the_report(
     tiny_split: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -518,35 +414,6 @@ def test_cli_run_with_a_devices_file(tiny_split: Path, tmp_path: Path) -> None:
         == 0
     )
     assert [s["threads"] for s in json.loads(report.read_text())["stages"]] == [1, 1]
-
-
-def devices_file(path: Path, *devices: tuple[str, str, int]) -> Path:
-    """A devices file of ``(name, provider, threads)`` devices on free links."""
-    path.write_text(
-        json.dumps(
-            {
-                "devices": [
-                    {"name": n, "provider": p, "threads": t, "memory_bytes": None} for n, p, t in devices
-                ],
-                "links": {"bandwidth_bytes_per_s": None, "latency_s": 0},
-            }
-        )
-    )
-    return path
-
-
-def split_on_devices(tmp_path: Path, sample_models_dir: Path, *devices: tuple[str, str, int]) -> Path:
-    out = tmp_path / "split"
-    devices_path = devices_file(tmp_path / "devices.json", *devices)
-    api.split(
-        sample_models_dir / "transformer_tiny.onnx",
-        len(devices),
-        out,
-        cost="static",
-        run_verify=False,
-        devices=devices_path,
-    )
-    return out
 
 
 def test_a_split_made_with_devices_runs_on_its_own_devices(

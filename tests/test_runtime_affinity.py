@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_runtime import assert_same, original_outputs, parse, split_tiny, token_batches
+from runtime_support import assert_same, original_outputs, parse, token_batches
 
 from onnxpipe.errors import UsageError
 from onnxpipe.runtime.affinity import assign_cpus, available_cpus, pin_thread, pinned
@@ -21,11 +21,6 @@ from onnxpipe.runtime.spec import Placement, WorkerSpec
 needs_two_cpus = pytest.mark.skipif(
     len(available_cpus()) < 2, reason="pinning two workers apart needs two CPUs this process may use"
 )
-
-
-@pytest.fixture(scope="module")
-def tiny_split(tmp_path_factory: pytest.TempPathFactory, sample_models_dir: Path) -> Path:
-    return split_tiny(tmp_path_factory.mktemp("tiny"), sample_models_dir)
 
 
 def worker(index: int, threads: int) -> WorkerSpec:

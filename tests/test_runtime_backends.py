@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from test_runtime import assert_same, original_outputs, split_tiny, token_batches
+from runtime_support import assert_same, original_outputs, token_batches
 
 from onnxpipe.errors import RuntimeStageError
 from onnxpipe.runtime import processes
@@ -34,11 +34,6 @@ from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.processes import ProcessBackend
 from onnxpipe.runtime.shm import SHM_DIR, ItemMessage, SlotReader, SlotWriter
 from onnxpipe.runtime.spec import WorkerSpec
-
-
-@pytest.fixture(scope="module")
-def tiny_split(tmp_path_factory: pytest.TempPathFactory, sample_models_dir: Path) -> Path:
-    return split_tiny(tmp_path_factory.mktemp("tiny"), sample_models_dir)
 
 
 def identity_chain(base: Path, dtype: int = TensorProto.STRING) -> list[WorkerSpec]:

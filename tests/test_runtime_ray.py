@@ -9,13 +9,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_runtime import (
+from runtime_support import (
     assert_same,
     original_outputs,
     parse,
     reshape_batches,
-    split_reshape,
-    split_tiny,
     token_batches,
 )
 
@@ -25,16 +23,6 @@ from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.ray_backend import RayBackend
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def tiny_split(tmp_path_factory: pytest.TempPathFactory, sample_models_dir: Path) -> Path:
-    return split_tiny(tmp_path_factory.mktemp("tiny"), sample_models_dir)
-
-
-@pytest.fixture(scope="module")
-def reshape_split(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return split_reshape(tmp_path_factory.mktemp("reshape"))
 
 
 @pytest.fixture(scope="module")

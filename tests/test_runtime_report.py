@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import numpy as np
 import pytest
-from test_runtime import parse, split_on_devices, split_tiny, token_batches
+from runtime_support import parse, split_on_devices, token_batches
 
 from onnxpipe import ortsession
 from onnxpipe.manifest import Manifest, load_manifest
@@ -43,11 +43,6 @@ from onnxpipe.runtime.spec import (
 from onnxpipe.tables import human_bytes
 
 CPU = CPU_PROVIDER
-
-
-@pytest.fixture(scope="module")
-def tiny_split(tmp_path_factory: pytest.TempPathFactory, sample_models_dir: Path) -> Path:
-    return split_tiny(tmp_path_factory.mktemp("tiny"), sample_models_dir)
 
 
 @pytest.fixture(scope="module")
