@@ -25,6 +25,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from onnxpipe.errors import UsageError
+from onnxpipe.jsonread import Document, Fields, Rule, Value, describe
 
 REFERENCE_PROVIDER = "CPUExecutionProvider"
 """The provider the reference profile is measured with (``onnxpipe profile`` runs on the CPU)."""
@@ -220,7 +221,7 @@ class Cluster:
     @staticmethod
     def from_obj(obj: Any, source: str = "devices file", base: Path | None = None) -> Cluster:
         """Validate a parsed devices file; ``base`` is the folder relative ``profile_path`` are taken from."""
-        return _Reader(source, base).cluster(obj)
+        return _read_cluster(Document(source, UsageError, _ADVICE).read(obj), base)
 
     def _where(self) -> str:
         return self.source or "cluster"
@@ -441,234 +442,175 @@ def parse_rate(text: str) -> float:
     return float(m.group(1)) * _RATE_UNITS[m.group(2).lower()]
 
 
-def _kind(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "a boolean"
-    if isinstance(v, int | float):
-        return f"the number {v!r}"
-    if isinstance(v, str):
-        return f"the string {v!r}"
-    if isinstance(v, list):
-        return "a list"
-    if isinstance(v, dict):
-        return "an object"
-    return type(v).__name__
+_ADVICE = "see docs/devices.md"
+_NAME: Rule[str] = Rule(lambda s: bool(s.strip()), "a non-empty string")
+_FILE_NAME: Rule[str] = Rule(lambda s: s != "", "a file name")
 
 
-class _Reader:
-    """Field-by-field validation; every message is ``<file>: <json path>: <what is wrong>; <what to do>``."""
+def _read_cluster(top_value: Value, base: Path | None) -> Cluster:
+    top = top_value.fields().only(_TOP_KEYS)
+    devs = top.need("devices", "list the devices in pipeline order (see docs/devices.md)")
+    if not isinstance(devs.raw, list) or not devs.raw:
+        raise devs.expected("a non-empty list of devices")
+    devices = devs.objects(lambda f: _device(f, base))
+    seen: dict[str, int] = {}
+    for i, d in enumerate(devices):
+        if d.name in seen:
+            raise top.doc.fail(
+                f"devices[{i}].name",
+                f"{d.name!r} is already the name of devices[{seen[d.name]}]",
+                "give every device its own name",
+            )
+        seen[d.name] = i
+    links = _links(top.get("links", None), len(devices))
+    return Cluster(devices, links, top.doc.source)
 
-    def __init__(self, source: str, base: Path | None) -> None:
-        self.source = source
-        self.base = base
 
-    def fail(self, where: str, what: str) -> UsageError:
-        return UsageError(f"{self.source}: {where}: {what}")
+def _device(f: Fields, base: Path | None) -> Device:
+    f.only(_DEVICE_KEYS)
+    for key in _REQUIRED_DEVICE_KEYS:
+        f.need(key, "every device needs " + ", ".join(_REQUIRED_DEVICE_KEYS))
+    name = f["name"].string(_NAME)
+    provider = _provider(f["provider"])
+    options = f.get("provider_options", {}).dict_of(Value.scalar)
+    threads = f["threads"].integer(1, expected="a whole number of threads >= 1")
+    memory = _memory(f["memory_bytes"])
+    speed = _positive(f.get("speed", 1.0))
+    op_speeds = _op_speeds(f.get("op_speeds", {}))
+    profile_path = _profile_path(f, base)
+    here = f.get("profile_here", False).boolean()
+    if here and profile_path is not None:
+        raise f["profile_here"].fail("give either profile_path or profile_here, not both")
+    return Device(
+        name=name,
+        provider=provider,
+        provider_options=_frozen(options),
+        threads=threads,
+        memory_bytes=memory,
+        speed=speed,
+        op_speeds=_frozen(op_speeds),
+        profile_path=profile_path,
+        profile_here=here,
+    )
 
-    def obj(self, v: Any, where: str) -> Mapping[str, Any]:
-        if not isinstance(v, dict):
-            raise self.fail(where, f"expected an object, got {_kind(v)}; see docs/devices.md")
-        return v
 
-    def keys(self, o: Mapping[str, Any], allowed: set[str], where: str) -> None:
-        for key in o:
-            if key not in allowed:
-                close = difflib.get_close_matches(key, sorted(allowed), n=1)
-                hint = (
-                    f"did you mean {close[0]!r}?" if close else f"allowed keys: {', '.join(sorted(allowed))}"
-                )
-                raise self.fail(f"{where}.{key}" if where else key, f"unknown key; {hint}")
+def _provider(v: Value) -> str:
+    import onnxruntime as ort
 
-    def number(self, v: Any, where: str, *, positive: bool, allow_null: bool = False) -> float | None:
-        if v is None and allow_null:
-            return None
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-            raise self.fail(where, f"expected a number, got {_kind(v)}")
-        if positive and v <= 0:
-            raise self.fail(where, f"must be greater than 0, got {v!r}")
-        if not positive and v < 0:
-            raise self.fail(where, f"must not be negative, got {v!r}")
-        return float(v)
+    known = list(ort.get_all_providers())
+    if isinstance(v.raw, str) and v.raw in known:
+        return v.raw
+    close = difflib.get_close_matches(v.raw, known, n=1, cutoff=0.4) if isinstance(v.raw, str) else []
+    hint = f"did you mean {close[0]!r}?" if close else "use an onnxruntime provider name"
+    raise v.fail(
+        f"{describe(v.raw)} is not an onnxruntime execution provider", f"{hint} (e.g. CPUExecutionProvider)"
+    )
 
-    def cluster(self, top_value: Any) -> Cluster:
-        top = self.obj(top_value, "top level")
-        self.keys(top, _TOP_KEYS, "")
-        if "devices" not in top:
-            raise self.fail("devices", "missing; list the devices in pipeline order (see docs/devices.md)")
-        raw = top["devices"]
-        if not isinstance(raw, list) or not raw:
-            raise self.fail("devices", f"expected a non-empty list of devices, got {_kind(raw)}")
-        devices = tuple(self.device(d, f"devices[{i}]") for i, d in enumerate(raw))
-        seen: dict[str, int] = {}
-        for i, d in enumerate(devices):
-            if d.name in seen:
-                raise self.fail(
-                    f"devices[{i}].name",
-                    f"{d.name!r} is already the name of devices[{seen[d.name]}]; "
-                    "give every device its own name",
-                )
-            seen[d.name] = i
-        links = self.links(top.get("links"), len(devices))
-        return Cluster(devices, links, self.source)
 
-    def device(self, value: Any, w: str) -> Device:
-        o = self.obj(value, w)
-        self.keys(o, _DEVICE_KEYS, w)
-        for key in _REQUIRED_DEVICE_KEYS:
-            if key not in o:
-                raise self.fail(
-                    f"{w}.{key}", "missing; every device needs " + ", ".join(_REQUIRED_DEVICE_KEYS)
-                )
-        name = o["name"]
-        if not isinstance(name, str) or not name.strip():
-            raise self.fail(f"{w}.name", f"expected a non-empty string, got {_kind(name)}")
-        provider = self.provider(o["provider"], f"{w}.provider")
-        options = self.options(o.get("provider_options", {}), f"{w}.provider_options")
-        threads = o["threads"]
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise self.fail(f"{w}.threads", f"expected a whole number of threads >= 1, got {_kind(threads)}")
-        memory = self.memory(o["memory_bytes"], f"{w}.memory_bytes")
-        has_speed = "speed" in o or "op_speeds" in o
-        speed = self.number(o.get("speed", 1.0), f"{w}.speed", positive=True)
-        op_speeds: dict[str, float] = {}
-        raw_ops = o.get("op_speeds", {})
-        for op, v in self.obj(raw_ops, f"{w}.op_speeds").items():
-            if not op:
-                raise self.fail(f"{w}.op_speeds", 'an op type must be a non-empty name such as "MatMul"')
-            s = self.number(v, f"{w}.op_speeds.{op}", positive=True)
-            assert s is not None
-            op_speeds[op] = s
-        profile_path = o.get("profile_path")
-        if profile_path is not None:
-            if not isinstance(profile_path, str) or not profile_path:
-                raise self.fail(f"{w}.profile_path", f"expected a file name, got {_kind(profile_path)}")
-            if has_speed:
-                raise self.fail(
-                    f"{w}.profile_path",
-                    "give either a profile of the device's own or speed/op_speeds, not both",
-                )
-            p = Path(profile_path)
-            if not p.is_absolute() and self.base is not None:
-                p = self.base / p
-            if not p.is_file():
-                raise self.fail(
-                    f"{w}.profile_path",
-                    f"{p}: no such file; save one with 'onnxpipe profile' on that device, or give speed",
-                )
-            profile_path = str(p)
-        here = o.get("profile_here", False)
-        if not isinstance(here, bool):
-            raise self.fail(f"{w}.profile_here", f"expected true or false, got {_kind(here)}")
-        if here and profile_path is not None:
-            raise self.fail(f"{w}.profile_here", "give either profile_path or profile_here, not both")
-        assert speed is not None
-        return Device(
-            name=name,
-            provider=provider,
-            provider_options=_frozen(options),
-            threads=threads,
-            memory_bytes=memory,
-            speed=speed,
-            op_speeds=_frozen(op_speeds),
-            profile_path=profile_path,
-            profile_here=here,
+def _positive(v: Value) -> float:
+    x = v.finite()
+    if x <= 0:
+        raise v.fail(f"must be greater than 0, got {v.raw!r}")
+    return x
+
+
+def _non_negative(v: Value) -> float:
+    x = v.finite()
+    if x < 0:
+        raise v.fail(f"must not be negative, got {v.raw!r}")
+    return x
+
+
+def _op_speeds(v: Value) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for op, s in v.fields().items():
+        if not op:
+            raise v.fail('an op type must be a non-empty name such as "MatMul"')
+        out[op] = _positive(s)
+    return out
+
+
+def _memory(v: Value) -> int | None:
+    """Bytes (``8589934592``, or ``8.0e9``: a whole float), a size (``"8 GiB"``), or ``null`` for no limit."""
+    raw = v.raw
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        n = v.parsed(
+            parse_bytes,
+            what="a size",
+            advice='write bytes (8000000000) or a size like "8 GiB" or "512 MB"',
         )
+    elif isinstance(raw, float) and math.isfinite(raw) and raw.is_integer():
+        n = int(raw)
+    else:
+        n = v.integer(None, expected='a whole number of bytes, a size like "8 GiB" or null')
+    if n <= 0:
+        raise v.fail(f"must be greater than 0, got {raw!r}", "write null for no limit")
+    return n
 
-    def provider(self, v: Any, where: str) -> str:
-        import onnxruntime as ort
 
-        known = list(ort.get_all_providers())
-        if not isinstance(v, str) or v not in known:
-            close = difflib.get_close_matches(str(v), known, n=1, cutoff=0.4) if isinstance(v, str) else []
-            hint = f"did you mean {close[0]!r}?" if close else "use an onnxruntime provider name"
-            raise self.fail(
-                where,
-                f"{_kind(v)} is not an onnxruntime execution provider; {hint} (e.g. CPUExecutionProvider)",
-            )
-        return v
+def _profile_path(f: Fields, base: Path | None) -> str | None:
+    """The device's own profile, relative to the devices file's folder (``base``); it must exist."""
+    v = f.get("profile_path", None)
+    given = v.opt_string(_FILE_NAME)
+    if given is None:
+        return None
+    if "speed" in f.raw or "op_speeds" in f.raw:
+        raise v.fail("give either a profile of the device's own or speed/op_speeds, not both")
+    p = Path(given)
+    if not p.is_absolute() and base is not None:
+        p = base / p
+    if not p.is_file():
+        raise v.fail(f"{p}: no such file", "save one with 'onnxpipe profile' on that device, or give speed")
+    return str(p)
 
-    def options(self, v: Any, where: str) -> dict[str, OptionValue]:
-        o = self.obj(v, where)
-        out: dict[str, OptionValue] = {}
-        for key, value in o.items():
-            if not isinstance(value, str | int | float | bool):
-                raise self.fail(f"{where}.{key}", f"expected a string, number or boolean, got {_kind(value)}")
-            out[key] = value
-        return out
 
-    def memory(self, v: Any, where: str) -> int | None:
-        if v is None:
-            return None
-        if isinstance(v, str):
-            try:
-                n = parse_bytes(v)
-            except ValueError:
-                raise self.fail(
-                    where, f'{v!r} is not a size; write bytes (8000000000) or a size like "8 GiB" or "512 MB"'
-                ) from None
-        elif isinstance(v, int) and not isinstance(v, bool):
-            n = v
-        elif isinstance(v, float) and math.isfinite(v) and v == int(v):
-            n = int(v)
-        else:
-            raise self.fail(
-                where, f'expected a whole number of bytes, a size like "8 GiB" or null, got {_kind(v)}'
-            )
-        if n <= 0:
-            raise self.fail(where, f"must be greater than 0, got {v!r}; write null for no limit")
-        return n
-
-    def links(self, raw: Any, n: int) -> tuple[Link, ...]:
-        if n == 1:
-            if raw is None or raw == []:
-                return ()
-            if isinstance(raw, dict):
-                self.link(raw, "links")
-                return ()
-            raise self.fail("links", f"a single device has no links; remove links (got {_kind(raw)})")
-        if raw is None:
-            raise self.fail(
-                "links",
-                f"missing; give {n - 1} links (one between each pair of consecutive devices) "
-                "or one link object for a network every device shares",
-            )
+def _links(v: Value, n: int) -> tuple[Link, ...]:
+    """``links`` for ``n`` devices: a list of ``n - 1`` links, or one link object shared by all."""
+    raw = v.raw
+    if n == 1:
+        if raw is None or raw == []:
+            return ()
         if isinstance(raw, dict):
-            link = self.link(raw, "links")
-            return (link,) * (n - 1)
-        if not isinstance(raw, list):
-            raise self.fail("links", f"expected a list of links or one link object, got {_kind(raw)}")
-        if len(raw) != n - 1:
-            raise self.fail(
-                "links",
-                f"{n} devices need {n - 1} links (devices[i] -> devices[i+1]), got {len(raw)}; "
-                "or write one link object for a network every device shares",
-            )
-        return tuple(self.link(lk, f"links[{i}]") for i, lk in enumerate(raw))
+            v.object(_link)
+            return ()
+        raise v.fail("a single device has no links", f"remove links (got {describe(raw)})")
+    if raw is None:
+        raise v.fail(
+            "missing",
+            f"give {n - 1} links (one between each pair of consecutive devices) "
+            "or one link object for a network every device shares",
+        )
+    if isinstance(raw, dict):
+        return (v.object(_link),) * (n - 1)
+    if not isinstance(raw, list):
+        raise v.expected("a list of links or one link object")
+    if len(raw) != n - 1:
+        raise v.fail(
+            f"{n} devices need {n - 1} links (devices[i] -> devices[i+1]), got {len(raw)}",
+            "or write one link object for a network every device shares",
+        )
+    return v.objects(_link)
 
-    def link(self, value: Any, w: str) -> Link:
-        o = self.obj(value, w)
-        self.keys(o, _LINK_KEYS, w)
-        for key in ("bandwidth_bytes_per_s", "latency_s"):
-            if key not in o:
-                raise self.fail(f"{w}.{key}", "missing; every link needs bandwidth_bytes_per_s and latency_s")
-        bw_raw = o["bandwidth_bytes_per_s"]
-        if isinstance(bw_raw, str):
-            try:
-                bw: float | None = parse_rate(bw_raw)
-            except ValueError:
-                raise self.fail(
-                    f"{w}.bandwidth_bytes_per_s",
-                    f'{bw_raw!r} is not a rate; write bytes per second (12500000) or e.g. "100 Mbit/s"',
-                ) from None
-            if bw is not None and bw <= 0:
-                raise self.fail(f"{w}.bandwidth_bytes_per_s", f"must be greater than 0, got {bw_raw!r}")
-        else:
-            bw = self.number(bw_raw, f"{w}.bandwidth_bytes_per_s", positive=True, allow_null=True)
-        latency = self.number(o["latency_s"], f"{w}.latency_s", positive=False)
-        assert latency is not None
-        return Link(math.inf if bw is None else bw, latency)
+
+def _link(f: Fields) -> Link:
+    f.only(_LINK_KEYS)
+    for key in ("bandwidth_bytes_per_s", "latency_s"):
+        f.need(key, "every link needs bandwidth_bytes_per_s and latency_s")
+    return Link(_bandwidth(f["bandwidth_bytes_per_s"]), _non_negative(f["latency_s"]))
+
+
+def _bandwidth(v: Value) -> float:
+    """Bytes per second, a rate (``"100 Mbit/s"``), or ``null`` for a free link (``inf``)."""
+    if v.raw is None:
+        return math.inf
+    if not isinstance(v.raw, str):
+        return _positive(v)
+    bw = v.parsed(parse_rate, what="a rate", advice='write bytes per second (12500000) or e.g. "100 Mbit/s"')
+    if bw <= 0:
+        raise v.fail(f"must be greater than 0, got {v.raw!r}")
+    return bw
 
 
 def effective_speeds(costs: Sequence[DeviceCosts], reference: Mapping[str, float]) -> tuple[float, ...]:

@@ -11,13 +11,16 @@ written once; a format's reader is one declarative line per field::
 
 :class:`Document` says which file is read and which exception to raise, :class:`Value` is any JSON value
 at a known path, :class:`Fields` a JSON object (``f[key]`` is a :class:`Value`, and a missing key is an
-error naming its path).  Unknown keys are ignored: formats add fields without breaking older readers.
+error naming its path).  Unknown keys are ignored, so that formats add fields without breaking older
+readers, unless a format refuses them with :meth:`Fields.only` (a hand-written file, where a misspelled
+optional key would otherwise pass silently).
 """
 
 from __future__ import annotations
 
+import difflib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -54,9 +57,14 @@ class Document:
         """The whole parsed document, at the empty path."""
         return Value(value, "", self)
 
-    def fail(self, path: str, what: str) -> Exception:
-        """``<file>: <path>: <what>; <advice>``: returned, not raised, so that callers write ``raise``."""
-        return self.error(f"{self.source}: {path or self.root}: {what}; {self.advice}")
+    def fail(self, path: str, what: str, advice: str | None = None) -> Exception:
+        """``<file>: <path>: <what>; <advice>``: returned, not raised, so that callers write ``raise``.
+
+        ``advice`` replaces the document's for a fault that has a more precise remedy ("did you mean ...").
+        """
+        return self.error(
+            f"{self.source}: {path or self.root}: {what}; {self.advice if advice is None else advice}"
+        )
 
     def missing(self, path: str) -> Exception:
         return self.error(f"{self.source}: missing field '{path}'; {self.advice}")
@@ -74,8 +82,8 @@ class Value:
     path: str
     doc: Document
 
-    def fail(self, what: str) -> Exception:
-        return self.doc.fail(self.path, what)
+    def fail(self, what: str, advice: str | None = None) -> Exception:
+        return self.doc.fail(self.path, what, advice)
 
     def expected(self, what: str) -> Exception:
         """The error for a value of the wrong kind: ``expected <what>, got <a description of it>``."""
@@ -94,12 +102,17 @@ class Value:
             raise self.expected("a string or null")
         return self._checked(self.raw, rule)
 
-    def integer(self, minimum: int | None = 0) -> int:
-        """An integer (``true`` is not one, although Python says so), ``>= minimum`` unless that is None."""
+    def integer(self, minimum: int | None = 0, *, expected: str | None = None) -> int:
+        """An integer (``true`` is not one, although Python says so), ``>= minimum`` unless that is None.
+
+        ``expected`` names what the field holds (``"a whole number of threads >= 1"``) in every failure.
+        """
         v = self.raw
         if isinstance(v, bool) or not isinstance(v, int):
-            raise self.expected("an integer")
+            raise self.expected(expected or "an integer")
         if minimum is not None and v < minimum:
+            if expected is not None:
+                raise self.expected(expected)
             raise self.fail(f"expected an integer >= {minimum}, got {v}")
         return v
 
@@ -126,6 +139,45 @@ class Value:
         if not v >= minimum:
             raise self.fail(f"expected a number >= {minimum:g}, got {v}")
         return float(v)
+
+    def finite(self) -> float:
+        """A number as a float, neither NaN nor infinite (``null`` is not one either, unlike :meth:`number`).
+
+        The range is the caller's to check, in its own words.
+        """
+        v = self.raw
+        if not isinstance(v, bool) and isinstance(v, int | float):
+            try:
+                f = float(v)
+            except OverflowError:  # an integer beyond any float
+                f = math.inf
+            if math.isfinite(f):
+                return f
+        raise self.expected("a number")
+
+    def boolean(self) -> bool:
+        if not isinstance(self.raw, bool):
+            raise self.expected("true or false")
+        return self.raw
+
+    def scalar(self) -> str | int | float | bool:
+        """A string, number or boolean as parsed (an option passed on as is): not null, a list, an object."""
+        v = self.raw
+        if not isinstance(v, str | int | float | bool):
+            raise self.expected("a string, number or boolean")
+        return v
+
+    def parsed(self, parse: Callable[[str], T], *, what: str, advice: str) -> T:
+        """A string in a notation of its own (a size such as ``"8 GiB"``), turned into ``T`` by ``parse``.
+
+        A ``ValueError`` from ``parse`` fails as ``'<the string>' is not <what>; <advice>``, the advice
+        saying how such a value is written.
+        """
+        s = self.string()
+        try:
+            return parse(s)
+        except ValueError:
+            raise self.fail(f"{s!r} is not {what}", advice) from None
 
     def fields(self) -> Fields:
         """This value as a JSON object, read key by key."""
@@ -181,6 +233,24 @@ class Fields:
             raise self.doc.missing(self._path(key))
         return Value(self.raw[key], self._path(key), self.doc)
 
+    def need(self, key: str, advice: str) -> Value:
+        """Like ``fields[key]``, but a missing key fails as ``<path>: missing; <advice>`` with a format's own
+        advice (which keys every such object needs)."""
+        if key not in self.raw:
+            raise self.doc.fail(self._path(key), "missing", advice)
+        return Value(self.raw[key], self._path(key), self.doc)
+
+    def only(self, allowed: Collection[str]) -> Fields:
+        """This object, refused if it has a key outside ``allowed``: ``<path>.<key>: unknown key; did you mean
+        '<the closest allowed key>'?`` (or, with none close, the allowed keys)."""
+        names = sorted(allowed)
+        for key in self.raw:
+            if key not in allowed:
+                close = difflib.get_close_matches(key, names, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"allowed keys: {', '.join(names)}"
+                raise self.doc.fail(self._path(key), "unknown key", hint)
+        return self
+
     def get(self, key: str, default: Any) -> Value:
         """The value of an optional key, ``default`` (a JSON value, read like one) when it is absent."""
         return Value(self.raw.get(key, default), self._path(key), self.doc)
@@ -189,8 +259,8 @@ class Fields:
         """Every key and its value, in document order."""
         return [(key, Value(v, self._path(key), self.doc)) for key, v in self.raw.items()]
 
-    def fail(self, what: str) -> Exception:
-        return self.doc.fail(self.path, what)
+    def fail(self, what: str, advice: str | None = None) -> Exception:
+        return self.doc.fail(self.path, what, advice)
 
     def _path(self, key: str) -> str:
         return f"{self.path}.{key}" if self.path else key

@@ -166,6 +166,43 @@ def test_bad_device_fields(tmp_path: Path, field: str, value: Any, expect: str) 
     assert expect in _error(tmp_path, {"devices": [_dev("a", **{field: value})]})
 
 
+def test_whole_messages(tmp_path: Path) -> None:
+    """A message is one line: the file, the JSON path, what is wrong (values as jsonread describes them),
+    and what to do (the format's own advice, or a pointer to docs/devices.md)."""
+    p = str(tmp_path / "devices.json")
+    d = _dev("b")
+    del d["memory_bytes"]
+    link = {"bandwidth_bytes_per_s": 1, "latency_s": 0}
+    assert _error(tmp_path, {"devices": [_dev("a"), _dev("c"), d], "links": link}) == (
+        f"{p}: devices[2].memory_bytes: missing; every device needs name, provider, threads, memory_bytes"
+    )
+    assert _error(tmp_path, {"devices": [_dev("a", speed="fast")]}) == (
+        f"{p}: devices[0].speed: expected a number, got string 'fast'; see docs/devices.md"
+    )
+    assert _error(tmp_path, {"devices": [_dev("a", threads=True)]}) == (
+        f"{p}: devices[0].threads: expected a whole number of threads >= 1, got true; see docs/devices.md"
+    )
+    assert _error(tmp_path, {"devices": [_dev("a", memory_bytes="lots")]}) == (
+        f"{p}: devices[0].memory_bytes: 'lots' is not a size; "
+        'write bytes (8000000000) or a size like "8 GiB" or "512 MB"'
+    )
+    assert _error(tmp_path, {"devices": [_dev("a", provider=7)]}) == (
+        f"{p}: devices[0].provider: int 7 is not an onnxruntime execution provider; "
+        "use an onnxruntime provider name (e.g. CPUExecutionProvider)"
+    )
+    assert _error(tmp_path, {"devices": [_dev("a")], "links": 5}) == (
+        f"{p}: links: a single device has no links; remove links (got int 5)"
+    )
+    assert _error(tmp_path, {"devices": [_dev("a", speed=10**400)]}).startswith(
+        f"{p}: devices[0].speed: expected a number, got int 1000"
+    )
+
+
+def test_whole_number_floats_are_bytes(tmp_path: Path) -> None:
+    c = load_cluster(_write(tmp_path, {"devices": [_dev("a", memory_bytes=8e9)]}))
+    assert c.devices[0].memory_bytes == 8_000_000_000 and type(c.devices[0].memory_bytes) is int
+
+
 def test_duplicate_names(tmp_path: Path) -> None:
     msg = _error(
         tmp_path, {"devices": [_dev("a"), _dev("a")], "links": [{"bandwidth_bytes_per_s": 1, "latency_s": 0}]}

@@ -129,3 +129,71 @@ def test_reader_lists_and_maps() -> None:
 )
 def test_describe(value: object, described: str) -> None:
     assert describe(value) == described
+
+
+def test_reader_advice_can_be_replaced_for_one_fault() -> None:
+    top = _doc().read({"a": 1}).fields()
+    assert str(top["a"].fail("too big", "halve it")) == "f.json: a: too big; halve it"
+    assert str(top.fail("empty", "add a key")) == "f.json: top: empty; add a key"
+    assert str(_doc().fail("a", "too big")) == "f.json: a: too big; fix it"
+
+
+def test_reader_need_names_the_missing_path_with_its_own_advice() -> None:
+    f = _doc().read({"a": {"b": 1}}).fields()["a"].fields()
+    assert f.need("b", "give b").integer() == 1
+    _fails(lambda: f.need("c", "every a needs b and c"), "f.json: a.c: missing; every a needs b and c")
+
+
+def test_reader_only_refuses_unknown_keys_with_a_suggestion() -> None:
+    f = _doc().read({"devices": [], "lnks": []}).fields()
+    assert f.only({"devices", "lnks"}) is f
+    _fails(lambda: f.only({"devices", "links"}), "f.json: lnks: unknown key; did you mean 'links'?")
+    inner = _doc().read({"a": {"zzz": 1}}).fields()["a"].fields()
+    _fails(lambda: inner.only({"x", "y"}), "f.json: a.zzz: unknown key; allowed keys: x, y")
+
+
+def test_reader_integer_with_its_own_words() -> None:
+    v = _doc().read
+    threads = "a whole number of threads >= 1"
+    assert v(2).integer(1, expected=threads) == 2
+    _fails(lambda: v(0).integer(1, expected=threads), f"f.json: top: expected {threads}, got int 0; fix it")
+    _fails(lambda: v(True).integer(1, expected=threads), f"f.json: top: expected {threads}, got true; fix it")
+
+
+@pytest.mark.parametrize(
+    ("bad", "seen"),
+    [(None, "null"), (True, "true"), ("1", "string '1'"), (math.nan, "float nan"), (math.inf, "float inf")],
+)
+def test_reader_finite_numbers(bad: object, seen: str) -> None:
+    assert _doc().read(3).finite() == 3.0 and type(_doc().read(3).finite()) is float
+    assert _doc().read(-0.5).finite() == -0.5
+    _fails(_doc().read(bad).finite, f"f.json: top: expected a number, got {seen}; fix it")
+
+
+def test_reader_finite_refuses_an_integer_beyond_any_float() -> None:
+    with pytest.raises(_Bad, match="expected a number, got int 1000"):
+        _doc().read(10**400).finite()
+
+
+def test_reader_booleans_and_scalars() -> None:
+    v = _doc().read
+    assert v(True).boolean() is True and v(False).boolean() is False
+    _fails(v(1).boolean, "f.json: top: expected true or false, got int 1; fix it")
+    _fails(v("yes").boolean, "f.json: top: expected true or false, got string 'yes'; fix it")
+    assert [v(x).scalar() for x in ("s", 1, 2.5, False)] == ["s", 1, 2.5, False]
+    _fails(v(None).scalar, "f.json: top: expected a string, number or boolean, got null; fix it")
+    _fails(v([]).scalar, "f.json: top: expected a string, number or boolean, got a list; fix it")
+
+
+def test_reader_parsed_strings_say_how_to_write_them() -> None:
+    def km(s: str) -> float:
+        if not s.endswith(" km"):
+            raise ValueError(s)
+        return float(s[:-3]) * 1000
+
+    def read(raw: object) -> float:
+        return _doc().read(raw).parsed(km, what="a distance", advice='write e.g. "3 km"')
+
+    assert read("2 km") == 2000.0
+    _fails(lambda: read("far"), "f.json: top: 'far' is not a distance; write e.g. \"3 km\"")
+    _fails(lambda: read(3), "f.json: top: expected a string, got int 3; fix it")
