@@ -123,3 +123,29 @@ def test_cli_run_pin_reports_each_stages_cpus_and_pins_the_baselines(
     assert [s["cpus"] for s in obj["stages"]] == [[cpus[0]], [cpus[1]]]
     assert all("pinned" in b["description"] for b in obj["baselines"].values())
     assert f"1 @{cpus[0]}" in printed
+
+
+def test_a_platform_without_cpus_to_pin_says_so() -> None:
+    lanes, note = assign_cpus([[worker(0, 1)]], cpus=[])
+    assert lanes[0][0].placement.cpus == () and note is not None and "cannot pin" in note
+
+
+def test_pinned_gives_the_mask_back_when_the_body_raises() -> None:
+    before = os.sched_getaffinity(0)
+    with pytest.raises(KeyboardInterrupt), pinned((min(before),)):
+        raise KeyboardInterrupt
+    assert os.sched_getaffinity(0) == before
+
+
+def test_available_cpus_are_the_main_threads_not_a_pinned_callers() -> None:
+    everything = available_cpus()
+    seen: list[tuple[int, ...]] = []
+
+    def pinned_caller() -> None:  # a user's worker thread, pinned, that opens a pipeline
+        with pinned(everything[:1]):
+            seen.append(available_cpus())
+
+    t = threading.Thread(target=pinned_caller)
+    t.start()
+    t.join()
+    assert seen == [everything]

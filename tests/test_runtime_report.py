@@ -405,3 +405,25 @@ def test_cli_compare_in_threads_mode_is_like_for_like(
     assert replicas["peak_rss_bytes"] > 0 and replicas["model_rss_bytes"] > 0  # one replica process
     assert obj["baselines"]["session_total_threads"]["total_threads"] == 4
     assert "each in a process of its own" in printed and "latency at saturation" in printed
+
+
+def test_a_workers_model_memory_leaves_out_its_channels_shared_memory() -> None:
+    base = stats(0, [0.0], shared=False, peak=1000, startup=100)
+    assert base.model_rss_bytes == 900
+    assert replace(base, shared_memory_bytes=300).model_rss_bytes == 600
+    assert replace(base, shared_memory_bytes=5000).model_rss_bytes == 0  # never below nothing
+
+
+def test_memory_runs_that_fail_cost_a_note_not_the_report(
+    tiny_split: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def no_shm(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(compare, "stage_worker_memory", no_shm)
+    monkeypatch.setattr(compare, "replica_memory", no_shm)
+    code = run_command(parse(str(tiny_split), "-m", "8", "--warmup", "1", "--compare"))
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "the stages' memory could not be measured" in printed
+    assert "a replica's memory could not be measured" in printed and "No space left" in printed

@@ -3,7 +3,7 @@
 Why: a pipeline's workers block whenever they wait for input or room, and the scheduler may wake them on
 another core, whose caches hold the other stage's weights; a replica or a lone session, always busy,
 rarely moves.  Measured on the 2-core machine of ``benchmarks/bench_pipeline.py``: pinning a tiny GPT-2's
-two stages raised the thread pipeline from 1.70x to 1.82x the one-thread session.
+two stages raised the thread pipeline from 1.77x to 1.91x the one-thread session.
 
 How: :func:`assign_cpus` gives each worker of each lane, in order, as many consecutive CPUs of those
 this process may use (``os.sched_getaffinity``) as it has intra-op threads.  A worker pins itself
@@ -12,7 +12,9 @@ thread is pinned to the worker's CPUs (:func:`pinned`), so that onnxruntime's in
 inherit their creator's mask, stay there too.  Workers that together want more CPUs than there are are
 not pinned at all: oversubscribed cores are the scheduler's to share.  It is opt-in because two pinned
 pipelines in one process, or in two processes started alike, would pin to the same CPUs; give each
-process its own CPUs (``taskset -c``) and pinning picks from those.
+process its own CPUs (``taskset -c``) and pinning picks from those.  CPUs are taken in the order the
+kernel numbers them; on a host that numbers hyperthread siblings next to each other, give the process one
+logical CPU per physical core with ``taskset`` so that two workers do not share a core.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from onnxpipe.runtime.spec import WorkerSpec
 
 
 def available_cpus() -> tuple[int, ...]:
-    """The CPUs this process may run on (none where the platform cannot pin)."""
+    """The CPUs this process may run on: its main thread's mask, whichever thread asks (a caller inside
+    :func:`pinned` would otherwise see only its own CPUs); none where the platform cannot pin."""
     if not hasattr(os, "sched_getaffinity"):
         return ()
-    return tuple(sorted(os.sched_getaffinity(0)))
+    return tuple(sorted(os.sched_getaffinity(os.getpid())))
 
 
 def assign_cpus(
@@ -42,6 +45,8 @@ def assign_cpus(
     """
     pool = tuple(available_cpus() if cpus is None else cpus)
     wanted = sum(spec.placement.threads for lane in lanes for spec in lane)
+    if not pool:
+        return [list(lane) for lane in lanes], "workers not pinned: this platform cannot pin threads to CPUs"
     if wanted > len(pool):
         note = (
             f"workers not pinned: they run {wanted} intra-op threads in all and this process may use "
@@ -77,8 +82,8 @@ def pinned(cpus: Sequence[int]) -> Iterator[None]:
         yield
         return
     before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, cpus)
-    try:
+    try:  # set inside the try: a Ctrl-C right after it still gives the mask back
+        os.sched_setaffinity(0, cpus)
         yield
     finally:
         os.sched_setaffinity(0, before)

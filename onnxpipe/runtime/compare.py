@@ -288,11 +288,21 @@ def add_baselines(
         model, inputs, pipeline=pipeline, placement=place, threads=threads, mode=mode, warmup=warmup
     )
     # memory per replica worker from a process of its own: the replicas' own, else one short run
+    # (those extra runs only measure memory: one that fails, e.g. on a small /dev/shm, costs a note)
     mem: Sequence[WorkerStats] = rep.stats
     if mode != "processes":
-        mem = [replica_memory(model, inputs, pipeline=pipeline, placement=replace(place, threads=threads[0]))]
+        one = _pinned_first(replace(place, threads=threads[0]), pin)
+        try:
+            mem = [replica_memory(model, inputs, pipeline=pipeline, placement=one)]
+        except (RuntimeStageError, OSError) as e:
+            mem = []
+            notes.append(f"a replica's memory could not be measured in a process of its own: {e}")
     if report.memory_shared and pipeline.backend.kind == "threads":
-        alone = stage_worker_memory(pipeline, inputs)
+        try:
+            alone = stage_worker_memory(pipeline, inputs)
+        except (RuntimeStageError, OSError) as e:
+            alone = None
+            notes.append(f"the stages' memory could not be measured in processes of their own: {e}")
         if alone is not None:
             report = _with_worker_memory(report, alone)
     split = "+".join(str(n) for n in threads)

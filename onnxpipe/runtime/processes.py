@@ -83,6 +83,10 @@ def worker_main(
     startup_rss = current_rss_bytes()
     try:
         pin_thread(spec.placement.cpus)
+    except OSError as e:  # CPUs outside this process's allowed set (a changed cpuset)
+        status.send(("failed", None, f"{spec.label}: cannot pin to CPUs {list(spec.placement.cpus)}: {e}"))
+        return
+    try:
         runner = StageRunner(spec)
     except StageFailure as e:
         status.send(("failed", None, str(e)))

@@ -73,16 +73,20 @@ class WorkerStats:
     """True when the worker shares its process with others (threads): the memory is the process's."""
     load_rss_bytes: int | None = None
     """How much the process's resident memory grew while this worker's session loaded."""
+    shared_memory_bytes: int | None = None
+    """Shared memory resident in the worker now (``RssShmem``): its channels' slots, which a worker
+    process touches and counts in its peak, but which are the channel's, not the model's."""
 
     @property
     def model_rss_bytes(self) -> int | None:
-        """Memory the worker's model costs: its peak less its memory before loading when the worker has
-        its process to itself, else the growth while its session loaded."""
+        """Memory the worker's model costs: its peak less its memory before loading and less its
+        channels' shared memory when the worker has its process to itself, else the growth while its
+        session loaded."""
         if self.process_shared:
             return self.load_rss_bytes
         if self.peak_rss_bytes is None or self.startup_rss_bytes is None:
             return None
-        return self.peak_rss_bytes - self.startup_rss_bytes
+        return max(0, self.peak_rss_bytes - self.startup_rss_bytes - (self.shared_memory_bytes or 0))
 
 
 @dataclass
@@ -162,6 +166,7 @@ class StageRunner:
             rss_bytes=current_rss_bytes(),
             peak_rss_bytes=peak_rss_bytes(),
             process_shared=shared,
+            shared_memory_bytes=None if shared else _status_kib("RssShmem"),
             load_rss_bytes=self.load_rss_bytes,
         )
 
