@@ -153,14 +153,24 @@ def split(
     devices: Cluster | str | Path | None = None,
     order: str = "fixed",
     schedule: ScheduleRequest | None = None,
+    calibrate: int = 0,
 ) -> SplitResult:
-    """Load, profile (or reuse a profile), partition optimally, export K stages, and verify them."""
+    """Load, profile (or reuse a profile), partition optimally, export K stages, and verify them.
+
+    ``calibrate``: rounds of :mod:`onnxpipe.calibrate` (each stage timed alone, the profile corrected,
+    the model partitioned again) before the final export; 0 for none.
+    """
     out_dir = Path(out).absolute()  # verification must find the folder even if "." is replaced
     view = load_model(model)
     # refuse an output folder in use, a model onnxruntime cannot run, or a bad devices file or
     # schedule before minutes of profiling
     check_exportable(view, out_dir, force=force)
     devices = check_plan_request(stages, devices, order, schedule)
+    if calibrate and devices is not None:
+        raise UsageError(
+            "--calibrate times the stages on this machine, which a devices file plans for other ones; "
+            "give each device a profile measured on it (profile_path) instead"
+        )
     prof = get_profile(
         view,
         cost=cost,
@@ -171,15 +181,32 @@ def split(
         shapes=shapes,
         progress=progress,
     )
-    the_plan = plan(
-        view,
-        prof,
-        stages,
-        devices=devices,
-        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
-        order=order,
-        schedule=schedule,
-    )
+
+    def make(p: Profile) -> Plan:
+        return plan(
+            view,
+            p,
+            stages,
+            devices=devices,
+            bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+            order=order,
+            schedule=schedule,
+        )
+
+    if calibrate:
+        from onnxpipe.calibrate import calibrate as run_calibration
+
+        prof, the_plan, rounds = run_calibration(view, prof, make, rounds=calibrate)
+        first, last = rounds[0], rounds[-1]
+        note = (
+            f"calibrated in {len(rounds)} round(s), each stage timed alone: the estimates were off by up to "
+            f"{first.worst_error * 100:.1f}% at first"
+            + (f", {last.worst_error * 100:.1f}% in round {len(rounds)}" if len(rounds) > 1 else "")
+            + "; the estimates below come from the corrected costs"
+        )
+        the_plan = dataclasses.replace(the_plan, notes=(*the_plan.notes, note))
+    else:
+        the_plan = make(prof)
     manifest = export_stages(view, the_plan, out_dir, force=force, external_data=external_data)
     report = verify(out_dir, shapes=shapes) if run_verify else None
     return SplitResult(plan=the_plan, manifest=manifest, out_dir=out_dir, report=report)

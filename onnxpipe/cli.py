@@ -169,6 +169,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--force", action="store_true", help="replace a non-empty output folder")
     s.add_argument("--no-verify", action="store_true", help="skip comparing the stages with the model")
+    s.add_argument(
+        "--calibrate",
+        type=positive_int,
+        nargs="?",
+        const=2,
+        default=0,
+        metavar="ROUNDS",
+        help="time each stage alone, correct the costs and split again (default 2 rounds when given)",
+    )
     s.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     _add_measure_args(s)
 
@@ -285,6 +294,7 @@ def _cmd_split(args: argparse.Namespace) -> int:
         shapes=parse_shape_overrides(args.shape),
         force=args.force,
         run_verify=not args.no_verify,
+        calibrate=args.calibrate,
         external_data=args.external_data,
         progress=not args.quiet and sys.stderr.isatty(),
     )

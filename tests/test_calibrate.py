@@ -1,0 +1,122 @@
+"""Calibration: stages timed alone correct the profile, and the cut follows the corrected costs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_runner import run
+
+from onnxpipe import api
+from onnxpipe.calibrate import CalibrationRound, StageTimer, calibrate, corrected, time_stages
+from onnxpipe.cluster import Cluster, Device, Link
+from onnxpipe.costs import static_profile
+from onnxpipe.errors import UsageError
+from onnxpipe.model import ModelView, load_model
+from onnxpipe.plan import Plan, make_plan
+from onnxpipe.profile import Profile
+
+
+@pytest.fixture(scope="module")
+def view(sample_models_dir: Path) -> ModelView:
+    return load_model(sample_models_dir / "transformer_tiny.onnx")
+
+
+def true_costs(view: ModelView, profile: Profile) -> dict[str, float]:
+    """What the stages "really" cost in these tests: the first half of the nodes twice the estimate."""
+    names = [n.name for n in view.compute_nodes]
+    half = set(names[: len(names) // 2])
+    return {n: t * (2.0 if n in half else 1.0) for n, t in profile.node_seconds.items()}
+
+
+def fake_timer(truth: dict[str, float]) -> StageTimer:
+    def timer(view: ModelView, plan: Plan, profile: Profile) -> list[float]:
+        return [sum(truth[n] for n in st.node_names if n in truth) for st in plan.stages]
+
+    return timer
+
+
+def bottleneck(plan: Plan, truth: dict[str, float]) -> float:
+    return max(sum(truth[n] for n in st.node_names if n in truth) for st in plan.stages)
+
+
+def test_corrected_scales_each_stages_nodes_by_its_factor(view: ModelView) -> None:
+    prof = static_profile(view)
+    plan = make_plan(view, prof, 2)
+    fixed = corrected(prof, plan, [2.0, 0.5])
+    for st, f in zip(plan.stages, (2.0, 0.5), strict=True):
+        for n in st.node_names:
+            if n in prof.node_seconds:
+                assert fixed.node_seconds[n] == pytest.approx(prof.node_seconds[n] * f)
+    assert fixed.total_seconds == pytest.approx(sum(fixed.node_seconds.values()))
+    assert fixed.model_sha256 == prof.model_sha256  # still the same model's profile
+
+
+def test_the_cut_follows_what_the_stages_really_cost(view: ModelView) -> None:
+    prof = static_profile(view)
+    truth = true_costs(view, prof)
+    before = make_plan(view, prof, 2)
+    fixed, after, rounds = calibrate(
+        view,
+        prof,
+        lambda p: make_plan(view, p, 2),
+        rounds=4,
+        timer=fake_timer(truth),
+    )
+    assert rounds[0].factors[0] == pytest.approx(2.0, rel=0.2) and rounds[0].worst_error > 0.1
+    assert len(after.stages[0].node_names) < len(before.stages[0].node_names)  # the dear half got shorter
+    assert bottleneck(after, truth) < bottleneck(before, truth)
+    assert fixed is not prof
+
+
+def test_a_profile_that_already_holds_stops_after_one_round(view: ModelView) -> None:
+    prof = static_profile(view)
+    fixed, _plan, rounds = calibrate(
+        view,
+        prof,
+        lambda p: make_plan(view, p, 2),
+        timer=fake_timer(dict(prof.node_seconds)),
+    )
+    assert len(rounds) == 1 and rounds[0].worst_error < 1e-12 and fixed is prof
+
+
+def test_round_arithmetic() -> None:
+    r = CalibrationRound(bounds=(3, 4), estimated_seconds=(1.0, 2.0), measured_seconds=(2.0, 2.0))
+    assert r.factors == (2.0, 1.0) and r.worst_error == pytest.approx(0.5)
+
+
+def test_time_stages_times_every_stage(view: ModelView) -> None:
+    prof = static_profile(view)
+    plan = make_plan(view, prof, 3)
+    seconds = time_stages(view, plan, prof, runs=3, warmup=1)
+    assert len(seconds) == 3 and all(s > 0 for s in seconds)
+
+
+def test_calibrate_with_devices_is_refused(sample_models_dir: Path, tmp_path: Path) -> None:
+    cluster = Cluster(devices=(Device(name="a"), Device(name="b")), links=(Link(),))
+    with pytest.raises(UsageError, match="--calibrate"):
+        api.split(
+            sample_models_dir / "transformer_tiny.onnx", 2, tmp_path / "out", devices=cluster, calibrate=1
+        )
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_split_calibrate_records_it_and_verifies(
+    sample_models_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "stages"
+    model = sample_models_dir / "transformer_tiny.onnx"
+    code, stdout, stderr = run(["split", model, "--stages", "2", "--out", out, "--calibrate", "-q"], capfd)
+    assert code == 0, stderr
+    assert "calibrated in" in stdout and "match the original" in stdout
+    notes = json.loads((out / "manifest.json").read_text())["plan"]["notes"]
+    assert any(n.startswith("calibrated in") for n in notes)
+
+
+def test_cli_calibrate_needs_a_positive_number_of_rounds(
+    sample_models_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    model = sample_models_dir / "transformer_tiny.onnx"
+    code, _, stderr = run(["split", model, "-k", "2", "--out", tmp_path / "o", "--calibrate", "0"], capfd)
+    assert code == 2 and "--calibrate" in stderr and not (tmp_path / "o").exists()
