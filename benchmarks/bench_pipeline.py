@@ -35,7 +35,7 @@ raised group priority keeps other sessions from skewing the comparison (root; te
     setsid sh -c 'echo -10 > /proc/self/autogroup; exec python benchmarks/bench_pipeline.py'
 
     python benchmarks/bench_pipeline.py [--models gpt2_tiny,bert_tiny,bert_mini,yolov8n,resnet50]
-        [--rounds 5] [--pin] [--out FILE.json]
+        [--rounds 5] [--pin] [--calibrate ROUNDS] [--out FILE.json]
 
 ``--pin`` pins every variant alike (``onnxpipe run --pin``): each pipeline worker and each replica to a
 CPU of its own, each session to the first CPUs.
@@ -248,7 +248,7 @@ def bench_model(
     out = work / "split"
     start = time.perf_counter()
     profile = api.get_profile(load_model(path), cost=args.cost, shapes=shapes)
-    result = api.split(path, k, out, profile=profile, run_verify=False)
+    result = api.split(path, k, out, profile=profile, run_verify=False, calibrate=args.calibrate)
     split_s = time.perf_counter() - start
     manifest = load_manifest(out)
     balanced = weight_balanced_split(path, k, profile, work)
@@ -366,6 +366,7 @@ def bench_model(
         "microbatches": count,
         "rounds": args.rounds,
         "plan_bottleneck_ms": result.plan.bottleneck_seconds * 1e3,
+        "plan_notes": list(result.plan.notes),
         "plan_lower_bound_ms": result.plan.lower_bound_seconds * 1e3,
         "throughput_per_s": {v.name: median(v.throughputs) for v in variants},
         "overall_throughput_per_s": {v.name: median(v.overall) for v in variants},
@@ -488,6 +489,7 @@ def write_results(args: argparse.Namespace, rows: Sequence[dict[str, Any]]) -> N
         "quiet_threshold_cores": args.quiet,
         "autogroup": _autogroup(),
         "pinned": args.pin,
+        "calibrate_rounds": args.calibrate,
     }
     args.out.write_text(json.dumps({"machine": meta, "rows": list(rows)}, indent=2) + "\n")
 
@@ -498,6 +500,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(table), help="comma-separated: " + ", ".join(table))
     parser.add_argument("--k", type=int, default=2, help="stages (and replicas, and session threads)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--calibrate",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="split with `onnxpipe split --calibrate ROUNDS` (the time-balanced split only)",
+    )
     parser.add_argument(
         "--pin",
         action="store_true",
