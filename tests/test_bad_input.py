@@ -18,15 +18,13 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from cli_runner import run
+from cli_runner import run, run_with_file_size_limit
 from models import save, shared_weights_model, training_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -249,26 +247,6 @@ def test_disk_full_at_each_file_exits_6_and_keeps_the_old_folder(
         "out is left as it was; free some space or choose another --out"
     )
     assert snapshot(work) == before
-
-
-def run_with_file_size_limit(limit: int, args: list[object], cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``onnxpipe ARGS`` in a child process that cannot write more than ``limit`` bytes to any file."""
-    code = (
-        "import resource, signal, sys\n"
-        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
-        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))\n"
-        "from onnxpipe.cli import main\n"
-        "sys.exit(main(sys.argv[1:]))\n"
-    )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run(
-        [sys.executable, "-c", code, *map(str, args)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="needs POSIX file size limits")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import signal
@@ -21,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from cli_runner import run
+from cli_runner import run, run_with_file_size_limit
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxpipe
@@ -788,21 +787,6 @@ def test_profile_error_from_onnxruntime_is_one_line(work: Path, capfd: pytest.Ca
 
 # --------------------------------------------------------------------------------------------------
 # a write that fails half-way (a file size limit stands in for a full disk)
-
-
-def run_with_file_size_limit(limit: int, args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``onnxpipe ARGS`` in a child process that cannot write more than ``limit`` bytes to any file."""
-    code = (
-        "import resource, signal, sys\n"
-        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
-        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))\n"
-        "from onnxpipe.cli import main\n"
-        "sys.exit(main(sys.argv[1:]))\n"
-    )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run(
-        [sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-    )
 
 
 needs_rlimit = pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="needs POSIX file size limits")
