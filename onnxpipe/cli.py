@@ -21,8 +21,9 @@ from onnxpipe.errors import OnnxpipeError, UsageError
 from onnxpipe.export import check_runtime_opsets
 from onnxpipe.feeds import parse_shape_overrides
 from onnxpipe.manifest import load_manifest
-from onnxpipe.model import load_model
+from onnxpipe.model import ModelView, load_model
 from onnxpipe.planner import SCHEDULE_CHOICES, ScheduleRequest, draw_plan
+from onnxpipe.profile import Profile
 from onnxpipe.runtime.cli import add_run_arguments, run_command
 from onnxpipe.tables import format_manifest_table, format_model_table, format_plan_table
 from onnxpipe.verification import VerifyReport, verify
@@ -225,15 +226,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.out}: exists; choose another --out or pass --force")
     view = load_model(args.model)
     check_runtime_opsets(view)
-    prof = api.get_profile(
-        view,
-        cost=args.cost,
-        threads=args.threads,
-        runs=args.runs,
-        warmup=args.warmup,
-        shapes=parse_shape_overrides(args.shape),
-        progress=sys.stderr.isatty(),
-    )
+    prof = _profile(view, args)
     prof.save(args.out)
     print(
         f"profiled {len(prof.node_seconds)} nodes of {args.model.name}: "
@@ -247,18 +240,23 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_plan(args: argparse.Namespace) -> int:
-    view = load_model(args.model)
-    prof = api.get_profile(
+def _profile(view: ModelView, args: argparse.Namespace, saved: Path | None = None) -> Profile:
+    """The profile the measurement options ask for (``saved``: a profile file to reuse instead)."""
+    return api.get_profile(
         view,
         cost=args.cost,
-        profile=args.profile,
+        profile=saved,
         threads=args.threads,
         runs=args.runs,
         warmup=args.warmup,
         shapes=parse_shape_overrides(args.shape),
         progress=sys.stderr.isatty(),
     )
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    view = load_model(args.model)
+    prof = _profile(view, args, saved=args.profile)
     plan = api.plan(
         view,
         prof,
