@@ -12,9 +12,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
-import numpy as np
+import onnx
 import pytest
-from runtime_support import parse, split_on_devices, token_batches
+from onnx import numpy_helper
+from runtime_support import assert_same, original_outputs, parse, split_on_devices, token_batches
 
 from onnxpipe import ortsession
 from onnxpipe.manifest import Manifest, load_manifest
@@ -111,7 +112,6 @@ def measurement(
 ) -> Measurement:
     done = driver_done if driver_done is not None else [float(j) for j in range(n)]
     return Measurement(
-        outputs=tuple({"y": np.zeros(1)} for _ in range(n)),
         queued_at=tuple(0.0 for _ in range(n)),
         done_at=tuple(done),
         start=0.0,
@@ -202,12 +202,45 @@ def test_measure_runs_single_micro_batches_after_the_stream(tiny_split: Path) ->
     with Pipeline.from_manifest(tiny_split, mode="threads") as pipe:
         m = measure(pipe, token_batches(10), warmup=1, single=3)
         capacity = pipe.capacity
-    assert len(m.outputs) == 10 and len(m.single_latencies_s) == 3
+    assert m.microbatches == 10 and len(m.single_latencies_s) == 3
+    assert m.outputs == ()  # dropped as they came (see measure)
     assert all(t > 0 for t in m.single_latencies_s)
     assert m.in_flight == min(capacity, 10)
     assert m.output_workers == (1,)
     assert [len(s.records) for s in m.stats] == [10, 10]  # the single runs came after the stats
     assert m.steady_throughput_from == "worker"
+
+
+def test_measure_keeps_the_outputs_in_order_when_asked(tiny_split: Path, sample_models_dir: Path) -> None:
+    batches = token_batches(9, seed=4)
+    with Pipeline.from_manifest(tiny_split, mode="threads") as pipe:
+        m = measure(pipe, batches, keep_outputs=True)
+    assert m.microbatches == 9
+    assert_same(original_outputs(sample_models_dir / "transformer_tiny.onnx", batches), list(m.outputs))
+
+
+def test_distinct_drops_repeats_of_the_same_feeds_only() -> None:
+    a, b = token_batches(2)
+    twin = {n: v.copy() for n, v in a.items()}  # equal values, another request: checked again
+    assert compare.distinct([a, b, a, twin, b]) == [a, b, twin]
+    assert [id(f) for f in compare.distinct([a, b, a, twin, b])] == [id(a), id(b), id(twin)]
+
+
+def test_compare_checks_the_outputs_and_fails_on_a_mismatch(
+    tiny_split: Path, tmp_path: Path, sample_models_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--compare checks each distinct input's outputs in a pass of their own: a wrong model is caught."""
+    model = onnx.load(str(sample_models_dir / "transformer_tiny.onnx"))
+    weight = next(t for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT)
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) + 1.0, weight.name))
+    other = tmp_path / "other.onnx"
+    onnx.save(model, str(other))
+    report = tmp_path / "report.json"
+    argv = ["-m", "6", "--compare", "--report", str(report)]
+    code = run_command(parse(str(tiny_split), *argv, "--model", str(other)))
+    assert code == 1
+    assert "DO NOT match" in capsys.readouterr().out
+    assert json.loads(report.read_text())["outputs_match"] is False
 
 
 # --------------------------------------------------------------------------------------------------
@@ -291,13 +324,13 @@ def test_a_session_baseline_opens_the_model_on_the_given_provider(
 
     monkeypatch.setattr(compare, "open_session", spy)
     gpu = Placement(CUDA_PROVIDER, (("device_id", "0"),), 3)
-    tp, outputs = compare.session_throughput(
+    tp = compare.session_throughput(
         sample_models_dir / "transformer_tiny.onnx",
         [{"tokens": t["tokens"][:1]} for t in token_batches(2)],
         placement=gpu,
         warmup=0,
     )
-    assert tp > 0 and len(outputs) == 2
+    assert tp > 0
     assert seen == [(3, [(CUDA_PROVIDER, {"device_id": "0"}), CPU])]
 
 

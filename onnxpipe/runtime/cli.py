@@ -18,7 +18,8 @@ from onnxpipe.cluster import load_cluster
 from onnxpipe.errors import ManifestError, UsageError
 from onnxpipe.feeds import parse_shape_overrides
 from onnxpipe.manifest import Manifest, load_manifest
-from onnxpipe.runtime.compare import add_baselines
+from onnxpipe.runtime.base import Tensors
+from onnxpipe.runtime.compare import Feeds, add_baselines, distinct
 from onnxpipe.runtime.inputs import input_shapes_for, load_npz, random_inputs
 from onnxpipe.runtime.pipeline import BACKENDS, DEFAULT_LOCAL_MODE, LOCAL_MODES, LocalMode, Pipeline
 from onnxpipe.runtime.processes import DEFAULT_SLOTS
@@ -184,7 +185,13 @@ def run_command(args: argparse.Namespace) -> int:
         pin=args.pin,
     ) as pipeline:
         single = min(len(inputs), SINGLE_LATENCY_MICROBATCHES)
-        measurement = measure(pipeline, inputs, warmup=args.warmup, single=single)
+        measurement = measure(
+            pipeline, inputs, warmup=args.warmup, single=single, keep_outputs=args.outputs is not None
+        )
+        checked: list[tuple[Feeds, Tensors]] = []
+        if args.compare:  # checked apart from the timed stream, which drops its outputs (see measure)
+            once = distinct(inputs)
+            checked = list(zip(once, pipeline.run_many(once), strict=True))
     report = build_report(
         pipeline,
         measurement,
@@ -194,7 +201,7 @@ def run_command(args: argparse.Namespace) -> int:
     )
     if args.compare:
         assert model is not None
-        report = add_baselines(report, pipeline, measurement, model, inputs, warmup=args.warmup)
+        report = add_baselines(report, pipeline, model, inputs, warmup=args.warmup, checked=checked)
     print(format_report(report))
     if args.report is not None:
         _write(args.report, report.to_json())

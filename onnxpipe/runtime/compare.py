@@ -22,12 +22,15 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 
 from onnxpipe.errors import RuntimeStageError
 from onnxpipe.ortsession import Provider, open_session, session_options
 from onnxpipe.runtime.affinity import assign_cpus, available_cpus, pinned
+from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.pipeline import LocalMode, Pipeline, make_backend
 from onnxpipe.runtime.report import BaselineReport, Measurement, RunReport, measure
 from onnxpipe.runtime.session import WorkerStats, first_line
@@ -85,35 +88,43 @@ def _providers(placement: Placement) -> list[Provider]:
     return providers
 
 
-def session_throughput(
-    model: Path, inputs: Sequence[Feeds], *, placement: Placement, warmup: int
-) -> tuple[float, list[dict[str, np.ndarray]]]:
-    """Micro-batches per second of one session on ``placement`` (provider, threads, CPUs), and its outputs.
+def session_throughput(model: Path, inputs: Sequence[Feeds], *, placement: Placement, warmup: int) -> float:
+    """Micro-batches per second of one session on ``placement`` (provider, threads, CPUs).
 
-    The session runs in the calling thread, pinned to ``placement.cpus`` while it runs (if any).
+    The session runs in the calling thread, pinned to ``placement.cpus`` while it runs (if any).  Its
+    outputs are dropped as they come, as the measured pipeline's are (:func:`~.report.measure`).
     """
     with pinned(placement.cpus):
-        return _session_throughput(model, inputs, placement=placement, warmup=warmup)
+        session = _open(model, placement)
+        names = [o.name for o in session.get_outputs()]
+        for j in range(warmup):
+            session.run(names, dict(inputs[j % len(inputs)]))
+        start = time.perf_counter()
+        for feeds in inputs:
+            session.run(names, dict(feeds))
+        wall = time.perf_counter() - start
+    return len(inputs) / wall if wall > 0 else math.inf
 
 
-def _session_throughput(
-    model: Path, inputs: Sequence[Feeds], *, placement: Placement, warmup: int
-) -> tuple[float, list[dict[str, np.ndarray]]]:
-    session = open_session(
+def reference_outputs(model: Path, inputs: Sequence[Feeds], *, placement: Placement) -> list[Tensors]:
+    """What the original model computes for each of ``inputs``, untimed, on ``placement``'s provider."""
+    session = _open(model, placement)
+    names = [o.name for o in session.get_outputs()]
+    return [dict(zip(names, session.run(names, dict(feeds)), strict=True)) for feeds in inputs]
+
+
+def distinct(inputs: Sequence[Feeds]) -> list[Feeds]:
+    """``inputs`` without repeats of the same feeds object (``--microbatches`` cycles a small set)."""
+    return list({id(f): f for f in inputs}.values())
+
+
+def _open(model: Path, placement: Placement) -> ort.InferenceSession:
+    return open_session(
         model,
         session_options(threads=placement.threads),
         _providers(placement),
         fail=lambda e: RuntimeStageError(f"{model}: the original model does not load ({first_line(e)})"),
     )
-    names = [o.name for o in session.get_outputs()]
-    for j in range(warmup):
-        session.run(names, dict(inputs[j % len(inputs)]))
-    outputs: list[dict[str, np.ndarray]] = []
-    start = time.perf_counter()
-    for feeds in inputs:
-        outputs.append(dict(zip(names, session.run(names, dict(feeds)), strict=True)))
-    wall = time.perf_counter() - start
-    return (len(inputs) / wall if wall > 0 else math.inf), outputs
 
 
 def _replica_lanes(
@@ -236,13 +247,17 @@ def _most(values: Sequence[int | None]) -> int | None:
 def add_baselines(
     report: RunReport,
     pipeline: Pipeline,
-    measurement: Measurement,
     model: Path,
     inputs: Sequence[Feeds],
     *,
     warmup: int,
+    checked: Sequence[tuple[Feeds, Tensors]] = (),
 ) -> RunReport:
-    """``report`` with the three baselines, the output check and the memory comparison added."""
+    """``report`` with the three baselines, the output check and the memory comparison added.
+
+    ``checked``: inputs with the outputs the pipeline gave for them (an untimed run, or the measured
+    stream's kept outputs), compared with the original model's; no check when empty.
+    """
     specs = pipeline.lanes[0]
     stage_threads = [s.placement.threads for s in specs]
     total = sum(stage_threads)
@@ -255,7 +270,7 @@ def add_baselines(
     baselines: dict[str, BaselineReport] = {}
 
     pin = is_pinned(pipeline)
-    tp1, expected = session_throughput(model, inputs, placement=_pinned_first(place, pin), warmup=warmup)
+    tp1 = session_throughput(model, inputs, placement=_pinned_first(place, pin), warmup=warmup)
     baselines["session_1_thread"] = BaselineReport(
         "session_1_thread",
         f"one session{on}, 1 thread",
@@ -267,7 +282,7 @@ def add_baselines(
         total_threads=1,
     )
     if total > 1:
-        tpn, _ = session_throughput(
+        tpn = session_throughput(
             model, inputs, placement=_pinned_first(replace(place, threads=total), pin), warmup=warmup
         )
         baselines["session_total_threads"] = BaselineReport(
@@ -320,7 +335,9 @@ def add_baselines(
         mode=mode,
         total_threads=sum(threads),
     )
-    ok, worst = compare_outputs(expected, measurement.outputs)
-    return replace(
-        report, baselines=baselines, outputs_match=ok, outputs_max_rel_diff=worst, notes=tuple(notes)
-    )
+    match: dict[str, Any] = {}
+    if checked:
+        expected = reference_outputs(model, [f for f, _ in checked], placement=place)
+        ok, worst = compare_outputs(expected, [o for _, o in checked])
+        match = {"outputs_match": ok, "outputs_max_rel_diff": worst}
+    return replace(report, baselines=baselines, notes=tuple(notes), **match)

@@ -39,13 +39,12 @@ def min_steady_microbatches(workers: int) -> int:
 
 @dataclass(frozen=True)
 class Measurement:
-    """Outputs and timings of one measured stream (``perf_counter`` seconds of the caller).
+    """Timings of one measured stream (``perf_counter`` seconds of the caller), and its outputs if kept.
 
     ``queued_at``/``done_at`` are the driver's times: several outputs collected in one poll share one
     ``done_at``, so rates between outputs come from the workers' own records (``stats``) instead.
     """
 
-    outputs: tuple[Tensors, ...]
     queued_at: tuple[float, ...]
     done_at: tuple[float, ...]
     start: float
@@ -58,6 +57,13 @@ class Measurement:
     """Positions in ``stats`` of the workers whose outputs leave the pipeline (each lane's last)."""
     single_latencies_s: tuple[float, ...] = ()
     """Latencies of micro-batches run one at a time after the stream (``measure(..., single=N)``)."""
+    outputs: tuple[Tensors, ...] = ()
+    """Every micro-batch's outputs in input order with ``measure(..., keep_outputs=True)``, else empty."""
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches the stream delivered."""
+        return len(self.done_at)
 
     @property
     def wall_seconds(self) -> float:
@@ -65,7 +71,7 @@ class Measurement:
 
     @property
     def throughput_per_s(self) -> float:
-        return len(self.outputs) / self.wall_seconds if self.wall_seconds > 0 else math.inf
+        return self.microbatches / self.wall_seconds if self.wall_seconds > 0 else math.inf
 
     def _worker_done_times(self) -> list[float]:
         """When each output left its lane's last worker, by that worker's clock (``Record.done``).
@@ -78,7 +84,7 @@ class Measurement:
     @property
     def steady_throughput_from(self) -> str | None:
         """``"worker"`` (the last workers' records), ``"driver"`` (its poll times) or None (too few)."""
-        if len(self.outputs) < min_steady_microbatches(len(self.stats)):
+        if self.microbatches < min_steady_microbatches(len(self.stats)):
             return None
         return "worker" if len(self._worker_done_times()) >= 2 else "driver"
 
@@ -104,33 +110,50 @@ class Measurement:
         return [d - q for q, d in zip(self.queued_at, self.done_at, strict=True)]
 
 
-def measure(pipeline: Pipeline, inputs: Sequence[Feeds], *, warmup: int = 0, single: int = 0) -> Measurement:
+def measure(
+    pipeline: Pipeline,
+    inputs: Sequence[Feeds],
+    *,
+    warmup: int = 0,
+    single: int = 0,
+    keep_outputs: bool = False,
+) -> Measurement:
     """Stream ``warmup`` micro-batches (cycling through ``inputs``), reset the workers' stats, then
-    stream ``inputs`` and return their outputs, timings and the workers' stats.
+    stream ``inputs`` and return their timings and the workers' stats (and outputs if ``keep_outputs``).
 
     The stream keeps the pipeline full (``capacity`` micro-batches in flight), which is what its
     throughput needs but makes each latency mostly the wait behind the others; ``single`` more
     micro-batches are then run one at a time, after the stats were taken, for the latency of one alone.
+
+    Outputs are dropped as they arrive, as a server sends them on, unless ``keep_outputs``: keeping
+    every one makes each new output fresh memory that the last stage faults in page by page (a tiny
+    GPT-2's 2 MB of logits cost its last stage about 1 ms, 14%, per micro-batch on this project's
+    2-core machine), which the sessions the pipeline is compared with do not pay.
     """
     if warmup > 0 and inputs:
         pipeline.run_many([inputs[j % len(inputs)] for j in range(warmup)])
     pipeline.reset_stats()
     window = max(1, pipeline.capacity)
     pending: deque[Job] = deque()
-    finished: list[Job] = []
+    queued_at: list[float] = []
+    done_at: list[float] = []
     outputs: list[Tensors] = []
+
+    def take() -> None:  # keeps the job's times, not the job: a done future holds its result
+        job = pending.popleft()
+        result = job.result()
+        if keep_outputs:
+            outputs.append(result)
+        queued_at.append(job.queued_at)
+        done_at.append(job.done_at if job.done_at is not None else time.perf_counter())
+
     start = time.perf_counter()
     for feeds in inputs:
         pending.append(pipeline.submit(feeds))
         while len(pending) >= window:
-            job = pending.popleft()
-            outputs.append(job.result())
-            finished.append(job)
+            take()
     while pending:
-        job = pending.popleft()
-        outputs.append(job.result())
-        finished.append(job)
-    done_at = tuple(j.done_at if j.done_at is not None else time.perf_counter() for j in finished)
+        take()
     end = max(done_at, default=time.perf_counter())
     stats = tuple(pipeline.stats())
     single_latencies: list[float] = []
@@ -139,15 +162,15 @@ def measure(pipeline: Pipeline, inputs: Sequence[Feeds], *, warmup: int = 0, sin
         job.result()
         single_latencies.append((job.done_at or time.perf_counter()) - job.queued_at)
     return Measurement(
-        outputs=tuple(outputs),
-        queued_at=tuple(j.queued_at for j in finished),
-        done_at=done_at,
+        queued_at=tuple(queued_at),
+        done_at=tuple(done_at),
         start=start,
         end=end,
         stats=stats,
         in_flight=min(window, len(inputs)),
         output_workers=_last_positions(pipeline.lanes),
         single_latencies_s=tuple(single_latencies),
+        outputs=tuple(outputs),
     )
 
 
@@ -516,7 +539,7 @@ def build_report(
         backend="ray" if pipeline.backend.kind == "ray" else "local",
         mode=pipeline.backend.kind,
         k=len(specs),
-        microbatches=len(measurement.outputs),
+        microbatches=measurement.microbatches,
         warmup=warmup,
         input_shapes=dict(input_shapes),
         throughput_per_s=measurement.throughput_per_s,
