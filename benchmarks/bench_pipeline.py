@@ -35,7 +35,7 @@ raised group priority keeps other sessions from skewing the comparison (root; te
     setsid sh -c 'echo -10 > /proc/self/autogroup; exec python benchmarks/bench_pipeline.py'
 
     python benchmarks/bench_pipeline.py [--models gpt2_tiny,bert_tiny,bert_mini,yolov8n,resnet50]
-        [--rounds 5] [--pin] [--calibrate ROUNDS] [--out FILE.json]
+        [--rounds 5] [--pin] [--calibrate ROUNDS [--calibrate-in auto|pipeline|alone]] [--out FILE.json]
 
 ``--pin`` pins every variant alike (``onnxpipe run --pin``): each pipeline worker and each replica to a
 CPU of its own, each session to the first CPUs.
@@ -64,6 +64,7 @@ import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
 from onnxpipe import api  # noqa: E402
+from onnxpipe.calibrate import CALIBRATION_MODES  # noqa: E402
 from onnxpipe.cluster import Cluster, Device, Link  # noqa: E402
 from onnxpipe.errors import MemoryFitError  # noqa: E402
 from onnxpipe.manifest import load_manifest  # noqa: E402
@@ -248,7 +249,8 @@ def bench_model(
     out = work / "split"
     start = time.perf_counter()
     profile = api.get_profile(load_model(path), cost=args.cost, shapes=shapes)
-    result = api.split(path, k, out, profile=profile, run_verify=False, calibrate=args.calibrate)
+    calibration = {"calibrate": args.calibrate, "calibrate_in": args.calibrate_in}
+    result = api.split(path, k, out, profile=profile, run_verify=False, **calibration)
     split_s = time.perf_counter() - start
     manifest = load_manifest(out)
     balanced = weight_balanced_split(path, k, profile, work)
@@ -490,6 +492,7 @@ def write_results(args: argparse.Namespace, rows: Sequence[dict[str, Any]]) -> N
         "autogroup": _autogroup(),
         "pinned": args.pin,
         "calibrate_rounds": args.calibrate,
+        "calibrate_in": args.calibrate_in if args.calibrate else None,
     }
     args.out.write_text(json.dumps({"machine": meta, "rows": list(rows)}, indent=2) + "\n")
 
@@ -506,6 +509,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0,
         metavar="ROUNDS",
         help="split with `onnxpipe split --calibrate ROUNDS` (the time-balanced split only)",
+    )
+    parser.add_argument(
+        "--calibrate-in",
+        choices=CALIBRATION_MODES,
+        default="auto",
+        help="how --calibrate times the stages (`onnxpipe split --calibrate-in`)",
     )
     parser.add_argument(
         "--pin",

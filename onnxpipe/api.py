@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from onnxpipe.calibrate import CalibrationMode, choose_timer
+from onnxpipe.calibrate import calibrate as run_calibration
 from onnxpipe.cluster import Cluster, load_cluster
 from onnxpipe.costs import static_profile
 from onnxpipe.errors import PartitionError, UsageError
@@ -154,11 +156,13 @@ def split(
     order: str = "fixed",
     schedule: ScheduleRequest | None = None,
     calibrate: int = 0,
+    calibrate_in: CalibrationMode = "auto",
 ) -> SplitResult:
     """Load, profile (or reuse a profile), partition optimally, export K stages, and verify them.
 
-    ``calibrate``: rounds of :mod:`onnxpipe.calibrate` (each stage timed alone, the profile corrected,
-    the model partitioned again) before the final export; 0 for none.
+    ``calibrate``: rounds of :mod:`onnxpipe.calibrate` (the stages timed, the profile corrected, the
+    model partitioned again) before the final export; 0 for none.  ``calibrate_in``: how the stages are
+    timed (:data:`~onnxpipe.calibrate.CalibrationMode`).
     """
     out_dir = Path(out).absolute()  # verification must find the folder even if "." is replaced
     view = load_model(model)
@@ -194,12 +198,12 @@ def split(
         )
 
     if calibrate:
-        from onnxpipe.calibrate import calibrate as run_calibration
-
-        prof, the_plan, rounds = run_calibration(view, prof, make, rounds=calibrate)
+        k = stages if isinstance(stages, int) else len(make(prof).stages)
+        timer, how = choose_timer(calibrate_in, k, prof.threads)
+        prof, the_plan, rounds = run_calibration(view, prof, make, rounds=calibrate, timer=timer)
         first, last = rounds[0], rounds[-1]
         note = (
-            f"calibrated in {len(rounds)} round(s), each stage timed alone: the estimates were off by up to "
+            f"calibrated in {len(rounds)} round(s), {how}: the estimates were off by up to "
             f"{first.worst_error * 100:.1f}% at first"
             + (f", {last.worst_error * 100:.1f}% in round {len(rounds)}" if len(rounds) > 1 else "")
             + "; the estimates below come from the corrected costs"

@@ -1,16 +1,23 @@
-"""Calibration: time each exported stage alone and correct the profile the partition was made from.
+"""Calibration: time the exported stages and correct the profile the partition was made from.
 
 Why: a profile attributes onnxruntime's time for the whole model to its nodes; a stage exported on its
 own can run a few percent faster or slower than the share attributed to its nodes (fusions found or lost
 at the cut, a session's per-run cost, regions spread by FLOPs).  On a 4-layer BERT the two halves ran
 6.37 and 6.52 ms alone against estimates of 6.61 and 6.24 ms: a balanced plan on paper, 2% off when run.
+Running together, as a pipeline, they change again, and not alike: the pipeline's own threads (the
+driver that hands micro-batches over, the caller that takes the results) wake next to the last worker
+more than the first; on this project's 2-core machine the last of that BERT's halves ran 9-12% slower
+in the pipeline than alone, the first 2-5%.
 
-How: export the plan's stages to a scratch folder, run each alone at the profiled shapes (its inputs
-from running the earlier stages once), take the median of ``runs`` timed runs after ``warmup``, scale
-every node of stage ``s`` by ``measured_s / estimated_s``, and partition again; repeat while the cut
-moves and a stage is off by more than ``tolerance``, at most ``rounds`` times.  The corrected profile
-is an ordinary :class:`~onnxpipe.profile.Profile`: the final plan's estimates are the stages' own times.
-Only the profile's per-node seconds change; the partitioner stays exact on the corrected numbers.
+How: export the plan's stages to a scratch folder and time them (:data:`CalibrationMode`): ``alone``
+runs each stage by itself at the profiled shapes (its inputs from running the earlier stages once) and
+takes the median of ``runs`` timed runs after ``warmup``; ``pipeline`` runs them together as a thread
+pipeline, each worker pinned to CPUs of its own, and takes each worker's median session time over a
+stream of micro-batches.  Then scale every node of stage ``s`` by ``measured_s / estimated_s`` and
+partition again; repeat while the cut moves and a stage is off by more than ``tolerance``, at most
+``rounds`` times.  The corrected profile is an ordinary :class:`~onnxpipe.profile.Profile`: the final
+plan's estimates are the stages' own times.  Only the profile's per-node seconds change; the
+partitioner stays exact on the corrected numbers.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -36,6 +44,16 @@ StageTimer = Callable[[ModelView, Plan, Profile], list[float]]
 """Seconds each stage of a plan takes alone (the default: :func:`time_stages`)."""
 
 DEFAULT_TOLERANCE = 0.02
+
+CalibrationMode = Literal["auto", "pipeline", "alone"]
+"""How the stages are timed: together as a pinned thread pipeline, each alone, or ``auto``: as a
+pipeline when this machine has a CPU for every stage thread (else the stages would share CPUs and the
+times would measure that), alone otherwise."""
+CALIBRATION_MODES: tuple[str, ...] = get_args(CalibrationMode)
+
+PIPELINE_MICROBATCHES = 24
+PIPELINE_REPEATS = 3
+PIPELINE_WARMUP = 8
 
 
 @dataclass(frozen=True)
@@ -90,6 +108,66 @@ def time_stages(
                 times.append(time.perf_counter() - start)
             seconds.append(statistics.median(times))
     return seconds
+
+
+def time_stages_in_pipeline(
+    view: ModelView,
+    plan: Plan,
+    profile: Profile,
+    *,
+    microbatches: int = PIPELINE_MICROBATCHES,
+    repeats: int = PIPELINE_REPEATS,
+    warmup: int = PIPELINE_WARMUP,
+) -> list[float]:
+    """Seconds of each stage's session run in a thread pipeline of ``plan``'s stages, each worker pinned
+    to ``profile.threads`` CPUs of its own, streaming one set of seeded random inputs at the profile's
+    shapes: after ``warmup`` micro-batches, ``repeats`` streams of ``microbatches``, each giving every
+    stage's median, and of those the median, so that a burst of other work during one stream (it
+    happens on shared machines) does not set the cut."""
+    from onnxpipe.runtime.pipeline import Pipeline  # the runtime is only needed here
+
+    with tempfile.TemporaryDirectory(prefix="onnxpipe-calibrate-") as tmp:
+        out = Path(tmp) / "stages"
+        export_stages(view, plan, out, external_data="auto")
+        feeds = dict(random_feeds(view, profile.input_shapes))
+        with Pipeline.from_manifest(out, mode="threads", threads=profile.threads, pin=True) as pipe:
+            pipe.run_many([feeds] * warmup)
+            medians: list[list[float]] = []
+            for _ in range(max(1, repeats)):
+                pipe.reset_stats()
+                for _ in pipe.stream([feeds] * microbatches):
+                    pass
+                medians.append(
+                    [statistics.median(r.run_end - r.run_start for r in st.records) for st in pipe.stats()]
+                )
+    return [statistics.median(stage) for stage in zip(*medians, strict=True)]
+
+
+def choose_timer(
+    mode: CalibrationMode, stages: int, threads: int, cpus: int | None = None
+) -> tuple[StageTimer, str]:
+    """The stage timer for ``mode`` with ``stages`` stages of ``threads`` threads each, and how it
+    times, for the manifest's note (see :data:`CalibrationMode`); ``cpus``: those this process may use
+    (default: asked).  A :class:`UsageError` for ``pipeline`` on too few CPUs."""
+    if mode not in CALIBRATION_MODES:
+        raise UsageError(f"calibration mode {mode!r}: choose one of {', '.join(CALIBRATION_MODES)}")
+    if cpus is None:
+        from onnxpipe.runtime.affinity import available_cpus
+
+        cpus = len(available_cpus())
+    needed = stages * threads
+    if mode == "pipeline" and needed > cpus:
+        raise UsageError(
+            f"--calibrate-in pipeline pins each of the {stages} stages' {threads} thread(s) to a CPU of "
+            f"its own: {needed} CPUs, and this process may use {cpus}; use --calibrate-in alone"
+        )
+    have = cpus
+    if mode == "alone" or needed > have:
+        return (lambda v, p, prof: time_stages(v, p, prof)), "each stage timed alone"
+    return (
+        (lambda v, p, prof: time_stages_in_pipeline(v, p, prof)),
+        "the stages timed running together as a pinned thread pipeline",
+    )
 
 
 def corrected(profile: Profile, plan: Plan, factors: Sequence[float]) -> Profile:

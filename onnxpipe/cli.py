@@ -17,6 +17,7 @@ from typing import Any, NoReturn, TypeVar, overload
 
 from onnxpipe import api
 from onnxpipe.argtypes import bandwidth, count, positive_int, positive_number
+from onnxpipe.calibrate import CALIBRATION_MODES
 from onnxpipe.errors import OnnxpipeError, UsageError
 from onnxpipe.export import check_runtime_opsets
 from onnxpipe.feeds import parse_shape_overrides
@@ -177,7 +178,14 @@ def build_parser() -> argparse.ArgumentParser:
         const=2,
         default=0,
         metavar="ROUNDS",
-        help="time each stage alone, correct the costs and split again (default 2 rounds when given)",
+        help="time the stages, correct the costs and split again (default 2 rounds when given)",
+    )
+    s.add_argument(
+        "--calibrate-in",
+        choices=CALIBRATION_MODES,
+        default="auto",
+        help="time the stages running together as a pinned thread pipeline, or each alone; auto: as a "
+        "pipeline when there is a CPU for every stage thread (default auto)",
     )
     s.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     _add_measure_args(s)
@@ -293,6 +301,7 @@ def _cmd_split(args: argparse.Namespace) -> int:
         force=args.force,
         run_verify=not args.no_verify,
         calibrate=args.calibrate,
+        calibrate_in=args.calibrate_in,
         external_data=args.external_data,
         progress=not args.quiet and sys.stderr.isatty(),
     )

@@ -1,4 +1,4 @@
-"""Calibration: stages timed alone correct the profile, and the cut follows the corrected costs."""
+"""Calibration: stages timed (alone or as a pipeline) correct the profile, and the cut follows."""
 
 from __future__ import annotations
 
@@ -9,13 +9,22 @@ import pytest
 from cli_runner import run
 
 from onnxpipe import api
-from onnxpipe.calibrate import CalibrationRound, StageTimer, calibrate, corrected, time_stages
+from onnxpipe.calibrate import (
+    CalibrationRound,
+    StageTimer,
+    calibrate,
+    choose_timer,
+    corrected,
+    time_stages,
+    time_stages_in_pipeline,
+)
 from onnxpipe.cluster import Cluster, Device, Link
 from onnxpipe.costs import static_profile
 from onnxpipe.errors import UsageError
 from onnxpipe.model import ModelView, load_model
 from onnxpipe.plan import Plan, make_plan
 from onnxpipe.profile import Profile
+from onnxpipe.runtime import affinity
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +102,40 @@ def test_time_stages_times_every_stage(view: ModelView) -> None:
     assert len(seconds) == 3 and all(s > 0 for s in seconds)
 
 
+def test_time_stages_in_pipeline_times_every_worker(view: ModelView) -> None:
+    prof = static_profile(view)
+    plan = make_plan(view, prof, 2)
+    seconds = time_stages_in_pipeline(view, plan, prof, microbatches=4, repeats=2, warmup=2)
+    assert len(seconds) == 2 and all(s > 0 for s in seconds)
+
+
+def test_auto_times_in_a_pipeline_only_with_a_cpu_for_every_stage_thread() -> None:
+    assert "pipeline" in choose_timer("auto", 2, 1, cpus=2)[1]
+    assert "alone" in choose_timer("auto", 2, 2, cpus=3)[1]  # stages would share CPUs: alone
+    assert "alone" in choose_timer("alone", 2, 1, cpus=64)[1]
+    assert "pipeline" in choose_timer("pipeline", 4, 2, cpus=8)[1]
+    with pytest.raises(UsageError, match="6 CPUs, and this process may use 4; use --calibrate-in alone"):
+        choose_timer("pipeline", 3, 2, cpus=4)
+    with pytest.raises(UsageError, match="choose one of auto, pipeline, alone"):
+        choose_timer("later", 2, 1, cpus=2)  # type: ignore[arg-type]
+
+
+def test_calibrating_in_a_pipeline_on_too_few_cpus_is_refused(
+    sample_models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(affinity, "available_cpus", lambda: (0,))
+    with pytest.raises(UsageError, match="--calibrate-in pipeline"):
+        api.split(
+            sample_models_dir / "transformer_tiny.onnx",
+            2,
+            tmp_path / "out",
+            cost="static",
+            calibrate=1,
+            calibrate_in="pipeline",
+        )
+    assert not (tmp_path / "out").exists()
+
+
 def test_calibrate_with_devices_is_refused(sample_models_dir: Path, tmp_path: Path) -> None:
     cluster = Cluster(devices=(Device(name="a"), Device(name="b")), links=(Link(),))
     with pytest.raises(UsageError, match="--calibrate"):
@@ -107,11 +150,25 @@ def test_cli_split_calibrate_records_it_and_verifies(
 ) -> None:
     out = tmp_path / "stages"
     model = sample_models_dir / "transformer_tiny.onnx"
-    code, stdout, stderr = run(["split", model, "--stages", "2", "--out", out, "--calibrate", "-q"], capfd)
+    argv = ["split", model, "--stages", "2", "--out", out, "--calibrate", "-q", "--calibrate-in", "alone"]
+    code, stdout, stderr = run(argv, capfd)
     assert code == 0, stderr
     assert "calibrated in" in stdout and "match the original" in stdout
     notes = json.loads((out / "manifest.json").read_text())["plan"]["notes"]
-    assert any(n.startswith("calibrated in") for n in notes)
+    assert any(n.startswith("calibrated in") and "each stage timed alone" in n for n in notes)
+
+
+def test_cli_calibrate_in_a_pipeline(
+    sample_models_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    if len(affinity.available_cpus()) < 2:
+        pytest.skip("a pinned 2-stage pipeline needs 2 CPUs")
+    out = tmp_path / "stages"
+    model = sample_models_dir / "transformer_tiny.onnx"
+    argv = ["split", model, "-k", "2", "--out", out, "--calibrate", "1", "-q", "--calibrate-in", "pipeline"]
+    code, stdout, stderr = run(argv, capfd)
+    assert code == 0, stderr
+    assert "timed running together as a pinned thread pipeline" in stdout and "match the original" in stdout
 
 
 def test_cli_calibrate_needs_a_positive_number_of_rounds(
