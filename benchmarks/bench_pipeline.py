@@ -35,7 +35,7 @@ raised group priority keeps other sessions from skewing the comparison (root; te
     setsid sh -c 'echo -10 > /proc/self/autogroup; exec python benchmarks/bench_pipeline.py'
 
     python benchmarks/bench_pipeline.py [--models gpt2_tiny,bert_tiny,bert_mini,yolov8n,resnet50]
-        [--rounds 5] [--pin] [--calibrate ROUNDS [--calibrate-in auto|pipeline|alone]] [--out FILE.json]
+        [--rounds 5] [--pin] [--calibrate ROUNDS [--calibrate-in alone|pipeline|auto]] [--out FILE.json]
 
 ``--pin`` pins every variant alike (``onnxpipe run --pin``): each pipeline worker and each replica to a
 CPU of its own, each session to the first CPUs.
@@ -64,7 +64,7 @@ import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
 from onnxpipe import api  # noqa: E402
-from onnxpipe.calibrate import CALIBRATION_MODES  # noqa: E402
+from onnxpipe.calibrate import CALIBRATION_MODES, DEFAULT_CALIBRATION_MODE  # noqa: E402
 from onnxpipe.cluster import Cluster, Device, Link  # noqa: E402
 from onnxpipe.errors import MemoryFitError  # noqa: E402
 from onnxpipe.manifest import load_manifest  # noqa: E402
@@ -513,7 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--calibrate-in",
         choices=CALIBRATION_MODES,
-        default="auto",
+        default=DEFAULT_CALIBRATION_MODE,
         help="how --calibrate times the stages (`onnxpipe split --calibrate-in`)",
     )
     parser.add_argument(

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from onnxpipe.calibrate import CalibrationMode, choose_timer
+from onnxpipe.calibrate import DEFAULT_CALIBRATION_MODE, CalibrationMode, choose_timer
 from onnxpipe.calibrate import calibrate as run_calibration
 from onnxpipe.cluster import Cluster, load_cluster
 from onnxpipe.costs import static_profile
@@ -156,7 +156,7 @@ def split(
     order: str = "fixed",
     schedule: ScheduleRequest | None = None,
     calibrate: int = 0,
-    calibrate_in: CalibrationMode = "auto",
+    calibrate_in: CalibrationMode = DEFAULT_CALIBRATION_MODE,
 ) -> SplitResult:
     """Load, profile (or reuse a profile), partition optimally, export K stages, and verify them.
 

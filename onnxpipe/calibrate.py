@@ -45,10 +45,18 @@ StageTimer = Callable[[ModelView, Plan, Profile], list[float]]
 
 DEFAULT_TOLERANCE = 0.02
 
-CalibrationMode = Literal["auto", "pipeline", "alone"]
-"""How the stages are timed: together as a pinned thread pipeline, each alone, or ``auto``: as a
-pipeline when this machine has a CPU for every stage thread (else the stages would share CPUs and the
-times would measure that), alone otherwise."""
+CalibrationMode = Literal["alone", "pipeline", "auto"]
+"""How the stages are timed: each alone (the default), together as a pinned thread pipeline, or
+``auto``: as a pipeline when this machine has a CPU for every stage thread (else the stages would share
+CPUs and the times would measure that), alone otherwise.
+
+Alone is the default because it held up better on a shared machine (benchmarks/bench_pipeline.py, two
+runs of each on this project's 2-core VM): timed in the pipeline, the 128-wide BERT's split reached
+1.80-1.81x one session against 1.73-1.75x timed alone, GPT-2's 1.88-1.92x against 1.78-1.86x; but when
+the machine slowed down while the pipeline was timed (every core runs a worker: nothing is left to
+absorb a disturbance) the corrected cut was worse: YOLOv8n's estimates were 27.5% off in the first
+round and the split it made reached 1.67x against 1.86-1.89x."""
+DEFAULT_CALIBRATION_MODE: CalibrationMode = "alone"
 CALIBRATION_MODES: tuple[str, ...] = get_args(CalibrationMode)
 
 PIPELINE_MICROBATCHES = 24

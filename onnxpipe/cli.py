@@ -17,7 +17,7 @@ from typing import Any, NoReturn, TypeVar, overload
 
 from onnxpipe import api
 from onnxpipe.argtypes import bandwidth, count, positive_int, positive_number
-from onnxpipe.calibrate import CALIBRATION_MODES
+from onnxpipe.calibrate import CALIBRATION_MODES, DEFAULT_CALIBRATION_MODE
 from onnxpipe.errors import OnnxpipeError, UsageError
 from onnxpipe.export import check_runtime_opsets
 from onnxpipe.feeds import parse_shape_overrides
@@ -183,9 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--calibrate-in",
         choices=CALIBRATION_MODES,
-        default="auto",
-        help="time the stages running together as a pinned thread pipeline, or each alone; auto: as a "
-        "pipeline when there is a CPU for every stage thread (default auto)",
+        default=DEFAULT_CALIBRATION_MODE,
+        help="time each stage alone (default), or the stages running together as a pinned thread "
+        "pipeline; auto: as a pipeline when there is a CPU for every stage thread",
     )
     s.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     _add_measure_args(s)
