@@ -169,8 +169,7 @@ def choose_timer(
             f"--calibrate-in pipeline pins each of the {stages} stages' {threads} thread(s) to a CPU of "
             f"its own: {needed} CPUs, and this process may use {cpus}; use --calibrate-in alone"
         )
-    have = cpus
-    if mode == "alone" or needed > have:
+    if mode == "alone" or needed > cpus:
         return (lambda v, p, prof: time_stages(v, p, prof)), "each stage timed alone"
     return (
         (lambda v, p, prof: time_stages_in_pipeline(v, p, prof)),

@@ -22,7 +22,6 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -335,9 +334,11 @@ def add_baselines(
         mode=mode,
         total_threads=sum(threads),
     )
-    match: dict[str, Any] = {}
+    ok: bool | None = None
+    worst: float | None = None
     if checked:
         expected = reference_outputs(model, [f for f, _ in checked], placement=place)
         ok, worst = compare_outputs(expected, [o for _, o in checked])
-        match = {"outputs_match": ok, "outputs_max_rel_diff": worst}
-    return replace(report, baselines=baselines, notes=tuple(notes), **match)
+    return replace(
+        report, baselines=baselines, outputs_match=ok, outputs_max_rel_diff=worst, notes=tuple(notes)
+    )
