@@ -60,8 +60,9 @@ DEFAULT_CALIBRATION_MODE: CalibrationMode = "alone"
 CALIBRATION_MODES: tuple[str, ...] = get_args(CalibrationMode)
 
 PIPELINE_MICROBATCHES = 24
-PIPELINE_REPEATS = 3
+PIPELINE_REPEATS = 2
 PIPELINE_WARMUP = 8
+MAX_ROTATIONS = 4
 
 
 @dataclass(frozen=True)
@@ -129,25 +130,41 @@ def time_stages_in_pipeline(
 ) -> list[float]:
     """Seconds of each stage's session run in a thread pipeline of ``plan``'s stages, each worker pinned
     to ``profile.threads`` CPUs of its own, streaming one set of seeded random inputs at the profile's
-    shapes: after ``warmup`` micro-batches, ``repeats`` streams of ``microbatches``, each giving every
-    stage's median, and of those the median, so that a burst of other work during one stream (it
-    happens on shared machines) does not set the cut."""
-    from onnxpipe.runtime.pipeline import Pipeline  # the runtime is only needed here
+    shapes.
 
+    The pipeline is opened once per rotation of the CPUs among the stages (K rotations, at most
+    :data:`MAX_ROTATIONS`): a stage then does not look dear because its CPU was the slower one while it
+    was timed (a neighbour on a shared host), while what the pipeline does to a stage wherever it runs
+    (the driver waking next to the last worker) stays.  In each, after ``warmup`` micro-batches,
+    ``repeats`` streams of ``microbatches`` give every stage's median; each stage's time is the median
+    of those, so that a burst of other work during one stream does not set the cut.
+    """
+    from onnxpipe.runtime.affinity import available_cpus  # the runtime is only needed here
+    from onnxpipe.runtime.pipeline import Pipeline
+    from onnxpipe.runtime.spec import manifest_placements
+
+    k, t = len(plan.stages), profile.threads
+    pool = available_cpus()[: k * t]
+    pin = len(pool) == k * t  # else (a caller with too few CPUs) once, unpinned
+    medians: list[list[float]] = []
     with tempfile.TemporaryDirectory(prefix="onnxpipe-calibrate-") as tmp:
         out = Path(tmp) / "stages"
-        export_stages(view, plan, out, external_data="auto")
+        manifest = export_stages(view, plan, out, external_data="auto")
         feeds = dict(random_feeds(view, profile.input_shapes))
-        with Pipeline.from_manifest(out, mode="threads", threads=profile.threads, pin=True) as pipe:
-            pipe.run_many([feeds] * warmup)
-            medians: list[list[float]] = []
-            for _ in range(max(1, repeats)):
-                pipe.reset_stats()
-                for _ in pipe.stream([feeds] * microbatches):
-                    pass
-                medians.append(
-                    [statistics.median(r.run_end - r.run_start for r in st.records) for st in pipe.stats()]
-                )
+        for turn in range(min(k, MAX_ROTATIONS) if pin else 1):
+            cpus = pool[turn * t :] + pool[: turn * t]
+            placements = [
+                replace(p, cpus=cpus[i * t : (i + 1) * t] if pin else ())
+                for i, p in enumerate(manifest_placements(manifest, t))
+            ]
+            with Pipeline.from_manifest(out, mode="threads", placements=placements) as pipe:
+                pipe.run_many([feeds] * warmup)
+                for _ in range(max(1, repeats)):
+                    pipe.reset_stats()
+                    for _ in pipe.stream([feeds] * microbatches):
+                        pass
+                    runs = [[rec.run_end - rec.run_start for rec in st.records] for st in pipe.stats()]
+                    medians.append([statistics.median(r) for r in runs])
     return [statistics.median(stage) for stage in zip(*medians, strict=True)]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_runner import run
@@ -25,6 +26,7 @@ from onnxpipe.model import ModelView, load_model
 from onnxpipe.plan import Plan, make_plan
 from onnxpipe.profile import Profile
 from onnxpipe.runtime import affinity
+from onnxpipe.runtime.pipeline import Pipeline
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +108,30 @@ def test_time_stages_in_pipeline_times_every_worker(view: ModelView) -> None:
     prof = static_profile(view)
     plan = make_plan(view, prof, 2)
     seconds = time_stages_in_pipeline(view, plan, prof, microbatches=4, repeats=2, warmup=2)
+    assert len(seconds) == 2 and all(s > 0 for s in seconds)
+
+
+def test_time_stages_in_pipeline_rotates_the_cpus_among_the_stages(
+    view: ModelView, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each stage is timed on each CPU, so that a slower CPU does not make its stage look dear."""
+    cpus = affinity.available_cpus()
+    if len(cpus) < 2:
+        pytest.skip("rotating needs 2 CPUs")
+    seen: list[tuple[tuple[int, ...], ...]] = []
+    real = Pipeline.from_manifest
+
+    def spy(directory: Path, **kwargs: Any) -> Pipeline:
+        seen.append(tuple(p.cpus for p in kwargs["placements"]))
+        return real(directory, **kwargs)
+
+    monkeypatch.setattr(Pipeline, "from_manifest", spy)
+    prof = static_profile(view)
+    seconds = time_stages_in_pipeline(
+        view, make_plan(view, prof, 2), prof, microbatches=3, repeats=1, warmup=1
+    )
+    a, b = cpus[0], cpus[1]
+    assert seen == [((a,), (b,)), ((b,), (a,))]
     assert len(seconds) == 2 and all(s > 0 for s in seconds)
 
 
