@@ -50,12 +50,12 @@ CalibrationMode = Literal["alone", "pipeline", "auto"]
 ``auto``: as a pipeline when this machine has a CPU for every stage thread (else the stages would share
 CPUs and the times would measure that), alone otherwise.
 
-Alone is the default because it has held up on a shared machine (benchmarks/bench_pipeline.py on this
-project's 2-core VM): timed in the pipeline, the 128-wide BERT's split reached 1.80-1.83x one session in
-three runs against 1.73-1.75x timed alone, the other models were within the run-to-run noise, but once,
-with one CPU slower while the pipeline was timed (every core runs a worker: nothing is left to absorb a
-disturbance), YOLOv8n's first stage measured 27.5% off and the split reached 1.67x against 1.86-1.89x.
-Turning the CPUs among the stages (:func:`time_stages_in_pipeline`) came after that run."""
+Alone is the default because it has held up on a shared machine (benchmarks/bench_pipeline.py, four
+runs of each on this project's 2-core VM): the splits timed in the pipeline were 1-2% faster on
+average on the transformers and 1-3% slower on the CNNs, less than the spread between runs, while its
+timing, with every core running a worker and nothing left to absorb a disturbance, missed one model's
+stages by 14-31% in three of its four runs (once, before the CPUs turned among the stages, YOLOv8n's
+split reached 1.67x one session against 1.82-1.93x)."""
 DEFAULT_CALIBRATION_MODE: CalibrationMode = "alone"
 CALIBRATION_MODES: tuple[str, ...] = get_args(CalibrationMode)
 
