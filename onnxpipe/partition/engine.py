@@ -217,8 +217,7 @@ class _Engine:
                 lo = first
             if not mask.any():
                 break
-            i0 = int(mask.argmax())
-            i1 = mask.size - int(mask[::-1].argmax())
+            i0, i1 = _true_span(mask)
             mask = mask[i0:i1]
             lo += i0
             hi = lo + mask.size - 1
@@ -335,9 +334,7 @@ class _Engine:
             if first > lo:
                 vals = vals[first - lo :]
                 lo = first
-            live = np.isfinite(vals)
-            i0 = int(live.argmax())
-            i1 = live.size - int(live[::-1].argmax())
+            i0, i1 = _true_span(np.isfinite(vals))
             vals = vals[i0:i1]
             lo += i0
             hi = lo + vals.size - 1
@@ -391,3 +388,9 @@ def _smallest_uniform_cap(model: _Model) -> float:
     found = _Engine(mem).min_bottleneck(min(float(p[-1]) for p in mem.work.prefix) / mem.k)
     assert found is not None
     return found[0]
+
+
+def _true_span(mask: BoolArr) -> tuple[int, int]:
+    """The first True of ``mask`` and one past its last (the whole mask when none is True): a layer's
+    positions are trimmed to the span that can still be reached."""
+    return int(mask.argmax()), mask.size - int(mask[::-1].argmax())

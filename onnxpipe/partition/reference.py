@@ -16,7 +16,7 @@ import numpy as np
 
 from onnxpipe.partition.costmodel import _Model
 from onnxpipe.partition.inputs import HeterogeneousRequest, _heterogeneous_model, _homogeneous_model
-from onnxpipe.partition.numeric import IntArr
+from onnxpipe.partition.numeric import FloatArr, IntArr
 from onnxpipe.partition.result import Partition, _choose, _memory_error, _partition_of
 
 
@@ -47,6 +47,23 @@ def _reference_finish(model: _Model, lower: float) -> Partition:
     return _partition_of(model, lower, bounds)
 
 
+def _ends(model: _Model, s: int) -> list[int]:
+    """Where stage ``s`` may end: allowed cuts that leave every later stage an item; ``n`` for the last."""
+    n, k = model.n, model.k
+    ends = [n] if s == k - 1 else range(s + 1, n - (k - 1 - s) + 1)
+    return [b for b in ends if model.allowed[b]]
+
+
+def _starts(model: _Model, s: int, b: int, reached: FloatArr) -> IntArr:
+    """Where stage ``s`` ending at ``b`` may start: positions the earlier stages reached (finite
+    ``reached``) whose stage fits in memory."""
+    a: IntArr = np.arange(s, b, dtype=np.intp)
+    a = a[np.isfinite(reached[a])]
+    if a.size:
+        a = a[model.memory_ok(s, a, b)]
+    return a
+
+
 def _reference_min_bottleneck(model: _Model) -> float:
     """``best[b]`` = smallest bottleneck reaching ``b`` after ``s`` stages, over every previous start."""
     n, k = model.n, model.k
@@ -54,15 +71,8 @@ def _reference_min_bottleneck(model: _Model) -> float:
     best[0] = 0.0
     for s in range(k):
         new = np.full(n + 1, np.inf)
-        ends = [n] if s == k - 1 else range(s + 1, n - (k - 1 - s) + 1)
-        for b in ends:
-            if not model.allowed[b]:
-                continue
-            a = np.arange(s, b, dtype=np.intp)
-            a = a[np.isfinite(best[a])]
-            if a.size == 0:
-                continue
-            a = a[model.memory_ok(s, a, b)]
+        for b in _ends(model, s):
+            a = _starts(model, s, b, best)
             if a.size:
                 new[b] = float(np.maximum(best[a], model.cost(s, a, b)).min())
         best = new
@@ -78,15 +88,9 @@ def _reference_min_bytes(model: _Model, bound: float) -> tuple[float, tuple[int,
     for s in range(k):
         new = np.full(n + 1, np.inf)
         pred = np.full(n + 1, -1, dtype=np.intp)
-        ends = [n] if s == k - 1 else range(s + 1, n - (k - 1 - s) + 1)
-        for b in ends:
-            if not model.allowed[b]:
-                continue
-            a = np.arange(s, b, dtype=np.intp)
-            a = a[np.isfinite(val[a])]
-            if a.size == 0:
-                continue
-            a = a[model.memory_ok(s, a, b) & (model.cost(s, a, b) <= bound)]
+        for b in _ends(model, s):
+            a = _starts(model, s, b, val)
+            a = a[model.cost(s, a, b) <= bound] if a.size else a
             if a.size:
                 j = int(a[np.lexsort((a, val[a]))[0]])
                 pred[b] = j
