@@ -187,11 +187,8 @@ def choose_timer(
             f"its own: {needed} CPUs, and this process may use {cpus}; use --calibrate-in alone"
         )
     if mode == "alone" or needed > cpus:
-        return (lambda v, p, prof: time_stages(v, p, prof)), "each stage timed alone"
-    return (
-        (lambda v, p, prof: time_stages_in_pipeline(v, p, prof)),
-        "the stages timed running together as a pinned thread pipeline",
-    )
+        return time_stages, "each stage timed alone"
+    return time_stages_in_pipeline, "the stages timed running together as a pinned thread pipeline"
 
 
 def corrected(profile: Profile, plan: Plan, factors: Sequence[float]) -> Profile:
@@ -219,7 +216,7 @@ def calibrate(
     """
     if rounds < 1:
         raise UsageError(f"--calibrate {rounds}: give at least 1 round")
-    measure = timer or (lambda v, p, prof: time_stages(v, p, prof))
+    measure = timer or time_stages
     plan = make_plan(profile)
     history: list[CalibrationRound] = []
     for _ in range(rounds):
