@@ -70,7 +70,7 @@ from onnxpipe.errors import MemoryFitError  # noqa: E402
 from onnxpipe.manifest import load_manifest  # noqa: E402
 from onnxpipe.model import load_model  # noqa: E402
 from onnxpipe.profile import Profile  # noqa: E402
-from onnxpipe.runtime.affinity import assign_cpus, available_cpus, pinned  # noqa: E402
+from onnxpipe.runtime.affinity import assign_cpus, cpu_sets, pinned  # noqa: E402
 from onnxpipe.runtime.inputs import random_inputs  # noqa: E402
 from onnxpipe.runtime.pipeline import Pipeline, make_backend  # noqa: E402
 from onnxpipe.runtime.report import measure  # noqa: E402
@@ -179,7 +179,8 @@ def session_variant(name: str, model: Path, threads: int, pin: bool = False) -> 
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = 3
-    cpus = available_cpus()[:threads] if pin else ()
+    sets = cpu_sets([threads]) if pin else None
+    cpus = sets[0] if sets else ()
     with pinned(cpus):  # its intra-op threads, made now, keep these CPUs
         session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]

@@ -139,24 +139,20 @@ def time_stages_in_pipeline(
     ``repeats`` streams of ``microbatches`` give every stage's median; each stage's time is the median
     of those, so that a burst of other work during one stream does not set the cut.
     """
-    from onnxpipe.runtime.affinity import available_cpus  # the runtime is only needed here
+    from onnxpipe.runtime.affinity import cpu_sets  # the runtime is only needed here
     from onnxpipe.runtime.pipeline import Pipeline
     from onnxpipe.runtime.spec import manifest_placements
 
     k, t = len(plan.stages), profile.threads
-    pool = available_cpus()[: k * t]
-    pin = len(pool) == k * t  # else (a caller with too few CPUs) once, unpinned
+    sets = cpu_sets([t] * k)  # None (a caller with too few CPUs): once, unpinned
     medians: list[list[float]] = []
     with tempfile.TemporaryDirectory(prefix="onnxpipe-calibrate-") as tmp:
         out = Path(tmp) / "stages"
         manifest = export_stages(view, plan, out, external_data="auto")
         feeds = dict(random_feeds(view, profile.input_shapes))
-        for turn in range(min(k, MAX_ROTATIONS) if pin else 1):
-            cpus = pool[turn * t :] + pool[: turn * t]
-            placements = [
-                replace(p, cpus=cpus[i * t : (i + 1) * t] if pin else ())
-                for i, p in enumerate(manifest_placements(manifest, t))
-            ]
+        for turn in range(min(k, MAX_ROTATIONS) if sets else 1):
+            own = sets[turn:] + sets[:turn] if sets else [()] * k
+            placements = [replace(p, cpus=own[i]) for i, p in enumerate(manifest_placements(manifest, t))]
             with Pipeline.from_manifest(out, mode="threads", placements=placements) as pipe:
                 pipe.run_many([feeds] * warmup)
                 for _ in range(max(1, repeats)):

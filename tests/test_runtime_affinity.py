@@ -13,7 +13,16 @@ import pytest
 from runtime_support import assert_same, original_outputs, parse, token_batches
 
 from onnxpipe.errors import UsageError
-from onnxpipe.runtime.affinity import assign_cpus, available_cpus, pin_thread, pinned
+from onnxpipe.runtime.affinity import (
+    Core,
+    assign_cpus,
+    available_cpus,
+    cpu_sets,
+    parse_cpu_list,
+    physical_cores,
+    pin_thread,
+    pinned,
+)
 from onnxpipe.runtime.cli import run_command
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.spec import Placement, WorkerSpec
@@ -36,11 +45,71 @@ def worker(index: int, threads: int) -> WorkerSpec:
     )
 
 
-def test_each_worker_gets_as_many_consecutive_cpus_as_threads_in_lane_order() -> None:
-    lanes, note = assign_cpus([[worker(0, 1), worker(1, 2)], [worker(0, 1)]], cpus=[4, 5, 6, 7, 9])
+def fake_sysfs(root: Path, cores: list[list[int]], packages: list[int] | None = None) -> Path:
+    """A ``/sys/devices/system/cpu`` whose physical cores hold the logical CPUs ``cores``."""
+    for i, siblings in enumerate(cores):
+        for cpu in siblings:
+            topology = root / f"cpu{cpu}" / "topology"
+            topology.mkdir(parents=True)
+            (topology / "thread_siblings_list").write_text(",".join(map(str, siblings)) + "\n")
+            (topology / "physical_package_id").write_text(f"{packages[i] if packages else 0}\n")
+    return root
+
+
+def test_without_a_topology_each_worker_gets_consecutive_cpus_in_lane_order(tmp_path: Path) -> None:
+    lanes, note = assign_cpus(
+        [[worker(0, 1), worker(1, 2)], [worker(0, 1)]], cpus=[4, 5, 6, 7, 9], sysfs=tmp_path
+    )
     assert note is None
     assert [[s.placement.cpus for s in lane] for lane in lanes] == [[(4,), (5, 6)], [(7,)]]
     assert [[s.placement.threads for s in lane] for lane in lanes] == [[1, 2], [1]]  # nothing else changes
+
+
+def test_two_workers_never_land_on_hyperthread_siblings(tmp_path: Path) -> None:
+    """Siblings numbered next to each other (0 and 1 share a core): each thread gets a core of its own."""
+    sysfs = fake_sysfs(tmp_path, [[0, 1], [2, 3], [4, 5], [6, 7]])
+    assert cpu_sets([1, 1], list(range(8)), sysfs) == [(0,), (2,)]
+    assert cpu_sets([2, 2], list(range(8)), sysfs) == [(0, 2), (4, 6)]
+    # siblings numbered half the machine apart (0 and 4 share a core): the same rule
+    apart = fake_sysfs(tmp_path / "apart", [[0, 4], [1, 5], [2, 6], [3, 7]])
+    assert cpu_sets([1, 1, 1, 1], list(range(8)), apart) == [(0,), (1,), (2,), (3,)]
+
+
+def test_more_threads_than_cores_give_each_worker_whole_cores(tmp_path: Path) -> None:
+    sysfs = fake_sysfs(tmp_path, [[0, 1], [2, 3], [4, 5], [6, 7]])
+    # 6 threads on 4 cores: a worker's threads share its own cores, never another worker's
+    assert cpu_sets([3, 3], list(range(8)), sysfs) == [(0, 1, 2), (4, 5, 6)]
+    # whole cores do not fit (the first worker needs two, the others one each): consecutive CPUs
+    small = fake_sysfs(tmp_path / "small", [[0, 1], [2, 3]])
+    assert cpu_sets([3, 1], [0, 1, 2, 3], small) == [(0, 1, 2), (3,)]
+    assert cpu_sets([3, 2], [0, 1, 2, 3], small) is None  # more threads than CPUs
+
+
+def test_a_workers_cores_are_taken_package_by_package(tmp_path: Path) -> None:
+    """Cores numbered alternately across two sockets: a two-thread worker stays on one socket's L3."""
+    sysfs = fake_sysfs(tmp_path, [[0], [1], [2], [3]], packages=[0, 1, 0, 1])
+    assert [c.package for c in physical_cores([0, 1, 2, 3], sysfs)] == [0, 0, 1, 1]
+    assert cpu_sets([2, 2], [0, 1, 2, 3], sysfs) == [(0, 2), (1, 3)]
+
+
+def test_only_the_cpus_given_count_and_their_order_is_kept(tmp_path: Path) -> None:
+    sysfs = fake_sysfs(tmp_path, [[0, 1], [2, 3], [4, 5]])
+    cores = physical_cores([5, 3, 2, 4], sysfs)  # a taskset that left out CPUs 0 and 1
+    assert cores == [Core(0, (5, 4)), Core(0, (3, 2))]
+    assert cpu_sets([1, 1], [5, 3, 2, 4], sysfs) == [(5,), (3,)]
+
+
+def test_kernel_cpu_lists_parse() -> None:
+    assert parse_cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    assert parse_cpu_list("5") == {5}
+
+
+def test_this_machines_topology_reads_without_error() -> None:
+    cpus = available_cpus()
+    cores = physical_cores(cpus)
+    assert sorted(c for core in cores for c in core.cpus) == sorted(cpus)
+    sets = cpu_sets([1] * len(cores), cpus)
+    assert sets is not None and len({c for s in sets for c in s}) == len(cores)
 
 
 def test_too_few_cpus_pins_nothing_and_says_why() -> None:
@@ -81,7 +150,9 @@ def test_pinned_workers_run_on_their_cpus_and_compute_the_same(
 ) -> None:
     batches = token_batches(12)
     expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
-    cpus = available_cpus()
+    sets = cpu_sets([1, 1])
+    assert sets is not None
+    cpus = [s[0] for s in sets]
     main_mask = os.sched_getaffinity(0)
     with Pipeline.from_manifest(tiny_split, mode=mode, pin=True) as pipe:  # type: ignore[arg-type]
         assert pipe.pin_note is None
@@ -119,7 +190,7 @@ def test_cli_run_pin_reports_each_stages_cpus_and_pins_the_baselines(
     printed = capsys.readouterr().out
     assert code == 0, printed
     obj = json.loads(report.read_text())
-    cpus = available_cpus()
+    cpus = [s[0] for s in cpu_sets([1, 1]) or []]
     assert [s["cpus"] for s in obj["stages"]] == [[cpus[0]], [cpus[1]]]
     assert all("pinned" in b["description"] for b in obj["baselines"].values())
     assert f"1 @{cpus[0]}" in printed

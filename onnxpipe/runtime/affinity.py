@@ -5,16 +5,22 @@ another core, whose caches hold the other stage's weights; a replica or a lone s
 rarely moves.  Measured on the 2-core machine of ``benchmarks/bench_pipeline.py``: pinning a tiny GPT-2's
 two stages raised the thread pipeline from 1.77x to 1.91x the one-thread session.
 
-How: :func:`assign_cpus` gives each worker of each lane, in order, as many consecutive CPUs of those
-this process may use (``os.sched_getaffinity``) as it has intra-op threads.  A worker pins itself
-(:func:`pin_thread`: a thread pins only itself on Linux), and its session is created while the creating
-thread is pinned to the worker's CPUs (:func:`pinned`), so that onnxruntime's intra-op threads, which
-inherit their creator's mask, stay there too.  Workers that together want more CPUs than there are are
-not pinned at all: oversubscribed cores are the scheduler's to share.  It is opt-in because two pinned
-pipelines in one process, or in two processes started alike, would pin to the same CPUs; give each
-process its own CPUs (``taskset -c``) and pinning picks from those.  CPUs are taken in the order the
-kernel numbers them; on a host that numbers hyperthread siblings next to each other, give the process one
-logical CPU per physical core with ``taskset`` so that two workers do not share a core.
+How: :func:`cpu_sets` gives each worker of each lane, in order, as many of the CPUs this process may
+use (``os.sched_getaffinity``) as it has intra-op threads, never one that shares a physical core with
+another worker's: hyperthread siblings share a core's execution units and its L1 and L2 caches, so two
+stages on siblings slow each other down and evict each other's weights.  When there are at least as many
+physical cores as threads, every thread gets a core of its own (one logical CPU of it); else each worker
+gets whole cores, its threads sharing them with each other only; else, as a last resort, consecutive
+CPUs.  Cores are taken package by package (sockets: a worker's threads then share one L3), in the order
+of the CPUs given.  The topology comes from sysfs (``/sys/devices/system/cpu/cpuN/topology``); where it
+cannot be read, every CPU counts as a core of its own.
+
+A worker pins itself (:func:`pin_thread`: a thread pins only itself on Linux), and its session is created
+while the creating thread is pinned to the worker's CPUs (:func:`pinned`), so that onnxruntime's intra-op
+threads, which inherit their creator's mask, stay there too.  Workers that together want more CPUs than
+there are are not pinned at all: oversubscribed cores are the scheduler's to share.  It is opt-in because
+two pinned pipelines in one process, or in two processes started alike, would pin to the same CPUs; give
+each process its own CPUs (``taskset -c``) and pinning picks from those.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from onnxpipe.runtime.spec import WorkerSpec
 
@@ -35,34 +42,109 @@ def available_cpus() -> tuple[int, ...]:
     return tuple(sorted(os.sched_getaffinity(os.getpid())))
 
 
-def assign_cpus(
-    lanes: Sequence[Sequence[WorkerSpec]], cpus: Sequence[int] | None = None
-) -> tuple[list[list[WorkerSpec]], str | None]:
-    """``lanes`` with each worker's placement pinned to CPUs of its own, and a note when it cannot be.
+SYSFS_CPUS = Path("/sys/devices/system/cpu")
+"""Where Linux describes each CPU's place: ``cpuN/topology/{thread_siblings_list,physical_package_id}``."""
 
-    Consecutive CPUs of ``cpus`` (default :func:`available_cpus`), as many per worker as its threads, in
-    lane and stage order.  Nothing is pinned when the workers want more CPUs than there are.
+
+@dataclass(frozen=True)
+class Core:
+    """One physical core: its package (socket) and those of its logical CPUs (hyperthread siblings)
+    that were asked about, in the order they were given."""
+
+    package: int
+    cpus: tuple[int, ...]
+
+
+def physical_cores(cpus: Sequence[int], sysfs: Path = SYSFS_CPUS) -> list[Core]:
+    """``cpus`` grouped by physical core, package by package, each in the order its first CPU was given.
+
+    A CPU whose topology cannot be read (no sysfs: another platform, or a container that hides it) is a
+    core of its own, in a package of its own.
     """
+    groups: dict[tuple[int, frozenset[int]], list[int]] = {}
+    for cpu in cpus:
+        topology = sysfs / f"cpu{cpu}" / "topology"
+        try:
+            siblings = parse_cpu_list((topology / "thread_siblings_list").read_text())
+            package = int((topology / "physical_package_id").read_text())
+        except (OSError, ValueError):
+            siblings, package = frozenset((cpu,)), -1 - cpu
+        groups.setdefault((package, siblings | {cpu}), []).append(cpu)
+    first = {cpu: i for i, cpu in enumerate(cpus)}
+    package_at: dict[int, int] = {}
+    for (package, _), members in groups.items():
+        package_at[package] = min(package_at.get(package, len(cpus)), first[members[0]])
+    ordered = sorted(groups.items(), key=lambda g: (package_at[g[0][0]], first[g[1][0]]))
+    return [Core(package, tuple(members)) for (package, _), members in ordered]
+
+
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """A kernel CPU list (``"0-3,8,10-11"``) as a set of CPU numbers."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        if part:
+            low, _, high = part.partition("-")
+            out.update(range(int(low), int(high or low) + 1))
+    return frozenset(out)
+
+
+def cpu_sets(
+    threads: Sequence[int], cpus: Sequence[int] | None = None, sysfs: Path = SYSFS_CPUS
+) -> list[tuple[int, ...]] | None:
+    """CPUs for workers of ``threads`` intra-op threads each, in order (see the module docstring), or
+    None when they want more than the CPUs of ``cpus`` (default :func:`available_cpus`)."""
     pool = tuple(available_cpus() if cpus is None else cpus)
-    wanted = sum(spec.placement.threads for lane in lanes for spec in lane)
+    if not pool or sum(threads) > len(pool):
+        return None
+    cores = physical_cores(pool, sysfs)
+    if sum(threads) <= len(cores):  # a physical core for every thread
+        return _consecutive([core.cpus[0] for core in cores], threads)
+    whole = _whole_cores(cores, threads)
+    return whole if whole is not None else _consecutive(pool, threads)
+
+
+def _consecutive(pool: Sequence[int], threads: Sequence[int]) -> list[tuple[int, ...]]:
+    out: list[tuple[int, ...]] = []
+    at = 0
+    for n in threads:
+        out.append(tuple(pool[at : at + n]))
+        at += n
+    return out
+
+
+def _whole_cores(cores: Sequence[Core], threads: Sequence[int]) -> list[tuple[int, ...]] | None:
+    """Each worker on whole cores of its own (its last core's spare siblings left idle), if they fit."""
+    out: list[tuple[int, ...]] = []
+    at = 0
+    for n in threads:
+        got: list[int] = []
+        while len(got) < n:
+            if at == len(cores):
+                return None
+            got.extend(cores[at].cpus)
+            at += 1
+        out.append(tuple(got[:n]))
+    return out
+
+
+def assign_cpus(
+    lanes: Sequence[Sequence[WorkerSpec]], cpus: Sequence[int] | None = None, sysfs: Path = SYSFS_CPUS
+) -> tuple[list[list[WorkerSpec]], str | None]:
+    """``lanes`` with each worker's placement pinned to CPUs of its own (:func:`cpu_sets`, in lane and
+    stage order), and a note when it cannot be: then nothing is pinned."""
+    pool = tuple(available_cpus() if cpus is None else cpus)
+    threads = [spec.placement.threads for lane in lanes for spec in lane]
     if not pool:
         return [list(lane) for lane in lanes], "workers not pinned: this platform cannot pin threads to CPUs"
-    if wanted > len(pool):
+    sets = cpu_sets(threads, pool, sysfs)
+    if sets is None:
         note = (
-            f"workers not pinned: they run {wanted} intra-op threads in all and this process may use "
+            f"workers not pinned: they run {sum(threads)} intra-op threads in all and this process may use "
             f"{len(pool)} CPU(s)"
         )
         return [list(lane) for lane in lanes], note
-    out: list[list[WorkerSpec]] = []
-    at = 0
-    for lane in lanes:
-        pinned_lane: list[WorkerSpec] = []
-        for spec in lane:
-            n = spec.placement.threads
-            place = replace(spec.placement, cpus=pool[at : at + n])
-            pinned_lane.append(replace(spec, placement=place))
-            at += n
-        out.append(pinned_lane)
+    given = iter(sets)
+    out = [[replace(s, placement=replace(s.placement, cpus=next(given))) for s in lane] for lane in lanes]
     return out, None
 
 

@@ -67,7 +67,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument(
         "--pin",
         action="store_true",
-        help="pin each local worker (and, with --compare, each baseline) to CPUs of its own",
+        help="pin each local worker (and, with --compare, each baseline) to CPUs of its own, on "
+        "physical cores no other worker uses",
     )
     w.add_argument(
         "--ray-address", metavar="ADDR", help="address of a running Ray cluster (default: start a local one)"

@@ -28,7 +28,7 @@ import onnxruntime as ort
 
 from onnxpipe.errors import RuntimeStageError
 from onnxpipe.ortsession import Provider, open_session, session_options
-from onnxpipe.runtime.affinity import assign_cpus, available_cpus, pinned
+from onnxpipe.runtime.affinity import assign_cpus, cpu_sets, pinned
 from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.pipeline import LocalMode, Pipeline, make_backend
 from onnxpipe.runtime.report import BaselineReport, Measurement, RunReport, measure
@@ -215,11 +215,12 @@ def is_pinned(pipeline: Pipeline) -> bool:
 
 
 def _pinned_first(placement: Placement, pin: bool) -> Placement:
-    """``placement`` pinned to the first of this process's CPUs, one per thread, when ``pin``."""
+    """``placement`` pinned to the first of this process's CPUs (one per thread, on cores of their own where
+    there are enough: :func:`~onnxpipe.runtime.affinity.cpu_sets`), when ``pin``."""
     if not pin:
         return placement
-    cpus = available_cpus()
-    return replace(placement, cpus=cpus[: placement.threads]) if len(cpus) >= placement.threads else placement
+    sets = cpu_sets([placement.threads])
+    return replace(placement, cpus=sets[0]) if sets else placement
 
 
 def compare_outputs(
