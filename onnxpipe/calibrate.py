@@ -47,8 +47,8 @@ DEFAULT_TOLERANCE = 0.02
 
 CalibrationMode = Literal["alone", "pipeline", "auto"]
 """How the stages are timed: each alone (the default), together as a pinned thread pipeline, or
-``auto``: as a pipeline when this machine has a CPU for every stage thread (else the stages would share
-CPUs and the times would measure that), alone otherwise.
+``auto``: as a pipeline when this machine has a physical core for every stage thread (else the stages
+would share cores, hyperthread siblings or CPUs, and the times would measure that), alone otherwise.
 
 Alone is the default because it has held up on a shared machine (benchmarks/bench_pipeline.py, four
 runs of each on this project's 2-core VM): the splits timed in the pipeline were 1-2% faster on
@@ -165,24 +165,27 @@ def time_stages_in_pipeline(
 
 
 def choose_timer(
-    mode: CalibrationMode, stages: int, threads: int, cpus: int | None = None
+    mode: CalibrationMode, stages: int, threads: int, cpus: int | None = None, cores: int | None = None
 ) -> tuple[StageTimer, str]:
     """The stage timer for ``mode`` with ``stages`` stages of ``threads`` threads each, and how it
-    times, for the manifest's note (see :data:`CalibrationMode`); ``cpus``: those this process may use
-    (default: asked).  A :class:`UsageError` for ``pipeline`` on too few CPUs."""
+    times, for the manifest's note (see :data:`CalibrationMode`); ``cpus``: those this process may use,
+    ``cores``: the physical cores they are on (default: asked).  A :class:`UsageError` for ``pipeline``
+    on too few CPUs."""
     if mode not in CALIBRATION_MODES:
         raise UsageError(f"calibration mode {mode!r}: choose one of {', '.join(CALIBRATION_MODES)}")
-    if cpus is None:
-        from onnxpipe.runtime.affinity import available_cpus
+    if cpus is None or cores is None:
+        from onnxpipe.runtime.affinity import available_cpus, physical_cores
 
-        cpus = len(available_cpus())
+        pool = available_cpus()
+        cpus = len(pool) if cpus is None else cpus
+        cores = len(physical_cores(pool)) if cores is None else cores
     needed = stages * threads
     if mode == "pipeline" and needed > cpus:
         raise UsageError(
             f"--calibrate-in pipeline pins each of the {stages} stages' {threads} thread(s) to a CPU of "
             f"its own: {needed} CPUs, and this process may use {cpus}; use --calibrate-in alone"
         )
-    if mode == "alone" or needed > cpus:
+    if mode == "alone" or needed > cpus or (mode == "auto" and needed > cores):
         return time_stages, "each stage timed alone"
     return time_stages_in_pipeline, "the stages timed running together as a pinned thread pipeline"
 

@@ -136,14 +136,16 @@ def test_time_stages_in_pipeline_rotates_the_cpus_among_the_stages(
 
 
 def test_auto_times_in_a_pipeline_only_with_a_cpu_for_every_stage_thread() -> None:
-    assert "pipeline" in choose_timer("auto", 2, 1, cpus=2)[1]
-    assert "alone" in choose_timer("auto", 2, 2, cpus=3)[1]  # stages would share CPUs: alone
-    assert "alone" in choose_timer("alone", 2, 1, cpus=64)[1]
-    assert "pipeline" in choose_timer("pipeline", 4, 2, cpus=8)[1]
+    assert "pipeline" in choose_timer("auto", 2, 1, cpus=2, cores=2)[1]
+    assert "alone" in choose_timer("auto", 2, 2, cpus=3, cores=3)[1]  # stages would share CPUs: alone
+    assert "alone" in choose_timer("auto", 2, 1, cpus=2, cores=1)[1]  # or hyperthread siblings of a core
+    assert "pipeline" in choose_timer("pipeline", 2, 1, cpus=2, cores=1)[1]  # asked for: siblings it is
+    assert "alone" in choose_timer("alone", 2, 1, cpus=64, cores=64)[1]
+    assert "pipeline" in choose_timer("pipeline", 4, 2, cpus=8, cores=8)[1]
     with pytest.raises(UsageError, match="6 CPUs, and this process may use 4; use --calibrate-in alone"):
-        choose_timer("pipeline", 3, 2, cpus=4)
+        choose_timer("pipeline", 3, 2, cpus=4, cores=4)
     with pytest.raises(UsageError, match="choose one of alone, pipeline, auto"):
-        choose_timer("later", 2, 1, cpus=2)  # type: ignore[arg-type]
+        choose_timer("later", 2, 1, cpus=2, cores=2)  # type: ignore[arg-type]
 
 
 def test_calibrating_in_a_pipeline_on_too_few_cpus_is_refused(

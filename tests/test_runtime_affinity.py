@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from runtime_support import assert_same, original_outputs, parse, token_batches
 
-from onnxpipe.errors import UsageError
+from onnxpipe.errors import RuntimeStageError, UsageError
 from onnxpipe.runtime.affinity import (
     Core,
     assign_cpus,
@@ -90,6 +90,16 @@ def test_a_workers_cores_are_taken_package_by_package(tmp_path: Path) -> None:
     sysfs = fake_sysfs(tmp_path, [[0], [1], [2], [3]], packages=[0, 1, 0, 1])
     assert [c.package for c in physical_cores([0, 1, 2, 3], sysfs)] == [0, 0, 1, 1]
     assert cpu_sets([2, 2], [0, 1, 2, 3], sysfs) == [(0, 2), (1, 3)]
+
+
+def test_a_worker_moves_to_the_next_socket_rather_than_span_two(tmp_path: Path) -> None:
+    two_by_four = fake_sysfs(tmp_path, [[c] for c in range(8)], packages=[0, 0, 0, 0, 1, 1, 1, 1])
+    assert cpu_sets([3, 3], list(range(8)), two_by_four) == [(0, 1, 2), (4, 5, 6)]
+    # the third fits neither socket's one free core: it spans them
+    assert cpu_sets([3, 3, 2], list(range(8)), two_by_four) == [(0, 1, 2), (4, 5, 6), (3, 7)]
+    # hyperthreads (cpu c and c + 8 share a core), more threads than cores: whole cores, a socket each
+    smt = fake_sysfs(tmp_path / "smt", [[c, c + 8] for c in range(8)], packages=[0, 0, 0, 0, 1, 1, 1, 1])
+    assert cpu_sets([6, 6], list(range(16)), smt) == [(0, 8, 1, 9, 2, 10), (4, 12, 5, 13, 6, 14)]
 
 
 def test_only_the_cpus_given_count_and_their_order_is_kept(tmp_path: Path) -> None:
@@ -220,3 +230,12 @@ def test_available_cpus_are_the_main_threads_not_a_pinned_callers() -> None:
     t.start()
     t.join()
     assert seen == [everything]
+
+
+@pytest.mark.parametrize("mode", ["threads", "processes"])
+def test_a_cpu_this_process_may_not_use_fails_naming_the_stage_and_cpu(tiny_split: Path, mode: str) -> None:
+    bad = max(available_cpus()) + 4096
+    placements = [Placement(threads=1), Placement(threads=1, cpus=(bad,))]
+    with pytest.raises(RuntimeStageError, match=rf"stage 1 .*cannot pin to CPUs \[{bad}\]"):
+        Pipeline.from_manifest(tiny_split, mode=mode, placements=placements)  # type: ignore[arg-type]
+    assert not [t for t in threading.enumerate() if t.name.startswith("onnxpipe")]

@@ -300,3 +300,30 @@ def test_a_failed_start_shuts_down_the_ray_it_started(no_ray: Any, tiny_split: P
     with pytest.raises(ValueError, match="cannot be negative"):
         Pipeline.from_manifest(tiny_split, backend="ray", ray_resources=[{}, {"num_cpus": -1}])
     assert not no_ray.is_initialized()
+
+
+class _SlowAfterWake(threading.Event):
+    """The wake event of a thread backend whose last worker is preempted right after waking the driver
+    (2 ms), as a thread on a busy 2-core machine can be."""
+
+    def set(self) -> None:
+        super().set()
+        if threading.current_thread().name.startswith("onnxpipe stage 1"):
+            time.sleep(0.002)
+
+
+def test_thread_records_are_there_once_their_results_are(tmp_path: Path) -> None:
+    """Regression: the last worker wrote its record after the result could be collected, so stats()
+    right after a stream missed the last micro-batch and a reset right after a warm-up kept one."""
+    from onnxpipe.runtime.threads import ThreadBackend
+
+    specs = identity_chain(tmp_path, TensorProto.FLOAT)
+    backend = ThreadBackend([specs])
+    backend._shared.wake = _SlowAfterWake()
+    feeds = {"s": np.zeros(4, np.float32)}
+    with Pipeline(backend, input_types={"s": "float32"}, output_names=["t"], lanes=[specs]) as pipe:
+        list(pipe.stream([feeds] * 8))  # a warm-up, as measure() runs one
+        pipe.reset_stats()
+        list(pipe.stream([feeds] * 20))
+        stats = pipe.stats()
+    assert [sorted(r.seq for r in s.records) for s in stats] == [list(range(8, 28))] * 2

@@ -11,8 +11,9 @@ another worker's: hyperthread siblings share a core's execution units and its L1
 stages on siblings slow each other down and evict each other's weights.  When there are at least as many
 physical cores as threads, every thread gets a core of its own (one logical CPU of it); else each worker
 gets whole cores, its threads sharing them with each other only; else, as a last resort, consecutive
-CPUs.  Cores are taken package by package (sockets: a worker's threads then share one L3), in the order
-of the CPUs given.  The topology comes from sysfs (``/sys/devices/system/cpu/cpuN/topology``); where it
+CPUs.  Each worker takes its cores from the first package (socket) with room for all its threads, which
+then share one L3; only a worker that no package can hold spans two.  Cores go in the order of the CPUs
+given.  The topology comes from sysfs (``/sys/devices/system/cpu/cpuN/topology``); where it
 cannot be read, every CPU counts as a core of its own.
 
 A worker pins itself (:func:`pin_thread`: a thread pins only itself on Linux), and its session is created
@@ -97,34 +98,55 @@ def cpu_sets(
     if not pool or sum(threads) > len(pool):
         return None
     cores = physical_cores(pool, sysfs)
-    if sum(threads) <= len(cores):  # a physical core for every thread
-        return _consecutive([core.cpus[0] for core in cores], threads)
-    whole = _whole_cores(cores, threads)
-    return whole if whole is not None else _consecutive(pool, threads)
-
-
-def _consecutive(pool: Sequence[int], threads: Sequence[int]) -> list[tuple[int, ...]]:
+    if sum(threads) <= len(cores):  # a physical core for every thread: one logical CPU of each
+        return _by_package([Core(c.package, c.cpus[:1]) for c in cores], threads)
+    whole = _by_package(cores, threads)  # whole cores: a worker's threads share only its own cores
+    if whole is not None:
+        return whole
     out: list[tuple[int, ...]] = []
     at = 0
-    for n in threads:
-        out.append(tuple(pool[at : at + n]))
+    for n in threads:  # the last resort: consecutive CPUs
+        out.append(pool[at : at + n])
         at += n
     return out
 
 
-def _whole_cores(cores: Sequence[Core], threads: Sequence[int]) -> list[tuple[int, ...]] | None:
-    """Each worker on whole cores of its own (its last core's spare siblings left idle), if they fit."""
+def _by_package(cores: Sequence[Core], threads: Sequence[int]) -> list[tuple[int, ...]] | None:
+    """Each worker on cores of its own, enough for its threads (a last core's spare CPUs left idle),
+    from the first package with room for all of them, else across packages; None if the cores run out.
+    """
+    packages: dict[int, list[Core]] = {}
+    for core in cores:
+        packages.setdefault(core.package, []).append(core)
     out: list[tuple[int, ...]] = []
-    at = 0
     for n in threads:
-        got: list[int] = []
-        while len(got) < n:
-            if at == len(cores):
+        source = next((free for free in packages.values() if _cores_for(free, n) is not None), None)
+        if source is None:  # no package holds it alone: span them, in order
+            spanned = [core for free in packages.values() for core in free]
+            taken = _cores_for(spanned, n)
+            if taken is None:
                 return None
-            got.extend(cores[at].cpus)
-            at += 1
+            gone = {id(core) for core in spanned[:taken]}
+            for free in packages.values():
+                free[:] = [core for core in free if id(core) not in gone]
+            got = [cpu for core in spanned[:taken] for cpu in core.cpus]
+        else:
+            taken = _cores_for(source, n)
+            assert taken is not None
+            got = [cpu for core in source[:taken] for cpu in core.cpus]
+            del source[:taken]
         out.append(tuple(got[:n]))
     return out
+
+
+def _cores_for(cores: Sequence[Core], n: int) -> int | None:
+    """How many of ``cores``, from the first, give ``n`` CPUs; None if all of them do not."""
+    total = 0
+    for i, core in enumerate(cores):
+        total += len(core.cpus)
+        if total >= n:
+            return i + 1
+    return None
 
 
 def assign_cpus(

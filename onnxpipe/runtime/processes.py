@@ -40,6 +40,7 @@ from onnxpipe.runtime.session import (
     StageRunner,
     WorkerStats,
     current_rss_bytes,
+    pin_failure,
 )
 from onnxpipe.runtime.shm import MAX_SLOTS, ItemMessage, Poller, SlotReader, SlotWriter, unlink_prefix
 from onnxpipe.runtime.spec import WorkerSpec
@@ -84,7 +85,7 @@ def worker_main(
     try:
         pin_thread(spec.placement.cpus)
     except OSError as e:  # CPUs outside this process's allowed set (a changed cpuset)
-        status.send(("failed", None, f"{spec.label}: cannot pin to CPUs {list(spec.placement.cpus)}: {e}"))
+        status.send(("failed", None, pin_failure(spec, e)))
         return
     try:
         runner = StageRunner(spec)

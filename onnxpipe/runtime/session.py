@@ -121,15 +121,18 @@ class StageRunner:
         providers: list[Provider] = [(place.provider, dict(place.provider_options))]
         if place.provider != CPU_PROVIDER:
             providers.append(CPU_PROVIDER)
-        with pinned(place.cpus):  # onnxruntime's intra-op threads inherit the worker's CPUs
-            self.session = open_session(
-                spec.path,
-                options,
-                providers,
-                fail=lambda e: StageFailure(
-                    f"{spec.label}: does not load in onnxruntime ({first_line(e)}); re-run onnxpipe split"
-                ),
-            )
+        try:
+            with pinned(place.cpus):  # onnxruntime's intra-op threads inherit the worker's CPUs
+                self.session = open_session(
+                    spec.path,
+                    options,
+                    providers,
+                    fail=lambda e: StageFailure(
+                        f"{spec.label}: does not load in onnxruntime ({first_line(e)}); re-run onnxpipe split"
+                    ),
+                )
+        except OSError as e:  # pinned(): CPUs this process may not use (or that do not exist)
+            raise StageFailure(pin_failure(spec, e)) from e
         self.load_seconds = time.perf_counter() - start
         rss_after = current_rss_bytes()
         self.load_rss_bytes = (
@@ -169,6 +172,14 @@ class StageRunner:
             shared_memory_bytes=None if shared else _status_kib("RssShmem"),
             load_rss_bytes=self.load_rss_bytes,
         )
+
+
+def pin_failure(spec: WorkerSpec, e: OSError) -> str:
+    """One line for a worker that cannot be pinned to its placement's CPUs."""
+    return (
+        f"{spec.label}: cannot pin to CPUs {list(spec.placement.cpus)} ({e.strerror or e}); give CPUs this "
+        "process may use (os.sched_getaffinity(0)), or none"
+    )
 
 
 def describe_failure(spec: WorkerSpec, seq: int, feeds: Mapping[str, np.ndarray], e: BaseException) -> str:

@@ -117,15 +117,17 @@ class _Worker:
                 received = run_start = time.perf_counter()
                 sends = self.runner.run(seq, tensors)
                 run_end = time.perf_counter()
-                while not self.outbox.put((seq, sends), timeout=_POLL_S):
-                    if shared.stopping.is_set():
-                        return
+                # the record is written with the put, under the lock that stats() and reset_stats() take:
+                # once a result can be collected, its record is there (and a reset after it clears it)
+                with self.lock:
+                    while not self.outbox.put((seq, sends), timeout=_POLL_S):
+                        if shared.stopping.is_set():
+                            return
+                    done = time.perf_counter()
+                    self.runner.recorder.add(Record(seq, received, run_start, run_end, done, done))
                 self.inbox.release()
-                done = time.perf_counter()
                 if self.first or self.last:
                     shared.wake.set()  # room for the next micro-batch, or a result for the driver
-                with self.lock:
-                    self.runner.recorder.add(Record(seq, received, run_start, run_end, done, done))
                 seq = None
         except StageFailure as e:
             shared.fail(str(e))
