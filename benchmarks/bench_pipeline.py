@@ -476,6 +476,15 @@ def print_summary(rows: Sequence[dict[str, Any]], k: int) -> None:
         )
 
 
+def model_names(parser: argparse.ArgumentParser, table: Mapping[str, object], text: str) -> list[str]:
+    """The comma-separated model names of ``text``; an unknown one ends the run with the known ones."""
+    names = text.split(",")
+    for name in names:
+        if name not in table:
+            parser.error(f"unknown model {name!r}; choose from {', '.join(table)}")
+    return names
+
+
 def _autogroup() -> str | None:
     try:
         return Path("/proc/self/autogroup").read_text().strip()
@@ -537,9 +546,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "pipeline.json")
     args = parser.parse_args(argv)
     rows = []
-    for name in args.models.split(","):
-        if name not in table:
-            parser.error(f"unknown model {name!r}; choose from {', '.join(table)}")
+    for name in model_names(parser, table, args.models):
         get, shapes = table[name]
         path = get()
         print(f"{name}: {path}", flush=True)

@@ -1,0 +1,284 @@
+"""onnxpipe's thread pipeline against the simplest pipeline one could write by hand, and where the rest
+of the way to K times one session goes.
+
+``bench_pipeline.py`` shows the pipeline short of K x the one-thread session on the small models; this
+asks whether onnxpipe's machinery (checked and copied inputs, futures, a driver thread, records, bounded
+channels) costs that, or the split itself does on this machine.  For each model, split into K stages
+(measured costs), in rounds whose order alternates, all pinned to the same CPUs
+(:func:`onnxpipe.runtime.affinity.cpu_sets`):
+
+* ``session_1``: the whole model, one session, one intra-op thread;
+* ``minimal``: K threads, each running one stage's session, joined by ``queue.Queue(2)``, fed by a
+  thread of its own: no input checks or copies, no futures, no driver, no records;
+* ``onnxpipe``: ``Pipeline.from_manifest(..., pin=True)`` timed by ``onnxpipe.runtime.report.measure``.
+
+Then each stage's session time (median over the run) three ways: ``alone`` (its CPU busy, the others
+idle), ``together`` (every stage looping on its own CPU at once, nothing handed over: what sharing the
+machine's caches and memory costs) and ``piped`` (inside ``minimal``).  Results go to
+``benchmarks/results/overhead.json``::
+
+    python benchmarks/bench_overhead.py [--models gpt2_tiny,bert_tiny] [--rounds 8] [--k 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+
+from benchmarks.bench_pipeline import model_names, model_table  # noqa: E402
+from onnxpipe import api  # noqa: E402
+from onnxpipe.manifest import Manifest, load_manifest  # noqa: E402
+from onnxpipe.model import load_model  # noqa: E402
+from onnxpipe.ortsession import session_options  # noqa: E402
+from onnxpipe.runtime.affinity import cpu_sets, pin_thread, pinned  # noqa: E402
+from onnxpipe.runtime.inputs import random_inputs  # noqa: E402
+from onnxpipe.runtime.pipeline import Pipeline  # noqa: E402
+from onnxpipe.runtime.report import measure  # noqa: E402
+
+Feeds = Mapping[str, np.ndarray]
+TARGET_SECONDS = 2.5  # one timing of the one-thread session takes about this long
+WARMUP = 16
+
+
+class Stage:
+    """One stage's session, created pinned to its CPU so that onnxruntime's threads stay there."""
+
+    def __init__(self, path: Path, cpu: int) -> None:
+        self.cpu = cpu
+        with pinned((cpu,)):
+            self.session = ort.InferenceSession(
+                str(path), session_options(threads=1), providers=["CPUExecutionProvider"]
+            )
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.outputs = [o.name for o in self.session.get_outputs()]
+
+    def run(self, tensors: dict[str, Any]) -> float:
+        """Run on ``tensors`` (adding this stage's outputs to them); the seconds the session took."""
+        feeds = {n: tensors[n] for n in self.inputs}
+        start = time.perf_counter()
+        results = self.session.run(self.outputs, feeds)
+        took = time.perf_counter() - start
+        tensors.update(zip(self.outputs, results, strict=True))
+        return took
+
+
+def minimal_pipeline(stages: Sequence[Stage], inputs: Sequence[Feeds]) -> tuple[float, list[float]]:
+    """Outputs per second of the hand-built pipeline over ``inputs`` (after a warm-up) and each stage's
+    median session time in it."""
+    channels: list[queue.Queue[dict[str, Any] | None]] = [queue.Queue(2) for _ in range(len(stages) + 1)]
+    times: list[list[float]] = [[] for _ in stages]
+
+    def work(i: int) -> None:
+        pin_thread((stages[i].cpu,))
+        while (item := channels[i].get()) is not None:
+            times[i].append(stages[i].run(item))
+            channels[i + 1].put(item)
+        channels[i + 1].put(None)
+
+    def feed() -> None:
+        for feeds in [*inputs[:WARMUP], *inputs]:
+            channels[0].put(dict(feeds))
+        channels[0].put(None)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(stages))]
+    threads.append(threading.Thread(target=feed))
+    for t in threads:
+        t.start()
+    for _ in range(WARMUP):
+        channels[-1].get()
+    start = time.perf_counter()
+    count = 0
+    while channels[-1].get() is not None:
+        count += 1
+    elapsed = time.perf_counter() - start
+    for t in threads:
+        t.join()
+    return count / elapsed, [statistics.median(ts[WARMUP:]) for ts in times]
+
+
+def stage_feeds(stages: Sequence[Stage], pool: Sequence[Feeds]) -> list[list[dict[str, Any]]]:
+    """For each input of ``pool``, what each stage receives."""
+    rows = []
+    for feeds in pool:
+        tensors: dict[str, Any] = dict(feeds)
+        row = []
+        for stage in stages:
+            row.append({n: tensors[n] for n in stage.inputs})
+            stage.run(tensors)
+        rows.append(row)
+    return rows
+
+
+def stage_loop(stage: Stage, feeds: Sequence[dict[str, Any]], n: int) -> float:
+    """Median seconds of ``n`` runs of ``stage`` on its CPU, cycling through ``feeds``."""
+    with pinned((stage.cpu,)):  # the caller's mask back after: later pipelines pin from it
+        return statistics.median(stage.run(dict(feeds[j % len(feeds)])) for j in range(n))
+
+
+def stages_together(
+    stages: Sequence[Stage], feeds: Sequence[Sequence[dict[str, Any]]], n: int
+) -> list[float]:
+    """:func:`stage_loop` of every stage at once, each on its own CPU."""
+    medians = [0.0] * len(stages)
+
+    def loop(i: int) -> None:
+        medians[i] = stage_loop(stages[i], [row[i] for row in feeds], n)
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(len(stages))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return medians
+
+
+def session_rate(stage: Stage, inputs: Sequence[Feeds]) -> float:
+    """Outputs per second of the whole model's session over ``inputs``, after a warm-up."""
+    with pinned((stage.cpu,)):
+        for feeds in inputs[:WARMUP]:
+            stage.run(dict(feeds))
+        start = time.perf_counter()
+        for feeds in inputs:
+            stage.run(dict(feeds))
+        return len(inputs) / (time.perf_counter() - start)
+
+
+def onnxpipe_rate(directory: Path, inputs: Sequence[Feeds]) -> float:
+    with Pipeline.from_manifest(directory, mode="threads", pin=True) as pipe:
+        return measure(pipe, inputs, warmup=WARMUP).throughput_per_s
+
+
+def bench_model(
+    name: str, path: Path, shapes: dict[str, tuple[int, ...]] | None, args: argparse.Namespace
+) -> dict[str, Any]:
+    out = Path(tempfile.mkdtemp(prefix=f"overhead-{name}-")) / "split"
+    profile = api.get_profile(load_model(path), cost="profile", shapes=shapes)
+    api.split(path, args.k, out, profile=profile, run_verify=False)
+    manifest: Manifest = load_manifest(out)
+    sets = cpu_sets([1] * args.k)
+    if sets is None:
+        raise SystemExit(f"{args.k} stages need {args.k} CPUs this process may use")
+    cpus = [s[0] for s in sets]
+    stages = [Stage(out / st.file, cpus[i]) for i, st in enumerate(manifest.stages)]
+    whole = Stage(path, cpus[0])
+    input_shapes = {n: tuple(v) for n, v in manifest.plan.profiled_input_shapes.items()}
+    pool = random_inputs(path, input_shapes, 8, seed=0)
+    per_stage = stage_feeds(stages, pool)
+    first = session_rate(whole, pool * 2)
+    n = max(32, min(args.max_microbatches, round(TARGET_SECONDS * first)))
+    inputs = [pool[j % len(pool)] for j in range(n)]
+
+    def minimal() -> float:
+        rate, medians = minimal_pipeline(stages, inputs)
+        piped.append(medians)
+        return rate
+
+    runs: dict[str, Callable[[], float]] = {
+        "session_1": lambda: session_rate(whole, inputs),
+        "minimal": minimal,
+        "onnxpipe": lambda: onnxpipe_rate(out, inputs),
+    }
+    rates: dict[str, list[float]] = {k: [] for k in runs}
+    alone: list[list[float]] = []
+    together: list[list[float]] = []
+    piped: list[list[float]] = []
+    for r in range(args.rounds):
+        for key in list(runs) if r % 2 == 0 else list(runs)[::-1]:
+            rates[key].append(runs[key]())
+        alone.append([stage_loop(s, [row[i] for row in per_stage], n // 2) for i, s in enumerate(stages)])
+        together.append(stages_together(stages, per_stage, n // 2))
+        done = ", ".join(f"{k} {v[-1]:.1f}/s" for k, v in rates.items())
+        print(f"  {name} round {r + 1}/{args.rounds}: {done}", flush=True)
+
+    def ratio(a: str, b: str) -> float:
+        return statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))
+
+    def ms(rows: list[list[float]]) -> list[float]:
+        return [1e3 * statistics.median(col) for col in zip(*rows, strict=True)]
+
+    return {
+        "model": name,
+        "k": args.k,
+        "microbatches": n,
+        "rounds": args.rounds,
+        "cpus": cpus,
+        "throughput_per_s": {k: statistics.median(v) for k, v in rates.items()},
+        "all_rounds": rates,
+        "ratios": {
+            "minimal_x_session_1": ratio("minimal", "session_1"),
+            "onnxpipe_x_session_1": ratio("onnxpipe", "session_1"),
+            "onnxpipe_x_minimal": ratio("onnxpipe", "minimal"),
+        },
+        "session_1_ms": 1e3 / statistics.median(rates["session_1"]),
+        "stage_ms": {"alone": ms(alone), "together": ms(together), "piped": ms(piped)},
+    }
+
+
+def print_summary(rows: Sequence[dict[str, Any]]) -> None:
+    head = ("model", "1-thr/s", "minimal/s", "x1-thr", "onnxpipe/s", "x1-thr", "x minimal")
+    print(f"\n{head[0]:10s} " + " ".join(f"{h:>10s}" for h in head[1:]))
+    print("-" * 76)
+    for row in rows:
+        t, r = row["throughput_per_s"], row["ratios"]
+        cells = (
+            t["session_1"],
+            t["minimal"],
+            r["minimal_x_session_1"],
+            t["onnxpipe"],
+            r["onnxpipe_x_session_1"],
+            r["onnxpipe_x_minimal"],
+        )
+        print(f"{row['model']:10s} " + " ".join(f"{c:10.3f}" if c < 10 else f"{c:10.1f}" for c in cells))
+    print("ratios are medians of per-round ratios; rounds alternate their order\n")
+    print("stage session ms (medians): alone | every stage looping at once | in the minimal pipeline")
+    for row in rows:
+        s = row["stage_ms"]
+        parts = [" / ".join(f"{x:.2f}" for x in s[key]) for key in ("alone", "together", "piped")]
+        print(
+            f"  {row['model']:10s} "
+            + " | ".join(parts)
+            + f"   (one session / K: {row['session_1_ms'] / row['k']:.2f})"
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    table = model_table()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--models", default="gpt2_tiny,bert_tiny", help="comma-separated: " + ", ".join(table)
+    )
+    parser.add_argument("--k", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--max-microbatches", type=int, default=300)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "overhead.json")
+    args = parser.parse_args(argv)
+    rows = []
+    for name in model_names(parser, table, args.models):
+        get, shapes = table[name]
+        rows.append(bench_model(name, get(), shapes, args))
+    print_summary(rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"cpus": os.cpu_count(), "onnxruntime": ort.__version__, "python": sys.version.split()[0]}
+    args.out.write_text(json.dumps({"machine": meta, "rows": rows}, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
