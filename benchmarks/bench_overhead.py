@@ -15,7 +15,8 @@ channels) costs that, or the split itself does on this machine.  For each model,
 Then each stage's session time (median over the run) three ways: ``alone`` (its CPU busy, the others
 idle), ``together`` (every stage looping on its own CPU at once, nothing handed over: what sharing the
 machine's caches and memory costs) and ``piped`` (inside ``minimal``).  Results go to
-``benchmarks/results/overhead.json``::
+``benchmarks/results/overhead.json``, with the CPU other processes used in each round (``/proc/stat``
+minus this process), so that a disturbed round can be told from a slow one::
 
     python benchmarks/bench_overhead.py [--models gpt2_tiny,bert_tiny] [--rounds 8] [--k 2]
 """
@@ -41,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
-from benchmarks.bench_pipeline import model_names, model_table  # noqa: E402
+from benchmarks.bench_pipeline import CpuWatch, model_names, model_table  # noqa: E402
 from onnxpipe import api  # noqa: E402
 from onnxpipe.manifest import Manifest, load_manifest  # noqa: E402
 from onnxpipe.model import load_model  # noqa: E402
@@ -198,13 +199,16 @@ def bench_model(
     alone: list[list[float]] = []
     together: list[list[float]] = []
     piped: list[list[float]] = []
+    others: list[float] = []  # cores other processes used during each round: a disturbed round shows
     for r in range(args.rounds):
-        for key in list(runs) if r % 2 == 0 else list(runs)[::-1]:
-            rates[key].append(runs[key]())
-        alone.append([stage_loop(s, [row[i] for row in per_stage], n // 2) for i, s in enumerate(stages)])
-        together.append(stages_together(stages, per_stage, n // 2))
+        with CpuWatch(()) as watch:
+            for key in list(runs) if r % 2 == 0 else list(runs)[::-1]:
+                rates[key].append(runs[key]())
+            alone.append([stage_loop(s, [row[i] for row in per_stage], n // 2) for i, s in enumerate(stages)])
+            together.append(stages_together(stages, per_stage, n // 2))
+        others.append(watch.others_cores())
         done = ", ".join(f"{k} {v[-1]:.1f}/s" for k, v in rates.items())
-        print(f"  {name} round {r + 1}/{args.rounds}: {done}", flush=True)
+        print(f"  {name} round {r + 1}/{args.rounds}: {done}; others used {others[-1]:.2f} cores", flush=True)
 
     def ratio(a: str, b: str) -> float:
         return statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))
@@ -227,6 +231,7 @@ def bench_model(
         },
         "session_1_ms": 1e3 / statistics.median(rates["session_1"]),
         "stage_ms": {"alone": ms(alone), "together": ms(together), "piped": ms(piped)},
+        "others_cores": others,
     }
 
 
@@ -255,6 +260,8 @@ def print_summary(rows: Sequence[dict[str, Any]]) -> None:
             + " | ".join(parts)
             + f"   (one session / K: {row['session_1_ms'] / row['k']:.2f})"
         )
+    busiest = max(max(row["others_cores"]) for row in rows)
+    print(f"other processes used at most {busiest:.2f} cores in any round")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
