@@ -126,9 +126,9 @@ def _by_package(cores: Sequence[Core], threads: Sequence[int]) -> list[tuple[int
             taken = _cores_for(spanned, n)
             if taken is None:
                 return None
-            gone = {id(core) for core in spanned[:taken]}
+            gone = set(spanned[:taken])
             for free in packages.values():
-                free[:] = [core for core in free if id(core) not in gone]
+                free[:] = [core for core in free if core not in gone]
             got = [cpu for core in spanned[:taken] for cpu in core.cpus]
         else:
             taken = _cores_for(source, n)
