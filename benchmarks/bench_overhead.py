@@ -184,6 +184,10 @@ def bench_model(
     first = session_rate(whole, pool * 2)
     n = max(32, min(args.max_microbatches, round(TARGET_SECONDS * first)))
     inputs = [pool[j % len(pool)] for j in range(n)]
+    alone: list[list[float]] = []
+    together: list[list[float]] = []
+    piped: list[list[float]] = []
+    others: list[float] = []  # cores other processes used during each round: a disturbed round shows
 
     def minimal() -> float:
         rate, medians = minimal_pipeline(stages, inputs)
@@ -196,10 +200,6 @@ def bench_model(
         "onnxpipe": lambda: onnxpipe_rate(out, inputs),
     }
     rates: dict[str, list[float]] = {k: [] for k in runs}
-    alone: list[list[float]] = []
-    together: list[list[float]] = []
-    piped: list[list[float]] = []
-    others: list[float] = []  # cores other processes used during each round: a disturbed round shows
     for r in range(args.rounds):
         with CpuWatch(()) as watch:
             for key in list(runs) if r % 2 == 0 else list(runs)[::-1]:
