@@ -11,6 +11,7 @@ Results go to ``benchmarks/results/order.json``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -55,7 +56,9 @@ def measure(view: ModelView) -> dict[str, float]:
 
 
 def main(argv: list[str]) -> int:
-    paths = [Path(a) for a in argv] or default_models()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("models", nargs="*", type=Path, help="default: the sample and corpus models")
+    paths = parser.parse_args(argv).models or default_models()
     rows = []
     print(f"{'model':32} {'nodes':>6} {'file mean':>12} {'chosen mean':>12} {'ratio':>6} {'max ratio':>9}")
     for path in paths:
