@@ -25,7 +25,8 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, get_args
@@ -35,6 +36,7 @@ import numpy as np
 from onnxpipe.errors import UsageError
 from onnxpipe.export import export_stages
 from onnxpipe.feeds import random_feeds
+from onnxpipe.manifest import Manifest
 from onnxpipe.model import ModelView
 from onnxpipe.ortsession import open_session, session_options
 from onnxpipe.plan import Plan
@@ -89,6 +91,14 @@ def _bounds(plan: Plan) -> tuple[int, ...]:
     return tuple(len(s.node_names) for s in plan.stages)
 
 
+@contextmanager
+def _scratch_stages(view: ModelView, plan: Plan) -> Iterator[tuple[Path, Manifest]]:
+    """``plan``'s stages exported to a temporary folder (removed afterwards), and their manifest."""
+    with tempfile.TemporaryDirectory(prefix="onnxpipe-calibrate-") as tmp:
+        out = Path(tmp) / "stages"
+        yield out, export_stages(view, plan, out, external_data="auto")
+
+
 def time_stages(
     view: ModelView, plan: Plan, profile: Profile, *, runs: int = 30, warmup: int = 3
 ) -> list[float]:
@@ -97,9 +107,7 @@ def time_stages(
     The stages are exported to a scratch folder; stage ``s`` is fed what the earlier stages computed
     from one set of seeded random model inputs.
     """
-    with tempfile.TemporaryDirectory(prefix="onnxpipe-calibrate-") as tmp:
-        out = Path(tmp) / "stages"
-        manifest = export_stages(view, plan, out, external_data="auto")
+    with _scratch_stages(view, plan) as (out, manifest):
         values: dict[str, np.ndarray] = dict(random_feeds(view, profile.input_shapes))
         options = session_options(threads=profile.threads)
         seconds: list[float] = []
@@ -146,9 +154,7 @@ def time_stages_in_pipeline(
     k, t = len(plan.stages), profile.threads
     sets = cpu_sets([t] * k)  # None (a caller with too few CPUs): once, unpinned
     medians: list[list[float]] = []
-    with tempfile.TemporaryDirectory(prefix="onnxpipe-calibrate-") as tmp:
-        out = Path(tmp) / "stages"
-        manifest = export_stages(view, plan, out, external_data="auto")
+    with _scratch_stages(view, plan) as (out, manifest):
         feeds = dict(random_feeds(view, profile.input_shapes))
         for turn in range(min(k, MAX_ROTATIONS) if sets else 1):
             own = sets[turn:] + sets[:turn] if sets else [()] * k
