@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=CALIBRATION_MODES,
         default=DEFAULT_CALIBRATION_MODE,
         help="time each stage alone (default), or the stages running together as a pinned thread "
-        "pipeline; auto: as a pipeline when there is a CPU for every stage thread",
+        "pipeline; auto: as a pipeline when there is a physical core for every stage thread",
     )
     s.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     _add_measure_args(s)
