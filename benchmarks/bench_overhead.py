@@ -7,7 +7,8 @@ channels) costs that, or the split itself does on this machine.  For each model,
 (measured costs), in rounds whose order alternates, all pinned to the same CPUs
 (:func:`onnxpipe.runtime.affinity.cpu_sets`):
 
-* ``session_1``: the whole model, one session, one intra-op thread;
+* ``session_1``: the whole model, one session, one intra-op thread
+  (:func:`onnxpipe.runtime.compare.session_throughput`, as ``onnxpipe run --compare`` measures it);
 * ``minimal``: K threads, each running one stage's session, joined by ``queue.Queue(2)``, fed by a
   thread of its own: no input checks or copies, no futures, no driver, no records;
 * ``onnxpipe``: ``Pipeline.from_manifest(..., pin=True)`` timed by ``onnxpipe.runtime.report.measure``.
@@ -48,9 +49,11 @@ from onnxpipe.manifest import Manifest, load_manifest  # noqa: E402
 from onnxpipe.model import load_model  # noqa: E402
 from onnxpipe.ortsession import session_options  # noqa: E402
 from onnxpipe.runtime.affinity import cpu_sets, pin_thread, pinned  # noqa: E402
+from onnxpipe.runtime.compare import session_throughput  # noqa: E402
 from onnxpipe.runtime.inputs import random_inputs  # noqa: E402
 from onnxpipe.runtime.pipeline import Pipeline  # noqa: E402
 from onnxpipe.runtime.report import measure  # noqa: E402
+from onnxpipe.runtime.spec import Placement  # noqa: E402
 
 Feeds = Mapping[str, np.ndarray]
 TARGET_SECONDS = 2.5  # one timing of the one-thread session takes about this long
@@ -149,17 +152,6 @@ def stages_together(
     return medians
 
 
-def session_rate(stage: Stage, inputs: Sequence[Feeds]) -> float:
-    """Outputs per second of the whole model's session over ``inputs``, after a warm-up."""
-    with pinned((stage.cpu,)):
-        for feeds in inputs[:WARMUP]:
-            stage.run(dict(feeds))
-        start = time.perf_counter()
-        for feeds in inputs:
-            stage.run(dict(feeds))
-        return len(inputs) / (time.perf_counter() - start)
-
-
 def onnxpipe_rate(directory: Path, inputs: Sequence[Feeds]) -> float:
     with Pipeline.from_manifest(directory, mode="threads", pin=True) as pipe:
         return measure(pipe, inputs, warmup=WARMUP).throughput_per_s
@@ -177,11 +169,11 @@ def bench_model(
         raise SystemExit(f"{args.k} stages need {args.k} CPUs this process may use")
     cpus = [s[0] for s in sets]
     stages = [Stage(out / st.file, cpus[i]) for i, st in enumerate(manifest.stages)]
-    whole = Stage(path, cpus[0])
+    whole = Placement(threads=1, cpus=(cpus[0],))
     input_shapes = {n: tuple(v) for n, v in manifest.plan.profiled_input_shapes.items()}
     pool = random_inputs(path, input_shapes, 8, seed=0)
     per_stage = stage_feeds(stages, pool)
-    first = session_rate(whole, pool * 2)
+    first = session_throughput(path, pool * 2, placement=whole, warmup=WARMUP)
     n = max(32, min(args.max_microbatches, round(TARGET_SECONDS * first)))
     inputs = [pool[j % len(pool)] for j in range(n)]
     alone: list[list[float]] = []
@@ -195,7 +187,7 @@ def bench_model(
         return rate
 
     runs: dict[str, Callable[[], float]] = {
-        "session_1": lambda: session_rate(whole, inputs),
+        "session_1": lambda: session_throughput(path, inputs, placement=whole, warmup=WARMUP),
         "minimal": minimal,
         "onnxpipe": lambda: onnxpipe_rate(out, inputs),
     }
