@@ -20,7 +20,7 @@ from onnxpipe.errors import PartitionError, UsageError
 from onnxpipe.export import check_exportable, export_stages
 from onnxpipe.manifest import Manifest
 from onnxpipe.model import ModelView, load_model
-from onnxpipe.plan import Plan, make_plan
+from onnxpipe.plan import DEFAULT_TIME_SLACK, Plan, make_interleaved_plan, make_plan
 from onnxpipe.planner import ScheduleRequest, plan_pipeline
 from onnxpipe.profile import Profile, profile_model
 from onnxpipe.verification import VerifyReport, verify
@@ -88,6 +88,7 @@ def check_plan_request(
     devices: Cluster | str | Path | None,
     order: str,
     schedule: ScheduleRequest | None,
+    workers: int | None = None,
 ) -> Cluster | None:
     """Validate what can be validated without costs (cheap, so it runs before profiling); returns the
     loaded cluster."""
@@ -105,7 +106,31 @@ def check_plan_request(
         )
     if schedule is not None:
         schedule.candidates()
+    if workers is not None:
+        _check_workers(stages, workers, cluster, order, schedule)
     return cluster
+
+
+def _check_workers(
+    stages: int | str, workers: int, cluster: Cluster | None, order: str, schedule: ScheduleRequest | None
+) -> None:
+    """``--workers``: identical CPU workers streaming inference, each running the same number of stages."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise UsageError(f"--workers {workers!r}: give a positive number of workers")
+    if not isinstance(stages, int):
+        raise UsageError("--workers needs a number of --stages: an interleaved split deals them out in turn")
+    if stages % workers:
+        raise UsageError(
+            f"--stages {stages} --workers {workers}: every worker runs the same number of stages; "
+            f"give a multiple of {workers} stages"
+        )
+    if cluster is not None or order != "fixed":
+        raise UsageError("--workers plans identical workers; it cannot be combined with --devices or --order")
+    if schedule is not None and schedule.kind != "stream":
+        raise UsageError(
+            f"--workers: interleaved stages are planned for inference (--schedule stream), "
+            f"not {schedule.kind}"
+        )
 
 
 def plan(
@@ -117,13 +142,26 @@ def plan(
     bandwidth_bytes_per_s: float = math.inf,
     order: str = "fixed",
     schedule: ScheduleRequest | None = None,
+    workers: int | None = None,
+    time_slack: float = DEFAULT_TIME_SLACK,
 ) -> Plan:
     """The plan for ``stages`` stages (or ``"auto"``): :func:`make_plan` on identical workers when no
-    devices file, schedule or order is asked for, else :func:`onnxpipe.planner.plan_pipeline`."""
-    cluster = check_plan_request(stages, devices, order, schedule)
+    devices file, schedule or order is asked for, :func:`make_interleaved_plan` when ``workers`` is fewer
+    than the stages, else :func:`onnxpipe.planner.plan_pipeline`."""
+    cluster = check_plan_request(stages, devices, order, schedule, workers)
     simple = cluster is None and order == "fixed" and (schedule is None or schedule.kind == "stream")
     if simple and isinstance(stages, int):
         mb = schedule.microbatches if schedule is not None and schedule.microbatches else 8
+        if workers is not None and workers != stages:
+            return make_interleaved_plan(
+                view,
+                profile,
+                stages,
+                workers,
+                bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+                microbatches=mb,
+                time_slack=time_slack,
+            )
         return make_plan(view, profile, stages, bandwidth_bytes_per_s=bandwidth_bytes_per_s, microbatches=mb)
     return plan_pipeline(
         view,
@@ -157,6 +195,8 @@ def split(
     schedule: ScheduleRequest | None = None,
     calibrate: int = 0,
     calibrate_in: CalibrationMode = DEFAULT_CALIBRATION_MODE,
+    workers: int | None = None,
+    time_slack: float = DEFAULT_TIME_SLACK,
 ) -> SplitResult:
     """Load, profile (or reuse a profile), partition optimally, export K stages, and verify them.
 
@@ -169,7 +209,13 @@ def split(
     # refuse an output folder in use, a model onnxruntime cannot run, or a bad devices file or
     # schedule before minutes of profiling
     check_exportable(view, out_dir, force=force)
-    devices = check_plan_request(stages, devices, order, schedule)
+    devices = check_plan_request(stages, devices, order, schedule, workers)
+    interleaved = workers is not None and workers != stages
+    if calibrate and interleaved and calibrate_in == "pipeline":
+        raise UsageError(
+            "--calibrate-in pipeline times every stage on CPUs of its own, but interleaved stages share "
+            "their workers' CPUs: use --calibrate-in alone"
+        )
     if calibrate and devices is not None:
         raise UsageError(
             "--calibrate times the stages on this machine, which a devices file plans for other ones; "
@@ -195,11 +241,13 @@ def split(
             bandwidth_bytes_per_s=bandwidth_bytes_per_s,
             order=order,
             schedule=schedule,
+            workers=workers,
+            time_slack=time_slack,
         )
 
     if calibrate:
         k = stages if isinstance(stages, int) else len(make(prof).stages)
-        timer, how = choose_timer(calibrate_in, k, prof.threads)
+        timer, how = choose_timer("alone" if interleaved else calibrate_in, k, prof.threads)
         prof, the_plan, rounds = run_calibration(view, prof, make, rounds=calibrate, timer=timer)
         first, last = rounds[0], rounds[-1]
         note = (

@@ -42,3 +42,14 @@ def positive_number(text: str, what: str = "a number") -> float:
 def bandwidth(text: str) -> float:
     """Bytes per second, above 0."""
     return positive_number(text, "a number of bytes per second")
+
+
+def fraction(text: str) -> float:
+    """A finite number of 0 or more, as a share (``0.01`` is 1%): ``--time-slack``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number of 0 or more")
+    return value

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar, overload
 
 from onnxpipe import api
-from onnxpipe.argtypes import bandwidth, count, positive_int, positive_number
+from onnxpipe.argtypes import bandwidth, count, fraction, positive_int, positive_number
 from onnxpipe.calibrate import CALIBRATION_MODES, DEFAULT_CALIBRATION_MODE
 from onnxpipe.errors import OnnxpipeError, UsageError
 from onnxpipe.export import check_runtime_opsets
 from onnxpipe.feeds import parse_shape_overrides
 from onnxpipe.manifest import load_manifest
 from onnxpipe.model import ModelView, load_model
+from onnxpipe.plan import DEFAULT_TIME_SLACK
 from onnxpipe.planner import SCHEDULE_CHOICES, ScheduleRequest, draw_plan
 from onnxpipe.profile import Profile
 from onnxpipe.runtime.cli import add_run_arguments, run_command
@@ -112,6 +113,21 @@ def _add_planning_args(p: argparse.ArgumentParser) -> None:
         type=bandwidth,
         default=math.inf,
         help="link bandwidth in bytes/s; bytes a stage receives count as transfer time (default: free)",
+    )
+    g.add_argument(
+        "--workers",
+        type=positive_int,
+        metavar="W",
+        help="deal the K stages out to W identical workers in turn (stage s on worker s %% W), so that "
+        "each worker gets about 1/W of the time and of the weights (inference; K a multiple of W)",
+    )
+    g.add_argument(
+        "--time-slack",
+        type=fraction,
+        default=DEFAULT_TIME_SLACK,
+        metavar="F",
+        help="with --workers: accept a split up to F slower than the fastest (default %(default)s, i.e. "
+        "1%%) if it balances the workers' weights better",
     )
     g.add_argument("--devices", type=Path, help="cluster file: devices in pipeline order and their links")
     g.add_argument(
@@ -273,6 +289,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         bandwidth_bytes_per_s=args.bandwidth,
         order=args.order,
         schedule=_schedule_request(args),
+        workers=args.workers,
+        time_slack=args.time_slack,
     )
     print(format_plan_table(plan))
     for note in plan.notes:
@@ -304,6 +322,8 @@ def _cmd_split(args: argparse.Namespace) -> int:
         calibrate_in=args.calibrate_in,
         external_data=args.external_data,
         progress=not args.quiet and sys.stderr.isatty(),
+        workers=args.workers,
+        time_slack=args.time_slack,
     )
     plan = result.plan
     print(format_manifest_table(result.manifest))

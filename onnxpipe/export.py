@@ -472,6 +472,7 @@ def _build_manifest(
                 peak_activation_bytes=max(0, s.peak_activation_bytes),
                 shared_param_bytes=shared.per_stage[s.index],
                 link_bytes_in=s.link_bytes_in,
+                worker=s.worker,
             )
         )
 
@@ -480,8 +481,9 @@ def _build_manifest(
         by: int | Literal["model input"] = producer.get(t, MODEL_INPUT)
         outs.append(ModelOutput(t, *types.describe(t), by))
 
+    shared_workers = [s.index % plan.workers for s in plan.stages] if plan.workers is not None else None
     timeline = plan.timeline or simulate(
-        "stream", [s.cost_seconds for s in plan.stages], None, [0.0] * plan.k, microbatches
+        "stream", [s.cost_seconds for s in plan.stages], None, [0.0] * plan.k, microbatches, shared_workers
     )
     return Manifest(
         source=_source_info(view, out, source_name),
@@ -502,6 +504,8 @@ def _build_manifest(
             profiled_input_shapes={n: tuple(int(d) for d in v) for n, v in plan.input_shapes.items()},
             notes=tuple(plan.notes),
             duplicated_param_bytes=shared.duplicated,
+            workers=plan.workers,
+            time_slack=plan.time_slack,
         ),
         schedule=timeline,
     )

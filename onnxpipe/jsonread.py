@@ -116,6 +116,10 @@ class Value:
             raise self.fail(f"expected an integer >= {minimum}, got {v}")
         return v
 
+    def opt_integer(self, minimum: int | None = 0) -> int | None:
+        """An integer ``>= minimum``, or ``None`` for ``null`` (an optional field's absence)."""
+        return None if self.raw is None else self.integer(minimum)
+
     def integer_or(self, word: W, *, expected: str) -> int | W:
         """An index (an integer >= 0), or the one string that stands in for one (``"model input"``)."""
         v = self.raw

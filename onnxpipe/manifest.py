@@ -111,6 +111,10 @@ class StageEntry:
     peak_activation_bytes: int
     shared_param_bytes: int = 0
     link_bytes_in: int = 0
+    worker: int | None = None
+    """The worker that runs this stage (an interleaved split deals ``K * V`` stages out to ``K`` workers
+    in turn); ``None`` in a manifest written before the field existed, which means a worker per stage:
+    read it through :meth:`Manifest.worker_of`."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,10 @@ class PlanSummary:
     profiled_input_shapes: Mapping[str, tuple[int, ...]]
     notes: tuple[str, ...] = ()
     duplicated_param_bytes: int = 0
+    workers: int | None = None
+    """How many workers run the stages (``k`` unless the split is interleaved; ``None``: ``k``)."""
+    time_slack: float = 0.0
+    """An interleaved split's accepted slowdown for weight balance (see ``onnxpipe split --time-slack``)."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +164,20 @@ class Manifest:
     @property
     def k(self) -> int:
         return len(self.stages)
+
+    @property
+    def workers(self) -> int:
+        """How many workers run the stages: ``k``, or fewer for an interleaved split."""
+        return self.plan.workers if self.plan.workers is not None else self.k
+
+    def worker_of(self, stage: int) -> int:
+        """The worker that runs ``stage`` (the stage's own index in a split that is not interleaved)."""
+        w = self.stages[stage].worker
+        return stage if w is None else w
+
+    def stages_of(self, worker: int) -> tuple[int, ...]:
+        """The stages ``worker`` runs, in pipeline order."""
+        return tuple(s for s in range(self.k) if self.worker_of(s) == worker)
 
     def to_json(self) -> str:
         """The manifest as indented JSON text (ends with a newline)."""
@@ -294,6 +316,9 @@ def _manifest_to_obj(m: Manifest) -> dict[str, Any]:
             "profiled_input_shapes": {k: list(v) for k, v in m.plan.profiled_input_shapes.items()},
             "notes": list(m.plan.notes),
             "duplicated_param_bytes": m.plan.duplicated_param_bytes,
+            **(
+                {} if m.plan.workers is None else {"workers": m.plan.workers, "time_slack": m.plan.time_slack}
+            ),
         },
         "schedule": m.schedule.to_obj([s.device for s in m.stages]),
         "cluster": m.cluster.to_obj() if m.cluster is not None else None,
@@ -313,6 +338,7 @@ def _stage_to_obj(s: StageEntry) -> dict[str, Any]:
         "node_count": s.node_count,
         "constant_node_count": s.constant_node_count,
         "device": s.device,
+        **({} if s.worker is None else {"worker": s.worker}),
         "inputs": [
             {
                 "name": t.name,
@@ -459,6 +485,7 @@ def _stage(f: Fields) -> StageEntry:
         peak_activation_bytes=f["peak_activation_bytes"].integer(),
         shared_param_bytes=f["shared_param_bytes"].integer(),
         link_bytes_in=f["link_bytes_in"].integer(),
+        worker=f.get("worker", None).opt_integer(),
     )
 
 
@@ -477,6 +504,8 @@ def _plan(f: Fields) -> PlanSummary:
         ),
         notes=f["notes"].list_of(Value.string),
         duplicated_param_bytes=f["duplicated_param_bytes"].integer(),
+        workers=f.get("workers", None).opt_integer(minimum=1),
+        time_slack=f.get("time_slack", 0.0).number(),
     )
 
 
@@ -498,6 +527,27 @@ def _cluster(v: Value) -> Cluster | None:
         raise ManifestError(str(e)) from e
 
 
+def _check_workers(m: Manifest, doc: Document) -> None:
+    """Every stage has a worker exactly when ``plan.workers`` is given, each worker runs a stage, and
+    stage ``s`` runs on worker ``s % workers`` (the only assignment the planner makes)."""
+    fail = doc.fail
+    given = [st.worker is not None for st in m.stages]
+    if m.plan.workers is None:
+        if any(given):
+            raise fail(f"stages[{given.index(True)}].worker", "is given but plan.workers is not")
+        return
+    workers = m.plan.workers
+    if workers > m.k or m.k % workers:
+        raise fail("plan.workers", f"{workers} workers cannot each run the same number of the {m.k} stages")
+    for i, st in enumerate(m.stages):
+        if st.worker is None:
+            raise fail(f"stages[{i}].worker", "missing; plan.workers says the stages share workers")
+        if st.worker != i % workers:
+            raise fail(
+                f"stages[{i}].worker", f"expected {i % workers} (stage s runs on worker s % {workers})"
+            )
+
+
 def _check_consistency(m: Manifest, doc: Document) -> None:
     """Cross-field rules: stages numbered in order, edges that point backwards, names that resolve."""
     fail = doc.fail
@@ -508,6 +558,7 @@ def _check_consistency(m: Manifest, doc: Document) -> None:
         raise fail("plan.k", f"says {m.plan.k} stages but 'stages' lists {k}")
     if len(m.schedule.stages) != k:
         raise fail("schedule.devices", f"lists {len(m.schedule.stages)} stages, expected {k}")
+    _check_workers(m, doc)
     if m.cluster is not None:
         names = set(m.cluster.names)
         for i, st in enumerate(m.stages):

@@ -89,10 +89,17 @@ class Timeline:
     transfers: tuple[Transfer, ...]
     makespan: float
     steady_state_throughput_per_s: float
+    workers: tuple[int, ...] | None = None
+    """The worker of each stage when stages share workers (an interleaved split); ``None``: one each."""
 
     @property
     def k(self) -> int:
         return len(self.stages)
+
+    @property
+    def devices(self) -> int:
+        """How many devices (workers) run the stages."""
+        return self.k if self.workers is None else len(set(self.workers))
 
     @property
     def busy(self) -> tuple[float, ...]:
@@ -101,10 +108,11 @@ class Timeline:
 
     @property
     def bubble_fraction(self) -> float:
-        """Idle share of the device-time ``K * makespan``: ``(K-1)/(M+K-1)`` for a balanced pipeline."""
+        """Idle share of the device-time ``devices * makespan``: ``(K-1)/(M+K-1)`` for a balanced pipeline
+        of ``K`` stages on ``K`` devices."""
         if self.makespan <= 0 or not self.stages:
             return 0.0
-        return max(0.0, 1.0 - sum(self.busy) / (self.k * self.makespan))
+        return max(0.0, 1.0 - sum(self.busy) / (self.devices * self.makespan))
 
     @property
     def first_latency(self) -> float:
@@ -133,6 +141,7 @@ class Timeline:
                 {
                     "stage": s,
                     "device": names[s],
+                    **({} if self.workers is None else {"worker": self.workers[s]}),
                     "busy_seconds": _num(busy[s]),
                     "steps": [[st.kind, st.microbatch, _num(st.start), _num(st.end)] for st in steps],
                 }
@@ -234,12 +243,15 @@ def simulate(
     bwd: Sequence[float] | None,
     link: Sequence[float],
     microbatches: int,
+    workers: Sequence[int] | None = None,
 ) -> Timeline:
     """Simulate ``microbatches`` micro-batches through ``len(fwd)`` stages (rules in the module docstring).
 
     ``fwd[s]`` / ``bwd[s]``: seconds of one micro-batch's forward / backward on stage ``s``'s device
     (``bwd`` is ignored, and may be ``None``, for ``stream``); ``link[s]``: seconds to move one micro-batch's
     cut into stage ``s`` (``link[0]`` from the source, normally 0).  All three have one entry per stage.
+    ``workers[s]``: the device that runs stage ``s`` when stages share devices (``stream`` only; see
+    :func:`_simulate_shared`); ``None``: a device per stage.
     """
     if kind not in KINDS:
         raise UsageError(f"unknown schedule {kind!r}; choose one of {', '.join(KINDS)}")
@@ -265,6 +277,12 @@ def simulate(
         if any(not (math.isfinite(x) and x >= 0) for x in seq):
             raise ValueError(f"{name} times must be finite and non-negative: {seq}")
 
+    if workers is not None:
+        if training:
+            raise UsageError(f"schedule {kind!r}: stages that share a worker are planned for inference only")
+        if len(workers) != k or any(w < 0 for w in workers):
+            raise ValueError(f"workers must give each of the {k} stages a worker index >= 0: {list(workers)}")
+        return _simulate_shared(f_cost, l_cost, microbatches, tuple(int(w) for w in workers))
     m = microbatches
     orders = [step_order(kind, s, k, m) for s in range(k)]
     f_arrive: list[list[float | None]] = [[None] * m for _ in range(k)]
@@ -327,6 +345,68 @@ def simulate(
         transfers=tuple(transfers),
         makespan=makespan,
         steady_state_throughput_per_s=(1.0 / slowest) if slowest > 0 else math.inf,
+    )
+
+
+def _simulate_shared(fwd: list[float], link: list[float], m: int, workers: tuple[int, ...]) -> Timeline:
+    """Inference through stages some of which share a worker (an interleaved split).
+
+    Each stage still runs micro-batches in order, one step at a time; a worker runs one step at a time of
+    all its stages.  Steps are placed in the order of their earliest possible start, ties going to the
+    deeper stage (which drains the pipeline): a worker that falls idle takes the first step that can run
+    on it, and never waits for a later one.  That order is safe because a step whose input is not yet
+    placed cannot start before the step that will produce it.  The throughput bound is the busiest
+    worker's time per micro-batch (all its stages' steps) or the slowest link.
+    """
+    k = len(fwd)
+    arrive: list[list[float | None]] = [[None] * m for _ in range(k)]
+    link_free = [0.0] * k
+    transfers: list[Transfer] = []
+
+    def send(lk: int, j: int, ready: float) -> float:
+        if link[lk] <= 0:
+            return ready
+        start = max(ready, link_free[lk])
+        link_free[lk] = start + link[lk]
+        transfers.append(Transfer(lk, "F", j, start, start + link[lk]))
+        return start + link[lk]
+
+    for j in range(m):
+        arrive[0][j] = send(0, j, 0.0)
+    free: dict[int, float] = dict.fromkeys(workers, 0.0)
+    nxt = [0] * k
+    steps: list[list[Step]] = [[] for _ in range(k)]
+    for _ in range(k * m):
+        best: tuple[float, int] | None = None
+        for s in range(k):
+            j = nxt[s]
+            ready = arrive[s][j] if j < m else None
+            if ready is not None:
+                key = (max(free[workers[s]], ready), -s)
+                best = key if best is None or key < best else best
+        if best is None:
+            raise RuntimeError(f"shared-worker schedule deadlocked at steps {nxt}")  # cannot happen
+        start, s = best[0], -best[1]
+        j = nxt[s]
+        end = start + fwd[s]
+        free[workers[s]] = end
+        steps[s].append(Step("F", j, start, end))
+        if s + 1 < k:
+            arrive[s + 1][j] = send(s + 1, j, end)
+        nxt[s] += 1
+    load: dict[int, float] = dict.fromkeys(workers, 0.0)
+    for s in range(k):
+        load[workers[s]] += fwd[s]
+    slowest = max(max(load.values()), max(link))
+    transfers.sort(key=lambda t: (t.start, t.link, t.kind, t.microbatch))
+    return Timeline(
+        kind="stream",
+        microbatches=m,
+        stages=tuple(tuple(row) for row in steps),
+        transfers=tuple(transfers),
+        makespan=max((st.end for row in steps for st in row), default=0.0),
+        steady_state_throughput_per_s=(1.0 / slowest) if slowest > 0 else math.inf,
+        workers=workers,
     )
 
 
@@ -524,11 +604,15 @@ class _TimelineReader:
             raise self.fail(f"{w}.kind", f"expected one of {', '.join(KINDS)}, got {kind!r}")
         m = self.int_(self.key(o, "microbatches", w), f"{w}.microbatches", 1)
         stages: list[tuple[Step, ...]] = []
+        workers: list[int | None] = []
         for s, d in enumerate(self.lst(self.key(o, "devices", w), f"{w}.devices")):
             dw = f"{w}.devices[{s}]"
             do = self.obj(d, dw)
             if self.int_(self.key(do, "stage", dw), f"{dw}.stage") != s:
                 raise self.fail(f"{dw}.stage", f"expected {s} (devices are listed in stage order)")
+            workers.append(None if do.get("worker") is None else self.int_(do["worker"], f"{dw}.worker"))
+            if (workers[-1] is None) != (workers[0] is None):
+                raise self.fail(f"{dw}.worker", "give a worker for every stage or for none")
             row = []
             for i, raw in enumerate(self.lst(self.key(do, "steps", dw), f"{dw}.steps")):
                 sw = f"{dw}.steps[{i}]"
@@ -568,4 +652,5 @@ class _TimelineReader:
             steady_state_throughput_per_s=self.num(
                 self.key(o, "steady_state_throughput_per_s", w), f"{w}.steady_state_throughput_per_s"
             ),
+            workers=None if not workers or workers[0] is None else tuple(cast(list[int], workers)),
         )

@@ -48,19 +48,23 @@ def format_manifest_table(manifest: Manifest) -> str:
 
     "bytes in" is what the stage reads from earlier stages and the model; "link in" what crosses the
     link in front of it in a chain, tensors it forwards to later stages included (what transfer costs).
+    In an interleaved split the device column names the worker, the bottleneck is the busiest worker's
+    time (all its stages), and a line per worker sums its time and weights.
     """
     costs = [
         stage_time(s.estimated_compute_seconds, s.estimated_transfer_seconds, manifest.cluster is not None)
         for s in manifest.stages
     ]
-    bottleneck = max(costs) if costs else 0.0
+    shared = manifest.plan.workers is not None
+    loads = [sum(costs[s] for s in manifest.stages_of(w)) for w in range(manifest.workers)]
+    bottleneck = max(loads) if loads else 0.0
     rows = []
     for s, cost in zip(manifest.stages, costs, strict=True):
         share = cost / bottleneck if bottleneck > 0 else 0.0
         rows.append(
             [
                 f"{s.index}",
-                s.device,
+                f"worker {manifest.worker_of(s.index)}" if shared else s.device,
                 f"{s.node_count}",
                 f"{cost * 1e3:.3f}",
                 human_bytes(sum(i.bytes_per_sample for i in s.inputs)),
@@ -87,6 +91,15 @@ def format_manifest_table(manifest: Manifest) -> str:
         f"lower bound {plan.lower_bound_seconds * 1e3:.3f} ms (ratio {plan.ratio_to_lower_bound:.3f}), "
         f"costs: {plan.cost_source}, {plan.threads} thread(s)"
     )
+    if shared:
+        for w, load in enumerate(loads):
+            stages = manifest.stages_of(w)
+            params = sum(manifest.stages[s].param_bytes for s in stages)
+            footer += (
+                f"\nworker {w}: stages {', '.join(map(str, stages))}, {load * 1e3:.3f} ms "
+                f"({load / bottleneck if bottleneck > 0 else 0.0:.0%} of the bottleneck), "
+                f"params {human_bytes(params)}"
+            )
     return table(head, rows) + "\n" + footer
 
 

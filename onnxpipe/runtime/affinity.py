@@ -150,23 +150,49 @@ def _cores_for(cores: Sequence[Core], n: int) -> int | None:
 
 
 def assign_cpus(
-    lanes: Sequence[Sequence[WorkerSpec]], cpus: Sequence[int] | None = None, sysfs: Path = SYSFS_CPUS
+    lanes: Sequence[Sequence[WorkerSpec]],
+    cpus: Sequence[int] | None = None,
+    sysfs: Path = SYSFS_CPUS,
+    *,
+    workers: Sequence[int] | None = None,
 ) -> tuple[list[list[WorkerSpec]], str | None]:
     """``lanes`` with each worker's placement pinned to CPUs of its own (:func:`cpu_sets`, in lane and
-    stage order), and a note when it cannot be: then nothing is pinned."""
+    stage order), and a note when it cannot be: then nothing is pinned.
+
+    ``workers[s]`` (the same for every lane) groups stages that share a worker, as an interleaved split's
+    do: a group gets one set of CPUs, as many as its hungriest stage's threads, and its stages take turns
+    on it, which is what the plan's per-worker time assumes.
+    """
     pool = tuple(available_cpus() if cpus is None else cpus)
-    threads = [spec.placement.threads for lane in lanes for spec in lane]
+    groups = [list(range(len(lane))) if workers is None else list(workers) for lane in lanes]
+    for lane, group in zip(lanes, groups, strict=True):
+        if len(group) != len(lane):
+            raise ValueError(f"workers names {len(group)} stages, the lane has {len(lane)}")
+    need: list[int] = []  # threads per (lane, worker), in order of first appearance
+    slot: list[list[int]] = []  # per lane and stage: index into need
+    for lane, group in zip(lanes, groups, strict=True):
+        first: dict[int, int] = {}
+        row = []
+        for spec, w in zip(lane, group, strict=True):
+            if w not in first:
+                first[w] = len(need)
+                need.append(0)
+            need[first[w]] = max(need[first[w]], spec.placement.threads)
+            row.append(first[w])
+        slot.append(row)
     if not pool:
         return [list(lane) for lane in lanes], "workers not pinned: this platform cannot pin threads to CPUs"
-    sets = cpu_sets(threads, pool, sysfs)
+    sets = cpu_sets(need, pool, sysfs)
     if sets is None:
         note = (
-            f"workers not pinned: they run {sum(threads)} intra-op threads in all and this process may use "
+            f"workers not pinned: they run {sum(need)} intra-op threads in all and this process may use "
             f"{len(pool)} CPU(s)"
         )
         return [list(lane) for lane in lanes], note
-    given = iter(sets)
-    out = [[replace(s, placement=replace(s.placement, cpus=next(given))) for s in lane] for lane in lanes]
+    out = [
+        [replace(s, placement=replace(s.placement, cpus=sets[i])) for s, i in zip(lane, row, strict=True)]
+        for lane, row in zip(lanes, slot, strict=True)
+    ]
     return out, None
 
 

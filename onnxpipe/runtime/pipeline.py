@@ -369,7 +369,8 @@ class Pipeline:
         if pin:
             if backend != "local":
                 raise UsageError("pinning is for local workers; Ray places its actors itself")
-            lanes, pin_note = assign_cpus([specs])
+            shared = [manifest.worker_of(i) for i in range(manifest.k)]
+            lanes, pin_note = assign_cpus([specs], workers=shared)
             specs = lanes[0]
         back = make_backend(
             [specs],
