@@ -97,6 +97,8 @@ def check_plan_request(
     if order not in ("fixed", "free"):
         raise UsageError(f"--order {order!r}: choose fixed or free")
     cluster = load_cluster(devices) if isinstance(devices, str | Path) else devices
+    if workers is not None:
+        _check_workers(stages, workers, cluster, order, schedule)
     if stages == "auto" and cluster is None:
         raise UsageError("--stages auto needs --devices: the cluster bounds how many stages to try")
     if cluster is not None and isinstance(stages, int) and stages > cluster.size:
@@ -106,8 +108,6 @@ def check_plan_request(
         )
     if schedule is not None:
         schedule.candidates()
-    if workers is not None:
-        _check_workers(stages, workers, cluster, order, schedule)
     return cluster
 
 

@@ -73,6 +73,17 @@ def replica_threads(stage_threads: Sequence[int]) -> list[int]:
     return [total // k + (1 if i < total % k else 0) for i in range(k)]
 
 
+def worker_threads(pipeline: Pipeline) -> list[int]:
+    """Intra-op threads of each of the pipeline's workers: a stage's own, or, where stages share a worker
+    (an interleaved split), the most any of them runs, since they take turns on the worker's CPUs.  The
+    baselines get as many threads, and as many replicas, as the pipeline has workers."""
+    specs = pipeline.lanes[0]
+    m = pipeline.manifest
+    if m is None or m.plan.workers is None:
+        return [s.placement.threads for s in specs]
+    return [max(specs[s].placement.threads for s in m.stages_of(w)) for w in range(m.workers)]
+
+
 def replica_mode(pipeline: Pipeline) -> LocalMode:
     """The local mode the replicas' throughput is measured in: the pipeline's, so that neither side pays
     for (or is spared) the copies and wake-ups of processes alone; processes for a pipeline on Ray."""
@@ -259,8 +270,8 @@ def add_baselines(
     stream's kept outputs), compared with the original model's; no check when empty.
     """
     specs = pipeline.lanes[0]
-    stage_threads = [s.placement.threads for s in specs]
-    total = sum(stage_threads)
+    per_worker = worker_threads(pipeline)
+    total = sum(per_worker)
     pipe_tp = report.throughput_per_s
     place, note = baseline_placement(specs)
     notes = list(report.notes) + ([note] if note else [])
@@ -295,7 +306,7 @@ def add_baselines(
             provider=place.provider,
             total_threads=total,
         )
-    threads = replica_threads(stage_threads)
+    threads = replica_threads(per_worker)
     mode = replica_mode(pipeline)
     if pipeline.backend.kind == "ray":
         notes.append("the pipeline runs on Ray; the replicas run as local processes")

@@ -1,0 +1,249 @@
+"""``onnxpipe split --stages K --workers W``: interleaved stages from the schedule to a running pipeline.
+
+The partitioner itself is checked against brute force in ``test_interleave.py``; here: the shared-worker
+schedule against a hand-computed one, the manifest fields and their validation, the command line and its
+refusals, and a pipeline over an interleaved split that equals the model, pinned per worker.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+from cli_runner import run
+from runtime_support import MODES, assert_same, original_outputs, token_batches
+
+from onnxpipe import api
+from onnxpipe.errors import ManifestError, UsageError
+from onnxpipe.manifest import Manifest, load_manifest
+from onnxpipe.runtime.affinity import assign_cpus
+from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.spec import Placement, WorkerSpec
+from onnxpipe.schedule import Timeline, simulate
+
+
+@pytest.fixture(scope="module")
+def interleaved(tmp_path_factory: pytest.TempPathFactory, sample_models_dir: Path) -> Path:
+    """The sample transformer in 4 stages on 2 workers (static costs)."""
+    out = tmp_path_factory.mktemp("interleaved") / "split"
+    api.split(sample_models_dir / "transformer_tiny.onnx", 4, out, cost="static", workers=2)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# the schedule
+
+
+def test_shared_workers_take_turns_deeper_stage_first() -> None:
+    tl = simulate("stream", [1.0, 1.0, 1.0, 1.0], None, [0.0] * 4, 4, workers=[0, 1, 0, 1])
+    starts = [[st.start for st in row] for row in tl.stages]
+    # worker 0 runs stage 0 for micro-batches 0 and 1, then stage 2 whenever its input is there (ties
+    # go to the deeper stage), and so on: the hand-worked timeline
+    assert starts == [[0, 1, 4, 5], [1, 2, 5, 6], [2, 3, 6, 7], [3, 4, 7, 8]]
+    assert tl.makespan == 9.0 and tl.steady_state_throughput_per_s == 0.5
+    assert tl.devices == 2 and tl.workers == (0, 1, 0, 1)
+    assert tl.bubble_fraction == pytest.approx(1 - 16 / 18)
+    for w in (0, 1):  # a worker never runs two steps at once
+        spans = sorted((st.start, st.end) for s, row in enumerate(tl.stages) if s % 2 == w for st in row)
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+
+
+def test_shared_schedule_round_trips_and_plain_ones_stay_as_they_were() -> None:
+    tl = simulate("stream", [2.0, 1.0, 1.0, 2.0], None, [0.0, 0.5, 0.5, 0.5], 3, workers=[0, 1, 0, 1])
+    obj = tl.to_obj()
+    assert [d["worker"] for d in obj["devices"]] == [0, 1, 0, 1]
+    assert Timeline.from_obj(json.loads(json.dumps(obj))) == tl
+    assert tl.steady_state_throughput_per_s == 1 / 3.0  # worker 0: 2 + 1 s per micro-batch
+    plain = simulate("stream", [1.0, 1.0], None, [0.0, 0.0], 2)
+    assert "worker" not in plain.to_obj()["devices"][0] and plain.workers is None
+
+
+def test_shared_schedule_refusals() -> None:
+    with pytest.raises(UsageError, match="inference only"):
+        simulate("gpipe", [1.0, 1.0], [2.0, 2.0], [0.0, 0.0], 2, workers=[0, 0])
+    with pytest.raises(ValueError, match="each of the 2 stages a worker"):
+        simulate("stream", [1.0, 1.0], None, [0.0, 0.0], 2, workers=[0])
+    obj = simulate("stream", [1.0, 1.0], None, [0.0, 0.0], 2, workers=[0, 0]).to_obj()
+    del obj["devices"][1]["worker"]
+    with pytest.raises(
+        ManifestError, match=r"devices\[1\]\.worker: give a worker for every stage or for none"
+    ):
+        Timeline.from_obj(obj)
+
+
+# --------------------------------------------------------------------------------------------------
+# the manifest
+
+
+def test_manifest_records_the_workers(interleaved: Path) -> None:
+    m = load_manifest(interleaved)
+    assert m.k == 4 and m.workers == 2 and m.plan.workers == 2 and m.plan.time_slack == 0.01
+    assert [m.worker_of(s) for s in range(4)] == [0, 1, 0, 1]
+    assert m.stages_of(0) == (0, 2) and m.stages_of(1) == (1, 3)
+    assert m.schedule.workers == (0, 1, 0, 1)
+    loads = [sum(m.stages[s].estimated_compute_seconds for s in m.stages_of(w)) for w in (0, 1)]
+    assert m.plan.bottleneck_seconds == pytest.approx(max(loads))
+    assert any("interleaved on 2 workers" in n for n in m.plan.notes)
+
+
+def _edited(folder: Path, edit: object) -> str:
+    obj = json.loads((folder / "manifest.json").read_text())
+    edit(obj)  # type: ignore[operator]
+    return json.dumps(obj)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda o: o["stages"][1].update(worker=0), r"stages\[1\]\.worker: expected 1 \(stage s runs on"),
+        (lambda o: o["stages"][2].pop("worker"), r"stages\[2\]\.worker: missing"),
+        (lambda o: o["plan"].update(workers=3), r"plan\.workers: 3 workers cannot each run"),
+        (lambda o: o["plan"].pop("workers"), r"stages\[0\]\.worker: is given but plan\.workers is not"),
+        (lambda o: o["stages"][0].update(worker=-1), r"stages\[0\]\.worker"),
+    ],
+)
+def test_manifest_worker_fields_are_validated(interleaved: Path, edit: object, message: str) -> None:
+    with pytest.raises(ManifestError, match=message):
+        Manifest.from_json(_edited(interleaved, edit))
+
+
+def test_a_manifest_without_workers_means_one_per_stage(interleaved: Path) -> None:
+    def strip(o: dict) -> None:  # type: ignore[type-arg]
+        o["plan"].pop("workers")
+        o["plan"].pop("time_slack")
+        for st in o["stages"]:
+            st.pop("worker")
+        for d in o["schedule"]["devices"]:
+            d.pop("worker")
+
+    m = Manifest.from_json(_edited(interleaved, strip))
+    assert m.workers == 4 and [m.worker_of(s) for s in range(4)] == [0, 1, 2, 3] and m.stages_of(3) == (3,)
+
+
+# --------------------------------------------------------------------------------------------------
+# the command line
+
+
+def test_split_workers_on_the_command_line(
+    sample_models_dir: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    model = sample_models_dir / "resnet_tiny.onnx"
+    code, out, err = run(
+        ["split", model, "--stages", "4", "--workers", "2", "--time-slack", "0.05", "--out", "o",
+         "--cost", "static"],
+        capfd,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "interleaved on 2 workers" in out and "verify: 1 output(s) match the original" in out
+    assert "worker 0: stages 0, 2" in out and "worker 1: stages 1, 3" in out
+    m = load_manifest(work / "o")
+    assert m.plan.time_slack == 0.05 and m.workers == 2
+    code, out, _ = run(["inspect", "o"], capfd)
+    assert code == 0 and "worker 1: stages 1, 3" in out
+    code, out, err = run(
+        ["split", model, "-k", "2", "--workers", "2", "--out", "same", "--cost", "static"], capfd
+    )
+    assert code == 0, err
+    assert load_manifest(work / "same").plan.workers is None  # a worker per stage: an ordinary split
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--stages", "3", "--workers", "2"], "give a multiple of 2 stages"),
+        (["--stages", "4", "--workers", "2", "--schedule", "gpipe"], "planned for inference"),
+        (
+            ["--stages", "4", "--workers", "2", "--order", "free"],
+            "cannot be combined with --devices or --order",
+        ),
+        (["--stages", "auto", "--workers", "2"], "--workers needs a number of --stages"),
+        (
+            ["--stages", "4", "--workers", "2", "--calibrate", "1", "--calibrate-in", "pipeline"],
+            "interleaved stages share their workers' CPUs: use --calibrate-in alone",
+        ),
+    ],
+)
+def test_split_workers_refusals_leave_nothing(
+    sample_models_dir: Path, work: Path, capfd: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    code, _, err = run(["split", sample_models_dir / "mlp.onnx", "--out", "o", *extra], capfd)
+    assert code == UsageError.exit_code and message in err and len(err.strip().splitlines()) == 1
+    assert not (work / "o").exists()
+
+
+def test_time_slack_must_be_a_share(
+    sample_models_dir: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(
+        [
+            "split",
+            sample_models_dir / "mlp.onnx",
+            "-k",
+            "4",
+            "--workers",
+            "2",
+            "--time-slack",
+            "-1",
+            "--out",
+            "o",
+        ],
+        capfd,
+    )
+    assert code == 2 and "must be a finite number of 0 or more" in err and not (work / "o").exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# running it
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_interleaved_pipeline_equals_the_model(interleaved: Path, sample_models_dir: Path, mode: str) -> None:
+    batches = token_batches(24, seed=5)
+    expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
+    with Pipeline.from_manifest(interleaved, mode=mode, pin=True) as pipe:  # type: ignore[arg-type]
+        actual = list(pipe.stream(batches))
+        lanes = pipe.lanes
+    assert_same(expected, actual)
+    if pipe.pin_note is None:  # pinned: the stages of a worker share its CPUs, the workers do not
+        cpus = [spec.placement.cpus for spec in lanes[0]]
+        assert cpus[0] == cpus[2] and cpus[1] == cpus[3] and not set(cpus[0]) & set(cpus[1])
+
+
+def _spec(index: int, threads: int) -> WorkerSpec:
+    return WorkerSpec(index, f"s{index}", "m.onnx", (), (), (), (), Placement(threads=threads))
+
+
+def test_pinning_gives_each_worker_one_set_sized_for_its_hungriest_stage(tmp_path: Path) -> None:
+    lanes, note = assign_cpus(
+        [[_spec(0, 1), _spec(1, 2), _spec(2, 2), _spec(3, 1)]],
+        cpus=[0, 1, 2, 3],
+        sysfs=tmp_path,
+        workers=[0, 1, 0, 1],
+    )
+    assert note is None
+    assert [s.placement.cpus for s in lanes[0]] == [(0, 1), (2, 3), (0, 1), (2, 3)]
+    _, note = assign_cpus(
+        [[_spec(0, 2), _spec(1, 2), _spec(2, 2), _spec(3, 1)]],
+        cpus=[0, 1, 2],
+        sysfs=tmp_path,
+        workers=[0, 1, 0, 1],
+    )
+    assert note is not None and "4 intra-op threads" in note
+    with pytest.raises(ValueError, match="workers names 2 stages, the lane has 4"):
+        assign_cpus([[_spec(i, 1) for i in range(4)]], cpus=[0, 1], sysfs=tmp_path, workers=[0, 1])
+
+
+def test_interleaved_split_runs_from_the_command_line(
+    interleaved: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``--compare`` sets the pipeline's 2 workers, not its 4 stages, against 2 replicas."""
+    code, out, err = run(
+        ["run", interleaved, "--microbatches", "4", "--warmup", "1", "--compare", "--report", "r.json"], capfd
+    )
+    assert code == 0, err
+    assert "2 replicas of the model" in out
+    report = json.loads((work / "r.json").read_text())
+    assert report["baselines"]["replicas"]["workers"] == 2
+    assert report["baselines"]["session_total_threads"]["total_threads"] == 2
