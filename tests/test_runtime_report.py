@@ -15,16 +15,18 @@ from typing import Any, cast
 import onnx
 import pytest
 from onnx import numpy_helper
-from runtime_support import assert_same, original_outputs, parse, split_on_devices, token_batches
+from runtime_support import MODES, assert_same, original_outputs, parse, split_on_devices, token_batches
 
-from onnxpipe import ortsession
+from onnxpipe import api, ortsession
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime import compare
 from onnxpipe.runtime.cli import run_command
-from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.inputs import input_shapes_for, random_inputs
+from onnxpipe.runtime.pipeline import LocalMode, Pipeline
 from onnxpipe.runtime.report import (
     BaselineReport,
     Measurement,
+    RunReport,
     build_report,
     check_estimates,
     format_report,
@@ -51,6 +53,14 @@ def devices_split(tmp_path_factory: pytest.TempPathFactory, sample_models_dir: P
     """The tiny transformer split with ``--devices``: stage 0 on a 2-thread device, stage 1 on 1 thread."""
     base = tmp_path_factory.mktemp("devices")
     return split_on_devices(base, sample_models_dir, ("board-a", CPU, 2), ("board-b", CPU, 1))
+
+
+@pytest.fixture(scope="module")
+def interleaved_split(tmp_path_factory: pytest.TempPathFactory, sample_models_dir: Path) -> Path:
+    """The sample MLP in 4 stages dealt out to 2 workers (stage s on worker s % 2, static costs)."""
+    out = tmp_path_factory.mktemp("interleaved") / "split"
+    api.split(sample_models_dir / "mlp.onnx", 4, out, workers=2, cost="static", run_verify=False)
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -460,3 +470,141 @@ def test_memory_runs_that_fail_cost_a_note_not_the_report(
     assert code == 0, printed
     assert "the stages' memory could not be measured" in printed
     assert "a replica's memory could not be measured" in printed and "No space left" in printed
+
+
+# --------------------------------------------------------------------------------------------------
+# stages that share workers (an interleaved split): the report sums each worker's stages
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_interleaved_run_sums_each_workers_stages(
+    interleaved_split: Path, sample_models_dir: Path, mode: LocalMode
+) -> None:
+    manifest = load_manifest(interleaved_split)
+    assert manifest.plan.workers == 2 and manifest.k == 4
+    shapes = input_shapes_for(manifest, None, {})
+    inputs = random_inputs(sample_models_dir / "mlp.onnx", shapes, 8)
+    with Pipeline.from_manifest(interleaved_split, mode=mode) as pipe:
+        report = build_report(pipe, measure(pipe, inputs, warmup=1), warmup=1, input_shapes=shapes)
+    assert report.worker_stages == ((0, 2), (1, 3))
+    stages = {s.index: s for s in report.stages}
+    for w in report.workers:
+        rows = [stages[i] for i in w.stages]
+        assert w.stages == manifest.stages_of(w.index)
+        assert w.estimated_ms is not None
+        assert w.estimated_ms == pytest.approx(sum(r.estimated_ms or 0.0 for r in rows))
+        assert w.measured_ms == pytest.approx(sum(r.measured_ms for r in rows)) and w.measured_ms > 0
+        assert w.estimate_error == pytest.approx((w.estimated_ms - w.measured_ms) / w.measured_ms)
+        assert w.busy_seconds == pytest.approx(sum(r.busy_seconds for r in rows))
+        assert w.busy_fraction == pytest.approx(w.busy_seconds / report.wall_seconds)
+        assert w.param_bytes == sum(manifest.stages[i].param_bytes for i in w.stages)
+        if mode == "processes":  # each stage in a process of its own: the worker's model is theirs summed
+            assert w.model_rss_bytes == sum(r.worker_model_rss_bytes or 0 for r in rows) > 0
+        else:  # one shared process: no stage's own memory, so no worker's
+            assert w.model_rss_bytes is None
+        assert w.cpus == ()
+    busiest = max(report.workers, key=lambda w: w.busy_seconds)
+    assert report.bottleneck_worker == busiest.index
+    assert report.bottleneck_stage == max(report.stages, key=lambda s: s.busy_seconds).index
+    assert any("share 2 workers but were not pinned" in n for n in report.notes)
+
+    obj = json.loads(report.to_json())
+    keys = list(obj)
+    assert keys.index("workers") == keys.index("stages") + 1
+    assert keys.index("bottleneck_worker") == keys.index("bottleneck_stage") + 1
+    assert obj["bottleneck_worker"] == busiest.index
+    assert [w["stages"] for w in obj["workers"]] == [[0, 2], [1, 3]]
+    for w, back in zip(report.workers, obj["workers"], strict=True):
+        assert back["index"] == w.index and back["cpus"] == []
+        for key in ("estimated_ms", "measured_ms", "estimate_error", "busy_seconds", "busy_fraction"):
+            assert back[key] == pytest.approx(getattr(w, key))
+        assert back["param_bytes"] == w.param_bytes and back["model_rss_bytes"] == w.model_rss_bytes
+
+    lines = format_report(report).splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("worker 0"))
+    assert at == 2 + len(report.stages)  # right after the stage table (header, rule, a row per stage)
+    for w in report.workers:
+        line = lines[at + w.index]
+        mark = " *" if w.index == busiest.index else ""
+        assert line.startswith(f"worker {w.index}{mark}: stages {w.stages[0]}, {w.stages[1]}: est ")
+        assert f"busy {w.busy_fraction * 100:.0f}%, weights {human_bytes(w.param_bytes or 0)}" in line
+        assert ("model memory" in line) == (mode == "processes")
+    totals = lines[at + 2]
+    assert f"on 2 workers (4 interleaved stages, {mode})" in totals
+    assert totals.endswith(
+        f"bottleneck worker {busiest.index} (*), busiest stage {report.bottleneck_stage} (*)"
+    )
+
+
+def _interleaved_report(
+    manifest: Manifest, *, shared: bool, peaks: tuple[int, ...], busy: tuple[float, ...], cpus: bool = False
+) -> RunReport:
+    """A synthetic run of the 4 interleaved stages: stage i peaks at ``peaks[i]`` (100 before loading)
+    and is busy ``busy[i]`` seconds per micro-batch; pinned to its worker's CPU with ``cpus``."""
+    n = 12
+    done = [float(j) for j in range(n)]
+    ws = tuple(
+        replace(stats(i, done, shared=shared, peak=peaks[i], startup=100), records=records(done, busy[i] / 2))
+        for i in range(4)
+    )
+    specs = tuple(
+        spec(i, Placement(CPU, (), 1, (manifest.worker_of(i),) if cpus else ()), "cpu") for i in range(4)
+    )
+    fake = FakePipeline(
+        lanes=(specs,), backend=FakeBackend("threads" if shared else "processes"), manifest=manifest
+    )
+    m = measurement(n, ws, output_workers=(3,))
+    return build_report(as_pipeline(fake), m, warmup=0, input_shapes={})
+
+
+def test_the_bottleneck_worker_is_the_busiest_worker_not_the_busiest_stages(interleaved_split: Path) -> None:
+    manifest = load_manifest(interleaved_split)
+    # stage 1 is the busiest stage, but worker 0 (stages 0 and 2) is busier than worker 1 (1 and 3)
+    report = _interleaved_report(
+        manifest, shared=False, peaks=(200, 200, 200, 200), busy=(0.02, 0.03, 0.02, 0.001), cpus=True
+    )
+    assert report.bottleneck_stage == 1 and report.bottleneck_worker == 0
+    assert [w.busy_seconds for w in report.workers] == pytest.approx([12 * 0.04, 12 * 0.031])
+    assert [w.cpus for w in report.workers] == [(0,), (1,)]
+    assert not any("not pinned" in n for n in report.notes)
+    text = format_report(report)
+    assert "\nworker 0 *: stages 0, 2: " in text and "\nworker 1: stages 1, 3: " in text
+    assert "\n1 *  " in text  # the stage table still marks the busiest stage
+    assert "bottleneck worker 0 (*), busiest stage 1 (*)" in text
+    assert report.to_obj()["bottleneck_stage"] == 1 and report.to_obj()["bottleneck_worker"] == 0
+
+
+def test_memory_of_shared_workers_is_their_stages_together(interleaved_split: Path, tiny_split: Path) -> None:
+    """The largest worker's model memory (its stages' together) is compared with a replica's; an ordinary
+    split keeps comparing its largest stage, and writes no workers."""
+    manifest = load_manifest(interleaved_split)
+    replicas = BaselineReport("replicas", "2 replicas", 2, 1, 1.0, 1.0, 300, 200, 150, mode="processes")
+    busy = (0.01, 0.01, 0.01, 0.01)
+    report = _interleaved_report(manifest, shared=False, peaks=(250, 200, 200, 300), busy=busy)
+    assert [w.model_rss_bytes for w in report.workers] == [150 + 100, 100 + 200]
+    line = memory_line(replace(report, baselines={"replicas": replicas}))
+    assert line == (
+        "memory: a worker's model (its stages' together) takes 250 B (stages 0, 2), 300 B (stages 1, 3), a "
+        "replica's 200 B: the largest worker (stages 1, 3) 1.50x a replica (a replica worker peaks at 300 B)"
+    )
+    assert "model memory 300 B" in format_report(report)
+
+    # threads: no worker's memory, only its weights, until --compare measures each stage in a process
+    threads = replace(_interleaved_report(manifest, shared=True, peaks=(500,) * 4, busy=busy), baselines={})
+    assert [w.model_rss_bytes for w in threads.workers] == [None, None]
+    line = memory_line(replace(threads, baselines={"replicas": replicas}))
+    assert line is not None and "x a replica" not in line
+    weights = [human_bytes(sum(manifest.stages[i].param_bytes for i in g)) for g in ((0, 2), (1, 3))]
+    assert f"worker weights {weights[0]} (stages 0, 2), {weights[1]} (stages 1, 3)" in line
+    assert "peaked at 500 B" in line
+    alone = [stats(i, [0.0], peak=150 + 10 * i, startup=50) for i in range(4)]
+    measured = replace(compare._with_worker_memory(threads, alone), baselines={"replicas": replicas})
+    assert [w.model_rss_bytes for w in measured.workers] == [100 + 120, 110 + 130]  # derived anew
+    line = memory_line(measured)
+    assert line is not None and "(each stage in a process of its own, a short run)" in line
+    assert "the largest worker (stages 1, 3) 1.20x a replica" in line
+
+    plain_text, plain = _memory_report(False, load_manifest(tiny_split))
+    assert "workers" not in plain and "bottleneck_worker" not in plain
+    assert "worker 0" not in plain_text and "interleaved" not in plain_text
+    assert "the largest stage 2.00x a replica" in plain_text

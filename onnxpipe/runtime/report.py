@@ -1,6 +1,8 @@
 """Measure a running pipeline and describe what it delivered: throughput, latency, each stage's time
 against the manifest's estimate, the bottleneck, each worker's memory, and (with
-:mod:`onnxpipe.runtime.compare`) how it fares against running the model without a pipeline.
+:mod:`onnxpipe.runtime.compare`) how it fares against running the model without a pipeline.  An
+interleaved split's stages share workers: the report then also sums each worker's stages
+(:class:`WorkerReport`).
 
 :func:`measure` streams micro-batches through a :class:`Pipeline` after a warm-up and keeps every
 output; :func:`build_report` turns that into a :class:`RunReport`, which :meth:`RunReport.to_obj` writes
@@ -253,6 +255,58 @@ class StageReport:
 
 
 @dataclass(frozen=True)
+class WorkerReport:
+    """One worker of an interleaved split: the stages it runs (each in a thread or process of its own,
+    pinned with ``--pin`` to the worker's CPUs, where they take turns), their numbers summed.
+
+    ``estimated_ms`` and ``measured_ms`` are the sums of its stages' (the time the worker spends per
+    micro-batch), ``estimate_error`` is ``(estimated - measured) / measured`` of those sums,
+    ``busy_seconds`` the stages' busy time together and ``busy_fraction`` its share of the wall time
+    (above 1 only where the stages ran at once: not pinned to shared CPUs).  ``model_rss_bytes`` sums the
+    stages' ``worker_model_rss_bytes`` (None unless every stage's was measured in a process of its own),
+    ``param_bytes`` their weights.
+    """
+
+    index: int
+    stages: tuple[int, ...]
+    estimated_ms: float | None
+    measured_ms: float
+    estimate_error: float | None
+    busy_seconds: float
+    busy_fraction: float
+    param_bytes: int | None
+    model_rss_bytes: int | None
+    cpus: tuple[int, ...] = ()
+    """The CPUs its stages were pinned to (``--pin``), together; empty: not pinned."""
+
+    @staticmethod
+    def of(index: int, stages: Sequence[StageReport], wall_seconds: float) -> WorkerReport:
+        """Worker ``index``, which runs ``stages``, over a run of ``wall_seconds``."""
+        estimates = [s.estimated_ms for s in stages]
+        estimated = None if any(e is None for e in estimates) else sum(e for e in estimates if e is not None)
+        measured = sum(s.measured_ms for s in stages)
+        error = (estimated - measured) / measured if estimated is not None and measured > 0 else None
+        busy = sum(s.busy_seconds for s in stages)
+        return WorkerReport(
+            index=index,
+            stages=tuple(s.index for s in stages),
+            estimated_ms=estimated,
+            measured_ms=measured,
+            estimate_error=error,
+            busy_seconds=busy,
+            busy_fraction=busy / wall_seconds if wall_seconds > 0 else math.nan,
+            param_bytes=_total([s.param_bytes for s in stages]),
+            model_rss_bytes=_total([s.worker_model_rss_bytes for s in stages]),
+            cpus=tuple(sorted({c for s in stages for c in s.cpus})),
+        )
+
+
+def _total(values: Sequence[int | None]) -> int | None:
+    """The sum, or None when any is unknown (a part missing makes the sum no one's)."""
+    return None if not values or any(v is None for v in values) else sum(v for v in values if v is not None)
+
+
+@dataclass(frozen=True)
 class BaselineReport:
     """The same micro-batches run another way; ``pipeline_speedup`` is the pipeline's throughput / this."""
 
@@ -301,6 +355,27 @@ class RunReport:
     latency_single: Latency | None = None
     """Submission to result of micro-batches run one at a time (None when not measured)."""
     steady_throughput_from: str | None = None
+    worker_stages: tuple[tuple[int, ...], ...] = ()
+    """The stages each worker runs when stages share workers (an interleaved split, the manifest's
+    ``plan.workers``); empty: a worker per stage.  :attr:`workers` sums the stages' rows by it."""
+
+    @property
+    def workers(self) -> tuple[WorkerReport, ...]:
+        """Each shared worker's stages summed (empty for a worker per stage).
+
+        Derived from :attr:`stages` on each access, so a report whose stages were replaced (``--compare``
+        adds each stage's memory measured in a process of its own) sums the new numbers."""
+        by_index = {s.index: s for s in self.stages}
+        return tuple(
+            WorkerReport.of(w, [by_index[i] for i in group if i in by_index], self.wall_seconds)
+            for w, group in enumerate(self.worker_stages)
+        )
+
+    @property
+    def bottleneck_worker(self) -> int | None:
+        """The worker busy longest (all its stages together); None for a worker per stage."""
+        workers = self.workers
+        return max(workers, key=lambda w: w.busy_seconds).index if workers else None
 
     @property
     def memory_shared(self) -> bool:
@@ -308,8 +383,9 @@ class RunReport:
         return any(s.memory_shared_with_other_workers for s in self.stages)
 
     def to_obj(self) -> dict[str, Any]:
-        """The report as JSON-ready data (NaN and infinity as ``null``)."""
-        return {
+        """The report as JSON-ready data (NaN and infinity as ``null``); ``bottleneck_worker`` and
+        ``workers`` only when stages share workers."""
+        obj: dict[str, Any] = {
             "backend": self.backend,
             "mode": self.mode,
             "k": self.k,
@@ -376,6 +452,31 @@ class RunReport:
             "outputs_max_rel_diff": _num(self.outputs_max_rel_diff),
             "notes": list(self.notes),
         }
+        workers = self.workers
+        if not workers:
+            return obj
+        shared: dict[str, Any] = {}
+        for key, value in obj.items():
+            shared[key] = value
+            if key == "bottleneck_stage":
+                shared["bottleneck_worker"] = self.bottleneck_worker
+            elif key == "stages":
+                shared["workers"] = [
+                    {
+                        "index": w.index,
+                        "stages": list(w.stages),
+                        "cpus": list(w.cpus),
+                        "estimated_ms": _num(w.estimated_ms),
+                        "measured_ms": _num(w.measured_ms),
+                        "estimate_error": _num(w.estimate_error),
+                        "busy_seconds": _num(w.busy_seconds),
+                        "busy_fraction": _num(w.busy_fraction),
+                        "param_bytes": w.param_bytes,
+                        "model_rss_bytes": w.model_rss_bytes,
+                    }
+                    for w in workers
+                ]
+        return shared
 
     def to_json(self) -> str:
         return json.dumps(self.to_obj(), indent=2, allow_nan=False) + "\n"
@@ -469,7 +570,8 @@ def build_report(
     input_shapes: Mapping[str, tuple[int, ...]],
     driver_peak_rss_bytes: int | None = None,
 ) -> RunReport:
-    """Summarize ``measurement`` of ``pipeline`` (one lane: the stages)."""
+    """Summarize ``measurement`` of ``pipeline`` (one lane: the stages); where the manifest's stages share
+    workers (an interleaved split), each worker's stages summed too (:attr:`RunReport.workers`)."""
     manifest = pipeline.manifest
     specs = pipeline.lanes[0]
     wall = measurement.wall_seconds
@@ -523,6 +625,15 @@ def build_report(
     errors = [abs(s.estimate_error) for s in stages if s.estimate_error is not None]
     if pipeline.pin_note is not None:
         notes.append(pipeline.pin_note)
+    groups: tuple[tuple[int, ...], ...] = ()
+    if manifest is not None and manifest.plan.workers is not None:
+        groups = tuple(manifest.stages_of(w) for w in range(manifest.workers))
+        if not any(spec.placement.cpus for spec in specs) and pipeline.pin_note is None:
+            notes.append(
+                f"the {len(specs)} stages share {len(groups)} workers but were not pinned"
+                f"{'' if pipeline.backend.kind == 'ray' else ' (--pin)'}: a worker's stages ran side by side "
+                "on any CPUs, not in turn on the worker's own as its estimate assumes"
+            )
     if any(s.memory_shared_with_other_workers for s in stages):
         notes.append(
             "thread workers share one process: a stage's peak RSS is the process's, and its own memory "
@@ -555,6 +666,7 @@ def build_report(
         estimate_max_error=max(errors) if errors else None,
         driver_peak_rss_bytes=driver_peak_rss_bytes,
         notes=tuple(notes),
+        worker_stages=groups,
     )
 
 
@@ -574,11 +686,32 @@ def _bytes(x: int | None) -> str:
     return "-" if x is None else human_bytes(x)
 
 
+def _stage_list(stages: Sequence[int]) -> str:
+    return ", ".join(str(s) for s in stages)
+
+
+def worker_line(worker: WorkerReport, *, bottleneck: bool = False) -> str:
+    """One shared worker's stages summed, as :func:`format_report` prints it (``*``: the bottleneck)."""
+    mark = " *" if bottleneck else ""
+    err = "" if worker.estimate_error is None else f" ({worker.estimate_error * 100:+.1f}%)"
+    busy = "-" if math.isnan(worker.busy_fraction) else f"{worker.busy_fraction * 100:.0f}%"
+    line = (
+        f"worker {worker.index}{mark}: stages {_stage_list(worker.stages)}: "
+        f"est {_ms(worker.estimated_ms)} ms, measured {_ms(worker.measured_ms)} ms{err}, "
+        f"busy {busy}, weights {_bytes(worker.param_bytes)}"
+    )
+    if worker.model_rss_bytes is not None:
+        line += f", model memory {human_bytes(worker.model_rss_bytes)}"
+    return line
+
+
 def format_report(report: RunReport) -> str:
     """The report as the CLI prints it: a stage table, the totals, then the baselines if any.
 
     Per-worker memory (peak RSS, model memory) is shown only where each worker has its own process;
-    thread workers show their weights and the memory line says what can be compared.
+    thread workers show their weights and the memory line says what can be compared.  Where stages share
+    workers (an interleaved split), a line per worker after the table sums its stages (:func:`worker_line`)
+    and the totals name the bottleneck worker as well as the busiest stage.
     """
     shared = report.memory_shared
     rows = []
@@ -614,11 +747,20 @@ def format_report(report: RunReport) -> str:
     if report.latency_single is not None:
         one = report.latency_single
         latency += f"; one at a time p50 {one.p50_ms:.2f} ms, p90 {one.p90_ms:.2f} ms"
+    workers = report.workers
+    if workers:
+        on = f"{len(workers)} workers ({report.k} interleaved stages, {report.mode})"
+        bottleneck = (
+            f"bottleneck worker {report.bottleneck_worker} (*), busiest stage {report.bottleneck_stage} (*)"
+        )
+    else:
+        on = f"{report.k} {report.mode} workers"
+        bottleneck = f"bottleneck stage {report.bottleneck_stage} (*)"
     lines = [
         table(headers, rows),
-        f"{report.microbatches} micro-batches ({_shapes(report.input_shapes)}) on {report.k} {report.mode} "
-        f"workers: {report.throughput_per_s:.2f}/s ({steady}); {latency}; "
-        f"bottleneck stage {report.bottleneck_stage} (*)",
+        *(worker_line(w, bottleneck=w.index == report.bottleneck_worker) for w in workers),
+        f"{report.microbatches} micro-batches ({_shapes(report.input_shapes)}) on {on}: "
+        f"{report.throughput_per_s:.2f}/s ({steady}); {latency}; {bottleneck}",
     ]
     if report.baselines:
         brows = [
@@ -651,27 +793,60 @@ def memory_line(report: RunReport) -> str | None:
     Thread workers share one process, where what loading a session adds depends on what the allocator
     already holds; ``--compare`` then measures each stage in a short processes run
     (``worker_model_rss_bytes``).  Without those numbers, no ratio: only the stages' weights and peaks.
+    Where stages share workers (an interleaved split), a worker's model memory and weights are its
+    stages' together, and the largest worker's is compared.
     """
     replicas = report.baselines.get("replicas")
-    stage_models = [s.worker_model_rss_bytes for s in report.stages if s.worker_model_rss_bytes is not None]
-    if replicas is not None and replicas.model_rss_bytes and stage_models:
-        worst = max(stage_models)
-        where = " (each in a process of its own, a short run)" if report.memory_shared else ""
-        return (
-            f"memory: a stage worker's model takes {', '.join(human_bytes(m) for m in stage_models)}, a "
-            f"replica's {human_bytes(replicas.model_rss_bytes)}{where}: the largest stage "
-            f"{worst / replicas.model_rss_bytes:.2f}x a replica (a replica worker peaks at "
-            f"{_bytes(replicas.peak_rss_bytes)})"
-        )
+    workers = report.workers
+    if replicas is not None and replicas.model_rss_bytes:
+        if workers:
+            ratio = _worker_memory_ratio(workers, replicas.model_rss_bytes, report.memory_shared)
+        else:
+            ratio = _stage_memory_ratio(report.stages, replicas.model_rss_bytes, report.memory_shared)
+        if ratio is not None:
+            return f"{ratio} (a replica worker peaks at {_bytes(replicas.peak_rss_bytes)})"
     if not report.memory_shared:
         return None
-    weights = [s.param_bytes for s in report.stages if s.param_bytes is not None]
     peaks = [p for p in [report.driver_peak_rss_bytes, *(s.peak_rss_bytes for s in report.stages)] if p]
     parts = []
-    if weights:
-        parts.append(f"stage weights {', '.join(human_bytes(w) for w in weights)}")
+    if workers:
+        weighed = [(w, w.param_bytes) for w in workers if w.param_bytes is not None]
+        if weighed:
+            each = ", ".join(f"{human_bytes(b)} (stages {_stage_list(w.stages)})" for w, b in weighed)
+            parts.append(f"worker weights {each}")
+    else:
+        weights = [s.param_bytes for s in report.stages if s.param_bytes is not None]
+        if weights:
+            parts.append(f"stage weights {', '.join(human_bytes(w) for w in weights)}")
     if peaks:
         parts.append(f"this process (every stage and the driver) peaked at {human_bytes(max(peaks))}")
     if replicas is not None and replicas.peak_rss_bytes:
         parts.append(f"one replica in its own process peaks at {human_bytes(replicas.peak_rss_bytes)}")
     return "memory: " + "; ".join(parts)
+
+
+def _stage_memory_ratio(stages: Sequence[StageReport], replica: int, shared: bool) -> str | None:
+    """Each stage worker's model memory against a replica's; None when no stage's was measured."""
+    models = [s.worker_model_rss_bytes for s in stages if s.worker_model_rss_bytes is not None]
+    if not models:
+        return None
+    where = " (each in a process of its own, a short run)" if shared else ""
+    return (
+        f"memory: a stage worker's model takes {', '.join(human_bytes(m) for m in models)}, a "
+        f"replica's {human_bytes(replica)}{where}: the largest stage {max(models) / replica:.2f}x a replica"
+    )
+
+
+def _worker_memory_ratio(workers: Sequence[WorkerReport], replica: int, shared: bool) -> str | None:
+    """Each shared worker's model memory (its stages' together) against a replica's; None when no
+    worker's was measured."""
+    models = [(w, w.model_rss_bytes) for w in workers if w.model_rss_bytes is not None]
+    if not models:
+        return None
+    where = " (each stage in a process of its own, a short run)" if shared else ""
+    largest, most = max(models, key=lambda wm: wm[1])
+    each = ", ".join(f"{human_bytes(m)} (stages {_stage_list(w.stages)})" for w, m in models)
+    return (
+        f"memory: a worker's model (its stages' together) takes {each}, a replica's {human_bytes(replica)}"
+        f"{where}: the largest worker (stages {_stage_list(largest.stages)}) {most / replica:.2f}x a replica"
+    )
