@@ -281,6 +281,7 @@ def make_interleaved_plan(
         f"{k} stages interleaved on {workers} workers (stage s on worker s % {workers}); weights per worker "
         f"{mem} MiB; busiest worker {part.bottleneck / part.fastest - 1:.2%} slower than the fastest split"
     )
+    notes.append(_contiguous_comparison(seq, item_mem, workers, bandwidth_bytes_per_s))
     timeline = simulate(
         "stream", [s.cost_seconds for s in stages], None, [0.0] * k, microbatches, workers=part.workers
     )
@@ -302,6 +303,40 @@ def make_interleaved_plan(
         timeline=timeline,
         workers=workers,
         time_slack=time_slack,
+    )
+
+
+def _contiguous_comparison(
+    seq: Sequences, item_mem: Sequence[float], workers: int, bandwidth_bytes_per_s: float
+) -> str:
+    """What the ordinary split into ``workers`` stages would give, for the user to weigh interleaving
+    against: it costs extra handoffs and a session per stage, and buys nothing where the contiguous split
+    already spreads the weights."""
+    from onnxpipe import partition as _partition
+    from onnxpipe.partition.interleave import evaluate_interleaved
+
+    try:
+        part = _partition.solve(
+            seq.costs,
+            workers,
+            cut_bytes=seq.cut_bytes,
+            bandwidth=bandwidth_bytes_per_s,
+            allowed_cuts=seq.allowed,
+        )
+    except PartitionError:
+        part = _partition.solve(seq.costs, workers, cut_bytes=seq.cut_bytes, bandwidth=bandwidth_bytes_per_s)
+    plain = evaluate_interleaved(
+        seq.costs,
+        workers,
+        part.bounds,
+        item_mem=item_mem,
+        cut_bytes=seq.cut_bytes,
+        bandwidth=bandwidth_bytes_per_s,
+    )
+    mem = ", ".join(f"{m / 2**20:.1f}" for m in plain.worker_memory)
+    return (
+        f"a contiguous split into {workers} stages: slowest stage {plain.bottleneck * 1e3:.3f} ms, "
+        f"weights per worker {mem} MiB"
     )
 
 

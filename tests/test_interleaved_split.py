@@ -86,6 +86,7 @@ def test_manifest_records_the_workers(interleaved: Path) -> None:
     loads = [sum(m.stages[s].estimated_compute_seconds for s in m.stages_of(w)) for w in (0, 1)]
     assert m.plan.bottleneck_seconds == pytest.approx(max(loads))
     assert any("interleaved on 2 workers" in n for n in m.plan.notes)
+    assert any(n.startswith("a contiguous split into 2 stages: slowest stage") for n in m.plan.notes)
 
 
 def _edited(folder: Path, edit: object) -> str:
