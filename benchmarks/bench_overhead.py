@@ -25,8 +25,6 @@ minus this process), so that a disturbed round can be told from a slow one::
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import queue
 import statistics
 import sys
@@ -43,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
-from benchmarks.bench_pipeline import CpuWatch, model_names, model_table  # noqa: E402
+from benchmarks.bench_pipeline import CpuWatch, model_table, run_models  # noqa: E402
 from onnxpipe import api  # noqa: E402
 from onnxpipe.manifest import Manifest, load_manifest  # noqa: E402
 from onnxpipe.model import load_model  # noqa: E402
@@ -267,16 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-microbatches", type=int, default=300)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "overhead.json")
     args = parser.parse_args(argv)
-    rows = []
-    for name in model_names(parser, table, args.models):
-        get, shapes = table[name]
-        rows.append(bench_model(name, get(), shapes, args))
-    print_summary(rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"cpus": os.cpu_count(), "onnxruntime": ort.__version__, "python": sys.version.split()[0]}
-    args.out.write_text(json.dumps({"machine": meta, "rows": rows}, indent=2) + "\n")
-    print(f"wrote {args.out}")
-    return 0
+    return run_models(parser, args, bench_model, print_summary)
 
 
 if __name__ == "__main__":

@@ -485,6 +485,27 @@ def model_names(parser: argparse.ArgumentParser, table: Mapping[str, object], te
     return names
 
 
+def run_models(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    bench: Callable[[str, Path, dict[str, tuple[int, ...]] | None, argparse.Namespace], dict[str, Any]],
+    summary: Callable[[Sequence[dict[str, Any]]], None],
+) -> int:
+    """Bench each model of ``args.models``, print the summary, write the rows to ``args.out``: the main
+    loop of the benchmarks that follow this one's model table."""
+    table = model_table()
+    rows = []
+    for name in model_names(parser, table, args.models):
+        get, shapes = table[name]
+        rows.append(bench(name, get(), shapes, args))
+    summary(rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"cpus": os.cpu_count(), "onnxruntime": ort.__version__, "python": sys.version.split()[0]}
+    args.out.write_text(json.dumps({"machine": meta, "rows": rows}, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
 def _autogroup() -> str | None:
     try:
         return Path("/proc/self/autogroup").read_text().strip()

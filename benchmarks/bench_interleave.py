@@ -1,0 +1,209 @@
+"""Interleaved stages against a contiguous split: throughput, and the weights each worker must hold.
+
+A contiguous split into K stages balances time, but not weights: ResNet-50's time-balanced halves hold
+11% and 89% of its weights.  ``onnxpipe split --stages K*V --workers K`` deals K*V stages out to K
+workers in turn, so a worker can take a light slice from the front and a heavy one from the back.  This
+benchmark asks what that costs in throughput and buys in memory.  For each model, with measured costs
+(one profile for both splits), in rounds whose order alternates, everything pinned alike
+(:mod:`onnxpipe.runtime.affinity`), one intra-op thread per worker:
+
+* ``session_1``: the whole model, one session, one thread (``onnxpipe run --compare``'s measurement);
+* ``replicas``: K copies of the whole model in K pinned threads, fed in turn (data parallel);
+* ``contiguous``: the K-stage split, a pinned thread per stage;
+* ``interleaved``: the K*V-stage split on K workers, the V stages of a worker pinned to its CPU.
+
+Memory per worker: the weights the manifest gives each worker (its stages' ``param_bytes``) as a share
+of the model's, and the model memory each worker process holds (each stage in a process of its own, a
+worker's stages summed) against a replica's, all measured like ``onnxpipe run --compare`` does.  The
+plan's throughput (one over its bottleneck) is set against the measured one.  Results:
+``benchmarks/results/interleave.json``::
+
+    python benchmarks/bench_interleave.py [--models resnet50,yolov8n] [--rounds 6] [--k 2] [--v 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+from benchmarks.bench_pipeline import CpuWatch, model_table, run_models  # noqa: E402
+from onnxpipe import api  # noqa: E402
+from onnxpipe.manifest import Manifest, load_manifest  # noqa: E402
+from onnxpipe.model import load_model  # noqa: E402
+from onnxpipe.runtime.affinity import cpu_sets  # noqa: E402
+from onnxpipe.runtime.compare import (  # noqa: E402
+    replica_memory,
+    replicas_measurement,
+    session_throughput,
+    stage_worker_memory,
+)
+from onnxpipe.runtime.inputs import random_inputs  # noqa: E402
+from onnxpipe.runtime.pipeline import Pipeline  # noqa: E402
+from onnxpipe.runtime.report import measure  # noqa: E402
+from onnxpipe.runtime.spec import Placement  # noqa: E402
+
+Feeds = Mapping[str, np.ndarray]
+TARGET_SECONDS = 2.5  # one timing of the one-thread session takes about this long
+WARMUP = 16
+
+
+def pipeline_rate(directory: Path, inputs: Sequence[Feeds]) -> float:
+    with Pipeline.from_manifest(directory, mode="threads", pin=True) as pipe:
+        if pipe.pin_note is not None:
+            raise SystemExit(pipe.pin_note)
+        return measure(pipe, inputs, warmup=WARMUP).throughput_per_s
+
+
+def replicas_rate(directory: Path, model: Path, inputs: Sequence[Feeds], k: int) -> float:
+    with Pipeline.from_manifest(directory, mode="threads", pin=True) as pipe:  # names and pinning only
+        return replicas_measurement(
+            model,
+            inputs,
+            pipeline=pipe,
+            placement=Placement(threads=1),
+            threads=[1] * k,
+            mode="threads",
+            warmup=WARMUP,
+        ).throughput_per_s
+
+
+def worker_memory(directory: Path, manifest: Manifest, inputs: Sequence[Feeds]) -> dict[str, list[int]]:
+    """Per worker: its stages' weights (manifest) and model memory (each stage in a process of its own)."""
+    with Pipeline.from_manifest(directory, mode="threads") as pipe:
+        stats = stage_worker_memory(pipe, inputs)
+    assert stats is not None
+    rss = {st.index: st.model_rss_bytes or 0 for st in stats}
+    return {
+        "weights": [
+            sum(manifest.stages[s].param_bytes for s in manifest.stages_of(w))
+            for w in range(manifest.workers)
+        ],
+        "model_rss": [sum(rss[s] for s in manifest.stages_of(w)) for w in range(manifest.workers)],
+    }
+
+
+def bench_model(
+    name: str, path: Path, shapes: dict[str, tuple[int, ...]] | None, args: argparse.Namespace
+) -> dict[str, Any]:
+    base = Path(tempfile.mkdtemp(prefix=f"interleave-{name}-"))
+    profile = api.get_profile(load_model(path), cost="profile", shapes=shapes)
+    splits = {"contiguous": base / "contiguous", "interleaved": base / "interleaved"}
+    api.split(path, args.k, splits["contiguous"], profile=profile, run_verify=False)
+    api.split(path, args.k * args.v, splits["interleaved"], profile=profile, workers=args.k, run_verify=False)
+    manifests = {key: load_manifest(d) for key, d in splits.items()}
+    if cpu_sets([1] * args.k) is None:
+        raise SystemExit(f"{args.k} workers need {args.k} CPUs this process may use")
+    input_shapes = {n: tuple(v) for n, v in manifests["contiguous"].plan.profiled_input_shapes.items()}
+    pool = random_inputs(path, input_shapes, 8, seed=0)
+    first_cpu = cpu_sets([1])
+    assert first_cpu is not None
+    whole = Placement(threads=1, cpus=first_cpu[0])
+    first = session_throughput(path, pool * 2, placement=whole, warmup=WARMUP)
+    n = max(32, min(args.max_microbatches, round(TARGET_SECONDS * first)))
+    inputs = [pool[j % len(pool)] for j in range(n)]
+    runs: dict[str, Callable[[], float]] = {
+        "session_1": lambda: session_throughput(path, inputs, placement=whole, warmup=WARMUP),
+        "replicas": lambda: replicas_rate(splits["contiguous"], path, inputs, args.k),
+        "contiguous": lambda: pipeline_rate(splits["contiguous"], inputs),
+        "interleaved": lambda: pipeline_rate(splits["interleaved"], inputs),
+    }
+    rates: dict[str, list[float]] = {k: [] for k in runs}
+    others: list[float] = []
+    for r in range(args.rounds):
+        with CpuWatch(()) as watch:
+            for key in list(runs) if r % 2 == 0 else list(runs)[::-1]:
+                rates[key].append(runs[key]())
+        others.append(watch.others_cores())
+        done = ", ".join(f"{k} {v[-1]:.1f}/s" for k, v in rates.items())
+        print(f"  {name} round {r + 1}/{args.rounds}: {done}; others used {others[-1]:.2f} cores", flush=True)
+
+    def ratio(a: str, b: str) -> float:
+        return statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))
+
+    memory = {key: worker_memory(d, manifests[key], pool) for key, d in splits.items()}
+    with Pipeline.from_manifest(splits["contiguous"], mode="threads") as pipe:
+        replica_rss = replica_memory(
+            path, pool, pipeline=pipe, placement=Placement(threads=1)
+        ).model_rss_bytes
+    total_weights = sum(memory["contiguous"]["weights"])
+    return {
+        "model": name,
+        "k": args.k,
+        "v": args.v,
+        "microbatches": n,
+        "rounds": args.rounds,
+        "nodes_per_stage": {key: [st.node_count for st in m.stages] for key, m in manifests.items()},
+        "throughput_per_s": {k: statistics.median(v) for k, v in rates.items()},
+        "all_rounds": rates,
+        "ratios": {
+            "contiguous_x_session_1": ratio("contiguous", "session_1"),
+            "interleaved_x_session_1": ratio("interleaved", "session_1"),
+            "interleaved_x_contiguous": ratio("interleaved", "contiguous"),
+            "contiguous_x_replicas": ratio("contiguous", "replicas"),
+            "interleaved_x_replicas": ratio("interleaved", "replicas"),
+        },
+        "planned_throughput_per_s": {key: 1.0 / m.plan.bottleneck_seconds for key, m in manifests.items()},
+        "weights_share_per_worker": {
+            key: [w / total_weights for w in mem["weights"]] for key, mem in memory.items()
+        },
+        "model_rss_per_worker": {key: mem["model_rss"] for key, mem in memory.items()},
+        "replica_model_rss": replica_rss,
+        "time_slack": manifests["interleaved"].plan.time_slack,
+        "notes": list(manifests["interleaved"].plan.notes),
+        "others_cores": others,
+    }
+
+
+def print_summary(rows: Sequence[dict[str, Any]]) -> None:
+    head = ("model", "1-thr/s", "contig x1", "inter x1", "inter/cont", "cont/repl", "inter/repl")
+    print(f"\n{head[0]:10s} " + " ".join(f"{h:>10s}" for h in head[1:]))
+    print("-" * 80)
+    for row in rows:
+        r = row["ratios"]
+        cells = (
+            row["throughput_per_s"]["session_1"],
+            r["contiguous_x_session_1"],
+            r["interleaved_x_session_1"],
+            r["interleaved_x_contiguous"],
+            r["contiguous_x_replicas"],
+            r["interleaved_x_replicas"],
+        )
+        print(f"{row['model']:10s} " + " ".join(f"{c:10.3f}" if c < 10 else f"{c:10.1f}" for c in cells))
+    print("ratios are medians of per-round ratios; rounds alternate their order\n")
+    print("per worker: weights (share of the model) | model memory against a replica's | plan x measured")
+    for row in rows:
+        rep = row["replica_model_rss"] or 0
+        for key in ("contiguous", "interleaved"):
+            shares = " / ".join(f"{s:.0%}" for s in row["weights_share_per_worker"][key])
+            rss = " / ".join(f"{m / rep:.2f}" if rep else "-" for m in row["model_rss_per_worker"][key])
+            plan = row["planned_throughput_per_s"][key] / row["throughput_per_s"][key]
+            print(f"  {row['model']:10s} {key:12s} {shares:>12s} | {rss:>12s} | {plan:.3f}")
+    busiest = max(max(row["others_cores"]) for row in rows)
+    print(f"other processes used at most {busiest:.2f} cores in any round")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    table = model_table()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--models", default="resnet50,yolov8n", help="comma-separated: " + ", ".join(table))
+    parser.add_argument("--k", type=int, default=2, help="workers")
+    parser.add_argument("--v", type=int, default=2, help="stages per worker in the interleaved split")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--max-microbatches", type=int, default=300)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "interleave.json")
+    args = parser.parse_args(argv)
+    return run_models(parser, args, bench_model, print_summary)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
