@@ -136,6 +136,21 @@ def test_a_search_too_large_is_refused_with_its_size(monkeypatch: pytest.MonkeyP
         solve_interleaved([1.0] * 12, 2, 2)  # C(11, 3) = 165
 
 
+def test_a_search_with_too_many_prefixes_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Zero costs prune nothing: the prefixes formed one by one are what takes the time."""
+    monkeypatch.setattr(interleave, "MAX_PREFIXES", 1000)
+    with pytest.raises(PartitionError, match=r"through 2,002 prefixes \(at most 1,000\)"):
+        solve_interleaved([0.0] * 16, 6, 2)  # sum over j <= 9 of C(15 - (11 - j), j) = C(14, 9)
+    assert solve_interleaved([0.0] * 14, 6, 2).bounds == (0, *range(1, 12), 14)  # C(12, 9) = 220
+
+
+def test_cut_bytes_ties_do_not_depend_on_summation_order() -> None:
+    """0.3 + (0.1 + 0.2) != 0.1 + (0.2 + 0.3) in floats; whole bytes make the totals exact."""
+    kw = {"cut_bytes": [0, 0.3, 0.1, 0.2, 0.3, 5.0, 0], "time_slack": 1.0}
+    got = solve_interleaved([1.0] * 6, 2, 2, **kw)  # type: ignore[arg-type]
+    assert got == _reference_interleaved([1.0] * 6, 2, 2, **kw)  # type: ignore[arg-type]
+
+
 def test_evaluate_refuses_stages_that_do_not_deal_out_evenly() -> None:
     with pytest.raises(PartitionError, match="3 stages cannot be dealt out evenly to 2 workers"):
         evaluate_interleaved([1.0] * 4, 2, (0, 1, 2, 4))

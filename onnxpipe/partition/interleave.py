@@ -24,10 +24,13 @@ transfer into the stage (``cut_bytes[start] / bandwidth``; nothing for stage 0).
 ``time_slack`` is the price in throughput the caller accepts for memory balance: with 0 only exactly
 fastest splits qualify.  Every split is examined: the search walks the cut positions in lexicographic
 order, scores the last two cuts of every prefix at once with numpy, and skips a prefix only when a bound
-proves that no completion of it can beat (or tie) the best split found so far.  The work is
-``C(positions, S - 1)`` splits at worst, so requests beyond :data:`MAX_SPLITS` are refused with the
-number rather than left to run for hours; :func:`_reference_interleaved` enumerates every split with
-``itertools.combinations`` and is the test oracle.
+proves that no completion of it can beat (or tie) the best split found so far; a prefix that leaves
+too few positions for the cuts still to place is never formed.  At worst the search scores
+``C(positions, S - 1)`` splits and forms ``sum_j C(positions - (S - 1 - j), j)`` prefixes in Python
+(``j <= S - 3``), so requests beyond :data:`MAX_SPLITS` or :data:`MAX_PREFIXES` are refused with the
+numbers rather than left to run for hours; :func:`_reference_interleaved` enumerates every split with
+``itertools.combinations`` and is the test oracle.  Cut bytes are whole bytes for the tie-break (rounded),
+so that their totals are exact in any order of summation.
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ from onnxpipe.partition.inputs import _allowed, _check_bounds, _costs, _vector
 from onnxpipe.partition.numeric import FloatArr, IntArr, _prefix
 
 MAX_SPLITS = 60_000_000
-"""Most splits (``C(allowed inner positions, S - 1)``) an interleaved search may have to examine."""
+"""Most splits (``C(allowed inner positions, S - 1)``) an interleaved search may have to score."""
+MAX_PREFIXES = 100_000
+"""Most prefixes the search may form one by one (each costs tens of microseconds in Python)."""
 
 _MARGIN = 1.0 - 1e-12
 """Averages used to prune are shrunk by this much first: a sum computed in another order may round up by
@@ -95,7 +100,7 @@ class _Sums:
     time: FloatArr  # prefix sums of costs, n + 1
     mem: FloatArr  # prefix sums of item_mem, n + 1
     xfer: FloatArr  # transfer time of a stage starting at p (0 at p = 0), n + 1
-    cut: FloatArr  # bytes crossing a cut at p, n + 1
+    cut: IntArr  # whole bytes crossing a cut at p, n + 1 (the tie-break; transfers use the exact values)
     positions: IntArr  # allowed inner cut positions, ascending
 
     def score(self, bounds: Sequence[int]) -> tuple[FloatArr, FloatArr, FloatArr, FloatArr]:
@@ -141,6 +146,8 @@ def _sums(
         )
     allowed = _allowed(allowed_cuts, n, s)
     cut = _vector("cut_bytes", cut_bytes, n + 1, 0.0)
+    if cut.max(initial=0.0) >= 2.0**62:
+        raise PartitionError("cut_bytes must be below 2**62 bytes")
     xfer = np.zeros(n + 1) if math.isinf(bandwidth) else cut / float(bandwidth)
     xfer[0] = 0.0
     mem = _vector("item_mem", item_mem, n, 0.0)
@@ -151,7 +158,7 @@ def _sums(
         time=_prefix("costs", c),
         mem=_prefix("item_mem", mem),
         xfer=xfer,
-        cut=cut,
+        cut=np.rint(cut).astype(np.int64),
         positions=np.flatnonzero(allowed[1:n]) + 1,
     )
 
@@ -176,7 +183,7 @@ class _Block:
     tails: IntArr  # (completions, r) cut positions
     max_load: FloatArr
     max_mem: FloatArr
-    cut_bytes: FloatArr
+    cut_bytes: IntArr
 
 
 def _complete(t: _Sums, pre: _Prefix) -> _Block | None:
@@ -202,8 +209,8 @@ def _complete(t: _Sums, pre: _Prefix) -> _Block | None:
         w = (j + m) % t.k
         load[w] = load[w] + ((t.time[b] - t.time[a]) + t.xfer[a])
         mem[w] = mem[w] + (t.mem[b] - t.mem[a])
-    prior = math.fsum(float(t.cut[c]) for c in pre.cuts)
-    cut = prior + t.cut[tails].sum(axis=1) if r else np.full(1, prior)
+    prior = sum(int(t.cut[c]) for c in pre.cuts)
+    cut = prior + t.cut[tails].sum(axis=1) if r else np.full(1, prior, dtype=np.int64)
     return _Block(tails, load.max(axis=0), mem.max(axis=0), cut)
 
 
@@ -223,7 +230,9 @@ def _walk(t: _Sums, keep: Callable[[_Prefix], bool], visit: Callable[[_Prefix, _
         j = len(pre.cuts)
         q = pre.cuts[-1] if pre.cuts else 0
         w = j % t.k
-        for c in t.positions[t.positions > q]:
+        start = int(np.searchsorted(t.positions, q, side="right"))
+        stop = t.positions.size - (t.stages - 2 - j)  # leave a position for each later cut
+        for c in t.positions[start:stop]:
             c = int(c)
             load = pre.load.copy()
             mem = pre.mem.copy()
@@ -262,7 +271,7 @@ def _fastest(t: _Sums) -> float:
 def _least_memory(t: _Sums, cap: float) -> tuple[int, ...]:
     """Criterion 2: among splits with every worker's load ``<= cap``, the least largest worker memory,
     then the fewest cut bytes, then the first bounds."""
-    best: tuple[float, float, tuple[int, ...]] | None = None
+    best: tuple[float, int, tuple[int, ...]] | None = None
 
     def keep(pre: _Prefix) -> bool:
         work, rest_mem = _rest(t, pre)
@@ -281,7 +290,7 @@ def _least_memory(t: _Sums, cap: float) -> tuple[int, ...]:
             return
         order = np.lexsort((block.cut_bytes[ok], block.max_mem[ok]))  # stable: ties keep bound order
         i = int(ok[order[0]])
-        cand = (float(block.max_mem[i]), float(block.cut_bytes[i]), (*pre.cuts, *map(int, block.tails[i])))
+        cand = (float(block.max_mem[i]), int(block.cut_bytes[i]), (*pre.cuts, *map(int, block.tails[i])))
         if best is None or cand < best:
             best = cand
 
@@ -291,11 +300,15 @@ def _least_memory(t: _Sums, cap: float) -> tuple[int, ...]:
 
 
 def _check_size(t: _Sums) -> None:
-    splits = math.comb(int(t.positions.size), t.stages - 1)
-    if splits > MAX_SPLITS:
+    p = int(t.positions.size)
+    splits = math.comb(p, t.stages - 1)
+    depth = t.stages - 1 - min(2, t.stages - 1)
+    prefixes = sum(math.comb(p - (t.stages - 1 - j), j) for j in range(depth + 1))
+    if splits > MAX_SPLITS or prefixes > MAX_PREFIXES:
         raise PartitionError(
             f"an interleaved split of {t.n} items into {t.stages} stages may have to examine {splits:,} "
-            f"placements of its cuts (at most {MAX_SPLITS:,}): use fewer stages per worker or workers"
+            f"placements of its cuts (at most {MAX_SPLITS:,}) through {prefixes:,} prefixes (at most "
+            f"{MAX_PREFIXES:,}): use fewer stages per worker or workers"
         )
 
 
@@ -311,7 +324,7 @@ def _result(t: _Sums, bounds: Sequence[int], fastest: float) -> InterleavedParti
         bottleneck=float(load.max()),
         fastest=fastest,
         lower_bound=float(t.time[t.n]) / t.k,
-        cut_bytes_total=round(math.fsum(float(t.cut[b]) for b in bounds[1:-1])),
+        cut_bytes_total=sum(int(t.cut[b]) for b in bounds[1:-1]),
     )
 
 
@@ -380,7 +393,7 @@ def _reference_interleaved(
     for inner in itertools.combinations((int(p) for p in t.positions), t.stages - 1):
         bounds = (0, *inner, t.n)
         _, _, load, wmem = t.score(bounds)
-        cut = math.fsum(float(t.cut[c]) for c in inner)
+        cut = sum(int(t.cut[c]) for c in inner)
         scored.append((float(load.max()), float(wmem.max()), cut, bounds))
     fastest = min(s[0] for s in scored)
     cap = fastest * (1.0 + time_slack)
