@@ -89,6 +89,7 @@ def check_plan_request(
     order: str,
     schedule: ScheduleRequest | None,
     workers: int | None = None,
+    time_slack: float | None = None,
 ) -> Cluster | None:
     """Validate what can be validated without costs (cheap, so it runs before profiling); returns the
     loaded cluster."""
@@ -99,6 +100,14 @@ def check_plan_request(
     cluster = load_cluster(devices) if isinstance(devices, str | Path) else devices
     if workers is not None:
         _check_workers(stages, workers, cluster, order, schedule)
+    if time_slack is not None:
+        if workers is None or workers == stages:
+            raise UsageError(
+                f"--time-slack {time_slack}: it trades time for balanced weights between workers that run "
+                "several stages each; give --workers W with --stages a multiple of W above W"
+            )
+        if not (math.isfinite(time_slack) and time_slack >= 0):
+            raise UsageError(f"--time-slack {time_slack}: give a finite share of 0 or more (0.01 is 1%)")
     if stages == "auto" and cluster is None:
         raise UsageError("--stages auto needs --devices: the cluster bounds how many stages to try")
     if cluster is not None and isinstance(stages, int) and stages > cluster.size:
@@ -143,12 +152,12 @@ def plan(
     order: str = "fixed",
     schedule: ScheduleRequest | None = None,
     workers: int | None = None,
-    time_slack: float = DEFAULT_TIME_SLACK,
+    time_slack: float | None = None,
 ) -> Plan:
     """The plan for ``stages`` stages (or ``"auto"``): :func:`make_plan` on identical workers when no
     devices file, schedule or order is asked for, :func:`make_interleaved_plan` when ``workers`` is fewer
     than the stages, else :func:`onnxpipe.planner.plan_pipeline`."""
-    cluster = check_plan_request(stages, devices, order, schedule, workers)
+    cluster = check_plan_request(stages, devices, order, schedule, workers, time_slack)
     simple = cluster is None and order == "fixed" and (schedule is None or schedule.kind == "stream")
     if simple and isinstance(stages, int):
         mb = schedule.microbatches if schedule is not None and schedule.microbatches else 8
@@ -160,7 +169,7 @@ def plan(
                 workers,
                 bandwidth_bytes_per_s=bandwidth_bytes_per_s,
                 microbatches=mb,
-                time_slack=time_slack,
+                time_slack=DEFAULT_TIME_SLACK if time_slack is None else time_slack,
             )
         return make_plan(view, profile, stages, bandwidth_bytes_per_s=bandwidth_bytes_per_s, microbatches=mb)
     return plan_pipeline(
@@ -196,7 +205,7 @@ def split(
     calibrate: int = 0,
     calibrate_in: CalibrationMode = DEFAULT_CALIBRATION_MODE,
     workers: int | None = None,
-    time_slack: float = DEFAULT_TIME_SLACK,
+    time_slack: float | None = None,
 ) -> SplitResult:
     """Load, profile (or reuse a profile), partition optimally, export K stages, and verify them.
 
@@ -209,7 +218,7 @@ def split(
     # refuse an output folder in use, a model onnxruntime cannot run, or a bad devices file or
     # schedule before minutes of profiling
     check_exportable(view, out_dir, force=force)
-    devices = check_plan_request(stages, devices, order, schedule, workers)
+    devices = check_plan_request(stages, devices, order, schedule, workers, time_slack)
     interleaved = workers is not None and workers != stages
     if calibrate and interleaved and calibrate_in == "pipeline":
         raise UsageError(

@@ -124,10 +124,9 @@ def _add_planning_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--time-slack",
         type=fraction,
-        default=DEFAULT_TIME_SLACK,
         metavar="F",
-        help="with --workers: accept a split up to F slower than the fastest (default %(default)s, i.e. "
-        "1%%) if it balances the workers' weights better",
+        help=f"with --workers: accept a split up to F slower than the fastest (default {DEFAULT_TIME_SLACK}, "
+        "i.e. 1%%) if it balances the workers' weights better",
     )
     g.add_argument("--devices", type=Path, help="cluster file: devices in pipeline order and their links")
     g.add_argument(

@@ -505,7 +505,7 @@ def _plan(f: Fields) -> PlanSummary:
         notes=f["notes"].list_of(Value.string),
         duplicated_param_bytes=f["duplicated_param_bytes"].integer(),
         workers=f.get("workers", None).opt_integer(minimum=1),
-        time_slack=f.get("time_slack", 0.0).number(),
+        time_slack=_time_slack(f.get("time_slack", 0.0)),
     )
 
 
@@ -527,6 +527,13 @@ def _cluster(v: Value) -> Cluster | None:
         raise ManifestError(str(e)) from e
 
 
+def _time_slack(v: Value) -> float:
+    slack = v.finite()
+    if slack < 0:
+        raise v.fail(f"expected a share of 0 or more, got {slack}")
+    return slack
+
+
 def _check_workers(m: Manifest, doc: Document) -> None:
     """Every stage has a worker exactly when ``plan.workers`` is given, each worker runs a stage, and
     stage ``s`` runs on worker ``s % workers`` (the only assignment the planner makes)."""
@@ -535,6 +542,10 @@ def _check_workers(m: Manifest, doc: Document) -> None:
     if m.plan.workers is None:
         if any(given):
             raise fail(f"stages[{given.index(True)}].worker", "is given but plan.workers is not")
+        if m.plan.time_slack != 0.0:
+            raise fail("plan.time_slack", "is given but plan.workers is not")
+        if m.schedule.workers is not None:
+            raise fail("schedule.devices[0].worker", "is given but plan.workers is not")
         return
     workers = m.plan.workers
     if workers > m.k or m.k % workers:
@@ -546,6 +557,12 @@ def _check_workers(m: Manifest, doc: Document) -> None:
             raise fail(
                 f"stages[{i}].worker", f"expected {i % workers} (stage s runs on worker s % {workers})"
             )
+    sched = m.schedule.workers
+    if sched is None:
+        raise fail("schedule.devices[0].worker", "missing; plan.workers says the stages share workers")
+    for i, w in enumerate(sched):
+        if w != i % workers:
+            raise fail(f"schedule.devices[{i}].worker", f"expected {i % workers}, the worker of stages[{i}]")
 
 
 def _check_consistency(m: Manifest, doc: Document) -> None:

@@ -277,9 +277,10 @@ def make_interleaved_plan(
         )
     )
     mem = ", ".join(f"{m / 2**20:.1f}" for m in part.worker_memory)
+    slower = part.bottleneck / part.fastest - 1 if part.fastest > 0 else 0.0  # all-zero costs: all tie
     notes.append(
         f"{k} stages interleaved on {workers} workers (stage s on worker s % {workers}); weights per worker "
-        f"{mem} MiB; busiest worker {part.bottleneck / part.fastest - 1:.2%} slower than the fastest split"
+        f"{mem} MiB; busiest worker {slower:.2%} slower than the fastest split"
     )
     notes.append(_contiguous_comparison(seq, item_mem, workers, bandwidth_bytes_per_s))
     timeline = simulate(

@@ -612,7 +612,8 @@ class _TimelineReader:
                 raise self.fail(f"{dw}.stage", f"expected {s} (devices are listed in stage order)")
             workers.append(None if do.get("worker") is None else self.int_(do["worker"], f"{dw}.worker"))
             if (workers[-1] is None) != (workers[0] is None):
-                raise self.fail(f"{dw}.worker", "give a worker for every stage or for none")
+                odd = s if workers[-1] is None else 0  # the first device that lacks one
+                raise self.fail(f"{w}.devices[{odd}].worker", "give a worker for every stage or for none")
             row = []
             for i, raw in enumerate(self.lst(self.key(do, "steps", dw), f"{dw}.steps")):
                 sw = f"{dw}.steps[{i}]"

@@ -103,6 +103,20 @@ def _edited(folder: Path, edit: object) -> str:
         (lambda o: o["plan"].update(workers=3), r"plan\.workers: 3 workers cannot each run"),
         (lambda o: o["plan"].pop("workers"), r"stages\[0\]\.worker: is given but plan\.workers is not"),
         (lambda o: o["stages"][0].update(worker=-1), r"stages\[0\]\.worker"),
+        (
+            lambda o: o["schedule"]["devices"][1].update(worker=99),
+            r"schedule\.devices\[1\]\.worker: expected 1",
+        ),
+        (
+            lambda o: o["schedule"]["devices"][2].pop("worker"),
+            r"schedule\.devices\[2\]\.worker: give a worker",
+        ),
+        (
+            lambda o: o["schedule"]["devices"][0].pop("worker"),
+            r"schedule\.devices\[0\]\.worker: give a worker",
+        ),
+        (lambda o: o["plan"].update(time_slack=None), r"plan\.time_slack: expected a number"),
+        (lambda o: o["plan"].update(time_slack=-0.5), r"plan\.time_slack: expected a share of 0 or more"),
     ],
 )
 def test_manifest_worker_fields_are_validated(interleaved: Path, edit: object, message: str) -> None:
@@ -121,6 +135,34 @@ def test_a_manifest_without_workers_means_one_per_stage(interleaved: Path) -> No
 
     m = Manifest.from_json(_edited(interleaved, strip))
     assert m.workers == 4 and [m.worker_of(s) for s in range(4)] == [0, 1, 2, 3] and m.stages_of(3) == (3,)
+
+    def slack_only(o: dict) -> None:  # type: ignore[type-arg]
+        strip(o)
+        o["plan"]["time_slack"] = 0.01
+
+    def schedule_only(o: dict) -> None:  # type: ignore[type-arg]
+        strip(o)
+        for i, d in enumerate(o["schedule"]["devices"]):
+            d["worker"] = i % 2
+
+    with pytest.raises(ManifestError, match=r"plan\.time_slack: is given but plan\.workers is not"):
+        Manifest.from_json(_edited(interleaved, slack_only))
+    with pytest.raises(ManifestError, match=r"schedule\.devices\[0\]\.worker: is given but plan\.workers"):
+        Manifest.from_json(_edited(interleaved, schedule_only))
+
+
+def test_zero_costs_split_on_workers(sample_models_dir: Path, tmp_path: Path) -> None:
+    """Every split ties at 0 s: the least memory wins, and nothing divides by the zero bottleneck."""
+    from onnxpipe.model import load_model
+    from onnxpipe.profile import Profile
+
+    view = load_model(sample_models_dir / "mlp.onnx")
+    prof = api.get_profile(view, cost="static")
+    zero = Profile.__new__(Profile)
+    zero.__dict__.update(prof.__dict__)
+    object.__setattr__(zero, "node_seconds", dict.fromkeys(prof.node_seconds, 0.0))
+    plan = api.plan(view, zero, 4, workers=2)
+    assert plan.bottleneck_seconds == 0.0 and any("0.00% slower" in n for n in plan.notes)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -160,6 +202,11 @@ def test_split_workers_on_the_command_line(
             "cannot be combined with --devices or --order",
         ),
         (["--stages", "auto", "--workers", "2"], "--workers needs a number of --stages"),
+        (["--stages", "4", "--time-slack", "0.1"], "--time-slack 0.1: it trades time for balanced weights"),
+        (
+            ["--stages", "2", "--workers", "2", "--time-slack", "0.1"],
+            "give --workers W with --stages a multiple",
+        ),
         (
             ["--stages", "4", "--workers", "2", "--calibrate", "1", "--calibrate-in", "pipeline"],
             "interleaved stages share their workers' CPUs: use --calibrate-in alone",

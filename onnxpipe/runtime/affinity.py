@@ -160,8 +160,8 @@ def assign_cpus(
     stage order), and a note when it cannot be: then nothing is pinned.
 
     ``workers[s]`` (the same for every lane) groups stages that share a worker, as an interleaved split's
-    do: a group gets one set of CPUs, as many as its hungriest stage's threads, and its stages take turns
-    on it, which is what the plan's per-worker time assumes.
+    do: a group gets one set of CPUs, as many as its hungriest stage's threads, and its stages share
+    it, which is what the plan's per-worker time assumes.
     """
     pool = tuple(available_cpus() if cpus is None else cpus)
     groups = [list(range(len(lane))) if workers is None else list(workers) for lane in lanes]

@@ -75,7 +75,7 @@ def replica_threads(stage_threads: Sequence[int]) -> list[int]:
 
 def worker_threads(pipeline: Pipeline) -> list[int]:
     """Intra-op threads of each of the pipeline's workers: a stage's own, or, where stages share a worker
-    (an interleaved split), the most any of them runs, since they take turns on the worker's CPUs.  The
+    (an interleaved split), the most any of them runs, since they share the worker's CPUs.  The
     baselines get as many threads, and as many replicas, as the pipeline has workers."""
     specs = pipeline.lanes[0]
     m = pipeline.manifest

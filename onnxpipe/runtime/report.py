@@ -257,7 +257,7 @@ class StageReport:
 @dataclass(frozen=True)
 class WorkerReport:
     """One worker of an interleaved split: the stages it runs (each in a thread or process of its own,
-    pinned with ``--pin`` to the worker's CPUs, where they take turns), their numbers summed.
+    pinned with ``--pin`` to the worker's CPUs, which they share), their numbers summed.
 
     ``estimated_ms`` and ``measured_ms`` are the sums of its stages' (the time the worker spends per
     micro-batch), ``estimate_error`` is ``(estimated - measured) / measured`` of those sums,
