@@ -55,16 +55,17 @@ def format_manifest_table(manifest: Manifest) -> str:
         stage_time(s.estimated_compute_seconds, s.estimated_transfer_seconds, manifest.cluster is not None)
         for s in manifest.stages
     ]
-    shared = manifest.plan.workers is not None
-    loads = [sum(costs[s] for s in manifest.stages_of(w)) for w in range(manifest.workers)]
-    bottleneck = max(loads) if loads else 0.0
+    workers = (
+        [manifest.worker_of(i) for i in range(manifest.k)] if manifest.plan.workers is not None else None
+    )
+    bottleneck, worker_lines = _by_worker(workers, costs, [s.param_bytes for s in manifest.stages])
     rows = []
     for s, cost in zip(manifest.stages, costs, strict=True):
         share = cost / bottleneck if bottleneck > 0 else 0.0
         rows.append(
             [
                 f"{s.index}",
-                f"worker {manifest.worker_of(s.index)}" if shared else s.device,
+                s.device if workers is None else f"worker {workers[s.index]}",
                 f"{s.node_count}",
                 f"{cost * 1e3:.3f}",
                 human_bytes(sum(i.bytes_per_sample for i in s.inputs)),
@@ -91,15 +92,7 @@ def format_manifest_table(manifest: Manifest) -> str:
         f"lower bound {plan.lower_bound_seconds * 1e3:.3f} ms (ratio {plan.ratio_to_lower_bound:.3f}), "
         f"costs: {plan.cost_source}, {plan.threads} thread(s)"
     )
-    if shared:
-        for w, load in enumerate(loads):
-            stages = manifest.stages_of(w)
-            params = sum(manifest.stages[s].param_bytes for s in stages)
-            footer += (
-                f"\nworker {w}: stages {', '.join(map(str, stages))}, {load * 1e3:.3f} ms "
-                f"({load / bottleneck if bottleneck > 0 else 0.0:.0%} of the bottleneck), "
-                f"params {human_bytes(params)}"
-            )
+    footer += "".join(f"\n{line}" for line in worker_lines)
     return table(head, rows) + "\n" + footer
 
 
@@ -122,13 +115,38 @@ def format_model_table(view: ModelView) -> str:
     return table(["op", "nodes", "params"], rows) + "\n" + summary
 
 
+def _by_worker(
+    workers: Sequence[int] | None, costs: Sequence[float], params: Sequence[int]
+) -> tuple[float, list[str]]:
+    """The bottleneck the share column is relative to, and a line per worker of an interleaved split.
+
+    With a worker per stage (``workers`` None) the bottleneck is the slowest stage and there are no
+    lines; where stages share workers it is the busiest worker's time, all its stages together.
+    """
+    if workers is None:
+        return (max(costs) if costs else 0.0), []
+    groups: dict[int, list[int]] = {}
+    for stage, w in enumerate(workers):
+        groups.setdefault(w, []).append(stage)
+    loads = {w: sum(costs[s] for s in stages) for w, stages in groups.items()}
+    bottleneck = max(loads.values(), default=0.0)
+    lines = [
+        f"worker {w}: stages {', '.join(map(str, stages))}, {loads[w] * 1e3:.3f} ms "
+        f"({loads[w] / bottleneck if bottleneck > 0 else 0.0:.0%} of the bottleneck), "
+        f"params {human_bytes(sum(params[s] for s in stages))}"
+        for w, stages in sorted(groups.items())
+    ]
+    return bottleneck, lines
+
+
 def format_plan_table(plan: Plan) -> str:
     """Stage, device, nodes, compute and transfer per micro-batch, parameters, memory, share of bottleneck;
     then the schedule: kind, micro-batches, simulated batch time, bubble, throughput."""
     costs = [
         max(s.compute_seconds, s.transfer_seconds) if plan.cluster else s.cost_seconds for s in plan.stages
     ]
-    bottleneck = max(costs) if costs else 0.0
+    workers = [s.worker if s.worker is not None else s.index for s in plan.stages] if plan.workers else None
+    bottleneck, worker_lines = _by_worker(workers, costs, [s.param_bytes for s in plan.stages])
     caps = plan.cluster.mem_caps if plan.cluster is not None else None
     rows = []
     for i, (s, cost) in enumerate(zip(plan.stages, costs, strict=True)):
@@ -136,7 +154,7 @@ def format_plan_table(plan: Plan) -> str:
         rows.append(
             [
                 f"{s.index}",
-                s.device,
+                s.device if workers is None else f"worker {workers[i]}",
                 f"{len(s.node_names)}",
                 f"{s.compute_seconds * 1e3:.3f}",
                 f"{s.transfer_seconds * 1e3:.3f}",
@@ -159,7 +177,7 @@ def format_plan_table(plan: Plan) -> str:
         "memory",
         "load",
     ]
-    lines = [table(head, rows)]
+    lines = [table(head, rows), *worker_lines]
     lines.append(
         f"bottleneck {plan.bottleneck_seconds * 1e3:.3f} ms per micro-batch, lower bound "
         f"{plan.lower_bound_seconds * 1e3:.3f} ms (ratio {plan.ratio_to_lower_bound:.3f}); costs: "

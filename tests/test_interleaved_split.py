@@ -185,6 +185,12 @@ def test_split_workers_on_the_command_line(
     assert m.plan.time_slack == 0.05 and m.workers == 2
     code, out, _ = run(["inspect", "o"], capfd)
     assert code == 0 and "worker 1: stages 1, 3" in out
+    code, out, _ = run(["plan", model, "--stages", "4", "--workers", "2", "--cost", "static"], capfd)
+    assert code == 0 and "worker 0: stages 0, 2" in out
+    assert [line.split()[:3] for line in out.splitlines()[2:4]] == [
+        ["0", "worker", "0"],
+        ["1", "worker", "1"],
+    ]
     code, out, err = run(
         ["split", model, "-k", "2", "--workers", "2", "--out", "same", "--cost", "static"], capfd
     )
