@@ -222,6 +222,15 @@ def test_console_script(mlp: Path, tmp_path: Path) -> None:
     assert "missing.onnx: no such file" in line
     assert not (tmp_path / "out2").exists()
 
+    # a reader that leaves early (`onnxpipe inspect ... | head -1`): no traceback, the SIGPIPE exit code
+    proc = subprocess.Popen(
+        [script, "inspect", mlp], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )  # fmt: skip
+    assert proc.stdout is not None
+    proc.stdout.close()  # before the child writes: its first write meets a closed pipe
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 141 and "Traceback" not in err, err
+
     usage = subprocess.run(
         [script, "split", mlp, "--out", tmp_path / "out3"], capture_output=True, text=True, timeout=300
     )
