@@ -98,3 +98,22 @@ def test_far_apart_group_is_ignored() -> None:
     allowed = allowed_cuts_from_regions(nodes, [("n0", "n19"), ("n5", "n6")])
     assert allowed[6] is False
     assert sum(allowed) == 20  # only the cut inside the compact group (n5, n6) is forbidden
+
+
+def test_fused_groups_are_cut_only_when_they_leave_too_few_positions() -> None:
+    from onnxpipe.errors import PartitionError
+    from onnxpipe.plan import keeping_fused_groups
+
+    def solve(allowed: object) -> str:
+        if allowed is not None:
+            raise PartitionError("allowed_cuts permits only 1 cut positions")
+        return "split without groups"
+
+    notes: list[str] = []
+    assert keeping_fused_groups(solve, [True, False, True], notes) == "split without groups"
+    assert notes == ["fused groups had to be cut to make this many stages"]
+    with pytest.raises(PartitionError, match="permits only"):  # nothing to relax: the error stands
+        keeping_fused_groups(solve, [True, True, True], [])
+    assert (
+        keeping_fused_groups(lambda allowed: "fits", [True, False, True], notes) == "fits" and len(notes) == 1
+    )
