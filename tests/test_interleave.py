@@ -120,6 +120,11 @@ def test_transfers_count_on_the_receiving_worker() -> None:
         (([1.0] * 4, 2, 2), {"time_slack": -0.1}, "time_slack must be a finite number >= 0"),
         (([1.0] * 4, 2, 2), {"bandwidth": 0.0}, "bandwidth must be a positive number"),
         (([1.0] * 4, 2, 2), {"item_mem": [1.0]}, "item_mem"),
+        (
+            ([1.0] * 4, 2, 2),
+            {"cut_bytes": [0, 5, 5, 5, 0], "bandwidth": 1e-320},
+            "would take longer than any",
+        ),
         (([1.0] * 4, 2, 2), {"allowed_cuts": [True, False, False, True, True]}, "permits only 1 cut"),
     ],
 )

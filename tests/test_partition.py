@@ -618,6 +618,14 @@ def test_no_public_name_is_a_submodule() -> None:
         (lambda: evaluate_heterogeneous([0, 1, 2], [1, 2], speeds=[1]), r"speeds has 1 entries"),
         (lambda: evaluate([1, 2, 3], [0, 2, 2, 3]), r"strictly increasing"),
         (lambda: evaluate([1, 2, 3], [0, 2]), r"strictly increasing"),
+        (
+            lambda: solve([1, 2, 3], 2, cut_bytes=[0, 8, 8, 0], bandwidth=1e-320),
+            r"bandwidth 1e-320 bytes/s: moving 8 bytes across a cut would take longer than any float",
+        ),
+        (
+            lambda: solve_heterogeneous([1, 2], 2, speeds=[1, 1], cut_bytes=[0, 9, 0], bandwidths=[1e-320]),
+            r"bandwidth 1e-320 bytes/s: moving 9 bytes",
+        ),
     ],
 )
 def test_refusals_are_partition_errors_with_one_line_messages(call: object, match: str) -> None:

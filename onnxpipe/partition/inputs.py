@@ -172,6 +172,7 @@ def _homogeneous_model(
     if not bw > 0:  # also rejects NaN
         raise PartitionError(f"bandwidth = {bandwidth!r} is invalid: give bytes per second > 0 (inf = free)")
     cut = _vector("cut_bytes", cut_bytes, n + 1, 0.0, hint=" (n+1: one per cut position 0..n)")
+    _check_transfers(cut, bw)
     model = _Model(
         n=n,
         k=k,
@@ -233,12 +234,26 @@ def _memory_work(
     return _Work.table("item_mem + act_factor[{s}] * item_act", [rows[f] for f in fac.tolist()])
 
 
+def _check_transfers(cut: FloatArr, bandwidth: float, latency: float = 0.0) -> None:
+    """Refuse a link so slow that moving the largest cut takes longer than the largest float: every
+    split would then cost ``inf`` and none could be told from another."""
+    inner = float(cut[1:-1].max(initial=0.0))
+    with np.errstate(over="ignore"):
+        worst = inner / bandwidth + latency if inner > 0 else latency
+    if not math.isfinite(worst):
+        raise PartitionError(
+            f"bandwidth {bandwidth!r} bytes/s: moving {inner:.0f} bytes across a cut would take longer than "
+            "any float can count; give a bandwidth in bytes per second (e.g. 1e9 for 1 GB/s)"
+        )
+
+
 def _heterogeneous_model(request: HeterogeneousRequest, k: int) -> tuple[_Model, float]:
     """Validate ``request`` for ``k`` stages: the model, and a bound no split of it can beat."""
     work, n, speed, largest_item = _compute_work(request, k)
     bw = _per_stage("bandwidths", request.bandwidths, k, math.inf, positive=True, allow_inf=True)
     lat = _per_stage("latencies", request.latencies, k, 0.0)
     cut = _vector("cut_bytes", request.cut_bytes, n + 1, 0.0, hint=" (n+1: one per cut position 0..n)")
+    _check_transfers(cut, float(bw[1:].min(initial=math.inf)), float(lat.max(initial=0.0)))
     mem, mem_cap, mem_fac = _memory_terms(request, n, k)
     model = _Model(
         n=n,

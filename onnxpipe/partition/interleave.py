@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnxpipe.errors import PartitionError
-from onnxpipe.partition.inputs import _allowed, _check_bounds, _costs, _vector
+from onnxpipe.partition.inputs import _allowed, _check_bounds, _check_transfers, _costs, _vector
 from onnxpipe.partition.numeric import FloatArr, IntArr, _prefix
 
 MAX_SPLITS = 60_000_000
@@ -148,6 +148,7 @@ def _sums(
     cut = _vector("cut_bytes", cut_bytes, n + 1, 0.0)
     if cut.max(initial=0.0) >= 2.0**62:
         raise PartitionError("cut_bytes must be below 2**62 bytes")
+    _check_transfers(cut, float(bandwidth))
     xfer = np.zeros(n + 1) if math.isinf(bandwidth) else cut / float(bandwidth)
     xfer[0] = 0.0
     mem = _vector("item_mem", item_mem, n, 0.0)
