@@ -148,3 +148,27 @@ def test_ray_cli_run(ray_cluster: Any, tiny_split: Path, tmp_path: Path) -> None
     assert obj["backend"] == "ray" and obj["microbatches"] == 8
     assert all(s["measured_ms"] > 0 and s["peak_rss_bytes"] > 0 for s in obj["stages"])
     assert np.isfinite(obj["throughput_per_s"])
+
+
+def test_ray_runs_an_interleaved_split_with_a_worker_s_stages_packed_together(
+    ray_cluster: Any, tmp_path: Path, sample_models_dir: Path
+) -> None:
+    """4 stages on 2 workers fit a 2-CPU cluster: each worker's 2 stages share one placement group of
+    2 x 0.5 CPU (asking 1 CPU per stage, 4 in all, would never start)."""
+    from ray.util import placement_group_table
+
+    from onnxpipe import api
+
+    split = tmp_path / "interleaved"
+    api.split(
+        sample_models_dir / "transformer_tiny.onnx", 4, split, cost="static", workers=2, run_verify=False
+    )
+    batches = token_batches(12, seed=4)
+    expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
+    with Pipeline.from_manifest(split, backend="ray") as pipe:
+        backend = pipe.backend
+        assert isinstance(backend, RayBackend) and len(backend.placement_groups) == 2
+        ids = [g.id.hex() for g in backend.placement_groups]
+        assert all(placement_group_table()[i]["strategy"] == "STRICT_PACK" for i in ids)
+        assert_same(expected, list(pipe.stream(batches)))
+    assert all(placement_group_table()[i]["state"] == "REMOVED" for i in ids)

@@ -366,10 +366,12 @@ class Pipeline:
         if from_manifest and backend == "local":  # Ray actors check the provider on their own node
             check_providers_here(specs, ort.get_available_providers())
         pin_note = None
+        shared = (
+            [manifest.worker_of(i) for i in range(manifest.k)] if manifest.plan.workers is not None else None
+        )
         if pin:
             if backend != "local":
                 raise UsageError("pinning is for local workers; Ray places its actors itself")
-            shared = [manifest.worker_of(i) for i in range(manifest.k)]
             lanes, pin_note = assign_cpus([specs], workers=shared)
             specs = lanes[0]
         back = make_backend(
@@ -379,6 +381,7 @@ class Pipeline:
             slots=slots,
             ray_address=ray_address,
             ray_resources=ray_resources,
+            ray_workers=shared,
         )
         return cls(
             back,
@@ -560,8 +563,10 @@ def make_backend(
     slots: int = DEFAULT_SLOTS,
     ray_address: str | None = None,
     ray_resources: Sequence[Mapping[str, Any]] | None = None,
+    ray_workers: Sequence[int] | None = None,
 ) -> Backend:
-    """Start the workers of ``lanes`` on ``backend``."""
+    """Start the workers of ``lanes`` on ``backend`` (``ray_workers``: the worker of each stage of an
+    interleaved split, so that Ray places a worker's stages together)."""
     if backend == "local":
         chosen = DEFAULT_LOCAL_MODE if mode is None else mode
         if chosen == "processes":
@@ -574,5 +579,7 @@ def make_backend(
             raise UsageError("the ray backend runs one chain of stages")
         from onnxpipe.runtime.ray_backend import RayBackend
 
-        return RayBackend(lanes[0], address=ray_address, resources=ray_resources, slots=slots)
+        return RayBackend(
+            lanes[0], address=ray_address, resources=ray_resources, slots=slots, workers=ray_workers
+        )
     raise UsageError(f"backend {backend!r}: choose one of {', '.join(BACKENDS)}")

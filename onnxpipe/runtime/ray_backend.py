@@ -158,7 +158,10 @@ class RayBackend:
         resources: Sequence[Mapping[str, Any]] | None = None,
         slots: int = DEFAULT_SLOTS,
         start_timeout: float = START_TIMEOUT_S,
+        workers: Sequence[int] | None = None,
     ) -> None:
+        """``workers[i]``: the worker of stage ``i`` in an interleaved split (None: one each).  Without a
+        resources file, a worker's stages then share one placement group (:meth:`_pack`)."""
         ray = _import_ray()
         self._ray = ray
         self.specs = list(specs)
@@ -171,12 +174,19 @@ class RayBackend:
         self._closed = False
         self._failure: RuntimeStageError | None = None
         self.actors: list[Any] = []
+        self.placement_groups: list[Any] = []
         self._ray_generation = _OWNED_RAY.acquire(ray, address)
         try:  # whatever fails from here on (Ctrl-C, bad options, no resources), close() undoes the rest
             remote = ray.remote(StageActor)
+            packed = None
+            if workers is not None and resources is None:  # every stage's options first, to group them
+                packed = self._pack([actor_options(spec, {}) for spec in self.specs], workers, start_timeout)
             for i, spec in enumerate(self.specs):
-                options = actor_options(spec, resources[i] if resources is not None else {})
-                self.actors.append(remote.options(**options).remote(spec))
+                if packed is not None:
+                    opts = packed[i]
+                else:  # one at a time: a Ctrl-C in between leaves only started actors, which close() kills
+                    opts = actor_options(spec, resources[i] if resources is not None else {})
+                self.actors.append(remote.options(**opts).remote(spec))
             try:
                 placed = ray.get([a.ready.remote() for a in self.actors], timeout=start_timeout)
             except ray.exceptions.GetTimeoutError as e:
@@ -190,6 +200,51 @@ class RayBackend:
             self.close(graceful=False)
             raise
         self.placed: list[tuple[int, str]] = [(int(pid), str(host)) for pid, host in placed]
+
+    def _pack(
+        self, options: list[dict[str, Any]], workers: Sequence[int], timeout: float
+    ) -> list[dict[str, Any]]:
+        """Put the stages of each worker on one node, sharing the worker's CPUs (and GPU).
+
+        A worker's stages take turns on its CPUs, so together they ask for what one of them would: each
+        of its V stages asks for 1/V of the most CPUs (and GPUs) any of them wants, inside one
+        ``STRICT_PACK`` placement group per worker.  Asking each stage's full share instead would need V
+        times the worker's CPUs, which a cluster sized for the workers does not have.
+        """
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if len(workers) != len(options):
+            raise UsageError(f"{len(workers)} workers given for {len(options)} stages")
+        out = [dict(o) for o in options]
+        asked: list[str] = []
+        for w in dict.fromkeys(workers):
+            members = [i for i, x in enumerate(workers) if x == w]
+            cpus = max(float(options[i]["num_cpus"]) for i in members) / len(members)
+            gpus = max(float(options[i]["num_gpus"]) for i in members) / len(members)
+            bundle = {"CPU": cpus, **({"GPU": gpus} if gpus > 0 else {})}
+            asked.append(f"worker {w}: {len(members)} x {bundle}")
+            group = placement_group([dict(bundle) for _ in members], strategy="STRICT_PACK")
+            self.placement_groups.append(group)
+            for j, i in enumerate(members):
+                out[i].update(
+                    num_cpus=cpus,
+                    num_gpus=gpus,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        placement_group=group, placement_group_bundle_index=j
+                    ),
+                )
+        ready, _ = self._ray.wait(
+            [g.ready() for g in self.placement_groups],
+            num_returns=len(self.placement_groups),
+            timeout=timeout,
+        )
+        if len(ready) < len(self.placement_groups):
+            raise RuntimeStageError(
+                f"the workers' placement groups were not granted within {timeout:.0f} s: the cluster lacks "
+                f"a node with the CPUs of each worker ({'; '.join(asked)})"
+            )
+        return out
 
     def _describe_requests(self, resources: Sequence[Mapping[str, Any]] | None) -> str:
         parts = []
@@ -273,6 +328,12 @@ class RayBackend:
         for actor in self.actors:
             with contextlib.suppress(Exception):  # an actor that is already gone is fine
                 self._ray.kill(actor, no_restart=True)
+        if self.placement_groups:
+            from ray.util.placement_group import remove_placement_group
+
+            for group in self.placement_groups:
+                with contextlib.suppress(Exception):  # already removed with its job
+                    remove_placement_group(group)
         with self._lock:
             self._in_flight.clear()
         _OWNED_RAY.release(self._ray, self._ray_generation)
