@@ -237,6 +237,25 @@ def backward_seconds(fwd: Sequence[float], ratio: float = DEFAULT_BACKWARD_RATIO
 # simulation
 
 
+def _send(
+    transfers: list[Transfer],
+    free: list[float],
+    lk: int,
+    direction: StepKind,
+    j: int,
+    ready: float,
+    cost: float,
+) -> float:
+    """Move micro-batch ``j`` over link ``lk`` (one transfer at a time per direction, ``free`` says when
+    each is next idle) once it is ``ready``; the arrival time.  Free links (``cost <= 0``) record nothing."""
+    if cost <= 0:
+        return ready
+    start = max(ready, free[lk])
+    free[lk] = start + cost
+    transfers.append(Transfer(lk, direction, j, start, start + cost))
+    return start + cost
+
+
 def simulate(
     kind: ScheduleKind,
     fwd: Sequence[float],
@@ -292,16 +311,8 @@ def simulate(
     link_f_free = [0.0] * k  # link s (stage s-1 -> s), forward direction
     link_b_free = [0.0] * k  # link s, backward direction (stage s -> s-1)
 
-    def send(lk: int, direction: StepKind, j: int, ready: float, cost: float, free: list[float]) -> float:
-        if cost <= 0:
-            return ready
-        start = max(ready, free[lk])
-        free[lk] = start + cost
-        transfers.append(Transfer(lk, direction, j, start, start + cost))
-        return start + cost
-
     for j in range(m):  # the source sends the model inputs one micro-batch after another
-        f_arrive[0][j] = send(0, "F", j, 0.0, l_cost[0], link_f_free)
+        f_arrive[0][j] = _send(transfers, link_f_free, 0, "F", j, 0.0, l_cost[0])
 
     steps: list[list[Step]] = [[] for _ in range(k)]
     ptr = [0] * k
@@ -324,11 +335,11 @@ def simulate(
                 if op == "F":
                     f_done[s][j] = end
                     if s + 1 < k:
-                        f_arrive[s + 1][j] = send(s + 1, "F", j, end, l_cost[s + 1], link_f_free)
+                        f_arrive[s + 1][j] = _send(transfers, link_f_free, s + 1, "F", j, end, l_cost[s + 1])
                     elif training:
                         b_arrive[s][j] = end
                 elif s > 0:
-                    b_arrive[s - 1][j] = send(s, "B", j, end, l_cost[s], link_b_free)
+                    b_arrive[s - 1][j] = _send(transfers, link_b_free, s, "B", j, end, l_cost[s])
                 ptr[s] += 1
                 progress = True
     if any(ptr[s] < len(orders[s]) for s in range(k)):
@@ -363,16 +374,8 @@ def _simulate_shared(fwd: list[float], link: list[float], m: int, workers: tuple
     link_free = [0.0] * k
     transfers: list[Transfer] = []
 
-    def send(lk: int, j: int, ready: float) -> float:
-        if link[lk] <= 0:
-            return ready
-        start = max(ready, link_free[lk])
-        link_free[lk] = start + link[lk]
-        transfers.append(Transfer(lk, "F", j, start, start + link[lk]))
-        return start + link[lk]
-
     for j in range(m):
-        arrive[0][j] = send(0, j, 0.0)
+        arrive[0][j] = _send(transfers, link_free, 0, "F", j, 0.0, link[0])
     free: dict[int, float] = dict.fromkeys(workers, 0.0)
     nxt = [0] * k
     steps: list[list[Step]] = [[] for _ in range(k)]
@@ -392,7 +395,7 @@ def _simulate_shared(fwd: list[float], link: list[float], m: int, workers: tuple
         free[workers[s]] = end
         steps[s].append(Step("F", j, start, end))
         if s + 1 < k:
-            arrive[s + 1][j] = send(s + 1, j, end)
+            arrive[s + 1][j] = _send(transfers, link_free, s + 1, "F", j, end, link[s + 1])
         nxt[s] += 1
     load: dict[int, float] = dict.fromkeys(workers, 0.0)
     for s in range(k):
