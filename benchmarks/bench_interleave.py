@@ -19,6 +19,7 @@ plan's throughput (one over its bottleneck) is set against the measured one.  Re
 ``benchmarks/results/interleave.json``::
 
     python benchmarks/bench_interleave.py [--models resnet50,yolov8n] [--rounds 6] [--k 2] [--v 2]
+        [--calibrate ROUNDS]
 """
 
 from __future__ import annotations
@@ -98,8 +99,16 @@ def bench_model(
     base = Path(tempfile.mkdtemp(prefix=f"interleave-{name}-"))
     profile = api.get_profile(load_model(path), cost="profile", shapes=shapes)
     splits = {"contiguous": base / "contiguous", "interleaved": base / "interleaved"}
-    api.split(path, args.k, splits["contiguous"], profile=profile, run_verify=False)
-    api.split(path, args.k * args.v, splits["interleaved"], profile=profile, workers=args.k, run_verify=False)
+    api.split(path, args.k, splits["contiguous"], profile=profile, run_verify=False, calibrate=args.calibrate)
+    api.split(
+        path,
+        args.k * args.v,
+        splits["interleaved"],
+        profile=profile,
+        workers=args.k,
+        run_verify=False,
+        calibrate=args.calibrate,
+    )
     manifests = {key: load_manifest(d) for key, d in splits.items()}
     if cpu_sets([1] * args.k) is None:
         raise SystemExit(f"{args.k} workers need {args.k} CPUs this process may use")
@@ -142,6 +151,7 @@ def bench_model(
         "v": args.v,
         "microbatches": n,
         "rounds": args.rounds,
+        "calibrate_rounds": args.calibrate,
         "nodes_per_stage": {key: [st.node_count for st in m.stages] for key, m in manifests.items()},
         "throughput_per_s": {k: statistics.median(v) for k, v in rates.items()},
         "all_rounds": rates,
@@ -200,6 +210,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--v", type=int, default=2, help="stages per worker in the interleaved split")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--max-microbatches", type=int, default=300)
+    parser.add_argument(
+        "--calibrate",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="split both ways with `onnxpipe split --calibrate ROUNDS` (each stage timed alone)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "interleave.json")
     args = parser.parse_args(argv)
     return run_models(parser, args, bench_model, print_summary)
