@@ -191,11 +191,12 @@ def replica_memory(
 
 
 def stage_worker_memory(pipeline: Pipeline, inputs: Sequence[Feeds]) -> list[WorkerStats] | None:
-    """Each stage of a thread pipeline in a worker process of its own, run for a few micro-batches.
+    """Each stage of a thread pipeline in a worker process of its own (or, for an interleaved split,
+    each worker's stages in one process), run for a few micro-batches.
 
     Thread workers share one process, so none of their memory can be told apart; the same stages, with
-    the same placements, as processes give each stage's worker memory measured like a replica's.  None
-    for a pipeline not opened from a split folder.
+    the same placements, as processes give each stage's (each worker's) memory measured like a
+    replica's.  None for a pipeline not opened from a split folder.
     """
     if pipeline.directory is None:
         return None
@@ -212,6 +213,7 @@ def _with_worker_memory(report: RunReport, stats: Sequence[WorkerStats]) -> RunR
             s,
             worker_peak_rss_bytes=by_index[s.index].peak_rss_bytes,
             worker_model_rss_bytes=by_index[s.index].model_rss_bytes,
+            hosted_with=by_index[s.index].hosted_with,
         )
         if s.index in by_index
         else s

@@ -381,7 +381,7 @@ class Pipeline:
             slots=slots,
             ray_address=ray_address,
             ray_resources=ray_resources,
-            ray_workers=shared,
+            workers=shared,
         )
         return cls(
             back,
@@ -563,14 +563,15 @@ def make_backend(
     slots: int = DEFAULT_SLOTS,
     ray_address: str | None = None,
     ray_resources: Sequence[Mapping[str, Any]] | None = None,
-    ray_workers: Sequence[int] | None = None,
+    workers: Sequence[int] | None = None,
 ) -> Backend:
-    """Start the workers of ``lanes`` on ``backend`` (``ray_workers``: the worker of each stage of an
-    interleaved split, so that Ray places a worker's stages together)."""
+    """Start the workers of ``lanes`` on ``backend`` (``workers``: the worker of each stage of an
+    interleaved split, whose stages then share a worker process, or a Ray placement group on one node;
+    thread workers ignore it: they share one process anyway)."""
     if backend == "local":
         chosen = DEFAULT_LOCAL_MODE if mode is None else mode
         if chosen == "processes":
-            return ProcessBackend(lanes, slots=slots)
+            return ProcessBackend(lanes, slots=slots, workers=workers)
         if chosen == "threads":
             return ThreadBackend(lanes, slots=slots)
         raise UsageError(f"local mode {chosen!r}: choose one of {', '.join(LOCAL_MODES)}")
@@ -580,6 +581,6 @@ def make_backend(
         from onnxpipe.runtime.ray_backend import RayBackend
 
         return RayBackend(
-            lanes[0], address=ray_address, resources=ray_resources, slots=slots, workers=ray_workers
+            lanes[0], address=ray_address, resources=ray_resources, slots=slots, workers=workers
         )
     raise UsageError(f"backend {backend!r}: choose one of {', '.join(BACKENDS)}")

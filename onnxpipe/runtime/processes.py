@@ -61,20 +61,85 @@ _RESET = "reset"
 # the worker process
 
 
+@dataclass(frozen=True)
+class StageEnds:
+    """The channel ends of one stage hosted by a worker process: where its micro-batches come in, where
+    its results go, and the name prefix of the segments it writes."""
+
+    in_data: Connection
+    in_free: Connection
+    out_data: Connection
+    out_free: Connection
+    prefix: str
+
+
+class _Hosted:
+    """One stage inside a worker process: its session, its two channels, and a result it computed but
+    could not send yet (the downstream channel was full), with its input slot still held."""
+
+    def __init__(self, runner: StageRunner, ends: StageEnds, slots: int) -> None:
+        self.runner = runner
+        self.reader = SlotReader(ends.in_data, ends.in_free)
+        self.writer = SlotWriter(ends.prefix, slots, ends.out_data, ends.out_free)
+        self.held: tuple[ItemMessage, dict[str, np.ndarray], float, float, float] | None = None
+        self.busy: int | None = None
+        """The micro-batch taken and not yet sent on (what a failure names)."""
+
+    def run_next(self) -> int | None:
+        """Take the next micro-batch, run it, and send the result if there is room (else hold it).
+        Returns the micro-batch's number, or None when the channel was closed (the caller's close)."""
+        message = self.reader.recv()
+        if not isinstance(message, ItemMessage):
+            return None
+        self.busy = message.seq
+        received = time.perf_counter()
+        views = self.reader.views(message)
+        run_start = time.perf_counter()
+        sends = self.runner.run(message.seq, views)
+        self.held = (message, sends, received, run_start, time.perf_counter())
+        del views
+        self.send_held()
+        return message.seq
+
+    def send_held(self) -> bool:
+        """Send the held result if the downstream channel has room; whether it went."""
+        assert self.held is not None
+        if not self.writer.has_room():
+            return False
+        message, sends, received, run_start, run_end = self.held
+        out_ready = time.perf_counter()
+        self.writer.send(message.seq, sends)
+        self.held = None
+        self.busy = None
+        del sends
+        self.reader.release(message.slot)
+        self.runner.recorder.add(
+            Record(message.seq, received, run_start, run_end, out_ready, time.perf_counter())
+        )
+        return True
+
+    def close(self) -> None:
+        self.writer.close()
+        self.reader.close()
+
+
 def worker_main(
-    spec: WorkerSpec,
-    in_data: Connection,
-    in_free: Connection,
-    out_data: Connection,
-    out_free: Connection,
+    specs: tuple[WorkerSpec, ...],
+    ends: tuple[StageEnds, ...],
     control: Connection,
     status: Connection,
-    prefix: str,
     slots: int,
     parent_pid: int,
     pipeline_prefix: str,
 ) -> None:
     """Entry point of a worker process (module level, so that ``spawn`` can import it).
+
+    The process hosts one stage, or all the stages of one worker of an interleaved split (``specs``, in
+    stage order, ``ends[i]`` the channels of ``specs[i]``), each with its own session: one process per
+    worker pays for one interpreter and one onnxruntime instead of one per stage.  It never waits on one
+    stage while another could work: it runs the deepest stage that has a micro-batch and no result
+    waiting for room (a stage holds at most one result that its full downstream channel cannot take
+    yet), so no cycle of full channels between two workers can stall it.
 
     A worker whose parent died removes every segment of the pipeline (the parent cannot any more).
     """
@@ -82,37 +147,68 @@ def worker_main(
     for ending in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(ending, _leave)
     startup_rss = current_rss_bytes()
+    cpus = tuple(sorted({c for spec in specs for c in spec.placement.cpus}))
     try:
-        pin_thread(spec.placement.cpus)
+        pin_thread(cpus)
     except OSError as e:  # CPUs outside this process's allowed set (a changed cpuset)
-        status.send(("failed", None, pin_failure(spec, e)))
+        status.send(("failed", None, pin_failure(specs[0], e)))
         return
+    hosted: list[_Hosted] = []
     try:
-        runner = StageRunner(spec)
+        for spec, channels in zip(specs, ends, strict=True):
+            hosted.append(_Hosted(StageRunner(spec), channels, slots))
     except StageFailure as e:
         status.send(("failed", None, str(e)))
         return
     except _Leave:
         return
     status.send(("ready", os.getpid(), startup_rss))
-    reader = SlotReader(in_data, in_free)
-    writer = SlotWriter(prefix, slots, out_data, out_free)
-    incoming = Poller(in_data, control)
-    room = Poller(out_free, control)
-    seq: int | None = None
+    deepest_first = hosted[::-1]
+    together = tuple(spec.index for spec in specs) if len(specs) > 1 else ()
+    pid = os.getpid()
+    # what to wait on, by which stages hold a result: their room, else their input (and the control pipe)
+    waits: dict[tuple[bool, ...], Poller] = {}
+    current: _Hosted | None = None
     orphaned = False
 
     def control_says_go() -> bool:
         message = control.recv()
         if isinstance(message, tuple) and message[0] == _STATS:
-            control.send((message[1], runner.stats(pid=os.getpid(), startup_rss=startup_rss)))
+            control.send(
+                (
+                    message[1],
+                    [h.runner.stats(pid=pid, startup_rss=startup_rss, hosted_with=together) for h in hosted],
+                )
+            )
         elif message == _RESET:
-            runner.recorder.reset()
+            for h in hosted:
+                h.runner.recorder.reset()
         return bool(message != _STOP)
 
     try:
         while True:
-            ready = incoming.ready(_WATCH_S)
+            worked = False
+            for h in deepest_first:
+                if h.held is not None:
+                    current = h
+                    worked = h.send_held() or worked
+                if h.held is None and h.reader.pending():
+                    current = h
+                    if h.run_next() is None:
+                        return
+                    worked = True
+                    break
+            current = None
+            if worked:
+                continue
+            key = tuple(h.held is not None for h in hosted)
+            poller = waits.get(key)
+            if poller is None:
+                objects = [
+                    h.writer.free if held else h.reader.data for h, held in zip(hosted, key, strict=True)
+                ]
+                poller = waits[key] = Poller(*objects, control)
+            ready = poller.ready(_WATCH_S)
             if not ready:
                 if os.getppid() != parent_pid:
                     orphaned = True
@@ -120,34 +216,8 @@ def worker_main(
                 continue
             if control in ready and not control_says_go():
                 return
-            if in_data not in ready:
-                continue
-            message = reader.recv()
-            if not isinstance(message, ItemMessage):
-                return
-            seq = message.seq
-            received = time.perf_counter()
-            views = reader.views(message)
-            run_start = time.perf_counter()
-            sends = runner.run(message.seq, views)
-            run_end = time.perf_counter()
-            while not writer.has_room():
-                ready = room.ready(_WATCH_S)
-                if control in ready and not control_says_go():
-                    return
-                if not ready and os.getppid() != parent_pid:
-                    orphaned = True
-                    return
-            out_ready = time.perf_counter()
-            writer.send(message.seq, sends)
-            del views, sends
-            reader.release(message.slot)
-            runner.recorder.add(
-                Record(message.seq, received, run_start, run_end, out_ready, time.perf_counter())
-            )
-            seq = None
     except StageFailure as e:
-        _report(status, seq, str(e))
+        _report(status, _seq(current), str(e))
     except (EOFError, BrokenPipeError, ConnectionResetError):
         # a neighbour or the caller went away: the caller cleans up after the first, nobody after the second
         orphaned = _parent_gone(parent_pid, within=_WATCH_S)
@@ -156,13 +226,19 @@ def worker_main(
         orphaned = _parent_gone(parent_pid, within=_SIGNAL_WAIT_S)
     except BaseException as e:  # noqa: BLE001 - a bug here must reach the caller, not vanish
         detail = "".join(traceback.format_exception_only(type(e), e)).strip()
-        _report(status, seq, f"{spec.label}: internal error on micro-batch {seq}: {detail}")
+        label = current.runner.spec.label if current is not None else ", ".join(s.label for s in specs)
+        _report(status, _seq(current), f"{label}: internal error on micro-batch {_seq(current)}: {detail}")
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        writer.close()
-        reader.close()
+        for h in hosted:
+            h.close()
         if orphaned:
             unlink_prefix(pipeline_prefix)
+
+
+def _seq(hosted: _Hosted | None) -> int | None:
+    """The micro-batch ``hosted`` was busy with (None: no stage was)."""
+    return hosted.busy if hosted is not None else None
 
 
 class _Leave(BaseException):
@@ -193,16 +269,22 @@ def _report(status: Connection, seq: int | None, text: str) -> None:
 
 @dataclass
 class _Worker:
-    spec: WorkerSpec
+    specs: tuple[WorkerSpec, ...]
+    """The stages the process hosts, in stage order (one, or an interleaved split's worker's)."""
     process: BaseProcess
     control: Connection
     status: Connection
     pid: int = 0
     startup_rss: int | None = None
 
+    @property
+    def label(self) -> str:
+        return ", ".join(spec.label for spec in self.specs)
+
 
 @dataclass
 class _Lane:
+    specs: tuple[WorkerSpec, ...]
     workers: list[_Worker]
     writer: SlotWriter
     reader: SlotReader
@@ -219,9 +301,14 @@ class ProcessBackend:
         *,
         slots: int = DEFAULT_SLOTS,
         start_timeout: float = START_TIMEOUT_S,
+        workers: Sequence[int] | None = None,
     ) -> None:
+        """``workers``: the worker of each stage of a single lane (an interleaved split's
+        ``manifest.worker_of``); the stages of one worker share its process.  None: a process per stage."""
         if not lanes or any(not lane for lane in lanes):
             raise ValueError("a backend needs at least one lane of at least one worker")
+        if workers is not None and (len(lanes) != 1 or len(workers) != len(lanes[0])):
+            raise ValueError("workers gives the worker of each stage of one lane")
         if not 1 <= slots <= MAX_SLOTS:
             raise UsageError(f"slots {slots}: a link between two worker processes has 1 to {MAX_SLOTS}")
         ctx = mp.get_context("spawn")
@@ -242,7 +329,7 @@ class ProcessBackend:
         self._finalizer = weakref.finalize(self, unlink_prefix, self.prefix)
         try:
             for li, lane in enumerate(lanes):
-                self._start_lane(ctx, li, lane)
+                self._start_lane(ctx, li, lane, process_hosts(len(lane), workers))
             self._await_ready(start_timeout)
             everything: list[Connection | int] = [self._wake_read]
             health: list[Connection | int] = []
@@ -258,38 +345,36 @@ class ProcessBackend:
 
     # ---------------------------------------------------------------------------------- start-up
 
-    def _start_lane(self, ctx: SpawnContext, li: int, lane: Sequence[WorkerSpec]) -> None:
-        """Start lane ``li``'s workers and its channels, recording each part before it can fail."""
+    def _start_lane(
+        self, ctx: SpawnContext, li: int, lane: Sequence[WorkerSpec], hosts: Sequence[Sequence[int]]
+    ) -> None:
+        """Start lane ``li``'s worker processes (``hosts``: the positions of the stages each one hosts)
+        and its channels (channel ``c`` into stage ``c``), recording each part before it can fail."""
         k = len(lane)
         data = [ctx.Pipe(duplex=False) for _ in range(k + 1)]  # (reader, writer)
         free = [ctx.Pipe(duplex=False) for _ in range(k + 1)]  # (reader at the writer, writer)
         writer = SlotWriter(f"{self.prefix}-l{li}c0", self._slots, data[0][1], free[0][0])
         reader = SlotReader(data[k][0], free[k][1])
-        started = _Lane([], writer, reader)
+        started = _Lane(tuple(lane), [], writer, reader)
         self._lanes.append(started)
         try:
-            for i, spec in enumerate(lane):
+            for positions in hosts:
+                specs = tuple(lane[i] for i in positions)
+                ends = tuple(
+                    StageEnds(
+                        data[i][0], free[i][1], data[i + 1][1], free[i + 1][0], f"{self.prefix}-l{li}c{i + 1}"
+                    )
+                    for i in positions
+                )
                 control, control_child = ctx.Pipe()
                 status, status_child = ctx.Pipe(duplex=False)
                 process = ctx.Process(
                     target=worker_main,
-                    name=f"onnxpipe {spec.label}",
-                    args=(
-                        spec,
-                        data[i][0],
-                        free[i][1],
-                        data[i + 1][1],
-                        free[i + 1][0],
-                        control_child,
-                        status_child,
-                        f"{self.prefix}-l{li}c{i + 1}",
-                        self._slots,
-                        os.getpid(),
-                        self.prefix,
-                    ),
+                    name=f"onnxpipe {', '.join(spec.label for spec in specs)}",
+                    args=(specs, ends, control_child, status_child, self._slots, os.getpid(), self.prefix),
                     daemon=True,
                 )
-                worker = _Worker(spec, process, control, status)
+                worker = _Worker(specs, process, control, status)
                 started.workers.append(worker)
                 self._workers.append(worker)
                 try:
@@ -311,7 +396,7 @@ class ProcessBackend:
         while waiting:
             left = deadline - time.monotonic()
             if left <= 0:
-                names = ", ".join(w.spec.label for w in waiting.values())
+                names = ", ".join(w.label for w in waiting.values())
                 raise RuntimeStageError(f"{names}: did not start within {timeout:.0f} s")
             objects: list[Any] = [w.status for w in waiting.values()]
             objects += [w.process.sentinel for w in waiting.values()]
@@ -331,7 +416,7 @@ class ProcessBackend:
 
     @property
     def capacity(self) -> int:
-        return sum(self._slots * (len(lane.workers) + 1) for lane in self._lanes)
+        return sum(self._slots * (len(lane.specs) + 1) for lane in self._lanes)
 
     def try_submit(self, seq: int, feeds: Mapping[str, np.ndarray]) -> bool:
         self._check_open()
@@ -339,7 +424,7 @@ class ProcessBackend:
         for step in range(n):
             li = (self._next_lane + step) % n
             lane = self._lanes[li]
-            first = lane.workers[0].spec
+            first = lane.specs[0]
             try:
                 if not lane.writer.has_room():
                     continue
@@ -410,27 +495,35 @@ class ProcessBackend:
     # ---------------------------------------------------------------------------------- stats
 
     def stats(self) -> list[WorkerStats]:
-        """Each worker's statistics.  Requests carry an id and a reply to another (one that timed out) is
-        dropped; the lock keeps two callers from taking each other's replies."""
+        """Each stage's statistics, in lane and stage order.  Requests carry an id and a reply to another
+        (one that timed out) is dropped; the lock keeps two callers from taking each other's replies."""
         self._check_open()
         with self._control_lock:
             self._last_request += 1
             request = self._last_request
             for w in self._workers:
                 w.control.send((_STATS, request))
-            return [self._stats_reply(w, request) for w in self._workers]
+            replies = {id(w): self._stats_reply(w, request) for w in self._workers}
+        by_stage = {(id(w), st.index): st for w in self._workers for st in replies[id(w)]}
+        return [
+            by_stage[id(w), spec.index]
+            for lane in self._lanes
+            for spec in lane.specs
+            for w in lane.workers
+            if (id(w), spec.index) in by_stage
+        ]
 
-    def _stats_reply(self, w: _Worker, request: int) -> WorkerStats:
+    def _stats_reply(self, w: _Worker, request: int) -> list[WorkerStats]:
         deadline = time.monotonic() + STATS_TIMEOUT_S
         while True:
             while not w.control.poll(_WATCH_S):
                 if w.process.exitcode is not None:
                     raise RuntimeStageError(_exit_text(w))
                 if time.monotonic() > deadline:
-                    raise RuntimeStageError(f"{w.spec.label}: gave no statistics in {STATS_TIMEOUT_S:.0f} s")
+                    raise RuntimeStageError(f"{w.label}: gave no statistics in {STATS_TIMEOUT_S:.0f} s")
             answered, stats = w.control.recv()
             if answered == request:
-                assert isinstance(stats, WorkerStats)
+                assert isinstance(stats, list) and all(isinstance(st, WorkerStats) for st in stats)
                 return stats
 
     def reset_stats(self) -> None:
@@ -440,7 +533,14 @@ class ProcessBackend:
                 w.control.send(_RESET)
 
     def worker_pids(self) -> list[int]:
-        return [w.pid for w in self._workers]
+        """The pid of each stage's process, in lane and stage order (stages hosted together repeat it)."""
+        host = {
+            (li, spec.index): w.pid
+            for li, lane in enumerate(self._lanes)
+            for w in lane.workers
+            for spec in w.specs
+        }
+        return [host[li, spec.index] for li, lane in enumerate(self._lanes) for spec in lane.specs]
 
     # ---------------------------------------------------------------------------------- closing
 
@@ -498,4 +598,15 @@ def _exit_text(w: _Worker) -> str:
             how = f"was killed by signal {-code}"
     else:
         how = f"exited with code {code}"
-    return f"{w.spec.label}: worker process (pid {w.process.pid}) {how} without reporting an error"
+    return f"{w.label}: worker process (pid {w.process.pid}) {how} without reporting an error"
+
+
+def process_hosts(k: int, workers: Sequence[int] | None) -> list[list[int]]:
+    """The positions of the stages each process of a lane of ``k`` hosts: a process per stage, or per
+    worker (its stages in order), the processes ordered by their first stage."""
+    if workers is None:
+        return [[i] for i in range(k)]
+    groups: dict[int, list[int]] = {}
+    for i, w in enumerate(workers):
+        groups.setdefault(w, []).append(i)
+    return sorted(groups.values())

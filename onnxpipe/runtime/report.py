@@ -251,7 +251,11 @@ class StageReport:
     """Peak RSS of a worker process running this stage alone: the worker's own (processes), or one
     short run in processes of their own when the pipeline ran threads (``--compare`` only)."""
     worker_model_rss_bytes: int | None = None
-    """That worker's peak minus its memory before loading: what the stage's model costs a worker."""
+    """That worker's peak minus its memory before loading: what the stage's model costs a worker (for a
+    stage whose process hosts other stages too, :attr:`hosted_with`, what all their models cost it)."""
+    hosted_with: tuple[int, ...] = ()
+    """The stages, this one among them, whose sessions shared that worker process (an interleaved split's
+    worker in processes); empty: the process ran this stage alone."""
 
 
 @dataclass(frozen=True)
@@ -263,8 +267,9 @@ class WorkerReport:
     micro-batch), ``estimate_error`` is ``(estimated - measured) / measured`` of those sums,
     ``busy_seconds`` the stages' busy time together and ``busy_fraction`` its share of the wall time
     (above 1 only where the stages ran at once: not pinned to shared CPUs).  ``model_rss_bytes`` sums the
-    stages' ``worker_model_rss_bytes`` (None unless every stage's was measured in a process of its own),
-    ``param_bytes`` their weights.
+    ``worker_model_rss_bytes`` of the worker's processes, once per process (its stages hosted by one
+    process, or each in a process of its own; None unless every stage's was measured), ``param_bytes``
+    their weights.
     """
 
     index: int
@@ -296,7 +301,9 @@ class WorkerReport:
             busy_seconds=busy,
             busy_fraction=busy / wall_seconds if wall_seconds > 0 else math.nan,
             param_bytes=_total([s.param_bytes for s in stages]),
-            model_rss_bytes=_total([s.worker_model_rss_bytes for s in stages]),
+            model_rss_bytes=_total(
+                [s.worker_model_rss_bytes for s in stages if s.index == min(s.hosted_with or (s.index,))]
+            ),
             cpus=tuple(sorted({c for s in stages for c in s.cpus})),
         )
 
@@ -429,6 +436,7 @@ class RunReport:
                     "model_rss_bytes": s.model_rss_bytes,
                     "worker_peak_rss_bytes": s.worker_peak_rss_bytes,
                     "worker_model_rss_bytes": s.worker_model_rss_bytes,
+                    "hosted_with": list(s.hosted_with),
                 }
                 for s in self.stages
             ],
@@ -615,6 +623,7 @@ def build_report(
                 cpus=spec.placement.cpus,
                 worker_peak_rss_bytes=st.peak_rss_bytes if st is not None and not shared else None,
                 worker_model_rss_bytes=st.model_rss_bytes if st is not None and not shared else None,
+                hosted_with=st.hosted_with if st is not None else (),
             )
         )
     bottleneck = max(range(len(stages)), key=lambda i: stages[i].busy_seconds) if stages else 0
@@ -800,7 +809,8 @@ def memory_line(report: RunReport) -> str | None:
     workers = report.workers
     if replicas is not None and replicas.model_rss_bytes:
         if workers:
-            ratio = _worker_memory_ratio(workers, replicas.model_rss_bytes, report.memory_shared)
+            hosted = any(s.hosted_with for s in report.stages)
+            ratio = _worker_memory_ratio(workers, replicas.model_rss_bytes, report.memory_shared, hosted)
         else:
             ratio = _stage_memory_ratio(report.stages, replicas.model_rss_bytes, report.memory_shared)
         if ratio is not None:
@@ -837,13 +847,16 @@ def _stage_memory_ratio(stages: Sequence[StageReport], replica: int, shared: boo
     )
 
 
-def _worker_memory_ratio(workers: Sequence[WorkerReport], replica: int, shared: bool) -> str | None:
+def _worker_memory_ratio(
+    workers: Sequence[WorkerReport], replica: int, shared: bool, hosted: bool
+) -> str | None:
     """Each shared worker's model memory (its stages' together) against a replica's; None when no
-    worker's was measured."""
+    worker's was measured.  ``hosted``: a worker's stages ran in one process (else one each)."""
     models = [(w, w.model_rss_bytes) for w in workers if w.model_rss_bytes is not None]
     if not models:
         return None
-    where = " (each stage in a process of its own, a short run)" if shared else ""
+    alone = "each worker's stages in one process" if hosted else "each stage in a process of its own"
+    where = f" ({alone}, a short run)" if shared else ""
     largest, most = max(models, key=lambda wm: wm[1])
     each = ", ".join(f"{human_bytes(m)} (stages {_stage_list(w.stages)})" for w, m in models)
     return (

@@ -76,12 +76,16 @@ class WorkerStats:
     shared_memory_bytes: int | None = None
     """Shared memory resident in the worker now (``RssShmem``): its channels' slots, which a worker
     process touches and counts in its peak, but which are the channel's, not the model's."""
+    hosted_with: tuple[int, ...] = ()
+    """The stages (this one among them) whose sessions one worker process hosts: an interleaved split's
+    worker.  Empty when the worker process runs this stage alone.  Its memory is then the worker's."""
 
     @property
     def model_rss_bytes(self) -> int | None:
         """Memory the worker's model costs: its peak less its memory before loading and less its
-        channels' shared memory when the worker has its process to itself, else the growth while its
-        session loaded."""
+        channels' shared memory when the worker has its process to itself (a process hosting several
+        stages, :attr:`hosted_with`, gives the same figure for each: all its models' together), else the
+        growth while its session loaded."""
         if self.process_shared:
             return self.load_rss_bytes
         if self.peak_rss_bytes is None or self.startup_rss_bytes is None:
@@ -158,7 +162,14 @@ class StageRunner:
         produced = dict(zip(spec.outputs, results, strict=True))
         return {n: produced[n] if n in produced else received[n] for n in spec.sends}
 
-    def stats(self, *, pid: int | None, startup_rss: int | None, shared: bool = False) -> WorkerStats:
+    def stats(
+        self,
+        *,
+        pid: int | None,
+        startup_rss: int | None,
+        shared: bool = False,
+        hosted_with: tuple[int, ...] = (),
+    ) -> WorkerStats:
         return WorkerStats(
             index=self.spec.index,
             label=self.spec.label,
@@ -171,6 +182,7 @@ class StageRunner:
             process_shared=shared,
             shared_memory_bytes=None if shared else _status_kib("RssShmem"),
             load_rss_bytes=self.load_rss_bytes,
+            hosted_with=hosted_with,
         )
 
 

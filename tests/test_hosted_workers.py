@@ -1,0 +1,169 @@
+"""An interleaved split in worker processes: one process per worker, hosting all its stages.
+
+A worker of ``split --stages 4 --workers 2`` runs stages 0 and 2 (or 1 and 3) in one process, so that it
+pays for one interpreter and one onnxruntime instead of one per stage.  Its stages feed each other across
+the two workers (0 -> 1 -> 2 -> 3), so a process that waited on one stage's full channel while another of
+its stages had work would stall the whole pipeline: these tests run such chains with one slot per channel
+and many micro-batches, check the outputs in order, a failure in a hosted stage, and the memory report.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from runtime_support import (
+    assert_no_workers_left,
+    assert_same,
+    original_outputs,
+    reshape_batches,
+    reshape_model,
+    token_batches,
+)
+
+from onnxpipe import api
+from onnxpipe.errors import RuntimeStageError
+from onnxpipe.runtime.compare import stage_worker_memory
+from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.processes import process_hosts
+from onnxpipe.runtime.report import StageReport, WorkerReport
+
+
+@pytest.fixture(scope="module")
+def six_on_two(tmp_path_factory: pytest.TempPathFactory, sample_models_dir: Path) -> Path:
+    """The sample MLP in 6 stages on 2 workers: each process hosts 3 stages."""
+    out = tmp_path_factory.mktemp("hosted") / "split"
+    api.split(sample_models_dir / "mlp.onnx", 6, out, cost="static", workers=2, run_verify=False)
+    return out
+
+
+def mlp_batches(count: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.standard_normal((4, 64)).astype(np.float32)} for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def reshape_on_two(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Reshape model in 4 stages on 2 workers: the failing Reshape is in stage 3, hosted with stage 1."""
+    base = tmp_path_factory.mktemp("hosted-reshape")
+    path = base / "reshape.onnx"
+    onnx.save_model(reshape_model(), str(path))
+    out = base / "split"
+    api.split(path, 4, out, cost="static", workers=2, run_verify=False, shapes={"x": (4, 8), "shape": (2,)})
+    return out
+
+
+def test_hosts_group_a_workers_stages_in_order() -> None:
+    assert process_hosts(3, None) == [[0], [1], [2]]
+    assert process_hosts(4, [0, 1, 0, 1]) == [[0, 2], [1, 3]]
+    assert process_hosts(6, [1, 0, 1, 0, 1, 0]) == [[0, 2, 4], [1, 3, 5]]
+    assert process_hosts(2, [0, 0]) == [[0, 1]]
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+def test_one_process_per_worker_equals_the_model(
+    six_on_two: Path, sample_models_dir: Path, slots: int
+) -> None:
+    batches = mlp_batches(40, seed=9)
+    expected = original_outputs(sample_models_dir / "mlp.onnx", batches)
+    with Pipeline.from_manifest(six_on_two, mode="processes", slots=slots) as pipe:
+        pids = pipe.worker_pids()
+        actual = list(pipe.stream(batches))
+        stats = pipe.stats()
+    assert_same(expected, actual)
+    # stages 0, 2, 4 in one process, 1, 3, 5 in another
+    assert len(set(pids)) == 2 and pids[0::2] == [pids[0]] * 3 and pids[1::2] == [pids[1]] * 3
+    assert [st.index for st in stats] == list(range(6))
+    for st in stats:
+        assert st.hosted_with == ((0, 2, 4) if st.index % 2 == 0 else (1, 3, 5))
+        assert st.pid == pids[st.index]
+        assert sorted(r.seq for r in st.records) == list(range(40))  # every micro-batch, each once
+    assert_no_workers_left(pids, pipe)
+
+
+def test_a_worker_hosting_every_stage(sample_models_dir: Path, tmp_path: Path) -> None:
+    """One worker: consecutive stages in one process, each feeding the next through its own channel."""
+    out = tmp_path / "split"
+    api.split(sample_models_dir / "transformer_tiny.onnx", 3, out, cost="static", workers=1, run_verify=False)
+    batches = token_batches(12, seed=3)
+    expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
+    with Pipeline.from_manifest(out, mode="processes", slots=1) as pipe:
+        assert len(set(pipe.worker_pids())) == 1
+        assert_same(expected, pipe.run_many(batches))
+
+
+def test_a_failing_hosted_stage_stops_the_pipeline(reshape_on_two: Path) -> None:
+    batches = reshape_batches(30, bad=7)
+    pipe = Pipeline.from_manifest(reshape_on_two, mode="processes")
+    pids = pipe.worker_pids()
+    assert pids[1] == pids[3] != pids[0]
+    got = []
+    start = time.monotonic()
+    with pytest.raises(RuntimeStageError) as info:
+        for out in pipe.stream(batches):
+            got.append(out)
+    assert time.monotonic() - start < 30
+    text = str(info.value)
+    assert "stage 3 (stage_3.onnx)" in text and "micro-batch 7" in text and "'reshape'" in text
+    assert len(got) <= 7
+    pipe.close()
+    assert_no_workers_left(pids, pipe)
+
+
+def test_a_hosting_process_killed_is_reported(six_on_two: Path) -> None:
+    pipe = Pipeline.from_manifest(six_on_two, mode="processes")
+    pids = pipe.worker_pids()
+    pipe.run(mlp_batches(1)[0])
+    os.kill(pids[1], signal.SIGKILL)
+    with pytest.raises(RuntimeStageError, match=r"stage 1 .*stage 3 .*stage 5 .*killed by SIGKILL"):
+        pipe.run_many(mlp_batches(8))
+    pipe.close()
+    assert_no_workers_left(pids, pipe)
+
+
+def _stage(index: int, model: int, hosted_with: tuple[int, ...]) -> StageReport:
+    return StageReport(
+        index=index,
+        label=f"stage {index}",
+        file=None,
+        device="cpu",
+        threads=1,
+        microbatches=1,
+        measured_ms=1.0,
+        mean_ms=1.0,
+        handling_ms=1.0,
+        estimated_ms=1.0,
+        estimate_error=0.0,
+        busy_seconds=1.0,
+        busy_fraction=0.5,
+        peak_rss_bytes=None,
+        rss_bytes=None,
+        startup_rss_bytes=None,
+        param_bytes=10,
+        pid=None,
+        worker_model_rss_bytes=model,
+        hosted_with=hosted_with,
+    )
+
+
+def test_a_worker_process_memory_counts_once() -> None:
+    hosted = WorkerReport.of(0, [_stage(0, 100, (0, 2)), _stage(2, 100, (0, 2))], 2.0)
+    apart = WorkerReport.of(0, [_stage(0, 30, ()), _stage(2, 70, ())], 2.0)
+    assert hosted.model_rss_bytes == 100 and apart.model_rss_bytes == 100
+    assert hosted.param_bytes == apart.param_bytes == 20
+
+
+def test_compare_measures_a_worker_in_one_process(six_on_two: Path) -> None:
+    batches = mlp_batches(4)
+    with Pipeline.from_manifest(six_on_two, mode="threads") as pipe:
+        stats = stage_worker_memory(pipe, batches)
+    assert stats is not None
+    assert len({st.pid for st in stats}) == 2
+    by_worker = {st.hosted_with for st in stats}
+    assert by_worker == {(0, 2, 4), (1, 3, 5)}
+    assert all(np.isfinite(st.model_rss_bytes or np.nan) for st in stats)
