@@ -10,11 +10,15 @@ benchmark asks what that costs in throughput and buys in memory.  For each model
 * ``session_1``: the whole model, one session, one thread (``onnxpipe run --compare``'s measurement);
 * ``replicas``: K copies of the whole model in K pinned threads, fed in turn (data parallel);
 * ``contiguous``: the K-stage split, a pinned thread per stage;
-* ``interleaved``: the K*V-stage split on K workers, the V stages of a worker pinned to its CPU.
+* ``interleaved``: the K*V-stage split on K workers, the V stages of a worker pinned to its CPU;
+* ``replicas_processes`` and ``interleaved_processes``: the same two in worker processes (tensors in
+  shared memory), a worker's V stages hosted by one process.
 
 Memory per worker: the weights the manifest gives each worker (its stages' ``param_bytes``) as a share
-of the model's, and the model memory each worker process holds (each stage in a process of its own, a
-worker's stages summed) against a replica's, all measured like ``onnxpipe run --compare`` does.  The
+of the model's, and the memory each worker holds against a replica's, measured like ``onnxpipe run
+--compare`` does: model memory (a process's peak less its memory before loading) and whole peak RSS
+(what the machine pays, the interpreter and onnxruntime included), for a worker's stages hosted by one
+process and, for the interleaved split, also with each stage in a process of its own (summed).  The
 plan's throughput (one over its bottleneck) is set against the measured one.  Results:
 ``benchmarks/results/interleave.json``::
 
@@ -43,14 +47,16 @@ from onnxpipe.manifest import Manifest, load_manifest  # noqa: E402
 from onnxpipe.model import load_model  # noqa: E402
 from onnxpipe.runtime.affinity import cpu_sets  # noqa: E402
 from onnxpipe.runtime.compare import (  # noqa: E402
+    MEMORY_MICROBATCHES,
     replica_memory,
     replicas_measurement,
     session_throughput,
     stage_worker_memory,
 )
 from onnxpipe.runtime.inputs import random_inputs  # noqa: E402
-from onnxpipe.runtime.pipeline import Pipeline  # noqa: E402
+from onnxpipe.runtime.pipeline import LocalMode, Pipeline, make_backend  # noqa: E402
 from onnxpipe.runtime.report import measure  # noqa: E402
+from onnxpipe.runtime.session import WorkerStats  # noqa: E402
 from onnxpipe.runtime.spec import Placement  # noqa: E402
 
 Feeds = Mapping[str, np.ndarray]
@@ -58,14 +64,16 @@ TARGET_SECONDS = 2.5  # one timing of the one-thread session takes about this lo
 WARMUP = 16
 
 
-def pipeline_rate(directory: Path, inputs: Sequence[Feeds]) -> float:
-    with Pipeline.from_manifest(directory, mode="threads", pin=True) as pipe:
+def pipeline_rate(directory: Path, inputs: Sequence[Feeds], mode: LocalMode = "threads") -> float:
+    with Pipeline.from_manifest(directory, mode=mode, pin=True) as pipe:
         if pipe.pin_note is not None:
             raise SystemExit(pipe.pin_note)
         return measure(pipe, inputs, warmup=WARMUP).throughput_per_s
 
 
-def replicas_rate(directory: Path, model: Path, inputs: Sequence[Feeds], k: int) -> float:
+def replicas_rate(
+    directory: Path, model: Path, inputs: Sequence[Feeds], k: int, mode: LocalMode = "threads"
+) -> float:
     with Pipeline.from_manifest(directory, mode="threads", pin=True) as pipe:  # names and pinning only
         return replicas_measurement(
             model,
@@ -73,23 +81,39 @@ def replicas_rate(directory: Path, model: Path, inputs: Sequence[Feeds], k: int)
             pipeline=pipe,
             placement=Placement(threads=1),
             threads=[1] * k,
-            mode="threads",
+            mode=mode,
             warmup=WARMUP,
         ).throughput_per_s
 
 
-def worker_memory(directory: Path, manifest: Manifest, inputs: Sequence[Feeds]) -> dict[str, list[int]]:
-    """Per worker: its stages' weights (manifest) and model memory (each stage in a process of its own)."""
+def _per_process(stats: Sequence[WorkerStats], value: Callable[[WorkerStats], int | None]) -> dict[int, int]:
+    """``value`` of each process, keyed by the first stage it hosts (a stage alone: its own index)."""
+    return {min(st.hosted_with or (st.index,)): value(st) or 0 for st in stats}
+
+
+def worker_memory(
+    directory: Path, manifest: Manifest, inputs: Sequence[Feeds], *, apart: bool = False
+) -> dict[str, list[int]]:
+    """Per worker: its stages' weights (manifest), model memory and peak RSS of its processes (one per
+    worker as ``onnxpipe run --compare`` measures it; ``apart``: one per stage, summed over a worker's)."""
     with Pipeline.from_manifest(directory, mode="threads") as pipe:
-        stats = stage_worker_memory(pipe, inputs)
+        if apart:
+            backend = make_backend(pipe.lanes, mode="processes")  # no workers given: a process per stage
+            with Pipeline(
+                backend, input_types=pipe.input_types, output_names=pipe.output_names, lanes=pipe.lanes
+            ) as alone:
+                alone.run_many([inputs[j % len(inputs)] for j in range(MEMORY_MICROBATCHES)])
+                stats: Sequence[WorkerStats] | None = alone.stats()
+        else:
+            stats = stage_worker_memory(pipe, inputs)
     assert stats is not None
-    rss = {st.index: st.model_rss_bytes or 0 for st in stats}
+    model = _per_process(stats, lambda st: st.model_rss_bytes)
+    peak = _per_process(stats, lambda st: st.peak_rss_bytes)
+    groups = [manifest.stages_of(w) for w in range(manifest.workers)]
     return {
-        "weights": [
-            sum(manifest.stages[s].param_bytes for s in manifest.stages_of(w))
-            for w in range(manifest.workers)
-        ],
-        "model_rss": [sum(rss[s] for s in manifest.stages_of(w)) for w in range(manifest.workers)],
+        "weights": [sum(manifest.stages[s].param_bytes for s in g) for g in groups],
+        "model_rss": [sum(m for first, m in model.items() if first in g) for g in groups],
+        "peak_rss": [sum(p for first, p in peak.items() if first in g) for g in groups],
     }
 
 
@@ -125,6 +149,8 @@ def bench_model(
         "replicas": lambda: replicas_rate(splits["contiguous"], path, inputs, args.k),
         "contiguous": lambda: pipeline_rate(splits["contiguous"], inputs),
         "interleaved": lambda: pipeline_rate(splits["interleaved"], inputs),
+        "replicas_processes": lambda: replicas_rate(splits["contiguous"], path, inputs, args.k, "processes"),
+        "interleaved_processes": lambda: pipeline_rate(splits["interleaved"], inputs, "processes"),
     }
     rates: dict[str, list[float]] = {k: [] for k in runs}
     others: list[float] = []
@@ -140,10 +166,11 @@ def bench_model(
         return statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))
 
     memory = {key: worker_memory(d, manifests[key], pool) for key, d in splits.items()}
+    memory["interleaved_apart"] = worker_memory(
+        splits["interleaved"], manifests["interleaved"], pool, apart=True
+    )
     with Pipeline.from_manifest(splits["contiguous"], mode="threads") as pipe:
-        replica_rss = replica_memory(
-            path, pool, pipeline=pipe, placement=Placement(threads=1)
-        ).model_rss_bytes
+        replica = replica_memory(path, pool, pipeline=pipe, placement=Placement(threads=1))
     total_weights = sum(memory["contiguous"]["weights"])
     return {
         "model": name,
@@ -161,13 +188,20 @@ def bench_model(
             "interleaved_x_contiguous": ratio("interleaved", "contiguous"),
             "contiguous_x_replicas": ratio("contiguous", "replicas"),
             "interleaved_x_replicas": ratio("interleaved", "replicas"),
+            "interleaved_processes_x_session_1": ratio("interleaved_processes", "session_1"),
+            "interleaved_processes_x_replicas_processes": ratio(
+                "interleaved_processes", "replicas_processes"
+            ),
+            "interleaved_processes_x_interleaved": ratio("interleaved_processes", "interleaved"),
         },
         "planned_throughput_per_s": {key: 1.0 / m.plan.bottleneck_seconds for key, m in manifests.items()},
         "weights_share_per_worker": {
             key: [w / total_weights for w in mem["weights"]] for key, mem in memory.items()
         },
         "model_rss_per_worker": {key: mem["model_rss"] for key, mem in memory.items()},
-        "replica_model_rss": replica_rss,
+        "peak_rss_per_worker": {key: mem["peak_rss"] for key, mem in memory.items()},
+        "replica_model_rss": replica.model_rss_bytes,
+        "replica_peak_rss": replica.peak_rss_bytes,
         "time_slack": manifests["interleaved"].plan.time_slack,
         "notes": list(manifests["interleaved"].plan.notes),
         "others_cores": others,
@@ -175,9 +209,19 @@ def bench_model(
 
 
 def print_summary(rows: Sequence[dict[str, Any]]) -> None:
-    head = ("model", "1-thr/s", "contig x1", "inter x1", "inter/cont", "cont/repl", "inter/repl")
+    head = (
+        "model",
+        "1-thr/s",
+        "contig x1",
+        "inter x1",
+        "inter/cont",
+        "cont/repl",
+        "inter/repl",
+        "proc x1",
+        "proc/repl",
+    )
     print(f"\n{head[0]:10s} " + " ".join(f"{h:>10s}" for h in head[1:]))
-    print("-" * 80)
+    print("-" * 100)
     for row in rows:
         r = row["ratios"]
         cells = (
@@ -187,17 +231,26 @@ def print_summary(rows: Sequence[dict[str, Any]]) -> None:
             r["interleaved_x_contiguous"],
             r["contiguous_x_replicas"],
             r["interleaved_x_replicas"],
+            r["interleaved_processes_x_session_1"],
+            r["interleaved_processes_x_replicas_processes"],
         )
         print(f"{row['model']:10s} " + " ".join(f"{c:10.3f}" if c < 10 else f"{c:10.1f}" for c in cells))
-    print("ratios are medians of per-round ratios; rounds alternate their order\n")
-    print("per worker: weights (share of the model) | model memory against a replica's | plan x measured")
+    print("ratios are medians of per-round ratios; rounds alternate their order; proc: the interleaved")
+    print("split in worker processes (a process per worker) against replicas in processes\n")
+    print("per worker: weights (share of the model) | model memory, peak RSS x a replica's | plan x measured")
     for row in rows:
         rep = row["replica_model_rss"] or 0
-        for key in ("contiguous", "interleaved"):
+        rep_peak = row["replica_peak_rss"] or 0
+        for key in ("contiguous", "interleaved", "interleaved_apart"):
             shares = " / ".join(f"{s:.0%}" for s in row["weights_share_per_worker"][key])
             rss = " / ".join(f"{m / rep:.2f}" if rep else "-" for m in row["model_rss_per_worker"][key])
-            plan = row["planned_throughput_per_s"][key] / row["throughput_per_s"][key]
-            print(f"  {row['model']:10s} {key:12s} {shares:>12s} | {rss:>12s} | {plan:.3f}")
+            peak = " / ".join(
+                f"{m / rep_peak:.2f}" if rep_peak else "-" for m in row["peak_rss_per_worker"][key]
+            )
+            measured = row["throughput_per_s"].get(key)
+            plan = f"{row['planned_throughput_per_s'][key] / measured:.3f}" if measured else "-"
+            print(f"  {row['model']:10s} {key:17s} {shares:>12s} | {rss:>12s}, {peak:>12s} | {plan}")
+    print("interleaved_apart: the same stages, each in a process of its own (a worker's processes summed)")
     busiest = max(max(row["others_cores"]) for row in rows)
     print(f"other processes used at most {busiest:.2f} cores in any round")
 

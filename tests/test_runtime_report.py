@@ -498,8 +498,11 @@ def test_an_interleaved_run_sums_each_workers_stages(
         assert w.busy_seconds == pytest.approx(sum(r.busy_seconds for r in rows))
         assert w.busy_fraction == pytest.approx(w.busy_seconds / report.wall_seconds)
         assert w.param_bytes == sum(manifest.stages[i].param_bytes for i in w.stages)
-        if mode == "processes":  # each stage in a process of its own: the worker's model is theirs summed
-            assert w.model_rss_bytes == sum(r.worker_model_rss_bytes or 0 for r in rows) > 0
+        if mode == "processes":  # one process hosts the worker's stages: its model memory, counted once
+            assert {r.hosted_with for r in rows} == {w.stages}
+            assert {r.pid for r in rows} == {rows[0].pid}
+            assert w.model_rss_bytes == rows[0].worker_model_rss_bytes == rows[1].worker_model_rss_bytes
+            assert w.model_rss_bytes is not None and w.model_rss_bytes > 0
         else:  # one shared process: no stage's own memory, so no worker's
             assert w.model_rss_bytes is None
         assert w.cpus == ()
