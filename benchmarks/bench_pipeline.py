@@ -114,10 +114,13 @@ def _busy_ticks() -> int:
 
 
 def _process_ticks(pid: int | str) -> int:
+    """CPU ticks of ``pid``; for ``"self"`` those of its children that ended and were joined meanwhile
+    too (worker processes a variant started and stopped inside the watch)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])  # utime + stime
+        own = int(fields[11]) + int(fields[12])  # utime + stime
+        return own + (int(fields[13]) + int(fields[14]) if pid == "self" else 0)  # + cutime + cstime
     except (OSError, IndexError, ValueError):
         return 0
 

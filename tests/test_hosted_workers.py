@@ -1,16 +1,20 @@
-"""An interleaved split in worker processes: one process per worker, hosting all its stages.
+"""An interleaved split's workers: one process per worker hosting all its stages, or its stages' threads
+taking turns.
 
 A worker of ``split --stages 4 --workers 2`` runs stages 0 and 2 (or 1 and 3) in one process, so that it
 pays for one interpreter and one onnxruntime instead of one per stage.  Its stages feed each other across
 the two workers (0 -> 1 -> 2 -> 3), so a process that waited on one stage's full channel while another of
 its stages had work would stall the whole pipeline: these tests run such chains with one slot per channel
-and many micro-batches, check the outputs in order, a failure in a hosted stage, and the memory report.
+and many micro-batches, check the outputs in order, a failure in a hosted stage, the memory report, and
+that a worker never runs two of its sessions at once, in processes or threads.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -32,6 +36,7 @@ from onnxpipe.runtime.compare import stage_worker_memory
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.processes import process_hosts
 from onnxpipe.runtime.report import StageReport, WorkerReport
+from onnxpipe.runtime.threads import _Turns
 
 
 @pytest.fixture(scope="module")
@@ -167,3 +172,56 @@ def test_compare_measures_a_worker_in_one_process(six_on_two: Path) -> None:
     by_worker = {st.hosted_with for st in stats}
     assert by_worker == {(0, 2, 4), (1, 3, 5)}
     assert all(np.isfinite(st.model_rss_bytes or np.nan) for st in stats)
+
+
+# --------------------------------------------------------------------------------------------------
+# one session at a time per worker, in processes and in threads
+
+
+@pytest.mark.parametrize("mode", ["processes", "threads"])
+def test_a_workers_stages_never_run_at_once(six_on_two: Path, sample_models_dir: Path, mode: str) -> None:
+    batches = mlp_batches(30, seed=4)
+    expected = original_outputs(sample_models_dir / "mlp.onnx", batches)
+    with Pipeline.from_manifest(six_on_two, mode=mode) as pipe:  # type: ignore[arg-type]
+        actual = list(pipe.stream(batches))
+        stats = pipe.stats()
+    assert_same(expected, actual)
+    for worker in (0, 1):
+        runs = sorted((r.run_start, r.run_end) for st in stats if st.index % 2 == worker for r in st.records)
+        assert len(runs) == 3 * 30
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(runs)), f"worker {worker} ran two at once"
+
+
+def test_turns_go_to_the_deepest_waiting_stage() -> None:
+    turns = _Turns()
+    stopping = threading.Event()
+    order: list[int] = []
+    assert turns.take(9, stopping)  # stage 9 runs; 0, 4 and 2 queue up behind it
+
+    def wait_for(stage: int) -> None:
+        assert turns.take(stage, stopping)
+        order.append(stage)
+        turns.give_back()
+
+    threads = [threading.Thread(target=wait_for, args=(s,)) for s in (0, 4, 2)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 10
+    while len(turns._waiting) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    turns.give_back()
+    for t in threads:
+        t.join(10)
+    assert order == [4, 2, 0]
+
+
+def test_a_stopping_pipeline_releases_a_stage_waiting_for_its_turn() -> None:
+    turns = _Turns()
+    stopping = threading.Event()
+    assert turns.take(1, stopping)
+    got: list[bool] = []
+    waiter = threading.Thread(target=lambda: got.append(turns.take(0, stopping)))
+    waiter.start()
+    stopping.set()
+    waiter.join(5)
+    assert got == [False] and not turns._waiting

@@ -566,14 +566,14 @@ def make_backend(
     workers: Sequence[int] | None = None,
 ) -> Backend:
     """Start the workers of ``lanes`` on ``backend`` (``workers``: the worker of each stage of an
-    interleaved split, whose stages then share a worker process, or a Ray placement group on one node;
-    thread workers ignore it: they share one process anyway)."""
+    interleaved split, whose stages then share a worker process, take turns as threads, or share a Ray
+    placement group on one node)."""
     if backend == "local":
         chosen = DEFAULT_LOCAL_MODE if mode is None else mode
         if chosen == "processes":
             return ProcessBackend(lanes, slots=slots, workers=workers)
         if chosen == "threads":
-            return ThreadBackend(lanes, slots=slots)
+            return ThreadBackend(lanes, slots=slots, workers=workers)
         raise UsageError(f"local mode {chosen!r}: choose one of {', '.join(LOCAL_MODES)}")
     if backend == "ray":
         if len(lanes) != 1:

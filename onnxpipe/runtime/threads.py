@@ -8,6 +8,11 @@ A channel has ``slots`` places, as a process channel has shared-memory slots: a 
 when it is put in and gives it back once its receiver has passed it on (or the caller has polled it), so
 the one a worker runs still counts.  A lane of ``k`` workers thus holds at most ``slots * (k + 1)``
 micro-batches, which is :attr:`ThreadBackend.capacity`.
+
+The stages of one worker of an interleaved split (``workers``) take turns (:class:`_Turns`): one of
+their sessions runs at a time, the deepest waiting stage next, as a worker process hosting them runs
+them and as the plan assumes.  Without turns the scheduler would slice the worker's CPU between its
+stages' runs, and each stage's measured time would include the others' slices.
 """
 
 from __future__ import annotations
@@ -69,6 +74,36 @@ class _Channel:
         self._places.release()
 
 
+class _Turns:
+    """One worker of an interleaved split: its stages' threads run their sessions one at a time, the
+    deepest stage waiting going next.  A turn covers the session run only, never a wait for room
+    downstream: the worker's next stage may be the one that makes that room."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._busy = False
+        self._waiting: set[int] = set()
+
+    def take(self, stage: int, stopping: threading.Event) -> bool:
+        """Wait for ``stage``'s turn; False if the pipeline stops first."""
+        with self._changed:
+            self._waiting.add(stage)
+            try:
+                while self._busy or max(self._waiting) != stage:
+                    if stopping.is_set():
+                        return False
+                    self._changed.wait(_POLL_S)
+            finally:
+                self._waiting.discard(stage)
+            self._busy = True
+            return True
+
+    def give_back(self) -> None:
+        with self._changed:
+            self._busy = False
+            self._changed.notify_all()
+
+
 @dataclass
 class _Shared:
     wake: threading.Event = field(default_factory=threading.Event)
@@ -94,8 +129,10 @@ class _Worker:
         *,
         first: bool,
         last: bool,
+        turns: _Turns | None = None,
     ) -> None:
         self.runner = runner
+        self.turns = turns
         self.inbox = inbox
         self.outbox = outbox
         self.shared = shared
@@ -114,9 +151,16 @@ class _Worker:
                     seq, tensors = self.inbox.get(timeout=_POLL_S)
                 except queue.Empty:
                     continue
-                received = run_start = time.perf_counter()
-                sends = self.runner.run(seq, tensors)
-                run_end = time.perf_counter()
+                turns = self.turns
+                if turns is not None and not turns.take(self.runner.spec.index, shared.stopping):
+                    return
+                try:
+                    received = run_start = time.perf_counter()
+                    sends = self.runner.run(seq, tensors)
+                    run_end = time.perf_counter()
+                finally:
+                    if turns is not None:
+                        turns.give_back()
                 # the record is written with the put, under the lock that stats() and reset_stats() take:
                 # once a result can be collected, its record is there (and a reset after it clears it)
                 with self.lock:
@@ -149,9 +193,19 @@ class ThreadBackend:
 
     kind = "threads"
 
-    def __init__(self, lanes: Sequence[Sequence[WorkerSpec]], *, slots: int = DEFAULT_SLOTS) -> None:
+    def __init__(
+        self,
+        lanes: Sequence[Sequence[WorkerSpec]],
+        *,
+        slots: int = DEFAULT_SLOTS,
+        workers: Sequence[int] | None = None,
+    ) -> None:
+        """``workers``: the worker of each stage of a single lane (an interleaved split's
+        ``manifest.worker_of``), whose stages then take turns; None: every stage runs when it can."""
         if not lanes or any(not lane for lane in lanes):
             raise ValueError("a backend needs at least one lane of at least one worker")
+        if workers is not None and (len(lanes) != 1 or len(workers) != len(lanes[0])):
+            raise ValueError("workers gives the worker of each stage of one lane")
         if slots < 1:
             raise ValueError(f"slots {slots}: a channel needs at least one slot")
         self._shared = _Shared()
@@ -164,9 +218,10 @@ class ThreadBackend:
             runners = [[StageRunner(spec) for spec in lane] for lane in lanes]
         except StageFailure as e:
             raise RuntimeStageError(str(e)) from e
+        turns = {w: _Turns() for w in workers} if workers is not None else {}
         for lane_runners in runners:
             channels = [_Channel(slots) for _ in range(len(lane_runners) + 1)]
-            workers = [
+            chain = [
                 _Worker(
                     runner,
                     channels[i],
@@ -174,10 +229,11 @@ class ThreadBackend:
                     self._shared,
                     first=i == 0,
                     last=i == len(lane_runners) - 1,
+                    turns=turns[workers[i]] if workers is not None else None,
                 )
                 for i, runner in enumerate(lane_runners)
             ]
-            self._lanes.append(_Lane(channels[0], workers, channels[-1]))
+            self._lanes.append(_Lane(channels[0], chain, channels[-1]))
         for w in self._workers:
             w.thread.start()
 
