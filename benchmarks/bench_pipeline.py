@@ -127,6 +127,9 @@ def _process_ticks(pid: int | str) -> int:
 
 @dataclass
 class CpuWatch:
+    """CPU that processes other than this one, its joined children and ``pids`` (a process hosting
+    several stages appears once per stage there) used while the watch ran."""
+
     pids: Sequence[int]
     start: float = 0.0
     busy: int = 0
@@ -135,13 +138,13 @@ class CpuWatch:
     def __enter__(self) -> CpuWatch:
         self.start = time.perf_counter()
         self.busy = _busy_ticks()
-        self.ours = _process_ticks("self") + sum(_process_ticks(p) for p in self.pids)
+        self.ours = _process_ticks("self") + sum(_process_ticks(p) for p in set(self.pids))
         return self
 
     def others_cores(self) -> float:
         wall = time.perf_counter() - self.start
         busy = _busy_ticks() - self.busy
-        ours = _process_ticks("self") + sum(_process_ticks(p) for p in self.pids) - self.ours
+        ours = _process_ticks("self") + sum(_process_ticks(p) for p in set(self.pids)) - self.ours
         return max(0.0, (busy - ours) / CLOCK_TICKS / wall) if wall > 0 else 0.0
 
     def __exit__(self, *exc: object) -> None:

@@ -11,13 +11,13 @@ in the pipeline than alone, the first 2-5%.
 
 How: export the plan's stages to a scratch folder and time them (:data:`CalibrationMode`): ``alone``
 runs each stage by itself at the profiled shapes (its inputs from running the earlier stages once) and
-takes the median of ``runs`` timed runs after ``warmup``; ``pipeline`` runs them together as a thread
-pipeline, each worker pinned to CPUs of its own, and takes each worker's median session time over a
-stream of micro-batches.  Then scale every node of stage ``s`` by ``measured_s / estimated_s`` and
-partition again; repeat while the cut moves and a stage is off by more than ``tolerance``, at most
-``rounds`` times.  The corrected profile is an ordinary :class:`~onnxpipe.profile.Profile`: the final
-plan's estimates are the stages' own times.  Only the profile's per-node seconds change; the
-partitioner stays exact on the corrected numbers.
+takes the median of ``runs`` timed runs after ``warmup``, the stages taking turns a few runs at a time;
+``pipeline`` runs them together as a thread pipeline, each worker pinned to CPUs of its own, and takes
+each worker's median session time over a stream of micro-batches.  Then scale every node of stage ``s``
+by ``measured_s / estimated_s`` and partition again; repeat while the cut moves and a stage is off by
+more than ``tolerance``, at most ``rounds`` times.  The corrected profile is an ordinary
+:class:`~onnxpipe.profile.Profile`: the final plan's estimates are the stages' own times.  Only the
+profile's per-node seconds change; the partitioner stays exact on the corrected numbers.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -46,6 +46,8 @@ StageTimer = Callable[[ModelView, Plan, Profile], list[float]]
 """Seconds each stage of a plan takes alone (the default: :func:`time_stages`)."""
 
 DEFAULT_TOLERANCE = 0.02
+ALONE_BLOCK = 5
+"""Timed runs of one stage in a row when the stages are timed alone, before the next one's turn."""
 
 CalibrationMode = Literal["alone", "pipeline", "auto"]
 """How the stages are timed: each alone (the default), together as a pinned thread pipeline, or
@@ -92,7 +94,7 @@ def _bounds(plan: Plan) -> tuple[int, ...]:
 
 
 @contextmanager
-def _scratch_stages(view: ModelView, plan: Plan) -> Iterator[tuple[Path, Manifest]]:
+def scratch_stages(view: ModelView, plan: Plan) -> Iterator[tuple[Path, Manifest]]:
     """``plan``'s stages exported to a temporary folder (removed afterwards), and their manifest."""
     with tempfile.TemporaryDirectory(prefix="onnxpipe-calibrate-") as tmp:
         out = Path(tmp) / "stages"
@@ -105,26 +107,60 @@ def time_stages(
     """Median seconds of each stage of ``plan`` run alone, at the profile's shapes and threads.
 
     The stages are exported to a scratch folder; stage ``s`` is fed what the earlier stages computed
-    from one set of seeded random model inputs.
+    from one set of seeded random model inputs.  They are timed in turns (:func:`time_in_turns`).
     """
-    with _scratch_stages(view, plan) as (out, manifest):
-        values: dict[str, np.ndarray] = dict(random_feeds(view, profile.input_shapes))
-        options = session_options(threads=profile.threads)
-        seconds: list[float] = []
-        for st in manifest.stages:
-            session = open_session(out / st.file, options)
-            feeds = {i.name: values[i.name] for i in session.get_inputs()}
-            names = [o.name for o in session.get_outputs()]
-            for _ in range(max(1, warmup)):
-                results = session.run(names, feeds)
-            values.update(zip(names, results, strict=True))
-            times = []
-            for _ in range(runs):
+    with scratch_stages(view, plan) as (out, manifest):
+        return time_in_turns(ready_stages(view, profile, out, manifest, warmup=warmup), runs=runs)
+
+
+ReadyStage = tuple[Any, list[str], dict[str, np.ndarray]]
+"""An onnxruntime session, its output names and the feeds it is timed on."""
+
+
+def ready_stages(
+    view: ModelView, profile: Profile, out: Path, manifest: Manifest, *, warmup: int = 3
+) -> list[ReadyStage]:
+    """A session for each stage of the split in ``out``, with the profile's threads, warmed up on what
+    the earlier stages computed from one set of seeded random model inputs."""
+    values: dict[str, np.ndarray] = dict(random_feeds(view, profile.input_shapes))
+    options = session_options(threads=profile.threads)
+    stages: list[ReadyStage] = []
+    for st in manifest.stages:
+        session = open_session(out / st.file, options)
+        feeds = {i.name: values[i.name] for i in session.get_inputs()}
+        names = [o.name for o in session.get_outputs()]
+        for _ in range(max(1, warmup)):
+            results = session.run(names, feeds)
+        values.update(zip(names, results, strict=True))
+        stages.append((session, names, feeds))
+    return stages
+
+
+def time_in_turns(stages: Sequence[ReadyStage], *, runs: int = 30, block: int = ALONE_BLOCK) -> list[float]:
+    """Median seconds of ``runs`` runs of each stage, the stages taking turns ``block`` timed runs at a
+    time (each turn after one untimed run that brings the stage's weights back into the caches), in
+    forward then backward order.
+
+    Why turns: a machine whose speed drifts (a neighbour on a shared host) then slows every stage alike,
+    and the cut, which depends on the stages' relative times, stays where it belongs.  Timed one stage
+    after the other (``block >= runs``), each stage's time is that of its own minute
+    (``benchmarks/bench_calibrate.py`` measures the difference).
+    """
+    times: list[list[float]] = [[] for _ in stages]
+    turn = 0
+    while any(len(t) < runs for t in times):
+        order = range(len(stages)) if turn % 2 == 0 else range(len(stages) - 1, -1, -1)
+        for s in order:
+            if len(times[s]) >= runs:
+                continue
+            session, names, feeds = stages[s]
+            session.run(names, feeds)
+            for _ in range(min(block, runs - len(times[s]))):
                 start = time.perf_counter()
                 session.run(names, feeds)
-                times.append(time.perf_counter() - start)
-            seconds.append(statistics.median(times))
-    return seconds
+                times[s].append(time.perf_counter() - start)
+        turn += 1
+    return [statistics.median(t) for t in times]
 
 
 def time_stages_in_pipeline(
@@ -154,7 +190,7 @@ def time_stages_in_pipeline(
     k, t = len(plan.stages), profile.threads
     sets = cpu_sets([t] * k)  # None (a caller with too few CPUs): once, unpinned
     medians: list[list[float]] = []
-    with _scratch_stages(view, plan) as (out, manifest):
+    with scratch_stages(view, plan) as (out, manifest):
         feeds = dict(random_feeds(view, profile.input_shapes))
         for turn in range(min(k, MAX_ROTATIONS) if sets else 1):
             own = sets[turn:] + sets[:turn] if sets else [()] * k

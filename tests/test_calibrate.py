@@ -16,6 +16,7 @@ from onnxpipe.calibrate import (
     calibrate,
     choose_timer,
     corrected,
+    time_in_turns,
     time_stages,
     time_stages_in_pipeline,
 )
@@ -102,6 +103,46 @@ def test_time_stages_times_every_stage(view: ModelView) -> None:
     plan = make_plan(view, prof, 3)
     seconds = time_stages(view, plan, prof, runs=3, warmup=1)
     assert len(seconds) == 3 and all(s > 0 for s in seconds)
+
+
+class _CountingSession:
+    """A stand-in session that records which stage ran when, and takes ``seconds`` of a fake clock."""
+
+    def __init__(self, stage: int, log: list[int], clock: list[float], seconds: float) -> None:
+        self.stage, self.log, self.clock, self.seconds = stage, log, clock, seconds
+
+    def run(self, names: object, feeds: object) -> list[object]:
+        self.log.append(self.stage)
+        self.clock[0] += self.seconds
+        return []
+
+
+def test_stages_timed_alone_take_turns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of timed runs after an untimed one, the order reversed each turn, each stage's runs exact;
+    and a drift of the machine's speed then reaches every stage alike."""
+    log: list[int] = []
+    clock = [0.0]
+    speed = {"factor": 1.0}
+    monkeypatch.setattr("onnxpipe.calibrate.time.perf_counter", lambda: clock[0])
+
+    class Drifting(_CountingSession):
+        def run(self, names: object, feeds: object) -> list[object]:
+            self.log.append(self.stage)
+            self.clock[0] += self.seconds * speed["factor"]
+            speed["factor"] *= 1.01  # the machine slows as the timing goes on
+            return []
+
+    stages = [(_CountingSession(s, log, clock, 0.01 * (s + 1)), [], {}) for s in range(3)]
+    seconds = time_in_turns(stages, runs=4, block=2)
+    assert seconds == pytest.approx([0.01, 0.02, 0.03])
+    # turn 1: 0 1 2 forward, turn 2: 2 1 0 backward; each block one untimed run and two timed
+    assert log == [0] * 3 + [1] * 3 + [2] * 3 + [2] * 3 + [1] * 3 + [0] * 3
+    same = [(Drifting(s, [], clock, 0.01), [], {}) for s in range(2)]
+    turns = time_in_turns(same, runs=30, block=5)
+    speed["factor"] = 1.0
+    blocked = time_in_turns(same, runs=30, block=30)
+    assert abs(turns[1] / turns[0] - 1) < 0.1  # two equal stages look equal in turns
+    assert blocked[1] / blocked[0] > 1.3  # one after the other, the later looks dearer
 
 
 def test_time_stages_in_pipeline_times_every_worker(view: ModelView) -> None:
