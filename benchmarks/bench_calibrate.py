@@ -48,7 +48,7 @@ def bench_model(
     times: dict[str, list[list[float]]] = {k: [] for k in blocks}
     others: list[float] = []
     with scratch_stages(view, plan) as (out, manifest):
-        stages = ready_stages(view, profile, out, manifest)
+        stages = list(ready_stages(view, profile, out, manifest))
         for r in range(args.repeats):
             with CpuWatch(()) as watch:
                 for way in list(blocks) if r % 2 == 0 else list(blocks)[::-1]:

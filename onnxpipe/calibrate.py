@@ -48,6 +48,9 @@ StageTimer = Callable[[ModelView, Plan, Profile], list[float]]
 DEFAULT_TOLERANCE = 0.02
 ALONE_BLOCK = 5
 """Timed runs of one stage in a row when the stages are timed alone, before the next one's turn."""
+TURNS_MAX_PARAM_BYTES = 1 << 30
+"""Up to this many bytes of weights in all, stages timed alone take turns with all their sessions open;
+beyond it they are timed one after the other, one session open at a time."""
 
 CalibrationMode = Literal["alone", "pipeline", "auto"]
 """How the stages are timed: each alone (the default), together as a pinned thread pipeline, or
@@ -107,10 +110,20 @@ def time_stages(
     """Median seconds of each stage of ``plan`` run alone, at the profile's shapes and threads.
 
     The stages are exported to a scratch folder; stage ``s`` is fed what the earlier stages computed
-    from one set of seeded random model inputs.  They are timed in turns (:func:`time_in_turns`).
+    from one set of seeded random model inputs.  They are timed in turns (:func:`time_in_turns`), which
+    keeps every stage's session open at once; stages whose weights together pass
+    :data:`TURNS_MAX_PARAM_BYTES` (a model split because it is large) are timed one after the other
+    instead, each session closed before the next opens, as one stage alone fits where the whole may not.
     """
     with scratch_stages(view, plan) as (out, manifest):
-        return time_in_turns(ready_stages(view, profile, out, manifest, warmup=warmup), runs=runs)
+        stages = ready_stages(view, profile, out, manifest, warmup=warmup)
+        if sum(st.param_bytes for st in manifest.stages) <= TURNS_MAX_PARAM_BYTES:
+            return time_in_turns(list(stages), runs=runs)
+        seconds: list[float] = []
+        for stage in stages:
+            seconds.append(time_in_turns([stage], runs=runs, block=runs)[0])
+            del stage  # closed before the next one opens
+        return seconds
 
 
 ReadyStage = tuple[Any, list[str], dict[str, np.ndarray]]
@@ -119,12 +132,12 @@ ReadyStage = tuple[Any, list[str], dict[str, np.ndarray]]
 
 def ready_stages(
     view: ModelView, profile: Profile, out: Path, manifest: Manifest, *, warmup: int = 3
-) -> list[ReadyStage]:
-    """A session for each stage of the split in ``out``, with the profile's threads, warmed up on what
-    the earlier stages computed from one set of seeded random model inputs."""
+) -> Iterator[ReadyStage]:
+    """A session for each stage of the split in ``out``, in stage order, with the profile's threads,
+    warmed up on what the earlier stages computed from one set of seeded random model inputs (a
+    generator: a caller that drops each stage before taking the next holds one session at a time)."""
     values: dict[str, np.ndarray] = dict(random_feeds(view, profile.input_shapes))
     options = session_options(threads=profile.threads)
-    stages: list[ReadyStage] = []
     for st in manifest.stages:
         session = open_session(out / st.file, options)
         feeds = {i.name: values[i.name] for i in session.get_inputs()}
@@ -132,8 +145,8 @@ def ready_stages(
         for _ in range(max(1, warmup)):
             results = session.run(names, feeds)
         values.update(zip(names, results, strict=True))
-        stages.append((session, names, feeds))
-    return stages
+        yield session, names, feeds
+        del session, feeds, results
 
 
 def time_in_turns(stages: Sequence[ReadyStage], *, runs: int = 30, block: int = ALONE_BLOCK) -> list[float]:
@@ -146,6 +159,8 @@ def time_in_turns(stages: Sequence[ReadyStage], *, runs: int = 30, block: int = 
     after the other (``block >= runs``), each stage's time is that of its own minute
     (``benchmarks/bench_calibrate.py`` measures the difference).
     """
+    if block < 1 or runs < 1:
+        raise ValueError(f"time_in_turns needs runs and block of at least 1, got runs={runs}, block={block}")
     times: list[list[float]] = [[] for _ in stages]
     turn = 0
     while any(len(t) < runs for t in times):

@@ -145,6 +145,45 @@ def test_stages_timed_alone_take_turns(monkeypatch: pytest.MonkeyPatch) -> None:
     assert blocked[1] / blocked[0] > 1.3  # one after the other, the later looks dearer
 
 
+def test_large_stages_are_timed_one_session_at_a_time(
+    view: ModelView, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the weight limit the stages are timed one after the other, never two sessions open at once."""
+    import onnxpipe.calibrate as cal
+
+    open_now: list[int] = []
+    most = [0]
+    real_open = cal.open_session
+
+    class Tracked:
+        def __init__(self, session: Any) -> None:
+            self.session = session
+            open_now.append(1)
+            most[0] = max(most[0], len(open_now))
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.session, name)
+
+        def __del__(self) -> None:
+            open_now.pop()
+
+    monkeypatch.setattr(cal, "open_session", lambda *a, **k: Tracked(real_open(*a, **k)))
+    monkeypatch.setattr(cal, "TURNS_MAX_PARAM_BYTES", 0)
+    prof = static_profile(view)
+    seconds = time_stages(view, make_plan(view, prof, 3), prof, runs=3, warmup=1)
+    assert len(seconds) == 3 and all(s > 0 for s in seconds)
+    assert most[0] == 1
+    monkeypatch.setattr(cal, "TURNS_MAX_PARAM_BYTES", 1 << 40)
+    most[0] = 0
+    time_stages(view, make_plan(view, prof, 3), prof, runs=3, warmup=1)
+    assert most[0] == 3  # in turns: every stage's session open at once
+
+
+def test_turns_need_a_block_of_at_least_one_run() -> None:
+    with pytest.raises(ValueError, match="block of at least 1"):
+        time_in_turns([], runs=3, block=0)
+
+
 def test_time_stages_in_pipeline_times_every_worker(view: ModelView) -> None:
     prof = static_profile(view)
     plan = make_plan(view, prof, 2)

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 from runtime_support import (
     assert_no_workers_left,
     assert_same,
@@ -31,7 +32,12 @@ from runtime_support import (
 )
 
 from onnxpipe import api
+from onnxpipe.calibrate import corrected
+from onnxpipe.costs import static_profile
 from onnxpipe.errors import RuntimeStageError
+from onnxpipe.manifest import load_manifest
+from onnxpipe.model import load_model
+from onnxpipe.plan import make_plan
 from onnxpipe.runtime.compare import stage_worker_memory
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.processes import process_hosts
@@ -225,3 +231,53 @@ def test_a_stopping_pipeline_releases_a_stage_waiting_for_its_turn() -> None:
     stopping.set()
     waiter.join(5)
     assert got == [False] and not turns._waiting
+
+
+def _matmul_chain(path: Path, layers: int = 8, width: int = 512) -> Path:
+    """x[64, width] through ``layers`` MatMul + Relu: a few ms per stage, so a stream lasts seconds."""
+    rng = np.random.default_rng(0)
+    nodes, weights, prev = [], [], "x"
+    for i in range(layers):
+        w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+        weights.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes += [
+            helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"], name=f"mm{i}"),
+            helper.make_node("Relu", [f"m{i}"], [f"r{i}"], name=f"relu{i}"),
+        ]
+        prev = f"r{i}"
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, width])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [64, width])],
+        initializer=weights,
+    )
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_stats_are_answered_while_the_first_stage_always_has_work(tmp_path: Path) -> None:
+    """A worker process reads its control pipe on every pass, not only once it runs dry: ``stats()`` from
+    another thread while the stream flows answers at once.  The split gives the first stage nearly all
+    the work (a profile that makes the later nodes look 1000x dearer), so that worker always has input and
+    room downstream, and deep channels keep it so for seconds."""
+    model = _matmul_chain(tmp_path / "chain.onnx")
+    view = load_model(model)
+    profile = static_profile(view)
+    profile = corrected(profile, make_plan(view, profile, 2), (1.0, 1000.0))
+    out = tmp_path / "split"
+    api.split(model, 2, out, profile=profile, run_verify=False)
+    first, second = load_manifest(out).stages
+    assert first.node_count >= 2 * second.node_count  # the first stage is the slow one
+    x = {"x": np.ones((64, 512), dtype=np.float32)}
+    with Pipeline.from_manifest(out, mode="processes", slots=64) as pipe:
+        jobs = [pipe.submit(x) for _ in range(2000)]
+        jobs[4].result(timeout=60)  # flowing
+        start = time.monotonic()
+        stats = pipe.stats()
+        took = time.monotonic() - start
+        pending = sum(not j.done() for j in jobs)
+        pipe.close(graceful=False)
+    assert len(stats) == 2
+    assert took < 2.0, f"stats() took {took:.2f} s while the first worker was busy"
+    assert pending > 0, "the stream ended before stats() was answered: make it longer"

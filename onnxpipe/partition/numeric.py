@@ -120,7 +120,8 @@ def _best_on_line(p: FloatArr, q: FloatArr, floor: FloatArr, beta: float, kappa:
     where it is no longer positive: found with two sorts and cumulative sums.
     """
     top = beta / kappa
-    with np.errstate(divide="ignore", invalid="ignore"):
+    # a quotient too large for a float is as good as infinite here: the breakpoint lies past ``top``
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         cross = beta * q / (p + kappa * q)  # rising = falling
         reach = np.where(p > 0, floor / p, np.inf)  # rising meets the floor
         leave = np.where(q > 0, (beta - floor / q) / kappa, -np.inf)  # falling leaves the floor

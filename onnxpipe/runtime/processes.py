@@ -23,7 +23,7 @@ import time
 import traceback
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import SpawnContext
 from multiprocessing.process import BaseProcess
@@ -151,7 +151,9 @@ def worker_main(
     try:
         pin_thread(cpus)
     except OSError as e:  # CPUs outside this process's allowed set (a changed cpuset)
-        status.send(("failed", None, pin_failure(specs[0], e)))
+        label = ", ".join(spec.label for spec in specs)
+        whole = replace(specs[0], label=label, placement=replace(specs[0].placement, cpus=cpus))
+        status.send(("failed", None, pin_failure(whole, e)))
         return
     hosted: list[_Hosted] = []
     try:
@@ -187,6 +189,9 @@ def worker_main(
 
     try:
         while True:
+            # the caller's stats, reset and stop come first, also while every pass finds work
+            if control.poll() and not control_says_go():
+                return
             worked = False
             for h in deepest_first:
                 if h.held is not None:
