@@ -170,6 +170,7 @@ def worker_main(
     pid = os.getpid()
     # what to wait on, by which stages hold a result: their room, else their input (and the control pipe)
     waits: dict[tuple[bool, ...], Poller] = {}
+    asked = Poller(control)  # a persistent poll: Connection.poll() builds a selector per call
     current: _Hosted | None = None
     orphaned = False
 
@@ -190,7 +191,7 @@ def worker_main(
     try:
         while True:
             # the caller's stats, reset and stop come first, also while every pass finds work
-            if control.poll() and not control_says_go():
+            if asked.any() and not control_says_go():
                 return
             worked = False
             for h in deepest_first:
