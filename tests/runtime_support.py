@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import threading
+import time
 from multiprocessing import active_children
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe import api
+from onnxpipe.errors import RuntimeStageError
 from onnxpipe.runtime.cli import add_run_arguments
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.shm import SHM_DIR
@@ -102,6 +104,21 @@ def assert_same(expected: list[dict[str, np.ndarray]], actual: list[dict[str, np
         for name in e:
             c = compare(name, e[name], a[name], rtol=1e-4, atol=1e-5)
             assert c.ok, f"micro-batch {j}: {c.describe()}"
+
+
+def stream_until_failure(
+    pipeline: Pipeline, batches: list[dict[str, np.ndarray]]
+) -> tuple[list[dict[str, np.ndarray]], str]:
+    """Stream ``batches`` until the pipeline fails (within 30 s): what came out first, and the error."""
+    got: list[dict[str, np.ndarray]] = []
+    start = time.monotonic()
+    try:
+        for out in pipeline.stream(batches):
+            got.append(out)
+    except RuntimeStageError as e:
+        assert time.monotonic() - start < 30
+        return got, str(e)
+    raise AssertionError("the pipeline did not fail")
 
 
 def segments(pipeline: Pipeline) -> list[str]:

@@ -31,6 +31,7 @@ from runtime_support import (
     parse,
     reshape_batches,
     split_on_devices,
+    stream_until_failure,
     token_batches,
 )
 
@@ -130,13 +131,7 @@ def test_a_failing_stage_stops_the_pipeline_naming_stage_and_tensor(reshape_spli
     batches = reshape_batches(30, bad=7)
     pipe = Pipeline.from_manifest(reshape_split, mode=mode)  # type: ignore[arg-type]
     pids = pipe.worker_pids()
-    got = []
-    start = time.monotonic()
-    with pytest.raises(RuntimeStageError) as info:
-        for out in pipe.stream(batches):
-            got.append(out)
-    assert time.monotonic() - start < 30
-    text = str(info.value)
+    got, text = stream_until_failure(pipe, batches)
     assert "stage 1 (stage_1.onnx)" in text
     assert "micro-batch 7" in text
     assert "'reshape'" in text and "'y'" in text
