@@ -510,14 +510,11 @@ class ProcessBackend:
             for w in self._workers:
                 w.control.send((_STATS, request))
             replies = {id(w): self._stats_reply(w, request) for w in self._workers}
-        by_stage = {(id(w), st.index): st for w in self._workers for st in replies[id(w)]}
-        return [
-            by_stage[id(w), spec.index]
-            for lane in self._lanes
-            for spec in lane.specs
-            for w in lane.workers
-            if (id(w), spec.index) in by_stage
-        ]
+        ordered: list[WorkerStats] = []
+        for lane in self._lanes:  # a lane's processes may interleave its stages: put them back in order
+            of_lane = {st.index: st for w in lane.workers for st in replies[id(w)]}
+            ordered += [of_lane[spec.index] for spec in lane.specs]
+        return ordered
 
     def _stats_reply(self, w: _Worker, request: int) -> list[WorkerStats]:
         deadline = time.monotonic() + STATS_TIMEOUT_S
