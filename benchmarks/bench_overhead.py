@@ -11,7 +11,12 @@ channels) costs that, or the split itself does on this machine.  For each model,
   (:func:`onnxpipe.runtime.compare.session_throughput`, as ``onnxpipe run --compare`` measures it);
 * ``minimal``: K threads, each running one stage's session, joined by ``queue.Queue(2)``, fed by a
   thread of its own: no input checks or copies, no futures, no driver, no records;
-* ``onnxpipe``: ``Pipeline.from_manifest(..., pin=True)`` timed by ``onnxpipe.runtime.report.measure``.
+* ``onnxpipe``: ``Pipeline.from_manifest(..., pin=True)`` timed by ``onnxpipe.runtime.report.measure``,
+  its steady rate (the pipeline's fill left out, as ``minimal`` starts its clock once full).
+
+Both pipelines' CPU time per micro-batch (every thread of this process) is recorded too.  ``--models
+mlp`` splits the bundled ``sample_models/mlp.onnx`` at batch 1, whose stages take microseconds: its rate
+is what the machinery alone costs per micro-batch.
 
 Then each stage's session time (median over the run) three ways: ``alone`` (its CPU busy, the others
 idle), ``together`` (every stage looping on its own CPU at once, nothing handed over: what sharing the
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import queue
+import resource
 import statistics
 import sys
 import tempfile
@@ -151,8 +157,20 @@ def stages_together(
 
 
 def onnxpipe_rate(directory: Path, inputs: Sequence[Feeds]) -> float:
+    """Steady outputs per second of onnxpipe's thread pipeline over ``inputs`` (after a warm-up)."""
     with Pipeline.from_manifest(directory, mode="threads", pin=True) as pipe:
-        return measure(pipe, inputs, warmup=WARMUP).throughput_per_s
+        measured = measure(pipe, inputs, warmup=WARMUP)
+    return measured.steady_throughput_per_s or measured.throughput_per_s
+
+
+def cpu_seconds() -> float:
+    """CPU seconds every thread of this process has used so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def trivial_model() -> Path:
+    return ROOT / "sample_models" / "mlp.onnx"
 
 
 def bench_model(
@@ -190,10 +208,14 @@ def bench_model(
         "onnxpipe": lambda: onnxpipe_rate(out, inputs),
     }
     rates: dict[str, list[float]] = {k: [] for k in runs}
+    cpu_us: dict[str, list[float]] = {"minimal": [], "onnxpipe": []}
     for r in range(args.rounds):
         with CpuWatch(()) as watch:
             for key in list(runs) if r % 2 == 0 else list(runs)[::-1]:
+                used = cpu_seconds()
                 rates[key].append(runs[key]())
+                if key in cpu_us:  # includes the warm-up, which both pipelines run alike
+                    cpu_us[key].append(1e6 * (cpu_seconds() - used) / (n + WARMUP))
             alone.append([stage_loop(s, [row[i] for row in per_stage], n // 2) for i, s in enumerate(stages)])
             together.append(stages_together(stages, per_stage, n // 2))
         others.append(watch.others_cores())
@@ -220,6 +242,7 @@ def bench_model(
             "onnxpipe_x_minimal": ratio("onnxpipe", "minimal"),
         },
         "session_1_ms": 1e3 / statistics.median(rates["session_1"]),
+        "cpu_us_per_microbatch": {k: statistics.median(v) for k, v in cpu_us.items()},
         "stage_ms": {"alone": ms(alone), "together": ms(together), "piped": ms(piped)},
         "others_cores": others,
     }
@@ -241,6 +264,10 @@ def print_summary(rows: Sequence[dict[str, Any]]) -> None:
         )
         print(f"{row['model']:10s} " + " ".join(f"{c:10.3f}" if c < 10 else f"{c:10.1f}" for c in cells))
     print("ratios are medians of per-round ratios; rounds alternate their order\n")
+    print("CPU microseconds per micro-batch, all threads (medians): minimal | onnxpipe")
+    for row in rows:
+        c = row["cpu_us_per_microbatch"]
+        print(f"  {row['model']:10s} {c['minimal']:10.0f} | {c['onnxpipe']:.0f}")
     print("stage session ms (medians): alone | every stage looping at once | in the minimal pipeline")
     for row in rows:
         s = row["stage_ms"]
@@ -255,7 +282,7 @@ def print_summary(rows: Sequence[dict[str, Any]]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    table = model_table()
+    table = {**model_table(), "mlp": (trivial_model, {"x": (1, 64)})}
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument(
         "--models", default="gpt2_tiny,bert_tiny", help="comma-separated: " + ", ".join(table)
@@ -265,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-microbatches", type=int, default=300)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "overhead.json")
     args = parser.parse_args(argv)
-    return run_models(parser, args, bench_model, print_summary)
+    return run_models(parser, args, bench_model, print_summary, table)
 
 
 if __name__ == "__main__":

@@ -496,10 +496,11 @@ def run_models(
     args: argparse.Namespace,
     bench: Callable[[str, Path, dict[str, tuple[int, ...]] | None, argparse.Namespace], dict[str, Any]],
     summary: Callable[[Sequence[dict[str, Any]]], None],
+    table: Mapping[str, tuple[Callable[[], Path], dict[str, tuple[int, ...]] | None]] | None = None,
 ) -> int:
     """Bench each model of ``args.models``, print the summary, write the rows to ``args.out``: the main
-    loop of the benchmarks that follow this one's model table."""
-    table = model_table()
+    loop of the benchmarks that follow this one's model table (or ``table``)."""
+    table = model_table() if table is None else table
     rows = []
     for name in model_names(parser, table, args.models):
         get, shapes = table[name]

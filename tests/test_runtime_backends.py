@@ -34,6 +34,7 @@ from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.processes import ProcessBackend
 from onnxpipe.runtime.shm import SHM_DIR, ItemMessage, SlotReader, SlotWriter
 from onnxpipe.runtime.spec import WorkerSpec
+from onnxpipe.runtime.threads import ThreadBackend
 
 
 def identity_chain(base: Path, dtype: int = TensorProto.STRING) -> list[WorkerSpec]:
@@ -315,8 +316,6 @@ class _SlowAfterWake(threading.Event):
 def test_thread_records_are_there_once_their_results_are(tmp_path: Path) -> None:
     """Regression: the last worker wrote its record after the result could be collected, so stats()
     right after a stream missed the last micro-batch and a reset right after a warm-up kept one."""
-    from onnxpipe.runtime.threads import ThreadBackend
-
     specs = identity_chain(tmp_path, TensorProto.FLOAT)
     backend = ThreadBackend([specs])
     backend._shared.wake = _SlowAfterWake()
@@ -327,3 +326,29 @@ def test_thread_records_are_there_once_their_results_are(tmp_path: Path) -> None
         list(pipe.stream([feeds] * 20))
         stats = pipe.stats()
     assert [sorted(r.seq for r in s.records) for s in stats] == [list(range(8, 28))] * 2
+
+
+def _sleeping(run: Any, seconds: float) -> Any:
+    def slow(seq: int, received: Any) -> Any:
+        time.sleep(seconds)
+        return run(seq, received)
+
+    return slow
+
+
+def test_a_thread_driver_hands_over_as_soon_as_the_first_worker_makes_room(tmp_path: Path) -> None:
+    """The first worker wakes the driver when it frees a place: without that wake-up the next
+    micro-batch would wait for the slow last stage's result (0.4 s here) before the driver looked
+    again."""
+    specs = identity_chain(tmp_path, TensorProto.FLOAT)
+    backend = ThreadBackend([specs], slots=1)
+    for worker, seconds in zip(backend._lanes[0].workers, (0.1, 0.4), strict=True):
+        # the first stage slow enough that the driver finds no room before it waits
+        worker.runner.run = _sleeping(worker.runner.run, seconds)  # type: ignore[method-assign]
+    feeds = {"s": np.zeros(4, np.float32)}
+    with Pipeline(backend, input_types={"s": "float32"}, output_names=["t"], lanes=[specs]) as pipe:
+        jobs = [pipe.submit(feeds) for _ in range(2)]  # one slot: the second waits in the queue
+        for job in jobs:
+            job.result(timeout=30)
+        first = sorted(pipe.stats()[0].records, key=lambda r: r.seq)
+    assert first[1].received - first[0].done < 0.2

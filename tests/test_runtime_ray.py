@@ -150,25 +150,68 @@ def test_ray_cli_run(ray_cluster: Any, tiny_split: Path, tmp_path: Path) -> None
     assert np.isfinite(obj["throughput_per_s"])
 
 
-def test_ray_runs_an_interleaved_split_with_a_worker_s_stages_packed_together(
+def test_ray_runs_an_interleaved_split_with_one_actor_per_worker(
     ray_cluster: Any, tmp_path: Path, sample_models_dir: Path
 ) -> None:
-    """4 stages on 2 workers fit a 2-CPU cluster: each worker's 2 stages share one placement group of
-    2 x 0.5 CPU (asking 1 CPU per stage, 4 in all, would never start)."""
-    from ray.util import placement_group_table
-
+    """4 stages on 2 workers: each worker's 2 stages share one actor (one process, one CPU), so they fit
+    the 2-CPU cluster (an actor per stage asking 1 CPU each, 4 in all, would never start) and the
+    outputs are the model's, in order."""
     from onnxpipe import api
+    from onnxpipe.manifest import load_manifest
 
     split = tmp_path / "interleaved"
     api.split(
         sample_models_dir / "transformer_tiny.onnx", 4, split, cost="static", workers=2, run_verify=False
     )
-    batches = token_batches(12, seed=4)
+    worker_of = [load_manifest(split).worker_of(i) for i in range(4)]
+    assert sorted(set(worker_of)) == [0, 1] and worker_of[0] != worker_of[1]
+    batches = token_batches(24, seed=4)
     expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
     with Pipeline.from_manifest(split, backend="ray") as pipe:
         backend = pipe.backend
-        assert isinstance(backend, RayBackend) and len(backend.placement_groups) == 2
-        ids = [g.id.hex() for g in backend.placement_groups]
-        assert all(placement_group_table()[i]["strategy"] == "STRICT_PACK" for i in ids)
+        assert isinstance(backend, RayBackend) and len(backend.actors) == 2
         assert_same(expected, list(pipe.stream(batches)))
-    assert all(placement_group_table()[i]["state"] == "REMOVED" for i in ids)
+        stats = pipe.stats()
+        pids = [pid for pid, _ in backend.placed]
+    for i in range(4):
+        mates = tuple(j for j in range(4) if worker_of[j] == worker_of[i])
+        assert stats[i].index == i and stats[i].hosted_with == mates
+        assert {pids[j] for j in mates} == {pids[i]} and stats[i].pid == pids[i]
+        assert len(stats[i].records) == 24
+    assert pids[0] != pids[1]
+    assert wait_gone(sorted(set(pids))) == []
+
+
+def test_a_ray_actor_hosting_stages_asks_for_the_most_any_of_them_asks() -> None:
+    merged = ray_backend.merged_options(
+        [
+            {"num_cpus": 1, "num_gpus": 0, "resources": {"a": 1}, "max_concurrency": 1},
+            {"num_cpus": 2, "num_gpus": 0.5, "memory": 10, "resources": {"a": 0.5, "b": 1}},
+        ]
+    )
+    assert merged == {
+        "num_cpus": 2,
+        "num_gpus": 0.5,
+        "memory": 10,
+        "resources": {"a": 1, "b": 1},
+        "max_concurrency": 1,
+    }
+    assert ray_backend.hosted_groups([1, 0, 1, 0]) == [[0, 2], [1, 3]]
+    assert ray_backend.hosted_groups(range(3)) == [[0], [1], [2]]
+
+
+def test_actors_that_cannot_be_placed_fail_naming_what_each_asked_for(
+    ray_cluster: Any, tiny_split: Path
+) -> None:
+    """One actor hosting both stages (as for one worker of an interleaved split) asks for the most of
+    each resource its stages ask for; no node has ``nowhere``, so it never starts."""
+    from onnxpipe.manifest import load_manifest
+    from onnxpipe.runtime.spec import manifest_placements, stage_specs
+
+    manifest = load_manifest(tiny_split)
+    specs = stage_specs(tiny_split, manifest, manifest_placements(manifest, None))
+    asks = [{"resources": {"nowhere": 1}}, {"num_cpus": 0.5, "resources": {"nowhere": 0.5}}]
+    with pytest.raises(RuntimeStageError) as info:
+        RayBackend(specs, resources=asks, workers=[0, 0], start_timeout=3.0)
+    assert "did not start within 3 s" in str(info.value)
+    assert "stages 0, 1: {'num_cpus': 1, 'num_gpus': 0, 'resources': {'nowhere': 1}}" in str(info.value)

@@ -1,15 +1,24 @@
 """Workers as Ray actors: one actor per stage holding its session, tensors passed as object references.
 
-A micro-batch is a chain of actor calls, ``ref = actor_i.run.remote(seq, ref)``: Ray hands each stage's
-output to the next stage through its object store (between machines when the actors are on different
-nodes) without passing through the caller.  At most :attr:`RayBackend.capacity` micro-batches are in
-flight (backpressure); results are matched to micro-batches by reference, so the order is the pipeline's
-business, not Ray's.  A stage that raises fails its micro-batch and, through the dependency, every later
-stage's call for it: the caller sees the stage's own :class:`RuntimeStageError`, then kills every actor.
+A micro-batch is a chain of actor calls, ``ref = actor_i.run.remote(stage_i, seq, ref)``: Ray hands each
+stage's output to the next stage through its object store (between machines when the actors are on
+different nodes) without passing through the caller.  At most :attr:`RayBackend.capacity` micro-batches
+are in flight (backpressure); results are matched to micro-batches by reference, so the order is the
+pipeline's business, not Ray's.  A stage that raises fails its micro-batch and, through the dependency,
+every later stage's call for it: the caller sees the stage's own :class:`RuntimeStageError`, then kills
+every actor.
+
+The stages of one worker of an interleaved split (``workers``) share one actor, as they share one
+process locally (:mod:`~onnxpipe.runtime.processes`): one interpreter, one onnxruntime, and a session per
+stage, so that the worker holds about its stages' weights and not V processes' worth of overhead.  Its
+calls run one at a time, in the order their inputs become ready (``allow_out_of_order_execution``): a
+stage's call waiting for its input from another worker never holds up the call of a sibling stage whose
+input is there, and the stages take turns on the worker's CPUs as the plan assumes.
 
 Each actor asks the cluster for its resources: ``num_cpus`` (default: the stage's threads), ``num_gpus``
 (default: 1 for a GPU provider, else 0) and custom ``resources`` (e.g. ``{"stage0_host": 1}`` to pin a
-stage to the node started with ``ray start --resources='{"stage0_host": 1}'``), from a resources file::
+stage to the node started with ``ray start --resources='{"stage0_host": 1}'``), from a resources file
+(an actor hosting several stages asks for the most that any of them asks, key by key)::
 
     {"default": {"num_cpus": 1},
      "stages": [{"resources": {"node_a": 1}}, {"num_gpus": 1, "resources": {"node_b": 1}}]}
@@ -53,34 +62,45 @@ START_TIMEOUT_S = 300.0
 RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory", "resources")
 
 
-class StageActor:
-    """The body of a stage's Ray actor (made remote by :class:`RayBackend`)."""
+class WorkerActor:
+    """The body of a worker's Ray actor (made remote by :class:`RayBackend`): the session of each stage
+    it hosts, one for a plain split, a worker's stages for an interleaved one."""
 
-    def __init__(self, spec: WorkerSpec) -> None:
+    def __init__(self, specs: Sequence[WorkerSpec]) -> None:
         self.startup_rss = current_rss_bytes()
+        self.runners: dict[int, StageRunner] = {}
         try:
-            self.runner = StageRunner(spec)
+            for spec in specs:
+                self.runners[spec.index] = StageRunner(spec)
         except StageFailure as e:
             raise RuntimeStageError(str(e)) from None
 
     def ready(self) -> tuple[int, str]:
         return os.getpid(), socket.gethostname()
 
-    def run(self, seq: int, received: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, stage: int, seq: int, received: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        runner = self.runners[stage]
         start = time.perf_counter()
         try:
-            sends = self.runner.run(seq, received)
+            sends = runner.run(seq, received)
         except StageFailure as e:
             raise RuntimeStageError(str(e)) from None
         end = time.perf_counter()
-        self.runner.recorder.add(Record(seq, start, start, end, end, end))
+        runner.recorder.add(Record(seq, start, start, end, end, end))
         return sends
 
-    def stats(self) -> WorkerStats:
-        return self.runner.stats(pid=os.getpid(), startup_rss=self.startup_rss)
+    def stats(self) -> list[WorkerStats]:
+        """One entry per hosted stage; ``hosted_with`` names them all when there are several, whose
+        memory figures are then the actor's, the same for each."""
+        hosted = tuple(self.runners) if len(self.runners) > 1 else ()
+        pid = os.getpid()
+        return [
+            r.stats(pid=pid, startup_rss=self.startup_rss, hosted_with=hosted) for r in self.runners.values()
+        ]
 
     def reset(self) -> None:
-        self.runner.recorder.reset()
+        for runner in self.runners.values():
+            runner.recorder.reset()
 
 
 class _OwnedRay:
@@ -146,7 +166,8 @@ def _import_ray() -> Any:
 
 
 class RayBackend:
-    """One Ray actor per stage; see the module docstring."""
+    """One Ray actor per worker: per stage, or per worker of an interleaved split; see the module
+    docstring."""
 
     kind = "ray"
 
@@ -160,13 +181,17 @@ class RayBackend:
         start_timeout: float = START_TIMEOUT_S,
         workers: Sequence[int] | None = None,
     ) -> None:
-        """``workers[i]``: the worker of stage ``i`` in an interleaved split (None: one each).  Without a
-        resources file, a worker's stages then share one placement group (:meth:`_pack`)."""
+        """``workers[i]``: the worker of stage ``i`` in an interleaved split (None: one each), whose
+        stages then share one actor."""
         ray = _import_ray()
         self._ray = ray
         self.specs = list(specs)
         if resources is not None and len(resources) != len(self.specs):
             raise UsageError(f"{len(resources)} resource entries for {len(self.specs)} stages")
+        if workers is not None and len(workers) != len(self.specs):
+            raise UsageError(f"{len(workers)} workers given for {len(self.specs)} stages")
+        self.groups = hosted_groups(workers if workers is not None else range(len(self.specs)))
+        """The stage positions each actor hosts, one group per worker in order of first stage."""
         self._capacity = slots * (len(self.specs) + 1)
         self._lock = threading.Lock()
         self._in_flight: dict[Any, int] = {}
@@ -174,21 +199,19 @@ class RayBackend:
         self._closed = False
         self._failure: RuntimeStageError | None = None
         self.actors: list[Any] = []
-        self.placement_groups: list[Any] = []
+        """One per group of :attr:`groups`."""
+        self._stage_actor: list[Any] = [None] * len(self.specs)
         self._ray_generation = _OWNED_RAY.acquire(ray, address)
         try:  # whatever fails from here on (Ctrl-C, bad options, no resources), close() undoes the rest
-            remote = ray.remote(StageActor)
-            packed = None
-            if workers is not None and resources is None:  # every stage's options first, to group them
-                packed = self._pack([actor_options(spec, {}) for spec in self.specs], workers, start_timeout)
-            for i, spec in enumerate(self.specs):
-                if packed is not None:
-                    opts = packed[i]
-                else:  # one at a time: a Ctrl-C in between leaves only started actors, which close() kills
-                    opts = actor_options(spec, resources[i] if resources is not None else {})
-                self.actors.append(remote.options(**opts).remote(spec))
+            remote = ray.remote(WorkerActor)
+            for group in self.groups:  # one at a time: a Ctrl-C in between leaves only started actors
+                opts = self._group_options(group, resources)
+                actor = remote.options(**opts).remote([self.specs[i] for i in group])
+                self.actors.append(actor)
+                for i in group:
+                    self._stage_actor[i] = actor
             try:
-                placed = ray.get([a.ready.remote() for a in self.actors], timeout=start_timeout)
+                started = ray.get([a.ready.remote() for a in self.actors], timeout=start_timeout)
             except ray.exceptions.GetTimeoutError as e:
                 raise RuntimeStageError(
                     f"the stage actors did not start within {start_timeout:.0f} s: the cluster may lack "
@@ -199,58 +222,31 @@ class RayBackend:
         except BaseException:
             self.close(graceful=False)
             raise
-        self.placed: list[tuple[int, str]] = [(int(pid), str(host)) for pid, host in placed]
+        placed: list[tuple[int, str]] = [(0, "")] * len(self.specs)
+        for group, (pid, host) in zip(self.groups, started, strict=True):
+            for i in group:
+                placed[i] = (int(pid), str(host))
+        self.placed = placed
+        """The process id and host of each stage's actor, in stage order."""
 
-    def _pack(
-        self, options: list[dict[str, Any]], workers: Sequence[int], timeout: float
-    ) -> list[dict[str, Any]]:
-        """Put the stages of each worker on one node, sharing the worker's CPUs (and GPU).
-
-        A worker's stages take turns on its CPUs, so together they ask for what one of them would: each
-        of its V stages asks for 1/V of the most CPUs (and GPUs) any of them wants, inside one
-        ``STRICT_PACK`` placement group per worker.  Asking each stage's full share instead would need V
-        times the worker's CPUs, which a cluster sized for the workers does not have.
-        """
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        if len(workers) != len(options):
-            raise UsageError(f"{len(workers)} workers given for {len(options)} stages")
-        out = [dict(o) for o in options]
-        asked: list[str] = []
-        for w in dict.fromkeys(workers):
-            members = [i for i, x in enumerate(workers) if x == w]
-            cpus = max(float(options[i]["num_cpus"]) for i in members) / len(members)
-            gpus = max(float(options[i]["num_gpus"]) for i in members) / len(members)
-            bundle = {"CPU": cpus, **({"GPU": gpus} if gpus > 0 else {})}
-            asked.append(f"worker {w}: {len(members)} x {bundle}")
-            group = placement_group([dict(bundle) for _ in members], strategy="STRICT_PACK")
-            self.placement_groups.append(group)
-            for j, i in enumerate(members):
-                out[i].update(
-                    num_cpus=cpus,
-                    num_gpus=gpus,
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        placement_group=group, placement_group_bundle_index=j
-                    ),
-                )
-        ready, _ = self._ray.wait(
-            [g.ready() for g in self.placement_groups],
-            num_returns=len(self.placement_groups),
-            timeout=timeout,
+    def _group_options(
+        self, group: Sequence[int], resources: Sequence[Mapping[str, Any]] | None
+    ) -> dict[str, Any]:
+        """The actor options of the stages at positions ``group``, with ``resources`` per stage."""
+        options = merged_options(
+            [actor_options(self.specs[i], resources[i] if resources is not None else {}) for i in group]
         )
-        if len(ready) < len(self.placement_groups):
-            raise RuntimeStageError(
-                f"the workers' placement groups were not granted within {timeout:.0f} s: the cluster lacks "
-                f"a node with the CPUs of each worker ({'; '.join(asked)})"
-            )
-        return out
+        if len(group) > 1:  # a call waiting for its input must not hold up a sibling stage's
+            options["allow_out_of_order_execution"] = True
+        return options
 
     def _describe_requests(self, resources: Sequence[Mapping[str, Any]] | None) -> str:
         parts = []
-        for i, spec in enumerate(self.specs):
-            options = actor_options(spec, resources[i] if resources is not None else {})
-            parts.append(f"stage {spec.index}: {options}")
+        for group in self.groups:
+            options = self._group_options(group, resources)
+            shown = {k: v for k, v in options.items() if k in RESOURCE_KEYS}
+            names = ", ".join(str(self.specs[i].index) for i in group)
+            parts.append(f"stage{'s' if len(group) > 1 else ''} {names}: {shown}")
         return "; ".join(parts)
 
     @property
@@ -263,8 +259,8 @@ class RayBackend:
             if len(self._in_flight) >= self._capacity:
                 return False
             ref: Any = {name: feeds[name] for name in self.specs[0].receives}
-            for actor in self.actors:
-                ref = actor.run.remote(seq, ref)
+            for spec, actor in zip(self.specs, self._stage_actor, strict=True):
+                ref = actor.run.remote(spec.index, seq, ref)
             self._in_flight[ref] = seq
         self._event.set()
         return True
@@ -308,8 +304,9 @@ class RayBackend:
 
     def stats(self) -> list[WorkerStats]:
         self._check()
-        result: list[WorkerStats] = self._ray.get([a.stats.remote() for a in self.actors])
-        return result
+        replies: list[list[WorkerStats]] = self._ray.get([a.stats.remote() for a in self.actors])
+        by_stage = {st.index: st for reply in replies for st in reply}
+        return [by_stage[spec.index] for spec in self.specs]
 
     def reset_stats(self) -> None:
         self._check()
@@ -328,12 +325,6 @@ class RayBackend:
         for actor in self.actors:
             with contextlib.suppress(Exception):  # an actor that is already gone is fine
                 self._ray.kill(actor, no_restart=True)
-        if self.placement_groups:
-            from ray.util.placement_group import remove_placement_group
-
-            for group in self.placement_groups:
-                with contextlib.suppress(Exception):  # already removed with its job
-                    remove_placement_group(group)
         with self._lock:
             self._in_flight.clear()
         _OWNED_RAY.release(self._ray, self._ray_generation)
@@ -352,6 +343,30 @@ def actor_options(spec: WorkerSpec, given: Mapping[str, Any]) -> dict[str, Any]:
     options["max_task_retries"] = 0
     options["max_concurrency"] = 1
     return options
+
+
+def merged_options(options: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The options of one actor hosting stages whose own options are ``options``: its stages take turns,
+    so it asks for the most any of them asks, resource by resource."""
+    merged = dict(options[0])
+    for more in options[1:]:
+        for key in ("num_cpus", "num_gpus", "memory"):
+            if key in more:
+                merged[key] = max(merged.get(key, 0), more[key])
+        if "resources" in more:
+            custom = dict(merged.get("resources", {}))
+            for name, amount in more["resources"].items():
+                custom[name] = max(custom.get(name, 0), amount)
+            merged["resources"] = custom
+    return merged
+
+
+def hosted_groups(workers: Sequence[int] | range) -> list[list[int]]:
+    """The stage positions of each worker, the workers in the order of their first stage."""
+    groups: dict[int, list[int]] = {}
+    for i, w in enumerate(workers):
+        groups.setdefault(w, []).append(i)
+    return list(groups.values())
 
 
 def _ray_error_text(e: BaseException, fallback: str) -> str:

@@ -637,15 +637,12 @@ def build_report(
     groups: tuple[tuple[int, ...], ...] = ()
     if manifest is not None and manifest.plan.workers is not None:
         groups = tuple(manifest.stages_of(w) for w in range(manifest.workers))
-        if not any(spec.placement.cpus for spec in specs) and pipeline.pin_note is None:
-            how = (
-                ": a worker's stages ran side by side on any CPUs, not in turn on the worker's own"
-                if pipeline.backend.kind == "ray"
-                else " (--pin): a worker's stages took turns, but on any CPUs, not on the worker's own"
-            )
+        local = pipeline.backend.kind != "ray"  # a Ray worker's actor has the CPUs Ray gave it
+        if local and not any(spec.placement.cpus for spec in specs) and pipeline.pin_note is None:
             notes.append(
-                f"the {len(specs)} stages share {len(groups)} workers but were not pinned{how} as its "
-                "estimate assumes"
+                f"the {len(specs)} stages share {len(groups)} workers but were not pinned (--pin): a "
+                "worker's stages took turns, but on any CPUs, not on the worker's own as its estimate "
+                "assumes"
             )
     if any(s.memory_shared_with_other_workers for s in stages):
         notes.append(
