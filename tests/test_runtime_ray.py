@@ -215,3 +215,47 @@ def test_actors_that_cannot_be_placed_fail_naming_what_each_asked_for(
         RayBackend(specs, resources=asks, workers=[0, 0], start_timeout=3.0)
     assert "did not start within 3 s" in str(info.value)
     assert "stages 0, 1: {'num_cpus': 1, 'num_gpus': 0, 'resources': {'nowhere': 1}}" in str(info.value)
+
+
+def test_a_worker_s_stages_asking_for_different_machines_are_refused(tiny_split: Path) -> None:
+    from onnxpipe.errors import UsageError
+    from onnxpipe.manifest import load_manifest
+    from onnxpipe.runtime.spec import manifest_placements, stage_specs
+
+    manifest = load_manifest(tiny_split)
+    specs = stage_specs(tiny_split, manifest, manifest_placements(manifest, None))
+    asks = [{"resources": {"host_a": 1}}, {"resources": {"host_b": 1}}]
+    with pytest.raises(UsageError, match=r"stages 0 and 1 share one worker .*\['host_a'\] and \['host_b'\]"):
+        RayBackend(specs, resources=asks, workers=[0, 0])
+    ray_backend.check_shared_pins(specs, [[0], [1]], asks)  # a stage each: fine
+    ray_backend.check_shared_pins(specs, [[0, 1]], [{"resources": {"host_a": 1}}, {"num_cpus": 2}])
+
+
+def test_a_dead_actor_is_named_with_its_stages(
+    ray_cluster: Any, tmp_path: Path, sample_models_dir: Path
+) -> None:
+    """Killing a worker's actor mid-stream fails the run with one line naming the actor's stages."""
+    import os
+    import signal
+    import threading
+
+    from onnxpipe import api
+
+    split = tmp_path / "interleaved"
+    api.split(
+        sample_models_dir / "transformer_tiny.onnx", 4, split, cost="static", workers=2, run_verify=False
+    )
+    pipe = Pipeline.from_manifest(split, backend="ray")
+    backend = pipe.backend
+    assert isinstance(backend, RayBackend)
+    pid, host = backend.placed[1]
+    stages = ", ".join(str(i) for i in backend.groups[1])
+    threading.Timer(0.5, os.kill, (pid, signal.SIGKILL)).start()
+    with pytest.raises(RuntimeStageError) as info:
+        for _ in pipe.stream(token_batches(100_000)):
+            pass
+    pipe.close()
+    text = str(info.value)
+    assert len(text.splitlines()) == 1
+    assert f"the actor of stages {stages} (pid {pid} on {host}) died" in text
+    assert wait_gone(sorted({p for p, _ in backend.placed})) == []

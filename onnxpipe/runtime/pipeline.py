@@ -567,7 +567,7 @@ def make_backend(
 ) -> Backend:
     """Start the workers of ``lanes`` on ``backend`` (``workers``: the worker of each stage of an
     interleaved split, whose stages then share a worker process, take turns as threads, or share a Ray
-    placement group on one node)."""
+    actor)."""
     if backend == "local":
         chosen = DEFAULT_LOCAL_MODE if mode is None else mode
         if chosen == "processes":

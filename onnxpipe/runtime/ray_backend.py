@@ -1,4 +1,4 @@
-"""Workers as Ray actors: one actor per stage holding its session, tensors passed as object references.
+"""Workers as Ray actors holding their stages' sessions, tensors passed as object references.
 
 A micro-batch is a chain of actor calls, ``ref = actor_i.run.remote(stage_i, seq, ref)``: Ray hands each
 stage's output to the next stage through its object store (between machines when the actors are on
@@ -36,6 +36,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import socket
 import threading
 import time
@@ -191,6 +192,8 @@ class RayBackend:
         if workers is not None and len(workers) != len(self.specs):
             raise UsageError(f"{len(workers)} workers given for {len(self.specs)} stages")
         self.groups = hosted_groups(workers if workers is not None else range(len(self.specs)))
+        if resources is not None:
+            check_shared_pins(self.specs, self.groups, resources)
         """The stage positions each actor hosts, one group per worker in order of first stage."""
         self._capacity = slots * (len(self.specs) + 1)
         self._lock = threading.Lock()
@@ -249,6 +252,16 @@ class RayBackend:
             parts.append(f"stage{'s' if len(group) > 1 else ''} {names}: {shown}")
         return "; ".join(parts)
 
+    def _actor_names(self) -> dict[int, str]:
+        """Each actor's process id, and the stages it hosts in words (``the actor of stages 0, 2 (pid
+        41, node-a)``)."""
+        names: dict[int, str] = {}
+        for group in self.groups:
+            pid, host = self.placed[group[0]]
+            stages = ", ".join(str(self.specs[i].index) for i in group)
+            names[pid] = f"the actor of stage{'s' if len(group) > 1 else ''} {stages} (pid {pid} on {host})"
+        return names
+
     @property
     def capacity(self) -> int:
         return self._capacity
@@ -279,7 +292,8 @@ class RayBackend:
             try:
                 outputs = self._ray.get(ref)
             except self._ray.exceptions.RayError as e:
-                self._failure = RuntimeStageError(_ray_error_text(e, f"micro-batch {seq} failed"))
+                text = _ray_error_text(e, f"micro-batch {seq} failed", self._actor_names())
+                self._failure = RuntimeStageError(text)
                 raise self._failure from e
             done.append((seq, {n: np.array(v, copy=True) for n, v in outputs.items()}))
         return done
@@ -361,6 +375,24 @@ def merged_options(options: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return merged
 
 
+def check_shared_pins(
+    specs: Sequence[WorkerSpec], groups: Sequence[Sequence[int]], resources: Sequence[Mapping[str, Any]]
+) -> None:
+    """Refuse a worker whose stages ask for different custom resources: one actor hosts them, and it
+    would wait for a node that has all of them (for ``host_a`` and ``host_b``: most likely none)."""
+    for group in groups:
+        asked = [(i, frozenset(resources[i].get("resources", {}))) for i in group]
+        named = [(i, names) for i, names in asked if names]
+        for i, names in named[1:]:
+            first, first_names = named[0]
+            if names != first_names:
+                raise UsageError(
+                    f"stages {specs[first].index} and {specs[i].index} share one worker (one Ray actor) but "
+                    f"ask for different custom resources ({sorted(first_names)} and {sorted(names)}); give "
+                    "a worker's stages the same ones"
+                )
+
+
 def hosted_groups(workers: Sequence[int] | range) -> list[list[int]]:
     """The stage positions of each worker, the workers in the order of their first stage."""
     groups: dict[int, list[int]] = {}
@@ -369,7 +401,13 @@ def hosted_groups(workers: Sequence[int] | range) -> list[list[int]]:
     return list(groups.values())
 
 
-def _ray_error_text(e: BaseException, fallback: str) -> str:
+_DEAD_PID = re.compile(r"\bpid: (\d+)")
+
+
+def _ray_error_text(e: BaseException, fallback: str, actors: Mapping[int, str] | None = None) -> str:
+    """One line for a Ray error: the stage's own message when a stage raised, else ``fallback`` and
+    Ray's first line, naming the stages of a dead actor where ``actors`` (process id to the stages it
+    hosted) knows its process."""
     cause = getattr(e, "cause", None)
     if isinstance(cause, RuntimeStageError):
         return str(cause)
@@ -378,7 +416,9 @@ def _ray_error_text(e: BaseException, fallback: str) -> str:
             return line.split("RuntimeStageError:", 1)[1].strip()
     kind = type(e).__name__
     if "ActorDied" in kind or "RayActorError" in kind:
-        return f"{fallback}: a stage actor died ({first_line(e)})"
+        m = _DEAD_PID.search(str(e))
+        who = actors.get(int(m.group(1))) if m and actors else None
+        return f"{fallback}: {who or 'a stage actor'} died ({first_line(e)})"
     return f"{fallback}: {first_line(e)}"
 
 

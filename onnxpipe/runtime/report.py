@@ -255,7 +255,7 @@ class StageReport:
     stage whose process hosts other stages too, :attr:`hosted_with`, what all their models cost it)."""
     hosted_with: tuple[int, ...] = ()
     """The stages, this one among them, whose sessions shared that worker process (an interleaved split's
-    worker in processes); empty: the process ran this stage alone."""
+    worker in processes or on Ray); empty: the process ran this stage alone."""
 
 
 @dataclass(frozen=True)
