@@ -15,8 +15,10 @@ in rounds whose order alternates, one intra-op thread per stage, actors opened a
   does);
 * ``interleaved_apart``: the same stages, an actor per stage (each asking 1/V CPU so that they fit).
 
-Memory per worker, from the actors' own statistics: model memory (an actor's peak less its memory before
-loading) and peak RSS, a worker's actors summed; ratios against the replica's actor.  Throughput: the
+Memory per worker, a worker's actors summed, as ratios against the replica's actor: from the actors' own
+statistics, model memory (an actor's peak less its memory before loading) and peak RSS; after the
+stream, PSS and private memory (``/proc/PID/smaps_rollup``), which count the pages that actors share
+(Ray's and onnxruntime's libraries) once, where summed RSS counts them once per actor.  Throughput: the
 steady rate of each, as a ratio to ``interleaved_apart`` and to the replica.  Results:
 ``benchmarks/results/ray.json``::
 
@@ -160,25 +162,50 @@ class TreeWatch:
         return max(0.0, (self.busy - ours) / CLOCK_TICKS / self.wall) if self.wall > 0 else 0.0
 
 
-def run_variant(variant: Variant, inputs: Sequence[Feeds]) -> tuple[float, list[WorkerStats]]:
+def smaps_bytes(pid: int) -> dict[str, int]:
+    """``Pss`` and private memory (``Private_Clean`` + ``Private_Dirty``) of process ``pid`` now, from
+    ``/proc/PID/smaps_rollup``: what the process costs the machine with the pages it shares with others
+    (Ray's and onnxruntime's libraries) counted once in all, not once per process as RSS counts them."""
+    values: dict[str, int] = {}
+    with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 3 and parts[2] == "kB":
+                values[parts[0].rstrip(":")] = int(parts[1]) * 1024
+    return {"pss": values["Pss"], "private": values["Private_Clean"] + values["Private_Dirty"]}
+
+
+def run_variant(
+    variant: Variant, inputs: Sequence[Feeds]
+) -> tuple[float, list[WorkerStats], dict[int, dict[str, int]]]:
+    """The steady rate, the workers' stats and each actor's :func:`smaps_bytes` after the stream."""
     with variant.open() as pipe:
         measured = measure(pipe, inputs, warmup=WARMUP)
-        return measured.steady_throughput_per_s or measured.throughput_per_s, list(measured.stats)
+        smaps = {pid: smaps_bytes(pid) for pid in {st.pid for st in measured.stats if st.pid is not None}}
+        return measured.steady_throughput_per_s or measured.throughput_per_s, list(measured.stats), smaps
 
 
-def per_worker(stats: Sequence[WorkerStats], groups: Sequence[tuple[int, ...]]) -> dict[str, list[int]]:
-    """Each worker's model memory and peak RSS: its actors' (one figure per process) summed."""
+KINDS = ("model_rss", "peak_rss", "pss", "private")
+
+
+def per_worker(
+    stats: Sequence[WorkerStats], smaps: Mapping[int, Mapping[str, int]], groups: Sequence[tuple[int, ...]]
+) -> dict[str, list[int]]:
+    """Each worker's model memory, peak RSS, PSS and private memory: its actors' (one figure per
+    process) summed."""
     by_pid: dict[int, WorkerStats] = {}
     stage_pid: dict[int, int] = {}
     for st in stats:
         assert st.pid is not None
         by_pid.setdefault(st.pid, st)
         stage_pid[st.index] = st.pid
-    out: dict[str, list[int]] = {"model_rss": [], "peak_rss": []}
+    out: dict[str, list[int]] = {k: [] for k in KINDS}
     for group in groups:
         pids = {stage_pid[i] for i in group}
         out["model_rss"].append(sum(by_pid[p].model_rss_bytes or 0 for p in pids))
         out["peak_rss"].append(sum(by_pid[p].peak_rss_bytes or 0 for p in pids))
+        out["pss"].append(sum(smaps[p]["pss"] for p in pids))
+        out["private"].append(sum(smaps[p]["private"] for p in pids))
     return out
 
 
@@ -206,9 +233,9 @@ def bench_model(
     for r in range(args.rounds):
         with TreeWatch() as watch:
             for key in list(variants) if r % 2 == 0 else list(variants)[::-1]:
-                rate, stats = run_variant(variants[key], inputs)
+                rate, stats, smaps = run_variant(variants[key], inputs)
                 rates[key].append(rate)
-                memory[key].append(per_worker(stats, variants[key].workers()))
+                memory[key].append(per_worker(stats, smaps, variants[key].workers()))
         others.append(watch.others_cores())
         done = ", ".join(f"{k} {v[-1]:.1f}/s" for k, v in rates.items())
         print(f"  {name} round {r + 1}/{args.rounds}: {done}; others used {others[-1]:.2f} cores", flush=True)
@@ -219,8 +246,8 @@ def bench_model(
     def medians(key: str, what: str) -> list[int]:
         return [round(statistics.median(col)) for col in zip(*(m[what] for m in memory[key]), strict=True)]
 
-    mem = {k: {w: medians(k, w) for w in ("model_rss", "peak_rss")} for k in variants}
-    replica = {w: mem["replica"][w][0] for w in ("model_rss", "peak_rss")}
+    mem = {k: {w: medians(k, w) for w in KINDS} for k in variants}
+    replica = {w: mem["replica"][w][0] for w in KINDS}
     return {
         "model": name,
         "k": args.k,
@@ -239,9 +266,7 @@ def bench_model(
             sum(dealt.stages[s].param_bytes for s in g) for g in variants["interleaved"].workers()
         ],
         "memory_bytes": mem,
-        "memory_x_replica": {
-            k: {w: [x / replica[w] for x in v[w]] for w in ("model_rss", "peak_rss")} for k, v in mem.items()
-        },
+        "memory_x_replica": {k: {w: [x / replica[w] for x in v[w]] for w in KINDS} for k, v in mem.items()},
         "others_cores": others,
     }
 
@@ -263,17 +288,20 @@ def print_summary(rows: Sequence[dict[str, Any]]) -> None:
         )
         print(f"{row['model']:10s} " + " ".join(f"{c:10.2f}" for c in cells))
     print("ratios are medians of per-round ratios; rounds alternate their order\n")
-    print("memory per worker x the replica's actor (model memory / peak RSS), medians over the rounds:")
+    print("memory per worker x the replica's actor, medians over the rounds:")
+    print("  model memory / peak RSS / PSS / private, each worker's")
     for row in rows:
         x = row["memory_x_replica"]
-        parts = []
-        for key in ("contiguous", "interleaved", "interleaved_apart"):
-            model = ", ".join(f"{v:.2f}" for v in x[key]["model_rss"])
-            peak = ", ".join(f"{v:.2f}" for v in x[key]["peak_rss"])
-            parts.append(f"{key} {model} / {peak}")
         replica = row["memory_bytes"]["replica"]
-        mib = f"{replica['model_rss'][0] / 2**20:.0f} / {replica['peak_rss'][0] / 2**20:.0f} MiB"
-        print(f"  {row['model']:10s} replica {mib}; " + "; ".join(parts))
+        mib = " / ".join(f"{replica[w][0] / 2**20:.0f}" for w in KINDS)
+        print(f"  {row['model']}: replica {mib} MiB")
+        for key in ("contiguous", "interleaved", "interleaved_apart"):
+            cells = " / ".join(", ".join(f"{v:.2f}" for v in x[key][w]) for w in KINDS)
+            print(f"    {key:18s} {cells}")
+    print("per-round throughput ratios, interleaved x interleaved_apart:")
+    for row in rows:
+        a, b = row["all_rounds"]["interleaved"], row["all_rounds"]["interleaved_apart"]
+        print(f"  {row['model']:10s} " + ", ".join(f"{x / y:.2f}" for x, y in zip(a, b, strict=True)))
     busiest = max(max(row["others_cores"]) for row in rows)
     print(f"other processes used at most {busiest:.2f} cores in any round")
 
@@ -284,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models", default="resnet50,yolov8n", help="comma-separated: " + ", ".join(table))
     parser.add_argument("--k", type=int, default=2, help="workers (and the local Ray's CPUs)")
     parser.add_argument("--v", type=int, default=2, help="stages per worker in the interleaved split")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--microbatches", type=int, default=48)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "ray.json")
     args = parser.parse_args(argv)
