@@ -82,12 +82,12 @@ class Variant:
         outputs = [o.name for o in m.model_outputs]
         if self.directory is None:  # the whole model in one actor
             specs = [model_spec(self.model, list(names), outputs, Placement(threads=1), index=0)]
-            backend = RayBackend(specs)
+            backend = RayBackend([specs])
         else:
             specs = stage_specs(self.directory, m, manifest_placements(m, 1))
             workers = [m.worker_of(i) for i in range(m.k)] if self.hosted else None
             resources = [{"num_cpus": self.apart_share}] * m.k if self.apart_share != 1.0 else None
-            backend = RayBackend(specs, workers=workers, resources=resources)
+            backend = RayBackend([specs], workers=workers, resources=resources)
         return Pipeline(backend, input_types=names, output_names=outputs, lanes=[specs])
 
     def workers(self) -> list[tuple[int, ...]]:

@@ -17,7 +17,7 @@ from runtime_support import (
     token_batches,
 )
 
-from onnxpipe.errors import RuntimeStageError
+from onnxpipe.errors import RuntimeStageError, UsageError
 from onnxpipe.runtime import ray_backend
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.ray_backend import RayBackend
@@ -212,13 +212,12 @@ def test_actors_that_cannot_be_placed_fail_naming_what_each_asked_for(
     specs = stage_specs(tiny_split, manifest, manifest_placements(manifest, None))
     asks = [{"resources": {"nowhere": 1}}, {"num_cpus": 0.5, "resources": {"nowhere": 0.5}}]
     with pytest.raises(RuntimeStageError) as info:
-        RayBackend(specs, resources=asks, workers=[0, 0], start_timeout=3.0)
+        RayBackend([specs], resources=asks, workers=[0, 0], start_timeout=3.0)
     assert "did not start within 3 s" in str(info.value)
     assert "stages 0, 1: {'num_cpus': 1, 'num_gpus': 0, 'resources': {'nowhere': 1}}" in str(info.value)
 
 
 def test_a_worker_s_stages_asking_for_different_machines_are_refused(tiny_split: Path) -> None:
-    from onnxpipe.errors import UsageError
     from onnxpipe.manifest import load_manifest
     from onnxpipe.runtime.spec import manifest_placements, stage_specs
 
@@ -226,7 +225,7 @@ def test_a_worker_s_stages_asking_for_different_machines_are_refused(tiny_split:
     specs = stage_specs(tiny_split, manifest, manifest_placements(manifest, None))
     asks = [{"resources": {"host_a": 1}}, {"resources": {"host_b": 1}}]
     with pytest.raises(UsageError, match=r"stages 0 and 1 share one worker .*\['host_a'\] and \['host_b'\]"):
-        RayBackend(specs, resources=asks, workers=[0, 0])
+        RayBackend([specs], resources=asks, workers=[0, 0])
     ray_backend.check_shared_pins(specs, [[0], [1]], asks)  # a stage each: fine
     ray_backend.check_shared_pins(specs, [[0, 1]], [{"resources": {"host_a": 1}}, {"num_cpus": 2}])
 
@@ -259,3 +258,36 @@ def test_a_dead_actor_is_named_with_its_stages(
     assert len(text.splitlines()) == 1
     assert f"the actor of stages {stages} (pid {pid} on {host}) died" in text
     assert wait_gone(sorted({p for p, _ in backend.placed})) == []
+
+
+def test_ray_replicas_are_lanes_of_one_actor_each(ray_cluster: Any, sample_models_dir: Path) -> None:
+    """Two lanes of the whole model (data parallel): fed in turn, the same outputs in order."""
+    from onnxpipe.runtime.spec import Placement, model_spec
+
+    model = sample_models_dir / "transformer_tiny.onnx"
+    expected = original_outputs(model, token_batches(20, seed=9))
+    names = list(expected[0])
+    lanes = [[model_spec(model, ["tokens"], names, Placement(threads=1), index=i)] for i in range(2)]
+    backend = RayBackend(lanes)
+    assert backend.capacity == 2 * 2 * 2
+    with Pipeline(backend, input_types={"tokens": "int64"}, output_names=names, lanes=lanes) as pipe:
+        assert_same(expected, list(pipe.stream(token_batches(20, seed=9))))
+        stats = pipe.stats()
+        pids = {pid for pid, _ in backend.placed}
+    assert [s.index for s in stats] == [0, 1] and len(pids) == 2
+    assert sorted(len(s.records) for s in stats) == [10, 10]
+    with pytest.raises(UsageError, match="one lane"):
+        RayBackend(lanes, workers=[0, 0])
+
+
+def test_ray_compare_runs_the_replicas_as_actors(ray_cluster: Any, tiny_split: Path, tmp_path: Path) -> None:
+    import json
+
+    from onnxpipe.runtime.cli import run_command
+
+    report = tmp_path / "report.json"
+    argv = (str(tiny_split), "--backend", "ray", "-m", "8", "--compare", "--report", str(report))
+    assert run_command(parse(*argv)) == 0
+    replicas = json.loads(report.read_text())["baselines"]["replicas"]
+    assert replicas["mode"] == "ray" and replicas["workers"] == 2
+    assert replicas["throughput_per_s"] > 0 and replicas["peak_rss_bytes"] > 0

@@ -313,13 +313,13 @@ def test_replicas_share_the_pipelines_threads() -> None:
     assert compare.replica_threads([3, 1, 1]) == [2, 2, 1]
 
 
-def test_replicas_run_in_the_pipelines_local_mode() -> None:
+def test_replicas_run_as_the_pipelines_workers_do() -> None:
     def mode(kind: str) -> str:
         return compare.replica_mode(as_pipeline(FakePipeline(lanes=(), backend=FakeBackend(kind))))
 
     assert mode("threads") == "threads"
     assert mode("processes") == "processes"
-    assert mode("ray") == "processes"
+    assert mode("ray") == "ray"
 
 
 def test_a_session_baseline_opens_the_model_on_the_given_provider(

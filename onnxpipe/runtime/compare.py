@@ -4,12 +4,14 @@
   another in this process;
 * ``session_total_threads``: the same with as many threads as all the stages together;
 * ``replicas``: K copies of the whole model fed in turn (data parallel), in the pipeline's local mode
-  (threads when it runs threads), sharing the pipeline's total threads (:func:`replica_threads`).
+  (threads when it runs threads; an actor each when it runs on Ray, placed by Ray as the stages are),
+  sharing the pipeline's total threads (:func:`replica_threads`).
 
 Every baseline runs on the stages' provider (:func:`baseline_placement`), so that a GPU pipeline is not
 measured against a CPU session.  A replica's memory is measured in a fresh process of its own (the
-replicas' own processes, or one short extra run when they ran as threads), like a stage worker's (the
-stage workers' own processes, or one short processes run of the stages when they ran as threads).
+replicas' own processes or actors, or one short extra run when they ran as threads), like a stage
+worker's (the stage workers' own processes, or one short processes run of the stages when they ran as
+threads).
 The sessions run in this process with no inter-process traffic at all: the strongest form of each
 baseline, not a strawman.  :func:`compare_outputs` checks that the pipeline
 computed what the model does.
@@ -22,6 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import onnxruntime as ort
@@ -30,7 +33,7 @@ from onnxpipe.errors import RuntimeStageError
 from onnxpipe.ortsession import Provider, open_session, session_options
 from onnxpipe.runtime.affinity import assign_cpus, cpu_sets, pinned
 from onnxpipe.runtime.base import Tensors
-from onnxpipe.runtime.pipeline import LocalMode, Pipeline, make_backend
+from onnxpipe.runtime.pipeline import Pipeline, make_backend
 from onnxpipe.runtime.report import BaselineReport, Measurement, RunReport, measure
 from onnxpipe.runtime.session import WorkerStats, first_line
 from onnxpipe.runtime.spec import CPU_PROVIDER, Placement, WorkerSpec, model_spec
@@ -84,10 +87,14 @@ def worker_threads(pipeline: Pipeline) -> list[int]:
     return [max(specs[s].placement.threads for s in m.stages_of(w)) for w in range(m.workers)]
 
 
-def replica_mode(pipeline: Pipeline) -> LocalMode:
-    """The local mode the replicas' throughput is measured in: the pipeline's, so that neither side pays
-    for (or is spared) the copies and wake-ups of processes alone; processes for a pipeline on Ray."""
-    return "threads" if pipeline.backend.kind == "threads" else "processes"
+ReplicaMode = Literal["threads", "processes", "ray"]
+
+
+def replica_mode(pipeline: Pipeline) -> ReplicaMode:
+    """How the replicas run: as the pipeline's workers do (threads, processes or Ray actors), so that
+    neither side pays for (or is spared) copies, wake-ups or Ray's object store alone."""
+    kind = pipeline.backend.kind
+    return "ray" if kind == "ray" else "threads" if kind == "threads" else "processes"
 
 
 def _providers(placement: Placement) -> list[Provider]:
@@ -161,14 +168,17 @@ def replicas_measurement(
     pipeline: Pipeline,
     placement: Placement,
     threads: Sequence[int],
-    mode: LocalMode,
+    mode: ReplicaMode,
     warmup: int,
 ) -> Measurement:
     """Run ``inputs`` through one one-worker lane of the whole model per entry of ``threads``."""
     lanes = _replica_lanes(model, pipeline, placement, threads)
     if is_pinned(pipeline):  # like the pipeline's workers
         lanes, _ = assign_cpus(lanes)
-    backend = make_backend(lanes, backend="local", mode=mode)
+    if mode == "ray":
+        backend = make_backend(lanes, backend="ray")
+    else:
+        backend = make_backend(lanes, backend="local", mode=mode)
     with Pipeline(
         backend, input_types=pipeline.input_types, output_names=pipeline.output_names, lanes=lanes
     ) as data_parallel:
@@ -310,15 +320,13 @@ def add_baselines(
         )
     threads = replica_threads(per_worker)
     mode = replica_mode(pipeline)
-    if pipeline.backend.kind == "ray":
-        notes.append("the pipeline runs on Ray; the replicas run as local processes")
     rep = replicas_measurement(
         model, inputs, pipeline=pipeline, placement=place, threads=threads, mode=mode, warmup=warmup
     )
     # memory per replica worker from a process of its own: the replicas' own, else one short run
     # (those extra runs only measure memory: one that fails, e.g. on a small /dev/shm, costs a note)
     mem: Sequence[WorkerStats] = rep.stats
-    if mode != "processes":
+    if mode == "threads":
         one = _pinned_first(replace(place, threads=threads[0]), pin)
         try:
             mem = [replica_memory(model, inputs, pipeline=pipeline, placement=one)]

@@ -576,11 +576,7 @@ def make_backend(
             return ThreadBackend(lanes, slots=slots, workers=workers)
         raise UsageError(f"local mode {chosen!r}: choose one of {', '.join(LOCAL_MODES)}")
     if backend == "ray":
-        if len(lanes) != 1:
-            raise UsageError("the ray backend runs one chain of stages")
         from onnxpipe.runtime.ray_backend import RayBackend
 
-        return RayBackend(
-            lanes[0], address=ray_address, resources=ray_resources, slots=slots, workers=workers
-        )
+        return RayBackend(lanes, address=ray_address, resources=ray_resources, slots=slots, workers=workers)
     raise UsageError(f"backend {backend!r}: choose one of {', '.join(BACKENDS)}")

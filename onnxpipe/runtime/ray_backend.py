@@ -174,7 +174,7 @@ class RayBackend:
 
     def __init__(
         self,
-        specs: Sequence[WorkerSpec],
+        lanes: Sequence[Sequence[WorkerSpec]],
         *,
         address: str | None = None,
         resources: Sequence[Mapping[str, Any]] | None = None,
@@ -182,22 +182,36 @@ class RayBackend:
         start_timeout: float = START_TIMEOUT_S,
         workers: Sequence[int] | None = None,
     ) -> None:
-        """``workers[i]``: the worker of stage ``i`` in an interleaved split (None: one each), whose
-        stages then share one actor."""
+        """``lanes``: chains of stages, one for a pipeline (K replicas: K chains of one stage), fed in
+        turn.  ``resources``: actor options per stage of a single lane.  ``workers[i]``: the worker of
+        stage ``i`` of a single lane in an interleaved split (None: one each), whose stages then share
+        one actor."""
+        if not lanes or any(not lane for lane in lanes):
+            raise ValueError("a backend needs at least one lane of at least one worker")
+        if len(lanes) != 1 and (resources is not None or workers is not None):
+            raise UsageError("resources and workers are given for the stages of one lane")
         ray = _import_ray()
         self._ray = ray
-        self.specs = list(specs)
+        self.specs = [spec for lane in lanes for spec in lane]
+        """Every stage of every lane, lane after lane: positions index it."""
         if resources is not None and len(resources) != len(self.specs):
             raise UsageError(f"{len(resources)} resource entries for {len(self.specs)} stages")
         if workers is not None and len(workers) != len(self.specs):
             raise UsageError(f"{len(workers)} workers given for {len(self.specs)} stages")
-        self.groups = hosted_groups(workers if workers is not None else range(len(self.specs)))
+        starts = [sum(len(lane) for lane in lanes[:n]) for n in range(len(lanes))]
+        self._lanes = [
+            list(range(start, start + len(lane))) for start, lane in zip(starts, lanes, strict=True)
+        ]
+        self.groups = hosted_groups(workers) if workers is not None else [[i] for i in range(len(self.specs))]
+        """The stage positions each actor hosts: one group per worker, in order of its first stage."""
         if resources is not None:
             check_shared_pins(self.specs, self.groups, resources)
-        """The stage positions each actor hosts, one group per worker in order of first stage."""
-        self._capacity = slots * (len(self.specs) + 1)
+        self._lane_capacity = [slots * (len(lane) + 1) for lane in self._lanes]
+        self._lane_load = [0] * len(self._lanes)
+        self._next_lane = 0
         self._lock = threading.Lock()
-        self._in_flight: dict[Any, int] = {}
+        self._in_flight: dict[Any, tuple[int, int]] = {}
+        """Each micro-batch's last reference: its sequence number and lane."""
         self._event = threading.Event()
         self._closed = False
         self._failure: RuntimeStageError | None = None
@@ -264,17 +278,28 @@ class RayBackend:
 
     @property
     def capacity(self) -> int:
-        return self._capacity
+        """``slots`` per channel, ``k + 1`` per lane of ``k`` stages, as the local backends hold."""
+        return sum(self._lane_capacity)
 
     def try_submit(self, seq: int, feeds: Mapping[str, np.ndarray]) -> bool:
+        """Chain micro-batch ``seq`` through the next lane with room (lanes in turn)."""
         self._check()
         with self._lock:
-            if len(self._in_flight) >= self._capacity:
+            n = len(self._lanes)
+            for step in range(n):
+                li = (self._next_lane + step) % n
+                if self._lane_load[li] >= self._lane_capacity[li]:
+                    continue
+                lane = self._lanes[li]
+                ref: Any = {name: feeds[name] for name in self.specs[lane[0]].receives}
+                for i in lane:
+                    ref = self._stage_actor[i].run.remote(self.specs[i].index, seq, ref)
+                self._in_flight[ref] = (seq, li)
+                self._lane_load[li] += 1
+                self._next_lane = (li + 1) % n
+                break
+            else:
                 return False
-            ref: Any = {name: feeds[name] for name in self.specs[0].receives}
-            for spec, actor in zip(self.specs, self._stage_actor, strict=True):
-                ref = actor.run.remote(spec.index, seq, ref)
-            self._in_flight[ref] = seq
         self._event.set()
         return True
 
@@ -288,7 +313,8 @@ class RayBackend:
         done: list[tuple[int, Tensors]] = []
         for ref in ready:
             with self._lock:
-                seq = self._in_flight.pop(ref)
+                seq, lane = self._in_flight.pop(ref)
+                self._lane_load[lane] -= 1
             try:
                 outputs = self._ray.get(ref)
             except self._ray.exceptions.RayError as e:
@@ -319,8 +345,10 @@ class RayBackend:
     def stats(self) -> list[WorkerStats]:
         self._check()
         replies: list[list[WorkerStats]] = self._ray.get([a.stats.remote() for a in self.actors])
-        by_stage = {st.index: st for reply in replies for st in reply}
-        return [by_stage[spec.index] for spec in self.specs]
+        by_position: dict[int, WorkerStats] = {}
+        for group, reply in zip(self.groups, replies, strict=True):  # an actor answers in its group's order
+            by_position.update(zip(group, reply, strict=True))
+        return [by_position[i] for i in range(len(self.specs))]
 
     def reset_stats(self) -> None:
         self._check()
@@ -341,6 +369,7 @@ class RayBackend:
                 self._ray.kill(actor, no_restart=True)
         with self._lock:
             self._in_flight.clear()
+            self._lane_load = [0] * len(self._lanes)
         _OWNED_RAY.release(self._ray, self._ray_generation)
 
 
