@@ -9,7 +9,8 @@ model, split once each way from one profile (measured costs), on a local Ray (``
 in rounds whose order alternates, one intra-op thread per stage, actors opened afresh each round:
 
 * ``replica``: one actor with the whole model (a 1-stage chain): what one data-parallel replica holds
-  and delivers on Ray;
+  and delivers on Ray; ``replicas``: K such actors fed in turn (data parallel, what ``onnxpipe run
+  --compare`` sets a Ray pipeline against);
 * ``contiguous``: the K-stage split, an actor per stage;
 * ``interleaved``: the K*V-stage split, an actor per worker hosting its V stages (what ``onnxpipe run``
   does);
@@ -19,7 +20,8 @@ Memory per worker, a worker's actors summed, as ratios against the replica's act
 statistics, model memory (an actor's peak less its memory before loading) and peak RSS; after the
 stream, PSS and private memory (``/proc/PID/smaps_rollup``), which count the pages that actors share
 (Ray's and onnxruntime's libraries) once, where summed RSS counts them once per actor.  Throughput: the
-steady rate of each, as a ratio to ``interleaved_apart`` and to the replica.  Results:
+steady rate of each, as ratios (interleaved against ``interleaved_apart``, the contiguous split and the
+replicas; the contiguous split against the replicas).  Results:
 ``benchmarks/results/ray.json``::
 
     python benchmarks/bench_ray.py [--models resnet50,yolov8n] [--rounds 3] [--k 2] [--v 2]
@@ -69,30 +71,34 @@ class Variant:
         *,
         hosted: bool,
         apart_share: float = 1.0,
+        replicas: int = 1,
     ) -> None:
         self.manifest = manifest
         self.directory = directory
         self.model = model
         self.hosted = hosted
         self.apart_share = apart_share
+        self.replicas = replicas
 
     def open(self) -> Pipeline:
         m = self.manifest
         names = {t.name: t.dtype for t in m.model_inputs}
         outputs = [o.name for o in m.model_outputs]
-        if self.directory is None:  # the whole model in one actor
-            specs = [model_spec(self.model, list(names), outputs, Placement(threads=1), index=0)]
-            backend = RayBackend([specs])
-        else:
-            specs = stage_specs(self.directory, m, manifest_placements(m, 1))
-            workers = [m.worker_of(i) for i in range(m.k)] if self.hosted else None
-            resources = [{"num_cpus": self.apart_share}] * m.k if self.apart_share != 1.0 else None
-            backend = RayBackend([specs], workers=workers, resources=resources)
+        if self.directory is None:  # the whole model in one actor per replica, fed in turn
+            one = Placement(threads=1)
+            lanes = [
+                [model_spec(self.model, list(names), outputs, one, index=i)] for i in range(self.replicas)
+            ]
+            return Pipeline(RayBackend(lanes), input_types=names, output_names=outputs, lanes=lanes)
+        specs = stage_specs(self.directory, m, manifest_placements(m, 1))
+        workers = [m.worker_of(i) for i in range(m.k)] if self.hosted else None
+        resources = [{"num_cpus": self.apart_share}] * m.k if self.apart_share != 1.0 else None
+        backend = RayBackend([specs], workers=workers, resources=resources)
         return Pipeline(backend, input_types=names, output_names=outputs, lanes=[specs])
 
     def workers(self) -> list[tuple[int, ...]]:
         if self.directory is None:
-            return [(0,)]
+            return [(i,) for i in range(self.replicas)]
         m = self.manifest
         if m.plan.workers is None:
             return [(i,) for i in range(m.k)]
@@ -220,6 +226,7 @@ def bench_model(
     plain, dealt = load_manifest(contiguous), load_manifest(interleaved)
     variants = {
         "replica": Variant(plain, None, path, hosted=False),
+        "replicas": Variant(plain, None, path, hosted=False, replicas=args.k),
         "contiguous": Variant(plain, contiguous, path, hosted=False),
         "interleaved": Variant(dealt, interleaved, path, hosted=True),
         "interleaved_apart": Variant(dealt, interleaved, path, hosted=False, apart_share=1.0 / args.v),
@@ -259,8 +266,9 @@ def bench_model(
         "ratios": {
             "interleaved_x_interleaved_apart": ratio("interleaved", "interleaved_apart"),
             "interleaved_x_contiguous": ratio("interleaved", "contiguous"),
-            "interleaved_x_replica": ratio("interleaved", "replica"),
-            "contiguous_x_replica": ratio("contiguous", "replica"),
+            "interleaved_x_replicas": ratio("interleaved", "replicas"),
+            "contiguous_x_replicas": ratio("contiguous", "replicas"),
+            "replicas_x_replica": ratio("replicas", "replica"),
         },
         "weights_per_worker": [
             sum(dealt.stages[s].param_bytes for s in g) for g in variants["interleaved"].workers()
@@ -272,21 +280,24 @@ def bench_model(
 
 
 def print_summary(rows: Sequence[dict[str, Any]]) -> None:
-    head = ("model", "replica/s", "contig/s", "interl/s", "apart/s", "x apart", "x contig", "x replica")
-    print(f"\n{head[0]:10s} " + " ".join(f"{h:>10s}" for h in head[1:]))
-    print("-" * 87)
+    head = ("model", "replica/s", "replicas/s", "contig/s", "interl/s", "apart/s", "x apart", "x contig")
+    head += ("x replicas", "contig x rep")
+    print(f"\n{head[0]:10s} " + " ".join(f"{h:>12s}" for h in head[1:]))
+    print("-" * 115)
     for row in rows:
         t, r = row["throughput_per_s"], row["ratios"]
         cells = (
             t["replica"],
+            t["replicas"],
             t["contiguous"],
             t["interleaved"],
             t["interleaved_apart"],
             r["interleaved_x_interleaved_apart"],
             r["interleaved_x_contiguous"],
-            r["interleaved_x_replica"],
+            r["interleaved_x_replicas"],
+            r["contiguous_x_replicas"],
         )
-        print(f"{row['model']:10s} " + " ".join(f"{c:10.2f}" for c in cells))
+        print(f"{row['model']:10s} " + " ".join(f"{c:12.2f}" for c in cells))
     print("ratios are medians of per-round ratios; rounds alternate their order\n")
     print("memory per worker x the replica's actor, medians over the rounds:")
     print("  model memory / peak RSS / PSS / private, each worker's")
