@@ -268,7 +268,7 @@ class RayBackend:
 
     def _actor_names(self) -> dict[int, str]:
         """Each actor's process id, and the stages it hosts in words (``the actor of stages 0, 2 (pid
-        41, node-a)``)."""
+        41 on node-a)``)."""
         names: dict[int, str] = {}
         for group in self.groups:
             pid, host = self.placed[group[0]]
