@@ -192,8 +192,14 @@ class _Engine:
         if not (w > 0 and rest > slack):  # cannot happen for a pruned start; stay safe anyway
             return 0.0
         out = ((rest - slack) / w) * (1.0 - 1e-15)
+        shrink = 2.0**-50
         while out > 0 and not rest > out * w + slack:
-            out *= 1.0 - 2.0**-50
+            # a relative step rounds back to ``out`` itself among subnormals (``5e-324 * (1 - 2**-50)``
+            # is ``5e-324``): step down at least one ulp, and widen the step each time, so that the loop
+            # ends in a few dozen rounds whatever the magnitude (a lower value stays valid, only looser)
+            smaller = out * (1.0 - shrink)
+            out = smaller if smaller < out else math.nextafter(out, 0.0)
+            shrink = min(2.0 * shrink, 0.5)
         return max(out, 0.0)
 
     # -- probe -------------------------------------------------------------------------------------------
