@@ -37,6 +37,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,25 +61,19 @@ Feeds = Mapping[str, np.ndarray]
 WARMUP = 8
 
 
+@dataclass(frozen=True)
 class Variant:
-    """How to open one variant's Ray pipeline, and which stages make up each of its workers."""
+    """How to open one variant's Ray pipeline, and which stages make up each of its workers.
 
-    def __init__(
-        self,
-        manifest: Manifest,
-        directory: Path | None,
-        model: Path,
-        *,
-        hosted: bool,
-        apart_share: float = 1.0,
-        replicas: int = 1,
-    ) -> None:
-        self.manifest = manifest
-        self.directory = directory
-        self.model = model
-        self.hosted = hosted
-        self.apart_share = apart_share
-        self.replicas = replicas
+    ``directory`` None: ``replicas`` actors of the whole model; else the split there, its worker's
+    stages in one actor each (``hosted``) or an actor per stage asking ``apart_share`` of a CPU."""
+
+    manifest: Manifest
+    directory: Path | None
+    model: Path
+    hosted: bool
+    apart_share: float = 1.0
+    replicas: int = 1
 
     def open(self) -> Pipeline:
         m = self.manifest

@@ -262,8 +262,7 @@ class RayBackend:
         for group in self.groups:
             options = self._group_options(group, resources)
             shown = {k: v for k, v in options.items() if k in RESOURCE_KEYS}
-            names = ", ".join(str(self.specs[i].index) for i in group)
-            parts.append(f"stage{'s' if len(group) > 1 else ''} {names}: {shown}")
+            parts.append(f"{self._stages_text(group)}: {shown}")
         return "; ".join(parts)
 
     def _actor_names(self) -> dict[int, str]:
@@ -272,9 +271,13 @@ class RayBackend:
         names: dict[int, str] = {}
         for group in self.groups:
             pid, host = self.placed[group[0]]
-            stages = ", ".join(str(self.specs[i].index) for i in group)
-            names[pid] = f"the actor of stage{'s' if len(group) > 1 else ''} {stages} (pid {pid} on {host})"
+            names[pid] = f"the actor of {self._stages_text(group)} (pid {pid} on {host})"
         return names
+
+    def _stages_text(self, group: Sequence[int]) -> str:
+        """``stage 1`` or ``stages 0, 2``: the stages at positions ``group``."""
+        numbers = ", ".join(str(self.specs[i].index) for i in group)
+        return f"stage{'s' if len(group) > 1 else ''} {numbers}"
 
     @property
     def capacity(self) -> int:
