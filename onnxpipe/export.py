@@ -42,6 +42,7 @@ from onnxpipe.manifest import (
     ModelOutput,
     ModelTensor,
     PlanSummary,
+    SameValue,
     SourceInfo,
     StageEntry,
     StageInput,
@@ -213,6 +214,17 @@ def _check_plan(view: ModelView, plan: Plan) -> None:
                     "each node must be in exactly one stage"
                 )
             seen[name] = spec.index
+        if not set(spec.skipped_nodes) <= set(spec.node_names):
+            raise ExportError(
+                f"{where}: stage {spec.index} skips a node it does not hold; make the plan from this model"
+            )
+        made = set(spec.inputs) | {t for n in spec.file_node_names for t in by_name[n].outputs}
+        for alias in spec.aliases:
+            if alias.same_as not in made:
+                raise ExportError(
+                    f"{where}: stage {spec.index} remakes {alias.name!r} from {alias.same_as!r}, which it "
+                    "neither receives nor makes; make the plan from this model"
+                )
     missing = [n.name for n in view.compute_nodes if n.name not in seen]
     if missing:
         raise ExportError(
@@ -281,7 +293,7 @@ class _StageWriter:
         """About the bytes of the stage file with its weights inside, from dims: no weight is read."""
         weights = sum(self.view.initializers.get(t, 0) for t in self.builder.weights_of(spec))
         nodes = self.view.proto.graph.node
-        names = spec.node_names + spec.constant_nodes
+        names = spec.file_node_names + spec.constant_nodes
         return weights + sum(int(nodes[self.builder.by_name[n].index].ByteSize()) for n in names)
 
     def write(self, spec: StageSpec) -> _Written:
@@ -461,7 +473,9 @@ def _build_manifest(
                 sha256=w.sha256,
                 external_data=w.external_data,
                 external_data_sha256=w.external_data_sha256,
-                node_count=len(s.node_names),
+                node_count=len(s.file_node_names),
+                skipped_node_count=len(s.skipped_nodes),
+                same_values=tuple(SameValue(a.name, a.same_as) for a in s.aliases if a.same_as in s.inputs),
                 constant_node_count=w.constant_node_count,
                 device=s.device,
                 inputs=tuple(inputs),

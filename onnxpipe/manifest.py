@@ -92,6 +92,15 @@ class StageOutput:
 
 
 @dataclass(frozen=True)
+class SameValue:
+    """A tensor a stage's nodes read under ``name`` and that it receives as the equal input ``same_as``
+    (an ``Identity`` node in the stage file makes one from the other)."""
+
+    name: str
+    same_as: str
+
+
+@dataclass(frozen=True)
 class StageEntry:
     """One stage file and what the plan estimated for it."""
 
@@ -115,6 +124,12 @@ class StageEntry:
     """The worker that runs this stage (an interleaved split deals ``K * V`` stages out to ``K`` workers
     in turn); ``None`` in a manifest written before the field existed, which means a worker per stage:
     read it through :meth:`Manifest.worker_of`."""
+    skipped_node_count: int = 0
+    """Compute nodes of this stage's range left out of its file: they computed only values that a later
+    stage receives as an equal tensor (``same_values`` there).  ``node_count`` plus this, over all
+    stages, is the model's compute node count."""
+    same_values: tuple[SameValue, ...] = ()
+    """Inputs this stage's nodes read under another name: provably equal to an input it receives."""
 
 
 @dataclass(frozen=True)
@@ -339,6 +354,12 @@ def _stage_to_obj(s: StageEntry) -> dict[str, Any]:
         "constant_node_count": s.constant_node_count,
         "device": s.device,
         **({} if s.worker is None else {"worker": s.worker}),
+        **({"skipped_node_count": s.skipped_node_count} if s.skipped_node_count else {}),
+        **(
+            {"same_values": [{"name": a.name, "same_as": a.same_as} for a in s.same_values]}
+            if s.same_values
+            else {}
+        ),
         "inputs": [
             {
                 "name": t.name,
@@ -486,7 +507,13 @@ def _stage(f: Fields) -> StageEntry:
         shared_param_bytes=f["shared_param_bytes"].integer(),
         link_bytes_in=f["link_bytes_in"].integer(),
         worker=f.get("worker", None).opt_integer(),
+        skipped_node_count=f.get("skipped_node_count", 0).integer(),
+        same_values=f.get("same_values", []).objects(_same_value),
     )
+
+
+def _same_value(f: Fields) -> SameValue:
+    return SameValue(name=f["name"].string(), same_as=f["same_as"].string())
 
 
 def _plan(f: Fields) -> PlanSummary:
@@ -605,6 +632,12 @@ def _check_consistency(m: Manifest, doc: Document) -> None:
                     f"{w}.inputs[{j}].source",
                     f"says stage {t.source} produces {t.name!r}, but no earlier stage output matches",
                 )
+        received = {t.name for t in st.inputs}
+        for j, a in enumerate(st.same_values):
+            if a.same_as not in received:
+                raise fail(f"{w}.same_values[{j}].same_as", f"{a.same_as!r} is not an input of this stage")
+            if a.name in received:
+                raise fail(f"{w}.same_values[{j}].name", f"{a.name!r} is an input of this stage already")
         for j, out in enumerate(st.outputs):
             for c in out.consumers:
                 if c != MODEL_OUTPUT and not (i < c < k):

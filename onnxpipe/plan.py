@@ -18,12 +18,21 @@ from typing import TYPE_CHECKING, TypeVar
 from onnxpipe.errors import PartitionError
 from onnxpipe.graph import cut_profile
 from onnxpipe.model import ModelView, NodeInfo
+from onnxpipe.samevalue import value_classes
 
 if TYPE_CHECKING:
     from onnxpipe.cluster import Cluster, DeviceCosts
     from onnxpipe.partition import Partition
     from onnxpipe.profile import Profile
     from onnxpipe.schedule import Timeline
+
+
+@dataclass(frozen=True)
+class Alias:
+    """A tensor a stage reads, received as another tensor of provably the same value."""
+
+    name: str
+    same_as: str
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,19 @@ class StageSpec:
     link_bytes_in: int = 0
     worker: int | None = None
     """The worker that runs the stage in an interleaved split (:func:`make_interleaved_plan`), else None."""
+    aliases: tuple[Alias, ...] = ()
+    """Tensors the stage remakes from an equal one with an ``Identity`` node: those it reads and
+    receives as an equal tensor of ``inputs`` (an earlier stage sends each value once), and repeats of
+    a value it emits, remade from that output."""
+    skipped_nodes: tuple[str, ...] = ()
+    """Nodes of ``node_names`` left out of the stage file: what they computed is remade from an equal
+    tensor (see ``aliases``) or no longer needed."""
+
+    @property
+    def file_node_names(self) -> tuple[str, ...]:
+        """The source nodes the stage file holds: ``node_names`` without ``skipped_nodes``."""
+        skipped = set(self.skipped_nodes)
+        return tuple(n for n in self.node_names if n not in skipped)
 
     @property
     def cost_seconds(self) -> float:
@@ -394,11 +416,19 @@ def assign_stages(
     transfer_seconds: Sequence[float],
     devices: Sequence[str] | None = None,
     link_bytes: Sequence[int] | None = None,
+    *,
+    share_equal_values: bool = True,
 ) -> tuple[StageSpec, ...]:
     """Turn partition bounds over compute positions into named stages with their inputs and outputs.
 
     ``link_bytes[p]`` (the cut profile) is what crosses the link in front of a stage starting at ``p``:
     the stage's own inputs plus tensors it forwards to later stages.
+
+    With ``share_equal_values`` a stage that reads several provably equal tensors from one earlier
+    stage (:mod:`onnxpipe.samevalue`) receives the first that stage makes and remakes the others
+    (:attr:`StageSpec.aliases`); nodes of the earlier stage that then compute nothing anybody reads
+    are left out of its file (:attr:`StageSpec.skipped_nodes`).  The stages are worked out last to first,
+    since what a stage must output depends on what the later ones receive.
     """
     compute = view.compute_nodes
     k = len(bounds) - 1
@@ -409,7 +439,6 @@ def assign_stages(
         for n in nodes:
             for o in n.outputs:
                 produced_in[o] = s
-    # model outputs that no compute node makes (constants) are made by the last stage
     last_reads: dict[str, int] = {}
     for s, nodes in enumerate(stage_nodes):
         for n in nodes:
@@ -417,12 +446,31 @@ def assign_stages(
                 last_reads[t] = max(last_reads.get(t, -1), s)
     for t in view.outputs:
         last_reads[t] = k  # read "after" the last stage
-    specs = []
-    for s, nodes in enumerate(stage_nodes):
+    sent_as = _equal_value_senders(view, stage_nodes) if share_equal_values else {}
+    model_outputs = set(view.outputs)
+    wanted: list[set[str]] = [set() for _ in range(k)]  # what later stages receive from each stage
+    specs: list[StageSpec] = []
+    for s in reversed(range(k)):
+        nodes = stage_nodes[s]
+        outputs = tuple(o for n in nodes for o in n.outputs if o in wanted[s] or o in model_outputs)
+        # a value the stage emits is made once: its repeats here are remade from it, since onnxruntime
+        # does not always merge a repeat into a node whose output is a graph output
+        emitted = set(outputs)
+        remade = {
+            o: sent_as[o]
+            for n in nodes
+            if len(n.outputs) == 1
+            for o in n.outputs
+            if sent_as.get(o, o) != o and sent_as[o] in emitted
+        }
+        naive = {o for n in nodes for o in n.outputs if last_reads.get(o, -1) > s}
+        skipped, used = _unneeded(nodes, naive, emitted, remade)
+        kept = [n for n in nodes if n.name not in skipped]
         reads: dict[str, None] = {}
-        for n in nodes:
+        for n in kept:
             for t in n.reads:
                 reads.setdefault(t, None)
+        inner = tuple(Alias(t, remade[t]) for n in nodes for t in n.outputs if t in used)
         # model outputs that no compute node makes (constants, weights) come out of the last stage
         extra_outputs = (
             [
@@ -435,15 +483,18 @@ def assign_stages(
             if s == k - 1
             else []
         )
+        outputs += tuple(extra_outputs)
         consts = _constant_closure(view, list(reads) + extra_outputs, const_by_output)
-        inputs = tuple(
+        received = [
             t
             for t in reads
             if t not in view.initializers and t not in const_by_output and produced_in.get(t, -1) != s
-        )
-        outputs = tuple(o for n in nodes for o in n.outputs if last_reads.get(o, -1) > s) + tuple(
-            extra_outputs
-        )
+        ]
+        aliases = tuple(Alias(t, sent_as[t]) for t in received if sent_as.get(t, t) != t) + inner
+        inputs = tuple(dict.fromkeys(sent_as.get(t, t) for t in received))
+        for t in inputs:
+            if t in produced_in:
+                wanted[produced_in[t]].add(t)
         specs.append(
             StageSpec(
                 index=s,
@@ -456,14 +507,58 @@ def assign_stages(
                 bytes_in=sum(sizes.get(t, 0) for t in inputs),
                 bytes_out=sum(sizes.get(t, 0) for t in outputs),
                 param_bytes=sum(
-                    view.weights.get(t, 0) for t in dict.fromkeys(t for n in nodes for t in n.reads)
+                    view.weights.get(t, 0) for t in dict.fromkeys(t for n in kept for t in n.reads)
                 ),
-                peak_activation_bytes=_peak_activation(nodes, inputs, outputs, sizes, view),
+                peak_activation_bytes=_peak_activation(kept, inputs, outputs, sizes, view, aliases),
                 device=devices[s] if devices is not None else "cpu",
                 link_bytes_in=int(link_bytes[bounds[s]]) if link_bytes is not None and s > 0 else 0,
+                aliases=aliases,
+                skipped_nodes=tuple(n.name for n in nodes if n.name in skipped),
             )
         )
-    return tuple(specs)
+    return tuple(reversed(specs))
+
+
+def _equal_value_senders(view: ModelView, stage_nodes: Sequence[Sequence[NodeInfo]]) -> dict[str, str]:
+    """For each tensor a compute node makes, the first tensor of its stage with the same value (itself
+    when it is the first)."""
+    classes = value_classes(view)
+    first: dict[tuple[int, int], str] = {}
+    sent_as: dict[str, str] = {}
+    for s, nodes in enumerate(stage_nodes):
+        for n in nodes:
+            for o in n.outputs:
+                sent_as[o] = first.setdefault((classes[o], s), o)
+    return sent_as
+
+
+def _unneeded(
+    nodes: Sequence[NodeInfo], before: set[str], after: set[str], remade: Mapping[str, str]
+) -> tuple[set[str], set[str]]:
+    """``(nodes, remade)``: the nodes that computed part of ``before`` (what the stage emitted) and
+    nothing of ``after`` (what it emits now), where a tensor of ``remade`` is made from its equal
+    instead of by its node; and the tensors of ``remade`` still read.  A node nobody read before (dead in
+    the source) stays, with all it reads."""
+    need_before, need_after = set(before), set(after)
+    unneeded: set[str] = set()
+    used: set[str] = set()
+    for n in reversed(nodes):
+        live_before = any(o in need_before for o in n.outputs)
+        if live_before:
+            need_before.update(n.reads)
+        if not live_before:
+            live_after = True
+        else:
+            for o in n.outputs:
+                if o in need_after and o in remade:
+                    used.add(o)
+                    need_after.add(remade[o])  # made by an earlier node of the stage
+            live_after = any(o in need_after and o not in remade for o in n.outputs)
+        if live_after:
+            need_after.update(n.reads)
+        else:
+            unneeded.add(n.name)
+    return unneeded, used
 
 
 def _constant_closure(
@@ -489,12 +584,15 @@ def _peak_activation(
     outputs: Sequence[str],
     sizes: Mapping[str, int],
     view: ModelView,
+    aliases: Sequence[Alias] = (),
 ) -> int:
-    """Largest sum of live activation bytes while the stage runs its nodes in order."""
+    """Largest sum of live activation bytes while the stage runs its nodes in order (a remade input is
+    its source's bytes: it lives as long as its last reader)."""
+    same = {a.name: a.same_as for a in aliases}
     last: dict[str, int] = {}
     for i, n in enumerate(nodes):
         for t in n.reads:
-            last[t] = i
+            last[same.get(t, t)] = i
     keep = set(outputs)
     live = {t: sizes.get(t, 0) for t in inputs}
     current = sum(live.values())

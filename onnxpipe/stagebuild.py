@@ -4,7 +4,10 @@ A stage holds, in this order:
 
 * its constant producers (each stage that reads a cheap constant makes its own copy), listed after the
   constants they read; a ``Shape`` of a static tensor becomes a ``Constant`` of that shape;
-* its compute nodes, as they are (subgraph bodies of If/Loop/Scan included, never cut);
+* its compute nodes, as they are (subgraph bodies of If/Loop/Scan included, never cut), but those whose
+  values are now remade from an equal tensor (:attr:`StageSpec.skipped_nodes`);
+* an ``Identity`` node for each tensor remade from an equal one (:attr:`StageSpec.aliases`): first
+  those the stage receives as an equal input, then each right after the node making its equal;
 * the initializers (dense and sparse) that its nodes read, their bodies included, and the model outputs
   it must emit that are initializers; weights kept in external files are read one tensor at a time;
 * inputs and outputs declared with the boundary types (:mod:`onnxpipe.boundary`), ``value_info`` of its
@@ -38,6 +41,15 @@ SMALL_TENSOR_BYTES = 1024
 """Without weights (for shape inference), initializers above this keep only their dims and type."""
 
 
+ALIAS_NODE_PREFIX = "onnxpipe/same_value/"
+
+
+def alias_node_name(tensor: str) -> str:
+    """The name of the ``Identity`` node that remakes ``tensor`` from an equal input
+    (:attr:`onnxpipe.plan.StageSpec.aliases`): a prefix no exporter writes, then the tensor's name."""
+    return ALIAS_NODE_PREFIX + tensor
+
+
 class StageBuilder:
     """Builds stage models out of ``view.proto``; :meth:`build` is called once or a few times per stage."""
 
@@ -60,7 +72,7 @@ class StageBuilder:
         for info in self._constants_in_order(spec.constant_nodes):
             if info.op_type != "Shape":
                 wanted.update(info.reads)
-        for name in spec.node_names:
+        for name in spec.file_node_names:
             wanted.update(self.by_name[name].reads)
         wanted.update(spec.outputs)  # a model output that is an initializer
         tensors = wanted | set(spec.inputs)
@@ -109,10 +121,26 @@ class StageBuilder:
                 graph.node.append(self._shape_as_constant(spec, info))
             else:
                 self._copy_node(info, graph.node.add(), spec, weights)
-        for name in spec.node_names:
+        # a tensor received as an equal input is remade first; one equal to a value the stage makes,
+        # right after the node that makes it
+        remade: dict[str, list[str]] = {}
+        for alias in spec.aliases:
+            remade.setdefault(alias.same_as, []).append(alias.name)
+
+        def remake(sources: Iterable[str]) -> None:
+            for source in sources:
+                for name in remade.get(source, ()):
+                    graph.node.append(
+                        helper.make_node("Identity", [source], [name], name=alias_node_name(name))
+                    )
+                    produced.add(name)
+
+        remake(spec.inputs)
+        for name in spec.file_node_names:
             info = self.by_name[name]
             self._copy_node(info, graph.node.add(), spec, weights)
             produced.update(info.outputs)
+            remake(info.outputs)
 
         keep = keep_external and weights
         for t in self.weights_of(spec):

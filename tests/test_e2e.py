@@ -32,6 +32,7 @@ import onnxpipe
 from onnxpipe.cli import main
 from onnxpipe.manifest import MODEL, MODEL_INPUT, Manifest, load_manifest
 from onnxpipe.model import ModelView
+from onnxpipe.stagebuild import ALIAS_NODE_PREFIX
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ("mlp", "resnet_tiny", "transformer_tiny")
@@ -155,6 +156,7 @@ def check_split_folder(
         if d.dim_param
     }
     placed: collections.Counter[str] = collections.Counter()
+    skipped = 0
     available = set(view.inputs)  # tensors a later stage may receive: model inputs, earlier outputs
     for st in manifest.stages:
         path = out / st.file
@@ -167,12 +169,24 @@ def check_split_folder(
         # nodes: compute nodes by their (view-given) names; cheap constants may be copies
         names = [n.name for n in stage.graph.node]
         assert len(names) == len(set(names)), f"stage {st.index} repeats a node name"
-        own = [n for n in names if n not in constant]
+        remade = [n for n in stage.graph.node if n.name.startswith(ALIAS_NODE_PREFIX)]
+        own = [n for n in names if n not in constant and not n.startswith(ALIAS_NODE_PREFIX)]
         assert len(own) == st.node_count, f"stage {st.index}: manifest node_count {st.node_count}"
         assert sum(1 for n in names if n in constant) == st.constant_node_count
         placed.update(own)
+        skipped += st.skipped_node_count
         if result is not None:
-            assert tuple(own) == result.plan.stages[st.index].node_names
+            spec = result.plan.stages[st.index]
+            assert tuple(own) == spec.file_node_names
+            assert len(spec.skipped_nodes) == st.skipped_node_count
+            assert not set(spec.skipped_nodes) & set(names)
+            assert {(a.name, a.same_as) for a in spec.aliases} == {(n.output[0], n.input[0]) for n in remade}
+        # a remade tensor is an Identity of one the stage receives (listed in the manifest) or makes
+        received = {t.name for t in st.inputs}
+        assert all(n.op_type == "Identity" and n.output[0] not in received for n in remade)
+        assert {(a.name, a.same_as) for a in st.same_values} == {
+            (n.output[0], n.input[0]) for n in remade if n.input[0] in received
+        }
 
         # tensor names: only the source's, and the graph's inputs/outputs are the manifest's, in order
         new = _stage_main_graph_names(stage) - src_names
@@ -202,10 +216,12 @@ def check_split_folder(
                     )
                     assert entries[vi.name] is not None and entries[vi.name][axis] == d
 
-    # every compute node in exactly one stage
-    assert sorted(placed) == sorted(compute), "the stages do not hold each compute node exactly once"
+    # every compute node in exactly one stage, but those left out as remade from an equal value
+    assert set(placed) <= set(compute) and len(placed) + skipped == len(compute), (
+        "the stages do not hold each compute node exactly once"
+    )
     assert max(placed.values()) == 1
-    assert sum(s.node_count for s in manifest.stages) == len(compute)
+    assert sum(s.node_count + s.skipped_node_count for s in manifest.stages) == len(compute)
     for o in manifest.model_outputs:
         assert o.produced_by == MODEL_INPUT or o.name in {
             t.name for t in manifest.stages[o.produced_by].outputs

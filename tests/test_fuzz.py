@@ -1,7 +1,8 @@
 """Random valid models, random cuts: the chained stages always equal the model.
 
 Hypothesis builds a model from a safe op set (elementwise, MatMul, Cast), with random skip connections
-(any earlier tensor of the right type may be read), random If nodes whose branches read outer tensors
+(any earlier tensor of the right type may be read), exact repeats of earlier nodes (equal values that a
+stage receives once, :mod:`onnxpipe.samevalue`), random If nodes whose branches read outer tensors
 (sometimes nested), random element types (float32, float64, int32; Cast moves values between them), and
 symbolic or fixed dims.  It then draws K and the cut positions, exports with
 :func:`onnxpipe.plan.assign_stages` on those bounds (so every cut is reachable, not only the ones a cost
@@ -130,7 +131,22 @@ def random_models(draw: st.DrawFn) -> tuple[onnx.ModelProto, dict[str, int]]:
             kinds += ["matmul", "cond"]
         if TensorProto.BOOL in b.pools:
             kinds += ["if", "if"]
+        repeatable = [
+            n for n in b.nodes if n.op_type != "If" and any(n.output[0] in q for q in b.pools.values())
+        ]
+        if repeatable:
+            kinds += ["repeat"]
         kind = draw(st.sampled_from(kinds))
+        if kind == "repeat":  # an exact repeat of an earlier node: an equal value under a new name
+            node = onnx.NodeProto()
+            node.CopyFrom(draw(st.sampled_from(repeatable)))
+            elem = next(e for e, q in b.pools.items() if node.output[0] in q)
+            node.name, node.output[0] = b.fresh("repeat"), b.fresh("t")
+            b.nodes.append(node)
+            b.pools[elem].append(node.output[0])
+            if node.op_type == "Cast":
+                b.casts.add(node.output[0])
+            continue
         elem = draw(st.sampled_from(sorted(e for e in b.pools if e != TensorProto.BOOL)))
         pool = b.pools[elem]
         if kind == "unary":
@@ -232,7 +248,7 @@ def test_any_cut_of_a_random_model_chains_back(
         plan = Plan(view.sha256, stages, 0.001, 0.001, "fuzz", 1, math.inf, {}, table)
         manifest = export_stages(view, plan, tmp / "out")
         assert manifest == load_manifest(tmp / "out")
-        assert sum(s.node_count for s in manifest.stages) == m
+        assert sum(s.node_count + s.skipped_node_count for s in manifest.stages) == m
         for entry in manifest.stages:  # symbolic dims stay symbolic on every boundary
             for t in entry.inputs + entry.outputs:
                 if t.shape is not None and len(t.shape) > 1:

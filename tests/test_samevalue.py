@@ -1,0 +1,195 @@
+"""Equal values across stage cuts: :mod:`onnxpipe.samevalue` and how stages send and remake them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from models import const, feeds_for, make, plan_for, save, vi
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxpipe.errors import ManifestError
+from onnxpipe.export import export_stages
+from onnxpipe.manifest import MANIFEST_NAME, SameValue, load_manifest
+from onnxpipe.model import ModelView, load_model, view_from_proto
+from onnxpipe.plan import Alias, assign_stages
+from onnxpipe.runner import StageChain
+from onnxpipe.samevalue import CONTENT_LIMIT, value_classes
+from onnxpipe.stagebuild import ALIAS_NODE_PREFIX
+
+
+def _constant(name: str, value: float) -> onnx.NodeProto:
+    return helper.make_node(
+        "Constant",
+        [],
+        [name],
+        name=name,
+        value=numpy_helper.from_array(np.array(value, np.float32), name + "_value"),
+    )
+
+
+def masked_layers(layers: int = 4) -> onnx.ModelProto:
+    """A torch-export pattern: each layer builds the same mask (a Where of the same input and of its own,
+    equal constants) and adds it to its hidden state."""
+    nodes = [helper.make_node("Greater", ["m", "zero"], ["keep"], name="keep")]
+    h = "x"
+    for i in range(layers):
+        nodes += [
+            _constant(f"c{i}_on", 0.0),
+            _constant(f"c{i}_off", -1e4),
+            helper.make_node("Where", ["keep", f"c{i}_on", f"c{i}_off"], [f"mask{i}"], name=f"where{i}"),
+            helper.make_node("MatMul", [h, "w"], [f"mm{i}"], name=f"matmul{i}"),
+            helper.make_node("Add", [f"mm{i}", f"mask{i}"], [f"h{i}"], name=f"add{i}"),
+        ]
+        h = f"h{i}"
+    w = const("w", np.eye(4, dtype=np.float32) * 0.5)
+    return make(
+        nodes, [vi("x", ["batch", 4]), vi("m", ["batch", 4])], [vi(h, ["batch", 4])], [w, const("zero", 0.0)]
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# value classes
+
+
+def test_repeats_of_one_computation_share_a_class() -> None:
+    view = view_from_proto(masked_layers())
+    classes = value_classes(view)
+    assert len({classes[f"mask{i}"] for i in range(4)}) == 1  # equal constants, same input
+    assert len({classes[f"mm{i}"] for i in range(4)}) == 4  # same weights, different inputs
+    assert classes["c0_on"] == classes["c3_on"] != classes["c0_off"]  # Constants by value, not name
+
+
+def test_what_can_differ_between_runs_or_callers_has_a_class_of_its_own() -> None:
+    big = np.zeros(CONTENT_LIMIT // 4 + 1, np.float32)
+    nodes = [
+        helper.make_node("RandomUniformLike", ["x"], ["r1"], name="r1"),
+        helper.make_node("RandomUniformLike", ["x"], ["r2"], name="r2"),
+        helper.make_node("Dropout", ["x"], ["d1"], name="d1"),
+        helper.make_node("Dropout", ["x"], ["d2"], name="d2"),
+        helper.make_node("Add", ["x", "fed1"], ["f1"], name="f1"),
+        helper.make_node("Add", ["x", "fed2"], ["f2"], name="f2"),
+        helper.make_node("Add", ["x", "small1"], ["s1"], name="s1"),
+        helper.make_node("Add", ["x", "small2"], ["s2"], name="s2"),
+        helper.make_node("Mul", ["big1", "x0"], ["b1"], name="b1"),
+        helper.make_node("Mul", ["big2", "x0"], ["b2"], name="b2"),
+        helper.make_node("Split", ["x"], ["p", "q"], name="split", axis=1),
+        helper.make_node("Relu", ["x"], ["relu1"], name="relu1"),
+        helper.make_node("Relu", ["x"], ["relu2"], name="relu2", doc_string="a doc string is not a value"),
+    ]
+    model = make(
+        nodes,
+        [vi("x", [2, 4]), vi("x0", [1]), vi("fed1", [1]), vi("fed2", [1])],
+        [
+            vi(t, None)
+            for t in ("r1", "r2", "d1", "d2", "f1", "f2", "s1", "s2", "b1", "b2", "p", "q", "relu1", "relu2")
+        ],
+        [
+            const("fed1", [1.0]),  # listed among the inputs too: a caller may feed other values
+            const("fed2", [1.0]),
+            const("small1", [1.0]),
+            const("small2", [1.0]),
+            const("big1", big),
+            const("big2", big),
+        ],
+        ir_version=3,
+    )
+    classes = value_classes(view_from_proto(model))
+    assert classes["r1"] != classes["r2"] and classes["d1"] != classes["d2"]
+    assert classes["f1"] != classes["f2"]
+    assert classes["s1"] == classes["s2"]  # small initializers compare by content
+    assert classes["b1"] != classes["b2"]  # large ones are never compared
+    assert classes["p"] != classes["q"]  # outputs of one node differ by position
+    assert classes["relu1"] == classes["relu2"]
+
+
+def test_a_custom_domain_op_and_control_flow_are_never_merged() -> None:
+    body = helper.make_graph([helper.make_node("Relu", ["x"], ["o"])], "b", [], [vi("o", [2])])
+    nodes = [
+        helper.make_node("Gelu", ["x"], ["g1"], name="g1", domain="com.microsoft"),
+        helper.make_node("Gelu", ["x"], ["g2"], name="g2", domain="com.microsoft"),
+        helper.make_node("If", ["c"], ["i1"], name="i1", then_branch=body, else_branch=body),
+        helper.make_node("If", ["c"], ["i2"], name="i2", then_branch=body, else_branch=body),
+    ]
+    model = make(
+        nodes,
+        [vi("x", [2]), vi("c", [], TensorProto.BOOL)],
+        [vi(t, None) for t in ("g1", "g2", "i1", "i2")],
+        domains=[("com.microsoft", 1)],
+    )
+    classes = value_classes(view_from_proto(model))
+    assert classes["g1"] != classes["g2"] and classes["i1"] != classes["i2"]
+
+
+# --------------------------------------------------------------------------------------------------
+# stages
+
+
+def _cut_after_where2(view: ModelView) -> list[int]:
+    """Bounds of two stages: the second starts with layer 2's Add, so it reads layer 2's mask across."""
+    compute = [n.name for n in view.compute_nodes]
+    assert compute[compute.index("where2") + 1] == "add2" and compute.index("where3") > compute.index("add2")
+    return [0, compute.index("where2") + 1, len(compute)]
+
+
+def test_a_stage_receives_each_value_once_and_remakes_the_repeats() -> None:
+    view = view_from_proto(masked_layers())
+    sizes = {name: t.nbytes() for name, t in view.tensors.items()}
+    bounds = _cut_after_where2(view)
+    s0, s1 = assign_stages(view, bounds, sizes, [1.0, 1.0], [0.0, 0.0])
+    # stage 1 receives layer 0's mask, the first of its value in stage 0, and remakes layer 2's from it
+    assert "mask0" in s1.inputs and "mask2" not in s1.inputs
+    assert s1.aliases == (Alias("mask2", "mask0"),)
+    assert "where3" in s1.node_names and not s1.skipped_nodes  # made in stage 1 itself: stays
+    # stage 0 sends mask0 and remakes layer 1's mask from it; its repeats' nodes are left out
+    assert "mask0" in s0.outputs and "mask2" not in s0.outputs
+    assert s0.aliases == (Alias("mask1", "mask0"),)
+    assert s0.skipped_nodes == ("where1", "where2")
+    assert s0.file_node_names == tuple(n for n in s0.node_names if n not in ("where1", "where2"))
+    assert s1.bytes_in == sum(sizes[t] for t in s1.inputs)
+    # without sharing, every mask crosses and every Where stays
+    plain0, plain1 = assign_stages(view, bounds, sizes, [1.0, 1.0], [0.0, 0.0], share_equal_values=False)
+    assert "mask2" in plain1.inputs and "mask0" not in plain1.inputs
+    assert not plain0.aliases and not plain1.aliases and not plain0.skipped_nodes
+
+
+def test_stages_with_remade_values_chain_back_to_the_model(tmp_path: Path) -> None:
+    model = masked_layers()
+    path = save(model, tmp_path / "masked.onnx")
+    view = load_model(path)
+    manifest = export_stages(view, plan_for(view, _cut_after_where2(view)), tmp_path / "out")
+    assert manifest == load_manifest(tmp_path / "out")
+    s0, s1 = manifest.stages
+    assert s1.same_values == (SameValue("mask2", "mask0"),) and not s0.same_values  # stage 0's is inner
+    assert s0.skipped_node_count == 2 and s1.skipped_node_count == 0
+    assert s0.node_count + s1.node_count + 2 == len(view.compute_nodes)
+    for entry in manifest.stages:
+        graph = onnx.load(str(tmp_path / "out" / entry.file)).graph
+        assert sum(n.op_type == "Where" for n in graph.node) == 1
+        remade = [n for n in graph.node if n.name.startswith(ALIAS_NODE_PREFIX)]
+        assert [(n.op_type, n.input[0], n.output[0]) for n in remade] == [
+            ("Identity", "mask0", "mask1" if entry.index == 0 else "mask2")
+        ]
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    with StageChain.from_manifest(tmp_path / "out") as chain:
+        for seed in range(3):
+            feeds = feeds_for(model, seed, batch=3)
+            np.testing.assert_array_equal(chain.run(feeds)["h3"], session.run(None, feeds)[0])
+
+
+def test_a_manifest_whose_same_value_names_no_input_is_refused(tmp_path: Path) -> None:
+    path = save(masked_layers(), tmp_path / "masked.onnx")
+    view = load_model(path)
+    export_stages(view, plan_for(view, _cut_after_where2(view)), tmp_path / "out")
+    manifest_path = tmp_path / "out" / MANIFEST_NAME
+    doc = json.loads(manifest_path.read_text())
+    doc["stages"][1]["same_values"][0]["same_as"] = "no_such_tensor"
+    manifest_path.write_text(json.dumps(doc))
+    with pytest.raises(
+        ManifestError, match=r"stages\[1\]\.same_values\[0\]\.same_as.*no_such_tensor.*not an input"
+    ):
+        load_manifest(tmp_path / "out")
