@@ -282,7 +282,8 @@ def print_summary(rows: Sequence[dict[str, Any]]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    table = {**model_table(), "mlp": (trivial_model, {"x": (1, 64)})}
+    mlp_shapes: dict[str, tuple[int, ...]] = {"x": (1, 64)}
+    table = {**model_table(), "mlp": (trivial_model, mlp_shapes)}
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument(
         "--models", default="gpt2_tiny,bert_tiny", help="comma-separated: " + ", ".join(table)

@@ -10,14 +10,21 @@ Each model is split once (measured costs, ``--k`` stages) and exported three way
 * ``onnxpipe``: today's export: also each value sent once and its repeats remade
   (:mod:`onnxpipe.samevalue`).
 
-Then, pinned to one CPU with one intra-op thread, in rounds whose order is shuffled, the whole model's
-session and each variant's stages one after the other on the same inputs, ``--seconds`` of each per
-round.  Per round: each stage's median time, their sum and the slowest stage; the table gives the median
-over rounds of each per-round ratio against the whole model (``stage sum x whole``; ``slowest x
-whole/K``: what bounds the pipeline, 1.00 being a perfect cut), and whether a variant's outputs are
-bit-equal to the whole model's.  Results go to ``benchmarks/results/stagecost.json``::
+Then, pinned to one CPU with one intra-op thread, the whole model's session and each variant's stages
+are timed, each stage looping alone on what it receives (as a pipeline runs it on a CPU of its own,
+its caches its own), in short blocks of :data:`BLOCK` runs taken in turn in shuffled order, so that a
+slow spell of this VM hits every variant alike; about ``--seconds`` of the whole model per round.
+Sessions are made anew each round: where a session's memory lands can make one copy of a model run a
+few percent faster than another for as long as it lives.  Per round: each stage's median time, their
+sum and the slowest stage; the table gives the median over rounds of each per-round ratio against the
+whole model (``stage sum x whole``; ``slowest x whole/K``: what bounds the pipeline, 1.00 being a
+perfect cut), and whether a variant's outputs are bit-equal to the whole model's.
+With ``--pipeline-rounds`` (default 6) it then runs what the stage files deliver in a pipeline: the
+hand-built pipeline of ``bench_overhead.py`` (a pinned thread per stage, nothing of onnxpipe's runtime)
+on the ``before`` files and on today's, and the one-thread session, in rounds of alternating order.
+Results go to ``benchmarks/results/stagecost.json``::
 
-    python benchmarks/bench_stagecost.py [--models gpt2_tiny,bert_tiny] [--rounds 7] [--k 2]
+    python benchmarks/bench_stagecost.py [--models gpt2_tiny,bert_tiny] [--rounds 9] [--k 2]
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 from onnx import helper  # noqa: E402
 
+from benchmarks.bench_overhead import WARMUP, Stage, minimal_pipeline  # noqa: E402
 from benchmarks.bench_pipeline import CpuWatch, model_table, run_models  # noqa: E402
 from onnxpipe import api  # noqa: E402
 from onnxpipe.boundary import clean  # noqa: E402
@@ -51,10 +59,14 @@ from onnxpipe.model import ModelView, load_model  # noqa: E402
 from onnxpipe.ortsession import session_options  # noqa: E402
 from onnxpipe.plan import Plan, assign_stages, make_plan  # noqa: E402
 from onnxpipe.runtime.affinity import cpu_sets, pinned  # noqa: E402
+from onnxpipe.runtime.compare import session_throughput  # noqa: E402
 from onnxpipe.runtime.inputs import random_inputs  # noqa: E402
+from onnxpipe.runtime.spec import Placement  # noqa: E402
 
 Feeds = Mapping[str, np.ndarray]
 VARIANTS = ("before", "unnamed dims", "onnxpipe")
+BLOCK = 6
+"""Runs of one session in a row, its caches warm after the first, as a pipeline stage runs."""
 
 
 def unshared(view: ModelView, plan: Plan) -> Plan:
@@ -86,7 +98,8 @@ def with_inferred_symbols(view: ModelView, path: Path) -> bytes:
 
 
 class Chain:
-    """Stage sessions run one after the other, each run timed."""
+    """Stage sessions, run one after the other (:meth:`run`) or each looping on its own inputs
+    (:meth:`loop`), as a pipeline runs each stage on a CPU of its own."""
 
     def __init__(self, models: Sequence[bytes | str]) -> None:
         self.sessions = [
@@ -96,16 +109,86 @@ class Chain:
         self.inputs = [[i.name for i in s.get_inputs()] for s in self.sessions]
         self.outputs = [[o.name for o in s.get_outputs()] for s in self.sessions]
 
-    def run(self, feeds: Feeds, times: list[list[float]] | None = None) -> dict[str, Any]:
+    def run(self, feeds: Feeds) -> dict[str, Any]:
+        """Every tensor the stages make from ``feeds``, the model's outputs among them."""
         tensors: dict[str, Any] = dict(feeds)
         for i, session in enumerate(self.sessions):
-            ins = {n: tensors[n] for n in self.inputs[i]}
-            start = time.perf_counter()
-            results = session.run(self.outputs[i], ins)
-            if times is not None:
-                times[i].append(time.perf_counter() - start)
+            results = session.run(self.outputs[i], {n: tensors[n] for n in self.inputs[i]})
             tensors.update(zip(self.outputs[i], results, strict=True))
         return tensors
+
+    def stage_feeds(self, pool: Sequence[Feeds]) -> list[list[dict[str, Any]]]:
+        """For each stage, what it receives for each input of ``pool``."""
+        per_stage: list[list[dict[str, Any]]] = [[] for _ in self.sessions]
+        for feeds in pool:
+            tensors = self.run(feeds)
+            for i, names in enumerate(self.inputs):
+                per_stage[i].append({n: tensors[n] for n in names})
+        return per_stage
+
+    def loop(self, i: int, feeds: Sequence[dict[str, Any]], count: int) -> float:
+        """Median seconds of stage ``i`` run ``count`` times in a row on ``feeds`` (the first run, which
+        finds its caches cold, left out)."""
+        session, outputs = self.sessions[i], self.outputs[i]
+        times = []
+        for j in range(count + 1):
+            start = time.perf_counter()
+            session.run(outputs, feeds[j % len(feeds)])
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[1:])
+
+
+def pipeline_rates(
+    name: str,
+    path: Path,
+    files: Mapping[str, Sequence[Path]],
+    pool: Sequence[Feeds],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """The hand-built pipeline of ``bench_overhead.py`` (a pinned thread per stage, ``queue.Queue(2)``
+    between them) on the ``before`` and today's stage files, and the one-thread session, in rounds of
+    alternating order; stages made anew each round."""
+    sets = cpu_sets([1] * args.k)
+    if sets is None:
+        raise SystemExit(f"--pipeline-rounds: {args.k} stages need {args.k} CPUs this process may use")
+    cpus = [c[0] for c in sets]
+    whole = Placement(threads=1, cpus=(cpus[0],))
+    first = session_throughput(path, list(pool) * 4, placement=whole, warmup=WARMUP)
+    inputs = [pool[j % len(pool)] for j in range(max(32, round(args.pipeline_seconds * first)))]
+    runs = {
+        "session_1": lambda: session_throughput(path, inputs, placement=whole, warmup=WARMUP),
+        "before": lambda: minimal_pipeline(
+            [Stage(f, cpus[i]) for i, f in enumerate(files["before"])], inputs
+        )[0],
+        "onnxpipe": lambda: minimal_pipeline(
+            [Stage(f, cpus[i]) for i, f in enumerate(files["shared"])], inputs
+        )[0],
+    }
+    rates: dict[str, list[float]] = {key: [] for key in runs}
+    others: list[float] = []
+    for r in range(args.pipeline_rounds):
+        with CpuWatch(()) as watch:
+            for key in list(runs) if r % 2 == 0 else list(runs)[::-1]:
+                rates[key].append(runs[key]())
+        others.append(watch.others_cores())
+        done = ", ".join(f"{key} {v[-1]:.1f}/s" for key, v in rates.items())
+        print(
+            f"  {name} pipeline round {r + 1}/{args.pipeline_rounds}: {done}; others {others[-1]:.2f}",
+            flush=True,
+        )
+
+    def ratio(a: str, b: str) -> float:
+        return statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))
+
+    return {
+        "microbatches": len(inputs),
+        "throughput_per_s": {key: statistics.median(v) for key, v in rates.items()},
+        "all_rounds": rates,
+        "before_x_session_1": ratio("before", "session_1"),
+        "onnxpipe_x_session_1": ratio("onnxpipe", "session_1"),
+        "onnxpipe_x_before": ratio("onnxpipe", "before"),
+        "others_cores": others,
+    }
 
 
 def bench_model(
@@ -126,51 +209,57 @@ def bench_model(
             d: [scratch / d / st.file for st in load_manifest(scratch / d).stages]
             for d in ("shared", "unshared")
         }
+        (scratch / "before").mkdir()
+        files["before"] = []
+        for f in files["unshared"]:
+            files["before"].append(scratch / "before" / f.name)
+            files["before"][-1].write_bytes(with_inferred_symbols(view, f))
+        models: dict[str, list[bytes | str]] = {
+            "whole": [str(path)],
+            "before": [str(f) for f in files["before"]],
+            "unnamed dims": [str(f) for f in files["unshared"]],
+            "onnxpipe": [str(f) for f in files["shared"]],
+        }
         with pinned(cpu):
-            whole = Chain([str(path)])
-            chains = {
-                "before": Chain([with_inferred_symbols(view, f) for f in files["unshared"]]),
-                "unnamed dims": Chain([str(f) for f in files["unshared"]]),
-                "onnxpipe": Chain([str(f) for f in files["shared"]]),
-            }
             input_shapes = {n: tuple(v) for n, v in plan.input_shapes.items()}
             pool = random_inputs(path, input_shapes, 4, seed=0)
-            outputs = [o.name for o in whole.sessions[0].get_outputs()]
-            want = whole.run(pool[0])
+            variants = {v: Chain(m) for v, m in models.items()}
+            outputs = [o.name for o in variants["whole"].sessions[0].get_outputs()]
+            want = variants["whole"].run(pool[0])
             bit_equal = {}
             max_diff = {}
-            for v, chain in chains.items():
-                got = chain.run(pool[0])
+            for v in VARIANTS:
+                got = variants[v].run(pool[0])
                 bit_equal[v] = all(np.array_equal(got[o], want[o]) for o in outputs)
                 max_diff[v] = max(
                     float(np.max(np.abs(np.asarray(got[o], np.float64) - want[o]))) for o in outputs
                 )
-            for _ in range(3):  # warm-up
-                for c in (whole, *chains.values()):
-                    c.run(pool[0])
             start = time.perf_counter()
-            whole.run(pool[0])
-            n = max(8, round(args.seconds / (time.perf_counter() - start)))
-            variants: dict[str, Chain] = {"whole": whole, **chains}
-            per_round: dict[str, list[list[float]]] = {v: [] for v in variants}  # stage medians per round
+            variants["whole"].run(pool[0])
+            blocks = max(2, round(args.seconds / (time.perf_counter() - start) / BLOCK))
+            per_round: dict[str, list[list[float]]] = {v: [] for v in models}  # stage medians per round
             others: list[float] = []
-            order = list(variants)
             rng = random.Random(0)
             for r in range(args.rounds):
-                rng.shuffle(order)
+                # new sessions every round (see the module docstring)
+                variants = {v: Chain(models[v]) for v in models}
+                feeds = {v: c.stage_feeds(pool) for v, c in variants.items()}
+                units = [(v, i) for v, c in variants.items() for i in range(len(c.sessions))]
+                medians: dict[tuple[str, int], list[float]] = {u: [] for u in units}
                 with CpuWatch(()) as watch:
-                    for v in order:
-                        chain = variants[v]
-                        times: list[list[float]] = [[] for _ in chain.sessions]
-                        for j in range(n):
-                            chain.run(pool[j % len(pool)], times)
-                        per_round[v].append([statistics.median(t) for t in times])
+                    for _ in range(blocks):  # short blocks in turn: a slow spell of the VM hits all alike
+                        rng.shuffle(units)
+                        for v, i in units:
+                            medians[v, i].append(variants[v].loop(i, feeds[v][i], BLOCK))
                 others.append(watch.others_cores())
-                done = ", ".join(f"{v} {1e3 * sum(per_round[v][-1]):.2f} ms" for v in variants)
+                for v, c in variants.items():
+                    per_round[v].append([statistics.median(medians[v, i]) for i in range(len(c.sessions))])
+                done = ", ".join(f"{v} {1e3 * sum(per_round[v][-1]):.2f} ms" for v in models)
                 print(
                     f"  {name} round {r + 1}/{args.rounds}: {done}; others used {others[-1]:.2f} cores",
                     flush=True,
                 )
+        pipeline = pipeline_rates(name, path, files, pool, args) if args.pipeline_rounds else None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -189,7 +278,7 @@ def bench_model(
     return {
         "model": name,
         "k": args.k,
-        "runs_per_round": n,
+        "runs_per_round": blocks * BLOCK,
         "rounds": args.rounds,
         "whole_ms": 1e3 * statistics.median(whole_s),
         "stage_ms": {v: ms(v) for v in VARIANTS},
@@ -208,6 +297,7 @@ def bench_model(
         "remade": sum(len(s.aliases) for s in plan.stages),
         "skipped_nodes": sum(len(s.skipped_nodes) for s in plan.stages),
         "others_cores": others,
+        "pipeline": pipeline,
     }
 
 
@@ -240,6 +330,20 @@ def print_summary(rows: Sequence[dict[str, Any]]) -> None:
             f"{max(r['others_cores']):.2f}",
         ]
         print("| " + " | ".join(cells) + " |")
+    piped = [r for r in rows if r["pipeline"]]
+    if piped:
+        print(
+            "\n| model | 1-thread session | hand-built pipeline x session: before / onnxpipe "
+            "| onnxpipe x before |"
+        )
+        print("|---|---|---|---|")
+        for r in piped:
+            q = r["pipeline"]
+            print(
+                f"| {r['model']} | {q['throughput_per_s']['session_1']:.1f}/s | "
+                f"{q['before_x_session_1']:.3f} / {q['onnxpipe_x_session_1']:.3f} | "
+                f"{q['onnxpipe_x_before']:.3f} |"
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -247,8 +351,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--models", default=",".join(table), help="comma-separated: " + ", ".join(table))
     parser.add_argument("--k", type=int, default=2, help="stages (default 2)")
-    parser.add_argument("--rounds", type=int, default=7, help="rounds of every variant (default 7)")
-    parser.add_argument("--seconds", type=float, default=0.8, help="seconds of each variant per round")
+    parser.add_argument("--rounds", type=int, default=9, help="rounds of every variant (default 9)")
+    parser.add_argument(
+        "--seconds", type=float, default=0.8, help="seconds of the whole model per round (default 0.8)"
+    )
+    parser.add_argument(
+        "--pipeline-rounds",
+        type=int,
+        default=6,
+        help="rounds of the pipelines on K CPUs (default 6; 0: none)",
+    )
+    parser.add_argument(
+        "--pipeline-seconds", type=float, default=2.5, help="about how long one pipeline run takes"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "stagecost.json")
     args = parser.parse_args(argv)
     return run_models(parser, args, bench_model, print_summary, table)
