@@ -138,6 +138,19 @@ class Chain:
         return statistics.median(times[1:])
 
 
+def optimized_nodes(models: Sequence[bytes | str], scratch: Path) -> int:
+    """Nodes of the graphs onnxruntime runs for ``models`` (after its optimizations), added up: equal to the
+    whole model's when the stages are optimized as it is."""
+    count = 0
+    for j, m in enumerate(models):
+        saved = scratch / f"optimized_{j}.onnx"
+        options = session_options(threads=1, optimized_path=saved)
+        ort.InferenceSession(m, options, providers=["CPUExecutionProvider"])
+        count += len(onnx.load(str(saved), load_external_data=False).graph.node)
+        saved.unlink()
+    return count
+
+
 def pipeline_rates(
     name: str,
     path: Path,
@@ -220,6 +233,7 @@ def bench_model(
             "unnamed dims": [str(f) for f in files["unshared"]],
             "onnxpipe": [str(f) for f in files["shared"]],
         }
+        nodes_run = {v: optimized_nodes(m, scratch) for v, m in models.items()}
         with pinned(cpu):
             input_shapes = {n: tuple(v) for n, v in plan.input_shapes.items()}
             pool = random_inputs(path, input_shapes, 4, seed=0)
@@ -293,6 +307,7 @@ def bench_model(
             ),
         },
         "bit_equal_to_whole": bit_equal,
+        "optimized_nodes": nodes_run,
         "max_abs_diff": max_diff,
         "remade": sum(len(s.aliases) for s in plan.stages),
         "skipped_nodes": sum(len(s.skipped_nodes) for s in plan.stages),
@@ -310,6 +325,7 @@ def print_summary(rows: Sequence[dict[str, Any]]) -> None:
         "slowest x whole/K: before / onnxpipe",
         "onnxpipe x before (sum, slowest)",
         "bit-equal to whole: before / onnxpipe",
+        "nodes run: whole / before / onnxpipe",
         "remade, left-out nodes",
         "others (max cores)",
     ]
@@ -326,6 +342,7 @@ def print_summary(rows: Sequence[dict[str, Any]]) -> None:
             f"{m['before']:.3f} / {m['onnxpipe']:.3f}",
             f"{x['sum']:.3f}, {x['slowest']:.3f}",
             f"{eq['before']} / {eq['onnxpipe']}",
+            " / ".join(str(r["optimized_nodes"][v]) for v in ("whole", "before", "onnxpipe")),
             f"{r['remade']}, {r['skipped_nodes']}",
             f"{max(r['others_cores']):.2f}",
         ]
