@@ -424,11 +424,12 @@ def assign_stages(
     ``link_bytes[p]`` (the cut profile) is what crosses the link in front of a stage starting at ``p``:
     the stage's own inputs plus tensors it forwards to later stages.
 
-    With ``share_equal_values`` a stage that reads several provably equal tensors from one earlier
-    stage (:mod:`onnxpipe.samevalue`) receives the first that stage makes and remakes the others
-    (:attr:`StageSpec.aliases`); nodes of the earlier stage that then compute nothing anybody reads
-    are left out of its file (:attr:`StageSpec.skipped_nodes`).  The stages are worked out last to first,
-    since what a stage must output depends on what the later ones receive.
+    With ``share_equal_values`` a stage that reads tensors of an earlier stage that are provably equal
+    to others (:mod:`onnxpipe.samevalue`) receives, for each value, the first tensor the earlier stage
+    makes of it, and remakes the ones it reads from that (:attr:`StageSpec.aliases`).  The earlier
+    stage remakes its own repeats of a value it emits the same way, and its nodes that then compute
+    nothing anybody reads are left out of its file (:attr:`StageSpec.skipped_nodes`).  The stages are
+    worked out last to first, since what a stage must emit depends on what the later ones receive.
     """
     compute = view.compute_nodes
     k = len(bounds) - 1
@@ -535,10 +536,11 @@ def _equal_value_senders(view: ModelView, stage_nodes: Sequence[Sequence[NodeInf
 def _unneeded(
     nodes: Sequence[NodeInfo], before: set[str], after: set[str], remade: Mapping[str, str]
 ) -> tuple[set[str], set[str]]:
-    """``(nodes, remade)``: the nodes that computed part of ``before`` (what the stage emitted) and
-    nothing of ``after`` (what it emits now), where a tensor of ``remade`` is made from its equal
-    instead of by its node; and the tensors of ``remade`` still read.  A node nobody read before (dead in
-    the source) stays, with all it reads."""
+    """``(skipped, used)``: the names of the nodes that computed part of ``before`` (what the stage
+    emitted) and nothing of ``after`` (what it emits now), where a tensor of ``remade`` is made from its
+    equal instead of by its node; and the tensors of ``remade`` that are still read or emitted, which
+    the stage file makes with ``Identity`` nodes.  A node nobody read before (dead in the source)
+    stays, with all it reads."""
     need_before, need_after = set(before), set(after)
     unneeded: set[str] = set()
     used: set[str] = set()
