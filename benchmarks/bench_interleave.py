@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from benchmarks.bench_pipeline import CpuWatch, model_table, run_models  # noqa: E402
+from benchmarks.bench_pipeline import alternating_rounds, model_table, run_models  # noqa: E402
 from onnxpipe import api  # noqa: E402
 from onnxpipe.manifest import Manifest, load_manifest  # noqa: E402
 from onnxpipe.model import load_model  # noqa: E402
@@ -152,15 +152,7 @@ def bench_model(
         "replicas_processes": lambda: replicas_rate(splits["contiguous"], path, inputs, args.k, "processes"),
         "interleaved_processes": lambda: pipeline_rate(splits["interleaved"], inputs, "processes"),
     }
-    rates: dict[str, list[float]] = {k: [] for k in runs}
-    others: list[float] = []
-    for r in range(args.rounds):
-        with CpuWatch(()) as watch:
-            for key in list(runs) if r % 2 == 0 else list(runs)[::-1]:
-                rates[key].append(runs[key]())
-        others.append(watch.others_cores())
-        done = ", ".join(f"{k} {v[-1]:.1f}/s" for k, v in rates.items())
-        print(f"  {name} round {r + 1}/{args.rounds}: {done}; others used {others[-1]:.2f} cores", flush=True)
+    rates, others = alternating_rounds(name, runs, args.rounds)
 
     def ratio(a: str, b: str) -> float:
         return statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))

@@ -151,6 +151,24 @@ class CpuWatch:
         return None
 
 
+def alternating_rounds(
+    label: str, runs: Mapping[str, Callable[[], float]], rounds: int
+) -> tuple[dict[str, list[float]], list[float]]:
+    """``(rates, others)``: each of ``runs`` (a rate per call) once per round, in their order on even
+    rounds and reversed on odd ones, so that neither side always goes first; and the cores other
+    processes used in each round.  Prints a line per round."""
+    rates: dict[str, list[float]] = {key: [] for key in runs}
+    others: list[float] = []
+    for r in range(rounds):
+        with CpuWatch(()) as watch:
+            for key in list(runs) if r % 2 == 0 else list(runs)[::-1]:
+                rates[key].append(runs[key]())
+        others.append(watch.others_cores())
+        done = ", ".join(f"{key} {v[-1]:.1f}/s" for key, v in rates.items())
+        print(f"  {label} round {r + 1}/{rounds}: {done}; others used {others[-1]:.2f} cores", flush=True)
+    return rates, others
+
+
 def wait_for_quiet(threshold: float, patience: float, window: float = 2.0) -> float:
     """Wait (at most ``patience`` s) until other processes use under ``threshold`` cores; their last load."""
     deadline = time.monotonic() + patience

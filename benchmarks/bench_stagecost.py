@@ -50,7 +50,7 @@ import onnxruntime as ort  # noqa: E402
 from onnx import helper  # noqa: E402
 
 from benchmarks.bench_overhead import WARMUP, Stage, minimal_pipeline  # noqa: E402
-from benchmarks.bench_pipeline import CpuWatch, model_table, run_models  # noqa: E402
+from benchmarks.bench_pipeline import CpuWatch, alternating_rounds, model_table, run_models  # noqa: E402
 from onnxpipe import api  # noqa: E402
 from onnxpipe.boundary import clean  # noqa: E402
 from onnxpipe.export import export_stages  # noqa: E402
@@ -177,18 +177,7 @@ def pipeline_rates(
             [Stage(f, cpus[i]) for i, f in enumerate(files["shared"])], inputs
         )[0],
     }
-    rates: dict[str, list[float]] = {key: [] for key in runs}
-    others: list[float] = []
-    for r in range(args.pipeline_rounds):
-        with CpuWatch(()) as watch:
-            for key in list(runs) if r % 2 == 0 else list(runs)[::-1]:
-                rates[key].append(runs[key]())
-        others.append(watch.others_cores())
-        done = ", ".join(f"{key} {v[-1]:.1f}/s" for key, v in rates.items())
-        print(
-            f"  {name} pipeline round {r + 1}/{args.pipeline_rounds}: {done}; others {others[-1]:.2f}",
-            flush=True,
-        )
+    rates, others = alternating_rounds(f"{name} pipeline", runs, args.pipeline_rounds)
 
     def ratio(a: str, b: str) -> float:
         return statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))
