@@ -125,9 +125,9 @@ class StageEntry:
     in turn); ``None`` in a manifest written before the field existed, which means a worker per stage:
     read it through :meth:`Manifest.worker_of`."""
     skipped_node_count: int = 0
-    """Compute nodes of this stage's range left out of its file: they computed only values that a later
-    stage receives as an equal tensor (``same_values`` there).  ``node_count`` plus this, over all
-    stages, is the model's compute node count."""
+    """Compute nodes of this stage's range left out of its file: what they computed is remade from an
+    equal value (received by a later stage, ``same_values`` there, or by this one from a value it
+    emits).  ``node_count`` plus this, over all stages, is the model's compute node count."""
     same_values: tuple[SameValue, ...] = ()
     """Inputs this stage's nodes read under another name: provably equal to an input it receives."""
 

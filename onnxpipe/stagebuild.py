@@ -45,7 +45,7 @@ ALIAS_NODE_PREFIX = "onnxpipe/same_value/"
 
 
 def alias_node_name(tensor: str) -> str:
-    """The name of the ``Identity`` node that remakes ``tensor`` from an equal input
+    """The name of the ``Identity`` node that remakes ``tensor`` from an equal tensor
     (:attr:`onnxpipe.plan.StageSpec.aliases`): a prefix no exporter writes, then the tensor's name."""
     return ALIAS_NODE_PREFIX + tensor
 
