@@ -389,6 +389,15 @@ def plan_from(
     microbatch_size: int = 1,
 ) -> Plan:
     """A :class:`Plan` from a solved partition: the fields every planner fills the same way, and its own."""
+    received = sum(1 for st in stages for a in st.aliases if a.same_as in st.inputs)
+    if received:
+        skipped = sum(len(st.skipped_nodes) for st in stages)
+        notes = (
+            *notes,
+            f"{received} tensor(s) a stage reads across a cut equal another it receives: each value "
+            f"crosses once, and the stages remake the rest with Identity nodes ({skipped} node(s) left out "
+            "of the files)",
+        )
     return Plan(
         model_sha256=view.sha256,
         stages=stages,

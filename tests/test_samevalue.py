@@ -12,11 +12,12 @@ import pytest
 from models import const, feeds_for, make, plan_for, save, vi
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxpipe.costs import static_profile
 from onnxpipe.errors import ManifestError
 from onnxpipe.export import export_stages
 from onnxpipe.manifest import MANIFEST_NAME, SameValue, load_manifest
 from onnxpipe.model import ModelView, load_model, view_from_proto
-from onnxpipe.plan import Alias, assign_stages
+from onnxpipe.plan import Alias, assign_stages, make_plan
 from onnxpipe.runner import StageChain
 from onnxpipe.samevalue import CONTENT_LIMIT, value_classes
 from onnxpipe.stagebuild import ALIAS_NODE_PREFIX
@@ -193,3 +194,17 @@ def test_a_manifest_whose_same_value_names_no_input_is_refused(tmp_path: Path) -
         ManifestError, match=r"stages\[1\]\.same_values\[0\]\.same_as.*no_such_tensor.*not an input"
     ):
         load_manifest(tmp_path / "out")
+
+
+def test_a_plan_says_when_its_stages_remake_received_values() -> None:
+    view = view_from_proto(masked_layers(8))
+    seen = False
+    for k in range(2, 7):
+        plan = make_plan(view, static_profile(view), k)
+        received = sum(1 for st in plan.stages for a in st.aliases if a.same_as in st.inputs)
+        notes = [n for n in plan.notes if "equal another it receives" in n]
+        assert len(notes) == (1 if received else 0), (k, plan.notes)
+        if received:
+            seen = True
+            assert notes[0].startswith(f"{received} tensor(s)")
+    assert seen, "some stage count should cut between equal masks"
