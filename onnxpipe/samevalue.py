@@ -99,6 +99,8 @@ def _tensor_bytes(t: onnx.TensorProto) -> bytes:
 def _attribute_bytes(a: onnx.AttributeProto) -> bytes:
     """The attribute's serialization with the names of tensors inside it (a ``Constant``'s value) left
     out: they are labels, not values."""
+    if not (a.doc_string or a.HasField("t") or a.tensors or a.HasField("sparse_tensor")):
+        return bytes(a.SerializeToString())  # nothing to leave out: no copy (most attributes)
     copy = onnx.AttributeProto()
     copy.CopyFrom(a)
     copy.ClearField("doc_string")
