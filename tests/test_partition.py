@@ -678,6 +678,34 @@ def test_tiny_and_subnormal_costs_are_solved_exactly(costs: list[float], data: s
     assert exact <= best.bottleneck <= exact * (1 + TIE_RTOL) + 1e-320
 
 
+@pytest.mark.timeout(60)
+def test_a_stage_time_that_underflows_to_zero() -> None:
+    """Regression: 5e-324 of work at speed 2 takes 0.0 (``5e-324 / 2`` rounds to 0), so a bound of 0 is
+    feasible; the work bound pruned the only start there, and the search ended on an AssertionError."""
+    p = solve_heterogeneous([5e-324], 1, speeds=[2.0])
+    assert p.bounds == (0, 1) and p.bottleneck == 0.0
+    q = solve_heterogeneous([5e-324] * 7, 3, speeds=[2.0, 3.0, 0.5])
+    assert q == partition._reference_solve_heterogeneous([5e-324] * 7, 3, speeds=[2.0, 3.0, 0.5])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(TINY, min_size=1, max_size=7), st.data())
+@pytest.mark.timeout(120)
+def test_tiny_costs_on_devices_of_different_speeds_are_solved_exactly(
+    costs: list[float], data: st.DataObject
+) -> None:
+    """Stage times that underflow (work among subnormals divided by a speed): the fast engine agrees with
+    the reference DP bit for bit, and both with brute force."""
+    n = len(costs)
+    k = data.draw(st.integers(1, n))
+    speed = st.sampled_from([0.5, 1.0, 2.0, 3.0, 7.0, 1e-3]) | st.floats(0.1, 10)
+    speeds = data.draw(st.lists(speed, min_size=k, max_size=k))
+    best = solve_heterogeneous(costs, k, speeds=speeds)
+    assert best == partition._reference_solve_heterogeneous(costs, k, speeds=speeds)
+    exact = min(evaluate_heterogeneous(b, costs, speeds=speeds).bottleneck for b in all_bounds(n, k))
+    assert best.bottleneck == exact
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Properties against brute force (n <= 9)
 # ----------------------------------------------------------------------------------------------------------

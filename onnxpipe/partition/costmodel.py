@@ -10,6 +10,7 @@ model holds numbers only; building one from a caller's request (and refusing bad
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -173,13 +174,17 @@ class _Model:
         fractional-assignment linear programme; :func:`_dual_weights` picks weights that nearly maximise the
         bound.  ``slack_s`` covers every rounding (correctly rounded prefix sums, a cumulative sum of ``n``
         terms), generously: ``4 (n + 4) u (rest_s[0] + sum_{t >= s} w_t total_t)``.
+
+        Both add :func:`_underflow_slack`: relative slack cannot cover a stage time that underflows
+        (``5e-324 / 2`` rounds to ``0``), whose error is absolute.
         """
         n, k, work = self.n, self.k, self.work
         if len(work.prefix) == 1:
             p = work.prefix[0]
             rest = p[n] - p
             suffix_speed = np.cumsum(self.speed[::-1])[::-1]
-            return [rest] * k, [float(w) for w in suffix_speed], [0.0] * k
+            weights = [float(w) for w in suffix_speed]
+            return [rest] * k, weights, [_underflow_slack(n, w) for w in weights]
         assert bool(np.all(self.speed == 1.0)), "several cost rows come with unit speeds"
         mult = np.bincount(np.array(work.of), minlength=len(work.prefix)).astype(np.float64)
         y = _dual_weights(work.rows, mult)
@@ -198,10 +203,22 @@ class _Model:
             rest[:n] = np.cumsum(cheapest[::-1])[::-1]
             rests.append(rest)
             weights.append(weight)
-            slacks.append(4.0 * (n + 4) * 2.0**-53 * (float(rest[0]) + paid))
+            slacks.append(4.0 * (n + 4) * 2.0**-53 * (float(rest[0]) + paid) + _underflow_slack(n, weight))
         return rests[::-1], weights[::-1], slacks[::-1]
 
     def spread_bound(self) -> float:
         """The work bound of the whole problem: no split has a bottleneck below it (up to rounding)."""
         rests, weights, _ = self.relaxation
         return float(rests[0][0]) / weights[0] if weights[0] > 0 else 0.0
+
+
+def _underflow_slack(n: int, weight: float) -> float:
+    """Absolute slack for the work bound of :attr:`_Model.relaxation`, against underflow.
+
+    A stage time or a weighted item below the smallest normal float is rounded to a multiple of
+    ``math.ulp(0.0)``, an error no relative margin covers: one item of work ``5e-324`` on a device of speed
+    2 takes ``0.0``, so a bound of ``0`` is feasible, yet the work left (``5e-324``) exceeds ``0 * weight``.
+    Each of at most ``n + k`` roundings loses less than one such ulp per unit of weight; ``4 (n + 4)`` of
+    them, at weight at least 1, bound that generously and are far below any normal cost.
+    """
+    return 4.0 * (n + 4) * math.ulp(0.0) * max(1.0, weight)
