@@ -183,8 +183,8 @@ class _Model:
             p = work.prefix[0]
             rest = p[n] - p
             suffix_speed = np.cumsum(self.speed[::-1])[::-1]
-            weights = [float(w) for w in suffix_speed]
-            return [rest] * k, weights, [_underflow_slack(n, w) for w in weights]
+            speed_left = [float(w) for w in suffix_speed]
+            return [rest] * k, speed_left, [_underflow_slack(n, w) for w in speed_left]
         assert bool(np.all(self.speed == 1.0)), "several cost rows come with unit speeds"
         mult = np.bincount(np.array(work.of), minlength=len(work.prefix)).astype(np.float64)
         y = _dual_weights(work.rows, mult)
