@@ -6,6 +6,7 @@ outer-scope reads of subgraphs included) and ``outs[i]`` (tensors it writes).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -133,8 +134,14 @@ def cut_profile(
     compute_outs: Sequence[Sequence[str]],
     tensor_bytes: Mapping[str, int],
     free: Iterable[str],
+    classes: Mapping[str, int] | None = None,
 ) -> CutProfile:
-    """Cut bytes for nodes already in order; ``free`` tensors (weights, constants) never cross."""
+    """Cut bytes for nodes already in order; ``free`` tensors (weights, constants) never cross.
+
+    ``classes`` (:func:`onnxpipe.samevalue.value_classes`) counts provably equal tensors once: a cut
+    carries a value while any tensor of it crosses, as the exported stages send one tensor of each value
+    (:func:`onnxpipe.plan.assign_stages`).  Without it every tensor counts, as if none were equal.
+    """
     m = len(compute_deps)
     freeset = set(free)
     start: dict[str, int] = {}
@@ -146,18 +153,43 @@ def cut_profile(
         for t in d:
             if t not in freeset:
                 last[t] = p
+    crossing = [(t, start.get(t, -1) + 1, end) for t, end in last.items() if end > start.get(t, -1)]
     diff = np.zeros(m + 2, dtype=np.int64)
-    for t, end in last.items():
-        a = start.get(t, -1)
-        if end <= a:
-            continue
-        b = tensor_bytes.get(t, 0)
-        diff[a + 1] += b
-        diff[end + 1] -= b
+    shared: dict[int, list[tuple[int, int, int]]] = {}  # class -> (first cut, last cut, bytes) per tensor
+    if classes is not None:
+        members = Counter(classes[t] for t, _, _ in crossing if t in classes)
+        for t, lo, hi in crossing:
+            c = classes.get(t)
+            if c is not None and members[c] > 1:
+                shared.setdefault(c, []).append((lo, hi, tensor_bytes.get(t, 0)))
+    for t, lo, hi in crossing:
+        c = classes.get(t) if classes is not None else None
+        if c is None or c not in shared:
+            b = tensor_bytes.get(t, 0)
+            diff[lo] += b
+            diff[hi + 1] -= b
+    for spans in shared.values():
+        b = max(x[2] for x in spans)  # equal values have equal sizes; the largest if one is unknown
+        for lo, hi in _merged([(x[0], x[1]) for x in spans]):
+            diff[lo] += b
+            diff[hi + 1] -= b
     live = np.cumsum(diff)[: m + 1]
     live[0] = 0
     live[m] = 0
     return CutProfile(tuple(int(x) for x in live))
+
+
+def _merged(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The union of closed integer intervals ``[lo, hi]`` as disjoint ones, in order."""
+    if len(intervals) == 1:
+        return intervals
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(intervals):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
 
 
 def greedy_live_order(

@@ -10,6 +10,7 @@ reads one gets its own copy (``constant_nodes``), so their values never cross a 
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -159,7 +160,9 @@ class Sequences:
     """The plain numbers the partitioner sees, one entry per compute node in the view's order.
 
     ``cut_bytes[p]`` is what a stage starting at ``p`` receives; ``allowed[p]`` says whether a stage may
-    start there (not inside a fused group); ``sizes`` are every tensor's bytes at the profiled shapes.
+    start there (not inside a fused group); ``sizes`` are every tensor's bytes at the profiled shapes;
+    ``classes`` number the provably equal tensors (:func:`onnxpipe.samevalue.value_classes`), which
+    :func:`assign_stages` is given again so that it sends what ``cut_bytes`` counts.
     """
 
     compute: tuple[NodeInfo, ...]
@@ -167,19 +170,23 @@ class Sequences:
     cut_bytes: tuple[int, ...]
     allowed: tuple[bool, ...]
     sizes: Mapping[str, int] = field(repr=False)
+    classes: Mapping[str, int] = field(repr=False, default_factory=dict)
 
 
 def sequences(view: ModelView, profile: Profile) -> Sequences:
-    """Line up costs, cut bytes and allowed cuts for :mod:`onnxpipe.partition` (weights never cross)."""
+    """Line up costs, cut bytes and allowed cuts for :mod:`onnxpipe.partition` (weights never cross; a
+    value that several equal tensors hold crosses a cut once, as the exported stages send it)."""
     compute = view.compute_nodes
     sizes = tensor_sizes(view, profile)
-    cuts = cut_profile([n.reads for n in compute], [n.outputs for n in compute], sizes, view.weights)
+    classes = value_classes(view)
+    cuts = cut_profile([n.reads for n in compute], [n.outputs for n in compute], sizes, view.weights, classes)
     return Sequences(
         compute=compute,
         costs=tuple(max(0.0, float(profile.node_seconds.get(n.name, 0.0))) for n in compute),
         cut_bytes=cuts.bytes,
         allowed=tuple(allowed_cuts_from_regions(compute, profile.regions)),
         sizes=sizes,
+        classes=classes,
     )
 
 
@@ -240,7 +247,13 @@ def make_plan(
     )
 
     stages = assign_stages(
-        view, part.bounds, seq.sizes, part.compute, part.transfer, link_bytes=seq.cut_bytes
+        view,
+        part.bounds,
+        seq.sizes,
+        part.compute,
+        part.transfer,
+        link_bytes=seq.cut_bytes,
+        classes=seq.classes,
     )
     from onnxpipe.schedule import simulate
 
@@ -308,7 +321,13 @@ def make_interleaved_plan(
     stages = tuple(
         replace(st, worker=part.workers[st.index])
         for st in assign_stages(
-            view, part.bounds, seq.sizes, part.compute, part.transfer, link_bytes=seq.cut_bytes
+            view,
+            part.bounds,
+            seq.sizes,
+            part.compute,
+            part.transfer,
+            link_bytes=seq.cut_bytes,
+            classes=seq.classes,
         )
     )
     mem = ", ".join(f"{m / 2**20:.1f}" for m in part.worker_memory)
@@ -427,6 +446,7 @@ def assign_stages(
     link_bytes: Sequence[int] | None = None,
     *,
     share_equal_values: bool = True,
+    classes: Mapping[str, int] | None = None,
 ) -> tuple[StageSpec, ...]:
     """Turn partition bounds over compute positions into named stages with their inputs and outputs.
 
@@ -439,6 +459,7 @@ def assign_stages(
     stage remakes its own repeats of a value it emits the same way, and its nodes that then compute
     nothing anybody reads are left out of its file (:attr:`StageSpec.skipped_nodes`).  The stages are
     worked out last to first, since what a stage must emit depends on what the later ones receive.
+    ``classes``: the view's value classes when the caller has them (:attr:`Sequences.classes`).
     """
     compute = view.compute_nodes
     k = len(bounds) - 1
@@ -456,7 +477,12 @@ def assign_stages(
                 last_reads[t] = max(last_reads.get(t, -1), s)
     for t in view.outputs:
         last_reads[t] = k  # read "after" the last stage
-    sent_as = _equal_value_senders(view, stage_nodes) if share_equal_values else {}
+    if not share_equal_values:
+        classes = {}
+    elif classes is None:
+        classes = value_classes(view)
+    equal = _EqualValues(classes, stage_nodes)
+    sent_as = equal.first_in_stage
     model_outputs = set(view.outputs)
     wanted: list[set[str]] = [set() for _ in range(k)]  # what later stages receive from each stage
     specs: list[StageSpec] = []
@@ -500,8 +526,9 @@ def assign_stages(
             for t in reads
             if t not in view.initializers and t not in const_by_output and produced_in.get(t, -1) != s
         ]
-        aliases = tuple(Alias(t, sent_as[t]) for t in received if sent_as.get(t, t) != t) + inner
-        inputs = tuple(dict.fromkeys(sent_as.get(t, t) for t in received))
+        source = {t: equal.received_as(t, s) for t in received}
+        aliases = tuple(Alias(t, source[t]) for t in received if source[t] != t) + inner
+        inputs = tuple(dict.fromkeys(source.values()))
         for t in inputs:
             if t in produced_in:
                 wanted[produced_in[t]].add(t)
@@ -529,17 +556,38 @@ def assign_stages(
     return tuple(reversed(specs))
 
 
-def _equal_value_senders(view: ModelView, stage_nodes: Sequence[Sequence[NodeInfo]]) -> dict[str, str]:
-    """For each tensor a compute node makes, the first tensor of its stage with the same value (itself
-    when it is the first)."""
-    classes = value_classes(view)
-    first: dict[tuple[int, int], str] = {}
-    sent_as: dict[str, str] = {}
-    for s, nodes in enumerate(stage_nodes):
-        for n in nodes:
-            for o in n.outputs:
-                sent_as[o] = first.setdefault((classes[o], s), o)
-    return sent_as
+class _EqualValues:
+    """Which tensor of each value a stage makes first, and which one a later stage receives.
+
+    A stage receives each value once, as the first tensor of it made by the latest earlier stage that
+    makes one.  Then a value crosses a cut only while some tensor of it does (read after the cut, made
+    before it), whatever the other cuts: the bytes :func:`onnxpipe.graph.cut_profile` counts with value
+    classes, which are the bytes the partitioner weighs.  The tensor received is made before the stage
+    starts and no stage in between makes the value, so every stage in between receives it too.
+    """
+
+    def __init__(self, classes: Mapping[str, int], stage_nodes: Sequence[Sequence[NodeInfo]]) -> None:
+        self.classes = classes
+        first: dict[tuple[int, int], str] = {}
+        self.first_in_stage: dict[str, str] = {}
+        """For each tensor a compute node makes, the first tensor of its stage with the same value."""
+        self._makers: dict[int, list[tuple[int, str]]] = {}  # class -> (stage, its first tensor), ascending
+        for s, nodes in enumerate(stage_nodes):
+            for n in nodes:
+                for o in n.outputs:
+                    c = classes.get(o)
+                    if c is None:
+                        continue
+                    if (c, s) not in first:
+                        first[c, s] = o
+                        self._makers.setdefault(c, []).append((s, o))
+                    self.first_in_stage[o] = first[c, s]
+
+    def received_as(self, tensor: str, stage: int) -> str:
+        """The tensor ``stage`` receives for ``tensor``, which an earlier stage made or the caller feeds."""
+        makers = self._makers.get(self.classes.get(tensor, -1), [])
+        i = bisect.bisect_left(makers, (stage, "")) - 1
+        return makers[i][1] if i >= 0 else tensor
 
 
 def _unneeded(

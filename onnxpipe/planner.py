@@ -300,6 +300,7 @@ def plan_pipeline(
         [t / best.size for t in part.transfer] if best.kind != "stream" else part.transfer,
         devices=arranged.names,
         link_bytes=cuts,
+        classes=seq.classes,
     )
     _check_final_memory(specs, arranged, best, acts)
     kept = {d.name for d in arranged.devices}

@@ -48,3 +48,26 @@ def test_cut_profile_model_inputs_and_free_tensors() -> None:
     prof = cut_profile(deps, outs, {"x": 4, "a": 8, "b": 16, "w": 1000}, free={"w"})
     # cut 1: a and the model input x read again by node 1; cut 2: b
     assert prof.bytes == (0, 12, 16, 0)
+
+
+def test_cut_profile_counts_equal_tensors_once_while_any_crosses() -> None:
+    # a and b hold one value (class 7): a crosses cuts 1..2, b cuts 3..4, c (a value of its own) 2..4
+    deps = [("x",), ("x",), ("a",), ("c",), ("b", "c")]
+    outs = [("a",), ("c",), ("b",), ("d",), ("y",)]
+    sizes = {"a": 8, "b": 8, "c": 100}
+    plain = cut_profile(deps, outs, sizes, free=(), classes=None)
+    assert plain.bytes == (0, 8, 108, 108, 108, 0)
+    shared = cut_profile(deps, outs, sizes, free=(), classes={"a": 7, "b": 7, "c": 1})
+    assert shared.bytes == plain.bytes  # a and b never cross one cut together
+    deps2 = [("x",), ("x",), ("x",), ("a", "b"), ("a", "b")]
+    outs2 = [("a",), ("b",), ("c",), ("d",), ("y",)]
+    # a crosses cuts 1..4, b 2..4: the value counts 8 bytes at each, not 16
+    assert cut_profile(deps2, outs2, {"a": 8, "b": 8}, free=()).bytes == (0, 8, 16, 16, 16, 0)
+    assert cut_profile(deps2, outs2, {"a": 8, "b": 8}, free=(), classes={"a": 0, "b": 0}).bytes == (
+        0,
+        8,
+        8,
+        8,
+        8,
+        0,
+    )

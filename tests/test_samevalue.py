@@ -17,7 +17,7 @@ from onnxpipe.errors import ManifestError
 from onnxpipe.export import export_stages
 from onnxpipe.manifest import MANIFEST_NAME, SameValue, load_manifest
 from onnxpipe.model import ModelView, load_model, view_from_proto
-from onnxpipe.plan import Alias, assign_stages, make_plan
+from onnxpipe.plan import Alias, assign_stages, make_plan, sequences
 from onnxpipe.runner import StageChain
 from onnxpipe.samevalue import CONTENT_LIMIT, value_classes
 from onnxpipe.stagebuild import ALIAS_NODE_PREFIX
@@ -208,3 +208,71 @@ def test_a_plan_says_when_its_stages_remake_received_values() -> None:
             seen = True
             assert notes[0].startswith(f"{received} tensor(s)")
     assert seen, "some stage count should cut between equal masks"
+
+
+def masks_made_in_two_stages() -> onnx.ModelProto:
+    """One mask made twice, in what become stages 0 and 1, and both read in stage 2."""
+    nodes = [
+        helper.make_node("Greater", ["m", "zero"], ["keep"], name="keep"),
+        _constant("a_on", 0.0),
+        _constant("a_off", -1e4),
+        helper.make_node("Where", ["keep", "a_on", "a_off"], ["mask_a"], name="where_a"),
+        helper.make_node("MatMul", ["x", "w"], ["mm0"], name="matmul0"),
+        _constant("b_on", 0.0),
+        _constant("b_off", -1e4),
+        helper.make_node("Where", ["keep", "b_on", "b_off"], ["mask_b"], name="where_b"),
+        helper.make_node("MatMul", ["mm0", "w"], ["mm1"], name="matmul1"),
+        helper.make_node("Add", ["mm1", "mask_b"], ["h1"], name="add1"),
+        helper.make_node("MatMul", ["h1", "w"], ["mm2"], name="matmul2"),
+        helper.make_node("Add", ["mm2", "mask_a"], ["h2"], name="add2"),
+        helper.make_node("Add", ["h2", "mask_b"], ["y"], name="add3"),
+    ]
+    w = const("w", np.eye(4, dtype=np.float32) * 0.5)
+    return make(
+        nodes,
+        [vi("x", ["batch", 4]), vi("m", ["batch", 4])],
+        [vi("y", ["batch", 4])],
+        [w, const("zero", 0.0)],
+    )
+
+
+def test_a_value_made_in_two_earlier_stages_crosses_once(tmp_path: Path) -> None:
+    model = masks_made_in_two_stages()
+    path = save(model, tmp_path / "two.onnx")
+    view = load_model(path)
+    compute = [n.name for n in view.compute_nodes]
+    bounds = [0, compute.index("matmul1"), compute.index("matmul2"), len(compute)]
+    sizes = {name: t.nbytes() for name, t in view.tensors.items()}
+    s0, s1, s2 = assign_stages(view, bounds, sizes, [1.0] * 3, [0.0] * 3)
+    # stage 2 receives the mask once, as the latest earlier stage made it, and remakes mask_a from it
+    assert set(s2.inputs) == {"h1", "mask_b"} and s2.aliases == (Alias("mask_a", "mask_b"),)
+    # so stage 0 need not send mask_a, and its Where is left out
+    assert set(s0.outputs) == {"keep", "mm0"} and s0.skipped_nodes == ("where_a",)
+    assert set(s1.inputs) == {"keep", "mm0"} and "mask_b" in s1.outputs
+    plain = assign_stages(view, bounds, sizes, [1.0] * 3, [0.0] * 3, share_equal_values=False)
+    assert set(plain[2].inputs) == {"h1", "mask_a", "mask_b"}
+    manifest = export_stages(view, plan_for(view, bounds), tmp_path / "out")
+    assert manifest.stages[2].same_values == (SameValue("mask_a", "mask_b"),)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    with StageChain.from_manifest(tmp_path / "out") as chain:
+        for seed in range(3):
+            feeds = feeds_for(model, seed, batch=2)
+            np.testing.assert_array_equal(chain.run(feeds)["y"], session.run(None, feeds)[0])
+
+
+def test_the_partitioner_counts_an_equal_value_once_at_a_cut() -> None:
+    """The cut bytes the partitioner weighs are what the stages send: at the cut in front of stage 2 the
+    mask crosses once (it crossed twice before); at the first cut the mask counts once too, though the
+    stages then send none of it (stage 1 makes it anew): the count is never below what is sent."""
+    view = view_from_proto(masks_made_in_two_stages())
+    profile = static_profile(view, shapes={"x": [2, 4], "m": [2, 4]})
+    seq = sequences(view, profile)
+    compute = [n.name for n in view.compute_nodes]
+    cut1, cut2 = compute.index("matmul1"), compute.index("matmul2")
+    size = 2 * 4 * 4
+    assert seq.cut_bytes[cut2] == 2 * size  # h1 and the mask
+    assert seq.cut_bytes[cut1] == size + size + 2 * 4  # mm0, the mask, keep (bool)
+    specs = assign_stages(view, [0, cut1, cut2, len(compute)], seq.sizes, [1.0] * 3, [0.0] * 3)
+    for spec, b in zip(specs[1:], (cut1, cut2), strict=True):
+        assert spec.bytes_in <= seq.cut_bytes[b]
+    assert specs[2].bytes_in == seq.cut_bytes[cut2]
