@@ -25,6 +25,12 @@ measured time of every stage against the manifest's estimate, and the peak memor
 stage worker against a replica, both as peak RSS and as "model memory" (peak minus the worker's memory
 before it loaded its model).  Results go to ``benchmarks/results/pipeline.json``.
 
+Against the replicas it also gives a ceiling (:func:`balanced_ceiling`): from the replicas' own records,
+how fast each of their CPUs ran over short windows, and so how close to them a perfectly balanced
+pipeline on those CPUs could have come.  On a virtual machine whose vCPUs' speeds wander apart, that is
+below 1 whatever the split, and ``x_replicas_over_ceiling`` tells what the pipeline itself loses from
+what the machine does.
+
 The machine may be shared: every measurement records how much CPU *other* processes used meanwhile
 (``/proc/stat`` minus our own processes), in cores, and the summary gives the medians over all rounds
 and over the quiet ones (others below ``--quiet`` cores) separately.  ``--wait-quiet S`` waits up to S
@@ -236,6 +242,47 @@ def median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else math.nan
 
 
+CEILING_WINDOW_RUNS = 2.0
+"""The windows of :func:`balanced_ceiling`, in replica runs: about what a 2-stage pipeline's links
+(``slots`` 2) let a fast stage run ahead of a slow one before it must wait."""
+
+
+def balanced_ceiling(stats: Sequence[WorkerStats], window_runs: float = CEILING_WINDOW_RUNS) -> float:
+    """The most a perfectly balanced pipeline could reach against the replicas, given how fast each of
+    their CPUs ran, moment by moment: ``sum_w K * min_i v_i(w) / sum_w sum_i v_i(w)``.
+
+    ``stats`` are K replica workers' records, one worker per CPU, from one run.  ``v_i(w)`` is worker
+    ``i``'s speed (runs per second of running, not of waiting) over window ``w`` of the time all of them
+    were running.  A pipeline with a stage of ``1/K`` of the model on each of those CPUs moves at the
+    pace of the slowest of them, while the replicas add their speeds up: when the CPUs' speeds wander
+    apart (a virtual machine's vCPUs, each shared with others on the host), no pipeline reaches the
+    replicas, however well balanced.  NaN when the records do not overlap.
+    """
+    runs = [[(r.run_start, r.run_end) for r in w.records if r.run_end > r.run_start] for w in stats]
+    if len(runs) < 2 or not all(runs):
+        return math.nan
+    t0 = max(r[0][0] for r in runs)
+    t1 = min(r[-1][1] for r in runs)
+    typical = statistics.median(b - a for r in runs for a, b in r)
+    windows = int((t1 - t0) / (window_runs * typical))
+    if windows < 1:
+        return math.nan
+    edges = np.linspace(t0, t1, windows + 1)
+    speeds = np.zeros((len(runs), windows))
+    for i, worker in enumerate(runs):
+        starts, ends = np.array(worker).T
+        for w in range(windows):
+            overlap = np.clip(np.minimum(ends, edges[w + 1]) - np.maximum(starts, edges[w]), 0.0, None)
+            busy = float(overlap.sum())
+            # runs done per second of running: each run's overlap counts as that share of one run
+            speeds[i, w] = float((overlap / (ends - starts)).sum()) / busy if busy > 0 else math.nan
+    ok = ~np.isnan(speeds).any(axis=0)
+    if not ok.any():
+        return math.nan
+    speeds = speeds[:, ok]
+    return float(len(runs) * speeds.min(axis=0).sum() / speeds.sum())
+
+
 # --------------------------------------------------------------------------------------------------
 # the weight-balanced split
 
@@ -290,6 +337,7 @@ def bench_model(
     stage_runs: list[list[WorkerStats]] = []
     thread_runs: list[list[WorkerStats]] = []
     replica_runs: list[list[WorkerStats]] = []
+    replica_thread_runs: list[list[WorkerStats]] = []
     pipe_p = Pipeline.from_manifest(out, mode="processes", threads=1, pin=args.pin)
     pipe_t = Pipeline.from_manifest(out, mode="threads", threads=1, pin=args.pin)
     pipe_w = Pipeline.from_manifest(balanced.out_dir, mode="threads", threads=1, pin=args.pin)
@@ -312,7 +360,7 @@ def bench_model(
         pipeline_variant("pipeline_threads", pipe_t, thread_runs),
         single,
         session_variant(f"session_{k}", path, k, args.pin),
-        pipeline_variant("replicas", replicas, []),
+        pipeline_variant("replicas", replicas, replica_thread_runs),
         pipeline_variant("replicas_processes", replicas_p, replica_runs),
         pipeline_variant("pipeline_weights", pipe_w, []),
     ]
@@ -322,6 +370,7 @@ def bench_model(
         stage_runs.clear()
         thread_runs.clear()
         replica_runs.clear()
+        replica_thread_runs.clear()
         rng = random.Random(0)
         for r in range(args.rounds):
             if args.wait_quiet > 0:
@@ -382,6 +431,23 @@ def bench_model(
             }
         )
     replica_last = replica_runs[-1][0]
+    ceilings = {
+        "threads": [balanced_ceiling(stats) for stats in replica_thread_runs],
+        "processes": [balanced_ceiling(stats) for stats in replica_runs],
+    }
+    against_ceiling = {
+        pipe: median(
+            [
+                p / b / c
+                for p, b, c in zip(by[pipe].throughputs, by[base].throughputs, ceilings[mode], strict=True)
+                if math.isfinite(c)
+            ]
+        )
+        for pipe, base, mode in (
+            ("pipeline_threads", "replicas", "threads"),
+            ("pipeline_processes", "replicas_processes", "processes"),
+        )
+    }
     bases = ("session_1", f"session_{k}", "replicas")
     return {
         "model": name,
@@ -412,6 +478,12 @@ def bench_model(
         },
         "replicas_threads_over_processes": ratio("replicas", "replicas_processes", False),
         "threads_over_processes": ratio("pipeline_threads", "pipeline_processes", False),
+        "replica_speed_ceiling": {
+            "window_runs": CEILING_WINDOW_RUNS,
+            "all_rounds": ceilings,
+            "median": {mode: median([c for c in cs if math.isfinite(c)]) for mode, cs in ceilings.items()},
+        },
+        "x_replicas_over_ceiling": against_ceiling,
         "stages": stages,
         "replica_peak_rss_bytes": replica_last.peak_rss_bytes,
         "replica_model_rss_bytes": replica_last.model_rss_bytes,
@@ -485,6 +557,16 @@ def print_summary(rows: Sequence[dict[str, Any]], k: int) -> None:
             f"  {r['model']:10} time-balanced max {max(timed) * 100:3.0f}% (mean {sum(timed) / k * 100:.0f}%)"
             f" x1-thr {t_all(r, 'pipeline_threads'):.2f} | least-memory max {max(light) * 100:3.0f}% "
             f"x1-thr {w['session_1']['all']:.2f}, x repl {w['replicas']['all']:.2f}"
+        )
+    print(
+        "\nthe replicas' own CPUs, moment by moment (balanced_ceiling): how close to the replicas a perfectly"
+        "\nbalanced pipeline could come on them, and the pipeline's x repl over that (threads, processes):"
+    )
+    for r in rows:
+        c, over = r["replica_speed_ceiling"]["median"], r["x_replicas_over_ceiling"]
+        print(
+            f"  {r['model']:10} ceiling {c['threads']:.3f} ({c['processes']:.3f}); x repl / ceiling "
+            f"{over['pipeline_threads']:.3f} ({over['pipeline_processes']:.3f})"
         )
     for r in rows:
         print(

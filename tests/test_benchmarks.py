@@ -6,6 +6,7 @@ The benchmarks themselves run for minutes on corpus models and are run by hand (
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -27,3 +28,31 @@ def test_a_benchmark_parses_its_command_line(script: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "usage:" in proc.stdout
+
+
+def _records(durations: list[float], gap: float = 0.0) -> tuple:
+    from onnxpipe.runtime.session import Record
+
+    out, t = [], 0.0
+    for i, d in enumerate(durations):
+        out.append(Record(i, t, t, t + d, t + d, t + d))
+        t += d + gap
+    return tuple(out)
+
+
+def test_the_balanced_ceiling_is_the_slowest_cpus_pace_against_the_sum() -> None:
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.bench_pipeline import balanced_ceiling
+    from onnxpipe.runtime.session import WorkerStats
+
+    def stats(*workers: tuple) -> list[WorkerStats]:
+        return [WorkerStats(i, f"w{i}", r, None, 0.0, None, None, None) for i, r in enumerate(workers)]
+
+    same = stats(_records([0.01] * 400), _records([0.01] * 400, gap=0.001))  # waiting is not slowness
+    assert balanced_ceiling(same) == pytest.approx(1.0)
+    half = stats(_records([0.01] * 400), _records([0.02] * 200))
+    assert balanced_ceiling(half) == pytest.approx(2 * 50 / 150, rel=1e-3)
+    # as fast on average, but never at once: each CPU fast while the other is slow
+    turns = stats(_records([0.01] * 200 + [0.02] * 100), _records([0.02] * 100 + [0.01] * 200))
+    assert balanced_ceiling(turns) == pytest.approx(2 * 50 / 150, rel=0.05)
+    assert math.isnan(balanced_ceiling(stats(_records([0.01] * 10))))
