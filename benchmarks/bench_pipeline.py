@@ -247,9 +247,12 @@ CEILING_WINDOW_RUNS = 2.0
 (``slots`` 2) let a fast stage run ahead of a slow one before it must wait."""
 
 
-def balanced_ceiling(stats: Sequence[WorkerStats], window_runs: float = CEILING_WINDOW_RUNS) -> float:
+def balanced_ceiling(
+    stats: Sequence[WorkerStats], window_runs: float = CEILING_WINDOW_RUNS, versus: int | None = None
+) -> float:
     """The most a perfectly balanced pipeline could reach against the replicas, given how fast each of
-    their CPUs ran, moment by moment: ``sum_w K * min_i v_i(w) / sum_w sum_i v_i(w)``.
+    their CPUs ran, moment by moment: ``sum_w K * min_i v_i(w) / sum_w sum_i v_i(w)``; with ``versus=j``,
+    against one session on worker ``j``'s CPU instead: ``sum_w K * min_i v_i(w) / sum_w v_j(w)``, at most K.
 
     ``stats`` are K replica workers' records, one worker per CPU, from one run.  ``v_i(w)`` is worker
     ``i``'s speed (runs per second of running, not of waiting) over window ``w`` of the time all of them
@@ -280,7 +283,8 @@ def balanced_ceiling(stats: Sequence[WorkerStats], window_runs: float = CEILING_
     if not ok.any():
         return math.nan
     speeds = speeds[:, ok]
-    return float(len(runs) * speeds.min(axis=0).sum() / speeds.sum())
+    base = speeds.sum() if versus is None else speeds[versus].sum()
+    return float(len(runs) * speeds.min(axis=0).sum() / base)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -435,6 +439,8 @@ def bench_model(
         "threads": [balanced_ceiling(stats) for stats in replica_thread_runs],
         "processes": [balanced_ceiling(stats) for stats in replica_runs],
     }
+    # the one-thread session runs pinned to the first CPU, where the first replica runs
+    session_ceilings = [balanced_ceiling(stats, versus=0) for stats in replica_thread_runs]
     against_ceiling = {
         pipe: median(
             [
@@ -484,6 +490,10 @@ def bench_model(
             "median": {mode: median([c for c in cs if math.isfinite(c)]) for mode, cs in ceilings.items()},
         },
         "x_replicas_over_ceiling": against_ceiling,
+        "session_speed_ceiling": {
+            "all_rounds": session_ceilings,
+            "median": median([c for c in session_ceilings if math.isfinite(c)]),
+        },
         "stages": stages,
         "replica_peak_rss_bytes": replica_last.peak_rss_bytes,
         "replica_model_rss_bytes": replica_last.model_rss_bytes,
@@ -560,13 +570,15 @@ def print_summary(rows: Sequence[dict[str, Any]], k: int) -> None:
         )
     print(
         "\nthe replicas' own CPUs, moment by moment (balanced_ceiling): how close to the replicas a perfectly"
-        "\nbalanced pipeline could come on them, and the pipeline's x repl over that (threads, processes):"
+        "\nbalanced pipeline could come on them, and the pipeline's x repl over that (threads, processes);"
+        "\nand what it could reach against one session on the first of them:"
     )
     for r in rows:
         c, over = r["replica_speed_ceiling"]["median"], r["x_replicas_over_ceiling"]
         print(
             f"  {r['model']:10} ceiling {c['threads']:.3f} ({c['processes']:.3f}); x repl / ceiling "
-            f"{over['pipeline_threads']:.3f} ({over['pipeline_processes']:.3f})"
+            f"{over['pipeline_threads']:.3f} ({over['pipeline_processes']:.3f}); x1-thr ceiling "
+            f"{r['session_speed_ceiling']['median']:.2f}"
         )
     for r in rows:
         print(
