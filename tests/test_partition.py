@@ -14,8 +14,10 @@ import itertools
 import math
 import pkgutil
 import re
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
@@ -686,6 +688,27 @@ def test_a_stage_time_that_underflows_to_zero() -> None:
     assert p.bounds == (0, 1) and p.bottleneck == 0.0
     q = solve_heterogeneous([5e-324] * 7, 3, speeds=[2.0, 3.0, 0.5])
     assert q == partition._reference_solve_heterogeneous([5e-324] * 7, 3, speeds=[2.0, 3.0, 0.5])
+
+
+def test_a_huge_bound_on_a_fast_device_solves_without_warnings() -> None:
+    """A bound of about 1e303 s (1000 bytes at 1e-300 bytes/s) times a speed of 1e10 overflows the
+    search's guess of how far a stage may reach; a guess of inf is harmless and must not warn."""
+    kw: dict[str, Any] = {
+        "speeds": [1e10, 3.0, 0.001],
+        "cut_bytes": [1000.0, 0.0, 1000.0, 1.0, 0.0],
+        "bandwidths": [1.0, 1e-300, 1e300],
+        "overlap": True,
+        "item_mem": [2.0, 3.0, 0.0, 2.0],
+        "mem_caps": [10.0, 1e-320, 1e-320],
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(MemoryFitError, match="smallest uniform cap that fits is 3 bytes"):
+            solve_heterogeneous([1e-310, 5e-324, 2.5e-323, 0.0], 3, **kw)
+        p = solve_heterogeneous([1e-310, 5e-324, 2.5e-323, 0.0], 3, **{**kw, "mem_caps": [10.0] * 3})
+    assert p == partition._reference_solve_heterogeneous(
+        [1e-310, 5e-324, 2.5e-323, 0.0], 3, **{**kw, "mem_caps": [10.0] * 3}
+    )
 
 
 @settings(max_examples=200, deadline=None)

@@ -144,8 +144,10 @@ class _Engine:
         tr = m.transfer(s, a)
         p = m.prefix(s)
         pa = p[a]
-        # How much prefix sum the stage may still add; only a guess, _monotone_search makes it exact.
-        room = np.where(tr <= bound, bound * m.speed[s], -1.0) if m.overlap else (bound - tr) * m.speed[s]
+        # How much prefix sum the stage may still add; only a guess, _monotone_search makes it exact
+        # (so one that overflows to inf, a huge bound on a fast device, only means "to the end").
+        with np.errstate(over="ignore"):
+            room = np.where(tr <= bound, bound * m.speed[s], -1.0) if m.overlap else (bound - tr) * m.speed[s]
         guess = (np.searchsorted(p, pa + room, side="right") - 1).astype(np.intp)
 
         def ok(i: IntArr, bb: IntArr) -> BoolArr:
