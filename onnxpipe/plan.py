@@ -501,6 +501,12 @@ def assign_stages(
         }
         naive = {o for n in nodes for o in n.outputs if last_reads.get(o, -1) > s}
         skipped, used = _unneeded(nodes, naive, emitted, remade)
+        if len(skipped) == len(nodes):
+            # nothing of this stage is wanted now that a later stage takes an equal value from another
+            # stage; left out, its nodes would leave a graph without inputs, nodes or outputs, which
+            # onnxruntime cannot load: they stay, computing what nobody reads (a dead node of the source
+            # stays so too).  Nothing is then emitted, so nothing was remade either.
+            skipped, used = set(), set()
         kept = [n for n in nodes if n.name not in skipped]
         reads: dict[str, None] = {}
         for n in kept:

@@ -276,3 +276,25 @@ def test_the_partitioner_counts_an_equal_value_once_at_a_cut() -> None:
     for spec, b in zip(specs[1:], (cut1, cut2), strict=True):
         assert spec.bytes_in <= seq.cut_bytes[b]
     assert specs[2].bytes_in == seq.cut_bytes[cut2]
+
+
+def test_a_stage_whose_only_work_a_later_equal_value_replaces_still_loads(tmp_path: Path) -> None:
+    """Regression (found by the fuzz test): stage 1 holds only ``where_a``, whose mask stage 3 now takes
+    from stage 2's equal one.  Left out, the node would leave stage 1 a graph with no inputs, nodes or
+    outputs, which onnxruntime cannot load; it stays, computing what nobody reads, as a dead node of
+    the source does."""
+    model = masks_made_in_two_stages()
+    path = save(model, tmp_path / "two.onnx")
+    view = load_model(path)
+    compute = [n.name for n in view.compute_nodes]
+    bounds = [0, compute.index("where_a"), compute.index("matmul0"), compute.index("matmul2"), len(compute)]
+    sizes = {name: t.nbytes() for name, t in view.tensors.items()}
+    specs = assign_stages(view, bounds, sizes, [1.0] * 4, [0.0] * 4)
+    assert specs[1].node_names == ("where_a",) and not specs[1].skipped_nodes
+    assert specs[1].outputs == () and specs[1].inputs == ("keep",)
+    assert specs[3].aliases == (Alias("mask_a", "mask_b"),)
+    export_stages(view, plan_for(view, bounds), tmp_path / "out")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    with StageChain.from_manifest(tmp_path / "out") as chain:
+        feeds = feeds_for(model, 0, batch=2)
+        np.testing.assert_array_equal(chain.run(feeds)["y"], session.run(None, feeds)[0])
