@@ -190,6 +190,25 @@ def sequences(view: ModelView, profile: Profile) -> Sequences:
     )
 
 
+def _stages_of(
+    view: ModelView,
+    seq: Sequences,
+    bounds: Sequence[int],
+    compute_seconds: Sequence[float],
+    transfer_seconds: Sequence[float],
+) -> tuple[StageSpec, ...]:
+    """:func:`assign_stages` for a partition of ``seq``, with its sizes, cut bytes and value classes."""
+    return assign_stages(
+        view,
+        bounds,
+        seq.sizes,
+        compute_seconds,
+        transfer_seconds,
+        link_bytes=seq.cut_bytes,
+        classes=seq.classes,
+    )
+
+
 _Solved = TypeVar("_Solved")
 
 
@@ -246,15 +265,7 @@ def make_plan(
         notes,
     )
 
-    stages = assign_stages(
-        view,
-        part.bounds,
-        seq.sizes,
-        part.compute,
-        part.transfer,
-        link_bytes=seq.cut_bytes,
-        classes=seq.classes,
-    )
+    stages = _stages_of(view, seq, part.bounds, part.compute, part.transfer)
     from onnxpipe.schedule import simulate
 
     timeline = simulate("stream", [s.cost_seconds for s in stages], None, [0.0] * k, microbatches)
@@ -320,15 +331,7 @@ def make_interleaved_plan(
         raise PartitionError(f"{name}: {e}") from e
     stages = tuple(
         replace(st, worker=part.workers[st.index])
-        for st in assign_stages(
-            view,
-            part.bounds,
-            seq.sizes,
-            part.compute,
-            part.transfer,
-            link_bytes=seq.cut_bytes,
-            classes=seq.classes,
-        )
+        for st in _stages_of(view, seq, part.bounds, part.compute, part.transfer)
     )
     mem = ", ".join(f"{m / 2**20:.1f}" for m in part.worker_memory)
     slower = part.bottleneck / part.fastest - 1 if part.fastest > 0 else 0.0  # all-zero costs: all tie
@@ -568,8 +571,9 @@ class _EqualValues:
     A stage receives each value once, as the first tensor of it made by the latest earlier stage that
     makes one.  Then a value crosses a cut only while some tensor of it does (read after the cut, made
     before it), whatever the other cuts: the bytes :func:`onnxpipe.graph.cut_profile` counts with value
-    classes, which are the bytes the partitioner weighs.  The tensor received is made before the stage
-    starts and no stage in between makes the value, so every stage in between receives it too.
+    classes, which are the bytes the partitioner weighs (or fewer, when a later stage makes the value
+    anew).  The tensor received is made before the stage starts, and no stage in between makes the
+    value, so it passes the cuts in between, where some tensor of the value crosses too.
     """
 
     def __init__(self, classes: Mapping[str, int], stage_nodes: Sequence[Sequence[NodeInfo]]) -> None:
