@@ -25,11 +25,11 @@ measured time of every stage against the manifest's estimate, and the peak memor
 stage worker against a replica, both as peak RSS and as "model memory" (peak minus the worker's memory
 before it loaded its model).  Results go to ``benchmarks/results/pipeline.json``.
 
-Against the replicas it also gives a ceiling (:func:`balanced_ceiling`): from the replicas' own records,
-how fast each of their CPUs ran over short windows, and so how close to them a perfectly balanced
-pipeline on those CPUs could have come.  On a virtual machine whose vCPUs' speeds wander apart, that is
-below 1 whatever the split, and ``x_replicas_over_ceiling`` tells what the pipeline itself loses from
-what the machine does.
+Against the replicas it also gives a ceiling (:func:`onnxpipe.runtime.ceiling.balanced_ceiling`): from
+the replicas' own records, how fast each of their CPUs ran over short windows, and so how close to them
+a perfectly balanced pipeline on those CPUs could have come.  On a virtual machine whose vCPUs' speeds
+wander apart, that is below 1 whatever the split, and ``x_replicas_over_ceiling`` tells what the
+pipeline itself loses from what the machine does.
 
 The machine may be shared: every measurement records how much CPU *other* processes used meanwhile
 (``/proc/stat`` minus our own processes), in cores, and the summary gives the medians over all rounds
@@ -77,6 +77,7 @@ from onnxpipe.manifest import load_manifest  # noqa: E402
 from onnxpipe.model import load_model  # noqa: E402
 from onnxpipe.profile import Profile  # noqa: E402
 from onnxpipe.runtime.affinity import assign_cpus, cpu_sets, pinned  # noqa: E402
+from onnxpipe.runtime.ceiling import WINDOW_RUNS, balanced_ceiling  # noqa: E402
 from onnxpipe.runtime.inputs import random_inputs  # noqa: E402
 from onnxpipe.runtime.pipeline import Pipeline, make_backend  # noqa: E402
 from onnxpipe.runtime.report import measure  # noqa: E402
@@ -240,51 +241,6 @@ def pipeline_variant(name: str, pipe: Pipeline, runs: list[list[WorkerStats]]) -
 
 def median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else math.nan
-
-
-CEILING_WINDOW_RUNS = 2.0
-"""The windows of :func:`balanced_ceiling`, in replica runs: about what a 2-stage pipeline's links
-(``slots`` 2) let a fast stage run ahead of a slow one before it must wait."""
-
-
-def balanced_ceiling(
-    stats: Sequence[WorkerStats], window_runs: float = CEILING_WINDOW_RUNS, versus: int | None = None
-) -> float:
-    """The most a perfectly balanced pipeline could reach against the replicas, given how fast each of
-    their CPUs ran, moment by moment: ``sum_w K * min_i v_i(w) / sum_w sum_i v_i(w)``; with ``versus=j``,
-    against one session on worker ``j``'s CPU instead: ``sum_w K * min_i v_i(w) / sum_w v_j(w)``, at most K.
-
-    ``stats`` are K replica workers' records, one worker per CPU, from one run.  ``v_i(w)`` is worker
-    ``i``'s speed (runs per second of running, not of waiting) over window ``w`` of the time all of them
-    were running.  A pipeline with a stage of ``1/K`` of the model on each of those CPUs moves at the
-    pace of the slowest of them, while the replicas add their speeds up: when the CPUs' speeds wander
-    apart (a virtual machine's vCPUs, each shared with others on the host), no pipeline reaches the
-    replicas, however well balanced.  NaN when the records do not overlap.
-    """
-    runs = [[(r.run_start, r.run_end) for r in w.records if r.run_end > r.run_start] for w in stats]
-    if len(runs) < 2 or not all(runs):
-        return math.nan
-    t0 = max(r[0][0] for r in runs)
-    t1 = min(r[-1][1] for r in runs)
-    typical = statistics.median(b - a for r in runs for a, b in r)
-    windows = int((t1 - t0) / (window_runs * typical))
-    if windows < 1:
-        return math.nan
-    edges = np.linspace(t0, t1, windows + 1)
-    speeds = np.zeros((len(runs), windows))
-    for i, worker in enumerate(runs):
-        starts, ends = np.array(worker).T
-        for w in range(windows):
-            overlap = np.clip(np.minimum(ends, edges[w + 1]) - np.maximum(starts, edges[w]), 0.0, None)
-            busy = float(overlap.sum())
-            # runs done per second of running: each run's overlap counts as that share of one run
-            speeds[i, w] = float((overlap / (ends - starts)).sum()) / busy if busy > 0 else math.nan
-    ok = ~np.isnan(speeds).any(axis=0)
-    if not ok.any():
-        return math.nan
-    speeds = speeds[:, ok]
-    base = speeds.sum() if versus is None else speeds[versus].sum()
-    return float(len(runs) * speeds.min(axis=0).sum() / base)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -485,7 +441,7 @@ def bench_model(
         "replicas_threads_over_processes": ratio("replicas", "replicas_processes", False),
         "threads_over_processes": ratio("pipeline_threads", "pipeline_processes", False),
         "replica_speed_ceiling": {
-            "window_runs": CEILING_WINDOW_RUNS,
+            "window_runs": WINDOW_RUNS,
             "all_rounds": ceilings,
             "median": {mode: median([c for c in cs if math.isfinite(c)]) for mode, cs in ceilings.items()},
         },

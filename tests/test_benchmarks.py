@@ -58,3 +58,4 @@ def test_the_balanced_ceiling_is_the_slowest_cpus_pace_against_the_sum() -> None
     assert balanced_ceiling(half, versus=0) == pytest.approx(1.0, rel=1e-3)  # two stages at the slow pace
     assert balanced_ceiling(half, versus=1) == pytest.approx(2.0, rel=1e-3)
     assert math.isnan(balanced_ceiling(stats(_records([0.01] * 10))))
+    assert math.isnan(balanced_ceiling(same, min_run_seconds=0.02))  # runs of 10 ms: too short here

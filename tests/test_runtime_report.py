@@ -359,6 +359,22 @@ def _memory_report(shared: bool, manifest: Manifest) -> tuple[str, dict[str, Any
     return format_report(report), report.to_obj()
 
 
+def test_the_replicas_ceiling_is_printed_and_reported(tiny_split: Path) -> None:
+    n = 12
+    ws = tuple(stats(i, [float(j) for j in range(n)], shared=True, peak=500, startup=100) for i in (0, 1))
+    manifest = load_manifest(tiny_split)
+    fake = FakePipeline(lanes=((spec(0), spec(1)),), backend=FakeBackend("threads"), manifest=manifest)
+    report = build_report(as_pipeline(fake), measurement(n, ws), warmup=0, input_shapes={})
+    replicas = BaselineReport("replicas", "2 replicas", 2, 1, 1.0, 0.9, balanced_ceiling=0.93)
+    with_ceiling = replace(report, baselines={"replicas": replicas})
+    assert with_ceiling.to_obj()["baselines"]["replicas"]["balanced_ceiling"] == 0.93
+    line = next(x for x in format_report(with_ceiling).splitlines() if x.startswith("ceiling:"))
+    assert "about 0.93x the replicas (this one: 0.90x)" in line
+    without = replace(report, baselines={"replicas": replace(replicas, balanced_ceiling=None)})
+    assert "ceiling:" not in format_report(without)
+    assert without.to_obj()["baselines"]["replicas"]["balanced_ceiling"] is None
+
+
 def test_thread_workers_show_weights_not_a_memory_ratio(tiny_split: Path) -> None:
     """Without a processes run of the stages, thread workers' memory cannot be compared: no ratio."""
     manifest = load_manifest(tiny_split)

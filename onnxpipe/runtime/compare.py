@@ -33,6 +33,7 @@ from onnxpipe.errors import RuntimeStageError
 from onnxpipe.ortsession import Provider, open_session, session_options
 from onnxpipe.runtime.affinity import assign_cpus, cpu_sets, pinned
 from onnxpipe.runtime.base import Tensors
+from onnxpipe.runtime.ceiling import MIN_RUN_S, balanced_ceiling
 from onnxpipe.runtime.pipeline import Pipeline, make_backend
 from onnxpipe.runtime.report import BaselineReport, Measurement, RunReport, measure
 from onnxpipe.runtime.session import WorkerStats, first_line
@@ -262,6 +263,19 @@ def compare_outputs(
     return ok, worst
 
 
+def _alike(pipeline: Pipeline) -> bool:
+    """Whether the split was planned for alike devices, so that a balanced split gives each worker an
+    equal share of the model, as :func:`~onnxpipe.runtime.ceiling.balanced_ceiling` assumes."""
+    m = pipeline.manifest
+    if m is None or m.cluster is None:
+        return True
+    kinds = {
+        (d.provider, d.threads, d.speed, tuple(sorted(d.op_speeds.items())), d.profile_path, d.profile_here)
+        for d in m.cluster.devices
+    }
+    return len(kinds) == 1
+
+
 def _most(values: Sequence[int | None]) -> int | None:
     present = [v for v in values if v is not None]
     return max(present) if present else None
@@ -342,6 +356,9 @@ def add_baselines(
         if alone is not None:
             report = _with_worker_memory(report, alone)
     split = "+".join(str(n) for n in threads)
+    # Ray's actors keep their own clocks; stages planned for unlike devices are not equal shares
+    usable = mode != "ray" and note is None and _alike(pipeline)
+    ceiling = balanced_ceiling(rep.stats, min_run_seconds=MIN_RUN_S) if usable else math.nan
     baselines["replicas"] = BaselineReport(
         "replicas",
         f"{len(threads)} replicas of the model{on}, {split} threads ({mode})",
@@ -355,6 +372,7 @@ def add_baselines(
         provider=place.provider,
         mode=mode,
         total_threads=sum(threads),
+        balanced_ceiling=ceiling if math.isfinite(ceiling) else None,
     )
     ok: bool | None = None
     worst: float | None = None

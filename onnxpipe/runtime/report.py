@@ -334,6 +334,10 @@ class BaselineReport:
     """How its throughput was measured: ``session`` (in this process), ``threads`` or ``processes``."""
     total_threads: int | None = None
     """Intra-op threads of all its workers together."""
+    balanced_ceiling: float | None = None
+    """Replicas only: the most a perfectly balanced pipeline on the replicas' CPUs could have reached
+    against them, at the speeds those CPUs ran (:func:`onnxpipe.runtime.ceiling.balanced_ceiling`);
+    ``None`` where it does not apply (Ray, unlike devices, too few records, runs under a millisecond)."""
 
 
 @dataclass(frozen=True)
@@ -453,6 +457,7 @@ class RunReport:
                     "peak_rss_bytes": b.peak_rss_bytes,
                     "model_rss_bytes": b.model_rss_bytes,
                     "load_rss_bytes": b.load_rss_bytes,
+                    "balanced_ceiling": _num(b.balanced_ceiling),
                 }
                 for name, b in self.baselines.items()
             },
@@ -784,6 +789,13 @@ def format_report(report: RunReport) -> str:
             for name, b in report.baselines.items()
         ]
         lines.append(table(["baseline", "how", "per s", "pipeline is", "peak RSS/worker"], brows))
+        replicas = report.baselines.get("replicas")
+        if replicas is not None and replicas.balanced_ceiling is not None:
+            lines.append(
+                "ceiling: at the speeds the replicas' CPUs ran (their own records), a perfectly balanced "
+                f"pipeline on them would have reached about {replicas.balanced_ceiling:.2f}x the replicas "
+                f"(this one: {replicas.pipeline_speedup:.2f}x)"
+            )
     memory = memory_line(report)
     if memory:
         lines.append(memory)
