@@ -22,7 +22,6 @@ WINDOW_RUNS = 2.0
 """Windows of :func:`balanced_ceiling`, in replica runs: about as far as a fast stage of a 2-stage
 pipeline can run ahead of a slow one through links of 2 slots before it must wait."""
 
-
 MIN_RUN_S = 1e-3
 """``onnxpipe run --compare`` gives no ceiling for replicas whose runs take less (median): such runs are
 mostly Python's per-call cost, which replica threads contend for, not a CPU's speed."""
