@@ -352,3 +352,50 @@ def test_a_thread_driver_hands_over_as_soon_as_the_first_worker_makes_room(tmp_p
             job.result(timeout=30)
         first = sorted(pipe.stats()[0].records, key=lambda r: r.seq)
     assert first[1].received - first[0].done < 0.2
+
+
+class _DiesLate:
+    """A killed process as the caller sees it for a moment: its pipes already closed, not yet reaped."""
+
+    def __init__(self, polls_alive: int) -> None:
+        self.polls_alive = polls_alive
+        self.pid = 4242
+
+    @property
+    def exitcode(self) -> int | None:
+        if self.polls_alive > 0:
+            self.polls_alive -= 1
+            return None
+        return -signal.SIGKILL
+
+
+def test_a_closed_channel_waits_for_the_death_that_closed_it() -> None:
+    """CI once reported "a worker's channel closed unexpectedly" for a worker killed by SIGKILL: the EOF
+    came before the process could be reaped.  The check after a closed channel now gives it a grace."""
+    status_ours, status_theirs = mp.Pipe()
+    spec = SimpleNamespace(label="stage 1 (stage_1.onnx)")
+    worker = processes._Worker((spec,), _DiesLate(polls_alive=3), status_ours, status_ours)  # type: ignore[arg-type]
+    backend = object.__new__(ProcessBackend)
+    backend._workers = [worker]
+    with pytest.raises(RuntimeStageError, match=r"stage 1 .*killed by SIGKILL"):
+        backend._check_workers(grace=5.0)
+    worker.process = _DiesLate(polls_alive=10**9)  # type: ignore[assignment]
+    start = time.monotonic()
+    backend._check_workers(grace=0.05)  # nothing died: it gives up after the grace, raising nothing
+    assert time.monotonic() - start < 2.0
+    status_theirs.close()
+
+
+def test_the_killed_worker_is_blamed_not_the_neighbour_that_left_after_it() -> None:
+    """A worker whose channel closed leaves with code 0 a second later; listed first, it was named."""
+    status_ours, status_theirs = mp.Pipe()
+    quiet = SimpleNamespace(exitcode=0, pid=1)
+    killed = SimpleNamespace(exitcode=-signal.SIGKILL, pid=2)
+    backend = object.__new__(ProcessBackend)
+    backend._workers = [
+        processes._Worker((SimpleNamespace(label="stage 0"),), quiet, status_ours, status_ours),  # type: ignore[arg-type]
+        processes._Worker((SimpleNamespace(label="stage 1"),), killed, status_ours, status_ours),  # type: ignore[arg-type]
+    ]
+    with pytest.raises(RuntimeStageError, match=r"^stage 1: .*killed by SIGKILL"):
+        backend._check_workers()
+    status_theirs.close()

@@ -50,6 +50,7 @@ START_TIMEOUT_S = 600.0
 STOP_GRACE_S = 2.0
 STATS_TIMEOUT_S = 60.0
 _WATCH_S = 1.0  # how often a waiting worker checks that its parent is alive
+_REAP_GRACE_S = 2.0  # how long a closed channel waits for the death of the worker that closed it
 _SIGNAL_WAIT_S = 0.25  # how long a signalled worker waits to see whether its parent is dying too
 
 _STOP = "stop"
@@ -436,7 +437,7 @@ class ProcessBackend:
                     continue
                 lane.writer.send(seq, {name: feeds[name] for name in first.receives})
             except (OSError, EOFError) as e:
-                self._check_workers()
+                self._check_workers(grace=_REAP_GRACE_S)
                 raise RuntimeStageError(f"{first.label}: cannot be reached ({e})") from e
             self._next_lane = (li + 1) % n
             return True
@@ -454,7 +455,7 @@ class ProcessBackend:
                         done.append((message.seq, lane.reader.copies(message)))
                         lane.reader.release(message.slot)
         except (OSError, EOFError) as e:
-            self._check_workers()
+            self._check_workers(grace=_REAP_GRACE_S)
             self._failure = RuntimeStageError(f"a worker's channel closed unexpectedly ({e!r})")
             raise self._failure from e
         if self._health.any():
@@ -483,8 +484,20 @@ class ProcessBackend:
         if self._closed:
             raise RuntimeStageError("the pipeline's workers were stopped; open the pipeline again")
 
-    def _check_workers(self) -> None:
-        """Raise the first failure a worker reported, else the first worker that died."""
+    def _check_workers(self, grace: float = 0.0) -> None:
+        """Raise the first failure a worker reported, else the first worker that died.
+
+        A killed process's pipes (its sentinel too) close a moment before it can be reaped: the kernel
+        closes its files, then marks it exited.  So a caller that saw a channel close passes a ``grace``,
+        the time to wait for the death to show before it reports the bare closed channel."""
+        deadline = time.monotonic() + grace
+        while True:
+            self._raise_reported_or_dead()
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.005)
+
+    def _raise_reported_or_dead(self) -> None:
         for w in self._workers:
             if w.status.poll():
                 try:
@@ -493,10 +506,12 @@ class ProcessBackend:
                     continue
                 self._failure = RuntimeStageError(str(message[2]))
                 raise self._failure
-        for w in self._workers:
-            if w.process.exitcode is not None:
-                self._failure = RuntimeStageError(_exit_text(w))
-                raise self._failure
+        # a neighbour of a killed worker leaves quietly (code 0) when its channel closes: blame the kill
+        dead = [w for w in self._workers if w.process.exitcode is not None]
+        if dead:
+            first = min(dead, key=lambda w: w.process.exitcode == 0)
+            self._failure = RuntimeStageError(_exit_text(first))
+            raise self._failure
 
     # ---------------------------------------------------------------------------------- stats
 
