@@ -37,7 +37,7 @@ from onnx import helper
 from onnxpipe.errors import ExportError
 from onnxpipe.feeds import random_feeds, resolve_input_shapes
 from onnxpipe.manifest import Shape
-from onnxpipe.model import ModelView, TensorInfo, dtype_name
+from onnxpipe.model import ModelView, TensorInfo, dtype_name, value_dims
 from onnxpipe.ortsession import open_session, session_options
 from onnxpipe.plan import StageSpec
 from onnxpipe.weightfile import externalize, is_external, stored_tensors
@@ -261,18 +261,7 @@ def complete(info: TensorInfo | None) -> bool:
 def tensor_info(vi: onnx.ValueInfoProto) -> TensorInfo | None:
     if not vi.type.HasField("tensor_type"):
         return None
-    tt = vi.type.tensor_type
-    if not tt.HasField("shape"):
-        return TensorInfo(vi.name, tt.elem_type, None)
-    dims: list[int | str | None] = []
-    for d in tt.shape.dim:
-        if d.HasField("dim_value"):
-            dims.append(int(d.dim_value))
-        elif d.HasField("dim_param") and d.dim_param:
-            dims.append(d.dim_param)
-        else:
-            dims.append(None)
-    return TensorInfo(vi.name, tt.elem_type, tuple(dims))
+    return TensorInfo(vi.name, vi.type.tensor_type.elem_type, value_dims(vi))
 
 
 def from_ort(name: str, type_name: str, shape: Sequence[object] | None) -> TensorInfo | None:

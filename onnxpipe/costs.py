@@ -4,7 +4,8 @@ Used for ``--cost static`` (:func:`static_profile`) and, by the profiler, to spl
 fused group of nodes over its members (:func:`node_cost`).
 
 Shapes come from ONNX shape inference on a weight-less copy of the model with the inputs fixed to
-concrete sizes, so models over 2 GB work without reading their weights.
+concrete sizes, so models over 2 GB work without reading their weights; where it leaves dims unsettled
+(the shape arithmetic of torch exports), from onnxruntime's symbolic shape inference on the same copy.
 
 A node's time is ``max(flops / PEAK_FLOPS, bytes / MEMORY_BANDWIDTH) + NODE_OVERHEAD_SECONDS``, a
 roofline with nominal constants for one CPU core.  The constants are deliberately round: real peaks depend
@@ -23,13 +24,18 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import onnx
 from onnx import shape_inference
 
-from onnxpipe.model import Dim, ModelView, NodeInfo, itemsize
+from onnxpipe.errors import ModelLoadError
+from onnxpipe.model import Dim, ModelView, NodeInfo, initializer_nbytes, itemsize, value_dims
+from onnxpipe.symbolic import available as symbolic_available
+from onnxpipe.symbolic import symbolic_dims
+from onnxpipe.weightfile import external_info, is_external, source_file
 
 if TYPE_CHECKING:
     from onnxpipe.profile import Profile
@@ -298,17 +304,21 @@ def constant_tensors(view: ModelView) -> set[str]:
 # concrete shapes
 
 
-def concrete_shapes(view: ModelView, input_shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
+def concrete_shapes(
+    view: ModelView, input_shapes: Mapping[str, Sequence[int]], notes: list[str] | None = None
+) -> dict[str, tuple[int, ...]]:
     """Shape of every tensor of the main graph with the inputs fixed to ``input_shapes``.
 
-    ONNX shape inference runs on a weight-less copy whose input dims are replaced; dims it still cannot
-    settle take the size the inputs gave their symbolic name, else 1.  Tensors of unknown rank are left
-    out.
+    ONNX shape inference runs on a weight-less copy whose input dims are replaced.  Where it leaves a
+    node's output unsettled, onnxruntime's symbolic shape inference (:mod:`onnxpipe.symbolic`) is asked
+    too, and the answer with fewer unknown dims wins.  Dims still unsettled take the size the inputs
+    gave their symbolic name, else 1.  Tensors of unknown rank are left out.  ``notes`` gets a line
+    when dims stayed unsettled for want of the symbolic tool.
     """
     from onnxpipe.feeds import symbol_sizes
 
     symbols = symbol_sizes(view, input_shapes)
-    light = _weightless_copy(view.proto)
+    light = _weightless_copy(view.proto, view.base_dir)
     del light.graph.value_info[:]
     for vi in light.graph.input:
         if vi.name in input_shapes and vi.type.HasField("tensor_type"):
@@ -323,13 +333,39 @@ def concrete_shapes(view: ModelView, input_shapes: Mapping[str, Sequence[int]]) 
         graph = light.graph
 
     found: dict[str, tuple[Dim, ...]] = {}
+
+    def offer(name: str, dims: tuple[Dim, ...] | None) -> None:
+        if dims is not None and (name not in found or _unknowns(found[name]) > _unknowns(dims)):
+            found[name] = dims
+
     for vi in list(graph.value_info) + list(graph.output) + list(graph.input):
-        vi_dims = _dims(vi)
-        if vi_dims is not None and (vi.name not in found or _unknowns(found[vi.name]) > _unknowns(vi_dims)):
-            found[vi.name] = vi_dims
+        offer(vi.name, value_dims(vi))
     for name, info in view.tensors.items():
-        if info.shape is not None and (name not in found or _unknowns(found[name]) > _unknowns(info.shape)):
-            found[name] = info.shape
+        offer(name, info.shape)
+
+    # a dim named after an input's symbol (``batch``) is settled by the inputs' sizes; ``unk__3`` is not
+    def unsettled() -> list[str]:
+        return [
+            t
+            for t in _node_outputs(view)
+            if t not in found or any(not isinstance(d, int) and d not in symbols for d in found[t])
+        ]
+
+    if unsettled():
+        for name, dims in (symbolic_dims(light) or {}).items():
+            offer(name, dims)
+        left = unsettled()
+        if left and notes is not None:
+            why = (
+                "onnxruntime's symbolic shape inference could not settle them either"
+                if symbolic_available()
+                else "pip install 'onnxpipe[shapes]' (sympy) lets onnxruntime's symbolic shape inference "
+                "settle them"
+            )
+            notes.append(
+                f"{len(left)} tensor(s) have dims shape inference left unsettled, sized from the inputs' "
+                f"symbols or as 1 (e.g. {_names(left, 3)}): {why}"
+            )
     result: dict[str, tuple[int, ...]] = {}
     for name, found_dims in found.items():
         result[name] = tuple(
@@ -342,38 +378,61 @@ def concrete_shapes(view: ModelView, input_shapes: Mapping[str, Sequence[int]]) 
     return result
 
 
+def _node_outputs(view: ModelView) -> list[str]:
+    """The main graph's node outputs, in graph order (those a cost or a cut may need the size of)."""
+    return [t for n in view.nodes for t in n.outputs if t]
+
+
 def _unknowns(dims: Sequence[Dim]) -> int:
     return sum(1 for d in dims if not isinstance(d, int))
-
-
-def _dims(vi: onnx.ValueInfoProto) -> tuple[Dim, ...] | None:
-    if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
-        return None
-    dims: list[Dim] = []
-    for d in vi.type.tensor_type.shape.dim:
-        if d.HasField("dim_value"):
-            dims.append(int(d.dim_value))
-        elif d.HasField("dim_param") and d.dim_param:
-            dims.append(d.dim_param)
-        else:
-            dims.append(None)
-    return tuple(dims)
 
 
 _DATA_FIELDS = ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data")
 
 
-def _weightless_copy(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy whose big initializers keep dims and type but no data (enough for shape inference)."""
+SMALL_ELEMENTS = 1 << 16
+"""Initializers up to this many elements keep their data in the shape-inference copy: symbolic shape
+inference reads the values of those that shape arithmetic or a constant-folded chain touches (a BERT's
+512 position ids, sliced to the sequence length; a bias folded with a constant).  The peak is the full
+copy made first either way."""
+
+
+def _weightless_copy(proto: onnx.ModelProto, base_dir: Path | None = None) -> onnx.ModelProto:
+    """A copy whose big initializers keep dims and type but no data (enough for shape inference); the
+    small ones keep theirs, read from their external file when the model keeps them there (``base_dir``:
+    the model's folder; unknown, they are left without data as well)."""
     light = onnx.ModelProto()
     light.CopyFrom(proto)
     for t in light.graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL or math.prod(t.dims) > 256:
+        small = math.prod(t.dims) <= SMALL_ELEMENTS
+        if is_external(t):
+            data = _small_external(t, base_dir) if small else None
             for f in _DATA_FIELDS:
                 t.ClearField(f)
             del t.external_data[:]
             t.data_location = onnx.TensorProto.DEFAULT
+            if data is not None:
+                t.raw_data = data
+        elif not small:
+            for f in _DATA_FIELDS:
+                t.ClearField(f)
     return light
+
+
+def _small_external(t: onnx.TensorProto, base_dir: Path | None) -> bytes | None:
+    """The bytes of external tensor ``t`` (None: folder unknown, file outside it, or too short)."""
+    if base_dir is None:
+        return None
+    try:
+        path = source_file(t, base_dir)
+        _, offset, length = external_info(t)
+        size = initializer_nbytes(t) if length is None else length
+        with path.open("rb") as f:
+            f.seek(offset)
+            data = f.read(size)
+    except (OSError, ModelLoadError):
+        return None
+    return data if len(data) == size else None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -400,7 +459,8 @@ def static_profile(view: ModelView, *, shapes: Mapping[str, Sequence[int]] | Non
     from onnxpipe.profile import SCHEMA_VERSION, Profile
 
     inputs = resolve_input_shapes(view, shapes)
-    tshapes = concrete_shapes(view, inputs)
+    notes: list[str] = []
+    tshapes = concrete_shapes(view, inputs, notes)
     seconds: dict[str, float] = {}
     guessed: list[str] = []
     bodies: list[str] = []
@@ -415,7 +475,6 @@ def static_profile(view: ModelView, *, shapes: Mapping[str, Sequence[int]] | Non
             guessed.append(node.name)
         if node.has_subgraph:
             bodies.append(node.name)
-    notes: list[str] = []
     if guessed:
         notes.append(
             f"{len(guessed)} node(s) with shapes shape inference could not settle, costed as a lower bound: "

@@ -400,22 +400,27 @@ def _graph_free_names(graph: onnx.GraphProto) -> set[str]:
 # types
 
 
-def _type_of(vi: onnx.ValueInfoProto) -> TensorInfo | None:
-    t = vi.type
-    if not t.HasField("tensor_type"):
-        return TensorInfo(vi.name, 0, None)
-    tt = t.tensor_type
-    if not tt.HasField("shape"):
-        return TensorInfo(vi.name, tt.elem_type, None)
+def value_dims(vi: onnx.ValueInfoProto) -> tuple[Dim, ...] | None:
+    """A tensor value info's dims: an ``int`` where known, the symbol's name, or None for an unnamed
+    unknown; None for a non-tensor or a tensor of unknown rank."""
+    if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+        return None
     dims: list[Dim] = []
-    for d in tt.shape.dim:
+    for d in vi.type.tensor_type.shape.dim:
         if d.HasField("dim_value") and d.dim_value >= 0:
             dims.append(int(d.dim_value))
         elif d.HasField("dim_param") and d.dim_param:
             dims.append(d.dim_param)
         else:
             dims.append(None)
-    return TensorInfo(vi.name, tt.elem_type, tuple(dims))
+    return tuple(dims)
+
+
+def _type_of(vi: onnx.ValueInfoProto) -> TensorInfo | None:
+    t = vi.type
+    if not t.HasField("tensor_type"):
+        return TensorInfo(vi.name, 0, None)
+    return TensorInfo(vi.name, t.tensor_type.elem_type, value_dims(vi))
 
 
 def _infer_tensor_types(proto: onnx.ModelProto, path: Path | None) -> dict[str, TensorInfo]:

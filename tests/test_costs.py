@@ -9,6 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxpipe import costs, symbolic
 from onnxpipe.costs import (
     MEMORY_BANDWIDTH,
     NODE_OVERHEAD_SECONDS,
@@ -189,3 +190,133 @@ def test_nodes_computed_from_constants_cost_nothing() -> None:
     prof = static_profile(view)
     assert prof.node_seconds["unsq"] == 0.0
     assert prof.node_seconds["mul"] > 0.0
+
+
+# --------------------------------------------------------------------------------------------------
+# shapes ONNX's inference leaves unsettled: onnxruntime's symbolic inference as a second opinion
+
+
+def _shape_arithmetic_model() -> onnx.ModelProto:
+    """What torch exporters write for position ids: ``pos[:, :seq] + arange(seq)``, the length taken
+    from the input's shape at run time (ONNX's inference leaves ``seq`` there as ``unk__``)."""
+    ints = {"one": 1, "zero": 0, "step": 1}
+    inits = [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in ints.items()]
+    inits += [
+        numpy_helper.from_array(np.array([0], np.int64), "axis0"),
+        numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+        numpy_helper.from_array(np.array([0], np.int64), "start"),
+        numpy_helper.from_array(np.arange(512, dtype=np.int64)[None], "pos"),
+    ]
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+        helper.make_node("Gather", ["shape", "one"], ["n"], axis=0, name="len"),
+        helper.make_node("Range", ["zero", "n", "step"], ["r"], name="range"),
+        helper.make_node("Unsqueeze", ["r", "axis0"], ["ru"], name="ru"),
+        helper.make_node("Unsqueeze", ["n", "axis0"], ["end"], name="end"),
+        helper.make_node("Slice", ["pos", "start", "end", "axis1"], ["p"], name="slice"),
+        helper.make_node("Add", ["p", "ru"], ["q"], name="add"),
+        helper.make_node("Cast", ["q"], ["qf"], to=TensorProto.FLOAT, name="cast"),
+        helper.make_node("Mul", ["x", "qf"], ["y"], name="mul"),
+    ]
+    graph = helper.make_graph(nodes, "g", [_vi("x", ["batch", "seq"])], [_vi("y", ["batch", "seq"])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _true_values(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every node output as onnxruntime computes it."""
+    import onnxruntime as ort
+
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    names = [t for n in model.graph.node for t in n.output]
+    del exposed.graph.output[:]
+    exposed.graph.output.extend(helper.make_empty_tensor_value_info(t) for t in names)
+    session = ort.InferenceSession(exposed.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip(names, session.run(names, feeds), strict=True))
+
+
+def test_shapes_of_torch_style_shape_arithmetic_are_settled() -> None:
+    model = _shape_arithmetic_model()
+    true = {t: a.shape for t, a in _true_values(model, {"x": np.ones((2, 7), np.float32)}).items()}
+    notes: list[str] = []
+    shapes = concrete_shapes(view_from_proto(model), {"x": (2, 7)}, notes)
+    assert {t: shapes[t] for t in true} == true
+    assert shapes["p"] == (1, 7) and notes == []
+
+
+def test_without_sympy_the_shapes_fall_back_and_a_note_says_how_to_settle_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The old answer, sized from the inputs' symbols or 1, with the remedy named."""
+    monkeypatch.setattr(symbolic, "available", lambda: False)
+    monkeypatch.setattr(costs, "symbolic_available", lambda: False)
+    notes: list[str] = []
+    shapes = concrete_shapes(view_from_proto(_shape_arithmetic_model()), {"x": (2, 7)}, notes)
+    assert shapes["p"] == (1, 1) and shapes["y"] == (2, 7)
+    assert len(notes) == 1 and "5 tensor(s)" in notes[0] and "(e.g. r, ru, p and 2 more)" in notes[0]
+    assert "pip install 'onnxpipe[shapes]'" in notes[0]
+    profile = static_profile(view_from_proto(_shape_arithmetic_model()), shapes={"x": (2, 7)})
+    assert any("onnxpipe[shapes]" in n for n in profile.unattributed)
+
+
+def test_a_failing_symbolic_inference_keeps_onnx_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(tool: object, model: onnx.ModelProto) -> onnx.ModelProto:
+        raise AssertionError("an odd model")
+
+    monkeypatch.setattr(symbolic, "_infer", broken)
+    notes: list[str] = []
+    shapes = concrete_shapes(view_from_proto(_shape_arithmetic_model()), {"x": (2, 7)}, notes)
+    assert shapes["p"] == (1, 1)
+    assert len(notes) == 1 and "could not settle them either" in notes[0]
+
+
+def test_an_unknown_op_leaves_no_file_in_the_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tool's public entry saves ``sym_shape_infer_temp.onnx`` into the current folder when a shape
+    stays unknown; onnxpipe runs its loop without that save and keeps what it settled."""
+    model = _shape_arithmetic_model()
+    model.graph.node.append(helper.make_node("Mystery", ["y"], ["z"], domain="com.example", name="mystery"))
+    model.graph.output.append(_vi("z", None))
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
+    monkeypatch.chdir(tmp_path)
+    notes: list[str] = []
+    shapes = concrete_shapes(view_from_proto(model), {"x": (2, 7)}, notes)
+    assert list(tmp_path.iterdir()) == []
+    assert shapes["p"] == (1, 7)  # settled before the unknown op
+    assert len(notes) == 1 and "1 tensor(s)" in notes[0] and "(e.g. z)" in notes[0]
+
+
+def test_small_external_initializers_are_read_for_shape_arithmetic(tmp_path: Path) -> None:
+    """A dynamo export keeps every weight in a side file, the position ids too: the small ones are read
+    (the big ones never are, see above)."""
+    model = _shape_arithmetic_model()
+    onnx.save_model(
+        model, tmp_path / "m.onnx", save_as_external_data=True, size_threshold=0, location="m.data"
+    )
+    view = load_model(tmp_path / "m.onnx")
+    assert any(t.data_location == TensorProto.EXTERNAL for t in view.proto.graph.initializer)
+    assert concrete_shapes(view, {"x": (2, 7)})["p"] == (1, 7)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "fixture", ["gpt2_tiny_path", "gpt2_tiny_dynamo_path", "bert_tiny_path", "bert_tiny_dynamo_path"]
+)
+def test_torch_exports_get_the_shapes_onnxruntime_computes(
+    fixture: str, request: pytest.FixtureRequest
+) -> None:
+    """Before the symbolic second opinion, 91-108 of these models' tensors had a wrong static size (a
+    BERT's attention masks, a GPT-2's causal mask and position ids); now every one has the true size."""
+    from onnxpipe.feeds import random_feeds
+
+    path: Path = request.getfixturevalue(fixture)
+    view = load_model(path)
+    inputs = {name: (4, 32) for name in view.inputs}
+    values = _true_values(onnx.load(path), dict(random_feeds(view, inputs)))
+    notes: list[str] = []
+    shapes = concrete_shapes(view, inputs, notes)
+    assert {t: shapes.get(t) for t in values} == {t: a.shape for t, a in values.items()}
+    assert notes == []
+    profile = static_profile(view, shapes=inputs)
+    assert {t: profile.tensor_bytes.get(t) for t in values} == {t: a.nbytes for t, a in values.items()}
