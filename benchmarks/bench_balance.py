@@ -1,6 +1,7 @@
 """Are onnxpipe's stages balanced when they actually run?  Measured stage times of exported splits.
 
-For each model with fine-grained nodes (tiny GPT-2, NudeNet's YOLOv8n, the onnx light DenseNet-121):
+For each model with fine-grained nodes (tiny GPT-2, NudeNet's YOLOv8n, a torch BERT, the onnx light
+DenseNet-121):
 
 1. profile once at 1 intra-op thread, median of 30 runs (cached under ``benchmarks/results/profiles/``;
    ``--refresh`` re-profiles) at the input shapes below, and split at K = 3 with
@@ -8,7 +9,8 @@ For each model with fine-grained nodes (tiny GPT-2, NudeNet's YOLOv8n, the onnx 
 2. make the same number of stages with the baselines, costed with the same profile and exported the
    same way: equal node counts (``equal``, DeepSpeed's uniform), torchgpipe's block partition
    (``torchgpipe``), and onnxpipe's own solver fed static FLOP/byte costs instead of measured ones
-   (``static``);
+   (``static``), and fed the static costs of ONNX's shape inference alone (``static_onnx_shapes``: no
+   symbolic second opinion, so the tensors of torch's shape arithmetic take guessed sizes);
 3. time every exported stage *alone* (its own onnxruntime session, default optimisation level, the plan's
    1 intra-op thread) on the tensors it receives in the chained run, together with the whole model:
    every round runs all stages of all variants once, in a fresh random order (PROFILING.md: interleave
@@ -64,9 +66,10 @@ GOAL = 1.25
 MODELS: dict[str, dict[str, tuple[int, ...]] | None] = {
     "gpt2_tiny": {"input_ids": (1, 64)},
     "nudenet": {"images": (1, 3, 320, 320)},
+    "bert_tiny": {"input_ids": (4, 128), "attention_mask": (4, 128)},
     "light_densenet121": None,  # fixed 1x3x224x224
 }
-VARIANTS = ("onnxpipe", "static", "equal", "torchgpipe")
+VARIANTS = ("onnxpipe", "static", "static_onnx_shapes", "equal", "torchgpipe")
 
 
 def bounds_of(plan: Plan) -> tuple[int, ...]:
@@ -84,9 +87,13 @@ def make_plans(
     costs = compute_costs(view, profile)
     n = len(costs)
     static = make_plan(view, static_profile(view, shapes=profile.input_shapes), K)
+    onnx_only = make_plan(view, static_profile(view, shapes=profile.input_shapes, symbolic=False), K)
     plans = {
         "onnxpipe": make_plan(view, profile, K),
         "static": plan_from_bounds(view, profile, bounds_of(static), "static-cost split"),
+        "static_onnx_shapes": plan_from_bounds(
+            view, profile, bounds_of(onnx_only), "static-cost split, ONNX shape inference only"
+        ),
         "equal": plan_from_bounds(view, profile, baselines.equal_count(n, K), "equal count"),
         "torchgpipe": plan_from_bounds(view, profile, baselines.torchgpipe_block(costs, K), "torchgpipe"),
     }
@@ -251,6 +258,7 @@ def main(argv: list[str]) -> int:
                 "equal": "benchmarks.baselines.equal_count",
                 "torchgpipe": "benchmarks.baselines.torchgpipe_block on the measured costs",
                 "static": "onnxpipe's solver on onnxpipe.costs.static_profile costs",
+                "static_onnx_shapes": "the same with static_profile(symbolic=False)",
             },
             "models": results,
         },

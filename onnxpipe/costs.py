@@ -305,7 +305,11 @@ def constant_tensors(view: ModelView) -> set[str]:
 
 
 def concrete_shapes(
-    view: ModelView, input_shapes: Mapping[str, Sequence[int]], notes: list[str] | None = None
+    view: ModelView,
+    input_shapes: Mapping[str, Sequence[int]],
+    notes: list[str] | None = None,
+    *,
+    symbolic: bool = True,
 ) -> dict[str, tuple[int, ...]]:
     """Shape of every tensor of the main graph with the inputs fixed to ``input_shapes``.
 
@@ -313,7 +317,8 @@ def concrete_shapes(
     node's output unsettled, onnxruntime's symbolic shape inference (:mod:`onnxpipe.symbolic`) is asked
     too, and the answer with fewer unknown dims wins.  Dims still unsettled take the size the inputs
     gave their symbolic name, else 1.  Tensors of unknown rank are left out.  ``notes`` gets a line
-    when dims stayed unsettled for want of the symbolic tool.
+    naming the tensors whose dims stayed unsettled.  ``symbolic=False`` asks ONNX's inference alone
+    (what the benchmarks compare against).
     """
     from onnxpipe.feeds import symbol_sizes
 
@@ -352,12 +357,14 @@ def concrete_shapes(
         ]
 
     if unsettled():
-        for name, dims in (symbolic_dims(light) or {}).items():
+        for name, dims in ((symbolic_dims(light) if symbolic else None) or {}).items():
             offer(name, dims)
         left = unsettled()
         if left and notes is not None:
             why = (
-                "onnxruntime's symbolic shape inference could not settle them either"
+                "symbolic shape inference was not asked"
+                if not symbolic
+                else "onnxruntime's symbolic shape inference could not settle them either"
                 if symbolic_available()
                 else "pip install 'onnxpipe[shapes]' (sympy) lets onnxruntime's symbolic shape inference "
                 "settle them"
@@ -450,17 +457,20 @@ def tensor_bytes_for(
     return result
 
 
-def static_profile(view: ModelView, *, shapes: Mapping[str, Sequence[int]] | None = None) -> Profile:
+def static_profile(
+    view: ModelView, *, shapes: Mapping[str, Sequence[int]] | None = None, symbolic: bool = True
+) -> Profile:
     """A :class:`~onnxpipe.profile.Profile` from static costs (``source="static"``); never runs the model.
 
-    ``shapes`` overrides input shapes as in :func:`onnxpipe.feeds.resolve_input_shapes`.
+    ``shapes`` overrides input shapes as in :func:`onnxpipe.feeds.resolve_input_shapes`; ``symbolic``
+    as in :func:`concrete_shapes`.
     """
     from onnxpipe.feeds import resolve_input_shapes
     from onnxpipe.profile import SCHEMA_VERSION, Profile
 
     inputs = resolve_input_shapes(view, shapes)
     notes: list[str] = []
-    tshapes = concrete_shapes(view, inputs, notes)
+    tshapes = concrete_shapes(view, inputs, notes, symbolic=symbolic)
     seconds: dict[str, float] = {}
     guessed: list[str] = []
     bodies: list[str] = []

@@ -320,3 +320,15 @@ def test_torch_exports_get_the_shapes_onnxruntime_computes(
     assert notes == []
     profile = static_profile(view, shapes=inputs)
     assert {t: profile.tensor_bytes.get(t) for t in values} == {t: a.nbytes for t, a in values.items()}
+
+
+def test_symbolic_inference_can_be_left_out() -> None:
+    """``symbolic=False``: ONNX's answer alone, as the balance benchmark's baseline costs it."""
+    view = view_from_proto(_shape_arithmetic_model())
+    notes: list[str] = []
+    assert concrete_shapes(view, {"x": (2, 7)}, notes, symbolic=False)["p"] == (1, 1)
+    assert len(notes) == 1 and "symbolic shape inference was not asked" in notes[0]
+    profile = static_profile(view, shapes={"x": (2, 7)}, symbolic=False)
+    assert (
+        profile.tensor_bytes["p"] == 8 and static_profile(view, shapes={"x": (2, 7)}).tensor_bytes["p"] == 56
+    )
