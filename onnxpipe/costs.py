@@ -349,10 +349,12 @@ def concrete_shapes(
         offer(name, info.shape)
 
     # a dim named after an input's symbol (``batch``) is settled by the inputs' sizes; ``unk__3`` is not
+    tensors = [t for t in _node_outputs(view) if not _not_a_tensor(view, t)]
+
     def unsettled() -> list[str]:
         return [
             t
-            for t in _node_outputs(view)
+            for t in tensors
             if t not in found or any(not isinstance(d, int) and d not in symbols for d in found[t])
         ]
 
@@ -388,6 +390,12 @@ def concrete_shapes(
 def _node_outputs(view: ModelView) -> list[str]:
     """The main graph's node outputs, in graph order (those a cost or a cut may need the size of)."""
     return [t for n in view.nodes for t in n.outputs if t]
+
+
+def _not_a_tensor(view: ModelView, name: str) -> bool:
+    """Whether shape inference typed ``name`` as a sequence, map or optional: it has no shape to settle."""
+    info = view.tensors.get(name)
+    return info is not None and info.elem_type == onnx.TensorProto.UNDEFINED
 
 
 def _unknowns(dims: Sequence[Dim]) -> int:
@@ -427,13 +435,16 @@ def _weightless_copy(proto: onnx.ModelProto, base_dir: Path | None = None) -> on
 
 
 def _small_external(t: onnx.TensorProto, base_dir: Path | None) -> bytes | None:
-    """The bytes of external tensor ``t`` (None: folder unknown, file outside it, or too short)."""
+    """The bytes of external tensor ``t`` (None: folder unknown, file outside it, too short, or a length
+    that is not the tensor's size)."""
     if base_dir is None:
         return None
+    size = initializer_nbytes(t)
     try:
         path = source_file(t, base_dir)
         _, offset, length = external_info(t)
-        size = initializer_nbytes(t) if length is None else length
+        if length is not None and length != size:  # a tensor of other dims than its entry says
+            return None
         with path.open("rb") as f:
             f.seek(offset)
             data = f.read(size)

@@ -15,8 +15,17 @@ extra; without it :func:`symbolic_dims` returns None and callers keep ONNX's ans
 The tool's public ``infer_shapes`` writes ``sym_shape_infer_temp.onnx`` into the current directory when
 some shape stays unknown (an op it does not know) and then raises; a library must not write into its
 user's folder, and a partial answer is still worth having.  So this runs the same loop that function
-runs, without the save, and takes whatever it settled.  Any failure of the tool (a version without
-that loop, an assertion on an odd model) is a None: the second opinion is best effort by design.
+runs, without the save, at most :data:`MAX_RUNS` times (the cap onnxruntime's own transformer helper
+puts on it), and takes whatever it settled, also when the tool raises halfway (an assertion on a 1-D
+``Concat`` along ``-1``, a helper that newer onnx releases dropped): every dim it had written by then
+was inferred from settled inputs.  An op it does not know (a custom domain's) stops it at that op, so
+the tensors after it keep ONNX's answer.  A version of the tool without that loop gives None: the second
+opinion is best effort by design.
+
+Symbols are not merged (``auto_merge=False``): merging takes two dims that broadcast together to be
+equal, and one of them may be 1 when the model runs (a ``NonZero`` count added to a row of 7 is not 7),
+which would settle a wrong size that beats ONNX's honest unknown.  Unmerged, such a dim stays a symbol,
+the caller sizes it as before and says so.  On the corpus's torch exports merging bought nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +42,8 @@ from onnxpipe.model import Dim, value_dims
 
 INT_MAX = 2**31 - 1
 """What the tool takes for an unbounded end (``Slice`` to the end), as its own default."""
+MAX_RUNS = 200
+"""Passes of the tool's loop at most (it repeats while a pass settled something new)."""
 _LOGGER = "onnxruntime.tools.symbolic_shape_infer"
 
 
@@ -44,7 +55,7 @@ def available() -> bool:
 def symbolic_dims(model: onnx.ModelProto) -> dict[str, tuple[Dim, ...]] | None:
     """The dims symbolic inference found for every tensor it typed (value infos and graph outputs of
     the main graph), an ``int`` where settled and the symbol's name where not; None when it is not
-    installed or failed on ``model``.  ``model`` itself is not changed (the tool works on a copy)."""
+    installed or got nowhere on ``model``.  ``model`` itself is not changed (the tool works on a copy)."""
     if not available():
         return None
     try:
@@ -68,26 +79,41 @@ def symbolic_dims(model: onnx.ModelProto) -> dict[str, tuple[Dim, ...]] | None:
 
 def _infer(tool: Any, model: onnx.ModelProto) -> onnx.ModelProto | None:
     """``SymbolicShapeInference.infer_shapes`` without its save of an unfinished model into the current
-    directory and its raise: the loop it runs, and the model as far as it got."""
+    directory and its raise: the loop it runs, and the model as far as it got, also when the tool
+    raised on some node (None: it raised before it had a model of its own)."""
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if opset < 7:  # the tool's own floor
         return None
-    inference = tool(INT_MAX, True, False, 0)  # int_max, auto_merge, guess_output_rank, verbose
-    inference._preprocess(model)
-    while inference.run_:
-        inference._infer_impl()
-    inference._update_output_from_vi()
-    out: onnx.ModelProto = inference.out_mp_
+    inference = tool(INT_MAX, False, False, 0)  # int_max, auto_merge, guess_output_rank, verbose
+    try:
+        inference._preprocess(model)
+        for _ in range(MAX_RUNS):
+            if not inference.run_:
+                break
+            inference._infer_impl()
+        inference._update_output_from_vi()
+    except Exception:  # noqa: BLE001 - what it settled before the failure stands
+        pass
+    out: onnx.ModelProto | None = getattr(inference, "out_mp_", None)
     return out
+
+
+class _Silenced(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
 
 
 @contextmanager
 def _quiet() -> Iterator[None]:
-    """The tool logs a warning for every op it does not know; what it did not settle, the caller says."""
+    """The tool logs a warning for every op it does not know; what it did not settle, the caller says.
+
+    A filter of its own per call, added and removed, so that calls in several threads at once cannot
+    leave the tool's logger silenced (saving and restoring ``disabled`` would: enter A, enter B, exit A,
+    exit B)."""
     logger = logging.getLogger(_LOGGER)
-    before = logger.disabled
-    logger.disabled = True
+    silenced = _Silenced()
+    logger.addFilter(silenced)
     try:
         yield
     finally:
-        logger.disabled = before
+        logger.removeFilter(silenced)

@@ -332,3 +332,66 @@ def test_symbolic_inference_can_be_left_out() -> None:
     assert (
         profile.tensor_bytes["p"] == 8 and static_profile(view, shapes={"x": (2, 7)}).tensor_bytes["p"] == 56
     )
+
+
+def test_a_dim_that_may_be_1_at_run_time_is_not_merged_into_a_wrong_size() -> None:
+    """``NonZero``'s count broadcast against a row of 7: merged, the tool would call the count 7."""
+    nodes = [
+        helper.make_node("NonZero", ["x"], ["nz"], name="nz"),
+        helper.make_node("Cast", ["nz"], ["nzf"], to=TensorProto.FLOAT, name="cast"),
+        helper.make_node("Add", ["nzf", "row"], ["y"], name="add"),
+    ]
+    view = _view(nodes, [_vi("x", [3])], [_vi("y", None)], [_init("row", (1, 7))])
+    true = _true_values(view.proto, {"x": np.array([0, 1, 0], np.float32)})
+    assert true["nz"].shape == (1, 1)
+    notes: list[str] = []
+    shapes = concrete_shapes(view, {"x": (3,)}, notes)
+    assert shapes["nz"] == (1, 1)  # the unknown count sized as 1, as without the tool
+    assert len(notes) == 1 and "nz" in notes[0].split("(e.g. ")[1]
+
+
+def test_what_the_tool_settled_before_it_raised_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tool raises on some models (an assertion in its ``Concat``, a helper newer onnx dropped):
+    the shapes it had inferred up to that node still count."""
+    from onnxruntime.tools import symbolic_shape_infer as tool
+
+    class FailsOnMul(tool.SymbolicShapeInference):  # type: ignore[misc]
+        def __init__(self, *args: object) -> None:
+            super().__init__(*args)
+
+            def boom(node: onnx.NodeProto) -> None:
+                raise KeyError("")
+
+            self.dispatcher_["Mul"] = boom
+
+    monkeypatch.setattr(tool, "SymbolicShapeInference", FailsOnMul)
+    shapes = concrete_shapes(view_from_proto(_shape_arithmetic_model()), {"x": (2, 7)})
+    assert shapes["p"] == (1, 7) and shapes["qf"] == (1, 7)
+
+
+def test_calls_from_many_threads_leave_the_tools_logger_as_it_was() -> None:
+    import logging
+    from concurrent.futures import ThreadPoolExecutor
+
+    logger = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
+    before = (logger.disabled, list(logger.filters))
+    view = view_from_proto(_shape_arithmetic_model())
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: concrete_shapes(view, {"x": (2, 7)})["p"], range(16)))
+    assert results == [(1, 7)] * 16
+    assert (logger.disabled, list(logger.filters)) == before
+    with symbolic._quiet(), symbolic._quiet():  # nested, as two threads interleave them
+        assert len(logger.filters) == len(before[1]) + 2
+    assert (logger.disabled, list(logger.filters)) == before
+
+
+def test_a_sequence_is_not_reported_as_an_unsettled_tensor() -> None:
+    nodes = [
+        helper.make_node("SplitToSequence", ["x"], ["seq"], axis=0, name="split"),
+        helper.make_node("SequenceAt", ["seq", "zero"], ["y"], name="at"),
+    ]
+    zero = numpy_helper.from_array(np.array(0, np.int64), "zero")
+    view = _view(nodes, [_vi("x", [4, 3])], [_vi("y", None)], [zero])
+    notes: list[str] = []
+    concrete_shapes(view, {"x": (4, 3)}, notes)
+    assert not any("seq" in n.split("(e.g. ")[-1] for n in notes)
