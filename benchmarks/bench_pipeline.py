@@ -31,6 +31,11 @@ a perfectly balanced pipeline on those CPUs could have come.  On a virtual machi
 wander apart, that is below 1 whatever the split, and ``x_replicas_over_ceiling`` tells what the
 pipeline itself loses from what the machine does.
 
+The estimates were made while the split was calibrated (or profiled), and the machine's speed may have
+changed since: the one-thread session is timed right after the split as well as in the rounds, and
+``estimate_error_at_machine_speed`` scales each estimate by that change (``machine_speed.slowdown``)
+before comparing, which separates what the estimates got wrong from how fast the machine ran meanwhile.
+
 The machine may be shared: every measurement records how much CPU *other* processes used meanwhile
 (``/proc/stat`` minus our own processes), in cores, and the summary gives the medians over all rounds
 and over the quiet ones (others below ``--quiet`` cores) separately.  ``--wait-quiet S`` waits up to S
@@ -88,6 +93,7 @@ Feeds = Mapping[str, np.ndarray]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 TARGET_SECONDS = 3.0  # one measurement of the one-thread session takes about this long
 MIN_MICROBATCHES = 32
+REFERENCE_PASSES = 3  # passes over the 8 distinct inputs that time the session right after the split
 
 
 def model_table() -> dict[str, tuple[Callable[[], Path], dict[str, tuple[int, ...]] | None]]:
@@ -285,12 +291,14 @@ def bench_model(
     result = api.split(path, k, out, profile=profile, run_verify=False, **calibration)
     split_s = time.perf_counter() - start
     manifest = load_manifest(out)
-    balanced = weight_balanced_split(path, k, profile, work)
     input_shapes = {n: tuple(v) for n, v in manifest.plan.profiled_input_shapes.items()}
     pool = random_inputs(path, input_shapes, 8, seed=0)
 
     single = session_variant("session_1", path, 1, args.pin)
     per_item = 1.0 / single.run(pool)[0]
+    # the machine's speed when the estimates were made: the one-thread session right after the split
+    reference_ms = median([1e3 / single.run(pool)[1] for _ in range(REFERENCE_PASSES)])
+    balanced = weight_balanced_split(path, k, profile, work)
     count = int(min(args.max_microbatches, max(MIN_MICROBATCHES, math.ceil(TARGET_SECONDS / per_item))))
     inputs = [pool[j % len(pool)] for j in range(count)]
 
@@ -371,6 +379,10 @@ def bench_model(
         """Each pipeline is compared with the replicas run in its own local mode."""
         return "replicas_processes" if pipe == "pipeline_processes" and base == "replicas" else base
 
+    # the one-thread session's time now against right after the split: the machine's own drift, which
+    # no estimate made then can foresee (this VM's speed changed by half within an hour)
+    session_now_ms = median([1e3 / x for x in by["session_1"].throughputs])
+    slowdown = session_now_ms / reference_ms
     stages: list[dict[str, Any]] = []
     for i, st in enumerate(manifest.stages):
         estimated = st.estimated_compute_seconds * 1e3
@@ -385,6 +397,9 @@ def bench_model(
                 "estimated_ms": estimated,
                 "measured_ms": measured,
                 "estimate_error": {m: (estimated - v) / v for m, v in measured.items()},
+                "estimate_error_at_machine_speed": {
+                    m: (estimated * slowdown - v) / v for m, v in measured.items()
+                },
                 "peak_rss_bytes": last.peak_rss_bytes,
                 "model_rss_bytes": last.model_rss_bytes,
                 "param_bytes": st.param_bytes,
@@ -464,6 +479,15 @@ def bench_model(
         "estimate_max_error": {
             m: max(abs(s["estimate_error"][m]) for s in stages) for m in ("threads", "processes")
         },
+        "machine_speed": {
+            "session_1_ms_after_split": reference_ms,
+            "session_1_ms_in_rounds": session_now_ms,
+            "slowdown": slowdown,
+        },
+        "estimate_max_error_at_machine_speed": {
+            m: max(abs(s["estimate_error_at_machine_speed"][m]) for s in stages)
+            for m in ("threads", "processes")
+        },
     }
 
 
@@ -535,6 +559,18 @@ def print_summary(rows: Sequence[dict[str, Any]], k: int) -> None:
             f"  {r['model']:10} ceiling {c['threads']:.3f} ({c['processes']:.3f}); x repl / ceiling "
             f"{over['pipeline_threads']:.3f} ({over['pipeline_processes']:.3f}); x1-thr ceiling "
             f"{r['session_speed_ceiling']['median']:.2f}"
+        )
+    print(
+        "\nthe machine's drift: the one-thread session right after the split (when the estimates were made)"
+        "\nand in the rounds, and the estimates' largest error once scaled by that (threads, processes):"
+    )
+    for r in rows:
+        m, e = r["machine_speed"], r["estimate_max_error_at_machine_speed"]
+        print(
+            f"  {r['model']:10} session {m['session_1_ms_after_split']:.2f} ms after the split, "
+            f"{m['session_1_ms_in_rounds']:.2f} ms in the rounds ({m['slowdown']:.2f}x); est err "
+            f"{r['estimate_max_error']['threads'] * 100:.1f}% -> {e['threads'] * 100:.1f}% "
+            f"({r['estimate_max_error']['processes'] * 100:.1f}% -> {e['processes'] * 100:.1f}%)"
         )
     for r in rows:
         print(
