@@ -480,6 +480,9 @@ def bench_model(
             m: max(abs(s["estimate_error"][m]) for s in stages) for m in ("threads", "processes")
         },
         "machine_speed": {
+            "manifest_reference_ms": None
+            if manifest.plan.reference_seconds is None
+            else manifest.plan.reference_seconds * 1e3,
             "session_1_ms_after_split": reference_ms,
             "session_1_ms_in_rounds": session_now_ms,
             "slowdown": slowdown,

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from onnxpipe.calibrate import DEFAULT_CALIBRATION_MODE, CalibrationMode, choose_timer
+from onnxpipe.calibrate import DEFAULT_CALIBRATION_MODE, CalibrationMode, choose_timer, time_model
 from onnxpipe.calibrate import calibrate as run_calibration
 from onnxpipe.cluster import Cluster, load_cluster
 from onnxpipe.costs import static_profile
@@ -265,9 +265,16 @@ def split(
             + (f", {last.worst_error * 100:.1f}% in round {len(rounds)}" if len(rounds) > 1 else "")
             + "; the estimates below come from the corrected costs"
         )
-        the_plan = dataclasses.replace(the_plan, notes=(*the_plan.notes, note))
+        # the machine's speed as the stages were timed, for a later run to compare its own with
+        the_plan = dataclasses.replace(
+            the_plan, notes=(*the_plan.notes, note), reference_seconds=time_model(view, prof)
+        )
     else:
         the_plan = make(prof)
+        if (
+            prof.source == "profile" and devices is None and prof.total_seconds > 0
+        ):  # measured: its median run
+            the_plan = dataclasses.replace(the_plan, reference_seconds=prof.total_seconds)
     manifest = export_stages(view, the_plan, out_dir, force=force, external_data=external_data)
     report = verify(out_dir, shapes=shapes) if run_verify else None
     return SplitResult(plan=the_plan, manifest=manifest, out_dir=out_dir, report=report)

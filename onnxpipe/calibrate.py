@@ -221,6 +221,30 @@ def time_stages_in_pipeline(
     return [statistics.median(stage) for stage in zip(*medians, strict=True)]
 
 
+REFERENCE_RUNS = 20
+
+
+def time_model(
+    view: ModelView, profile: Profile, *, runs: int = REFERENCE_RUNS, warmup: int = 3
+) -> float | None:
+    """Median seconds of the whole model's run at the profile's shapes and threads (the manifest's
+    ``plan.reference_seconds`` after a calibration: the machine's speed at the moment the stages were
+    timed); None for a model not loaded from a file."""
+    if view.path is None:
+        return None
+    session = open_session(view.path, session_options(threads=profile.threads))
+    feeds = dict(random_feeds(view, profile.input_shapes))
+    names = [o.name for o in session.get_outputs()]
+    for _ in range(max(1, warmup)):
+        session.run(names, feeds)
+    times: list[float] = []
+    for _ in range(max(1, runs)):
+        start = time.perf_counter()
+        session.run(names, feeds)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def choose_timer(
     mode: CalibrationMode, stages: int, threads: int, cpus: int | None = None, cores: int | None = None
 ) -> tuple[StageTimer, str]:

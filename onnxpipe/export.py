@@ -520,6 +520,7 @@ def _build_manifest(
             duplicated_param_bytes=shared.duplicated,
             workers=plan.workers,
             time_slack=plan.time_slack,
+            reference_seconds=plan.reference_seconds,
         ),
         schedule=timeline,
     )

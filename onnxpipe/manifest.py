@@ -151,6 +151,11 @@ class PlanSummary:
     """How many workers run the stages (``k`` unless the split is interleaved; ``None``: ``k``)."""
     time_slack: float = 0.0
     """An interleaved split's accepted slowdown for weight balance (see ``onnxpipe split --time-slack``)."""
+    reference_seconds: float | None = None
+    """The whole model's time per run (one session, the plan's threads, the profiled shapes), measured
+    when the stage estimates were: the profile's median run, or timed right after calibration.  A run
+    times the model again (``onnxpipe run --compare``) and so tells the machine's own change of speed
+    since from what the estimates got wrong.  None for static costs and plans for other devices."""
 
 
 @dataclass(frozen=True)
@@ -334,6 +339,7 @@ def _manifest_to_obj(m: Manifest) -> dict[str, Any]:
             **(
                 {} if m.plan.workers is None else {"workers": m.plan.workers, "time_slack": m.plan.time_slack}
             ),
+            **({} if m.plan.reference_seconds is None else {"reference_seconds": m.plan.reference_seconds}),
         },
         "schedule": m.schedule.to_obj([s.device for s in m.stages]),
         "cluster": m.cluster.to_obj() if m.cluster is not None else None,
@@ -533,7 +539,17 @@ def _plan(f: Fields) -> PlanSummary:
         duplicated_param_bytes=f["duplicated_param_bytes"].integer(),
         workers=f.get("workers", None).opt_integer(minimum=1),
         time_slack=_time_slack(f.get("time_slack", 0.0)),
+        reference_seconds=_reference(f.get("reference_seconds", None)),
     )
+
+
+def _reference(v: Value) -> float | None:
+    if v.raw is None:
+        return None
+    seconds = v.finite()
+    if seconds <= 0:
+        raise v.fail(f"expected a time above 0 seconds, got {seconds}")
+    return seconds
 
 
 def _device_record(f: Fields) -> DeviceRecord:

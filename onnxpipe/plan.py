@@ -97,6 +97,9 @@ class Plan:
     """How many workers an interleaved split deals its stages out to; None: a worker per stage."""
     time_slack: float = 0.0
     """The slowdown an interleaved split was allowed to trade for balanced weights."""
+    reference_seconds: float | None = None
+    """The whole model's time per run with the plan's threads at the profiled shapes, measured when the
+    stage estimates were (see :attr:`onnxpipe.manifest.PlanSummary.reference_seconds`)."""
 
     @property
     def k(self) -> int:

@@ -262,8 +262,24 @@ def test_cli_split_calibrate_records_it_and_verifies(
     code, stdout, stderr = run(argv, capfd)
     assert code == 0, stderr
     assert "calibrated in" in stdout and "match the original" in stdout
-    notes = json.loads((out / "manifest.json").read_text())["plan"]["notes"]
-    assert any(n.startswith("calibrated in") and "each stage timed alone" in n for n in notes)
+    plan = json.loads((out / "manifest.json").read_text())["plan"]
+    assert any(n.startswith("calibrated in") and "each stage timed alone" in n for n in plan["notes"])
+    assert plan["reference_seconds"] > 0  # the whole model, timed right after the stages were
+
+
+def test_the_reference_time_is_the_measured_profiles_or_none(sample_models_dir: Path, tmp_path: Path) -> None:
+    """A measured profile's median run is the machine's speed the estimates were made at; static costs
+    were made at none."""
+    from onnxpipe.profile import profile_model
+
+    model = sample_models_dir / "resnet_tiny.onnx"
+    prof = profile_model(load_model(model), runs=5, warmup=1)
+    measured = api.split(model, 2, tmp_path / "measured", profile=prof, run_verify=False)
+    assert measured.manifest.plan.reference_seconds == prof.total_seconds > 0
+    static = api.split(
+        model, 2, tmp_path / "static", profile=static_profile(load_model(model)), run_verify=False
+    )
+    assert static.manifest.plan.reference_seconds is None
 
 
 def test_cli_calibrate_in_a_pipeline(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,14 @@ def test_json_round_trip() -> None:
     assert obj["stages"][1]["outputs"][0]["shape"] is None
     assert obj["schedule"]["devices"][1]["steps"][0] == ["F", 0, 0.002, 0.0035]
     assert '"shape": ["batch", 8]' in text  # short lists stay on one line
+
+
+def test_the_reference_time_round_trips_and_is_left_out_when_unknown() -> None:
+    m = two_stage_manifest()
+    assert "reference_seconds" not in json.loads(m.to_json())["plan"]
+    timed = replace(m, plan=replace(m.plan, reference_seconds=0.0125))
+    assert json.loads(timed.to_json())["plan"]["reference_seconds"] == 0.0125
+    assert Manifest.from_json(timed.to_json()) == timed
 
 
 def test_write_and_load(tmp_path: Path) -> None:
@@ -412,6 +421,15 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
         (
             _set("stages", []),
             "m.json: stages: expected at least one stage, got none; re-run onnxpipe split",
+        ),
+        (
+            _set("plan/reference_seconds", -0.01),
+            "m.json: plan.reference_seconds: expected a time above 0 seconds, got -0.01; "
+            "re-run onnxpipe split",
+        ),
+        (
+            _set("plan/reference_seconds", "fast"),
+            "m.json: plan.reference_seconds: expected a number, got string 'fast'; re-run onnxpipe split",
         ),
     ],
 )

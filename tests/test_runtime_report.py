@@ -627,3 +627,59 @@ def test_memory_of_shared_workers_is_their_stages_together(interleaved_split: Pa
     assert "workers" not in plain and "bottleneck_worker" not in plain
     assert "worker 0" not in plain_text and "interleaved" not in plain_text
     assert "the largest stage 2.00x a replica" in plain_text
+
+
+# --------------------------------------------------------------------------------------------------
+# the machine's own change of speed since the estimates were made
+
+
+def _report_with(estimated: tuple[float, float], measured: tuple[float, float]) -> RunReport:
+    n = 20
+    m = measurement(n, (stats(0, [float(j) for j in range(n)]), stats(1, [float(j) for j in range(n)])))
+    fake = FakePipeline(lanes=((spec(0), spec(1)),), backend=FakeBackend("threads"))
+    report = build_report(as_pipeline(fake), m, warmup=0, input_shapes={})
+    stages = tuple(
+        replace(s, estimated_ms=e, measured_ms=v, estimate_error=(e - v) / v)
+        for s, e, v in zip(report.stages, estimated, measured, strict=True)
+    )
+    return replace(report, stages=stages, estimates_comparable=True, estimate_max_error=None)
+
+
+def test_the_estimates_are_scaled_by_the_machines_slowdown(tiny_split: Path) -> None:
+    """A machine that now runs the model in 30 ms where it took 20 ms when the estimates were made: the
+    stages, estimated at 10 ms and measured at 15 and 16, were off by 33% and 37.5%, but only by 0% and
+    6.25% at the machine's speed."""
+    manifest = load_manifest(tiny_split)
+    timed = replace(manifest, plan=replace(manifest.plan, reference_seconds=0.020, threads=1))
+    report = _report_with((10.0, 10.0), (15.0, 16.0))
+    slowdown, worst = compare.machine_speed(report, timed, 1 / 0.030)
+    assert slowdown == pytest.approx(1.5)
+    assert worst == pytest.approx(1 / 16)
+    shown = format_report(
+        replace(
+            report,
+            machine_slowdown=slowdown,
+            estimate_max_error_at_machine_speed=worst,
+            estimate_max_error=0.375,
+        )
+    )
+    assert "machine: the one-thread session took 1.50x as long a micro-batch" in shown
+    assert "off by up to 6.2% (as made: 37.5%)" in shown
+    obj = replace(report, machine_slowdown=slowdown).to_obj()
+    assert obj["machine_slowdown"] == pytest.approx(1.5)
+
+
+def test_no_slowdown_without_a_like_reference(tiny_split: Path) -> None:
+    manifest = load_manifest(tiny_split)
+    report = _report_with((10.0, 10.0), (15.0, 16.0))
+    assert manifest.plan.reference_seconds is None  # static costs: nothing was timed
+    assert compare.machine_speed(report, manifest, 33.0) == (None, None)
+    plan = manifest.plan
+    for why in (
+        replace(manifest, plan=replace(plan, reference_seconds=0.02, threads=2)),  # no 2-thread baseline
+        replace(manifest, plan=replace(plan, reference_seconds=0.0005, threads=1)),  # under 1 ms
+    ):
+        assert compare.machine_speed(report, why, 33.0) == (None, None)
+    timed = replace(manifest, plan=replace(plan, reference_seconds=0.02, threads=1))
+    assert compare.machine_speed(replace(report, estimates_comparable=False), timed, 33.0) == (None, None)
+    assert compare.machine_speed(report, None, 33.0) == (None, None)

@@ -30,6 +30,7 @@ import numpy as np
 import onnxruntime as ort
 
 from onnxpipe.errors import RuntimeStageError
+from onnxpipe.manifest import Manifest
 from onnxpipe.ortsession import Provider, open_session, session_options
 from onnxpipe.runtime.affinity import assign_cpus, cpu_sets, pinned
 from onnxpipe.runtime.base import Tensors
@@ -379,6 +380,41 @@ def add_baselines(
     if checked:
         expected = reference_outputs(model, [f for f, _ in checked], placement=place)
         ok, worst = compare_outputs(expected, [o for _, o in checked])
+    slowdown, at_speed = machine_speed(report, pipeline.manifest, tp1)
     return replace(
-        report, baselines=baselines, outputs_match=ok, outputs_max_rel_diff=worst, notes=tuple(notes)
+        report,
+        baselines=baselines,
+        outputs_match=ok,
+        outputs_max_rel_diff=worst,
+        notes=tuple(notes),
+        machine_slowdown=slowdown,
+        estimate_max_error_at_machine_speed=at_speed,
     )
+
+
+def machine_speed(
+    report: RunReport, manifest: Manifest | None, session_1_per_s: float
+) -> tuple[float | None, float | None]:
+    """The machine's slowdown since the estimates were made, and the estimates' largest error once
+    scaled by it (see :attr:`RunReport.machine_slowdown`); ``(None, None)`` where it does not apply.
+
+    Why: on a shared or throttled machine every CPU may run a quarter slower an hour later, and then no
+    estimate made before could hold; the one-thread session, timed now as the whole model was then,
+    says by how much, so that what remains is what the estimates themselves got wrong."""
+    reference = manifest.plan.reference_seconds if manifest is not None else None
+    if (
+        manifest is None
+        or reference is None
+        or manifest.plan.threads != 1
+        or not report.estimates_comparable
+        or reference < MIN_RUN_S  # there Python's per-call cost, not the machine, sets the pace
+        or not (math.isfinite(session_1_per_s) and session_1_per_s > 0)
+    ):
+        return None, None
+    slowdown = 1.0 / session_1_per_s / reference
+    errors = [
+        abs(s.estimated_ms * slowdown - s.measured_ms) / s.measured_ms
+        for s in report.stages
+        if s.estimated_ms is not None and s.measured_ms > 0
+    ]
+    return slowdown, max(errors) if errors else None

@@ -369,6 +369,16 @@ class RunReport:
     worker_stages: tuple[tuple[int, ...], ...] = ()
     """The stages each worker runs when stages share workers (an interleaved split, the manifest's
     ``plan.workers``); empty: a worker per stage.  :attr:`workers` sums the stages' rows by it."""
+    machine_slowdown: float | None = None
+    """``--compare`` only: the one-thread session's time per micro-batch in this run over the whole
+    model's when the estimates were made (the manifest's ``plan.reference_seconds``): above 1, the
+    machine ran slower than then, and every estimate made then is short by as much.  None without a
+    reference, for plans of more than one thread per stage (no baseline runs their threads alone), for
+    models that run in under a millisecond (Python's per-call cost sets their pace), or when the
+    estimates are not comparable."""
+    estimate_max_error_at_machine_speed: float | None = None
+    """The largest ``|estimated * machine_slowdown - measured| / measured``: what the estimates got
+    wrong besides the machine's change of speed."""
 
     @property
     def workers(self) -> tuple[WorkerReport, ...]:
@@ -413,6 +423,8 @@ class RunReport:
             "bottleneck_stage": self.bottleneck_stage,
             "estimates_comparable": self.estimates_comparable,
             "estimate_max_error": _num(self.estimate_max_error),
+            "machine_slowdown": _num(self.machine_slowdown),
+            "estimate_max_error_at_machine_speed": _num(self.estimate_max_error_at_machine_speed),
             "driver_peak_rss_bytes": self.driver_peak_rss_bytes,
             "stages": [
                 {
@@ -796,6 +808,18 @@ def format_report(report: RunReport) -> str:
                 f"pipeline on them would have reached about {replicas.balanced_ceiling:.2f}x the replicas "
                 f"(this one: {replicas.pipeline_speedup:.2f}x)"
             )
+    if report.machine_slowdown is not None:
+        line = (
+            f"machine: the one-thread session took {report.machine_slowdown:.2f}x as long a micro-batch as "
+            "the model did when the estimates were made"
+        )
+        if report.estimate_max_error is not None and report.estimate_max_error_at_machine_speed is not None:
+            line += (
+                f"; at that speed the estimates were off by up to "
+                f"{report.estimate_max_error_at_machine_speed * 100:.1f}% "
+                f"(as made: {report.estimate_max_error * 100:.1f}%)"
+            )
+        lines.append(line)
     memory = memory_line(report)
     if memory:
         lines.append(memory)
