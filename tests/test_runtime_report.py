@@ -682,4 +682,6 @@ def test_no_slowdown_without_a_like_reference(tiny_split: Path) -> None:
         assert compare.machine_speed(report, why, 33.0) == (None, None)
     timed = replace(manifest, plan=replace(plan, reference_seconds=0.02, threads=1))
     assert compare.machine_speed(replace(report, estimates_comparable=False), timed, 33.0) == (None, None)
+    assert compare.machine_speed(replace(report, backend="ray"), timed, 33.0) == (None, None)
+    assert compare.machine_speed(report, timed, 33.0)[0] is not None  # the like case, for contrast
     assert compare.machine_speed(report, None, 33.0) == (None, None)

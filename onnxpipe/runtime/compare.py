@@ -406,6 +406,7 @@ def machine_speed(
         manifest is None
         or reference is None
         or manifest.plan.threads != 1
+        or report.backend == "ray"  # its actors may run on other machines than this session
         or not report.estimates_comparable
         or reference < MIN_RUN_S  # there Python's per-call cost, not the machine, sets the pace
         or not (math.isfinite(session_1_per_s) and session_1_per_s > 0)

@@ -373,7 +373,8 @@ class RunReport:
     """``--compare`` only: the one-thread session's time per micro-batch in this run over the whole
     model's when the estimates were made (the manifest's ``plan.reference_seconds``): above 1, the
     machine ran slower than then, and every estimate made then is short by as much.  None without a
-    reference, for plans of more than one thread per stage (no baseline runs their threads alone), for
+    reference, on Ray (the actors may run on other machines than the session), for plans of more than
+    one thread per stage (no baseline runs their threads alone), for
     models that run in under a millisecond (Python's per-call cost sets their pace), or when the
     estimates are not comparable."""
     estimate_max_error_at_machine_speed: float | None = None
