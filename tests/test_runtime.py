@@ -357,6 +357,9 @@ def test_cli_run_with_compare_writes_the_report(
     # this model's runs take microseconds: what slows a replica is Python's per-call cost, not its CPU,
     # so no ceiling (benchmarks/bench_pipeline.py gives it on models of milliseconds)
     assert obj["baselines"]["replicas"]["balanced_ceiling"] is None and "ceiling:" not in printed
+    # static costs: the estimates were made at no measured speed of the machine
+    assert obj["machine_slowdown"] is None and obj["estimate_max_error_at_machine_speed"] is None
+    assert "machine:" not in printed
     assert obj["outputs_match"] is True
     with np.load(outputs) as saved:
         assert saved["logits"].shape[0] == 12

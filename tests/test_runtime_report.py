@@ -685,3 +685,25 @@ def test_no_slowdown_without_a_like_reference(tiny_split: Path) -> None:
     assert compare.machine_speed(replace(report, backend="ray"), timed, 33.0) == (None, None)
     assert compare.machine_speed(report, timed, 33.0)[0] is not None  # the like case, for contrast
     assert compare.machine_speed(report, None, 33.0) == (None, None)
+
+
+@pytest.mark.slow
+def test_a_measured_split_reports_the_machines_slowdown(
+    bert_tiny_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A measured profile of a model of milliseconds: its median run is the reference, and --compare
+    prints how fast the machine ran the model since."""
+    out = tmp_path / "split"
+    shapes = {"input_ids": (2, 64), "attention_mask": (2, 64)}
+    api.split(bert_tiny_path, 2, out, shapes=shapes, runs=5, warmup=2, run_verify=False)
+    reference = load_manifest(out).plan.reference_seconds
+    assert reference is not None and reference > 1e-3
+    report = tmp_path / "report.json"
+    code = run_command(parse(str(out), "-m", "12", "--warmup", "2", "--compare", "--report", str(report)))
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    obj = json.loads(report.read_text())
+    tp1 = obj["baselines"]["session_1_thread"]["throughput_per_s"]
+    assert obj["machine_slowdown"] == pytest.approx(1 / tp1 / reference)
+    assert obj["estimate_max_error_at_machine_speed"] >= 0
+    assert "machine: the one-thread session took" in printed
