@@ -271,9 +271,8 @@ def split(
         )
     else:
         the_plan = make(prof)
-        if (
-            prof.source == "profile" and devices is None and prof.total_seconds > 0
-        ):  # measured: its median run
+        measured_here = prof.source == "profile" and devices is None and prof.total_seconds > 0
+        if measured_here:  # a measured profile's median whole run is the machine's speed it saw
             the_plan = dataclasses.replace(the_plan, reference_seconds=prof.total_seconds)
     manifest = export_stages(view, the_plan, out_dir, force=force, external_data=external_data)
     report = verify(out_dir, shapes=shapes) if run_verify else None
