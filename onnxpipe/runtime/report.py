@@ -374,9 +374,8 @@ class RunReport:
     model's when the estimates were made (the manifest's ``plan.reference_seconds``): above 1, the
     machine ran slower than then, and every estimate made then is short by as much.  None without a
     reference, on Ray (the actors may run on other machines than the session), for plans of more than
-    one thread per stage (no baseline runs their threads alone), for
-    models that run in under a millisecond (Python's per-call cost sets their pace), or when the
-    estimates are not comparable."""
+    one thread per stage (no baseline runs their threads alone), for models that run in under a
+    millisecond (Python's per-call cost sets their pace), or when the estimates are not comparable."""
     estimate_max_error_at_machine_speed: float | None = None
     """The largest ``|estimated * machine_slowdown - measured| / measured``: what the estimates got
     wrong besides the machine's change of speed."""
