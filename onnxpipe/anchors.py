@@ -94,7 +94,7 @@ class _AnchorFinder:
                 prints = self.p_prints.get(t)
                 if not prints:
                     continue
-                cands = _candidates(prints, self.o_prints, self.by_size, self.used, self.constant)
+                cands = value_candidates(prints, self.o_prints, self.by_size, self.used, self.constant)
                 if images is None and (len(cands) != 1):
                     images = self.p_frontier(node)
                 if not cands:
@@ -241,13 +241,14 @@ def _related(view: ModelView, a: str, b: str, limit: int = 64) -> bool:
     return False
 
 
-def _candidates(
+def value_candidates(
     prints: Sequence[Print],
     o_prints: Mapping[str, Print],
     by_size: Mapping[int, list[tuple[float, str]]],
     used: set[str],
     constant: set[str],
 ) -> list[str]:
+    """Original tensors, neither ``used`` nor ``constant``, whose values one of ``prints`` matches."""
     found: list[str] = []
     for p in prints:
         lst = by_size.get(p.size)

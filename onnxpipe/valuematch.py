@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxpipe.anchors import find_anchors, find_duplicates, topological
+from onnxpipe.anchors import find_anchors, find_duplicates, topological, value_candidates
 from onnxpipe.costs import concrete_shapes, constant_tensors
 from onnxpipe.errors import ProfileError
 from onnxpipe.feeds import symbol_sizes
@@ -164,6 +164,9 @@ def _optimized_prints(
         k = bisect.bisect_left(lst, (norm * (1 - VALUE_TOLERANCE), ""))
         return k < len(lst) and lst[k][0] <= norm * (1 + VALUE_TOLERANCE)
 
+    def matches(p: Print) -> bool:
+        return bool(value_candidates([p], o_prints, by_size, set(), set()))
+
     def take(name: str, arr: np.ndarray) -> None:
         prints = []
         # a name the original graph also has is sketched anyway, to check that the values agree
@@ -171,7 +174,7 @@ def _optimized_prints(
         if p is not None:
             prints.append(p)
         if name in blocked:
-            prints.extend(_unblocked_prints(arr, blocks, by_size, wanted, sketcher))
+            prints.extend(_unblocked_prints(arr, blocks, by_size, wanted, matches, sketcher))
         if prints:
             p_prints[name] = prints
 
@@ -229,11 +232,17 @@ def _unblocked_prints(
     blocks: list[int],
     sizes: Container[int],
     wanted: Callable[[int, float], bool],
+    matches: Callable[[Print], bool],
     sketcher: Sketcher,
 ) -> list[Print]:
     """Prints of ``arr`` read back from NCHWc blocks to NCHW, for each block size and channel count an
-    original tensor could have (padding channels sliced off).  The machine has one block size: the first
-    that yields a print moves to the front of ``blocks``."""
+    original tensor could have (padding channels sliced off).
+
+    A block size counts only when one of its prints matches an original value: a wrong block size
+    only permutes the elements, which keeps the size and norm that ``wanted`` checks, so a print alone
+    proves nothing (on an AVX2 machine, whose blocks are 8 wide, reading them as 16 wide once matched no
+    tensor of ResNet-50 and fused all of it into one region).  The machine has one block size: the
+    first that matches moves to the front of ``blocks``.  No match under any block size: ``[]``."""
     if arr.ndim < 3 or arr.dtype.kind != "f":
         return []
     n, cp, spatial = arr.shape[0], arr.shape[1], arr.shape[2:]
@@ -246,12 +255,8 @@ def _unblocked_prints(
             continue
         blocked = arr.reshape(n, cp // b, *spatial, b)
         nchw = np.moveaxis(blocked, -1, 2).reshape(n, cp, *spatial)
-        prints = []
-        for c in channels:
-            p = sketcher.sketch(nchw[:, :c], wanted)
-            if p is not None:
-                prints.append(p)
-        if prints:
+        prints = [p for c in channels if (p := sketcher.sketch(nchw[:, :c], wanted)) is not None]
+        if any(matches(p) for p in prints):
             blocks.remove(b)
             blocks.insert(0, b)
             return prints
