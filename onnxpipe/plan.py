@@ -14,7 +14,7 @@ import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from onnxpipe.errors import PartitionError
 from onnxpipe.graph import cut_profile
@@ -212,22 +212,49 @@ def _stages_of(
     )
 
 
-_Solved = TypeVar("_Solved")
+class _Solution(Protocol):
+    @property
+    def bottleneck(self) -> float: ...
+
+
+_Solved = TypeVar("_Solved", bound=_Solution)
+
+FUSED_GROUP_SLACK = 0.05
+"""Fused groups are kept whole only while that makes the slowest stage at most 5% slower than the best
+split that may cut through them.  Cutting a group costs the fusion of a few nodes at one boundary (a
+Conv's fused activation or residual sum run apart, measured and corrected by ``--calibrate``), while a
+group that holds much of the model leaves no balanced cut at all: when value matching failed on an AVX2
+machine, all of ResNet-50's Convs formed one group and its 2-stage split ran at 1.0x one session."""
 
 
 def keeping_fused_groups(
     solve: Callable[[Sequence[bool] | None], _Solved], allowed: Sequence[bool], notes: list[str]
 ) -> _Solved:
-    """``solve(allowed)``; when the fused groups the profiler reported leave too few cut positions,
-    ``solve(None)`` with a note: a boundary inside a fused group costs a little speed, while refusing the
-    request would cost the user the split."""
-    try:
+    """``solve(allowed)``, unless cutting through the fused groups the profiler reported gives a
+    slowest stage more than :data:`FUSED_GROUP_SLACK` faster, or they leave too few cut positions:
+    then ``solve(None)`` with a note (given once, however often the caller asks)."""
+    if all(allowed):
         return solve(allowed)
+    try:
+        kept = solve(allowed)
     except PartitionError:
-        if all(allowed):
-            raise
-        notes.append("fused groups had to be cut to make this many stages")
+        _note_once(notes, "fused groups had to be cut to make this many stages")
         return solve(None)
+    free = solve(None)
+    if kept.bottleneck <= (1 + FUSED_GROUP_SLACK) * free.bottleneck:
+        return kept
+    _note_once(
+        notes,
+        f"fused groups were cut: keeping them whole would have made the slowest stage "
+        f"{kept.bottleneck / free.bottleneck:.2f}x as slow (a group may hold much of the model when the "
+        "profiler could not tell onnxruntime's fused nodes apart; see the profile's notes)",
+    )
+    return free
+
+
+def _note_once(notes: list[str], note: str) -> None:
+    if note not in notes:
+        notes.append(note)
 
 
 def make_plan(

@@ -25,7 +25,7 @@ from onnxpipe.cluster import Cluster, Device, device_costs
 from onnxpipe.errors import MemoryFitError, PartitionError, UsageError
 from onnxpipe.model import ModelView
 from onnxpipe.orders import OrderSearch, place, stages_auto
-from onnxpipe.plan import Plan, StageSpec, assign_stages, plan_from, sequences
+from onnxpipe.plan import Plan, StageSpec, assign_stages, keeping_fused_groups, plan_from, sequences
 from onnxpipe.schedule import DEFAULT_BACKWARD_RATIO, KINDS, ScheduleKind, Timeline, in_flight, simulate
 
 if TYPE_CHECKING:
@@ -217,12 +217,12 @@ def plan_pipeline(
                 kwargs["item_act"] = acts
                 kwargs["act_factor"] = [float(in_flight(kind, st, k, mb) * size) for st in range(k)]
             try:
-                try:
-                    return _partition.solve_heterogeneous(None, k, allowed_cuts=allowed, **kwargs)  # type: ignore[arg-type]
-                except PartitionError:
-                    if all(allowed):
-                        raise
-                    return _partition.solve_heterogeneous(None, k, **kwargs)  # type: ignore[arg-type]
+                # the candidates the search tries are noted nowhere: only the plan it keeps has notes
+                return keeping_fused_groups(
+                    lambda cuts: _partition.solve_heterogeneous(None, k, allowed_cuts=cuts, **kwargs),  # type: ignore[arg-type]
+                    allowed,
+                    [],
+                )
             except MemoryFitError as e:
                 where = arr.source or "the devices"
                 schedule_text = "streaming" if kind == "stream" else f"{kind} with {mb} micro-batches"
