@@ -14,8 +14,10 @@ them, and fusions replace groups of nodes by one kernel.  :func:`profile_model` 
 2. **Anchors**, tensors present in both graphs: by name, and by value.  Both graphs run once more at
    ``ORT_DISABLE_ALL`` with every node output exposed; an optimized tensor holds the same value as an
    original one when their relative L2 distance is under :data:`VALUE_TOLERANCE`, after undoing the NCHWc
-   blocked layout.  Values are compared through small random sketches, so tensors are released as soon as
-   they are read (and graphs with big activations run in chunks of outputs).  When the model's float
+   blocked layout (blocks of 16 channels with AVX-512, 8 with AVX2: a width counts once a value read
+   back with it matches an original one, as a wrong width only permutes the elements).  Values are
+   compared through small random sketches, so tensors are released as soon as they are read (and graphs
+   with big activations run in chunks of outputs).  When the model's float
    constants are degenerate (every element equal, as in the onnx "light" models) a jittered copy is used
    for this step, so that channels and branches can be told apart.
 3. **Regions**: the nodes of both graphs are joined across every tensor that is not an anchor; each region
