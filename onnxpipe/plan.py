@@ -216,6 +216,11 @@ class _Solution(Protocol):
     @property
     def bottleneck(self) -> float: ...
 
+    @property
+    def lower_bound(self) -> float:
+        """A bound no partition beats, with or without the fused groups (it never looks at cuts)."""
+        ...
+
 
 _Solved = TypeVar("_Solved", bound=_Solution)
 
@@ -240,6 +245,8 @@ def keeping_fused_groups(
     except PartitionError:
         _note_once(notes, "fused groups had to be cut to make this many stages")
         return solve(None)
+    if kept.bottleneck <= (1 + FUSED_GROUP_SLACK) * kept.lower_bound:
+        return kept  # no split beats the bound, so none beats this one by more than the slack
     free = solve(None)
     if kept.bottleneck <= (1 + FUSED_GROUP_SLACK) * free.bottleneck:
         return kept

@@ -109,6 +109,7 @@ def test_far_apart_group_is_ignored() -> None:
 class _Solved:
     name: str
     bottleneck: float
+    lower_bound: float = 0.0
 
 
 def test_fused_groups_are_cut_when_they_leave_too_few_positions() -> None:
@@ -167,3 +168,17 @@ def test_a_fused_group_holding_most_of_the_model_does_not_unbalance_the_plan() -
     assert fused.bottleneck_seconds == pytest.approx(balanced.bottleneck_seconds)
     assert any("fused groups were cut" in note for note in fused.notes)
     assert not any("fused groups" in note for note in balanced.notes)
+
+
+def test_fused_groups_within_the_slack_of_the_bound_are_kept_without_a_second_solve() -> None:
+    """A split within 5% of the lower bound cannot be beaten by more than 5%: no need to solve again."""
+    from onnxpipe.plan import keeping_fused_groups
+
+    asked: list[object] = []
+
+    def solve(allowed: object) -> _Solved:
+        asked.append(allowed)
+        return _Solved("kept" if allowed is not None else "cut", 1.04, lower_bound=1.0)
+
+    assert keeping_fused_groups(solve, [True, False, True], []).name == "kept"
+    assert asked == [[True, False, True]]
