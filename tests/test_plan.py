@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.model import view_from_proto
@@ -182,3 +186,40 @@ def test_fused_groups_within_the_slack_of_the_bound_are_kept_without_a_second_so
 
     assert keeping_fused_groups(solve, [True, False, True], []).name == "kept"
     assert asked == [[True, False, True]]
+
+
+def _best(costs: list[float], k: int, allowed: list[bool] | None) -> float:
+    """The smallest slowest stage over every split into ``k`` stages (cuts where ``allowed``)."""
+    n = len(costs)
+    best = math.inf
+    for cuts in itertools.combinations(range(1, n), k - 1):
+        if allowed is not None and not all(allowed[c] for c in cuts):
+            continue
+        bounds = (0, *cuts, n)
+        best = min(best, max(sum(costs[a:b]) for a, b in itertools.pairwise(bounds)))
+    return best
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_fused_group_rule_against_brute_force(data: st.DataObject) -> None:
+    """Whatever the groups: the split is within the slack of the best one that may cut them, it keeps
+    them whole exactly when the best split that does is within that slack, and a note says when not."""
+    from onnxpipe.partition import solve
+    from onnxpipe.plan import FUSED_GROUP_SLACK, keeping_fused_groups
+
+    costs = data.draw(st.lists(st.floats(0.01, 10.0), min_size=2, max_size=8))
+    n = len(costs)
+    k = data.draw(st.integers(1, n))
+    inner = data.draw(st.lists(st.booleans(), min_size=n - 1, max_size=n - 1))
+    allowed = [True, *inner, True]
+    notes: list[str] = []
+    part = keeping_fused_groups(lambda a: solve(costs, k, allowed_cuts=a), allowed, notes)
+    free, kept = _best(costs, k, None), _best(costs, k, allowed)
+    assert part.bottleneck <= (1 + FUSED_GROUP_SLACK) * free * (1 + 1e-9)
+    whole = all(allowed[b] for b in part.bounds)
+    if kept <= (1 + FUSED_GROUP_SLACK) * free * (1 - 1e-9):
+        assert whole and part.bottleneck == pytest.approx(kept, rel=1e-9) and notes == []
+    elif kept > (1 + FUSED_GROUP_SLACK) * free * (1 + 1e-9):
+        assert not whole and part.bottleneck == pytest.approx(free, rel=1e-9)
+        assert len(notes) == 1 and "fused groups" in notes[0]
