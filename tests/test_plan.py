@@ -110,7 +110,7 @@ def test_far_apart_group_is_ignored() -> None:
 
 
 @dataclass(frozen=True)
-class _Solved:
+class _FakeSplit:
     name: str
     bottleneck: float
     lower_bound: float = 0.0
@@ -120,10 +120,10 @@ def test_fused_groups_are_cut_when_they_leave_too_few_positions() -> None:
     from onnxpipe.errors import PartitionError
     from onnxpipe.plan import keeping_fused_groups
 
-    def solve(allowed: object) -> _Solved:
+    def solve(allowed: object) -> _FakeSplit:
         if allowed is not None:
             raise PartitionError("allowed_cuts permits only 1 cut positions")
-        return _Solved("split without groups", 1.0)
+        return _FakeSplit("split without groups", 1.0)
 
     notes: list[str] = []
     assert keeping_fused_groups(solve, [True, False, True], notes).name == "split without groups"
@@ -145,7 +145,7 @@ def test_fused_groups_are_kept_only_while_they_cost_little_balance(
 
     notes: list[str] = []
     result = keeping_fused_groups(
-        lambda allowed: _Solved("kept", kept) if allowed is not None else _Solved("cut", cut),
+        lambda allowed: _FakeSplit("kept", kept) if allowed is not None else _FakeSplit("cut", cut),
         [True, False, True],
         notes,
     )
@@ -180,9 +180,9 @@ def test_fused_groups_within_the_slack_of_the_bound_are_kept_without_a_second_so
 
     asked: list[object] = []
 
-    def solve(allowed: object) -> _Solved:
+    def solve(allowed: object) -> _FakeSplit:
         asked.append(allowed)
-        return _Solved("kept" if allowed is not None else "cut", 1.04, lower_bound=1.0)
+        return _FakeSplit("kept" if allowed is not None else "cut", 1.04, lower_bound=1.0)
 
     assert keeping_fused_groups(solve, [True, False, True], []).name == "kept"
     assert asked == [[True, False, True]]
