@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
 from onnxpipe import partition  # noqa: E402
-from onnxpipe.errors import MemoryFitError  # noqa: E402
+from onnxpipe.core.errors import MemoryFitError  # noqa: E402
 
 
 def instance(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, float]:

@@ -77,7 +77,7 @@ import onnxruntime as ort  # noqa: E402
 from onnxpipe import api  # noqa: E402
 from onnxpipe.calibrate import CALIBRATION_MODES, DEFAULT_CALIBRATION_MODE  # noqa: E402
 from onnxpipe.cluster import Cluster, Device, Link  # noqa: E402
-from onnxpipe.errors import MemoryFitError  # noqa: E402
+from onnxpipe.core.errors import MemoryFitError  # noqa: E402
 from onnxpipe.manifest import load_manifest  # noqa: E402
 from onnxpipe.model import load_model  # noqa: E402
 from onnxpipe.profile import Profile  # noqa: E402

@@ -59,7 +59,7 @@ from benchmarks import baselines
 from benchmarks.common import ROOT, cached_profile, compute_costs, model_path, print_table, write_results
 from onnxpipe import partition
 from onnxpipe.cluster import Cluster, Device, Link, load_cluster
-from onnxpipe.errors import MemoryFitError
+from onnxpipe.core.errors import MemoryFitError
 from onnxpipe.graph import cut_profile
 from onnxpipe.model import ModelView, load_model
 from onnxpipe.plan import assign_stages, make_plan, tensor_sizes

@@ -53,10 +53,10 @@ from benchmarks.bench_overhead import WARMUP, Stage, minimal_pipeline  # noqa: E
 from benchmarks.bench_pipeline import CpuWatch, alternating_rounds, model_table, run_models  # noqa: E402
 from onnxpipe import api  # noqa: E402
 from onnxpipe.boundary import clean  # noqa: E402
+from onnxpipe.core.ortsession import session_options  # noqa: E402
 from onnxpipe.export import export_stages  # noqa: E402
 from onnxpipe.manifest import load_manifest  # noqa: E402
 from onnxpipe.model import ModelView, load_model  # noqa: E402
-from onnxpipe.ortsession import session_options  # noqa: E402
 from onnxpipe.plan import Plan, assign_stages, make_plan  # noqa: E402
 from onnxpipe.runtime.affinity import cpu_sets, pinned  # noqa: E402
 from onnxpipe.runtime.compare import session_throughput  # noqa: E402

@@ -35,10 +35,10 @@ import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
 from onnxpipe import partition  # noqa: E402
+from onnxpipe.core.text import table  # noqa: E402
 from onnxpipe.model import ModelView, load_model  # noqa: E402
 from onnxpipe.plan import Plan, assign_stages, tensor_sizes  # noqa: E402
 from onnxpipe.profile import Profile, profile_model  # noqa: E402
-from onnxpipe.tables import table  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 PROFILES = RESULTS / "profiles"

@@ -22,16 +22,16 @@ _EXPORTS: dict[str, str] = {
     "get_profile": "onnxpipe.api",
     "split": "onnxpipe.api",
     "static_profile": "onnxpipe.costs",
-    "ExportError": "onnxpipe.errors",
-    "ManifestError": "onnxpipe.errors",
-    "MemoryFitError": "onnxpipe.errors",
-    "ModelLoadError": "onnxpipe.errors",
-    "OnnxpipeError": "onnxpipe.errors",
-    "PartitionError": "onnxpipe.errors",
-    "ProfileError": "onnxpipe.errors",
-    "RuntimeStageError": "onnxpipe.errors",
-    "UsageError": "onnxpipe.errors",
-    "VerificationError": "onnxpipe.errors",
+    "ExportError": "onnxpipe.core.errors",
+    "ManifestError": "onnxpipe.core.errors",
+    "MemoryFitError": "onnxpipe.core.errors",
+    "ModelLoadError": "onnxpipe.core.errors",
+    "OnnxpipeError": "onnxpipe.core.errors",
+    "PartitionError": "onnxpipe.core.errors",
+    "ProfileError": "onnxpipe.core.errors",
+    "RuntimeStageError": "onnxpipe.core.errors",
+    "UsageError": "onnxpipe.core.errors",
+    "VerificationError": "onnxpipe.core.errors",
     "export_stages": "onnxpipe.export",
     "Manifest": "onnxpipe.manifest",
     "load_manifest": "onnxpipe.manifest",
@@ -107,8 +107,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from onnxpipe.api import SplitResult, get_profile, split
     from onnxpipe.cluster import Cluster, load_cluster
-    from onnxpipe.costs import static_profile
-    from onnxpipe.errors import (
+    from onnxpipe.core.errors import (
         ExportError,
         ManifestError,
         MemoryFitError,
@@ -120,6 +119,7 @@ if TYPE_CHECKING:
         UsageError,
         VerificationError,
     )
+    from onnxpipe.costs import static_profile
     from onnxpipe.export import export_stages
     from onnxpipe.manifest import Manifest, load_manifest
     from onnxpipe.model import ModelView, load_model

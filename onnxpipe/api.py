@@ -15,8 +15,8 @@ from pathlib import Path
 from onnxpipe.calibrate import DEFAULT_CALIBRATION_MODE, CalibrationMode, choose_timer, time_model
 from onnxpipe.calibrate import calibrate as run_calibration
 from onnxpipe.cluster import Cluster, load_cluster
+from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.costs import static_profile
-from onnxpipe.errors import PartitionError, UsageError
 from onnxpipe.export import check_exportable, export_stages
 from onnxpipe.manifest import Manifest
 from onnxpipe.model import ModelView, load_model

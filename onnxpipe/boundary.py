@@ -34,11 +34,11 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from onnxpipe.errors import ExportError
+from onnxpipe.core.dims import Shape
+from onnxpipe.core.errors import ExportError
+from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.feeds import random_feeds, resolve_input_shapes
-from onnxpipe.manifest import Shape
 from onnxpipe.model import ModelView, TensorInfo, dtype_name, value_dims
-from onnxpipe.ortsession import open_session, session_options
 from onnxpipe.plan import StageSpec
 from onnxpipe.weightfile import externalize, is_external, stored_tensors
 

@@ -33,12 +33,12 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from onnxpipe.errors import UsageError
+from onnxpipe.core.errors import UsageError
+from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.export import export_stages
 from onnxpipe.feeds import random_feeds
 from onnxpipe.manifest import Manifest
 from onnxpipe.model import ModelView
-from onnxpipe.ortsession import open_session, session_options
 from onnxpipe.plan import Plan
 from onnxpipe.profile import Profile
 

@@ -19,7 +19,7 @@ from typing import Any, NoReturn, TypeVar, overload
 from onnxpipe import api
 from onnxpipe.argtypes import bandwidth, count, fraction, positive_int, positive_number
 from onnxpipe.calibrate import CALIBRATION_MODES, DEFAULT_CALIBRATION_MODE
-from onnxpipe.errors import OnnxpipeError, UsageError
+from onnxpipe.core.errors import OnnxpipeError, UsageError
 from onnxpipe.export import check_runtime_opsets
 from onnxpipe.feeds import parse_shape_overrides
 from onnxpipe.manifest import load_manifest

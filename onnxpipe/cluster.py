@@ -17,15 +17,15 @@ from __future__ import annotations
 import difflib
 import json
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
-from onnxpipe.errors import UsageError
-from onnxpipe.jsonread import Document, Fields, Rule, Value, describe
+from onnxpipe.core.errors import UsageError
+from onnxpipe.core.jsonread import Document, Fields, Rule, Value, describe
+from onnxpipe.core.units import parse_bytes, parse_rate
 
 REFERENCE_PROVIDER = "CPUExecutionProvider"
 """The provider the reference profile is measured with (``onnxpipe profile`` runs on the CPU)."""
@@ -398,49 +398,6 @@ _DEVICE_KEYS = {
 _REQUIRED_DEVICE_KEYS = ("name", "provider", "threads", "memory_bytes")
 _LINK_KEYS = {"bandwidth_bytes_per_s", "latency_s", "description"}
 _TOP_KEYS = {"devices", "links", "description"}
-
-_SIZE_UNITS = {
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-_RATE_UNITS = {
-    "b/s": 1.0,
-    "kb/s": 1e3,
-    "mb/s": 1e6,
-    "gb/s": 1e9,
-    "kib/s": 2.0**10,
-    "mib/s": 2.0**20,
-    "gib/s": 2.0**30,
-    "bit/s": 1 / 8,
-    "kbit/s": 1e3 / 8,
-    "mbit/s": 1e6 / 8,
-    "gbit/s": 1e9 / 8,
-}
-_QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z/]+)\s*$")
-
-
-def parse_bytes(text: str) -> int:
-    """``"8 GiB"`` -> ``8589934592``; ``"512MB"`` -> ``512000000`` (decimal and binary units)."""
-    m = _QUANTITY.match(text)
-    if not m or m.group(2).lower() not in _SIZE_UNITS:
-        raise ValueError(f"not a size: {text!r}")
-    return round(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
-
-
-def parse_rate(text: str) -> float:
-    """``"100 Mbit/s"`` -> ``12500000.0`` bytes per second; ``"1.5 GB/s"`` -> ``1.5e9``."""
-    m = _QUANTITY.match(text)
-    if not m or m.group(2).lower() not in _RATE_UNITS:
-        raise ValueError(f"not a rate: {text!r}")
-    return float(m.group(1)) * _RATE_UNITS[m.group(2).lower()]
-
 
 _ADVICE = "see docs/devices.md"
 _NAME: Rule[str] = Rule(lambda s: bool(s.strip()), "a non-empty string")

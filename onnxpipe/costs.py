@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING
 import onnx
 from onnx import shape_inference
 
-from onnxpipe.errors import ModelLoadError
-from onnxpipe.model import Dim, ModelView, NodeInfo, initializer_nbytes, itemsize, value_dims
+from onnxpipe.core.dims import Dim
+from onnxpipe.core.errors import ModelLoadError
+from onnxpipe.model import ModelView, NodeInfo, initializer_nbytes, itemsize, value_dims
 from onnxpipe.symbolic import available as symbolic_available
 from onnxpipe.symbolic import symbolic_dims
 from onnxpipe.weightfile import external_info, is_external, source_file

@@ -31,7 +31,9 @@ import onnxruntime as ort
 from onnx import helper
 
 from onnxpipe.boundary import BoundaryTypes
-from onnxpipe.errors import ExportError, ModelLoadError, UsageError
+from onnxpipe.core.errors import ExportError, ModelLoadError, UsageError, error_line
+from onnxpipe.core.files import file_sha256
+from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.manifest import (
     MANIFEST_NAME,
     MODEL,
@@ -49,11 +51,9 @@ from onnxpipe.manifest import (
     StageOutput,
     write_manifest,
 )
-from onnxpipe.model import ModelView, file_sha256
-from onnxpipe.ortsession import open_session, session_options
+from onnxpipe.model import ModelView
 from onnxpipe.outdir import check_target, normalized, staged_folder, writing
 from onnxpipe.plan import Plan, StageSpec
-from onnxpipe.runner import error_line
 from onnxpipe.schedule import simulate
 from onnxpipe.stagebuild import StageBuilder
 from onnxpipe.weightfile import externalize, is_external

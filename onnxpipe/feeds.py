@@ -22,8 +22,9 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from onnxpipe.errors import UsageError
-from onnxpipe.model import Dim, ModelView, NodeInfo
+from onnxpipe.core.dims import Dim
+from onnxpipe.core.errors import UsageError
+from onnxpipe.model import ModelView, NodeInfo
 
 BATCH_SIZE = 1
 IMAGE_SIZE = 64

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from onnxpipe.errors import ModelLoadError
+from onnxpipe.core.errors import ModelLoadError
 
 
 def _producers(outs: Sequence[Sequence[str]]) -> dict[str, int]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,16 +20,14 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from onnxpipe.cluster import Cluster
-from onnxpipe.errors import ManifestError, UsageError
-from onnxpipe.jsonread import Document, Fields, Rule, Value
-from onnxpipe.model import Dim, file_sha256
+from onnxpipe.core.dims import Dim, Shape
+from onnxpipe.core.errors import ManifestError, UsageError
+from onnxpipe.core.files import file_sha256, write_text_atomic
+from onnxpipe.core.jsonread import Document, Fields, Rule, Value
 from onnxpipe.schedule import Timeline
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-
-Shape = tuple[Dim, ...] | None
-"""Dims as ints, symbolic names (``"batch"``) or ``None`` (unknown); ``None`` for an unknown rank."""
 
 MODEL_INPUT: Literal["model input"] = "model input"
 MODEL: Literal["model"] = "model"
@@ -221,18 +218,7 @@ class Manifest:
 
 def write_manifest(path: str | Path, manifest: Manifest) -> None:
     """Write ``manifest`` to ``path`` through a temporary file, so a reader never sees half of it."""
-    p = Path(path)
-    text = manifest.to_json()
-    tmp = p.with_name(p.name + ".tmp")
-    try:
-        with tmp.open("w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_text_atomic(Path(path), manifest.to_json())
 
 
 def load_manifest(directory: str | Path, *, check_files: bool = True) -> Manifest:

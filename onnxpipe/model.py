@@ -29,10 +29,9 @@ import numpy as np
 import onnx
 from onnx import helper, shape_inference
 
-from onnxpipe.errors import ModelLoadError
-
-Dim = int | str | None
-"""One dimension: a fixed size, a symbolic name (``"batch"``), or ``None`` when nothing is known."""
+from onnxpipe.core.dims import Dim
+from onnxpipe.core.errors import ModelLoadError
+from onnxpipe.core.files import file_sha256
 
 CONSTANT_OPS = frozenset({"Constant", "ConstantOfShape", "Identity", "Shape"})
 
@@ -166,14 +165,6 @@ def initializer_nbytes(tensor: onnx.TensorProto) -> int:
 
 # --------------------------------------------------------------------------------------------------
 # loading
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def load_model(path: str | Path, *, check: bool = True) -> ModelView:

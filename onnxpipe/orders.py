@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Generic, Literal, Protocol, TypeVar
 
 from onnxpipe.cluster import Cluster, device_type
-from onnxpipe.errors import PartitionError, UsageError
+from onnxpipe.core.errors import PartitionError, UsageError
 
 DEFAULT_MAX_ORDERS = 20_000
 """Most distinct device-type sequences :func:`best_device_order` solves (each is one exact partition)."""

@@ -16,20 +16,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
-from onnxpipe.errors import ProfileError
+from onnxpipe.core.errors import ProfileError, error_line
+from onnxpipe.core.progress import Progress
 from onnxpipe.model import ModelView, subgraph_outer_reads
-from onnxpipe.progress import Progress
 
 if TYPE_CHECKING:  # onnxruntime loads when a model is first profiled, not on import
     import onnxruntime as ort
 
-    from onnxpipe.ortsession import OptimizationLevel
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    line = text.splitlines()[0] if text else type(e).__name__
-    return line if len(line) <= 300 else line[:297] + "..."
+    from onnxpipe.core.ortsession import OptimizationLevel
 
 
 @dataclass
@@ -77,7 +71,7 @@ class OrtModel:
             if save_as is not None
             else None
         )
-        from onnxpipe.ortsession import session_options
+        from onnxpipe.core.ortsession import session_options
 
         return session_options(
             level=level,
@@ -92,11 +86,11 @@ class OrtModel:
     def session(self, model: bytes, so: ort.SessionOptions, what: str) -> ort.InferenceSession:
         def fail(e: Exception) -> ProfileError:
             return ProfileError(
-                f"{self.label}: onnxruntime cannot load {what} ({_first_line(e)}); make sure onnxruntime "
+                f"{self.label}: onnxruntime cannot load {what} ({error_line(e)}); make sure onnxruntime "
                 "supports its ops and opset and finds its external weight files, or use --cost static"
             )
 
-        from onnxpipe.ortsession import open_session
+        from onnxpipe.core.ortsession import open_session
 
         return open_session(model, so, fail=fail)
 
@@ -113,7 +107,7 @@ class OrtModel:
         except Exception as e:
             shapes = ", ".join(f"{k}={list(v.shape)}" for k, v in feeds.items())
             raise ProfileError(
-                f"{self.label}: onnxruntime failed running {what} ({_first_line(e)}) with inputs {shapes}; "
+                f"{self.label}: onnxruntime failed running {what} ({error_line(e)}) with inputs {shapes}; "
                 "give the shapes the model expects with --shape NAME=D1,D2,..."
             ) from e
 
@@ -132,7 +126,7 @@ class OrtModel:
             return onnx.load(str(path), load_external_data=False)
         except Exception as e:
             raise ProfileError(
-                f"{self.label}: onnxruntime did not save its optimized graph ({_first_line(e)}); "
+                f"{self.label}: onnxruntime did not save its optimized graph ({error_line(e)}); "
                 "use --cost static for this model"
             ) from e
 

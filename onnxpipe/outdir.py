@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from onnxpipe.errors import ExportError
+from onnxpipe.core.errors import ExportError
 from onnxpipe.manifest import MANIFEST_NAME
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from onnxpipe.errors import PartitionError
+from onnxpipe.core.errors import PartitionError
 from onnxpipe.graph import cut_profile
 from onnxpipe.model import ModelView, NodeInfo
 from onnxpipe.samevalue import value_classes

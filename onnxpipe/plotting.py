@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from onnxpipe.errors import UsageError
+from onnxpipe.core.errors import UsageError
 from onnxpipe.schedule import Timeline
 
 SUFFIXES = (".png", ".svg")

@@ -45,11 +45,11 @@ from typing import Any
 
 from onnxpipe.anchors import NAME_ANCHOR_TOLERANCE
 from onnxpipe.attribution import attribute
-from onnxpipe.errors import ProfileError, UsageError
+from onnxpipe.core.errors import ProfileError, UsageError
+from onnxpipe.core.progress import Progress
 from onnxpipe.feeds import random_feeds, resolve_input_shapes
 from onnxpipe.model import ModelView
 from onnxpipe.ortprofile import OrtModel, node_medians
-from onnxpipe.progress import Progress
 from onnxpipe.valuematch import match_graphs
 from onnxpipe.valuesketch import CENTRED_TOLERANCE, SKETCH_SIZE, VALUE_TOLERANCE
 

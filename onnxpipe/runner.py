@@ -12,7 +12,6 @@ so a model larger than memory twice over can still be checked (``onnxpipe verify
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -21,9 +20,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from onnxpipe.errors import RuntimeStageError, UsageError
+from onnxpipe.core.errors import RuntimeStageError, UsageError, error_line
+from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.manifest import MODEL_INPUT, Manifest, StageEntry, load_manifest
-from onnxpipe.ortsession import open_session, session_options
 
 Values = dict[str, Any]
 """Tensors by name: numpy arrays, or the lists and dicts onnxruntime returns for sequences and maps."""
@@ -183,34 +182,3 @@ def model_outputs(manifest: Manifest, feeds: Mapping[str, np.ndarray], values: V
     out = dict(values)
     out.update({o.name: feeds[o.name] for o in manifest.model_outputs if o.produced_by == MODEL_INPUT})
     return {o.name: out[o.name] for o in manifest.model_outputs}
-
-
-_ORT_STATUS = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
-_LOAD_FAILED = re.compile(r"^Load model from .*? failed:")
-_SOURCE_LOCATION = re.compile(r"^\s*\S*onnxruntime_src/\S*:\d+ ")
-
-
-def error_line(e: BaseException) -> str:
-    """The first line of an error, without onnxruntime's status prefix, source location and C++ signature.
-
-    ``[ONNXRuntimeError] : 1 : FAIL : Load model from m.onnx failed:/onnxruntime_src/x.h:46 void f(int) Opset
-    29 is ...`` becomes ``Opset 29 is ...``.
-    """
-    text = str(e).strip()
-    if not text:
-        return type(e).__name__
-    line = _LOAD_FAILED.sub("", _ORT_STATUS.sub("", text.splitlines()[0])).strip()
-    location = _SOURCE_LOCATION.match(line)
-    if location is None:
-        return line or type(e).__name__
-    rest = line[location.end() :]
-    depth = 0
-    for i, ch in enumerate(rest):
-        if ch == "(":
-            depth += 1
-        elif ch == ")" and depth > 0:
-            depth -= 1
-            if depth == 0:  # the end of the function signature
-                message = re.sub(r"^\s*const\b", "", rest[i + 1 :]).strip()
-                return message or line
-    return rest.strip() or line

@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from onnxpipe.errors import ManifestError, PartitionError, UsageError
+from onnxpipe.core.errors import ManifestError, PartitionError, UsageError
 
 ScheduleKind = Literal["stream", "gpipe", "1f1b"]
 StepKind = Literal["F", "B"]

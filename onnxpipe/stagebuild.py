@@ -32,7 +32,7 @@ from onnx import helper, numpy_helper
 from onnx.external_data_helper import load_external_data_for_tensor
 
 from onnxpipe.boundary import BoundaryTypes
-from onnxpipe.errors import ExportError, ModelLoadError
+from onnxpipe.core.errors import ExportError, ModelLoadError
 from onnxpipe.model import ModelView, NodeInfo, initializer_nbytes
 from onnxpipe.plan import StageSpec
 from onnxpipe.weightfile import is_external

@@ -8,39 +8,16 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from onnxpipe.core.text import human_bytes, table
 from onnxpipe.manifest import Manifest
 from onnxpipe.model import ModelView
 from onnxpipe.plan import Plan
-
-
-def human_bytes(n: float) -> str:
-    """``1536`` -> ``"1.5 KiB"``: sizes people can compare at a glance."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"
 
 
 def stage_time(compute: float, transfer: float, overlapped: bool) -> float:
     """A stage's time per micro-batch as the plan's objective counts it: with a devices file transfers
     run on their own links and overlap compute (the larger counts), else they add to the stage."""
     return max(compute, transfer) if overlapped else compute + transfer
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Right-aligned columns (left-aligned first column) with a rule under the header."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        )
-
-    out = [line(headers), "  ".join("-" * w for w in widths)]
-    out += [line(r) for r in rows]
-    return "\n".join(out)
 
 
 def format_manifest_table(manifest: Manifest) -> str:

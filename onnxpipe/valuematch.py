@@ -13,8 +13,8 @@ import onnx
 from onnx import numpy_helper
 
 from onnxpipe.anchors import find_anchors, find_duplicates, topological, value_candidates
+from onnxpipe.core.errors import ProfileError
 from onnxpipe.costs import concrete_shapes, constant_tensors
-from onnxpipe.errors import ProfileError
 from onnxpipe.feeds import symbol_sizes
 from onnxpipe.model import ModelView, itemsize
 from onnxpipe.ortprofile import OrtModel, Timing, run_exposed

@@ -26,12 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from onnxpipe.errors import ManifestError, UsageError, VerificationError
+from onnxpipe.core.errors import ManifestError, UsageError, VerificationError, error_line
+from onnxpipe.core.files import file_sha256
+from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.feeds import random_feeds, resolve_input_shapes, symbol_sizes
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, load_manifest
-from onnxpipe.model import ModelView, file_sha256, load_model
-from onnxpipe.ortsession import open_session, session_options
-from onnxpipe.runner import error_line, run_stage_by_stage
+from onnxpipe.model import ModelView, load_model
+from onnxpipe.runner import run_stage_by_stage
 
 DEFAULT_RTOL = 1e-4
 DEFAULT_ATOL = 1e-5

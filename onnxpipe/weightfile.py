@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxpipe.errors import ModelLoadError
+from onnxpipe.core.errors import ModelLoadError
 from onnxpipe.model import initializer_nbytes
 
 ALIGNMENT = 4096

@@ -19,7 +19,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe import api
-from onnxpipe.errors import RuntimeStageError
+from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.runtime.cli import add_run_arguments
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.shm import SHM_DIR

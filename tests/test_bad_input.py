@@ -200,7 +200,7 @@ def test_disk_full_at_each_file_exits_6_and_keeps_the_old_folder(
     capfd: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import onnxpipe.manifest
+    import onnxpipe.core.files
 
     if old:  # a previous split (--force replaces nothing else)
         (work / "out").mkdir()
@@ -214,7 +214,7 @@ def test_disk_full_at_each_file_exits_6_and_keeps_the_old_folder(
         def fsync(fd: int) -> None:
             raise full
 
-        monkeypatch.setattr(onnxpipe.manifest.os, "fsync", fsync)
+        monkeypatch.setattr(onnxpipe.core.files.os, "fsync", fsync)
     elif at == "stage":
         real_save = onnx.save_model
 

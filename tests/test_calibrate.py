@@ -21,8 +21,8 @@ from onnxpipe.calibrate import (
     time_stages_in_pipeline,
 )
 from onnxpipe.cluster import Cluster, Device, Link
+from onnxpipe.core.errors import UsageError
 from onnxpipe.costs import static_profile
-from onnxpipe.errors import UsageError
 from onnxpipe.model import ModelView, load_model
 from onnxpipe.plan import Plan, make_plan
 from onnxpipe.profile import Profile

@@ -26,7 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 import onnxpipe
 from onnxpipe import errors
 from onnxpipe.cli import build_parser, main
-from onnxpipe.model import file_sha256
+from onnxpipe.core.files import file_sha256
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCS = REPO_ROOT / "docs" / "cli.md"

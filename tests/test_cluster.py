@@ -18,12 +18,11 @@ from onnxpipe.cluster import (
     device_type,
     effective_speeds,
     load_cluster,
-    parse_bytes,
-    parse_rate,
     provider_available,
     scale_costs,
 )
-from onnxpipe.errors import UsageError
+from onnxpipe.core.errors import UsageError
+from onnxpipe.core.units import parse_bytes, parse_rate
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "devices"

@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxpipe.errors import ExportError
+from onnxpipe.core.errors import ExportError
 from onnxpipe.export import export_stages
 from onnxpipe.manifest import load_manifest
 from onnxpipe.model import ModelView, load_model

@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxpipe.errors import UsageError
+from onnxpipe.core.errors import UsageError
 from onnxpipe.feeds import parse_shape_overrides, random_feeds, resolve_input_shapes
 from onnxpipe.model import ModelView, view_from_proto
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from onnxpipe.errors import ModelLoadError
+from onnxpipe.core.errors import ModelLoadError
 from onnxpipe.graph import (
     cut_profile,
     dfs_order,

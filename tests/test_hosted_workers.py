@@ -34,8 +34,8 @@ from runtime_support import (
 
 from onnxpipe import api
 from onnxpipe.calibrate import corrected
+from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.costs import static_profile
-from onnxpipe.errors import RuntimeStageError
 from onnxpipe.manifest import load_manifest
 from onnxpipe.model import load_model
 from onnxpipe.plan import make_plan

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from onnxpipe.errors import PartitionError
+from onnxpipe.core.errors import PartitionError
 from onnxpipe.partition import interleave
 from onnxpipe.partition.interleave import _reference_interleaved, evaluate_interleaved, solve_interleaved
 

@@ -16,7 +16,7 @@ from cli_runner import run
 from runtime_support import MODES, assert_same, original_outputs, token_batches
 
 from onnxpipe import api
-from onnxpipe.errors import ManifestError, UsageError
+from onnxpipe.core.errors import ManifestError, UsageError
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.affinity import assign_cpus
 from onnxpipe.runtime.pipeline import Pipeline

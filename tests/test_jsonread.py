@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from onnxpipe.jsonread import Document, Rule, Value, describe
+from onnxpipe.core.jsonread import Document, Rule, Value, describe
 from onnxpipe.manifest import MODEL
 
 

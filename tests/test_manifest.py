@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxpipe.errors import ManifestError
+from onnxpipe.core.errors import ManifestError
 from onnxpipe.export import export_stages
 from onnxpipe.manifest import (
     SCHEMA_VERSION,

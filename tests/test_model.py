@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxpipe.errors import ModelLoadError
+from onnxpipe.core.errors import ModelLoadError
 from onnxpipe.model import load_model, view_from_proto
 
 

@@ -35,7 +35,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.api import split
 from onnxpipe.boundary import BoundaryTypes
-from onnxpipe.errors import ExportError
+from onnxpipe.core.errors import ExportError
 from onnxpipe.export import export_stages, shared_weights
 from onnxpipe.manifest import MODEL_INPUT, load_manifest
 from onnxpipe.model import ModelView, load_model

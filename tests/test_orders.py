@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from onnxpipe.cluster import Cluster, Device, Link, load_cluster
-from onnxpipe.errors import PartitionError, UsageError
+from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.orders import (
     best_device_order,
     count_orders,

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from benchmarks.baselines import equal_count, parameter_balanced, torchgpipe_block
 from onnxpipe import partition
-from onnxpipe.errors import MemoryFitError, PartitionError
+from onnxpipe.core.errors import MemoryFitError, PartitionError
 from onnxpipe.partition import (
     TIE_RTOL,
     Partition,

@@ -27,7 +27,7 @@ from runtime_support import (
     token_batches,
 )
 
-from onnxpipe.errors import RuntimeStageError, UsageError
+from onnxpipe.core.errors import RuntimeStageError, UsageError
 from onnxpipe.manifest import load_manifest
 from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.pipeline import Pipeline

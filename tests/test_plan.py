@@ -117,7 +117,7 @@ class _FakeSplit:
 
 
 def test_fused_groups_are_cut_when_they_leave_too_few_positions() -> None:
-    from onnxpipe.errors import PartitionError
+    from onnxpipe.core.errors import PartitionError
     from onnxpipe.plan import keeping_fused_groups
 
     def solve(allowed: object) -> _FakeSplit:

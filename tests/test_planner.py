@@ -11,7 +11,7 @@ import pytest
 import onnxpipe
 from onnxpipe.cli import main
 from onnxpipe.cluster import Cluster, Device, Link, load_cluster
-from onnxpipe.errors import PartitionError, UsageError
+from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.planner import ScheduleRequest, plan_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from onnxpipe.errors import UsageError
+from onnxpipe.core.errors import UsageError
 from onnxpipe.plotting import StageSummary, plot_plan
 from onnxpipe.schedule import simulate
 

@@ -12,10 +12,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxpipe.errors import ProfileError, UsageError
+from onnxpipe.core.errors import ProfileError, UsageError
+from onnxpipe.core.progress import Progress
 from onnxpipe.model import ModelView, load_model, view_from_proto
 from onnxpipe.profile import Profile, profile_model
-from onnxpipe.progress import Progress
 
 _rng = np.random.default_rng(0)
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from runtime_support import assert_same, original_outputs, parse, token_batches
 
-from onnxpipe.errors import RuntimeStageError, UsageError
+from onnxpipe.core.errors import RuntimeStageError, UsageError
 from onnxpipe.runtime.affinity import (
     Core,
     assign_cpus,

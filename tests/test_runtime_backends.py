@@ -28,7 +28,7 @@ import pytest
 from onnx import TensorProto, helper
 from runtime_support import assert_same, original_outputs, token_batches
 
-from onnxpipe.errors import RuntimeStageError
+from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.runtime import processes
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.processes import ProcessBackend

@@ -17,7 +17,7 @@ from runtime_support import (
     token_batches,
 )
 
-from onnxpipe.errors import RuntimeStageError, UsageError
+from onnxpipe.core.errors import RuntimeStageError, UsageError
 from onnxpipe.runtime import ray_backend
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.ray_backend import RayBackend

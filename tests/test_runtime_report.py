@@ -18,6 +18,7 @@ from onnx import numpy_helper
 from runtime_support import MODES, assert_same, original_outputs, parse, split_on_devices, token_batches
 
 from onnxpipe import api, ortsession
+from onnxpipe.core.text import human_bytes
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime import compare
 from onnxpipe.runtime.cli import run_command
@@ -43,7 +44,6 @@ from onnxpipe.runtime.spec import (
     manifest_placements,
     stage_specs,
 )
-from onnxpipe.tables import human_bytes
 
 CPU = CPU_PROVIDER
 

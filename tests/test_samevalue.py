@@ -12,8 +12,8 @@ import pytest
 from models import const, feeds_for, make, plan_for, save, vi
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxpipe.core.errors import ManifestError
 from onnxpipe.costs import static_profile
-from onnxpipe.errors import ManifestError
 from onnxpipe.export import export_stages
 from onnxpipe.manifest import MANIFEST_NAME, SameValue, load_manifest
 from onnxpipe.model import ModelView, load_model, view_from_proto

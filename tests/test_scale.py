@@ -25,11 +25,12 @@ import onnxpipe.export as export
 import onnxpipe.stagebuild as stagebuild
 import onnxpipe.weightfile as weightfile
 from onnxpipe.api import split
+from onnxpipe.core.errors import ExportError
+from onnxpipe.core.files import file_sha256
 from onnxpipe.costs import static_profile
-from onnxpipe.errors import ExportError
 from onnxpipe.export import export_stages
 from onnxpipe.manifest import load_manifest
-from onnxpipe.model import file_sha256, load_model
+from onnxpipe.model import load_model
 from onnxpipe.plan import make_plan
 from onnxpipe.runner import StageChain
 from tools.make_large_graph import make_big_weights, make_many_nodes

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from onnxpipe.errors import ManifestError, PartitionError, UsageError
+from onnxpipe.core.errors import ManifestError, PartitionError, UsageError
 from onnxpipe.schedule import (
     Step,
     Timeline,

@@ -15,10 +15,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe import api
 from onnxpipe.cli import main
-from onnxpipe.errors import ManifestError, UsageError
+from onnxpipe.core.errors import ManifestError, UsageError
+from onnxpipe.core.files import file_sha256
 from onnxpipe.export import export_stages
 from onnxpipe.manifest import load_manifest
-from onnxpipe.model import ModelView, file_sha256, load_model
+from onnxpipe.model import ModelView, load_model
 from onnxpipe.plan import Plan, assign_stages
 from onnxpipe.runner import StageChain
 from onnxpipe.runtime.inputs import input_shapes_for

@@ -14,7 +14,7 @@ from dataclasses import KW_ONLY, dataclass
 
 import numpy as np
 
-from onnxpipe.errors import PartitionError
+from onnxpipe.core.errors import PartitionError
 from onnxpipe.partition.costmodel import _Model, _Work
 from onnxpipe.partition.numeric import BoolArr, FloatArr, _prefix
 

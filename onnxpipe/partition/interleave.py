@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from onnxpipe.errors import PartitionError
+from onnxpipe.core.errors import PartitionError
 from onnxpipe.partition.inputs import _allowed, _check_bounds, _check_transfers, _costs, _vector
 from onnxpipe.partition.numeric import FloatArr, IntArr, _prefix
 

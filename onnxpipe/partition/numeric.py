@@ -13,7 +13,7 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
-from onnxpipe.errors import PartitionError
+from onnxpipe.core.errors import PartitionError
 
 FloatArr = NDArray[np.float64]
 IntArr = NDArray[np.intp]

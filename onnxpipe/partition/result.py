@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from onnxpipe.errors import MemoryFitError, PartitionError
+from onnxpipe.core.errors import MemoryFitError, PartitionError
 from onnxpipe.partition.costmodel import _Model
 
 TIE_RTOL = 1e-9

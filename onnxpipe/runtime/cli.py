@@ -15,7 +15,7 @@ import numpy as np
 
 from onnxpipe.argtypes import count, positive_int
 from onnxpipe.cluster import load_cluster
-from onnxpipe.errors import ManifestError, UsageError
+from onnxpipe.core.errors import ManifestError, UsageError
 from onnxpipe.feeds import parse_shape_overrides
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.base import Tensors

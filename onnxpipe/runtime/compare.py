@@ -29,15 +29,15 @@ from typing import Literal
 import numpy as np
 import onnxruntime as ort
 
-from onnxpipe.errors import RuntimeStageError
+from onnxpipe.core.errors import RuntimeStageError, error_line
+from onnxpipe.core.ortsession import Provider, open_session, session_options
 from onnxpipe.manifest import Manifest
-from onnxpipe.ortsession import Provider, open_session, session_options
 from onnxpipe.runtime.affinity import assign_cpus, cpu_sets, pinned
 from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.ceiling import MIN_RUN_S, balanced_ceiling
 from onnxpipe.runtime.pipeline import Pipeline, make_backend
 from onnxpipe.runtime.report import BaselineReport, Measurement, RunReport, measure
-from onnxpipe.runtime.session import WorkerStats, first_line
+from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import CPU_PROVIDER, Placement, WorkerSpec, model_spec
 from onnxpipe.verification import DEFAULT_ATOL, DEFAULT_RTOL, compare
 
@@ -142,7 +142,7 @@ def _open(model: Path, placement: Placement) -> ort.InferenceSession:
         model,
         session_options(threads=placement.threads),
         _providers(placement),
-        fail=lambda e: RuntimeStageError(f"{model}: the original model does not load ({first_line(e)})"),
+        fail=lambda e: RuntimeStageError(f"{model}: the original model does not load ({error_line(e)})"),
     )
 
 

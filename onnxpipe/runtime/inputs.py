@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from onnxpipe.errors import UsageError
+from onnxpipe.core.errors import UsageError
 from onnxpipe.feeds import random_feeds
 from onnxpipe.manifest import Manifest
 from onnxpipe.model import load_model

@@ -40,8 +40,9 @@ from typing import Any, Literal
 import numpy as np
 import onnxruntime as ort
 
-from onnxpipe.errors import RuntimeStageError, UsageError
-from onnxpipe.manifest import Manifest, Shape, load_manifest
+from onnxpipe.core.dims import Shape
+from onnxpipe.core.errors import RuntimeStageError, UsageError
+from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.affinity import assign_cpus
 from onnxpipe.runtime.base import WAIT_SECONDS, Backend, Tensors
 from onnxpipe.runtime.processes import DEFAULT_SLOTS, ProcessBackend

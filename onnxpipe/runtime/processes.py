@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxpipe.errors import RuntimeStageError, UsageError
+from onnxpipe.core.errors import RuntimeStageError, UsageError
 from onnxpipe.runtime.affinity import pin_thread
 from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.session import (

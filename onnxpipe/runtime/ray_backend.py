@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxpipe.errors import RuntimeStageError, UsageError
+from onnxpipe.core.errors import RuntimeStageError, UsageError, error_line
 from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.processes import DEFAULT_SLOTS
 from onnxpipe.runtime.session import (
@@ -55,7 +55,6 @@ from onnxpipe.runtime.session import (
     StageRunner,
     WorkerStats,
     current_rss_bytes,
-    first_line,
 )
 from onnxpipe.runtime.spec import WorkerSpec
 
@@ -129,7 +128,7 @@ class _OwnedRay:
             except (ConnectionError, RuntimeError, ValueError) as e:
                 _shutdown_quietly(ray)
                 where = address or "a new local cluster"
-                raise UsageError(f"cannot connect to Ray at {where}: {first_line(e)}") from e
+                raise UsageError(f"cannot connect to Ray at {where}: {error_line(e)}") from e
             except BaseException:  # Ctrl-C half-way through: leave nothing of it running
                 _shutdown_quietly(ray)
                 raise
@@ -450,8 +449,8 @@ def _ray_error_text(e: BaseException, fallback: str, actors: Mapping[int, str] |
     if "ActorDied" in kind or "RayActorError" in kind:
         m = _DEAD_PID.search(str(e))
         who = actors.get(int(m.group(1))) if m and actors else None
-        return f"{fallback}: {who or 'a stage actor'} died ({first_line(e)})"
-    return f"{fallback}: {first_line(e)}"
+        return f"{fallback}: {who or 'a stage actor'} died ({error_line(e)})"
+    return f"{fallback}: {error_line(e)}"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from onnxpipe.errors import UsageError
+from onnxpipe.core.errors import UsageError
+from onnxpipe.core.text import human_bytes, table
 from onnxpipe.manifest import Manifest
 from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.pipeline import Job, Pipeline
 from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import CPU_PROVIDER, Placement, WorkerSpec, manifest_placements
-from onnxpipe.tables import human_bytes, table
 
 Feeds = Mapping[str, np.ndarray]
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
-from onnxpipe.ortsession import Provider, open_session, session_options
+from onnxpipe.core.errors import error_line
+from onnxpipe.core.ortsession import Provider, open_session, session_options
 from onnxpipe.runtime.affinity import pinned
 from onnxpipe.runtime.spec import CPU_PROVIDER, WorkerSpec
 
@@ -132,7 +133,7 @@ class StageRunner:
                     options,
                     providers,
                     fail=lambda e: StageFailure(
-                        f"{spec.label}: does not load in onnxruntime ({first_line(e)}); re-run onnxpipe split"
+                        f"{spec.label}: does not load in onnxruntime ({error_line(e)}); re-run onnxpipe split"
                     ),
                 )
         except OSError as e:  # pinned(): CPUs this process may not use (or that do not exist)
@@ -196,7 +197,7 @@ def pin_failure(spec: WorkerSpec, e: OSError) -> str:
 
 def describe_failure(spec: WorkerSpec, seq: int, feeds: Mapping[str, np.ndarray], e: BaseException) -> str:
     """One line: stage, micro-batch, node and tensor at fault (when onnxruntime names them), the inputs."""
-    text = first_line(e)
+    text = error_line(e)
     where = ""
     m = _NODE_NAME.search(text)
     if m:
@@ -230,11 +231,6 @@ def _describe_array(v: object) -> str:
     if isinstance(v, np.ndarray):
         return f"{v.dtype}[{','.join(str(d) for d in v.shape)}]"
     return type(v).__name__
-
-
-def first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 # --------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from onnxpipe.errors import UsageError
+from onnxpipe.core.errors import UsageError
 
 if TYPE_CHECKING:
     from onnxpipe.cluster import Device

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from onnxpipe.errors import RuntimeStageError
+from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.runtime.affinity import pin_thread
 from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.processes import DEFAULT_SLOTS

@@ -8,6 +8,8 @@ A bug in onnxpipe itself is *not* an ``OnnxpipeError``: it surfaces as an ordina
 
 from __future__ import annotations
 
+import re
+
 
 class OnnxpipeError(Exception):
     """Base class of all user-facing errors; ``exit_code`` is what the CLI returns for it."""
@@ -71,3 +73,44 @@ class RuntimeStageError(OnnxpipeError):
     """A stage failed while running a pipeline; the message names the stage and tensor."""
 
     exit_code = 8
+
+
+MAX_LINE = 300
+
+_ORT_STATUS = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
+_LOAD_FAILED = re.compile(r"^Load model from .*? failed:")
+_SOURCE_LOCATION = re.compile(r"^\s*\S*onnxruntime_src/\S*:\d+ ")
+
+
+def error_line(e: BaseException) -> str:
+    """The first line of an error, without onnxruntime's status prefix, source location and C++ signature.
+
+    The one way onnxpipe quotes an exception it did not raise itself (onnxruntime's, onnx's, Ray's) inside
+    its own one-line messages; over :data:`MAX_LINE` characters it is cut.
+
+    ``[ONNXRuntimeError] : 1 : FAIL : Load model from m.onnx failed:/onnxruntime_src/x.h:46 void f(int) Opset
+    29 is ...`` becomes ``Opset 29 is ...``.
+    """
+    line = _first_line(e)
+    return line if len(line) <= MAX_LINE else line[: MAX_LINE - 3] + "..."
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    if not text:
+        return type(e).__name__
+    line = _LOAD_FAILED.sub("", _ORT_STATUS.sub("", text.splitlines()[0])).strip()
+    location = _SOURCE_LOCATION.match(line)
+    if location is None:
+        return line or type(e).__name__
+    rest = line[location.end() :]
+    depth = 0
+    for i, ch in enumerate(rest):
+        if ch == "(":
+            depth += 1
+        elif ch == ")" and depth > 0:
+            depth -= 1
+            if depth == 0:  # the end of the function signature
+                message = re.sub(r"^\s*const\b", "", rest[i + 1 :]).strip()
+                return message or line
+    return rest.strip() or line

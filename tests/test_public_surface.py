@@ -1,0 +1,41 @@
+"""The redesign moved every module; what users see did not change.
+
+``tests/data/public_surface.json`` was written before the move (onnxpipe 0.1.0 at 8aa300b): the names
+of ``onnxpipe.__all__`` and the text of ``onnxpipe --help`` and of every subcommand's ``--help`` at a
+100-column terminal.  A change to either is a change of the public surface: make it on purpose, and
+write the file again with the new texts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+import onnxpipe
+from onnxpipe.cli import main
+
+SURFACE = json.loads((Path(__file__).parent / "data" / "public_surface.json").read_text(encoding="utf-8"))
+
+
+def _help(argv: list[str]) -> str:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), pytest.raises(SystemExit) as stop:
+        main([*argv, "--help"])
+    assert stop.value.code == 0
+    return buf.getvalue()
+
+
+def test_the_public_names_are_those_of_before_the_move() -> None:
+    assert sorted(onnxpipe.__all__) == SURFACE["all"]
+    for name in onnxpipe.__all__:
+        assert getattr(onnxpipe, name) is not None
+
+
+@pytest.mark.parametrize("command", sorted(SURFACE["help"]), ids=lambda c: c or "onnxpipe")
+def test_every_help_text_is_that_of_before_the_move(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    assert _help([command] if command else []) == SURFACE["help"][command]
