@@ -56,9 +56,9 @@ from benchmarks.common import (
 from onnxpipe import partition
 from onnxpipe.costs import static_profile
 from onnxpipe.export import export_stages
-from onnxpipe.feeds import random_feeds
+from onnxpipe.ir.feeds import random_feeds
+from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.manifest import Manifest
-from onnxpipe.model import ModelView, load_model
 from onnxpipe.plan import Plan, make_plan
 
 K = 3

@@ -59,7 +59,7 @@ CHILD_PRELUDE = MEMORY_PRELUDE + textwrap.dedent(
 SPLIT = """
 from onnxpipe.costs import static_profile
 from onnxpipe.export import export_stages
-from onnxpipe.model import load_model
+from onnxpipe.ir.model import load_model
 from onnxpipe.plan import make_plan
 
 model, out, k = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -19,8 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from onnxpipe.graph import dfs_order, file_order_if_topological, live_bytes_profile  # noqa: E402
-from onnxpipe.model import ModelView, load_model  # noqa: E402
+from onnxpipe.ir.graph import dfs_order, file_order_if_topological, live_bytes_profile  # noqa: E402
+from onnxpipe.ir.model import ModelView, load_model  # noqa: E402
 
 
 def default_models() -> list[Path]:

@@ -50,7 +50,7 @@ from benchmarks.common import (
 )
 from onnxpipe import partition
 from onnxpipe.costs import static_profile
-from onnxpipe.model import load_model
+from onnxpipe.ir.model import load_model
 from onnxpipe.plan import make_plan
 
 MODELS = (

@@ -33,8 +33,9 @@ sys.path.insert(0, str(ROOT))
 
 from onnxpipe.core.progress import Progress  # noqa: E402
 from onnxpipe.costs import static_profile  # noqa: E402
-from onnxpipe.feeds import random_feeds, resolve_input_shapes  # noqa: E402
-from onnxpipe.model import ModelView, load_model  # noqa: E402
+from onnxpipe.ir.feeds import random_feeds  # noqa: E402
+from onnxpipe.ir.model import ModelView, load_model  # noqa: E402
+from onnxpipe.ir.shapes import resolve_input_shapes  # noqa: E402
 from onnxpipe.profile import Profile, _OrtModel, profile_model  # noqa: E402
 
 

@@ -42,7 +42,7 @@ CHILD = MEMORY_PRELUDE + textwrap.dedent(
     import onnx
     from onnxpipe.costs import static_profile
     from onnxpipe.export import export_stages
-    from onnxpipe.model import load_model
+    from onnxpipe.ir.model import load_model
     from onnxpipe.plan import make_plan
     from onnxpipe.verification import verify
 

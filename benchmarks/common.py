@@ -36,7 +36,7 @@ import onnxruntime as ort  # noqa: E402
 
 from onnxpipe import partition  # noqa: E402
 from onnxpipe.core.text import table  # noqa: E402
-from onnxpipe.model import ModelView, load_model  # noqa: E402
+from onnxpipe.ir.model import ModelView, load_model  # noqa: E402
 from onnxpipe.plan import Plan, assign_stages, tensor_sizes  # noqa: E402
 from onnxpipe.profile import Profile, profile_model  # noqa: E402
 

@@ -35,8 +35,8 @@ _EXPORTS: dict[str, str] = {
     "export_stages": "onnxpipe.export",
     "Manifest": "onnxpipe.manifest",
     "load_manifest": "onnxpipe.manifest",
-    "ModelView": "onnxpipe.model",
-    "load_model": "onnxpipe.model",
+    "ModelView": "onnxpipe.ir.model",
+    "load_model": "onnxpipe.ir.model",
     "Partition": "onnxpipe.partition",
     "solve": "onnxpipe.partition",
     "Plan": "onnxpipe.plan",
@@ -121,8 +121,8 @@ if TYPE_CHECKING:
     )
     from onnxpipe.costs import static_profile
     from onnxpipe.export import export_stages
+    from onnxpipe.ir.model import ModelView, load_model
     from onnxpipe.manifest import Manifest, load_manifest
-    from onnxpipe.model import ModelView, load_model
     from onnxpipe.partition import Partition, solve
     from onnxpipe.plan import Plan, StageSpec, make_plan
     from onnxpipe.planner import ScheduleRequest, plan_pipeline

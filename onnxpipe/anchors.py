@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 
 import onnx
 
-from onnxpipe.graph import dfs_order
-from onnxpipe.model import ModelView, subgraph_outer_reads
+from onnxpipe.ir.graph import dfs_order
+from onnxpipe.ir.model import ModelView, subgraph_outer_reads
 from onnxpipe.valuesketch import VALUE_TOLERANCE, Print
 
 NAME_ANCHOR_TOLERANCE = 0.05

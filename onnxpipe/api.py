@@ -18,8 +18,8 @@ from onnxpipe.cluster import Cluster, load_cluster
 from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.costs import static_profile
 from onnxpipe.export import check_exportable, export_stages
+from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.manifest import Manifest
-from onnxpipe.model import ModelView, load_model
 from onnxpipe.plan import DEFAULT_TIME_SLACK, Plan, make_interleaved_plan, make_plan
 from onnxpipe.planner import ScheduleRequest, plan_pipeline
 from onnxpipe.profile import Profile, profile_model

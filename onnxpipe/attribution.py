@@ -11,7 +11,7 @@ import onnx
 
 from onnxpipe.anchors import node_reads
 from onnxpipe.costs import node_flops
-from onnxpipe.model import ModelView
+from onnxpipe.ir.model import ModelView
 from onnxpipe.ortprofile import Timing
 from onnxpipe.valuematch import Matched
 

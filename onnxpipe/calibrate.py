@@ -36,9 +36,9 @@ import numpy as np
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.export import export_stages
-from onnxpipe.feeds import random_feeds
+from onnxpipe.ir.feeds import random_feeds
+from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
-from onnxpipe.model import ModelView
 from onnxpipe.plan import Plan
 from onnxpipe.profile import Profile
 

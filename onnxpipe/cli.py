@@ -21,9 +21,9 @@ from onnxpipe.argtypes import bandwidth, count, fraction, positive_int, positive
 from onnxpipe.calibrate import CALIBRATION_MODES, DEFAULT_CALIBRATION_MODE
 from onnxpipe.core.errors import OnnxpipeError, UsageError
 from onnxpipe.export import check_runtime_opsets
-from onnxpipe.feeds import parse_shape_overrides
+from onnxpipe.ir.model import ModelView, load_model
+from onnxpipe.ir.shapes import parse_shape_overrides
 from onnxpipe.manifest import load_manifest
-from onnxpipe.model import ModelView, load_model
 from onnxpipe.plan import DEFAULT_TIME_SLACK
 from onnxpipe.planner import SCHEDULE_CHOICES, ScheduleRequest, draw_plan
 from onnxpipe.profile import Profile

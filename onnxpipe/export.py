@@ -34,6 +34,8 @@ from onnxpipe.boundary import BoundaryTypes
 from onnxpipe.core.errors import ExportError, ModelLoadError, UsageError, error_line
 from onnxpipe.core.files import file_sha256
 from onnxpipe.core.ortsession import open_session, session_options
+from onnxpipe.ir.external import is_external
+from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import (
     MANIFEST_NAME,
     MODEL,
@@ -51,12 +53,11 @@ from onnxpipe.manifest import (
     StageOutput,
     write_manifest,
 )
-from onnxpipe.model import ModelView
 from onnxpipe.outdir import check_target, normalized, staged_folder, writing
 from onnxpipe.plan import Plan, StageSpec
 from onnxpipe.schedule import simulate
 from onnxpipe.stagebuild import StageBuilder
-from onnxpipe.weightfile import externalize, is_external
+from onnxpipe.weightfile import externalize
 
 EXTERNAL_DATA_MODES = ("auto", "never", "always")
 AUTO_EXTERNAL_BYTES = 1_800_000_000

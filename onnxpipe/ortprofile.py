@@ -18,7 +18,7 @@ import onnx
 
 from onnxpipe.core.errors import ProfileError, error_line
 from onnxpipe.core.progress import Progress
-from onnxpipe.model import ModelView, subgraph_outer_reads
+from onnxpipe.ir.model import ModelView, subgraph_outer_reads
 
 if TYPE_CHECKING:  # onnxruntime loads when a model is first profiled, not on import
     import onnxruntime as ort

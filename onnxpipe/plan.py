@@ -17,9 +17,9 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from onnxpipe.core.errors import PartitionError
-from onnxpipe.graph import cut_profile
-from onnxpipe.model import ModelView, NodeInfo
-from onnxpipe.samevalue import value_classes
+from onnxpipe.ir.graph import cut_profile
+from onnxpipe.ir.model import ModelView, NodeInfo
+from onnxpipe.ir.samevalue import value_classes
 
 if TYPE_CHECKING:
     from onnxpipe.cluster import Cluster, DeviceCosts

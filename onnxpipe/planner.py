@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Literal
 from onnxpipe import partition as _partition
 from onnxpipe.cluster import Cluster, Device, device_costs
 from onnxpipe.core.errors import MemoryFitError, PartitionError, UsageError
-from onnxpipe.model import ModelView
+from onnxpipe.ir.model import ModelView
 from onnxpipe.orders import OrderSearch, place, stages_auto
 from onnxpipe.plan import Plan, StageSpec, assign_stages, keeping_fused_groups, plan_from, sequences
 from onnxpipe.schedule import DEFAULT_BACKWARD_RATIO, KINDS, ScheduleKind, Timeline, in_flight, simulate

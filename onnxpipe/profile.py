@@ -47,8 +47,9 @@ from onnxpipe.anchors import NAME_ANCHOR_TOLERANCE
 from onnxpipe.attribution import attribute
 from onnxpipe.core.errors import ProfileError, UsageError
 from onnxpipe.core.progress import Progress
-from onnxpipe.feeds import random_feeds, resolve_input_shapes
-from onnxpipe.model import ModelView
+from onnxpipe.ir.feeds import random_feeds
+from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.ortprofile import OrtModel, node_medians
 from onnxpipe.valuematch import match_graphs
 from onnxpipe.valuesketch import CENTRED_TOLERANCE, SKETCH_SIZE, VALUE_TOLERANCE

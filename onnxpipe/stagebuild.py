@@ -33,9 +33,9 @@ from onnx.external_data_helper import load_external_data_for_tensor
 
 from onnxpipe.boundary import BoundaryTypes
 from onnxpipe.core.errors import ExportError, ModelLoadError
-from onnxpipe.model import ModelView, NodeInfo, initializer_nbytes
+from onnxpipe.ir.external import is_external
+from onnxpipe.ir.model import ModelView, NodeInfo, initializer_nbytes
 from onnxpipe.plan import StageSpec
-from onnxpipe.weightfile import is_external
 
 SMALL_TENSOR_BYTES = 1024
 """Without weights (for shape inference), initializers above this keep only their dims and type."""

@@ -9,8 +9,8 @@ from collections import Counter
 from collections.abc import Sequence
 
 from onnxpipe.core.text import human_bytes, table
+from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
-from onnxpipe.model import ModelView
 from onnxpipe.plan import Plan
 
 

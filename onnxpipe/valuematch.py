@@ -14,9 +14,10 @@ from onnx import numpy_helper
 
 from onnxpipe.anchors import find_anchors, find_duplicates, topological, value_candidates
 from onnxpipe.core.errors import ProfileError
-from onnxpipe.costs import concrete_shapes, constant_tensors
-from onnxpipe.feeds import symbol_sizes
-from onnxpipe.model import ModelView, itemsize
+from onnxpipe.costs import constant_tensors
+from onnxpipe.ir.inference import concrete_shapes
+from onnxpipe.ir.model import ModelView, itemsize
+from onnxpipe.ir.shapes import symbol_sizes
 from onnxpipe.ortprofile import OrtModel, Timing, run_exposed
 from onnxpipe.valuesketch import VALUE_TOLERANCE, Print, Sketcher
 

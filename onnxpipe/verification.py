@@ -29,9 +29,10 @@ import numpy as np
 from onnxpipe.core.errors import ManifestError, UsageError, VerificationError, error_line
 from onnxpipe.core.files import file_sha256
 from onnxpipe.core.ortsession import open_session, session_options
-from onnxpipe.feeds import random_feeds, resolve_input_shapes, symbol_sizes
+from onnxpipe.ir.feeds import random_feeds
+from onnxpipe.ir.model import ModelView, load_model
+from onnxpipe.ir.shapes import resolve_input_shapes, symbol_sizes
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, load_manifest
-from onnxpipe.model import ModelView, load_model
 from onnxpipe.runner import run_stage_by_stage
 
 DEFAULT_RTOL = 1e-4

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxpipe.model import ModelView
+from onnxpipe.ir.model import ModelView
 from onnxpipe.plan import Plan, assign_stages
 
 OPSET = 17

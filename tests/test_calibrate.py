@@ -23,7 +23,7 @@ from onnxpipe.calibrate import (
 from onnxpipe.cluster import Cluster, Device, Link
 from onnxpipe.core.errors import UsageError
 from onnxpipe.costs import static_profile
-from onnxpipe.model import ModelView, load_model
+from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.plan import Plan, make_plan
 from onnxpipe.profile import Profile
 from onnxpipe.runtime import affinity

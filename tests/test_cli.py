@@ -24,8 +24,8 @@ from cli_runner import run, run_with_file_size_limit
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxpipe
-from onnxpipe import errors
 from onnxpipe.cli import build_parser, main
+from onnxpipe.core import errors
 from onnxpipe.core.files import file_sha256
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -18,8 +18,8 @@ from models import all_bounds, feeds_for, loop_model, nested_if_model, plan_for,
 
 from onnxpipe.api import split
 from onnxpipe.export import export_stages
+from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.manifest import load_manifest
-from onnxpipe.model import ModelView, load_model
 from onnxpipe.runner import StageChain
 
 

@@ -9,17 +9,17 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxpipe import costs, symbolic
 from onnxpipe.costs import (
     MEMORY_BANDWIDTH,
     NODE_OVERHEAD_SECONDS,
     PEAK_FLOPS,
-    concrete_shapes,
     node_bytes,
     node_flops,
     static_profile,
 )
-from onnxpipe.model import ModelView, load_model, view_from_proto
+from onnxpipe.ir import inference, symbolic
+from onnxpipe.ir.inference import concrete_shapes
+from onnxpipe.ir.model import ModelView, load_model, view_from_proto
 
 
 def _vi(name: str, shape: list[int | str] | None, elem: int = TensorProto.FLOAT) -> onnx.ValueInfoProto:
@@ -249,7 +249,7 @@ def test_without_sympy_the_shapes_fall_back_and_a_note_says_how_to_settle_them(
 ) -> None:
     """The old answer, sized from the inputs' symbols or 1, with the remedy named."""
     monkeypatch.setattr(symbolic, "available", lambda: False)
-    monkeypatch.setattr(costs, "symbolic_available", lambda: False)
+    monkeypatch.setattr(inference, "symbolic_available", lambda: False)
     notes: list[str] = []
     shapes = concrete_shapes(view_from_proto(_shape_arithmetic_model()), {"x": (2, 7)}, notes)
     assert shapes["p"] == (1, 1) and shapes["y"] == (2, 7)
@@ -308,7 +308,7 @@ def test_torch_exports_get_the_shapes_onnxruntime_computes(
 ) -> None:
     """Before the symbolic second opinion, 91-108 of these models' tensors had a wrong static size (a
     BERT's attention masks, a GPT-2's causal mask and position ids); now every one has the true size."""
-    from onnxpipe.feeds import random_feeds
+    from onnxpipe.ir.feeds import random_feeds
 
     path: Path = request.getfixturevalue(fixture)
     view = load_model(path)

@@ -30,8 +30,8 @@ import pytest
 
 import onnxpipe
 from onnxpipe.cli import main
+from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import MODEL, MODEL_INPUT, Manifest, load_manifest
-from onnxpipe.model import ModelView
 from onnxpipe.stagebuild import ALIAS_NODE_PREFIX
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -17,8 +17,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.core.errors import ExportError
 from onnxpipe.export import export_stages
+from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.manifest import load_manifest
-from onnxpipe.model import ModelView, load_model
 from onnxpipe.plan import Plan, assign_stages
 from onnxpipe.runner import StageChain
 

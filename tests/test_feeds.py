@@ -8,8 +8,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.core.errors import UsageError
-from onnxpipe.feeds import parse_shape_overrides, random_feeds, resolve_input_shapes
-from onnxpipe.model import ModelView, view_from_proto
+from onnxpipe.ir.feeds import random_feeds
+from onnxpipe.ir.model import ModelView, view_from_proto
+from onnxpipe.ir.shapes import parse_shape_overrides, resolve_input_shapes
 
 
 def _vi(

@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.export import export_stages
+from onnxpipe.ir.model import load_model
 from onnxpipe.manifest import load_manifest
-from onnxpipe.model import load_model
 from onnxpipe.plan import Plan, assign_stages
 from onnxpipe.runner import StageChain
 

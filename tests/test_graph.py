@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from onnxpipe.core.errors import ModelLoadError
-from onnxpipe.graph import (
+from onnxpipe.ir.graph import (
     cut_profile,
     dfs_order,
     file_order_if_topological,

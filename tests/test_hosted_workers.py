@@ -36,8 +36,8 @@ from onnxpipe import api
 from onnxpipe.calibrate import corrected
 from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.costs import static_profile
+from onnxpipe.ir.model import load_model
 from onnxpipe.manifest import load_manifest
-from onnxpipe.model import load_model
 from onnxpipe.plan import make_plan
 from onnxpipe.runtime.compare import stage_worker_memory
 from onnxpipe.runtime.pipeline import Pipeline

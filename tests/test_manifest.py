@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.core.errors import ManifestError
 from onnxpipe.export import export_stages
+from onnxpipe.ir.model import load_model
 from onnxpipe.manifest import (
     SCHEMA_VERSION,
     Manifest,
@@ -29,7 +30,6 @@ from onnxpipe.manifest import (
     load_manifest,
     write_manifest,
 )
-from onnxpipe.model import load_model
 from onnxpipe.plan import Plan, assign_stages
 from onnxpipe.schedule import simulate
 

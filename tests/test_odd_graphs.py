@@ -37,8 +37,8 @@ from onnxpipe.api import split
 from onnxpipe.boundary import BoundaryTypes
 from onnxpipe.core.errors import ExportError
 from onnxpipe.export import export_stages, shared_weights
+from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.manifest import MODEL_INPUT, load_manifest
-from onnxpipe.model import ModelView, load_model
 from onnxpipe.runner import StageChain
 from onnxpipe.stagebuild import StageBuilder
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxpipe.model import view_from_proto
+from onnxpipe.ir.model import view_from_proto
 from onnxpipe.plan import allowed_cuts_from_regions, assign_stages
 from onnxpipe.schedule import simulate
 
@@ -101,7 +101,7 @@ def test_scattered_groups_do_not_block_cuts() -> None:
 
 
 def test_far_apart_group_is_ignored() -> None:
-    from onnxpipe.model import NodeInfo
+    from onnxpipe.ir.model import NodeInfo
 
     nodes = tuple(NodeInfo(i, i, f"n{i}", "Relu", "", (), (), (f"t{i}",), 0, False, False) for i in range(20))
     allowed = allowed_cuts_from_regions(nodes, [("n0", "n19"), ("n5", "n6")])
@@ -160,7 +160,7 @@ def test_a_fused_group_holding_most_of_the_model_does_not_unbalance_the_plan() -
     """A profile whose value matching failed reports one group of every node but the last (ResNet-50 on
     an AVX2 machine did): the plan cuts through it rather than leave one stage all the work."""
     from onnxpipe.costs import static_profile
-    from onnxpipe.model import load_model
+    from onnxpipe.ir.model import load_model
     from onnxpipe.plan import make_plan
 
     view = load_model(SAMPLES / "resnet_tiny.onnx")

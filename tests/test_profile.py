@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.core.errors import ProfileError, UsageError
 from onnxpipe.core.progress import Progress
-from onnxpipe.model import ModelView, load_model, view_from_proto
+from onnxpipe.ir.model import ModelView, load_model, view_from_proto
 from onnxpipe.profile import Profile, profile_model
 
 _rng = np.random.default_rng(0)

@@ -15,11 +15,11 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxpipe.core.errors import ManifestError
 from onnxpipe.costs import static_profile
 from onnxpipe.export import export_stages
+from onnxpipe.ir.model import ModelView, load_model, view_from_proto
+from onnxpipe.ir.samevalue import CONTENT_LIMIT, value_classes
 from onnxpipe.manifest import MANIFEST_NAME, SameValue, load_manifest
-from onnxpipe.model import ModelView, load_model, view_from_proto
 from onnxpipe.plan import Alias, assign_stages, make_plan, sequences
 from onnxpipe.runner import StageChain
-from onnxpipe.samevalue import CONTENT_LIMIT, value_classes
 from onnxpipe.stagebuild import ALIAS_NODE_PREFIX
 
 

@@ -22,6 +22,7 @@ import pytest
 from models import plan_for, save, shared_weights_model
 
 import onnxpipe.export as export
+import onnxpipe.ir.external as external
 import onnxpipe.stagebuild as stagebuild
 import onnxpipe.weightfile as weightfile
 from onnxpipe.api import split
@@ -29,8 +30,8 @@ from onnxpipe.core.errors import ExportError
 from onnxpipe.core.files import file_sha256
 from onnxpipe.costs import static_profile
 from onnxpipe.export import export_stages
+from onnxpipe.ir.model import load_model
 from onnxpipe.manifest import load_manifest
-from onnxpipe.model import load_model
 from onnxpipe.plan import make_plan
 from onnxpipe.runner import StageChain
 from tools.make_large_graph import make_big_weights, make_many_nodes
@@ -84,7 +85,7 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int | None, st
     """Every tensor the exporter reads from the source's weight files, with the stage it was read for."""
     log: list[tuple[int | None, str]] = []
     stage: list[int | None] = [None]
-    real_read = weightfile.read_source
+    real_read = external.read_source
     real_load = stagebuild.load_external_data_for_tensor
     real_externalize = export.externalize
     real_build = stagebuild.StageBuilder.build
@@ -111,7 +112,8 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int | None, st
         finally:
             stage[0] = None
 
-    monkeypatch.setattr(weightfile, "read_source", read_source)
+    monkeypatch.setattr(external, "read_source", read_source)  # what a small weight read inline uses
+    monkeypatch.setattr(weightfile, "read_source", read_source)  # what a weight copied in chunks uses
     monkeypatch.setattr(stagebuild, "load_external_data_for_tensor", load)
     monkeypatch.setattr(export, "externalize", externalize)
     monkeypatch.setattr(stagebuild.StageBuilder, "build", build)
@@ -200,7 +202,8 @@ import json, sys
 sys.path.insert(0, sys.argv[3])
 from onnxpipe.costs import static_profile
 from onnxpipe.export import export_stages
-from onnxpipe.model import file_sha256, load_model
+from onnxpipe.core.files import file_sha256
+from onnxpipe.ir.model import load_model
 from onnxpipe.plan import make_plan
 
 def status(key):

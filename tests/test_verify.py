@@ -18,8 +18,8 @@ from onnxpipe.cli import main
 from onnxpipe.core.errors import ManifestError, UsageError
 from onnxpipe.core.files import file_sha256
 from onnxpipe.export import export_stages
+from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.manifest import load_manifest
-from onnxpipe.model import ModelView, load_model
 from onnxpipe.plan import Plan, assign_stages
 from onnxpipe.runner import StageChain
 from onnxpipe.runtime.inputs import input_shapes_for
@@ -242,7 +242,7 @@ def test_compare_sequences_of_maps_with_tolerance() -> None:
 
 
 def test_model_that_was_never_a_file_needs_model_path(tmp_path: Path) -> None:
-    from onnxpipe.model import view_from_proto
+    from onnxpipe.ir.model import view_from_proto
 
     proto = skip_model()
     view = view_from_proto(proto)

@@ -16,7 +16,7 @@ import numpy as np
 from onnxpipe.argtypes import count, positive_int
 from onnxpipe.cluster import load_cluster
 from onnxpipe.core.errors import ManifestError, UsageError
-from onnxpipe.feeds import parse_shape_overrides
+from onnxpipe.ir.shapes import parse_shape_overrides
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.compare import Feeds, add_baselines, distinct

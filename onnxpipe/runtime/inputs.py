@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from onnxpipe.core.errors import UsageError
-from onnxpipe.feeds import random_feeds
+from onnxpipe.ir.feeds import random_feeds
+from onnxpipe.ir.model import load_model
 from onnxpipe.manifest import Manifest
-from onnxpipe.model import load_model
 from onnxpipe.verification import planned_input_shapes
 
 DISTINCT_RANDOM = 16

@@ -22,8 +22,8 @@ from collections.abc import Hashable
 
 import onnx
 
-from onnxpipe.model import ModelView
-from onnxpipe.weightfile import is_external
+from onnxpipe.ir.external import is_external
+from onnxpipe.ir.model import ModelView
 
 CONTENT_LIMIT = 1 << 16
 """Initializers and attributes up to this many bytes are compared by content; larger ones only equal

@@ -113,6 +113,16 @@ class ModelView:
     base_dir: Path | None = None
 
     @property
+    def file_name(self) -> str:
+        """The model file's name, as records keep it (``""`` for a model that was never a file)."""
+        return self.path.name if self.path is not None else ""
+
+    @property
+    def label(self) -> str:
+        """How messages name the model: its file name, or ``"model"`` for one built in memory."""
+        return self.file_name or "model"
+
+    @property
     def node_by_name(self) -> Mapping[str, NodeInfo]:
         return {n.name: n for n in self.nodes}
 
@@ -471,12 +481,7 @@ def _choose_order(
     The one with the smaller sum of live bytes over all cut points wins; ties keep the file order.
     ``free`` tensors (weights and cheap constants) never cross a cut, so they do not count.
     """
-    from onnxpipe.graph import (
-        dfs_order,
-        file_order_if_topological,
-        greedy_live_order,
-        live_bytes_profile,
-    )
+    from onnxpipe.ir.graph import dfs_order, file_order_if_topological, greedy_live_order, live_bytes_profile
 
     size = {name: 0 if name in free else t.nbytes() for name, t in tensors.items()}
     deps = [ins + tuple(t for t in outer if t not in ins) for _, ins, outer, _ in raw]

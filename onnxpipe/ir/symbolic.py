@@ -39,7 +39,7 @@ from typing import Any
 import onnx
 
 from onnxpipe.core.dims import Dim
-from onnxpipe.model import value_dims
+from onnxpipe.ir.model import value_dims
 
 INT_MAX = 2**31 - 1
 """What the tool takes for an unbounded end (``Slice`` to the end), as its own default."""

@@ -1,0 +1,133 @@
+"""Seeded random inputs for a model (shared by the profiler, the exporter, the verifier and ``run``).
+
+Floats are standard normal; integers that end up as Gather indices lie in ``[0, rows)`` of the data
+they index; integers (and booleans) named like a mask are ones; other integers lie in
+``[0, SMALL_INT_HIGH)``; other booleans are random.  Sizes come from :mod:`onnxpipe.ir.shapes`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from onnxpipe.core.errors import UsageError
+from onnxpipe.ir.model import ModelView, NodeInfo
+
+SMALL_INT_HIGH = 2
+"""Integer inputs that are neither indices nor masks take values in ``[0, SMALL_INT_HIGH)``."""
+
+_PASS_THROUGH = frozenset(
+    {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand", "Transpose", "Slice", "Tile"}
+)
+"""Ops that carry index values through unchanged on the way to a Gather."""
+
+_FLOAT_TYPES: dict[int, type[np.generic]] = {
+    onnx.TensorProto.FLOAT: np.float32,
+    onnx.TensorProto.DOUBLE: np.float64,
+    onnx.TensorProto.FLOAT16: np.float16,
+}
+_INT_TYPES: dict[int, type[np.generic]] = {
+    onnx.TensorProto.INT8: np.int8,
+    onnx.TensorProto.INT16: np.int16,
+    onnx.TensorProto.INT32: np.int32,
+    onnx.TensorProto.INT64: np.int64,
+    onnx.TensorProto.UINT8: np.uint8,
+    onnx.TensorProto.UINT16: np.uint16,
+    onnx.TensorProto.UINT32: np.uint32,
+    onnx.TensorProto.UINT64: np.uint64,
+}
+
+
+def random_feeds(
+    view: ModelView, shapes: Mapping[str, Sequence[int]], seed: int = 0
+) -> dict[str, np.ndarray]:
+    """Seeded random values for every model input at ``shapes``.
+
+    Floats are standard normal; integers that end up as Gather indices lie in ``[0, rows)`` of the data
+    they index; integers (and booleans) named like a mask are ones; other integers lie in
+    ``[0, SMALL_INT_HIGH)``; other booleans are random.  Strings and exotic types raise
+    :class:`UsageError`.
+    """
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for name in view.inputs:
+        if name not in shapes:
+            raise UsageError(f"no shape for input {name!r}; give one with --shape {name}=D1,D2,...")
+        shape = tuple(int(d) for d in shapes[name])
+        elem = view.tensor(name).elem_type
+        is_mask = "mask" in name.lower()
+        if elem in _FLOAT_TYPES:
+            feeds[name] = np.asarray(rng.standard_normal(shape), dtype=_FLOAT_TYPES[elem])
+        elif elem in _INT_TYPES:
+            dtype = _INT_TYPES[elem]
+            if is_mask:
+                feeds[name] = np.ones(shape, dtype=dtype)
+            else:
+                high = gather_rows(view, name)
+                high = SMALL_INT_HIGH if high is None else max(1, high)
+                feeds[name] = np.asarray(rng.integers(0, high, size=shape), dtype=dtype)
+        elif elem == onnx.TensorProto.BOOL:
+            feeds[name] = np.ones(shape, dtype=np.bool_) if is_mask else np.asarray(rng.random(shape) < 0.5)
+        else:
+            type_name = onnx.TensorProto.DataType.Name(elem) if elem else "undefined"
+            raise UsageError(
+                f"input {name!r} has element type {type_name}, which onnxpipe cannot make random values for;"
+                " run the model with your own inputs instead"
+            )
+    return feeds
+
+
+def gather_rows(view: ModelView, tensor: str) -> int | None:
+    """Smallest number of rows of any data that ``tensor`` indexes (directly or through casts/reshapes).
+
+    ``None`` when the tensor reaches no Gather as indices, or the rows are not known statically.
+    """
+    protos = view.proto.graph.node
+    nodes = view.nodes
+    best: int | None = None
+    seen: set[str] = set()
+    stack = [tensor]
+    while stack:
+        t = stack.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        for pos in view.consumers.get(t, ()):
+            node = nodes[pos]
+            rows = _rows_indexed(view, node, protos[node.index], t)
+            if rows is not None:
+                best = rows if best is None else min(best, rows)
+            elif node.op_type in _PASS_THROUGH and node.inputs and node.inputs[0] == t:
+                stack.extend(node.outputs[:1])
+    return best
+
+
+def _rows_indexed(view: ModelView, node: NodeInfo, proto: onnx.NodeProto, t: str) -> int | None:
+    """Rows of the data ``node`` indexes with ``t``, when ``t`` is its index input and the rows are known."""
+    data: str | None = None
+    axis = 0
+    if node.op_type in ("Gather", "GatherElements") and len(node.inputs) > 1 and node.inputs[1] == t:
+        data = node.inputs[0]
+        for attr in proto.attribute:
+            if attr.name == "axis":
+                axis = int(attr.i)
+    elif node.op_type == "EmbedLayerNormalization":
+        # com.microsoft: input_ids -> word_embedding, segment_ids -> segment_embedding,
+        # position_ids (input 8) -> position_embedding
+        pairs = {0: 2, 1: 4, 8: 3}
+        for idx, data_idx in pairs.items():
+            if idx < len(proto.input) and proto.input[idx] == t and data_idx < len(proto.input):
+                data = proto.input[data_idx] or None
+    if data is None:
+        return None
+    shape = view.tensor(data).shape
+    if shape is None or not shape:
+        return None
+    if axis < 0:
+        axis += len(shape)
+    if not 0 <= axis < len(shape):
+        return None
+    rows = shape[axis]
+    return rows if isinstance(rows, int) else None
