@@ -54,7 +54,7 @@ from benchmarks.common import (
     write_results,
 )
 from onnxpipe import partition
-from onnxpipe.costs import static_profile
+from onnxpipe.cost.static import static_profile
 from onnxpipe.export import export_stages
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView, load_model

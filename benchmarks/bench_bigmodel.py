@@ -57,7 +57,7 @@ CHILD_PRELUDE = MEMORY_PRELUDE + textwrap.dedent(
 )
 
 SPLIT = """
-from onnxpipe.costs import static_profile
+from onnxpipe.cost.static import static_profile
 from onnxpipe.export import export_stages
 from onnxpipe.ir.model import load_model
 from onnxpipe.plan import make_plan

@@ -49,7 +49,7 @@ from benchmarks.common import (
     write_results,
 )
 from onnxpipe import partition
-from onnxpipe.costs import static_profile
+from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.model import load_model
 from onnxpipe.plan import make_plan
 

@@ -78,9 +78,9 @@ from onnxpipe import api  # noqa: E402
 from onnxpipe.calibrate import CALIBRATION_MODES, DEFAULT_CALIBRATION_MODE  # noqa: E402
 from onnxpipe.cluster import Cluster, Device, Link  # noqa: E402
 from onnxpipe.core.errors import MemoryFitError  # noqa: E402
+from onnxpipe.cost.profile import Profile  # noqa: E402
 from onnxpipe.ir.model import load_model  # noqa: E402
 from onnxpipe.manifest import load_manifest  # noqa: E402
-from onnxpipe.profile import Profile  # noqa: E402
 from onnxpipe.runtime.affinity import assign_cpus, cpu_sets, pinned  # noqa: E402
 from onnxpipe.runtime.ceiling import WINDOW_RUNS, balanced_ceiling  # noqa: E402
 from onnxpipe.runtime.inputs import random_inputs  # noqa: E402

@@ -60,11 +60,11 @@ from benchmarks.common import ROOT, cached_profile, compute_costs, model_path, p
 from onnxpipe import partition
 from onnxpipe.cluster import Cluster, Device, Link, load_cluster
 from onnxpipe.core.errors import MemoryFitError
+from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.graph import cut_profile
 from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.plan import assign_stages, make_plan, tensor_sizes
 from onnxpipe.planner import first_reader_param_bytes, plan_pipeline
-from onnxpipe.profile import Profile
 from onnxpipe.schedule import in_flight
 
 MODELS: dict[str, dict[str, tuple[int, ...]] | None] = {

@@ -32,11 +32,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from onnxpipe.core.progress import Progress  # noqa: E402
-from onnxpipe.costs import static_profile  # noqa: E402
+from onnxpipe.cost.measure import profile_model  # noqa: E402
+from onnxpipe.cost.profile import Profile  # noqa: E402
+from onnxpipe.cost.static import static_profile  # noqa: E402
+from onnxpipe.cost.trace import OrtModel  # noqa: E402
 from onnxpipe.ir.feeds import random_feeds  # noqa: E402
 from onnxpipe.ir.model import ModelView, load_model  # noqa: E402
 from onnxpipe.ir.shapes import resolve_input_shapes  # noqa: E402
-from onnxpipe.profile import Profile, _OrtModel, profile_model  # noqa: E402
 
 
 def default_models() -> list[Path]:
@@ -69,7 +71,7 @@ def name_share(view: ModelView, runs: int) -> float:
     """Baseline: share of kernel time on optimized nodes that carry an original node's name."""
     feeds = random_feeds(view, resolve_input_shapes(view))
     with tempfile.TemporaryDirectory() as tmp:
-        timing = _OrtModel(view, Path(tmp), view.path.name if view.path else "model", 1).measure(
+        timing = OrtModel(view, Path(tmp), view.label, 1).measure(
             feeds, 1, runs, Progress(0, "", enabled=False)
         )
     names = {n.name for n in view.nodes}

@@ -40,7 +40,7 @@ CHILD = MEMORY_PRELUDE + textwrap.dedent(
     from pathlib import Path
 
     import onnx
-    from onnxpipe.costs import static_profile
+    from onnxpipe.cost.static import static_profile
     from onnxpipe.export import export_stages
     from onnxpipe.ir.model import load_model
     from onnxpipe.plan import make_plan

@@ -36,9 +36,10 @@ import onnxruntime as ort  # noqa: E402
 
 from onnxpipe import partition  # noqa: E402
 from onnxpipe.core.text import table  # noqa: E402
+from onnxpipe.cost.measure import profile_model  # noqa: E402
+from onnxpipe.cost.profile import Profile  # noqa: E402
 from onnxpipe.ir.model import ModelView, load_model  # noqa: E402
 from onnxpipe.plan import Plan, assign_stages, tensor_sizes  # noqa: E402
-from onnxpipe.profile import Profile, profile_model  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 PROFILES = RESULTS / "profiles"

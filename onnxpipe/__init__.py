@@ -21,7 +21,7 @@ _EXPORTS: dict[str, str] = {
     "SplitResult": "onnxpipe.api",
     "get_profile": "onnxpipe.api",
     "split": "onnxpipe.api",
-    "static_profile": "onnxpipe.costs",
+    "static_profile": "onnxpipe.cost.static",
     "ExportError": "onnxpipe.core.errors",
     "ManifestError": "onnxpipe.core.errors",
     "MemoryFitError": "onnxpipe.core.errors",
@@ -44,8 +44,8 @@ _EXPORTS: dict[str, str] = {
     "make_plan": "onnxpipe.plan",
     "ScheduleRequest": "onnxpipe.planner",
     "plan_pipeline": "onnxpipe.planner",
-    "Profile": "onnxpipe.profile",
-    "profile_model": "onnxpipe.profile",
+    "Profile": "onnxpipe.cost.profile",
+    "profile_model": "onnxpipe.cost.measure",
     "Pipeline": "onnxpipe.runtime",
     "VerifyReport": "onnxpipe.verification",
     "verify": "onnxpipe.verification",
@@ -119,13 +119,14 @@ if TYPE_CHECKING:
         UsageError,
         VerificationError,
     )
-    from onnxpipe.costs import static_profile
+    from onnxpipe.cost.measure import profile_model
+    from onnxpipe.cost.profile import Profile
+    from onnxpipe.cost.static import static_profile
     from onnxpipe.export import export_stages
     from onnxpipe.ir.model import ModelView, load_model
     from onnxpipe.manifest import Manifest, load_manifest
     from onnxpipe.partition import Partition, solve
     from onnxpipe.plan import Plan, StageSpec, make_plan
     from onnxpipe.planner import ScheduleRequest, plan_pipeline
-    from onnxpipe.profile import Profile, profile_model
     from onnxpipe.runtime import Pipeline
     from onnxpipe.verification import VerifyReport, verify

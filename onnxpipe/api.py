@@ -16,13 +16,14 @@ from onnxpipe.calibrate import DEFAULT_CALIBRATION_MODE, CalibrationMode, choose
 from onnxpipe.calibrate import calibrate as run_calibration
 from onnxpipe.cluster import Cluster, load_cluster
 from onnxpipe.core.errors import PartitionError, UsageError
-from onnxpipe.costs import static_profile
+from onnxpipe.cost.measure import profile_model
+from onnxpipe.cost.profile import Profile
+from onnxpipe.cost.static import static_profile
 from onnxpipe.export import check_exportable, export_stages
 from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.manifest import Manifest
 from onnxpipe.plan import DEFAULT_TIME_SLACK, Plan, make_interleaved_plan, make_plan
 from onnxpipe.planner import ScheduleRequest, plan_pipeline
-from onnxpipe.profile import Profile, profile_model
 from onnxpipe.verification import VerifyReport, verify
 
 COST_SOURCES = ("profile", "static")

@@ -35,12 +35,12 @@ import numpy as np
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.ortsession import open_session, session_options
+from onnxpipe.cost.profile import Profile
 from onnxpipe.export import export_stages
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
 from onnxpipe.plan import Plan
-from onnxpipe.profile import Profile
 
 StageTimer = Callable[[ModelView, Plan, Profile], list[float]]
 """Seconds each stage of a plan takes alone (the default: :func:`time_stages`)."""

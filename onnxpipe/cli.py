@@ -20,13 +20,13 @@ from onnxpipe import api
 from onnxpipe.argtypes import bandwidth, count, fraction, positive_int, positive_number
 from onnxpipe.calibrate import CALIBRATION_MODES, DEFAULT_CALIBRATION_MODE
 from onnxpipe.core.errors import OnnxpipeError, UsageError
+from onnxpipe.cost.profile import Profile
 from onnxpipe.export import check_runtime_opsets
 from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.ir.shapes import parse_shape_overrides
 from onnxpipe.manifest import load_manifest
 from onnxpipe.plan import DEFAULT_TIME_SLACK
 from onnxpipe.planner import SCHEDULE_CHOICES, ScheduleRequest, draw_plan
-from onnxpipe.profile import Profile
 from onnxpipe.runtime.cli import add_run_arguments, run_command
 from onnxpipe.tables import format_manifest_table, format_model_table, format_plan_table
 from onnxpipe.verification import VerifyReport, verify

@@ -23,8 +23,8 @@ from onnxpipe.ir.samevalue import value_classes
 
 if TYPE_CHECKING:
     from onnxpipe.cluster import Cluster, DeviceCosts
+    from onnxpipe.cost.profile import Profile
     from onnxpipe.partition import Partition
-    from onnxpipe.profile import Profile
     from onnxpipe.schedule import Timeline
 
 

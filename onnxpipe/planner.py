@@ -29,7 +29,7 @@ from onnxpipe.plan import Plan, StageSpec, assign_stages, keeping_fused_groups, 
 from onnxpipe.schedule import DEFAULT_BACKWARD_RATIO, KINDS, ScheduleKind, Timeline, in_flight, simulate
 
 if TYPE_CHECKING:
-    from onnxpipe.profile import Profile
+    from onnxpipe.cost.profile import Profile
 
 SCHEDULE_CHOICES = (*KINDS, "auto")
 DEFAULT_MICROBATCHES = 8
@@ -103,7 +103,7 @@ def first_reader_param_bytes(view: ModelView) -> list[float]:
 
 def _measure_fn(view: ModelView, profile: Profile) -> Callable[[Device], Mapping[str, float]]:
     def measure(device: Device) -> Mapping[str, float]:
-        from onnxpipe.profile import profile_model
+        from onnxpipe.cost.measure import profile_model
 
         if device.provider != "CPUExecutionProvider" or device.provider_options:
             raise UsageError(
@@ -118,7 +118,7 @@ def _measure_fn(view: ModelView, profile: Profile) -> Callable[[Device], Mapping
 
 def _load_fn(view: ModelView) -> Callable[[Device, str], Mapping[str, float]]:
     def load(device: Device, path: str) -> Mapping[str, float]:
-        from onnxpipe.profile import Profile
+        from onnxpipe.cost.profile import Profile
 
         prof = Profile.load(Path(path))
         prof.check_matches(view)

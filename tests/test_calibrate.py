@@ -22,10 +22,10 @@ from onnxpipe.calibrate import (
 )
 from onnxpipe.cluster import Cluster, Device, Link
 from onnxpipe.core.errors import UsageError
-from onnxpipe.costs import static_profile
+from onnxpipe.cost.profile import Profile
+from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.plan import Plan, make_plan
-from onnxpipe.profile import Profile
 from onnxpipe.runtime import affinity
 from onnxpipe.runtime.pipeline import Pipeline
 
@@ -270,7 +270,7 @@ def test_cli_split_calibrate_records_it_and_verifies(
 def test_the_reference_time_is_the_measured_profiles_or_none(sample_models_dir: Path, tmp_path: Path) -> None:
     """A measured profile's median run is the machine's speed the estimates were made at; static costs
     were made at none."""
-    from onnxpipe.profile import profile_model
+    from onnxpipe.cost.measure import profile_model
 
     model = sample_models_dir / "resnet_tiny.onnx"
     prof = profile_model(load_model(model), runs=5, warmup=1)

@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxpipe.costs import (
+from onnxpipe.cost.static import (
     MEMORY_BANDWIDTH,
     NODE_OVERHEAD_SECONDS,
     PEAK_FLOPS,

@@ -35,7 +35,7 @@ from runtime_support import (
 from onnxpipe import api
 from onnxpipe.calibrate import corrected
 from onnxpipe.core.errors import RuntimeStageError
-from onnxpipe.costs import static_profile
+from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.model import load_model
 from onnxpipe.manifest import load_manifest
 from onnxpipe.plan import make_plan

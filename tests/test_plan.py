@@ -159,7 +159,7 @@ def test_fused_groups_are_kept_only_while_they_cost_little_balance(
 def test_a_fused_group_holding_most_of_the_model_does_not_unbalance_the_plan() -> None:
     """A profile whose value matching failed reports one group of every node but the last (ResNet-50 on
     an AVX2 machine did): the plan cuts through it rather than leave one stage all the work."""
-    from onnxpipe.costs import static_profile
+    from onnxpipe.cost.static import static_profile
     from onnxpipe.ir.model import load_model
     from onnxpipe.plan import make_plan
 

@@ -14,8 +14,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.core.errors import ProfileError, UsageError
 from onnxpipe.core.progress import Progress
+from onnxpipe.cost.measure import profile_model
+from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.model import ModelView, load_model, view_from_proto
-from onnxpipe.profile import Profile, profile_model
 
 _rng = np.random.default_rng(0)
 
@@ -122,10 +123,10 @@ def test_values_matched_in_chunks_give_the_same_regions(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Big activations are exposed a few at a time; a 1-byte budget runs one tensor per session."""
-    import onnxpipe.profile
+    import onnxpipe.cost.measure
 
     view, prof = conv_profile
-    monkeypatch.setattr(onnxpipe.profile, "VALUE_CHUNK_BYTES", 1)
+    monkeypatch.setattr(onnxpipe.cost.measure, "VALUE_CHUNK_BYTES", 1)
     chunked = profile_model(view, runs=1, warmup=0, shapes={"x": (1, 3, 32, 32)}, progress=True)
     assert chunked.regions == prof.regions
     assert chunked.tensor_bytes == prof.tensor_bytes
@@ -176,7 +177,7 @@ def test_merged_duplicate_branches_cost_nothing() -> None:
 
 
 def test_node_medians_without_run_markers() -> None:
-    from onnxpipe.profile import _node_medians
+    from onnxpipe.cost.trace import node_medians
 
     def kernel(name: str, ts: int, dur: int) -> dict[str, object]:
         return {
@@ -189,9 +190,9 @@ def test_node_medians_without_run_markers() -> None:
 
     runs = [{"cat": "Session", "name": "model_run", "ts": t, "dur": 50} for t in (0, 100, 200)]
     events = [kernel("a", 10, 99), kernel("a", 110, 5), kernel("b", 120, 1), kernel("a", 210, 7)]
-    medians, sizes = _node_medians(runs + events, 2)  # the first run is a warm-up
+    medians, sizes = node_medians(runs + events, 2)  # the first run is a warm-up
     assert medians == {"a": 6.0, "b": 0.5} and sizes == {"a": 8, "b": 8}
-    medians, _ = _node_medians(events, 2)
+    medians, _ = node_medians(events, 2)
     assert medians == {"a": 6.0, "b": 1.0}
 
 

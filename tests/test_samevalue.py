@@ -13,7 +13,7 @@ from models import const, feeds_for, make, plan_for, save, vi
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.core.errors import ManifestError
-from onnxpipe.costs import static_profile
+from onnxpipe.cost.static import static_profile
 from onnxpipe.export import export_stages
 from onnxpipe.ir.model import ModelView, load_model, view_from_proto
 from onnxpipe.ir.samevalue import CONTENT_LIMIT, value_classes

@@ -28,7 +28,7 @@ import onnxpipe.weightfile as weightfile
 from onnxpipe.api import split
 from onnxpipe.core.errors import ExportError
 from onnxpipe.core.files import file_sha256
-from onnxpipe.costs import static_profile
+from onnxpipe.cost.static import static_profile
 from onnxpipe.export import export_stages
 from onnxpipe.ir.model import load_model
 from onnxpipe.manifest import load_manifest
@@ -200,7 +200,7 @@ def test_single_stage_over_the_limit_end_to_end(
 PEAK_CHILD = """
 import json, sys
 sys.path.insert(0, sys.argv[3])
-from onnxpipe.costs import static_profile
+from onnxpipe.cost.static import static_profile
 from onnxpipe.export import export_stages
 from onnxpipe.core.files import file_sha256
 from onnxpipe.ir.model import load_model

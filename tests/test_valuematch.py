@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from onnxpipe.anchors import value_candidates
-from onnxpipe.valuematch import _unblocked_prints
-from onnxpipe.valuesketch import Print, Sketcher
+from onnxpipe.cost.anchors import value_candidates
+from onnxpipe.cost.sketch import Print, Sketcher
+from onnxpipe.cost.valuematch import _unblocked_prints
 
 
 def _to_nchwc(nchw: np.ndarray, block: int) -> np.ndarray:

@@ -211,9 +211,16 @@ class Value:
         """A list of JSON objects, each turned into ``T`` by ``read``."""
         return self.list_of(lambda v: v.object(read))
 
-    def dict_of(self, item: Callable[[Value], T]) -> dict[str, T]:
-        """A JSON object used as a map (any keys), each value read by ``item`` at path ``<path>.<key>``."""
-        return {key: item(v) for key, v in self.fields().items()}
+    def dict_of(self, item: Callable[[Value], T], *, subscript: bool = False) -> dict[str, T]:
+        """A JSON object used as a map (any keys), each value read by ``item`` at path ``<path>.<key>``.
+
+        ``subscript`` names a value ``<path>['<key>']`` instead: for maps keyed by node or tensor names,
+        which hold dots and slashes of their own.
+        """
+        fields = self.fields()
+        if not subscript:
+            return {key: item(v) for key, v in fields.items()}
+        return {key: item(Value(v, f"{self.path}[{key!r}]", self.doc)) for key, v in fields.raw.items()}
 
     def _items(self, item: Callable[[Value], T]) -> tuple[T, ...]:
         return tuple(item(Value(v, f"{self.path}[{i}]", self.doc)) for i, v in enumerate(self.raw))

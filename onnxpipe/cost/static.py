@@ -25,15 +25,13 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 import onnx
 
+from onnxpipe.cost.profile import SCHEMA_VERSION, CostSource, Profile
 from onnxpipe.ir.inference import concrete_shapes, names_text
 from onnxpipe.ir.model import ModelView, NodeInfo, itemsize
-
-if TYPE_CHECKING:
-    from onnxpipe.profile import Profile
+from onnxpipe.ir.shapes import resolve_input_shapes
 
 PEAK_FLOPS = 50e9
 """Nominal FLOP/s of one core running a well-vectorised kernel (AVX2 fp32 reaches 50-100)."""
@@ -318,9 +316,6 @@ def static_profile(
     ``shapes`` overrides input shapes as in :func:`onnxpipe.feeds.resolve_input_shapes`; ``symbolic``
     as in :func:`concrete_shapes`.
     """
-    from onnxpipe.ir.shapes import resolve_input_shapes
-    from onnxpipe.profile import SCHEMA_VERSION, Profile
-
     inputs = resolve_input_shapes(view, shapes)
     notes: list[str] = []
     tshapes = concrete_shapes(view, inputs, notes, symbolic=symbolic)
@@ -352,8 +347,8 @@ def static_profile(
     return Profile(
         schema_version=SCHEMA_VERSION,
         model_sha256=view.sha256,
-        model_name=view.path.name if view.path is not None else "",
-        source="static",
+        model_name=view.file_name,
+        source=CostSource.STATIC.value,
         threads=1,
         runs=0,
         input_shapes=MappingProxyType(inputs),

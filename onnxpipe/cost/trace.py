@@ -1,4 +1,4 @@
-"""onnxruntime sessions for :mod:`onnxpipe.profile`: the timing run and its trace, the optimized graph
+"""onnxruntime sessions for :mod:`onnxpipe.cost.measure`: the timing run and its trace, the optimized graph
 onnxruntime saves, and runs at ``ORT_DISABLE_ALL`` that expose chosen tensors as outputs."""
 
 from __future__ import annotations
@@ -11,19 +11,16 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 
 from onnxpipe.core.errors import ProfileError, error_line
+from onnxpipe.core.ortsession import OptimizationLevel, open_session, session_options
 from onnxpipe.core.progress import Progress
 from onnxpipe.ir.model import ModelView, subgraph_outer_reads
-
-if TYPE_CHECKING:  # onnxruntime loads when a model is first profiled, not on import
-    import onnxruntime as ort
-
-    from onnxpipe.core.ortsession import OptimizationLevel
 
 
 @dataclass
@@ -71,8 +68,6 @@ class OrtModel:
             if save_as is not None
             else None
         )
-        from onnxpipe.core.ortsession import session_options
-
         return session_options(
             level=level,
             threads=threads,
@@ -89,8 +84,6 @@ class OrtModel:
                 f"{self.label}: onnxruntime cannot load {what} ({error_line(e)}); make sure onnxruntime "
                 "supports its ops and opset and finds its external weight files, or use --cost static"
             )
-
-        from onnxpipe.core.ortsession import open_session
 
         return open_session(model, so, fail=fail)
 

@@ -12,14 +12,14 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxpipe.anchors import find_anchors, find_duplicates, topological, value_candidates
 from onnxpipe.core.errors import ProfileError
-from onnxpipe.costs import constant_tensors
+from onnxpipe.cost.anchors import find_anchors, find_duplicates, topological, value_candidates
+from onnxpipe.cost.sketch import VALUE_TOLERANCE, Print, Sketcher
+from onnxpipe.cost.static import constant_tensors
+from onnxpipe.cost.trace import OrtModel, Timing, run_exposed
 from onnxpipe.ir.inference import concrete_shapes
 from onnxpipe.ir.model import ModelView, itemsize
 from onnxpipe.ir.shapes import symbol_sizes
-from onnxpipe.ortprofile import OrtModel, Timing, run_exposed
-from onnxpipe.valuesketch import VALUE_TOLERANCE, Print, Sketcher
 
 _NCHWC_DOMAIN = "com.microsoft.nchwc"
 _NCHWC_BLOCKS = (16, 8, 4)

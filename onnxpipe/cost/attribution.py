@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 import onnx
 
-from onnxpipe.anchors import node_reads
-from onnxpipe.costs import node_flops
+from onnxpipe.cost.anchors import node_reads
+from onnxpipe.cost.static import node_flops
+from onnxpipe.cost.trace import Timing
+from onnxpipe.cost.valuematch import Matched
 from onnxpipe.ir.model import ModelView
-from onnxpipe.ortprofile import Timing
-from onnxpipe.valuematch import Matched
 
 
 @dataclass
