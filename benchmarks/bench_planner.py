@@ -58,14 +58,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import baselines
 from benchmarks.common import ROOT, cached_profile, compute_costs, model_path, print_table, write_results
 from onnxpipe import partition
-from onnxpipe.cluster import Cluster, Device, Link, load_cluster
+from onnxpipe.cluster.devicesfile import load_cluster
+from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.errors import MemoryFitError
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.graph import cut_profile
 from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.plan import assign_stages, make_plan, tensor_sizes
 from onnxpipe.planner import first_reader_param_bytes, plan_pipeline
-from onnxpipe.schedule import in_flight
+from onnxpipe.schedule.simulate import in_flight
 
 MODELS: dict[str, dict[str, tuple[int, ...]] | None] = {
     "gpt2_tiny": {"input_ids": (1, 64)},

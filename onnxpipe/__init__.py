@@ -49,8 +49,8 @@ _EXPORTS: dict[str, str] = {
     "Pipeline": "onnxpipe.runtime",
     "VerifyReport": "onnxpipe.verification",
     "verify": "onnxpipe.verification",
-    "Cluster": "onnxpipe.cluster",
-    "load_cluster": "onnxpipe.cluster",
+    "Cluster": "onnxpipe.cluster.model",
+    "load_cluster": "onnxpipe.cluster.devicesfile",
 }
 
 __all__ = [
@@ -106,7 +106,8 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from onnxpipe.api import SplitResult, get_profile, split
-    from onnxpipe.cluster import Cluster, load_cluster
+    from onnxpipe.cluster.devicesfile import load_cluster
+    from onnxpipe.cluster.model import Cluster
     from onnxpipe.core.errors import (
         ExportError,
         ManifestError,

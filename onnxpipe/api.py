@@ -14,7 +14,8 @@ from pathlib import Path
 
 from onnxpipe.calibrate import DEFAULT_CALIBRATION_MODE, CalibrationMode, choose_timer, time_model
 from onnxpipe.calibrate import calibrate as run_calibration
-from onnxpipe.cluster import Cluster, load_cluster
+from onnxpipe.cluster.devicesfile import load_cluster
+from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.cost.measure import profile_model
 from onnxpipe.cost.profile import Profile

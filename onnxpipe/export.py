@@ -55,7 +55,7 @@ from onnxpipe.manifest import (
 )
 from onnxpipe.outdir import check_target, normalized, staged_folder, writing
 from onnxpipe.plan import Plan, StageSpec
-from onnxpipe.schedule import simulate
+from onnxpipe.schedule.simulate import simulate
 from onnxpipe.stagebuild import StageBuilder
 from onnxpipe.weightfile import externalize
 
@@ -493,7 +493,7 @@ def _build_manifest(
 
     outs: list[ModelOutput] = []
     for t in view.outputs:
-        by: int | Literal["model input"] = producer.get(t, MODEL_INPUT)
+        by: int | Literal["model_input"] = producer.get(t, MODEL_INPUT)
         outs.append(ModelOutput(t, *types.describe(t), by))
 
     shared_workers = [s.index % plan.workers for s in plan.stages] if plan.workers is not None else None

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, Literal, Protocol, TypeVar
 
-from onnxpipe.cluster import Cluster, device_type
+from onnxpipe.cluster.model import Cluster, device_type
 from onnxpipe.core.errors import PartitionError, UsageError
 
 DEFAULT_MAX_ORDERS = 20_000

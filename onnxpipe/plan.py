@@ -22,10 +22,11 @@ from onnxpipe.ir.model import ModelView, NodeInfo
 from onnxpipe.ir.samevalue import value_classes
 
 if TYPE_CHECKING:
-    from onnxpipe.cluster import Cluster, DeviceCosts
+    from onnxpipe.cluster.costs import DeviceCosts
+    from onnxpipe.cluster.model import Cluster
     from onnxpipe.cost.profile import Profile
     from onnxpipe.partition import Partition
-    from onnxpipe.schedule import Timeline
+    from onnxpipe.schedule.timeline import Timeline
 
 
 @dataclass(frozen=True)
@@ -303,7 +304,7 @@ def make_plan(
     )
 
     stages = _stages_of(view, seq, part.bounds, part.compute, part.transfer)
-    from onnxpipe.schedule import simulate
+    from onnxpipe.schedule.simulate import simulate
 
     timeline = simulate("stream", [s.cost_seconds for s in stages], None, [0.0] * k, microbatches)
     return plan_from(
@@ -337,7 +338,7 @@ def make_interleaved_plan(
     """
     from onnxpipe.partition.interleave import InterleavedPartition, solve_interleaved
     from onnxpipe.planner import first_reader_param_bytes
-    from onnxpipe.schedule import simulate
+    from onnxpipe.schedule.simulate import simulate
 
     profile.check_matches(view)
     name = view.path.name if view.path else "model"

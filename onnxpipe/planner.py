@@ -21,12 +21,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from onnxpipe import partition as _partition
-from onnxpipe.cluster import Cluster, Device, device_costs
+from onnxpipe.cluster.costs import device_costs
+from onnxpipe.cluster.model import Cluster, Device
 from onnxpipe.core.errors import MemoryFitError, PartitionError, UsageError
 from onnxpipe.ir.model import ModelView
 from onnxpipe.orders import OrderSearch, place, stages_auto
 from onnxpipe.plan import Plan, StageSpec, assign_stages, keeping_fused_groups, plan_from, sequences
-from onnxpipe.schedule import DEFAULT_BACKWARD_RATIO, KINDS, ScheduleKind, Timeline, in_flight, simulate
+from onnxpipe.schedule.simulate import in_flight, simulate
+from onnxpipe.schedule.timeline import DEFAULT_BACKWARD_RATIO, KINDS, ScheduleKind, Timeline
 
 if TYPE_CHECKING:
     from onnxpipe.cost.profile import Profile
@@ -388,7 +390,7 @@ def _check_final_memory(
 def draw_plan(plan: Plan, path: str | Path, *, title: str | None = None) -> Path:
     """Gantt chart of the plan's simulated schedule and per-stage loads against device capacity."""
     from onnxpipe.plotting import StageSummary, plot_plan
-    from onnxpipe.schedule import simulate as _simulate
+    from onnxpipe.schedule.simulate import simulate as _simulate
 
     timeline = plan.timeline or _simulate(
         "stream", [s.cost_seconds for s in plan.stages], None, [0.0] * plan.k, DEFAULT_MICROBATCHES

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxpipe.core.errors import UsageError
-from onnxpipe.schedule import Timeline
+from onnxpipe.schedule.timeline import Timeline
 
 SUFFIXES = (".png", ".svg")
 _F_COLOR = "#4C78A8"

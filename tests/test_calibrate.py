@@ -20,7 +20,7 @@ from onnxpipe.calibrate import (
     time_stages,
     time_stages_in_pipeline,
 )
-from onnxpipe.cluster import Cluster, Device, Link
+from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.errors import UsageError
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.static import static_profile

@@ -17,11 +17,14 @@ from runtime_support import MODES, assert_same, original_outputs, token_batches
 
 from onnxpipe import api
 from onnxpipe.core.errors import ManifestError, UsageError
-from onnxpipe.manifest import Manifest, load_manifest
+from onnxpipe.core.jsonread import Document, Value
+from onnxpipe.manifest import Manifest, load_manifest, read
+from onnxpipe.manifest.write import timeline_obj
 from onnxpipe.runtime.affinity import assign_cpus
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.spec import Placement, WorkerSpec
-from onnxpipe.schedule import Timeline, simulate
+from onnxpipe.schedule.simulate import simulate
+from onnxpipe.schedule.timeline import Timeline
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +53,21 @@ def test_shared_workers_take_turns_deeper_stage_first() -> None:
         assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
 
 
+def _read(obj: object) -> Timeline:
+    """The schedule read back as the manifest reads its ``schedule`` field."""
+    return read.timeline(
+        Value(obj, "schedule", Document("manifest.json", ManifestError, "re-run onnxpipe split"))
+    )
+
+
 def test_shared_schedule_round_trips_and_plain_ones_stay_as_they_were() -> None:
     tl = simulate("stream", [2.0, 1.0, 1.0, 2.0], None, [0.0, 0.5, 0.5, 0.5], 3, workers=[0, 1, 0, 1])
-    obj = tl.to_obj()
+    obj = timeline_obj(tl)
     assert [d["worker"] for d in obj["devices"]] == [0, 1, 0, 1]
-    assert Timeline.from_obj(json.loads(json.dumps(obj))) == tl
+    assert _read(json.loads(json.dumps(obj))) == tl
     assert tl.steady_state_throughput_per_s == 1 / 3.0  # worker 0: 2 + 1 s per micro-batch
     plain = simulate("stream", [1.0, 1.0], None, [0.0, 0.0], 2)
-    assert "worker" not in plain.to_obj()["devices"][0] and plain.workers is None
+    assert "worker" not in timeline_obj(plain)["devices"][0] and plain.workers is None
 
 
 def test_shared_schedule_refusals() -> None:
@@ -65,12 +75,12 @@ def test_shared_schedule_refusals() -> None:
         simulate("gpipe", [1.0, 1.0], [2.0, 2.0], [0.0, 0.0], 2, workers=[0, 0])
     with pytest.raises(ValueError, match="each of the 2 stages a worker"):
         simulate("stream", [1.0, 1.0], None, [0.0, 0.0], 2, workers=[0])
-    obj = simulate("stream", [1.0, 1.0], None, [0.0, 0.0], 2, workers=[0, 0]).to_obj()
+    obj = timeline_obj(simulate("stream", [1.0, 1.0], None, [0.0, 0.0], 2, workers=[0, 0]))
     del obj["devices"][1]["worker"]
     with pytest.raises(
         ManifestError, match=r"devices\[1\]\.worker: give a worker for every stage or for none"
     ):
-        Timeline.from_obj(obj)
+        _read(obj)
 
 
 # --------------------------------------------------------------------------------------------------

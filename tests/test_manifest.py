@@ -18,6 +18,7 @@ from onnxpipe.core.errors import ManifestError
 from onnxpipe.export import export_stages
 from onnxpipe.ir.model import load_model
 from onnxpipe.manifest import (
+    MODEL_INPUT,
     SCHEMA_VERSION,
     Manifest,
     ModelOutput,
@@ -31,7 +32,7 @@ from onnxpipe.manifest import (
     write_manifest,
 )
 from onnxpipe.plan import Plan, assign_stages
-from onnxpipe.schedule import simulate
+from onnxpipe.schedule.simulate import simulate
 
 SHA_A = "a" * 64
 SHA_B = "b" * 64
@@ -78,7 +79,7 @@ def two_stage_manifest() -> Manifest:
         model_outputs=(
             ModelOutput("y", "int64", None, 1),
             ModelOutput("h", "float32", ("batch", None), 0),
-            ModelOutput("x", "float32", ("batch", 8), "model input"),
+            ModelOutput("x", "float32", ("batch", 8), "model_input"),
         ),
         stages=(stage0, stage1),
         plan=PlanSummary(
@@ -103,12 +104,29 @@ def test_json_round_trip() -> None:
     assert text.endswith("}\n")
     assert Manifest.from_json(text) == m
     obj = json.loads(text)
-    assert obj["schema_version"] == SCHEMA_VERSION == 1
+    assert obj["schema_version"] == SCHEMA_VERSION == 2
     assert obj["plan"]["bandwidth_bytes_per_s"] is None  # JSON has no infinity: null stands for it
     assert obj["stages"][0]["outputs"][0]["shape"] == ["batch", None]
     assert obj["stages"][1]["outputs"][0]["shape"] is None
     assert obj["schedule"]["devices"][1]["steps"][0] == ["F", 0, 0.002, 0.0035]
     assert '"shape": ["batch", 8]' in text  # short lists stay on one line
+
+
+def test_a_version_1_manifest_still_reads() -> None:
+    """Version 1 spelled a pass-through output's ``produced_by`` ``"model input"``; it reads as version 2."""
+    m = two_stage_manifest()
+    obj = json.loads(m.to_json())
+    obj["schema_version"] = 1
+    assert obj["model_outputs"][2]["produced_by"] == "model_input"
+    obj["model_outputs"][2]["produced_by"] = "model input"
+    again = Manifest.from_json(json.dumps(obj))
+    assert again == m and again.model_outputs[2].produced_by == MODEL_INPUT
+    assert json.loads(again.to_json())["schema_version"] == 2  # written back in today's spelling
+    obj["model_outputs"][2]["produced_by"] = "model_input"  # version 1 never wrote this
+    with pytest.raises(
+        ManifestError, match=r'model_outputs\[2\]\.produced_by: expected a stage index or "model input"'
+    ):
+        Manifest.from_json(json.dumps(obj))
 
 
 def test_the_reference_time_round_trips_and_is_left_out_when_unknown() -> None:
@@ -233,7 +251,7 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
         ),
         (
             _set("schema_version", 99),
-            "m.json: schema_version 99 is not supported (this onnxpipe reads version 1); "
+            "m.json: schema_version 99 is not supported (this onnxpipe reads versions 1 and 2, writes 2); "
             "use the onnxpipe that wrote it or re-run onnxpipe split",
         ),
         (
@@ -312,12 +330,12 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
         ),
         (
             _set("model_outputs/0/produced_by", -1),
-            'm.json: model_outputs[0].produced_by: expected a stage index or "model input", got int -1; '
+            'm.json: model_outputs[0].produced_by: expected a stage index or "model_input", got int -1; '
             "re-run onnxpipe split",
         ),
         (
             _set("model_outputs/2/produced_by", "model"),
-            'm.json: model_outputs[2].produced_by: expected a stage index or "model input", '
+            'm.json: model_outputs[2].produced_by: expected a stage index or "model_input", '
             "got string 'model'; re-run onnxpipe split",
         ),
         (
@@ -415,7 +433,7 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
         ),
         (
             _set("schema_version", -1),
-            "m.json: schema_version -1 is not supported (this onnxpipe reads version 1); "
+            "m.json: schema_version -1 is not supported (this onnxpipe reads versions 1 and 2, writes 2); "
             "use the onnxpipe that wrote it or re-run onnxpipe split",
         ),
         (
@@ -448,8 +466,8 @@ def test_not_json() -> None:
 
 def test_schema_version_is_checked_before_any_other_field() -> None:
     """A manifest of another version may lay out every other field differently: say so, not 'missing'."""
-    with pytest.raises(ManifestError, match=r"^m\.json: schema_version 2 is not supported"):
-        Manifest.from_json('{"schema_version": 2}', source="m.json")
+    with pytest.raises(ManifestError, match=r"^m\.json: schema_version 3 is not supported"):
+        Manifest.from_json('{"schema_version": 3}', source="m.json")
 
 
 def test_optional_top_level_fields_may_be_absent() -> None:
@@ -546,7 +564,7 @@ def test_missing_stage_file_is_refused(exported: Path) -> None:
 
 
 def test_cluster_and_device_costs_round_trip() -> None:
-    from onnxpipe.cluster import Cluster
+    from onnxpipe.cluster.model import Cluster
     from onnxpipe.manifest import DeviceRecord
 
     m = two_stage_manifest()

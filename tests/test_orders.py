@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from onnxpipe.cluster import Cluster, Device, Link, load_cluster
+from onnxpipe.cluster.devicesfile import load_cluster
+from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.orders import (
     best_device_order,

@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.ir.model import view_from_proto
 from onnxpipe.plan import allowed_cuts_from_regions, assign_stages
-from onnxpipe.schedule import simulate
+from onnxpipe.schedule.simulate import simulate
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_models"
 

@@ -10,7 +10,8 @@ import pytest
 
 import onnxpipe
 from onnxpipe.cli import main
-from onnxpipe.cluster import Cluster, Device, Link, load_cluster
+from onnxpipe.cluster.devicesfile import load_cluster
+from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.planner import ScheduleRequest, plan_pipeline
 

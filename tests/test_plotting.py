@@ -11,7 +11,7 @@ import pytest
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.plotting import StageSummary, plot_plan
-from onnxpipe.schedule import simulate
+from onnxpipe.schedule.simulate import simulate
 
 STAGES = [
     StageSummary("cpu0", 1e-3, 0.0, 3e6, 2e6, 8e6),

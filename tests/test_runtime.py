@@ -36,7 +36,7 @@ from runtime_support import (
 )
 
 from onnxpipe import api
-from onnxpipe.cluster import Device
+from onnxpipe.cluster.model import Device
 from onnxpipe.core.errors import RuntimeStageError, UsageError
 from onnxpipe.manifest import load_manifest
 from onnxpipe.runtime.cli import run_command

@@ -17,7 +17,8 @@ import pytest
 from onnx import numpy_helper
 from runtime_support import MODES, assert_same, original_outputs, parse, split_on_devices, token_batches
 
-from onnxpipe import api, ortsession
+from onnxpipe import api
+from onnxpipe.core import ortsession
 from onnxpipe.core.text import human_bytes
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime import compare

@@ -1,4 +1,5 @@
-"""Tests of onnxpipe.schedule: timelines against hand-computed ones, memory per schedule, the choice."""
+"""Tests of onnxpipe.schedule: timelines against hand-computed ones, micro-batches held per schedule, and
+the schedule as the manifest writes and reads it."""
 
 from __future__ import annotations
 
@@ -6,23 +7,16 @@ import itertools
 import json
 import math
 import random
+from typing import Any
 
 import pytest
 
-from onnxpipe.core.errors import ManifestError, PartitionError, UsageError
-from onnxpipe.schedule import (
-    Step,
-    Timeline,
-    Transfer,
-    activation_memory,
-    backward_seconds,
-    choose_schedule,
-    divisors,
-    in_flight,
-    simulate,
-    stage_memory,
-    step_order,
-)
+from onnxpipe.core.errors import ManifestError, UsageError
+from onnxpipe.core.jsonread import Document, Value
+from onnxpipe.manifest import read
+from onnxpipe.manifest.write import timeline_obj
+from onnxpipe.schedule.simulate import in_flight, simulate, step_order
+from onnxpipe.schedule.timeline import Step, Timeline, Transfer
 
 
 def _rows(tl: Timeline) -> list[list[tuple[str, int, float, float]]]:
@@ -248,14 +242,6 @@ def test_memory_formulas() -> None:
     assert [in_flight("1f1b", s, 4, 2) for s in range(4)] == [2, 2, 2, 1]
     assert [in_flight("stream", s, 4, 6) for s in range(4)] == [1, 1, 1, 1]
     assert in_flight("gpipe", 0, 4, 0) == 0
-    assert activation_memory("gpipe", 1, 4, 8, 100) == 800
-    assert activation_memory("1f1b", 1, 4, 8, 100) == 300
-    assert activation_memory("stream", 1, 4, 8, 100) == 100
-    assert stage_memory("1f1b", 0, 2, 8, 100, 50) == 250
-    assert backward_seconds([1.0, 0.5]) == (2.0, 1.0)
-    assert backward_seconds([1.0], 3) == (3.0,)
-    with pytest.raises(UsageError):
-        backward_seconds([1.0], 0)
 
 
 def test_simulate_rejects_bad_input() -> None:
@@ -277,134 +263,47 @@ def test_zero_cost_stages_give_infinite_throughput() -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# choosing schedule and micro-batches
+# the manifest's schedule: written and read back
 
 
-def test_choose_prefers_more_microbatches_without_fixed_costs() -> None:
-    ch = choose_schedule([1.0, 1.0], [2.0, 2.0], [0.0, 0.0], [10, 10], [0, 0], [math.inf] * 2, batch=8)
-    assert ch.microbatches == 8 and ch.microbatch_size == 1
-    assert {(o.kind, o.microbatches) for o in ch.options} == {
-        (kd, m) for kd in ("gpipe", "1f1b") for m in (1, 2, 4, 8)
-    }
-    # GPipe and 1F1B take equally long on a balanced pipeline; 1F1B needs less memory and wins the tie
-    assert ch.kind == "1f1b"
-    assert ch.timeline.makespan == pytest.approx((8 + 1) * 3)
+def _timeline_obj(tl: Timeline, names: list[str] | None = None) -> dict[str, Any]:
+    return timeline_obj(tl, names)
 
 
-def test_choose_fixed_costs_make_a_middle_m_best() -> None:
-    """1 s overhead per step: the makespan (M+1) * (2 + 24/M) is 52, 42, 40, 45 for M = 1, 2, 4, 8."""
-    ch = choose_schedule(
-        [1.0, 1.0],
-        [2.0, 2.0],
-        [0.0, 0.0],
-        [0, 0],
-        [0, 0],
-        [math.inf] * 2,
-        batch=8,
-        step_overhead_s=1.0,
-        kinds=["gpipe"],
+def _read(obj: object) -> Timeline:
+    """The schedule read back as the manifest reads its ``schedule`` field."""
+    return read.timeline(
+        Value(obj, "schedule", Document("manifest.json", ManifestError, "re-run onnxpipe split"))
     )
-    times = {o.microbatches: o.iteration_seconds for o in ch.options}
-    assert times[1] == pytest.approx(2 * 9 + 2 * 17)  # one micro-batch of 8: F 9 s, B 17 s, two stages
-    assert times == pytest.approx({1: 52, 2: 42, 4: 40, 8: 45})
-    assert ch.microbatches == 4
-    assert ch.timeline.makespan == min(times.values())
-
-
-def test_choose_memory_picks_1f1b_and_the_right_m() -> None:
-    """Stage 0 of 2 holds 8 samples of activations under GPipe, 2 micro-batches under 1F1B."""
-    act = [100.0, 100.0]  # bytes per sample
-    caps = [500.0, 500.0]
-    ch = choose_schedule(
-        [1.0, 1.0], [2.0, 2.0], [0.0, 0.0], act, [0, 0], caps, batch=8, microbatch_options=[1, 2, 4, 8]
-    )
-    gp = {o.microbatches: o for o in ch.options if o.kind == "gpipe"}
-    assert all(not o.fits for o in gp.values())  # 8 * 100 = 800 > 500 whatever M
-    one = {o.microbatches: o for o in ch.options if o.kind == "1f1b"}
-    assert one[8].memory_bytes == (200.0, 100.0) and one[8].fits
-    assert one[2].memory_bytes == (800.0, 400.0) and not one[2].fits
-    assert (ch.kind, ch.microbatches) == ("1f1b", 8)
-
-
-def test_choose_nothing_fits_names_the_memory() -> None:
-    with pytest.raises(PartitionError) as info:
-        choose_schedule(
-            [1.0, 1.0],
-            [2.0, 2.0],
-            [0.0, 0.0],
-            [100.0, 100.0],
-            [1000.0, 0.0],
-            [1000.0, 1e9],
-            batch=4,
-            device_names=["small", "big"],
-        )
-    msg = str(info.value)
-    assert "closest is 1f1b with 4 micro-batches" in msg
-    assert "small needs 1200 bytes but has 1000" in msg
-
-
-def test_choose_stream_and_validation() -> None:
-    ch = choose_schedule(
-        [1.0, 2.0], None, [0.0, 0.5], [10, 10], [5, 5], [100, 100], batch=4, latency=[0, 0.1]
-    )
-    assert ch.kind == "stream"
-    opt = {o.microbatches: o for o in ch.options}
-    assert opt[4].memory_bytes == (15.0, 15.0)
-    assert opt[1].memory_bytes == (45.0, 45.0)
-    with pytest.raises(UsageError, match="do not split a batch of 4"):
-        choose_schedule([1.0], None, [0.0], [1], [1], [10], batch=4, microbatch_options=[3])
-    with pytest.raises(UsageError, match="needs backward times"):
-        choose_schedule([1.0], None, [0.0], [1], [1], [10], kinds=["gpipe"])
-    assert divisors(12) == (1, 2, 3, 4, 6, 12)
-
-
-def test_latency_applies_per_transfer() -> None:
-    ch = choose_schedule(
-        [0.0, 0.0],
-        None,
-        [0.0, 1.0],
-        [0, 0],
-        [0, 0],
-        [1, 1],
-        batch=4,
-        latency=[0, 2.0],
-        microbatch_options=[2],
-    )
-    # two transfers of 2 samples: each 2 + 2 * 1 = 4 s, back to back
-    assert ch.timeline.makespan == 8.0
-
-
-# --------------------------------------------------------------------------------------------------
-# manifest JSON
 
 
 def test_timeline_json_round_trip() -> None:
     tl = simulate("1f1b", [1.0, 2.0], [2.0, 3.0], [0.0, 0.25], 3)
-    obj = tl.to_obj(["cpu0", "gpu0"])
+    obj = _timeline_obj(tl, ["cpu0", "gpu0"])
     text = json.dumps(obj, allow_nan=False)
-    again = Timeline.from_obj(json.loads(text))
+    again = _read(json.loads(text))
     assert again == tl
     assert obj["devices"][1]["device"] == "gpu0"
     assert obj["devices"][0]["steps"][0] == ["F", 0, 0.0, 1.0]
     assert obj["bubble_fraction"] == pytest.approx(tl.bubble_fraction)
-    zero = simulate("stream", [0.0], None, [0.0], 1).to_obj()
+    zero = _timeline_obj(simulate("stream", [0.0], None, [0.0], 1))
     assert zero["steady_state_throughput_per_s"] is None
-    assert Timeline.from_obj(zero).steady_state_throughput_per_s == math.inf
+    assert _read(zero).steady_state_throughput_per_s == math.inf
 
 
 def test_timeline_json_errors_name_the_path() -> None:
-    obj = simulate("gpipe", [1.0], [1.0], [0.0], 2).to_obj()
+    obj = _timeline_obj(simulate("gpipe", [1.0], [1.0], [0.0], 2))
     obj["devices"][0]["steps"][1] = ["X", 1, 0.0, 1.0]
     with pytest.raises(ManifestError, match=r"schedule\.devices\[0\]\.steps\[1\]\[0\]"):
-        Timeline.from_obj(obj)
-    obj = simulate("gpipe", [1.0], [1.0], [0.0], 2).to_obj()
+        _read(obj)
+    obj = _timeline_obj(simulate("gpipe", [1.0], [1.0], [0.0], 2))
     obj["kind"] = "zb-h1"
     with pytest.raises(ManifestError, match=r"schedule\.kind"):
-        Timeline.from_obj(obj)
+        _read(obj)
     del obj["makespan_seconds"]
     obj["kind"] = "gpipe"
     with pytest.raises(ManifestError, match="makespan_seconds: missing"):
-        Timeline.from_obj(obj)
+        _read(obj)
 
 
 def test_step_is_plain_data() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from onnxpipe.argtypes import count, positive_int
-from onnxpipe.cluster import load_cluster
+from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.core.errors import ManifestError, UsageError
 from onnxpipe.ir.shapes import parse_shape_overrides
 from onnxpipe.manifest import Manifest, load_manifest

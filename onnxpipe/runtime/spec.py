@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from onnxpipe.core.errors import UsageError
 
 if TYPE_CHECKING:
-    from onnxpipe.cluster import Device
+    from onnxpipe.cluster.model import Device
     from onnxpipe.manifest import Manifest
 
 CPU_PROVIDER = "CPUExecutionProvider"

@@ -1,0 +1,123 @@
+"""Each device's cost of every node: read from its own profile, measured here, or scaled from the reference.
+
+The planner needs one cost per node *on each device*; how each was obtained is recorded
+(:class:`DeviceCosts`) so that the manifest says whether a number was measured or extrapolated.  The
+profiler and the profile reader are passed in as callables, so that this room needs nothing of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from onnxpipe.cluster.model import REFERENCE_PROVIDER, Cluster, Device, _frozen
+from onnxpipe.core.errors import UsageError
+
+CostMethod = Literal["profile_file", "profiled", "scaled"]
+
+
+@dataclass(frozen=True)
+class DeviceCosts:
+    """Node seconds of the model on one device, and how they were obtained (for the manifest).
+
+    ``method`` is ``"profile_file"`` (the device's own saved profile), ``"profiled"`` (measured here on the
+    device's provider) or ``"scaled"`` (the reference profile divided by ``speed`` or ``op_speeds``);
+    ``source`` says the same in words, e.g. ``"scaled from reference by speed 3"``.
+    """
+
+    device: str
+    method: CostMethod
+    source: str
+    node_seconds: Mapping[str, float] = field(repr=False)
+
+    def to_obj(self) -> dict[str, Any]:
+        return {"device": self.device, "method": self.method, "source": self.source}
+
+
+def provider_available(device: Device) -> bool:
+    """Whether this machine's onnxruntime can run ``device.provider`` (so it can be profiled here)."""
+    import onnxruntime as ort
+
+    return device.provider in ort.get_available_providers()
+
+
+def scale_costs(
+    node_seconds: Mapping[str, float], op_types: Mapping[str, str], device: Device
+) -> dict[str, float]:
+    """Reference node seconds as they would be on ``device``: each divided by the speed of its op type.
+
+    A node missing from ``op_types`` gets the device's overall ``speed``.
+    """
+    return {n: float(t) / device.speed_of(op_types.get(n, "")) for n, t in node_seconds.items()}
+
+
+def describe_scaling(device: Device) -> str:
+    """``"scaled from reference by speed 3"`` (plus the per-op-type speeds when there are any)."""
+    text = f"scaled from reference by speed {device.speed:g}"
+    if device.op_speeds:
+        per_op = ", ".join(f"{k} {v:g}" for k, v in sorted(device.op_speeds.items()))
+        text += f" ({per_op})"
+    return text
+
+
+def device_costs(
+    cluster: Cluster,
+    reference: Mapping[str, float],
+    op_types: Mapping[str, str],
+    *,
+    measure: Callable[[Device], Mapping[str, float]] | None = None,
+    load: Callable[[Device, str], Mapping[str, float]] | None = None,
+    reference_provider: str = REFERENCE_PROVIDER,
+    reference_threads: int | None = None,
+) -> tuple[DeviceCosts, ...]:
+    """Node seconds on every device of ``cluster``, each with a record of how it was obtained.
+
+    In order of preference, because a measurement on the device beats an extrapolation:
+
+    1. ``profile_path``: ``load(device, path)`` reads the device's own profile of this model (it should
+       raise :class:`~onnxpipe.errors.ProfileError` if the profile belongs to another model);
+    2. ``profile_here`` and the provider is available here: ``measure(device)`` profiles the model with the
+       device's provider, options and threads.  When that is exactly the reference setting (same provider,
+       no options, same threads) the reference profile is reused instead of measuring twice;
+    3. otherwise the reference is scaled by ``speed`` / ``op_speeds`` (:func:`scale_costs`); a device that
+       asked to be profiled here but whose provider is missing says so in its ``source``.
+
+    ``measure`` and ``load`` are callables so that this module needs nothing from the profiler; without
+    them, devices that need them raise :class:`UsageError`.  ``reference_threads`` is the thread count of
+    the reference profile (``None``: not compared).
+    """
+    out: list[DeviceCosts] = []
+    for i, d in enumerate(cluster.devices):
+        if d.profile_path is not None:
+            if load is None:
+                raise UsageError(
+                    f"{cluster.label}: devices[{i}].profile_path is set but profiles cannot be loaded "
+                    "here; remove profile_path or give speed"
+                )
+            secs = {n: float(t) for n, t in load(d, d.profile_path).items()}
+            out.append(DeviceCosts(d.name, "profile_file", f"profile file {d.profile_path}", _frozen(secs)))
+            continue
+        if d.profile_here and provider_available(d):
+            same_as_reference = (
+                d.provider == reference_provider
+                and not d.provider_options
+                and (reference_threads is None or d.threads == reference_threads)
+            )
+            if same_as_reference:
+                secs = {n: float(t) for n, t in reference.items()}
+            elif measure is None:
+                raise UsageError(
+                    f"{cluster.label}: devices[{i}].profile_here asks to profile on {d.provider} but "
+                    "no profiler was given; set profile_here to false"
+                )
+            else:
+                secs = {n: float(t) for n, t in measure(d).items()}
+            source = f"profiled on {d.provider} with {d.threads} thread{'s' if d.threads != 1 else ''}"
+            out.append(DeviceCosts(d.name, "profiled", source, _frozen(secs)))
+            continue
+        source = describe_scaling(d)
+        if d.profile_here:
+            source += f" ({d.provider} is not available here)"
+        out.append(DeviceCosts(d.name, "scaled", source, _frozen(scale_costs(reference, op_types, d))))
+    return tuple(out)

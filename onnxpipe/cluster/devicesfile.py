@@ -1,0 +1,230 @@
+"""The devices file (``--devices devices.json``, format in ``docs/devices.md``), read and validated.
+
+Every field is checked with :mod:`onnxpipe.core.jsonread`, and every error names the file and the JSON
+path at fault (``devices.json: devices[2].memory_bytes: ...``).  Unknown keys are refused with the
+closest known one: a hand-written file whose misspelled optional key passed silently would plan for
+another machine than the user's.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from onnxpipe.cluster.model import Cluster, Device, Link, _frozen
+from onnxpipe.core.errors import UsageError
+from onnxpipe.core.jsonread import Document, Fields, Rule, Value, describe
+from onnxpipe.core.units import parse_bytes, parse_rate
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Read and validate a devices file (``--devices``); every error names the file and the JSON path."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"{p}: no such devices file; give a JSON file as described in docs/devices.md")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{p}: cannot be read ({e}); give a UTF-8 JSON devices file") from e
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(
+            f"{p}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); fix the devices file"
+        ) from e
+    return read_cluster(obj, str(p), p.parent)
+
+
+def read_cluster(obj: Any, source: str = "devices file", base: Path | None = None) -> Cluster:
+    """Validate a parsed devices file; ``base`` is the folder relative ``profile_path`` are taken from."""
+    return _read_cluster(Document(source, UsageError, _ADVICE).read(obj), base)
+
+
+_DEVICE_KEYS = {
+    "name",
+    "provider",
+    "provider_options",
+    "threads",
+    "memory_bytes",
+    "speed",
+    "op_speeds",
+    "profile_path",
+    "profile_here",
+    "description",
+}
+_REQUIRED_DEVICE_KEYS = ("name", "provider", "threads", "memory_bytes")
+_LINK_KEYS = {"bandwidth_bytes_per_s", "latency_s", "description"}
+_TOP_KEYS = {"devices", "links", "description"}
+
+_ADVICE = "see docs/devices.md"
+_NAME: Rule[str] = Rule(lambda s: bool(s.strip()), "a non-empty string")
+_FILE_NAME: Rule[str] = Rule(lambda s: s != "", "a file name")
+
+
+def _read_cluster(top_value: Value, base: Path | None) -> Cluster:
+    top = top_value.fields().only(_TOP_KEYS)
+    devs = top.need("devices", "list the devices in pipeline order (see docs/devices.md)")
+    if not isinstance(devs.raw, list) or not devs.raw:
+        raise devs.expected("a non-empty list of devices")
+    devices = devs.objects(lambda f: _device(f, base))
+    seen: dict[str, int] = {}
+    for i, d in enumerate(devices):
+        if d.name in seen:
+            raise top.doc.fail(
+                f"devices[{i}].name",
+                f"{d.name!r} is already the name of devices[{seen[d.name]}]",
+                "give every device its own name",
+            )
+        seen[d.name] = i
+    links = _links(top.get("links", None), len(devices))
+    return Cluster(devices, links, top.doc.source)
+
+
+def _device(f: Fields, base: Path | None) -> Device:
+    f.only(_DEVICE_KEYS)
+    for key in _REQUIRED_DEVICE_KEYS:
+        f.need(key, "every device needs " + ", ".join(_REQUIRED_DEVICE_KEYS))
+    name = f["name"].string(_NAME)
+    provider = _provider(f["provider"])
+    options = f.get("provider_options", {}).dict_of(Value.scalar)
+    threads = f["threads"].integer(1, expected="a whole number of threads >= 1")
+    memory = _memory(f["memory_bytes"])
+    speed = _positive(f.get("speed", 1.0))
+    op_speeds = _op_speeds(f.get("op_speeds", {}))
+    profile_path = _profile_path(f, base)
+    here = f.get("profile_here", False).boolean()
+    if here and profile_path is not None:
+        raise f["profile_here"].fail("give either profile_path or profile_here, not both")
+    return Device(
+        name=name,
+        provider=provider,
+        provider_options=_frozen(options),
+        threads=threads,
+        memory_bytes=memory,
+        speed=speed,
+        op_speeds=_frozen(op_speeds),
+        profile_path=profile_path,
+        profile_here=here,
+    )
+
+
+def _provider(v: Value) -> str:
+    import onnxruntime as ort
+
+    known = list(ort.get_all_providers())
+    if isinstance(v.raw, str) and v.raw in known:
+        return v.raw
+    close = difflib.get_close_matches(v.raw, known, n=1, cutoff=0.4) if isinstance(v.raw, str) else []
+    hint = f"did you mean {close[0]!r}?" if close else "use an onnxruntime provider name"
+    raise v.fail(
+        f"{describe(v.raw)} is not an onnxruntime execution provider", f"{hint} (e.g. CPUExecutionProvider)"
+    )
+
+
+def _positive(v: Value) -> float:
+    x = v.finite()
+    if x <= 0:
+        raise v.fail(f"must be greater than 0, got {v.raw!r}")
+    return x
+
+
+def _non_negative(v: Value) -> float:
+    x = v.finite()
+    if x < 0:
+        raise v.fail(f"must not be negative, got {v.raw!r}")
+    return x
+
+
+def _op_speeds(v: Value) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for op, s in v.fields().items():
+        if not op:
+            raise v.fail('an op type must be a non-empty name such as "MatMul"')
+        out[op] = _positive(s)
+    return out
+
+
+def _memory(v: Value) -> int | None:
+    """Bytes (``8589934592``, or ``8.0e9``: a whole float), a size (``"8 GiB"``), or ``null`` for no limit."""
+    raw = v.raw
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        n = v.parsed(
+            parse_bytes,
+            what="a size",
+            advice='write bytes (8000000000) or a size like "8 GiB" or "512 MB"',
+        )
+    elif isinstance(raw, float) and math.isfinite(raw) and raw.is_integer():
+        n = int(raw)
+    else:
+        n = v.integer(None, expected='a whole number of bytes, a size like "8 GiB" or null')
+    if n <= 0:
+        raise v.fail(f"must be greater than 0, got {raw!r}", "write null for no limit")
+    return n
+
+
+def _profile_path(f: Fields, base: Path | None) -> str | None:
+    """The device's own profile, relative to the devices file's folder (``base``); it must exist."""
+    v = f.get("profile_path", None)
+    given = v.opt_string(_FILE_NAME)
+    if given is None:
+        return None
+    if "speed" in f.raw or "op_speeds" in f.raw:
+        raise v.fail("give either a profile of the device's own or speed/op_speeds, not both")
+    p = Path(given)
+    if not p.is_absolute() and base is not None:
+        p = base / p
+    if not p.is_file():
+        raise v.fail(f"{p}: no such file", "save one with 'onnxpipe profile' on that device, or give speed")
+    return str(p)
+
+
+def _links(v: Value, n: int) -> tuple[Link, ...]:
+    """``links`` for ``n`` devices: a list of ``n - 1`` links, or one link object shared by all."""
+    raw = v.raw
+    if n == 1:
+        if raw is None or raw == []:
+            return ()
+        if isinstance(raw, dict):
+            v.object(_link)
+            return ()
+        raise v.fail("a single device has no links", f"remove links (got {describe(raw)})")
+    if raw is None:
+        raise v.fail(
+            "missing",
+            f"give {n - 1} links (one between each pair of consecutive devices) "
+            "or one link object for a network every device shares",
+        )
+    if isinstance(raw, dict):
+        return (v.object(_link),) * (n - 1)
+    if not isinstance(raw, list):
+        raise v.expected("a list of links or one link object")
+    if len(raw) != n - 1:
+        raise v.fail(
+            f"{n} devices need {n - 1} links (devices[i] -> devices[i+1]), got {len(raw)}",
+            "or write one link object for a network every device shares",
+        )
+    return v.objects(_link)
+
+
+def _link(f: Fields) -> Link:
+    f.only(_LINK_KEYS)
+    for key in ("bandwidth_bytes_per_s", "latency_s"):
+        f.need(key, "every link needs bandwidth_bytes_per_s and latency_s")
+    return Link(_bandwidth(f["bandwidth_bytes_per_s"]), _non_negative(f["latency_s"]))
+
+
+def _bandwidth(v: Value) -> float:
+    """Bytes per second, a rate (``"100 Mbit/s"``), or ``null`` for a free link (``inf``)."""
+    if v.raw is None:
+        return math.inf
+    if not isinstance(v.raw, str):
+        return _positive(v)
+    bw = v.parsed(parse_rate, what="a rate", advice='write bytes per second (12500000) or e.g. "100 Mbit/s"')
+    if bw <= 0:
+        raise v.fail(f"must be greater than 0, got {v.raw!r}")
+    return bw

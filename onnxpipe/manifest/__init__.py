@@ -1,0 +1,48 @@
+"""The manifest of a split folder (``manifest.json``): the contract between export and every reader.
+
+Its parts are frozen dataclasses (:mod:`.entries`), the whole is :class:`.manifest.Manifest`; it is
+written by :mod:`.write`, read field by field by :mod:`.read` and checked across fields by
+:mod:`.check`.  ``docs/manifest.md`` documents every field and the versioning.  Importing this room
+loads neither onnx nor onnxruntime: it imports ``core``, ``cluster`` and ``schedule`` only.
+"""
+
+from onnxpipe.manifest.entries import (
+    MANIFEST_NAME,
+    MODEL,
+    MODEL_INPUT,
+    MODEL_OUTPUT,
+    READABLE_VERSIONS,
+    SCHEMA_VERSION,
+    DeviceRecord,
+    ModelOutput,
+    ModelTensor,
+    PlanSummary,
+    SameValue,
+    SourceInfo,
+    StageEntry,
+    StageInput,
+    StageOutput,
+)
+from onnxpipe.manifest.manifest import Manifest, check_stage_files, load_manifest, write_manifest
+
+__all__ = [
+    "MANIFEST_NAME",
+    "MODEL",
+    "MODEL_INPUT",
+    "MODEL_OUTPUT",
+    "READABLE_VERSIONS",
+    "SCHEMA_VERSION",
+    "DeviceRecord",
+    "Manifest",
+    "ModelOutput",
+    "ModelTensor",
+    "PlanSummary",
+    "SameValue",
+    "SourceInfo",
+    "StageEntry",
+    "StageInput",
+    "StageOutput",
+    "check_stage_files",
+    "load_manifest",
+    "write_manifest",
+]

@@ -1,0 +1,158 @@
+"""What ``manifest.json`` holds, entry by entry: frozen dataclasses and the words that stand for places.
+
+The whole manifest is :class:`onnxpipe.manifest.manifest.Manifest`; these are its parts.  Nothing here
+imports onnx: a runtime that only reads split folders needs none of the splitting machinery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from onnxpipe.core.dims import Shape
+
+SCHEMA_VERSION = 2
+"""Version 2 spells the place a pass-through model output comes from ``"model_input"`` (version 1:
+``"model input"``); both are read (docs/manifest.md, versioning)."""
+READABLE_VERSIONS = (1, 2)
+MANIFEST_NAME = "manifest.json"
+
+MODEL: Literal["model"] = "model"
+"""A stage input's ``source`` when the caller feeds it (a model input)."""
+MODEL_INPUT: Literal["model_input"] = "model_input"
+"""A model output's ``produced_by`` when it is a model input passed through."""
+MODEL_OUTPUT: Literal["model_output"] = "model_output"
+"""A stage output's consumer when the caller receives it (a model output)."""
+V1_MODEL_INPUT = "model input"
+"""How version 1 spelled :data:`MODEL_INPUT`."""
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """The model that was split: its file name, where it is, and its content hash.
+
+    ``path`` is relative to the folder holding ``manifest.json`` (POSIX separators), absolute when no
+    relative path exists, or ``None`` when the model was never a file.
+    """
+
+    file: str
+    path: str | None
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ModelTensor:
+    """A model input: name, numpy dtype name, shape with symbolic dims kept."""
+
+    name: str
+    dtype: str
+    shape: Shape
+
+
+@dataclass(frozen=True)
+class ModelOutput:
+    """A model output and the stage that produces it (``"model_input"`` for a pass-through input)."""
+
+    name: str
+    dtype: str
+    shape: Shape
+    produced_by: int | Literal["model_input"]
+
+
+@dataclass(frozen=True)
+class StageInput:
+    """A tensor a stage receives; ``source`` is ``"model"`` or the index of the stage producing it."""
+
+    name: str
+    dtype: str
+    shape: Shape
+    bytes_per_sample: int
+    source: int | Literal["model"]
+
+
+@dataclass(frozen=True)
+class StageOutput:
+    """A tensor a stage emits; ``consumers`` are later stage indices and/or ``"model_output"``."""
+
+    name: str
+    dtype: str
+    shape: Shape
+    bytes_per_sample: int
+    consumers: tuple[int | Literal["model_output"], ...]
+
+
+@dataclass(frozen=True)
+class SameValue:
+    """A tensor a stage's nodes read under ``name`` and that it receives as the equal input ``same_as``
+    (an ``Identity`` node in the stage file makes one from the other)."""
+
+    name: str
+    same_as: str
+
+
+@dataclass(frozen=True)
+class StageEntry:
+    """One stage file and what the plan estimated for it."""
+
+    index: int
+    file: str
+    sha256: str
+    external_data: str | None
+    external_data_sha256: str | None
+    node_count: int
+    constant_node_count: int
+    device: str
+    inputs: tuple[StageInput, ...]
+    outputs: tuple[StageOutput, ...]
+    estimated_compute_seconds: float
+    estimated_transfer_seconds: float
+    param_bytes: int
+    peak_activation_bytes: int
+    shared_param_bytes: int = 0
+    link_bytes_in: int = 0
+    worker: int | None = None
+    """The worker that runs this stage (an interleaved split deals ``K * V`` stages out to ``K`` workers
+    in turn); ``None`` in a manifest written before the field existed, which means a worker per stage:
+    read it through :meth:`Manifest.worker_of`."""
+    skipped_node_count: int = 0
+    """Compute nodes of this stage's range left out of its file: what they computed is remade from an
+    equal value (received by a later stage, ``same_values`` there, or by this one from a value it
+    emits).  ``node_count`` plus this, over all stages, is the model's compute node count."""
+    same_values: tuple[SameValue, ...] = ()
+    """Inputs this stage's nodes read under another name: provably equal to an input it receives."""
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    """The numbers that justify the partition (copied from :class:`onnxpipe.plan.Plan`)."""
+
+    objective: str
+    k: int
+    bottleneck_seconds: float
+    lower_bound_seconds: float
+    ratio_to_lower_bound: float
+    cost_source: str
+    threads: int
+    bandwidth_bytes_per_s: float
+    profiled_input_shapes: Mapping[str, tuple[int, ...]]
+    notes: tuple[str, ...] = ()
+    duplicated_param_bytes: int = 0
+    workers: int | None = None
+    """How many workers run the stages (``k`` unless the split is interleaved; ``None``: ``k``)."""
+    time_slack: float = 0.0
+    """An interleaved split's accepted slowdown for weight balance (see ``onnxpipe split --time-slack``)."""
+    reference_seconds: float | None = None
+    """The whole model's time per run (one session, the plan's threads, the profiled shapes), measured
+    when the stage estimates were: the profile's median run, or timed right after calibration.  A run
+    times the model again (``onnxpipe run --compare``) and so tells the machine's own change of speed
+    since from what the estimates got wrong.  None for static costs and plans for other devices."""
+
+
+@dataclass(frozen=True)
+class DeviceRecord:
+    """Where one stage runs and how its costs were obtained (``scaled``, ``profiled``, ``profile_file``)."""
+
+    device: str
+    method: str
+    source: str

@@ -1,0 +1,146 @@
+"""The manifest of a split folder: the contract between the exporter and everything that reads a split.
+
+``manifest.json`` says which stage files make up the pipeline, what flows between them, where the
+source model is, what the plan estimated and how a stream of micro-batches moves through the stages.
+``docs/manifest.md`` documents every field; :data:`SCHEMA_VERSION` is bumped on any change a reader of
+the previous version would misread (see the versioning policy there).
+
+JSON has no infinity: every float field writes ``+inf`` as ``null`` and reads ``null`` back as
+``math.inf`` (an infinite bandwidth, the throughput of stages that take no time).  NaN is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from onnxpipe.cluster.model import Cluster
+from onnxpipe.core.errors import ManifestError
+from onnxpipe.core.files import file_sha256, write_text_atomic
+from onnxpipe.core.jsonread import Document
+from onnxpipe.manifest import read, write
+from onnxpipe.manifest.check import check_consistency
+from onnxpipe.manifest.entries import (
+    MANIFEST_NAME,
+    SCHEMA_VERSION,
+    DeviceRecord,
+    ModelOutput,
+    ModelTensor,
+    PlanSummary,
+    SourceInfo,
+    StageEntry,
+)
+from onnxpipe.schedule.timeline import Timeline
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything ``manifest.json`` holds; build it with :func:`onnxpipe.export.export_stages`."""
+
+    source: SourceInfo
+    model_inputs: tuple[ModelTensor, ...]
+    model_outputs: tuple[ModelOutput, ...]
+    stages: tuple[StageEntry, ...]
+    plan: PlanSummary
+    schedule: Timeline
+    schema_version: int = field(default=SCHEMA_VERSION)
+    cluster: Cluster | None = None
+    device_costs: tuple[DeviceRecord, ...] = ()
+
+    @property
+    def k(self) -> int:
+        return len(self.stages)
+
+    @property
+    def workers(self) -> int:
+        """How many workers run the stages: ``k``, or fewer for an interleaved split."""
+        return self.plan.workers if self.plan.workers is not None else self.k
+
+    def worker_of(self, stage: int) -> int:
+        """The worker that runs ``stage`` (the stage's own index in a split that is not interleaved)."""
+        w = self.stages[stage].worker
+        return stage if w is None else w
+
+    def stages_of(self, worker: int) -> tuple[int, ...]:
+        """The stages ``worker`` runs, in pipeline order."""
+        return tuple(s for s in range(self.k) if self.worker_of(s) == worker)
+
+    def to_json(self) -> str:
+        """The manifest as indented JSON text (ends with a newline)."""
+        return write.dumps(write.manifest_obj(self)) + "\n"
+
+    @staticmethod
+    def from_json(text: str, source: str = MANIFEST_NAME) -> Manifest:
+        """Parse and validate ``text``; ``source`` names the file in error messages."""
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ManifestError(
+                f"{source}: not valid JSON ({e.msg} at line {e.lineno}); re-run onnxpipe split"
+            ) from e
+        doc = Document(source, ManifestError, "re-run onnxpipe split", root="manifest")
+        top = doc.read(obj).fields()
+        version = read.schema_version(top)
+        manifest = Manifest(
+            source=top["source"].object(read.source),
+            model_inputs=top["model_inputs"].objects(read.model_tensor),
+            model_outputs=top["model_outputs"].objects(lambda f: read.model_output(f, version)),
+            stages=top["stages"].objects(read.stage),
+            plan=top["plan"].object(read.plan),
+            schedule=read.timeline(top["schedule"]),
+            schema_version=SCHEMA_VERSION,
+            cluster=read.cluster(top.get("cluster", None)),
+            device_costs=top.get("device_costs", []).objects(read.device_record),
+        )
+        check_consistency(manifest, doc)
+        return manifest
+
+
+def write_manifest(path: str | Path, manifest: Manifest) -> None:
+    """Write ``manifest`` to ``path`` through a temporary file, so a reader never sees half of it."""
+    write_text_atomic(Path(path), manifest.to_json())
+
+
+def load_manifest(directory: str | Path, *, check_files: bool = True) -> Manifest:
+    """Read and validate ``<directory>/manifest.json``.
+
+    With ``check_files`` every stage file (and its external data file) must exist and hash to the
+    sha256 recorded at export, so a runner never chains stages that were edited or mixed up.
+    """
+    d = Path(directory)
+    path = d / MANIFEST_NAME
+    if not path.is_file():
+        raise ManifestError(
+            f"{path}: no such file; give a folder written by 'onnxpipe split'"
+            if d.is_dir()
+            else f"{d}: no such folder; give a folder written by 'onnxpipe split'"
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ManifestError(f"{path}: cannot be read ({e}); re-run onnxpipe split") from e
+    manifest = Manifest.from_json(text, source=str(path))
+    if check_files:
+        check_stage_files(d, manifest)
+    return manifest
+
+
+def check_stage_files(directory: Path, manifest: Manifest) -> None:
+    """Raise :class:`ManifestError` unless every stage file is present and unchanged."""
+    where = directory / MANIFEST_NAME
+    for st in manifest.stages:
+        files = [(st.file, st.sha256)]
+        if st.external_data is not None and st.external_data_sha256 is not None:
+            files.append((st.external_data, st.external_data_sha256))
+        for name, sha in files:
+            p = directory / name
+            if not p.is_file():
+                raise ManifestError(
+                    f"{where}: stage {st.index} file {name} is missing; re-run onnxpipe split"
+                )
+            if file_sha256(p) != sha:
+                raise ManifestError(
+                    f"{where}: stage {st.index} file {name} changed after export (sha256 mismatch); "
+                    "re-run onnxpipe split"
+                )

@@ -1,0 +1,273 @@
+"""Reading a manifest back, one line per field: every field checked for presence, type and range by
+:mod:`onnxpipe.core.jsonread`, a message naming the file and the field's JSON path.
+
+Unknown keys are ignored (additive changes keep ``schema_version``, docs/manifest.md); the rules that
+span fields are :mod:`onnxpipe.manifest.check`'s; :class:`~onnxpipe.manifest.manifest.Manifest`
+puts the parts together.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Literal, cast
+
+from onnxpipe.cluster.devicesfile import read_cluster
+from onnxpipe.cluster.model import Cluster
+from onnxpipe.core.dims import Dim, Shape
+from onnxpipe.core.errors import ManifestError, UsageError
+from onnxpipe.core.jsonread import Fields, Rule, Value
+from onnxpipe.manifest.entries import (
+    MODEL,
+    MODEL_INPUT,
+    MODEL_OUTPUT,
+    READABLE_VERSIONS,
+    SCHEMA_VERSION,
+    V1_MODEL_INPUT,
+    DeviceRecord,
+    ModelOutput,
+    ModelTensor,
+    PlanSummary,
+    SameValue,
+    SourceInfo,
+    StageEntry,
+    StageInput,
+    StageOutput,
+)
+from onnxpipe.schedule.timeline import KINDS, ScheduleKind, Step, StepKind, Timeline, Transfer
+
+
+def schema_version(f: Fields) -> int:
+    """The file's ``schema_version``, refused unless this onnxpipe reads it (checked before any other)."""
+    version = f["schema_version"].integer(minimum=None)
+    if version not in READABLE_VERSIONS:
+        readable = " and ".join(str(v) for v in READABLE_VERSIONS)
+        raise ManifestError(
+            f"{f.doc.source}: schema_version {version} is not supported (this onnxpipe reads versions "
+            f"{readable}, writes {SCHEMA_VERSION}); use the onnxpipe that wrote it or re-run onnxpipe split"
+        )
+    return version
+
+
+def _is_plain_file_name(name: str) -> bool:
+    return name not in ("", ".", "..") and "/" not in name and "\\" not in name
+
+
+def _is_sha256(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
+# A stage file outside the folder would let a manifest make the runner load (and check_stage_files hash)
+# any file on the machine; a malformed hash could never match, so it is refused here, not at load time.
+_FILE_NAME = Rule(_is_plain_file_name, "a plain file name in the folder")
+_SHA256 = Rule(_is_sha256, "a sha256 as 64 lowercase hex digits")
+_STAGE_OR_MODEL_INPUT = f'a stage index or "{MODEL_INPUT}"'
+_STAGE_OR_MODEL = 'a stage index or "model"'
+_STAGE_OR_MODEL_OUTPUT = 'a stage index or "model_output"'
+_V1_STAGE_OR = f'a stage index or "{V1_MODEL_INPUT}"'
+
+
+def _dim(v: Value) -> Dim:
+    d = v.raw
+    if d is None or isinstance(d, str) or (isinstance(d, int) and not isinstance(d, bool) and d >= 0):
+        return d
+    raise v.expected("a dim (integer >= 0, symbolic name or null)")
+
+
+def _shape(v: Value) -> Shape:
+    return v.opt_list_of(_dim)
+
+
+def source(f: Fields) -> SourceInfo:
+    return SourceInfo(
+        file=f["file"].string(), path=f["path"].opt_string(), sha256=f["sha256"].string(_SHA256)
+    )
+
+
+def model_tensor(f: Fields) -> ModelTensor:
+    return ModelTensor(name=f["name"].string(), dtype=f["dtype"].string(), shape=_shape(f["shape"]))
+
+
+def model_output(f: Fields, version: int) -> ModelOutput:
+    """A model output; version 1 spelled a pass-through's ``produced_by`` ``"model input"``."""
+    by = f["produced_by"]
+    produced_by: int | Literal["model_input"]
+    if version == 1:
+        old = by.integer_or(V1_MODEL_INPUT, expected=_V1_STAGE_OR)
+        produced_by = MODEL_INPUT if old == V1_MODEL_INPUT else int(old)
+    else:
+        produced_by = by.integer_or(MODEL_INPUT, expected=_STAGE_OR_MODEL_INPUT)
+    return ModelOutput(
+        name=f["name"].string(), dtype=f["dtype"].string(), shape=_shape(f["shape"]), produced_by=produced_by
+    )
+
+
+def _stage_input(f: Fields) -> StageInput:
+    return StageInput(
+        name=f["name"].string(),
+        dtype=f["dtype"].string(),
+        shape=_shape(f["shape"]),
+        bytes_per_sample=f["bytes_per_sample"].integer(),
+        source=f["source"].integer_or(MODEL, expected=_STAGE_OR_MODEL),
+    )
+
+
+def _stage_output(f: Fields) -> StageOutput:
+    return StageOutput(
+        name=f["name"].string(),
+        dtype=f["dtype"].string(),
+        shape=_shape(f["shape"]),
+        bytes_per_sample=f["bytes_per_sample"].integer(),
+        consumers=f["consumers"].list_of(
+            lambda c: c.integer_or(MODEL_OUTPUT, expected=_STAGE_OR_MODEL_OUTPUT)
+        ),
+    )
+
+
+def stage(f: Fields) -> StageEntry:
+    return StageEntry(
+        index=f["index"].integer(),
+        file=f["file"].string(_FILE_NAME),
+        sha256=f["sha256"].string(_SHA256),
+        external_data=f["external_data"].opt_string(_FILE_NAME),
+        external_data_sha256=f["external_data_sha256"].opt_string(_SHA256),
+        node_count=f["node_count"].integer(),
+        constant_node_count=f["constant_node_count"].integer(),
+        device=f["device"].string(),
+        inputs=f["inputs"].objects(_stage_input),
+        outputs=f["outputs"].objects(_stage_output),
+        estimated_compute_seconds=f["estimated_compute_seconds"].number(),
+        estimated_transfer_seconds=f["estimated_transfer_seconds"].number(),
+        param_bytes=f["param_bytes"].integer(),
+        peak_activation_bytes=f["peak_activation_bytes"].integer(),
+        shared_param_bytes=f["shared_param_bytes"].integer(),
+        link_bytes_in=f["link_bytes_in"].integer(),
+        worker=f.get("worker", None).opt_integer(),
+        skipped_node_count=f.get("skipped_node_count", 0).integer(),
+        same_values=f.get("same_values", []).objects(_same_value),
+    )
+
+
+def _same_value(f: Fields) -> SameValue:
+    return SameValue(name=f["name"].string(), same_as=f["same_as"].string())
+
+
+def plan(f: Fields) -> PlanSummary:
+    return PlanSummary(
+        objective=f["objective"].string(),
+        k=f["k"].integer(minimum=1),
+        bottleneck_seconds=f["bottleneck_seconds"].number(),
+        lower_bound_seconds=f["lower_bound_seconds"].number(),
+        ratio_to_lower_bound=f["ratio_to_lower_bound"].number(),
+        cost_source=f["cost_source"].string(),
+        threads=f["threads"].integer(minimum=1),
+        bandwidth_bytes_per_s=f["bandwidth_bytes_per_s"].number(),
+        profiled_input_shapes=MappingProxyType(
+            f["profiled_input_shapes"].dict_of(lambda dims: dims.list_of(Value.integer))
+        ),
+        notes=f["notes"].list_of(Value.string),
+        duplicated_param_bytes=f["duplicated_param_bytes"].integer(),
+        workers=f.get("workers", None).opt_integer(minimum=1),
+        time_slack=_time_slack(f.get("time_slack", 0.0)),
+        reference_seconds=_reference(f.get("reference_seconds", None)),
+    )
+
+
+def _reference(v: Value) -> float | None:
+    if v.raw is None:
+        return None
+    seconds = v.finite()
+    if seconds <= 0:
+        raise v.fail(f"expected a time above 0 seconds, got {seconds}")
+    return seconds
+
+
+def device_record(f: Fields) -> DeviceRecord:
+    return DeviceRecord(device=f["device"].string(), method=f["method"].string(), source=f["source"].string())
+
+
+def cluster(v: Value) -> Cluster | None:
+    """The devices and links the plan was made for (``null`` for identical CPU workers).
+
+    The devices file has its own reader (and raises ``UsageError``, which means a bad ``--devices``
+    argument); inside a manifest the same fault is a bad manifest, so it becomes a ``ManifestError``.
+    """
+    if v.raw is None:
+        return None
+    try:
+        return read_cluster(v.fields().raw, source=f"{v.doc.source}: cluster")
+    except UsageError as e:
+        raise ManifestError(str(e)) from e
+
+
+def _time_slack(v: Value) -> float:
+    slack = v.finite()
+    if slack < 0:
+        raise v.fail(f"expected a share of 0 or more, got {slack}")
+    return slack
+
+
+# --------------------------------------------------------------------------------------------------
+# the schedule
+
+
+def timeline(v: Value) -> Timeline:
+    """The ``schedule`` (what :func:`onnxpipe.manifest.write.timeline_obj` writes), read back."""
+    f = v.fields()
+    kind_value = f.need("kind", _AGAIN)
+    kind = kind_value.raw
+    if kind not in KINDS:
+        raise kind_value.fail(f"expected one of {', '.join(KINDS)}, got {kind!r}")
+    devices = f.need("devices", _AGAIN)
+    stages = devices.list_of(lambda d: _device_steps(d, len(devices.raw)))
+    workers = [w for _, w in stages]
+    if any((w is None) != (workers[0] is None) for w in workers):
+        odd = next(s for s, w in enumerate(workers) if w is None) if workers[0] is not None else 0
+        raise v.doc.fail(f"{devices.path}[{odd}].worker", "give a worker for every stage or for none")
+    return Timeline(
+        kind=cast(ScheduleKind, kind),
+        microbatches=f.need("microbatches", _AGAIN).integer(1),
+        stages=tuple(steps for steps, _ in stages),
+        transfers=f.get("transfers", []).list_of(_transfer),
+        makespan=f.need("makespan_seconds", _AGAIN).number(),
+        steady_state_throughput_per_s=f.need("steady_state_throughput_per_s", _AGAIN).number(),
+        workers=None if not workers or workers[0] is None else tuple(cast(list[int], workers)),
+    )
+
+
+_AGAIN = "re-run onnxpipe split"
+
+
+def _device_steps(v: Value, count: int) -> tuple[tuple[Step, ...], int | None]:
+    f = v.fields()
+    stage = f.need("stage", _AGAIN)
+    s = stage.integer()
+    expected = int(v.path[v.path.rindex("[") + 1 : -1])
+    if s != expected:
+        raise stage.fail(f"expected {expected} (devices are listed in stage order)")
+    worker = f.get("worker", None).opt_integer()
+    return f.need("steps", _AGAIN).list_of(_step), worker
+
+
+def _step(v: Value) -> Step:
+    items = _items(v, 4, "[kind, microbatch, start, end]")
+    return Step(_step_kind(items[0]), items[1].integer(), items[2].number(), items[3].number())
+
+
+def _transfer(v: Value) -> Transfer:
+    items = _items(v, 5, "[link, kind, microbatch, start, end]")
+    return Transfer(
+        items[0].integer(), _step_kind(items[1]), items[2].integer(), items[3].number(), items[4].number()
+    )
+
+
+def _items(v: Value, n: int, what: str) -> tuple[Value, ...]:
+    items = v.list_of(lambda item: item)
+    if len(items) != n:
+        raise v.fail(f"expected {what}")
+    return items
+
+
+def _step_kind(v: Value) -> StepKind:
+    if v.raw not in ("F", "B"):
+        raise v.fail('expected "F" or "B"')
+    return cast(StepKind, v.raw)

@@ -1,0 +1,157 @@
+"""The manifest as JSON text: every float written with ``+inf`` as ``null``, short lists on one line."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from onnxpipe.core.dims import Dim, Shape
+from onnxpipe.manifest.entries import StageEntry
+from onnxpipe.schedule.timeline import Timeline
+
+if TYPE_CHECKING:  # annotations only: the manifest module calls this one
+    from onnxpipe.manifest.manifest import Manifest
+
+
+def num(x: float) -> float | None:
+    if math.isnan(x):
+        raise ValueError("NaN cannot be written to a manifest")
+    if math.isinf(x):
+        if x < 0:
+            raise ValueError("-inf cannot be written to a manifest")
+        return None
+    return float(x)
+
+
+def _shape_out(shape: Shape) -> list[Dim] | None:
+    return None if shape is None else list(shape)
+
+
+def dumps(value: Any, indent: str = "") -> str:
+    """JSON indented by two spaces, except that lists of plain values (shapes, steps) stay on one line."""
+    inner = indent + "  "
+    if isinstance(value, dict) and value:
+        items = [f"{inner}{json.dumps(k)}: {dumps(v, inner)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + f"\n{indent}}}"
+    if isinstance(value, list) and value and any(isinstance(v, dict | list) for v in value):
+        if all(isinstance(v, list) and not any(isinstance(x, dict | list) for x in v) for v in value):
+            rows = [f"{inner}{json.dumps(v, allow_nan=False)}" for v in value]
+        else:
+            rows = [f"{inner}{dumps(v, inner)}" for v in value]
+        return "[\n" + ",\n".join(rows) + f"\n{indent}]"
+    return json.dumps(value, allow_nan=False)
+
+
+def manifest_obj(m: Manifest) -> dict[str, Any]:
+    return {
+        "schema_version": m.schema_version,
+        "source": {"file": m.source.file, "path": m.source.path, "sha256": m.source.sha256},
+        "model_inputs": [
+            {"name": t.name, "dtype": t.dtype, "shape": _shape_out(t.shape)} for t in m.model_inputs
+        ],
+        "model_outputs": [
+            {"name": t.name, "dtype": t.dtype, "shape": _shape_out(t.shape), "produced_by": t.produced_by}
+            for t in m.model_outputs
+        ],
+        "stages": [_stage_to_obj(s) for s in m.stages],
+        "plan": {
+            "objective": m.plan.objective,
+            "k": m.plan.k,
+            "bottleneck_seconds": num(m.plan.bottleneck_seconds),
+            "lower_bound_seconds": num(m.plan.lower_bound_seconds),
+            "ratio_to_lower_bound": num(m.plan.ratio_to_lower_bound),
+            "cost_source": m.plan.cost_source,
+            "threads": m.plan.threads,
+            "bandwidth_bytes_per_s": num(m.plan.bandwidth_bytes_per_s),
+            "profiled_input_shapes": {k: list(v) for k, v in m.plan.profiled_input_shapes.items()},
+            "notes": list(m.plan.notes),
+            "duplicated_param_bytes": m.plan.duplicated_param_bytes,
+            **(
+                {} if m.plan.workers is None else {"workers": m.plan.workers, "time_slack": m.plan.time_slack}
+            ),
+            **({} if m.plan.reference_seconds is None else {"reference_seconds": m.plan.reference_seconds}),
+        },
+        "schedule": timeline_obj(m.schedule, [s.device for s in m.stages]),
+        "cluster": m.cluster.to_obj() if m.cluster is not None else None,
+        "device_costs": [
+            {"device": d.device, "method": d.method, "source": d.source} for d in m.device_costs
+        ],
+    }
+
+
+def _stage_to_obj(s: StageEntry) -> dict[str, Any]:
+    return {
+        "index": s.index,
+        "file": s.file,
+        "sha256": s.sha256,
+        "external_data": s.external_data,
+        "external_data_sha256": s.external_data_sha256,
+        "node_count": s.node_count,
+        "constant_node_count": s.constant_node_count,
+        "device": s.device,
+        **({} if s.worker is None else {"worker": s.worker}),
+        **({"skipped_node_count": s.skipped_node_count} if s.skipped_node_count else {}),
+        **(
+            {"same_values": [{"name": a.name, "same_as": a.same_as} for a in s.same_values]}
+            if s.same_values
+            else {}
+        ),
+        "inputs": [
+            {
+                "name": t.name,
+                "dtype": t.dtype,
+                "shape": _shape_out(t.shape),
+                "bytes_per_sample": t.bytes_per_sample,
+                "source": t.source,
+            }
+            for t in s.inputs
+        ],
+        "outputs": [
+            {
+                "name": t.name,
+                "dtype": t.dtype,
+                "shape": _shape_out(t.shape),
+                "bytes_per_sample": t.bytes_per_sample,
+                "consumers": list(t.consumers),
+            }
+            for t in s.outputs
+        ],
+        "estimated_compute_seconds": num(s.estimated_compute_seconds),
+        "estimated_transfer_seconds": num(s.estimated_transfer_seconds),
+        "param_bytes": s.param_bytes,
+        "peak_activation_bytes": s.peak_activation_bytes,
+        "shared_param_bytes": s.shared_param_bytes,
+        "link_bytes_in": s.link_bytes_in,
+    }
+
+
+def timeline_obj(tl: Timeline, device_names: Sequence[str] | None = None) -> dict[str, Any]:
+    """The manifest's ``schedule``: per device the ordered ``[kind, micro-batch, start, end]`` steps.
+
+    ``inf`` (the throughput of stages that take no time) is written as ``null``, as everywhere in the
+    manifest.
+    """
+    names = list(device_names) if device_names is not None else [f"stage{s}" for s in range(tl.k)]
+    if len(names) != tl.k:
+        raise ValueError(f"{len(names)} device names for {tl.k} stages")
+    busy = tl.busy
+    return {
+        "kind": tl.kind,
+        "microbatches": tl.microbatches,
+        "makespan_seconds": num(tl.makespan),
+        "steady_state_throughput_per_s": num(tl.steady_state_throughput_per_s),
+        "bubble_fraction": num(tl.bubble_fraction),
+        "devices": [
+            {
+                "stage": s,
+                "device": names[s],
+                **({} if tl.workers is None else {"worker": tl.workers[s]}),
+                "busy_seconds": num(busy[s]),
+                "steps": [[st.kind, st.microbatch, num(st.start), num(st.end)] for st in steps],
+            }
+            for s, steps in enumerate(tl.stages)
+        ],
+        "transfers": [[t.link, t.kind, t.microbatch, num(t.start), num(t.end)] for t in tl.transfers],
+    }
