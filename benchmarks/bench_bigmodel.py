@@ -60,7 +60,7 @@ SPLIT = """
 from onnxpipe.cost.static import static_profile
 from onnxpipe.export import export_stages
 from onnxpipe.ir.model import load_model
-from onnxpipe.plan import make_plan
+from onnxpipe.plan.planner import make_plan
 
 model, out, k = sys.argv[1], sys.argv[2], int(sys.argv[3])
 view = phase("load", lambda: load_model(model))

@@ -64,8 +64,10 @@ from onnxpipe.core.errors import MemoryFitError
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.graph import cut_profile
 from onnxpipe.ir.model import ModelView, load_model
-from onnxpipe.plan import assign_stages, make_plan, tensor_sizes
-from onnxpipe.planner import first_reader_param_bytes, plan_pipeline
+from onnxpipe.plan.cluster import plan_pipeline
+from onnxpipe.plan.planner import make_plan
+from onnxpipe.plan.sequences import first_reader_param_bytes, tensor_sizes
+from onnxpipe.plan.stages import assign_stages
 from onnxpipe.schedule.simulate import in_flight
 
 MODELS: dict[str, dict[str, tuple[int, ...]] | None] = {

@@ -43,7 +43,7 @@ CHILD = MEMORY_PRELUDE + textwrap.dedent(
     from onnxpipe.cost.static import static_profile
     from onnxpipe.export import export_stages
     from onnxpipe.ir.model import load_model
-    from onnxpipe.plan import make_plan
+    from onnxpipe.plan.planner import make_plan
     from onnxpipe.verification import verify
 
     model, out, k, run_verify = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"

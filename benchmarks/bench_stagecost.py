@@ -57,7 +57,9 @@ from onnxpipe.core.ortsession import session_options  # noqa: E402
 from onnxpipe.export import export_stages  # noqa: E402
 from onnxpipe.ir.model import ModelView, load_model  # noqa: E402
 from onnxpipe.manifest import load_manifest  # noqa: E402
-from onnxpipe.plan import Plan, assign_stages, make_plan  # noqa: E402
+from onnxpipe.plan.planner import make_plan  # noqa: E402
+from onnxpipe.plan.stages import assign_stages  # noqa: E402
+from onnxpipe.plan.types import Plan  # noqa: E402
 from onnxpipe.runtime.affinity import cpu_sets, pinned  # noqa: E402
 from onnxpipe.runtime.compare import session_throughput  # noqa: E402
 from onnxpipe.runtime.inputs import random_inputs  # noqa: E402

@@ -39,7 +39,9 @@ from onnxpipe.core.text import table  # noqa: E402
 from onnxpipe.cost.measure import profile_model  # noqa: E402
 from onnxpipe.cost.profile import Profile  # noqa: E402
 from onnxpipe.ir.model import ModelView, load_model  # noqa: E402
-from onnxpipe.plan import Plan, assign_stages, tensor_sizes  # noqa: E402
+from onnxpipe.plan.sequences import tensor_sizes  # noqa: E402
+from onnxpipe.plan.stages import assign_stages  # noqa: E402
+from onnxpipe.plan.types import Plan  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 PROFILES = RESULTS / "profiles"

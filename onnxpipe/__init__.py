@@ -39,11 +39,11 @@ _EXPORTS: dict[str, str] = {
     "load_model": "onnxpipe.ir.model",
     "Partition": "onnxpipe.partition",
     "solve": "onnxpipe.partition",
-    "Plan": "onnxpipe.plan",
-    "StageSpec": "onnxpipe.plan",
-    "make_plan": "onnxpipe.plan",
-    "ScheduleRequest": "onnxpipe.planner",
-    "plan_pipeline": "onnxpipe.planner",
+    "Plan": "onnxpipe.plan.types",
+    "StageSpec": "onnxpipe.plan.types",
+    "make_plan": "onnxpipe.plan.planner",
+    "ScheduleRequest": "onnxpipe.plan.request",
+    "plan_pipeline": "onnxpipe.plan.cluster",
     "Profile": "onnxpipe.cost.profile",
     "profile_model": "onnxpipe.cost.measure",
     "Pipeline": "onnxpipe.runtime",
@@ -127,7 +127,9 @@ if TYPE_CHECKING:
     from onnxpipe.ir.model import ModelView, load_model
     from onnxpipe.manifest import Manifest, load_manifest
     from onnxpipe.partition import Partition, solve
-    from onnxpipe.plan import Plan, StageSpec, make_plan
-    from onnxpipe.planner import ScheduleRequest, plan_pipeline
+    from onnxpipe.plan.cluster import plan_pipeline
+    from onnxpipe.plan.planner import make_plan
+    from onnxpipe.plan.request import ScheduleRequest
+    from onnxpipe.plan.types import Plan, StageSpec
     from onnxpipe.runtime import Pipeline
     from onnxpipe.verification import VerifyReport, verify

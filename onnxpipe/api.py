@@ -23,8 +23,10 @@ from onnxpipe.cost.static import static_profile
 from onnxpipe.export import check_exportable, export_stages
 from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.manifest import Manifest
-from onnxpipe.plan import DEFAULT_TIME_SLACK, Plan, make_interleaved_plan, make_plan
-from onnxpipe.planner import ScheduleRequest, plan_pipeline
+from onnxpipe.plan.cluster import plan_pipeline
+from onnxpipe.plan.planner import DEFAULT_TIME_SLACK, make_interleaved_plan, make_plan
+from onnxpipe.plan.request import ScheduleRequest
+from onnxpipe.plan.types import Plan
 from onnxpipe.verification import VerifyReport, verify
 
 COST_SOURCES = ("profile", "static")

@@ -41,7 +41,7 @@ from onnxpipe.ir.external import is_external, stored_tensors
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView, TensorInfo, dtype_name, value_dims
 from onnxpipe.ir.shapes import resolve_input_shapes
-from onnxpipe.plan import StageSpec
+from onnxpipe.plan.types import StageSpec
 from onnxpipe.weightfile import externalize
 
 BuildStage = Callable[[StageSpec, bool, frozenset[str]], onnx.ModelProto]

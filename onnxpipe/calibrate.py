@@ -40,7 +40,7 @@ from onnxpipe.export import export_stages
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
-from onnxpipe.plan import Plan
+from onnxpipe.plan.types import Plan
 
 StageTimer = Callable[[ModelView, Plan, Profile], list[float]]
 """Seconds each stage of a plan takes alone (the default: :func:`time_stages`)."""

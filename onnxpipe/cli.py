@@ -25,8 +25,9 @@ from onnxpipe.export import check_runtime_opsets
 from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.ir.shapes import parse_shape_overrides
 from onnxpipe.manifest import load_manifest
-from onnxpipe.plan import DEFAULT_TIME_SLACK
-from onnxpipe.planner import SCHEDULE_CHOICES, ScheduleRequest, draw_plan
+from onnxpipe.plan.draw import draw_plan
+from onnxpipe.plan.planner import DEFAULT_TIME_SLACK
+from onnxpipe.plan.request import SCHEDULE_CHOICES, ScheduleRequest
 from onnxpipe.runtime.cli import add_run_arguments, run_command
 from onnxpipe.tables import format_manifest_table, format_model_table, format_plan_table
 from onnxpipe.verification import VerifyReport, verify

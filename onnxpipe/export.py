@@ -54,7 +54,7 @@ from onnxpipe.manifest import (
     write_manifest,
 )
 from onnxpipe.outdir import check_target, normalized, staged_folder, writing
-from onnxpipe.plan import Plan, StageSpec
+from onnxpipe.plan.types import Plan, StageSpec
 from onnxpipe.schedule.simulate import simulate
 from onnxpipe.stagebuild import StageBuilder
 from onnxpipe.weightfile import externalize

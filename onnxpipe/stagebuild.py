@@ -35,7 +35,7 @@ from onnxpipe.boundary import BoundaryTypes
 from onnxpipe.core.errors import ExportError, ModelLoadError
 from onnxpipe.ir.external import is_external
 from onnxpipe.ir.model import ModelView, NodeInfo, initializer_nbytes
-from onnxpipe.plan import StageSpec
+from onnxpipe.plan.types import StageSpec
 
 SMALL_TENSOR_BYTES = 1024
 """Without weights (for shape inference), initializers above this keep only their dims and type."""

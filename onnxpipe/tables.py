@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from onnxpipe.core.text import human_bytes, table
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
-from onnxpipe.plan import Plan
+from onnxpipe.plan.types import Plan
 
 
 def stage_time(compute: float, transfer: float, overlapped: bool) -> float:

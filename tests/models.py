@@ -18,7 +18,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.ir.model import ModelView
-from onnxpipe.plan import Plan, assign_stages
+from onnxpipe.plan.stages import assign_stages
+from onnxpipe.plan.types import Plan
 
 OPSET = 17
 FLOAT = TensorProto.FLOAT

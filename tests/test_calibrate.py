@@ -25,7 +25,8 @@ from onnxpipe.core.errors import UsageError
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.model import ModelView, load_model
-from onnxpipe.plan import Plan, make_plan
+from onnxpipe.plan.planner import make_plan
+from onnxpipe.plan.types import Plan
 from onnxpipe.runtime import affinity
 from onnxpipe.runtime.pipeline import Pipeline
 

@@ -19,7 +19,8 @@ from onnxpipe.core.errors import ExportError
 from onnxpipe.export import export_stages
 from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.manifest import load_manifest
-from onnxpipe.plan import Plan, assign_stages
+from onnxpipe.plan.stages import assign_stages
+from onnxpipe.plan.types import Plan
 from onnxpipe.runner import StageChain
 
 OPSET = [helper.make_opsetid("", 17)]

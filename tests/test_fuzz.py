@@ -30,7 +30,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxpipe.export import export_stages
 from onnxpipe.ir.model import load_model
 from onnxpipe.manifest import load_manifest
-from onnxpipe.plan import Plan, assign_stages
+from onnxpipe.plan.stages import assign_stages
+from onnxpipe.plan.types import Plan
 from onnxpipe.runner import StageChain
 
 WIDTH = 4

@@ -38,7 +38,7 @@ from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.model import load_model
 from onnxpipe.manifest import load_manifest
-from onnxpipe.plan import make_plan
+from onnxpipe.plan.planner import make_plan
 from onnxpipe.runtime.compare import stage_worker_memory
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.processes import process_hosts

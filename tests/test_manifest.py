@@ -31,7 +31,8 @@ from onnxpipe.manifest import (
     load_manifest,
     write_manifest,
 )
-from onnxpipe.plan import Plan, assign_stages
+from onnxpipe.plan.stages import assign_stages
+from onnxpipe.plan.types import Plan
 from onnxpipe.schedule.simulate import simulate
 
 SHA_A = "a" * 64

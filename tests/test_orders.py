@@ -15,7 +15,8 @@ import pytest
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.errors import PartitionError, UsageError
-from onnxpipe.orders import (
+from onnxpipe.partition import Partition, solve_heterogeneous
+from onnxpipe.plan.orders import (
     best_device_order,
     count_orders,
     distinct_orders,
@@ -24,7 +25,6 @@ from onnxpipe.orders import (
     stages_auto,
     type_ids,
 )
-from onnxpipe.partition import Partition, solve_heterogeneous
 
 ROOT = Path(__file__).resolve().parents[1]
 

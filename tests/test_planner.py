@@ -13,7 +13,8 @@ from onnxpipe.cli import main
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.errors import PartitionError, UsageError
-from onnxpipe.planner import ScheduleRequest, plan_pipeline
+from onnxpipe.plan.cluster import plan_pipeline
+from onnxpipe.plan.request import ScheduleRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 TRANSFORMER = ROOT / "sample_models" / "transformer_tiny.onnx"

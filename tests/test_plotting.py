@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from onnxpipe.core.errors import UsageError
-from onnxpipe.plotting import StageSummary, plot_plan
+from onnxpipe.plan.draw import StageSummary, plot_plan
 from onnxpipe.schedule.simulate import simulate
 
 STAGES = [

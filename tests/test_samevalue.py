@@ -18,7 +18,10 @@ from onnxpipe.export import export_stages
 from onnxpipe.ir.model import ModelView, load_model, view_from_proto
 from onnxpipe.ir.samevalue import CONTENT_LIMIT, value_classes
 from onnxpipe.manifest import MANIFEST_NAME, SameValue, load_manifest
-from onnxpipe.plan import Alias, assign_stages, make_plan, sequences
+from onnxpipe.plan.planner import make_plan
+from onnxpipe.plan.sequences import sequences
+from onnxpipe.plan.stages import assign_stages
+from onnxpipe.plan.types import Alias
 from onnxpipe.runner import StageChain
 from onnxpipe.stagebuild import ALIAS_NODE_PREFIX
 

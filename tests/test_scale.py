@@ -32,7 +32,7 @@ from onnxpipe.cost.static import static_profile
 from onnxpipe.export import export_stages
 from onnxpipe.ir.model import load_model
 from onnxpipe.manifest import load_manifest
-from onnxpipe.plan import make_plan
+from onnxpipe.plan.planner import make_plan
 from onnxpipe.runner import StageChain
 from tools.make_large_graph import make_big_weights, make_many_nodes
 
@@ -204,7 +204,7 @@ from onnxpipe.cost.static import static_profile
 from onnxpipe.export import export_stages
 from onnxpipe.core.files import file_sha256
 from onnxpipe.ir.model import load_model
-from onnxpipe.plan import make_plan
+from onnxpipe.plan.planner import make_plan
 
 def status(key):
     for line in open("/proc/self/status"):

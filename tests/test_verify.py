@@ -20,7 +20,8 @@ from onnxpipe.core.files import file_sha256
 from onnxpipe.export import export_stages
 from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.manifest import load_manifest
-from onnxpipe.plan import Plan, assign_stages
+from onnxpipe.plan.stages import assign_stages
+from onnxpipe.plan.types import Plan
 from onnxpipe.runner import StageChain
 from onnxpipe.runtime.inputs import input_shapes_for
 from onnxpipe.verification import compare, planned_input_shapes, verify

@@ -1,15 +1,16 @@
 """Plan a pipeline for a cluster: devices, memory, links, device order, stage count and schedule.
 
-:func:`onnxpipe.plan.make_plan` balances K stages on identical workers.  This module does what BaPipe
-does for a real cluster: stage ``i`` runs on device ``i`` of a devices file, each device computes at its
-own speed (or with its own profile), must hold its stage's parameters and the activations of the
+:func:`onnxpipe.plan.planner.make_plan` balances K stages on identical workers.  This module does what
+BaPipe does for a real cluster: stage ``i`` runs on device ``i`` of a devices file, each device computes
+at its own speed (or with its own profile), must hold its stage's parameters and the activations of the
 micro-batches in flight, and each link between consecutive devices costs ``bytes / bandwidth +
 latency`` per micro-batch, overlapping compute.  For every candidate schedule (streaming inference, or
 the GPipe and 1F1B training schedules with M micro-batches) it solves the exact partition under that
 schedule's memory model, simulates the timeline, and keeps the fastest plan that fits.
 
 The exact work happens elsewhere: :func:`onnxpipe.partition.solve_heterogeneous` (the partition),
-:mod:`onnxpipe.orders` (device orders and ``--stages auto``) and :mod:`onnxpipe.schedule` (timelines).
+:mod:`onnxpipe.plan.orders` (device orders and ``--stages auto``) and :mod:`onnxpipe.schedule.simulate`
+(timelines).
 """
 
 from __future__ import annotations
@@ -18,95 +19,29 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from onnxpipe import partition as _partition
 from onnxpipe.cluster.costs import device_costs
 from onnxpipe.cluster.model import Cluster, Device
 from onnxpipe.core.errors import MemoryFitError, PartitionError, UsageError
+from onnxpipe.cost.measure import profile_model
+from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.model import ModelView
-from onnxpipe.orders import OrderSearch, place, stages_auto
-from onnxpipe.plan import Plan, StageSpec, assign_stages, keeping_fused_groups, plan_from, sequences
+from onnxpipe.plan.fused import keeping_fused_groups
+from onnxpipe.plan.memory import TRAINING_STATE_FACTOR, stage_memory_bytes
+from onnxpipe.plan.orders import OrderSearch, place, stages_auto
+from onnxpipe.plan.planner import plan_from
+from onnxpipe.plan.request import ScheduleRequest
+from onnxpipe.plan.sequences import first_reader_param_bytes, sequences
+from onnxpipe.plan.stages import assign_stages
+from onnxpipe.plan.types import Plan, StageSpec
 from onnxpipe.schedule.simulate import in_flight, simulate
-from onnxpipe.schedule.timeline import DEFAULT_BACKWARD_RATIO, KINDS, ScheduleKind, Timeline
-
-if TYPE_CHECKING:
-    from onnxpipe.cost.profile import Profile
-
-SCHEDULE_CHOICES = (*KINDS, "auto")
-DEFAULT_MICROBATCHES = 8
-TRAINING_STATE_FACTOR = 4.0
-"""Bytes held per parameter byte when training with Adam: weights, gradients and two moments."""
-
-
-@dataclass(frozen=True)
-class ScheduleRequest:
-    """What the user asked for: a schedule (or ``auto`` among the training ones), M, and the batch.
-
-    ``batch`` samples (at the profiled input shapes) make one training iteration, split into
-    ``microbatches`` micro-batches of ``batch / microbatches`` samples; ``auto`` tries every divisor of
-    ``batch`` for M when ``microbatches`` is not given.  Streaming inference uses micro-batches of one
-    profiled sample and M only for the simulated timeline.
-    """
-
-    kind: str = "stream"
-    microbatches: int | None = None
-    batch: int | None = None
-    backward_ratio: float = DEFAULT_BACKWARD_RATIO
-
-    def candidates(self) -> list[tuple[ScheduleKind, int, int]]:
-        """(kind, M, samples per micro-batch) to try."""
-        if self.kind not in SCHEDULE_CHOICES:
-            raise UsageError(f"--schedule {self.kind!r}: choose one of {', '.join(SCHEDULE_CHOICES)}")
-        if not (self.backward_ratio > 0 and math.isfinite(self.backward_ratio)):
-            raise UsageError(
-                f"--backward-ratio {self.backward_ratio}: give a positive finite number (default 2)"
-            )
-        if self.microbatches is not None and self.microbatches < 1:
-            raise UsageError(f"--microbatches {self.microbatches}: give 1 or more")
-        if self.kind == "stream":
-            if self.batch is not None or self.backward_ratio != DEFAULT_BACKWARD_RATIO:
-                raise UsageError(
-                    "--batch and --backward-ratio plan training; give --schedule gpipe, 1f1b or auto, "
-                    "or leave them out for streaming inference"
-                )
-            return [("stream", self.microbatches or DEFAULT_MICROBATCHES, 1)]
-        kinds: list[ScheduleKind] = ["gpipe", "1f1b"] if self.kind == "auto" else [self.kind]  # type: ignore[list-item]
-        batch = self.batch or self.microbatches or DEFAULT_MICROBATCHES
-        if self.microbatches is not None:
-            if batch % self.microbatches:
-                raise UsageError(
-                    f"--microbatches {self.microbatches} does not split --batch {batch} evenly; "
-                    "choose a divisor of the batch"
-                )
-            options = [self.microbatches]
-        else:
-            options = [m for m in range(1, batch + 1) if batch % m == 0]
-        return [(kd, m, batch // m) for kd in kinds for m in options]
-
-
-def first_reader_param_bytes(view: ModelView) -> list[float]:
-    """Parameter bytes per compute node, each weight counted once, at the first node that reads it.
-
-    Summing this over a stage counts a weight shared with an earlier stage only there: the partitioner's
-    memory check is then slightly optimistic for shared weights, which the final check below corrects.
-    """
-    seen: set[str] = set()
-    out: list[float] = []
-    for n in view.compute_nodes:
-        total = 0
-        for t in n.reads:
-            if t in view.weights and t not in seen:
-                seen.add(t)
-                total += view.weights[t]
-        out.append(float(total))
-    return out
+from onnxpipe.schedule.timeline import ScheduleKind, Timeline
 
 
 def _measure_fn(view: ModelView, profile: Profile) -> Callable[[Device], Mapping[str, float]]:
     def measure(device: Device) -> Mapping[str, float]:
-        from onnxpipe.cost.measure import profile_model
-
         if device.provider != "CPUExecutionProvider" or device.provider_options:
             raise UsageError(
                 f"device {device.name!r}: profiling on {device.provider} is not supported here; "
@@ -120,8 +55,6 @@ def _measure_fn(view: ModelView, profile: Profile) -> Callable[[Device], Mapping
 
 def _load_fn(view: ModelView) -> Callable[[Device, str], Mapping[str, float]]:
     def load(device: Device, path: str) -> Mapping[str, float]:
-        from onnxpipe.cost.profile import Profile
-
         prof = Profile.load(Path(path))
         prof.check_matches(view)
         return prof.node_seconds
@@ -332,31 +265,6 @@ def _iteration_time(c: _Candidate) -> float:
     return c.timeline.makespan
 
 
-def stage_memory_bytes(
-    kind: ScheduleKind,
-    stage: int,
-    k: int,
-    microbatches: int,
-    size: int,
-    weight_bytes: float,
-    activation_bytes: float,
-    bytes_in: float,
-) -> float:
-    """What stage ``stage`` must hold on its device under a schedule: the planner's memory model.
-
-    * streaming inference: its weights, plus the micro-batch it computes and the next one arriving
-      (``2 * size * bytes_in``, with ``bytes_in`` what crosses the link in front of it; stage 0's input
-      comes from the caller and is not counted); the working set inside one run is reported separately
-      (``peak_activation_bytes``);
-    * training: weights, gradients and Adam's two moments (``4 *`` weights), plus every activation of the
-      stage for each micro-batch in flight (GPipe ``M``, 1F1B ``min(M, K - s)``).
-    """
-    if kind == "stream":
-        return weight_bytes + 2.0 * size * bytes_in
-    held = in_flight(kind, stage, k, microbatches) * size
-    return TRAINING_STATE_FACTOR * weight_bytes + held * activation_bytes
-
-
 def _check_final_memory(
     specs: Sequence[StageSpec],
     arranged: Cluster,
@@ -385,26 +293,3 @@ def _check_final_memory(
                 f"{cap}; give it at least that much memory_bytes, or use more stages",
                 need,
             )
-
-
-def draw_plan(plan: Plan, path: str | Path, *, title: str | None = None) -> Path:
-    """Gantt chart of the plan's simulated schedule and per-stage loads against device capacity."""
-    from onnxpipe.plotting import StageSummary, plot_plan
-    from onnxpipe.schedule.simulate import simulate as _simulate
-
-    timeline = plan.timeline or _simulate(
-        "stream", [s.cost_seconds for s in plan.stages], None, [0.0] * plan.k, DEFAULT_MICROBATCHES
-    )
-    caps = plan.cluster.mem_caps if plan.cluster is not None else (math.inf,) * plan.k
-    summaries = [
-        StageSummary(
-            device=s.device,
-            compute_seconds=s.compute_seconds,
-            transfer_seconds=s.transfer_seconds,
-            param_bytes=float(s.param_bytes),
-            activation_bytes=float(s.peak_activation_bytes * plan.microbatch_size),
-            memory_cap=float(caps[i]),
-        )
-        for i, s in enumerate(plan.stages)
-    ]
-    return plot_plan(timeline, summaries, path, title=title)

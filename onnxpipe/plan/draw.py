@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from onnxpipe.core.errors import UsageError
-from onnxpipe.schedule.timeline import Timeline
+from onnxpipe.plan.types import Plan
+from onnxpipe.schedule.simulate import simulate
+from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES, Timeline
 
 SUFFIXES = (".png", ".svg")
 _F_COLOR = "#4C78A8"
@@ -219,3 +221,23 @@ def _draw_memory(ax: Any, stages: Sequence[StageSummary]) -> None:
     ax.set_title("memory per stage", fontsize=10)
     ax.legend(fontsize=8, loc="best")
     ax.grid(axis="y", alpha=0.3)
+
+
+def draw_plan(plan: Plan, path: str | Path, *, title: str | None = None) -> Path:
+    """Gantt chart of the plan's simulated schedule and per-stage loads against device capacity."""
+    timeline = plan.timeline or simulate(
+        "stream", [s.cost_seconds for s in plan.stages], None, [0.0] * plan.k, DEFAULT_MICROBATCHES
+    )
+    caps = plan.cluster.mem_caps if plan.cluster is not None else (math.inf,) * plan.k
+    summaries = [
+        StageSummary(
+            device=s.device,
+            compute_seconds=s.compute_seconds,
+            transfer_seconds=s.transfer_seconds,
+            param_bytes=float(s.param_bytes),
+            activation_bytes=float(s.peak_activation_bytes * plan.microbatch_size),
+            memory_cap=float(caps[i]),
+        )
+        for i, s in enumerate(plan.stages)
+    ]
+    return plot_plan(timeline, summaries, path, title=title)

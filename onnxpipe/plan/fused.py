@@ -1,0 +1,60 @@
+"""Fused groups: kept whole by the cuts while that costs little, cut through when it costs much."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
+
+from onnxpipe.core.errors import PartitionError
+
+
+class _Solution(Protocol):
+    @property
+    def bottleneck(self) -> float: ...
+
+    @property
+    def lower_bound(self) -> float:
+        """A bound no partition beats, with or without the fused groups (it never looks at cuts)."""
+        ...
+
+
+_Solved = TypeVar("_Solved", bound=_Solution)
+
+FUSED_GROUP_SLACK = 0.05
+"""Fused groups are kept whole only while that makes the slowest stage at most 5% slower than the best
+split that may cut through them.  Cutting a group costs the fusion of a few nodes at one boundary (a
+Conv's fused activation or residual sum run apart, measured and corrected by ``--calibrate``), while a
+group that holds much of the model leaves no balanced cut at all: when value matching failed on an AVX2
+machine, all of ResNet-50's Convs formed one group and its 2-stage split ran at 0.98x one session."""
+
+
+def keeping_fused_groups(
+    solve: Callable[[Sequence[bool] | None], _Solved], allowed: Sequence[bool], notes: list[str]
+) -> _Solved:
+    """``solve(allowed)``, unless cutting through the fused groups the profiler reported gives a
+    slowest stage more than :data:`FUSED_GROUP_SLACK` faster, or they leave too few cut positions:
+    then ``solve(None)`` with a note (given once, however often the caller asks)."""
+    if all(allowed):
+        return solve(allowed)
+    try:
+        kept = solve(allowed)
+    except PartitionError:
+        _note_once(notes, "fused groups had to be cut to make this many stages")
+        return solve(None)
+    if kept.bottleneck <= (1 + FUSED_GROUP_SLACK) * kept.lower_bound:
+        return kept  # no split beats the bound, so none beats this one by more than the slack
+    free = solve(None)
+    if kept.bottleneck <= (1 + FUSED_GROUP_SLACK) * free.bottleneck:
+        return kept
+    _note_once(
+        notes,
+        f"fused groups were cut: keeping them whole would have made the slowest stage "
+        f"{kept.bottleneck / free.bottleneck:.2f}x as slow (a group may hold much of the model when the "
+        "profiler could not tell onnxruntime's fused nodes apart; see the profile's notes)",
+    )
+    return free
+
+
+def _note_once(notes: list[str], note: str) -> None:
+    if note not in notes:
+        notes.append(note)

@@ -1,0 +1,106 @@
+"""The plain numbers the partitioner sees: one cost, one cut size and one allowed cut per compute node.
+
+This is the bridge between the graph (names) and :mod:`onnxpipe.partition` (plain numbers): the compute
+nodes in the view's order, their costs from the profile, the bytes a stage starting at each position
+receives (weights never cross; a value several equal tensors hold crosses once), and the positions a
+cut may not take (inside a fused group).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from onnxpipe.cost.profile import Profile
+from onnxpipe.ir.graph import cut_profile
+from onnxpipe.ir.model import ModelView, NodeInfo
+from onnxpipe.ir.samevalue import value_classes
+from onnxpipe.ir.shapes import symbol_sizes
+
+
+def tensor_sizes(view: ModelView, profile: Profile) -> dict[str, int]:
+    """Bytes of each tensor at the profiled shapes; shape inference fills what the profile lacks."""
+    dims = symbol_sizes(view, profile.input_shapes)
+    sizes = {name: t.nbytes(dims) for name, t in view.tensors.items()}
+    sizes.update(profile.tensor_bytes)
+    return sizes
+
+
+def allowed_cuts_from_regions(compute: Sequence[NodeInfo], regions: Sequence[Sequence[str]]) -> list[bool]:
+    """Cut positions that do not split a fused group (cutting one breaks the fusion at deployment).
+
+    Only compact groups are protected: a group whose nodes lie far apart in the order (a span of more
+    than twice its size plus four) is usually a shape computation joined to its consumer, or two
+    branches onnxruntime merged; keeping it whole would forbid every cut in between, which costs far
+    more balance than the fusion is worth.
+    """
+    pos = {n.name: p for p, n in enumerate(compute)}
+    m = len(compute)
+    diff = [0] * (m + 2)
+    for region in regions:
+        ps = [pos[n] for n in region if n in pos]
+        if len(ps) < 2:
+            continue
+        lo, hi = min(ps), max(ps)
+        if hi - lo + 1 > 2 * len(ps) + 4:
+            continue
+        diff[lo + 1] += 1
+        diff[hi + 1] -= 1
+    allowed, run = [], 0
+    for p in range(m + 1):
+        run += diff[p]
+        allowed.append(run == 0 or p in (0, m))
+    return allowed
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """The plain numbers the partitioner sees, one entry per compute node in the view's order.
+
+    ``cut_bytes[p]`` is what a stage starting at ``p`` receives; ``allowed[p]`` says whether a stage may
+    start there (not inside a fused group); ``sizes`` are every tensor's bytes at the profiled shapes;
+    ``classes`` number the provably equal tensors (:func:`onnxpipe.samevalue.value_classes`), which
+    :func:`assign_stages` is given again so that it sends what ``cut_bytes`` counts.
+    """
+
+    compute: tuple[NodeInfo, ...]
+    costs: tuple[float, ...]
+    cut_bytes: tuple[int, ...]
+    allowed: tuple[bool, ...]
+    sizes: Mapping[str, int] = field(repr=False)
+    classes: Mapping[str, int] = field(repr=False, default_factory=dict)
+
+
+def sequences(view: ModelView, profile: Profile) -> Sequences:
+    """Line up costs, cut bytes and allowed cuts for :mod:`onnxpipe.partition` (weights never cross; a
+    value that several equal tensors hold crosses a cut once, as the exported stages send it)."""
+    compute = view.compute_nodes
+    sizes = tensor_sizes(view, profile)
+    classes = value_classes(view)
+    cuts = cut_profile([n.reads for n in compute], [n.outputs for n in compute], sizes, view.weights, classes)
+    return Sequences(
+        compute=compute,
+        costs=tuple(max(0.0, float(profile.node_seconds.get(n.name, 0.0))) for n in compute),
+        cut_bytes=cuts.bytes,
+        allowed=tuple(allowed_cuts_from_regions(compute, profile.regions)),
+        sizes=sizes,
+        classes=classes,
+    )
+
+
+def first_reader_param_bytes(view: ModelView) -> list[float]:
+    """Parameter bytes per compute node, each weight counted once, at the first node that reads it.
+
+    Summing this over a stage counts a weight shared with an earlier stage only there: the partitioner's
+    memory check is then slightly optimistic for shared weights, which the final check below corrects.
+    """
+    seen: set[str] = set()
+    out: list[float] = []
+    for n in view.compute_nodes:
+        total = 0
+        for t in n.reads:
+            if t in view.weights and t not in seen:
+                seen.add(t)
+                total += view.weights[t]
+        out.append(float(total))
+    return out

@@ -1,0 +1,273 @@
+"""From partition bounds over compute positions to named stages: what each holds, receives and emits.
+
+The stages are worked out last to first, since what a stage must emit depends on what the later ones
+receive; provably equal tensors (:mod:`onnxpipe.ir.samevalue`) cross a cut once and are remade.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+
+from onnxpipe.ir.model import ModelView, NodeInfo
+from onnxpipe.ir.samevalue import value_classes
+from onnxpipe.plan.sequences import Sequences
+from onnxpipe.plan.types import Alias, StageSpec
+
+
+def stages_of(
+    view: ModelView,
+    seq: Sequences,
+    bounds: Sequence[int],
+    compute_seconds: Sequence[float],
+    transfer_seconds: Sequence[float],
+) -> tuple[StageSpec, ...]:
+    """:func:`assign_stages` for a partition of ``seq``, with its sizes, cut bytes and value classes."""
+    return assign_stages(
+        view,
+        bounds,
+        seq.sizes,
+        compute_seconds,
+        transfer_seconds,
+        link_bytes=seq.cut_bytes,
+        classes=seq.classes,
+    )
+
+
+def assign_stages(
+    view: ModelView,
+    bounds: Sequence[int],
+    sizes: Mapping[str, int],
+    compute_seconds: Sequence[float],
+    transfer_seconds: Sequence[float],
+    devices: Sequence[str] | None = None,
+    link_bytes: Sequence[int] | None = None,
+    *,
+    share_equal_values: bool = True,
+    classes: Mapping[str, int] | None = None,
+) -> tuple[StageSpec, ...]:
+    """Turn partition bounds over compute positions into named stages with their inputs and outputs.
+
+    ``link_bytes[p]`` (the cut profile) is what crosses the link in front of a stage starting at ``p``:
+    the stage's own inputs plus tensors it forwards to later stages.
+
+    With ``share_equal_values`` a stage that reads tensors of an earlier stage that are provably equal
+    to others (:mod:`onnxpipe.samevalue`) receives, for each value, the first tensor the earlier stage
+    makes of it, and remakes the ones it reads from that (:attr:`StageSpec.aliases`).  The earlier
+    stage remakes its own repeats of a value it emits the same way, and its nodes that then compute
+    nothing anybody reads are left out of its file (:attr:`StageSpec.skipped_nodes`).  The stages are
+    worked out last to first, since what a stage must emit depends on what the later ones receive.
+    ``classes``: the view's value classes when the caller has them (:attr:`Sequences.classes`).
+    """
+    compute = view.compute_nodes
+    k = len(bounds) - 1
+    const_by_output = {o: n for n in view.nodes if n.is_constant for o in n.outputs}
+    stage_nodes = [compute[bounds[s] : bounds[s + 1]] for s in range(k)]
+    produced_in: dict[str, int] = {}
+    for s, nodes in enumerate(stage_nodes):
+        for n in nodes:
+            for o in n.outputs:
+                produced_in[o] = s
+    last_reads: dict[str, int] = {}
+    for s, nodes in enumerate(stage_nodes):
+        for n in nodes:
+            for t in n.reads:
+                last_reads[t] = max(last_reads.get(t, -1), s)
+    for t in view.outputs:
+        last_reads[t] = k  # read "after" the last stage
+    if not share_equal_values:
+        classes = {}
+    elif classes is None:
+        classes = value_classes(view)
+    equal = _EqualValues(classes, stage_nodes)
+    sent_as = equal.first_in_stage
+    model_outputs = set(view.outputs)
+    wanted: list[set[str]] = [set() for _ in range(k)]  # what later stages receive from each stage
+    specs: list[StageSpec] = []
+    for s in reversed(range(k)):
+        nodes = stage_nodes[s]
+        outputs = tuple(o for n in nodes for o in n.outputs if o in wanted[s] or o in model_outputs)
+        # a value the stage emits is made once: its repeats here are remade from it, since onnxruntime
+        # does not always merge a repeat into a node whose output is a graph output
+        emitted = set(outputs)
+        remade = {
+            o: sent_as[o]
+            for n in nodes
+            if len(n.outputs) == 1
+            for o in n.outputs
+            if sent_as.get(o, o) != o and sent_as[o] in emitted
+        }
+        naive = {o for n in nodes for o in n.outputs if last_reads.get(o, -1) > s}
+        skipped, used = _unneeded(nodes, naive, emitted, remade)
+        if len(skipped) == len(nodes):
+            # nothing of this stage is wanted now that a later stage takes an equal value from another
+            # stage; left out, its nodes would leave a graph without inputs, nodes or outputs, which
+            # onnxruntime cannot load: they stay, computing what nobody reads (a dead node of the source
+            # stays so too).  Nothing is then emitted, so nothing was remade either.
+            skipped, used = set(), set()
+        kept = [n for n in nodes if n.name not in skipped]
+        reads: dict[str, None] = {}
+        for n in kept:
+            for t in n.reads:
+                reads.setdefault(t, None)
+        inner = tuple(Alias(t, remade[t]) for n in nodes for t in n.outputs if t in used)
+        # model outputs that no compute node makes (constants, weights) come out of the last stage
+        extra_outputs = (
+            [
+                t
+                for t in view.outputs
+                if t not in produced_in
+                and t not in view.inputs
+                and (t in const_by_output or t in view.initializers)
+            ]
+            if s == k - 1
+            else []
+        )
+        outputs += tuple(extra_outputs)
+        consts = _constant_closure(view, list(reads) + extra_outputs, const_by_output)
+        received = [
+            t
+            for t in reads
+            if t not in view.initializers and t not in const_by_output and produced_in.get(t, -1) != s
+        ]
+        source = {t: equal.received_as(t, s) for t in received}
+        aliases = tuple(Alias(t, source[t]) for t in received if source[t] != t) + inner
+        inputs = tuple(dict.fromkeys(source.values()))
+        for t in inputs:
+            if t in produced_in:
+                wanted[produced_in[t]].add(t)
+        specs.append(
+            StageSpec(
+                index=s,
+                node_names=tuple(n.name for n in nodes),
+                constant_nodes=consts,
+                inputs=inputs,
+                outputs=outputs,
+                compute_seconds=float(compute_seconds[s]),
+                transfer_seconds=float(transfer_seconds[s]),
+                bytes_in=sum(sizes.get(t, 0) for t in inputs),
+                bytes_out=sum(sizes.get(t, 0) for t in outputs),
+                param_bytes=sum(
+                    view.weights.get(t, 0) for t in dict.fromkeys(t for n in kept for t in n.reads)
+                ),
+                peak_activation_bytes=_peak_activation(kept, inputs, outputs, sizes, view, aliases),
+                device=devices[s] if devices is not None else "cpu",
+                link_bytes_in=int(link_bytes[bounds[s]]) if link_bytes is not None and s > 0 else 0,
+                aliases=aliases,
+                skipped_nodes=tuple(n.name for n in nodes if n.name in skipped),
+            )
+        )
+    return tuple(reversed(specs))
+
+
+class _EqualValues:
+    """Which tensor of each value a stage makes first, and which one a later stage receives.
+
+    A stage receives each value once, as the first tensor of it made by the latest earlier stage that
+    makes one.  Then a value crosses a cut only while some tensor of it does (read after the cut, made
+    before it), whatever the other cuts: the bytes :func:`onnxpipe.graph.cut_profile` counts with value
+    classes, which are the bytes the partitioner weighs (or fewer, when a later stage makes the value
+    anew).  The tensor received is made before the stage starts, and no stage in between makes the
+    value, so it passes the cuts in between, where some tensor of the value crosses too.
+    """
+
+    def __init__(self, classes: Mapping[str, int], stage_nodes: Sequence[Sequence[NodeInfo]]) -> None:
+        self.classes = classes
+        first: dict[tuple[int, int], str] = {}
+        self.first_in_stage: dict[str, str] = {}
+        """For each tensor a compute node makes, the first tensor of its stage with the same value."""
+        self._makers: dict[int, list[tuple[int, str]]] = {}  # class -> (stage, its first tensor), ascending
+        for s, nodes in enumerate(stage_nodes):
+            for n in nodes:
+                for o in n.outputs:
+                    c = classes.get(o)
+                    if c is None:
+                        continue
+                    if (c, s) not in first:
+                        first[c, s] = o
+                        self._makers.setdefault(c, []).append((s, o))
+                    self.first_in_stage[o] = first[c, s]
+
+    def received_as(self, tensor: str, stage: int) -> str:
+        """The tensor ``stage`` receives for ``tensor``, which an earlier stage made or the caller feeds."""
+        makers = self._makers.get(self.classes.get(tensor, -1), [])
+        i = bisect.bisect_left(makers, (stage, "")) - 1
+        return makers[i][1] if i >= 0 else tensor
+
+
+def _unneeded(
+    nodes: Sequence[NodeInfo], before: set[str], after: set[str], remade: Mapping[str, str]
+) -> tuple[set[str], set[str]]:
+    """``(skipped, used)``: the names of the nodes that computed part of ``before`` (what the stage
+    emitted) and nothing of ``after`` (what it emits now), where a tensor of ``remade`` is made from its
+    equal instead of by its node; and the tensors of ``remade`` that are still read or emitted, which
+    the stage file makes with ``Identity`` nodes.  A node nobody read before (dead in the source)
+    stays, with all it reads."""
+    need_before, need_after = set(before), set(after)
+    unneeded: set[str] = set()
+    used: set[str] = set()
+    for n in reversed(nodes):
+        live_before = any(o in need_before for o in n.outputs)
+        if live_before:
+            need_before.update(n.reads)
+        if not live_before:
+            live_after = True
+        else:
+            for o in n.outputs:
+                if o in need_after and o in remade:
+                    used.add(o)
+                    need_after.add(remade[o])  # made by an earlier node of the stage
+            live_after = any(o in need_after and o not in remade for o in n.outputs)
+        if live_after:
+            need_after.update(n.reads)
+        else:
+            unneeded.add(n.name)
+    return unneeded, used
+
+
+def _constant_closure(
+    view: ModelView, wanted: Sequence[str], const_by_output: Mapping[str, NodeInfo]
+) -> tuple[str, ...]:
+    """Names of the constant nodes needed to make ``wanted``, in the view's order."""
+    need: set[int] = set()
+    stack = [t for t in wanted if t in const_by_output]
+    while stack:
+        node = const_by_output[stack.pop()]
+        if node.position in need:
+            continue
+        need.add(node.position)
+        if node.op_type == "Shape":
+            continue  # exported as a Constant of the static shape; its input is not needed
+        stack.extend(t for t in node.reads if t in const_by_output)
+    return tuple(view.nodes[p].name for p in sorted(need))
+
+
+def _peak_activation(
+    nodes: Sequence[NodeInfo],
+    inputs: Sequence[str],
+    outputs: Sequence[str],
+    sizes: Mapping[str, int],
+    view: ModelView,
+    aliases: Sequence[Alias] = (),
+) -> int:
+    """Largest sum of live activation bytes while the stage runs its nodes in order (a remade input is
+    its source's bytes: it lives as long as its last reader)."""
+    same = {a.name: a.same_as for a in aliases}
+    last: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        for t in n.reads:
+            last[same.get(t, t)] = i
+    keep = set(outputs)
+    live = {t: sizes.get(t, 0) for t in inputs}
+    current = sum(live.values())
+    peak = current
+    for i, n in enumerate(nodes):
+        for o in n.outputs:
+            if o not in live:
+                live[o] = sizes.get(o, 0)
+                current += live[o]
+        peak = max(peak, current)
+        for t in list(live):
+            if t not in keep and last.get(t, -1) <= i:
+                current -= live.pop(t)
+    return peak

@@ -1,0 +1,102 @@
+"""A plan: which nodes each stage holds, what flows between the stages, and the numbers that justify it.
+
+Plain frozen data over node and tensor names: the planners (:mod:`onnxpipe.plan.planner`,
+:mod:`onnxpipe.plan.cluster`) make one, the exporter writes it out, the CLI prints it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from onnxpipe.cluster.costs import DeviceCosts
+from onnxpipe.cluster.model import Cluster
+from onnxpipe.schedule.timeline import Timeline
+
+
+@dataclass(frozen=True)
+class Alias:
+    """A tensor a stage reads, received as another tensor of provably the same value."""
+
+    name: str
+    same_as: str
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage: its nodes, the tensors it receives and emits, and its estimated costs."""
+
+    index: int
+    node_names: tuple[str, ...]
+    constant_nodes: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    compute_seconds: float
+    transfer_seconds: float
+    bytes_in: int
+    bytes_out: int
+    param_bytes: int
+    peak_activation_bytes: int
+    device: str = "cpu"
+    link_bytes_in: int = 0
+    worker: int | None = None
+    """The worker that runs the stage in an interleaved split (:func:`make_interleaved_plan`), else None."""
+    aliases: tuple[Alias, ...] = ()
+    """Tensors the stage remakes from an equal one with an ``Identity`` node: those it reads and
+    receives as an equal tensor of ``inputs`` (an earlier stage sends each value once), and repeats of
+    a value it emits, remade from that output."""
+    skipped_nodes: tuple[str, ...] = ()
+    """Nodes of ``node_names`` left out of the stage file: what they computed is remade from an equal
+    tensor (see ``aliases``) or no longer needed."""
+
+    @property
+    def file_node_names(self) -> tuple[str, ...]:
+        """The source nodes the stage file holds: ``node_names`` without ``skipped_nodes``."""
+        skipped = set(self.skipped_nodes)
+        return tuple(n for n in self.node_names if n not in skipped)
+
+    @property
+    def cost_seconds(self) -> float:
+        return self.compute_seconds + self.transfer_seconds
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A K-stage partition of one model, with the numbers that justify it."""
+
+    model_sha256: str
+    stages: tuple[StageSpec, ...]
+    bottleneck_seconds: float
+    lower_bound_seconds: float
+    cost_source: str
+    threads: int
+    bandwidth_bytes_per_s: float
+    input_shapes: Mapping[str, tuple[int, ...]]
+    tensor_bytes: Mapping[str, int] = field(repr=False)
+    objective: str = "minimize the largest stage time (compute + transfer in)"
+    notes: tuple[str, ...] = ()
+    timeline: Timeline | None = None
+    cluster: Cluster | None = None
+    device_costs: tuple[DeviceCosts, ...] = ()
+    microbatch_size: int = 1
+    workers: int | None = None
+    """How many workers an interleaved split deals its stages out to; None: a worker per stage."""
+    time_slack: float = 0.0
+    """The slowdown an interleaved split was allowed to trade for balanced weights."""
+    reference_seconds: float | None = None
+    """The whole model's time per run with the plan's threads at the profiled shapes, measured when the
+    stage estimates were (see :attr:`onnxpipe.manifest.PlanSummary.reference_seconds`)."""
+
+    @property
+    def k(self) -> int:
+        return len(self.stages)
+
+    @property
+    def ratio_to_lower_bound(self) -> float:
+        if self.lower_bound_seconds <= 0:
+            return 1.0
+        return self.bottleneck_seconds / self.lower_bound_seconds
+
+    def stage_of(self) -> dict[str, int]:
+        """Node name -> stage index, for every compute node."""
+        return {n: s.index for s in self.stages for n in s.node_names}
