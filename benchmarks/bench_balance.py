@@ -55,7 +55,7 @@ from benchmarks.common import (
 )
 from onnxpipe import partition
 from onnxpipe.cost.static import static_profile
-from onnxpipe.export import export_stages
+from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.manifest import Manifest

@@ -58,7 +58,7 @@ CHILD_PRELUDE = MEMORY_PRELUDE + textwrap.dedent(
 
 SPLIT = """
 from onnxpipe.cost.static import static_profile
-from onnxpipe.export import export_stages
+from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.model import load_model
 from onnxpipe.plan.planner import make_plan
 

@@ -41,7 +41,7 @@ CHILD = MEMORY_PRELUDE + textwrap.dedent(
 
     import onnx
     from onnxpipe.cost.static import static_profile
-    from onnxpipe.export import export_stages
+    from onnxpipe.export.stages import export_stages
     from onnxpipe.ir.model import load_model
     from onnxpipe.plan.planner import make_plan
     from onnxpipe.verification import verify

@@ -52,9 +52,9 @@ from onnx import helper  # noqa: E402
 from benchmarks.bench_overhead import WARMUP, Stage, minimal_pipeline  # noqa: E402
 from benchmarks.bench_pipeline import CpuWatch, alternating_rounds, model_table, run_models  # noqa: E402
 from onnxpipe import api  # noqa: E402
-from onnxpipe.boundary import clean  # noqa: E402
 from onnxpipe.core.ortsession import session_options  # noqa: E402
-from onnxpipe.export import export_stages  # noqa: E402
+from onnxpipe.export.boundary import clean  # noqa: E402
+from onnxpipe.export.stages import export_stages  # noqa: E402
 from onnxpipe.ir.model import ModelView, load_model  # noqa: E402
 from onnxpipe.manifest import load_manifest  # noqa: E402
 from onnxpipe.plan.planner import make_plan  # noqa: E402

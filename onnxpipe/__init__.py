@@ -32,7 +32,7 @@ _EXPORTS: dict[str, str] = {
     "RuntimeStageError": "onnxpipe.core.errors",
     "UsageError": "onnxpipe.core.errors",
     "VerificationError": "onnxpipe.core.errors",
-    "export_stages": "onnxpipe.export",
+    "export_stages": "onnxpipe.export.stages",
     "Manifest": "onnxpipe.manifest",
     "load_manifest": "onnxpipe.manifest",
     "ModelView": "onnxpipe.ir.model",
@@ -123,7 +123,7 @@ if TYPE_CHECKING:
     from onnxpipe.cost.measure import profile_model
     from onnxpipe.cost.profile import Profile
     from onnxpipe.cost.static import static_profile
-    from onnxpipe.export import export_stages
+    from onnxpipe.export.stages import export_stages
     from onnxpipe.ir.model import ModelView, load_model
     from onnxpipe.manifest import Manifest, load_manifest
     from onnxpipe.partition import Partition, solve

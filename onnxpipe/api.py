@@ -20,7 +20,8 @@ from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.cost.measure import profile_model
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.static import static_profile
-from onnxpipe.export import check_exportable, export_stages
+from onnxpipe.export.checks import check_exportable
+from onnxpipe.export.stages import ExternalData, export_stages
 from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.manifest import Manifest
 from onnxpipe.plan.cluster import plan_pipeline
@@ -201,7 +202,7 @@ def split(
     shapes: Mapping[str, Sequence[int]] | None = None,
     force: bool = False,
     run_verify: bool = True,
-    external_data: str = "auto",
+    external_data: ExternalData = "auto",
     progress: bool = False,
     devices: Cluster | str | Path | None = None,
     order: str = "fixed",

@@ -36,7 +36,7 @@ import numpy as np
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.cost.profile import Profile
-from onnxpipe.export import export_stages
+from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest

@@ -21,7 +21,7 @@ from onnxpipe.argtypes import bandwidth, count, fraction, positive_int, positive
 from onnxpipe.calibrate import CALIBRATION_MODES, DEFAULT_CALIBRATION_MODE
 from onnxpipe.core.errors import OnnxpipeError, UsageError
 from onnxpipe.cost.profile import Profile
-from onnxpipe.export import check_runtime_opsets
+from onnxpipe.export.checks import check_runtime_opsets
 from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.ir.shapes import parse_shape_overrides
 from onnxpipe.manifest import load_manifest

@@ -17,7 +17,7 @@ import pytest
 from models import all_bounds, feeds_for, loop_model, nested_if_model, plan_for, save, scan_model
 
 from onnxpipe.api import split
-from onnxpipe.export import export_stages
+from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.manifest import load_manifest
 from onnxpipe.runner import StageChain

@@ -30,9 +30,9 @@ import pytest
 
 import onnxpipe
 from onnxpipe.cli import main
+from onnxpipe.export.build import ALIAS_NODE_PREFIX
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import MODEL, MODEL_INPUT, Manifest, load_manifest
-from onnxpipe.stagebuild import ALIAS_NODE_PREFIX
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ("mlp", "resnet_tiny", "transformer_tiny")

@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.core.errors import ExportError
-from onnxpipe.export import export_stages
+from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.manifest import load_manifest
 from onnxpipe.plan.stages import assign_stages
@@ -650,7 +650,7 @@ def test_auto_goes_external_above_the_size_limit_and_never_refuses(
     residual_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The 2 GB logic with small limits (a real >2 GB model was checked by hand: see the report)."""
-    import onnxpipe.export as export
+    import onnxpipe.export.stages as export
 
     view = load_model(residual_path)
     plan = plan_for(view, [0, 6, 12])

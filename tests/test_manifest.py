@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.core.errors import ManifestError
-from onnxpipe.export import export_stages
+from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.model import load_model
 from onnxpipe.manifest import (
     MODEL_INPUT,

@@ -34,13 +34,14 @@ from models import (
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.api import split
-from onnxpipe.boundary import BoundaryTypes
 from onnxpipe.core.errors import ExportError
-from onnxpipe.export import export_stages, shared_weights
+from onnxpipe.export.boundary import BoundaryTypes
+from onnxpipe.export.build import StageBuilder
+from onnxpipe.export.record import shared_weights
+from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.manifest import MODEL_INPUT, load_manifest
 from onnxpipe.runner import StageChain
-from onnxpipe.stagebuild import StageBuilder
 
 
 def run_model(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -318,7 +319,7 @@ def test_boundary_of_unknown_rank_in_onnx_is_typed_by_onnxruntime_even_over_the_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The onnxruntime probe of a stage over 2 GB goes through a file (limit lowered to test it)."""
-    import onnxpipe.boundary as boundary
+    import onnxpipe.export.boundary as boundary
 
     monkeypatch.setattr(boundary, "PROTOBUF_LIMIT", 10)
     path = save(contrib_model(), tmp_path / "c.onnx", check=False)

@@ -14,7 +14,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.core.errors import ManifestError
 from onnxpipe.cost.static import static_profile
-from onnxpipe.export import export_stages
+from onnxpipe.export.build import ALIAS_NODE_PREFIX
+from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.model import ModelView, load_model, view_from_proto
 from onnxpipe.ir.samevalue import CONTENT_LIMIT, value_classes
 from onnxpipe.manifest import MANIFEST_NAME, SameValue, load_manifest
@@ -23,7 +24,6 @@ from onnxpipe.plan.sequences import sequences
 from onnxpipe.plan.stages import assign_stages
 from onnxpipe.plan.types import Alias
 from onnxpipe.runner import StageChain
-from onnxpipe.stagebuild import ALIAS_NODE_PREFIX
 
 
 def _constant(name: str, value: float) -> onnx.NodeProto:

@@ -21,15 +21,15 @@ import onnxruntime as ort
 import pytest
 from models import plan_for, save, shared_weights_model
 
-import onnxpipe.export as export
+import onnxpipe.export.build as stagebuild
+import onnxpipe.export.stages as export
+import onnxpipe.export.weightfile as weightfile
 import onnxpipe.ir.external as external
-import onnxpipe.stagebuild as stagebuild
-import onnxpipe.weightfile as weightfile
 from onnxpipe.api import split
 from onnxpipe.core.errors import ExportError
 from onnxpipe.core.files import file_sha256
 from onnxpipe.cost.static import static_profile
-from onnxpipe.export import export_stages
+from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.model import load_model
 from onnxpipe.manifest import load_manifest
 from onnxpipe.plan.planner import make_plan
@@ -201,7 +201,7 @@ PEAK_CHILD = """
 import json, sys
 sys.path.insert(0, sys.argv[3])
 from onnxpipe.cost.static import static_profile
-from onnxpipe.export import export_stages
+from onnxpipe.export.stages import export_stages
 from onnxpipe.core.files import file_sha256
 from onnxpipe.ir.model import load_model
 from onnxpipe.plan.planner import make_plan

@@ -17,7 +17,7 @@ from onnxpipe import api
 from onnxpipe.cli import main
 from onnxpipe.core.errors import ManifestError, UsageError
 from onnxpipe.core.files import file_sha256
-from onnxpipe.export import export_stages
+from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.manifest import load_manifest
 from onnxpipe.plan.stages import assign_stages

@@ -31,8 +31,8 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.external_data_helper import load_external_data_for_tensor
 
-from onnxpipe.boundary import BoundaryTypes
 from onnxpipe.core.errors import ExportError, ModelLoadError
+from onnxpipe.export.boundary import BoundaryTypes
 from onnxpipe.ir.external import is_external
 from onnxpipe.ir.model import ModelView, NodeInfo, initializer_nbytes
 from onnxpipe.plan.types import StageSpec

@@ -1,0 +1,243 @@
+"""Write a :class:`~onnxpipe.plan.types.Plan` as one valid ONNX file per stage, plus ``manifest.json``.
+
+One pass over the already loaded model (:mod:`onnxpipe.export.build` copies each stage out of
+``view.proto``; :mod:`onnxpipe.export.boundary` settles the types of the tensors between stages).  A
+stage written with external data (``always``; ``auto`` for a source whose weights are in external
+files, or a stage over ~1.8 GB) gets its weights copied into its own ``.data`` file in chunks, straight
+from the source's files (:mod:`onnxpipe.export.weightfile`): memory holds the graph, whatever the size
+of the model.  An inline stage is built with its weights and released before the next, so memory holds
+the graph plus one stage.  Each stage is checked with ``onnx.checker`` and opened in onnxruntime before
+the export counts as done.  The manifest is made from what was written (:mod:`onnxpipe.export.record`).
+
+The folder appears atomically (:mod:`onnxpipe.export.outdir`): a failure at any step leaves the user's
+old folder as it was and no half-written one behind.
+
+What export refuses, before writing anything (:func:`onnxpipe.export.checks.check_exportable`): a model
+with ``training_info`` (a training algorithm bound to the weights cannot be split across stages), an
+opset the installed onnxruntime cannot run, an output folder that is not empty (without ``force``) or
+holds the source.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal, NoReturn, get_args
+
+import onnx
+
+from onnxpipe.core.errors import ExportError, UsageError, error_line
+from onnxpipe.core.files import file_sha256
+from onnxpipe.core.ortsession import open_session, session_options
+from onnxpipe.export.boundary import PROTOBUF_LIMIT, BoundaryTypes
+from onnxpipe.export.build import StageBuilder
+from onnxpipe.export.checks import check_exportable, check_plan
+from onnxpipe.export.outdir import normalized, staged_folder, writing
+from onnxpipe.export.record import Written, build_manifest, shared_weights
+from onnxpipe.export.weightfile import externalize
+from onnxpipe.ir.external import is_external
+from onnxpipe.ir.model import ModelView
+from onnxpipe.manifest import MANIFEST_NAME, Manifest, write_manifest
+from onnxpipe.plan.types import Plan, StageSpec
+from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
+
+ExternalData = Literal["auto", "never", "always"]
+"""Where stage weights go: ``auto`` (a side file for a big stage or a source with external weights),
+``never`` or ``always``."""
+EXTERNAL_DATA_MODES: tuple[str, ...] = get_args(ExternalData)
+AUTO_EXTERNAL_BYTES = 1_800_000_000
+"""``external_data="auto"``: a stage above this size gets a weights side file (protobuf stops at 2 GB)."""
+EXTERNAL_THRESHOLD = 1024
+"""Tensors smaller than this stay inside the ``.onnx`` file even when weights go to a ``.data`` file."""
+
+
+def stage_file_name(index: int) -> str:
+    return f"stage_{index}.onnx"
+
+
+def stage_data_name(index: int) -> str:
+    return f"stage_{index}.onnx.data"
+
+
+def export_stages(
+    view: ModelView,
+    plan: Plan,
+    out_dir: str | Path,
+    *,
+    force: bool = False,
+    external_data: ExternalData = "auto",
+    source_name: str | None = None,
+    microbatches: int = DEFAULT_MICROBATCHES,
+) -> Manifest:
+    """Write ``plan``'s stages of ``view`` and their manifest into ``out_dir``; return the manifest.
+
+    ``external_data``: ``"never"`` keeps weights inside each ``stage_<i>.onnx``; ``"always"`` writes
+    each stage's weights to its own ``stage_<i>.onnx.data``; ``"auto"`` does so only for a stage over
+    ~1.8 GB or when the source kept its weights in external files.  ``source_name`` is the file name
+    recorded for the source (default: the model's file name).  ``microbatches`` sizes the stream
+    schedule recorded in the manifest.
+
+    Raises :class:`ExportError` when ``out_dir`` is not empty (without ``force``), when a file cannot
+    be written (the old folder is left intact), or when a stage fails the checker or onnxruntime;
+    :class:`ModelLoadError` for an opset onnxruntime cannot run (see :func:`check_exportable`).
+    """
+    if external_data not in EXTERNAL_DATA_MODES:
+        raise UsageError(f"--external-data {external_data!r}: choose one of {', '.join(EXTERNAL_DATA_MODES)}")
+    if microbatches < 1:
+        raise UsageError(f"microbatches {microbatches}: give a positive number of micro-batches")
+    out = normalized(out_dir)
+    check_plan(view, plan)
+    check_exportable(view, out, force=force)
+    specs = plan.stages
+    with staged_folder(out, last=MANIFEST_NAME) as tmp:
+        writer = _StageWriter(view, plan, tmp, out, external_data)
+        writer.check_sizes(specs)
+        written = [writer.write(spec) for spec in specs]
+        shared = shared_weights(view, [writer.builder.weights_of(s) for s in specs])
+        manifest = build_manifest(view, plan, out, written, writer.types, shared, source_name, microbatches)
+        with writing(out / MANIFEST_NAME, out):
+            write_manifest(tmp / MANIFEST_NAME, manifest)
+    return manifest
+
+
+# --------------------------------------------------------------------------------------------------
+# writing and checking one stage
+
+
+class _StageWriter:
+    """Builds, writes, checks and hashes each stage in turn; remembers the boundary types it learns."""
+
+    def __init__(self, view: ModelView, plan: Plan, tmp: Path, out: Path, external_data: str) -> None:
+        self.view = view
+        self.plan = plan
+        self.tmp = tmp
+        self.out = out
+        self.mode = external_data
+        self.types = BoundaryTypes(view)
+        self.builder = StageBuilder(view, self.types)
+        src = view.proto.graph
+        self.source_external = any(is_external(t) for t in src.initializer) or any(
+            is_external(sp.values) or is_external(sp.indices) for sp in src.sparse_initializer
+        )
+
+    def _build(self, spec: StageSpec, weights: bool, untyped: frozenset[str]) -> onnx.ModelProto:
+        return self.builder.build(spec, weights=weights, untyped=untyped, keep_external=True)
+
+    def check_sizes(self, specs: Sequence[StageSpec]) -> None:
+        """With ``external_data="never"``, refuse a stage whose weights alone pass protobuf's limit
+        before any weight is read."""
+        if self.mode != "never":
+            return
+        for spec in specs:
+            size = sum(self.view.initializers.get(t, 0) for t in self.builder.weights_of(spec))
+            if size > PROTOBUF_LIMIT:
+                self._too_big(spec.index, size)
+
+    def _too_big(self, i: int, size: float) -> NoReturn:
+        raise ExportError(
+            f"{self.out / stage_file_name(i)}: stage {i} holds {size / 1e9:.2f} GB, over protobuf's 2 GB "
+            "limit; use --external-data auto or always"
+        )
+
+    def stage_bytes(self, spec: StageSpec) -> int:
+        """About the bytes of the stage file with its weights inside, from dims: no weight is read."""
+        weights = sum(self.view.initializers.get(t, 0) for t in self.builder.weights_of(spec))
+        nodes = self.view.proto.graph.node
+        names = spec.file_node_names + spec.constant_nodes
+        return weights + sum(int(nodes[self.builder.by_name[n].index].ByteSize()) for n in names)
+
+    def write(self, spec: StageSpec) -> Written:
+        """Build, write, check and hash one stage.
+
+        With external data the stage's weights go straight from the source (its external files, or the
+        loaded model) into the stage's own ``.data`` file (:mod:`onnxpipe.weightfile`); the model proto
+        never holds them.  Inline, the stage is built with its weights and saved as one file.
+        """
+        i = spec.index
+        self.types.resolve(
+            spec, self._build, self.tmp, self.plan.input_shapes, can_run_source=not self.source_external
+        )
+        size = self.stage_bytes(spec)
+        external = self.mode == "always" or (
+            self.mode == "auto" and (self.source_external or size > AUTO_EXTERNAL_BYTES)
+        )
+        if not external and size > PROTOBUF_LIMIT:
+            self._too_big(i, size)
+        name, data_name = stage_file_name(i), stage_data_name(i)
+        path, data_path = self.tmp / name, self.tmp / data_name
+        model = self.builder.build(spec, weights=True, keep_external=external)
+        data_sha: str | None = None
+        if external:
+            with writing(self.out / data_name, self.out):
+                data_sha = externalize(model, data_path, self.view.base_dir, EXTERNAL_THRESHOLD)
+        with writing(self.out / name, self.out):
+            onnx.save_model(model, str(path))
+        del model
+        self._check(spec, path)
+        with writing(self.out / name, self.out):
+            return Written(
+                spec=spec,
+                file=name,
+                sha256=file_sha256(path),
+                external_data=data_name if data_sha is not None else None,
+                external_data_sha256=data_sha,
+                constant_node_count=len(spec.constant_nodes),
+            )
+
+    def _check(self, spec: StageSpec, path: Path) -> None:
+        """The checker and onnxruntime must both accept the written stage.
+
+        onnxruntime opens it without graph optimizations: loading resolves every kernel and type, which
+        is what can fail; optimizing a 100,000-node graph would cost several times as long, and
+        ``onnxpipe verify`` runs the stages at deployment settings anyway.
+        """
+        i = spec.index
+        try:
+            onnx.checker.check_model(str(path))
+        except (onnx.checker.ValidationError, ValueError) as e:
+            raise ExportError(
+                f"{self.out / path.name}: stage {i} fails the ONNX checker{self._node_in(spec, str(e))}: "
+                f"{self._error_line(e)}; please report this with the model"
+            ) from e
+        options = session_options(
+            level="ORT_DISABLE_ALL",
+            threads=1,
+            config={"session.disable_prepacking": "1"},  # no second copy of weights
+        )
+
+        def does_not_load(e: Exception) -> ExportError:
+            return ExportError(
+                f"{self.out / path.name}: stage {i} does not load in onnxruntime{self._node_in(spec, str(e))}"
+                f": {self._error_line(e)}; check that the model itself loads in onnxruntime, "
+                "else please report this with the model"
+            )
+
+        session = open_session(path, options, fail=does_not_load)
+        del session
+
+    def _error_line(self, e: BaseException) -> str:
+        """The error's first line, naming files by where they will be, not the temporary folder."""
+        return error_line(e).replace(str(self.tmp), str(self.out))
+
+    def _node_in(self, spec: StageSpec, message: str) -> str:
+        """`` at node 'name'`` for the node an error message is about: by name, else by op type."""
+        names = [n for n in spec.node_names + spec.constant_nodes if n and n in message]
+        if names:
+            return f" at node {max(names, key=len)!r}"
+        words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", message))
+        for name in spec.node_names:
+            info = self.builder.by_name[name]
+            if info.op_type in words:
+                return f" at node {name!r} ({info.op_type})"
+        return ""
+
+
+__all__ = [
+    "AUTO_EXTERNAL_BYTES",
+    "EXTERNAL_DATA_MODES",
+    "ExternalData",
+    "export_stages",
+    "stage_data_name",
+    "stage_file_name",
+]
