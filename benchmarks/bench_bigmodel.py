@@ -72,7 +72,7 @@ print("RESULT " + json.dumps(result))
 """
 
 VERIFY = """
-from onnxpipe.verification import verify
+from onnxpipe.verification.verify import verify
 
 report = phase("verify", lambda: verify(sys.argv[1]))
 result["verify_ok"] = report.ok

@@ -44,7 +44,7 @@ CHILD = MEMORY_PRELUDE + textwrap.dedent(
     from onnxpipe.export.stages import export_stages
     from onnxpipe.ir.model import load_model
     from onnxpipe.plan.planner import make_plan
-    from onnxpipe.verification import verify
+    from onnxpipe.verification.verify import verify
 
     model, out, k, run_verify = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
     result = {"floor_bytes": status("VmRSS")}

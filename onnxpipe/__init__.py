@@ -47,8 +47,8 @@ _EXPORTS: dict[str, str] = {
     "Profile": "onnxpipe.cost.profile",
     "profile_model": "onnxpipe.cost.measure",
     "Pipeline": "onnxpipe.runtime",
-    "VerifyReport": "onnxpipe.verification",
-    "verify": "onnxpipe.verification",
+    "VerifyReport": "onnxpipe.verification.verify",
+    "verify": "onnxpipe.verification.verify",
     "Cluster": "onnxpipe.cluster.model",
     "load_cluster": "onnxpipe.cluster.devicesfile",
 }
@@ -132,4 +132,4 @@ if TYPE_CHECKING:
     from onnxpipe.plan.request import ScheduleRequest
     from onnxpipe.plan.types import Plan, StageSpec
     from onnxpipe.runtime import Pipeline
-    from onnxpipe.verification import VerifyReport, verify
+    from onnxpipe.verification.verify import VerifyReport, verify

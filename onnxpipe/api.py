@@ -28,7 +28,7 @@ from onnxpipe.plan.cluster import plan_pipeline
 from onnxpipe.plan.planner import DEFAULT_TIME_SLACK, make_interleaved_plan, make_plan
 from onnxpipe.plan.request import ScheduleRequest
 from onnxpipe.plan.types import Plan
-from onnxpipe.verification import VerifyReport, verify
+from onnxpipe.verification.verify import VerifyReport, verify
 
 COST_SOURCES = ("profile", "static")
 

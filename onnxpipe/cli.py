@@ -30,7 +30,7 @@ from onnxpipe.plan.planner import DEFAULT_TIME_SLACK
 from onnxpipe.plan.request import SCHEDULE_CHOICES, ScheduleRequest
 from onnxpipe.runtime.cli import add_run_arguments, run_command
 from onnxpipe.tables import format_manifest_table, format_model_table, format_plan_table
-from onnxpipe.verification import VerifyReport, verify
+from onnxpipe.verification.verify import VerifyReport, verify
 
 _N = TypeVar("_N")
 

@@ -23,7 +23,7 @@ from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.runtime.cli import add_run_arguments
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.shm import SHM_DIR
-from onnxpipe.verification import compare
+from onnxpipe.verification.compare import compare
 
 MODES = ["processes", "threads"]
 

@@ -20,7 +20,7 @@ from onnxpipe.api import split
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.manifest import load_manifest
-from onnxpipe.runner import StageChain
+from onnxpipe.verification.chain import StageChain
 
 
 def expected_outputs(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -21,7 +21,7 @@ from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.manifest import load_manifest
 from onnxpipe.plan.stages import assign_stages
 from onnxpipe.plan.types import Plan
-from onnxpipe.runner import StageChain
+from onnxpipe.verification.chain import StageChain
 
 OPSET = [helper.make_opsetid("", 17)]
 

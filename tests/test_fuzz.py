@@ -32,7 +32,7 @@ from onnxpipe.ir.model import load_model
 from onnxpipe.manifest import load_manifest
 from onnxpipe.plan.stages import assign_stages
 from onnxpipe.plan.types import Plan
-from onnxpipe.runner import StageChain
+from onnxpipe.verification.chain import StageChain
 
 WIDTH = 4
 FLOATS = (TensorProto.FLOAT, TensorProto.DOUBLE)

@@ -41,7 +41,7 @@ from onnxpipe.export.record import shared_weights
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.manifest import MODEL_INPUT, load_manifest
-from onnxpipe.runner import StageChain
+from onnxpipe.verification.chain import StageChain
 
 
 def run_model(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -23,7 +23,7 @@ from onnxpipe.plan.planner import make_plan
 from onnxpipe.plan.sequences import sequences
 from onnxpipe.plan.stages import assign_stages
 from onnxpipe.plan.types import Alias
-from onnxpipe.runner import StageChain
+from onnxpipe.verification.chain import StageChain
 
 
 def _constant(name: str, value: float) -> onnx.NodeProto:

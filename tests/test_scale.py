@@ -33,7 +33,7 @@ from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.model import load_model
 from onnxpipe.manifest import load_manifest
 from onnxpipe.plan.planner import make_plan
-from onnxpipe.runner import StageChain
+from onnxpipe.verification.chain import StageChain
 from tools.make_large_graph import make_big_weights, make_many_nodes
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

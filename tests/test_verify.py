@@ -22,9 +22,10 @@ from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.manifest import load_manifest
 from onnxpipe.plan.stages import assign_stages
 from onnxpipe.plan.types import Plan
-from onnxpipe.runner import StageChain
 from onnxpipe.runtime.inputs import input_shapes_for
-from onnxpipe.verification import compare, planned_input_shapes, verify
+from onnxpipe.verification.chain import StageChain
+from onnxpipe.verification.compare import compare
+from onnxpipe.verification.verify import planned_input_shapes, verify
 
 
 def plan_for(view: ModelView, bounds: list[int]) -> Plan:

@@ -26,7 +26,7 @@ from onnxpipe.runtime.processes import DEFAULT_SLOTS
 from onnxpipe.runtime.report import build_report, format_report, measure
 from onnxpipe.runtime.session import peak_rss_bytes
 from onnxpipe.runtime.spec import Placement, placement_of
-from onnxpipe.verification import source_model_path
+from onnxpipe.verification.verify import source_model_path
 
 DEFAULT_MICROBATCHES = 32
 DEFAULT_WARMUP = 4

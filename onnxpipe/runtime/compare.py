@@ -39,7 +39,7 @@ from onnxpipe.runtime.pipeline import Pipeline, make_backend
 from onnxpipe.runtime.report import BaselineReport, Measurement, RunReport, measure
 from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import CPU_PROVIDER, Placement, WorkerSpec, model_spec
-from onnxpipe.verification import DEFAULT_ATOL, DEFAULT_RTOL, compare
+from onnxpipe.verification.compare import DEFAULT_ATOL, DEFAULT_RTOL, compare
 
 Feeds = Mapping[str, np.ndarray]
 

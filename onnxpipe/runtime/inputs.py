@@ -18,7 +18,7 @@ from onnxpipe.core.errors import UsageError
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import load_model
 from onnxpipe.manifest import Manifest
-from onnxpipe.verification import planned_input_shapes
+from onnxpipe.verification.verify import planned_input_shapes
 
 DISTINCT_RANDOM = 16
 """Random micro-batches that are actually different; longer runs cycle through them (memory stays small)."""
