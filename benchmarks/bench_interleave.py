@@ -46,16 +46,16 @@ from onnxpipe import api  # noqa: E402
 from onnxpipe.ir.model import load_model  # noqa: E402
 from onnxpipe.manifest import Manifest, load_manifest  # noqa: E402
 from onnxpipe.runtime.affinity import cpu_sets  # noqa: E402
-from onnxpipe.runtime.compare import (  # noqa: E402
+from onnxpipe.runtime.inputs import random_inputs  # noqa: E402
+from onnxpipe.runtime.pipeline import LocalMode, Pipeline, make_backend  # noqa: E402
+from onnxpipe.runtime.report.baselines import (  # noqa: E402
     MEMORY_MICROBATCHES,
     replica_memory,
     replicas_measurement,
     session_throughput,
     stage_worker_memory,
 )
-from onnxpipe.runtime.inputs import random_inputs  # noqa: E402
-from onnxpipe.runtime.pipeline import LocalMode, Pipeline, make_backend  # noqa: E402
-from onnxpipe.runtime.report import measure  # noqa: E402
+from onnxpipe.runtime.report.measure import measure  # noqa: E402
 from onnxpipe.runtime.session import WorkerStats  # noqa: E402
 from onnxpipe.runtime.spec import Placement  # noqa: E402
 

@@ -53,10 +53,10 @@ from onnxpipe.core.ortsession import session_options  # noqa: E402
 from onnxpipe.ir.model import load_model  # noqa: E402
 from onnxpipe.manifest import Manifest, load_manifest  # noqa: E402
 from onnxpipe.runtime.affinity import cpu_sets, pin_thread, pinned  # noqa: E402
-from onnxpipe.runtime.compare import session_throughput  # noqa: E402
 from onnxpipe.runtime.inputs import random_inputs  # noqa: E402
 from onnxpipe.runtime.pipeline import Pipeline  # noqa: E402
-from onnxpipe.runtime.report import measure  # noqa: E402
+from onnxpipe.runtime.report.baselines import session_throughput  # noqa: E402
+from onnxpipe.runtime.report.measure import measure  # noqa: E402
 from onnxpipe.runtime.spec import Placement  # noqa: E402
 
 Feeds = Mapping[str, np.ndarray]

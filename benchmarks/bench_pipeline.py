@@ -82,10 +82,10 @@ from onnxpipe.cost.profile import Profile  # noqa: E402
 from onnxpipe.ir.model import load_model  # noqa: E402
 from onnxpipe.manifest import load_manifest  # noqa: E402
 from onnxpipe.runtime.affinity import assign_cpus, cpu_sets, pinned  # noqa: E402
-from onnxpipe.runtime.ceiling import WINDOW_RUNS, balanced_ceiling  # noqa: E402
 from onnxpipe.runtime.inputs import random_inputs  # noqa: E402
 from onnxpipe.runtime.pipeline import Pipeline, make_backend  # noqa: E402
-from onnxpipe.runtime.report import measure  # noqa: E402
+from onnxpipe.runtime.report.ceiling import WINDOW_RUNS, balanced_ceiling  # noqa: E402
+from onnxpipe.runtime.report.measure import measure  # noqa: E402
 from onnxpipe.runtime.session import WorkerStats  # noqa: E402
 from onnxpipe.runtime.spec import Placement, model_spec  # noqa: E402
 

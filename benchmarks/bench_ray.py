@@ -50,10 +50,10 @@ from benchmarks.bench_pipeline import CLOCK_TICKS, _busy_ticks, model_table, run
 from onnxpipe import api  # noqa: E402
 from onnxpipe.ir.model import load_model  # noqa: E402
 from onnxpipe.manifest import Manifest, load_manifest  # noqa: E402
+from onnxpipe.runtime.backends.ray_backend import RayBackend  # noqa: E402
 from onnxpipe.runtime.inputs import random_inputs  # noqa: E402
 from onnxpipe.runtime.pipeline import Pipeline  # noqa: E402
-from onnxpipe.runtime.ray_backend import RayBackend  # noqa: E402
-from onnxpipe.runtime.report import measure  # noqa: E402
+from onnxpipe.runtime.report.measure import measure  # noqa: E402
 from onnxpipe.runtime.session import WorkerStats  # noqa: E402
 from onnxpipe.runtime.spec import Placement, manifest_placements, model_spec, stage_specs  # noqa: E402
 

@@ -61,8 +61,8 @@ from onnxpipe.plan.planner import make_plan  # noqa: E402
 from onnxpipe.plan.stages import assign_stages  # noqa: E402
 from onnxpipe.plan.types import Plan  # noqa: E402
 from onnxpipe.runtime.affinity import cpu_sets, pinned  # noqa: E402
-from onnxpipe.runtime.compare import session_throughput  # noqa: E402
 from onnxpipe.runtime.inputs import random_inputs  # noqa: E402
+from onnxpipe.runtime.report.baselines import session_throughput  # noqa: E402
 from onnxpipe.runtime.spec import Placement  # noqa: E402
 
 Feeds = Mapping[str, np.ndarray]

@@ -20,9 +20,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe import api
 from onnxpipe.core.errors import RuntimeStageError
+from onnxpipe.runtime.backends.shm import SHM_DIR
 from onnxpipe.runtime.cli import add_run_arguments
 from onnxpipe.runtime.pipeline import Pipeline
-from onnxpipe.runtime.shm import SHM_DIR
 from onnxpipe.verification.compare import compare
 
 MODES = ["processes", "threads"]

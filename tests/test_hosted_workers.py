@@ -39,11 +39,11 @@ from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.model import load_model
 from onnxpipe.manifest import load_manifest
 from onnxpipe.plan.planner import make_plan
-from onnxpipe.runtime.compare import stage_worker_memory
+from onnxpipe.runtime.backends.threads import _Turns
 from onnxpipe.runtime.pipeline import Pipeline
-from onnxpipe.runtime.processes import process_hosts
-from onnxpipe.runtime.report import StageReport, WorkerReport
-from onnxpipe.runtime.threads import _Turns
+from onnxpipe.runtime.report.baselines import stage_worker_memory
+from onnxpipe.runtime.report.model import StageReport, WorkerReport
+from onnxpipe.schedule.timeline import worker_groups
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +71,10 @@ def reshape_on_two(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_hosts_group_a_workers_stages_in_order() -> None:
-    assert process_hosts(3, None) == [[0], [1], [2]]
-    assert process_hosts(4, [0, 1, 0, 1]) == [[0, 2], [1, 3]]
-    assert process_hosts(6, [1, 0, 1, 0, 1, 0]) == [[0, 2, 4], [1, 3, 5]]
-    assert process_hosts(2, [0, 0]) == [[0, 1]]
+    assert worker_groups(range(3)) == [(0,), (1,), (2,)]
+    assert worker_groups([0, 1, 0, 1]) == [(0, 2), (1, 3)]
+    assert worker_groups([1, 0, 1, 0, 1, 0]) == [(0, 2, 4), (1, 3, 5)]
+    assert worker_groups([0, 0]) == [(0, 1)]
 
 
 @pytest.mark.parametrize("slots", [1, 2])

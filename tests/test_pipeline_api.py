@@ -29,11 +29,11 @@ from runtime_support import (
 
 from onnxpipe.core.errors import RuntimeStageError, UsageError
 from onnxpipe.manifest import load_manifest
+from onnxpipe.runtime.backends.threads import ThreadBackend
 from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import Placement, stage_specs
-from onnxpipe.runtime.threads import ThreadBackend
 
 SETTLE_S = 10.0
 """How long a test waits for a future that must settle (a hang fails the test instead of blocking it)."""

@@ -29,12 +29,12 @@ from onnx import TensorProto, helper
 from runtime_support import assert_same, original_outputs, token_batches
 
 from onnxpipe.core.errors import RuntimeStageError
-from onnxpipe.runtime import processes
+from onnxpipe.runtime.backends import processes
+from onnxpipe.runtime.backends.processes import ProcessBackend
+from onnxpipe.runtime.backends.shm import SHM_DIR, ItemMessage, SlotReader, SlotWriter
+from onnxpipe.runtime.backends.threads import ThreadBackend
 from onnxpipe.runtime.pipeline import Pipeline
-from onnxpipe.runtime.processes import ProcessBackend
-from onnxpipe.runtime.shm import SHM_DIR, ItemMessage, SlotReader, SlotWriter
 from onnxpipe.runtime.spec import WorkerSpec
-from onnxpipe.runtime.threads import ThreadBackend
 
 
 def identity_chain(base: Path, dtype: int = TensorProto.STRING) -> list[WorkerSpec]:

@@ -18,9 +18,10 @@ from runtime_support import (
 )
 
 from onnxpipe.core.errors import RuntimeStageError, UsageError
-from onnxpipe.runtime import ray_backend
+from onnxpipe.runtime.backends import ray_backend
+from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.pipeline import Pipeline
-from onnxpipe.runtime.ray_backend import RayBackend
+from onnxpipe.schedule.timeline import worker_groups
 
 pytestmark = pytest.mark.slow
 
@@ -196,8 +197,8 @@ def test_a_ray_actor_hosting_stages_asks_for_the_most_any_of_them_asks() -> None
         "resources": {"a": 1, "b": 1},
         "max_concurrency": 1,
     }
-    assert ray_backend.hosted_groups([1, 0, 1, 0]) == [[0, 2], [1, 3]]
-    assert ray_backend.hosted_groups(range(3)) == [[0], [1], [2]]
+    assert worker_groups([1, 0, 1, 0]) == [(0, 2), (1, 3)]
+    assert worker_groups(range(3)) == [(0,), (1,), (2,)]
 
 
 def test_actors_that_cannot_be_placed_fail_naming_what_each_asked_for(

@@ -21,21 +21,14 @@ from onnxpipe import api
 from onnxpipe.core import ortsession
 from onnxpipe.core.text import human_bytes
 from onnxpipe.manifest import Manifest, load_manifest
-from onnxpipe.runtime import compare
 from onnxpipe.runtime.cli import run_command
 from onnxpipe.runtime.inputs import input_shapes_for, random_inputs
 from onnxpipe.runtime.pipeline import LocalMode, Pipeline
-from onnxpipe.runtime.report import (
-    BaselineReport,
-    Measurement,
-    RunReport,
-    build_report,
-    check_estimates,
-    format_report,
-    measure,
-    memory_line,
-    min_steady_microbatches,
-)
+from onnxpipe.runtime.report import baselines as compare
+from onnxpipe.runtime.report.build import build_report, check_estimates
+from onnxpipe.runtime.report.measure import Measurement, measure, min_steady_microbatches
+from onnxpipe.runtime.report.model import BaselineReport, RunReport
+from onnxpipe.runtime.report.text import format_report, memory_line
 from onnxpipe.runtime.session import Record, WorkerStats
 from onnxpipe.runtime.spec import (
     CPU_PROVIDER,

@@ -9,7 +9,10 @@ model without one; docs/runtime.md describes both.
 """
 
 from onnxpipe.runtime.pipeline import DEFAULT_LOCAL_MODE, Job, Pipeline
-from onnxpipe.runtime.report import Measurement, RunReport, build_report, format_report, measure
+from onnxpipe.runtime.report.build import build_report
+from onnxpipe.runtime.report.measure import Measurement, measure
+from onnxpipe.runtime.report.model import RunReport
+from onnxpipe.runtime.report.text import format_report
 from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import Placement, WorkerSpec
 

@@ -30,6 +30,9 @@ from onnxpipe.runtime.session import WorkerStats
 
 Tensors = dict[str, np.ndarray]
 
+DEFAULT_SLOTS = 2
+"""Micro-batches each channel between two workers holds, whatever the backend: one being handed over while
+the next is computed."""
 WAIT_SECONDS = 0.5
 """How long a driver sleeps at most before looking again (a safety net; events normally wake it)."""
 

@@ -18,12 +18,13 @@ from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.core.errors import ManifestError, UsageError
 from onnxpipe.ir.shapes import parse_shape_overrides
 from onnxpipe.manifest import Manifest, load_manifest
-from onnxpipe.runtime.base import Tensors
-from onnxpipe.runtime.compare import Feeds, add_baselines, distinct
+from onnxpipe.runtime.base import DEFAULT_SLOTS, Tensors
 from onnxpipe.runtime.inputs import input_shapes_for, load_npz, random_inputs
 from onnxpipe.runtime.pipeline import BACKENDS, DEFAULT_LOCAL_MODE, LOCAL_MODES, LocalMode, Pipeline
-from onnxpipe.runtime.processes import DEFAULT_SLOTS
-from onnxpipe.runtime.report import build_report, format_report, measure
+from onnxpipe.runtime.report.baselines import Feeds, add_baselines, distinct
+from onnxpipe.runtime.report.build import build_report
+from onnxpipe.runtime.report.measure import measure
+from onnxpipe.runtime.report.text import format_report
 from onnxpipe.runtime.session import peak_rss_bytes
 from onnxpipe.runtime.spec import Placement, placement_of
 from onnxpipe.verification.verify import source_model_path
@@ -170,7 +171,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.ray_resources is not None:
         if args.backend != "ray":
             raise UsageError("--ray-resources is for --backend ray")
-        from onnxpipe.runtime.ray_backend import load_ray_resources
+        from onnxpipe.runtime.backends.ray_backend import load_ray_resources
 
         resources = load_ray_resources(args.ray_resources, manifest.k)
     mode: LocalMode = args.local_mode

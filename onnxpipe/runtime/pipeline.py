@@ -44,8 +44,9 @@ from onnxpipe.core.dims import Shape
 from onnxpipe.core.errors import RuntimeStageError, UsageError
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.affinity import assign_cpus
-from onnxpipe.runtime.base import WAIT_SECONDS, Backend, Tensors
-from onnxpipe.runtime.processes import DEFAULT_SLOTS, ProcessBackend
+from onnxpipe.runtime.backends.processes import ProcessBackend
+from onnxpipe.runtime.backends.threads import ThreadBackend
+from onnxpipe.runtime.base import DEFAULT_SLOTS, WAIT_SECONDS, Backend, Tensors
 from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import (
     Placement,
@@ -54,7 +55,6 @@ from onnxpipe.runtime.spec import (
     manifest_placements,
     stage_specs,
 )
-from onnxpipe.runtime.threads import ThreadBackend
 
 LocalMode = Literal["processes", "threads"]
 LOCAL_MODES: tuple[LocalMode, ...] = ("processes", "threads")
@@ -577,7 +577,7 @@ def make_backend(
             return ThreadBackend(lanes, slots=slots, workers=workers)
         raise UsageError(f"local mode {chosen!r}: choose one of {', '.join(LOCAL_MODES)}")
     if backend == "ray":
-        from onnxpipe.runtime.ray_backend import RayBackend
+        from onnxpipe.runtime.backends.ray_backend import RayBackend
 
         return RayBackend(lanes, address=ray_address, resources=ray_resources, slots=slots, workers=workers)
     raise UsageError(f"backend {backend!r}: choose one of {', '.join(BACKENDS)}")

@@ -6,6 +6,7 @@ one, the planner keeps the best, the manifest writes it (``schedule``) and the p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -91,3 +92,13 @@ class Timeline:
         if self.kind == "stream":
             return next((st.end for st in self.stages[-1] if st.microbatch == 0), 0.0)
         return next((st.end for st in self.stages[0] if st.kind == "B" and st.microbatch == 0), 0.0)
+
+
+def worker_groups(workers: Sequence[int]) -> list[tuple[int, ...]]:
+    """The stages each worker runs (``workers[s]``: the worker of stage ``s``), in pipeline order, the
+    workers in the order of their first stage: the one grouping the tables, the backends and the
+    manifest use."""
+    groups: dict[int, list[int]] = {}
+    for stage, w in enumerate(workers):
+        groups.setdefault(w, []).append(stage)
+    return [tuple(g) for g in groups.values()]

@@ -47,8 +47,7 @@ from typing import Any
 import numpy as np
 
 from onnxpipe.core.errors import RuntimeStageError, UsageError, error_line
-from onnxpipe.runtime.base import Tensors
-from onnxpipe.runtime.processes import DEFAULT_SLOTS
+from onnxpipe.runtime.base import DEFAULT_SLOTS, Tensors
 from onnxpipe.runtime.session import (
     Record,
     StageFailure,
@@ -57,6 +56,7 @@ from onnxpipe.runtime.session import (
     current_rss_bytes,
 )
 from onnxpipe.runtime.spec import WorkerSpec
+from onnxpipe.schedule.timeline import worker_groups
 
 START_TIMEOUT_S = 300.0
 RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory", "resources")
@@ -201,7 +201,7 @@ class RayBackend:
         self._lanes = [
             list(range(start, start + len(lane))) for start, lane in zip(starts, lanes, strict=True)
         ]
-        self.groups = hosted_groups(workers) if workers is not None else [[i] for i in range(len(self.specs))]
+        self.groups = worker_groups(range(len(self.specs)) if workers is None else workers)
         """The stage positions each actor hosts: one group per worker, in order of its first stage."""
         if resources is not None:
             check_shared_pins(self.specs, self.groups, resources)
@@ -422,14 +422,6 @@ def check_shared_pins(
                     f"ask for different custom resources ({sorted(first_names)} and {sorted(names)}); give "
                     "a worker's stages the same ones"
                 )
-
-
-def hosted_groups(workers: Sequence[int] | range) -> list[list[int]]:
-    """The stage positions of each worker, the workers in the order of their first stage."""
-    groups: dict[int, list[int]] = {}
-    for i, w in enumerate(workers):
-        groups.setdefault(w, []).append(i)
-    return list(groups.values())
 
 
 _DEAD_PID = re.compile(r"\bpid: (\d+)")

@@ -33,7 +33,15 @@ import numpy as np
 
 from onnxpipe.core.errors import RuntimeStageError, UsageError
 from onnxpipe.runtime.affinity import pin_thread
-from onnxpipe.runtime.base import Tensors
+from onnxpipe.runtime.backends.shm import (
+    MAX_SLOTS,
+    ItemMessage,
+    Poller,
+    SlotReader,
+    SlotWriter,
+    unlink_prefix,
+)
+from onnxpipe.runtime.base import DEFAULT_SLOTS, Tensors
 from onnxpipe.runtime.session import (
     Record,
     StageFailure,
@@ -42,10 +50,9 @@ from onnxpipe.runtime.session import (
     current_rss_bytes,
     pin_failure,
 )
-from onnxpipe.runtime.shm import MAX_SLOTS, ItemMessage, Poller, SlotReader, SlotWriter, unlink_prefix
 from onnxpipe.runtime.spec import WorkerSpec
+from onnxpipe.schedule.timeline import worker_groups
 
-DEFAULT_SLOTS = 2
 START_TIMEOUT_S = 600.0
 STOP_GRACE_S = 2.0
 STATS_TIMEOUT_S = 60.0
@@ -336,7 +343,9 @@ class ProcessBackend:
         self._finalizer = weakref.finalize(self, unlink_prefix, self.prefix)
         try:
             for li, lane in enumerate(lanes):
-                self._start_lane(ctx, li, lane, process_hosts(len(lane), workers))
+                self._start_lane(
+                    ctx, li, lane, worker_groups(range(len(lane)) if workers is None else workers)
+                )
             self._await_ready(start_timeout)
             everything: list[Connection | int] = [self._wake_read]
             health: list[Connection | int] = []
@@ -617,14 +626,3 @@ def _exit_text(w: _Worker) -> str:
     else:
         how = f"exited with code {code}"
     return f"{w.label}: worker process (pid {w.process.pid}) {how} without reporting an error"
-
-
-def process_hosts(k: int, workers: Sequence[int] | None) -> list[list[int]]:
-    """The positions of the stages each process of a lane of ``k`` hosts: a process per stage, or per
-    worker (its stages in order), the processes ordered by their first stage."""
-    if workers is None:
-        return [[i] for i in range(k)]
-    groups: dict[int, list[int]] = {}
-    for i, w in enumerate(workers):
-        groups.setdefault(w, []).append(i)
-    return sorted(groups.values())

@@ -34,9 +34,10 @@ from onnxpipe.core.ortsession import Provider, open_session, session_options
 from onnxpipe.manifest import Manifest
 from onnxpipe.runtime.affinity import assign_cpus, cpu_sets, pinned
 from onnxpipe.runtime.base import Tensors
-from onnxpipe.runtime.ceiling import MIN_RUN_S, balanced_ceiling
 from onnxpipe.runtime.pipeline import Pipeline, make_backend
-from onnxpipe.runtime.report import BaselineReport, Measurement, RunReport, measure
+from onnxpipe.runtime.report.ceiling import MIN_RUN_S, balanced_ceiling
+from onnxpipe.runtime.report.measure import Measurement, measure
+from onnxpipe.runtime.report.model import BaselineReport, RunReport
 from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import CPU_PROVIDER, Placement, WorkerSpec, model_spec
 from onnxpipe.verification.compare import DEFAULT_ATOL, DEFAULT_RTOL, compare

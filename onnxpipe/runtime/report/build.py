@@ -1,0 +1,190 @@
+"""From a measurement to a :class:`~onnxpipe.runtime.report.model.RunReport`: each stage's measured time
+against the manifest's estimate (when the run is comparable with the plan), the bottleneck, the workers."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+
+from onnxpipe.core.errors import UsageError
+from onnxpipe.manifest import Manifest
+from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.report.measure import Measurement, min_steady_microbatches
+from onnxpipe.runtime.report.model import Latency, RunReport, StageReport
+from onnxpipe.runtime.report.text import shapes_text
+from onnxpipe.runtime.spec import Placement, WorkerSpec, manifest_placements
+
+
+def estimate_placements(manifest: Manifest) -> list[Placement] | None:
+    """Where each stage's estimate is for: its device in the manifest's cluster (provider and threads;
+    ``device_costs`` says whether those costs were profiled there or scaled from the reference), else
+    the provider its device name implies with the plan's threads.  None when a device name maps to no
+    provider (such a split runs only with ``--devices``): then only the plan's threads are known."""
+    try:
+        return manifest_placements(manifest)
+    except UsageError:
+        return None
+
+
+def check_estimates(
+    manifest: Manifest, specs: Sequence[WorkerSpec], input_shapes: Mapping[str, tuple[int, ...]]
+) -> tuple[bool, list[str]]:
+    """Whether the stages ran as their estimates were made for, and notes saying where not.
+
+    Each stage's actual placement (provider, threads) is compared with the one its estimate is for
+    (:func:`estimate_placements`), not with the reference profile's threads: a split made with
+    ``--devices`` estimates each stage on its own device.
+    """
+    comparable = True
+    notes: list[str] = []
+    profiled = {n: tuple(v) for n, v in manifest.plan.profiled_input_shapes.items()}
+    if profiled and dict(input_shapes) != profiled:
+        comparable = False
+        notes.append(
+            f"the inputs' shapes differ from those the plan was made for ({shapes_text(profiled)}): "
+            "the estimates are for those shapes"
+        )
+    expected = estimate_placements(manifest)
+    differs: list[str] = []
+    for spec in specs:
+        ran = spec.placement
+        if expected is not None and spec.index < len(expected):
+            want = expected[spec.index]
+            if ran.provider != want.provider:
+                differs.append(
+                    f"stage {spec.index} ran on {ran.provider} with {ran.threads} thread(s), its estimate is "
+                    f"for {want.provider} with {want.threads}"
+                )
+            elif ran.threads != want.threads:
+                differs.append(
+                    f"stage {spec.index} ran with {ran.threads} thread(s), its estimate is for {want.threads}"
+                )
+        elif ran.threads != manifest.plan.threads:
+            differs.append(
+                f"stage {spec.index} ran with {ran.threads} thread(s), its estimate is for "
+                f"{manifest.plan.threads}"
+            )
+    if differs:
+        comparable = False
+        notes.append("; ".join(differs))
+    if manifest.plan.cost_source == "static":
+        notes.append("the estimates are static costs (FLOPs and bytes), not measured times")
+    stage_devices = {st.device for st in manifest.stages}
+    scaled = [d for d in manifest.device_costs if d.method == "scaled" and d.device in stage_devices]
+    if scaled and manifest.plan.cost_source != "static":
+        notes.append(
+            "estimates extrapolated, not measured on the device: "
+            + "; ".join(f"{d.device}: {d.source}" for d in scaled)
+        )
+    return comparable, notes
+
+
+def build_report(
+    pipeline: Pipeline,
+    measurement: Measurement,
+    *,
+    warmup: int,
+    input_shapes: Mapping[str, tuple[int, ...]],
+    driver_peak_rss_bytes: int | None = None,
+) -> RunReport:
+    """Summarize ``measurement`` of ``pipeline`` (one lane: the stages); where the manifest's stages share
+    workers (an interleaved split), each worker's stages summed too (:attr:`RunReport.workers`)."""
+    manifest = pipeline.manifest
+    specs = pipeline.lanes[0]
+    wall = measurement.wall_seconds
+    notes: list[str] = []
+    by_index = {s.index: s for s in measurement.stats[: len(specs)]}
+    stages: list[StageReport] = []
+    for spec in specs:
+        st = by_index.get(spec.index)
+        records = st.records if st is not None else ()
+        runs = [r.run_seconds for r in records]
+        busy = [r.busy_seconds for r in records]
+        measured = statistics.median(runs) * 1e3 if runs else math.nan
+        entry = manifest.stages[spec.index] if manifest is not None else None
+        estimated = entry.estimated_compute_seconds * 1e3 if entry is not None else None
+        error = (estimated - measured) / measured if estimated is not None and measured > 0 else None
+        busy_total = float(sum(busy))
+        shared = st.process_shared if st is not None else False
+        stages.append(
+            StageReport(
+                index=spec.index,
+                label=spec.label,
+                file=entry.file if entry is not None else None,
+                device=spec.device,
+                threads=spec.placement.threads,
+                microbatches=len(records),
+                measured_ms=measured,
+                mean_ms=statistics.fmean(runs) * 1e3 if runs else math.nan,
+                handling_ms=statistics.median(busy) * 1e3 if busy else math.nan,
+                estimated_ms=estimated,
+                estimate_error=error,
+                busy_seconds=busy_total,
+                busy_fraction=busy_total / wall if wall > 0 else math.nan,
+                peak_rss_bytes=st.peak_rss_bytes if st is not None else None,
+                rss_bytes=st.rss_bytes if st is not None else None,
+                startup_rss_bytes=st.startup_rss_bytes if st is not None else None,
+                param_bytes=entry.param_bytes if entry is not None else None,
+                pid=st.pid if st is not None else None,
+                memory_shared_with_other_workers=shared,
+                model_rss_bytes=st.model_rss_bytes if st is not None and not shared else None,
+                provider=spec.placement.provider,
+                cpus=spec.placement.cpus,
+                worker_peak_rss_bytes=st.peak_rss_bytes if st is not None and not shared else None,
+                worker_model_rss_bytes=st.model_rss_bytes if st is not None and not shared else None,
+                hosted_with=st.hosted_with if st is not None else (),
+            )
+        )
+    bottleneck = max(range(len(stages)), key=lambda i: stages[i].busy_seconds) if stages else 0
+    comparable = True
+    if manifest is not None:
+        comparable, estimate_notes = check_estimates(manifest, specs, input_shapes)
+        notes.extend(estimate_notes)
+    errors = [abs(s.estimate_error) for s in stages if s.estimate_error is not None]
+    if pipeline.pin_note is not None:
+        notes.append(pipeline.pin_note)
+    groups: tuple[tuple[int, ...], ...] = ()
+    if manifest is not None and manifest.plan.workers is not None:
+        groups = tuple(manifest.stages_of(w) for w in range(manifest.workers))
+        local = pipeline.backend.kind != "ray"  # a Ray worker's actor has the CPUs Ray gave it
+        if local and not any(spec.placement.cpus for spec in specs) and pipeline.pin_note is None:
+            notes.append(
+                f"the {len(specs)} stages share {len(groups)} workers but were not pinned (--pin): a "
+                "worker's stages took turns, but on any CPUs, not on the worker's own as its estimate "
+                "assumes"
+            )
+    if any(s.memory_shared_with_other_workers for s in stages):
+        notes.append(
+            "thread workers share one process: a stage's peak RSS is the process's, and its own memory "
+            "cannot be told apart (the allocator reuses memory across sessions); --compare measures each "
+            "stage in a process of its own, --local-mode processes runs them so"
+        )
+    if measurement.steady_throughput_per_s is None:
+        notes.append(
+            f"no steady throughput: it needs at least {min_steady_microbatches(len(measurement.stats))} "
+            "micro-batches (--microbatches)"
+        )
+    single = measurement.single_latencies_s
+    return RunReport(
+        backend="ray" if pipeline.backend.kind == "ray" else "local",
+        mode=pipeline.backend.kind,
+        k=len(specs),
+        microbatches=measurement.microbatches,
+        warmup=warmup,
+        input_shapes=dict(input_shapes),
+        throughput_per_s=measurement.throughput_per_s,
+        steady_throughput_per_s=measurement.steady_throughput_per_s,
+        steady_throughput_from=measurement.steady_throughput_from,
+        wall_seconds=wall,
+        latency_saturated=Latency.of(measurement.latencies_s),
+        latency_in_flight=measurement.in_flight,
+        latency_single=Latency.of(single) if single else None,
+        stages=tuple(stages),
+        bottleneck_stage=stages[bottleneck].index if stages else 0,
+        estimates_comparable=comparable,
+        estimate_max_error=max(errors) if errors else None,
+        driver_peak_rss_bytes=driver_peak_rss_bytes,
+        notes=tuple(notes),
+        worker_stages=groups,
+    )

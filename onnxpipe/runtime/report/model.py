@@ -1,0 +1,347 @@
+"""What a run delivered, as data: throughput, latency, each stage and worker against the estimates, the
+baselines, and the report as JSON (``onnxpipe run --report``)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from onnxpipe.runtime.spec import CPU_PROVIDER
+
+
+@dataclass(frozen=True)
+class Latency:
+    mean_ms: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    max_ms: float
+
+    @staticmethod
+    def of(seconds: Sequence[float]) -> Latency:
+        if not seconds:
+            return Latency(math.nan, math.nan, math.nan, math.nan, math.nan)
+        ms = np.asarray(seconds, dtype=np.float64) * 1e3
+        return Latency(
+            float(ms.mean()),
+            float(np.percentile(ms, 50)),
+            float(np.percentile(ms, 90)),
+            float(np.percentile(ms, 99)),
+            float(ms.max()),
+        )
+
+
+@dataclass(frozen=True)
+class StageReport:
+    """One worker of the pipeline: its measured time per micro-batch against the estimate, its memory.
+
+    ``measured_ms`` is the median time of the stage's session run; ``handling_ms`` adds the worker's own
+    work around it (mapping and copying tensors); ``busy_fraction`` is the share of the measured wall
+    time the worker was busy (not waiting for input or for room downstream).  ``estimate_error`` is
+    ``(estimated - measured) / measured``.
+    """
+
+    index: int
+    label: str
+    file: str | None
+    device: str
+    threads: int
+    microbatches: int
+    measured_ms: float
+    mean_ms: float
+    handling_ms: float
+    estimated_ms: float | None
+    estimate_error: float | None
+    busy_seconds: float
+    busy_fraction: float
+    peak_rss_bytes: int | None
+    rss_bytes: int | None
+    startup_rss_bytes: int | None
+    param_bytes: int | None
+    pid: int | None
+    memory_shared_with_other_workers: bool = False
+    model_rss_bytes: int | None = None
+    """Peak minus the memory before loading, for a worker with its own process; None for thread
+    workers, whose process's growth while a session loads hides what the allocator reused."""
+    provider: str = CPU_PROVIDER
+    cpus: tuple[int, ...] = ()
+    """The CPUs the worker was pinned to (``--pin``); empty: not pinned."""
+    worker_peak_rss_bytes: int | None = None
+    """Peak RSS of a worker process running this stage alone: the worker's own (processes), or one
+    short run in processes of their own when the pipeline ran threads (``--compare`` only)."""
+    worker_model_rss_bytes: int | None = None
+    """That worker's peak minus its memory before loading: what the stage's model costs a worker (for a
+    stage whose process hosts other stages too, :attr:`hosted_with`, what all their models cost it)."""
+    hosted_with: tuple[int, ...] = ()
+    """The stages, this one among them, whose sessions shared that worker process (an interleaved split's
+    worker in processes or on Ray); empty: the process ran this stage alone."""
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """One worker of an interleaved split: the stages it runs (each in a thread or process of its own,
+    pinned with ``--pin`` to the worker's CPUs, which they share), their numbers summed.
+
+    ``estimated_ms`` and ``measured_ms`` are the sums of its stages' (the time the worker spends per
+    micro-batch), ``estimate_error`` is ``(estimated - measured) / measured`` of those sums,
+    ``busy_seconds`` the stages' busy time together and ``busy_fraction`` its share of the wall time
+    (above 1 only where the stages ran at once: not pinned to shared CPUs).  ``model_rss_bytes`` sums the
+    ``worker_model_rss_bytes`` of the worker's processes, once per process (its stages hosted by one
+    process, or each in a process of its own; None unless every stage's was measured), ``param_bytes``
+    their weights.
+    """
+
+    index: int
+    stages: tuple[int, ...]
+    estimated_ms: float | None
+    measured_ms: float
+    estimate_error: float | None
+    busy_seconds: float
+    busy_fraction: float
+    param_bytes: int | None
+    model_rss_bytes: int | None
+    cpus: tuple[int, ...] = ()
+    """The CPUs its stages were pinned to (``--pin``), together; empty: not pinned."""
+
+    @staticmethod
+    def of(index: int, stages: Sequence[StageReport], wall_seconds: float) -> WorkerReport:
+        """Worker ``index``, which runs ``stages``, over a run of ``wall_seconds``."""
+        estimates = [s.estimated_ms for s in stages]
+        estimated = None if any(e is None for e in estimates) else sum(e for e in estimates if e is not None)
+        measured = sum(s.measured_ms for s in stages)
+        error = (estimated - measured) / measured if estimated is not None and measured > 0 else None
+        busy = sum(s.busy_seconds for s in stages)
+        return WorkerReport(
+            index=index,
+            stages=tuple(s.index for s in stages),
+            estimated_ms=estimated,
+            measured_ms=measured,
+            estimate_error=error,
+            busy_seconds=busy,
+            busy_fraction=busy / wall_seconds if wall_seconds > 0 else math.nan,
+            param_bytes=_total([s.param_bytes for s in stages]),
+            model_rss_bytes=_total(
+                [s.worker_model_rss_bytes for s in stages if s.index == min(s.hosted_with or (s.index,))]
+            ),
+            cpus=tuple(sorted({c for s in stages for c in s.cpus})),
+        )
+
+
+def _total(values: Sequence[int | None]) -> int | None:
+    """The sum, or None when any is unknown (a part missing makes the sum no one's)."""
+    return None if not values or any(v is None for v in values) else sum(v for v in values if v is not None)
+
+
+@dataclass(frozen=True)
+class BaselineReport:
+    """The same micro-batches run another way; ``pipeline_speedup`` is the pipeline's throughput / this."""
+
+    name: str
+    description: str
+    workers: int
+    threads_per_worker: int
+    throughput_per_s: float
+    pipeline_speedup: float
+    peak_rss_bytes: int | None = None
+    """Largest worker's peak resident memory (a worker in its own process)."""
+    model_rss_bytes: int | None = None
+    """Largest worker's peak minus its memory before loading the model."""
+    load_rss_bytes: int | None = None
+    """Largest growth of a worker's memory while its session loaded."""
+    provider: str = CPU_PROVIDER
+    mode: str = "session"
+    """How its throughput was measured: ``session`` (in this process), ``threads`` or ``processes``."""
+    total_threads: int | None = None
+    """Intra-op threads of all its workers together."""
+    balanced_ceiling: float | None = None
+    """Replicas only: the most a perfectly balanced pipeline on the replicas' CPUs could have reached
+    against them, at the speeds those CPUs ran (:func:`onnxpipe.runtime.ceiling.balanced_ceiling`);
+    ``None`` where it does not apply (Ray, unlike devices, too few records, runs under a millisecond)."""
+
+
+@dataclass(frozen=True)
+class RunReport:
+    backend: str
+    mode: str
+    k: int
+    microbatches: int
+    warmup: int
+    input_shapes: Mapping[str, tuple[int, ...]]
+    throughput_per_s: float
+    steady_throughput_per_s: float | None
+    wall_seconds: float
+    latency_saturated: Latency
+    """Submission to result while ``latency_in_flight`` micro-batches are in flight: mostly queueing."""
+    stages: tuple[StageReport, ...]
+    bottleneck_stage: int
+    estimates_comparable: bool
+    estimate_max_error: float | None
+    driver_peak_rss_bytes: int | None
+    baselines: Mapping[str, BaselineReport] = field(default_factory=dict)
+    outputs_match: bool | None = None
+    outputs_max_rel_diff: float | None = None
+    notes: tuple[str, ...] = ()
+    latency_in_flight: int = 1
+    latency_single: Latency | None = None
+    """Submission to result of micro-batches run one at a time (None when not measured)."""
+    steady_throughput_from: str | None = None
+    worker_stages: tuple[tuple[int, ...], ...] = ()
+    """The stages each worker runs when stages share workers (an interleaved split, the manifest's
+    ``plan.workers``); empty: a worker per stage.  :attr:`workers` sums the stages' rows by it."""
+    machine_slowdown: float | None = None
+    """``--compare`` only: the one-thread session's time per micro-batch in this run over the whole
+    model's when the estimates were made (the manifest's ``plan.reference_seconds``): above 1, the
+    machine ran slower than then, and every estimate made then is short by as much.  None without a
+    reference, on Ray (the actors may run on other machines than the session), for plans of more than
+    one thread per stage (no baseline runs their threads alone), for models that run in under a
+    millisecond (Python's per-call cost sets their pace), or when the estimates are not comparable."""
+    estimate_max_error_at_machine_speed: float | None = None
+    """The largest ``|estimated * machine_slowdown - measured| / measured``: what the estimates got
+    wrong besides the machine's change of speed."""
+
+    @property
+    def workers(self) -> tuple[WorkerReport, ...]:
+        """Each shared worker's stages summed (empty for a worker per stage).
+
+        Derived from :attr:`stages` on each access, so a report whose stages were replaced (``--compare``
+        adds each stage's memory measured in a process of its own) sums the new numbers."""
+        by_index = {s.index: s for s in self.stages}
+        return tuple(
+            WorkerReport.of(w, [by_index[i] for i in group if i in by_index], self.wall_seconds)
+            for w, group in enumerate(self.worker_stages)
+        )
+
+    @property
+    def bottleneck_worker(self) -> int | None:
+        """The worker busy longest (all its stages together); None for a worker per stage."""
+        workers = self.workers
+        return max(workers, key=lambda w: w.busy_seconds).index if workers else None
+
+    @property
+    def memory_shared(self) -> bool:
+        """Whether the stages share one process (threads), so no stage's memory can be told apart."""
+        return any(s.memory_shared_with_other_workers for s in self.stages)
+
+    def to_obj(self) -> dict[str, Any]:
+        """The report as JSON-ready data (NaN and infinity as ``null``); ``bottleneck_worker`` and
+        ``workers`` only when stages share workers."""
+        obj: dict[str, Any] = {
+            "backend": self.backend,
+            "mode": self.mode,
+            "k": self.k,
+            "microbatches": self.microbatches,
+            "warmup": self.warmup,
+            "input_shapes": {n: list(s) for n, s in self.input_shapes.items()},
+            "throughput_per_s": num(self.throughput_per_s),
+            "steady_throughput_per_s": num(self.steady_throughput_per_s),
+            "steady_throughput_from": self.steady_throughput_from,
+            "wall_seconds": num(self.wall_seconds),
+            "latency_ms": _latency_obj(self.latency_saturated),
+            "latency_in_flight": self.latency_in_flight,
+            "latency_single_ms": _latency_obj(self.latency_single) if self.latency_single else None,
+            "bottleneck_stage": self.bottleneck_stage,
+            "estimates_comparable": self.estimates_comparable,
+            "estimate_max_error": num(self.estimate_max_error),
+            "machine_slowdown": num(self.machine_slowdown),
+            "estimate_max_error_at_machine_speed": num(self.estimate_max_error_at_machine_speed),
+            "driver_peak_rss_bytes": self.driver_peak_rss_bytes,
+            "stages": [
+                {
+                    "index": s.index,
+                    "label": s.label,
+                    "file": s.file,
+                    "device": s.device,
+                    "provider": s.provider,
+                    "threads": s.threads,
+                    "cpus": list(s.cpus),
+                    "microbatches": s.microbatches,
+                    "measured_ms": num(s.measured_ms),
+                    "mean_ms": num(s.mean_ms),
+                    "handling_ms": num(s.handling_ms),
+                    "estimated_ms": num(s.estimated_ms),
+                    "estimate_error": num(s.estimate_error),
+                    "busy_seconds": num(s.busy_seconds),
+                    "busy_fraction": num(s.busy_fraction),
+                    "peak_rss_bytes": s.peak_rss_bytes,
+                    "rss_bytes": s.rss_bytes,
+                    "startup_rss_bytes": s.startup_rss_bytes,
+                    "param_bytes": s.param_bytes,
+                    "pid": s.pid,
+                    "memory_shared_with_other_workers": s.memory_shared_with_other_workers,
+                    "model_rss_bytes": s.model_rss_bytes,
+                    "worker_peak_rss_bytes": s.worker_peak_rss_bytes,
+                    "worker_model_rss_bytes": s.worker_model_rss_bytes,
+                    "hosted_with": list(s.hosted_with),
+                }
+                for s in self.stages
+            ],
+            "baselines": {
+                name: {
+                    "description": b.description,
+                    "provider": b.provider,
+                    "mode": b.mode,
+                    "workers": b.workers,
+                    "threads_per_worker": b.threads_per_worker,
+                    "total_threads": b.total_threads,
+                    "throughput_per_s": num(b.throughput_per_s),
+                    "pipeline_speedup": num(b.pipeline_speedup),
+                    "peak_rss_bytes": b.peak_rss_bytes,
+                    "model_rss_bytes": b.model_rss_bytes,
+                    "load_rss_bytes": b.load_rss_bytes,
+                    "balanced_ceiling": num(b.balanced_ceiling),
+                }
+                for name, b in self.baselines.items()
+            },
+            "outputs_match": self.outputs_match,
+            "outputs_max_rel_diff": num(self.outputs_max_rel_diff),
+            "notes": list(self.notes),
+        }
+        workers = self.workers
+        if not workers:
+            return obj
+        shared: dict[str, Any] = {}
+        for key, value in obj.items():
+            shared[key] = value
+            if key == "bottleneck_stage":
+                shared["bottleneck_worker"] = self.bottleneck_worker
+            elif key == "stages":
+                shared["workers"] = [
+                    {
+                        "index": w.index,
+                        "stages": list(w.stages),
+                        "cpus": list(w.cpus),
+                        "estimated_ms": num(w.estimated_ms),
+                        "measured_ms": num(w.measured_ms),
+                        "estimate_error": num(w.estimate_error),
+                        "busy_seconds": num(w.busy_seconds),
+                        "busy_fraction": num(w.busy_fraction),
+                        "param_bytes": w.param_bytes,
+                        "model_rss_bytes": w.model_rss_bytes,
+                    }
+                    for w in workers
+                ]
+        return shared
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_obj(), indent=2, allow_nan=False) + "\n"
+
+
+def _latency_obj(latency: Latency) -> dict[str, float | None]:
+    return {
+        "mean": num(latency.mean_ms),
+        "p50": num(latency.p50_ms),
+        "p90": num(latency.p90_ms),
+        "p99": num(latency.p99_ms),
+        "max": num(latency.max_ms),
+    }
+
+
+def num(x: float | None) -> float | None:
+    if x is None or math.isnan(x) or math.isinf(x):
+        return None
+    return float(x)

@@ -1,0 +1,214 @@
+"""A run report as text for people: the stage table, the verdict lines, the baselines and memory."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from onnxpipe.core.text import human_bytes, table
+from onnxpipe.runtime.report.model import RunReport, StageReport, WorkerReport
+
+
+def shapes_text(shapes: Mapping[str, Sequence[int]]) -> str:
+    return ", ".join(f"{n}={'x'.join(str(d) for d in s)}" for n, s in shapes.items())
+
+
+# --------------------------------------------------------------------------------------------------
+# text
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None or math.isnan(x) else f"{x:.2f}"
+
+
+def _bytes(x: int | None) -> str:
+    return "-" if x is None else human_bytes(x)
+
+
+def _stage_list(stages: Sequence[int]) -> str:
+    return ", ".join(str(s) for s in stages)
+
+
+def worker_line(worker: WorkerReport, *, bottleneck: bool = False) -> str:
+    """One shared worker's stages summed, as :func:`format_report` prints it (``*``: the bottleneck)."""
+    mark = " *" if bottleneck else ""
+    err = "" if worker.estimate_error is None else f" ({worker.estimate_error * 100:+.1f}%)"
+    busy = "-" if math.isnan(worker.busy_fraction) else f"{worker.busy_fraction * 100:.0f}%"
+    line = (
+        f"worker {worker.index}{mark}: stages {_stage_list(worker.stages)}: "
+        f"est {_ms(worker.estimated_ms)} ms, measured {_ms(worker.measured_ms)} ms{err}, "
+        f"busy {busy}, weights {_bytes(worker.param_bytes)}"
+    )
+    if worker.model_rss_bytes is not None:
+        line += f", model memory {human_bytes(worker.model_rss_bytes)}"
+    return line
+
+
+def format_report(report: RunReport) -> str:
+    """The report as the CLI prints it: a stage table, the totals, then the baselines if any.
+
+    Per-worker memory (peak RSS, model memory) is shown only where each worker has its own process;
+    thread workers show their weights and the memory line says what can be compared.  Where stages share
+    workers (an interleaved split), a line per worker after the table sums its stages (:func:`worker_line`)
+    and the totals name the bottleneck worker as well as the busiest stage.
+    """
+    shared = report.memory_shared
+    rows = []
+    for s in report.stages:
+        err = "-" if s.estimate_error is None else f"{s.estimate_error * 100:+.1f}%"
+        mark = " *" if s.index == report.bottleneck_stage else ""
+        row = [
+            f"{s.index}{mark}",
+            s.file or s.label,
+            f"{s.threads} @{','.join(str(c) for c in s.cpus)}" if s.cpus else str(s.threads),
+            _ms(s.estimated_ms),
+            _ms(s.measured_ms),
+            err,
+            f"{s.busy_fraction * 100:.0f}%" if not math.isnan(s.busy_fraction) else "-",
+            _bytes(s.param_bytes),
+        ]
+        if not shared:
+            row += [_bytes(s.peak_rss_bytes), _bytes(s.model_rss_bytes)]
+        rows.append(row)
+    headers = ["stage", "file", "threads", "est ms", "measured ms", "error", "busy", "weights"]
+    if not shared:
+        headers += ["peak RSS", "model mem"]
+    steady = (
+        f"{report.steady_throughput_per_s:.2f}/s once full"
+        if report.steady_throughput_per_s is not None
+        else "too few for a steady rate"
+    )
+    sat = report.latency_saturated
+    latency = (
+        f"latency at saturation ({report.latency_in_flight} in flight) p50 {sat.p50_ms:.2f} ms, "
+        f"p90 {sat.p90_ms:.2f} ms"
+    )
+    if report.latency_single is not None:
+        one = report.latency_single
+        latency += f"; one at a time p50 {one.p50_ms:.2f} ms, p90 {one.p90_ms:.2f} ms"
+    workers = report.workers
+    if workers:
+        on = f"{len(workers)} workers ({report.k} interleaved stages, {report.mode})"
+        bottleneck = (
+            f"bottleneck worker {report.bottleneck_worker} (*), busiest stage {report.bottleneck_stage} (*)"
+        )
+    else:
+        on = f"{report.k} {report.mode} workers"
+        bottleneck = f"bottleneck stage {report.bottleneck_stage} (*)"
+    lines = [
+        table(headers, rows),
+        *(worker_line(w, bottleneck=w.index == report.bottleneck_worker) for w in workers),
+        f"{report.microbatches} micro-batches ({shapes_text(report.input_shapes)}) on {on}: "
+        f"{report.throughput_per_s:.2f}/s ({steady}); {latency}; {bottleneck}",
+    ]
+    if report.baselines:
+        brows = [
+            [
+                name,
+                b.description,
+                f"{b.throughput_per_s:.2f}",
+                f"{b.pipeline_speedup:.2f}x",
+                _bytes(b.peak_rss_bytes),
+            ]
+            for name, b in report.baselines.items()
+        ]
+        lines.append(table(["baseline", "how", "per s", "pipeline is", "peak RSS/worker"], brows))
+        replicas = report.baselines.get("replicas")
+        if replicas is not None and replicas.balanced_ceiling is not None:
+            lines.append(
+                "ceiling: at the speeds the replicas' CPUs ran (their own records), a perfectly balanced "
+                f"pipeline on them would have reached about {replicas.balanced_ceiling:.2f}x the replicas "
+                f"(this one: {replicas.pipeline_speedup:.2f}x)"
+            )
+    if report.machine_slowdown is not None:
+        line = (
+            f"machine: the one-thread session took {report.machine_slowdown:.2f}x as long a micro-batch as "
+            "the model did when the estimates were made"
+        )
+        if report.estimate_max_error is not None and report.estimate_max_error_at_machine_speed is not None:
+            line += (
+                f"; at that speed the estimates were off by up to "
+                f"{report.estimate_max_error_at_machine_speed * 100:.1f}% "
+                f"(as made: {report.estimate_max_error * 100:.1f}%)"
+            )
+        lines.append(line)
+    memory = memory_line(report)
+    if memory:
+        lines.append(memory)
+    if report.outputs_match is not None:
+        verdict = "match" if report.outputs_match else "DO NOT match"
+        lines.append(
+            f"outputs {verdict} the original model's (max rel diff {report.outputs_max_rel_diff or 0.0:.3g})"
+        )
+    lines.extend(f"note: {n}" for n in report.notes)
+    return "\n".join(lines)
+
+
+def memory_line(report: RunReport) -> str | None:
+    """What the memory numbers allow to say, like with like: a stage worker's model memory against a
+    replica's, both measured in a fresh process of their own.
+
+    Thread workers share one process, where what loading a session adds depends on what the allocator
+    already holds; ``--compare`` then measures each stage in a short processes run
+    (``worker_model_rss_bytes``).  Without those numbers, no ratio: only the stages' weights and peaks.
+    Where stages share workers (an interleaved split), a worker's model memory and weights are its
+    stages' together, and the largest worker's is compared.
+    """
+    replicas = report.baselines.get("replicas")
+    workers = report.workers
+    if replicas is not None and replicas.model_rss_bytes:
+        if workers:
+            hosted = any(s.hosted_with for s in report.stages)
+            ratio = _worker_memory_ratio(workers, replicas.model_rss_bytes, report.memory_shared, hosted)
+        else:
+            ratio = _stage_memory_ratio(report.stages, replicas.model_rss_bytes, report.memory_shared)
+        if ratio is not None:
+            return f"{ratio} (a replica worker peaks at {_bytes(replicas.peak_rss_bytes)})"
+    if not report.memory_shared:
+        return None
+    peaks = [p for p in [report.driver_peak_rss_bytes, *(s.peak_rss_bytes for s in report.stages)] if p]
+    parts = []
+    if workers:
+        weighed = [(w, w.param_bytes) for w in workers if w.param_bytes is not None]
+        if weighed:
+            each = ", ".join(f"{human_bytes(b)} (stages {_stage_list(w.stages)})" for w, b in weighed)
+            parts.append(f"worker weights {each}")
+    else:
+        weights = [s.param_bytes for s in report.stages if s.param_bytes is not None]
+        if weights:
+            parts.append(f"stage weights {', '.join(human_bytes(w) for w in weights)}")
+    if peaks:
+        parts.append(f"this process (every stage and the driver) peaked at {human_bytes(max(peaks))}")
+    if replicas is not None and replicas.peak_rss_bytes:
+        parts.append(f"one replica in its own process peaks at {human_bytes(replicas.peak_rss_bytes)}")
+    return "memory: " + "; ".join(parts)
+
+
+def _stage_memory_ratio(stages: Sequence[StageReport], replica: int, shared: bool) -> str | None:
+    """Each stage worker's model memory against a replica's; None when no stage's was measured."""
+    models = [s.worker_model_rss_bytes for s in stages if s.worker_model_rss_bytes is not None]
+    if not models:
+        return None
+    where = " (each in a process of its own, a short run)" if shared else ""
+    return (
+        f"memory: a stage worker's model takes {', '.join(human_bytes(m) for m in models)}, a "
+        f"replica's {human_bytes(replica)}{where}: the largest stage {max(models) / replica:.2f}x a replica"
+    )
+
+
+def _worker_memory_ratio(
+    workers: Sequence[WorkerReport], replica: int, shared: bool, hosted: bool
+) -> str | None:
+    """Each shared worker's model memory (its stages' together) against a replica's; None when no
+    worker's was measured.  ``hosted``: a worker's stages ran in one process (else one each)."""
+    models = [(w, w.model_rss_bytes) for w in workers if w.model_rss_bytes is not None]
+    if not models:
+        return None
+    alone = "each worker's stages in one process" if hosted else "each stage in a process of its own"
+    where = f" ({alone}, a short run)" if shared else ""
+    largest, most = max(models, key=lambda wm: wm[1])
+    each = ", ".join(f"{human_bytes(m)} (stages {_stage_list(w.stages)})" for w, m in models)
+    return (
+        f"memory: a worker's model (its stages' together) takes {each}, a replica's {human_bytes(replica)}"
+        f"{where}: the largest worker (stages {_stage_list(largest.stages)}) {most / replica:.2f}x a replica"
+    )
