@@ -75,7 +75,7 @@ import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
 from onnxpipe import api  # noqa: E402
-from onnxpipe.calibrate import CALIBRATION_MODES, DEFAULT_CALIBRATION_MODE  # noqa: E402
+from onnxpipe.calibrate.timing import CALIBRATION_MODES, DEFAULT_CALIBRATION_MODE  # noqa: E402
 from onnxpipe.cluster.model import Cluster, Device, Link  # noqa: E402
 from onnxpipe.core.errors import MemoryFitError  # noqa: E402
 from onnxpipe.cost.profile import Profile  # noqa: E402

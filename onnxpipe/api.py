@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from onnxpipe.calibrate import DEFAULT_CALIBRATION_MODE, CalibrationMode, choose_timer, time_model
-from onnxpipe.calibrate import calibrate as run_calibration
+from onnxpipe.calibrate.loop import calibrate as run_calibration
+from onnxpipe.calibrate.timing import DEFAULT_CALIBRATION_MODE, CalibrationMode, choose_timer, time_model
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.errors import PartitionError, UsageError

@@ -18,7 +18,7 @@ from typing import Any, NoReturn, TypeVar, overload
 
 from onnxpipe import api
 from onnxpipe.argtypes import bandwidth, count, fraction, positive_int, positive_number
-from onnxpipe.calibrate import CALIBRATION_MODES, DEFAULT_CALIBRATION_MODE
+from onnxpipe.calibrate.timing import CALIBRATION_MODES, DEFAULT_CALIBRATION_MODE
 from onnxpipe.core.errors import OnnxpipeError, UsageError
 from onnxpipe.cost.profile import Profile
 from onnxpipe.export.checks import check_runtime_opsets

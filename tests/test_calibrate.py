@@ -10,19 +10,18 @@ import pytest
 from cli_runner import run
 
 from onnxpipe import api
-from onnxpipe.calibrate import (
-    CalibrationRound,
+from onnxpipe.calibrate import timing
+from onnxpipe.calibrate.loop import CalibrationRound, calibrate
+from onnxpipe.calibrate.timing import (
     StageTimer,
-    calibrate,
     choose_timer,
-    corrected,
     time_in_turns,
     time_stages,
     time_stages_in_pipeline,
 )
 from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.errors import UsageError
-from onnxpipe.cost.profile import Profile
+from onnxpipe.cost.profile import Profile, corrected
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.plan.planner import make_plan
@@ -57,7 +56,7 @@ def bottleneck(plan: Plan, truth: dict[str, float]) -> float:
 def test_corrected_scales_each_stages_nodes_by_its_factor(view: ModelView) -> None:
     prof = static_profile(view)
     plan = make_plan(view, prof, 2)
-    fixed = corrected(prof, plan, [2.0, 0.5])
+    fixed = corrected(prof, [s.node_names for s in plan.stages], [2.0, 0.5])
     for st, f in zip(plan.stages, (2.0, 0.5), strict=True):
         for n in st.node_names:
             if n in prof.node_seconds:
@@ -124,7 +123,7 @@ def test_stages_timed_alone_take_turns(monkeypatch: pytest.MonkeyPatch) -> None:
     log: list[int] = []
     clock = [0.0]
     speed = {"factor": 1.0}
-    monkeypatch.setattr("onnxpipe.calibrate.time.perf_counter", lambda: clock[0])
+    monkeypatch.setattr("onnxpipe.calibrate.timing.time.perf_counter", lambda: clock[0])
 
     class Drifting(_CountingSession):
         def run(self, names: object, feeds: object) -> list[object]:
@@ -150,7 +149,7 @@ def test_large_stages_are_timed_one_session_at_a_time(
     view: ModelView, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Past the weight limit the stages are timed one after the other, never two sessions open at once."""
-    import onnxpipe.calibrate as cal
+    import onnxpipe.calibrate.timing as cal
 
     open_now: list[int] = []
     most = [0]
@@ -232,7 +231,7 @@ def test_auto_times_in_a_pipeline_only_with_a_cpu_for_every_stage_thread() -> No
 def test_calibrating_in_a_pipeline_on_too_few_cpus_is_refused(
     sample_models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(affinity, "available_cpus", lambda: (0,))
+    monkeypatch.setattr(timing, "available_cpus", lambda: (0,))  # what calibration asks
     with pytest.raises(UsageError, match="--calibrate-in pipeline"):
         api.split(
             sample_models_dir / "transformer_tiny.onnx",

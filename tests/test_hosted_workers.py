@@ -33,8 +33,8 @@ from runtime_support import (
 )
 
 from onnxpipe import api
-from onnxpipe.calibrate import corrected
 from onnxpipe.core.errors import RuntimeStageError
+from onnxpipe.cost.profile import corrected
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.model import load_model
 from onnxpipe.manifest import load_manifest
@@ -259,7 +259,7 @@ def test_stats_are_answered_while_the_first_stage_always_has_work(tmp_path: Path
     model = _matmul_chain(tmp_path / "chain.onnx")
     view = load_model(model)
     profile = static_profile(view)
-    profile = corrected(profile, make_plan(view, profile, 2), (1.0, 1000.0))
+    profile = corrected(profile, [s.node_names for s in make_plan(view, profile, 2).stages], (1.0, 1000.0))
     out = tmp_path / "split"
     api.split(model, 2, out, profile=profile, run_verify=False)
     first, second = load_manifest(out).stages

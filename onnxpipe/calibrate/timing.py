@@ -1,23 +1,8 @@
-"""Calibration: time the exported stages and correct the profile the partition was made from.
+"""Timing a plan's stages on this machine, for calibration: each alone taking turns, or together as a
+pinned thread pipeline; and the whole model once, for the machine's speed at that moment.
 
-Why: a profile attributes onnxruntime's time for the whole model to its nodes; a stage exported on its
-own can run a few percent faster or slower than the share attributed to its nodes (fusions found or lost
-at the cut, a session's per-run cost, regions spread by FLOPs).  On a 4-layer BERT the two halves ran
-6.37 and 6.52 ms alone against estimates of 6.61 and 6.24 ms: a balanced plan on paper, 2% off when run.
-Running together, as a pipeline, they change again, and not alike: the pipeline's own threads (the
-driver that hands micro-batches over, the caller that takes the results) wake next to the last worker
-more than the first; on this project's 2-core machine the last of that BERT's halves ran 9-12% slower
-in the pipeline than alone, the first 2-5%.
-
-How: export the plan's stages to a scratch folder and time them (:data:`CalibrationMode`): ``alone``
-runs each stage by itself at the profiled shapes (its inputs from running the earlier stages once) and
-takes the median of ``runs`` timed runs after ``warmup``, the stages taking turns a few runs at a time;
-``pipeline`` runs them together as a thread pipeline, each worker pinned to CPUs of its own, and takes
-each worker's median session time over a stream of micro-batches.  Then scale every node of stage ``s``
-by ``measured_s / estimated_s`` and partition again; repeat while the cut moves and a stage is off by
-more than ``tolerance``, at most ``rounds`` times.  The corrected profile is an ordinary
-:class:`~onnxpipe.profile.Profile`: the final plan's estimates are the stages' own times.  Only the
-profile's per-node seconds change; the partitioner stays exact on the corrected numbers.
+Why two ways, and why ``alone`` is the default, is :data:`CalibrationMode`'s docstring; what the
+times are for is :mod:`onnxpipe.calibrate.loop`'s.
 """
 
 from __future__ import annotations
@@ -25,9 +10,9 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -41,11 +26,13 @@ from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
 from onnxpipe.plan.types import Plan
+from onnxpipe.runtime.affinity import available_cpus, cpu_sets, physical_cores
+from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.spec import manifest_placements
 
 StageTimer = Callable[[ModelView, Plan, Profile], list[float]]
 """Seconds each stage of a plan takes alone (the default: :func:`time_stages`)."""
 
-DEFAULT_TOLERANCE = 0.02
 ALONE_BLOCK = 5
 """Timed runs of one stage in a row when the stages are timed alone, before the next one's turn."""
 TURNS_MAX_PARAM_BYTES = 1 << 30
@@ -70,30 +57,6 @@ PIPELINE_MICROBATCHES = 24
 PIPELINE_REPEATS = 2
 PIPELINE_WARMUP = 8
 MAX_ROTATIONS = 4
-
-
-@dataclass(frozen=True)
-class CalibrationRound:
-    """One round: the cut, the stages' estimated and measured seconds, and the factors applied."""
-
-    bounds: tuple[int, ...]
-    estimated_seconds: tuple[float, ...]
-    measured_seconds: tuple[float, ...]
-
-    @property
-    def factors(self) -> tuple[float, ...]:
-        pairs = zip(self.measured_seconds, self.estimated_seconds, strict=True)
-        return tuple(m / e if e > 0 else 1.0 for m, e in pairs)
-
-    @property
-    def worst_error(self) -> float:
-        """The largest ``|estimated - measured| / measured`` of the round."""
-        pairs = zip(self.measured_seconds, self.estimated_seconds, strict=True)
-        return max((abs(e - m) / m for m, e in pairs if m > 0), default=0.0)
-
-
-def _bounds(plan: Plan) -> tuple[int, ...]:
-    return tuple(len(s.node_names) for s in plan.stages)
 
 
 @contextmanager
@@ -198,10 +161,6 @@ def time_stages_in_pipeline(
     ``repeats`` streams of ``microbatches`` give every stage's median; each stage's time is the median
     of those, so that a burst of other work during one stream does not set the cut.
     """
-    from onnxpipe.runtime.affinity import cpu_sets  # the runtime is only needed here
-    from onnxpipe.runtime.pipeline import Pipeline
-    from onnxpipe.runtime.spec import manifest_placements
-
     k, t = len(plan.stages), profile.threads
     sets = cpu_sets([t] * k)  # None (a caller with too few CPUs): once, unpinned
     medians: list[list[float]] = []
@@ -255,8 +214,6 @@ def choose_timer(
     if mode not in CALIBRATION_MODES:
         raise UsageError(f"calibration mode {mode!r}: choose one of {', '.join(CALIBRATION_MODES)}")
     if cpus is None or cores is None:
-        from onnxpipe.runtime.affinity import available_cpus, physical_cores
-
         pool = available_cpus()
         cpus = len(pool) if cpus is None else cpus
         cores = len(physical_cores(pool)) if cores is None else cores
@@ -269,50 +226,3 @@ def choose_timer(
     if mode == "alone" or needed > cpus or (mode == "auto" and needed > cores):
         return time_stages, "each stage timed alone"
     return time_stages_in_pipeline, "the stages timed running together as a pinned thread pipeline"
-
-
-def corrected(profile: Profile, plan: Plan, factors: Sequence[float]) -> Profile:
-    """``profile`` with every node of stage ``s`` of ``plan`` scaled by ``factors[s]``."""
-    scale: dict[str, float] = {}
-    for st, f in zip(plan.stages, factors, strict=True):
-        for name in st.node_names:
-            scale[name] = f
-    node_seconds: Mapping[str, float] = {n: t * scale.get(n, 1.0) for n, t in profile.node_seconds.items()}
-    return replace(profile, node_seconds=node_seconds, total_seconds=sum(node_seconds.values()))
-
-
-def calibrate(
-    view: ModelView,
-    profile: Profile,
-    make_plan: Callable[[Profile], Plan],
-    *,
-    rounds: int = 2,
-    tolerance: float = DEFAULT_TOLERANCE,
-    timer: StageTimer | None = None,
-) -> tuple[Profile, Plan, list[CalibrationRound]]:
-    """Correct ``profile`` by the stages' own times until the cut settles (see the module docstring).
-
-    Returns the corrected profile, the plan made from it, and what each round measured.
-    """
-    if rounds < 1:
-        raise UsageError(f"--calibrate {rounds}: give at least 1 round")
-    measure = timer or time_stages
-    plan = make_plan(profile)
-    history: list[CalibrationRound] = []
-    for _ in range(rounds):
-        measured = measure(view, plan, profile)
-        done = CalibrationRound(
-            bounds=_bounds(plan),
-            estimated_seconds=tuple(s.compute_seconds for s in plan.stages),
-            measured_seconds=tuple(measured),
-        )
-        history.append(done)
-        if done.worst_error <= tolerance:
-            break
-        profile = corrected(profile, plan, done.factors)
-        new_plan = make_plan(profile)
-        moved = _bounds(new_plan) != _bounds(plan)
-        plan = new_plan
-        if not moved:  # same cut: the corrected estimates are the stages' own times already
-            break
-    return profile, plan, history
