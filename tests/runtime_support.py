@@ -19,9 +19,9 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe import api
+from onnxpipe.cli.run import add_arguments as add_run_arguments
 from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.runtime.backends.shm import SHM_DIR
-from onnxpipe.runtime.cli import add_run_arguments
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.verification.compare import compare
 

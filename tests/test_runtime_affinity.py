@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from runtime_support import assert_same, original_outputs, parse, token_batches
 
+from onnxpipe.cli.run import run as run_command
 from onnxpipe.core.errors import RuntimeStageError, UsageError
 from onnxpipe.runtime.affinity import (
     Core,
@@ -23,7 +24,6 @@ from onnxpipe.runtime.affinity import (
     pin_thread,
     pinned,
 )
-from onnxpipe.runtime.cli import run_command
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.spec import Placement, WorkerSpec
 

@@ -18,10 +18,10 @@ from onnx import numpy_helper
 from runtime_support import MODES, assert_same, original_outputs, parse, split_on_devices, token_batches
 
 from onnxpipe import api
+from onnxpipe.cli.run import run as run_command
 from onnxpipe.core import ortsession
 from onnxpipe.core.text import human_bytes
 from onnxpipe.manifest import Manifest, load_manifest
-from onnxpipe.runtime.cli import run_command
 from onnxpipe.runtime.inputs import input_shapes_for, random_inputs
 from onnxpipe.runtime.pipeline import LocalMode, Pipeline
 from onnxpipe.runtime.report import baselines as compare

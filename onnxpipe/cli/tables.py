@@ -1,6 +1,6 @@
-"""Plain-text tables of a split (from its manifest) and of a model, for ``onnxpipe inspect``.
+"""Plain-text tables the CLI prints: a split (from its manifest), a model, a plan, a verification.
 
-Formatting only: the functions return strings and the CLI prints them.
+Formatting only: the functions return strings and the subcommands print them.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from onnxpipe.core.text import human_bytes, table
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
 from onnxpipe.plan.types import Plan
+from onnxpipe.schedule.timeline import worker_groups
+from onnxpipe.verification.verify import VerifyReport
 
 
 def stage_time(compute: float, transfer: float, overlapped: bool) -> float:
@@ -102,9 +104,7 @@ def _by_worker(
     """
     if workers is None:
         return (max(costs) if costs else 0.0), []
-    groups: dict[int, list[int]] = {}
-    for stage, w in enumerate(workers):
-        groups.setdefault(w, []).append(stage)
+    groups = {workers[stages[0]]: stages for stages in worker_groups(workers)}
     loads = {w: sum(costs[s] for s in stages) for w, stages in groups.items()}
     bottleneck = max(loads.values(), default=0.0)
     lines = [
@@ -169,4 +169,20 @@ def format_plan_table(plan: Plan) -> str:
             f"simulated {tl.makespan * 1e3:.3f} ms, bubble {tl.bubble_fraction:.0%}, "
             f"{tl.steady_state_throughput_per_s:.1f} micro-batches/s in steady state"
         )
+    return "\n".join(lines)
+
+
+def format_verify_report(report: VerifyReport) -> str:
+    """A line per output, then the verdict with the tolerance."""
+    lines = []
+    for o in report.outputs:
+        status = "ok" if o.ok else "MISMATCH"
+        lines.append(
+            f"  {o.name}: {status} (max abs diff {o.max_abs_diff:.3g}, max rel diff {o.max_rel_diff:.3g})"
+        )
+    verdict = "match" if report.ok else "DO NOT match"
+    lines.append(
+        f"verify: {len(report.outputs)} output(s) {verdict} the original "
+        f"(tolerance: |a-b| <= {report.atol:g} + {report.rtol:g}*max|a|)"
+    )
     return "\n".join(lines)

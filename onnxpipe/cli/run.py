@@ -1,8 +1,7 @@
 """``onnxpipe run DIR``: run a split folder as a pipeline, measure it, optionally against the model.
 
-:func:`add_run_arguments` fills the subcommand's parser and :func:`run_command` runs it; the main CLI
-(:mod:`onnxpipe.cli`) wires them in and maps the :class:`~onnxpipe.errors.OnnxpipeError` subclasses raised
-here to exit codes.  This module is the only place in :mod:`onnxpipe.runtime` that prints.
+:func:`add_arguments` fills the subcommand's parser and :func:`run` runs it; :mod:`onnxpipe.cli` wires
+them in and maps the :class:`~onnxpipe.core.errors.OnnxpipeError` subclasses raised here to exit codes.
 """
 
 from __future__ import annotations
@@ -13,11 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from onnxpipe.argtypes import count, positive_int
+from onnxpipe.cli.argtypes import count, positive_int
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.core.errors import ManifestError, UsageError
 from onnxpipe.ir.shapes import parse_shape_overrides
 from onnxpipe.manifest import Manifest, load_manifest
+from onnxpipe.runtime.backends.ray_backend import load_ray_resources
 from onnxpipe.runtime.base import DEFAULT_SLOTS, Tensors
 from onnxpipe.runtime.inputs import input_shapes_for, load_npz, random_inputs
 from onnxpipe.runtime.pipeline import BACKENDS, DEFAULT_LOCAL_MODE, LOCAL_MODES, LocalMode, Pipeline
@@ -29,13 +29,17 @@ from onnxpipe.runtime.session import peak_rss_bytes
 from onnxpipe.runtime.spec import Placement, placement_of
 from onnxpipe.verification.verify import source_model_path
 
-DEFAULT_MICROBATCHES = 32
+NAME = "run"
+HELP = "run a split folder as a pipeline and measure it"
+
+MEASURED_MICROBATCHES = 32
+"""Micro-batches ``run`` streams when neither ``--inputs`` nor ``--microbatches`` says how many."""
 DEFAULT_WARMUP = 4
 SINGLE_LATENCY_MICROBATCHES = 8
 """Micro-batches run one at a time after the measured stream, for the latency of one alone."""
 
 
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``onnxpipe run``."""
     parser.add_argument("dir", type=Path, help="a folder written by 'onnxpipe split'")
     w = parser.add_argument_group("workers")
@@ -90,7 +94,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "-m",
         type=positive_int,
         metavar="M",
-        help=f"micro-batches to run (default: all of --inputs, else {DEFAULT_MICROBATCHES})",
+        help=f"micro-batches to run (default: all of --inputs, else {MEASURED_MICROBATCHES})",
     )
     i.add_argument(
         "--warmup", type=count, default=DEFAULT_WARMUP, metavar="W", help="untimed micro-batches run first"
@@ -149,7 +153,7 @@ def _source_model(args: argparse.Namespace, manifest: Manifest, *, needed: bool)
         return None
 
 
-def run_command(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run ``args.dir`` as a pipeline and print what it delivered; 1 when ``--compare`` finds a mismatch."""
     manifest = load_manifest(args.dir)
     placements = _placements(args, manifest)
@@ -166,13 +170,11 @@ def run_command(args: argparse.Namespace) -> int:
     else:
         assert model is not None
         shapes = input_shapes_for(manifest, model, overrides)
-        inputs = random_inputs(model, shapes, args.microbatches or DEFAULT_MICROBATCHES, seed=args.seed)
+        inputs = random_inputs(model, shapes, args.microbatches or MEASURED_MICROBATCHES, seed=args.seed)
     resources = None
     if args.ray_resources is not None:
         if args.backend != "ray":
             raise UsageError("--ray-resources is for --backend ray")
-        from onnxpipe.runtime.backends.ray_backend import load_ray_resources
-
         resources = load_ray_resources(args.ray_resources, manifest.k)
     mode: LocalMode = args.local_mode
     with Pipeline.from_manifest(

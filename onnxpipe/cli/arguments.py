@@ -1,0 +1,141 @@
+"""What every subcommand's parser shares: one-line argparse errors, and the argument groups several
+subcommands take (measurement, input shapes, planning), so that ``--threads`` reads the same everywhere."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar, overload
+
+from onnxpipe.cli.argtypes import bandwidth, count, fraction, positive_int, positive_number
+from onnxpipe.cost.profile import COST_SOURCES
+from onnxpipe.plan.planner import DEFAULT_TIME_SLACK
+from onnxpipe.plan.request import SCHEDULE_CHOICES, ScheduleRequest
+
+_N = TypeVar("_N")
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A parser whose own errors are one line, like every other onnxpipe error.
+
+    argparse prints its whole usage block before the error, which buries the one line that matters; the
+    project's rule is one line naming what is wrong and what to do.  The usage stays one ``--help`` away
+    (the line says so), and the exit code stays argparse's 2, the usage-error code of docs/cli.md.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        what = " ".join(message.split())  # one line, whatever a type function put in its message
+        self.exit(2, f"{self.prog}: error: {what}; see '{self.prog} --help'\n")
+
+
+class SubcommandParser(CommandParser):
+    """A subcommand's parser, which also refuses arguments it does not know itself.
+
+    argparse hands a subcommand's unknown arguments up to the top-level parser, whose error would read
+    ``onnxpipe: error: unrecognized arguments`` and point at the top-level help, which does not list the
+    subcommand's options; refused here, the line names the subcommand and its ``--help``.
+    """
+
+    @overload
+    def parse_known_args(
+        self, args: Iterable[str] | None = None, namespace: None = None
+    ) -> tuple[argparse.Namespace, list[str]]: ...
+    @overload
+    def parse_known_args(self, args: Iterable[str] | None, namespace: _N) -> tuple[_N, list[str]]: ...
+    @overload
+    def parse_known_args(self, *, namespace: _N) -> tuple[_N, list[str]]: ...
+    def parse_known_args(
+        self, args: Iterable[str] | None = None, namespace: Any = None
+    ) -> tuple[Any, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+
+def stages_arg(text: str) -> int | str:
+    return "auto" if text == "auto" else positive_int(text)
+
+
+def add_measure_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("measurement")
+    g.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="intra-op threads to profile with, which the stages run with (default 1; with --devices each "
+        "device's threads)",
+    )
+    g.add_argument("--runs", type=positive_int, default=30, help="timed runs to take the median of")
+    g.add_argument("--warmup", type=count, default=3, help="untimed warm-up runs")
+    add_shape_arg(g)
+
+
+def add_shape_arg(g: argparse._ActionsContainer) -> None:
+    g.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="NAME=D1,D2,...",
+        help="concrete shape of a model input with dynamic dims (repeatable)",
+    )
+
+
+def add_planning_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("planning")
+    g.add_argument(
+        "--stages", "-k", type=stages_arg, required=True, metavar="K|auto", help="number of stages, or auto"
+    )
+    g.add_argument("--profile", type=Path, help="reuse a profile saved by 'onnxpipe profile'")
+    g.add_argument(
+        "--cost", choices=COST_SOURCES, default="profile", help="measured (default) or static costs"
+    )
+    g.add_argument(
+        "--bandwidth",
+        type=bandwidth,
+        default=math.inf,
+        help="link bandwidth in bytes/s; bytes a stage receives count as transfer time (default: free)",
+    )
+    g.add_argument(
+        "--workers",
+        type=positive_int,
+        metavar="W",
+        help="deal the K stages out to W identical workers in turn (stage s on worker s %% W), so that "
+        "each worker gets about 1/W of the time and of the weights (inference; K a multiple of W)",
+    )
+    g.add_argument(
+        "--time-slack",
+        type=fraction,
+        metavar="F",
+        help=f"with --workers: accept a split up to F slower than the fastest (default {DEFAULT_TIME_SLACK}, "
+        "i.e. 1%%) if it balances the workers' weights better",
+    )
+    g.add_argument("--devices", type=Path, help="cluster file: devices in pipeline order and their links")
+    g.add_argument(
+        "--order", choices=("fixed", "free"), default="fixed", help="keep the devices' order, or search it"
+    )
+    g.add_argument(
+        "--schedule",
+        choices=SCHEDULE_CHOICES,
+        default="stream",
+        help="stream (inference), gpipe or 1f1b (training), auto (best training schedule)",
+    )
+    g.add_argument("--microbatches", type=positive_int, help="micro-batches M per batch (default 8)")
+    g.add_argument("--batch", type=positive_int, help="samples per training iteration (default: M)")
+    g.add_argument(
+        "--backward-ratio",
+        type=positive_number,
+        default=2.0,
+        help="backward time over forward time (training)",
+    )
+
+
+def schedule_request(args: argparse.Namespace) -> ScheduleRequest:
+    return ScheduleRequest(
+        kind=args.schedule,
+        microbatches=args.microbatches,
+        batch=args.batch,
+        backward_ratio=args.backward_ratio,
+    )

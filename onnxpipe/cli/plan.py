@@ -1,0 +1,48 @@
+"""``onnxpipe plan MODEL --stages K|auto``: plan stages (for a cluster) and print, and draw, the plan."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from onnxpipe import api
+from onnxpipe.cli.arguments import add_measure_args, add_planning_args, schedule_request
+from onnxpipe.cli.profile import measured_profile
+from onnxpipe.cli.tables import (
+    format_plan_table,
+)
+from onnxpipe.ir.model import load_model
+from onnxpipe.plan.draw import draw_plan
+
+NAME = "plan"
+HELP = "plan stages for a cluster and print (and draw) the plan"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", type=Path)
+    add_planning_args(p)
+    p.add_argument("--plot", type=Path, help="draw the schedule and the stage loads (.png or .svg)")
+    add_measure_args(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    view = load_model(args.model)
+    prof = measured_profile(view, args, saved=args.profile)
+    plan = api.plan(
+        view,
+        prof,
+        args.stages,
+        devices=args.devices,
+        bandwidth_bytes_per_s=args.bandwidth,
+        order=args.order,
+        schedule=schedule_request(args),
+        workers=args.workers,
+        time_slack=args.time_slack,
+    )
+    print(format_plan_table(plan))
+    for note in plan.notes:
+        print(f"  note: {note}")
+    if args.plot is not None:
+        path = draw_plan(plan, args.plot, title=args.model.name)
+        print(f"drew {path}")
+    return 0
