@@ -6,6 +6,7 @@ outer-scope reads of subgraphs included) and ``outs[i]`` (tensors it writes).
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -205,7 +206,7 @@ def greedy_live_order(
     re-pushed with its current effect).  Ties go to the most recently readied node, which keeps a branch
     going (depth-first) rather than interleaving branches.
     """
-    import heapq
+
 
     n = len(deps)
     prod = _producers(outs)

@@ -32,6 +32,7 @@ from onnx import helper, shape_inference
 from onnxpipe.core.dims import Dim
 from onnxpipe.core.errors import ModelLoadError
 from onnxpipe.core.files import file_sha256
+from onnxpipe.ir.graph import dfs_order, file_order_if_topological, greedy_live_order, live_bytes_profile
 
 CONSTANT_OPS = frozenset({"Constant", "ConstantOfShape", "Identity", "Shape"})
 
@@ -481,8 +482,6 @@ def _choose_order(
     The one with the smaller sum of live bytes over all cut points wins; ties keep the file order.
     ``free`` tensors (weights and cheap constants) never cross a cut, so they do not count.
     """
-    from onnxpipe.ir.graph import dfs_order, file_order_if_topological, greedy_live_order, live_bytes_profile
-
     size = {name: 0 if name in free else t.nbytes() for name, t in tensors.items()}
     deps = [ins + tuple(t for t in outer if t not in ins) for _, ins, outer, _ in raw]
     outs = [o for _, _, _, o in raw]

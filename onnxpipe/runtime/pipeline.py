@@ -45,6 +45,7 @@ from onnxpipe.core.errors import RuntimeStageError, UsageError
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.affinity import assign_cpus
 from onnxpipe.runtime.backends.processes import ProcessBackend
+from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.backends.threads import ThreadBackend
 from onnxpipe.runtime.base import DEFAULT_SLOTS, WAIT_SECONDS, Backend, Tensors
 from onnxpipe.runtime.session import WorkerStats
@@ -577,7 +578,5 @@ def make_backend(
             return ThreadBackend(lanes, slots=slots, workers=workers)
         raise UsageError(f"local mode {chosen!r}: choose one of {', '.join(LOCAL_MODES)}")
     if backend == "ray":
-        from onnxpipe.runtime.backends.ray_backend import RayBackend
-
         return RayBackend(lanes, address=ray_address, resources=ray_resources, slots=slots, workers=workers)
     raise UsageError(f"backend {backend!r}: choose one of {', '.join(BACKENDS)}")

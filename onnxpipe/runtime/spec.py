@@ -15,13 +15,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from onnxpipe.cluster.model import Device
 from onnxpipe.core.errors import UsageError
-
-if TYPE_CHECKING:
-    from onnxpipe.cluster.model import Device
-    from onnxpipe.manifest import Manifest
+from onnxpipe.manifest import Manifest
 
 CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
