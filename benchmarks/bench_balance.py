@@ -59,8 +59,8 @@ from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.manifest import Manifest
-from onnxpipe.plan.planner import make_plan
 from onnxpipe.plan.types import Plan
+from onnxpipe.plan.workers import make_plan
 
 K = 3
 GOAL = 1.25

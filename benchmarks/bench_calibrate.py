@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from onnxpipe.cost.source import ProfileOptions
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -35,14 +37,14 @@ from benchmarks.bench_pipeline import CpuWatch, model_table, run_models  # noqa:
 from onnxpipe import api  # noqa: E402
 from onnxpipe.calibrate.timing import ALONE_BLOCK, ready_stages, scratch_stages, time_in_turns  # noqa: E402
 from onnxpipe.ir.model import load_model  # noqa: E402
-from onnxpipe.plan.planner import make_plan  # noqa: E402
+from onnxpipe.plan.workers import make_plan  # noqa: E402
 
 
 def bench_model(
     name: str, path: Path, shapes: dict[str, tuple[int, ...]] | None, args: argparse.Namespace
 ) -> dict[str, Any]:
     view = load_model(path)
-    profile = api.get_profile(view, cost="profile", shapes=shapes)
+    profile = api.get_profile(view, ProfileOptions(cost="profile", shapes=shapes))
     plan = make_plan(view, profile, 2)
     blocks = {"blocked": args.runs, "turns": ALONE_BLOCK}
     times: dict[str, list[list[float]]] = {k: [] for k in blocks}

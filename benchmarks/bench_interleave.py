@@ -36,6 +36,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from onnxpipe.api import CalibrationOptions, PlanRequest, ProfileOptions, SplitOptions
+from onnxpipe.runtime.base import LocalConfig
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -46,8 +49,9 @@ from onnxpipe import api  # noqa: E402
 from onnxpipe.ir.model import load_model  # noqa: E402
 from onnxpipe.manifest import Manifest, load_manifest  # noqa: E402
 from onnxpipe.runtime.affinity import cpu_sets  # noqa: E402
+from onnxpipe.runtime.base import LocalMode  # noqa: E402
 from onnxpipe.runtime.inputs import random_inputs  # noqa: E402
-from onnxpipe.runtime.pipeline import LocalMode, Pipeline, make_backend  # noqa: E402
+from onnxpipe.runtime.pipeline import Pipeline, make_backend  # noqa: E402
 from onnxpipe.runtime.report.baselines import (  # noqa: E402
     MEMORY_MICROBATCHES,
     replica_memory,
@@ -65,7 +69,7 @@ WARMUP = 16
 
 
 def pipeline_rate(directory: Path, inputs: Sequence[Feeds], mode: LocalMode = "threads") -> float:
-    with Pipeline.from_manifest(directory, mode=mode, pin=True) as pipe:
+    with Pipeline.from_manifest(directory, LocalConfig(mode=mode, pin=True)) as pipe:
         if pipe.pin_note is not None:
             raise SystemExit(pipe.pin_note)
         return measure(pipe, inputs, warmup=WARMUP).throughput_per_s
@@ -74,7 +78,9 @@ def pipeline_rate(directory: Path, inputs: Sequence[Feeds], mode: LocalMode = "t
 def replicas_rate(
     directory: Path, model: Path, inputs: Sequence[Feeds], k: int, mode: LocalMode = "threads"
 ) -> float:
-    with Pipeline.from_manifest(directory, mode="threads", pin=True) as pipe:  # names and pinning only
+    with Pipeline.from_manifest(
+        directory, LocalConfig(mode="threads", pin=True)
+    ) as pipe:  # names and pinning only
         return replicas_measurement(
             model,
             inputs,
@@ -96,9 +102,11 @@ def worker_memory(
 ) -> dict[str, list[int]]:
     """Per worker: its stages' weights (manifest), model memory and peak RSS of its processes (one per
     worker as ``onnxpipe run --compare`` measures it; ``apart``: one per stage, summed over a worker's)."""
-    with Pipeline.from_manifest(directory, mode="threads") as pipe:
+    with Pipeline.from_manifest(directory, LocalConfig(mode="threads")) as pipe:
         if apart:
-            backend = make_backend(pipe.lanes, mode="processes")  # no workers given: a process per stage
+            backend = make_backend(
+                pipe.lanes, LocalConfig(mode="processes")
+            )  # no workers given: a process per stage
             with Pipeline(
                 backend, input_types=pipe.input_types, output_names=pipe.output_names, lanes=pipe.lanes
             ) as alone:
@@ -121,17 +129,27 @@ def bench_model(
     name: str, path: Path, shapes: dict[str, tuple[int, ...]] | None, args: argparse.Namespace
 ) -> dict[str, Any]:
     base = Path(tempfile.mkdtemp(prefix=f"interleave-{name}-"))
-    profile = api.get_profile(load_model(path), cost="profile", shapes=shapes)
+    profile = api.get_profile(load_model(path), ProfileOptions(cost="profile", shapes=shapes))
     splits = {"contiguous": base / "contiguous", "interleaved": base / "interleaved"}
-    api.split(path, args.k, splits["contiguous"], profile=profile, run_verify=False, calibrate=args.calibrate)
     api.split(
         path,
-        args.k * args.v,
+        args.k,
+        splits["contiguous"],
+        SplitOptions(
+            profile=ProfileOptions(saved=profile),
+            calibration=CalibrationOptions(rounds=args.calibrate),
+            verify=False,
+        ),
+    )
+    api.split(
+        path,
+        PlanRequest(args.k * args.v, workers=args.k),
         splits["interleaved"],
-        profile=profile,
-        workers=args.k,
-        run_verify=False,
-        calibrate=args.calibrate,
+        SplitOptions(
+            profile=ProfileOptions(saved=profile),
+            calibration=CalibrationOptions(rounds=args.calibrate),
+            verify=False,
+        ),
     )
     manifests = {key: load_manifest(d) for key, d in splits.items()}
     if cpu_sets([1] * args.k) is None:
@@ -161,7 +179,7 @@ def bench_model(
     memory["interleaved_apart"] = worker_memory(
         splits["interleaved"], manifests["interleaved"], pool, apart=True
     )
-    with Pipeline.from_manifest(splits["contiguous"], mode="threads") as pipe:
+    with Pipeline.from_manifest(splits["contiguous"], LocalConfig(mode="threads")) as pipe:
         replica = replica_memory(path, pool, pipeline=pipe, placement=Placement(threads=1))
     total_weights = sum(memory["contiguous"]["weights"])
     return {

@@ -41,6 +41,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from onnxpipe.api import ProfileOptions, SplitOptions
+from onnxpipe.runtime.base import LocalConfig
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -158,7 +161,7 @@ def stages_together(
 
 def onnxpipe_rate(directory: Path, inputs: Sequence[Feeds]) -> float:
     """Steady outputs per second of onnxpipe's thread pipeline over ``inputs`` (after a warm-up)."""
-    with Pipeline.from_manifest(directory, mode="threads", pin=True) as pipe:
+    with Pipeline.from_manifest(directory, LocalConfig(mode="threads", pin=True)) as pipe:
         measured = measure(pipe, inputs, warmup=WARMUP)
     return measured.steady_throughput_per_s or measured.throughput_per_s
 
@@ -177,8 +180,8 @@ def bench_model(
     name: str, path: Path, shapes: dict[str, tuple[int, ...]] | None, args: argparse.Namespace
 ) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix=f"overhead-{name}-")) / "split"
-    profile = api.get_profile(load_model(path), cost="profile", shapes=shapes)
-    api.split(path, args.k, out, profile=profile, run_verify=False)
+    profile = api.get_profile(load_model(path), ProfileOptions(cost="profile", shapes=shapes))
+    api.split(path, args.k, out, SplitOptions(profile=ProfileOptions(saved=profile), verify=False))
     manifest: Manifest = load_manifest(out)
     sets = cpu_sets([1] * args.k)
     if sets is None:

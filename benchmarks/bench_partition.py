@@ -51,7 +51,7 @@ from benchmarks.common import (
 from onnxpipe import partition
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.model import load_model
-from onnxpipe.plan.planner import make_plan
+from onnxpipe.plan.workers import make_plan
 
 MODELS = (
     "light_resnet50",

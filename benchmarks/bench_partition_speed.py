@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from onnxpipe.partition.inputs import HeterogeneousRequest
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script from anywhere
@@ -63,7 +65,7 @@ def device_instance(n: int, k: int, seed: int) -> dict[str, Any]:
         "cut_mem_factor": [float(min(4, k - s)) for s in range(k)],
     }
     try:
-        partition.solve_heterogeneous(None, k, **{**kw, "mem_caps": [0.0] * k})
+        partition.solve_heterogeneous(HeterogeneousRequest(None, **{**kw, "mem_caps": [0.0] * k}), k)
     except MemoryFitError as e:
         kw["mem_caps"] = [e.smallest_fit_bytes * 1.5] * k
     return kw

@@ -68,6 +68,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onnxpipe.api import CalibrationOptions, PlanRequest, ProfileOptions, SplitOptions
+from onnxpipe.runtime.base import LocalConfig
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -268,7 +271,10 @@ def weight_balanced_split(path: Path, k: int, profile: Profile, out: Path) -> ap
     for attempt in range(4):
         try:
             return api.split(
-                path, k, out / f"weights{attempt}", profile=profile, devices=_cpus(k, need), run_verify=False
+                path,
+                PlanRequest(k, devices=_cpus(k, need)),
+                out / f"weights{attempt}",
+                SplitOptions(profile=ProfileOptions(saved=profile), verify=False),
             )
         except MemoryFitError as e:  # the partitioner's bound, then the final check with shared weights
             need = max(need + 1, math.ceil(e.smallest_fit_bytes * (1 + 1e-9)) + 1)
@@ -286,9 +292,13 @@ def bench_model(
     work = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
     out = work / "split"
     start = time.perf_counter()
-    profile = api.get_profile(load_model(path), cost=args.cost, shapes=shapes)
-    calibration = {"calibrate": args.calibrate, "calibrate_in": args.calibrate_in}
-    result = api.split(path, k, out, profile=profile, run_verify=False, **calibration)
+    profile = api.get_profile(load_model(path), ProfileOptions(cost=args.cost, shapes=shapes))
+    options = SplitOptions(
+        profile=ProfileOptions(saved=profile),
+        calibration=CalibrationOptions(rounds=args.calibrate, mode=args.calibrate_in),
+        verify=False,
+    )
+    result = api.split(path, k, out, options)
     split_s = time.perf_counter() - start
     manifest = load_manifest(out)
     input_shapes = {n: tuple(v) for n, v in manifest.plan.profiled_input_shapes.items()}
@@ -306,9 +316,9 @@ def bench_model(
     thread_runs: list[list[WorkerStats]] = []
     replica_runs: list[list[WorkerStats]] = []
     replica_thread_runs: list[list[WorkerStats]] = []
-    pipe_p = Pipeline.from_manifest(out, mode="processes", threads=1, pin=args.pin)
-    pipe_t = Pipeline.from_manifest(out, mode="threads", threads=1, pin=args.pin)
-    pipe_w = Pipeline.from_manifest(balanced.out_dir, mode="threads", threads=1, pin=args.pin)
+    pipe_p = Pipeline.from_manifest(out, LocalConfig(mode="processes", pin=args.pin), threads=1)
+    pipe_t = Pipeline.from_manifest(out, LocalConfig(mode="threads", pin=args.pin), threads=1)
+    pipe_w = Pipeline.from_manifest(balanced.out_dir, LocalConfig(mode="threads", pin=args.pin), threads=1)
     names = [t.name for t in manifest.model_inputs]
     outs = [o.name for o in manifest.model_outputs]
     lanes = [[model_spec(path, names, outs, Placement(threads=1), index=i)] for i in range(k)]
@@ -316,7 +326,7 @@ def bench_model(
         lanes, _ = assign_cpus(lanes)
     replicas, replicas_p = (
         Pipeline(
-            make_backend(lanes, mode=mode),
+            make_backend(lanes, LocalConfig(mode=mode)),
             input_types={t.name: t.dtype for t in manifest.model_inputs},
             output_names=outs,
             lanes=lanes,

@@ -44,14 +44,15 @@ Writes ``benchmarks/results/planner.json``.
 from __future__ import annotations
 
 import argparse
-import inspect
 import math
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
+
+from onnxpipe.api import PlanRequest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -64,10 +65,11 @@ from onnxpipe.core.errors import MemoryFitError
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.graph import cut_profile
 from onnxpipe.ir.model import ModelView, load_model
+from onnxpipe.partition.inputs import HeterogeneousRequest
 from onnxpipe.plan.cluster import plan_pipeline
-from onnxpipe.plan.planner import make_plan
 from onnxpipe.plan.sequences import first_reader_param_bytes, tensor_sizes
 from onnxpipe.plan.stages import assign_stages
+from onnxpipe.plan.workers import make_plan
 from onnxpipe.schedule.simulate import in_flight
 
 MODELS: dict[str, dict[str, tuple[int, ...]] | None] = {
@@ -239,20 +241,16 @@ def score(p: Problem, bounds: Sequence[int], cluster: Cluster) -> Scored:
 
 
 def _cross_check(p: Problem, bounds: Sequence[int], cluster: Cluster, bottleneck: float) -> None:
-    """When :mod:`onnxpipe.partition` has ``evaluate_heterogeneous``, it must agree with :func:`score`."""
-    fn: Callable[..., Any] | None = getattr(partition, "evaluate_heterogeneous", None)
-    if fn is None:
-        return
-    kwargs = {
-        "speeds": list(cluster.speeds),
-        "cut_bytes": p.cuts,
-        "bandwidths": list(cluster.bandwidths),
-        "latencies": list(cluster.latencies),
-        "overlap": True,
-    }
-    first = next(iter(inspect.signature(fn).parameters), "")
-    args = (list(bounds), p.costs) if first == "bounds" else (p.costs, list(bounds))
-    got = fn(*args, **kwargs)
+    """:func:`onnxpipe.partition.evaluate_heterogeneous` must agree with :func:`score`."""
+    request = HeterogeneousRequest(
+        p.costs,
+        speeds=list(cluster.speeds),
+        cut_bytes=p.cuts,
+        bandwidths=list(cluster.bandwidths),
+        latencies=list(cluster.latencies),
+        overlap=True,
+    )
+    got = partition.evaluate_heterogeneous(request, list(bounds))
     if not math.isclose(float(got.bottleneck), bottleneck, rel_tol=1e-9, abs_tol=0.0):
         raise AssertionError(
             f"{p.name}: evaluate_heterogeneous says {got.bottleneck!r} for {tuple(bounds)}, "
@@ -288,7 +286,7 @@ def baseline_bounds(p: Problem, cluster: Cluster) -> dict[str, tuple[int, ...]]:
 def run_case(
     p: Problem, label: str, cluster: Cluster, order: Literal["fixed", "free"] = "fixed"
 ) -> dict[str, Any]:
-    plan = plan_pipeline(p.view, p.profile, cluster.size, cluster=cluster, order=order)
+    plan = plan_pipeline(p.view, p.profile, PlanRequest(cluster.size, devices=cluster, order=order))
     placed = plan.cluster
     assert placed is not None
     ours = score(p, bounds_of(plan), placed)
@@ -311,7 +309,7 @@ def run_case(
         "baselines": {},
     }
     if order == "free":
-        fixed = plan_pipeline(p.view, p.profile, cluster.size, cluster=cluster, order="fixed")
+        fixed = plan_pipeline(p.view, p.profile, PlanRequest(cluster.size, devices=cluster, order="fixed"))
         case["onnxpipe_fixed_order_ms"] = fixed.bottleneck_seconds * 1e3
         case["free_over_fixed"] = plan.bottleneck_seconds / fixed.bottleneck_seconds
     for name, bounds in baseline_bounds(p, cluster).items():
@@ -333,11 +331,11 @@ def memory_case(p: Problem) -> dict[str, Any] | None:
     cap = math.ceil(MEM_HEADROOM * total / 4)
     raised_from = None
     try:
-        plan_pipeline(p.view, p.profile, 4, cluster=cluster_capped(cap))
+        plan_pipeline(p.view, p.profile, PlanRequest(4, devices=cluster_capped(cap)))
     except MemoryFitError as e:  # activations of the cuts push past the cap: use the smallest that fits
         raised_from, cap = cap, math.ceil(e.smallest_fit_bytes * 1.01)
     case = run_case(p, "d_mem_capped", cluster_capped(cap))
-    free = plan_pipeline(p.view, p.profile, 4, cluster=cluster_capped(None))
+    free = plan_pipeline(p.view, p.profile, PlanRequest(4, devices=cluster_capped(None)))
     case["cap_bytes"] = cap
     case["cap_rule"] = f"ceil({MEM_HEADROOM} x total initializer bytes / 4)"
     case["cap_raised_from"] = raised_from

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -214,10 +216,15 @@ def bench_model(
     name: str, path: Path, shapes: dict[str, tuple[int, ...]] | None, args: argparse.Namespace
 ) -> dict[str, Any]:
     base = Path(tempfile.mkdtemp(prefix=f"ray-{name}-"))
-    profile = api.get_profile(load_model(path), cost="profile", shapes=shapes)
+    profile = api.get_profile(load_model(path), ProfileOptions(cost="profile", shapes=shapes))
     contiguous, interleaved = base / "contiguous", base / "interleaved"
-    api.split(path, args.k, contiguous, profile=profile, run_verify=False)
-    api.split(path, args.k * args.v, interleaved, profile=profile, workers=args.k, run_verify=False)
+    api.split(path, args.k, contiguous, SplitOptions(profile=ProfileOptions(saved=profile), verify=False))
+    api.split(
+        path,
+        PlanRequest(args.k * args.v, workers=args.k),
+        interleaved,
+        SplitOptions(profile=ProfileOptions(saved=profile), verify=False),
+    )
     plain, dealt = load_manifest(contiguous), load_manifest(interleaved)
     variants = {
         "replica": Variant(plain, None, path, hosted=False),

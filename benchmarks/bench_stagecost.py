@@ -41,6 +41,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from onnxpipe.api import ProfileOptions
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -57,9 +59,9 @@ from onnxpipe.export.boundary import clean  # noqa: E402
 from onnxpipe.export.stages import export_stages  # noqa: E402
 from onnxpipe.ir.model import ModelView, load_model  # noqa: E402
 from onnxpipe.manifest import load_manifest  # noqa: E402
-from onnxpipe.plan.planner import make_plan  # noqa: E402
 from onnxpipe.plan.stages import assign_stages  # noqa: E402
 from onnxpipe.plan.types import Plan  # noqa: E402
+from onnxpipe.plan.workers import make_plan  # noqa: E402
 from onnxpipe.runtime.affinity import cpu_sets, pinned  # noqa: E402
 from onnxpipe.runtime.inputs import random_inputs  # noqa: E402
 from onnxpipe.runtime.report.baselines import session_throughput  # noqa: E402
@@ -203,7 +205,7 @@ def bench_model(
         raise SystemExit("this process may use no CPU")
     cpu = sets[0]  # the first CPU this process may use, as the benchmarks that pin do
     view = load_model(path)
-    profile = api.get_profile(view, cost="profile", shapes=shapes)
+    profile = api.get_profile(view, ProfileOptions(cost="profile", shapes=shapes))
     plan = make_plan(view, profile, args.k)
     scratch = Path(tempfile.mkdtemp(prefix=f"stagecost-{name}-"))
     try:

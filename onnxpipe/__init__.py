@@ -41,7 +41,7 @@ _EXPORTS: dict[str, str] = {
     "solve": "onnxpipe.partition",
     "Plan": "onnxpipe.plan.types",
     "StageSpec": "onnxpipe.plan.types",
-    "make_plan": "onnxpipe.plan.planner",
+    "make_plan": "onnxpipe.plan.workers",
     "ScheduleRequest": "onnxpipe.plan.request",
     "plan_pipeline": "onnxpipe.plan.cluster",
     "Profile": "onnxpipe.cost.profile",
@@ -128,8 +128,8 @@ if TYPE_CHECKING:
     from onnxpipe.manifest import Manifest, load_manifest
     from onnxpipe.partition import Partition, solve
     from onnxpipe.plan.cluster import plan_pipeline
-    from onnxpipe.plan.planner import make_plan
     from onnxpipe.plan.request import ScheduleRequest
     from onnxpipe.plan.types import Plan, StageSpec
+    from onnxpipe.plan.workers import make_plan
     from onnxpipe.runtime import Pipeline
     from onnxpipe.verification.verify import VerifyReport, verify

@@ -19,7 +19,9 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe import api
+from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.cli.run import add_arguments as add_run_arguments
+from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.runtime.backends.shm import SHM_DIR
 from onnxpipe.runtime.pipeline import Pipeline
@@ -64,7 +66,12 @@ def reshape_model() -> onnx.ModelProto:
 def split_tiny(base: Path, sample_models_dir: Path) -> Path:
     """The sample transformer split in 2 (static costs)."""
     out = base / "split"
-    api.split(sample_models_dir / "transformer_tiny.onnx", 2, out, cost="static", run_verify=False)
+    api.split(
+        sample_models_dir / "transformer_tiny.onnx",
+        2,
+        out,
+        SplitOptions(profile=ProfileOptions(cost="static"), verify=False),
+    )
     return out
 
 
@@ -73,7 +80,14 @@ def split_reshape(base: Path) -> Path:
     path = base / "reshape.onnx"
     onnx.save_model(reshape_model(), str(path))
     out = base / "split"
-    api.split(path, 2, out, cost="static", run_verify=False, shapes={"x": (4, 8), "shape": (2,)})
+    api.split(
+        path,
+        2,
+        out,
+        SplitOptions(
+            profile=ProfileOptions(cost="static", shapes={"x": (4, 8), "shape": (2,)}), verify=False
+        ),
+    )
     return out
 
 
@@ -165,10 +179,8 @@ def split_on_devices(tmp_path: Path, sample_models_dir: Path, *devices: tuple[st
     devices_path = devices_file(tmp_path / "devices.json", *devices)
     api.split(
         sample_models_dir / "transformer_tiny.onnx",
-        len(devices),
+        PlanRequest(len(devices), devices=load_cluster(devices_path)),
         out,
-        cost="static",
-        run_verify=False,
-        devices=devices_path,
+        SplitOptions(profile=ProfileOptions(cost="static"), verify=False),
     )
     return out

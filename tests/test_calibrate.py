@@ -10,6 +10,7 @@ import pytest
 from cli_runner import run
 
 from onnxpipe import api
+from onnxpipe.api import CalibrationOptions, PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.calibrate import timing
 from onnxpipe.calibrate.loop import CalibrationRound, calibrate
 from onnxpipe.calibrate.timing import (
@@ -24,8 +25,8 @@ from onnxpipe.core.errors import UsageError
 from onnxpipe.cost.profile import Profile, corrected
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.model import ModelView, load_model
-from onnxpipe.plan.planner import make_plan
 from onnxpipe.plan.types import Plan
+from onnxpipe.plan.workers import make_plan
 from onnxpipe.runtime import affinity
 from onnxpipe.runtime.pipeline import Pipeline
 
@@ -201,9 +202,9 @@ def test_time_stages_in_pipeline_rotates_the_cpus_among_the_stages(
     seen: list[tuple[tuple[int, ...], ...]] = []
     real = Pipeline.from_manifest
 
-    def spy(directory: Path, **kwargs: Any) -> Pipeline:
+    def spy(directory: Path, *args: Any, **kwargs: Any) -> Pipeline:
         seen.append(tuple(p.cpus for p in kwargs["placements"]))
-        return real(directory, **kwargs)
+        return real(directory, *args, **kwargs)
 
     monkeypatch.setattr(Pipeline, "from_manifest", spy)
     prof = static_profile(view)
@@ -237,9 +238,10 @@ def test_calibrating_in_a_pipeline_on_too_few_cpus_is_refused(
             sample_models_dir / "transformer_tiny.onnx",
             2,
             tmp_path / "out",
-            cost="static",
-            calibrate=1,
-            calibrate_in="pipeline",
+            SplitOptions(
+                profile=ProfileOptions(cost="static"),
+                calibration=CalibrationOptions(rounds=1, mode="pipeline"),
+            ),
         )
     assert not (tmp_path / "out").exists()
 
@@ -248,7 +250,10 @@ def test_calibrate_with_devices_is_refused(sample_models_dir: Path, tmp_path: Pa
     cluster = Cluster(devices=(Device(name="a"), Device(name="b")), links=(Link(),))
     with pytest.raises(UsageError, match="--calibrate"):
         api.split(
-            sample_models_dir / "transformer_tiny.onnx", 2, tmp_path / "out", devices=cluster, calibrate=1
+            sample_models_dir / "transformer_tiny.onnx",
+            PlanRequest(2, devices=cluster),
+            tmp_path / "out",
+            SplitOptions(calibration=CalibrationOptions(rounds=1)),
         )
     assert not (tmp_path / "out").exists()
 
@@ -274,10 +279,15 @@ def test_the_reference_time_is_the_measured_profiles_or_none(sample_models_dir: 
 
     model = sample_models_dir / "resnet_tiny.onnx"
     prof = profile_model(load_model(model), runs=5, warmup=1)
-    measured = api.split(model, 2, tmp_path / "measured", profile=prof, run_verify=False)
+    measured = api.split(
+        model, 2, tmp_path / "measured", SplitOptions(profile=ProfileOptions(saved=prof), verify=False)
+    )
     assert measured.manifest.plan.reference_seconds == prof.total_seconds > 0
     static = api.split(
-        model, 2, tmp_path / "static", profile=static_profile(load_model(model)), run_verify=False
+        model,
+        2,
+        tmp_path / "static",
+        SplitOptions(profile=ProfileOptions(saved=static_profile(load_model(model))), verify=False),
     )
     assert static.manifest.plan.reference_seconds is None
 

@@ -16,7 +16,7 @@ import onnxruntime as ort
 import pytest
 from models import all_bounds, feeds_for, loop_model, nested_if_model, plan_for, save, scan_model
 
-from onnxpipe.api import split
+from onnxpipe.api import ProfileOptions, SplitOptions, split
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.model import ModelView, load_model
 from onnxpipe.manifest import load_manifest
@@ -107,7 +107,9 @@ def test_every_cut_of_nested_ifs_chains_back(nested_if: Path, tmp_path: Path, k:
 
 
 def test_nested_ifs_through_the_api_with_measured_costs(nested_if: Path, tmp_path: Path) -> None:
-    result = split(nested_if, 3, tmp_path / "out", cost="profile", runs=2, warmup=1)
+    result = split(
+        nested_if, 3, tmp_path / "out", SplitOptions(profile=ProfileOptions(cost="profile", runs=2, warmup=1))
+    )
     assert result.report is not None and result.report.ok
     assert_chain_equals(tmp_path / "out", nested_if, branch_feeds())
 
@@ -182,6 +184,6 @@ def test_control_flow_split_verifies_through_the_api(build: object, tmp_path: Pa
     path = save(build(), tmp_path / "m.onnx")  # type: ignore[operator]
     m = len(load_model(path).compute_nodes)
     for k in (2, min(4, m)):
-        result = split(path, k, tmp_path / f"out{k}", cost="static")
+        result = split(path, k, tmp_path / f"out{k}", SplitOptions(profile=ProfileOptions(cost="static")))
         assert result.report is not None and result.report.ok, result.report.summary()
         assert load_manifest(tmp_path / f"out{k}").k == k

@@ -29,6 +29,7 @@ import onnx
 import pytest
 
 import onnxpipe
+from onnxpipe.api import ProfileOptions, SplitOptions
 from onnxpipe.cli import main
 from onnxpipe.export.build import ALIAS_NODE_PREFIX
 from onnxpipe.ir.model import ModelView
@@ -241,7 +242,7 @@ def test_split_real_models(name: str, k: int, request: pytest.FixtureRequest, tm
     get, cost, other_shapes = MODELS[name]
     model = get(request)
     out = tmp_path / "stages"
-    result = onnxpipe.split(model, k, out, cost=cost, runs=3, warmup=1)
+    result = onnxpipe.split(model, k, out, SplitOptions(profile=ProfileOptions(cost=cost, runs=3, warmup=1)))
     assert result.out_dir == out
     assert result.report is not None
     assert result.report.ok, result.report.summary()
@@ -262,7 +263,9 @@ def test_split_real_models(name: str, k: int, request: pytest.FixtureRequest, tm
 def test_measured_split_of_resnet50(light_model: Callable[[str], Path], tmp_path: Path) -> None:
     """ResNet-50 with measured costs (value-matched through the NCHWc layout): still a valid split."""
     model = light_model("resnet50")
-    result = onnxpipe.split(model, 3, tmp_path / "out", cost="profile", runs=3, warmup=1)
+    result = onnxpipe.split(
+        model, 3, tmp_path / "out", SplitOptions(profile=ProfileOptions(cost="profile", runs=3, warmup=1))
+    )
     assert result.report is not None and result.report.ok
     check_split_folder(model, tmp_path / "out", 3, result)
     assert result.plan.cost_source == "profile"
@@ -276,7 +279,7 @@ def test_step_by_step_api_matches_split(sample_models_dir: Path, tmp_path: Path)
     plan = onnxpipe.make_plan(view, profile, 3)
     manifest = onnxpipe.export_stages(view, plan, tmp_path / "a")
     assert onnxpipe.verify(tmp_path / "a").ok
-    result = onnxpipe.split(model, 3, tmp_path / "b", cost="static")
+    result = onnxpipe.split(model, 3, tmp_path / "b", SplitOptions(profile=ProfileOptions(cost="static")))
     assert [s.node_names for s in result.plan.stages] == [s.node_names for s in plan.stages]
     assert [s.sha256 for s in result.manifest.stages] == [s.sha256 for s in manifest.stages]
     check_split_folder(model, tmp_path / "a", 3)
@@ -290,7 +293,7 @@ def test_step_by_step_api_matches_split(sample_models_dir: Path, tmp_path: Path)
 def test_one_node_per_stage(name: str, sample_models_dir: Path, tmp_path: Path) -> None:
     model = sample_models_dir / f"{name}.onnx"
     m = len(onnxpipe.load_model(model).compute_nodes)
-    result = onnxpipe.split(model, m, tmp_path / "out", cost="static")
+    result = onnxpipe.split(model, m, tmp_path / "out", SplitOptions(profile=ProfileOptions(cost="static")))
     assert result.report is not None and result.report.ok
     manifest = check_split_folder(model, tmp_path / "out", m, result)
     assert [s.node_count for s in manifest.stages] == [1] * m
@@ -303,7 +306,9 @@ def test_more_stages_than_nodes_is_a_partition_error(
     model = sample_models_dir / "mlp.onnx"
     m = len(onnxpipe.load_model(model).compute_nodes)
     with pytest.raises(onnxpipe.PartitionError) as info:
-        onnxpipe.split(model, m + extra, tmp_path / "out", cost="static")
+        onnxpipe.split(
+            model, m + extra, tmp_path / "out", SplitOptions(profile=ProfileOptions(cost="static"))
+        )
     message = str(info.value)
     assert f"{m + extra} non-empty stages" in message and f"between 1 and {m}" in message
     assert "\n" not in message
@@ -312,7 +317,12 @@ def test_more_stages_than_nodes_is_a_partition_error(
 
 def test_zero_stages_is_refused(sample_models_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(onnxpipe.OnnxpipeError):
-        onnxpipe.split(sample_models_dir / "mlp.onnx", 0, tmp_path / "out", cost="static")
+        onnxpipe.split(
+            sample_models_dir / "mlp.onnx",
+            0,
+            tmp_path / "out",
+            SplitOptions(profile=ProfileOptions(cost="static")),
+        )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -324,8 +334,8 @@ def _no_profiling(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("the model was profiled again although a profile was given")
 
-    monkeypatch.setattr("onnxpipe.api.profile_model", refuse)
-    monkeypatch.setattr("onnxpipe.api.static_profile", refuse)
+    monkeypatch.setattr("onnxpipe.cost.source.profile_model", refuse)
+    monkeypatch.setattr("onnxpipe.cost.source.static_profile", refuse)
 
 
 def test_split_reuses_a_saved_profile(
@@ -338,7 +348,7 @@ def test_split_reuses_a_saved_profile(
     expected = onnxpipe.make_plan(onnxpipe.load_model(model), profile, 3)
 
     _no_profiling(monkeypatch)
-    result = onnxpipe.split(model, 3, tmp_path / "api", profile=saved)
+    result = onnxpipe.split(model, 3, tmp_path / "api", SplitOptions(profile=ProfileOptions(saved=saved)))
     assert [s.node_names for s in result.plan.stages] == [s.node_names for s in expected.stages]
     assert result.plan.bottleneck_seconds == expected.bottleneck_seconds
     check_split_folder(model, tmp_path / "api", 3, result)
@@ -359,7 +369,7 @@ def test_split_refuses_a_profile_of_another_model(
     onnxpipe.static_profile(onnxpipe.load_model(sample_models_dir / "mlp.onnx")).save(saved)
     other = sample_models_dir / "resnet_tiny.onnx"
     with pytest.raises(onnxpipe.ProfileError) as info:
-        onnxpipe.split(other, 2, tmp_path / "out", profile=saved)
+        onnxpipe.split(other, 2, tmp_path / "out", SplitOptions(profile=ProfileOptions(saved=saved)))
     assert "mlp.onnx" in str(info.value) and "resnet_tiny.onnx" in str(info.value)
     assert not (tmp_path / "out").exists()
     capsys.readouterr()
@@ -379,7 +389,7 @@ def test_a_profile_of_the_same_bytes_elsewhere_is_accepted(sample_models_dir: Pa
     copy.write_bytes(model.read_bytes())
     saved = tmp_path / "p.json"
     onnxpipe.static_profile(onnxpipe.load_model(model)).save(saved)
-    result = onnxpipe.split(copy, 2, tmp_path / "out", profile=saved)
+    result = onnxpipe.split(copy, 2, tmp_path / "out", SplitOptions(profile=ProfileOptions(saved=saved)))
     assert result.report is not None and result.report.ok
 
 
@@ -396,7 +406,9 @@ def _umask() -> int:
 def test_split_folder_mode_follows_the_umask(sample_models_dir: Path, tmp_path: Path) -> None:
     """Regression: the folder came from tempfile.mkdtemp (0700) renamed into place, ignoring the umask."""
     out = tmp_path / "stages"
-    onnxpipe.split(sample_models_dir / "mlp.onnx", 2, out, cost="static")
+    onnxpipe.split(
+        sample_models_dir / "mlp.onnx", 2, out, SplitOptions(profile=ProfileOptions(cost="static"))
+    )
     expected = 0o777 & ~_umask()
     assert stat.S_IMODE((out / "stage_0.onnx").stat().st_mode) == 0o666 & ~_umask()
     assert oct(stat.S_IMODE(out.stat().st_mode)) == oct(expected)

@@ -33,13 +33,15 @@ from runtime_support import (
 )
 
 from onnxpipe import api
+from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.cost.profile import corrected
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.model import load_model
 from onnxpipe.manifest import load_manifest
-from onnxpipe.plan.planner import make_plan
+from onnxpipe.plan.workers import make_plan
 from onnxpipe.runtime.backends.threads import _Turns
+from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.report.baselines import stage_worker_memory
 from onnxpipe.runtime.report.model import StageReport, WorkerReport
@@ -50,7 +52,12 @@ from onnxpipe.schedule.timeline import worker_groups
 def six_on_two(tmp_path_factory: pytest.TempPathFactory, sample_models_dir: Path) -> Path:
     """The sample MLP in 6 stages on 2 workers: each process hosts 3 stages."""
     out = tmp_path_factory.mktemp("hosted") / "split"
-    api.split(sample_models_dir / "mlp.onnx", 6, out, cost="static", workers=2, run_verify=False)
+    api.split(
+        sample_models_dir / "mlp.onnx",
+        PlanRequest(6, workers=2),
+        out,
+        SplitOptions(profile=ProfileOptions(cost="static"), verify=False),
+    )
     return out
 
 
@@ -66,7 +73,14 @@ def reshape_on_two(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = base / "reshape.onnx"
     onnx.save_model(reshape_model(), str(path))
     out = base / "split"
-    api.split(path, 4, out, cost="static", workers=2, run_verify=False, shapes={"x": (4, 8), "shape": (2,)})
+    api.split(
+        path,
+        PlanRequest(4, workers=2),
+        out,
+        SplitOptions(
+            profile=ProfileOptions(cost="static", shapes={"x": (4, 8), "shape": (2,)}), verify=False
+        ),
+    )
     return out
 
 
@@ -83,7 +97,7 @@ def test_one_process_per_worker_equals_the_model(
 ) -> None:
     batches = mlp_batches(40, seed=9)
     expected = original_outputs(sample_models_dir / "mlp.onnx", batches)
-    with Pipeline.from_manifest(six_on_two, mode="processes", slots=slots) as pipe:
+    with Pipeline.from_manifest(six_on_two, LocalConfig(mode="processes", slots=slots)) as pipe:
         pids = pipe.worker_pids()
         actual = list(pipe.stream(batches))
         stats = pipe.stats()
@@ -101,17 +115,22 @@ def test_one_process_per_worker_equals_the_model(
 def test_a_worker_hosting_every_stage(sample_models_dir: Path, tmp_path: Path) -> None:
     """One worker: consecutive stages in one process, each feeding the next through its own channel."""
     out = tmp_path / "split"
-    api.split(sample_models_dir / "transformer_tiny.onnx", 3, out, cost="static", workers=1, run_verify=False)
+    api.split(
+        sample_models_dir / "transformer_tiny.onnx",
+        PlanRequest(3, workers=1),
+        out,
+        SplitOptions(profile=ProfileOptions(cost="static"), verify=False),
+    )
     batches = token_batches(12, seed=3)
     expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
-    with Pipeline.from_manifest(out, mode="processes", slots=1) as pipe:
+    with Pipeline.from_manifest(out, LocalConfig(mode="processes", slots=1)) as pipe:
         assert len(set(pipe.worker_pids())) == 1
         assert_same(expected, pipe.run_many(batches))
 
 
 def test_a_failing_hosted_stage_stops_the_pipeline(reshape_on_two: Path) -> None:
     batches = reshape_batches(30, bad=7)
-    pipe = Pipeline.from_manifest(reshape_on_two, mode="processes")
+    pipe = Pipeline.from_manifest(reshape_on_two, LocalConfig(mode="processes"))
     pids = pipe.worker_pids()
     assert pids[1] == pids[3] != pids[0]
     got, text = stream_until_failure(pipe, batches)
@@ -122,7 +141,7 @@ def test_a_failing_hosted_stage_stops_the_pipeline(reshape_on_two: Path) -> None
 
 
 def test_a_hosting_process_killed_is_reported(six_on_two: Path) -> None:
-    pipe = Pipeline.from_manifest(six_on_two, mode="processes")
+    pipe = Pipeline.from_manifest(six_on_two, LocalConfig(mode="processes"))
     pids = pipe.worker_pids()
     pipe.run(mlp_batches(1)[0])
     os.kill(pids[1], signal.SIGKILL)
@@ -166,7 +185,7 @@ def test_a_worker_process_memory_counts_once() -> None:
 
 def test_compare_measures_a_worker_in_one_process(six_on_two: Path) -> None:
     batches = mlp_batches(4)
-    with Pipeline.from_manifest(six_on_two, mode="threads") as pipe:
+    with Pipeline.from_manifest(six_on_two, LocalConfig(mode="threads")) as pipe:
         stats = stage_worker_memory(pipe, batches)
     assert stats is not None
     assert len({st.pid for st in stats}) == 2
@@ -183,7 +202,7 @@ def test_compare_measures_a_worker_in_one_process(six_on_two: Path) -> None:
 def test_a_workers_stages_never_run_at_once(six_on_two: Path, sample_models_dir: Path, mode: str) -> None:
     batches = mlp_batches(30, seed=4)
     expected = original_outputs(sample_models_dir / "mlp.onnx", batches)
-    with Pipeline.from_manifest(six_on_two, mode=mode) as pipe:  # type: ignore[arg-type]
+    with Pipeline.from_manifest(six_on_two, LocalConfig(mode=mode)) as pipe:  # type: ignore[arg-type]
         actual = list(pipe.stream(batches))
         stats = pipe.stats()
     assert_same(expected, actual)
@@ -261,11 +280,11 @@ def test_stats_are_answered_while_the_first_stage_always_has_work(tmp_path: Path
     profile = static_profile(view)
     profile = corrected(profile, [s.node_names for s in make_plan(view, profile, 2).stages], (1.0, 1000.0))
     out = tmp_path / "split"
-    api.split(model, 2, out, profile=profile, run_verify=False)
+    api.split(model, 2, out, SplitOptions(profile=ProfileOptions(saved=profile), verify=False))
     first, second = load_manifest(out).stages
     assert first.node_count >= 2 * second.node_count  # the first stage is the slow one
     x = {"x": np.ones((64, 512), dtype=np.float32)}
-    with Pipeline.from_manifest(out, mode="processes", slots=64) as pipe:
+    with Pipeline.from_manifest(out, LocalConfig(mode="processes", slots=64)) as pipe:
         jobs = [pipe.submit(x) for _ in range(2000)]
         jobs[4].result(timeout=60)  # flowing
         start = time.monotonic()

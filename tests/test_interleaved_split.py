@@ -16,11 +16,13 @@ from cli_runner import run
 from runtime_support import MODES, assert_same, original_outputs, token_batches
 
 from onnxpipe import api
+from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.core.errors import ManifestError, UsageError
 from onnxpipe.core.jsonread import Document, Value
 from onnxpipe.manifest import Manifest, load_manifest, read
 from onnxpipe.manifest.write import timeline_obj
 from onnxpipe.runtime.affinity import assign_cpus
+from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.spec import Placement, WorkerSpec
 from onnxpipe.schedule.simulate import simulate
@@ -31,7 +33,12 @@ from onnxpipe.schedule.timeline import Timeline
 def interleaved(tmp_path_factory: pytest.TempPathFactory, sample_models_dir: Path) -> Path:
     """The sample transformer in 4 stages on 2 workers (static costs)."""
     out = tmp_path_factory.mktemp("interleaved") / "split"
-    api.split(sample_models_dir / "transformer_tiny.onnx", 4, out, cost="static", workers=2)
+    api.split(
+        sample_models_dir / "transformer_tiny.onnx",
+        PlanRequest(4, workers=2),
+        out,
+        SplitOptions(profile=ProfileOptions(cost="static")),
+    )
     return out
 
 
@@ -167,11 +174,11 @@ def test_zero_costs_split_on_workers(sample_models_dir: Path, tmp_path: Path) ->
     from onnxpipe.ir.model import load_model
 
     view = load_model(sample_models_dir / "mlp.onnx")
-    prof = api.get_profile(view, cost="static")
+    prof = api.get_profile(view, ProfileOptions(cost="static"))
     zero = Profile.__new__(Profile)
     zero.__dict__.update(prof.__dict__)
     object.__setattr__(zero, "node_seconds", dict.fromkeys(prof.node_seconds, 0.0))
-    plan = api.plan(view, zero, 4, workers=2)
+    plan = api.plan(view, zero, PlanRequest(4, workers=2))
     assert plan.bottleneck_seconds == 0.0 and any("0.00% slower" in n for n in plan.notes)
 
 
@@ -266,7 +273,7 @@ def test_time_slack_must_be_a_share(
 def test_interleaved_pipeline_equals_the_model(interleaved: Path, sample_models_dir: Path, mode: str) -> None:
     batches = token_batches(24, seed=5)
     expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
-    with Pipeline.from_manifest(interleaved, mode=mode, pin=True) as pipe:  # type: ignore[arg-type]
+    with Pipeline.from_manifest(interleaved, LocalConfig(mode=mode, pin=True)) as pipe:  # type: ignore[arg-type]
         actual = list(pipe.stream(batches))
         lanes = pipe.lanes
     assert_same(expected, actual)

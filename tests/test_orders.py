@@ -16,6 +16,7 @@ from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.partition import Partition, solve_heterogeneous
+from onnxpipe.partition.inputs import HeterogeneousRequest
 from onnxpipe.plan.orders import (
     best_device_order,
     count_orders,
@@ -69,15 +70,17 @@ def brute_partition(p: Problem, c: Cluster) -> float:
 def solver(p: Problem) -> Callable[[Cluster], Partition]:
     def solve(c: Cluster) -> Partition:
         return solve_heterogeneous(
-            p.costs,
+            HeterogeneousRequest(
+                p.costs,
+                speeds=c.speeds,
+                cut_bytes=p.cut_bytes,
+                bandwidths=c.bandwidths,
+                latencies=c.latencies,
+                item_mem=p.item_mem,
+                mem_caps=c.mem_caps,
+                cut_mem_factor=[p.cut_mem_factor] * c.size,
+            ),
             c.size,
-            speeds=c.speeds,
-            cut_bytes=p.cut_bytes,
-            bandwidths=c.bandwidths,
-            latencies=c.latencies,
-            item_mem=p.item_mem,
-            mem_caps=c.mem_caps,
-            cut_mem_factor=[p.cut_mem_factor] * c.size,
         )
 
     return solve
@@ -314,7 +317,7 @@ def test_real_model_speed_1_and_3(tmp_path: Path) -> None:
     view = load_model(ROOT / "sample_models" / "transformer_tiny.onnx")
     profile = static_profile(view)
     costs = [profile.node_seconds.get(n.name, 0.0) for n in view.compute_nodes]
-    part = solve_heterogeneous(costs, 2, speeds=cluster.speeds)
+    part = solve_heterogeneous(HeterogeneousRequest(costs, speeds=cluster.speeds), 2)
     reference_compute = [part.compute[s] * cluster.speeds[s] for s in range(2)]  # before speed-up
     ratio = reference_compute[1] / reference_compute[0]
     assert 2.5 < ratio < 3.5, ratio

@@ -35,6 +35,7 @@ from onnxpipe.partition import (
     solve,
     solve_heterogeneous,
 )
+from onnxpipe.partition.inputs import HeterogeneousRequest
 
 INF = math.inf
 REL = 1e-12  # brute force (fsum) vs solver (prefix sums): agreement expected to ~1e-15
@@ -86,6 +87,10 @@ class Case:
             kw["item_act"] = self.item_act
             kw["act_factor"] = self.act_factor
         return kw
+
+    def request(self) -> partition.HeterogeneousRequest:
+        """The case as the heterogeneous entry points take it."""
+        return partition.HeterogeneousRequest(self.args()[0], **self.kwargs())  # type: ignore[arg-type]
 
     def compute(self, s: int, a: int, b: int) -> float:
         if self.device_costs is not None:
@@ -360,56 +365,68 @@ def test_allowed_cuts_keep_groups_whole() -> None:
 
 def test_overlap_makes_the_link_its_own_stage() -> None:
     kw = {"speeds": [1, 1], "cut_bytes": [0, 20, 0], "bandwidths": [INF, 10]}
-    p = solve_heterogeneous([3, 3], 2, overlap=True, **kw)
+    p = solve_heterogeneous(HeterogeneousRequest([3, 3], overlap=True, **kw), 2)
     assert p.transfer == (0.0, 2.0) and p.stage_costs == (3.0, 3.0) and p.bottleneck == 3.0
-    q = solve_heterogeneous([3, 3], 2, overlap=False, **kw)
+    q = solve_heterogeneous(HeterogeneousRequest([3, 3], overlap=False, **kw), 2)
     assert q.stage_costs == (3.0, 5.0) and q.bottleneck == 5.0
 
 
 def test_heterogeneous_speeds_latency_and_link_lists() -> None:
     p = solve_heterogeneous(
-        [1, 2, 3, 4],
+        HeterogeneousRequest(
+            [1, 2, 3, 4],
+            speeds=[1, 2],
+            cut_bytes=[0, 1, 2, 3, 0],
+            bandwidths=[1],
+            latencies=[0.5],
+            overlap=False,
+        ),
         2,
-        speeds=[1, 2],
-        cut_bytes=[0, 1, 2, 3, 0],
-        bandwidths=[1],
-        latencies=[0.5],
-        overlap=False,
     )
     # All three splits cost 6; (0,1,4) moves the fewest bytes.
     assert p.bounds == (0, 1, 4) and p.compute == (1.0, 4.5) and p.transfer == (0.0, 1.5)
     assert p.bottleneck == 6.0
     # K-entry lists (entry 0 ignored) mean the same as K-1 link lists.
     assert p == solve_heterogeneous(
-        [1, 2, 3, 4],
+        HeterogeneousRequest(
+            [1, 2, 3, 4],
+            speeds=[1, 2],
+            cut_bytes=[0, 1, 2, 3, 0],
+            bandwidths=[123.0, 1],
+            latencies=[9.0, 0.5],
+            overlap=False,
+        ),
         2,
-        speeds=[1, 2],
-        cut_bytes=[0, 1, 2, 3, 0],
-        bandwidths=[123.0, 1],
-        latencies=[9.0, 0.5],
-        overlap=False,
     )
     # A fast second device takes the bigger share.
-    assert solve_heterogeneous([1] * 9, 2, speeds=[1, 2]).bounds == (0, 3, 9)
+    assert solve_heterogeneous(HeterogeneousRequest([1] * 9, speeds=[1, 2]), 2).bounds == (0, 3, 9)
 
 
 def test_memory_caps_and_the_smallest_uniform_cap() -> None:
-    p = solve_heterogeneous([1, 1, 1, 1], 2, speeds=[1, 1], item_mem=[9, 1, 1, 1], mem_caps=[10, 10])
+    p = solve_heterogeneous(
+        HeterogeneousRequest([1, 1, 1, 1], speeds=[1, 1], item_mem=[9, 1, 1, 1], mem_caps=[10, 10]), 2
+    )
     assert p.bounds == (0, 2, 4)
-    q = solve_heterogeneous([1, 1, 1, 1], 2, speeds=[1, 1], item_mem=[9, 1, 1, 1], mem_caps=[9, 10])
+    q = solve_heterogeneous(
+        HeterogeneousRequest([1, 1, 1, 1], speeds=[1, 1], item_mem=[9, 1, 1, 1], mem_caps=[9, 10]), 2
+    )
     assert q.bounds == (0, 1, 4)  # compute 1 | 3, but nothing else fits
     with pytest.raises(PartitionError, match=r"smallest uniform cap that fits is 10 bytes"):
-        solve_heterogeneous([1, 2, 3, 4], 2, speeds=[1, 2], item_mem=[5, 5, 5, 5], mem_caps=[6, 6])
+        solve_heterogeneous(
+            HeterogeneousRequest([1, 2, 3, 4], speeds=[1, 2], item_mem=[5, 5, 5, 5], mem_caps=[6, 6]), 2
+        )
     # Activations held for in-flight micro-batches count against the receiving stage.
     with pytest.raises(PartitionError, match=r"is 11 bytes"):  # best split (0,3,4): max(3, 1 + 0.1 * 100)
         solve_heterogeneous(
-            [1, 1, 1, 1],
+            HeterogeneousRequest(
+                [1, 1, 1, 1],
+                speeds=[1, 1],
+                cut_bytes=[0, 100, 100, 100, 0],
+                item_mem=[1, 1, 1, 1],
+                mem_caps=[3, 3],
+                cut_mem_factor=[0, 0.1],
+            ),
             2,
-            speeds=[1, 1],
-            cut_bytes=[0, 100, 100, 100, 0],
-            item_mem=[1, 1, 1, 1],
-            mem_caps=[3, 3],
-            cut_mem_factor=[0, 0.1],
         )
 
 
@@ -419,12 +436,15 @@ def test_device_costs_see_what_one_speed_per_device_hides() -> None:
     # first half: one speed per device cuts after item 4, the per-device costs after item 3.
     costs = [60.0, 60.0, 60.0, 250.0, 250.0, 250.0]
     rows = [[6.0, 6.0, 6.0, 25.0, 25.0, 25.0], [10.0] * 6]
-    p = solve_heterogeneous(None, 2, device_costs=rows)
+    p = solve_heterogeneous(HeterogeneousRequest(None, device_costs=rows), 2)
     assert p.bounds == (0, 3, 6) and p.compute == (18.0, 30.0) and p.bottleneck == 30.0
-    by_speed = solve_heterogeneous(costs, 2, speeds=[10.0, sum(costs) / sum(rows[1])])
+    by_speed = solve_heterogeneous(HeterogeneousRequest(costs, speeds=[10.0, sum(costs) / sum(rows[1])]), 2)
     assert by_speed.bounds == (0, 4, 6)
-    assert evaluate_heterogeneous(by_speed.bounds, None, device_costs=rows).bottleneck == 43.0
-    assert evaluate_heterogeneous(p.bounds, None, device_costs=rows) == p
+    assert (
+        evaluate_heterogeneous(HeterogeneousRequest(None, device_costs=rows), by_speed.bounds).bottleneck
+        == 43.0
+    )
+    assert evaluate_heterogeneous(HeterogeneousRequest(None, device_costs=rows), p.bounds) == p
     # Lower bound: the fractional assignment LP: device 0 takes the three cheap items and 12/35 of a
     # MatMul, device 1 the rest; both then run 18 + 300/35.
     assert p.lower_bound == pytest.approx(18 + 300 / 35, rel=1e-5)
@@ -437,8 +457,8 @@ def test_proportional_device_rows_are_speeds() -> None:
     costs = rng.random(n) * (rng.random(n) < 0.7)
     speeds = [2.0, 0.5, 1.0, 0.25]  # powers of two: the rows are exact, so are their prefix sums
     kw = {"cut_bytes": rng.integers(0, 1000, n + 1).astype(float), "bandwidths": [INF, 100.0, 300.0, 50.0]}
-    a = solve_heterogeneous(costs, k, speeds=speeds, **kw)
-    b = solve_heterogeneous(None, k, device_costs=[costs / sp for sp in speeds], **kw)
+    a = solve_heterogeneous(HeterogeneousRequest(costs, speeds=speeds, **kw), k)
+    b = solve_heterogeneous(HeterogeneousRequest(None, device_costs=[costs / sp for sp in speeds], **kw), k)
     assert (a.bounds, a.compute, a.transfer, a.stage_costs, a.bottleneck, a.cut_bytes_total) == (
         b.bounds,
         b.compute,
@@ -449,8 +469,8 @@ def test_proportional_device_rows_are_speeds() -> None:
     )
     assert b.lower_bound == pytest.approx(a.lower_bound, rel=1e-12)  # total work over total speed
     # All rows equal: plain homogeneous balancing, and one shared row
-    c = solve_heterogeneous(None, k, device_costs=[costs] * k, **kw)
-    assert c == solve_heterogeneous(costs, k, **kw)
+    c = solve_heterogeneous(HeterogeneousRequest(None, device_costs=[costs] * k, **kw), k)
+    assert c == solve_heterogeneous(HeterogeneousRequest(costs, **kw), k)
 
 
 def test_identical_device_rows_share_the_work() -> None:
@@ -481,8 +501,8 @@ def test_a_free_device_row() -> None:
         "cut_bytes": rng.integers(0, 100, n + 1).astype(float),
         "bandwidths": [50.0] * k,
     }
-    p = solve_heterogeneous(None, k, **kw)
-    assert p == partition._reference_solve_heterogeneous(None, k, **kw)
+    p = solve_heterogeneous(HeterogeneousRequest(None, **kw), k)
+    assert p == partition._reference_solve_heterogeneous(HeterogeneousRequest(None, **kw), k)
     assert p.lower_bound == 0.0 and p.ratio == 1.0  # the free device could run everything: no bound
 
 
@@ -493,7 +513,7 @@ def test_lower_bound_with_two_device_kinds_is_the_fractional_lp() -> None:
     matmul = rng.random(n) < 0.3
     gpu, cpu = base * np.where(matmul, 1 / 25, 1 / 6), base
     rows = [gpu, gpu, cpu, cpu, cpu]
-    p = solve_heterogeneous(None, 5, device_costs=rows)
+    p = solve_heterogeneous(HeterogeneousRequest(None, device_costs=rows), 5)
     # The LP by hand: items sorted by their GPU/CPU cost ratio go to the GPUs first (2 of them), the rest
     # to the CPUs (3), one item split so that both kinds run equally long.
     order = np.argsort(gpu / cpu, kind="stable")
@@ -511,46 +531,63 @@ def test_activation_memory_per_stage() -> None:
     # 1F1B with 4 micro-batches on 2 stages keeps min(4, 2 - s) = 2 and 1 sets of activations.
     kw = {"speeds": [1, 1], "item_mem": [1, 1, 1, 1], "item_act": [2, 2, 2, 2], "act_factor": [2, 1]}
     # stage 0 over [0, b) holds 5 b bytes, stage 1 holds 3 (4 - b)
-    assert solve_heterogeneous([1, 1, 1, 1], 2, mem_caps=[10, 10], **kw).bounds == (0, 2, 4)
-    assert solve_heterogeneous([1, 1, 1, 1], 2, mem_caps=[9, 9], **kw).bounds == (0, 1, 4)
+    assert solve_heterogeneous(HeterogeneousRequest([1, 1, 1, 1], mem_caps=[10, 10], **kw), 2).bounds == (
+        0,
+        2,
+        4,
+    )
+    assert solve_heterogeneous(HeterogeneousRequest([1, 1, 1, 1], mem_caps=[9, 9], **kw), 2).bounds == (
+        0,
+        1,
+        4,
+    )
     with pytest.raises(MemoryFitError, match=r"smallest uniform cap that fits is 9 bytes") as info:
-        solve_heterogeneous([1, 1, 1, 1], 2, mem_caps=[8, 8], **kw)
+        solve_heterogeneous(HeterogeneousRequest([1, 1, 1, 1], mem_caps=[8, 8], **kw), 2)
     assert info.value.smallest_fit_bytes == 9.0
     # One factor for every stage is the same as folding it into item_mem.
     rng = np.random.default_rng(4)
     n, k = 60, 3
     costs, mem, act = rng.random(n), rng.integers(0, 100, n), rng.integers(0, 1000, n)
     same = {"speeds": [1, 2, 1], "mem_caps": [25000.0, 30000.0, 25000.0], "cut_mem_factor": [0, 0.5, 0.5]}
-    a = solve_heterogeneous(costs, k, item_mem=mem, item_act=act, act_factor=[2, 2, 2], **same)
-    assert a == solve_heterogeneous(costs, k, item_mem=mem + 2 * act, **same)
+    a = solve_heterogeneous(
+        HeterogeneousRequest(costs, item_mem=mem, item_act=act, act_factor=[2, 2, 2], **same), k
+    )
+    assert a == solve_heterogeneous(HeterogeneousRequest(costs, item_mem=mem + 2 * act, **same), k)
     with pytest.raises(MemoryFitError) as e1:
-        solve_heterogeneous(costs, k, item_mem=mem, item_act=act, act_factor=[4, 4, 4], **same)
+        solve_heterogeneous(
+            HeterogeneousRequest(costs, item_mem=mem, item_act=act, act_factor=[4, 4, 4], **same), k
+        )
     with pytest.raises(MemoryFitError) as e2:
-        solve_heterogeneous(costs, k, item_mem=mem + 4 * act, **same)
+        solve_heterogeneous(HeterogeneousRequest(costs, item_mem=mem + 4 * act, **same), k)
     assert e1.value.smallest_fit_bytes == e2.value.smallest_fit_bytes
 
 
 def test_evaluate_heterogeneous_refuses_what_the_solver_cannot_return() -> None:
     kw = {"speeds": [1, 1], "item_mem": [5, 5, 5], "mem_caps": [5, 10], "allowed_cuts": [1, 1, 0, 1]}
-    p = evaluate_heterogeneous([0, 1, 3], [1, 2, 3], **kw)  # type: ignore[arg-type]
+    p = evaluate_heterogeneous(HeterogeneousRequest([1, 2, 3], **kw), [0, 1, 3])  # type: ignore[arg-type]
     assert p.bounds == (0, 1, 3) and p.compute == (1.0, 5.0) and p.bottleneck == 5.0
     with pytest.raises(PartitionError, match=r"cut at 2, which allowed_cuts forbids"):
-        evaluate_heterogeneous([0, 2, 3], [1, 2, 3], speeds=[1, 1], allowed_cuts=[1, 1, 0, 1])
+        evaluate_heterogeneous(
+            HeterogeneousRequest([1, 2, 3], speeds=[1, 1], allowed_cuts=[1, 1, 0, 1]), [0, 2, 3]
+        )
     with pytest.raises(PartitionError, match=r"stage 1 needs 10 bytes but mem_caps\[1\] is 6"):
-        evaluate_heterogeneous([0, 1, 3], [1, 2, 3], speeds=[1, 1], item_mem=[5, 5, 5], mem_caps=[10, 6])
+        evaluate_heterogeneous(
+            HeterogeneousRequest([1, 2, 3], speeds=[1, 1], item_mem=[5, 5, 5], mem_caps=[10, 6]), [0, 1, 3]
+        )
     with pytest.raises(PartitionError, match=r"strictly increasing"):
-        evaluate_heterogeneous([0, 3], None, device_costs=[[1, 2]])
+        evaluate_heterogeneous(HeterogeneousRequest(None, device_costs=[[1, 2]]), [0, 3])
 
 
-def test_public_keywords_are_the_request_fields() -> None:
-    """The public functions spell out HeterogeneousRequest's fields: same names, order and defaults."""
+def test_the_public_functions_take_the_request() -> None:
+    """HeterogeneousRequest spells the thirteen arguments once: the solver, the scorer and the oracle take
+    it, and it refuses a misspelt one."""
     fields = [(f.name, f.default) for f in dataclasses.fields(partition.HeterogeneousRequest)]
-    for fn, skip in ((solve_heterogeneous, {"k"}), (evaluate_heterogeneous, {"bounds"})):
-        params = inspect.signature(fn).parameters.values()
-        assert [(p.name, p.default) for p in params if p.name not in skip and p.name != "costs"] == fields[1:]
-    assert fields[0] == ("costs", None)
-    with pytest.raises(TypeError, match="bandwidth"):  # the oracle refuses a misspelt keyword too
-        partition._reference_solve_heterogeneous([1.0, 2.0], 2, bandwidth=1.0)
+    assert fields[0] == ("costs", None) and len(fields) == 13
+    for fn, other in ((solve_heterogeneous, "k"), (evaluate_heterogeneous, "bounds")):
+        assert list(inspect.signature(fn).parameters) == ["request", other]
+    assert list(inspect.signature(partition._reference_solve_heterogeneous).parameters) == ["request", "k"]
+    with pytest.raises(TypeError, match="bandwidth"):
+        HeterogeneousRequest([1.0, 2.0], bandwidth=1.0)  # type: ignore[call-arg]
 
 
 def test_no_public_name_is_a_submodule() -> None:
@@ -579,45 +616,108 @@ def test_no_public_name_is_a_submodule() -> None:
         (lambda: solve([1, 2, 3], 2, bandwidth=math.nan), r"bandwidth = nan"),
         (lambda: solve([1, 2, 3], 2, allowed_cuts=[True] * 3), r"allowed_cuts has 3 entries but needs n\+1"),
         (lambda: solve([1, 2, 3], 3, allowed_cuts=[1, 1, 0, 1]), r"only 1 cut positions but 3 stages need 2"),
-        (lambda: solve_heterogeneous([1, 2], 2, speeds=[1]), r"speeds has 1 entries but needs 2"),
-        (lambda: solve_heterogeneous([1, 2], 2, speeds=[1, 0]), r"speeds\[1\] = 0.0 .*> 0"),
-        (lambda: solve_heterogeneous([1, 2], 2, speeds=[1, 1], bandwidths=[1, 2, 3]), r"bandwidths has 3"),
-        (lambda: solve_heterogeneous([1, 2], 2, speeds=[1, 1], latencies=[0, -1]), r"latencies\[1\]"),
-        (lambda: solve_heterogeneous([1, 2], 2, speeds=[1, 1], item_mem=[1, 1]), r"go together"),
-        (lambda: solve_heterogeneous([1, 2], 2, speeds=[1, 1], cut_mem_factor=[0, 1]), r"needs item_mem"),
-        (lambda: solve_heterogeneous([1, 2], 2, speeds=[1, 1], item_mem=[1], mem_caps=[9, 9]), r"item_mem"),
-        (lambda: solve_heterogeneous(None, 2), r"costs is missing"),
-        (lambda: solve_heterogeneous([1, 2], 2, device_costs=[[1, 2], [1, 2]]), r"not both"),
-        (lambda: solve_heterogeneous(None, 2, speeds=[1, 1], device_costs=[[1, 2], [1, 2]]), r"speeds and"),
-        (lambda: solve_heterogeneous(None, 2, device_costs=[[1, 2]]), r"device_costs has 1 rows but needs 2"),
-        (lambda: solve_heterogeneous(None, 2, device_costs=[1, 2]), r"device_costs has shape \(2,\)"),
-        (lambda: solve_heterogeneous(None, 2, device_costs=[[1, 2], [1]]), r"same length"),
-        (lambda: solve_heterogeneous(None, 3, device_costs=[[1, 2]] * 3), r"cannot split 2 items into 3"),
         (
-            lambda: solve_heterogeneous(None, 2, device_costs=[[1, 2], [1, -1]]),
+            lambda: solve_heterogeneous(HeterogeneousRequest([1, 2], speeds=[1]), 2),
+            r"speeds has 1 entries but needs 2",
+        ),
+        (
+            lambda: solve_heterogeneous(HeterogeneousRequest([1, 2], speeds=[1, 0]), 2),
+            r"speeds\[1\] = 0.0 .*> 0",
+        ),
+        (
+            lambda: solve_heterogeneous(HeterogeneousRequest([1, 2], speeds=[1, 1], bandwidths=[1, 2, 3]), 2),
+            r"bandwidths has 3",
+        ),
+        (
+            lambda: solve_heterogeneous(HeterogeneousRequest([1, 2], speeds=[1, 1], latencies=[0, -1]), 2),
+            r"latencies\[1\]",
+        ),
+        (
+            lambda: solve_heterogeneous(HeterogeneousRequest([1, 2], speeds=[1, 1], item_mem=[1, 1]), 2),
+            r"go together",
+        ),
+        (
+            lambda: solve_heterogeneous(
+                HeterogeneousRequest([1, 2], speeds=[1, 1], cut_mem_factor=[0, 1]), 2
+            ),
+            r"needs item_mem",
+        ),
+        (
+            lambda: solve_heterogeneous(
+                HeterogeneousRequest([1, 2], speeds=[1, 1], item_mem=[1], mem_caps=[9, 9]), 2
+            ),
+            r"item_mem",
+        ),
+        (lambda: solve_heterogeneous(HeterogeneousRequest(None), 2), r"costs is missing"),
+        (
+            lambda: solve_heterogeneous(HeterogeneousRequest([1, 2], device_costs=[[1, 2], [1, 2]]), 2),
+            r"not both",
+        ),
+        (
+            lambda: solve_heterogeneous(
+                HeterogeneousRequest(None, speeds=[1, 1], device_costs=[[1, 2], [1, 2]]), 2
+            ),
+            r"speeds and",
+        ),
+        (
+            lambda: solve_heterogeneous(HeterogeneousRequest(None, device_costs=[[1, 2]]), 2),
+            r"device_costs has 1 rows but needs 2",
+        ),
+        (
+            lambda: solve_heterogeneous(HeterogeneousRequest(None, device_costs=[1, 2]), 2),
+            r"device_costs has shape \(2,\)",
+        ),
+        (
+            lambda: solve_heterogeneous(HeterogeneousRequest(None, device_costs=[[1, 2], [1]]), 2),
+            r"same length",
+        ),
+        (
+            lambda: solve_heterogeneous(HeterogeneousRequest(None, device_costs=[[1, 2]] * 3), 3),
+            r"cannot split 2 items into 3",
+        ),
+        (
+            lambda: solve_heterogeneous(HeterogeneousRequest(None, device_costs=[[1, 2], [1, -1]]), 2),
             r"device_costs\[1\]\[1\] = -1",
         ),
-        (lambda: solve_heterogeneous(None, 1, device_costs=[[1, math.nan]]), r"device_costs\[0\]\[1\] = nan"),
-        (lambda: solve_heterogeneous(None, 1, device_costs=[[1e308, 1e308]]), r"device_costs\[0\] sum"),
-        (lambda: solve_heterogeneous([1, 2], 2, item_act=[1, 1]), r"item_act and act_factor go together"),
         (
-            lambda: solve_heterogeneous([1, 2], 2, item_act=[1, 1], act_factor=[1, 1]),
+            lambda: solve_heterogeneous(HeterogeneousRequest(None, device_costs=[[1, math.nan]]), 1),
+            r"device_costs\[0\]\[1\] = nan",
+        ),
+        (
+            lambda: solve_heterogeneous(HeterogeneousRequest(None, device_costs=[[1e308, 1e308]]), 1),
+            r"device_costs\[0\] sum",
+        ),
+        (
+            lambda: solve_heterogeneous(HeterogeneousRequest([1, 2], item_act=[1, 1]), 2),
+            r"item_act and act_factor go together",
+        ),
+        (
+            lambda: solve_heterogeneous(HeterogeneousRequest([1, 2], item_act=[1, 1], act_factor=[1, 1]), 2),
             r"need item_mem and mem_caps",
         ),
         (
             lambda: solve_heterogeneous(
-                [1, 2], 2, item_mem=[1, 1], mem_caps=[5, 5], item_act=[1, 1], act_factor=[1]
+                HeterogeneousRequest(
+                    [1, 2], item_mem=[1, 1], mem_caps=[5, 5], item_act=[1, 1], act_factor=[1]
+                ),
+                2,
             ),
             r"act_factor has 1 entries but needs 2 \(one per stage\)",
         ),
         (
             lambda: solve_heterogeneous(
-                [1, 2], 2, item_mem=[1, 1], mem_caps=[5, 5], item_act=[1, -1], act_factor=[1, 1]
+                HeterogeneousRequest(
+                    [1, 2], item_mem=[1, 1], mem_caps=[5, 5], item_act=[1, -1], act_factor=[1, 1]
+                ),
+                2,
             ),
             r"item_act\[1\]",
         ),
-        (lambda: evaluate_heterogeneous([0, 1, 1, 2], [1, 2]), r"strictly increasing"),
-        (lambda: evaluate_heterogeneous([0, 1, 2], [1, 2], speeds=[1]), r"speeds has 1 entries"),
+        (lambda: evaluate_heterogeneous(HeterogeneousRequest([1, 2]), [0, 1, 1, 2]), r"strictly increasing"),
+        (
+            lambda: evaluate_heterogeneous(HeterogeneousRequest([1, 2], speeds=[1]), [0, 1, 2]),
+            r"speeds has 1 entries",
+        ),
         (lambda: evaluate([1, 2, 3], [0, 2, 2, 3]), r"strictly increasing"),
         (lambda: evaluate([1, 2, 3], [0, 2]), r"strictly increasing"),
         (
@@ -625,7 +725,9 @@ def test_no_public_name_is_a_submodule() -> None:
             r"bandwidth 1e-320 bytes/s: moving 8 bytes across a cut would take longer than any float",
         ),
         (
-            lambda: solve_heterogeneous([1, 2], 2, speeds=[1, 1], cut_bytes=[0, 9, 0], bandwidths=[1e-320]),
+            lambda: solve_heterogeneous(
+                HeterogeneousRequest([1, 2], speeds=[1, 1], cut_bytes=[0, 9, 0], bandwidths=[1e-320]), 2
+            ),
             r"bandwidth 1e-320 bytes/s: moving 9 bytes",
         ),
     ],
@@ -684,10 +786,12 @@ def test_tiny_and_subnormal_costs_are_solved_exactly(costs: list[float], data: s
 def test_a_stage_time_that_underflows_to_zero() -> None:
     """Regression: 5e-324 of work at speed 2 takes 0.0 (``5e-324 / 2`` rounds to 0), so a bound of 0 is
     feasible; the work bound pruned the only start there, and the search ended on an AssertionError."""
-    p = solve_heterogeneous([5e-324], 1, speeds=[2.0])
+    p = solve_heterogeneous(HeterogeneousRequest([5e-324], speeds=[2.0]), 1)
     assert p.bounds == (0, 1) and p.bottleneck == 0.0
-    q = solve_heterogeneous([5e-324] * 7, 3, speeds=[2.0, 3.0, 0.5])
-    assert q == partition._reference_solve_heterogeneous([5e-324] * 7, 3, speeds=[2.0, 3.0, 0.5])
+    q = solve_heterogeneous(HeterogeneousRequest([5e-324] * 7, speeds=[2.0, 3.0, 0.5]), 3)
+    assert q == partition._reference_solve_heterogeneous(
+        HeterogeneousRequest([5e-324] * 7, speeds=[2.0, 3.0, 0.5]), 3
+    )
 
 
 def test_a_huge_bound_on_a_fast_device_solves_without_warnings() -> None:
@@ -704,10 +808,12 @@ def test_a_huge_bound_on_a_fast_device_solves_without_warnings() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(MemoryFitError, match="smallest uniform cap that fits is 3 bytes"):
-            solve_heterogeneous([1e-310, 5e-324, 2.5e-323, 0.0], 3, **kw)
-        p = solve_heterogeneous([1e-310, 5e-324, 2.5e-323, 0.0], 3, **{**kw, "mem_caps": [10.0] * 3})
+            solve_heterogeneous(HeterogeneousRequest([1e-310, 5e-324, 2.5e-323, 0.0], **kw), 3)
+        p = solve_heterogeneous(
+            HeterogeneousRequest([1e-310, 5e-324, 2.5e-323, 0.0], **{**kw, "mem_caps": [10.0] * 3}), 3
+        )
     assert p == partition._reference_solve_heterogeneous(
-        [1e-310, 5e-324, 2.5e-323, 0.0], 3, **{**kw, "mem_caps": [10.0] * 3}
+        HeterogeneousRequest([1e-310, 5e-324, 2.5e-323, 0.0], **{**kw, "mem_caps": [10.0] * 3}), 3
     )
 
 
@@ -723,9 +829,12 @@ def test_tiny_costs_on_devices_of_different_speeds_are_solved_exactly(
     k = data.draw(st.integers(1, n))
     speed = st.sampled_from([0.5, 1.0, 2.0, 3.0, 7.0, 1e-3]) | st.floats(0.1, 10)
     speeds = data.draw(st.lists(speed, min_size=k, max_size=k))
-    best = solve_heterogeneous(costs, k, speeds=speeds)
-    assert best == partition._reference_solve_heterogeneous(costs, k, speeds=speeds)
-    exact = min(evaluate_heterogeneous(b, costs, speeds=speeds).bottleneck for b in all_bounds(n, k))
+    best = solve_heterogeneous(HeterogeneousRequest(costs, speeds=speeds), k)
+    assert best == partition._reference_solve_heterogeneous(HeterogeneousRequest(costs, speeds=speeds), k)
+    exact = min(
+        evaluate_heterogeneous(HeterogeneousRequest(costs, speeds=speeds), b).bottleneck
+        for b in all_bounds(n, k)
+    )
     assert best.bottleneck == exact
 
 
@@ -747,11 +856,11 @@ def test_homogeneous_matches_brute_force(c: Case) -> None:
 
 def check_heterogeneous(c: Case) -> None:
     """Solver vs brute force, the lower bound, and the evaluator on the solver's split."""
-    p = attempt(solve_heterogeneous, *c.args(), **c.kwargs())
+    p = attempt(solve_heterogeneous, c.request(), c.k)
     lower = raw_lower(c) if isinstance(p, Partition) else None
     run_checked(c, p, lower)
     if isinstance(p, Partition):
-        assert evaluate_heterogeneous(p.bounds, c.args()[0], **c.kwargs()) == p
+        assert evaluate_heterogeneous(c.request(), p.bounds) == p
 
 
 @FAST
@@ -791,8 +900,8 @@ def test_activation_memory_with_device_costs_matches_brute_force(c: Case) -> Non
     )
 )
 def test_reference_dp_agrees_exactly(c: Case) -> None:
-    fast = attempt(solve_heterogeneous, *c.args(), **c.kwargs())
-    ref = attempt(partition._reference_solve_heterogeneous, *c.args(), **c.kwargs())
+    fast = attempt(solve_heterogeneous, c.request(), c.k)
+    ref = attempt(partition._reference_solve_heterogeneous, c.request(), c.k)
     if isinstance(fast, PartitionError):
         assert isinstance(ref, PartitionError) and str(ref) == str(fast)
         assert type(ref) is type(fast)
@@ -806,10 +915,10 @@ def test_reference_dp_agrees_exactly(c: Case) -> None:
 @given(st.booleans().flatmap(lambda acts: cases(hetero=True, devices=True, acts=acts)))
 def test_evaluate_heterogeneous_scores_every_split(c: Case) -> None:
     """Any split scores with the definitions; the solver's is never worse; unfit splits are refused."""
-    best = attempt(solve_heterogeneous, *c.args(), **c.kwargs())
+    best = attempt(solve_heterogeneous, c.request(), c.k)
     lower = raw_lower(c) if isinstance(best, Partition) else INF
     for bounds in all_bounds(c.n, c.k):
-        got = attempt(evaluate_heterogeneous, bounds, c.args()[0], **c.kwargs())
+        got = attempt(evaluate_heterogeneous, c.request(), bounds)
         if (c.allowed is not None and not all(c.allowed[b] for b in bounds[1:-1])) or not fits(c, bounds):
             assert isinstance(got, PartitionError) and "\n" not in str(got)
             continue
@@ -853,8 +962,10 @@ def test_large_heterogeneous_with_memory_equals_reference_dp() -> None:
     }
     costs = rng.pareto(1.5, n) * 1e-3
     for overlap in (False, True):
-        fast = solve_heterogeneous(costs, k, overlap=overlap, **kw)
-        assert fast == partition._reference_solve_heterogeneous(costs, k, overlap=overlap, **kw)
+        fast = solve_heterogeneous(HeterogeneousRequest(costs, overlap=overlap, **kw), k)
+        assert fast == partition._reference_solve_heterogeneous(
+            HeterogeneousRequest(costs, overlap=overlap, **kw), k
+        )
 
 
 def test_large_device_costs_with_activation_memory_equal_reference_dp() -> None:
@@ -877,26 +988,33 @@ def test_large_device_costs_with_activation_memory_equal_reference_dp() -> None:
         "mem_caps": np.full(k, 200_000.0),
     }
     for overlap in (False, True):
-        fast = solve_heterogeneous(None, k, overlap=overlap, **kw)
-        assert fast == partition._reference_solve_heterogeneous(None, k, overlap=overlap, **kw)
-        assert evaluate_heterogeneous(fast.bounds, None, overlap=overlap, **kw) == fast
+        fast = solve_heterogeneous(HeterogeneousRequest(None, overlap=overlap, **kw), k)
+        assert fast == partition._reference_solve_heterogeneous(
+            HeterogeneousRequest(None, overlap=overlap, **kw), k
+        )
+        assert evaluate_heterogeneous(HeterogeneousRequest(None, overlap=overlap, **kw), fast.bounds) == fast
         assert fast.ratio < 2.0
     # The memory binds: without it the split differs.
     free = {**kw, "mem_caps": np.full(k, INF)}
-    assert solve_heterogeneous(None, k, **free).bounds != solve_heterogeneous(None, k, **kw).bounds
+    assert (
+        solve_heterogeneous(HeterogeneousRequest(None, **free), k).bounds
+        != solve_heterogeneous(HeterogeneousRequest(None, **kw), k).bounds
+    )
     # Too little memory: both name the same smallest uniform cap.
     tight = {**kw, "mem_caps": np.full(k, 100_000.0)}
     with pytest.raises(MemoryFitError) as fast_err:
-        solve_heterogeneous(None, k, **tight)
+        solve_heterogeneous(HeterogeneousRequest(None, **tight), k)
     with pytest.raises(MemoryFitError) as ref_err:
-        partition._reference_solve_heterogeneous(None, k, **tight)
+        partition._reference_solve_heterogeneous(HeterogeneousRequest(None, **tight), k)
     assert fast_err.value.smallest_fit_bytes == ref_err.value.smallest_fit_bytes > 100_000.0
     assert str(fast_err.value) == str(ref_err.value)
     fit = {**kw, "mem_caps": np.full(k, fast_err.value.smallest_fit_bytes)}
-    assert solve_heterogeneous(None, k, **fit) == partition._reference_solve_heterogeneous(None, k, **fit)
+    assert solve_heterogeneous(
+        HeterogeneousRequest(None, **fit), k
+    ) == partition._reference_solve_heterogeneous(HeterogeneousRequest(None, **fit), k)
     below = {**kw, "mem_caps": np.full(k, math.nextafter(fast_err.value.smallest_fit_bytes, 0))}
     with pytest.raises(MemoryFitError):
-        solve_heterogeneous(None, k, **below)
+        solve_heterogeneous(HeterogeneousRequest(None, **below), k)
 
 
 def test_mostly_free_nodes_equal_reference_dp() -> None:

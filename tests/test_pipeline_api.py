@@ -30,7 +30,7 @@ from runtime_support import (
 from onnxpipe.core.errors import RuntimeStageError, UsageError
 from onnxpipe.manifest import load_manifest
 from onnxpipe.runtime.backends.threads import ThreadBackend
-from onnxpipe.runtime.base import Tensors
+from onnxpipe.runtime.base import LocalConfig, Tensors
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import Placement, stage_specs
@@ -150,7 +150,7 @@ def test_a_timed_out_asyncio_caller_does_not_break_the_pipeline(
     """Regression: wait_for cancelled the running job; its result then killed the driver."""
     batches = token_batches(3, seed=7)
     expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
-    with Pipeline.from_manifest(tiny_split, mode="threads") as pipe:
+    with Pipeline.from_manifest(tiny_split, LocalConfig(mode="threads")) as pipe:
 
         async def impatient() -> None:
             await asyncio.wait_for(asyncio.wrap_future(pipe.submit(batches[0])), timeout=0)
@@ -216,7 +216,7 @@ def test_the_caller_may_reuse_its_input_buffer(tiny_split: Path, sample_models_d
     batches = token_batches(12, seed=11)
     expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
     buf = np.empty_like(batches[0]["tokens"])
-    with Pipeline.from_manifest(tiny_split, mode=mode) as pipe:  # type: ignore[arg-type]
+    with Pipeline.from_manifest(tiny_split, LocalConfig(mode=mode)) as pipe:  # type: ignore[arg-type]
         jobs = []
         for b in batches:
             buf[:] = b["tokens"]
@@ -242,7 +242,7 @@ def test_a_malformed_request_is_refused_and_the_pipeline_keeps_serving(
 ) -> None:
     batches = token_batches(6, seed=13)
     expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
-    with Pipeline.from_manifest(tiny_split, mode="threads") as pipe:
+    with Pipeline.from_manifest(tiny_split, LocalConfig(mode="threads")) as pipe:
         jobs = [pipe.submit(b) for b in batches[:3]]
         with pytest.raises(UsageError) as info:
             pipe.submit({"tokens": np.zeros(16, np.int64)})
@@ -252,7 +252,7 @@ def test_a_malformed_request_is_refused_and_the_pipeline_keeps_serving(
         jobs += [pipe.submit(b) for b in batches[3:]]
         assert_same(expected, [j.result(timeout=60) for j in jobs])
         assert pipe.failure is None
-    with Pipeline.from_manifest(reshape_split, mode="threads") as pipe:
+    with Pipeline.from_manifest(reshape_split, LocalConfig(mode="threads")) as pipe:
         good = reshape_batches(2)
         with pytest.raises(UsageError, match=r"'x' has shape \(4, 7\).*\[n, 8\]"):
             pipe.submit({**good[0], "x": np.zeros((4, 7), np.float32)})
@@ -287,7 +287,7 @@ def test_a_graceful_close_finishes_what_was_submitted(
 ) -> None:
     batches = token_batches(16, seed=17)
     expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
-    with Pipeline.from_manifest(tiny_split, mode=mode) as pipe:  # type: ignore[arg-type]
+    with Pipeline.from_manifest(tiny_split, LocalConfig(mode=mode)) as pipe:  # type: ignore[arg-type]
         pids = pipe.worker_pids()
         jobs = [pipe.submit(b) for b in batches]
     assert_same(expected, [j.result(timeout=0) for j in jobs])
@@ -386,7 +386,7 @@ def test_thread_capacity_is_what_the_backend_holds(tiny_split: Path, slots: int)
 def test_a_dropped_pipeline_finishes_its_work_and_stops(tiny_split: Path, sample_models_dir: Path) -> None:
     batches = token_batches(2, seed=19)
     expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
-    pipe = Pipeline.from_manifest(tiny_split, mode="threads")
+    pipe = Pipeline.from_manifest(tiny_split, LocalConfig(mode="threads"))
     assert_same(expected[:1], [pipe.run(batches[0])])
     job = pipe.submit(batches[1])
     ref = weakref.ref(pipe)

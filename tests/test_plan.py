@@ -162,7 +162,7 @@ def test_a_fused_group_holding_most_of_the_model_does_not_unbalance_the_plan() -
     an AVX2 machine did): the plan cuts through it rather than leave one stage all the work."""
     from onnxpipe.cost.static import static_profile
     from onnxpipe.ir.model import load_model
-    from onnxpipe.plan.planner import make_plan
+    from onnxpipe.plan.workers import make_plan
 
     view = load_model(SAMPLES / "resnet_tiny.onnx")
     prof = static_profile(view)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import onnxpipe
+from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.cli import main
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.cluster.model import Cluster, Device, Link
@@ -36,7 +37,7 @@ def _two(speed_a: float, speed_b: float, **kw: object) -> Cluster:
 
 def test_faster_device_gets_three_times_the_work(view_and_profile) -> None:
     view, prof = view_and_profile
-    plan = plan_pipeline(view, prof, 2, cluster=_two(1.0, 3.0))
+    plan = plan_pipeline(view, prof, PlanRequest(2, devices=_two(1.0, 3.0)))
     slow, fast = plan.stages
     assert (slow.device, fast.device) == ("a", "b")
     ref_slow = slow.compute_seconds  # speed 1
@@ -49,7 +50,7 @@ def test_faster_device_gets_three_times_the_work(view_and_profile) -> None:
 def test_plan_records_devices_and_costs_source(view_and_profile) -> None:
     view, prof = view_and_profile
     cluster = load_cluster(EDGE)
-    plan = plan_pipeline(view, prof, 4, cluster=cluster)
+    plan = plan_pipeline(view, prof, PlanRequest(4, devices=cluster))
     assert [s.device for s in plan.stages] == list(cluster.names)
     assert [r.method for r in plan.device_costs] == ["scaled"] * 4
     assert plan.timeline is not None and plan.timeline.kind == "stream"
@@ -59,7 +60,7 @@ def test_plan_records_devices_and_costs_source(view_and_profile) -> None:
 
 def test_stages_auto_picks_fewest_within_tolerance(view_and_profile) -> None:
     view, prof = view_and_profile
-    plan = plan_pipeline(view, prof, "auto", cluster=load_cluster(EDGE))
+    plan = plan_pipeline(view, prof, PlanRequest("auto", devices=load_cluster(EDGE)))
     # on a slow network a single fast-enough board beats paying for any link
     assert plan.k == 1
     assert any("--stages auto chose 1" in n for n in plan.notes)
@@ -71,8 +72,8 @@ def test_free_order_is_never_worse(view_and_profile) -> None:
         (Device("fast", speed=4.0), Device("slow", speed=1.0), Device("mid", speed=2.0)),
         (Link(1e9, 0.0), Link(1e9, 0.0)),
     )
-    fixed = plan_pipeline(view, prof, 3, cluster=cluster)
-    free = plan_pipeline(view, prof, 3, cluster=cluster, order="free")
+    fixed = plan_pipeline(view, prof, PlanRequest(3, devices=cluster))
+    free = plan_pipeline(view, prof, PlanRequest(3, devices=cluster, order="free"))
     assert free.bottleneck_seconds <= fixed.bottleneck_seconds * (1 + 1e-9)
 
 
@@ -80,18 +81,22 @@ def test_memory_too_small_names_the_memory_that_fits(view_and_profile) -> None:
     view, prof = view_and_profile
     tiny = _two(1.0, 1.0, memory_bytes=1000)
     with pytest.raises(PartitionError, match=r"smallest|would fit|need"):
-        plan_pipeline(view, prof, 2, cluster=tiny)
+        plan_pipeline(view, prof, PlanRequest(2, devices=tiny))
 
 
 def test_training_schedule_choice_is_the_fastest_that_fits(view_and_profile) -> None:
     view, prof = view_and_profile
     cluster = _two(1.0, 1.0)
-    best = plan_pipeline(view, prof, 2, cluster=cluster, schedule=ScheduleRequest("auto", batch=4))
+    best = plan_pipeline(
+        view, prof, PlanRequest(2, devices=cluster, schedule=ScheduleRequest("auto", batch=4))
+    )
     assert best.timeline is not None and best.timeline.kind in ("gpipe", "1f1b")
     for kind in ("gpipe", "1f1b"):
         for m in (1, 2, 4):
             other = plan_pipeline(
-                view, prof, 2, cluster=cluster, schedule=ScheduleRequest(kind, microbatches=m, batch=4)
+                view,
+                prof,
+                PlanRequest(2, devices=cluster, schedule=ScheduleRequest(kind, microbatches=m, batch=4)),
             )
             assert other.timeline is not None
             assert best.timeline.makespan <= other.timeline.makespan * (1 + 1e-9)
@@ -100,11 +105,11 @@ def test_training_schedule_choice_is_the_fastest_that_fits(view_and_profile) -> 
 def test_bad_requests(view_and_profile) -> None:
     view, prof = view_and_profile
     with pytest.raises(UsageError, match="--stages auto needs --devices"):
-        plan_pipeline(view, prof, "auto")
+        plan_pipeline(view, prof, PlanRequest("auto"))
     with pytest.raises(PartitionError, match="choose --stages between 1 and 4"):
-        plan_pipeline(view, prof, 5, cluster=load_cluster(EDGE))
+        plan_pipeline(view, prof, PlanRequest(5, devices=load_cluster(EDGE)))
     with pytest.raises(UsageError, match="does not split --batch"):
-        plan_pipeline(view, prof, 2, schedule=ScheduleRequest("gpipe", microbatches=3, batch=4))
+        plan_pipeline(view, prof, PlanRequest(2, schedule=ScheduleRequest("gpipe", microbatches=3, batch=4)))
 
 
 def test_cli_plan_prints_table_and_draws(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -139,7 +144,10 @@ def test_cli_plan_prints_table_and_draws(tmp_path: Path, capsys: pytest.CaptureF
 def test_split_with_devices_names_devices_in_manifest(tmp_path: Path) -> None:
     out = tmp_path / "stages"
     result = onnxpipe.split(
-        TRANSFORMER, 2, out, cost="static", devices=ROOT / "examples/devices/two_cpus.json"
+        TRANSFORMER,
+        PlanRequest(2, devices=load_cluster(ROOT / "examples/devices/two_cpus.json")),
+        out,
+        SplitOptions(profile=ProfileOptions(cost="static")),
     )
     assert result.report is not None and result.report.ok
     manifest = json.loads((out / "manifest.json").read_text())

@@ -36,12 +36,14 @@ from runtime_support import (
 )
 
 from onnxpipe import api
+from onnxpipe.api import ProfileOptions, SplitOptions
 from onnxpipe.cli.run import run as run_command
 from onnxpipe.cluster.model import Device
 from onnxpipe.core.errors import RuntimeStageError, UsageError
 from onnxpipe.manifest import load_manifest
 from onnxpipe.runtime.backends.ray_backend import actor_options, load_ray_resources
 from onnxpipe.runtime.backends.shm import SHM_DIR, ItemMessage, SlotReader, SlotWriter, unlink_prefix
+from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.spec import (
     Placement,
@@ -59,7 +61,7 @@ from onnxpipe.runtime.spec import (
 def test_stream_equals_the_model_in_order(tiny_split: Path, sample_models_dir: Path, mode: str) -> None:
     batches = token_batches(40)
     expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
-    with Pipeline.from_manifest(tiny_split, mode=mode) as pipe:  # type: ignore[arg-type]
+    with Pipeline.from_manifest(tiny_split, LocalConfig(mode=mode)) as pipe:  # type: ignore[arg-type]
         pids = pipe.worker_pids()
         assert len(pids) == (2 if mode == "processes" else 0)
         actual = list(pipe.stream(batches))
@@ -84,7 +86,7 @@ def test_stream_keeps_order_with_many_slots_and_an_endless_source(
             yield batches[j % len(batches)]
             j += 1
 
-    with Pipeline.from_manifest(tiny_split, slots=4) as pipe:
+    with Pipeline.from_manifest(tiny_split, LocalConfig(slots=4)) as pipe:
         got = []
         for out in pipe.stream(endless()):
             got.append(out)
@@ -99,7 +101,7 @@ def test_submit_from_many_threads(tiny_split: Path, sample_models_dir: Path) -> 
     batches = token_batches(24, seed=5)
     expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
     results: dict[int, dict[str, np.ndarray]] = {}
-    with Pipeline.from_manifest(tiny_split, mode="threads") as pipe:
+    with Pipeline.from_manifest(tiny_split, LocalConfig(mode="threads")) as pipe:
 
         def client(start: int) -> None:
             for j in range(start, len(batches), 4):
@@ -129,7 +131,7 @@ def test_a_model_input_read_by_a_later_stage_is_forwarded(reshape_split: Path) -
 @pytest.mark.parametrize("mode", MODES)
 def test_a_failing_stage_stops_the_pipeline_naming_stage_and_tensor(reshape_split: Path, mode: str) -> None:
     batches = reshape_batches(30, bad=7)
-    pipe = Pipeline.from_manifest(reshape_split, mode=mode)  # type: ignore[arg-type]
+    pipe = Pipeline.from_manifest(reshape_split, LocalConfig(mode=mode))  # type: ignore[arg-type]
     pids = pipe.worker_pids()
     got, text = stream_until_failure(pipe, batches)
     assert "stage 1 (stage_1.onnx)" in text
@@ -146,7 +148,7 @@ def test_a_failing_stage_stops_the_pipeline_naming_stage_and_tensor(reshape_spli
 
 def test_a_killed_worker_stops_the_pipeline(tiny_split: Path) -> None:
     batches = token_batches(8)
-    pipe = Pipeline.from_manifest(tiny_split, mode="processes")
+    pipe = Pipeline.from_manifest(tiny_split, LocalConfig(mode="processes"))
     pids = pipe.worker_pids()
     list(pipe.stream(batches))
     os.kill(pids[1], signal.SIGKILL)
@@ -163,7 +165,7 @@ def test_a_killed_worker_stops_the_pipeline(tiny_split: Path) -> None:
 @pytest.mark.parametrize("mode", MODES)
 def test_ctrl_c_while_streaming_stops_every_worker(tiny_split: Path, mode: str) -> None:
     batches = token_batches(4)
-    pipe = Pipeline.from_manifest(tiny_split, mode=mode)  # type: ignore[arg-type]
+    pipe = Pipeline.from_manifest(tiny_split, LocalConfig(mode=mode))  # type: ignore[arg-type]
     pids = pipe.worker_pids()
 
     def interrupted() -> Iterator[dict[str, np.ndarray]]:
@@ -180,10 +182,10 @@ def test_ctrl_c_while_streaming_stops_every_worker(tiny_split: Path, mode: str) 
 LEAVE_SCRIPT = """
 import json, os, signal, sys, time
 import numpy as np
-from onnxpipe.runtime import Pipeline
+from onnxpipe.runtime import LocalConfig, Pipeline
 
 if __name__ == "__main__":
-    pipe = Pipeline.from_manifest(sys.argv[1], mode="processes")
+    pipe = Pipeline.from_manifest(sys.argv[1], LocalConfig(mode="processes"))
     pipe.run({"tokens": np.zeros((2, 16), np.int64)})
     print(json.dumps({"pids": pipe.worker_pids(), "prefix": pipe.backend.prefix}), flush=True)
     if sys.argv[2] == "kill":
@@ -255,17 +257,22 @@ def test_terminating_the_whole_process_group_leaves_nothing(tiny_split: Path, tm
 @pytest.mark.parametrize("mode", MODES)
 def test_a_stage_that_does_not_load_is_named(tmp_path: Path, sample_models_dir: Path, mode: str) -> None:
     out = tmp_path / "split"
-    api.split(sample_models_dir / "mlp.onnx", 2, out, cost="static", run_verify=False)
+    api.split(
+        sample_models_dir / "mlp.onnx",
+        2,
+        out,
+        SplitOptions(profile=ProfileOptions(cost="static"), verify=False),
+    )
     (out / "stage_1.onnx").write_bytes(b"not an onnx model")
     before = {p.pid for p in active_children()}
     with pytest.raises(RuntimeStageError, match=r"stage 1 \(stage_1.onnx\): does not load"):
-        Pipeline.from_manifest(out, check_files=False, mode=mode)  # type: ignore[arg-type]
+        Pipeline.from_manifest(out, LocalConfig(mode=mode), check_files=False)  # type: ignore[arg-type]
     assert {p.pid for p in active_children()} <= before
     assert not list(SHM_DIR.glob(f"onnxpipe-{os.getpid()}-*"))
 
 
 def test_feeds_are_checked_before_they_reach_a_worker(tiny_split: Path) -> None:
-    with Pipeline.from_manifest(tiny_split, mode="threads") as pipe:
+    with Pipeline.from_manifest(tiny_split, LocalConfig(mode="threads")) as pipe:
         with pytest.raises(UsageError, match="'tokens' is not in the feeds"):
             pipe.run({})
         with pytest.raises(UsageError, match="is float32, the model takes int64"):

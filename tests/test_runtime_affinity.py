@@ -3,6 +3,7 @@ same outputs as without pinning."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -10,10 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runner import run
 from runtime_support import assert_same, original_outputs, parse, token_batches
 
 from onnxpipe.cli.run import run as run_command
-from onnxpipe.core.errors import RuntimeStageError, UsageError
+from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.runtime.affinity import (
     Core,
     assign_cpus,
@@ -24,6 +26,7 @@ from onnxpipe.runtime.affinity import (
     pin_thread,
     pinned,
 )
+from onnxpipe.runtime.base import LocalConfig, RayConfig
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.spec import Placement, WorkerSpec
 
@@ -164,7 +167,7 @@ def test_pinned_workers_run_on_their_cpus_and_compute_the_same(
     assert sets is not None
     cpus = [s[0] for s in sets]
     main_mask = os.sched_getaffinity(0)
-    with Pipeline.from_manifest(tiny_split, mode=mode, pin=True) as pipe:  # type: ignore[arg-type]
+    with Pipeline.from_manifest(tiny_split, LocalConfig(mode=mode, pin=True)) as pipe:  # type: ignore[arg-type]
         assert pipe.pin_note is None
         assert [s.placement.cpus for s in pipe.lanes[0]] == [(cpus[0],), (cpus[1],)]
         assert_same(expected, pipe.run_many(batches))
@@ -177,14 +180,17 @@ def test_pinned_workers_run_on_their_cpus_and_compute_the_same(
     assert os.sched_getaffinity(0) == main_mask  # creating pinned sessions left the caller as it was
 
 
-def test_pinning_a_ray_pipeline_is_refused(tiny_split: Path) -> None:
-    with pytest.raises(UsageError, match="Ray places its actors itself"):
-        Pipeline.from_manifest(tiny_split, backend="ray", pin=True)
+def test_pinning_a_ray_pipeline_is_refused(tiny_split: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A Ray config has nothing to pin with; the CLI refuses ``--pin`` with ``--backend ray`` before any
+    actor starts."""
+    assert "pin" not in {f.name for f in dataclasses.fields(RayConfig)}
+    code, out, err = run(["run", tiny_split, "--backend", "ray", "--pin"], capfd)
+    assert code == 2 and out == "" and "--pin is for local workers; Ray places its actors itself" in err
 
 
 def test_too_many_threads_run_unpinned_with_a_note(tiny_split: Path) -> None:
     threads = len(available_cpus())  # two stages of this many threads cannot each have their own
-    with Pipeline.from_manifest(tiny_split, mode="threads", threads=threads, pin=True) as pipe:
+    with Pipeline.from_manifest(tiny_split, LocalConfig(mode="threads", pin=True), threads=threads) as pipe:
         assert pipe.pin_note is not None and "not pinned" in pipe.pin_note
         assert all(s.placement.cpus == () for s in pipe.lanes[0])
         out = pipe.run(token_batches(1)[0])
@@ -237,5 +243,5 @@ def test_a_cpu_this_process_may_not_use_fails_naming_the_stage_and_cpu(tiny_spli
     bad = max(available_cpus()) + 4096
     placements = [Placement(threads=1), Placement(threads=1, cpus=(bad,))]
     with pytest.raises(RuntimeStageError, match=rf"stage 1 .*cannot pin to CPUs \[{bad}\]"):
-        Pipeline.from_manifest(tiny_split, mode=mode, placements=placements)  # type: ignore[arg-type]
+        Pipeline.from_manifest(tiny_split, LocalConfig(mode=mode), placements=placements)  # type: ignore[arg-type]
     assert not [t for t in threading.enumerate() if t.name.startswith("onnxpipe")]

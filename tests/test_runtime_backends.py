@@ -33,6 +33,7 @@ from onnxpipe.runtime.backends import processes
 from onnxpipe.runtime.backends.processes import ProcessBackend
 from onnxpipe.runtime.backends.shm import SHM_DIR, ItemMessage, SlotReader, SlotWriter
 from onnxpipe.runtime.backends.threads import ThreadBackend
+from onnxpipe.runtime.base import LocalConfig, RayConfig
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.spec import WorkerSpec
 
@@ -193,7 +194,7 @@ class LateReplies:
 
 def test_stats_drop_a_reply_that_came_too_late(tiny_split: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     batches = token_batches(5)
-    with Pipeline.from_manifest(tiny_split, mode="processes") as pipe:
+    with Pipeline.from_manifest(tiny_split, LocalConfig(mode="processes")) as pipe:
         for b in batches[:3]:
             pipe.run(b)
         worker = pipe.backend._workers[0]  # type: ignore[attr-defined]
@@ -211,7 +212,7 @@ def test_stats_drop_a_reply_that_came_too_late(tiny_split: Path, monkeypatch: py
 
 @pytest.mark.timeout(120)
 def test_stats_from_many_threads_get_their_own_replies(tiny_split: Path) -> None:
-    with Pipeline.from_manifest(tiny_split, mode="processes") as pipe:
+    with Pipeline.from_manifest(tiny_split, LocalConfig(mode="processes")) as pipe:
         for b in token_batches(3):
             pipe.run(b)
         errors: list[BaseException] = []
@@ -284,9 +285,9 @@ def test_a_ray_that_a_backend_started_lasts_until_the_last_pipeline_closes(
 ) -> None:
     batches = token_batches(6, seed=7)
     expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
-    first = Pipeline.from_manifest(tiny_split, backend="ray", ray_resources=HALF_CPU)
+    first = Pipeline.from_manifest(tiny_split, RayConfig(resources=HALF_CPU))
     try:
-        with Pipeline.from_manifest(tiny_split, backend="ray", ray_resources=HALF_CPU) as second:
+        with Pipeline.from_manifest(tiny_split, RayConfig(resources=HALF_CPU)) as second:
             first.close()
             assert no_ray.is_initialized()
             assert_same(expected, list(second.stream(batches)))
@@ -299,7 +300,7 @@ def test_a_ray_that_a_backend_started_lasts_until_the_last_pipeline_closes(
 @pytest.mark.timeout(600)
 def test_a_failed_start_shuts_down_the_ray_it_started(no_ray: Any, tiny_split: Path) -> None:
     with pytest.raises(ValueError, match="cannot be negative"):
-        Pipeline.from_manifest(tiny_split, backend="ray", ray_resources=[{}, {"num_cpus": -1}])
+        Pipeline.from_manifest(tiny_split, RayConfig(resources=[{}, {"num_cpus": -1}]))
     assert not no_ray.is_initialized()
 
 

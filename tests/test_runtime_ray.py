@@ -17,9 +17,11 @@ from runtime_support import (
     token_batches,
 )
 
+from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.core.errors import RuntimeStageError, UsageError
 from onnxpipe.runtime.backends import ray_backend
 from onnxpipe.runtime.backends.ray_backend import RayBackend
+from onnxpipe.runtime.base import RayConfig
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.schedule.timeline import worker_groups
 
@@ -57,7 +59,7 @@ def test_ray_stream_equals_the_model_in_order(
 ) -> None:
     batches = token_batches(40, seed=2)
     expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
-    with Pipeline.from_manifest(tiny_split, backend="ray") as pipe:
+    with Pipeline.from_manifest(tiny_split, RayConfig()) as pipe:
         assert pipe.backend.kind == "ray"
         actual = list(pipe.stream(batches))
         stats = pipe.stats()
@@ -69,7 +71,7 @@ def test_ray_failing_stage_stops_the_pipeline_and_its_actors(
     ray_cluster: Any,
     reshape_split: Path,
 ) -> None:
-    pipe = Pipeline.from_manifest(reshape_split, backend="ray")
+    pipe = Pipeline.from_manifest(reshape_split, RayConfig())
     actors = list(pipe.backend.actors)  # type: ignore[attr-defined]
     pids = [pid for pid, _ in pipe.backend.placed]  # type: ignore[attr-defined]
     got = []
@@ -98,9 +100,9 @@ def test_closing_one_ray_pipeline_leaves_the_others_and_the_callers_ray(
 ) -> None:
     batches = token_batches(6, seed=4)
     expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
-    first = Pipeline.from_manifest(tiny_split, backend="ray", ray_resources=HALF_CPU)
+    first = Pipeline.from_manifest(tiny_split, RayConfig(resources=HALF_CPU))
     try:
-        with Pipeline.from_manifest(tiny_split, backend="ray", ray_resources=HALF_CPU) as second:
+        with Pipeline.from_manifest(tiny_split, RayConfig(resources=HALF_CPU)) as second:
             first.close()
             assert_same(expected, list(second.stream(batches)))
     finally:
@@ -132,7 +134,7 @@ def test_ctrl_c_while_actors_start_kills_those_started(
     monkeypatch.setattr(ray_backend, "actor_options", options_then_ctrl_c)
     monkeypatch.setattr(RayBackend, "close", close)
     with pytest.raises(KeyboardInterrupt):
-        Pipeline.from_manifest(tiny_split, backend="ray")
+        Pipeline.from_manifest(tiny_split, RayConfig())
     assert len(started) == 1, "the actor of stage 0 was left running"
     with pytest.raises(ray_cluster.exceptions.RayActorError):
         ray_cluster.get(started[0].ready.remote(), timeout=30)
@@ -162,13 +164,16 @@ def test_ray_runs_an_interleaved_split_with_one_actor_per_worker(
 
     split = tmp_path / "interleaved"
     api.split(
-        sample_models_dir / "transformer_tiny.onnx", 4, split, cost="static", workers=2, run_verify=False
+        sample_models_dir / "transformer_tiny.onnx",
+        PlanRequest(4, workers=2),
+        split,
+        SplitOptions(profile=ProfileOptions(cost="static"), verify=False),
     )
     worker_of = [load_manifest(split).worker_of(i) for i in range(4)]
     assert sorted(set(worker_of)) == [0, 1] and worker_of[0] != worker_of[1]
     batches = token_batches(24, seed=4)
     expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
-    with Pipeline.from_manifest(split, backend="ray") as pipe:
+    with Pipeline.from_manifest(split, RayConfig()) as pipe:
         backend = pipe.backend
         assert isinstance(backend, RayBackend) and len(backend.actors) == 2
         assert_same(expected, list(pipe.stream(batches)))
@@ -243,9 +248,12 @@ def test_a_dead_actor_is_named_with_its_stages(
 
     split = tmp_path / "interleaved"
     api.split(
-        sample_models_dir / "transformer_tiny.onnx", 4, split, cost="static", workers=2, run_verify=False
+        sample_models_dir / "transformer_tiny.onnx",
+        PlanRequest(4, workers=2),
+        split,
+        SplitOptions(profile=ProfileOptions(cost="static"), verify=False),
     )
-    pipe = Pipeline.from_manifest(split, backend="ray")
+    pipe = Pipeline.from_manifest(split, RayConfig())
     backend = pipe.backend
     assert isinstance(backend, RayBackend)
     pid, host = backend.placed[1]

@@ -18,12 +18,14 @@ from onnx import numpy_helper
 from runtime_support import MODES, assert_same, original_outputs, parse, split_on_devices, token_batches
 
 from onnxpipe import api
+from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.cli.run import run as run_command
 from onnxpipe.core import ortsession
 from onnxpipe.core.text import human_bytes
 from onnxpipe.manifest import Manifest, load_manifest
+from onnxpipe.runtime.base import LocalConfig, LocalMode
 from onnxpipe.runtime.inputs import input_shapes_for, random_inputs
-from onnxpipe.runtime.pipeline import LocalMode, Pipeline
+from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.report import baselines as compare
 from onnxpipe.runtime.report.build import build_report, check_estimates
 from onnxpipe.runtime.report.measure import Measurement, measure, min_steady_microbatches
@@ -53,7 +55,12 @@ def devices_split(tmp_path_factory: pytest.TempPathFactory, sample_models_dir: P
 def interleaved_split(tmp_path_factory: pytest.TempPathFactory, sample_models_dir: Path) -> Path:
     """The sample MLP in 4 stages dealt out to 2 workers (stage s on worker s % 2, static costs)."""
     out = tmp_path_factory.mktemp("interleaved") / "split"
-    api.split(sample_models_dir / "mlp.onnx", 4, out, workers=2, cost="static", run_verify=False)
+    api.split(
+        sample_models_dir / "mlp.onnx",
+        PlanRequest(4, workers=2),
+        out,
+        SplitOptions(profile=ProfileOptions(cost="static"), verify=False),
+    )
     return out
 
 
@@ -203,7 +210,7 @@ def test_the_report_labels_latency_at_saturation_and_one_at_a_time() -> None:
 
 
 def test_measure_runs_single_micro_batches_after_the_stream(tiny_split: Path) -> None:
-    with Pipeline.from_manifest(tiny_split, mode="threads") as pipe:
+    with Pipeline.from_manifest(tiny_split, LocalConfig(mode="threads")) as pipe:
         m = measure(pipe, token_batches(10), warmup=1, single=3)
         capacity = pipe.capacity
     assert m.microbatches == 10 and len(m.single_latencies_s) == 3
@@ -217,7 +224,7 @@ def test_measure_runs_single_micro_batches_after_the_stream(tiny_split: Path) ->
 
 def test_measure_keeps_the_outputs_in_order_when_asked(tiny_split: Path, sample_models_dir: Path) -> None:
     batches = token_batches(9, seed=4)
-    with Pipeline.from_manifest(tiny_split, mode="threads") as pipe:
+    with Pipeline.from_manifest(tiny_split, LocalConfig(mode="threads")) as pipe:
         m = measure(pipe, batches, keep_outputs=True)
     assert m.microbatches == 9
     assert_same(original_outputs(sample_models_dir / "transformer_tiny.onnx", batches), list(m.outputs))
@@ -494,7 +501,7 @@ def test_an_interleaved_run_sums_each_workers_stages(
     assert manifest.plan.workers == 2 and manifest.k == 4
     shapes = input_shapes_for(manifest, None, {})
     inputs = random_inputs(sample_models_dir / "mlp.onnx", shapes, 8)
-    with Pipeline.from_manifest(interleaved_split, mode=mode) as pipe:
+    with Pipeline.from_manifest(interleaved_split, LocalConfig(mode=mode)) as pipe:
         report = build_report(pipe, measure(pipe, inputs, warmup=1), warmup=1, input_shapes=shapes)
     assert report.worker_stages == ((0, 2), (1, 3))
     stages = {s.index: s for s in report.stages}
@@ -689,7 +696,12 @@ def test_a_measured_split_reports_the_machines_slowdown(
     prints how fast the machine ran the model since."""
     out = tmp_path / "split"
     shapes = {"input_ids": (2, 64), "attention_mask": (2, 64)}
-    api.split(bert_tiny_path, 2, out, shapes=shapes, runs=5, warmup=2, run_verify=False)
+    api.split(
+        bert_tiny_path,
+        2,
+        out,
+        SplitOptions(profile=ProfileOptions(shapes=shapes, runs=5, warmup=2), verify=False),
+    )
     reference = load_manifest(out).plan.reference_seconds
     assert reference is not None and reference > 1e-3
     report = tmp_path / "report.json"

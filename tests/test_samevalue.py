@@ -19,10 +19,10 @@ from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.model import ModelView, load_model, view_from_proto
 from onnxpipe.ir.samevalue import CONTENT_LIMIT, value_classes
 from onnxpipe.manifest import MANIFEST_NAME, SameValue, load_manifest
-from onnxpipe.plan.planner import make_plan
 from onnxpipe.plan.sequences import sequences
 from onnxpipe.plan.stages import assign_stages
 from onnxpipe.plan.types import Alias
+from onnxpipe.plan.workers import make_plan
 from onnxpipe.verification.chain import StageChain
 
 

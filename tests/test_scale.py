@@ -25,14 +25,14 @@ import onnxpipe.export.build as stagebuild
 import onnxpipe.export.stages as export
 import onnxpipe.export.weightfile as weightfile
 import onnxpipe.ir.external as external
-from onnxpipe.api import split
+from onnxpipe.api import ProfileOptions, SplitOptions, split
 from onnxpipe.core.errors import ExportError
 from onnxpipe.core.files import file_sha256
 from onnxpipe.cost.static import static_profile
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.model import load_model
 from onnxpipe.manifest import load_manifest
-from onnxpipe.plan.planner import make_plan
+from onnxpipe.plan.workers import make_plan
 from onnxpipe.verification.chain import StageChain
 from tools.make_large_graph import make_big_weights, make_many_nodes
 
@@ -185,7 +185,7 @@ def test_single_stage_over_the_limit_end_to_end(
     """K=1: the whole model is one stage over the (lowered) limit; split, verify, run."""
     monkeypatch.setattr(export, "AUTO_EXTERNAL_BYTES", 100_000)
     monkeypatch.setattr(export, "PROTOBUF_LIMIT", 100_000)
-    result = split(big, 1, tmp_path / "out", cost="static")
+    result = split(big, 1, tmp_path / "out", SplitOptions(profile=ProfileOptions(cost="static")))
     assert result.report is not None and result.report.ok
     (entry,) = result.manifest.stages
     assert entry.external_data == "stage_0.onnx.data"

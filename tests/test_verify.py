@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe import api
+from onnxpipe.api import ProfileOptions, SplitOptions
 from onnxpipe.cli import main
 from onnxpipe.core.errors import ManifestError, UsageError
 from onnxpipe.core.files import file_sha256
@@ -286,7 +287,9 @@ def width_20_split(tmp_path: Path) -> Path:
     path = tmp_path / "w20.onnx"
     onnx.save_model(width_20_model(), str(path))
     out = tmp_path / "out"
-    result = api.split(path, 2, out, cost="static", shapes={"x": (1, 20), "m": (1, 20)})
+    result = api.split(
+        path, 2, out, SplitOptions(profile=ProfileOptions(cost="static", shapes={"x": (1, 20), "m": (1, 20)}))
+    )
     assert result.report is not None and result.report.ok
     return out
 

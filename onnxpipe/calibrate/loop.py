@@ -26,13 +26,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from onnxpipe.calibrate.timing import StageTimer, time_stages
+from onnxpipe.calibrate.timing import DEFAULT_CALIBRATION_MODE, CalibrationMode, StageTimer, time_stages
 from onnxpipe.core.errors import UsageError
 from onnxpipe.cost.profile import Profile, corrected
 from onnxpipe.ir.model import ModelView
 from onnxpipe.plan.types import Plan
 
 DEFAULT_TOLERANCE = 0.02
+DEFAULT_ROUNDS = 2
+"""Rounds ``--calibrate`` runs when given without a number."""
+
+
+@dataclass(frozen=True)
+class CalibrationOptions:
+    """Whether and how ``split`` calibrates: ``rounds`` of timing and partitioning again (0: none), each
+    timing the stages as ``mode`` says."""
+
+    rounds: int = 0
+    mode: CalibrationMode = DEFAULT_CALIBRATION_MODE
 
 
 @dataclass(frozen=True)

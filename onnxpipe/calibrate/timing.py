@@ -27,6 +27,7 @@ from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
 from onnxpipe.plan.types import Plan
 from onnxpipe.runtime.affinity import available_cpus, cpu_sets, physical_cores
+from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.spec import manifest_placements
 
@@ -169,7 +170,7 @@ def time_stages_in_pipeline(
         for turn in range(min(k, MAX_ROTATIONS) if sets else 1):
             own = sets[turn:] + sets[:turn] if sets else [()] * k
             placements = [replace(p, cpus=own[i]) for i, p in enumerate(manifest_placements(manifest, t))]
-            with Pipeline.from_manifest(out, mode="threads", placements=placements) as pipe:
+            with Pipeline.from_manifest(out, LocalConfig(mode="threads"), placements=placements) as pipe:
                 pipe.run_many([feeds] * warmup)
                 for _ in range(max(1, repeats)):
                     pipe.reset_stats()

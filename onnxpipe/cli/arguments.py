@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar, overload
 
 from onnxpipe.cli.argtypes import bandwidth, count, fraction, positive_int, positive_number
+from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.cost.profile import COST_SOURCES
-from onnxpipe.plan.planner import DEFAULT_TIME_SLACK
-from onnxpipe.plan.request import SCHEDULE_CHOICES, ScheduleRequest
+from onnxpipe.cost.source import ProfileOptions
+from onnxpipe.ir.shapes import parse_shape_overrides
+from onnxpipe.plan.request import DEFAULT_TIME_SLACK, SCHEDULE_CHOICES, PlanRequest, ScheduleRequest
 
 _N = TypeVar("_N")
 
@@ -138,4 +140,32 @@ def schedule_request(args: argparse.Namespace) -> ScheduleRequest:
         microbatches=args.microbatches,
         batch=args.batch,
         backward_ratio=args.backward_ratio,
+    )
+
+
+def profile_options(
+    args: argparse.Namespace, *, saved: Path | None = None, progress: bool = False
+) -> ProfileOptions:
+    """The measurement options as a :class:`ProfileOptions` (``saved``: a profile file to reuse instead)."""
+    return ProfileOptions(
+        cost=args.cost,
+        saved=saved,
+        threads=args.threads,
+        runs=args.runs,
+        warmup=args.warmup,
+        shapes=parse_shape_overrides(args.shape),
+        progress=progress,
+    )
+
+
+def plan_request(args: argparse.Namespace) -> PlanRequest:
+    """The planning options as a :class:`PlanRequest`, the devices file read (and refused) first."""
+    return PlanRequest(
+        args.stages,
+        devices=load_cluster(args.devices) if args.devices is not None else None,
+        bandwidth_bytes_per_s=args.bandwidth,
+        order=args.order,
+        schedule=schedule_request(args),
+        workers=args.workers,
+        time_slack=args.time_slack,
     )

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from onnxpipe import api
-from onnxpipe.cli.arguments import add_measure_args, add_planning_args, schedule_request
-from onnxpipe.cli.profile import measured_profile
+from onnxpipe.cli.arguments import add_measure_args, add_planning_args, plan_request, profile_options
 from onnxpipe.cli.tables import (
     format_plan_table,
 )
@@ -26,19 +26,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    request = plan_request(args)
     view = load_model(args.model)
-    prof = measured_profile(view, args, saved=args.profile)
-    plan = api.plan(
-        view,
-        prof,
-        args.stages,
-        devices=args.devices,
-        bandwidth_bytes_per_s=args.bandwidth,
-        order=args.order,
-        schedule=schedule_request(args),
-        workers=args.workers,
-        time_slack=args.time_slack,
-    )
+    prof = api.get_profile(view, profile_options(args, saved=args.profile, progress=sys.stderr.isatty()))
+    plan = api.plan(view, prof, request)
     print(format_plan_table(plan))
     for note in plan.notes:
         print(f"  note: {note}")

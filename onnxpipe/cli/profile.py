@@ -7,12 +7,11 @@ import sys
 from pathlib import Path
 
 from onnxpipe import api
-from onnxpipe.cli.arguments import add_measure_args
+from onnxpipe.cli.arguments import add_measure_args, profile_options
 from onnxpipe.core.errors import UsageError
-from onnxpipe.cost.profile import COST_SOURCES, Profile
+from onnxpipe.cost.profile import COST_SOURCES
 from onnxpipe.export.checks import check_runtime_opsets
-from onnxpipe.ir.model import ModelView, load_model
-from onnxpipe.ir.shapes import parse_shape_overrides
+from onnxpipe.ir.model import load_model
 
 NAME = "profile"
 HELP = "measure every node's time with onnxruntime and save it"
@@ -31,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.out}: exists; choose another --out or pass --force")
     view = load_model(args.model)
     check_runtime_opsets(view)
-    prof = measured_profile(view, args)
+    prof = api.get_profile(view, profile_options(args, progress=sys.stderr.isatty()))
     prof.save(args.out)
     print(
         f"profiled {len(prof.node_seconds)} nodes of {args.model.name}: "
@@ -43,17 +42,3 @@ def run(args: argparse.Namespace) -> int:
     if len(prof.unattributed) > 10:
         print(f"  ... and {len(prof.unattributed) - 10} more notes in {args.out}")
     return 0
-
-
-def measured_profile(view: ModelView, args: argparse.Namespace, saved: Path | None = None) -> Profile:
-    """The profile the measurement options ask for (``saved``: a profile file to reuse instead)."""
-    return api.get_profile(
-        view,
-        cost=args.cost,
-        profile=saved,
-        threads=args.threads,
-        runs=args.runs,
-        warmup=args.warmup,
-        shapes=parse_shape_overrides(args.shape),
-        progress=sys.stderr.isatty(),
-    )

@@ -18,9 +18,18 @@ from onnxpipe.core.errors import ManifestError, UsageError
 from onnxpipe.ir.shapes import parse_shape_overrides
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.backends.ray_backend import load_ray_resources
-from onnxpipe.runtime.base import DEFAULT_SLOTS, Tensors
+from onnxpipe.runtime.base import (
+    BACKENDS,
+    DEFAULT_LOCAL_MODE,
+    DEFAULT_SLOTS,
+    LOCAL_MODES,
+    BackendConfig,
+    LocalConfig,
+    RayConfig,
+    Tensors,
+)
 from onnxpipe.runtime.inputs import input_shapes_for, load_npz, random_inputs
-from onnxpipe.runtime.pipeline import BACKENDS, DEFAULT_LOCAL_MODE, LOCAL_MODES, LocalMode, Pipeline
+from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.report.baselines import Feeds, add_baselines, distinct
 from onnxpipe.runtime.report.build import build_report
 from onnxpipe.runtime.report.measure import measure
@@ -176,17 +185,8 @@ def run(args: argparse.Namespace) -> int:
         if args.backend != "ray":
             raise UsageError("--ray-resources is for --backend ray")
         resources = load_ray_resources(args.ray_resources, manifest.k)
-    mode: LocalMode = args.local_mode
     with Pipeline.from_manifest(
-        args.dir,
-        backend=args.backend,
-        mode=mode,
-        threads=args.threads,
-        placements=placements,
-        slots=args.slots,
-        ray_address=args.ray_address,
-        ray_resources=resources,
-        pin=args.pin,
+        args.dir, backend_config(args, resources), threads=args.threads, placements=placements
     ) as pipeline:
         single = min(len(inputs), SINGLE_LATENCY_MICROBATCHES)
         measurement = measure(
@@ -214,6 +214,17 @@ def run(args: argparse.Namespace) -> int:
         _save_outputs(args.outputs, measurement.outputs)
         print(f"wrote {args.outputs}")
     return 1 if report.outputs_match is False else 0
+
+
+def backend_config(args: argparse.Namespace, resources: list[dict[str, Any]] | None) -> BackendConfig:
+    """``--backend`` and the options of the backend it names; another backend's options are refused."""
+    if args.backend == "ray":
+        if args.pin:
+            raise UsageError("--pin is for local workers; Ray places its actors itself")
+        return RayConfig(address=args.ray_address, resources=resources, slots=args.slots)
+    if args.ray_address is not None:
+        raise UsageError("--ray-address is for --backend ray")
+    return LocalConfig(mode=args.local_mode, slots=args.slots, pin=args.pin)
 
 
 def _write(path: Path, text: str) -> None:

@@ -7,14 +7,15 @@ import sys
 from pathlib import Path
 
 from onnxpipe import api
+from onnxpipe.calibrate.loop import DEFAULT_ROUNDS, CalibrationOptions
 from onnxpipe.calibrate.timing import CALIBRATION_MODES, DEFAULT_CALIBRATION_MODE
 from onnxpipe.cli.argtypes import positive_int
-from onnxpipe.cli.arguments import add_measure_args, add_planning_args, schedule_request
+from onnxpipe.cli.arguments import add_measure_args, add_planning_args, plan_request, profile_options
 from onnxpipe.cli.tables import (
     format_manifest_table,
     format_verify_report,
 )
-from onnxpipe.ir.shapes import parse_shape_overrides
+from onnxpipe.export.stages import ExportOptions
 
 NAME = "split"
 HELP = "partition the model into K balanced stages and export them"
@@ -26,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_planning_args(p)
     p.add_argument(
         "--external-data",
-        choices=("auto", "always", "never"),
+        choices=("auto", "always", "never"),  # the help lists them in this order: EXTERNAL_DATA_MODES
         default="auto",
         help="store stage weights in separate files",
     )
@@ -36,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--calibrate",
         type=positive_int,
         nargs="?",
-        const=2,
+        const=DEFAULT_ROUNDS,
         default=0,
         metavar="ROUNDS",
         help="time the stages, correct the costs and split again (default 2 rounds when given)",
@@ -53,29 +54,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = api.split(
-        args.model,
-        args.stages,
-        args.out,
-        devices=args.devices,
-        order=args.order,
-        schedule=schedule_request(args),
-        profile=args.profile,
-        cost=args.cost,
-        threads=args.threads,
-        runs=args.runs,
-        warmup=args.warmup,
-        bandwidth_bytes_per_s=args.bandwidth,
-        shapes=parse_shape_overrides(args.shape),
-        force=args.force,
-        run_verify=not args.no_verify,
-        calibrate=args.calibrate,
-        calibrate_in=args.calibrate_in,
-        external_data=args.external_data,
-        progress=not args.quiet and sys.stderr.isatty(),
-        workers=args.workers,
-        time_slack=args.time_slack,
+    request = plan_request(args)
+    options = api.SplitOptions(
+        profile=profile_options(args, saved=args.profile, progress=not args.quiet and sys.stderr.isatty()),
+        calibration=CalibrationOptions(rounds=args.calibrate, mode=args.calibrate_in),
+        export=ExportOptions(force=args.force, external_data=args.external_data),
+        verify=not args.no_verify,
     )
+    result = api.split(args.model, request, args.out, options)
     plan = result.plan
     print(format_manifest_table(result.manifest))
     print(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NoReturn, get_args
 
@@ -46,6 +47,16 @@ ExternalData = Literal["auto", "never", "always"]
 """Where stage weights go: ``auto`` (a side file for a big stage or a source with external weights),
 ``never`` or ``always``."""
 EXTERNAL_DATA_MODES: tuple[str, ...] = get_args(ExternalData)
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """How ``split`` writes the folder: replacing an earlier split (``force``), and where weights go."""
+
+    force: bool = False
+    external_data: ExternalData = "auto"
+
+
 AUTO_EXTERNAL_BYTES = 1_800_000_000
 """``external_data="auto"``: a stage above this size gets a weights side file (protobuf stops at 2 GB)."""
 EXTERNAL_THRESHOLD = 1024
@@ -236,6 +247,7 @@ class _StageWriter:
 __all__ = [
     "AUTO_EXTERNAL_BYTES",
     "EXTERNAL_DATA_MODES",
+    "ExportOptions",
     "ExternalData",
     "export_stages",
     "stage_data_name",

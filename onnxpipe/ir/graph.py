@@ -207,7 +207,6 @@ def greedy_live_order(
     going (depth-first) rather than interleaving branches.
     """
 
-
     n = len(deps)
     prod = _producers(outs)
     avail = set(available)

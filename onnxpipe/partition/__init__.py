@@ -135,26 +135,11 @@ def solve(
     return _finish(*_homogeneous_model(costs, k, cut_bytes, bandwidth, allowed_cuts))
 
 
-def solve_heterogeneous(
-    costs: Sequence[float] | None,
-    k: int,
-    *,
-    speeds: Sequence[float] | None = None,
-    cut_bytes: Sequence[float] | None = None,
-    bandwidths: Sequence[float] | None = None,
-    latencies: Sequence[float] | None = None,
-    overlap: bool = True,
-    item_mem: Sequence[float] | None = None,
-    mem_caps: Sequence[float] | None = None,
-    cut_mem_factor: Sequence[float] | None = None,
-    allowed_cuts: Sequence[bool] | None = None,
-    device_costs: Sequence[Sequence[float]] | None = None,
-    item_act: Sequence[float] | None = None,
-    act_factor: Sequence[float] | None = None,
-) -> Partition:
+def solve_heterogeneous(request: HeterogeneousRequest, k: int) -> Partition:
     """Split the items over ``k`` different devices in a fixed order, minimising the pipeline bottleneck.
 
-    Compute, one of two ways:
+    ``request`` (:class:`HeterogeneousRequest`) holds everything but ``k``; its fields, as used here:
+    compute, one of two ways:
 
     * ``costs`` with ``speeds``: stage ``s`` runs on device ``s`` in ``sum(costs[a:b]) / speeds[s]``
       (``speeds`` defaults to all 1);
@@ -184,21 +169,6 @@ def solve_heterogeneous(
     any weights ``w >= 0`` (weak LP duality), with weights searched for the LP optimum: exact for two
     kinds of device, close for more (see ``_dual_weights``).
     """
-    request = HeterogeneousRequest(
-        costs,
-        speeds=speeds,
-        cut_bytes=cut_bytes,
-        bandwidths=bandwidths,
-        latencies=latencies,
-        overlap=overlap,
-        item_mem=item_mem,
-        mem_caps=mem_caps,
-        cut_mem_factor=cut_mem_factor,
-        allowed_cuts=allowed_cuts,
-        device_costs=device_costs,
-        item_act=item_act,
-        act_factor=act_factor,
-    )
     return _finish(*_heterogeneous_model(request, k))
 
 
@@ -219,45 +189,15 @@ def evaluate(
     return _partition_of(model, lower, b)
 
 
-def evaluate_heterogeneous(
-    bounds: Sequence[int],
-    costs: Sequence[float] | None,
-    *,
-    speeds: Sequence[float] | None = None,
-    cut_bytes: Sequence[float] | None = None,
-    bandwidths: Sequence[float] | None = None,
-    latencies: Sequence[float] | None = None,
-    overlap: bool = True,
-    item_mem: Sequence[float] | None = None,
-    mem_caps: Sequence[float] | None = None,
-    cut_mem_factor: Sequence[float] | None = None,
-    allowed_cuts: Sequence[bool] | None = None,
-    device_costs: Sequence[Sequence[float]] | None = None,
-    item_act: Sequence[float] | None = None,
-    act_factor: Sequence[float] | None = None,
-) -> Partition:
+def evaluate_heterogeneous(request: HeterogeneousRequest, bounds: Sequence[int]) -> Partition:
     """Score a given split under :func:`solve_heterogeneous`'s objective (``k = len(bounds) - 1``).
 
-    Same arguments, same cost formula and same ``lower_bound``, so
-    ``evaluate_heterogeneous(solve_heterogeneous(...).bounds, ...)`` reproduces the solver's result exactly
-    and a baseline split can be compared with it fairly.  A split the solver could not return is refused
+    Same request, same cost formula and same ``lower_bound``, so
+    ``evaluate_heterogeneous(request, solve_heterogeneous(request, k).bounds)`` reproduces the solver's
+    result exactly and a baseline split can be compared with it fairly.  A split the solver could not return
+    is refused
     with :class:`PartitionError`: a cut that ``allowed_cuts`` forbids, or a stage over its memory cap.
     """
-    request = HeterogeneousRequest(
-        costs,
-        speeds=speeds,
-        cut_bytes=cut_bytes,
-        bandwidths=bandwidths,
-        latencies=latencies,
-        overlap=overlap,
-        item_mem=item_mem,
-        mem_caps=mem_caps,
-        cut_mem_factor=cut_mem_factor,
-        allowed_cuts=allowed_cuts,
-        device_costs=device_costs,
-        item_act=item_act,
-        act_factor=act_factor,
-    )
     b = _check_bounds(bounds, _item_count(request))
     model, lower = _heterogeneous_model(request, len(b) - 1)
     _check_split(model, b)

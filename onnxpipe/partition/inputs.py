@@ -23,10 +23,10 @@ from onnxpipe.partition.numeric import BoolArr, FloatArr, _prefix
 class HeterogeneousRequest:
     """Everything :func:`~onnxpipe.partition.solve_heterogeneous` is told except ``k``, as given.
 
-    The same thirteen arguments used to be repeated by the solver, the scorer, the reference DP and the
-    model builder; now the public functions keep their keyword arguments (the documented API) and build
-    one of these, and everything behind them takes it.  Fields hold the caller's values unchecked:
-    :func:`_heterogeneous_model` validates them for a given ``k``, so building a request never raises.
+    One value for the solver, the scorer, the reference DP, the model builder and the planner that fills
+    it in (:mod:`onnxpipe.plan.cluster`), so that the thirteen arguments are spelled once.  Fields hold
+    the caller's values unchecked: :func:`_heterogeneous_model` validates them for a given ``k``, so building
+    a request never raises.
     ``k`` is not a field because the solver is told it while the scorer reads it from the bounds.
     """
 

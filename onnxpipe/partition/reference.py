@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -32,10 +31,9 @@ def _reference_solve(
     return _reference_finish(*_homogeneous_model(costs, k, cut_bytes, bandwidth, allowed_cuts))
 
 
-def _reference_solve_heterogeneous(costs: Sequence[float] | None, k: int, **options: Any) -> Partition:
-    """:func:`~onnxpipe.partition.solve_heterogeneous` by the reference DP; ``options`` are its keyword
-    arguments (the fields of :class:`HeterogeneousRequest`, which refuses any other name)."""
-    return _reference_finish(*_heterogeneous_model(HeterogeneousRequest(costs, **options), k))
+def _reference_solve_heterogeneous(request: HeterogeneousRequest, k: int) -> Partition:
+    """:func:`~onnxpipe.partition.solve_heterogeneous` by the reference DP."""
+    return _reference_finish(*_heterogeneous_model(request, k))
 
 
 def _reference_finish(model: _Model, lower: float) -> Partition:

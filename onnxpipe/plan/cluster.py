@@ -15,29 +15,253 @@ The exact work happens elsewhere: :func:`onnxpipe.partition.solve_heterogeneous`
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
 
-from onnxpipe import partition as _partition
-from onnxpipe.cluster.costs import device_costs
+from onnxpipe.cluster.costs import DeviceCosts, device_costs
 from onnxpipe.cluster.model import Cluster, Device
 from onnxpipe.core.errors import MemoryFitError, PartitionError, UsageError
 from onnxpipe.cost.measure import profile_model
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.model import ModelView
+from onnxpipe.partition import solve_heterogeneous
+from onnxpipe.partition.inputs import HeterogeneousRequest
+from onnxpipe.partition.result import Partition
 from onnxpipe.plan.fused import keeping_fused_groups
 from onnxpipe.plan.memory import TRAINING_STATE_FACTOR, stage_memory_bytes
 from onnxpipe.plan.orders import OrderSearch, place, stages_auto
-from onnxpipe.plan.planner import plan_from
-from onnxpipe.plan.request import ScheduleRequest
-from onnxpipe.plan.sequences import first_reader_param_bytes, sequences
-from onnxpipe.plan.stages import assign_stages
+from onnxpipe.plan.request import PlanRequest, ScheduleOption
+from onnxpipe.plan.sequences import Sequences, first_reader_param_bytes, sequences
+from onnxpipe.plan.stages import assign_stages, plan_from
 from onnxpipe.plan.types import Plan, StageSpec
 from onnxpipe.schedule.simulate import in_flight, simulate
-from onnxpipe.schedule.timeline import ScheduleKind, Timeline
+from onnxpipe.schedule.timeline import Timeline
+
+OBJECTIVE = (
+    "minimize the pipeline bottleneck: the largest stage compute time on its device or link transfer "
+    "time (transfers overlap compute)"
+)
+
+
+@dataclass(frozen=True)
+class _Costs:
+    """What every candidate plan is solved on: the sequences, and each device's cost of every node."""
+
+    seq: Sequences
+    rows: Mapping[str, tuple[float, ...]]
+    """Device name -> its cost of each compute node (scaled, measured on it, or from its profile)."""
+    params: tuple[float, ...]
+    """Weight bytes per compute node, each weight at its first reader."""
+    acts: tuple[float, ...]
+    """Bytes of each compute node's outputs: what training keeps for the backward pass."""
+    records: tuple[DeviceCosts, ...]
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """One schedule's best plan for ``k`` stages: the devices and the partition found, and its timeline."""
+
+    option: ScheduleOption
+    search: OrderSearch[Partition]
+    timeline: Timeline
+
+    @property
+    def iteration_seconds(self) -> float:
+        """Streaming: time per micro-batch in steady state; training: the simulated batch (makespan)."""
+        return self.search.result.bottleneck if not self.option.training else self.timeline.makespan
+
+
+def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Plan:
+    """The fastest pipeline of ``request.stages`` stages (or, for ``"auto"``, the fewest within
+    ``request.tolerance`` of the best) over ``request.devices``, under the requested schedule, within
+    every device's memory.
+
+    Without devices they are ``stages`` copies of the profiling machine joined by links of
+    ``request.bandwidth_bytes_per_s``.
+    """
+    request.check()
+    profile.check_matches(view)
+    stages = request.stages
+    m = len(view.compute_nodes)
+    cluster = request.devices
+    if cluster is None:
+        assert isinstance(stages, int)  # check() refuses "auto" without devices
+        cluster = Cluster.homogeneous(
+            stages, profile.threads, bandwidth_bytes_per_s=request.bandwidth_bytes_per_s
+        )
+    max_k = min(cluster.size, m)
+    if stages != "auto" and not 1 <= stages <= max_k:
+        what = f"{m} compute nodes" if stages > m else f"{cluster.size} devices in {cluster.label}"
+        raise PartitionError(
+            f"cannot make {stages} stages: the plan has {what}; choose --stages between 1 and {max_k}"
+        )
+    costs = _costs(view, profile, cluster)
+    best, reason = _best(view, costs, cluster, request, max_k)
+    notes: list[str] = []
+    if reason:
+        notes.append(f"--stages auto chose {best.search.k}: {reason}")
+    if best.search.free:
+        notes.append(
+            f"--order free tried {best.search.evaluated} device orders; "
+            f"chose {', '.join(best.search.cluster.names)}"
+        )
+    part, arranged, option = best.search.result, best.search.cluster, best.option
+    # the manifest's stage times are one sample's forward pass (what inference and `run` measure);
+    # training step times live in the timeline
+    per_sample = _work(option, request) if option.training else 1.0
+    specs = assign_stages(
+        view,
+        part.bounds,
+        costs.seq.sizes,
+        [c / per_sample for c in part.compute],
+        [t / option.size for t in part.transfer] if option.training else part.transfer,
+        devices=arranged.names,
+        link_bytes=costs.seq.cut_bytes,
+        classes=costs.seq.classes,
+    )
+    _check_final_memory(specs, arranged, best, costs.acts)
+    kept = {d.name for d in arranged.devices}
+    return plan_from(
+        view,
+        profile,
+        part,
+        specs,
+        costs.seq.sizes,
+        request.bandwidth_bytes_per_s,
+        objective=OBJECTIVE,
+        notes=tuple(notes),
+        timeline=best.timeline,
+        cluster=arranged,
+        device_costs=tuple(r for r in costs.records if r.device in kept),
+        microbatch_size=option.size,
+    )
+
+
+def _costs(view: ModelView, profile: Profile, cluster: Cluster) -> _Costs:
+    seq = sequences(view, profile)
+    compute = seq.compute
+    records = device_costs(
+        cluster,
+        {n.name: c for n, c in zip(compute, seq.costs, strict=True)},
+        {n.name: n.op_type for n in compute},
+        measure=_measure_fn(view, profile),
+        load=_load_fn(view),
+        reference_threads=profile.threads,
+    )
+    return _Costs(
+        seq=seq,
+        rows={r.device: tuple(float(r.node_seconds.get(n.name, 0.0)) for n in compute) for r in records},
+        params=tuple(first_reader_param_bytes(view)),
+        acts=tuple(float(sum(seq.sizes.get(o, 0) for o in n.outputs)) for n in compute),
+        records=records,
+    )
+
+
+def _best(
+    view: ModelView, costs: _Costs, cluster: Cluster, request: PlanRequest, max_k: int
+) -> tuple[_Candidate, str]:
+    """The fastest candidate over the schedules asked for, and why its stage count (``auto``: the
+    fewest within the tolerance of the best).  The last failure is raised when no schedule fits."""
+    best: _Candidate | None = None
+    best_reason = ""
+    last_error: PartitionError | None = None
+    for option in request.schedule.candidates():
+        found: dict[int, _Candidate] = {}
+
+        def search_k(
+            k: int, option: ScheduleOption = option, found: dict[int, _Candidate] = found
+        ) -> OrderSearch[Partition]:
+            if k not in found:
+                found[k] = _candidate(view, costs, cluster, request, option, k)
+            return found[k].search
+
+        try:
+            if request.stages == "auto":
+                choice = stages_auto(max_k, search_k, tolerance=request.tolerance)
+                k, reason = choice.k, choice.reason
+            else:
+                k, reason = request.stages, ""
+            search_k(k)
+        except PartitionError as e:
+            last_error = e
+            continue
+        if best is None or found[k].iteration_seconds < best.iteration_seconds * (1 - 1e-12):
+            best, best_reason = found[k], reason
+    if best is None:
+        assert last_error is not None
+        raise last_error
+    return best, best_reason
+
+
+def _candidate(
+    view: ModelView, costs: _Costs, cluster: Cluster, request: PlanRequest, option: ScheduleOption, k: int
+) -> _Candidate:
+    search = place(
+        cluster, k, lambda arranged: _solve(view, costs, arranged, request, option), order=request.order
+    )
+    part = search.result
+    if not option.training:
+        timeline = simulate("stream", list(part.compute), None, list(part.transfer), option.microbatches)
+    else:
+        fwd = [c / (1.0 + request.schedule.backward_ratio) for c in part.compute]
+        bwd = [c - f for c, f in zip(part.compute, fwd, strict=True)]
+        timeline = simulate(option.kind, fwd, bwd, list(part.transfer), option.microbatches)
+    return _Candidate(option, search, timeline)
+
+
+def _work(option: ScheduleOption, request: PlanRequest) -> float:
+    """Forward-pass units of work one micro-batch costs on a stage: its samples, times forward plus
+    backward when training."""
+    return (1.0 + request.schedule.backward_ratio) * option.size if option.training else float(option.size)
+
+
+def _heterogeneous_request(
+    costs: _Costs, arranged: Cluster, request: PlanRequest, option: ScheduleOption
+) -> HeterogeneousRequest:
+    """The partitioner's request for ``option`` on the devices in the order ``arranged``: per-device
+    costs of one micro-batch, what crosses each cut, and what each stage must hold."""
+    k, size, work = arranged.size, option.size, _work(option, request)
+    training = option.training
+    return HeterogeneousRequest(
+        None,
+        device_costs=[[c * work for c in costs.rows[name]] for name in arranged.names],
+        cut_bytes=[c * size for c in costs.seq.cut_bytes],
+        bandwidths=arranged.bandwidths,
+        latencies=arranged.latencies,
+        overlap=True,
+        item_mem=[(TRAINING_STATE_FACTOR if training else 1.0) * p for p in costs.params],
+        mem_caps=arranged.mem_caps,
+        # inference holds the micro-batch it computes and the next one arriving
+        cut_mem_factor=[0.0 if training else 2.0 * size] * k,
+        # training: every activation of the stage, for each micro-batch it holds (GPipe M, 1F1B min(M, K-s))
+        item_act=costs.acts if training else None,
+        act_factor=[float(in_flight(option.kind, s, k, option.microbatches) * size) for s in range(k)]
+        if training
+        else None,
+    )
+
+
+def _solve(
+    view: ModelView, costs: _Costs, arranged: Cluster, request: PlanRequest, option: ScheduleOption
+) -> Partition:
+    """The exact partition for ``option`` on ``arranged``, fused groups kept whole while that costs
+    little (the candidates the search tries are noted nowhere: only the plan it keeps has notes)."""
+    base = _heterogeneous_request(costs, arranged, request, option)
+    try:
+        return keeping_fused_groups(
+            lambda allowed: solve_heterogeneous(replace(base, allowed_cuts=allowed), arranged.size),
+            costs.seq.allowed,
+            [],
+        )
+    except MemoryFitError as e:
+        raise MemoryFitError(
+            f"{arranged.source or 'the devices'}: {arranged.size} stages of {view.label} do not fit the "
+            f"devices' memory under {option.describe()}; the smallest memory that fits is "
+            f"{e.smallest_fit_bytes:.0f} bytes per device: raise memory_bytes, add devices, or "
+            "choose another schedule",
+            e.smallest_fit_bytes,
+        ) from e
 
 
 def _measure_fn(view: ModelView, profile: Profile) -> Callable[[Device], Mapping[str, float]]:
@@ -62,214 +286,8 @@ def _load_fn(view: ModelView) -> Callable[[Device, str], Mapping[str, float]]:
     return load
 
 
-@dataclass(frozen=True)
-class _Candidate:
-    kind: ScheduleKind
-    microbatches: int
-    size: int
-    search: OrderSearch[_partition.Partition]
-    timeline: Timeline
-
-
-def plan_pipeline(
-    view: ModelView,
-    profile: Profile,
-    stages: int | Literal["auto"],
-    *,
-    cluster: Cluster | None = None,
-    bandwidth_bytes_per_s: float = math.inf,
-    order: Literal["fixed", "free"] = "fixed",
-    schedule: ScheduleRequest | None = None,
-    tolerance: float = 0.05,
-) -> Plan:
-    """The fastest pipeline of ``stages`` stages (or the fewest within ``tolerance`` of the best, for
-    ``"auto"``) over ``cluster``'s devices, under the requested schedule, within every device's memory.
-
-    Without a cluster the devices are ``stages`` copies of the profiling machine joined by links of
-    ``bandwidth_bytes_per_s``.
-    """
-    profile.check_matches(view)
-    request = schedule or ScheduleRequest()
-    if cluster is not None and bandwidth_bytes_per_s != math.inf:
-        raise UsageError(
-            f"--bandwidth: the links of {cluster.source or 'the devices file'} set the bandwidth; "
-            "give it there (links[].bandwidth_bytes_per_s) instead"
-        )
-    compute = view.compute_nodes
-    m = len(compute)
-    if cluster is None:
-        if stages == "auto":
-            raise UsageError("--stages auto needs --devices: the cluster bounds how many stages to try")
-        cluster = Cluster.homogeneous(stages, profile.threads, bandwidth_bytes_per_s=bandwidth_bytes_per_s)
-    max_k = min(cluster.size, m)
-    if stages != "auto" and not 1 <= stages <= max_k:
-        what = (
-            f"{m} compute nodes"
-            if stages > m
-            else f"{cluster.size} devices in {cluster.source or 'the cluster'}"
-        )
-        raise PartitionError(
-            f"cannot make {stages} stages: the plan has {what}; choose --stages between 1 and {max_k}"
-        )
-
-    seq = sequences(view, profile)
-    sizes, cuts, costs, allowed = seq.sizes, seq.cut_bytes, seq.costs, seq.allowed
-    reference = {n.name: c for n, c in zip(compute, costs, strict=True)}
-    records = device_costs(
-        cluster,
-        reference,
-        {n.name: n.op_type for n in compute},
-        measure=_measure_fn(view, profile),
-        load=_load_fn(view),
-        reference_threads=profile.threads,
-    )
-    # each device's own cost of every node: scaled by its speed or per-op speeds, or measured on it
-    row_of = {r.device: [float(r.node_seconds.get(n.name, 0.0)) for n in compute] for r in records}
-    params = first_reader_param_bytes(view)
-    acts = [float(sum(sizes.get(o, 0) for o in n.outputs)) for n in compute]
-    notes: list[str] = []
-
-    def solver(kind: ScheduleKind, mb: int, size: int) -> Callable[[Cluster], _partition.Partition]:
-        training = kind != "stream"
-        work = (1.0 + request.backward_ratio) * size if training else float(size)
-
-        def solve_on(arr: Cluster) -> _partition.Partition:
-            k = arr.size
-            state = TRAINING_STATE_FACTOR if training else 1.0
-            kwargs: dict[str, object] = {
-                "device_costs": [[c * work for c in row_of[name]] for name in arr.names],
-                "cut_bytes": [c * size for c in cuts],
-                "bandwidths": arr.bandwidths,
-                "latencies": arr.latencies,
-                "overlap": True,
-                "item_mem": [state * p for p in params],
-                "mem_caps": arr.mem_caps,
-                # inference holds the micro-batch it computes and the next one arriving
-                "cut_mem_factor": [0.0 if training else 2.0 * size] * k,
-            }
-            if training:
-                # every activation of the stage, for each micro-batch it holds (GPipe M, 1F1B min(M, K-s))
-                kwargs["item_act"] = acts
-                kwargs["act_factor"] = [float(in_flight(kind, st, k, mb) * size) for st in range(k)]
-            try:
-                # the candidates the search tries are noted nowhere: only the plan it keeps has notes
-                return keeping_fused_groups(
-                    lambda cuts: _partition.solve_heterogeneous(None, k, allowed_cuts=cuts, **kwargs),  # type: ignore[arg-type]
-                    allowed,
-                    [],
-                )
-            except MemoryFitError as e:
-                where = arr.source or "the devices"
-                schedule_text = "streaming" if kind == "stream" else f"{kind} with {mb} micro-batches"
-                raise MemoryFitError(
-                    f"{where}: {k} stages of {view.path.name if view.path else 'the model'} do not fit the "
-                    f"devices' memory under {schedule_text}; the smallest memory that fits is "
-                    f"{e.smallest_fit_bytes:.0f} bytes per device: raise memory_bytes, add devices, or "
-                    "choose another schedule",
-                    e.smallest_fit_bytes,
-                ) from e
-
-        return solve_on
-
-    def candidate(kind: ScheduleKind, mb: int, size: int, k: int) -> _Candidate:
-        search = place(cluster, k, solver(kind, mb, size), order=order)
-        part = search.result
-        if kind == "stream":
-            timeline = simulate(kind, list(part.compute), None, list(part.transfer), mb)
-        else:
-            fwd = [c / (1.0 + request.backward_ratio) for c in part.compute]
-            bwd = [c - f for c, f in zip(part.compute, fwd, strict=True)]
-            timeline = simulate(kind, fwd, bwd, list(part.transfer), mb)
-        return _Candidate(kind, mb, size, search, timeline)
-
-    best: _Candidate | None = None
-    chosen_k_reason = ""
-    last_error: PartitionError | None = None
-    for kind, mb, size in request.candidates():
-        cache: dict[int, _Candidate] = {}
-
-        def search_k(
-            k: int,
-            kind: ScheduleKind = kind,
-            mb: int = mb,
-            size: int = size,
-            cache: dict[int, _Candidate] = cache,
-        ) -> OrderSearch[_partition.Partition]:
-            if k not in cache:
-                cache[k] = candidate(kind, mb, size, k)
-            return cache[k].search
-
-        try:
-            if stages == "auto":
-                choice = stages_auto(max_k, search_k, tolerance=tolerance)
-                search_k(choice.k)
-                cand, reason = cache[choice.k], choice.reason
-            else:
-                search_k(stages)
-                cand, reason = cache[stages], ""
-        except PartitionError as e:
-            last_error = e
-            continue
-        if best is None or _iteration_time(cand) < _iteration_time(best) * (1 - 1e-12):
-            best, chosen_k_reason = cand, reason
-    if best is None:
-        assert last_error is not None
-        raise last_error
-    if chosen_k_reason:
-        notes.append(f"--stages auto chose {best.search.k}: {chosen_k_reason}")
-    if best.search.free:
-        notes.append(
-            f"--order free tried {best.search.evaluated} device orders; "
-            f"chose {', '.join(best.search.cluster.names)}"
-        )
-    part = best.search.result
-    arranged = best.search.cluster
-    # the manifest's stage times are one sample's forward pass (what inference and `run` measure);
-    # training step times live in the timeline
-    per_sample = 1.0 if best.kind == "stream" else (1.0 + request.backward_ratio) * best.size
-    specs = assign_stages(
-        view,
-        part.bounds,
-        sizes,
-        [c / per_sample for c in part.compute],
-        [t / best.size for t in part.transfer] if best.kind != "stream" else part.transfer,
-        devices=arranged.names,
-        link_bytes=cuts,
-        classes=seq.classes,
-    )
-    _check_final_memory(specs, arranged, best, acts)
-    kept = {d.name for d in arranged.devices}
-    return plan_from(
-        view,
-        profile,
-        part,
-        specs,
-        sizes,
-        bandwidth_bytes_per_s,
-        objective=(
-            "minimize the pipeline bottleneck: the largest stage compute time on its device or link "
-            "transfer time (transfers overlap compute)"
-        ),
-        notes=tuple(notes),
-        timeline=best.timeline,
-        cluster=arranged,
-        device_costs=tuple(r for r in records if r.device in kept),
-        microbatch_size=best.size,
-    )
-
-
-def _iteration_time(c: _Candidate) -> float:
-    """Streaming: time per micro-batch in steady state; training: the simulated batch (makespan)."""
-    if c.kind == "stream":
-        return c.search.result.bottleneck
-    return c.timeline.makespan
-
-
 def _check_final_memory(
-    specs: Sequence[StageSpec],
-    arranged: Cluster,
-    best: _Candidate,
-    acts: Sequence[float],
+    specs: Sequence[StageSpec], arranged: Cluster, best: _Candidate, acts: Sequence[float]
 ) -> None:
     """The memory model again with shared weights counted in every stage that copies them.
 
@@ -278,13 +296,14 @@ def _check_final_memory(
     """
     k = len(specs)
     bounds = best.search.result.bounds
+    option = best.option
     for s, spec in enumerate(specs):
         cap = arranged.devices[s].memory_bytes
         if cap is None:
             continue
         act = float(sum(acts[bounds[s] : bounds[s + 1]]))
         need = stage_memory_bytes(
-            best.kind, s, k, best.microbatches, best.size, spec.param_bytes, act, spec.link_bytes_in
+            option.kind, s, k, option.microbatches, option.size, spec.param_bytes, act, spec.link_bytes_in
         )
         if need > cap:
             raise MemoryFitError(

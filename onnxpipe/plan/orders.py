@@ -22,10 +22,19 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Generic, Literal, Protocol, TypeVar
 
 from onnxpipe.cluster.model import Cluster, device_type
 from onnxpipe.core.errors import PartitionError, UsageError
+
+
+class DeviceOrder(StrEnum):
+    """``--order``: the devices in the file's order, or the best order (and choice) the planner finds."""
+
+    FIXED = "fixed"
+    FREE = "free"
+
 
 DEFAULT_MAX_ORDERS = 20_000
 """Most distinct device-type sequences :func:`best_device_order` solves (each is one exact partition)."""
@@ -193,7 +202,7 @@ def place(
     k: int,
     solve: Callable[[Cluster], P],
     *,
-    order: Literal["fixed", "free"] = "fixed",
+    order: DeviceOrder | str = DeviceOrder.FIXED,
     max_orders: int = DEFAULT_MAX_ORDERS,
 ) -> OrderSearch[P]:
     """``--order fixed|free``: the first ``k`` devices in file order, or the best order and choice."""

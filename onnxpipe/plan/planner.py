@@ -1,232 +1,41 @@
-"""From a model view and per-node costs to a :class:`~onnxpipe.plan.types.Plan` on identical workers.
+"""The one entry to planning: a :class:`~onnxpipe.plan.request.PlanRequest` in, a plan out.
 
-:func:`make_plan` partitions into K stages, one per worker; :func:`make_interleaved_plan` deals K stages
-out to fewer workers in turn.  Both line up the compute nodes (:mod:`onnxpipe.plan.sequences`), ask
-:mod:`onnxpipe.partition` for the optimal bounds, and turn the bounds back into named stages
-(:mod:`onnxpipe.plan.stages`); plans for a cluster of other devices are :mod:`onnxpipe.plan.cluster`'s.
-
-Cheap constant producers (see :mod:`onnxpipe.model`) are left out of the sequence; each stage that
-reads one gets its own copy (``constant_nodes``), so their values never cross a cut.
+A streaming plan on copies of this machine in a fixed order goes to :mod:`onnxpipe.plan.workers` (one
+stage per worker, or interleaved); anything else (a devices file, a free device order, a training
+schedule, ``--stages auto``) to :func:`onnxpipe.plan.cluster.plan_pipeline`.  Both are exact.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
-
-from onnxpipe import partition as _partition
-from onnxpipe.cluster.costs import DeviceCosts
-from onnxpipe.cluster.model import Cluster
-from onnxpipe.core.errors import PartitionError
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.model import ModelView
-from onnxpipe.partition.interleave import InterleavedPartition, evaluate_interleaved, solve_interleaved
-from onnxpipe.partition.result import Partition
-from onnxpipe.plan.fused import keeping_fused_groups
-from onnxpipe.plan.sequences import Sequences, first_reader_param_bytes, sequences
-from onnxpipe.plan.stages import stages_of
-from onnxpipe.plan.types import Plan, StageSpec
-from onnxpipe.schedule.simulate import simulate
-from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES, Timeline
+from onnxpipe.plan.cluster import plan_pipeline
+from onnxpipe.plan.request import DEFAULT_TIME_SLACK, PlanRequest
+from onnxpipe.plan.types import Plan
+from onnxpipe.plan.workers import make_interleaved_plan, make_plan
+from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 
 
-def make_plan(
-    view: ModelView,
-    profile: Profile,
-    k: int,
-    *,
-    bandwidth_bytes_per_s: float = math.inf,
-    microbatches: int = DEFAULT_MICROBATCHES,
-) -> Plan:
-    """Partition ``view`` into ``k`` stages that minimize the slowest stage, exactly.
-
-    Stages run on identical workers; a received byte costs ``1 / bandwidth_bytes_per_s`` seconds on top
-    of the stage's compute.  ``microbatches`` only sets the length of the simulated streaming timeline.
-    For a cluster of different devices, memory limits and training schedules see
-    :func:`onnxpipe.planner.plan_pipeline`.
-
-    Fused groups reported by the profiler are kept whole when that still leaves ``k`` stages possible;
-    otherwise the constraint is dropped and a note says so.
-    """
-    profile.check_matches(view)
-    compute = view.compute_nodes
-    m = len(compute)
-    if k < 1 or k > m:
-        raise PartitionError(
-            f"{view.label}: cannot make {k} non-empty stages from {m} "
-            f"compute nodes; choose --stages between 1 and {m}"
+def plan(view: ModelView, profile: Profile, request: PlanRequest) -> Plan:
+    """The plan ``request`` asks for, from ``profile``'s costs of ``view`` (checked first)."""
+    request.check()
+    if not request.on_identical_workers or not isinstance(request.stages, int):
+        return plan_pipeline(view, profile, request)
+    microbatches = request.schedule.microbatches or DEFAULT_MICROBATCHES
+    if request.workers is not None and request.interleaved:
+        return make_interleaved_plan(
+            view,
+            profile,
+            request.stages,
+            request.workers,
+            bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
+            microbatches=microbatches,
+            time_slack=DEFAULT_TIME_SLACK if request.time_slack is None else request.time_slack,
         )
-    seq = sequences(view, profile)
-    notes: list[str] = []
-    part = keeping_fused_groups(
-        lambda allowed: _partition.solve(
-            seq.costs, k, cut_bytes=seq.cut_bytes, bandwidth=bandwidth_bytes_per_s, allowed_cuts=allowed
-        ),
-        seq.allowed,
-        notes,
-    )
-
-    stages = stages_of(view, seq, part.bounds, part.compute, part.transfer)
-    timeline = simulate("stream", [s.cost_seconds for s in stages], None, [0.0] * k, microbatches)
-    return plan_from(
-        view, profile, part, stages, seq.sizes, bandwidth_bytes_per_s, notes=tuple(notes), timeline=timeline
-    )
-
-
-DEFAULT_TIME_SLACK = 0.01
-"""An interleaved split may be 1% slower than the fastest one if that balances the workers' weights:
-on ResNet-50 the exactly fastest split leaves 64% of the weights on one worker, while allowing 0.5% finds
-one that holds 50.3% at most and is 0.14% slower."""
-
-
-def make_interleaved_plan(
-    view: ModelView,
-    profile: Profile,
-    k: int,
-    workers: int,
-    *,
-    bandwidth_bytes_per_s: float = math.inf,
-    microbatches: int = DEFAULT_MICROBATCHES,
-    time_slack: float = DEFAULT_TIME_SLACK,
-) -> Plan:
-    """Partition ``view`` into ``k`` stages dealt out to ``workers`` identical workers in turn (stage ``s``
-    on worker ``s % workers``), exactly: the busiest worker as fast as possible, then, among splits at most
-    ``time_slack`` slower, the least weight memory on any worker (:mod:`onnxpipe.partition.interleave`).
-
-    For models whose weights are not spread like their time (CNNs hold most weights in their last
-    layers), this gives every worker about ``1/workers`` of both.  Weights count once, at their first
-    reader.
-    """
-    profile.check_matches(view)
-    name = view.label
-    if workers < 1 or k % workers or k == workers:
-        raise PartitionError(
-            f"{name}: --workers {workers} must divide --stages {k} into two or more stages per worker "
-            f"(for example --stages {2 * max(workers, 1)} --workers {max(workers, 1)})"
-        )
-    seq = sequences(view, profile)
-    notes: list[str] = []
-    item_mem = first_reader_param_bytes(view)
-
-    def solve(allowed: Sequence[bool] | None) -> InterleavedPartition:
-        return solve_interleaved(
-            seq.costs,
-            workers,
-            k // workers,
-            item_mem=item_mem,
-            cut_bytes=seq.cut_bytes,
-            bandwidth=bandwidth_bytes_per_s,
-            allowed_cuts=allowed,
-            time_slack=time_slack,
-        )
-
-    try:
-        part = keeping_fused_groups(solve, seq.allowed, notes)
-    except PartitionError as e:
-        raise PartitionError(f"{name}: {e}") from e
-    stages = tuple(
-        replace(st, worker=part.workers[st.index])
-        for st in stages_of(view, seq, part.bounds, part.compute, part.transfer)
-    )
-    mem = ", ".join(f"{m / 2**20:.1f}" for m in part.worker_memory)
-    slower = part.bottleneck / part.fastest - 1 if part.fastest > 0 else 0.0  # all-zero costs: all tie
-    notes.append(
-        f"{k} stages interleaved on {workers} workers (stage s on worker s % {workers}); weights per worker "
-        f"{mem} MiB; busiest worker {slower:.2%} slower than the fastest split"
-    )
-    notes.append(_contiguous_comparison(seq, item_mem, workers, bandwidth_bytes_per_s))
-    timeline = simulate(
-        "stream", [s.cost_seconds for s in stages], None, [0.0] * k, microbatches, workers=part.workers
-    )
-    return Plan(
-        model_sha256=view.sha256,
-        stages=stages,
-        bottleneck_seconds=part.bottleneck,
-        lower_bound_seconds=min(part.lower_bound, part.bottleneck),
-        cost_source=profile.source,
-        threads=profile.threads,
-        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
-        input_shapes=profile.input_shapes,
-        tensor_bytes=seq.sizes,
-        objective=(
-            "minimize the busiest worker's time (compute + transfer in of its stages); then, within "
-            "time_slack of it, the largest weight memory of a worker"
-        ),
-        notes=tuple(notes),
-        timeline=timeline,
-        workers=workers,
-        time_slack=time_slack,
-    )
-
-
-def _contiguous_comparison(
-    seq: Sequences, item_mem: Sequence[float], workers: int, bandwidth_bytes_per_s: float
-) -> str:
-    """What the ordinary split into ``workers`` stages would give, for the user to weigh interleaving
-    against: it costs extra handoffs and a session per stage, and buys nothing where the contiguous split
-    already spreads the weights."""
-    part = keeping_fused_groups(
-        lambda allowed: _partition.solve(
-            seq.costs, workers, cut_bytes=seq.cut_bytes, bandwidth=bandwidth_bytes_per_s, allowed_cuts=allowed
-        ),
-        seq.allowed,
-        [],
-    )
-    plain = evaluate_interleaved(
-        seq.costs,
-        workers,
-        part.bounds,
-        item_mem=item_mem,
-        cut_bytes=seq.cut_bytes,
-        bandwidth=bandwidth_bytes_per_s,
-    )
-    mem = ", ".join(f"{m / 2**20:.1f}" for m in plain.worker_memory)
-    return (
-        f"a contiguous split into {workers} stages: slowest stage {plain.bottleneck * 1e3:.3f} ms, "
-        f"weights per worker {mem} MiB"
-    )
-
-
-def plan_from(
-    view: ModelView,
-    profile: Profile,
-    part: Partition,
-    stages: tuple[StageSpec, ...],
-    sizes: Mapping[str, int],
-    bandwidth_bytes_per_s: float,
-    *,
-    notes: tuple[str, ...] = (),
-    timeline: Timeline | None = None,
-    objective: str = "minimize the largest stage time (compute + transfer in)",
-    cluster: Cluster | None = None,
-    device_costs: tuple[DeviceCosts, ...] = (),
-    microbatch_size: int = 1,
-) -> Plan:
-    """A :class:`Plan` from a solved partition: the fields every planner fills the same way, and its own."""
-    received = sum(1 for st in stages for a in st.aliases if a.same_as in st.inputs)
-    if received:
-        skipped = sum(len(st.skipped_nodes) for st in stages)
-        notes = (
-            *notes,
-            f"{received} tensor(s) a stage reads across a cut equal another it receives: each value "
-            f"crosses once, and the stages remake the rest with Identity nodes ({skipped} node(s) left out "
-            "of the files)",
-        )
-    return Plan(
-        model_sha256=view.sha256,
-        stages=stages,
-        bottleneck_seconds=part.bottleneck,
-        lower_bound_seconds=part.lower_bound,
-        cost_source=profile.source,
-        threads=profile.threads,
-        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
-        input_shapes=profile.input_shapes,
-        tensor_bytes=sizes,
-        objective=objective,
-        notes=notes,
-        timeline=timeline,
-        cluster=cluster,
-        device_costs=device_costs,
-        microbatch_size=microbatch_size,
+    return make_plan(
+        view,
+        profile,
+        request.stages,
+        bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
+        microbatches=microbatches,
     )

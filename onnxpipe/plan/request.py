@@ -1,14 +1,46 @@
-"""What a user asks a planner for, beyond the model and its costs: the schedule to plan under."""
+"""What a user asks a planner for, beyond the model and its costs: :class:`PlanRequest`.
+
+How many stages, on which devices (a cluster, or identical copies of the profiling machine joined by
+links of one bandwidth), in which device order, dealt out to how many workers, under which schedule
+(:class:`ScheduleRequest`).  The API, the CLI and the planners share it, so each option is spelled
+once; :meth:`PlanRequest.check` refuses what cannot work together before any cost is measured.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal, get_args
 
-from onnxpipe.core.errors import UsageError
-from onnxpipe.schedule.timeline import DEFAULT_BACKWARD_RATIO, DEFAULT_MICROBATCHES, KINDS, ScheduleKind
+from onnxpipe.cluster.model import Cluster
+from onnxpipe.core.errors import PartitionError, UsageError
+from onnxpipe.plan.orders import DEFAULT_TOLERANCE, DeviceOrder
+from onnxpipe.schedule.timeline import DEFAULT_BACKWARD_RATIO, DEFAULT_MICROBATCHES, ScheduleKind
 
-SCHEDULE_CHOICES = (*KINDS, "auto")
+ScheduleChoice = Literal["stream", "gpipe", "1f1b", "auto"]
+"""A schedule, or ``auto``: the faster of the two training ones."""
+SCHEDULE_CHOICES: tuple[str, ...] = get_args(ScheduleChoice)
+
+DEFAULT_TIME_SLACK = 0.01
+"""An interleaved split may be 1% slower than the fastest one if that balances the workers' weights:
+on ResNet-50 the exactly fastest split leaves 64% of the weights on one worker, while allowing 0.5% finds
+one that holds 50.3% at most and is 0.14% slower."""
+
+
+@dataclass(frozen=True)
+class ScheduleOption:
+    """One schedule the planner tries: its kind, M micro-batches, and the samples in each."""
+
+    kind: ScheduleKind
+    microbatches: int
+    size: int
+
+    @property
+    def training(self) -> bool:
+        return self.kind != "stream"
+
+    def describe(self) -> str:
+        return "streaming" if not self.training else f"{self.kind} with {self.microbatches} micro-batches"
 
 
 @dataclass(frozen=True)
@@ -21,13 +53,13 @@ class ScheduleRequest:
     profiled sample and M only for the simulated timeline.
     """
 
-    kind: str = "stream"
+    kind: ScheduleChoice = "stream"
     microbatches: int | None = None
     batch: int | None = None
     backward_ratio: float = DEFAULT_BACKWARD_RATIO
 
-    def candidates(self) -> list[tuple[ScheduleKind, int, int]]:
-        """(kind, M, samples per micro-batch) to try."""
+    def candidates(self) -> list[ScheduleOption]:
+        """The schedules to try: (kind, M, samples per micro-batch)."""
         if self.kind not in SCHEDULE_CHOICES:
             raise UsageError(f"--schedule {self.kind!r}: choose one of {', '.join(SCHEDULE_CHOICES)}")
         if not (self.backward_ratio > 0 and math.isfinite(self.backward_ratio)):
@@ -42,8 +74,8 @@ class ScheduleRequest:
                     "--batch and --backward-ratio plan training; give --schedule gpipe, 1f1b or auto, "
                     "or leave them out for streaming inference"
                 )
-            return [("stream", self.microbatches or DEFAULT_MICROBATCHES, 1)]
-        kinds: list[ScheduleKind] = ["gpipe", "1f1b"] if self.kind == "auto" else [self.kind]  # type: ignore[list-item]
+            return [ScheduleOption("stream", self.microbatches or DEFAULT_MICROBATCHES, 1)]
+        kinds: list[ScheduleKind] = ["gpipe", "1f1b"] if self.kind == "auto" else [self.kind]
         batch = self.batch or self.microbatches or DEFAULT_MICROBATCHES
         if self.microbatches is not None:
             if batch % self.microbatches:
@@ -54,4 +86,107 @@ class ScheduleRequest:
             options = [self.microbatches]
         else:
             options = [m for m in range(1, batch + 1) if batch % m == 0]
-        return [(kd, m, batch // m) for kd in kinds for m in options]
+        return [ScheduleOption(kd, m, batch // m) for kd in kinds for m in options]
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What to plan: ``stages`` stages (or ``"auto"``), on ``devices`` or identical workers.
+
+    Without ``devices`` the stages run on copies of the profiling machine whose links carry
+    ``bandwidth_bytes_per_s``; with it the devices file's links do.  ``workers`` deals the stages out to
+    fewer identical workers in turn (an interleaved split, up to ``time_slack`` slower than the fastest
+    split if that balances the workers' weights).  ``tolerance``: ``--stages auto`` keeps the fewest
+    stages within it of the best bottleneck.
+    """
+
+    stages: int | Literal["auto"]
+    devices: Cluster | None = None
+    bandwidth_bytes_per_s: float = math.inf
+    order: DeviceOrder = DeviceOrder.FIXED
+    schedule: ScheduleRequest = field(default_factory=ScheduleRequest)
+    workers: int | None = None
+    time_slack: float | None = None
+    tolerance: float = DEFAULT_TOLERANCE
+
+    def __post_init__(self) -> None:
+        if self.devices is not None and not isinstance(self.devices, Cluster):
+            raise UsageError(
+                f"PlanRequest(devices={self.devices!r}): give the cluster itself, "
+                "onnxpipe.load_cluster(path) reads a devices file"
+            )
+        if not isinstance(self.order, DeviceOrder):
+            if self.order not in tuple(DeviceOrder):
+                raise UsageError(f"--order {self.order!r}: choose fixed or free")
+            object.__setattr__(self, "order", DeviceOrder(self.order))
+
+    @property
+    def interleaved(self) -> bool:
+        """Whether the stages share workers (``workers`` fewer than the stages)."""
+        return self.workers is not None and self.workers != self.stages
+
+    @property
+    def on_identical_workers(self) -> bool:
+        """A streaming plan for copies of this machine in a fixed order: :mod:`onnxpipe.plan.workers`'s."""
+        return (
+            self.devices is None
+            and self.order == DeviceOrder.FIXED
+            and self.schedule.kind == "stream"
+            and isinstance(self.stages, int)
+        )
+
+    def check(self) -> None:
+        """Refuse what cannot work together, before any cost is measured (cheap)."""
+        stages = self.stages
+        if isinstance(stages, str) and stages != "auto":
+            raise UsageError(f"--stages {stages!r}: give a number of stages or 'auto'")
+        if self.workers is not None:
+            self._check_workers()
+        if self.time_slack is not None:
+            if self.workers is None or self.workers == stages:
+                raise UsageError(
+                    f"--time-slack {self.time_slack}: it trades time for balanced weights between workers "
+                    "that run several stages each; give --workers W with --stages a multiple of W above W"
+                )
+            if not (math.isfinite(self.time_slack) and self.time_slack >= 0):
+                raise UsageError(
+                    f"--time-slack {self.time_slack}: give a finite share of 0 or more (0.01 is 1%)"
+                )
+        cluster = self.devices
+        if stages == "auto" and cluster is None:
+            raise UsageError("--stages auto needs --devices: the cluster bounds how many stages to try")
+        if cluster is not None and isinstance(stages, int) and stages > cluster.size:
+            raise PartitionError(
+                f"{cluster.source or 'the devices file'}: {stages} stages need {stages} devices but it "
+                f"lists {cluster.size}; choose --stages between 1 and {cluster.size}"
+            )
+        if cluster is not None and self.bandwidth_bytes_per_s != math.inf:
+            raise UsageError(
+                f"--bandwidth: the links of {cluster.source or 'the devices file'} set the bandwidth; "
+                "give it there (links[].bandwidth_bytes_per_s) instead"
+            )
+        self.schedule.candidates()
+
+    def _check_workers(self) -> None:
+        """``--workers``: identical CPU workers streaming inference, each running as many stages."""
+        workers, stages = self.workers, self.stages
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise UsageError(f"--workers {workers!r}: give a positive number of workers")
+        if not isinstance(stages, int):
+            raise UsageError(
+                "--workers needs a number of --stages: an interleaved split deals them out in turn"
+            )
+        if stages % workers:
+            raise UsageError(
+                f"--stages {stages} --workers {workers}: every worker runs the same number of stages; "
+                f"give a multiple of {workers} stages"
+            )
+        if self.devices is not None or self.order != DeviceOrder.FIXED:
+            raise UsageError(
+                "--workers plans identical workers; it cannot be combined with --devices or --order"
+            )
+        if self.schedule.kind != "stream":
+            raise UsageError(
+                f"--workers: interleaved stages are planned for inference (--schedule stream), "
+                f"not {self.schedule.kind}"
+            )

@@ -1,4 +1,5 @@
-"""From partition bounds over compute positions to named stages: what each holds, receives and emits.
+"""From partition bounds over compute positions to named stages (what each holds, receives and emits),
+and to the :class:`~onnxpipe.plan.types.Plan` every planner returns.
 
 The stages are worked out last to first, since what a stage must emit depends on what the later ones
 receive; provably equal tensors (:mod:`onnxpipe.ir.samevalue`) cross a cut once and are remade.
@@ -9,13 +10,18 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping, Sequence
 
+from onnxpipe.cluster.costs import DeviceCosts
+from onnxpipe.cluster.model import Cluster
+from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.model import ModelView, NodeInfo
 from onnxpipe.ir.samevalue import value_classes
+from onnxpipe.partition.result import Partition
 from onnxpipe.plan.sequences import Sequences
-from onnxpipe.plan.types import Alias, StageSpec
+from onnxpipe.plan.types import Alias, Plan, StageSpec
+from onnxpipe.schedule.timeline import Timeline
 
 
-def stages_of(
+def specs_from_bounds(
     view: ModelView,
     seq: Sequences,
     bounds: Sequence[int],
@@ -31,6 +37,50 @@ def stages_of(
         transfer_seconds,
         link_bytes=seq.cut_bytes,
         classes=seq.classes,
+    )
+
+
+def plan_from(
+    view: ModelView,
+    profile: Profile,
+    part: Partition,
+    stages: tuple[StageSpec, ...],
+    sizes: Mapping[str, int],
+    bandwidth_bytes_per_s: float,
+    *,
+    notes: tuple[str, ...] = (),
+    timeline: Timeline | None = None,
+    objective: str = "minimize the largest stage time (compute + transfer in)",
+    cluster: Cluster | None = None,
+    device_costs: tuple[DeviceCosts, ...] = (),
+    microbatch_size: int = 1,
+) -> Plan:
+    """A :class:`Plan` from a solved partition: the fields every planner fills the same way, and its own."""
+    received = sum(1 for st in stages for a in st.aliases if a.same_as in st.inputs)
+    if received:
+        skipped = sum(len(st.skipped_nodes) for st in stages)
+        notes = (
+            *notes,
+            f"{received} tensor(s) a stage reads across a cut equal another it receives: each value "
+            f"crosses once, and the stages remake the rest with Identity nodes ({skipped} node(s) left out "
+            "of the files)",
+        )
+    return Plan(
+        model_sha256=view.sha256,
+        stages=stages,
+        bottleneck_seconds=part.bottleneck,
+        lower_bound_seconds=part.lower_bound,
+        cost_source=profile.source,
+        threads=profile.threads,
+        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+        input_shapes=profile.input_shapes,
+        tensor_bytes=sizes,
+        objective=objective,
+        notes=notes,
+        timeline=timeline,
+        cluster=cluster,
+        device_costs=device_costs,
+        microbatch_size=microbatch_size,
     )
 
 

@@ -1,4 +1,6 @@
-"""Running a split folder: one worker per stage, locally (processes or threads) or on a Ray cluster.
+"""Running a split folder: one worker per stage, locally (threads or processes) or on a Ray cluster.
+
+Where the workers run is one config per backend (:class:`~.base.LocalConfig`, :class:`~.base.RayConfig`).
 
 >>> from onnxpipe.runtime import Pipeline                  # doctest: +SKIP
 >>> with Pipeline.from_manifest("out/") as pipe:           # doctest: +SKIP
@@ -8,7 +10,8 @@
 model without one; docs/runtime.md describes both.
 """
 
-from onnxpipe.runtime.pipeline import DEFAULT_LOCAL_MODE, Job, Pipeline
+from onnxpipe.runtime.base import DEFAULT_LOCAL_MODE, BackendConfig, LocalConfig, RayConfig
+from onnxpipe.runtime.pipeline import Job, Pipeline
 from onnxpipe.runtime.report.build import build_report
 from onnxpipe.runtime.report.measure import Measurement, measure
 from onnxpipe.runtime.report.model import RunReport
@@ -18,10 +21,13 @@ from onnxpipe.runtime.spec import Placement, WorkerSpec
 
 __all__ = [
     "DEFAULT_LOCAL_MODE",
+    "BackendConfig",
     "Job",
+    "LocalConfig",
     "Measurement",
     "Pipeline",
     "Placement",
+    "RayConfig",
     "RunReport",
     "WorkerSpec",
     "WorkerStats",

@@ -21,14 +21,24 @@ every worker promptly, including one stuck in a session.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from onnxpipe.core.errors import UsageError
 from onnxpipe.runtime.session import WorkerStats
 
 Tensors = dict[str, np.ndarray]
+
+LocalMode = Literal["processes", "threads"]
+LOCAL_MODES: tuple[LocalMode, ...] = ("processes", "threads")
+DEFAULT_LOCAL_MODE: LocalMode = "threads"
+"""Measured on 2 cores (benchmarks/bench_pipeline.py, docs/runtime.md): threads were faster than
+processes on every model (no copies, no inter-process wake-ups), by 15-25% on the small transformers and
+2-6% on the CNNs.  Processes isolate the stages and measure each one's memory."""
+BACKENDS = ("local", "ray")
 
 DEFAULT_SLOTS = 2
 """Micro-batches each channel between two workers holds, whatever the backend: one being handed over while
@@ -63,3 +73,42 @@ class Backend(Protocol):
     def worker_pids(self) -> list[int]: ...
 
     def close(self, graceful: bool = True) -> None: ...
+
+
+@dataclass(frozen=True)
+class LocalConfig:
+    """Workers on this machine: threads of this process (the default) or processes joined by shared
+    memory (``mode``); ``slots`` micro-batches per channel; ``pin`` each worker to CPUs of its own."""
+
+    mode: LocalMode = DEFAULT_LOCAL_MODE
+    slots: int = DEFAULT_SLOTS
+    pin: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in LOCAL_MODES:
+            raise UsageError(f"local mode {self.mode!r}: choose one of {', '.join(LOCAL_MODES)}")
+        _check_slots(self.slots)
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """Workers as Ray actors: on the cluster at ``address`` (default: start a local one), each with the
+    actor options ``resources[s]`` of its stage (``num_cpus``, ``num_gpus``, ``resources``)."""
+
+    address: str | None = None
+    resources: Sequence[Mapping[str, Any]] | None = None
+    slots: int = DEFAULT_SLOTS
+
+    def __post_init__(self) -> None:
+        if self.resources is not None:
+            object.__setattr__(self, "resources", tuple(dict(r) for r in self.resources))
+        _check_slots(self.slots)
+
+
+BackendConfig = LocalConfig | RayConfig
+"""One config per backend: what each needs to start its workers, nothing the other takes."""
+
+
+def _check_slots(slots: int) -> None:
+    if slots < 1:
+        raise UsageError(f"slots {slots}: a channel needs at least one slot")

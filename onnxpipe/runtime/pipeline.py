@@ -47,7 +47,7 @@ from onnxpipe.runtime.affinity import assign_cpus
 from onnxpipe.runtime.backends.processes import ProcessBackend
 from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.backends.threads import ThreadBackend
-from onnxpipe.runtime.base import DEFAULT_SLOTS, WAIT_SECONDS, Backend, Tensors
+from onnxpipe.runtime.base import WAIT_SECONDS, Backend, BackendConfig, LocalConfig, RayConfig, Tensors
 from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import (
     Placement,
@@ -56,15 +56,6 @@ from onnxpipe.runtime.spec import (
     manifest_placements,
     stage_specs,
 )
-
-LocalMode = Literal["processes", "threads"]
-LOCAL_MODES: tuple[LocalMode, ...] = ("processes", "threads")
-DEFAULT_LOCAL_MODE: LocalMode = "threads"
-"""Measured on 2 cores (benchmarks/bench_pipeline.py, docs/runtime.md): threads were faster than
-processes on every model (no copies, no inter-process wake-ups), by 15-25% on the small transformers and
-2-6% on the CNNs.  Processes isolate the stages and measure each one's memory."""
-BACKENDS = ("local", "ray")
-
 
 CLOSE_TIMEOUT_S = 60.0
 """How long a graceful :meth:`Pipeline.close` waits for the submitted micro-batches before failing them."""
@@ -330,31 +321,25 @@ class Pipeline:
     def from_manifest(
         cls,
         directory: str | Path,
+        backend: BackendConfig | None = None,
         *,
-        backend: str = "local",
-        mode: LocalMode | None = None,
         threads: int | None = None,
         placements: Sequence[Placement] | None = None,
-        slots: int = DEFAULT_SLOTS,
         check_files: bool = True,
-        ray_address: str | None = None,
-        ray_resources: Sequence[Mapping[str, Any]] | None = None,
-        pin: bool = False,
     ) -> Pipeline:
         """Start one worker per stage of the split folder ``directory``.
 
-        ``backend`` is ``"local"`` (``mode`` ``"threads"``, the default, or ``"processes"``) or ``"ray"``.
-        Each stage runs as the manifest records (:func:`~onnxpipe.runtime.spec.manifest_placements`): with
-        the provider, provider options and threads of its device in the manifest's ``cluster`` (a split
-        made with ``--devices``), else with the provider its ``device`` name implies (``cpu0``,
-        ``cuda:1``) and the plan's threads; ``threads`` replaces every stage's intra-op threads.
-        ``placements`` gives each stage's explicitly instead.  On the local backend a provider from the
-        manifest that this machine lacks is a :class:`UsageError`, before any worker starts.
-        ``ray_resources`` are per-stage actor options (``num_cpus``, ``num_gpus``, ``resources``).
-        ``slots`` is the number of micro-batches each channel between two workers holds.  ``pin`` pins
-        each local worker to CPUs of its own (:mod:`~onnxpipe.runtime.affinity`; :attr:`pin_note` says
-        why not when there are too few).
+        ``backend`` says where: :class:`~onnxpipe.runtime.base.LocalConfig` (the default: threads of
+        this process, or processes; pinned to CPUs of their own with ``pin``, :attr:`pin_note` saying why
+        not when there are too few) or :class:`~onnxpipe.runtime.base.RayConfig`.  Each stage runs as the
+        manifest records (:func:`~onnxpipe.runtime.spec.manifest_placements`): with the provider,
+        provider options and threads of its device in the manifest's ``cluster`` (a split made with
+        ``--devices``), else with the provider its ``device`` name implies (``cpu0``, ``cuda:1``) and the
+        plan's threads; ``threads`` replaces every stage's intra-op threads.  ``placements`` gives each
+        stage's explicitly instead.  On the local backend a provider from the manifest that this machine
+        lacks is a :class:`UsageError`, before any worker starts.
         """
+        config = backend if backend is not None else LocalConfig()
         d = Path(directory)
         manifest = load_manifest(d, check_files=check_files)
         from_manifest = placements is None
@@ -362,31 +347,19 @@ class Pipeline:
             placements = manifest_placements(manifest, threads)
         elif len(placements) != manifest.k:
             raise UsageError(f"{len(placements)} placements given for the {manifest.k} stages of {d}")
-        if slots < 1:
-            raise UsageError(f"slots {slots}: a channel needs at least one slot")
         specs = stage_specs(d, manifest, placements)
-        if from_manifest and backend == "local":  # Ray actors check the provider on their own node
+        local = isinstance(config, LocalConfig)
+        if from_manifest and local:  # Ray actors check the provider on their own node
             check_providers_here(specs, ort.get_available_providers())
         pin_note = None
         shared = (
             [manifest.worker_of(i) for i in range(manifest.k)] if manifest.plan.workers is not None else None
         )
-        if pin:
-            if backend != "local":
-                raise UsageError("pinning is for local workers; Ray places its actors itself")
+        if isinstance(config, LocalConfig) and config.pin:
             lanes, pin_note = assign_cpus([specs], workers=shared)
             specs = lanes[0]
-        back = make_backend(
-            [specs],
-            backend=backend,
-            mode=mode,
-            slots=slots,
-            ray_address=ray_address,
-            ray_resources=ray_resources,
-            workers=shared,
-        )
         return cls(
-            back,
+            make_backend([specs], config, workers=shared),
             input_types={t.name: t.dtype for t in manifest.model_inputs},
             input_shapes={t.name: t.shape for t in manifest.model_inputs},
             output_names=[o.name for o in manifest.model_outputs],
@@ -558,25 +531,15 @@ class Pipeline:
 
 
 def make_backend(
-    lanes: Sequence[Sequence[WorkerSpec]],
-    *,
-    backend: str = "local",
-    mode: LocalMode | None = None,
-    slots: int = DEFAULT_SLOTS,
-    ray_address: str | None = None,
-    ray_resources: Sequence[Mapping[str, Any]] | None = None,
-    workers: Sequence[int] | None = None,
+    lanes: Sequence[Sequence[WorkerSpec]], config: BackendConfig, *, workers: Sequence[int] | None = None
 ) -> Backend:
-    """Start the workers of ``lanes`` on ``backend`` (``workers``: the worker of each stage of an
+    """Start the workers of ``lanes`` as ``config`` says (``workers``: the worker of each stage of an
     interleaved split, whose stages then share a worker process, take turns as threads, or share a Ray
     actor)."""
-    if backend == "local":
-        chosen = DEFAULT_LOCAL_MODE if mode is None else mode
-        if chosen == "processes":
-            return ProcessBackend(lanes, slots=slots, workers=workers)
-        if chosen == "threads":
-            return ThreadBackend(lanes, slots=slots, workers=workers)
-        raise UsageError(f"local mode {chosen!r}: choose one of {', '.join(LOCAL_MODES)}")
-    if backend == "ray":
-        return RayBackend(lanes, address=ray_address, resources=ray_resources, slots=slots, workers=workers)
-    raise UsageError(f"backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    if isinstance(config, RayConfig):
+        return RayBackend(
+            lanes, address=config.address, resources=config.resources, slots=config.slots, workers=workers
+        )
+    if config.mode == "processes":
+        return ProcessBackend(lanes, slots=config.slots, workers=workers)
+    return ThreadBackend(lanes, slots=config.slots, workers=workers)

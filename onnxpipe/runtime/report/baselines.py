@@ -33,7 +33,7 @@ from onnxpipe.core.errors import RuntimeStageError, error_line
 from onnxpipe.core.ortsession import Provider, open_session, session_options
 from onnxpipe.manifest import Manifest
 from onnxpipe.runtime.affinity import assign_cpus, cpu_sets, pinned
-from onnxpipe.runtime.base import Tensors
+from onnxpipe.runtime.base import LocalConfig, RayConfig, Tensors
 from onnxpipe.runtime.pipeline import Pipeline, make_backend
 from onnxpipe.runtime.report.ceiling import MIN_RUN_S, balanced_ceiling
 from onnxpipe.runtime.report.measure import Measurement, measure
@@ -178,10 +178,7 @@ def replicas_measurement(
     lanes = _replica_lanes(model, pipeline, placement, threads)
     if is_pinned(pipeline):  # like the pipeline's workers
         lanes, _ = assign_cpus(lanes)
-    if mode == "ray":
-        backend = make_backend(lanes, backend="ray")
-    else:
-        backend = make_backend(lanes, backend="local", mode=mode)
+    backend = make_backend(lanes, RayConfig() if mode == "ray" else LocalConfig(mode=mode))
     with Pipeline(
         backend, input_types=pipeline.input_types, output_names=pipeline.output_names, lanes=lanes
     ) as data_parallel:
@@ -195,7 +192,7 @@ def replica_memory(
     holds, measured as a stage's is with ``--local-mode processes`` (threads share the process, whose
     growth while a session loads says little)."""
     lanes = _replica_lanes(model, pipeline, placement, [placement.threads])
-    backend = make_backend(lanes, backend="local", mode="processes")
+    backend = make_backend(lanes, LocalConfig(mode="processes"))
     with Pipeline(
         backend, input_types=pipeline.input_types, output_names=pipeline.output_names, lanes=lanes
     ) as one:
@@ -214,7 +211,9 @@ def stage_worker_memory(pipeline: Pipeline, inputs: Sequence[Feeds]) -> list[Wor
     if pipeline.directory is None:
         return None
     placements = [s.placement for s in pipeline.lanes[0]]
-    with Pipeline.from_manifest(pipeline.directory, mode="processes", placements=placements) as alone:
+    with Pipeline.from_manifest(
+        pipeline.directory, LocalConfig(mode="processes"), placements=placements
+    ) as alone:
         alone.run_many([inputs[j % len(inputs)] for j in range(MEMORY_MICROBATCHES)])
         return alone.stats()
 
