@@ -84,7 +84,7 @@ def format_model_table(view: ModelView) -> str:
         counts[key] += 1
         params[key] += n.param_bytes
     rows = [[op, f"{c}", human_bytes(params[op])] for op, c in counts.most_common()]
-    name = view.path.name if view.path else "model"
+    name = view.label
     summary = (
         f"{name}: {len(view.nodes)} nodes ({len(view.compute_nodes)} placed by the partitioner, "
         f"{len(view.nodes) - len(view.compute_nodes)} cheap constants), "

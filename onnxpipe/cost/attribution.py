@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 import onnx
 
@@ -14,6 +15,15 @@ from onnxpipe.cost.static import node_flops
 from onnxpipe.cost.trace import Timing
 from onnxpipe.cost.valuematch import Matched
 from onnxpipe.ir.model import ModelView
+
+
+class Weighting(Enum):
+    """How a fused group's measured time was spread over its original nodes."""
+
+    ALONE = "one node: nothing to spread"
+    FLOPS = "by FLOPs"
+    OUTPUT_ELEMENTS = "by output elements (the nodes have no FLOPs)"
+    EQUAL = "in equal shares (nothing to weigh by)"
 
 
 @dataclass
@@ -113,7 +123,7 @@ def attribute(view: ModelView, timing: Timing, matched: Matched) -> Attribution:
         how = _spread(view, targets, t, matched.shapes, seconds)
         if len(targets) == 1:
             exact += t
-        elif how == "FLOPs":
+        elif how is Weighting.FLOPS:
             fused.extend(p_names(root))
             fused_time += t
             fused_sizes.append(len(targets))
@@ -195,20 +205,20 @@ def _spread(
     t: float,
     shapes: Mapping[str, tuple[int, ...]],
     out: dict[str, float],
-) -> str:
+) -> Weighting:
     """Add ``t`` seconds to the nodes at ``targets`` in proportion to FLOPs (else output elements)."""
     nodes = [view.nodes[i] for i in targets]
     if len(nodes) == 1:
         out[nodes[0].name] += t
-        return "nothing"
+        return Weighting.ALONE
     weights = [node_flops(view, n, shapes) for n in nodes]
-    how = "FLOPs"
+    how = Weighting.FLOPS
     if sum(weights) <= 0:
         weights = [float(sum(math.prod(shapes.get(o, ())) for o in n.outputs if o in shapes)) for n in nodes]
-        how = "output elements"
+        how = Weighting.OUTPUT_ELEMENTS
     if sum(weights) <= 0:
         weights = [1.0] * len(nodes)
-        how = "equal shares"
+        how = Weighting.EQUAL
     total = sum(weights)
     for n, w in zip(nodes, weights, strict=True):
         out[n.name] += t * w / total

@@ -199,5 +199,5 @@ def _source_info(view: ModelView, out: Path, source_name: str | None) -> SourceI
         except ValueError:  # another drive on Windows
             relative = False
         path = Path(os.path.relpath(target, folder)).as_posix() if relative else target.as_posix()
-    name = source_name or (view.path.name if view.path is not None else "model.onnx")
+    name = source_name or view.file_name or "model.onnx"
     return SourceInfo(file=name, path=path, sha256=view.sha256)

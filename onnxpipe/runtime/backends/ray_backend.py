@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import re
 import socket
@@ -47,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from onnxpipe.core.errors import RuntimeStageError, UsageError, error_line
+from onnxpipe.core.jsonread import Document, Fields, Value
 from onnxpipe.runtime.base import DEFAULT_SLOTS, Tensors
 from onnxpipe.runtime.session import (
     Record,
@@ -457,42 +457,22 @@ def load_ray_resources(path: Path, k: int) -> list[dict[str, Any]]:
         raise UsageError(f"{path}: no such resources file") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UsageError(f"{path}: not a readable JSON resources file ({e})") from e
-    if not isinstance(obj, dict):
-        raise UsageError(f"{path}: expected an object with 'default' and/or 'stages'")
-    unknown = sorted(set(obj) - {"default", "stages", "description"})
-    if unknown:
-        raise UsageError(f"{path}: unknown key {unknown[0]!r}; expected 'default', 'stages'")
-    default = _entry(path, "default", obj.get("default", {}))
-    stages_obj = obj.get("stages", [])
-    if not isinstance(stages_obj, list):
-        raise UsageError(f"{path}: stages: expected a list with one object per stage")
-    if stages_obj and len(stages_obj) != k:
-        raise UsageError(f"{path}: stages: lists {len(stages_obj)} entries for a pipeline of {k} stages")
-    result = []
-    for i in range(k):
-        entry = dict(default)
-        if stages_obj:
-            entry.update(_entry(path, f"stages[{i}]", stages_obj[i]))
-        result.append(entry)
-    return result
+    doc = Document(str(path), UsageError, f"write {', '.join(RESOURCE_KEYS)} per stage (see docs/runtime.md)")
+    top = doc.read(obj).fields().only({"default", "stages", "description"})
+    default = top.get("default", {}).object(_entry)
+    stages = top.get("stages", [])
+    entries = stages.objects(_entry)
+    if entries and len(entries) != k:
+        raise stages.fail(f"lists {len(entries)} entries for a pipeline of {k} stages")
+    return [{**default, **(entries[i] if entries else {})} for i in range(k)]
 
 
-def _entry(path: Path, where: str, value: Any) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise UsageError(f"{path}: {where}: expected an object")
-    unknown = sorted(set(value) - set(RESOURCE_KEYS))
-    if unknown:
-        raise UsageError(f"{path}: {where}.{unknown[0]}: unknown key; expected {', '.join(RESOURCE_KEYS)}")
-    for key in ("num_cpus", "num_gpus", "memory"):
-        if key in value:
-            v = value[key]
-            if isinstance(v, bool) or not isinstance(v, int | float) or v < 0 or not math.isfinite(v):
-                raise UsageError(f"{path}: {where}.{key}: expected a number >= 0, got {v!r}")
-    if "resources" in value:
-        res = value["resources"]
-        if not isinstance(res, dict) or not all(
-            isinstance(n, str) and isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
-            for n, v in res.items()
-        ):
-            raise UsageError(f"{path}: {where}.resources: expected an object of names to numbers >= 0")
-    return dict(value)
+def _entry(f: Fields) -> dict[str, Any]:
+    """One stage's actor options: counts of CPUs, GPUs and bytes, and custom resources, all >= 0."""
+    f.only(RESOURCE_KEYS)
+    entry: dict[str, Any] = {
+        key: f[key].number() for key in ("num_cpus", "num_gpus", "memory") if key in f.raw
+    }
+    if "resources" in f.raw:
+        entry["resources"] = f["resources"].dict_of(Value.number)
+    return entry
