@@ -57,7 +57,8 @@ from onnxpipe import partition
 from onnxpipe.cost.static import static_profile
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.feeds import random_feeds
-from onnxpipe.ir.model import ModelView, load_model
+from onnxpipe.ir.load import load_model
+from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
 from onnxpipe.plan.types import Plan
 from onnxpipe.plan.workers import make_plan

@@ -59,7 +59,7 @@ CHILD_PRELUDE = MEMORY_PRELUDE + textwrap.dedent(
 SPLIT = """
 from onnxpipe.cost.static import static_profile
 from onnxpipe.export.stages import export_stages
-from onnxpipe.ir.model import load_model
+from onnxpipe.ir.load import load_model
 from onnxpipe.plan.planner import make_plan
 
 model, out, k = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench_pipeline import CpuWatch, model_table, run_models  # noqa: E402
 from onnxpipe import api  # noqa: E402
 from onnxpipe.calibrate.timing import ALONE_BLOCK, ready_stages, scratch_stages, time_in_turns  # noqa: E402
-from onnxpipe.ir.model import load_model  # noqa: E402
+from onnxpipe.ir.load import load_model  # noqa: E402
 from onnxpipe.plan.workers import make_plan  # noqa: E402
 
 

@@ -46,7 +46,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks.bench_pipeline import alternating_rounds, model_table, run_models  # noqa: E402
 from onnxpipe import api  # noqa: E402
-from onnxpipe.ir.model import load_model  # noqa: E402
+from onnxpipe.ir.load import load_model  # noqa: E402
 from onnxpipe.manifest import Manifest, load_manifest  # noqa: E402
 from onnxpipe.runtime.affinity import cpu_sets  # noqa: E402
 from onnxpipe.runtime.base import LocalMode  # noqa: E402

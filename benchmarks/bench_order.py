@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from onnxpipe.ir.graph import dfs_order, file_order_if_topological, live_bytes_profile  # noqa: E402
-from onnxpipe.ir.model import ModelView, load_model  # noqa: E402
+from onnxpipe.ir.load import load_model  # noqa: E402
+from onnxpipe.ir.model import ModelView  # noqa: E402
 
 
 def default_models() -> list[Path]:

@@ -53,7 +53,7 @@ import onnxruntime as ort  # noqa: E402
 from benchmarks.bench_pipeline import CpuWatch, model_table, run_models  # noqa: E402
 from onnxpipe import api  # noqa: E402
 from onnxpipe.core.ortsession import session_options  # noqa: E402
-from onnxpipe.ir.model import load_model  # noqa: E402
+from onnxpipe.ir.load import load_model  # noqa: E402
 from onnxpipe.manifest import Manifest, load_manifest  # noqa: E402
 from onnxpipe.runtime.affinity import cpu_sets, pin_thread, pinned  # noqa: E402
 from onnxpipe.runtime.inputs import random_inputs  # noqa: E402

@@ -50,7 +50,7 @@ from benchmarks.common import (
 )
 from onnxpipe import partition
 from onnxpipe.cost.static import static_profile
-from onnxpipe.ir.model import load_model
+from onnxpipe.ir.load import load_model
 from onnxpipe.plan.workers import make_plan
 
 MODELS = (

@@ -82,7 +82,7 @@ from onnxpipe.calibrate.timing import CALIBRATION_MODES, DEFAULT_CALIBRATION_MOD
 from onnxpipe.cluster.model import Cluster, Device, Link  # noqa: E402
 from onnxpipe.core.errors import MemoryFitError  # noqa: E402
 from onnxpipe.cost.profile import Profile  # noqa: E402
-from onnxpipe.ir.model import load_model  # noqa: E402
+from onnxpipe.ir.load import load_model  # noqa: E402
 from onnxpipe.manifest import load_manifest  # noqa: E402
 from onnxpipe.runtime.affinity import assign_cpus, cpu_sets, pinned  # noqa: E402
 from onnxpipe.runtime.inputs import random_inputs  # noqa: E402

@@ -64,7 +64,8 @@ from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.errors import MemoryFitError
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.graph import cut_profile
-from onnxpipe.ir.model import ModelView, load_model
+from onnxpipe.ir.load import load_model
+from onnxpipe.ir.model import ModelView
 from onnxpipe.partition.inputs import HeterogeneousRequest
 from onnxpipe.plan.cluster import plan_pipeline
 from onnxpipe.plan.sequences import first_reader_param_bytes, tensor_sizes

@@ -37,7 +37,8 @@ from onnxpipe.cost.profile import Profile  # noqa: E402
 from onnxpipe.cost.static import static_profile  # noqa: E402
 from onnxpipe.cost.trace import OrtModel  # noqa: E402
 from onnxpipe.ir.feeds import random_feeds  # noqa: E402
-from onnxpipe.ir.model import ModelView, load_model  # noqa: E402
+from onnxpipe.ir.load import load_model  # noqa: E402
+from onnxpipe.ir.model import ModelView  # noqa: E402
 from onnxpipe.ir.shapes import resolve_input_shapes  # noqa: E402
 
 

@@ -50,7 +50,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks.bench_pipeline import CLOCK_TICKS, _busy_ticks, model_table, run_models  # noqa: E402
 from onnxpipe import api  # noqa: E402
-from onnxpipe.ir.model import load_model  # noqa: E402
+from onnxpipe.ir.load import load_model  # noqa: E402
 from onnxpipe.manifest import Manifest, load_manifest  # noqa: E402
 from onnxpipe.runtime.backends.ray_backend import RayBackend  # noqa: E402
 from onnxpipe.runtime.inputs import random_inputs  # noqa: E402

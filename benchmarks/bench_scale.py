@@ -42,7 +42,7 @@ CHILD = MEMORY_PRELUDE + textwrap.dedent(
     import onnx
     from onnxpipe.cost.static import static_profile
     from onnxpipe.export.stages import export_stages
-    from onnxpipe.ir.model import load_model
+    from onnxpipe.ir.load import load_model
     from onnxpipe.plan.planner import make_plan
     from onnxpipe.verification.verify import verify
 

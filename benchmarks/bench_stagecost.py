@@ -57,7 +57,8 @@ from onnxpipe import api  # noqa: E402
 from onnxpipe.core.ortsession import session_options  # noqa: E402
 from onnxpipe.export.boundary import clean  # noqa: E402
 from onnxpipe.export.stages import export_stages  # noqa: E402
-from onnxpipe.ir.model import ModelView, load_model  # noqa: E402
+from onnxpipe.ir.load import load_model  # noqa: E402
+from onnxpipe.ir.model import ModelView  # noqa: E402
 from onnxpipe.manifest import load_manifest  # noqa: E402
 from onnxpipe.plan.stages import assign_stages  # noqa: E402
 from onnxpipe.plan.types import Plan  # noqa: E402

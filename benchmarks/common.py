@@ -38,7 +38,8 @@ from onnxpipe import partition  # noqa: E402
 from onnxpipe.core.text import table  # noqa: E402
 from onnxpipe.cost.measure import profile_model  # noqa: E402
 from onnxpipe.cost.profile import Profile  # noqa: E402
-from onnxpipe.ir.model import ModelView, load_model  # noqa: E402
+from onnxpipe.ir.load import load_model  # noqa: E402
+from onnxpipe.ir.model import ModelView  # noqa: E402
 from onnxpipe.plan.sequences import tensor_sizes  # noqa: E402
 from onnxpipe.plan.stages import assign_stages  # noqa: E402
 from onnxpipe.plan.types import Plan  # noqa: E402

@@ -36,7 +36,7 @@ _EXPORTS: dict[str, str] = {
     "Manifest": "onnxpipe.manifest",
     "load_manifest": "onnxpipe.manifest",
     "ModelView": "onnxpipe.ir.model",
-    "load_model": "onnxpipe.ir.model",
+    "load_model": "onnxpipe.ir.load",
     "Partition": "onnxpipe.partition",
     "solve": "onnxpipe.partition",
     "Plan": "onnxpipe.plan.types",
@@ -124,7 +124,8 @@ if TYPE_CHECKING:
     from onnxpipe.cost.profile import Profile
     from onnxpipe.cost.static import static_profile
     from onnxpipe.export.stages import export_stages
-    from onnxpipe.ir.model import ModelView, load_model
+    from onnxpipe.ir.load import load_model
+    from onnxpipe.ir.model import ModelView
     from onnxpipe.manifest import Manifest, load_manifest
     from onnxpipe.partition import Partition, solve
     from onnxpipe.plan.cluster import plan_pipeline

@@ -25,7 +25,8 @@ from onnxpipe.cost.profile import CostSource, Profile
 from onnxpipe.cost.source import ProfileOptions, get_profile
 from onnxpipe.export.checks import check_exportable
 from onnxpipe.export.stages import ExportOptions, export_stages
-from onnxpipe.ir.model import ModelView, load_model
+from onnxpipe.ir.load import load_model
+from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
 from onnxpipe.plan.planner import plan
 from onnxpipe.plan.request import PlanRequest

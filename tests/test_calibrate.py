@@ -24,7 +24,8 @@ from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.errors import UsageError
 from onnxpipe.cost.profile import Profile, corrected
 from onnxpipe.cost.static import static_profile
-from onnxpipe.ir.model import ModelView, load_model
+from onnxpipe.ir.load import load_model
+from onnxpipe.ir.model import ModelView
 from onnxpipe.plan.types import Plan
 from onnxpipe.plan.workers import make_plan
 from onnxpipe.runtime import affinity

@@ -18,7 +18,8 @@ from models import all_bounds, feeds_for, loop_model, nested_if_model, plan_for,
 
 from onnxpipe.api import ProfileOptions, SplitOptions, split
 from onnxpipe.export.stages import export_stages
-from onnxpipe.ir.model import ModelView, load_model
+from onnxpipe.ir.load import load_model
+from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import load_manifest
 from onnxpipe.verification.chain import StageChain
 

@@ -19,7 +19,8 @@ from onnxpipe.cost.static import (
 )
 from onnxpipe.ir import inference, symbolic
 from onnxpipe.ir.inference import concrete_shapes
-from onnxpipe.ir.model import ModelView, load_model, view_from_proto
+from onnxpipe.ir.load import load_model, view_from_proto
+from onnxpipe.ir.model import ModelView
 
 
 def _vi(name: str, shape: list[int | str] | None, elem: int = TensorProto.FLOAT) -> onnx.ValueInfoProto:

@@ -17,7 +17,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.core.errors import ExportError
 from onnxpipe.export.stages import export_stages
-from onnxpipe.ir.model import ModelView, load_model
+from onnxpipe.ir.load import load_model
+from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import load_manifest
 from onnxpipe.plan.stages import assign_stages
 from onnxpipe.plan.types import Plan

@@ -9,7 +9,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.ir.feeds import random_feeds
-from onnxpipe.ir.model import ModelView, view_from_proto
+from onnxpipe.ir.load import view_from_proto
+from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import parse_shape_overrides, resolve_input_shapes
 
 

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.export.stages import export_stages
-from onnxpipe.ir.model import load_model
+from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import load_manifest
 from onnxpipe.plan.stages import assign_stages
 from onnxpipe.plan.types import Plan

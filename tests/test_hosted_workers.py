@@ -37,7 +37,7 @@ from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.cost.profile import corrected
 from onnxpipe.cost.static import static_profile
-from onnxpipe.ir.model import load_model
+from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import load_manifest
 from onnxpipe.plan.workers import make_plan
 from onnxpipe.runtime.backends.threads import _Turns

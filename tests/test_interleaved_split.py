@@ -171,7 +171,7 @@ def test_a_manifest_without_workers_means_one_per_stage(interleaved: Path) -> No
 def test_zero_costs_split_on_workers(sample_models_dir: Path, tmp_path: Path) -> None:
     """Every split ties at 0 s: the least memory wins, and nothing divides by the zero bottleneck."""
     from onnxpipe.cost.profile import Profile
-    from onnxpipe.ir.model import load_model
+    from onnxpipe.ir.load import load_model
 
     view = load_model(sample_models_dir / "mlp.onnx")
     prof = api.get_profile(view, ProfileOptions(cost="static"))

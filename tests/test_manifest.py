@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.core.errors import ManifestError
 from onnxpipe.export.stages import export_stages
-from onnxpipe.ir.model import load_model
+from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import (
     MODEL_INPUT,
     SCHEMA_VERSION,

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.core.errors import ModelLoadError
-from onnxpipe.ir.model import load_model, view_from_proto
+from onnxpipe.ir.load import load_model, view_from_proto
 
 
 def _vi(name: str, shape: list[int | str], elem: int = TensorProto.FLOAT) -> onnx.ValueInfoProto:

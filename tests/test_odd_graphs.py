@@ -39,7 +39,8 @@ from onnxpipe.export.boundary import BoundaryTypes
 from onnxpipe.export.build import StageBuilder
 from onnxpipe.export.record import shared_weights
 from onnxpipe.export.stages import export_stages
-from onnxpipe.ir.model import ModelView, load_model
+from onnxpipe.ir.load import load_model
+from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import MODEL_INPUT, load_manifest
 from onnxpipe.verification.chain import StageChain
 

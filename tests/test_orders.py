@@ -290,7 +290,7 @@ def test_stages_auto_with_free_order_on_edge_boards() -> None:
 
 def test_real_model_speed_1_and_3(tmp_path: Path) -> None:
     from onnxpipe.cost.static import static_profile
-    from onnxpipe.ir.model import load_model
+    from onnxpipe.ir.load import load_model
 
     devices = {
         "devices": [

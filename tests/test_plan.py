@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxpipe.ir.model import view_from_proto
+from onnxpipe.ir.load import view_from_proto
 from onnxpipe.plan.sequences import allowed_cuts_from_regions
 from onnxpipe.plan.stages import assign_stages
 from onnxpipe.schedule.simulate import simulate
@@ -161,7 +161,7 @@ def test_a_fused_group_holding_most_of_the_model_does_not_unbalance_the_plan() -
     """A profile whose value matching failed reports one group of every node but the last (ResNet-50 on
     an AVX2 machine did): the plan cuts through it rather than leave one stage all the work."""
     from onnxpipe.cost.static import static_profile
-    from onnxpipe.ir.model import load_model
+    from onnxpipe.ir.load import load_model
     from onnxpipe.plan.workers import make_plan
 
     view = load_model(SAMPLES / "resnet_tiny.onnx")

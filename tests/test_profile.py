@@ -16,7 +16,8 @@ from onnxpipe.core.errors import ProfileError, UsageError
 from onnxpipe.core.progress import Progress
 from onnxpipe.cost.measure import profile_model
 from onnxpipe.cost.profile import Profile
-from onnxpipe.ir.model import ModelView, load_model, view_from_proto
+from onnxpipe.ir.load import load_model, view_from_proto
+from onnxpipe.ir.model import ModelView
 
 _rng = np.random.default_rng(0)
 

@@ -41,7 +41,7 @@ from onnxpipe.cli.run import run as run_command
 from onnxpipe.cluster.model import Device
 from onnxpipe.core.errors import RuntimeStageError, UsageError
 from onnxpipe.manifest import load_manifest
-from onnxpipe.runtime.backends.ray_backend import actor_options, load_ray_resources
+from onnxpipe.runtime.backends.ray_resources import actor_options, load_ray_resources
 from onnxpipe.runtime.backends.shm import SHM_DIR, ItemMessage, SlotReader, SlotWriter, unlink_prefix
 from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.pipeline import Pipeline

@@ -19,7 +19,7 @@ from runtime_support import (
 
 from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.core.errors import RuntimeStageError, UsageError
-from onnxpipe.runtime.backends import ray_backend
+from onnxpipe.runtime.backends import ray_backend, ray_resources
 from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.base import RayConfig
 from onnxpipe.runtime.pipeline import Pipeline
@@ -115,7 +115,7 @@ def test_ctrl_c_while_actors_start_kills_those_started(
     tiny_split: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    options = ray_backend.actor_options
+    options = ray_resources.actor_options
     stages: list[int] = []
 
     def options_then_ctrl_c(spec: Any, given: Any) -> dict[str, Any]:
@@ -189,7 +189,7 @@ def test_ray_runs_an_interleaved_split_with_one_actor_per_worker(
 
 
 def test_a_ray_actor_hosting_stages_asks_for_the_most_any_of_them_asks() -> None:
-    merged = ray_backend.merged_options(
+    merged = ray_resources.merged_options(
         [
             {"num_cpus": 1, "num_gpus": 0, "resources": {"a": 1}, "max_concurrency": 1},
             {"num_cpus": 2, "num_gpus": 0.5, "memory": 10, "resources": {"a": 0.5, "b": 1}},
@@ -232,8 +232,8 @@ def test_a_worker_s_stages_asking_for_different_machines_are_refused(tiny_split:
     asks = [{"resources": {"host_a": 1}}, {"resources": {"host_b": 1}}]
     with pytest.raises(UsageError, match=r"stages 0 and 1 share one worker .*\['host_a'\] and \['host_b'\]"):
         RayBackend([specs], resources=asks, workers=[0, 0])
-    ray_backend.check_shared_pins(specs, [[0], [1]], asks)  # a stage each: fine
-    ray_backend.check_shared_pins(specs, [[0, 1]], [{"resources": {"host_a": 1}}, {"num_cpus": 2}])
+    ray_resources.check_shared_pins(specs, [[0], [1]], asks)  # a stage each: fine
+    ray_resources.check_shared_pins(specs, [[0, 1]], [{"resources": {"host_a": 1}}, {"num_cpus": 2}])
 
 
 def test_a_dead_actor_is_named_with_its_stages(

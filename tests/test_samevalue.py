@@ -16,7 +16,8 @@ from onnxpipe.core.errors import ManifestError
 from onnxpipe.cost.static import static_profile
 from onnxpipe.export.build import ALIAS_NODE_PREFIX
 from onnxpipe.export.stages import export_stages
-from onnxpipe.ir.model import ModelView, load_model, view_from_proto
+from onnxpipe.ir.load import load_model, view_from_proto
+from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samevalue import CONTENT_LIMIT, value_classes
 from onnxpipe.manifest import MANIFEST_NAME, SameValue, load_manifest
 from onnxpipe.plan.sequences import sequences

@@ -30,7 +30,7 @@ from onnxpipe.core.errors import ExportError
 from onnxpipe.core.files import file_sha256
 from onnxpipe.cost.static import static_profile
 from onnxpipe.export.stages import export_stages
-from onnxpipe.ir.model import load_model
+from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import load_manifest
 from onnxpipe.plan.workers import make_plan
 from onnxpipe.verification.chain import StageChain
@@ -203,7 +203,7 @@ sys.path.insert(0, sys.argv[3])
 from onnxpipe.cost.static import static_profile
 from onnxpipe.export.stages import export_stages
 from onnxpipe.core.files import file_sha256
-from onnxpipe.ir.model import load_model
+from onnxpipe.ir.load import load_model
 from onnxpipe.plan.planner import make_plan
 
 def status(key):

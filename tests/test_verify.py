@@ -19,7 +19,8 @@ from onnxpipe.cli import main
 from onnxpipe.core.errors import ManifestError, UsageError
 from onnxpipe.core.files import file_sha256
 from onnxpipe.export.stages import export_stages
-from onnxpipe.ir.model import ModelView, load_model
+from onnxpipe.ir.load import load_model
+from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import load_manifest
 from onnxpipe.plan.stages import assign_stages
 from onnxpipe.plan.types import Plan
@@ -245,7 +246,7 @@ def test_compare_sequences_of_maps_with_tolerance() -> None:
 
 
 def test_model_that_was_never_a_file_needs_model_path(tmp_path: Path) -> None:
-    from onnxpipe.ir.model import view_from_proto
+    from onnxpipe.ir.load import view_from_proto
 
     proto = skip_model()
     view = view_from_proto(proto)

@@ -9,7 +9,7 @@ from onnxpipe.cli.tables import (
     format_manifest_table,
     format_model_table,
 )
-from onnxpipe.ir.model import load_model
+from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import load_manifest
 
 NAME = "inspect"

@@ -11,7 +11,7 @@ from onnxpipe.cli.arguments import add_measure_args, add_planning_args, plan_req
 from onnxpipe.cli.tables import (
     format_plan_table,
 )
-from onnxpipe.ir.model import load_model
+from onnxpipe.ir.load import load_model
 from onnxpipe.plan.draw import draw_plan
 
 NAME = "plan"

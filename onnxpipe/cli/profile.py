@@ -11,7 +11,7 @@ from onnxpipe.cli.arguments import add_measure_args, profile_options
 from onnxpipe.core.errors import UsageError
 from onnxpipe.cost.profile import COST_SOURCES
 from onnxpipe.export.checks import check_runtime_opsets
-from onnxpipe.ir.model import load_model
+from onnxpipe.ir.load import load_model
 
 NAME = "profile"
 HELP = "measure every node's time with onnxruntime and save it"

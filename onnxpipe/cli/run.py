@@ -17,7 +17,7 @@ from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.core.errors import ManifestError, UsageError
 from onnxpipe.ir.shapes import parse_shape_overrides
 from onnxpipe.manifest import Manifest, load_manifest
-from onnxpipe.runtime.backends.ray_backend import load_ray_resources
+from onnxpipe.runtime.backends.ray_resources import load_ray_resources
 from onnxpipe.runtime.base import (
     BACKENDS,
     DEFAULT_LOCAL_MODE,

@@ -10,7 +10,8 @@ import onnx
 
 from onnxpipe.cost.sketch import VALUE_TOLERANCE, Print
 from onnxpipe.ir.graph import dfs_order
-from onnxpipe.ir.model import ModelView, subgraph_outer_reads
+from onnxpipe.ir.load import subgraph_outer_reads
+from onnxpipe.ir.model import ModelView
 
 NAME_ANCHOR_TOLERANCE = 0.05
 """A tensor name shared by both graphs is trusted unless its values differ by more than this."""

@@ -20,7 +20,8 @@ import onnxruntime as ort
 from onnxpipe.core.errors import ProfileError, error_line
 from onnxpipe.core.ortsession import OptimizationLevel, open_session, session_options
 from onnxpipe.core.progress import Progress
-from onnxpipe.ir.model import ModelView, subgraph_outer_reads
+from onnxpipe.ir.load import subgraph_outer_reads
+from onnxpipe.ir.model import ModelView
 
 
 @dataclass

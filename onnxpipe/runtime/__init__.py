@@ -11,7 +11,8 @@ model without one; docs/runtime.md describes both.
 """
 
 from onnxpipe.runtime.base import DEFAULT_LOCAL_MODE, BackendConfig, LocalConfig, RayConfig
-from onnxpipe.runtime.pipeline import Job, Pipeline
+from onnxpipe.runtime.driver import Job
+from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.report.build import build_report
 from onnxpipe.runtime.report.measure import Measurement, measure
 from onnxpipe.runtime.report.model import RunReport

@@ -16,7 +16,7 @@ import numpy as np
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.ir.feeds import random_feeds
-from onnxpipe.ir.model import load_model
+from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import Manifest
 from onnxpipe.verification.verify import planned_input_shapes
 

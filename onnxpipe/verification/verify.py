@@ -24,7 +24,8 @@ from onnxpipe.core.errors import ManifestError, UsageError, VerificationError, e
 from onnxpipe.core.files import file_sha256
 from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.ir.feeds import random_feeds
-from onnxpipe.ir.model import ModelView, load_model
+from onnxpipe.ir.load import load_model
+from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes, symbol_sizes
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, load_manifest
 from onnxpipe.verification.chain import run_stage_by_stage

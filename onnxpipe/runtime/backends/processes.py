@@ -20,10 +20,9 @@ import secrets
 import signal
 import threading
 import time
-import traceback
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import SpawnContext
 from multiprocessing.process import BaseProcess
@@ -32,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from onnxpipe.core.errors import RuntimeStageError, UsageError
-from onnxpipe.runtime.affinity import pin_thread
+from onnxpipe.runtime.backends.process_worker import RESET, STATS, STOP, WATCH_S, StageEnds, worker_main
 from onnxpipe.runtime.backends.shm import (
     MAX_SLOTS,
     ItemMessage,
@@ -43,12 +42,7 @@ from onnxpipe.runtime.backends.shm import (
 )
 from onnxpipe.runtime.base import DEFAULT_SLOTS, Tensors
 from onnxpipe.runtime.session import (
-    Record,
-    StageFailure,
-    StageRunner,
     WorkerStats,
-    current_rss_bytes,
-    pin_failure,
 )
 from onnxpipe.runtime.spec import WorkerSpec
 from onnxpipe.schedule.timeline import worker_groups
@@ -56,225 +50,11 @@ from onnxpipe.schedule.timeline import worker_groups
 START_TIMEOUT_S = 600.0
 STOP_GRACE_S = 2.0
 STATS_TIMEOUT_S = 60.0
-_WATCH_S = 1.0  # how often a waiting worker checks that its parent is alive
 _REAP_GRACE_S = 2.0  # how long a closed channel waits for the death of the worker that closed it
-_SIGNAL_WAIT_S = 0.25  # how long a signalled worker waits to see whether its parent is dying too
-
-_STOP = "stop"
-_STATS = "stats"  # sent as (_STATS, request id); the reply is (request id, WorkerStats)
-_RESET = "reset"
 
 
 # --------------------------------------------------------------------------------------------------
 # the worker process
-
-
-@dataclass(frozen=True)
-class StageEnds:
-    """The channel ends of one stage hosted by a worker process: where its micro-batches come in, where
-    its results go, and the name prefix of the segments it writes."""
-
-    in_data: Connection
-    in_free: Connection
-    out_data: Connection
-    out_free: Connection
-    prefix: str
-
-
-class _Hosted:
-    """One stage inside a worker process: its session, its two channels, and a result it computed but
-    could not send yet (the downstream channel was full), with its input slot still held."""
-
-    def __init__(self, runner: StageRunner, ends: StageEnds, slots: int) -> None:
-        self.runner = runner
-        self.reader = SlotReader(ends.in_data, ends.in_free)
-        self.writer = SlotWriter(ends.prefix, slots, ends.out_data, ends.out_free)
-        self.held: tuple[ItemMessage, dict[str, np.ndarray], float, float, float] | None = None
-        self.busy: int | None = None
-        """The micro-batch taken and not yet sent on (what a failure names)."""
-
-    def run_next(self) -> int | None:
-        """Take the next micro-batch, run it, and send the result if there is room (else hold it).
-        Returns the micro-batch's number, or None when the channel was closed (the caller's close)."""
-        message = self.reader.recv()
-        if not isinstance(message, ItemMessage):
-            return None
-        self.busy = message.seq
-        received = time.perf_counter()
-        views = self.reader.views(message)
-        run_start = time.perf_counter()
-        sends = self.runner.run(message.seq, views)
-        self.held = (message, sends, received, run_start, time.perf_counter())
-        del views
-        self.send_held()
-        return message.seq
-
-    def send_held(self) -> bool:
-        """Send the held result if the downstream channel has room; whether it went."""
-        assert self.held is not None
-        if not self.writer.has_room():
-            return False
-        message, sends, received, run_start, run_end = self.held
-        out_ready = time.perf_counter()
-        self.writer.send(message.seq, sends)
-        self.held = None
-        self.busy = None
-        del sends
-        self.reader.release(message.slot)
-        self.runner.recorder.add(
-            Record(message.seq, received, run_start, run_end, out_ready, time.perf_counter())
-        )
-        return True
-
-    def close(self) -> None:
-        self.writer.close()
-        self.reader.close()
-
-
-def worker_main(
-    specs: tuple[WorkerSpec, ...],
-    ends: tuple[StageEnds, ...],
-    control: Connection,
-    status: Connection,
-    slots: int,
-    parent_pid: int,
-    pipeline_prefix: str,
-) -> None:
-    """Entry point of a worker process (module level, so that ``spawn`` can import it).
-
-    The process hosts one stage, or all the stages of one worker of an interleaved split (``specs``, in
-    stage order, ``ends[i]`` the channels of ``specs[i]``), each with its own session: one process per
-    worker pays for one interpreter and one onnxruntime instead of one per stage.  It never waits on one
-    stage while another could work: it runs the deepest stage that has a micro-batch and no result
-    waiting for room (a stage holds at most one result that its full downstream channel cannot take
-    yet), so no cycle of full channels between two workers can stall it.
-
-    A worker whose parent died removes every segment of the pipeline (the parent cannot any more).
-    """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for ending in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(ending, _leave)
-    startup_rss = current_rss_bytes()
-    cpus = tuple(sorted({c for spec in specs for c in spec.placement.cpus}))
-    try:
-        pin_thread(cpus)
-    except OSError as e:  # CPUs outside this process's allowed set (a changed cpuset)
-        label = ", ".join(spec.label for spec in specs)
-        whole = replace(specs[0], label=label, placement=replace(specs[0].placement, cpus=cpus))
-        status.send(("failed", None, pin_failure(whole, e)))
-        return
-    hosted: list[_Hosted] = []
-    try:
-        for spec, channels in zip(specs, ends, strict=True):
-            hosted.append(_Hosted(StageRunner(spec), channels, slots))
-    except StageFailure as e:
-        status.send(("failed", None, str(e)))
-        return
-    except _Leave:
-        return
-    status.send(("ready", os.getpid(), startup_rss))
-    deepest_first = hosted[::-1]
-    together = tuple(spec.index for spec in specs) if len(specs) > 1 else ()
-    pid = os.getpid()
-    # what to wait on, by which stages hold a result: their room, else their input (and the control pipe)
-    waits: dict[tuple[bool, ...], Poller] = {}
-    asked = Poller(control)  # a persistent poll: Connection.poll() builds a selector per call
-    current: _Hosted | None = None
-    orphaned = False
-
-    def control_says_go() -> bool:
-        message = control.recv()
-        if isinstance(message, tuple) and message[0] == _STATS:
-            control.send(
-                (
-                    message[1],
-                    [h.runner.stats(pid=pid, startup_rss=startup_rss, hosted_with=together) for h in hosted],
-                )
-            )
-        elif message == _RESET:
-            for h in hosted:
-                h.runner.recorder.reset()
-        return bool(message != _STOP)
-
-    try:
-        while True:
-            # the caller's stats, reset and stop come first, also while every pass finds work
-            if asked.any() and not control_says_go():
-                return
-            worked = False
-            for h in deepest_first:
-                if h.held is not None:
-                    current = h
-                    worked = h.send_held() or worked
-                if h.held is None and h.reader.pending():
-                    current = h
-                    if h.run_next() is None:
-                        return
-                    worked = True
-                    break
-            current = None
-            if worked:
-                continue
-            key = tuple(h.held is not None for h in hosted)
-            poller = waits.get(key)
-            if poller is None:
-                objects = [
-                    h.writer.free if held else h.reader.data for h, held in zip(hosted, key, strict=True)
-                ]
-                poller = waits[key] = Poller(*objects, control)
-            ready = poller.ready(_WATCH_S)
-            if not ready:
-                if os.getppid() != parent_pid:
-                    orphaned = True
-                    return
-                continue
-            if control in ready and not control_says_go():
-                return
-    except StageFailure as e:
-        _report(status, _seq(current), str(e))
-    except (EOFError, BrokenPipeError, ConnectionResetError):
-        # a neighbour or the caller went away: the caller cleans up after the first, nobody after the second
-        orphaned = _parent_gone(parent_pid, within=_WATCH_S)
-    except _Leave:
-        # the caller's close, or a kill of the whole process group (then the caller is dying too)
-        orphaned = _parent_gone(parent_pid, within=_SIGNAL_WAIT_S)
-    except BaseException as e:  # noqa: BLE001 - a bug here must reach the caller, not vanish
-        detail = "".join(traceback.format_exception_only(type(e), e)).strip()
-        label = current.runner.spec.label if current is not None else ", ".join(s.label for s in specs)
-        _report(status, _seq(current), f"{label}: internal error on micro-batch {_seq(current)}: {detail}")
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        for h in hosted:
-            h.close()
-        if orphaned:
-            unlink_prefix(pipeline_prefix)
-
-
-def _seq(hosted: _Hosted | None) -> int | None:
-    """The micro-batch ``hosted`` was busy with (None: no stage was)."""
-    return hosted.busy if hosted is not None else None
-
-
-class _Leave(BaseException):
-    """Raised by the SIGTERM/SIGHUP handler so that a worker unlinks its segments on the way out."""
-
-
-def _leave(signum: int, frame: object) -> None:
-    raise _Leave(signum)
-
-
-def _parent_gone(parent_pid: int, within: float) -> bool:
-    deadline = time.monotonic() + within
-    while os.getppid() == parent_pid:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
-def _report(status: Connection, seq: int | None, text: str) -> None:
-    with contextlib.suppress(OSError):
-        status.send(("failed", seq, text))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -416,7 +196,7 @@ class ProcessBackend:
                 raise RuntimeStageError(f"{names}: did not start within {timeout:.0f} s")
             objects: list[Any] = [w.status for w in waiting.values()]
             objects += [w.process.sentinel for w in waiting.values()]
-            wait(objects, timeout=min(left, _WATCH_S))
+            wait(objects, timeout=min(left, WATCH_S))
             for key, w in list(waiting.items()):
                 if w.status.poll():
                     message = w.status.recv()
@@ -532,7 +312,7 @@ class ProcessBackend:
             self._last_request += 1
             request = self._last_request
             for w in self._workers:
-                w.control.send((_STATS, request))
+                w.control.send((STATS, request))
             replies = {id(w): self._stats_reply(w, request) for w in self._workers}
         ordered: list[WorkerStats] = []
         for lane in self._lanes:  # a lane's processes may interleave its stages: put them back in order
@@ -543,7 +323,7 @@ class ProcessBackend:
     def _stats_reply(self, w: _Worker, request: int) -> list[WorkerStats]:
         deadline = time.monotonic() + STATS_TIMEOUT_S
         while True:
-            while not w.control.poll(_WATCH_S):
+            while not w.control.poll(WATCH_S):
                 if w.process.exitcode is not None:
                     raise RuntimeStageError(_exit_text(w))
                 if time.monotonic() > deadline:
@@ -557,7 +337,7 @@ class ProcessBackend:
         self._check_open()
         with self._control_lock:
             for w in self._workers:
-                w.control.send(_RESET)
+                w.control.send(RESET)
 
     def worker_pids(self) -> list[int]:
         """The pid of each stage's process, in lane and stage order (stages hosted together repeat it)."""
@@ -580,7 +360,7 @@ class ProcessBackend:
         if graceful:
             for w in workers:
                 with contextlib.suppress(OSError):
-                    w.control.send(_STOP)
+                    w.control.send(STOP)
             deadline = time.monotonic() + STOP_GRACE_S
             for w in workers:
                 if w.process.pid is not None:

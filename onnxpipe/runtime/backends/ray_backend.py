@@ -33,20 +33,23 @@ Ray is an optional dependency (``pip install 'onnxpipe[ray]'``); it is imported 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from onnxpipe.core.errors import RuntimeStageError, UsageError, error_line
-from onnxpipe.core.jsonread import Document, Fields, Value
+from onnxpipe.runtime.backends.ray_resources import (
+    RESOURCE_KEYS,
+    actor_options,
+    check_shared_pins,
+    merged_options,
+)
 from onnxpipe.runtime.base import DEFAULT_SLOTS, Tensors
 from onnxpipe.runtime.session import (
     Record,
@@ -59,7 +62,6 @@ from onnxpipe.runtime.spec import WorkerSpec
 from onnxpipe.schedule.timeline import worker_groups
 
 START_TIMEOUT_S = 300.0
-RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory", "resources")
 
 
 class WorkerActor:
@@ -375,55 +377,6 @@ class RayBackend:
         _OWNED_RAY.release(self._ray, self._ray_generation)
 
 
-def actor_options(spec: WorkerSpec, given: Mapping[str, Any]) -> dict[str, Any]:
-    """Ray actor options for ``spec``: its resources (``given`` first) and no restarts or retries."""
-    options: dict[str, Any] = {
-        "num_cpus": spec.placement.threads,
-        "num_gpus": 1 if spec.placement.uses_gpu else 0,
-    }
-    for key in RESOURCE_KEYS:
-        if key in given:
-            options[key] = given[key]
-    options["max_restarts"] = 0
-    options["max_task_retries"] = 0
-    options["max_concurrency"] = 1
-    return options
-
-
-def merged_options(options: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The options of one actor hosting stages whose own options are ``options``: its stages take turns,
-    so it asks for the most any of them asks, resource by resource."""
-    merged = dict(options[0])
-    for more in options[1:]:
-        for key in ("num_cpus", "num_gpus", "memory"):
-            if key in more:
-                merged[key] = max(merged.get(key, 0), more[key])
-        if "resources" in more:
-            custom = dict(merged.get("resources", {}))
-            for name, amount in more["resources"].items():
-                custom[name] = max(custom.get(name, 0), amount)
-            merged["resources"] = custom
-    return merged
-
-
-def check_shared_pins(
-    specs: Sequence[WorkerSpec], groups: Sequence[Sequence[int]], resources: Sequence[Mapping[str, Any]]
-) -> None:
-    """Refuse a worker whose stages ask for different custom resources: one actor hosts them, and it
-    would wait for a node that has all of them (for ``host_a`` and ``host_b``: most likely none)."""
-    for group in groups:
-        asked = [(i, frozenset(resources[i].get("resources", {}))) for i in group]
-        named = [(i, names) for i, names in asked if names]
-        for i, names in named[1:]:
-            first, first_names = named[0]
-            if names != first_names:
-                raise UsageError(
-                    f"stages {specs[first].index} and {specs[i].index} share one worker (one Ray actor) but "
-                    f"ask for different custom resources ({sorted(first_names)} and {sorted(names)}); give "
-                    "a worker's stages the same ones"
-                )
-
-
 _DEAD_PID = re.compile(r"\bpid: (\d+)")
 
 
@@ -443,36 +396,3 @@ def _ray_error_text(e: BaseException, fallback: str, actors: Mapping[int, str] |
         who = actors.get(int(m.group(1))) if m and actors else None
         return f"{fallback}: {who or 'a stage actor'} died ({error_line(e)})"
     return f"{fallback}: {error_line(e)}"
-
-
-# --------------------------------------------------------------------------------------------------
-# the resources file
-
-
-def load_ray_resources(path: Path, k: int) -> list[dict[str, Any]]:
-    """Per-stage actor resources from ``path`` (format in the module docstring); errors name the field."""
-    try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such resources file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UsageError(f"{path}: not a readable JSON resources file ({e})") from e
-    doc = Document(str(path), UsageError, f"write {', '.join(RESOURCE_KEYS)} per stage (see docs/runtime.md)")
-    top = doc.read(obj).fields().only({"default", "stages", "description"})
-    default = top.get("default", {}).object(_entry)
-    stages = top.get("stages", [])
-    entries = stages.objects(_entry)
-    if entries and len(entries) != k:
-        raise stages.fail(f"lists {len(entries)} entries for a pipeline of {k} stages")
-    return [{**default, **(entries[i] if entries else {})} for i in range(k)]
-
-
-def _entry(f: Fields) -> dict[str, Any]:
-    """One stage's actor options: counts of CPUs, GPUs and bytes, and custom resources, all >= 0."""
-    f.only(RESOURCE_KEYS)
-    entry: dict[str, Any] = {
-        key: f[key].number() for key in ("num_cpus", "num_gpus", "memory") if key in f.raw
-    }
-    if "resources" in f.raw:
-        entry["resources"] = f["resources"].dict_of(Value.number)
-    return entry

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnxpipe.runtime.base import Tensors
-from onnxpipe.runtime.pipeline import Job, Pipeline
+from onnxpipe.runtime.driver import Job
+from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.session import WorkerStats
 
 Feeds = Mapping[str, np.ndarray]

@@ -1,0 +1,351 @@
+"""Loading a model into a :class:`~onnxpipe.ir.model.ModelView`: the checks a file must pass, stable
+node names, the tensors subgraph bodies read from outside, ONNX shape inference, cheap constants and the
+topological order that keeps few bytes live across any cut.
+
+External weights stay on disk: the exporter reads each stage's weights when it writes the stage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import MappingProxyType
+
+import onnx
+from onnx import shape_inference
+
+from onnxpipe.core.errors import ModelLoadError
+from onnxpipe.core.files import file_sha256
+from onnxpipe.ir.graph import dfs_order, file_order_if_topological, greedy_live_order, live_bytes_profile
+from onnxpipe.ir.model import ModelView, NodeInfo, TensorInfo, initializer_nbytes, value_dims
+
+
+def load_model(path: str | Path, *, check: bool = True) -> ModelView:
+    """Read ``path`` into a :class:`ModelView`; errors name the file and say what to do.
+
+    External weights stay on disk: the exporter reads each stage's weights when it writes the stage.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise ModelLoadError(f"{p}: no such file; give the path of an .onnx model")
+    if not p.is_file():
+        raise ModelLoadError(f"{p}: is not a file; give the path of an .onnx model")
+    try:
+        # format given: onnx would otherwise pick a JSON or text parser from a .json/.txt suffix
+        proto = onnx.load(str(p), format="protobuf", load_external_data=False)
+    except Exception as e:
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ModelLoadError(
+            f"{p}: not a readable ONNX model ({detail}); "
+            "check that the file is complete and was saved by an ONNX exporter"
+        ) from e
+    if not proto.graph.node and not proto.graph.output:
+        raise ModelLoadError(f"{p}: holds no ONNX graph (empty or not a model file); re-export the model")
+    if check:
+        _check_external_data(proto, p)
+        _check(proto, p)
+    return view_from_proto(proto, path=p, sha256=file_sha256(p), base_dir=p.parent)
+
+
+def _check_external_data(proto: onnx.ModelProto, p: Path) -> None:
+    """Every external weight's file exists beside the model and is long enough to hold it.
+
+    Checked up front because onnxruntime and the checker report a short or missing weights file late,
+    as a multi-line log, or not at all.
+    """
+    sizes: dict[str, int] = {}
+    for t in proto.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        location = info.get("location", "")
+        target = p.parent / location
+        if not location or not target.is_file():
+            raise ModelLoadError(
+                f"{p}: weight {t.name!r} lives in {location or '(no file named)'}, which is not beside the "
+                "model; copy the model together with its weights file"
+            )
+        if location not in sizes:
+            sizes[location] = target.stat().st_size
+        offset = int(info.get("offset", "0") or 0)
+        length = int(info["length"]) if info.get("length") else initializer_nbytes(t)
+        if offset + length > sizes[location]:
+            raise ModelLoadError(
+                f"{p}: weights file {location} is truncated: weight {t.name!r} needs bytes "
+                f"{offset}..{offset + length} but the file has {sizes[location]}; copy it again"
+            )
+
+
+def _check(proto: onnx.ModelProto, p: Path) -> None:
+    try:
+        has_external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
+        if has_external or proto.ByteSize() > 2_000_000_000:
+            onnx.checker.check_model(str(p))  # by path: resolves external files beside the model
+        else:
+            onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "invalid model"
+        raise ModelLoadError(
+            f"{p}: fails the ONNX checker: {first}; fix or re-export the model (onnx.checker.check_model)"
+        ) from e
+
+
+def view_from_proto(
+    proto: onnx.ModelProto,
+    *,
+    path: Path | None = None,
+    sha256: str | None = None,
+    base_dir: Path | None = None,
+) -> ModelView:
+    """Build the view from an in-memory model (used by tests and by :func:`load_model`)."""
+    if sha256 is None:
+        sha256 = hashlib.sha256(proto.SerializeToString()).hexdigest()
+    graph = proto.graph
+    _ensure_unique_node_names(graph)
+
+    init_bytes: dict[str, int] = {t.name: initializer_nbytes(t) for t in graph.initializer}
+    for sp in graph.sparse_initializer:
+        init_bytes[sp.values.name] = initializer_nbytes(sp.values) + initializer_nbytes(sp.indices)
+    inputs = tuple(i.name for i in graph.input if i.name not in init_bytes)
+    outputs = tuple(o.name for o in graph.output)
+
+    tensors = _infer_tensor_types(proto, path)
+
+    raw: list[tuple[onnx.NodeProto, tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = []
+    for node in graph.node:
+        ins = tuple(i for i in node.input if i)
+        outs = tuple(o for o in node.output if o)
+        outer = tuple(t for t in sorted(subgraph_outer_reads(node)) if t not in ins)
+        raw.append((node, ins, outer, outs))
+
+    constant_idx = _constant_nodes(raw, init_bytes, tensors)
+    # weights: initializers and constant-node outputs (old exporters build weights with ConstantOfShape)
+    weights = dict(init_bytes)
+    for i in constant_idx:
+        for o in raw[i][3]:
+            weights[o] = max(0, tensors[o].nbytes()) if o in tensors else 0
+    free = set(weights)
+    order = _choose_order(raw, set(init_bytes), free, inputs, outputs, tensors)
+
+    nodes: list[NodeInfo] = []
+    producer: dict[str, int] = {}
+    consumers: dict[str, list[int]] = {}
+    for pos, idx in enumerate(order):
+        node, ins, outer, outs = raw[idx]
+        reads = ins + tuple(t for t in outer if t not in ins)
+        pbytes = sum(weights.get(t, 0) for t in dict.fromkeys(reads))
+        nodes.append(
+            NodeInfo(
+                position=pos,
+                index=idx,
+                name=node.name,
+                op_type=node.op_type,
+                domain=node.domain,
+                inputs=ins,
+                outer_inputs=outer,
+                outputs=outs,
+                param_bytes=pbytes,
+                is_constant=idx in constant_idx,
+                has_subgraph=_has_subgraph(node),
+            )
+        )
+        for o in outs:
+            producer[o] = pos
+        for t in dict.fromkeys(reads):
+            consumers.setdefault(t, []).append(pos)
+
+    return ModelView(
+        path=path,
+        sha256=sha256,
+        nodes=tuple(nodes),
+        tensors=MappingProxyType(tensors),
+        inputs=inputs,
+        outputs=outputs,
+        initializers=MappingProxyType(init_bytes),
+        weights=MappingProxyType(weights),
+        producer=MappingProxyType(producer),
+        consumers=MappingProxyType({k: tuple(v) for k, v in consumers.items()}),
+        proto=proto,
+        base_dir=base_dir,
+    )
+
+
+def _ensure_unique_node_names(graph: onnx.GraphProto) -> None:
+    """Give unnamed or duplicate nodes stable names ``<OpType>_<index>`` (suffixed until unique).
+
+    Deterministic: the same file always yields the same names, so saved profiles keep matching.
+    """
+    taken: set[str] = set()
+    seen: set[str] = set()
+    for node in graph.node:
+        if node.name:
+            if node.name in seen:
+                continue
+            seen.add(node.name)
+    taken |= seen
+    seen_once: set[str] = set()
+    for idx, node in enumerate(graph.node):
+        if node.name and node.name not in seen_once:
+            seen_once.add(node.name)
+            continue
+        base = f"{node.op_type}_{idx}" if not node.name else f"{node.name}__{idx}"
+        name, k = base, 1
+        while name in taken:
+            name, k = f"{base}_{k}", k + 1
+        node.name = name
+        taken.add(name)
+        seen_once.add(name)
+
+
+def _subgraphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            yield from attr.graphs
+
+
+def _has_subgraph(node: onnx.NodeProto) -> bool:
+    return any(True for _ in _subgraphs(node))
+
+
+def subgraph_outer_reads(node: onnx.NodeProto) -> set[str]:
+    """Names that ``node``'s bodies (and their nested bodies) read from scopes outside the node."""
+    reads: set[str] = set()
+    for g in _subgraphs(node):
+        reads |= _graph_free_names(g)
+    return reads
+
+
+def _graph_free_names(graph: onnx.GraphProto) -> set[str]:
+    defined: set[str] = {i.name for i in graph.input}
+    defined |= {t.name for t in graph.initializer}
+    defined |= {t.values.name for t in graph.sparse_initializer}
+    free: set[str] = set()
+    for n in graph.node:
+        for i in n.input:
+            if i and i not in defined:
+                free.add(i)
+        for inner in subgraph_outer_reads(n):
+            if inner not in defined:
+                free.add(inner)
+        defined.update(o for o in n.output if o)
+    for o in graph.output:
+        if o.name not in defined:
+            free.add(o.name)
+    return free
+
+
+def _type_of(vi: onnx.ValueInfoProto) -> TensorInfo | None:
+    t = vi.type
+    if not t.HasField("tensor_type"):
+        return TensorInfo(vi.name, 0, None)
+    return TensorInfo(vi.name, t.tensor_type.elem_type, value_dims(vi))
+
+
+def _infer_tensor_types(proto: onnx.ModelProto, path: Path | None) -> dict[str, TensorInfo]:
+    """Run ONNX shape inference on a weight-less copy; fall back to the file's own annotations."""
+    graph = proto.graph
+    inferred: onnx.ModelProto | None = None
+    light = onnx.ModelProto()
+    light.CopyFrom(proto)
+    for t in light.graph.initializer:
+        # drop raw bytes (inference needs dims and types only) so models over 2 GB still infer
+        if t.data_location == onnx.TensorProto.EXTERNAL or len(t.raw_data) > 1024:
+            t.ClearField("raw_data")
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
+    try:
+        inferred = shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - inference is best effort; the file's annotations remain
+        inferred = None
+    src = inferred.graph if inferred is not None else graph
+    types: dict[str, TensorInfo] = {}
+    for vi in list(src.value_info) + list(graph.input) + list(graph.output):
+        info = _type_of(vi)
+        if info is None:
+            continue
+        prev = types.get(vi.name)
+        if prev is None or (prev.shape is None and info.shape is not None):
+            types[vi.name] = info
+    for vi in list(src.input) + list(src.output):
+        info = _type_of(vi)
+        if info is not None and (vi.name not in types or types[vi.name].shape is None):
+            types[vi.name] = info
+    for t in graph.initializer:
+        types[t.name] = TensorInfo(t.name, t.data_type, tuple(int(d) for d in t.dims))
+    return types
+
+
+# --------------------------------------------------------------------------------------------------
+# ordering
+
+_RawNode = tuple[onnx.NodeProto, tuple[str, ...], tuple[str, ...], tuple[str, ...]]
+
+
+def _choose_order(
+    raw: list[_RawNode],
+    weights: set[str],
+    free: set[str],
+    inputs: tuple[str, ...],
+    outputs: tuple[str, ...],
+    tensors: Mapping[str, TensorInfo],
+) -> list[int]:
+    """A topological order with few bytes live across any point.
+
+    Candidates: the file's own order (when it is topological), a depth-first Kahn order (a ready stack,
+    so each branch runs to its join before the next starts, which keeps branches together), and a greedy
+    list schedule that runs next the ready node adding the fewest live bytes (ties depth-first).
+    The one with the smaller sum of live bytes over all cut points wins; ties keep the file order.
+    ``free`` tensors (weights and cheap constants) never cross a cut, so they do not count.
+    """
+    size = {name: 0 if name in free else t.nbytes() for name, t in tensors.items()}
+    deps = [ins + tuple(t for t in outer if t not in ins) for _, ins, outer, _ in raw]
+    outs = [o for _, _, _, o in raw]
+    available = weights | set(inputs)
+    candidates = []
+    file_order = file_order_if_topological(deps, outs, available)
+    if file_order is not None:
+        candidates.append(file_order)
+    candidates.append(dfs_order(deps, outs, available, _node_label(raw)))
+    candidates.append(greedy_live_order(deps, outs, available, size))
+    best = min(
+        candidates,
+        key=lambda order: sum(live_bytes_profile(order, deps, outs, size, free, outputs)),
+    )
+    return best
+
+
+def _node_label(raw: list[_RawNode]) -> list[str]:
+    return [n.name for n, _, _, _ in raw]
+
+
+def _constant_nodes(
+    raw: list[_RawNode],
+    init_bytes: Mapping[str, int],
+    tensors: Mapping[str, TensorInfo],
+) -> set[int]:
+    """Indices of nodes whose outputs are cheap constants that each stage may recompute itself."""
+    const_tensors: set[str] = set(init_bytes)
+    result: set[int] = set()
+    changed = True
+    # iterate to a fixed point: the file order need not be topological
+    while changed:
+        changed = False
+        for idx, (node, ins, outer, outs) in enumerate(raw):
+            if idx in result or node.domain not in ("", "ai.onnx") or outer:
+                continue
+            ok = False
+            if node.op_type == "Constant":
+                ok = True
+            elif node.op_type in ("ConstantOfShape", "Identity"):
+                ok = all(i in const_tensors for i in ins)
+            elif node.op_type == "Shape":
+                src = tensors.get(ins[0]) if ins else None
+                ok = src is not None and src.is_static
+            if ok:
+                result.add(idx)
+                const_tensors.update(outs)
+                changed = True
+    return result
