@@ -32,6 +32,10 @@ def test_orders_are_topological() -> None:
 def test_cycle_is_an_error() -> None:
     with pytest.raises(ModelLoadError, match="not a DAG"):
         dfs_order([("b",), ("a",)], [("a",), ("b",)], set())
+    # the message names the cycle, node by node, and not the node that only reads from it
+    with pytest.raises(ModelLoadError, match=r"^nodes 'p' -> 'q' -> 'p' form a cycle") as info:
+        dfs_order([("x", "b"), ("a",), ("a",)], [("a",), ("b",), ("c",)], {"x"}, ["p", "q", "r"])
+    assert "'r'" not in str(info.value)
     with pytest.raises(ModelLoadError, match="not a DAG"):
         greedy_live_order([("b",), ("a",)], [("a",), ("b",)], set(), {})
 

@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import networkx as nx
 import numpy as np
 
 from onnxpipe.core.errors import ModelLoadError
@@ -73,12 +74,27 @@ def dfs_order(
         # push in reverse file order so the earliest-in-file successor runs first
         stack.extend(sorted(ready, reverse=True))
     if len(order) != n:
-        stuck = [i for i in range(n) if indeg[i] > 0]
-        name = labels[stuck[0]] if labels is not None else str(stuck[0])
-        raise ModelLoadError(
-            f"node {name!r} is part of a cycle or reads a tensor no node produces; the graph is not a DAG"
-        )
+        raise cycle_error([i for i in range(n) if indeg[i] > 0], succ, labels)
     return order
+
+
+def cycle_error(
+    stuck: Sequence[int], succ: Sequence[Sequence[int]], labels: Sequence[str] | None
+) -> ModelLoadError:
+    """The error for nodes a topological order could not place: it names one cycle among them, node by
+    node (networkx finds it; only a graph that fails pays for the search)."""
+    graph = nx.DiGraph()
+    graph.add_edges_from((i, s) for i in stuck for s in succ[i] if s in set(stuck))
+    name = (lambda i: labels[i]) if labels is not None else str
+    try:
+        cycle = [u for u, _ in nx.find_cycle(graph)]
+    except nx.NetworkXNoCycle:  # unreachable: nodes left over by Kahn's algorithm lie on or after a cycle
+        cycle = list(stuck[:1])
+    shown = " -> ".join(repr(name(i)) for i in [*cycle, cycle[0]])
+    return ModelLoadError(
+        f"nodes {shown} form a cycle (each writes what the next one reads); the graph is not a DAG: "
+        "re-export the model"
+    )
 
 
 def live_bytes_profile(
@@ -253,5 +269,5 @@ def greedy_live_order(
                 heapq.heappush(heap, (effect(s), -seq, s))
                 seq += 1
     if len(order) != n:
-        raise ModelLoadError("the graph has a cycle or reads a tensor no node produces; it is not a DAG")
+        raise cycle_error([i for i in range(n) if not done[i]], succ, None)
     return order
