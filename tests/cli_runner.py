@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from paths import REPO_ROOT
 
 from onnxpipe.cli import main
 
@@ -22,9 +24,6 @@ def run(args: Sequence[object], capfd: pytest.CaptureFixture[str]) -> tuple[int,
         code = e.code if isinstance(e.code, int) else 1
     out, err = capfd.readouterr()
     return code, out, err
-
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_with_file_size_limit(
@@ -48,3 +47,30 @@ def run_with_file_size_limit(
         text=True,
         timeout=300,
     )
+
+
+def one_line_error(err: str, command: str, *, says_what_to_do: bool = True) -> str:
+    """The documented error shape: one line, ``onnxpipe <command>: error: <where>: <what>; <what to do>``.
+
+    Checked: exactly one line, the prefix, and (unless told otherwise) a ``; <what to do>`` part.
+    ``command`` "" is the top-level parser (``onnxpipe: error: ...``).
+    """
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{err}"
+    line = lines[0]
+    prefix = f"onnxpipe {command}: error: " if command else "onnxpipe: error: "
+    assert line.startswith(prefix) and len(line) > len(prefix)
+    if says_what_to_do:
+        assert re.match(rf"^{re.escape(prefix)}.+; \S.*$", line), f"no '; what to do' in: {line}"
+    return line
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file below ``folder`` (hidden ones included) with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def no_leftovers(folder: Path) -> None:
+    left = [p.name for p in folder.rglob("*") if "onnxpipe-tmp" in p.name or "onnxpipe-old" in p.name]
+    left += [p.name for p in folder.rglob("*.tmp")]
+    assert not left, f"half-written files left behind: {left}"

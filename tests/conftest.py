@@ -8,6 +8,7 @@ Everything fetched or exported is cached across runs (see ``tools/corpus.py``).
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,12 +17,12 @@ from typing import TypeVar
 
 import pytest
 from hypothesis import settings
+from paths import REPO_ROOT, SAMPLE_MODELS
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # makes `tools` importable
 
-from tools import corpus as _corpus  # noqa: E402
+from tools import corpus as _corpus
 
 # the runtime tests' shared helpers: their asserts get pytest's explanations, as in a test module
 pytest.register_assert_rewrite("runtime_support")
@@ -56,7 +57,21 @@ def _exporter() -> ModuleType:
 @pytest.fixture(scope="session")
 def sample_models_dir() -> Path:
     """The committed ``sample_models/`` folder (regenerate with ``python tools/make_sample_models.py``)."""
-    return REPO_ROOT / "sample_models"
+    return SAMPLE_MODELS
+
+
+@pytest.fixture
+def mlp(sample_models_dir: Path, tmp_path: Path) -> Path:
+    """A private copy of the mlp sample model (so a test may put files next to it)."""
+    path = tmp_path / "models" / "mlp.onnx"
+    path.parent.mkdir()
+    shutil.copy(sample_models_dir / "mlp.onnx", path)
+    return path
+
+
+@pytest.fixture
+def resnet(sample_models_dir: Path) -> Path:
+    return sample_models_dir / "resnet_tiny.onnx"
 
 
 # ----------------------------------------------------------------------------------- runtime splits

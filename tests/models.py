@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxpipe.ir.load import view_from_proto
 from onnxpipe.ir.model import ModelView
 from onnxpipe.plan.stages import assign_stages
 from onnxpipe.plan.types import Plan
@@ -50,6 +51,16 @@ def make(
     model = helper.make_model(graph, opset_imports=imports, functions=list(functions))
     model.ir_version = ir_version
     return model
+
+
+def view_of(
+    nodes: Iterable[onnx.NodeProto],
+    inputs: Sequence[onnx.ValueInfoProto],
+    outputs: Sequence[onnx.ValueInfoProto],
+    initializers: Sequence[onnx.TensorProto] = (),
+) -> ModelView:
+    """The view of a one-graph model of ``nodes`` (what unit tests of one node's cost build)."""
+    return view_from_proto(make(nodes, inputs, outputs, initializers))
 
 
 def save(model: onnx.ModelProto, path: Path, *, check: bool = True) -> Path:
@@ -494,3 +505,29 @@ def training_model() -> onnx.ModelProto:
     binding = info.update_binding.add()
     binding.key, binding.value = "w", "w_new"
     return model
+
+
+def shape_arithmetic_model() -> onnx.ModelProto:
+    """What torch exporters write for position ids: ``pos[:, :seq] + arange(seq)``, the length taken
+    from the input's shape at run time (ONNX's inference leaves ``seq`` there as ``unk__``)."""
+    ints = {"one": 1, "zero": 0, "step": 1}
+    inits = [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in ints.items()]
+    inits += [
+        numpy_helper.from_array(np.array([0], np.int64), "axis0"),
+        numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+        numpy_helper.from_array(np.array([0], np.int64), "start"),
+        numpy_helper.from_array(np.arange(512, dtype=np.int64)[None], "pos"),
+    ]
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+        helper.make_node("Gather", ["shape", "one"], ["n"], axis=0, name="len"),
+        helper.make_node("Range", ["zero", "n", "step"], ["r"], name="range"),
+        helper.make_node("Unsqueeze", ["r", "axis0"], ["ru"], name="ru"),
+        helper.make_node("Unsqueeze", ["n", "axis0"], ["end"], name="end"),
+        helper.make_node("Slice", ["pos", "start", "end", "axis1"], ["p"], name="slice"),
+        helper.make_node("Add", ["p", "ru"], ["q"], name="add"),
+        helper.make_node("Cast", ["q"], ["qf"], to=TensorProto.FLOAT, name="cast"),
+        helper.make_node("Mul", ["x", "qf"], ["y"], name="mul"),
+    ]
+    graph = helper.make_graph(nodes, "g", [vi("x", ["batch", "seq"])], [vi("y", ["batch", "seq"])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

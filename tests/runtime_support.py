@@ -10,8 +10,10 @@ import json
 import os
 import threading
 import time
+from dataclasses import dataclass, field
 from multiprocessing import active_children
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import onnx
@@ -23,8 +25,12 @@ from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.cli.run import add_arguments as add_run_arguments
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.core.errors import RuntimeStageError
+from onnxpipe.manifest import Manifest
 from onnxpipe.runtime.backends.shm import SHM_DIR
 from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.report.measure import Measurement
+from onnxpipe.runtime.session import Record, WorkerStats
+from onnxpipe.runtime.spec import CPU_PROVIDER, Placement, WorkerSpec
 from onnxpipe.verification.compare import compare
 
 MODES = ["processes", "threads"]
@@ -184,3 +190,83 @@ def split_on_devices(tmp_path: Path, sample_models_dir: Path, *devices: tuple[st
         SplitOptions(profile=ProfileOptions(cost="static"), verify=False),
     )
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# fakes for the report's logic: a pipeline's stats and timings without running anything
+
+CPU = CPU_PROVIDER
+
+
+@dataclass
+class FakeBackend:
+    kind: str
+
+
+@dataclass
+class FakePipeline:
+    """What build_report and the baselines read of a pipeline: its lanes, backend kind and manifest."""
+
+    lanes: tuple[tuple[WorkerSpec, ...], ...]
+    backend: FakeBackend
+    manifest: Manifest | None = None
+    capacity: int = 6
+    input_types: dict[str, str] = field(default_factory=dict)
+    output_names: tuple[str, ...] = ()
+    pin_note: str | None = None
+
+
+def spec(index: int, placement: Placement | None = None, device: str = "cpu") -> WorkerSpec:
+    placement = placement or Placement()
+    return WorkerSpec(index, f"stage {index}", f"stage_{index}.onnx", (), (), (), (), placement, device)
+
+
+def records(done: list[float], run_s: float = 0.01) -> tuple[Record, ...]:
+    """One record per entry of ``done`` (the worker's own clock), each run taking ``run_s``."""
+    return tuple(Record(j, t - 2 * run_s, t - 2 * run_s, t - run_s, t - run_s, t) for j, t in enumerate(done))
+
+
+def stats(
+    index: int, done: list[float], *, shared: bool = False, peak: int = 100, startup: int = 60
+) -> WorkerStats:
+    return WorkerStats(
+        index=index,
+        label=f"stage {index}",
+        records=records(done),
+        pid=1000 + index,
+        load_seconds=0.1,
+        startup_rss_bytes=startup,
+        rss_bytes=peak,
+        peak_rss_bytes=peak,
+        process_shared=shared,
+        load_rss_bytes=7,
+    )
+
+
+def measurement(
+    n: int,
+    worker_stats: tuple[WorkerStats, ...],
+    *,
+    driver_done: list[float] | None = None,
+    output_workers: tuple[int, ...] = (1,),
+    single: tuple[float, ...] = (),
+) -> Measurement:
+    done = driver_done if driver_done is not None else [float(j) for j in range(n)]
+    return Measurement(
+        queued_at=tuple(0.0 for _ in range(n)),
+        done_at=tuple(done),
+        start=0.0,
+        end=max(done),
+        stats=worker_stats,
+        in_flight=6,
+        output_workers=output_workers,
+        single_latencies_s=single,
+    )
+
+
+def as_pipeline(fake: FakePipeline) -> Pipeline:
+    return cast(Pipeline, fake)
+
+
+# --------------------------------------------------------------------------------------------------
+# steady throughput: the last worker's clock, not the driver's polls

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 PATHS = ["onnxpipe", "tests", "benchmarks", "tools"]
 
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-from pathlib import Path
 
 import pytest
+from paths import DATA
 
 import onnxpipe
 from onnxpipe.cli import main
 
-SURFACE = json.loads((Path(__file__).parent / "data" / "public_surface.json").read_text(encoding="utf-8"))
+SURFACE = json.loads((DATA / "public_surface.json").read_text(encoding="utf-8"))
 
 
 def _help(argv: list[str]) -> str:

@@ -8,14 +8,29 @@ the tiny sample split to check the report's structure end to end.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import onnx
 import pytest
 from onnx import numpy_helper
-from runtime_support import MODES, assert_same, original_outputs, parse, split_on_devices, token_batches
+from runtime_support import (
+    CPU,
+    MODES,
+    FakeBackend,
+    FakePipeline,
+    as_pipeline,
+    assert_same,
+    measurement,
+    original_outputs,
+    parse,
+    records,
+    spec,
+    split_on_devices,
+    stats,
+    token_batches,
+)
 
 from onnxpipe import api
 from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
@@ -28,20 +43,15 @@ from onnxpipe.runtime.inputs import input_shapes_for, random_inputs
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.report import baselines as compare
 from onnxpipe.runtime.report.build import build_report, check_estimates
-from onnxpipe.runtime.report.measure import Measurement, measure, min_steady_microbatches
+from onnxpipe.runtime.report.measure import measure
 from onnxpipe.runtime.report.model import BaselineReport, RunReport
 from onnxpipe.runtime.report.text import format_report, memory_line
-from onnxpipe.runtime.session import Record, WorkerStats
 from onnxpipe.runtime.spec import (
-    CPU_PROVIDER,
     CUDA_PROVIDER,
     Placement,
-    WorkerSpec,
     manifest_placements,
     stage_specs,
 )
-
-CPU = CPU_PROVIDER
 
 
 @pytest.fixture(scope="module")
@@ -62,151 +72,6 @@ def interleaved_split(tmp_path_factory: pytest.TempPathFactory, sample_models_di
         SplitOptions(profile=ProfileOptions(cost="static"), verify=False),
     )
     return out
-
-
-# --------------------------------------------------------------------------------------------------
-# synthetic pipelines and records
-
-
-@dataclass
-class FakeBackend:
-    kind: str
-
-
-@dataclass
-class FakePipeline:
-    """What build_report and the baselines read of a pipeline: its lanes, backend kind and manifest."""
-
-    lanes: tuple[tuple[WorkerSpec, ...], ...]
-    backend: FakeBackend
-    manifest: Manifest | None = None
-    capacity: int = 6
-    input_types: dict[str, str] = field(default_factory=dict)
-    output_names: tuple[str, ...] = ()
-    pin_note: str | None = None
-
-
-def spec(index: int, placement: Placement | None = None, device: str = "cpu") -> WorkerSpec:
-    placement = placement or Placement()
-    return WorkerSpec(index, f"stage {index}", f"stage_{index}.onnx", (), (), (), (), placement, device)
-
-
-def records(done: list[float], run_s: float = 0.01) -> tuple[Record, ...]:
-    """One record per entry of ``done`` (the worker's own clock), each run taking ``run_s``."""
-    return tuple(Record(j, t - 2 * run_s, t - 2 * run_s, t - run_s, t - run_s, t) for j, t in enumerate(done))
-
-
-def stats(
-    index: int, done: list[float], *, shared: bool = False, peak: int = 100, startup: int = 60
-) -> WorkerStats:
-    return WorkerStats(
-        index=index,
-        label=f"stage {index}",
-        records=records(done),
-        pid=1000 + index,
-        load_seconds=0.1,
-        startup_rss_bytes=startup,
-        rss_bytes=peak,
-        peak_rss_bytes=peak,
-        process_shared=shared,
-        load_rss_bytes=7,
-    )
-
-
-def measurement(
-    n: int,
-    worker_stats: tuple[WorkerStats, ...],
-    *,
-    driver_done: list[float] | None = None,
-    output_workers: tuple[int, ...] = (1,),
-    single: tuple[float, ...] = (),
-) -> Measurement:
-    done = driver_done if driver_done is not None else [float(j) for j in range(n)]
-    return Measurement(
-        queued_at=tuple(0.0 for _ in range(n)),
-        done_at=tuple(done),
-        start=0.0,
-        end=max(done),
-        stats=worker_stats,
-        in_flight=6,
-        output_workers=output_workers,
-        single_latencies_s=single,
-    )
-
-
-def as_pipeline(fake: FakePipeline) -> Pipeline:
-    return cast(Pipeline, fake)
-
-
-# --------------------------------------------------------------------------------------------------
-# steady throughput: the last worker's clock, not the driver's polls
-
-
-def test_steady_throughput_comes_from_the_last_workers_records() -> None:
-    """Regression: outputs collected in one poll shared the driver's timestamp, which inflated the rate."""
-    n = 12
-    last = [10.0 + j for j in range(n)]  # the last worker finishes one micro-batch a second
-    # the driver collected them in bursts: pairs share one poll's time, the first pair late
-    polls = [11.0, 11.0, 12.0, 13.0, 14.0, 14.0, 16.0, 16.0, 18.0, 18.0, 21.0, 21.0]
-    m = measurement(n, (stats(0, [5.0 + j for j in range(n)]), stats(1, last)), driver_done=polls)
-    assert m.steady_throughput_from == "worker"
-    assert m.steady_throughput_per_s == pytest.approx(1.0)
-    assert (n - 1) / (polls[-1] - polls[0]) != pytest.approx(1.0)  # what the driver's times would say
-
-
-def test_steady_throughput_falls_back_to_the_driver_without_records() -> None:
-    n = 12
-    empty = (stats(0, []), stats(1, []))
-    m = measurement(n, empty, driver_done=[2.0 * j for j in range(n)])
-    assert m.steady_throughput_from == "driver"
-    assert m.steady_throughput_per_s == pytest.approx(0.5)
-
-
-def test_steady_throughput_is_none_below_the_minimum() -> None:
-    k = 2
-    assert min_steady_microbatches(k) == 2 * k + 2
-    n = min_steady_microbatches(k) - 1
-    m = measurement(n, (stats(0, [float(j) for j in range(n)]), stats(1, [float(j) for j in range(n)])))
-    assert m.steady_throughput_per_s is None and m.steady_throughput_from is None
-    fake = FakePipeline(lanes=((spec(0), spec(1)),), backend=FakeBackend("threads"))
-    report = build_report(as_pipeline(fake), m, warmup=0, input_shapes={})
-    obj = report.to_obj()
-    assert obj["steady_throughput_per_s"] is None and obj["throughput_per_s"] > 0
-    assert any("no steady throughput" in note for note in report.notes)
-    assert "too few for a steady rate" in format_report(report)
-    json.loads(report.to_json())  # null, not NaN
-
-
-def test_steady_throughput_merges_every_lanes_last_worker() -> None:
-    """Replicas are K one-worker lanes: the outputs leave from every lane."""
-    n = 8
-    a = [float(j) for j in range(0, n, 2)]  # 0, 2, 4, 6
-    b = [float(j) for j in range(1, n, 2)]  # 1, 3, 5, 7
-    m = measurement(n, (stats(0, a), stats(1, b)), output_workers=(0, 1))
-    assert m.steady_throughput_per_s == pytest.approx(1.0)
-    only_last = measurement(n, (stats(0, a), stats(1, b)), output_workers=(1,))
-    assert only_last.steady_throughput_per_s == pytest.approx(3 / 6)
-
-
-# --------------------------------------------------------------------------------------------------
-# latency at saturation and one at a time
-
-
-def test_the_report_labels_latency_at_saturation_and_one_at_a_time() -> None:
-    n = 12
-    m = measurement(
-        n, (stats(0, [float(j) for j in range(n)]), stats(1, [float(j) for j in range(n)])), single=(0.002,)
-    )
-    fake = FakePipeline(lanes=((spec(0), spec(1)),), backend=FakeBackend("threads"))
-    report = build_report(as_pipeline(fake), m, warmup=0, input_shapes={})
-    obj = report.to_obj()
-    assert obj["latency_in_flight"] == 6
-    assert set(obj["latency_ms"]) == {"mean", "p50", "p90", "p99", "max"}
-    assert obj["latency_single_ms"]["p50"] == pytest.approx(2.0)
-    text = format_report(report)
-    assert "latency at saturation (6 in flight)" in text and "one at a time p50 2.00 ms" in text
-    without = build_report(as_pipeline(fake), measurement(n, m.stats), warmup=0, input_shapes={})
-    assert without.to_obj()["latency_single_ms"] is None and "one at a time" not in format_report(without)
 
 
 def test_measure_runs_single_micro_batches_after_the_stream(tiny_split: Path) -> None:
@@ -230,13 +95,6 @@ def test_measure_keeps_the_outputs_in_order_when_asked(tiny_split: Path, sample_
     assert_same(original_outputs(sample_models_dir / "transformer_tiny.onnx", batches), list(m.outputs))
 
 
-def test_distinct_drops_repeats_of_the_same_feeds_only() -> None:
-    a, b = token_batches(2)
-    twin = {n: v.copy() for n, v in a.items()}  # equal values, another request: checked again
-    assert compare.distinct([a, b, a, twin, b]) == [a, b, twin]
-    assert [id(f) for f in compare.distinct([a, b, a, twin, b])] == [id(a), id(b), id(twin)]
-
-
 def test_compare_checks_the_outputs_and_fails_on_a_mismatch(
     tiny_split: Path, tmp_path: Path, sample_models_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -252,10 +110,6 @@ def test_compare_checks_the_outputs_and_fails_on_a_mismatch(
     assert code == 1
     assert "DO NOT match" in capsys.readouterr().out
     assert json.loads(report.read_text())["outputs_match"] is False
-
-
-# --------------------------------------------------------------------------------------------------
-# estimates: compared with the placement each was made for
 
 
 def test_a_devices_split_is_comparable_on_its_own_devices(devices_split: Path) -> None:
@@ -292,37 +146,6 @@ def test_a_split_without_devices_is_compared_with_the_plans_threads(tiny_split: 
     assert not check_estimates(manifest, same, other_shapes)[0]
 
 
-# --------------------------------------------------------------------------------------------------
-# baselines: like with like
-
-
-def test_baselines_run_on_the_stages_provider() -> None:
-    gpu = Placement(CUDA_PROVIDER, (("device_id", "1"),), 2)
-    place, note = compare.baseline_placement([spec(0, gpu, "cuda:1"), spec(1, gpu, "cuda:1")])
-    assert place == Placement(CUDA_PROVIDER, (("device_id", "1"),), 1) and note is None
-    place, note = compare.baseline_placement([spec(0, Placement(CPU, (), 2), "cpu0"), spec(1, gpu, "cuda:1")])
-    assert place.provider == CPU
-    assert note is not None and CUDA_PROVIDER in note and "first stage's" in note
-
-
-def test_replicas_share_the_pipelines_threads() -> None:
-    for stage_threads in ([1, 1], [2, 1], [3, 1, 1], [5, 1], [1, 1, 1, 4]):
-        split = compare.replica_threads(stage_threads)
-        assert len(split) == len(stage_threads)
-        assert sum(split) == sum(stage_threads)
-        assert max(split) - min(split) <= 1 and min(split) >= 1
-    assert compare.replica_threads([3, 1, 1]) == [2, 2, 1]
-
-
-def test_replicas_run_as_the_pipelines_workers_do() -> None:
-    def mode(kind: str) -> str:
-        return compare.replica_mode(as_pipeline(FakePipeline(lanes=(), backend=FakeBackend(kind))))
-
-    assert mode("threads") == "threads"
-    assert mode("processes") == "processes"
-    assert mode("ray") == "ray"
-
-
 def test_a_session_baseline_opens_the_model_on_the_given_provider(
     monkeypatch: pytest.MonkeyPatch, sample_models_dir: Path
 ) -> None:
@@ -343,10 +166,6 @@ def test_a_session_baseline_opens_the_model_on_the_given_provider(
     )
     assert tp > 0
     assert seen == [(3, [(CUDA_PROVIDER, {"device_id": "0"}), CPU])]
-
-
-# --------------------------------------------------------------------------------------------------
-# memory: no stage / replica ratio for thread workers
 
 
 def _memory_report(shared: bool, manifest: Manifest) -> tuple[str, dict[str, Any]]:
@@ -416,17 +235,6 @@ def test_process_workers_compare_a_stages_model_memory_with_a_replicas(tiny_spli
     assert "model mem" in text.splitlines()[0]
 
 
-def test_memory_line_without_baselines() -> None:
-    n = 12
-    ws = tuple(stats(i, [float(j) for j in range(n)], shared=False) for i in (0, 1))
-    fake = FakePipeline(lanes=((spec(0), spec(1)),), backend=FakeBackend("processes"))
-    assert memory_line(build_report(as_pipeline(fake), measurement(n, ws), warmup=0, input_shapes={})) is None
-
-
-# --------------------------------------------------------------------------------------------------
-# end to end: the documented keys
-
-
 REQUIRED_KEYS = {"throughput_per_s", "steady_throughput_per_s", "latency_ms", "stages", "baselines"}
 
 
@@ -467,13 +275,6 @@ def test_cli_compare_in_threads_mode_is_like_for_like(
     assert "each in a process of its own" in printed and "latency at saturation" in printed
 
 
-def test_a_workers_model_memory_leaves_out_its_channels_shared_memory() -> None:
-    base = stats(0, [0.0], shared=False, peak=1000, startup=100)
-    assert base.model_rss_bytes == 900
-    assert replace(base, shared_memory_bytes=300).model_rss_bytes == 600
-    assert replace(base, shared_memory_bytes=5000).model_rss_bytes == 0  # never below nothing
-
-
 def test_memory_runs_that_fail_cost_a_note_not_the_report(
     tiny_split: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -487,10 +288,6 @@ def test_memory_runs_that_fail_cost_a_note_not_the_report(
     assert code == 0, printed
     assert "the stages' memory could not be measured" in printed
     assert "a replica's memory could not be measured" in printed and "No space left" in printed
-
-
-# --------------------------------------------------------------------------------------------------
-# stages that share workers (an interleaved split): the report sums each worker's stages
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -628,10 +425,6 @@ def test_memory_of_shared_workers_is_their_stages_together(interleaved_split: Pa
     assert "workers" not in plain and "bottleneck_worker" not in plain
     assert "worker 0" not in plain_text and "interleaved" not in plain_text
     assert "the largest stage 2.00x a replica" in plain_text
-
-
-# --------------------------------------------------------------------------------------------------
-# the machine's own change of speed since the estimates were made
 
 
 def _report_with(estimated: tuple[float, float], measured: tuple[float, float]) -> RunReport:

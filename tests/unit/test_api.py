@@ -2,31 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import onnxpipe
 
 
 def test_every_public_name_resolves() -> None:
     for name in onnxpipe.__all__:
         assert getattr(onnxpipe, name) is not None, name
-
-
-def test_import_is_lazy() -> None:
-    code = "import sys, onnxpipe; print('onnx' in sys.modules, 'onnxruntime' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "False"]
-
-
-def test_the_manifest_imports_without_onnx_or_onnxruntime() -> None:
-    """What ``tests/test_layers.py`` reads from the source, seen in a fresh interpreter."""
-    code = (
-        "import sys, onnxpipe.manifest; "
-        "print('onnx' in sys.modules, 'onnxruntime' in sys.modules, 'onnxpipe.ir.model' in sys.modules)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "False", "False"]
 
 
 def test_unknown_name_is_an_attribute_error() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -13,13 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
+from paths import SAMPLE_MODELS
 
 from onnxpipe.ir.load import view_from_proto
 from onnxpipe.plan.sequences import allowed_cuts_from_regions
 from onnxpipe.plan.stages import assign_stages
 from onnxpipe.schedule.simulate import simulate
 
-SAMPLES = Path(__file__).resolve().parents[1] / "sample_models"
+SAMPLES = SAMPLE_MODELS
 
 
 def _skip_model() -> onnx.ModelProto:

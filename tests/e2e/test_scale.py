@@ -20,6 +20,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from models import plan_for, save, shared_weights_model
+from paths import REPO_ROOT
 
 import onnxpipe.export.build as stagebuild
 import onnxpipe.export.stages as export
@@ -35,8 +36,6 @@ from onnxpipe.manifest import load_manifest
 from onnxpipe.plan.workers import make_plan
 from onnxpipe.verification.chain import StageChain
 from tools.make_large_graph import make_big_weights, make_many_nodes
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def chain_equals_model(out: Path, model: Path, feeds: dict[str, np.ndarray]) -> None:

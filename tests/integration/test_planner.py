@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+from paths import REPO_ROOT
 
 import onnxpipe
 from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
@@ -17,7 +18,7 @@ from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.plan.cluster import plan_pipeline
 from onnxpipe.plan.request import ScheduleRequest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 TRANSFORMER = ROOT / "sample_models" / "transformer_tiny.onnx"
 EDGE = ROOT / "examples" / "devices" / "edge_1248.json"
 

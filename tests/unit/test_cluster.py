@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from paths import REPO_ROOT
 
 from onnxpipe.cluster.costs import device_costs, provider_available, scale_costs
 from onnxpipe.cluster.devicesfile import load_cluster, read_cluster
@@ -16,7 +17,7 @@ from onnxpipe.cluster.model import Cluster, Device, Link, device_type
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.units import parse_bytes, parse_rate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 EXAMPLES = ROOT / "examples" / "devices"
 
 

@@ -35,7 +35,6 @@ from onnxpipe.export.build import ALIAS_NODE_PREFIX
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import MODEL, MODEL_INPUT, Manifest, load_manifest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ("mlp", "resnet_tiny", "transformer_tiny")
 KS = (2, 3, 4)
 

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import networkx as nx
+from paths import REPO_ROOT
 
-PACKAGE = Path(__file__).resolve().parents[1] / "onnxpipe"
+PACKAGE = REPO_ROOT / "onnxpipe"
 
 RANKS = {
     "core": 0,

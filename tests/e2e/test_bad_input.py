@@ -27,9 +27,6 @@ import pytest
 from cli_runner import run, run_with_file_size_limit
 from models import save, shared_weights_model, training_model
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
 # --------------------------------------------------------------------------------------------------
 # helpers
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from paths import REPO_ROOT
 
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.cluster.model import Cluster, Device, Link
@@ -27,7 +28,7 @@ from onnxpipe.plan.orders import (
     type_ids,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 
 
 # --------------------------------------------------------------------------------------------------

@@ -8,9 +8,7 @@ output folder, no temporary folder, the old contents of an existing folder intac
 
 from __future__ import annotations
 
-import argparse
 import json
-import re
 import shutil
 import signal
 import subprocess
@@ -20,57 +18,15 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from cli_runner import run, run_with_file_size_limit
+from cli_runner import no_leftovers, one_line_error, run, run_with_file_size_limit, snapshot
 from onnx import TensorProto, helper, numpy_helper
+from paths import DEVICES
 
 import onnxpipe
-from onnxpipe.cli import build_parser, main
-from onnxpipe.core import errors
+from onnxpipe.cli import main
 from onnxpipe.core.files import file_sha256
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DOCS = REPO_ROOT / "docs" / "cli.md"
 MLP_NODES = 11  # compute nodes of sample_models/mlp.onnx
-
-
-# --------------------------------------------------------------------------------------------------
-# helpers
-
-
-@pytest.fixture
-def mlp(sample_models_dir: Path, tmp_path: Path) -> Path:
-    """A private copy of the mlp sample model (so a test may put files next to it)."""
-    path = tmp_path / "models" / "mlp.onnx"
-    path.parent.mkdir()
-    shutil.copy(sample_models_dir / "mlp.onnx", path)
-    return path
-
-
-def one_line_error(err: str, command: str, *, says_what_to_do: bool = True) -> str:
-    """The documented error shape: one line, ``onnxpipe <command>: error: <where>: <what>; <what to do>``.
-
-    Checked: exactly one line, the prefix, and (unless told otherwise) a ``; <what to do>`` part.
-    ``command`` "" is the top-level parser (``onnxpipe: error: ...``).
-    """
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{err}"
-    line = lines[0]
-    prefix = f"onnxpipe {command}: error: " if command else "onnxpipe: error: "
-    assert line.startswith(prefix) and len(line) > len(prefix)
-    if says_what_to_do:
-        assert re.match(rf"^{re.escape(prefix)}.+; \S.*$", line), f"no '; what to do' in: {line}"
-    return line
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    """Every file below ``folder`` (hidden ones included) with its bytes."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def no_leftovers(folder: Path) -> None:
-    left = [p.name for p in folder.rglob("*") if "onnxpipe-tmp" in p.name or "onnxpipe-old" in p.name]
-    left += [p.name for p in folder.rglob("*.tmp")]
-    assert not left, f"half-written files left behind: {left}"
 
 
 def rehash(out: Path, stage: int) -> None:
@@ -82,60 +38,6 @@ def rehash(out: Path, stage: int) -> None:
 
 def split_ok(model: Path, out: Path, k: int = 3, *extra: str) -> None:
     assert main(["split", str(model), "--stages", str(k), "--out", str(out), "--cost", "static", *extra]) == 0
-
-
-def fails_checker_model() -> onnx.ModelProto:
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
-    node = helper.make_node("NoSuchOperator", ["x"], ["y"], name="bad")
-    return helper.make_model(
-        helper.make_graph([node], "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)]
-    )
-
-
-# --------------------------------------------------------------------------------------------------
-# the documentation itself
-
-
-def documented_exit_codes() -> dict[str, int]:
-    """``error class -> code`` from the table in docs/cli.md."""
-    codes: dict[str, int] = {}
-    for line in DOCS.read_text().splitlines():
-        m = re.match(r"^\|\s*(\d+)\s*\|[^|]*\|\s*`(\w+)`\s*\|", line)
-        if m:
-            codes[m.group(2)] = int(m.group(1))
-    return codes
-
-
-def test_exit_code_table_matches_the_error_classes() -> None:
-    codes = documented_exit_codes()
-    assert len(codes) == 8
-    for name, code in codes.items():
-        cls = getattr(errors, name)
-        assert issubclass(cls, onnxpipe.OnnxpipeError)
-        assert cls.exit_code == code, f"{name}: docs say {code}, the class says {cls.exit_code}"
-
-
-def test_every_documented_option_is_accepted() -> None:
-    text = DOCS.read_text()
-    block = text.split("```")[1]
-    parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    choices: dict[str, argparse.ArgumentParser] = sub.choices
-    command = ""
-    seen: set[str] = set()
-    for line in block.splitlines():
-        m = re.match(r"^onnxpipe (\w+)", line)
-        if m:
-            command = m.group(1)
-            seen.add(command)
-        for option in re.findall(r"(--[a-z][a-z-]*)", line):
-            assert option in choices[command]._option_string_actions, f"{command} {option}"
-    assert seen == set(choices) and {"profile", "split", "verify", "inspect"} <= seen
-
-
-# --------------------------------------------------------------------------------------------------
-# every subcommand, working
 
 
 def test_profile_split_inspect_verify(mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
@@ -240,98 +142,6 @@ def test_console_script(mlp: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "out3").exists()
 
 
-# --------------------------------------------------------------------------------------------------
-# models that cannot be loaded: exit 3 from every command that takes a model
-
-
-def _bad_model(kind: str, folder: Path, good: Path) -> Path:
-    path = folder / f"{kind}.onnx"
-    data = good.read_bytes()
-    if kind == "missing":
-        pass
-    elif kind == "folder":
-        path.mkdir()
-    elif kind == "text":
-        path.write_text("this is not an ONNX model\n")
-    elif kind == "empty":
-        path.write_bytes(b"")
-    elif kind == "truncated_half":
-        path.write_bytes(data[: len(data) // 2])
-    elif kind == "truncated_end":
-        path.write_bytes(data[:-3])
-    elif kind == "fails_checker":
-        onnx.save_model(fails_checker_model(), str(path))
-    else:
-        raise AssertionError(kind)
-    return path
-
-
-BAD_MODELS = ["missing", "folder", "text", "empty", "truncated_half", "truncated_end", "fails_checker"]
-
-
-@pytest.mark.parametrize("kind", BAD_MODELS)
-@pytest.mark.parametrize("command", ["split", "profile", "inspect"])
-def test_unloadable_model_exits_3(
-    kind: str, command: str, mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]
-) -> None:
-    bad = _bad_model(kind, work, mlp)
-    before = snapshot(work)
-    args = {
-        "split": ["split", bad, "--stages", "2", "--out", "out"],
-        "profile": ["profile", bad, "--out", "p.json"],
-        "inspect": ["inspect", bad],
-    }[command]
-    code, out, err = run(args, capfd)
-    # inspect takes a folder for a split folder: no manifest there is a manifest error
-    assert code == (7 if (command, kind) == ("inspect", "folder") else 3), err
-    line = one_line_error(err, command)
-    assert f"{bad.name}" in line and out == ""
-    if kind == "fails_checker":
-        assert "checker" in line and "NoSuchOperator" in line
-    assert snapshot(work) == before and not (work / "out").exists() and not (work / "p.json").exists()
-    no_leftovers(work)
-
-
-def _truncate_external_data(model: Path, folder: Path) -> Path:
-    """A copy of an external-data model whose ``.data`` file lost its second half."""
-    folder.mkdir()
-    copy = folder / model.name
-    shutil.copy(model, copy)
-    data = model.with_name(model.name + ".data").read_bytes()
-    copy.with_name(copy.name + ".data").write_bytes(data[: len(data) // 2])
-    return copy
-
-
-@pytest.mark.corpus
-@pytest.mark.parametrize("command", ["split", "profile"])
-def test_truncated_external_data_exits_3(
-    command: str, gpt2_tiny_dynamo_path: Path, work: Path, capfd: pytest.CaptureFixture[str]
-) -> None:
-    """Regression: a truncated .data file was not seen at load (split exited 6, profile 4 with ORT's log)."""
-    model = _truncate_external_data(gpt2_tiny_dynamo_path, work / "m")
-    args = {
-        "split": ["split", model, "--stages", "2", "--out", "out", "--cost", "static"],
-        "profile": ["profile", model, "--out", "p.json"],
-    }[command]
-    code, _, err = run(args, capfd)
-    assert not (work / "out").exists() and not (work / "p.json").exists()
-    assert code == 3, err
-
-
-# --------------------------------------------------------------------------------------------------
-# bad arguments
-
-
-@pytest.mark.parametrize("stages", ["0", "-1", "two", "1.5"])
-def test_stages_not_a_positive_integer_is_a_usage_error(
-    stages: str, mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]
-) -> None:
-    code, out, err = run(["split", mlp, "--stages", stages, "--out", "out"], capfd)
-    assert code == 2 and out == ""
-    assert one_line_error(err, "split").startswith("onnxpipe split: error: argument --stages/-k: ")
-    assert list(work.iterdir()) == []
-
-
 @pytest.mark.parametrize("stages", [MLP_NODES + 1, 1000])
 def test_more_stages_than_nodes_exits_5(
     stages: int, mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]
@@ -397,38 +207,6 @@ def test_shape_errors_say_what_to_do(mlp: Path, work: Path, capfd: pytest.Captur
     assert lacking == []
 
 
-def test_duplicate_shape_exits_2(mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(
-        ["split", mlp, "-k", "2", "--out", "o", "--shape", "x=1,64", "--shape", "x=2,64"], capfd
-    )
-    assert code == 2 and "given twice" in one_line_error(err, "split", says_what_to_do=False)
-
-
-@pytest.mark.parametrize(
-    "args",
-    [
-        ["--cost", "bogus"],
-        ["--external-data", "sometimes"],
-        ["--bandwidth", "0"],
-        ["--bandwidth", "fast"],
-        ["--threads", "0"],
-        ["--runs", "0"],
-    ],
-    ids=lambda a: " ".join(a),
-)
-def test_bad_option_values_exit_2(
-    args: list[str], mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]
-) -> None:
-    code, out, err = run(["split", mlp, "-k", "2", "--out", "out", *args], capfd)
-    assert code == 2 and out == ""
-    assert one_line_error(err, "split").startswith("onnxpipe split: error: argument ")
-    assert list(work.iterdir()) == []
-
-
-# --------------------------------------------------------------------------------------------------
-# argparse's own errors (missing, unknown or malformed options): one line too, no usage block
-
-
 ARGPARSE_ERRORS = [
     (["profile", "{m}"], "the following arguments are required: --out"),
     (["profile", "{m}", "--out", "p.json", "--runs", "0"], "argument --runs: 0 must be at least 1"),
@@ -473,18 +251,6 @@ def test_argparse_errors_are_one_line(
     assert says in line
     assert snapshot(work) == before and snapshot(done) == split_before
     no_leftovers(work)
-
-
-@pytest.mark.parametrize("command", ["", "profile", "split", "plan", "run", "verify", "inspect"])
-def test_help_still_prints_the_full_usage(command: str, capfd: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run([command, "--help"] if command else ["--help"], capfd)
-    prog = f"onnxpipe {command}" if command else "onnxpipe"
-    assert code == 0 and err == ""
-    assert out.startswith(f"usage: {prog} ") and "options:" in out and len(out.splitlines()) > 5
-
-
-# --------------------------------------------------------------------------------------------------
-# outputs that exist
 
 
 def test_non_empty_output_folder_exits_6_and_is_left_intact(
@@ -563,10 +329,6 @@ def test_profile_output_that_exists_exits_2(mlp: Path, work: Path, capfd: pytest
     assert code == 0 and onnxpipe.Profile.load(work / "p.json").source == "static"
 
 
-# --------------------------------------------------------------------------------------------------
-# profiles
-
-
 def test_profile_of_another_model_exits_4(
     mlp: Path, sample_models_dir: Path, work: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -599,10 +361,6 @@ def test_unreadable_profile_exits_4(
     line = one_line_error(err, "split")
     assert "p.json" in line and says in line
     assert not (work / "out").exists()
-
-
-# --------------------------------------------------------------------------------------------------
-# split folders that changed or never were
 
 
 @pytest.fixture
@@ -656,18 +414,6 @@ def test_malformed_manifest_exits_7(
     assert "manifest.json" in line and says in line
 
 
-@pytest.mark.parametrize("command", ["verify", "inspect"])
-def test_folder_without_manifest_exits_7(command: str, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    (work / "empty").mkdir()
-    code, _, err = run([command, "empty"], capfd)
-    assert code == 7 and "manifest.json: no such file" in one_line_error(err, command)
-
-
-def test_verify_of_a_missing_folder_exits_7(work: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(["verify", "nowhere"], capfd)
-    assert code == 7 and "nowhere: no such folder" in one_line_error(err, "verify")
-
-
 def test_verify_with_another_model_exits_7(
     done: Path, sample_models_dir: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -712,10 +458,6 @@ def test_stage_failing_at_run_time_exits_8(done: Path, capfd: pytest.CaptureFixt
     assert "stage_1.onnx: stage 1 " in line
 
 
-# --------------------------------------------------------------------------------------------------
-# interruption
-
-
 @pytest.mark.parametrize("old", [False, True])
 def test_interrupt_exits_130_and_leaves_nothing_half_written(
     old: bool, mlp: Path, work: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
@@ -741,11 +483,6 @@ def test_interrupt_exits_130_and_leaves_nothing_half_written(
     assert snapshot(work) == before
     no_leftovers(work)
     assert sorted(p.name for p in work.iterdir()) == (["out"] if old else [])
-
-
-def test_no_command_is_a_usage_error(capfd: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run([], capfd)
-    assert code == 2 and "required: COMMAND; see 'onnxpipe --help'" in one_line_error(err, "")
 
 
 def test_repeated_runs_write_identical_stages(
@@ -794,10 +531,6 @@ def test_profile_error_from_onnxruntime_is_one_line(work: Path, capfd: pytest.Ca
     one_line_error(err, "profile")
 
 
-# --------------------------------------------------------------------------------------------------
-# a write that fails half-way (a file size limit stands in for a full disk)
-
-
 needs_rlimit = pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="needs POSIX file size limits")
 
 
@@ -818,46 +551,6 @@ def test_profile_that_cannot_write_leaves_nothing(mlp: Path, work: Path) -> None
     assert proc.returncode == 4, proc.stderr
     assert "cannot write the profile" in one_line_error(proc.stderr, "profile")
     assert list(work.iterdir()) == []
-
-
-# --------------------------------------------------------------------------------------------------
-# plan: the same planning as split, printed (and drawn) instead of exported
-
-DEVICES = REPO_ROOT / "examples" / "devices"
-
-
-@pytest.fixture
-def resnet(sample_models_dir: Path) -> Path:
-    return sample_models_dir / "resnet_tiny.onnx"
-
-
-def test_plan_prints_and_writes_nothing(resnet: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(["plan", resnet, "--stages", "3", "--cost", "static"], capfd)
-    assert code == 0 and err == ""
-    assert "bottleneck" in out and "lower bound" in out and "schedule stream" in out
-    assert list(work.iterdir()) == []
-
-
-def test_plan_for_a_cluster(resnet: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(
-        ["plan", resnet, "--stages", "auto", "--devices", DEVICES / "edge_1248.json", "--order", "free",
-         "--cost", "static"],
-        capfd,
-    )  # fmt: skip
-    assert code == 0, err
-    assert "--stages auto chose" in out and "--order free tried" in out
-    code, out, err = run(
-        ["plan", resnet, "-k", "3", "--schedule", "gpipe", "--microbatches", "4", "--cost", "static"], capfd
-    )
-    assert code == 0, err
-    assert "schedule gpipe: 4 micro-batches" in out
-
-
-def test_plan_draws(resnet: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("matplotlib", reason="drawing needs the plot extra")
-    code, out, err = run(["plan", resnet, "-k", "2", "--cost", "static", "--plot", "plan.svg"], capfd)
-    assert code == 0, err
-    assert (work / "plan.svg").stat().st_size > 0 and "drew plan.svg" in out
 
 
 def test_split_for_a_cluster_records_the_devices(
@@ -881,65 +574,3 @@ def test_split_for_a_cluster_records_the_devices(
     assert code == 0, err
     manifest = onnxpipe.load_manifest(work / "out")
     assert [s.device for s in manifest.stages] == ["cpu0", "cpu1"]
-
-
-def _devices_file(folder: Path, text: str) -> Path:
-    path = folder / "devices.json"
-    path.write_text(text)
-    return path
-
-
-ONE_DEVICE = '{"devices": [{"name": "a", "provider": "CPUExecutionProvider", "threads": 1, %s}], "links": []}'
-
-
-@pytest.mark.parametrize(
-    ("args", "code", "says"),
-    [
-        (["--stages", "auto"], 2, "--stages auto needs --devices"),
-        (["-k", "2", "--devices", "missing.json"], 2, "missing.json: no such devices file"),
-        (["-k", "2", "--devices", "{bad"], 2, "not valid JSON"),
-        (["-k", "1", "--devices", ONE_DEVICE % '"memory": 5'], 2, "did you mean 'memory_bytes'"),
-        (["-k", "3", "--devices", str(DEVICES / "two_cpus.json")], 5, "choose --stages between 1 and 2"),
-        (["-k", "1", "--devices", ONE_DEVICE % '"memory_bytes": 10'], 5, "smallest memory that fits"),
-        (["-k", "3", "--schedule", "1f1b", "--microbatches", "4", "--batch", "2"], 2, "divisor of the batch"),
-        (["-k", "3", "--plot", "plan.txt"], 2, "give a file name ending in .png or .svg"),
-    ],
-    ids=["auto-no-devices", "no-file", "not-json", "unknown-key", "k-over-devices", "no-memory", "batch",
-         "plot-format"],
-)  # fmt: skip
-def test_plan_refusals(
-    args: list[str], code: int, says: str, resnet: Path, work: Path, capfd: pytest.CaptureFixture[str]
-) -> None:
-    if "--devices" in args:
-        i = args.index("--devices") + 1
-        if args[i].startswith("{"):
-            args = [*args[:i], str(_devices_file(work, args[i])), *args[i + 1 :]]
-    before = snapshot(work)
-    got, _, err = run(["plan", resnet, "--cost", "static", *args], capfd)
-    assert got == code, err
-    line = one_line_error(err, "plan", says_what_to_do=False)
-    assert says in line
-    assert snapshot(work) == before
-
-
-@pytest.mark.parametrize("ratio", ["-1", "nan", "inf"])
-def test_bad_backward_ratio_is_a_usage_error(
-    ratio: str, resnet: Path, work: Path, capfd: pytest.CaptureFixture[str]
-) -> None:
-    code, _, err = run(
-        ["plan", resnet, "-k", "3", "--schedule", "gpipe", "--backward-ratio", ratio, "--cost", "static"],
-        capfd,
-    )
-    assert code == 2, err
-    assert "backward" in one_line_error(err, "plan", says_what_to_do=False)
-
-
-@pytest.mark.parametrize("command", ["plan", "split"])
-def test_nan_bandwidth_is_a_usage_error(
-    command: str, resnet: Path, work: Path, capfd: pytest.CaptureFixture[str]
-) -> None:
-    extra = ["--out", "out"] if command == "split" else []
-    code, _, err = run([command, resnet, "-k", "2", "--bandwidth", "nan", "--cost", "static", *extra], capfd)
-    assert code == 2, err
-    assert one_line_error(err, command).startswith(f"onnxpipe {command}: error: argument --bandwidth")
-    assert list(work.iterdir()) == []

@@ -21,10 +21,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from paths import REPO_ROOT
 
 import onnxpipe
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 README = REPO_ROOT / "README.md"
 
 

@@ -1,0 +1,12 @@
+"""Where the tests find the repository's files, whichever lane (``unit``, ``integration``, ``e2e``) they
+are in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SAMPLE_MODELS = REPO_ROOT / "sample_models"
+EXAMPLES = REPO_ROOT / "examples"
+DEVICES = EXAMPLES / "devices"
+DATA = Path(__file__).resolve().parent / "data"

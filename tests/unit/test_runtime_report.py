@@ -1,0 +1,143 @@
+"""The measurements of ``onnxpipe run``: what each number is computed from, not how fast anything runs.
+
+Most tests feed synthetic worker records to :mod:`onnxpipe.runtime.report` and check the logic (which
+clock a rate comes from, what the estimates are compared with, what memory may be compared); a few run
+the tiny sample split to check the report's structure end to end.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from runtime_support import (
+    CPU,
+    FakeBackend,
+    FakePipeline,
+    as_pipeline,
+    measurement,
+    spec,
+    stats,
+    token_batches,
+)
+
+from onnxpipe.runtime.report import baselines as compare
+from onnxpipe.runtime.report.build import build_report
+from onnxpipe.runtime.report.measure import min_steady_microbatches
+from onnxpipe.runtime.report.text import format_report, memory_line
+from onnxpipe.runtime.spec import (
+    CUDA_PROVIDER,
+    Placement,
+)
+
+
+def test_steady_throughput_comes_from_the_last_workers_records() -> None:
+    """Regression: outputs collected in one poll shared the driver's timestamp, which inflated the rate."""
+    n = 12
+    last = [10.0 + j for j in range(n)]  # the last worker finishes one micro-batch a second
+    # the driver collected them in bursts: pairs share one poll's time, the first pair late
+    polls = [11.0, 11.0, 12.0, 13.0, 14.0, 14.0, 16.0, 16.0, 18.0, 18.0, 21.0, 21.0]
+    m = measurement(n, (stats(0, [5.0 + j for j in range(n)]), stats(1, last)), driver_done=polls)
+    assert m.steady_throughput_from == "worker"
+    assert m.steady_throughput_per_s == pytest.approx(1.0)
+    assert (n - 1) / (polls[-1] - polls[0]) != pytest.approx(1.0)  # what the driver's times would say
+
+
+def test_steady_throughput_falls_back_to_the_driver_without_records() -> None:
+    n = 12
+    empty = (stats(0, []), stats(1, []))
+    m = measurement(n, empty, driver_done=[2.0 * j for j in range(n)])
+    assert m.steady_throughput_from == "driver"
+    assert m.steady_throughput_per_s == pytest.approx(0.5)
+
+
+def test_steady_throughput_is_none_below_the_minimum() -> None:
+    k = 2
+    assert min_steady_microbatches(k) == 2 * k + 2
+    n = min_steady_microbatches(k) - 1
+    m = measurement(n, (stats(0, [float(j) for j in range(n)]), stats(1, [float(j) for j in range(n)])))
+    assert m.steady_throughput_per_s is None and m.steady_throughput_from is None
+    fake = FakePipeline(lanes=((spec(0), spec(1)),), backend=FakeBackend("threads"))
+    report = build_report(as_pipeline(fake), m, warmup=0, input_shapes={})
+    obj = report.to_obj()
+    assert obj["steady_throughput_per_s"] is None and obj["throughput_per_s"] > 0
+    assert any("no steady throughput" in note for note in report.notes)
+    assert "too few for a steady rate" in format_report(report)
+    json.loads(report.to_json())  # null, not NaN
+
+
+def test_steady_throughput_merges_every_lanes_last_worker() -> None:
+    """Replicas are K one-worker lanes: the outputs leave from every lane."""
+    n = 8
+    a = [float(j) for j in range(0, n, 2)]  # 0, 2, 4, 6
+    b = [float(j) for j in range(1, n, 2)]  # 1, 3, 5, 7
+    m = measurement(n, (stats(0, a), stats(1, b)), output_workers=(0, 1))
+    assert m.steady_throughput_per_s == pytest.approx(1.0)
+    only_last = measurement(n, (stats(0, a), stats(1, b)), output_workers=(1,))
+    assert only_last.steady_throughput_per_s == pytest.approx(3 / 6)
+
+
+def test_the_report_labels_latency_at_saturation_and_one_at_a_time() -> None:
+    n = 12
+    m = measurement(
+        n, (stats(0, [float(j) for j in range(n)]), stats(1, [float(j) for j in range(n)])), single=(0.002,)
+    )
+    fake = FakePipeline(lanes=((spec(0), spec(1)),), backend=FakeBackend("threads"))
+    report = build_report(as_pipeline(fake), m, warmup=0, input_shapes={})
+    obj = report.to_obj()
+    assert obj["latency_in_flight"] == 6
+    assert set(obj["latency_ms"]) == {"mean", "p50", "p90", "p99", "max"}
+    assert obj["latency_single_ms"]["p50"] == pytest.approx(2.0)
+    text = format_report(report)
+    assert "latency at saturation (6 in flight)" in text and "one at a time p50 2.00 ms" in text
+    without = build_report(as_pipeline(fake), measurement(n, m.stats), warmup=0, input_shapes={})
+    assert without.to_obj()["latency_single_ms"] is None and "one at a time" not in format_report(without)
+
+
+def test_distinct_drops_repeats_of_the_same_feeds_only() -> None:
+    a, b = token_batches(2)
+    twin = {n: v.copy() for n, v in a.items()}  # equal values, another request: checked again
+    assert compare.distinct([a, b, a, twin, b]) == [a, b, twin]
+    assert [id(f) for f in compare.distinct([a, b, a, twin, b])] == [id(a), id(b), id(twin)]
+
+
+def test_baselines_run_on_the_stages_provider() -> None:
+    gpu = Placement(CUDA_PROVIDER, (("device_id", "1"),), 2)
+    place, note = compare.baseline_placement([spec(0, gpu, "cuda:1"), spec(1, gpu, "cuda:1")])
+    assert place == Placement(CUDA_PROVIDER, (("device_id", "1"),), 1) and note is None
+    place, note = compare.baseline_placement([spec(0, Placement(CPU, (), 2), "cpu0"), spec(1, gpu, "cuda:1")])
+    assert place.provider == CPU
+    assert note is not None and CUDA_PROVIDER in note and "first stage's" in note
+
+
+def test_replicas_share_the_pipelines_threads() -> None:
+    for stage_threads in ([1, 1], [2, 1], [3, 1, 1], [5, 1], [1, 1, 1, 4]):
+        split = compare.replica_threads(stage_threads)
+        assert len(split) == len(stage_threads)
+        assert sum(split) == sum(stage_threads)
+        assert max(split) - min(split) <= 1 and min(split) >= 1
+    assert compare.replica_threads([3, 1, 1]) == [2, 2, 1]
+
+
+def test_replicas_run_as_the_pipelines_workers_do() -> None:
+    def mode(kind: str) -> str:
+        return compare.replica_mode(as_pipeline(FakePipeline(lanes=(), backend=FakeBackend(kind))))
+
+    assert mode("threads") == "threads"
+    assert mode("processes") == "processes"
+    assert mode("ray") == "ray"
+
+
+def test_memory_line_without_baselines() -> None:
+    n = 12
+    ws = tuple(stats(i, [float(j) for j in range(n)], shared=False) for i in (0, 1))
+    fake = FakePipeline(lanes=((spec(0), spec(1)),), backend=FakeBackend("processes"))
+    assert memory_line(build_report(as_pipeline(fake), measurement(n, ws), warmup=0, input_shapes={})) is None
+
+
+def test_a_workers_model_memory_leaves_out_its_channels_shared_memory() -> None:
+    base = stats(0, [0.0], shared=False, peak=1000, startup=100)
+    assert base.model_rss_bytes == 900
+    assert replace(base, shared_memory_bytes=300).model_rss_bytes == 600
+    assert replace(base, shared_memory_bytes=5000).model_rss_bytes == 0  # never below nothing
