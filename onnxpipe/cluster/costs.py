@@ -76,7 +76,7 @@ def device_costs(
     In order of preference, because a measurement on the device beats an extrapolation:
 
     1. ``profile_path``: ``load(device, path)`` reads the device's own profile of this model (it should
-       raise :class:`~onnxpipe.errors.ProfileError` if the profile belongs to another model);
+       raise :class:`~onnxpipe.core.errors.ProfileError` if the profile belongs to another model);
     2. ``profile_here`` and the provider is available here: ``measure(device)`` profiles the model with the
        device's provider, options and threads.  When that is exactly the reference setting (same provider,
        no options, same threads) the reference profile is reused instead of measuring twice;

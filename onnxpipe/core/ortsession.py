@@ -14,7 +14,7 @@ Why the settings are what they are:
   error, not as onnxruntime's log on stderr.
 * ``external_dir``: where onnxruntime looks for external-initializer files of a model given as bytes,
   which has no folder of its own.
-* ``profile_prefix`` and ``optimized_path``: only the profiler (:mod:`onnxpipe.ortprofile`) sets them, to
+* ``profile_prefix`` and ``optimized_path``: only the profiler (:mod:`onnxpipe.cost.trace`) sets them, to
   read onnxruntime's per-node trace and the graph it actually ran; they go through here so that the
   session it measures is configured exactly like the ones that later run the stages.
 

@@ -1,5 +1,5 @@
 """Anchors: pairs of an optimized and an original tensor that hold the same value, found by name and by
-value (:mod:`onnxpipe.valuesketch` prints), and original tensors the optimizer computes only once."""
+value (:mod:`onnxpipe.cost.sketch` prints), and original tensors the optimizer computes only once."""
 
 from __future__ import annotations
 

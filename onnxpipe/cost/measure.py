@@ -22,7 +22,7 @@ them, and fusions replace groups of nodes by one kernel.  :func:`profile_model` 
    for this step, so that channels and branches can be told apart.
 3. **Regions**: the nodes of both graphs are joined across every tensor that is not an anchor; each region
    is a fused group seen from both sides.  A region's measured time is spread over its original nodes in
-   proportion to their static FLOPs (:mod:`onnxpipe.costs`; output elements as fallback).  A region with
+   proportion to their static FLOPs (:mod:`onnxpipe.cost.static`; output elements as fallback).  A region with
    no original node gives its time to its neighbours.  Nothing is dropped: the node times always sum to
    the total, and :attr:`Profile.unattributed` says which times were not attributed to exactly one node.
 

@@ -311,9 +311,10 @@ def tensor_bytes_for(
 def static_profile(
     view: ModelView, *, shapes: Mapping[str, Sequence[int]] | None = None, symbolic: bool = True
 ) -> Profile:
-    """A :class:`~onnxpipe.profile.Profile` from static costs (``source="static"``); never runs the model.
+    """A :class:`~onnxpipe.cost.profile.Profile` from static costs (``source="static"``); never runs the
+    model.
 
-    ``shapes`` overrides input shapes as in :func:`onnxpipe.feeds.resolve_input_shapes`; ``symbolic``
+    ``shapes`` overrides input shapes as in :func:`onnxpipe.ir.shapes.resolve_input_shapes`; ``symbolic``
     as in :func:`concrete_shapes`.
     """
     inputs = resolve_input_shapes(view, shapes)

@@ -39,7 +39,7 @@ class Timing:
 class OrtModel:
     """The view's model for onnxruntime: its (renamed) graph, with external data read from ``base_dir``.
 
-    Sessions are configured by :func:`onnxpipe.ortsession.session_options`, the one place that sets
+    Sessions are configured by :func:`onnxpipe.core.ortsession.session_options`, the one place that sets
     onnxpipe's session settings, so the profiled session runs as the stages will; only the profiler's
     own needs (trace, saved optimized graph, silent log) are added here.
     """
@@ -135,7 +135,7 @@ class OrtModel:
         if self.view.base_dir is None and _uses_external_data(self.view.proto):
             raise ProfileError(
                 f"{self.label}: its weights are in external files but the model was not loaded from a file; "
-                "load it with onnxpipe.model.load_model(path)"
+                "load it with onnxpipe.load_model(path)"
             )
         sess = self.session(self.view.proto.SerializeToString(), so, "the model")
         for _ in range(warmup + runs):

@@ -1,4 +1,4 @@
-"""Tensors of the optimized graph matched to the original ones for :mod:`onnxpipe.profile`: both graphs
+"""Tensors of the optimized graph matched to the original ones for :mod:`onnxpipe.cost.measure`: both graphs
 run with every tensor exposed, NCHWc blocked values read back as NCHW, degenerate constants jittered."""
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ from onnxpipe.plan.types import StageSpec
 BuildStage = Callable[[StageSpec, bool, frozenset[str]], onnx.ModelProto]
 """``build(spec, weights, untyped)``: the stage as a model, with ``untyped`` outputs left without a type;
 with weights, those the source keeps in external files may stay there (see
-:meth:`onnxpipe.stagebuild.StageBuilder.build`'s ``keep_external``)."""
+:meth:`onnxpipe.export.build.StageBuilder.build`'s ``keep_external``)."""
 
 PROTOBUF_LIMIT = 2_000_000_000
 

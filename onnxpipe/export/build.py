@@ -10,7 +10,7 @@ A stage holds, in this order:
   those the stage receives as an equal input, then each right after the node making its equal;
 * the initializers (dense and sparse) that its nodes read, their bodies included, and the model outputs
   it must emit that are initializers; weights kept in external files are read one tensor at a time;
-* inputs and outputs declared with the boundary types (:mod:`onnxpipe.boundary`), ``value_info`` of its
+* inputs and outputs declared with the boundary types (:mod:`onnxpipe.export.boundary`), ``value_info`` of its
   inner tensors, the quantization annotations of its tensors;
 * the local functions its nodes call (transitively), and every opset import of the source (unused
   imports are harmless; the functions carry their own imports).
@@ -18,7 +18,7 @@ A stage holds, in this order:
 Model-level fields are kept: ``producer_*``, ``domain``, ``model_version``, ``doc_string``, metadata,
 the graph's doc string and metadata.  ``ir_version`` is raised to 4 for IR-3 sources, whose initializers
 would otherwise also have to be graph inputs.  ``training_info`` cannot be split and is refused before
-anything is built (:func:`onnxpipe.export.check_exportable`).
+anything is built (:func:`onnxpipe.export.checks.check_exportable`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ ALIAS_NODE_PREFIX = "onnxpipe/same_value/"
 
 def alias_node_name(tensor: str) -> str:
     """The name of the ``Identity`` node that remakes ``tensor`` from an equal tensor
-    (:attr:`onnxpipe.plan.StageSpec.aliases`): a prefix no exporter writes, then the tensor's name."""
+    (:attr:`onnxpipe.plan.types.StageSpec.aliases`): a prefix no exporter writes, then the tensor's name."""
     return ALIAS_NODE_PREFIX + tensor
 
 
@@ -94,7 +94,7 @@ class StageBuilder:
 
         ``untyped`` outputs are declared without a type (so that a type inference fills them in).  With
         ``keep_external`` the main graph's initializers stored in the source's external files keep
-        pointing there, unread: such a model must go through :func:`onnxpipe.weightfile.externalize`
+        pointing there, unread: such a model must go through :func:`onnxpipe.export.weightfile.externalize`
         before it is saved.  Tensors inside nodes (attributes, initializers of If/Loop/Scan bodies) that
         the source stores externally are always read in (or, without ``weights``, reduced to dims).
         """

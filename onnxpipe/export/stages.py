@@ -162,7 +162,7 @@ class _StageWriter:
         """Build, write, check and hash one stage.
 
         With external data the stage's weights go straight from the source (its external files, or the
-        loaded model) into the stage's own ``.data`` file (:mod:`onnxpipe.weightfile`); the model proto
+        loaded model) into the stage's own ``.data`` file (:mod:`onnxpipe.export.weightfile`); the model proto
         never holds them.  Inline, the stage is built with its weights and saved as one file.
         """
         i = spec.index

@@ -7,7 +7,7 @@ never sit in memory; a tensor held in memory is written as it is.  Offsets are a
 :data:`ALIGNMENT` bytes (onnxruntime can then map the file instead of copying it), and the file's
 sha256 is computed while writing, so it is never read back.
 
-Errors reading the source's files are :class:`~onnxpipe.errors.ModelLoadError` (the model's weights are
+Errors reading the source's files are :class:`~onnxpipe.core.errors.ModelLoadError` (the model's weights are
 missing or truncated); errors writing are left as ``OSError`` for the caller, who knows the file's name
 as the user will see it.
 """

@@ -1,6 +1,6 @@
 """Weights a model keeps in external files: where each one's bytes are, read without loading the model.
 
-Reading only; the stage files' own weights files are written by :mod:`onnxpipe.weightfile`.  A location
+Reading only; the stage files' own weights files are written by :mod:`onnxpipe.export.weightfile`.  A location
 outside the model's folder is refused (a model must not make onnxpipe read any file on the machine), and
 errors reading are :class:`~onnxpipe.core.errors.ModelLoadError`: the model's weights are missing or
 truncated.

@@ -155,9 +155,9 @@ def cut_profile(
 ) -> CutProfile:
     """Cut bytes for nodes already in order; ``free`` tensors (weights, constants) never cross.
 
-    ``classes`` (:func:`onnxpipe.samevalue.value_classes`) counts provably equal tensors once: a cut
+    ``classes`` (:func:`onnxpipe.ir.samevalue.value_classes`) counts provably equal tensors once: a cut
     carries a value while any tensor of it crosses, as the exported stages send one tensor of each value
-    (:func:`onnxpipe.plan.assign_stages`).  Without it every tensor counts, as if none were equal.
+    (:func:`onnxpipe.plan.stages.assign_stages`).  Without it every tensor counts, as if none were equal.
     """
     m = len(compute_deps)
     freeset = set(free)

@@ -34,7 +34,7 @@ def concrete_shapes(
     """Shape of every tensor of the main graph with the inputs fixed to ``input_shapes``.
 
     ONNX shape inference runs on a weight-less copy whose input dims are replaced.  Where it leaves a
-    node's output unsettled, onnxruntime's symbolic shape inference (:mod:`onnxpipe.symbolic`) is asked
+    node's output unsettled, onnxruntime's symbolic shape inference (:mod:`onnxpipe.ir.symbolic`) is asked
     too, and the answer with fewer unknown dims wins.  Dims still unsettled take the size the inputs
     gave their symbolic name, else 1.  Tensors of unknown rank are left out.  ``notes`` gets a line
     naming the tensors whose dims stayed unsettled.  ``symbolic=False`` asks ONNX's inference alone

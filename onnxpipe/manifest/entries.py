@@ -125,7 +125,7 @@ class StageEntry:
 
 @dataclass(frozen=True)
 class PlanSummary:
-    """The numbers that justify the partition (copied from :class:`onnxpipe.plan.Plan`)."""
+    """The numbers that justify the partition (copied from :class:`onnxpipe.plan.types.Plan`)."""
 
     objective: str
     k: int

@@ -36,7 +36,7 @@ from onnxpipe.schedule.timeline import Timeline
 
 @dataclass(frozen=True)
 class Manifest:
-    """Everything ``manifest.json`` holds; build it with :func:`onnxpipe.export.export_stages`."""
+    """Everything ``manifest.json`` holds; build it with :func:`onnxpipe.export.stages.export_stages`."""
 
     source: SourceInfo
     model_inputs: tuple[ModelTensor, ...]

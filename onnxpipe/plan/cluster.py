@@ -1,6 +1,6 @@
 """Plan a pipeline for a cluster: devices, memory, links, device order, stage count and schedule.
 
-:func:`onnxpipe.plan.planner.make_plan` balances K stages on identical workers.  This module does what
+:func:`onnxpipe.plan.workers.make_plan` balances K stages on identical workers.  This module does what
 BaPipe does for a real cluster: stage ``i`` runs on device ``i`` of a devices file, each device computes
 at its own speed (or with its own profile), must hold its stage's parameters and the activations of the
 micro-batches in flight, and each link between consecutive devices costs ``bytes / bandwidth +

@@ -3,14 +3,14 @@
 ``--order free`` lets the planner choose the order of the devices (and, with fewer stages than devices,
 which of them to use).  A pipeline's bottleneck depends on the order only through the *types* of devices
 at each position: two devices with the same provider, speed, memory and threads are interchangeable
-(:func:`onnxpipe.cluster.device_type`).  So, as in PipeEdge, the search runs over sequences of device
+(:func:`onnxpipe.cluster.model.device_type`).  So, as in PipeEdge, the search runs over sequences of device
 types, not over permutations of devices: a cluster of four edge boards of four speeds has 24 orders, but
 eight devices of two types have only 70 distinct ones (8! / (4! 4!)) instead of 40,320.  Every distinct
 sequence is solved *exactly* by the partitioner, so the best order found is the best there is; the
 search refuses (with a message saying how to proceed) when there are more than ``max_orders`` sequences.
 
 Links: a list of links describes consecutive devices in file order only, so reordering needs one link
-shared by every pair (:attr:`onnxpipe.cluster.Cluster.uniform_link`).
+shared by every pair (:attr:`onnxpipe.cluster.model.Cluster.uniform_link`).
 
 ``--stages auto`` (:func:`stages_auto`) tries every stage count and keeps the fewest stages whose
 bottleneck is within a tolerance of the best, because each extra stage costs a device and adds latency

@@ -59,7 +59,7 @@ class Sequences:
 
     ``cut_bytes[p]`` is what a stage starting at ``p`` receives; ``allowed[p]`` says whether a stage may
     start there (not inside a fused group); ``sizes`` are every tensor's bytes at the profiled shapes;
-    ``classes`` number the provably equal tensors (:func:`onnxpipe.samevalue.value_classes`), which
+    ``classes`` number the provably equal tensors (:func:`onnxpipe.ir.samevalue.value_classes`), which
     :func:`assign_stages` is given again so that it sends what ``cut_bytes`` counts.
     """
 

@@ -102,7 +102,7 @@ def assign_stages(
     the stage's own inputs plus tensors it forwards to later stages.
 
     With ``share_equal_values`` a stage that reads tensors of an earlier stage that are provably equal
-    to others (:mod:`onnxpipe.samevalue`) receives, for each value, the first tensor the earlier stage
+    to others (:mod:`onnxpipe.ir.samevalue`) receives, for each value, the first tensor the earlier stage
     makes of it, and remakes the ones it reads from that (:attr:`StageSpec.aliases`).  The earlier
     stage remakes its own repeats of a value it emits the same way, and its nodes that then compute
     nothing anybody reads are left out of its file (:attr:`StageSpec.skipped_nodes`).  The stages are
@@ -215,7 +215,7 @@ class _EqualValues:
 
     A stage receives each value once, as the first tensor of it made by the latest earlier stage that
     makes one.  Then a value crosses a cut only while some tensor of it does (read after the cut, made
-    before it), whatever the other cuts: the bytes :func:`onnxpipe.graph.cut_profile` counts with value
+    before it), whatever the other cuts: the bytes :func:`onnxpipe.ir.graph.cut_profile` counts with value
     classes, which are the bytes the partitioner weighs (or fewer, when a later stage makes the value
     anew).  The tensor received is made before the stage starts, and no stage in between makes the
     value, so it passes the cuts in between, where some tensor of the value crosses too.

@@ -6,7 +6,7 @@ out to fewer workers in turn.  Both line up the compute nodes (:mod:`onnxpipe.pl
 (:mod:`onnxpipe.plan.stages`); plans for a cluster of other devices are :mod:`onnxpipe.plan.cluster`'s, and
 :func:`onnxpipe.plan.planner.plan` chooses between them.
 
-Cheap constant producers (see :mod:`onnxpipe.model`) are left out of the sequence; each stage that
+Cheap constant producers (see :mod:`onnxpipe.ir.model`) are left out of the sequence; each stage that
 reads one gets its own copy (``constant_nodes``), so their values never cross a cut.
 """
 

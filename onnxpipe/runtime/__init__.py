@@ -6,7 +6,7 @@ Where the workers run is one config per backend (:class:`~.base.LocalConfig`, :c
 >>> with Pipeline.from_manifest("out/") as pipe:           # doctest: +SKIP
 ...     outputs = pipe.run(feeds)
 
-``onnxpipe run DIR`` (:mod:`onnxpipe.runtime.cli`) measures a pipeline and, with ``--compare``, the
+``onnxpipe run DIR`` (:mod:`onnxpipe.cli.run`) measures a pipeline and, with ``--compare``, the
 model without one; docs/runtime.md describes both.
 """
 

@@ -7,7 +7,7 @@ threads; a backend only moves micro-batches:
 * :meth:`Backend.try_submit` hands one micro-batch to a lane with room, or says there is none (the
   bound is the backpressure: a backend holds at most :attr:`Backend.capacity` micro-batches);
 * :meth:`Backend.poll` returns the micro-batches that came out (in any order; each carries its sequence
-  number) and raises :class:`~onnxpipe.errors.RuntimeStageError` once a worker failed or died; what
+  number) and raises :class:`~onnxpipe.core.errors.RuntimeStageError` once a worker failed or died; what
   came out before the failure is best returned first (raising on the next call), so that those callers
   get their results;
 * :meth:`Backend.wait` blocks until ``poll`` may have something new.

@@ -1,9 +1,10 @@
 """Micro-batches for ``onnxpipe run``: read from an ``.npz`` file, or seeded random values.
 
 An ``.npz`` file holds one array per model input, stacked on a new first axis: ``input_ids`` of shape
-``[M, 4, 128]`` is M micro-batches of ``[4, 128]``.  Random inputs follow :func:`onnxpipe.feeds.random_feeds`
-(valid indices for embeddings, ones for masks) at the shapes the plan was made for, so that the measured
-stage times are comparable with the manifest's estimates; ``--shape`` overrides them.
+``[M, 4, 128]`` is M micro-batches of ``[4, 128]``.  Random inputs follow
+:func:`onnxpipe.ir.feeds.random_feeds` (valid indices for embeddings, ones for masks) at the shapes the
+plan was made for, so that the measured stage times are comparable with the manifest's estimates;
+``--shape`` overrides them.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def input_shapes_for(
 ) -> dict[str, tuple[int, ...]]:
     """The shapes random inputs get: the plan's profiled shapes, with ``overrides`` on top.
 
-    The same shapes ``onnxpipe verify`` uses (:func:`onnxpipe.verification.planned_input_shapes`).
+    The same shapes ``onnxpipe verify`` uses (:func:`onnxpipe.verification.verify.planned_input_shapes`).
     """
     names = [t.name for t in manifest.model_inputs]
     profiled = {n: tuple(v) for n, v in manifest.plan.profiled_input_shapes.items()}

@@ -8,13 +8,13 @@
 :meth:`Pipeline.submit` returns a :class:`concurrent.futures.Future` and may be called from many threads
 at once (a server's request handlers): micro-batches enter the pipeline in the order they were
 submitted, up to its capacity, and the rest wait in an unbounded queue.  ``submit`` checks and copies
-the inputs, so a malformed request fails alone (:class:`~onnxpipe.errors.UsageError`) and the caller may
+the inputs, so a malformed request fails alone (:class:`~onnxpipe.core.errors.UsageError`) and the caller may
 reuse its arrays at once.  A driver thread collects what comes out and sets the futures, so callbacks
 added to them run on that thread: they must be quick and must not wait for another result of the same
 pipeline.  A future can be cancelled while it is queued, not once a worker has it.
 
 When a stage fails, or the driver meets any unexpected error, every pending future fails with the same
-:class:`~onnxpipe.errors.RuntimeStageError`, every worker is stopped, and the pipeline refuses further
+:class:`~onnxpipe.core.errors.RuntimeStageError`, every worker is stopped, and the pipeline refuses further
 work.  :meth:`Pipeline.close` (and a normal exit from ``with``) lets what was submitted finish first;
 Ctrl-C in :meth:`run` or :meth:`stream` stops the workers at once.  A pipeline dropped without
 ``close()`` finishes what was submitted and stops its workers once it is garbage-collected.

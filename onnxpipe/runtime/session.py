@@ -3,7 +3,7 @@ onnxruntime session, run one micro-batch, say precisely what failed, and keep ti
 
 Failures are raised as :class:`StageFailure` with a one-line message naming the stage, the micro-batch,
 the node and the tensor at fault; the backends carry that text to the caller, who raises it as
-:class:`onnxpipe.errors.RuntimeStageError`.
+:class:`onnxpipe.core.errors.RuntimeStageError`.
 """
 
 from __future__ import annotations

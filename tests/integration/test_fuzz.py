@@ -2,11 +2,11 @@
 
 Hypothesis builds a model from a safe op set (elementwise, MatMul, Cast), with random skip connections
 (any earlier tensor of the right type may be read), exact repeats of earlier nodes (equal values that a
-stage receives once, :mod:`onnxpipe.samevalue`), random If nodes whose branches read outer tensors
+stage receives once, :mod:`onnxpipe.ir.samevalue`), random If nodes whose branches read outer tensors
 (sometimes nested), random element types (float32, float64, int32; Cast moves values between them), and
 symbolic or fixed dims.  It then draws K and the cut positions, exports with
-:func:`onnxpipe.plan.assign_stages` on those bounds (so every cut is reachable, not only the ones a cost
-model would choose), and compares the chain with the model at two batch sizes.
+:func:`onnxpipe.plan.stages.assign_stages` on those bounds (so every cut is reachable, not only the ones a
+cost model would choose), and compares the chain with the model at two batch sizes.
 
 300 examples take about 10 s; ``ONNXPIPE_FUZZ_EXAMPLES=3000 pytest tests/test_fuzz.py`` searches longer.
 """

@@ -1,4 +1,4 @@
-"""Tests of onnxpipe.profile: per-node times at ENABLE_ALL mapped back to the original nodes."""
+"""Tests of onnxpipe.cost.measure: per-node times at ENABLE_ALL mapped back to the original nodes."""
 
 from __future__ import annotations
 

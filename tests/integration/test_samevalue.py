@@ -1,4 +1,4 @@
-"""Equal values across stage cuts: :mod:`onnxpipe.samevalue` and how stages send and remake them."""
+"""Equal values across stage cuts: :mod:`onnxpipe.ir.samevalue` and how stages send and remake them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Tests of onnxpipe.verification and onnxpipe.runner: the chained stages against the original model."""
+"""Tests of onnxpipe.verification and onnxpipe.verification.chain: the chained stages against the original
+model."""
 
 from __future__ import annotations
 

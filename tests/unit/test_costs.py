@@ -1,4 +1,4 @@
-"""Unit tests of onnxpipe.costs: hand-computed FLOPs, concrete shapes, the static profile."""
+"""Unit tests of onnxpipe.cost.static: hand-computed FLOPs, concrete shapes, the static profile."""
 
 from __future__ import annotations
 

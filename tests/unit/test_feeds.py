@@ -1,4 +1,4 @@
-"""Unit tests of onnxpipe.feeds: concrete input shapes, --shape parsing, seeded random inputs."""
+"""Unit tests of onnxpipe.ir.feeds: concrete input shapes, --shape parsing, seeded random inputs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Unit tests of onnxpipe.graph on plain names: orders, live bytes, cut bytes."""
+"""Unit tests of onnxpipe.ir.graph on plain names: orders, live bytes, cut bytes."""
 
 from __future__ import annotations
 

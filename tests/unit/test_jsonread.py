@@ -1,4 +1,4 @@
-"""Tests of onnxpipe.jsonread, the typed JSON field reader the manifest reader is written with."""
+"""Tests of onnxpipe.core.jsonread, the typed JSON field reader the manifest reader is written with."""
 
 from __future__ import annotations
 

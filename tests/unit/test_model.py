@@ -1,4 +1,4 @@
-"""Unit tests of onnxpipe.model: naming, inputs, subgraph reads, constants, types, load errors."""
+"""Unit tests of onnxpipe.ir.model: naming, inputs, subgraph reads, constants, types, load errors."""
 
 from __future__ import annotations
 

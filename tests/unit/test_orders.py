@@ -1,4 +1,4 @@
-"""Tests of onnxpipe.orders: device-order search and ``--stages auto``, checked by brute force."""
+"""Tests of onnxpipe.plan.orders: device-order search and ``--stages auto``, checked by brute force."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests of onnxpipe.plotting: a picture of a plan is written, in the format its suffix asks for."""
+"""Tests of onnxpipe.plan.draw: a picture of a plan is written, in the format its suffix asks for."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests of onnxpipe.valuematch's NCHWc read-back: blocked tensors of the optimized graph matched to the
+"""Tests of onnxpipe.cost.valuematch's NCHWc read-back: blocked tensors of the optimized graph matched to the
 original NCHW values whatever block width the machine's onnxruntime uses (8 with AVX2, 16 with AVX-512)."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each worker process holds one onnxruntime session.  Channel ``c`` of a lane joins worker ``c-1`` to
 worker ``c`` (channel 0 starts at the caller, the last one ends there), each with a few shared-memory
-slots (:mod:`onnxpipe.runtime.shm`).  Besides its two channels a worker has a control pipe (stats,
+slots (:mod:`onnxpipe.runtime.backends.shm`).  Besides its two channels a worker has a control pipe (stats,
 reset, stop) and a status pipe (ready, failed).
 
 Nothing is left behind: workers are daemonic; a worker ignores Ctrl-C (the caller decides) and leaves

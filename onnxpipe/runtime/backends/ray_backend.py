@@ -9,11 +9,12 @@ every later stage's call for it: the caller sees the stage's own :class:`Runtime
 every actor.
 
 The stages of one worker of an interleaved split (``workers``) share one actor, as they share one
-process locally (:mod:`~onnxpipe.runtime.processes`): one interpreter, one onnxruntime, and a session per
-stage, so that the worker holds about its stages' weights and not V processes' worth of overhead.  Its
-calls run one at a time, in the order their inputs become ready (``allow_out_of_order_execution``): a
-stage's call waiting for its input from another worker never holds up the call of a sibling stage whose
-input is there, and the stages take turns on the worker's CPUs as the plan assumes.
+process locally (:mod:`~onnxpipe.runtime.backends.processes`): one interpreter, one onnxruntime, and a
+session per stage, so that the worker holds about its stages' weights and not V processes' worth of
+overhead.  Its calls run one at a time, in the order their inputs become ready
+(``allow_out_of_order_execution``): a stage's call waiting for its input from another worker never holds
+up the call of a sibling stage whose input is there, and the stages take turns on the worker's CPUs as
+the plan assumes.
 
 Each actor asks the cluster for its resources: ``num_cpus`` (default: the stage's threads), ``num_gpus``
 (default: 1 for a GPU provider, else 0) and custom ``resources`` (e.g. ``{"stage0_host": 1}`` to pin a

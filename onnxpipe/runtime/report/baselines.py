@@ -266,7 +266,7 @@ def compare_outputs(
 
 def _alike(pipeline: Pipeline) -> bool:
     """Whether the split was planned for alike devices, so that a balanced split gives each worker an
-    equal share of the model, as :func:`~onnxpipe.runtime.ceiling.balanced_ceiling` assumes."""
+    equal share of the model, as :func:`~onnxpipe.runtime.report.ceiling.balanced_ceiling` assumes."""
     m = pipeline.manifest
     if m is None or m.cluster is None:
         return True

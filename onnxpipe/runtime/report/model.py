@@ -160,7 +160,7 @@ class BaselineReport:
     """Intra-op threads of all its workers together."""
     balanced_ceiling: float | None = None
     """Replicas only: the most a perfectly balanced pipeline on the replicas' CPUs could have reached
-    against them, at the speeds those CPUs ran (:func:`onnxpipe.runtime.ceiling.balanced_ceiling`);
+    against them, at the speeds those CPUs ran (:func:`onnxpipe.runtime.report.ceiling.balanced_ceiling`);
     ``None`` where it does not apply (Ray, unlike devices, too few records, runs under a millisecond)."""
 
 
