@@ -5,7 +5,7 @@ DenseNet-121):
 
 1. profile once at 1 intra-op thread, median of 30 runs (cached under ``benchmarks/results/profiles/``;
    ``--refresh`` re-profiles) at the input shapes below, and split at K = 3 with
-   :func:`onnxpipe.make_plan` (``onnxpipe``);
+   :func:`onnxpipe.plan.workers.make_plan` (``onnxpipe``);
 2. make the same number of stages with the baselines, costed with the same profile and exported the
    same way: equal node counts (``equal``, DeepSpeed's uniform), torchgpipe's block partition
    (``torchgpipe``), and onnxpipe's own solver fed static FLOP/byte costs instead of measured ones
@@ -21,14 +21,14 @@ slowest stage against onnxpipe's slowest (the throughput ratio), the sum of the 
 model (the cost of cutting), and the predicted share of each stage (profile costs) against its measured
 share.
 
-    python benchmarks/bench_balance.py [--rounds N] [--models a,b,...]
+Writes ``benchmarks/results/balance.json``: a row per model and split (``variant``), with the model's own
+figures (the whole model's time, the profile's) in each of its rows.
 
-Writes ``benchmarks/results/balance.json``.
+    python -m benchmarks balance [--rounds N] [--models a,b,...] [--refresh] [--out DIR]
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from collections.abc import Callable
@@ -38,20 +38,21 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from benchmarks import baselines
 from benchmarks.common import (
+    benchmark_parser,
     cached_profile,
     compute_costs,
     iqr_fraction,
     median,
     model_path,
+    params_of,
     plan_from_bounds,
     print_table,
     session,
+    shown,
     time_interleaved,
-    write_results,
+    write_result,
 )
 from onnxpipe import partition
 from onnxpipe.cost.static import static_profile
@@ -187,12 +188,21 @@ def bench_model(
     return result
 
 
+def result_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per model and variant: the variant's figures after the model's own (but its variants)."""
+    return [
+        {**{k: v for k, v in r.items() if k != "variants"}, "variant": label, **variant}
+        for r in results
+        for label, variant in r["variants"].items()
+    ]
+
+
 def _shares(xs: list[float]) -> str:
     return " / ".join(f"{x:.0%}" for x in xs)
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__name__, __doc__)
     parser.add_argument("--rounds", type=int, default=40, help="interleaved rounds (median over them)")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--profile-runs", type=int, default=30, help="timed runs per profile (median)")
@@ -251,23 +261,15 @@ def main(argv: list[str]) -> int:
             f"{r['model']}: onnxpipe max/mean {v['max_over_mean']:.3f} (goal <= {GOAL}: {verdict}); "
             f"largest share error {v['max_share_error']:.1%}; full model {r['full_model_ms']:.3f} ms"
         )
-    out = write_results(
-        "balance",
-        {
-            "k": K,
-            "goal_max_over_mean": GOAL,
-            "baselines": {
-                "equal": "benchmarks.baselines.equal_count",
-                "torchgpipe": "benchmarks.baselines.torchgpipe_block on the measured costs",
-                "static": "onnxpipe's solver on onnxpipe.costs.static_profile costs",
-                "static_onnx_shapes": "the same with static_profile(symbolic=False)",
-            },
-            "models": results,
+    summary = {
+        "baselines": {
+            "equal": "benchmarks.baselines.equal_count",
+            "torchgpipe": "benchmarks.baselines.torchgpipe_block on the measured costs",
+            "static": "onnxpipe's solver on onnxpipe.cost.static.static_profile costs",
+            "static_onnx_shapes": "the same with static_profile(symbolic=False)",
         },
-    )
-    print(f"\nwrote {out}")
+    }
+    params = params_of(args, models=[m for m in args.models.split(",") if m], k=K, goal_max_over_mean=GOAL)
+    out = write_result("balance", params, result_rows(results), summary=summary, out=args.out)
+    print(f"\nwrote {shown(out)}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

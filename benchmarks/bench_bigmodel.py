@@ -9,7 +9,7 @@ one stage is itself over 2 GB).  It reports per phase (peak reset in between thr
 another subprocess (the original model, then the stages one at a time).
 
 Stage weights are copied from the source's weights file into each stage's own file in 16 MiB chunks
-(:mod:`onnxpipe.weightfile`), so the export's memory does not grow with the model; its time is mostly
+(:mod:`onnxpipe.export.weightfile`), so the export's memory does not grow with the model; its time is mostly
 the disk's (the page cache is flushed before each run).  Columns: ``model`` and ``largest stage`` are
 weight bytes; ``export peak`` is the process's peak resident memory while exporting; ``above floor``
 subtracts what the process held before exporting (interpreter, libraries, the loaded graph); the two
@@ -18,18 +18,16 @@ original model, then one stage at a time, in onnxruntime); it is not representat
 onnxruntime holds these constant-filled generated weights in far less than their size, while a model
 with random weights costs it about its size.  Results go to ``benchmarks/results/bigmodel.json``.
 
-    python benchmarks/bench_bigmodel.py [--gb 0.5 2.5] [--k 1 2 4 8] [--keep DIR]
+    python -m benchmarks bigmodel [--gb 0.5 2.5] [--k 1 2 4 8] [--no-verify] [--keep DIR] [--out DIR]
 
 Needs about 3x the model size of free disk (the model, one split at a time).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -37,9 +35,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import MEMORY_PRELUDE, ROOT, print_table, write_results
+from benchmarks.common import (
+    MEMORY_PRELUDE,
+    benchmark_parser,
+    params_of,
+    print_table,
+    run_child,
+    shown,
+    write_result,
+)
+from tools.make_large_graph import make_big_weights
 
 CHILD_PRELUDE = MEMORY_PRELUDE + textwrap.dedent(
     """
@@ -60,7 +65,7 @@ SPLIT = """
 from onnxpipe.cost.static import static_profile
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model
-from onnxpipe.plan.planner import make_plan
+from onnxpipe.plan.workers import make_plan
 
 model, out, k = sys.argv[1], sys.argv[2], int(sys.argv[3])
 view = phase("load", lambda: load_model(model))
@@ -82,9 +87,7 @@ print("RESULT " + json.dumps(result))
 
 def child(code: str, *args: str) -> dict[str, Any]:
     os.sync()  # the previous run's dirty pages must not throttle this one's writes
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD_PRELUDE + code, *args], capture_output=True, text=True, check=False
-    )
+    proc = run_child(CHILD_PRELUDE + code, *args)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -93,14 +96,12 @@ def child(code: str, *args: str) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__name__, __doc__)
     parser.add_argument("--gb", type=float, nargs="+", default=[0.5, 2.5], help="weight gigabytes")
     parser.add_argument("--k", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--no-verify", action="store_true")
     parser.add_argument("--keep", type=Path, help="folder for the models and splits (default: temporary)")
     args = parser.parse_args(argv)
-
-    from tools.make_large_graph import make_big_weights
 
     folder = args.keep or Path(tempfile.mkdtemp(prefix="onnxpipe-bigmodel-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -170,10 +171,6 @@ def main(argv: list[str]) -> int:
             for r in rows
         ],
     )
-    path = write_results("bigmodel", {"rows": rows})
-    print(f"\nwrote {path.relative_to(ROOT)}")
+    path = write_result("bigmodel", params_of(args), rows, out=args.out)
+    print(f"\nwrote {shown(path)}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

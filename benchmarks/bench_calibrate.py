@@ -1,11 +1,11 @@
-"""How well ``split --calibrate`` (stages timed alone) holds the stages' relative times on a machine
-whose speed drifts: stages timed in turns against one stage after the other.
+"""Calibration's stage times on a machine whose speed drifts: stages in turns against one after another.
 
-The cut that calibration sets depends on the stages' times relative to each other.  Timed one after the
-other, each stage's time is that of its own stretch of minutes, so a machine that runs 10-20% slower for
-a while (a neighbour on a shared host) moves the cut for nothing.  :func:`onnxpipe.calibrate.time_in_turns`
-lets the stages take turns a few runs at a time.  For each model this benchmark makes one 2-stage plan of
-its measured profile, then times the same stage sessions ``--repeats`` times each way, alternating:
+How well ``split --calibrate`` (stages timed alone) holds the stages' relative times: the cut that calibration
+sets depends on the stages' times relative to each other.  Timed one after the other, each stage's time is
+that of its own stretch of minutes, so a machine that runs 10-20% slower for a while (a neighbour on a shared
+host) moves the cut for nothing.  :func:`onnxpipe.calibrate.timing.time_in_turns` lets the stages take turns a
+few runs at a time.  For each model this benchmark makes one 2-stage plan of its measured profile, then times
+the same stage sessions ``--repeats`` times each way, alternating:
 
 * ``blocked``: every stage's ``--runs`` runs in a row, one stage after the other (the baseline, what
   calibration did before: ``time_in_turns(..., block=runs)``);
@@ -16,28 +16,24 @@ For each way it reports the spread over the repeats of the first stage's share o
 and the spread of the total ``t0 + t1`` (how much the machine itself drifted meanwhile).  Results:
 ``benchmarks/results/calibrate.json``::
 
-    python benchmarks/bench_calibrate.py [--models resnet50,bert_mini] [--repeats 8] [--runs 30]
+    python -m benchmarks calibrate [--models resnet50,bert_mini] [--repeats 8] [--runs 30] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench_pipeline import CpuWatch, model_table, run_models
+from benchmarks.common import benchmark_parser
+from onnxpipe import api
+from onnxpipe.calibrate.timing import ALONE_BLOCK, ready_stages, scratch_stages, time_in_turns
 from onnxpipe.cost.source import ProfileOptions
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.bench_pipeline import CpuWatch, model_table, run_models  # noqa: E402
-from onnxpipe import api  # noqa: E402
-from onnxpipe.calibrate.timing import ALONE_BLOCK, ready_stages, scratch_stages, time_in_turns  # noqa: E402
-from onnxpipe.ir.load import load_model  # noqa: E402
-from onnxpipe.plan.workers import make_plan  # noqa: E402
+from onnxpipe.ir.load import load_model
+from onnxpipe.plan.workers import make_plan
 
 
 def bench_model(
@@ -99,16 +95,11 @@ def print_summary(rows: Sequence[dict[str, Any]]) -> None:
     print(f"other processes used at most {busiest:.2f} cores in any repeat")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: list[str]) -> int:
     table = model_table()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = benchmark_parser(__name__, __doc__)
     parser.add_argument("--models", default="resnet50,bert_mini", help="comma-separated: " + ", ".join(table))
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--runs", type=int, default=30, help="timed runs of each stage per timing")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "calibrate.json")
     args = parser.parse_args(argv)
-    return run_models(parser, args, bench_model, print_summary)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run_models("calibrate", parser, args, bench_model, print_summary)

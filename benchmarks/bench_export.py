@@ -5,7 +5,8 @@ external data file) is split into K = 4 stages.  Then, each in a fresh subproces
 and peak resident memory (``ru_maxrss`` of the child, i.e. VmHWM):
 
 * ``onnxpipe``: :func:`onnxpipe.load_model` + static costs + :func:`onnxpipe.make_plan` +
-  :func:`onnxpipe.export_stages` (which also runs ``onnx.checker`` and opens every stage in onnxruntime);
+  :func:`onnxpipe.export_stages` (which also runs ``onnx.checker`` and opens every stage in onnxruntime),
+  through the public API;
 * ``extract_model``: ``onnx.utils.extract_model`` called K times with the very same stage boundaries (each
   stage's input and output tensor names, read from onnxpipe's manifest), with its defaults
   (``check_model=True``, ``infer_shapes=True``), as one would script it by hand;
@@ -17,31 +18,28 @@ and peak resident memory (``ru_maxrss`` of the child, i.e. VmHWM):
 The table gives seconds, peak memory, peak above the import floor, bytes written, and every number as a
 ratio to onnxpipe's.  The stage files of both are checked to hold the same nodes.
 
-    python benchmarks/bench_export.py [--bytes 400000000] [--k 4]
+Writes ``benchmarks/results/export.json``, a row per method.
 
-Writes ``benchmarks/results/export.json``.
+    python -m benchmarks export [--bytes 400000000] [--k 4] [--keep DIR] [--out DIR]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import onnx
 
-from benchmarks.common import ROOT, print_table, write_results
+from benchmarks.common import benchmark_parser, params_of, print_table, run_child, shown, write_result
+from tools.make_large_graph import make_big_weights
 
 CHILD_PRELUDE = textwrap.dedent(
-    f"""
+    """
     import json, resource, sys, time
-    sys.path.insert(0, {str(ROOT)!r})
     import onnx, onnx.utils, onnxruntime
     import onnxpipe
 
@@ -90,11 +88,10 @@ report(seconds=time.perf_counter() - t0, per_stage_seconds=times)
 """
 
 
-def run_child(code: str, *args: str) -> dict[str, Any]:
+def child(code: str, *args: str) -> dict[str, Any]:
+    """What the child running ``code`` reported, and ``wall_seconds``: its whole life, start included."""
     t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD_PRELUDE + code, *args], capture_output=True, text=True, check=False
-    )
+    proc = run_child(CHILD_PRELUDE + code, *args)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -109,8 +106,6 @@ def folder_bytes(folder: Path) -> int:
 
 
 def stage_nodes(folder: Path, k: int) -> list[list[str]]:
-    import onnx
-
     return [
         sorted(
             n.name for n in onnx.load(str(folder / f"stage_{i}.onnx"), load_external_data=False).graph.node
@@ -120,13 +115,11 @@ def stage_nodes(folder: Path, k: int) -> list[list[str]]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__name__, __doc__)
     parser.add_argument("--bytes", type=int, default=400_000_000, help="total weight bytes of the model")
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temp folder)")
     args = parser.parse_args(argv)
-
-    from tools.make_large_graph import make_big_weights
 
     with tempfile.TemporaryDirectory(prefix="bench_export-") as tmp_name:
         tmp = args.keep or Path(tmp_name)
@@ -138,17 +131,17 @@ def main(argv: list[str]) -> int:
         print(f"generated {model.name}: {model_bytes / 1e6:.0f} MB in {time.perf_counter() - t0:.1f} s")
 
         runs: dict[str, dict[str, Any]] = {}
-        runs["imports only"] = run_child(IMPORTS_ONLY)
-        runs["onnxpipe"] = run_child(ONNXPIPE, str(model), str(tmp / "onnxpipe"), str(args.k))
+        runs["imports only"] = child(IMPORTS_ONLY)
+        runs["onnxpipe"] = child(ONNXPIPE, str(model), str(tmp / "onnxpipe"), str(args.k))
         manifest = json.loads((tmp / "onnxpipe" / "manifest.json").read_text())
         boundaries = [
             [[t["name"] for t in st["inputs"]], [t["name"] for t in st["outputs"]]]
             for st in manifest["stages"]
         ]
-        runs["extract_model"] = run_child(
+        runs["extract_model"] = child(
             EXTRACT, str(model), str(tmp / "extract"), "check", json.dumps(boundaries)
         )
-        runs["extract_model (no checks)"] = run_child(
+        runs["extract_model (no checks)"] = child(
             EXTRACT, str(model), str(tmp / "extract_nc"), "nocheck", json.dumps(boundaries)
         )
         written = {
@@ -189,29 +182,21 @@ def main(argv: list[str]) -> int:
         f"onnxpipe: plan {base['plan_seconds']:.2f} s + export {base['export_seconds']:.2f} s; "
         f"extract_model per stage: {per_stage} s; same nodes per stage: {same_nodes}"
     )
-    out = write_results(
-        "export",
-        {
-            "model_bytes": model_bytes,
-            "k": args.k,
-            "baseline": "onnx.utils.extract_model called K times with onnxpipe's stage boundaries",
-            "runs": runs,
-            "written_bytes": written,
-            "same_nodes_per_stage": same_nodes,
-            "ratios_to_onnxpipe": {
-                label: {
-                    "seconds": runs[label]["seconds"] / base["seconds"],
-                    "peak": runs[label]["peak_bytes"] / base["peak_bytes"],
-                    "peak_above_imports": (runs[label]["peak_bytes"] - floor)
-                    / max(1, base["peak_bytes"] - floor),
-                }
-                for label in ("extract_model", "extract_model (no checks)")
-            },
-        },
-    )
-    print(f"\nwrote {out}")
+    result_rows = []
+    for label, r in runs.items():
+        row: dict[str, Any] = {"method": label, **r, "written_bytes": written.get(label)}
+        if label != "imports only":
+            row["seconds_x_onnxpipe"] = r["seconds"] / base["seconds"]
+            row["peak_x_onnxpipe"] = r["peak_bytes"] / base["peak_bytes"]
+            row["peak_above_imports_x_onnxpipe"] = (r["peak_bytes"] - floor) / max(
+                1, base["peak_bytes"] - floor
+            )
+        result_rows.append(row)
+    summary = {
+        "model_bytes": model_bytes,
+        "baseline": "onnx.utils.extract_model called K times with onnxpipe's stage boundaries",
+        "same_nodes_per_stage": same_nodes,
+    }
+    out = write_result("export", params_of(args), result_rows, summary=summary, out=args.out)
+    print(f"\nwrote {shown(out)}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,11 +1,13 @@
 """Interleaved stages against a contiguous split: throughput, and the weights each worker must hold.
 
-A contiguous split into K stages balances time, but not weights: ResNet-50's time-balanced halves hold
-11% and 89% of its weights.  ``onnxpipe split --stages K*V --workers K`` deals K*V stages out to K
-workers in turn, so a worker can take a light slice from the front and a heavy one from the back.  This
-benchmark asks what that costs in throughput and buys in memory.  For each model, with measured costs
-(one profile for both splits), in rounds whose order alternates, everything pinned alike
-(:mod:`onnxpipe.runtime.affinity`), one intra-op thread per worker:
+A contiguous split into K stages balances time, but not weights: a CNN's late layers hold most of its
+weights, so its time-balanced last stage holds most of them too (ResNet-50's
+``weights_share_per_worker`` in ``benchmarks/results/interleave.json``).
+``onnxpipe split --stages K*V --workers K`` deals K*V stages out to K workers in turn, so a worker can
+take a light slice from the front and a heavy one from the back.  This benchmark asks what that costs in
+throughput and buys in memory.  For each model, with measured costs (one profile for both splits), in
+rounds whose order alternates, everything pinned alike (:mod:`onnxpipe.runtime.affinity`), one intra-op
+thread per worker:
 
 * ``session_1``: the whole model, one session, one thread (``onnxpipe run --compare``'s measurement);
 * ``replicas``: K copies of the whole model in K pinned threads, fed in turn (data parallel);
@@ -20,48 +22,43 @@ of the model's, and the memory each worker holds against a replica's, measured l
 (what the machine pays, the interpreter and onnxruntime included), for a worker's stages hosted by one
 process and, for the interleaved split, also with each stage in a process of its own (summed).  The
 plan's throughput (one over its bottleneck) is set against the measured one.  Results:
-``benchmarks/results/interleave.json``::
+``benchmarks/results/interleave.json`` (``interleave_calibrated.json`` with ``--calibrate``)::
 
-    python benchmarks/bench_interleave.py [--models resnet50,yolov8n] [--rounds 6] [--k 2] [--v 2]
-        [--calibrate ROUNDS]
+    python -m benchmarks interleave [--models resnet50,yolov8n] [--rounds 6] [--k 2] [--v 2]
+        [--calibrate ROUNDS] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from benchmarks.bench_pipeline import alternating_rounds, model_table, run_models
+from benchmarks.common import benchmark_parser
+from onnxpipe import api
 from onnxpipe.api import CalibrationOptions, PlanRequest, ProfileOptions, SplitOptions
-from onnxpipe.runtime.base import LocalConfig
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import numpy as np  # noqa: E402
-
-from benchmarks.bench_pipeline import alternating_rounds, model_table, run_models  # noqa: E402
-from onnxpipe import api  # noqa: E402
-from onnxpipe.ir.load import load_model  # noqa: E402
-from onnxpipe.manifest import Manifest, load_manifest  # noqa: E402
-from onnxpipe.runtime.affinity import cpu_sets  # noqa: E402
-from onnxpipe.runtime.base import LocalMode  # noqa: E402
-from onnxpipe.runtime.inputs import random_inputs  # noqa: E402
-from onnxpipe.runtime.pipeline import Pipeline, make_backend  # noqa: E402
-from onnxpipe.runtime.report.baselines import (  # noqa: E402
+from onnxpipe.ir.load import load_model
+from onnxpipe.manifest import Manifest, load_manifest
+from onnxpipe.runtime.affinity import cpu_sets
+from onnxpipe.runtime.base import LocalConfig, LocalMode
+from onnxpipe.runtime.inputs import random_inputs
+from onnxpipe.runtime.pipeline import Pipeline, make_backend
+from onnxpipe.runtime.report.baselines import (
     MEMORY_MICROBATCHES,
     replica_memory,
     replicas_measurement,
     session_throughput,
     stage_worker_memory,
 )
-from onnxpipe.runtime.report.measure import measure  # noqa: E402
-from onnxpipe.runtime.session import WorkerStats  # noqa: E402
-from onnxpipe.runtime.spec import Placement  # noqa: E402
+from onnxpipe.runtime.report.measure import measure
+from onnxpipe.runtime.session import WorkerStats
+from onnxpipe.runtime.spec import Placement
 
 Feeds = Mapping[str, np.ndarray]
 TARGET_SECONDS = 2.5  # one timing of the one-thread session takes about this long
@@ -265,9 +262,9 @@ def print_summary(rows: Sequence[dict[str, Any]]) -> None:
     print(f"other processes used at most {busiest:.2f} cores in any round")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: list[str]) -> int:
     table = model_table()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = benchmark_parser(__name__, __doc__)
     parser.add_argument("--models", default="resnet50,yolov8n", help="comma-separated: " + ", ".join(table))
     parser.add_argument("--k", type=int, default=2, help="workers")
     parser.add_argument("--v", type=int, default=2, help="stages per worker in the interleaved split")
@@ -280,10 +277,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="ROUNDS",
         help="split both ways with `onnxpipe split --calibrate ROUNDS` (each stage timed alone)",
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "interleave.json")
     args = parser.parse_args(argv)
-    return run_models(parser, args, bench_model, print_summary)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run_models("interleave", parser, args, bench_model, print_summary)

@@ -3,30 +3,25 @@
 For every model the benchmark lists the mean and the largest number of bytes live across a cut point
 (what a stage boundary placed there would have to send; weights and cheap constants excluded, since
 stages get their own copies), for the file's node order (the baseline) and
-for the order :func:`onnxpipe.model.load_model` chooses, and prints the ratios chosen / file.
+for the order :func:`onnxpipe.ir.load.load_model` chooses, and prints the ratios chosen / file.
 Results go to ``benchmarks/results/order.json``.
 
-    python benchmarks/bench_order.py [MODEL.onnx ...]
+    python -m benchmarks order [MODEL.onnx ...] [--out DIR]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from onnxpipe.ir.graph import dfs_order, file_order_if_topological, live_bytes_profile  # noqa: E402
-from onnxpipe.ir.load import load_model  # noqa: E402
-from onnxpipe.ir.model import ModelView  # noqa: E402
+from benchmarks.common import ROOT, benchmark_parser, params_of, shown, write_result
+from onnxpipe.ir.graph import dfs_order, file_order_if_topological, live_bytes_profile
+from onnxpipe.ir.load import load_model
+from onnxpipe.ir.model import ModelView
+from tools import corpus
 
 
 def default_models() -> list[Path]:
-    from tools import corpus
-
     models = sorted((ROOT / "sample_models").glob("*.onnx"))
     models += [corpus.onnx_light(n) for n in corpus.onnx_light_names()]
     for getter in (lambda: corpus.rapidocr("det"), corpus.nudenet):
@@ -57,9 +52,10 @@ def measure(view: ModelView) -> dict[str, float]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = benchmark_parser(__name__, __doc__)
     parser.add_argument("models", nargs="*", type=Path, help="default: the sample and corpus models")
-    paths = parser.parse_args(argv).models or default_models()
+    args = parser.parse_args(argv)
+    paths = args.models or default_models()
     rows = []
     print(f"{'model':32} {'nodes':>6} {'file mean':>12} {'chosen mean':>12} {'ratio':>6} {'max ratio':>9}")
     for path in paths:
@@ -74,12 +70,7 @@ def main(argv: list[str]) -> int:
             f"{path.name[:32]:32} {len(view.nodes):6d} {r['file_mean']:12.0f} {r['chosen_mean']:12.0f} "
             f"{ratio:6.3f} {max_ratio:9.3f}"
         )
-    out = ROOT / "benchmarks" / "results" / "order.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"baseline": "file order", "rows": rows}, indent=2))
-    print(f"wrote {out}")
+    params = params_of(args, models=[shown(p) for p in paths])
+    out = write_result("order", params, rows, summary={"baseline": "file order"}, out=args.out)
+    print(f"wrote {shown(out)}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,14 +1,14 @@
-"""onnxpipe's thread pipeline against the simplest pipeline one could write by hand, and where the rest
-of the way to K times one session goes.
+"""onnxpipe's thread pipeline against the simplest pipeline one could write by hand, on this machine.
 
-``bench_pipeline.py`` shows the pipeline short of K x the one-thread session on the small models; this
-asks whether onnxpipe's machinery (checked and copied inputs, futures, a driver thread, records, bounded
-channels) costs that, or the split itself does on this machine.  For each model, split into K stages
-(measured costs), in rounds whose order alternates, all pinned to the same CPUs
-(:func:`onnxpipe.runtime.affinity.cpu_sets`):
+It also asks where the rest of the way to K times one session goes.  The ``pipeline`` benchmark shows the
+pipeline short of K x the one-thread session on the small models; this asks whether onnxpipe's machinery
+(checked and copied inputs, futures, a driver thread, records, bounded channels) costs that, or the split
+itself does on this machine.  For each model, split into K stages (measured costs), in rounds whose order
+alternates, all pinned to the same CPUs (:func:`onnxpipe.runtime.affinity.cpu_sets`):
 
 * ``session_1``: the whole model, one session, one intra-op thread
-  (:func:`onnxpipe.runtime.compare.session_throughput`, as ``onnxpipe run --compare`` measures it);
+  (:func:`onnxpipe.runtime.report.baselines.session_throughput`, as ``onnxpipe run --compare`` measures
+  it);
 * ``minimal``: K threads, each running one stage's session, joined by ``queue.Queue(2)``, fed by a
   thread of its own: no input checks or copies, no futures, no driver, no records;
 * ``onnxpipe``: ``Pipeline.from_manifest(..., pin=True)`` timed by ``onnxpipe.runtime.report.measure``,
@@ -24,7 +24,7 @@ machine's caches and memory costs) and ``piped`` (inside ``minimal``).  Results 
 ``benchmarks/results/overhead.json``, with the CPU other processes used in each round (``/proc/stat``
 minus this process), so that a disturbed round can be told from a slow one::
 
-    python benchmarks/bench_overhead.py [--models gpt2_tiny,bert_tiny] [--rounds 8] [--k 2]
+    python -m benchmarks overhead [--models gpt2_tiny,bert_tiny] [--rounds 8] [--k 2] [--out DIR]
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import argparse
 import queue
 import resource
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -41,26 +40,23 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import onnxruntime as ort
+
+from benchmarks.bench_pipeline import CpuWatch, model_table, run_models
+from benchmarks.common import ROOT, benchmark_parser
+from onnxpipe import api
 from onnxpipe.api import ProfileOptions, SplitOptions
+from onnxpipe.core.ortsession import session_options
+from onnxpipe.ir.load import load_model
+from onnxpipe.manifest import Manifest, load_manifest
+from onnxpipe.runtime.affinity import cpu_sets, pin_thread, pinned
 from onnxpipe.runtime.base import LocalConfig
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import numpy as np  # noqa: E402
-import onnxruntime as ort  # noqa: E402
-
-from benchmarks.bench_pipeline import CpuWatch, model_table, run_models  # noqa: E402
-from onnxpipe import api  # noqa: E402
-from onnxpipe.core.ortsession import session_options  # noqa: E402
-from onnxpipe.ir.load import load_model  # noqa: E402
-from onnxpipe.manifest import Manifest, load_manifest  # noqa: E402
-from onnxpipe.runtime.affinity import cpu_sets, pin_thread, pinned  # noqa: E402
-from onnxpipe.runtime.inputs import random_inputs  # noqa: E402
-from onnxpipe.runtime.pipeline import Pipeline  # noqa: E402
-from onnxpipe.runtime.report.baselines import session_throughput  # noqa: E402
-from onnxpipe.runtime.report.measure import measure  # noqa: E402
-from onnxpipe.runtime.spec import Placement  # noqa: E402
+from onnxpipe.runtime.inputs import random_inputs
+from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.report.baselines import session_throughput
+from onnxpipe.runtime.report.measure import measure
+from onnxpipe.runtime.spec import Placement
 
 Feeds = Mapping[str, np.ndarray]
 TARGET_SECONDS = 2.5  # one timing of the one-thread session takes about this long
@@ -284,20 +280,15 @@ def print_summary(rows: Sequence[dict[str, Any]]) -> None:
     print(f"other processes used at most {busiest:.2f} cores in any round")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: list[str]) -> int:
     mlp_shapes: dict[str, tuple[int, ...]] = {"x": (1, 64)}
     table = {**model_table(), "mlp": (trivial_model, mlp_shapes)}
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = benchmark_parser(__name__, __doc__)
     parser.add_argument(
         "--models", default="gpt2_tiny,bert_tiny", help="comma-separated: " + ", ".join(table)
     )
     parser.add_argument("--k", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--max-microbatches", type=int, default=300)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "overhead.json")
     args = parser.parse_args(argv)
-    return run_models(parser, args, bench_model, print_summary, table)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run_models("overhead", parser, args, bench_model, print_summary, table)

@@ -5,7 +5,8 @@ Part 1, quality.  Every model is profiled once (1 intra-op thread, median of 30 
 its bottleneck (slowest stage, compute only: the baselines know nothing of transfers) is divided by the
 lower bound ``max(total / K, largest node)``:
 
-* ``onnxpipe``   — :func:`onnxpipe.make_plan` (exact, and it keeps onnxruntime's fused groups whole);
+* ``onnxpipe``   — :func:`onnxpipe.plan.workers.make_plan` (exact, and it keeps onnxruntime's fused groups
+  whole);
 * ``exact``      — :func:`onnxpipe.partition.solve` on the same costs without the fused-group constraint
   (the true optimum for the objective the baselines are scored with);
 * ``equal``      — the same node count per stage (DeepSpeed ``partition_method="uniform"``);
@@ -20,14 +21,15 @@ Part 2, speed.  Solve time against graph size: ``tools/make_large_graph.make_man
 random log-normal costs up to 1,000,000 items; the ``O(K n^2)`` reference DP
 (:func:`onnxpipe.partition._reference_solve`) is timed alongside where it finishes in seconds.
 
-    python benchmarks/bench_partition.py [--models a,b,...] [--max-nodes N] [--refresh]
+Writes ``benchmarks/results/partition.json``: one row per case, ``kind`` telling which part (``quality``,
+``make_many_nodes``, ``random``); the geometric means of the quality ratios are its ``summary``.
 
-Writes ``benchmarks/results/partition.json``.
+    python -m benchmarks partition [--models a,b,...] [--max-nodes N] [--max-items N] [--refresh]
+        [--out DIR]
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
@@ -37,21 +39,24 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import onnx
 
 from benchmarks import baselines
 from benchmarks.common import (
+    benchmark_parser,
     cached_profile,
     compute_costs,
     model_path,
+    params_of,
     print_table,
-    write_results,
+    shown,
+    write_result,
 )
 from onnxpipe import partition
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.load import load_model
 from onnxpipe.plan.workers import make_plan
+from tools.make_large_graph import make_many_nodes
 
 MODELS = (
     "light_resnet50",
@@ -112,6 +117,7 @@ def quality(models: list[str], refresh: bool) -> list[dict[str, Any]]:
             ratio = {m: (bottleneck[m] / lower if lower > 0 else 1.0) for m in METHODS}
             rows.append(
                 {
+                    "kind": "quality",
                     "model": name,
                     "nodes": n,
                     "k": k,
@@ -133,10 +139,6 @@ def _mean_ratio(rows: list[dict[str, Any]], method: str, k: int | None = None) -
 
 
 def speed_graphs(max_nodes: int) -> list[dict[str, Any]]:
-    import onnx
-
-    from tools.make_large_graph import make_many_nodes
-
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for size in (s for s in GRAPH_SIZES if s <= max_nodes):
@@ -172,10 +174,10 @@ def speed_graphs(max_nodes: int) -> list[dict[str, Any]]:
     return rows
 
 
-def speed_random() -> list[dict[str, Any]]:
+def speed_random(max_items: int) -> list[dict[str, Any]]:
     rng = np.random.default_rng(0)
     rows = []
-    for n in RANDOM_SIZES:
+    for n in (s for s in RANDOM_SIZES if s <= max_items):
         costs: list[float] = rng.lognormal(0.0, 1.5, n).tolist()
         cut: list[float] = rng.integers(0, 1 << 20, n + 1).astype(np.float64).tolist()
         for k in (8, 64):
@@ -210,9 +212,12 @@ def _s(x: float | None) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--max-nodes", type=int, default=max(GRAPH_SIZES))
+    parser = benchmark_parser(__name__, __doc__)
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated: corpus or sample models")
+    parser.add_argument("--max-nodes", type=int, default=max(GRAPH_SIZES), help="largest generated graph")
+    parser.add_argument(
+        "--max-items", type=int, default=max(RANDOM_SIZES), help="largest random cost sequence"
+    )
     parser.add_argument("--refresh", action="store_true", help="re-profile instead of using cached profiles")
     args = parser.parse_args(argv)
 
@@ -232,13 +237,13 @@ def main(argv: list[str]) -> int:
             for r in rows
         ],
     )
-    summary = {str(k): {m: _mean_ratio(rows, m, k) for m in METHODS} for k in KS} | {
+    geomean = {str(k): {m: _mean_ratio(rows, m, k) for m in METHODS} for k in KS} | {
         "all": {m: _mean_ratio(rows, m) for m in METHODS}
     }
     print_table(
         "geometric mean of bottleneck / lower bound over the models",
         ["K", *METHODS],
-        [[k, *(f"{v[m]:.3f}" for m in METHODS)] for k, v in summary.items()],
+        [[k, *(f"{v[m]:.3f}" for m in METHODS)] for k, v in geomean.items()],
     )
 
     graphs = speed_graphs(args.max_nodes)
@@ -259,7 +264,7 @@ def main(argv: list[str]) -> int:
             for r in graphs
         ],
     )
-    rand = speed_random()
+    rand = speed_random(args.max_items)
     print_table(
         "solve time, random log-normal costs (best of 3)",
         ["items", "K", "solve", "with transfers", "torchgpipe", "reference DP", "DP/solve"],
@@ -276,25 +281,24 @@ def main(argv: list[str]) -> int:
             for r in rand
         ],
     )
-    out = write_results(
-        "partition",
-        {
-            "baselines": {
-                "equal": "benchmarks.baselines.equal_count (DeepSpeed uniform)",
-                "params": "benchmarks.baselines.parameter_balanced (DeepSpeed default)",
-                "torchgpipe": "benchmarks.baselines.torchgpipe_block (torchgpipe balance_by_time)",
-                "exact": "onnxpipe.partition.solve without the fused-group constraint",
-            },
-            "objective": "max stage compute seconds / max(total / K, largest node)",
-            "quality": rows,
-            "quality_geomean": summary,
-            "speed_graphs": graphs,
-            "speed_random": rand,
+    summary = {
+        "baselines": {
+            "equal": "benchmarks.baselines.equal_count (DeepSpeed uniform)",
+            "params": "benchmarks.baselines.parameter_balanced (DeepSpeed default)",
+            "torchgpipe": "benchmarks.baselines.torchgpipe_block (torchgpipe balance_by_time)",
+            "exact": "onnxpipe.partition.solve without the fused-group constraint",
         },
+        "objective": "max stage compute seconds / max(total / K, largest node)",
+        "quality_geomean": geomean,
+    }
+    params = params_of(
+        args,
+        models=[m for m in args.models.split(",") if m],
+        ks=list(KS),
+        graph_sizes=list(GRAPH_SIZES),
+        random_sizes=list(RANDOM_SIZES),
+        reference_max_n=REFERENCE_MAX_N,
     )
-    print(f"\nwrote {out}")
+    out = write_result("partition", params, [*rows, *graphs, *rand], summary=summary, out=args.out)
+    print(f"\nwrote {shown(out)}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

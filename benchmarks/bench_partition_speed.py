@@ -11,32 +11,23 @@ half of the stages on "GPUs" (MatMul-like nodes 25x faster, the rest 6x: per-dev
 equal devices), the rest on the reference "CPUs", 1F1B activation memory (``min(4, K - s)`` micro-batches
 on stage ``s``) under caps 1.5x the smallest that fits; written to ``partition_speed_devices.json``.
 
-    python benchmarks/bench_partition_speed.py [--sizes 1000 10000 100000] [--ks 2 4 8] [--repeats 3]
-    python benchmarks/bench_partition_speed.py --devices
+    python -m benchmarks partition_speed [--sizes 1000 10000 100000] [--ks 2 4 8] [--repeats 3] [--out DIR]
+    python -m benchmarks partition_speed --devices
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
-import platform
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from benchmarks.common import benchmark_parser, params_of, shown, write_result
+from onnxpipe import partition
+from onnxpipe.core.errors import MemoryFitError
 from onnxpipe.partition.inputs import HeterogeneousRequest
-
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # run as a script from anywhere
-
-from onnxpipe import partition  # noqa: E402
-from onnxpipe.core.errors import MemoryFitError  # noqa: E402
 
 
 def instance(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, float]:
@@ -49,8 +40,8 @@ def instance(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, float]:
     return costs, cut, bandwidth
 
 
-def device_instance(n: int, k: int, seed: int) -> dict[str, Any]:
-    """Keyword arguments of ``solve_heterogeneous`` for the ``--devices`` cluster (see the docstring)."""
+def device_instance(n: int, k: int, seed: int) -> HeterogeneousRequest:
+    """The ``solve_heterogeneous`` request of the ``--devices`` cluster (see the docstring)."""
     costs, cut, bandwidth = instance(n, seed)
     rng = np.random.default_rng(seed + 1)
     matmul = rng.random(n) < 0.3
@@ -68,7 +59,7 @@ def device_instance(n: int, k: int, seed: int) -> dict[str, Any]:
         partition.solve_heterogeneous(HeterogeneousRequest(None, **{**kw, "mem_caps": [0.0] * k}), k)
     except MemoryFitError as e:
         kw["mem_caps"] = [e.smallest_fit_bytes * 1.5] * k
-    return kw
+    return HeterogeneousRequest(None, **kw)
 
 
 def best_time(fn: Callable[[], partition.Partition], repeats: int) -> tuple[float, partition.Partition]:
@@ -81,18 +72,15 @@ def best_time(fn: Callable[[], partition.Partition], repeats: int) -> tuple[floa
     return best, result
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str]) -> int:
+    ap = benchmark_parser(__name__, __doc__)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10_000, 100_000])
     ap.add_argument("--ks", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ref-max-n", type=int, default=2000, help="largest n for the O(K n^2) reference")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--devices", action="store_true", help="mixed GPU/CPU cluster with per-device costs")
-    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    name = "partition_speed_devices.json" if args.devices else "partition_speed.json"
-    out: Path = args.out or ROOT / "benchmarks" / "results" / name
 
     rows = []
     header = (
@@ -106,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
             fast_fn: Callable[[], partition.Partition]
             ref_fn: Callable[[], partition.Partition]
             if args.devices:
-                kw = device_instance(n, k, args.seed + n)
-                fast_fn = functools.partial(partition.solve_heterogeneous, None, k, **kw)
-                ref_fn = functools.partial(partition._reference_solve_heterogeneous, None, k, **kw)
+                request = device_instance(n, k, args.seed + n)
+                fast_fn = functools.partial(partition.solve_heterogeneous, request, k)
+                ref_fn = functools.partial(partition._reference_solve_heterogeneous, request, k)
             else:
                 fast_fn = functools.partial(partition.solve, costs, k, cut_bytes=cut, bandwidth=bw)
                 ref_fn = functools.partial(partition._reference_solve, costs, k, cut_bytes=cut, bandwidth=bw)
@@ -135,7 +123,6 @@ def main(argv: list[str] | None = None) -> int:
             sp_txt = "-" if speedup is None else f"{speedup:.0f}x"
             print(f"{n:>8} {k:>3} {fast_s:>11.4f} {ref_txt:>12} {sp_txt:>13} {fast.ratio:>12.4f}", flush=True)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
     solver = "solve_heterogeneous (device_costs, activation memory)" if args.devices else "solve"
     instance_text = "lognormal(-9, 1.5) s node costs (20% scaled by 1e-3), lognormal(11, 2) B cuts, 10 GB/s"
     if args.devices:
@@ -143,22 +130,11 @@ def main(argv: list[str] | None = None) -> int:
             "; first K//2 stages on GPUs (30% of nodes 25x faster, the rest 6x), the rest on CPUs; 1F1B "
             "activation memory min(4, K - s), caps 1.5x the smallest uniform cap that fits"
         )
-    doc = {
-        "benchmark": "partition_speed_devices" if args.devices else "partition_speed",
+    summary = {
         "description": f"best-of-repeats wall time of onnxpipe.partition.{solver} vs the O(K n^2) reference",
         "instance": instance_text,
-        "seed": args.seed,
-        "repeats": args.repeats,
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "machine": platform.machine(),
-        "processor": platform.processor() or platform.machine(),
-        "rows": rows,
     }
-    out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+    name = "partition_speed_devices" if args.devices else "partition_speed"
+    out = write_result(name, params_of(args), rows, summary=summary, out=args.out)
+    print(f"wrote {shown(out)}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -23,9 +23,11 @@ throughput over the whole run).  It prints the median throughput of each and the
 of the pipeline to each, the
 measured time of every stage against the manifest's estimate, and the peak memory of every worker: a
 stage worker against a replica, both as peak RSS and as "model memory" (peak minus the worker's memory
-before it loaded its model).  Results go to ``benchmarks/results/pipeline.json``.
+before it loaded its model).  Results go to ``benchmarks/results/pipeline.json``, named after the
+variant: ``pipeline_pinned`` with ``--pin``, ``..._calibrated`` with ``--calibrate``, ``..._in_pipeline``
+(or ``_in_auto``) with ``--calibrate-in``; a row per model.
 
-Against the replicas it also gives a ceiling (:func:`onnxpipe.runtime.ceiling.balanced_ceiling`): from
+Against the replicas it also gives a ceiling (:func:`onnxpipe.runtime.report.ceiling.balanced_ceiling`): from
 the replicas' own records, how fast each of their CPUs ran over short windows, and so how close to them
 a perfectly balanced pipeline on those CPUs could have come.  On a virtual machine whose vCPUs' speeds
 wander apart, that is below 1 whatever the split, and ``x_replicas_over_ceiling`` tells what the
@@ -43,10 +45,10 @@ seconds before each round for the others to go quiet.  Where that never happens 
 on two cores) and Linux's autogroup scheduling is on, running the benchmark as its own session with a
 raised group priority keeps other sessions from skewing the comparison (root; tell the others)::
 
-    setsid sh -c 'echo -10 > /proc/self/autogroup; exec python benchmarks/bench_pipeline.py'
+    setsid sh -c 'echo -10 > /proc/self/autogroup; exec python -m benchmarks pipeline'
 
-    python benchmarks/bench_pipeline.py [--models gpt2_tiny,bert_tiny,bert_mini,yolov8n,resnet50]
-        [--rounds 5] [--pin] [--calibrate ROUNDS [--calibrate-in alone|pipeline|auto]] [--out FILE.json]
+    python -m benchmarks pipeline [--models gpt2_tiny,bert_tiny,bert_mini,yolov8n,resnet50]
+        [--rounds 5] [--pin] [--calibrate ROUNDS [--calibrate-in alone|pipeline|auto]] [--out DIR]
 
 ``--pin`` pins every variant alike (``onnxpipe run --pin``): each pipeline worker and each replica to a
 CPU of its own, each session to the first CPUs.
@@ -55,12 +57,10 @@ CPU of its own, each session to the first CPUs.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -68,29 +68,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import onnxruntime as ort
+
+from benchmarks.common import benchmark_parser, params_of, shown, write_result
+from onnxpipe import api
 from onnxpipe.api import CalibrationOptions, PlanRequest, ProfileOptions, SplitOptions
+from onnxpipe.calibrate.timing import CALIBRATION_MODES, DEFAULT_CALIBRATION_MODE
+from onnxpipe.cluster.model import Cluster, Device, Link
+from onnxpipe.core.errors import MemoryFitError
+from onnxpipe.cost.profile import Profile
+from onnxpipe.ir.load import load_model
+from onnxpipe.manifest import load_manifest
+from onnxpipe.runtime.affinity import assign_cpus, cpu_sets, pinned
 from onnxpipe.runtime.base import LocalConfig
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import numpy as np  # noqa: E402
-import onnxruntime as ort  # noqa: E402
-
-from onnxpipe import api  # noqa: E402
-from onnxpipe.calibrate.timing import CALIBRATION_MODES, DEFAULT_CALIBRATION_MODE  # noqa: E402
-from onnxpipe.cluster.model import Cluster, Device, Link  # noqa: E402
-from onnxpipe.core.errors import MemoryFitError  # noqa: E402
-from onnxpipe.cost.profile import Profile  # noqa: E402
-from onnxpipe.ir.load import load_model  # noqa: E402
-from onnxpipe.manifest import load_manifest  # noqa: E402
-from onnxpipe.runtime.affinity import assign_cpus, cpu_sets, pinned  # noqa: E402
-from onnxpipe.runtime.inputs import random_inputs  # noqa: E402
-from onnxpipe.runtime.pipeline import Pipeline, make_backend  # noqa: E402
-from onnxpipe.runtime.report.ceiling import WINDOW_RUNS, balanced_ceiling  # noqa: E402
-from onnxpipe.runtime.report.measure import measure  # noqa: E402
-from onnxpipe.runtime.session import WorkerStats  # noqa: E402
-from onnxpipe.runtime.spec import Placement, model_spec  # noqa: E402
+from onnxpipe.runtime.inputs import random_inputs
+from onnxpipe.runtime.pipeline import Pipeline, make_backend
+from onnxpipe.runtime.report.ceiling import WINDOW_RUNS, balanced_ceiling
+from onnxpipe.runtime.report.measure import measure
+from onnxpipe.runtime.session import WorkerStats
+from onnxpipe.runtime.spec import Placement, model_spec
+from tools import corpus, export_transformers
 
 Feeds = Mapping[str, np.ndarray]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -100,8 +98,6 @@ REFERENCE_PASSES = 3  # passes over the 8 distinct inputs that time the session 
 
 
 def model_table() -> dict[str, tuple[Callable[[], Path], dict[str, tuple[int, ...]] | None]]:
-    from tools import corpus, export_transformers
-
     return {
         "gpt2_tiny": (lambda: export_transformers.gpt2_tiny(dynamo=False), {"input_ids": (4, 128)}),
         "bert_tiny": (
@@ -390,7 +386,7 @@ def bench_model(
         return "replicas_processes" if pipe == "pipeline_processes" and base == "replicas" else base
 
     # the one-thread session's time now against right after the split: the machine's own drift, which
-    # no estimate made then can foresee (this VM's speed changed by half within an hour)
+    # no estimate made then can foresee (a shared VM's speed can change within minutes: docs/runtime.md)
     session_now_ms = median([1e3 / x for x in by["session_1"].throughputs])
     slowdown = session_now_ms / reference_ms
     stages: list[dict[str, Any]] = []
@@ -608,53 +604,51 @@ def model_names(parser: argparse.ArgumentParser, table: Mapping[str, object], te
     return names
 
 
+def result_name(base: str, args: argparse.Namespace) -> str:
+    """The name of a run's result: ``base``, then ``_pinned`` (``--pin``), ``_calibrated`` (``--calibrate``)
+    and, for a calibration not timed the default way, ``_in_<mode>`` (``--calibrate-in``): every variant
+    keeps its latest result apart."""
+    name = base
+    if getattr(args, "pin", False):
+        name += "_pinned"
+    if getattr(args, "calibrate", 0):
+        name += "_calibrated"
+        mode = getattr(args, "calibrate_in", DEFAULT_CALIBRATION_MODE)
+        if mode != DEFAULT_CALIBRATION_MODE:
+            name += f"_in_{mode}"
+    return name
+
+
+def write_rows(base: str, args: argparse.Namespace, rows: Sequence[dict[str, Any]]) -> Path:
+    """The rows measured so far, as the result of this run (:func:`result_name`)."""
+    params = params_of(args, models=args.models.split(","))
+    return write_result(result_name(base, args), params, rows, out=args.out)
+
+
 def run_models(
+    name: str,
     parser: argparse.ArgumentParser,
     args: argparse.Namespace,
     bench: Callable[[str, Path, dict[str, tuple[int, ...]] | None, argparse.Namespace], dict[str, Any]],
     summary: Callable[[Sequence[dict[str, Any]]], None],
     table: Mapping[str, tuple[Callable[[], Path], dict[str, tuple[int, ...]] | None]] | None = None,
 ) -> int:
-    """Bench each model of ``args.models``, print the summary, write the rows to ``args.out``: the main
-    loop of the benchmarks that follow this one's model table (or ``table``)."""
+    """Bench each model of ``args.models``, print the summary, write the rows as the result ``name``
+    (:func:`write_rows`): the main loop of the benchmarks that follow this one's model table (or
+    ``table``)."""
     table = model_table() if table is None else table
     rows = []
-    for name in model_names(parser, table, args.models):
-        get, shapes = table[name]
-        rows.append(bench(name, get(), shapes, args))
+    for model in model_names(parser, table, args.models):
+        get, shapes = table[model]
+        rows.append(bench(model, get(), shapes, args))
     summary(rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"cpus": os.cpu_count(), "onnxruntime": ort.__version__, "python": sys.version.split()[0]}
-    args.out.write_text(json.dumps({"machine": meta, "rows": rows}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {shown(write_rows(name, args, rows))}")
     return 0
 
 
-def _autogroup() -> str | None:
-    try:
-        return Path("/proc/self/autogroup").read_text().strip()
-    except OSError:
-        return None
-
-
-def write_results(args: argparse.Namespace, rows: Sequence[dict[str, Any]]) -> None:
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "cpus": os.cpu_count(),
-        "onnxruntime": ort.__version__,
-        "python": sys.version.split()[0],
-        "quiet_threshold_cores": args.quiet,
-        "autogroup": _autogroup(),
-        "pinned": args.pin,
-        "calibrate_rounds": args.calibrate,
-        "calibrate_in": args.calibrate_in if args.calibrate else None,
-    }
-    args.out.write_text(json.dumps({"machine": meta, "rows": list(rows)}, indent=2) + "\n")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: list[str]) -> int:
     table = model_table()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = benchmark_parser(__name__, __doc__)
     parser.add_argument("--models", default=",".join(table), help="comma-separated: " + ", ".join(table))
     parser.add_argument("--k", type=int, default=2, help="stages (and replicas, and session threads)")
     parser.add_argument("--rounds", type=int, default=5)
@@ -688,19 +682,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="SECONDS",
         help="before each round, wait up to this long for other processes to go quiet",
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "pipeline.json")
     args = parser.parse_args(argv)
     rows = []
+    out = None
     for name in model_names(parser, table, args.models):
         get, shapes = table[name]
         path = get()
         print(f"{name}: {path}", flush=True)
         rows.append(bench_model(name, path, shapes, args))
-        write_results(args, rows)  # after every model: a later failure keeps what was measured
+        out = write_rows("pipeline", args, rows)  # after every model: a later failure keeps what was measured
     print_summary(rows, args.k)
-    print(f"wrote {args.out}")
+    if out is not None:
+        print(f"wrote {shown(out)}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,10 +3,10 @@
 For each real model (tiny GPT-2 at 64 tokens, NudeNet's YOLOv8n at 320x320, the onnx light DenseNet-121,
 RapidOCR's detector; profiles measured once at 1 intra-op thread and cached under
 ``benchmarks/results/profiles/``) and each cluster below, the benchmark plans a streaming pipeline with
-:func:`onnxpipe.planner.plan_pipeline` (``onnxpipe``) and places the splits of the baselines on the very
+:func:`onnxpipe.plan.cluster.plan_pipeline` (``onnxpipe``) and places the splits of the baselines on the very
 same devices, in the cluster's file order:
 
-* ``homogeneous`` — onnxpipe's own exact homogeneous planner (:func:`onnxpipe.plan.make_plan`, i.e.
+* ``homogeneous`` — onnxpipe's own exact homogeneous planner (:func:`onnxpipe.plan.workers.make_plan`, i.e.
   :func:`onnxpipe.partition.solve` on the reference costs, all devices taken as speed 1, told the link
   bandwidth): the best split for a cluster of identical devices;
 * ``params`` — DeepSpeed's default parameter balancing (:func:`benchmarks.baselines.parameter_balanced`
@@ -36,29 +36,35 @@ Clusters (K = number of devices):
 * ``e_shuffled_free`` — the 1:2:4:8 devices of ``a`` listed in the order 4, 1, 8, 2, planned with
   ``order="free"``; the baselines run in file order (they have no notion of device order).
 
-    python benchmarks/bench_planner.py [--models gpt2_tiny,nudenet,...] [--refresh]
+Writes ``benchmarks/results/planner.json``: a row per model and cluster (a case); the models' own figures
+and the geometric means over the cases are its ``summary``.
 
-Writes ``benchmarks/results/planner.json``.
+    python -m benchmarks planner [--models gpt2_tiny,nudenet,...] [--refresh] [--out DIR]
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Literal
 
-from onnxpipe.api import PlanRequest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from benchmarks import baselines
-from benchmarks.common import ROOT, cached_profile, compute_costs, model_path, print_table, write_results
+from benchmarks.common import (
+    ROOT,
+    benchmark_parser,
+    cached_profile,
+    compute_costs,
+    model_path,
+    params_of,
+    print_table,
+    shown,
+    write_result,
+)
 from onnxpipe import partition
+from onnxpipe.api import PlanRequest
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.errors import MemoryFitError
@@ -381,7 +387,7 @@ def _geomean(xs: Sequence[float]) -> float:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__name__, __doc__)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--refresh", action="store_true", help="re-profile instead of using cached profiles")
     args = parser.parse_args(argv)
@@ -462,9 +468,12 @@ def main(argv: list[str]) -> int:
         "\ncluster c (speeds 1 and 3): fast stage's reference work / slow stage's: "
         + ", ".join(f"{m} {r:.3f}" for m, r in work.items())
     )
-    out = write_results(
+    out = write_result(
         "planner",
-        {
+        params_of(args, models=[m for m in args.models.split(",") if m]),
+        cases,
+        out=args.out,
+        summary={
             "objective": (
                 "streaming bottleneck: max over stages of max(sum(reference costs)/speed, "
                 "cut_bytes/bandwidth + latency); memory ('fits'): the partitioner's model, first-read "
@@ -491,14 +500,9 @@ def main(argv: list[str]) -> int:
                 "baselines in file order",
             },
             "models": models,
-            "summary": summary,
+            "baselines_over_cases": summary,
             "cluster_c_fast_over_slow_reference_work": work,
-            "cases": cases,
         },
     )
-    print(f"\nwrote {out}")
+    print(f"\nwrote {shown(out)}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

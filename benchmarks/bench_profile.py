@@ -1,4 +1,7 @@
-"""How much of onnxruntime's measured time :func:`onnxpipe.profile.profile_model` maps back to original nodes.
+"""How much of onnxruntime's measured time the profiler maps back to the model's original nodes.
+
+:func:`onnxpipe.cost.measure.profile_model` runs the model at ``ORT_ENABLE_ALL`` and attributes every
+kernel's time to the original nodes it came from.
 
 Baseline: matching profiler events to original nodes by name, which is all that works without the
 optimized graph (at ``ORT_ENABLE_ALL`` the NCHWc pass and fusions rename most nodes).  For every model the
@@ -8,19 +11,17 @@ table lists:
 * ``attributed``: share of the total that ``profile_model`` put on original nodes (1.0 = nothing dropped);
 * ``exact``: share attributed to exactly one original node (the rest is split inside fused groups);
 * ``regions`` and the largest region (original nodes the partitioner must keep together);
-* ``static rho``: Spearman rank correlation between :func:`onnxpipe.costs.static_profile` node times and
+* ``static rho``: Spearman rank correlation between :func:`onnxpipe.cost.static.static_profile` node times and
   the measured ones (how well the static cost model orders nodes);
 * ``wall``: seconds ``profile_model`` took (timing runs included).
 
 Results go to ``benchmarks/results/profile.json``.
 
-    python benchmarks/bench_profile.py [--runs N] [MODEL.onnx ...]
+    python -m benchmarks profile [--runs N] [MODEL.onnx ...] [--out DIR]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import tempfile
 import time
@@ -28,28 +29,23 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from onnxpipe.core.progress import Progress  # noqa: E402
-from onnxpipe.cost.measure import profile_model  # noqa: E402
-from onnxpipe.cost.profile import Profile  # noqa: E402
-from onnxpipe.cost.static import static_profile  # noqa: E402
-from onnxpipe.cost.trace import OrtModel  # noqa: E402
-from onnxpipe.ir.feeds import random_feeds  # noqa: E402
-from onnxpipe.ir.load import load_model  # noqa: E402
-from onnxpipe.ir.model import ModelView  # noqa: E402
-from onnxpipe.ir.shapes import resolve_input_shapes  # noqa: E402
+from benchmarks.common import benchmark_parser, params_of, shown, write_result
+from onnxpipe.core.progress import Progress
+from onnxpipe.cost.measure import profile_model
+from onnxpipe.cost.profile import Profile
+from onnxpipe.cost.static import static_profile
+from onnxpipe.cost.trace import OrtModel
+from onnxpipe.ir.feeds import random_feeds
+from onnxpipe.ir.load import load_model
+from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.shapes import resolve_input_shapes
+from tools import corpus, export_transformers
 
 
 def default_models() -> list[Path]:
-    from tools import corpus
-
     models = [corpus.onnx_light(n) for n in ("resnet50", "inception_v2", "densenet121", "squeezenet")]
 
     def transformer(name: str, dynamo: bool) -> Path:
-        from tools import export_transformers
-
         path: Path = getattr(export_transformers, name)(dynamo=dynamo)
         return path
 
@@ -115,7 +111,7 @@ def measure(path: Path, runs: int) -> dict[str, object]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__name__, __doc__)
     parser.add_argument("models", nargs="*", type=Path)
     parser.add_argument("--runs", type=int, default=10)
     args = parser.parse_args(argv)
@@ -134,12 +130,8 @@ def main(argv: list[str]) -> int:
             f"{r['attributed']:7.3f} {r['exact']:6.3f} {r['regions']:7d} {r['largest_region']:7d} "
             f"{r['static_rho']:5.2f} {r['wall_s']:7.2f}"
         )
-    out = ROOT / "benchmarks" / "results" / "profile.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"baseline": "event names matched to node names", "rows": rows}, indent=2))
-    print(f"wrote {out}")
+    params = params_of(args, models=[shown(p) for p in paths])
+    summary = {"baseline": "event names matched to node names"}
+    out = write_result("profile", params, rows, summary=summary, out=args.out)
+    print(f"wrote {shown(out)}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,6 +1,6 @@
-"""The Ray backend on this machine: an interleaved split with one actor per worker against one actor
-per stage, a contiguous split, and one actor holding the whole model.
+"""The Ray backend on this machine: an interleaved split, one actor per worker against one per stage.
 
+It is set against a contiguous split and one actor holding the whole model too.
 ``onnxpipe run --backend ray`` starts one actor per stage, except for an interleaved split
 (``split --stages K*V --workers K``), where one actor per worker hosts its V stages.  On Ray every actor
 is a Ray worker process of its own, with its interpreter, Ray's client and onnxruntime: V actors per
@@ -24,7 +24,7 @@ steady rate of each, as ratios (interleaved against ``interleaved_apart``, the c
 replicas; the contiguous split against the replicas).  Results:
 ``benchmarks/results/ray.json``::
 
-    python benchmarks/bench_ray.py [--models resnet50,yolov8n] [--rounds 3] [--k 2] [--v 2]
+    python -m benchmarks ray [--models resnet50,yolov8n] [--rounds 3] [--k 2] [--v 2] [--out DIR]
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -41,23 +40,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from benchmarks.bench_pipeline import CLOCK_TICKS, _busy_ticks, model_table, run_models
+from benchmarks.common import benchmark_parser
+from onnxpipe import api
 from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import numpy as np  # noqa: E402
-
-from benchmarks.bench_pipeline import CLOCK_TICKS, _busy_ticks, model_table, run_models  # noqa: E402
-from onnxpipe import api  # noqa: E402
-from onnxpipe.ir.load import load_model  # noqa: E402
-from onnxpipe.manifest import Manifest, load_manifest  # noqa: E402
-from onnxpipe.runtime.backends.ray_backend import RayBackend  # noqa: E402
-from onnxpipe.runtime.inputs import random_inputs  # noqa: E402
-from onnxpipe.runtime.pipeline import Pipeline  # noqa: E402
-from onnxpipe.runtime.report.measure import measure  # noqa: E402
-from onnxpipe.runtime.session import WorkerStats  # noqa: E402
-from onnxpipe.runtime.spec import Placement, manifest_placements, model_spec, stage_specs  # noqa: E402
+from onnxpipe.ir.load import load_model
+from onnxpipe.manifest import Manifest, load_manifest
+from onnxpipe.runtime.backends.ray_backend import RayBackend
+from onnxpipe.runtime.inputs import random_inputs
+from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.report.measure import measure
+from onnxpipe.runtime.session import WorkerStats
+from onnxpipe.runtime.spec import Placement, manifest_placements, model_spec, stage_specs
 
 Feeds = Mapping[str, np.ndarray]
 WARMUP = 8
@@ -319,15 +315,14 @@ def print_summary(rows: Sequence[dict[str, Any]]) -> None:
     print(f"other processes used at most {busiest:.2f} cores in any round")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: list[str]) -> int:
     table = model_table()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = benchmark_parser(__name__, __doc__)
     parser.add_argument("--models", default="resnet50,yolov8n", help="comma-separated: " + ", ".join(table))
     parser.add_argument("--k", type=int, default=2, help="workers (and the local Ray's CPUs)")
     parser.add_argument("--v", type=int, default=2, help="stages per worker in the interleaved split")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--microbatches", type=int, default=48)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "ray.json")
     args = parser.parse_args(argv)
     try:
         import ray
@@ -335,10 +330,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("this benchmark needs Ray: pip install -e '.[ray]'")
     ray.init(num_cpus=args.k, include_dashboard=False, logging_level="WARNING")
     try:
-        return run_models(parser, args, bench_model, print_summary)
+        return run_models("ray", parser, args, bench_model, print_summary)
     finally:
         ray.shutdown()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,34 +6,62 @@ tensors, so the cost is the graph, not the weights.  Each size runs in a fresh s
 each phase and reads its own peak resident memory per phase (``VmHWM``, reset between phases through
 ``/proc/self/clear_refs``):
 
-* ``load``: :func:`onnxpipe.load_model` (parse, checker, shape inference, ordering);
-* ``costs``: :func:`onnxpipe.costs.static_profile` (static costs: no onnxruntime run);
-* ``partition``: :func:`onnxpipe.plan.make_plan` (the exact partitioner) into K stages;
-* ``export``: :func:`onnxpipe.export.export_stages` (build, write, ``onnx.checker`` and an onnxruntime
-  load of every stage, manifest);
-* ``verify``: :func:`onnxpipe.verification.verify` (the model and the chained stages in onnxruntime at
-  deployment settings, one random input), reported apart: it is not part of splitting.
+* ``load``: :func:`onnxpipe.ir.load.load_model` (parse, checker, shape inference, ordering);
+* ``costs``: :func:`onnxpipe.cost.static.static_profile` (static costs: no onnxruntime run);
+* ``partition``: :func:`onnxpipe.plan.workers.make_plan` (the exact partitioner) into K stages;
+* ``export``: :func:`onnxpipe.export.stages.export_stages` (build, write, ``onnx.checker`` and an
+  onnxruntime load of every stage, manifest);
+* ``verify``: :func:`onnxpipe.verification.verify.verify` (the model and the chained stages in
+  onnxruntime at deployment settings, one random input), reported apart: it is not part of splitting.
 
 The table gives seconds per phase, their sum without ``verify``, microseconds per node (flat when the
-growth is linear), and the peak memory of the process.  Results go to ``benchmarks/results/scale.json``.
+growth is linear), and the peak memory of the process.
 
-    python benchmarks/bench_scale.py [--nodes 1000 10000 100000] [--k 4] [--no-verify]
+Then, in this process (graphs only, no onnxruntime), the topological order that loading starts from,
+three ways on the same dependencies (``deps``/``outs`` built as :func:`onnxpipe.ir.load.load_model`
+builds them), each the median of :data:`ORDER_REPEATS` runs:
+
+* ``order_ours_seconds``: :func:`onnxpipe.ir.graph.dfs_order`, which also refuses a cycle;
+* ``order_networkx_seconds``: a ``networkx.DiGraph`` of the same edges built, then
+  ``networkx.lexicographical_topological_sort`` (ties to the file order, as ours);
+* ``dag_check_networkx_seconds``: the same graph built, then ``networkx.is_directed_acyclic_graph``
+  alone (only the check, no order).
+
+This is why onnxpipe's orders are its own and networkx is used only to name a cycle once a graph has
+failed: its figures are in ``benchmarks/results/scale.json`` (``order_networkx_over_ours``).
+
+    python -m benchmarks scale [--nodes 1000 10000 100000] [--k 4] [--no-verify] [--out DIR]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import subprocess
+import statistics
 import sys
 import tempfile
 import textwrap
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import networkx as nx
+import onnx
 
-from benchmarks.common import MEMORY_PRELUDE, ROOT, print_table, write_results
+from benchmarks.common import (
+    MEMORY_PRELUDE,
+    benchmark_parser,
+    params_of,
+    print_table,
+    run_child,
+    shown,
+    write_result,
+)
+from onnxpipe.ir.graph import dfs_order
+from onnxpipe.ir.load import subgraph_outer_reads
+from tools.make_large_graph import make_many_nodes
+
+ORDER_REPEATS = 3
 
 CHILD = MEMORY_PRELUDE + textwrap.dedent(
     """
@@ -43,7 +71,7 @@ CHILD = MEMORY_PRELUDE + textwrap.dedent(
     from onnxpipe.cost.static import static_profile
     from onnxpipe.export.stages import export_stages
     from onnxpipe.ir.load import load_model
-    from onnxpipe.plan.planner import make_plan
+    from onnxpipe.plan.workers import make_plan
     from onnxpipe.verification.verify import verify
 
     model, out, k, run_verify = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
@@ -70,29 +98,72 @@ CHILD = MEMORY_PRELUDE + textwrap.dedent(
 )
 
 
-def run_size(n: int, k: int, run_verify: bool, folder: Path) -> dict[str, Any]:
-    from tools.make_large_graph import make_many_nodes
+def dependencies(model: onnx.ModelProto) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]], set[str]]:
+    """``(deps, outs, available)`` of ``model``'s nodes in file order, as loading passes them to the
+    orders: the tensors each node reads (its subgraphs' outer reads included) and writes, and what is
+    there before any node runs (initializers and graph inputs)."""
+    graph = model.graph
+    deps, outs = [], []
+    for node in graph.node:
+        ins = tuple(i for i in node.input if i)
+        outer = tuple(t for t in sorted(subgraph_outer_reads(node)) if t not in ins)
+        deps.append(ins + outer)
+        outs.append(tuple(o for o in node.output if o))
+    available = {t.name for t in graph.initializer} | {i.name for i in graph.input}
+    return deps, outs, available
 
+
+def networkx_graph(
+    deps: Sequence[Sequence[str]], outs: Sequence[Sequence[str]], available: set[str]
+) -> nx.DiGraph:
+    """The same dependencies as a ``networkx.DiGraph``: node ``i`` -> every node reading what ``i`` writes."""
+    producer = {t: i for i, o in enumerate(outs) for t in o}
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(len(deps)))
+    graph.add_edges_from(
+        (producer[t], i) for i, d in enumerate(deps) for t in d if t in producer and t not in available
+    )
+    return graph
+
+
+def median_seconds(fn: Callable[[], object], repeats: int = ORDER_REPEATS) -> tuple[float, object]:
+    """The median wall time of ``repeats`` calls of ``fn``, and its last value."""
+    times, value = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        value = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), value
+
+
+def order_timings(model: onnx.ModelProto) -> dict[str, Any]:
+    """onnxpipe's topological order against networkx's on ``model``'s dependencies (the docstring)."""
+    deps, outs, available = dependencies(model)
+    ours, order = median_seconds(lambda: dfs_order(deps, outs, available))
+    theirs, nx_order = median_seconds(
+        lambda: list(nx.lexicographical_topological_sort(networkx_graph(deps, outs, available)))
+    )
+    check, is_dag = median_seconds(
+        lambda: nx.is_directed_acyclic_graph(networkx_graph(deps, outs, available))
+    )
+    build, _ = median_seconds(lambda: networkx_graph(deps, outs, available))
+    assert isinstance(order, list) and isinstance(nx_order, list) and sorted(order) == sorted(nx_order)
+    assert is_dag is True
+    return {
+        "order_ours_seconds": ours,
+        "order_networkx_seconds": theirs,
+        "dag_check_networkx_seconds": check,
+        "networkx_build_seconds": build,
+        "order_networkx_over_ours": theirs / ours if ours > 0 else None,
+        "dag_check_networkx_over_ours": check / ours if ours > 0 else None,
+    }
+
+
+def run_size(n: int, k: int, run_verify: bool, folder: Path) -> dict[str, Any]:
     path = folder / f"many_{n}.onnx"
     onnx_model = make_many_nodes(n)
-    import onnx
-
     onnx.save_model(onnx_model, str(path))
-    del onnx_model
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            CHILD,
-            str(path),
-            str(folder / f"out_{n}"),
-            str(k),
-            "1" if run_verify else "0",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = run_child(CHILD, str(path), str(folder / f"out_{n}"), str(k), "1" if run_verify else "0")
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"{n} nodes: the child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -103,11 +174,12 @@ def run_size(n: int, k: int, run_verify: bool, folder: Path) -> dict[str, Any]:
     result["split_peak_bytes"] = max(
         result[f"{p}_peak_bytes"] for p in ("load", "costs", "partition", "export")
     )
+    result.update(order_timings(onnx_model))
     return result
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__name__, __doc__)
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 10_000, 100_000])
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--no-verify", action="store_true")
@@ -157,10 +229,22 @@ def main(argv: list[str]) -> int:
         ],
         table_rows,
     )
-    path = write_results("scale", {"k": args.k, "rows": rows})
-    print(f"\nwrote {path.relative_to(ROOT)}")
+    print_table(
+        f"topological order of the same dependencies (seconds, median of {ORDER_REPEATS}; networkx: "
+        "DiGraph built + lexicographical_topological_sort, or + is_directed_acyclic_graph)",
+        ["nodes", "onnxpipe dfs_order", "networkx order", "x ours", "networkx DAG check", "x ours"],
+        [
+            [
+                f"{r['nodes']:,}",
+                f"{r['order_ours_seconds']:.4f}",
+                f"{r['order_networkx_seconds']:.4f}",
+                f"{r['order_networkx_over_ours']:.1f}x",
+                f"{r['dag_check_networkx_seconds']:.4f}",
+                f"{r['dag_check_networkx_over_ours']:.1f}x",
+            ]
+            for r in rows
+        ],
+    )
+    path = write_result("scale", params_of(args, order_repeats=ORDER_REPEATS), rows, out=args.out)
+    print(f"\nwrote {shown(path)}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

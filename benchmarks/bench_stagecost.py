@@ -8,7 +8,7 @@ Each model is split once (measured costs, ``--k`` stages) and exported three way
   (``unk__82``);
 * ``unnamed dims``: the same tensors sent, and only the symbols the source names declared;
 * ``onnxpipe``: today's export: also each value sent once and its repeats remade
-  (:mod:`onnxpipe.samevalue`).
+  (:mod:`onnxpipe.ir.samevalue`).
 
 Then, pinned to one CPU with one intra-op thread, the whole model's session and each variant's stages
 are timed, each stage looping alone on what it receives (as a pipeline runs it on a CPU of its own,
@@ -20,11 +20,11 @@ sum and the slowest stage; the table gives the median over rounds of each per-ro
 whole model (``stage sum x whole``; ``slowest x whole/K``: what bounds the pipeline, 1.00 being a
 perfect cut), and whether a variant's outputs are bit-equal to the whole model's.
 With ``--pipeline-rounds`` (default 6) it then runs what the stage files deliver in a pipeline: the
-hand-built pipeline of ``bench_overhead.py`` (a pinned thread per stage, nothing of onnxpipe's runtime)
+hand-built pipeline of the ``overhead`` benchmark (a pinned thread per stage, nothing of onnxpipe's runtime)
 on the ``before`` files and on today's, and the one-thread session, in rounds of alternating order.
 Results go to ``benchmarks/results/stagecost.json``::
 
-    python benchmarks/bench_stagecost.py [--models gpt2_tiny,bert_tiny] [--rounds 9] [--k 2]
+    python -m benchmarks stagecost [--models gpt2_tiny,bert_tiny] [--rounds 9] [--k 2] [--out DIR]
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import argparse
 import random
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -41,32 +40,29 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper
+
+from benchmarks.bench_overhead import WARMUP, Stage, minimal_pipeline
+from benchmarks.bench_pipeline import CpuWatch, alternating_rounds, model_table, run_models
+from benchmarks.common import benchmark_parser
+from onnxpipe import api
 from onnxpipe.api import ProfileOptions
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import numpy as np  # noqa: E402
-import onnx  # noqa: E402
-import onnxruntime as ort  # noqa: E402
-from onnx import helper  # noqa: E402
-
-from benchmarks.bench_overhead import WARMUP, Stage, minimal_pipeline  # noqa: E402
-from benchmarks.bench_pipeline import CpuWatch, alternating_rounds, model_table, run_models  # noqa: E402
-from onnxpipe import api  # noqa: E402
-from onnxpipe.core.ortsession import session_options  # noqa: E402
-from onnxpipe.export.boundary import clean  # noqa: E402
-from onnxpipe.export.stages import export_stages  # noqa: E402
-from onnxpipe.ir.load import load_model  # noqa: E402
-from onnxpipe.ir.model import ModelView  # noqa: E402
-from onnxpipe.manifest import load_manifest  # noqa: E402
-from onnxpipe.plan.stages import assign_stages  # noqa: E402
-from onnxpipe.plan.types import Plan  # noqa: E402
-from onnxpipe.plan.workers import make_plan  # noqa: E402
-from onnxpipe.runtime.affinity import cpu_sets, pinned  # noqa: E402
-from onnxpipe.runtime.inputs import random_inputs  # noqa: E402
-from onnxpipe.runtime.report.baselines import session_throughput  # noqa: E402
-from onnxpipe.runtime.spec import Placement  # noqa: E402
+from onnxpipe.core.ortsession import session_options
+from onnxpipe.export.boundary import clean
+from onnxpipe.export.stages import export_stages
+from onnxpipe.ir.load import load_model
+from onnxpipe.ir.model import ModelView
+from onnxpipe.manifest import load_manifest
+from onnxpipe.plan.stages import assign_stages
+from onnxpipe.plan.types import Plan
+from onnxpipe.plan.workers import make_plan
+from onnxpipe.runtime.affinity import cpu_sets, pinned
+from onnxpipe.runtime.inputs import random_inputs
+from onnxpipe.runtime.report.baselines import session_throughput
+from onnxpipe.runtime.spec import Placement
 
 Feeds = Mapping[str, np.ndarray]
 VARIANTS = ("before", "unnamed dims", "onnxpipe")
@@ -163,7 +159,7 @@ def pipeline_rates(
     pool: Sequence[Feeds],
     args: argparse.Namespace,
 ) -> dict[str, Any]:
-    """The hand-built pipeline of ``bench_overhead.py`` (a pinned thread per stage, ``queue.Queue(2)``
+    """The hand-built pipeline of the ``overhead`` benchmark (a pinned thread per stage, ``queue.Queue(2)``
     between them) on the ``before`` and today's stage files, and the one-thread session, in rounds of
     alternating order; stages made anew each round."""
     sets = cpu_sets([1] * args.k)
@@ -357,9 +353,9 @@ def print_summary(rows: Sequence[dict[str, Any]]) -> None:
             )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: list[str]) -> int:
     table = model_table()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = benchmark_parser(__name__, __doc__)
     parser.add_argument("--models", default=",".join(table), help="comma-separated: " + ", ".join(table))
     parser.add_argument("--k", type=int, default=2, help="stages (default 2)")
     parser.add_argument("--rounds", type=int, default=9, help="rounds of every variant (default 9)")
@@ -375,10 +371,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--pipeline-seconds", type=float, default=2.5, help="about how long one pipeline run takes"
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "stagecost.json")
     args = parser.parse_args(argv)
-    return run_models(parser, args, bench_model, print_summary, table)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return run_models("stagecost", parser, args, bench_model, print_summary, table)

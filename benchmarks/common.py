@@ -4,15 +4,18 @@
 * :func:`cached_profile` — profile a model once at the given threads and input shapes and keep the JSON
   under ``benchmarks/results/profiles/`` (keyed by the model's sha256, threads and shapes), so every
   benchmark partitions the same measured costs and re-running a benchmark does not re-profile.
-* :func:`plan_from_bounds` — a :class:`~onnxpipe.plan.Plan` for any split (a baseline's bounds), costed
-  exactly like onnxpipe's own plans, so it can be exported and timed side by side.
+* :func:`plan_from_bounds` — a :class:`~onnxpipe.plan.types.Plan` for any split (a baseline's bounds),
+  costed exactly like onnxpipe's own plans, so it can be exported and timed side by side.
 * :func:`time_interleaved` — medians of single runs, every round running all variants in a fresh random
   order (``/work/shared/design/PROFILING.md``: interleave and shuffle what you compare).
-* :func:`write_results` — JSON with the machine and library versions, written atomically.
+* :func:`benchmark_parser` and :func:`write_result` — every benchmark's command line (with ``--out DIR``)
+  and its one result schema (:func:`result_document`, checked by :func:`schema_problems`), written
+  atomically.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import math
@@ -20,6 +23,7 @@ import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,41 +31,51 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import networkx as nx
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from onnxpipe import partition
+from onnxpipe.core.text import table
+from onnxpipe.cost.measure import profile_model
+from onnxpipe.cost.profile import Profile
+from onnxpipe.ir.load import load_model
+from onnxpipe.ir.model import ModelView
+from onnxpipe.plan.sequences import tensor_sizes
+from onnxpipe.plan.stages import assign_stages
+from onnxpipe.plan.types import Plan
+from tools import corpus, export_transformers
+
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import numpy as np  # noqa: E402
-import onnxruntime as ort  # noqa: E402
-
-from onnxpipe import partition  # noqa: E402
-from onnxpipe.core.text import table  # noqa: E402
-from onnxpipe.cost.measure import profile_model  # noqa: E402
-from onnxpipe.cost.profile import Profile  # noqa: E402
-from onnxpipe.ir.load import load_model  # noqa: E402
-from onnxpipe.ir.model import ModelView  # noqa: E402
-from onnxpipe.plan.sequences import tensor_sizes  # noqa: E402
-from onnxpipe.plan.stages import assign_stages  # noqa: E402
-from onnxpipe.plan.types import Plan  # noqa: E402
-
 RESULTS = ROOT / "benchmarks" / "results"
 PROFILES = RESULTS / "profiles"
 
 __all__ = [
+    "MEMORY_PRELUDE",
     "PROFILES",
     "RESULTS",
     "ROOT",
+    "SCHEMA",
+    "benchmark_parser",
     "cached_profile",
     "compute_costs",
+    "git_state",
+    "iqr_fraction",
     "machine",
     "median",
     "model_path",
+    "params_of",
     "plan_from_bounds",
     "print_table",
+    "result_document",
+    "run_child",
+    "schema_problems",
     "session",
+    "shown",
     "table",
     "time_interleaved",
-    "write_results",
+    "write_result",
 ]
 
 
@@ -72,8 +86,6 @@ __all__ = [
 def model_path(name: str) -> Path:
     """A corpus model by short name: ``light_<onnx light name>``, ``nudenet``, ``rapidocr_<det|rec|cls>``,
     ``iris``, ``<gpt2_tiny|bert_tiny>[_dynamo]`` (torch exports), or a ``sample_models`` stem."""
-    from tools import corpus
-
     if name.startswith("light_"):
         return corpus.onnx_light(name.removeprefix("light_"))
     if name.startswith("rapidocr_"):
@@ -84,8 +96,6 @@ def model_path(name: str) -> Path:
         return corpus.iris()
     base = name.removesuffix("_dynamo")
     if base in ("gpt2_tiny", "bert_tiny"):
-        from tools import export_transformers
-
         path: Path = getattr(export_transformers, base)(dynamo=name.endswith("_dynamo"))
         return path
     sample = ROOT / "sample_models" / f"{name}.onnx"
@@ -212,8 +222,7 @@ def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[obje
 
 
 def machine() -> dict[str, Any]:
-    import onnx
-
+    """Where a result was measured: the machine, the libraries, when, and how busy the machine was."""
     return {
         "platform": platform.platform(),
         "python": platform.python_version(),
@@ -222,19 +231,158 @@ def machine() -> dict[str, Any]:
         "onnx": onnx.__version__,
         "onnxruntime": ort.__version__,
         "numpy": np.__version__,
+        "networkx": nx.__version__,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "loadavg_1_5_15": list(os.getloadavg()),
+        "autogroup": _autogroup(),
     }
 
 
-def write_results(name: str, payload: Mapping[str, Any]) -> Path:
-    """``benchmarks/results/<name>.json`` with the machine description added, written atomically."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+def _autogroup() -> str | None:
+    """This process's scheduler autogroup and its nice value (``/proc/self/autogroup``), where Linux has
+    one: a benchmark run in a raised group (``bench_pipeline``'s docstring) says so in its result."""
+    try:
+        return Path("/proc/self/autogroup").read_text().strip()
+    except OSError:
+        return None
+
+
+# --------------------------------------------------------------------------------------------------
+# the result schema
+
+SCHEMA = 1
+"""Version of the result document below; raise it when a key changes meaning."""
+
+
+def benchmark_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
+    """The command line of benchmark ``module`` (its ``__name__``): named as ``python -m benchmarks``
+    runs it, described by its docstring's first line, with the ``--out DIR`` every benchmark takes."""
+    name = module.rsplit(".", 1)[-1].removeprefix("bench_")
+    parser = argparse.ArgumentParser(
+        prog=f"python -m benchmarks {name}", description=doc.splitlines()[0] if doc else None
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="folder to write the result to (default: benchmarks/results, where the committed ones are)",
+    )
+    return parser
+
+
+def params_of(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
+    """A benchmark's parameters: its arguments but ``--out`` (where it writes is not what it measured),
+    and ``extra`` (fixed settings it reports alongside, the models a default stands for...)."""
+    return {key: value for key, value in vars(args).items() if key != "out"} | extra
+
+
+def git_state() -> tuple[str | None, bool | None]:
+    """``(HEAD's commit, whether the tree differs from it)``, results left out; ``(None, None)`` outside
+    a git checkout."""
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--", ".", f":(exclude){RESULTS.relative_to(ROOT)}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None, None
+    return sha, bool(status.strip())
+
+
+def result_document(
+    name: str,
+    params: Mapping[str, Any],
+    rows: Sequence[Mapping[str, Any]],
+    summary: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The one shape of every benchmark result.
+
+    ``schema`` (:data:`SCHEMA`); ``name`` (the benchmark, and its variant where it has several, e.g.
+    ``pipeline_pinned``); ``git_sha`` of the code measured and ``dirty`` (uncommitted changes besides
+    results), so that a figure can be traced to its commit; ``machine`` (:func:`machine`); ``params``,
+    the arguments it ran with; ``rows``, one flat-ish dict per measured case; ``summary``, present only
+    where the benchmark has figures over all rows (aggregates, the definitions its columns refer to).
+    """
+    sha, dirty = git_state()
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "name": name,
+        "git_sha": sha,
+        "dirty": dirty,
+        "machine": machine(),
+        "params": dict(params),
+        "rows": [dict(r) for r in rows],
+    }
+    if summary is not None:
+        doc["summary"] = dict(summary)
+    return doc
+
+
+def schema_problems(doc: object) -> list[str]:
+    """What makes ``doc`` not a result document (empty when it is one); ``rows`` may not be empty."""
+    if not isinstance(doc, dict):
+        return [f"a result is a JSON object, not {type(doc).__name__}"]
+    problems = []
+    expected: dict[str, type | tuple[type, ...]] = {
+        "schema": int,
+        "name": str,
+        "git_sha": (str, type(None)),
+        "dirty": (bool, type(None)),
+        "machine": dict,
+        "params": dict,
+        "rows": list,
+    }
+    for key, kind in expected.items():
+        if key not in doc:
+            problems.append(f"no {key!r}")
+        elif not isinstance(doc[key], kind):
+            problems.append(f"{key!r} is a {type(doc[key]).__name__}")
+    if doc.get("schema") not in (None, SCHEMA):
+        problems.append(f"schema {doc['schema']!r}, expected {SCHEMA}")
+    rows = doc.get("rows")
+    if isinstance(rows, list):
+        if not rows:
+            problems.append("no rows")
+        problems.extend(f"row {i} is not an object" for i, r in enumerate(rows) if not isinstance(r, dict))
+    if "summary" in doc and not isinstance(doc["summary"], dict):
+        problems.append("'summary' is not an object")
+    unknown = set(doc) - set(expected) - {"summary"}
+    if unknown:
+        problems.append(f"unknown keys {sorted(unknown)}")
+    return problems
+
+
+def write_result(
+    name: str,
+    params: Mapping[str, Any],
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    summary: Mapping[str, Any] | None = None,
+    out: Path | None = None,
+) -> Path:
+    """Write :func:`result_document` to ``<out>/<name>.json`` (default ``benchmarks/results``),
+    atomically, and return the path."""
+    folder = RESULTS if out is None else out
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"machine": machine(), **payload}, indent=1, default=_json_default) + "\n")
+    doc = result_document(name, params, rows, summary)
+    tmp.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def shown(path: Path) -> str:
+    """``path`` relative to the repository where it lies inside it, for the line that says where a
+    result went."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def _json_default(x: object) -> object:
@@ -249,9 +397,8 @@ def _json_default(x: object) -> object:
     raise TypeError(f"cannot write {type(x).__name__} to JSON")
 
 
-MEMORY_PRELUDE = f"""
+MEMORY_PRELUDE = """
 import json, sys, time
-sys.path.insert(0, {str(ROOT)!r})
 
 def status(key):
     for line in open("/proc/self/status"):
@@ -267,4 +414,13 @@ def reset_peak():
         pass
 """
 """Source code a benchmark's child process starts with: ``status("VmRSS"|"VmHWM")`` in bytes and
-``reset_peak()``, so each phase's peak memory can be measured on its own."""
+``reset_peak()``, so each phase's peak memory can be measured on its own.  Run it with :func:`run_child`,
+which starts it in the repository root, so that it imports this checkout's ``onnxpipe``."""
+
+
+def run_child(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -c code args...`` in a fresh interpreter started in the repository root (``-c`` puts the
+    working folder first on ``sys.path``, so ``onnxpipe`` is this checkout's), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, check=False, cwd=ROOT
+    )
