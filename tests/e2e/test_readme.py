@@ -150,18 +150,21 @@ def test_second_line_installs_what_the_tests_need() -> None:
     assert not missing, f"tests import {missing}, which pip install '.[test]' does not install"
 
 
-def python_block() -> str:
+def python_blocks() -> str:
+    """Every Python example of the README, in order: they run as one script (later ones use names the
+    first defines)."""
     blocks = [body for lang, body in code_blocks(README.read_text()) if lang == "python"]
-    assert len(blocks) == 1, "expected one Python example in the README"
-    return blocks[0]
+    assert blocks, "expected a Python example in the README"
+    return "\n".join(blocks)
 
 
 def test_python_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    code = python_block()
-    sample = re.search(r'"(sample_models/[\w.]+\.onnx)"', code)
-    assert sample is not None, "the Python example names no sample model"
-    assert (REPO_ROOT / sample.group(1)).is_file()
-    code = code.replace(f'"{sample.group(1)}"', repr(str(REPO_ROOT / sample.group(1))))
+    code = python_blocks()
+    samples = set(re.findall(r'"(sample_models/[\w.]+\.onnx)"', code))
+    assert samples, "the Python example names no sample model"
+    for sample in samples:
+        assert (REPO_ROOT / sample).is_file()
+        code = code.replace(f'"{sample}"', repr(str(REPO_ROOT / sample)))
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {"__name__": "readme_example"}
     exec(compile(code, str(README), "exec"), namespace)  # the asserts in the example must hold
