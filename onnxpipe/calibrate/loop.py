@@ -2,12 +2,11 @@
 
 Why: a profile attributes onnxruntime's time for the whole model to its nodes; a stage exported on its
 own can run a few percent faster or slower than the share attributed to its nodes (fusions found or lost
-at the cut, a session's per-run cost, regions spread by FLOPs).  On a 4-layer BERT the two halves ran
-6.37 and 6.52 ms alone against estimates of 6.61 and 6.24 ms: a balanced plan on paper, 2% off when run.
-Running together, as a pipeline, they change again, and not alike: the pipeline's own threads (the
-driver that hands micro-batches over, the caller that takes the results) wake next to the last worker
-more than the first; on this project's 2-core machine the last of that BERT's halves ran 9-12% slower
-in the pipeline than alone, the first 2-5%.
+at the cut, a session's per-run cost, regions spread by FLOPs), so a plan balanced on paper is a few
+percent off when its stages run.  Running together, as a pipeline, they change again, and not alike:
+the pipeline's own threads (the driver that hands micro-batches over, the caller that takes the results)
+wake next to the last worker more than the first (the ``calibrate`` and ``pipeline`` benchmarks measure
+both, ``benchmarks/results/calibrate.json``).
 
 How: export the plan's stages to a scratch folder and time them
 (:data:`onnxpipe.calibrate.timing.CalibrationMode`): ``alone`` runs each stage by itself at the

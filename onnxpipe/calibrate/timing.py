@@ -45,12 +45,12 @@ CalibrationMode = Literal["alone", "pipeline", "auto"]
 ``auto``: as a pipeline when this machine has a physical core for every stage thread (else the stages
 would share cores, hyperthread siblings or CPUs, and the times would measure that), alone otherwise.
 
-Alone is the default because it has held up on a shared machine (benchmarks/bench_pipeline.py, four
-runs of each on this project's 2-core VM): the splits timed in the pipeline were 1-2% faster on
-average on the transformers and 1-3% slower on the CNNs, less than the spread between runs, while its
-timing, with every core running a worker and nothing left to absorb a disturbance, missed one model's
-stages by 14-31% in three of its four runs (once, before the CPUs turned among the stages, YOLOv8n's
-split reached 1.67x one session against 1.82-1.93x)."""
+Alone is the default because it has held up on a shared machine: timed in the pipeline, the splits came
+out no better on average than timed alone (less than the spread between runs), while that timing, with
+every core running a worker and nothing left to absorb a disturbance, missed some stages by far more
+(the ``pipeline`` benchmark with ``--calibrate-in pipeline``,
+``benchmarks/results/pipeline_pinned_calibrated_in_pipeline.json`` against
+``pipeline_pinned_calibrated.json``; docs/runtime.md)."""
 DEFAULT_CALIBRATION_MODE: CalibrationMode = "alone"
 CALIBRATION_MODES: tuple[str, ...] = get_args(CalibrationMode)
 

@@ -18,9 +18,9 @@ names (``batch``); a symbol that shape inference made up (``unk__82``) is writte
 Declared, such a symbol tells onnxruntime that two of the stage's inputs have equal dims, which it
 cannot know inside the whole model, and it then fuses differently there than in the whole model: on a
 torch-exported BERT it fused an ``Add`` and a ``LayerNormalization`` at the cut into one
-``SkipLayerNormalization`` that ran 0.4 ms slower than the two nodes did in the whole model (6% of the
-stage), and whose outputs were no longer bit-equal to the whole model's.  The manifest keeps the
-inferred symbols: they say which dims agree.
+``SkipLayerNormalization`` that ran slower than the two nodes did in the whole model (the ``stagecost``
+benchmark times stages against the whole model), and whose outputs were no longer bit-equal to it.
+The manifest keeps the inferred symbols: they say which dims agree.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Why
 ---
 A contiguous split into ``K`` stages balances time, but a model's weights are rarely spread like its
 time: ResNet-50's time-balanced halves hold 11% and 89% of its weights, so the second worker needs almost
-a whole replica's memory, and the split that balances weights runs at 1.14x one session instead of 1.9x.
+a whole replica's memory, and the split that balances weights is far slower than the time-balanced one
+(``benchmarks/results/interleave.json``).
 Cutting the model into more stages than workers and dealing them out in turn (worker 0 runs stages 0 and
 2, worker 1 stages 1 and 3, as in Megatron-LM's interleaved schedule) lets a worker take a cheap-in-weights
 slice from the front and a heavy one from the back, so both the time and the weights of the workers can

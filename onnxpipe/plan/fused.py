@@ -25,7 +25,8 @@ FUSED_GROUP_SLACK = 0.05
 split that may cut through them.  Cutting a group costs the fusion of a few nodes at one boundary (a
 Conv's fused activation or residual sum run apart, measured and corrected by ``--calibrate``), while a
 group that holds much of the model leaves no balanced cut at all: when value matching failed on an AVX2
-machine, all of ResNet-50's Convs formed one group and its 2-stage split ran at 0.98x one session."""
+machine, all of ResNet-50's Convs formed one group and its 2-stage split was no faster than one session
+(the ``pipeline`` benchmark's result at commit 2844a3d)."""
 
 
 def keeping_fused_groups(

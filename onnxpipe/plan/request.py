@@ -23,8 +23,8 @@ SCHEDULE_CHOICES: tuple[str, ...] = get_args(ScheduleChoice)
 
 DEFAULT_TIME_SLACK = 0.01
 """An interleaved split may be 1% slower than the fastest one if that balances the workers' weights:
-on ResNet-50 the exactly fastest split leaves 64% of the weights on one worker, while allowing 0.5% finds
-one that holds 50.3% at most and is 0.14% slower."""
+the exactly fastest split of a CNN can leave most of its weights on one worker while one a fraction of
+a percent slower halves them (``benchmarks/results/interleave.json``, docs/interleave.md)."""
 
 
 @dataclass(frozen=True)

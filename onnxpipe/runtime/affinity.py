@@ -1,9 +1,9 @@
-"""Pinning local workers to CPUs of their own (``onnxpipe run --pin``, ``Pipeline.from_manifest(pin=True)``).
+"""Pinning local workers to CPUs of their own (``onnxpipe run --pin``, ``LocalConfig(pin=True)``).
 
 Why: a pipeline's workers block whenever they wait for input or room, and the scheduler may wake them on
 another core, whose caches hold the other stage's weights; a replica or a lone session, always busy,
-rarely moves.  Measured on the 2-core machine of ``benchmarks/bench_pipeline.py``: pinning a tiny GPT-2's
-two stages raised the thread pipeline from 1.77x to 1.91x the one-thread session.
+rarely moves.  The ``pipeline`` benchmark runs pinned and unpinned pipelines side by side
+(``benchmarks/results/pipeline_pinned.json`` against ``pipeline.json``).
 
 How: :func:`cpu_sets` gives each worker of each lane, in order, as many of the CPUs this process may
 use (``os.sched_getaffinity``) as it has intra-op threads, never one that shares a physical core with

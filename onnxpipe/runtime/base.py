@@ -35,9 +35,10 @@ Tensors = dict[str, np.ndarray]
 LocalMode = Literal["processes", "threads"]
 LOCAL_MODES: tuple[LocalMode, ...] = ("processes", "threads")
 DEFAULT_LOCAL_MODE: LocalMode = "threads"
-"""Measured on 2 cores (benchmarks/bench_pipeline.py, docs/runtime.md): threads were faster than
-processes on every model (no copies, no inter-process wake-ups), by 15-25% on the small transformers and
-2-6% on the CNNs.  Processes isolate the stages and measure each one's memory."""
+"""Threads are the default because they pass tensors without copies and wake without inter-process
+signals, which made them faster than processes on every model the ``pipeline`` benchmark measured
+(``benchmarks/results/pipeline.json``, docs/runtime.md).  Processes isolate the stages and measure each
+one's memory."""
 BACKENDS = ("local", "ray")
 
 DEFAULT_SLOTS = 2

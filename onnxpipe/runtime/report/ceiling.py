@@ -43,9 +43,9 @@ def balanced_ceiling(
     for input is not slowness), each run counting for the share of it inside the window.  NaN when the
     records are too few or do not overlap, or their median run is under ``min_run_seconds``.
 
-    The windows hardly matter where it was measured (2-core VM, 300 runs of two replicas of a BERT and
-    of YOLOv8n, each 12-22 ms): from one run to 32 runs per window the ceiling rose by 0.01-0.02, so it
-    measures lasting differences between the CPUs, which no bounded buffer absorbs, not one run's jitter.
+    The window's length hardly moves the ceiling (from one run to 32 runs per window, on the replicas the
+    ``pipeline`` benchmark runs), so it measures lasting differences between the CPUs, which no bounded
+    buffer absorbs, not one run's jitter.
     """
     runs = [[(r.run_start, r.run_end) for r in w.records if r.run_end > r.run_start] for w in stats]
     if len(runs) < 2 or not all(runs):

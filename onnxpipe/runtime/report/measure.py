@@ -114,9 +114,9 @@ def measure(
     micro-batches are then run one at a time, after the stats were taken, for the latency of one alone.
 
     Outputs are dropped as they arrive, as a server sends them on, unless ``keep_outputs``: keeping
-    every one makes each new output fresh memory that the last stage faults in page by page (a tiny
-    GPT-2's 2 MB of logits cost its last stage about 1 ms, 14%, per micro-batch on this project's
-    2-core machine), which the sessions the pipeline is compared with do not pay.
+    every one makes each new output fresh memory that the last stage faults in page by page (megabytes of
+    logits per micro-batch are a visible share of a small model's last stage), which the sessions the
+    pipeline is compared with do not pay.
     """
     if warmup > 0 and inputs:
         pipeline.run_many([inputs[j % len(inputs)] for j in range(warmup)])
