@@ -11,7 +11,6 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-import networkx as nx
 import numpy as np
 
 from onnxpipe.core.errors import ModelLoadError
@@ -82,7 +81,10 @@ def cycle_error(
     stuck: Sequence[int], succ: Sequence[Sequence[int]], labels: Sequence[str] | None
 ) -> ModelLoadError:
     """The error for nodes a topological order could not place: it names one cycle among them, node by
-    node (networkx finds it; only a graph that fails pays for the search)."""
+    node.  networkx finds it, imported here: only a graph that fails pays for the search and for the
+    library (about 15 MB of memory that every split would otherwise carry)."""
+    import networkx as nx
+
     graph = nx.DiGraph()
     graph.add_edges_from((i, s) for i in stuck for s in succ[i] if s in set(stuck))
     name = (lambda i: labels[i]) if labels is not None else str
