@@ -12,6 +12,10 @@ import subprocess
 from collections.abc import Iterator
 from typing import Any
 
+# matplotlib (in the test extra) builds its font cache on first use by running fc-list: on a fresh machine
+# that would be the first plotting test's subprocess.  Built here, before the rule is in force, the cache
+# is a hit for every test after.
+import matplotlib.font_manager  # noqa: F401
 import onnxruntime
 import pytest
 
