@@ -18,6 +18,7 @@ from onnxpipe.cost.measure import profile_model
 from onnxpipe.cost.profile import COST_SOURCES, CostSource, Profile
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.samples import Samples
 
 DEFAULT_RUNS = 30
 DEFAULT_WARMUP = 3
@@ -28,7 +29,9 @@ class ProfileOptions:
     """How to obtain a profile: ``saved`` (a :class:`Profile` or its file) if given, else measured
     (``cost="profile"``: ``runs`` timed runs after ``warmup``) or counted (``cost="static"``), with
     ``threads`` intra-op threads (default 1) at ``shapes`` (input name -> dims; the others guessed,
-    :mod:`onnxpipe.ir.shapes`).  ``progress`` draws a bar while measuring."""
+    :mod:`onnxpipe.ir.shapes`).  ``inputs``: the user's sample inputs (``--inputs``,
+    :mod:`onnxpipe.ir.samples`), which fix the shapes and are what the model runs on instead of random
+    values.  ``progress`` draws a bar while measuring."""
 
     cost: CostSource = CostSource.PROFILE
     saved: Profile | Path | None = None
@@ -37,6 +40,7 @@ class ProfileOptions:
     warmup: int = DEFAULT_WARMUP
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
     progress: bool = False
+    inputs: Samples | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.cost, CostSource):
@@ -48,6 +52,8 @@ class ProfileOptions:
         object.__setattr__(
             self, "shapes", MappingProxyType({n: tuple(int(d) for d in v) for n, v in self.shapes.items()})
         )
+        if self.inputs is not None and self.shapes:
+            raise UsageError("--shape and --inputs: the inputs fix the shapes; leave --shape out")
 
 
 def get_profile(view: ModelView, options: ProfileOptions | None = None) -> Profile:
@@ -60,9 +66,18 @@ def get_profile(view: ModelView, options: ProfileOptions | None = None) -> Profi
         raise UsageError(f"--threads {threads}: give a positive number of intra-op threads")
     if opts.cost == CostSource.STATIC:
         # static costs do not depend on threads, but the plan records what the stages will run with
-        return dataclasses.replace(static_profile(view, shapes=opts.shapes), threads=threads)
+        shapes = opts.inputs.shapes if opts.inputs is not None else opts.shapes
+        prof = static_profile(view, shapes=shapes)
+        records = opts.inputs.records if opts.inputs is not None else ()
+        return dataclasses.replace(prof, threads=threads, inputs=records, samples=opts.inputs)
     return profile_model(
-        view, threads=threads, runs=opts.runs, warmup=opts.warmup, shapes=opts.shapes, progress=opts.progress
+        view,
+        threads=threads,
+        runs=opts.runs,
+        warmup=opts.warmup,
+        shapes=opts.shapes,
+        progress=opts.progress,
+        samples=opts.inputs,
     )
 
 
@@ -78,6 +93,14 @@ def _saved(view: ModelView, opts: ProfileOptions) -> Profile:
         )
     if opts.cost == CostSource.STATIC:
         raise UsageError(f"--cost static: {name} holds measured costs; give one or the other")
+    if opts.inputs is not None:
+        for inp, dims in opts.inputs.shapes.items():
+            if tuple(prof.input_shapes.get(inp, ())) != tuple(dims):
+                raise UsageError(
+                    f"--inputs: {name} was measured at {inp}={list(prof.input_shapes.get(inp, ()))}, the "
+                    f"inputs give {list(dims)}; profile again with these --inputs"
+                )
+        prof = dataclasses.replace(prof, samples=opts.inputs)
     for inp, dims in opts.shapes.items():
         if tuple(prof.input_shapes.get(inp, ())) != tuple(dims):
             raise UsageError(

@@ -124,7 +124,9 @@ class OrtModel:
                 "use --cost static for this model"
             ) from e
 
-    def measure(self, feeds: Mapping[str, np.ndarray], warmup: int, runs: int, bar: Progress) -> Timing:
+    def measure(self, samples: Sequence[Mapping[str, Any]], warmup: int, runs: int, bar: Progress) -> Timing:
+        """Time ``warmup + runs`` profiled runs and ``runs`` plain ones, feeding the samples in turn (so
+        that the medians come from all of them)."""
         so = self.options(
             "ORT_ENABLE_ALL",
             threads=self.threads,
@@ -138,12 +140,13 @@ class OrtModel:
                 "load it with onnxpipe.load_model(path)"
             )
         sess = self.session(self.view.proto.SerializeToString(), so, "the model")
-        for _ in range(warmup + runs):
-            self.run(sess, feeds, "the model")
+        for i in range(warmup + runs):
+            self.run(sess, samples[i % len(samples)], "the model")
             bar.advance()
         trace = sess.end_profiling()
         walls: list[float] = []
-        for _ in range(runs):
+        for i in range(runs):
+            feeds = samples[i % len(samples)]
             start = time.perf_counter()
             self.run(sess, feeds, "the model")
             walls.append(time.perf_counter() - start)

@@ -141,6 +141,7 @@ def make_interleaved_plan(
         threads=profile.threads,
         bandwidth_bytes_per_s=bandwidth_bytes_per_s,
         input_shapes=profile.input_shapes,
+        profiled_inputs=profile.inputs,
         tensor_bytes=seq.sizes,
         objective=(
             "minimize the busiest worker's time (compute + transfer in of its stages); then, within "
