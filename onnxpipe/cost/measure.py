@@ -44,7 +44,8 @@ from typing import Any
 from onnxpipe.core.errors import ProfileError, UsageError, error_line
 from onnxpipe.core.progress import Progress
 from onnxpipe.cost.attribution import attribute
-from onnxpipe.cost.profile import SCHEMA_VERSION, CostSource, Profile
+from onnxpipe.cost.kinds import CostSource
+from onnxpipe.cost.profile import SCHEMA_VERSION, Profile
 from onnxpipe.cost.trace import OrtModel
 from onnxpipe.cost.valuematch import match_graphs
 from onnxpipe.ir.feeds import random_feeds
