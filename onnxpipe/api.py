@@ -93,7 +93,7 @@ def split(
     _check_calibration(request, opts.calibration)
     prof = get_profile(view, opts.profile)
     the_plan = _calibrated(view, prof, request, opts.calibration)
-    samples = opts.profile.inputs
+    samples = prof.samples
     manifest = export_stages(
         view,
         the_plan,

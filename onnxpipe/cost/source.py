@@ -19,7 +19,7 @@ from onnxpipe.cost.measure import profile_model
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.model import ModelView
-from onnxpipe.ir.samples import Samples
+from onnxpipe.ir.samples import Samples, load_samples
 
 DEFAULT_RUNS = 30
 DEFAULT_WARMUP = 3
@@ -42,6 +42,10 @@ class ProfileOptions:
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
     progress: bool = False
     inputs: Samples | None = None
+    input_files: tuple[Path, ...] = ()
+    """``--inputs`` files (one sample each), read and checked against the model by :func:`get_profile`."""
+    stacked_files: tuple[Path, ...] = ()
+    """``--inputs-stacked`` files (``.npz`` with a leading sample axis)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.cost, CostSource):
@@ -53,13 +57,21 @@ class ProfileOptions:
         object.__setattr__(
             self, "shapes", MappingProxyType({n: tuple(int(d) for d in v) for n, v in self.shapes.items()})
         )
-        if self.inputs is not None and self.shapes:
+        object.__setattr__(self, "input_files", tuple(Path(p) for p in self.input_files))
+        object.__setattr__(self, "stacked_files", tuple(Path(p) for p in self.stacked_files))
+        files = bool(self.input_files or self.stacked_files)
+        if (self.inputs is not None or files) and self.shapes:
             raise UsageError("--shape and --inputs: the inputs fix the shapes; leave --shape out")
+        if self.inputs is not None and files:
+            raise UsageError("inputs: give samples in memory or input files, not both")
 
 
 def get_profile(view: ModelView, options: ProfileOptions | None = None) -> Profile:
     """A profile for ``view``: the saved one (checked to belong to it), a measured one, or static costs."""
     opts = options or ProfileOptions()
+    if opts.input_files or opts.stacked_files:
+        samples = load_samples(view, opts.input_files, stacked=opts.stacked_files)
+        opts = dataclasses.replace(opts, inputs=samples, input_files=(), stacked_files=())
     if opts.saved is not None:
         return _saved(view, opts)
     threads = 1 if opts.threads is None else opts.threads

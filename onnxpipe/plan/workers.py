@@ -53,8 +53,9 @@ def make_plan(
     m = len(compute)
     if k < 1 or k > m:
         raise PartitionError(
-            f"{view.label}: cannot make {k} non-empty stages from {m} "
-            f"compute nodes; choose --stages between 1 and {m}"
+            f"{view.label}: cannot make {k} non-empty stages from {m} compute nodes (Constant nodes "
+            f"do not count); the largest number of stages that works is {m}: "
+            f"choose --stages between 1 and {m}"
         )
     seq = sequences(view, profile)
     notes: list[str] = []
