@@ -93,24 +93,37 @@ def profile_model(
     if samples is not None:
         if shapes:
             raise UsageError("--shape and --inputs: the inputs fix the shapes; leave --shape out")
-        return _measure(view, threads, runs, warmup, samples.shapes, list(samples.feeds), progress, samples)
+        hint = f"the model fails on the given inputs ({samples.describe()}); give inputs it runs on"
+        return _measure(
+            view, threads, runs, warmup, samples.shapes, list(samples.feeds), progress, hint, samples
+        )
     input_shapes = resolve_input_shapes(view, shapes)
+    hint = failure_hint(view, input_shapes, shapes)
     try:
         return _measure(
-            view, threads, runs, warmup, input_shapes, [random_feeds(view, input_shapes, seed)], progress
+            view,
+            threads,
+            runs,
+            warmup,
+            input_shapes,
+            [random_feeds(view, input_shapes, seed)],
+            progress,
+            hint,
         )
     except ProfileError as first:
-        why = error_line(first)
+        why = error_line(first.__cause__ or first)  # onnxruntime's own line, not the wrapped message
         retry = [(n, a) for n, a, _ in guessed_dims(view, shapes) if is_sequence_dim(view, n, a)]
-        hint = failure_hint(view, input_shapes, shapes)
         if not retry:
-            raise ProfileError(f"{first}; {hint}") from first
+            raise
         larger = resolve_input_shapes(view, shapes, sequence_size=RETRY_SEQUENCE_SIZE)
         try:
-            prof = _measure(view, threads, runs, warmup, larger, [random_feeds(view, larger, seed)], progress)
+            prof = _measure(
+                view, threads, runs, warmup, larger, [random_feeds(view, larger, seed)], progress, hint
+            )
         except ProfileError:
             raise ProfileError(
-                f"{first} (and again with its sequence dims at {RETRY_SEQUENCE_SIZE}); {hint}"
+                f"{view.label}: onnxruntime failed running the model on random inputs at the guessed sizes "
+                f"({why}), and again with its sequence dims at {RETRY_SEQUENCE_SIZE}; {hint}"
             ) from first
     shown = ", ".join(f"{n}={list(v)}" for n, v in larger.items())
     note = (
@@ -129,6 +142,7 @@ def _measure(
     input_shapes: Mapping[str, tuple[int, ...]],
     samples: Sequence[Mapping[str, Any]],
     progress: bool,
+    hint: str,
     given: Samples | None = None,
 ) -> Profile:
     label = view.label
@@ -138,7 +152,7 @@ def _measure(
         tempfile.TemporaryDirectory(prefix="onnxpipe-profile-") as tmpdir,
         Progress(steps, f"profiling {label}", enabled=progress) as bar,
     ):
-        ort_model = OrtModel(view, Path(tmpdir), label, threads)
+        ort_model = OrtModel(view, Path(tmpdir), label, threads, hint)
         timing = ort_model.measure(samples, warmup, runs, bar)
         bar.set_label(f"matching {label}")
         matched = match_graphs(view, ort_model, timing, feeds, input_shapes, VALUE_CHUNK_BYTES)

@@ -14,8 +14,10 @@ inputs (``--inputs``, or arrays given to the API) can feed them.  When a run at 
 fails, :func:`failure_hint` says which input dims were guessed and the exact flags that set them.
 
 The same symbolic name gets the same size everywhere, and a size given for it by an override is used for
-every other input that names it.  :func:`symbol_sizes` reads back which size each symbol took, so that
-the profiler, the planner, the exporter and the verifier size a tensor alike.
+every other input that names it.  Unnamed dims that the model shows must be equal (a state's batch and
+its input's) are linked the same way (:mod:`onnxpipe.ir.links`).  :func:`symbol_sizes` reads back
+which size each symbol took, so that the profiler, the planner, the exporter and the verifier size a
+tensor alike.
 
 >>> parse_shape_overrides(["x=1,3,224,224"])
 {'x': (1, 3, 224, 224)}
@@ -27,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from onnxpipe.core.dims import Dim
 from onnxpipe.core.errors import UsageError
+from onnxpipe.ir.links import linked_input_shapes
 from onnxpipe.ir.model import ModelView
 
 BATCH_SIZE = 1
@@ -90,9 +93,11 @@ def resolve_input_shapes(
         raise UsageError(f"--shape names {unknown[0]!r}, which is not a model input; inputs are: {listed}")
 
     symbols: dict[str, int] = {}
+    linked = linked_input_shapes(view)
     # overrides first, so that the sizes they give to symbolic names reach every other input
     for name, given in overrides.items():
         shape = view.tensor(name).shape
+        links = linked.get(name, shape)
         dims = tuple(int(d) for d in given)
         if shape is not None:
             if len(dims) != len(shape):
@@ -106,8 +111,9 @@ def resolve_input_shapes(
                         f"--shape {name}: dim {axis} of input {name!r} is fixed at {declared} by the model "
                         f"({_show(shape)}), the override gives {value}; give {declared} for dim {axis}"
                     )
-                if isinstance(declared, str):
-                    symbols.setdefault(declared, value)
+                link = links[axis] if links is not None and axis < len(links) else declared
+                if isinstance(link, str):
+                    symbols.setdefault(link, value)
 
     result: dict[str, tuple[int, ...]] = {}
     others = non_tensor_inputs(view)
@@ -117,7 +123,7 @@ def resolve_input_shapes(
         if name in overrides:
             result[name] = tuple(int(d) for d in overrides[name])
             continue
-        shape = view.tensor(name).shape
+        shape = linked.get(name, view.tensor(name).shape)
         if shape is None:
             raise UsageError(
                 f"input {name!r} has no known rank; give its shape with --shape {name}=D1,D2,..."

@@ -125,7 +125,7 @@ def verify(
     else:
         input_shapes = planned_input_shapes(manifest, view, shapes)
         all_feeds = [random_feeds(view, input_shapes, seed + r) for r in range(runs)]
-    expected = _run_original(model, names, all_feeds, threads, input_shapes, view, samples is not None)
+    expected = _run_original(model, names, all_feeds, threads, input_shapes, view, samples, manifest)
     merged: dict[str, OutputComparison] = {}
     staged = run_stage_by_stage(d, all_feeds, threads=threads, check_files=False)
     for actual, want in zip(staged, expected, strict=True):
@@ -176,7 +176,8 @@ def _run_original(
     threads: int,
     input_shapes: Mapping[str, tuple[int, ...]],
     view: ModelView,
-    given: bool,
+    given: Samples | None,
+    manifest: Manifest,
 ) -> list[dict[str, np.ndarray]]:
     session = open_session(model, session_options(threads=threads))
     results: list[dict[str, np.ndarray]] = []
@@ -184,15 +185,25 @@ def _run_original(
         try:
             values = session.run(list(names), dict(feeds))
         except Exception as e:
-            if given:
+            if given is not None:
                 raise UsageError(
-                    f"{model}: the model itself fails on the given --inputs ({error_line(e)}); "
-                    "give inputs it runs on"
+                    f"{model}: the model itself fails on the given inputs {given.describe()} "
+                    f"({error_line(e)}); give inputs it runs on"
                 ) from e
             shown = ", ".join(f"{n}={list(v)}" for n, v in input_shapes.items())
+            used = manifest.plan.profiled_inputs
+            hint = (
+                "the split was made on "
+                + ", ".join(r.file for r in used)
+                + ": give "
+                + " ".join(f"--inputs {r.file}" for r in used)
+                + " again"
+                if used
+                else failure_hint(view, input_shapes)
+            )
             raise UsageError(
                 f"{model}: the model itself fails on random inputs of shapes {shown} "
-                f"({error_line(e)}); {failure_hint(view, input_shapes)}"
+                f"({error_line(e)}); {hint}"
             ) from e
         results.append({n: _as_array(v) for n, v in zip(names, values, strict=True)})
     return results
