@@ -107,7 +107,7 @@ def read_input_file(
             "give every input the same leading sample axis"
         )
     n = sizes[0] or 0
-    samples = [{name: np.ascontiguousarray(a[i]) for name, a in arrays.items()} for i in range(n)]
+    samples = [{name: np.array(a[i]) for name, a in arrays.items()} for i in range(n)]  # 0-d stays 0-d
     return InputRecord(p.name, digest, _shapes(samples[0]), n), samples
 
 
@@ -117,12 +117,13 @@ def _shapes(arrays: Mapping[str, np.ndarray]) -> Mapping[str, tuple[int, ...]]:
 
 def _read_npz(p: Path, flag: str) -> dict[str, np.ndarray]:
     try:
-        with np.load(p, allow_pickle=False) as data:
-            if not isinstance(data, np.lib.npyio.NpzFile):
-                raise UsageError(
-                    f"{flag} {p}: holds a single array, not one per input; "
-                    "save it with numpy.savez(file, name=array, ...)"
-                )
+        data = np.load(p, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise UsageError(
+                f"{flag} {p}: holds a single array, not one per input; "
+                "save it with numpy.savez(file, name=array, ...)"
+            )
+        with data:
             arrays = {name: np.asarray(data[name]) for name in data.files}
     except UsageError:
         raise
