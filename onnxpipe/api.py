@@ -93,10 +93,19 @@ def split(
     _check_calibration(request, opts.calibration)
     prof = get_profile(view, opts.profile)
     the_plan = _calibrated(view, prof, request, opts.calibration)
+    samples = prof.samples
     manifest = export_stages(
-        view, the_plan, out_dir, force=opts.export.force, external_data=opts.export.external_data
+        view,
+        the_plan,
+        out_dir,
+        force=opts.export.force,
+        external_data=opts.export.external_data,
+        feeds=samples.first if samples is not None else None,
     )
-    report = verify(out_dir, shapes=opts.profile.shapes) if opts.verify else None
+    report = None
+    if opts.verify:
+        shapes = None if samples is not None else opts.profile.shapes
+        report = verify(out_dir, shapes=shapes, samples=samples)
     return SplitResult(plan=the_plan, manifest=manifest, out_dir=out_dir, report=report)
 
 

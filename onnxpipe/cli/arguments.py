@@ -74,6 +74,27 @@ def add_measure_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--runs", type=positive_int, default=30, help="timed runs to take the median of")
     g.add_argument("--warmup", type=count, default=3, help="untimed warm-up runs")
     add_shape_arg(g)
+    add_inputs_args(g)
+
+
+def add_inputs_args(g: argparse._ActionsContainer) -> None:
+    g.add_argument(
+        "--inputs",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="real model inputs to run on instead of random ones: an .npz with one array per input (by "
+        "name) or a folder of <input>.npy files; repeat for several samples (they fix the shapes)",
+    )
+    g.add_argument(
+        "--inputs-stacked",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="like --inputs, an .npz whose arrays hold several samples along a leading axis",
+    )
 
 
 def add_shape_arg(g: argparse._ActionsContainer) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from onnxpipe.cli.arguments import add_shape_arg
+from onnxpipe.cli.arguments import add_inputs_args, add_shape_arg
 
 NAME = "verify"
 HELP = "check that the chained stages reproduce the model's outputs"
@@ -19,3 +19,4 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--atol", type=float, default=1e-5)
     p.add_argument("--seed", type=int, default=0)
     add_shape_arg(p)
+    add_inputs_args(p)

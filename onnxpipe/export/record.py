@@ -179,6 +179,7 @@ def build_manifest(
             workers=plan.workers,
             time_slack=plan.time_slack,
             reference_seconds=plan.reference_seconds,
+            profiled_inputs=plan.profiled_inputs,
         ),
         schedule=timeline,
     )

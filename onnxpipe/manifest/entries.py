@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from onnxpipe.core.dims import Shape
+from onnxpipe.core.inputfiles import InputRecord
 
 SCHEMA_VERSION = 2
 """Version 2 spells the place a pass-through model output comes from ``"model_input"`` (version 1:
@@ -147,6 +148,9 @@ class PlanSummary:
     when the stage estimates were: the profile's median run, or timed right after calibration.  A run
     times the model again (``onnxpipe run --compare``) and so tells the machine's own change of speed
     since from what the estimates got wrong.  None for static costs and plans for other devices."""
+    profiled_inputs: tuple[InputRecord, ...] = ()
+    """The sample input files (``--inputs``) the costs were measured on, by name, sha256 and shapes
+    (never their data); empty when the inputs were random at ``profiled_input_shapes``."""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from onnxpipe.cluster.devicesfile import read_cluster
 from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.dims import Dim, Shape
 from onnxpipe.core.errors import ManifestError, UsageError
+from onnxpipe.core.inputfiles import InputRecord
 from onnxpipe.core.jsonread import Fields, Rule, Value
 from onnxpipe.manifest.entries import (
     MODEL,
@@ -169,6 +170,7 @@ def plan(f: Fields) -> PlanSummary:
         workers=f.get("workers", None).opt_integer(minimum=1),
         time_slack=_time_slack(f.get("time_slack", 0.0)),
         reference_seconds=_reference(f.get("reference_seconds", None)),
+        profiled_inputs=f.get("profiled_inputs", []).objects(InputRecord.read),
     )
 
 

@@ -72,6 +72,11 @@ def manifest_obj(m: Manifest) -> dict[str, Any]:
                 {} if m.plan.workers is None else {"workers": m.plan.workers, "time_slack": m.plan.time_slack}
             ),
             **({} if m.plan.reference_seconds is None else {"reference_seconds": m.plan.reference_seconds}),
+            **(
+                {}
+                if not m.plan.profiled_inputs
+                else {"profiled_inputs": [r.to_obj() for r in m.plan.profiled_inputs]}
+            ),
         },
         "schedule": timeline_obj(m.schedule, [s.device for s in m.stages]),
         "cluster": m.cluster.to_obj() if m.cluster is not None else None,

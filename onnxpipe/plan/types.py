@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from onnxpipe.cluster.costs import DeviceCosts
 from onnxpipe.cluster.model import Cluster
+from onnxpipe.core.inputfiles import InputRecord
 from onnxpipe.schedule.timeline import Timeline
 
 
@@ -86,6 +87,8 @@ class Plan:
     reference_seconds: float | None = None
     """The whole model's time per run with the plan's threads at the profiled shapes, measured when the
     stage estimates were (see :attr:`onnxpipe.manifest.PlanSummary.reference_seconds`)."""
+    profiled_inputs: tuple[InputRecord, ...] = ()
+    """The ``--inputs`` files the costs came from (:attr:`onnxpipe.cost.profile.Profile.inputs`)."""
 
     @property
     def k(self) -> int:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from onnxpipe.core.errors import ManifestError
+from onnxpipe.core.inputfiles import InputRecord
 from onnxpipe.manifest import (
     MODEL_INPUT,
     SCHEMA_VERSION,
@@ -131,6 +132,22 @@ def test_the_reference_time_round_trips_and_is_left_out_when_unknown() -> None:
     timed = replace(m, plan=replace(m.plan, reference_seconds=0.0125))
     assert json.loads(timed.to_json())["plan"]["reference_seconds"] == 0.0125
     assert Manifest.from_json(timed.to_json()) == timed
+
+
+def test_the_profiled_inputs_round_trip_and_are_left_out_when_random() -> None:
+    m = two_stage_manifest()
+    assert "profiled_inputs" not in json.loads(m.to_json())["plan"]
+    record = InputRecord("speech.npz", "ab" * 32, {"input": (1, 512), "sr": ()}, 2)
+    given = replace(m, plan=replace(m.plan, profiled_inputs=(record,)))
+    written = json.loads(given.to_json())["plan"]["profiled_inputs"]
+    assert written == [
+        {"file": "speech.npz", "sha256": "ab" * 32, "shapes": {"input": [1, 512], "sr": []}, "samples": 2}
+    ]
+    assert Manifest.from_json(given.to_json()) == given
+    obj = json.loads(given.to_json())
+    obj["plan"]["profiled_inputs"][0]["samples"] = 0
+    with pytest.raises(ManifestError, match=r"plan\.profiled_inputs\[0\]\.samples"):
+        Manifest.from_json(json.dumps(obj))
 
 
 def test_write_and_load(tmp_path: Path) -> None:

@@ -35,6 +35,8 @@ def profile_options(
         warmup=args.warmup,
         shapes=parse_shape_overrides(args.shape),
         progress=progress,
+        input_files=tuple(args.inputs),
+        stacked_files=tuple(args.inputs_stacked),
     )
 
 
