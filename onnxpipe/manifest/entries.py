@@ -124,6 +124,19 @@ class StageEntry:
 
 
 @dataclass(frozen=True)
+class NodeSplitRecord:
+    """A node the plan cut into parts over consecutive stages (added in schema 3, optional)."""
+
+    node: str
+    kind: str
+    parts: int
+    stages: tuple[int, ...]
+    contiguous_bound_seconds: float
+    """``max(total / K, largest node)``: the bound no contiguous split beats, which this split passed."""
+    contiguous_bottleneck_seconds: float
+
+
+@dataclass(frozen=True)
 class PlanSummary:
     """The numbers that justify the partition (copied from :class:`onnxpipe.plan.types.Plan`)."""
 
@@ -147,6 +160,8 @@ class PlanSummary:
     when the stage estimates were: the profile's median run, or timed right after calibration.  A run
     times the model again (``onnxpipe run --compare``) and so tells the machine's own change of speed
     since from what the estimates got wrong.  None for static costs and plans for other devices."""
+    node_splits: tuple[NodeSplitRecord, ...] = ()
+    """Nodes cut into parts placed in consecutive stages (``--split-nodes auto``); empty: none."""
 
 
 @dataclass(frozen=True)
