@@ -53,11 +53,14 @@ def chain_seconds(profile: Profile, spec: Splittable) -> float:
     return sum(max(0.0, float(profile.node_seconds.get(n, 0.0))) for n in spec.chain)
 
 
-def shared_costs(profile: Profile, spec: Splittable, kind: SplitKind, parts: int) -> PartCosts:
+def shared_costs(
+    profile: Profile, spec: Splittable, kind: SplitKind, parts: int | Sequence[int]
+) -> PartCosts:
     """Each part its share of the chain's cost (by the size of its slice), the join free."""
     total = spec.depth if kind == SplitKind.REDUCTION else spec.width
+    sizes = part_sizes(total, parts) if isinstance(parts, int) else list(parts)
     cost = chain_seconds(profile, spec)
-    return PartCosts(parts, tuple(cost * s / total for s in part_sizes(total, parts)), 0.0, measured=False)
+    return PartCosts(len(sizes), tuple(cost * s / total for s in sizes), 0.0, measured=False)
 
 
 def part_costs(
@@ -69,40 +72,51 @@ def part_costs(
     *,
     runs: int = DEFAULT_RUNS,
 ) -> dict[int, PartCosts]:
-    """The costs of ``spec`` cut by ``kind`` into each of ``counts`` parts (see the module doc)."""
+    """The costs of ``spec`` cut by ``kind`` into each of ``counts`` equal parts (see the module doc)."""
+    total = spec.depth if kind == SplitKind.REDUCTION else spec.width
+    layouts = [part_sizes(total, p) for p in counts]
+    return dict(zip(counts, sized_costs(view, profile, spec, kind, layouts, runs=runs), strict=True))
+
+
+def sized_costs(
+    view: ModelView,
+    profile: Profile,
+    spec: Splittable,
+    kind: SplitKind,
+    layouts: Sequence[Sequence[int]],
+    *,
+    runs: int = DEFAULT_RUNS,
+) -> list[PartCosts]:
+    """The costs of ``spec`` cut by ``kind`` into parts of each of ``layouts``' sizes (module doc)."""
     mini = _chain_model(view, profile, spec) if profile.source == CostSource.PROFILE.value else None
     if mini is None:
-        return {p: shared_costs(profile, spec, kind, p) for p in counts}
+        return [shared_costs(profile, spec, kind, sizes) for sizes in layouts]
     mini_view, feed = mini
     pieces: dict[str, tuple[onnx.ModelProto, dict[str, np.ndarray]]] = {"chain": (mini_view.proto, feed)}
-    layout: dict[int, tuple[list[str], str]] = {}
+    keys: list[tuple[list[str], str]] = []
     rng = np.random.default_rng(0)
-    for p in counts:
-        cut = cut_node(mini_view, spec, kind, p)
+    for sizes in layouts:
+        cut = cut_node(mini_view, spec, kind, sizes)
         names = []
-        for i, nodes in enumerate(cut.parts):
-            size = part_sizes(spec.depth if kind == SplitKind.REDUCTION else spec.width, p)[i]
+        for size, nodes in zip(sizes, cut.parts, strict=True):
             key = f"part {size}"
             if key not in pieces:
-                pieces[key] = (_submodel(cut.view, list(nodes), feed, rng), feed)
+                pieces[key] = (_submodel(cut.view, list(nodes), feed), feed)
             names.append(key)
-        join_key = f"join {p}"
-        join_model, join_feed = _join_model(cut.view, cut.join, rng)
-        pieces[join_key] = (join_model, join_feed)
-        layout[p] = (names, join_key)
+        join_key = f"join {len(sizes)}"
+        if join_key not in pieces:  # a join's cost depends on the total it writes, hardly on the parts
+            pieces[join_key] = _join_model(cut.view, cut.join, rng)
+        keys.append((names, join_key))
     seconds = _time_in_turns(pieces, profile.threads, runs)
     cost, whole = chain_seconds(profile, spec), seconds["chain"]
     if whole <= 0:
-        return {p: shared_costs(profile, spec, kind, p) for p in counts}
-    return {
-        p: PartCosts(
-            p,
-            tuple(cost * seconds[k] / whole for k in names),
-            cost * seconds[join] / whole,
-            measured=True,
+        return [shared_costs(profile, spec, kind, sizes) for sizes in layouts]
+    return [
+        PartCosts(
+            len(names), tuple(cost * seconds[k] / whole for k in names), cost * seconds[join] / whole, True
         )
-        for p, (names, join) in layout.items()
-    }
+        for names, join in keys
+    ]
 
 
 def _concrete(view: ModelView, profile: Profile, tensor: str) -> tuple[int, ...] | None:
@@ -155,11 +169,8 @@ def _chain_model(
     return view_from_proto(model), feed
 
 
-def _submodel(
-    view: ModelView, names: list[str], feed: dict[str, np.ndarray], rng: np.random.Generator
-) -> onnx.ModelProto:
+def _submodel(view: ModelView, names: list[str], feed: dict[str, np.ndarray]) -> onnx.ModelProto:
     """The nodes ``names`` of ``view`` as a model reading the chain's input, writing their last output."""
-    del rng
     protos = {n.name: n for n in view.proto.graph.node}
     nodes = [protos[n] for n in names]
     read = {t for n in nodes for t in n.input}

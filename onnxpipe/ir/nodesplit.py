@@ -282,21 +282,28 @@ def _carries(
 # cutting
 
 
-def cut_node(view: ModelView, spec: Splittable, kind: SplitKind, parts: int) -> CutModel:
-    """``view`` with ``spec``'s chain replaced by ``parts`` parts and their join (see the module doc)."""
+def cut_node(view: ModelView, spec: Splittable, kind: SplitKind, parts: int | Sequence[int]) -> CutModel:
+    """``view`` with ``spec``'s chain replaced by ``parts`` parts and their join (see the module doc).
+
+    ``parts``: how many parts of (nearly) equal size, or the size of each part, in order (they must sum
+    to the columns, channels or reduction length).
+    """
     if kind not in spec.kinds:
         raise UsageError(
             f"node {spec.node}: cannot be cut by {kind.value}; it offers {', '.join(spec.kinds)}"
         )
     total = spec.depth if kind == SplitKind.REDUCTION else spec.width
-    if not 2 <= parts <= total:
-        raise UsageError(f"node {spec.node}: cannot cut {total} {kind.value} into {parts} parts")
+    sizes = part_sizes(total, parts) if isinstance(parts, int) else [int(s) for s in parts]
+    if len(sizes) < 2 or min(sizes) < 1 or sum(sizes) != total:
+        raise UsageError(
+            f"node {spec.node}: cannot cut {total} {kind.value} into {len(sizes)} parts of {sizes}"
+        )
+    parts = len(sizes)
     consts = Constants(view)
     protos = {n.name: n for n in view.proto.graph.node}
     taken = {n.name for n in view.nodes} | set(view.tensors) | set(view.initializers)
     names = _Names(taken)
     new_inits: list[onnx.TensorProto] = []
-    sizes = part_sizes(total, parts)
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
     chain = [protos[n] for n in spec.chain]
     head = chain[0]

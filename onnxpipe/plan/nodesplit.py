@@ -6,7 +6,9 @@ A contiguous plan stops at ``max(total / K, largest node)``.  Here the nodes tha
 :func:`onnxpipe.partition.splitting.solve_with_split` with every part count from 2 to ``K`` (at most
 :data:`MAX_PARTS`) and every kind of cut they allow, their parts' costs measured
 (:mod:`onnxpipe.cost.parts`) and the bytes each inner link carries counted (the node's input, forwarded,
-and the parts' outputs the join needs).  The best is exact over those choices.  The node is then cut in
+and the parts' outputs the join needs).  The best is exact over those choices.  Equal parts the best
+split put in one stage are merged into one wider part (more equal parts only give finer places to cut
+the node; two kernels in one stage would be slower than one), costed again.  The node is then cut in
 the model (:func:`onnxpipe.ir.nodesplit.cut_node`), the profile carried over to the parts, and the cut
 model planned by :func:`onnxpipe.plan.workers.make_plan` as any other; the split is kept only if that
 plan's bottleneck is below the best contiguous plan's.
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from onnxpipe.core.errors import PartitionError
-from onnxpipe.cost.parts import PartCosts, chain_seconds, part_costs, shared_costs
+from onnxpipe.cost.parts import PartCosts, chain_seconds, part_costs, shared_costs, sized_costs
 from onnxpipe.cost.profile import CostSource, Profile
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.nodesplit import CutModel, SplitKind, Splittable, cut_node, find_splittable, part_sizes
@@ -99,7 +101,17 @@ def plan_splitting_nodes(
         return plain
     spec = specs[found.split.candidate]
     kind, costs = choices[found.split.candidate][found.split.shape]
-    cut = cut_node(view, spec, kind, costs.parts)
+    sizes = merged_sizes(spec, kind, found.split.part_stages)
+    if len(sizes) < 2:
+        return plain
+    if len(sizes) < costs.parts:  # parts that share a stage become one wider part, costed as such
+        measured = measure and profile.source == CostSource.PROFILE.value
+        costs = (
+            sized_costs(view, profile, spec, kind, [sizes])[0]
+            if measured
+            else shared_costs(profile, spec, kind, sizes)
+        )
+    cut = cut_node(view, spec, kind, sizes)
     cut_profile = carried_profile(profile, cut, costs)
     planned = make_plan(
         cut.view, cut_profile, k, bandwidth_bytes_per_s=bandwidth_bytes_per_s, microbatches=microbatches
@@ -128,6 +140,20 @@ def plan_splitting_nodes(
     )
     final = dataclasses.replace(planned, node_splits=(record,), notes=(*planned.notes, note))
     return Planned(final, cut.view, cut_profile)
+
+
+def merged_sizes(spec: Splittable, kind: SplitKind, part_stages: tuple[int, ...]) -> list[int]:
+    """The sizes of the parts once the equal parts the partitioner put in one stage are merged.
+
+    More equal parts give the partitioner finer places to cut the node, but two parts in one stage
+    only cost a second, narrower kernel: one part per stage, of the summed width, computes the same.
+    """
+    total = spec.depth if kind == SplitKind.REDUCTION else spec.width
+    equal = part_sizes(total, len(part_stages))
+    sizes: dict[int, int] = {}
+    for stage, size in zip(part_stages, equal, strict=True):
+        sizes[stage] = sizes.get(stage, 0) + size
+    return list(sizes.values())
 
 
 def _shapes(
