@@ -6,15 +6,21 @@ random inputs against the original model: equal up to float32 summation order.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import pytest
+from models import dominated_head_model
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from onnxpipe.core.errors import UsageError
+from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.load import view_from_proto
 from onnxpipe.ir.nodesplit import SplitKind, cut_node, find_splittable, part_sizes
+from onnxpipe.plan.nodesplit import merged_sizes, plan_splitting_nodes
+from onnxpipe.plan.workers import make_plan
 
 RNG = np.random.default_rng(0)
 
@@ -184,3 +190,42 @@ def test_too_many_parts_are_refused() -> None:
 def test_part_sizes() -> None:
     assert part_sizes(10, 3) == [4, 3, 3]
     assert sum(part_sizes(50257, 8)) == 50257
+
+
+def test_the_planner_cuts_the_dominating_node_when_it_helps() -> None:
+    view = view_from_proto(dominated_head_model())
+    prof = static_profile(view, shapes={"x": (64, 128)})
+    contiguous = make_plan(view, prof, 4)
+    planned = plan_splitting_nodes(view, prof, 4)
+    assert planned.plan.bottleneck_seconds < contiguous.bottleneck_seconds
+    (split,) = planned.plan.node_splits
+    assert (split.node, split.kind, split.carried, split.measured) == (
+        "head_mm",
+        "columns",
+        ("head_bias",),
+        False,
+    )
+    assert split.contiguous_bottleneck_seconds == contiguous.bottleneck_seconds
+    assert split.contiguous_bound_seconds <= contiguous.bottleneck_seconds
+    assert len(set(split.stages)) == split.parts  # parts that shared a stage were merged
+    stage_of = planned.plan.stage_of()
+    assert "head_mm" not in stage_of and stage_of[split.join] == split.stages[-1]
+    assert planned.view.sha256 == view.sha256 and planned.profile.model_sha256 == view.sha256
+    total = math.fsum(planned.profile.node_seconds.values())
+    assert total == pytest.approx(math.fsum(prof.node_seconds.values()), rel=1e-9)  # shares, a free join
+    assert any("cut by columns" in n for n in planned.plan.notes)
+
+
+def test_the_planner_keeps_whole_nodes_when_cutting_does_not_help() -> None:
+    view = view_from_proto(dominated_head_model(vocab=128))  # no node dominates
+    prof = static_profile(view, shapes={"x": (64, 128)})
+    for k in (1, 2, 3):
+        planned = plan_splitting_nodes(view, prof, k)
+        assert planned.plan.node_splits == () and planned.view is view
+        assert planned.plan.bottleneck_seconds == make_plan(view, prof, k).bottleneck_seconds
+
+
+def test_merged_sizes() -> None:
+    spec = find_splittable(view_from_proto(gemm()))["gemm"]
+    assert merged_sizes(spec, SplitKind.COLUMNS, (3, 3, 4, 4, 4)) == [4, 5]  # 9 in 5 parts: 2,2,2,2,1
+    assert merged_sizes(spec, SplitKind.COLUMNS, (1, 2, 3)) == [3, 3, 3]
