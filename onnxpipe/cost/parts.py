@@ -15,6 +15,7 @@ free: :attr:`PartCosts.measured` says which.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ from onnx import helper
 from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.cost.profile import CostSource, Profile
 from onnxpipe.ir.load import view_from_proto
-from onnxpipe.ir.model import ModelView, dtype_name
+from onnxpipe.ir.model import ModelView, dtype_name, itemsize
 from onnxpipe.ir.nodesplit import Constants, SplitKind, Splittable, cut_node, part_sizes
 from onnxpipe.ir.shapes import symbol_sizes
 
@@ -120,19 +121,30 @@ def sized_costs(
 
 
 def _concrete(view: ModelView, profile: Profile, tensor: str) -> tuple[int, ...] | None:
-    shape = view.tensor(tensor).shape
-    if shape is None:
+    """``tensor``'s shape at the profiled input shapes; one dim that no input names (a reshape's
+    ``unk__`` symbol) is worked out from the bytes the profile measured; None when that fails."""
+    info = view.tensor(tensor)
+    if info.shape is None:
         return None
     dims = symbol_sizes(view, profile.input_shapes)
-    out = []
-    for d in shape:
+    out: list[int | None] = []
+    for d in info.shape:
         if isinstance(d, int):
             out.append(d)
         elif isinstance(d, str) and d in dims:
             out.append(dims[d])
         else:
+            out.append(None)
+    unknown = [i for i, d in enumerate(out) if d is None]
+    if len(unknown) > 1:
+        return None
+    if unknown:
+        known = math.prod(d for d in out if d is not None) * itemsize(info.elem_type)
+        nbytes = profile.tensor_bytes.get(tensor, 0)
+        if known <= 0 or nbytes <= 0 or nbytes % known:
             return None
-    return tuple(out)
+        out[unknown[0]] = nbytes // known
+    return tuple(d for d in out if d is not None)
 
 
 def _chain_model(

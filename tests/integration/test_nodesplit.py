@@ -13,15 +13,17 @@ from pathlib import Path
 import onnx
 import pytest
 from cli_runner import run
-from models import dominated_head_model, save
+from models import dominated_head_model, plan_for, save
 
 from onnxpipe import api
 from onnxpipe.cost.parts import part_costs
 from onnxpipe.cost.source import ProfileOptions, get_profile
+from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model
-from onnxpipe.ir.nodesplit import SplitKind, find_splittable
+from onnxpipe.ir.nodesplit import SplitKind, cut_node, find_splittable
 from onnxpipe.manifest import load_manifest
 from onnxpipe.plan.request import PlanRequest
+from onnxpipe.verification.verify import verify
 
 SHAPES = {"x": (64, 128)}
 
@@ -104,3 +106,29 @@ def test_cli_split_nodes(head_model: Path, tmp_path: Path, capfd: pytest.Capture
     )
     assert code == 2 and "--split-nodes auto plans one stage per identical worker" in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_gpt2_lm_head_cut_exports_and_verifies(
+    request: pytest.FixtureRequest, tmp_path: Path, exporter: str
+) -> None:
+    """The LM head of a torch GPT-2 (its input shape has a symbol no model input names, and the dynamo
+    export keeps the weights in an external file): measured parts, one per stage, exported, verified."""
+    path: Path = request.getfixturevalue(
+        "gpt2_tiny_path" if exporter == "torchscript" else "gpt2_tiny_dynamo_path"
+    )
+    view = load_model(path)
+    specs = find_splittable(view)
+    (head,) = [s for s in specs.values() if s.width == 1000]
+    prof = get_profile(view, ProfileOptions(runs=3, shapes={"input_ids": (1, 16)}))
+    costs = part_costs(view, prof, head, SplitKind.COLUMNS, [3], runs=3)[3]
+    assert costs.measured
+    cut = cut_node(view, head, SplitKind.COLUMNS, 3)
+    order = [n.name for n in cut.view.compute_nodes]
+    first = order.index(cut.parts[0][0])
+    bounds = [0, first, first + len(cut.parts[0]), first + len(cut.parts[0]) + len(cut.parts[1]), len(order)]
+    plan = plan_for(cut.view, bounds)
+    out = tmp_path / "out"
+    export_stages(cut.view, plan, out)
+    report = verify(out, shapes={"input_ids": (1, 16)})
+    assert report.ok, report.summary()
