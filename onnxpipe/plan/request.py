@@ -135,6 +135,14 @@ class PlanRequest:
             and isinstance(self.stages, int)
         )
 
+    def check_stage_count(self, compute_nodes: int, label: str) -> None:
+        """Refuse a stage count above the model's ``compute_nodes`` (cheap: before any cost is measured)."""
+        if isinstance(self.stages, int) and not 1 <= self.stages <= compute_nodes:
+            raise PartitionError(
+                f"{label}: cannot make {self.stages} non-empty stages from {compute_nodes} "
+                f"compute nodes; choose --stages between 1 and {compute_nodes}"
+            )
+
     def check(self) -> None:
         """Refuse what cannot work together, before any cost is measured (cheap)."""
         stages = self.stages

@@ -9,6 +9,8 @@ output folder, no temporary folder, the old contents of an existing folder intac
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import signal
 import subprocess
@@ -18,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from cli_runner import no_leftovers, one_line_error, run, run_with_file_size_limit, snapshot
+from cli_runner import no_leftovers, one_line_error, preamble_only, run, run_with_file_size_limit, snapshot
 from onnx import TensorProto, helper, numpy_helper
 from paths import DEVICES
 
@@ -43,7 +45,12 @@ def split_ok(model: Path, out: Path, k: int = 3, *extra: str) -> None:
 def test_profile_split_inspect_verify(mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(["profile", mlp, "--out", "p.json", "--runs", "3", "--warmup", "1"], capfd)
     assert code == 0 and err == ""
-    assert out.startswith(f"profiled {MLP_NODES} nodes of mlp.onnx") and "saved p.json" in out
+    lines = out.splitlines()
+    # the guessed dim is named, with the flag that sets it, before the work; the total time after it
+    assert lines[0] == "input x: float32 [batch, 64] -> run at 1x64 (guessed batch=1)"
+    assert "--shape x=1,64" in lines[1]
+    assert f"profiled {MLP_NODES} nodes of mlp.onnx" in out and "saved p.json" in out
+    assert re.fullmatch(r"profiled in \d+\.\d s", lines[-1])
     assert onnxpipe.Profile.load(work / "p.json").model_sha256 == file_sha256(mlp)
 
     code, out, err = run(["profile", mlp, "--out", "s.json", "--cost", "static"], capfd)
@@ -172,6 +179,55 @@ def test_every_parser_has_its_work() -> None:
     assert [m.NAME for m in SUBCOMMANDS] == list(WORK)
     for name in WORK:
         assert callable(work(name))
+
+
+@pytest.fixture
+def read_only(tmp_path: Path) -> Path:
+    """A folder no file can be made in: one without write permission, or for root (whom permissions do
+    not stop) /proc, where no file can be created."""
+    if os.geteuid() != 0:
+        folder = tmp_path / "ro"
+        folder.mkdir()
+        folder.chmod(0o555)
+        return folder
+    if not Path("/proc/self").is_dir():
+        pytest.skip("running as root without /proc: no folder to make read-only")
+    return Path("/proc")
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "says"),
+    [
+        (["profile", "{model}", "--out", "{ro}/p.json"], 2, "{ro}/p.json: cannot be written"),
+        (["split", "{model}", "-k", "2", "--out", "{ro}/out"], 6, "{ro}/out: cannot be written"),
+        (["plan", "{model}", "-k", "2", "--plot", "{ro}/p.png"], 2, "{ro}/p.png: cannot be written"),
+        (["run", "{dir}", "--report", "{ro}/r.json"], 2, "{ro}/r.json: cannot be written"),
+        (["run", "{dir}", "--outputs", "{ro}/o.npz"], 2, "{ro}/o.npz: cannot be written"),
+        (["plan", "{model}", "-k", "2", "--plot", "p.gif"], 2, "p.gif: cannot tell the picture format"),
+    ],
+    ids=["profile", "split", "plan-plot", "run-report", "run-outputs", "plot-format"],
+)
+def test_unwritable_paths_are_refused_before_loading(
+    args: list[str], code: int, says: str, read_only: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """One line, the documented code, no traceback; the model (and split folder) do not exist: the
+    refusal came before loading them."""
+    fill = {"model": str(work / "absent.onnx"), "ro": str(read_only), "dir": str(work / "absent")}
+    got, out, err = run([a.format(**fill) for a in args], capfd)
+    assert got == code, err
+    assert out == ""
+    assert says.format(**fill) in one_line_error(err, args[0])
+
+
+def test_busy_machine_is_flagged(
+    mlp: Path, work: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import onnxpipe.cli.commands.preamble as preamble
+
+    monkeypatch.setattr(preamble, "busy_elsewhere", lambda before, after: 1.5)
+    code, out, err = run(["profile", mlp, "--out", "p.json", "--runs", "2", "--warmup", "0"], capfd)
+    assert code == 0, err
+    assert "warning: other processes kept 1.5 CPU(s) busy during profiling" in out
 
 
 @pytest.mark.parametrize("stages", [MLP_NODES + 1, 1000])
@@ -546,9 +602,9 @@ def test_model_onnxruntime_cannot_run(work: Path, capfd: pytest.CaptureFixture[s
     """Profiling fails with 4; a static split fails at the stage check with 6; nothing is left behind."""
     onnx.save_model(custom_op_model(), str(work / "custom.onnx"))
     code, out, err = run(["profile", "custom.onnx", "--out", "p.json"], capfd)
-    assert code == 4 and out == "" and "is not a registered function/op" in err
+    assert code == 4 and preamble_only(out) and "is not a registered function/op" in err
     code, out, err = run(["split", "custom.onnx", "-k", "2", "--out", "out", "--cost", "static"], capfd)
-    assert code == 6 and out == ""
+    assert code == 6 and preamble_only(out)
     line = one_line_error(err, "split")
     assert "stage 1 does not load in onnxruntime at node 'foo'" in line
     assert sorted(p.name for p in work.iterdir()) == ["custom.onnx"]
