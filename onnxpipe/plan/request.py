@@ -161,8 +161,11 @@ class PlanRequest:
                     f"--time-slack {self.time_slack}: give a finite share of 0 or more (0.01 is 1%)"
                 )
         cluster = self.devices
-        if stages == "auto" and cluster is None:
-            raise UsageError("--stages auto needs --devices: the cluster bounds how many stages to try")
+        if stages == "auto" and cluster is None and (self.schedule.kind != "stream" or self.order != "fixed"):
+            raise UsageError(
+                "--stages auto without --devices plans streaming inference on this machine's CPUs; give "
+                "--stages K for a training schedule or --order free, or a devices file"
+            )
         if cluster is not None and isinstance(stages, int) and stages > cluster.size:
             raise PartitionError(
                 f"{cluster.source or 'the devices file'}: {stages} stages need {stages} devices but it "

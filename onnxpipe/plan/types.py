@@ -86,6 +86,8 @@ class Plan:
     reference_seconds: float | None = None
     """The whole model's time per run with the plan's threads at the profiled shapes, measured when the
     stage estimates were (see :attr:`onnxpipe.manifest.PlanSummary.reference_seconds`)."""
+    stage_counts_tried: tuple[tuple[int, float], ...] = ()
+    """``--stages auto``: each stage count tried and its bottleneck (``inf``: could not be made)."""
 
     @property
     def k(self) -> int:

@@ -662,3 +662,72 @@ def test_split_for_a_cluster_records_the_devices(
     assert code == 0, err
     manifest = onnxpipe.load_manifest(work / "out")
     assert [s.device for s in manifest.stages] == ["cpu0", "cpu1"]
+
+
+def test_json_output_parses_back(mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """``--json`` prints one document on stdout with the manifest's field names; the preamble goes to
+    stderr; split's manifest part reads back as a manifest."""
+    code, out, err = run(["split", mlp, "-k", "2", "-o", "s", "--cost", "static", "--json"], capfd)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["command"] == "split" and doc["json_schema_version"] == 1
+    manifest = onnxpipe.Manifest.from_json(json.dumps(doc["manifest"]))
+    assert manifest == onnxpipe.load_manifest(work / "s")
+    assert doc["verification"]["ok"] is True and doc["verification"]["outputs"][0]["name"] == "y"
+    assert "input x:" in err and "split in" in err
+
+    code, out, err = run(["plan", mlp, "-k", "2", "--cost", "static", "--json"], capfd)
+    assert code == 0, err
+    plan = json.loads(out)["plan"]
+    # the same names, and the same numbers, as the manifest of the same plan
+    for key in ("k", "bottleneck_seconds", "lower_bound_seconds", "cost_source", "threads"):
+        assert plan[key] == doc["manifest"]["plan"][key], key
+    for got, written in zip(plan["stages"], doc["manifest"]["stages"], strict=True):
+        for key in (
+            "index",
+            "device",
+            "node_count",
+            "estimated_compute_seconds",
+            "param_bytes",
+            "link_bytes_in",
+        ):
+            assert got[key] == written[key], key
+    assert plan["schedule"]["kind"] == doc["manifest"]["schedule"]["kind"]
+
+    code, out, err = run(["verify", "s", "--json"], capfd)
+    assert code == 0, err
+    verification = json.loads(out)["verification"]
+    assert verification["ok"] is True and verification["rtol"] == 1e-4 and verification["seed"] == 0
+
+    code, out, _ = run(["inspect", "s", "--json"], capfd)
+    assert code == 0 and json.loads(out)["manifest"] == doc["manifest"]
+
+    code, out, _ = run(["inspect", mlp, "--json"], capfd)
+    model = json.loads(out)["model"]
+    assert code == 0 and model["model_inputs"] == [{"name": "x", "dtype": "float32", "shape": ["batch", 64]}]
+    assert model["node_count"] == MLP_NODES and model["control_flow"] == [] and model["external_data"] == []
+    assert model["opsets"]["ai.onnx"] > 0 and model["param_bytes"] > 0
+
+
+def test_inspect_model_shows_inputs_opsets_and_control_flow(
+    work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])
+    cond = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
+    branch_out = helper.make_tensor_value_info("b", TensorProto.FLOAT, ["n", 4])
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["b"])], "then", [], [branch_out])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["b"])], "else", [], [branch_out])
+    node = helper.make_node("If", ["c"], ["y"], name="choose", then_branch=then, else_branch=other)
+    model = helper.make_model(
+        helper.make_graph([node], "g", [x, cond], [y]), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    onnx.save_model(model, str(work / "if.onnx"))
+    code, out, err = run(["inspect", "if.onnx"], capfd)
+    assert code == 0, err
+    assert (
+        "input x: float32 [n, 4]" in out and "input c: bool []" in out and "output y: float32 [n, 4]" in out
+    )
+    assert "opsets: ai.onnx 17" in out
+    assert "control flow: 1 node(s) with subgraphs" in out and "choose (If)" in out
+    assert "external data: none" in out

@@ -8,9 +8,11 @@ import sys
 from onnxpipe import api
 from onnxpipe.cli.commands.common import plan_request, profile_options
 from onnxpipe.cli.commands.early import check_plot
+from onnxpipe.cli.commands.jsonout import document, plan_obj
 from onnxpipe.cli.commands.preamble import BusyWatch, Say, plan_preamble
 from onnxpipe.cli.tables import (
     format_plan_table,
+    format_stage_counts,
 )
 from onnxpipe.export.checks import check_runtime_opsets
 from onnxpipe.ir.load import load_model
@@ -19,7 +21,7 @@ from onnxpipe.plan.draw import draw_plan
 
 
 def run(args: argparse.Namespace) -> int:
-    say = Say()
+    say = Say(json_output=args.json)
     if args.plot is not None:
         check_plot(args.plot)
     request = plan_request(args)
@@ -36,11 +38,17 @@ def run(args: argparse.Namespace) -> int:
     if watch is not None:
         watch.check()
     plan = api.plan(view, prof, request)
-    print(format_plan_table(plan))
-    for note in plan.notes:
-        print(f"  note: {note}")
+    if args.json:
+        print(document("plan", plan=plan_obj(plan)))
+    else:
+        tried = format_stage_counts(plan)
+        if tried is not None:
+            print(tried)
+        print(format_plan_table(plan))
+        for note in plan.notes:
+            print(f"  note: {note}")
     if args.plot is not None:
         path = draw_plan(plan, args.plot, title=args.model.name)
-        print(f"drew {path}")
+        say.line(f"drew {path}")
     say.done("planned")
     return 0

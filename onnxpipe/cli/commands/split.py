@@ -9,9 +9,11 @@ from onnxpipe import api
 from onnxpipe.calibrate.loop import CalibrationOptions
 from onnxpipe.cli.commands.common import plan_request, profile_options
 from onnxpipe.cli.commands.early import check_output_folder
+from onnxpipe.cli.commands.jsonout import document, split_obj, verification_obj
 from onnxpipe.cli.commands.preamble import BusyWatch, Say, plan_preamble
 from onnxpipe.cli.tables import (
     format_manifest_table,
+    format_stage_counts,
     format_verify_report,
 )
 from onnxpipe.export.checks import check_exportable
@@ -22,7 +24,7 @@ from onnxpipe.ir.shapes import parse_shape_overrides
 
 
 def run(args: argparse.Namespace) -> int:
-    say = Say()
+    say = Say(json_output=args.json)
     out = normalized(args.out)
     model_path = args.model.absolute()
     check_target(out, force=args.force, protected=(model_path, model_path.parent))
@@ -47,6 +49,15 @@ def run(args: argparse.Namespace) -> int:
     if watch is not None:
         watch.check()
     plan = result.plan
+    code = 0 if result.report is None or result.report.ok else 1
+    if args.json:
+        verification = None if result.report is None else verification_obj(result.report)
+        print(document("split", manifest=split_obj(result.manifest), verification=verification))
+        say.done("split")
+        return code
+    tried = format_stage_counts(plan)
+    if tried is not None:
+        print(tried)
     print(format_manifest_table(result.manifest))
     print(
         f"wrote {plan.k} stages to {args.out}/ (bottleneck {plan.bottleneck_seconds * 1e3:.3f} ms, "
@@ -54,9 +65,7 @@ def run(args: argparse.Namespace) -> int:
     )
     for note in plan.notes:
         print(f"  note: {note}")
-    code = 0
     if result.report is not None:
         print(format_verify_report(result.report))
-        code = 0 if result.report.ok else 1
     say.done("split")
     return code
