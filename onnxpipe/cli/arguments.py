@@ -15,6 +15,7 @@ from typing import Any, NoReturn, TypeVar, overload
 
 from onnxpipe.cli.argtypes import bandwidth, count, fraction, positive_int, positive_number
 from onnxpipe.cost.kinds import COST_SOURCES
+from onnxpipe.plan.links import LINK_MODELS
 from onnxpipe.plan.request import DEFAULT_TIME_SLACK, SCHEDULE_CHOICES
 
 _N = TypeVar("_N")
@@ -134,7 +135,16 @@ def add_planning_args(p: argparse.ArgumentParser) -> None:
         "--bandwidth",
         type=bandwidth,
         default=math.inf,
-        help="link bandwidth in bytes/s; bytes a stage receives count as transfer time (default: free)",
+        metavar="RATE",
+        help="link bandwidth: bytes/s (125000000) or a rate as devices files write it ('1 Gbit/s'); bytes "
+        "a stage receives count as transfer time (default: free)",
+    )
+    g.add_argument(
+        "--link-model",
+        choices=LINK_MODELS,
+        default=None,
+        help="serial: a stage's transfer in adds to its compute; overlap: links run beside compute and "
+        "the larger counts (default: serial without --devices, overlap with it or when training)",
     )
     g.add_argument(
         "--workers",

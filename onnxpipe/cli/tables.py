@@ -13,6 +13,7 @@ from onnxpipe.core.text import human_bytes, table
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.summary import summarize
 from onnxpipe.manifest import Manifest
+from onnxpipe.plan.links import LINK_MODEL_TEXT
 from onnxpipe.plan.types import Plan
 from onnxpipe.schedule.timeline import worker_groups
 from onnxpipe.verification.verify import VerifyReport
@@ -73,6 +74,8 @@ def format_manifest_table(manifest: Manifest) -> str:
         f"lower bound {plan.lower_bound_seconds * 1e3:.3f} ms (ratio {plan.ratio_to_lower_bound:.3f}), "
         f"costs: {plan.cost_source}, {plan.threads} thread(s)"
     )
+    if plan.link_model is not None:
+        footer += f"\nlinks: {LINK_MODEL_TEXT.get(plan.link_model, plan.link_model)}"
     footer += "".join(f"\n{line}" for line in worker_lines)
     return table(head, rows) + "\n" + footer
 
@@ -199,6 +202,8 @@ def format_plan_table(plan: Plan) -> str:
         f"{plan.lower_bound_seconds * 1e3:.3f} ms (ratio {plan.ratio_to_lower_bound:.3f}); costs: "
         f"{plan.cost_source}, {plan.threads} thread(s)"
     )
+    if plan.link_model is not None:
+        lines.append(f"links: {LINK_MODEL_TEXT.get(plan.link_model, plan.link_model)}")
     for rec in plan.device_costs:
         lines.append(f"  {rec.device}: {rec.source}")
     tl = plan.timeline

@@ -179,6 +179,7 @@ def build_manifest(
             workers=plan.workers,
             time_slack=plan.time_slack,
             reference_seconds=plan.reference_seconds,
+            link_model=plan.link_model,
         ),
         schedule=timeline,
     )

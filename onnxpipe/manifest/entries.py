@@ -147,6 +147,10 @@ class PlanSummary:
     when the stage estimates were: the profile's median run, or timed right after calibration.  A run
     times the model again (``onnxpipe run --compare``) and so tells the machine's own change of speed
     since from what the estimates got wrong.  None for static costs and plans for other devices."""
+    link_model: str | None = None
+    """``serial`` (a stage's transfer in adds to its compute) or ``overlap`` (links run beside compute);
+    None in a manifest written before the field (whose plans were serial without a devices file,
+    overlap with one)."""
 
 
 @dataclass(frozen=True)

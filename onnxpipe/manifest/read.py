@@ -169,7 +169,23 @@ def plan(f: Fields) -> PlanSummary:
         workers=f.get("workers", None).opt_integer(minimum=1),
         time_slack=_time_slack(f.get("time_slack", 0.0)),
         reference_seconds=_reference(f.get("reference_seconds", None)),
+        link_model=_link_model(f.get("link_model", None)),
     )
+
+
+LINK_MODELS = ("serial", "overlap")
+"""The values of ``plan.link_model``: those of :mod:`onnxpipe.plan.links`, which the manifest, a floor
+below the planner, cannot import (a test keeps the two alike)."""
+
+
+def _link_model(v: Value) -> str | None:
+    """``plan.link_model`` (added in schema 3, optional): ``serial`` or ``overlap``."""
+    if v.raw is None:
+        return None
+    text = v.string()
+    if text not in LINK_MODELS:
+        raise v.fail(f"expected one of {', '.join(LINK_MODELS)}, got {text!r}")
+    return text
 
 
 def _reference(v: Value) -> float | None:

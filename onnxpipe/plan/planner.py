@@ -25,7 +25,7 @@ from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 def plan(view: ModelView, profile: Profile, request: PlanRequest) -> Plan:
     """The plan ``request`` asks for, from ``profile``'s costs of ``view`` (checked first), with a note
     when one node bounds it (:mod:`onnxpipe.plan.bound`)."""
-    the_plan = _plan(view, profile, request)
+    the_plan = dataclasses.replace(_plan(view, profile, request), link_model=request.effective_link_model)
     if request.devices is None and request.schedule.kind == "stream":
         bound = bounding_node(view, profile, the_plan)
         if bound is not None:
@@ -50,18 +50,9 @@ def auto_here(view: ModelView, profile: Profile, request: PlanRequest, cpus: int
     cpus = available_cpu_count() if cpus is None else cpus
     threads = max(1, profile.threads)
     max_k = max(1, min(cpus // threads, len(view.compute_nodes)))
-    microbatches = request.schedule.microbatches or DEFAULT_MICROBATCHES
 
     def solve_k(k: int) -> _Tried:
-        return _Tried(
-            make_plan(
-                view,
-                profile,
-                k,
-                bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
-                microbatches=microbatches,
-            )
-        )
+        return _Tried(_plan(view, profile, dataclasses.replace(request, stages=k)))
 
     choice = stages_auto(max_k, solve_k, tolerance=request.tolerance)
     note = (

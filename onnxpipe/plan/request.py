@@ -14,6 +14,7 @@ from typing import Literal, get_args
 
 from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.errors import PartitionError, UsageError
+from onnxpipe.plan.links import DEFAULT_LINK_MODEL, DEVICES_LINK_MODEL, LINK_MODELS, LinkModel
 from onnxpipe.plan.orders import DEFAULT_TOLERANCE, DeviceOrder
 from onnxpipe.schedule.timeline import DEFAULT_BACKWARD_RATIO, DEFAULT_MICROBATCHES, ScheduleKind
 
@@ -108,6 +109,8 @@ class PlanRequest:
     workers: int | None = None
     time_slack: float | None = None
     tolerance: float = DEFAULT_TOLERANCE
+    link_model: LinkModel | None = None
+    """How transfers count (:mod:`onnxpipe.plan.links`); None: serial without devices, overlap with."""
 
     def __post_init__(self) -> None:
         if self.devices is not None and not isinstance(self.devices, Cluster):
@@ -133,7 +136,17 @@ class PlanRequest:
             and self.order == DeviceOrder.FIXED
             and self.schedule.kind == "stream"
             and isinstance(self.stages, int)
+            and self.link_model != "overlap"
         )
+
+    @property
+    def effective_link_model(self) -> LinkModel:
+        """The link model the plan uses: the one asked for, else serial on identical workers streaming
+        and overlap otherwise (a devices file, a free order, a training schedule)."""
+        if self.link_model is not None:
+            return self.link_model
+        serial = self.devices is None and self.order == DeviceOrder.FIXED and self.schedule.kind == "stream"
+        return DEFAULT_LINK_MODEL if serial else DEVICES_LINK_MODEL
 
     def check_stage_count(self, compute_nodes: int, label: str) -> None:
         """Refuse a stage count above the model's ``compute_nodes`` (cheap: before any cost is measured)."""
@@ -176,7 +189,26 @@ class PlanRequest:
                 f"--bandwidth: the links of {cluster.source or 'the devices file'} set the bandwidth; "
                 "give it there (links[].bandwidth_bytes_per_s) instead"
             )
+        if self.link_model is not None:
+            self._check_link_model()
         self.schedule.candidates()
+
+    def _check_link_model(self) -> None:
+        if self.link_model not in LINK_MODELS:
+            raise UsageError(f"--link-model {self.link_model!r}: choose one of {', '.join(LINK_MODELS)}")
+        if self.link_model == "serial" and not (
+            self.devices is None and self.order == DeviceOrder.FIXED and self.schedule.kind == "stream"
+        ):
+            raise UsageError(
+                "--link-model serial is planned for streaming on identical workers in a fixed order; "
+                "a devices file, --order free and training schedules overlap links with compute: "
+                "leave out --link-model or give overlap"
+            )
+        if self.link_model == "overlap" and self.workers is not None and self.interleaved:
+            raise UsageError(
+                "--link-model overlap: interleaved stages (--workers) are planned with serial links; "
+                "leave out --link-model or --workers"
+            )
 
     def _check_workers(self) -> None:
         """``--workers``: identical CPU workers streaming inference, each running as many stages."""

@@ -88,6 +88,9 @@ class Plan:
     stage estimates were (see :attr:`onnxpipe.manifest.PlanSummary.reference_seconds`)."""
     stage_counts_tried: tuple[tuple[int, float], ...] = ()
     """``--stages auto``: each stage count tried and its bottleneck (``inf``: could not be made)."""
+    link_model: str | None = None
+    """``serial`` or ``overlap`` (:mod:`onnxpipe.plan.links`); None for a plan made outside the planner."""
+    """``--stages auto``: each stage count tried and its bottleneck (``inf``: could not be made)."""
 
     @property
     def k(self) -> int:

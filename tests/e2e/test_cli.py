@@ -731,3 +731,18 @@ def test_inspect_model_shows_inputs_opsets_and_control_flow(
     assert "opsets: ai.onnx 17" in out
     assert "control flow: 1 node(s) with subgraphs" in out and "choose (If)" in out
     assert "external data: none" in out
+
+
+def test_manifest_link_model_is_optional_and_checked(
+    mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(["split", mlp, "-k", "2", "-o", "s", "--cost", "static", "--no-verify"], capfd)
+    assert code == 0, err
+    assert "links: serial (a stage's transfer in adds to its compute)" in out
+    obj = json.loads((work / "s" / "manifest.json").read_text())
+    assert obj["plan"]["link_model"] == "serial"
+    del obj["plan"]["link_model"]
+    assert onnxpipe.Manifest.from_json(json.dumps(obj)).plan.link_model is None  # an older manifest reads
+    obj["plan"]["link_model"] = "telepathy"
+    with pytest.raises(onnxpipe.ManifestError, match="link_model"):
+        onnxpipe.Manifest.from_json(json.dumps(obj))

@@ -48,4 +48,5 @@ def plan_request(args: argparse.Namespace) -> PlanRequest:
         schedule=schedule_request(args),
         workers=args.workers,
         time_slack=args.time_slack,
+        link_model=args.link_model,
     )
