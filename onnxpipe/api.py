@@ -73,13 +73,14 @@ class SplitResult:
 
 
 def split(
-    model: str | Path,
+    model: str | Path | ModelView,
     stages: int | Literal["auto"] | PlanRequest,
     out: str | Path,
     options: SplitOptions | None = None,
 ) -> SplitResult:
     """Load, profile (or reuse a profile), partition optimally, export the stages, and verify them.
 
+    ``model``: a file, or a model already loaded (the CLI loads it first to say what it will do).
     ``stages``: a stage count, ``"auto"``, or a whole :class:`PlanRequest` (devices, device order,
     schedule, workers...).  Everything that can be refused without costs (the output folder, the
     model's opsets, the request) is refused before profiling.
@@ -87,7 +88,7 @@ def split(
     request = stages if isinstance(stages, PlanRequest) else PlanRequest(stages)
     opts = options or SplitOptions()
     out_dir = Path(out).absolute()  # verification must find the folder even if "." is replaced
-    view = load_model(model)
+    view = model if isinstance(model, ModelView) else load_model(model)
     check_exportable(view, out_dir, force=opts.export.force)
     request.check()
     _check_calibration(request, opts.calibration)

@@ -192,6 +192,7 @@ def build_manifest(
                 )
                 for s in plan.node_splits
             ),
+            link_model=plan.link_model,
         ),
         schedule=timeline,
     )

@@ -166,6 +166,10 @@ class PlanSummary:
     (never their data); empty when the inputs were random at ``profiled_input_shapes``."""
     node_splits: tuple[NodeSplitRecord, ...] = ()
     """Nodes cut into parts placed in consecutive stages (``--split-nodes auto``); empty: none."""
+    link_model: str | None = None
+    """``serial`` (a stage's transfer in adds to its compute) or ``overlap`` (links run beside compute);
+    None in a manifest written before the field (whose plans were serial without a devices file,
+    overlap with one)."""
 
 
 @dataclass(frozen=True)

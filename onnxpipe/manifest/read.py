@@ -173,6 +173,7 @@ def plan(f: Fields) -> PlanSummary:
         reference_seconds=_reference(f.get("reference_seconds", None)),
         profiled_inputs=f.get("profiled_inputs", []).objects(InputRecord.read),
         node_splits=f.get("node_splits", []).objects(_node_split),
+        link_model=_link_model(f.get("link_model", None)),
     )
 
 
@@ -193,6 +194,21 @@ def _node_split(f: Fields) -> NodeSplitRecord:
         contiguous_bound_seconds=bound,
         contiguous_bottleneck_seconds=best,
     )
+
+
+LINK_MODELS = ("serial", "overlap")
+"""The values of ``plan.link_model``: those of :mod:`onnxpipe.plan.links`, which the manifest, a floor
+below the planner, cannot import (a test keeps the two alike)."""
+
+
+def _link_model(v: Value) -> str | None:
+    """``plan.link_model`` (added in schema 3, optional): ``serial`` or ``overlap``."""
+    if v.raw is None:
+        return None
+    text = v.string()
+    if text not in LINK_MODELS:
+        raise v.fail(f"expected one of {', '.join(LINK_MODELS)}, got {text!r}")
+    return text
 
 
 def _reference(v: Value) -> float | None:

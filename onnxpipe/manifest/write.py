@@ -82,6 +82,7 @@ def manifest_obj(m: Manifest) -> dict[str, Any]:
                 if m.plan.node_splits
                 else {}
             ),
+            **({} if m.plan.link_model is None else {"link_model": m.plan.link_model}),
         },
         "schedule": timeline_obj(m.schedule, [s.device for s in m.stages]),
         "cluster": m.cluster.to_obj() if m.cluster is not None else None,

@@ -86,7 +86,11 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
     m = len(view.compute_nodes)
     cluster = request.devices
     if cluster is None:
-        assert isinstance(stages, int)  # check() refuses "auto" without devices
+        if not isinstance(stages, int):
+            raise UsageError(
+                "--stages auto needs --devices here: plan_pipeline plans for a cluster; "
+                "onnxpipe.plan.planner.plan chooses the stages of this machine without one"
+            )
         cluster = Cluster.homogeneous(
             stages, profile.threads, bandwidth_bytes_per_s=request.bandwidth_bytes_per_s
         )

@@ -116,6 +116,10 @@ class Plan:
     node_splits: tuple[NodeSplit, ...] = ()
     """Nodes cut into parts over consecutive stages (``--split-nodes auto``); the stages then name the
     parts' nodes, which the model cut by :func:`onnxpipe.ir.nodesplit.cut_node` holds."""
+    stage_counts_tried: tuple[tuple[int, float], ...] = ()
+    """``--stages auto``: each stage count tried and its bottleneck (``inf``: could not be made)."""
+    link_model: str | None = None
+    """``serial`` or ``overlap`` (:mod:`onnxpipe.plan.links`); None for a plan made outside the planner."""
 
     @property
     def k(self) -> int:
