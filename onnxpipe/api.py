@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from onnxpipe.calibrate.devices import calibrate_on_devices, check_devices_here
 from onnxpipe.calibrate.loop import CalibrationOptions
 from onnxpipe.calibrate.loop import calibrate as run_calibration
 from onnxpipe.calibrate.timing import choose_timer, time_model
@@ -109,10 +110,12 @@ def _check_calibration(request: PlanRequest, calibration: CalibrationOptions) ->
             "their workers' CPUs: use --calibrate-in alone"
         )
     if request.devices is not None:
-        raise UsageError(
-            "--calibrate times the stages on this machine, which a devices file plans for other ones; "
-            "give each device a profile measured on it (profile_path) instead"
-        )
+        if calibration.mode == "pipeline":
+            raise UsageError(
+                "--calibrate with --devices times each stage alone on its device's runtime: leave out "
+                "--calibrate-in pipeline"
+            )
+        check_devices_here(request.devices)  # before profiling: every stage is timed where it will run
 
 
 def _calibrated(
@@ -132,6 +135,8 @@ def _calibrated(
         if measured_here:  # a measured profile's median whole run is the machine's speed it saw
             the_plan = dataclasses.replace(the_plan, reference_seconds=prof.total_seconds)
         return the_plan
+    if request.devices is not None:
+        return _calibrated_on_devices(view, prof, request, calibration)
     k = request.stages if isinstance(request.stages, int) else len(make(prof).stages)
     timer, how = choose_timer("alone" if request.interleaved else calibration.mode, k, prof.threads)
     prof, the_plan, rounds = run_calibration(view, prof, make, rounds=calibration.rounds, timer=timer)
@@ -145,3 +150,20 @@ def _calibrated(
     return dataclasses.replace(
         the_plan, notes=(*the_plan.notes, note), reference_seconds=time_model(view, prof)
     )
+
+
+def _calibrated_on_devices(
+    view: ModelView, prof: Profile, request: PlanRequest, calibration: CalibrationOptions
+) -> Plan:
+    """The plan calibrated with every stage timed on its own device's runtime (:mod:`.calibrate.devices`)."""
+    the_plan, rounds = calibrate_on_devices(
+        view, prof, request, lambda p, r: plan(view, p, r), rounds=calibration.rounds
+    )
+    first, last = rounds[0], rounds[-1]
+    note = (
+        f"calibrated in {len(rounds)} round(s), each stage timed alone on its device's runtime: the "
+        f"estimates were off by up to {first.worst_error * 100:.1f}% at first"
+        + (f", {last.worst_error * 100:.1f}% in round {len(rounds)}" if len(rounds) > 1 else "")
+        + "; the estimates below come from the corrected costs"
+    )
+    return dataclasses.replace(the_plan, notes=(*the_plan.notes, note))

@@ -23,6 +23,9 @@ from onnxpipe.ir.model import ModelView
 
 SCHEMA_VERSION = 1
 
+DEFAULT_RUNTIME = "onnxruntime (CPUExecutionProvider)"
+"""What measured a profile that does not say (every profile before ``profile --runtime``)."""
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -50,6 +53,10 @@ class Profile:
     """Share of the time attributed to exactly one original node."""
     origin: str = field(default="", compare=False, repr=False)
     """The file the profile was read from, for messages (not saved)."""
+    runtime: str = DEFAULT_RUNTIME
+    """What measured it: ``"onnxruntime (CPUExecutionProvider)"`` (``onnxpipe profile``'s default),
+    ``"openvino (CPU)"``, ``"tract"``... (``profile --runtime``, :mod:`onnxpipe.cost.runtime_profile`).
+    Optional in the file (older profiles are onnxruntime's)."""
 
     # ---- JSON
 
@@ -68,6 +75,7 @@ class Profile:
             "tensor_bytes": dict(self.tensor_bytes),
             "regions": [list(r) for r in self.regions],
             "unattributed": list(self.unattributed),
+            "runtime": self.runtime,
         }
         return json.dumps(data, indent=1) + "\n"
 
@@ -163,6 +171,7 @@ def _read_profile(f: Fields, origin: str) -> Profile:
         unattributed=f["unattributed"].list_of(Value.string),
         exact_fraction=exact,
         origin=origin,
+        runtime=f.get("runtime", DEFAULT_RUNTIME).string(),
     )
 
 
