@@ -21,7 +21,9 @@ from onnxpipe.calibrate.devices import calibrate_on_devices, check_devices_here
 from onnxpipe.calibrate.loop import CalibrationOptions
 from onnxpipe.calibrate.loop import calibrate as run_calibration
 from onnxpipe.calibrate.timing import choose_timer, time_model
+from onnxpipe.cluster.costs import provider_available
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.runtime_kinds import Runtime
 from onnxpipe.cost.kinds import CostSource
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.source import ProfileOptions, get_profile
@@ -97,7 +99,11 @@ def split(
     manifest = export_stages(
         view, the_plan, out_dir, force=opts.export.force, external_data=opts.export.external_data
     )
-    report = verify(out_dir, shapes=opts.profile.shapes) if opts.verify else None
+    report = (
+        verify(out_dir, shapes=opts.profile.shapes, runtime=_verify_runtime(the_plan))
+        if opts.verify
+        else None
+    )
     return SplitResult(plan=the_plan, manifest=manifest, out_dir=out_dir, report=report)
 
 
@@ -167,3 +173,15 @@ def _calibrated_on_devices(
         + "; the estimates below come from the corrected costs"
     )
     return dataclasses.replace(the_plan, notes=(*the_plan.notes, note))
+
+
+def _verify_runtime(the_plan: Plan) -> str | None:
+    """``"devices"`` when a stage's device names another runtime than onnxruntime and every stage's
+    runtime is here: the split is then verified as it will run; else None (onnxruntime on the CPU)."""
+    if the_plan.cluster is None:
+        return None
+    by_name = {d.name: d for d in the_plan.cluster.devices}
+    used = [by_name[s.device] for s in the_plan.stages if s.device in by_name]
+    if all(d.runtime == Runtime.ONNXRUNTIME for d in used) or not all(provider_available(d) for d in used):
+        return None
+    return "devices"

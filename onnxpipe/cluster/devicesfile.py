@@ -17,7 +17,7 @@ from typing import Any
 from onnxpipe.cluster.model import REFERENCE_PROVIDER, Cluster, Device, Link, _frozen
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.jsonread import Document, Fields, Rule, Value, describe
-from onnxpipe.core.runtimes import DEFAULT_OPENVINO_DEVICE, RUNTIMES, Runtime
+from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, RUNTIMES, Runtime
 from onnxpipe.core.units import parse_bytes, parse_rate
 
 

@@ -22,7 +22,7 @@ from types import MappingProxyType
 from typing import Any
 
 from onnxpipe.core.errors import UsageError
-from onnxpipe.core.runtimes import DEFAULT_OPENVINO_DEVICE, EngineConfig, Runtime
+from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, EngineConfig, Runtime
 
 REFERENCE_PROVIDER = "CPUExecutionProvider"
 """The provider the reference profile is measured with (``onnxpipe profile`` runs on the CPU)."""

@@ -25,8 +25,6 @@ import importlib
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
@@ -34,21 +32,27 @@ from typing import Any, Protocol
 import numpy as np
 
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, RUNTIMES, EngineConfig, Runtime
+
+__all__ = [
+    "DEFAULT_OPENVINO_DEVICE",
+    "OPENVINO_CPU_DEFAULTS",
+    "RUNTIMES",
+    "Engine",
+    "EngineConfig",
+    "Runtime",
+    "available",
+    "bind_outputs",
+    "open_engine",
+    "parse_runtime",
+    "require",
+    "time_run",
+]
 
 
-class Runtime(StrEnum):
-    """Which engine runs a stage."""
-
-    ONNXRUNTIME = "onnxruntime"
-    OPENVINO = "openvino"
-    TRACT = "tract"
-
-
-RUNTIMES: tuple[str, ...] = tuple(r.value for r in Runtime)
 _PACKAGE = {Runtime.ONNXRUNTIME: "onnxruntime", Runtime.OPENVINO: "openvino", Runtime.TRACT: "tract"}
 _EXTRA = {Runtime.OPENVINO: "openvino", Runtime.TRACT: "tract"}
 
-DEFAULT_OPENVINO_DEVICE = "CPU"
 OPENVINO_CPU_DEFAULTS: Mapping[str, str] = {
     "INFERENCE_PRECISION_HINT": "f32",
     "NUM_STREAMS": "1",
@@ -89,33 +93,6 @@ def available(runtime: Runtime) -> bool:
     except UsageError:
         return False
     return True
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """How to open an engine for a stage: the runtime and its settings.
-
-    ``provider``/``provider_options`` are onnxruntime's; ``openvino_device``/``openvino_config``
-    OpenVINO's; ``threads`` is the intra-op threads of onnxruntime and OpenVINO's CPU plugin (tract runs a
-    model on the calling thread).  ``level`` is onnxruntime's optimization level.
-    """
-
-    runtime: Runtime = Runtime.ONNXRUNTIME
-    provider: str = "CPUExecutionProvider"
-    provider_options: tuple[tuple[str, str], ...] = ()
-    threads: int = 1
-    openvino_device: str = DEFAULT_OPENVINO_DEVICE
-    openvino_config: tuple[tuple[str, str], ...] = ()
-    level: str = "ORT_ENABLE_ALL"
-
-    @property
-    def label(self) -> str:
-        """``"onnxruntime (CPUExecutionProvider)"``, ``"openvino (CPU)"`` or ``"tract"``."""
-        if self.runtime == Runtime.ONNXRUNTIME:
-            return f"onnxruntime ({self.provider})"
-        if self.runtime == Runtime.OPENVINO:
-            return f"openvino ({self.openvino_device})"
-        return "tract"
 
 
 class Engine(Protocol):

@@ -86,7 +86,9 @@ def profile_on_runtime(
     )
     try:
         total = time_run(engine, feeds, runs=runs, warmup=warmup)
-        reports = [engine.layer_seconds(feeds) for _ in range(min(runs, LAYER_RUNS))]
+        # tract's profiler times many iterations itself (for seconds): once is enough
+        repeats = 1 if config.runtime == Runtime.TRACT else min(runs, LAYER_RUNS)
+        reports = [engine.layer_seconds(feeds) for _ in range(repeats)]
     except ProfileError:
         raise
     except Exception as e:

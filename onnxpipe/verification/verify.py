@@ -28,7 +28,7 @@ import numpy as np
 from onnxpipe.core.errors import ManifestError, UsageError, VerificationError, error_line
 from onnxpipe.core.files import file_sha256
 from onnxpipe.core.ortsession import open_session, session_options
-from onnxpipe.core.runtimes import EngineConfig, Runtime, parse_runtime
+from onnxpipe.core.runtimes import EngineConfig, parse_runtime
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
@@ -140,10 +140,6 @@ def verify(
         model_path=model,
         stage_runtimes=tuple(e.label for e in engines) if engines is not None else (),
     )
-
-
-VERIFY_RUNTIMES: tuple[str, ...] = (*(r.value for r in Runtime), "devices")
-"""What ``verify --runtime`` takes: one runtime for every stage, or ``devices``."""
 
 
 def stage_engines(manifest: Manifest, runtime: str | None, threads: int) -> list[EngineConfig] | None:

@@ -19,6 +19,8 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         rtol=args.rtol,
         atol=args.atol,
+        threads=args.threads,
+        runtime=args.runtime,
     )
     print(format_verify_report(report))
     return 0 if report.ok else 1
