@@ -31,7 +31,11 @@ measured profiles); they take minutes, want a quiet machine, and are run by hand
 * ``calibrate`` — calibration's stage times taken in turns against one stage after the other;
 * ``interleave`` — interleaved stages against a contiguous split: throughput and weights per worker;
 * ``ray`` — the Ray backend: one actor per worker against one per stage, and the whole model;
-* ``stagecost`` — what a cut costs: K stages one after the other against the whole model, one CPU.
+* ``stagecost`` — what a cut costs: K stages one after the other against the whole model, one CPU;
+* ``runtimes`` — per runtime (onnxruntime, OpenVINO, tract): plans from onnxruntime's costs against plans
+  from the runtime's own measured and calibrated costs, slowest against mean stage;
+* ``gpu`` — for a machine with an accelerator: a CPU stage and a GPU stage planned from profiles on each,
+  verified, measured against predicted; skips, saying why, where no GPU provider is present.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def time_stages_on_devices(
     """Median seconds of each stage of ``plan`` on its device's runtime (``devices`` by name), the stages
     taking turns, at the profile's shapes."""
     with scratch_stages(view, plan) as (out, manifest):
-        engines = list(_ready(view, profile, out, manifest, devices, warmup))
+        engines = list(ready_engines(view, profile, out, manifest, devices, warmup))
         try:
             return time_in_turns(engines, runs=runs)
         finally:
@@ -78,7 +78,7 @@ def time_stages_on_devices(
                 engine.close()
 
 
-def _ready(
+def ready_engines(
     view: ModelView,
     profile: Profile,
     out: Path,
@@ -86,6 +86,9 @@ def _ready(
     devices: Mapping[str, Device],
     warmup: int,
 ) -> Iterator[tuple[Engine, list[str], dict[str, np.ndarray]]]:
+    """Each stage of the split in ``out`` open on its device's engine (``devices`` by the manifest's
+    device names), warmed up on what the earlier stages computed from one set of seeded random inputs,
+    with its output names and the feeds it is timed on."""
     values: dict[str, np.ndarray] = dict(random_feeds(view, profile.input_shapes))
     for st in manifest.stages:
         device = devices[st.device]
