@@ -235,8 +235,12 @@ def format_stage_counts(plan: Plan) -> str | None:
 
 
 def format_verify_report(report: VerifyReport) -> str:
-    """A line per output, then the verdict with the tolerance."""
+    """A line per output, then the verdict with the tolerance; first, when a stage ran on another runtime
+    than onnxruntime on the CPU, a line saying what ran each stage."""
     lines = []
+    if report.stage_runtimes and set(report.stage_runtimes) != {"onnxruntime (CPUExecutionProvider)"}:
+        on = ", ".join(f"stage {i} on {r}" for i, r in enumerate(report.stage_runtimes))
+        lines.append(f"  stages: {on}; the original on onnxruntime (CPUExecutionProvider)")
     for o in report.outputs:
         status = "ok" if o.ok else "MISMATCH"
         lines.append(

@@ -24,6 +24,7 @@ from onnxpipe.cluster.model import Cluster, Device
 from onnxpipe.core.errors import MemoryFitError, PartitionError, UsageError
 from onnxpipe.cost.measure import profile_model
 from onnxpipe.cost.profile import Profile
+from onnxpipe.cost.runtime_profile import is_reference, profile_on_runtime
 from onnxpipe.ir.model import ModelView
 from onnxpipe.partition import solve_heterogeneous
 from onnxpipe.partition.inputs import HeterogeneousRequest
@@ -270,14 +271,14 @@ def _solve(
 
 
 def _measure_fn(view: ModelView, profile: Profile) -> Callable[[Device], Mapping[str, float]]:
+    """The device's costs measured here: onnxruntime's profiler on the CPU, else the whole model timed
+    on the device's runtime, its per-layer reports mapped to nodes (:mod:`.cost.runtime_profile`)."""
+
     def measure(device: Device) -> Mapping[str, float]:
-        if device.provider != "CPUExecutionProvider" or device.provider_options:
-            raise UsageError(
-                f"device {device.name!r}: profiling on {device.provider} is not supported here; "
-                "set profile_here to false and give its speed, or a profile_path measured on it"
-            )
-        prof = profile_model(view, threads=device.threads, shapes=profile.input_shapes)
-        return prof.node_seconds
+        config = device.engine_config()
+        if is_reference(config):
+            return profile_model(view, threads=device.threads, shapes=profile.input_shapes).node_seconds
+        return profile_on_runtime(view, config, shapes=profile.input_shapes).node_seconds
 
     return measure
 

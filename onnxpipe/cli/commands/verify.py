@@ -22,6 +22,8 @@ def run(args: argparse.Namespace) -> int:
         atol=args.atol,
         inputs=args.inputs,
         stacked=args.inputs_stacked,
+        threads=args.threads,
+        runtime=args.runtime,
     )
     if args.json:
         print(document("verify", verification=verification_obj(report)))
