@@ -27,6 +27,7 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.runtime_profile import is_reference, profile_on_runtime
 from onnxpipe.ir.model import ModelView
 from onnxpipe.partition import solve_heterogeneous
+from onnxpipe.partition.chainbound import chain_bound
 from onnxpipe.partition.inputs import HeterogeneousRequest
 from onnxpipe.partition.result import Partition
 from onnxpipe.plan.fused import keeping_fused_groups
@@ -127,6 +128,10 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
         classes=costs.seq.classes,
     )
     _check_final_memory(specs, arranged, best, costs.acts)
+    if not best.search.free:  # devices in the file's order: the contiguous bound holds for this order
+        rows = [[c * _work(option, request) for c in costs.rows[name]] for name in arranged.names]
+        tighter = min(chain_bound(rows, part.bottleneck), part.bottleneck)
+        part = replace(part, lower_bound=max(part.lower_bound, tighter))
     kept = {d.name for d in arranged.devices}
     return plan_from(
         view,
