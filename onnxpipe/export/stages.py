@@ -155,7 +155,7 @@ class _StageWriter:
         """About the bytes of the stage file with its weights inside, from dims: no weight is read."""
         weights = sum(self.view.initializers.get(t, 0) for t in self.builder.weights_of(spec))
         nodes = self.view.proto.graph.node
-        names = spec.file_node_names + spec.constant_nodes
+        names = spec.recomputed_nodes + spec.file_node_names + spec.constant_nodes
         return weights + sum(int(nodes[self.builder.by_name[n].index].ByteSize()) for n in names)
 
     def write(self, spec: StageSpec) -> Written:
