@@ -125,8 +125,37 @@ def assign_stages(
     A stage recomputes the shape values and constant-only values it would receive
     (:mod:`onnxpipe.plan.recompute`; ``kinds`` when the caller has them): copies of the nodes that make
     them go into its file (:attr:`StageSpec.recomputed_nodes`), and their producer stage no longer
-    emits them for it.
+    emits them for it.  A stage that would then emit nothing at all (its nodes made only such values)
+    keeps sending them: a stage file without outputs cannot be loaded.
     """
+    if kinds is None:
+        kinds = value_kinds(view)
+    keep_from: set[int] = set()
+    while True:
+        specs = _assign(
+            view, bounds, sizes, compute_seconds, transfer_seconds, devices, link_bytes,
+            share_equal_values, classes, kinds, frozenset(keep_from),
+        )  # fmt: skip
+        empty = {st.index for st in specs if not st.outputs and st.index < len(specs) - 1} - keep_from
+        if not empty:
+            return specs
+        keep_from |= empty
+
+
+def _assign(
+    view: ModelView,
+    bounds: Sequence[int],
+    sizes: Mapping[str, int],
+    compute_seconds: Sequence[float],
+    transfer_seconds: Sequence[float],
+    devices: Sequence[str] | None,
+    link_bytes: Sequence[int] | None,
+    share_equal_values: bool,
+    classes: Mapping[str, int] | None,
+    kinds: ValueKinds,
+    keep_from: frozenset[int],
+) -> tuple[StageSpec, ...]:
+    """:func:`assign_stages`, where the values made by the stages of ``keep_from`` are received."""
     compute = view.compute_nodes
     k = len(bounds) - 1
     const_by_output = {o: n for n in view.nodes if n.is_constant for o in n.outputs}
@@ -147,8 +176,6 @@ def assign_stages(
         classes = {}
     elif classes is None:
         classes = value_classes(view)
-    if kinds is None:
-        kinds = value_kinds(view)
     equal = _EqualValues(classes, stage_nodes)
     sent_as = equal.first_in_stage
     model_outputs = set(view.outputs)
@@ -199,7 +226,8 @@ def assign_stages(
             for t in reads
             if t not in view.initializers and t not in const_by_output and produced_in.get(t, -1) != s
         ]
-        rec = recompute(view, kinds, received, view.weights)
+        movable = [t for t in received if produced_in.get(t, -1) not in keep_from]
+        rec = recompute(view, kinds, movable, view.weights)
         copies = [view.nodes[p] for p in rec.positions]
         spared = set(rec.tensors)
         copy_reads = [t for n in copies for t in n.reads]
@@ -236,7 +264,10 @@ def assign_stages(
                 recomputed_nodes=tuple(n.name for n in copies),
                 recomputed_tensors=rec.tensors,
                 shape_sources=rec.shape_sources,
-                crossing_shape_values=rec.still_received,
+                crossing_shape_values=(
+                    *rec.still_received,
+                    *(t for t in received if t not in movable and kinds.recomputable(t)),
+                ),
             )
         )
     return tuple(reversed(specs))
