@@ -28,6 +28,8 @@ from onnxpipe.export.checks import check_exportable
 from onnxpipe.export.stages import ExportOptions, export_stages
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.shapes import resolve_input_shapes
+from onnxpipe.ir.static import static_view
 from onnxpipe.manifest import Manifest
 from onnxpipe.plan.planner import plan
 from onnxpipe.plan.request import PlanRequest
@@ -60,6 +62,10 @@ class SplitOptions:
     calibration: CalibrationOptions = field(default_factory=CalibrationOptions)
     export: ExportOptions = field(default_factory=ExportOptions)
     verify: bool = True
+    static: bool = False
+    """Split a copy of the model with its input shapes frozen at ``profile.shapes`` (else the defaults
+    of :func:`onnxpipe.ir.shapes.resolve_input_shapes`), its shape arithmetic folded
+    (:mod:`onnxpipe.ir.static`): every stage then has fixed shapes, for runtimes and NPUs that need them."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,10 @@ def split(
     view = load_model(model)
     check_exportable(view, out_dir, force=opts.export.force)
     request.check()
+    if opts.static:
+        shapes = resolve_input_shapes(view, opts.profile.shapes or None)
+        view, _ = static_view(view, shapes)
+        opts = dataclasses.replace(opts, profile=dataclasses.replace(opts.profile, shapes=shapes))
     _check_calibration(request, opts.calibration)
     prof = get_profile(view, opts.profile)
     the_plan = _calibrated(view, prof, request, opts.calibration)
