@@ -6,7 +6,9 @@ Symbolic or unknown input dims get sizes that make typical models run:
 * the spatial dims (2 and 3) of a rank-4, image-like input are 64, a multiple of 32 so that detectors
   with several stride-2 stages still line up;
 * the channel dim (1) of a rank-4 input is 3;
-* every other dim (sequence length, time steps, ...) is 16.
+* every other dim (sequence length, time steps, ...) is 16;
+* a decoder's past length, new tokens and mask length are sized together for one phase (a decode step
+  by default), by :mod:`onnxpipe.ir.decoder_shapes`.
 
 The same symbolic name gets the same size everywhere, and a size given for it by an override is used for
 every other input that names it.  :func:`symbol_sizes` reads back which size each symbol took, so that
@@ -22,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from onnxpipe.core.dims import Dim
 from onnxpipe.core.errors import UsageError
+from onnxpipe.ir.decoder_shapes import PhaseShape, decoder_symbol_sizes, expression_size
 from onnxpipe.ir.model import ModelView
 
 BATCH_SIZE = 1
@@ -64,9 +67,16 @@ def parse_shape_overrides(items: Iterable[str]) -> dict[str, tuple[int, ...]]:
 
 
 def resolve_input_shapes(
-    view: ModelView, overrides: Mapping[str, Sequence[int]] | None = None
+    view: ModelView,
+    overrides: Mapping[str, Sequence[int]] | None = None,
+    *,
+    phase: PhaseShape | None = None,
 ) -> dict[str, tuple[int, ...]]:
     """Concrete shapes for every model input (see the module docstring for the defaults).
+
+    A decoder's inputs (:mod:`onnxpipe.ir.decoder_shapes`) are sized together for ``phase`` (default:
+    a decode step), so that past, new tokens and mask agree; a dim written as a sum of symbols
+    (``past_sequence_length + 1``) is their sum.
 
     Raises :class:`UsageError` when an override names no input, has the wrong rank, or contradicts a
     fixed dim of the model, and when an input of unknown rank has no override.
@@ -97,6 +107,9 @@ def resolve_input_shapes(
                 if isinstance(declared, str):
                     symbols.setdefault(declared, value)
 
+    for sym, size in decoder_symbol_sizes(view, symbols, phase).items():
+        symbols.setdefault(sym, size)
+
     result: dict[str, tuple[int, ...]] = {}
     for name in view.inputs:
         if name in overrides:
@@ -113,6 +126,8 @@ def resolve_input_shapes(
                 resolved.append(d)
             elif isinstance(d, str) and d in symbols:
                 resolved.append(symbols[d])
+            elif isinstance(d, str) and (summed := expression_size(d, symbols)) is not None:
+                resolved.append(summed)
             else:
                 size = _default_dim(axis, len(shape))
                 if isinstance(d, str):

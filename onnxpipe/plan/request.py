@@ -14,6 +14,7 @@ from typing import Literal, get_args
 
 from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.errors import PartitionError, UsageError
+from onnxpipe.plan.decoder import DecoderOptions
 from onnxpipe.plan.orders import DEFAULT_TOLERANCE, DeviceOrder
 from onnxpipe.schedule.timeline import DEFAULT_BACKWARD_RATIO, DEFAULT_MICROBATCHES, ScheduleKind
 
@@ -108,6 +109,8 @@ class PlanRequest:
     workers: int | None = None
     time_slack: float | None = None
     tolerance: float = DEFAULT_TOLERANCE
+    decoder: DecoderOptions = field(default_factory=DecoderOptions)
+    """How a decoder with a KV cache is split (ignored for other models)."""
 
     def __post_init__(self) -> None:
         if self.devices is not None and not isinstance(self.devices, Cluster):
@@ -166,6 +169,7 @@ class PlanRequest:
                 "give it there (links[].bandwidth_bytes_per_s) instead"
             )
         self.schedule.candidates()
+        self.decoder.check()
 
     def _check_workers(self) -> None:
         """``--workers``: identical CPU workers streaming inference, each running as many stages."""

@@ -17,7 +17,7 @@ from onnxpipe.ir.model import ModelView, NodeInfo
 from onnxpipe.ir.samevalue import value_classes
 from onnxpipe.partition.result import Partition
 from onnxpipe.plan.sequences import Sequences
-from onnxpipe.plan.types import Alias, Plan, StageSpec
+from onnxpipe.plan.types import Alias, DecoderSummary, Plan, StageSpec
 from onnxpipe.schedule.timeline import Timeline
 
 
@@ -37,6 +37,7 @@ def specs_from_bounds(
         transfer_seconds,
         link_bytes=seq.cut_bytes,
         classes=seq.classes,
+        compute=seq.compute,
     )
 
 
@@ -54,6 +55,7 @@ def plan_from(
     cluster: Cluster | None = None,
     device_costs: tuple[DeviceCosts, ...] = (),
     microbatch_size: int = 1,
+    decoder: DecoderSummary | None = None,
 ) -> Plan:
     """A :class:`Plan` from a solved partition: the fields every planner fills the same way, and its own."""
     received = sum(1 for st in stages for a in st.aliases if a.same_as in st.inputs)
@@ -81,6 +83,7 @@ def plan_from(
         cluster=cluster,
         device_costs=device_costs,
         microbatch_size=microbatch_size,
+        decoder=decoder,
     )
 
 
@@ -95,6 +98,7 @@ def assign_stages(
     *,
     share_equal_values: bool = True,
     classes: Mapping[str, int] | None = None,
+    compute: Sequence[NodeInfo] | None = None,
 ) -> tuple[StageSpec, ...]:
     """Turn partition bounds over compute positions into named stages with their inputs and outputs.
 
@@ -108,8 +112,10 @@ def assign_stages(
     nothing anybody reads are left out of its file (:attr:`StageSpec.skipped_nodes`).  The stages are
     worked out last to first, since what a stage must emit depends on what the later ones receive.
     ``classes``: the view's value classes when the caller has them (:attr:`Sequences.classes`).
+    ``compute``: the compute nodes in the order ``bounds`` count in (default: the view's; a decoder's
+    are lined up by layer, :mod:`onnxpipe.plan.decoder`), a topological order either way.
     """
-    compute = view.compute_nodes
+    compute = tuple(compute) if compute is not None else view.compute_nodes
     k = len(bounds) - 1
     const_by_output = {o: n for n in view.nodes if n.is_constant for o in n.outputs}
     stage_nodes = [compute[bounds[s] : bounds[s + 1]] for s in range(k)]
