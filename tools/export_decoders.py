@@ -1,10 +1,13 @@
 """Decoder LLMs with a KV cache, exported to ONNX by torch's dynamo exporter, with random weights.
 
-    python tools/export_decoders.py --out DIR      # write every model below into DIR
+    python tools/export_decoders.py --out DIR [NAME...]   # write models (default: the tiny ones) into DIR
 
-- ``llama_gqa``: ``LlamaForCausalLM`` with grouped-query attention (4 layers, 64 wide, 4 heads, 2 KV heads);
-- ``qwen2``: ``Qwen2ForCausalLM`` (4 layers, 64 wide, 4 heads, 2 KV heads, biased q/k/v);
-- ``gpt2``: ``GPT2LMHeadModel`` (4 layers, 64 wide, 4 heads).
+- ``llama_gqa``: ``LlamaForCausalLM`` with grouped-query attention (4 layers, 32 wide, 4 heads, 2 KV heads);
+- ``qwen2``: ``Qwen2ForCausalLM`` (the same sizes, biased q/k/v);
+- ``gpt2``: ``GPT2LMHeadModel`` (4 layers, 32 wide, 4 heads);
+- ``<name>_small``: the same families 256 wide with 8 layers, for the benchmarks (built in the cache).
+
+    python tools/export_decoders.py --out sample_models/decoders   # the committed tiny ones
 
 Every one takes ``input_ids`` [batch, seq], ``attention_mask`` [batch, past + seq], ``position_ids``
 [batch, seq] (not GPT-2's export: it has learned positions that transformers derives from the mask's
@@ -51,6 +54,7 @@ if TYPE_CHECKING:
     import onnx
     import torch
 
+SCOPE_KEY = "pkg.torch.onnx.name_scopes"
 EXPORT_REVISION = 1  # bump to invalidate every cached export after changing how models are built
 SEED = 0
 INIT_RANGE = 0.08
@@ -99,33 +103,49 @@ class DecoderSpec:
         return ("logits", *(f"present.{i}.{kv}" for i in range(self.layers) for kv in ("key", "value")))
 
 
-_LLAMA = {
-    "vocab_size": 256,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 256,
-    "initializer_range": INIT_RANGE,
-    "tie_word_embeddings": False,
-}
+def _llama(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int) -> dict[str, Any]:
+    return {
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": ffn,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "max_position_embeddings": 1024,
+        "initializer_range": INIT_RANGE,
+        "tie_word_embeddings": False,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+    }
+
+
+def _gpt2(hidden: int, layers: int, heads: int, vocab: int) -> dict[str, Any]:
+    return {
+        "vocab_size": vocab,
+        "n_positions": 1024,
+        "n_embd": hidden,
+        "n_layer": layers,
+        "n_head": heads,
+        "initializer_range": INIT_RANGE,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+    }
+
+
 SPECS: dict[str, DecoderSpec] = {
-    "llama_gqa": DecoderSpec("llama_gqa", "llama", dict(_LLAMA)),
-    "qwen2": DecoderSpec("qwen2", "qwen2", dict(_LLAMA)),
-    "gpt2": DecoderSpec(
-        "gpt2",
-        "gpt2",
-        {
-            "vocab_size": 256,
-            "n_positions": 256,
-            "n_embd": 64,
-            "n_layer": 4,
-            "n_head": 4,
-            "initializer_range": INIT_RANGE,
-        },
-    ),
+    # tiny: committed in sample_models/decoders/ for the tests (a few hundred KB each)
+    "llama_gqa": DecoderSpec("llama_gqa", "llama", _llama(32, 4, 4, 2, 64, 128)),
+    "qwen2": DecoderSpec("qwen2", "qwen2", _llama(32, 4, 4, 2, 64, 128)),
+    "gpt2": DecoderSpec("gpt2", "gpt2", _gpt2(32, 4, 4, 128)),
+    # small: built in the cache for the benchmarks (compute, not per-node overhead, dominates)
+    "llama_gqa_small": DecoderSpec("llama_gqa_small", "llama", _llama(256, 8, 8, 2, 704, 1024)),
+    "qwen2_small": DecoderSpec("qwen2_small", "qwen2", _llama(256, 8, 8, 2, 704, 1024)),
+    "gpt2_small": DecoderSpec("gpt2_small", "gpt2", _gpt2(256, 8, 8, 1024)),
 }
+TINY = ("llama_gqa", "qwen2", "gpt2")
+"""The models :func:`main` writes by default (into ``sample_models/decoders/``)."""
+BUILDER_STYLE = ("llama_gqa",)
+"""The models also written in the builder's style (``<name>_builder.onnx``): an RMS-norm model."""
 
 
 # ------------------------------------------------------------------------------------------ torch side
@@ -230,6 +250,12 @@ def export(name: str, path: Path) -> Path:
         )
     proto = onnx.load(str(tmp))
     tmp.unlink()
+    for node in proto.graph.node:
+        # the exporter's debugging metadata (stack traces, FX nodes) is most of a tiny model's bytes; the
+        # module scopes are what onnxpipe reads (a node's layer), so they stay
+        keep = [p for p in node.metadata_props if p.key == SCOPE_KEY]
+        del node.metadata_props[:]
+        node.metadata_props.extend(keep)
     onnx.save(proto, str(path))
     return path
 
@@ -352,7 +378,6 @@ def cached_export(name: str) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}-"))
     try:
         export(name, tmp / f"{name}.onnx")
-        builder_style(tmp / f"{name}.onnx", tmp / f"{name}_builder.onnx")
         try:
             os.rename(tmp, final)
         except OSError:
@@ -368,23 +393,19 @@ def decoder(name: str) -> Path:
     return cached_export(name)
 
 
-def builder_decoder(name: str) -> Path:
-    """The cached builder-style rewrite of ``name`` (contrib ops in the default domain)."""
-    return cached_export(name).with_name(f"{name}_builder.onnx")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, required=True, help="folder to write the models into")
-    parser.add_argument("names", nargs="*", default=list(SPECS), help="models to export (default: all)")
+    parser.add_argument("names", nargs="*", default=list(TINY), help="models to export (default: the tiny ones)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.names:
         path = export(name, args.out / f"{name}.onnx")
-        builder_style(path, args.out / f"{name}_builder.onnx")
         print(path)
+        if name in BUILDER_STYLE:
+            print(builder_style(path, args.out / f"{name}_builder.onnx"))
     return 0
 
 
