@@ -398,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, required=True, help="folder to write the models into")
-    parser.add_argument("names", nargs="*", default=list(TINY), help="models to export (default: the tiny ones)")
+    parser.add_argument("names", nargs="*", default=list(TINY), help="models (default: the tiny ones)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.names:

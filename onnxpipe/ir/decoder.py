@@ -12,7 +12,9 @@ exporter's name scopes (``/model/layers.3/...`` in node names, torch's ``pkg.tor
 metadata) where there are any, else from the KV it reads, then made monotone along the edges (a node is in
 no earlier layer than what it reads), so that ordering the nodes by layer keeps a topological order.
 Nodes before the first layer (the embedding, the rotary tables, the mask) form group ``-1``; the final
-norm and LM head group ``L`` (told apart by their scopes; without scopes they stay with the last layer).
+norm and LM head group ``L`` (told apart by their scopes).  Without scopes a layer's nodes before its cache
+(its input norm and projections) stay with the previous layer, and the head with the last layer: each
+cache stays whole, the cuts just carry a little more.
 """
 
 from __future__ import annotations
