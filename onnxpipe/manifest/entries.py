@@ -121,6 +121,29 @@ class StageEntry:
     emits).  ``node_count`` plus this, over all stages, is the model's compute node count."""
     same_values: tuple[SameValue, ...] = ()
     """Inputs this stage's nodes read under another name: provably equal to an input it receives."""
+    kv_layers: tuple[int, ...] = ()
+    """A decoder's layers whose KV cache this stage holds (its past inputs and present outputs)."""
+    kv_cache_bytes: int = 0
+    """That cache's bytes at the plan's maximum context (:attr:`DecoderRecord.max_context`)."""
+    estimated_phase_seconds: tuple[tuple[str, float], ...] = ()
+    """A decoder's estimated stage time at each phase profiled, as (phase, seconds)."""
+
+
+@dataclass(frozen=True)
+class DecoderRecord:
+    """What the plan of a decoder with a KV cache adds (``plan.decoder`` in the manifest)."""
+
+    layers: int
+    layer_cuts: bool
+    """Whether cuts fell between layers only (each layer's cache in one stage)."""
+    ends: str
+    """Where the embedding and LM head went: ``free``, ``attached`` or ``own``."""
+    max_context: int
+    """Tokens of context the stages' ``kv_cache_bytes`` are for."""
+    phase: str
+    """What the stage estimates are for: ``prefill``, ``decode`` or ``both``."""
+    phase_shapes: tuple[tuple[str, int, int], ...] = ()
+    """(phase, new tokens, cached tokens) of each phase profiled."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +170,8 @@ class PlanSummary:
     when the stage estimates were: the profile's median run, or timed right after calibration.  A run
     times the model again (``onnxpipe run --compare``) and so tells the machine's own change of speed
     since from what the estimates got wrong.  None for static costs and plans for other devices."""
+    decoder: DecoderRecord | None = None
+    """Set when the model is a decoder with a KV cache."""
 
 
 @dataclass(frozen=True)

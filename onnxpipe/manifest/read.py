@@ -23,6 +23,7 @@ from onnxpipe.manifest.entries import (
     READABLE_VERSIONS,
     SCHEMA_VERSION,
     V1_MODEL_INPUT,
+    DecoderRecord,
     DeviceRecord,
     ModelOutput,
     ModelTensor,
@@ -144,6 +145,11 @@ def stage(f: Fields) -> StageEntry:
         worker=f.get("worker", None).opt_integer(),
         skipped_node_count=f.get("skipped_node_count", 0).integer(),
         same_values=f.get("same_values", []).objects(_same_value),
+        kv_layers=f.get("kv_layers", []).list_of(Value.integer),
+        kv_cache_bytes=f.get("kv_cache_bytes", 0).integer(),
+        estimated_phase_seconds=tuple(
+            f.get("estimated_phase_seconds", {}).dict_of(lambda v: v.number()).items()
+        ),
     )
 
 
@@ -169,7 +175,37 @@ def plan(f: Fields) -> PlanSummary:
         workers=f.get("workers", None).opt_integer(minimum=1),
         time_slack=_time_slack(f.get("time_slack", 0.0)),
         reference_seconds=_reference(f.get("reference_seconds", None)),
+        decoder=_decoder(f.get("decoder", None)),
     )
+
+
+def _decoder(v: Value) -> DecoderRecord | None:
+    """``plan.decoder`` (added in schema 3; absent for other models and older files)."""
+    if v.raw is None:
+        return None
+    f = v.fields()
+    ends = f["ends"].string()
+    if ends not in _ENDS:
+        raise f["ends"].fail(f"expected one of {', '.join(_ENDS)}, got {ends!r}")
+    phase = f["phase"].string()
+    if phase not in _PHASES:
+        raise f["phase"].fail(f"expected one of {', '.join(_PHASES)}, got {phase!r}")
+    return DecoderRecord(
+        layers=f["layers"].integer(minimum=1),
+        layer_cuts=f["layer_cuts"].boolean(),
+        ends=ends,
+        max_context=f["max_context"].integer(minimum=1),
+        phase=phase,
+        phase_shapes=f.get("phase_shapes", []).objects(_phase_shape),
+    )
+
+
+def _phase_shape(f: Fields) -> tuple[str, int, int]:
+    return (f["phase"].string(), f["new_tokens"].integer(minimum=1), f["past_tokens"].integer())
+
+
+_ENDS = ("free", "attached", "own")
+_PHASES = ("prefill", "decode", "both")
 
 
 def _reference(v: Value) -> float | None:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from onnxpipe.core.dims import Dim, Shape
-from onnxpipe.manifest.entries import StageEntry
+from onnxpipe.manifest.entries import DecoderRecord, StageEntry
 from onnxpipe.schedule.timeline import Timeline
 
 if TYPE_CHECKING:  # annotations only: the manifest module calls this one
@@ -72,12 +72,24 @@ def manifest_obj(m: Manifest) -> dict[str, Any]:
                 {} if m.plan.workers is None else {"workers": m.plan.workers, "time_slack": m.plan.time_slack}
             ),
             **({} if m.plan.reference_seconds is None else {"reference_seconds": m.plan.reference_seconds}),
+            **({} if m.plan.decoder is None else {"decoder": _decoder_obj(m.plan.decoder)}),
         },
         "schedule": timeline_obj(m.schedule, [s.device for s in m.stages]),
         "cluster": m.cluster.to_obj() if m.cluster is not None else None,
         "device_costs": [
             {"device": d.device, "method": d.method, "source": d.source} for d in m.device_costs
         ],
+    }
+
+
+def _decoder_obj(d: DecoderRecord) -> dict[str, Any]:
+    return {
+        "layers": d.layers,
+        "layer_cuts": d.layer_cuts,
+        "ends": d.ends,
+        "max_context": d.max_context,
+        "phase": d.phase,
+        "phase_shapes": [{"phase": p, "new_tokens": n, "past_tokens": c} for p, n, c in d.phase_shapes],
     }
 
 
@@ -96,6 +108,12 @@ def _stage_to_obj(s: StageEntry) -> dict[str, Any]:
         **(
             {"same_values": [{"name": a.name, "same_as": a.same_as} for a in s.same_values]}
             if s.same_values
+            else {}
+        ),
+        **({"kv_layers": list(s.kv_layers), "kv_cache_bytes": s.kv_cache_bytes} if s.kv_layers else {}),
+        **(
+            {"estimated_phase_seconds": {p: num(t) for p, t in s.estimated_phase_seconds}}
+            if s.estimated_phase_seconds
             else {}
         ),
         "inputs": [
