@@ -46,7 +46,8 @@ from onnxpipe.api import CalibrationOptions, PlanRequest, ProfileOptions, SplitO
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.affinity import cpu_sets
-from onnxpipe.runtime.base import LocalConfig, LocalMode
+from onnxpipe.runtime.base import LocalConfig
+from onnxpipe.runtime.choices import LocalMode
 from onnxpipe.runtime.inputs import random_inputs
 from onnxpipe.runtime.pipeline import Pipeline, make_backend
 from onnxpipe.runtime.report.baselines import (

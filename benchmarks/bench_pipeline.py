@@ -74,7 +74,7 @@ import onnxruntime as ort
 from benchmarks.common import benchmark_parser, params_of, shown, write_result
 from onnxpipe import api
 from onnxpipe.api import CalibrationOptions, PlanRequest, ProfileOptions, SplitOptions
-from onnxpipe.calibrate.timing import CALIBRATION_MODES, DEFAULT_CALIBRATION_MODE
+from onnxpipe.calibrate.modes import CALIBRATION_MODES, DEFAULT_CALIBRATION_MODE
 from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.errors import MemoryFitError
 from onnxpipe.cost.profile import Profile

@@ -21,7 +21,8 @@ from onnxpipe.calibrate.loop import CalibrationOptions
 from onnxpipe.calibrate.loop import calibrate as run_calibration
 from onnxpipe.calibrate.timing import choose_timer, time_model
 from onnxpipe.core.errors import UsageError
-from onnxpipe.cost.profile import CostSource, Profile
+from onnxpipe.cost.kinds import CostSource
+from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.source import ProfileOptions, get_profile
 from onnxpipe.export.checks import check_exportable
 from onnxpipe.export.stages import ExportOptions, export_stages

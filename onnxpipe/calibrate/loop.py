@@ -9,7 +9,7 @@ wake next to the last worker more than the first (the ``calibrate`` and ``pipeli
 both, ``benchmarks/results/calibrate.json``).
 
 How: export the plan's stages to a scratch folder and time them
-(:data:`onnxpipe.calibrate.timing.CalibrationMode`): ``alone`` runs each stage by itself at the
+(:data:`onnxpipe.calibrate.modes.CalibrationMode`): ``alone`` runs each stage by itself at the
 profiled shapes (its inputs from running the earlier stages once) and takes the median of ``runs``
 timed runs after ``warmup``, the stages taking turns a few runs at a time; ``pipeline`` runs them
 together as a thread pipeline, each worker pinned to CPUs of its own, and takes each worker's median
@@ -25,15 +25,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from onnxpipe.calibrate.timing import DEFAULT_CALIBRATION_MODE, CalibrationMode, StageTimer, time_stages
+from onnxpipe.calibrate.modes import DEFAULT_CALIBRATION_MODE, CalibrationMode
+from onnxpipe.calibrate.timing import StageTimer, time_stages
 from onnxpipe.core.errors import UsageError
 from onnxpipe.cost.profile import Profile, corrected
 from onnxpipe.ir.model import ModelView
 from onnxpipe.plan.types import Plan
 
 DEFAULT_TOLERANCE = 0.02
-DEFAULT_ROUNDS = 2
-"""Rounds ``--calibrate`` runs when given without a number."""
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Timing a plan's stages on this machine, for calibration: each alone taking turns, or together as a
 pinned thread pipeline; and the whole model once, for the machine's speed at that moment.
 
-Why two ways, and why ``alone`` is the default, is :data:`CalibrationMode`'s docstring; what the
-times are for is :mod:`onnxpipe.calibrate.loop`'s.
+Why two ways, and why ``alone`` is the default, is :data:`onnxpipe.calibrate.modes.CalibrationMode`'s
+docstring; what the times are for is :mod:`onnxpipe.calibrate.loop`'s.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 import numpy as np
 
+from onnxpipe.calibrate.modes import CALIBRATION_MODES, CalibrationMode
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.cost.profile import Profile
@@ -40,19 +41,6 @@ TURNS_MAX_PARAM_BYTES = 1 << 30
 """Up to this many bytes of weights in all, stages timed alone take turns with all their sessions open;
 beyond it they are timed one after the other, one session open at a time."""
 
-CalibrationMode = Literal["alone", "pipeline", "auto"]
-"""How the stages are timed: each alone (the default), together as a pinned thread pipeline, or
-``auto``: as a pipeline when this machine has a physical core for every stage thread (else the stages
-would share cores, hyperthread siblings or CPUs, and the times would measure that), alone otherwise.
-
-Alone is the default because it has held up on a shared machine: timed in the pipeline, the splits came
-out no better on average than timed alone (less than the spread between runs), while that timing, with
-every core running a worker and nothing left to absorb a disturbance, missed some stages by far more
-(the ``pipeline`` benchmark with ``--calibrate-in pipeline``,
-``benchmarks/results/pipeline_pinned_calibrated_in_pipeline.json`` against
-``pipeline_pinned_calibrated.json``; docs/runtime.md)."""
-DEFAULT_CALIBRATION_MODE: CalibrationMode = "alone"
-CALIBRATION_MODES: tuple[str, ...] = get_args(CalibrationMode)
 
 PIPELINE_MICROBATCHES = 24
 PIPELINE_REPEATS = 2

@@ -4,6 +4,10 @@ Exit codes (documented in docs/cli.md): 0 success; 1 verification found a mismat
 3 model cannot be loaded; 4 profiling failed or profile of another model; 5 no valid partition;
 6 export failed; 7 manifest invalid or stage files changed; 8 a stage failed while running.
 argparse's own errors (a missing or unknown option, a bad value) are usage errors too: one line, exit 2.
+
+Each subcommand is two modules: its parser, ``onnxpipe.cli.<name>`` (argparse and light modules only),
+and its work, ``onnxpipe.cli.commands.<name>``, imported only when it runs (:data:`.commands.WORK`), so
+that ``--help``, ``--version`` and usage errors answer without loading onnx, onnxruntime or numpy.
 """
 
 from __future__ import annotations
@@ -11,17 +15,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from onnxpipe import __version__
 from onnxpipe.cli import inspect, plan, profile, run, split, verify
 from onnxpipe.cli.arguments import CommandParser, SubcommandParser
+from onnxpipe.cli.commands import work
 from onnxpipe.core.errors import OnnxpipeError
 
 SUBCOMMANDS = (profile, split, plan, verify, run, inspect)
-"""In the order ``onnxpipe --help`` lists them; each module has ``NAME``, ``HELP``, ``add_arguments`` and
-``run``."""
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {m.NAME: m.run for m in SUBCOMMANDS}
+"""The parsers, in the order ``onnxpipe --help`` lists them; each module has ``NAME``, ``HELP`` and
+``add_arguments``; the work of each is in :data:`.commands.WORK` under the same name."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        return work(args.command)(args)
     except OnnxpipeError as e:
         print(f"onnxpipe {args.command}: error: {e}", file=sys.stderr)
         return e.exit_code

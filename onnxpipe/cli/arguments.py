@@ -1,5 +1,9 @@
 """What every subcommand's parser shares: one-line argparse errors, and the argument groups several
-subcommands take (measurement, input shapes, planning), so that ``--threads`` reads the same everywhere."""
+subcommands take (measurement, input shapes, planning), so that ``--threads`` reads the same everywhere.
+
+Parsers only: this module imports argparse and light modules, never onnx, onnxruntime or numpy, so that
+``onnxpipe --help`` stays fast; what the arguments become (options objects, a devices file read) is
+:mod:`onnxpipe.cli.commands.common`."""
 
 from __future__ import annotations
 
@@ -10,11 +14,8 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar, overload
 
 from onnxpipe.cli.argtypes import bandwidth, count, fraction, positive_int, positive_number
-from onnxpipe.cluster.devicesfile import load_cluster
-from onnxpipe.cost.profile import COST_SOURCES
-from onnxpipe.cost.source import ProfileOptions
-from onnxpipe.ir.shapes import parse_shape_overrides
-from onnxpipe.plan.request import DEFAULT_TIME_SLACK, SCHEDULE_CHOICES, PlanRequest, ScheduleRequest
+from onnxpipe.cost.kinds import COST_SOURCES
+from onnxpipe.plan.request import DEFAULT_TIME_SLACK, SCHEDULE_CHOICES
 
 _N = TypeVar("_N")
 
@@ -131,41 +132,4 @@ def add_planning_args(p: argparse.ArgumentParser) -> None:
         type=positive_number,
         default=2.0,
         help="backward time over forward time (training)",
-    )
-
-
-def schedule_request(args: argparse.Namespace) -> ScheduleRequest:
-    return ScheduleRequest(
-        kind=args.schedule,
-        microbatches=args.microbatches,
-        batch=args.batch,
-        backward_ratio=args.backward_ratio,
-    )
-
-
-def profile_options(
-    args: argparse.Namespace, *, saved: Path | None = None, progress: bool = False
-) -> ProfileOptions:
-    """The measurement options as a :class:`ProfileOptions` (``saved``: a profile file to reuse instead)."""
-    return ProfileOptions(
-        cost=args.cost,
-        saved=saved,
-        threads=args.threads,
-        runs=args.runs,
-        warmup=args.warmup,
-        shapes=parse_shape_overrides(args.shape),
-        progress=progress,
-    )
-
-
-def plan_request(args: argparse.Namespace) -> PlanRequest:
-    """The planning options as a :class:`PlanRequest`, the devices file read (and refused) first."""
-    return PlanRequest(
-        args.stages,
-        devices=load_cluster(args.devices) if args.devices is not None else None,
-        bandwidth_bytes_per_s=args.bandwidth,
-        order=args.order,
-        schedule=schedule_request(args),
-        workers=args.workers,
-        time_slack=args.time_slack,
     )

@@ -1,16 +1,10 @@
-"""``onnxpipe inspect DIR|MODEL``: a table of a split folder's stages, or of a model."""
+"""``onnxpipe inspect DIR|MODEL``: a table of a split folder's stages, or of a model (the parser; the work
+is :mod:`onnxpipe.cli.commands.inspect`)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
-from onnxpipe.cli.tables import (
-    format_manifest_table,
-    format_model_table,
-)
-from onnxpipe.ir.load import load_model
-from onnxpipe.manifest import load_manifest
 
 NAME = "inspect"
 HELP = "print a table of a split folder's stages, or of a model"
@@ -18,12 +12,3 @@ HELP = "print a table of a split folder's stages, or of a model"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", type=Path, help="a folder written by 'onnxpipe split', or an .onnx model")
-
-
-def run(args: argparse.Namespace) -> int:
-    target: Path = args.target
-    if target.is_dir():
-        print(format_manifest_table(load_manifest(target, check_files=False)))
-    else:
-        print(format_model_table(load_model(target)))
-    return 0

@@ -1,4 +1,5 @@
-"""``onnxpipe verify DIR``: check that the chained stages reproduce the model's outputs."""
+"""``onnxpipe verify DIR``: check that the chained stages reproduce the model's outputs (the parser; the
+work is :mod:`onnxpipe.cli.commands.verify`)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,6 @@ import argparse
 from pathlib import Path
 
 from onnxpipe.cli.arguments import add_shape_arg
-from onnxpipe.cli.tables import (
-    format_verify_report,
-)
-from onnxpipe.ir.shapes import parse_shape_overrides
-from onnxpipe.verification.verify import verify
 
 NAME = "verify"
 HELP = "check that the chained stages reproduce the model's outputs"
@@ -23,16 +19,3 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--atol", type=float, default=1e-5)
     p.add_argument("--seed", type=int, default=0)
     add_shape_arg(p)
-
-
-def run(args: argparse.Namespace) -> int:
-    report = verify(
-        args.dir,
-        model_path=args.model,
-        shapes=parse_shape_overrides(args.shape),
-        seed=args.seed,
-        rtol=args.rtol,
-        atol=args.atol,
-    )
-    print(format_verify_report(report))
-    return 0 if report.ok else 1

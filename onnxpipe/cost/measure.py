@@ -42,7 +42,8 @@ from types import MappingProxyType
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.progress import Progress
 from onnxpipe.cost.attribution import attribute
-from onnxpipe.cost.profile import SCHEMA_VERSION, CostSource, Profile
+from onnxpipe.cost.kinds import CostSource
+from onnxpipe.cost.profile import SCHEMA_VERSION, Profile
 from onnxpipe.cost.trace import OrtModel
 from onnxpipe.cost.valuematch import match_graphs
 from onnxpipe.ir.feeds import random_feeds

@@ -12,26 +12,16 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
 
 from onnxpipe.core.errors import ProfileError
 from onnxpipe.core.files import write_text_atomic
 from onnxpipe.core.jsonread import Document, Fields, Value
+from onnxpipe.cost.kinds import COST_SOURCES, CostSource
 from onnxpipe.ir.model import ModelView
 
 SCHEMA_VERSION = 1
-
-
-class CostSource(StrEnum):
-    """Where a profile's costs come from: measured with onnxruntime, or counted from the graph."""
-
-    PROFILE = "profile"
-    STATIC = "static"
-
-
-COST_SOURCES: tuple[str, ...] = tuple(s.value for s in CostSource)
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ from pathlib import Path
 from types import MappingProxyType
 
 from onnxpipe.core.errors import UsageError
+from onnxpipe.cost.kinds import COST_SOURCES, CostSource
 from onnxpipe.cost.measure import profile_model
-from onnxpipe.cost.profile import COST_SOURCES, CostSource, Profile
+from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.model import ModelView
 

@@ -28,7 +28,8 @@ from types import MappingProxyType
 
 import onnx
 
-from onnxpipe.cost.profile import SCHEMA_VERSION, CostSource, Profile
+from onnxpipe.cost.kinds import CostSource
+from onnxpipe.cost.profile import SCHEMA_VERSION, Profile
 from onnxpipe.ir.inference import concrete_shapes, names_text
 from onnxpipe.ir.model import ModelView, NodeInfo, itemsize
 from onnxpipe.ir.shapes import resolve_input_shapes

@@ -24,7 +24,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, NoReturn, get_args
+from typing import NoReturn
 
 import onnx
 
@@ -34,6 +34,7 @@ from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.export.boundary import PROTOBUF_LIMIT, BoundaryTypes
 from onnxpipe.export.build import StageBuilder
 from onnxpipe.export.checks import check_exportable, check_plan
+from onnxpipe.export.modes import EXTERNAL_DATA_MODES, ExternalData
 from onnxpipe.export.outdir import normalized, staged_folder, writing
 from onnxpipe.export.record import Written, build_manifest, shared_weights
 from onnxpipe.export.weightfile import externalize
@@ -43,11 +44,6 @@ from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, write_manifest
 from onnxpipe.plan.types import Plan, StageSpec
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
-
-ExternalData = Literal["auto", "never", "always"]
-"""Where stage weights go: ``auto`` (a side file for a big stage or a source with external weights),
-``never`` or ``always``."""
-EXTERNAL_DATA_MODES: tuple[str, ...] = get_args(ExternalData)
 
 
 @dataclass(frozen=True)

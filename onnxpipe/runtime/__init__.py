@@ -6,19 +6,34 @@ Where the workers run is one config per backend (:class:`~.base.LocalConfig`, :c
 >>> with Pipeline.from_manifest("out/") as pipe:           # doctest: +SKIP
 ...     outputs = pipe.run(feeds)
 
-``onnxpipe run DIR`` (:mod:`onnxpipe.cli.run`) measures a pipeline and, with ``--compare``, the
+``onnxpipe run DIR`` (:mod:`onnxpipe.cli.commands.run`) measures a pipeline and, with ``--compare``, the
 model without one; docs/runtime.md describes both.
+
+Names are imported on first use (PEP 562), as :mod:`onnxpipe` does: a light module of this package
+(:mod:`.choices`, which the CLI's parsers read) then loads neither numpy nor onnxruntime.
 """
 
-from onnxpipe.runtime.base import DEFAULT_LOCAL_MODE, BackendConfig, LocalConfig, RayConfig
-from onnxpipe.runtime.driver import Job
-from onnxpipe.runtime.pipeline import Pipeline
-from onnxpipe.runtime.report.build import build_report
-from onnxpipe.runtime.report.measure import Measurement, measure
-from onnxpipe.runtime.report.model import RunReport
-from onnxpipe.runtime.report.text import format_report
-from onnxpipe.runtime.session import WorkerStats
-from onnxpipe.runtime.spec import Placement, WorkerSpec
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS: dict[str, str] = {
+    "BackendConfig": "onnxpipe.runtime.base",
+    "LocalConfig": "onnxpipe.runtime.base",
+    "RayConfig": "onnxpipe.runtime.base",
+    "DEFAULT_LOCAL_MODE": "onnxpipe.runtime.choices",
+    "Job": "onnxpipe.runtime.driver",
+    "Pipeline": "onnxpipe.runtime.pipeline",
+    "build_report": "onnxpipe.runtime.report.build",
+    "Measurement": "onnxpipe.runtime.report.measure",
+    "measure": "onnxpipe.runtime.report.measure",
+    "RunReport": "onnxpipe.runtime.report.model",
+    "format_report": "onnxpipe.runtime.report.text",
+    "WorkerStats": "onnxpipe.runtime.session",
+    "Placement": "onnxpipe.runtime.spec",
+    "WorkerSpec": "onnxpipe.runtime.spec",
+}
 
 __all__ = [
     "DEFAULT_LOCAL_MODE",
@@ -36,3 +51,29 @@ __all__ = [
     "format_report",
     "measure",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'onnxpipe.runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:
+    from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig
+    from onnxpipe.runtime.choices import DEFAULT_LOCAL_MODE
+    from onnxpipe.runtime.driver import Job
+    from onnxpipe.runtime.pipeline import Pipeline
+    from onnxpipe.runtime.report.build import build_report
+    from onnxpipe.runtime.report.measure import Measurement, measure
+    from onnxpipe.runtime.report.model import RunReport
+    from onnxpipe.runtime.report.text import format_report
+    from onnxpipe.runtime.session import WorkerStats
+    from onnxpipe.runtime.spec import Placement, WorkerSpec

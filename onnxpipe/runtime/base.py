@@ -23,27 +23,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from onnxpipe.core.errors import UsageError
+from onnxpipe.runtime.choices import DEFAULT_LOCAL_MODE, DEFAULT_SLOTS, LOCAL_MODES, LocalMode
 from onnxpipe.runtime.session import WorkerStats
 
 Tensors = dict[str, np.ndarray]
 
-LocalMode = Literal["processes", "threads"]
-LOCAL_MODES: tuple[LocalMode, ...] = ("processes", "threads")
-DEFAULT_LOCAL_MODE: LocalMode = "threads"
-"""Threads are the default because they pass tensors without copies and wake without inter-process
-signals, which made them faster than processes on every model the ``pipeline`` benchmark measured
-(``benchmarks/results/pipeline.json``, docs/runtime.md).  Processes isolate the stages and measure each
-one's memory."""
-BACKENDS = ("local", "ray")
-
-DEFAULT_SLOTS = 2
-"""Micro-batches each channel between two workers holds, whatever the backend: one being handed over while
-the next is computed."""
 WAIT_SECONDS = 0.5
 """How long a driver sleeps at most before looking again (a safety net; events normally wake it)."""
 

@@ -142,6 +142,38 @@ def test_console_script(mlp: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "out3").exists()
 
 
+HEAVY_MODULES = ("numpy", "onnx", "onnxruntime", "matplotlib")
+"""What ``--help``, ``--version`` and a usage error must not load: each command's work does."""
+
+
+@pytest.mark.parametrize(
+    "args", [["--version"], ["--help"], ["split", "--help"], ["run", "--help"], ["plan", "m.onnx"]]
+)
+def test_help_version_and_usage_errors_load_no_heavy_module(args: list[str]) -> None:
+    """The parsers import argparse and light modules only; the work (onnxpipe.cli.commands) is imported
+    when a command runs, so that ``onnxpipe --version`` answers at once."""
+    code = (
+        "import sys\n"
+        "from onnxpipe.cli import main\n"
+        "try:\n"
+        "    main(sys.argv[1:])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        f"print('LOADED', sorted(m for m in {HEAVY_MODULES!r} if m in sys.modules), file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    assert done.stderr.strip().splitlines()[-1] == "LOADED []", done.stderr
+
+
+def test_every_parser_has_its_work() -> None:
+    from onnxpipe.cli import SUBCOMMANDS
+    from onnxpipe.cli.commands import WORK, work
+
+    assert [m.NAME for m in SUBCOMMANDS] == list(WORK)
+    for name in WORK:
+        assert callable(work(name))
+
+
 @pytest.mark.parametrize("stages", [MLP_NODES + 1, 1000])
 def test_more_stages_than_nodes_exits_5(
     stages: int, mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]

@@ -40,7 +40,8 @@ from onnxpipe.runtime.backends.shm import (
     SlotWriter,
     unlink_prefix,
 )
-from onnxpipe.runtime.base import DEFAULT_SLOTS, Tensors
+from onnxpipe.runtime.base import Tensors
+from onnxpipe.runtime.choices import DEFAULT_SLOTS
 from onnxpipe.runtime.session import (
     WorkerStats,
 )

@@ -51,7 +51,8 @@ from onnxpipe.runtime.backends.ray_resources import (
     check_shared_pins,
     merged_options,
 )
-from onnxpipe.runtime.base import DEFAULT_SLOTS, Tensors
+from onnxpipe.runtime.base import Tensors
+from onnxpipe.runtime.choices import DEFAULT_SLOTS
 from onnxpipe.runtime.session import (
     Record,
     StageFailure,

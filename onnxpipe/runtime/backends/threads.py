@@ -28,7 +28,8 @@ import numpy as np
 
 from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.runtime.affinity import pin_thread
-from onnxpipe.runtime.base import DEFAULT_SLOTS, Tensors
+from onnxpipe.runtime.base import Tensors
+from onnxpipe.runtime.choices import DEFAULT_SLOTS
 from onnxpipe.runtime.session import Record, StageFailure, StageRunner, WorkerStats, current_rss_bytes
 from onnxpipe.runtime.spec import WorkerSpec
 

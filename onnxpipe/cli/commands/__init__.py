@@ -1,0 +1,29 @@
+"""The work of each subcommand, one module per subcommand, imported only when that subcommand runs.
+
+The parsers (:mod:`onnxpipe.cli.profile`, ...) import argparse and light modules only; the work here
+loads onnx, onnxruntime and numpy.  Kept apart so that ``onnxpipe --help``, ``--version`` and a usage
+error answer without loading them (a test checks that they stay unloaded).  Each module has
+``run(args) -> int``, the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Callable
+
+WORK: dict[str, str] = {
+    "profile": "onnxpipe.cli.commands.profile",
+    "split": "onnxpipe.cli.commands.split",
+    "plan": "onnxpipe.cli.commands.plan",
+    "verify": "onnxpipe.cli.commands.verify",
+    "run": "onnxpipe.cli.commands.run",
+    "inspect": "onnxpipe.cli.commands.inspect",
+}
+"""Subcommand name -> the module that does its work."""
+
+
+def work(name: str) -> Callable[[argparse.Namespace], int]:
+    """The ``run`` function of subcommand ``name``, its module imported now."""
+    run: Callable[[argparse.Namespace], int] = importlib.import_module(WORK[name]).run
+    return run
