@@ -6,9 +6,9 @@ plus new).  Sized independently by the generic rule (every non-batch dim 16) the
 (a mask of 16 for a past of 16 and 16 new tokens) and the model fails in a ``Gather`` of the mask.  Here
 the symbols are found from the inputs' roles and sized together for one phase:
 
-* **decode** (the default): one new token after :data:`DECODE_PAST` cached ones, what a generation step
+* **decode** (the default): one new token after ``DECODE_PAST`` cached ones, what a generation step
   runs and what most of the time of a generation goes to;
-* **prefill**: :data:`PREFILL_TOKENS` new tokens and no past (a zero-length cache, as ONNX Runtime GenAI
+* **prefill**: ``PREFILL_TOKENS`` new tokens and no past (a zero-length cache, as ONNX Runtime GenAI
   runs a prompt).
 
 Sizes the user gives (``--shape``) win: a past length or a new-token count read from them is used for
@@ -21,53 +21,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 
-from onnxpipe.core.errors import UsageError
+from onnxpipe.ir.decoder_kinds import Phase, PhaseShape, phase_shape
 from onnxpipe.ir.model import ModelView
-
-DECODE_PAST = 255
-"""Cached tokens at the decode shape (a context of 256 with the new token): long enough for attention
-over the cache to weigh as it does in real generation, short enough to profile quickly."""
-
-PREFILL_TOKENS = 64
-"""Prompt tokens at the prefill shape."""
-
-
-class Phase(StrEnum):
-    """The two shapes a decoder runs at."""
-
-    PREFILL = "prefill"
-    DECODE = "decode"
-
-
-@dataclass(frozen=True)
-class PhaseShape:
-    """One phase's sizes: ``sequence`` new tokens after ``past`` cached ones."""
-
-    phase: Phase
-    sequence: int
-    past: int
-
-    @property
-    def total(self) -> int:
-        return self.past + self.sequence
-
-    def describe(self) -> str:
-        return f"{self.phase.value} ({self.sequence} new token(s) after {self.past} cached)"
-
-
-def phase_shape(
-    phase: Phase, *, prefill_tokens: int = PREFILL_TOKENS, decode_past: int = DECODE_PAST
-) -> PhaseShape:
-    """The sizes of ``phase`` (checked: a prefill of at least one token, a non-negative past)."""
-    if prefill_tokens < 1:
-        raise UsageError(f"--prefill-tokens {prefill_tokens}: give 1 or more")
-    if decode_past < 0:
-        raise UsageError(f"--decode-past {decode_past}: give 0 or more")
-    if phase == Phase.PREFILL:
-        return PhaseShape(phase, prefill_tokens, 0)
-    return PhaseShape(phase, 1, decode_past)
 
 
 @dataclass(frozen=True)
@@ -168,3 +124,12 @@ def expression_size(dim: str, symbols: Mapping[str, int]) -> int | None:
         else:
             return None
     return total
+
+
+def decoder_inputs(view: ModelView) -> set[str]:
+    """The inputs whose sizes a phase sets: those naming one of the decoder's symbols."""
+    roles = decoder_roles(view)
+    if roles is None:
+        return set()
+    symbols = {s for s in (roles.sequence, roles.past, roles.total) if s}
+    return {t for t in view.inputs if any(d in symbols for d in (view.tensor(t).shape or ()))}

@@ -24,7 +24,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from onnxpipe.core.dims import Dim
 from onnxpipe.core.errors import UsageError
-from onnxpipe.ir.decoder_shapes import PhaseShape, decoder_symbol_sizes, expression_size
+from onnxpipe.ir.decoder_kinds import PhaseShape
+from onnxpipe.ir.decoder_shapes import decoder_symbol_sizes, expression_size
 from onnxpipe.ir.model import ModelView
 
 BATCH_SIZE = 1

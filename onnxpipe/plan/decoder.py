@@ -21,51 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
-from onnxpipe.core.errors import PartitionError, UsageError
+from onnxpipe.core.errors import PartitionError
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo, kv_bytes_per_token
 from onnxpipe.ir.graph import cut_profile
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samevalue import value_classes
+from onnxpipe.plan.decoder_kinds import Ends
 from onnxpipe.plan.sequences import Sequences, tensor_sizes
 from onnxpipe.plan.types import StageSpec
-
-DEFAULT_MAX_CONTEXT = 4096
-"""Tokens of context the KV cache memory is reported (and checked) for when ``--max-context`` is not
-given: a common context length of today's small LLMs."""
-
-
-class Ends(StrEnum):
-    """Where a decoder's embedding and LM head go."""
-
-    FREE = "free"
-    """Wherever the balance puts them."""
-    ATTACHED = "attached"
-    """The embedding with the first layer, the LM head with the last."""
-    OWN = "own"
-    """Each in a stage of its own (the first and the last), as Olive's ``unique_embeds_lm_head_splits``."""
-
-
-@dataclass(frozen=True)
-class DecoderOptions:
-    """How a decoder is split: cuts between layers only (``layer_cuts``), where its ends go, and the
-    context its KV cache memory is counted at."""
-
-    layer_cuts: bool = True
-    ends: Ends = Ends.FREE
-    max_context: int = DEFAULT_MAX_CONTEXT
-
-    def check(self) -> None:
-        if not isinstance(self.ends, Ends) and self.ends not in tuple(Ends):
-            raise UsageError(f"--ends {self.ends!r}: choose one of {', '.join(e.value for e in Ends)}")
-        if (
-            isinstance(self.max_context, bool)
-            or not isinstance(self.max_context, int)
-            or self.max_context < 1
-        ):
-            raise UsageError(f"--max-context {self.max_context!r}: give a positive number of tokens")
 
 
 @dataclass(frozen=True)

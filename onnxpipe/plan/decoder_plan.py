@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Sequence
 
 from onnxpipe import partition as _partition
 from onnxpipe.core.errors import PartitionError
@@ -19,14 +20,13 @@ from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
 from onnxpipe.partition.result import Partition
 from onnxpipe.plan.decoder import (
-    DecoderOptions,
-    Ends,
     LayerSequences,
     coarse_allowed,
     layer_sequences,
     own_ends_bounds,
     stage_kv,
 )
+from onnxpipe.plan.decoder_kinds import DecoderOptions, Ends
 from onnxpipe.plan.stages import plan_from, specs_from_bounds
 from onnxpipe.plan.types import DecoderSummary, Plan, StageSpec
 from onnxpipe.schedule.simulate import simulate
@@ -38,26 +38,42 @@ OBJECTIVE = (
 )
 
 
-def solve_layers(layers: LayerSequences, dec: DecoderInfo, k: int, ends: Ends, bandwidth: float) -> Partition:
-    """The exact split of the layer groups into ``k`` stages under ``ends``, as fine bounds."""
-    costs, cut = layers.coarse_costs, layers.coarse_cut_bytes
-    n = len(costs)
+CoarseSolver = Callable[[int, int, int, Sequence[bool]], Sequence[int]]
+"""``solve(lo, hi, k, allowed)``: bounds (relative to ``lo``) of the best ``k``-stage split of the coarse
+items ``lo .. hi - 1``, stages starting only where ``allowed`` (relative too) says."""
+
+
+def coarse_bounds(
+    layers: LayerSequences, dec: DecoderInfo, k: int, ends: Ends, solve: CoarseSolver
+) -> tuple[int, ...]:
+    """The coarse bounds of a ``k``-stage split under ``ends``: with ``own`` the embedding and the head
+    are stages of their own and ``solve`` splits the layers in between; else ``solve`` splits all items
+    with the cuts ``ends`` allows.  Refused when ``k`` is more than the layer boundaries allow."""
+    n = len(layers.groups)
     if ends == Ends.OWN:
         first, last, middle = own_ends_bounds(layers, dec, k)
-        inner = _partition.solve(
-            costs[first:last], middle, cut_bytes=cut[first : last + 1], bandwidth=bandwidth
+        inner = solve(first, last, middle, [True] * (last - first + 1))
+        return tuple(range(first)) + tuple(first + b for b in inner) + tuple(range(last + 1, n + 1))
+    allowed = coarse_allowed(layers, dec, ends)
+    possible = sum(allowed[1:n])
+    if k > possible + 1:
+        raise PartitionError(
+            f"cannot make {k} stages cutting only between the decoder's {dec.layers} layers "
+            f"(--ends {ends.value}); choose --stages between 1 and {possible + 1}, or --layer-cuts off"
         )
-        coarse = tuple(range(first)) + tuple(first + b for b in inner.bounds) + tuple(range(last + 1, n + 1))
-    else:
-        allowed = coarse_allowed(layers, dec, ends)
-        possible = sum(allowed[1:n])
-        if k > possible + 1:
-            raise PartitionError(
-                f"cannot make {k} stages cutting only between the decoder's {dec.layers} layers "
-                f"(--ends {ends.value}); choose --stages between 1 and {possible + 1}, or --layer-cuts off"
-            )
-        coarse = _partition.solve(costs, k, cut_bytes=cut, bandwidth=bandwidth, allowed_cuts=allowed).bounds
-    fine = layers.fine_bounds(coarse)
+    return tuple(solve(0, n, k, allowed))
+
+
+def solve_layers(layers: LayerSequences, dec: DecoderInfo, k: int, ends: Ends, bandwidth: float) -> Partition:
+    """The exact split of the layer groups into ``k`` stages under ``ends``, scored on the fine sequence."""
+    costs, cut = layers.coarse_costs, layers.coarse_cut_bytes
+
+    def solve(lo: int, hi: int, kk: int, allowed: Sequence[bool]) -> Sequence[int]:
+        return _partition.solve(
+            costs[lo:hi], kk, cut_bytes=cut[lo : hi + 1], bandwidth=bandwidth, allowed_cuts=allowed
+        ).bounds
+
+    fine = layers.fine_bounds(coarse_bounds(layers, dec, k, ends, solve))
     return _partition.evaluate(layers.seq.costs, fine, cut_bytes=layers.seq.cut_bytes, bandwidth=bandwidth)
 
 
@@ -76,7 +92,12 @@ def make_decoder_plan(
     profile.check_matches(view)
     layers = layer_sequences(view, profile, dec)
     part = solve_layers(layers, dec, k, options.ends, bandwidth_bytes_per_s)
-    stages = decoder_stages(view, dec, layers, part, options, profile)
+    stages = tuple(
+        dataclasses.replace(st, phase_seconds=((phase, cost),))
+        for st, cost in zip(
+            decoder_stages(view, dec, layers, part, options, profile), part.stage_costs, strict=True
+        )
+    )
     timeline = simulate("stream", [s.cost_seconds for s in stages], None, [0.0] * k, microbatches)
     return plan_from(
         view,
@@ -88,8 +109,28 @@ def make_decoder_plan(
         notes=decoder_notes(view, dec, stages, options),
         timeline=timeline,
         objective=OBJECTIVE,
-        decoder=DecoderSummary(dec.layers, True, options.ends.value, options.max_context, phase),
+        decoder=DecoderSummary(
+            dec.layers,
+            True,
+            options.ends.value,
+            options.max_context,
+            phase,
+            (phase_shape_of(profile, dec, phase),),
+        ),
     )
+
+
+def phase_shape_of(profile: Profile, dec: DecoderInfo, phase: str) -> tuple[str, int, int]:
+    """(phase, new tokens, cached tokens) of the shapes ``profile`` was measured at."""
+    ids = profile.input_shapes.get(dec.ids_input, (1, 1))
+    past = profile.input_shapes.get(dec.kv[0].past_key, (1, 1, 0, 1))
+    return phase, int(ids[-1]) if ids else 1, int(past[-2]) if len(past) >= 2 else 0
+
+
+def profile_phase(profile: Profile, dec: DecoderInfo) -> str:
+    """The phase ``profile``'s shapes are: ``decode`` for one new token after a cache, else ``prefill``."""
+    _, tokens, past = phase_shape_of(profile, dec, "")
+    return "decode" if tokens == 1 and past > 0 else "prefill"
 
 
 def decoder_stages(

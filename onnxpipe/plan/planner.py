@@ -8,23 +8,50 @@ on identical workers is cut between its layers only (:mod:`onnxpipe.plan.decoder
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import find_decoder
+from onnxpipe.ir.decoder_kinds import Phase
 from onnxpipe.ir.model import ModelView
 from onnxpipe.plan.cluster import plan_pipeline
-from onnxpipe.plan.decoder_plan import make_decoder_plan
+from onnxpipe.plan.decoder_plan import make_decoder_plan, profile_phase
+from onnxpipe.plan.phases import make_two_phase_plan
 from onnxpipe.plan.request import DEFAULT_TIME_SLACK, PlanRequest
 from onnxpipe.plan.types import Plan
 from onnxpipe.plan.workers import make_interleaved_plan, make_plan
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 
 
-def plan(view: ModelView, profile: Profile, request: PlanRequest) -> Plan:
-    """The plan ``request`` asks for, from ``profile``'s costs of ``view`` (checked first)."""
+def plan(
+    view: ModelView,
+    profile: Profile,
+    request: PlanRequest,
+    *,
+    phase_profiles: Mapping[Phase, Profile] | None = None,
+) -> Plan:
+    """The plan ``request`` asks for, from ``profile``'s costs of ``view`` (checked first).
+
+    ``phase_profiles``: a decoder's profiles at the prefill and decode shapes
+    (:func:`onnxpipe.cost.phases.phase_profiles`); with both, the layer cuts are balanced for both
+    phases (:mod:`onnxpipe.plan.phases`).
+    """
     request.check()
     dec = find_decoder(view) if request.decoder.layer_cuts else None
     if dec is not None and request.on_identical_workers and not request.interleaved:
         assert isinstance(request.stages, int)  # on_identical_workers
+        phases = phase_profiles or {}
+        if Phase.PREFILL in phases and Phase.DECODE in phases:
+            return make_two_phase_plan(
+                view,
+                phases[Phase.PREFILL],
+                phases[Phase.DECODE],
+                request.stages,
+                dec,
+                request.decoder,
+                bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
+                microbatches=request.schedule.microbatches or DEFAULT_MICROBATCHES,
+            )
         return make_decoder_plan(
             view,
             profile,
@@ -33,6 +60,7 @@ def plan(view: ModelView, profile: Profile, request: PlanRequest) -> Plan:
             request.decoder,
             bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
             microbatches=request.schedule.microbatches or DEFAULT_MICROBATCHES,
+            phase=profile_phase(profile, dec),
         )
     if not request.on_identical_workers or not isinstance(request.stages, int):
         return plan_pipeline(view, profile, request)

@@ -14,7 +14,7 @@ from typing import Literal, get_args
 
 from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.errors import PartitionError, UsageError
-from onnxpipe.plan.decoder import DecoderOptions
+from onnxpipe.plan.decoder_kinds import DecoderOptions
 from onnxpipe.plan.orders import DEFAULT_TOLERANCE, DeviceOrder
 from onnxpipe.schedule.timeline import DEFAULT_BACKWARD_RATIO, DEFAULT_MICROBATCHES, ScheduleKind
 

@@ -23,7 +23,8 @@ from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.manifest import load_manifest
-from onnxpipe.plan.decoder import DecoderOptions, Ends, kv_split_layers
+from onnxpipe.plan.decoder import kv_split_layers
+from onnxpipe.plan.decoder_kinds import DecoderOptions, Ends
 from onnxpipe.plan.planner import plan
 from onnxpipe.plan.request import PlanRequest
 from onnxpipe.plan.stages import assign_stages
@@ -152,6 +153,10 @@ def test_split_without_hints_decodes_the_models_tokens(name: str, tmp_path: Path
     assert manifest.plan.decoder is not None and manifest.plan.decoder.layers == dec.layers
     assert [layer for st in manifest.stages for layer in st.kv_layers] == list(range(dec.layers))
     assert all(st.kv_cache_bytes > 0 for st in manifest.stages if st.kv_layers)
+    # balanced for both phases by default, with both estimates per stage
+    assert manifest.plan.decoder.phase == "both"
+    assert [p for p, _, _ in manifest.plan.decoder.phase_shapes] == ["prefill", "decode"]
+    assert all(dict(st.estimated_phase_seconds).keys() == {"prefill", "decode"} for st in manifest.stages)
 
 
 @pytest.mark.parametrize("context", [64, 300])
@@ -190,3 +195,17 @@ def test_builder_format_is_accepted_with_a_note(tmp_path: Path) -> None:
         for n in onnx.load(str(tmp_path / "out" / st.file)).graph.node
     }
     assert "SimplifiedLayerNormalization" in ops
+
+
+def test_one_phase_is_profiled_at_its_shape(tmp_path: Path) -> None:
+    request = PlanRequest(2, decoder=DecoderOptions(phase="prefill", prefill_tokens=12))
+    result = split(
+        _path("llama_gqa"),
+        request,
+        tmp_path / "out",
+        SplitOptions(profile=ProfileOptions(cost="static"), verify=False),
+    )
+    decoder = result.manifest.plan.decoder
+    assert decoder is not None and decoder.phase == "prefill"
+    assert decoder.phase_shapes == (("prefill", 12, 0),)
+    assert result.plan.input_shapes["input_ids"] == (1, 12)

@@ -4,6 +4,8 @@ the layer-ordered sequence and the layer-aligned partition, on a hand-built two-
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 
 import numpy as np
 import onnx
@@ -15,11 +17,14 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir import contrib
 from onnxpipe.ir.decoder import _PAST, _kv_name, find_decoder, kv_bytes_per_token, scope_group
-from onnxpipe.ir.decoder_shapes import Phase, decoder_roles, expression_size, phase_shape
+from onnxpipe.ir.decoder_kinds import Phase, phase_shape
+from onnxpipe.ir.decoder_shapes import decoder_roles, expression_size
 from onnxpipe.ir.load import view_from_proto
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
-from onnxpipe.plan.decoder import DecoderOptions, Ends, coarse_allowed, kv_split_layers, layer_sequences
+from onnxpipe.partition.phases import solve_two_phases, solve_weighted
+from onnxpipe.plan.decoder import coarse_allowed, kv_split_layers, layer_sequences
+from onnxpipe.plan.decoder_kinds import DecoderOptions, Ends
 from onnxpipe.plan.decoder_plan import make_decoder_plan, solve_layers
 
 HEADS, HEAD_DIM, WIDTH, VOCAB = 2, 4, 8, 16
@@ -241,3 +246,54 @@ def test_onnxruntimes_default_domain_ops_pass_with_a_note() -> None:
     assert contrib.check_model(_rms_model("LayerNormalization")) is None  # ONNX's own at opset 20
     with pytest.raises(onnx.checker.ValidationError):
         contrib.check_model(_rms_model("NoSuchNormalization"))
+
+
+def _brute_two_phase(a: list[float], b: list[float], k: int, wa: float, wb: float) -> float:
+    n = len(a)
+    best = math.inf
+    for cuts in itertools.combinations(range(1, n), k - 1):
+        bounds = (0, *cuts, n)
+        worst = max(max(wa * sum(a[x:y]), wb * sum(b[x:y])) for x, y in itertools.pairwise(bounds))
+        best = min(best, worst)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_two_phase_split_is_exact(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n, k = int(rng.integers(3, 8)), int(rng.integers(1, 4))
+    k = min(k, n)
+    a = [float(x) for x in rng.random(n)]
+    b = [float(x) for x in rng.random(n) * 3]
+    got = solve_weighted(a, b, k, weights=(1.0, 0.5))
+    assert got.objective == pytest.approx(_brute_two_phase(a, b, k, 1.0, 0.5))
+    both = solve_two_phases(a, b, k)
+    best_a = _brute_two_phase(a, [0.0] * n, k, 1.0, 0.0)
+    best_b = _brute_two_phase([0.0] * n, b, k, 0.0, 1.0)
+    assert both.objective == pytest.approx(_brute_two_phase(a, b, k, 1 / best_a, 1 / best_b))
+    assert max(both.bottleneck_a / best_a, both.bottleneck_b / best_b) == pytest.approx(both.objective)
+
+
+def test_two_phase_split_is_no_worse_than_either_phases_own() -> None:
+    """Phase A's work is early, B's late: the joint split's worse phase is no further from its own best
+    than with the split balanced for either phase alone."""
+    a = [4.0, 4.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    b = [1.0, 1.0, 1.0, 1.0, 1.0, 4.0, 4.0]
+    only_a = solve_weighted(a, [0.0] * 7, 3, weights=(1.0, 0.0))
+    only_b = solve_weighted([0.0] * 7, b, 3, weights=(0.0, 1.0))
+    both = solve_two_phases(a, b, 3)
+
+    def worse(bounds: tuple[int, ...]) -> float:
+        return max(max(_sums(a, bounds)) / only_a.objective, max(_sums(b, bounds)) / only_b.objective)
+
+    assert both.objective == pytest.approx(worse(both.bounds))
+    assert both.objective <= worse(only_a.bounds) and both.objective <= worse(only_b.bounds)
+    assert both.objective < max(worse(only_a.bounds), worse(only_b.bounds))
+    with pytest.raises(PartitionError):
+        solve_weighted(a, b, 8)
+    with pytest.raises(PartitionError):
+        solve_weighted(a, b, 2, allowed_cuts=[True] + [False] * 6 + [True])
+
+
+def _sums(costs: list[float], bounds: tuple[int, ...]) -> list[float]:
+    return [sum(costs[x:y]) for x, y in itertools.pairwise(bounds)]
