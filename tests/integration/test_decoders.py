@@ -4,6 +4,7 @@ model's, the KV memory figure equal to the cache's real size, and the builder's 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from cli_runner import run as cli_run
 from paths import SAMPLE_MODELS
 
 from onnxpipe.api import SplitOptions, split
+from onnxpipe.cluster.devicesfile import load_cluster
+from onnxpipe.core.errors import MemoryFitError
 from onnxpipe.cost.source import ProfileOptions, get_profile
 from onnxpipe.export.stages import ExportOptions
 from onnxpipe.ir.decoder import find_decoder
@@ -209,3 +213,50 @@ def test_one_phase_is_profiled_at_its_shape(tmp_path: Path) -> None:
     assert decoder is not None and decoder.phase == "prefill"
     assert decoder.phase_shapes == (("prefill", 12, 0),)
     assert result.plan.input_shapes["input_ids"] == (1, 12)
+
+
+def test_kv_cache_counts_in_the_device_memory_check(tmp_path: Path) -> None:
+    """On a devices file each device must hold its layers' cache at the maximum context: a context
+    that fits at 2048 tokens does not at 8192, and the plan reports each device's cache."""
+    path = tmp_path / "devices.json"
+    devices = [
+        {"name": n, "provider": "CPUExecutionProvider", "threads": 1, "memory_bytes": 700000} for n in "abc"
+    ]
+    links = [{"bandwidth_bytes_per_s": 1000000000, "latency_s": 0}] * 2
+    path.write_text(json.dumps({"devices": devices, "links": links}))
+    view = load_model(_path("llama_gqa"))
+    dec = find_decoder(view)
+    assert dec is not None
+    prof = get_profile(view, ProfileOptions(cost="static"))
+    cluster = load_cluster(path)
+    fits = plan(view, prof, PlanRequest(3, devices=cluster, decoder=DecoderOptions(max_context=2048)))
+    assert kv_split_layers(view, dec, fits.stages) == []
+    per_layer = 2 * 2 * 8 * 4 * 2048  # key and value, 2 KV heads of 8, float32, 2048 tokens
+    assert [st.kv_cache_bytes for st in fits.stages] == [per_layer * len(st.kv_layers) for st in fits.stages]
+    with pytest.raises(MemoryFitError):
+        plan(view, prof, PlanRequest(3, devices=cluster, decoder=DecoderOptions(max_context=8192)))
+
+
+def test_cli_inspect_names_the_decoder_and_split_needs_no_hints(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = cli_run(["inspect", _path("llama_gqa_builder")], capfd)
+    assert code == 0
+    assert "decoder: 4 layers with a KV cache" in out and "SimplifiedLayerNormalization" in out
+    code, out, err = cli_run(
+        [
+            "split",
+            _path("gpt2"),
+            "--stages",
+            "3",
+            "--out",
+            tmp_path / "o",
+            "--cost",
+            "static",
+            "--ends",
+            "attached",
+        ],
+        capfd,
+    )
+    assert code == 0, err
+    assert "KV layers" in out and "ends attached" in out

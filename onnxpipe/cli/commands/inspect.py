@@ -6,9 +6,12 @@ import argparse
 from pathlib import Path
 
 from onnxpipe.cli.tables import (
+    format_decoder,
+    format_decoder_stages,
     format_manifest_table,
     format_model_table,
 )
+from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import load_manifest
 
@@ -16,7 +19,14 @@ from onnxpipe.manifest import load_manifest
 def run(args: argparse.Namespace) -> int:
     target: Path = args.target
     if target.is_dir():
-        print(format_manifest_table(load_manifest(target, check_files=False)))
+        manifest = load_manifest(target, check_files=False)
+        print(format_manifest_table(manifest))
+        if manifest.plan.decoder is not None:
+            print(format_decoder_stages(manifest))
     else:
-        print(format_model_table(load_model(target)))
+        view = load_model(target)
+        print(format_model_table(view))
+        found = format_decoder(view, find_decoder(view))
+        if found:
+            print(found)
     return 0

@@ -9,6 +9,7 @@ from onnxpipe import api
 from onnxpipe.calibrate.loop import CalibrationOptions
 from onnxpipe.cli.commands.common import plan_request, profile_options
 from onnxpipe.cli.tables import (
+    format_decoder_stages,
     format_manifest_table,
     format_verify_report,
 )
@@ -26,6 +27,8 @@ def run(args: argparse.Namespace) -> int:
     result = api.split(args.model, request, args.out, options)
     plan = result.plan
     print(format_manifest_table(result.manifest))
+    if result.manifest.plan.decoder is not None:
+        print(format_decoder_stages(result.manifest))
     print(
         f"wrote {plan.k} stages to {args.out}/ (bottleneck {plan.bottleneck_seconds * 1e3:.3f} ms, "
         f"{plan.ratio_to_lower_bound:.3f}x the lower bound)"
