@@ -31,7 +31,9 @@ measured profiles); they take minutes, want a quiet machine, and are run by hand
 * ``calibrate`` — calibration's stage times taken in turns against one stage after the other;
 * ``interleave`` — interleaved stages against a contiguous split: throughput and weights per worker;
 * ``ray`` — the Ray backend: one actor per worker against one per stage, and the whole model;
-* ``stagecost`` — what a cut costs: K stages one after the other against the whole model, one CPU.
+* ``stagecost`` — what a cut costs: K stages one after the other against the whole model, one CPU;
+* ``decoders`` — decoder LLMs: stage balance at prefill and decode for splits balanced for prefill,
+  decode, both phases, and equal layer counts.
 """
 
 from __future__ import annotations
