@@ -3,7 +3,7 @@
 On a decoder (:func:`onnxpipe.ir.decoder.find_decoder`) the compute nodes are lined up by layer group
 (before the layers, layer 0, ..., layer L-1, the head; inside a group in the view's order, which stays
 topological since a node's group is never below its inputs'), and the partitioner sees one item per group
-(:func:`coarse_items`): its costs summed, the bytes a stage starting at the group receives.  The optimum
+(:class:`LayerSequences`): its costs summed, the bytes a stage starting at the group receives.  The optimum
 over that coarser sequence is exact for splits that cut only between layers, which is all that is then
 allowed: each layer's past and present key and value land in one stage.
 
@@ -12,13 +12,14 @@ not charged to any (they are "free" in :func:`onnxpipe.ir.graph.cut_profile`, li
 are the stage's own outputs and cross nothing either.  Each stage's cache at ``max_context`` tokens is
 reported and counted in the device memory check.
 
-Where the embedding and the LM head go (:class:`Ends`): anywhere the balance puts them (``free``), with
-their neighbouring layer (``attached``), or each a stage of its own (``own``, as Olive's
-``unique_embeds_lm_head_splits`` does).
+Where the embedding and the LM head go (:class:`~onnxpipe.plan.decoder_kinds.Ends`): anywhere the
+balance puts them (``free``), with their neighbouring layer (``attached``), or each a stage of its own
+(``own``, as Olive's ``unique_embeds_lm_head_splits`` does).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,7 +50,7 @@ class LayerSequences:
     @property
     def coarse_costs(self) -> list[float]:
         c = self.seq.costs
-        return [float(sum(c[a:b])) for a, b in zip(self.starts, self.starts[1:], strict=False)]
+        return [float(sum(c[a:b])) for a, b in itertools.pairwise(self.starts)]
 
     @property
     def coarse_cut_bytes(self) -> list[int]:
