@@ -13,6 +13,7 @@ plan as a stage count or a :class:`~onnxpipe.plan.request.PlanRequest`, and ever
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -25,10 +26,13 @@ from onnxpipe.cluster.costs import provider_available
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.runtime_kinds import Runtime
 from onnxpipe.cost.kinds import CostSource
+from onnxpipe.cost.phases import phase_profiles
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.source import ProfileOptions, get_profile
 from onnxpipe.export.checks import check_exportable
 from onnxpipe.export.stages import ExportOptions, export_stages
+from onnxpipe.ir.decoder import find_decoder
+from onnxpipe.ir.decoder_kinds import Phase
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
@@ -105,13 +109,19 @@ def split(
         view, _ = static_view(view, shapes)
         opts = dataclasses.replace(opts, profile=dataclasses.replace(opts.profile, shapes=shapes))
     _check_calibration(request, opts.calibration)
-    prof = get_profile(view, opts.profile)
+    phases = decoder_profiles(view, request, opts.profile)
+    if phases and len(phases) > 1 and opts.calibration.rounds:
+        raise UsageError(
+            f"{view.label}: --calibrate times the stages at one shape; with a decoder give --phase prefill "
+            "or --phase decode (not both)"
+        )
+    prof = phases.get(Phase.DECODE) or phases.get(Phase.PREFILL) or get_profile(view, opts.profile)
     samples = prof.samples
     if request.split_nodes == SplitNodes.AUTO:
         cut = planned(view, prof, request)  # the stages name the cut node's parts: export the cut model
         view, the_plan = cut.view, _measured_here(cut.plan, prof, request)
     else:
-        the_plan = _calibrated(view, prof, request, opts.calibration)
+        the_plan = _calibrated(view, prof, request, opts.calibration, phases)
     manifest = export_stages(
         view,
         the_plan,
@@ -156,14 +166,26 @@ def _measured_here(the_plan: Plan, prof: Profile, request: PlanRequest) -> Plan:
     return the_plan
 
 
+def decoder_profiles(view: ModelView, request: PlanRequest, options: ProfileOptions) -> dict[Phase, Profile]:
+    """A decoder's profiles at the phases ``request.decoder`` balances for (empty for other models, for
+    a saved profile, which holds one shape, and with ``layer_cuts`` off)."""
+    if options.saved is not None or not request.decoder.layer_cuts or find_decoder(view) is None:
+        return {}
+    return phase_profiles(view, options, request.decoder.phases())
+
+
 def _calibrated(
-    view: ModelView, prof: Profile, request: PlanRequest, calibration: CalibrationOptions
+    view: ModelView,
+    prof: Profile,
+    request: PlanRequest,
+    calibration: CalibrationOptions,
+    phases: Mapping[Phase, Profile] | None = None,
 ) -> Plan:
     """The plan, from the profile corrected by calibration when asked; it records the machine's speed
     as the estimates were made (``reference_seconds``), for a later run to compare its own with."""
 
     def make(p: Profile) -> Plan:
-        return plan(view, p, request)
+        return plan(view, p, request, phase_profiles=phases if p is prof else None)
 
     if not calibration.rounds:
         return _measured_here(make(prof), prof, request)

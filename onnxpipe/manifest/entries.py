@@ -149,6 +149,13 @@ class StageEntry:
     """``(domain, version)`` of every op domain the stage file's nodes use (``""`` is the default ONNX
     domain), sorted: what a runtime must support to load it (added in schema 3)."""
 
+    kv_layers: tuple[int, ...] = ()
+    """A decoder's layers whose KV cache this stage holds (its past inputs and present outputs)."""
+    kv_cache_bytes: int = 0
+    """That cache's bytes at the plan's maximum context (:attr:`DecoderRecord.max_context`)."""
+    estimated_phase_seconds: tuple[tuple[str, float], ...] = ()
+    """A decoder's estimated stage time at each phase profiled, as (phase, seconds)."""
+
 
 @dataclass(frozen=True)
 class NodeSplitRecord:
@@ -161,6 +168,23 @@ class NodeSplitRecord:
     contiguous_bound_seconds: float
     """``max(total / K, largest node)``: the bound no contiguous split beats, which this split passed."""
     contiguous_bottleneck_seconds: float
+
+
+@dataclass(frozen=True)
+class DecoderRecord:
+    """What the plan of a decoder with a KV cache adds (``plan.decoder`` in the manifest)."""
+
+    layers: int
+    layer_cuts: bool
+    """Whether cuts fell between layers only (each layer's cache in one stage)."""
+    ends: str
+    """Where the embedding and LM head went: ``free``, ``attached`` or ``own``."""
+    max_context: int
+    """Tokens of context the stages' ``kv_cache_bytes`` are for."""
+    phase: str
+    """What the stage estimates are for: ``prefill``, ``decode`` or ``both``."""
+    phase_shapes: tuple[tuple[str, int, int], ...] = ()
+    """(phase, new tokens, cached tokens) of each phase profiled."""
 
 
 @dataclass(frozen=True)
@@ -196,6 +220,8 @@ class PlanSummary:
     """``serial`` (a stage's transfer in adds to its compute) or ``overlap`` (links run beside compute);
     None in a manifest written before the field (whose plans were serial without a devices file,
     overlap with one)."""
+    decoder: DecoderRecord | None = None
+    """Set when the model is a decoder with a KV cache."""
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from onnxpipe.manifest.entries import (
     READABLE_VERSIONS,
     SCHEMA_VERSION,
     V1_MODEL_INPUT,
+    DecoderRecord,
     DeviceRecord,
     ModelOutput,
     ModelTensor,
@@ -175,6 +176,11 @@ def stage(f: Fields) -> StageEntry:
         same_values=f.get("same_values", []).objects(_same_value),
         recomputed_node_count=f.get("recomputed_node_count", 0).integer(),
         required_opsets=_required_opsets(f.get("required_opsets", {})),
+        kv_layers=f.get("kv_layers", []).list_of(Value.integer),
+        kv_cache_bytes=f.get("kv_cache_bytes", 0).integer(),
+        estimated_phase_seconds=tuple(
+            f.get("estimated_phase_seconds", {}).dict_of(lambda v: v.number()).items()
+        ),
     )
 
 
@@ -203,6 +209,7 @@ def plan(f: Fields) -> PlanSummary:
         profiled_inputs=f.get("profiled_inputs", []).objects(InputRecord.read),
         node_splits=f.get("node_splits", []).objects(_node_split),
         link_model=_link_model(f.get("link_model", None)),
+        decoder=_decoder(f.get("decoder", None)),
     )
 
 
@@ -238,6 +245,35 @@ def _link_model(v: Value) -> str | None:
     if text not in LINK_MODELS:
         raise v.fail(f"expected one of {', '.join(LINK_MODELS)}, got {text!r}")
     return text
+
+
+def _decoder(v: Value) -> DecoderRecord | None:
+    """``plan.decoder`` (added in schema 3; absent for other models and older files)."""
+    if v.raw is None:
+        return None
+    f = v.fields()
+    ends = f["ends"].string()
+    if ends not in _ENDS:
+        raise f["ends"].fail(f"expected one of {', '.join(_ENDS)}, got {ends!r}")
+    phase = f["phase"].string()
+    if phase not in _PHASES:
+        raise f["phase"].fail(f"expected one of {', '.join(_PHASES)}, got {phase!r}")
+    return DecoderRecord(
+        layers=f["layers"].integer(minimum=1),
+        layer_cuts=f["layer_cuts"].boolean(),
+        ends=ends,
+        max_context=f["max_context"].integer(minimum=1),
+        phase=phase,
+        phase_shapes=f.get("phase_shapes", []).objects(_phase_shape),
+    )
+
+
+def _phase_shape(f: Fields) -> tuple[str, int, int]:
+    return (f["phase"].string(), f["new_tokens"].integer(minimum=1), f["past_tokens"].integer())
+
+
+_ENDS = ("free", "attached", "own")
+_PHASES = ("prefill", "decode", "both")
 
 
 def _reference(v: Value) -> float | None:

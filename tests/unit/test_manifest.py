@@ -16,6 +16,7 @@ from onnxpipe.core.inputfiles import InputRecord
 from onnxpipe.manifest import (
     MODEL_INPUT,
     SCHEMA_VERSION,
+    DecoderRecord,
     Manifest,
     ModelOutput,
     ModelTensor,
@@ -564,3 +565,33 @@ def test_bad_node_splits_are_refused(field: str, value: Any, message: str) -> No
     with pytest.raises(ManifestError) as info:
         Manifest.from_json(text, source="m.json")
     assert str(info.value).startswith(f"m.json: {message}")
+
+
+def test_decoder_fields_round_trip_and_are_checked() -> None:
+    """The optional decoder fields (added in schema 3): written only when set, read back, validated."""
+    m = two_stage_manifest()
+    assert "decoder" not in json.loads(m.to_json())["plan"]
+    assert "kv_layers" not in json.loads(m.to_json())["stages"][0]
+    record = DecoderRecord(4, True, "attached", 2048, "both", (("prefill", 64, 0), ("decode", 1, 255)))
+    stages = (
+        replace(
+            m.stages[0], kv_layers=(0, 1), kv_cache_bytes=4096, estimated_phase_seconds=(("prefill", 0.5),)
+        ),
+        *m.stages[1:],
+    )
+    dec = replace(m, plan=replace(m.plan, decoder=record), stages=stages)
+    obj = json.loads(dec.to_json())
+    assert obj["plan"]["decoder"]["phase_shapes"][1] == {
+        "phase": "decode",
+        "new_tokens": 1,
+        "past_tokens": 255,
+    }
+    assert obj["stages"][0]["kv_layers"] == [0, 1]
+    assert Manifest.from_json(dec.to_json()) == dec
+    obj["plan"]["decoder"]["ends"] = "middle"
+    with pytest.raises(ManifestError, match=r"plan\.decoder\.ends: expected one of free, attached, own"):
+        Manifest.from_json(json.dumps(obj))
+    obj["plan"]["decoder"]["ends"] = "own"
+    obj["plan"]["decoder"]["max_context"] = 0
+    with pytest.raises(ManifestError, match="max_context"):
+        Manifest.from_json(json.dumps(obj))
