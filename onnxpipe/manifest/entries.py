@@ -13,10 +13,11 @@ from typing import Literal
 from onnxpipe.core.dims import Shape
 from onnxpipe.core.inputfiles import InputRecord
 
-SCHEMA_VERSION = 2
-"""Version 2 spells the place a pass-through model output comes from ``"model_input"`` (version 1:
-``"model input"``); both are read (docs/manifest.md, versioning)."""
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+"""Version 3 adds the fields a runner must honour (a device's ``runtime``, a decoder's ``kv_layers``)
+and the boundary contract; version 2 spelled the place a pass-through model output comes from
+``"model_input"`` (version 1: ``"model input"``).  All three are read (docs/manifest.md, versioning)."""
+READABLE_VERSIONS = (1, 2, 3)
 MANIFEST_NAME = "manifest.json"
 
 MODEL: Literal["model"] = "model"

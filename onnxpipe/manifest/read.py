@@ -43,7 +43,8 @@ def schema_version(f: Fields) -> int:
     """The file's ``schema_version``, refused unless this onnxpipe reads it (checked before any other)."""
     version = f["schema_version"].integer(minimum=None)
     if version not in READABLE_VERSIONS:
-        readable = " and ".join(str(v) for v in READABLE_VERSIONS)
+        *earlier, last = (str(v) for v in READABLE_VERSIONS)
+        readable = f"{', '.join(earlier)} and {last}" if earlier else last
         raise ManifestError(
             f"{f.doc.source}: schema_version {version} is not supported (this onnxpipe reads versions "
             f"{readable}, writes {SCHEMA_VERSION}); use the onnxpipe that wrote it or re-run onnxpipe split"

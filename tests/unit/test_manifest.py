@@ -103,7 +103,7 @@ def test_json_round_trip() -> None:
     assert text.endswith("}\n")
     assert Manifest.from_json(text) == m
     obj = json.loads(text)
-    assert obj["schema_version"] == SCHEMA_VERSION == 2
+    assert obj["schema_version"] == SCHEMA_VERSION == 3
     assert obj["plan"]["bandwidth_bytes_per_s"] is None  # JSON has no infinity: null stands for it
     assert obj["stages"][0]["outputs"][0]["shape"] == ["batch", None]
     assert obj["stages"][1]["outputs"][0]["shape"] is None
@@ -112,7 +112,7 @@ def test_json_round_trip() -> None:
 
 
 def test_a_version_1_manifest_still_reads() -> None:
-    """Version 1 spelled a pass-through output's ``produced_by`` ``"model input"``; it reads as version 2."""
+    """Version 1 spelled a pass-through output's ``produced_by`` ``"model input"``; it reads as today's."""
     m = two_stage_manifest()
     obj = json.loads(m.to_json())
     obj["schema_version"] = 1
@@ -120,7 +120,7 @@ def test_a_version_1_manifest_still_reads() -> None:
     obj["model_outputs"][2]["produced_by"] = "model input"
     again = Manifest.from_json(json.dumps(obj))
     assert again == m and again.model_outputs[2].produced_by == MODEL_INPUT
-    assert json.loads(again.to_json())["schema_version"] == 2  # written back in today's spelling
+    assert json.loads(again.to_json())["schema_version"] == 3  # written back in today's spelling
     obj["model_outputs"][2]["produced_by"] = "model_input"  # version 1 never wrote this
     with pytest.raises(
         ManifestError, match=r'model_outputs\[2\]\.produced_by: expected a stage index or "model input"'
@@ -262,7 +262,7 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
         ),
         (
             _set("schema_version", 99),
-            "m.json: schema_version 99 is not supported (this onnxpipe reads versions 1 and 2, writes 2); "
+            "m.json: schema_version 99 is not supported (this onnxpipe reads versions 1, 2 and 3, writes 3); "
             "use the onnxpipe that wrote it or re-run onnxpipe split",
         ),
         (
@@ -444,7 +444,7 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
         ),
         (
             _set("schema_version", -1),
-            "m.json: schema_version -1 is not supported (this onnxpipe reads versions 1 and 2, writes 2); "
+            "m.json: schema_version -1 is not supported (this onnxpipe reads versions 1, 2 and 3, writes 3); "
             "use the onnxpipe that wrote it or re-run onnxpipe split",
         ),
         (
@@ -475,10 +475,24 @@ def test_not_json() -> None:
         Manifest.from_json("[]", source="m.json")
 
 
+def test_a_version_2_manifest_still_reads() -> None:
+    """Version 3 only added optional fields to version 2's: a version-2 file reads with their defaults
+    and is written back as version 3."""
+    m = two_stage_manifest()
+    obj = json.loads(m.to_json())
+    obj["schema_version"] = 2
+    for absent in ("link_model", "node_splits", "profiled_inputs", "decoder"):
+        obj["plan"].pop(absent, None)
+    again = Manifest.from_json(json.dumps(obj))
+    assert again == m
+    assert again.plan.node_splits == () and again.plan.decoder is None and again.plan.link_model is None
+    assert json.loads(again.to_json())["schema_version"] == 3
+
+
 def test_schema_version_is_checked_before_any_other_field() -> None:
     """A manifest of another version may lay out every other field differently: say so, not 'missing'."""
-    with pytest.raises(ManifestError, match=r"^m\.json: schema_version 3 is not supported"):
-        Manifest.from_json('{"schema_version": 3}', source="m.json")
+    with pytest.raises(ManifestError, match=r"^m\.json: schema_version 4 is not supported"):
+        Manifest.from_json('{"schema_version": 4}', source="m.json")
 
 
 def test_optional_top_level_fields_may_be_absent() -> None:
