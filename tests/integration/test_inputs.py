@@ -84,6 +84,27 @@ def test_the_cli_says_which_input_and_flag_and_runs_with_inputs(
     assert code == 2 and "--inputs speech.npz" in err
     code, _, err = run(["verify", out, "--inputs", speech, "--shape", "input=1,512"], capfd)
     assert code == 2 and "leave --shape out" in err
+    profile = tmp_path / "p.json"
+    code, stdout, err = run(
+        [
+            "profile",
+            model,
+            "--out",
+            profile,
+            "--runs",
+            "2",
+            "--warmup",
+            "0",
+            "--inputs",
+            speech,
+            "--inputs",
+            speech,
+        ],
+        capfd,
+    )
+    assert code == 0, err
+    assert "inputs: speech.npz (1 sample), speech.npz (1 sample)" in stdout
+    assert [r["file"] for r in json.loads(profile.read_text())["inputs"]] == ["speech.npz", "speech.npz"]
     np.savez(tmp_path / "bad.npz", input=np.zeros((1, 512), np.float32), sr=np.array(16000))
     code, _, err = run(["verify", out, "--inputs", tmp_path / "bad.npz"], capfd)
     assert code == 2 and "no array for model input 'state'" in err
