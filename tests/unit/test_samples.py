@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from onnxpipe.core.errors import UsageError
+from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.core.inputfiles import InputRecord, read_input_file
 from onnxpipe.core.jsonread import Document
 from onnxpipe.cost.profile import Profile
@@ -21,6 +21,7 @@ from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import load_samples, samples_from_feeds
 from onnxpipe.ir.shapes import failure_hint, guessed_dims, resolve_input_shapes
+from onnxpipe.plan.workers import make_plan
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +185,10 @@ def test_a_profile_keeps_the_records_of_its_inputs_not_the_data(vad: ModelView, 
     assert given.inputs == samples.records and given.samples is None
     assert given.input_shapes == {"input": (1, 512), "state": (2, 1, 128), "sr": ()}
     assert "inputs" not in json.loads(prof.to_json())
+
+
+def test_too_many_stages_names_the_largest_number_that_works(sample_models_dir: Path) -> None:
+    view = load_model(sample_models_dir / "mlp.onnx")
+    m = len(view.compute_nodes)
+    with pytest.raises(PartitionError, match=rf"the largest number of stages that works is {m}: "):
+        make_plan(view, static_profile(view), m + 1)
