@@ -29,8 +29,8 @@ from onnxpipe.export.stages import ExportOptions, export_stages
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
-from onnxpipe.plan.planner import plan
-from onnxpipe.plan.request import PlanRequest
+from onnxpipe.plan.planner import plan, planned
+from onnxpipe.plan.request import PlanRequest, SplitNodes
 from onnxpipe.plan.types import Plan
 from onnxpipe.verification.verify import VerifyReport, verify
 
@@ -92,8 +92,12 @@ def split(
     request.check()
     _check_calibration(request, opts.calibration)
     prof = get_profile(view, opts.profile)
-    the_plan = _calibrated(view, prof, request, opts.calibration)
     samples = prof.samples
+    if request.split_nodes == SplitNodes.AUTO:
+        cut = planned(view, prof, request)  # the stages name the cut node's parts: export the cut model
+        view, the_plan = cut.view, _measured_here(cut.plan, prof, request)
+    else:
+        the_plan = _calibrated(view, prof, request, opts.calibration)
     manifest = export_stages(
         view,
         the_plan,
@@ -112,6 +116,11 @@ def split(
 def _check_calibration(request: PlanRequest, calibration: CalibrationOptions) -> None:
     if not calibration.rounds:
         return
+    if request.split_nodes == SplitNodes.AUTO:
+        raise UsageError(
+            "--calibrate corrects the costs of the model's own nodes, and --split-nodes auto cuts one: "
+            "give one or the other"
+        )
     if request.interleaved and calibration.mode == "pipeline":
         raise UsageError(
             "--calibrate-in pipeline times every stage on CPUs of its own, but interleaved stages share "
@@ -124,6 +133,13 @@ def _check_calibration(request: PlanRequest, calibration: CalibrationOptions) ->
         )
 
 
+def _measured_here(the_plan: Plan, prof: Profile, request: PlanRequest) -> Plan:
+    """A measured profile's median whole run is the machine's speed the estimates saw: recorded."""
+    if prof.source == CostSource.PROFILE and request.devices is None and prof.total_seconds > 0:
+        return dataclasses.replace(the_plan, reference_seconds=prof.total_seconds)
+    return the_plan
+
+
 def _calibrated(
     view: ModelView, prof: Profile, request: PlanRequest, calibration: CalibrationOptions
 ) -> Plan:
@@ -134,13 +150,7 @@ def _calibrated(
         return plan(view, p, request)
 
     if not calibration.rounds:
-        the_plan = make(prof)
-        measured_here = (
-            prof.source == CostSource.PROFILE and request.devices is None and prof.total_seconds > 0
-        )
-        if measured_here:  # a measured profile's median whole run is the machine's speed it saw
-            the_plan = dataclasses.replace(the_plan, reference_seconds=prof.total_seconds)
-        return the_plan
+        return _measured_here(make(prof), prof, request)
     k = request.stages if isinstance(request.stages, int) else len(make(prof).stages)
     timer, how = choose_timer("alone" if request.interleaved else calibration.mode, k, prof.threads)
     prof, the_plan, rounds = run_calibration(view, prof, make, rounds=calibration.rounds, timer=timer)

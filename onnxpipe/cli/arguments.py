@@ -15,7 +15,12 @@ from typing import Any, NoReturn, TypeVar, overload
 
 from onnxpipe.cli.argtypes import bandwidth, count, fraction, positive_int, positive_number
 from onnxpipe.cost.kinds import COST_SOURCES
-from onnxpipe.plan.request import DEFAULT_TIME_SLACK, SCHEDULE_CHOICES
+from onnxpipe.plan.request import (
+    DEFAULT_SPLIT_NODES,
+    DEFAULT_TIME_SLACK,
+    SCHEDULE_CHOICES,
+    SPLIT_NODES_CHOICES,
+)
 
 _N = TypeVar("_N")
 
@@ -135,6 +140,14 @@ def add_planning_args(p: argparse.ArgumentParser) -> None:
         metavar="F",
         help=f"with --workers: accept a split up to F slower than the fastest (default {DEFAULT_TIME_SLACK}, "
         "i.e. 1%%) if it balances the workers' weights better",
+    )
+    g.add_argument(
+        "--split-nodes",
+        choices=SPLIT_NODES_CHOICES,
+        default=DEFAULT_SPLIT_NODES.value,
+        help="auto: a node that holds the split back (a big MatMul, Gemm or Conv with constant weights) "
+        "may be cut into parts in consecutive stages when that lowers the slowest stage; off (default): "
+        "contiguous stages of whole nodes",
     )
     g.add_argument("--devices", type=Path, help="cluster file: devices in pipeline order and their links")
     g.add_argument(

@@ -125,6 +125,19 @@ class StageEntry:
 
 
 @dataclass(frozen=True)
+class NodeSplitRecord:
+    """A node the plan cut into parts over consecutive stages (added in schema 3, optional)."""
+
+    node: str
+    kind: str
+    parts: int
+    stages: tuple[int, ...]
+    contiguous_bound_seconds: float
+    """``max(total / K, largest node)``: the bound no contiguous split beats, which this split passed."""
+    contiguous_bottleneck_seconds: float
+
+
+@dataclass(frozen=True)
 class PlanSummary:
     """The numbers that justify the partition (copied from :class:`onnxpipe.plan.types.Plan`)."""
 
@@ -151,6 +164,8 @@ class PlanSummary:
     profiled_inputs: tuple[InputRecord, ...] = ()
     """The sample input files (``--inputs``) the costs were measured on, by name, sha256 and shapes
     (never their data); empty when the inputs were random at ``profiled_input_shapes``."""
+    node_splits: tuple[NodeSplitRecord, ...] = ()
+    """Nodes cut into parts placed in consecutive stages (``--split-nodes auto``); empty: none."""
 
 
 @dataclass(frozen=True)

@@ -50,4 +50,5 @@ def plan_request(args: argparse.Namespace) -> PlanRequest:
         schedule=schedule_request(args),
         workers=args.workers,
         time_slack=args.time_slack,
+        split_nodes=args.split_nodes,
     )
