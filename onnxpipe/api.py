@@ -22,6 +22,7 @@ from onnxpipe.calibrate.loop import calibrate as run_calibration
 from onnxpipe.calibrate.timing import choose_timer, time_model
 from onnxpipe.core.errors import UsageError
 from onnxpipe.cost.kinds import CostSource
+from onnxpipe.cost.measure import RETRY_NOTE
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.source import ProfileOptions, get_profile
 from onnxpipe.export.checks import check_exportable
@@ -98,6 +99,9 @@ def split(
         view, the_plan = cut.view, _measured_here(cut.plan, prof, request)
     else:
         the_plan = _calibrated(view, prof, request, opts.calibration)
+    retried = tuple(n for n in prof.unattributed if n.startswith(RETRY_NOTE))
+    if retried:  # the sizes finally used, in the manifest's notes too
+        the_plan = dataclasses.replace(the_plan, notes=(*the_plan.notes, *retried))
     manifest = export_stages(
         view,
         the_plan,

@@ -110,11 +110,21 @@ def test_the_cli_says_which_input_and_flag_and_runs_with_inputs(
     assert code == 2 and "no array for model input 'state'" in err
 
 
-def test_a_measured_profile_retries_sequence_dims_at_a_larger_size(sample_models_dir: Path) -> None:
+def test_a_measured_profile_retries_sequence_dims_at_a_larger_size(
+    sample_models_dir: Path, tmp_path: Path
+) -> None:
     view = load_model(sample_models_dir / "reflect_pad.onnx")
     prof = profile_model(view, runs=2, warmup=1)
     assert prof.input_shapes == {"x": (1, RETRY_SEQUENCE_SIZE)}
     assert any(f"sequence dims at {RETRY_SEQUENCE_SIZE}" in n for n in prof.unattributed)
+    out = api.split(
+        sample_models_dir / "reflect_pad.onnx",
+        2,
+        tmp_path / "stages",
+        SplitOptions(profile=ProfileOptions(runs=2, warmup=1), verify=False),
+    )
+    assert out.manifest.plan.profiled_input_shapes == {"x": (1, RETRY_SEQUENCE_SIZE)}
+    assert any(f"sequence dims at {RETRY_SEQUENCE_SIZE}" in n for n in out.manifest.plan.notes)
     # sizes the user gave are not guessed: no retry, and the way out is real inputs
     with pytest.raises(ProfileError, match=r"x=\[1, 8\].*--inputs FILE.npz") as info:
         profile_model(view, runs=2, warmup=1, shapes={"x": (1, 8)})
