@@ -17,10 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from onnxpipe.calibrate.devices import calibrate_on_devices, check_devices_here
 from onnxpipe.calibrate.loop import CalibrationOptions
 from onnxpipe.calibrate.loop import calibrate as run_calibration
 from onnxpipe.calibrate.timing import choose_timer, time_model
+from onnxpipe.cluster.costs import provider_available
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.runtime_kinds import Runtime
 from onnxpipe.cost.kinds import CostSource
 from onnxpipe.cost.measure import RETRY_NOTE
 from onnxpipe.cost.profile import Profile
@@ -29,6 +32,8 @@ from onnxpipe.export.checks import check_exportable
 from onnxpipe.export.stages import ExportOptions, export_stages
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.shapes import resolve_input_shapes
+from onnxpipe.ir.static import static_view
 from onnxpipe.manifest import Manifest
 from onnxpipe.plan.planner import plan, planned
 from onnxpipe.plan.request import PlanRequest, SplitNodes
@@ -61,6 +66,10 @@ class SplitOptions:
     calibration: CalibrationOptions = field(default_factory=CalibrationOptions)
     export: ExportOptions = field(default_factory=ExportOptions)
     verify: bool = True
+    static: bool = False
+    """Split a copy of the model with its input shapes frozen at ``profile.shapes`` (else the defaults
+    of :func:`onnxpipe.ir.shapes.resolve_input_shapes`), its shape arithmetic folded
+    (:mod:`onnxpipe.ir.static`): every stage then has fixed shapes, for runtimes and NPUs that need them."""
 
 
 @dataclass(frozen=True)
@@ -74,13 +83,14 @@ class SplitResult:
 
 
 def split(
-    model: str | Path,
+    model: str | Path | ModelView,
     stages: int | Literal["auto"] | PlanRequest,
     out: str | Path,
     options: SplitOptions | None = None,
 ) -> SplitResult:
     """Load, profile (or reuse a profile), partition optimally, export the stages, and verify them.
 
+    ``model``: a file, or a model already loaded (the CLI loads it first to say what it will do).
     ``stages``: a stage count, ``"auto"``, or a whole :class:`PlanRequest` (devices, device order,
     schedule, workers...).  Everything that can be refused without costs (the output folder, the
     model's opsets, the request) is refused before profiling.
@@ -88,9 +98,13 @@ def split(
     request = stages if isinstance(stages, PlanRequest) else PlanRequest(stages)
     opts = options or SplitOptions()
     out_dir = Path(out).absolute()  # verification must find the folder even if "." is replaced
-    view = load_model(model)
+    view = model if isinstance(model, ModelView) else load_model(model)
     check_exportable(view, out_dir, force=opts.export.force)
     request.check()
+    if opts.static:
+        shapes = resolve_input_shapes(view, opts.profile.shapes or None)
+        view, _ = static_view(view, shapes)
+        opts = dataclasses.replace(opts, profile=dataclasses.replace(opts.profile, shapes=shapes))
     _check_calibration(request, opts.calibration)
     prof = get_profile(view, opts.profile)
     samples = prof.samples
@@ -112,8 +126,8 @@ def split(
     )
     report = None
     if opts.verify:
-        shapes = None if samples is not None else opts.profile.shapes
-        report = verify(out_dir, shapes=shapes, samples=samples)
+        planned_shapes = None if samples is not None else opts.profile.shapes
+        report = verify(out_dir, shapes=planned_shapes, samples=samples, runtime=_verify_runtime(the_plan))
     return SplitResult(plan=the_plan, manifest=manifest, out_dir=out_dir, report=report)
 
 
@@ -131,10 +145,12 @@ def _check_calibration(request: PlanRequest, calibration: CalibrationOptions) ->
             "their workers' CPUs: use --calibrate-in alone"
         )
     if request.devices is not None:
-        raise UsageError(
-            "--calibrate times the stages on this machine, which a devices file plans for other ones; "
-            "give each device a profile measured on it (profile_path) instead"
-        )
+        if calibration.mode == "pipeline":
+            raise UsageError(
+                "--calibrate with --devices times each stage alone on its device's runtime: leave out "
+                "--calibrate-in pipeline"
+            )
+        check_devices_here(request.devices)  # before profiling: every stage is timed where it will run
 
 
 def _measured_here(the_plan: Plan, prof: Profile, request: PlanRequest) -> Plan:
@@ -155,6 +171,8 @@ def _calibrated(
 
     if not calibration.rounds:
         return _measured_here(make(prof), prof, request)
+    if request.devices is not None:
+        return _calibrated_on_devices(view, prof, request, calibration)
     k = request.stages if isinstance(request.stages, int) else len(make(prof).stages)
     timer, how = choose_timer("alone" if request.interleaved else calibration.mode, k, prof.threads)
     prof, the_plan, rounds = run_calibration(view, prof, make, rounds=calibration.rounds, timer=timer)
@@ -168,3 +186,32 @@ def _calibrated(
     return dataclasses.replace(
         the_plan, notes=(*the_plan.notes, note), reference_seconds=time_model(view, prof)
     )
+
+
+def _calibrated_on_devices(
+    view: ModelView, prof: Profile, request: PlanRequest, calibration: CalibrationOptions
+) -> Plan:
+    """The plan calibrated with every stage timed on its own device's runtime (:mod:`.calibrate.devices`)."""
+    the_plan, rounds = calibrate_on_devices(
+        view, prof, request, lambda p, r: plan(view, p, r), rounds=calibration.rounds
+    )
+    first, last = rounds[0], rounds[-1]
+    note = (
+        f"calibrated in {len(rounds)} round(s), each stage timed alone on its device's runtime: the "
+        f"estimates were off by up to {first.worst_error * 100:.1f}% at first"
+        + (f", {last.worst_error * 100:.1f}% in round {len(rounds)}" if len(rounds) > 1 else "")
+        + "; the estimates below come from the corrected costs"
+    )
+    return dataclasses.replace(the_plan, notes=(*the_plan.notes, note))
+
+
+def _verify_runtime(the_plan: Plan) -> str | None:
+    """``"devices"`` when a stage's device names another runtime than onnxruntime and every stage's
+    runtime is here: the split is then verified as it will run; else None (onnxruntime on the CPU)."""
+    if the_plan.cluster is None:
+        return None
+    by_name = {d.name: d for d in the_plan.cluster.devices}
+    used = [by_name[s.device] for s in the_plan.stages if s.device in by_name]
+    if all(d.runtime == Runtime.ONNXRUNTIME for d in used) or not all(provider_available(d) for d in used):
+        return None
+    return "devices"

@@ -15,6 +15,7 @@ from typing import Any, NoReturn, TypeVar, overload
 
 from onnxpipe.cli.argtypes import bandwidth, count, fraction, positive_int, positive_number
 from onnxpipe.cost.kinds import COST_SOURCES
+from onnxpipe.plan.links import LINK_MODELS
 from onnxpipe.plan.request import (
     DEFAULT_SPLIT_NODES,
     DEFAULT_TIME_SLACK,
@@ -25,6 +26,28 @@ from onnxpipe.plan.request import (
 _N = TypeVar("_N")
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Help that ends every option's text with its default, unless the text already says it.
+
+    argparse's own ArgumentDefaultsHelpFormatter also writes ``(default: None)`` and
+    ``(default: False)``, which tell nothing; here an option without a default value says nothing more.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or default is None
+            or default is argparse.SUPPRESS
+            or isinstance(default, bool)
+            or default == []
+            or (not action.option_strings and action.nargs not in ("?", "*"))
+        ):
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+
+
 class CommandParser(argparse.ArgumentParser):
     """A parser whose own errors are one line, like every other onnxpipe error.
 
@@ -32,6 +55,10 @@ class CommandParser(argparse.ArgumentParser):
     project's rule is one line naming what is wrong and what to do.  The usage stays one ``--help`` away
     (the line says so), and the exit code stays argparse's 2, the usage-error code of docs/cli.md.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         what = " ".join(message.split())  # one line, whatever a type function put in its message
@@ -65,6 +92,15 @@ class SubcommandParser(CommandParser):
 
 def stages_arg(text: str) -> int | str:
     return "auto" if text == "auto" else positive_int(text)
+
+
+def add_json_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON document on stdout instead of the tables (schema: docs/cli.md); what the "
+        "command says about its work goes to stderr",
+    )
 
 
 def add_measure_args(p: argparse.ArgumentParser) -> None:
@@ -125,7 +161,16 @@ def add_planning_args(p: argparse.ArgumentParser) -> None:
         "--bandwidth",
         type=bandwidth,
         default=math.inf,
-        help="link bandwidth in bytes/s; bytes a stage receives count as transfer time (default: free)",
+        metavar="RATE",
+        help="link bandwidth: bytes/s (125000000) or a rate as devices files write it ('1 Gbit/s'); bytes "
+        "a stage receives count as transfer time (default: free)",
+    )
+    g.add_argument(
+        "--link-model",
+        choices=LINK_MODELS,
+        default=None,
+        help="serial: a stage's transfer in adds to its compute; overlap: links run beside compute and "
+        "the larger counts (default: serial without --devices, overlap with it or when training)",
     )
     g.add_argument(
         "--workers",

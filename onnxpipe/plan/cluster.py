@@ -24,8 +24,10 @@ from onnxpipe.cluster.model import Cluster, Device
 from onnxpipe.core.errors import MemoryFitError, PartitionError, UsageError
 from onnxpipe.cost.measure import profile_model
 from onnxpipe.cost.profile import Profile
+from onnxpipe.cost.runtime_profile import is_reference, profile_on_runtime
 from onnxpipe.ir.model import ModelView
 from onnxpipe.partition import solve_heterogeneous
+from onnxpipe.partition.chainbound import chain_bound
 from onnxpipe.partition.inputs import HeterogeneousRequest
 from onnxpipe.partition.result import Partition
 from onnxpipe.plan.fused import keeping_fused_groups
@@ -86,7 +88,11 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
     m = len(view.compute_nodes)
     cluster = request.devices
     if cluster is None:
-        assert isinstance(stages, int)  # check() refuses "auto" without devices
+        if not isinstance(stages, int):
+            raise UsageError(
+                "--stages auto needs --devices here: plan_pipeline plans for a cluster; "
+                "onnxpipe.plan.planner.plan chooses the stages of this machine without one"
+            )
         cluster = Cluster.homogeneous(
             stages, profile.threads, bandwidth_bytes_per_s=request.bandwidth_bytes_per_s
         )
@@ -122,6 +128,10 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
         classes=costs.seq.classes,
     )
     _check_final_memory(specs, arranged, best, costs.acts)
+    if not best.search.free:  # devices in the file's order: the contiguous bound holds for this order
+        rows = [[c * _work(option, request) for c in costs.rows[name]] for name in arranged.names]
+        tighter = min(chain_bound(rows, part.bottleneck), part.bottleneck)
+        part = replace(part, lower_bound=max(part.lower_bound, tighter))
     kept = {d.name for d in arranged.devices}
     return plan_from(
         view,
@@ -266,14 +276,14 @@ def _solve(
 
 
 def _measure_fn(view: ModelView, profile: Profile) -> Callable[[Device], Mapping[str, float]]:
+    """The device's costs measured here: onnxruntime's profiler on the CPU, else the whole model timed
+    on the device's runtime, its per-layer reports mapped to nodes (:mod:`.cost.runtime_profile`)."""
+
     def measure(device: Device) -> Mapping[str, float]:
-        if device.provider != "CPUExecutionProvider" or device.provider_options:
-            raise UsageError(
-                f"device {device.name!r}: profiling on {device.provider} is not supported here; "
-                "set profile_here to false and give its speed, or a profile_path measured on it"
-            )
-        prof = profile_model(view, threads=device.threads, shapes=profile.input_shapes)
-        return prof.node_seconds
+        config = device.engine_config()
+        if is_reference(config):
+            return profile_model(view, threads=device.threads, shapes=profile.input_shapes).node_seconds
+        return profile_on_runtime(view, config, shapes=profile.input_shapes).node_seconds
 
     return measure
 

@@ -51,4 +51,5 @@ def plan_request(args: argparse.Namespace) -> PlanRequest:
         workers=args.workers,
         time_slack=args.time_slack,
         split_nodes=args.split_nodes,
+        link_model=args.link_model,
     )
