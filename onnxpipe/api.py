@@ -20,7 +20,7 @@ from typing import Literal
 from onnxpipe.calibrate.loop import CalibrationOptions
 from onnxpipe.calibrate.loop import calibrate as run_calibration
 from onnxpipe.calibrate.timing import choose_timer, time_model
-from onnxpipe.core.errors import UsageError
+from onnxpipe.core.errors import ExportError, UsageError
 from onnxpipe.cost.kinds import CostSource
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.source import ProfileOptions, get_profile
@@ -32,6 +32,7 @@ from onnxpipe.manifest import Manifest
 from onnxpipe.plan.planner import plan
 from onnxpipe.plan.request import PlanRequest
 from onnxpipe.plan.types import Plan
+from onnxpipe.verification.record import record_verification, verification_record
 from onnxpipe.verification.verify import VerifyReport, verify
 
 __all__ = [
@@ -97,7 +98,17 @@ def split(
     manifest = export_stages(
         view, the_plan, out_dir, force=opts.export.force, external_data=opts.export.external_data
     )
-    report = verify(out_dir, shapes=opts.profile.shapes) if opts.verify else None
+    report = None  # the manifest says unverified until the result is recorded (Ctrl-C leaves it so)
+    if opts.verify:
+        report = verify(out_dir, shapes=opts.profile.shapes)
+        try:
+            record_verification(out_dir, report)
+            manifest = dataclasses.replace(manifest, verification=verification_record(report))
+        except OSError as e:
+            raise ExportError(
+                f"{out_dir}: the verification's result cannot be written into its manifest ({e}); "
+                "run onnxpipe verify there once it can be written"
+            ) from e
     return SplitResult(plan=the_plan, manifest=manifest, out_dir=out_dir, report=report)
 
 

@@ -76,6 +76,13 @@ def format_manifest_table(manifest: Manifest) -> str:
     )
     if plan.link_model is not None:
         footer += f"\nlinks: {LINK_MODEL_TEXT.get(plan.link_model, plan.link_model)}"
+    v = manifest.verification
+    if v is not None:
+        footer += "\nverification: " + (
+            f"{v.status} (|a-b| <= {v.atol:g} + {v.rtol:g}*max|a|, seed {v.seed}, {v.runs} run(s))"
+            if v.verified and v.atol is not None and v.rtol is not None
+            else f"{v.status}: the stages were not compared with the model; onnxpipe verify compares them"
+        )
     footer += "".join(f"\n{line}" for line in worker_lines)
     return table(head, rows) + "\n" + footer
 

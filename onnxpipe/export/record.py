@@ -31,6 +31,7 @@ from onnxpipe.manifest import (
     StageEntry,
     StageInput,
     StageOutput,
+    VerificationRecord,
 )
 from onnxpipe.plan.types import Plan, StageSpec
 from onnxpipe.schedule.simulate import simulate
@@ -164,6 +165,7 @@ def build_manifest(
         stages=tuple(entries),
         cluster=plan.cluster,
         device_costs=tuple(DeviceRecord(d.device, d.method, d.source) for d in plan.device_costs),
+        verification=VerificationRecord("unverified"),  # until a verification records its result
         plan=PlanSummary(
             objective=plan.objective,
             k=plan.k,

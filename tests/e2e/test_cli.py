@@ -75,7 +75,7 @@ def test_profile_split_inspect_verify(mlp: Path, work: Path, capfd: pytest.Captu
 
     code, out, err = run(["verify", "stages", "--seed", "3", "--shape", "x=4,64"], capfd)
     assert code == 0 and err == ""
-    assert out.strip().splitlines()[-1].startswith("verify: 1 output(s) match the original")
+    assert any(line.startswith("verify: 1 output(s) match the original") for line in out.splitlines())
 
     code, out, err = run(
         ["split", mlp, "-k", "2", "--out", "nv", "--no-verify", "--quiet", "--cost", "static"], capfd
@@ -746,3 +746,50 @@ def test_manifest_link_model_is_optional_and_checked(
     obj["plan"]["link_model"] = "telepathy"
     with pytest.raises(onnxpipe.ManifestError, match="link_model"):
         onnxpipe.Manifest.from_json(json.dumps(obj))
+
+
+def test_interrupted_verification_leaves_the_folder_unverified_and_verify_completes_it(
+    mlp: Path, work: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import onnxpipe.api
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(onnxpipe.api, "verify", interrupted)
+        code, _, err = run(["split", mlp, "-k", "2", "-o", "s", "--cost", "static"], capfd)
+    assert code == 130 and "interrupted" in err
+    manifest = onnxpipe.load_manifest(work / "s")
+    assert manifest.verification is not None and manifest.verification.status == "unverified"
+    code, out, _ = run(["inspect", "s"], capfd)
+    assert "verification: unverified: the stages were not compared" in out
+
+    code, out, err = run(["verify", "s"], capfd)  # no --force: verify completes the folder
+    assert code == 0, err
+    assert "recorded in s/manifest.json: verification passed" in out
+    record = onnxpipe.load_manifest(work / "s").verification
+    assert record is not None and record.status == "passed" and record.rtol == 1e-4 and record.runs >= 1
+
+    # a folder that cannot take the result still verifies, and says it could not record it
+    import onnxpipe.verification.record as rec
+
+    def cannot(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(rec, "write_manifest", cannot)
+    code, out, err = run(["verify", "s"], capfd)
+    assert code == 0 and err == "" and "the result could not be written into its manifest" in out
+
+
+def test_split_records_its_verification(mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["split", mlp, "-k", "2", "-o", "s", "--cost", "static"], capfd)
+    assert code == 0, err
+    record = onnxpipe.load_manifest(work / "s").verification
+    assert (
+        record is not None and record.status == "passed" and dict(record.input_shapes or {}) == {"x": (1, 64)}
+    )
+    code, _, err = run(["split", mlp, "-k", "2", "-o", "n", "--cost", "static", "--no-verify"], capfd)
+    assert code == 0, err
+    record = onnxpipe.load_manifest(work / "n").verification
+    assert record is not None and record.status == "unverified"
