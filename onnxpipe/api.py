@@ -13,6 +13,7 @@ plan as a stage count or a :class:`~onnxpipe.plan.request.PlanRequest`, and ever
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -29,8 +30,8 @@ from onnxpipe.export.stages import ExportOptions, export_stages
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
-from onnxpipe.plan.planner import plan
-from onnxpipe.plan.request import PlanRequest
+from onnxpipe.plan.planner import plan, planned
+from onnxpipe.plan.request import PlanRequest, SplitNodes
 from onnxpipe.plan.types import Plan
 from onnxpipe.verification.record import record_verification, verification_record
 from onnxpipe.verification.verify import VerifyReport, verify
@@ -54,13 +55,17 @@ class SplitOptions:
 
     ``profile``: where the costs come from; ``calibration``: rounds of timing the exported stages and
     partitioning again (:mod:`onnxpipe.calibrate`); ``export``: replacing an earlier split and where the
-    weights go; ``verify``: compare the chained stages with the model before returning.
+    weights go; ``verify``: compare the chained stages with the model before returning.  ``on_step``
+    is told each step as it begins (``"profiling"``, ``"planning"``, ``"exporting 4 stages"``,
+    ``"verifying"``): the CLI says so, so that no step of a long split is silent; the API itself prints
+    nothing.
     """
 
     profile: ProfileOptions = field(default_factory=ProfileOptions)
     calibration: CalibrationOptions = field(default_factory=CalibrationOptions)
     export: ExportOptions = field(default_factory=ExportOptions)
     verify: bool = True
+    on_step: Callable[[str], None] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -93,14 +98,31 @@ def split(
     check_exportable(view, out_dir, force=opts.export.force)
     request.check()
     _check_calibration(request, opts.calibration)
+    step = opts.on_step or (lambda what: None)
+    if opts.profile.saved is None:  # a saved profile is read at once (and refused without a word)
+        step("profiling")
     prof = get_profile(view, opts.profile)
-    the_plan = _calibrated(view, prof, request, opts.calibration)
+    step("planning, calibrating" if opts.calibration.rounds else "planning")
+    samples = prof.samples
+    if request.split_nodes == SplitNodes.AUTO:
+        cut = planned(view, prof, request)  # the stages name the cut node's parts: export the cut model
+        view, the_plan = cut.view, _measured_here(cut.plan, prof, request)
+    else:
+        the_plan = _calibrated(view, prof, request, opts.calibration)
+    step(f"exporting {the_plan.k} stages")
     manifest = export_stages(
-        view, the_plan, out_dir, force=opts.export.force, external_data=opts.export.external_data
+        view,
+        the_plan,
+        out_dir,
+        force=opts.export.force,
+        external_data=opts.export.external_data,
+        feeds=samples.first if samples is not None else None,
     )
     report = None  # the manifest says unverified until the result is recorded (Ctrl-C leaves it so)
     if opts.verify:
-        report = verify(out_dir, shapes=opts.profile.shapes)
+        shapes = None if samples is not None else opts.profile.shapes
+        step("verifying")
+        report = verify(out_dir, shapes=shapes, samples=samples)
         try:
             record_verification(out_dir, report)
             manifest = dataclasses.replace(manifest, verification=verification_record(report))
@@ -115,6 +137,11 @@ def split(
 def _check_calibration(request: PlanRequest, calibration: CalibrationOptions) -> None:
     if not calibration.rounds:
         return
+    if request.split_nodes == SplitNodes.AUTO:
+        raise UsageError(
+            "--calibrate corrects the costs of the model's own nodes, and --split-nodes auto cuts one: "
+            "give one or the other"
+        )
     if request.interleaved and calibration.mode == "pipeline":
         raise UsageError(
             "--calibrate-in pipeline times every stage on CPUs of its own, but interleaved stages share "
@@ -127,6 +154,13 @@ def _check_calibration(request: PlanRequest, calibration: CalibrationOptions) ->
         )
 
 
+def _measured_here(the_plan: Plan, prof: Profile, request: PlanRequest) -> Plan:
+    """A measured profile's median whole run is the machine's speed the estimates saw: recorded."""
+    if prof.source == CostSource.PROFILE and request.devices is None and prof.total_seconds > 0:
+        return dataclasses.replace(the_plan, reference_seconds=prof.total_seconds)
+    return the_plan
+
+
 def _calibrated(
     view: ModelView, prof: Profile, request: PlanRequest, calibration: CalibrationOptions
 ) -> Plan:
@@ -137,13 +171,7 @@ def _calibrated(
         return plan(view, p, request)
 
     if not calibration.rounds:
-        the_plan = make(prof)
-        measured_here = (
-            prof.source == CostSource.PROFILE and request.devices is None and prof.total_seconds > 0
-        )
-        if measured_here:  # a measured profile's median whole run is the machine's speed it saw
-            the_plan = dataclasses.replace(the_plan, reference_seconds=prof.total_seconds)
-        return the_plan
+        return _measured_here(make(prof), prof, request)
     k = request.stages if isinstance(request.stages, int) else len(make(prof).stages)
     timer, how = choose_timer("alone" if request.interleaved else calibration.mode, k, prof.threads)
     prof, the_plan, rounds = run_calibration(view, prof, make, rounds=calibration.rounds, timer=timer)

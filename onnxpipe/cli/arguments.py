@@ -16,7 +16,12 @@ from typing import Any, NoReturn, TypeVar, overload
 from onnxpipe.cli.argtypes import bandwidth, count, fraction, positive_int, positive_number
 from onnxpipe.cost.kinds import COST_SOURCES
 from onnxpipe.plan.links import LINK_MODELS
-from onnxpipe.plan.request import DEFAULT_TIME_SLACK, SCHEDULE_CHOICES
+from onnxpipe.plan.request import (
+    DEFAULT_SPLIT_NODES,
+    DEFAULT_TIME_SLACK,
+    SCHEDULE_CHOICES,
+    SPLIT_NODES_CHOICES,
+)
 
 _N = TypeVar("_N")
 
@@ -89,6 +94,15 @@ def stages_arg(text: str) -> int | str:
     return "auto" if text == "auto" else positive_int(text)
 
 
+def add_quiet_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--quiet",
+        "-q",
+        action="store_true",
+        help="no progress: no bar on a terminal, no progress lines in a log (stderr not a terminal)",
+    )
+
+
 def add_json_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--json",
@@ -110,6 +124,27 @@ def add_measure_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--runs", type=positive_int, default=30, help="timed runs to take the median of")
     g.add_argument("--warmup", type=count, default=3, help="untimed warm-up runs")
     add_shape_arg(g)
+    add_inputs_args(g)
+
+
+def add_inputs_args(g: argparse._ActionsContainer) -> None:
+    g.add_argument(
+        "--inputs",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="real model inputs to run on instead of random ones: an .npz with one array per input (by "
+        "name) or a folder of <input>.npy files; repeat for several samples (they fix the shapes)",
+    )
+    g.add_argument(
+        "--inputs-stacked",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="like --inputs, an .npz whose arrays hold several samples along a leading axis",
+    )
 
 
 def add_shape_arg(g: argparse._ActionsContainer) -> None:
@@ -159,6 +194,14 @@ def add_planning_args(p: argparse.ArgumentParser) -> None:
         metavar="F",
         help=f"with --workers: accept a split up to F slower than the fastest (default {DEFAULT_TIME_SLACK}, "
         "i.e. 1%%) if it balances the workers' weights better",
+    )
+    g.add_argument(
+        "--split-nodes",
+        choices=SPLIT_NODES_CHOICES,
+        default=DEFAULT_SPLIT_NODES.value,
+        help="auto: a node that holds the split back (a big MatMul, Gemm or Conv with constant weights) "
+        "may be cut into parts in consecutive stages when that lowers the slowest stage; off (default): "
+        "contiguous stages of whole nodes",
     )
     g.add_argument("--devices", type=Path, help="cluster file: devices in pipeline order and their links")
     g.add_argument(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from onnxpipe.cli.arguments import add_measure_args
+from onnxpipe.cli.arguments import add_measure_args, add_quiet_arg
 from onnxpipe.cost.kinds import COST_SOURCES
 
 NAME = "profile"
@@ -18,4 +18,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", "-o", type=Path, required=True, help="profile JSON to write")
     p.add_argument("--cost", choices=COST_SOURCES, default="profile", help="measure, or static FLOPs")
     p.add_argument("--force", action="store_true", help="overwrite an existing profile file")
+    add_quiet_arg(p)
     add_measure_args(p)

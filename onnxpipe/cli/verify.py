@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from onnxpipe.cli.arguments import add_json_arg, add_shape_arg
+from onnxpipe.cli.arguments import add_inputs_args, add_json_arg, add_shape_arg
 
 NAME = "verify"
 HELP = "check that the chained stages reproduce the model's outputs"
@@ -24,4 +24,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (see --rtol)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs both models are run on")
     add_shape_arg(p)
+    add_inputs_args(p)
     add_json_arg(p)

@@ -98,7 +98,8 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
     if stages != "auto" and not 1 <= stages <= max_k:
         what = f"{m} compute nodes" if stages > m else f"{cluster.size} devices in {cluster.label}"
         raise PartitionError(
-            f"cannot make {stages} stages: the plan has {what}; choose --stages between 1 and {max_k}"
+            f"cannot make {stages} stages: the plan has {what}; the largest number of stages that works "
+            f"is {max_k}: choose --stages between 1 and {max_k}"
         )
     costs = _costs(view, profile, cluster)
     best, reason = _best(view, costs, cluster, request, max_k)

@@ -15,14 +15,42 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.model import ModelView
 from onnxpipe.plan.bound import bound_note, bounding_node
 from onnxpipe.plan.cluster import plan_pipeline
+from onnxpipe.plan.nodesplit import Planned, plan_splitting_nodes
 from onnxpipe.plan.orders import stages_auto
-from onnxpipe.plan.request import DEFAULT_TIME_SLACK, PlanRequest
+from onnxpipe.plan.request import DEFAULT_TIME_SLACK, PlanRequest, SplitNodes
 from onnxpipe.plan.types import Plan
 from onnxpipe.plan.workers import make_interleaved_plan, make_plan
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 
 
 def plan(view: ModelView, profile: Profile, request: PlanRequest) -> Plan:
+    """The plan ``request`` asks for, from ``profile``'s costs of ``view`` (checked first).
+
+    With ``split_nodes="auto"`` its stages may name the parts of a cut node: :func:`planned` also gives
+    the view that holds them, which is what the exporter needs.
+    """
+    return planned(view, profile, request).plan
+
+
+def planned(view: ModelView, profile: Profile, request: PlanRequest) -> Planned:
+    """:func:`plan`'s plan with the view (and profile) its stages are made of."""
+    request.check()
+    if request.split_nodes == SplitNodes.AUTO:
+        assert isinstance(request.stages, int)  # check() refused the rest
+        cut = plan_splitting_nodes(
+            view,
+            profile,
+            request.stages,
+            bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
+            microbatches=request.schedule.microbatches or DEFAULT_MICROBATCHES,
+        )
+        return dataclasses.replace(
+            cut, plan=dataclasses.replace(cut.plan, link_model=request.effective_link_model)
+        )
+    return Planned(_noted(view, profile, request), view, profile)
+
+
+def _noted(view: ModelView, profile: Profile, request: PlanRequest) -> Plan:
     """The plan ``request`` asks for, from ``profile``'s costs of ``view`` (checked first), with a note
     when one node bounds it (:mod:`onnxpipe.plan.bound`)."""
     the_plan = dataclasses.replace(_plan(view, profile, request), link_model=request.effective_link_model)

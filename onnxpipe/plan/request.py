@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Literal, get_args
 
 from onnxpipe.cluster.model import Cluster
@@ -90,6 +91,19 @@ class ScheduleRequest:
         return [ScheduleOption(kd, m, batch // m) for kd in kinds for m in options]
 
 
+class SplitNodes(StrEnum):
+    """Whether the planner may cut one node into parts over consecutive stages (``plan/nodesplit.py``)."""
+
+    AUTO = "auto"
+    OFF = "off"
+
+
+SPLIT_NODES_CHOICES: tuple[str, ...] = tuple(s.value for s in SplitNodes)
+DEFAULT_SPLIT_NODES = SplitNodes.OFF
+"""Off by default: ``auto`` times the candidate node's parts (seconds of extra planning) and changes the
+stage files' nodes; the ``nodesplit`` benchmark measures what it gains (docs/node-splitting.md)."""
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """What to plan: ``stages`` stages (or ``"auto"``), on ``devices`` or identical workers.
@@ -98,7 +112,8 @@ class PlanRequest:
     ``bandwidth_bytes_per_s``; with it the devices file's links do.  ``workers`` deals the stages out to
     fewer identical workers in turn (an interleaved split, up to ``time_slack`` slower than the fastest
     split if that balances the workers' weights).  ``tolerance``: ``--stages auto`` keeps the fewest
-    stages within it of the best bottleneck.
+    stages within it of the best bottleneck.  ``split_nodes``: ``auto`` lets the plan cut one dominating
+    node into parts over consecutive stages (one stage per identical worker only).
     """
 
     stages: int | Literal["auto"]
@@ -109,10 +124,15 @@ class PlanRequest:
     workers: int | None = None
     time_slack: float | None = None
     tolerance: float = DEFAULT_TOLERANCE
+    split_nodes: SplitNodes = DEFAULT_SPLIT_NODES
     link_model: LinkModel | None = None
     """How transfers count (:mod:`onnxpipe.plan.links`); None: serial without devices, overlap with."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.split_nodes, SplitNodes):
+            if self.split_nodes not in SPLIT_NODES_CHOICES:
+                raise UsageError(f"--split-nodes {self.split_nodes!r}: choose auto or off")
+            object.__setattr__(self, "split_nodes", SplitNodes(self.split_nodes))
         if self.devices is not None and not isinstance(self.devices, Cluster):
             raise UsageError(
                 f"PlanRequest(devices={self.devices!r}): give the cluster itself, "
@@ -192,6 +212,11 @@ class PlanRequest:
         if self.link_model is not None:
             self._check_link_model()
         self.schedule.candidates()
+        if self.split_nodes == SplitNodes.AUTO and (not self.on_identical_workers or self.interleaved):
+            raise UsageError(
+                "--split-nodes auto plans one stage per identical worker (--stages K, streaming, no "
+                "--devices, --order, --workers or --link-model overlap); give --split-nodes off for this plan"
+            )
 
     def _check_link_model(self) -> None:
         if self.link_model not in LINK_MODELS:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from onnxpipe import api
 from onnxpipe.cli.commands.common import plan_request, profile_options
@@ -34,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         check_runtime_opsets(view)  # before the preamble: a refusal prints nothing else
     plan_preamble(say, view, args, request)
     watch = BusyWatch(say, "profiling") if measured else None
-    prof = api.get_profile(view, profile_options(args, saved=args.profile, progress=sys.stderr.isatty()))
+    prof = api.get_profile(view, profile_options(args, saved=args.profile, progress=not args.quiet))
     if watch is not None:
         watch.check()
     plan = api.plan(view, prof, request)

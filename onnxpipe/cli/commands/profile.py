@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from onnxpipe import api
 from onnxpipe.cli.commands.common import profile_options
@@ -26,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     measured = args.cost == "profile"
     before_work(say, view, overrides, stages=None, threads=args.threads or 1)
     watch = BusyWatch(say, "profiling") if measured else None
-    prof = api.get_profile(view, profile_options(args, progress=sys.stderr.isatty()))
+    prof = api.get_profile(view, profile_options(args, progress=not args.quiet))
     if watch is not None:
         watch.check()
     try:

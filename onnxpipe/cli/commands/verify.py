@@ -22,6 +22,8 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         rtol=args.rtol,
         atol=args.atol,
+        inputs=args.inputs,
+        stacked=args.inputs_stacked,
     )
     say = Say(json_output=args.json)
     if args.json:
