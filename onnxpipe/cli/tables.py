@@ -166,8 +166,9 @@ def _by_worker(
 
 
 def format_plan_table(plan: Plan) -> str:
-    """Stage, device, nodes, compute and transfer per micro-batch, parameters, memory, share of bottleneck;
-    then the schedule: kind, micro-batches, simulated batch time, bubble, throughput."""
+    """Stage, device, nodes, compute and transfer per micro-batch, parameters, the memory a stage needs
+    (parameters and peak activations, against the device's where a devices file gives it), share of
+    the bottleneck; then the schedule: kind, micro-batches, simulated batch time, bubble, throughput."""
     costs = [
         max(s.compute_seconds, s.transfer_seconds) if plan.cluster else s.cost_seconds for s in plan.stages
     ]
@@ -176,7 +177,8 @@ def format_plan_table(plan: Plan) -> str:
     caps = plan.cluster.mem_caps if plan.cluster is not None else None
     rows = []
     for i, (s, cost) in enumerate(zip(plan.stages, costs, strict=True)):
-        cap = "-" if caps is None or caps[i] == float("inf") else human_bytes(caps[i])
+        need = human_bytes(s.param_bytes + s.peak_activation_bytes * plan.microbatch_size)
+        cap = need if caps is None or caps[i] == float("inf") else f"{need} of {human_bytes(caps[i])}"
         rows.append(
             [
                 f"{s.index}",
@@ -200,7 +202,7 @@ def format_plan_table(plan: Plan) -> str:
         "bytes in",
         "link in",
         "params",
-        "memory",
+        "memory need",
         "load",
     ]
     lines = [table(head, rows), *worker_lines]

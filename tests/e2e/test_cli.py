@@ -544,7 +544,7 @@ def test_stage_failing_at_run_time_exits_8(done: Path, capfd: pytest.CaptureFixt
     onnx.save_model(model, str(path))
     rehash(done, 1)
     code, out, err = run(["verify", done], capfd)
-    assert code == 8 and out == ""
+    assert code == 8 and preamble_only(out)  # the steps it began, no result
     line = one_line_error(err, "verify")
     assert "stage_1.onnx: stage 1 " in line
 

@@ -91,10 +91,11 @@ def run(args: argparse.Namespace) -> int:
         if args.backend != "ray":
             raise UsageError("--ray-resources is for --backend ray")
         resources = load_ray_resources(args.ray_resources, manifest.k)
-    with Pipeline.from_manifest(
-        args.dir, backend_config(args, resources), threads=args.threads, placements=placements
-    ) as pipeline:
+    config = backend_config(args, resources)  # refused before anything starts
+    say.step(f"starting {manifest.k} stage worker(s)")
+    with Pipeline.from_manifest(args.dir, config, threads=args.threads, placements=placements) as pipeline:
         single = min(len(inputs), SINGLE_LATENCY_MICROBATCHES)
+        say.step(f"running {len(inputs)} micro-batch(es) after {args.warmup} warm-up")
         measurement = measure(
             pipeline, inputs, warmup=args.warmup, single=single, keep_outputs=args.outputs is not None
         )
@@ -111,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.compare:
         assert model is not None
+        say.step("running the model without the pipeline for --compare (the baselines)")
         report = add_baselines(report, pipeline, model, inputs, warmup=args.warmup, checked=checked)
     print(format_report(report))
     if args.report is not None:
