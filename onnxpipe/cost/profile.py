@@ -25,6 +25,9 @@ from onnxpipe.ir.samples import Samples
 
 SCHEMA_VERSION = 1
 
+DEFAULT_RUNTIME = "onnxruntime (CPUExecutionProvider)"
+"""What measured a profile that does not say (every profile before ``profile --runtime``)."""
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -57,6 +60,10 @@ class Profile:
     """The sample inputs themselves, in memory only (not saved): calibration times the stages on them."""
     origin: str = field(default="", compare=False, repr=False)
     """The file the profile was read from, for messages (not saved)."""
+    runtime: str = DEFAULT_RUNTIME
+    """What measured it: ``"onnxruntime (CPUExecutionProvider)"`` (``onnxpipe profile``'s default),
+    ``"openvino (CPU)"``, ``"tract"``... (``profile --runtime``, :mod:`onnxpipe.cost.runtime_profile`).
+    Optional in the file (older profiles are onnxruntime's)."""
 
     # ---- JSON
 
@@ -76,6 +83,7 @@ class Profile:
             "regions": [list(r) for r in self.regions],
             "unattributed": list(self.unattributed),
             **({"inputs": [r.to_obj() for r in self.inputs]} if self.inputs else {}),
+            "runtime": self.runtime,
         }
         return json.dumps(data, indent=1) + "\n"
 
@@ -172,6 +180,7 @@ def _read_profile(f: Fields, origin: str) -> Profile:
         exact_fraction=exact,
         inputs=f.get("inputs", []).objects(InputRecord.read),
         origin=origin,
+        runtime=f.get("runtime", DEFAULT_RUNTIME).string(),
     )
 
 

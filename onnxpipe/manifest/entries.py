@@ -13,10 +13,11 @@ from typing import Literal
 from onnxpipe.core.dims import Shape
 from onnxpipe.core.inputfiles import InputRecord
 
-SCHEMA_VERSION = 2
-"""Version 2 spells the place a pass-through model output comes from ``"model_input"`` (version 1:
-``"model input"``); both are read (docs/manifest.md, versioning)."""
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+"""Version 3 adds the fields a runner must honour (a device's ``runtime``, a decoder's ``kv_layers``)
+and the boundary contract; version 2 spelled the place a pass-through model output comes from
+``"model_input"`` (version 1: ``"model input"``).  All three are read (docs/manifest.md, versioning)."""
+READABLE_VERSIONS = (1, 2, 3)
 MANIFEST_NAME = "manifest.json"
 
 MODEL: Literal["model"] = "model"
@@ -44,11 +45,16 @@ class SourceInfo:
 
 @dataclass(frozen=True)
 class ModelTensor:
-    """A model input: name, numpy dtype name, shape with symbolic dims kept."""
+    """A model input: name, numpy dtype name, shape with its symbolic dims (the model's own names)."""
 
     name: str
     dtype: str
     shape: Shape
+    profiled_shape: tuple[int, ...] | None = None
+    """Its concrete shape when the model ran at ``plan.profiled_input_shapes`` (observed, or worked out
+    from the model inputs' symbols); None when neither could tell (added in schema 3)."""
+    batch_axis: int | None = None
+    """The axis that carries the model inputs' batch dim; None when it has none (added in schema 3)."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,11 @@ class ModelOutput:
     dtype: str
     shape: Shape
     produced_by: int | Literal["model_input"]
+    profiled_shape: tuple[int, ...] | None = None
+    """Its concrete shape when the model ran at ``plan.profiled_input_shapes`` (observed, or worked out
+    from the model inputs' symbols); None when neither could tell (added in schema 3)."""
+    batch_axis: int | None = None
+    """The axis that carries the model inputs' batch dim; None when it has none (added in schema 3)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +81,11 @@ class StageInput:
     shape: Shape
     bytes_per_sample: int
     source: int | Literal["model"]
+    profiled_shape: tuple[int, ...] | None = None
+    """Its concrete shape when the model ran at ``plan.profiled_input_shapes`` (observed, or worked out
+    from the model inputs' symbols); None when neither could tell (added in schema 3)."""
+    batch_axis: int | None = None
+    """The axis that carries the model inputs' batch dim; None when it has none (added in schema 3)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +97,11 @@ class StageOutput:
     shape: Shape
     bytes_per_sample: int
     consumers: tuple[int | Literal["model_output"], ...]
+    profiled_shape: tuple[int, ...] | None = None
+    """Its concrete shape when the model ran at ``plan.profiled_input_shapes`` (observed, or worked out
+    from the model inputs' symbols); None when neither could tell (added in schema 3)."""
+    batch_axis: int | None = None
+    """The axis that carries the model inputs' batch dim; None when it has none (added in schema 3)."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +143,19 @@ class StageEntry:
     emits).  ``node_count`` plus this, over all stages, is the model's compute node count."""
     same_values: tuple[SameValue, ...] = ()
     """Inputs this stage's nodes read under another name: provably equal to an input it receives."""
+    recomputed_node_count: int = 0
+    """Copies of earlier stages' nodes in this file: they make the shape values and constant-only
+    values it would otherwise receive (added in schema 3)."""
+    required_opsets: tuple[tuple[str, int], ...] = ()
+    """``(domain, version)`` of every op domain the stage file's nodes use (``""`` is the default ONNX
+    domain), sorted: what a runtime must support to load it (added in schema 3)."""
+
+    kv_layers: tuple[int, ...] = ()
+    """A decoder's layers whose KV cache this stage holds (its past inputs and present outputs)."""
+    kv_cache_bytes: int = 0
+    """That cache's bytes at the plan's maximum context (:attr:`DecoderRecord.max_context`)."""
+    estimated_phase_seconds: tuple[tuple[str, float], ...] = ()
+    """A decoder's estimated stage time at each phase profiled, as (phase, seconds)."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +169,23 @@ class NodeSplitRecord:
     contiguous_bound_seconds: float
     """``max(total / K, largest node)``: the bound no contiguous split beats, which this split passed."""
     contiguous_bottleneck_seconds: float
+
+
+@dataclass(frozen=True)
+class DecoderRecord:
+    """What the plan of a decoder with a KV cache adds (``plan.decoder`` in the manifest)."""
+
+    layers: int
+    layer_cuts: bool
+    """Whether cuts fell between layers only (each layer's cache in one stage)."""
+    ends: str
+    """Where the embedding and LM head went: ``free``, ``attached`` or ``own``."""
+    max_context: int
+    """Tokens of context the stages' ``kv_cache_bytes`` are for."""
+    phase: str
+    """What the stage estimates are for: ``prefill``, ``decode`` or ``both``."""
+    phase_shapes: tuple[tuple[str, int, int], ...] = ()
+    """(phase, new tokens, cached tokens) of each phase profiled."""
 
 
 @dataclass(frozen=True)
@@ -170,6 +221,8 @@ class PlanSummary:
     """``serial`` (a stage's transfer in adds to its compute) or ``overlap`` (links run beside compute);
     None in a manifest written before the field (whose plans were serial without a devices file,
     overlap with one)."""
+    decoder: DecoderRecord | None = None
+    """Set when the model is a decoder with a KV cache."""
 
 
 VERIFICATION_STATUSES = ("unverified", "passed", "failed")

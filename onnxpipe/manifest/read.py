@@ -9,7 +9,7 @@ puts the parts together.
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from onnxpipe.cluster.devicesfile import read_cluster
 from onnxpipe.cluster.model import Cluster
@@ -25,6 +25,7 @@ from onnxpipe.manifest.entries import (
     SCHEMA_VERSION,
     V1_MODEL_INPUT,
     VERIFICATION_STATUSES,
+    DecoderRecord,
     DeviceRecord,
     ModelOutput,
     ModelTensor,
@@ -44,7 +45,8 @@ def schema_version(f: Fields) -> int:
     """The file's ``schema_version``, refused unless this onnxpipe reads it (checked before any other)."""
     version = f["schema_version"].integer(minimum=None)
     if version not in READABLE_VERSIONS:
-        readable = " and ".join(str(v) for v in READABLE_VERSIONS)
+        *earlier, last = (str(v) for v in READABLE_VERSIONS)
+        readable = f"{', '.join(earlier)} and {last}" if earlier else last
         raise ManifestError(
             f"{f.doc.source}: schema_version {version} is not supported (this onnxpipe reads versions "
             f"{readable}, writes {SCHEMA_VERSION}); use the onnxpipe that wrote it or re-run onnxpipe split"
@@ -81,6 +83,23 @@ def _shape(v: Value) -> Shape:
     return v.opt_list_of(_dim)
 
 
+def _contract(f: Fields, shape: Shape) -> dict[str, Any]:
+    """The optional boundary-contract fields of a tensor entry (schema 3): a concrete profiled shape of
+    the declared rank, and a batch axis within it."""
+    profiled = f.get("profiled_shape", None).opt_list_of(lambda v: v.integer())
+    if profiled is not None and shape is not None and len(profiled) != len(shape):
+        raise f["profiled_shape"].expected(f"{len(shape)} dims, as many as its shape")
+    batch = f.get("batch_axis", None).opt_integer()
+    rank = len(profiled) if profiled is not None else (len(shape) if shape is not None else None)
+    if batch is not None and rank is not None and batch >= rank:
+        raise f["batch_axis"].expected(f"an axis below its rank {rank}")
+    return {"profiled_shape": profiled, "batch_axis": batch}
+
+
+def _required_opsets(v: Value) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted(v.dict_of(lambda x: x.integer(minimum=1)).items()))
+
+
 def source(f: Fields) -> SourceInfo:
     return SourceInfo(
         file=f["file"].string(), path=f["path"].opt_string(), sha256=f["sha256"].string(_SHA256)
@@ -88,7 +107,8 @@ def source(f: Fields) -> SourceInfo:
 
 
 def model_tensor(f: Fields) -> ModelTensor:
-    return ModelTensor(name=f["name"].string(), dtype=f["dtype"].string(), shape=_shape(f["shape"]))
+    shape = _shape(f["shape"])
+    return ModelTensor(name=f["name"].string(), dtype=f["dtype"].string(), shape=shape, **_contract(f, shape))
 
 
 def model_output(f: Fields, version: int) -> ModelOutput:
@@ -100,26 +120,35 @@ def model_output(f: Fields, version: int) -> ModelOutput:
         produced_by = MODEL_INPUT if old == V1_MODEL_INPUT else int(old)
     else:
         produced_by = by.integer_or(MODEL_INPUT, expected=_STAGE_OR_MODEL_INPUT)
+    shape = _shape(f["shape"])
     return ModelOutput(
-        name=f["name"].string(), dtype=f["dtype"].string(), shape=_shape(f["shape"]), produced_by=produced_by
+        name=f["name"].string(),
+        dtype=f["dtype"].string(),
+        shape=shape,
+        produced_by=produced_by,
+        **_contract(f, shape),
     )
 
 
 def _stage_input(f: Fields) -> StageInput:
+    shape = _shape(f["shape"])
     return StageInput(
         name=f["name"].string(),
         dtype=f["dtype"].string(),
-        shape=_shape(f["shape"]),
+        shape=shape,
+        **_contract(f, shape),
         bytes_per_sample=f["bytes_per_sample"].integer(),
         source=f["source"].integer_or(MODEL, expected=_STAGE_OR_MODEL),
     )
 
 
 def _stage_output(f: Fields) -> StageOutput:
+    shape = _shape(f["shape"])
     return StageOutput(
         name=f["name"].string(),
         dtype=f["dtype"].string(),
-        shape=_shape(f["shape"]),
+        shape=shape,
+        **_contract(f, shape),
         bytes_per_sample=f["bytes_per_sample"].integer(),
         consumers=f["consumers"].list_of(
             lambda c: c.integer_or(MODEL_OUTPUT, expected=_STAGE_OR_MODEL_OUTPUT)
@@ -148,6 +177,13 @@ def stage(f: Fields) -> StageEntry:
         worker=f.get("worker", None).opt_integer(),
         skipped_node_count=f.get("skipped_node_count", 0).integer(),
         same_values=f.get("same_values", []).objects(_same_value),
+        recomputed_node_count=f.get("recomputed_node_count", 0).integer(),
+        required_opsets=_required_opsets(f.get("required_opsets", {})),
+        kv_layers=f.get("kv_layers", []).list_of(Value.integer),
+        kv_cache_bytes=f.get("kv_cache_bytes", 0).integer(),
+        estimated_phase_seconds=tuple(
+            f.get("estimated_phase_seconds", {}).dict_of(lambda v: v.number()).items()
+        ),
     )
 
 
@@ -176,6 +212,7 @@ def plan(f: Fields) -> PlanSummary:
         profiled_inputs=f.get("profiled_inputs", []).objects(InputRecord.read),
         node_splits=f.get("node_splits", []).objects(_node_split),
         link_model=_link_model(f.get("link_model", None)),
+        decoder=_decoder(f.get("decoder", None)),
     )
 
 
@@ -211,6 +248,35 @@ def _link_model(v: Value) -> str | None:
     if text not in LINK_MODELS:
         raise v.fail(f"expected one of {', '.join(LINK_MODELS)}, got {text!r}")
     return text
+
+
+def _decoder(v: Value) -> DecoderRecord | None:
+    """``plan.decoder`` (added in schema 3; absent for other models and older files)."""
+    if v.raw is None:
+        return None
+    f = v.fields()
+    ends = f["ends"].string()
+    if ends not in _ENDS:
+        raise f["ends"].fail(f"expected one of {', '.join(_ENDS)}, got {ends!r}")
+    phase = f["phase"].string()
+    if phase not in _PHASES:
+        raise f["phase"].fail(f"expected one of {', '.join(_PHASES)}, got {phase!r}")
+    return DecoderRecord(
+        layers=f["layers"].integer(minimum=1),
+        layer_cuts=f["layer_cuts"].boolean(),
+        ends=ends,
+        max_context=f["max_context"].integer(minimum=1),
+        phase=phase,
+        phase_shapes=f.get("phase_shapes", []).objects(_phase_shape),
+    )
+
+
+def _phase_shape(f: Fields) -> tuple[str, int, int]:
+    return (f["phase"].string(), f["new_tokens"].integer(minimum=1), f["past_tokens"].integer())
+
+
+_ENDS = ("free", "attached", "own")
+_PHASES = ("prefill", "decode", "both")
 
 
 def _reference(v: Value) -> float | None:

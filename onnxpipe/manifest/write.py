@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from onnxpipe.core.dims import Dim, Shape
-from onnxpipe.manifest.entries import NodeSplitRecord, StageEntry, VerificationRecord
+from onnxpipe.manifest.entries import DecoderRecord, NodeSplitRecord, StageEntry, VerificationRecord
 from onnxpipe.schedule.timeline import Timeline
 
 if TYPE_CHECKING:  # annotations only: the manifest module calls this one
@@ -27,6 +27,16 @@ def num(x: float) -> float | None:
 
 def _shape_out(shape: Shape) -> list[Dim] | None:
     return None if shape is None else list(shape)
+
+
+def contract(t: Any) -> dict[str, Any]:
+    """The optional boundary-contract fields of a tensor entry (schema 3), written when known."""
+    out: dict[str, Any] = {}
+    if t.profiled_shape is not None:
+        out["profiled_shape"] = list(t.profiled_shape)
+    if t.batch_axis is not None:
+        out["batch_axis"] = t.batch_axis
+    return out
 
 
 def dumps(value: Any, indent: str = "") -> str:
@@ -49,10 +59,17 @@ def manifest_obj(m: Manifest) -> dict[str, Any]:
         "schema_version": m.schema_version,
         "source": {"file": m.source.file, "path": m.source.path, "sha256": m.source.sha256},
         "model_inputs": [
-            {"name": t.name, "dtype": t.dtype, "shape": _shape_out(t.shape)} for t in m.model_inputs
+            {"name": t.name, "dtype": t.dtype, "shape": _shape_out(t.shape), **contract(t)}
+            for t in m.model_inputs
         ],
         "model_outputs": [
-            {"name": t.name, "dtype": t.dtype, "shape": _shape_out(t.shape), "produced_by": t.produced_by}
+            {
+                "name": t.name,
+                "dtype": t.dtype,
+                "shape": _shape_out(t.shape),
+                **contract(t),
+                "produced_by": t.produced_by,
+            }
             for t in m.model_outputs
         ],
         "stages": [_stage_to_obj(s) for s in m.stages],
@@ -83,6 +100,7 @@ def manifest_obj(m: Manifest) -> dict[str, Any]:
                 else {}
             ),
             **({} if m.plan.link_model is None else {"link_model": m.plan.link_model}),
+            **({} if m.plan.decoder is None else {"decoder": _decoder_obj(m.plan.decoder)}),
         },
         "schedule": timeline_obj(m.schedule, [s.device for s in m.stages]),
         "cluster": m.cluster.to_obj() if m.cluster is not None else None,
@@ -118,6 +136,17 @@ def _node_split_obj(r: NodeSplitRecord) -> dict[str, Any]:
     }
 
 
+def _decoder_obj(d: DecoderRecord) -> dict[str, Any]:
+    return {
+        "layers": d.layers,
+        "layer_cuts": d.layer_cuts,
+        "ends": d.ends,
+        "max_context": d.max_context,
+        "phase": d.phase,
+        "phase_shapes": [{"phase": p, "new_tokens": n, "past_tokens": c} for p, n, c in d.phase_shapes],
+    }
+
+
 def _stage_to_obj(s: StageEntry) -> dict[str, Any]:
     return {
         "index": s.index,
@@ -135,11 +164,20 @@ def _stage_to_obj(s: StageEntry) -> dict[str, Any]:
             if s.same_values
             else {}
         ),
+        **({"recomputed_node_count": s.recomputed_node_count} if s.recomputed_node_count else {}),
+        **({"required_opsets": dict(s.required_opsets)} if s.required_opsets else {}),
+        **({"kv_layers": list(s.kv_layers), "kv_cache_bytes": s.kv_cache_bytes} if s.kv_layers else {}),
+        **(
+            {"estimated_phase_seconds": {p: num(t) for p, t in s.estimated_phase_seconds}}
+            if s.estimated_phase_seconds
+            else {}
+        ),
         "inputs": [
             {
                 "name": t.name,
                 "dtype": t.dtype,
                 "shape": _shape_out(t.shape),
+                **contract(t),
                 "bytes_per_sample": t.bytes_per_sample,
                 "source": t.source,
             }
@@ -150,6 +188,7 @@ def _stage_to_obj(s: StageEntry) -> dict[str, Any]:
                 "name": t.name,
                 "dtype": t.dtype,
                 "shape": _shape_out(t.shape),
+                **contract(t),
                 "bytes_per_sample": t.bytes_per_sample,
                 "consumers": list(t.consumers),
             }

@@ -14,6 +14,9 @@ from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.inputfiles import InputRecord
 from onnxpipe.schedule.timeline import Timeline
 
+ShapeParts = tuple[int | tuple[str, int], ...]
+"""A tensor's dims as a stage can make them: a number, or (tensor, axis) of a tensor of that stage."""
+
 
 @dataclass(frozen=True)
 class Alias:
@@ -49,6 +52,25 @@ class StageSpec:
     skipped_nodes: tuple[str, ...] = ()
     """Nodes of ``node_names`` left out of the stage file: what they computed is remade from an equal
     tensor (see ``aliases``) or no longer needed."""
+    kv_layers: tuple[int, ...] = ()
+    """A decoder's layers whose KV cache this stage holds (:mod:`onnxpipe.plan.decoder`)."""
+    kv_cache_bytes: int = 0
+    """That cache's bytes at the plan's maximum context (:attr:`DecoderSummary.max_context`)."""
+    phase_seconds: tuple[tuple[str, float], ...] = ()
+    """A decoder's estimated stage time at each phase profiled (``prefill``, ``decode``)."""
+
+    recomputed_nodes: tuple[str, ...] = ()
+    """Nodes of earlier stages this stage's file also holds (in the source's order, before its own):
+    they make the shape values and constant-only values it would otherwise receive
+    (:mod:`onnxpipe.plan.recompute`)."""
+    recomputed_tensors: tuple[str, ...] = ()
+    """The tensors those copies make that the stage reads instead of receiving them."""
+    shape_sources: tuple[tuple[str, ShapeParts], ...] = ()
+    """``(node, dims)`` for copies of ``Shape`` nodes whose input the stage does not have: the copy is
+    made of the input's dims instead, each a number or ``(tensor, axis)`` of a tensor the stage has
+    (:func:`onnxpipe.export.build` writes ``Shape``, ``Gather`` and ``Concat`` nodes for it)."""
+    crossing_shape_values: tuple[str, ...] = ()
+    """Shape or constant-only values the stage still receives: too dear to recompute."""
 
     @property
     def file_node_names(self) -> tuple[str, ...]:
@@ -86,6 +108,20 @@ class NodeSplit:
 
 
 @dataclass(frozen=True)
+class DecoderSummary:
+    """What a plan of a decoder adds: its layers, how it was cut, and the context its cache is counted at."""
+
+    layers: int
+    layer_cuts: bool
+    ends: str
+    max_context: int
+    phase: str
+    """The phase the stage costs are for: ``prefill``, ``decode`` or ``both``."""
+    phase_shapes: tuple[tuple[str, int, int], ...] = ()
+    """(phase, new tokens, cached tokens) of each phase profiled."""
+
+
+@dataclass(frozen=True)
 class Plan:
     """A K-stage partition of one model, with the numbers that justify it."""
 
@@ -108,6 +144,8 @@ class Plan:
     """How many workers an interleaved split deals its stages out to; None: a worker per stage."""
     time_slack: float = 0.0
     """The slowdown an interleaved split was allowed to trade for balanced weights."""
+    decoder: DecoderSummary | None = None
+    """Set when the model is a decoder with a KV cache (:mod:`onnxpipe.plan.decoder`)."""
     reference_seconds: float | None = None
     """The whole model's time per run with the plan's threads at the profiled shapes, measured when the
     stage estimates were (see :attr:`onnxpipe.manifest.PlanSummary.reference_seconds`)."""

@@ -7,6 +7,11 @@ top (:func:`planned_input_shapes`), and every model output is compared by
 :func:`onnxpipe.verification.compare.compare`.  A mismatch is not an exception: the report says
 ``ok=False`` and the CLI exits with 1.
 
+``runtime`` checks the split on another runtime: every stage on ``onnxruntime``, ``openvino`` or ``tract``,
+or ``devices``: each stage on the runtime of its device in the manifest's cluster (a split made with
+``--devices``), a chain that may mix runtimes.  The original always runs in onnxruntime on the CPU: it is
+the reference every runtime's chain is held to, by the same norm-based tolerance.
+
 The original model is the one the manifest records (its ``source.path``, relative to the folder) unless
 ``model_path`` names another copy; either way its sha256 must be the manifest's.
 """
@@ -24,6 +29,7 @@ import numpy as np
 from onnxpipe.core.errors import ManifestError, UsageError, VerificationError, error_line
 from onnxpipe.core.files import file_sha256
 from onnxpipe.core.ortsession import open_session, session_options
+from onnxpipe.core.runtimes import EngineConfig, parse_runtime
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
@@ -45,6 +51,8 @@ class VerifyReport:
     runs: int
     input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     model_path: Path | None = None
+    stage_runtimes: tuple[str, ...] = ()
+    """What ran each stage (``onnxruntime (CPUExecutionProvider)``, ``openvino (CPU)``, ``tract``)."""
 
     @property
     def ok(self) -> bool:
@@ -57,6 +65,9 @@ class VerifyReport:
     def summary(self) -> str:
         """Print-friendly lines: one per output, then the verdict."""
         lines = [f"  {o.describe()}" for o in self.outputs]
+        if self.stage_runtimes and set(self.stage_runtimes) != {"onnxruntime (CPUExecutionProvider)"}:
+            on = ", ".join(f"stage {i} on {r}" for i, r in enumerate(self.stage_runtimes))
+            lines.insert(0, f"  stages: {on}; the original on onnxruntime (CPUExecutionProvider)")
         verdict = "match" if self.ok else "DO NOT match"
         lines.append(
             f"verify: {len(self.outputs)} output(s) {verdict} the original over {self.runs} run(s) "
@@ -87,12 +98,16 @@ def verify(
     samples: Samples | None = None,
     inputs: Sequence[str | Path] = (),
     stacked: Sequence[str | Path] = (),
+    runtime: str | None = None,
 ) -> VerifyReport:
     """Run the original model and the chained stages of ``out_dir`` on the same inputs and compare.
 
     The inputs are the user's: ``samples`` already checked, or the files ``inputs`` (one sample each)
     and ``stacked`` (a leading sample axis), :mod:`onnxpipe.ir.samples`; without them, ``runs`` sets
     of seeded random values at the planned shapes.
+
+    ``runtime``: None or ``onnxruntime`` (every stage in onnxruntime on the CPU), ``openvino``, ``tract``,
+    or ``devices`` (each stage on its device's runtime; see the module docstring).
 
     Raises :class:`ManifestError` for a bad manifest, changed stage files, or a model whose sha256 is
     not the manifest's source; never for a mismatch (see :attr:`VerifyReport.ok`).
@@ -103,6 +118,7 @@ def verify(
         raise UsageError(f"--rtol {rtol} --atol {atol}: tolerances must be numbers >= 0")
     d = Path(out_dir)
     manifest = load_manifest(d, check_files=True)
+    engines = stage_engines(manifest, runtime, threads)
     model = source_model_path(d, manifest, model_path)
     sha = file_sha256(model)
     if sha != manifest.source.sha256:
@@ -127,7 +143,7 @@ def verify(
         all_feeds = [random_feeds(view, input_shapes, seed + r) for r in range(runs)]
     expected = _run_original(model, names, all_feeds, threads, input_shapes, view, samples, manifest)
     merged: dict[str, OutputComparison] = {}
-    staged = run_stage_by_stage(d, all_feeds, threads=threads, check_files=False)
+    staged = run_stage_by_stage(d, all_feeds, threads=threads, check_files=False, engines=engines)
     for actual, want in zip(staged, expected, strict=True):
         for n in names:
             c = compare(n, want[n], _as_array(actual[n]), rtol=rtol, atol=atol)
@@ -140,7 +156,24 @@ def verify(
         runs=runs,
         input_shapes=input_shapes,
         model_path=model,
+        stage_runtimes=tuple(e.label for e in engines) if engines is not None else (),
     )
+
+
+def stage_engines(manifest: Manifest, runtime: str | None, threads: int) -> list[EngineConfig] | None:
+    """Each stage's engine for ``runtime`` (see :func:`verify`); None: onnxruntime on the CPU."""
+    if runtime is None:
+        return None
+    if runtime == "devices":
+        if manifest.cluster is None:
+            raise UsageError(
+                f"--runtime devices: {manifest.k} stages were split without --devices, so the manifest "
+                "names no runtime per stage; give one runtime (--runtime openvino) or split with --devices"
+            )
+        by_name = {dev.name: dev for dev in manifest.cluster.devices}
+        return [by_name[st.device].engine_config(threads) for st in manifest.stages]
+    chosen = parse_runtime(runtime, "--runtime")
+    return [EngineConfig(runtime=chosen, threads=threads)] * manifest.k
 
 
 def planned_input_shapes(

@@ -482,7 +482,7 @@ def test_missing_stage_file_exits_7(done: Path, capfd: pytest.CaptureFixture[str
     ("edit", "says"),
     [
         (lambda m: "{truncated", "not valid JSON"),
-        (lambda m: json.dumps({**m, "schema_version": 3}), "schema_version"),
+        (lambda m: json.dumps({**m, "schema_version": 4}), "schema_version"),
         (lambda m: json.dumps({k: v for k, v in m.items() if k != "stages"}), "stages"),
         (
             lambda m: json.dumps(

@@ -11,6 +11,7 @@ from onnxpipe.cli.commands.early import check_output_folder
 from onnxpipe.cli.commands.jsonout import document, split_obj, verification_obj
 from onnxpipe.cli.commands.preamble import BusyWatch, Say, plan_preamble
 from onnxpipe.cli.tables import (
+    format_decoder_stages,
     format_manifest_table,
     format_stage_counts,
     format_verify_report,
@@ -59,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     if tried is not None:
         print(tried)
     print(format_manifest_table(result.manifest))
+    if result.manifest.plan.decoder is not None:
+        print(format_decoder_stages(result.manifest))
     print(
         f"wrote {plan.k} stages to {args.out}/ (bottleneck {plan.bottleneck_seconds * 1e3:.3f} ms, "
         f"{plan.ratio_to_lower_bound:.3f}x the lower bound)"

@@ -24,6 +24,8 @@ def run(args: argparse.Namespace) -> int:
         atol=args.atol,
         inputs=args.inputs,
         stacked=args.inputs_stacked,
+        threads=args.threads,
+        runtime=args.runtime,
     )
     say = Say(json_output=args.json)
     if args.json:
