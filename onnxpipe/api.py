@@ -26,6 +26,7 @@ from onnxpipe.cluster.costs import provider_available
 from onnxpipe.core.errors import ExportError, UsageError
 from onnxpipe.core.runtime_kinds import Runtime
 from onnxpipe.cost.kinds import CostSource
+from onnxpipe.cost.measure import RETRY_NOTE
 from onnxpipe.cost.phases import phase_profiles
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.source import ProfileOptions, get_profile
@@ -131,6 +132,9 @@ def split(
         view, the_plan = cut.view, _measured_here(cut.plan, prof, request)
     else:
         the_plan = _calibrated(view, prof, request, opts.calibration, phases)
+    retried = tuple(n for n in prof.unattributed if n.startswith(RETRY_NOTE))
+    if retried:  # the sizes finally used, in the manifest's notes too
+        the_plan = dataclasses.replace(the_plan, notes=(*the_plan.notes, *retried))
     step(f"exporting {the_plan.k} stages")
     manifest = export_stages(
         view,

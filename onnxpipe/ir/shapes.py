@@ -211,7 +211,12 @@ def failure_hint(
     at what size, and the exact ``--shape`` flags that would give them (to edit), or ``--inputs``."""
     guessed = guessed_dims(view, overrides)
     if not guessed:
-        return "give real inputs with --inputs FILE.npz (one array per input, by name)"
+        every = " ".join(f"--shape {n}={','.join(str(int(d)) for d in v)}" for n, v in used.items())
+        return (
+            f"give the shapes the model runs at with {every} (edited), or real inputs with --inputs FILE.npz"
+            if every
+            else "give real inputs with --inputs FILE.npz (one array per input, by name)"
+        )
     parts = [
         f"{name!r} dim {axis}" + (f" ({sym})" if sym else "") + f" = {used[name][axis]}"
         for name, axis, sym in guessed

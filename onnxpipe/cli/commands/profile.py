@@ -54,6 +54,11 @@ def run(args: argparse.Namespace) -> int:
         f"{prof.total_seconds * 1e3:.3f} ms per run ({prof.source}, {prof.threads} thread(s)); "
         f"saved {args.out}"
     )
+    if prof.inputs:
+        shown = ", ".join(
+            f"{r.file} ({r.samples} sample{'s' if r.samples != 1 else ''})" for r in prof.inputs
+        )
+        print(f"  inputs: {shown}")
     for note in prof.unattributed[:10]:
         print(f"  note: {note}")
     if len(prof.unattributed) > 10:
