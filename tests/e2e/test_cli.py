@@ -796,3 +796,17 @@ def test_split_records_its_verification(mlp: Path, work: Path, capfd: pytest.Cap
     assert code == 0, err
     record = onnxpipe.load_manifest(work / "n").verification
     assert record is not None and record.status == "unverified"
+
+
+def test_run_warns_when_the_stages_threads_exceed_the_cpus(
+    mlp: Path, work: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import onnxpipe.cli.commands.preamble as preamble
+
+    code, _, err = run(["split", mlp, "-k", "4", "-o", "s", "--cost", "static", "--no-verify", "-q"], capfd)
+    assert code == 0, err
+    monkeypatch.setattr(preamble, "available_cpu_count", lambda: 2)
+    code, out, err = run(["run", "s", "--microbatches", "4", "--warmup", "0"], capfd)
+    assert code == 0, err
+    assert "warning: 4 stages x 1 thread(s) = 4 threads on 2 CPU(s)" in out and "split again" in out
+    assert "... running 4 micro-batch(es)" in out and out.splitlines()[-1].startswith("ran in ")
