@@ -13,7 +13,7 @@ plan as a stage count or a :class:`~onnxpipe.plan.request.PlanRequest`, and ever
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -23,7 +23,7 @@ from onnxpipe.calibrate.loop import CalibrationOptions
 from onnxpipe.calibrate.loop import calibrate as run_calibration
 from onnxpipe.calibrate.timing import choose_timer, time_model
 from onnxpipe.cluster.costs import provider_available
-from onnxpipe.core.errors import UsageError
+from onnxpipe.core.errors import ExportError, UsageError
 from onnxpipe.core.runtime_kinds import Runtime
 from onnxpipe.cost.kinds import CostSource
 from onnxpipe.cost.measure import RETRY_NOTE
@@ -42,6 +42,7 @@ from onnxpipe.manifest import Manifest
 from onnxpipe.plan.planner import plan, planned
 from onnxpipe.plan.request import PlanRequest, SplitNodes
 from onnxpipe.plan.types import Plan
+from onnxpipe.verification.record import record_verification, verification_record
 from onnxpipe.verification.verify import VerifyReport, verify
 
 __all__ = [
@@ -63,13 +64,17 @@ class SplitOptions:
 
     ``profile``: where the costs come from; ``calibration``: rounds of timing the exported stages and
     partitioning again (:mod:`onnxpipe.calibrate`); ``export``: replacing an earlier split and where the
-    weights go; ``verify``: compare the chained stages with the model before returning.
+    weights go; ``verify``: compare the chained stages with the model before returning.  ``on_step``
+    is told each step as it begins (``"profiling"``, ``"planning"``, ``"exporting 4 stages"``,
+    ``"verifying"``): the CLI says so, so that no step of a long split is silent; the API itself prints
+    nothing.
     """
 
     profile: ProfileOptions = field(default_factory=ProfileOptions)
     calibration: CalibrationOptions = field(default_factory=CalibrationOptions)
     export: ExportOptions = field(default_factory=ExportOptions)
     verify: bool = True
+    on_step: Callable[[str], None] | None = field(default=None, compare=False)
     static: bool = False
     """Split a copy of the model with its input shapes frozen at ``profile.shapes`` (else the defaults
     of :func:`onnxpipe.ir.shapes.resolve_input_shapes`), its shape arithmetic folded
@@ -110,6 +115,9 @@ def split(
         view, _ = static_view(view, shapes)
         opts = dataclasses.replace(opts, profile=dataclasses.replace(opts.profile, shapes=shapes))
     _check_calibration(request, opts.calibration)
+    step = opts.on_step or (lambda what: None)
+    if opts.profile.saved is None:  # a saved profile is read at once (and refused without a word)
+        step("profiling")
     phases = decoder_profiles(view, request, opts.profile)
     if phases and len(phases) > 1 and opts.calibration.rounds:
         raise UsageError(
@@ -117,6 +125,7 @@ def split(
             "or --phase decode (not both)"
         )
     prof = phases.get(Phase.DECODE) or phases.get(Phase.PREFILL) or get_profile(view, opts.profile)
+    step("planning, calibrating" if opts.calibration.rounds else "planning")
     samples = prof.samples
     if request.split_nodes == SplitNodes.AUTO:
         cut = planned(view, prof, request)  # the stages name the cut node's parts: export the cut model
@@ -126,6 +135,7 @@ def split(
     retried = tuple(n for n in prof.unattributed if n.startswith(RETRY_NOTE))
     if retried:  # the sizes finally used, in the manifest's notes too
         the_plan = dataclasses.replace(the_plan, notes=(*the_plan.notes, *retried))
+    step(f"exporting {the_plan.k} stages")
     manifest = export_stages(
         view,
         the_plan,
@@ -134,10 +144,19 @@ def split(
         external_data=opts.export.external_data,
         feeds=samples.first if samples is not None else None,
     )
-    report = None
+    report = None  # the manifest says unverified until the result is recorded (Ctrl-C leaves it so)
     if opts.verify:
         planned_shapes = None if samples is not None else opts.profile.shapes
+        step("verifying")
         report = verify(out_dir, shapes=planned_shapes, samples=samples, runtime=_verify_runtime(the_plan))
+        try:
+            record_verification(out_dir, report)
+            manifest = dataclasses.replace(manifest, verification=verification_record(report))
+        except OSError as e:
+            raise ExportError(
+                f"{out_dir}: the verification's result cannot be written into its manifest ({e}); "
+                "run onnxpipe verify there once it can be written"
+            ) from e
     return SplitResult(plan=the_plan, manifest=manifest, out_dir=out_dir, report=report)
 
 

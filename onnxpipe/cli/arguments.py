@@ -96,6 +96,15 @@ def stages_arg(text: str) -> int | str:
     return "auto" if text == "auto" else positive_int(text)
 
 
+def add_quiet_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--quiet",
+        "-q",
+        action="store_true",
+        help="no progress: no bar on a terminal, no progress lines in a log (stderr not a terminal)",
+    )
+
+
 def add_json_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--json",

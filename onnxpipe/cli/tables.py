@@ -77,6 +77,13 @@ def format_manifest_table(manifest: Manifest) -> str:
     )
     if plan.link_model is not None:
         footer += f"\nlinks: {LINK_MODEL_TEXT.get(plan.link_model, plan.link_model)}"
+    v = manifest.verification
+    if v is not None:
+        footer += "\nverification: " + (
+            f"{v.status} (|a-b| <= {v.atol:g} + {v.rtol:g}*max|a|, seed {v.seed}, {v.runs} run(s))"
+            if v.verified and v.atol is not None and v.rtol is not None
+            else f"{v.status}: the stages were not compared with the model; onnxpipe verify compares them"
+        )
     footer += "".join(f"\n{line}" for line in worker_lines)
     return table(head, rows) + "\n" + footer
 
@@ -214,8 +221,9 @@ def _by_worker(
 
 
 def format_plan_table(plan: Plan) -> str:
-    """Stage, device, nodes, compute and transfer per micro-batch, parameters, memory, share of bottleneck;
-    then the schedule: kind, micro-batches, simulated batch time, bubble, throughput."""
+    """Stage, device, nodes, compute and transfer per micro-batch, parameters, the memory a stage needs
+    (parameters and peak activations, against the device's where a devices file gives it), share of
+    the bottleneck; then the schedule: kind, micro-batches, simulated batch time, bubble, throughput."""
     costs = [
         max(s.compute_seconds, s.transfer_seconds) if plan.cluster else s.cost_seconds for s in plan.stages
     ]
@@ -224,7 +232,8 @@ def format_plan_table(plan: Plan) -> str:
     caps = plan.cluster.mem_caps if plan.cluster is not None else None
     rows = []
     for i, (s, cost) in enumerate(zip(plan.stages, costs, strict=True)):
-        cap = "-" if caps is None or caps[i] == float("inf") else human_bytes(caps[i])
+        need = human_bytes(s.param_bytes + s.peak_activation_bytes * plan.microbatch_size)
+        cap = need if caps is None or caps[i] == float("inf") else f"{need} of {human_bytes(caps[i])}"
         rows.append(
             [
                 f"{s.index}",
@@ -249,7 +258,7 @@ def format_plan_table(plan: Plan) -> str:
         "bytes in",
         "link in",
         "params",
-        "memory",
+        "memory need",
         "load",
         *([f"KV at {plan.decoder.max_context}"] if plan.decoder is not None else []),
     ]

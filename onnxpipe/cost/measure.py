@@ -153,7 +153,7 @@ def _measure(
     steps = warmup + 2 * runs + 3
     with (
         tempfile.TemporaryDirectory(prefix="onnxpipe-profile-") as tmpdir,
-        Progress(steps, f"profiling {label}", enabled=progress) as bar,
+        Progress(steps, f"profiling {label}", enabled=progress, unit="runs") as bar,
     ):
         ort_model = OrtModel(view, Path(tmpdir), label, threads, hint)
         timing = ort_model.measure(samples, warmup, runs, bar)

@@ -34,6 +34,7 @@ from onnxpipe.manifest import (
     StageEntry,
     StageInput,
     StageOutput,
+    VerificationRecord,
 )
 from onnxpipe.plan.types import DecoderSummary, Plan, StageSpec
 from onnxpipe.schedule.simulate import simulate
@@ -190,6 +191,7 @@ def build_manifest(
         stages=tuple(entries),
         cluster=plan.cluster,
         device_costs=tuple(DeviceRecord(d.device, d.method, d.source) for d in plan.device_costs),
+        verification=VerificationRecord("unverified"),  # until a verification records its result
         plan=PlanSummary(
             objective=plan.objective,
             k=plan.k,

@@ -24,6 +24,7 @@ from onnxpipe.manifest.entries import (
     StageEntry,
     StageInput,
     StageOutput,
+    VerificationRecord,
 )
 from onnxpipe.manifest.manifest import Manifest, check_stage_files, load_manifest, write_manifest
 
@@ -46,6 +47,7 @@ __all__ = [
     "StageEntry",
     "StageInput",
     "StageOutput",
+    "VerificationRecord",
     "check_stage_files",
     "load_manifest",
     "write_manifest",

@@ -225,6 +225,30 @@ class PlanSummary:
     """Set when the model is a decoder with a KV cache."""
 
 
+VERIFICATION_STATUSES = ("unverified", "passed", "failed")
+"""``verification.status``: not (yet) compared with the model, or compared and found to match or not."""
+
+
+@dataclass(frozen=True)
+class VerificationRecord:
+    """Whether and how the stages were compared with the model (``verification``, added in schema 3).
+
+    ``split`` writes ``unverified`` with the stages and the result once its verification ends, so that
+    a folder whose verification was interrupted (Ctrl-C) says so; ``onnxpipe verify`` writes its result.
+    ``rtol``, ``atol``, ``seed``, ``runs`` and ``input_shapes`` say how (None while unverified)."""
+
+    status: str
+    rtol: float | None = None
+    atol: float | None = None
+    seed: int | None = None
+    runs: int | None = None
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None
+
+    @property
+    def verified(self) -> bool:
+        return self.status != "unverified"
+
+
 @dataclass(frozen=True)
 class DeviceRecord:
     """Where one stage runs and how its costs were obtained (``scaled``, ``profiled``, ``profile_file``)."""

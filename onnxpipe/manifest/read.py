@@ -24,6 +24,7 @@ from onnxpipe.manifest.entries import (
     READABLE_VERSIONS,
     SCHEMA_VERSION,
     V1_MODEL_INPUT,
+    VERIFICATION_STATUSES,
     DecoderRecord,
     DeviceRecord,
     ModelOutput,
@@ -35,6 +36,7 @@ from onnxpipe.manifest.entries import (
     StageEntry,
     StageInput,
     StageOutput,
+    VerificationRecord,
 )
 from onnxpipe.schedule.timeline import KINDS, ScheduleKind, Step, StepKind, Timeline, Transfer
 
@@ -376,3 +378,30 @@ def _step_kind(v: Value) -> StepKind:
     if v.raw not in ("F", "B"):
         raise v.fail('expected "F" or "B"')
     return cast(StepKind, v.raw)
+
+
+def verification(v: Value) -> VerificationRecord | None:
+    """``verification`` (added in schema 3, optional): the status, and how once verified."""
+    if v.raw is None:
+        return None
+    f = v.fields()
+    status = f["status"].string()
+    if status not in VERIFICATION_STATUSES:
+        raise f["status"].fail(f"expected one of {', '.join(VERIFICATION_STATUSES)}, got {status!r}")
+    if status == "unverified":
+        return VerificationRecord(status)
+    for key in ("rtol", "atol", "seed", "runs", "input_shapes"):
+        f.need(key, "a verified manifest says how: rtol, atol, seed, runs and input_shapes")
+    return VerificationRecord(
+        status=status,
+        rtol=f["rtol"].finite(),
+        atol=f["atol"].finite(),
+        seed=f["seed"].integer(minimum=None),
+        runs=f["runs"].integer(minimum=1),
+        input_shapes=MappingProxyType(
+            {
+                k: tuple(d)
+                for k, d in f["input_shapes"].dict_of(lambda dims: dims.list_of(Value.integer)).items()
+            }
+        ),
+    )

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from onnxpipe.core.dims import Dim, Shape
-from onnxpipe.manifest.entries import DecoderRecord, NodeSplitRecord, StageEntry
+from onnxpipe.manifest.entries import DecoderRecord, NodeSplitRecord, StageEntry, VerificationRecord
 from onnxpipe.schedule.timeline import Timeline
 
 if TYPE_CHECKING:  # annotations only: the manifest module calls this one
@@ -107,6 +107,21 @@ def manifest_obj(m: Manifest) -> dict[str, Any]:
         "device_costs": [
             {"device": d.device, "method": d.method, "source": d.source} for d in m.device_costs
         ],
+        **({} if m.verification is None else {"verification": verification_obj(m.verification)}),
+    }
+
+
+def verification_obj(v: VerificationRecord) -> dict[str, Any]:
+    """``verification``: the status, and how it was reached once verified."""
+    if not v.verified:
+        return {"status": v.status}
+    return {
+        "status": v.status,
+        "rtol": v.rtol,
+        "atol": v.atol,
+        "seed": v.seed,
+        "runs": v.runs,
+        "input_shapes": {k: list(d) for k, d in (v.input_shapes or {}).items()},
     }
 
 

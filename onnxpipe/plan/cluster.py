@@ -22,6 +22,7 @@ from pathlib import Path
 from onnxpipe.cluster.costs import DeviceCosts, device_costs
 from onnxpipe.cluster.model import Cluster, Device
 from onnxpipe.core.errors import MemoryFitError, PartitionError, UsageError
+from onnxpipe.core.text import human_bytes
 from onnxpipe.cost.measure import profile_model
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.runtime_profile import is_reference, profile_on_runtime
@@ -338,7 +339,8 @@ def _solve(
         raise MemoryFitError(
             f"{arranged.source or 'the devices'}: {arranged.size} stages of {view.label} do not fit the "
             f"devices' memory under {option.describe()}; the smallest memory that fits is "
-            f"{e.smallest_fit_bytes:.0f} bytes per device: raise memory_bytes, add devices, or "
+            f"{human_bytes(e.smallest_fit_bytes)} ({e.smallest_fit_bytes:.0f} bytes) per device: raise "
+            "memory_bytes, add devices, or "
             "choose another schedule",
             e.smallest_fit_bytes,
         ) from e
@@ -387,8 +389,9 @@ def _check_final_memory(
         )
         if need > cap:
             raise MemoryFitError(
-                f"{arranged.source or 'the devices'}: stage {s} on {arranged.names[s]} needs {need:.0f} "
-                f"bytes once the weights it shares with other stages are copied in, over the device's "
-                f"{cap}; give it at least that much memory_bytes, or use more stages",
+                f"{arranged.source or 'the devices'}: stage {s} on {arranged.names[s]} needs "
+                f"{human_bytes(need)} ({need:.0f} bytes) once the weights it shares with other stages are "
+                f"copied in, over the device's {human_bytes(cap)}; give it at least that much memory_bytes, "
+                "or use more stages",
                 need,
             )

@@ -61,3 +61,16 @@ def test_sample_reads_proc_stat(tmp_path: Path) -> None:
     assert got is not None and got.machine_busy_seconds > 0
     stat.write_text("garbage\n")
     assert sample(stat) is None
+
+
+def test_the_plan_shows_what_a_stage_needs_against_the_device(
+    resnet: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    devices = work / "one.json"
+    devices.write_text(
+        '{"devices": [{"name": "small", "provider": "CPUExecutionProvider", "threads": 1, '
+        '"memory_bytes": "1 GiB"}], "links": []}'
+    )
+    code, out, err = run(["plan", resnet, "-k", "1", "--cost", "static", "--devices", devices], capfd)
+    assert code == 0, err
+    assert "memory need" in out and " of 1.0 GiB" in out

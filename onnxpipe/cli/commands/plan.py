@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from onnxpipe import api
 from onnxpipe.cli.commands.common import plan_request, profile_options
@@ -35,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         check_runtime_opsets(view)  # before the preamble: a refusal prints nothing else
     plan_preamble(say, view, args, request)
     watch = BusyWatch(say, "profiling") if measured else None
-    options = profile_options(args, saved=args.profile, progress=sys.stderr.isatty())
+    options = profile_options(args, saved=args.profile, progress=not args.quiet)
     phases = api.decoder_profiles(view, request, options)  # a decoder's phases; else one profile
     prof = phases.get(Phase.DECODE) or phases.get(Phase.PREFILL) or api.get_profile(view, options)
     if watch is not None:

@@ -34,6 +34,10 @@ class Say:
     def warn(self, text: str) -> None:
         self.line(f"warning: {text}")
 
+    def step(self, what: str) -> None:
+        """A step begins: ``... exporting 4 stages (at 3.2 s)``, one line, readable in a log."""
+        self.line(f"... {what} (at {time.perf_counter() - self.start:.1f} s)")
+
     def done(self, what: str) -> None:
         self.line(f"{what} in {time.perf_counter() - self.start:.1f} s")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from onnxpipe import api
 from onnxpipe.calibrate.loop import CalibrationOptions
@@ -39,10 +38,11 @@ def run(args: argparse.Namespace) -> int:
     measured = (args.profile is None and args.cost == "profile") or args.calibrate > 0
     plan_preamble(say, view, args, request)
     options = api.SplitOptions(
-        profile=profile_options(args, saved=args.profile, progress=not args.quiet and sys.stderr.isatty()),
+        profile=profile_options(args, saved=args.profile, progress=not args.quiet),
         calibration=CalibrationOptions(rounds=args.calibrate, mode=args.calibrate_in),
         export=ExportOptions(force=args.force, external_data=args.external_data),
         verify=not args.no_verify,
+        on_step=None if args.quiet else say.step,
     )
     step = "profiling and calibration" if args.calibrate else "profiling"
     watch = BusyWatch(say, step) if measured else None
