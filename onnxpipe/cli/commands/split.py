@@ -22,6 +22,7 @@ def run(args: argparse.Namespace) -> int:
         calibration=CalibrationOptions(rounds=args.calibrate, mode=args.calibrate_in),
         export=ExportOptions(force=args.force, external_data=args.external_data),
         verify=not args.no_verify,
+        static=args.static,
     )
     result = api.split(args.model, request, args.out, options)
     plan = result.plan
@@ -30,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         f"wrote {plan.k} stages to {args.out}/ (bottleneck {plan.bottleneck_seconds * 1e3:.3f} ms, "
         f"{plan.ratio_to_lower_bound:.3f}x the lower bound)"
     )
-    for note in plan.notes:
+    for note in result.manifest.plan.notes:
         print(f"  note: {note}")
     if result.report is not None:
         print(format_verify_report(result.report))
