@@ -22,10 +22,12 @@ from onnxpipe.manifest import (
     MODEL,
     MODEL_INPUT,
     MODEL_OUTPUT,
+    DecoderRecord,
     DeviceRecord,
     Manifest,
     ModelOutput,
     ModelTensor,
+    NodeSplitRecord,
     PlanSummary,
     SameValue,
     SourceInfo,
@@ -33,7 +35,7 @@ from onnxpipe.manifest import (
     StageInput,
     StageOutput,
 )
-from onnxpipe.plan.types import Plan, StageSpec
+from onnxpipe.plan.types import DecoderSummary, Plan, StageSpec
 from onnxpipe.schedule.simulate import simulate
 
 
@@ -166,6 +168,9 @@ def build_manifest(
                 shared_param_bytes=shared.per_stage[s.index],
                 link_bytes_in=s.link_bytes_in,
                 worker=s.worker,
+                kv_layers=s.kv_layers,
+                kv_cache_bytes=s.kv_cache_bytes,
+                estimated_phase_seconds=s.phase_seconds,
             )
         )
 
@@ -200,6 +205,20 @@ def build_manifest(
             workers=plan.workers,
             time_slack=plan.time_slack,
             reference_seconds=plan.reference_seconds,
+            profiled_inputs=plan.profiled_inputs,
+            node_splits=tuple(
+                NodeSplitRecord(
+                    node=s.node,
+                    kind=s.kind,
+                    parts=s.parts,
+                    stages=s.stages,
+                    contiguous_bound_seconds=s.contiguous_bound_seconds,
+                    contiguous_bottleneck_seconds=s.contiguous_bottleneck_seconds,
+                )
+                for s in plan.node_splits
+            ),
+            link_model=plan.link_model,
+            decoder=_decoder_record(plan.decoder),
         ),
         schedule=timeline,
     )
@@ -222,3 +241,9 @@ def _source_info(view: ModelView, out: Path, source_name: str | None) -> SourceI
         path = Path(os.path.relpath(target, folder)).as_posix() if relative else target.as_posix()
     name = source_name or view.file_name or "model.onnx"
     return SourceInfo(file=name, path=path, sha256=view.sha256)
+
+
+def _decoder_record(d: DecoderSummary | None) -> DecoderRecord | None:
+    if d is None:
+        return None
+    return DecoderRecord(d.layers, d.layer_cuts, d.ends, d.max_context, d.phase, d.phase_shapes)

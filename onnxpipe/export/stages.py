@@ -21,10 +21,10 @@ holds the source.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import onnx
 
@@ -39,6 +39,7 @@ from onnxpipe.export.modes import EXTERNAL_DATA_MODES, ExternalData
 from onnxpipe.export.outdir import normalized, staged_folder, writing
 from onnxpipe.export.record import Written, build_manifest, shared_weights
 from onnxpipe.export.weightfile import externalize
+from onnxpipe.ir import contrib
 from onnxpipe.ir.external import is_external
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, write_manifest
@@ -77,6 +78,7 @@ def export_stages(
     external_data: ExternalData = "auto",
     source_name: str | None = None,
     microbatches: int = DEFAULT_MICROBATCHES,
+    feeds: Mapping[str, Any] | None = None,
 ) -> Manifest:
     """Write ``plan``'s stages of ``view`` and their manifest into ``out_dir``; return the manifest.
 
@@ -84,7 +86,8 @@ def export_stages(
     each stage's weights to its own ``stage_<i>.onnx.data``; ``"auto"`` does so only for a stage over
     ~1.8 GB or when the source kept its weights in external files.  ``source_name`` is the file name
     recorded for the source (default: the model's file name).  ``microbatches`` sizes the stream
-    schedule recorded in the manifest.
+    schedule recorded in the manifest.  ``feeds``: one sample of the user's inputs, which a run of the
+    source that settles boundary ranks uses instead of random values (:mod:`onnxpipe.export.boundary`).
 
     Raises :class:`ExportError` when ``out_dir`` is not empty (without ``force``), when a file cannot
     be written (the old folder is left intact), or when a stage fails the checker or onnxruntime;
@@ -99,7 +102,7 @@ def export_stages(
     check_exportable(view, out, force=force)
     specs = plan.stages
     with staged_folder(out, last=MANIFEST_NAME) as tmp:
-        writer = _StageWriter(view, plan, tmp, out, external_data)
+        writer = _StageWriter(view, plan, tmp, out, external_data, feeds)
         writer.check_sizes(specs)
         contract = ContractMaker(view, plan.input_shapes)
         if not writer.source_external:  # one run of the source: it would have to be loaded whole
@@ -122,8 +125,17 @@ def export_stages(
 class _StageWriter:
     """Builds, writes, checks and hashes each stage in turn; remembers the boundary types it learns."""
 
-    def __init__(self, view: ModelView, plan: Plan, tmp: Path, out: Path, external_data: str) -> None:
+    def __init__(
+        self,
+        view: ModelView,
+        plan: Plan,
+        tmp: Path,
+        out: Path,
+        external_data: str,
+        feeds: Mapping[str, Any] | None = None,
+    ) -> None:
         self.view = view
+        self.feeds = feeds
         self.plan = plan
         self.tmp = tmp
         self.out = out
@@ -170,7 +182,12 @@ class _StageWriter:
         """
         i = spec.index
         self.types.resolve(
-            spec, self._build, self.tmp, self.plan.input_shapes, can_run_source=not self.source_external
+            spec,
+            self._build,
+            self.tmp,
+            self.plan.input_shapes,
+            can_run_source=not self.source_external,
+            feeds=self.feeds,
         )
         size = self.stage_bytes(spec)
         external = self.mode == "always" or (
@@ -210,7 +227,7 @@ class _StageWriter:
         """
         i = spec.index
         try:
-            onnx.checker.check_model(str(path))
+            contrib.check_model(path)  # onnxruntime's default-domain ops stay as the source wrote them
         except (onnx.checker.ValidationError, ValueError) as e:
             raise ExportError(
                 f"{self.out / path.name}: stage {i} fails the ONNX checker{self._node_in(spec, str(e))}: "

@@ -15,6 +15,7 @@ from onnxpipe.cluster.devicesfile import read_cluster
 from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.dims import Dim, Shape
 from onnxpipe.core.errors import ManifestError, UsageError
+from onnxpipe.core.inputfiles import InputRecord
 from onnxpipe.core.jsonread import Fields, Rule, Value
 from onnxpipe.manifest.entries import (
     MODEL,
@@ -23,9 +24,11 @@ from onnxpipe.manifest.entries import (
     READABLE_VERSIONS,
     SCHEMA_VERSION,
     V1_MODEL_INPUT,
+    DecoderRecord,
     DeviceRecord,
     ModelOutput,
     ModelTensor,
+    NodeSplitRecord,
     PlanSummary,
     SameValue,
     SourceInfo,
@@ -40,7 +43,8 @@ def schema_version(f: Fields) -> int:
     """The file's ``schema_version``, refused unless this onnxpipe reads it (checked before any other)."""
     version = f["schema_version"].integer(minimum=None)
     if version not in READABLE_VERSIONS:
-        readable = " and ".join(str(v) for v in READABLE_VERSIONS)
+        *earlier, last = (str(v) for v in READABLE_VERSIONS)
+        readable = f"{', '.join(earlier)} and {last}" if earlier else last
         raise ManifestError(
             f"{f.doc.source}: schema_version {version} is not supported (this onnxpipe reads versions "
             f"{readable}, writes {SCHEMA_VERSION}); use the onnxpipe that wrote it or re-run onnxpipe split"
@@ -173,6 +177,11 @@ def stage(f: Fields) -> StageEntry:
         same_values=f.get("same_values", []).objects(_same_value),
         recomputed_node_count=f.get("recomputed_node_count", 0).integer(),
         required_opsets=_required_opsets(f.get("required_opsets", {})),
+        kv_layers=f.get("kv_layers", []).list_of(Value.integer),
+        kv_cache_bytes=f.get("kv_cache_bytes", 0).integer(),
+        estimated_phase_seconds=tuple(
+            f.get("estimated_phase_seconds", {}).dict_of(lambda v: v.number()).items()
+        ),
     )
 
 
@@ -198,7 +207,74 @@ def plan(f: Fields) -> PlanSummary:
         workers=f.get("workers", None).opt_integer(minimum=1),
         time_slack=_time_slack(f.get("time_slack", 0.0)),
         reference_seconds=_reference(f.get("reference_seconds", None)),
+        profiled_inputs=f.get("profiled_inputs", []).objects(InputRecord.read),
+        node_splits=f.get("node_splits", []).objects(_node_split),
+        link_model=_link_model(f.get("link_model", None)),
+        decoder=_decoder(f.get("decoder", None)),
     )
+
+
+def _node_split(f: Fields) -> NodeSplitRecord:
+    parts = f["parts"].integer(minimum=2)
+    stages = f["stages"].list_of(lambda v: v.integer(minimum=0))
+    if len(stages) != parts or list(stages) != sorted(stages):
+        raise f["stages"].fail(
+            f"expected {parts} non-decreasing stage indices, one per part, got {list(stages)}"
+        )
+    bound = f["contiguous_bound_seconds"].number()
+    best = f["contiguous_bottleneck_seconds"].number()
+    return NodeSplitRecord(
+        node=f["node"].string(),
+        kind=f["kind"].string(),
+        parts=parts,
+        stages=tuple(stages),
+        contiguous_bound_seconds=bound,
+        contiguous_bottleneck_seconds=best,
+    )
+
+
+LINK_MODELS = ("serial", "overlap")
+"""The values of ``plan.link_model``: those of :mod:`onnxpipe.plan.links`, which the manifest, a floor
+below the planner, cannot import (a test keeps the two alike)."""
+
+
+def _link_model(v: Value) -> str | None:
+    """``plan.link_model`` (added in schema 3, optional): ``serial`` or ``overlap``."""
+    if v.raw is None:
+        return None
+    text = v.string()
+    if text not in LINK_MODELS:
+        raise v.fail(f"expected one of {', '.join(LINK_MODELS)}, got {text!r}")
+    return text
+
+
+def _decoder(v: Value) -> DecoderRecord | None:
+    """``plan.decoder`` (added in schema 3; absent for other models and older files)."""
+    if v.raw is None:
+        return None
+    f = v.fields()
+    ends = f["ends"].string()
+    if ends not in _ENDS:
+        raise f["ends"].fail(f"expected one of {', '.join(_ENDS)}, got {ends!r}")
+    phase = f["phase"].string()
+    if phase not in _PHASES:
+        raise f["phase"].fail(f"expected one of {', '.join(_PHASES)}, got {phase!r}")
+    return DecoderRecord(
+        layers=f["layers"].integer(minimum=1),
+        layer_cuts=f["layer_cuts"].boolean(),
+        ends=ends,
+        max_context=f["max_context"].integer(minimum=1),
+        phase=phase,
+        phase_shapes=f.get("phase_shapes", []).objects(_phase_shape),
+    )
+
+
+def _phase_shape(f: Fields) -> tuple[str, int, int]:
+    return (f["phase"].string(), f["new_tokens"].integer(minimum=1), f["past_tokens"].integer())
+
+
+_ENDS = ("free", "attached", "own")
+_PHASES = ("prefill", "decode", "both")
 
 
 def _reference(v: Value) -> float | None:

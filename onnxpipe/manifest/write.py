@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from onnxpipe.core.dims import Dim, Shape
-from onnxpipe.manifest.entries import StageEntry
+from onnxpipe.manifest.entries import DecoderRecord, NodeSplitRecord, StageEntry
 from onnxpipe.schedule.timeline import Timeline
 
 if TYPE_CHECKING:  # annotations only: the manifest module calls this one
@@ -89,12 +89,46 @@ def manifest_obj(m: Manifest) -> dict[str, Any]:
                 {} if m.plan.workers is None else {"workers": m.plan.workers, "time_slack": m.plan.time_slack}
             ),
             **({} if m.plan.reference_seconds is None else {"reference_seconds": m.plan.reference_seconds}),
+            **(
+                {}
+                if not m.plan.profiled_inputs
+                else {"profiled_inputs": [r.to_obj() for r in m.plan.profiled_inputs]}
+            ),
+            **(
+                {"node_splits": [_node_split_obj(r) for r in m.plan.node_splits]}
+                if m.plan.node_splits
+                else {}
+            ),
+            **({} if m.plan.link_model is None else {"link_model": m.plan.link_model}),
+            **({} if m.plan.decoder is None else {"decoder": _decoder_obj(m.plan.decoder)}),
         },
         "schedule": timeline_obj(m.schedule, [s.device for s in m.stages]),
         "cluster": m.cluster.to_obj() if m.cluster is not None else None,
         "device_costs": [
             {"device": d.device, "method": d.method, "source": d.source} for d in m.device_costs
         ],
+    }
+
+
+def _node_split_obj(r: NodeSplitRecord) -> dict[str, Any]:
+    return {
+        "node": r.node,
+        "kind": r.kind,
+        "parts": r.parts,
+        "stages": list(r.stages),
+        "contiguous_bound_seconds": r.contiguous_bound_seconds,
+        "contiguous_bottleneck_seconds": r.contiguous_bottleneck_seconds,
+    }
+
+
+def _decoder_obj(d: DecoderRecord) -> dict[str, Any]:
+    return {
+        "layers": d.layers,
+        "layer_cuts": d.layer_cuts,
+        "ends": d.ends,
+        "max_context": d.max_context,
+        "phase": d.phase,
+        "phase_shapes": [{"phase": p, "new_tokens": n, "past_tokens": c} for p, n, c in d.phase_shapes],
     }
 
 
@@ -117,6 +151,12 @@ def _stage_to_obj(s: StageEntry) -> dict[str, Any]:
         ),
         **({"recomputed_node_count": s.recomputed_node_count} if s.recomputed_node_count else {}),
         **({"required_opsets": dict(s.required_opsets)} if s.required_opsets else {}),
+        **({"kv_layers": list(s.kv_layers), "kv_cache_bytes": s.kv_cache_bytes} if s.kv_layers else {}),
+        **(
+            {"estimated_phase_seconds": {p: num(t) for p, t in s.estimated_phase_seconds}}
+            if s.estimated_phase_seconds
+            else {}
+        ),
         "inputs": [
             {
                 "name": t.name,

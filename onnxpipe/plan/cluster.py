@@ -24,17 +24,23 @@ from onnxpipe.cluster.model import Cluster, Device
 from onnxpipe.core.errors import MemoryFitError, PartitionError, UsageError
 from onnxpipe.cost.measure import profile_model
 from onnxpipe.cost.profile import Profile
-from onnxpipe.ir.model import ModelView
+from onnxpipe.cost.runtime_profile import is_reference, profile_on_runtime
+from onnxpipe.ir.decoder import DecoderInfo, find_decoder, kv_bytes_per_token
+from onnxpipe.ir.model import ModelView, NodeInfo
 from onnxpipe.partition import solve_heterogeneous
+from onnxpipe.partition.chainbound import chain_bound
 from onnxpipe.partition.inputs import HeterogeneousRequest
 from onnxpipe.partition.result import Partition
+from onnxpipe.plan.decoder import coarse_allowed, layer_sequences, stage_kv
+from onnxpipe.plan.decoder_kinds import Ends
+from onnxpipe.plan.decoder_plan import phase_shape_of, profile_phase
 from onnxpipe.plan.fused import keeping_fused_groups
 from onnxpipe.plan.memory import TRAINING_STATE_FACTOR, stage_memory_bytes
 from onnxpipe.plan.orders import OrderSearch, place, stages_auto
 from onnxpipe.plan.request import PlanRequest, ScheduleOption
 from onnxpipe.plan.sequences import Sequences, first_reader_param_bytes, sequences
 from onnxpipe.plan.stages import assign_stages, plan_from
-from onnxpipe.plan.types import Plan, StageSpec
+from onnxpipe.plan.types import DecoderSummary, Plan, StageSpec
 from onnxpipe.schedule.simulate import in_flight, simulate
 from onnxpipe.schedule.timeline import Timeline
 
@@ -56,6 +62,10 @@ class _Costs:
     acts: tuple[float, ...]
     """Bytes of each compute node's outputs: what training keeps for the backward pass."""
     records: tuple[DeviceCosts, ...]
+    decoder: DecoderInfo | None = None
+    """Set for a decoder cut between layers only: ``seq`` is then in layer order, cuts between layers."""
+    kv: tuple[float, ...] = ()
+    """KV cache bytes at the maximum context per compute node (at the node making a layer's present)."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +96,11 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
     m = len(view.compute_nodes)
     cluster = request.devices
     if cluster is None:
-        assert isinstance(stages, int)  # check() refuses "auto" without devices
+        if not isinstance(stages, int):
+            raise UsageError(
+                "--stages auto needs --devices here: plan_pipeline plans for a cluster; "
+                "onnxpipe.plan.planner.plan chooses the stages of this machine without one"
+            )
         cluster = Cluster.homogeneous(
             stages, profile.threads, bandwidth_bytes_per_s=request.bandwidth_bytes_per_s
         )
@@ -94,9 +108,10 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
     if stages != "auto" and not 1 <= stages <= max_k:
         what = f"{m} compute nodes" if stages > m else f"{cluster.size} devices in {cluster.label}"
         raise PartitionError(
-            f"cannot make {stages} stages: the plan has {what}; choose --stages between 1 and {max_k}"
+            f"cannot make {stages} stages: the plan has {what}; the largest number of stages that works "
+            f"is {max_k}: choose --stages between 1 and {max_k}"
         )
-    costs = _costs(view, profile, cluster)
+    costs = _costs(view, profile, cluster, request)
     best, reason = _best(view, costs, cluster, request, max_k)
     notes: list[str] = []
     if reason:
@@ -119,8 +134,29 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
         devices=arranged.names,
         link_bytes=costs.seq.cut_bytes,
         classes=costs.seq.classes,
+        compute=costs.seq.compute,
     )
+    summary = None
+    if costs.decoder is not None:
+        specs = _with_kv(view, profile, costs.decoder, specs, request)
+        notes.append(costs.decoder.describe())
+        notes.append(
+            f"cuts only between layers (--ends {request.decoder.ends.value}); each device holds its layers' "
+            f"KV cache at {request.decoder.max_context} tokens of context, counted in its memory"
+        )
+        summary = DecoderSummary(
+            costs.decoder.layers,
+            True,
+            request.decoder.ends.value,
+            request.decoder.max_context,
+            profile_phase(profile, costs.decoder),
+            (phase_shape_of(profile, costs.decoder, profile_phase(profile, costs.decoder)),),
+        )
     _check_final_memory(specs, arranged, best, costs.acts)
+    if not best.search.free:  # devices in the file's order: the contiguous bound holds for this order
+        rows = [[c * _work(option, request) for c in costs.rows[name]] for name in arranged.names]
+        tighter = min(chain_bound(rows, part.bottleneck), part.bottleneck)
+        part = replace(part, lower_bound=max(part.lower_bound, tighter))
     kept = {d.name for d in arranged.devices}
     return plan_from(
         view,
@@ -135,11 +171,24 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
         cluster=arranged,
         device_costs=tuple(r for r in costs.records if r.device in kept),
         microbatch_size=option.size,
+        decoder=summary,
     )
 
 
-def _costs(view: ModelView, profile: Profile, cluster: Cluster) -> _Costs:
-    seq = sequences(view, profile)
+def _with_kv(
+    view: ModelView, profile: Profile, dec: DecoderInfo, specs: Sequence[StageSpec], request: PlanRequest
+) -> tuple[StageSpec, ...]:
+    batch = int(profile.input_shapes.get(dec.kv[0].past_key, (1,))[0] or 1)
+    kv = stage_kv(view, dec, specs, request.decoder.max_context, batch)
+    return tuple(
+        replace(st, kv_layers=owned, kv_cache_bytes=nbytes)
+        for st, (owned, nbytes) in zip(specs, kv, strict=True)
+    )
+
+
+def _costs(view: ModelView, profile: Profile, cluster: Cluster, request: PlanRequest) -> _Costs:
+    dec = find_decoder(view) if request.decoder.layer_cuts else None
+    seq = sequences(view, profile) if dec is None else _layer_sequence(view, profile, dec, request)
     compute = seq.compute
     records = device_costs(
         cluster,
@@ -152,10 +201,35 @@ def _costs(view: ModelView, profile: Profile, cluster: Cluster) -> _Costs:
     return _Costs(
         seq=seq,
         rows={r.device: tuple(float(r.node_seconds.get(n.name, 0.0)) for n in compute) for r in records},
-        params=tuple(first_reader_param_bytes(view)),
+        params=tuple(first_reader_param_bytes(view, compute)),
         acts=tuple(float(sum(seq.sizes.get(o, 0) for o in n.outputs)) for n in compute),
         records=records,
+        decoder=dec,
+        kv=tuple(_kv_per_node(view, dec, compute, request, profile)) if dec is not None else (),
     )
+
+
+def _layer_sequence(view: ModelView, profile: Profile, dec: DecoderInfo, request: PlanRequest) -> Sequences:
+    """The decoder's nodes in layer order, a stage starting only between layers (``--ends attached``:
+    nor between the embedding and the first layer, the last layer and the head)."""
+    if request.decoder.ends == Ends.OWN:
+        raise UsageError(
+            "--ends own with --devices: the embedding and LM head stages of their own are planned for "
+            "identical workers only; give --ends free or attached"
+        )
+    layers = layer_sequences(view, profile, dec)
+    coarse = coarse_allowed(layers, dec, request.decoder.ends)
+    allowed = {p for p, ok in zip(layers.starts, coarse, strict=True) if ok}
+    return replace(layers.seq, allowed=tuple(p in allowed for p in range(len(layers.seq.compute) + 1)))
+
+
+def _kv_per_node(
+    view: ModelView, dec: DecoderInfo, compute: Sequence[NodeInfo], request: PlanRequest, profile: Profile
+) -> list[float]:
+    """Each layer's KV cache bytes at the maximum context, at the node that makes its present key."""
+    batch = int(profile.input_shapes.get(dec.kv[0].past_key, (1,))[0] or 1)
+    at = {p.present_key: kv_bytes_per_token(view, p, batch) * request.decoder.max_context for p in dec.kv}
+    return [float(sum(at.get(o, 0) for o in n.outputs)) for n in compute]
 
 
 def _best(
@@ -230,7 +304,11 @@ def _heterogeneous_request(
         bandwidths=arranged.bandwidths,
         latencies=arranged.latencies,
         overlap=True,
-        item_mem=[(TRAINING_STATE_FACTOR if training else 1.0) * p for p in costs.params],
+        # a decoder's KV cache at the maximum context is held where its layer runs
+        item_mem=[
+            (TRAINING_STATE_FACTOR if training else 1.0) * p + kv
+            for p, kv in zip(costs.params, costs.kv or [0.0] * len(costs.params), strict=True)
+        ],
         mem_caps=arranged.mem_caps,
         # inference holds the micro-batch it computes and the next one arriving
         cut_mem_factor=[0.0 if training else 2.0 * size] * k,
@@ -249,6 +327,8 @@ def _solve(
     little (the candidates the search tries are noted nowhere: only the plan it keeps has notes)."""
     base = _heterogeneous_request(costs, arranged, request, option)
     try:
+        if costs.decoder is not None:  # cuts between layers are not optional: no fused-group fallback
+            return solve_heterogeneous(replace(base, allowed_cuts=costs.seq.allowed), arranged.size)
         return keeping_fused_groups(
             lambda allowed: solve_heterogeneous(replace(base, allowed_cuts=allowed), arranged.size),
             costs.seq.allowed,
@@ -265,14 +345,14 @@ def _solve(
 
 
 def _measure_fn(view: ModelView, profile: Profile) -> Callable[[Device], Mapping[str, float]]:
+    """The device's costs measured here: onnxruntime's profiler on the CPU, else the whole model timed
+    on the device's runtime, its per-layer reports mapped to nodes (:mod:`.cost.runtime_profile`)."""
+
     def measure(device: Device) -> Mapping[str, float]:
-        if device.provider != "CPUExecutionProvider" or device.provider_options:
-            raise UsageError(
-                f"device {device.name!r}: profiling on {device.provider} is not supported here; "
-                "set profile_here to false and give its speed, or a profile_path measured on it"
-            )
-        prof = profile_model(view, threads=device.threads, shapes=profile.input_shapes)
-        return prof.node_seconds
+        config = device.engine_config()
+        if is_reference(config):
+            return profile_model(view, threads=device.threads, shapes=profile.input_shapes).node_seconds
+        return profile_on_runtime(view, config, shapes=profile.input_shapes).node_seconds
 
     return measure
 
@@ -302,7 +382,7 @@ def _check_final_memory(
         if cap is None:
             continue
         act = float(sum(acts[bounds[s] : bounds[s + 1]]))
-        need = stage_memory_bytes(
+        need = spec.kv_cache_bytes + stage_memory_bytes(
             option.kind, s, k, option.microbatches, option.size, spec.param_bytes, act, spec.link_bytes_in
         )
         if need > cap:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from onnxpipe.cluster.costs import DeviceCosts
 from onnxpipe.cluster.model import Cluster
+from onnxpipe.core.inputfiles import InputRecord
 from onnxpipe.schedule.timeline import Timeline
 
 ShapeParts = tuple[int | tuple[str, int], ...]
@@ -51,6 +52,12 @@ class StageSpec:
     skipped_nodes: tuple[str, ...] = ()
     """Nodes of ``node_names`` left out of the stage file: what they computed is remade from an equal
     tensor (see ``aliases``) or no longer needed."""
+    kv_layers: tuple[int, ...] = ()
+    """A decoder's layers whose KV cache this stage holds (:mod:`onnxpipe.plan.decoder`)."""
+    kv_cache_bytes: int = 0
+    """That cache's bytes at the plan's maximum context (:attr:`DecoderSummary.max_context`)."""
+    phase_seconds: tuple[tuple[str, float], ...] = ()
+    """A decoder's estimated stage time at each phase profiled (``prefill``, ``decode``)."""
 
     recomputed_nodes: tuple[str, ...] = ()
     """Nodes of earlier stages this stage's file also holds (in the source's order, before its own):
@@ -77,6 +84,44 @@ class StageSpec:
 
 
 @dataclass(frozen=True)
+class NodeSplit:
+    """One node cut into parts placed in consecutive stages (``--split-nodes auto``), and why.
+
+    The split passed ``contiguous_bound_seconds``, ``max(total / K, largest node)``: no contiguous split
+    can beat it, and the best one found (``contiguous_bottleneck_seconds``) is at or above it.
+    """
+
+    node: str
+    kind: str
+    """How it was cut: ``columns``, ``reduction`` or ``channels`` (``onnxpipe.ir.nodesplit.SplitKind``)."""
+    parts: int
+    stages: tuple[int, ...]
+    """The stage of each part, in order; the join runs in the last one."""
+    carried: tuple[str, ...]
+    """The nodes after it that each part computes on its slice (a bias, an activation)."""
+    part_nodes: tuple[tuple[str, ...], ...]
+    join: str
+    contiguous_bottleneck_seconds: float
+    contiguous_bound_seconds: float
+    measured: bool
+    """Whether the parts' costs were timed (:mod:`onnxpipe.cost.parts`) or scaled by their share."""
+
+
+@dataclass(frozen=True)
+class DecoderSummary:
+    """What a plan of a decoder adds: its layers, how it was cut, and the context its cache is counted at."""
+
+    layers: int
+    layer_cuts: bool
+    ends: str
+    max_context: int
+    phase: str
+    """The phase the stage costs are for: ``prefill``, ``decode`` or ``both``."""
+    phase_shapes: tuple[tuple[str, int, int], ...] = ()
+    """(phase, new tokens, cached tokens) of each phase profiled."""
+
+
+@dataclass(frozen=True)
 class Plan:
     """A K-stage partition of one model, with the numbers that justify it."""
 
@@ -99,9 +144,20 @@ class Plan:
     """How many workers an interleaved split deals its stages out to; None: a worker per stage."""
     time_slack: float = 0.0
     """The slowdown an interleaved split was allowed to trade for balanced weights."""
+    decoder: DecoderSummary | None = None
+    """Set when the model is a decoder with a KV cache (:mod:`onnxpipe.plan.decoder`)."""
     reference_seconds: float | None = None
     """The whole model's time per run with the plan's threads at the profiled shapes, measured when the
     stage estimates were (see :attr:`onnxpipe.manifest.PlanSummary.reference_seconds`)."""
+    profiled_inputs: tuple[InputRecord, ...] = ()
+    """The ``--inputs`` files the costs came from (:attr:`onnxpipe.cost.profile.Profile.inputs`)."""
+    node_splits: tuple[NodeSplit, ...] = ()
+    """Nodes cut into parts over consecutive stages (``--split-nodes auto``); the stages then name the
+    parts' nodes, which the model cut by :func:`onnxpipe.ir.nodesplit.cut_node` holds."""
+    stage_counts_tried: tuple[tuple[int, float], ...] = ()
+    """``--stages auto``: each stage count tried and its bottleneck (``inf``: could not be made)."""
+    link_model: str | None = None
+    """``serial`` or ``overlap`` (:mod:`onnxpipe.plan.links`); None for a plan made outside the planner."""
 
     @property
     def k(self) -> int:

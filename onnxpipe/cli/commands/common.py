@@ -11,6 +11,7 @@ from pathlib import Path
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.cost.source import ProfileOptions
 from onnxpipe.ir.shapes import parse_shape_overrides
+from onnxpipe.plan.decoder_kinds import DecoderOptions
 from onnxpipe.plan.request import PlanRequest, ScheduleRequest
 
 
@@ -35,6 +36,8 @@ def profile_options(
         warmup=args.warmup,
         shapes=parse_shape_overrides(args.shape),
         progress=progress,
+        input_files=tuple(args.inputs),
+        stacked_files=tuple(args.inputs_stacked),
     )
 
 
@@ -48,4 +51,14 @@ def plan_request(args: argparse.Namespace) -> PlanRequest:
         schedule=schedule_request(args),
         workers=args.workers,
         time_slack=args.time_slack,
+        split_nodes=args.split_nodes,
+        link_model=args.link_model,
+        decoder=DecoderOptions(
+            layer_cuts=args.layer_cuts == "on",
+            ends=args.ends,
+            max_context=args.max_context,
+            phase=args.phase,
+            prefill_tokens=args.prefill_tokens,
+            decode_past=args.decode_past,
+        ),
     )
