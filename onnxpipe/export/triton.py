@@ -35,9 +35,10 @@ from types import ModuleType
 from typing import Any
 
 from onnxpipe.core.errors import ExportError, UsageError
+from onnxpipe.core.runtime_kinds import Runtime
 from onnxpipe.export.modes import DEFAULT_TRITON_MAX_BATCH, TRITON_PLATFORMS, TritonPlatform
 from onnxpipe.export.outdir import normalized, reason, writing
-from onnxpipe.manifest import Manifest, load_manifest
+from onnxpipe.manifest import Manifest, StageEntry, load_manifest
 
 PLATFORMS = TRITON_PLATFORMS
 DEFAULT_MAX_BATCH = DEFAULT_TRITON_MAX_BATCH
@@ -142,8 +143,8 @@ def export_triton(
     force: bool = False,
 ) -> TritonRepository:
     """Write the Triton model repository for the split in ``split_dir`` into ``out`` (see the module
-    docstring).  ``platform``: ``auto`` takes each stage's runtime from the manifest (OpenVINO where a
-    stage's runtime says so, else onnxruntime).  Raises :class:`UsageError` for bad arguments,
+    docstring).  ``platform``: ``auto`` takes each stage's runtime from its device in the manifest (OpenVINO
+    where the devices file says so, else onnxruntime).  Raises :class:`UsageError` for bad arguments,
     :class:`ExportError` for a folder that cannot be written or a repository that fails its checks."""
     if platform not in PLATFORMS:
         raise UsageError(f"--platform {platform!r}: choose one of {', '.join(PLATFORMS)}")
@@ -209,7 +210,7 @@ def plan_repository(
     steps: list[TritonStep] = []
     for st in manifest.stages:
         model = f"{ensemble}_stage{st.index}"
-        runtime = _runtime_of(st) if platform == "auto" else platform
+        runtime = _runtime_of(manifest, st) if platform == "auto" else platform
         gpu = st.device.lower().startswith(("cuda", "gpu"))
         stages.append(
             TritonModel(
@@ -242,15 +243,14 @@ def plan_repository(
     return [top, *stages]
 
 
-def _runtime_of(stage: object) -> str:
-    """The runtime a stage runs on, read defensively: a ``runtime`` field on the stage entry (added by
-    the devices file's runtimes) when there is one, else the device's name; onnxruntime by default."""
-    runtime = getattr(stage, "runtime", None)
-    for candidate in (runtime, getattr(runtime, "kind", None), getattr(runtime, "name", None)):
-        if isinstance(candidate, str) and candidate.lower().startswith("openvino"):
+def _runtime_of(manifest: Manifest, stage: StageEntry) -> str:
+    """The runtime a stage runs on: the ``runtime`` of its device in the manifest's cluster (the devices
+    file's), else onnxruntime.  A tract stage has no Triton backend: onnxruntime serves it."""
+    devices = manifest.cluster.devices if manifest.cluster is not None else ()
+    for device in devices:
+        if device.name == stage.device and str(device.runtime) == Runtime.OPENVINO:
             return "openvino"
-    device = getattr(stage, "device", "")
-    return "openvino" if isinstance(device, str) and device.lower().startswith("openvino") else "onnxruntime"
+    return "onnxruntime"
 
 
 def check_data_flow(ensemble: TritonModel, stages: Sequence[TritonModel]) -> None:

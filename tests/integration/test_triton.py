@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from onnxpipe.api import SplitOptions, split
+from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.errors import ExportError
+from onnxpipe.core.runtime_kinds import Runtime
 from onnxpipe.cost.source import ProfileOptions
 from onnxpipe.export.triton import (
     TritonStep,
@@ -124,3 +126,21 @@ def test_an_existing_folder_needs_force(transformer_split: Path, tmp_path: Path)
         "again",
         *(f"again_stage{i}" for i in range(3)),
     }
+
+
+def test_auto_platform_follows_each_devices_runtime(transformer_split: Path) -> None:
+    """A stage whose device runs OpenVINO (the devices file's ``runtime``) gets the openvino backend;
+    the others, tract's included (Triton has no tract backend), onnxruntime_onnx."""
+    manifest = load_manifest(transformer_split)
+    kinds = [Runtime.ONNXRUNTIME, Runtime.OPENVINO, Runtime.TRACT]
+    devices = tuple(Device(name=f"d{i}", runtime=kind) for i, kind in enumerate(kinds))
+    stages = tuple(dataclasses.replace(st, device=f"d{st.index}") for st in manifest.stages)
+    cluster = Cluster(devices=devices, links=(Link(), Link()))
+    models = plan_repository(dataclasses.replace(manifest, stages=stages, cluster=cluster), "t", "auto", 8)
+    assert [(m.platform, m.backend) for m in models[1:]] == [
+        ("onnxruntime_onnx", None),
+        (None, "openvino"),
+        ("onnxruntime_onnx", None),
+    ]
+    for m in models:
+        parse_config(pb, m.to_pbtxt())
