@@ -27,6 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="store stage weights in separate files",
     )
     p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    p.add_argument(
+        "--static",
+        action="store_true",
+        help="freeze the input shapes (--shape, else the defaults) and fold the shape arithmetic: every "
+        "stage gets fixed shapes, for runtimes and NPUs that need them",
+    )
     p.add_argument("--no-verify", action="store_true", help="skip comparing the stages with the model")
     p.add_argument(
         "--calibrate",

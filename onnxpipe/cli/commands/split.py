@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
         export=ExportOptions(force=args.force, external_data=args.external_data),
         verify=not args.no_verify,
         on_step=None if args.quiet else say.step,
+        static=args.static,
     )
     step = "profiling and calibration" if args.calibrate else "profiling"
     watch = BusyWatch(say, step) if measured else None
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         f"wrote {plan.k} stages to {args.out}/ (bottleneck {plan.bottleneck_seconds * 1e3:.3f} ms, "
         f"{plan.ratio_to_lower_bound:.3f}x the lower bound)"
     )
-    for note in plan.notes:
+    for note in result.manifest.plan.notes:
         print(f"  note: {note}")
     if result.report is not None:
         print(format_verify_report(result.report))
