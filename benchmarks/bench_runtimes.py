@@ -18,7 +18,7 @@ shape tensors of transformer exports).
 Writes ``benchmarks/results/runtimes.json``: a row per model, runtime and plan.
 
     python -m benchmarks runtimes [--models resnet50,yolov8n] [--runtimes onnxruntime,openvino,tract]
-                                  [--k 3] [--rounds 2] [--runs 20] [--out DIR]
+                                  [--k 3] [--rounds 3] [--runs 20] [--out DIR]
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ MODELS = {
     "resnet50": ("light_resnet50", None),
     "yolov8n": ("nudenet", {"images": (1, 3, 320, 320)}),
     "rapidocr_det": ("rapidocr_det", {"x": (1, 3, 320, 320)}),
+    "resnet_tiny": ("resnet_tiny", None),  # the sample model: a quick check of the script itself
 }
 GOAL = 1.10
 
@@ -160,7 +161,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--models", default="resnet50,yolov8n", help="comma-separated: " + ", ".join(MODELS))
     parser.add_argument("--runtimes", default="onnxruntime,openvino,tract")
     parser.add_argument("--k", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=2, help="calibration rounds on each runtime")
+    parser.add_argument("--rounds", type=int, default=3, help="calibration rounds on each runtime")
     parser.add_argument("--runs", type=int, default=20, help="timed runs of each stage")
     args = parser.parse_args(argv)
     names = [m for m in args.models.split(",") if m]
