@@ -32,8 +32,8 @@ from onnxpipe.export.stages import ExportOptions, export_stages
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
-from onnxpipe.plan.planner import plan
-from onnxpipe.plan.request import PlanRequest
+from onnxpipe.plan.planner import plan, planned
+from onnxpipe.plan.request import PlanRequest, SplitNodes
 from onnxpipe.plan.types import Plan
 from onnxpipe.verification.verify import VerifyReport, verify
 
@@ -76,13 +76,14 @@ class SplitResult:
 
 
 def split(
-    model: str | Path,
+    model: str | Path | ModelView,
     stages: int | Literal["auto"] | PlanRequest,
     out: str | Path,
     options: SplitOptions | None = None,
 ) -> SplitResult:
     """Load, profile (or reuse a profile), partition optimally, export the stages, and verify them.
 
+    ``model``: a file, or a model already loaded (the CLI loads it first to say what it will do).
     ``stages``: a stage count, ``"auto"``, or a whole :class:`PlanRequest` (devices, device order,
     schedule, workers...).  Everything that can be refused without costs (the output folder, the
     model's opsets, the request) is refused before profiling.
@@ -90,26 +91,40 @@ def split(
     request = stages if isinstance(stages, PlanRequest) else PlanRequest(stages)
     opts = options or SplitOptions()
     out_dir = Path(out).absolute()  # verification must find the folder even if "." is replaced
-    view = load_model(model)
+    view = model if isinstance(model, ModelView) else load_model(model)
     check_exportable(view, out_dir, force=opts.export.force)
     request.check()
     _check_calibration(request, opts.calibration)
     prof = get_profile(view, opts.profile)
-    the_plan = _calibrated(view, prof, request, opts.calibration)
+    samples = prof.samples
+    if request.split_nodes == SplitNodes.AUTO:
+        cut = planned(view, prof, request)  # the stages name the cut node's parts: export the cut model
+        view, the_plan = cut.view, _measured_here(cut.plan, prof, request)
+    else:
+        the_plan = _calibrated(view, prof, request, opts.calibration)
     manifest = export_stages(
-        view, the_plan, out_dir, force=opts.export.force, external_data=opts.export.external_data
+        view,
+        the_plan,
+        out_dir,
+        force=opts.export.force,
+        external_data=opts.export.external_data,
+        feeds=samples.first if samples is not None else None,
     )
-    report = (
-        verify(out_dir, shapes=opts.profile.shapes, runtime=_verify_runtime(the_plan))
-        if opts.verify
-        else None
-    )
+    report = None
+    if opts.verify:
+        shapes = None if samples is not None else opts.profile.shapes
+        report = verify(out_dir, shapes=shapes, samples=samples, runtime=_verify_runtime(the_plan))
     return SplitResult(plan=the_plan, manifest=manifest, out_dir=out_dir, report=report)
 
 
 def _check_calibration(request: PlanRequest, calibration: CalibrationOptions) -> None:
     if not calibration.rounds:
         return
+    if request.split_nodes == SplitNodes.AUTO:
+        raise UsageError(
+            "--calibrate corrects the costs of the model's own nodes, and --split-nodes auto cuts one: "
+            "give one or the other"
+        )
     if request.interleaved and calibration.mode == "pipeline":
         raise UsageError(
             "--calibrate-in pipeline times every stage on CPUs of its own, but interleaved stages share "
@@ -124,6 +139,13 @@ def _check_calibration(request: PlanRequest, calibration: CalibrationOptions) ->
         check_devices_here(request.devices)  # before profiling: every stage is timed where it will run
 
 
+def _measured_here(the_plan: Plan, prof: Profile, request: PlanRequest) -> Plan:
+    """A measured profile's median whole run is the machine's speed the estimates saw: recorded."""
+    if prof.source == CostSource.PROFILE and request.devices is None and prof.total_seconds > 0:
+        return dataclasses.replace(the_plan, reference_seconds=prof.total_seconds)
+    return the_plan
+
+
 def _calibrated(
     view: ModelView, prof: Profile, request: PlanRequest, calibration: CalibrationOptions
 ) -> Plan:
@@ -134,13 +156,7 @@ def _calibrated(
         return plan(view, p, request)
 
     if not calibration.rounds:
-        the_plan = make(prof)
-        measured_here = (
-            prof.source == CostSource.PROFILE and request.devices is None and prof.total_seconds > 0
-        )
-        if measured_here:  # a measured profile's median whole run is the machine's speed it saw
-            the_plan = dataclasses.replace(the_plan, reference_seconds=prof.total_seconds)
-        return the_plan
+        return _measured_here(make(prof), prof, request)
     if request.devices is not None:
         return _calibrated_on_devices(view, prof, request, calibration)
     k = request.stages if isinstance(request.stages, int) else len(make(prof).stages)

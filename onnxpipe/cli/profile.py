@@ -16,7 +16,7 @@ HELP = "measure every node's time with onnxruntime and save it"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", type=Path)
-    p.add_argument("--out", type=Path, required=True, help="profile JSON to write")
+    p.add_argument("--out", "-o", type=Path, required=True, help="profile JSON to write")
     p.add_argument("--cost", choices=COST_SOURCES, default="profile", help="measure, or static FLOPs")
     p.add_argument("--force", action="store_true", help="overwrite an existing profile file")
     p.add_argument(

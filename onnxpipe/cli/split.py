@@ -8,7 +8,7 @@ from pathlib import Path
 
 from onnxpipe.calibrate.modes import CALIBRATION_MODES, DEFAULT_CALIBRATION_MODE, DEFAULT_ROUNDS
 from onnxpipe.cli.argtypes import positive_int
-from onnxpipe.cli.arguments import add_measure_args, add_planning_args
+from onnxpipe.cli.arguments import add_json_arg, add_measure_args, add_planning_args
 
 NAME = "split"
 HELP = "partition the model into K balanced stages and export them"
@@ -16,7 +16,9 @@ HELP = "partition the model into K balanced stages and export them"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", type=Path)
-    p.add_argument("--out", type=Path, required=True, help="folder to write stages and manifest.json into")
+    p.add_argument(
+        "--out", "-o", type=Path, required=True, help="folder to write stages and manifest.json into"
+    )
     add_planning_args(p)
     p.add_argument(
         "--external-data",
@@ -44,3 +46,4 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     add_measure_args(p)
+    add_json_arg(p)

@@ -17,9 +17,11 @@ from types import MappingProxyType
 
 from onnxpipe.core.errors import ProfileError
 from onnxpipe.core.files import write_text_atomic
+from onnxpipe.core.inputfiles import InputRecord
 from onnxpipe.core.jsonread import Document, Fields, Value
 from onnxpipe.cost.kinds import COST_SOURCES, CostSource
 from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.samples import Samples
 
 SCHEMA_VERSION = 1
 
@@ -51,6 +53,11 @@ class Profile:
     """Human-readable notes on every time not attributed to exactly one original node."""
     exact_fraction: float
     """Share of the time attributed to exactly one original node."""
+    inputs: tuple[InputRecord, ...] = ()
+    """The ``--inputs`` files the costs were measured on (name, sha256, shapes; never the data); empty
+    when the inputs were random at ``input_shapes``."""
+    samples: Samples | None = field(default=None, compare=False, repr=False)
+    """The sample inputs themselves, in memory only (not saved): calibration times the stages on them."""
     origin: str = field(default="", compare=False, repr=False)
     """The file the profile was read from, for messages (not saved)."""
     runtime: str = DEFAULT_RUNTIME
@@ -75,6 +82,7 @@ class Profile:
             "tensor_bytes": dict(self.tensor_bytes),
             "regions": [list(r) for r in self.regions],
             "unattributed": list(self.unattributed),
+            **({"inputs": [r.to_obj() for r in self.inputs]} if self.inputs else {}),
             "runtime": self.runtime,
         }
         return json.dumps(data, indent=1) + "\n"
@@ -170,6 +178,7 @@ def _read_profile(f: Fields, origin: str) -> Profile:
         regions=f["regions"].list_of(_region),
         unattributed=f["unattributed"].list_of(Value.string),
         exact_fraction=exact,
+        inputs=f.get("inputs", []).objects(InputRecord.read),
         origin=origin,
         runtime=f.get("runtime", DEFAULT_RUNTIME).string(),
     )

@@ -25,6 +25,7 @@ from onnxpipe.manifest import (
     Manifest,
     ModelOutput,
     ModelTensor,
+    NodeSplitRecord,
     PlanSummary,
     SameValue,
     SourceInfo,
@@ -179,6 +180,19 @@ def build_manifest(
             workers=plan.workers,
             time_slack=plan.time_slack,
             reference_seconds=plan.reference_seconds,
+            profiled_inputs=plan.profiled_inputs,
+            node_splits=tuple(
+                NodeSplitRecord(
+                    node=s.node,
+                    kind=s.kind,
+                    parts=s.parts,
+                    stages=s.stages,
+                    contiguous_bound_seconds=s.contiguous_bound_seconds,
+                    contiguous_bottleneck_seconds=s.contiguous_bottleneck_seconds,
+                )
+                for s in plan.node_splits
+            ),
+            link_model=plan.link_model,
         ),
         schedule=timeline,
     )

@@ -21,10 +21,10 @@ holds the source.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import onnx
 
@@ -76,6 +76,7 @@ def export_stages(
     external_data: ExternalData = "auto",
     source_name: str | None = None,
     microbatches: int = DEFAULT_MICROBATCHES,
+    feeds: Mapping[str, Any] | None = None,
 ) -> Manifest:
     """Write ``plan``'s stages of ``view`` and their manifest into ``out_dir``; return the manifest.
 
@@ -83,7 +84,8 @@ def export_stages(
     each stage's weights to its own ``stage_<i>.onnx.data``; ``"auto"`` does so only for a stage over
     ~1.8 GB or when the source kept its weights in external files.  ``source_name`` is the file name
     recorded for the source (default: the model's file name).  ``microbatches`` sizes the stream
-    schedule recorded in the manifest.
+    schedule recorded in the manifest.  ``feeds``: one sample of the user's inputs, which a run of the
+    source that settles boundary ranks uses instead of random values (:mod:`onnxpipe.export.boundary`).
 
     Raises :class:`ExportError` when ``out_dir`` is not empty (without ``force``), when a file cannot
     be written (the old folder is left intact), or when a stage fails the checker or onnxruntime;
@@ -98,7 +100,7 @@ def export_stages(
     check_exportable(view, out, force=force)
     specs = plan.stages
     with staged_folder(out, last=MANIFEST_NAME) as tmp:
-        writer = _StageWriter(view, plan, tmp, out, external_data)
+        writer = _StageWriter(view, plan, tmp, out, external_data, feeds)
         writer.check_sizes(specs)
         written = [writer.write(spec) for spec in specs]
         shared = shared_weights(view, [writer.builder.weights_of(s) for s in specs])
@@ -115,8 +117,17 @@ def export_stages(
 class _StageWriter:
     """Builds, writes, checks and hashes each stage in turn; remembers the boundary types it learns."""
 
-    def __init__(self, view: ModelView, plan: Plan, tmp: Path, out: Path, external_data: str) -> None:
+    def __init__(
+        self,
+        view: ModelView,
+        plan: Plan,
+        tmp: Path,
+        out: Path,
+        external_data: str,
+        feeds: Mapping[str, Any] | None = None,
+    ) -> None:
         self.view = view
+        self.feeds = feeds
         self.plan = plan
         self.tmp = tmp
         self.out = out
@@ -163,7 +174,12 @@ class _StageWriter:
         """
         i = spec.index
         self.types.resolve(
-            spec, self._build, self.tmp, self.plan.input_shapes, can_run_source=not self.source_external
+            spec,
+            self._build,
+            self.tmp,
+            self.plan.input_shapes,
+            can_run_source=not self.source_external,
+            feeds=self.feeds,
         )
         size = self.stage_bytes(spec)
         external = self.mode == "always" or (

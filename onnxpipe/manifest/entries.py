@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from onnxpipe.core.dims import Shape
+from onnxpipe.core.inputfiles import InputRecord
 
 SCHEMA_VERSION = 2
 """Version 2 spells the place a pass-through model output comes from ``"model_input"`` (version 1:
@@ -124,6 +125,19 @@ class StageEntry:
 
 
 @dataclass(frozen=True)
+class NodeSplitRecord:
+    """A node the plan cut into parts over consecutive stages (added in schema 3, optional)."""
+
+    node: str
+    kind: str
+    parts: int
+    stages: tuple[int, ...]
+    contiguous_bound_seconds: float
+    """``max(total / K, largest node)``: the bound no contiguous split beats, which this split passed."""
+    contiguous_bottleneck_seconds: float
+
+
+@dataclass(frozen=True)
 class PlanSummary:
     """The numbers that justify the partition (copied from :class:`onnxpipe.plan.types.Plan`)."""
 
@@ -147,6 +161,15 @@ class PlanSummary:
     when the stage estimates were: the profile's median run, or timed right after calibration.  A run
     times the model again (``onnxpipe run --compare``) and so tells the machine's own change of speed
     since from what the estimates got wrong.  None for static costs and plans for other devices."""
+    profiled_inputs: tuple[InputRecord, ...] = ()
+    """The sample input files (``--inputs``) the costs were measured on, by name, sha256 and shapes
+    (never their data); empty when the inputs were random at ``profiled_input_shapes``."""
+    node_splits: tuple[NodeSplitRecord, ...] = ()
+    """Nodes cut into parts placed in consecutive stages (``--split-nodes auto``); empty: none."""
+    link_model: str | None = None
+    """``serial`` (a stage's transfer in adds to its compute) or ``overlap`` (links run beside compute);
+    None in a manifest written before the field (whose plans were serial without a devices file,
+    overlap with one)."""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from onnxpipe.cluster.devicesfile import read_cluster
 from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.dims import Dim, Shape
 from onnxpipe.core.errors import ManifestError, UsageError
+from onnxpipe.core.inputfiles import InputRecord
 from onnxpipe.core.jsonread import Fields, Rule, Value
 from onnxpipe.manifest.entries import (
     MODEL,
@@ -26,6 +27,7 @@ from onnxpipe.manifest.entries import (
     DeviceRecord,
     ModelOutput,
     ModelTensor,
+    NodeSplitRecord,
     PlanSummary,
     SameValue,
     SourceInfo,
@@ -169,7 +171,44 @@ def plan(f: Fields) -> PlanSummary:
         workers=f.get("workers", None).opt_integer(minimum=1),
         time_slack=_time_slack(f.get("time_slack", 0.0)),
         reference_seconds=_reference(f.get("reference_seconds", None)),
+        profiled_inputs=f.get("profiled_inputs", []).objects(InputRecord.read),
+        node_splits=f.get("node_splits", []).objects(_node_split),
+        link_model=_link_model(f.get("link_model", None)),
     )
+
+
+def _node_split(f: Fields) -> NodeSplitRecord:
+    parts = f["parts"].integer(minimum=2)
+    stages = f["stages"].list_of(lambda v: v.integer(minimum=0))
+    if len(stages) != parts or list(stages) != sorted(stages):
+        raise f["stages"].fail(
+            f"expected {parts} non-decreasing stage indices, one per part, got {list(stages)}"
+        )
+    bound = f["contiguous_bound_seconds"].number()
+    best = f["contiguous_bottleneck_seconds"].number()
+    return NodeSplitRecord(
+        node=f["node"].string(),
+        kind=f["kind"].string(),
+        parts=parts,
+        stages=tuple(stages),
+        contiguous_bound_seconds=bound,
+        contiguous_bottleneck_seconds=best,
+    )
+
+
+LINK_MODELS = ("serial", "overlap")
+"""The values of ``plan.link_model``: those of :mod:`onnxpipe.plan.links`, which the manifest, a floor
+below the planner, cannot import (a test keeps the two alike)."""
+
+
+def _link_model(v: Value) -> str | None:
+    """``plan.link_model`` (added in schema 3, optional): ``serial`` or ``overlap``."""
+    if v.raw is None:
+        return None
+    text = v.string()
+    if text not in LINK_MODELS:
+        raise v.fail(f"expected one of {', '.join(LINK_MODELS)}, got {text!r}")
+    return text
 
 
 def _reference(v: Value) -> float | None:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from onnxpipe.core.dims import Dim, Shape
-from onnxpipe.manifest.entries import StageEntry
+from onnxpipe.manifest.entries import NodeSplitRecord, StageEntry
 from onnxpipe.schedule.timeline import Timeline
 
 if TYPE_CHECKING:  # annotations only: the manifest module calls this one
@@ -72,12 +72,34 @@ def manifest_obj(m: Manifest) -> dict[str, Any]:
                 {} if m.plan.workers is None else {"workers": m.plan.workers, "time_slack": m.plan.time_slack}
             ),
             **({} if m.plan.reference_seconds is None else {"reference_seconds": m.plan.reference_seconds}),
+            **(
+                {}
+                if not m.plan.profiled_inputs
+                else {"profiled_inputs": [r.to_obj() for r in m.plan.profiled_inputs]}
+            ),
+            **(
+                {"node_splits": [_node_split_obj(r) for r in m.plan.node_splits]}
+                if m.plan.node_splits
+                else {}
+            ),
+            **({} if m.plan.link_model is None else {"link_model": m.plan.link_model}),
         },
         "schedule": timeline_obj(m.schedule, [s.device for s in m.stages]),
         "cluster": m.cluster.to_obj() if m.cluster is not None else None,
         "device_costs": [
             {"device": d.device, "method": d.method, "source": d.source} for d in m.device_costs
         ],
+    }
+
+
+def _node_split_obj(r: NodeSplitRecord) -> dict[str, Any]:
+    return {
+        "node": r.node,
+        "kind": r.kind,
+        "parts": r.parts,
+        "stages": list(r.stages),
+        "contiguous_bound_seconds": r.contiguous_bound_seconds,
+        "contiguous_bottleneck_seconds": r.contiguous_bottleneck_seconds,
     }
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from onnxpipe.cluster.costs import DeviceCosts, device_costs
 from onnxpipe.cluster.model import Cluster, Device
-from onnxpipe.core.errors import MemoryFitError, PartitionError
+from onnxpipe.core.errors import MemoryFitError, PartitionError, UsageError
 from onnxpipe.core.runtime_kinds import EngineConfig
 from onnxpipe.cost.measure import profile_model
 from onnxpipe.cost.profile import Profile
@@ -89,7 +89,11 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
     m = len(view.compute_nodes)
     cluster = request.devices
     if cluster is None:
-        assert isinstance(stages, int)  # check() refuses "auto" without devices
+        if not isinstance(stages, int):
+            raise UsageError(
+                "--stages auto needs --devices here: plan_pipeline plans for a cluster; "
+                "onnxpipe.plan.planner.plan chooses the stages of this machine without one"
+            )
         cluster = Cluster.homogeneous(
             stages, profile.threads, bandwidth_bytes_per_s=request.bandwidth_bytes_per_s
         )
@@ -97,7 +101,8 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
     if stages != "auto" and not 1 <= stages <= max_k:
         what = f"{m} compute nodes" if stages > m else f"{cluster.size} devices in {cluster.label}"
         raise PartitionError(
-            f"cannot make {stages} stages: the plan has {what}; choose --stages between 1 and {max_k}"
+            f"cannot make {stages} stages: the plan has {what}; the largest number of stages that works "
+            f"is {max_k}: choose --stages between 1 and {max_k}"
         )
     costs = _costs(view, profile, cluster)
     best, reason = _best(view, costs, cluster, request, max_k)

@@ -74,6 +74,7 @@ def plan_from(
         threads=profile.threads,
         bandwidth_bytes_per_s=bandwidth_bytes_per_s,
         input_shapes=profile.input_shapes,
+        profiled_inputs=profile.inputs,
         tensor_bytes=sizes,
         objective=objective,
         notes=notes,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from onnxpipe.cluster.costs import DeviceCosts
 from onnxpipe.cluster.model import Cluster
+from onnxpipe.core.inputfiles import InputRecord
 from onnxpipe.schedule.timeline import Timeline
 
 
@@ -61,6 +62,30 @@ class StageSpec:
 
 
 @dataclass(frozen=True)
+class NodeSplit:
+    """One node cut into parts placed in consecutive stages (``--split-nodes auto``), and why.
+
+    The split passed ``contiguous_bound_seconds``, ``max(total / K, largest node)``: no contiguous split
+    can beat it, and the best one found (``contiguous_bottleneck_seconds``) is at or above it.
+    """
+
+    node: str
+    kind: str
+    """How it was cut: ``columns``, ``reduction`` or ``channels`` (``onnxpipe.ir.nodesplit.SplitKind``)."""
+    parts: int
+    stages: tuple[int, ...]
+    """The stage of each part, in order; the join runs in the last one."""
+    carried: tuple[str, ...]
+    """The nodes after it that each part computes on its slice (a bias, an activation)."""
+    part_nodes: tuple[tuple[str, ...], ...]
+    join: str
+    contiguous_bottleneck_seconds: float
+    contiguous_bound_seconds: float
+    measured: bool
+    """Whether the parts' costs were timed (:mod:`onnxpipe.cost.parts`) or scaled by their share."""
+
+
+@dataclass(frozen=True)
 class Plan:
     """A K-stage partition of one model, with the numbers that justify it."""
 
@@ -86,6 +111,15 @@ class Plan:
     reference_seconds: float | None = None
     """The whole model's time per run with the plan's threads at the profiled shapes, measured when the
     stage estimates were (see :attr:`onnxpipe.manifest.PlanSummary.reference_seconds`)."""
+    profiled_inputs: tuple[InputRecord, ...] = ()
+    """The ``--inputs`` files the costs came from (:attr:`onnxpipe.cost.profile.Profile.inputs`)."""
+    node_splits: tuple[NodeSplit, ...] = ()
+    """Nodes cut into parts over consecutive stages (``--split-nodes auto``); the stages then name the
+    parts' nodes, which the model cut by :func:`onnxpipe.ir.nodesplit.cut_node` holds."""
+    stage_counts_tried: tuple[tuple[int, float], ...] = ()
+    """``--stages auto``: each stage count tried and its bottleneck (``inf``: could not be made)."""
+    link_model: str | None = None
+    """``serial`` or ``overlap`` (:mod:`onnxpipe.plan.links`); None for a plan made outside the planner."""
 
     @property
     def k(self) -> int:

@@ -22,6 +22,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,8 @@ from onnxpipe.core.runtimes import EngineConfig, parse_runtime
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
-from onnxpipe.ir.shapes import resolve_input_shapes, symbol_sizes
+from onnxpipe.ir.samples import Samples, load_samples
+from onnxpipe.ir.shapes import failure_hint, resolve_input_shapes, symbol_sizes
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, load_manifest
 from onnxpipe.verification.chain import run_stage_by_stage
 from onnxpipe.verification.compare import DEFAULT_ATOL, DEFAULT_RTOL, OutputComparison, compare, merge
@@ -93,9 +95,16 @@ def verify(
     atol: float = DEFAULT_ATOL,
     runs: int = 1,
     threads: int = 1,
+    samples: Samples | None = None,
+    inputs: Sequence[str | Path] = (),
+    stacked: Sequence[str | Path] = (),
     runtime: str | None = None,
 ) -> VerifyReport:
     """Run the original model and the chained stages of ``out_dir`` on the same inputs and compare.
+
+    The inputs are the user's: ``samples`` already checked, or the files ``inputs`` (one sample each)
+    and ``stacked`` (a leading sample axis), :mod:`onnxpipe.ir.samples`; without them, ``runs`` sets
+    of seeded random values at the planned shapes.
 
     ``runtime``: None or ``onnxruntime`` (every stage in onnxruntime on the CPU), ``openvino``, ``tract``,
     or ``devices`` (each stage on its device's runtime; see the module docstring).
@@ -118,12 +127,21 @@ def verify(
             f"{d / MANIFEST_NAME}; pass the model that was split (--model) or re-run onnxpipe split"
         )
     view = load_model(model, check=False)
-    input_shapes = planned_input_shapes(manifest, view, shapes)
+    if samples is None and (inputs or stacked):
+        samples = load_samples(view, inputs, stacked=stacked)
+    if samples is not None and shapes:
+        raise UsageError("--shape and --inputs: the inputs fix the shapes; leave --shape out")
     names = [o.name for o in manifest.model_outputs]
 
     # the original first, then the stages one at a time: never two of them in memory at once
-    all_feeds = [random_feeds(view, input_shapes, seed + r) for r in range(runs)]
-    expected = _run_original(model, names, all_feeds, threads, input_shapes)
+    if samples is not None:
+        input_shapes = samples.shapes
+        all_feeds: list[Mapping[str, Any]] = list(samples.feeds)
+        runs = len(all_feeds)
+    else:
+        input_shapes = planned_input_shapes(manifest, view, shapes)
+        all_feeds = [random_feeds(view, input_shapes, seed + r) for r in range(runs)]
+    expected = _run_original(model, names, all_feeds, threads, input_shapes, view, samples, manifest)
     merged: dict[str, OutputComparison] = {}
     staged = run_stage_by_stage(d, all_feeds, threads=threads, check_files=False, engines=engines)
     for actual, want in zip(staged, expected, strict=True):
@@ -187,9 +205,12 @@ def planned_input_shapes(
 def _run_original(
     model: Path,
     names: Sequence[str],
-    all_feeds: Sequence[Mapping[str, np.ndarray]],
+    all_feeds: Sequence[Mapping[str, Any]],
     threads: int,
     input_shapes: Mapping[str, tuple[int, ...]],
+    view: ModelView,
+    given: Samples | None,
+    manifest: Manifest,
 ) -> list[dict[str, np.ndarray]]:
     session = open_session(model, session_options(threads=threads))
     results: list[dict[str, np.ndarray]] = []
@@ -197,10 +218,25 @@ def _run_original(
         try:
             values = session.run(list(names), dict(feeds))
         except Exception as e:
+            if given is not None:
+                raise UsageError(
+                    f"{model}: the model itself fails on the given inputs {given.describe()} "
+                    f"({error_line(e)}); give inputs it runs on"
+                ) from e
             shown = ", ".join(f"{n}={list(v)}" for n, v in input_shapes.items())
+            used = manifest.plan.profiled_inputs
+            hint = (
+                "the split was made on "
+                + ", ".join(r.file for r in used)
+                + ": give "
+                + " ".join(f"--inputs {r.file}" for r in used)
+                + " again"
+                if used
+                else failure_hint(view, input_shapes)
+            )
             raise UsageError(
                 f"{model}: the model itself fails on random inputs of shapes {shown} "
-                f"({error_line(e)}); give working shapes with --shape NAME=D1,D2,..."
+                f"({error_line(e)}); {hint}"
             ) from e
         results.append({n: _as_array(v) for n, v in zip(names, values, strict=True)})
     return results

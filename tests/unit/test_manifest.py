@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 
 from onnxpipe.core.errors import ManifestError
+from onnxpipe.core.inputfiles import InputRecord
 from onnxpipe.manifest import (
     MODEL_INPUT,
     SCHEMA_VERSION,
     Manifest,
     ModelOutput,
     ModelTensor,
+    NodeSplitRecord,
     PlanSummary,
     SourceInfo,
     StageEntry,
@@ -131,6 +133,22 @@ def test_the_reference_time_round_trips_and_is_left_out_when_unknown() -> None:
     timed = replace(m, plan=replace(m.plan, reference_seconds=0.0125))
     assert json.loads(timed.to_json())["plan"]["reference_seconds"] == 0.0125
     assert Manifest.from_json(timed.to_json()) == timed
+
+
+def test_the_profiled_inputs_round_trip_and_are_left_out_when_random() -> None:
+    m = two_stage_manifest()
+    assert "profiled_inputs" not in json.loads(m.to_json())["plan"]
+    record = InputRecord("speech.npz", "ab" * 32, {"input": (1, 512), "sr": ()}, 2)
+    given = replace(m, plan=replace(m.plan, profiled_inputs=(record,)))
+    written = json.loads(given.to_json())["plan"]["profiled_inputs"]
+    assert written == [
+        {"file": "speech.npz", "sha256": "ab" * 32, "shapes": {"input": [1, 512], "sr": []}, "samples": 2}
+    ]
+    assert Manifest.from_json(given.to_json()) == given
+    obj = json.loads(given.to_json())
+    obj["plan"]["profiled_inputs"][0]["samples"] = 0
+    with pytest.raises(ManifestError, match=r"plan\.profiled_inputs\[0\]\.samples"):
+        Manifest.from_json(json.dumps(obj))
 
 
 def test_write_and_load(tmp_path: Path) -> None:
@@ -510,3 +528,39 @@ def test_cluster_and_device_costs_round_trip() -> None:
     bad["stages"][1]["device"] = "gpu7"
     with pytest.raises(ManifestError, match=r"stages\[1\]\.device: 'gpu7' is not a device of 'cluster'"):
         Manifest.from_json(json.dumps(bad))
+
+
+SPLIT = {
+    "node": "head",
+    "kind": "columns",
+    "parts": 2,
+    "stages": [0, 1],
+    "contiguous_bound_seconds": 0.02,
+    "contiguous_bottleneck_seconds": 0.021,
+}
+
+
+def test_node_splits_round_trip_and_are_left_out_when_none() -> None:
+    m = two_stage_manifest()
+    assert "node_splits" not in json.loads(m.to_json())["plan"]
+    assert m.plan.node_splits == ()
+    record = NodeSplitRecord("head", "columns", 2, (0, 1), 0.02, 0.021)
+    cut = replace(m, plan=replace(m.plan, node_splits=(record,)))
+    assert json.loads(cut.to_json())["plan"]["node_splits"] == [SPLIT]
+    assert Manifest.from_json(cut.to_json()) == cut
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("stages", [1, 0], "plan.node_splits[0].stages: expected 2 non-decreasing stage indices"),
+        ("stages", [0], "plan.node_splits[0].stages: expected 2 non-decreasing stage indices"),
+        ("parts", 1, "plan.node_splits[0].parts"),
+        ("contiguous_bound_seconds", -1.0, "plan.node_splits[0].contiguous_bound_seconds"),
+    ],
+)
+def test_bad_node_splits_are_refused(field: str, value: Any, message: str) -> None:
+    text = edited(_set("plan/node_splits", [{**SPLIT, field: value}]))
+    with pytest.raises(ManifestError) as info:
+        Manifest.from_json(text, source="m.json")
+    assert str(info.value).startswith(f"m.json: {message}")

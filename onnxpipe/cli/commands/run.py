@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from onnxpipe.cli.commands.early import check_output_file
+from onnxpipe.cli.commands.preamble import Say
 from onnxpipe.cli.run import MEASURED_MICROBATCHES, SINGLE_LATENCY_MICROBATCHES
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.core.errors import ManifestError, UsageError
@@ -64,6 +66,10 @@ def _source_model(args: argparse.Namespace, manifest: Manifest, *, needed: bool)
 
 def run(args: argparse.Namespace) -> int:
     """Run ``args.dir`` as a pipeline and print what it delivered; 1 when ``--compare`` finds a mismatch."""
+    say = Say()
+    for path, option in ((args.report, "--report"), (args.outputs, "--outputs")):
+        if path is not None:
+            check_output_file(path, option)
     manifest = load_manifest(args.dir)
     placements = _placements(args, manifest)
     input_types = {t.name: t.dtype for t in manifest.model_inputs}
@@ -113,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     if args.outputs is not None:
         _save_outputs(args.outputs, measurement.outputs)
         print(f"wrote {args.outputs}")
+    say.done("ran")
     return 1 if report.outputs_match is False else 0
 
 

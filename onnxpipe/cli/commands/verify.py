@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from onnxpipe.cli.commands.jsonout import document, verification_obj
 from onnxpipe.cli.tables import (
     format_verify_report,
 )
@@ -19,8 +20,13 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         rtol=args.rtol,
         atol=args.atol,
+        inputs=args.inputs,
+        stacked=args.inputs_stacked,
         threads=args.threads,
         runtime=args.runtime,
     )
-    print(format_verify_report(report))
+    if args.json:
+        print(document("verify", verification=verification_obj(report)))
+    else:
+        print(format_verify_report(report))
     return 0 if report.ok else 1
