@@ -31,6 +31,8 @@ from onnxpipe.export.checks import check_exportable
 from onnxpipe.export.stages import ExportOptions, export_stages
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.shapes import resolve_input_shapes
+from onnxpipe.ir.static import static_view
 from onnxpipe.manifest import Manifest
 from onnxpipe.plan.planner import plan, planned
 from onnxpipe.plan.request import PlanRequest, SplitNodes
@@ -63,6 +65,10 @@ class SplitOptions:
     calibration: CalibrationOptions = field(default_factory=CalibrationOptions)
     export: ExportOptions = field(default_factory=ExportOptions)
     verify: bool = True
+    static: bool = False
+    """Split a copy of the model with its input shapes frozen at ``profile.shapes`` (else the defaults
+    of :func:`onnxpipe.ir.shapes.resolve_input_shapes`), its shape arithmetic folded
+    (:mod:`onnxpipe.ir.static`): every stage then has fixed shapes, for runtimes and NPUs that need them."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,10 @@ def split(
     view = model if isinstance(model, ModelView) else load_model(model)
     check_exportable(view, out_dir, force=opts.export.force)
     request.check()
+    if opts.static:
+        shapes = resolve_input_shapes(view, opts.profile.shapes or None)
+        view, _ = static_view(view, shapes)
+        opts = dataclasses.replace(opts, profile=dataclasses.replace(opts.profile, shapes=shapes))
     _check_calibration(request, opts.calibration)
     prof = get_profile(view, opts.profile)
     samples = prof.samples
@@ -112,8 +122,8 @@ def split(
     )
     report = None
     if opts.verify:
-        shapes = None if samples is not None else opts.profile.shapes
-        report = verify(out_dir, shapes=shapes, samples=samples, runtime=_verify_runtime(the_plan))
+        planned_shapes = None if samples is not None else opts.profile.shapes
+        report = verify(out_dir, shapes=planned_shapes, samples=samples, runtime=_verify_runtime(the_plan))
     return SplitResult(plan=the_plan, manifest=manifest, out_dir=out_dir, report=report)
 
 

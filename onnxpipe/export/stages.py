@@ -34,6 +34,7 @@ from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.export.boundary import PROTOBUF_LIMIT, BoundaryTypes
 from onnxpipe.export.build import StageBuilder
 from onnxpipe.export.checks import check_exportable, check_plan
+from onnxpipe.export.contract import ContractMaker, required_opsets
 from onnxpipe.export.modes import EXTERNAL_DATA_MODES, ExternalData
 from onnxpipe.export.outdir import normalized, staged_folder, writing
 from onnxpipe.export.record import Written, build_manifest, shared_weights
@@ -102,9 +103,15 @@ def export_stages(
     with staged_folder(out, last=MANIFEST_NAME) as tmp:
         writer = _StageWriter(view, plan, tmp, out, external_data, feeds)
         writer.check_sizes(specs)
+        contract = ContractMaker(view, plan.input_shapes)
+        if not writer.source_external:  # one run of the source: it would have to be loaded whole
+            boundary = [t for s in specs for t in (*s.inputs, *s.outputs)]
+            contract.observe([*view.inputs, *boundary, *view.outputs], writer.types)
         written = [writer.write(spec) for spec in specs]
         shared = shared_weights(view, [writer.builder.weights_of(s) for s in specs])
-        manifest = build_manifest(view, plan, out, written, writer.types, shared, source_name, microbatches)
+        manifest = build_manifest(
+            view, plan, out, written, writer.types, shared, source_name, microbatches, contract
+        )
         with writing(out / MANIFEST_NAME, out):
             write_manifest(tmp / MANIFEST_NAME, manifest)
     return manifest
@@ -162,7 +169,7 @@ class _StageWriter:
         """About the bytes of the stage file with its weights inside, from dims: no weight is read."""
         weights = sum(self.view.initializers.get(t, 0) for t in self.builder.weights_of(spec))
         nodes = self.view.proto.graph.node
-        names = spec.file_node_names + spec.constant_nodes
+        names = spec.recomputed_nodes + spec.file_node_names + spec.constant_nodes
         return weights + sum(int(nodes[self.builder.by_name[n].index].ByteSize()) for n in names)
 
     def write(self, spec: StageSpec) -> Written:
@@ -190,6 +197,7 @@ class _StageWriter:
         name, data_name = stage_file_name(i), stage_data_name(i)
         path, data_path = self.tmp / name, self.tmp / data_name
         model = self.builder.build(spec, weights=True, keep_external=external)
+        opsets = required_opsets(model)
         data_sha: str | None = None
         if external:
             with writing(self.out / data_name, self.out):
@@ -206,6 +214,7 @@ class _StageWriter:
                 external_data=data_name if data_sha is not None else None,
                 external_data_sha256=data_sha,
                 constant_node_count=len(spec.constant_nodes),
+                required_opsets=opsets,
             )
 
     def _check(self, spec: StageSpec, path: Path) -> None:

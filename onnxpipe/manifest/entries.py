@@ -44,11 +44,16 @@ class SourceInfo:
 
 @dataclass(frozen=True)
 class ModelTensor:
-    """A model input: name, numpy dtype name, shape with symbolic dims kept."""
+    """A model input: name, numpy dtype name, shape with its symbolic dims (the model's own names)."""
 
     name: str
     dtype: str
     shape: Shape
+    profiled_shape: tuple[int, ...] | None = None
+    """Its concrete shape when the model ran at ``plan.profiled_input_shapes`` (observed, or worked out
+    from the model inputs' symbols); None when neither could tell (added in schema 3)."""
+    batch_axis: int | None = None
+    """The axis that carries the model inputs' batch dim; None when it has none (added in schema 3)."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,11 @@ class ModelOutput:
     dtype: str
     shape: Shape
     produced_by: int | Literal["model_input"]
+    profiled_shape: tuple[int, ...] | None = None
+    """Its concrete shape when the model ran at ``plan.profiled_input_shapes`` (observed, or worked out
+    from the model inputs' symbols); None when neither could tell (added in schema 3)."""
+    batch_axis: int | None = None
+    """The axis that carries the model inputs' batch dim; None when it has none (added in schema 3)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,11 @@ class StageInput:
     shape: Shape
     bytes_per_sample: int
     source: int | Literal["model"]
+    profiled_shape: tuple[int, ...] | None = None
+    """Its concrete shape when the model ran at ``plan.profiled_input_shapes`` (observed, or worked out
+    from the model inputs' symbols); None when neither could tell (added in schema 3)."""
+    batch_axis: int | None = None
+    """The axis that carries the model inputs' batch dim; None when it has none (added in schema 3)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +96,11 @@ class StageOutput:
     shape: Shape
     bytes_per_sample: int
     consumers: tuple[int | Literal["model_output"], ...]
+    profiled_shape: tuple[int, ...] | None = None
+    """Its concrete shape when the model ran at ``plan.profiled_input_shapes`` (observed, or worked out
+    from the model inputs' symbols); None when neither could tell (added in schema 3)."""
+    batch_axis: int | None = None
+    """The axis that carries the model inputs' batch dim; None when it has none (added in schema 3)."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +142,12 @@ class StageEntry:
     emits).  ``node_count`` plus this, over all stages, is the model's compute node count."""
     same_values: tuple[SameValue, ...] = ()
     """Inputs this stage's nodes read under another name: provably equal to an input it receives."""
+    recomputed_node_count: int = 0
+    """Copies of earlier stages' nodes in this file: they make the shape values and constant-only
+    values it would otherwise receive (added in schema 3)."""
+    required_opsets: tuple[tuple[str, int], ...] = ()
+    """``(domain, version)`` of every op domain the stage file's nodes use (``""`` is the default ONNX
+    domain), sorted: what a runtime must support to load it (added in schema 3)."""
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ puts the parts together.
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from onnxpipe.cluster.devicesfile import read_cluster
 from onnxpipe.cluster.model import Cluster
@@ -79,6 +79,23 @@ def _shape(v: Value) -> Shape:
     return v.opt_list_of(_dim)
 
 
+def _contract(f: Fields, shape: Shape) -> dict[str, Any]:
+    """The optional boundary-contract fields of a tensor entry (schema 3): a concrete profiled shape of
+    the declared rank, and a batch axis within it."""
+    profiled = f.get("profiled_shape", None).opt_list_of(lambda v: v.integer())
+    if profiled is not None and shape is not None and len(profiled) != len(shape):
+        raise f["profiled_shape"].expected(f"{len(shape)} dims, as many as its shape")
+    batch = f.get("batch_axis", None).opt_integer()
+    rank = len(profiled) if profiled is not None else (len(shape) if shape is not None else None)
+    if batch is not None and rank is not None and batch >= rank:
+        raise f["batch_axis"].expected(f"an axis below its rank {rank}")
+    return {"profiled_shape": profiled, "batch_axis": batch}
+
+
+def _required_opsets(v: Value) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted(v.dict_of(lambda x: x.integer(minimum=1)).items()))
+
+
 def source(f: Fields) -> SourceInfo:
     return SourceInfo(
         file=f["file"].string(), path=f["path"].opt_string(), sha256=f["sha256"].string(_SHA256)
@@ -86,7 +103,8 @@ def source(f: Fields) -> SourceInfo:
 
 
 def model_tensor(f: Fields) -> ModelTensor:
-    return ModelTensor(name=f["name"].string(), dtype=f["dtype"].string(), shape=_shape(f["shape"]))
+    shape = _shape(f["shape"])
+    return ModelTensor(name=f["name"].string(), dtype=f["dtype"].string(), shape=shape, **_contract(f, shape))
 
 
 def model_output(f: Fields, version: int) -> ModelOutput:
@@ -98,26 +116,35 @@ def model_output(f: Fields, version: int) -> ModelOutput:
         produced_by = MODEL_INPUT if old == V1_MODEL_INPUT else int(old)
     else:
         produced_by = by.integer_or(MODEL_INPUT, expected=_STAGE_OR_MODEL_INPUT)
+    shape = _shape(f["shape"])
     return ModelOutput(
-        name=f["name"].string(), dtype=f["dtype"].string(), shape=_shape(f["shape"]), produced_by=produced_by
+        name=f["name"].string(),
+        dtype=f["dtype"].string(),
+        shape=shape,
+        produced_by=produced_by,
+        **_contract(f, shape),
     )
 
 
 def _stage_input(f: Fields) -> StageInput:
+    shape = _shape(f["shape"])
     return StageInput(
         name=f["name"].string(),
         dtype=f["dtype"].string(),
-        shape=_shape(f["shape"]),
+        shape=shape,
+        **_contract(f, shape),
         bytes_per_sample=f["bytes_per_sample"].integer(),
         source=f["source"].integer_or(MODEL, expected=_STAGE_OR_MODEL),
     )
 
 
 def _stage_output(f: Fields) -> StageOutput:
+    shape = _shape(f["shape"])
     return StageOutput(
         name=f["name"].string(),
         dtype=f["dtype"].string(),
-        shape=_shape(f["shape"]),
+        shape=shape,
+        **_contract(f, shape),
         bytes_per_sample=f["bytes_per_sample"].integer(),
         consumers=f["consumers"].list_of(
             lambda c: c.integer_or(MODEL_OUTPUT, expected=_STAGE_OR_MODEL_OUTPUT)
@@ -146,6 +173,8 @@ def stage(f: Fields) -> StageEntry:
         worker=f.get("worker", None).opt_integer(),
         skipped_node_count=f.get("skipped_node_count", 0).integer(),
         same_values=f.get("same_values", []).objects(_same_value),
+        recomputed_node_count=f.get("recomputed_node_count", 0).integer(),
+        required_opsets=_required_opsets(f.get("required_opsets", {})),
     )
 
 

@@ -29,6 +29,16 @@ def _shape_out(shape: Shape) -> list[Dim] | None:
     return None if shape is None else list(shape)
 
 
+def contract(t: Any) -> dict[str, Any]:
+    """The optional boundary-contract fields of a tensor entry (schema 3), written when known."""
+    out: dict[str, Any] = {}
+    if t.profiled_shape is not None:
+        out["profiled_shape"] = list(t.profiled_shape)
+    if t.batch_axis is not None:
+        out["batch_axis"] = t.batch_axis
+    return out
+
+
 def dumps(value: Any, indent: str = "") -> str:
     """JSON indented by two spaces, except that lists of plain values (shapes, steps) stay on one line."""
     inner = indent + "  "
@@ -49,10 +59,17 @@ def manifest_obj(m: Manifest) -> dict[str, Any]:
         "schema_version": m.schema_version,
         "source": {"file": m.source.file, "path": m.source.path, "sha256": m.source.sha256},
         "model_inputs": [
-            {"name": t.name, "dtype": t.dtype, "shape": _shape_out(t.shape)} for t in m.model_inputs
+            {"name": t.name, "dtype": t.dtype, "shape": _shape_out(t.shape), **contract(t)}
+            for t in m.model_inputs
         ],
         "model_outputs": [
-            {"name": t.name, "dtype": t.dtype, "shape": _shape_out(t.shape), "produced_by": t.produced_by}
+            {
+                "name": t.name,
+                "dtype": t.dtype,
+                "shape": _shape_out(t.shape),
+                **contract(t),
+                "produced_by": t.produced_by,
+            }
             for t in m.model_outputs
         ],
         "stages": [_stage_to_obj(s) for s in m.stages],
@@ -120,11 +137,14 @@ def _stage_to_obj(s: StageEntry) -> dict[str, Any]:
             if s.same_values
             else {}
         ),
+        **({"recomputed_node_count": s.recomputed_node_count} if s.recomputed_node_count else {}),
+        **({"required_opsets": dict(s.required_opsets)} if s.required_opsets else {}),
         "inputs": [
             {
                 "name": t.name,
                 "dtype": t.dtype,
                 "shape": _shape_out(t.shape),
+                **contract(t),
                 "bytes_per_sample": t.bytes_per_sample,
                 "source": t.source,
             }
@@ -135,6 +155,7 @@ def _stage_to_obj(s: StageEntry) -> dict[str, Any]:
                 "name": t.name,
                 "dtype": t.dtype,
                 "shape": _shape_out(t.shape),
+                **contract(t),
                 "bytes_per_sample": t.bytes_per_sample,
                 "consumers": list(t.consumers),
             }

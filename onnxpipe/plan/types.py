@@ -14,6 +14,9 @@ from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.inputfiles import InputRecord
 from onnxpipe.schedule.timeline import Timeline
 
+ShapeParts = tuple[int | tuple[str, int], ...]
+"""A tensor's dims as a stage can make them: a number, or (tensor, axis) of a tensor of that stage."""
+
 
 @dataclass(frozen=True)
 class Alias:
@@ -49,6 +52,19 @@ class StageSpec:
     skipped_nodes: tuple[str, ...] = ()
     """Nodes of ``node_names`` left out of the stage file: what they computed is remade from an equal
     tensor (see ``aliases``) or no longer needed."""
+
+    recomputed_nodes: tuple[str, ...] = ()
+    """Nodes of earlier stages this stage's file also holds (in the source's order, before its own):
+    they make the shape values and constant-only values it would otherwise receive
+    (:mod:`onnxpipe.plan.recompute`)."""
+    recomputed_tensors: tuple[str, ...] = ()
+    """The tensors those copies make that the stage reads instead of receiving them."""
+    shape_sources: tuple[tuple[str, ShapeParts], ...] = ()
+    """``(node, dims)`` for copies of ``Shape`` nodes whose input the stage does not have: the copy is
+    made of the input's dims instead, each a number or ``(tensor, axis)`` of a tensor the stage has
+    (:func:`onnxpipe.export.build` writes ``Shape``, ``Gather`` and ``Concat`` nodes for it)."""
+    crossing_shape_values: tuple[str, ...] = ()
+    """Shape or constant-only values the stage still receives: too dear to recompute."""
 
     @property
     def file_node_names(self) -> tuple[str, ...]:

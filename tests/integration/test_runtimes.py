@@ -37,12 +37,6 @@ pytestmark = pytest.mark.slow
 
 STATIC = SplitOptions(profile=ProfileOptions(cost="static"), verify=False)
 OTHER_RUNTIMES = (Runtime.OPENVINO, Runtime.TRACT)
-SHAPE_TENSORS = pytest.mark.xfail(
-    raises=RuntimeStageError,
-    strict=True,
-    reason="int64 shape tensors cross the cuts, which tract cannot take ('TDim'): the other half of "
-    "issue 18 (no shape tensor across a cut) makes these stages run",
-)
 
 
 def _sample(name: str) -> Callable[[pytest.FixtureRequest], Path]:
@@ -78,13 +72,8 @@ MODELS: dict[str, Callable[[pytest.FixtureRequest], Path]] = {
     "rapidocr_det": _fixture("rapidocr_det_path"),
     "gpt2_tiny_dynamo": _fixture("gpt2_tiny_dynamo_path"),  # weights in an external data file
 }
-XFAIL = {("transformer_tiny", Runtime.TRACT)}
 
-CASES = [
-    pytest.param(name, rt, id=f"{name}-{rt.value}", marks=[SHAPE_TENSORS] if (name, rt) in XFAIL else [])
-    for name in MODELS
-    for rt in OTHER_RUNTIMES
-]
+CASES = [pytest.param(name, rt, id=f"{name}-{rt.value}") for name in MODELS for rt in OTHER_RUNTIMES]
 
 
 @pytest.mark.parametrize(("name", "runtime"), CASES)
