@@ -159,7 +159,9 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     parser = benchmark_parser(__name__, __doc__)
-    parser.add_argument("--models", default="resnet50,gpt2_tiny", help="comma-separated: " + ", ".join(MODELS))
+    parser.add_argument(
+        "--models", default="resnet50,gpt2_tiny", help="comma-separated: " + ", ".join(MODELS)
+    )
     parser.add_argument("--runtimes", default="onnxruntime,openvino,tract")
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3, help="calibration rounds on each runtime")
