@@ -28,7 +28,7 @@ from onnxpipe.core.runtime_kinds import Runtime
 from onnxpipe.cost.kinds import CostSource
 from onnxpipe.cost.measure import RETRY_NOTE
 from onnxpipe.cost.phases import phase_profiles
-from onnxpipe.cost.profile import Profile
+from onnxpipe.cost.profile import DEFAULT_RUNTIME, Profile
 from onnxpipe.cost.source import ProfileOptions, get_profile
 from onnxpipe.export.checks import check_exportable
 from onnxpipe.export.stages import ExportOptions, export_stages
@@ -214,6 +214,11 @@ def _calibrated(
         return _measured_here(make(prof), prof, request)
     if request.devices is not None:
         return _calibrated_on_devices(view, prof, request, calibration)
+    if prof.runtime != DEFAULT_RUNTIME:
+        raise UsageError(
+            f"--calibrate times the stages in onnxruntime, and the profile was measured on {prof.runtime}; "
+            f"give --devices with devices of that runtime to calibrate on it"
+        )
     k = request.stages if isinstance(request.stages, int) else len(make(prof).stages)
     timer, how = choose_timer("alone" if request.interleaved else calibration.mode, k, prof.threads)
     prof, the_plan, rounds = run_calibration(view, prof, make, rounds=calibration.rounds, timer=timer)

@@ -10,10 +10,11 @@ How: the first plan gives every device's per-node costs (its own profile, measur
 scaled).  Each round exports the plan's stages to a scratch folder, opens stage ``s`` on device ``s``'s
 engine (:mod:`onnxpipe.core.runtimes`), feeds it what the earlier stages computed from one set of seeded
 random inputs, and times the stages in turns (:func:`onnxpipe.calibrate.timing.time_in_turns`).  The
-costs of device ``s`` for the nodes of stage ``s`` are scaled by ``measured / estimated``, written as that
-device's profile in a scratch folder (so that the next plan reads them instead of measuring again), and
-the model is partitioned again; until the cut settles or every stage is within ``tolerance``.  The plan
-returned names the devices as the devices file does, its cost records saying they were calibrated.
+costs of device ``s`` (and of every device set up like it) for the nodes of stage ``s`` are scaled by
+``measured / estimated``, written as each device's profile in a scratch folder (so that the next plan
+reads them instead of measuring again), and the model is partitioned again; until the cut settles or
+every stage is within ``tolerance``.  The plan returned names the devices as the devices file does, its
+cost records saying they were calibrated.
 
 Every device of the plan must be available here (its runtime installed, its provider or OpenVINO device
 present): a stage is timed where it will run, never extrapolated.
@@ -151,9 +152,13 @@ def calibrate_on_devices(
             if done.worst_error <= tolerance:
                 break
             for stage, factor in zip(plan.stages, done.factors, strict=True):
-                row = costs.setdefault(stage.device, {})
-                for n in stage.node_names:
-                    row[n] = row.get(n, 0.0) * factor
+                # devices set up alike (same runtime and settings, here) run a node alike: the stage's
+                # measurement corrects all of them, so that a node moving to a twin keeps its time
+                config = by_name[stage.device].engine_config()
+                for name in [d.name for d in cluster.devices if d.engine_config() == config]:
+                    row = costs.setdefault(name, {})
+                    for n in stage.node_names:
+                        row[n] = row.get(n, 0.0) * factor
             calibrated = _with_profiles(cluster, profile, costs, Path(tmp))
             new_plan = make_plan(profile, dataclasses.replace(request, devices=calibrated))
             moved = [len(s.node_names) for s in new_plan.stages] != [len(s.node_names) for s in plan.stages]

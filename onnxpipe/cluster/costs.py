@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from onnxpipe.cluster.model import REFERENCE_PROVIDER, Cluster, Device, _frozen
 from onnxpipe.core.errors import UsageError
-from onnxpipe.core.runtimes import Runtime, available
+from onnxpipe.core.runtimes import Runtime, runs_here
 
 CostMethod = Literal["profile_file", "profiled", "scaled"]
 
@@ -40,18 +40,7 @@ def provider_available(device: Device) -> bool:
     """Whether this machine can run ``device``'s stage (so it can be profiled here): its runtime's package
     is installed and, for onnxruntime, this onnxruntime has ``device.provider``.  An OpenVINO device
     (``GPU``, ``NPU``) OpenVINO does not see here counts as missing."""
-    if device.runtime == Runtime.ONNXRUNTIME:
-        import onnxruntime as ort
-
-        return device.provider in ort.get_available_providers()
-    if not available(device.runtime):
-        return False
-    if device.runtime == Runtime.OPENVINO:
-        import openvino as ov
-
-        wanted = device.openvino_device.split(".")[0].split(":")[0].upper()
-        return wanted in {d.split(".")[0].upper() for d in ov.Core().available_devices}
-    return True
+    return runs_here(device.engine_config())
 
 
 def scale_costs(

@@ -46,6 +46,7 @@ __all__ = [
     "open_engine",
     "parse_runtime",
     "require",
+    "runs_here",
     "time_run",
 ]
 
@@ -92,6 +93,24 @@ def available(runtime: Runtime) -> bool:
         require(runtime)
     except UsageError:
         return False
+    return True
+
+
+def runs_here(config: EngineConfig) -> bool:
+    """Whether this machine can open an engine for ``config``: the runtime's package is installed and,
+    for onnxruntime, this onnxruntime has the provider; for OpenVINO, it sees the device (``GPU.1``
+    counts as ``GPU``)."""
+    if config.runtime == Runtime.ONNXRUNTIME:
+        import onnxruntime as ort
+
+        return config.provider in ort.get_available_providers()
+    if not available(config.runtime):
+        return False
+    if config.runtime == Runtime.OPENVINO:
+        import openvino as ov
+
+        wanted = config.openvino_device.split(".")[0].split(":")[0].upper()
+        return wanted in {d.split(".")[0].upper() for d in ov.Core().available_devices}
     return True
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from onnxpipe.cluster.costs import DeviceCosts, device_costs
 from onnxpipe.cluster.model import Cluster, Device
 from onnxpipe.core.errors import MemoryFitError, PartitionError, UsageError
+from onnxpipe.core.runtime_kinds import EngineConfig
 from onnxpipe.core.text import human_bytes
 from onnxpipe.cost.measure import profile_model
 from onnxpipe.cost.profile import Profile
@@ -350,11 +351,17 @@ def _measure_fn(view: ModelView, profile: Profile) -> Callable[[Device], Mapping
     """The device's costs measured here: onnxruntime's profiler on the CPU, else the whole model timed
     on the device's runtime, its per-layer reports mapped to nodes (:mod:`.cost.runtime_profile`)."""
 
+    measured: dict[EngineConfig, Mapping[str, float]] = {}  # devices set up alike are measured once
+
     def measure(device: Device) -> Mapping[str, float]:
         config = device.engine_config()
-        if is_reference(config):
-            return profile_model(view, threads=device.threads, shapes=profile.input_shapes).node_seconds
-        return profile_on_runtime(view, config, shapes=profile.input_shapes).node_seconds
+        if config not in measured:
+            if is_reference(config):
+                prof = profile_model(view, threads=device.threads, shapes=profile.input_shapes)
+            else:
+                prof = profile_on_runtime(view, config, shapes=profile.input_shapes)
+            measured[config] = prof.node_seconds
+        return measured[config]
 
     return measure
 

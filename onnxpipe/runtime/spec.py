@@ -18,7 +18,7 @@ from pathlib import Path
 
 from onnxpipe.cluster.model import Device
 from onnxpipe.core.errors import UsageError
-from onnxpipe.core.runtimes import DEFAULT_OPENVINO_DEVICE, EngineConfig, Runtime
+from onnxpipe.core.runtimes import DEFAULT_OPENVINO_DEVICE, EngineConfig, Runtime, runs_here
 from onnxpipe.core.runtimes import available as runtime_available
 from onnxpipe.manifest import Manifest
 
@@ -159,12 +159,18 @@ def check_providers_here(specs: Sequence[WorkerSpec], available: Sequence[str]) 
     (or, for another runtime, whose runtime's package is not installed: the extra to install)."""
     for spec in specs:
         if spec.placement.runtime != Runtime.ONNXRUNTIME:
+            extra = spec.placement.runtime.value
             if not runtime_available(spec.placement.runtime):
-                extra = spec.placement.runtime.value
                 raise UsageError(
                     f"{spec.label} runs on device {spec.device!r} with runtime {extra}, which is not "
                     f"installed here; pip install 'onnxpipe[{extra}]', or give a devices file "
                     "(onnxpipe run --devices FILE) that names another runtime for it"
+                )
+            if not runs_here(spec.placement.engine_config()):
+                raise UsageError(
+                    f"{spec.label} runs on device {spec.device!r}, {spec.placement.label}, which this "
+                    "machine does not have; give a devices file (onnxpipe run --devices FILE) that names "
+                    "a device it has"
                 )
             continue
         provider = spec.placement.provider

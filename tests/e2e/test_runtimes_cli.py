@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from cli_runner import run
-from paths import DEVICES
+from paths import DEVICES, REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -72,3 +74,27 @@ def test_profile_on_tract(sample_models_dir: Path, tmp_path: Path, capfd: pytest
         capfd,
     )
     assert code == 2 and "--openvino-device is for --runtime openvino, not tract" in err
+
+
+def test_the_gpu_check_skips_saying_why(tmp_path: Path) -> None:
+    """``python -m benchmarks gpu`` without the provider it needs: the reason, exit 0, no result file."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks",
+            "gpu",
+            "--gpu-provider",
+            "NoSuchExecutionProvider",
+            "--out",
+            tmp_path,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "onnxruntime providers: " in proc.stdout
+    assert "gpu: skipped, --gpu-provider NoSuchExecutionProvider is not available here" in proc.stdout
+    assert list(tmp_path.iterdir()) == []

@@ -17,8 +17,9 @@ import pytest
 
 from onnxpipe.api import SplitOptions, split
 from onnxpipe.calibrate.devices import calibrate_on_devices
+from onnxpipe.calibrate.loop import CalibrationOptions
 from onnxpipe.cluster.model import Cluster, Device, Link
-from onnxpipe.core.errors import RuntimeStageError
+from onnxpipe.core.errors import RuntimeStageError, UsageError
 from onnxpipe.core.runtimes import EngineConfig, Runtime, open_engine
 from onnxpipe.cost.runtime_profile import profile_on_runtime
 from onnxpipe.cost.source import ProfileOptions
@@ -169,3 +170,17 @@ def test_calibration_on_the_devices_runtimes(sample_models_dir: Path) -> None:
         # the cut the last round timed: corrected to the measured times, or within the tolerance already
         for stage, measured in zip(the_plan.stages, last.measured_seconds, strict=True):
             assert stage.compute_seconds == pytest.approx(measured, rel=0.021)
+
+
+def test_calibrating_a_tract_profile_in_onnxruntime_is_refused(
+    sample_models_dir: Path, tmp_path: Path
+) -> None:
+    model = sample_models_dir / "mlp.onnx"
+    prof = profile_on_runtime(load_model(model), EngineConfig(runtime=Runtime.TRACT), runs=2, warmup=1)
+    with pytest.raises(UsageError, match="the profile was measured on tract; give --devices"):
+        split(
+            model,
+            2,
+            tmp_path / "out",
+            SplitOptions(profile=ProfileOptions(saved=prof), calibration=CalibrationOptions(rounds=1)),
+        )

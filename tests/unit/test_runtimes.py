@@ -14,6 +14,7 @@ from onnxpipe.cluster.model import Device, device_type
 from onnxpipe.core.engine_tract import fact
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.runtimes import EngineConfig, Runtime, bind_outputs, open_engine, parse_runtime, require
+from onnxpipe.cost.runtime_profile import match_layer
 from onnxpipe.runtime.spec import placement_of
 
 
@@ -114,3 +115,13 @@ def test_tract_facts() -> None:
     assert fact(np.float32(1.0) * np.ones((), np.float32)) == "f32"
     with pytest.raises(ValueError, match="complex64"):
         fact(np.zeros(2, np.complex64))
+
+
+def test_runtime_layers_are_matched_to_nodes() -> None:
+    by_name = {"fc1.gemm": "fc1.gemm", "fc1.relu": "fc1.relu", "h1": "fc1.relu", "fc2.add": "fc2.add"}
+    assert match_layer("fc1.gemm", by_name) == "fc1.gemm"  # a node's name
+    assert match_layer("h1", by_name) == "fc1.relu"  # the tensor it computes
+    assert match_layer("fc1.relu.low", by_name) == "fc1.relu"  # tract's suffixes
+    assert match_layer("fc2.add.fix-rank.pack_b", by_name) == "fc2.add"
+    assert match_layer("x_f32_bf16_fc1.gemm", by_name) == "fc1.gemm"  # OpenVINO's conversions
+    assert match_layer("Multiply_18247", by_name) is None
