@@ -8,6 +8,7 @@ on identical workers is cut between its layers only (:mod:`onnxpipe.plan.decoder
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 from onnxpipe.cost.profile import Profile
@@ -66,7 +67,7 @@ def plan(
         return plan_pipeline(view, profile, request)
     microbatches = request.schedule.microbatches or DEFAULT_MICROBATCHES
     if request.workers is not None and request.interleaved:
-        return make_interleaved_plan(
+        interleaved = make_interleaved_plan(
             view,
             profile,
             request.stages,
@@ -75,6 +76,13 @@ def plan(
             microbatches=microbatches,
             time_slack=DEFAULT_TIME_SLACK if request.time_slack is None else request.time_slack,
         )
+        if dec is None:
+            return interleaved
+        note = (
+            f"{dec.describe()}; an interleaved split cuts anywhere (layer cuts, the KV cache as state and "
+            "its memory are planned for one stage per worker): a layer's cache may span two stages"
+        )
+        return dataclasses.replace(interleaved, notes=(*interleaved.notes, note))
     return make_plan(
         view,
         profile,
