@@ -38,6 +38,14 @@ def plan(
     phases (:mod:`onnxpipe.plan.phases`).
     """
     request.check()
+    made = _plan(view, profile, request, phase_profiles)
+    missing = tuple(n for n in view.notes if n not in made.notes)  # what loading accepted with a remark
+    return dataclasses.replace(made, notes=(*missing, *made.notes)) if missing else made
+
+
+def _plan(
+    view: ModelView, profile: Profile, request: PlanRequest, phase_profiles: Mapping[Phase, Profile] | None
+) -> Plan:
     dec = find_decoder(view) if request.decoder.layer_cuts else None
     if dec is not None and request.on_identical_workers and not request.interleaved:
         assert isinstance(request.stages, int)  # on_identical_workers

@@ -199,6 +199,13 @@ def test_builder_format_is_accepted_with_a_note(tmp_path: Path) -> None:
         for n in onnx.load(str(tmp_path / "out" / st.file)).graph.node
     }
     assert "SimplifiedLayerNormalization" in ops
+    # any plan of such a model repeats the note, not only a decoder's
+    generic = plan(
+        view,
+        get_profile(view, ProfileOptions(cost="static")),
+        PlanRequest(2, decoder=DecoderOptions(layer_cuts=False)),
+    )
+    assert any("SimplifiedLayerNormalization" in n for n in generic.notes)
 
 
 def test_one_phase_is_profiled_at_its_shape(tmp_path: Path) -> None:
