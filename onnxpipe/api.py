@@ -33,12 +33,13 @@ from onnxpipe.cost.source import ProfileOptions, get_profile
 from onnxpipe.export.checks import check_exportable
 from onnxpipe.export.stages import ExportOptions, export_stages
 from onnxpipe.ir.decoder import find_decoder
-from onnxpipe.ir.decoder_kinds import Phase
+from onnxpipe.ir.decoder_kinds import Phase, PhaseShape
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.ir.static import static_view
 from onnxpipe.manifest import Manifest
+from onnxpipe.plan.decoder_plan import check_stage_count
 from onnxpipe.plan.planner import plan, planned
 from onnxpipe.plan.request import PlanRequest, SplitNodes
 from onnxpipe.plan.types import Plan
@@ -116,14 +117,14 @@ def split(
         opts = dataclasses.replace(opts, profile=dataclasses.replace(opts.profile, shapes=shapes))
     _check_calibration(request, opts.calibration)
     step = opts.on_step or (lambda what: None)
-    if opts.profile.saved is None:  # a saved profile is read at once (and refused without a word)
-        step("profiling")
-    phases = decoder_profiles(view, request, opts.profile)
-    if phases and len(phases) > 1 and opts.calibration.rounds:
+    if opts.calibration.rounds and len(decoder_phases(view, request, opts.profile)) > 1:
         raise UsageError(
             f"{view.label}: --calibrate times the stages at one shape; with a decoder give --phase prefill "
             "or --phase decode (not both)"
         )
+    if opts.profile.saved is None:  # a saved profile is read at once (and refused without a word)
+        step("profiling")
+    phases = decoder_profiles(view, request, opts.profile)
     prof = phases.get(Phase.DECODE) or phases.get(Phase.PREFILL) or get_profile(view, opts.profile)
     step("planning, calibrating" if opts.calibration.rounds else "planning")
     samples = prof.samples
@@ -189,12 +190,23 @@ def _measured_here(the_plan: Plan, prof: Profile, request: PlanRequest) -> Plan:
     return the_plan
 
 
+def decoder_phases(view: ModelView, request: PlanRequest, options: ProfileOptions) -> tuple[PhaseShape, ...]:
+    """The phases a decoder is profiled at (none for other models, for a saved profile, which holds one
+    shape, and with ``layer_cuts`` off); a stage count that cuts between layers cannot make is refused
+    here, before any cost is measured."""
+    dec = find_decoder(view) if request.decoder.layer_cuts else None
+    if dec is None:
+        return ()
+    if request.on_identical_workers and not request.interleaved and isinstance(request.stages, int):
+        check_stage_count(view, dec, request.stages, request.decoder.ends)
+    return () if options.saved is not None else request.decoder.phases()
+
+
 def decoder_profiles(view: ModelView, request: PlanRequest, options: ProfileOptions) -> dict[Phase, Profile]:
-    """A decoder's profiles at the phases ``request.decoder`` balances for (empty for other models, for
-    a saved profile, which holds one shape, and with ``layer_cuts`` off)."""
-    if options.saved is not None or not request.decoder.layer_cuts or find_decoder(view) is None:
-        return {}
-    return phase_profiles(view, options, request.decoder.phases())
+    """A decoder's profiles at the phases ``request.decoder`` balances for (empty when
+    :func:`decoder_phases` gives none)."""
+    shapes = decoder_phases(view, request, options)
+    return phase_profiles(view, options, shapes) if shapes else {}
 
 
 def _calibrated(

@@ -77,6 +77,32 @@ def solve_layers(layers: LayerSequences, dec: DecoderInfo, k: int, ends: Ends, b
     return _partition.evaluate(layers.seq.costs, fine, cut_bytes=layers.seq.cut_bytes, bandwidth=bandwidth)
 
 
+def check_stage_count(view: ModelView, dec: DecoderInfo, k: int, ends: Ends) -> None:
+    """Refuse, before any cost is measured, a stage count that cuts between layers cannot make."""
+    groups = sorted(set(dec.node_layer.values()))
+    n = len(groups)
+    if ends == Ends.OWN:
+        ends_count = (groups[0] == -1) + (groups[-1] == dec.layers)
+        lo, hi = ends_count + 1, n
+    else:
+        glued = 0
+        if ends == Ends.ATTACHED:
+            glued = (groups[0] == -1 and 0 in groups) + (
+                groups[-1] == dec.layers and dec.layers - 1 in groups
+            )
+        lo, hi = 1, n - glued
+    if not lo <= k <= hi:
+        raise PartitionError(
+            f"{view.label}: cannot make {k} stages cutting only between the decoder's {dec.layers} layers "
+            f"(--ends {ends.value}); choose --stages between {lo} and {hi}, or --layer-cuts off"
+        )
+
+
+def named(view: ModelView, error: PartitionError) -> PartitionError:
+    """``error`` with the model's name in front, as every message names the file at fault."""
+    return PartitionError(f"{view.label}: {error}")
+
+
 def make_decoder_plan(
     view: ModelView,
     profile: Profile,
@@ -91,7 +117,10 @@ def make_decoder_plan(
     """Partition the decoder ``view`` into ``k`` stages that cut only between layers, exactly."""
     profile.check_matches(view)
     layers = layer_sequences(view, profile, dec)
-    part = solve_layers(layers, dec, k, options.ends, bandwidth_bytes_per_s)
+    try:
+        part = solve_layers(layers, dec, k, options.ends, bandwidth_bytes_per_s)
+    except PartitionError as e:
+        raise named(view, e) from e
     stages = tuple(
         dataclasses.replace(st, phase_seconds=((phase, cost),))
         for st, cost in zip(

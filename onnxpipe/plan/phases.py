@@ -28,7 +28,7 @@ from onnxpipe.partition import evaluate
 from onnxpipe.partition.phases import solve_two_phases
 from onnxpipe.plan.decoder import layer_sequences
 from onnxpipe.plan.decoder_kinds import DecoderOptions
-from onnxpipe.plan.decoder_plan import coarse_bounds, decoder_notes, decoder_stages, phase_shape_of
+from onnxpipe.plan.decoder_plan import coarse_bounds, decoder_notes, decoder_stages, named, phase_shape_of
 from onnxpipe.plan.stages import plan_from
 from onnxpipe.plan.types import DecoderSummary, Plan
 from onnxpipe.schedule.simulate import simulate
@@ -73,7 +73,10 @@ def make_two_phase_plan(
             allowed_cuts=allowed,
         ).bounds
 
-    fine = ld.fine_bounds(coarse_bounds(ld, dec, k, options.ends, solve))
+    try:
+        fine = ld.fine_bounds(coarse_bounds(ld, dec, k, options.ends, solve))
+    except PartitionError as e:
+        raise named(view, e) from e
     part_p = evaluate(lp.seq.costs, fine, cut_bytes=lp.seq.cut_bytes, bandwidth=bandwidth_bytes_per_s)
     part_d = evaluate(ld.seq.costs, fine, cut_bytes=ld.seq.cut_bytes, bandwidth=bandwidth_bytes_per_s)
     stages = tuple(

@@ -64,10 +64,15 @@ def planned(
             bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
             microbatches=request.schedule.microbatches or DEFAULT_MICROBATCHES,
         )
-        return dataclasses.replace(
-            cut, plan=dataclasses.replace(cut.plan, link_model=request.effective_link_model)
-        )
-    return Planned(_noted(view, profile, request, phase_profiles), view, profile)
+        made = dataclasses.replace(cut.plan, link_model=request.effective_link_model)
+        return dataclasses.replace(cut, plan=_with_view_notes(made, view))
+    return Planned(_with_view_notes(_noted(view, profile, request, phase_profiles), view), view, profile)
+
+
+def _with_view_notes(made: Plan, view: ModelView) -> Plan:
+    """What loading accepted with a remark (an onnxruntime op in the default domain) said in the plan."""
+    missing = tuple(n for n in view.notes if n not in made.notes)
+    return dataclasses.replace(made, notes=(*missing, *made.notes)) if missing else made
 
 
 def _noted(
@@ -159,7 +164,7 @@ def _plan(
         return plan_pipeline(view, profile, request)
     microbatches = request.schedule.microbatches or DEFAULT_MICROBATCHES
     if request.workers is not None and request.interleaved:
-        return make_interleaved_plan(
+        interleaved = make_interleaved_plan(
             view,
             profile,
             request.stages,
@@ -168,6 +173,13 @@ def _plan(
             microbatches=microbatches,
             time_slack=DEFAULT_TIME_SLACK if request.time_slack is None else request.time_slack,
         )
+        if dec is None:
+            return interleaved
+        note = (
+            f"{dec.describe()}; an interleaved split cuts anywhere (layer cuts, the KV cache as state and "
+            "its memory are planned for one stage per worker): a layer's cache may span two stages"
+        )
+        return dataclasses.replace(interleaved, notes=(*interleaved.notes, note))
     return make_plan(
         view,
         profile,

@@ -199,6 +199,13 @@ def test_builder_format_is_accepted_with_a_note(tmp_path: Path) -> None:
         for n in onnx.load(str(tmp_path / "out" / st.file)).graph.node
     }
     assert "SimplifiedLayerNormalization" in ops
+    # any plan of such a model repeats the note, not only a decoder's
+    generic = plan(
+        view,
+        get_profile(view, ProfileOptions(cost="static")),
+        PlanRequest(2, decoder=DecoderOptions(layer_cuts=False)),
+    )
+    assert any("SimplifiedLayerNormalization" in n for n in generic.notes)
 
 
 def test_one_phase_is_profiled_at_its_shape(tmp_path: Path) -> None:
@@ -260,3 +267,24 @@ def test_cli_inspect_names_the_decoder_and_split_needs_no_hints(
     )
     assert code == 0, err
     assert "KV layers" in out and "ends attached" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "code", "message"),
+    [
+        (["-k", "9"], 5, "gpt2.onnx: cannot make 9 stages cutting only between the decoder's 4 layers"),
+        (["-k", "2", "--ends", "own"], 5, "choose --stages between 3 and 6"),
+        (["-k", "6", "--ends", "attached"], 5, "choose --stages between 1 and 4"),
+        (["-k", "2", "--calibrate", "1", "--cost", "profile"], 2, "gpt2.onnx: --calibrate times the stages"),
+    ],
+)
+def test_impossible_decoder_requests_are_one_line(
+    extra: list[str], code: int, message: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    got, out, err = cli_run(
+        ["split", _path("gpt2"), "--out", tmp_path / "o", "--cost", "static", *extra], capfd
+    )
+    assert got == code and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "; " in lines[0]
+    assert not (tmp_path / "o").exists()
