@@ -3,10 +3,10 @@
 A contiguous plan stops at ``max(total / K, largest node)``.  Here the nodes that can be cut
 (:func:`onnxpipe.ir.nodesplit.find_splittable`) and are large enough to matter (at least
 :data:`MIN_SHARE` of ``total / K``; the :data:`MAX_CANDIDATES` largest) are offered to
-:func:`onnxpipe.partition.splitting.solve_with_split` with every part count from 2 to ``K`` (at most
-:data:`MAX_PARTS`) and every kind of cut they allow, their parts' costs measured
-(:mod:`onnxpipe.cost.parts`) and the bytes each inner link carries counted (the node's input, forwarded,
-and the parts' outputs the join needs).  The best is exact over those choices.  Equal parts the best
+:func:`onnxpipe.partition.splitting.solve_with_split` with every part count from 2 to
+:data:`MAX_PARTS` (more parts than stages give the cut finer places to fall) and every kind of cut
+they allow, their parts' costs measured (:mod:`onnxpipe.cost.parts`) and the bytes each inner link
+carries counted (the node's input, forwarded, and the parts' outputs the join needs).  The best is exact over those choices.  Equal parts the best
 split put in one stage are merged into one wider part (more equal parts only give finer places to cut
 the node; two kernels in one stage would be slower than one), costed again.  The node is then cut in
 the model (:func:`onnxpipe.ir.nodesplit.cut_node`), the profile carried over to the parts, and the cut
@@ -165,12 +165,12 @@ def _shapes(
     by_kind: dict[SplitKind, dict[int, PartCosts]] = {}
     for kind in spec.kinds:
         total = spec.depth if kind == SplitKind.REDUCTION else spec.width
-        counts = list(range(2, min(k, MAX_PARTS, total) + 1))
+        counts = list(range(2, min(MAX_PARTS, total) + 1))
         if measure and profile.source == CostSource.PROFILE.value:
             by_kind[kind] = part_costs(view, profile, spec, kind, counts)
         else:
             by_kind[kind] = {p: shared_costs(profile, spec, kind, p) for p in counts}
-    for p in range(2, min(k, MAX_PARTS) + 1):
+    for p in range(2, MAX_PARTS + 1):
         for kind in spec.kinds:
             costs = by_kind[kind].get(p)
             if costs is None:
