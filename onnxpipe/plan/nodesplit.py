@@ -1,17 +1,17 @@
 """Plans that may cut one dominating node into parts over consecutive stages (``--split-nodes auto``).
 
-A contiguous plan stops at ``max(total / K, largest node)``.  Here the nodes that can be cut
-(:func:`onnxpipe.ir.nodesplit.find_splittable`) and are large enough to matter (at least
-:data:`MIN_SHARE` of ``total / K``; the :data:`MAX_CANDIDATES` largest) are offered to
-:func:`onnxpipe.partition.splitting.solve_with_split` with every part count from 2 to
-:data:`MAX_PARTS` (more parts than stages give the cut finer places to fall) and every kind of cut
-they allow, their parts' costs measured (:mod:`onnxpipe.cost.parts`) and the bytes each inner link
-carries counted (the node's input, forwarded, and the parts' outputs the join needs).  The best is exact over those choices.  Equal parts the best
-split put in one stage are merged into one wider part (more equal parts only give finer places to cut
-the node; two kernels in one stage would be slower than one), costed again.  The node is then cut in
-the model (:func:`onnxpipe.ir.nodesplit.cut_node`), the profile carried over to the parts, and the cut
-model planned by :func:`onnxpipe.plan.workers.make_plan` as any other; the split is kept only if that
-plan's bottleneck is below the best contiguous plan's.
+A contiguous plan stops at ``max(total / K, largest node)``. Here the nodes that can be cut
+(:func:`onnxpipe.ir.nodesplit.find_splittable`) and are large enough to matter (at least :data:`MIN_SHARE`
+of ``total / K``; the :data:`MAX_CANDIDATES` largest) are offered to
+:func:`onnxpipe.partition.splitting.solve_with_split` with every part count from 2 to :data:`MAX_PARTS`
+(more parts than stages give the cut finer places to fall) and every kind of cut they allow, their parts'
+costs measured (:mod:`onnxpipe.cost.parts`) and the bytes each inner link carries counted (the node's input,
+forwarded, and the parts' outputs the join needs). The best is exact over those choices. Equal parts the
+best split put in one stage are merged into one wider part (more equal parts only give finer places to cut
+the node; two kernels in one stage would be slower than one), costed again. The node is then cut in the
+model (:func:`onnxpipe.ir.nodesplit.cut_node`), the profile carried over to the parts, and the cut model
+planned by :func:`onnxpipe.plan.workers.make_plan` as any other; the split is kept only if that plan's
+bottleneck is below the best contiguous plan's.
 
 The result holds the plan and the view its stages are made of (the cut model, or the original when no
 split helps): the exporter writes the stages from that view, and ``verify`` compares them with the
