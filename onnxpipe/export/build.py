@@ -44,6 +44,9 @@ SMALL_TENSOR_BYTES = 1024
 
 
 ALIAS_NODE_PREFIX = "onnxpipe/same_value/"
+SHAPE_NODE_PREFIX = "onnxpipe/shape/"
+"""Names of the helper nodes (and their internal tensors) that remake a shape value from the dims of
+tensors a stage has (:meth:`StageBuilder._shape_from_parts`); never on a stage's boundary."""
 
 
 def alias_node_name(tensor: str) -> str:
@@ -254,7 +257,7 @@ class StageBuilder:
                 end = int(attr.i)
         start = min(max(start + rank if start < 0 else start, 0), rank)
         end = min(max(end + rank if end < 0 else end, 0), rank)
-        base = f"{ALIAS_NODE_PREFIX}shape/{info.name}/"
+        base = f"{SHAPE_NODE_PREFIX}{info.name}/"
         nodes: list[onnx.NodeProto] = []
         pieces: list[str] = []
         for i, part in enumerate(parts[start:end]):
