@@ -38,6 +38,8 @@ measured profiles); they take minutes, want a quiet machine, and are run by hand
   from the runtime's own measured and calibrated costs, slowest against mean stage;
 * ``gpu`` — for a machine with an accelerator: a CPU stage and a GPU stage planned from profiles on each,
   verified, measured against predicted; skips, saying why, where no GPU provider is present.
+* ``decoders`` — decoder LLMs: stage balance at prefill and decode for splits balanced for prefill,
+  decode, both phases, and equal layer counts.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ plan as a stage count or a :class:`~onnxpipe.plan.request.PlanRequest`, and ever
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -22,21 +23,27 @@ from onnxpipe.calibrate.loop import CalibrationOptions
 from onnxpipe.calibrate.loop import calibrate as run_calibration
 from onnxpipe.calibrate.timing import choose_timer, time_model
 from onnxpipe.cluster.costs import provider_available
-from onnxpipe.core.errors import UsageError
+from onnxpipe.core.errors import ExportError, UsageError
 from onnxpipe.core.runtime_kinds import Runtime
 from onnxpipe.cost.kinds import CostSource
+from onnxpipe.cost.measure import RETRY_NOTE
+from onnxpipe.cost.phases import phase_profiles
 from onnxpipe.cost.profile import DEFAULT_RUNTIME, Profile
 from onnxpipe.cost.source import ProfileOptions, get_profile
 from onnxpipe.export.checks import check_exportable
 from onnxpipe.export.stages import ExportOptions, export_stages
+from onnxpipe.ir.decoder import find_decoder
+from onnxpipe.ir.decoder_kinds import Phase, PhaseShape
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.ir.static import static_view
 from onnxpipe.manifest import Manifest
+from onnxpipe.plan.decoder_plan import check_stage_count
 from onnxpipe.plan.planner import plan, planned
 from onnxpipe.plan.request import PlanRequest, SplitNodes
 from onnxpipe.plan.types import Plan
+from onnxpipe.verification.record import record_verification, verification_record
 from onnxpipe.verification.verify import VerifyReport, verify
 
 __all__ = [
@@ -58,13 +65,17 @@ class SplitOptions:
 
     ``profile``: where the costs come from; ``calibration``: rounds of timing the exported stages and
     partitioning again (:mod:`onnxpipe.calibrate`); ``export``: replacing an earlier split and where the
-    weights go; ``verify``: compare the chained stages with the model before returning.
+    weights go; ``verify``: compare the chained stages with the model before returning.  ``on_step``
+    is told each step as it begins (``"profiling"``, ``"planning"``, ``"exporting 4 stages"``,
+    ``"verifying"``): the CLI says so, so that no step of a long split is silent; the API itself prints
+    nothing.
     """
 
     profile: ProfileOptions = field(default_factory=ProfileOptions)
     calibration: CalibrationOptions = field(default_factory=CalibrationOptions)
     export: ExportOptions = field(default_factory=ExportOptions)
     verify: bool = True
+    on_step: Callable[[str], None] | None = field(default=None, compare=False)
     static: bool = False
     """Split a copy of the model with its input shapes frozen at ``profile.shapes`` (else the defaults
     of :func:`onnxpipe.ir.shapes.resolve_input_shapes`), its shape arithmetic folded
@@ -105,13 +116,27 @@ def split(
         view, _ = static_view(view, shapes)
         opts = dataclasses.replace(opts, profile=dataclasses.replace(opts.profile, shapes=shapes))
     _check_calibration(request, opts.calibration)
-    prof = get_profile(view, opts.profile)
+    step = opts.on_step or (lambda what: None)
+    if opts.calibration.rounds and len(decoder_phases(view, request, opts.profile)) > 1:
+        raise UsageError(
+            f"{view.label}: --calibrate times the stages at one shape; with a decoder give --phase prefill "
+            "or --phase decode (not both)"
+        )
+    if opts.profile.saved is None:  # a saved profile is read at once (and refused without a word)
+        step("profiling")
+    phases = decoder_profiles(view, request, opts.profile)
+    prof = phases.get(Phase.DECODE) or phases.get(Phase.PREFILL) or get_profile(view, opts.profile)
+    step("planning, calibrating" if opts.calibration.rounds else "planning")
     samples = prof.samples
     if request.split_nodes == SplitNodes.AUTO:
         cut = planned(view, prof, request)  # the stages name the cut node's parts: export the cut model
         view, the_plan = cut.view, _measured_here(cut.plan, prof, request)
     else:
-        the_plan = _calibrated(view, prof, request, opts.calibration)
+        the_plan = _calibrated(view, prof, request, opts.calibration, phases)
+    retried = tuple(n for n in prof.unattributed if n.startswith(RETRY_NOTE))
+    if retried:  # the sizes finally used, in the manifest's notes too
+        the_plan = dataclasses.replace(the_plan, notes=(*the_plan.notes, *retried))
+    step(f"exporting {the_plan.k} stages")
     manifest = export_stages(
         view,
         the_plan,
@@ -120,10 +145,19 @@ def split(
         external_data=opts.export.external_data,
         feeds=samples.first if samples is not None else None,
     )
-    report = None
+    report = None  # the manifest says unverified until the result is recorded (Ctrl-C leaves it so)
     if opts.verify:
         planned_shapes = None if samples is not None else opts.profile.shapes
+        step("verifying")
         report = verify(out_dir, shapes=planned_shapes, samples=samples, runtime=_verify_runtime(the_plan))
+        try:
+            record_verification(out_dir, report)
+            manifest = dataclasses.replace(manifest, verification=verification_record(report))
+        except OSError as e:
+            raise ExportError(
+                f"{out_dir}: the verification's result cannot be written into its manifest ({e}); "
+                "run onnxpipe verify there once it can be written"
+            ) from e
     return SplitResult(plan=the_plan, manifest=manifest, out_dir=out_dir, report=report)
 
 
@@ -156,14 +190,37 @@ def _measured_here(the_plan: Plan, prof: Profile, request: PlanRequest) -> Plan:
     return the_plan
 
 
+def decoder_phases(view: ModelView, request: PlanRequest, options: ProfileOptions) -> tuple[PhaseShape, ...]:
+    """The phases a decoder is profiled at (none for other models, for a saved profile, which holds one
+    shape, and with ``layer_cuts`` off); a stage count that cuts between layers cannot make is refused
+    here, before any cost is measured."""
+    dec = find_decoder(view) if request.decoder.layer_cuts else None
+    if dec is None:
+        return ()
+    if request.on_identical_workers and not request.interleaved and isinstance(request.stages, int):
+        check_stage_count(view, dec, request.stages, request.decoder.ends)
+    return () if options.saved is not None else request.decoder.phases()
+
+
+def decoder_profiles(view: ModelView, request: PlanRequest, options: ProfileOptions) -> dict[Phase, Profile]:
+    """A decoder's profiles at the phases ``request.decoder`` balances for (empty when
+    :func:`decoder_phases` gives none)."""
+    shapes = decoder_phases(view, request, options)
+    return phase_profiles(view, options, shapes) if shapes else {}
+
+
 def _calibrated(
-    view: ModelView, prof: Profile, request: PlanRequest, calibration: CalibrationOptions
+    view: ModelView,
+    prof: Profile,
+    request: PlanRequest,
+    calibration: CalibrationOptions,
+    phases: Mapping[Phase, Profile] | None = None,
 ) -> Plan:
     """The plan, from the profile corrected by calibration when asked; it records the machine's speed
     as the estimates were made (``reference_seconds``), for a later run to compare its own with."""
 
     def make(p: Profile) -> Plan:
-        return plan(view, p, request)
+        return plan(view, p, request, phase_profiles=phases if p is prof else None)
 
     if not calibration.rounds:
         return _measured_here(make(prof), prof, request)

@@ -49,7 +49,7 @@ def run_with_file_size_limit(
     )
 
 
-PREAMBLE = ("input ", "  the guessed sizes", "warning: ")
+PREAMBLE = ("input ", "  the guessed sizes", "warning: ", "... ")
 """How the lines a command prints before its work begin (:mod:`onnxpipe.cli.commands.preamble`)."""
 
 

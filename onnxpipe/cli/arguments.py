@@ -15,6 +15,8 @@ from typing import Any, NoReturn, TypeVar, overload
 
 from onnxpipe.cli.argtypes import bandwidth, count, fraction, positive_int, positive_number
 from onnxpipe.cost.kinds import COST_SOURCES
+from onnxpipe.ir.decoder_kinds import DECODE_PAST, PREFILL_TOKENS
+from onnxpipe.plan.decoder_kinds import DEFAULT_MAX_CONTEXT, ENDS_CHOICES, PHASE_CHOICES
 from onnxpipe.plan.links import LINK_MODELS
 from onnxpipe.plan.request import (
     DEFAULT_SPLIT_NODES,
@@ -92,6 +94,15 @@ class SubcommandParser(CommandParser):
 
 def stages_arg(text: str) -> int | str:
     return "auto" if text == "auto" else positive_int(text)
+
+
+def add_quiet_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--quiet",
+        "-q",
+        action="store_true",
+        help="no progress: no bar on a terminal, no progress lines in a log (stderr not a terminal)",
+    )
 
 
 def add_json_arg(p: argparse.ArgumentParser) -> None:
@@ -211,4 +222,51 @@ def add_planning_args(p: argparse.ArgumentParser) -> None:
         type=positive_number,
         default=2.0,
         help="backward time over forward time (training)",
+    )
+    add_decoder_args(p)
+
+
+def add_decoder_args(p: argparse.ArgumentParser) -> None:
+    """How a decoder LLM with a KV cache is split (ignored for other models)."""
+    g = p.add_argument_group("decoders (models with a KV cache)")
+    g.add_argument(
+        "--phase",
+        choices=PHASE_CHOICES,
+        default="both",
+        help="balance the layer cuts for a prompt (prefill), a generation step (decode), or both "
+        "(default: the worse phase as close as it can be to its own best split)",
+    )
+    g.add_argument(
+        "--layer-cuts",
+        choices=("on", "off"),
+        default="on",
+        help="cut only between layers, each layer's KV cache in one stage (default on)",
+    )
+    g.add_argument(
+        "--ends",
+        choices=ENDS_CHOICES,
+        default="free",
+        help="embedding and LM head: where the balance puts them (free), with the first/last layer "
+        "(attached), or each in a stage of its own (own)",
+    )
+    g.add_argument(
+        "--max-context",
+        type=positive_int,
+        default=DEFAULT_MAX_CONTEXT,
+        metavar="TOKENS",
+        help=f"context the KV cache memory per stage is counted at (default {DEFAULT_MAX_CONTEXT})",
+    )
+    g.add_argument(
+        "--prefill-tokens",
+        type=positive_int,
+        default=PREFILL_TOKENS,
+        metavar="N",
+        help=f"prompt tokens of the prefill shape (default {PREFILL_TOKENS})",
+    )
+    g.add_argument(
+        "--decode-past",
+        type=count,
+        default=DECODE_PAST,
+        metavar="N",
+        help=f"cached tokens of the decode shape (default {DECODE_PAST})",
     )

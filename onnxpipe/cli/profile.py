@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from onnxpipe.cli.arguments import add_measure_args
+from onnxpipe.cli.arguments import add_measure_args, add_quiet_arg
 from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, RUNTIMES
 from onnxpipe.cost.kinds import COST_SOURCES
 
@@ -19,6 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", "-o", type=Path, required=True, help="profile JSON to write")
     p.add_argument("--cost", choices=COST_SOURCES, default="profile", help="measure, or static FLOPs")
     p.add_argument("--force", action="store_true", help="overwrite an existing profile file")
+    add_quiet_arg(p)
     p.add_argument(
         "--runtime",
         choices=RUNTIMES,

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from onnxpipe.core.dims import Dim
 from onnxpipe.core.text import human_bytes, table
+from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.summary import summarize
 from onnxpipe.manifest import Manifest
@@ -76,6 +77,13 @@ def format_manifest_table(manifest: Manifest) -> str:
     )
     if plan.link_model is not None:
         footer += f"\nlinks: {LINK_MODEL_TEXT.get(plan.link_model, plan.link_model)}"
+    v = manifest.verification
+    if v is not None:
+        footer += "\nverification: " + (
+            f"{v.status} (|a-b| <= {v.atol:g} + {v.rtol:g}*max|a|, seed {v.seed}, {v.runs} run(s))"
+            if v.verified and v.atol is not None and v.rtol is not None
+            else f"{v.status}: the stages were not compared with the model; onnxpipe verify compares them"
+        )
     footer += "".join(f"\n{line}" for line in worker_lines)
     return table(head, rows) + "\n" + footer
 
@@ -136,6 +144,60 @@ def format_model_table(view: ModelView) -> str:
     return "\n".join(lines)
 
 
+def format_decoder(view: ModelView, dec: DecoderInfo | None) -> str:
+    """What ``inspect`` found of a decoder: its cache pairs, its inputs' roles, each group's nodes
+    (and the notes loading made); empty for a model that is no decoder and loaded without remarks."""
+    lines = [f"note: {n}" for n in view.notes]
+    if dec is None:
+        return "\n".join(lines)
+    lines.append(dec.describe())
+    lines.append(
+        f"inputs: tokens {dec.ids_input}, mask {dec.mask_input or '-'}, "
+        f"positions {dec.positions_input or '-'}"
+    )
+    counts = Counter(dec.node_layer.values())
+    rows = []
+    for group in sorted(counts):
+        if group == -1:
+            what = "before the layers (embedding, rotary tables, masks)"
+        elif group == dec.layers:
+            what = "after the layers (final norm, LM head)"
+        else:
+            pair = dec.kv[group]
+            what = ", ".join(pair.pasts + pair.presents)
+        rows.append([str(group) if 0 <= group < dec.layers else "-", f"{counts[group]}", what])
+    lines.append(table(["layer", "nodes", "KV cache"], rows))
+    if dec.shape_readers:
+        lines.append(
+            f"{len(dec.shape_readers)} node(s) read another layer's past for its shape only: "
+            + ", ".join(f"{n} ({t})" for n, t in dec.shape_readers)
+        )
+    return "\n".join(lines)
+
+
+def format_decoder_stages(manifest: Manifest) -> str:
+    """Per stage of a decoder's split: the layers whose KV cache it holds, the cache's bytes, and each
+    phase's estimate; empty for other models."""
+    dec = manifest.plan.decoder
+    if dec is None:
+        return ""
+    phases = [p for p, _ in manifest.stages[0].estimated_phase_seconds] if manifest.stages else []
+    rows = []
+    for st in manifest.stages:
+        layers = st.kv_layers
+        where = "-" if not layers else (f"{layers[0]}" if len(layers) == 1 else f"{layers[0]}-{layers[-1]}")
+        times = dict(st.estimated_phase_seconds)
+        rows.append(
+            [f"{st.index}", where, human_bytes(st.kv_cache_bytes), *(f"{times[p] * 1e3:.3f}" for p in phases)]
+        )
+    head = ["stage", "KV layers", f"KV at {dec.max_context} tokens", *(f"{p} ms" for p in phases)]
+    return table(head, rows) + (
+        f"\ndecoder: {dec.layers} layers, "
+        f"{'cuts between layers' if dec.layer_cuts else 'cuts anywhere'}, ends {dec.ends}, "
+        f"balanced for {dec.phase}"
+    )
+
+
 def _by_worker(
     workers: Sequence[int] | None, costs: Sequence[float], params: Sequence[int]
 ) -> tuple[float, list[str]]:
@@ -159,8 +221,9 @@ def _by_worker(
 
 
 def format_plan_table(plan: Plan) -> str:
-    """Stage, device, nodes, compute and transfer per micro-batch, parameters, memory, share of bottleneck;
-    then the schedule: kind, micro-batches, simulated batch time, bubble, throughput."""
+    """Stage, device, nodes, compute and transfer per micro-batch, parameters, the memory a stage needs
+    (parameters and peak activations, against the device's where a devices file gives it), share of
+    the bottleneck; then the schedule: kind, micro-batches, simulated batch time, bubble, throughput."""
     costs = [
         max(s.compute_seconds, s.transfer_seconds) if plan.cluster else s.cost_seconds for s in plan.stages
     ]
@@ -169,7 +232,8 @@ def format_plan_table(plan: Plan) -> str:
     caps = plan.cluster.mem_caps if plan.cluster is not None else None
     rows = []
     for i, (s, cost) in enumerate(zip(plan.stages, costs, strict=True)):
-        cap = "-" if caps is None or caps[i] == float("inf") else human_bytes(caps[i])
+        need = human_bytes(s.param_bytes + s.peak_activation_bytes * plan.microbatch_size)
+        cap = need if caps is None or caps[i] == float("inf") else f"{need} of {human_bytes(caps[i])}"
         rows.append(
             [
                 f"{s.index}",
@@ -182,6 +246,7 @@ def format_plan_table(plan: Plan) -> str:
                 human_bytes(s.param_bytes),
                 cap,
                 f"{cost / bottleneck:.0%}" if bottleneck > 0 else "-",
+                *([human_bytes(s.kv_cache_bytes)] if plan.decoder is not None else []),
             ]
         )
     head = [
@@ -193,8 +258,9 @@ def format_plan_table(plan: Plan) -> str:
         "bytes in",
         "link in",
         "params",
-        "memory",
+        "memory need",
         "load",
+        *([f"KV at {plan.decoder.max_context}"] if plan.decoder is not None else []),
     ]
     lines = [table(head, rows), *worker_lines]
     lines.append(

@@ -59,6 +59,9 @@ from onnxpipe.ir.shapes import (
     resolve_input_shapes,
 )
 
+RETRY_NOTE = "the model failed on random inputs at the guessed sizes"
+"""How the profile's note on a retry at larger sequence sizes starts (``split`` copies it into the plan's
+notes, so that the manifest says which sizes were finally used)."""
 VALUE_CHUNK_BYTES = 512 << 20
 """Most bytes of exposed tensors one value-matching run may hold at once (read at each call)."""
 
@@ -127,7 +130,7 @@ def profile_model(
             ) from first
     shown = ", ".join(f"{n}={list(v)}" for n, v in larger.items())
     note = (
-        f"the model failed on random inputs at the guessed sizes ({why}); measured at {shown}, "
+        f"{RETRY_NOTE} ({why}); measured at {shown}, "
         f"its sequence dims at {RETRY_SEQUENCE_SIZE}: give the sizes you deploy with --shape or real inputs "
         "with --inputs"
     )
@@ -150,7 +153,7 @@ def _measure(
     steps = warmup + 2 * runs + 3
     with (
         tempfile.TemporaryDirectory(prefix="onnxpipe-profile-") as tmpdir,
-        Progress(steps, f"profiling {label}", enabled=progress) as bar,
+        Progress(steps, f"profiling {label}", enabled=progress, unit="runs") as bar,
     ):
         ort_model = OrtModel(view, Path(tmpdir), label, threads, hint)
         timing = ort_model.measure(samples, warmup, runs, bar)

@@ -14,7 +14,9 @@ model's own shape inference (:attr:`ModelView.tensors`, symbolic dims kept as na
    input is read as the grid's dims).  A rank no run confirmed is never written: a guessed scalar made
    onnxruntime refuse the stage (those cases' stage 0 declared a rank-3 tensor as a scalar and did not
    load), and ONNX requires a shape on a graph's outputs, so the export stops naming the tensor and
-   the way out (``--inputs`` with real inputs, or another number of stages).
+   the way out (``--inputs`` with real inputs, or another number of stages).  A source whose weights
+   are in external files is not run whole (it would be loaded whole): there onnxruntime's rank stands,
+   and the stage's own load check refuses the stage if it was wrong.
 
 Sequences, maps and optionals keep their whole ``TypeProto``.  What an earlier stage learned serves the
 later stages that receive the same tensor.
@@ -135,11 +137,11 @@ class BoundaryTypes:
             missing = frozenset(t for t in missing if not self.known(t))
         if missing:
             unsure_rank = self._infer_with_ort(spec, build, missing, scratch)
-            confirmed = (
-                self._observe_ranks(unsure_rank, input_shapes, feeds)
-                if unsure_rank and can_run_source
-                else set()
-            )
+            if not unsure_rank or not can_run_source:
+                # a source with external weights is not run whole: onnxruntime's rank stands, and the
+                # stage's own load check refuses it if it was wrong
+                return
+            confirmed = self._observe_ranks(unsure_rank, input_shapes, feeds)
             for name in unsure_rank - confirmed:
                 self.any_rank.add(name)
                 self.types[name] = TensorInfo(name, self.types[name].elem_type, None)

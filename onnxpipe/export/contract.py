@@ -12,7 +12,9 @@ each boundary tensor and model input/output carries in the manifest:
 * ``batch_axis``: the axis carrying the batch dim the model inputs share at axis 0 (or none).
 
 Concrete shapes come from the symbols where they can, and otherwise from one run of the source at the
-profiled shapes (:meth:`ContractMaker.observe`), which also checks the declared shapes: a declared shape
+profiled shapes (:meth:`ContractMaker.observe`); a second run with each input symbol grown by a step of
+its own tells which unnamed dims follow which input symbol.  The first run also checks the declared
+shapes: a declared shape
 that disagrees with the run is replaced by unknown dims of the observed rank (in the stage files too,
 since this happens before they are written) and a plan note says so.  The run is made only when some
 boundary dim is not settled by the symbols, and with onnxruntime's basic optimizations: most splits
@@ -23,12 +25,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper
 
 from onnxpipe.core.dims import Shape
+from onnxpipe.core.errors import UsageError
 from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.export.boundary import BoundaryTypes, clean
 from onnxpipe.ir.feeds import random_feeds
@@ -67,9 +71,16 @@ class ContractMaker:
         self.symbols = frozenset(
             d for name in view.inputs for d in (view.tensor(name).shape or ()) if isinstance(d, str)
         )
-        self.sizes = symbol_sizes(view, input_shapes) if input_shapes else {}
+        resolved: Mapping[str, Sequence[int]]
+        try:  # a plan made without shapes (static costs in tests) profiled at the defaults
+            resolved = resolve_input_shapes(view, input_shapes or None)
+        except UsageError:  # an input of unknown rank: nothing to size the symbols by
+            resolved = input_shapes
+        self.sizes = symbol_sizes(view, resolved)
         self.batch = batch_symbol(view)
         self.observed: dict[str, tuple[int, ...]] = {}
+        self.symbols_seen: dict[str, tuple[str | None, ...]] = {}
+        """Per observed tensor, the input symbol each dim followed when the inputs grew (or None)."""
         self.notes: list[str] = []
 
     def normalized(self, shape: Shape) -> Shape:
@@ -123,6 +134,40 @@ class ContractMaker:
             if isinstance(value, np.ndarray):
                 self.observed[name] = tuple(int(d) for d in value.shape)
         self._check_declared(types)
+        self._vary(session, wanted, shapes)
+
+    def _vary(self, session: Any, wanted: list[str], shapes: Mapping[str, Sequence[int]]) -> None:
+        """Run once more with each input symbol grown by a step of its own (1, 2, ...): a dim that was
+        the symbol's size and grew by its step is that symbol (a made-up ``unk__7`` that is the batch).
+        Best effort: a model that does not run at those sizes keeps null dims."""
+        steps = {sym: i + 1 for i, sym in enumerate(sorted(self.symbols))}
+        if not steps:
+            return
+        grown: dict[str, list[int]] = {}
+        for name in self.view.inputs:
+            declared = self.view.tensor(name).shape or ()
+            dims = list(shapes[name])
+            for axis, d in enumerate(declared):
+                if isinstance(d, str) and d in steps and axis < len(dims):
+                    dims[axis] += steps[d]
+            grown[name] = dims
+        try:
+            values = session.run(wanted, random_feeds(self.view, grown, seed=0))
+        except Exception:  # noqa: BLE001 - best effort, see the docstring
+            return
+        for name, value in zip(wanted, values, strict=True):
+            first = self.observed.get(name)
+            if not isinstance(value, np.ndarray) or first is None or len(first) != value.ndim:
+                continue
+            found: list[str | None] = []
+            for before, after in zip(first, value.shape, strict=True):
+                match = [
+                    sym
+                    for sym, step in steps.items()
+                    if self.sizes.get(sym) == before and after - before == step
+                ]
+                found.append(match[0] if len(match) == 1 else None)
+            self.symbols_seen[name] = tuple(found)
 
     def _check_declared(self, types: BoundaryTypes) -> None:
         """Declared shapes the run contradicts become unknown dims of the observed rank."""
@@ -147,6 +192,9 @@ class ContractMaker:
     def entry(self, name: str, shape: Shape) -> TensorContract:
         """The contract of ``name``, whose declared (described) shape is ``shape``."""
         normal = self.normalized(shape)
+        seen = self.symbols_seen.get(name)
+        if normal is not None and seen is not None and len(seen) == len(normal):
+            normal = tuple(d if d is not None else s for d, s in zip(normal, seen, strict=True))
         profiled = self.observed.get(name) or self.settled(shape)
         if profiled is not None and normal is not None and len(profiled) != len(normal):
             profiled = None

@@ -22,6 +22,7 @@ from onnxpipe.manifest import (
     MODEL,
     MODEL_INPUT,
     MODEL_OUTPUT,
+    DecoderRecord,
     DeviceRecord,
     Manifest,
     ModelOutput,
@@ -33,8 +34,9 @@ from onnxpipe.manifest import (
     StageEntry,
     StageInput,
     StageOutput,
+    VerificationRecord,
 )
-from onnxpipe.plan.types import Plan, StageSpec
+from onnxpipe.plan.types import DecoderSummary, Plan, StageSpec
 from onnxpipe.schedule.simulate import simulate
 
 
@@ -167,6 +169,9 @@ def build_manifest(
                 shared_param_bytes=shared.per_stage[s.index],
                 link_bytes_in=s.link_bytes_in,
                 worker=s.worker,
+                kv_layers=s.kv_layers,
+                kv_cache_bytes=s.kv_cache_bytes,
+                estimated_phase_seconds=s.phase_seconds,
             )
         )
 
@@ -186,6 +191,7 @@ def build_manifest(
         stages=tuple(entries),
         cluster=plan.cluster,
         device_costs=tuple(DeviceRecord(d.device, d.method, d.source) for d in plan.device_costs),
+        verification=VerificationRecord("unverified"),  # until a verification records its result
         plan=PlanSummary(
             objective=plan.objective,
             k=plan.k,
@@ -214,6 +220,7 @@ def build_manifest(
                 for s in plan.node_splits
             ),
             link_model=plan.link_model,
+            decoder=_decoder_record(plan.decoder),
         ),
         schedule=timeline,
     )
@@ -236,3 +243,9 @@ def _source_info(view: ModelView, out: Path, source_name: str | None) -> SourceI
         path = Path(os.path.relpath(target, folder)).as_posix() if relative else target.as_posix()
     name = source_name or view.file_name or "model.onnx"
     return SourceInfo(file=name, path=path, sha256=view.sha256)
+
+
+def _decoder_record(d: DecoderSummary | None) -> DecoderRecord | None:
+    if d is None:
+        return None
+    return DecoderRecord(d.layers, d.layer_cuts, d.ends, d.max_context, d.phase, d.phase_shapes)

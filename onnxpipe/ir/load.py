@@ -7,6 +7,7 @@ External weights stay on disk: the exporter reads each stage's weights when it w
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -17,6 +18,7 @@ from onnx import shape_inference
 
 from onnxpipe.core.errors import ModelLoadError
 from onnxpipe.core.files import file_sha256
+from onnxpipe.ir import contrib
 from onnxpipe.ir.graph import dfs_order, file_order_if_topological, greedy_live_order, live_bytes_profile
 from onnxpipe.ir.model import ModelView, NodeInfo, TensorInfo, initializer_nbytes, value_dims
 
@@ -42,10 +44,13 @@ def load_model(path: str | Path, *, check: bool = True) -> ModelView:
         ) from e
     if not proto.graph.node and not proto.graph.output:
         raise ModelLoadError(f"{p}: holds no ONNX graph (empty or not a model file); re-export the model")
+    notes: tuple[str, ...] = ()
     if check:
         _check_external_data(proto, p)
-        _check(proto, p)
-    return view_from_proto(proto, path=p, sha256=file_sha256(p), base_dir=p.parent)
+        note = _check(proto, p)
+        notes = (note,) if note else ()
+    view = view_from_proto(proto, path=p, sha256=file_sha256(p), base_dir=p.parent)
+    return dataclasses.replace(view, notes=notes) if notes else view
 
 
 def _check_external_data(proto: onnx.ModelProto, p: Path) -> None:
@@ -77,13 +82,14 @@ def _check_external_data(proto: onnx.ModelProto, p: Path) -> None:
             )
 
 
-def _check(proto: onnx.ModelProto, p: Path) -> None:
+def _check(proto: onnx.ModelProto, p: Path) -> str | None:
+    """The checker's verdict: ``None``, or a note when it accepts onnxruntime's own default-domain ops
+    only (:mod:`onnxpipe.ir.contrib`); anything else it refuses is a :class:`ModelLoadError`."""
     try:
         has_external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
         if has_external or proto.ByteSize() > 2_000_000_000:
-            onnx.checker.check_model(str(p))  # by path: resolves external files beside the model
-        else:
-            onnx.checker.check_model(proto)
+            return contrib.check_model(p)  # by path: resolves external files beside the model
+        return contrib.check_model(proto)
     except onnx.checker.ValidationError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else "invalid model"
         raise ModelLoadError(

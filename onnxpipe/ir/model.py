@@ -105,6 +105,9 @@ class ModelView:
     consumers: Mapping[str, tuple[int, ...]]
     proto: onnx.ModelProto = field(repr=False, compare=False)
     base_dir: Path | None = None
+    notes: tuple[str, ...] = ()
+    """What loading accepted with a remark (onnxruntime's own ops the checker refuses,
+    :mod:`onnxpipe.ir.contrib`); plans repeat them."""
 
     @property
     def file_name(self) -> str:

@@ -7,7 +7,9 @@ Symbolic or unknown input dims get sizes that make typical models run:
   with several stride-2 stages still line up;
 * the channel dim (1) of a rank-4 input is 3;
 * every other dim (sequence length, time steps, ...) is 16 (:data:`SEQUENCE_SIZE`; a measured profile
-  that fails at it retries once at :data:`RETRY_SEQUENCE_SIZE`, :mod:`onnxpipe.cost.measure`).
+  that fails at it retries once at :data:`RETRY_SEQUENCE_SIZE`, :mod:`onnxpipe.cost.measure`);
+* a decoder's past length, new tokens and mask length are sized together for one phase (a decode step
+  by default), by :mod:`onnxpipe.ir.decoder_shapes`.
 
 Inputs that are not tensors (sequences, maps, optionals) have no shape and are left out: only real
 inputs (``--inputs``, or arrays given to the API) can feed them.  When a run at the sizes chosen here
@@ -29,6 +31,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from onnxpipe.core.dims import Dim
 from onnxpipe.core.errors import UsageError
+from onnxpipe.ir.decoder_kinds import PhaseShape
+from onnxpipe.ir.decoder_shapes import decoder_symbol_sizes, expression_size
 from onnxpipe.ir.links import linked_input_shapes
 from onnxpipe.ir.model import ModelView
 
@@ -79,9 +83,14 @@ def resolve_input_shapes(
     overrides: Mapping[str, Sequence[int]] | None = None,
     *,
     sequence_size: int = SEQUENCE_SIZE,
+    phase: PhaseShape | None = None,
 ) -> dict[str, tuple[int, ...]]:
     """Concrete shapes for every tensor input of the model (see the module docstring for the defaults;
     ``sequence_size`` replaces :data:`SEQUENCE_SIZE`).
+
+    A decoder's inputs (:mod:`onnxpipe.ir.decoder_shapes`) are sized together for ``phase`` (default:
+    a decode step), so that past, new tokens and mask agree; a dim written as a sum of symbols
+    (``past_sequence_length + 1``) is their sum.
 
     Raises :class:`UsageError` when an override names no input, has the wrong rank, or contradicts a
     fixed dim of the model, and when an input of unknown rank has no override.
@@ -115,6 +124,9 @@ def resolve_input_shapes(
                 if isinstance(link, str):
                     symbols.setdefault(link, value)
 
+    for sym, size in decoder_symbol_sizes(view, symbols, phase).items():
+        symbols.setdefault(sym, size)
+
     result: dict[str, tuple[int, ...]] = {}
     others = non_tensor_inputs(view)
     for name in view.inputs:
@@ -134,6 +146,8 @@ def resolve_input_shapes(
                 resolved.append(d)
             elif isinstance(d, str) and d in symbols:
                 resolved.append(symbols[d])
+            elif isinstance(d, str) and (summed := expression_size(d, symbols)) is not None:
+                resolved.append(summed)
             else:
                 size = _default_dim(axis, len(shape), sequence_size)
                 if isinstance(d, str):
@@ -197,7 +211,12 @@ def failure_hint(
     at what size, and the exact ``--shape`` flags that would give them (to edit), or ``--inputs``."""
     guessed = guessed_dims(view, overrides)
     if not guessed:
-        return "give real inputs with --inputs FILE.npz (one array per input, by name)"
+        every = " ".join(f"--shape {n}={','.join(str(int(d)) for d in v)}" for n, v in used.items())
+        return (
+            f"give the shapes the model runs at with {every} (edited), or real inputs with --inputs FILE.npz"
+            if every
+            else "give real inputs with --inputs FILE.npz (one array per input, by name)"
+        )
     parts = [
         f"{name!r} dim {axis}" + (f" ({sym})" if sym else "") + f" = {used[name][axis]}"
         for name, axis, sym in guessed

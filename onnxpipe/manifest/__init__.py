@@ -13,6 +13,7 @@ from onnxpipe.manifest.entries import (
     MODEL_OUTPUT,
     READABLE_VERSIONS,
     SCHEMA_VERSION,
+    DecoderRecord,
     DeviceRecord,
     ModelOutput,
     ModelTensor,
@@ -23,6 +24,7 @@ from onnxpipe.manifest.entries import (
     StageEntry,
     StageInput,
     StageOutput,
+    VerificationRecord,
 )
 from onnxpipe.manifest.manifest import Manifest, check_stage_files, load_manifest, write_manifest
 
@@ -33,6 +35,7 @@ __all__ = [
     "MODEL_OUTPUT",
     "READABLE_VERSIONS",
     "SCHEMA_VERSION",
+    "DecoderRecord",
     "DeviceRecord",
     "Manifest",
     "ModelOutput",
@@ -44,6 +47,7 @@ __all__ = [
     "StageEntry",
     "StageInput",
     "StageOutput",
+    "VerificationRecord",
     "check_stage_files",
     "load_manifest",
     "write_manifest",

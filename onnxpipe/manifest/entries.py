@@ -13,10 +13,11 @@ from typing import Literal
 from onnxpipe.core.dims import Shape
 from onnxpipe.core.inputfiles import InputRecord
 
-SCHEMA_VERSION = 2
-"""Version 2 spells the place a pass-through model output comes from ``"model_input"`` (version 1:
-``"model input"``); both are read (docs/manifest.md, versioning)."""
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+"""Version 3 adds the fields a runner must honour (a device's ``runtime``, a decoder's ``kv_layers``)
+and the boundary contract; version 2 spelled the place a pass-through model output comes from
+``"model_input"`` (version 1: ``"model input"``).  All three are read (docs/manifest.md, versioning)."""
+READABLE_VERSIONS = (1, 2, 3)
 MANIFEST_NAME = "manifest.json"
 
 MODEL: Literal["model"] = "model"
@@ -149,6 +150,13 @@ class StageEntry:
     """``(domain, version)`` of every op domain the stage file's nodes use (``""`` is the default ONNX
     domain), sorted: what a runtime must support to load it (added in schema 3)."""
 
+    kv_layers: tuple[int, ...] = ()
+    """A decoder's layers whose KV cache this stage holds (its past inputs and present outputs)."""
+    kv_cache_bytes: int = 0
+    """That cache's bytes at the plan's maximum context (:attr:`DecoderRecord.max_context`)."""
+    estimated_phase_seconds: tuple[tuple[str, float], ...] = ()
+    """A decoder's estimated stage time at each phase profiled, as (phase, seconds)."""
+
 
 @dataclass(frozen=True)
 class NodeSplitRecord:
@@ -161,6 +169,23 @@ class NodeSplitRecord:
     contiguous_bound_seconds: float
     """``max(total / K, largest node)``: the bound no contiguous split beats, which this split passed."""
     contiguous_bottleneck_seconds: float
+
+
+@dataclass(frozen=True)
+class DecoderRecord:
+    """What the plan of a decoder with a KV cache adds (``plan.decoder`` in the manifest)."""
+
+    layers: int
+    layer_cuts: bool
+    """Whether cuts fell between layers only (each layer's cache in one stage)."""
+    ends: str
+    """Where the embedding and LM head went: ``free``, ``attached`` or ``own``."""
+    max_context: int
+    """Tokens of context the stages' ``kv_cache_bytes`` are for."""
+    phase: str
+    """What the stage estimates are for: ``prefill``, ``decode`` or ``both``."""
+    phase_shapes: tuple[tuple[str, int, int], ...] = ()
+    """(phase, new tokens, cached tokens) of each phase profiled."""
 
 
 @dataclass(frozen=True)
@@ -196,6 +221,32 @@ class PlanSummary:
     """``serial`` (a stage's transfer in adds to its compute) or ``overlap`` (links run beside compute);
     None in a manifest written before the field (whose plans were serial without a devices file,
     overlap with one)."""
+    decoder: DecoderRecord | None = None
+    """Set when the model is a decoder with a KV cache."""
+
+
+VERIFICATION_STATUSES = ("unverified", "passed", "failed")
+"""``verification.status``: not (yet) compared with the model, or compared and found to match or not."""
+
+
+@dataclass(frozen=True)
+class VerificationRecord:
+    """Whether and how the stages were compared with the model (``verification``, added in schema 3).
+
+    ``split`` writes ``unverified`` with the stages and the result once its verification ends, so that
+    a folder whose verification was interrupted (Ctrl-C) says so; ``onnxpipe verify`` writes its result.
+    ``rtol``, ``atol``, ``seed``, ``runs`` and ``input_shapes`` say how (None while unverified)."""
+
+    status: str
+    rtol: float | None = None
+    atol: float | None = None
+    seed: int | None = None
+    runs: int | None = None
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None
+
+    @property
+    def verified(self) -> bool:
+        return self.status != "unverified"
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,8 @@ from onnxpipe.manifest.entries import (
     READABLE_VERSIONS,
     SCHEMA_VERSION,
     V1_MODEL_INPUT,
+    VERIFICATION_STATUSES,
+    DecoderRecord,
     DeviceRecord,
     ModelOutput,
     ModelTensor,
@@ -34,6 +36,7 @@ from onnxpipe.manifest.entries import (
     StageEntry,
     StageInput,
     StageOutput,
+    VerificationRecord,
 )
 from onnxpipe.schedule.timeline import KINDS, ScheduleKind, Step, StepKind, Timeline, Transfer
 
@@ -42,7 +45,8 @@ def schema_version(f: Fields) -> int:
     """The file's ``schema_version``, refused unless this onnxpipe reads it (checked before any other)."""
     version = f["schema_version"].integer(minimum=None)
     if version not in READABLE_VERSIONS:
-        readable = " and ".join(str(v) for v in READABLE_VERSIONS)
+        *earlier, last = (str(v) for v in READABLE_VERSIONS)
+        readable = f"{', '.join(earlier)} and {last}" if earlier else last
         raise ManifestError(
             f"{f.doc.source}: schema_version {version} is not supported (this onnxpipe reads versions "
             f"{readable}, writes {SCHEMA_VERSION}); use the onnxpipe that wrote it or re-run onnxpipe split"
@@ -175,6 +179,11 @@ def stage(f: Fields) -> StageEntry:
         same_values=f.get("same_values", []).objects(_same_value),
         recomputed_node_count=f.get("recomputed_node_count", 0).integer(),
         required_opsets=_required_opsets(f.get("required_opsets", {})),
+        kv_layers=f.get("kv_layers", []).list_of(Value.integer),
+        kv_cache_bytes=f.get("kv_cache_bytes", 0).integer(),
+        estimated_phase_seconds=tuple(
+            f.get("estimated_phase_seconds", {}).dict_of(lambda v: v.number()).items()
+        ),
     )
 
 
@@ -203,6 +212,7 @@ def plan(f: Fields) -> PlanSummary:
         profiled_inputs=f.get("profiled_inputs", []).objects(InputRecord.read),
         node_splits=f.get("node_splits", []).objects(_node_split),
         link_model=_link_model(f.get("link_model", None)),
+        decoder=_decoder(f.get("decoder", None)),
     )
 
 
@@ -238,6 +248,35 @@ def _link_model(v: Value) -> str | None:
     if text not in LINK_MODELS:
         raise v.fail(f"expected one of {', '.join(LINK_MODELS)}, got {text!r}")
     return text
+
+
+def _decoder(v: Value) -> DecoderRecord | None:
+    """``plan.decoder`` (added in schema 3; absent for other models and older files)."""
+    if v.raw is None:
+        return None
+    f = v.fields()
+    ends = f["ends"].string()
+    if ends not in _ENDS:
+        raise f["ends"].fail(f"expected one of {', '.join(_ENDS)}, got {ends!r}")
+    phase = f["phase"].string()
+    if phase not in _PHASES:
+        raise f["phase"].fail(f"expected one of {', '.join(_PHASES)}, got {phase!r}")
+    return DecoderRecord(
+        layers=f["layers"].integer(minimum=1),
+        layer_cuts=f["layer_cuts"].boolean(),
+        ends=ends,
+        max_context=f["max_context"].integer(minimum=1),
+        phase=phase,
+        phase_shapes=f.get("phase_shapes", []).objects(_phase_shape),
+    )
+
+
+def _phase_shape(f: Fields) -> tuple[str, int, int]:
+    return (f["phase"].string(), f["new_tokens"].integer(minimum=1), f["past_tokens"].integer())
+
+
+_ENDS = ("free", "attached", "own")
+_PHASES = ("prefill", "decode", "both")
 
 
 def _reference(v: Value) -> float | None:
@@ -339,3 +378,30 @@ def _step_kind(v: Value) -> StepKind:
     if v.raw not in ("F", "B"):
         raise v.fail('expected "F" or "B"')
     return cast(StepKind, v.raw)
+
+
+def verification(v: Value) -> VerificationRecord | None:
+    """``verification`` (added in schema 3, optional): the status, and how once verified."""
+    if v.raw is None:
+        return None
+    f = v.fields()
+    status = f["status"].string()
+    if status not in VERIFICATION_STATUSES:
+        raise f["status"].fail(f"expected one of {', '.join(VERIFICATION_STATUSES)}, got {status!r}")
+    if status == "unverified":
+        return VerificationRecord(status)
+    for key in ("rtol", "atol", "seed", "runs", "input_shapes"):
+        f.need(key, "a verified manifest says how: rtol, atol, seed, runs and input_shapes")
+    return VerificationRecord(
+        status=status,
+        rtol=f["rtol"].finite(),
+        atol=f["atol"].finite(),
+        seed=f["seed"].integer(minimum=None),
+        runs=f["runs"].integer(minimum=1),
+        input_shapes=MappingProxyType(
+            {
+                k: tuple(d)
+                for k, d in f["input_shapes"].dict_of(lambda dims: dims.list_of(Value.integer)).items()
+            }
+        ),
+    )

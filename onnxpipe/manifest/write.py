@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from onnxpipe.core.dims import Dim, Shape
-from onnxpipe.manifest.entries import NodeSplitRecord, StageEntry
+from onnxpipe.manifest.entries import DecoderRecord, NodeSplitRecord, StageEntry, VerificationRecord
 from onnxpipe.schedule.timeline import Timeline
 
 if TYPE_CHECKING:  # annotations only: the manifest module calls this one
@@ -100,12 +100,28 @@ def manifest_obj(m: Manifest) -> dict[str, Any]:
                 else {}
             ),
             **({} if m.plan.link_model is None else {"link_model": m.plan.link_model}),
+            **({} if m.plan.decoder is None else {"decoder": _decoder_obj(m.plan.decoder)}),
         },
         "schedule": timeline_obj(m.schedule, [s.device for s in m.stages]),
         "cluster": m.cluster.to_obj() if m.cluster is not None else None,
         "device_costs": [
             {"device": d.device, "method": d.method, "source": d.source} for d in m.device_costs
         ],
+        **({} if m.verification is None else {"verification": verification_obj(m.verification)}),
+    }
+
+
+def verification_obj(v: VerificationRecord) -> dict[str, Any]:
+    """``verification``: the status, and how it was reached once verified."""
+    if not v.verified:
+        return {"status": v.status}
+    return {
+        "status": v.status,
+        "rtol": v.rtol,
+        "atol": v.atol,
+        "seed": v.seed,
+        "runs": v.runs,
+        "input_shapes": {k: list(d) for k, d in (v.input_shapes or {}).items()},
     }
 
 
@@ -117,6 +133,17 @@ def _node_split_obj(r: NodeSplitRecord) -> dict[str, Any]:
         "stages": list(r.stages),
         "contiguous_bound_seconds": r.contiguous_bound_seconds,
         "contiguous_bottleneck_seconds": r.contiguous_bottleneck_seconds,
+    }
+
+
+def _decoder_obj(d: DecoderRecord) -> dict[str, Any]:
+    return {
+        "layers": d.layers,
+        "layer_cuts": d.layer_cuts,
+        "ends": d.ends,
+        "max_context": d.max_context,
+        "phase": d.phase,
+        "phase_shapes": [{"phase": p, "new_tokens": n, "past_tokens": c} for p, n, c in d.phase_shapes],
     }
 
 
@@ -139,6 +166,12 @@ def _stage_to_obj(s: StageEntry) -> dict[str, Any]:
         ),
         **({"recomputed_node_count": s.recomputed_node_count} if s.recomputed_node_count else {}),
         **({"required_opsets": dict(s.required_opsets)} if s.required_opsets else {}),
+        **({"kv_layers": list(s.kv_layers), "kv_cache_bytes": s.kv_cache_bytes} if s.kv_layers else {}),
+        **(
+            {"estimated_phase_seconds": {p: num(t) for p, t in s.estimated_phase_seconds}}
+            if s.estimated_phase_seconds
+            else {}
+        ),
         "inputs": [
             {
                 "name": t.name,

@@ -17,10 +17,10 @@ from onnxpipe.ir.model import ModelView
 from onnxpipe.plan.types import Plan
 
 NODE_SPLITTING = (
-    "only splitting that node itself (its matrix by rows or columns across stages) could go further"
+    "only splitting that node itself could go further: --split-nodes auto cuts a MatMul, Gemm or Conv "
+    "with constant weights into parts in consecutive stages"
 )
-"""What could go below a bounding node; worded for any way of splitting one node, so that it stays true
-whatever option does it."""
+"""What could go below a bounding node (:mod:`onnxpipe.plan.nodesplit`, ``--split-nodes auto``)."""
 
 
 @dataclass(frozen=True)

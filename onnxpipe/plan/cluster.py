@@ -23,21 +23,26 @@ from onnxpipe.cluster.costs import DeviceCosts, device_costs
 from onnxpipe.cluster.model import Cluster, Device
 from onnxpipe.core.errors import MemoryFitError, PartitionError, UsageError
 from onnxpipe.core.runtime_kinds import EngineConfig
+from onnxpipe.core.text import human_bytes
 from onnxpipe.cost.measure import profile_model
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.runtime_profile import is_reference, profile_on_runtime
-from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.decoder import DecoderInfo, find_decoder, kv_bytes_per_token
+from onnxpipe.ir.model import ModelView, NodeInfo
 from onnxpipe.partition import solve_heterogeneous
 from onnxpipe.partition.chainbound import chain_bound
 from onnxpipe.partition.inputs import HeterogeneousRequest
 from onnxpipe.partition.result import Partition
+from onnxpipe.plan.decoder import coarse_allowed, layer_sequences, stage_kv
+from onnxpipe.plan.decoder_kinds import Ends
+from onnxpipe.plan.decoder_plan import phase_shape_of, profile_phase
 from onnxpipe.plan.fused import keeping_fused_groups
 from onnxpipe.plan.memory import TRAINING_STATE_FACTOR, stage_memory_bytes
 from onnxpipe.plan.orders import OrderSearch, place, stages_auto
 from onnxpipe.plan.request import PlanRequest, ScheduleOption
 from onnxpipe.plan.sequences import Sequences, first_reader_param_bytes, sequences
 from onnxpipe.plan.stages import assign_stages, plan_from
-from onnxpipe.plan.types import Plan, StageSpec
+from onnxpipe.plan.types import DecoderSummary, Plan, StageSpec
 from onnxpipe.schedule.simulate import in_flight, simulate
 from onnxpipe.schedule.timeline import Timeline
 
@@ -59,6 +64,10 @@ class _Costs:
     acts: tuple[float, ...]
     """Bytes of each compute node's outputs: what training keeps for the backward pass."""
     records: tuple[DeviceCosts, ...]
+    decoder: DecoderInfo | None = None
+    """Set for a decoder cut between layers only: ``seq`` is then in layer order, cuts between layers."""
+    kv: tuple[float, ...] = ()
+    """KV cache bytes at the maximum context per compute node (at the node making a layer's present)."""
 
 
 @dataclass(frozen=True)
@@ -104,7 +113,7 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
             f"cannot make {stages} stages: the plan has {what}; the largest number of stages that works "
             f"is {max_k}: choose --stages between 1 and {max_k}"
         )
-    costs = _costs(view, profile, cluster)
+    costs = _costs(view, profile, cluster, request)
     best, reason = _best(view, costs, cluster, request, max_k)
     notes: list[str] = []
     if reason:
@@ -127,7 +136,24 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
         devices=arranged.names,
         link_bytes=costs.seq.cut_bytes,
         classes=costs.seq.classes,
+        compute=costs.seq.compute,
     )
+    summary = None
+    if costs.decoder is not None:
+        specs = _with_kv(view, profile, costs.decoder, specs, request)
+        notes.append(costs.decoder.describe())
+        notes.append(
+            f"cuts only between layers (--ends {request.decoder.ends.value}); each device holds its layers' "
+            f"KV cache at {request.decoder.max_context} tokens of context, counted in its memory"
+        )
+        summary = DecoderSummary(
+            costs.decoder.layers,
+            True,
+            request.decoder.ends.value,
+            request.decoder.max_context,
+            profile_phase(profile, costs.decoder),
+            (phase_shape_of(profile, costs.decoder, profile_phase(profile, costs.decoder)),),
+        )
     _check_final_memory(specs, arranged, best, costs.acts)
     if not best.search.free:  # devices in the file's order: the contiguous bound holds for this order
         rows = [[c * _work(option, request) for c in costs.rows[name]] for name in arranged.names]
@@ -147,11 +173,24 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
         cluster=arranged,
         device_costs=tuple(r for r in costs.records if r.device in kept),
         microbatch_size=option.size,
+        decoder=summary,
     )
 
 
-def _costs(view: ModelView, profile: Profile, cluster: Cluster) -> _Costs:
-    seq = sequences(view, profile)
+def _with_kv(
+    view: ModelView, profile: Profile, dec: DecoderInfo, specs: Sequence[StageSpec], request: PlanRequest
+) -> tuple[StageSpec, ...]:
+    batch = int(profile.input_shapes.get(dec.kv[0].past_key, (1,))[0] or 1)
+    kv = stage_kv(view, dec, specs, request.decoder.max_context, batch)
+    return tuple(
+        replace(st, kv_layers=owned, kv_cache_bytes=nbytes)
+        for st, (owned, nbytes) in zip(specs, kv, strict=True)
+    )
+
+
+def _costs(view: ModelView, profile: Profile, cluster: Cluster, request: PlanRequest) -> _Costs:
+    dec = find_decoder(view) if request.decoder.layer_cuts else None
+    seq = sequences(view, profile) if dec is None else _layer_sequence(view, profile, dec, request)
     compute = seq.compute
     records = device_costs(
         cluster,
@@ -164,10 +203,35 @@ def _costs(view: ModelView, profile: Profile, cluster: Cluster) -> _Costs:
     return _Costs(
         seq=seq,
         rows={r.device: tuple(float(r.node_seconds.get(n.name, 0.0)) for n in compute) for r in records},
-        params=tuple(first_reader_param_bytes(view)),
+        params=tuple(first_reader_param_bytes(view, compute)),
         acts=tuple(float(sum(seq.sizes.get(o, 0) for o in n.outputs)) for n in compute),
         records=records,
+        decoder=dec,
+        kv=tuple(_kv_per_node(view, dec, compute, request, profile)) if dec is not None else (),
     )
+
+
+def _layer_sequence(view: ModelView, profile: Profile, dec: DecoderInfo, request: PlanRequest) -> Sequences:
+    """The decoder's nodes in layer order, a stage starting only between layers (``--ends attached``:
+    nor between the embedding and the first layer, the last layer and the head)."""
+    if request.decoder.ends == Ends.OWN:
+        raise UsageError(
+            "--ends own with --devices: the embedding and LM head stages of their own are planned for "
+            "identical workers only; give --ends free or attached"
+        )
+    layers = layer_sequences(view, profile, dec)
+    coarse = coarse_allowed(layers, dec, request.decoder.ends)
+    allowed = {p for p, ok in zip(layers.starts, coarse, strict=True) if ok}
+    return replace(layers.seq, allowed=tuple(p in allowed for p in range(len(layers.seq.compute) + 1)))
+
+
+def _kv_per_node(
+    view: ModelView, dec: DecoderInfo, compute: Sequence[NodeInfo], request: PlanRequest, profile: Profile
+) -> list[float]:
+    """Each layer's KV cache bytes at the maximum context, at the node that makes its present key."""
+    batch = int(profile.input_shapes.get(dec.kv[0].past_key, (1,))[0] or 1)
+    at = {p.present_key: kv_bytes_per_token(view, p, batch) * request.decoder.max_context for p in dec.kv}
+    return [float(sum(at.get(o, 0) for o in n.outputs)) for n in compute]
 
 
 def _best(
@@ -242,7 +306,11 @@ def _heterogeneous_request(
         bandwidths=arranged.bandwidths,
         latencies=arranged.latencies,
         overlap=True,
-        item_mem=[(TRAINING_STATE_FACTOR if training else 1.0) * p for p in costs.params],
+        # a decoder's KV cache at the maximum context is held where its layer runs
+        item_mem=[
+            (TRAINING_STATE_FACTOR if training else 1.0) * p + kv
+            for p, kv in zip(costs.params, costs.kv or [0.0] * len(costs.params), strict=True)
+        ],
         mem_caps=arranged.mem_caps,
         # inference holds the micro-batch it computes and the next one arriving
         cut_mem_factor=[0.0 if training else 2.0 * size] * k,
@@ -261,6 +329,8 @@ def _solve(
     little (the candidates the search tries are noted nowhere: only the plan it keeps has notes)."""
     base = _heterogeneous_request(costs, arranged, request, option)
     try:
+        if costs.decoder is not None:  # cuts between layers are not optional: no fused-group fallback
+            return solve_heterogeneous(replace(base, allowed_cuts=costs.seq.allowed), arranged.size)
         return keeping_fused_groups(
             lambda allowed: solve_heterogeneous(replace(base, allowed_cuts=allowed), arranged.size),
             costs.seq.allowed,
@@ -270,7 +340,8 @@ def _solve(
         raise MemoryFitError(
             f"{arranged.source or 'the devices'}: {arranged.size} stages of {view.label} do not fit the "
             f"devices' memory under {option.describe()}; the smallest memory that fits is "
-            f"{e.smallest_fit_bytes:.0f} bytes per device: raise memory_bytes, add devices, or "
+            f"{human_bytes(e.smallest_fit_bytes)} ({e.smallest_fit_bytes:.0f} bytes) per device: raise "
+            "memory_bytes, add devices, or "
             "choose another schedule",
             e.smallest_fit_bytes,
         ) from e
@@ -320,13 +391,14 @@ def _check_final_memory(
         if cap is None:
             continue
         act = float(sum(acts[bounds[s] : bounds[s + 1]]))
-        need = stage_memory_bytes(
+        need = spec.kv_cache_bytes + stage_memory_bytes(
             option.kind, s, k, option.microbatches, option.size, spec.param_bytes, act, spec.link_bytes_in
         )
         if need > cap:
             raise MemoryFitError(
-                f"{arranged.source or 'the devices'}: stage {s} on {arranged.names[s]} needs {need:.0f} "
-                f"bytes once the weights it shares with other stages are copied in, over the device's "
-                f"{cap}; give it at least that much memory_bytes, or use more stages",
+                f"{arranged.source or 'the devices'}: stage {s} on {arranged.names[s]} needs "
+                f"{human_bytes(need)} ({need:.0f} bytes) once the weights it shares with other stages are "
+                f"copied in, over the device's {human_bytes(cap)}; give it at least that much memory_bytes, "
+                "or use more stages",
                 need,
             )

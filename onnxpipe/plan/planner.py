@@ -2,37 +2,57 @@
 
 A streaming plan on copies of this machine in a fixed order goes to :mod:`onnxpipe.plan.workers` (one
 stage per worker, or interleaved); anything else (a devices file, a free device order, a training
-schedule, ``--stages auto``) to :func:`onnxpipe.plan.cluster.plan_pipeline`.  Both are exact.
+schedule, ``--stages auto``) to :func:`onnxpipe.plan.cluster.plan_pipeline`.  A decoder with a KV cache
+on identical workers is cut between its layers only (:mod:`onnxpipe.plan.decoder_plan`).  All are exact.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from onnxpipe.core.machine import available_cpu_count
 from onnxpipe.cost.profile import Profile
+from onnxpipe.ir.decoder import find_decoder
+from onnxpipe.ir.decoder_kinds import Phase
 from onnxpipe.ir.model import ModelView
 from onnxpipe.plan.bound import bound_note, bounding_node
 from onnxpipe.plan.cluster import plan_pipeline
+from onnxpipe.plan.decoder_plan import make_decoder_plan, profile_phase
 from onnxpipe.plan.nodesplit import Planned, plan_splitting_nodes
 from onnxpipe.plan.orders import stages_auto
+from onnxpipe.plan.phases import make_two_phase_plan
 from onnxpipe.plan.request import DEFAULT_TIME_SLACK, PlanRequest, SplitNodes
 from onnxpipe.plan.types import Plan
 from onnxpipe.plan.workers import make_interleaved_plan, make_plan
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 
 
-def plan(view: ModelView, profile: Profile, request: PlanRequest) -> Plan:
+def plan(
+    view: ModelView,
+    profile: Profile,
+    request: PlanRequest,
+    *,
+    phase_profiles: Mapping[Phase, Profile] | None = None,
+) -> Plan:
     """The plan ``request`` asks for, from ``profile``'s costs of ``view`` (checked first).
 
     With ``split_nodes="auto"`` its stages may name the parts of a cut node: :func:`planned` also gives
-    the view that holds them, which is what the exporter needs.
+    the view that holds them, which is what the exporter needs.  ``phase_profiles``: a decoder's
+    profiles at the prefill and decode shapes (:func:`onnxpipe.cost.phases.phase_profiles`); with both,
+    the layer cuts are balanced for both phases (:mod:`onnxpipe.plan.phases`).
     """
-    return planned(view, profile, request).plan
+    return planned(view, profile, request, phase_profiles=phase_profiles).plan
 
 
-def planned(view: ModelView, profile: Profile, request: PlanRequest) -> Planned:
+def planned(
+    view: ModelView,
+    profile: Profile,
+    request: PlanRequest,
+    *,
+    phase_profiles: Mapping[Phase, Profile] | None = None,
+) -> Planned:
     """:func:`plan`'s plan with the view (and profile) its stages are made of."""
     request.check()
     if request.split_nodes == SplitNodes.AUTO:
@@ -44,16 +64,25 @@ def planned(view: ModelView, profile: Profile, request: PlanRequest) -> Planned:
             bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
             microbatches=request.schedule.microbatches or DEFAULT_MICROBATCHES,
         )
-        return dataclasses.replace(
-            cut, plan=dataclasses.replace(cut.plan, link_model=request.effective_link_model)
-        )
-    return Planned(_noted(view, profile, request), view, profile)
+        made = dataclasses.replace(cut.plan, link_model=request.effective_link_model)
+        return dataclasses.replace(cut, plan=_with_view_notes(made, view))
+    return Planned(_with_view_notes(_noted(view, profile, request, phase_profiles), view), view, profile)
 
 
-def _noted(view: ModelView, profile: Profile, request: PlanRequest) -> Plan:
+def _with_view_notes(made: Plan, view: ModelView) -> Plan:
+    """What loading accepted with a remark (an onnxruntime op in the default domain) said in the plan."""
+    missing = tuple(n for n in view.notes if n not in made.notes)
+    return dataclasses.replace(made, notes=(*missing, *made.notes)) if missing else made
+
+
+def _noted(
+    view: ModelView, profile: Profile, request: PlanRequest, phase_profiles: Mapping[Phase, Profile] | None
+) -> Plan:
     """The plan ``request`` asks for, from ``profile``'s costs of ``view`` (checked first), with a note
     when one node bounds it (:mod:`onnxpipe.plan.bound`)."""
-    the_plan = dataclasses.replace(_plan(view, profile, request), link_model=request.effective_link_model)
+    the_plan = dataclasses.replace(
+        _plan(view, profile, request, phase_profiles), link_model=request.effective_link_model
+    )
     if request.devices is None and request.schedule.kind == "stream":
         bound = bounding_node(view, profile, the_plan)
         if bound is not None:
@@ -70,7 +99,13 @@ class _Tried:
         return self.plan.bottleneck_seconds
 
 
-def auto_here(view: ModelView, profile: Profile, request: PlanRequest, cpus: int | None = None) -> Plan:
+def auto_here(
+    view: ModelView,
+    profile: Profile,
+    request: PlanRequest,
+    cpus: int | None = None,
+    phase_profiles: Mapping[Phase, Profile] | None = None,
+) -> Plan:
     """``--stages auto`` without a devices file: the stages run on this machine, ``profile.threads`` each,
     so at most ``cpus // threads`` of them run without sharing CPUs (more would only look faster on
     paper); the fewest of those within ``request.tolerance`` of the best bottleneck.  The plan records
@@ -80,7 +115,7 @@ def auto_here(view: ModelView, profile: Profile, request: PlanRequest, cpus: int
     max_k = max(1, min(cpus // threads, len(view.compute_nodes)))
 
     def solve_k(k: int) -> _Tried:
-        return _Tried(_plan(view, profile, dataclasses.replace(request, stages=k)))
+        return _Tried(_plan(view, profile, dataclasses.replace(request, stages=k), phase_profiles))
 
     choice = stages_auto(max_k, solve_k, tolerance=request.tolerance)
     note = (
@@ -91,15 +126,45 @@ def auto_here(view: ModelView, profile: Profile, request: PlanRequest, cpus: int
     return dataclasses.replace(chosen, notes=(*chosen.notes, note), stage_counts_tried=choice.bottlenecks)
 
 
-def _plan(view: ModelView, profile: Profile, request: PlanRequest) -> Plan:
+def _plan(
+    view: ModelView,
+    profile: Profile,
+    request: PlanRequest,
+    phase_profiles: Mapping[Phase, Profile] | None = None,
+) -> Plan:
     request.check()
     if request.stages == "auto" and request.devices is None:
-        return auto_here(view, profile, request)
+        return auto_here(view, profile, request, phase_profiles=phase_profiles)
+    dec = find_decoder(view) if request.decoder.layer_cuts else None
+    if dec is not None and request.on_identical_workers and not request.interleaved:
+        assert isinstance(request.stages, int)  # on_identical_workers
+        phases = phase_profiles or {}
+        if Phase.PREFILL in phases and Phase.DECODE in phases:
+            return make_two_phase_plan(
+                view,
+                phases[Phase.PREFILL],
+                phases[Phase.DECODE],
+                request.stages,
+                dec,
+                request.decoder,
+                bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
+                microbatches=request.schedule.microbatches or DEFAULT_MICROBATCHES,
+            )
+        return make_decoder_plan(
+            view,
+            profile,
+            request.stages,
+            dec,
+            request.decoder,
+            bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
+            microbatches=request.schedule.microbatches or DEFAULT_MICROBATCHES,
+            phase=profile_phase(profile, dec),
+        )
     if not request.on_identical_workers or not isinstance(request.stages, int):
         return plan_pipeline(view, profile, request)
     microbatches = request.schedule.microbatches or DEFAULT_MICROBATCHES
     if request.workers is not None and request.interleaved:
-        return make_interleaved_plan(
+        interleaved = make_interleaved_plan(
             view,
             profile,
             request.stages,
@@ -108,6 +173,13 @@ def _plan(view: ModelView, profile: Profile, request: PlanRequest) -> Plan:
             microbatches=microbatches,
             time_slack=DEFAULT_TIME_SLACK if request.time_slack is None else request.time_slack,
         )
+        if dec is None:
+            return interleaved
+        note = (
+            f"{dec.describe()}; an interleaved split cuts anywhere (layer cuts, the KV cache as state and "
+            "its memory are planned for one stage per worker): a layer's cache may span two stages"
+        )
+        return dataclasses.replace(interleaved, notes=(*interleaved.notes, note))
     return make_plan(
         view,
         profile,

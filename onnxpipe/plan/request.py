@@ -15,6 +15,7 @@ from typing import Literal, get_args
 
 from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.errors import PartitionError, UsageError
+from onnxpipe.plan.decoder_kinds import DecoderOptions
 from onnxpipe.plan.links import DEFAULT_LINK_MODEL, DEVICES_LINK_MODEL, LINK_MODELS, LinkModel
 from onnxpipe.plan.orders import DEFAULT_TOLERANCE, DeviceOrder
 from onnxpipe.schedule.timeline import DEFAULT_BACKWARD_RATIO, DEFAULT_MICROBATCHES, ScheduleKind
@@ -127,6 +128,8 @@ class PlanRequest:
     split_nodes: SplitNodes = DEFAULT_SPLIT_NODES
     link_model: LinkModel | None = None
     """How transfers count (:mod:`onnxpipe.plan.links`); None: serial without devices, overlap with."""
+    decoder: DecoderOptions = field(default_factory=DecoderOptions)
+    """How a decoder with a KV cache is split (ignored for other models)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.split_nodes, SplitNodes):
@@ -217,6 +220,8 @@ class PlanRequest:
                 "--split-nodes auto plans one stage per identical worker (--stages K, streaming, no "
                 "--devices, --order, --workers or --link-model overlap); give --split-nodes off for this plan"
             )
+
+        self.decoder.check()
 
     def _check_link_model(self) -> None:
         if self.link_model not in LINK_MODELS:

@@ -88,15 +88,16 @@ def sequences(view: ModelView, profile: Profile) -> Sequences:
     )
 
 
-def first_reader_param_bytes(view: ModelView) -> list[float]:
+def first_reader_param_bytes(view: ModelView, compute: Sequence[NodeInfo] | None = None) -> list[float]:
     """Parameter bytes per compute node, each weight counted once, at the first node that reads it.
 
     Summing this over a stage counts a weight shared with an earlier stage only there: the partitioner's
     memory check is then slightly optimistic for shared weights, which the final check below corrects.
+    ``compute``: the compute nodes in the partitioner's order (default: the view's).
     """
     seen: set[str] = set()
     out: list[float] = []
-    for n in view.compute_nodes:
+    for n in view.compute_nodes if compute is None else compute:
         total = 0
         for t in n.reads:
             if t in view.weights and t not in seen:

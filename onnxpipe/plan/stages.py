@@ -19,7 +19,7 @@ from onnxpipe.ir.shapevalues import ValueKinds, value_kinds
 from onnxpipe.partition.result import Partition
 from onnxpipe.plan.recompute import recompute
 from onnxpipe.plan.sequences import Sequences
-from onnxpipe.plan.types import Alias, Plan, StageSpec
+from onnxpipe.plan.types import Alias, DecoderSummary, Plan, StageSpec
 from onnxpipe.schedule.timeline import Timeline
 
 
@@ -39,6 +39,7 @@ def specs_from_bounds(
         transfer_seconds,
         link_bytes=seq.cut_bytes,
         classes=seq.classes,
+        compute=seq.compute,
     )
 
 
@@ -56,6 +57,7 @@ def plan_from(
     cluster: Cluster | None = None,
     device_costs: tuple[DeviceCosts, ...] = (),
     microbatch_size: int = 1,
+    decoder: DecoderSummary | None = None,
 ) -> Plan:
     """A :class:`Plan` from a solved partition: the fields every planner fills the same way, and its own."""
     recomputed = sum(len(st.recomputed_tensors) for st in stages)
@@ -94,6 +96,7 @@ def plan_from(
         cluster=cluster,
         device_costs=device_costs,
         microbatch_size=microbatch_size,
+        decoder=decoder,
     )
 
 
@@ -109,6 +112,7 @@ def assign_stages(
     share_equal_values: bool = True,
     classes: Mapping[str, int] | None = None,
     kinds: ValueKinds | None = None,
+    compute: Sequence[NodeInfo] | None = None,
 ) -> tuple[StageSpec, ...]:
     """Turn partition bounds over compute positions into named stages with their inputs and outputs.
 
@@ -128,14 +132,18 @@ def assign_stages(
     them go into its file (:attr:`StageSpec.recomputed_nodes`), and their producer stage no longer
     emits them for it.  A stage that would then emit nothing at all (its nodes made only such values)
     keeps sending them: a stage file without outputs cannot be loaded.
+
+    ``compute``: the compute nodes in the order ``bounds`` count in (default: the view's; a decoder's
+    are lined up by layer, :mod:`onnxpipe.plan.decoder`), a topological order either way.
     """
+    order = tuple(compute) if compute is not None else view.compute_nodes
     if kinds is None:
         kinds = value_kinds(view)
     keep_from: set[int] = set()
     while True:
         specs = _assign(
             view, bounds, sizes, compute_seconds, transfer_seconds, devices, link_bytes,
-            share_equal_values, classes, kinds, frozenset(keep_from),
+            share_equal_values, classes, kinds, frozenset(keep_from), order,
         )  # fmt: skip
         empty = {st.index for st in specs if not st.outputs and st.index < len(specs) - 1} - keep_from
         if not empty:
@@ -155,9 +163,9 @@ def _assign(
     classes: Mapping[str, int] | None,
     kinds: ValueKinds,
     keep_from: frozenset[int],
+    compute: Sequence[NodeInfo],
 ) -> tuple[StageSpec, ...]:
     """:func:`assign_stages`, where the values made by the stages of ``keep_from`` are received."""
-    compute = view.compute_nodes
     k = len(bounds) - 1
     const_by_output = {o: n for n in view.nodes if n.is_constant for o in n.outputs}
     stage_nodes = [compute[bounds[s] : bounds[s + 1]] for s in range(k)]

@@ -52,6 +52,12 @@ class StageSpec:
     skipped_nodes: tuple[str, ...] = ()
     """Nodes of ``node_names`` left out of the stage file: what they computed is remade from an equal
     tensor (see ``aliases``) or no longer needed."""
+    kv_layers: tuple[int, ...] = ()
+    """A decoder's layers whose KV cache this stage holds (:mod:`onnxpipe.plan.decoder`)."""
+    kv_cache_bytes: int = 0
+    """That cache's bytes at the plan's maximum context (:attr:`DecoderSummary.max_context`)."""
+    phase_seconds: tuple[tuple[str, float], ...] = ()
+    """A decoder's estimated stage time at each phase profiled (``prefill``, ``decode``)."""
 
     recomputed_nodes: tuple[str, ...] = ()
     """Nodes of earlier stages this stage's file also holds (in the source's order, before its own):
@@ -102,6 +108,20 @@ class NodeSplit:
 
 
 @dataclass(frozen=True)
+class DecoderSummary:
+    """What a plan of a decoder adds: its layers, how it was cut, and the context its cache is counted at."""
+
+    layers: int
+    layer_cuts: bool
+    ends: str
+    max_context: int
+    phase: str
+    """The phase the stage costs are for: ``prefill``, ``decode`` or ``both``."""
+    phase_shapes: tuple[tuple[str, int, int], ...] = ()
+    """(phase, new tokens, cached tokens) of each phase profiled."""
+
+
+@dataclass(frozen=True)
 class Plan:
     """A K-stage partition of one model, with the numbers that justify it."""
 
@@ -124,6 +144,8 @@ class Plan:
     """How many workers an interleaved split deals its stages out to; None: a worker per stage."""
     time_slack: float = 0.0
     """The slowdown an interleaved split was allowed to trade for balanced weights."""
+    decoder: DecoderSummary | None = None
+    """Set when the model is a decoder with a KV cache (:mod:`onnxpipe.plan.decoder`)."""
     reference_seconds: float | None = None
     """The whole model's time per run with the plan's threads at the profiled shapes, measured when the
     stage estimates were (see :attr:`onnxpipe.manifest.PlanSummary.reference_seconds`)."""

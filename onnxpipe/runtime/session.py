@@ -62,6 +62,21 @@ class Record:
 
 
 @dataclass(frozen=True)
+class MemorySnapshot:
+    """A process's resident memory now, its peak, and its shared memory (None where not read)."""
+
+    rss_bytes: int | None
+    peak_rss_bytes: int | None
+    shared_memory_bytes: int | None
+
+
+def memory_snapshot(*, shared: bool = False) -> MemorySnapshot:
+    """The process's memory, read once (``shared``: a process shared with other workers, whose shared
+    memory is not a worker's own)."""
+    return MemorySnapshot(current_rss_bytes(), peak_rss_bytes(), None if shared else _status_kib("RssShmem"))
+
+
+@dataclass(frozen=True)
 class WorkerStats:
     """What a worker measured since it started or since its stats were last reset."""
 
@@ -200,7 +215,11 @@ class StageRunner:
         startup_rss: int | None,
         shared: bool = False,
         hosted_with: tuple[int, ...] = (),
+        memory: MemorySnapshot | None = None,
     ) -> WorkerStats:
+        """This worker's stats; ``memory``: the process's memory read once for all the stages it hosts
+        (read apart, a page touched between two reads made one worker report two model sizes)."""
+        mem = memory if memory is not None else memory_snapshot(shared=shared)
         return WorkerStats(
             index=self.spec.index,
             label=self.spec.label,
@@ -208,10 +227,10 @@ class StageRunner:
             pid=pid,
             load_seconds=self.load_seconds,
             startup_rss_bytes=startup_rss,
-            rss_bytes=current_rss_bytes(),
-            peak_rss_bytes=peak_rss_bytes(),
+            rss_bytes=mem.rss_bytes,
+            peak_rss_bytes=mem.peak_rss_bytes,
             process_shared=shared,
-            shared_memory_bytes=None if shared else _status_kib("RssShmem"),
+            shared_memory_bytes=mem.shared_memory_bytes,
             load_rss_bytes=self.load_rss_bytes,
             hosted_with=hosted_with,
         )

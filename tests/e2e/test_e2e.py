@@ -198,8 +198,10 @@ def check_split_folder(
             assert (t.source == MODEL) == (t.name in view.inputs)
         available.update(t.name for t in st.outputs)
 
-        # symbolic dims stay symbolic on the boundary: in the manifest as inferred, in the stage file
-        # those the source names (a symbol shape inference made up is an unnamed dim there)
+        # symbolic dims stay symbolic on the boundary: in the stage file those the source names (a symbol
+        # shape inference made up is an unnamed dim there); in the manifest (the boundary contract) only
+        # the model inputs' own symbols, a size, or null, never a made-up symbol or an expression
+        input_symbols = {d for n in view.inputs for d in (view.tensor(n).shape or ()) if isinstance(d, str)}
         entries: dict[str, Any] = {t.name: t.shape for t in st.inputs}
         entries.update({t.name: t.shape for t in st.outputs})
         for vi in (*stage.graph.input, *stage.graph.output):
@@ -214,7 +216,16 @@ def check_split_folder(
                     assert got[axis] == want, (
                         f"stage {st.index} {vi.name} dim {axis}: {got[axis]!r} != {want!r}"
                     )
-                    assert entries[vi.name] is not None and entries[vi.name][axis] == d
+                    entry = entries[vi.name]
+                    assert entry is not None and len(entry) == len(declared)
+                    if d in input_symbols:
+                        assert entry[axis] == d
+                    else:
+                        assert (
+                            entry[axis] is None
+                            or isinstance(entry[axis], int)
+                            or entry[axis] in input_symbols
+                        )
 
     # every compute node in exactly one stage, but those left out as remade from an equal value
     assert set(placed) <= set(compute) and len(placed) + skipped == len(compute), (

@@ -77,3 +77,24 @@ def test_a_wrong_declared_shape_is_fixed_and_said(tmp_path: Path) -> None:
     assert any("'y' is declared [1, seq]" in n for n in manifest.plan.notes)
     loaded = load_manifest(tmp_path / "s")
     assert loaded.model_outputs[0].profiled_shape == (2, 3, 4)
+
+
+def test_a_made_up_symbol_is_named_by_the_input_symbol_it_follows(tmp_path: Path) -> None:
+    """``Reshape(x, [-1, 4])`` of an x of ``["batch", 4]``: ONNX's inference makes up dim 0's symbol;
+    a second run with the batch grown tells that it is the batch, so the contract names it."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["h"], name="relu"),
+        helper.make_node("Reshape", ["h", "target"], ["r"], name="reshape"),
+        helper.make_node("Mul", ["r", "w"], ["y"], name="mul"),
+    ]
+    model = make(
+        nodes,
+        [vi("x", ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [const("target", np.array([-1, 4]), np.int64), const("w", np.ones(4, np.float32))],
+    )
+    view = view_from_proto(model)
+    assert not isinstance(view.tensor("r").shape[0], int) and view.tensor("r").shape[0] != "batch"  # type: ignore[index]
+    manifest = export_stages(view, plan_for(view, [0, 2, 3]), tmp_path / "s")
+    (r,) = manifest.stages[1].inputs
+    assert r.name == "r" and r.shape == ("batch", 4) and r.batch_axis == 0 and r.profiled_shape == (1, 4)

@@ -84,16 +84,47 @@ def test_the_cli_says_which_input_and_flag_and_runs_with_inputs(
     assert code == 2 and "--inputs speech.npz" in err
     code, _, err = run(["verify", out, "--inputs", speech, "--shape", "input=1,512"], capfd)
     assert code == 2 and "leave --shape out" in err
+    profile = tmp_path / "p.json"
+    code, stdout, err = run(
+        [
+            "profile",
+            model,
+            "--out",
+            profile,
+            "--runs",
+            "2",
+            "--warmup",
+            "0",
+            "--inputs",
+            speech,
+            "--inputs",
+            speech,
+        ],
+        capfd,
+    )
+    assert code == 0, err
+    assert "inputs: speech.npz (1 sample), speech.npz (1 sample)" in stdout
+    assert [r["file"] for r in json.loads(profile.read_text())["inputs"]] == ["speech.npz", "speech.npz"]
     np.savez(tmp_path / "bad.npz", input=np.zeros((1, 512), np.float32), sr=np.array(16000))
     code, _, err = run(["verify", out, "--inputs", tmp_path / "bad.npz"], capfd)
     assert code == 2 and "no array for model input 'state'" in err
 
 
-def test_a_measured_profile_retries_sequence_dims_at_a_larger_size(sample_models_dir: Path) -> None:
+def test_a_measured_profile_retries_sequence_dims_at_a_larger_size(
+    sample_models_dir: Path, tmp_path: Path
+) -> None:
     view = load_model(sample_models_dir / "reflect_pad.onnx")
     prof = profile_model(view, runs=2, warmup=1)
     assert prof.input_shapes == {"x": (1, RETRY_SEQUENCE_SIZE)}
     assert any(f"sequence dims at {RETRY_SEQUENCE_SIZE}" in n for n in prof.unattributed)
+    out = api.split(
+        sample_models_dir / "reflect_pad.onnx",
+        2,
+        tmp_path / "stages",
+        SplitOptions(profile=ProfileOptions(runs=2, warmup=1), verify=False),
+    )
+    assert out.manifest.plan.profiled_input_shapes == {"x": (1, RETRY_SEQUENCE_SIZE)}
+    assert any(f"sequence dims at {RETRY_SEQUENCE_SIZE}" in n for n in out.manifest.plan.notes)
     # sizes the user gave are not guessed: no retry, and the way out is real inputs
     with pytest.raises(ProfileError, match=r"x=\[1, 8\].*--inputs FILE.npz") as info:
         profile_model(view, runs=2, warmup=1, shapes={"x": (1, 8)})

@@ -63,7 +63,7 @@ def test_every_documented_option_is_accepted() -> None:
     command = ""
     seen: set[str] = set()
     for line in block.splitlines():
-        m = re.match(r"^onnxpipe (\w+)", line)
+        m = re.match(r"^onnxpipe ([\w-]+)", line)
         if m:
             command = m.group(1)
             seen.add(command)

@@ -26,6 +26,10 @@ def test_threads_beyond_the_cpus_are_flagged() -> None:
     too_many_stages = threads_warning(4, 1, cpus=2)
     assert too_many_stages is not None and "4 threads on 2 CPU(s)" in too_many_stages
     assert "--stages 2 or fewer" in too_many_stages
+    assert threads_warning(4, 1, cpus=2, workers=2) is None  # interleaved: 2 workers run at once
+    too_many_workers = threads_warning(4, 1, cpus=2, workers=3)
+    assert too_many_workers is not None and "3 workers x 1 thread(s)" in too_many_workers
+    assert "--workers 2 or fewer" in too_many_workers
     too_many_threads = threads_warning(None, 8, cpus=2)
     assert too_many_threads is not None and "--threads 2 or fewer" in too_many_threads
 
@@ -57,3 +61,16 @@ def test_sample_reads_proc_stat(tmp_path: Path) -> None:
     assert got is not None and got.machine_busy_seconds > 0
     stat.write_text("garbage\n")
     assert sample(stat) is None
+
+
+def test_the_plan_shows_what_a_stage_needs_against_the_device(
+    resnet: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    devices = work / "one.json"
+    devices.write_text(
+        '{"devices": [{"name": "small", "provider": "CPUExecutionProvider", "threads": 1, '
+        '"memory_bytes": "1 GiB"}], "links": []}'
+    )
+    code, out, err = run(["plan", resnet, "-k", "1", "--cost", "static", "--devices", devices], capfd)
+    assert code == 0, err
+    assert "memory need" in out and " of 1.0 GiB" in out

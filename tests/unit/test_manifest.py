@@ -16,6 +16,7 @@ from onnxpipe.core.inputfiles import InputRecord
 from onnxpipe.manifest import (
     MODEL_INPUT,
     SCHEMA_VERSION,
+    DecoderRecord,
     Manifest,
     ModelOutput,
     ModelTensor,
@@ -102,7 +103,7 @@ def test_json_round_trip() -> None:
     assert text.endswith("}\n")
     assert Manifest.from_json(text) == m
     obj = json.loads(text)
-    assert obj["schema_version"] == SCHEMA_VERSION == 2
+    assert obj["schema_version"] == SCHEMA_VERSION == 3
     assert obj["plan"]["bandwidth_bytes_per_s"] is None  # JSON has no infinity: null stands for it
     assert obj["stages"][0]["outputs"][0]["shape"] == ["batch", None]
     assert obj["stages"][1]["outputs"][0]["shape"] is None
@@ -111,7 +112,7 @@ def test_json_round_trip() -> None:
 
 
 def test_a_version_1_manifest_still_reads() -> None:
-    """Version 1 spelled a pass-through output's ``produced_by`` ``"model input"``; it reads as version 2."""
+    """Version 1 spelled a pass-through output's ``produced_by`` ``"model input"``; it reads as today's."""
     m = two_stage_manifest()
     obj = json.loads(m.to_json())
     obj["schema_version"] = 1
@@ -119,7 +120,7 @@ def test_a_version_1_manifest_still_reads() -> None:
     obj["model_outputs"][2]["produced_by"] = "model input"
     again = Manifest.from_json(json.dumps(obj))
     assert again == m and again.model_outputs[2].produced_by == MODEL_INPUT
-    assert json.loads(again.to_json())["schema_version"] == 2  # written back in today's spelling
+    assert json.loads(again.to_json())["schema_version"] == 3  # written back in today's spelling
     obj["model_outputs"][2]["produced_by"] = "model_input"  # version 1 never wrote this
     with pytest.raises(
         ManifestError, match=r'model_outputs\[2\]\.produced_by: expected a stage index or "model input"'
@@ -261,7 +262,7 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
         ),
         (
             _set("schema_version", 99),
-            "m.json: schema_version 99 is not supported (this onnxpipe reads versions 1 and 2, writes 2); "
+            "m.json: schema_version 99 is not supported (this onnxpipe reads versions 1, 2 and 3, writes 3); "
             "use the onnxpipe that wrote it or re-run onnxpipe split",
         ),
         (
@@ -443,7 +444,7 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
         ),
         (
             _set("schema_version", -1),
-            "m.json: schema_version -1 is not supported (this onnxpipe reads versions 1 and 2, writes 2); "
+            "m.json: schema_version -1 is not supported (this onnxpipe reads versions 1, 2 and 3, writes 3); "
             "use the onnxpipe that wrote it or re-run onnxpipe split",
         ),
         (
@@ -474,10 +475,24 @@ def test_not_json() -> None:
         Manifest.from_json("[]", source="m.json")
 
 
+def test_a_version_2_manifest_still_reads() -> None:
+    """Version 3 only added optional fields to version 2's: a version-2 file reads with their defaults
+    and is written back as version 3."""
+    m = two_stage_manifest()
+    obj = json.loads(m.to_json())
+    obj["schema_version"] = 2
+    for absent in ("link_model", "node_splits", "profiled_inputs", "decoder"):
+        obj["plan"].pop(absent, None)
+    again = Manifest.from_json(json.dumps(obj))
+    assert again == m
+    assert again.plan.node_splits == () and again.plan.decoder is None and again.plan.link_model is None
+    assert json.loads(again.to_json())["schema_version"] == 3
+
+
 def test_schema_version_is_checked_before_any_other_field() -> None:
     """A manifest of another version may lay out every other field differently: say so, not 'missing'."""
-    with pytest.raises(ManifestError, match=r"^m\.json: schema_version 3 is not supported"):
-        Manifest.from_json('{"schema_version": 3}', source="m.json")
+    with pytest.raises(ManifestError, match=r"^m\.json: schema_version 4 is not supported"):
+        Manifest.from_json('{"schema_version": 4}', source="m.json")
 
 
 def test_optional_top_level_fields_may_be_absent() -> None:
@@ -564,3 +579,33 @@ def test_bad_node_splits_are_refused(field: str, value: Any, message: str) -> No
     with pytest.raises(ManifestError) as info:
         Manifest.from_json(text, source="m.json")
     assert str(info.value).startswith(f"m.json: {message}")
+
+
+def test_decoder_fields_round_trip_and_are_checked() -> None:
+    """The optional decoder fields (added in schema 3): written only when set, read back, validated."""
+    m = two_stage_manifest()
+    assert "decoder" not in json.loads(m.to_json())["plan"]
+    assert "kv_layers" not in json.loads(m.to_json())["stages"][0]
+    record = DecoderRecord(4, True, "attached", 2048, "both", (("prefill", 64, 0), ("decode", 1, 255)))
+    stages = (
+        replace(
+            m.stages[0], kv_layers=(0, 1), kv_cache_bytes=4096, estimated_phase_seconds=(("prefill", 0.5),)
+        ),
+        *m.stages[1:],
+    )
+    dec = replace(m, plan=replace(m.plan, decoder=record), stages=stages)
+    obj = json.loads(dec.to_json())
+    assert obj["plan"]["decoder"]["phase_shapes"][1] == {
+        "phase": "decode",
+        "new_tokens": 1,
+        "past_tokens": 255,
+    }
+    assert obj["stages"][0]["kv_layers"] == [0, 1]
+    assert Manifest.from_json(dec.to_json()) == dec
+    obj["plan"]["decoder"]["ends"] = "middle"
+    with pytest.raises(ManifestError, match=r"plan\.decoder\.ends: expected one of free, attached, own"):
+        Manifest.from_json(json.dumps(obj))
+    obj["plan"]["decoder"]["ends"] = "own"
+    obj["plan"]["decoder"]["max_context"] = 0
+    with pytest.raises(ManifestError, match="max_context"):
+        Manifest.from_json(json.dumps(obj))

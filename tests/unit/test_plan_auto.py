@@ -55,7 +55,7 @@ def test_one_node_bounding_the_plan_is_named(tmp_path: Path) -> None:
     assert (
         "lm_head (MatMul)" in note
         and "3 stages are no faster than 2" in note
-        and "splitting that node" in note
+        and "--split-nodes auto" in note
     )
     assert bounding_node(view, prof, plan(view, prof, PlanRequest(1))) is None
 

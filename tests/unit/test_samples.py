@@ -10,17 +10,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper
 
-from onnxpipe.core.errors import UsageError
+from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.core.inputfiles import InputRecord, read_input_file
 from onnxpipe.core.jsonread import Document
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.static import static_profile
+from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.links import linked_input_shapes
-from onnxpipe.ir.load import load_model
+from onnxpipe.ir.load import load_model, view_from_proto
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import load_samples, samples_from_feeds
 from onnxpipe.ir.shapes import failure_hint, guessed_dims, resolve_input_shapes
+from onnxpipe.plan.workers import make_plan
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +187,29 @@ def test_a_profile_keeps_the_records_of_its_inputs_not_the_data(vad: ModelView, 
     assert given.inputs == samples.records and given.samples is None
     assert given.input_shapes == {"input": (1, 512), "state": (2, 1, 128), "sr": ()}
     assert "inputs" not in json.loads(prof.to_json())
+
+
+def test_too_many_stages_names_the_largest_number_that_works(sample_models_dir: Path) -> None:
+    view = load_model(sample_models_dir / "mlp.onnx")
+    m = len(view.compute_nodes)
+    with pytest.raises(PartitionError, match=rf"the largest number of stages that works is {m}: "):
+        make_plan(view, static_profile(view), m + 1)
+
+
+def test_sequence_inputs_have_no_shape_to_guess_and_take_real_values() -> None:
+    graph = helper.make_graph(
+        [helper.make_node("SequenceLength", ["seq"], ["n"], name="len")],
+        "g",
+        [helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("n", TensorProto.INT64, [])],
+    )
+    view = view_from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert resolve_input_shapes(view) == {}
+    with pytest.raises(
+        UsageError, match=r"input 'seq' is a sequence of float32 tensors, which onnxpipe cannot"
+    ):
+        random_feeds(view, {})
+    samples = samples_from_feeds(view, [{"seq": [np.zeros(2, np.float32)]}])
+    assert samples.shapes == {}
+    with pytest.raises(UsageError, match=r"input 'seq' must be a list \(a sequence\)"):
+        samples_from_feeds(view, [{"seq": np.zeros(2, np.float32)}])

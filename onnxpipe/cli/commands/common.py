@@ -11,6 +11,7 @@ from pathlib import Path
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.cost.source import ProfileOptions
 from onnxpipe.ir.shapes import parse_shape_overrides
+from onnxpipe.plan.decoder_kinds import DecoderOptions
 from onnxpipe.plan.request import PlanRequest, ScheduleRequest
 
 
@@ -52,4 +53,12 @@ def plan_request(args: argparse.Namespace) -> PlanRequest:
         time_slack=args.time_slack,
         split_nodes=args.split_nodes,
         link_model=args.link_model,
+        decoder=DecoderOptions(
+            layer_cuts=args.layer_cuts == "on",
+            ends=args.ends,
+            max_context=args.max_context,
+            phase=args.phase,
+            prefill_tokens=args.prefill_tokens,
+            decode_past=args.decode_past,
+        ),
     )

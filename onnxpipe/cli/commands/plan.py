@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from onnxpipe import api
 from onnxpipe.cli.commands.common import plan_request, profile_options
@@ -15,6 +14,7 @@ from onnxpipe.cli.tables import (
     format_stage_counts,
 )
 from onnxpipe.export.checks import check_runtime_opsets
+from onnxpipe.ir.decoder_kinds import Phase
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.shapes import parse_shape_overrides
 from onnxpipe.plan.draw import draw_plan
@@ -34,10 +34,12 @@ def run(args: argparse.Namespace) -> int:
         check_runtime_opsets(view)  # before the preamble: a refusal prints nothing else
     plan_preamble(say, view, args, request)
     watch = BusyWatch(say, "profiling") if measured else None
-    prof = api.get_profile(view, profile_options(args, saved=args.profile, progress=sys.stderr.isatty()))
+    options = profile_options(args, saved=args.profile, progress=not args.quiet)
+    phases = api.decoder_profiles(view, request, options)  # a decoder's phases; else one profile
+    prof = phases.get(Phase.DECODE) or phases.get(Phase.PREFILL) or api.get_profile(view, options)
     if watch is not None:
         watch.check()
-    plan = api.plan(view, prof, request)
+    plan = api.plan(view, prof, request, phase_profiles=phases)
     if args.json:
         print(document("plan", plan=plan_obj(plan)))
     else:

@@ -34,6 +34,10 @@ class Say:
     def warn(self, text: str) -> None:
         self.line(f"warning: {text}")
 
+    def step(self, what: str) -> None:
+        """A step begins: ``... exporting 4 stages (at 3.2 s)``, one line, readable in a log."""
+        self.line(f"... {what} (at {time.perf_counter() - self.start:.1f} s)")
+
     def done(self, what: str) -> None:
         self.line(f"{what} in {time.perf_counter() - self.start:.1f} s")
 
@@ -80,20 +84,24 @@ def input_lines(view: ModelView, overrides: Mapping[str, Sequence[int]]) -> list
     return lines
 
 
-def threads_warning(stages: int | None, threads: int, cpus: int | None = None) -> str | None:
+def threads_warning(
+    stages: int | None, threads: int, cpus: int | None = None, *, workers: int | None = None
+) -> str | None:
     """A warning when the stages' threads (or the profiler's) exceed the CPUs this process may use:
-    they would share CPUs and run slower than planned, and the costs measured at them mislead."""
+    they would share CPUs and run slower than planned, and the costs measured at them mislead.  With
+    ``workers`` (an interleaved split) it is the workers that run at once, each one stage at a time."""
     cpus = cpus if cpus is not None else available_cpu_count()
     if threads > cpus:
         return (
             f"{threads} thread(s) per stage on {cpus} CPU(s): the threads of one stage already share CPUs, "
             f"and costs measured so mislead; use --threads {cpus} or fewer"
         )
-    if stages is not None and stages * threads > cpus:
+    running, what = (stages, "stages") if workers is None else (workers, "workers")
+    if running is not None and running * threads > cpus:
         fit = max(1, cpus // threads)
         return (
-            f"{stages} stages x {threads} thread(s) = {stages * threads} threads on {cpus} CPU(s): run on "
-            f"this machine the stages share CPUs and the pipeline is slower than planned; use --stages "
+            f"{running} {what} x {threads} thread(s) = {running * threads} threads on {cpus} CPU(s): run on "
+            f"this machine the {what} share CPUs and the pipeline is slower than planned; use --{what} "
             f"{fit} or fewer here, or run the stages on more machines"
         )
     return None
@@ -134,11 +142,12 @@ def before_work(
     *,
     stages: int | None,
     threads: int,
+    workers: int | None = None,
 ) -> None:
     """The preamble: input shapes (guessed ones named), and the stages' threads against the CPUs."""
     for text in input_lines(view, overrides):
         say.line(text)
-    warning = threads_warning(stages, threads)
+    warning = threads_warning(stages, threads, workers=workers)
     if warning is not None:
         say.warn(warning)
 
@@ -157,4 +166,5 @@ def plan_preamble(say: Say, view: ModelView, args: argparse.Namespace, request: 
         parse_shape_overrides(args.shape),
         stages=args.stages if isinstance(args.stages, int) and request.devices is None else None,
         threads=profiling_threads(args.threads, here),
+        workers=request.workers if request.devices is None else None,
     )

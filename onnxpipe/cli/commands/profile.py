@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from onnxpipe import api
 from onnxpipe.cli.commands.common import profile_options
@@ -28,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     check_runtime_opsets(view)
     measured = args.cost == "profile"
     before_work(say, view, overrides, stages=None, threads=args.threads or 1)
-    options = profile_options(args, progress=sys.stderr.isatty())
+    options = profile_options(args, progress=not args.quiet)
     watch = BusyWatch(say, "profiling") if measured else None
     if args.runtime != Runtime.ONNXRUNTIME.value or args.openvino_device != DEFAULT_OPENVINO_DEVICE:
         if args.cost != "profile":
@@ -55,6 +54,11 @@ def run(args: argparse.Namespace) -> int:
         f"{prof.total_seconds * 1e3:.3f} ms per run ({prof.source}, {prof.threads} thread(s)); "
         f"saved {args.out}"
     )
+    if prof.inputs:
+        shown = ", ".join(
+            f"{r.file} ({r.samples} sample{'s' if r.samples != 1 else ''})" for r in prof.inputs
+        )
+        print(f"  inputs: {shown}")
     for note in prof.unattributed[:10]:
         print(f"  note: {note}")
     if len(prof.unattributed) > 10:

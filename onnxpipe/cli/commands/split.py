@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from onnxpipe import api
 from onnxpipe.calibrate.loop import CalibrationOptions
@@ -12,6 +11,7 @@ from onnxpipe.cli.commands.early import check_output_folder
 from onnxpipe.cli.commands.jsonout import document, split_obj, verification_obj
 from onnxpipe.cli.commands.preamble import BusyWatch, Say, plan_preamble
 from onnxpipe.cli.tables import (
+    format_decoder_stages,
     format_manifest_table,
     format_stage_counts,
     format_verify_report,
@@ -38,10 +38,12 @@ def run(args: argparse.Namespace) -> int:
     measured = (args.profile is None and args.cost == "profile") or args.calibrate > 0
     plan_preamble(say, view, args, request)
     options = api.SplitOptions(
-        profile=profile_options(args, saved=args.profile, progress=not args.quiet and sys.stderr.isatty()),
+        profile=profile_options(args, saved=args.profile, progress=not args.quiet),
         calibration=CalibrationOptions(rounds=args.calibrate, mode=args.calibrate_in),
         export=ExportOptions(force=args.force, external_data=args.external_data),
         verify=not args.no_verify,
+        on_step=None if args.quiet else say.step,
+        static=args.static,
     )
     step = "profiling and calibration" if args.calibrate else "profiling"
     watch = BusyWatch(say, step) if measured else None
@@ -59,11 +61,13 @@ def run(args: argparse.Namespace) -> int:
     if tried is not None:
         print(tried)
     print(format_manifest_table(result.manifest))
+    if result.manifest.plan.decoder is not None:
+        print(format_decoder_stages(result.manifest))
     print(
         f"wrote {plan.k} stages to {args.out}/ (bottleneck {plan.bottleneck_seconds * 1e3:.3f} ms, "
         f"{plan.ratio_to_lower_bound:.3f}x the lower bound)"
     )
-    for note in plan.notes:
+    for note in result.manifest.plan.notes:
         print(f"  note: {note}")
     if result.report is not None:
         print(format_verify_report(result.report))

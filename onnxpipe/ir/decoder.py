@@ -1,0 +1,325 @@
+"""Knowing a decoder LLM: its KV cache pairs, each node's layer, its embedding and its LM head.
+
+A decoder with a KV cache takes each layer's past keys and values as inputs and returns them, grown by
+the new tokens, as outputs.  Splitting one well means keeping each layer's past and present key and value
+in one stage (ONNX Runtime GenAI's ``decoder-pipeline`` requires it, and a stage's worker can then keep
+its own layers' cache), cutting only between layers, and never charging the cache to the links.
+
+:func:`find_decoder` finds the pairs by the exporters' naming conventions (``past_key_values.N.key`` with
+``present.N.key``, ``past.N.value``, ``past_key_N``, ``key_cache.N``...) and *confirms* each through the
+graph: the present must be computed from the past of the same layer.  Each node's layer comes from the
+exporter's name scopes (``/model/layers.3/...`` in node names, torch's ``pkg.torch.onnx.name_scopes``
+metadata) where there are any, else from the KV it reads, then made monotone along the edges (a node is in
+no earlier layer than what it reads), so that ordering the nodes by layer keeps a topological order.
+Nodes before the first layer (the embedding, the rotary tables, the mask) form group ``-1``; the final
+norm and LM head group ``L`` (told apart by their scopes).  Without scopes a layer's nodes before its cache
+(its input norm and projections) stay with the previous layer, and the head with the last layer: each
+cache stays whole, the cuts just carry a little more.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from onnxpipe.ir.model import ModelView, NodeInfo, itemsize
+
+SCOPE_KEY = "pkg.torch.onnx.name_scopes"
+"""The node metadata key where torch's dynamo exporter lists a node's module scopes."""
+
+SHAPE_OPS = frozenset({"Shape", "Size"})
+"""Ops that read a tensor's shape, not its data: they do not make a node part of a layer."""
+
+_LAYER_SCOPE = re.compile(r"(?:^|[./_])(?:layers|layer|h|blocks|block)[._](\d+)(?:$|[./_])")
+_HEAD_SCOPE = re.compile(r"(?:^|[./_])(?:lm_head|ln_f|final_layernorm|final_norm|norm)(?:$|[./_])")
+_EMBED_SCOPE = re.compile(r"(?:^|[./_])(?:embed_tokens|wte|wpe|embed_positions|embeddings|embed)(?:$|[./_])")
+
+
+@dataclass(frozen=True)
+class KVPair:
+    """One layer's cache tensors: past key and value (inputs), present key and value (outputs).
+
+    A model that keeps key and value in one tensor per layer (``past.N``) has it as ``past_key`` and
+    ``present_key``, with no value tensors.
+    """
+
+    layer: int
+    past_key: str
+    past_value: str | None
+    present_key: str
+    present_value: str | None
+
+    @property
+    def pasts(self) -> tuple[str, ...]:
+        return (self.past_key,) + ((self.past_value,) if self.past_value else ())
+
+    @property
+    def presents(self) -> tuple[str, ...]:
+        return (self.present_key,) + ((self.present_value,) if self.present_value else ())
+
+
+@dataclass(frozen=True)
+class DecoderInfo:
+    """What :func:`find_decoder` found: the cache pairs, each compute node's layer group, and the ends.
+
+    ``node_layer[name]`` is ``-1`` for what runs before the first layer (the embedding, rotary tables,
+    masks), ``0 .. layers - 1`` for a layer, ``layers`` for the final norm and LM head.  ``ids_input``
+    is the token input; ``mask_input`` and ``positions_input`` may be absent.
+    """
+
+    layers: int
+    kv: tuple[KVPair, ...]
+    node_layer: Mapping[str, int]
+    embedding_nodes: tuple[str, ...]
+    lm_head_nodes: tuple[str, ...]
+    ids_input: str
+    mask_input: str | None
+    positions_input: str | None
+    scoped: bool
+    """Whether the layers came from the exporter's name scopes (else from the KV each node reads)."""
+    shape_readers: tuple[tuple[str, str], ...] = ()
+    """(node, past) where a node of another layer reads a past tensor's shape only (the past length the
+    exporter took from one layer's cache): it reads no cache data."""
+
+    @property
+    def past_inputs(self) -> tuple[str, ...]:
+        return tuple(t for p in self.kv for t in p.pasts)
+
+    @property
+    def present_outputs(self) -> tuple[str, ...]:
+        return tuple(t for p in self.kv for t in p.presents)
+
+    def layer_of_tensor(self) -> dict[str, int]:
+        """Every past and present tensor's layer."""
+        return {t: p.layer for p in self.kv for t in (*p.pasts, *p.presents)}
+
+    def describe(self) -> str:
+        """One line for ``inspect`` and plan notes."""
+        how = "name scopes" if self.scoped else "the KV each node reads"
+        names = ", ".join(self.kv[0].pasts + self.kv[0].presents)
+        return (
+            f"decoder: {self.layers} layers with a KV cache (layer 0: {names}); layers from {how}; "
+            f"embedding {len(self.embedding_nodes)} node(s), LM head {len(self.lm_head_nodes)} node(s)"
+        )
+
+
+def kv_bytes_per_token(view: ModelView, pair: KVPair, batch: int = 1) -> int:
+    """Bytes one token adds to ``pair``'s cache: every past tensor's dims but the sequence one (the only
+    symbolic dim besides the batch), times the element size."""
+    total = 0
+    for t in pair.pasts:
+        info = view.tensor(t)
+        if info.shape is None:
+            continue
+        count = batch
+        for axis, d in enumerate(info.shape):
+            if axis == 0 or not isinstance(d, int):
+                continue
+            count *= d
+        total += count * itemsize(info.elem_type)
+    return total
+
+
+# --------------------------------------------------------------------------------------------- finding
+
+_PAST = re.compile(r"past|cache", re.IGNORECASE)
+_PRESENT = re.compile(r"present|cache", re.IGNORECASE)
+
+
+def _kv_name(name: str, role: re.Pattern[str]) -> tuple[int, str] | None:
+    """``(layer, "key" | "value" | "kv")`` when ``name`` looks like a cache tensor of ``role``."""
+    if not role.search(name):
+        return None
+    numbers = re.findall(r"\d+", name)
+    if len(numbers) != 1:
+        return None
+    rest = re.sub(r"key_values|key_value", "", name.lower())
+    if "key" in rest:
+        kind = "key"
+    elif "value" in rest:
+        kind = "value"
+    elif re.search(r"(?:^|[._])k(?:$|[._])", rest):
+        kind = "key"
+    elif re.search(r"(?:^|[._])v(?:$|[._])", rest):
+        kind = "value"
+    else:
+        kind = "kv"
+    return int(numbers[0]), kind
+
+
+def find_decoder(view: ModelView) -> DecoderInfo | None:
+    """The decoder structure of ``view``, or ``None`` when it is not a decoder with a KV cache.
+
+    Needs a past input and a present output of each kind for every layer ``0 .. L-1``, each present
+    computed from its past (checked through the graph), and a token input (integer, read by a
+    ``Gather``): anything less and the model is treated like any other.
+    """
+    pasts: dict[tuple[int, str], str] = {}
+    for t in view.inputs:
+        got = _kv_name(t, _PAST)
+        if got is not None and got not in pasts and view.tensor(t).elem_type in _FLOATS:
+            pasts[got] = t
+    presents: dict[tuple[int, str], str] = {}
+    for t in view.outputs:
+        got = _kv_name(t, _PRESENT)
+        if got is not None and got not in presents and t not in view.inputs:
+            presents[got] = t
+    if not pasts or set(pasts) != set(presents):
+        return None
+    layers = sorted({n for n, _ in pasts})
+    if layers != list(range(len(layers))):
+        return None
+    kinds = {kind for _, kind in pasts}
+    if kinds not in ({"key", "value"}, {"kv"}):
+        return None
+    pairs: list[KVPair] = []
+    for n in layers:
+        if "kv" in kinds:
+            pairs.append(KVPair(n, pasts[(n, "kv")], None, presents[(n, "kv")], None))
+        else:
+            if (n, "key") not in pasts or (n, "value") not in pasts:
+                return None
+            pairs.append(
+                KVPair(
+                    n, pasts[(n, "key")], pasts[(n, "value")], presents[(n, "key")], presents[(n, "value")]
+                )
+            )
+    for p in pairs:
+        for past, present in zip(p.pasts, p.presents, strict=True):
+            if past not in _ancestors(view, present):
+                return None
+    ids = _token_input(view, set(pasts.values()))
+    if ids is None:
+        return None
+    return _with_layers(view, tuple(pairs), ids)
+
+
+_FLOATS = frozenset({1, 10, 11, 16})  # float, float16, double, bfloat16
+
+
+def _ancestors(view: ModelView, tensor: str) -> set[str]:
+    """Every tensor ``tensor`` is computed from (graph inputs included)."""
+    seen: set[str] = set()
+    stack = [tensor]
+    while stack:
+        t = stack.pop()
+        pos = view.producer.get(t)
+        if pos is None:
+            continue
+        for r in view.nodes[pos].reads:
+            if r not in seen:
+                seen.add(r)
+                stack.append(r)
+    return seen
+
+
+def _token_input(view: ModelView, pasts: set[str]) -> str | None:
+    """The token ids: an integer input that some ``Gather`` indexes a table with (the embedding)."""
+    candidates = [t for t in view.inputs if t not in pasts and view.tensor(t).elem_type in (6, 7)]
+    for t in sorted(candidates, key=lambda t: ("input_ids" not in t, t)):
+        for pos in view.consumers.get(t, ()):
+            node = view.nodes[pos]
+            if node.op_type == "Gather" and len(node.inputs) > 1 and node.inputs[1] == t:
+                return t
+            if node.op_type in ("Cast", "Reshape", "Unsqueeze") and any(
+                view.nodes[q].op_type == "Gather" for o in node.outputs for q in view.consumers.get(o, ())
+            ):
+                return t
+    return candidates[0] if len(candidates) == 1 else None
+
+
+def _named_input(view: ModelView, word: str, exclude: set[str]) -> str | None:
+    found = [t for t in view.inputs if word in t.lower() and t not in exclude]
+    return found[0] if len(found) == 1 else None
+
+
+def node_scopes(view: ModelView, node: NodeInfo) -> tuple[str, ...]:
+    """The exporter's scopes of ``node``, innermost last: torch's metadata list, else the node's name
+    split at ``/`` (optimum and ORT GenAI's builder name nodes ``/model/layers.3/attn/...``)."""
+    proto = view.proto.graph.node[node.index]
+    for prop in proto.metadata_props:
+        if prop.key == SCOPE_KEY:
+            try:
+                scopes = ast.literal_eval(prop.value)
+            except (ValueError, SyntaxError):
+                break
+            if isinstance(scopes, list):
+                return tuple(str(s) for s in scopes)
+    if "/" in node.name:
+        return tuple(s for s in node.name.split("/")[:-1] if s)
+    return ()
+
+
+def scope_group(scopes: Sequence[str], layers: int) -> int | None:
+    """A node's group from its scopes: its layer, ``layers`` for the head, ``-1`` for the embedding."""
+    for s in reversed(scopes):
+        m = _LAYER_SCOPE.search(s)
+        if m is not None and int(m.group(1)) < layers:
+            return int(m.group(1))
+    for s in reversed(scopes):
+        if _HEAD_SCOPE.search(s):
+            return layers
+        if _EMBED_SCOPE.search(s):
+            return -1
+    return None
+
+
+def _with_layers(view: ModelView, pairs: tuple[KVPair, ...], ids: str) -> DecoderInfo | None:
+    """Each compute node's group, monotone along the edges; ``None`` if no consistent layering exists."""
+    layers = len(pairs)
+    layer_of = {t: p.layer for p in pairs for t in (*p.pasts, *p.presents)}
+    pasts = {t for p in pairs for t in p.pasts}
+    compute = view.compute_nodes
+    scoped_groups = {n.name: scope_group(node_scopes(view, n), layers) for n in compute}
+    scoped = sum(g is not None and 0 <= g < layers for g in scoped_groups.values()) >= layers
+    group: dict[str, int] = {}
+    tensor_group: dict[str, int] = {}
+    for n in compute:
+        anchors = [layer_of[t] for t in n.reads if t in pasts and n.op_type not in SHAPE_OPS]
+        anchors += [layer_of[t] for t in n.outputs if t in layer_of]
+        own = scoped_groups[n.name] if scoped else None
+        upstream = [tensor_group[t] for t in n.reads if t in tensor_group]
+        g = max([-1, *anchors, *upstream] + ([own] if own is not None else []))
+        group[n.name] = g
+        for o in n.outputs:
+            tensor_group[o] = g
+    # a layer's cache must be its own: read and made by nodes of that layer only
+    for p in pairs:
+        makers = {group[view.nodes[view.producer[t]].name] for t in p.presents if t in view.producer}
+        readers = {
+            group[view.nodes[q].name]
+            for t in p.pasts
+            for q in view.consumers.get(t, ())
+            if not view.nodes[q].is_constant and view.nodes[q].op_type not in SHAPE_OPS
+        }
+        if makers | readers != {p.layer}:
+            return None
+    shape_readers: list[tuple[str, str]] = []
+    for p in pairs:
+        for t in p.pasts:
+            for q in view.consumers.get(t, ()):
+                node = view.nodes[q]
+                if node.op_type in SHAPE_OPS and group.get(node.name, p.layer) != p.layer:
+                    shape_readers.append((node.name, t))
+    embedding = tuple(
+        n.name for n in compute if group[n.name] == -1 and (ids in n.reads or _reads_table(view, n))
+    )
+    head = tuple(n.name for n in compute if group[n.name] == layers)
+    return DecoderInfo(
+        layers=layers,
+        kv=pairs,
+        node_layer=group,
+        embedding_nodes=embedding,
+        lm_head_nodes=head,
+        ids_input=ids,
+        mask_input=_named_input(view, "mask", pasts),
+        positions_input=_named_input(view, "position", pasts),
+        scoped=scoped,
+        shape_readers=tuple(shape_readers),
+    )
+
+
+def _reads_table(view: ModelView, n: NodeInfo) -> bool:
+    return n.op_type == "Gather" and bool(n.inputs) and n.inputs[0] in view.weights

@@ -1,0 +1,135 @@
+"""Sizes for a decoder's inputs, derived from one another: past length, new tokens, total length.
+
+A decoder's inputs name four sizes with symbols: the batch, the new tokens (``input_ids``, ``position_ids``),
+the cached tokens (each ``past_key_values.N.*``'s sequence axis) and the total (the attention mask: past
+plus new).  Sized independently by the generic rule (every non-batch dim 16) they contradict each other
+(a mask of 16 for a past of 16 and 16 new tokens) and the model fails in a ``Gather`` of the mask.  Here
+the symbols are found from the inputs' roles and sized together for one phase:
+
+* **decode** (the default): one new token after ``DECODE_PAST`` cached ones, what a generation step
+  runs and what most of the time of a generation goes to;
+* **prefill**: ``PREFILL_TOKENS`` new tokens and no past (a zero-length cache, as ONNX Runtime GenAI
+  runs a prompt).
+
+Sizes the user gives (``--shape``) win: a past length or a new-token count read from them is used for
+the other inputs that share it, and the total is their sum.  Only inputs found by name (see
+:func:`decoder_roles`) are sized so; everything else keeps the generic rule of :mod:`onnxpipe.ir.shapes`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from onnxpipe.ir.decoder_kinds import Phase, PhaseShape, phase_shape
+from onnxpipe.ir.model import ModelView
+
+
+@dataclass(frozen=True)
+class DecoderRoles:
+    """The symbols of a decoder's inputs: ``batch``, ``sequence`` (new tokens), ``past``, ``total``."""
+
+    batch: str | None
+    sequence: str | None
+    past: str | None
+    total: str | None
+
+
+_PAST_NAME = re.compile(r"past|cache", re.IGNORECASE)
+
+
+def decoder_roles(view: ModelView) -> DecoderRoles | None:
+    """The symbols of the decoder's inputs, or ``None`` when the inputs do not look like a decoder's
+    (no float input named like a past cache with a symbolic sequence axis, or no token input)."""
+    past_sym: str | None = None
+    batch_sym: str | None = None
+    pasts = []
+    for t in view.inputs:
+        info = view.tensor(t)
+        if not _PAST_NAME.search(t) or info.shape is None or len(info.shape) < 3:
+            continue
+        if info.elem_type not in (1, 10, 11, 16):
+            continue
+        pasts.append(t)
+        axis = len(info.shape) - 2
+        d = info.shape[axis]
+        if isinstance(d, str):
+            past_sym = past_sym or d
+        if isinstance(info.shape[0], str):
+            batch_sym = batch_sym or info.shape[0]
+    if not pasts or past_sym is None:
+        return None
+    ids = [t for t in view.inputs if "input_ids" in t.lower()] or [
+        t
+        for t in view.inputs
+        if t not in pasts
+        and "mask" not in t.lower()
+        and "position" not in t.lower()
+        and view.tensor(t).elem_type in (6, 7)
+    ]
+    if len(ids) != 1:
+        return None
+    ids_shape = view.tensor(ids[0]).shape
+    if ids_shape is None or len(ids_shape) != 2:
+        return None
+    seq_sym = ids_shape[1] if isinstance(ids_shape[1], str) else None
+    total_sym: str | None = None
+    masks = [t for t in view.inputs if "mask" in t.lower()]
+    if len(masks) == 1:
+        shape = view.tensor(masks[0]).shape
+        if shape is not None and len(shape) >= 2 and isinstance(shape[-1], str) and shape[-1] != seq_sym:
+            total_sym = shape[-1]
+    return DecoderRoles(batch_sym, seq_sym, past_sym, total_sym)
+
+
+def decoder_symbol_sizes(
+    view: ModelView, given: Mapping[str, int], shape: PhaseShape | None = None
+) -> dict[str, int]:
+    """Sizes for the decoder's symbols that ``given`` (sizes read from the user's shapes) lacks.
+
+    ``shape``: the phase to size for (default: decode).  A past or new-token count in ``given`` is
+    kept, and the total is then their sum; an empty dict when ``view`` is no decoder.
+    """
+    roles = decoder_roles(view)
+    if roles is None:
+        return {}
+    shape = shape or phase_shape(Phase.DECODE)
+    out: dict[str, int] = {}
+    seq = given.get(roles.sequence, shape.sequence) if roles.sequence else shape.sequence
+    past = given.get(roles.past, shape.past) if roles.past else shape.past
+    if roles.batch and roles.batch not in given:
+        out[roles.batch] = 1
+    if roles.sequence and roles.sequence not in given:
+        out[roles.sequence] = seq
+    if roles.past and roles.past not in given:
+        out[roles.past] = past
+    if roles.total and roles.total not in given:
+        out[roles.total] = past + seq
+    return out
+
+
+def expression_size(dim: str, symbols: Mapping[str, int]) -> int | None:
+    """The size of a dim written as a sum of symbols and numbers (``past_sequence_length + 1``), else
+    ``None``."""
+    if "+" not in dim:
+        return None
+    total = 0
+    for part in dim.split("+"):
+        part = part.strip()
+        if part.isdigit():
+            total += int(part)
+        elif part in symbols:
+            total += symbols[part]
+        else:
+            return None
+    return total
+
+
+def decoder_inputs(view: ModelView) -> set[str]:
+    """The inputs whose sizes a phase sets: those naming one of the decoder's symbols."""
+    roles = decoder_roles(view)
+    if roles is None:
+        return set()
+    symbols = {s for s in (roles.sequence, roles.past, roles.total) if s}
+    return {t for t in view.inputs if any(d in symbols for d in (view.tensor(t).shape or ()))}

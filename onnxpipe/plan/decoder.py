@@ -1,0 +1,154 @@
+"""Layer-aligned cuts for decoders: the layers as items, the KV cache as state, its memory per stage.
+
+On a decoder (:func:`onnxpipe.ir.decoder.find_decoder`) the compute nodes are lined up by layer group
+(before the layers, layer 0, ..., layer L-1, the head; inside a group in the view's order, which stays
+topological since a node's group is never below its inputs'), and the partitioner sees one item per group
+(:class:`LayerSequences`): its costs summed, the bytes a stage starting at the group receives.  The optimum
+over that coarser sequence is exact for splits that cut only between layers, which is all that is then
+allowed: each layer's past and present key and value land in one stage.
+
+The past inputs are state: a stage's worker keeps its layers' cache, so they never cross a link and are
+not charged to any (they are "free" in :func:`onnxpipe.ir.graph.cut_profile`, like weights); the presents
+are the stage's own outputs and cross nothing either.  Each stage's cache at ``max_context`` tokens is
+reported and counted in the device memory check.
+
+Where the embedding and the LM head go (:class:`~onnxpipe.plan.decoder_kinds.Ends`): anywhere the
+balance puts them (``free``), with their neighbouring layer (``attached``), or each a stage of its own
+(``own``, as Olive's ``unique_embeds_lm_head_splits`` does).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from onnxpipe.core.errors import PartitionError
+from onnxpipe.cost.profile import Profile
+from onnxpipe.ir.decoder import DecoderInfo, kv_bytes_per_token
+from onnxpipe.ir.graph import cut_profile
+from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.samevalue import value_classes
+from onnxpipe.plan.decoder_kinds import Ends
+from onnxpipe.plan.sequences import Sequences, tensor_sizes
+from onnxpipe.plan.types import StageSpec
+
+
+@dataclass(frozen=True)
+class LayerSequences:
+    """The fine sequence lined up by layer group, and the groups as coarse items.
+
+    ``seq`` holds one entry per compute node in layer order (its ``allowed`` cuts fall between groups
+    only); ``starts[g]`` is where coarse item ``g`` begins in it (``starts[-1]`` is the node count), and
+    ``groups[g]`` the layer group of the item (``-1`` before the layers, ``L`` the head).
+    """
+
+    seq: Sequences
+    starts: tuple[int, ...]
+    groups: tuple[int, ...]
+
+    @property
+    def coarse_costs(self) -> list[float]:
+        c = self.seq.costs
+        return [float(sum(c[a:b])) for a, b in itertools.pairwise(self.starts)]
+
+    @property
+    def coarse_cut_bytes(self) -> list[int]:
+        """What a stage starting at each coarse position receives (one per position ``0 .. n``)."""
+        return [self.seq.cut_bytes[a] for a in self.starts]
+
+    def fine_bounds(self, coarse: Sequence[int]) -> tuple[int, ...]:
+        return tuple(self.starts[b] for b in coarse)
+
+
+def layer_sequences(view: ModelView, profile: Profile, dec: DecoderInfo) -> LayerSequences:
+    """The compute nodes by layer group, their costs, and the cut bytes with the cache left out."""
+    compute = sorted(view.compute_nodes, key=lambda n: (dec.node_layer[n.name], n.position))
+    sizes = tensor_sizes(view, profile)
+    classes = value_classes(view)
+    free = set(view.weights) | set(dec.past_inputs)
+    cuts = cut_profile([n.reads for n in compute], [n.outputs for n in compute], sizes, free, classes)
+    groups: list[int] = []
+    starts: list[int] = []
+    for p, n in enumerate(compute):
+        g = dec.node_layer[n.name]
+        if not groups or groups[-1] != g:
+            groups.append(g)
+            starts.append(p)
+    starts.append(len(compute))
+    boundary = set(starts)
+    seq = Sequences(
+        compute=tuple(compute),
+        costs=tuple(max(0.0, float(profile.node_seconds.get(n.name, 0.0))) for n in compute),
+        cut_bytes=cuts.bytes,
+        allowed=tuple(p in boundary for p in range(len(compute) + 1)),
+        sizes=sizes,
+        classes=classes,
+    )
+    return LayerSequences(seq, tuple(starts), tuple(groups))
+
+
+def coarse_allowed(layers: LayerSequences, dec: DecoderInfo, ends: Ends) -> list[bool]:
+    """Which coarse boundaries a stage may start at: all of them but those ``ends`` glues together."""
+    n = len(layers.groups)
+    allowed = [True] * (n + 1)
+    if ends == Ends.ATTACHED:
+        for g in range(1, n):
+            before, here = layers.groups[g - 1], layers.groups[g]
+            if (before == -1 and here == 0) or (before == dec.layers - 1 and here == dec.layers):
+                allowed[g] = False
+    return allowed
+
+
+def own_ends_bounds(layers: LayerSequences, dec: DecoderInfo, k: int) -> tuple[int, int, int]:
+    """For ``Ends.OWN``: the coarse items of the embedding stage, the layers and the head stage, as
+    (first layer item, end of layers, stages left for the layers); refused when ``k`` is too small."""
+    groups = layers.groups
+    first = 1 if groups and groups[0] == -1 else 0
+    last = len(groups) - 1 if groups and groups[-1] == dec.layers else len(groups)
+    middle = k - first - (len(groups) - last)
+    if middle < 1 or middle > last - first:
+        raise PartitionError(
+            f"--ends own puts the embedding and the LM head in stages of their own: {k} stages leave "
+            f"{middle} for {last - first} layer(s); choose --stages between "
+            f"{len(groups) - (last - first) + 1} and {len(groups)}"
+        )
+    return first, last, middle
+
+
+def stage_kv(
+    view: ModelView, dec: DecoderInfo, stages: Sequence[StageSpec], max_context: int, batch: int
+) -> list[tuple[tuple[int, ...], int]]:
+    """Per stage: the layers whose cache it holds (where their presents are made) and the cache's bytes
+    at ``max_context`` tokens for ``batch`` sequences."""
+    maker = {}
+    for p in dec.kv:
+        pos = view.producer.get(p.present_key)
+        if pos is not None:
+            maker[view.nodes[pos].name] = p
+    out: list[tuple[tuple[int, ...], int]] = []
+    for st in stages:
+        owned = sorted({maker[n].layer for n in st.node_names if n in maker})
+        nbytes = sum(kv_bytes_per_token(view, dec.kv[layer], batch) for layer in owned) * max_context
+        out.append((tuple(owned), nbytes))
+    return out
+
+
+def kv_split_layers(view: ModelView, dec: DecoderInfo, stages: Sequence[StageSpec]) -> list[int]:
+    """Layers whose cache tensors are read or made by more than one stage (none after layer cuts)."""
+    stage_of = {n: st.index for st in stages for n in st.node_names}
+    split: list[int] = []
+    for p in dec.kv:
+        where: set[int] = set()
+        for t in p.presents:
+            pos = view.producer.get(t)
+            if pos is not None:
+                where.add(stage_of.get(view.nodes[pos].name, -1))
+        for t in p.pasts:
+            for q in view.consumers.get(t, ()):
+                node = view.nodes[q]
+                if node.name in stage_of and node.op_type not in ("Shape", "Size"):
+                    where.add(stage_of[node.name])
+        if len(where) > 1:
+            split.append(p.layer)
+    return split

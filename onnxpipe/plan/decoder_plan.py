@@ -1,0 +1,210 @@
+"""The plan of a decoder on identical workers: cuts between layers only, found exactly on the layers.
+
+:func:`make_decoder_plan` partitions the coarse sequence of :mod:`onnxpipe.plan.decoder` (one item per
+layer group) with :func:`onnxpipe.partition.solve`, maps the bounds back to compute positions, scores
+them there with :func:`onnxpipe.partition.evaluate` (the same cost formula), and adds each stage's KV
+layers and cache bytes.  Fused groups are not consulted: a cut between two layers splits none that
+matters, and keeping the cache whole is not optional.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+
+from onnxpipe import partition as _partition
+from onnxpipe.core.errors import PartitionError
+from onnxpipe.cost.profile import Profile
+from onnxpipe.ir.decoder import DecoderInfo
+from onnxpipe.ir.model import ModelView
+from onnxpipe.partition.result import Partition
+from onnxpipe.plan.decoder import (
+    LayerSequences,
+    coarse_allowed,
+    layer_sequences,
+    own_ends_bounds,
+    stage_kv,
+)
+from onnxpipe.plan.decoder_kinds import DecoderOptions, Ends
+from onnxpipe.plan.stages import plan_from, specs_from_bounds
+from onnxpipe.plan.types import DecoderSummary, Plan, StageSpec
+from onnxpipe.schedule.simulate import simulate
+from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
+
+OBJECTIVE = (
+    "minimize the largest stage time (compute + transfer in), cutting only between a decoder's layers "
+    "(each layer's KV cache in one stage; the cache is state, not link traffic)"
+)
+
+
+CoarseSolver = Callable[[int, int, int, Sequence[bool]], Sequence[int]]
+"""``solve(lo, hi, k, allowed)``: bounds (relative to ``lo``) of the best ``k``-stage split of the coarse
+items ``lo .. hi - 1``, stages starting only where ``allowed`` (relative too) says."""
+
+
+def coarse_bounds(
+    layers: LayerSequences, dec: DecoderInfo, k: int, ends: Ends, solve: CoarseSolver
+) -> tuple[int, ...]:
+    """The coarse bounds of a ``k``-stage split under ``ends``: with ``own`` the embedding and the head
+    are stages of their own and ``solve`` splits the layers in between; else ``solve`` splits all items
+    with the cuts ``ends`` allows.  Refused when ``k`` is more than the layer boundaries allow."""
+    n = len(layers.groups)
+    if ends == Ends.OWN:
+        first, last, middle = own_ends_bounds(layers, dec, k)
+        inner = solve(first, last, middle, [True] * (last - first + 1))
+        return tuple(range(first)) + tuple(first + b for b in inner) + tuple(range(last + 1, n + 1))
+    allowed = coarse_allowed(layers, dec, ends)
+    possible = sum(allowed[1:n])
+    if k > possible + 1:
+        raise PartitionError(
+            f"cannot make {k} stages cutting only between the decoder's {dec.layers} layers "
+            f"(--ends {ends.value}); choose --stages between 1 and {possible + 1}, or --layer-cuts off"
+        )
+    return tuple(solve(0, n, k, allowed))
+
+
+def solve_layers(layers: LayerSequences, dec: DecoderInfo, k: int, ends: Ends, bandwidth: float) -> Partition:
+    """The exact split of the layer groups into ``k`` stages under ``ends``, scored on the fine sequence."""
+    costs, cut = layers.coarse_costs, layers.coarse_cut_bytes
+
+    def solve(lo: int, hi: int, kk: int, allowed: Sequence[bool]) -> Sequence[int]:
+        return _partition.solve(
+            costs[lo:hi], kk, cut_bytes=cut[lo : hi + 1], bandwidth=bandwidth, allowed_cuts=allowed
+        ).bounds
+
+    fine = layers.fine_bounds(coarse_bounds(layers, dec, k, ends, solve))
+    return _partition.evaluate(layers.seq.costs, fine, cut_bytes=layers.seq.cut_bytes, bandwidth=bandwidth)
+
+
+def check_stage_count(view: ModelView, dec: DecoderInfo, k: int, ends: Ends) -> None:
+    """Refuse, before any cost is measured, a stage count that cuts between layers cannot make."""
+    groups = sorted(set(dec.node_layer.values()))
+    n = len(groups)
+    if ends == Ends.OWN:
+        ends_count = (groups[0] == -1) + (groups[-1] == dec.layers)
+        lo, hi = ends_count + 1, n
+    else:
+        glued = 0
+        if ends == Ends.ATTACHED:
+            glued = (groups[0] == -1 and 0 in groups) + (
+                groups[-1] == dec.layers and dec.layers - 1 in groups
+            )
+        lo, hi = 1, n - glued
+    if not lo <= k <= hi:
+        raise PartitionError(
+            f"{view.label}: cannot make {k} stages cutting only between the decoder's {dec.layers} layers "
+            f"(--ends {ends.value}); choose --stages between {lo} and {hi}, or --layer-cuts off"
+        )
+
+
+def named(view: ModelView, error: PartitionError) -> PartitionError:
+    """``error`` with the model's name in front, as every message names the file at fault."""
+    return PartitionError(f"{view.label}: {error}")
+
+
+def make_decoder_plan(
+    view: ModelView,
+    profile: Profile,
+    k: int,
+    dec: DecoderInfo,
+    options: DecoderOptions,
+    *,
+    bandwidth_bytes_per_s: float = math.inf,
+    microbatches: int = DEFAULT_MICROBATCHES,
+    phase: str = "decode",
+) -> Plan:
+    """Partition the decoder ``view`` into ``k`` stages that cut only between layers, exactly."""
+    profile.check_matches(view)
+    layers = layer_sequences(view, profile, dec)
+    try:
+        part = solve_layers(layers, dec, k, options.ends, bandwidth_bytes_per_s)
+    except PartitionError as e:
+        raise named(view, e) from e
+    stages = tuple(
+        dataclasses.replace(st, phase_seconds=((phase, cost),))
+        for st, cost in zip(
+            decoder_stages(view, dec, layers, part, options, profile), part.stage_costs, strict=True
+        )
+    )
+    timeline = simulate("stream", [s.cost_seconds for s in stages], None, [0.0] * k, microbatches)
+    return plan_from(
+        view,
+        profile,
+        part,
+        stages,
+        layers.seq.sizes,
+        bandwidth_bytes_per_s,
+        notes=decoder_notes(view, dec, stages, options),
+        timeline=timeline,
+        objective=OBJECTIVE,
+        decoder=DecoderSummary(
+            dec.layers,
+            True,
+            options.ends.value,
+            options.max_context,
+            phase,
+            (phase_shape_of(profile, dec, phase),),
+        ),
+    )
+
+
+def phase_shape_of(profile: Profile, dec: DecoderInfo, phase: str) -> tuple[str, int, int]:
+    """(phase, new tokens, cached tokens) of the shapes ``profile`` was measured at."""
+    ids = profile.input_shapes.get(dec.ids_input, (1, 1))
+    past = profile.input_shapes.get(dec.kv[0].past_key, (1, 1, 0, 1))
+    return phase, int(ids[-1]) if ids else 1, int(past[-2]) if len(past) >= 2 else 0
+
+
+def profile_phase(profile: Profile, dec: DecoderInfo) -> str:
+    """The phase ``profile``'s shapes are: ``decode`` for one new token after a cache, else ``prefill``."""
+    _, tokens, past = phase_shape_of(profile, dec, "")
+    return "decode" if tokens == 1 and past > 0 else "prefill"
+
+
+def decoder_stages(
+    view: ModelView,
+    dec: DecoderInfo,
+    layers: LayerSequences,
+    part: Partition,
+    options: DecoderOptions,
+    profile: Profile,
+) -> tuple[StageSpec, ...]:
+    """The named stages of ``part``, each with the layers whose cache it holds and that cache's bytes."""
+    stages = specs_from_bounds(view, layers.seq, part.bounds, part.compute, part.transfer)
+    batch = _batch(view, dec, profile)
+    kv = stage_kv(view, dec, stages, options.max_context, batch)
+    return tuple(
+        dataclasses.replace(st, kv_layers=owned, kv_cache_bytes=nbytes)
+        for st, (owned, nbytes) in zip(stages, kv, strict=True)
+    )
+
+
+def decoder_notes(
+    view: ModelView, dec: DecoderInfo, stages: tuple[StageSpec, ...], options: DecoderOptions
+) -> tuple[str, ...]:
+    notes = [*view.notes, dec.describe()]
+    per_stage = ", ".join(
+        f"{st.index}: {_layer_range(st.kv_layers)} {st.kv_cache_bytes / 2**20:.1f} MiB" for st in stages
+    )
+    notes.append(
+        f"cuts only between layers (--ends {options.ends.value}); KV cache per stage at "
+        f"{options.max_context} tokens of context: {per_stage}"
+    )
+    if dec.shape_readers:
+        notes.append(
+            f"{len(dec.shape_readers)} node(s) read a past tensor of another layer for its shape only (the "
+            "past length the exporter took from that layer's cache): they read no cache data"
+        )
+    return tuple(notes)
+
+
+def _layer_range(owned: tuple[int, ...]) -> str:
+    if not owned:
+        return "no layers"
+    return f"layer {owned[0]}" if len(owned) == 1 else f"layers {owned[0]}-{owned[-1]}"
+
+
+def _batch(view: ModelView, dec: DecoderInfo, profile: Profile) -> int:
+    shape = profile.input_shapes.get(dec.kv[0].past_key)
+    return int(shape[0]) if shape else 1

@@ -1,0 +1,116 @@
+"""One plan for both phases of a decoder: layer cuts balanced for the prompt and for each new token.
+
+A prompt (prefill: many tokens, no cache) and a generation step (decode: one token over a long cache)
+spread their time differently over the layers: attention over the cache weighs more at decode, the
+projections at prefill, the LM head differently again.  A split balanced for one phase is off balance at
+the other.  Given a profile at each shape, :func:`make_two_phase_plan` chooses the layer cuts that
+minimise, exactly, the larger of the two phases' bottlenecks each relative to that phase's own best
+split (:func:`onnxpipe.partition.phases.solve_two_phases`)::
+
+    minimise  max( prefill bottleneck / best prefill bottleneck,  decode bottleneck / best decode bottleneck )
+
+so neither phase pays much for the other; both phases' estimates are kept per stage.  The stage times
+the plan reports (``compute_seconds``, the bottleneck) are the decode ones: generation is where the
+steady state of a pipeline lies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from onnxpipe.core.errors import PartitionError
+from onnxpipe.cost.profile import Profile
+from onnxpipe.ir.decoder import DecoderInfo
+from onnxpipe.ir.model import ModelView
+from onnxpipe.partition import evaluate
+from onnxpipe.partition.phases import solve_two_phases
+from onnxpipe.plan.decoder import layer_sequences
+from onnxpipe.plan.decoder_kinds import DecoderOptions
+from onnxpipe.plan.decoder_plan import coarse_bounds, decoder_notes, decoder_stages, named, phase_shape_of
+from onnxpipe.plan.stages import plan_from
+from onnxpipe.plan.types import DecoderSummary, Plan
+from onnxpipe.schedule.simulate import simulate
+from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
+
+OBJECTIVE = (
+    "minimize the larger of the prefill and decode bottlenecks, each relative to its phase's own best "
+    "layer-aligned split (stage times: compute + transfer in; reported at decode)"
+)
+
+
+def make_two_phase_plan(
+    view: ModelView,
+    prefill: Profile,
+    decode: Profile,
+    k: int,
+    dec: DecoderInfo,
+    options: DecoderOptions,
+    *,
+    bandwidth_bytes_per_s: float = math.inf,
+    microbatches: int = DEFAULT_MICROBATCHES,
+) -> Plan:
+    """The layer-aligned ``k``-stage split of ``view`` balanced for both phases (see the module)."""
+    prefill.check_matches(view)
+    decode.check_matches(view)
+    lp = layer_sequences(view, prefill, dec)
+    ld = layer_sequences(view, decode, dec)
+    if lp.starts != ld.starts:  # the order depends on the graph alone: a bug if not
+        raise PartitionError("the prefill and decode profiles line the layers up differently")
+    ca, cb = lp.coarse_costs, ld.coarse_costs
+    cut_a = [float(x) for x in lp.coarse_cut_bytes]
+    cut_b = [float(x) for x in ld.coarse_cut_bytes]
+
+    def solve(lo: int, hi: int, kk: int, allowed: Sequence[bool]) -> tuple[int, ...]:
+        return solve_two_phases(
+            ca[lo:hi],
+            cb[lo:hi],
+            kk,
+            cut_a=cut_a[lo : hi + 1],
+            cut_b=cut_b[lo : hi + 1],
+            bandwidth=bandwidth_bytes_per_s,
+            allowed_cuts=allowed,
+        ).bounds
+
+    try:
+        fine = ld.fine_bounds(coarse_bounds(ld, dec, k, options.ends, solve))
+    except PartitionError as e:
+        raise named(view, e) from e
+    part_p = evaluate(lp.seq.costs, fine, cut_bytes=lp.seq.cut_bytes, bandwidth=bandwidth_bytes_per_s)
+    part_d = evaluate(ld.seq.costs, fine, cut_bytes=ld.seq.cut_bytes, bandwidth=bandwidth_bytes_per_s)
+    stages = tuple(
+        dataclasses.replace(st, phase_seconds=(("prefill", p), ("decode", d)))
+        for st, p, d in zip(
+            decoder_stages(view, dec, ld, part_d, options, decode),
+            part_p.stage_costs,
+            part_d.stage_costs,
+            strict=True,
+        )
+    )
+    shapes = (phase_shape_of(prefill, dec, "prefill"), phase_shape_of(decode, dec, "decode"))
+    notes = (
+        *decoder_notes(view, dec, stages, options),
+        f"balanced for both phases: prefill bottleneck {part_p.bottleneck * 1e3:.3f} ms "
+        f"({_ratio(part_p.bottleneck, part_p.lower_bound)} its lower bound), decode "
+        f"{part_d.bottleneck * 1e3:.3f} ms ({_ratio(part_d.bottleneck, part_d.lower_bound)} its lower "
+        "bound); "
+        f"profiled at {shapes[0][1]} prompt token(s) and at 1 token after {shapes[1][2]} cached",
+    )
+    timeline = simulate("stream", [s.cost_seconds for s in stages], None, [0.0] * k, microbatches)
+    return plan_from(
+        view,
+        decode,
+        part_d,
+        stages,
+        ld.seq.sizes,
+        bandwidth_bytes_per_s,
+        notes=notes,
+        timeline=timeline,
+        objective=OBJECTIVE,
+        decoder=DecoderSummary(dec.layers, True, options.ends.value, options.max_context, "both", shapes),
+    )
+
+
+def _ratio(value: float, bound: float) -> str:
+    return f"{value / bound:.3f}x" if bound > 0 else "1.000x"

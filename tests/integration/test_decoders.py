@@ -1,0 +1,290 @@
+"""Decoder LLMs with a KV cache (the committed tiny exports of ``tools/export_decoders.py``): found as
+decoders, cut between layers only, sized without hints, greedy decoding through the stages equal to the
+model's, the KV memory figure equal to the cache's real size, and the builder's format accepted."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from cli_runner import run as cli_run
+from paths import SAMPLE_MODELS
+
+from onnxpipe.api import SplitOptions, split
+from onnxpipe.cluster.devicesfile import load_cluster
+from onnxpipe.core.errors import MemoryFitError
+from onnxpipe.cost.source import ProfileOptions, get_profile
+from onnxpipe.export.stages import ExportOptions
+from onnxpipe.ir.decoder import find_decoder
+from onnxpipe.ir.feeds import random_feeds
+from onnxpipe.ir.load import load_model
+from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.shapes import resolve_input_shapes
+from onnxpipe.manifest import load_manifest
+from onnxpipe.plan.decoder import kv_split_layers
+from onnxpipe.plan.decoder_kinds import DecoderOptions, Ends
+from onnxpipe.plan.planner import plan
+from onnxpipe.plan.request import PlanRequest
+from onnxpipe.plan.stages import assign_stages
+from onnxpipe.verification.chain import StageChain
+
+DECODERS = SAMPLE_MODELS / "decoders"
+MODELS = ("llama_gqa", "qwen2", "gpt2")
+
+
+def _path(name: str) -> Path:
+    return DECODERS / f"{name}.onnx"
+
+
+def _cache_shape(view: ModelView, past: str, length: int) -> tuple[int, ...]:
+    """A past tensor's shape for one sequence of ``length`` cached tokens."""
+    declared = view.tensor(past).shape
+    assert declared is not None
+    return (1, *(d if isinstance(d, int) else length for d in declared[1:]))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_each_layers_cache_lies_wholly_in_one_stage(name: str) -> None:
+    view = load_model(_path(name))
+    dec = find_decoder(view)
+    assert dec is not None and dec.layers == 4
+    prof = get_profile(view, ProfileOptions(cost="static"))  # where the cuts fall does not need timings
+    for k in (2, 3, 4):
+        for ends in (Ends.FREE, Ends.ATTACHED):
+            p = plan(view, prof, PlanRequest(k, decoder=DecoderOptions(ends=ends)))
+            assert p.k == k
+            assert kv_split_layers(view, dec, p.stages) == []
+            owned = [layer for st in p.stages for layer in st.kv_layers]
+            assert owned == list(range(dec.layers))  # every layer once, in order
+            for st in p.stages:
+                # a stage reads as data and makes exactly its own layers' cache
+                layers_here = set(st.kv_layers)
+                for pair in dec.kv:
+                    present_here = any(t in st.outputs for t in pair.presents)
+                    assert present_here == (pair.layer in layers_here)
+    # the check can fail: a cut between layer 1's key and value caches is seen
+    compute = view.compute_nodes
+    key_at = next(p for p, n in enumerate(compute) if dec.kv[1].present_key in n.outputs)
+    value_at = next(p for p, n in enumerate(compute) if dec.kv[1].present_value in n.outputs)
+    cut = max(key_at, value_at)
+    torn = assign_stages(view, (0, cut, len(compute)), {}, [0.0, 0.0], [0.0, 0.0])
+    assert kv_split_layers(view, dec, torn) == [1]
+
+
+def test_own_ends_put_embedding_and_head_in_stages_of_their_own() -> None:
+    view = load_model(_path("llama_gqa"))
+    dec = find_decoder(view)
+    assert dec is not None
+    prof = get_profile(view, ProfileOptions(cost="static"))
+    p = plan(view, prof, PlanRequest(4, decoder=DecoderOptions(ends=Ends.OWN)))
+    assert p.stages[0].kv_layers == () and p.stages[-1].kv_layers == ()
+    assert set(dec.embedding_nodes) <= set(p.stages[0].node_names)
+    assert set(dec.lm_head_nodes) == set(p.stages[-1].node_names)
+
+
+Step = Callable[[Mapping[str, np.ndarray]], Mapping[str, Any]]
+
+
+def _greedy(
+    step: Step,
+    feeds0: Mapping[str, np.ndarray],
+    past: list[str],
+    present: list[str],
+    n: int,
+    logits: list[np.ndarray] | None = None,
+) -> list[int]:
+    """Greedy decoding of ``n`` tokens, the presents fed back as pasts; ``step(feeds) -> outputs``.
+    Each step's last logits are kept in ``logits`` when given."""
+    feeds = dict(feeds0)
+    tokens: list[int] = []
+    for _ in range(n):
+        out = step(feeds)
+        if logits is not None:
+            logits.append(np.asarray(out["logits"][0, -1]))
+        token = int(np.argmax(out["logits"][0, -1]))
+        tokens.append(token)
+        total = feeds["attention_mask"].shape[1] + 1
+        feeds = {
+            "input_ids": np.array([[token]], dtype=np.int64),
+            "attention_mask": np.ones((1, total), dtype=np.int64),
+            **{p: out[q] for p, q in zip(past, present, strict=True)},
+        }
+        if "position_ids" in feeds0:
+            feeds["position_ids"] = np.array([[total - 1]], dtype=np.int64)
+    return tokens
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_split_without_hints_decodes_the_models_tokens(name: str, tmp_path: Path) -> None:
+    """``split MODEL --stages 3`` needs no --shape; the stages, chained with the cache fed back, decode
+    the unsplit model's greedy tokens."""
+    result = split(_path(name), 3, tmp_path / "out", SplitOptions(profile=ProfileOptions(runs=3, warmup=1)))
+    assert result.report is not None and result.report.ok
+    manifest = load_manifest(tmp_path / "out")
+    view = load_model(_path(name))
+    dec = find_decoder(view)
+    assert dec is not None
+    prompt = np.array([[3, 17, 42, 9, 77, 5]], dtype=np.int64)
+    feeds0: dict[str, np.ndarray] = {
+        "input_ids": prompt,
+        "attention_mask": np.ones_like(prompt),
+        **{t: np.zeros(_cache_shape(view, t, 0), dtype=np.float32) for t in dec.past_inputs},
+    }
+    if dec.positions_input:
+        feeds0["position_ids"] = np.arange(prompt.shape[1], dtype=np.int64)[None]
+    session = ort.InferenceSession(str(_path(name)), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+
+    def whole(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(names, session.run(None, dict(feeds)), strict=True))
+
+    past, present = list(dec.past_inputs), list(dec.present_outputs)
+    want_logits: list[np.ndarray] = []
+    got_logits: list[np.ndarray] = []
+    expected = _greedy(whole, feeds0, past, present, 12, want_logits)
+    with StageChain.from_manifest(tmp_path / "out") as chain:
+        got = _greedy(chain.run, feeds0, past, present, 12, got_logits)
+    assert got == expected
+    # tiny random models often repeat a token: every step's logits must agree as well
+    np.testing.assert_allclose(np.stack(got_logits), np.stack(want_logits), rtol=1e-4, atol=1e-5)
+    # the manifest records the decoder and each stage's cache (read back from the file)
+    assert manifest.plan.decoder is not None and manifest.plan.decoder.layers == dec.layers
+    assert [layer for st in manifest.stages for layer in st.kv_layers] == list(range(dec.layers))
+    assert all(st.kv_cache_bytes > 0 for st in manifest.stages if st.kv_layers)
+    # balanced for both phases by default, with both estimates per stage
+    assert manifest.plan.decoder.phase == "both"
+    assert [p for p, _, _ in manifest.plan.decoder.phase_shapes] == ["prefill", "decode"]
+    assert all(dict(st.estimated_phase_seconds).keys() == {"prefill", "decode"} for st in manifest.stages)
+
+
+@pytest.mark.parametrize("context", [64, 300])
+def test_kv_memory_is_the_caches_real_size(context: int) -> None:
+    view = load_model(_path("gpt2"))
+    dec = find_decoder(view)
+    assert dec is not None
+    prof = get_profile(view, ProfileOptions(cost="static"))
+    p = plan(view, prof, PlanRequest(3, decoder=DecoderOptions(max_context=context)))
+    shapes = resolve_input_shapes(view, {t: _cache_shape(view, t, context) for t in dec.past_inputs})
+    feeds = random_feeds(view, shapes)
+    for st in p.stages:
+        real = sum(feeds[t].nbytes for layer in st.kv_layers for t in dec.kv[layer].pasts)
+        assert st.kv_cache_bytes == real > 0 or not st.kv_layers
+    assert p.decoder is not None and p.decoder.max_context == context
+
+
+def test_builder_format_is_accepted_with_a_note(tmp_path: Path) -> None:
+    """GenAI's builder writes SimplifiedLayerNormalization in the default domain: the checker refuses
+    it, onnxpipe notes that and splits it, and the stages keep those nodes."""
+    path = _path("llama_gqa_builder")
+    view = load_model(path)
+    assert any("SimplifiedLayerNormalization" in n for n in view.notes)
+    result = split(
+        path,
+        2,
+        tmp_path / "out",
+        SplitOptions(profile=ProfileOptions(cost="static"), export=ExportOptions()),
+    )
+    assert result.report is not None and result.report.ok
+    assert any("SimplifiedLayerNormalization" in n for n in result.plan.notes)
+    assert kv_split_layers(view, find_decoder(view), result.plan.stages) == []  # type: ignore[arg-type]
+    ops = {
+        n.op_type
+        for st in result.manifest.stages
+        for n in onnx.load(str(tmp_path / "out" / st.file)).graph.node
+    }
+    assert "SimplifiedLayerNormalization" in ops
+    # any plan of such a model repeats the note, not only a decoder's
+    generic = plan(
+        view,
+        get_profile(view, ProfileOptions(cost="static")),
+        PlanRequest(2, decoder=DecoderOptions(layer_cuts=False)),
+    )
+    assert any("SimplifiedLayerNormalization" in n for n in generic.notes)
+
+
+def test_one_phase_is_profiled_at_its_shape(tmp_path: Path) -> None:
+    request = PlanRequest(2, decoder=DecoderOptions(phase="prefill", prefill_tokens=12))
+    result = split(
+        _path("llama_gqa"),
+        request,
+        tmp_path / "out",
+        SplitOptions(profile=ProfileOptions(cost="static"), verify=False),
+    )
+    decoder = result.manifest.plan.decoder
+    assert decoder is not None and decoder.phase == "prefill"
+    assert decoder.phase_shapes == (("prefill", 12, 0),)
+    assert result.plan.input_shapes["input_ids"] == (1, 12)
+
+
+def test_kv_cache_counts_in_the_device_memory_check(tmp_path: Path) -> None:
+    """On a devices file each device must hold its layers' cache at the maximum context: a context
+    that fits at 2048 tokens does not at 8192, and the plan reports each device's cache."""
+    path = tmp_path / "devices.json"
+    devices = [
+        {"name": n, "provider": "CPUExecutionProvider", "threads": 1, "memory_bytes": 700000} for n in "abc"
+    ]
+    links = [{"bandwidth_bytes_per_s": 1000000000, "latency_s": 0}] * 2
+    path.write_text(json.dumps({"devices": devices, "links": links}))
+    view = load_model(_path("llama_gqa"))
+    dec = find_decoder(view)
+    assert dec is not None
+    prof = get_profile(view, ProfileOptions(cost="static"))
+    cluster = load_cluster(path)
+    fits = plan(view, prof, PlanRequest(3, devices=cluster, decoder=DecoderOptions(max_context=2048)))
+    assert kv_split_layers(view, dec, fits.stages) == []
+    per_layer = 2 * 2 * 8 * 4 * 2048  # key and value, 2 KV heads of 8, float32, 2048 tokens
+    assert [st.kv_cache_bytes for st in fits.stages] == [per_layer * len(st.kv_layers) for st in fits.stages]
+    with pytest.raises(MemoryFitError):
+        plan(view, prof, PlanRequest(3, devices=cluster, decoder=DecoderOptions(max_context=8192)))
+
+
+def test_cli_inspect_names_the_decoder_and_split_needs_no_hints(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = cli_run(["inspect", _path("llama_gqa_builder")], capfd)
+    assert code == 0
+    assert "decoder: 4 layers with a KV cache" in out and "SimplifiedLayerNormalization" in out
+    code, out, err = cli_run(
+        [
+            "split",
+            _path("gpt2"),
+            "--stages",
+            "3",
+            "--out",
+            tmp_path / "o",
+            "--cost",
+            "static",
+            "--ends",
+            "attached",
+        ],
+        capfd,
+    )
+    assert code == 0, err
+    assert "KV layers" in out and "ends attached" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "code", "message"),
+    [
+        (["-k", "9"], 5, "gpt2.onnx: cannot make 9 stages cutting only between the decoder's 4 layers"),
+        (["-k", "2", "--ends", "own"], 5, "choose --stages between 3 and 6"),
+        (["-k", "6", "--ends", "attached"], 5, "choose --stages between 1 and 4"),
+        (["-k", "2", "--calibrate", "1", "--cost", "profile"], 2, "gpt2.onnx: --calibrate times the stages"),
+    ],
+)
+def test_impossible_decoder_requests_are_one_line(
+    extra: list[str], code: int, message: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    got, out, err = cli_run(
+        ["split", _path("gpt2"), "--out", tmp_path / "o", "--cost", "static", *extra], capfd
+    )
+    assert got == code and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "; " in lines[0]
+    assert not (tmp_path / "o").exists()
