@@ -44,9 +44,10 @@ SMALL_TENSOR_BYTES = 1024
 
 
 ALIAS_NODE_PREFIX = "onnxpipe/same_value/"
-SHAPE_NODE_PREFIX = "onnxpipe/shape/"
-"""Names of the helper nodes (and their internal tensors) that remake a shape value from the dims of
-tensors a stage has (:meth:`StageBuilder._shape_from_parts`); never on a stage's boundary."""
+SHAPE_NODE_PREFIX = "onnxpipe/shape_of/"
+"""The prefix of the nodes (and their tensors) that make a recomputed ``Shape`` of a tensor the stage
+lacks out of dims it has (:attr:`onnxpipe.plan.types.StageSpec.shape_sources`); the last of them, a
+``Concat``, keeps the ``Shape`` node's name and output."""
 
 
 def alias_node_name(tensor: str) -> str:

@@ -170,21 +170,22 @@ def check_split_folder(
         names = [n.name for n in stage.graph.node]
         assert len(names) == len(set(names)), f"stage {st.index} repeats a node name"
         remade = [n for n in stage.graph.node if n.name.startswith(ALIAS_NODE_PREFIX)]
-        own = [
+        made_here = [
             n for n in names if n not in constant and not n.startswith((ALIAS_NODE_PREFIX, SHAPE_NODE_PREFIX))
         ]
-        # first the copies of earlier stages' nodes that remake shape and constant-only values here
-        copies, own = own[: st.recomputed_node_count], own[st.recomputed_node_count :]
-        # (source nodes an earlier stage holds, or left out there when it no longer had to send them)
-        assert set(copies) <= set(compute) and not set(copies) & set(own), f"stage {st.index}: bad copies"
+        # copies of earlier stages' nodes (first in the file) make the shape and constant-only values the
+        # stage would otherwise receive
+        copies, own = made_here[: st.recomputed_node_count], made_here[st.recomputed_node_count :]
+        position = {n.name: n.position for n in view.nodes}
+        assert not copies or max(position[n] for n in copies) < min(position[n] for n in own)
         assert len(own) == st.node_count, f"stage {st.index}: manifest node_count {st.node_count}"
         assert sum(1 for n in names if n in constant) == st.constant_node_count
         placed.update(own)
         skipped += st.skipped_node_count
         if result is not None:
             spec = result.plan.stages[st.index]
-            assert tuple(copies) == spec.recomputed_nodes
             assert tuple(own) == spec.file_node_names
+            assert tuple(copies) == spec.recomputed_nodes
             assert len(spec.skipped_nodes) == st.skipped_node_count
             assert not set(spec.skipped_nodes) & set(names)
             assert {(a.name, a.same_as) for a in spec.aliases} == {(n.output[0], n.input[0]) for n in remade}
@@ -195,9 +196,8 @@ def check_split_folder(
             (n.output[0], n.input[0]) for n in remade if n.input[0] in received
         }
 
-        # tensor names: only the source's (and the internal ones of nodes that remake a shape value from
-        # dims the stage has), and the graph's inputs/outputs are the manifest's, in order
-        new = {n for n in _stage_main_graph_names(stage) - src_names if not n.startswith(SHAPE_NODE_PREFIX)}
+        # tensor names: only the source's, and the graph's inputs/outputs are the manifest's, in order
+        new = {t for t in _stage_main_graph_names(stage) - src_names if not t.startswith(SHAPE_NODE_PREFIX)}
         assert not new, f"stage {st.index} invents tensor names {sorted(new)[:5]}"
         assert [i.name for i in stage.graph.input] == [t.name for t in st.inputs]
         assert [o.name for o in stage.graph.output] == [t.name for t in st.outputs]
