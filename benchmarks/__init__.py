@@ -32,6 +32,12 @@ measured profiles); they take minutes, want a quiet machine, and are run by hand
 * ``interleave`` — interleaved stages against a contiguous split: throughput and weights per worker;
 * ``ray`` — the Ray backend: one actor per worker against one per stage, and the whole model;
 * ``stagecost`` — what a cut costs: K stages one after the other against the whole model, one CPU;
+* ``nodesplit`` — plans that cut one dominating node (GPT-2 small's LM head, an Inception Conv) against
+  the best contiguous split: bottlenecks over ``total / K``, and the slowest stage timed alone.
+* ``runtimes`` — per runtime (onnxruntime, OpenVINO, tract): plans from onnxruntime's costs against plans
+  from the runtime's own measured and calibrated costs, slowest against mean stage;
+* ``gpu`` — for a machine with an accelerator: a CPU stage and a GPU stage planned from profiles on each,
+  verified, measured against predicted; skips, saying why, where no GPU provider is present.
 * ``decoders`` — decoder LLMs: stage balance at prefill and decode for splits balanced for prefill,
   decode, both phases, and equal layer counts.
 """

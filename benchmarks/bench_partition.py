@@ -11,7 +11,11 @@ lower bound ``max(total / K, largest node)``:
   (the true optimum for the objective the baselines are scored with);
 * ``equal``      — the same node count per stage (DeepSpeed ``partition_method="uniform"``);
 * ``params``     — parameter-balanced (DeepSpeed's default ``partition_method="parameters"``);
-* ``torchgpipe`` — torchgpipe's ``balance_by_time`` block-partition heuristic.
+* ``torchgpipe`` — torchgpipe's ``balance_by_time`` block-partition heuristic;
+* ``node_split`` — :func:`onnxpipe.plan.nodesplit.plan_splitting_nodes`: one node may be cut into parts
+  over consecutive stages (parts costed by their share of the node here, so that the figures stay
+  deterministic; ``python -m benchmarks nodesplit`` measures them).  Only it can pass the largest-node
+  term, so every row also gives each bottleneck over ``total / K`` (``bottleneck_over_average``).
 
 The baselines are :mod:`benchmarks.baselines`; every split is scored with
 :func:`onnxpipe.partition.evaluate`, the solver's own cost formula.
@@ -55,6 +59,7 @@ from benchmarks.common import (
 from onnxpipe import partition
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.load import load_model
+from onnxpipe.plan.nodesplit import plan_splitting_nodes
 from onnxpipe.plan.workers import make_plan
 from tools.make_large_graph import make_many_nodes
 
@@ -67,9 +72,10 @@ MODELS = (
     "rapidocr_rec",
     "gpt2_tiny",
     "bert_tiny",
+    "gpt2_small",
 )
 KS = (2, 4, 8)
-METHODS = ("onnxpipe", "exact", "equal", "params", "torchgpipe")
+METHODS = ("onnxpipe", "exact", "node_split", "equal", "params", "torchgpipe")
 GRAPH_SIZES = (1_000, 3_000, 10_000, 30_000, 100_000)
 RANDOM_SIZES = (1_000, 10_000, 100_000, 1_000_000)
 REFERENCE_MAX_N = 3_500  # the O(K n^2) DP beyond this takes minutes
@@ -111,7 +117,12 @@ def quality(models: list[str], refresh: bool) -> list[dict[str, Any]]:
                 "params": baselines.parameter_balanced(params, k),
                 "torchgpipe": baselines.torchgpipe_block(costs, k),
             }
-            bottleneck = {"onnxpipe": plan.bottleneck_seconds, "exact": exact.bottleneck}
+            cut = plan_splitting_nodes(view, profile, k, measure=False)
+            bottleneck = {
+                "onnxpipe": plan.bottleneck_seconds,
+                "exact": exact.bottleneck,
+                "node_split": cut.plan.bottleneck_seconds,
+            }
             for label, bounds in splits.items():
                 bottleneck[label] = partition.evaluate(costs, bounds).bottleneck
             ratio = {m: (bottleneck[m] / lower if lower > 0 else 1.0) for m in METHODS}
@@ -126,6 +137,11 @@ def quality(models: list[str], refresh: bool) -> list[dict[str, Any]]:
                     "lower_bound_ms": lower * 1e3,
                     "bottleneck_ms": {m: v * 1e3 for m, v in bottleneck.items()},
                     "ratio_to_lower_bound": ratio,
+                    "bottleneck_over_average": {m: v / (sum(costs) / k) for m, v in bottleneck.items()},
+                    "node_splits": [
+                        {"node": s.node, "kind": s.kind, "parts": s.parts, "stages": list(s.stages)}
+                        for s in cut.plan.node_splits
+                    ],
                     "fused_groups_cut": bool(plan.notes),
                     "profile_exact_fraction": profile.exact_fraction,
                 }

@@ -85,7 +85,8 @@ __all__ = [
 
 def model_path(name: str) -> Path:
     """A corpus model by short name: ``light_<onnx light name>``, ``nudenet``, ``rapidocr_<det|rec|cls>``,
-    ``iris``, ``<gpt2_tiny|bert_tiny>[_dynamo]`` (torch exports), or a ``sample_models`` stem."""
+    ``iris``, ``<gpt2_tiny|gpt2_small|bert_tiny>[_dynamo]`` (torch exports; ``gpt2_small`` is about
+    500 MB, exported into the corpus cache on first use), or a ``sample_models`` stem."""
     if name.startswith("light_"):
         return corpus.onnx_light(name.removeprefix("light_"))
     if name.startswith("rapidocr_"):
@@ -95,7 +96,7 @@ def model_path(name: str) -> Path:
     if name == "iris":
         return corpus.iris()
     base = name.removesuffix("_dynamo")
-    if base in ("gpt2_tiny", "bert_tiny"):
+    if base in ("gpt2_tiny", "gpt2_small", "bert_tiny"):
         path: Path = getattr(export_transformers, base)(dynamo=name.endswith("_dynamo"))
         return path
     sample = ROOT / "sample_models" / f"{name}.onnx"

@@ -13,18 +13,22 @@ plan as a stage count or a :class:`~onnxpipe.plan.request.PlanRequest`, and ever
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from onnxpipe.calibrate.devices import calibrate_on_devices, check_devices_here
 from onnxpipe.calibrate.loop import CalibrationOptions
 from onnxpipe.calibrate.loop import calibrate as run_calibration
 from onnxpipe.calibrate.timing import choose_timer, time_model
-from onnxpipe.core.errors import UsageError
+from onnxpipe.cluster.costs import provider_available
+from onnxpipe.core.errors import ExportError, UsageError
+from onnxpipe.core.runtime_kinds import Runtime
 from onnxpipe.cost.kinds import CostSource
+from onnxpipe.cost.measure import RETRY_NOTE
 from onnxpipe.cost.phases import phase_profiles
-from onnxpipe.cost.profile import Profile
+from onnxpipe.cost.profile import DEFAULT_RUNTIME, Profile
 from onnxpipe.cost.source import ProfileOptions, get_profile
 from onnxpipe.export.checks import check_exportable
 from onnxpipe.export.stages import ExportOptions, export_stages
@@ -32,11 +36,14 @@ from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.decoder_kinds import Phase, PhaseShape
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.shapes import resolve_input_shapes
+from onnxpipe.ir.static import static_view
 from onnxpipe.manifest import Manifest
 from onnxpipe.plan.decoder_plan import check_stage_count
-from onnxpipe.plan.planner import plan
-from onnxpipe.plan.request import PlanRequest
+from onnxpipe.plan.planner import plan, planned
+from onnxpipe.plan.request import PlanRequest, SplitNodes
 from onnxpipe.plan.types import Plan
+from onnxpipe.verification.record import record_verification, verification_record
 from onnxpipe.verification.verify import VerifyReport, verify
 
 __all__ = [
@@ -58,13 +65,21 @@ class SplitOptions:
 
     ``profile``: where the costs come from; ``calibration``: rounds of timing the exported stages and
     partitioning again (:mod:`onnxpipe.calibrate`); ``export``: replacing an earlier split and where the
-    weights go; ``verify``: compare the chained stages with the model before returning.
+    weights go; ``verify``: compare the chained stages with the model before returning.  ``on_step``
+    is told each step as it begins (``"profiling"``, ``"planning"``, ``"exporting 4 stages"``,
+    ``"verifying"``): the CLI says so, so that no step of a long split is silent; the API itself prints
+    nothing.
     """
 
     profile: ProfileOptions = field(default_factory=ProfileOptions)
     calibration: CalibrationOptions = field(default_factory=CalibrationOptions)
     export: ExportOptions = field(default_factory=ExportOptions)
     verify: bool = True
+    on_step: Callable[[str], None] | None = field(default=None, compare=False)
+    static: bool = False
+    """Split a copy of the model with its input shapes frozen at ``profile.shapes`` (else the defaults
+    of :func:`onnxpipe.ir.shapes.resolve_input_shapes`), its shape arithmetic folded
+    (:mod:`onnxpipe.ir.static`): every stage then has fixed shapes, for runtimes and NPUs that need them."""
 
 
 @dataclass(frozen=True)
@@ -78,13 +93,14 @@ class SplitResult:
 
 
 def split(
-    model: str | Path,
+    model: str | Path | ModelView,
     stages: int | Literal["auto"] | PlanRequest,
     out: str | Path,
     options: SplitOptions | None = None,
 ) -> SplitResult:
     """Load, profile (or reuse a profile), partition optimally, export the stages, and verify them.
 
+    ``model``: a file, or a model already loaded (the CLI loads it first to say what it will do).
     ``stages``: a stage count, ``"auto"``, or a whole :class:`PlanRequest` (devices, device order,
     schedule, workers...).  Everything that can be refused without costs (the output folder, the
     model's opsets, the request) is refused before profiling.
@@ -92,38 +108,86 @@ def split(
     request = stages if isinstance(stages, PlanRequest) else PlanRequest(stages)
     opts = options or SplitOptions()
     out_dir = Path(out).absolute()  # verification must find the folder even if "." is replaced
-    view = load_model(model)
+    view = model if isinstance(model, ModelView) else load_model(model)
     check_exportable(view, out_dir, force=opts.export.force)
     request.check()
+    if opts.static:
+        shapes = resolve_input_shapes(view, opts.profile.shapes or None)
+        view, _ = static_view(view, shapes)
+        opts = dataclasses.replace(opts, profile=dataclasses.replace(opts.profile, shapes=shapes))
     _check_calibration(request, opts.calibration)
+    step = opts.on_step or (lambda what: None)
     if opts.calibration.rounds and len(decoder_phases(view, request, opts.profile)) > 1:
         raise UsageError(
             f"{view.label}: --calibrate times the stages at one shape; with a decoder give --phase prefill "
             "or --phase decode (not both)"
         )
+    if opts.profile.saved is None:  # a saved profile is read at once (and refused without a word)
+        step("profiling")
     phases = decoder_profiles(view, request, opts.profile)
     prof = phases.get(Phase.DECODE) or phases.get(Phase.PREFILL) or get_profile(view, opts.profile)
-    the_plan = _calibrated(view, prof, request, opts.calibration, phases)
+    step("planning, calibrating" if opts.calibration.rounds else "planning")
+    samples = prof.samples
+    if request.split_nodes == SplitNodes.AUTO:
+        cut = planned(view, prof, request)  # the stages name the cut node's parts: export the cut model
+        view, the_plan = cut.view, _measured_here(cut.plan, prof, request)
+    else:
+        the_plan = _calibrated(view, prof, request, opts.calibration, phases)
+    retried = tuple(n for n in prof.unattributed if n.startswith(RETRY_NOTE))
+    if retried:  # the sizes finally used, in the manifest's notes too
+        the_plan = dataclasses.replace(the_plan, notes=(*the_plan.notes, *retried))
+    step(f"exporting {the_plan.k} stages")
     manifest = export_stages(
-        view, the_plan, out_dir, force=opts.export.force, external_data=opts.export.external_data
+        view,
+        the_plan,
+        out_dir,
+        force=opts.export.force,
+        external_data=opts.export.external_data,
+        feeds=samples.first if samples is not None else None,
     )
-    report = verify(out_dir, shapes=opts.profile.shapes) if opts.verify else None
+    report = None  # the manifest says unverified until the result is recorded (Ctrl-C leaves it so)
+    if opts.verify:
+        planned_shapes = None if samples is not None else opts.profile.shapes
+        step("verifying")
+        report = verify(out_dir, shapes=planned_shapes, samples=samples, runtime=_verify_runtime(the_plan))
+        try:
+            record_verification(out_dir, report)
+            manifest = dataclasses.replace(manifest, verification=verification_record(report))
+        except OSError as e:
+            raise ExportError(
+                f"{out_dir}: the verification's result cannot be written into its manifest ({e}); "
+                "run onnxpipe verify there once it can be written"
+            ) from e
     return SplitResult(plan=the_plan, manifest=manifest, out_dir=out_dir, report=report)
 
 
 def _check_calibration(request: PlanRequest, calibration: CalibrationOptions) -> None:
     if not calibration.rounds:
         return
+    if request.split_nodes == SplitNodes.AUTO:
+        raise UsageError(
+            "--calibrate corrects the costs of the model's own nodes, and --split-nodes auto cuts one: "
+            "give one or the other"
+        )
     if request.interleaved and calibration.mode == "pipeline":
         raise UsageError(
             "--calibrate-in pipeline times every stage on CPUs of its own, but interleaved stages share "
             "their workers' CPUs: use --calibrate-in alone"
         )
     if request.devices is not None:
-        raise UsageError(
-            "--calibrate times the stages on this machine, which a devices file plans for other ones; "
-            "give each device a profile measured on it (profile_path) instead"
-        )
+        if calibration.mode == "pipeline":
+            raise UsageError(
+                "--calibrate with --devices times each stage alone on its device's runtime: leave out "
+                "--calibrate-in pipeline"
+            )
+        check_devices_here(request.devices)  # before profiling: every stage is timed where it will run
+
+
+def _measured_here(the_plan: Plan, prof: Profile, request: PlanRequest) -> Plan:
+    """A measured profile's median whole run is the machine's speed the estimates saw: recorded."""
+    if prof.source == CostSource.PROFILE and request.devices is None and prof.total_seconds > 0:
+        return dataclasses.replace(the_plan, reference_seconds=prof.total_seconds)
+    return the_plan
 
 
 def decoder_phases(view: ModelView, request: PlanRequest, options: ProfileOptions) -> tuple[PhaseShape, ...]:
@@ -159,13 +223,14 @@ def _calibrated(
         return plan(view, p, request, phase_profiles=phases if p is prof else None)
 
     if not calibration.rounds:
-        the_plan = make(prof)
-        measured_here = (
-            prof.source == CostSource.PROFILE and request.devices is None and prof.total_seconds > 0
+        return _measured_here(make(prof), prof, request)
+    if request.devices is not None:
+        return _calibrated_on_devices(view, prof, request, calibration)
+    if prof.runtime != DEFAULT_RUNTIME:
+        raise UsageError(
+            f"--calibrate times the stages in onnxruntime, and the profile was measured on {prof.runtime}; "
+            f"give --devices with devices of that runtime to calibrate on it"
         )
-        if measured_here:  # a measured profile's median whole run is the machine's speed it saw
-            the_plan = dataclasses.replace(the_plan, reference_seconds=prof.total_seconds)
-        return the_plan
     k = request.stages if isinstance(request.stages, int) else len(make(prof).stages)
     timer, how = choose_timer("alone" if request.interleaved else calibration.mode, k, prof.threads)
     prof, the_plan, rounds = run_calibration(view, prof, make, rounds=calibration.rounds, timer=timer)
@@ -179,3 +244,32 @@ def _calibrated(
     return dataclasses.replace(
         the_plan, notes=(*the_plan.notes, note), reference_seconds=time_model(view, prof)
     )
+
+
+def _calibrated_on_devices(
+    view: ModelView, prof: Profile, request: PlanRequest, calibration: CalibrationOptions
+) -> Plan:
+    """The plan calibrated with every stage timed on its own device's runtime (:mod:`.calibrate.devices`)."""
+    the_plan, rounds = calibrate_on_devices(
+        view, prof, request, lambda p, r: plan(view, p, r), rounds=calibration.rounds
+    )
+    first, last = rounds[0], rounds[-1]
+    note = (
+        f"calibrated in {len(rounds)} round(s), each stage timed alone on its device's runtime: the "
+        f"estimates were off by up to {first.worst_error * 100:.1f}% at first"
+        + (f", {last.worst_error * 100:.1f}% in round {len(rounds)}" if len(rounds) > 1 else "")
+        + "; the estimates below come from the corrected costs"
+    )
+    return dataclasses.replace(the_plan, notes=(*the_plan.notes, note))
+
+
+def _verify_runtime(the_plan: Plan) -> str | None:
+    """``"devices"`` when a stage's device names another runtime than onnxruntime and every stage's
+    runtime is here: the split is then verified as it will run; else None (onnxruntime on the CPU)."""
+    if the_plan.cluster is None:
+        return None
+    by_name = {d.name: d for d in the_plan.cluster.devices}
+    used = [by_name[s.device] for s in the_plan.stages if s.device in by_name]
+    if all(d.runtime == Runtime.ONNXRUNTIME for d in used) or not all(provider_available(d) for d in used):
+        return None
+    return "devices"

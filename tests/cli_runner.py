@@ -49,6 +49,16 @@ def run_with_file_size_limit(
     )
 
 
+PREAMBLE = ("input ", "  the guessed sizes", "warning: ", "... ")
+"""How the lines a command prints before its work begin (:mod:`onnxpipe.cli.commands.preamble`)."""
+
+
+def preamble_only(out: str) -> bool:
+    """Whether ``out`` holds nothing but the preamble: a command that failed during its work printed
+    what it was about to do, and no result."""
+    return all(line.startswith(PREAMBLE) for line in out.splitlines())
+
+
 def one_line_error(err: str, command: str, *, says_what_to_do: bool = True) -> str:
     """The documented error shape: one line, ``onnxpipe <command>: error: <where>: <what>; <what to do>``.
 

@@ -531,3 +531,23 @@ def shape_arithmetic_model() -> onnx.ModelProto:
     ]
     graph = helper.make_graph(nodes, "g", [vi("x", ["batch", "seq"])], [vi("y", ["batch", "seq"])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def dominated_head_model(width: int = 128, vocab: int = 4096, layers: int = 4) -> onnx.ModelProto:
+    """An MLP whose last MatMul (with a bias Add) holds most of the time: an LM head in small.
+
+    ``x`` [batch, width] -> ``logits`` [batch, vocab]; what node splitting exists for."""
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        inits.append(const(f"w{i}", rng.standard_normal((width, width)) * 0.05))
+        nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"h{i}"], name=f"mm{i}"))
+        nodes.append(helper.make_node("Relu", [f"h{i}"], [f"r{i}"], name=f"relu{i}"))
+        x = f"r{i}"
+    inits += [
+        const("head", rng.standard_normal((width, vocab)) * 0.05),
+        const("bias", rng.standard_normal(vocab)),
+    ]
+    nodes.append(helper.make_node("MatMul", [x, "head"], ["pre"], name="head_mm"))
+    nodes.append(helper.make_node("Add", ["pre", "bias"], ["logits"], name="head_bias"))
+    return make(nodes, [vi("x", ["batch", width])], [vi("logits", ["batch", vocab])], inits)

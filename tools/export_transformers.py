@@ -4,6 +4,8 @@
 
 - ``gpt2_tiny``: ``GPT2LMHeadModel`` (4 layers, 128 wide, 4 heads, vocab 1000), ``input_ids`` [batch, seq]
   -> ``logits`` [batch, seq, vocab], no past key values.
+- ``gpt2_small``: the same at GPT-2 small's size (12 layers, 768 wide, 12 heads, vocab 50257, 1024
+  positions; about 500 MB): benchmarks only, exported on first use into the cache, never committed.
 - ``bert_tiny``: ``BertModel`` (4 layers, 128 wide, 4 heads), ``input_ids`` and ``attention_mask``
   [batch, seq] -> ``last_hidden_state`` [batch, seq, 128] and ``pooler_output`` [batch, 128].
 - ``bert_mini``: the same 256 wide (feed-forward 1024), the size of Google's BERT-Mini without its
@@ -56,6 +58,8 @@ if TYPE_CHECKING:
 EXPORT_REVISION = 1  # bump to invalidate every cached export after changing how models are built
 TORCHSCRIPT_OPSET = 17
 SEED = 0
+BENCHMARK_ONLY = ("gpt2_small",)
+"""Too big to copy around with the others (:func:`export_all` leaves them out): benchmarks export them."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,22 @@ SPECS: dict[str, ModelSpec] = {
             "n_head": 4,
             "bos_token_id": 0,
             "eos_token_id": 0,
+            "use_cache": False,
+        },
+        input_names=("input_ids",),
+        output_names=("logits",),
+        output_axes={"logits": {0: "batch", 1: "seq"}},
+    ),
+    "gpt2_small": ModelSpec(
+        name="gpt2_small",
+        config={
+            "vocab_size": 50257,
+            "n_positions": 1024,
+            "n_embd": 768,
+            "n_layer": 12,
+            "n_head": 12,
+            "bos_token_id": 50256,
+            "eos_token_id": 50256,
             "use_cache": False,
         },
         input_names=("input_ids",),
@@ -130,7 +150,7 @@ def build_torch_model(name: str) -> torch.nn.Module:
 
     spec = SPECS[name]
     torch.manual_seed(SEED)
-    if name == "gpt2_tiny":
+    if name in ("gpt2_tiny", "gpt2_small"):
         lm = transformers.GPT2LMHeadModel(transformers.GPT2Config(**spec.config))
 
         class Gpt2Logits(torch.nn.Module):
@@ -284,6 +304,12 @@ def gpt2_tiny(dynamo: bool = False) -> Path:
     return cached_export("gpt2_tiny", dynamo)
 
 
+def gpt2_small(dynamo: bool = False) -> Path:
+    """GPT-2 small's architecture with random weights: ``input_ids`` [batch, seq] -> ``logits``
+    [batch, seq, 50257] (benchmarks only: about 500 MB, exported into the cache on first use)."""
+    return cached_export("gpt2_small", dynamo)
+
+
 def bert_tiny(dynamo: bool = False) -> Path:
     """A 4-layer BERT: ``input_ids``, ``attention_mask`` -> ``last_hidden_state``, ``pooler_output``."""
     return cached_export("bert_tiny", dynamo)
@@ -304,7 +330,7 @@ def export_all(out: Path) -> list[Path]:
     """Copy every export (from the cache, exporting what is missing) into ``out``; return the models."""
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name in SPECS:
+    for name in (n for n in SPECS if n not in BENCHMARK_ONLY):
         for dynamo in (False, True):
             src = cached_export(name, dynamo)
             for f in model_files(src):

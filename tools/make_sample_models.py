@@ -14,6 +14,15 @@ Each model has a dynamic batch dimension named ``batch`` on its inputs and outpu
   subgraphs, Softmax attention with a causal mask, Erf-based GELU), symbolic ``seq``.
 - ``mlp.onnx``: five dense layers mixing Gemm and MatMul + Add.
 
+Two more models need what random inputs at guessed sizes cannot give (:data:`REAL_INPUT_BUILDERS`):
+
+- ``vad_like.onnx``: shaped like a voice-activity detector: ``input`` ``[?, ?]`` and ``state``
+  ``[2, ?, 128]`` with unnamed dims (the state's rows must equal the input's batch: a ``Concat``
+  joins them), and an ``sr`` scalar whose value picks an ``If`` branch: 16000 reflect-pads the audio by
+  64 samples, any other rate reads sample 1000000 and fails.  It runs only on real inputs (``--inputs``).
+- ``reflect_pad.onnx``: ``x`` ``[batch, seq]`` reflect-padded by 64 samples, which fails at the guessed
+  sequence size of 16 and runs at 512 (a measured profile's retry).
+
 Change a model only on purpose: tests and recorded benchmark results refer to these files.
 """
 
@@ -319,6 +328,102 @@ BUILDERS: dict[str, Callable[[], onnx.ModelProto]] = {
 }
 
 
+def _vad_body(g: GraphBuilder, feat: str) -> tuple[str, str]:
+    """The part after the features: state rows and features joined (equal batches), two layers."""
+    zero = g.const("idx0", np.array(0, dtype=np.int64))
+    one = g.const("idx1", np.array(1, dtype=np.int64))
+    s0 = g.op("Gather", "state.h", ["state", zero], axis=0)
+    s1 = g.op("Gather", "state.c", ["state", one], axis=0)
+    joined = g.op("Concat", "join", [s0, feat], axis=1)  # [B, 129]: the batches must agree
+    h = g.op("MatMul", "fc1.matmul", [joined, g.normal("fc1.weight", (129, 128), 0.1)])
+    h = g.op("Tanh", "fc1.tanh", [h])
+    c = g.op("Add", "cell.add", [h, s1])
+    p = g.op("MatMul", "fc2.matmul", [c, g.normal("fc2.weight", (128, 1), 0.1)])
+    prob = g.op("Sigmoid", "fc2.sigmoid", [p], output="prob")
+    axes = g.const("axes0", np.array([0], dtype=np.int64))
+    hu = g.op("Unsqueeze", "state_out.h", [h, axes])
+    cu = g.op("Unsqueeze", "state_out.c", [c, axes])
+    state_n = g.op("Concat", "state_out", [hu, cu], output="stateN", axis=0)
+    return prob, state_n
+
+
+def build_vad_like() -> onnx.ModelProto:
+    g = GraphBuilder(seed=4)
+    pads = numpy_helper.from_array(np.array([0, 64, 0, 64], dtype=np.int64), "pads")
+    far = numpy_helper.from_array(np.array([1_000_000], dtype=np.int64), "far")
+    f32_2d = helper.make_tensor_value_info("feat_branch", TensorProto.FLOAT, [None, 1])
+    then_graph = helper.make_graph(
+        [
+            helper.make_node("Pad", ["input", "pads"], ["padded"], name="pad16k", mode="reflect"),
+            helper.make_node("ReduceMean", ["padded"], ["feat_branch"], name="mean16k", axes=[1], keepdims=1),
+        ],
+        "rate_16k",
+        [],
+        [f32_2d],
+        [pads],
+    )
+    else_graph = helper.make_graph(
+        [helper.make_node("Gather", ["input", "far"], ["feat_branch"], name="other_rate", axis=1)],
+        "other_rate",
+        [],
+        [f32_2d],
+        [far],
+    )
+    rate = g.const("rate16k", np.array(16000, dtype=np.int64))
+    is16k = g.op("Equal", "is_16k", ["sr", rate])
+    feat = g.op("If", "by_rate", [is16k], then_branch=then_graph, else_branch=else_graph)
+    _vad_body(g, feat)
+    return g.model(
+        "vad_like",
+        [
+            helper.make_tensor_value_info("input", TensorProto.FLOAT, [None, None]),
+            helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, None, 128]),
+            helper.make_tensor_value_info("sr", TensorProto.INT64, []),
+        ],
+        [
+            helper.make_tensor_value_info("prob", TensorProto.FLOAT, [None, 1]),
+            helper.make_tensor_value_info("stateN", TensorProto.FLOAT, [2, None, 128]),
+        ],
+        "Shaped like a voice-activity detector; runs only on real inputs (tools/make_sample_models.py).",
+    )
+
+
+def build_reflect_pad() -> onnx.ModelProto:
+    g = GraphBuilder(seed=5)
+    pads = g.const("pads", np.array([0, 64, 0, 64], dtype=np.int64))
+    x = g.op("Pad", "pad", ["x", pads], mode="reflect")
+    x = g.op("Mul", "scale", [x, g.const("two", np.array(2.0, dtype=np.float32))])
+    x = g.op("Tanh", "tanh", [x])
+    x = g.op("ReduceMean", "mean", [x], axes=[1], keepdims=1)
+    g.op("Sigmoid", "sigmoid", [x], output="y")
+    return g.model(
+        "reflect_pad",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])],
+        "A reflect pad of 64 samples: runs from 65 samples on (tools/make_sample_models.py).",
+    )
+
+
+REAL_INPUT_BUILDERS: dict[str, Callable[[], onnx.ModelProto]] = {
+    "vad_like": build_vad_like,
+    "reflect_pad": build_reflect_pad,
+}
+"""Models that need what random inputs at guessed sizes cannot give (``--inputs``, a larger size)."""
+
+
+def write_real_input_models(out: Path) -> list[Path]:
+    """Build, check and write :data:`REAL_INPUT_BUILDERS`' models into ``out``; return the paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, build in REAL_INPUT_BUILDERS.items():
+        model = build()
+        onnx.checker.check_model(model, full_check=True)
+        path = out / f"{name}.onnx"
+        path.write_bytes(model.SerializeToString(deterministic=True))
+        paths.append(path)
+    return paths
+
+
 def write_all(out: Path) -> list[Path]:
     """Build, check and write every sample model into ``out``; return the paths written."""
     out.mkdir(parents=True, exist_ok=True)
@@ -336,7 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder to write into")
     args = parser.parse_args(argv)
-    for path in write_all(args.out):
+    for path in [*write_all(args.out), *write_real_input_models(args.out)]:
         print(f"{path}  {path.stat().st_size} bytes")
     return 0
 

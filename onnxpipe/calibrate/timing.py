@@ -49,11 +49,13 @@ MAX_ROTATIONS = 4
 
 
 @contextmanager
-def scratch_stages(view: ModelView, plan: Plan) -> Iterator[tuple[Path, Manifest]]:
+def scratch_stages(
+    view: ModelView, plan: Plan, profile: Profile | None = None
+) -> Iterator[tuple[Path, Manifest]]:
     """``plan``'s stages exported to a temporary folder (removed afterwards), and their manifest."""
     with tempfile.TemporaryDirectory(prefix="onnxpipe-calibrate-") as tmp:
         out = Path(tmp) / "stages"
-        yield out, export_stages(view, plan, out, external_data="auto")
+        yield out, export_stages(view, plan, out, external_data="auto", feeds=_first_sample(profile))
 
 
 def time_stages(
@@ -67,7 +69,7 @@ def time_stages(
     :data:`TURNS_MAX_PARAM_BYTES` (a model split because it is large) are timed one after the other
     instead, each session closed before the next opens, as one stage alone fits where the whole may not.
     """
-    with scratch_stages(view, plan) as (out, manifest):
+    with scratch_stages(view, plan, profile) as (out, manifest):
         stages = ready_stages(view, profile, out, manifest, warmup=warmup)
         if sum(st.param_bytes for st in manifest.stages) <= TURNS_MAX_PARAM_BYTES:
             return time_in_turns(list(stages), runs=runs)
@@ -88,7 +90,7 @@ def ready_stages(
     """A session for each stage of the split in ``out``, in stage order, with the profile's threads,
     warmed up on what the earlier stages computed from one set of seeded random model inputs (a
     generator: a caller that drops each stage before taking the next holds one session at a time)."""
-    values: dict[str, np.ndarray] = dict(random_feeds(view, profile.input_shapes))
+    values: dict[str, np.ndarray] = profile_feeds(view, profile)
     options = session_options(threads=profile.threads)
     for st in manifest.stages:
         session = open_session(out / st.file, options)
@@ -153,8 +155,8 @@ def time_stages_in_pipeline(
     k, t = len(plan.stages), profile.threads
     sets = cpu_sets([t] * k)  # None (a caller with too few CPUs): once, unpinned
     medians: list[list[float]] = []
-    with scratch_stages(view, plan) as (out, manifest):
-        feeds = dict(random_feeds(view, profile.input_shapes))
+    with scratch_stages(view, plan, profile) as (out, manifest):
+        feeds = profile_feeds(view, profile)
         for turn in range(min(k, MAX_ROTATIONS) if sets else 1):
             own = sets[turn:] + sets[:turn] if sets else [()] * k
             placements = [replace(p, cpus=own[i]) for i, p in enumerate(manifest_placements(manifest, t))]
@@ -172,6 +174,17 @@ def time_stages_in_pipeline(
 REFERENCE_RUNS = 20
 
 
+def profile_feeds(view: ModelView, profile: Profile) -> dict[str, Any]:
+    """What the stages are timed on: the first of the user's samples the profile was made with
+    (``--inputs``), else seeded random inputs at the profile's shapes."""
+    first = _first_sample(profile)
+    return dict(first) if first is not None else dict(random_feeds(view, profile.input_shapes))
+
+
+def _first_sample(profile: Profile | None) -> dict[str, Any] | None:
+    return profile.samples.first if profile is not None and profile.samples is not None else None
+
+
 def time_model(
     view: ModelView, profile: Profile, *, runs: int = REFERENCE_RUNS, warmup: int = 3
 ) -> float | None:
@@ -181,7 +194,7 @@ def time_model(
     if view.path is None:
         return None
     session = open_session(view.path, session_options(threads=profile.threads))
-    feeds = dict(random_feeds(view, profile.input_shapes))
+    feeds = profile_feeds(view, profile)
     names = [o.name for o in session.get_outputs()]
     for _ in range(max(1, warmup)):
         session.run(names, feeds)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from onnxpipe.core.units import parse_rate
+
 
 def whole_number(text: str, minimum: int) -> int:
     try:
@@ -40,8 +42,24 @@ def positive_number(text: str, what: str = "a number") -> float:
 
 
 def bandwidth(text: str) -> float:
-    """Bytes per second, above 0."""
-    return positive_number(text, "a number of bytes per second")
+    """Bytes per second above 0, as a number or spelled as devices files spell it (``"1 Gbit/s"``,
+    ``"100 MB/s"``), so that one link reads the same on the command line and in a file."""
+    try:
+        float(text)
+        is_number = True
+    except ValueError:
+        is_number = False
+    if is_number:
+        return positive_number(text, "a number of bytes per second")
+    try:
+        value = parse_rate(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a rate; give bytes per second (125000000) or e.g. '1 Gbit/s'"
+        ) from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive finite rate")
+    return value
 
 
 def fraction(text: str) -> float:

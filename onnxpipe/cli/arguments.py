@@ -17,9 +17,37 @@ from onnxpipe.cli.argtypes import bandwidth, count, fraction, positive_int, posi
 from onnxpipe.cost.kinds import COST_SOURCES
 from onnxpipe.ir.decoder_kinds import DECODE_PAST, PREFILL_TOKENS
 from onnxpipe.plan.decoder_kinds import DEFAULT_MAX_CONTEXT, ENDS_CHOICES, PHASE_CHOICES
-from onnxpipe.plan.request import DEFAULT_TIME_SLACK, SCHEDULE_CHOICES
+from onnxpipe.plan.links import LINK_MODELS
+from onnxpipe.plan.request import (
+    DEFAULT_SPLIT_NODES,
+    DEFAULT_TIME_SLACK,
+    SCHEDULE_CHOICES,
+    SPLIT_NODES_CHOICES,
+)
 
 _N = TypeVar("_N")
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Help that ends every option's text with its default, unless the text already says it.
+
+    argparse's own ArgumentDefaultsHelpFormatter also writes ``(default: None)`` and
+    ``(default: False)``, which tell nothing; here an option without a default value says nothing more.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or default is None
+            or default is argparse.SUPPRESS
+            or isinstance(default, bool)
+            or default == []
+            or (not action.option_strings and action.nargs not in ("?", "*"))
+        ):
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -29,6 +57,10 @@ class CommandParser(argparse.ArgumentParser):
     project's rule is one line naming what is wrong and what to do.  The usage stays one ``--help`` away
     (the line says so), and the exit code stays argparse's 2, the usage-error code of docs/cli.md.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         what = " ".join(message.split())  # one line, whatever a type function put in its message
@@ -64,6 +96,24 @@ def stages_arg(text: str) -> int | str:
     return "auto" if text == "auto" else positive_int(text)
 
 
+def add_quiet_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--quiet",
+        "-q",
+        action="store_true",
+        help="no progress: no bar on a terminal, no progress lines in a log (stderr not a terminal)",
+    )
+
+
+def add_json_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON document on stdout instead of the tables (schema: docs/cli.md); what the "
+        "command says about its work goes to stderr",
+    )
+
+
 def add_measure_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("measurement")
     g.add_argument(
@@ -76,6 +126,27 @@ def add_measure_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--runs", type=positive_int, default=30, help="timed runs to take the median of")
     g.add_argument("--warmup", type=count, default=3, help="untimed warm-up runs")
     add_shape_arg(g)
+    add_inputs_args(g)
+
+
+def add_inputs_args(g: argparse._ActionsContainer) -> None:
+    g.add_argument(
+        "--inputs",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="real model inputs to run on instead of random ones: an .npz with one array per input (by "
+        "name) or a folder of <input>.npy files; repeat for several samples (they fix the shapes)",
+    )
+    g.add_argument(
+        "--inputs-stacked",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="like --inputs, an .npz whose arrays hold several samples along a leading axis",
+    )
 
 
 def add_shape_arg(g: argparse._ActionsContainer) -> None:
@@ -101,7 +172,16 @@ def add_planning_args(p: argparse.ArgumentParser) -> None:
         "--bandwidth",
         type=bandwidth,
         default=math.inf,
-        help="link bandwidth in bytes/s; bytes a stage receives count as transfer time (default: free)",
+        metavar="RATE",
+        help="link bandwidth: bytes/s (125000000) or a rate as devices files write it ('1 Gbit/s'); bytes "
+        "a stage receives count as transfer time (default: free)",
+    )
+    g.add_argument(
+        "--link-model",
+        choices=LINK_MODELS,
+        default=None,
+        help="serial: a stage's transfer in adds to its compute; overlap: links run beside compute and "
+        "the larger counts (default: serial without --devices, overlap with it or when training)",
     )
     g.add_argument(
         "--workers",
@@ -116,6 +196,14 @@ def add_planning_args(p: argparse.ArgumentParser) -> None:
         metavar="F",
         help=f"with --workers: accept a split up to F slower than the fastest (default {DEFAULT_TIME_SLACK}, "
         "i.e. 1%%) if it balances the workers' weights better",
+    )
+    g.add_argument(
+        "--split-nodes",
+        choices=SPLIT_NODES_CHOICES,
+        default=DEFAULT_SPLIT_NODES.value,
+        help="auto: a node that holds the split back (a big MatMul, Gemm or Conv with constant weights) "
+        "may be cut into parts in consecutive stages when that lowers the slowest stage; off (default): "
+        "contiguous stages of whole nodes",
     )
     g.add_argument("--devices", type=Path, help="cluster file: devices in pipeline order and their links")
     g.add_argument(

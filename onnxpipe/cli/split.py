@@ -8,7 +8,7 @@ from pathlib import Path
 
 from onnxpipe.calibrate.modes import CALIBRATION_MODES, DEFAULT_CALIBRATION_MODE, DEFAULT_ROUNDS
 from onnxpipe.cli.argtypes import positive_int
-from onnxpipe.cli.arguments import add_measure_args, add_planning_args
+from onnxpipe.cli.arguments import add_json_arg, add_measure_args, add_planning_args, add_quiet_arg
 
 NAME = "split"
 HELP = "partition the model into K balanced stages and export them"
@@ -16,7 +16,9 @@ HELP = "partition the model into K balanced stages and export them"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", type=Path)
-    p.add_argument("--out", type=Path, required=True, help="folder to write stages and manifest.json into")
+    p.add_argument(
+        "--out", "-o", type=Path, required=True, help="folder to write stages and manifest.json into"
+    )
     add_planning_args(p)
     p.add_argument(
         "--external-data",
@@ -25,6 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="store stage weights in separate files",
     )
     p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    p.add_argument(
+        "--static",
+        action="store_true",
+        help="freeze the input shapes (--shape, else the defaults) and fold the shape arithmetic: every "
+        "stage gets fixed shapes, for runtimes and NPUs that need them",
+    )
     p.add_argument("--no-verify", action="store_true", help="skip comparing the stages with the model")
     p.add_argument(
         "--calibrate",
@@ -42,5 +50,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="time each stage alone (default), or the stages running together as a pinned thread "
         "pipeline; auto: as a pipeline when there is a physical core for every stage thread",
     )
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add_quiet_arg(p)
     add_measure_args(p)
+    add_json_arg(p)

@@ -8,10 +8,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from onnxpipe.core.dims import Dim
 from onnxpipe.core.text import human_bytes, table
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.summary import summarize
 from onnxpipe.manifest import Manifest
+from onnxpipe.plan.links import LINK_MODEL_TEXT
 from onnxpipe.plan.types import Plan
 from onnxpipe.schedule.timeline import worker_groups
 from onnxpipe.verification.verify import VerifyReport
@@ -72,27 +75,73 @@ def format_manifest_table(manifest: Manifest) -> str:
         f"lower bound {plan.lower_bound_seconds * 1e3:.3f} ms (ratio {plan.ratio_to_lower_bound:.3f}), "
         f"costs: {plan.cost_source}, {plan.threads} thread(s)"
     )
+    if plan.link_model is not None:
+        footer += f"\nlinks: {LINK_MODEL_TEXT.get(plan.link_model, plan.link_model)}"
+    v = manifest.verification
+    if v is not None:
+        footer += "\nverification: " + (
+            f"{v.status} (|a-b| <= {v.atol:g} + {v.rtol:g}*max|a|, seed {v.seed}, {v.runs} run(s))"
+            if v.verified and v.atol is not None and v.rtol is not None
+            else f"{v.status}: the stages were not compared with the model; onnxpipe verify compares them"
+        )
     footer += "".join(f"\n{line}" for line in worker_lines)
     return table(head, rows) + "\n" + footer
 
 
+def _dims(dims: tuple[Dim, ...] | None) -> str:
+    """``[batch, 3, height, width]``; an unknown dim ``?``, a long symbolic expression cut short."""
+    if dims is None:
+        return "[unknown rank]"
+
+    def one(d: Dim) -> str:
+        if d is None or (isinstance(d, int) and d < 0):
+            return "?"
+        text = str(d)
+        return text if len(text) <= 32 else text[:29] + "..."
+
+    return "[" + ", ".join(one(d) for d in dims) + "]"
+
+
 def format_model_table(view: ModelView) -> str:
-    """Per operator type: node count and parameter bytes; then a one-line summary of the model."""
-    counts: Counter[str] = Counter()
+    """Per operator type: node count and parameter bytes; then the model's inputs and outputs (dtypes,
+    dims with symbols by name), opsets, node counts, weights, control-flow nodes and external data."""
+    s = summarize(view)
     params: Counter[str] = Counter()
     for n in view.nodes:
-        key = f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
-        counts[key] += 1
-        params[key] += n.param_bytes
-    rows = [[op, f"{c}", human_bytes(params[op])] for op, c in counts.most_common()]
-    name = view.label
-    summary = (
-        f"{name}: {len(view.nodes)} nodes ({len(view.compute_nodes)} placed by the partitioner, "
-        f"{len(view.nodes) - len(view.compute_nodes)} cheap constants), "
-        f"{human_bytes(view.param_bytes)} of weights; inputs: {', '.join(view.inputs) or '-'}; "
+        params[f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type] += n.param_bytes
+    rows = [[op, f"{c}", human_bytes(params[op])] for op, c in s.op_counts]
+    lines = [table(["op", "nodes", "params"], rows)]
+    symbolic = False
+    for kind, tensors in (("input", s.inputs), ("output", s.outputs)):
+        for t in tensors:
+            lines.append(f"{kind} {t.name}: {t.dtype} {_dims(t.dims)}")
+            symbolic = symbolic or (
+                kind == "input" and (t.dims is None or any(not isinstance(d, int) or d < 0 for d in t.dims))
+            )
+    if symbolic:
+        lines.append("  dims shown by name or ? are sized by a guess unless --shape NAME=D1,D2,... sets them")
+    lines.append(f"opsets: {', '.join(f'{d} {v}' for d, v in s.opsets)}; IR version {s.ir_version}")
+    if s.control_flow:
+        shown = ", ".join(f"{name} ({op})" for name, op in s.control_flow[:5])
+        more = f" and {len(s.control_flow) - 5} more" if len(s.control_flow) > 5 else ""
+        lines.append(
+            f"control flow: {len(s.control_flow)} node(s) with subgraphs, each kept whole in one stage: "
+            f"{shown}{more}"
+        )
+    else:
+        lines.append("control flow: none")
+    if s.external_data:
+        files = ", ".join(f"{f} ({n} tensors)" for f, n in s.external_data)
+        lines.append(f"external data: {files}")
+    else:
+        lines.append("external data: none (weights inside the model file)")
+    lines.append(
+        f"{s.name}: {s.node_count} nodes ({s.compute_node_count} placed by the partitioner, "
+        f"{s.node_count - s.compute_node_count} cheap constants), "
+        f"{human_bytes(s.param_bytes)} of weights; inputs: {', '.join(view.inputs) or '-'}; "
         f"outputs: {', '.join(view.outputs) or '-'}"
     )
-    return table(["op", "nodes", "params"], rows) + "\n" + summary
+    return "\n".join(lines)
 
 
 def format_decoder(view: ModelView, dec: DecoderInfo | None) -> str:
@@ -172,8 +221,9 @@ def _by_worker(
 
 
 def format_plan_table(plan: Plan) -> str:
-    """Stage, device, nodes, compute and transfer per micro-batch, parameters, memory, share of bottleneck;
-    then the schedule: kind, micro-batches, simulated batch time, bubble, throughput."""
+    """Stage, device, nodes, compute and transfer per micro-batch, parameters, the memory a stage needs
+    (parameters and peak activations, against the device's where a devices file gives it), share of
+    the bottleneck; then the schedule: kind, micro-batches, simulated batch time, bubble, throughput."""
     costs = [
         max(s.compute_seconds, s.transfer_seconds) if plan.cluster else s.cost_seconds for s in plan.stages
     ]
@@ -182,7 +232,8 @@ def format_plan_table(plan: Plan) -> str:
     caps = plan.cluster.mem_caps if plan.cluster is not None else None
     rows = []
     for i, (s, cost) in enumerate(zip(plan.stages, costs, strict=True)):
-        cap = "-" if caps is None or caps[i] == float("inf") else human_bytes(caps[i])
+        need = human_bytes(s.param_bytes + s.peak_activation_bytes * plan.microbatch_size)
+        cap = need if caps is None or caps[i] == float("inf") else f"{need} of {human_bytes(caps[i])}"
         rows.append(
             [
                 f"{s.index}",
@@ -207,7 +258,7 @@ def format_plan_table(plan: Plan) -> str:
         "bytes in",
         "link in",
         "params",
-        "memory",
+        "memory need",
         "load",
         *([f"KV at {plan.decoder.max_context}"] if plan.decoder is not None else []),
     ]
@@ -217,6 +268,8 @@ def format_plan_table(plan: Plan) -> str:
         f"{plan.lower_bound_seconds * 1e3:.3f} ms (ratio {plan.ratio_to_lower_bound:.3f}); costs: "
         f"{plan.cost_source}, {plan.threads} thread(s)"
     )
+    if plan.link_model is not None:
+        lines.append(f"links: {LINK_MODEL_TEXT.get(plan.link_model, plan.link_model)}")
     for rec in plan.device_costs:
         lines.append(f"  {rec.device}: {rec.source}")
     tl = plan.timeline
@@ -229,9 +282,31 @@ def format_plan_table(plan: Plan) -> str:
     return "\n".join(lines)
 
 
+def format_stage_counts(plan: Plan) -> str | None:
+    """``--stages auto``: a row per stage count tried, its bottleneck and throughput, the chosen marked."""
+    if not plan.stage_counts_tried:
+        return None
+    rows = []
+    for k, seconds in plan.stage_counts_tried:
+        fits = seconds != float("inf") and seconds > 0
+        rows.append(
+            [
+                f"{k}",
+                f"{seconds * 1e3:.3f}" if fits else "-",
+                f"{1 / seconds:.1f}" if fits else "-",
+                "<- chosen" if k == plan.k else "",
+            ]
+        )
+    return table(["stages", "bottleneck ms", "per second", ""], rows)
+
+
 def format_verify_report(report: VerifyReport) -> str:
-    """A line per output, then the verdict with the tolerance."""
+    """A line per output, then the verdict with the tolerance; first, when a stage ran on another runtime
+    than onnxruntime on the CPU, a line saying what ran each stage."""
     lines = []
+    if report.stage_runtimes and set(report.stage_runtimes) != {"onnxruntime (CPUExecutionProvider)"}:
+        on = ", ".join(f"stage {i} on {r}" for i, r in enumerate(report.stage_runtimes))
+        lines.append(f"  stages: {on}; the original on onnxruntime (CPUExecutionProvider)")
     for o in report.outputs:
         status = "ok" if o.ok else "MISMATCH"
         lines.append(

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from onnxpipe.cluster.model import REFERENCE_PROVIDER, Cluster, Device, _frozen
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.runtimes import Runtime, runs_here
 
 CostMethod = Literal["profile_file", "profiled", "scaled"]
 
@@ -36,10 +37,10 @@ class DeviceCosts:
 
 
 def provider_available(device: Device) -> bool:
-    """Whether this machine's onnxruntime can run ``device.provider`` (so it can be profiled here)."""
-    import onnxruntime as ort
-
-    return device.provider in ort.get_available_providers()
+    """Whether this machine can run ``device``'s stage (so it can be profiled here): its runtime's package
+    is installed and, for onnxruntime, this onnxruntime has ``device.provider``.  An OpenVINO device
+    (``GPU``, ``NPU``) OpenVINO does not see here counts as missing."""
+    return runs_here(device.engine_config())
 
 
 def scale_costs(
@@ -100,7 +101,8 @@ def device_costs(
             continue
         if d.profile_here and provider_available(d):
             same_as_reference = (
-                d.provider == reference_provider
+                d.runtime == Runtime.ONNXRUNTIME
+                and d.provider == reference_provider
                 and not d.provider_options
                 and (reference_threads is None or d.threads == reference_threads)
             )
@@ -108,16 +110,18 @@ def device_costs(
                 secs = {n: float(t) for n, t in reference.items()}
             elif measure is None:
                 raise UsageError(
-                    f"{cluster.label}: devices[{i}].profile_here asks to profile on {d.provider} but "
+                    f"{cluster.label}: devices[{i}].profile_here asks to profile on {d.runtime_label} but "
                     "no profiler was given; set profile_here to false"
                 )
             else:
                 secs = {n: float(t) for n, t in measure(d).items()}
-            source = f"profiled on {d.provider} with {d.threads} thread{'s' if d.threads != 1 else ''}"
+            on = d.provider if d.runtime == Runtime.ONNXRUNTIME else d.runtime_label
+            source = f"profiled on {on} with {d.threads} thread{'s' if d.threads != 1 else ''}"
             out.append(DeviceCosts(d.name, "profiled", source, _frozen(secs)))
             continue
         source = describe_scaling(d)
         if d.profile_here:
-            source += f" ({d.provider} is not available here)"
+            missing = d.provider if d.runtime == Runtime.ONNXRUNTIME else d.runtime_label
+            source += f" ({missing} is not available here)"
         out.append(DeviceCosts(d.name, "scaled", source, _frozen(scale_costs(reference, op_types, d))))
     return tuple(out)

@@ -14,9 +14,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from onnxpipe.cluster.model import Cluster, Device, Link, _frozen
+from onnxpipe.cluster.model import REFERENCE_PROVIDER, Cluster, Device, Link, _frozen
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.jsonread import Document, Fields, Rule, Value, describe
+from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, RUNTIMES, Runtime
 from onnxpipe.core.units import parse_bytes, parse_rate
 
 
@@ -54,8 +55,16 @@ _DEVICE_KEYS = {
     "profile_path",
     "profile_here",
     "description",
+    "runtime",
+    "openvino_device",
+    "openvino_config",
 }
-_REQUIRED_DEVICE_KEYS = ("name", "provider", "threads", "memory_bytes")
+_REQUIRED_DEVICE_KEYS = ("name", "threads", "memory_bytes")
+_NEEDS = (
+    "every device needs "
+    + ", ".join(_REQUIRED_DEVICE_KEYS)
+    + ", and provider unless its runtime is not onnxruntime"
+)
 _LINK_KEYS = {"bandwidth_bytes_per_s", "latency_s", "description"}
 _TOP_KEYS = {"devices", "links", "description"}
 
@@ -86,9 +95,29 @@ def _read_cluster(top_value: Value, base: Path | None) -> Cluster:
 def _device(f: Fields, base: Path | None) -> Device:
     f.only(_DEVICE_KEYS)
     for key in _REQUIRED_DEVICE_KEYS:
-        f.need(key, "every device needs " + ", ".join(_REQUIRED_DEVICE_KEYS))
+        f.need(key, _NEEDS)
     name = f["name"].string(_NAME)
-    provider = _provider(f["provider"])
+    runtime = _runtime(f.get("runtime", Runtime.ONNXRUNTIME.value))
+    if runtime == Runtime.ONNXRUNTIME:
+        f.need("provider", "a device run by onnxruntime names its execution provider (or set runtime)")
+        provider = _provider(f["provider"])
+    else:
+        for key in ("provider", "provider_options"):
+            if key in f.raw:
+                raise f[key].fail(
+                    f"is onnxruntime's, and this device's runtime is {runtime.value}",
+                    "remove it, or set runtime to onnxruntime",
+                )
+        provider = REFERENCE_PROVIDER
+    if runtime != Runtime.OPENVINO:
+        for key in ("openvino_device", "openvino_config"):
+            if key in f.raw:
+                raise f[key].fail(
+                    f"is OpenVINO's, and this device's runtime is {runtime.value}",
+                    "remove it, or set runtime to openvino",
+                )
+    ov_device = f.get("openvino_device", DEFAULT_OPENVINO_DEVICE).string(_NAME)
+    ov_config = f.get("openvino_config", {}).dict_of(Value.scalar)
     options = f.get("provider_options", {}).dict_of(Value.scalar)
     threads = f["threads"].integer(1, expected="a whole number of threads >= 1")
     memory = _memory(f["memory_bytes"])
@@ -108,6 +137,17 @@ def _device(f: Fields, base: Path | None) -> Device:
         op_speeds=_frozen(op_speeds),
         profile_path=profile_path,
         profile_here=here,
+        runtime=runtime,
+        openvino_device=ov_device,
+        openvino_config=_frozen(ov_config),
+    )
+
+
+def _runtime(v: Value) -> Runtime:
+    if isinstance(v.raw, str) and v.raw in RUNTIMES:
+        return Runtime(v.raw)
+    raise v.fail(
+        f"{describe(v.raw)} is not a runtime onnxpipe runs stages on", f"use one of {', '.join(RUNTIMES)}"
     )
 
 

@@ -22,6 +22,7 @@ from types import MappingProxyType
 from typing import Any
 
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, EngineConfig, Runtime
 
 REFERENCE_PROVIDER = "CPUExecutionProvider"
 """The provider the reference profile is measured with (``onnxpipe profile`` runs on the CPU)."""
@@ -32,6 +33,11 @@ OptionValue = str | int | float | bool
 
 def _frozen(m: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
     return MappingProxyType(dict(m or {}))
+
+
+def option_text(value: object) -> str:
+    """An option as the runtimes take it: JSON's ``true`` stays ``true``, not Python's ``True``."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,30 @@ class Device:
     op_speeds: Mapping[str, float] = field(default_factory=_frozen)
     profile_path: str | None = None
     profile_here: bool = False
+    runtime: Runtime = Runtime.ONNXRUNTIME
+    openvino_device: str = DEFAULT_OPENVINO_DEVICE
+    openvino_config: Mapping[str, OptionValue] = field(default_factory=_frozen)
+
+    @property
+    def runtime_label(self) -> str:
+        """How messages name what runs the device's stage: ``onnxruntime (CPUExecutionProvider)``..."""
+        if self.runtime == Runtime.ONNXRUNTIME:
+            return f"onnxruntime ({self.provider})"
+        if self.runtime == Runtime.OPENVINO:
+            return f"openvino ({self.openvino_device})"
+        return "tract"
+
+    def engine_config(self, threads: int | None = None) -> EngineConfig:
+        """How to open this device's stage (:func:`onnxpipe.core.runtimes.open_engine`); ``threads``
+        replaces the device's own."""
+        return EngineConfig(
+            runtime=self.runtime,
+            provider=self.provider,
+            provider_options=tuple((k, option_text(v)) for k, v in self.provider_options.items()),
+            threads=self.threads if threads is None else threads,
+            openvino_device=self.openvino_device,
+            openvino_config=tuple((k, option_text(v)) for k, v in self.openvino_config.items()),
+        )
 
     @property
     def memory_cap(self) -> float:
@@ -84,6 +114,13 @@ class Device:
             obj["profile_path"] = self.profile_path
         if self.profile_here:
             obj["profile_here"] = True
+        if self.runtime != Runtime.ONNXRUNTIME:  # written only when set: older files stay as they were
+            obj["runtime"] = self.runtime.value
+            del obj["provider"], obj["provider_options"]  # onnxruntime's, refused for another runtime
+        if self.runtime == Runtime.OPENVINO:
+            obj["openvino_device"] = self.openvino_device
+            if self.openvino_config:
+                obj["openvino_config"] = dict(self.openvino_config)
         return obj
 
 
@@ -239,4 +276,7 @@ def device_type(device: Device) -> tuple[Any, ...]:
         tuple(sorted(device.op_speeds.items())),
         device.profile_path,
         device.profile_here,
+        device.runtime,
+        device.openvino_device,
+        tuple(sorted((k, str(v)) for k, v in device.openvino_config.items())),
     )

@@ -34,12 +34,14 @@ sessions), :mod:`onnxpipe.cost.valuematch` with :mod:`onnxpipe.cost.anchors` and
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
-from onnxpipe.core.errors import UsageError
+from onnxpipe.core.errors import ProfileError, UsageError, error_line
 from onnxpipe.core.progress import Progress
 from onnxpipe.cost.attribution import attribute
 from onnxpipe.cost.kinds import CostSource
@@ -48,8 +50,18 @@ from onnxpipe.cost.trace import OrtModel
 from onnxpipe.cost.valuematch import match_graphs
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView
-from onnxpipe.ir.shapes import resolve_input_shapes
+from onnxpipe.ir.samples import Samples
+from onnxpipe.ir.shapes import (
+    RETRY_SEQUENCE_SIZE,
+    failure_hint,
+    guessed_dims,
+    is_sequence_dim,
+    resolve_input_shapes,
+)
 
+RETRY_NOTE = "the model failed on random inputs at the guessed sizes"
+"""How the profile's note on a retry at larger sequence sizes starts (``split`` copies it into the plan's
+notes, so that the manifest says which sizes were finally used)."""
 VALUE_CHUNK_BYTES = 512 << 20
 """Most bytes of exposed tensors one value-matching run may hold at once (read at each call)."""
 
@@ -63,12 +75,17 @@ def profile_model(
     shapes: Mapping[str, Sequence[int]] | None = None,
     seed: int = 0,
     progress: bool = False,
+    samples: Samples | None = None,
 ) -> Profile:
     """Measure every compute node of ``view`` with onnxruntime at deployment settings (see module doc).
 
-    ``shapes`` overrides input shapes (:func:`onnxpipe.ir.shapes.resolve_input_shapes`); inputs are
-    :func:`onnxpipe.ir.feeds.random_feeds` with ``seed``.  Raises :class:`ProfileError` when onnxruntime
-    cannot load or run the model.
+    The model runs on ``samples`` (the user's ``--inputs``, taken in turn) when given; else on
+    :func:`onnxpipe.ir.feeds.random_feeds` with ``seed`` at ``shapes`` (overrides of
+    :func:`onnxpipe.ir.shapes.resolve_input_shapes`).  When random inputs at guessed sequence sizes
+    make the model fail, it is measured once more with those dims at
+    :data:`~onnxpipe.ir.shapes.RETRY_SEQUENCE_SIZE` (a reflect pad longer than the guess), and the
+    profile's notes say so.  Raises :class:`ProfileError` when onnxruntime cannot load or run the model,
+    naming the dims that were guessed and the flags that set them.
     """
     if threads < 1:
         raise UsageError(f"threads must be >= 1, got {threads}")
@@ -76,16 +93,70 @@ def profile_model(
         raise UsageError(f"runs must be >= 1, got {runs}")
     if warmup < 0:
         raise UsageError(f"warmup must be >= 0, got {warmup}")
-    label = view.label
+    if samples is not None:
+        if shapes:
+            raise UsageError("--shape and --inputs: the inputs fix the shapes; leave --shape out")
+        hint = f"the model fails on the given inputs ({samples.describe()}); give inputs it runs on"
+        return _measure(
+            view, threads, runs, warmup, samples.shapes, list(samples.feeds), progress, hint, samples
+        )
     input_shapes = resolve_input_shapes(view, shapes)
-    feeds = random_feeds(view, input_shapes, seed)
+    hint = failure_hint(view, input_shapes, shapes)
+    try:
+        return _measure(
+            view,
+            threads,
+            runs,
+            warmup,
+            input_shapes,
+            [random_feeds(view, input_shapes, seed)],
+            progress,
+            hint,
+        )
+    except ProfileError as first:
+        why = error_line(first.__cause__ or first)  # onnxruntime's own line, not the wrapped message
+        retry = [(n, a) for n, a, _ in guessed_dims(view, shapes) if is_sequence_dim(view, n, a)]
+        if not retry:
+            raise
+        larger = resolve_input_shapes(view, shapes, sequence_size=RETRY_SEQUENCE_SIZE)
+        try:
+            prof = _measure(
+                view, threads, runs, warmup, larger, [random_feeds(view, larger, seed)], progress, hint
+            )
+        except ProfileError:
+            raise ProfileError(
+                f"{view.label}: onnxruntime failed running the model on random inputs at the guessed sizes "
+                f"({why}), and again with its sequence dims at {RETRY_SEQUENCE_SIZE}; {hint}"
+            ) from first
+    shown = ", ".join(f"{n}={list(v)}" for n, v in larger.items())
+    note = (
+        f"{RETRY_NOTE} ({why}); measured at {shown}, "
+        f"its sequence dims at {RETRY_SEQUENCE_SIZE}: give the sizes you deploy with --shape or real inputs "
+        "with --inputs"
+    )
+    return dataclasses.replace(prof, unattributed=(note, *prof.unattributed))
+
+
+def _measure(
+    view: ModelView,
+    threads: int,
+    runs: int,
+    warmup: int,
+    input_shapes: Mapping[str, tuple[int, ...]],
+    samples: Sequence[Mapping[str, Any]],
+    progress: bool,
+    hint: str,
+    given: Samples | None = None,
+) -> Profile:
+    label = view.label
+    feeds = samples[0]
     steps = warmup + 2 * runs + 3
     with (
         tempfile.TemporaryDirectory(prefix="onnxpipe-profile-") as tmpdir,
-        Progress(steps, f"profiling {label}", enabled=progress) as bar,
+        Progress(steps, f"profiling {label}", enabled=progress, unit="runs") as bar,
     ):
-        ort_model = OrtModel(view, Path(tmpdir), label, threads)
-        timing = ort_model.measure(feeds, warmup, runs, bar)
+        ort_model = OrtModel(view, Path(tmpdir), label, threads, hint)
+        timing = ort_model.measure(samples, warmup, runs, bar)
         bar.set_label(f"matching {label}")
         matched = match_graphs(view, ort_model, timing, feeds, input_shapes, VALUE_CHUNK_BYTES)
         bar.advance(3)
@@ -98,11 +169,13 @@ def profile_model(
         source=CostSource.PROFILE.value,
         threads=threads,
         runs=runs,
-        input_shapes=MappingProxyType(input_shapes),
+        input_shapes=MappingProxyType(dict(input_shapes)),
         node_seconds=MappingProxyType(result.node_seconds),
         tensor_bytes=MappingProxyType(matched.tensor_bytes),
         total_seconds=timing.total_seconds,
         regions=result.regions,
         unattributed=tuple(matched.notes + result.notes),
         exact_fraction=result.exact_fraction,
+        inputs=given.records if given is not None else (),
+        samples=given,
     )

@@ -17,11 +17,16 @@ from types import MappingProxyType
 
 from onnxpipe.core.errors import ProfileError
 from onnxpipe.core.files import write_text_atomic
+from onnxpipe.core.inputfiles import InputRecord
 from onnxpipe.core.jsonread import Document, Fields, Value
 from onnxpipe.cost.kinds import COST_SOURCES, CostSource
 from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.samples import Samples
 
 SCHEMA_VERSION = 1
+
+DEFAULT_RUNTIME = "onnxruntime (CPUExecutionProvider)"
+"""What measured a profile that does not say (every profile before ``profile --runtime``)."""
 
 
 @dataclass(frozen=True)
@@ -48,8 +53,17 @@ class Profile:
     """Human-readable notes on every time not attributed to exactly one original node."""
     exact_fraction: float
     """Share of the time attributed to exactly one original node."""
+    inputs: tuple[InputRecord, ...] = ()
+    """The ``--inputs`` files the costs were measured on (name, sha256, shapes; never the data); empty
+    when the inputs were random at ``input_shapes``."""
+    samples: Samples | None = field(default=None, compare=False, repr=False)
+    """The sample inputs themselves, in memory only (not saved): calibration times the stages on them."""
     origin: str = field(default="", compare=False, repr=False)
     """The file the profile was read from, for messages (not saved)."""
+    runtime: str = DEFAULT_RUNTIME
+    """What measured it: ``"onnxruntime (CPUExecutionProvider)"`` (``onnxpipe profile``'s default),
+    ``"openvino (CPU)"``, ``"tract"``... (``profile --runtime``, :mod:`onnxpipe.cost.runtime_profile`).
+    Optional in the file (older profiles are onnxruntime's)."""
 
     # ---- JSON
 
@@ -68,6 +82,8 @@ class Profile:
             "tensor_bytes": dict(self.tensor_bytes),
             "regions": [list(r) for r in self.regions],
             "unattributed": list(self.unattributed),
+            **({"inputs": [r.to_obj() for r in self.inputs]} if self.inputs else {}),
+            "runtime": self.runtime,
         }
         return json.dumps(data, indent=1) + "\n"
 
@@ -162,7 +178,9 @@ def _read_profile(f: Fields, origin: str) -> Profile:
         regions=f["regions"].list_of(_region),
         unattributed=f["unattributed"].list_of(Value.string),
         exact_fraction=exact,
+        inputs=f.get("inputs", []).objects(InputRecord.read),
         origin=origin,
+        runtime=f.get("runtime", DEFAULT_RUNTIME).string(),
     )
 
 

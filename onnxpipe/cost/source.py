@@ -19,6 +19,7 @@ from onnxpipe.cost.measure import profile_model
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.samples import Samples, load_samples
 
 DEFAULT_RUNS = 30
 DEFAULT_WARMUP = 3
@@ -29,7 +30,9 @@ class ProfileOptions:
     """How to obtain a profile: ``saved`` (a :class:`Profile` or its file) if given, else measured
     (``cost="profile"``: ``runs`` timed runs after ``warmup``) or counted (``cost="static"``), with
     ``threads`` intra-op threads (default 1) at ``shapes`` (input name -> dims; the others guessed,
-    :mod:`onnxpipe.ir.shapes`).  ``progress`` draws a bar while measuring."""
+    :mod:`onnxpipe.ir.shapes`).  ``inputs``: the user's sample inputs (``--inputs``,
+    :mod:`onnxpipe.ir.samples`), which fix the shapes and are what the model runs on instead of random
+    values.  ``progress`` draws a bar while measuring."""
 
     cost: CostSource = CostSource.PROFILE
     saved: Profile | Path | None = None
@@ -38,6 +41,11 @@ class ProfileOptions:
     warmup: int = DEFAULT_WARMUP
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
     progress: bool = False
+    inputs: Samples | None = None
+    input_files: tuple[Path, ...] = ()
+    """``--inputs`` files (one sample each), read and checked against the model by :func:`get_profile`."""
+    stacked_files: tuple[Path, ...] = ()
+    """``--inputs-stacked`` files (``.npz`` with a leading sample axis)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.cost, CostSource):
@@ -49,11 +57,21 @@ class ProfileOptions:
         object.__setattr__(
             self, "shapes", MappingProxyType({n: tuple(int(d) for d in v) for n, v in self.shapes.items()})
         )
+        object.__setattr__(self, "input_files", tuple(Path(p) for p in self.input_files))
+        object.__setattr__(self, "stacked_files", tuple(Path(p) for p in self.stacked_files))
+        files = bool(self.input_files or self.stacked_files)
+        if (self.inputs is not None or files) and self.shapes:
+            raise UsageError("--shape and --inputs: the inputs fix the shapes; leave --shape out")
+        if self.inputs is not None and files:
+            raise UsageError("inputs: give samples in memory or input files, not both")
 
 
 def get_profile(view: ModelView, options: ProfileOptions | None = None) -> Profile:
     """A profile for ``view``: the saved one (checked to belong to it), a measured one, or static costs."""
     opts = options or ProfileOptions()
+    if opts.input_files or opts.stacked_files:
+        samples = load_samples(view, opts.input_files, stacked=opts.stacked_files)
+        opts = dataclasses.replace(opts, inputs=samples, input_files=(), stacked_files=())
     if opts.saved is not None:
         return _saved(view, opts)
     threads = 1 if opts.threads is None else opts.threads
@@ -61,9 +79,18 @@ def get_profile(view: ModelView, options: ProfileOptions | None = None) -> Profi
         raise UsageError(f"--threads {threads}: give a positive number of intra-op threads")
     if opts.cost == CostSource.STATIC:
         # static costs do not depend on threads, but the plan records what the stages will run with
-        return dataclasses.replace(static_profile(view, shapes=opts.shapes), threads=threads)
+        shapes = opts.inputs.shapes if opts.inputs is not None else opts.shapes
+        prof = static_profile(view, shapes=shapes)
+        records = opts.inputs.records if opts.inputs is not None else ()
+        return dataclasses.replace(prof, threads=threads, inputs=records, samples=opts.inputs)
     return profile_model(
-        view, threads=threads, runs=opts.runs, warmup=opts.warmup, shapes=opts.shapes, progress=opts.progress
+        view,
+        threads=threads,
+        runs=opts.runs,
+        warmup=opts.warmup,
+        shapes=opts.shapes,
+        progress=opts.progress,
+        samples=opts.inputs,
     )
 
 
@@ -79,6 +106,14 @@ def _saved(view: ModelView, opts: ProfileOptions) -> Profile:
         )
     if opts.cost == CostSource.STATIC:
         raise UsageError(f"--cost static: {name} holds measured costs; give one or the other")
+    if opts.inputs is not None:
+        for inp, dims in opts.inputs.shapes.items():
+            if tuple(prof.input_shapes.get(inp, ())) != tuple(dims):
+                raise UsageError(
+                    f"--inputs: {name} was measured at {inp}={list(prof.input_shapes.get(inp, ()))}, the "
+                    f"inputs give {list(dims)}; profile again with these --inputs"
+                )
+        prof = dataclasses.replace(prof, samples=opts.inputs)
     for inp, dims in opts.shapes.items():
         if tuple(prof.input_shapes.get(inp, ())) != tuple(dims):
             raise UsageError(

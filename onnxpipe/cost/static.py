@@ -316,7 +316,8 @@ def static_profile(
     model.
 
     ``shapes`` overrides input shapes as in :func:`onnxpipe.ir.shapes.resolve_input_shapes`; ``symbolic``
-    as in :func:`concrete_shapes`.
+    as in :func:`concrete_shapes`.  Values whose size is not known (a sequence's length is data) are
+    costed from what is known and listed in the notes: never a refusal.
     """
     inputs = resolve_input_shapes(view, shapes)
     notes: list[str] = []
@@ -346,6 +347,15 @@ def static_profile(
             + names_text(bodies)
         )
     names = list(view.inputs) + [t for n in view.nodes for t in n.outputs] + list(view.initializers)
+    sizes = tensor_bytes_for(view, tshapes, dict.fromkeys(names))
+    # sequences, maps and optionals have no size to count (their length is data): costed from what is
+    # known, their bytes left out, and said so rather than refused
+    unsized = [t for t in dict.fromkeys(names) if t and t not in sizes]
+    if unsized:
+        notes.append(
+            f"{len(unsized)} value(s) of unknown size (sequences, maps, optionals, or dims inference left "
+            "open) count no bytes in transfers and memory: " + names_text(unsized)
+        )
     return Profile(
         schema_version=SCHEMA_VERSION,
         model_sha256=view.sha256,
@@ -355,7 +365,7 @@ def static_profile(
         runs=0,
         input_shapes=MappingProxyType(inputs),
         node_seconds=MappingProxyType(seconds),
-        tensor_bytes=MappingProxyType(tensor_bytes_for(view, tshapes, dict.fromkeys(names))),
+        tensor_bytes=MappingProxyType(sizes),
         total_seconds=sum(seconds.values()),
         regions=(),
         unattributed=tuple(notes),

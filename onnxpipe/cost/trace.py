@@ -36,6 +36,9 @@ class Timing:
     foreign_names: list[str]
 
 
+DEFAULT_HINT = "give the shapes the model expects with --shape NAME=D1,D2,..."
+
+
 class OrtModel:
     """The view's model for onnxruntime: its (renamed) graph, with external data read from ``base_dir``.
 
@@ -44,11 +47,15 @@ class OrtModel:
     own needs (trace, saved optimized graph, silent log) are added here.
     """
 
-    def __init__(self, view: ModelView, tmp: Path, label: str, threads: int) -> None:
+    def __init__(
+        self, view: ModelView, tmp: Path, label: str, threads: int, hint: str = DEFAULT_HINT
+    ) -> None:
         self.view = view
         self.tmp = tmp
         self.label = label
         self.threads = threads
+        self.hint = hint
+        """What a failed run's message tells the user to do (the guessed dims, or the inputs given)."""
 
     def options(
         self,
@@ -99,10 +106,10 @@ class OrtModel:
         try:
             return sess.run(outputs, {k: v for k, v in feeds.items() if k in names})
         except Exception as e:
-            shapes = ", ".join(f"{k}={list(v.shape)}" for k, v in feeds.items())
+            shapes = ", ".join(f"{k}={list(np.shape(v))}" for k, v in feeds.items())
             raise ProfileError(
                 f"{self.label}: onnxruntime failed running {what} ({error_line(e)}) with inputs {shapes}; "
-                "give the shapes the model expects with --shape NAME=D1,D2,..."
+                f"{self.hint}"
             ) from e
 
     def save_optimized(self, model: bytes, stem: str, what: str) -> onnx.ModelProto:
@@ -124,7 +131,9 @@ class OrtModel:
                 "use --cost static for this model"
             ) from e
 
-    def measure(self, feeds: Mapping[str, np.ndarray], warmup: int, runs: int, bar: Progress) -> Timing:
+    def measure(self, samples: Sequence[Mapping[str, Any]], warmup: int, runs: int, bar: Progress) -> Timing:
+        """Time ``warmup + runs`` profiled runs and ``runs`` plain ones, feeding the samples in turn (so
+        that the medians come from all of them)."""
         so = self.options(
             "ORT_ENABLE_ALL",
             threads=self.threads,
@@ -138,12 +147,13 @@ class OrtModel:
                 "load it with onnxpipe.load_model(path)"
             )
         sess = self.session(self.view.proto.SerializeToString(), so, "the model")
-        for _ in range(warmup + runs):
-            self.run(sess, feeds, "the model")
+        for i in range(warmup + runs):
+            self.run(sess, samples[i % len(samples)], "the model")
             bar.advance()
         trace = sess.end_profiling()
         walls: list[float] = []
-        for _ in range(runs):
+        for i in range(runs):
+            feeds = samples[i % len(samples)]
             start = time.perf_counter()
             self.run(sess, feeds, "the model")
             walls.append(time.perf_counter() - start)

@@ -6,9 +6,17 @@ model's own shape inference (:attr:`ModelView.tensors`, symbolic dims kept as na
 
 1. ONNX shape inference on the stage alone (weights left out);
 2. onnxruntime's inference, by opening the stage with those outputs untyped;
-3. where onnxruntime cannot tell a scalar from an unknown rank, one run of the source model on random
-   inputs, keeping only the ranks it observes (dims stay unknown, so nothing is frozen to the shapes of
-   that run).
+3. where onnxruntime cannot tell a scalar from an unknown rank, one run of the source model on the
+   user's sample inputs (``--inputs``) or random ones, keeping only the ranks it observes (dims stay
+   unknown, so nothing is frozen to the shapes of that run).  When random inputs make the source fail,
+   a second run sets every integer input to ones (integers that size things: a zero there empties or
+   breaks the shape arithmetic, as in the ``affine_grid_*_expanded`` conformance cases, whose ``size``
+   input is read as the grid's dims).  A rank no run confirmed is never written: a guessed scalar made
+   onnxruntime refuse the stage (those cases' stage 0 declared a rank-3 tensor as a scalar and did not
+   load), and ONNX requires a shape on a graph's outputs, so the export stops naming the tensor and
+   the way out (``--inputs`` with real inputs, or another number of stages).  A source whose weights
+   are in external files is not run whole (it would be loaded whole): there onnxruntime's rank stands,
+   and the stage's own load check refuses the stage if it was wrong.
 
 Sequences, maps and optionals keep their whole ``TypeProto``.  What an earlier stage learned serves the
 later stages that receive the same tensor.
@@ -29,6 +37,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -66,9 +75,11 @@ class BoundaryTypes:
             if vi.type.WhichOneof("value") not in (None, "tensor_type")
         }
         self.declared_symbols = declared_symbols(view.proto)
+        self.any_rank: set[str] = set()
+        """Tensors whose element type is known and whose rank no inference or run could settle."""
 
     def known(self, name: str) -> bool:
-        return name in self.other or complete(self.types.get(name))
+        return name in self.other or name in self.any_rank or complete(self.types.get(name))
 
     def describe(self, name: str) -> tuple[str, Shape]:
         """dtype text and shape of a boundary tensor, for the manifest."""
@@ -86,6 +97,12 @@ class BoundaryTypes:
             vi.type.CopyFrom(other)
             return vi
         info = self.types.get(name)
+        if name in self.any_rank:
+            raise ExportError(
+                f"stage {stage}: the rank of tensor {name!r} at the stage boundary is unknown (no shape "
+                "inference settles it, and the source model did not run on the inputs it was given to show "
+                "it); give real inputs with --inputs FILE, or choose another number of stages"
+            )
         if info is None or info.elem_type == 0 or info.shape is None:
             raise ExportError(
                 f"stage {stage}: the type or rank of tensor {name!r} at the stage boundary is unknown "
@@ -106,11 +123,13 @@ class BoundaryTypes:
         scratch: Path,
         input_shapes: Mapping[str, Sequence[int]] | None,
         can_run_source: bool,
+        feeds: Mapping[str, Any] | None = None,
     ) -> None:
         """Learn the types of ``spec``'s outputs that are still unknown (see the module docstring).
 
         ``scratch`` is a folder for a probe file (a stage over 2 GB); ``can_run_source`` allows step 3
-        (not for a source with external weights: it would have to be loaded whole).
+        (not for a source with external weights: it would have to be loaded whole); ``feeds`` are the
+        user's sample inputs for that run, else random ones at ``input_shapes`` are used.
         """
         missing = frozenset(t for t in spec.outputs if not self.known(t))
         if missing:
@@ -118,8 +137,14 @@ class BoundaryTypes:
             missing = frozenset(t for t in missing if not self.known(t))
         if missing:
             unsure_rank = self._infer_with_ort(spec, build, missing, scratch)
-            if unsure_rank and can_run_source:
-                self._observe_ranks(unsure_rank, input_shapes)
+            if not unsure_rank or not can_run_source:
+                # a source with external weights is not run whole: onnxruntime's rank stands, and the
+                # stage's own load check refuses it if it was wrong
+                return
+            confirmed = self._observe_ranks(unsure_rank, input_shapes, feeds)
+            for name in unsure_rank - confirmed:
+                self.any_rank.add(name)
+                self.types[name] = TensorInfo(name, self.types[name].elem_type, None)
 
     def _infer_with_onnx(self, spec: StageSpec, build: BuildStage, missing: frozenset[str]) -> None:
         light = build(spec, False, missing)
@@ -170,8 +195,14 @@ class BoundaryTypes:
             shutil.rmtree(probe_dir, ignore_errors=True)
         return unsure
 
-    def _observe_ranks(self, names: set[str], input_shapes: Mapping[str, Sequence[int]] | None) -> None:
-        """Run the source model once, with ``names`` as extra outputs, and keep their ranks (dims unknown)."""
+    def _observe_ranks(
+        self,
+        names: set[str],
+        input_shapes: Mapping[str, Sequence[int]] | None,
+        given: Mapping[str, Any] | None,
+    ) -> set[str]:
+        """Run the source model once, with ``names`` as extra outputs, and keep their ranks (dims
+        unknown); returns the names whose rank the run showed."""
         src = self.view.proto
         added = [n for n in sorted(names) if n not in {o.name for o in src.graph.output}]
         try:
@@ -180,16 +211,32 @@ class BoundaryTypes:
             data = src.SerializeToString()
         finally:
             del src.graph.output[len(src.graph.output) - len(added) :]
+        values: list[Any] | None = None
         try:
-            shapes = resolve_input_shapes(self.view, input_shapes or None)
-            feeds = random_feeds(self.view, shapes, seed=0)
             session = open_session(data, session_options())
-            values = session.run(sorted(names), feeds)
-        except Exception:  # noqa: BLE001 - the stage checks report what stays wrong
-            return
+            if given is not None:
+                tries = [dict(given)]
+            else:
+                shapes = resolve_input_shapes(self.view, input_shapes or None)
+                random = random_feeds(self.view, shapes, seed=0)
+                ones = {n: np.ones_like(v) if v.dtype.kind in "iu" else v for n, v in random.items()}
+                tries = [random, ones]
+            for feeds in tries:
+                try:
+                    values = session.run(sorted(names), feeds)
+                    break
+                except Exception:  # noqa: BLE001 - the next inputs may run
+                    continue
+        except Exception:  # noqa: BLE001 - unconfirmed ranks are refused by value_info
+            return set()
+        if values is None:
+            return set()
+        confirmed: set[str] = set()
         for n, v in zip(sorted(names), values, strict=True):
             if isinstance(v, np.ndarray):
                 self.types[n] = TensorInfo(n, self.types[n].elem_type, (None,) * v.ndim)
+                confirmed.add(n)
+        return confirmed
 
 
 # --------------------------------------------------------------------------------------------------

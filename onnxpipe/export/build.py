@@ -4,6 +4,8 @@ A stage holds, in this order:
 
 * its constant producers (each stage that reads a cheap constant makes its own copy), listed after the
   constants they read; a ``Shape`` of a static tensor becomes a ``Constant`` of that shape;
+* copies of the earlier stages' nodes that make the shape values and constant-only values it would
+  otherwise receive (:attr:`StageSpec.recomputed_nodes`, :mod:`onnxpipe.plan.recompute`);
 * its compute nodes, as they are (subgraph bodies of If/Loop/Scan included, never cut), but those whose
   values are now remade from an equal tensor (:attr:`StageSpec.skipped_nodes`);
 * an ``Identity`` node for each tensor remade from an equal one (:attr:`StageSpec.aliases`): first
@@ -35,13 +37,17 @@ from onnxpipe.core.errors import ExportError, ModelLoadError
 from onnxpipe.export.boundary import BoundaryTypes
 from onnxpipe.ir.external import is_external
 from onnxpipe.ir.model import ModelView, NodeInfo, initializer_nbytes
-from onnxpipe.plan.types import StageSpec
+from onnxpipe.plan.types import ShapeParts, StageSpec
 
 SMALL_TENSOR_BYTES = 1024
 """Without weights (for shape inference), initializers above this keep only their dims and type."""
 
 
 ALIAS_NODE_PREFIX = "onnxpipe/same_value/"
+SHAPE_NODE_PREFIX = "onnxpipe/shape_of/"
+"""The prefix of the nodes (and their tensors) that make a recomputed ``Shape`` of a tensor the stage
+lacks out of dims it has (:attr:`onnxpipe.plan.types.StageSpec.shape_sources`); the last of them, a
+``Concat``, keeps the ``Shape`` node's name and output."""
 
 
 def alias_node_name(tensor: str) -> str:
@@ -72,7 +78,7 @@ class StageBuilder:
         for info in self._constants_in_order(spec.constant_nodes):
             if info.op_type != "Shape":
                 wanted.update(info.reads)
-        for name in spec.file_node_names:
+        for name in [*spec.recomputed_nodes, *spec.file_node_names]:
             wanted.update(self.by_name[name].reads)
         wanted.update(spec.outputs)  # a model output that is an initializer
         tensors = wanted | set(spec.inputs)
@@ -136,6 +142,14 @@ class StageBuilder:
                     produced.add(name)
 
         remake(spec.inputs)
+        parts = dict(spec.shape_sources)
+        for name in spec.recomputed_nodes:  # copies that spare the stage receiving shape/constant values
+            info = self.by_name[name]
+            if name in parts:  # a Shape of a tensor the stage lacks: made of its dims
+                graph.node.extend(self._shape_from_parts(info, parts[name]))
+            else:
+                self._copy_node(info, graph.node.add(), spec, weights)
+            produced.update(info.outputs)
         for name in spec.file_node_names:
             info = self.by_name[name]
             self._copy_node(info, graph.node.add(), spec, weights)
@@ -229,6 +243,48 @@ class StageBuilder:
         return helper.make_node(
             "Constant", [], [proto.output[0]], name=info.name, value=numpy_helper.from_array(value)
         )
+
+    def _shape_from_parts(self, info: NodeInfo, parts: ShapeParts) -> list[onnx.NodeProto]:
+        """``Shape`` (``start``/``end`` honoured) of a tensor the stage lacks, from its dims: each a
+        ``Constant``, or a ``Shape`` of a tensor the stage has followed by a ``Gather`` of one axis;
+        joined by a ``Concat`` that writes the node's output."""
+        proto = self.view.proto.graph.node[info.index]
+        rank = len(parts)
+        start, end = 0, rank
+        for attr in proto.attribute:
+            if attr.name == "start":
+                start = int(attr.i)
+            elif attr.name == "end":
+                end = int(attr.i)
+        start = min(max(start + rank if start < 0 else start, 0), rank)
+        end = min(max(end + rank if end < 0 else end, 0), rank)
+        base = f"{SHAPE_NODE_PREFIX}{info.name}/"
+        nodes: list[onnx.NodeProto] = []
+        pieces: list[str] = []
+        for i, part in enumerate(parts[start:end]):
+            piece = f"{base}{i}"
+            if isinstance(part, int):
+                value = numpy_helper.from_array(np.array([part], dtype=np.int64))
+                nodes.append(helper.make_node("Constant", [], [piece], name=piece, value=value))
+            else:
+                tensor, axis = part
+                index = numpy_helper.from_array(np.array([axis], dtype=np.int64))
+                nodes.append(
+                    helper.make_node("Constant", [], [piece + "/axis"], name=piece + "/axis", value=index)
+                )
+                nodes.append(helper.make_node("Shape", [tensor], [piece + "/shape"], name=piece + "/shape"))
+                nodes.append(
+                    helper.make_node(
+                        "Gather", [piece + "/shape", piece + "/axis"], [piece], name=piece, axis=0
+                    )
+                )
+            pieces.append(piece)
+        if not pieces:
+            empty = numpy_helper.from_array(np.zeros((0,), dtype=np.int64))
+            nodes.append(helper.make_node("Constant", [], [info.outputs[0]], name=info.name, value=empty))
+        else:
+            nodes.append(helper.make_node("Concat", pieces, [info.outputs[0]], name=info.name, axis=0))
+        return nodes
 
     def _copy_node(self, info: NodeInfo, dst: onnx.NodeProto, spec: StageSpec, weights: bool) -> None:
         """Copy a source node; tensors inside it that live in the source's external files are read in."""

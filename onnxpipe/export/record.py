@@ -11,10 +11,11 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from onnxpipe.core.errors import ExportError
 from onnxpipe.export.boundary import BoundaryTypes
+from onnxpipe.export.contract import ContractMaker
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import symbol_sizes
 from onnxpipe.manifest import (
@@ -26,12 +27,14 @@ from onnxpipe.manifest import (
     Manifest,
     ModelOutput,
     ModelTensor,
+    NodeSplitRecord,
     PlanSummary,
     SameValue,
     SourceInfo,
     StageEntry,
     StageInput,
     StageOutput,
+    VerificationRecord,
 )
 from onnxpipe.plan.types import DecoderSummary, Plan, StageSpec
 from onnxpipe.schedule.simulate import simulate
@@ -47,6 +50,7 @@ class Written:
     external_data: str | None
     external_data_sha256: str | None
     constant_node_count: int
+    required_opsets: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,7 @@ def build_manifest(
     shared: SharedWeights,
     source_name: str | None,
     microbatches: int,
+    contract: ContractMaker | None = None,
 ) -> Manifest:
     k = len(written)
     producer: dict[str, int] = {}
@@ -103,6 +108,20 @@ def build_manifest(
             value = info.nbytes(symbols) if info is not None else 0
         return max(0, value)  # a dim written as -1 ("any") can make a product negative
 
+    if contract is None:
+        contract = ContractMaker(view, plan.input_shapes)
+
+    def described(name: str) -> dict[str, Any]:
+        """dtype, normalised shape, profiled shape and batch axis of a tensor (the boundary contract)."""
+        dtype, shape = types.describe(name)
+        c = contract.entry(name, shape)
+        return {
+            "dtype": dtype,
+            "shape": c.shape,
+            "profiled_shape": c.profiled_shape,
+            "batch_axis": c.batch_axis,
+        }
+
     entries: list[StageEntry] = []
     for w in written:
         s = w.spec
@@ -118,13 +137,15 @@ def build_manifest(
                     f"stage {s.index} reads {t!r}, which neither the model inputs nor an earlier stage "
                     "provide; the plan is inconsistent with the model"
                 )
-            inputs.append(StageInput(t, *types.describe(t), nbytes(t), source))
+            inputs.append(StageInput(t, bytes_per_sample=nbytes(t), source=source, **described(t)))
         outputs: list[StageOutput] = []
         for t in s.outputs:
             consumers: list[int | Literal["model_output"]] = [r for r in readers.get(t, []) if r > s.index]
             if t in model_outputs:
                 consumers.append(MODEL_OUTPUT)
-            outputs.append(StageOutput(t, *types.describe(t), nbytes(t), tuple(consumers)))
+            outputs.append(
+                StageOutput(t, bytes_per_sample=nbytes(t), consumers=tuple(consumers), **described(t))
+            )
         entries.append(
             StageEntry(
                 index=s.index,
@@ -135,6 +156,8 @@ def build_manifest(
                 node_count=len(s.file_node_names),
                 skipped_node_count=len(s.skipped_nodes),
                 same_values=tuple(SameValue(a.name, a.same_as) for a in s.aliases if a.same_as in s.inputs),
+                recomputed_node_count=len(s.recomputed_nodes),
+                required_opsets=w.required_opsets,
                 constant_node_count=w.constant_node_count,
                 device=s.device,
                 inputs=tuple(inputs),
@@ -155,7 +178,7 @@ def build_manifest(
     outs: list[ModelOutput] = []
     for t in view.outputs:
         by: int | Literal["model_input"] = producer.get(t, MODEL_INPUT)
-        outs.append(ModelOutput(t, *types.describe(t), by))
+        outs.append(ModelOutput(t, produced_by=by, **described(t)))
 
     shared_workers = [s.index % plan.workers for s in plan.stages] if plan.workers is not None else None
     timeline = plan.timeline or simulate(
@@ -163,11 +186,12 @@ def build_manifest(
     )
     return Manifest(
         source=_source_info(view, out, source_name),
-        model_inputs=tuple(ModelTensor(t, *types.describe(t)) for t in view.inputs),
+        model_inputs=tuple(ModelTensor(t, **described(t)) for t in view.inputs),
         model_outputs=tuple(outs),
         stages=tuple(entries),
         cluster=plan.cluster,
         device_costs=tuple(DeviceRecord(d.device, d.method, d.source) for d in plan.device_costs),
+        verification=VerificationRecord("unverified"),  # until a verification records its result
         plan=PlanSummary(
             objective=plan.objective,
             k=plan.k,
@@ -178,11 +202,24 @@ def build_manifest(
             threads=plan.threads,
             bandwidth_bytes_per_s=plan.bandwidth_bytes_per_s,
             profiled_input_shapes={n: tuple(int(d) for d in v) for n, v in plan.input_shapes.items()},
-            notes=tuple(plan.notes),
+            notes=(*plan.notes, *contract.notes),
             duplicated_param_bytes=shared.duplicated,
             workers=plan.workers,
             time_slack=plan.time_slack,
             reference_seconds=plan.reference_seconds,
+            profiled_inputs=plan.profiled_inputs,
+            node_splits=tuple(
+                NodeSplitRecord(
+                    node=s.node,
+                    kind=s.kind,
+                    parts=s.parts,
+                    stages=s.stages,
+                    contiguous_bound_seconds=s.contiguous_bound_seconds,
+                    contiguous_bottleneck_seconds=s.contiguous_bottleneck_seconds,
+                )
+                for s in plan.node_splits
+            ),
+            link_model=plan.link_model,
             decoder=_decoder_record(plan.decoder),
         ),
         schedule=timeline,

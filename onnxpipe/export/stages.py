@@ -21,10 +21,10 @@ holds the source.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import onnx
 
@@ -34,6 +34,7 @@ from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.export.boundary import PROTOBUF_LIMIT, BoundaryTypes
 from onnxpipe.export.build import StageBuilder
 from onnxpipe.export.checks import check_exportable, check_plan
+from onnxpipe.export.contract import ContractMaker, required_opsets
 from onnxpipe.export.modes import EXTERNAL_DATA_MODES, ExternalData
 from onnxpipe.export.outdir import normalized, staged_folder, writing
 from onnxpipe.export.record import Written, build_manifest, shared_weights
@@ -77,6 +78,7 @@ def export_stages(
     external_data: ExternalData = "auto",
     source_name: str | None = None,
     microbatches: int = DEFAULT_MICROBATCHES,
+    feeds: Mapping[str, Any] | None = None,
 ) -> Manifest:
     """Write ``plan``'s stages of ``view`` and their manifest into ``out_dir``; return the manifest.
 
@@ -84,7 +86,8 @@ def export_stages(
     each stage's weights to its own ``stage_<i>.onnx.data``; ``"auto"`` does so only for a stage over
     ~1.8 GB or when the source kept its weights in external files.  ``source_name`` is the file name
     recorded for the source (default: the model's file name).  ``microbatches`` sizes the stream
-    schedule recorded in the manifest.
+    schedule recorded in the manifest.  ``feeds``: one sample of the user's inputs, which a run of the
+    source that settles boundary ranks uses instead of random values (:mod:`onnxpipe.export.boundary`).
 
     Raises :class:`ExportError` when ``out_dir`` is not empty (without ``force``), when a file cannot
     be written (the old folder is left intact), or when a stage fails the checker or onnxruntime;
@@ -99,11 +102,17 @@ def export_stages(
     check_exportable(view, out, force=force)
     specs = plan.stages
     with staged_folder(out, last=MANIFEST_NAME) as tmp:
-        writer = _StageWriter(view, plan, tmp, out, external_data)
+        writer = _StageWriter(view, plan, tmp, out, external_data, feeds)
         writer.check_sizes(specs)
+        contract = ContractMaker(view, plan.input_shapes)
+        if not writer.source_external:  # one run of the source: it would have to be loaded whole
+            boundary = [t for s in specs for t in (*s.inputs, *s.outputs)]
+            contract.observe([*view.inputs, *boundary, *view.outputs], writer.types)
         written = [writer.write(spec) for spec in specs]
         shared = shared_weights(view, [writer.builder.weights_of(s) for s in specs])
-        manifest = build_manifest(view, plan, out, written, writer.types, shared, source_name, microbatches)
+        manifest = build_manifest(
+            view, plan, out, written, writer.types, shared, source_name, microbatches, contract
+        )
         with writing(out / MANIFEST_NAME, out):
             write_manifest(tmp / MANIFEST_NAME, manifest)
     return manifest
@@ -116,8 +125,17 @@ def export_stages(
 class _StageWriter:
     """Builds, writes, checks and hashes each stage in turn; remembers the boundary types it learns."""
 
-    def __init__(self, view: ModelView, plan: Plan, tmp: Path, out: Path, external_data: str) -> None:
+    def __init__(
+        self,
+        view: ModelView,
+        plan: Plan,
+        tmp: Path,
+        out: Path,
+        external_data: str,
+        feeds: Mapping[str, Any] | None = None,
+    ) -> None:
         self.view = view
+        self.feeds = feeds
         self.plan = plan
         self.tmp = tmp
         self.out = out
@@ -152,7 +170,7 @@ class _StageWriter:
         """About the bytes of the stage file with its weights inside, from dims: no weight is read."""
         weights = sum(self.view.initializers.get(t, 0) for t in self.builder.weights_of(spec))
         nodes = self.view.proto.graph.node
-        names = spec.file_node_names + spec.constant_nodes
+        names = spec.recomputed_nodes + spec.file_node_names + spec.constant_nodes
         return weights + sum(int(nodes[self.builder.by_name[n].index].ByteSize()) for n in names)
 
     def write(self, spec: StageSpec) -> Written:
@@ -164,7 +182,12 @@ class _StageWriter:
         """
         i = spec.index
         self.types.resolve(
-            spec, self._build, self.tmp, self.plan.input_shapes, can_run_source=not self.source_external
+            spec,
+            self._build,
+            self.tmp,
+            self.plan.input_shapes,
+            can_run_source=not self.source_external,
+            feeds=self.feeds,
         )
         size = self.stage_bytes(spec)
         external = self.mode == "always" or (
@@ -175,6 +198,7 @@ class _StageWriter:
         name, data_name = stage_file_name(i), stage_data_name(i)
         path, data_path = self.tmp / name, self.tmp / data_name
         model = self.builder.build(spec, weights=True, keep_external=external)
+        opsets = required_opsets(model)
         data_sha: str | None = None
         if external:
             with writing(self.out / data_name, self.out):
@@ -191,6 +215,7 @@ class _StageWriter:
                 external_data=data_name if data_sha is not None else None,
                 external_data_sha256=data_sha,
                 constant_node_count=len(spec.constant_nodes),
+                required_opsets=opsets,
             )
 
     def _check(self, spec: StageSpec, path: Path) -> None:

@@ -14,6 +14,8 @@ import onnx
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.ir.model import ModelView, NodeInfo
+from onnxpipe.ir.samples import expected_text
+from onnxpipe.ir.shapes import non_tensor_inputs
 
 SMALL_INT_HIGH = 2
 """Integer inputs that are neither indices nor masks take values in ``[0, SMALL_INT_HIGH)``."""
@@ -52,7 +54,13 @@ def random_feeds(
     """
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
+    others = non_tensor_inputs(view)
     for name in view.inputs:
+        if name in others:
+            raise UsageError(
+                f"input {name!r} is {expected_text(view, name)}, which onnxpipe cannot make random values "
+                "for; give real inputs (onnxpipe.ir.samples.samples_from_feeds, ProfileOptions(inputs=...))"
+            )
         if name not in shapes:
             raise UsageError(f"no shape for input {name!r}; give one with --shape {name}=D1,D2,...")
         shape = tuple(int(d) for d in shapes[name])

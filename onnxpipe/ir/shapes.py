@@ -6,13 +6,20 @@ Symbolic or unknown input dims get sizes that make typical models run:
 * the spatial dims (2 and 3) of a rank-4, image-like input are 64, a multiple of 32 so that detectors
   with several stride-2 stages still line up;
 * the channel dim (1) of a rank-4 input is 3;
-* every other dim (sequence length, time steps, ...) is 16;
+* every other dim (sequence length, time steps, ...) is 16 (:data:`SEQUENCE_SIZE`; a measured profile
+  that fails at it retries once at :data:`RETRY_SEQUENCE_SIZE`, :mod:`onnxpipe.cost.measure`);
 * a decoder's past length, new tokens and mask length are sized together for one phase (a decode step
   by default), by :mod:`onnxpipe.ir.decoder_shapes`.
 
+Inputs that are not tensors (sequences, maps, optionals) have no shape and are left out: only real
+inputs (``--inputs``, or arrays given to the API) can feed them.  When a run at the sizes chosen here
+fails, :func:`failure_hint` says which input dims were guessed and the exact flags that set them.
+
 The same symbolic name gets the same size everywhere, and a size given for it by an override is used for
-every other input that names it.  :func:`symbol_sizes` reads back which size each symbol took, so that
-the profiler, the planner, the exporter and the verifier size a tensor alike.
+every other input that names it.  Unnamed dims that the model shows must be equal (a state's batch and
+its input's) are linked the same way (:mod:`onnxpipe.ir.links`).  :func:`symbol_sizes` reads back
+which size each symbol took, so that the profiler, the planner, the exporter and the verifier size a
+tensor alike.
 
 >>> parse_shape_overrides(["x=1,3,224,224"])
 {'x': (1, 3, 224, 224)}
@@ -26,12 +33,16 @@ from onnxpipe.core.dims import Dim
 from onnxpipe.core.errors import UsageError
 from onnxpipe.ir.decoder_kinds import PhaseShape
 from onnxpipe.ir.decoder_shapes import decoder_symbol_sizes, expression_size
+from onnxpipe.ir.links import linked_input_shapes
 from onnxpipe.ir.model import ModelView
 
 BATCH_SIZE = 1
 IMAGE_SIZE = 64
 IMAGE_CHANNELS = 3
 SEQUENCE_SIZE = 16
+RETRY_SEQUENCE_SIZE = 512
+"""The sequence size a measured profile retries at when the model fails at :data:`SEQUENCE_SIZE` (a
+voice-activity detector's reflect pad of 64 samples needs more than 16; 512 is a common frame)."""
 
 
 def parse_shape_overrides(items: Iterable[str]) -> dict[str, tuple[int, ...]]:
@@ -71,9 +82,11 @@ def resolve_input_shapes(
     view: ModelView,
     overrides: Mapping[str, Sequence[int]] | None = None,
     *,
+    sequence_size: int = SEQUENCE_SIZE,
     phase: PhaseShape | None = None,
 ) -> dict[str, tuple[int, ...]]:
-    """Concrete shapes for every model input (see the module docstring for the defaults).
+    """Concrete shapes for every tensor input of the model (see the module docstring for the defaults;
+    ``sequence_size`` replaces :data:`SEQUENCE_SIZE`).
 
     A decoder's inputs (:mod:`onnxpipe.ir.decoder_shapes`) are sized together for ``phase`` (default:
     a decode step), so that past, new tokens and mask agree; a dim written as a sum of symbols
@@ -89,9 +102,11 @@ def resolve_input_shapes(
         raise UsageError(f"--shape names {unknown[0]!r}, which is not a model input; inputs are: {listed}")
 
     symbols: dict[str, int] = {}
+    linked = linked_input_shapes(view)
     # overrides first, so that the sizes they give to symbolic names reach every other input
     for name, given in overrides.items():
         shape = view.tensor(name).shape
+        links = linked.get(name, shape)
         dims = tuple(int(d) for d in given)
         if shape is not None:
             if len(dims) != len(shape):
@@ -105,18 +120,22 @@ def resolve_input_shapes(
                         f"--shape {name}: dim {axis} of input {name!r} is fixed at {declared} by the model "
                         f"({_show(shape)}), the override gives {value}; give {declared} for dim {axis}"
                     )
-                if isinstance(declared, str):
-                    symbols.setdefault(declared, value)
+                link = links[axis] if links is not None and axis < len(links) else declared
+                if isinstance(link, str):
+                    symbols.setdefault(link, value)
 
     for sym, size in decoder_symbol_sizes(view, symbols, phase).items():
         symbols.setdefault(sym, size)
 
     result: dict[str, tuple[int, ...]] = {}
+    others = non_tensor_inputs(view)
     for name in view.inputs:
+        if name in others:
+            continue
         if name in overrides:
             result[name] = tuple(int(d) for d in overrides[name])
             continue
-        shape = view.tensor(name).shape
+        shape = linked.get(name, view.tensor(name).shape)
         if shape is None:
             raise UsageError(
                 f"input {name!r} has no known rank; give its shape with --shape {name}=D1,D2,..."
@@ -130,7 +149,7 @@ def resolve_input_shapes(
             elif isinstance(d, str) and (summed := expression_size(d, symbols)) is not None:
                 resolved.append(summed)
             else:
-                size = _default_dim(axis, len(shape))
+                size = _default_dim(axis, len(shape), sequence_size)
                 if isinstance(d, str):
                     symbols[d] = size
                 resolved.append(size)
@@ -150,12 +169,76 @@ def symbol_sizes(view: ModelView, input_shapes: Mapping[str, Sequence[int]]) -> 
     return symbols
 
 
-def _default_dim(axis: int, rank: int) -> int:
+def non_tensor_inputs(view: ModelView) -> frozenset[str]:
+    """The model inputs that are sequences, maps or optionals: they have no shape to resolve."""
+    return frozenset(
+        vi.name
+        for vi in view.proto.graph.input
+        if vi.name in view.inputs and vi.type.WhichOneof("value") not in (None, "tensor_type")
+    )
+
+
+def guessed_dims(
+    view: ModelView, overrides: Mapping[str, Sequence[int]] | None = None
+) -> list[tuple[str, int, str | None]]:
+    """The input dims :func:`resolve_input_shapes` chooses a size for: (input, axis, symbol or None),
+    those of inputs ``overrides`` gives left out."""
+    given = set(overrides or {})
+    fixed = {d for n in given if n in view.inputs for d in (view.tensor(n).shape or ()) if isinstance(d, str)}
+    found: list[tuple[str, int, str | None]] = []
+    for name in view.inputs:
+        shape = view.tensor(name).shape
+        if name in given or shape is None or name in non_tensor_inputs(view):
+            continue
+        for axis, d in enumerate(shape):
+            if not (isinstance(d, int) and d >= 0) and d not in fixed:
+                found.append((name, axis, d if isinstance(d, str) else None))
+    return found
+
+
+def is_sequence_dim(view: ModelView, name: str, axis: int) -> bool:
+    """Whether a guessed dim got :data:`SEQUENCE_SIZE` (neither a batch dim nor an image's)."""
+    shape = view.tensor(name).shape
+    return shape is not None and _default_dim(axis, len(shape), -1) == -1
+
+
+def failure_hint(
+    view: ModelView,
+    used: Mapping[str, Sequence[int]],
+    overrides: Mapping[str, Sequence[int]] | None = None,
+) -> str:
+    """What to say when the model fails at the sizes onnxpipe chose: which input dims were guessed,
+    at what size, and the exact ``--shape`` flags that would give them (to edit), or ``--inputs``."""
+    guessed = guessed_dims(view, overrides)
+    if not guessed:
+        every = " ".join(f"--shape {n}={','.join(str(int(d)) for d in v)}" for n, v in used.items())
+        return (
+            f"give the shapes the model runs at with {every} (edited), or real inputs with --inputs FILE.npz"
+            if every
+            else "give real inputs with --inputs FILE.npz (one array per input, by name)"
+        )
+    parts = [
+        f"{name!r} dim {axis}" + (f" ({sym})" if sym else "") + f" = {used[name][axis]}"
+        for name, axis, sym in guessed
+        if name in used and axis < len(used[name])
+    ]
+    flags = " ".join(
+        f"--shape {name}={','.join(str(int(d)) for d in used[name])}"
+        for name in dict.fromkeys(n for n, _, _ in guessed)
+        if name in used
+    )
+    return (
+        f"onnxpipe guessed the sizes of {', '.join(parts)}; give the sizes the model runs at with "
+        f"{flags} (edited), or real inputs with --inputs FILE.npz"
+    )
+
+
+def _default_dim(axis: int, rank: int, sequence_size: int = SEQUENCE_SIZE) -> int:
     if axis == 0:
         return BATCH_SIZE
     if rank == 4:
         return IMAGE_CHANNELS if axis == 1 else IMAGE_SIZE
-    return SEQUENCE_SIZE
+    return sequence_size
 
 
 def _show(shape: Sequence[Dim]) -> str:

@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from onnxpipe.core.dims import Shape
+from onnxpipe.core.inputfiles import InputRecord
 
-SCHEMA_VERSION = 2
-"""Version 2 spells the place a pass-through model output comes from ``"model_input"`` (version 1:
-``"model input"``); both are read (docs/manifest.md, versioning)."""
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+"""Version 3 adds the fields a runner must honour (a device's ``runtime``, a decoder's ``kv_layers``)
+and the boundary contract; version 2 spelled the place a pass-through model output comes from
+``"model_input"`` (version 1: ``"model input"``).  All three are read (docs/manifest.md, versioning)."""
+READABLE_VERSIONS = (1, 2, 3)
 MANIFEST_NAME = "manifest.json"
 
 MODEL: Literal["model"] = "model"
@@ -43,11 +45,16 @@ class SourceInfo:
 
 @dataclass(frozen=True)
 class ModelTensor:
-    """A model input: name, numpy dtype name, shape with symbolic dims kept."""
+    """A model input: name, numpy dtype name, shape with its symbolic dims (the model's own names)."""
 
     name: str
     dtype: str
     shape: Shape
+    profiled_shape: tuple[int, ...] | None = None
+    """Its concrete shape when the model ran at ``plan.profiled_input_shapes`` (observed, or worked out
+    from the model inputs' symbols); None when neither could tell (added in schema 3)."""
+    batch_axis: int | None = None
+    """The axis that carries the model inputs' batch dim; None when it has none (added in schema 3)."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,11 @@ class ModelOutput:
     dtype: str
     shape: Shape
     produced_by: int | Literal["model_input"]
+    profiled_shape: tuple[int, ...] | None = None
+    """Its concrete shape when the model ran at ``plan.profiled_input_shapes`` (observed, or worked out
+    from the model inputs' symbols); None when neither could tell (added in schema 3)."""
+    batch_axis: int | None = None
+    """The axis that carries the model inputs' batch dim; None when it has none (added in schema 3)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +81,11 @@ class StageInput:
     shape: Shape
     bytes_per_sample: int
     source: int | Literal["model"]
+    profiled_shape: tuple[int, ...] | None = None
+    """Its concrete shape when the model ran at ``plan.profiled_input_shapes`` (observed, or worked out
+    from the model inputs' symbols); None when neither could tell (added in schema 3)."""
+    batch_axis: int | None = None
+    """The axis that carries the model inputs' batch dim; None when it has none (added in schema 3)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +97,11 @@ class StageOutput:
     shape: Shape
     bytes_per_sample: int
     consumers: tuple[int | Literal["model_output"], ...]
+    profiled_shape: tuple[int, ...] | None = None
+    """Its concrete shape when the model ran at ``plan.profiled_input_shapes`` (observed, or worked out
+    from the model inputs' symbols); None when neither could tell (added in schema 3)."""
+    batch_axis: int | None = None
+    """The axis that carries the model inputs' batch dim; None when it has none (added in schema 3)."""
 
 
 @dataclass(frozen=True)
@@ -121,12 +143,32 @@ class StageEntry:
     emits).  ``node_count`` plus this, over all stages, is the model's compute node count."""
     same_values: tuple[SameValue, ...] = ()
     """Inputs this stage's nodes read under another name: provably equal to an input it receives."""
+    recomputed_node_count: int = 0
+    """Copies of earlier stages' nodes in this file: they make the shape values and constant-only
+    values it would otherwise receive (added in schema 3)."""
+    required_opsets: tuple[tuple[str, int], ...] = ()
+    """``(domain, version)`` of every op domain the stage file's nodes use (``""`` is the default ONNX
+    domain), sorted: what a runtime must support to load it (added in schema 3)."""
+
     kv_layers: tuple[int, ...] = ()
     """A decoder's layers whose KV cache this stage holds (its past inputs and present outputs)."""
     kv_cache_bytes: int = 0
     """That cache's bytes at the plan's maximum context (:attr:`DecoderRecord.max_context`)."""
     estimated_phase_seconds: tuple[tuple[str, float], ...] = ()
     """A decoder's estimated stage time at each phase profiled, as (phase, seconds)."""
+
+
+@dataclass(frozen=True)
+class NodeSplitRecord:
+    """A node the plan cut into parts over consecutive stages (added in schema 3, optional)."""
+
+    node: str
+    kind: str
+    parts: int
+    stages: tuple[int, ...]
+    contiguous_bound_seconds: float
+    """``max(total / K, largest node)``: the bound no contiguous split beats, which this split passed."""
+    contiguous_bottleneck_seconds: float
 
 
 @dataclass(frozen=True)
@@ -170,8 +212,41 @@ class PlanSummary:
     when the stage estimates were: the profile's median run, or timed right after calibration.  A run
     times the model again (``onnxpipe run --compare``) and so tells the machine's own change of speed
     since from what the estimates got wrong.  None for static costs and plans for other devices."""
+    profiled_inputs: tuple[InputRecord, ...] = ()
+    """The sample input files (``--inputs``) the costs were measured on, by name, sha256 and shapes
+    (never their data); empty when the inputs were random at ``profiled_input_shapes``."""
+    node_splits: tuple[NodeSplitRecord, ...] = ()
+    """Nodes cut into parts placed in consecutive stages (``--split-nodes auto``); empty: none."""
+    link_model: str | None = None
+    """``serial`` (a stage's transfer in adds to its compute) or ``overlap`` (links run beside compute);
+    None in a manifest written before the field (whose plans were serial without a devices file,
+    overlap with one)."""
     decoder: DecoderRecord | None = None
     """Set when the model is a decoder with a KV cache."""
+
+
+VERIFICATION_STATUSES = ("unverified", "passed", "failed")
+"""``verification.status``: not (yet) compared with the model, or compared and found to match or not."""
+
+
+@dataclass(frozen=True)
+class VerificationRecord:
+    """Whether and how the stages were compared with the model (``verification``, added in schema 3).
+
+    ``split`` writes ``unverified`` with the stages and the result once its verification ends, so that
+    a folder whose verification was interrupted (Ctrl-C) says so; ``onnxpipe verify`` writes its result.
+    ``rtol``, ``atol``, ``seed``, ``runs`` and ``input_shapes`` say how (None while unverified)."""
+
+    status: str
+    rtol: float | None = None
+    atol: float | None = None
+    seed: int | None = None
+    runs: int | None = None
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None
+
+    @property
+    def verified(self) -> bool:
+        return self.status != "unverified"
 
 
 @dataclass(frozen=True)

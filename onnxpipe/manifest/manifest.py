@@ -30,6 +30,7 @@ from onnxpipe.manifest.entries import (
     PlanSummary,
     SourceInfo,
     StageEntry,
+    VerificationRecord,
 )
 from onnxpipe.schedule.timeline import Timeline
 
@@ -47,6 +48,8 @@ class Manifest:
     schema_version: int = field(default=SCHEMA_VERSION)
     cluster: Cluster | None = None
     device_costs: tuple[DeviceRecord, ...] = ()
+    verification: VerificationRecord | None = None
+    """None: a manifest written before the field, which cannot say whether it was verified."""
 
     @property
     def k(self) -> int:
@@ -92,6 +95,7 @@ class Manifest:
             schema_version=SCHEMA_VERSION,
             cluster=read.cluster(top.get("cluster", None)),
             device_costs=top.get("device_costs", []).objects(read.device_record),
+            verification=read.verification(top.get("verification", None)),
         )
         check_consistency(manifest, doc)
         return manifest

@@ -9,12 +9,13 @@ puts the parts together.
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from onnxpipe.cluster.devicesfile import read_cluster
 from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.dims import Dim, Shape
 from onnxpipe.core.errors import ManifestError, UsageError
+from onnxpipe.core.inputfiles import InputRecord
 from onnxpipe.core.jsonread import Fields, Rule, Value
 from onnxpipe.manifest.entries import (
     MODEL,
@@ -23,16 +24,19 @@ from onnxpipe.manifest.entries import (
     READABLE_VERSIONS,
     SCHEMA_VERSION,
     V1_MODEL_INPUT,
+    VERIFICATION_STATUSES,
     DecoderRecord,
     DeviceRecord,
     ModelOutput,
     ModelTensor,
+    NodeSplitRecord,
     PlanSummary,
     SameValue,
     SourceInfo,
     StageEntry,
     StageInput,
     StageOutput,
+    VerificationRecord,
 )
 from onnxpipe.schedule.timeline import KINDS, ScheduleKind, Step, StepKind, Timeline, Transfer
 
@@ -41,7 +45,8 @@ def schema_version(f: Fields) -> int:
     """The file's ``schema_version``, refused unless this onnxpipe reads it (checked before any other)."""
     version = f["schema_version"].integer(minimum=None)
     if version not in READABLE_VERSIONS:
-        readable = " and ".join(str(v) for v in READABLE_VERSIONS)
+        *earlier, last = (str(v) for v in READABLE_VERSIONS)
+        readable = f"{', '.join(earlier)} and {last}" if earlier else last
         raise ManifestError(
             f"{f.doc.source}: schema_version {version} is not supported (this onnxpipe reads versions "
             f"{readable}, writes {SCHEMA_VERSION}); use the onnxpipe that wrote it or re-run onnxpipe split"
@@ -78,6 +83,23 @@ def _shape(v: Value) -> Shape:
     return v.opt_list_of(_dim)
 
 
+def _contract(f: Fields, shape: Shape) -> dict[str, Any]:
+    """The optional boundary-contract fields of a tensor entry (schema 3): a concrete profiled shape of
+    the declared rank, and a batch axis within it."""
+    profiled = f.get("profiled_shape", None).opt_list_of(lambda v: v.integer())
+    if profiled is not None and shape is not None and len(profiled) != len(shape):
+        raise f["profiled_shape"].expected(f"{len(shape)} dims, as many as its shape")
+    batch = f.get("batch_axis", None).opt_integer()
+    rank = len(profiled) if profiled is not None else (len(shape) if shape is not None else None)
+    if batch is not None and rank is not None and batch >= rank:
+        raise f["batch_axis"].expected(f"an axis below its rank {rank}")
+    return {"profiled_shape": profiled, "batch_axis": batch}
+
+
+def _required_opsets(v: Value) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted(v.dict_of(lambda x: x.integer(minimum=1)).items()))
+
+
 def source(f: Fields) -> SourceInfo:
     return SourceInfo(
         file=f["file"].string(), path=f["path"].opt_string(), sha256=f["sha256"].string(_SHA256)
@@ -85,7 +107,8 @@ def source(f: Fields) -> SourceInfo:
 
 
 def model_tensor(f: Fields) -> ModelTensor:
-    return ModelTensor(name=f["name"].string(), dtype=f["dtype"].string(), shape=_shape(f["shape"]))
+    shape = _shape(f["shape"])
+    return ModelTensor(name=f["name"].string(), dtype=f["dtype"].string(), shape=shape, **_contract(f, shape))
 
 
 def model_output(f: Fields, version: int) -> ModelOutput:
@@ -97,26 +120,35 @@ def model_output(f: Fields, version: int) -> ModelOutput:
         produced_by = MODEL_INPUT if old == V1_MODEL_INPUT else int(old)
     else:
         produced_by = by.integer_or(MODEL_INPUT, expected=_STAGE_OR_MODEL_INPUT)
+    shape = _shape(f["shape"])
     return ModelOutput(
-        name=f["name"].string(), dtype=f["dtype"].string(), shape=_shape(f["shape"]), produced_by=produced_by
+        name=f["name"].string(),
+        dtype=f["dtype"].string(),
+        shape=shape,
+        produced_by=produced_by,
+        **_contract(f, shape),
     )
 
 
 def _stage_input(f: Fields) -> StageInput:
+    shape = _shape(f["shape"])
     return StageInput(
         name=f["name"].string(),
         dtype=f["dtype"].string(),
-        shape=_shape(f["shape"]),
+        shape=shape,
+        **_contract(f, shape),
         bytes_per_sample=f["bytes_per_sample"].integer(),
         source=f["source"].integer_or(MODEL, expected=_STAGE_OR_MODEL),
     )
 
 
 def _stage_output(f: Fields) -> StageOutput:
+    shape = _shape(f["shape"])
     return StageOutput(
         name=f["name"].string(),
         dtype=f["dtype"].string(),
-        shape=_shape(f["shape"]),
+        shape=shape,
+        **_contract(f, shape),
         bytes_per_sample=f["bytes_per_sample"].integer(),
         consumers=f["consumers"].list_of(
             lambda c: c.integer_or(MODEL_OUTPUT, expected=_STAGE_OR_MODEL_OUTPUT)
@@ -145,6 +177,8 @@ def stage(f: Fields) -> StageEntry:
         worker=f.get("worker", None).opt_integer(),
         skipped_node_count=f.get("skipped_node_count", 0).integer(),
         same_values=f.get("same_values", []).objects(_same_value),
+        recomputed_node_count=f.get("recomputed_node_count", 0).integer(),
+        required_opsets=_required_opsets(f.get("required_opsets", {})),
         kv_layers=f.get("kv_layers", []).list_of(Value.integer),
         kv_cache_bytes=f.get("kv_cache_bytes", 0).integer(),
         estimated_phase_seconds=tuple(
@@ -175,8 +209,45 @@ def plan(f: Fields) -> PlanSummary:
         workers=f.get("workers", None).opt_integer(minimum=1),
         time_slack=_time_slack(f.get("time_slack", 0.0)),
         reference_seconds=_reference(f.get("reference_seconds", None)),
+        profiled_inputs=f.get("profiled_inputs", []).objects(InputRecord.read),
+        node_splits=f.get("node_splits", []).objects(_node_split),
+        link_model=_link_model(f.get("link_model", None)),
         decoder=_decoder(f.get("decoder", None)),
     )
+
+
+def _node_split(f: Fields) -> NodeSplitRecord:
+    parts = f["parts"].integer(minimum=2)
+    stages = f["stages"].list_of(lambda v: v.integer(minimum=0))
+    if len(stages) != parts or list(stages) != sorted(stages):
+        raise f["stages"].fail(
+            f"expected {parts} non-decreasing stage indices, one per part, got {list(stages)}"
+        )
+    bound = f["contiguous_bound_seconds"].number()
+    best = f["contiguous_bottleneck_seconds"].number()
+    return NodeSplitRecord(
+        node=f["node"].string(),
+        kind=f["kind"].string(),
+        parts=parts,
+        stages=tuple(stages),
+        contiguous_bound_seconds=bound,
+        contiguous_bottleneck_seconds=best,
+    )
+
+
+LINK_MODELS = ("serial", "overlap")
+"""The values of ``plan.link_model``: those of :mod:`onnxpipe.plan.links`, which the manifest, a floor
+below the planner, cannot import (a test keeps the two alike)."""
+
+
+def _link_model(v: Value) -> str | None:
+    """``plan.link_model`` (added in schema 3, optional): ``serial`` or ``overlap``."""
+    if v.raw is None:
+        return None
+    text = v.string()
+    if text not in LINK_MODELS:
+        raise v.fail(f"expected one of {', '.join(LINK_MODELS)}, got {text!r}")
+    return text
 
 
 def _decoder(v: Value) -> DecoderRecord | None:
@@ -307,3 +378,30 @@ def _step_kind(v: Value) -> StepKind:
     if v.raw not in ("F", "B"):
         raise v.fail('expected "F" or "B"')
     return cast(StepKind, v.raw)
+
+
+def verification(v: Value) -> VerificationRecord | None:
+    """``verification`` (added in schema 3, optional): the status, and how once verified."""
+    if v.raw is None:
+        return None
+    f = v.fields()
+    status = f["status"].string()
+    if status not in VERIFICATION_STATUSES:
+        raise f["status"].fail(f"expected one of {', '.join(VERIFICATION_STATUSES)}, got {status!r}")
+    if status == "unverified":
+        return VerificationRecord(status)
+    for key in ("rtol", "atol", "seed", "runs", "input_shapes"):
+        f.need(key, "a verified manifest says how: rtol, atol, seed, runs and input_shapes")
+    return VerificationRecord(
+        status=status,
+        rtol=f["rtol"].finite(),
+        atol=f["atol"].finite(),
+        seed=f["seed"].integer(minimum=None),
+        runs=f["runs"].integer(minimum=1),
+        input_shapes=MappingProxyType(
+            {
+                k: tuple(d)
+                for k, d in f["input_shapes"].dict_of(lambda dims: dims.list_of(Value.integer)).items()
+            }
+        ),
+    )

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from onnxpipe.core.dims import Dim, Shape
-from onnxpipe.manifest.entries import DecoderRecord, StageEntry
+from onnxpipe.manifest.entries import DecoderRecord, NodeSplitRecord, StageEntry, VerificationRecord
 from onnxpipe.schedule.timeline import Timeline
 
 if TYPE_CHECKING:  # annotations only: the manifest module calls this one
@@ -27,6 +27,16 @@ def num(x: float) -> float | None:
 
 def _shape_out(shape: Shape) -> list[Dim] | None:
     return None if shape is None else list(shape)
+
+
+def contract(t: Any) -> dict[str, Any]:
+    """The optional boundary-contract fields of a tensor entry (schema 3), written when known."""
+    out: dict[str, Any] = {}
+    if t.profiled_shape is not None:
+        out["profiled_shape"] = list(t.profiled_shape)
+    if t.batch_axis is not None:
+        out["batch_axis"] = t.batch_axis
+    return out
 
 
 def dumps(value: Any, indent: str = "") -> str:
@@ -49,10 +59,17 @@ def manifest_obj(m: Manifest) -> dict[str, Any]:
         "schema_version": m.schema_version,
         "source": {"file": m.source.file, "path": m.source.path, "sha256": m.source.sha256},
         "model_inputs": [
-            {"name": t.name, "dtype": t.dtype, "shape": _shape_out(t.shape)} for t in m.model_inputs
+            {"name": t.name, "dtype": t.dtype, "shape": _shape_out(t.shape), **contract(t)}
+            for t in m.model_inputs
         ],
         "model_outputs": [
-            {"name": t.name, "dtype": t.dtype, "shape": _shape_out(t.shape), "produced_by": t.produced_by}
+            {
+                "name": t.name,
+                "dtype": t.dtype,
+                "shape": _shape_out(t.shape),
+                **contract(t),
+                "produced_by": t.produced_by,
+            }
             for t in m.model_outputs
         ],
         "stages": [_stage_to_obj(s) for s in m.stages],
@@ -72,6 +89,17 @@ def manifest_obj(m: Manifest) -> dict[str, Any]:
                 {} if m.plan.workers is None else {"workers": m.plan.workers, "time_slack": m.plan.time_slack}
             ),
             **({} if m.plan.reference_seconds is None else {"reference_seconds": m.plan.reference_seconds}),
+            **(
+                {}
+                if not m.plan.profiled_inputs
+                else {"profiled_inputs": [r.to_obj() for r in m.plan.profiled_inputs]}
+            ),
+            **(
+                {"node_splits": [_node_split_obj(r) for r in m.plan.node_splits]}
+                if m.plan.node_splits
+                else {}
+            ),
+            **({} if m.plan.link_model is None else {"link_model": m.plan.link_model}),
             **({} if m.plan.decoder is None else {"decoder": _decoder_obj(m.plan.decoder)}),
         },
         "schedule": timeline_obj(m.schedule, [s.device for s in m.stages]),
@@ -79,6 +107,32 @@ def manifest_obj(m: Manifest) -> dict[str, Any]:
         "device_costs": [
             {"device": d.device, "method": d.method, "source": d.source} for d in m.device_costs
         ],
+        **({} if m.verification is None else {"verification": verification_obj(m.verification)}),
+    }
+
+
+def verification_obj(v: VerificationRecord) -> dict[str, Any]:
+    """``verification``: the status, and how it was reached once verified."""
+    if not v.verified:
+        return {"status": v.status}
+    return {
+        "status": v.status,
+        "rtol": v.rtol,
+        "atol": v.atol,
+        "seed": v.seed,
+        "runs": v.runs,
+        "input_shapes": {k: list(d) for k, d in (v.input_shapes or {}).items()},
+    }
+
+
+def _node_split_obj(r: NodeSplitRecord) -> dict[str, Any]:
+    return {
+        "node": r.node,
+        "kind": r.kind,
+        "parts": r.parts,
+        "stages": list(r.stages),
+        "contiguous_bound_seconds": r.contiguous_bound_seconds,
+        "contiguous_bottleneck_seconds": r.contiguous_bottleneck_seconds,
     }
 
 
@@ -110,6 +164,8 @@ def _stage_to_obj(s: StageEntry) -> dict[str, Any]:
             if s.same_values
             else {}
         ),
+        **({"recomputed_node_count": s.recomputed_node_count} if s.recomputed_node_count else {}),
+        **({"required_opsets": dict(s.required_opsets)} if s.required_opsets else {}),
         **({"kv_layers": list(s.kv_layers), "kv_cache_bytes": s.kv_cache_bytes} if s.kv_layers else {}),
         **(
             {"estimated_phase_seconds": {p: num(t) for p, t in s.estimated_phase_seconds}}
@@ -121,6 +177,7 @@ def _stage_to_obj(s: StageEntry) -> dict[str, Any]:
                 "name": t.name,
                 "dtype": t.dtype,
                 "shape": _shape_out(t.shape),
+                **contract(t),
                 "bytes_per_sample": t.bytes_per_sample,
                 "source": t.source,
             }
@@ -131,6 +188,7 @@ def _stage_to_obj(s: StageEntry) -> dict[str, Any]:
                 "name": t.name,
                 "dtype": t.dtype,
                 "shape": _shape_out(t.shape),
+                **contract(t),
                 "bytes_per_sample": t.bytes_per_sample,
                 "consumers": list(t.consumers),
             }

@@ -22,11 +22,15 @@ from pathlib import Path
 from onnxpipe.cluster.costs import DeviceCosts, device_costs
 from onnxpipe.cluster.model import Cluster, Device
 from onnxpipe.core.errors import MemoryFitError, PartitionError, UsageError
+from onnxpipe.core.runtime_kinds import EngineConfig
+from onnxpipe.core.text import human_bytes
 from onnxpipe.cost.measure import profile_model
 from onnxpipe.cost.profile import Profile
+from onnxpipe.cost.runtime_profile import is_reference, profile_on_runtime
 from onnxpipe.ir.decoder import DecoderInfo, find_decoder, kv_bytes_per_token
 from onnxpipe.ir.model import ModelView, NodeInfo
 from onnxpipe.partition import solve_heterogeneous
+from onnxpipe.partition.chainbound import chain_bound
 from onnxpipe.partition.inputs import HeterogeneousRequest
 from onnxpipe.partition.result import Partition
 from onnxpipe.plan.decoder import coarse_allowed, layer_sequences, stage_kv
@@ -94,7 +98,11 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
     m = len(view.compute_nodes)
     cluster = request.devices
     if cluster is None:
-        assert isinstance(stages, int)  # check() refuses "auto" without devices
+        if not isinstance(stages, int):
+            raise UsageError(
+                "--stages auto needs --devices here: plan_pipeline plans for a cluster; "
+                "onnxpipe.plan.planner.plan chooses the stages of this machine without one"
+            )
         cluster = Cluster.homogeneous(
             stages, profile.threads, bandwidth_bytes_per_s=request.bandwidth_bytes_per_s
         )
@@ -102,7 +110,8 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
     if stages != "auto" and not 1 <= stages <= max_k:
         what = f"{m} compute nodes" if stages > m else f"{cluster.size} devices in {cluster.label}"
         raise PartitionError(
-            f"cannot make {stages} stages: the plan has {what}; choose --stages between 1 and {max_k}"
+            f"cannot make {stages} stages: the plan has {what}; the largest number of stages that works "
+            f"is {max_k}: choose --stages between 1 and {max_k}"
         )
     costs = _costs(view, profile, cluster, request)
     best, reason = _best(view, costs, cluster, request, max_k)
@@ -146,6 +155,10 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
             (phase_shape_of(profile, costs.decoder, profile_phase(profile, costs.decoder)),),
         )
     _check_final_memory(specs, arranged, best, costs.acts)
+    if not best.search.free:  # devices in the file's order: the contiguous bound holds for this order
+        rows = [[c * _work(option, request) for c in costs.rows[name]] for name in arranged.names]
+        tighter = min(chain_bound(rows, part.bottleneck), part.bottleneck)
+        part = replace(part, lower_bound=max(part.lower_bound, tighter))
     kept = {d.name for d in arranged.devices}
     return plan_from(
         view,
@@ -327,21 +340,28 @@ def _solve(
         raise MemoryFitError(
             f"{arranged.source or 'the devices'}: {arranged.size} stages of {view.label} do not fit the "
             f"devices' memory under {option.describe()}; the smallest memory that fits is "
-            f"{e.smallest_fit_bytes:.0f} bytes per device: raise memory_bytes, add devices, or "
+            f"{human_bytes(e.smallest_fit_bytes)} ({e.smallest_fit_bytes:.0f} bytes) per device: raise "
+            "memory_bytes, add devices, or "
             "choose another schedule",
             e.smallest_fit_bytes,
         ) from e
 
 
 def _measure_fn(view: ModelView, profile: Profile) -> Callable[[Device], Mapping[str, float]]:
+    """The device's costs measured here: onnxruntime's profiler on the CPU, else the whole model timed
+    on the device's runtime, its per-layer reports mapped to nodes (:mod:`.cost.runtime_profile`)."""
+
+    measured: dict[EngineConfig, Mapping[str, float]] = {}  # devices set up alike are measured once
+
     def measure(device: Device) -> Mapping[str, float]:
-        if device.provider != "CPUExecutionProvider" or device.provider_options:
-            raise UsageError(
-                f"device {device.name!r}: profiling on {device.provider} is not supported here; "
-                "set profile_here to false and give its speed, or a profile_path measured on it"
-            )
-        prof = profile_model(view, threads=device.threads, shapes=profile.input_shapes)
-        return prof.node_seconds
+        config = device.engine_config()
+        if config not in measured:
+            if is_reference(config):
+                prof = profile_model(view, threads=device.threads, shapes=profile.input_shapes)
+            else:
+                prof = profile_on_runtime(view, config, shapes=profile.input_shapes)
+            measured[config] = prof.node_seconds
+        return measured[config]
 
     return measure
 
@@ -376,8 +396,9 @@ def _check_final_memory(
         )
         if need > cap:
             raise MemoryFitError(
-                f"{arranged.source or 'the devices'}: stage {s} on {arranged.names[s]} needs {need:.0f} "
-                f"bytes once the weights it shares with other stages are copied in, over the device's "
-                f"{cap}; give it at least that much memory_bytes, or use more stages",
+                f"{arranged.source or 'the devices'}: stage {s} on {arranged.names[s]} needs "
+                f"{human_bytes(need)} ({need:.0f} bytes) once the weights it shares with other stages are "
+                f"copied in, over the device's {human_bytes(cap)}; give it at least that much memory_bytes, "
+                "or use more stages",
                 need,
             )

@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass
 
+from onnxpipe.core.machine import available_cpu_count
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.decoder_kinds import Phase
 from onnxpipe.ir.model import ModelView
+from onnxpipe.plan.bound import bound_note, bounding_node
 from onnxpipe.plan.cluster import plan_pipeline
 from onnxpipe.plan.decoder_plan import make_decoder_plan, profile_phase
+from onnxpipe.plan.nodesplit import Planned, plan_splitting_nodes
+from onnxpipe.plan.orders import stages_auto
 from onnxpipe.plan.phases import make_two_phase_plan
-from onnxpipe.plan.request import DEFAULT_TIME_SLACK, PlanRequest
+from onnxpipe.plan.request import DEFAULT_TIME_SLACK, PlanRequest, SplitNodes
 from onnxpipe.plan.types import Plan
 from onnxpipe.plan.workers import make_interleaved_plan, make_plan
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
@@ -33,19 +38,103 @@ def plan(
 ) -> Plan:
     """The plan ``request`` asks for, from ``profile``'s costs of ``view`` (checked first).
 
-    ``phase_profiles``: a decoder's profiles at the prefill and decode shapes
-    (:func:`onnxpipe.cost.phases.phase_profiles`); with both, the layer cuts are balanced for both
-    phases (:mod:`onnxpipe.plan.phases`).
+    With ``split_nodes="auto"`` its stages may name the parts of a cut node: :func:`planned` also gives
+    the view that holds them, which is what the exporter needs.  ``phase_profiles``: a decoder's
+    profiles at the prefill and decode shapes (:func:`onnxpipe.cost.phases.phase_profiles`); with both,
+    the layer cuts are balanced for both phases (:mod:`onnxpipe.plan.phases`).
     """
+    return planned(view, profile, request, phase_profiles=phase_profiles).plan
+
+
+def planned(
+    view: ModelView,
+    profile: Profile,
+    request: PlanRequest,
+    *,
+    phase_profiles: Mapping[Phase, Profile] | None = None,
+) -> Planned:
+    """:func:`plan`'s plan with the view (and profile) its stages are made of."""
     request.check()
-    made = _plan(view, profile, request, phase_profiles)
-    missing = tuple(n for n in view.notes if n not in made.notes)  # what loading accepted with a remark
+    if request.split_nodes == SplitNodes.AUTO:
+        assert isinstance(request.stages, int)  # check() refused the rest
+        cut = plan_splitting_nodes(
+            view,
+            profile,
+            request.stages,
+            bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
+            microbatches=request.schedule.microbatches or DEFAULT_MICROBATCHES,
+        )
+        made = dataclasses.replace(cut.plan, link_model=request.effective_link_model)
+        return dataclasses.replace(cut, plan=_with_view_notes(made, view))
+    return Planned(_with_view_notes(_noted(view, profile, request, phase_profiles), view), view, profile)
+
+
+def _with_view_notes(made: Plan, view: ModelView) -> Plan:
+    """What loading accepted with a remark (an onnxruntime op in the default domain) said in the plan."""
+    missing = tuple(n for n in view.notes if n not in made.notes)
     return dataclasses.replace(made, notes=(*missing, *made.notes)) if missing else made
 
 
-def _plan(
+def _noted(
     view: ModelView, profile: Profile, request: PlanRequest, phase_profiles: Mapping[Phase, Profile] | None
 ) -> Plan:
+    """The plan ``request`` asks for, from ``profile``'s costs of ``view`` (checked first), with a note
+    when one node bounds it (:mod:`onnxpipe.plan.bound`)."""
+    the_plan = dataclasses.replace(
+        _plan(view, profile, request, phase_profiles), link_model=request.effective_link_model
+    )
+    if request.devices is None and request.schedule.kind == "stream":
+        bound = bounding_node(view, profile, the_plan)
+        if bound is not None:
+            the_plan = dataclasses.replace(the_plan, notes=(*the_plan.notes, bound_note(bound, the_plan.k)))
+    return the_plan
+
+
+@dataclass(frozen=True)
+class _Tried:
+    plan: Plan
+
+    @property
+    def bottleneck(self) -> float:
+        return self.plan.bottleneck_seconds
+
+
+def auto_here(
+    view: ModelView,
+    profile: Profile,
+    request: PlanRequest,
+    cpus: int | None = None,
+    phase_profiles: Mapping[Phase, Profile] | None = None,
+) -> Plan:
+    """``--stages auto`` without a devices file: the stages run on this machine, ``profile.threads`` each,
+    so at most ``cpus // threads`` of them run without sharing CPUs (more would only look faster on
+    paper); the fewest of those within ``request.tolerance`` of the best bottleneck.  The plan records
+    each count tried (:attr:`Plan.stage_counts_tried`) and why it chose."""
+    cpus = available_cpu_count() if cpus is None else cpus
+    threads = max(1, profile.threads)
+    max_k = max(1, min(cpus // threads, len(view.compute_nodes)))
+
+    def solve_k(k: int) -> _Tried:
+        return _Tried(_plan(view, profile, dataclasses.replace(request, stages=k), phase_profiles))
+
+    choice = stages_auto(max_k, solve_k, tolerance=request.tolerance)
+    note = (
+        f"--stages auto chose {choice.k} of 1..{max_k} (this machine's {cpus} CPU(s) at {threads} "
+        f"thread(s) per stage): {choice.reason}"
+    )
+    chosen = choice.result.plan
+    return dataclasses.replace(chosen, notes=(*chosen.notes, note), stage_counts_tried=choice.bottlenecks)
+
+
+def _plan(
+    view: ModelView,
+    profile: Profile,
+    request: PlanRequest,
+    phase_profiles: Mapping[Phase, Profile] | None = None,
+) -> Plan:
+    request.check()
+    if request.stages == "auto" and request.devices is None:
+        return auto_here(view, profile, request, phase_profiles=phase_profiles)
     dec = find_decoder(view) if request.decoder.layer_cuts else None
     if dec is not None and request.on_identical_workers and not request.interleaved:
         assert isinstance(request.stages, int)  # on_identical_workers

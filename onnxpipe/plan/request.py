@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Literal, get_args
 
 from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.plan.decoder_kinds import DecoderOptions
+from onnxpipe.plan.links import DEFAULT_LINK_MODEL, DEVICES_LINK_MODEL, LINK_MODELS, LinkModel
 from onnxpipe.plan.orders import DEFAULT_TOLERANCE, DeviceOrder
 from onnxpipe.schedule.timeline import DEFAULT_BACKWARD_RATIO, DEFAULT_MICROBATCHES, ScheduleKind
 
@@ -90,6 +92,19 @@ class ScheduleRequest:
         return [ScheduleOption(kd, m, batch // m) for kd in kinds for m in options]
 
 
+class SplitNodes(StrEnum):
+    """Whether the planner may cut one node into parts over consecutive stages (``plan/nodesplit.py``)."""
+
+    AUTO = "auto"
+    OFF = "off"
+
+
+SPLIT_NODES_CHOICES: tuple[str, ...] = tuple(s.value for s in SplitNodes)
+DEFAULT_SPLIT_NODES = SplitNodes.OFF
+"""Off by default: ``auto`` times the candidate node's parts (seconds of extra planning) and changes the
+stage files' nodes; the ``nodesplit`` benchmark measures what it gains (docs/node-splitting.md)."""
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """What to plan: ``stages`` stages (or ``"auto"``), on ``devices`` or identical workers.
@@ -98,7 +113,8 @@ class PlanRequest:
     ``bandwidth_bytes_per_s``; with it the devices file's links do.  ``workers`` deals the stages out to
     fewer identical workers in turn (an interleaved split, up to ``time_slack`` slower than the fastest
     split if that balances the workers' weights).  ``tolerance``: ``--stages auto`` keeps the fewest
-    stages within it of the best bottleneck.
+    stages within it of the best bottleneck.  ``split_nodes``: ``auto`` lets the plan cut one dominating
+    node into parts over consecutive stages (one stage per identical worker only).
     """
 
     stages: int | Literal["auto"]
@@ -109,10 +125,17 @@ class PlanRequest:
     workers: int | None = None
     time_slack: float | None = None
     tolerance: float = DEFAULT_TOLERANCE
+    split_nodes: SplitNodes = DEFAULT_SPLIT_NODES
+    link_model: LinkModel | None = None
+    """How transfers count (:mod:`onnxpipe.plan.links`); None: serial without devices, overlap with."""
     decoder: DecoderOptions = field(default_factory=DecoderOptions)
     """How a decoder with a KV cache is split (ignored for other models)."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.split_nodes, SplitNodes):
+            if self.split_nodes not in SPLIT_NODES_CHOICES:
+                raise UsageError(f"--split-nodes {self.split_nodes!r}: choose auto or off")
+            object.__setattr__(self, "split_nodes", SplitNodes(self.split_nodes))
         if self.devices is not None and not isinstance(self.devices, Cluster):
             raise UsageError(
                 f"PlanRequest(devices={self.devices!r}): give the cluster itself, "
@@ -136,7 +159,25 @@ class PlanRequest:
             and self.order == DeviceOrder.FIXED
             and self.schedule.kind == "stream"
             and isinstance(self.stages, int)
+            and self.link_model != "overlap"
         )
+
+    @property
+    def effective_link_model(self) -> LinkModel:
+        """The link model the plan uses: the one asked for, else serial on identical workers streaming
+        and overlap otherwise (a devices file, a free order, a training schedule)."""
+        if self.link_model is not None:
+            return self.link_model
+        serial = self.devices is None and self.order == DeviceOrder.FIXED and self.schedule.kind == "stream"
+        return DEFAULT_LINK_MODEL if serial else DEVICES_LINK_MODEL
+
+    def check_stage_count(self, compute_nodes: int, label: str) -> None:
+        """Refuse a stage count above the model's ``compute_nodes`` (cheap: before any cost is measured)."""
+        if isinstance(self.stages, int) and not 1 <= self.stages <= compute_nodes:
+            raise PartitionError(
+                f"{label}: cannot make {self.stages} non-empty stages from {compute_nodes} "
+                f"compute nodes; choose --stages between 1 and {compute_nodes}"
+            )
 
     def check(self) -> None:
         """Refuse what cannot work together, before any cost is measured (cheap)."""
@@ -156,8 +197,11 @@ class PlanRequest:
                     f"--time-slack {self.time_slack}: give a finite share of 0 or more (0.01 is 1%)"
                 )
         cluster = self.devices
-        if stages == "auto" and cluster is None:
-            raise UsageError("--stages auto needs --devices: the cluster bounds how many stages to try")
+        if stages == "auto" and cluster is None and (self.schedule.kind != "stream" or self.order != "fixed"):
+            raise UsageError(
+                "--stages auto without --devices plans streaming inference on this machine's CPUs; give "
+                "--stages K for a training schedule or --order free, or a devices file"
+            )
         if cluster is not None and isinstance(stages, int) and stages > cluster.size:
             raise PartitionError(
                 f"{cluster.source or 'the devices file'}: {stages} stages need {stages} devices but it "
@@ -168,8 +212,33 @@ class PlanRequest:
                 f"--bandwidth: the links of {cluster.source or 'the devices file'} set the bandwidth; "
                 "give it there (links[].bandwidth_bytes_per_s) instead"
             )
+        if self.link_model is not None:
+            self._check_link_model()
         self.schedule.candidates()
+        if self.split_nodes == SplitNodes.AUTO and (not self.on_identical_workers or self.interleaved):
+            raise UsageError(
+                "--split-nodes auto plans one stage per identical worker (--stages K, streaming, no "
+                "--devices, --order, --workers or --link-model overlap); give --split-nodes off for this plan"
+            )
+
         self.decoder.check()
+
+    def _check_link_model(self) -> None:
+        if self.link_model not in LINK_MODELS:
+            raise UsageError(f"--link-model {self.link_model!r}: choose one of {', '.join(LINK_MODELS)}")
+        if self.link_model == "serial" and not (
+            self.devices is None and self.order == DeviceOrder.FIXED and self.schedule.kind == "stream"
+        ):
+            raise UsageError(
+                "--link-model serial is planned for streaming on identical workers in a fixed order; "
+                "a devices file, --order free and training schedules overlap links with compute: "
+                "leave out --link-model or give overlap"
+            )
+        if self.link_model == "overlap" and self.workers is not None and self.interleaved:
+            raise UsageError(
+                "--link-model overlap: interleaved stages (--workers) are planned with serial links; "
+                "leave out --link-model or --workers"
+            )
 
     def _check_workers(self) -> None:
         """``--workers``: identical CPU workers streaming inference, each running as many stages."""

@@ -15,7 +15,9 @@ from onnxpipe.cluster.model import Cluster
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.model import ModelView, NodeInfo
 from onnxpipe.ir.samevalue import value_classes
+from onnxpipe.ir.shapevalues import ValueKinds, value_kinds
 from onnxpipe.partition.result import Partition
+from onnxpipe.plan.recompute import recompute
 from onnxpipe.plan.sequences import Sequences
 from onnxpipe.plan.types import Alias, DecoderSummary, Plan, StageSpec
 from onnxpipe.schedule.timeline import Timeline
@@ -58,6 +60,16 @@ def plan_from(
     decoder: DecoderSummary | None = None,
 ) -> Plan:
     """A :class:`Plan` from a solved partition: the fields every planner fills the same way, and its own."""
+    recomputed = sum(len(st.recomputed_tensors) for st in stages)
+    crossing = sum(len(st.crossing_shape_values) for st in stages)
+    if recomputed or crossing:
+        copies = sum(len(st.recomputed_nodes) for st in stages)
+        notes = (
+            *notes,
+            f"{recomputed} shape or constant-only value(s) a stage would receive are recomputed there "
+            f"({copies} node(s) copied), so that runtimes other than onnxruntime can take the stages"
+            + (f"; {crossing} still cross a cut (too dear to recompute)" if crossing else ""),
+        )
     received = sum(1 for st in stages for a in st.aliases if a.same_as in st.inputs)
     if received:
         skipped = sum(len(st.skipped_nodes) for st in stages)
@@ -76,6 +88,7 @@ def plan_from(
         threads=profile.threads,
         bandwidth_bytes_per_s=bandwidth_bytes_per_s,
         input_shapes=profile.input_shapes,
+        profiled_inputs=profile.inputs,
         tensor_bytes=sizes,
         objective=objective,
         notes=notes,
@@ -98,6 +111,7 @@ def assign_stages(
     *,
     share_equal_values: bool = True,
     classes: Mapping[str, int] | None = None,
+    kinds: ValueKinds | None = None,
     compute: Sequence[NodeInfo] | None = None,
 ) -> tuple[StageSpec, ...]:
     """Turn partition bounds over compute positions into named stages with their inputs and outputs.
@@ -112,10 +126,46 @@ def assign_stages(
     nothing anybody reads are left out of its file (:attr:`StageSpec.skipped_nodes`).  The stages are
     worked out last to first, since what a stage must emit depends on what the later ones receive.
     ``classes``: the view's value classes when the caller has them (:attr:`Sequences.classes`).
+
+    A stage recomputes the shape values and constant-only values it would receive
+    (:mod:`onnxpipe.plan.recompute`; ``kinds`` when the caller has them): copies of the nodes that make
+    them go into its file (:attr:`StageSpec.recomputed_nodes`), and their producer stage no longer
+    emits them for it.  A stage that would then emit nothing at all (its nodes made only such values)
+    keeps sending them: a stage file without outputs cannot be loaded.
+
     ``compute``: the compute nodes in the order ``bounds`` count in (default: the view's; a decoder's
     are lined up by layer, :mod:`onnxpipe.plan.decoder`), a topological order either way.
     """
-    compute = tuple(compute) if compute is not None else view.compute_nodes
+    order = tuple(compute) if compute is not None else view.compute_nodes
+    if kinds is None:
+        kinds = value_kinds(view)
+    keep_from: set[int] = set()
+    while True:
+        specs = _assign(
+            view, bounds, sizes, compute_seconds, transfer_seconds, devices, link_bytes,
+            share_equal_values, classes, kinds, frozenset(keep_from), order,
+        )  # fmt: skip
+        empty = {st.index for st in specs if not st.outputs and st.index < len(specs) - 1} - keep_from
+        if not empty:
+            return specs
+        keep_from |= empty
+
+
+def _assign(
+    view: ModelView,
+    bounds: Sequence[int],
+    sizes: Mapping[str, int],
+    compute_seconds: Sequence[float],
+    transfer_seconds: Sequence[float],
+    devices: Sequence[str] | None,
+    link_bytes: Sequence[int] | None,
+    share_equal_values: bool,
+    classes: Mapping[str, int] | None,
+    kinds: ValueKinds,
+    keep_from: frozenset[int],
+    compute: Sequence[NodeInfo],
+) -> tuple[StageSpec, ...]:
+    """:func:`assign_stages`, where the values made by the stages of ``keep_from`` are received."""
     k = len(bounds) - 1
     const_by_output = {o: n for n in view.nodes if n.is_constant for o in n.outputs}
     stage_nodes = [compute[bounds[s] : bounds[s + 1]] for s in range(k)]
@@ -180,12 +230,20 @@ def assign_stages(
             else []
         )
         outputs += tuple(extra_outputs)
-        consts = _constant_closure(view, list(reads) + extra_outputs, const_by_output)
         received = [
             t
             for t in reads
             if t not in view.initializers and t not in const_by_output and produced_in.get(t, -1) != s
         ]
+        movable = [t for t in received if produced_in.get(t, -1) not in keep_from]
+        rec = recompute(view, kinds, movable, view.weights)
+        copies = [view.nodes[p] for p in rec.positions]
+        spared = set(rec.tensors)
+        copy_reads = [t for n in copies for t in n.reads]
+        received = [t for t in received if t not in spared]
+        copy_reads += [d[0] for _, dims in rec.shape_sources for d in dims if isinstance(d, tuple)]
+        received += [t for t in dict.fromkeys(copy_reads) if t in view.inputs and t not in received]
+        consts = _constant_closure(view, list(reads) + copy_reads + extra_outputs, const_by_output)
         source = {t: equal.received_as(t, s) for t in received}
         aliases = tuple(Alias(t, source[t]) for t in received if source[t] != t) + inner
         inputs = tuple(dict.fromkeys(source.values()))
@@ -204,13 +262,21 @@ def assign_stages(
                 bytes_in=sum(sizes.get(t, 0) for t in inputs),
                 bytes_out=sum(sizes.get(t, 0) for t in outputs),
                 param_bytes=sum(
-                    view.weights.get(t, 0) for t in dict.fromkeys(t for n in kept for t in n.reads)
+                    view.weights.get(t, 0)
+                    for t in dict.fromkeys(t for n in [*copies, *kept] for t in n.reads)
                 ),
                 peak_activation_bytes=_peak_activation(kept, inputs, outputs, sizes, view, aliases),
                 device=devices[s] if devices is not None else "cpu",
                 link_bytes_in=int(link_bytes[bounds[s]]) if link_bytes is not None and s > 0 else 0,
                 aliases=aliases,
                 skipped_nodes=tuple(n.name for n in nodes if n.name in skipped),
+                recomputed_nodes=tuple(n.name for n in copies),
+                recomputed_tensors=rec.tensors,
+                shape_sources=rec.shape_sources,
+                crossing_shape_values=(
+                    *rec.still_received,
+                    *(t for t in received if t not in movable and kinds.recomputable(t)),
+                ),
             )
         )
     return tuple(reversed(specs))

@@ -11,7 +11,11 @@ from dataclasses import dataclass, field
 
 from onnxpipe.cluster.costs import DeviceCosts
 from onnxpipe.cluster.model import Cluster
+from onnxpipe.core.inputfiles import InputRecord
 from onnxpipe.schedule.timeline import Timeline
+
+ShapeParts = tuple[int | tuple[str, int], ...]
+"""A tensor's dims as a stage can make them: a number, or (tensor, axis) of a tensor of that stage."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,19 @@ class StageSpec:
     phase_seconds: tuple[tuple[str, float], ...] = ()
     """A decoder's estimated stage time at each phase profiled (``prefill``, ``decode``)."""
 
+    recomputed_nodes: tuple[str, ...] = ()
+    """Nodes of earlier stages this stage's file also holds (in the source's order, before its own):
+    they make the shape values and constant-only values it would otherwise receive
+    (:mod:`onnxpipe.plan.recompute`)."""
+    recomputed_tensors: tuple[str, ...] = ()
+    """The tensors those copies make that the stage reads instead of receiving them."""
+    shape_sources: tuple[tuple[str, ShapeParts], ...] = ()
+    """``(node, dims)`` for copies of ``Shape`` nodes whose input the stage does not have: the copy is
+    made of the input's dims instead, each a number or ``(tensor, axis)`` of a tensor the stage has
+    (:func:`onnxpipe.export.build` writes ``Shape``, ``Gather`` and ``Concat`` nodes for it)."""
+    crossing_shape_values: tuple[str, ...] = ()
+    """Shape or constant-only values the stage still receives: too dear to recompute."""
+
     @property
     def file_node_names(self) -> tuple[str, ...]:
         """The source nodes the stage file holds: ``node_names`` without ``skipped_nodes``."""
@@ -64,6 +81,30 @@ class StageSpec:
     @property
     def cost_seconds(self) -> float:
         return self.compute_seconds + self.transfer_seconds
+
+
+@dataclass(frozen=True)
+class NodeSplit:
+    """One node cut into parts placed in consecutive stages (``--split-nodes auto``), and why.
+
+    The split passed ``contiguous_bound_seconds``, ``max(total / K, largest node)``: no contiguous split
+    can beat it, and the best one found (``contiguous_bottleneck_seconds``) is at or above it.
+    """
+
+    node: str
+    kind: str
+    """How it was cut: ``columns``, ``reduction`` or ``channels`` (``onnxpipe.ir.nodesplit.SplitKind``)."""
+    parts: int
+    stages: tuple[int, ...]
+    """The stage of each part, in order; the join runs in the last one."""
+    carried: tuple[str, ...]
+    """The nodes after it that each part computes on its slice (a bias, an activation)."""
+    part_nodes: tuple[tuple[str, ...], ...]
+    join: str
+    contiguous_bottleneck_seconds: float
+    contiguous_bound_seconds: float
+    measured: bool
+    """Whether the parts' costs were timed (:mod:`onnxpipe.cost.parts`) or scaled by their share."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +149,15 @@ class Plan:
     reference_seconds: float | None = None
     """The whole model's time per run with the plan's threads at the profiled shapes, measured when the
     stage estimates were (see :attr:`onnxpipe.manifest.PlanSummary.reference_seconds`)."""
+    profiled_inputs: tuple[InputRecord, ...] = ()
+    """The ``--inputs`` files the costs came from (:attr:`onnxpipe.cost.profile.Profile.inputs`)."""
+    node_splits: tuple[NodeSplit, ...] = ()
+    """Nodes cut into parts over consecutive stages (``--split-nodes auto``); the stages then name the
+    parts' nodes, which the model cut by :func:`onnxpipe.ir.nodesplit.cut_node` holds."""
+    stage_counts_tried: tuple[tuple[int, float], ...] = ()
+    """``--stages auto``: each stage count tried and its bottleneck (``inf``: could not be made)."""
+    link_model: str | None = None
+    """``serial`` or ``overlap`` (:mod:`onnxpipe.plan.links`); None for a plan made outside the planner."""
 
     @property
     def k(self) -> int:

@@ -53,8 +53,9 @@ def make_plan(
     m = len(compute)
     if k < 1 or k > m:
         raise PartitionError(
-            f"{view.label}: cannot make {k} non-empty stages from {m} "
-            f"compute nodes; choose --stages between 1 and {m}"
+            f"{view.label}: cannot make {k} non-empty stages from {m} compute nodes (Constant nodes "
+            f"do not count); the largest number of stages that works is {m}: "
+            f"choose --stages between 1 and {m}"
         )
     seq = sequences(view, profile)
     notes: list[str] = []
@@ -141,6 +142,7 @@ def make_interleaved_plan(
         threads=profile.threads,
         bandwidth_bytes_per_s=bandwidth_bytes_per_s,
         input_shapes=profile.input_shapes,
+        profiled_inputs=profile.inputs,
         tensor_bytes=seq.sizes,
         objective=(
             "minimize the busiest worker's time (compute + transfer in of its stages); then, within "

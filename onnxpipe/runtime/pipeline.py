@@ -106,10 +106,12 @@ class Pipeline:
         not when there are too few) or :class:`~onnxpipe.runtime.base.RayConfig`.  Each stage runs as the
         manifest records (:func:`~onnxpipe.runtime.spec.manifest_placements`): with the provider,
         provider options and threads of its device in the manifest's ``cluster`` (a split made with
-        ``--devices``), else with the provider its ``device`` name implies (``cpu0``, ``cuda:1``) and the
-        plan's threads; ``threads`` replaces every stage's intra-op threads.  ``placements`` gives each
-        stage's explicitly instead.  On the local backend a provider from the manifest that this machine
-        lacks is a :class:`UsageError`, before any worker starts.
+        ``--devices``; a device may name another runtime, OpenVINO or tract, and one pipeline may mix
+        them: docs/runtimes.md), else with the provider its ``device`` name implies (``cpu0``,
+        ``cuda:1``) and the plan's threads; ``threads`` replaces every stage's intra-op threads.
+        ``placements`` gives each stage's explicitly instead.  On the local backend a provider (or
+        runtime) from the manifest that this machine lacks is a :class:`UsageError`, before any worker
+        starts.
         """
         config = backend if backend is not None else LocalConfig()
         d = Path(directory)

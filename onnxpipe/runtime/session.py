@@ -1,5 +1,6 @@
-"""The work of one worker, whatever runs it (a thread, a process, a Ray actor): open the stage's
-onnxruntime session, run one micro-batch, say precisely what failed, and keep timing records.
+"""The work of one worker, whatever runs it (a thread, a process, a Ray actor): open the stage on its
+runtime (an onnxruntime session, or an OpenVINO or tract engine: :mod:`onnxpipe.core.runtimes`), run one
+micro-batch, say precisely what failed, and keep timing records.
 
 Failures are raised as :class:`StageFailure` with a one-line message naming the stage, the micro-batch,
 the node and the tensor at fault; the backends carry that text to the caller, who raises it as
@@ -19,8 +20,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
-from onnxpipe.core.errors import error_line
+from onnxpipe.core.engine_onnxruntime import OrtEngine
+from onnxpipe.core.errors import UsageError, error_line
 from onnxpipe.core.ortsession import Provider, open_session, session_options
+from onnxpipe.core.runtimes import Engine, Runtime, open_engine
 from onnxpipe.runtime.affinity import pinned
 from onnxpipe.runtime.spec import CPU_PROVIDER, WorkerSpec
 
@@ -56,6 +59,21 @@ class Record:
     @property
     def busy_seconds(self) -> float:
         return (self.run_end - self.received) + (self.done - self.out_ready)
+
+
+@dataclass(frozen=True)
+class MemorySnapshot:
+    """A process's resident memory now, its peak, and its shared memory (None where not read)."""
+
+    rss_bytes: int | None
+    peak_rss_bytes: int | None
+    shared_memory_bytes: int | None
+
+
+def memory_snapshot(*, shared: bool = False) -> MemorySnapshot:
+    """The process's memory, read once (``shared``: a process shared with other workers, whose shared
+    memory is not a worker's own)."""
+    return MemorySnapshot(current_rss_bytes(), peak_rss_bytes(), None if shared else _status_kib("RssShmem"))
 
 
 @dataclass(frozen=True)
@@ -108,12 +126,44 @@ class Recorder:
 
 
 class StageRunner:
-    """An onnxruntime session for one worker spec, and the bookkeeping around running it."""
+    """The engine of one worker spec (an onnxruntime session unless the placement names another
+    runtime), and the bookkeeping around running it."""
 
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
         start = time.perf_counter()
         rss_before = current_rss_bytes()
+        place = spec.placement
+        self.engine: Engine
+        if place.runtime != Runtime.ONNXRUNTIME:
+            self._open_other(spec)
+        else:
+            self._open_onnxruntime(spec)
+        self.load_seconds = time.perf_counter() - start
+        rss_after = current_rss_bytes()
+        self.load_rss_bytes = (
+            rss_after - rss_before if rss_after is not None and rss_before is not None else None
+        )
+        self.recorder = Recorder()
+
+    def _open_other(self, spec: WorkerSpec) -> None:
+        place = spec.placement
+        try:
+            with pinned(place.cpus):  # the runtime's threads inherit the worker's CPUs
+                self.engine = open_engine(
+                    spec.path,
+                    place.engine_config(),
+                    fail=lambda e: StageFailure(
+                        f"{spec.label}: does not load in {place.label} ({error_line(e)}); run it on another "
+                        "runtime or re-run onnxpipe split"
+                    ),
+                )
+        except OSError as e:
+            raise StageFailure(pin_failure(spec, e)) from e
+        except UsageError as e:  # the runtime's package is missing: the line names the extra
+            raise StageFailure(f"{spec.label}: {e}") from e
+
+    def _open_onnxruntime(self, spec: WorkerSpec) -> None:
         place = spec.placement
         options = session_options(threads=place.threads)
         available = ort.get_available_providers()
@@ -128,7 +178,7 @@ class StageRunner:
             providers.append(CPU_PROVIDER)
         try:
             with pinned(place.cpus):  # onnxruntime's intra-op threads inherit the worker's CPUs
-                self.session = open_session(
+                session = open_session(
                     spec.path,
                     options,
                     providers,
@@ -138,12 +188,7 @@ class StageRunner:
                 )
         except OSError as e:  # pinned(): CPUs this process may not use (or that do not exist)
             raise StageFailure(pin_failure(spec, e)) from e
-        self.load_seconds = time.perf_counter() - start
-        rss_after = current_rss_bytes()
-        self.load_rss_bytes = (
-            rss_after - rss_before if rss_after is not None and rss_before is not None else None
-        )
-        self.recorder = Recorder()
+        self.engine = OrtEngine(session)
 
     def run(self, seq: int, received: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The tensors to send on, for micro-batch ``seq`` whose received tensors are ``received``."""
@@ -157,7 +202,7 @@ class StageRunner:
             ) from None
         try:
             # a stage of dead-end nodes has no outputs; onnxruntime refuses to run for none
-            results = self.session.run(list(spec.outputs), feeds) if spec.outputs else []
+            results = self.engine.run(list(spec.outputs), feeds) if spec.outputs else []
         except Exception as e:
             raise StageFailure(describe_failure(spec, seq, feeds, e)) from e
         produced = dict(zip(spec.outputs, results, strict=True))
@@ -170,7 +215,11 @@ class StageRunner:
         startup_rss: int | None,
         shared: bool = False,
         hosted_with: tuple[int, ...] = (),
+        memory: MemorySnapshot | None = None,
     ) -> WorkerStats:
+        """This worker's stats; ``memory``: the process's memory read once for all the stages it hosts
+        (read apart, a page touched between two reads made one worker report two model sizes)."""
+        mem = memory if memory is not None else memory_snapshot(shared=shared)
         return WorkerStats(
             index=self.spec.index,
             label=self.spec.label,
@@ -178,10 +227,10 @@ class StageRunner:
             pid=pid,
             load_seconds=self.load_seconds,
             startup_rss_bytes=startup_rss,
-            rss_bytes=current_rss_bytes(),
-            peak_rss_bytes=peak_rss_bytes(),
+            rss_bytes=mem.rss_bytes,
+            peak_rss_bytes=mem.peak_rss_bytes,
             process_shared=shared,
-            shared_memory_bytes=None if shared else _status_kib("RssShmem"),
+            shared_memory_bytes=mem.shared_memory_bytes,
             load_rss_bytes=self.load_rss_bytes,
             hosted_with=hosted_with,
         )

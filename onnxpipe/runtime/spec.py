@@ -18,6 +18,8 @@ from pathlib import Path
 
 from onnxpipe.cluster.model import Device
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.runtimes import DEFAULT_OPENVINO_DEVICE, EngineConfig, Runtime, runs_here
+from onnxpipe.core.runtimes import available as runtime_available
 from onnxpipe.manifest import Manifest
 
 CPU_PROVIDER = "CPUExecutionProvider"
@@ -29,17 +31,46 @@ _CPU_DEVICE = re.compile(r"^cpu\d*$", re.IGNORECASE)
 
 @dataclass(frozen=True)
 class Placement:
-    """How a worker runs its session: the onnxruntime provider, its options, intra-op threads, and the
-    CPUs it is pinned to (none: not pinned; see :mod:`onnxpipe.runtime.affinity`)."""
+    """How a worker runs its stage: the runtime (onnxruntime with a provider and its options, OpenVINO on
+    a device with a config, or tract), intra-op threads, and the CPUs it is pinned to (none: not pinned;
+    see :mod:`onnxpipe.runtime.affinity`)."""
 
     provider: str = CPU_PROVIDER
     provider_options: tuple[tuple[str, str], ...] = ()
     threads: int = 1
     cpus: tuple[int, ...] = ()
+    runtime: Runtime = Runtime.ONNXRUNTIME
+    openvino_device: str = DEFAULT_OPENVINO_DEVICE
+    openvino_config: tuple[tuple[str, str], ...] = ()
 
     @property
     def uses_gpu(self) -> bool:
+        if self.runtime == Runtime.OPENVINO:
+            return not self.openvino_device.upper().startswith("CPU")
+        if self.runtime == Runtime.TRACT:
+            return False
         return self.provider in (CUDA_PROVIDER, "ROCMExecutionProvider", "TensorrtExecutionProvider")
+
+    def engine_config(self) -> EngineConfig:
+        """The engine settings of this placement (:func:`onnxpipe.core.runtimes.open_engine`)."""
+        return EngineConfig(
+            runtime=self.runtime,
+            provider=self.provider,
+            provider_options=self.provider_options,
+            threads=self.threads,
+            openvino_device=self.openvino_device,
+            openvino_config=self.openvino_config,
+        )
+
+    @property
+    def label(self) -> str:
+        """``"onnxruntime (CPUExecutionProvider)"``, ``"openvino (CPU)"`` or ``"tract"``."""
+        return self.engine_config().label
+
+    @property
+    def runs_on(self) -> str:
+        """What reports name as the stage's provider: onnxruntime's provider, or the runtime's label."""
+        return self.provider if self.runtime == Runtime.ONNXRUNTIME else self.label
 
 
 @dataclass(frozen=True)
@@ -91,13 +122,15 @@ def placement_of(device: Device, threads: int | None = None) -> Placement:
     n = device.threads if threads is None else threads
     if n < 1:
         raise UsageError(f"threads {n}: give a positive number of intra-op threads")
-    options = tuple((k, _option_text(v)) for k, v in device.provider_options.items())
-    return Placement(device.provider, options, n)
-
-
-def _option_text(value: object) -> str:
-    """A provider option as onnxruntime takes it: JSON's ``true`` stays ``true``, not Python's ``True``."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
+    config = device.engine_config(n)
+    return Placement(
+        config.provider,
+        config.provider_options,
+        n,
+        runtime=config.runtime,
+        openvino_device=config.openvino_device,
+        openvino_config=config.openvino_config,
+    )
 
 
 def manifest_placements(manifest: Manifest, threads: int | None = None) -> list[Placement]:
@@ -122,8 +155,24 @@ def manifest_placements(manifest: Manifest, threads: int | None = None) -> list[
 
 
 def check_providers_here(specs: Sequence[WorkerSpec], available: Sequence[str]) -> None:
-    """Refuse, naming the stage, its device and the provider, a stage whose provider this machine lacks."""
+    """Refuse, naming the stage, its device and the provider, a stage whose provider this machine lacks
+    (or, for another runtime, whose runtime's package is not installed: the extra to install)."""
     for spec in specs:
+        if spec.placement.runtime != Runtime.ONNXRUNTIME:
+            extra = spec.placement.runtime.value
+            if not runtime_available(spec.placement.runtime):
+                raise UsageError(
+                    f"{spec.label} runs on device {spec.device!r} with runtime {extra}, which is not "
+                    f"installed here; pip install 'onnxpipe[{extra}]', or give a devices file "
+                    "(onnxpipe run --devices FILE) that names another runtime for it"
+                )
+            if not runs_here(spec.placement.engine_config()):
+                raise UsageError(
+                    f"{spec.label} runs on device {spec.device!r}, {spec.placement.label}, which this "
+                    "machine does not have; give a devices file (onnxpipe run --devices FILE) that names "
+                    "a device it has"
+                )
+            continue
         provider = spec.placement.provider
         if provider not in available:
             raise UsageError(

@@ -1,6 +1,8 @@
 """Run a split folder's stages one after another in this process, passing tensors by name.
 
-A small lifecycle: :meth:`StageChain.from_manifest` opens one onnxruntime session per stage,
+A small lifecycle: :meth:`StageChain.from_manifest` opens one engine per stage (an onnxruntime session,
+or, with ``engines``, each stage on its own runtime: :mod:`onnxpipe.core.runtimes`; one chain may mix
+them),
 :meth:`StageChain.run` pushes one set of model inputs through them all, :meth:`StageChain.close` (or the
 ``with`` block) releases the sessions.  Each stage receives exactly the tensors its manifest entry lists
 (model inputs and outputs of earlier stages); a tensor is dropped once no later stage or model output
@@ -18,10 +20,11 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 
+from onnxpipe.core.engine_onnxruntime import OrtEngine
 from onnxpipe.core.errors import RuntimeStageError, UsageError, error_line
 from onnxpipe.core.ortsession import open_session, session_options
+from onnxpipe.core.runtimes import Engine, EngineConfig, open_engine
 from onnxpipe.manifest import MODEL_INPUT, Manifest, StageEntry, load_manifest
 
 Values = dict[str, Any]
@@ -29,14 +32,14 @@ Values = dict[str, Any]
 
 
 class StageChain:
-    """One onnxruntime session per stage of a split folder, run in order."""
+    """One engine per stage of a split folder, run in order."""
 
-    def __init__(self, manifest: Manifest, sessions: Sequence[ort.InferenceSession], directory: Path) -> None:
+    def __init__(self, manifest: Manifest, sessions: Sequence[Engine], directory: Path) -> None:
         if len(sessions) != len(manifest.stages):
             raise ValueError(f"{len(sessions)} sessions for {len(manifest.stages)} stages")
         self.manifest = manifest
         self.directory = directory
-        self._sessions: list[ort.InferenceSession] | None = list(sessions)
+        self._sessions: list[Engine] | None = list(sessions)
         self._keep_after = keep_after(manifest)
 
     @classmethod
@@ -47,13 +50,18 @@ class StageChain:
         threads: int = 1,
         providers: Sequence[str] = ("CPUExecutionProvider",),
         check_files: bool = True,
+        engines: Sequence[EngineConfig] | None = None,
     ) -> StageChain:
-        """Open every stage of ``directory`` (validated, stage files hash-checked) with ``threads`` each."""
+        """Open every stage of ``directory`` (validated, stage files hash-checked) with ``threads`` each,
+        in onnxruntime with ``providers``, or stage ``s`` as ``engines[s]`` says."""
         d = Path(directory)
         if threads < 1:
             raise UsageError(f"threads {threads}: give a positive number of intra-op threads")
         manifest = load_manifest(d, check_files=check_files)
-        sessions = [open_stage(d, st, threads, providers) for st in manifest.stages]
+        configs = _configs(manifest, engines)
+        sessions = [
+            open_stage(d, st, threads, providers, c) for st, c in zip(manifest.stages, configs, strict=True)
+        ]
         return cls(manifest, sessions, d)
 
     @property
@@ -78,7 +86,9 @@ class StageChain:
         return model_outputs(self.manifest, feeds, values)
 
     def close(self) -> None:
-        """Release the sessions; :meth:`run` refuses to run afterwards."""
+        """Release the engines; :meth:`run` refuses to run afterwards."""
+        for engine in self._sessions or []:
+            engine.close()
         self._sessions = None
 
     def __enter__(self) -> StageChain:
@@ -100,21 +110,25 @@ def run_stage_by_stage(
     threads: int = 1,
     providers: Sequence[str] = ("CPUExecutionProvider",),
     check_files: bool = True,
+    engines: Sequence[EngineConfig] | None = None,
 ) -> list[Values]:
     """Model outputs for each feed set, opening one stage at a time (stage ``s`` runs every set, closes).
 
     Equal to ``[chain.run(f) for f in all_feeds]`` but holds one stage's weights at a time plus the
-    tensors crossing the current cut for every feed set.
+    tensors crossing the current cut for every feed set.  ``engines[s]``: the runtime stage ``s`` runs on
+    (default: onnxruntime with ``providers``).
     """
     d = Path(directory)
     if threads < 1:
         raise UsageError(f"threads {threads}: give a positive number of intra-op threads")
     manifest = load_manifest(d, check_files=check_files)
     keep = keep_after(manifest)
+    configs = _configs(manifest, engines)
     states = [model_inputs(manifest, feeds) for feeds in all_feeds]
-    for st, kept in zip(manifest.stages, keep, strict=True):
-        session = open_stage(d, st, threads, providers)
+    for st, kept, config in zip(manifest.stages, keep, configs, strict=True):
+        session = open_stage(d, st, threads, providers, config)
         states = [run_stage(d, st, session, values, kept) for values in states]
+        session.close()
         del session
     return [model_outputs(manifest, feeds, values) for feeds, values in zip(all_feeds, states, strict=True)]
 
@@ -134,10 +148,32 @@ def keep_after(manifest: Manifest) -> list[frozenset[str]]:
     return keep
 
 
+def _configs(manifest: Manifest, engines: Sequence[EngineConfig] | None) -> list[EngineConfig | None]:
+    if engines is None:
+        return [None] * manifest.k
+    if len(engines) != manifest.k:
+        raise UsageError(f"{len(engines)} engine settings given for the {manifest.k} stages")
+    return list(engines)
+
+
 def open_stage(
-    directory: Path, st: StageEntry, threads: int, providers: Sequence[str]
-) -> ort.InferenceSession:
-    return open_session(
+    directory: Path,
+    st: StageEntry,
+    threads: int,
+    providers: Sequence[str],
+    config: EngineConfig | None = None,
+) -> Engine:
+    """Stage ``st`` in onnxruntime with ``providers`` and ``threads``, or on ``config``'s runtime."""
+    if config is not None:
+        return open_engine(
+            directory / st.file,
+            config,
+            fail=lambda e: RuntimeStageError(
+                f"{directory / st.file}: stage {st.index} does not load in {config.label} "
+                f"({error_line(e)}); run it on another runtime or re-run onnxpipe split"
+            ),
+        )
+    session = open_session(
         directory / st.file,
         session_options(threads=threads),
         providers,
@@ -146,6 +182,7 @@ def open_stage(
             "re-run onnxpipe split"
         ),
     )
+    return OrtEngine(session)
 
 
 def model_inputs(manifest: Manifest, feeds: Mapping[str, np.ndarray]) -> Values:
@@ -159,7 +196,7 @@ def model_inputs(manifest: Manifest, feeds: Mapping[str, np.ndarray]) -> Values:
 
 
 def run_stage(
-    directory: Path, st: StageEntry, session: ort.InferenceSession, values: Values, keep: frozenset[str]
+    directory: Path, st: StageEntry, session: Engine, values: Values, keep: frozenset[str]
 ) -> Values:
     """Run one stage on ``values``; return what later stages and the model outputs still need."""
     stage_feeds = {t.name: values[t.name] for t in st.inputs}
@@ -169,8 +206,9 @@ def run_stage(
     try:
         results = session.run(names, stage_feeds)
     except Exception as e:
+        on = "" if session.runtime.value == "onnxruntime" else f" in {session.runtime.value}"
         raise RuntimeStageError(
-            f"{directory / st.file}: stage {st.index} failed ({error_line(e)}); "
+            f"{directory / st.file}: stage {st.index} failed{on} ({error_line(e)}); "
             "check the input shapes against the manifest"
         ) from e
     merged = {**values, **dict(zip(names, results, strict=True))}

@@ -7,6 +7,11 @@ top (:func:`planned_input_shapes`), and every model output is compared by
 :func:`onnxpipe.verification.compare.compare`.  A mismatch is not an exception: the report says
 ``ok=False`` and the CLI exits with 1.
 
+``runtime`` checks the split on another runtime: every stage on ``onnxruntime``, ``openvino`` or ``tract``,
+or ``devices``: each stage on the runtime of its device in the manifest's cluster (a split made with
+``--devices``), a chain that may mix runtimes.  The original always runs in onnxruntime on the CPU: it is
+the reference every runtime's chain is held to, by the same norm-based tolerance.
+
 The original model is the one the manifest records (its ``source.path``, relative to the folder) unless
 ``model_path`` names another copy; either way its sha256 must be the manifest's.
 """
@@ -17,16 +22,19 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from onnxpipe.core.errors import ManifestError, UsageError, VerificationError, error_line
 from onnxpipe.core.files import file_sha256
 from onnxpipe.core.ortsession import open_session, session_options
+from onnxpipe.core.runtimes import EngineConfig, parse_runtime
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
-from onnxpipe.ir.shapes import resolve_input_shapes, symbol_sizes
+from onnxpipe.ir.samples import Samples, load_samples
+from onnxpipe.ir.shapes import failure_hint, resolve_input_shapes, symbol_sizes
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, load_manifest
 from onnxpipe.verification.chain import run_stage_by_stage
 from onnxpipe.verification.compare import DEFAULT_ATOL, DEFAULT_RTOL, OutputComparison, compare, merge
@@ -43,6 +51,8 @@ class VerifyReport:
     runs: int
     input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     model_path: Path | None = None
+    stage_runtimes: tuple[str, ...] = ()
+    """What ran each stage (``onnxruntime (CPUExecutionProvider)``, ``openvino (CPU)``, ``tract``)."""
 
     @property
     def ok(self) -> bool:
@@ -55,6 +65,9 @@ class VerifyReport:
     def summary(self) -> str:
         """Print-friendly lines: one per output, then the verdict."""
         lines = [f"  {o.describe()}" for o in self.outputs]
+        if self.stage_runtimes and set(self.stage_runtimes) != {"onnxruntime (CPUExecutionProvider)"}:
+            on = ", ".join(f"stage {i} on {r}" for i, r in enumerate(self.stage_runtimes))
+            lines.insert(0, f"  stages: {on}; the original on onnxruntime (CPUExecutionProvider)")
         verdict = "match" if self.ok else "DO NOT match"
         lines.append(
             f"verify: {len(self.outputs)} output(s) {verdict} the original over {self.runs} run(s) "
@@ -82,8 +95,19 @@ def verify(
     atol: float = DEFAULT_ATOL,
     runs: int = 1,
     threads: int = 1,
+    samples: Samples | None = None,
+    inputs: Sequence[str | Path] = (),
+    stacked: Sequence[str | Path] = (),
+    runtime: str | None = None,
 ) -> VerifyReport:
     """Run the original model and the chained stages of ``out_dir`` on the same inputs and compare.
+
+    The inputs are the user's: ``samples`` already checked, or the files ``inputs`` (one sample each)
+    and ``stacked`` (a leading sample axis), :mod:`onnxpipe.ir.samples`; without them, ``runs`` sets
+    of seeded random values at the planned shapes.
+
+    ``runtime``: None or ``onnxruntime`` (every stage in onnxruntime on the CPU), ``openvino``, ``tract``,
+    or ``devices`` (each stage on its device's runtime; see the module docstring).
 
     Raises :class:`ManifestError` for a bad manifest, changed stage files, or a model whose sha256 is
     not the manifest's source; never for a mismatch (see :attr:`VerifyReport.ok`).
@@ -94,6 +118,7 @@ def verify(
         raise UsageError(f"--rtol {rtol} --atol {atol}: tolerances must be numbers >= 0")
     d = Path(out_dir)
     manifest = load_manifest(d, check_files=True)
+    engines = stage_engines(manifest, runtime, threads)
     model = source_model_path(d, manifest, model_path)
     sha = file_sha256(model)
     if sha != manifest.source.sha256:
@@ -102,14 +127,23 @@ def verify(
             f"{d / MANIFEST_NAME}; pass the model that was split (--model) or re-run onnxpipe split"
         )
     view = load_model(model, check=False)
-    input_shapes = planned_input_shapes(manifest, view, shapes)
+    if samples is None and (inputs or stacked):
+        samples = load_samples(view, inputs, stacked=stacked)
+    if samples is not None and shapes:
+        raise UsageError("--shape and --inputs: the inputs fix the shapes; leave --shape out")
     names = [o.name for o in manifest.model_outputs]
 
     # the original first, then the stages one at a time: never two of them in memory at once
-    all_feeds = [random_feeds(view, input_shapes, seed + r) for r in range(runs)]
-    expected = _run_original(model, names, all_feeds, threads, input_shapes)
+    if samples is not None:
+        input_shapes = samples.shapes
+        all_feeds: list[Mapping[str, Any]] = list(samples.feeds)
+        runs = len(all_feeds)
+    else:
+        input_shapes = planned_input_shapes(manifest, view, shapes)
+        all_feeds = [random_feeds(view, input_shapes, seed + r) for r in range(runs)]
+    expected = _run_original(model, names, all_feeds, threads, input_shapes, view, samples, manifest)
     merged: dict[str, OutputComparison] = {}
-    staged = run_stage_by_stage(d, all_feeds, threads=threads, check_files=False)
+    staged = run_stage_by_stage(d, all_feeds, threads=threads, check_files=False, engines=engines)
     for actual, want in zip(staged, expected, strict=True):
         for n in names:
             c = compare(n, want[n], _as_array(actual[n]), rtol=rtol, atol=atol)
@@ -122,7 +156,24 @@ def verify(
         runs=runs,
         input_shapes=input_shapes,
         model_path=model,
+        stage_runtimes=tuple(e.label for e in engines) if engines is not None else (),
     )
+
+
+def stage_engines(manifest: Manifest, runtime: str | None, threads: int) -> list[EngineConfig] | None:
+    """Each stage's engine for ``runtime`` (see :func:`verify`); None: onnxruntime on the CPU."""
+    if runtime is None:
+        return None
+    if runtime == "devices":
+        if manifest.cluster is None:
+            raise UsageError(
+                f"--runtime devices: {manifest.k} stages were split without --devices, so the manifest "
+                "names no runtime per stage; give one runtime (--runtime openvino) or split with --devices"
+            )
+        by_name = {dev.name: dev for dev in manifest.cluster.devices}
+        return [by_name[st.device].engine_config(threads) for st in manifest.stages]
+    chosen = parse_runtime(runtime, "--runtime")
+    return [EngineConfig(runtime=chosen, threads=threads)] * manifest.k
 
 
 def planned_input_shapes(
@@ -154,9 +205,12 @@ def planned_input_shapes(
 def _run_original(
     model: Path,
     names: Sequence[str],
-    all_feeds: Sequence[Mapping[str, np.ndarray]],
+    all_feeds: Sequence[Mapping[str, Any]],
     threads: int,
     input_shapes: Mapping[str, tuple[int, ...]],
+    view: ModelView,
+    given: Samples | None,
+    manifest: Manifest,
 ) -> list[dict[str, np.ndarray]]:
     session = open_session(model, session_options(threads=threads))
     results: list[dict[str, np.ndarray]] = []
@@ -164,10 +218,25 @@ def _run_original(
         try:
             values = session.run(list(names), dict(feeds))
         except Exception as e:
+            if given is not None:
+                raise UsageError(
+                    f"{model}: the model itself fails on the given inputs {given.describe()} "
+                    f"({error_line(e)}); give inputs it runs on"
+                ) from e
             shown = ", ".join(f"{n}={list(v)}" for n, v in input_shapes.items())
+            used = manifest.plan.profiled_inputs
+            hint = (
+                "the split was made on "
+                + ", ".join(r.file for r in used)
+                + ": give "
+                + " ".join(f"--inputs {r.file}" for r in used)
+                + " again"
+                if used
+                else failure_hint(view, input_shapes)
+            )
             raise UsageError(
                 f"{model}: the model itself fails on random inputs of shapes {shown} "
-                f"({error_line(e)}); give working shapes with --shape NAME=D1,D2,..."
+                f"({error_line(e)}); {hint}"
             ) from e
         results.append({n: _as_array(v) for n, v in zip(names, values, strict=True)})
     return results

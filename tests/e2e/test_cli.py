@@ -9,6 +9,8 @@ output folder, no temporary folder, the old contents of an existing folder intac
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import signal
 import subprocess
@@ -18,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from cli_runner import no_leftovers, one_line_error, run, run_with_file_size_limit, snapshot
+from cli_runner import no_leftovers, one_line_error, preamble_only, run, run_with_file_size_limit, snapshot
 from onnx import TensorProto, helper, numpy_helper
 from paths import DEVICES
 
@@ -42,8 +44,16 @@ def split_ok(model: Path, out: Path, k: int = 3, *extra: str) -> None:
 
 def test_profile_split_inspect_verify(mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(["profile", mlp, "--out", "p.json", "--runs", "3", "--warmup", "1"], capfd)
+    # stderr is not a terminal here: progress is a plain line with its unit and time, no redrawn bar
+    assert code == 0 and re.fullmatch(r"profiled mlp\.onnx: 10/10 runs in \d+\.\d s\n", err), err
+    code, _, err = run(["profile", mlp, "--out", "q.json", "--runs", "3", "--warmup", "1", "-q"], capfd)
     assert code == 0 and err == ""
-    assert out.startswith(f"profiled {MLP_NODES} nodes of mlp.onnx") and "saved p.json" in out
+    lines = out.splitlines()
+    # the guessed dim is named, with the flag that sets it, before the work; the total time after it
+    assert lines[0] == "input x: float32 [batch, 64] -> run at 1x64 (guessed batch=1)"
+    assert "--shape x=1,64" in lines[1]
+    assert f"profiled {MLP_NODES} nodes of mlp.onnx" in out and "saved p.json" in out
+    assert re.fullmatch(r"profiled in \d+\.\d s", lines[-1])
     assert onnxpipe.Profile.load(work / "p.json").model_sha256 == file_sha256(mlp)
 
     code, out, err = run(["profile", mlp, "--out", "s.json", "--cost", "static"], capfd)
@@ -68,7 +78,7 @@ def test_profile_split_inspect_verify(mlp: Path, work: Path, capfd: pytest.Captu
 
     code, out, err = run(["verify", "stages", "--seed", "3", "--shape", "x=4,64"], capfd)
     assert code == 0 and err == ""
-    assert out.strip().splitlines()[-1].startswith("verify: 1 output(s) match the original")
+    assert any(line.startswith("verify: 1 output(s) match the original") for line in out.splitlines())
 
     code, out, err = run(
         ["split", mlp, "-k", "2", "--out", "nv", "--no-verify", "--quiet", "--cost", "static"], capfd
@@ -172,6 +182,55 @@ def test_every_parser_has_its_work() -> None:
     assert [m.NAME for m in SUBCOMMANDS] == list(WORK)
     for name in WORK:
         assert callable(work(name))
+
+
+@pytest.fixture
+def read_only(tmp_path: Path) -> Path:
+    """A folder no file can be made in: one without write permission, or for root (whom permissions do
+    not stop) /proc, where no file can be created."""
+    if os.geteuid() != 0:
+        folder = tmp_path / "ro"
+        folder.mkdir()
+        folder.chmod(0o555)
+        return folder
+    if not Path("/proc/self").is_dir():
+        pytest.skip("running as root without /proc: no folder to make read-only")
+    return Path("/proc")
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "says"),
+    [
+        (["profile", "{model}", "--out", "{ro}/p.json"], 2, "{ro}/p.json: cannot be written"),
+        (["split", "{model}", "-k", "2", "--out", "{ro}/out"], 6, "{ro}/out: cannot be written"),
+        (["plan", "{model}", "-k", "2", "--plot", "{ro}/p.png"], 2, "{ro}/p.png: cannot be written"),
+        (["run", "{dir}", "--report", "{ro}/r.json"], 2, "{ro}/r.json: cannot be written"),
+        (["run", "{dir}", "--outputs", "{ro}/o.npz"], 2, "{ro}/o.npz: cannot be written"),
+        (["plan", "{model}", "-k", "2", "--plot", "p.gif"], 2, "p.gif: cannot tell the picture format"),
+    ],
+    ids=["profile", "split", "plan-plot", "run-report", "run-outputs", "plot-format"],
+)
+def test_unwritable_paths_are_refused_before_loading(
+    args: list[str], code: int, says: str, read_only: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """One line, the documented code, no traceback; the model (and split folder) do not exist: the
+    refusal came before loading them."""
+    fill = {"model": str(work / "absent.onnx"), "ro": str(read_only), "dir": str(work / "absent")}
+    got, out, err = run([a.format(**fill) for a in args], capfd)
+    assert got == code, err
+    assert out == ""
+    assert says.format(**fill) in one_line_error(err, args[0])
+
+
+def test_busy_machine_is_flagged(
+    mlp: Path, work: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import onnxpipe.cli.commands.preamble as preamble
+
+    monkeypatch.setattr(preamble, "busy_elsewhere", lambda before, after: 1.5)
+    code, out, err = run(["profile", mlp, "--out", "p.json", "--runs", "2", "--warmup", "0"], capfd)
+    assert code == 0, err
+    assert "warning: other processes kept 1.5 CPU(s) busy during profiling" in out
 
 
 @pytest.mark.parametrize("stages", [MLP_NODES + 1, 1000])
@@ -423,7 +482,7 @@ def test_missing_stage_file_exits_7(done: Path, capfd: pytest.CaptureFixture[str
     ("edit", "says"),
     [
         (lambda m: "{truncated", "not valid JSON"),
-        (lambda m: json.dumps({**m, "schema_version": 3}), "schema_version"),
+        (lambda m: json.dumps({**m, "schema_version": 4}), "schema_version"),
         (lambda m: json.dumps({k: v for k, v in m.items() if k != "stages"}), "stages"),
         (
             lambda m: json.dumps(
@@ -485,7 +544,7 @@ def test_stage_failing_at_run_time_exits_8(done: Path, capfd: pytest.CaptureFixt
     onnx.save_model(model, str(path))
     rehash(done, 1)
     code, out, err = run(["verify", done], capfd)
-    assert code == 8 and out == ""
+    assert code == 8 and preamble_only(out)  # the steps it began, no result
     line = one_line_error(err, "verify")
     assert "stage_1.onnx: stage 1 " in line
 
@@ -546,9 +605,9 @@ def test_model_onnxruntime_cannot_run(work: Path, capfd: pytest.CaptureFixture[s
     """Profiling fails with 4; a static split fails at the stage check with 6; nothing is left behind."""
     onnx.save_model(custom_op_model(), str(work / "custom.onnx"))
     code, out, err = run(["profile", "custom.onnx", "--out", "p.json"], capfd)
-    assert code == 4 and out == "" and "is not a registered function/op" in err
+    assert code == 4 and preamble_only(out) and "is not a registered function/op" in err
     code, out, err = run(["split", "custom.onnx", "-k", "2", "--out", "out", "--cost", "static"], capfd)
-    assert code == 6 and out == ""
+    assert code == 6 and preamble_only(out)
     line = one_line_error(err, "split")
     assert "stage 1 does not load in onnxruntime at node 'foo'" in line
     assert sorted(p.name for p in work.iterdir()) == ["custom.onnx"]
@@ -606,3 +665,148 @@ def test_split_for_a_cluster_records_the_devices(
     assert code == 0, err
     manifest = onnxpipe.load_manifest(work / "out")
     assert [s.device for s in manifest.stages] == ["cpu0", "cpu1"]
+
+
+def test_json_output_parses_back(mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """``--json`` prints one document on stdout with the manifest's field names; the preamble goes to
+    stderr; split's manifest part reads back as a manifest."""
+    code, out, err = run(["split", mlp, "-k", "2", "-o", "s", "--cost", "static", "--json"], capfd)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["command"] == "split" and doc["json_schema_version"] == 1
+    manifest = onnxpipe.Manifest.from_json(json.dumps(doc["manifest"]))
+    assert manifest == onnxpipe.load_manifest(work / "s")
+    assert doc["verification"]["ok"] is True and doc["verification"]["outputs"][0]["name"] == "y"
+    assert "input x:" in err and "split in" in err
+
+    code, out, err = run(["plan", mlp, "-k", "2", "--cost", "static", "--json"], capfd)
+    assert code == 0, err
+    plan = json.loads(out)["plan"]
+    # the same names, and the same numbers, as the manifest of the same plan
+    for key in ("k", "bottleneck_seconds", "lower_bound_seconds", "cost_source", "threads"):
+        assert plan[key] == doc["manifest"]["plan"][key], key
+    for got, written in zip(plan["stages"], doc["manifest"]["stages"], strict=True):
+        for key in (
+            "index",
+            "device",
+            "node_count",
+            "estimated_compute_seconds",
+            "param_bytes",
+            "link_bytes_in",
+        ):
+            assert got[key] == written[key], key
+    assert plan["schedule"]["kind"] == doc["manifest"]["schedule"]["kind"]
+
+    code, out, err = run(["verify", "s", "--json"], capfd)
+    assert code == 0, err
+    verification = json.loads(out)["verification"]
+    assert verification["ok"] is True and verification["rtol"] == 1e-4 and verification["seed"] == 0
+
+    code, out, _ = run(["inspect", "s", "--json"], capfd)
+    assert code == 0 and json.loads(out)["manifest"] == doc["manifest"]
+
+    code, out, _ = run(["inspect", mlp, "--json"], capfd)
+    model = json.loads(out)["model"]
+    assert code == 0 and model["model_inputs"] == [{"name": "x", "dtype": "float32", "shape": ["batch", 64]}]
+    assert model["node_count"] == MLP_NODES and model["control_flow"] == [] and model["external_data"] == []
+    assert model["opsets"]["ai.onnx"] > 0 and model["param_bytes"] > 0
+
+
+def test_inspect_model_shows_inputs_opsets_and_control_flow(
+    work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])
+    cond = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
+    branch_out = helper.make_tensor_value_info("b", TensorProto.FLOAT, ["n", 4])
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["b"])], "then", [], [branch_out])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["b"])], "else", [], [branch_out])
+    node = helper.make_node("If", ["c"], ["y"], name="choose", then_branch=then, else_branch=other)
+    model = helper.make_model(
+        helper.make_graph([node], "g", [x, cond], [y]), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    onnx.save_model(model, str(work / "if.onnx"))
+    code, out, err = run(["inspect", "if.onnx"], capfd)
+    assert code == 0, err
+    assert (
+        "input x: float32 [n, 4]" in out and "input c: bool []" in out and "output y: float32 [n, 4]" in out
+    )
+    assert "opsets: ai.onnx 17" in out
+    assert "control flow: 1 node(s) with subgraphs" in out and "choose (If)" in out
+    assert "external data: none" in out
+
+
+def test_manifest_link_model_is_optional_and_checked(
+    mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(["split", mlp, "-k", "2", "-o", "s", "--cost", "static", "--no-verify"], capfd)
+    assert code == 0, err
+    assert "links: serial (a stage's transfer in adds to its compute)" in out
+    obj = json.loads((work / "s" / "manifest.json").read_text())
+    assert obj["plan"]["link_model"] == "serial"
+    del obj["plan"]["link_model"]
+    assert onnxpipe.Manifest.from_json(json.dumps(obj)).plan.link_model is None  # an older manifest reads
+    obj["plan"]["link_model"] = "telepathy"
+    with pytest.raises(onnxpipe.ManifestError, match="link_model"):
+        onnxpipe.Manifest.from_json(json.dumps(obj))
+
+
+def test_interrupted_verification_leaves_the_folder_unverified_and_verify_completes_it(
+    mlp: Path, work: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import onnxpipe.api
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(onnxpipe.api, "verify", interrupted)
+        code, _, err = run(["split", mlp, "-k", "2", "-o", "s", "--cost", "static"], capfd)
+    assert code == 130 and "interrupted" in err
+    manifest = onnxpipe.load_manifest(work / "s")
+    assert manifest.verification is not None and manifest.verification.status == "unverified"
+    code, out, _ = run(["inspect", "s"], capfd)
+    assert "verification: unverified: the stages were not compared" in out
+
+    code, out, err = run(["verify", "s"], capfd)  # no --force: verify completes the folder
+    assert code == 0, err
+    assert "recorded in s/manifest.json: verification passed" in out
+    record = onnxpipe.load_manifest(work / "s").verification
+    assert record is not None and record.status == "passed" and record.rtol == 1e-4 and record.runs >= 1
+
+    # a folder that cannot take the result still verifies, and says it could not record it
+    import onnxpipe.verification.record as rec
+
+    def cannot(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(rec, "write_manifest", cannot)
+    code, out, err = run(["verify", "s"], capfd)
+    assert code == 0 and err == "" and "the result could not be written into its manifest" in out
+
+
+def test_split_records_its_verification(mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["split", mlp, "-k", "2", "-o", "s", "--cost", "static"], capfd)
+    assert code == 0, err
+    record = onnxpipe.load_manifest(work / "s").verification
+    assert (
+        record is not None and record.status == "passed" and dict(record.input_shapes or {}) == {"x": (1, 64)}
+    )
+    code, _, err = run(["split", mlp, "-k", "2", "-o", "n", "--cost", "static", "--no-verify"], capfd)
+    assert code == 0, err
+    record = onnxpipe.load_manifest(work / "n").verification
+    assert record is not None and record.status == "unverified"
+
+
+def test_run_warns_when_the_stages_threads_exceed_the_cpus(
+    mlp: Path, work: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import onnxpipe.cli.commands.preamble as preamble
+
+    code, _, err = run(["split", mlp, "-k", "4", "-o", "s", "--cost", "static", "--no-verify", "-q"], capfd)
+    assert code == 0, err
+    monkeypatch.setattr(preamble, "available_cpu_count", lambda: 2)
+    code, out, err = run(["run", "s", "--microbatches", "4", "--warmup", "0"], capfd)
+    assert code == 0, err
+    assert "warning: 4 stages x 1 thread(s) = 4 threads on 2 CPU(s)" in out and "split again" in out
+    assert "... running 4 micro-batch(es)" in out and out.splitlines()[-1].startswith("ran in ")

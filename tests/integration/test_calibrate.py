@@ -247,14 +247,26 @@ def test_calibrating_in_a_pipeline_on_too_few_cpus_is_refused(
     assert not (tmp_path / "out").exists()
 
 
-def test_calibrate_with_devices_is_refused(sample_models_dir: Path, tmp_path: Path) -> None:
-    cluster = Cluster(devices=(Device(name="a"), Device(name="b")), links=(Link(),))
-    with pytest.raises(UsageError, match="--calibrate"):
+def test_calibrate_with_a_device_missing_here_is_refused(sample_models_dir: Path, tmp_path: Path) -> None:
+    """--calibrate with --devices times each stage on its device: one this machine lacks is refused by
+    name before anything is profiled (calibration on the devices: tests/integration/test_runtimes.py)."""
+    gpu = Device(name="gpu", provider="NoSuchExecutionProvider")
+    cluster = Cluster(devices=(Device(name="a"), gpu), links=(Link(),))
+    with pytest.raises(
+        UsageError, match=r"devices\[1\] \(gpu\) runs on onnxruntime \(NoSuchExecutionProvider\)"
+    ):
         api.split(
             sample_models_dir / "transformer_tiny.onnx",
             PlanRequest(2, devices=cluster),
             tmp_path / "out",
             SplitOptions(calibration=CalibrationOptions(rounds=1)),
+        )
+    with pytest.raises(UsageError, match="leave out --calibrate-in pipeline"):
+        api.split(
+            sample_models_dir / "transformer_tiny.onnx",
+            PlanRequest(2, devices=Cluster(devices=(Device(name="a"), Device(name="b")), links=(Link(),))),
+            tmp_path / "out",
+            SplitOptions(calibration=CalibrationOptions(rounds=1, mode="pipeline")),
         )
     assert not (tmp_path / "out").exists()
 

@@ -127,7 +127,9 @@ def test_split_workers_on_the_command_line(
     assert code == 0 and "worker 1: stages 1, 3" in out
     code, out, _ = run(["plan", model, "--stages", "4", "--workers", "2", "--cost", "static"], capfd)
     assert code == 0 and "worker 0: stages 0, 2" in out
-    assert [line.split()[:3] for line in out.splitlines()[2:4]] == [
+    lines = out.splitlines()
+    table = next(i for i, line in enumerate(lines) if line.split()[:2] == ["stage", "device"])
+    assert [line.split()[:3] for line in lines[table + 2 : table + 4]] == [
         ["0", "worker", "0"],
         ["1", "worker", "1"],
     ]

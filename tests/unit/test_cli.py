@@ -63,7 +63,7 @@ def test_every_documented_option_is_accepted() -> None:
     command = ""
     seen: set[str] = set()
     for line in block.splitlines():
-        m = re.match(r"^onnxpipe (\w+)", line)
+        m = re.match(r"^onnxpipe ([\w-]+)", line)
         if m:
             command = m.group(1)
             seen.add(command)
@@ -250,7 +250,7 @@ ONE_DEVICE = '{"devices": [{"name": "a", "provider": "CPUExecutionProvider", "th
 @pytest.mark.parametrize(
     ("args", "code", "says"),
     [
-        (["--stages", "auto"], 2, "--stages auto needs --devices"),
+        (["--stages", "auto", "--schedule", "1f1b"], 2, "--stages auto without --devices plans streaming"),
         (["-k", "2", "--devices", "missing.json"], 2, "missing.json: no such devices file"),
         (["-k", "2", "--devices", "{bad"], 2, "not valid JSON"),
         (["-k", "1", "--devices", ONE_DEVICE % '"memory": 5'], 2, "did you mean 'memory_bytes'"),
@@ -298,3 +298,24 @@ def test_nan_bandwidth_is_a_usage_error(
     assert code == 2, err
     assert one_line_error(err, command).startswith(f"onnxpipe {command}: error: argument --bandwidth")
     assert list(work.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["profile", "split", "plan", "verify", "run", "inspect"])
+def test_help_gives_every_default(command: str) -> None:
+    """Every option whose value has a default says it in --help (argparse's own formatter would also
+    write "default: None")."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    text = " ".join(sub.format_help().split())
+    assert "default: None" not in text and "default: False" not in text
+    for action in sub._actions:
+        if action.option_strings and action.default not in (None, False, [], argparse.SUPPRESS):
+            assert action.help and (
+                "default" in action.help or "%(default)s" in sub._get_formatter()._get_help_string(action)
+            ), action.option_strings  # type: ignore[attr-defined]
+    if command == "verify":
+        assert (
+            "relative tolerance" in text
+            and "absolute tolerance" in text
+            and "seed of the random inputs" in text
+        )

@@ -166,7 +166,8 @@ def test_whole_messages(tmp_path: Path) -> None:
     del d["memory_bytes"]
     link = {"bandwidth_bytes_per_s": 1, "latency_s": 0}
     assert _error(tmp_path, {"devices": [_dev("a"), _dev("c"), d], "links": link}) == (
-        f"{p}: devices[2].memory_bytes: missing; every device needs name, provider, threads, memory_bytes"
+        f"{p}: devices[2].memory_bytes: missing; every device needs name, threads, memory_bytes, and "
+        "provider unless its runtime is not onnxruntime"
     )
     assert _error(tmp_path, {"devices": [_dev("a", speed="fast")]}) == (
         f"{p}: devices[0].speed: expected a number, got string 'fast'; see docs/devices.md"

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from onnxpipe.core.errors import ManifestError
+from onnxpipe.core.inputfiles import InputRecord
 from onnxpipe.manifest import (
     MODEL_INPUT,
     SCHEMA_VERSION,
@@ -19,6 +20,7 @@ from onnxpipe.manifest import (
     Manifest,
     ModelOutput,
     ModelTensor,
+    NodeSplitRecord,
     PlanSummary,
     SourceInfo,
     StageEntry,
@@ -101,7 +103,7 @@ def test_json_round_trip() -> None:
     assert text.endswith("}\n")
     assert Manifest.from_json(text) == m
     obj = json.loads(text)
-    assert obj["schema_version"] == SCHEMA_VERSION == 2
+    assert obj["schema_version"] == SCHEMA_VERSION == 3
     assert obj["plan"]["bandwidth_bytes_per_s"] is None  # JSON has no infinity: null stands for it
     assert obj["stages"][0]["outputs"][0]["shape"] == ["batch", None]
     assert obj["stages"][1]["outputs"][0]["shape"] is None
@@ -110,7 +112,7 @@ def test_json_round_trip() -> None:
 
 
 def test_a_version_1_manifest_still_reads() -> None:
-    """Version 1 spelled a pass-through output's ``produced_by`` ``"model input"``; it reads as version 2."""
+    """Version 1 spelled a pass-through output's ``produced_by`` ``"model input"``; it reads as today's."""
     m = two_stage_manifest()
     obj = json.loads(m.to_json())
     obj["schema_version"] = 1
@@ -118,7 +120,7 @@ def test_a_version_1_manifest_still_reads() -> None:
     obj["model_outputs"][2]["produced_by"] = "model input"
     again = Manifest.from_json(json.dumps(obj))
     assert again == m and again.model_outputs[2].produced_by == MODEL_INPUT
-    assert json.loads(again.to_json())["schema_version"] == 2  # written back in today's spelling
+    assert json.loads(again.to_json())["schema_version"] == 3  # written back in today's spelling
     obj["model_outputs"][2]["produced_by"] = "model_input"  # version 1 never wrote this
     with pytest.raises(
         ManifestError, match=r'model_outputs\[2\]\.produced_by: expected a stage index or "model input"'
@@ -132,6 +134,22 @@ def test_the_reference_time_round_trips_and_is_left_out_when_unknown() -> None:
     timed = replace(m, plan=replace(m.plan, reference_seconds=0.0125))
     assert json.loads(timed.to_json())["plan"]["reference_seconds"] == 0.0125
     assert Manifest.from_json(timed.to_json()) == timed
+
+
+def test_the_profiled_inputs_round_trip_and_are_left_out_when_random() -> None:
+    m = two_stage_manifest()
+    assert "profiled_inputs" not in json.loads(m.to_json())["plan"]
+    record = InputRecord("speech.npz", "ab" * 32, {"input": (1, 512), "sr": ()}, 2)
+    given = replace(m, plan=replace(m.plan, profiled_inputs=(record,)))
+    written = json.loads(given.to_json())["plan"]["profiled_inputs"]
+    assert written == [
+        {"file": "speech.npz", "sha256": "ab" * 32, "shapes": {"input": [1, 512], "sr": []}, "samples": 2}
+    ]
+    assert Manifest.from_json(given.to_json()) == given
+    obj = json.loads(given.to_json())
+    obj["plan"]["profiled_inputs"][0]["samples"] = 0
+    with pytest.raises(ManifestError, match=r"plan\.profiled_inputs\[0\]\.samples"):
+        Manifest.from_json(json.dumps(obj))
 
 
 def test_write_and_load(tmp_path: Path) -> None:
@@ -244,7 +262,7 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
         ),
         (
             _set("schema_version", 99),
-            "m.json: schema_version 99 is not supported (this onnxpipe reads versions 1 and 2, writes 2); "
+            "m.json: schema_version 99 is not supported (this onnxpipe reads versions 1, 2 and 3, writes 3); "
             "use the onnxpipe that wrote it or re-run onnxpipe split",
         ),
         (
@@ -426,7 +444,7 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
         ),
         (
             _set("schema_version", -1),
-            "m.json: schema_version -1 is not supported (this onnxpipe reads versions 1 and 2, writes 2); "
+            "m.json: schema_version -1 is not supported (this onnxpipe reads versions 1, 2 and 3, writes 3); "
             "use the onnxpipe that wrote it or re-run onnxpipe split",
         ),
         (
@@ -457,10 +475,24 @@ def test_not_json() -> None:
         Manifest.from_json("[]", source="m.json")
 
 
+def test_a_version_2_manifest_still_reads() -> None:
+    """Version 3 only added optional fields to version 2's: a version-2 file reads with their defaults
+    and is written back as version 3."""
+    m = two_stage_manifest()
+    obj = json.loads(m.to_json())
+    obj["schema_version"] = 2
+    for absent in ("link_model", "node_splits", "profiled_inputs", "decoder"):
+        obj["plan"].pop(absent, None)
+    again = Manifest.from_json(json.dumps(obj))
+    assert again == m
+    assert again.plan.node_splits == () and again.plan.decoder is None and again.plan.link_model is None
+    assert json.loads(again.to_json())["schema_version"] == 3
+
+
 def test_schema_version_is_checked_before_any_other_field() -> None:
     """A manifest of another version may lay out every other field differently: say so, not 'missing'."""
-    with pytest.raises(ManifestError, match=r"^m\.json: schema_version 3 is not supported"):
-        Manifest.from_json('{"schema_version": 3}', source="m.json")
+    with pytest.raises(ManifestError, match=r"^m\.json: schema_version 4 is not supported"):
+        Manifest.from_json('{"schema_version": 4}', source="m.json")
 
 
 def test_optional_top_level_fields_may_be_absent() -> None:
@@ -511,6 +543,42 @@ def test_cluster_and_device_costs_round_trip() -> None:
     bad["stages"][1]["device"] = "gpu7"
     with pytest.raises(ManifestError, match=r"stages\[1\]\.device: 'gpu7' is not a device of 'cluster'"):
         Manifest.from_json(json.dumps(bad))
+
+
+SPLIT = {
+    "node": "head",
+    "kind": "columns",
+    "parts": 2,
+    "stages": [0, 1],
+    "contiguous_bound_seconds": 0.02,
+    "contiguous_bottleneck_seconds": 0.021,
+}
+
+
+def test_node_splits_round_trip_and_are_left_out_when_none() -> None:
+    m = two_stage_manifest()
+    assert "node_splits" not in json.loads(m.to_json())["plan"]
+    assert m.plan.node_splits == ()
+    record = NodeSplitRecord("head", "columns", 2, (0, 1), 0.02, 0.021)
+    cut = replace(m, plan=replace(m.plan, node_splits=(record,)))
+    assert json.loads(cut.to_json())["plan"]["node_splits"] == [SPLIT]
+    assert Manifest.from_json(cut.to_json()) == cut
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("stages", [1, 0], "plan.node_splits[0].stages: expected 2 non-decreasing stage indices"),
+        ("stages", [0], "plan.node_splits[0].stages: expected 2 non-decreasing stage indices"),
+        ("parts", 1, "plan.node_splits[0].parts"),
+        ("contiguous_bound_seconds", -1.0, "plan.node_splits[0].contiguous_bound_seconds"),
+    ],
+)
+def test_bad_node_splits_are_refused(field: str, value: Any, message: str) -> None:
+    text = edited(_set("plan/node_splits", [{**SPLIT, field: value}]))
+    with pytest.raises(ManifestError) as info:
+        Manifest.from_json(text, source="m.json")
+    assert str(info.value).startswith(f"m.json: {message}")
 
 
 def test_decoder_fields_round_trip_and_are_checked() -> None:

@@ -29,6 +29,42 @@ def test_png_and_svg(tmp_path: Path) -> None:
     svg = plot_plan(tl, STAGES, tmp_path / "sub" / "plan.SVG", title="my plan")
     text = svg.read_text(encoding="utf-8")
     assert "<svg" in text and "my plan" in text
+    # the title says K, the bottleneck, the throughput and the bubble; the bars carry their numbers
+    assert "3 stages, bottleneck" in text and "micro-batches/s" in text and "bubble" in text
+    assert "transfer: activations" in text and "bottleneck 2.5 ms" in text
+
+
+def _axes() -> Any:
+    from matplotlib.figure import Figure
+
+    return Figure().add_subplot()
+
+
+def test_memory_far_below_the_device_is_drawn_on_a_log_scale() -> None:
+    pytest.importorskip("matplotlib")
+    from onnxpipe.plan.draw import _draw_memory
+
+    small = [StageSummary("gpu", 1e-3, 0.0, 11 * 2**20, 2**20, 8 * 2**30)]  # 12 MiB against 8 GiB
+    ax = _axes()
+    _draw_memory(ax, small)
+    assert ax.get_yscale() == "log"
+    assert any("12 MiB (0.15%)" in t.get_text() for t in ax.texts)
+    ax = _axes()
+    _draw_memory(ax, STAGES)  # use and capacity alike: linear
+    assert ax.get_yscale() == "linear"
+
+
+def test_transfer_stacks_on_compute_where_the_two_add() -> None:
+    pytest.importorskip("matplotlib")
+    from onnxpipe.plan.draw import _draw_times
+
+    stages = [StageSummary("a", 2e-3, 1e-3, 0, 0), StageSummary("b", 1e-3, 0.0, 0, 0)]
+    ax = _axes()
+    _draw_times(ax, stages, overlapped=False, bottleneck=3e-3)
+    transfer = [r for r in ax.patches if r.get_facecolor()[:3] != ax.patches[0].get_facecolor()[:3]]
+    assert transfer and transfer[0].get_y() == pytest.approx(2.0)  # on top of stage a's 2 ms of compute
+    assert [t.get_text() for t in ax.texts] == ["3", "1"]  # each stage's total on its bar
+    assert any(line.get_linestyle() == "--" for line in ax.get_lines())  # the bottleneck line
 
 
 def test_stream_plan(tmp_path: Path) -> None:

@@ -141,3 +141,19 @@ def test_a_workers_model_memory_leaves_out_its_channels_shared_memory() -> None:
     assert base.model_rss_bytes == 900
     assert replace(base, shared_memory_bytes=300).model_rss_bytes == 600
     assert replace(base, shared_memory_bytes=5000).model_rss_bytes == 0  # never below nothing
+
+
+def test_a_pipeline_slower_than_a_baseline_gets_a_verdict_that_says_so() -> None:
+    from onnxpipe.runtime.report.model import BaselineReport
+
+    n = 12
+    m = measurement(n, (stats(0, [float(j) for j in range(n)]), stats(1, [float(j) for j in range(n)])))
+    fake = FakePipeline(lanes=((spec(0), spec(1)),), backend=FakeBackend("threads"))
+    report = build_report(as_pipeline(fake), m, warmup=0, input_shapes={})
+    one = BaselineReport("single", "one session, 1 thread", 1, 1, 100.0, pipeline_speedup=0.55)
+    fast = replace(one, name="all", pipeline_speedup=1.4)
+    slower = format_report(replace(report, baselines={"single": one, "all": fast}))
+    assert "verdict: the pipeline is SLOWER than single (one session, 1 thread): 0.55x" in slower
+    assert "(est-meas)/meas" in slower
+    faster = format_report(replace(report, baselines={"all": fast}))
+    assert "verdict: the pipeline is faster than every baseline (at least 1.40x)" in faster

@@ -19,6 +19,7 @@ WORK: dict[str, str] = {
     "verify": "onnxpipe.cli.commands.verify",
     "run": "onnxpipe.cli.commands.run",
     "inspect": "onnxpipe.cli.commands.inspect",
+    "export-triton": "onnxpipe.cli.commands.export_triton",
 }
 """Subcommand name -> the module that does its work."""
 

@@ -36,6 +36,8 @@ def profile_options(
         warmup=args.warmup,
         shapes=parse_shape_overrides(args.shape),
         progress=progress,
+        input_files=tuple(args.inputs),
+        stacked_files=tuple(args.inputs_stacked),
     )
 
 
@@ -49,6 +51,8 @@ def plan_request(args: argparse.Namespace) -> PlanRequest:
         schedule=schedule_request(args),
         workers=args.workers,
         time_slack=args.time_slack,
+        split_nodes=args.split_nodes,
+        link_model=args.link_model,
         decoder=DecoderOptions(
             layer_cuts=args.layer_cuts == "on",
             ends=args.ends,

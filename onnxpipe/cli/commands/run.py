@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from onnxpipe.cli.commands.early import check_output_file
+from onnxpipe.cli.commands.preamble import Say, threads_warning
 from onnxpipe.cli.run import MEASURED_MICROBATCHES, SINGLE_LATENCY_MICROBATCHES
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.core.errors import ManifestError, UsageError
@@ -28,7 +30,7 @@ from onnxpipe.runtime.report.build import build_report
 from onnxpipe.runtime.report.measure import measure
 from onnxpipe.runtime.report.text import format_report
 from onnxpipe.runtime.session import peak_rss_bytes
-from onnxpipe.runtime.spec import Placement, placement_of
+from onnxpipe.runtime.spec import Placement, manifest_placements, placement_of
 from onnxpipe.verification.verify import source_model_path
 
 
@@ -64,6 +66,10 @@ def _source_model(args: argparse.Namespace, manifest: Manifest, *, needed: bool)
 
 def run(args: argparse.Namespace) -> int:
     """Run ``args.dir`` as a pipeline and print what it delivered; 1 when ``--compare`` finds a mismatch."""
+    say = Say()
+    for path, option in ((args.report, "--report"), (args.outputs, "--outputs")):
+        if path is not None:
+            check_output_file(path, option)
     manifest = load_manifest(args.dir)
     placements = _placements(args, manifest)
     input_types = {t.name: t.dtype for t in manifest.model_inputs}
@@ -85,10 +91,17 @@ def run(args: argparse.Namespace) -> int:
         if args.backend != "ray":
             raise UsageError("--ray-resources is for --backend ray")
         resources = load_ray_resources(args.ray_resources, manifest.k)
-    with Pipeline.from_manifest(
-        args.dir, backend_config(args, resources), threads=args.threads, placements=placements
-    ) as pipeline:
+    config = backend_config(args, resources)  # refused before anything starts
+    if args.backend == "local":  # Ray places its workers elsewhere, maybe on other machines
+        cpu = [p for p in (placements or manifest_placements(manifest, args.threads)) if not p.uses_gpu]
+        if cpu:
+            warning = threads_warning(len(cpu), max(p.threads for p in cpu), workers=manifest.plan.workers)
+            if warning is not None:
+                say.warn(f"{warning} (split again with fewer stages to run it here)")
+    say.step(f"starting {manifest.k} stage worker(s)")
+    with Pipeline.from_manifest(args.dir, config, threads=args.threads, placements=placements) as pipeline:
         single = min(len(inputs), SINGLE_LATENCY_MICROBATCHES)
+        say.step(f"running {len(inputs)} micro-batch(es) after {args.warmup} warm-up")
         measurement = measure(
             pipeline, inputs, warmup=args.warmup, single=single, keep_outputs=args.outputs is not None
         )
@@ -105,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.compare:
         assert model is not None
+        say.step("running the model without the pipeline for --compare (the baselines)")
         report = add_baselines(report, pipeline, model, inputs, warmup=args.warmup, checked=checked)
     print(format_report(report))
     if args.report is not None:
@@ -113,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
     if args.outputs is not None:
         _save_outputs(args.outputs, measurement.outputs)
         print(f"wrote {args.outputs}")
+    say.done("ran")
     return 1 if report.outputs_match is False else 0
 
 

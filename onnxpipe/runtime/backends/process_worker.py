@@ -27,6 +27,7 @@ from onnxpipe.runtime.session import (
     StageFailure,
     StageRunner,
     current_rss_bytes,
+    memory_snapshot,
     pin_failure,
 )
 from onnxpipe.runtime.spec import WorkerSpec
@@ -162,10 +163,14 @@ def worker_main(
     def control_says_go() -> bool:
         message = control.recv()
         if isinstance(message, tuple) and message[0] == STATS:
+            memory = memory_snapshot()  # once for every stage this process hosts: one worker, one figure
             control.send(
                 (
                     message[1],
-                    [h.runner.stats(pid=pid, startup_rss=startup_rss, hosted_with=together) for h in hosted],
+                    [
+                        h.runner.stats(pid=pid, startup_rss=startup_rss, hosted_with=together, memory=memory)
+                        for h in hosted
+                    ],
                 )
             )
         elif message == RESET:

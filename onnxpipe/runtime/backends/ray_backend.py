@@ -59,6 +59,7 @@ from onnxpipe.runtime.session import (
     StageRunner,
     WorkerStats,
     current_rss_bytes,
+    memory_snapshot,
 )
 from onnxpipe.runtime.spec import WorkerSpec
 from onnxpipe.schedule.timeline import worker_groups
@@ -98,8 +99,10 @@ class WorkerActor:
         memory figures are then the actor's, the same for each."""
         hosted = tuple(self.runners) if len(self.runners) > 1 else ()
         pid = os.getpid()
+        memory = memory_snapshot()  # read once: the same figures for every stage the actor hosts
         return [
-            r.stats(pid=pid, startup_rss=self.startup_rss, hosted_with=hosted) for r in self.runners.values()
+            r.stats(pid=pid, startup_rss=self.startup_rss, hosted_with=hosted, memory=memory)
+            for r in self.runners.values()
         ]
 
     def reset(self) -> None:

@@ -57,13 +57,18 @@ def baseline_placement(specs: Sequence[WorkerSpec]) -> tuple[Placement, str | No
     baseline sets its own.
     """
     first = specs[0]
-    providers = list(dict.fromkeys(s.placement.provider for s in specs))
+    providers = list(dict.fromkeys(s.placement.runs_on for s in specs))
     note = None
     if len(providers) > 1:
         note = (
             f"the stages run on several providers ({', '.join(providers)}); the baselines run the whole "
             f"model on the first stage's ({first.placement.provider}, device {first.device!r}), since one "
             "session runs on one provider"
+        )
+    if first.placement.runtime.value != "onnxruntime":
+        note = (
+            f"the stages run on {', '.join(providers)}; the baselines and the reference outputs run the "
+            f"whole model in onnxruntime ({first.placement.provider})"
         )
     return Placement(first.placement.provider, first.placement.provider_options, 1), note
 

@@ -51,10 +51,10 @@ def check_estimates(
         ran = spec.placement
         if expected is not None and spec.index < len(expected):
             want = expected[spec.index]
-            if ran.provider != want.provider:
+            if ran.runs_on != want.runs_on:
                 differs.append(
-                    f"stage {spec.index} ran on {ran.provider} with {ran.threads} thread(s), its estimate is "
-                    f"for {want.provider} with {want.threads}"
+                    f"stage {spec.index} ran on {ran.runs_on} with {ran.threads} thread(s), its estimate is "
+                    f"for {want.runs_on} with {want.threads}"
                 )
             elif ran.threads != want.threads:
                 differs.append(
@@ -129,7 +129,7 @@ def build_report(
                 pid=st.pid if st is not None else None,
                 memory_shared_with_other_workers=shared,
                 model_rss_bytes=st.model_rss_bytes if st is not None and not shared else None,
-                provider=spec.placement.provider,
+                provider=spec.placement.runs_on,
                 cpus=spec.placement.cpus,
                 worker_peak_rss_bytes=st.peak_rss_bytes if st is not None and not shared else None,
                 worker_model_rss_bytes=st.model_rss_bytes if st is not None and not shared else None,

@@ -70,7 +70,7 @@ def format_report(report: RunReport) -> str:
         if not shared:
             row += [_bytes(s.peak_rss_bytes), _bytes(s.model_rss_bytes)]
         rows.append(row)
-    headers = ["stage", "file", "threads", "est ms", "measured ms", "error", "busy", "weights"]
+    headers = ["stage", "file", "threads", "est ms", "measured ms", "(est-meas)/meas", "busy", "weights"]
     if not shared:
         headers += ["peak RSS", "model mem"]
     steady = (
@@ -113,6 +113,7 @@ def format_report(report: RunReport) -> str:
             for name, b in report.baselines.items()
         ]
         lines.append(table(["baseline", "how", "per s", "pipeline is", "peak RSS/worker"], brows))
+        lines.append(_verdict(report))
         replicas = report.baselines.get("replicas")
         if replicas is not None and replicas.balanced_ceiling is not None:
             lines.append(
@@ -211,4 +212,16 @@ def _worker_memory_ratio(
     return (
         f"memory: a worker's model (its stages' together) takes {each}, a replica's {human_bytes(replica)}"
         f"{where}: the largest worker (stages {_stage_list(largest.stages)}) {most / replica:.2f}x a replica"
+    )
+
+
+def _verdict(report: RunReport) -> str:
+    """One line on whether the pipeline was worth it: slower than a baseline says which, and by how much."""
+    worst_name, worst = min(report.baselines.items(), key=lambda item: item[1].pipeline_speedup)
+    if worst.pipeline_speedup >= 1.0:
+        return f"verdict: the pipeline is faster than every baseline (at least {worst.pipeline_speedup:.2f}x)"
+    return (
+        f"verdict: the pipeline is SLOWER than {worst_name} ({worst.description}): "
+        f"{worst.pipeline_speedup:.2f}x its throughput; run that instead here, or give the stages CPUs "
+        "of their own (fewer stages, --threads, more machines)"
     )

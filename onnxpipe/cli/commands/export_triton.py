@@ -1,0 +1,30 @@
+"""The work of ``onnxpipe export-triton`` (parser: :mod:`onnxpipe.cli.export_triton`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from onnxpipe.export.triton import export_triton
+
+
+def run(args: argparse.Namespace) -> int:
+    repo = export_triton(
+        args.dir,
+        args.out,
+        name=args.name,
+        platform=args.platform,
+        max_batch_size=args.max_batch_size,
+        force=args.force,
+    )
+    stages = len(repo.models) - 1
+    print(
+        f"wrote a Triton repository to {repo.path}/: ensemble {repo.ensemble!r} over {stages} stage "
+        f"model(s), max_batch_size {repo.models[0].max_batch_size}"
+    )
+    checked = (
+        "parsed with tritonclient's ModelConfig and"
+        if repo.parsed
+        else "(tritonclient not installed: not parsed)"
+    )
+    print(f"  configs {checked} data flow checked; no server was started")
+    return 0

@@ -1,0 +1,125 @@
+"""What ``--json`` prints: one JSON document on stdout, with the manifest's field names.
+
+A script reading ``onnxpipe plan --json`` and a reader of ``manifest.json`` see the same names for the
+same things (``bottleneck_seconds``, ``estimated_compute_seconds``, ``schedule``...), so that a plan
+printed and a split written can be compared field by field.  The schema is in docs/cli.md.  Every float
+follows the manifest's rule: ``+inf`` is written as ``null``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from onnxpipe.core.dims import Dim
+from onnxpipe.ir.summary import ModelSummary
+from onnxpipe.manifest import Manifest
+from onnxpipe.manifest.write import dumps, manifest_obj, num, timeline_obj
+from onnxpipe.plan.types import Plan
+from onnxpipe.verification.verify import VerifyReport
+
+JSON_SCHEMA_VERSION = 1
+"""The version of the documents below (``"json_schema_version"``), bumped on a change a reader of the
+previous one would misread."""
+
+
+def document(command: str, **parts: Any) -> str:
+    """The one document a command prints: ``{"command": ..., "json_schema_version": ..., **parts}``,
+    indented as ``manifest.json`` is (short lists on one line)."""
+    return dumps({"command": command, "json_schema_version": JSON_SCHEMA_VERSION, **parts})
+
+
+def plan_obj(plan: Plan, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A plan with the field names of the manifest's ``plan``, ``stages`` and ``schedule``."""
+    obj: dict[str, Any] = {
+        "objective": plan.objective,
+        "k": plan.k,
+        "bottleneck_seconds": num(plan.bottleneck_seconds),
+        "lower_bound_seconds": num(plan.lower_bound_seconds),
+        "ratio_to_lower_bound": num(plan.ratio_to_lower_bound),
+        "cost_source": plan.cost_source,
+        "threads": plan.threads,
+        "bandwidth_bytes_per_s": num(plan.bandwidth_bytes_per_s),
+        "profiled_input_shapes": {k: list(v) for k, v in plan.input_shapes.items()},
+        "notes": list(plan.notes),
+        **({} if plan.workers is None else {"workers": plan.workers, "time_slack": plan.time_slack}),
+        **({} if plan.link_model is None else {"link_model": plan.link_model}),
+        **(extra or {}),
+        "stages": [
+            {
+                "index": s.index,
+                "device": s.device,
+                **({} if s.worker is None else {"worker": s.worker}),
+                "node_count": len(s.node_names),
+                "estimated_compute_seconds": num(s.compute_seconds),
+                "estimated_transfer_seconds": num(s.transfer_seconds),
+                "bytes_in": s.bytes_in,
+                "link_bytes_in": s.link_bytes_in,
+                "bytes_out": s.bytes_out,
+                "param_bytes": s.param_bytes,
+                "peak_activation_bytes": s.peak_activation_bytes,
+            }
+            for s in plan.stages
+        ],
+    }
+    if plan.stage_counts_tried:
+        obj["stage_counts_tried"] = [
+            {"k": k, "bottleneck_seconds": num(seconds)} for k, seconds in plan.stage_counts_tried
+        ]
+    if plan.timeline is not None:
+        obj["schedule"] = timeline_obj(plan.timeline, [s.device for s in plan.stages])
+    return obj
+
+
+def verification_obj(report: VerifyReport) -> dict[str, Any]:
+    """A verification: the verdict, the tolerance, the seed and shapes, and each output's differences."""
+    return {
+        "ok": report.ok,
+        "rtol": report.rtol,
+        "atol": report.atol,
+        "seed": report.seed,
+        "runs": report.runs,
+        "input_shapes": {k: list(v) for k, v in report.input_shapes.items()},
+        "outputs": [
+            {
+                "name": o.name,
+                "ok": o.ok,
+                "max_abs_diff": _finite(o.max_abs_diff),
+                "max_rel_diff": _finite(o.max_rel_diff),
+            }
+            for o in report.outputs
+        ],
+    }
+
+
+def model_obj(s: ModelSummary) -> dict[str, Any]:
+    """``inspect MODEL``: the model's inputs and outputs (``shape`` as the manifest's ``model_inputs``
+    write it: a list of sizes, symbol names and nulls, or null for an unknown rank), opsets, counts."""
+    return {
+        "name": s.name,
+        "model_inputs": [{"name": t.name, "dtype": t.dtype, "shape": _shape(t.dims)} for t in s.inputs],
+        "model_outputs": [{"name": t.name, "dtype": t.dtype, "shape": _shape(t.dims)} for t in s.outputs],
+        "ir_version": s.ir_version,
+        "opsets": {domain: version for domain, version in s.opsets},
+        "node_count": s.node_count,
+        "compute_node_count": s.compute_node_count,
+        "param_bytes": s.param_bytes,
+        "control_flow": [{"name": name, "op_type": op} for name, op in s.control_flow],
+        "external_data": [{"file": f, "tensors": n} for f, n in s.external_data],
+        "op_counts": dict(s.op_counts),
+    }
+
+
+def _shape(dims: tuple[Dim, ...] | None) -> list[Dim] | None:
+    return None if dims is None else list(dims)
+
+
+def _finite(x: float) -> float | None:
+    """A difference, or None where it is not finite (outputs of unequal shapes, NaN in one of them)."""
+    return float(x) if math.isfinite(x) else None
+
+
+def split_obj(manifest: Manifest) -> dict[str, Any]:
+    """A split folder's manifest, exactly as ``manifest.json`` holds it."""
+    return manifest_obj(manifest)

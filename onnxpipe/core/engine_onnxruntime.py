@@ -1,0 +1,61 @@
+"""The onnxruntime engine: one session at onnxpipe's settings (:mod:`onnxpipe.core.ortsession`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import onnxruntime as ort
+
+from onnxpipe.core.ortsession import OptimizationLevel, Provider, open_session, session_options
+from onnxpipe.core.runtimes import EngineConfig, Runtime
+
+CPU = "CPUExecutionProvider"
+
+
+class OrtEngine:
+    """An onnxruntime session as an :class:`~onnxpipe.core.runtimes.Engine`."""
+
+    runtime = Runtime.ONNXRUNTIME
+
+    def __init__(self, session: ort.InferenceSession) -> None:
+        self._session: ort.InferenceSession | None = session
+        self._inputs = tuple(i.name for i in session.get_inputs())
+        self._outputs = tuple(o.name for o in session.get_outputs())
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self._inputs
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return self._outputs
+
+    def run(self, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[Any]:
+        if self._session is None:
+            raise RuntimeError("the engine is closed")
+        if not names:  # onnxruntime refuses to run for no outputs
+            return []
+        return list(self._session.run(list(names), dict(feeds)))
+
+    def layer_seconds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, float] | None:
+        """None: onnxruntime's per-node costs come from its profiler, read by :mod:`onnxpipe.cost.measure`."""
+        return None
+
+    def close(self) -> None:
+        self._session = None
+
+
+def providers_of(config: EngineConfig) -> list[Provider]:
+    """The provider list for ``config``: its provider with its options, then the CPU as fallback."""
+    providers: list[Provider] = [(config.provider, dict(config.provider_options))]
+    if config.provider != CPU:
+        providers.append(CPU)
+    return providers
+
+
+def load(path: Path, config: EngineConfig) -> OrtEngine:
+    options = session_options(threads=config.threads, level=cast(OptimizationLevel, config.level))
+    return OrtEngine(open_session(path, options, providers_of(config)))

@@ -1,0 +1,81 @@
+"""The OpenVINO engine: OpenVINO reads the stage's ``.onnx`` file itself and compiles it for a device.
+
+Its per-layer counters (``PERF_COUNT``) are what ``profile --runtime openvino`` maps back to nodes:
+OpenVINO names most layers after the ONNX node or the tensor it computes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxpipe.core.graphio import graph_io
+from onnxpipe.core.runtimes import OPENVINO_CPU_DEFAULTS, EngineConfig, Runtime, bind_outputs
+
+
+class OpenVinoEngine:
+    """A model compiled by OpenVINO, with one infer request."""
+
+    runtime = Runtime.OPENVINO
+
+    def __init__(self, path: Path, config: EngineConfig) -> None:
+        import openvino as ov
+
+        self._path = path
+        settings: dict[str, Any] = {}
+        if config.openvino_device.upper().startswith("CPU"):
+            settings.update(OPENVINO_CPU_DEFAULTS)
+            settings["INFERENCE_NUM_THREADS"] = str(config.threads)
+        settings.update(dict(config.openvino_config))
+        settings["PERF_COUNT"] = "YES"  # per-layer counters cost little and make layer_seconds possible
+        core = ov.Core()
+        model = core.read_model(str(path))
+        self._compiled: Any = core.compile_model(model, config.openvino_device, settings)
+        self._request: Any = self._compiled.create_infer_request()
+        declared = graph_io(path)
+        self._inputs = declared.inputs
+        self._outputs = declared.outputs
+        # OpenVINO keeps ONNX's output names; a name it lost is bound by the file's output position
+        by_name: dict[str, int] = {}
+        for i, port in enumerate(self._compiled.outputs):
+            for name in port.names:
+                by_name.setdefault(name, i)
+        self._position = [by_name.get(n, i) for i, n in enumerate(self._outputs)]
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self._inputs
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return self._outputs
+
+    def run(self, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[Any]:
+        if self._request is None:
+            raise RuntimeError("the engine is closed")
+        if not names:
+            return []
+        result = self._request.infer({n: feeds[n] for n in self._inputs if n in feeds})
+        values = result.to_tuple()
+        ordered = [np.asarray(values[p]) for p in self._position]
+        return bind_outputs(names, self._outputs, ordered, str(self._path))
+
+    def layer_seconds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, float] | None:
+        self.run(self._outputs, feeds)
+        seconds: dict[str, float] = {}
+        for info in self._request.profiling_info:
+            t = info.real_time.total_seconds()
+            if t > 0:
+                seconds[info.node_name] = seconds.get(info.node_name, 0.0) + t
+        return seconds
+
+    def close(self) -> None:
+        self._request = None
+        self._compiled = None
+
+
+def load(path: Path, config: EngineConfig) -> OpenVinoEngine:
+    return OpenVinoEngine(path, config)

@@ -1,0 +1,203 @@
+"""The runtimes a stage file can be fed to, behind one small protocol: load, run, time, close.
+
+onnxpipe exists to feed stages to heterogeneous runtimes, so a stage's runtime is a choice per device
+(``runtime`` in the devices file, docs/devices.md), not a property of the whole pipeline:
+
+* ``onnxruntime`` (the default): an :class:`onnxruntime.InferenceSession` with the device's execution
+  provider and its options, configured by :mod:`onnxpipe.core.ortsession`;
+* ``openvino``: OpenVINO reads the ``.onnx`` file itself (external data included) and compiles it for
+  ``openvino_device`` (``CPU``, ``GPU``, ``NPU``...) with ``openvino_config``;
+* ``tract``: Sonos' tract, a pure-Rust engine, through its Python package.
+
+The engines of the last two live in :mod:`onnxpipe.core.engine_openvino` and
+:mod:`onnxpipe.core.engine_tract`, imported only when asked for: their packages are optional extras
+(``pip install 'onnxpipe[openvino]'``, ``'onnxpipe[tract]'``) and a missing one is one line naming the
+extra (:func:`require`), never an ImportError traceback.
+
+Every engine binds tensors by name on input and returns outputs in the order asked for; runtimes that
+rename outputs (tract names them after their producing node) are bound by the stage file's output
+position, which the manifest keeps in order.
+"""
+
+from __future__ import annotations
+
+import importlib
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
+
+import numpy as np
+
+from onnxpipe.core.errors import UsageError
+from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, RUNTIMES, EngineConfig, Runtime
+
+__all__ = [
+    "DEFAULT_OPENVINO_DEVICE",
+    "OPENVINO_CPU_DEFAULTS",
+    "RUNTIMES",
+    "Engine",
+    "EngineConfig",
+    "Runtime",
+    "available",
+    "bind_outputs",
+    "open_engine",
+    "parse_runtime",
+    "require",
+    "runs_here",
+    "time_run",
+]
+
+
+_PACKAGE = {Runtime.ONNXRUNTIME: "onnxruntime", Runtime.OPENVINO: "openvino", Runtime.TRACT: "tract"}
+_EXTRA = {Runtime.OPENVINO: "openvino", Runtime.TRACT: "tract"}
+
+OPENVINO_CPU_DEFAULTS: Mapping[str, str] = {
+    "INFERENCE_PRECISION_HINT": "f32",
+    "NUM_STREAMS": "1",
+    "PERFORMANCE_HINT": "LATENCY",
+}
+"""OpenVINO's CPU plugin runs in bf16 on CPUs that have it unless told otherwise, which would make a stage
+differ from the model it was cut from by far more than verify's tolerance; f32 keeps OpenVINO comparable
+to onnxruntime.  One stream at latency: a stage serves one micro-batch at a time.  ``openvino_config``
+overrides any of these."""
+
+
+def parse_runtime(value: str, where: str = "runtime") -> Runtime:
+    """``value`` as a :class:`Runtime`, or a :class:`UsageError` listing the choices."""
+    try:
+        return Runtime(value)
+    except ValueError:
+        raise UsageError(f"{where} {value!r}: choose one of {', '.join(RUNTIMES)}") from None
+
+
+def require(runtime: Runtime) -> ModuleType:
+    """The Python package of ``runtime``, or a one-line :class:`UsageError` naming the extra to install."""
+    name = _PACKAGE[runtime]
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        extra = _EXTRA.get(runtime)
+        how = f"pip install 'onnxpipe[{extra}]'" if extra else f"pip install {name}"
+        raise UsageError(
+            f"runtime {runtime.value} needs the {name} package, which is not installed here ({e}); "
+            f"install it with {how} or give the device another runtime"
+        ) from None
+
+
+def available(runtime: Runtime) -> bool:
+    """Whether ``runtime``'s package imports here."""
+    try:
+        require(runtime)
+    except UsageError:
+        return False
+    return True
+
+
+def runs_here(config: EngineConfig) -> bool:
+    """Whether this machine can open an engine for ``config``: the runtime's package is installed and,
+    for onnxruntime, this onnxruntime has the provider; for OpenVINO, it sees the device (``GPU.1``
+    counts as ``GPU``)."""
+    if config.runtime == Runtime.ONNXRUNTIME:
+        import onnxruntime as ort
+
+        return config.provider in ort.get_available_providers()
+    if not available(config.runtime):
+        return False
+    if config.runtime == Runtime.OPENVINO:
+        import openvino as ov
+
+        wanted = config.openvino_device.split(".")[0].split(":")[0].upper()
+        return wanted in {d.split(".")[0].upper() for d in ov.Core().available_devices}
+    return True
+
+
+class Engine(Protocol):
+    """One loaded stage (or whole model) on one runtime."""
+
+    runtime: Runtime
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """The file's inputs, in order (weights listed as inputs excluded)."""
+        ...
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        """The file's outputs, in order."""
+        ...
+
+    def run(self, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[Any]:
+        """The outputs ``names`` (in that order) for the inputs ``feeds``, by name."""
+        ...
+
+    def layer_seconds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, float] | None:
+        """Seconds per layer of one run as the runtime reports them (its own layer names), or None when
+        it reports none; the caller maps the names back to the model's nodes."""
+        ...
+
+    def close(self) -> None:
+        """Release the runtime's resources; the engine does not run afterwards."""
+        ...
+
+
+def open_engine(
+    path: str | Path,
+    config: EngineConfig,
+    *,
+    fail: Callable[[Exception], Exception] | None = None,
+) -> Engine:
+    """An engine for the model at ``path`` on ``config``'s runtime.
+
+    A missing runtime package is always a :class:`UsageError` naming its extra.  If the model does not
+    load and ``fail`` is given, raises ``fail(error)``; without it the runtime's error propagates.
+    """
+    if config.threads < 1:
+        raise UsageError(f"threads {config.threads}: give a positive number of intra-op threads")
+    require(config.runtime)
+    module = importlib.import_module(f"onnxpipe.core.engine_{config.runtime.value}")
+    try:
+        engine: Engine = module.load(Path(path), config)
+    except UsageError:
+        raise
+    except Exception as e:
+        if fail is None:
+            raise
+        raise fail(e) from e
+    return engine
+
+
+def time_run(
+    engine: Engine,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    names: Sequence[str] | None = None,
+    runs: int = 10,
+    warmup: int = 2,
+) -> float:
+    """Median wall seconds of ``runs`` runs of ``engine`` on ``feeds`` after ``warmup`` untimed ones."""
+    wanted = list(engine.output_names if names is None else names)
+    for _ in range(max(0, warmup)):
+        engine.run(wanted, feeds)
+    times: list[float] = []
+    for _ in range(max(1, runs)):
+        start = time.perf_counter()
+        engine.run(wanted, feeds)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bind_outputs(
+    names: Sequence[str], declared: Sequence[str], results: Sequence[Any], where: str
+) -> list[Any]:
+    """``results`` (one per ``declared`` output, in the file's order) picked out for ``names``."""
+    position = {n: i for i, n in enumerate(declared)}
+    missing = [n for n in names if n not in position]
+    if missing:
+        raise UsageError(
+            f"{where}: has no output {missing[0]!r} (its outputs: {', '.join(declared)}); "
+            "re-run onnxpipe split"
+        )
+    return [results[position[n]] for n in names]

@@ -1,0 +1,249 @@
+"""What the parts of a cut node cost: measured, because a narrower MatMul is not proportionally faster.
+
+The profile gives the cut chain's cost in the whole model (:class:`~onnxpipe.cost.profile.Profile`).  A
+part's cost is that figure times the part's measured share: the chain alone, each distinct part alone and
+the join alone are timed side by side with onnxruntime at deployment settings and the profile's threads,
+on random inputs at the profiled shapes, taking turns (so that a machine whose speed drifts slows them
+alike), and ``part = chain cost * time(part) / time(chain)``.  So a part that runs less efficiently than
+its share of the FLOPs (a narrow GEMM, the cache behaviour of a thin slice) costs what it really costs,
+and the join costs what it costs instead of nothing.
+
+With static costs (nothing is timed in that mode), or when the chain's input shape is not known at the
+profiled shapes, the parts get their share of the columns (or channels, or reduction) and the join is
+free: :attr:`PartCosts.measured` says which.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnxpipe.core.ortsession import open_session, session_options
+from onnxpipe.cost.profile import CostSource, Profile
+from onnxpipe.ir.load import view_from_proto
+from onnxpipe.ir.model import ModelView, dtype_name, itemsize
+from onnxpipe.ir.nodesplit import Constants, SplitKind, Splittable, cut_node, part_sizes
+from onnxpipe.ir.shapes import symbol_sizes
+
+DEFAULT_RUNS = 15
+"""Timed runs of each piece (after one untimed run per turn); the medians are compared."""
+TURN = 3
+"""Timed runs per piece per turn."""
+
+
+@dataclass(frozen=True)
+class PartCosts:
+    """The seconds of each of ``parts`` parts and of their join, in the whole model's terms."""
+
+    parts: int
+    part_seconds: tuple[float, ...]
+    join_seconds: float
+    measured: bool
+    """True when timed (see the module doc); False when scaled by the share of the work."""
+
+
+def chain_seconds(profile: Profile, spec: Splittable) -> float:
+    """The profile's cost of the cut node and the nodes carried along with it."""
+    return sum(max(0.0, float(profile.node_seconds.get(n, 0.0))) for n in spec.chain)
+
+
+def shared_costs(
+    profile: Profile, spec: Splittable, kind: SplitKind, parts: int | Sequence[int]
+) -> PartCosts:
+    """Each part its share of the chain's cost (by the size of its slice), the join free."""
+    total = spec.depth if kind == SplitKind.REDUCTION else spec.width
+    sizes = part_sizes(total, parts) if isinstance(parts, int) else list(parts)
+    cost = chain_seconds(profile, spec)
+    return PartCosts(len(sizes), tuple(cost * s / total for s in sizes), 0.0, measured=False)
+
+
+def part_costs(
+    view: ModelView,
+    profile: Profile,
+    spec: Splittable,
+    kind: SplitKind,
+    counts: Sequence[int],
+    *,
+    runs: int = DEFAULT_RUNS,
+) -> dict[int, PartCosts]:
+    """The costs of ``spec`` cut by ``kind`` into each of ``counts`` equal parts (see the module doc)."""
+    total = spec.depth if kind == SplitKind.REDUCTION else spec.width
+    layouts = [part_sizes(total, p) for p in counts]
+    return dict(zip(counts, sized_costs(view, profile, spec, kind, layouts, runs=runs), strict=True))
+
+
+def sized_costs(
+    view: ModelView,
+    profile: Profile,
+    spec: Splittable,
+    kind: SplitKind,
+    layouts: Sequence[Sequence[int]],
+    *,
+    runs: int = DEFAULT_RUNS,
+) -> list[PartCosts]:
+    """The costs of ``spec`` cut by ``kind`` into parts of each of ``layouts``' sizes (module doc)."""
+    mini = _chain_model(view, profile, spec) if profile.source == CostSource.PROFILE.value else None
+    if mini is None:
+        return [shared_costs(profile, spec, kind, sizes) for sizes in layouts]
+    mini_view, feed = mini
+    pieces: dict[str, tuple[onnx.ModelProto, dict[str, np.ndarray]]] = {"chain": (mini_view.proto, feed)}
+    keys: list[tuple[list[str], str]] = []
+    rng = np.random.default_rng(0)
+    for sizes in layouts:
+        cut = cut_node(mini_view, spec, kind, sizes)
+        names = []
+        for size, nodes in zip(sizes, cut.parts, strict=True):
+            key = f"part {size}"
+            if key not in pieces:
+                pieces[key] = (_submodel(cut.view, list(nodes), feed), feed)
+            names.append(key)
+        join_key = f"join {len(sizes)}"
+        if join_key not in pieces:  # a join's cost depends on the total it writes, hardly on the parts
+            pieces[join_key] = _join_model(cut.view, cut.join, rng)
+        keys.append((names, join_key))
+    seconds = _time_in_turns(pieces, profile.threads, runs)
+    cost, whole = chain_seconds(profile, spec), seconds["chain"]
+    if whole <= 0:
+        return [shared_costs(profile, spec, kind, sizes) for sizes in layouts]
+    return [
+        PartCosts(
+            len(names), tuple(cost * seconds[k] / whole for k in names), cost * seconds[join] / whole, True
+        )
+        for names, join in keys
+    ]
+
+
+def _concrete(view: ModelView, profile: Profile, tensor: str) -> tuple[int, ...] | None:
+    """``tensor``'s shape at the profiled input shapes; one dim that no input names (a reshape's
+    ``unk__`` symbol) is worked out from the bytes the profile measured; None when that fails."""
+    info = view.tensor(tensor)
+    if info.shape is None:
+        return None
+    dims = symbol_sizes(view, profile.input_shapes)
+    out: list[int | None] = []
+    for d in info.shape:
+        if isinstance(d, int):
+            out.append(d)
+        elif isinstance(d, str) and d in dims:
+            out.append(dims[d])
+        else:
+            out.append(None)
+    unknown = [i for i, d in enumerate(out) if d is None]
+    if len(unknown) > 1:
+        return None
+    if unknown:
+        known = math.prod(d for d in out if d is not None) * itemsize(info.elem_type)
+        nbytes = profile.tensor_bytes.get(tensor, 0)
+        if known <= 0 or nbytes <= 0 or nbytes % known:
+            return None
+        out[unknown[0]] = nbytes // known
+    return tuple(d for d in out if d is not None)
+
+
+def _chain_model(
+    view: ModelView, profile: Profile, spec: Splittable
+) -> tuple[ModelView, dict[str, np.ndarray]] | None:
+    """The chain alone as a model (its weights inline), with a random feed of its input at the profiled
+    shape; None when that shape is not known."""
+    consts = Constants(view)
+    protos = {n.name: n for n in view.proto.graph.node}
+    nodes = [protos[n] for n in spec.chain]
+    source = nodes[0].input[0]
+    shape = _concrete(view, profile, source)
+    elem = view.tensor(source).elem_type
+    if shape is None or elem == 0:
+        return None
+    inits = []
+    for n in nodes:
+        for t in n.input:
+            if t and t != source and t not in {o for m in nodes for o in m.output}:
+                value = consts.value(t)
+                if value is None:
+                    return None
+                inits.append(onnx.numpy_helper.from_array(value, t))
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info(source, elem, shape)],
+        [helper.make_tensor_value_info(spec.output, view.tensor(spec.output).elem_type, None)],
+        list({t.name: t for t in inits}.values()),
+    )
+    model = helper.make_model(graph, opset_imports=list(view.proto.opset_import))
+    model.ir_version = view.proto.ir_version if view.proto.ir_version >= 4 else 7
+    feed = {source: np.random.default_rng(0).standard_normal(shape).astype(dtype_name(elem))}
+    return view_from_proto(model), feed
+
+
+def _submodel(view: ModelView, names: list[str], feed: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """The nodes ``names`` of ``view`` as a model reading the chain's input, writing their last output."""
+    protos = {n.name: n for n in view.proto.graph.node}
+    nodes = [protos[n] for n in names]
+    read = {t for n in nodes for t in n.input}
+    inits = [t for t in view.proto.graph.initializer if t.name in read]
+    (source,) = feed
+    elem = view.tensor(source).elem_type
+    graph = helper.make_graph(
+        nodes,
+        "part",
+        [helper.make_tensor_value_info(source, elem, feed[source].shape)],
+        [
+            helper.make_tensor_value_info(
+                nodes[-1].output[0], view.tensor(nodes[-1].output[0]).elem_type, None
+            )
+        ],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=list(view.proto.opset_import))
+    model.ir_version = view.proto.ir_version
+    return model
+
+
+def _join_model(
+    view: ModelView, join: str, rng: np.random.Generator
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """The join alone, fed random tensors of its inputs' shapes."""
+    proto = next(n for n in view.proto.graph.node if n.name == join)
+    feeds: dict[str, np.ndarray] = {}
+    inputs = []
+    for t in proto.input:
+        info = view.tensor(t)
+        shape = tuple(int(d) if isinstance(d, int) else 1 for d in (info.shape or ()))
+        feeds[t] = rng.standard_normal(shape).astype(info.dtype)
+        inputs.append(helper.make_tensor_value_info(t, info.elem_type, shape))
+    graph = helper.make_graph(
+        [proto],
+        "join",
+        inputs,
+        [helper.make_tensor_value_info(proto.output[0], view.tensor(proto.input[0]).elem_type, None)],
+    )
+    model = helper.make_model(graph, opset_imports=list(view.proto.opset_import))
+    model.ir_version = view.proto.ir_version
+    return model, feeds
+
+
+def _time_in_turns(
+    pieces: dict[str, tuple[onnx.ModelProto, dict[str, np.ndarray]]], threads: int, runs: int
+) -> dict[str, float]:
+    """Median seconds of each piece, the pieces taking turns of :data:`TURN` timed runs."""
+    options = session_options(threads=threads)
+    sessions = {k: (open_session(m.SerializeToString(), options), f) for k, (m, f) in pieces.items()}
+    times: dict[str, list[float]] = {k: [] for k in sessions}
+    keys = list(sessions)
+    turn = 0
+    while any(len(t) < runs for t in times.values()):
+        for key in keys if turn % 2 == 0 else keys[::-1]:
+            session, feed = sessions[key]
+            session.run(None, feed)
+            for _ in range(min(TURN, runs - len(times[key]))):
+                start = time.perf_counter()
+                session.run(None, feed)
+                times[key].append(time.perf_counter() - start)
+        turn += 1
+    return {k: statistics.median(t) for k, t in times.items()}

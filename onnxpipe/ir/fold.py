@@ -1,0 +1,171 @@
+"""Fold what a model computes from constants alone into initializers, where the result is exact.
+
+Why: a runtime that wants fixed shapes (tract, an NPU compiler, OpenVINO's static mode) has to see a
+``Reshape`` target as a constant, not as ``Shape -> Gather -> Concat`` arithmetic; once the input
+shapes are frozen (:mod:`onnxpipe.ir.static`) that arithmetic reads only constants and folds away.
+
+Only ops whose result does not depend on how a runtime computes it are folded: data movement (any
+element type), comparisons and logic, and arithmetic on integers.  Floating-point arithmetic is left
+to the runtime, so a folded model computes bit for bit what the source computes.  A folded value above
+:data:`MAX_FOLDED_BYTES` stays a node (the stage would otherwise carry a large tensor).  Values come
+from onnx's reference evaluator, one node at a time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+MAX_FOLDED_BYTES = 1 << 20
+"""The largest tensor a fold writes as an initializer (1 MiB)."""
+
+MOVEMENT_OPS = frozenset(
+    {
+        "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Concat", "Gather", "GatherElements",
+        "Slice", "Transpose", "Expand", "Tile", "Split", "Constant", "ConstantOfShape", "Shape", "Size",
+        "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Where",
+    }
+)  # fmt: skip
+"""Ops folded whatever the element type: their results are copies or exact comparisons."""
+
+INTEGER_OPS = frozenset(
+    {"Add", "Sub", "Mul", "Div", "Mod", "Neg", "Abs", "Max", "Min", "Range", "ReduceProd", "ReduceSum",
+     "ReduceMax", "ReduceMin", "Cast", "CumSum"}
+)  # fmt: skip
+"""Ops folded when every input and output is an integer (or bool) tensor: integer results are exact."""
+
+_EXACT_TYPES = frozenset(
+    {
+        onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16, onnx.TensorProto.INT8,
+        onnx.TensorProto.UINT64, onnx.TensorProto.UINT32, onnx.TensorProto.UINT16, onnx.TensorProto.UINT8,
+        onnx.TensorProto.BOOL,
+    }
+)  # fmt: skip
+
+
+def fold_constants(model: onnx.ModelProto, static_shapes: dict[str, tuple[int, ...]]) -> int:
+    """Fold ``model``'s main graph in place; returns how many nodes were folded.
+
+    ``static_shapes``: tensors whose shape is settled (a ``Shape`` of one of them folds).  Nodes of
+    other domains, with subgraphs, or reading tensors stored in external files are left alone.
+    """
+    graph = model.graph
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+    values: dict[str, np.ndarray] = {}
+    for t in graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            values[t.name] = numpy_helper.to_array(t)
+    kept: list[onnx.NodeProto] = []
+    added: list[onnx.TensorProto] = []
+    graph_outputs = {o.name for o in graph.output}
+    folded = 0
+    for node in graph.node:
+        result = _fold(node, values, static_shapes, opset)
+        if result is None or any(o in graph_outputs for o in node.output):
+            kept.append(node)
+            continue
+        folded += 1
+        for name, value in zip(node.output, result, strict=False):
+            if name:
+                values[name] = value
+                added.append(numpy_helper.from_array(value, name))
+    if not folded:
+        return 0
+    del graph.node[:]
+    graph.node.extend(kept)
+    graph.initializer.extend(added)
+    _drop_unused_initializers(graph)
+    return folded
+
+
+def _fold(
+    node: onnx.NodeProto, values: dict[str, np.ndarray], static_shapes: dict[str, tuple[int, ...]], opset: int
+) -> list[np.ndarray] | None:
+    if node.domain not in ("", "ai.onnx") or any(
+        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute
+    ):
+        return None
+    if node.op_type == "Shape":
+        shape = static_shapes.get(node.input[0]) if node.input else None
+        if shape is None and node.input and node.input[0] in values:
+            shape = tuple(values[node.input[0]].shape)
+        if shape is None:
+            return None
+        start, end = 0, len(shape)
+        for a in node.attribute:
+            if a.name == "start":
+                start = int(a.i)
+            elif a.name == "end":
+                end = int(a.i)
+        return [np.array(shape, dtype=np.int64)[slice(start, end)]]
+    if node.op_type == "Size" and node.input and node.input[0] in static_shapes:
+        return [np.array(int(np.prod(static_shapes[node.input[0]])), dtype=np.int64)]
+    if node.op_type not in MOVEMENT_OPS and node.op_type not in INTEGER_OPS:
+        return None
+    inputs = [i for i in node.input if i]
+    if not all(i in values for i in inputs):
+        return None
+    if node.op_type in INTEGER_OPS and not all(_exact(values[i]) for i in inputs):
+        return None
+    try:
+        evaluator = ReferenceEvaluator(_one_node_model(node, values, opset))
+        out = evaluator.run(None, {i: values[i] for i in inputs})
+    except Exception:  # noqa: BLE001 - an op the reference evaluator cannot run stays a node
+        return None
+    arrays = [np.asarray(v) for v in out]
+    if any(a.nbytes > MAX_FOLDED_BYTES or a.dtype == object for a in arrays):
+        return None
+    if node.op_type in INTEGER_OPS and not all(_exact(a) for a in arrays):
+        return None
+    return arrays
+
+
+def _exact(a: np.ndarray) -> bool:
+    try:
+        return int(helper.np_dtype_to_tensor_dtype(a.dtype)) in _EXACT_TYPES
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def _one_node_model(node: onnx.NodeProto, values: dict[str, np.ndarray], opset: int) -> onnx.ModelProto:
+    inputs = [
+        helper.make_tensor_value_info(i, helper.np_dtype_to_tensor_dtype(values[i].dtype), values[i].shape)
+        for i in dict.fromkeys(i for i in node.input if i)
+    ]
+    outputs = [helper.make_empty_tensor_value_info(o) for o in node.output if o]
+    graph = helper.make_graph([node], "fold", inputs, outputs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
+    """Initializers nothing reads any more go, and with them their IR-3 graph input entries."""
+    used: set[str] = {o.name for o in graph.output}
+    for n in graph.node:
+        used.update(n.input)
+        for a in n.attribute:
+            for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+                used.update(_outer_names(g))
+    dropped = {t.name for t in graph.initializer if t.name not in used}
+    if not dropped:
+        return
+    keep = [t for t in graph.initializer if t.name not in dropped]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    inputs = [i for i in graph.input if i.name not in dropped]
+    del graph.input[:]
+    graph.input.extend(inputs)
+
+
+def _outer_names(g: onnx.GraphProto) -> set[str]:
+    names: set[str] = set()
+    for n in g.node:
+        names.update(n.input)
+        for a in n.attribute:
+            for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+                names.update(_outer_names(sub))
+    return names
+
+
+__all__ = ["INTEGER_OPS", "MAX_FOLDED_BYTES", "MOVEMENT_OPS", "fold_constants"]

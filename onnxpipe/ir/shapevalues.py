@@ -1,0 +1,162 @@
+"""Which tensors are shape values and which are constant-only: what no stage should receive across a cut.
+
+Why: a stage file is handed to runtimes other than onnxruntime.  tract refuses an int64 shape tensor as
+a stage input ("Unsupported DatumType in the public API TDim") and cannot type a ``Reshape`` whose shape
+arrives from outside; OpenVINO's onnxruntime provider fails on stages that receive values computed only
+from weights (Inception v2's first stage sent 117 ``Unsqueeze(initializer)`` tensors).  Both kinds are
+cheap to make again where they are read, so :mod:`onnxpipe.plan.recompute` has the consumer stage
+recompute them from what it already has, and :mod:`onnxpipe.export.fold` folds the constant ones.
+
+* A **shape value** is an integer tensor that reaches, through integer shape arithmetic only, an input
+  of an op that reads it as a shape, an index range or axes (``Reshape``'s shape, ``Expand``'s shape,
+  ``Slice``'s starts/ends/axes/steps, ``Range``, ``ConstantOfShape``, ``Tile``'s repeats, ...).
+* A **constant-only value** is computed from initializers and constants alone (no model input reaches
+  it), by deterministic ops: random generators are left out, since a copy would draw other numbers.
+
+Both are found in one pass over the view's nodes each (linear in the graph).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import onnx
+
+from onnxpipe.core.dims import Dim
+from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.symbolic import symbolic_dims
+
+SHAPE_INPUTS: Mapping[str, tuple[int, ...]] = {
+    "Reshape": (1,),
+    "Expand": (1,),
+    "Slice": (1, 2, 3, 4),
+    "Range": (0, 1, 2),
+    "ConstantOfShape": (0,),
+    "Tile": (1,),
+    "Unsqueeze": (1,),
+    "Squeeze": (1,),
+    "Split": (1,),
+    "Pad": (1, 3),
+    "Resize": (3,),
+    "Upsample": (),
+    "TopK": (1,),
+    "OneHot": (1,),
+    "ReduceSum": (1,),
+    "ReduceMean": (1,),
+    "ReduceMax": (1,),
+    "ReduceMin": (1,),
+    "ReduceProd": (1,),
+    "CenterCropPad": (1,),
+    "RandomNormalLike": (),
+}
+"""Inputs (by position) that an op reads as a shape, a range bound, counts or axes."""
+
+SHAPE_ARITHMETIC = frozenset(
+    {
+        "Shape", "Size", "Gather", "GatherElements", "Concat", "Unsqueeze", "Squeeze", "Slice", "Cast",
+        "Add", "Sub", "Mul", "Div", "Mod", "Neg", "Abs", "Max", "Min", "Equal", "Less", "Greater",
+        "Where", "Not", "And", "Or", "ReduceProd", "ReduceSum", "ReduceMax", "ReduceMin", "Identity",
+        "Reshape", "Range", "Constant", "ConstantOfShape", "Expand", "Floor", "Ceil", "Sqrt",
+    }
+)  # fmt: skip
+"""Ops that shape arithmetic is written with (what torch and tf2onnx exporters emit between a ``Shape``
+and the op reading the result)."""
+
+RANDOM_OPS = frozenset(
+    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
+)
+"""Ops whose outputs differ from run to run: never copied into a second stage."""
+
+INTEGER_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32})
+
+
+@dataclass(frozen=True)
+class ValueKinds:
+    """The tensors of a view that a stage should make itself rather than receive."""
+
+    shape_values: frozenset[str]
+    constant_only: frozenset[str]
+    settled_shapes: Callable[[], Mapping[str, tuple[Dim, ...]]] | None = None
+    """Dims of the model's tensors from onnxruntime's symbolic inference (:mod:`onnxpipe.ir.symbolic`),
+    computed on the first call (it costs seconds on a transformer): a ``Shape`` of a tensor a stage
+    lacks may then be read off a tensor it has whose dims ONNX's own inference left as made-up symbols."""
+
+    def recomputable(self, tensor: str) -> bool:
+        return tensor in self.shape_values or tensor in self.constant_only
+
+
+def value_kinds(view: ModelView) -> ValueKinds:
+    """Shape values and constant-only values of ``view`` (see the module docstring)."""
+    cache: list[Mapping[str, tuple[Dim, ...]]] = []
+
+    def settled() -> Mapping[str, tuple[Dim, ...]]:
+        if not cache:
+            cache.append(symbolic_dims(view.proto) or {})
+        return cache[0]
+
+    return ValueKinds(
+        shape_values=shape_values(view), constant_only=constant_only(view), settled_shapes=settled
+    )
+
+
+def _is_integer(view: ModelView, tensor: str) -> bool:
+    return view.tensor(tensor).elem_type in INTEGER_TYPES
+
+
+def shape_values(view: ModelView) -> frozenset[str]:
+    """Integer tensors that reach a shape input through integer shape arithmetic (made by a node)."""
+    found: set[str] = set()
+    stack: list[str] = []
+    for node in view.nodes:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        for pos in SHAPE_INPUTS.get(node.op_type, ()):
+            if pos < len(node.inputs) and _is_integer(view, node.inputs[pos]):
+                stack.append(node.inputs[pos])
+    while stack:
+        t = stack.pop()
+        if t in found or t not in view.producer:
+            continue
+        found.add(t)
+        maker = view.nodes[view.producer[t]]
+        if maker.op_type not in SHAPE_ARITHMETIC or maker.op_type == "Shape" or maker.has_subgraph:
+            continue
+        stack.extend(i for i in maker.inputs if _is_integer(view, i))
+    return frozenset(found)
+
+
+def constant_only(view: ModelView) -> frozenset[str]:
+    """Tensors made by nodes (constant producers included) from initializers and constants alone."""
+    const: set[str] = set(view.initializers)
+    made: set[str] = set()
+    todo = [
+        n
+        for n in view.nodes
+        if n.op_type not in RANDOM_OPS and not n.has_subgraph and n.domain in ("", "ai.onnx")
+    ]
+    changed = True
+    while changed:  # the view may list a constant producer after its readers: to a fixed point
+        changed = False
+        rest = []
+        for node in todo:
+            # Shape of a static tensor is exported as a Constant
+            if (node.op_type == "Shape" and node.is_constant) or all(t in const for t in node.reads):
+                const.update(node.outputs)
+                made.update(node.outputs)
+                changed = True
+            else:
+                rest.append(node)
+        todo = rest
+    return frozenset(made)
+
+
+__all__ = [
+    "RANDOM_OPS",
+    "SHAPE_ARITHMETIC",
+    "SHAPE_INPUTS",
+    "ValueKinds",
+    "constant_only",
+    "shape_values",
+    "value_kinds",
+]
