@@ -10,7 +10,8 @@ differently.  For each model and each runtime R (onnxruntime, OpenVINO, tract; 1
   stage timed on R, the costs corrected, partitioned again: :mod:`onnxpipe.calibrate.devices`).
 
 Both plans' stages are then timed on R side by side, their 2K engines taking turns a few runs at a time
-(:func:`onnxpipe.calibrate.timing.time_in_turns`), so that a machine whose speed drifts slows both alike.
+(:func:`onnxpipe.calibrate.timing.time_in_turns`), so that a machine whose speed drifts slows both alike;
+``--repeats`` such timings, the plans' order alternating, give each stage its median.
 Reported per plan: slowest / mean stage (goal for ``own_costs``: at most 1.10 on every runtime) and
 slowest / fastest.  A runtime that cannot run the whole model is skipped with its reason (tract and
 YOLOv8's dynamic ``Conv``).
@@ -18,7 +19,7 @@ YOLOv8's dynamic ``Conv``).
 Writes ``benchmarks/results/runtimes.json``: a row per model, runtime and plan.
 
     python -m benchmarks runtimes [--models resnet50,gpt2_tiny] [--runtimes onnxruntime,openvino,tract]
-                                  [--k 3] [--rounds 3] [--runs 20] [--out DIR]
+                                  [--k 3] [--rounds 3] [--runs 20] [--repeats 3] [--out DIR]
 """
 
 from __future__ import annotations
@@ -116,7 +117,17 @@ def bench(name: str, runtimes: Sequence[Runtime], args: Any) -> list[dict[str, A
             print(f"  {name} on {runtime.value}: skipped, {e}")
             rows.append({"model": name, "runtime": runtime.value, "skipped": str(e)})
             continue
-        measured = time_side_by_side(view, profile, [ort_plan, own_plan], runtime, args.runs)
+        # repeats, the plans' order alternating: each stage's median over them, so that a burst of
+        # other work during one timing does not decide the figure
+        repeats = [
+            time_side_by_side(view, profile, pair, runtime, args.runs)
+            for pair in ([ort_plan, own_plan], [own_plan, ort_plan]) * args.repeats
+        ][: max(1, args.repeats)]
+        ordered = [r if i % 2 == 0 else r[::-1] for i, r in enumerate(repeats)]
+        measured = [
+            [statistics.median(rep[p][s] for rep in ordered) for s in range(len(ordered[0][p]))]
+            for p in range(2)
+        ]
         for label, p, times in zip(("ort_costs", "own_costs"), (ort_plan, own_plan), measured, strict=True):
             mean = statistics.fmean(times)
             row = {
@@ -165,7 +176,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--runtimes", default="onnxruntime,openvino,tract")
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3, help="calibration rounds on each runtime")
-    parser.add_argument("--runs", type=int, default=20, help="timed runs of each stage")
+    parser.add_argument("--runs", type=int, default=20, help="timed runs of each stage per timing")
+    parser.add_argument("--repeats", type=int, default=3, help="timings of both plans, order alternating")
     args = parser.parse_args(argv)
     names = [m for m in args.models.split(",") if m]
     unknown = [m for m in names if m not in MODELS]

@@ -44,6 +44,10 @@ SMALL_TENSOR_BYTES = 1024
 
 
 ALIAS_NODE_PREFIX = "onnxpipe/same_value/"
+SHAPE_NODE_PREFIX = "onnxpipe/shape_of/"
+"""The prefix of the nodes (and their tensors) that make a recomputed ``Shape`` of a tensor the stage
+lacks out of dims it has (:attr:`onnxpipe.plan.types.StageSpec.shape_sources`); the last of them, a
+``Concat``, keeps the ``Shape`` node's name and output."""
 
 
 def alias_node_name(tensor: str) -> str:
@@ -254,7 +258,7 @@ class StageBuilder:
                 end = int(attr.i)
         start = min(max(start + rank if start < 0 else start, 0), rank)
         end = min(max(end + rank if end < 0 else end, 0), rank)
-        base = f"{ALIAS_NODE_PREFIX}shape/{info.name}/"
+        base = f"{SHAPE_NODE_PREFIX}{info.name}/"
         nodes: list[onnx.NodeProto] = []
         pieces: list[str] = []
         for i, part in enumerate(parts[start:end]):

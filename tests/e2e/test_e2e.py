@@ -31,7 +31,7 @@ import pytest
 import onnxpipe
 from onnxpipe.api import ProfileOptions, SplitOptions
 from onnxpipe.cli import main
-from onnxpipe.export.build import ALIAS_NODE_PREFIX
+from onnxpipe.export.build import ALIAS_NODE_PREFIX, SHAPE_NODE_PREFIX
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import MODEL, MODEL_INPUT, Manifest, load_manifest
 
@@ -170,7 +170,14 @@ def check_split_folder(
         names = [n.name for n in stage.graph.node]
         assert len(names) == len(set(names)), f"stage {st.index} repeats a node name"
         remade = [n for n in stage.graph.node if n.name.startswith(ALIAS_NODE_PREFIX)]
-        own = [n for n in names if n not in constant and not n.startswith(ALIAS_NODE_PREFIX)]
+        made_here = [
+            n for n in names if n not in constant and not n.startswith((ALIAS_NODE_PREFIX, SHAPE_NODE_PREFIX))
+        ]
+        # copies of earlier stages' nodes (first in the file) make the shape and constant-only values the
+        # stage would otherwise receive
+        copies, own = made_here[: st.recomputed_node_count], made_here[st.recomputed_node_count :]
+        position = {n.name: n.position for n in view.nodes}
+        assert not copies or max(position[n] for n in copies) < min(position[n] for n in own)
         assert len(own) == st.node_count, f"stage {st.index}: manifest node_count {st.node_count}"
         assert sum(1 for n in names if n in constant) == st.constant_node_count
         placed.update(own)
@@ -178,6 +185,7 @@ def check_split_folder(
         if result is not None:
             spec = result.plan.stages[st.index]
             assert tuple(own) == spec.file_node_names
+            assert tuple(copies) == spec.recomputed_nodes
             assert len(spec.skipped_nodes) == st.skipped_node_count
             assert not set(spec.skipped_nodes) & set(names)
             assert {(a.name, a.same_as) for a in spec.aliases} == {(n.output[0], n.input[0]) for n in remade}
@@ -189,7 +197,7 @@ def check_split_folder(
         }
 
         # tensor names: only the source's, and the graph's inputs/outputs are the manifest's, in order
-        new = _stage_main_graph_names(stage) - src_names
+        new = {t for t in _stage_main_graph_names(stage) - src_names if not t.startswith(SHAPE_NODE_PREFIX)}
         assert not new, f"stage {st.index} invents tensor names {sorted(new)[:5]}"
         assert [i.name for i in stage.graph.input] == [t.name for t in st.inputs]
         assert [o.name for o in stage.graph.output] == [t.name for t in st.outputs]
