@@ -146,10 +146,10 @@ def solve_with_split(
 ) -> SplitResult:
     """The split into ``k`` stages with the smallest bottleneck when at most one candidate run is cut.
 
-    Same objective and arguments as :func:`solve`, plus the runs that may be cut and how.  A candidate
-    shape with more parts than ``k`` is skipped (two of its parts would share a stage: a shape with fewer
-    parts does at least as well).  Among equal bottlenecks the contiguous split wins, then the earlier
-    candidate, then the earlier shape (give shapes in order of increasing parts).
+    Same objective and arguments as :func:`solve`, plus the runs that may be cut and how.  A shape may
+    have more parts than ``k``: several then share a stage, which gives the cut finer places to fall
+    (a caller may merge the parts of one stage into one).  Among equal bottlenecks the contiguous split
+    wins, then the earlier candidate, then the earlier shape (give shapes in order of increasing parts).
     """
     n = len(costs)
     cut = [0.0] * (n + 1) if cut_bytes is None else [float(c) for c in cut_bytes]
@@ -158,8 +158,6 @@ def solve_with_split(
     best, chosen = contiguous, None
     for ci, cand in enumerate(candidates):
         for si, shape in enumerate(cand.shapes):
-            if shape.parts > k:
-                continue
             ex = expand(costs, cut, allowed, cand, shape)
             try:
                 part = solve(

@@ -1,17 +1,19 @@
 """Plans that may cut one dominating node into parts over consecutive stages (``--split-nodes auto``).
 
-A contiguous plan stops at ``max(total / K, largest node)``.  Here the nodes that can be cut
-(:func:`onnxpipe.ir.nodesplit.find_splittable`) and are large enough to matter (at least
-:data:`MIN_SHARE` of ``total / K``; the :data:`MAX_CANDIDATES` largest) are offered to
-:func:`onnxpipe.partition.splitting.solve_with_split` with every part count from 2 to ``K`` (at most
-:data:`MAX_PARTS`) and every kind of cut they allow, their parts' costs measured
-(:mod:`onnxpipe.cost.parts`) and the bytes each inner link carries counted (the node's input, forwarded,
-and the parts' outputs the join needs).  The best is exact over those choices.  Equal parts the best
-split put in one stage are merged into one wider part (more equal parts only give finer places to cut
-the node; two kernels in one stage would be slower than one), costed again.  The node is then cut in
-the model (:func:`onnxpipe.ir.nodesplit.cut_node`), the profile carried over to the parts, and the cut
-model planned by :func:`onnxpipe.plan.workers.make_plan` as any other; the split is kept only if that
-plan's bottleneck is below the best contiguous plan's.
+A contiguous plan stops at ``max(total / K, largest node)``. Here the nodes that can be cut
+(:func:`onnxpipe.ir.nodesplit.find_splittable`) and are large enough to matter (at least :data:`MIN_SHARE`
+of ``total / K``; the :data:`MAX_CANDIDATES` largest) are offered to
+:func:`onnxpipe.partition.splitting.solve_with_split` with every part count from 2 to :data:`MAX_PARTS`
+(more parts than stages give the cut finer places to fall) and every kind of cut they allow, their parts'
+costs measured (:mod:`onnxpipe.cost.parts`) and the bytes each inner link carries counted (the node's input,
+forwarded, and the parts' outputs the join needs). The best is exact over those choices. Equal parts the
+best split put in one stage are merged into one wider part (more equal parts only give finer places to cut
+the node; two kernels in one stage would be slower than one), costed again; since a wider part may cost
+more than its equal parts did, the best split with at most one part per stage is planned too, and the
+faster plan wins. The node is then cut in the
+model (:func:`onnxpipe.ir.nodesplit.cut_node`), the profile carried over to the parts, and the cut model
+planned by :func:`onnxpipe.plan.workers.make_plan` as any other; the split is kept only if that plan's
+bottleneck is below the best contiguous plan's.
 
 The result holds the plan and the view its stages are made of (the cut model, or the original when no
 split helps): the exporter writes the stages from that view, and ``verify`` compares them with the
@@ -32,7 +34,7 @@ from onnxpipe.cost.profile import CostSource, Profile
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.nodesplit import CutModel, SplitKind, Splittable, cut_node, find_splittable, part_sizes
 from onnxpipe.partition.splitting import SplitCandidate, SplitShape, solve_with_split
-from onnxpipe.plan.sequences import sequences
+from onnxpipe.plan.sequences import Sequences, sequences
 from onnxpipe.plan.types import NodeSplit, Plan
 from onnxpipe.plan.workers import make_plan
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
@@ -84,6 +86,50 @@ def plan_splitting_nodes(
         shapes, options = _shapes(view, profile, spec, k, seq.sizes.get(spec.output, 0), measure)
         candidates.append(SplitCandidate(position[spec.chain[0]], len(spec.chain), tuple(shapes)))
         choices.append(options)
+    # all part counts (parts sharing a stage merged afterwards), and at most one part per stage (equal
+    # parts, as measured): a merged part is costed again, and may cost more than its equal parts did
+    best: Planned | None = None
+    for most in dict.fromkeys((MAX_PARTS, min(k, MAX_PARTS))):
+        allowed = [
+            SplitCandidate(c.start, c.length, tuple(sh for sh in c.shapes if sh.parts <= most))
+            for c in candidates
+        ]
+        kept = [
+            [o for o, sh in zip(opts, c.shapes, strict=True) if sh.parts <= most]
+            for opts, c in zip(choices, candidates, strict=True)
+        ]
+        made = _realize(
+            view,
+            profile,
+            k,
+            specs,
+            allowed,
+            kept,
+            seq,
+            contiguous,
+            bandwidth_bytes_per_s,
+            microbatches,
+            measure,
+        )
+        if made is not None and (best is None or made.plan.bottleneck_seconds < best.plan.bottleneck_seconds):
+            best = made
+    return plain if best is None else best
+
+
+def _realize(
+    view: ModelView,
+    profile: Profile,
+    k: int,
+    specs: list[Splittable],
+    candidates: list[SplitCandidate],
+    choices: list[list[tuple[SplitKind, PartCosts]]],
+    seq: Sequences,
+    contiguous: Plan,
+    bandwidth_bytes_per_s: float,
+    microbatches: int,
+    measure: bool,
+) -> Planned | None:
+    """The best split over ``candidates``, cut in the model and planned; None when it does not help."""
     try:
         found = solve_with_split(
             seq.costs,
@@ -98,12 +144,12 @@ def plan_splitting_nodes(
             seq.costs, k, candidates, cut_bytes=seq.cut_bytes, bandwidth=bandwidth_bytes_per_s
         )
     if found.split is None:
-        return plain
+        return None
     spec = specs[found.split.candidate]
     kind, costs = choices[found.split.candidate][found.split.shape]
     sizes = merged_sizes(spec, kind, found.split.part_stages)
     if len(sizes) < 2:
-        return plain
+        return None
     if len(sizes) < costs.parts:  # parts that share a stage become one wider part, costed as such
         measured = measure and profile.source == CostSource.PROFILE.value
         costs = (
@@ -117,7 +163,7 @@ def plan_splitting_nodes(
         cut.view, cut_profile, k, bandwidth_bytes_per_s=bandwidth_bytes_per_s, microbatches=microbatches
     )
     if not planned.bottleneck_seconds < contiguous.bottleneck_seconds:
-        return plain
+        return None
     stage_of = planned.stage_of()
     record = NodeSplit(
         node=spec.node,
@@ -165,12 +211,12 @@ def _shapes(
     by_kind: dict[SplitKind, dict[int, PartCosts]] = {}
     for kind in spec.kinds:
         total = spec.depth if kind == SplitKind.REDUCTION else spec.width
-        counts = list(range(2, min(k, MAX_PARTS, total) + 1))
+        counts = list(range(2, min(MAX_PARTS, total) + 1))
         if measure and profile.source == CostSource.PROFILE.value:
             by_kind[kind] = part_costs(view, profile, spec, kind, counts)
         else:
             by_kind[kind] = {p: shared_costs(profile, spec, kind, p) for p in counts}
-    for p in range(2, min(k, MAX_PARTS) + 1):
+    for p in range(2, MAX_PARTS + 1):
         for kind in spec.kinds:
             costs = by_kind[kind].get(p)
             if costs is None:

@@ -46,8 +46,6 @@ def brute_split(
     best = brute(costs, cut, allowed, k, bw)
     for cand in cands:
         for shape in cand.shapes:
-            if shape.parts > k:
-                continue
             a, m = cand.start, cand.length
             new_costs = [*costs[:a], *shape.part_costs, shape.join_cost, *costs[a + m :]]
             new_cut = [*cut[: a + 1], *(cut[a] + c for c in shape.carried), cut[a], *cut[a + m :]]
