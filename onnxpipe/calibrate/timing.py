@@ -21,6 +21,7 @@ import numpy as np
 from onnxpipe.calibrate.modes import CALIBRATION_MODES, CalibrationMode
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.ortsession import open_session, session_options
+from onnxpipe.core.runtimes import median_seconds
 from onnxpipe.cost.profile import Profile
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.feeds import random_feeds
@@ -196,14 +197,7 @@ def time_model(
     session = open_session(view.path, session_options(threads=profile.threads))
     feeds = profile_feeds(view, profile)
     names = [o.name for o in session.get_outputs()]
-    for _ in range(max(1, warmup)):
-        session.run(names, feeds)
-    times: list[float] = []
-    for _ in range(max(1, runs)):
-        start = time.perf_counter()
-        session.run(names, feeds)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return median_seconds(lambda: session.run(names, feeds), runs=runs, warmup=max(1, warmup))
 
 
 def choose_timer(

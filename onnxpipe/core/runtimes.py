@@ -179,12 +179,18 @@ def time_run(
 ) -> float:
     """Median wall seconds of ``runs`` runs of ``engine`` on ``feeds`` after ``warmup`` untimed ones."""
     wanted = list(engine.output_names if names is None else names)
+    return median_seconds(lambda: engine.run(wanted, feeds), runs=runs, warmup=warmup)
+
+
+def median_seconds(call: Callable[[], object], *, runs: int, warmup: int) -> float:
+    """Median wall seconds of ``runs`` calls (at least one) after ``warmup`` untimed ones: the one way
+    onnxpipe times a run, whatever runs it."""
     for _ in range(max(0, warmup)):
-        engine.run(wanted, feeds)
+        call()
     times: list[float] = []
     for _ in range(max(1, runs)):
         start = time.perf_counter()
-        engine.run(wanted, feeds)
+        call()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 

@@ -230,15 +230,7 @@ class StageBuilder:
                 f"stage {spec.index}: node {info.name!r} (Shape) reads {info.inputs[:1]} whose shape is not "
                 "static; please report this with the model"
             )
-        rank = len(shape)
-        start, end = 0, rank
-        for attr in proto.attribute:
-            if attr.name == "start":
-                start = int(attr.i)
-            elif attr.name == "end":
-                end = int(attr.i)
-        start = min(max(start + rank if start < 0 else start, 0), rank)
-        end = min(max(end + rank if end < 0 else end, 0), rank)
+        start, end = _shape_range(proto, len(shape))
         value = np.array([int(d) for d in shape[start:end] if isinstance(d, int)], dtype=np.int64)
         return helper.make_node(
             "Constant", [], [proto.output[0]], name=info.name, value=numpy_helper.from_array(value)
@@ -249,15 +241,7 @@ class StageBuilder:
         ``Constant``, or a ``Shape`` of a tensor the stage has followed by a ``Gather`` of one axis;
         joined by a ``Concat`` that writes the node's output."""
         proto = self.view.proto.graph.node[info.index]
-        rank = len(parts)
-        start, end = 0, rank
-        for attr in proto.attribute:
-            if attr.name == "start":
-                start = int(attr.i)
-            elif attr.name == "end":
-                end = int(attr.i)
-        start = min(max(start + rank if start < 0 else start, 0), rank)
-        end = min(max(end + rank if end < 0 else end, 0), rank)
+        start, end = _shape_range(proto, len(parts))
         base = f"{SHAPE_NODE_PREFIX}{info.name}/"
         nodes: list[onnx.NodeProto] = []
         pieces: list[str] = []
@@ -409,3 +393,17 @@ def _external_file(t: onnx.TensorProto, base: Path) -> Path:
 
 
 __all__ = ["StageBuilder"]
+
+
+def _shape_range(proto: onnx.NodeProto, rank: int) -> tuple[int, int]:
+    """The dims ``[start, end)`` a ``Shape`` node returns of a rank-``rank`` tensor: its optional
+    ``start``/``end`` attributes (opset 15), negative ones counted from the end, clamped to the rank."""
+    start, end = 0, rank
+    for attr in proto.attribute:
+        if attr.name == "start":
+            start = int(attr.i)
+        elif attr.name == "end":
+            end = int(attr.i)
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    end = min(max(end + rank if end < 0 else end, 0), rank)
+    return start, end

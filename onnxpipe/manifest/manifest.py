@@ -15,11 +15,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import onnxpipe.manifest.read as read
+import onnxpipe.manifest.write as write
 from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.errors import ManifestError
 from onnxpipe.core.files import file_sha256, write_text_atomic
 from onnxpipe.core.jsonread import Document
-from onnxpipe.manifest import read, write
 from onnxpipe.manifest.check import check_consistency
 from onnxpipe.manifest.entries import (
     MANIFEST_NAME,
