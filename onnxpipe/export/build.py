@@ -152,7 +152,10 @@ class StageBuilder:
             produced.update(info.outputs)
         for name in spec.file_node_names:
             info = self.by_name[name]
-            self._copy_node(info, graph.node.add(), spec, weights)
+            if name in parts:  # a decoder's Shape of another layer's cache: made of dims the stage has
+                graph.node.extend(self._shape_from_parts(info, parts[name]))
+            else:
+                self._copy_node(info, graph.node.add(), spec, weights)
             produced.update(info.outputs)
             remake(info.outputs)
 

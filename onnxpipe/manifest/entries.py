@@ -172,6 +172,43 @@ class NodeSplitRecord:
 
 
 @dataclass(frozen=True)
+class KVRecord:
+    """One layer's cache tensors (``plan.decoder.io.kv[]``): past key and value are stage inputs, present
+    key and value stage outputs of the stage holding the layer; no value tensors where one tensor holds
+    both (``past.N``)."""
+
+    layer: int
+    past_key: str
+    past_value: str | None
+    present_key: str
+    present_value: str | None
+
+    @property
+    def pasts(self) -> tuple[str, ...]:
+        return (self.past_key,) + ((self.past_value,) if self.past_value else ())
+
+    @property
+    def presents(self) -> tuple[str, ...]:
+        return (self.present_key,) + ((self.present_value,) if self.present_value else ())
+
+
+@dataclass(frozen=True)
+class DecoderIORecord:
+    """``plan.decoder.io``: what a generation loop feeds and reads (optional; a manifest written before
+    it lacks it, and ``onnxpipe generate`` then asks for a fresh split)."""
+
+    ids_input: str
+    mask_input: str | None
+    positions_input: str | None
+    logits_output: str | None
+    kv: tuple[KVRecord, ...]
+
+    def past_to_present(self) -> dict[str, str]:
+        """Each past input's present output (the next step's past)."""
+        return {p: q for r in self.kv for p, q in zip(r.pasts, r.presents, strict=True)}
+
+
+@dataclass(frozen=True)
 class DecoderRecord:
     """What the plan of a decoder with a KV cache adds (``plan.decoder`` in the manifest)."""
 
@@ -186,6 +223,8 @@ class DecoderRecord:
     """What the stage estimates are for: ``prefill``, ``decode`` or ``both``."""
     phase_shapes: tuple[tuple[str, int, int], ...] = ()
     """(phase, new tokens, cached tokens) of each phase profiled."""
+    io: DecoderIORecord | None = None
+    """The tensors a generation loop feeds and reads."""
 
 
 @dataclass(frozen=True)

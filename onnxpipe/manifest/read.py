@@ -25,8 +25,10 @@ from onnxpipe.manifest.entries import (
     SCHEMA_VERSION,
     V1_MODEL_INPUT,
     VERIFICATION_STATUSES,
+    DecoderIORecord,
     DecoderRecord,
     DeviceRecord,
+    KVRecord,
     ModelOutput,
     ModelTensor,
     NodeSplitRecord,
@@ -268,6 +270,34 @@ def _decoder(v: Value) -> DecoderRecord | None:
         max_context=f["max_context"].integer(minimum=1),
         phase=phase,
         phase_shapes=f.get("phase_shapes", []).objects(_phase_shape),
+        io=_decoder_io(f.get("io", None)),
+    )
+
+
+def _decoder_io(v: Value) -> DecoderIORecord | None:
+    """``plan.decoder.io``: optional (a manifest written before it has none)."""
+    if v.raw is None:
+        return None
+    f = v.fields()
+    kv = f["kv"].objects(_kv_record)
+    if not kv:
+        raise f["kv"].fail("expected at least one layer's cache tensors")
+    return DecoderIORecord(
+        ids_input=f["input_ids"].string(),
+        mask_input=f.get("attention_mask", None).opt_string(),
+        positions_input=f.get("position_ids", None).opt_string(),
+        logits_output=f.get("logits", None).opt_string(),
+        kv=kv,
+    )
+
+
+def _kv_record(f: Fields) -> KVRecord:
+    return KVRecord(
+        layer=f["layer"].integer(),
+        past_key=f["past_key"].string(),
+        past_value=f.get("past_value", None).opt_string(),
+        present_key=f["present_key"].string(),
+        present_value=f.get("present_value", None).opt_string(),
     )
 
 

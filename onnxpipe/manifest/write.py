@@ -8,7 +8,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from onnxpipe.core.dims import Dim, Shape
-from onnxpipe.manifest.entries import DecoderRecord, NodeSplitRecord, StageEntry, VerificationRecord
+from onnxpipe.manifest.entries import (
+    DecoderIORecord,
+    DecoderRecord,
+    NodeSplitRecord,
+    StageEntry,
+    VerificationRecord,
+)
 from onnxpipe.schedule.timeline import Timeline
 
 if TYPE_CHECKING:  # annotations only: the manifest module calls this one
@@ -144,6 +150,26 @@ def _decoder_obj(d: DecoderRecord) -> dict[str, Any]:
         "max_context": d.max_context,
         "phase": d.phase,
         "phase_shapes": [{"phase": p, "new_tokens": n, "past_tokens": c} for p, n, c in d.phase_shapes],
+        **({} if d.io is None else {"io": _decoder_io_obj(d.io)}),
+    }
+
+
+def _decoder_io_obj(io: DecoderIORecord) -> dict[str, Any]:
+    return {
+        "input_ids": io.ids_input,
+        "attention_mask": io.mask_input,
+        "position_ids": io.positions_input,
+        "logits": io.logits_output,
+        "kv": [
+            {
+                "layer": r.layer,
+                "past_key": r.past_key,
+                "past_value": r.past_value,
+                "present_key": r.present_key,
+                "present_value": r.present_value,
+            }
+            for r in io.kv
+        ],
     }
 
 

@@ -33,7 +33,7 @@ from onnxpipe.partition import solve_heterogeneous
 from onnxpipe.partition.chainbound import chain_bound
 from onnxpipe.partition.inputs import HeterogeneousRequest
 from onnxpipe.partition.result import Partition
-from onnxpipe.plan.decoder import coarse_allowed, layer_sequences, stage_kv
+from onnxpipe.plan.decoder import coarse_allowed, decoder_io, layer_sequences, own_cache_only, stage_kv
 from onnxpipe.plan.decoder_kinds import Ends
 from onnxpipe.plan.decoder_plan import phase_shape_of, profile_phase
 from onnxpipe.plan.fused import keeping_fused_groups
@@ -153,6 +153,7 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
             request.decoder.max_context,
             profile_phase(profile, costs.decoder),
             (phase_shape_of(profile, costs.decoder, profile_phase(profile, costs.decoder)),),
+            decoder_io(view, costs.decoder),
         )
     _check_final_memory(specs, arranged, best, costs.acts)
     if not best.search.free:  # devices in the file's order: the contiguous bound holds for this order
@@ -183,7 +184,7 @@ def _with_kv(
     batch = int(profile.input_shapes.get(dec.kv[0].past_key, (1,))[0] or 1)
     kv = stage_kv(view, dec, specs, request.decoder.max_context, batch)
     return tuple(
-        replace(st, kv_layers=owned, kv_cache_bytes=nbytes)
+        own_cache_only(view, dec, replace(st, kv_layers=owned, kv_cache_bytes=nbytes))
         for st, (owned, nbytes) in zip(specs, kv, strict=True)
     )
 

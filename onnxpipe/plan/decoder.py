@@ -19,6 +19,7 @@ balance puts them (``free``), with their neighbouring layer (``attached``), or e
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,8 +31,9 @@ from onnxpipe.ir.graph import cut_profile
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samevalue import value_classes
 from onnxpipe.plan.decoder_kinds import Ends
+from onnxpipe.plan.recompute import shape_from_dims
 from onnxpipe.plan.sequences import Sequences, tensor_sizes
-from onnxpipe.plan.types import StageSpec
+from onnxpipe.plan.types import DecoderIO, KVTensors, ShapeParts, StageSpec
 
 
 @dataclass(frozen=True)
@@ -152,3 +154,69 @@ def kv_split_layers(view: ModelView, dec: DecoderInfo, stages: Sequence[StageSpe
         if len(where) > 1:
             split.append(p.layer)
     return split
+
+
+def own_cache_only(view: ModelView, dec: DecoderInfo, stage: StageSpec) -> StageSpec:
+    """``stage`` reading no other layer's cache: each ``Shape`` of another layer's past (the past length
+    torch's exporter reads off one layer's cache, :attr:`DecoderInfo.shape_readers`) is made of the
+    dims of tensors the stage has (its own layers' pasts, the mask), and that past leaves its inputs.
+
+    Why: a worker holds only its own layers' cache, and ONNX Runtime GenAI's ``decoder-pipeline`` feeds
+    each stage only its own layers' past.  A past that some node reads otherwise, or whose dims are not
+    found so, stays an input (:func:`foreign_pasts` names it).
+    """
+    layer_of = dec.layer_of_tensor()
+    owned = set(stage.kv_layers)
+    pasts = set(dec.past_inputs)
+    foreign = [t for t in stage.inputs if t in pasts and layer_of[t] not in owned]
+    if not foreign:
+        return stage
+    have = {t for t in stage.inputs if t not in foreign}
+    have |= {t for t in view.inputs if t not in pasts or layer_of[t] in owned}
+    by_name = {n.name: n for n in view.nodes}
+    file_nodes = [by_name[n] for n in (*stage.recomputed_nodes, *stage.file_node_names)]
+    sources = dict(stage.shape_sources)
+    dropped: list[str] = []
+    for t in foreign:
+        readers = [n for n in file_nodes if t in n.reads]
+        found: dict[str, ShapeParts] = {}
+        for n in readers:
+            parts = shape_from_dims(view, n, have) if n.op_type == "Shape" else None
+            if parts is None:
+                break
+            found[n.name] = parts
+        else:
+            sources.update(found)
+            dropped.append(t)
+    if not dropped:
+        return stage
+    used = [d[0] for parts in sources.values() for d in parts if isinstance(d, tuple)]
+    inputs = [t for t in stage.inputs if t not in dropped]
+    inputs += [t for t in dict.fromkeys(used) if t not in inputs]
+    return dataclasses.replace(stage, inputs=tuple(inputs), shape_sources=tuple(sorted(sources.items())))
+
+
+def foreign_pasts(dec: DecoderInfo, stage: StageSpec) -> tuple[str, ...]:
+    """Past inputs of ``stage`` from layers whose cache it does not hold (none after
+    :func:`own_cache_only`, on every exporter seen)."""
+    layer_of = dec.layer_of_tensor()
+    owned = set(stage.kv_layers)
+    return tuple(t for t in stage.inputs if t in layer_of and layer_of[t] not in owned)
+
+
+def decoder_io(view: ModelView, dec: DecoderInfo) -> DecoderIO:
+    """The tensors a generation loop feeds and reads: ``dec``'s inputs and cache pairs, and the logits
+    (the one output besides the presents, or the one named ``logits``)."""
+    presents = set(dec.present_outputs)
+    rest = [t for t in view.outputs if t not in presents]
+    named = [t for t in rest if "logits" in t.lower()]
+    logits = named[0] if len(named) == 1 else (rest[0] if len(rest) == 1 else None)
+    return DecoderIO(
+        ids_input=dec.ids_input,
+        mask_input=dec.mask_input,
+        positions_input=dec.positions_input,
+        logits_output=logits,
+        kv=tuple(
+            KVTensors(p.layer, p.past_key, p.past_value, p.present_key, p.present_value) for p in dec.kv
+        ),
+    )

@@ -22,7 +22,10 @@ from onnxpipe.partition.result import Partition
 from onnxpipe.plan.decoder import (
     LayerSequences,
     coarse_allowed,
+    decoder_io,
+    foreign_pasts,
     layer_sequences,
+    own_cache_only,
     own_ends_bounds,
     stage_kv,
 )
@@ -145,6 +148,7 @@ def make_decoder_plan(
             options.max_context,
             phase,
             (phase_shape_of(profile, dec, phase),),
+            decoder_io(view, dec),
         ),
     )
 
@@ -175,7 +179,7 @@ def decoder_stages(
     batch = _batch(view, dec, profile)
     kv = stage_kv(view, dec, stages, options.max_context, batch)
     return tuple(
-        dataclasses.replace(st, kv_layers=owned, kv_cache_bytes=nbytes)
+        own_cache_only(view, dec, dataclasses.replace(st, kv_layers=owned, kv_cache_bytes=nbytes))
         for st, (owned, nbytes) in zip(stages, kv, strict=True)
     )
 
@@ -191,10 +195,19 @@ def decoder_notes(
         f"cuts only between layers (--ends {options.ends.value}); KV cache per stage at "
         f"{options.max_context} tokens of context: {per_stage}"
     )
-    if dec.shape_readers:
+    shaped = [(st.index, t) for st in stages for t in foreign_pasts(dec, st)]
+    if shaped:
+        listed = ", ".join(f"stage {i}: {t}" for i, t in shaped)
+        notes.append(
+            f"{len(shaped)} past input(s) stay in a stage that holds no cache of their layer, read for their "
+            f"shape only (the past length, not made of the stage's own tensors): {listed}; a generating "
+            "worker feeds zeros of that shape"
+        )
+    elif dec.shape_readers:
         notes.append(
             f"{len(dec.shape_readers)} node(s) read a past tensor of another layer for its shape only (the "
-            "past length the exporter took from that layer's cache): they read no cache data"
+            "past length the exporter took from that layer's cache): each stage makes that length of its own "
+            "tensors instead, so that it takes only its own layers' cache"
         )
     return tuple(notes)
 

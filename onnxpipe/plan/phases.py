@@ -26,7 +26,7 @@ from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
 from onnxpipe.partition import evaluate
 from onnxpipe.partition.phases import solve_two_phases
-from onnxpipe.plan.decoder import layer_sequences
+from onnxpipe.plan.decoder import decoder_io, layer_sequences
 from onnxpipe.plan.decoder_kinds import DecoderOptions
 from onnxpipe.plan.decoder_plan import coarse_bounds, decoder_notes, decoder_stages, named, phase_shape_of
 from onnxpipe.plan.stages import plan_from
@@ -108,7 +108,9 @@ def make_two_phase_plan(
         notes=notes,
         timeline=timeline,
         objective=OBJECTIVE,
-        decoder=DecoderSummary(dec.layers, True, options.ends.value, options.max_context, "both", shapes),
+        decoder=DecoderSummary(
+            dec.layers, True, options.ends.value, options.max_context, "both", shapes, decoder_io(view, dec)
+        ),
     )
 
 

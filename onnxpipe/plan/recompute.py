@@ -86,6 +86,15 @@ def recompute(
     return Recomputed(tuple(sorted(chosen)), tuple(done), tuple(left), tuple(sorted(sources.items())))
 
 
+def shape_from_dims(view: ModelView, shape_node: NodeInfo, have: Collection[str]) -> ShapeParts | None:
+    """The dims of ``shape_node``'s input as numbers and ``(tensor, axis)`` of tensors in ``have``
+    (ONNX inference's shapes only); None when one is not found so."""
+    if not shape_node.inputs:
+        return None
+    by_dim = _same_shape_index(view.tensors, have)
+    return _parts(_shape(view.tensors, shape_node.inputs[0]), by_dim, _used_axes(view, shape_node))
+
+
 def _same_shape_index(shapes: Mapping[str, Shaped], have: Collection[str]) -> dict[Dim, tuple[str, int]]:
     """For each symbolic dim of the tensors the stage has, one (tensor, axis) that carries it: one
     symbol in two places is one size, which shape inference proved when it propagated the symbol."""
@@ -223,4 +232,4 @@ def _cheap(kinds: ValueKinds, node: NodeInfo) -> bool:
     return node.op_type in SHAPE_ARITHMETIC and not node.has_subgraph and node.domain in ("", "ai.onnx")
 
 
-__all__ = ["MAX_COPIED_BYTES", "MAX_NODES", "Recomputed", "recompute"]
+__all__ = ["MAX_COPIED_BYTES", "MAX_NODES", "Recomputed", "recompute", "shape_from_dims"]

@@ -28,7 +28,7 @@ from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.manifest import load_manifest
-from onnxpipe.plan.decoder import kv_split_layers
+from onnxpipe.plan.decoder import foreign_pasts, kv_split_layers
 from onnxpipe.plan.decoder_kinds import DecoderOptions, Ends
 from onnxpipe.plan.planner import plan
 from onnxpipe.plan.request import PlanRequest
@@ -69,6 +69,10 @@ def test_each_layers_cache_lies_wholly_in_one_stage(name: str) -> None:
                 for pair in dec.kv:
                     present_here = any(t in st.outputs for t in pair.presents)
                     assert present_here == (pair.layer in layers_here)
+                    # ... and takes no other layer's past, not even for its shape (GenAI feeds a
+                    # stage its own layers' cache only; a worker holds only its own)
+                    past_here = {t for t in pair.pasts if t in st.inputs}
+                    assert past_here == (set(pair.pasts) if pair.layer in layers_here else set())
     # the check can fail: a cut between layer 1's key and value caches is seen
     compute = view.compute_nodes
     key_at = next(p for p, n in enumerate(compute) if dec.kv[1].present_key in n.outputs)
@@ -85,6 +89,10 @@ def test_own_ends_put_embedding_and_head_in_stages_of_their_own() -> None:
     prof = get_profile(view, ProfileOptions(cost="static"))
     p = plan(view, prof, PlanRequest(4, decoder=DecoderOptions(ends=Ends.OWN)))
     assert p.stages[0].kv_layers == () and p.stages[-1].kv_layers == ()
+    # the embedding stage holds no cache: the past length it reads off a cache's shape cannot be made
+    # of its own tensors, so it still takes those pasts (for their shape; a worker feeds zeros), and says so
+    assert [bool(foreign_pasts(dec, st)) for st in p.stages] == [True, False, False, False]
+    assert any("for their shape only" in n for n in p.notes)
     assert set(dec.embedding_nodes) <= set(p.stages[0].node_names)
     assert set(dec.lm_head_nodes) == set(p.stages[-1].node_names)
 

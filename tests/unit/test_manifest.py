@@ -16,7 +16,9 @@ from onnxpipe.core.inputfiles import InputRecord
 from onnxpipe.manifest import (
     MODEL_INPUT,
     SCHEMA_VERSION,
+    DecoderIORecord,
     DecoderRecord,
+    KVRecord,
     Manifest,
     ModelOutput,
     ModelTensor,
@@ -609,3 +611,44 @@ def test_decoder_fields_round_trip_and_are_checked() -> None:
     obj["plan"]["decoder"]["max_context"] = 0
     with pytest.raises(ManifestError, match="max_context"):
         Manifest.from_json(json.dumps(obj))
+
+
+def test_decoder_io_round_trips_and_is_checked() -> None:
+    """``plan.decoder.io`` (what a generation loop feeds and reads) is optional, read back, validated."""
+    m = two_stage_manifest()
+    io = DecoderIORecord(
+        "input_ids",
+        "attention_mask",
+        None,
+        "logits",
+        (
+            KVRecord(0, "past.0.key", "past.0.value", "present.0.key", "present.0.value"),
+            KVRecord(1, "past.1", None, "present.1", None),
+        ),
+    )
+    record = DecoderRecord(2, True, "free", 2048, "decode", (("decode", 1, 255),), io)
+    dec = replace(m, plan=replace(m.plan, decoder=record))
+    obj = json.loads(dec.to_json())
+    assert obj["plan"]["decoder"]["io"]["kv"][1] == {
+        "layer": 1,
+        "past_key": "past.1",
+        "past_value": None,
+        "present_key": "present.1",
+        "present_value": None,
+    }
+    again = Manifest.from_json(dec.to_json())
+    assert again == dec
+    assert again.plan.decoder is not None and again.plan.decoder.io is not None
+    assert again.plan.decoder.io.past_to_present() == {
+        "past.0.key": "present.0.key",
+        "past.0.value": "present.0.value",
+        "past.1": "present.1",
+    }
+    obj["plan"]["decoder"]["io"]["kv"] = []
+    with pytest.raises(ManifestError, match=r"plan\.decoder\.io\.kv: expected at least one"):
+        Manifest.from_json(json.dumps(obj))
+    obj["plan"]["decoder"]["io"]["kv"] = [{"layer": 0}]
+    with pytest.raises(ManifestError, match=r"past_key"):
+        Manifest.from_json(json.dumps(obj))
+    del obj["plan"]["decoder"]["io"]
+    assert Manifest.from_json(json.dumps(obj)).plan.decoder.io is None  # type: ignore[union-attr]
