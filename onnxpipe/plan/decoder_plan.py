@@ -30,6 +30,14 @@ from onnxpipe.plan.decoder import (
     stage_kv,
 )
 from onnxpipe.plan.decoder_kinds import DecoderOptions, Ends
+from onnxpipe.plan.decoder_recompute import (
+    InputCopies,
+    PhaseCosts,
+    adjusted,
+    copies_note,
+    gone_bytes,
+    with_copy_costs,
+)
 from onnxpipe.plan.stages import plan_from, specs_from_bounds
 from onnxpipe.plan.types import DecoderSummary, Plan, StageSpec
 from onnxpipe.schedule.simulate import simulate
@@ -124,12 +132,16 @@ def make_decoder_plan(
         part = solve_layers(layers, dec, k, options.ends, bandwidth_bytes_per_s)
     except PartitionError as e:
         raise named(view, e) from e
+    phases = (PhaseCosts(phase, profile.node_seconds, layers.seq.sizes, part.compute),)
+    copies = InputCopies(view, dec, phases, bandwidth_bytes_per_s, layers.seq.classes)
+    made = decoder_stages(view, dec, layers, part, options, profile, copies=copies)
+    gone = gone_bytes(view, made, copies.chosen, layers.seq.sizes)
+    part = adjusted(part, copies.chosen, gone, 0, bandwidth_bytes_per_s)
     stages = tuple(
         dataclasses.replace(st, phase_seconds=((phase, cost),))
-        for st, cost in zip(
-            decoder_stages(view, dec, layers, part, options, profile), part.stage_costs, strict=True
-        )
+        for st, cost in zip(with_copy_costs(made, part, gone), part.stage_costs, strict=True)
     )
+    copied = copies_note(copies.chosen, phases, [gone])
     timeline = simulate("stream", [s.cost_seconds for s in stages], None, [0.0] * k, microbatches)
     return plan_from(
         view,
@@ -138,7 +150,7 @@ def make_decoder_plan(
         stages,
         layers.seq.sizes,
         bandwidth_bytes_per_s,
-        notes=decoder_notes(view, dec, stages, options),
+        notes=(*decoder_notes(view, dec, stages, options), *([copied] if copied else [])),
         timeline=timeline,
         objective=OBJECTIVE,
         decoder=DecoderSummary(
@@ -173,9 +185,13 @@ def decoder_stages(
     part: Partition,
     options: DecoderOptions,
     profile: Profile,
+    *,
+    copies: InputCopies | None = None,
 ) -> tuple[StageSpec, ...]:
-    """The named stages of ``part``, each with the layers whose cache it holds and that cache's bytes."""
-    stages = specs_from_bounds(view, layers.seq, part.bounds, part.compute, part.transfer)
+    """The named stages of ``part``, each with the layers whose cache it holds and that cache's bytes;
+    ``copies`` chooses the rotary tables and masks each makes instead of receiving them
+    (:mod:`onnxpipe.plan.decoder_recompute`; the stage costs are ``part``'s, without the copies)."""
+    stages = specs_from_bounds(view, layers.seq, part.bounds, part.compute, part.transfer, copies=copies)
     batch = _batch(view, dec, profile)
     kv = stage_kv(view, dec, stages, options.max_context, batch)
     return tuple(

@@ -29,6 +29,14 @@ from onnxpipe.partition.phases import solve_two_phases
 from onnxpipe.plan.decoder import decoder_io, layer_sequences
 from onnxpipe.plan.decoder_kinds import DecoderOptions
 from onnxpipe.plan.decoder_plan import coarse_bounds, decoder_notes, decoder_stages, named, phase_shape_of
+from onnxpipe.plan.decoder_recompute import (
+    InputCopies,
+    PhaseCosts,
+    adjusted,
+    copies_note,
+    gone_bytes,
+    with_copy_costs,
+)
 from onnxpipe.plan.stages import plan_from
 from onnxpipe.plan.types import DecoderSummary, Plan
 from onnxpipe.schedule.simulate import simulate
@@ -79,15 +87,23 @@ def make_two_phase_plan(
         raise named(view, e) from e
     part_p = evaluate(lp.seq.costs, fine, cut_bytes=lp.seq.cut_bytes, bandwidth=bandwidth_bytes_per_s)
     part_d = evaluate(ld.seq.costs, fine, cut_bytes=ld.seq.cut_bytes, bandwidth=bandwidth_bytes_per_s)
+    phases = (
+        PhaseCosts("prefill", prefill.node_seconds, lp.seq.sizes, part_p.compute),
+        PhaseCosts("decode", decode.node_seconds, ld.seq.sizes, part_d.compute),
+    )
+    copies = InputCopies(view, dec, phases, bandwidth_bytes_per_s, ld.seq.classes)
+    made = decoder_stages(view, dec, ld, part_d, options, decode, copies=copies)
+    gone_p = gone_bytes(view, made, copies.chosen, lp.seq.sizes)
+    gone_d = gone_bytes(view, made, copies.chosen, ld.seq.sizes)
+    part_p = adjusted(part_p, copies.chosen, gone_p, 0, bandwidth_bytes_per_s)
+    part_d = adjusted(part_d, copies.chosen, gone_d, 1, bandwidth_bytes_per_s)
     stages = tuple(
         dataclasses.replace(st, phase_seconds=(("prefill", p), ("decode", d)))
         for st, p, d in zip(
-            decoder_stages(view, dec, ld, part_d, options, decode),
-            part_p.stage_costs,
-            part_d.stage_costs,
-            strict=True,
+            with_copy_costs(made, part_d, gone_d), part_p.stage_costs, part_d.stage_costs, strict=True
         )
     )
+    copied = copies_note(copies.chosen, phases, [gone_p, gone_d])
     shapes = (phase_shape_of(prefill, dec, "prefill"), phase_shape_of(decode, dec, "decode"))
     notes = (
         *decoder_notes(view, dec, stages, options),
@@ -96,6 +112,7 @@ def make_two_phase_plan(
         f"{part_d.bottleneck * 1e3:.3f} ms ({_ratio(part_d.bottleneck, part_d.lower_bound)} its lower "
         "bound); "
         f"profiled at {shapes[0][1]} prompt token(s) and at 1 token after {shapes[1][2]} cached",
+        *([copied] if copied else []),
     )
     timeline = simulate("stream", [s.cost_seconds for s in stages], None, [0.0] * k, microbatches)
     return plan_from(

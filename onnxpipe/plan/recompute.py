@@ -86,6 +86,33 @@ def recompute(
     return Recomputed(tuple(sorted(chosen)), tuple(done), tuple(left), tuple(sorted(sources.items())))
 
 
+def copy_closure(
+    view: ModelView,
+    kinds: ValueKinds,
+    tensor: str,
+    have: Collection[str],
+    weights: Collection[str],
+    chosen: Collection[int],
+    extra: Collection[int],
+) -> tuple[set[int], dict[str, ShapeParts]] | None:
+    """The nodes (view positions, none of ``chosen``) that make ``tensor`` from ``have``, ``weights`` and
+    what ``chosen`` makes, copying shape arithmetic, constant-only values and the nodes of ``extra``; the
+    ``Shape`` copies made of dims (as :func:`recompute`).  None when that takes anything else, more than
+    :data:`MAX_NODES` nodes or :data:`MAX_COPIED_BYTES` of weights.
+
+    Why: a decoder's stage may make its rotary tables and masks from the model inputs as well
+    (:mod:`onnxpipe.plan.decoder_recompute` says which nodes ``extra`` holds and when it is cheaper).
+    """
+    held = set(have)
+    found = _closure(view, kinds, tensor, held, weights, set(chosen), view.tensors,
+                     _same_shape_index(view.tensors, held), extra)  # fmt: skip
+    if found is None and kinds.settled_shapes is not None:
+        dims = kinds.settled_shapes()
+        found = _closure(view, kinds, tensor, held, weights, set(chosen), dims,
+                         _same_shape_index(dims, held), extra)  # fmt: skip
+    return found
+
+
 def shape_from_dims(view: ModelView, shape_node: NodeInfo, have: Collection[str]) -> ShapeParts | None:
     """The dims of ``shape_node``'s input as numbers and ``(tensor, axis)`` of tensors in ``have``
     (ONNX inference's shapes only); None when one is not found so."""
@@ -181,9 +208,11 @@ def _closure(
     chosen: set[int],
     shapes: Mapping[str, Shaped],
     by_dim: dict[Dim, tuple[str, int]],
+    extra: Collection[int] = frozenset(),
 ) -> tuple[set[int], dict[str, ShapeParts]] | None:
     """Positions of the nodes that make ``tensor`` from what the stage has, and the ``Shape`` copies
-    that read a tensor of the same shape instead of their own input; None when too dear."""
+    that read a tensor of the same shape instead of their own input; None when too dear.  The nodes
+    of ``extra`` may be copied besides the cheap ones (:func:`copy_closure`)."""
     nodes: set[int] = set()
     subs: dict[str, ShapeParts] = {}
     copied = 0
@@ -206,7 +235,7 @@ def _closure(
         if node.is_constant:
             copied += sum(view.weights.get(o, 0) for o in node.outputs)
             continue  # the stage copies constant producers anyway
-        if not _cheap(kinds, node):
+        if pos not in extra and not _cheap(kinds, node):
             return None
         nodes.add(pos)
         if len(nodes) > MAX_NODES or copied > MAX_COPIED_BYTES:
@@ -232,4 +261,4 @@ def _cheap(kinds: ValueKinds, node: NodeInfo) -> bool:
     return node.op_type in SHAPE_ARITHMETIC and not node.has_subgraph and node.domain in ("", "ai.onnx")
 
 
-__all__ = ["MAX_COPIED_BYTES", "MAX_NODES", "Recomputed", "recompute", "shape_from_dims"]
+__all__ = ["MAX_COPIED_BYTES", "MAX_NODES", "Recomputed", "copy_closure", "recompute", "shape_from_dims"]

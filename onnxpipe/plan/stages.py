@@ -8,7 +8,7 @@ receive; provably equal tensors (:mod:`onnxpipe.ir.samevalue`) cross a cut once 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from onnxpipe.cluster.costs import DeviceCosts
 from onnxpipe.cluster.model import Cluster
@@ -17,10 +17,16 @@ from onnxpipe.ir.model import ModelView, NodeInfo
 from onnxpipe.ir.samevalue import value_classes
 from onnxpipe.ir.shapevalues import ValueKinds, value_kinds
 from onnxpipe.partition.result import Partition
-from onnxpipe.plan.recompute import recompute
+from onnxpipe.plan.recompute import Recomputed, recompute
 from onnxpipe.plan.sequences import Sequences
 from onnxpipe.plan.types import Alias, DecoderSummary, Plan, StageSpec
 from onnxpipe.schedule.timeline import Timeline
+
+StageCopies = Callable[[int, ValueKinds, Sequence[str], Recomputed], Recomputed]
+"""``copies(stage, kinds, received, recomputed)``: what the stage recomputes given the data tensors it
+would receive and what :func:`~onnxpipe.plan.recompute.recompute` chose, with more copies added when a
+planner finds them cheaper than receiving (a decoder's rotary tables and masks,
+:mod:`onnxpipe.plan.decoder_recompute`).  Called for each stage, last to first."""
 
 
 def specs_from_bounds(
@@ -29,6 +35,8 @@ def specs_from_bounds(
     bounds: Sequence[int],
     compute_seconds: Sequence[float],
     transfer_seconds: Sequence[float],
+    *,
+    copies: StageCopies | None = None,
 ) -> tuple[StageSpec, ...]:
     """:func:`assign_stages` for a partition of ``seq``, with its sizes, cut bytes and value classes."""
     return assign_stages(
@@ -40,6 +48,7 @@ def specs_from_bounds(
         link_bytes=seq.cut_bytes,
         classes=seq.classes,
         compute=seq.compute,
+        copies=copies,
     )
 
 
@@ -113,6 +122,7 @@ def assign_stages(
     classes: Mapping[str, int] | None = None,
     kinds: ValueKinds | None = None,
     compute: Sequence[NodeInfo] | None = None,
+    copies: StageCopies | None = None,
 ) -> tuple[StageSpec, ...]:
     """Turn partition bounds over compute positions into named stages with their inputs and outputs.
 
@@ -135,6 +145,8 @@ def assign_stages(
 
     ``compute``: the compute nodes in the order ``bounds`` count in (default: the view's; a decoder's
     are lined up by layer, :mod:`onnxpipe.plan.decoder`), a topological order either way.
+    ``copies``: a planner's choice of more values to recompute (:data:`StageCopies`); the stage costs
+    are left as given (the planner adds the copies' cost).
     """
     order = tuple(compute) if compute is not None else view.compute_nodes
     if kinds is None:
@@ -143,7 +155,7 @@ def assign_stages(
     while True:
         specs = _assign(
             view, bounds, sizes, compute_seconds, transfer_seconds, devices, link_bytes,
-            share_equal_values, classes, kinds, frozenset(keep_from), order,
+            share_equal_values, classes, kinds, frozenset(keep_from), order, copies,
         )  # fmt: skip
         empty = {st.index for st in specs if not st.outputs and st.index < len(specs) - 1} - keep_from
         if not empty:
@@ -164,6 +176,7 @@ def _assign(
     kinds: ValueKinds,
     keep_from: frozenset[int],
     compute: Sequence[NodeInfo],
+    more_copies: StageCopies | None = None,
 ) -> tuple[StageSpec, ...]:
     """:func:`assign_stages`, where the values made by the stages of ``keep_from`` are received."""
     k = len(bounds) - 1
@@ -237,6 +250,8 @@ def _assign(
         ]
         movable = [t for t in received if produced_in.get(t, -1) not in keep_from]
         rec = recompute(view, kinds, movable, view.weights)
+        if more_copies is not None:
+            rec = more_copies(s, kinds, movable, rec)
         copies = [view.nodes[p] for p in rec.positions]
         spared = set(rec.tensors)
         copy_reads = [t for n in copies for t in n.reads]

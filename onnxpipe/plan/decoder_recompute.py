@@ -1,0 +1,286 @@
+"""A decoder's rotary tables and masks made again in each stage that reads them, when that is cheaper.
+
+The group before the layers makes, from the model inputs alone, tensors every layer reads: the rotary
+cos/sin of the new positions (from ``position_ids`` and a small ``inv_freq`` table) and the attention
+mask (from ``attention_mask``).  Sent, each crosses every cut after the first layer, and the mask grows
+with the sequence (at a prompt, with its square).  Every stage can read the model inputs (the caller
+feeds them to any stage that needs them; no link carries them), so a stage may hold copies of the nodes
+that make such a tensor instead of receiving it, as it already does for shape values
+(:mod:`onnxpipe.plan.recompute`).
+
+**What may be copied** (:func:`input_derived`): a node that reads only model inputs other than the past
+cache, weights and constants, and what other such nodes make (a ``Shape`` of anything counts too: it is
+made of the stage's own dims, as :mod:`onnxpipe.plan.recompute` does; so the past length the mask
+needs is read off the stage's own cache), not the embedding (its table is the largest weight), no
+control flow.  A received tensor is a candidate when a copy of at most :data:`~onnxpipe.plan.recompute.
+MAX_NODES` such nodes with at most :data:`~onnxpipe.plan.recompute.MAX_COPIED_BYTES` of weights makes it
+from what the stage has (the model inputs but other layers' caches, the data tensors it receives anyway).
+
+**When it is cheaper** (:class:`InputCopies`, per stage, its candidates in the order it reads them):
+
+* the copies' seconds are the profiled times of the nodes they add (those the stage does not copy
+  already, for shape values or an earlier candidate), summed over the phases the plan was profiled at
+  (one prompt and one generation step for ``--phase both``, else the one phase);
+* the bytes spared are the tensor's bytes at each phase's shapes, summed the same way; nothing is spared
+  (and nothing copied) while a later stage still receives the tensor, since then it crosses this stage's
+  cut anyway;
+* with a link bandwidth ``B`` (``--bandwidth``) a tensor is copied when its copies' seconds are below
+  its spared bytes / ``B``: what the plan's own link model says the transfer costs;
+* with no bandwidth (links the plan treats as free) it is copied when all of the stage's copies so far,
+  this tensor's included, take at most :data:`COPY_SHARE` of the stage's compute (summed over the
+  phases): a cost within the profile's own noise, paid to spare the real link bytes the plan cannot
+  price.
+
+The stage's estimated compute then includes its copies' seconds (per phase), its transfer time drops by
+the bytes that no longer cross its cut, and the plan's bottleneck is taken over the stages so changed;
+the cuts were chosen before, with those tensors counted (:func:`adjusted`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from onnxpipe.ir.decoder import DecoderInfo
+from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.shapevalues import ValueKinds
+from onnxpipe.partition.result import Partition
+from onnxpipe.plan.recompute import Recomputed, copy_closure
+from onnxpipe.plan.types import StageSpec
+
+COPY_SHARE = 0.1
+"""With no link bandwidth, the share of a stage's compute its copies of model-input values may take."""
+
+
+@dataclass(frozen=True)
+class PhaseCosts:
+    """One phase the plan was profiled at: each node's seconds, each tensor's bytes, each stage's compute."""
+
+    phase: str
+    node_seconds: Mapping[str, float]
+    sizes: Mapping[str, int]
+    stage_compute: Sequence[float]
+
+
+@dataclass(frozen=True)
+class Copied:
+    """What one stage makes of the model inputs instead of receiving: the tensors, the nodes copied for
+    them, the copies' seconds and the tensors' bytes at each phase (in :class:`PhaseCosts` order)."""
+
+    tensors: tuple[str, ...]
+    nodes: tuple[str, ...]
+    seconds: tuple[float, ...]
+    tensor_bytes: tuple[int, ...]
+
+
+def input_derived(view: ModelView, dec: DecoderInfo) -> frozenset[int]:
+    """Positions of the compute nodes a stage may copy: made of model inputs that are not the cache,
+    weights and constants only, through such nodes (a ``Shape`` of anything too), the embedding left out."""
+    pasts = set(dec.past_inputs)
+    roots = (set(view.inputs) - pasts) | set(view.weights) | set(view.initializers)
+    embedding = set(dec.embedding_nodes)
+    made: set[str] = set()
+    found: set[int] = set()
+    for n in view.nodes:
+        if n.is_constant:
+            made.update(n.outputs)
+            continue
+        if n.has_subgraph or (n.name in embedding and n.op_type != "Shape"):
+            continue
+        if n.op_type == "Shape" or all(t in roots or t in made for t in n.reads):
+            made.update(n.outputs)
+            found.add(n.position)
+    return frozenset(found)
+
+
+class InputCopies:
+    """The :data:`~onnxpipe.plan.stages.StageCopies` of a decoder: see the module for the rule.
+
+    Called by :func:`~onnxpipe.plan.stages.assign_stages` for each stage, last to first (again from the
+    last when it reassigns); :attr:`chosen` holds each stage's latest choice.
+    """
+
+    def __init__(
+        self,
+        view: ModelView,
+        dec: DecoderInfo,
+        phases: Sequence[PhaseCosts],
+        bandwidth_bytes_per_s: float,
+        classes: Mapping[str, int],
+        *,
+        share: float = COPY_SHARE,
+    ) -> None:
+        self.view = view
+        self.phases = tuple(phases)
+        self.bandwidth = bandwidth_bytes_per_s
+        self.share = share
+        self.classes = classes
+        self.allowed = input_derived(view, dec)
+        self.pasts = frozenset(dec.past_inputs)
+        self.chosen: dict[int, Copied] = {}
+        self._received: dict[int, frozenset[object]] = {}
+
+    def _value(self, tensor: str) -> object:
+        c = self.classes.get(tensor)
+        return tensor if c is None else c
+
+    def __call__(self, stage: int, kinds: ValueKinds, received: Sequence[str], rec: Recomputed) -> Recomputed:
+        view = self.view
+        spared = set(rec.tensors)
+        data = [t for t in received if t not in spared and not kinds.recomputable(t)]
+        later: set[object] = set()
+        for s, values in self._received.items():
+            if s > stage:
+                later |= values
+        candidates = [
+            t
+            for t in data
+            if t not in view.inputs and view.producer.get(t) in self.allowed and self._value(t) not in later
+        ]
+        have = (set(view.inputs) - self.pasts) | {t for t in data if t not in candidates}
+        have |= {t for t in received if t in self.pasts}  # the stage's own layers' cache
+        chosen = set(rec.positions)
+        sources = dict(rec.shape_sources)
+        tensors: list[str] = []
+        nodes: set[int] = set()
+        seconds = [0.0] * len(self.phases)
+        nbytes = [0] * len(self.phases)
+        budget = self.share * sum(p.stage_compute[stage] for p in self.phases)
+        for t in candidates:
+            found = copy_closure(view, kinds, t, have, view.weights, chosen, self.allowed)
+            if found is None:
+                continue
+            added, subs = found
+            cost = [sum(max(0.0, float(p.node_seconds.get(view.nodes[q].name, 0.0))) for q in added)
+                    for p in self.phases]  # fmt: skip
+            size = [int(p.sizes.get(t, 0)) for p in self.phases]
+            if not self._cheaper(sum(cost), sum(size), sum(seconds), budget):
+                continue
+            tensors.append(t)
+            nodes |= added
+            chosen |= added
+            sources.update(subs)
+            seconds = [a + b for a, b in zip(seconds, cost, strict=True)]
+            nbytes = [a + b for a, b in zip(nbytes, size, strict=True)]
+        self.chosen[stage] = Copied(
+            tuple(tensors), tuple(view.nodes[q].name for q in sorted(nodes)), tuple(seconds), tuple(nbytes)
+        )
+        self._received[stage] = frozenset(self._value(t) for t in data if t not in tensors)
+        if not tensors:
+            return rec
+        return Recomputed(
+            tuple(sorted(chosen)),
+            (*rec.tensors, *tensors),
+            rec.still_received,
+            tuple(sorted(sources.items())),
+        )
+
+    def _cheaper(self, cost: float, size: int, spent: float, budget: float) -> bool:
+        """Whether copies of ``cost`` seconds beat receiving ``size`` bytes (see the module)."""
+        if size <= 0:
+            return False
+        if math.isfinite(self.bandwidth) and self.bandwidth > 0:
+            return cost < size / self.bandwidth
+        return spent + cost <= budget
+
+
+def gone_bytes(
+    view: ModelView, stages: Sequence[StageSpec], copied: Mapping[int, Copied], sizes: Mapping[str, int]
+) -> list[int]:
+    """Per stage, the bytes (at ``sizes``) of the copied tensors that no longer cross the cut in front of
+    it: made by an earlier stage, copied by this stage or a later one, received by none of those."""
+    stage_of = {n: st.index for st in stages for n in st.node_names}
+    out: list[int] = []
+    for st in stages:
+        later = [s for s in stages if s.index >= st.index]
+        still = {t for s in later for t in s.inputs}
+        gone = {
+            t
+            for s in later
+            for t in (copied[s.index].tensors if s.index in copied else ())
+            if t not in still and _made_in(view, stage_of, t) < st.index
+        }
+        out.append(sum(int(sizes.get(t, 0)) for t in gone))
+    return out
+
+
+def _made_in(view: ModelView, stage_of: Mapping[str, int], tensor: str) -> int:
+    pos = view.producer.get(tensor)
+    return stage_of.get(view.nodes[pos].name, -1) if pos is not None else -1
+
+
+def adjusted(
+    part: Partition, copied: Mapping[int, Copied], gone: Sequence[int], phase: int, bandwidth: float
+) -> Partition:
+    """``part`` (one phase's scores of the split) with each stage's copies' seconds at ``phase`` (an index
+    into :class:`PhaseCosts` order) added to its compute and ``gone`` bytes taken off its transfer."""
+    fast = not (math.isfinite(bandwidth) and bandwidth > 0)
+    compute = tuple(
+        c + (copied[s].seconds[phase] if s in copied else 0.0) for s, c in enumerate(part.compute)
+    )
+    transfer = tuple(
+        t if fast or s == 0 else max(0.0, t - gone[s] / bandwidth) for s, t in enumerate(part.transfer)
+    )
+    costs = tuple(c + t for c, t in zip(compute, transfer, strict=True))
+    bottleneck = max(costs)
+    return dataclasses.replace(
+        part,
+        compute=compute,
+        transfer=transfer,
+        stage_costs=costs,
+        bottleneck=bottleneck,
+        lower_bound=min(part.lower_bound, bottleneck),
+        cut_bytes_total=max(0, part.cut_bytes_total - sum(gone[1:])),
+    )
+
+
+def with_copy_costs(
+    stages: Sequence[StageSpec], part: Partition, gone: Sequence[int]
+) -> tuple[StageSpec, ...]:
+    """``stages`` with the compute and transfer of ``part`` (as :func:`adjusted` made it) and ``gone``
+    bytes taken off what crosses the cut in front of each."""
+    return tuple(
+        dataclasses.replace(
+            st,
+            compute_seconds=float(part.compute[st.index]),
+            transfer_seconds=float(part.transfer[st.index]),
+            link_bytes_in=max(0, st.link_bytes_in - gone[st.index]) if st.index > 0 else st.link_bytes_in,
+        )
+        for st in stages
+    )
+
+
+def copies_note(
+    copied: Mapping[int, Copied], phases: Sequence[PhaseCosts], gone: Sequence[Sequence[int]]
+) -> str | None:
+    """One line: what each stage makes of the model inputs instead of receiving, and the bytes per step
+    of each phase that no longer cross its cut (``gone``: per phase, per stage)."""
+    parts = []
+    for s in sorted(copied):
+        c = copied[s]
+        if not c.tensors:
+            continue
+        spared = ", ".join(f"{g[s]} B at {p.phase}" for p, g in zip(phases, gone, strict=True))
+        parts.append(f"stage {s}: {len(c.tensors)} tensor(s) with {len(c.nodes)} node(s) copied, {spared}")
+    if not parts:
+        return None
+    return (
+        "rotary tables and masks made of the model inputs in each stage that reads them when cheaper than "
+        "receiving them (onnxpipe.plan.decoder_recompute); less crossing each cut per step: "
+        + "; ".join(parts)
+    )
+
+
+__all__ = [
+    "COPY_SHARE",
+    "Copied",
+    "InputCopies",
+    "PhaseCosts",
+    "adjusted",
+    "copies_note",
+    "gone_bytes",
+    "input_derived",
+    "with_copy_costs",
+]
