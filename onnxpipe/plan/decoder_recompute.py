@@ -110,12 +110,12 @@ class InputCopies:
         bandwidth_bytes_per_s: float,
         classes: Mapping[str, int],
         *,
-        share: float = COPY_SHARE,
+        share: float | None = None,
     ) -> None:
         self.view = view
         self.phases = tuple(phases)
         self.bandwidth = bandwidth_bytes_per_s
-        self.share = share
+        self.share = COPY_SHARE if share is None else share
         self.classes = classes
         self.allowed = input_derived(view, dec)
         self.pasts = frozenset(dec.past_inputs)

@@ -1,0 +1,176 @@
+"""A decoder's rotary tables and masks made in each stage of the model inputs instead of sent
+(:mod:`onnxpipe.plan.decoder_recompute`), on the committed tiny exports: they stop crossing the cuts
+when the plan's rule finds copies cheaper, still cross when it does not, and the stages so made verify
+and decode the model's tokens (prompt and generation steps, the mask and positions growing)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from paths import SAMPLE_MODELS
+
+from onnxpipe.api import SplitOptions, split
+from onnxpipe.cost.kinds import CostSource
+from onnxpipe.cost.phases import phase_profiles
+from onnxpipe.cost.profile import Profile
+from onnxpipe.cost.source import ProfileOptions
+from onnxpipe.ir.decoder import DecoderInfo, find_decoder
+from onnxpipe.ir.decoder_kinds import Phase, phase_shape
+from onnxpipe.ir.load import load_model
+from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.shapevalues import value_kinds
+from onnxpipe.partition import evaluate
+from onnxpipe.plan.decoder import kv_split_layers, layer_sequences
+from onnxpipe.plan.decoder_kinds import DecoderOptions, Ends
+from onnxpipe.plan.decoder_plan import decoder_stages, solve_layers
+from onnxpipe.plan.decoder_recompute import InputCopies, PhaseCosts, input_derived
+from onnxpipe.plan.planner import plan
+from onnxpipe.plan.request import PlanRequest
+from onnxpipe.verification.chain import StageChain
+
+DECODERS = SAMPLE_MODELS / "decoders"
+MODELS = ("llama_gqa", "qwen2", "gpt2")
+SLOW_LINK = 12_500_000.0
+"""100 Mbit/s: at the static costs every rotary table and mask of the tiny models is cheaper to make."""
+
+
+def _load(name: str) -> tuple[ModelView, DecoderInfo]:
+    view = load_model(DECODERS / f"{name}.onnx")
+    dec = find_decoder(view)
+    assert dec is not None
+    return view, dec
+
+
+def _input_made(view: ModelView, dec: DecoderInfo) -> set[str]:
+    """The data tensors made of the model inputs (not the cache) alone: rotary tables, masks."""
+    kinds = value_kinds(view)
+    return {o for p in input_derived(view, dec) for o in view.nodes[p].outputs if not kinds.recomputable(o)}
+
+
+def _static(view: ModelView) -> dict[Phase, Profile]:
+    return phase_profiles(
+        view, ProfileOptions(cost=CostSource.STATIC), [phase_shape(Phase.PREFILL), phase_shape(Phase.DECODE)]
+    )
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_rotary_and_masks_stop_crossing_when_cheaper(name: str) -> None:
+    view, dec = _load(name)
+    made = _input_made(view, dec)
+    profiles = _static(view)
+    for k in (2, 3):
+        for bandwidth, crosses in ((SLOW_LINK, False), (1e15, True)):
+            p = plan(
+                view,
+                profiles[Phase.DECODE],
+                # every cut between two layers, where they read the tables (the head alone reads none)
+                PlanRequest(k, bandwidth_bytes_per_s=bandwidth, decoder=DecoderOptions(ends=Ends.ATTACHED)),
+                phase_profiles=profiles,
+            )
+            received = {t for st in p.stages[1:] for t in st.inputs}
+            # on a link so fast that sending costs less than the copies, the rule says send
+            assert bool(received & made) == crosses, (k, bandwidth, received & made)
+            # the cache stays whole, each stage taking only its own layers' past
+            assert kv_split_layers(view, dec, p.stages) == []
+            for st in p.stages:
+                pasts = {t for t in st.inputs if t in dec.past_inputs}
+                assert pasts == {t for layer in st.kv_layers for t in dec.kv[layer].pasts}
+            if not crosses:  # made again where read, said in a note
+                assert all(set(st.recomputed_tensors) & made for st in p.stages[1:])
+                assert any("less crossing each cut" in n for n in p.notes)
+
+
+def test_copies_are_charged_to_the_stage_and_spare_its_link() -> None:
+    """The copies' profiled seconds are added to the stage's compute, and the bytes that no longer
+    cross come off its transfer time and its link bytes; with no bandwidth a share of 0 sends all."""
+    view, dec = _load("llama_gqa")
+    profile = _static(view)[Phase.DECODE]
+    layers = layer_sequences(view, profile, dec)
+    options = DecoderOptions()
+    made = _input_made(view, dec)
+
+    def stages(bandwidth: float, share: float | None) -> tuple[InputCopies, list[float], list[int]]:
+        part = solve_layers(layers, dec, 3, options.ends, bandwidth)
+        phases = (PhaseCosts("decode", profile.node_seconds, layers.seq.sizes, part.compute),)
+        copies = InputCopies(view, dec, phases, bandwidth, layers.seq.classes, share=share)
+        specs = decoder_stages(view, dec, layers, part, options, profile, copies=copies)
+        received = [sum(layers.seq.sizes[t] for t in st.inputs if t in made) for st in specs]
+        return copies, list(part.compute), received
+
+    copies, _, received = stages(math.inf, 0.0)
+    assert all(not c.tensors for c in copies.chosen.values()) and all(received[1:])
+    copies, _, received = stages(math.inf, 1.0)
+    assert all(copies.chosen[s].tensors for s in (1, 2)) and received[1:] == [0, 0]
+    # the plan's numbers: compute grows by the copies, the link loses their bytes
+    p = plan(view, profile, PlanRequest(3, bandwidth_bytes_per_s=SLOW_LINK))
+    base = evaluate(layers.seq.costs, solve_layers(layers, dec, 3, options.ends, SLOW_LINK).bounds,
+                    cut_bytes=layers.seq.cut_bytes, bandwidth=SLOW_LINK)  # fmt: skip
+    for st in p.stages[1:]:
+        spared = sum(layers.seq.sizes[t] for t in st.recomputed_tensors if t in made)
+        assert spared > 0
+        assert st.compute_seconds > base.compute[st.index]
+        assert st.link_bytes_in == layers.seq.cut_bytes[base.bounds[st.index]] - spared
+        assert st.transfer_seconds == pytest.approx(base.transfer[st.index] - spared / SLOW_LINK)
+    assert p.bottleneck_seconds == max(st.cost_seconds for st in p.stages)
+
+
+Step = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
+
+
+def _greedy(run: Step, view: ModelView, dec: DecoderInfo, n: int) -> tuple[list[int], list[np.ndarray]]:
+    """Greedy decoding of ``n`` tokens after a 6-token prompt, the presents fed back as pasts."""
+    prompt = np.array([[3, 17, 42, 9, 77, 5]], dtype=np.int64)
+    feeds: dict[str, np.ndarray] = {"input_ids": prompt, "attention_mask": np.ones_like(prompt)}
+    for t in dec.past_inputs:
+        declared = view.tensor(t).shape
+        assert declared is not None
+        feeds[t] = np.zeros((1, *(d if isinstance(d, int) else 0 for d in declared[1:])), dtype=np.float32)
+    if dec.positions_input:
+        feeds["position_ids"] = np.arange(prompt.shape[1], dtype=np.int64)[None]
+    tokens: list[int] = []
+    logits: list[np.ndarray] = []
+    for _ in range(n):
+        out = run(feeds)
+        logits.append(np.asarray(out["logits"][0, -1]))
+        tokens.append(int(np.argmax(logits[-1])))
+        total = feeds["attention_mask"].shape[1] + 1
+        feeds = {
+            "input_ids": np.array([[tokens[-1]]], dtype=np.int64),
+            "attention_mask": np.ones((1, total), dtype=np.int64),
+            **{p: out[q] for p, q in zip(dec.past_inputs, dec.present_outputs, strict=True)},
+        }
+        if dec.positions_input:
+            feeds["position_ids"] = np.array([[total - 1]], dtype=np.int64)
+    return tokens, logits
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_stages_that_make_their_rotary_and_masks_verify_and_decode(name: str, tmp_path: Path) -> None:
+    view, dec = _load(name)
+    result = split(
+        DECODERS / f"{name}.onnx",
+        PlanRequest(3, bandwidth_bytes_per_s=SLOW_LINK),
+        tmp_path / "out",
+        SplitOptions(profile=ProfileOptions(cost=CostSource.STATIC)),
+    )
+    assert result.report is not None and result.report.ok
+    made = _input_made(view, dec)
+    for st in result.manifest.stages[1:]:
+        assert not {i.name for i in st.inputs} & made
+        assert st.recomputed_node_count > 0
+    session = ort.InferenceSession(str(DECODERS / f"{name}.onnx"), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+
+    def whole(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(names, session.run(None, dict(feeds)), strict=True))
+
+    want, want_logits = _greedy(whole, view, dec, 6)
+    with StageChain.from_manifest(tmp_path / "out") as chain:
+        got, got_logits = _greedy(chain.run, view, dec, 6)
+    assert got == want
+    np.testing.assert_allclose(np.stack(got_logits), np.stack(want_logits), rtol=1e-4, atol=1e-5)
