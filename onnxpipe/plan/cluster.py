@@ -36,6 +36,14 @@ from onnxpipe.partition.result import Partition
 from onnxpipe.plan.decoder import coarse_allowed, decoder_io, layer_sequences, own_cache_only, stage_kv
 from onnxpipe.plan.decoder_kinds import Ends
 from onnxpipe.plan.decoder_plan import phase_shape_of, profile_phase
+from onnxpipe.plan.decoder_recompute import (
+    InputCopies,
+    PhaseCosts,
+    adjusted,
+    copies_note,
+    gone_bytes,
+    with_copy_costs,
+)
 from onnxpipe.plan.fused import keeping_fused_groups
 from onnxpipe.plan.memory import TRAINING_STATE_FACTOR, stage_memory_bytes
 from onnxpipe.plan.orders import OrderSearch, place, stages_auto
@@ -127,6 +135,7 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
     # the manifest's stage times are one sample's forward pass (what inference and `run` measure);
     # training step times live in the timeline
     per_sample = _work(option, request) if option.training else 1.0
+    copies = _input_copies(view, profile, costs, arranged, part, option)
     specs = assign_stages(
         view,
         part.bounds,
@@ -137,10 +146,22 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
         link_bytes=costs.seq.cut_bytes,
         classes=costs.seq.classes,
         compute=costs.seq.compute,
+        copies=copies,
     )
     summary = None
+    timeline = best.timeline
     if costs.decoder is not None:
         specs = _with_kv(view, profile, costs.decoder, specs, request)
+        if copies is not None:
+            gone = gone_bytes(view, specs, copies.chosen, costs.seq.sizes)
+            part = adjusted(
+                part, copies.chosen, [g * option.size for g in gone], 0, arranged.bandwidths, overlap=True
+            )
+            specs = with_copy_costs(specs, part, gone)
+            timeline = simulate("stream", list(part.compute), None, list(part.transfer), option.microbatches)
+            copied = copies_note(copies.chosen, copies.phases, [gone])
+            if copied:
+                notes.append(copied)
         notes.append(costs.decoder.describe())
         notes.append(
             f"cuts only between layers (--ends {request.decoder.ends.value}); each device holds its layers' "
@@ -170,12 +191,37 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
         request.bandwidth_bytes_per_s,
         objective=OBJECTIVE,
         notes=tuple(notes),
-        timeline=best.timeline,
+        timeline=timeline,
         cluster=arranged,
         device_costs=tuple(r for r in costs.records if r.device in kept),
         microbatch_size=option.size,
         decoder=summary,
     )
+
+
+def _input_copies(
+    view: ModelView,
+    profile: Profile,
+    costs: _Costs,
+    arranged: Cluster,
+    part: Partition,
+    option: ScheduleOption,
+) -> InputCopies | None:
+    """A decoder's choice of the rotary tables and masks each stage makes instead of receiving them
+    (:mod:`onnxpipe.plan.decoder_recompute`), priced on each stage's device and the link in front of it;
+    none for training schedules (their stage times are a forward and a backward pass)."""
+    if costs.decoder is None or option.training:
+        return None
+    seconds = {r.device: r.node_seconds for r in costs.records}
+    phase = PhaseCosts(
+        profile_phase(profile, costs.decoder),
+        profile.node_seconds,
+        costs.seq.sizes,
+        part.compute,
+        stage_node_seconds=tuple(seconds[name] for name in arranged.names),
+        scale=float(option.size),
+    )
+    return InputCopies(view, costs.decoder, (phase,), arranged.bandwidths, costs.seq.classes)
 
 
 def _with_kv(

@@ -62,6 +62,15 @@ class PhaseCosts:
     node_seconds: Mapping[str, float]
     sizes: Mapping[str, int]
     stage_compute: Sequence[float]
+    stage_node_seconds: Sequence[Mapping[str, float]] = ()
+    """Each stage's own node seconds (its device's, on a devices file); else ``node_seconds`` for all."""
+    scale: float = 1.0
+    """Samples per micro-batch: the copies run and the bytes cross once per sample."""
+
+    def seconds(self, stage: int, node: str) -> float:
+        """``node``'s seconds on ``stage`` for one micro-batch."""
+        table = self.stage_node_seconds[stage] if self.stage_node_seconds else self.node_seconds
+        return max(0.0, float(table.get(node, 0.0))) * self.scale
 
 
 @dataclass(frozen=True)
@@ -107,14 +116,14 @@ class InputCopies:
         view: ModelView,
         dec: DecoderInfo,
         phases: Sequence[PhaseCosts],
-        bandwidth_bytes_per_s: float,
+        bandwidth_bytes_per_s: float | Sequence[float],
         classes: Mapping[str, int],
         *,
         share: float | None = None,
     ) -> None:
         self.view = view
         self.phases = tuple(phases)
-        self.bandwidth = bandwidth_bytes_per_s
+        self.bandwidths = bandwidth_bytes_per_s
         self.share = COPY_SHARE if share is None else share
         self.classes = classes
         self.allowed = input_derived(view, dec)
@@ -153,10 +162,9 @@ class InputCopies:
             if found is None:
                 continue
             added, subs = found
-            cost = [sum(max(0.0, float(p.node_seconds.get(view.nodes[q].name, 0.0))) for q in added)
-                    for p in self.phases]  # fmt: skip
-            size = [int(p.sizes.get(t, 0)) for p in self.phases]
-            if not self._cheaper(sum(cost), sum(size), sum(seconds), budget):
+            cost = [sum(p.seconds(stage, view.nodes[q].name) for q in added) for p in self.phases]
+            size = [int(p.sizes.get(t, 0) * p.scale) for p in self.phases]
+            if not self._cheaper(sum(cost), sum(size), sum(seconds), budget, _at(self.bandwidths, stage)):
                 continue
             tensors.append(t)
             nodes |= added
@@ -177,13 +185,24 @@ class InputCopies:
             tuple(sorted(sources.items())),
         )
 
-    def _cheaper(self, cost: float, size: int, spent: float, budget: float) -> bool:
+    @staticmethod
+    def _cheaper(cost: float, size: int, spent: float, budget: float, bandwidth: float) -> bool:
         """Whether copies of ``cost`` seconds beat receiving ``size`` bytes (see the module)."""
         if size <= 0:
             return False
-        if math.isfinite(self.bandwidth) and self.bandwidth > 0:
-            return cost < size / self.bandwidth
+        if _priced(bandwidth):
+            return cost < size / bandwidth
         return spent + cost <= budget
+
+
+def _priced(bandwidth: float) -> bool:
+    """Whether a link of ``bandwidth`` charges its bytes (``inf``: the plan treats it as free)."""
+    return math.isfinite(bandwidth) and bandwidth > 0
+
+
+def _at(bandwidths: float | Sequence[float], stage: int) -> float:
+    """The bandwidth of the link in front of ``stage``: one for all, or one per stage."""
+    return float(bandwidths) if isinstance(bandwidths, (int, float)) else float(bandwidths[stage])
 
 
 def gone_bytes(
@@ -212,18 +231,26 @@ def _made_in(view: ModelView, stage_of: Mapping[str, int], tensor: str) -> int:
 
 
 def adjusted(
-    part: Partition, copied: Mapping[int, Copied], gone: Sequence[int], phase: int, bandwidth: float
+    part: Partition,
+    copied: Mapping[int, Copied],
+    gone: Sequence[float],
+    phase: int,
+    bandwidth: float | Sequence[float],
+    *,
+    overlap: bool = False,
 ) -> Partition:
     """``part`` (one phase's scores of the split) with each stage's copies' seconds at ``phase`` (an index
-    into :class:`PhaseCosts` order) added to its compute and ``gone`` bytes taken off its transfer."""
-    fast = not (math.isfinite(bandwidth) and bandwidth > 0)
+    into :class:`PhaseCosts` order) added to its compute and ``gone`` bytes taken off its transfer (at
+    the bandwidth of the link in front of it); a stage costs compute plus transfer, or the larger of the
+    two when they ``overlap`` (as the partitioner scored it)."""
     compute = tuple(
         c + (copied[s].seconds[phase] if s in copied else 0.0) for s, c in enumerate(part.compute)
     )
     transfer = tuple(
-        t if fast or s == 0 else max(0.0, t - gone[s] / bandwidth) for s, t in enumerate(part.transfer)
+        max(0.0, t - gone[s] / _at(bandwidth, s)) if s > 0 and _priced(_at(bandwidth, s)) else t
+        for s, t in enumerate(part.transfer)
     )
-    costs = tuple(c + t for c, t in zip(compute, transfer, strict=True))
+    costs = tuple(max(c, t) if overlap else c + t for c, t in zip(compute, transfer, strict=True))
     bottleneck = max(costs)
     return dataclasses.replace(
         part,
@@ -232,7 +259,7 @@ def adjusted(
         stage_costs=costs,
         bottleneck=bottleneck,
         lower_bound=min(part.lower_bound, bottleneck),
-        cut_bytes_total=max(0, part.cut_bytes_total - sum(gone[1:])),
+        cut_bytes_total=max(0, part.cut_bytes_total - int(sum(gone[1:]))),
     )
 
 

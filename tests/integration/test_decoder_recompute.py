@@ -5,6 +5,7 @@ and decode the model's tokens (prompt and generation steps, the mask and positio
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from paths import SAMPLE_MODELS
 
 from onnxpipe.api import SplitOptions, split
+from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.cost.kinds import CostSource
 from onnxpipe.cost.phases import phase_profiles
 from onnxpipe.cost.profile import Profile
@@ -174,3 +176,34 @@ def test_stages_that_make_their_rotary_and_masks_verify_and_decode(name: str, tm
         got, got_logits = _greedy(chain.run, view, dec, 6)
     assert got == want
     np.testing.assert_allclose(np.stack(got_logits), np.stack(want_logits), rtol=1e-4, atol=1e-5)
+
+
+def test_devices_file_prices_copies_on_each_device_and_link(tmp_path: Path) -> None:
+    """On a devices file the copies are priced on the stage's device and the link in front of it: a
+    slow link makes them, a fast one sends; the stages verify either way.  (One phase is planned here:
+    at decode the rotary tables are a few bytes, so the slow link is slower still.)"""
+    view, dec = _load("llama_gqa")
+    made = _input_made(view, dec)
+    profile = _static(view)[Phase.DECODE]
+    for bandwidth, crosses in ((SLOW_LINK / 100, False), (1e15, True)):
+        path = tmp_path / f"devices_{bandwidth:.0f}.json"
+        devices = [
+            {"name": n, "provider": "CPUExecutionProvider", "threads": 1, "memory_bytes": 1 << 30}
+            for n in "abc"
+        ]
+        links = [{"bandwidth_bytes_per_s": bandwidth, "latency_s": 0}] * 2
+        path.write_text(json.dumps({"devices": devices, "links": links}))
+        request = PlanRequest(3, devices=load_cluster(path), decoder=DecoderOptions(ends=Ends.ATTACHED))
+        p = plan(view, profile, request)
+        received = {t for st in p.stages[1:] for t in st.inputs}
+        assert bool(received & made) == crosses, received & made
+        assert kv_split_layers(view, dec, p.stages) == []
+        assert p.timeline is not None
+        assert p.bottleneck_seconds == max(max(st.compute_seconds, st.transfer_seconds) for st in p.stages)
+        result = split(
+            DECODERS / "llama_gqa.onnx",
+            request,
+            tmp_path / f"out_{bandwidth:.0f}",
+            SplitOptions(profile=ProfileOptions(cost=CostSource.STATIC)),
+        )
+        assert result.report is not None and result.report.ok
