@@ -135,7 +135,7 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
     # the manifest's stage times are one sample's forward pass (what inference and `run` measure);
     # training step times live in the timeline
     per_sample = _work(option, request) if option.training else 1.0
-    copies = _input_copies(view, profile, costs, arranged, part, option)
+    copies = _input_copies(view, profile, costs, arranged, part, option, request)
     specs = assign_stages(
         view,
         part.bounds,
@@ -206,11 +206,12 @@ def _input_copies(
     arranged: Cluster,
     part: Partition,
     option: ScheduleOption,
+    request: PlanRequest,
 ) -> InputCopies | None:
     """A decoder's choice of the rotary tables and masks each stage makes instead of receiving them
     (:mod:`onnxpipe.plan.decoder_recompute`), priced on each stage's device and the link in front of it;
     none for training schedules (their stage times are a forward and a backward pass)."""
-    if costs.decoder is None or option.training:
+    if costs.decoder is None or option.training or not request.decoder.copy_inputs:
         return None
     seconds = {r.device: r.node_seconds for r in costs.records}
     phase = PhaseCosts(

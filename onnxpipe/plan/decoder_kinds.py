@@ -49,6 +49,9 @@ class DecoderOptions:
     """The phase(s) the split is balanced for; ``both`` profiles the model at two shapes."""
     prefill_tokens: int = PREFILL_TOKENS
     decode_past: int = DECODE_PAST
+    copy_inputs: bool = True
+    """Whether a stage makes the rotary tables and masks of the model inputs instead of receiving them,
+    where the plan's rule finds that cheaper (:mod:`onnxpipe.plan.decoder_recompute`)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.ends, Ends):

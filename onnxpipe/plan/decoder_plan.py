@@ -133,15 +133,20 @@ def make_decoder_plan(
     except PartitionError as e:
         raise named(view, e) from e
     phases = (PhaseCosts(phase, profile.node_seconds, layers.seq.sizes, part.compute),)
-    copies = InputCopies(view, dec, phases, bandwidth_bytes_per_s, layers.seq.classes)
+    copies = (
+        InputCopies(view, dec, phases, bandwidth_bytes_per_s, layers.seq.classes)
+        if options.copy_inputs
+        else None
+    )
     made = decoder_stages(view, dec, layers, part, options, profile, copies=copies)
-    gone = gone_bytes(view, made, copies.chosen, layers.seq.sizes)
-    part = adjusted(part, copies.chosen, gone, 0, bandwidth_bytes_per_s)
+    chosen = copies.chosen if copies is not None else {}
+    gone = gone_bytes(view, made, chosen, layers.seq.sizes)
+    part = adjusted(part, chosen, gone, 0, bandwidth_bytes_per_s)
     stages = tuple(
         dataclasses.replace(st, phase_seconds=((phase, cost),))
         for st, cost in zip(with_copy_costs(made, part, gone), part.stage_costs, strict=True)
     )
-    copied = copies_note(copies.chosen, phases, [gone])
+    copied = copies_note(chosen, phases, [gone])
     timeline = simulate("stream", [s.cost_seconds for s in stages], None, [0.0] * k, microbatches)
     return plan_from(
         view,

@@ -91,19 +91,22 @@ def make_two_phase_plan(
         PhaseCosts("prefill", prefill.node_seconds, lp.seq.sizes, part_p.compute),
         PhaseCosts("decode", decode.node_seconds, ld.seq.sizes, part_d.compute),
     )
-    copies = InputCopies(view, dec, phases, bandwidth_bytes_per_s, ld.seq.classes)
+    copies = (
+        InputCopies(view, dec, phases, bandwidth_bytes_per_s, ld.seq.classes) if options.copy_inputs else None
+    )
     made = decoder_stages(view, dec, ld, part_d, options, decode, copies=copies)
-    gone_p = gone_bytes(view, made, copies.chosen, lp.seq.sizes)
-    gone_d = gone_bytes(view, made, copies.chosen, ld.seq.sizes)
-    part_p = adjusted(part_p, copies.chosen, gone_p, 0, bandwidth_bytes_per_s)
-    part_d = adjusted(part_d, copies.chosen, gone_d, 1, bandwidth_bytes_per_s)
+    chosen = copies.chosen if copies is not None else {}
+    gone_p = gone_bytes(view, made, chosen, lp.seq.sizes)
+    gone_d = gone_bytes(view, made, chosen, ld.seq.sizes)
+    part_p = adjusted(part_p, chosen, gone_p, 0, bandwidth_bytes_per_s)
+    part_d = adjusted(part_d, chosen, gone_d, 1, bandwidth_bytes_per_s)
     stages = tuple(
         dataclasses.replace(st, phase_seconds=(("prefill", p), ("decode", d)))
         for st, p, d in zip(
             with_copy_costs(made, part_d, gone_d), part_p.stage_costs, part_d.stage_costs, strict=True
         )
     )
-    copied = copies_note(copies.chosen, phases, [gone_p, gone_d])
+    copied = copies_note(chosen, phases, [gone_p, gone_d])
     shapes = (phase_shape_of(prefill, dec, "prefill"), phase_shape_of(decode, dec, "decode"))
     notes = (
         *decoder_notes(view, dec, stages, options),

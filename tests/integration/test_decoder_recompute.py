@@ -119,6 +119,14 @@ def test_copies_are_charged_to_the_stage_and_spare_its_link() -> None:
         assert st.link_bytes_in == layers.seq.cut_bytes[base.bounds[st.index]] - spared
         assert st.transfer_seconds == pytest.approx(base.transfer[st.index] - spared / SLOW_LINK)
     assert p.bottleneck_seconds == max(st.cost_seconds for st in p.stages)
+    # turned off, they cross as before, the stage costs the partitioner's
+    off = plan(
+        view,
+        profile,
+        PlanRequest(3, bandwidth_bytes_per_s=SLOW_LINK, decoder=DecoderOptions(copy_inputs=False)),
+    )
+    assert {t for st in off.stages[1:] for t in st.inputs} & made
+    assert [st.cost_seconds for st in off.stages] == list(base.stage_costs)
 
 
 Step = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
