@@ -40,6 +40,8 @@ measured profiles); they take minutes, want a quiet machine, and are run by hand
   verified, measured against predicted; skips, saying why, where no GPU provider is present.
 * ``decoders`` — decoder LLMs: stage balance at prefill and decode for splits balanced for prefill,
   decode, both phases, and equal layer counts.
+* ``decoder_copies`` — decoders: bytes crossing each cut per step with rotary tables and masks made in
+  each stage against sent, and the stage times (``--time``).
 """
 
 from __future__ import annotations
