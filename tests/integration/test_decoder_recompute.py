@@ -33,9 +33,11 @@ from onnxpipe.plan.decoder_plan import decoder_stages, solve_layers
 from onnxpipe.plan.decoder_recompute import InputCopies, PhaseCosts, input_derived
 from onnxpipe.plan.planner import plan
 from onnxpipe.plan.request import PlanRequest
+from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.verification.chain import StageChain
 
 DECODERS = SAMPLE_MODELS / "decoders"
+PROMPT = (3, 17, 42, 9, 77, 5)
 MODELS = ("llama_gqa", "qwen2", "gpt2")
 SLOW_LINK = 12_500_000.0
 """100 Mbit/s: at the static costs every rotary table and mask of the tiny models is cheaper to make."""
@@ -134,7 +136,7 @@ Step = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
 
 def _greedy(run: Step, view: ModelView, dec: DecoderInfo, n: int) -> tuple[list[int], list[np.ndarray]]:
     """Greedy decoding of ``n`` tokens after a 6-token prompt, the presents fed back as pasts."""
-    prompt = np.array([[3, 17, 42, 9, 77, 5]], dtype=np.int64)
+    prompt = np.array([PROMPT], dtype=np.int64)
     feeds: dict[str, np.ndarray] = {"input_ids": prompt, "attention_mask": np.ones_like(prompt)}
     for t in dec.past_inputs:
         declared = view.tensor(t).shape
@@ -184,6 +186,9 @@ def test_stages_that_make_their_rotary_and_masks_verify_and_decode(name: str, tm
         got, got_logits = _greedy(chain.run, view, dec, 6)
     assert got == want
     np.testing.assert_allclose(np.stack(got_logits), np.stack(want_logits), rtol=1e-4, atol=1e-5)
+    # generation through the pipeline feeds each stage the mask and positions it makes them of
+    with Pipeline.from_manifest(tmp_path / "out", generation=True) as pipe:
+        assert pipe.generate([PROMPT], 6).tokens == (tuple(want),)
 
 
 def test_devices_file_prices_copies_on_each_device_and_link(tmp_path: Path) -> None:
