@@ -36,6 +36,7 @@ from onnxpipe.plan.decoder_recompute import (
     adjusted,
     copies_note,
     gone_bytes,
+    priced_cuts,
     with_copy_costs,
 )
 from onnxpipe.plan.stages import plan_from, specs_from_bounds
@@ -75,9 +76,20 @@ def coarse_bounds(
     return tuple(solve(0, n, k, allowed))
 
 
-def solve_layers(layers: LayerSequences, dec: DecoderInfo, k: int, ends: Ends, bandwidth: float) -> Partition:
-    """The exact split of the layer groups into ``k`` stages under ``ends``, scored on the fine sequence."""
-    costs, cut = layers.coarse_costs, layers.coarse_cut_bytes
+def solve_layers(
+    layers: LayerSequences,
+    dec: DecoderInfo,
+    k: int,
+    ends: Ends,
+    bandwidth: float,
+    cut_bytes: Sequence[float] | None = None,
+) -> Partition:
+    """The exact split of the layer groups into ``k`` stages under ``ends``, scored on the fine sequence;
+    ``cut_bytes`` (per fine position, :func:`~onnxpipe.plan.decoder_recompute.priced_cuts`) are what the
+    split is chosen on when given, the sequence's own are what it is scored on."""
+    costs = layers.coarse_costs
+    fine_cut = layers.seq.cut_bytes if cut_bytes is None else cut_bytes
+    cut = [fine_cut[a] for a in layers.starts]
 
     def solve(lo: int, hi: int, kk: int, allowed: Sequence[bool]) -> Sequence[int]:
         return _partition.solve(
@@ -128,8 +140,13 @@ def make_decoder_plan(
     """Partition the decoder ``view`` into ``k`` stages that cut only between layers, exactly."""
     profile.check_matches(view)
     layers = layer_sequences(view, profile, dec)
+    priced = (
+        priced_cuts(view, dec, [layers.seq], [profile.node_seconds], bandwidth_bytes_per_s)[0]
+        if options.copy_inputs
+        else None
+    )
     try:
-        part = solve_layers(layers, dec, k, options.ends, bandwidth_bytes_per_s)
+        part = solve_layers(layers, dec, k, options.ends, bandwidth_bytes_per_s, priced)
     except PartitionError as e:
         raise named(view, e) from e
     phases = (PhaseCosts(phase, profile.node_seconds, layers.seq.sizes, part.compute),)

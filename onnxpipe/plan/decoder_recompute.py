@@ -19,21 +19,23 @@ from what the stage has (the model inputs but other layers' caches, the data ten
 **When it is cheaper** (:class:`InputCopies`, per stage, its candidates in the order it reads them):
 
 * the copies' seconds are the profiled times of the nodes they add (those the stage does not copy
-  already, for shape values or an earlier candidate), summed over the phases the plan was profiled at
-  (one prompt and one generation step for ``--phase both``, else the one phase);
-* the bytes spared are the tensor's bytes at each phase's shapes, summed the same way; nothing is spared
-  (and nothing copied) while a later stage still receives the tensor, since then it crosses this stage's
-  cut anyway;
-* with a link bandwidth ``B`` (``--bandwidth``) a tensor is copied when its copies' seconds are below
-  its spared bytes / ``B``: what the plan's own link model says the transfer costs;
-* with no bandwidth (links the plan treats as free) it is copied when all of the stage's copies so far,
-  this tensor's included, take at most :data:`COPY_SHARE` of the stage's compute (summed over the
-  phases): a cost within the profile's own noise, paid to spare the real link bytes the plan cannot
-  price.
+  already, for shape values or an earlier candidate), at each phase the plan was profiled at (a prompt
+  and a generation step for ``--phase both``, else the one phase);
+* the bytes spared are the tensor's bytes at each phase's shapes; nothing is spared (and nothing
+  copied) while a later stage still receives the tensor, since then it crosses this stage's cut anyway;
+* a tensor is copied when the copies are cheaper **at every phase** (so that no phase gets slower for
+  another's sake: at a generation step the rotary tables are a few bytes, at a prompt they are not);
+* with a link bandwidth ``B`` (``--bandwidth``; a devices file's link in front of the stage) cheaper
+  means the copies' seconds are below the spared bytes / ``B``: what the plan's own link model says the
+  transfer costs;
+* with no bandwidth (links the plan treats as free) it means all of the stage's copies so far, this
+  tensor's included, take at most :data:`COPY_SHARE` of the stage's compute: a cost within the
+  profile's own noise, paid to spare the real link bytes the plan cannot price.
 
 The stage's estimated compute then includes its copies' seconds (per phase), its transfer time drops by
 the bytes that no longer cross its cut, and the plan's bottleneck is taken over the stages so changed;
-the cuts were chosen before, with those tensors counted (:func:`adjusted`).
+with a bandwidth on identical workers the cuts are chosen knowing which tensors the stages will copy
+(:func:`priced_cuts`); with none, and on a devices file, they are chosen first (:func:`adjusted`).
 """
 
 from __future__ import annotations
@@ -45,9 +47,10 @@ from dataclasses import dataclass
 
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
-from onnxpipe.ir.shapevalues import ValueKinds
+from onnxpipe.ir.shapevalues import ValueKinds, value_kinds
 from onnxpipe.partition.result import Partition
 from onnxpipe.plan.recompute import Recomputed, copy_closure
+from onnxpipe.plan.sequences import Sequences
 from onnxpipe.plan.types import StageSpec
 
 COPY_SHARE = 0.1
@@ -156,7 +159,7 @@ class InputCopies:
         nodes: set[int] = set()
         seconds = [0.0] * len(self.phases)
         nbytes = [0] * len(self.phases)
-        budget = self.share * sum(p.stage_compute[stage] for p in self.phases)
+        budget = [self.share * p.stage_compute[stage] for p in self.phases]
         for t in candidates:
             found = copy_closure(view, kinds, t, have, view.weights, chosen, self.allowed)
             if found is None:
@@ -164,7 +167,8 @@ class InputCopies:
             added, subs = found
             cost = [sum(p.seconds(stage, view.nodes[q].name) for q in added) for p in self.phases]
             size = [int(p.sizes.get(t, 0) * p.scale) for p in self.phases]
-            if not self._cheaper(sum(cost), sum(size), sum(seconds), budget, _at(self.bandwidths, stage)):
+            bandwidth = _at(self.bandwidths, stage)
+            if not all(map(self._cheaper, cost, size, seconds, budget, [bandwidth] * len(cost))):
                 continue
             tensors.append(t)
             nodes |= added
@@ -187,7 +191,8 @@ class InputCopies:
 
     @staticmethod
     def _cheaper(cost: float, size: int, spent: float, budget: float, bandwidth: float) -> bool:
-        """Whether copies of ``cost`` seconds beat receiving ``size`` bytes (see the module)."""
+        """Whether, at one phase, copies of ``cost`` seconds beat receiving ``size`` bytes over a link of
+        ``bandwidth``, or (a free link) fit in ``budget`` with the ``spent`` of the earlier ones."""
         if size <= 0:
             return False
         if _priced(bandwidth):
@@ -203,6 +208,54 @@ def _priced(bandwidth: float) -> bool:
 def _at(bandwidths: float | Sequence[float], stage: int) -> float:
     """The bandwidth of the link in front of ``stage``: one for all, or one per stage."""
     return float(bandwidths) if isinstance(bandwidths, (int, float)) else float(bandwidths[stage])
+
+
+def priced_cuts(
+    view: ModelView,
+    dec: DecoderInfo,
+    seqs: Sequence[Sequences],
+    node_seconds: Sequence[Mapping[str, float]],
+    bandwidth: float,
+) -> list[list[float]]:
+    """Per phase (``seqs[i]`` measured with ``node_seconds[i]``), the bytes in front of each position as
+    the partitioner should weigh them when stages will copy what is cheaper to copy: a tensor made of the
+    model inputs whose copies (from scratch) beat its bytes at ``bandwidth`` at every phase counts,
+    at each position it crosses, as the bytes its copies' seconds would send (``seconds * bandwidth``).
+
+    Why: the stage then pays the copies instead of the transfer, and the cuts are chosen knowing it;
+    the plan's figures are still worked out from the real bytes and copies (:func:`adjusted`).  With no
+    bandwidth the links cost nothing and the cut bytes are returned as they are.
+    """
+    cuts = [[float(b) for b in seq.cut_bytes] for seq in seqs]
+    if not _priced(bandwidth) or not seqs:
+        return cuts
+    kinds = value_kinds(view)
+    allowed = input_derived(view, dec)
+    order = seqs[0].compute
+    at = {n.name: p for p, n in enumerate(order)}
+    have = set(view.inputs) - set(dec.past_inputs)
+    for q in sorted(allowed):
+        for t in view.nodes[q].outputs:
+            if kinds.recomputable(t) or view.nodes[q].name not in at:
+                continue
+            readers = [at[view.nodes[r].name] for r in view.consumers.get(t, ()) if view.nodes[r].name in at]
+            first, last = at[view.nodes[q].name] + 1, max(readers, default=-1)
+            if last < first:
+                continue
+            found = copy_closure(view, kinds, t, have, view.weights, (), allowed)
+            if found is None:
+                continue
+            cost = [
+                sum(max(0.0, float(ns.get(view.nodes[n].name, 0.0))) for n in found[0]) for ns in node_seconds
+            ]
+            size = [float(seq.sizes.get(t, 0)) for seq in seqs]
+            if not all(c < b / bandwidth for c, b in zip(cost, size, strict=True)):
+                continue
+            for phase, cut in enumerate(cuts):
+                cheaper = size[phase] - cost[phase] * bandwidth
+                for p in range(first, last + 1):
+                    cut[p] = max(0.0, cut[p] - cheaper)
+    return cuts
 
 
 def gone_bytes(
@@ -309,5 +362,6 @@ __all__ = [
     "copies_note",
     "gone_bytes",
     "input_derived",
+    "priced_cuts",
     "with_copy_costs",
 ]

@@ -35,6 +35,7 @@ from onnxpipe.plan.decoder_recompute import (
     adjusted,
     copies_note,
     gone_bytes,
+    priced_cuts,
     with_copy_costs,
 )
 from onnxpipe.plan.stages import plan_from
@@ -67,8 +68,14 @@ def make_two_phase_plan(
     if lp.starts != ld.starts:  # the order depends on the graph alone: a bug if not
         raise PartitionError("the prefill and decode profiles line the layers up differently")
     ca, cb = lp.coarse_costs, ld.coarse_costs
-    cut_a = [float(x) for x in lp.coarse_cut_bytes]
-    cut_b = [float(x) for x in ld.coarse_cut_bytes]
+    if options.copy_inputs:  # the cuts chosen knowing what stages will copy (decoder_recompute)
+        fine_a, fine_b = priced_cuts(
+            view, dec, [lp.seq, ld.seq], [prefill.node_seconds, decode.node_seconds], bandwidth_bytes_per_s
+        )
+    else:
+        fine_a, fine_b = [float(x) for x in lp.seq.cut_bytes], [float(x) for x in ld.seq.cut_bytes]
+    cut_a = [fine_a[a] for a in lp.starts]
+    cut_b = [fine_b[a] for a in ld.starts]
 
     def solve(lo: int, hi: int, kk: int, allowed: Sequence[bool]) -> tuple[int, ...]:
         return solve_two_phases(
