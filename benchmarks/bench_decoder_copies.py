@@ -53,6 +53,7 @@ from onnxpipe.plan.decoder_kinds import DecoderOptions
 from onnxpipe.plan.phases import make_two_phase_plan
 from onnxpipe.plan.sequences import tensor_sizes
 from onnxpipe.plan.types import Plan
+from tools import export_decoders
 
 NAME = "decoder_copies"
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,13 +89,24 @@ def stage_feeds(
     return out
 
 
+def _model_path(model: str) -> Path:
+    """A file, a tiny sample decoder by name, or a ``tools/export_decoders.py`` model (``*_small``) from
+    the corpus cache (exported there if missing)."""
+    if model.endswith(".onnx"):
+        return Path(model)
+    sample = ROOT / "sample_models" / "decoders" / f"{model}.onnx"
+    return sample if sample.is_file() else export_decoders.decoder(model)
+
+
 def _label(bandwidth: float) -> str:
     return "free" if math.isinf(bandwidth) else f"{bandwidth * 8 / 1e6:g} Mbit/s"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = benchmark_parser(__name__, __doc__)
-    parser.add_argument("--models", nargs="+", default=list(MODELS), help="names in sample_models/decoders")
+    parser.add_argument(
+        "--models", nargs="+", default=list(MODELS), help="names in sample_models/decoders, or .onnx files"
+    )
     parser.add_argument("--stages", nargs="+", type=int, default=[3])
     parser.add_argument(
         "--bandwidths", nargs="+", type=float, default=[math.inf, 125_000_000.0, 12_500_000.0]
@@ -112,7 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-decoder-copies-") as tmp:
         for model in args.models:
-            view = load_model(ROOT / "sample_models" / "decoders" / f"{model}.onnx")
+            path = _model_path(model)
+            view = load_model(path)
+            model = path.stem
             dec = find_decoder(view)
             assert dec is not None, f"{model} is no decoder"
             profiles = phase_profiles(
