@@ -1,0 +1,200 @@
+"""ONNX Runtime GenAI runs a decoder's split folder as a ``decoder-pipeline`` (the ``genai_config.json``
+``split`` writes) and generates exactly the unsplit model's greedy tokens.
+
+The reference tokens come from a plain onnxruntime greedy loop over the source model (each step's
+presents fed back as the next step's pasts); GenAI is given only the split folder.  Splits use static
+costs and skip verification: where the cuts fall does not matter here, only that GenAI runs the stages.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from paths import SAMPLE_MODELS
+
+from onnxpipe.api import SplitOptions, split
+from onnxpipe.cost.source import ProfileOptions
+from onnxpipe.export.genai import DEFAULT_EOS, GENAI_CONFIG_NAME
+from onnxpipe.export.stages import ExportOptions
+from onnxpipe.plan.decoder_kinds import DecoderOptions, Ends
+from onnxpipe.plan.request import PlanRequest
+
+og = pytest.importorskip(
+    "onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install '.[genai]')"
+)
+
+DECODERS = SAMPLE_MODELS / "decoders"
+PROMPT = (5, 17, 3, 99, 42, 8)
+NEW_TOKENS = 24
+FAST = SplitOptions(profile=ProfileOptions(cost="static"), verify=False)
+
+
+def _model(name: str) -> Path:
+    return DECODERS / f"{name}.onnx"
+
+
+@functools.cache
+def _reference(name: str) -> tuple[int, ...]:
+    """The source model's greedy tokens after :data:`PROMPT`, by onnxruntime alone."""
+    session = ort.InferenceSession(str(_model(name)), providers=["CPUExecutionProvider"])
+    inputs = {i.name: i for i in session.get_inputs()}
+    outputs = [o.name for o in session.get_outputs()]
+    pasts = [n for n in inputs if n.startswith("past_key_values.")]
+    feeds: dict[str, np.ndarray] = {
+        "input_ids": np.array([PROMPT], dtype=np.int64),
+        "attention_mask": np.ones((1, len(PROMPT)), dtype=np.int64),
+    }
+    if "position_ids" in inputs:
+        feeds["position_ids"] = np.arange(len(PROMPT), dtype=np.int64)[None]
+    for p in pasts:
+        dims = [d if isinstance(d, int) else 0 for d in inputs[p].shape[1:]]
+        feeds[p] = np.zeros([1, *dims], dtype=np.float32)
+    tokens: list[int] = []
+    for _ in range(NEW_TOKENS):
+        out = dict(zip(outputs, session.run(None, feeds), strict=True))
+        token = int(np.argmax(out["logits"][0, -1]))
+        tokens.append(token)
+        total = feeds["attention_mask"].shape[1] + 1
+        feeds = {
+            "input_ids": np.array([[token]], dtype=np.int64),
+            "attention_mask": np.ones((1, total), dtype=np.int64),
+            **{p: out[p.replace("past_key_values.", "present.")] for p in pasts},
+        }
+        if "position_ids" in inputs:
+            feeds["position_ids"] = np.array([[total - 1]], dtype=np.int64)
+    return tuple(tokens)
+
+
+def _generate(folder: Path) -> list[int]:
+    """Greedy tokens after :data:`PROMPT` by ONNX Runtime GenAI on the split folder (stops at its eos)."""
+    model = og.Model(str(folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(PROMPT) + NEW_TOKENS, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array([PROMPT], dtype=np.int32))
+    tokens: list[int] = []
+    while not generator.is_done():
+        generator.generate_next_token()
+        tokens.append(int(generator.get_next_tokens()[0]))
+    return tokens
+
+
+def _until(tokens: tuple[int, ...], eos: int) -> list[int]:
+    """What a generator that stops at ``eos`` (and emits it) yields of ``tokens``."""
+    return list(tokens[: tokens.index(eos) + 1]) if eos in tokens else list(tokens)
+
+
+CASES = [(name, k) for name in ("llama_gqa", "qwen2", "gpt2") for k in (2, 3)] + [("llama_gqa_builder", 3)]
+
+
+@pytest.mark.parametrize(("name", "k"), CASES)
+def test_genai_generates_the_unsplit_models_tokens(name: str, k: int, tmp_path: Path) -> None:
+    out = tmp_path / "split"
+    result = split(_model(name), k, out, FAST)
+    config = json.loads((out / GENAI_CONFIG_NAME).read_text())
+    model = config["model"]
+    decoder = model["decoder"]
+    assert model["type"] == "decoder-pipeline"
+    # the dims GenAI sizes its buffers with, as tools/export_decoders.py configured the model
+    assert (decoder["num_hidden_layers"], decoder["head_size"], model["vocab_size"]) == (4, 8, 128)
+    assert decoder["num_key_value_heads"] == (4 if name == "gpt2" else 2)
+    assert (decoder["hidden_size"], decoder["num_attention_heads"]) == (32, 4)
+    assert ("position_ids" in decoder["inputs"]) == (name != "gpt2")
+    # GPT-2's position table (1024 rows) bounds the context below the plan's 4096
+    assert model["context_length"] == (1024 if name == "gpt2" else result.manifest.plan.decoder.max_context)
+    stages = [next(iter(p.values())) for p in decoder["pipeline"]]
+    assert [s["filename"] for s in stages] == [s.file for s in result.manifest.stages]
+    assert not any(s["is_lm_head"] for s in stages)  # the head shares its stage with layers
+    assert all(s["run_on_prompt"] and s["run_on_token_gen"] for s in stages)
+    expected = _until(_reference(name), DEFAULT_EOS)
+    assert len(expected) > 4  # the comparison says something
+    assert _generate(out) == expected
+
+
+def test_a_head_of_its_own_is_the_lm_head_stage(tmp_path: Path) -> None:
+    """``--ends own``: the last stage holds only the LM head (``is_lm_head``), the first only the embedding
+    (it takes other layers' pasts for their shape, which GenAI feeds as it feeds any managed input)."""
+    out = tmp_path / "split"
+    request = PlanRequest(3, decoder=DecoderOptions(ends=Ends.OWN))
+    result = split(_model("llama_gqa"), request, out, FAST)
+    assert result.manifest.stages[-1].kv_layers == ()
+    config = json.loads((out / GENAI_CONFIG_NAME).read_text())
+    flags = [next(iter(p.values()))["is_lm_head"] for p in config["model"]["decoder"]["pipeline"]]
+    assert flags == [False, False, True]
+    assert _generate(out) == _until(_reference("llama_gqa"), DEFAULT_EOS)
+
+
+def test_a_models_own_config_gives_its_token_ids_and_keeps_its_search(tmp_path: Path) -> None:
+    """``--genai-config config.json`` (Hugging Face's): its eos id is GenAI's; a GenAI config's search
+    options and extra keys stay, its single-file decoder becomes the pipeline."""
+    reference = _reference("qwen2")
+    eos = next(t for t in reference[4:] if t not in reference[:4])  # a token first generated 5th or later
+    hf = tmp_path / "config.json"
+    hf.write_text(
+        json.dumps(
+            {
+                "model_type": "qwen2",
+                "vocab_size": 128,
+                "hidden_size": 32,
+                "num_hidden_layers": 4,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "max_position_embeddings": 512,
+                "bos_token_id": 0,
+                "eos_token_id": eos,
+            }
+        )
+    )
+    out = tmp_path / "split"
+    split(
+        _model("qwen2"),
+        2,
+        out,
+        SplitOptions(profile=FAST.profile, verify=False, export=ExportOptions(genai_config=hf)),
+    )
+    config = json.loads((out / GENAI_CONFIG_NAME).read_text())
+    assert (config["model"]["eos_token_id"], config["model"]["pad_token_id"]) == (eos, eos)
+    assert config["model"]["context_length"] == 512
+    assert _generate(out) == _until(reference, eos)
+
+    genai = tmp_path / "genai_config.json"
+    genai.write_text(
+        json.dumps(
+            {
+                "model": {
+                    "bos_token_id": 0,
+                    "context_length": 300,
+                    "decoder": {"filename": "model.onnx", "head_size": 8, "num_hidden_layers": 4},
+                    "eos_token_id": [eos, 127],
+                    "pad_token_id": 0,
+                    "type": "qwen2",
+                    "vocab_size": 128,
+                },
+                "search": {"max_length": 2000, "top_k": 1, "repetition_penalty": 1.0},
+            }
+        )
+    )
+    out2 = tmp_path / "split2"
+    split(
+        _model("qwen2"),
+        3,
+        out2,
+        SplitOptions(profile=FAST.profile, verify=False, export=ExportOptions(genai_config=genai)),
+    )
+    config = json.loads((out2 / GENAI_CONFIG_NAME).read_text())
+    assert config["model"]["eos_token_id"] == [eos, 127]
+    assert "filename" not in config["model"]["decoder"]
+    assert config["search"] == {"max_length": 300, "top_k": 1, "repetition_penalty": 1.0}
+    assert _generate(out2) == _until(reference, eos)
+
+
+def test_no_config_for_a_model_that_is_not_a_decoder(tmp_path: Path) -> None:
+    out = tmp_path / "split"
+    result = split(SAMPLE_MODELS / "resnet_tiny.onnx", 2, out, FAST)
+    assert not (out / GENAI_CONFIG_NAME).exists()
+    assert not any(GENAI_CONFIG_NAME in n for n in result.manifest.plan.notes)
