@@ -15,9 +15,11 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from paths import SAMPLE_MODELS
+from cli_runner import run as cli_run
+from paths import DEVICES, SAMPLE_MODELS
 
 from onnxpipe.api import SplitOptions, split
+from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.cost.source import ProfileOptions
 from onnxpipe.export.genai import DEFAULT_EOS, GENAI_CONFIG_NAME
 from onnxpipe.export.stages import ExportOptions
@@ -193,8 +195,47 @@ def test_a_models_own_config_gives_its_token_ids_and_keeps_its_search(tmp_path: 
     assert _generate(out2) == _until(reference, eos)
 
 
+def test_session_options_come_from_the_devices(tmp_path: Path) -> None:
+    """Planned for two CPU devices of 4 threads each: each stage's session says so, and GenAI runs it;
+    for a CPU and a CUDA device the CUDA stage names GenAI's ``cuda`` provider with its options, and the
+    cache stays on the CPU, where both stages can read it (not run: no CUDA here)."""
+    out = tmp_path / "cpus"
+    split(_model("gpt2"), PlanRequest(2, devices=load_cluster(DEVICES / "two_cpus.json")), out, FAST)
+    decoder = json.loads((out / GENAI_CONFIG_NAME).read_text())["model"]["decoder"]
+    options = [next(iter(p.values()))["session_options"] for p in decoder["pipeline"]]
+    assert [o["intra_op_num_threads"] for o in options] == [4, 4]
+    assert all(o["provider_options"] == [] for o in options)
+    assert _generate(out) == _until(_reference("gpt2"), DEFAULT_EOS)
+
+    out = tmp_path / "gpu"
+    split(_model("gpt2"), PlanRequest(2, devices=load_cluster(DEVICES / "cpu_gpu.json")), out, FAST)
+    decoder = json.loads((out / GENAI_CONFIG_NAME).read_text())["model"]["decoder"]
+    options = [next(iter(p.values()))["session_options"] for p in decoder["pipeline"]]
+    assert options[0]["provider_options"] == []
+    assert options[1]["provider_options"] == [
+        {"cuda": {"device_id": "0", "arena_extend_strategy": "kSameAsRequested"}}
+    ]
+    assert decoder["session_options"]["provider_options"] == []
+
+
 def test_no_config_for_a_model_that_is_not_a_decoder(tmp_path: Path) -> None:
     out = tmp_path / "split"
     result = split(SAMPLE_MODELS / "resnet_tiny.onnx", 2, out, FAST)
     assert not (out / GENAI_CONFIG_NAME).exists()
     assert not any(GENAI_CONFIG_NAME in n for n in result.manifest.plan.notes)
+
+
+def test_the_cli_takes_a_config_and_never_deletes_it(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    hf = tmp_path / "config.json"
+    hf.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 4, "eos_token_id": 1}))
+    out = tmp_path / "stages"
+    args = ["split", _model("llama_gqa"), "--stages", "2", "--out", out, "--cost", "static", "--no-verify"]
+    code, stdout, _ = cli_run([*args, "--genai-config", hf], capfd)
+    assert code == 0 and "genai_config.json: an ONNX Runtime GenAI decoder-pipeline of 2 stages" in stdout
+    assert json.loads((out / GENAI_CONFIG_NAME).read_text())["model"]["eos_token_id"] == 1
+    # the written config given back for a --force split into the same folder: it would be deleted
+    code, _, err = cli_run([*args, "--force", "--genai-config", out / GENAI_CONFIG_NAME], capfd)
+    assert code == 6 and "(--genai-config), which the split would replace" in err
+    assert (out / GENAI_CONFIG_NAME).is_file()
