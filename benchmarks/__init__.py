@@ -39,7 +39,9 @@ measured profiles); they take minutes, want a quiet machine, and are run by hand
 * ``gpu`` — for a machine with an accelerator: a CPU stage and a GPU stage planned from profiles on each,
   verified, measured against predicted; skips, saying why, where no GPU provider is present.
 * ``decoders`` — decoder LLMs: stage balance at prefill and decode for splits balanced for prefill,
-  decode, both phases, and equal layer counts.
+  decode, both phases, and equal layer counts;
+* ``generate`` — decode throughput of a decoder's K-stage pipeline with K and more sequences in flight,
+  against the unsplit model and K replicas running the same sequences.
 """
 
 from __future__ import annotations

@@ -18,12 +18,12 @@ import sys
 from collections.abc import Sequence
 
 from onnxpipe import __version__
-from onnxpipe.cli import export_triton, inspect, plan, profile, run, split, verify
+from onnxpipe.cli import export_triton, generate, inspect, plan, profile, run, split, verify
 from onnxpipe.cli.arguments import CommandParser, SubcommandParser
 from onnxpipe.cli.commands import work
 from onnxpipe.core.errors import OnnxpipeError
 
-SUBCOMMANDS = (profile, split, plan, verify, run, inspect, export_triton)
+SUBCOMMANDS = (profile, split, plan, verify, run, generate, inspect, export_triton)
 """The parsers, in the order ``onnxpipe --help`` lists them; each module has ``NAME``, ``HELP`` and
 ``add_arguments``; the work of each is in :data:`.commands.WORK` under the same name."""
 

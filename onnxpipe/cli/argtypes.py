@@ -71,3 +71,20 @@ def fraction(text: str) -> float:
     if not (value >= 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"{text} must be a finite number of 0 or more")
     return value
+
+
+def token_ids(text: str) -> tuple[int, ...]:
+    """A prompt's token ids: whole numbers >= 0 separated by commas or spaces (``"1,2,3"``)."""
+    parts = [p for p in text.replace(",", " ").split() if p]
+    if not parts:
+        raise argparse.ArgumentTypeError("give at least one token id (e.g. 1,2,3)")
+    ids: list[int] = []
+    for p in parts:
+        try:
+            value = int(p)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{p!r} is not a token id (a whole number)") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{value} is not a token id: ids are 0 or more")
+        ids.append(value)
+    return tuple(ids)

@@ -4,8 +4,9 @@ A backend runs one or more *lanes*; a lane is a chain of workers (a K-stage pipe
 workers; K data-parallel replicas are K lanes of one worker).  The pipeline owns ordering, futures and
 threads; a backend only moves micro-batches:
 
-* :meth:`Backend.try_submit` hands one micro-batch to a lane with room, or says there is none (the
-  bound is the backpressure: a backend holds at most :attr:`Backend.capacity` micro-batches);
+* :meth:`Backend.try_submit` hands one micro-batch to a lane with room (or to the lane it names), or
+  says there is none (the bound is the backpressure: a backend holds at most :attr:`Backend.capacity`
+  micro-batches); :attr:`Backend.lanes` says how many lanes there are;
 * :meth:`Backend.poll` returns the micro-batches that came out (in any order; each carries its sequence
   number) and raises :class:`~onnxpipe.core.errors.RuntimeStageError` once a worker failed or died; what
   came out before the failure is best returned first (raising on the next call), so that those callers
@@ -42,11 +43,19 @@ class Backend(Protocol):
     """``"processes"``, ``"threads"`` or ``"ray"``."""
 
     @property
+    def lanes(self) -> int:
+        """How many lanes (chains of workers) the backend runs."""
+        ...
+
+    @property
     def capacity(self) -> int:
         """How many micro-batches the backend holds in flight at most."""
         ...
 
-    def try_submit(self, seq: int, feeds: Mapping[str, np.ndarray]) -> bool: ...
+    def try_submit(self, seq: int, feeds: Mapping[str, np.ndarray], to_lane: int | None = None) -> bool:
+        """Hand micro-batch ``seq`` to a lane with room (``to_lane``: that lane only, as a generating
+        sequence whose cache lives in one lane's workers needs); False when there is none."""
+        ...
 
     def poll(self) -> list[tuple[int, Tensors]]: ...
 
@@ -102,3 +111,13 @@ BackendConfig = LocalConfig | RayConfig
 def _check_slots(slots: int) -> None:
     if slots < 1:
         raise UsageError(f"slots {slots}: a channel needs at least one slot")
+
+
+def lane_order(next_lane: int, lanes: int, lane: int | None) -> list[int]:
+    """The lanes to try for a micro-batch: ``lane`` alone when it names one (checked), else every lane
+    in turn from ``next_lane``."""
+    if lane is None:
+        return [(next_lane + step) % lanes for step in range(lanes)]
+    if not 0 <= lane < lanes:
+        raise UsageError(f"lane {lane}: this pipeline has lanes 0 to {lanes - 1}")
+    return [lane]

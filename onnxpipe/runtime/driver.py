@@ -39,10 +39,12 @@ class Job(Future[Tensors]):
     pipeline, which only that thread could deliver.
     """
 
-    def __init__(self, seq: int, feeds: Mapping[str, np.ndarray] | None) -> None:
+    def __init__(self, seq: int, feeds: Mapping[str, np.ndarray] | None, lane: int | None = None) -> None:
         super().__init__()
         self.seq = seq
         self.feeds = feeds
+        self.lane = lane
+        """The lane it must run in (a generating sequence's), or None: any."""
         self.queued_at = time.perf_counter()
         self.submitted_at: float | None = None
         self.done_at: float | None = None
@@ -77,13 +79,13 @@ class Driver:
 
     # ------------------------------------------------------------------------------ from callers
 
-    def submit(self, feeds: dict[str, np.ndarray]) -> Job:
+    def submit(self, feeds: dict[str, np.ndarray], lane: int | None = None) -> Job:
         with self.lock:
             if self.error is not None:
                 raise RuntimeStageError(f"the pipeline stopped after a failure: {self.error}")
             if not self.accepting:
                 raise UsageError(CLOSED)
-            job = Job(self.next_seq, feeds)
+            job = Job(self.next_seq, feeds, lane)
             self.next_seq += 1
             self.queue.append(job)
             failed = self._pump()
@@ -204,8 +206,8 @@ class Driver:
                     job.set_running_or_notify_cancel()  # tells concurrent.futures.wait()
                     continue
                 assert job.feeds is not None
-                if not self.backend.try_submit(job.seq, job.feeds):
-                    break
+                if not self.backend.try_submit(job.seq, job.feeds, job.lane):
+                    break  # FIFO: a job for a full lane holds back the ones behind it
                 self.queue.popleft()
                 job.feeds = None
                 job.submitted_at = time.perf_counter()

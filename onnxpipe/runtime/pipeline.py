@@ -38,21 +38,29 @@ import onnxruntime as ort
 
 from onnxpipe.core.dims import Shape
 from onnxpipe.core.errors import RuntimeStageError, UsageError
-from onnxpipe.manifest import Manifest, load_manifest
+from onnxpipe.manifest import DecoderIORecord, Manifest, load_manifest
 from onnxpipe.runtime.affinity import assign_cpus
 from onnxpipe.runtime.backends.processes import ProcessBackend
 from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.backends.threads import ThreadBackend
 from onnxpipe.runtime.base import Backend, BackendConfig, LocalConfig, RayConfig, Tensors
 from onnxpipe.runtime.driver import CLOSE_TIMEOUT_S, CLOSED, Driver, Job
+from onnxpipe.runtime.generate import GenerateOptions, Generation, StepFeeds
+from onnxpipe.runtime.generate import generate as generate_tokens
+from onnxpipe.runtime.kvstate import CONTROL
 from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import (
     Placement,
     WorkerSpec,
     check_providers_here,
+    generation_io,
+    generation_specs,
     manifest_placements,
+    model_generation_spec,
+    placement_for_device,
     stage_specs,
 )
+from onnxpipe.verification.verify import source_model_path
 
 
 class Pipeline:
@@ -73,6 +81,7 @@ class Pipeline:
         directory: Path | None = None,
         input_shapes: Mapping[str, Shape] | None = None,
         pin_note: str | None = None,
+        generation_io: DecoderIORecord | None = None,
     ) -> None:
         self.backend = backend
         self.input_types = dict(input_types)
@@ -83,6 +92,9 @@ class Pipeline:
         self.directory = directory
         self.pin_note = pin_note
         """Why the workers were not pinned although asked to be (too few CPUs), else None."""
+        self.generation_io = generation_io
+        """Set when the workers generate (:meth:`generate`): each keeps its layers' KV cache."""
+        self._next_sequence = 0
         self._driver = Driver(backend, self.output_names)
         self._finalizer = weakref.finalize(self, self._driver.abandon)
         self._finalizer.atexit = False  # at exit the workers go with the process
@@ -98,6 +110,7 @@ class Pipeline:
         threads: int | None = None,
         placements: Sequence[Placement] | None = None,
         check_files: bool = True,
+        generation: bool = False,
     ) -> Pipeline:
         """Start one worker per stage of the split folder ``directory``.
 
@@ -112,6 +125,10 @@ class Pipeline:
         ``placements`` gives each stage's explicitly instead.  On the local backend a provider (or
         runtime) from the manifest that this machine lacks is a :class:`UsageError`, before any worker
         starts.
+
+        ``generation``: the split of a decoder LLM runs :meth:`generate`: each worker keeps its own
+        layers' KV cache between steps (:mod:`onnxpipe.runtime.kvstate`), the caller sends token ids,
+        mask and positions and gets logits back.  Such a pipeline does not take :meth:`run` feeds.
         """
         config = backend if backend is not None else LocalConfig()
         d = Path(directory)
@@ -121,7 +138,8 @@ class Pipeline:
             placements = manifest_placements(manifest, threads)
         elif len(placements) != manifest.k:
             raise UsageError(f"{len(placements)} placements given for the {manifest.k} stages of {d}")
-        specs = stage_specs(d, manifest, placements)
+        io = generation_io(manifest, d) if generation else None
+        specs = (generation_specs if generation else stage_specs)(d, manifest, placements)
         local = isinstance(config, LocalConfig)
         if from_manifest and local:  # Ray actors check the provider on their own node
             check_providers_here(specs, ort.get_available_providers())
@@ -132,15 +150,58 @@ class Pipeline:
         if isinstance(config, LocalConfig) and config.pin:
             lanes, pin_note = assign_cpus([specs], workers=shared)
             specs = lanes[0]
+        types = {t.name: t.dtype for t in manifest.model_inputs}
+        outputs = [o.name for o in manifest.model_outputs]
+        if io is not None:
+            types = generation_input_types(manifest, io)
+            outputs = [str(io.logits_output)]
         return cls(
             make_backend([specs], config, workers=shared),
-            input_types={t.name: t.dtype for t in manifest.model_inputs},
+            input_types=types,
             input_shapes={t.name: t.shape for t in manifest.model_inputs},
-            output_names=[o.name for o in manifest.model_outputs],
+            output_names=outputs,
             lanes=[specs],
             manifest=manifest,
             directory=d,
             pin_note=pin_note,
+            generation_io=io,
+        )
+
+    @classmethod
+    def generating_replicas(
+        cls,
+        directory: str | Path,
+        replicas: int = 1,
+        backend: BackendConfig | None = None,
+        *,
+        threads: int | None = None,
+        model: str | Path | None = None,
+    ) -> Pipeline:
+        """``replicas`` workers each running the whole source model of the split ``directory`` and
+        keeping its whole KV cache: the unsplit model generating (one replica), or data-parallel
+        replicas, to compare a split's :meth:`generate` with, side by side.  ``model``: the source model
+        (default: the manifest's ``source.path``)."""
+        if replicas < 1:
+            raise UsageError(f"replicas {replicas}: give 1 or more")
+        config = backend if backend is not None else LocalConfig()
+        d = Path(directory)
+        manifest = load_manifest(d, check_files=False)
+        io = generation_io(manifest, d)
+        path = source_model_path(d, manifest, model)
+        n = manifest.plan.threads if threads is None else threads
+        place = placement_for_device("cpu", n)
+        lanes = [[model_generation_spec(path, manifest, place, index=i)] for i in range(replicas)]
+        if isinstance(config, LocalConfig) and config.pin:
+            lanes, _ = assign_cpus(lanes)
+        return cls(
+            make_backend(lanes, config),
+            input_types=generation_input_types(manifest, io),
+            input_shapes={t.name: t.shape for t in manifest.model_inputs},
+            output_names=[str(io.logits_output)],
+            lanes=lanes,
+            manifest=manifest,
+            directory=d,
+            generation_io=io,
         )
 
     # ---------------------------------------------------------------------------------- running
@@ -153,6 +214,46 @@ class Pipeline:
     def capacity(self) -> int:
         """Micro-batches the workers hold at most; more wait in the pipeline's queue."""
         return self.backend.capacity
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int = 32,
+        *,
+        eos_token_ids: Sequence[int] = (),
+        in_flight: int | None = None,
+    ) -> Generation:
+        """Greedy new tokens for each prompt (token ids), at most ``max_new_tokens`` each, fewer when
+        one of ``eos_token_ids`` comes; ``in_flight``: sequences in the pipeline at once (default: all).
+
+        The pipeline must have been opened for generation (``from_manifest(..., generation=True)`` or
+        :meth:`generating_replicas`).  Sequences run concurrently, one step each in the pipeline at a
+        time, so that ``K`` stages are busy with ``K`` sequences (:mod:`onnxpipe.runtime.generate`).
+        """
+        io = self.generation_io
+        if io is None:
+            raise UsageError(
+                "this pipeline was not opened for generation; open it with "
+                "Pipeline.from_manifest(directory, generation=True)"
+            )
+        options = GenerateOptions(max_new_tokens, tuple(int(t) for t in eos_token_ids), in_flight)
+        feeds = StepFeeds(io, self.input_types)
+        first = self._next_sequence
+        self._next_sequence += len(prompts)
+        result: Generation = self._interruptible(
+            lambda: generate_tokens(
+                lambda f, lane: self._submit_to(f, lane),
+                self.backend.lanes,
+                feeds,
+                prompts,
+                options,
+                first_ident=first,
+            )
+        )
+        return result
+
+    def _submit_to(self, feeds: Mapping[str, np.ndarray], lane: int) -> Job:
+        return self._driver.submit(self._check_feeds(feeds), lane)
 
     def submit(self, feeds: Mapping[str, np.ndarray]) -> Job:
         """Queue one micro-batch (model inputs by name); the future's result is the model outputs.
@@ -317,3 +418,11 @@ def make_backend(
     if config.mode == "processes":
         return ProcessBackend(lanes, slots=config.slots, workers=workers)
     return ThreadBackend(lanes, slots=config.slots, workers=workers)
+
+
+def generation_input_types(manifest: Manifest, io: DecoderIORecord) -> dict[str, str]:
+    """What a generating pipeline takes: the model inputs but the cache, and the control tensor."""
+    pasts = set(io.past_to_present())
+    types = {t.name: t.dtype for t in manifest.model_inputs if t.name not in pasts}
+    types[CONTROL] = "int64"
+    return types

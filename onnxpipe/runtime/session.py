@@ -25,10 +25,14 @@ from onnxpipe.core.errors import UsageError, error_line
 from onnxpipe.core.ortsession import Provider, open_session, session_options
 from onnxpipe.core.runtimes import Engine, Runtime, open_engine
 from onnxpipe.runtime.affinity import pinned
+from onnxpipe.runtime.kvstate import CONTROL, Control, KVState, StepFlags
 from onnxpipe.runtime.spec import CPU_PROVIDER, WorkerSpec
 
 MAX_RECORDS = 1 << 16
 """Timing records a worker keeps (the most recent ones): bounded, so a long-running server does not grow."""
+
+_NOTHING = np.zeros(0, dtype=np.float32)
+"""What a dropped generation step sends in place of the tensors its stage would have made."""
 
 _NODE_NAME = re.compile(r"running (\w+) node\. Name:'([^']*)'")
 
@@ -145,6 +149,11 @@ class StageRunner:
             rss_after - rss_before if rss_after is not None and rss_before is not None else None
         )
         self.recorder = Recorder()
+        self.kv: KVState | None = None
+        """A generating worker's caches (:mod:`onnxpipe.runtime.kvstate`)."""
+        if spec.generating:
+            # OpenVINO's outputs may live in its infer request's buffers, which the next step reuses
+            self.kv = KVState(spec.caches, copy=place.runtime != Runtime.ONNXRUNTIME)
 
     def _open_other(self, spec: WorkerSpec) -> None:
         place = spec.placement
@@ -193,8 +202,19 @@ class StageRunner:
     def run(self, seq: int, received: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The tensors to send on, for micro-batch ``seq`` whose received tensors are ``received``."""
         spec = self.spec
+        control: Control | None = None
+        cached: dict[str, np.ndarray] = {}
+        if self.kv is not None:
+            control = Control.read(received[CONTROL])
+            if control.flags & StepFlags.DROP:  # a sequence that ended early: nothing runs
+                self.kv.drop(control)
+                return {n: received.get(n, _NOTHING) for n in spec.sends}
+            try:
+                cached = self.kv.feeds(control)
+            except KeyError as e:
+                raise StageFailure(f"{spec.label}: micro-batch {seq}: {e.args[0]}") from None
         try:
-            feeds = {n: received[n] for n in spec.inputs}
+            feeds = {n: cached[n] if n in cached else received[n] for n in spec.inputs}
         except KeyError as e:
             raise StageFailure(
                 f"{spec.label}: micro-batch {seq} lacks tensor {e.args[0]!r}; the upstream worker did not "
@@ -206,6 +226,8 @@ class StageRunner:
         except Exception as e:
             raise StageFailure(describe_failure(spec, seq, feeds, e)) from e
         produced = dict(zip(spec.outputs, results, strict=True))
+        if self.kv is not None and control is not None:
+            self.kv.keep(control, produced)
         return {n: produced[n] if n in produced else received[n] for n in spec.sends}
 
     def stats(

@@ -12,7 +12,7 @@ Specs are plain frozen data: they are pickled to worker processes and Ray actors
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +20,8 @@ from onnxpipe.cluster.model import Device
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.runtimes import DEFAULT_OPENVINO_DEVICE, EngineConfig, Runtime, runs_here
 from onnxpipe.core.runtimes import available as runtime_available
-from onnxpipe.manifest import Manifest
+from onnxpipe.manifest import DecoderIORecord, Manifest
+from onnxpipe.runtime.kvstate import CONTROL, CacheSlot
 
 CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
@@ -91,6 +92,10 @@ class WorkerSpec:
     sends: tuple[str, ...]
     placement: Placement = Placement()
     device: str = "cpu"
+    caches: tuple[CacheSlot, ...] = ()
+    """A generating worker's past inputs, fed from its own cache (:mod:`onnxpipe.runtime.kvstate`)."""
+    generating: bool = False
+    """Each micro-batch is a generation step carrying :data:`~onnxpipe.runtime.kvstate.CONTROL`."""
 
 
 def placement_for_device(device: str, threads: int) -> Placement:
@@ -189,16 +194,109 @@ def stage_specs(
     placements: Sequence[Placement],
 ) -> list[WorkerSpec]:
     """One spec per stage of ``manifest``, forwarding what later stages and the model outputs need."""
+    return _chain(
+        directory,
+        manifest,
+        placements,
+        [t.name for t in manifest.model_inputs],
+        [o.name for o in manifest.model_outputs],
+        {},
+    )
+
+
+def generation_specs(
+    directory: Path,
+    manifest: Manifest,
+    placements: Sequence[Placement],
+) -> list[WorkerSpec]:
+    """One spec per stage of a decoder's split, for generation: each stage feeds its past inputs from
+    its worker's cache and keeps its presents there (they travel nowhere); the caller sends the token,
+    mask and position inputs and :data:`~onnxpipe.runtime.kvstate.CONTROL`, and gets the logits back."""
+    io = generation_io(manifest, directory)
+    past_to_present = io.past_to_present()
+    declared = {t.name: t for t in manifest.model_inputs}
+    caches: dict[int, tuple[CacheSlot, ...]] = {}
+    for st in manifest.stages:
+        owned = {t for r in io.kv if r.layer in st.kv_layers for t in r.pasts}
+        slots = []
+        for t in st.inputs:
+            if t.name not in past_to_present:
+                continue
+            tensor = declared[t.name]
+            if tensor.shape is None:
+                raise UsageError(
+                    f"{manifest.source.file}: past input {t.name!r} has no recorded shape; re-run onnxpipe "
+                    "split"
+                )
+            rank = len(tensor.shape)
+            shape = tuple(d if isinstance(d, int) else None for d in tensor.shape)
+            if sum(d is None for i, d in enumerate(shape) if i != rank - 2) > 1:
+                raise UsageError(
+                    f"{manifest.source.file}: past input {t.name!r} has shape {list(tensor.shape)}: more "
+                    "than the batch and the cached tokens are unknown, so its empty cache cannot be made"
+                )
+            present = past_to_present[t.name] if t.name in owned else None
+            slots.append(CacheSlot(t.name, present, tensor.dtype, shape))
+        caches[st.index] = tuple(slots)
+    pasts = set(past_to_present)
+    inputs = [t.name for t in manifest.model_inputs if t.name not in pasts] + [CONTROL]
+    assert io.logits_output is not None  # generation_io checked it
+    return _chain(directory, manifest, placements, inputs, [io.logits_output, CONTROL], caches)
+
+
+def generation_io(manifest: Manifest, where: str | Path = "") -> DecoderIORecord:
+    """The manifest's ``plan.decoder.io``, or a :class:`UsageError` saying why the split cannot generate
+    (naming ``where``, the split folder)."""
+    try:
+        return _generation_io(manifest)
+    except UsageError as e:
+        raise UsageError(f"{where}: {e}" if str(where) else str(e)) from None
+
+
+def _generation_io(manifest: Manifest) -> DecoderIORecord:
+    dec = manifest.plan.decoder
+    if dec is None:
+        raise UsageError(
+            f"{manifest.source.file} was not split as a decoder LLM with a KV cache (the manifest has no "
+            "plan.decoder); only such a split can generate"
+        )
+    if dec.io is None:
+        raise UsageError(
+            f"{manifest.source.file}: the manifest predates plan.decoder.io (what a generation loop feeds); "
+            "re-run onnxpipe split"
+        )
+    if not dec.layer_cuts:
+        raise UsageError(
+            f"{manifest.source.file} was split with --layer-cuts off: a layer's cache may lie in two stages, "
+            "so no worker can keep it; re-run onnxpipe split with layer cuts"
+        )
+    if dec.io.logits_output is None:
+        raise UsageError(f"{manifest.source.file}: no logits output was found among the model outputs")
+    return dec.io
+
+
+def _chain(
+    directory: Path,
+    manifest: Manifest,
+    placements: Sequence[Placement],
+    model_inputs: Sequence[str],
+    outputs: Sequence[str],
+    caches: Mapping[int, tuple[CacheSlot, ...]],
+) -> list[WorkerSpec]:
+    """The chain's specs: the first worker receives ``model_inputs``, each forwards what later stages
+    and ``outputs`` need; a stage's ``caches`` are fed by its worker, never received."""
     if len(placements) != manifest.k:
         raise ValueError(f"{len(placements)} placements for {manifest.k} stages")
-    model_inputs = [t.name for t in manifest.model_inputs]
-    outputs = [o.name for o in manifest.model_outputs]
+    generating = CONTROL in model_inputs
+    local = {s.past for slots in caches.values() for s in slots}
     # tensors still needed after stage i: read by a later stage or a model output
     later: set[str] = set(outputs)
     needed_after: list[set[str]] = []
     for st in reversed(manifest.stages):
         needed_after.append(set(later))
-        later |= {t.name for t in st.inputs}
+        later |= {t.name for t in st.inputs if t.name not in local}
+        if generating:
+            later.add(CONTROL)
     needed_after.reverse()
     first_needs = later  # everything any stage or output reads
 
@@ -221,10 +319,12 @@ def stage_specs(
                 sends=sends,
                 placement=place,
                 device=st.device,
+                caches=caches.get(st.index, ()),
+                generating=generating,
             )
         )
         available = list(sends)
-    missing = [o.name for o in manifest.model_outputs if o.name not in available]
+    missing = [o for o in outputs if o not in available]
     if missing:  # load_manifest's consistency checks make this unreachable for a valid manifest
         raise UsageError(f"model output {missing[0]!r} is produced by no stage of the manifest")
     return specs
@@ -250,4 +350,32 @@ def model_spec(
         outputs=session_outputs,
         sends=tuple(outputs),
         placement=placement,
+    )
+
+
+def model_generation_spec(
+    path: Path, manifest: Manifest, placement: Placement, *, index: int = 0
+) -> WorkerSpec:
+    """A one-worker chain generating with the whole source model at ``path`` (a replica), keeping its
+    whole KV cache: the baseline a split's generation is compared with."""
+    io = generation_io(manifest)
+    past_to_present = io.past_to_present()
+    inputs = [t.name for t in manifest.model_inputs]
+    slots = []
+    for t in manifest.model_inputs:
+        if t.name in past_to_present:
+            shape = tuple(d if isinstance(d, int) else None for d in (t.shape or ()))
+            slots.append(CacheSlot(t.name, past_to_present[t.name], t.dtype, shape))
+    logits = str(io.logits_output)
+    return WorkerSpec(
+        index=index,
+        label=f"replica {index} ({path.name})",
+        path=str(path),
+        receives=(*(n for n in inputs if n not in past_to_present), CONTROL),
+        inputs=tuple(inputs),
+        outputs=tuple(o.name for o in manifest.model_outputs),
+        sends=(logits, CONTROL),
+        placement=placement,
+        caches=tuple(slots),
+        generating=True,
     )

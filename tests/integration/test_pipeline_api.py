@@ -64,7 +64,11 @@ class ManualBackend:
     def capacity(self) -> int:
         return self._capacity
 
-    def try_submit(self, seq: int, feeds: Mapping[str, np.ndarray]) -> bool:
+    @property
+    def lanes(self) -> int:
+        return 1
+
+    def try_submit(self, seq: int, feeds: Mapping[str, np.ndarray], to_lane: int | None = None) -> bool:
         if self.submit_error is not None:
             raise self.submit_error
         with self.lock:

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from paths import SAMPLE_MODELS
 from runtime_support import (
     assert_same,
     original_outputs,
@@ -17,7 +18,7 @@ from runtime_support import (
     token_batches,
 )
 
-from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
+from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions, split
 from onnxpipe.core.errors import RuntimeStageError, UsageError
 from onnxpipe.runtime.backends import ray_backend, ray_resources
 from onnxpipe.runtime.backends.ray_backend import RayBackend
@@ -301,3 +302,21 @@ def test_ray_compare_runs_the_replicas_as_actors(ray_cluster: Any, tiny_split: P
     assert replicas["mode"] == "ray" and replicas["workers"] == 2
     assert replicas["throughput_per_s"] > 0 and replicas["peak_rss_bytes"] > 0
     assert replicas["balanced_ceiling"] is None  # actors' clocks need not be one machine's
+
+
+def test_ray_actors_keep_their_layers_cache_while_generating(ray_cluster: Any, tmp_path: Path) -> None:
+    """Generation through Ray actors: each actor keeps its stage's cache; the tokens are the unsplit
+    model's (generated here by one local worker holding the whole cache)."""
+    folder = tmp_path / "llama"
+    split(
+        SAMPLE_MODELS / "decoders" / "llama_gqa.onnx",
+        PlanRequest(2),
+        folder,
+        SplitOptions(profile=ProfileOptions(cost="static"), verify=False),
+    )
+    prompts = [[3, 17, 42, 9], [101, 2], [64]]
+    with Pipeline.generating_replicas(folder, 1) as whole:
+        want = whole.generate(prompts, 16)
+    with Pipeline.from_manifest(folder, RayConfig(), generation=True) as pipe:
+        got = pipe.generate(prompts, 16)
+    assert got.tokens == want.tokens

@@ -18,6 +18,7 @@ WORK: dict[str, str] = {
     "plan": "onnxpipe.cli.commands.plan",
     "verify": "onnxpipe.cli.commands.verify",
     "run": "onnxpipe.cli.commands.run",
+    "generate": "onnxpipe.cli.commands.generate",
     "inspect": "onnxpipe.cli.commands.inspect",
     "export-triton": "onnxpipe.cli.commands.export_triton",
 }

@@ -40,7 +40,7 @@ from onnxpipe.runtime.backends.shm import (
     SlotWriter,
     unlink_prefix,
 )
-from onnxpipe.runtime.base import Tensors
+from onnxpipe.runtime.base import Tensors, lane_order
 from onnxpipe.runtime.choices import DEFAULT_SLOTS
 from onnxpipe.runtime.session import (
     WorkerStats,
@@ -215,11 +215,14 @@ class ProcessBackend:
     def capacity(self) -> int:
         return sum(self._slots * (len(lane.specs) + 1) for lane in self._lanes)
 
-    def try_submit(self, seq: int, feeds: Mapping[str, np.ndarray]) -> bool:
+    @property
+    def lanes(self) -> int:
+        return len(self._lanes)
+
+    def try_submit(self, seq: int, feeds: Mapping[str, np.ndarray], to_lane: int | None = None) -> bool:
         self._check_open()
         n = len(self._lanes)
-        for step in range(n):
-            li = (self._next_lane + step) % n
+        for li in lane_order(self._next_lane, n, to_lane):
             lane = self._lanes[li]
             first = lane.specs[0]
             try:

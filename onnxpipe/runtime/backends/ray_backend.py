@@ -51,7 +51,7 @@ from onnxpipe.runtime.backends.ray_resources import (
     check_shared_pins,
     merged_options,
 )
-from onnxpipe.runtime.base import Tensors
+from onnxpipe.runtime.base import Tensors, lane_order
 from onnxpipe.runtime.choices import DEFAULT_SLOTS
 from onnxpipe.runtime.session import (
     Record,
@@ -290,13 +290,16 @@ class RayBackend:
         """``slots`` per channel, ``k + 1`` per lane of ``k`` stages, as the local backends hold."""
         return sum(self._lane_capacity)
 
-    def try_submit(self, seq: int, feeds: Mapping[str, np.ndarray]) -> bool:
-        """Chain micro-batch ``seq`` through the next lane with room (lanes in turn)."""
+    @property
+    def lanes(self) -> int:
+        return len(self._lanes)
+
+    def try_submit(self, seq: int, feeds: Mapping[str, np.ndarray], to_lane: int | None = None) -> bool:
+        """Chain micro-batch ``seq`` through the next lane with room (lanes in turn), or ``to_lane``."""
         self._check()
         with self._lock:
             n = len(self._lanes)
-            for step in range(n):
-                li = (self._next_lane + step) % n
+            for li in lane_order(self._next_lane, n, to_lane):
                 if self._lane_load[li] >= self._lane_capacity[li]:
                     continue
                 lane = self._lanes[li]

@@ -28,7 +28,7 @@ import numpy as np
 
 from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.runtime.affinity import pin_thread
-from onnxpipe.runtime.base import Tensors
+from onnxpipe.runtime.base import Tensors, lane_order
 from onnxpipe.runtime.choices import DEFAULT_SLOTS
 from onnxpipe.runtime.session import Record, StageFailure, StageRunner, WorkerStats, current_rss_bytes
 from onnxpipe.runtime.spec import WorkerSpec
@@ -246,11 +246,14 @@ class ThreadBackend:
         """``slots`` per channel, ``k + 1`` channels per lane of ``k`` workers: exactly what fits."""
         return sum(self._slots * (len(lane.workers) + 1) for lane in self._lanes)
 
-    def try_submit(self, seq: int, feeds: Mapping[str, np.ndarray]) -> bool:
+    @property
+    def lanes(self) -> int:
+        return len(self._lanes)
+
+    def try_submit(self, seq: int, feeds: Mapping[str, np.ndarray], to_lane: int | None = None) -> bool:
         self._check()
         n = len(self._lanes)
-        for step in range(n):
-            li = (self._next_lane + step) % n
+        for li in lane_order(self._next_lane, n, to_lane):
             lane = self._lanes[li]
             received = {name: feeds[name] for name in lane.workers[0].runner.spec.receives}
             if not lane.inbox.try_put((seq, received)):

@@ -1,0 +1,76 @@
+"""The work of ``onnxpipe generate`` (parser: :mod:`onnxpipe.cli.generate`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from onnxpipe.cli.commands.jsonout import document
+from onnxpipe.cli.commands.preamble import Say
+from onnxpipe.manifest.write import num
+from onnxpipe.runtime.base import LocalConfig
+from onnxpipe.runtime.generate import Generation
+from onnxpipe.runtime.pipeline import Pipeline
+
+
+def run(args: argparse.Namespace) -> int:
+    say = Say(json_output=args.json)
+    config = LocalConfig(mode=args.local_mode)
+    prompts = [list(p) for p in args.prompt_ids]
+    eos = tuple(args.eos_token_id)
+
+    def through(pipe: Pipeline) -> Generation:
+        with pipe:
+            return pipe.generate(prompts, args.max_new_tokens, eos_token_ids=eos, in_flight=args.in_flight)
+
+    pipe = Pipeline.from_manifest(args.dir, config, threads=args.threads, generation=True)
+    k = len(pipe.lanes[0])
+    say.step(f"generating {len(prompts)} sequence(s) through {k} stage(s) ({config.mode})")
+    split = through(pipe)
+    runs: dict[str, Generation] = {"pipeline": split}
+    if args.compare:
+        say.step("generating with the unsplit model (one worker, its whole cache)")
+        runs["unsplit"] = through(
+            Pipeline.generating_replicas(args.dir, 1, config, threads=args.threads, model=args.model)
+        )
+        if k > 1:
+            say.step(f"generating with {k} replicas of the unsplit model")
+            runs["replicas"] = through(
+                Pipeline.generating_replicas(args.dir, k, config, threads=args.threads, model=args.model)
+            )
+    same = all(g.tokens == split.tokens for g in runs.values())
+    if args.json:
+        sequences = [list(t) for t in split.tokens]
+        print(document("generate", sequences=sequences, runs=_runs_obj(runs), same=same))
+    else:
+        for i, (prompt, tokens) in enumerate(zip(prompts, split.tokens, strict=True)):
+            shown = " ".join(str(t) for t in tokens)
+            print(f"sequence {i}: {len(prompt)} prompt token(s) -> {len(tokens)} new: {shown}")
+        labels = {"pipeline": f"{k}-stage pipeline", "unsplit": "unsplit model", "replicas": f"{k} replicas"}
+        for name, g in runs.items():
+            rate = f"{g.tokens_per_second:.1f} tokens/s"
+            line = f"{labels[name]}: {g.new_tokens} tokens in {g.seconds:.3f} s, {rate}"
+            if name != "pipeline" and g.tokens_per_second > 0:
+                line += f" (the pipeline makes {split.tokens_per_second / g.tokens_per_second:.2f}x as many)"
+            print(line)
+        if args.compare:
+            print(
+                "tokens: the same as the unsplit model's"
+                if same
+                else "tokens: DIFFERENT from the unsplit model's: the split does not compute what it does"
+            )
+    say.done("generated")
+    return 0 if same else 1
+
+
+def _runs_obj(runs: dict[str, Generation]) -> dict[str, Any]:
+    return {
+        name: {
+            "new_tokens": g.new_tokens,
+            "seconds": num(g.seconds),
+            "tokens_per_second": num(g.tokens_per_second),
+            "steps": g.steps,
+            "same_tokens": g.tokens == runs["pipeline"].tokens,
+        }
+        for name, g in runs.items()
+    }

@@ -1,0 +1,67 @@
+"""``onnxpipe generate DIR``: greedy generation through a decoder's split, each worker keeping its own
+layers' KV cache (the parser; the work is :mod:`onnxpipe.cli.commands.generate`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from onnxpipe.cli.argtypes import count, positive_int, token_ids
+from onnxpipe.cli.arguments import add_json_arg
+from onnxpipe.runtime.choices import DEFAULT_LOCAL_MODE, LOCAL_MODES
+
+NAME = "generate"
+HELP = "generate tokens through a decoder's split, each worker keeping its layers' KV cache"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", type=Path, help="a folder written by 'onnxpipe split' from a decoder LLM")
+    p.add_argument(
+        "--prompt-ids",
+        type=token_ids,
+        action="append",
+        required=True,
+        metavar="IDS",
+        help="a prompt's token ids, comma-separated (repeat the option for several sequences in flight)",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=32,
+        metavar="N",
+        help="new tokens per prompt (default 32)",
+    )
+    p.add_argument(
+        "--eos-token-id",
+        type=count,
+        action="append",
+        default=[],
+        metavar="ID",
+        help="stop a sequence at this token (repeatable; default: none, every sequence makes N tokens)",
+    )
+    p.add_argument(
+        "--in-flight",
+        type=positive_int,
+        metavar="N",
+        help="sequences in the pipeline at once (default: every prompt)",
+    )
+    p.add_argument(
+        "--local-mode",
+        choices=LOCAL_MODES,
+        default=DEFAULT_LOCAL_MODE,
+        help=f"workers as processes (shared memory) or threads (default {DEFAULT_LOCAL_MODE})",
+    )
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        metavar="N",
+        help="intra-op threads per worker (default: the split's devices', else the plan's)",
+    )
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="also generate the same prompts with the unsplit model and with K replicas of it, side by "
+        "side: the tokens must be the same (exit 1 if not), and tokens/s of each are reported",
+    )
+    p.add_argument("--model", type=Path, help="the source model for --compare (default: the manifest's)")
+    add_json_arg(p)

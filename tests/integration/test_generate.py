@@ -1,0 +1,224 @@
+"""Generation through a decoder's split (``Pipeline.generate``, ``onnxpipe generate``): each worker keeps
+its own layers' KV cache, and the tokens equal the unsplit model's greedy tokens computed here by a plain
+onnxruntime loop that feeds the presents back as pasts (no onnxpipe code in the reference)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from cli_runner import run as cli_run
+from paths import SAMPLE_MODELS
+
+from onnxpipe.api import SplitOptions, split
+from onnxpipe.core.errors import UsageError
+from onnxpipe.cost.kinds import CostSource
+from onnxpipe.cost.source import ProfileOptions
+from onnxpipe.ir.decoder import find_decoder
+from onnxpipe.ir.load import load_model
+from onnxpipe.manifest import load_manifest
+from onnxpipe.plan.decoder_kinds import DecoderOptions, Ends
+from onnxpipe.plan.request import PlanRequest
+from onnxpipe.runtime.base import LocalConfig
+from onnxpipe.runtime.pipeline import Pipeline
+
+DECODERS = SAMPLE_MODELS / "decoders"
+MODELS = ("llama_gqa", "qwen2", "gpt2", "llama_gqa_builder")
+NEW_TOKENS = 32
+PROMPTS = ((3, 17, 42, 9, 77, 5), (101, 2), (64,), (7, 7, 19, 120, 33))
+
+
+@cache
+def reference(name: str, prompt: tuple[int, ...], n: int = NEW_TOKENS) -> tuple[int, ...]:
+    """The unsplit model's greedy tokens: one onnxruntime session, the cache fed back by hand."""
+    path = DECODERS / f"{name}.onnx"
+    dec = find_decoder(load_model(path))
+    assert dec is not None
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    inputs = {i.name: i for i in session.get_inputs()}
+    outputs = [o.name for o in session.get_outputs()]
+    cache_ = {
+        t: np.zeros(
+            [
+                1 if i == 0 else (0 if isinstance(d, str) or d is None else d)
+                for i, d in enumerate(inputs[t].shape)
+            ],
+            dtype=np.float32,
+        )
+        for t in dec.past_inputs
+    }
+    tokens = list(prompt)
+    new: list[int] = []
+    cached = 0
+    step = list(prompt)
+    while len(new) < n:
+        feeds = {
+            dec.ids_input: np.array([step], dtype=np.int64),
+            "attention_mask": np.ones((1, cached + len(step)), dtype=np.int64),
+            **cache_,
+        }
+        if dec.positions_input:
+            feeds[dec.positions_input] = np.arange(cached, cached + len(step), dtype=np.int64)[None]
+        out = dict(zip(outputs, session.run(None, feeds), strict=True))
+        token = int(np.argmax(out["logits"][0, -1]))
+        cached += len(step)
+        cache_ = {p: out[q] for p, q in zip(dec.past_inputs, dec.present_outputs, strict=True)}
+        new.append(token)
+        tokens.append(token)
+        step = [token]
+    return tuple(new)
+
+
+@cache
+def _split(name: str, k: int, ends: Ends = Ends.FREE) -> Path:
+    """A split folder of the tools-made decoder ``name``, made once per session (cut by static costs:
+    where the cuts fall does not matter to what the stages compute)."""
+    out = Path(tempfile.mkdtemp(prefix=f"onnxpipe-gen-{name}-{k}-")) / "out"
+    options = SplitOptions(profile=ProfileOptions(cost=CostSource.STATIC), verify=False)
+    split(DECODERS / f"{name}.onnx", PlanRequest(k, decoder=DecoderOptions(ends=ends)), out, options)
+    return out
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+@pytest.mark.parametrize("name", MODELS)
+def test_generate_gives_the_unsplit_models_tokens(name: str, k: int) -> None:
+    folder = _split(name, k)
+    manifest = load_manifest(folder)
+    io = manifest.plan.decoder.io if manifest.plan.decoder else None
+    assert io is not None and len(io.kv) == 4
+    with Pipeline.from_manifest(folder, generation=True) as pipe:
+        one = pipe.generate([PROMPTS[0]], NEW_TOKENS)
+        several = pipe.generate(PROMPTS, NEW_TOKENS)  # four sequences in flight through k stages
+        # each worker's caches were dropped at each sequence's last step
+        assert all(not w.runner.kv.caches for w in pipe.backend._workers)  # type: ignore[attr-defined]
+    assert one.tokens == (reference(name, PROMPTS[0]),)
+    assert several.tokens == tuple(reference(name, p) for p in PROMPTS)
+    assert several.steps == len(PROMPTS) * NEW_TOKENS
+    # random weights that do not just repeat one token (a tiny model often repeats within one sequence)
+    assert len({t for seq in several.tokens for t in seq}) > 4
+
+
+def test_the_cache_never_crosses_a_link() -> None:
+    """A generating worker receives and sends no past or present tensor: the cache is its own."""
+    folder = _split("llama_gqa", 3)
+    manifest = load_manifest(folder)
+    assert manifest.plan.decoder is not None and manifest.plan.decoder.io is not None
+    cache_names = {t for r in manifest.plan.decoder.io.kv for t in (*r.pasts, *r.presents)}
+    with Pipeline.from_manifest(folder, generation=True) as pipe:
+        for spec in pipe.lanes[0]:
+            assert not cache_names & set(spec.receives) and not cache_names & set(spec.sends)
+            owned = {
+                t
+                for r in manifest.plan.decoder.io.kv
+                if r.layer in manifest.stages[spec.index].kv_layers
+                for t in r.pasts
+            }
+            assert {s.past for s in spec.caches} == owned
+        assert set(pipe.input_types) == {
+            "input_ids",
+            "attention_mask",
+            "position_ids",
+            "onnxpipe::generation",
+        }
+
+
+def test_processes_and_early_stop_at_an_end_token() -> None:
+    """Worker processes keep their caches too; a sequence that meets its end token stops there, and its
+    caches are dropped (the pipeline serves the next generation with the same workers)."""
+    folder = _split("qwen2", 3)
+    want = reference("qwen2", PROMPTS[1])
+    eos = want[5]
+    cut = want.index(eos) + 1
+    with Pipeline.from_manifest(folder, LocalConfig(mode="processes"), generation=True) as pipe:
+        got = pipe.generate(PROMPTS[:2], NEW_TOKENS, eos_token_ids=[eos], in_flight=1)
+        again = pipe.generate([PROMPTS[2]], 8)
+    assert got.tokens[1] == want[:cut]
+    first = reference("qwen2", PROMPTS[0])
+    assert got.tokens[0] == (first[: first.index(eos) + 1] if eos in first else first)
+    assert again.tokens == (reference("qwen2", PROMPTS[2])[:8],)
+
+
+def test_embedding_stage_without_cache_reads_the_past_length_from_zeros() -> None:
+    """With ``--ends own`` the embedding stage holds no cache but reads the past length off a past's
+    shape: its worker feeds zeros of that shape, and the tokens are still the model's."""
+    folder = _split("llama_gqa", 4, Ends.OWN)
+    with Pipeline.from_manifest(folder, generation=True) as pipe:
+        shaped = [s for s in pipe.lanes[0][0].caches if s.present is None]
+        assert shaped  # the case this test is about
+        got = pipe.generate(PROMPTS[:2], 16)
+    assert got.tokens == tuple(reference("llama_gqa", p)[:16] for p in PROMPTS[:2])
+
+
+def test_replicas_generate_the_same_tokens() -> None:
+    folder = _split("gpt2", 2)
+    with Pipeline.generating_replicas(folder, 2) as pipe:
+        assert pipe.backend.lanes == 2
+        got = pipe.generate(PROMPTS, 12)
+    assert got.tokens == tuple(reference("gpt2", p)[:12] for p in PROMPTS)
+
+
+def test_generate_refuses_what_it_cannot_run(tmp_path: Path) -> None:
+    folder = _split("gpt2", 2)
+    with Pipeline.from_manifest(folder) as plain, pytest.raises(UsageError, match="generation=True"):
+        plain.generate([PROMPTS[0]], 4)
+    with Pipeline.from_manifest(folder, generation=True) as pipe:
+        with pytest.raises(UsageError, match="prompt 1 is empty"):
+            pipe.generate([PROMPTS[0], ()], 4)
+        with pytest.raises(UsageError, match="max_new_tokens 0"):
+            pipe.generate([PROMPTS[0]], 0)
+    # a manifest written before plan.decoder.io: asks for a fresh split, naming the folder
+    old = tmp_path / "old"
+    old.mkdir()
+    for f in folder.iterdir():
+        (old / f.name).write_bytes(f.read_bytes())
+    obj = json.loads((old / "manifest.json").read_text())
+    del obj["plan"]["decoder"]["io"]
+    (old / "manifest.json").write_text(json.dumps(obj))
+    with pytest.raises(UsageError, match=r"old: .*predates plan\.decoder\.io.*re-run onnxpipe split"):
+        Pipeline.from_manifest(old, generation=True)
+
+
+def test_cli_generate_compares_with_the_unsplit_model(capfd: pytest.CaptureFixture[str]) -> None:
+    folder = _split("llama_gqa", 2)
+    args = [
+        "generate",
+        folder,
+        "--prompt-ids",
+        "3,17,42,9,77,5",
+        "--prompt-ids",
+        "101 2",
+        "--max-new-tokens",
+        "8",
+    ]
+    code, out, err = cli_run([*args, "--compare", "--json"], capfd)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["sequences"] == [list(reference("llama_gqa", p)[:8]) for p in PROMPTS[:2]]
+    assert doc["same"] and set(doc["runs"]) == {"pipeline", "unsplit", "replicas"}
+    assert all(run["same_tokens"] and run["tokens_per_second"] > 0 for run in doc["runs"].values())
+    code, out, _ = cli_run(["generate", folder, "--prompt-ids", "64", "--max-new-tokens", "4"], capfd)
+    assert code == 0 and out.startswith("... generating 1 sequence(s) through 2 stage(s)")
+    shown = " ".join(map(str, reference("llama_gqa", (64,))[:4]))
+    assert f"sequence 0: 1 prompt token(s) -> 4 new: {shown}\n" in out
+
+
+def test_cli_generate_bad_input_is_one_line(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    not_decoder = tmp_path / "mlp"
+    split(
+        SAMPLE_MODELS / "mlp.onnx",
+        2,
+        not_decoder,
+        SplitOptions(profile=ProfileOptions(cost=CostSource.STATIC)),
+    )
+    code, _, err = cli_run(["generate", not_decoder, "--prompt-ids", "1"], capfd)
+    assert code == 2 and err.strip().count("\n") == 0
+    assert "was not split as a decoder LLM" in err and str(not_decoder) in err
+    code, _, err = cli_run(["generate", not_decoder, "--prompt-ids", "1,-2"], capfd)
+    assert code == 2 and "-2 is not a token id" in err
+    code, _, err = cli_run(["generate", not_decoder], capfd)
+    assert code == 2 and "--prompt-ids" in err
