@@ -129,14 +129,26 @@ class SourceConfig:
 class GraphDims:
     """What the graph tells GenAI: layer count, the past tensors' head count and size, the vocabulary
     (logits' last dim), the hidden size and the position table's rows (``None`` where the graph does
-    not say: no embedding table found, no position table)."""
+    not say: a symbolic dim, as GenAI's builder names the head size ``kv_cache_dim``; no embedding table
+    found; no position table)."""
+
+    layers: int
+    kv_heads: int | None
+    head_size: int | None
+    vocab_size: int
+    hidden_size: int | None
+    position_rows: int | None
+
+
+@dataclass(frozen=True)
+class ConfigDims:
+    """The dims written: the graph's, completed by the source config where the graph leaves one open."""
 
     layers: int
     kv_heads: int
     head_size: int
     vocab_size: int
     hidden_size: int | None
-    position_rows: int | None
 
 
 @dataclass(frozen=True)
@@ -217,7 +229,7 @@ class GenAIConfig:
     decoder's session options are kept), empty when there was none.
     """
 
-    dims: GraphDims
+    dims: ConfigDims
     names: TensorNames
     tokens: TokenIds
     context_length: int
@@ -468,12 +480,10 @@ def graph_dims(view: ModelView, dec: DecoderInfo, logits: str) -> GraphDims | Un
     (``[vocab, hidden]``, read by a ``Gather`` of the token ids), the position table's rows (another
     ``[rows, hidden]`` table the embedding reads: GPT-2's ``wpe``) that bound the context."""
     shape = view.tensor(dec.kv[0].past_key).shape
-    if shape is None or len(shape) != 4 or not isinstance(shape[1], int) or not isinstance(shape[3], int):
-        return Unsupported(
-            f"the past key {dec.kv[0].past_key} is not [batch, heads, past, head size] with fixed heads "
-            "and head size"
-        )
-    kv_heads, head_size = shape[1], shape[3]
+    if shape is None or len(shape) != 4:
+        return Unsupported(f"the past key {dec.kv[0].past_key} is not [batch, heads, past, head size]")
+    kv_heads = shape[1] if isinstance(shape[1], int) else None
+    head_size = shape[3] if isinstance(shape[3], int) else None
     tables = _embedding_tables(view, dec)
     out = view.tensor(logits).shape
     vocab = out[-1] if out and isinstance(out[-1], int) else None
@@ -513,7 +523,8 @@ def _embedding_tables(view: ModelView, dec: DecoderInfo) -> list[tuple[int, int]
 
 def check_source_fits(source: SourceConfig, dims: GraphDims) -> None:
     """Refuse a ``--genai-config`` whose dims contradict the graph's: it describes another model, and GenAI
-    would size its buffers wrongly (:class:`UsageError` naming the file and the field)."""
+    would size its buffers wrongly; or whose token ids lie outside the vocabulary (:class:`UsageError`
+    naming the file and the field)."""
     checks = (
         ("num_hidden_layers", source.layers, dims.layers, "layers"),
         ("num_key_value_heads", source.kv_heads, dims.kv_heads, "key/value heads in its past tensors"),
@@ -526,6 +537,28 @@ def check_source_fits(source: SourceConfig, dims: GraphDims) -> None:
             raise UsageError(
                 f"{source.path}: {key} is {said}, but the model has {seen} {what}; give this model's own "
                 "config, or leave --genai-config out"
+            )
+    tokens = source.tokens
+    if tokens is not None:
+        for key, ids in (
+            ("bos_token_id", (tokens.bos,)),
+            ("eos_token_id", tokens.eos),
+            ("pad_token_id", (tokens.pad,)),
+        ):
+            bad = [t for t in ids if t >= dims.vocab_size]
+            if bad:
+                raise UsageError(
+                    f"{source.path}: {key} {bad[0]} is outside the model's vocabulary of {dims.vocab_size}; "
+                    "give this model's own config, or leave --genai-config out"
+                )
+    for key, seen, said in (
+        ("head_size", dims.head_size, source.head_size),
+        ("num_key_value_heads", dims.kv_heads, source.kv_heads),
+    ):
+        if seen is None and said is None:
+            raise UsageError(
+                f"{source.path}: {key}: missing, and the model's past tensors leave it open; give it in "
+                "the config"
             )
 
 
@@ -644,6 +677,10 @@ def genai_config(
     names, dims = facts
     if source is not None:
         check_source_fits(source, dims)
+    head_size = dims.head_size or (source.head_size if source is not None else None)
+    kv_heads = dims.kv_heads or (source.kv_heads if source is not None else None)
+    if head_size is None or kv_heads is None:
+        return Unsupported("the past tensors' head count or head size is symbolic (give --genai-config)")
     pipeline = pipeline_of(manifest, names)
     if isinstance(pipeline, Unsupported):
         return pipeline
@@ -656,17 +693,13 @@ def genai_config(
     tokens = source.tokens if source is not None and source.tokens is not None else None
     if tokens is None:
         tokens = TokenIds(DEFAULT_BOS, (DEFAULT_EOS,), DEFAULT_PAD)
-    for t in (tokens.bos, *tokens.eos, tokens.pad):
-        if t >= dims.vocab_size:
-            where = (
-                str(source.path) if source is not None and source.tokens is not None else "default token ids"
-            )
-            return Unsupported(f"{where}: token id {t} is outside the vocabulary of {dims.vocab_size}")
+    if max(tokens.bos, *tokens.eos, tokens.pad) >= dims.vocab_size:  # a given config's were checked
+        return Unsupported(f"the default token ids lie outside the vocabulary of {dims.vocab_size}")
     heads = source.attention_heads if source is not None else None
-    if heads is None and dims.hidden_size is not None and dims.hidden_size % dims.head_size == 0:
-        heads = dims.hidden_size // dims.head_size
+    if heads is None and dims.hidden_size is not None and dims.hidden_size % head_size == 0:
+        heads = dims.hidden_size // head_size
     return GenAIConfig(
-        dims=dims,
+        dims=ConfigDims(dims.layers, kv_heads, head_size, dims.vocab_size, dims.hidden_size),
         names=names,
         tokens=tokens,
         context_length=min(limits),
@@ -702,6 +735,7 @@ __all__ = [
     "DEFAULT_EOS",
     "DEFAULT_PAD",
     "GENAI_CONFIG_NAME",
+    "ConfigDims",
     "GenAIConfig",
     "GraphDims",
     "PipelineModel",

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import functools
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 from cli_runner import run as cli_run
-from paths import DEVICES, SAMPLE_MODELS
+from paths import DEVICES, REPO_ROOT, SAMPLE_MODELS
 
 from onnxpipe.api import SplitOptions, split
 from onnxpipe.cluster.devicesfile import load_cluster
@@ -239,3 +241,45 @@ def test_the_cli_takes_a_config_and_never_deletes_it(
     code, _, err = cli_run([*args, "--force", "--genai-config", out / GENAI_CONFIG_NAME], capfd)
     assert code == 6 and "(--genai-config), which the split would replace" in err
     assert (out / GENAI_CONFIG_NAME).is_file()
+
+
+@pytest.fixture(scope="module")
+def builder_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A decoder made by GenAI's own model builder (``tools/make_genai_builder_model.py``, offline)."""
+    out = tmp_path_factory.mktemp("builder") / "model"
+    subprocess.run(
+        [sys.executable, str(REPO_ROOT / "tools" / "make_genai_builder_model.py"), str(out)],
+        check=True,
+        capture_output=True,
+    )
+    return out
+
+
+@pytest.mark.slow
+def test_a_genai_builder_model_splits_and_generates_as_it_does_whole(
+    builder_model: Path, tmp_path: Path
+) -> None:
+    """The format GenAI users have (GroupQueryAttention, external weights, a shared past/present buffer, a
+    head size named ``kv_cache_dim``): split with its own ``genai_config.json`` at K = 2 and 3, verified,
+    and GenAI generates from the stages what it generates from the builder's folder."""
+    whole = _generate(builder_model)
+    assert len(whole) == NEW_TOKENS
+    source = json.loads((builder_model / GENAI_CONFIG_NAME).read_text())
+    assert source["search"]["past_present_share_buffer"] is True
+    past = {"past_key_values.0.key": (1, 2, 255, 16)}  # kv_cache_dim: the graph does not say it
+    for k in (2, 3):
+        out = tmp_path / f"k{k}"
+        options = SplitOptions(
+            profile=ProfileOptions(cost="static", shapes=past),
+            export=ExportOptions(genai_config=builder_model / GENAI_CONFIG_NAME),
+        )
+        result = split(builder_model / "model.onnx", k, out, options)
+        assert result.report is not None and result.report.ok
+        config = json.loads((out / GENAI_CONFIG_NAME).read_text())
+        assert config["search"] == source["search"]  # kept as the builder wrote it
+        assert config["model"]["decoder"]["head_size"] == 16  # from the config: the graph leaves it open
+        assert _generate(out) == whole
+    # without the builder's config the head size is unknown: no config, and a note says why
+    result = split(builder_model / "model.onnx", 2, tmp_path / "bare", FAST)
+    assert not (tmp_path / "bare" / GENAI_CONFIG_NAME).exists()
+    assert any("not written" in n and "head size is symbolic" in n for n in result.manifest.plan.notes)

@@ -16,6 +16,7 @@ from onnxpipe.core.errors import UsageError
 from onnxpipe.core.runtime_kinds import Runtime
 from onnxpipe.export.genai import (
     DEFAULT_SEARCH,
+    ConfigDims,
     GenAIConfig,
     GraphDims,
     PipelineModel,
@@ -183,6 +184,16 @@ def test_a_config_of_another_model_is_refused(tmp_path: Path) -> None:
         check_source_fits(SourceConfig(path, SourceKind.HF, kv_heads=8), dims)
     with pytest.raises(UsageError, match=r"vocab_size is 32000, but the model has 128"):
         check_source_fits(SourceConfig(path, SourceKind.GENAI, vocab_size=32000), dims)
+    with pytest.raises(
+        UsageError, match=r"config.json: eos_token_id 151645 is outside the model's vocabulary"
+    ):
+        check_source_fits(SourceConfig(path, SourceKind.HF, tokens=TokenIds(0, (1, 151645), 0)), dims)
+    open_head = GraphDims(
+        layers=4, kv_heads=2, head_size=None, vocab_size=128, hidden_size=64, position_rows=None
+    )
+    check_source_fits(SourceConfig(path, SourceKind.GENAI, head_size=16), open_head)  # the config says it
+    with pytest.raises(UsageError, match=r"head_size: missing, and the model's past tensors leave it open"):
+        check_source_fits(SourceConfig(path, SourceKind.HF), open_head)
 
 
 def test_session_options_from_devices() -> None:
@@ -206,7 +217,7 @@ def _config(base: dict[str, object], context: int = 512) -> GenAIConfig:
     names = TensorNames("input_ids", "attention_mask", None, "pk.%d", "pv.%d", "logits", "qk.%d", "qv.%d")
     stage = PipelineModel("stage_0", "stage_0.onnx", ("input_ids",), ("logits",), is_lm_head=True)
     return GenAIConfig(
-        dims=GraphDims(4, 2, 8, 128, None, None),
+        dims=ConfigDims(4, 2, 8, 128, None),
         names=names,
         tokens=TokenIds(1, (2, 7), 0),
         context_length=context,
