@@ -138,6 +138,8 @@ class GraphDims:
     vocab_size: int
     hidden_size: int | None
     position_rows: int | None
+    attention_heads: int | None = None
+    """The query heads an attention op that reads the cache states (``num_heads``), when there is one."""
 
 
 @dataclass(frozen=True)
@@ -484,6 +486,8 @@ def graph_dims(view: ModelView, dec: DecoderInfo, logits: str) -> GraphDims | Un
         return Unsupported(f"the past key {dec.kv[0].past_key} is not [batch, heads, past, head size]")
     kv_heads = shape[1] if isinstance(shape[1], int) else None
     head_size = shape[3] if isinstance(shape[3], int) else None
+    heads, attention_kv_heads = _attention_heads(view, dec.kv[0].past_key)
+    kv_heads = kv_heads or attention_kv_heads
     tables = _embedding_tables(view, dec)
     out = view.tensor(logits).shape
     vocab = out[-1] if out and isinstance(out[-1], int) else None
@@ -495,6 +499,9 @@ def graph_dims(view: ModelView, dec: DecoderInfo, logits: str) -> GraphDims | Un
         )
     hidden = next((cols for rows, cols in tables if rows == vocab), None)
     positions = [rows for rows, cols in tables if rows != vocab and (hidden is None or cols == hidden)]
+    positions += _rotary_rows(view, dec.kv[0].past_key)
+    if head_size is None and heads is not None and hidden is not None and hidden % heads == 0:
+        head_size = hidden // heads  # the usual layout: the query heads split the hidden size
     return GraphDims(
         layers=dec.layers,
         kv_heads=kv_heads,
@@ -502,7 +509,42 @@ def graph_dims(view: ModelView, dec: DecoderInfo, logits: str) -> GraphDims | Un
         vocab_size=vocab,
         hidden_size=hidden,
         position_rows=min(positions) if positions else None,
+        attention_heads=heads,
     )
+
+
+_ROTARY_CACHE_INPUT = 7
+"""``GroupQueryAttention``'s ``cos_cache`` input: a ``[positions, rotary dim / 2]`` table."""
+
+
+def _rotary_rows(view: ModelView, past: str) -> list[int]:
+    """The positions of the rotary table a ``GroupQueryAttention`` reading ``past`` takes (GenAI's builder
+    gives it ``max_position_embeddings`` rows): positions past it have no angles."""
+    rows = []
+    for pos in view.consumers.get(past, ()):
+        proto = view.proto.graph.node[view.nodes[pos].index]  # by position: with its empty inputs
+        if proto.op_type == "GroupQueryAttention" and len(proto.input) > _ROTARY_CACHE_INPUT:
+            table = proto.input[_ROTARY_CACHE_INPUT]
+            shape = view.tensor(table).shape if table in view.weights else None
+            if shape and isinstance(shape[0], int):
+                rows.append(shape[0])
+    return rows
+
+
+_HEAD_ATTRIBUTES = (("num_heads", "q_num_heads"), ("kv_num_heads",))
+
+
+def _attention_heads(view: ModelView, past: str) -> tuple[int | None, int | None]:
+    """(query heads, key/value heads) from the attribute of an attention op that reads ``past``
+    (onnxruntime's ``GroupQueryAttention``/``MultiHeadAttention``, ONNX's ``Attention``), where the
+    past's shape leaves them open (GenAI's builder names the head size ``kv_cache_dim``)."""
+    for pos in view.consumers.get(past, ()):
+        proto = view.proto.graph.node[view.nodes[pos].index]
+        found = {a.name: int(a.i) for a in proto.attribute if a.type == a.INT}
+        query, kv = (next((found[k] for k in keys if found.get(k, 0) > 0), None) for keys in _HEAD_ATTRIBUTES)
+        if query is not None:
+            return query, kv or query
+    return None, None
 
 
 def _embedding_tables(view: ModelView, dec: DecoderInfo) -> list[tuple[int, int]]:
@@ -696,6 +738,7 @@ def genai_config(
     if max(tokens.bos, *tokens.eos, tokens.pad) >= dims.vocab_size:  # a given config's were checked
         return Unsupported(f"the default token ids lie outside the vocabulary of {dims.vocab_size}")
     heads = source.attention_heads if source is not None else None
+    heads = heads or dims.attention_heads
     if heads is None and dims.hidden_size is not None and dims.hidden_size % head_size == 0:
         heads = dims.hidden_size // head_size
     return GenAIConfig(

@@ -261,7 +261,8 @@ def test_a_genai_builder_model_splits_and_generates_as_it_does_whole(
 ) -> None:
     """The format GenAI users have (GroupQueryAttention, external weights, a shared past/present buffer, a
     head size named ``kv_cache_dim``): split with its own ``genai_config.json`` at K = 2 and 3, verified,
-    and GenAI generates from the stages what it generates from the builder's folder."""
+    and GenAI generates from the stages what it generates from the builder's folder; and with a config
+    derived from the graph alone."""
     whole = _generate(builder_model)
     assert len(whole) == NEW_TOKENS
     source = json.loads((builder_model / GENAI_CONFIG_NAME).read_text())
@@ -277,9 +278,17 @@ def test_a_genai_builder_model_splits_and_generates_as_it_does_whole(
         assert result.report is not None and result.report.ok
         config = json.loads((out / GENAI_CONFIG_NAME).read_text())
         assert config["search"] == source["search"]  # kept as the builder wrote it
-        assert config["model"]["decoder"]["head_size"] == 16  # from the config: the graph leaves it open
+        assert config["model"]["decoder"]["head_size"] == 16
         assert _generate(out) == whole
-    # without the builder's config the head size is unknown: no config, and a note says why
-    result = split(builder_model / "model.onnx", 2, tmp_path / "bare", FAST)
-    assert not (tmp_path / "bare" / GENAI_CONFIG_NAME).exists()
-    assert any("not written" in n and "head size is symbolic" in n for n in result.manifest.plan.notes)
+    # without it the head size comes from the attention op's heads and the hidden size, the context
+    # from the rotary table; the default eos (2) is another token
+    split(builder_model / "model.onnx", 2, tmp_path / "bare", FAST)
+    config = json.loads((tmp_path / "bare" / GENAI_CONFIG_NAME).read_text())
+    decoder = config["model"]["decoder"]
+    assert (decoder["head_size"], decoder["num_key_value_heads"], decoder["num_attention_heads"]) == (
+        16,
+        2,
+        4,
+    )
+    assert config["model"]["context_length"] == 1024
+    assert _generate(tmp_path / "bare") == _until(tuple(whole), DEFAULT_EOS)
