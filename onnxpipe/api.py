@@ -71,11 +71,11 @@ class SplitOptions:
     """Everything :func:`split` is told besides the model, the plan request and the folder.
 
     ``profile``: where the costs come from; ``calibration``: rounds of timing the exported stages and
-    partitioning again (:mod:`onnxpipe.calibrate`); ``export``: replacing an earlier split and where the
-    weights go; ``verify``: compare the chained stages with the model before returning.  ``on_step``
-    is told each step as it begins (``"profiling"``, ``"planning"``, ``"exporting 4 stages"``,
-    ``"verifying"``): the CLI says so, so that no step of a long split is silent; the API itself prints
-    nothing.
+    partitioning again (:mod:`onnxpipe.calibrate`); ``export``: replacing an earlier split, where the
+    weights go, and the config a decoder's ``genai_config.json`` starts from; ``verify``: compare the
+    chained stages with the model before returning.  ``on_step`` is told each step as it begins
+    (``"profiling"``, ``"planning"``, ``"exporting 4 stages"``, ``"verifying"``): the CLI says so, so that
+    no step of a long split is silent; the API itself prints nothing.
     """
 
     profile: ProfileOptions = field(default_factory=ProfileOptions)
