@@ -292,3 +292,40 @@ def test_a_genai_builder_model_splits_and_generates_as_it_does_whole(
     )
     assert config["model"]["context_length"] == 1024
     assert _generate(tmp_path / "bare") == _until(tuple(whole), DEFAULT_EOS)
+
+
+def _generate_batch(folder: Path, prompts: list[tuple[int, ...]], n: int = 16) -> list[list[int]]:
+    """Greedy tokens of several prompts at once, left-padded with the pad id (GenAI masks it)."""
+    model = og.Model(str(folder))
+    longest = max(len(p) for p in prompts)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=longest + n, do_sample=False, batch_size=len(prompts))
+    generator = og.Generator(model, params)
+    pad = json.loads((folder / GENAI_CONFIG_NAME).read_text())["model"]["pad_token_id"]
+    generator.append_tokens(np.array([[pad] * (longest - len(p)) + list(p) for p in prompts], dtype=np.int32))
+    tokens: list[list[int]] = [[] for _ in prompts]
+    while not generator.is_done():
+        generator.generate_next_token()
+        for row, token in zip(tokens, generator.get_next_tokens(), strict=True):
+            row.append(int(token))
+    return tokens
+
+
+def test_a_padded_batch_generates_as_the_whole_model_does_in_genai(tmp_path: Path) -> None:
+    """Two prompts of different lengths at once (GenAI pads, masks and positions them): the stages give
+    the tokens GenAI gives on the unsplit model (a one-file config made from the split's)."""
+    out = tmp_path / "split"
+    split(_model("llama_gqa"), 3, out, FAST)
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    (whole / "model.onnx").write_bytes(_model("llama_gqa").read_bytes())
+    config = json.loads((out / GENAI_CONFIG_NAME).read_text())
+    del config["model"]["decoder"]["pipeline"]
+    config["model"]["decoder"]["filename"] = "model.onnx"
+    config["model"]["type"] = "llama"
+    (whole / GENAI_CONFIG_NAME).write_text(json.dumps(config))
+    prompts = [PROMPT, (7, 9, 11)]
+    expected = _generate_batch(whole, prompts)
+    assert expected[0] == list(_reference("llama_gqa")[:16])  # GenAI on the whole model: the plain loop's
+    assert expected[0] != expected[1]
+    assert _generate_batch(out, prompts) == expected
