@@ -31,6 +31,13 @@ from onnxpipe.cost.phases import phase_profiles
 from onnxpipe.cost.profile import DEFAULT_RUNTIME, Profile
 from onnxpipe.cost.source import ProfileOptions, get_profile
 from onnxpipe.export.checks import check_exportable
+from onnxpipe.export.genai import (
+    SourceConfig,
+    Unsupported,
+    check_source_fits,
+    model_facts,
+    read_source_config,
+)
 from onnxpipe.export.stages import ExportOptions, export_stages
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.decoder_kinds import Phase, PhaseShape
@@ -64,11 +71,11 @@ class SplitOptions:
     """Everything :func:`split` is told besides the model, the plan request and the folder.
 
     ``profile``: where the costs come from; ``calibration``: rounds of timing the exported stages and
-    partitioning again (:mod:`onnxpipe.calibrate`); ``export``: replacing an earlier split and where the
-    weights go; ``verify``: compare the chained stages with the model before returning.  ``on_step``
-    is told each step as it begins (``"profiling"``, ``"planning"``, ``"exporting 4 stages"``,
-    ``"verifying"``): the CLI says so, so that no step of a long split is silent; the API itself prints
-    nothing.
+    partitioning again (:mod:`onnxpipe.calibrate`); ``export``: replacing an earlier split, where the
+    weights go, and the config a decoder's ``genai_config.json`` starts from; ``verify``: compare the
+    chained stages with the model before returning.  ``on_step`` is told each step as it begins
+    (``"profiling"``, ``"planning"``, ``"exporting 4 stages"``, ``"verifying"``): the CLI says so, so that
+    no step of a long split is silent; the API itself prints nothing.
     """
 
     profile: ProfileOptions = field(default_factory=ProfileOptions)
@@ -108,9 +115,12 @@ def split(
     request = stages if isinstance(stages, PlanRequest) else PlanRequest(stages)
     opts = options or SplitOptions()
     out_dir = Path(out).absolute()  # verification must find the folder even if "." is replaced
+    genai = None if opts.export.genai_config is None else read_source_config(opts.export.genai_config)
     view = model if isinstance(model, ModelView) else load_model(model)
     check_exportable(view, out_dir, force=opts.export.force)
     request.check()
+    if genai is not None:
+        check_genai_request(view, request, genai, out_dir)
     if opts.static:
         shapes = resolve_input_shapes(view, opts.profile.shapes or None)
         view, _ = static_view(view, shapes)
@@ -144,6 +154,7 @@ def split(
         force=opts.export.force,
         external_data=opts.export.external_data,
         feeds=samples.first if samples is not None else None,
+        genai_source=genai,
     )
     report = None  # the manifest says unverified until the result is recorded (Ctrl-C leaves it so)
     if opts.verify:
@@ -159,6 +170,40 @@ def split(
                 "run onnxpipe verify there once it can be written"
             ) from e
     return SplitResult(plan=the_plan, manifest=manifest, out_dir=out_dir, report=report)
+
+
+def check_genai_request(view: ModelView, request: PlanRequest, source: SourceConfig, out_dir: Path) -> None:
+    """Refuse, before any cost is measured, a ``--genai-config`` that cannot serve: a model that is no
+    decoder, a split that may cut inside a layer, a model or devices ONNX Runtime GenAI cannot run, a
+    config of another model, or one inside the folder ``--force`` would replace."""
+    where = source.path
+    dec = find_decoder(view)
+    if dec is None:
+        raise UsageError(
+            f"{where}: --genai-config is for a decoder LLM with a KV cache, and {view.label} is not one (no "
+            "past/present cache pairs found); leave --genai-config out"
+        )
+    if not request.decoder.layer_cuts or request.interleaved:
+        raise UsageError(
+            f"{where}: ONNX Runtime GenAI needs each layer's cache in one stage: leave out --layer-cuts off "
+            "and --workers, or --genai-config"
+        )
+    facts = model_facts(view, dec)
+    if isinstance(facts, Unsupported):
+        raise UsageError(f"{where}: ONNX Runtime GenAI cannot run {view.label}: {facts.reason}")
+    check_source_fits(source, facts[1])
+    if request.devices is not None:
+        tract = [d.name for d in request.devices.devices if d.runtime == Runtime.TRACT]
+        if tract:
+            raise UsageError(
+                f"{where}: device {tract[0]!r} runs tract, which ONNX Runtime GenAI cannot run; "
+                "leave out --genai-config or that device"
+            )
+    if out_dir.exists() and source.path.absolute().resolve().is_relative_to(out_dir.resolve()):
+        raise ExportError(
+            f"{out_dir}: holds {source.path.name} (--genai-config), which the split would replace; "
+            "choose another --out or move the config"
+        )
 
 
 def _check_calibration(request: PlanRequest, calibration: CalibrationOptions) -> None:

@@ -33,6 +33,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="freeze the input shapes (--shape, else the defaults) and fold the shape arithmetic: every "
         "stage gets fixed shapes, for runtimes and NPUs that need them",
     )
+    p.add_argument(
+        "--genai-config",
+        type=Path,
+        metavar="FILE",
+        help="the model's genai_config.json or Hugging Face config.json: the genai_config.json written for "
+        "a decoder (ONNX Runtime GenAI's decoder-pipeline) keeps its token ids and search options; without "
+        "it they are derived from the graph and defaults",
+    )
     p.add_argument("--no-verify", action="store_true", help="skip comparing the stages with the model")
     p.add_argument(
         "--calibrate",

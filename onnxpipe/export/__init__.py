@@ -4,5 +4,6 @@
 each built by :mod:`.build`, its boundary tensors typed by :mod:`.boundary`, its weights copied into its
 own file by :mod:`.weightfile`, the folder made atomically by :mod:`.outdir`; :mod:`.checks` refuses
 what cannot be exported before anything is written; :mod:`.record` makes the manifest of what was
-written.  Imports ``core``, ``ir``, ``plan``, ``manifest`` and ``schedule``.
+written; :mod:`.genai` writes a decoder's ``genai_config.json`` (ONNX Runtime GenAI's
+``decoder-pipeline``).  Imports ``core``, ``ir``, ``plan``, ``manifest`` and ``schedule``.
 """

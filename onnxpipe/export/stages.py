@@ -20,6 +20,7 @@ holds the source.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,11 +36,20 @@ from onnxpipe.export.boundary import PROTOBUF_LIMIT, BoundaryTypes
 from onnxpipe.export.build import StageBuilder
 from onnxpipe.export.checks import check_exportable, check_plan
 from onnxpipe.export.contract import ContractMaker, required_opsets
+from onnxpipe.export.genai import (
+    GENAI_CONFIG_NAME,
+    SourceConfig,
+    Unsupported,
+    describe_written,
+    genai_config,
+    write_genai_config,
+)
 from onnxpipe.export.modes import EXTERNAL_DATA_MODES, ExternalData
 from onnxpipe.export.outdir import normalized, staged_folder, writing
 from onnxpipe.export.record import Written, build_manifest, shared_weights
 from onnxpipe.export.weightfile import externalize
 from onnxpipe.ir import contrib
+from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.external import is_external
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, write_manifest
@@ -49,10 +59,13 @@ from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 
 @dataclass(frozen=True)
 class ExportOptions:
-    """How ``split`` writes the folder: replacing an earlier split (``force``), and where weights go."""
+    """How ``split`` writes the folder: replacing an earlier split (``force``), where weights go, and the
+    config ONNX Runtime GenAI starts from (``genai_config``: the model's ``genai_config.json`` or Hugging
+    Face ``config.json``; without it a decoder's ``genai_config.json`` is derived from the graph)."""
 
     force: bool = False
     external_data: ExternalData = "auto"
+    genai_config: Path | None = None
 
 
 AUTO_EXTERNAL_BYTES = 1_800_000_000
@@ -79,6 +92,7 @@ def export_stages(
     source_name: str | None = None,
     microbatches: int = DEFAULT_MICROBATCHES,
     feeds: Mapping[str, Any] | None = None,
+    genai_source: SourceConfig | None = None,
 ) -> Manifest:
     """Write ``plan``'s stages of ``view`` and their manifest into ``out_dir``; return the manifest.
 
@@ -88,6 +102,9 @@ def export_stages(
     recorded for the source (default: the model's file name).  ``microbatches`` sizes the stream
     schedule recorded in the manifest.  ``feeds``: one sample of the user's inputs, which a run of the
     source that settles boundary ranks uses instead of random values (:mod:`onnxpipe.export.boundary`).
+    A decoder's split also gets a ``genai_config.json`` for ONNX Runtime GenAI (:mod:`.genai`), started
+    from ``genai_source`` when given; where GenAI cannot run the split, a plan note says why instead
+    (and with ``genai_source`` it is an error).
 
     Raises :class:`ExportError` when ``out_dir`` is not empty (without ``force``), when a file cannot
     be written (the old folder is left intact), or when a stage fails the checker or onnxruntime;
@@ -113,9 +130,36 @@ def export_stages(
         manifest = build_manifest(
             view, plan, out, written, writer.types, shared, source_name, microbatches, contract
         )
+        manifest = _with_genai_config(view, manifest, tmp, out, genai_source)
         with writing(out / MANIFEST_NAME, out):
             write_manifest(tmp / MANIFEST_NAME, manifest)
     return manifest
+
+
+def _with_genai_config(
+    view: ModelView, manifest: Manifest, tmp: Path, out: Path, source: SourceConfig | None
+) -> Manifest:
+    """Write a decoder split's ``genai_config.json`` into ``tmp``; the manifest with a note saying so, or
+    saying why GenAI cannot run the split.  Nothing for a model that is not a decoder."""
+    dec = find_decoder(view) if manifest.plan.decoder is not None else None
+    if dec is None:
+        if source is not None:
+            raise UsageError(
+                f"{source.path}: --genai-config is for a decoder LLM split between its layers, and "
+                f"{view.label} was not split as one; leave --genai-config out"
+            )
+        return manifest
+    config = genai_config(view, dec, manifest, source)
+    if isinstance(config, Unsupported):
+        if source is not None:
+            raise ExportError(f"{out / GENAI_CONFIG_NAME}: cannot be written: {config.reason}")
+        note = f"{GENAI_CONFIG_NAME} not written: ONNX Runtime GenAI cannot run this split ({config.reason})"
+    else:
+        with writing(out / GENAI_CONFIG_NAME, out):
+            write_genai_config(config, tmp / GENAI_CONFIG_NAME)
+        note = describe_written(config, source)
+    plan = dataclasses.replace(manifest.plan, notes=(*manifest.plan.notes, note))
+    return dataclasses.replace(manifest, plan=plan)
 
 
 # --------------------------------------------------------------------------------------------------

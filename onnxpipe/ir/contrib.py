@@ -69,7 +69,28 @@ def _moved_to_contrib(proto: onnx.ModelProto) -> onnx.ModelProto | None:
             n.domain = _CONTRIB_DOMAIN
     if not any(o.domain == _CONTRIB_DOMAIN for o in copy.opset_import):
         copy.opset_import.append(onnx.helper.make_opsetid(_CONTRIB_DOMAIN, 1))
+    _external_as_inputs(copy.graph)
     return copy
+
+
+def _external_as_inputs(graph: onnx.GraphProto) -> None:
+    """Turn the copy's weights kept in external files into graph inputs of the same type.
+
+    The checker checks an in-memory model's external weights by path from the current folder, not from
+    the model's (the builder's ``model.onnx.data`` "is not regular file"), and the copy is checked in
+    memory; whether those files are there and whole is checked where the model is loaded
+    (:mod:`onnxpipe.ir.load`).  As inputs, the weights' types and shapes still meet the checker.
+    """
+    external = [t for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    if not external:
+        return
+    names = {t.name for t in external}
+    kept = [t for t in graph.initializer if t.name not in names]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    graph.input.extend(
+        onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in external
+    )
 
 
 def _opset(proto: onnx.ModelProto) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -246,6 +247,33 @@ def test_onnxruntimes_default_domain_ops_pass_with_a_note() -> None:
     assert contrib.check_model(_rms_model("LayerNormalization")) is None  # ONNX's own at opset 20
     with pytest.raises(onnx.checker.ValidationError):
         contrib.check_model(_rms_model("NoSuchNormalization"))
+
+
+def test_default_domain_ops_pass_with_external_weights_checked_from_elsewhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GenAI's builder keeps the weights in ``model.onnx.data``: the copy checked in memory must not look
+    for that file in the current folder (it did: "should be stored in model.onnx.data, but it is not
+    regular file")."""
+    path = tmp_path / "model" / "model.onnx"
+    path.parent.mkdir()
+    onnx.save_model(
+        _rms_model("SimplifiedLayerNormalization"),
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="model.onnx.data",
+        size_threshold=0,
+    )
+    monkeypatch.chdir(tmp_path)
+    note = contrib.check_model(path)
+    assert note is not None and "SimplifiedLayerNormalization" in note
+    with pytest.raises(onnx.checker.ValidationError):  # a real fault still refuses
+        model = _rms_model("NoSuchNormalization")
+        onnx.save_model(
+            model, str(path), save_as_external_data=True, location="model.onnx.data", size_threshold=0
+        )
+        contrib.check_model(path)
 
 
 def _brute_two_phase(a: list[float], b: list[float], k: int, wa: float, wb: float) -> float:

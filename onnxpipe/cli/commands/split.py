@@ -17,6 +17,7 @@ from onnxpipe.cli.tables import (
     format_verify_report,
 )
 from onnxpipe.export.checks import check_exportable
+from onnxpipe.export.genai import read_source_config
 from onnxpipe.export.outdir import check_target, normalized
 from onnxpipe.export.stages import ExportOptions
 from onnxpipe.ir.load import load_model
@@ -31,16 +32,21 @@ def run(args: argparse.Namespace) -> int:
     check_output_folder(out)
     request = plan_request(args)
     parse_shape_overrides(args.shape)  # refused before the model is loaded
+    genai = None if args.genai_config is None else read_source_config(args.genai_config)
     view = load_model(args.model)
     check_exportable(view, out, force=args.force)
     request.check()
     request.check_stage_count(len(view.compute_nodes), view.label)
+    if genai is not None:
+        api.check_genai_request(view, request, genai, out.absolute())
     measured = (args.profile is None and args.cost == "profile") or args.calibrate > 0
     plan_preamble(say, view, args, request)
     options = api.SplitOptions(
         profile=profile_options(args, saved=args.profile, progress=not args.quiet),
         calibration=CalibrationOptions(rounds=args.calibrate, mode=args.calibrate_in),
-        export=ExportOptions(force=args.force, external_data=args.external_data),
+        export=ExportOptions(
+            force=args.force, external_data=args.external_data, genai_config=args.genai_config
+        ),
         verify=not args.no_verify,
         on_step=None if args.quiet else say.step,
         static=args.static,
