@@ -244,3 +244,36 @@ def test_the_cuts_are_chosen_knowing_what_stages_will_copy() -> None:
         assert any(a < b for a, b in zip(slow[phase], raw[phase], strict=True))
     # so fast a link that no copy is cheaper at a generation step: as sent
     assert priced_cuts(view, dec, seqs, seconds, 1e15) == raw
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "gpt2"])
+def test_onnxruntime_genai_runs_stages_that_make_their_masks(name: str, tmp_path: Path) -> None:
+    """GenAI's ``decoder-pipeline`` feeds each stage the model inputs it lists (the mask, the positions),
+    so stages that make their rotary tables and masks generate the unsplit model's tokens there too."""
+    og = pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed")
+    from onnxpipe.export.genai import DEFAULT_EOS
+
+    view, dec = _load(name)
+    out = tmp_path / "out"
+    result = split(
+        DECODERS / f"{name}.onnx",
+        PlanRequest(3, bandwidth_bytes_per_s=SLOW_LINK, decoder=DecoderOptions(ends=Ends.ATTACHED)),
+        out,
+        SplitOptions(profile=ProfileOptions(cost=CostSource.STATIC), verify=False),
+    )
+    assert all(set(st.recomputed_tensors) & _input_made(view, dec) for st in result.plan.stages[1:])
+    session = ort.InferenceSession(str(DECODERS / f"{name}.onnx"), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    want, _ = _greedy(lambda f: dict(zip(names, session.run(None, dict(f)), strict=True)), view, dec, 12)
+    if DEFAULT_EOS in want:
+        want = want[: want.index(DEFAULT_EOS) + 1]
+    model = og.Model(str(out))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(PROMPT) + 12, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array([PROMPT], dtype=np.int32))
+    got: list[int] = []
+    while not generator.is_done():
+        generator.generate_next_token()
+        got.append(int(generator.get_next_tokens()[0]))
+    assert got == want
