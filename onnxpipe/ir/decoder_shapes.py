@@ -106,6 +106,43 @@ def decoder_symbol_sizes(
         out[roles.past] = past
     if roles.total and roles.total not in given:
         out[roles.total] = past + seq
+    for sym, size in attention_head_sizes(view).items():
+        if sym not in given and sym not in out:
+            out[sym] = size
+    return out
+
+
+_ATTENTION_OPS = frozenset({"GroupQueryAttention", "MultiHeadAttention"})
+
+
+def attention_head_sizes(view: ModelView) -> dict[str, int]:
+    """Sizes of a past tensor's symbolic head dim (GenAI's builder writes ``kv_cache_dim``), read off the
+    onnxruntime attention node that takes it: the query's width over the heads (``num_heads``, plus
+    ``2 * kv_num_heads`` when query, key and value come packed in one tensor).  Without it the generic
+    size (64) makes onnxruntime refuse the cache ("should match the packed KV head dimension")."""
+    out: dict[str, int] = {}
+    for node in view.nodes:
+        if node.op_type not in _ATTENTION_OPS:
+            continue
+        proto = view.proto.graph.node[node.index]
+        inputs = list(proto.input)  # with the empty names of absent optional inputs, by position
+        if len(inputs) < 5 or not inputs[0]:
+            continue
+        attrs = {a.name: a.i for a in proto.attribute}
+        heads = attrs.get("num_heads", 0)
+        kv_heads = attrs.get("kv_num_heads", heads)
+        query = view.tensor(inputs[0]).shape
+        if heads <= 0 or not query or not isinstance(query[-1], int):
+            continue
+        packed = not inputs[1]
+        parts = heads + 2 * kv_heads if packed else heads
+        if query[-1] % parts:
+            continue
+        head = query[-1] // parts
+        for past in inputs[3:5]:
+            shape = view.tensor(past).shape if past in view.inputs else None
+            if shape and isinstance(shape[-1], str):
+                out.setdefault(shape[-1], head)
     return out
 
 

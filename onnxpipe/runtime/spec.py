@@ -20,7 +20,7 @@ from onnxpipe.cluster.model import Device
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.runtimes import DEFAULT_OPENVINO_DEVICE, EngineConfig, Runtime, runs_here
 from onnxpipe.core.runtimes import available as runtime_available
-from onnxpipe.manifest import DecoderIORecord, Manifest
+from onnxpipe.manifest import DecoderIORecord, Manifest, ModelTensor
 from onnxpipe.runtime.kvstate import CONTROL, CacheSlot
 
 CPU_PROVIDER = "CPUExecutionProvider"
@@ -222,26 +222,37 @@ def generation_specs(
         for t in st.inputs:
             if t.name not in past_to_present:
                 continue
-            tensor = declared[t.name]
-            if tensor.shape is None:
-                raise UsageError(
-                    f"{manifest.source.file}: past input {t.name!r} has no recorded shape; re-run onnxpipe "
-                    "split"
-                )
-            rank = len(tensor.shape)
-            shape = tuple(d if isinstance(d, int) else None for d in tensor.shape)
-            if sum(d is None for i, d in enumerate(shape) if i != rank - 2) > 1:
-                raise UsageError(
-                    f"{manifest.source.file}: past input {t.name!r} has shape {list(tensor.shape)}: more "
-                    "than the batch and the cached tokens are unknown, so its empty cache cannot be made"
-                )
             present = past_to_present[t.name] if t.name in owned else None
-            slots.append(CacheSlot(t.name, present, tensor.dtype, shape))
+            slots.append(cache_slot(declared[t.name], present, manifest.source.file))
         caches[st.index] = tuple(slots)
     pasts = set(past_to_present)
     inputs = [t.name for t in manifest.model_inputs if t.name not in pasts] + [CONTROL]
     assert io.logits_output is not None  # generation_io checked it
     return _chain(directory, manifest, placements, inputs, [io.logits_output, CONTROL], caches)
+
+
+def cache_slot(tensor: ModelTensor, present: str | None, source: str) -> CacheSlot:
+    """The :class:`CacheSlot` of the past input ``tensor``: its batch (axis 0) and cached tokens (the
+    axis before the last) stay open; any other symbolic dim (a head size GenAI's builder names
+    ``kv_cache_dim``) is fixed for the model, and taken from the shape it was profiled at."""
+    if tensor.shape is None:
+        raise UsageError(f"{source}: past input {tensor.name!r} has no recorded shape; re-run onnxpipe split")
+    rank = len(tensor.shape)
+    dims: list[int | None] = []
+    for axis, d in enumerate(tensor.shape):
+        if isinstance(d, int):
+            dims.append(d)
+        elif axis in (0, rank - 2):
+            dims.append(None)
+        elif tensor.profiled_shape is not None and len(tensor.profiled_shape) == rank:
+            dims.append(tensor.profiled_shape[axis])
+        else:
+            raise UsageError(
+                f"{source}: past input {tensor.name!r} has shape {list(tensor.shape)}: dim {axis} is "
+                "unknown besides the batch and the cached tokens, so its empty cache cannot be made; "
+                "re-run onnxpipe split"
+            )
+    return CacheSlot(tensor.name, present, tensor.dtype, tuple(dims))
 
 
 def generation_io(manifest: Manifest, where: str | Path = "") -> DecoderIORecord:
@@ -364,8 +375,7 @@ def model_generation_spec(
     slots = []
     for t in manifest.model_inputs:
         if t.name in past_to_present:
-            shape = tuple(d if isinstance(d, int) else None for d in (t.shape or ()))
-            slots.append(CacheSlot(t.name, past_to_present[t.name], t.dtype, shape))
+            slots.append(cache_slot(t, past_to_present[t.name], manifest.source.file))
     logits = str(io.logits_output)
     return WorkerSpec(
         index=index,

@@ -294,6 +294,27 @@ def test_a_genai_builder_model_splits_and_generates_as_it_does_whole(
     assert _generate(tmp_path / "bare") == _until(tuple(whole), DEFAULT_EOS)
 
 
+@pytest.mark.slow
+def test_a_genai_builder_model_splits_with_no_hints_and_generates_through_the_pipeline(
+    builder_model: Path, tmp_path: Path
+) -> None:
+    """The default split (measured costs at both phases) needs no ``--shape``: the head size the builder
+    leaves symbolic (``kv_cache_dim``) is read off its GroupQueryAttention; ``Pipeline.generate`` then
+    gives the tokens GenAI gives on the builder's own folder (until GenAI's eos)."""
+    from onnxpipe.runtime.pipeline import Pipeline
+
+    out = tmp_path / "default"
+    result = split(
+        builder_model / "model.onnx", 2, out, SplitOptions(profile=ProfileOptions(runs=2, warmup=1))
+    )
+    assert result.report is not None and result.report.ok
+    eos = json.loads((builder_model / GENAI_CONFIG_NAME).read_text())["model"]["eos_token_id"]
+    eos_ids = eos if isinstance(eos, list) else [eos]
+    with Pipeline.from_manifest(out, generation=True) as pipe:
+        got = pipe.generate([list(PROMPT)], NEW_TOKENS, eos_token_ids=eos_ids)
+    assert list(got.tokens[0]) == _generate(builder_model)
+
+
 def _generate_batch(folder: Path, prompts: list[tuple[int, ...]], n: int = 16) -> list[list[int]]:
     """Greedy tokens of several prompts at once, left-padded with the pad id (GenAI masks it)."""
     model = og.Model(str(folder))

@@ -5,7 +5,7 @@ onnxruntime loop that feeds the presents back as pasts (no onnxpipe code in the 
 from __future__ import annotations
 
 import json
-import tempfile
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -74,20 +74,30 @@ def reference(name: str, prompt: tuple[int, ...], n: int = NEW_TOKENS) -> tuple[
     return tuple(new)
 
 
-@cache
-def _split(name: str, k: int, ends: Ends = Ends.FREE) -> Path:
-    """A split folder of the tools-made decoder ``name``, made once per session (cut by static costs:
-    where the cuts fall does not matter to what the stages compute)."""
-    out = Path(tempfile.mkdtemp(prefix=f"onnxpipe-gen-{name}-{k}-")) / "out"
-    options = SplitOptions(profile=ProfileOptions(cost=CostSource.STATIC), verify=False)
-    split(DECODERS / f"{name}.onnx", PlanRequest(k, decoder=DecoderOptions(ends=ends)), out, options)
-    return out
+Splits = Callable[..., Path]
+
+
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory: pytest.TempPathFactory) -> Splits:
+    """``splits(name, k, ends)``: a split folder of the tools-made decoder ``name``, made once per module
+    (cut by static costs: where the cuts fall does not matter to what the stages compute)."""
+    made: dict[tuple[str, int, Ends], Path] = {}
+
+    def get(name: str, k: int, ends: Ends = Ends.FREE) -> Path:
+        if (name, k, ends) not in made:
+            out = tmp_path_factory.mktemp(f"{name}-{k}-{ends.value}") / "out"
+            options = SplitOptions(profile=ProfileOptions(cost=CostSource.STATIC), verify=False)
+            split(DECODERS / f"{name}.onnx", PlanRequest(k, decoder=DecoderOptions(ends=ends)), out, options)
+            made[(name, k, ends)] = out
+        return made[(name, k, ends)]
+
+    return get
 
 
 @pytest.mark.parametrize("k", [2, 3, 4])
 @pytest.mark.parametrize("name", MODELS)
-def test_generate_gives_the_unsplit_models_tokens(name: str, k: int) -> None:
-    folder = _split(name, k)
+def test_generate_gives_the_unsplit_models_tokens(splits: Splits, name: str, k: int) -> None:
+    folder = splits(name, k)
     manifest = load_manifest(folder)
     io = manifest.plan.decoder.io if manifest.plan.decoder else None
     assert io is not None and len(io.kv) == 4
@@ -103,9 +113,9 @@ def test_generate_gives_the_unsplit_models_tokens(name: str, k: int) -> None:
     assert len({t for seq in several.tokens for t in seq}) > 4
 
 
-def test_the_cache_never_crosses_a_link() -> None:
+def test_the_cache_never_crosses_a_link(splits: Splits) -> None:
     """A generating worker receives and sends no past or present tensor: the cache is its own."""
-    folder = _split("llama_gqa", 3)
+    folder = splits("llama_gqa", 3)
     manifest = load_manifest(folder)
     assert manifest.plan.decoder is not None and manifest.plan.decoder.io is not None
     cache_names = {t for r in manifest.plan.decoder.io.kv for t in (*r.pasts, *r.presents)}
@@ -127,10 +137,10 @@ def test_the_cache_never_crosses_a_link() -> None:
         }
 
 
-def test_processes_and_early_stop_at_an_end_token() -> None:
+def test_processes_and_early_stop_at_an_end_token(splits: Splits) -> None:
     """Worker processes keep their caches too; a sequence that meets its end token stops there, and its
     caches are dropped (the pipeline serves the next generation with the same workers)."""
-    folder = _split("qwen2", 3)
+    folder = splits("qwen2", 3)
     want = reference("qwen2", PROMPTS[1])
     eos = want[5]
     cut = want.index(eos) + 1
@@ -143,10 +153,10 @@ def test_processes_and_early_stop_at_an_end_token() -> None:
     assert again.tokens == (reference("qwen2", PROMPTS[2])[:8],)
 
 
-def test_embedding_stage_without_cache_reads_the_past_length_from_zeros() -> None:
+def test_embedding_stage_without_cache_reads_the_past_length_from_zeros(splits: Splits) -> None:
     """With ``--ends own`` the embedding stage holds no cache but reads the past length off a past's
     shape: its worker feeds zeros of that shape, and the tokens are still the model's."""
-    folder = _split("llama_gqa", 4, Ends.OWN)
+    folder = splits("llama_gqa", 4, Ends.OWN)
     with Pipeline.from_manifest(folder, generation=True) as pipe:
         shaped = [s for s in pipe.lanes[0][0].caches if s.present is None]
         assert shaped  # the case this test is about
@@ -154,16 +164,16 @@ def test_embedding_stage_without_cache_reads_the_past_length_from_zeros() -> Non
     assert got.tokens == tuple(reference("llama_gqa", p)[:16] for p in PROMPTS[:2])
 
 
-def test_replicas_generate_the_same_tokens() -> None:
-    folder = _split("gpt2", 2)
+def test_replicas_generate_the_same_tokens(splits: Splits) -> None:
+    folder = splits("gpt2", 2)
     with Pipeline.generating_replicas(folder, 2) as pipe:
         assert pipe.backend.lanes == 2
         got = pipe.generate(PROMPTS, 12)
     assert got.tokens == tuple(reference("gpt2", p)[:12] for p in PROMPTS)
 
 
-def test_generate_refuses_what_it_cannot_run(tmp_path: Path) -> None:
-    folder = _split("gpt2", 2)
+def test_generate_refuses_what_it_cannot_run(splits: Splits, tmp_path: Path) -> None:
+    folder = splits("gpt2", 2)
     with Pipeline.from_manifest(folder) as plain, pytest.raises(UsageError, match="generation=True"):
         plain.generate([PROMPTS[0]], 4)
     with Pipeline.from_manifest(folder, generation=True) as pipe:
@@ -183,8 +193,10 @@ def test_generate_refuses_what_it_cannot_run(tmp_path: Path) -> None:
         Pipeline.from_manifest(old, generation=True)
 
 
-def test_cli_generate_compares_with_the_unsplit_model(capfd: pytest.CaptureFixture[str]) -> None:
-    folder = _split("llama_gqa", 2)
+def test_cli_generate_compares_with_the_unsplit_model(
+    splits: Splits, capfd: pytest.CaptureFixture[str]
+) -> None:
+    folder = splits("llama_gqa", 2)
     args = [
         "generate",
         folder,

@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.core.errors import PartitionError
+from onnxpipe.cost.phases import phase_overrides
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir import contrib
@@ -29,6 +30,17 @@ from onnxpipe.plan.decoder_kinds import DecoderOptions, Ends
 from onnxpipe.plan.decoder_plan import make_decoder_plan, solve_layers
 
 HEADS, HEAD_DIM, WIDTH, VOCAB = 2, 4, 8, 16
+
+
+def test_a_phase_keeps_the_users_batch_and_other_dims_but_sets_its_own() -> None:
+    """A ``--shape`` of a cache input gives way to each phase on its token axes only: the batch (and a
+    head size a builder left symbolic) stay as given."""
+    view = view_from_proto(_decoder(2))
+    given = {"past_key_values.0.key": (3, HEADS, 40, HEAD_DIM), "input_ids": (3, 1)}
+    prefill = phase_overrides(view, given, phase_shape(Phase.PREFILL, prefill_tokens=8))
+    assert prefill == {"past_key_values.0.key": (3, HEADS, 0, HEAD_DIM), "input_ids": (3, 8)}
+    decode = phase_overrides(view, given, phase_shape(Phase.DECODE, decode_past=10))
+    assert decode == {"past_key_values.0.key": (3, HEADS, 10, HEAD_DIM), "input_ids": (3, 1)}
 
 
 def _decoder(layers: int = 2, *, present_from_past: bool = True, scopes: bool = True) -> onnx.ModelProto:
