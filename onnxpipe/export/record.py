@@ -22,10 +22,8 @@ from onnxpipe.manifest import (
     MODEL,
     MODEL_INPUT,
     MODEL_OUTPUT,
-    DecoderIORecord,
     DecoderRecord,
     DeviceRecord,
-    KVRecord,
     Manifest,
     ModelOutput,
     ModelTensor,
@@ -250,15 +248,4 @@ def _source_info(view: ModelView, out: Path, source_name: str | None) -> SourceI
 def _decoder_record(d: DecoderSummary | None) -> DecoderRecord | None:
     if d is None:
         return None
-    io = None
-    if d.io is not None:
-        io = DecoderIORecord(
-            d.io.ids_input,
-            d.io.mask_input,
-            d.io.positions_input,
-            d.io.logits_output,
-            tuple(
-                KVRecord(k.layer, k.past_key, k.past_value, k.present_key, k.present_value) for k in d.io.kv
-            ),
-        )
-    return DecoderRecord(d.layers, d.layer_cuts, d.ends, d.max_context, d.phase, d.phase_shapes, io)
+    return DecoderRecord(d.layers, d.layer_cuts, d.ends, d.max_context, d.phase, d.phase_shapes, d.io)

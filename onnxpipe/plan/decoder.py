@@ -30,10 +30,11 @@ from onnxpipe.ir.decoder import DecoderInfo, kv_bytes_per_token
 from onnxpipe.ir.graph import cut_profile
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samevalue import value_classes
+from onnxpipe.manifest.entries import DecoderIORecord, KVRecord
 from onnxpipe.plan.decoder_kinds import Ends
 from onnxpipe.plan.recompute import shape_from_dims
 from onnxpipe.plan.sequences import Sequences, tensor_sizes
-from onnxpipe.plan.types import DecoderIO, KVTensors, ShapeParts, StageSpec
+from onnxpipe.plan.types import ShapeParts, StageSpec
 
 
 @dataclass(frozen=True)
@@ -204,19 +205,17 @@ def foreign_pasts(dec: DecoderInfo, stage: StageSpec) -> tuple[str, ...]:
     return tuple(t for t in stage.inputs if t in layer_of and layer_of[t] not in owned)
 
 
-def decoder_io(view: ModelView, dec: DecoderInfo) -> DecoderIO:
+def decoder_io(view: ModelView, dec: DecoderInfo) -> DecoderIORecord:
     """The tensors a generation loop feeds and reads: ``dec``'s inputs and cache pairs, and the logits
     (the one output besides the presents, or the one named ``logits``)."""
     presents = set(dec.present_outputs)
     rest = [t for t in view.outputs if t not in presents]
     named = [t for t in rest if "logits" in t.lower()]
     logits = named[0] if len(named) == 1 else (rest[0] if len(rest) == 1 else None)
-    return DecoderIO(
+    return DecoderIORecord(
         ids_input=dec.ids_input,
         mask_input=dec.mask_input,
         positions_input=dec.positions_input,
         logits_output=logits,
-        kv=tuple(
-            KVTensors(p.layer, p.past_key, p.past_value, p.present_key, p.present_value) for p in dec.kv
-        ),
+        kv=tuple(KVRecord(p.layer, p.past_key, p.past_value, p.present_key, p.present_value) for p in dec.kv),
     )

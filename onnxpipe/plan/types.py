@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from onnxpipe.cluster.costs import DeviceCosts
 from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.inputfiles import InputRecord
+from onnxpipe.manifest.entries import DecoderIORecord
 from onnxpipe.schedule.timeline import Timeline
 
 ShapeParts = tuple[int | tuple[str, int], ...]
@@ -108,30 +109,6 @@ class NodeSplit:
 
 
 @dataclass(frozen=True)
-class KVTensors:
-    """One layer's cache tensors by name: past key and value (inputs), present key and value (outputs);
-    no value tensors where key and value share one tensor (``past.N``)."""
-
-    layer: int
-    past_key: str
-    past_value: str | None
-    present_key: str
-    present_value: str | None
-
-
-@dataclass(frozen=True)
-class DecoderIO:
-    """What a generation loop feeds and reads: the token, mask and position inputs, the logits output,
-    and each layer's cache tensors (a worker keeps them across steps, :mod:`onnxpipe.runtime.generate`)."""
-
-    ids_input: str
-    mask_input: str | None
-    positions_input: str | None
-    logits_output: str | None
-    kv: tuple[KVTensors, ...]
-
-
-@dataclass(frozen=True)
 class DecoderSummary:
     """What a plan of a decoder adds: its layers, how it was cut, and the context its cache is counted at."""
 
@@ -143,7 +120,7 @@ class DecoderSummary:
     """The phase the stage costs are for: ``prefill``, ``decode`` or ``both``."""
     phase_shapes: tuple[tuple[str, int, int], ...] = ()
     """(phase, new tokens, cached tokens) of each phase profiled."""
-    io: DecoderIO | None = None
+    io: DecoderIORecord | None = None
     """The tensors a generation loop feeds and reads."""
 
 
