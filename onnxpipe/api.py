@@ -13,13 +13,13 @@ plan as a stage count or a :class:`~onnxpipe.plan.request.PlanRequest`, and ever
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from onnxpipe.calibrate.devices import calibrate_on_devices, check_devices_here
-from onnxpipe.calibrate.loop import CalibrationOptions
+from onnxpipe.calibrate.loop import CalibrationOptions, CalibrationRound, calibrate_phases
 from onnxpipe.calibrate.loop import calibrate as run_calibration
 from onnxpipe.calibrate.timing import choose_timer, time_model
 from onnxpipe.cluster.costs import provider_available
@@ -127,11 +127,6 @@ def split(
         opts = dataclasses.replace(opts, profile=dataclasses.replace(opts.profile, shapes=shapes))
     _check_calibration(request, opts.calibration)
     step = opts.on_step or (lambda what: None)
-    if opts.calibration.rounds and len(decoder_phases(view, request, opts.profile)) > 1:
-        raise UsageError(
-            f"{view.label}: --calibrate times the stages at one shape; with a decoder give --phase prefill "
-            "or --phase decode (not both)"
-        )
     if opts.profile.saved is None:  # a saved profile is read at once (and refused without a word)
         step("profiling")
     phases = decoder_profiles(view, request, opts.profile)
@@ -278,16 +273,44 @@ def _calibrated(
         )
     k = request.stages if isinstance(request.stages, int) else len(make(prof).stages)
     timer, how = choose_timer("alone" if request.interleaved else calibration.mode, k, prof.threads)
-    prof, the_plan, rounds = run_calibration(view, prof, make, rounds=calibration.rounds, timer=timer)
-    first, last = rounds[0], rounds[-1]
-    note = (
-        f"calibrated in {len(rounds)} round(s), {how}: the estimates were off by up to "
-        f"{first.worst_error * 100:.1f}% at first"
-        + (f", {last.worst_error * 100:.1f}% in round {len(rounds)}" if len(rounds) > 1 else "")
-        + "; the estimates below come from the corrected costs"
-    )
+    both = phases is not None and Phase.PREFILL in phases and Phase.DECODE in phases
+    if both:
+        assert phases is not None
+        fixed, the_plan, history = calibrate_phases(
+            view,
+            {Phase.PREFILL: phases[Phase.PREFILL], Phase.DECODE: phases[Phase.DECODE]},
+            lambda ps: plan(view, ps[Phase.DECODE], request, phase_profiles=_named_phases(ps)),
+            rounds=calibration.rounds,
+            timer=timer,
+        )
+        prof = fixed[Phase.DECODE]
+    else:
+        prof, the_plan, rounds = run_calibration(view, prof, make, rounds=calibration.rounds, timer=timer)
+        history = [{None: r} for r in rounds]
+    note = calibration_note(history, how)
     return dataclasses.replace(
         the_plan, notes=(*the_plan.notes, note), reference_seconds=time_model(view, prof)
+    )
+
+
+def _named_phases(profiles: Mapping[Phase | None, Profile]) -> dict[Phase, Profile]:
+    return {phase: p for phase, p in profiles.items() if phase is not None}
+
+
+def calibration_note(history: Sequence[Mapping[Phase | None, CalibrationRound]], how: str) -> str:
+    """What the manifest says of a calibration: how far the estimates were off at first and in the last
+    round (at each phase, for a decoder calibrated at both)."""
+
+    def off(done: Mapping[Phase | None, CalibrationRound]) -> str:
+        if list(done) == [None]:
+            return f"{done[None].worst_error * 100:.1f}%"
+        return ", ".join(f"{r.worst_error * 100:.1f}% at {p}" for p, r in done.items() if p is not None)
+
+    first, last = history[0], history[-1]
+    return (
+        f"calibrated in {len(history)} round(s), {how}: the estimates were off by up to {off(first)} at first"
+        + (f"; {off(last)} in round {len(history)}" if len(history) > 1 else "")
+        + "; the estimates below come from the corrected costs"
     )
 
 

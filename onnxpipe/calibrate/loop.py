@@ -18,17 +18,22 @@ session time over a stream of micro-batches.  Then scale every node of stage ``s
 than ``tolerance``, at most ``rounds`` times.  The corrected profile is an ordinary
 :class:`~onnxpipe.cost.profile.Profile`: the final plan's estimates are the stages' own times.  Only the
 profile's per-node seconds change; the partitioner stays exact on the corrected numbers.
+
+A decoder balanced for both phases (:mod:`onnxpipe.plan.phases`) is calibrated at both
+(:func:`calibrate_phases`): its stages are timed at the prompt's shapes and at a generation step's, and
+each phase's profile is corrected by its own stage times.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from onnxpipe.calibrate.modes import DEFAULT_CALIBRATION_MODE, CalibrationMode
 from onnxpipe.calibrate.timing import StageTimer, time_stages
 from onnxpipe.core.errors import UsageError
 from onnxpipe.cost.profile import Profile, corrected
+from onnxpipe.ir.decoder_kinds import Phase
 from onnxpipe.ir.model import ModelView
 from onnxpipe.plan.types import Plan
 
@@ -68,6 +73,14 @@ def _bounds(plan: Plan) -> tuple[int, ...]:
     return tuple(len(s.node_names) for s in plan.stages)
 
 
+def stage_estimates(plan: Plan, phase: Phase | None) -> tuple[float, ...]:
+    """Each stage's estimated seconds at ``phase`` (a two-phase decoder plan keeps both phases'), or
+    the plan's stage times for its one profiled shape (``None``)."""
+    if phase is None:
+        return tuple(s.compute_seconds for s in plan.stages)
+    return tuple(dict(s.phase_seconds).get(phase.value, s.compute_seconds) for s in plan.stages)
+
+
 def calibrate(
     view: ModelView,
     profile: Profile,
@@ -81,25 +94,57 @@ def calibrate(
 
     Returns the corrected profile, the plan made from it, and what each round measured.
     """
+    fixed, plan, history = calibrate_phases(
+        view,
+        {None: profile},
+        lambda profiles: make_plan(profiles[None]),
+        rounds=rounds,
+        tolerance=tolerance,
+        timer=timer,
+    )
+    return fixed[None], plan, [done[None] for done in history]
+
+
+def calibrate_phases(
+    view: ModelView,
+    profiles: Mapping[Phase | None, Profile],
+    make_plan: Callable[[Mapping[Phase | None, Profile]], Plan],
+    *,
+    rounds: int = 2,
+    tolerance: float = DEFAULT_TOLERANCE,
+    timer: StageTimer | None = None,
+) -> tuple[dict[Phase | None, Profile], Plan, list[dict[Phase | None, CalibrationRound]]]:
+    """:func:`calibrate` for a plan made from several profiles of one model, one per phase (a decoder's
+    prompt and generation step, balanced together by :mod:`onnxpipe.plan.phases`): each round times
+    the stages at every phase's shapes, corrects each phase's profile by that phase's stage times, and
+    plans again from all of them; it stops when every phase's stages are within ``tolerance`` or the
+    cut does not move.  Why both: a stage run alone differs from its share of the whole model by
+    different amounts at the two shapes (a generation step's few tiny nodes make a session's per-run
+    cost and a stage's copied nodes weigh far more), so each phase needs its own correction.
+    """
     if rounds < 1:
         raise UsageError(f"--calibrate {rounds}: give at least 1 round")
     measure = timer or time_stages
-    plan = make_plan(profile)
-    history: list[CalibrationRound] = []
+    current = dict(profiles)
+    plan = make_plan(current)
+    history: list[dict[Phase | None, CalibrationRound]] = []
     for _ in range(rounds):
-        measured = measure(view, plan, profile)
-        done = CalibrationRound(
-            bounds=_bounds(plan),
-            estimated_seconds=tuple(s.compute_seconds for s in plan.stages),
-            measured_seconds=tuple(measured),
-        )
+        done = {
+            phase: CalibrationRound(
+                bounds=_bounds(plan),
+                estimated_seconds=stage_estimates(plan, phase),
+                measured_seconds=tuple(measure(view, plan, prof)),
+            )
+            for phase, prof in current.items()
+        }
         history.append(done)
-        if done.worst_error <= tolerance:
+        if max(r.worst_error for r in done.values()) <= tolerance:
             break
-        profile = corrected(profile, [s.node_names for s in plan.stages], done.factors)
-        new_plan = make_plan(profile)
+        stage_nodes = [s.node_names for s in plan.stages]
+        current = {p: corrected(prof, stage_nodes, done[p].factors) for p, prof in current.items()}
+        new_plan = make_plan(current)
         moved = _bounds(new_plan) != _bounds(plan)
         plan = new_plan
         if not moved:  # same cut: the corrected estimates are the stages' own times already
             break
-    return profile, plan, history
+    return current, plan, history

@@ -7,6 +7,7 @@ docstring; what the times are for is :mod:`onnxpipe.calibrate.loop`'s.
 
 from __future__ import annotations
 
+import math
 import statistics
 import tempfile
 import time
@@ -43,6 +44,16 @@ TURNS_MAX_PARAM_BYTES = 1 << 30
 beyond it they are timed one after the other, one session open at a time."""
 
 
+MIN_RUNS = 30
+MAX_RUNS = 1000
+TIMED_SECONDS = 0.25
+"""Stages timed alone run at least :data:`MIN_RUNS` times each, and more when they are short, up to
+:data:`MAX_RUNS`, so that each is timed over about this many seconds.  Why: the median of 30 runs of a
+stage of a millisecond spans 30 ms, and a machine whose speed drifts within seconds then moved the
+stages' relative times by 10-20% from one timing to the next (a decoder's stages at its generation step,
+GPT-2 at 8 layers in 3 stages, here); timed over a quarter of a second each they held within a few
+percent at the prompt's shape."""
+
 PIPELINE_MICROBATCHES = 24
 PIPELINE_REPEATS = 2
 PIPELINE_WARMUP = 8
@@ -60,16 +71,20 @@ def scratch_stages(
 
 
 def time_stages(
-    view: ModelView, plan: Plan, profile: Profile, *, runs: int = 30, warmup: int = 3
+    view: ModelView, plan: Plan, profile: Profile, *, runs: int | None = None, warmup: int = 3
 ) -> list[float]:
     """Median seconds of each stage of ``plan`` run alone, at the profile's shapes and threads.
 
-    The stages are exported to a scratch folder; stage ``s`` is fed what the earlier stages computed
-    from one set of seeded random model inputs.  They are timed in turns (:func:`time_in_turns`), which
-    keeps every stage's session open at once; stages whose weights together pass
-    :data:`TURNS_MAX_PARAM_BYTES` (a model split because it is large) are timed one after the other
-    instead, each session closed before the next opens, as one stage alone fits where the whole may not.
+    ``runs`` timed runs per stage; by default as many as :func:`timed_runs` finds for the profile's
+    time per stage.  The stages are exported to a scratch folder; stage ``s`` is fed what the earlier
+    stages computed from one set of seeded random model inputs.  They are timed in turns
+    (:func:`time_in_turns`), which keeps every stage's session open at once; stages whose weights
+    together pass :data:`TURNS_MAX_PARAM_BYTES` (a model split because it is large) are timed one after
+    the other instead, each session closed before the next opens, as one stage alone fits where the
+    whole may not.
     """
+    if runs is None:
+        runs = timed_runs(profile.total_seconds / max(1, plan.k))
     with scratch_stages(view, plan, profile) as (out, manifest):
         stages = ready_stages(view, profile, out, manifest, warmup=warmup)
         if sum(st.param_bytes for st in manifest.stages) <= TURNS_MAX_PARAM_BYTES:
@@ -79,6 +94,14 @@ def time_stages(
             seconds.append(time_in_turns([stage], runs=runs, block=runs)[0])
             del stage  # closed before the next one opens
         return seconds
+
+
+def timed_runs(stage_seconds: float) -> int:
+    """Runs that time a stage of about ``stage_seconds`` over :data:`TIMED_SECONDS` (at least
+    :data:`MIN_RUNS`, at most :data:`MAX_RUNS`)."""
+    if not stage_seconds > 0:
+        return MIN_RUNS
+    return max(MIN_RUNS, min(MAX_RUNS, math.ceil(TIMED_SECONDS / stage_seconds)))
 
 
 ReadyStage = tuple[Any, list[str], dict[str, np.ndarray]]

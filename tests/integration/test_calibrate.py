@@ -3,29 +3,36 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cli_runner import run
+from paths import SAMPLE_MODELS
 
 from onnxpipe import api
 from onnxpipe.api import CalibrationOptions, PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.calibrate import timing
-from onnxpipe.calibrate.loop import CalibrationRound, calibrate
+from onnxpipe.calibrate.loop import CalibrationRound, calibrate, calibrate_phases, stage_estimates
 from onnxpipe.calibrate.timing import (
     StageTimer,
     choose_timer,
     time_in_turns,
     time_stages,
     time_stages_in_pipeline,
+    timed_runs,
 )
 from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.errors import UsageError
+from onnxpipe.cost.phases import phase_profiles
 from onnxpipe.cost.profile import Profile, corrected
 from onnxpipe.cost.static import static_profile
+from onnxpipe.ir.decoder import find_decoder
+from onnxpipe.ir.decoder_kinds import Phase, phase_shape
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
+from onnxpipe.plan.planner import plan
 from onnxpipe.plan.types import Plan
 from onnxpipe.plan.workers import make_plan
 from onnxpipe.runtime import affinity
@@ -324,3 +331,86 @@ def test_cli_calibrate_needs_a_positive_number_of_rounds(
     model = sample_models_dir / "transformer_tiny.onnx"
     code, _, stderr = run(["split", model, "-k", "2", "--out", tmp_path / "o", "--calibrate", "0"], capfd)
     assert code == 2 and "--calibrate" in stderr and not (tmp_path / "o").exists()
+
+
+def _decoder_phases() -> tuple[ModelView, dict[Phase, Profile]]:
+    view = load_model(SAMPLE_MODELS / "decoders" / "gpt2.onnx")
+    shapes = [phase_shape(Phase.PREFILL), phase_shape(Phase.DECODE)]
+    return view, phase_profiles(view, ProfileOptions(cost="static"), shapes)
+
+
+def _phase_timer(profiles: dict[Phase, Profile], truth: dict[Phase, dict[str, float]]) -> StageTimer:
+    """A stand-in timer: each stage costs the sum of ``truth`` at the phase whose shapes it is timed at."""
+
+    def timer(view: ModelView, plan: Plan, profile: Profile) -> list[float]:
+        phase = next(p for p, q in profiles.items() if q.input_shapes == profile.input_shapes)
+        return [sum(truth[phase].get(n, 0.0) for n in st.node_names) for st in plan.stages]
+
+    return timer
+
+
+def test_a_decoder_is_calibrated_at_both_phases() -> None:
+    """The first layer costs four times its estimate at both shapes: a two-phase plan's cut moves off it,
+    each phase's profile corrected by its own stage times."""
+    view, profiles = _decoder_phases()
+    dec = find_decoder(view)
+    assert dec is not None
+    layer0 = {name for name, layer in dec.node_layer.items() if layer == 0}
+    truth = {
+        p: {n: t * (4.0 if n in layer0 else 1.0) for n, t in q.node_seconds.items()}
+        for p, q in profiles.items()
+    }
+    request = PlanRequest(2)
+
+    def make(ps: Mapping[Phase | None, Profile]) -> Plan:
+        return plan(
+            view, ps[Phase.DECODE], request, phase_profiles={p: q for p, q in ps.items() if p is not None}
+        )
+
+    first = make(dict(profiles))
+    fixed, after, rounds = calibrate_phases(
+        view, dict(profiles), make, rounds=4, timer=_phase_timer(profiles, truth)
+    )
+    assert set(rounds[0]) == {Phase.PREFILL, Phase.DECODE}
+    assert all(r.factors[0] > 1.5 and r.worst_error > 0.3 for r in rounds[0].values())  # stage 0 was dear
+    assert after.stages[0].kv_layers == (0,) and first.stages[0].kv_layers != (0,)
+    for phase in (Phase.PREFILL, Phase.DECODE):
+        true_stage = [sum(truth[phase].get(n, 0.0) for n in st.node_names) for st in after.stages]
+        before = [sum(truth[phase].get(n, 0.0) for n in st.node_names) for st in first.stages]
+        assert max(true_stage) < max(before)
+        assert fixed[phase] is not profiles[phase]
+    # the estimates the plan keeps per phase are the corrected ones
+    assert stage_estimates(after, Phase.PREFILL) != stage_estimates(first, Phase.PREFILL)
+
+
+def test_a_decoder_whose_profiles_hold_is_calibrated_in_one_round() -> None:
+    view, profiles = _decoder_phases()
+    request = PlanRequest(2)
+    truth = {p: dict(q.node_seconds) for p, q in profiles.items()}
+    fixed, _after, rounds = calibrate_phases(
+        view,
+        dict(profiles),
+        lambda ps: plan(view, ps[Phase.DECODE], request, phase_profiles={p: q for p, q in ps.items() if p}),
+        timer=_phase_timer(profiles, truth),
+    )
+    assert len(rounds) == 1 and all(r.worst_error < 1e-9 for r in rounds[0].values())
+    assert fixed[Phase.DECODE] is profiles[Phase.DECODE]
+
+
+def test_short_stages_are_timed_over_more_runs() -> None:
+    assert timed_runs(1.0) == timing.MIN_RUNS and timed_runs(0.0) == timing.MIN_RUNS
+    assert timed_runs(1e-3) == 250 and timed_runs(1e-7) == timing.MAX_RUNS
+
+
+def test_cli_split_calibrates_a_decoder_at_both_phases(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "stages"
+    model = SAMPLE_MODELS / "decoders" / "gpt2.onnx"
+    code, stdout, stderr = run(["split", model, "-k", "2", "--out", out, "--calibrate", "1", "-q"], capfd)
+    assert code == 0, stderr
+    assert "match the original" in stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    note = next(n for n in manifest["plan"]["notes"] if n.startswith("calibrated in"))
+    assert "at prefill" in note and "at decode" in note
+    assert all(set(st["estimated_phase_seconds"]) == {"prefill", "decode"} for st in manifest["stages"])
