@@ -2,7 +2,8 @@
 and K replicas running the same sequences, side by side in one run.
 
 Each model (``tools/export_decoders.py``'s ``*_small``: random-weight Llama with grouped-query attention,
-Qwen2 and GPT-2, 8 layers, built in the cache) is split into K stages (layer cuts, balanced for both
+Qwen2 and GPT-2, 8 layers, built in the cache; and ``llama_gqa_medium``, whose 250 MB of weights stay out
+of the CPU's cache as a real LLM's do) is split into K stages (layer cuts, balanced for both
 phases, onnxruntime's measured costs at one thread), then three generators run the same prompts, each
 with one intra-op thread per worker, local threads:
 
@@ -39,7 +40,7 @@ from onnxpipe.runtime.pipeline import Pipeline
 from tools import export_decoders
 
 NAME = "generate"
-MODELS = ("llama_gqa_small", "qwen2_small", "gpt2_small")
+MODELS = ("llama_gqa_small", "qwen2_small", "gpt2_small", "llama_gqa_medium")
 KINDS = ("pipeline", "unsplit", "replicas")
 
 

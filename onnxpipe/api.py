@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import Literal
 
 from onnxpipe.calibrate.devices import calibrate_on_devices, check_devices_here
-from onnxpipe.calibrate.loop import CalibrationOptions, CalibrationRound, calibrate_phases
+from onnxpipe.calibrate.loop import (
+    CalibrationOptions,
+    CalibrationRound,
+    calibrate_phases,
+    kept_round,
+    measured_balance,
+)
 from onnxpipe.calibrate.loop import calibrate as run_calibration
 from onnxpipe.calibrate.timing import choose_timer, time_model
 from onnxpipe.cluster.costs import provider_available
@@ -299,7 +305,7 @@ def _named_phases(profiles: Mapping[Phase | None, Profile]) -> dict[Phase, Profi
 
 def calibration_note(history: Sequence[Mapping[Phase | None, CalibrationRound]], how: str) -> str:
     """What the manifest says of a calibration: how far the estimates were off at first and in the last
-    round (at each phase, for a decoder calibrated at both)."""
+    round (at each phase, for a decoder calibrated at both), and which timed cut it kept."""
 
     def off(done: Mapping[Phase | None, CalibrationRound]) -> str:
         if list(done) == [None]:
@@ -307,10 +313,17 @@ def calibration_note(history: Sequence[Mapping[Phase | None, CalibrationRound]],
         return ", ".join(f"{r.worst_error * 100:.1f}% at {p}" for p, r in done.items() if p is not None)
 
     first, last = history[0], history[-1]
-    return (
+    said = (
         f"calibrated in {len(history)} round(s), {how}: the estimates were off by up to {off(first)} at first"
         + (f"; {off(last)} in round {len(history)}" if len(history) > 1 else "")
-        + "; the estimates below come from the corrected costs"
+    )
+    kept = kept_round(history)
+    if kept == len(history) - 1:
+        return said + "; the estimates below come from the corrected costs"
+    return (
+        f"{said}; kept the cut timed in round {kept + 1}, which ran the most evenly of the {len(history)} "
+        f"timed (worst max/mean {measured_balance(history[kept]):.2f}, round {len(history)}'s "
+        f"{measured_balance(last):.2f}): its estimates are those it was planned with"
     )
 
 

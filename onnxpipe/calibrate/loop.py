@@ -17,7 +17,9 @@ session time over a stream of micro-batches.  Then scale every node of stage ``s
 ``measured_s / estimated_s`` and partition again; repeat while the cut moves and a stage is off by more
 than ``tolerance``, at most ``rounds`` times.  The corrected profile is an ordinary
 :class:`~onnxpipe.cost.profile.Profile`: the final plan's estimates are the stages' own times.  Only the
-profile's per-node seconds change; the partitioner stays exact on the corrected numbers.
+profile's per-node seconds change; the partitioner stays exact on the corrected numbers.  Of the cuts it
+timed, calibration keeps the one that ran most evenly (:func:`kept_round`), so it never hands back a cut
+that ran worse than one it measured.
 
 A decoder balanced for both phases (:mod:`onnxpipe.plan.phases`) is calibrated at both
 (:func:`calibrate_phases`): its stages are timed at the prompt's shapes and at a generation step's, and
@@ -26,7 +28,7 @@ each phase's profile is corrected by its own stage times.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from onnxpipe.calibrate.modes import DEFAULT_CALIBRATION_MODE, CalibrationMode
@@ -118,9 +120,12 @@ def calibrate_phases(
     prompt and generation step, balanced together by :mod:`onnxpipe.plan.phases`): each round times
     the stages at every phase's shapes, corrects each phase's profile by that phase's stage times, and
     plans again from all of them; it stops when every phase's stages are within ``tolerance`` or the
-    cut does not move.  Why both: a stage run alone differs from its share of the whole model by
-    different amounts at the two shapes (a generation step's few tiny nodes make a session's per-run
-    cost and a stage's copied nodes weigh far more), so each phase needs its own correction.
+    cut does not move.  It keeps the cut that ran most evenly of those it timed (:func:`kept_round`):
+    the last plan, with its corrected costs, when its cut is that one; else that round's plan as it was
+    made, with the profiles it was made from.  Why both phases: a stage run alone differs from its
+    share of the whole model by different amounts at the two shapes (a generation step's few tiny nodes
+    make a session's per-run cost and a stage's copied nodes weigh far more), so each phase needs its
+    own correction.
     """
     if rounds < 1:
         raise UsageError(f"--calibrate {rounds}: give at least 1 round")
@@ -128,6 +133,7 @@ def calibrate_phases(
     current = dict(profiles)
     plan = make_plan(current)
     history: list[dict[Phase | None, CalibrationRound]] = []
+    timed: list[tuple[dict[Phase | None, Profile], Plan]] = []  # each timed cut, as it was planned
     for _ in range(rounds):
         done = {
             phase: CalibrationRound(
@@ -138,6 +144,7 @@ def calibrate_phases(
             for phase, prof in current.items()
         }
         history.append(done)
+        timed.append((current, plan))
         if max(r.worst_error for r in done.values()) <= tolerance:
             break
         stage_nodes = [s.node_names for s in plan.stages]
@@ -147,4 +154,27 @@ def calibrate_phases(
         plan = new_plan
         if not moved:  # same cut: the corrected estimates are the stages' own times already
             break
-    return current, plan, history
+    best = kept_round(history)
+    if _bounds(plan) == history[best][next(iter(history[best]))].bounds:
+        return current, plan, history
+    return dict(timed[best][0]), timed[best][1], history
+
+
+def measured_balance(done: Mapping[Phase | None, CalibrationRound]) -> float:
+    """How evenly a timed cut ran: the worst phase's max/mean of the measured stage times (a ratio, so
+    that rounds timed while the machine ran at different speeds compare)."""
+    worst = 0.0
+    for r in done.values():
+        total = sum(r.measured_seconds)
+        if total > 0:
+            worst = max(worst, max(r.measured_seconds) * len(r.measured_seconds) / total)
+    return worst
+
+
+def kept_round(history: Sequence[Mapping[Phase | None, CalibrationRound]]) -> int:
+    """The round whose cut calibration keeps: the one that ran most evenly when timed (the first of
+    equals).  Why not simply the last: the correction assumes a stage costs the sum of its nodes, and
+    where it does not (a generation step whose stage of two small layers keeps its weights in the cache
+    and one of three does not) the corrected costs can move the cut to one that runs worse than a cut
+    already timed; a cut never timed is not kept over one that was."""
+    return min(range(len(history)), key=lambda i: (measured_balance(history[i]), i))

@@ -14,7 +14,14 @@ from paths import SAMPLE_MODELS
 from onnxpipe import api
 from onnxpipe.api import CalibrationOptions, PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.calibrate import timing
-from onnxpipe.calibrate.loop import CalibrationRound, calibrate, calibrate_phases, stage_estimates
+from onnxpipe.calibrate.loop import (
+    CalibrationRound,
+    calibrate,
+    calibrate_phases,
+    kept_round,
+    measured_balance,
+    stage_estimates,
+)
 from onnxpipe.calibrate.timing import (
     StageTimer,
     choose_timer,
@@ -414,3 +421,26 @@ def test_cli_split_calibrates_a_decoder_at_both_phases(
     note = next(n for n in manifest["plan"]["notes"] if n.startswith("calibrated in"))
     assert "at prefill" in note and "at decode" in note
     assert all(set(st["estimated_phase_seconds"]) == {"prefill", "decode"} for st in manifest["stages"])
+
+
+def test_calibration_keeps_the_timed_cut_that_ran_most_evenly(view: ModelView) -> None:
+    """Stage times that are not the sum of their nodes' (here: any cut but the first runs its second
+    stage 60% slower): the corrected costs move the cut to one that runs worse, and calibration keeps
+    the first cut, as it was planned, rather than a worse one or one never timed."""
+    prof = static_profile(view)
+    first = make_plan(view, prof, 2)
+    first_cut = [len(s.node_names) for s in first.stages]
+
+    def timer(view: ModelView, plan: Plan, profile: Profile) -> list[float]:
+        est = [s.compute_seconds for s in plan.stages]
+        if [len(s.node_names) for s in plan.stages] == first_cut:
+            return [est[0] * 1.2, est[1]]
+        return [est[0], est[1] * 1.6]
+
+    _fixed, kept, rounds = calibrate(view, prof, lambda p: make_plan(view, p, 2), rounds=2, timer=timer)
+    assert len(rounds) == 2 and rounds[0].bounds != rounds[1].bounds  # a second cut was timed
+    assert [len(s.node_names) for s in kept.stages] == first_cut
+    assert kept_round([{None: r} for r in rounds]) == 0
+    assert measured_balance({None: rounds[0]}) < measured_balance({None: rounds[1]})
+    note = api.calibration_note([{None: r} for r in rounds], "each stage timed alone")
+    assert "kept the cut timed in round 1" in note
