@@ -73,6 +73,17 @@ def fraction(text: str) -> float:
     return value
 
 
+def probability(text: str) -> float:
+    """A number above 0 and at most 1: ``--top-p``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} must be above 0 and at most 1")
+    return value
+
+
 def token_ids(text: str) -> tuple[int, ...]:
     """A prompt's token ids: whole numbers >= 0 separated by commas or spaces (``"1,2,3"``)."""
     parts = [p for p in text.replace(",", " ").split() if p]

@@ -1,12 +1,12 @@
-"""``onnxpipe generate DIR``: greedy generation through a decoder's split, each worker keeping its own
-layers' KV cache (the parser; the work is :mod:`onnxpipe.cli.commands.generate`)."""
+"""``onnxpipe generate DIR``: generation through a decoder's split (greedy, or sampled with a seed), each
+worker keeping its own layers' KV cache (the parser; the work is :mod:`onnxpipe.cli.commands.generate`)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from onnxpipe.cli.argtypes import count, positive_int, token_ids
+from onnxpipe.cli.argtypes import count, positive_int, positive_number, probability, token_ids
 from onnxpipe.cli.arguments import add_json_arg
 from onnxpipe.runtime.choices import DEFAULT_LOCAL_MODE, LOCAL_MODES
 
@@ -44,6 +44,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         metavar="N",
         help="sequences in the pipeline at once (default: every prompt)",
+    )
+    p.add_argument(
+        "--do-sample",
+        action="store_true",
+        help="draw each token from the softmax of the logits instead of taking the highest (greedy, the "
+        "default), seeded per sequence: the same --seed gives the same tokens through the split and the "
+        "unsplit model",
+    )
+    p.add_argument(
+        "--temperature",
+        type=positive_number,
+        metavar="T",
+        help="with --do-sample: logits over T (default 1.0)",
+    )
+    p.add_argument(
+        "--top-k",
+        type=count,
+        metavar="K",
+        help="with --do-sample: only the K most likely tokens (default 0: all)",
+    )
+    p.add_argument(
+        "--top-p",
+        type=probability,
+        metavar="P",
+        help="with --do-sample: only the most likely tokens whose probabilities reach P (default 1.0: all)",
+    )
+    p.add_argument(
+        "--seed", type=count, metavar="S", help="with --do-sample: the generators' seed (default 0)"
     )
     p.add_argument(
         "--local-mode",

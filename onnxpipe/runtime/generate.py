@@ -10,8 +10,10 @@ depends on the step's logits): while the last stage decodes sequence A, the firs
 ``K`` stages are kept busy by ``K`` or more sequences.  A sequence stays in one lane (its cache lives in
 that lane's workers): with replicas (several lanes), sequences are spread over the lanes in turn.
 
-Why greedy only: it is what reproduces the unsplit model's tokens exactly, which is what a split must be
-checked against; a sampler belongs to the serving layer above.
+Greedy by default: it is what reproduces the unsplit model's tokens exactly, which is what a split must be
+checked against.  Sampling (temperature, top-k, top-p) is seeded per sequence
+(:mod:`onnxpipe.runtime.sampling`), so a sampled run through the split and through the unsplit model
+give the same tokens too.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 from onnxpipe.core.errors import UsageError
 from onnxpipe.manifest import DecoderIORecord
 from onnxpipe.runtime.kvstate import CONTROL, Control, StepFlags
+from onnxpipe.runtime.sampling import Sampling, last_logits
 
 Tensors = dict[str, np.ndarray]
 Submit = Callable[[Tensors, int], "Future[Tensors]"]
@@ -34,12 +37,14 @@ Submit = Callable[[Tensors, int], "Future[Tensors]"]
 
 @dataclass(frozen=True)
 class GenerateOptions:
-    """How to generate: ``max_new_tokens`` per sequence (fewer when ``eos_token_ids`` come first), and at
-    most ``in_flight`` sequences in the pipeline at once (None: every prompt at once)."""
+    """How to generate: ``max_new_tokens`` per sequence (fewer when ``eos_token_ids`` come first), at
+    most ``in_flight`` sequences in the pipeline at once (None: every prompt at once), each next token
+    the highest logit or, with ``sampling``, drawn."""
 
     max_new_tokens: int = 32
     eos_token_ids: tuple[int, ...] = ()
     in_flight: int | None = None
+    sampling: Sampling | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -79,6 +84,7 @@ class _Sequence:
     cached: int = 0
     done: bool = False
     first_token_at: float | None = None
+    rng: np.random.Generator | None = None
 
     @property
     def tokens(self) -> list[int]:
@@ -116,11 +122,16 @@ class StepFeeds:
         return out
 
 
-def next_token(logits: np.ndarray) -> int:
-    """The greedy choice: the highest logit at the last position (``[batch, seq, vocab]`` or
-    ``[batch, vocab]``), of the one sequence in the batch."""
-    last = logits[0, -1] if logits.ndim == 3 else logits[0]
-    return int(np.argmax(last))
+def next_token(
+    logits: np.ndarray, sampling: Sampling | None = None, rng: np.random.Generator | None = None
+) -> int:
+    """The next token from the logits at the last position (``[batch, seq, vocab]`` or
+    ``[batch, vocab]``) of the one sequence in the batch: the highest, or drawn as ``sampling`` says
+    with the sequence's ``rng``."""
+    last = last_logits(logits)
+    if sampling is None:
+        return int(np.argmax(last))
+    return sampling.draw(last, rng if rng is not None else sampling.generator(0))
 
 
 def generate(
@@ -132,7 +143,7 @@ def generate(
     *,
     first_ident: int = 0,
 ) -> Generation:
-    """Greedy tokens for each of ``prompts`` through a pipeline's ``submit``, sequences spread over
+    """New tokens for each of ``prompts`` through a pipeline's ``submit``, sequences spread over
     ``lanes``; ``first_ident``: the first sequence id (ids must not repeat while caches are held)."""
     if not prompts:
         raise UsageError("give at least one prompt")
@@ -141,7 +152,17 @@ def generate(
             raise UsageError(f"prompt {i} is empty: give at least one token id")
     logits_name = step_feeds.io.logits_output
     assert logits_name is not None
-    seqs = [_Sequence(i, first_ident + i, i % lanes, tuple(int(t) for t in p)) for i, p in enumerate(prompts)]
+    sampling = options.sampling
+    seqs = [
+        _Sequence(
+            i,
+            first_ident + i,
+            i % lanes,
+            tuple(int(t) for t in p),
+            rng=sampling.generator(i) if sampling is not None else None,
+        )
+        for i, p in enumerate(prompts)
+    ]
     limit = options.in_flight or len(seqs)
     waiting = list(reversed(seqs))
     running: dict[Future[Tensors], _Sequence] = {}
@@ -167,7 +188,7 @@ def generate(
         done, _ = wait(list(running), return_when=FIRST_COMPLETED)
         for fut in done:
             s = running.pop(fut)
-            token = next_token(fut.result()[logits_name])
+            token = next_token(fut.result()[logits_name], sampling, s.rng)
             s.new.append(token)
             if s.first_token_at is None:
                 s.first_token_at = time.perf_counter() - start

@@ -48,6 +48,7 @@ from onnxpipe.runtime.driver import CLOSE_TIMEOUT_S, CLOSED, Driver, Job
 from onnxpipe.runtime.generate import GenerateOptions, Generation, StepFeeds
 from onnxpipe.runtime.generate import generate as generate_tokens
 from onnxpipe.runtime.kvstate import CONTROL
+from onnxpipe.runtime.sampling import Sampling
 from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import (
     Placement,
@@ -222,9 +223,11 @@ class Pipeline:
         *,
         eos_token_ids: Sequence[int] = (),
         in_flight: int | None = None,
+        sampling: Sampling | None = None,
     ) -> Generation:
-        """Greedy new tokens for each prompt (token ids), at most ``max_new_tokens`` each, fewer when
-        one of ``eos_token_ids`` comes; ``in_flight``: sequences in the pipeline at once (default: all).
+        """New tokens for each prompt (token ids), at most ``max_new_tokens`` each, fewer when one of
+        ``eos_token_ids`` comes; ``in_flight``: sequences in the pipeline at once (default: all); each
+        token the highest logit, or drawn as ``sampling`` says (:mod:`onnxpipe.runtime.sampling`).
 
         The pipeline must have been opened for generation (``from_manifest(..., generation=True)`` or
         :meth:`generating_replicas`).  Sequences run concurrently, one step each in the pipeline at a
@@ -236,7 +239,7 @@ class Pipeline:
                 "this pipeline was not opened for generation; open it with "
                 "Pipeline.from_manifest(directory, generation=True)"
             )
-        options = GenerateOptions(max_new_tokens, tuple(int(t) for t in eos_token_ids), in_flight)
+        options = GenerateOptions(max_new_tokens, tuple(int(t) for t in eos_token_ids), in_flight, sampling)
         feeds = StepFeeds(io, self.input_types)
         first = self._next_sequence
         self._next_sequence += len(prompts)

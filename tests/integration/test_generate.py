@@ -26,6 +26,7 @@ from onnxpipe.plan.decoder_kinds import DecoderOptions, Ends
 from onnxpipe.plan.request import PlanRequest
 from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.sampling import Sampling
 
 DECODERS = SAMPLE_MODELS / "decoders"
 MODELS = ("llama_gqa", "qwen2", "gpt2", "llama_gqa_builder")
@@ -34,8 +35,12 @@ PROMPTS = ((3, 17, 42, 9, 77, 5), (101, 2), (64,), (7, 7, 19, 120, 33))
 
 
 @cache
-def reference(name: str, prompt: tuple[int, ...], n: int = NEW_TOKENS) -> tuple[int, ...]:
-    """The unsplit model's greedy tokens: one onnxruntime session, the cache fed back by hand."""
+def reference(
+    name: str, prompt: tuple[int, ...], n: int = NEW_TOKENS, sampling: Sampling | None = None, index: int = 0
+) -> tuple[int, ...]:
+    """The unsplit model's greedy tokens: one onnxruntime session, the cache fed back by hand; with
+    ``sampling``, each token drawn with the generator of prompt ``index`` instead."""
+    rng = sampling.generator(index) if sampling is not None else None
     path = DECODERS / f"{name}.onnx"
     dec = find_decoder(load_model(path))
     assert dec is not None
@@ -65,7 +70,8 @@ def reference(name: str, prompt: tuple[int, ...], n: int = NEW_TOKENS) -> tuple[
         if dec.positions_input:
             feeds[dec.positions_input] = np.arange(cached, cached + len(step), dtype=np.int64)[None]
         out = dict(zip(outputs, session.run(None, feeds), strict=True))
-        token = int(np.argmax(out["logits"][0, -1]))
+        last = out["logits"][0, -1]
+        token = int(np.argmax(last)) if sampling is None or rng is None else sampling.draw(last, rng)
         cached += len(step)
         cache_ = {p: out[q] for p, q in zip(dec.past_inputs, dec.present_outputs, strict=True)}
         new.append(token)
@@ -111,6 +117,22 @@ def test_generate_gives_the_unsplit_models_tokens(splits: Splits, name: str, k: 
     assert several.steps == len(PROMPTS) * NEW_TOKENS
     # random weights that do not just repeat one token (a tiny model often repeats within one sequence)
     assert len({t for seq in several.tokens for t in seq}) > 4
+
+
+SAMPLING = Sampling(temperature=0.8, top_k=50, top_p=0.95, seed=7)
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "gpt2"])
+def test_sampled_generation_gives_the_unsplit_models_tokens(splits: Splits, name: str) -> None:
+    """Sampling is seeded per sequence: through 3 stages, with every prompt in flight or one at a time,
+    the tokens are those the unsplit model draws with the same generators."""
+    n = 24
+    want = tuple(reference(name, p, n, SAMPLING, i) for i, p in enumerate(PROMPTS))
+    with Pipeline.from_manifest(splits(name, 3), generation=True) as pipe:
+        together = pipe.generate(PROMPTS, n, sampling=SAMPLING)
+        one_by_one = pipe.generate(PROMPTS, n, in_flight=1, sampling=SAMPLING)
+    assert together.tokens == want and one_by_one.tokens == want
+    assert want != tuple(reference(name, p, n) for p in PROMPTS)  # sampled, not greedy
 
 
 def test_the_cache_never_crosses_a_link(splits: Splits) -> None:
@@ -213,6 +235,13 @@ def test_cli_generate_compares_with_the_unsplit_model(
     assert doc["sequences"] == [list(reference("llama_gqa", p)[:8]) for p in PROMPTS[:2]]
     assert doc["same"] and set(doc["runs"]) == {"pipeline", "unsplit", "replicas"}
     assert all(run["same_tokens"] and run["tokens_per_second"] > 0 for run in doc["runs"].values())
+    sampled = ["--do-sample", "--temperature", "0.8", "--top-k", "50", "--top-p", "0.95", "--seed", "7"]
+    code, out, err = cli_run([*args, *sampled, "--compare", "--json"], capfd)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["same"] and doc["sequences"] == [
+        list(reference("llama_gqa", p, 8, SAMPLING, i)) for i, p in enumerate(PROMPTS[:2])
+    ]
     code, out, _ = cli_run(["generate", folder, "--prompt-ids", "64", "--max-new-tokens", "4"], capfd)
     assert code == 0 and out.startswith("... generating 1 sequence(s) through 2 stage(s)")
     shown = " ".join(map(str, reference("llama_gqa", (64,))[:4]))
@@ -234,3 +263,10 @@ def test_cli_generate_bad_input_is_one_line(tmp_path: Path, capfd: pytest.Captur
     assert code == 2 and "-2 is not a token id" in err
     code, _, err = cli_run(["generate", not_decoder], capfd)
     assert code == 2 and "--prompt-ids" in err
+    code, _, err = cli_run(["generate", not_decoder, "--prompt-ids", "1", "--temperature", "0.5"], capfd)
+    assert code == 2 and err.strip().count("\n") == 0
+    assert "--temperature is for sampling: add --do-sample" in err
+    code, _, err = cli_run(
+        ["generate", not_decoder, "--prompt-ids", "1", "--do-sample", "--top-p", "0"], capfd
+    )
+    assert code == 2 and "must be above 0 and at most 1" in err

@@ -7,10 +7,12 @@ from typing import Any
 
 from onnxpipe.cli.commands.jsonout import document
 from onnxpipe.cli.commands.preamble import Say
+from onnxpipe.core.errors import UsageError
 from onnxpipe.manifest.write import num
 from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.generate import Generation
 from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.sampling import Sampling
 
 
 def run(args: argparse.Namespace) -> int:
@@ -18,10 +20,13 @@ def run(args: argparse.Namespace) -> int:
     config = LocalConfig(mode=args.local_mode)
     prompts = [list(p) for p in args.prompt_ids]
     eos = tuple(args.eos_token_id)
+    sampling = _sampling(args)
 
     def through(pipe: Pipeline) -> Generation:
         with pipe:
-            return pipe.generate(prompts, args.max_new_tokens, eos_token_ids=eos, in_flight=args.in_flight)
+            return pipe.generate(
+                prompts, args.max_new_tokens, eos_token_ids=eos, in_flight=args.in_flight, sampling=sampling
+            )
 
     pipe = Pipeline.from_manifest(args.dir, config, threads=args.threads, generation=True)
     k = len(pipe.lanes[0])
@@ -61,6 +66,29 @@ def run(args: argparse.Namespace) -> int:
             )
     say.done("generated")
     return 0 if same else 1
+
+
+def _sampling(args: argparse.Namespace) -> Sampling | None:
+    """The sampling asked for, or None (greedy); a sampling knob without ``--do-sample`` is refused."""
+    knobs = {
+        "--temperature": args.temperature,
+        "--top-k": args.top_k,
+        "--top-p": args.top_p,
+        "--seed": args.seed,
+    }
+    if not args.do_sample:
+        given = [name for name, value in knobs.items() if value is not None]
+        if given:
+            raise UsageError(
+                f"{given[0]} is for sampling: add --do-sample, or leave it out for greedy tokens"
+            )
+        return None
+    return Sampling(
+        temperature=1.0 if args.temperature is None else args.temperature,
+        top_k=args.top_k or 0,
+        top_p=1.0 if args.top_p is None else args.top_p,
+        seed=args.seed or 0,
+    )
 
 
 def _runs_obj(runs: dict[str, Generation]) -> dict[str, Any]:
