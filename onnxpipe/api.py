@@ -184,10 +184,10 @@ def check_genai_request(view: ModelView, request: PlanRequest, source: SourceCon
             f"{where}: --genai-config is for a decoder LLM with a KV cache, and {view.label} is not one (no "
             "past/present cache pairs found); leave --genai-config out"
         )
-    if not request.decoder.layer_cuts or request.interleaved:
+    if not request.decoder.layer_cuts:
         raise UsageError(
-            f"{where}: ONNX Runtime GenAI needs each layer's cache in one stage: leave out --layer-cuts off "
-            "and --workers, or --genai-config"
+            f"{where}: ONNX Runtime GenAI needs each layer's cache in one stage: leave out --layer-cuts off, "
+            "or --genai-config"
         )
     facts = model_facts(view, dec)
     if isinstance(facts, Unsupported):

@@ -33,8 +33,7 @@ from onnxpipe.partition import solve_heterogeneous
 from onnxpipe.partition.chainbound import chain_bound
 from onnxpipe.partition.inputs import HeterogeneousRequest
 from onnxpipe.partition.result import Partition
-from onnxpipe.plan.decoder import coarse_allowed, decoder_io, layer_sequences, own_cache_only, stage_kv
-from onnxpipe.plan.decoder_kinds import Ends
+from onnxpipe.plan.decoder import decoder_io, fine_allowed, layer_cut_items, with_kv
 from onnxpipe.plan.decoder_plan import phase_shape_of, profile_phase
 from onnxpipe.plan.decoder_recompute import (
     InputCopies,
@@ -151,7 +150,7 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
     summary = None
     timeline = best.timeline
     if costs.decoder is not None:
-        specs = _with_kv(view, profile, costs.decoder, specs, request)
+        specs = with_kv(view, profile, costs.decoder, specs, request.decoder.max_context)
         if copies is not None:
             gone = gone_bytes(view, specs, copies.chosen, costs.seq.sizes)
             part = adjusted(
@@ -225,20 +224,13 @@ def _input_copies(
     return InputCopies(view, costs.decoder, (phase,), arranged.bandwidths, costs.seq.classes)
 
 
-def _with_kv(
-    view: ModelView, profile: Profile, dec: DecoderInfo, specs: Sequence[StageSpec], request: PlanRequest
-) -> tuple[StageSpec, ...]:
-    batch = int(profile.input_shapes.get(dec.kv[0].past_key, (1,))[0] or 1)
-    kv = stage_kv(view, dec, specs, request.decoder.max_context, batch)
-    return tuple(
-        own_cache_only(view, dec, replace(st, kv_layers=owned, kv_cache_bytes=nbytes))
-        for st, (owned, nbytes) in zip(specs, kv, strict=True)
-    )
-
-
 def _costs(view: ModelView, profile: Profile, cluster: Cluster, request: PlanRequest) -> _Costs:
     dec = find_decoder(view) if request.decoder.layer_cuts else None
-    seq = sequences(view, profile) if dec is None else _layer_sequence(view, profile, dec, request)
+    seq = (
+        sequences(view, profile)
+        if dec is None
+        else fine_allowed(*layer_cut_items(view, profile, dec, request.decoder.ends, "--devices"))
+    )
     compute = seq.compute
     records = device_costs(
         cluster,
@@ -257,20 +249,6 @@ def _costs(view: ModelView, profile: Profile, cluster: Cluster, request: PlanReq
         decoder=dec,
         kv=tuple(_kv_per_node(view, dec, compute, request, profile)) if dec is not None else (),
     )
-
-
-def _layer_sequence(view: ModelView, profile: Profile, dec: DecoderInfo, request: PlanRequest) -> Sequences:
-    """The decoder's nodes in layer order, a stage starting only between layers (``--ends attached``:
-    nor between the embedding and the first layer, the last layer and the head)."""
-    if request.decoder.ends == Ends.OWN:
-        raise UsageError(
-            "--ends own with --devices: the embedding and LM head stages of their own are planned for "
-            "identical workers only; give --ends free or attached"
-        )
-    layers = layer_sequences(view, profile, dec)
-    coarse = coarse_allowed(layers, dec, request.decoder.ends)
-    allowed = {p for p, ok in zip(layers.starts, coarse, strict=True) if ok}
-    return replace(layers.seq, allowed=tuple(p in allowed for p in range(len(layers.seq.compute) + 1)))
 
 
 def _kv_per_node(

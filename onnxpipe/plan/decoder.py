@@ -24,7 +24,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from onnxpipe.core.errors import PartitionError
+from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo, kv_bytes_per_token
 from onnxpipe.ir.graph import cut_profile
@@ -101,6 +101,43 @@ def coarse_allowed(layers: LayerSequences, dec: DecoderInfo, ends: Ends) -> list
             if (before == -1 and here == 0) or (before == dec.layers - 1 and here == dec.layers):
                 allowed[g] = False
     return allowed
+
+
+def layer_cut_items(
+    view: ModelView, profile: Profile, dec: DecoderInfo, ends: Ends, what: str
+) -> tuple[LayerSequences, list[bool]]:
+    """The decoder's layer groups and which of their boundaries a stage may start at (``--ends
+    attached``: not between the embedding and the first layer, the last layer and the head), for the
+    partitioners that take one sequence with allowed cuts (devices, interleaved workers); ``what``: the
+    option those plans come from, for ``--ends own``, which they cannot make."""
+    if ends == Ends.OWN:
+        raise UsageError(
+            f"--ends own with {what}: the embedding and LM head stages of their own are planned for a "
+            "chain of identical workers only; give --ends free or attached"
+        )
+    layers = layer_sequences(view, profile, dec)
+    return layers, coarse_allowed(layers, dec, ends)
+
+
+def fine_allowed(layers: LayerSequences, coarse: Sequence[bool]) -> Sequences:
+    """``layers.seq`` with a stage allowed to start only at the coarse boundaries ``coarse`` allows."""
+    allowed = {p for p, ok in zip(layers.starts, coarse, strict=True) if ok}
+    return dataclasses.replace(
+        layers.seq, allowed=tuple(p in allowed for p in range(len(layers.seq.compute) + 1))
+    )
+
+
+def with_kv(
+    view: ModelView, profile: Profile, dec: DecoderInfo, specs: Sequence[StageSpec], max_context: int
+) -> tuple[StageSpec, ...]:
+    """``specs`` with each stage's own layers, their cache's bytes at ``max_context`` tokens (for the
+    profiled batch), and only its own layers' pasts as inputs (:func:`own_cache_only`)."""
+    batch = int(profile.input_shapes.get(dec.kv[0].past_key, (1,))[0] or 1)
+    kv = stage_kv(view, dec, specs, max_context, batch)
+    return tuple(
+        own_cache_only(view, dec, dataclasses.replace(st, kv_layers=owned, kv_cache_bytes=nbytes))
+        for st, (owned, nbytes) in zip(specs, kv, strict=True)
+    )
 
 
 def own_ends_bounds(layers: LayerSequences, dec: DecoderInfo, k: int) -> tuple[int, int, int]:

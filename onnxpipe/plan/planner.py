@@ -164,7 +164,7 @@ def _plan(
         return plan_pipeline(view, profile, request)
     microbatches = request.schedule.microbatches or DEFAULT_MICROBATCHES
     if request.workers is not None and request.interleaved:
-        interleaved = make_interleaved_plan(
+        return make_interleaved_plan(
             view,
             profile,
             request.stages,
@@ -172,14 +172,9 @@ def _plan(
             bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
             microbatches=microbatches,
             time_slack=DEFAULT_TIME_SLACK if request.time_slack is None else request.time_slack,
+            decoder=dec,
+            decoder_options=request.decoder,
         )
-        if dec is None:
-            return interleaved
-        note = (
-            f"{dec.describe()}; an interleaved split cuts anywhere (layer cuts, the KV cache as state and "
-            "its memory are planned for one stage per worker): a layer's cache may span two stages"
-        )
-        return dataclasses.replace(interleaved, notes=(*interleaved.notes, note))
     return make_plan(
         view,
         profile,

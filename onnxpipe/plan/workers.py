@@ -12,6 +12,7 @@ reads one gets its own copy (``constant_nodes``), so their values never cross a 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import replace
@@ -19,13 +20,17 @@ from dataclasses import replace
 from onnxpipe import partition as _partition
 from onnxpipe.core.errors import PartitionError
 from onnxpipe.cost.profile import Profile
+from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
 from onnxpipe.partition.interleave import InterleavedPartition, evaluate_interleaved, solve_interleaved
+from onnxpipe.plan.decoder import decoder_io, fine_allowed, layer_cut_items, with_kv
+from onnxpipe.plan.decoder_kinds import DecoderOptions
+from onnxpipe.plan.decoder_plan import phase_shape_of, profile_phase
 from onnxpipe.plan.fused import keeping_fused_groups
 from onnxpipe.plan.request import DEFAULT_TIME_SLACK
 from onnxpipe.plan.sequences import Sequences, first_reader_param_bytes, sequences
 from onnxpipe.plan.stages import plan_from, specs_from_bounds
-from onnxpipe.plan.types import Plan
+from onnxpipe.plan.types import DecoderSummary, Plan
 from onnxpipe.schedule.simulate import simulate
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 
@@ -83,6 +88,8 @@ def make_interleaved_plan(
     bandwidth_bytes_per_s: float = math.inf,
     microbatches: int = DEFAULT_MICROBATCHES,
     time_slack: float = DEFAULT_TIME_SLACK,
+    decoder: DecoderInfo | None = None,
+    decoder_options: DecoderOptions | None = None,
 ) -> Plan:
     """Partition ``view`` into ``k`` stages dealt out to ``workers`` identical workers in turn (stage ``s``
     on worker ``s % workers``), exactly: the busiest worker as fast as possible, then, among splits at most
@@ -90,7 +97,9 @@ def make_interleaved_plan(
 
     For models whose weights are not spread like their time (CNNs hold most weights in their last
     layers), this gives every worker about ``1/workers`` of both.  Weights count once, at their first
-    reader.
+    reader.  With ``decoder`` (a decoder LLM, layer cuts on) the stages start only between layers, as
+    ``decoder_options.ends`` allows, each holding its own layers' KV cache as state: the same exact
+    search over the coarser cut positions.
     """
     profile.check_matches(view)
     name = view.label
@@ -99,36 +108,70 @@ def make_interleaved_plan(
             f"{name}: --workers {workers} must divide --stages {k} into two or more stages per worker "
             f"(for example --stages {2 * max(workers, 1)} --workers {max(workers, 1)})"
         )
-    seq = sequences(view, profile)
+    options = decoder_options or DecoderOptions()
     notes: list[str] = []
-    item_mem = first_reader_param_bytes(view)
+    if decoder is None:
+        seq = sequences(view, profile)
+        item_mem = first_reader_param_bytes(view)
+        costs, cuts, mems = list(seq.costs), list(seq.cut_bytes), item_mem
+    else:  # the layer groups as items: the same exact search over far fewer cut positions
+        layers, coarse_ok = layer_cut_items(view, profile, decoder, options.ends, "--workers")
+        seq = fine_allowed(layers, coarse_ok)
+        item_mem = first_reader_param_bytes(view, seq.compute)
+        costs, cuts = layers.coarse_costs, layers.coarse_cut_bytes
+        mems = [float(sum(item_mem[a:b])) for a, b in itertools.pairwise(layers.starts)]
 
     def solve(allowed: Sequence[bool] | None) -> InterleavedPartition:
         return solve_interleaved(
-            seq.costs,
+            costs,
             workers,
             k // workers,
-            item_mem=item_mem,
-            cut_bytes=seq.cut_bytes,
+            item_mem=mems,
+            cut_bytes=cuts,
             bandwidth=bandwidth_bytes_per_s,
             allowed_cuts=allowed,
             time_slack=time_slack,
         )
 
     try:
-        part = keeping_fused_groups(solve, seq.allowed, notes)
+        if decoder is None:
+            part = keeping_fused_groups(solve, seq.allowed, notes)
+        else:
+            coarse = solve(coarse_ok)
+            part = replace(coarse, bounds=layers.fine_bounds(coarse.bounds))
     except PartitionError as e:
         raise PartitionError(f"{name}: {e}") from e
-    stages = tuple(
-        replace(st, worker=part.workers[st.index])
-        for st in specs_from_bounds(view, seq, part.bounds, part.compute, part.transfer)
-    )
+    specs = specs_from_bounds(view, seq, part.bounds, part.compute, part.transfer)
+    summary = None
+    if decoder is not None:
+        specs = with_kv(view, profile, decoder, specs, options.max_context)
+        phase = profile_phase(profile, decoder)
+        summary = DecoderSummary(
+            decoder.layers,
+            True,
+            options.ends.value,
+            options.max_context,
+            phase,
+            (phase_shape_of(profile, decoder, phase),),
+            decoder_io(view, decoder),
+        )
+    stages = tuple(replace(st, worker=part.workers[st.index]) for st in specs)
     mem = ", ".join(f"{m / 2**20:.1f}" for m in part.worker_memory)
     slower = part.bottleneck / part.fastest - 1 if part.fastest > 0 else 0.0  # all-zero costs: all tie
     notes.append(
         f"{k} stages interleaved on {workers} workers (stage s on worker s % {workers}); weights per worker "
         f"{mem} MiB; busiest worker {slower:.2%} slower than the fastest split"
     )
+    if decoder is not None:
+        kv = ", ".join(
+            f"{sum(st.kv_cache_bytes for st in stages if st.worker == w) / 2**20:.1f}" for w in range(workers)
+        )
+        notes.append(decoder.describe())
+        notes.append(
+            f"cuts only between layers (--ends {options.ends.value}), balanced for the "
+            f"{profile_phase(profile, decoder)} profile; KV cache per worker at {options.max_context} "
+            f"tokens of context: {kv} MiB"
+        )
     notes.append(_contiguous_comparison(seq, item_mem, workers, bandwidth_bytes_per_s))
     timeline = simulate(
         "stream", [s.cost_seconds for s in stages], None, [0.0] * k, microbatches, workers=part.workers
@@ -152,6 +195,7 @@ def make_interleaved_plan(
         timeline=timeline,
         workers=workers,
         time_slack=time_slack,
+        decoder=summary,
     )
 
 

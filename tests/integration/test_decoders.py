@@ -19,7 +19,7 @@ from paths import SAMPLE_MODELS
 
 from onnxpipe.api import SplitOptions, split
 from onnxpipe.cluster.devicesfile import load_cluster
-from onnxpipe.core.errors import MemoryFitError
+from onnxpipe.core.errors import MemoryFitError, UsageError
 from onnxpipe.cost.source import ProfileOptions, get_profile
 from onnxpipe.export.stages import ExportOptions
 from onnxpipe.ir.decoder import find_decoder
@@ -251,6 +251,47 @@ def test_kv_cache_counts_in_the_device_memory_check(tmp_path: Path) -> None:
     assert [st.kv_cache_bytes for st in fits.stages] == [per_layer * len(st.kv_layers) for st in fits.stages]
     with pytest.raises(MemoryFitError):
         plan(view, prof, PlanRequest(3, devices=cluster, decoder=DecoderOptions(max_context=8192)))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_an_interleaved_split_cuts_between_layers_too(name: str) -> None:
+    """Stages dealt out to fewer workers (``--workers``) also start only between layers, each holding its
+    own layers' cache and taking only their pasts; the plan says what each worker holds."""
+    view = load_model(_path(name))
+    dec = find_decoder(view)
+    assert dec is not None
+    prof = get_profile(view, ProfileOptions(cost="static"))
+    for k, workers in ((4, 2), (6, 3), (6, 2)):
+        p = plan(view, prof, PlanRequest(k, workers=workers))
+        assert [st.worker for st in p.stages] == [i % workers for i in range(k)]
+        assert kv_split_layers(view, dec, p.stages) == []
+        assert sorted(layer for st in p.stages for layer in st.kv_layers) == list(range(dec.layers))
+        for st in p.stages:  # a stage of no layer (the embedding alone) may read a past for its shape
+            pasts = {t for t in st.inputs if t in dec.past_inputs} - set(foreign_pasts(dec, st))
+            assert pasts <= {t for layer in st.kv_layers for t in dec.kv[layer].pasts}
+        assert p.decoder is not None and p.decoder.layer_cuts and p.decoder.io is not None
+        assert any("KV cache per worker" in n for n in p.notes)
+    attached = plan(view, prof, PlanRequest(4, workers=2, decoder=DecoderOptions(ends=Ends.ATTACHED)))
+    first, last = attached.stages[0], attached.stages[-1]
+    assert set(dec.embedding_nodes) <= set(first.node_names) and 0 in first.kv_layers
+    assert set(dec.lm_head_nodes) <= set(last.node_names) and dec.layers - 1 in last.kv_layers
+
+
+def test_ends_own_is_refused_on_devices_and_workers(tmp_path: Path) -> None:
+    view = load_model(_path("gpt2"))
+    prof = get_profile(view, ProfileOptions(cost="static"))
+    path = tmp_path / "devices.json"
+    devices = [
+        {"name": n, "provider": "CPUExecutionProvider", "threads": 1, "memory_bytes": 10**9} for n in "abc"
+    ]
+    path.write_text(
+        json.dumps({"devices": devices, "links": [{"bandwidth_bytes_per_s": 1e9, "latency_s": 0}] * 2})
+    )
+    own = DecoderOptions(ends=Ends.OWN)
+    with pytest.raises(UsageError, match=r"--ends own with --devices: .*give --ends free or attached"):
+        plan(view, prof, PlanRequest(3, devices=load_cluster(path), decoder=own))
+    with pytest.raises(UsageError, match=r"--ends own with --workers: .*give --ends free or attached"):
+        plan(view, prof, PlanRequest(4, workers=2, decoder=own))
 
 
 def test_cli_inspect_names_the_decoder_and_split_needs_no_hints(

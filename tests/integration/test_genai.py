@@ -120,6 +120,14 @@ def test_genai_generates_the_unsplit_models_tokens(name: str, k: int, tmp_path: 
     assert _generate(out) == expected
 
 
+def test_an_interleaved_split_is_a_chain_to_genai(tmp_path: Path) -> None:
+    """Four stages dealt to two workers (``--workers 2``) cut between layers: GenAI runs them in order."""
+    out = tmp_path / "split"
+    result = split(_model("llama_gqa"), PlanRequest(4, workers=2), out, FAST)
+    assert result.manifest.plan.workers == 2
+    assert _generate(out) == _until(_reference("llama_gqa"), DEFAULT_EOS)
+
+
 def test_a_head_of_its_own_is_the_lm_head_stage(tmp_path: Path) -> None:
     """``--ends own``: the last stage holds only the LM head (``is_lm_head``), the first only the embedding
     (it takes other layers' pasts for their shape, which GenAI feeds as it feeds any managed input)."""

@@ -186,6 +186,17 @@ def test_embedding_stage_without_cache_reads_the_past_length_from_zeros(splits: 
     assert got.tokens == tuple(reference("llama_gqa", p)[:16] for p in PROMPTS[:2])
 
 
+def test_an_interleaved_split_generates_the_unsplit_models_tokens(tmp_path: Path) -> None:
+    """Four stages on two workers (``--workers 2``): each stage's worker keeps that stage's layers' cache."""
+    out = tmp_path / "interleaved"
+    options = SplitOptions(profile=ProfileOptions(cost=CostSource.STATIC), verify=False)
+    split(DECODERS / "llama_gqa.onnx", PlanRequest(4, workers=2), out, options)
+    assert load_manifest(out).plan.workers == 2
+    with Pipeline.from_manifest(out, generation=True) as pipe:
+        got = pipe.generate(PROMPTS, 16)
+    assert got.tokens == tuple(reference("llama_gqa", p)[:16] for p in PROMPTS)
+
+
 def test_replicas_generate_the_same_tokens(splits: Splits) -> None:
     folder = splits("gpt2", 2)
     with Pipeline.generating_replicas(folder, 2) as pipe:

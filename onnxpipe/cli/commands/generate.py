@@ -30,6 +30,8 @@ def run(args: argparse.Namespace) -> int:
 
     pipe = Pipeline.from_manifest(args.dir, config, threads=args.threads, generation=True)
     k = len(pipe.lanes[0])
+    plan = pipe.manifest.plan if pipe.manifest is not None else None
+    workers = (plan.workers if plan is not None else None) or k  # interleaved: fewer workers than stages
     say.step(f"generating {len(prompts)} sequence(s) through {k} stage(s) ({config.mode})")
     split = through(pipe)
     runs: dict[str, Generation] = {"pipeline": split}
@@ -38,10 +40,12 @@ def run(args: argparse.Namespace) -> int:
         runs["unsplit"] = through(
             Pipeline.generating_replicas(args.dir, 1, config, threads=args.threads, model=args.model)
         )
-        if k > 1:
-            say.step(f"generating with {k} replicas of the unsplit model")
+        if workers > 1:
+            say.step(f"generating with {workers} replicas of the unsplit model")
             runs["replicas"] = through(
-                Pipeline.generating_replicas(args.dir, k, config, threads=args.threads, model=args.model)
+                Pipeline.generating_replicas(
+                    args.dir, workers, config, threads=args.threads, model=args.model
+                )
             )
     same = all(g.tokens == split.tokens for g in runs.values())
     if args.json:
@@ -51,7 +55,12 @@ def run(args: argparse.Namespace) -> int:
         for i, (prompt, tokens) in enumerate(zip(prompts, split.tokens, strict=True)):
             shown = " ".join(str(t) for t in tokens)
             print(f"sequence {i}: {len(prompt)} prompt token(s) -> {len(tokens)} new: {shown}")
-        labels = {"pipeline": f"{k}-stage pipeline", "unsplit": "unsplit model", "replicas": f"{k} replicas"}
+        on = f" on {workers} workers" if workers != k else ""
+        labels = {
+            "pipeline": f"{k}-stage pipeline{on}",
+            "unsplit": "unsplit model",
+            "replicas": f"{workers} replicas",
+        }
         for name, g in runs.items():
             rate = f"{g.tokens_per_second:.1f} tokens/s"
             line = f"{labels[name]}: {g.new_tokens} tokens in {g.seconds:.3f} s, {rate}"
