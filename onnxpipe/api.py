@@ -52,6 +52,7 @@ from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.ir.static import static_view
 from onnxpipe.manifest import Manifest
+from onnxpipe.plan.decoder import refuse_own_ends
 from onnxpipe.plan.decoder_plan import check_stage_count
 from onnxpipe.plan.planner import plan, planned
 from onnxpipe.plan.request import PlanRequest, SplitNodes
@@ -238,14 +239,22 @@ def _measured_here(the_plan: Plan, prof: Profile, request: PlanRequest) -> Plan:
 
 def decoder_phases(view: ModelView, request: PlanRequest, options: ProfileOptions) -> tuple[PhaseShape, ...]:
     """The phases a decoder is profiled at (none for other models, for a saved profile, which holds one
-    shape, and with ``layer_cuts`` off); a stage count that cuts between layers cannot make is refused
-    here, before any cost is measured."""
+    shape, and with ``layer_cuts`` off; only decode's for ``--devices`` and ``--workers``, whose plans
+    balance one phase); a stage count that cuts between layers cannot make, and ``--ends own`` where it
+    cannot be planned, are refused here, before any cost is measured."""
     dec = find_decoder(view) if request.decoder.layer_cuts else None
     if dec is None:
         return ()
+    if request.devices is not None or request.interleaved:
+        refuse_own_ends(request.decoder.ends, "--devices" if request.devices is not None else "--workers")
     if request.on_identical_workers and not request.interleaved and isinstance(request.stages, int):
         check_stage_count(view, dec, request.stages, request.decoder.ends)
-    return () if options.saved is not None else request.decoder.phases()
+    if options.saved is not None:
+        return ()
+    shapes = request.decoder.phases()
+    if request.devices is not None or request.interleaved:  # these plans balance one phase: decode's
+        return tuple(s for s in shapes if s.phase == Phase.DECODE) or shapes
+    return shapes
 
 
 def decoder_profiles(view: ModelView, request: PlanRequest, options: ProfileOptions) -> dict[Phase, Profile]:

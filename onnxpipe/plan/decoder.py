@@ -110,13 +110,19 @@ def layer_cut_items(
     attached``: not between the embedding and the first layer, the last layer and the head), for the
     partitioners that take one sequence with allowed cuts (devices, interleaved workers); ``what``: the
     option those plans come from, for ``--ends own``, which they cannot make."""
+    refuse_own_ends(ends, what)
+    layers = layer_sequences(view, profile, dec)
+    return layers, coarse_allowed(layers, dec, ends)
+
+
+def refuse_own_ends(ends: Ends, what: str) -> None:
+    """``--ends own`` is planned for a chain of identical workers only: refused with ``what`` (the
+    option that asks for another plan: ``--devices``, ``--workers``)."""
     if ends == Ends.OWN:
         raise UsageError(
             f"--ends own with {what}: the embedding and LM head stages of their own are planned for a "
             "chain of identical workers only; give --ends free or attached"
         )
-    layers = layer_sequences(view, profile, dec)
-    return layers, coarse_allowed(layers, dec, ends)
 
 
 def fine_allowed(layers: LayerSequences, coarse: Sequence[bool]) -> Sequences:

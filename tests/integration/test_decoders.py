@@ -325,6 +325,7 @@ def test_cli_inspect_names_the_decoder_and_split_needs_no_hints(
         (["-k", "9"], 5, "gpt2.onnx: cannot make 9 stages cutting only between the decoder's 4 layers"),
         (["-k", "2", "--ends", "own"], 5, "choose --stages between 3 and 6"),
         (["-k", "6", "--ends", "attached"], 5, "choose --stages between 1 and 4"),
+        (["-k", "4", "--workers", "2", "--ends", "own"], 2, "--ends own with --workers: "),
     ],
 )
 def test_impossible_decoder_requests_are_one_line(
