@@ -1,8 +1,9 @@
 """Decoder LLMs: stage balance at prefill and decode, splits balanced for either, both, or equal layers.
 
 Each model (``tools/export_decoders.py``: random-weight Llama with grouped-query attention, Qwen2 and
-GPT-2 with a KV cache, 8 layers; the ``*_small`` ones fit in a CPU's 32 MB cache when run back to back,
-``llama_gqa_medium``'s 250 MB do not, as a real LLM's do not) is profiled at the prefill shape
+GPT-2 with a KV cache, 8 layers; the ``*_small`` ones, about 25 MB of weights, can stay in a server
+CPU's last-level cache when run back to back, ``llama_gqa_medium``'s 250 MB cannot, as a real LLM's
+cannot) is profiled at the prefill shape
 (``--prefill-tokens`` prompt tokens, no cache) and at the decode shape (one token after
 ``--decode-past`` cached ones).  For each K it is split five ways, all cutting only between layers:
 
@@ -139,8 +140,8 @@ def calibrated_plan(
         return make_two_phase_plan(view, ps[Phase.PREFILL], ps[Phase.DECODE], k, dec, DecoderOptions())
 
     start: dict[Phase | None, Profile] = dict(profiles.items())
-    fixed, plan, _ = calibrate_phases(view, start, make, rounds=rounds)
-    return plan, {p: q for p, q in fixed.items() if p is not None}
+    done = calibrate_phases(view, start, make, rounds=rounds)
+    return done.plan, {p: q for p, q in done.profiles.items() if p is not None}
 
 
 def granularity_floor(

@@ -13,20 +13,13 @@ plan as a stage count or a :class:`~onnxpipe.plan.request.PlanRequest`, and ever
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from onnxpipe.calibrate.devices import calibrate_on_devices, check_devices_here
-from onnxpipe.calibrate.loop import (
-    CalibrationOptions,
-    CalibrationRound,
-    calibrate_phases,
-    kept_round,
-    measured_balance,
-)
-from onnxpipe.calibrate.loop import calibrate as run_calibration
+from onnxpipe.calibrate.loop import CalibrationOptions, calibrate_phases
 from onnxpipe.calibrate.timing import choose_timer, time_model
 from onnxpipe.cluster.costs import provider_available
 from onnxpipe.core.errors import ExportError, UsageError
@@ -245,14 +238,15 @@ def decoder_phases(view: ModelView, request: PlanRequest, options: ProfileOption
     dec = find_decoder(view) if request.decoder.layer_cuts else None
     if dec is None:
         return ()
-    if request.devices is not None or request.interleaved:
-        refuse_own_ends(request.decoder.ends, "--devices" if request.devices is not None else "--workers")
-    if request.on_identical_workers and not request.interleaved and isinstance(request.stages, int):
+    other = request.off_the_chain
+    if other is not None:
+        refuse_own_ends(request.decoder.ends, other)
+    if (request.on_identical_workers or request.interleaved) and isinstance(request.stages, int):
         check_stage_count(view, dec, request.stages, request.decoder.ends)
     if options.saved is not None:
         return ()
     shapes = request.decoder.phases()
-    if request.devices is not None or request.interleaved:  # these plans balance one phase: decode's
+    if other is not None:  # these plans balance one phase: decode's
         return tuple(s for s in shapes if s.phase == Phase.DECODE) or shapes
     return shapes
 
@@ -291,49 +285,25 @@ def _calibrated(
     both = phases is not None and Phase.PREFILL in phases and Phase.DECODE in phases
     if both:
         assert phases is not None
-        fixed, the_plan, history = calibrate_phases(
+        done = calibrate_phases(
             view,
             {Phase.PREFILL: phases[Phase.PREFILL], Phase.DECODE: phases[Phase.DECODE]},
             lambda ps: plan(view, ps[Phase.DECODE], request, phase_profiles=_named_phases(ps)),
             rounds=calibration.rounds,
             timer=timer,
         )
-        prof = fixed[Phase.DECODE]
     else:
-        prof, the_plan, rounds = run_calibration(view, prof, make, rounds=calibration.rounds, timer=timer)
-        history = [{None: r} for r in rounds]
-    note = calibration_note(history, how)
+        done = calibrate_phases(
+            view, {None: prof}, lambda ps: make(ps[None]), rounds=calibration.rounds, timer=timer
+        )
+    used = done.profiles[Phase.DECODE if both else None]
     return dataclasses.replace(
-        the_plan, notes=(*the_plan.notes, note), reference_seconds=time_model(view, prof)
+        done.plan, notes=(*done.plan.notes, done.note(how)), reference_seconds=time_model(view, used)
     )
 
 
 def _named_phases(profiles: Mapping[Phase | None, Profile]) -> dict[Phase, Profile]:
     return {phase: p for phase, p in profiles.items() if phase is not None}
-
-
-def calibration_note(history: Sequence[Mapping[Phase | None, CalibrationRound]], how: str) -> str:
-    """What the manifest says of a calibration: how far the estimates were off at first and in the last
-    round (at each phase, for a decoder calibrated at both), and which timed cut it kept."""
-
-    def off(done: Mapping[Phase | None, CalibrationRound]) -> str:
-        if list(done) == [None]:
-            return f"{done[None].worst_error * 100:.1f}%"
-        return ", ".join(f"{r.worst_error * 100:.1f}% at {p}" for p, r in done.items() if p is not None)
-
-    first, last = history[0], history[-1]
-    said = (
-        f"calibrated in {len(history)} round(s), {how}: the estimates were off by up to {off(first)} at first"
-        + (f"; {off(last)} in round {len(history)}" if len(history) > 1 else "")
-    )
-    kept = kept_round(history)
-    if kept == len(history) - 1:
-        return said + "; the estimates below come from the corrected costs"
-    return (
-        f"{said}; kept the cut timed in round {kept + 1}, which ran the most evenly of the {len(history)} "
-        f"timed (worst max/mean {measured_balance(history[kept]):.2f}, round {len(history)}'s "
-        f"{measured_balance(last):.2f}): its estimates are those it was planned with"
-    )
 
 
 def _calibrated_on_devices(

@@ -141,8 +141,8 @@ SPECS: dict[str, DecoderSpec] = {
     "llama_gqa_small": DecoderSpec("llama_gqa_small", "llama", _llama(256, 8, 8, 2, 704, 1024)),
     "qwen2_small": DecoderSpec("qwen2_small", "qwen2", _llama(256, 8, 8, 2, 704, 1024)),
     "gpt2_small": DecoderSpec("gpt2_small", "gpt2", _gpt2(256, 8, 8, 1024)),
-    # medium: its weights (about 25 MB a layer, 250 MB in all) stay out of a CPU's cache, as a real LLM's
-    # do; the small ones fit in 32 MB of L3 when run back to back, and a generation step's costs change
+    # medium: its weights (about 25 MB a layer, 250 MB in all) cannot stay in a CPU's cache, as a real
+    # LLM's cannot; the small ones (25 MB) can when run back to back, and a generation step's costs change
     "llama_gqa_medium": DecoderSpec("llama_gqa_medium", "llama", _llama(768, 8, 12, 4, 2048, 8192)),
 }
 TINY = ("llama_gqa", "qwen2", "gpt2")

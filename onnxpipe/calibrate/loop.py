@@ -17,9 +17,9 @@ session time over a stream of micro-batches.  Then scale every node of stage ``s
 ``measured_s / estimated_s`` and partition again; repeat while the cut moves and a stage is off by more
 than ``tolerance``, at most ``rounds`` times.  The corrected profile is an ordinary
 :class:`~onnxpipe.cost.profile.Profile`: the final plan's estimates are the stages' own times.  Only the
-profile's per-node seconds change; the partitioner stays exact on the corrected numbers.  Of the cuts it
-timed, calibration keeps the one that ran most evenly (:func:`kept_round`), so it never hands back a cut
-that ran worse than one it measured.
+profile's per-node seconds change; the partitioner stays exact on the corrected numbers.  Where the last
+cut timed ran less evenly than an earlier one, calibration goes back to that one
+(:func:`calibrate_phases`), so it does not hand back a cut that the last correction made worse.
 
 A decoder balanced for both phases (:mod:`onnxpipe.plan.phases`) is calibrated at both
 (:func:`calibrate_phases`): its stages are timed at the prompt's shapes and at a generation step's, and
@@ -28,6 +28,7 @@ each phase's profile is corrected by its own stage times.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -96,7 +97,7 @@ def calibrate(
 
     Returns the corrected profile, the plan made from it, and what each round measured.
     """
-    fixed, plan, history = calibrate_phases(
+    done = calibrate_phases(
         view,
         {None: profile},
         lambda profiles: make_plan(profiles[None]),
@@ -104,7 +105,43 @@ def calibrate(
         tolerance=tolerance,
         timer=timer,
     )
-    return fixed[None], plan, [done[None] for done in history]
+    return done.profiles[None], done.plan, [r[None] for r in done.rounds]
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """What a calibration hands back: the profiles the plan was made from, the plan, what each round
+    timed and how evenly each timed cut ran, and ``went_back``: the round whose timed cut was kept
+    over the last correction's (None when the last correction stands)."""
+
+    profiles: Mapping[Phase | None, Profile]
+    plan: Plan
+    rounds: tuple[Mapping[Phase | None, CalibrationRound], ...]
+    balances: tuple[float, ...]
+    went_back: int | None = None
+
+    def note(self, how: str) -> str:
+        """The manifest's note: how far the estimates were off at first and in the last round (at each
+        phase, for a decoder calibrated at both), and which cut was kept."""
+        first, last = self.rounds[0], self.rounds[-1]
+        n = len(self.rounds)
+        said = f"calibrated in {n} round(s), {how}: the estimates were off by up to {_off(first)} at first"
+        if n > 1:
+            said += f"; {_off(last)} in round {n}"
+        if self.went_back is None:
+            return said + "; the estimates below come from the corrected costs"
+        kept = self.went_back
+        return (
+            f"{said}; kept the cut timed in round {kept + 1}, which ran the most evenly of the {n} timed "
+            f"(its busiest over the mean {self.balances[kept]:.2f}, the last one's {self.balances[-1]:.2f}): "
+            "its estimates are those it was planned with"
+        )
+
+
+def _off(done: Mapping[Phase | None, CalibrationRound]) -> str:
+    if list(done) == [None]:
+        return f"{done[None].worst_error * 100:.1f}%"
+    return ", ".join(f"{r.worst_error * 100:.1f}% at {p}" for p, r in done.items() if p is not None)
 
 
 def calibrate_phases(
@@ -115,17 +152,20 @@ def calibrate_phases(
     rounds: int = 2,
     tolerance: float = DEFAULT_TOLERANCE,
     timer: StageTimer | None = None,
-) -> tuple[dict[Phase | None, Profile], Plan, list[dict[Phase | None, CalibrationRound]]]:
+) -> Calibrated:
     """:func:`calibrate` for a plan made from several profiles of one model, one per phase (a decoder's
     prompt and generation step, balanced together by :mod:`onnxpipe.plan.phases`): each round times
     the stages at every phase's shapes, corrects each phase's profile by that phase's stage times, and
     plans again from all of them; it stops when every phase's stages are within ``tolerance`` or the
-    cut does not move.  It keeps the cut that ran most evenly of those it timed (:func:`kept_round`):
-    the last plan, with its corrected costs, when its cut is that one; else that round's plan as it was
-    made, with the profiles it was made from.  Why both phases: a stage run alone differs from its
-    share of the whole model by different amounts at the two shapes (a generation step's few tiny nodes
-    make a session's per-run cost and a stage's copied nodes weigh far more), so each phase needs its
-    own correction.
+    cut does not move.  Why both phases: a stage run alone differs from its share of the whole model by
+    different amounts at the two shapes (a generation step's few tiny nodes make a session's per-run
+    cost and a stage's copied nodes weigh far more), so each phase needs its own correction.
+
+    The last correction stands unless an earlier timed cut ran more evenly than the last one timed
+    (:func:`measured_balance`): then that cut is kept as it was planned (``went_back``).  Why: the
+    correction assumes a stage costs the sum of its nodes, and where it does not (at a generation step
+    a stage of two small layers may keep its weights in the cache and one of three not) the corrected
+    costs can lead to a cut that runs worse than one already timed.
     """
     if rounds < 1:
         raise UsageError(f"--calibrate {rounds}: give at least 1 round")
@@ -133,6 +173,7 @@ def calibrate_phases(
     current = dict(profiles)
     plan = make_plan(current)
     history: list[dict[Phase | None, CalibrationRound]] = []
+    balances: list[float] = []
     timed: list[tuple[dict[Phase | None, Profile], Plan]] = []  # each timed cut, as it was planned
     for _ in range(rounds):
         done = {
@@ -144,6 +185,7 @@ def calibrate_phases(
             for phase, prof in current.items()
         }
         history.append(done)
+        balances.append(measured_balance(done, _workers(plan)))
         timed.append((current, plan))
         if max(r.worst_error for r in done.values()) <= tolerance:
             break
@@ -154,27 +196,36 @@ def calibrate_phases(
         plan = new_plan
         if not moved:  # same cut: the corrected estimates are the stages' own times already
             break
-    best = kept_round(history)
-    if _bounds(plan) == history[best][next(iter(history[best]))].bounds:
-        return current, plan, history
-    return dict(timed[best][0]), timed[best][1], history
+    best = min(range(len(balances)), key=lambda i: (balances[i], i))
+    if balances[best] < balances[-1] and _bounds(plan) != history[best][next(iter(profiles))].bounds:
+        return Calibrated(timed[best][0], timed[best][1], tuple(history), tuple(balances), went_back=best)
+    return Calibrated(current, plan, tuple(history), tuple(balances))
 
 
-def measured_balance(done: Mapping[Phase | None, CalibrationRound]) -> float:
-    """How evenly a timed cut ran: the worst phase's max/mean of the measured stage times (a ratio, so
-    that rounds timed while the machine ran at different speeds compare)."""
+def _workers(plan: Plan) -> tuple[int, ...] | None:
+    """Each stage's worker when several stages share one (an interleaved split), else None."""
+    if plan.workers is None:
+        return None
+    return tuple(s.index if s.worker is None else s.worker for s in plan.stages)
+
+
+def measured_balance(
+    done: Mapping[Phase | None, CalibrationRound], workers: Sequence[int] | None = None
+) -> float:
+    """How evenly a timed cut ran: over the phases, the worst of the busiest stage's measured time over
+    the mean (of the busiest worker's, summing its stages, when ``workers`` says which runs which).  A
+    ratio, so that rounds timed while the machine ran at different speeds compare; a round that
+    measured nothing is not known to be even (infinity)."""
     worst = 0.0
     for r in done.values():
-        total = sum(r.measured_seconds)
-        if total > 0:
-            worst = max(worst, max(r.measured_seconds) * len(r.measured_seconds) / total)
+        seconds = list(r.measured_seconds)
+        if workers is not None:
+            per: dict[int, float] = {}
+            for w, t in zip(workers, seconds, strict=True):
+                per[w] = per.get(w, 0.0) + t
+            seconds = list(per.values())
+        total = sum(seconds)
+        if not seconds or not total > 0:
+            return math.inf
+        worst = max(worst, max(seconds) * len(seconds) / total)
     return worst
-
-
-def kept_round(history: Sequence[Mapping[Phase | None, CalibrationRound]]) -> int:
-    """The round whose cut calibration keeps: the one that ran most evenly when timed (the first of
-    equals).  Why not simply the last: the correction assumes a stage costs the sum of its nodes, and
-    where it does not (a generation step whose stage of two small layers keeps its weights in the cache
-    and one of three does not) the corrected costs can move the cut to one that runs worse than a cut
-    already timed; a cut never timed is not kept over one that was."""
-    return min(range(len(history)), key=lambda i: (measured_balance(history[i]), i))

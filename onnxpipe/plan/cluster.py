@@ -33,8 +33,8 @@ from onnxpipe.partition import solve_heterogeneous
 from onnxpipe.partition.chainbound import chain_bound
 from onnxpipe.partition.inputs import HeterogeneousRequest
 from onnxpipe.partition.result import Partition
-from onnxpipe.plan.decoder import decoder_io, fine_allowed, layer_cut_items, with_kv
-from onnxpipe.plan.decoder_plan import phase_shape_of, profile_phase
+from onnxpipe.plan.decoder import fine_allowed, layer_cut_items, with_kv
+from onnxpipe.plan.decoder_plan import decoder_summary, profile_phase
 from onnxpipe.plan.decoder_recompute import (
     InputCopies,
     PhaseCosts,
@@ -49,7 +49,7 @@ from onnxpipe.plan.orders import OrderSearch, place, stages_auto
 from onnxpipe.plan.request import PlanRequest, ScheduleOption
 from onnxpipe.plan.sequences import Sequences, first_reader_param_bytes, sequences
 from onnxpipe.plan.stages import assign_stages, plan_from
-from onnxpipe.plan.types import DecoderSummary, Plan, StageSpec
+from onnxpipe.plan.types import Plan, StageSpec
 from onnxpipe.schedule.simulate import in_flight, simulate
 from onnxpipe.schedule.timeline import Timeline
 
@@ -166,15 +166,8 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
             f"cuts only between layers (--ends {request.decoder.ends.value}); each device holds its layers' "
             f"KV cache at {request.decoder.max_context} tokens of context, counted in its memory"
         )
-        summary = DecoderSummary(
-            costs.decoder.layers,
-            True,
-            request.decoder.ends.value,
-            request.decoder.max_context,
-            profile_phase(profile, costs.decoder),
-            (phase_shape_of(profile, costs.decoder, profile_phase(profile, costs.decoder)),),
-            decoder_io(view, costs.decoder),
-        )
+        phase = profile_phase(profile, costs.decoder)
+        summary = decoder_summary(view, profile, costs.decoder, request.decoder, phase)
     _check_final_memory(specs, arranged, best, costs.acts)
     if not best.search.free:  # devices in the file's order: the contiguous bound holds for this order
         rows = [[c * _work(option, request) for c in costs.rows[name]] for name in arranged.names]
@@ -229,7 +222,9 @@ def _costs(view: ModelView, profile: Profile, cluster: Cluster, request: PlanReq
     seq = (
         sequences(view, profile)
         if dec is None
-        else fine_allowed(*layer_cut_items(view, profile, dec, request.decoder.ends, "--devices"))
+        else fine_allowed(
+            *layer_cut_items(view, profile, dec, request.decoder.ends, request.off_the_chain or "--devices")
+        )
     )
     compute = seq.compute
     records = device_costs(

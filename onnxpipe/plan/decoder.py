@@ -138,7 +138,8 @@ def with_kv(
 ) -> tuple[StageSpec, ...]:
     """``specs`` with each stage's own layers, their cache's bytes at ``max_context`` tokens (for the
     profiled batch), and only its own layers' pasts as inputs (:func:`own_cache_only`)."""
-    batch = int(profile.input_shapes.get(dec.kv[0].past_key, (1,))[0] or 1)
+    shape = profile.input_shapes.get(dec.kv[0].past_key)
+    batch = int(shape[0]) if shape else 1
     kv = stage_kv(view, dec, specs, max_context, batch)
     return tuple(
         own_cache_only(view, dec, dataclasses.replace(st, kv_layers=owned, kv_cache_bytes=nbytes))

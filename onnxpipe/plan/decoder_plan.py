@@ -25,9 +25,8 @@ from onnxpipe.plan.decoder import (
     decoder_io,
     foreign_pasts,
     layer_sequences,
-    own_cache_only,
     own_ends_bounds,
-    stage_kv,
+    with_kv,
 )
 from onnxpipe.plan.decoder_kinds import DecoderOptions, Ends
 from onnxpipe.plan.decoder_recompute import (
@@ -175,15 +174,7 @@ def make_decoder_plan(
         notes=(*decoder_notes(view, dec, stages, options), *([copied] if copied else [])),
         timeline=timeline,
         objective=OBJECTIVE,
-        decoder=DecoderSummary(
-            dec.layers,
-            True,
-            options.ends.value,
-            options.max_context,
-            phase,
-            (phase_shape_of(profile, dec, phase),),
-            decoder_io(view, dec),
-        ),
+        decoder=decoder_summary(view, profile, dec, options, phase),
     )
 
 
@@ -214,11 +205,21 @@ def decoder_stages(
     ``copies`` chooses the rotary tables and masks each makes instead of receiving them
     (:mod:`onnxpipe.plan.decoder_recompute`; the stage costs are ``part``'s, without the copies)."""
     stages = specs_from_bounds(view, layers.seq, part.bounds, part.compute, part.transfer, copies=copies)
-    batch = _batch(view, dec, profile)
-    kv = stage_kv(view, dec, stages, options.max_context, batch)
-    return tuple(
-        own_cache_only(view, dec, dataclasses.replace(st, kv_layers=owned, kv_cache_bytes=nbytes))
-        for st, (owned, nbytes) in zip(stages, kv, strict=True)
+    return with_kv(view, profile, dec, stages, options.max_context)
+
+
+def decoder_summary(
+    view: ModelView, profile: Profile, dec: DecoderInfo, options: DecoderOptions, phase: str
+) -> DecoderSummary:
+    """The manifest's ``plan.decoder`` of a plan balanced for one ``phase``, profiled as ``profile``."""
+    return DecoderSummary(
+        dec.layers,
+        True,
+        options.ends.value,
+        options.max_context,
+        phase,
+        (phase_shape_of(profile, dec, phase),),
+        decoder_io(view, dec),
     )
 
 
@@ -254,8 +255,3 @@ def _layer_range(owned: tuple[int, ...]) -> str:
     if not owned:
         return "no layers"
     return f"layer {owned[0]}" if len(owned) == 1 else f"layers {owned[0]}-{owned[-1]}"
-
-
-def _batch(view: ModelView, dec: DecoderInfo, profile: Profile) -> int:
-    shape = profile.input_shapes.get(dec.kv[0].past_key)
-    return int(shape[0]) if shape else 1

@@ -163,6 +163,25 @@ class PlanRequest:
         )
 
     @property
+    def off_the_chain(self) -> str | None:
+        """The option, as the user writes it, that takes this plan off a chain of identical workers (to
+        the devices planner, or to interleaved workers); None for such a chain or ``--stages auto``
+        without devices (what plans for one phase and ``--ends own`` cannot do, it names)."""
+        if self.devices is not None:
+            return "--devices"
+        if self.interleaved:
+            return "--workers"
+        if not isinstance(self.stages, int):
+            return None
+        if self.order != DeviceOrder.FIXED:
+            return f"--order {self.order.value}"
+        if self.schedule.kind != "stream":
+            return f"--schedule {self.schedule.kind}"
+        if self.link_model == "overlap":
+            return "--link-model overlap"
+        return None
+
+    @property
     def effective_link_model(self) -> LinkModel:
         """The link model the plan uses: the one asked for, else serial on identical workers streaming
         and overlap otherwise (a devices file, a free order, a training schedule)."""

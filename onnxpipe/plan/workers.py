@@ -23,14 +23,14 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
 from onnxpipe.partition.interleave import InterleavedPartition, evaluate_interleaved, solve_interleaved
-from onnxpipe.plan.decoder import decoder_io, fine_allowed, layer_cut_items, with_kv
+from onnxpipe.plan.decoder import fine_allowed, layer_cut_items, with_kv
 from onnxpipe.plan.decoder_kinds import DecoderOptions
-from onnxpipe.plan.decoder_plan import phase_shape_of, profile_phase
+from onnxpipe.plan.decoder_plan import decoder_notes, decoder_summary, profile_phase
 from onnxpipe.plan.fused import keeping_fused_groups
 from onnxpipe.plan.request import DEFAULT_TIME_SLACK
 from onnxpipe.plan.sequences import Sequences, first_reader_param_bytes, sequences
 from onnxpipe.plan.stages import plan_from, specs_from_bounds
-from onnxpipe.plan.types import DecoderSummary, Plan
+from onnxpipe.plan.types import Plan
 from onnxpipe.schedule.simulate import simulate
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 
@@ -144,17 +144,12 @@ def make_interleaved_plan(
     specs = specs_from_bounds(view, seq, part.bounds, part.compute, part.transfer)
     summary = None
     if decoder is not None:
-        specs = with_kv(view, profile, decoder, specs, options.max_context)
         phase = profile_phase(profile, decoder)
-        summary = DecoderSummary(
-            decoder.layers,
-            True,
-            options.ends.value,
-            options.max_context,
-            phase,
-            (phase_shape_of(profile, decoder, phase),),
-            decoder_io(view, decoder),
+        specs = tuple(
+            replace(st, phase_seconds=((phase, st.cost_seconds),))
+            for st in with_kv(view, profile, decoder, specs, options.max_context)
         )
+        summary = decoder_summary(view, profile, decoder, options, phase)
     stages = tuple(replace(st, worker=part.workers[st.index]) for st in specs)
     mem = ", ".join(f"{m / 2**20:.1f}" for m in part.worker_memory)
     slower = part.bottleneck / part.fastest - 1 if part.fastest > 0 else 0.0  # all-zero costs: all tie
@@ -166,11 +161,11 @@ def make_interleaved_plan(
         kv = ", ".join(
             f"{sum(st.kv_cache_bytes for st in stages if st.worker == w) / 2**20:.1f}" for w in range(workers)
         )
-        notes.append(decoder.describe())
+        notes.extend(decoder_notes(view, decoder, stages, options))
         notes.append(
-            f"cuts only between layers (--ends {options.ends.value}), balanced for the "
-            f"{profile_phase(profile, decoder)} profile; KV cache per worker at {options.max_context} "
-            f"tokens of context: {kv} MiB"
+            f"balanced for the {profile_phase(profile, decoder)} profile; KV cache per worker at "
+            f"{options.max_context} tokens of context: {kv} MiB; the stages receive their rotary tables "
+            "and masks (an interleaved split does not make them in each stage)"
         )
     notes.append(_contiguous_comparison(seq, item_mem, workers, bandwidth_bytes_per_s))
     timeline = simulate(

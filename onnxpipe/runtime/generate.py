@@ -131,7 +131,9 @@ def next_token(
     last = last_logits(logits)
     if sampling is None:
         return int(np.argmax(last))
-    return sampling.draw(last, rng if rng is not None else sampling.generator(0))
+    if rng is None:  # a fresh generator per call would draw the same number every step
+        raise ValueError("sampling draws with the sequence's own generator: pass rng=sampling.generator(i)")
+    return sampling.draw(last, rng)
 
 
 def generate(

@@ -49,11 +49,13 @@ class Sampling:
 
     def probabilities(self, logits: np.ndarray) -> np.ndarray:
         """The distribution a token is drawn from, over the whole vocabulary (zeros where filtered)."""
-        z = np.asarray(logits, dtype=np.float64) / self.temperature
+        z = np.asarray(logits, dtype=np.float64)
+        with np.errstate(over="ignore"):  # at most 0: a tiny temperature sends the rest to -inf, no nan
+            z = (z - np.max(z)) / self.temperature
         if self.top_k and self.top_k < z.size:
             kth = np.partition(z, z.size - self.top_k)[z.size - self.top_k]
             z = np.where(z >= kth, z, -np.inf)
-        p = np.exp(z - np.max(z))
+        p = np.exp(z)
         p /= p.sum()
         if self.top_p < 1.0:
             order = np.argsort(-p, kind="stable")
@@ -67,9 +69,9 @@ class Sampling:
 
     def draw(self, logits: np.ndarray, rng: np.random.Generator) -> int:
         """One token from ``logits`` (one row over the vocabulary), with ``rng``."""
-        p = self.probabilities(logits)
-        at = int(np.searchsorted(np.cumsum(p), rng.random() * p.sum(), side="right"))
-        return min(at, p.size - 1)
+        cumulative = np.cumsum(self.probabilities(logits))
+        at = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+        return min(at, cumulative.size - 1)
 
 
 def last_logits(logits: np.ndarray) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,6 @@ from onnxpipe.calibrate.loop import (
     CalibrationRound,
     calibrate,
     calibrate_phases,
-    kept_round,
     measured_balance,
     stage_estimates,
 )
@@ -375,9 +375,9 @@ def test_a_decoder_is_calibrated_at_both_phases() -> None:
         )
 
     first = make(dict(profiles))
-    fixed, after, rounds = calibrate_phases(
-        view, dict(profiles), make, rounds=4, timer=_phase_timer(profiles, truth)
-    )
+    done = calibrate_phases(view, dict(profiles), make, rounds=4, timer=_phase_timer(profiles, truth))
+    fixed, after, rounds = done.profiles, done.plan, done.rounds
+    assert done.went_back is None and "from the corrected costs" in done.note("timed")
     assert set(rounds[0]) == {Phase.PREFILL, Phase.DECODE}
     assert all(r.factors[0] > 1.5 and r.worst_error > 0.3 for r in rounds[0].values())  # stage 0 was dear
     assert after.stages[0].kv_layers == (0,) and first.stages[0].kv_layers != (0,)
@@ -394,14 +394,14 @@ def test_a_decoder_whose_profiles_hold_is_calibrated_in_one_round() -> None:
     view, profiles = _decoder_phases()
     request = PlanRequest(2)
     truth = {p: dict(q.node_seconds) for p, q in profiles.items()}
-    fixed, _after, rounds = calibrate_phases(
+    done = calibrate_phases(
         view,
         dict(profiles),
         lambda ps: plan(view, ps[Phase.DECODE], request, phase_profiles={p: q for p, q in ps.items() if p}),
         timer=_phase_timer(profiles, truth),
     )
-    assert len(rounds) == 1 and all(r.worst_error < 1e-9 for r in rounds[0].values())
-    assert fixed[Phase.DECODE] is profiles[Phase.DECODE]
+    assert len(done.rounds) == 1 and all(r.worst_error < 1e-9 for r in done.rounds[0].values())
+    assert done.profiles[Phase.DECODE] is profiles[Phase.DECODE]
 
 
 def test_short_stages_are_timed_over_more_runs() -> None:
@@ -423,10 +423,10 @@ def test_cli_split_calibrates_a_decoder_at_both_phases(
     assert all(set(st["estimated_phase_seconds"]) == {"prefill", "decode"} for st in manifest["stages"])
 
 
-def test_calibration_keeps_the_timed_cut_that_ran_most_evenly(view: ModelView) -> None:
+def test_calibration_goes_back_to_a_timed_cut_that_ran_more_evenly(view: ModelView) -> None:
     """Stage times that are not the sum of their nodes' (here: any cut but the first runs its second
-    stage 60% slower): the corrected costs move the cut to one that runs worse, and calibration keeps
-    the first cut, as it was planned, rather than a worse one or one never timed."""
+    stage 60% slower): the correction moves the cut to one that runs worse, and calibration goes back to
+    the first cut, as it was planned, rather than keep a worse one or one never timed."""
     prof = static_profile(view)
     first = make_plan(view, prof, 2)
     first_cut = [len(s.node_names) for s in first.stages]
@@ -437,10 +437,36 @@ def test_calibration_keeps_the_timed_cut_that_ran_most_evenly(view: ModelView) -
             return [est[0] * 1.2, est[1]]
         return [est[0], est[1] * 1.6]
 
-    _fixed, kept, rounds = calibrate(view, prof, lambda p: make_plan(view, p, 2), rounds=2, timer=timer)
-    assert len(rounds) == 2 and rounds[0].bounds != rounds[1].bounds  # a second cut was timed
-    assert [len(s.node_names) for s in kept.stages] == first_cut
-    assert kept_round([{None: r} for r in rounds]) == 0
-    assert measured_balance({None: rounds[0]}) < measured_balance({None: rounds[1]})
-    note = api.calibration_note([{None: r} for r in rounds], "each stage timed alone")
-    assert "kept the cut timed in round 1" in note
+    done = calibrate_phases(
+        view, {None: prof}, lambda ps: make_plan(view, ps[None], 2), rounds=2, timer=timer
+    )
+    assert len(done.rounds) == 2 and done.rounds[0][None].bounds != done.rounds[1][None].bounds
+    assert done.went_back == 0 and done.balances[0] < done.balances[1]
+    assert [len(s.node_names) for s in done.plan.stages] == first_cut
+    assert done.profiles[None] is prof  # the profile the kept cut was planned with
+    note = done.note("each stage timed alone")
+    assert "kept the cut timed in round 1" in note and "planned with" in note
+
+
+def test_one_round_moves_the_cut_as_the_stages_ran(view: ModelView) -> None:
+    """A single round times the first cut and plans again from the corrected costs: that correction
+    stands (no other cut was timed to prefer)."""
+    prof = static_profile(view)
+    truth = true_costs(view, prof)
+    before = make_plan(view, prof, 2)
+    done = calibrate_phases(
+        view, {None: prof}, lambda ps: make_plan(view, ps[None], 2), rounds=1, timer=fake_timer(truth)
+    )
+    assert len(done.rounds) == 1 and done.went_back is None
+    assert len(done.plan.stages[0].node_names) < len(before.stages[0].node_names)
+    assert done.profiles[None] is not prof and "from the corrected costs" in done.note("timed")
+
+
+def test_balance_is_the_busiest_worker_over_the_mean() -> None:
+    r = CalibrationRound(
+        bounds=(1, 2, 3, 4), estimated_seconds=(1.0,) * 4, measured_seconds=(3.0, 1.0, 1.0, 3.0)
+    )
+    assert measured_balance({None: r}) == pytest.approx(1.5)  # stages: 3 over a mean of 2
+    assert measured_balance({None: r}, workers=(0, 1, 0, 1)) == pytest.approx(1.0)  # each worker 4
+    nothing = CalibrationRound(bounds=(1, 2), estimated_seconds=(1.0, 1.0), measured_seconds=(0.0, 0.0))
+    assert measured_balance({None: nothing}) == math.inf

@@ -326,6 +326,8 @@ def test_cli_inspect_names_the_decoder_and_split_needs_no_hints(
         (["-k", "2", "--ends", "own"], 5, "choose --stages between 3 and 6"),
         (["-k", "6", "--ends", "attached"], 5, "choose --stages between 1 and 4"),
         (["-k", "4", "--workers", "2", "--ends", "own"], 2, "--ends own with --workers: "),
+        (["-k", "3", "--order", "free", "--ends", "own"], 2, "--ends own with --order free: "),
+        (["-k", "8", "--workers", "2"], 5, "choose --stages between 1 and 6"),
     ],
 )
 def test_impossible_decoder_requests_are_one_line(

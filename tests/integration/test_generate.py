@@ -245,6 +245,7 @@ def test_cli_generate_compares_with_the_unsplit_model(
     doc = json.loads(out)
     assert doc["sequences"] == [list(reference("llama_gqa", p)[:8]) for p in PROMPTS[:2]]
     assert doc["same"] and set(doc["runs"]) == {"pipeline", "unsplit", "replicas"}
+    assert doc["sampling"] is None  # greedy
     assert all(run["same_tokens"] and run["tokens_per_second"] > 0 for run in doc["runs"].values())
     sampled = ["--do-sample", "--temperature", "0.8", "--top-k", "50", "--top-p", "0.95", "--seed", "7"]
     code, out, err = cli_run([*args, *sampled, "--compare", "--json"], capfd)
@@ -253,6 +254,7 @@ def test_cli_generate_compares_with_the_unsplit_model(
     assert doc["same"] and doc["sequences"] == [
         list(reference("llama_gqa", p, 8, SAMPLING, i)) for i, p in enumerate(PROMPTS[:2])
     ]
+    assert doc["sampling"] == {"temperature": 0.8, "top_k": 50, "top_p": 0.95, "seed": 7}
     code, out, _ = cli_run(["generate", folder, "--prompt-ids", "64", "--max-new-tokens", "4"], capfd)
     assert code == 0 and out.startswith("... generating 1 sequence(s) through 2 stage(s)")
     shown = " ".join(map(str, reference("llama_gqa", (64,))[:4]))

@@ -78,7 +78,14 @@ def test_next_token_reads_the_last_position() -> None:
     assert np.array_equal(last_logits(logits), LOGITS)
     assert next_token(logits) == 3
     assert next_token(logits[:, -1]) == 3
-    assert next_token(logits, Sampling(top_k=1)) == 3
+    assert next_token(logits, Sampling(top_k=1), Sampling(top_k=1).generator(0)) == 3
+    with pytest.raises(ValueError, match="own generator"):
+        next_token(logits, Sampling())  # a fresh generator each step would repeat one draw
+
+
+def test_a_tiny_temperature_is_greedy_not_nan() -> None:
+    p = Sampling(temperature=1e-310).probabilities(LOGITS)
+    assert np.all(np.isfinite(p)) and p[3] == 1.0
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from onnxpipe.cli.commands.jsonout import document
@@ -50,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     same = all(g.tokens == split.tokens for g in runs.values())
     if args.json:
         sequences = [list(t) for t in split.tokens]
-        print(document("generate", sequences=sequences, runs=_runs_obj(runs), same=same))
+        drawn = None if sampling is None else dataclasses.asdict(sampling)
+        print(document("generate", sequences=sequences, runs=_runs_obj(runs), same=same, sampling=drawn))
     else:
         for i, (prompt, tokens) in enumerate(zip(prompts, split.tokens, strict=True)):
             shown = " ".join(str(t) for t in tokens)
@@ -72,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
                 "tokens: the same as the unsplit model's"
                 if same
                 else "tokens: DIFFERENT from the unsplit model's: the split does not compute what it does"
+                if sampling is None
+                else "tokens: DIFFERENT from the unsplit model's: logits that differ within rounding can "
+                "change a draw and every token after it; compare greedy tokens (leave out --do-sample)"
             )
     say.done("generated")
     return 0 if same else 1
