@@ -18,6 +18,7 @@ from onnxpipe.core.errors import PartitionError
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
+from onnxpipe.partition.interleave import InterleavedPartition
 from onnxpipe.partition.result import Partition
 from onnxpipe.plan.decoder import (
     LayerSequences,
@@ -38,6 +39,7 @@ from onnxpipe.plan.decoder_recompute import (
     priced_cuts,
     with_copy_costs,
 )
+from onnxpipe.plan.sequences import Sequences
 from onnxpipe.plan.stages import plan_from, specs_from_bounds
 from onnxpipe.plan.types import DecoderSummary, Plan, StageSpec
 from onnxpipe.schedule.simulate import simulate
@@ -206,6 +208,60 @@ def decoder_stages(
     (:mod:`onnxpipe.plan.decoder_recompute`; the stage costs are ``part``'s, without the copies)."""
     stages = specs_from_bounds(view, layers.seq, part.bounds, part.compute, part.transfer, copies=copies)
     return with_kv(view, profile, dec, stages, options.max_context)
+
+
+def interleaved_decoder_stages(
+    view: ModelView,
+    dec: DecoderInfo,
+    seq: Sequences,
+    part: InterleavedPartition,
+    options: DecoderOptions,
+    profile: Profile,
+    bandwidth_bytes_per_s: float,
+) -> tuple[tuple[StageSpec, ...], InterleavedPartition, str | None]:
+    """The stages of an interleaved split of a decoder (``seq`` in layer order, ``part`` cut between
+    layers): each holds its own layers' cache and pasts, makes the rotary tables and masks the rule of
+    :mod:`onnxpipe.plan.decoder_recompute` finds cheaper to make than to receive (``copy_inputs``), and
+    keeps its estimate at the profiled phase; with ``part``'s figures counting those copies, and the
+    copies' note (None when there are none)."""
+    phase = profile_phase(profile, dec)
+    phases = (PhaseCosts(phase, profile.node_seconds, seq.sizes, part.compute),)
+    copies = (
+        InputCopies(view, dec, phases, bandwidth_bytes_per_s, seq.classes) if options.copy_inputs else None
+    )
+    specs = specs_from_bounds(view, seq, part.bounds, part.compute, part.transfer, copies=copies)
+    specs = with_kv(view, profile, dec, specs, options.max_context)
+    chosen = copies.chosen if copies is not None else {}
+    gone = gone_bytes(view, specs, chosen, seq.sizes)
+    stage_costs = tuple(c + t for c, t in zip(part.compute, part.transfer, strict=True))
+    chain = Partition(
+        bounds=part.bounds,
+        compute=part.compute,
+        transfer=part.transfer,
+        stage_costs=stage_costs,
+        bottleneck=max(stage_costs),
+        lower_bound=min(part.lower_bound, max(stage_costs)),
+        cut_bytes_total=part.cut_bytes_total,
+    )
+    fixed = adjusted(chain, chosen, gone, 0, bandwidth_bytes_per_s)
+    specs = tuple(
+        dataclasses.replace(st, phase_seconds=((phase, st.cost_seconds),))
+        for st in with_copy_costs(specs, fixed, gone)
+    )
+    busy = [0.0] * part.k
+    for worker, cost in zip(part.workers, fixed.stage_costs, strict=True):
+        busy[worker] += cost
+    counted = dataclasses.replace(
+        part,
+        compute=fixed.compute,
+        transfer=fixed.transfer,
+        worker_seconds=tuple(busy),
+        bottleneck=max(busy),
+        fastest=min(part.fastest, max(busy)),
+        lower_bound=min(part.lower_bound, max(busy)),
+        cut_bytes_total=fixed.cut_bytes_total,
+    )
+    return specs, counted, copies_note(chosen, phases, [gone])
 
 
 def decoder_summary(

@@ -23,9 +23,14 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
 from onnxpipe.partition.interleave import InterleavedPartition, evaluate_interleaved, solve_interleaved
-from onnxpipe.plan.decoder import fine_allowed, layer_cut_items, with_kv
+from onnxpipe.plan.decoder import fine_allowed, layer_cut_items
 from onnxpipe.plan.decoder_kinds import DecoderOptions
-from onnxpipe.plan.decoder_plan import decoder_notes, decoder_summary, profile_phase
+from onnxpipe.plan.decoder_plan import (
+    decoder_notes,
+    decoder_summary,
+    interleaved_decoder_stages,
+    profile_phase,
+)
 from onnxpipe.plan.fused import keeping_fused_groups
 from onnxpipe.plan.request import DEFAULT_TIME_SLACK
 from onnxpipe.plan.sequences import Sequences, first_reader_param_bytes, sequences
@@ -141,15 +146,14 @@ def make_interleaved_plan(
             part = replace(coarse, bounds=layers.fine_bounds(coarse.bounds))
     except PartitionError as e:
         raise PartitionError(f"{name}: {e}") from e
-    specs = specs_from_bounds(view, seq, part.bounds, part.compute, part.transfer)
-    summary = None
-    if decoder is not None:
-        phase = profile_phase(profile, decoder)
-        specs = tuple(
-            replace(st, phase_seconds=((phase, st.cost_seconds),))
-            for st in with_kv(view, profile, decoder, specs, options.max_context)
+    summary, copied = None, None
+    if decoder is None:
+        specs = specs_from_bounds(view, seq, part.bounds, part.compute, part.transfer)
+    else:
+        specs, part, copied = interleaved_decoder_stages(
+            view, decoder, seq, part, options, profile, bandwidth_bytes_per_s
         )
-        summary = decoder_summary(view, profile, decoder, options, phase)
+        summary = decoder_summary(view, profile, decoder, options, profile_phase(profile, decoder))
     stages = tuple(replace(st, worker=part.workers[st.index]) for st in specs)
     mem = ", ".join(f"{m / 2**20:.1f}" for m in part.worker_memory)
     slower = part.bottleneck / part.fastest - 1 if part.fastest > 0 else 0.0  # all-zero costs: all tie
@@ -164,9 +168,10 @@ def make_interleaved_plan(
         notes.extend(decoder_notes(view, decoder, stages, options))
         notes.append(
             f"balanced for the {profile_phase(profile, decoder)} profile; KV cache per worker at "
-            f"{options.max_context} tokens of context: {kv} MiB; the stages receive their rotary tables "
-            "and masks (an interleaved split does not make them in each stage)"
+            f"{options.max_context} tokens of context: {kv} MiB"
         )
+        if copied:
+            notes.append(copied)
     notes.append(_contiguous_comparison(seq, item_mem, workers, bandwidth_bytes_per_s))
     timeline = simulate(
         "stream", [s.cost_seconds for s in stages], None, [0.0] * k, microbatches, workers=part.workers

@@ -65,6 +65,34 @@ def _static(view: ModelView) -> dict[Phase, Profile]:
 
 
 @pytest.mark.parametrize("name", MODELS)
+def test_an_interleaved_split_makes_its_tables_too(name: str, tmp_path: Path) -> None:
+    """Stages dealt out to fewer workers make their rotary tables and masks where that is cheaper, as a
+    chain's do; the split still computes the model's outputs."""
+    view, dec = _load(name)
+    made = _input_made(view, dec)
+    profiles = _static(view)
+    for bandwidth, crosses in ((SLOW_LINK, False), (1e15, True)):
+        request = PlanRequest(4, workers=2, bandwidth_bytes_per_s=bandwidth)
+        p = plan(view, profiles[Phase.DECODE], request)
+        received = {t for st in p.stages[1:] for t in st.inputs}
+        assert bool(received & made) == crosses, (bandwidth, received & made)
+        assert kv_split_layers(view, dec, p.stages) == []
+        if not crosses:
+            assert any("made of the model inputs in each stage" in n for n in p.notes)
+            assert p.bottleneck_seconds == pytest.approx(
+                max(sum(st.cost_seconds for st in p.stages if st.worker == w) for w in range(2))
+            )
+    options = SplitOptions(profile=ProfileOptions(cost=CostSource.STATIC))
+    result = split(
+        SAMPLE_MODELS / "decoders" / f"{name}.onnx",
+        PlanRequest(4, workers=2, bandwidth_bytes_per_s=SLOW_LINK),
+        tmp_path / "out",
+        options,
+    )
+    assert result.report is not None and result.report.ok
+
+
+@pytest.mark.parametrize("name", MODELS)
 def test_rotary_and_masks_stop_crossing_when_cheaper(name: str) -> None:
     view, dec = _load(name)
     made = _input_made(view, dec)
