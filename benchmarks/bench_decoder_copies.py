@@ -30,9 +30,11 @@ import numpy as np
 import onnxruntime as ort
 
 from benchmarks.common import (
+    add_phase_arguments,
     benchmark_parser,
     median,
     params_of,
+    phase_shapes,
     print_table,
     session,
     shown,
@@ -43,7 +45,7 @@ from onnxpipe.cost.phases import phase_profiles
 from onnxpipe.cost.source import ProfileOptions
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.decoder import find_decoder
-from onnxpipe.ir.decoder_kinds import Phase, phase_shape
+from onnxpipe.ir.decoder_kinds import Phase
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
@@ -111,16 +113,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--bandwidths", nargs="+", type=float, default=[math.inf, 125_000_000.0, 12_500_000.0]
     )
-    parser.add_argument("--prefill-tokens", type=int, default=64)
-    parser.add_argument("--decode-past", type=int, default=255)
+    add_phase_arguments(parser)
     parser.add_argument("--runs", type=int, default=10, help="profiling runs per phase")
     parser.add_argument("--time", action="store_true", help="also time each exported stage alone")
     parser.add_argument("--rounds", type=int, default=30, help="timed rounds per stage and phase")
     args: argparse.Namespace = parser.parse_args(argv)
-    shapes = {
-        Phase.PREFILL: phase_shape(Phase.PREFILL, prefill_tokens=args.prefill_tokens),
-        Phase.DECODE: phase_shape(Phase.DECODE, decode_past=args.decode_past),
-    }
+    shapes = phase_shapes(args)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-decoder-copies-") as tmp:
         for model in args.models:

@@ -45,9 +45,11 @@ import numpy as np
 import onnxruntime as ort
 
 from benchmarks.common import (
+    add_phase_arguments,
     benchmark_parser,
     median,
     params_of,
+    phase_shapes,
     print_table,
     session,
     shown,
@@ -61,7 +63,7 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.source import ProfileOptions
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.decoder import DecoderInfo, find_decoder
-from onnxpipe.ir.decoder_kinds import Phase, phase_shape
+from onnxpipe.ir.decoder_kinds import Phase
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
@@ -204,15 +206,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = benchmark_parser(__name__, __doc__)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=sorted(export_decoders.SPECS))
     parser.add_argument("--stages", nargs="+", type=int, default=[2, 3, 4])
-    parser.add_argument("--prefill-tokens", type=int, default=64)
-    parser.add_argument("--decode-past", type=int, default=255)
+    add_phase_arguments(parser)
     parser.add_argument("--runs", type=int, default=20, help="profiling runs per phase")
     parser.add_argument("--calibrate", type=int, default=2, help="calibration rounds of the calibrated split")
     args: argparse.Namespace = parser.parse_args(argv)
-    shapes = {
-        Phase.PREFILL: phase_shape(Phase.PREFILL, prefill_tokens=args.prefill_tokens),
-        Phase.DECODE: phase_shape(Phase.DECODE, decode_past=args.decode_past),
-    }
+    shapes = phase_shapes(args)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-decoders-") as tmp:
         for model in args.models:

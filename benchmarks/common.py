@@ -40,6 +40,7 @@ from onnxpipe import partition
 from onnxpipe.core.text import table
 from onnxpipe.cost.measure import profile_model
 from onnxpipe.cost.profile import Profile
+from onnxpipe.ir.decoder_kinds import Phase, PhaseShape, phase_shape
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.plan.sequences import tensor_sizes
@@ -425,3 +426,17 @@ def run_child(code: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", code, *args], capture_output=True, text=True, check=False, cwd=ROOT
     )
+
+
+def add_phase_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--prefill-tokens`` and ``--decode-past``: the two shapes the decoder benchmarks profile at."""
+    parser.add_argument("--prefill-tokens", type=int, default=64)
+    parser.add_argument("--decode-past", type=int, default=255)
+
+
+def phase_shapes(args: argparse.Namespace) -> dict[Phase, PhaseShape]:
+    """The prompt's shape and a generation step's, as :func:`add_phase_arguments` read them."""
+    return {
+        Phase.PREFILL: phase_shape(Phase.PREFILL, prefill_tokens=args.prefill_tokens),
+        Phase.DECODE: phase_shape(Phase.DECODE, decode_past=args.decode_past),
+    }
