@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from onnxpipe.calibrate.devices import calibrate_on_devices, check_devices_here
-from onnxpipe.calibrate.loop import CalibrationOptions, calibrate_phases
+from onnxpipe.calibrate.loop import CalibrationOptions, calibrate_phases, calibration_note
 from onnxpipe.calibrate.timing import choose_timer, time_model
 from onnxpipe.cluster.costs import provider_available
 from onnxpipe.core.errors import ExportError, UsageError
@@ -232,9 +232,10 @@ def _measured_here(the_plan: Plan, prof: Profile, request: PlanRequest) -> Plan:
 
 def decoder_phases(view: ModelView, request: PlanRequest, options: ProfileOptions) -> tuple[PhaseShape, ...]:
     """The phases a decoder is profiled at (none for other models, for a saved profile, which holds one
-    shape, and with ``layer_cuts`` off; only decode's for ``--devices`` and ``--workers``, whose plans
-    balance one phase); a stage count that cuts between layers cannot make, and ``--ends own`` where it
-    cannot be planned, are refused here, before any cost is measured."""
+    shape, and with ``layer_cuts`` off; only decode's for plans off a chain of identical workers,
+    ``--devices``, ``--workers`` and the like, which balance one phase); a stage count that cuts between
+    layers cannot make, and ``--ends own`` where it cannot be planned, are refused here, before any cost
+    is measured."""
     dec = find_decoder(view) if request.decoder.layer_cuts else None
     if dec is None:
         return ()
@@ -313,13 +314,7 @@ def _calibrated_on_devices(
     the_plan, rounds = calibrate_on_devices(
         view, prof, request, lambda p, r: plan(view, p, r), rounds=calibration.rounds
     )
-    first, last = rounds[0], rounds[-1]
-    note = (
-        f"calibrated in {len(rounds)} round(s), each stage timed alone on its device's runtime: the "
-        f"estimates were off by up to {first.worst_error * 100:.1f}% at first"
-        + (f", {last.worst_error * 100:.1f}% in round {len(rounds)}" if len(rounds) > 1 else "")
-        + "; the estimates below come from the corrected costs"
-    )
+    note = calibration_note([{None: r} for r in rounds], "each stage timed alone on its device's runtime")
     return dataclasses.replace(the_plan, notes=(*the_plan.notes, note))
 
 

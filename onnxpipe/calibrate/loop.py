@@ -123,19 +123,26 @@ class Calibrated:
     def note(self, how: str) -> str:
         """The manifest's note: how far the estimates were off at first and in the last round (at each
         phase, for a decoder calibrated at both), and which cut was kept."""
-        first, last = self.rounds[0], self.rounds[-1]
-        n = len(self.rounds)
-        said = f"calibrated in {n} round(s), {how}: the estimates were off by up to {_off(first)} at first"
-        if n > 1:
-            said += f"; {_off(last)} in round {n}"
         if self.went_back is None:
-            return said + "; the estimates below come from the corrected costs"
-        kept = self.went_back
+            return calibration_note(self.rounds, how)
+        kept, n = self.went_back, len(self.rounds)
         return (
-            f"{said}; kept the cut timed in round {kept + 1}, which ran the most evenly of the {n} timed "
-            f"(its busiest over the mean {self.balances[kept]:.2f}, the last one's {self.balances[-1]:.2f}): "
-            "its estimates are those it was planned with"
+            f"{_how_far(self.rounds, how)}; kept the cut timed in round {kept + 1}, which ran the most "
+            f"evenly of the {n} timed (its busiest over the mean {self.balances[kept]:.2f}, the last one's "
+            f"{self.balances[-1]:.2f}): its estimates are those it was planned with"
         )
+
+
+def calibration_note(rounds: Sequence[Mapping[Phase | None, CalibrationRound]], how: str) -> str:
+    """The manifest's note on a calibration whose last correction stands (``how``: how the stages were
+    timed): how far the estimates were off at first and in the last round."""
+    return _how_far(rounds, how) + "; the estimates below come from the corrected costs"
+
+
+def _how_far(rounds: Sequence[Mapping[Phase | None, CalibrationRound]], how: str) -> str:
+    n = len(rounds)
+    said = f"calibrated in {n} round(s), {how}: the estimates were off by up to {_off(rounds[0])} at first"
+    return said + (f"; {_off(rounds[-1])} in round {n}" if n > 1 else "")
 
 
 def _off(done: Mapping[Phase | None, CalibrationRound]) -> str:
