@@ -5,7 +5,7 @@ DenseNet-121):
 
 1. profile once at 1 intra-op thread, median of 30 runs (cached under ``benchmarks/results/profiles/``;
    ``--refresh`` re-profiles) at the input shapes below, and split at K = 3 with
-   :func:`onnxpipe.plan.workers.make_plan` (``onnxpipe``);
+   :func:`onnxpipe.planning.workers.make_plan` (``onnxpipe``);
 2. make the same number of stages with the baselines, costed with the same profile and exported the
    same way: equal node counts (``equal``, DeepSpeed's uniform), torchgpipe's block partition
    (``torchgpipe``), and onnxpipe's own solver fed static FLOP/byte costs instead of measured ones
@@ -61,8 +61,8 @@ from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
-from onnxpipe.plan.types import Plan
-from onnxpipe.plan.workers import make_plan
+from onnxpipe.planning.types import Plan
+from onnxpipe.planning.workers import make_plan
 
 K = 3
 GOAL = 1.25

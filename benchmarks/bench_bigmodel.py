@@ -65,7 +65,7 @@ SPLIT = """
 from onnxpipe.cost.static import static_profile
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model
-from onnxpipe.plan.workers import make_plan
+from onnxpipe.planning.workers import make_plan
 
 model, out, k = sys.argv[1], sys.argv[2], int(sys.argv[3])
 view = phase("load", lambda: load_model(model))

@@ -33,7 +33,7 @@ from onnxpipe import api
 from onnxpipe.calibrate.timing import ALONE_BLOCK, ready_stages, scratch_stages, time_in_turns
 from onnxpipe.cost.source import ProfileOptions
 from onnxpipe.ir.load import load_model
-from onnxpipe.plan.workers import make_plan
+from onnxpipe.planning.workers import make_plan
 
 
 def bench_model(

@@ -5,7 +5,7 @@ Each model (the tiny exports in ``sample_models/decoders/`` by default) is profi
 cached), and split with the default two-phase balance at each K and each ``--bandwidths`` (``inf``: no
 bandwidth given) twice, in one run, on the same profiles: with the stages
 making their rotary tables and masks of the model inputs where the plan's rule finds that cheaper
-(:mod:`onnxpipe.plan.decoder_recompute`, the default) and with them sent (``copy_inputs=False``, what
+(:mod:`onnxpipe.planning.decoder_recompute`, the default) and with them sent (``copy_inputs=False``, what
 onnxpipe did before).  With a bandwidth the two may cut at different layers (the partitioner knows what
 the stages will copy); the layers per stage are reported.  Per cut: the bytes of the tensors made before
 it and read after it (model inputs and the cache never cross), at each phase's shapes; per stage, the
@@ -51,10 +51,10 @@ from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.manifest import load_manifest
-from onnxpipe.plan.decoder_kinds import DecoderOptions
-from onnxpipe.plan.phases import make_two_phase_plan
-from onnxpipe.plan.sequences import tensor_sizes
-from onnxpipe.plan.types import Plan
+from onnxpipe.planning.decoder_kinds import DecoderOptions
+from onnxpipe.planning.phases import make_two_phase_plan
+from onnxpipe.planning.sequences import tensor_sizes
+from onnxpipe.planning.types import Plan
 from tools import export_decoders
 
 NAME = "decoder_copies"

@@ -9,7 +9,7 @@ cannot) is profiled at the prefill shape
 
 * ``prefill``: balanced for the prefill profile; ``decode``: for the decode profile;
 * ``both``: onnxpipe's default, the worse phase as close as possible to its own best split
-  (:mod:`onnxpipe.plan.phases`);
+  (:mod:`onnxpipe.planning.phases`);
 * ``calibrated``: ``both`` after ``--calibrate`` (its stages timed at both shapes and each phase's costs
   corrected by them, :func:`onnxpipe.calibrate.loop.calibrate_phases`);
 * ``equal``: equal layer counts, the embedding with the first layers and the LM head with the last: what
@@ -70,12 +70,12 @@ from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.manifest import load_manifest
 from onnxpipe.partition import evaluate
-from onnxpipe.plan.decoder import layer_sequences
-from onnxpipe.plan.decoder_kinds import DecoderOptions, Ends
-from onnxpipe.plan.decoder_plan import decoder_stages, make_decoder_plan
-from onnxpipe.plan.phases import make_two_phase_plan
-from onnxpipe.plan.stages import plan_from
-from onnxpipe.plan.types import Plan
+from onnxpipe.planning.decoder import layer_sequences
+from onnxpipe.planning.decoder_kinds import DecoderOptions, Ends
+from onnxpipe.planning.decoder_plan import decoder_stages, make_decoder_plan
+from onnxpipe.planning.phases import make_two_phase_plan
+from onnxpipe.planning.stages import plan_from
+from onnxpipe.planning.types import Plan
 from tools import export_decoders
 
 NAME = "decoders"

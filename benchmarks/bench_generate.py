@@ -33,7 +33,7 @@ import numpy as np
 from benchmarks.common import benchmark_parser, median, params_of, print_table, shown, write_result
 from onnxpipe.api import SplitOptions, split
 from onnxpipe.cost.source import ProfileOptions
-from onnxpipe.plan.request import PlanRequest
+from onnxpipe.planning.request import PlanRequest
 from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.generate import Generation
 from onnxpipe.runtime.pipeline import Pipeline

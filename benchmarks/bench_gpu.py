@@ -46,7 +46,7 @@ from onnxpipe.core.runtimes import EngineConfig, open_engine, time_run
 from onnxpipe.cost.source import ProfileOptions
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
-from onnxpipe.plan.request import PlanRequest
+from onnxpipe.planning.request import PlanRequest
 from onnxpipe.runtime import Pipeline
 from onnxpipe.verification.verify import verify
 

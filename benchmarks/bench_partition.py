@@ -5,14 +5,14 @@ Part 1, quality.  Every model is profiled once (1 intra-op thread, median of 30 
 its bottleneck (slowest stage, compute only: the baselines know nothing of transfers) is divided by the
 lower bound ``max(total / K, largest node)``:
 
-* ``onnxpipe``   — :func:`onnxpipe.plan.workers.make_plan` (exact, and it keeps onnxruntime's fused groups
+* ``onnxpipe``   — :func:`onnxpipe.planning.workers.make_plan` (exact, and it keeps onnxruntime's fused groups
   whole);
 * ``exact``      — :func:`onnxpipe.partition.solve` on the same costs without the fused-group constraint
   (the true optimum for the objective the baselines are scored with);
 * ``equal``      — the same node count per stage (DeepSpeed ``partition_method="uniform"``);
 * ``params``     — parameter-balanced (DeepSpeed's default ``partition_method="parameters"``);
 * ``torchgpipe`` — torchgpipe's ``balance_by_time`` block-partition heuristic;
-* ``node_split`` — :func:`onnxpipe.plan.nodesplit.plan_splitting_nodes`: one node may be cut into parts
+* ``node_split`` — :func:`onnxpipe.planning.nodesplit.plan_splitting_nodes`: one node may be cut into parts
   over consecutive stages (parts costed by their share of the node here, so that the figures stay
   deterministic; ``python -m benchmarks nodesplit`` measures them).  Only it can pass the largest-node
   term, so every row also gives each bottleneck over ``total / K`` (``bottleneck_over_average``).
@@ -59,8 +59,8 @@ from benchmarks.common import (
 from onnxpipe import partition
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.load import load_model
-from onnxpipe.plan.nodesplit import plan_splitting_nodes
-from onnxpipe.plan.workers import make_plan
+from onnxpipe.planning.nodesplit import plan_splitting_nodes
+from onnxpipe.planning.workers import make_plan
 from tools.make_large_graph import make_many_nodes
 
 MODELS = (

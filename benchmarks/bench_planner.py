@@ -3,10 +3,11 @@
 For each real model (tiny GPT-2 at 64 tokens, NudeNet's YOLOv8n at 320x320, the onnx light DenseNet-121,
 RapidOCR's detector; profiles measured once at 1 intra-op thread and cached under
 ``benchmarks/results/profiles/``) and each cluster below, the benchmark plans a streaming pipeline with
-:func:`onnxpipe.plan.cluster.plan_pipeline` (``onnxpipe``) and places the splits of the baselines on the very
-same devices, in the cluster's file order:
+:func:`onnxpipe.planning.cluster.plan_pipeline` (``onnxpipe``) and places the splits of the baselines on
+the very same devices, in the cluster's file order:
 
-* ``homogeneous`` — onnxpipe's own exact homogeneous planner (:func:`onnxpipe.plan.workers.make_plan`, i.e.
+* ``homogeneous`` — onnxpipe's own exact homogeneous planner
+  (:func:`onnxpipe.planning.workers.make_plan`, i.e.
   :func:`onnxpipe.partition.solve` on the reference costs, all devices taken as speed 1, told the link
   bandwidth): the best split for a cluster of identical devices;
 * ``params`` — DeepSpeed's default parameter balancing (:func:`benchmarks.baselines.parameter_balanced`
@@ -73,10 +74,10 @@ from onnxpipe.ir.graph import cut_profile
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.partition.inputs import HeterogeneousRequest
-from onnxpipe.plan.cluster import plan_pipeline
-from onnxpipe.plan.sequences import first_reader_param_bytes, tensor_sizes
-from onnxpipe.plan.stages import assign_stages
-from onnxpipe.plan.workers import make_plan
+from onnxpipe.planning.cluster import plan_pipeline
+from onnxpipe.planning.sequences import first_reader_param_bytes, tensor_sizes
+from onnxpipe.planning.stages import assign_stages
+from onnxpipe.planning.workers import make_plan
 from onnxpipe.schedule.simulate import in_flight
 
 MODELS: dict[str, dict[str, tuple[int, ...]] | None] = {
@@ -482,7 +483,7 @@ def main(argv: list[str]) -> int:
             ),
             "ratio": "baseline bottleneck / onnxpipe bottleneck (> 1: onnxpipe faster)",
             "baselines": {
-                "homogeneous": "onnxpipe.plan.make_plan (partition.solve, equal speeds, told the link "
+                "homogeneous": "onnxpipe.planning.make_plan (partition.solve, equal speeds, told the link "
                 "bandwidth), placed on the devices in file order",
                 "params": "benchmarks.baselines.parameter_balanced on first-read weight bytes "
                 "(initializers and constant-node weights)",

@@ -40,9 +40,9 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
-from onnxpipe.plan.planner import plan
-from onnxpipe.plan.request import PlanRequest
-from onnxpipe.plan.types import Plan
+from onnxpipe.planning.planner import plan
+from onnxpipe.planning.request import PlanRequest
+from onnxpipe.planning.types import Plan
 
 MODELS = {
     "resnet50": ("light_resnet50", None),

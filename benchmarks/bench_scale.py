@@ -8,7 +8,7 @@ each phase and reads its own peak resident memory per phase (``VmHWM``, reset be
 
 * ``load``: :func:`onnxpipe.ir.load.load_model` (parse, checker, shape inference, ordering);
 * ``costs``: :func:`onnxpipe.cost.static.static_profile` (static costs: no onnxruntime run);
-* ``partition``: :func:`onnxpipe.plan.workers.make_plan` (the exact partitioner) into K stages;
+* ``partition``: :func:`onnxpipe.planning.workers.make_plan` (the exact partitioner) into K stages;
 * ``export``: :func:`onnxpipe.export.stages.export_stages` (build, write, ``onnx.checker`` and an
   onnxruntime load of every stage, manifest);
 * ``verify``: :func:`onnxpipe.verification.verify.verify` (the model and the chained stages in
@@ -71,7 +71,7 @@ CHILD = MEMORY_PRELUDE + textwrap.dedent(
     from onnxpipe.cost.static import static_profile
     from onnxpipe.export.stages import export_stages
     from onnxpipe.ir.load import load_model
-    from onnxpipe.plan.workers import make_plan
+    from onnxpipe.planning.workers import make_plan
     from onnxpipe.verification.verify import verify
 
     model, out, k, run_verify = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"

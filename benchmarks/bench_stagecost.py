@@ -56,9 +56,9 @@ from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import load_manifest
-from onnxpipe.plan.stages import assign_stages
-from onnxpipe.plan.types import Plan
-from onnxpipe.plan.workers import make_plan
+from onnxpipe.planning.stages import assign_stages
+from onnxpipe.planning.types import Plan
+from onnxpipe.planning.workers import make_plan
 from onnxpipe.runtime.affinity import cpu_sets, pinned
 from onnxpipe.runtime.inputs import random_inputs
 from onnxpipe.runtime.report.baselines import session_throughput

@@ -4,7 +4,7 @@
 * :func:`cached_profile` — profile a model once at the given threads and input shapes and keep the JSON
   under ``benchmarks/results/profiles/`` (keyed by the model's sha256, threads and shapes), so every
   benchmark partitions the same measured costs and re-running a benchmark does not re-profile.
-* :func:`plan_from_bounds` — a :class:`~onnxpipe.plan.types.Plan` for any split (a baseline's bounds),
+* :func:`plan_from_bounds` — a :class:`~onnxpipe.planning.types.Plan` for any split (a baseline's bounds),
   costed exactly like onnxpipe's own plans, so it can be exported and timed side by side.
 * :func:`time_interleaved` — medians of single runs, every round running all variants in a fresh random
   order (``/work/shared/design/PROFILING.md``: interleave and shuffle what you compare).
@@ -43,9 +43,9 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder_kinds import Phase, PhaseShape, phase_shape
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
-from onnxpipe.plan.sequences import tensor_sizes
-from onnxpipe.plan.stages import assign_stages
-from onnxpipe.plan.types import Plan
+from onnxpipe.planning.sequences import tensor_sizes
+from onnxpipe.planning.stages import assign_stages
+from onnxpipe.planning.types import Plan
 from tools import corpus, export_transformers
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -39,11 +39,11 @@ _EXPORTS: dict[str, str] = {
     "load_model": "onnxpipe.ir.load",
     "Partition": "onnxpipe.partition",
     "solve": "onnxpipe.partition",
-    "Plan": "onnxpipe.plan.types",
-    "StageSpec": "onnxpipe.plan.types",
-    "make_plan": "onnxpipe.plan.workers",
-    "ScheduleRequest": "onnxpipe.plan.request",
-    "plan_pipeline": "onnxpipe.plan.cluster",
+    "Plan": "onnxpipe.planning.types",
+    "StageSpec": "onnxpipe.planning.types",
+    "make_plan": "onnxpipe.planning.workers",
+    "ScheduleRequest": "onnxpipe.planning.request",
+    "plan_pipeline": "onnxpipe.planning.cluster",
     "Profile": "onnxpipe.cost.profile",
     "profile_model": "onnxpipe.cost.measure",
     "Pipeline": "onnxpipe.runtime",
@@ -128,9 +128,9 @@ if TYPE_CHECKING:
     from onnxpipe.ir.model import ModelView
     from onnxpipe.manifest import Manifest, load_manifest
     from onnxpipe.partition import Partition, solve
-    from onnxpipe.plan.cluster import plan_pipeline
-    from onnxpipe.plan.request import ScheduleRequest
-    from onnxpipe.plan.types import Plan, StageSpec
-    from onnxpipe.plan.workers import make_plan
+    from onnxpipe.planning.cluster import plan_pipeline
+    from onnxpipe.planning.request import ScheduleRequest
+    from onnxpipe.planning.types import Plan, StageSpec
+    from onnxpipe.planning.workers import make_plan
     from onnxpipe.runtime import Pipeline
     from onnxpipe.verification.verify import VerifyReport, verify

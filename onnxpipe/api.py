@@ -2,7 +2,7 @@
 
 Each step can be called on its own (``load_model`` → ``get_profile``/``profile_model`` → ``plan`` or
 ``make_plan`` → ``export_stages`` → ``verify``) or all at once through :func:`split`, which takes what to
-plan as a stage count or a :class:`~onnxpipe.plan.request.PlanRequest`, and everything else as one
+plan as a stage count or a :class:`~onnxpipe.planning.request.PlanRequest`, and everything else as one
 :class:`SplitOptions`::
 
     split("model.onnx", 3, "stages/")
@@ -45,11 +45,11 @@ from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.ir.static import static_view
 from onnxpipe.manifest import Manifest
-from onnxpipe.plan.decoder import refuse_own_ends
-from onnxpipe.plan.decoder_plan import check_stage_count
-from onnxpipe.plan.planner import plan, planned
-from onnxpipe.plan.request import PlanRequest, SplitNodes
-from onnxpipe.plan.types import Plan
+from onnxpipe.planning.decoder import refuse_own_ends
+from onnxpipe.planning.decoder_plan import check_stage_count
+from onnxpipe.planning.planner import plan, planned
+from onnxpipe.planning.request import PlanRequest, SplitNodes
+from onnxpipe.planning.types import Plan
 from onnxpipe.verification.record import record_verification, verification_record
 from onnxpipe.verification.verify import VerifyReport, verify
 

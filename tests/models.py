@@ -19,8 +19,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.ir.load import view_from_proto
 from onnxpipe.ir.model import ModelView
-from onnxpipe.plan.stages import assign_stages
-from onnxpipe.plan.types import Plan
+from onnxpipe.planning.stages import assign_stages
+from onnxpipe.planning.types import Plan
 
 OPSET = 17
 FLOAT = TensorProto.FLOAT

@@ -37,8 +37,8 @@ from onnxpipe.cost.source import ProfileOptions, get_profile
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import view_from_proto
 from onnxpipe.ir.samples import samples_from_feeds
-from onnxpipe.plan.planner import plan
-from onnxpipe.plan.request import PlanRequest
+from onnxpipe.planning.planner import plan
+from onnxpipe.planning.request import PlanRequest
 from onnxpipe.verification.chain import run_stage_by_stage
 
 MAX_STAGES = 3

@@ -41,8 +41,8 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
-from onnxpipe.plan.request import PlanRequest
-from onnxpipe.plan.types import Plan
+from onnxpipe.planning.request import PlanRequest
+from onnxpipe.planning.types import Plan
 
 MakePlan = Callable[[Profile, PlanRequest], Plan]
 DeviceTimer = Callable[[ModelView, Plan, Profile, Mapping[str, Device]], list[float]]

@@ -21,7 +21,7 @@ profile's per-node seconds change; the partitioner stays exact on the corrected 
 cut timed ran less evenly than an earlier one, calibration goes back to that one
 (:func:`calibrate_phases`), so it does not hand back a cut that the last correction made worse.
 
-A decoder balanced for both phases (:mod:`onnxpipe.plan.phases`) is calibrated at both
+A decoder balanced for both phases (:mod:`onnxpipe.planning.phases`) is calibrated at both
 (:func:`calibrate_phases`): its stages are timed at the prompt's shapes and at a generation step's, and
 each phase's profile is corrected by its own stage times.
 """
@@ -38,7 +38,7 @@ from onnxpipe.core.errors import UsageError
 from onnxpipe.cost.profile import Profile, corrected
 from onnxpipe.ir.decoder_kinds import Phase
 from onnxpipe.ir.model import ModelView
-from onnxpipe.plan.types import Plan
+from onnxpipe.planning.types import Plan
 
 DEFAULT_TOLERANCE = 0.02
 
@@ -161,7 +161,7 @@ def calibrate_phases(
     timer: StageTimer | None = None,
 ) -> Calibrated:
     """:func:`calibrate` for a plan made from several profiles of one model, one per phase (a decoder's
-    prompt and generation step, balanced together by :mod:`onnxpipe.plan.phases`): each round times
+    prompt and generation step, balanced together by :mod:`onnxpipe.planning.phases`): each round times
     the stages at every phase's shapes, corrects each phase's profile by that phase's stage times, and
     plans again from all of them; it stops when every phase's stages are within ``tolerance`` or the
     cut does not move.  Why both phases: a stage run alone differs from its share of the whole model by

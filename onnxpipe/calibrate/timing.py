@@ -28,7 +28,7 @@ from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
-from onnxpipe.plan.types import Plan
+from onnxpipe.planning.types import Plan
 from onnxpipe.runtime.affinity import available_cpus, cpu_sets, physical_cores
 from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.pipeline import Pipeline

@@ -16,9 +16,9 @@ from typing import Any, NoReturn, TypeVar, overload
 from onnxpipe.cli.argtypes import bandwidth, count, fraction, positive_int, positive_number
 from onnxpipe.cost.kinds import COST_SOURCES
 from onnxpipe.ir.decoder_kinds import DECODE_PAST, PREFILL_TOKENS
-from onnxpipe.plan.decoder_kinds import DEFAULT_MAX_CONTEXT, ENDS_CHOICES, PHASE_CHOICES
-from onnxpipe.plan.links import LINK_MODELS
-from onnxpipe.plan.request import (
+from onnxpipe.planning.decoder_kinds import DEFAULT_MAX_CONTEXT, ENDS_CHOICES, PHASE_CHOICES
+from onnxpipe.planning.links import LINK_MODELS
+from onnxpipe.planning.request import (
     DEFAULT_SPLIT_NODES,
     DEFAULT_TIME_SLACK,
     SCHEDULE_CHOICES,

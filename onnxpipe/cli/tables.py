@@ -14,8 +14,8 @@ from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.summary import summarize
 from onnxpipe.manifest import Manifest
-from onnxpipe.plan.links import LINK_MODEL_TEXT
-from onnxpipe.plan.types import Plan
+from onnxpipe.planning.links import LINK_MODEL_TEXT
+from onnxpipe.planning.types import Plan
 from onnxpipe.schedule.timeline import worker_groups
 from onnxpipe.verification.verify import VerifyReport
 

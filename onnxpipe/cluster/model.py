@@ -9,7 +9,8 @@ profile into per-device costs.
 
 Nothing here partitions or schedules: :mod:`onnxpipe.partition` takes the plain numbers that
 :class:`Cluster` exposes (``speeds``, ``mem_caps``, ``bandwidths``, ``latencies``), and
-:mod:`onnxpipe.plan.orders` searches device orders over the device *types* that :func:`device_type` defines.
+:mod:`onnxpipe.planning.orders` searches device orders over the device *types* that :func:`device_type`
+defines.
 """
 
 from __future__ import annotations
@@ -152,7 +153,8 @@ class Cluster:
     """Devices in pipeline order and the ``len(devices) - 1`` links between consecutive ones.
 
     Stage ``i`` runs on ``devices[i]``; a plan with fewer stages than devices uses the first ones (or, with
-    a free order, the best selection: :mod:`onnxpipe.plan.orders`).  ``source`` names the file it came from.
+    a free order, the best selection: :mod:`onnxpipe.planning.orders`).  ``source`` names the file it came
+    from.
     """
 
     devices: tuple[Device, ...]

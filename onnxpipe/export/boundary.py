@@ -51,7 +51,7 @@ from onnxpipe.ir.external import is_external, stored_tensors
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView, TensorInfo, dtype_name, value_dims
 from onnxpipe.ir.shapes import resolve_input_shapes
-from onnxpipe.plan.types import StageSpec
+from onnxpipe.planning.types import StageSpec
 
 BuildStage = Callable[[StageSpec, bool, frozenset[str]], onnx.ModelProto]
 """``build(spec, weights, untyped)``: the stage as a model, with ``untyped`` outputs left without a type;

@@ -5,7 +5,7 @@ A stage holds, in this order:
 * its constant producers (each stage that reads a cheap constant makes its own copy), listed after the
   constants they read; a ``Shape`` of a static tensor becomes a ``Constant`` of that shape;
 * copies of the earlier stages' nodes that make the shape values and constant-only values it would
-  otherwise receive (:attr:`StageSpec.recomputed_nodes`, :mod:`onnxpipe.plan.recompute`);
+  otherwise receive (:attr:`StageSpec.recomputed_nodes`, :mod:`onnxpipe.planning.recompute`);
 * its compute nodes, as they are (subgraph bodies of If/Loop/Scan included, never cut), but those whose
   values are now remade from an equal tensor (:attr:`StageSpec.skipped_nodes`);
 * an ``Identity`` node for each tensor remade from an equal one (:attr:`StageSpec.aliases`): first
@@ -37,7 +37,7 @@ from onnxpipe.core.errors import ExportError, ModelLoadError
 from onnxpipe.export.boundary import BoundaryTypes
 from onnxpipe.ir.external import is_external
 from onnxpipe.ir.model import ModelView, NodeInfo, initializer_nbytes
-from onnxpipe.plan.types import ShapeParts, StageSpec
+from onnxpipe.planning.types import ShapeParts, StageSpec
 
 SMALL_TENSOR_BYTES = 1024
 """Without weights (for shape inference), initializers above this keep only their dims and type."""
@@ -46,13 +46,14 @@ SMALL_TENSOR_BYTES = 1024
 ALIAS_NODE_PREFIX = "onnxpipe/same_value/"
 SHAPE_NODE_PREFIX = "onnxpipe/shape_of/"
 """The prefix of the nodes (and their tensors) that make a recomputed ``Shape`` of a tensor the stage
-lacks out of dims it has (:attr:`onnxpipe.plan.types.StageSpec.shape_sources`); the last of them, a
+lacks out of dims it has (:attr:`onnxpipe.planning.types.StageSpec.shape_sources`); the last of them, a
 ``Concat``, keeps the ``Shape`` node's name and output."""
 
 
 def alias_node_name(tensor: str) -> str:
     """The name of the ``Identity`` node that remakes ``tensor`` from an equal tensor
-    (:attr:`onnxpipe.plan.types.StageSpec.aliases`): a prefix no exporter writes, then the tensor's name."""
+    (:attr:`onnxpipe.planning.types.StageSpec.aliases`): a prefix no exporter writes, then the tensor's
+    name."""
     return ALIAS_NODE_PREFIX + tensor
 
 

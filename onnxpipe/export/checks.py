@@ -14,7 +14,7 @@ from onnxpipe.core.errors import ExportError, ModelLoadError, error_line
 from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.export.outdir import check_target, normalized
 from onnxpipe.ir.model import ModelView
-from onnxpipe.plan.types import Plan
+from onnxpipe.planning.types import Plan
 
 
 def check_exportable(view: ModelView, out_dir: str | Path | None = None, *, force: bool = False) -> None:

@@ -36,7 +36,7 @@ from onnxpipe.manifest import (
     StageOutput,
     VerificationRecord,
 )
-from onnxpipe.plan.types import DecoderSummary, Plan, StageSpec
+from onnxpipe.planning.types import DecoderSummary, Plan, StageSpec
 from onnxpipe.schedule.simulate import simulate
 
 

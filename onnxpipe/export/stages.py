@@ -1,4 +1,4 @@
-"""Write a :class:`~onnxpipe.plan.types.Plan` as one valid ONNX file per stage, plus ``manifest.json``.
+"""Write a :class:`~onnxpipe.planning.types.Plan` as one valid ONNX file per stage, plus ``manifest.json``.
 
 One pass over the already loaded model (:mod:`onnxpipe.export.build` copies each stage out of
 ``view.proto``; :mod:`onnxpipe.export.boundary` settles the types of the tensors between stages).  A
@@ -53,7 +53,7 @@ from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.external import is_external
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, write_manifest
-from onnxpipe.plan.types import Plan, StageSpec
+from onnxpipe.planning.types import Plan, StageSpec
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 
 

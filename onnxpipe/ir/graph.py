@@ -159,7 +159,7 @@ def cut_profile(
 
     ``classes`` (:func:`onnxpipe.ir.samevalue.value_classes`) counts provably equal tensors once: a cut
     carries a value while any tensor of it crosses, as the exported stages send one tensor of each value
-    (:func:`onnxpipe.plan.stages.assign_stages`).  Without it every tensor counts, as if none were equal.
+    (:func:`onnxpipe.planning.stages.assign_stages`).  Without it every tensor counts, as if none were equal.
     """
     m = len(compute_deps)
     freeset = set(free)

@@ -5,7 +5,7 @@ time a ``Where`` of the same tensor and of equal constants.  onnxruntime merges 
 session (common subexpression elimination), so the whole model computes the mask once.  A stage cut
 undoes that: each repeat that a later stage reads becomes a graph output of its own, which onnxruntime
 must compute and may not merge, and each is sent across the cut, which the ``stagecost`` benchmark sees
-as time the first stage spends on copies.  :func:`onnxpipe.plan.stages.assign_stages` sends one tensor of
+as time the first stage spends on copies.  :func:`onnxpipe.planning.stages.assign_stages` sends one tensor of
 each class instead, and the receiving stage makes the others from it with ``Identity`` nodes.
 
 The classes are exact, not measured: two tensors share one when they are the same graph input;

@@ -4,7 +4,7 @@ Why: a stage file is handed to runtimes other than onnxruntime.  tract refuses a
 a stage input ("Unsupported DatumType in the public API TDim") and cannot type a ``Reshape`` whose shape
 arrives from outside; OpenVINO's onnxruntime provider fails on stages that receive values computed only
 from weights (Inception v2's first stage sent 117 ``Unsqueeze(initializer)`` tensors).  Both kinds are
-cheap to make again where they are read, so :mod:`onnxpipe.plan.recompute` has the consumer stage
+cheap to make again where they are read, so :mod:`onnxpipe.planning.recompute` has the consumer stage
 recompute them from what it already has, and :mod:`onnxpipe.export.fold` folds the constant ones.
 
 * A **shape value** is an integer tensor that reaches, through integer shape arithmetic only, an input

@@ -229,7 +229,7 @@ class DecoderRecord:
 
 @dataclass(frozen=True)
 class PlanSummary:
-    """The numbers that justify the partition (copied from :class:`onnxpipe.plan.types.Plan`)."""
+    """The numbers that justify the partition (copied from :class:`onnxpipe.planning.types.Plan`)."""
 
     objective: str
     k: int

@@ -238,7 +238,7 @@ def _node_split(f: Fields) -> NodeSplitRecord:
 
 
 LINK_MODELS = ("serial", "overlap")
-"""The values of ``plan.link_model``: those of :mod:`onnxpipe.plan.links`, which the manifest, a floor
+"""The values of ``plan.link_model``: those of :mod:`onnxpipe.planning.links`, which the manifest, a floor
 below the planner, cannot import (a test keeps the two alike)."""
 
 

@@ -24,7 +24,7 @@ class HeterogeneousRequest:
     """Everything :func:`~onnxpipe.partition.solve_heterogeneous` is told except ``k``, as given.
 
     One value for the solver, the scorer, the reference DP, the model builder and the planner that fills
-    it in (:mod:`onnxpipe.plan.cluster`), so that the thirteen arguments are spelled once.  Fields hold
+    it in (:mod:`onnxpipe.planning.cluster`), so that the thirteen arguments are spelled once.  Fields hold
     the caller's values unchecked: :func:`_heterogeneous_model` validates them for a given ``k``, so building
     a request never raises.
     ``k`` is not a field because the solver is told it while the scorer reads it from the bounds.

@@ -33,7 +33,7 @@ from onnxpipe.cost.static import static_profile
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import load_manifest
-from onnxpipe.plan.workers import make_plan
+from onnxpipe.planning.workers import make_plan
 from onnxpipe.verification.chain import StageChain
 from tools.make_large_graph import make_big_weights, make_many_nodes
 
@@ -203,7 +203,7 @@ from onnxpipe.cost.static import static_profile
 from onnxpipe.export.stages import export_stages
 from onnxpipe.core.files import file_sha256
 from onnxpipe.ir.load import load_model
-from onnxpipe.plan.planner import make_plan
+from onnxpipe.planning.planner import make_plan
 
 def status(key):
     for line in open("/proc/self/status"):

@@ -39,9 +39,9 @@ from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.decoder_kinds import Phase, phase_shape
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
-from onnxpipe.plan.planner import plan
-from onnxpipe.plan.types import Plan
-from onnxpipe.plan.workers import make_plan
+from onnxpipe.planning.planner import plan
+from onnxpipe.planning.types import Plan
+from onnxpipe.planning.workers import make_plan
 from onnxpipe.runtime import affinity
 from onnxpipe.runtime.pipeline import Pipeline
 

@@ -12,8 +12,8 @@ from onnxpipe.core.errors import ExportError
 from onnxpipe.cost.source import ProfileOptions, get_profile
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import view_from_proto
-from onnxpipe.plan.planner import plan
-from onnxpipe.plan.request import PlanRequest
+from onnxpipe.planning.planner import plan
+from onnxpipe.planning.request import PlanRequest
 from tools import conformance
 
 MIN_CASES = 300

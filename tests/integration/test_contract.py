@@ -16,7 +16,7 @@ from onnxpipe.cost.source import ProfileOptions
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model, view_from_proto
 from onnxpipe.manifest import load_manifest
-from onnxpipe.plan.request import PlanRequest
+from onnxpipe.planning.request import PlanRequest
 
 
 def test_transformer_contract(sample_models_dir: Path, tmp_path: Path) -> None:

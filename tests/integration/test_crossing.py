@@ -18,7 +18,7 @@ from onnxpipe.cost.source import ProfileOptions
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model, view_from_proto
 from onnxpipe.ir.shapevalues import constant_only, shape_values, value_kinds
-from onnxpipe.plan.request import PlanRequest
+from onnxpipe.planning.request import PlanRequest
 from onnxpipe.verification.verify import verify
 from tools import corpus
 

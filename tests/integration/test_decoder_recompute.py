@@ -1,5 +1,5 @@
 """A decoder's rotary tables and masks made in each stage of the model inputs instead of sent
-(:mod:`onnxpipe.plan.decoder_recompute`), on the committed tiny exports: they stop crossing the cuts
+(:mod:`onnxpipe.planning.decoder_recompute`), on the committed tiny exports: they stop crossing the cuts
 when the plan's rule finds copies cheaper, still cross when it does not, and the stages so made verify
 and decode the model's tokens (prompt and generation steps, the mask and positions growing)."""
 
@@ -28,12 +28,12 @@ from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapevalues import value_kinds
 from onnxpipe.partition import evaluate
-from onnxpipe.plan.decoder import kv_split_layers, layer_sequences
-from onnxpipe.plan.decoder_kinds import DecoderOptions, Ends
-from onnxpipe.plan.decoder_plan import decoder_stages, solve_layers
-from onnxpipe.plan.decoder_recompute import InputCopies, PhaseCosts, input_derived, priced_cuts
-from onnxpipe.plan.planner import plan
-from onnxpipe.plan.request import PlanRequest
+from onnxpipe.planning.decoder import kv_split_layers, layer_sequences
+from onnxpipe.planning.decoder_kinds import DecoderOptions, Ends
+from onnxpipe.planning.decoder_plan import decoder_stages, solve_layers
+from onnxpipe.planning.decoder_recompute import InputCopies, PhaseCosts, input_derived, priced_cuts
+from onnxpipe.planning.planner import plan
+from onnxpipe.planning.request import PlanRequest
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.verification.chain import StageChain
 

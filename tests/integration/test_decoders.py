@@ -28,11 +28,11 @@ from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.manifest import load_manifest
-from onnxpipe.plan.decoder import foreign_pasts, kv_split_layers
-from onnxpipe.plan.decoder_kinds import DecoderOptions, Ends
-from onnxpipe.plan.planner import plan
-from onnxpipe.plan.request import PlanRequest
-from onnxpipe.plan.stages import assign_stages
+from onnxpipe.planning.decoder import foreign_pasts, kv_split_layers
+from onnxpipe.planning.decoder_kinds import DecoderOptions, Ends
+from onnxpipe.planning.planner import plan
+from onnxpipe.planning.request import PlanRequest
+from onnxpipe.planning.stages import assign_stages
 from onnxpipe.verification.chain import StageChain
 
 DECODERS = SAMPLE_MODELS / "decoders"

@@ -20,8 +20,8 @@ from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import load_manifest
-from onnxpipe.plan.stages import assign_stages
-from onnxpipe.plan.types import Plan
+from onnxpipe.planning.stages import assign_stages
+from onnxpipe.planning.types import Plan
 from onnxpipe.verification.chain import StageChain
 
 OPSET = [helper.make_opsetid("", 17)]

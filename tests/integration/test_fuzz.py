@@ -5,7 +5,7 @@ Hypothesis builds a model from a safe op set (elementwise, MatMul, Cast), with r
 stage receives once, :mod:`onnxpipe.ir.samevalue`), random If nodes whose branches read outer tensors
 (sometimes nested), random element types (float32, float64, int32; Cast moves values between them), and
 symbolic or fixed dims.  It then draws K and the cut positions, exports with
-:func:`onnxpipe.plan.stages.assign_stages` on those bounds (so every cut is reachable, not only the ones a
+:func:`onnxpipe.planning.stages.assign_stages` on those bounds (so every cut is reachable, not only the ones a
 cost model would choose), and compares the chain with the model at two batch sizes.
 
 300 examples take about 10 s; ``ONNXPIPE_FUZZ_EXAMPLES=3000 pytest tests/test_fuzz.py`` searches longer.
@@ -30,8 +30,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import load_manifest
-from onnxpipe.plan.stages import assign_stages
-from onnxpipe.plan.types import Plan
+from onnxpipe.planning.stages import assign_stages
+from onnxpipe.planning.types import Plan
 from onnxpipe.verification.chain import StageChain
 
 WIDTH = 4

@@ -25,8 +25,8 @@ from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.cost.source import ProfileOptions
 from onnxpipe.export.genai import DEFAULT_EOS, GENAI_CONFIG_NAME
 from onnxpipe.export.stages import ExportOptions
-from onnxpipe.plan.decoder_kinds import DecoderOptions, Ends
-from onnxpipe.plan.request import PlanRequest
+from onnxpipe.planning.decoder_kinds import DecoderOptions, Ends
+from onnxpipe.planning.request import PlanRequest
 
 og = pytest.importorskip(
     "onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install '.[genai]')"

@@ -22,8 +22,8 @@ from onnxpipe.cost.source import ProfileOptions
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import load_manifest
-from onnxpipe.plan.decoder_kinds import DecoderOptions, Ends
-from onnxpipe.plan.request import PlanRequest
+from onnxpipe.planning.decoder_kinds import DecoderOptions, Ends
+from onnxpipe.planning.request import PlanRequest
 from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.sampling import Sampling

@@ -39,7 +39,7 @@ from onnxpipe.cost.profile import corrected
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import load_manifest
-from onnxpipe.plan.workers import make_plan
+from onnxpipe.planning.workers import make_plan
 from onnxpipe.runtime.backends.threads import _Turns
 from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.pipeline import Pipeline

@@ -16,8 +16,8 @@ from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import (
     load_manifest,
 )
-from onnxpipe.plan.stages import assign_stages
-from onnxpipe.plan.types import Plan
+from onnxpipe.planning.stages import assign_stages
+from onnxpipe.planning.types import Plan
 
 
 @pytest.fixture

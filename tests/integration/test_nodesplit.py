@@ -22,7 +22,7 @@ from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.nodesplit import SplitKind, cut_node, find_splittable
 from onnxpipe.manifest import load_manifest
-from onnxpipe.plan.request import PlanRequest
+from onnxpipe.planning.request import PlanRequest
 from onnxpipe.verification.verify import verify
 
 SHAPES = {"x": (64, 128)}

@@ -15,8 +15,8 @@ from onnxpipe.cli import main
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.errors import PartitionError, UsageError
-from onnxpipe.plan.cluster import plan_pipeline
-from onnxpipe.plan.request import ScheduleRequest
+from onnxpipe.planning.cluster import plan_pipeline
+from onnxpipe.planning.request import ScheduleRequest
 
 ROOT = REPO_ROOT
 TRANSFORMER = ROOT / "sample_models" / "transformer_tiny.onnx"

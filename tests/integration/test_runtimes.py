@@ -27,8 +27,8 @@ from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import load_manifest
-from onnxpipe.plan.planner import plan
-from onnxpipe.plan.request import PlanRequest
+from onnxpipe.planning.planner import plan
+from onnxpipe.planning.request import PlanRequest
 from onnxpipe.runtime import Pipeline
 from onnxpipe.verification.chain import StageChain
 from onnxpipe.verification.compare import DEFAULT_ATOL, DEFAULT_RTOL, compare

@@ -20,10 +20,10 @@ from onnxpipe.ir.load import load_model, view_from_proto
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samevalue import CONTENT_LIMIT, value_classes
 from onnxpipe.manifest import MANIFEST_NAME, SameValue, load_manifest
-from onnxpipe.plan.sequences import sequences
-from onnxpipe.plan.stages import assign_stages
-from onnxpipe.plan.types import Alias
-from onnxpipe.plan.workers import make_plan
+from onnxpipe.planning.sequences import sequences
+from onnxpipe.planning.stages import assign_stages
+from onnxpipe.planning.types import Alias
+from onnxpipe.planning.workers import make_plan
 from onnxpipe.verification.chain import StageChain
 
 

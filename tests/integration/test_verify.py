@@ -23,8 +23,8 @@ from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import load_manifest
-from onnxpipe.plan.stages import assign_stages
-from onnxpipe.plan.types import Plan
+from onnxpipe.planning.stages import assign_stages
+from onnxpipe.planning.types import Plan
 from onnxpipe.runtime.inputs import input_shapes_for
 from onnxpipe.verification.chain import StageChain
 from onnxpipe.verification.compare import compare

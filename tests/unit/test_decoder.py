@@ -25,9 +25,9 @@ from onnxpipe.ir.load import view_from_proto
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.partition.phases import solve_two_phases, solve_weighted
-from onnxpipe.plan.decoder import coarse_allowed, kv_split_layers, layer_sequences
-from onnxpipe.plan.decoder_kinds import DecoderOptions, Ends
-from onnxpipe.plan.decoder_plan import make_decoder_plan, solve_layers
+from onnxpipe.planning.decoder import coarse_allowed, kv_split_layers, layer_sequences
+from onnxpipe.planning.decoder_kinds import DecoderOptions, Ends
+from onnxpipe.planning.decoder_plan import make_decoder_plan, solve_layers
 
 HEADS, HEAD_DIM, WIDTH, VOCAB = 2, 4, 8, 16
 

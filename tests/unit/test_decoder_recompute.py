@@ -1,5 +1,5 @@
 """Unit tests of the rule that makes a decoder's stage copy its rotary tables and masks
-(:mod:`onnxpipe.plan.decoder_recompute`): when copies are cheaper, and what they do to the stage costs."""
+(:mod:`onnxpipe.planning.decoder_recompute`): when copies are cheaper, and what they do to the stage costs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import pytest
 
 from onnxpipe.partition.result import Partition
-from onnxpipe.plan.decoder_recompute import Copied, InputCopies, PhaseCosts, adjusted
+from onnxpipe.planning.decoder_recompute import Copied, InputCopies, PhaseCosts, adjusted
 
 
 def _part() -> Partition:

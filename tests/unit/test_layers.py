@@ -27,7 +27,7 @@ RANKS = {
     "cluster": 1,
     "cost": 2,
     "manifest": 2,
-    "plan": 3,
+    "planning": 3,
     "export": 4,
     "verification": 5,
     "runtime": 6,

@@ -12,8 +12,8 @@ from cli_runner import one_line_error, run
 from onnxpipe.cli.argtypes import bandwidth
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.load import load_model
-from onnxpipe.plan.planner import plan
-from onnxpipe.plan.request import PlanRequest
+from onnxpipe.planning.planner import plan
+from onnxpipe.planning.request import PlanRequest
 
 
 def test_bandwidth_takes_the_devices_file_spellings() -> None:
@@ -54,6 +54,6 @@ def test_cli_names_the_link_model(resnet: Path, work: Path, capfd: pytest.Captur
 
 def test_the_manifest_reads_the_link_models_the_planner_writes() -> None:
     from onnxpipe.manifest.read import LINK_MODELS as READ
-    from onnxpipe.plan.links import LINK_MODELS
+    from onnxpipe.planning.links import LINK_MODELS
 
     assert READ == LINK_MODELS

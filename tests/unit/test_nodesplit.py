@@ -19,8 +19,8 @@ from onnxpipe.core.errors import UsageError
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.load import view_from_proto
 from onnxpipe.ir.nodesplit import SplitKind, cut_node, find_splittable, part_sizes
-from onnxpipe.plan.nodesplit import merged_sizes, plan_splitting_nodes
-from onnxpipe.plan.workers import make_plan
+from onnxpipe.planning.nodesplit import merged_sizes, plan_splitting_nodes
+from onnxpipe.planning.workers import make_plan
 
 RNG = np.random.default_rng(0)
 

@@ -1,4 +1,4 @@
-"""Tests of onnxpipe.plan.orders: device-order search and ``--stages auto``, checked by brute force."""
+"""Tests of onnxpipe.planning.orders: device-order search and ``--stages auto``, checked by brute force."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.partition import Partition, solve_heterogeneous
 from onnxpipe.partition.inputs import HeterogeneousRequest
-from onnxpipe.plan.orders import (
+from onnxpipe.planning.orders import (
     best_device_order,
     count_orders,
     distinct_orders,

@@ -1,4 +1,4 @@
-"""Unit tests of onnxpipe.plan: stage assignment, fused-group cuts, the streaming schedule."""
+"""Unit tests of onnxpipe.planning: stage assignment, fused-group cuts, the streaming schedule."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 from paths import SAMPLE_MODELS
 
 from onnxpipe.ir.load import view_from_proto
-from onnxpipe.plan.sequences import allowed_cuts_from_regions
-from onnxpipe.plan.stages import assign_stages
+from onnxpipe.planning.sequences import allowed_cuts_from_regions
+from onnxpipe.planning.stages import assign_stages
 from onnxpipe.schedule.simulate import simulate
 
 SAMPLES = SAMPLE_MODELS
@@ -119,7 +119,7 @@ class _FakeSplit:
 
 def test_fused_groups_are_cut_when_they_leave_too_few_positions() -> None:
     from onnxpipe.core.errors import PartitionError
-    from onnxpipe.plan.fused import keeping_fused_groups
+    from onnxpipe.planning.fused import keeping_fused_groups
 
     def solve(allowed: object) -> _FakeSplit:
         if allowed is not None:
@@ -142,7 +142,7 @@ def test_fused_groups_are_kept_only_while_they_cost_little_balance(
     kept: float, cut: float, chosen: str
 ) -> None:
     """Within FUSED_GROUP_SLACK (5%) of the best split that cuts them, the groups stay whole."""
-    from onnxpipe.plan.fused import keeping_fused_groups
+    from onnxpipe.planning.fused import keeping_fused_groups
 
     notes: list[str] = []
     result = keeping_fused_groups(
@@ -162,7 +162,7 @@ def test_a_fused_group_holding_most_of_the_model_does_not_unbalance_the_plan() -
     an AVX2 machine did): the plan cuts through it rather than leave one stage all the work."""
     from onnxpipe.cost.static import static_profile
     from onnxpipe.ir.load import load_model
-    from onnxpipe.plan.workers import make_plan
+    from onnxpipe.planning.workers import make_plan
 
     view = load_model(SAMPLES / "resnet_tiny.onnx")
     prof = static_profile(view)
@@ -177,7 +177,7 @@ def test_a_fused_group_holding_most_of_the_model_does_not_unbalance_the_plan() -
 
 def test_fused_groups_within_the_slack_of_the_bound_are_kept_without_a_second_solve() -> None:
     """A split within 5% of the lower bound cannot be beaten by more than 5%: no need to solve again."""
-    from onnxpipe.plan.fused import keeping_fused_groups
+    from onnxpipe.planning.fused import keeping_fused_groups
 
     asked: list[object] = []
 
@@ -207,7 +207,7 @@ def test_fused_group_rule_against_brute_force(data: st.DataObject) -> None:
     """Whatever the groups: the split is within the slack of the best one that may cut them, it keeps
     them whole exactly when the best split that does is within that slack, and a note says when not."""
     from onnxpipe.partition import solve
-    from onnxpipe.plan.fused import FUSED_GROUP_SLACK, keeping_fused_groups
+    from onnxpipe.planning.fused import FUSED_GROUP_SLACK, keeping_fused_groups
 
     costs = data.draw(st.lists(st.floats(0.01, 10.0), min_size=2, max_size=8))
     n = len(costs)

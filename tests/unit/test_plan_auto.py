@@ -12,9 +12,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.load import load_model
-from onnxpipe.plan.bound import bounding_node
-from onnxpipe.plan.planner import auto_here, plan
-from onnxpipe.plan.request import PlanRequest
+from onnxpipe.planning.bound import bounding_node
+from onnxpipe.planning.planner import auto_here, plan
+from onnxpipe.planning.request import PlanRequest
 
 
 def head_model(path: Path) -> Path:

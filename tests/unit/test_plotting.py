@@ -1,4 +1,4 @@
-"""Tests of onnxpipe.plan.draw: a picture of a plan is written, in the format its suffix asks for."""
+"""Tests of onnxpipe.planning.draw: a picture of a plan is written, in the format its suffix asks for."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from onnxpipe.core.errors import UsageError
-from onnxpipe.plan.draw import StageSummary, plot_plan
+from onnxpipe.planning.draw import StageSummary, plot_plan
 from onnxpipe.schedule.simulate import simulate
 
 STAGES = [
@@ -42,7 +42,7 @@ def _axes() -> Any:
 
 def test_memory_far_below_the_device_is_drawn_on_a_log_scale() -> None:
     pytest.importorskip("matplotlib")
-    from onnxpipe.plan.draw import _draw_memory
+    from onnxpipe.planning.draw import _draw_memory
 
     small = [StageSummary("gpu", 1e-3, 0.0, 11 * 2**20, 2**20, 8 * 2**30)]  # 12 MiB against 8 GiB
     ax = _axes()
@@ -56,7 +56,7 @@ def test_memory_far_below_the_device_is_drawn_on_a_log_scale() -> None:
 
 def test_transfer_stacks_on_compute_where_the_two_add() -> None:
     pytest.importorskip("matplotlib")
-    from onnxpipe.plan.draw import _draw_times
+    from onnxpipe.planning.draw import _draw_times
 
     stages = [StageSummary("a", 2e-3, 1e-3, 0, 0), StageSummary("b", 1e-3, 0.0, 0, 0)]
     ax = _axes()

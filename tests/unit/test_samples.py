@@ -23,7 +23,7 @@ from onnxpipe.ir.load import load_model, view_from_proto
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import load_samples, samples_from_feeds
 from onnxpipe.ir.shapes import failure_hint, guessed_dims, resolve_input_shapes
-from onnxpipe.plan.workers import make_plan
+from onnxpipe.planning.workers import make_plan
 
 
 @pytest.fixture(scope="module")

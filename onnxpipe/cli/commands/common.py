@@ -11,8 +11,8 @@ from pathlib import Path
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.cost.source import ProfileOptions
 from onnxpipe.ir.shapes import parse_shape_overrides
-from onnxpipe.plan.decoder_kinds import DecoderOptions
-from onnxpipe.plan.request import PlanRequest, ScheduleRequest
+from onnxpipe.planning.decoder_kinds import DecoderOptions
+from onnxpipe.planning.request import PlanRequest, ScheduleRequest
 
 
 def schedule_request(args: argparse.Namespace) -> ScheduleRequest:

@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 
 from onnxpipe.core.errors import ExportError, OnnxpipeError, UsageError
-from onnxpipe.plan.draw import SUFFIXES
+from onnxpipe.planning.draw import SUFFIXES
 
 
 def _nearest_folder(path: Path) -> Path:

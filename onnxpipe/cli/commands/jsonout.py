@@ -16,7 +16,7 @@ from onnxpipe.core.dims import Dim
 from onnxpipe.ir.summary import ModelSummary
 from onnxpipe.manifest import Manifest
 from onnxpipe.manifest.write import dumps, manifest_obj, num, timeline_obj
-from onnxpipe.plan.types import Plan
+from onnxpipe.planning.types import Plan
 from onnxpipe.verification.verify import VerifyReport
 
 JSON_SCHEMA_VERSION = 1

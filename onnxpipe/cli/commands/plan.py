@@ -17,7 +17,7 @@ from onnxpipe.export.checks import check_runtime_opsets
 from onnxpipe.ir.decoder_kinds import Phase
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.shapes import parse_shape_overrides
-from onnxpipe.plan.draw import draw_plan
+from onnxpipe.planning.draw import draw_plan
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ from typing import TextIO
 from onnxpipe.core.machine import BUSY_WARNING_CPUS, CpuSample, available_cpu_count, busy_elsewhere, sample
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import parse_shape_overrides, resolve_input_shapes
-from onnxpipe.plan.request import PlanRequest
+from onnxpipe.planning.request import PlanRequest
 
 
 class Say:

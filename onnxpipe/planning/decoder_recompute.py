@@ -6,14 +6,14 @@ mask (from ``attention_mask``).  Sent, each crosses every cut after the first la
 with the sequence (at a prompt, with its square).  Every stage can read the model inputs (the caller
 feeds them to any stage that needs them; no link carries them), so a stage may hold copies of the nodes
 that make such a tensor instead of receiving it, as it already does for shape values
-(:mod:`onnxpipe.plan.recompute`).
+(:mod:`onnxpipe.planning.recompute`).
 
 **What may be copied** (:func:`input_derived`): a node that reads only model inputs other than the past
 cache, weights and constants, and what other such nodes make (a ``Shape`` of anything counts too: it is
-made of the stage's own dims, as :mod:`onnxpipe.plan.recompute` does; so the past length the mask
+made of the stage's own dims, as :mod:`onnxpipe.planning.recompute` does; so the past length the mask
 needs is read off the stage's own cache), not the embedding (its table is the largest weight), no
-control flow.  A received tensor is a candidate when a copy of at most :data:`~onnxpipe.plan.recompute.
-MAX_NODES` such nodes with at most :data:`~onnxpipe.plan.recompute.MAX_COPIED_BYTES` of weights makes it
+control flow.  A received tensor is a candidate when a copy of at most :data:`~onnxpipe.planning.recompute.
+MAX_NODES` such nodes with at most :data:`~onnxpipe.planning.recompute.MAX_COPIED_BYTES` of weights makes it
 from what the stage has (the model inputs but other layers' caches, the data tensors it receives anyway).
 
 **When it is cheaper** (:class:`InputCopies`, per stage, its candidates in the order it reads them):
@@ -49,9 +49,9 @@ from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapevalues import ValueKinds, value_kinds
 from onnxpipe.partition.result import Partition
-from onnxpipe.plan.recompute import Recomputed, copy_closure
-from onnxpipe.plan.sequences import Sequences
-from onnxpipe.plan.types import StageSpec
+from onnxpipe.planning.recompute import Recomputed, copy_closure
+from onnxpipe.planning.sequences import Sequences
+from onnxpipe.planning.types import StageSpec
 
 COPY_SHARE = 0.1
 """With no link bandwidth, the share of a stage's compute its copies of model-input values may take."""
@@ -108,9 +108,9 @@ def input_derived(view: ModelView, dec: DecoderInfo) -> frozenset[int]:
 
 
 class InputCopies:
-    """The :data:`~onnxpipe.plan.stages.StageCopies` of a decoder: see the module for the rule.
+    """The :data:`~onnxpipe.planning.stages.StageCopies` of a decoder: see the module for the rule.
 
-    Called by :func:`~onnxpipe.plan.stages.assign_stages` for each stage, last to first (again from the
+    Called by :func:`~onnxpipe.planning.stages.assign_stages` for each stage, last to first (again from the
     last when it reassigns); :attr:`chosen` holds each stage's latest choice.
     """
 
@@ -348,7 +348,7 @@ def copies_note(
         return None
     return (
         "rotary tables and masks made of the model inputs in each stage that reads them when cheaper than "
-        "receiving them (onnxpipe.plan.decoder_recompute); less crossing each cut per step: "
+        "receiving them (onnxpipe.planning.decoder_recompute); less crossing each cut per step: "
         + "; ".join(parts)
     )
 

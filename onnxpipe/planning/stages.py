@@ -1,5 +1,5 @@
 """From partition bounds over compute positions to named stages (what each holds, receives and emits),
-and to the :class:`~onnxpipe.plan.types.Plan` every planner returns.
+and to the :class:`~onnxpipe.planning.types.Plan` every planner returns.
 
 The stages are worked out last to first, since what a stage must emit depends on what the later ones
 receive; provably equal tensors (:mod:`onnxpipe.ir.samevalue`) cross a cut once and are remade.
@@ -17,16 +17,16 @@ from onnxpipe.ir.model import ModelView, NodeInfo
 from onnxpipe.ir.samevalue import value_classes
 from onnxpipe.ir.shapevalues import ValueKinds, value_kinds
 from onnxpipe.partition.result import Partition
-from onnxpipe.plan.recompute import Recomputed, recompute
-from onnxpipe.plan.sequences import Sequences
-from onnxpipe.plan.types import Alias, DecoderSummary, Plan, StageSpec
+from onnxpipe.planning.recompute import Recomputed, recompute
+from onnxpipe.planning.sequences import Sequences
+from onnxpipe.planning.types import Alias, DecoderSummary, Plan, StageSpec
 from onnxpipe.schedule.timeline import Timeline
 
 StageCopies = Callable[[int, ValueKinds, Sequence[str], Recomputed], Recomputed]
 """``copies(stage, kinds, received, recomputed)``: what the stage recomputes given the data tensors it
-would receive and what :func:`~onnxpipe.plan.recompute.recompute` chose, with more copies added when a
+would receive and what :func:`~onnxpipe.planning.recompute.recompute` chose, with more copies added when a
 planner finds them cheaper than receiving (a decoder's rotary tables and masks,
-:mod:`onnxpipe.plan.decoder_recompute`).  Called for each stage, last to first."""
+:mod:`onnxpipe.planning.decoder_recompute`).  Called for each stage, last to first."""
 
 
 def specs_from_bounds(
@@ -138,13 +138,13 @@ def assign_stages(
     ``classes``: the view's value classes when the caller has them (:attr:`Sequences.classes`).
 
     A stage recomputes the shape values and constant-only values it would receive
-    (:mod:`onnxpipe.plan.recompute`; ``kinds`` when the caller has them): copies of the nodes that make
+    (:mod:`onnxpipe.planning.recompute`; ``kinds`` when the caller has them): copies of the nodes that make
     them go into its file (:attr:`StageSpec.recomputed_nodes`), and their producer stage no longer
     emits them for it.  A stage that would then emit nothing at all (its nodes made only such values)
     keeps sending them: a stage file without outputs cannot be loaded.
 
     ``compute``: the compute nodes in the order ``bounds`` count in (default: the view's; a decoder's
-    are lined up by layer, :mod:`onnxpipe.plan.decoder`), a topological order either way.
+    are lined up by layer, :mod:`onnxpipe.planning.decoder`), a topological order either way.
     ``copies``: a planner's choice of more values to recompute (:data:`StageCopies`); the stage costs
     are left as given (the planner adds the copies' cost).
     """

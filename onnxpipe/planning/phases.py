@@ -26,10 +26,10 @@ from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
 from onnxpipe.partition import evaluate
 from onnxpipe.partition.phases import solve_two_phases
-from onnxpipe.plan.decoder import decoder_io, layer_sequences
-from onnxpipe.plan.decoder_kinds import DecoderOptions
-from onnxpipe.plan.decoder_plan import coarse_bounds, decoder_notes, decoder_stages, named, phase_shape_of
-from onnxpipe.plan.decoder_recompute import (
+from onnxpipe.planning.decoder import decoder_io, layer_sequences
+from onnxpipe.planning.decoder_kinds import DecoderOptions
+from onnxpipe.planning.decoder_plan import coarse_bounds, decoder_notes, decoder_stages, named, phase_shape_of
+from onnxpipe.planning.decoder_recompute import (
     InputCopies,
     PhaseCosts,
     adjusted,
@@ -38,8 +38,8 @@ from onnxpipe.plan.decoder_recompute import (
     priced_cuts,
     with_copy_costs,
 )
-from onnxpipe.plan.stages import plan_from
-from onnxpipe.plan.types import DecoderSummary, Plan
+from onnxpipe.planning.stages import plan_from
+from onnxpipe.planning.types import DecoderSummary, Plan
 from onnxpipe.schedule.simulate import simulate
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxpipe.core.errors import UsageError
-from onnxpipe.plan.types import Plan
+from onnxpipe.planning.types import Plan
 from onnxpipe.schedule.simulate import simulate
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES, Timeline
 

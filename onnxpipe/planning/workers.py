@@ -1,10 +1,11 @@
 """Plans on identical workers: one stage each, or K stages dealt out to fewer workers in turn.
 
 :func:`make_plan` partitions into K stages, one per worker; :func:`make_interleaved_plan` deals K stages
-out to fewer workers in turn.  Both line up the compute nodes (:mod:`onnxpipe.plan.sequences`), ask
+out to fewer workers in turn.  Both line up the compute nodes (:mod:`onnxpipe.planning.sequences`), ask
 :mod:`onnxpipe.partition` for the optimal bounds, and turn the bounds back into named stages
-(:mod:`onnxpipe.plan.stages`); plans for a cluster of other devices are :mod:`onnxpipe.plan.cluster`'s, and
-:func:`onnxpipe.plan.planner.plan` chooses between them.
+(:mod:`onnxpipe.planning.stages`); plans for a cluster of other devices are
+:mod:`onnxpipe.planning.cluster`'s, and
+:func:`onnxpipe.planning.planner.plan` chooses between them.
 
 Cheap constant producers (see :mod:`onnxpipe.ir.model`) are left out of the sequence; each stage that
 reads one gets its own copy (``constant_nodes``), so their values never cross a cut.
@@ -23,19 +24,19 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
 from onnxpipe.partition.interleave import InterleavedPartition, evaluate_interleaved, solve_interleaved
-from onnxpipe.plan.decoder import fine_allowed, layer_cut_items
-from onnxpipe.plan.decoder_kinds import DecoderOptions
-from onnxpipe.plan.decoder_plan import (
+from onnxpipe.planning.decoder import fine_allowed, layer_cut_items
+from onnxpipe.planning.decoder_kinds import DecoderOptions
+from onnxpipe.planning.decoder_plan import (
     decoder_notes,
     decoder_summary,
     interleaved_decoder_stages,
     profile_phase,
 )
-from onnxpipe.plan.fused import keeping_fused_groups
-from onnxpipe.plan.request import DEFAULT_TIME_SLACK
-from onnxpipe.plan.sequences import Sequences, first_reader_param_bytes, sequences
-from onnxpipe.plan.stages import plan_from, specs_from_bounds
-from onnxpipe.plan.types import Plan
+from onnxpipe.planning.fused import keeping_fused_groups
+from onnxpipe.planning.request import DEFAULT_TIME_SLACK
+from onnxpipe.planning.sequences import Sequences, first_reader_param_bytes, sequences
+from onnxpipe.planning.stages import plan_from, specs_from_bounds
+from onnxpipe.planning.types import Plan
 from onnxpipe.schedule.simulate import simulate
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 
@@ -53,7 +54,7 @@ def make_plan(
     Stages run on identical workers; a received byte costs ``1 / bandwidth_bytes_per_s`` seconds on top
     of the stage's compute.  ``microbatches`` only sets the length of the simulated streaming timeline.
     For a cluster of different devices, memory limits and training schedules see
-    :func:`onnxpipe.plan.cluster.plan_pipeline`.
+    :func:`onnxpipe.planning.cluster.plan_pipeline`.
 
     Fused groups reported by the profiler are kept whole when that still leaves ``k`` stages possible;
     otherwise the constraint is dropped and a note says so.

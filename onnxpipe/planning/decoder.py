@@ -12,7 +12,7 @@ not charged to any (they are "free" in :func:`onnxpipe.ir.graph.cut_profile`, li
 are the stage's own outputs and cross nothing either.  Each stage's cache at ``max_context`` tokens is
 reported and counted in the device memory check.
 
-Where the embedding and the LM head go (:class:`~onnxpipe.plan.decoder_kinds.Ends`): anywhere the
+Where the embedding and the LM head go (:class:`~onnxpipe.planning.decoder_kinds.Ends`): anywhere the
 balance puts them (``free``), with their neighbouring layer (``attached``), or each a stage of its own
 (``own``, as Olive's ``unique_embeds_lm_head_splits`` does).
 """
@@ -31,10 +31,10 @@ from onnxpipe.ir.graph import cut_profile
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samevalue import value_classes
 from onnxpipe.manifest.entries import DecoderIORecord, KVRecord
-from onnxpipe.plan.decoder_kinds import Ends
-from onnxpipe.plan.recompute import shape_from_dims
-from onnxpipe.plan.sequences import Sequences, tensor_sizes
-from onnxpipe.plan.types import ShapeParts, StageSpec
+from onnxpipe.planning.decoder_kinds import Ends
+from onnxpipe.planning.recompute import shape_from_dims
+from onnxpipe.planning.sequences import Sequences, tensor_sizes
+from onnxpipe.planning.types import ShapeParts, StageSpec
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ the node; two kernels in one stage would be slower than one), costed again; sinc
 more than its equal parts did, the best split with at most one part per stage is planned too, and the
 faster plan wins. The node is then cut in the
 model (:func:`onnxpipe.ir.nodesplit.cut_node`), the profile carried over to the parts, and the cut model
-planned by :func:`onnxpipe.plan.workers.make_plan` as any other; the split is kept only if that plan's
+planned by :func:`onnxpipe.planning.workers.make_plan` as any other; the split is kept only if that plan's
 bottleneck is below the best contiguous plan's.
 
 The result holds the plan and the view its stages are made of (the cut model, or the original when no
@@ -34,9 +34,9 @@ from onnxpipe.cost.profile import CostSource, Profile
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.nodesplit import CutModel, SplitKind, Splittable, cut_node, find_splittable, part_sizes
 from onnxpipe.partition.splitting import SplitCandidate, SplitShape, solve_with_split
-from onnxpipe.plan.sequences import Sequences, sequences
-from onnxpipe.plan.types import NodeSplit, Plan
-from onnxpipe.plan.workers import make_plan
+from onnxpipe.planning.sequences import Sequences, sequences
+from onnxpipe.planning.types import NodeSplit, Plan
+from onnxpipe.planning.workers import make_plan
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 
 MAX_CANDIDATES = 3

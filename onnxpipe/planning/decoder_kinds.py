@@ -1,5 +1,5 @@
 """The choices a decoder's split offers (where its ends go, which phases it is balanced for), apart from
-:mod:`onnxpipe.plan.decoder` so that the CLI's parsers can offer them without loading the model code."""
+:mod:`onnxpipe.planning.decoder` so that the CLI's parsers can offer them without loading the model code."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ class DecoderOptions:
     decode_past: int = DECODE_PAST
     copy_inputs: bool = True
     """Whether a stage makes the rotary tables and masks of the model inputs instead of receiving them,
-    where the plan's rule finds that cheaper (:mod:`onnxpipe.plan.decoder_recompute`)."""
+    where the plan's rule finds that cheaper (:mod:`onnxpipe.planning.decoder_recompute`)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.ends, Ends):

@@ -15,9 +15,9 @@ from typing import Literal, get_args
 
 from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.errors import PartitionError, UsageError
-from onnxpipe.plan.decoder_kinds import DecoderOptions
-from onnxpipe.plan.links import DEFAULT_LINK_MODEL, DEVICES_LINK_MODEL, LINK_MODELS, LinkModel
-from onnxpipe.plan.orders import DEFAULT_TOLERANCE, DeviceOrder
+from onnxpipe.planning.decoder_kinds import DecoderOptions
+from onnxpipe.planning.links import DEFAULT_LINK_MODEL, DEVICES_LINK_MODEL, LINK_MODELS, LinkModel
+from onnxpipe.planning.orders import DEFAULT_TOLERANCE, DeviceOrder
 from onnxpipe.schedule.timeline import DEFAULT_BACKWARD_RATIO, DEFAULT_MICROBATCHES, ScheduleKind
 
 ScheduleChoice = Literal["stream", "gpipe", "1f1b", "auto"]
@@ -93,7 +93,7 @@ class ScheduleRequest:
 
 
 class SplitNodes(StrEnum):
-    """Whether the planner may cut one node into parts over consecutive stages (``plan/nodesplit.py``)."""
+    """Whether the planner may cut one node into parts over consecutive stages (``planning/nodesplit.py``)."""
 
     AUTO = "auto"
     OFF = "off"
@@ -127,7 +127,7 @@ class PlanRequest:
     tolerance: float = DEFAULT_TOLERANCE
     split_nodes: SplitNodes = DEFAULT_SPLIT_NODES
     link_model: LinkModel | None = None
-    """How transfers count (:mod:`onnxpipe.plan.links`); None: serial without devices, overlap with."""
+    """How transfers count (:mod:`onnxpipe.planning.links`); None: serial without devices, overlap with."""
     decoder: DecoderOptions = field(default_factory=DecoderOptions)
     """How a decoder with a KV cache is split (ignored for other models)."""
 
@@ -153,7 +153,7 @@ class PlanRequest:
 
     @property
     def on_identical_workers(self) -> bool:
-        """A streaming plan for copies of this machine in a fixed order: :mod:`onnxpipe.plan.workers`'s."""
+        """A streaming plan for copies of this machine in a fixed order (:mod:`onnxpipe.planning.workers`)."""
         return (
             self.devices is None
             and self.order == DeviceOrder.FIXED

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.model import ModelView
-from onnxpipe.plan.types import Plan
+from onnxpipe.planning.types import Plan
 
 NODE_SPLITTING = (
     "only splitting that node itself could go further: --split-nodes auto cuts a MatMul, Gemm or Conv "
     "with constant weights into parts in consecutive stages"
 )
-"""What could go below a bounding node (:mod:`onnxpipe.plan.nodesplit`, ``--split-nodes auto``)."""
+"""What could go below a bounding node (:mod:`onnxpipe.planning.nodesplit`, ``--split-nodes auto``)."""
 
 
 @dataclass(frozen=True)

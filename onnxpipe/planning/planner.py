@@ -1,9 +1,9 @@
-"""The one entry to planning: a :class:`~onnxpipe.plan.request.PlanRequest` in, a plan out.
+"""The one entry to planning: a :class:`~onnxpipe.planning.request.PlanRequest` in, a plan out.
 
-A streaming plan on copies of this machine in a fixed order goes to :mod:`onnxpipe.plan.workers` (one
+A streaming plan on copies of this machine in a fixed order goes to :mod:`onnxpipe.planning.workers` (one
 stage per worker, or interleaved); anything else (a devices file, a free device order, a training
-schedule, ``--stages auto``) to :func:`onnxpipe.plan.cluster.plan_pipeline`.  A decoder with a KV cache
-on identical workers is cut between its layers only (:mod:`onnxpipe.plan.decoder_plan`).  All are exact.
+schedule, ``--stages auto``) to :func:`onnxpipe.planning.cluster.plan_pipeline`.  A decoder with a KV cache
+on identical workers is cut between its layers only (:mod:`onnxpipe.planning.decoder_plan`).  All are exact.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.decoder_kinds import Phase
 from onnxpipe.ir.model import ModelView
-from onnxpipe.plan.bound import bound_note, bounding_node
-from onnxpipe.plan.cluster import plan_pipeline
-from onnxpipe.plan.decoder_plan import make_decoder_plan, profile_phase
-from onnxpipe.plan.nodesplit import Planned, plan_splitting_nodes
-from onnxpipe.plan.orders import stages_auto
-from onnxpipe.plan.phases import make_two_phase_plan
-from onnxpipe.plan.request import DEFAULT_TIME_SLACK, PlanRequest, SplitNodes
-from onnxpipe.plan.types import Plan
-from onnxpipe.plan.workers import make_interleaved_plan, make_plan
+from onnxpipe.planning.bound import bound_note, bounding_node
+from onnxpipe.planning.cluster import plan_pipeline
+from onnxpipe.planning.decoder_plan import make_decoder_plan, profile_phase
+from onnxpipe.planning.nodesplit import Planned, plan_splitting_nodes
+from onnxpipe.planning.orders import stages_auto
+from onnxpipe.planning.phases import make_two_phase_plan
+from onnxpipe.planning.request import DEFAULT_TIME_SLACK, PlanRequest, SplitNodes
+from onnxpipe.planning.types import Plan
+from onnxpipe.planning.workers import make_interleaved_plan, make_plan
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 
 
@@ -41,7 +41,7 @@ def plan(
     With ``split_nodes="auto"`` its stages may name the parts of a cut node: :func:`planned` also gives
     the view that holds them, which is what the exporter needs.  ``phase_profiles``: a decoder's
     profiles at the prefill and decode shapes (:func:`onnxpipe.cost.phases.phase_profiles`); with both,
-    the layer cuts are balanced for both phases (:mod:`onnxpipe.plan.phases`).
+    the layer cuts are balanced for both phases (:mod:`onnxpipe.planning.phases`).
     """
     return planned(view, profile, request, phase_profiles=phase_profiles).plan
 
@@ -79,7 +79,7 @@ def _noted(
     view: ModelView, profile: Profile, request: PlanRequest, phase_profiles: Mapping[Phase, Profile] | None
 ) -> Plan:
     """The plan ``request`` asks for, from ``profile``'s costs of ``view`` (checked first), with a note
-    when one node bounds it (:mod:`onnxpipe.plan.bound`)."""
+    when one node bounds it (:mod:`onnxpipe.planning.bound`)."""
     the_plan = dataclasses.replace(
         _plan(view, profile, request, phase_profiles), link_model=request.effective_link_model
     )

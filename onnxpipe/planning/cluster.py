@@ -1,6 +1,6 @@
 """Plan a pipeline for a cluster: devices, memory, links, device order, stage count and schedule.
 
-:func:`onnxpipe.plan.workers.make_plan` balances K stages on identical workers.  This module does what
+:func:`onnxpipe.planning.workers.make_plan` balances K stages on identical workers.  This module does what
 BaPipe does for a real cluster: stage ``i`` runs on device ``i`` of a devices file, each device computes
 at its own speed (or with its own profile), must hold its stage's parameters and the activations of the
 micro-batches in flight, and each link between consecutive devices costs ``bytes / bandwidth +
@@ -9,7 +9,7 @@ the GPipe and 1F1B training schedules with M micro-batches) it solves the exact 
 schedule's memory model, simulates the timeline, and keeps the fastest plan that fits.
 
 The exact work happens elsewhere: :func:`onnxpipe.partition.solve_heterogeneous` (the partition),
-:mod:`onnxpipe.plan.orders` (device orders and ``--stages auto``) and :mod:`onnxpipe.schedule.simulate`
+:mod:`onnxpipe.planning.orders` (device orders and ``--stages auto``) and :mod:`onnxpipe.schedule.simulate`
 (timelines).
 """
 
@@ -33,9 +33,9 @@ from onnxpipe.partition import solve_heterogeneous
 from onnxpipe.partition.chainbound import chain_bound
 from onnxpipe.partition.inputs import HeterogeneousRequest
 from onnxpipe.partition.result import Partition
-from onnxpipe.plan.decoder import fine_allowed, layer_cut_items, with_kv
-from onnxpipe.plan.decoder_plan import decoder_summary, profile_phase
-from onnxpipe.plan.decoder_recompute import (
+from onnxpipe.planning.decoder import fine_allowed, layer_cut_items, with_kv
+from onnxpipe.planning.decoder_plan import decoder_summary, profile_phase
+from onnxpipe.planning.decoder_recompute import (
     InputCopies,
     PhaseCosts,
     adjusted,
@@ -43,13 +43,13 @@ from onnxpipe.plan.decoder_recompute import (
     gone_bytes,
     with_copy_costs,
 )
-from onnxpipe.plan.fused import keeping_fused_groups
-from onnxpipe.plan.memory import TRAINING_STATE_FACTOR, stage_memory_bytes
-from onnxpipe.plan.orders import OrderSearch, place, stages_auto
-from onnxpipe.plan.request import PlanRequest, ScheduleOption
-from onnxpipe.plan.sequences import Sequences, first_reader_param_bytes, sequences
-from onnxpipe.plan.stages import assign_stages, plan_from
-from onnxpipe.plan.types import Plan, StageSpec
+from onnxpipe.planning.fused import keeping_fused_groups
+from onnxpipe.planning.memory import TRAINING_STATE_FACTOR, stage_memory_bytes
+from onnxpipe.planning.orders import OrderSearch, place, stages_auto
+from onnxpipe.planning.request import PlanRequest, ScheduleOption
+from onnxpipe.planning.sequences import Sequences, first_reader_param_bytes, sequences
+from onnxpipe.planning.stages import assign_stages, plan_from
+from onnxpipe.planning.types import Plan, StageSpec
 from onnxpipe.schedule.simulate import in_flight, simulate
 from onnxpipe.schedule.timeline import Timeline
 
@@ -108,7 +108,7 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
         if not isinstance(stages, int):
             raise UsageError(
                 "--stages auto needs --devices here: plan_pipeline plans for a cluster; "
-                "onnxpipe.plan.planner.plan chooses the stages of this machine without one"
+                "onnxpipe.planning.planner.plan chooses the stages of this machine without one"
             )
         cluster = Cluster.homogeneous(
             stages, profile.threads, bandwidth_bytes_per_s=request.bandwidth_bytes_per_s
@@ -201,7 +201,7 @@ def _input_copies(
     request: PlanRequest,
 ) -> InputCopies | None:
     """A decoder's choice of the rotary tables and masks each stage makes instead of receiving them
-    (:mod:`onnxpipe.plan.decoder_recompute`), priced on each stage's device and the link in front of it;
+    (:mod:`onnxpipe.planning.decoder_recompute`), priced on each stage's device and the link in front of it;
     none for training schedules (their stage times are a forward and a backward pass)."""
     if costs.decoder is None or option.training or not request.decoder.copy_inputs:
         return None

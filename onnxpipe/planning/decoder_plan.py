@@ -1,6 +1,6 @@
 """The plan of a decoder on identical workers: cuts between layers only, found exactly on the layers.
 
-:func:`make_decoder_plan` partitions the coarse sequence of :mod:`onnxpipe.plan.decoder` (one item per
+:func:`make_decoder_plan` partitions the coarse sequence of :mod:`onnxpipe.planning.decoder` (one item per
 layer group) with :func:`onnxpipe.partition.solve`, maps the bounds back to compute positions, scores
 them there with :func:`onnxpipe.partition.evaluate` (the same cost formula), and adds each stage's KV
 layers and cache bytes.  Fused groups are not consulted: a cut between two layers splits none that
@@ -20,7 +20,7 @@ from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
 from onnxpipe.partition.interleave import InterleavedPartition
 from onnxpipe.partition.result import Partition
-from onnxpipe.plan.decoder import (
+from onnxpipe.planning.decoder import (
     LayerSequences,
     coarse_allowed,
     decoder_io,
@@ -29,8 +29,8 @@ from onnxpipe.plan.decoder import (
     own_ends_bounds,
     with_kv,
 )
-from onnxpipe.plan.decoder_kinds import DecoderOptions, Ends
-from onnxpipe.plan.decoder_recompute import (
+from onnxpipe.planning.decoder_kinds import DecoderOptions, Ends
+from onnxpipe.planning.decoder_recompute import (
     InputCopies,
     PhaseCosts,
     adjusted,
@@ -39,9 +39,9 @@ from onnxpipe.plan.decoder_recompute import (
     priced_cuts,
     with_copy_costs,
 )
-from onnxpipe.plan.sequences import Sequences
-from onnxpipe.plan.stages import plan_from, specs_from_bounds
-from onnxpipe.plan.types import DecoderSummary, Plan, StageSpec
+from onnxpipe.planning.sequences import Sequences
+from onnxpipe.planning.stages import plan_from, specs_from_bounds
+from onnxpipe.planning.types import DecoderSummary, Plan, StageSpec
 from onnxpipe.schedule.simulate import simulate
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 
@@ -86,7 +86,7 @@ def solve_layers(
     cut_bytes: Sequence[float] | None = None,
 ) -> Partition:
     """The exact split of the layer groups into ``k`` stages under ``ends``, scored on the fine sequence;
-    ``cut_bytes`` (per fine position, :func:`~onnxpipe.plan.decoder_recompute.priced_cuts`) are what the
+    ``cut_bytes`` (per fine position, :func:`~onnxpipe.planning.decoder_recompute.priced_cuts`) are what the
     split is chosen on when given, the sequence's own are what it is scored on."""
     costs = layers.coarse_costs
     fine_cut = layers.seq.cut_bytes if cut_bytes is None else cut_bytes
@@ -205,7 +205,7 @@ def decoder_stages(
 ) -> tuple[StageSpec, ...]:
     """The named stages of ``part``, each with the layers whose cache it holds and that cache's bytes;
     ``copies`` chooses the rotary tables and masks each makes instead of receiving them
-    (:mod:`onnxpipe.plan.decoder_recompute`; the stage costs are ``part``'s, without the copies)."""
+    (:mod:`onnxpipe.planning.decoder_recompute`; the stage costs are ``part``'s, without the copies)."""
     stages = specs_from_bounds(view, layers.seq, part.bounds, part.compute, part.transfer, copies=copies)
     return with_kv(view, profile, dec, stages, options.max_context)
 
@@ -221,7 +221,7 @@ def interleaved_decoder_stages(
 ) -> tuple[tuple[StageSpec, ...], InterleavedPartition, str | None]:
     """The stages of an interleaved split of a decoder (``seq`` in layer order, ``part`` cut between
     layers): each holds its own layers' cache and pasts, makes the rotary tables and masks the rule of
-    :mod:`onnxpipe.plan.decoder_recompute` finds cheaper to make than to receive (``copy_inputs``), and
+    :mod:`onnxpipe.planning.decoder_recompute` finds cheaper to make than to receive (``copy_inputs``), and
     keeps its estimate at the profiled phase; with ``part``'s figures counting those copies, and the
     copies' note (None when there are none)."""
     phase = profile_phase(profile, dec)

@@ -1,7 +1,7 @@
 """A plan: which nodes each stage holds, what flows between the stages, and the numbers that justify it.
 
-Plain frozen data over node and tensor names: the planners (:mod:`onnxpipe.plan.planner`,
-:mod:`onnxpipe.plan.cluster`) make one, the exporter writes it out, the CLI prints it.
+Plain frozen data over node and tensor names: the planners (:mod:`onnxpipe.planning.planner`,
+:mod:`onnxpipe.planning.cluster`) make one, the exporter writes it out, the CLI prints it.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class StageSpec:
     """Nodes of ``node_names`` left out of the stage file: what they computed is remade from an equal
     tensor (see ``aliases``) or no longer needed."""
     kv_layers: tuple[int, ...] = ()
-    """A decoder's layers whose KV cache this stage holds (:mod:`onnxpipe.plan.decoder`)."""
+    """A decoder's layers whose KV cache this stage holds (:mod:`onnxpipe.planning.decoder`)."""
     kv_cache_bytes: int = 0
     """That cache's bytes at the plan's maximum context (:attr:`DecoderSummary.max_context`)."""
     phase_seconds: tuple[tuple[str, float], ...] = ()
@@ -63,7 +63,7 @@ class StageSpec:
     recomputed_nodes: tuple[str, ...] = ()
     """Nodes of earlier stages this stage's file also holds (in the source's order, before its own):
     they make the shape values and constant-only values it would otherwise receive
-    (:mod:`onnxpipe.plan.recompute`)."""
+    (:mod:`onnxpipe.planning.recompute`)."""
     recomputed_tensors: tuple[str, ...] = ()
     """The tensors those copies make that the stage reads instead of receiving them."""
     shape_sources: tuple[tuple[str, ShapeParts], ...] = ()
@@ -148,7 +148,7 @@ class Plan:
     time_slack: float = 0.0
     """The slowdown an interleaved split was allowed to trade for balanced weights."""
     decoder: DecoderSummary | None = None
-    """Set when the model is a decoder with a KV cache (:mod:`onnxpipe.plan.decoder`)."""
+    """Set when the model is a decoder with a KV cache (:mod:`onnxpipe.planning.decoder`)."""
     reference_seconds: float | None = None
     """The whole model's time per run with the plan's threads at the profiled shapes, measured when the
     stage estimates were (see :attr:`onnxpipe.manifest.PlanSummary.reference_seconds`)."""
@@ -160,7 +160,8 @@ class Plan:
     stage_counts_tried: tuple[tuple[int, float], ...] = ()
     """``--stages auto``: each stage count tried and its bottleneck (``inf``: could not be made)."""
     link_model: str | None = None
-    """``serial`` or ``overlap`` (:mod:`onnxpipe.plan.links`); None for a plan made outside the planner."""
+    """``serial`` or ``overlap`` (:mod:`onnxpipe.planning.links`); None for a plan made outside the
+    planner."""
 
     @property
     def k(self) -> int:

@@ -4,7 +4,7 @@ Why: other runtimes than onnxruntime cannot take such tensors as stage inputs (s
 :mod:`onnxpipe.ir.shapevalues`), and they are cheap to make again: shape arithmetic is a handful of
 integer ops on a few elements, a constant-only value costs at most a copy of the weights it is made
 from.  So a stage receives neither: it holds copies of the nodes that make them (its
-:attr:`~onnxpipe.plan.types.StageSpec.recomputed_nodes`), reading what it has anyway.
+:attr:`~onnxpipe.planning.types.StageSpec.recomputed_nodes`), reading what it has anyway.
 
 What a copy may read, walking back from the tensor: initializers and constants (the stage copies them),
 model inputs (the caller feeds them to any stage), and the data tensors the stage receives anyway.  A
@@ -28,7 +28,7 @@ from onnx import numpy_helper
 from onnxpipe.core.dims import Dim
 from onnxpipe.ir.model import ModelView, NodeInfo, TensorInfo
 from onnxpipe.ir.shapevalues import SHAPE_ARITHMETIC, ValueKinds
-from onnxpipe.plan.types import ShapeParts
+from onnxpipe.planning.types import ShapeParts
 
 MAX_COPIED_BYTES = 1 << 20
 """Weights a stage may copy to recompute one value (1 MiB): above that, the value crosses the cut."""
@@ -48,7 +48,7 @@ class Recomputed:
     """Shape or constant-only values the stage still receives (no cheap way to make them)."""
     shape_sources: tuple[tuple[str, ShapeParts], ...] = ()
     """``(shape node, dims)``: the copy of that ``Shape`` node, whose input the stage does not have, is
-    made of its dims instead (see :attr:`onnxpipe.plan.types.StageSpec.shape_sources`)."""
+    made of its dims instead (see :attr:`onnxpipe.planning.types.StageSpec.shape_sources`)."""
 
 
 def recompute(
@@ -101,7 +101,7 @@ def copy_closure(
     :data:`MAX_NODES` nodes or :data:`MAX_COPIED_BYTES` of weights.
 
     Why: a decoder's stage may make its rotary tables and masks from the model inputs as well
-    (:mod:`onnxpipe.plan.decoder_recompute` says which nodes ``extra`` holds and when it is cheaper).
+    (:mod:`onnxpipe.planning.decoder_recompute` says which nodes ``extra`` holds and when it is cheaper).
     """
     held = set(have)
     found = _closure(view, kinds, tensor, held, weights, set(chosen), view.tensors,
