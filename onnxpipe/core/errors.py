@@ -4,17 +4,33 @@ Every error a user can cause derives from :class:`OnnxpipeError` and carries a o
 the file, node or tensor at fault and says what to do.  The CLI maps each class to a documented exit code
 (see ``docs/cli.md``), so scripts can tell a bad model from a failed verification without parsing text.
 A bug in onnxpipe itself is *not* an ``OnnxpipeError``: it surfaces as an ordinary traceback.
+
+An error about an option names it as a field (:mod:`onnxpipe.core.options`): :attr:`OnnxpipeError.options`
+reads it back as data, and the CLI words it as its flag.
 """
 
 from __future__ import annotations
 
 import re
 
+from onnxpipe.core.options import OptionRef, option_refs
+
 
 class OnnxpipeError(Exception):
     """Base class of all user-facing errors; ``exit_code`` is what the CLI returns for it."""
 
     exit_code: int = 2
+
+    @property
+    def options(self) -> tuple[OptionRef, ...]:
+        """The options the message names, the ones to change first: ``force``, ``SplitOptions.force``."""
+        return option_refs(str(self))
+
+    @property
+    def field(self) -> str | None:
+        """The first option the message names (``"force"``, ``"SplitOptions.force"``), or None."""
+        refs = self.options
+        return refs[0].key if refs else None
 
 
 class UsageError(OnnxpipeError):
