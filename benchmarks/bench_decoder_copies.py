@@ -41,11 +41,11 @@ from benchmarks.common import (
     time_interleaved,
     write_result,
 )
+from onnxpipe.core.choices import Phase
 from onnxpipe.cost.phases import phase_profiles
 from onnxpipe.cost.source import ProfileOptions
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.decoder import find_decoder
-from onnxpipe.ir.decoder_kinds import Phase
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView

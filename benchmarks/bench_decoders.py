@@ -58,12 +58,12 @@ from benchmarks.common import (
 )
 from onnxpipe.calibrate.loop import calibrate_phases
 from onnxpipe.calibrate.timing import timed_runs
+from onnxpipe.core.choices import Ends, Phase
 from onnxpipe.cost.phases import phase_profiles
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.source import ProfileOptions
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.decoder import DecoderInfo, find_decoder
-from onnxpipe.ir.decoder_kinds import Phase
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
@@ -71,7 +71,7 @@ from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.manifest import load_manifest
 from onnxpipe.partition import evaluate
 from onnxpipe.planning.decoder import layer_sequences
-from onnxpipe.planning.decoder_kinds import DecoderOptions, Ends
+from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.decoder_plan import decoder_stages, make_decoder_plan
 from onnxpipe.planning.phases import make_two_phase_plan
 from onnxpipe.planning.stages import plan_from

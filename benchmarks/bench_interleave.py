@@ -43,11 +43,11 @@ from benchmarks.bench_pipeline import alternating_rounds, model_table, run_model
 from benchmarks.common import benchmark_parser
 from onnxpipe import api
 from onnxpipe.api import CalibrationOptions, PlanRequest, ProfileOptions, SplitOptions
+from onnxpipe.core.choices import LocalMode
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.affinity import cpu_sets
 from onnxpipe.runtime.base import LocalConfig
-from onnxpipe.runtime.choices import LocalMode
 from onnxpipe.runtime.inputs import random_inputs
 from onnxpipe.runtime.pipeline import Pipeline, make_backend
 from onnxpipe.runtime.report.baselines import (

@@ -74,8 +74,9 @@ import onnxruntime as ort
 from benchmarks.common import benchmark_parser, params_of, shown, write_result
 from onnxpipe import api
 from onnxpipe.api import CalibrationOptions, PlanRequest, ProfileOptions, SplitOptions
-from onnxpipe.calibrate.modes import CALIBRATION_MODES, DEFAULT_CALIBRATION_MODE
+from onnxpipe.calibrate.modes import DEFAULT_CALIBRATION_MODE
 from onnxpipe.cluster.model import Cluster, Device, Link
+from onnxpipe.core.choices import CalibrationMode, values
 from onnxpipe.core.errors import MemoryFitError
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.load import load_model
@@ -661,7 +662,7 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--calibrate-in",
-        choices=CALIBRATION_MODES,
+        choices=values(CalibrationMode),
         default=DEFAULT_CALIBRATION_MODE,
         help="how --calibrate times the stages (`onnxpipe split --calibrate-in`)",
     )

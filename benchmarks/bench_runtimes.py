@@ -34,8 +34,9 @@ from benchmarks.common import benchmark_parser, cached_profile, model_path, para
 from onnxpipe.calibrate.devices import calibrate_on_devices, ready_engines
 from onnxpipe.calibrate.timing import scratch_stages, time_in_turns
 from onnxpipe.cluster.model import Cluster, Device, Link
+from onnxpipe.core.choices import Runtime, choice
 from onnxpipe.core.errors import OnnxpipeError
-from onnxpipe.core.runtimes import EngineConfig, Runtime, open_engine, parse_runtime
+from onnxpipe.core.runtimes import EngineConfig, open_engine
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
@@ -183,7 +184,7 @@ def main(argv: list[str]) -> int:
     unknown = [m for m in names if m not in MODELS]
     if unknown:
         parser.error(f"unknown model {unknown[0]!r}; choose from {', '.join(MODELS)}")
-    runtimes = [parse_runtime(r, "--runtimes") for r in args.runtimes.split(",") if r]
+    runtimes = [choice(Runtime, r, "runtimes") for r in args.runtimes.split(",") if r]
     rows: list[dict[str, Any]] = []
     for name in names:
         rows.extend(bench(name, runtimes, args))

@@ -37,10 +37,11 @@ import onnx
 import onnxruntime as ort
 
 from onnxpipe import partition
+from onnxpipe.core.choices import Phase
 from onnxpipe.core.text import table
 from onnxpipe.cost.measure import profile_model
 from onnxpipe.cost.profile import Profile
-from onnxpipe.ir.decoder_kinds import Phase, PhaseShape, phase_shape
+from onnxpipe.ir.decoder_kinds import PhaseShape, phase_shape
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.planning.sequences import tensor_sizes

@@ -22,9 +22,8 @@ from onnxpipe.calibrate.devices import calibrate_on_devices, check_devices_here
 from onnxpipe.calibrate.loop import CalibrationOptions, calibrate_phases, calibration_note
 from onnxpipe.calibrate.timing import choose_timer, time_model
 from onnxpipe.cluster.costs import provider_available
+from onnxpipe.core.choices import CalibrationMode, CostSource, Phase, Runtime, SplitNodes
 from onnxpipe.core.errors import ExportError, UsageError
-from onnxpipe.core.runtime_kinds import Runtime
-from onnxpipe.cost.kinds import CostSource
 from onnxpipe.cost.measure import RETRY_NOTE
 from onnxpipe.cost.phases import phase_profiles
 from onnxpipe.cost.profile import DEFAULT_RUNTIME, Profile
@@ -39,7 +38,7 @@ from onnxpipe.export.genai import (
 )
 from onnxpipe.export.stages import ExportOptions, export_stages
 from onnxpipe.ir.decoder import find_decoder
-from onnxpipe.ir.decoder_kinds import Phase, PhaseShape
+from onnxpipe.ir.decoder_kinds import PhaseShape
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
@@ -48,7 +47,7 @@ from onnxpipe.manifest import Manifest
 from onnxpipe.planning.decoder import refuse_own_ends
 from onnxpipe.planning.decoder_plan import check_stage_count
 from onnxpipe.planning.planner import plan, planned
-from onnxpipe.planning.request import PlanRequest, SplitNodes
+from onnxpipe.planning.request import PlanRequest
 from onnxpipe.planning.types import Plan
 from onnxpipe.verification.record import record_verification, verification_record
 from onnxpipe.verification.verify import VerifyReport, verify
@@ -209,13 +208,13 @@ def _check_calibration(request: PlanRequest, calibration: CalibrationOptions) ->
             "--calibrate corrects the costs of the model's own nodes, and --split-nodes auto cuts one: "
             "give one or the other"
         )
-    if request.interleaved and calibration.mode == "pipeline":
+    if request.interleaved and calibration.mode == CalibrationMode.PIPELINE:
         raise UsageError(
             "--calibrate-in pipeline times every stage on CPUs of its own, but interleaved stages share "
             "their workers' CPUs: use --calibrate-in alone"
         )
     if request.devices is not None:
-        if calibration.mode == "pipeline":
+        if calibration.mode == CalibrationMode.PIPELINE:
             raise UsageError(
                 "--calibrate with --devices times each stage alone on its device's runtime: leave out "
                 "--calibrate-in pipeline"
@@ -282,7 +281,9 @@ def _calibrated(
             f"give --devices with devices of that runtime to calibrate on it"
         )
     k = request.stages if isinstance(request.stages, int) else len(make(prof).stages)
-    timer, how = choose_timer("alone" if request.interleaved else calibration.mode, k, prof.threads)
+    timer, how = choose_timer(
+        CalibrationMode.ALONE if request.interleaved else calibration.mode, k, prof.threads
+    )
     both = phases is not None and Phase.PREFILL in phases and Phase.DECODE in phases
     if both:
         assert phases is not None

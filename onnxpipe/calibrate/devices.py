@@ -34,9 +34,9 @@ from onnxpipe.calibrate.loop import DEFAULT_TOLERANCE, CalibrationRound
 from onnxpipe.calibrate.timing import scratch_stages, time_in_turns
 from onnxpipe.cluster.costs import DeviceCosts, provider_available
 from onnxpipe.cluster.model import Cluster, Device, _frozen
+from onnxpipe.core.choices import CostSource
 from onnxpipe.core.errors import UsageError, error_line
 from onnxpipe.core.runtimes import Engine, open_engine
-from onnxpipe.cost.kinds import CostSource
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView
@@ -181,7 +181,7 @@ def _with_profiles(
         seconds = MappingProxyType(dict(costs[d.name]))
         dataclasses.replace(
             profile,
-            source=CostSource.PROFILE.value,
+            source=CostSource.PROFILE,
             node_seconds=seconds,
             total_seconds=sum(seconds.values()),
         ).save(path)

@@ -32,11 +32,11 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from onnxpipe.calibrate.modes import DEFAULT_CALIBRATION_MODE, CalibrationMode
+from onnxpipe.calibrate.modes import DEFAULT_CALIBRATION_MODE
 from onnxpipe.calibrate.timing import StageTimer, time_stages
+from onnxpipe.core.choices import CalibrationMode, Phase
 from onnxpipe.core.errors import UsageError
 from onnxpipe.cost.profile import Profile, corrected
-from onnxpipe.ir.decoder_kinds import Phase
 from onnxpipe.ir.model import ModelView
 from onnxpipe.planning.types import Plan
 
@@ -81,7 +81,7 @@ def stage_estimates(plan: Plan, phase: Phase | None) -> tuple[float, ...]:
     the plan's stage times for its one profiled shape (``None``)."""
     if phase is None:
         return tuple(s.compute_seconds for s in plan.stages)
-    return tuple(dict(s.phase_seconds).get(phase.value, s.compute_seconds) for s in plan.stages)
+    return tuple(dict(s.phase_seconds).get(phase, s.compute_seconds) for s in plan.stages)
 
 
 def calibrate(

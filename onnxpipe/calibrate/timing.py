@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxpipe.calibrate.modes import CALIBRATION_MODES, CalibrationMode
+from onnxpipe.core.choices import CalibrationMode, LocalMode, choice
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.core.runtimes import median_seconds
@@ -67,7 +67,7 @@ def scratch_stages(
     """``plan``'s stages exported to a temporary folder (removed afterwards), and their manifest."""
     with tempfile.TemporaryDirectory(prefix="onnxpipe-calibrate-") as tmp:
         out = Path(tmp) / "stages"
-        yield out, export_stages(view, plan, out, external_data="auto", feeds=_first_sample(profile))
+        yield out, export_stages(view, plan, out, feeds=_first_sample(profile))
 
 
 def time_stages(
@@ -184,7 +184,9 @@ def time_stages_in_pipeline(
         for turn in range(min(k, MAX_ROTATIONS) if sets else 1):
             own = sets[turn:] + sets[:turn] if sets else [()] * k
             placements = [replace(p, cpus=own[i]) for i, p in enumerate(manifest_placements(manifest, t))]
-            with Pipeline.from_manifest(out, LocalConfig(mode="threads"), placements=placements) as pipe:
+            with Pipeline.from_manifest(
+                out, LocalConfig(mode=LocalMode.THREADS), placements=placements
+            ) as pipe:
                 pipe.run_many([feeds] * warmup)
                 for _ in range(max(1, repeats)):
                     pipe.reset_stats()
@@ -230,8 +232,7 @@ def choose_timer(
     times, for the manifest's note (see :data:`CalibrationMode`); ``cpus``: those this process may use,
     ``cores``: the physical cores they are on (default: asked).  A :class:`UsageError` for ``pipeline``
     on too few CPUs."""
-    if mode not in CALIBRATION_MODES:
-        raise UsageError(f"calibration mode {mode!r}: choose one of {', '.join(CALIBRATION_MODES)}")
+    mode = choice(CalibrationMode, mode, "CalibrationOptions.mode")
     if cpus is None or cores is None:
         pool = available_cpus()
         cpus = len(pool) if cpus is None else cpus

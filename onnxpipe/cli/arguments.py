@@ -14,16 +14,10 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar, overload
 
 from onnxpipe.cli.argtypes import bandwidth, count, fraction, positive_int, positive_number
-from onnxpipe.cost.kinds import COST_SOURCES
+from onnxpipe.core.choices import CostSource, Ends, LinkModel, PhaseChoice, ScheduleChoice, SplitNodes, values
 from onnxpipe.ir.decoder_kinds import DECODE_PAST, PREFILL_TOKENS
-from onnxpipe.planning.decoder_kinds import DEFAULT_MAX_CONTEXT, ENDS_CHOICES, PHASE_CHOICES
-from onnxpipe.planning.links import LINK_MODELS
-from onnxpipe.planning.request import (
-    DEFAULT_SPLIT_NODES,
-    DEFAULT_TIME_SLACK,
-    SCHEDULE_CHOICES,
-    SPLIT_NODES_CHOICES,
-)
+from onnxpipe.planning.decoder_kinds import DEFAULT_MAX_CONTEXT
+from onnxpipe.planning.request import DEFAULT_SPLIT_NODES, DEFAULT_TIME_SLACK
 
 _N = TypeVar("_N")
 
@@ -166,7 +160,7 @@ def add_planning_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--profile", type=Path, help="reuse a profile saved by 'onnxpipe profile'")
     g.add_argument(
-        "--cost", choices=COST_SOURCES, default="profile", help="measured (default) or static costs"
+        "--cost", choices=values(CostSource), default="profile", help="measured (default) or static costs"
     )
     g.add_argument(
         "--bandwidth",
@@ -178,7 +172,7 @@ def add_planning_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--link-model",
-        choices=LINK_MODELS,
+        choices=values(LinkModel),
         default=None,
         help="serial: a stage's transfer in adds to its compute; overlap: links run beside compute and "
         "the larger counts (default: serial without --devices, overlap with it or when training)",
@@ -199,7 +193,7 @@ def add_planning_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--split-nodes",
-        choices=SPLIT_NODES_CHOICES,
+        choices=values(SplitNodes),
         default=DEFAULT_SPLIT_NODES.value,
         help="auto: a node that holds the split back (a big MatMul, Gemm or Conv with constant weights) "
         "may be cut into parts in consecutive stages when that lowers the slowest stage; off (default): "
@@ -211,7 +205,7 @@ def add_planning_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--schedule",
-        choices=SCHEDULE_CHOICES,
+        choices=values(ScheduleChoice),
         default="stream",
         help="stream (inference), gpipe or 1f1b (training), auto (best training schedule)",
     )
@@ -231,7 +225,7 @@ def add_decoder_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoders (models with a KV cache)")
     g.add_argument(
         "--phase",
-        choices=PHASE_CHOICES,
+        choices=values(PhaseChoice),
         default="both",
         help="balance the layer cuts for a prompt (prefill), a generation step (decode), or both "
         "(default: the worse phase as close as it can be to its own best split)",
@@ -244,7 +238,7 @@ def add_decoder_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--ends",
-        choices=ENDS_CHOICES,
+        choices=values(Ends),
         default="free",
         help="embedding and LM head: where the balance puts them (free), with the first/last layer "
         "(attached), or each in a stage of its own (own)",

@@ -7,7 +7,8 @@ import argparse
 from pathlib import Path
 
 from onnxpipe.cli.argtypes import positive_int
-from onnxpipe.export.modes import DEFAULT_TRITON_MAX_BATCH, TRITON_PLATFORMS
+from onnxpipe.core.choices import TritonPlatform, values
+from onnxpipe.export.options import DEFAULT_TRITON_MAX_BATCH
 
 NAME = "export-triton"
 HELP = "write a Triton model repository (a model per stage and an ensemble) from a split folder"
@@ -19,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", help="the ensemble's name (default: the source model's file stem)")
     p.add_argument(
         "--platform",
-        choices=TRITON_PLATFORMS,
+        choices=values(TritonPlatform),
         default="auto",
         help="what runs each stage: onnxruntime_onnx or the openvino backend; auto: each stage's "
         "runtime in the manifest (default)",

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from onnxpipe.cli.argtypes import count, positive_int, positive_number, probability, token_ids
 from onnxpipe.cli.arguments import add_json_arg
-from onnxpipe.runtime.choices import DEFAULT_LOCAL_MODE, LOCAL_MODES
+from onnxpipe.core.choices import LocalMode
+from onnxpipe.runtime.choices import DEFAULT_LOCAL_MODE
 
 NAME = "generate"
 HELP = "generate tokens through a decoder's split, each worker keeping its layers' KV cache"
@@ -75,7 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--local-mode",
-        choices=LOCAL_MODES,
+        choices=(LocalMode.PROCESSES.value, LocalMode.THREADS.value),
         default=DEFAULT_LOCAL_MODE,
         help=f"workers as processes (shared memory) or threads (default {DEFAULT_LOCAL_MODE})",
     )

@@ -11,7 +11,8 @@ import argparse
 from pathlib import Path
 
 from onnxpipe.cli.argtypes import count, positive_int
-from onnxpipe.runtime.choices import BACKENDS, DEFAULT_LOCAL_MODE, DEFAULT_SLOTS, LOCAL_MODES
+from onnxpipe.core.choices import Backend, LocalMode, values
+from onnxpipe.runtime.choices import DEFAULT_LOCAL_MODE, DEFAULT_SLOTS
 
 NAME = "run"
 HELP = "run a split folder as a pipeline and measure it"
@@ -27,10 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``onnxpipe run``."""
     parser.add_argument("dir", type=Path, help="a folder written by 'onnxpipe split'")
     w = parser.add_argument_group("workers")
-    w.add_argument("--backend", choices=BACKENDS, default="local", help="local workers or a Ray cluster")
+    w.add_argument(
+        "--backend", choices=values(Backend), default="local", help="local workers or a Ray cluster"
+    )
     w.add_argument(
         "--local-mode",
-        choices=LOCAL_MODES,
+        choices=(LocalMode.PROCESSES.value, LocalMode.THREADS.value),
         default=DEFAULT_LOCAL_MODE,
         help=f"local workers as processes (shared memory) or threads (default {DEFAULT_LOCAL_MODE})",
     )

@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from onnxpipe.calibrate.modes import CALIBRATION_MODES, DEFAULT_CALIBRATION_MODE, DEFAULT_ROUNDS
+from onnxpipe.calibrate.modes import DEFAULT_CALIBRATION_MODE, DEFAULT_ROUNDS
 from onnxpipe.cli.argtypes import positive_int
 from onnxpipe.cli.arguments import add_json_arg, add_measure_args, add_planning_args, add_quiet_arg
+from onnxpipe.core.choices import CalibrationMode, ExternalData, values
 
 NAME = "split"
 HELP = "partition the model into K balanced stages and export them"
@@ -22,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_planning_args(p)
     p.add_argument(
         "--external-data",
-        choices=("auto", "always", "never"),  # the help lists them in this order: EXTERNAL_DATA_MODES
+        choices=values(ExternalData),
         default="auto",
         help="store stage weights in separate files",
     )
@@ -53,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--calibrate-in",
-        choices=CALIBRATION_MODES,
+        choices=values(CalibrationMode),
         default=DEFAULT_CALIBRATION_MODE,
         help="time each stage alone (default), or the stages running together as a pinned thread "
         "pipeline; auto: as a pipeline when there is a physical core for every stage thread",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from onnxpipe.cli.argtypes import positive_int
 from onnxpipe.cli.arguments import add_inputs_args, add_json_arg, add_shape_arg
-from onnxpipe.core.runtime_kinds import VERIFY_RUNTIMES
+from onnxpipe.core.choices import VerifyRuntime, values
 
 NAME = "verify"
 HELP = "check that the chained stages reproduce the model's outputs"
@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs both models are run on")
     p.add_argument(
         "--runtime",
-        choices=VERIFY_RUNTIMES,
+        choices=values(VerifyRuntime),
         default=None,
         help="run every stage on this runtime, or 'devices': each on its device's runtime (a split made "
         "with --devices); default: onnxruntime on the CPU.  The original always runs in onnxruntime",

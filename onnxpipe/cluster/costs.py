@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from onnxpipe.cluster.model import REFERENCE_PROVIDER, Cluster, Device, _frozen
+from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
-from onnxpipe.core.runtimes import Runtime, runs_here
+from onnxpipe.core.runtimes import runs_here
 
 CostMethod = Literal["profile_file", "profiled", "scaled"]
 

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from onnxpipe.cluster.model import REFERENCE_PROVIDER, Cluster, Device, Link, _frozen
+from onnxpipe.core.choices import Runtime, values
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.jsonread import Document, Fields, Rule, Value, describe
-from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, RUNTIMES, Runtime
+from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE
 from onnxpipe.core.units import parse_bytes, parse_rate
 
 
@@ -144,10 +145,11 @@ def _device(f: Fields, base: Path | None) -> Device:
 
 
 def _runtime(v: Value) -> Runtime:
-    if isinstance(v.raw, str) and v.raw in RUNTIMES:
+    if isinstance(v.raw, str) and v.raw in values(Runtime):
         return Runtime(v.raw)
     raise v.fail(
-        f"{describe(v.raw)} is not a runtime onnxpipe runs stages on", f"use one of {', '.join(RUNTIMES)}"
+        f"{describe(v.raw)} is not a runtime onnxpipe runs stages on",
+        f"use one of {', '.join(values(Runtime))}",
     )
 
 

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
-from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, EngineConfig, Runtime
+from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, EngineConfig
 
 REFERENCE_PROVIDER = "CPUExecutionProvider"
 """The provider the reference profile is measured with (``onnxpipe profile`` runs on the CPU)."""

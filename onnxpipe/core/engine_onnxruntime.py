@@ -9,8 +9,9 @@ from typing import Any, cast
 import numpy as np
 import onnxruntime as ort
 
+from onnxpipe.core.choices import Runtime
 from onnxpipe.core.ortsession import OptimizationLevel, Provider, open_session, session_options
-from onnxpipe.core.runtimes import EngineConfig, Runtime
+from onnxpipe.core.runtimes import EngineConfig
 
 CPU = "CPUExecutionProvider"
 

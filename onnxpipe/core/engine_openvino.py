@@ -12,8 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from onnxpipe.core.choices import Runtime
 from onnxpipe.core.graphio import graph_io
-from onnxpipe.core.runtimes import OPENVINO_CPU_DEFAULTS, EngineConfig, Runtime, bind_outputs
+from onnxpipe.core.runtimes import OPENVINO_CPU_DEFAULTS, EngineConfig, bind_outputs
 
 
 class OpenVinoEngine:

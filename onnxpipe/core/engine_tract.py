@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from onnxpipe.core.choices import Runtime
 from onnxpipe.core.graphio import graph_io
-from onnxpipe.core.runtimes import EngineConfig, Runtime, bind_outputs
+from onnxpipe.core.runtimes import EngineConfig, bind_outputs
 
 _DTYPES = {
     "float32": "f32",

@@ -1,25 +1,12 @@
-"""The runtimes a stage can run on and how to open one (:class:`EngineConfig`), apart from
-:mod:`onnxpipe.core.runtimes` (which loads numpy) so that the CLI's parsers and the devices file can name
-them without loading it."""
+"""How to open an engine for a stage (:class:`EngineConfig`), apart from :mod:`onnxpipe.core.runtimes`
+(which loads numpy) so that the devices file can name it without loading it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
+from onnxpipe.core.choices import Runtime
 
-class Runtime(StrEnum):
-    """Which engine runs a stage."""
-
-    ONNXRUNTIME = "onnxruntime"
-    OPENVINO = "openvino"
-    TRACT = "tract"
-
-
-RUNTIMES: tuple[str, ...] = tuple(r.value for r in Runtime)
-VERIFY_RUNTIMES: tuple[str, ...] = (*RUNTIMES, "devices")
-"""What ``verify --runtime`` takes: one runtime for every stage, or ``devices``: each stage on its own
-device's runtime."""
 DEFAULT_OPENVINO_DEVICE = "CPU"
 
 

@@ -31,20 +31,19 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
-from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, RUNTIMES, EngineConfig, Runtime
+from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, EngineConfig
 
 __all__ = [
     "DEFAULT_OPENVINO_DEVICE",
     "OPENVINO_CPU_DEFAULTS",
-    "RUNTIMES",
     "Engine",
     "EngineConfig",
     "Runtime",
     "available",
     "bind_outputs",
     "open_engine",
-    "parse_runtime",
     "require",
     "runs_here",
     "time_run",
@@ -63,14 +62,6 @@ OPENVINO_CPU_DEFAULTS: Mapping[str, str] = {
 differ from the model it was cut from by far more than verify's tolerance; f32 keeps OpenVINO comparable
 to onnxruntime.  One stream at latency: a stage serves one micro-batch at a time.  ``openvino_config``
 overrides any of these."""
-
-
-def parse_runtime(value: str, where: str = "runtime") -> Runtime:
-    """``value`` as a :class:`Runtime`, or a :class:`UsageError` listing the choices."""
-    try:
-        return Runtime(value)
-    except ValueError:
-        raise UsageError(f"{where} {value!r}: choose one of {', '.join(RUNTIMES)}") from None
 
 
 def require(runtime: Runtime) -> ModuleType:

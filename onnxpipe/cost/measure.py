@@ -41,10 +41,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from onnxpipe.core.choices import CostSource
 from onnxpipe.core.errors import ProfileError, UsageError, error_line
 from onnxpipe.core.progress import Progress
 from onnxpipe.cost.attribution import attribute
-from onnxpipe.cost.kinds import CostSource
 from onnxpipe.cost.profile import SCHEMA_VERSION, Profile
 from onnxpipe.cost.trace import OrtModel
 from onnxpipe.cost.valuematch import match_graphs
@@ -166,7 +166,7 @@ def _measure(
         schema_version=SCHEMA_VERSION,
         model_sha256=view.sha256,
         model_name=view.file_name,
-        source=CostSource.PROFILE.value,
+        source=CostSource.PROFILE,
         threads=threads,
         runs=runs,
         input_shapes=MappingProxyType(dict(input_shapes)),

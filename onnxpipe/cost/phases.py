@@ -13,9 +13,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
+from onnxpipe.core.choices import Phase
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.source import ProfileOptions, get_profile
-from onnxpipe.ir.decoder_kinds import Phase, PhaseShape
+from onnxpipe.ir.decoder_kinds import PhaseShape
 from onnxpipe.ir.decoder_shapes import decoder_inputs, decoder_roles, decoder_symbol_sizes, expression_size
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes

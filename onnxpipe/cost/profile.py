@@ -15,11 +15,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 
+from onnxpipe.core.choices import CostSource, values
 from onnxpipe.core.errors import ProfileError
 from onnxpipe.core.files import write_text_atomic
 from onnxpipe.core.inputfiles import InputRecord
 from onnxpipe.core.jsonread import Document, Fields, Value
-from onnxpipe.cost.kinds import COST_SOURCES, CostSource
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import Samples
 
@@ -36,7 +36,7 @@ class Profile:
     schema_version: int
     model_sha256: str
     model_name: str
-    source: str
+    source: CostSource
     """``"profile"`` (measured) or ``"static"`` (cost model): a :class:`CostSource` value."""
     threads: int
     runs: int
@@ -156,9 +156,10 @@ def _read_profile(f: Fields, origin: str) -> Profile:
     version = f["schema_version"].integer(minimum=None)
     if version != SCHEMA_VERSION:
         raise f["schema_version"].fail(f"schema_version {version}, this onnxpipe reads {SCHEMA_VERSION}")
-    source = f["source"].string()
-    if source not in COST_SOURCES:
-        raise f["source"].fail(f"source {source!r}, expected 'profile' or 'static'")
+    text = f["source"].string()
+    if text not in values(CostSource):
+        raise f["source"].fail(f"source {text!r}, expected 'profile' or 'static'")
+    source = CostSource(text)
     exact = _seconds(f["exact_fraction"])
     if exact > 1.0 + 1e-9:
         raise f["exact_fraction"].fail(f"expected a share in [0, 1], got {exact}")
@@ -199,4 +200,4 @@ def _region(v: Value) -> tuple[str, ...]:
     return names
 
 
-__all__ = ["COST_SOURCES", "SCHEMA_VERSION", "CostSource", "Profile", "corrected"]
+__all__ = ["SCHEMA_VERSION", "CostSource", "Profile", "corrected"]

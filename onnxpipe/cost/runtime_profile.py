@@ -30,9 +30,9 @@ import statistics
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
+from onnxpipe.core.choices import CostSource, Runtime
 from onnxpipe.core.errors import ProfileError, UsageError, error_line
-from onnxpipe.core.runtimes import EngineConfig, Runtime, open_engine, time_run
-from onnxpipe.cost.kinds import CostSource
+from onnxpipe.core.runtimes import EngineConfig, open_engine, time_run
 from onnxpipe.cost.measure import profile_model
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.static import static_profile
@@ -106,7 +106,7 @@ def profile_on_runtime(
         schema_version=base.schema_version,
         model_sha256=view.sha256,
         model_name=view.file_name,
-        source=CostSource.PROFILE.value,
+        source=CostSource.PROFILE,
         threads=config.threads,
         runs=runs,
         input_shapes=MappingProxyType(input_shapes),

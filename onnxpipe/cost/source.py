@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from onnxpipe.core.choices import CostSource, choice
 from onnxpipe.core.errors import UsageError
-from onnxpipe.cost.kinds import COST_SOURCES, CostSource
 from onnxpipe.cost.measure import profile_model
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.static import static_profile
@@ -48,10 +48,7 @@ class ProfileOptions:
     """``--inputs-stacked`` files (``.npz`` with a leading sample axis)."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.cost, CostSource):
-            if self.cost not in COST_SOURCES:
-                raise UsageError(f"--cost {self.cost!r}: choose one of {', '.join(COST_SOURCES)}")
-            object.__setattr__(self, "cost", CostSource(self.cost))
+        object.__setattr__(self, "cost", choice(CostSource, self.cost, "cost"))
         if isinstance(self.saved, str):
             object.__setattr__(self, "saved", Path(self.saved))
         object.__setattr__(

@@ -28,7 +28,7 @@ from types import MappingProxyType
 
 import onnx
 
-from onnxpipe.cost.kinds import CostSource
+from onnxpipe.core.choices import CostSource
 from onnxpipe.cost.profile import SCHEMA_VERSION, Profile
 from onnxpipe.ir.inference import concrete_shapes, names_text
 from onnxpipe.ir.model import ModelView, NodeInfo, itemsize
@@ -360,7 +360,7 @@ def static_profile(
         schema_version=SCHEMA_VERSION,
         model_sha256=view.sha256,
         model_name=view.file_name,
-        source=CostSource.STATIC.value,
+        source=CostSource.STATIC,
         threads=1,
         runs=0,
         input_shapes=MappingProxyType(inputs),

@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from onnxpipe.cluster.model import Device, option_text
+from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.jsonread import Document, Fields, Value
-from onnxpipe.core.runtime_kinds import Runtime
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest, StageEntry

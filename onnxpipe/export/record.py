@@ -22,7 +22,6 @@ from onnxpipe.manifest import (
     MODEL,
     MODEL_INPUT,
     MODEL_OUTPUT,
-    DecoderRecord,
     DeviceRecord,
     Manifest,
     ModelOutput,
@@ -36,8 +35,8 @@ from onnxpipe.manifest import (
     StageOutput,
     VerificationRecord,
 )
-from onnxpipe.planning.types import DecoderSummary, Plan, StageSpec
-from onnxpipe.schedule.simulate import simulate
+from onnxpipe.planning.types import Plan, StageSpec
+from onnxpipe.schedule.simulate import stream
 
 
 @dataclass(frozen=True)
@@ -181,8 +180,8 @@ def build_manifest(
         outs.append(ModelOutput(t, produced_by=by, **described(t)))
 
     shared_workers = [s.index % plan.workers for s in plan.stages] if plan.workers is not None else None
-    timeline = plan.timeline or simulate(
-        "stream", [s.cost_seconds for s in plan.stages], None, [0.0] * plan.k, microbatches, shared_workers
+    timeline = plan.timeline or stream(
+        [s.cost_seconds for s in plan.stages], microbatches, workers=shared_workers
     )
     return Manifest(
         source=_source_info(view, out, source_name),
@@ -220,7 +219,7 @@ def build_manifest(
                 for s in plan.node_splits
             ),
             link_model=plan.link_model,
-            decoder=_decoder_record(plan.decoder),
+            decoder=plan.decoder,
         ),
         schedule=timeline,
     )
@@ -243,9 +242,3 @@ def _source_info(view: ModelView, out: Path, source_name: str | None) -> SourceI
         path = Path(os.path.relpath(target, folder)).as_posix() if relative else target.as_posix()
     name = source_name or view.file_name or "model.onnx"
     return SourceInfo(file=name, path=path, sha256=view.sha256)
-
-
-def _decoder_record(d: DecoderSummary | None) -> DecoderRecord | None:
-    if d is None:
-        return None
-    return DecoderRecord(d.layers, d.layer_cuts, d.ends, d.max_context, d.phase, d.phase_shapes, d.io)

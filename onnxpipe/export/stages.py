@@ -23,12 +23,12 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import onnx
 
+from onnxpipe.core.choices import ExternalData, choice
 from onnxpipe.core.errors import ExportError, UsageError, error_line
 from onnxpipe.core.files import file_sha256
 from onnxpipe.core.ortsession import open_session, session_options
@@ -44,7 +44,7 @@ from onnxpipe.export.genai import (
     genai_config,
     write_genai_config,
 )
-from onnxpipe.export.modes import EXTERNAL_DATA_MODES, ExternalData
+from onnxpipe.export.options import ExportOptions
 from onnxpipe.export.outdir import normalized, staged_folder, writing
 from onnxpipe.export.record import Written, build_manifest, shared_weights
 from onnxpipe.export.weightfile import externalize
@@ -55,18 +55,6 @@ from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, write_manifest
 from onnxpipe.planning.types import Plan, StageSpec
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
-
-
-@dataclass(frozen=True)
-class ExportOptions:
-    """How ``split`` writes the folder: replacing an earlier split (``force``), where weights go, and the
-    config ONNX Runtime GenAI starts from (``genai_config``: the model's ``genai_config.json`` or Hugging
-    Face ``config.json``; without it a decoder's ``genai_config.json`` is derived from the graph)."""
-
-    force: bool = False
-    external_data: ExternalData = "auto"
-    genai_config: Path | None = None
-
 
 AUTO_EXTERNAL_BYTES = 1_800_000_000
 """``external_data="auto"``: a stage above this size gets a weights side file (protobuf stops at 2 GB)."""
@@ -88,7 +76,7 @@ def export_stages(
     out_dir: str | Path,
     *,
     force: bool = False,
-    external_data: ExternalData = "auto",
+    external_data: ExternalData = ExternalData.AUTO,
     source_name: str | None = None,
     microbatches: int = DEFAULT_MICROBATCHES,
     feeds: Mapping[str, Any] | None = None,
@@ -110,8 +98,7 @@ def export_stages(
     be written (the old folder is left intact), or when a stage fails the checker or onnxruntime;
     :class:`ModelLoadError` for an opset onnxruntime cannot run (see :func:`check_exportable`).
     """
-    if external_data not in EXTERNAL_DATA_MODES:
-        raise UsageError(f"--external-data {external_data!r}: choose one of {', '.join(EXTERNAL_DATA_MODES)}")
+    external_data = choice(ExternalData, external_data, "external_data")
     if microbatches < 1:
         raise UsageError(f"microbatches {microbatches}: give a positive number of micro-batches")
     out = normalized(out_dir)
@@ -175,7 +162,7 @@ class _StageWriter:
         plan: Plan,
         tmp: Path,
         out: Path,
-        external_data: str,
+        external_data: ExternalData,
         feeds: Mapping[str, Any] | None = None,
     ) -> None:
         self.view = view
@@ -197,7 +184,7 @@ class _StageWriter:
     def check_sizes(self, specs: Sequence[StageSpec]) -> None:
         """With ``external_data="never"``, refuse a stage whose weights alone pass protobuf's limit
         before any weight is read."""
-        if self.mode != "never":
+        if self.mode != ExternalData.NEVER:
             return
         for spec in specs:
             size = sum(self.view.initializers.get(t, 0) for t in self.builder.weights_of(spec))
@@ -234,8 +221,8 @@ class _StageWriter:
             feeds=self.feeds,
         )
         size = self.stage_bytes(spec)
-        external = self.mode == "always" or (
-            self.mode == "auto" and (self.source_external or size > AUTO_EXTERNAL_BYTES)
+        external = self.mode == ExternalData.ALWAYS or (
+            self.mode == ExternalData.AUTO and (self.source_external or size > AUTO_EXTERNAL_BYTES)
         )
         if not external and size > PROTOBUF_LIMIT:
             self._too_big(i, size)
@@ -312,7 +299,6 @@ class _StageWriter:
 
 __all__ = [
     "AUTO_EXTERNAL_BYTES",
-    "EXTERNAL_DATA_MODES",
     "ExportOptions",
     "ExternalData",
     "export_stages",

@@ -34,13 +34,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from onnxpipe.core.choices import Runtime, TritonPlatform, choice
 from onnxpipe.core.errors import ExportError, UsageError
-from onnxpipe.core.runtime_kinds import Runtime
-from onnxpipe.export.modes import DEFAULT_TRITON_MAX_BATCH, TRITON_PLATFORMS, TritonPlatform
+from onnxpipe.export.options import DEFAULT_TRITON_MAX_BATCH
 from onnxpipe.export.outdir import normalized, reason, writing
 from onnxpipe.manifest import Manifest, StageEntry, load_manifest
 
-PLATFORMS = TRITON_PLATFORMS
 DEFAULT_MAX_BATCH = DEFAULT_TRITON_MAX_BATCH
 
 TRITON_TYPES = {
@@ -138,7 +137,7 @@ def export_triton(
     out: str | Path,
     *,
     name: str | None = None,
-    platform: TritonPlatform = "auto",
+    platform: TritonPlatform = TritonPlatform.AUTO,
     max_batch_size: int = DEFAULT_MAX_BATCH,
     force: bool = False,
 ) -> TritonRepository:
@@ -146,8 +145,7 @@ def export_triton(
     docstring).  ``platform``: ``auto`` takes each stage's runtime from its device in the manifest (OpenVINO
     where the devices file says so, else onnxruntime).  Raises :class:`UsageError` for bad arguments,
     :class:`ExportError` for a folder that cannot be written or a repository that fails its checks."""
-    if platform not in PLATFORMS:
-        raise UsageError(f"--platform {platform!r}: choose one of {', '.join(PLATFORMS)}")
+    platform = choice(TritonPlatform, platform, "platform")
     if max_batch_size < 1:
         raise UsageError(f"--max-batch-size {max_batch_size}: give a positive number")
     src = Path(split_dir)
@@ -210,7 +208,7 @@ def plan_repository(
     steps: list[TritonStep] = []
     for st in manifest.stages:
         model = f"{ensemble}_stage{st.index}"
-        runtime = _runtime_of(manifest, st) if platform == "auto" else platform
+        runtime = _runtime_of(manifest, st) if platform == TritonPlatform.AUTO else Runtime(platform.value)
         gpu = st.device.lower().startswith(("cuda", "gpu"))
         stages.append(
             TritonModel(
@@ -370,7 +368,6 @@ def _parse(pb: ModuleType, text: str, where: Path) -> None:
 
 __all__ = [
     "DEFAULT_MAX_BATCH",
-    "PLATFORMS",
     "TritonModel",
     "TritonPlatform",
     "TritonRepository",

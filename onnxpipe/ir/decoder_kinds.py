@@ -4,8 +4,8 @@ CLI's parsers can offer them without loading the model code (``onnxpipe --help``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
+from onnxpipe.core.choices import Phase
 from onnxpipe.core.errors import UsageError
 
 DECODE_PAST = 255
@@ -14,13 +14,6 @@ over the cache to weigh as it does in real generation, short enough to profile q
 
 PREFILL_TOKENS = 64
 """Prompt tokens at the prefill shape."""
-
-
-class Phase(StrEnum):
-    """The two shapes a decoder runs at."""
-
-    PREFILL = "prefill"
-    DECODE = "decode"
 
 
 @dataclass(frozen=True)

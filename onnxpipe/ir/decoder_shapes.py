@@ -22,7 +22,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from onnxpipe.ir.decoder_kinds import Phase, PhaseShape, phase_shape
+from onnxpipe.core.choices import Phase
+from onnxpipe.ir.decoder_kinds import PhaseShape, phase_shape
 from onnxpipe.ir.model import ModelView
 
 

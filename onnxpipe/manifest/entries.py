@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from onnxpipe.core.choices import Ends, LinkModel, Phase, PhaseChoice
 from onnxpipe.core.dims import Shape
 from onnxpipe.core.inputfiles import InputRecord
 
@@ -154,7 +155,7 @@ class StageEntry:
     """A decoder's layers whose KV cache this stage holds (its past inputs and present outputs)."""
     kv_cache_bytes: int = 0
     """That cache's bytes at the plan's maximum context (:attr:`DecoderRecord.max_context`)."""
-    estimated_phase_seconds: tuple[tuple[str, float], ...] = ()
+    estimated_phase_seconds: tuple[tuple[Phase, float], ...] = ()
     """A decoder's estimated stage time at each phase profiled, as (phase, seconds)."""
 
 
@@ -210,18 +211,19 @@ class DecoderIORecord:
 
 @dataclass(frozen=True)
 class DecoderRecord:
-    """What the plan of a decoder with a KV cache adds (``plan.decoder`` in the manifest)."""
+    """What the plan of a decoder with a KV cache adds: its layers, how it was cut, the context its cache
+    is counted at (the plan's ``decoder``, and ``plan.decoder`` in the manifest)."""
 
     layers: int
     layer_cuts: bool
     """Whether cuts fell between layers only (each layer's cache in one stage)."""
-    ends: str
-    """Where the embedding and LM head went: ``free``, ``attached`` or ``own``."""
+    ends: Ends
+    """Where the embedding and LM head went."""
     max_context: int
     """Tokens of context the stages' ``kv_cache_bytes`` are for."""
-    phase: str
-    """What the stage estimates are for: ``prefill``, ``decode`` or ``both``."""
-    phase_shapes: tuple[tuple[str, int, int], ...] = ()
+    phase: PhaseChoice
+    """What the stage estimates are for."""
+    phase_shapes: tuple[tuple[Phase, int, int], ...] = ()
     """(phase, new tokens, cached tokens) of each phase profiled."""
     io: DecoderIORecord | None = None
     """The tensors a generation loop feeds and reads."""
@@ -256,7 +258,7 @@ class PlanSummary:
     (never their data); empty when the inputs were random at ``profiled_input_shapes``."""
     node_splits: tuple[NodeSplitRecord, ...] = ()
     """Nodes cut into parts placed in consecutive stages (``--split-nodes auto``); empty: none."""
-    link_model: str | None = None
+    link_model: LinkModel | None = None
     """``serial`` (a stage's transfer in adds to its compute) or ``overlap`` (links run beside compute);
     None in a manifest written before the field (whose plans were serial without a devices file,
     overlap with one)."""

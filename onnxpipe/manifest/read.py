@@ -13,6 +13,7 @@ from typing import Any, Literal, cast
 
 from onnxpipe.cluster.devicesfile import read_cluster
 from onnxpipe.cluster.model import Cluster
+from onnxpipe.core.choices import E, Ends, LinkModel, Phase, PhaseChoice, ScheduleKind, values
 from onnxpipe.core.dims import Dim, Shape
 from onnxpipe.core.errors import ManifestError, UsageError
 from onnxpipe.core.inputfiles import InputRecord
@@ -40,7 +41,7 @@ from onnxpipe.manifest.entries import (
     StageOutput,
     VerificationRecord,
 )
-from onnxpipe.schedule.timeline import KINDS, ScheduleKind, Step, StepKind, Timeline, Transfer
+from onnxpipe.schedule.timeline import Step, StepKind, Timeline, Transfer
 
 
 def schema_version(f: Fields) -> int:
@@ -184,7 +185,9 @@ def stage(f: Fields) -> StageEntry:
         kv_layers=f.get("kv_layers", []).list_of(Value.integer),
         kv_cache_bytes=f.get("kv_cache_bytes", 0).integer(),
         estimated_phase_seconds=tuple(
-            f.get("estimated_phase_seconds", {}).dict_of(lambda v: v.number()).items()
+            (Phase(p), t)
+            for p, t in f.get("estimated_phase_seconds", {}).dict_of(lambda v: v.number()).items()
+            if p in values(Phase)
         ),
     )
 
@@ -237,19 +240,11 @@ def _node_split(f: Fields) -> NodeSplitRecord:
     )
 
 
-LINK_MODELS = ("serial", "overlap")
-"""The values of ``plan.link_model``: those of :mod:`onnxpipe.planning.links`, which the manifest, a floor
-below the planner, cannot import (a test keeps the two alike)."""
-
-
-def _link_model(v: Value) -> str | None:
+def _link_model(v: Value) -> LinkModel | None:
     """``plan.link_model`` (added in schema 3, optional): ``serial`` or ``overlap``."""
     if v.raw is None:
         return None
-    text = v.string()
-    if text not in LINK_MODELS:
-        raise v.fail(f"expected one of {', '.join(LINK_MODELS)}, got {text!r}")
-    return text
+    return _choice(v, LinkModel)
 
 
 def _decoder(v: Value) -> DecoderRecord | None:
@@ -257,18 +252,12 @@ def _decoder(v: Value) -> DecoderRecord | None:
     if v.raw is None:
         return None
     f = v.fields()
-    ends = f["ends"].string()
-    if ends not in _ENDS:
-        raise f["ends"].fail(f"expected one of {', '.join(_ENDS)}, got {ends!r}")
-    phase = f["phase"].string()
-    if phase not in _PHASES:
-        raise f["phase"].fail(f"expected one of {', '.join(_PHASES)}, got {phase!r}")
     return DecoderRecord(
         layers=f["layers"].integer(minimum=1),
         layer_cuts=f["layer_cuts"].boolean(),
-        ends=ends,
+        ends=_choice(f["ends"], Ends),
         max_context=f["max_context"].integer(minimum=1),
-        phase=phase,
+        phase=_choice(f["phase"], PhaseChoice),
         phase_shapes=f.get("phase_shapes", []).objects(_phase_shape),
         io=_decoder_io(f.get("io", None)),
     )
@@ -301,12 +290,16 @@ def _kv_record(f: Fields) -> KVRecord:
     )
 
 
-def _phase_shape(f: Fields) -> tuple[str, int, int]:
-    return (f["phase"].string(), f["new_tokens"].integer(minimum=1), f["past_tokens"].integer())
+def _phase_shape(f: Fields) -> tuple[Phase, int, int]:
+    return (_choice(f["phase"], Phase), f["new_tokens"].integer(minimum=1), f["past_tokens"].integer())
 
 
-_ENDS = ("free", "attached", "own")
-_PHASES = ("prefill", "decode", "both")
+def _choice(v: Value, kind: type[E]) -> E:
+    """A string field that must be one of ``kind``'s values."""
+    text = v.string()
+    if text not in values(kind):
+        raise v.fail(f"expected one of {', '.join(values(kind))}, got {text!r}")
+    return kind(text)
 
 
 def _reference(v: Value) -> float | None:
@@ -352,8 +345,8 @@ def timeline(v: Value) -> Timeline:
     f = v.fields()
     kind_value = f.need("kind", _AGAIN)
     kind = kind_value.raw
-    if kind not in KINDS:
-        raise kind_value.fail(f"expected one of {', '.join(KINDS)}, got {kind!r}")
+    if kind not in values(ScheduleKind):
+        raise kind_value.fail(f"expected one of {', '.join(values(ScheduleKind))}, got {kind!r}")
     devices = f.need("devices", _AGAIN)
     stages = devices.list_of(lambda d: _device_steps(d, len(devices.raw)))
     workers = [w for _, w in stages]
@@ -361,7 +354,7 @@ def timeline(v: Value) -> Timeline:
         odd = next(s for s, w in enumerate(workers) if w is None) if workers[0] is not None else 0
         raise v.doc.fail(f"{devices.path}[{odd}].worker", "give a worker for every stage or for none")
     return Timeline(
-        kind=cast(ScheduleKind, kind),
+        kind=ScheduleKind(kind),
         microbatches=f.need("microbatches", _AGAIN).integer(1),
         stages=tuple(steps for steps, _ in stages),
         transfers=f.get("transfers", []).list_of(_transfer),

@@ -50,7 +50,7 @@ from onnxpipe.planning.request import PlanRequest, ScheduleOption
 from onnxpipe.planning.sequences import Sequences, first_reader_param_bytes, sequences
 from onnxpipe.planning.stages import assign_stages, plan_from
 from onnxpipe.planning.types import Plan, StageSpec
-from onnxpipe.schedule.simulate import in_flight, simulate
+from onnxpipe.schedule.simulate import in_flight, simulate, stream
 from onnxpipe.schedule.timeline import Timeline
 
 OBJECTIVE = (
@@ -157,7 +157,7 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
                 part, copies.chosen, [g * option.size for g in gone], 0, arranged.bandwidths, overlap=True
             )
             specs = with_copy_costs(specs, part, gone)
-            timeline = simulate("stream", list(part.compute), None, list(part.transfer), option.microbatches)
+            timeline = stream(part.compute, option.microbatches, link=part.transfer)
             copied = copies_note(copies.chosen, copies.phases, [gone])
             if copied:
                 notes.append(copied)
@@ -299,7 +299,7 @@ def _candidate(
     )
     part = search.result
     if not option.training:
-        timeline = simulate("stream", list(part.compute), None, list(part.transfer), option.microbatches)
+        timeline = stream(part.compute, option.microbatches, link=part.transfer)
     else:
         fwd = [c / (1.0 + request.schedule.backward_ratio) for c in part.compute]
         bwd = [c - f for c, f in zip(part.compute, fwd, strict=True)]

@@ -24,6 +24,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from onnxpipe.core.choices import Ends
 from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo, kv_bytes_per_token
@@ -31,7 +32,6 @@ from onnxpipe.ir.graph import cut_profile
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samevalue import value_classes
 from onnxpipe.manifest.entries import DecoderIORecord, KVRecord
-from onnxpipe.planning.decoder_kinds import Ends
 from onnxpipe.planning.recompute import shape_from_dims
 from onnxpipe.planning.sequences import Sequences, tensor_sizes
 from onnxpipe.planning.types import ShapeParts, StageSpec

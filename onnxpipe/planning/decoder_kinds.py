@@ -1,40 +1,17 @@
-"""The choices a decoder's split offers (where its ends go, which phases it is balanced for), apart from
-:mod:`onnxpipe.planning.decoder` so that the CLI's parsers can offer them without loading the model code."""
+"""How a decoder LLM's split is asked for (:class:`DecoderOptions`), apart from
+:mod:`onnxpipe.planning.decoder` so that options objects are made without loading the model code."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
+from onnxpipe.core.choices import Ends, PhaseChoice, choice
 from onnxpipe.core.errors import UsageError
-from onnxpipe.ir.decoder_kinds import DECODE_PAST, PREFILL_TOKENS, Phase, PhaseShape, phase_shape
+from onnxpipe.ir.decoder_kinds import DECODE_PAST, PREFILL_TOKENS, PhaseShape, phase_shape
 
 DEFAULT_MAX_CONTEXT = 4096
 """Tokens of context the KV cache memory is reported (and checked) for when ``--max-context`` is not
 given: a common context length of today's small LLMs."""
-
-
-class Ends(StrEnum):
-    """Where a decoder's embedding and LM head go."""
-
-    FREE = "free"
-    """Wherever the balance puts them."""
-    ATTACHED = "attached"
-    """The embedding with the first layer, the LM head with the last."""
-    OWN = "own"
-    """Each in a stage of its own (the first and the last), as Olive's ``unique_embeds_lm_head_splits``."""
-
-
-class PhaseChoice(StrEnum):
-    """Which phase a decoder's split is balanced for: a prompt, a generation step, or both at once."""
-
-    PREFILL = "prefill"
-    DECODE = "decode"
-    BOTH = "both"
-
-
-ENDS_CHOICES: tuple[str, ...] = tuple(e.value for e in Ends)
-PHASE_CHOICES: tuple[str, ...] = tuple(p.value for p in PhaseChoice)
 
 
 @dataclass(frozen=True)
@@ -54,24 +31,14 @@ class DecoderOptions:
     where the plan's rule finds that cheaper (:mod:`onnxpipe.planning.decoder_recompute`)."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.ends, Ends):
-            if self.ends not in tuple(Ends):
-                raise UsageError(f"--ends {self.ends!r}: choose one of {', '.join(e.value for e in Ends)}")
-            object.__setattr__(self, "ends", Ends(self.ends))
-        if not isinstance(self.phase, PhaseChoice):
-            if self.phase not in tuple(PhaseChoice):
-                raise UsageError(
-                    f"--phase {self.phase!r}: choose one of {', '.join(p.value for p in PhaseChoice)}"
-                )
-            object.__setattr__(self, "phase", PhaseChoice(self.phase))
+        object.__setattr__(self, "ends", choice(Ends, self.ends, "ends"))
+        object.__setattr__(self, "phase", choice(PhaseChoice, self.phase, "phase"))
 
     def phases(self) -> tuple[PhaseShape, ...]:
         """The shapes to profile at: one phase, or prefill then decode for ``both``."""
-        wanted = (
-            (Phase.PREFILL, Phase.DECODE) if self.phase == PhaseChoice.BOTH else (Phase(self.phase.value),)
-        )
         return tuple(
-            phase_shape(p, prefill_tokens=self.prefill_tokens, decode_past=self.decode_past) for p in wanted
+            phase_shape(p, prefill_tokens=self.prefill_tokens, decode_past=self.decode_past)
+            for p in self.phase.phases
         )
 
     def check(self) -> None:

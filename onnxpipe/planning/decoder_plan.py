@@ -14,10 +14,12 @@ import math
 from collections.abc import Callable, Sequence
 
 from onnxpipe import partition as _partition
+from onnxpipe.core.choices import Ends, Phase, PhaseChoice
 from onnxpipe.core.errors import PartitionError
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
+from onnxpipe.manifest.entries import DecoderRecord
 from onnxpipe.partition.interleave import InterleavedPartition
 from onnxpipe.partition.result import Partition
 from onnxpipe.planning.decoder import (
@@ -29,7 +31,7 @@ from onnxpipe.planning.decoder import (
     own_ends_bounds,
     with_kv,
 )
-from onnxpipe.planning.decoder_kinds import DecoderOptions, Ends
+from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.decoder_recompute import (
     InputCopies,
     PhaseCosts,
@@ -41,8 +43,8 @@ from onnxpipe.planning.decoder_recompute import (
 )
 from onnxpipe.planning.sequences import Sequences
 from onnxpipe.planning.stages import plan_from, specs_from_bounds
-from onnxpipe.planning.types import DecoderSummary, Plan, StageSpec
-from onnxpipe.schedule.simulate import simulate
+from onnxpipe.planning.types import Plan, StageSpec
+from onnxpipe.schedule.simulate import stream
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 
 OBJECTIVE = (
@@ -136,7 +138,7 @@ def make_decoder_plan(
     *,
     bandwidth_bytes_per_s: float = math.inf,
     microbatches: int = DEFAULT_MICROBATCHES,
-    phase: str = "decode",
+    phase: Phase = Phase.DECODE,
 ) -> Plan:
     """Partition the decoder ``view`` into ``k`` stages that cut only between layers, exactly."""
     profile.check_matches(view)
@@ -165,7 +167,7 @@ def make_decoder_plan(
         for st, cost in zip(with_copy_costs(made, part, gone), part.stage_costs, strict=True)
     )
     copied = copies_note(chosen, phases, [gone])
-    timeline = simulate("stream", [s.cost_seconds for s in stages], None, [0.0] * k, microbatches)
+    timeline = stream([s.cost_seconds for s in stages], microbatches)
     return plan_from(
         view,
         profile,
@@ -180,17 +182,21 @@ def make_decoder_plan(
     )
 
 
-def phase_shape_of(profile: Profile, dec: DecoderInfo, phase: str) -> tuple[str, int, int]:
+def phase_shape_of(profile: Profile, dec: DecoderInfo, phase: Phase) -> tuple[Phase, int, int]:
     """(phase, new tokens, cached tokens) of the shapes ``profile`` was measured at."""
+    return (phase, *_tokens_and_past(profile, dec))
+
+
+def _tokens_and_past(profile: Profile, dec: DecoderInfo) -> tuple[int, int]:
     ids = profile.input_shapes.get(dec.ids_input, (1, 1))
     past = profile.input_shapes.get(dec.kv[0].past_key, (1, 1, 0, 1))
-    return phase, int(ids[-1]) if ids else 1, int(past[-2]) if len(past) >= 2 else 0
+    return int(ids[-1]) if ids else 1, int(past[-2]) if len(past) >= 2 else 0
 
 
-def profile_phase(profile: Profile, dec: DecoderInfo) -> str:
-    """The phase ``profile``'s shapes are: ``decode`` for one new token after a cache, else ``prefill``."""
-    _, tokens, past = phase_shape_of(profile, dec, "")
-    return "decode" if tokens == 1 and past > 0 else "prefill"
+def profile_phase(profile: Profile, dec: DecoderInfo) -> Phase:
+    """The phase ``profile``'s shapes are: decode for one new token after a cache, else prefill."""
+    tokens, past = _tokens_and_past(profile, dec)
+    return Phase.DECODE if tokens == 1 and past > 0 else Phase.PREFILL
 
 
 def decoder_stages(
@@ -265,15 +271,15 @@ def interleaved_decoder_stages(
 
 
 def decoder_summary(
-    view: ModelView, profile: Profile, dec: DecoderInfo, options: DecoderOptions, phase: str
-) -> DecoderSummary:
+    view: ModelView, profile: Profile, dec: DecoderInfo, options: DecoderOptions, phase: Phase
+) -> DecoderRecord:
     """The manifest's ``plan.decoder`` of a plan balanced for one ``phase``, profiled as ``profile``."""
-    return DecoderSummary(
+    return DecoderRecord(
         dec.layers,
         True,
-        options.ends.value,
+        options.ends,
         options.max_context,
-        phase,
+        PhaseChoice(phase.value),
         (phase_shape_of(profile, dec, phase),),
         decoder_io(view, dec),
     )

@@ -45,6 +45,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from onnxpipe.core.choices import Phase
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapevalues import ValueKinds, value_kinds
@@ -61,7 +62,7 @@ COPY_SHARE = 0.1
 class PhaseCosts:
     """One phase the plan was profiled at: each node's seconds, each tensor's bytes, each stage's compute."""
 
-    phase: str
+    phase: Phase
     node_seconds: Mapping[str, float]
     sizes: Mapping[str, int]
     stage_compute: Sequence[float]

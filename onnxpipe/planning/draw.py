@@ -18,8 +18,8 @@ from typing import Any
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.planning.types import Plan
-from onnxpipe.schedule.simulate import simulate
-from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES, Timeline
+from onnxpipe.schedule.simulate import stream
+from onnxpipe.schedule.timeline import Timeline
 
 SUFFIXES = (".png", ".svg")
 _F_COLOR = "#4C78A8"
@@ -321,9 +321,7 @@ def _draw_memory(ax: Any, stages: Sequence[StageSummary]) -> None:
 
 def draw_plan(plan: Plan, path: str | Path, *, title: str | None = None) -> Path:
     """Gantt chart of the plan's simulated schedule and per-stage loads against device capacity."""
-    timeline = plan.timeline or simulate(
-        "stream", [s.cost_seconds for s in plan.stages], None, [0.0] * plan.k, DEFAULT_MICROBATCHES
-    )
+    timeline = plan.timeline or stream([s.cost_seconds for s in plan.stages])
     caps = plan.cluster.mem_caps if plan.cluster is not None else (math.inf,) * plan.k
     summaries = [
         StageSummary(

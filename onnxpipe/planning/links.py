@@ -7,21 +7,18 @@ computes the current one; its time is the larger of the two.  Plans without a de
 (serial) and plans with one to overlap, with nothing saying so; the same 1 Gbit/s link then gave two
 cuts.  Both stay (a CPU pipeline whose workers copy their own inputs is serial; devices with their own
 network engines overlap), chosen by ``--link-model`` and recorded in the plan and the manifest.
-Light (no onnx): the CLI's parsers read the choices.
 """
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from onnxpipe.core.choices import LinkModel
 
-LinkModel = Literal["serial", "overlap"]
-LINK_MODELS: tuple[str, ...] = get_args(LinkModel)
-DEFAULT_LINK_MODEL: LinkModel = "serial"
+DEFAULT_LINK_MODEL = LinkModel.SERIAL
 """Without a devices file: the stages are this machine's workers, which receive their own inputs."""
-DEVICES_LINK_MODEL: LinkModel = "overlap"
+DEVICES_LINK_MODEL = LinkModel.OVERLAP
 """With a devices file (or a training schedule): links run beside compute."""
 
 LINK_MODEL_TEXT = {
-    "serial": "serial (a stage's transfer in adds to its compute)",
-    "overlap": "overlap (links run beside compute; the larger of the two counts)",
+    LinkModel.SERIAL: "serial (a stage's transfer in adds to its compute)",
+    LinkModel.OVERLAP: "overlap (links run beside compute; the larger of the two counts)",
 }

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from onnxpipe.core.choices import ScheduleKind
 from onnxpipe.schedule.simulate import in_flight
-from onnxpipe.schedule.timeline import ScheduleKind
 
 TRAINING_STATE_FACTOR = 4.0
 """Bytes held per parameter byte when training with Adam: weights, gradients and two moments."""

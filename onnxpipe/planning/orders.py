@@ -22,19 +22,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Generic, Literal, Protocol, TypeVar
 
 from onnxpipe.cluster.model import Cluster, device_type
+from onnxpipe.core.choices import DeviceOrder
 from onnxpipe.core.errors import PartitionError, UsageError
-
-
-class DeviceOrder(StrEnum):
-    """``--order``: the devices in the file's order, or the best order (and choice) the planner finds."""
-
-    FIXED = "fixed"
-    FREE = "free"
-
 
 DEFAULT_MAX_ORDERS = 20_000
 """Most distinct device-type sequences :func:`best_device_order` solves (each is one exact partition)."""
@@ -202,15 +194,13 @@ def place(
     k: int,
     solve: Callable[[Cluster], P],
     *,
-    order: DeviceOrder | str = DeviceOrder.FIXED,
+    order: DeviceOrder = DeviceOrder.FIXED,
     max_orders: int = DEFAULT_MAX_ORDERS,
 ) -> OrderSearch[P]:
     """``--order fixed|free``: the first ``k`` devices in file order, or the best order and choice."""
-    if order == "free":
+    if order == DeviceOrder.FREE:
         return best_device_order(cluster, k, solve, max_orders=max_orders)
-    if order == "fixed":
-        return fixed_order(cluster, k, solve)
-    raise UsageError(f"unknown device order {order!r}; choose fixed or free")
+    return fixed_order(cluster, k, solve)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -20,10 +20,12 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+from onnxpipe.core.choices import Phase, PhaseChoice
 from onnxpipe.core.errors import PartitionError
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
+from onnxpipe.manifest.entries import DecoderRecord
 from onnxpipe.partition import evaluate
 from onnxpipe.partition.phases import solve_two_phases
 from onnxpipe.planning.decoder import decoder_io, layer_sequences
@@ -39,8 +41,8 @@ from onnxpipe.planning.decoder_recompute import (
     with_copy_costs,
 )
 from onnxpipe.planning.stages import plan_from
-from onnxpipe.planning.types import DecoderSummary, Plan
-from onnxpipe.schedule.simulate import simulate
+from onnxpipe.planning.types import Plan
+from onnxpipe.schedule.simulate import stream
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 
 OBJECTIVE = (
@@ -95,8 +97,8 @@ def make_two_phase_plan(
     part_p = evaluate(lp.seq.costs, fine, cut_bytes=lp.seq.cut_bytes, bandwidth=bandwidth_bytes_per_s)
     part_d = evaluate(ld.seq.costs, fine, cut_bytes=ld.seq.cut_bytes, bandwidth=bandwidth_bytes_per_s)
     phases = (
-        PhaseCosts("prefill", prefill.node_seconds, lp.seq.sizes, part_p.compute),
-        PhaseCosts("decode", decode.node_seconds, ld.seq.sizes, part_d.compute),
+        PhaseCosts(Phase.PREFILL, prefill.node_seconds, lp.seq.sizes, part_p.compute),
+        PhaseCosts(Phase.DECODE, decode.node_seconds, ld.seq.sizes, part_d.compute),
     )
     copies = (
         InputCopies(view, dec, phases, bandwidth_bytes_per_s, ld.seq.classes) if options.copy_inputs else None
@@ -108,13 +110,13 @@ def make_two_phase_plan(
     part_p = adjusted(part_p, chosen, gone_p, 0, bandwidth_bytes_per_s)
     part_d = adjusted(part_d, chosen, gone_d, 1, bandwidth_bytes_per_s)
     stages = tuple(
-        dataclasses.replace(st, phase_seconds=(("prefill", p), ("decode", d)))
+        dataclasses.replace(st, phase_seconds=((Phase.PREFILL, p), (Phase.DECODE, d)))
         for st, p, d in zip(
             with_copy_costs(made, part_d, gone_d), part_p.stage_costs, part_d.stage_costs, strict=True
         )
     )
     copied = copies_note(chosen, phases, [gone_p, gone_d])
-    shapes = (phase_shape_of(prefill, dec, "prefill"), phase_shape_of(decode, dec, "decode"))
+    shapes = (phase_shape_of(prefill, dec, Phase.PREFILL), phase_shape_of(decode, dec, Phase.DECODE))
     notes = (
         *decoder_notes(view, dec, stages, options),
         f"balanced for both phases: prefill bottleneck {part_p.bottleneck * 1e3:.3f} ms "
@@ -124,7 +126,7 @@ def make_two_phase_plan(
         f"profiled at {shapes[0][1]} prompt token(s) and at 1 token after {shapes[1][2]} cached",
         *([copied] if copied else []),
     )
-    timeline = simulate("stream", [s.cost_seconds for s in stages], None, [0.0] * k, microbatches)
+    timeline = stream([s.cost_seconds for s in stages], microbatches)
     return plan_from(
         view,
         decode,
@@ -135,8 +137,14 @@ def make_two_phase_plan(
         notes=notes,
         timeline=timeline,
         objective=OBJECTIVE,
-        decoder=DecoderSummary(
-            dec.layers, True, options.ends.value, options.max_context, "both", shapes, decoder_io(view, dec)
+        decoder=DecoderRecord(
+            dec.layers,
+            True,
+            options.ends,
+            options.max_context,
+            PhaseChoice.BOTH,
+            shapes,
+            decoder_io(view, dec),
         ),
     )
 

@@ -12,10 +12,10 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from onnxpipe.core.choices import Phase, SplitNodes
 from onnxpipe.core.machine import available_cpu_count
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import find_decoder
-from onnxpipe.ir.decoder_kinds import Phase
 from onnxpipe.ir.model import ModelView
 from onnxpipe.planning.bound import bound_note, bounding_node
 from onnxpipe.planning.cluster import plan_pipeline
@@ -23,7 +23,7 @@ from onnxpipe.planning.decoder_plan import make_decoder_plan, profile_phase
 from onnxpipe.planning.nodesplit import Planned, plan_splitting_nodes
 from onnxpipe.planning.orders import stages_auto
 from onnxpipe.planning.phases import make_two_phase_plan
-from onnxpipe.planning.request import DEFAULT_TIME_SLACK, PlanRequest, SplitNodes
+from onnxpipe.planning.request import DEFAULT_TIME_SLACK, PlanRequest
 from onnxpipe.planning.types import Plan
 from onnxpipe.planning.workers import make_interleaved_plan, make_plan
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES

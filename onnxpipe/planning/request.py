@@ -10,19 +10,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Literal, get_args
+from typing import Literal
 
 from onnxpipe.cluster.model import Cluster
+from onnxpipe.core.choices import DeviceOrder, LinkModel, ScheduleChoice, ScheduleKind, SplitNodes, choice
 from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.planning.decoder_kinds import DecoderOptions
-from onnxpipe.planning.links import DEFAULT_LINK_MODEL, DEVICES_LINK_MODEL, LINK_MODELS, LinkModel
-from onnxpipe.planning.orders import DEFAULT_TOLERANCE, DeviceOrder
-from onnxpipe.schedule.timeline import DEFAULT_BACKWARD_RATIO, DEFAULT_MICROBATCHES, ScheduleKind
-
-ScheduleChoice = Literal["stream", "gpipe", "1f1b", "auto"]
-"""A schedule, or ``auto``: the faster of the two training ones."""
-SCHEDULE_CHOICES: tuple[str, ...] = get_args(ScheduleChoice)
+from onnxpipe.planning.links import DEFAULT_LINK_MODEL, DEVICES_LINK_MODEL
+from onnxpipe.planning.orders import DEFAULT_TOLERANCE
+from onnxpipe.schedule.timeline import DEFAULT_BACKWARD_RATIO, DEFAULT_MICROBATCHES
 
 DEFAULT_TIME_SLACK = 0.01
 """An interleaved split may be 1% slower than the fastest one if that balances the workers' weights:
@@ -40,7 +36,7 @@ class ScheduleOption:
 
     @property
     def training(self) -> bool:
-        return self.kind != "stream"
+        return self.kind.training
 
     def describe(self) -> str:
         return "streaming" if not self.training else f"{self.kind} with {self.microbatches} micro-batches"
@@ -56,29 +52,30 @@ class ScheduleRequest:
     profiled sample and M only for the simulated timeline.
     """
 
-    kind: ScheduleChoice = "stream"
+    kind: ScheduleChoice = ScheduleChoice.STREAM
     microbatches: int | None = None
     batch: int | None = None
     backward_ratio: float = DEFAULT_BACKWARD_RATIO
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", choice(ScheduleChoice, self.kind, "ScheduleRequest.kind"))
+
     def candidates(self) -> list[ScheduleOption]:
         """The schedules to try: (kind, M, samples per micro-batch)."""
-        if self.kind not in SCHEDULE_CHOICES:
-            raise UsageError(f"--schedule {self.kind!r}: choose one of {', '.join(SCHEDULE_CHOICES)}")
         if not (self.backward_ratio > 0 and math.isfinite(self.backward_ratio)):
             raise UsageError(
                 f"--backward-ratio {self.backward_ratio}: give a positive finite number (default 2)"
             )
         if self.microbatches is not None and self.microbatches < 1:
             raise UsageError(f"--microbatches {self.microbatches}: give 1 or more")
-        if self.kind == "stream":
+        if self.kind == ScheduleChoice.STREAM:
             if self.batch is not None or self.backward_ratio != DEFAULT_BACKWARD_RATIO:
                 raise UsageError(
                     "--batch and --backward-ratio plan training; give --schedule gpipe, 1f1b or auto, "
                     "or leave them out for streaming inference"
                 )
-            return [ScheduleOption("stream", self.microbatches or DEFAULT_MICROBATCHES, 1)]
-        kinds: list[ScheduleKind] = ["gpipe", "1f1b"] if self.kind == "auto" else [self.kind]
+            return [ScheduleOption(ScheduleKind.STREAM, self.microbatches or DEFAULT_MICROBATCHES, 1)]
+        kinds = self.kind.kinds
         batch = self.batch or self.microbatches or DEFAULT_MICROBATCHES
         if self.microbatches is not None:
             if batch % self.microbatches:
@@ -92,14 +89,6 @@ class ScheduleRequest:
         return [ScheduleOption(kd, m, batch // m) for kd in kinds for m in options]
 
 
-class SplitNodes(StrEnum):
-    """Whether the planner may cut one node into parts over consecutive stages (``planning/nodesplit.py``)."""
-
-    AUTO = "auto"
-    OFF = "off"
-
-
-SPLIT_NODES_CHOICES: tuple[str, ...] = tuple(s.value for s in SplitNodes)
 DEFAULT_SPLIT_NODES = SplitNodes.OFF
 """Off by default: ``auto`` times the candidate node's parts (seconds of extra planning) and changes the
 stage files' nodes; the ``nodesplit`` benchmark measures what it gains (docs/node-splitting.md)."""
@@ -132,19 +121,15 @@ class PlanRequest:
     """How a decoder with a KV cache is split (ignored for other models)."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.split_nodes, SplitNodes):
-            if self.split_nodes not in SPLIT_NODES_CHOICES:
-                raise UsageError(f"--split-nodes {self.split_nodes!r}: choose auto or off")
-            object.__setattr__(self, "split_nodes", SplitNodes(self.split_nodes))
+        object.__setattr__(self, "split_nodes", choice(SplitNodes, self.split_nodes, "split_nodes"))
         if self.devices is not None and not isinstance(self.devices, Cluster):
             raise UsageError(
                 f"PlanRequest(devices={self.devices!r}): give the cluster itself, "
                 "onnxpipe.load_cluster(path) reads a devices file"
             )
-        if not isinstance(self.order, DeviceOrder):
-            if self.order not in tuple(DeviceOrder):
-                raise UsageError(f"--order {self.order!r}: choose fixed or free")
-            object.__setattr__(self, "order", DeviceOrder(self.order))
+        object.__setattr__(self, "order", choice(DeviceOrder, self.order, "order"))
+        if self.link_model is not None:
+            object.__setattr__(self, "link_model", choice(LinkModel, self.link_model, "link_model"))
 
     @property
     def interleaved(self) -> bool:
@@ -157,9 +142,9 @@ class PlanRequest:
         return (
             self.devices is None
             and self.order == DeviceOrder.FIXED
-            and self.schedule.kind == "stream"
+            and self.schedule.kind == ScheduleChoice.STREAM
             and isinstance(self.stages, int)
-            and self.link_model != "overlap"
+            and self.link_model != LinkModel.OVERLAP
         )
 
     @property
@@ -175,9 +160,9 @@ class PlanRequest:
             return None
         if self.order != DeviceOrder.FIXED:
             return f"--order {self.order.value}"
-        if self.schedule.kind != "stream":
+        if self.schedule.kind != ScheduleChoice.STREAM:
             return f"--schedule {self.schedule.kind}"
-        if self.link_model == "overlap":
+        if self.link_model == LinkModel.OVERLAP:
             return "--link-model overlap"
         return None
 
@@ -187,7 +172,11 @@ class PlanRequest:
         and overlap otherwise (a devices file, a free order, a training schedule)."""
         if self.link_model is not None:
             return self.link_model
-        serial = self.devices is None and self.order == DeviceOrder.FIXED and self.schedule.kind == "stream"
+        serial = (
+            self.devices is None
+            and self.order == DeviceOrder.FIXED
+            and self.schedule.kind == ScheduleChoice.STREAM
+        )
         return DEFAULT_LINK_MODEL if serial else DEVICES_LINK_MODEL
 
     def check_stage_count(self, compute_nodes: int, label: str) -> None:
@@ -216,7 +205,11 @@ class PlanRequest:
                     f"--time-slack {self.time_slack}: give a finite share of 0 or more (0.01 is 1%)"
                 )
         cluster = self.devices
-        if stages == "auto" and cluster is None and (self.schedule.kind != "stream" or self.order != "fixed"):
+        if (
+            stages == "auto"
+            and cluster is None
+            and (self.schedule.kind != ScheduleChoice.STREAM or self.order != DeviceOrder.FIXED)
+        ):
             raise UsageError(
                 "--stages auto without --devices plans streaming inference on this machine's CPUs; give "
                 "--stages K for a training schedule or --order free, or a devices file"
@@ -243,17 +236,17 @@ class PlanRequest:
         self.decoder.check()
 
     def _check_link_model(self) -> None:
-        if self.link_model not in LINK_MODELS:
-            raise UsageError(f"--link-model {self.link_model!r}: choose one of {', '.join(LINK_MODELS)}")
-        if self.link_model == "serial" and not (
-            self.devices is None and self.order == DeviceOrder.FIXED and self.schedule.kind == "stream"
+        if self.link_model == LinkModel.SERIAL and not (
+            self.devices is None
+            and self.order == DeviceOrder.FIXED
+            and self.schedule.kind == ScheduleChoice.STREAM
         ):
             raise UsageError(
                 "--link-model serial is planned for streaming on identical workers in a fixed order; "
                 "a devices file, --order free and training schedules overlap links with compute: "
                 "leave out --link-model or give overlap"
             )
-        if self.link_model == "overlap" and self.workers is not None and self.interleaved:
+        if self.link_model == LinkModel.OVERLAP and self.workers is not None and self.interleaved:
             raise UsageError(
                 "--link-model overlap: interleaved stages (--workers) are planned with serial links; "
                 "leave out --link-model or --workers"
@@ -277,7 +270,7 @@ class PlanRequest:
             raise UsageError(
                 "--workers plans identical workers; it cannot be combined with --devices or --order"
             )
-        if self.schedule.kind != "stream":
+        if self.schedule.kind != ScheduleChoice.STREAM:
             raise UsageError(
                 f"--workers: interleaved stages are planned for inference (--schedule stream), "
                 f"not {self.schedule.kind}"

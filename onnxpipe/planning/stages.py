@@ -16,10 +16,11 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.model import ModelView, NodeInfo
 from onnxpipe.ir.samevalue import value_classes
 from onnxpipe.ir.shapevalues import ValueKinds, value_kinds
+from onnxpipe.manifest.entries import DecoderRecord
 from onnxpipe.partition.result import Partition
 from onnxpipe.planning.recompute import Recomputed, recompute
 from onnxpipe.planning.sequences import Sequences
-from onnxpipe.planning.types import Alias, DecoderSummary, Plan, StageSpec
+from onnxpipe.planning.types import Alias, Plan, StageSpec
 from onnxpipe.schedule.timeline import Timeline
 
 StageCopies = Callable[[int, ValueKinds, Sequence[str], Recomputed], Recomputed]
@@ -66,7 +67,7 @@ def plan_from(
     cluster: Cluster | None = None,
     device_costs: tuple[DeviceCosts, ...] = (),
     microbatch_size: int = 1,
-    decoder: DecoderSummary | None = None,
+    decoder: DecoderRecord | None = None,
 ) -> Plan:
     """A :class:`Plan` from a solved partition: the fields every planner fills the same way, and its own."""
     recomputed = sum(len(st.recomputed_tensors) for st in stages)

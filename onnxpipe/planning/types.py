@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 from onnxpipe.cluster.costs import DeviceCosts
 from onnxpipe.cluster.model import Cluster
+from onnxpipe.core.choices import LinkModel, Phase
 from onnxpipe.core.inputfiles import InputRecord
-from onnxpipe.manifest.entries import DecoderIORecord
+from onnxpipe.manifest.entries import DecoderRecord
 from onnxpipe.schedule.timeline import Timeline
 
 ShapeParts = tuple[int | tuple[str, int], ...]
@@ -56,8 +57,9 @@ class StageSpec:
     kv_layers: tuple[int, ...] = ()
     """A decoder's layers whose KV cache this stage holds (:mod:`onnxpipe.planning.decoder`)."""
     kv_cache_bytes: int = 0
-    """That cache's bytes at the plan's maximum context (:attr:`DecoderSummary.max_context`)."""
-    phase_seconds: tuple[tuple[str, float], ...] = ()
+    """That cache's bytes at the plan's maximum context
+    (:attr:`~onnxpipe.manifest.entries.DecoderRecord.max_context`)."""
+    phase_seconds: tuple[tuple[Phase, float], ...] = ()
     """A decoder's estimated stage time at each phase profiled (``prefill``, ``decode``)."""
 
     recomputed_nodes: tuple[str, ...] = ()
@@ -109,22 +111,6 @@ class NodeSplit:
 
 
 @dataclass(frozen=True)
-class DecoderSummary:
-    """What a plan of a decoder adds: its layers, how it was cut, and the context its cache is counted at."""
-
-    layers: int
-    layer_cuts: bool
-    ends: str
-    max_context: int
-    phase: str
-    """The phase the stage costs are for: ``prefill``, ``decode`` or ``both``."""
-    phase_shapes: tuple[tuple[str, int, int], ...] = ()
-    """(phase, new tokens, cached tokens) of each phase profiled."""
-    io: DecoderIORecord | None = None
-    """The tensors a generation loop feeds and reads."""
-
-
-@dataclass(frozen=True)
 class Plan:
     """A K-stage partition of one model, with the numbers that justify it."""
 
@@ -147,7 +133,7 @@ class Plan:
     """How many workers an interleaved split deals its stages out to; None: a worker per stage."""
     time_slack: float = 0.0
     """The slowdown an interleaved split was allowed to trade for balanced weights."""
-    decoder: DecoderSummary | None = None
+    decoder: DecoderRecord | None = None
     """Set when the model is a decoder with a KV cache (:mod:`onnxpipe.planning.decoder`)."""
     reference_seconds: float | None = None
     """The whole model's time per run with the plan's threads at the profiled shapes, measured when the
@@ -159,7 +145,7 @@ class Plan:
     parts' nodes, which the model cut by :func:`onnxpipe.ir.nodesplit.cut_node` holds."""
     stage_counts_tried: tuple[tuple[int, float], ...] = ()
     """``--stages auto``: each stage count tried and its bottleneck (``inf``: could not be made)."""
-    link_model: str | None = None
+    link_model: LinkModel | None = None
     """``serial`` or ``overlap`` (:mod:`onnxpipe.planning.links`); None for a plan made outside the
     planner."""
 

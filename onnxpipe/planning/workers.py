@@ -37,7 +37,7 @@ from onnxpipe.planning.request import DEFAULT_TIME_SLACK
 from onnxpipe.planning.sequences import Sequences, first_reader_param_bytes, sequences
 from onnxpipe.planning.stages import plan_from, specs_from_bounds
 from onnxpipe.planning.types import Plan
-from onnxpipe.schedule.simulate import simulate
+from onnxpipe.schedule.simulate import stream
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 
 
@@ -79,7 +79,7 @@ def make_plan(
     )
 
     stages = specs_from_bounds(view, seq, part.bounds, part.compute, part.transfer)
-    timeline = simulate("stream", [s.cost_seconds for s in stages], None, [0.0] * k, microbatches)
+    timeline = stream([s.cost_seconds for s in stages], microbatches)
     return plan_from(
         view, profile, part, stages, seq.sizes, bandwidth_bytes_per_s, notes=tuple(notes), timeline=timeline
     )
@@ -174,9 +174,7 @@ def make_interleaved_plan(
         if copied:
             notes.append(copied)
     notes.append(_contiguous_comparison(seq, item_mem, workers, bandwidth_bytes_per_s))
-    timeline = simulate(
-        "stream", [s.cost_seconds for s in stages], None, [0.0] * k, microbatches, workers=part.workers
-    )
+    timeline = stream([s.cost_seconds for s in stages], microbatches, workers=part.workers)
     return Plan(
         model_sha256=view.sha256,
         stages=stages,

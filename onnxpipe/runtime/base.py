@@ -28,8 +28,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from onnxpipe.core.choices import LocalMode, choice
 from onnxpipe.core.errors import UsageError
-from onnxpipe.runtime.choices import DEFAULT_LOCAL_MODE, DEFAULT_SLOTS, LOCAL_MODES, LocalMode
+from onnxpipe.runtime.choices import DEFAULT_LOCAL_MODE, DEFAULT_SLOTS
 from onnxpipe.runtime.session import WorkerStats
 
 Tensors = dict[str, np.ndarray]
@@ -84,8 +85,7 @@ class LocalConfig:
     pin: bool = False
 
     def __post_init__(self) -> None:
-        if self.mode not in LOCAL_MODES:
-            raise UsageError(f"local mode {self.mode!r}: choose one of {', '.join(LOCAL_MODES)}")
+        object.__setattr__(self, "mode", choice(LocalMode, self.mode, "local_mode"))
         _check_slots(self.slots)
 
 

@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
+from onnxpipe.core.choices import Runtime
 from onnxpipe.core.engine_onnxruntime import OrtEngine
 from onnxpipe.core.errors import UsageError, error_line
 from onnxpipe.core.ortsession import Provider, open_session, session_options
-from onnxpipe.core.runtimes import Engine, Runtime, open_engine
+from onnxpipe.core.runtimes import Engine, open_engine
 from onnxpipe.runtime.affinity import pinned
 from onnxpipe.runtime.kvstate import CONTROL, Control, KVState, StepFlags
 from onnxpipe.runtime.spec import CPU_PROVIDER, WorkerSpec

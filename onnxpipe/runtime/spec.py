@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from onnxpipe.cluster.model import Device
+from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
-from onnxpipe.core.runtimes import DEFAULT_OPENVINO_DEVICE, EngineConfig, Runtime, runs_here
+from onnxpipe.core.runtimes import DEFAULT_OPENVINO_DEVICE, EngineConfig, runs_here
 from onnxpipe.core.runtimes import available as runtime_available
 from onnxpipe.manifest import DecoderIORecord, Manifest, ModelTensor
 from onnxpipe.runtime.kvstate import CONTROL, CacheSlot

@@ -36,8 +36,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from onnxpipe.core.choices import ScheduleKind, choice
 from onnxpipe.core.errors import UsageError
-from onnxpipe.schedule.timeline import KINDS, ScheduleKind, Step, StepKind, Timeline, Transfer
+from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES, Step, StepKind, Timeline, Transfer
 
 # --------------------------------------------------------------------------------------------------
 # step orders
@@ -47,19 +48,17 @@ def step_order(kind: ScheduleKind, stage: int, k: int, microbatches: int) -> tup
     """The order in which device ``stage`` (of ``k``) runs its steps under ``kind``."""
     m = microbatches
     fwd: list[tuple[StepKind, int]] = [("F", j) for j in range(m)]
-    if kind == "stream":
+    if kind == ScheduleKind.STREAM:
         return tuple(fwd)
     bwd: list[tuple[StepKind, int]] = [("B", j) for j in range(m)]
-    if kind == "gpipe":
+    if kind == ScheduleKind.GPIPE:
         return tuple(fwd + bwd)
-    if kind == "1f1b":
-        w = min(k - stage - 1, m)
-        order = fwd[:w]
-        for i in range(m - w):
-            order += [fwd[w + i], bwd[i]]
-        order += bwd[m - w :]
-        return tuple(order)
-    raise UsageError(f"unknown schedule {kind!r}; choose one of {', '.join(KINDS)}")
+    w = min(k - stage - 1, m)  # 1F1B
+    order = fwd[:w]
+    for i in range(m - w):
+        order += [fwd[w + i], bwd[i]]
+    order += bwd[m - w :]
+    return tuple(order)
 
 
 def in_flight(kind: ScheduleKind, stage: int, k: int, microbatches: int) -> int:
@@ -73,13 +72,11 @@ def in_flight(kind: ScheduleKind, stage: int, k: int, microbatches: int) -> int:
     """
     if microbatches < 1:
         return 0
-    if kind == "stream":
+    if kind == ScheduleKind.STREAM:
         return 1
-    if kind == "gpipe":
+    if kind == ScheduleKind.GPIPE:
         return microbatches
-    if kind == "1f1b":
-        return min(microbatches, k - stage)
-    raise UsageError(f"unknown schedule {kind!r}; choose one of {', '.join(KINDS)}")
+    return min(microbatches, k - stage)  # 1F1B
 
 
 # --------------------------------------------------------------------------------------------------
@@ -121,8 +118,7 @@ def simulate(
     ``workers[s]``: the device that runs stage ``s`` when stages share devices (``stream`` only; see
     :func:`_simulate_shared`); ``None``: a device per stage.
     """
-    if kind not in KINDS:
-        raise UsageError(f"unknown schedule {kind!r}; choose one of {', '.join(KINDS)}")
+    kind = choice(ScheduleKind, kind, "ScheduleRequest.kind")
     if microbatches < 1:
         raise UsageError(
             f"need at least one micro-batch, got {microbatches}; choose --microbatches 1 or more"
@@ -252,7 +248,7 @@ def _simulate_shared(fwd: list[float], link: list[float], m: int, workers: tuple
     slowest = max(max(load.values()), max(link))
     transfers.sort(key=lambda t: (t.start, t.link, t.kind, t.microbatch))
     return Timeline(
-        kind="stream",
+        kind=ScheduleKind.STREAM,
         microbatches=m,
         stages=tuple(tuple(row) for row in steps),
         transfers=tuple(transfers),
@@ -260,3 +256,16 @@ def _simulate_shared(fwd: list[float], link: list[float], m: int, workers: tuple
         steady_state_throughput_per_s=(1.0 / slowest) if slowest > 0 else math.inf,
         workers=workers,
     )
+
+
+def stream(
+    compute: Sequence[float],
+    microbatches: int = DEFAULT_MICROBATCHES,
+    *,
+    link: Sequence[float] | None = None,
+    workers: Sequence[int] | None = None,
+) -> Timeline:
+    """The streaming timeline of stages whose micro-batch takes ``compute[s]``, over free links unless
+    ``link`` says what each costs; ``workers`` as :func:`simulate` takes them."""
+    links = list(link) if link is not None else [0.0] * len(compute)
+    return simulate(ScheduleKind.STREAM, compute, None, links, microbatches, workers)

@@ -10,10 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-ScheduleKind = Literal["stream", "gpipe", "1f1b"]
+from onnxpipe.core.choices import ScheduleKind
+
 StepKind = Literal["F", "B"]
-KINDS: tuple[ScheduleKind, ...] = ("stream", "gpipe", "1f1b")
-TRAINING_KINDS: tuple[ScheduleKind, ...] = ("gpipe", "1f1b")
 DEFAULT_BACKWARD_RATIO = 2.0
 """Backward over forward time when no training graph says better: two matrix products per forward one."""
 DEFAULT_MICROBATCHES = 8
@@ -89,7 +88,7 @@ class Timeline:
     @property
     def first_latency(self) -> float:
         """When micro-batch 0 is finished: its last forward (inference) or its backward on stage 0."""
-        if self.kind == "stream":
+        if self.kind == ScheduleKind.STREAM:
             return next((st.end for st in self.stages[-1] if st.microbatch == 0), 0.0)
         return next((st.end for st in self.stages[0] if st.kind == "B" and st.microbatch == 0), 0.0)
 

@@ -26,10 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from onnxpipe.core.choices import Runtime, choice
 from onnxpipe.core.errors import ManifestError, UsageError, VerificationError, error_line
 from onnxpipe.core.files import file_sha256
 from onnxpipe.core.ortsession import open_session, session_options
-from onnxpipe.core.runtimes import EngineConfig, parse_runtime
+from onnxpipe.core.runtimes import EngineConfig
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
@@ -172,7 +173,7 @@ def stage_engines(manifest: Manifest, runtime: str | None, threads: int) -> list
             )
         by_name = {dev.name: dev for dev in manifest.cluster.devices}
         return [by_name[st.device].engine_config(threads) for st in manifest.stages]
-    chosen = parse_runtime(runtime, "--runtime")
+    chosen = choice(Runtime, runtime, "runtime")
     return [EngineConfig(runtime=chosen, threads=threads)] * manifest.k
 
 

@@ -31,12 +31,13 @@ from onnxpipe.calibrate.timing import (
     timed_runs,
 )
 from onnxpipe.cluster.model import Cluster, Device, Link
+from onnxpipe.core.choices import Phase
 from onnxpipe.core.errors import UsageError
 from onnxpipe.cost.phases import phase_profiles
 from onnxpipe.cost.profile import Profile, corrected
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.decoder import find_decoder
-from onnxpipe.ir.decoder_kinds import Phase, phase_shape
+from onnxpipe.ir.decoder_kinds import phase_shape
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.planning.planner import plan

@@ -18,18 +18,18 @@ from paths import SAMPLE_MODELS
 
 from onnxpipe.api import SplitOptions, split
 from onnxpipe.cluster.devicesfile import load_cluster
-from onnxpipe.cost.kinds import CostSource
+from onnxpipe.core.choices import CostSource, Ends, Phase
 from onnxpipe.cost.phases import phase_profiles
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.source import ProfileOptions
 from onnxpipe.ir.decoder import DecoderInfo, find_decoder
-from onnxpipe.ir.decoder_kinds import Phase, phase_shape
+from onnxpipe.ir.decoder_kinds import phase_shape
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapevalues import value_kinds
 from onnxpipe.partition import evaluate
 from onnxpipe.planning.decoder import kv_split_layers, layer_sequences
-from onnxpipe.planning.decoder_kinds import DecoderOptions, Ends
+from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.decoder_plan import decoder_stages, solve_layers
 from onnxpipe.planning.decoder_recompute import InputCopies, PhaseCosts, input_derived, priced_cuts
 from onnxpipe.planning.planner import plan

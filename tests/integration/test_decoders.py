@@ -19,6 +19,7 @@ from paths import SAMPLE_MODELS
 
 from onnxpipe.api import SplitOptions, split
 from onnxpipe.cluster.devicesfile import load_cluster
+from onnxpipe.core.choices import Ends
 from onnxpipe.core.errors import MemoryFitError, UsageError
 from onnxpipe.cost.source import ProfileOptions, get_profile
 from onnxpipe.export.stages import ExportOptions
@@ -29,7 +30,7 @@ from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.manifest import load_manifest
 from onnxpipe.planning.decoder import foreign_pasts, kv_split_layers
-from onnxpipe.planning.decoder_kinds import DecoderOptions, Ends
+from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.planner import plan
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.planning.stages import assign_stages

@@ -22,10 +22,11 @@ from paths import DEVICES, REPO_ROOT, SAMPLE_MODELS
 
 from onnxpipe.api import SplitOptions, split
 from onnxpipe.cluster.devicesfile import load_cluster
+from onnxpipe.core.choices import Ends
 from onnxpipe.cost.source import ProfileOptions
 from onnxpipe.export.genai import DEFAULT_EOS, GENAI_CONFIG_NAME
 from onnxpipe.export.stages import ExportOptions
-from onnxpipe.planning.decoder_kinds import DecoderOptions, Ends
+from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.request import PlanRequest
 
 og = pytest.importorskip(

@@ -16,13 +16,13 @@ from cli_runner import run as cli_run
 from paths import SAMPLE_MODELS
 
 from onnxpipe.api import SplitOptions, split
+from onnxpipe.core.choices import CostSource, Ends
 from onnxpipe.core.errors import UsageError
-from onnxpipe.cost.kinds import CostSource
 from onnxpipe.cost.source import ProfileOptions
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import load_manifest
-from onnxpipe.planning.decoder_kinds import DecoderOptions, Ends
+from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.pipeline import Pipeline

@@ -36,10 +36,10 @@ from onnxpipe import api
 from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.cli.commands.run import run as run_command
 from onnxpipe.core import ortsession
+from onnxpipe.core.choices import LocalMode
 from onnxpipe.core.text import human_bytes
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.base import LocalConfig
-from onnxpipe.runtime.choices import LocalMode
 from onnxpipe.runtime.inputs import input_shapes_for, random_inputs
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.report import baselines as compare

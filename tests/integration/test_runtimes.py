@@ -19,8 +19,9 @@ from onnxpipe.api import SplitOptions, split
 from onnxpipe.calibrate.devices import calibrate_on_devices
 from onnxpipe.calibrate.loop import CalibrationOptions
 from onnxpipe.cluster.model import Cluster, Device, Link
+from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import RuntimeStageError, UsageError
-from onnxpipe.core.runtimes import EngineConfig, Runtime, open_engine
+from onnxpipe.core.runtimes import EngineConfig, open_engine
 from onnxpipe.cost.runtime_profile import profile_on_runtime
 from onnxpipe.cost.source import ProfileOptions
 from onnxpipe.cost.static import static_profile

@@ -11,8 +11,8 @@ import pytest
 
 from onnxpipe.api import SplitOptions, split
 from onnxpipe.cluster.model import Cluster, Device, Link
+from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import ExportError
-from onnxpipe.core.runtime_kinds import Runtime
 from onnxpipe.cost.source import ProfileOptions
 from onnxpipe.export.triton import (
     TritonStep,

@@ -13,20 +13,21 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxpipe.core.choices import Ends, Phase
 from onnxpipe.core.errors import PartitionError
 from onnxpipe.cost.phases import phase_overrides
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir import contrib
 from onnxpipe.ir.decoder import _PAST, _kv_name, find_decoder, kv_bytes_per_token, scope_group
-from onnxpipe.ir.decoder_kinds import Phase, phase_shape
+from onnxpipe.ir.decoder_kinds import phase_shape
 from onnxpipe.ir.decoder_shapes import decoder_roles, expression_size
 from onnxpipe.ir.load import view_from_proto
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.partition.phases import solve_two_phases, solve_weighted
 from onnxpipe.planning.decoder import coarse_allowed, kv_split_layers, layer_sequences
-from onnxpipe.planning.decoder_kinds import DecoderOptions, Ends
+from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.decoder_plan import make_decoder_plan, solve_layers
 
 HEADS, HEAD_DIM, WIDTH, VOCAB = 2, 4, 8, 16

@@ -12,8 +12,8 @@ from paths import SAMPLE_MODELS
 
 from onnxpipe.cli import main
 from onnxpipe.cluster.model import Device
+from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
-from onnxpipe.core.runtime_kinds import Runtime
 from onnxpipe.export.genai import (
     DEFAULT_SEARCH,
     ConfigDims,

@@ -153,11 +153,16 @@ def test_no_onnxpipe_import_hides_inside_a_function() -> None:
 
 
 def test_type_checking_imports_stay_inside_their_room() -> None:
-    """Annotation-only imports, to name a type of the same room; the facade's lists every public name."""
+    """Annotation-only imports, to name a type of the same room; the facades list every public name, and
+    an options module (light, so that the CLI reads its defaults without loading onnx or numpy) names the
+    heavy types a field may hold (a profile, samples in memory, a cluster)."""
     crossing = [
         f"{imp.importer}:{imp.line} imports {imp.imported}"
         for imp in IMPORTS
-        if imp.type_checking and room(imp.importer) != room(imp.imported) and imp.importer != "onnxpipe"
+        if imp.type_checking
+        and room(imp.importer) != room(imp.imported)
+        and imp.importer not in ("onnxpipe", "onnxpipe.api")
+        and not imp.importer.endswith(".options")
     ]
     assert not crossing, "\n".join(crossing)
 

@@ -50,10 +50,3 @@ def test_cli_names_the_link_model(resnet: Path, work: Path, capfd: pytest.Captur
         ["plan", resnet, "-k", "2", "--cost", "static", "--schedule", "1f1b", "--link-model", "serial"], capfd
     )
     assert code == 2 and "--link-model serial is planned for streaming" in one_line_error(err, "plan")
-
-
-def test_the_manifest_reads_the_link_models_the_planner_writes() -> None:
-    from onnxpipe.manifest.read import LINK_MODELS as READ
-    from onnxpipe.planning.links import LINK_MODELS
-
-    assert READ == LINK_MODELS

@@ -27,6 +27,7 @@ from onnxpipe.planning.orders import (
     stages_auto,
     type_ids,
 )
+from onnxpipe.planning.request import PlanRequest
 
 ROOT = REPO_ROOT
 
@@ -226,8 +227,8 @@ def test_free_order_refusals() -> None:
         best_device_order(many, 6, solver(p), max_orders=100)
     with pytest.raises(UsageError, match="between 1 and 2"):
         best_device_order(mixed, 3, solver(p))
-    with pytest.raises(UsageError, match="unknown device order"):
-        place(mixed, 2, solver(p), order="random")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="`order=random`: choose one of fixed, free"):
+        PlanRequest(2, order="random")  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------------------------------

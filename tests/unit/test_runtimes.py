@@ -11,9 +11,10 @@ import pytest
 
 from onnxpipe.cluster.devicesfile import read_cluster
 from onnxpipe.cluster.model import Device, device_type
+from onnxpipe.core.choices import Runtime, choice
 from onnxpipe.core.engine_tract import fact
 from onnxpipe.core.errors import UsageError
-from onnxpipe.core.runtimes import EngineConfig, Runtime, bind_outputs, open_engine, parse_runtime, require
+from onnxpipe.core.runtimes import EngineConfig, bind_outputs, open_engine, require
 from onnxpipe.cost.runtime_profile import match_layer
 from onnxpipe.runtime.spec import placement_of
 
@@ -98,10 +99,10 @@ def test_a_missing_runtime_names_its_extra(monkeypatch: pytest.MonkeyPatch) -> N
         open_engine("stage_0.onnx", EngineConfig(runtime=Runtime.TRACT))
 
 
-def test_parse_runtime_lists_the_choices() -> None:
-    assert parse_runtime("openvino") == Runtime.OPENVINO
-    with pytest.raises(UsageError, match="choose one of onnxruntime, openvino, tract"):
-        parse_runtime("ov")
+def test_a_runtime_choice_lists_the_choices() -> None:
+    assert choice(Runtime, "openvino", "runtime") == Runtime.OPENVINO
+    with pytest.raises(UsageError, match="`runtime=ov`: choose one of onnxruntime, openvino, tract"):
+        choice(Runtime, "ov", "runtime")
 
 
 def test_outputs_bound_by_the_files_order() -> None:

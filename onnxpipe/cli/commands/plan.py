@@ -13,8 +13,8 @@ from onnxpipe.cli.tables import (
     format_plan_table,
     format_stage_counts,
 )
+from onnxpipe.core.choices import Phase
 from onnxpipe.export.checks import check_runtime_opsets
-from onnxpipe.ir.decoder_kinds import Phase
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.shapes import parse_shape_overrides
 from onnxpipe.planning.draw import draw_plan

@@ -8,8 +8,9 @@ from onnxpipe import api
 from onnxpipe.cli.commands.common import profile_options
 from onnxpipe.cli.commands.early import check_output_file
 from onnxpipe.cli.commands.preamble import BusyWatch, Say, before_work
+from onnxpipe.core.choices import Runtime, choice
 from onnxpipe.core.errors import UsageError
-from onnxpipe.core.runtimes import DEFAULT_OPENVINO_DEVICE, EngineConfig, Runtime, parse_runtime
+from onnxpipe.core.runtimes import DEFAULT_OPENVINO_DEVICE, EngineConfig
 from onnxpipe.cost.profile import DEFAULT_RUNTIME
 from onnxpipe.cost.runtime_profile import profile_on_runtime
 from onnxpipe.export.checks import check_runtime_opsets
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         if args.runtime != Runtime.OPENVINO.value and args.openvino_device != DEFAULT_OPENVINO_DEVICE:
             raise UsageError(f"--openvino-device is for --runtime openvino, not {args.runtime}")
         config = EngineConfig(
-            runtime=parse_runtime(args.runtime, "--runtime"),
+            runtime=choice(Runtime, args.runtime, "runtime"),
             threads=args.threads or 1,
             openvino_device=args.openvino_device,
         )

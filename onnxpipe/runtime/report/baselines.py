@@ -29,6 +29,7 @@ from typing import Literal
 import numpy as np
 import onnxruntime as ort
 
+from onnxpipe.core.choices import LocalMode
 from onnxpipe.core.errors import RuntimeStageError, error_line
 from onnxpipe.core.ortsession import Provider, open_session, session_options
 from onnxpipe.manifest import Manifest
@@ -183,7 +184,7 @@ def replicas_measurement(
     lanes = _replica_lanes(model, pipeline, placement, threads)
     if is_pinned(pipeline):  # like the pipeline's workers
         lanes, _ = assign_cpus(lanes)
-    backend = make_backend(lanes, RayConfig() if mode == "ray" else LocalConfig(mode=mode))
+    backend = make_backend(lanes, RayConfig() if mode == "ray" else LocalConfig(mode=LocalMode(mode)))
     with Pipeline(
         backend, input_types=pipeline.input_types, output_names=pipeline.output_names, lanes=lanes
     ) as data_parallel:
@@ -197,7 +198,7 @@ def replica_memory(
     holds, measured as a stage's is with ``--local-mode processes`` (threads share the process, whose
     growth while a session loads says little)."""
     lanes = _replica_lanes(model, pipeline, placement, [placement.threads])
-    backend = make_backend(lanes, LocalConfig(mode="processes"))
+    backend = make_backend(lanes, LocalConfig(mode=LocalMode.PROCESSES))
     with Pipeline(
         backend, input_types=pipeline.input_types, output_names=pipeline.output_names, lanes=lanes
     ) as one:
@@ -217,7 +218,7 @@ def stage_worker_memory(pipeline: Pipeline, inputs: Sequence[Feeds]) -> list[Wor
         return None
     placements = [s.placement for s in pipeline.lanes[0]]
     with Pipeline.from_manifest(
-        pipeline.directory, LocalConfig(mode="processes"), placements=placements
+        pipeline.directory, LocalConfig(mode=LocalMode.PROCESSES), placements=placements
     ) as alone:
         alone.run_many([inputs[j % len(inputs)] for j in range(MEMORY_MICROBATCHES)])
         return alone.stats()

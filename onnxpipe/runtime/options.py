@@ -1,0 +1,187 @@
+"""How a split folder is run (:class:`RunOptions`) and generates (:class:`GenerateOptions`), apart from
+the runtime's modules (which load numpy and onnxruntime) so that options objects are made, and the CLI
+reads their defaults, without loading them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from onnxpipe.core.choices import Backend, LocalMode, choice
+from onnxpipe.core.errors import UsageError
+from onnxpipe.core.options import opt
+from onnxpipe.cost.options import frozen_shapes
+from onnxpipe.runtime.choices import DEFAULT_LOCAL_MODE, DEFAULT_SLOTS
+
+if TYPE_CHECKING:
+    from onnxpipe.cluster.model import Cluster
+
+MEASURED_MICROBATCHES = 32
+"""Micro-batches :func:`onnxpipe.run` streams when neither ``inputs`` nor ``microbatches`` says how many."""
+SINGLE_LATENCY_MICROBATCHES = 8
+"""Micro-batches run one at a time after the measured stream, for the latency of one alone."""
+DEFAULT_RUN_WARMUP = 4
+"""Untimed micro-batches before the measured stream: each worker's first runs allocate."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Where and on what :func:`onnxpipe.run` runs a split folder, and what it measures.
+
+    Workers: ``backend`` (local ``local_mode`` threads or processes, ``pin`` to CPUs of their own, or Ray
+    actors on the cluster at ``ray_address`` with per-stage ``ray_resources``: a JSON file or one mapping
+    per stage), ``slots`` micro-batches per link, ``threads`` per stage (default: the split's devices',
+    else the plan's), ``devices``: a devices file (or cluster) naming each stage's provider and threads.
+
+    Inputs: ``inputs``, an ``.npz`` of micro-batches stacked on axis 0, or random ones at ``shapes``
+    (default: the planned shapes) from ``seed``; ``microbatches`` of them (default: all of ``inputs``,
+    else :data:`MEASURED_MICROBATCHES`) after ``warmup``; ``model``: the source model (default: the
+    path in the manifest), for random inputs and ``compare``.
+
+    Results: ``report`` (the measurements as JSON) and ``outputs`` (the model outputs as ``.npz``) are
+    written when given; ``compare`` also runs the model as one session and as K replicas, side by side.
+    """
+
+    backend: Backend = Backend.LOCAL
+    local_mode: LocalMode = DEFAULT_LOCAL_MODE
+    threads: int | None = None
+    devices: Cluster | Path | None = None
+    slots: int = DEFAULT_SLOTS
+    pin: bool = False
+    ray_address: str | None = None
+    ray_resources: Path | Sequence[Mapping[str, Any]] | None = None
+    inputs: Path | None = None
+    microbatches: int | None = None
+    warmup: int = DEFAULT_RUN_WARMUP
+    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    seed: int = 0
+    model: Path | None = None
+    report: Path | None = None
+    outputs: Path | None = None
+    compare: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "backend", choice(Backend, self.backend, "backend"))
+        object.__setattr__(self, "local_mode", choice(LocalMode, self.local_mode, "local_mode"))
+        object.__setattr__(self, "shapes", frozen_shapes(self.shapes))
+        for name in ("inputs", "model", "report", "outputs"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, Path(value))
+        if isinstance(self.devices, str):
+            object.__setattr__(self, "devices", Path(self.devices))
+        if isinstance(self.ray_resources, str):
+            object.__setattr__(self, "ray_resources", Path(self.ray_resources))
+
+    def check(self) -> None:
+        """Refuse what cannot work together, before anything starts: another backend's options."""
+        if self.slots < 1:
+            raise UsageError(f"{opt('slots', self.slots)}: a link between stages needs at least one slot")
+        if self.warmup < 0:
+            raise UsageError(f"{opt('warmup', self.warmup)}: give 0 or more warm-up micro-batches")
+        if self.microbatches is not None and self.microbatches < 1:
+            raise UsageError(f"{opt('microbatches', self.microbatches)}: give 1 or more")
+        if self.threads is not None and self.threads < 1:
+            raise UsageError(f"{opt('threads', self.threads)}: give 1 or more threads per stage")
+        if self.inputs is not None and self.shapes:
+            raise UsageError(
+                f"{opt('shapes')} is for random inputs; the shapes of {opt('inputs')} are those in the file"
+            )
+        if self.backend == Backend.RAY:
+            if self.pin:
+                raise UsageError(f"{opt('pin', True)} is for local workers; Ray places its actors itself")
+        else:
+            for name in ("ray_address", "ray_resources"):
+                if getattr(self, name) is not None:
+                    raise UsageError(f"{opt(name)} is for {opt('backend', Backend.RAY)}")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sample the next token: logits over ``temperature``, only the ``top_k`` most likely (0: all),
+    then only the most likely tokens whose probabilities add up to ``top_p`` (1.0: all), drawn with the
+    sequence's generator from ``seed`` (:mod:`onnxpipe.runtime.sampling`)."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise UsageError(f"{opt('temperature', self.temperature)}: give a number above 0")
+        if self.top_k < 0:
+            raise UsageError(f"{opt('top_k', self.top_k)}: give 0 (all tokens) or more")
+        if not 0 < self.top_p <= 1:
+            raise UsageError(f"{opt('top_p', self.top_p)}: give a number above 0 and at most 1")
+        if self.seed < 0:
+            raise UsageError(f"{opt('seed', self.seed)}: give 0 or more")
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """What :func:`onnxpipe.generate` generates, and where.
+
+    ``prompt_ids``: each prompt's token ids (several sequences in flight); at most ``max_new_tokens``
+    new tokens each, fewer when one of ``eos_token_ids`` comes; ``in_flight``: sequences in the pipeline
+    at once (default: every prompt).  Each token is the highest logit (greedy) unless ``do_sample``:
+    then it is drawn as ``temperature``, ``top_k``, ``top_p`` and ``seed`` say (:class:`Sampling`'s
+    defaults where not given).  Workers: ``local_mode`` with ``threads`` each (default: the split's
+    devices', else the plan's).  ``compare`` also generates with the unsplit model (``model``, default:
+    the manifest's) and K replicas of it: the tokens must be the same.
+    """
+
+    prompt_ids: tuple[tuple[int, ...], ...] = ()
+    max_new_tokens: int = 32
+    eos_token_ids: tuple[int, ...] = ()
+    in_flight: int | None = None
+    do_sample: bool = False
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    local_mode: LocalMode = DEFAULT_LOCAL_MODE
+    threads: int | None = None
+    compare: bool = False
+    model: Path | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt_ids", tuple(tuple(int(t) for t in p) for p in self.prompt_ids))
+        object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
+        object.__setattr__(self, "local_mode", choice(LocalMode, self.local_mode, "local_mode"))
+        if self.model is not None:
+            object.__setattr__(self, "model", Path(self.model))
+
+    @property
+    def sampling(self) -> Sampling | None:
+        """How tokens are drawn, or None: greedy."""
+        if not self.do_sample:
+            return None
+        return Sampling(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_k=self.top_k or 0,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            seed=self.seed or 0,
+        )
+
+    def check(self) -> None:
+        """Refuse what cannot work together, before any worker starts."""
+        if self.max_new_tokens < 1:
+            raise UsageError(f"{opt('max_new_tokens', self.max_new_tokens)}: give 1 or more")
+        if self.in_flight is not None and self.in_flight < 1:
+            raise UsageError(f"{opt('in_flight', self.in_flight)}: give 1 or more sequences")
+        if any(t < 0 for p in self.prompt_ids for t in p) or any(t < 0 for t in self.eos_token_ids):
+            raise UsageError(f"{opt('prompt_ids')}: token ids are 0 or more")
+        if not self.do_sample:
+            knobs = ("temperature", "top_k", "top_p", "seed")
+            given = [name for name in knobs if getattr(self, name) is not None]
+            if given:
+                raise UsageError(
+                    f"{opt(given[0])} is for sampling: add {opt('do_sample', True)}, or leave it out for "
+                    "greedy tokens"
+                )
+        self.sampling  # noqa: B018 (a bad temperature, top-k or top-p is refused here)
