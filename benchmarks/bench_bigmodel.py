@@ -70,14 +70,14 @@ from onnxpipe.planning.workers import make_plan
 model, out, k = sys.argv[1], sys.argv[2], int(sys.argv[3])
 view = phase("load", lambda: load_model(model))
 plan = phase("partition", lambda: make_plan(view, static_profile(view), k))
-manifest = phase("export", lambda: export_stages(view, plan, out, external_data="auto"))
+manifest = phase("export", lambda: export_stages(view, plan, out))
 result["stage_weight_bytes"] = [s.param_bytes for s in manifest.stages]
 result["external_data"] = [s.external_data for s in manifest.stages]
 print("RESULT " + json.dumps(result))
 """
 
 VERIFY = """
-from onnxpipe.verification.verify import verify
+from onnxpipe.api import verify
 
 report = phase("verify", lambda: verify(sys.argv[1]))
 result["verify_ok"] = report.ok

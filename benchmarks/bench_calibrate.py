@@ -29,9 +29,9 @@ from typing import Any
 
 from benchmarks.bench_pipeline import CpuWatch, model_table, run_models
 from benchmarks.common import benchmark_parser
-from onnxpipe import api
 from onnxpipe.calibrate.timing import ALONE_BLOCK, ready_stages, scratch_stages, time_in_turns
-from onnxpipe.cost.source import ProfileOptions
+from onnxpipe.cost.options import ProfileOptions
+from onnxpipe.cost.source import get_profile
 from onnxpipe.ir.load import load_model
 from onnxpipe.planning.workers import make_plan
 
@@ -40,7 +40,7 @@ def bench_model(
     name: str, path: Path, shapes: dict[str, tuple[int, ...]] | None, args: argparse.Namespace
 ) -> dict[str, Any]:
     view = load_model(path)
-    profile = api.get_profile(view, ProfileOptions(cost="profile", shapes=shapes))
+    profile = get_profile(view, ProfileOptions(cost="profile", shapes=shapes))
     plan = make_plan(view, profile, 2)
     blocks = {"blocked": args.runs, "turns": ALONE_BLOCK}
     times: dict[str, list[list[float]]] = {k: [] for k in blocks}

@@ -42,8 +42,8 @@ from benchmarks.common import (
     write_result,
 )
 from onnxpipe.core.choices import Phase
+from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.cost.phases import phase_profiles
-from onnxpipe.cost.source import ProfileOptions
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.feeds import random_feeds

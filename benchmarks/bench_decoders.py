@@ -59,9 +59,9 @@ from benchmarks.common import (
 from onnxpipe.calibrate.loop import calibrate_phases
 from onnxpipe.calibrate.timing import timed_runs
 from onnxpipe.core.choices import Ends, Phase
+from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.cost.phases import phase_profiles
 from onnxpipe.cost.profile import Profile
-from onnxpipe.cost.source import ProfileOptions
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.decoder import DecoderInfo, find_decoder
 from onnxpipe.ir.feeds import random_feeds

@@ -32,7 +32,7 @@ import numpy as np
 
 from benchmarks.common import benchmark_parser, median, params_of, print_table, shown, write_result
 from onnxpipe.api import SplitOptions, split
-from onnxpipe.cost.source import ProfileOptions
+from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.generate import Generation
@@ -70,7 +70,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             vocab = export_decoders.SPECS[model].vocab
             for k in args.stages:
                 folder = Path(tmp) / f"{model}-{k}"
-                split(path, PlanRequest(k), folder, SplitOptions(profile=ProfileOptions(runs=10, threads=1)))
+                split(
+                    path,
+                    SplitOptions(out=folder, plan=PlanRequest(k), profile=ProfileOptions(runs=10, threads=1)),
+                )
                 for in_flight in args.in_flight or sorted({1, k, 2 * k}):
                     sequences = prompts(
                         max(in_flight, k), args.prompt_tokens, vocab, seed=k * 100 + in_flight

@@ -39,16 +39,17 @@ import onnxruntime as ort
 
 from benchmarks.common import benchmark_parser, model_path, params_of, shown, write_result
 from onnxpipe import api
+from onnxpipe.api import VerifyOptions, verify
 from onnxpipe.calibrate.devices import time_stages_on_devices
-from onnxpipe.calibrate.loop import CalibrationOptions
+from onnxpipe.calibrate.options import CalibrationOptions
 from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.runtimes import EngineConfig, open_engine, time_run
-from onnxpipe.cost.source import ProfileOptions
+from onnxpipe.cost.options import ProfileOptions
+from onnxpipe.cost.source import get_profile
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.runtime import Pipeline
-from onnxpipe.verification.verify import verify
 
 GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "ROCMExecutionProvider")
 MODELS = {"resnet50": ("light_resnet50", None), "yolov8n": ("nudenet", {"images": (1, 3, 320, 320)})}
@@ -127,18 +128,22 @@ def main(argv: list[str]) -> int:
     request = PlanRequest(2, devices=cluster)
     profile_options = ProfileOptions(threads=args.threads, shapes=shapes or {}, runs=10)
     rows: list[dict[str, Any]] = []
-    profile = api.get_profile(view, profile_options)
+    profile = get_profile(view, profile_options)
     by_name = {d.name: d for d in cluster.devices}
     with tempfile.TemporaryDirectory(prefix="onnxpipe-gpu-") as tmp:
         for label, rounds in (("from_profiles", 0), ("calibrated", 2)):
             out = Path(tmp) / label
             options_ = api.SplitOptions(
+                out=out,
+                plan=request,
                 profile=dataclasses.replace(profile_options, saved=profile, threads=None),
                 calibration=CalibrationOptions(rounds=rounds),
             )
-            result = api.split(path, request, out, options_)
+            result = api.split(path, options_)
             measured = time_stages_on_devices(view, result.plan, profile, by_name, runs=args.runs)
-            on_devices = verify(out, runtime="devices", shapes=shapes or {})  # each stage on its device
+            on_devices = verify(
+                out, VerifyOptions(runtime="devices", shapes=shapes or {})
+            )  # each stage on its device
             row = _stage_rows(label, result, measured)
             row["verified_on_devices"] = on_devices.ok
             row["max_rel_diff_on_devices"] = max(o.max_rel_diff for o in on_devices.outputs)

@@ -44,6 +44,7 @@ from benchmarks.common import benchmark_parser
 from onnxpipe import api
 from onnxpipe.api import CalibrationOptions, PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.core.choices import LocalMode
+from onnxpipe.cost.source import get_profile
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.affinity import cpu_sets
@@ -127,13 +128,13 @@ def bench_model(
     name: str, path: Path, shapes: dict[str, tuple[int, ...]] | None, args: argparse.Namespace
 ) -> dict[str, Any]:
     base = Path(tempfile.mkdtemp(prefix=f"interleave-{name}-"))
-    profile = api.get_profile(load_model(path), ProfileOptions(cost="profile", shapes=shapes))
+    profile = get_profile(load_model(path), ProfileOptions(cost="profile", shapes=shapes))
     splits = {"contiguous": base / "contiguous", "interleaved": base / "interleaved"}
     api.split(
         path,
-        args.k,
-        splits["contiguous"],
         SplitOptions(
+            out=splits["contiguous"],
+            plan=PlanRequest(args.k),
             profile=ProfileOptions(saved=profile),
             calibration=CalibrationOptions(rounds=args.calibrate),
             verify=False,
@@ -141,9 +142,9 @@ def bench_model(
     )
     api.split(
         path,
-        PlanRequest(args.k * args.v, workers=args.k),
-        splits["interleaved"],
         SplitOptions(
+            out=splits["interleaved"],
+            plan=PlanRequest(args.k * args.v, workers=args.k),
             profile=ProfileOptions(saved=profile),
             calibration=CalibrationOptions(rounds=args.calibrate),
             verify=False,

@@ -46,7 +46,7 @@ import onnxruntime as ort
 from benchmarks.bench_pipeline import CpuWatch, model_table, run_models
 from benchmarks.common import ROOT, benchmark_parser
 from onnxpipe import api
-from onnxpipe.api import ProfileOptions, SplitOptions
+from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.core.ortsession import session_options
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import Manifest, load_manifest
@@ -177,7 +177,10 @@ def bench_model(
 ) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix=f"overhead-{name}-")) / "split"
     profile = api.get_profile(load_model(path), ProfileOptions(cost="profile", shapes=shapes))
-    api.split(path, args.k, out, SplitOptions(profile=ProfileOptions(saved=profile), verify=False))
+    api.split(
+        path,
+        SplitOptions(out=out, plan=PlanRequest(args.k), profile=ProfileOptions(saved=profile), verify=False),
+    )
     manifest: Manifest = load_manifest(out)
     sets = cpu_sets([1] * args.k)
     if sets is None:

@@ -57,6 +57,7 @@ CPU of its own, each session to the first CPUs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import random
@@ -74,7 +75,6 @@ import onnxruntime as ort
 from benchmarks.common import benchmark_parser, params_of, shown, write_result
 from onnxpipe import api
 from onnxpipe.api import CalibrationOptions, PlanRequest, ProfileOptions, SplitOptions
-from onnxpipe.calibrate.modes import DEFAULT_CALIBRATION_MODE
 from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.choices import CalibrationMode, values
 from onnxpipe.core.errors import MemoryFitError
@@ -269,9 +269,12 @@ def weight_balanced_split(path: Path, k: int, profile: Profile, out: Path) -> ap
         try:
             return api.split(
                 path,
-                PlanRequest(k, devices=_cpus(k, need)),
-                out / f"weights{attempt}",
-                SplitOptions(profile=ProfileOptions(saved=profile), verify=False),
+                SplitOptions(
+                    out=out / f"weights{attempt}",
+                    plan=PlanRequest(k, devices=_cpus(k, need)),
+                    profile=ProfileOptions(saved=profile),
+                    verify=False,
+                ),
             )
         except MemoryFitError as e:  # the partitioner's bound, then the final check with shared weights
             need = max(need + 1, math.ceil(e.smallest_fit_bytes * (1 + 1e-9)) + 1)
@@ -295,7 +298,7 @@ def bench_model(
         calibration=CalibrationOptions(rounds=args.calibrate, mode=args.calibrate_in),
         verify=False,
     )
-    result = api.split(path, k, out, options)
+    result = api.split(path, dataclasses.replace(options, out=out, plan=PlanRequest(k)))
     split_s = time.perf_counter() - start
     manifest = load_manifest(out)
     input_shapes = {n: tuple(v) for n, v in manifest.plan.profiled_input_shapes.items()}
@@ -614,8 +617,8 @@ def result_name(base: str, args: argparse.Namespace) -> str:
         name += "_pinned"
     if getattr(args, "calibrate", 0):
         name += "_calibrated"
-        mode = getattr(args, "calibrate_in", DEFAULT_CALIBRATION_MODE)
-        if mode != DEFAULT_CALIBRATION_MODE:
+        mode = getattr(args, "calibrate_in", CalibrationOptions().mode)
+        if mode != CalibrationOptions().mode:
             name += f"_in_{mode}"
     return name
 
@@ -663,7 +666,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--calibrate-in",
         choices=values(CalibrationMode),
-        default=DEFAULT_CALIBRATION_MODE,
+        default=CalibrationOptions().mode,
         help="how --calibrate times the stages (`onnxpipe split --calibrate-in`)",
     )
     parser.add_argument(

@@ -46,6 +46,7 @@ from benchmarks.bench_pipeline import CLOCK_TICKS, _busy_ticks, model_table, run
 from benchmarks.common import benchmark_parser
 from onnxpipe import api
 from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
+from onnxpipe.cost.source import get_profile
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.backends.ray_backend import RayBackend
@@ -212,14 +213,22 @@ def bench_model(
     name: str, path: Path, shapes: dict[str, tuple[int, ...]] | None, args: argparse.Namespace
 ) -> dict[str, Any]:
     base = Path(tempfile.mkdtemp(prefix=f"ray-{name}-"))
-    profile = api.get_profile(load_model(path), ProfileOptions(cost="profile", shapes=shapes))
+    profile = get_profile(load_model(path), ProfileOptions(cost="profile", shapes=shapes))
     contiguous, interleaved = base / "contiguous", base / "interleaved"
-    api.split(path, args.k, contiguous, SplitOptions(profile=ProfileOptions(saved=profile), verify=False))
     api.split(
         path,
-        PlanRequest(args.k * args.v, workers=args.k),
-        interleaved,
-        SplitOptions(profile=ProfileOptions(saved=profile), verify=False),
+        SplitOptions(
+            out=contiguous, plan=PlanRequest(args.k), profile=ProfileOptions(saved=profile), verify=False
+        ),
+    )
+    api.split(
+        path,
+        SplitOptions(
+            out=interleaved,
+            plan=PlanRequest(args.k * args.v, workers=args.k),
+            profile=ProfileOptions(saved=profile),
+            verify=False,
+        ),
     )
     plain, dealt = load_manifest(contiguous), load_manifest(interleaved)
     variants = {

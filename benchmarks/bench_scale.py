@@ -11,7 +11,7 @@ each phase and reads its own peak resident memory per phase (``VmHWM``, reset be
 * ``partition``: :func:`onnxpipe.planning.workers.make_plan` (the exact partitioner) into K stages;
 * ``export``: :func:`onnxpipe.export.stages.export_stages` (build, write, ``onnx.checker`` and an
   onnxruntime load of every stage, manifest);
-* ``verify``: :func:`onnxpipe.verification.verify.verify` (the model and the chained stages in
+* ``verify``: :func:`onnxpipe.verify` (the model and the chained stages in
   onnxruntime at deployment settings, one random input), reported apart: it is not part of splitting.
 
 The table gives seconds per phase, their sum without ``verify``, microseconds per node (flat when the
@@ -72,7 +72,7 @@ CHILD = MEMORY_PRELUDE + textwrap.dedent(
     from onnxpipe.export.stages import export_stages
     from onnxpipe.ir.load import load_model
     from onnxpipe.planning.workers import make_plan
-    from onnxpipe.verification.verify import verify
+    from onnxpipe.api import verify
 
     model, out, k, run_verify = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
     result = {"floor_bytes": status("VmRSS")}

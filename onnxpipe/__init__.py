@@ -1,9 +1,11 @@
 """onnxpipe: split one ONNX model into a balanced pipeline of stage models.
 
-The public API is this module's ``__all__``; everything else is private and may change.  Names are
-imported on first use (PEP 562), so ``import onnxpipe`` is cheap: every pipeline worker process imports
-the package, and most of them need only the runtime.  A public name never equals a submodule's name:
-importing a submodule sets the package attribute of its name, which would hide a function so named.
+The public API is this module's ``__all__``: the door's functions (one per subcommand, each with its
+options object and result, :mod:`onnxpipe.api`), the errors, and the steps below the door for those who
+compose them (``load_model``, ``profile_model``, ``make_plan``, ``export_stages``...).  Everything else is
+private and may change.  Names are imported on first use (:mod:`onnxpipe.core.lazy`), so ``import
+onnxpipe`` is cheap: every pipeline worker process imports the package, and most of them need only the
+runtime.
 
 >>> import onnxpipe
 >>> "split" in onnxpipe.__all__
@@ -12,26 +14,60 @@ True
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from onnxpipe.core.lazy import lazy_exports
+from onnxpipe.core.version import __version__
+
+_API = "onnxpipe.api"
+_ERRORS = "onnxpipe.core.errors"
 
 _EXPORTS: dict[str, str] = {
-    "SplitResult": "onnxpipe.api",
-    "get_profile": "onnxpipe.api",
-    "split": "onnxpipe.api",
+    # the door: a function per subcommand, its options, its result
+    "profile": _API,
+    "plan": _API,
+    "split": _API,
+    "verify": _API,
+    "inspect": _API,
+    "run": _API,
+    "generate": _API,
+    "export_triton": _API,
+    "ProfileOptions": _API,
+    "PlanOptions": _API,
+    "PlanRequest": _API,
+    "ScheduleRequest": _API,
+    "DecoderOptions": _API,
+    "SplitOptions": _API,
+    "CalibrationOptions": _API,
+    "ExportOptions": _API,
+    "VerifyOptions": _API,
+    "InspectOptions": _API,
+    "RunOptions": _API,
+    "GenerateOptions": _API,
+    "Sampling": _API,
+    "TritonOptions": _API,
+    "PlanResult": _API,
+    "SplitResult": _API,
+    "FolderInspection": _API,
+    "ModelInspection": _API,
+    "GenerateResult": _API,
+    "RunReport": _API,
+    "TritonRepository": _API,
+    "VerifyReport": _API,
+    # the errors
+    "ExportError": _ERRORS,
+    "ManifestError": _ERRORS,
+    "MemoryFitError": _ERRORS,
+    "ModelLoadError": _ERRORS,
+    "OnnxpipeError": _ERRORS,
+    "PartitionError": _ERRORS,
+    "ProfileError": _ERRORS,
+    "RuntimeStageError": _ERRORS,
+    "UsageError": _ERRORS,
+    "VerificationError": _ERRORS,
+    # the steps below the door
+    "get_profile": "onnxpipe.cost.source",
     "static_profile": "onnxpipe.cost.static",
-    "ExportError": "onnxpipe.core.errors",
-    "ManifestError": "onnxpipe.core.errors",
-    "MemoryFitError": "onnxpipe.core.errors",
-    "ModelLoadError": "onnxpipe.core.errors",
-    "OnnxpipeError": "onnxpipe.core.errors",
-    "PartitionError": "onnxpipe.core.errors",
-    "ProfileError": "onnxpipe.core.errors",
-    "RuntimeStageError": "onnxpipe.core.errors",
-    "UsageError": "onnxpipe.core.errors",
-    "VerificationError": "onnxpipe.core.errors",
     "export_stages": "onnxpipe.export.stages",
     "Manifest": "onnxpipe.manifest",
     "load_manifest": "onnxpipe.manifest",
@@ -42,23 +78,28 @@ _EXPORTS: dict[str, str] = {
     "Plan": "onnxpipe.planning.types",
     "StageSpec": "onnxpipe.planning.types",
     "make_plan": "onnxpipe.planning.workers",
-    "ScheduleRequest": "onnxpipe.planning.request",
     "plan_pipeline": "onnxpipe.planning.cluster",
     "Profile": "onnxpipe.cost.profile",
     "profile_model": "onnxpipe.cost.measure",
     "Pipeline": "onnxpipe.runtime",
-    "VerifyReport": "onnxpipe.verification.verify",
-    "verify": "onnxpipe.verification.verify",
     "Cluster": "onnxpipe.cluster.model",
     "load_cluster": "onnxpipe.cluster.devicesfile",
 }
 
 __all__ = [
+    "CalibrationOptions",
     "Cluster",
+    "DecoderOptions",
     "ExportError",
+    "ExportOptions",
+    "FolderInspection",
+    "GenerateOptions",
+    "GenerateResult",
+    "InspectOptions",
     "Manifest",
     "ManifestError",
     "MemoryFitError",
+    "ModelInspection",
     "ModelLoadError",
     "ModelView",
     "OnnxpipeError",
@@ -66,46 +107,82 @@ __all__ = [
     "PartitionError",
     "Pipeline",
     "Plan",
+    "PlanOptions",
+    "PlanRequest",
+    "PlanResult",
     "Profile",
     "ProfileError",
+    "ProfileOptions",
+    "RunOptions",
+    "RunReport",
     "RuntimeStageError",
+    "Sampling",
     "ScheduleRequest",
+    "SplitOptions",
     "SplitResult",
     "StageSpec",
+    "TritonOptions",
+    "TritonRepository",
     "UsageError",
     "VerificationError",
+    "VerifyOptions",
     "VerifyReport",
     "__version__",
     "export_stages",
+    "export_triton",
+    "generate",
     "get_profile",
+    "inspect",
     "load_cluster",
     "load_manifest",
     "load_model",
     "make_plan",
+    "plan",
     "plan_pipeline",
+    "profile",
     "profile_model",
+    "run",
     "solve",
     "split",
     "static_profile",
     "verify",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'onnxpipe' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
-
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 
 if TYPE_CHECKING:
-    from onnxpipe.api import SplitResult, get_profile, split
+    from onnxpipe.api import (
+        CalibrationOptions,
+        DecoderOptions,
+        ExportOptions,
+        FolderInspection,
+        GenerateOptions,
+        GenerateResult,
+        InspectOptions,
+        ModelInspection,
+        PlanOptions,
+        PlanRequest,
+        PlanResult,
+        ProfileOptions,
+        RunOptions,
+        RunReport,
+        Sampling,
+        ScheduleRequest,
+        SplitOptions,
+        SplitResult,
+        TritonOptions,
+        TritonRepository,
+        VerifyOptions,
+        VerifyReport,
+        export_triton,
+        generate,
+        inspect,
+        plan,
+        profile,
+        run,
+        split,
+        verify,
+    )
     from onnxpipe.cluster.devicesfile import load_cluster
     from onnxpipe.cluster.model import Cluster
     from onnxpipe.core.errors import (
@@ -122,6 +199,7 @@ if TYPE_CHECKING:
     )
     from onnxpipe.cost.measure import profile_model
     from onnxpipe.cost.profile import Profile
+    from onnxpipe.cost.source import get_profile
     from onnxpipe.cost.static import static_profile
     from onnxpipe.export.stages import export_stages
     from onnxpipe.ir.load import load_model
@@ -129,8 +207,6 @@ if TYPE_CHECKING:
     from onnxpipe.manifest import Manifest, load_manifest
     from onnxpipe.partition import Partition, solve
     from onnxpipe.planning.cluster import plan_pipeline
-    from onnxpipe.planning.request import ScheduleRequest
     from onnxpipe.planning.types import Plan, StageSpec
     from onnxpipe.planning.workers import make_plan
     from onnxpipe.runtime import Pipeline
-    from onnxpipe.verification.verify import VerifyReport, verify

@@ -50,7 +50,7 @@ def run_with_file_size_limit(
 
 
 PREAMBLE = ("input ", "  the guessed sizes", "warning: ", "... ")
-"""How the lines a command prints before its work begin (:mod:`onnxpipe.cli.commands.preamble`)."""
+"""How the lines a command prints before its work begin (:mod:`onnxpipe.api.preamble`)."""
 
 
 def preamble_only(out: str) -> bool:

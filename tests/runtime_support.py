@@ -74,9 +74,7 @@ def split_tiny(base: Path, sample_models_dir: Path) -> Path:
     out = base / "split"
     api.split(
         sample_models_dir / "transformer_tiny.onnx",
-        2,
-        out,
-        SplitOptions(profile=ProfileOptions(cost="static"), verify=False),
+        SplitOptions(out=out, plan=PlanRequest(2), profile=ProfileOptions(cost="static"), verify=False),
     )
     return out
 
@@ -88,10 +86,11 @@ def split_reshape(base: Path) -> Path:
     out = base / "split"
     api.split(
         path,
-        2,
-        out,
         SplitOptions(
-            profile=ProfileOptions(cost="static", shapes={"x": (4, 8), "shape": (2,)}), verify=False
+            out=out,
+            plan=PlanRequest(2),
+            profile=ProfileOptions(cost="static", shapes={"x": (4, 8), "shape": (2,)}),
+            verify=False,
         ),
     )
     return out
@@ -185,9 +184,12 @@ def split_on_devices(tmp_path: Path, sample_models_dir: Path, *devices: tuple[st
     devices_path = devices_file(tmp_path / "devices.json", *devices)
     api.split(
         sample_models_dir / "transformer_tiny.onnx",
-        PlanRequest(len(devices), devices=load_cluster(devices_path)),
-        out,
-        SplitOptions(profile=ProfileOptions(cost="static"), verify=False),
+        SplitOptions(
+            out=out,
+            plan=PlanRequest(len(devices), devices=load_cluster(devices_path)),
+            profile=ProfileOptions(cost="static"),
+            verify=False,
+        ),
     )
     return out
 

@@ -32,8 +32,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from onnxpipe.api import ExportOptions
 from onnxpipe.core.errors import OnnxpipeError, error_line
-from onnxpipe.cost.source import ProfileOptions, get_profile
+from onnxpipe.cost.options import ProfileOptions
+from onnxpipe.cost.source import get_profile
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import view_from_proto
 from onnxpipe.ir.samples import samples_from_feeds
@@ -143,7 +145,11 @@ def run_case(case: Case, scratch: Path) -> Outcome:
         prof = get_profile(view, ProfileOptions(cost="static", inputs=samples))
         the_plan = plan(view, prof, PlanRequest(k))
         manifest = export_stages(
-            view, the_plan, out, force=True, source_name=f"{case.name}.onnx", feeds=samples.first
+            view,
+            the_plan,
+            out,
+            ExportOptions(force=True, source_name=f"{case.name}.onnx"),
+            feeds=samples.first,
         )
         got = run_stage_by_stage(out, [case.inputs])[0]
     except OnnxpipeError as e:

@@ -36,6 +36,7 @@ from onnxpipe.cluster.costs import DeviceCosts, provider_available
 from onnxpipe.cluster.model import Cluster, Device, _frozen
 from onnxpipe.core.choices import CostSource
 from onnxpipe.core.errors import UsageError, error_line
+from onnxpipe.core.options import opt
 from onnxpipe.core.runtimes import Engine, open_engine
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.feeds import random_feeds
@@ -54,8 +55,10 @@ def check_devices_here(cluster: Cluster) -> None:
         if not provider_available(d):
             raise UsageError(
                 f"{cluster.label}: devices[{i}] ({d.name}) runs on {d.runtime_label}, which is not available "
-                "here, so --calibrate cannot time its stage; calibrate on a machine that has every device, "
-                "or give that device a profile measured on it (profile_path) and leave --calibrate out"
+                f"here, so {opt('CalibrationOptions.rounds')} cannot time its stage; calibrate on a machine "
+                "that has every device, or give that device a profile measured on it (profile_path) and "
+                "leave "
+                f"{opt('CalibrationOptions.rounds')} out"
             )
 
 
@@ -129,10 +132,10 @@ def calibrate_on_devices(
     """The plan of ``request`` (which has devices) after calibrating every stage on its device (see the
     module docstring), and what each round measured."""
     if rounds < 1:
-        raise UsageError(f"--calibrate {rounds}: give at least 1 round")
+        raise UsageError(f"{opt('CalibrationOptions.rounds', rounds)}: give at least 1 round")
     cluster = request.devices
     if cluster is None:
-        raise UsageError("calibrating on devices needs a devices file (--devices)")
+        raise UsageError(f"calibrating on devices needs a devices file ({opt('devices')})")
     check_devices_here(cluster)
     measure = timer or time_stages_on_devices
     by_name = {d.name: d for d in cluster.devices}

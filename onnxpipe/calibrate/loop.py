@@ -9,7 +9,7 @@ wake next to the last worker more than the first (the ``calibrate`` and ``pipeli
 both, ``benchmarks/results/calibrate.json``).
 
 How: export the plan's stages to a scratch folder and time them
-(:data:`onnxpipe.calibrate.modes.CalibrationMode`): ``alone`` runs each stage by itself at the
+(:class:`onnxpipe.calibrate.options.CalibrationOptions`): ``alone`` runs each stage by itself at the
 profiled shapes (its inputs from running the earlier stages once) and takes the median of ``runs``
 timed runs after ``warmup``, the stages taking turns a few runs at a time; ``pipeline`` runs them
 together as a thread pipeline, each worker pinned to CPUs of its own, and takes each worker's median
@@ -32,24 +32,15 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from onnxpipe.calibrate.modes import DEFAULT_CALIBRATION_MODE
 from onnxpipe.calibrate.timing import StageTimer, time_stages
-from onnxpipe.core.choices import CalibrationMode, Phase
+from onnxpipe.core.choices import Phase
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import Profile, corrected
 from onnxpipe.ir.model import ModelView
 from onnxpipe.planning.types import Plan
 
 DEFAULT_TOLERANCE = 0.02
-
-
-@dataclass(frozen=True)
-class CalibrationOptions:
-    """Whether and how ``split`` calibrates: ``rounds`` of timing and partitioning again (0: none), each
-    timing the stages as ``mode`` says."""
-
-    rounds: int = 0
-    mode: CalibrationMode = DEFAULT_CALIBRATION_MODE
 
 
 @dataclass(frozen=True)
@@ -175,7 +166,7 @@ def calibrate_phases(
     costs can lead to a cut that runs worse than one already timed.
     """
     if rounds < 1:
-        raise UsageError(f"--calibrate {rounds}: give at least 1 round")
+        raise UsageError(f"{opt('CalibrationOptions.rounds', rounds)}: give at least 1 round")
     measure = timer or time_stages
     current = dict(profiles)
     plan = make_plan(current)

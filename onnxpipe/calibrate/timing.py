@@ -1,7 +1,7 @@
 """Timing a plan's stages on this machine, for calibration: each alone taking turns, or together as a
 pinned thread pipeline; and the whole model once, for the machine's speed at that moment.
 
-Why two ways, and why ``alone`` is the default, is :data:`onnxpipe.calibrate.modes.CalibrationMode`'s
+Why two ways, and why ``alone`` is the default, is :class:`onnxpipe.calibrate.options.CalibrationOptions`'
 docstring; what the times are for is :mod:`onnxpipe.calibrate.loop`'s.
 """
 
@@ -21,6 +21,7 @@ import numpy as np
 
 from onnxpipe.core.choices import CalibrationMode, LocalMode, choice
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.core.runtimes import median_seconds
 from onnxpipe.cost.profile import Profile
@@ -240,8 +241,9 @@ def choose_timer(
     needed = stages * threads
     if mode == "pipeline" and needed > cpus:
         raise UsageError(
-            f"--calibrate-in pipeline pins each of the {stages} stages' {threads} thread(s) to a CPU of "
-            f"its own: {needed} CPUs, and this process may use {cpus}; use --calibrate-in alone"
+            f"{opt('CalibrationOptions.mode', 'pipeline')} pins each of the {stages} stages' {threads} "
+            f"thread(s) to a CPU of its own: {needed} CPUs, and this process may use {cpus}; use "
+            f"{opt('CalibrationOptions.mode', 'alone')}"
         )
     if mode == "alone" or needed > cpus or (mode == "auto" and needed > cores):
         return time_stages, "each stage timed alone"

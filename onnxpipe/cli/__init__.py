@@ -1,13 +1,17 @@
-"""The ``onnxpipe`` command: thin argument parsing over :mod:`onnxpipe.api`; the only place that prints.
+"""The ``onnxpipe`` command: it parses, maps flags to options through one table per subcommand, calls
+:mod:`onnxpipe.api`, and prints; the only place that prints, and the only one that names a flag.
 
 Exit codes (documented in docs/cli.md): 0 success; 1 verification found a mismatch; 2 usage error;
 3 model cannot be loaded; 4 profiling failed or profile of another model; 5 no valid partition;
 6 export failed; 7 manifest invalid or stage files changed; 8 a stage failed while running.
 argparse's own errors (a missing or unknown option, a bad value) are usage errors too: one line, exit 2.
+A library error names the option to change as its field (:mod:`onnxpipe.core.options`); it is printed
+with that option worded as its flag.
 
-Each subcommand is two modules: its parser, ``onnxpipe.cli.<name>`` (argparse and light modules only),
-and its work, ``onnxpipe.cli.commands.<name>``, imported only when it runs (:data:`.commands.WORK`), so
-that ``--help``, ``--version`` and usage errors answer without loading onnx, onnxruntime or numpy.
+Each subcommand is two modules: its parser and table, ``onnxpipe.cli.<name>`` (argparse, the door's light
+options and core only), and its work, ``onnxpipe.cli.commands.<name>``, imported only when it runs
+(:data:`.commands.WORK`), so that ``--help``, ``--version`` and usage errors answer without loading onnx,
+onnxruntime or numpy.
 """
 
 from __future__ import annotations
@@ -17,15 +21,11 @@ import os
 import sys
 from collections.abc import Sequence
 
-from onnxpipe import __version__
-from onnxpipe.cli import export_triton, generate, inspect, plan, profile, run, split, verify
 from onnxpipe.cli.arguments import CommandParser, SubcommandParser
 from onnxpipe.cli.commands import work
+from onnxpipe.cli.parsers import SUBCOMMANDS, worded
 from onnxpipe.core.errors import OnnxpipeError
-
-SUBCOMMANDS = (profile, split, plan, verify, run, generate, inspect, export_triton)
-"""The parsers, in the order ``onnxpipe --help`` lists them; each module has ``NAME``, ``HELP`` and
-``add_arguments``; the work of each is in :data:`.commands.WORK` under the same name."""
+from onnxpipe.core.version import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return work(args.command)(args)
     except OnnxpipeError as e:
-        print(f"onnxpipe {args.command}: error: {e}", file=sys.stderr)
+        print(f"onnxpipe {args.command}: error: {worded(str(e), args.command)}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print(f"onnxpipe {args.command}: interrupted", file=sys.stderr)

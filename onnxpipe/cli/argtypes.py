@@ -1,10 +1,18 @@
-"""argparse value types shared by every subcommand, so ``--threads 0`` reads the same everywhere."""
+"""argparse value types shared by every subcommand, so ``--threads 0`` reads the same everywhere, and the
+flags' values turned into the options' (``--shape x=1,3`` into ``{"x": (1, 3)}``).
+
+>>> shapes(["x=1,3,224,224"])
+{'x': (1, 3, 224, 224)}
+"""
 
 from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Iterable
+from pathlib import Path
 
+from onnxpipe.core.errors import UsageError
 from onnxpipe.core.units import parse_rate
 
 
@@ -99,3 +107,46 @@ def token_ids(text: str) -> tuple[int, ...]:
             raise argparse.ArgumentTypeError(f"{value} is not a token id: ids are 0 or more")
         ids.append(value)
     return tuple(ids)
+
+
+def stages_arg(text: str) -> int | str:
+    """``--stages``: a number of stages, or ``auto``."""
+    return "auto" if text == "auto" else positive_int(text)
+
+
+def paths(items: Iterable[Path]) -> tuple[Path, ...]:
+    """A repeated path flag (``--inputs``) as the options' tuple."""
+    return tuple(items)
+
+
+def shapes(items: Iterable[str]) -> dict[str, tuple[int, ...]]:
+    """``--shape`` given as ``["name=1,3,224,224", ...]`` (``x`` also separates dims; ``name=`` is a scalar).
+
+    The name is everything before the last ``=``, so names holding ``=`` still work.
+    """
+    result: dict[str, tuple[int, ...]] = {}
+    for item in items:
+        name, sep, dims_text = item.rpartition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise UsageError(f"--shape {item!r}: expected NAME=D1,D2,...; write it like input=1,3,224,224")
+        text = dims_text.strip().replace("x", ",").replace("X", ",")
+        dims: list[int] = []
+        if text:
+            for part in text.split(","):
+                part = part.strip()
+                try:
+                    value = int(part)
+                except ValueError:
+                    raise UsageError(
+                        f"--shape {item!r}: {part!r} is not a whole number; write NAME=D1,D2,..."
+                    ) from None
+                if value < 0:
+                    raise UsageError(
+                        f"--shape {item!r}: dims must be >= 0, got {value}; give sizes like NAME=1,3,224,224"
+                    )
+                dims.append(value)
+        if name in result:
+            raise UsageError(f"--shape {item!r}: input {name!r} is given twice; give each input once")
+        result[name] = tuple(dims)
+    return result

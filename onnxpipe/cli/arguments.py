@@ -1,23 +1,41 @@
-"""What every subcommand's parser shares: one-line argparse errors, and the argument groups several
-subcommands take (measurement, input shapes, planning), so that ``--threads`` reads the same everywhere.
+"""What every subcommand's parser shares: one-line argparse errors, help that shows each default, and the
+flags several subcommands take (measurement, inputs, planning, decoders), so that ``--threads`` reads the
+same everywhere.
 
-Parsers only: this module imports argparse and light modules, never onnx, onnxruntime or numpy, so that
-``onnxpipe --help`` stays fast; what the arguments become (options objects, a devices file read) is
-:mod:`onnxpipe.cli.commands.common`."""
+Parsers only: this module imports argparse, the door's options (light) and core, never onnx, onnxruntime
+or numpy, so that ``onnxpipe --help`` stays fast.
+"""
 
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar, overload
 
-from onnxpipe.cli.argtypes import bandwidth, count, fraction, positive_int, positive_number
-from onnxpipe.core.choices import CostSource, Ends, LinkModel, PhaseChoice, ScheduleChoice, SplitNodes, values
-from onnxpipe.ir.decoder_kinds import DECODE_PAST, PREFILL_TOKENS
-from onnxpipe.planning.decoder_kinds import DEFAULT_MAX_CONTEXT
-from onnxpipe.planning.request import DEFAULT_SPLIT_NODES, DEFAULT_TIME_SLACK
+from onnxpipe.api.options import (
+    DEFAULT_MICROBATCHES,
+    DEFAULT_TIME_SLACK,
+    CostSource,
+    DeviceOrder,
+    Ends,
+    LinkModel,
+    PhaseChoice,
+    ScheduleChoice,
+    SplitNodes,
+)
+from onnxpipe.cli.argtypes import (
+    bandwidth,
+    count,
+    fraction,
+    paths,
+    positive_int,
+    positive_number,
+    shapes,
+    stages_arg,
+)
+from onnxpipe.cli.flags import Flag, flag
+from onnxpipe.core.choices import values
 
 _N = TypeVar("_N")
 
@@ -37,7 +55,8 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
             or default is None
             or default is argparse.SUPPRESS
             or isinstance(default, bool)
-            or default == []
+            or (isinstance(default, list | tuple | dict) and not default)
+            or action.required
             or (not action.option_strings and action.nargs not in ("?", "*"))
         ):
             return text
@@ -50,10 +69,12 @@ class CommandParser(argparse.ArgumentParser):
     argparse prints its whole usage block before the error, which buries the one line that matters; the
     project's rule is one line naming what is wrong and what to do.  The usage stays one ``--help`` away
     (the line says so), and the exit code stays argparse's 2, the usage-error code of docs/cli.md.
+    Options are never abbreviated: ``--prompt`` is not taken for ``--prompt-ids``.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
@@ -86,181 +107,259 @@ class SubcommandParser(CommandParser):
         return parsed, extras
 
 
-def stages_arg(text: str) -> int | str:
-    return "auto" if text == "auto" else positive_int(text)
+QUIET = flag(
+    "--quiet",
+    "-q",
+    action="store_true",
+    help="no progress: no bar on a terminal, no progress lines in a log (stderr not a terminal)",
+)
+JSON = flag(
+    "--json",
+    action="store_true",
+    help="print one JSON document on stdout instead of the tables (schema: docs/cli.md); what the "
+    "command says about its work goes to stderr",
+)
 
 
-def add_quiet_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--quiet",
-        "-q",
-        action="store_true",
-        help="no progress: no bar on a terminal, no progress lines in a log (stderr not a terminal)",
-    )
-
-
-def add_json_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--json",
-        action="store_true",
-        help="print one JSON document on stdout instead of the tables (schema: docs/cli.md); what the "
-        "command says about its work goes to stderr",
-    )
-
-
-def add_measure_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("measurement")
-    g.add_argument(
-        "--threads",
-        type=positive_int,
-        default=None,
-        help="intra-op threads to profile with, which the stages run with (default 1; with --devices each "
-        "device's threads)",
-    )
-    g.add_argument("--runs", type=positive_int, default=30, help="timed runs to take the median of")
-    g.add_argument("--warmup", type=count, default=3, help="untimed warm-up runs")
-    add_shape_arg(g)
-    add_inputs_args(g)
-
-
-def add_inputs_args(g: argparse._ActionsContainer) -> None:
-    g.add_argument(
-        "--inputs",
-        action="append",
-        default=[],
-        type=Path,
-        metavar="FILE",
-        help="real model inputs to run on instead of random ones: an .npz with one array per input (by "
-        "name) or a folder of <input>.npy files; repeat for several samples (they fix the shapes)",
-    )
-    g.add_argument(
-        "--inputs-stacked",
-        action="append",
-        default=[],
-        type=Path,
-        metavar="FILE",
-        help="like --inputs, an .npz whose arrays hold several samples along a leading axis",
-    )
-
-
-def add_shape_arg(g: argparse._ActionsContainer) -> None:
-    g.add_argument(
+def shape_flag(
+    field: str,
+    help: str = "concrete shape of a model input with dynamic dims (repeatable)",
+    group: str | None = None,
+) -> Flag:
+    return flag(
         "--shape",
+        field=field,
+        group=group,
         action="append",
         default=[],
         metavar="NAME=D1,D2,...",
-        help="concrete shape of a model input with dynamic dims (repeatable)",
+        to_field=shapes,
+        help=help,
     )
 
 
-def add_planning_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("planning")
-    g.add_argument(
-        "--stages", "-k", type=stages_arg, required=True, metavar="K|auto", help="number of stages, or auto"
-    )
-    g.add_argument("--profile", type=Path, help="reuse a profile saved by 'onnxpipe profile'")
-    g.add_argument(
-        "--cost", choices=values(CostSource), default="profile", help="measured (default) or static costs"
-    )
-    g.add_argument(
-        "--bandwidth",
-        type=bandwidth,
-        default=math.inf,
-        metavar="RATE",
-        help="link bandwidth: bytes/s (125000000) or a rate as devices files write it ('1 Gbit/s'); bytes "
-        "a stage receives count as transfer time (default: free)",
-    )
-    g.add_argument(
-        "--link-model",
-        choices=values(LinkModel),
-        default=None,
-        help="serial: a stage's transfer in adds to its compute; overlap: links run beside compute and "
-        "the larger counts (default: serial without --devices, overlap with it or when training)",
-    )
-    g.add_argument(
-        "--workers",
-        type=positive_int,
-        metavar="W",
-        help="deal the K stages out to W identical workers in turn (stage s on worker s %% W), so that "
-        "each worker gets about 1/W of the time and of the weights (inference; K a multiple of W)",
-    )
-    g.add_argument(
-        "--time-slack",
-        type=fraction,
-        metavar="F",
-        help=f"with --workers: accept a split up to F slower than the fastest (default {DEFAULT_TIME_SLACK}, "
-        "i.e. 1%%) if it balances the workers' weights better",
-    )
-    g.add_argument(
-        "--split-nodes",
-        choices=values(SplitNodes),
-        default=DEFAULT_SPLIT_NODES.value,
-        help="auto: a node that holds the split back (a big MatMul, Gemm or Conv with constant weights) "
-        "may be cut into parts in consecutive stages when that lowers the slowest stage; off (default): "
-        "contiguous stages of whole nodes",
-    )
-    g.add_argument("--devices", type=Path, help="cluster file: devices in pipeline order and their links")
-    g.add_argument(
-        "--order", choices=("fixed", "free"), default="fixed", help="keep the devices' order, or search it"
-    )
-    g.add_argument(
-        "--schedule",
-        choices=values(ScheduleChoice),
-        default="stream",
-        help="stream (inference), gpipe or 1f1b (training), auto (best training schedule)",
-    )
-    g.add_argument("--microbatches", type=positive_int, help="micro-batches M per batch (default 8)")
-    g.add_argument("--batch", type=positive_int, help="samples per training iteration (default: M)")
-    g.add_argument(
-        "--backward-ratio",
-        type=positive_number,
-        default=2.0,
-        help="backward time over forward time (training)",
-    )
-    add_decoder_args(p)
+def input_flags(prefix: str, group: str | None = None) -> list[Flag]:
+    """``--inputs`` and ``--inputs-stacked``: the user's sample inputs, fields of ``prefix``."""
+    return [
+        flag(
+            "--inputs",
+            field=f"{prefix}input_files",
+            group=group,
+            action="append",
+            default=[],
+            type=Path,
+            metavar="FILE",
+            to_field=paths,
+            help="real model inputs to run on instead of random ones: an .npz with one array per input (by "
+            "name) or a folder of <input>.npy files; repeat for several samples (they fix the shapes)",
+        ),
+        flag(
+            "--inputs-stacked",
+            field=f"{prefix}stacked_files",
+            group=group,
+            action="append",
+            default=[],
+            type=Path,
+            metavar="FILE",
+            to_field=paths,
+            help="like --inputs, an .npz whose arrays hold several samples along a leading axis",
+        ),
+    ]
 
 
-def add_decoder_args(p: argparse.ArgumentParser) -> None:
-    """How a decoder LLM with a KV cache is split (ignored for other models)."""
-    g = p.add_argument_group("decoders (models with a KV cache)")
-    g.add_argument(
-        "--phase",
-        choices=values(PhaseChoice),
-        default="both",
-        help="balance the layer cuts for a prompt (prefill), a generation step (decode), or both "
-        "(default: the worse phase as close as it can be to its own best split)",
-    )
-    g.add_argument(
-        "--layer-cuts",
-        choices=("on", "off"),
-        default="on",
-        help="cut only between layers, each layer's KV cache in one stage (default on)",
-    )
-    g.add_argument(
-        "--ends",
-        choices=values(Ends),
-        default="free",
-        help="embedding and LM head: where the balance puts them (free), with the first/last layer "
-        "(attached), or each in a stage of its own (own)",
-    )
-    g.add_argument(
-        "--max-context",
-        type=positive_int,
-        default=DEFAULT_MAX_CONTEXT,
-        metavar="TOKENS",
-        help=f"context the KV cache memory per stage is counted at (default {DEFAULT_MAX_CONTEXT})",
-    )
-    g.add_argument(
-        "--prefill-tokens",
-        type=positive_int,
-        default=PREFILL_TOKENS,
-        metavar="N",
-        help=f"prompt tokens of the prefill shape (default {PREFILL_TOKENS})",
-    )
-    g.add_argument(
-        "--decode-past",
-        type=count,
-        default=DECODE_PAST,
-        metavar="N",
-        help=f"cached tokens of the decode shape (default {DECODE_PAST})",
-    )
+def measure_flags(prefix: str = "profile.") -> list[Flag]:
+    """How costs are measured: fields of a :class:`~onnxpipe.api.ProfileOptions` at ``prefix``."""
+    g = "measurement"
+    return [
+        flag(
+            "--threads",
+            field=f"{prefix}threads",
+            group=g,
+            type=positive_int,
+            help="intra-op threads to profile with, which the stages run with (default 1; with --devices "
+            "each device's threads)",
+        ),
+        flag(
+            "--runs",
+            field=f"{prefix}runs",
+            group=g,
+            type=positive_int,
+            help="timed runs to take the median of",
+        ),
+        flag("--warmup", field=f"{prefix}warmup", group=g, type=count, help="untimed warm-up runs"),
+        shape_flag(f"{prefix}shapes", group=g),
+        *input_flags(prefix, g),
+    ]
+
+
+def planning_flags() -> list[Flag]:
+    """What to plan (a :class:`~onnxpipe.api.PlanRequest` at ``plan.``) and from which costs."""
+    g = "planning"
+    return [
+        flag(
+            "--stages",
+            "-k",
+            field="plan.stages",
+            group=g,
+            type=stages_arg,
+            metavar="K|auto",
+            help="number of stages, or auto",
+        ),
+        flag(
+            "--profile",
+            field="profile.saved",
+            group=g,
+            type=Path,
+            help="reuse a profile saved by 'onnxpipe profile'",
+        ),
+        flag(
+            "--cost",
+            field="profile.cost",
+            group=g,
+            choices=values(CostSource),
+            help="measured (default) or static costs",
+        ),
+        flag(
+            "--bandwidth",
+            field="plan.bandwidth_bytes_per_s",
+            group=g,
+            type=bandwidth,
+            metavar="RATE",
+            help="link bandwidth: bytes/s (125000000) or a rate as devices files write it ('1 Gbit/s'); "
+            "bytes a stage receives count as transfer time (default: free)",
+        ),
+        flag(
+            "--link-model",
+            field="plan.link_model",
+            group=g,
+            choices=values(LinkModel),
+            help="serial: a stage's transfer in adds to its compute; overlap: links run beside compute and "
+            "the larger counts (default: serial without --devices, overlap with it or when training)",
+        ),
+        flag(
+            "--workers",
+            field="plan.workers",
+            group=g,
+            type=positive_int,
+            metavar="W",
+            help="deal the K stages out to W identical workers in turn (stage s on worker s %% W), so that "
+            "each worker gets about 1/W of the time and of the weights (inference; K a multiple of W)",
+        ),
+        flag(
+            "--time-slack",
+            field="plan.time_slack",
+            group=g,
+            type=fraction,
+            metavar="F",
+            help="with --workers: accept a split up to F slower than the fastest (default "
+            f"{DEFAULT_TIME_SLACK}, i.e. 1%%) if it balances the workers' weights better",
+        ),
+        flag(
+            "--split-nodes",
+            field="plan.split_nodes",
+            group=g,
+            choices=values(SplitNodes),
+            help="auto: a node that holds the split back (a big MatMul, Gemm or Conv with constant weights) "
+            "may be cut into parts in consecutive stages when that lowers the slowest stage; off (default): "
+            "contiguous stages of whole nodes",
+        ),
+        flag(
+            "--devices",
+            field="plan.devices",
+            group=g,
+            type=Path,
+            help="cluster file: devices in pipeline order and their links",
+        ),
+        flag(
+            "--order",
+            field="plan.order",
+            group=g,
+            choices=values(DeviceOrder),
+            help="keep the devices' order, or search it",
+        ),
+        flag(
+            "--schedule",
+            field="plan.schedule.kind",
+            group=g,
+            choices=values(ScheduleChoice),
+            help="stream (inference), gpipe or 1f1b (training), auto (best training schedule)",
+        ),
+        flag(
+            "--microbatches",
+            field="plan.schedule.microbatches",
+            group=g,
+            type=positive_int,
+            help=f"micro-batches M per batch (default {DEFAULT_MICROBATCHES})",
+        ),
+        flag(
+            "--batch",
+            field="plan.schedule.batch",
+            group=g,
+            type=positive_int,
+            help="samples per training iteration (default: M)",
+        ),
+        flag(
+            "--backward-ratio",
+            field="plan.schedule.backward_ratio",
+            group=g,
+            type=positive_number,
+            help="backward time over forward time (training)",
+        ),
+        *decoder_flags(),
+    ]
+
+
+def decoder_flags() -> list[Flag]:
+    """How a decoder LLM with a KV cache is split (ignored for other models): ``plan.decoder``."""
+    g = "decoders (models with a KV cache)"
+    return [
+        flag(
+            "--phase",
+            field="plan.decoder.phase",
+            group=g,
+            choices=values(PhaseChoice),
+            help="balance the layer cuts for a prompt (prefill), a generation step (decode), or both "
+            "(default: the worse phase as close as it can be to its own best split)",
+        ),
+        flag(
+            "--layer-cuts",
+            field="plan.decoder.layer_cuts",
+            group=g,
+            choices=("on", "off"),
+            to_field=lambda v: v == "on",
+            from_field=lambda v: "on" if v else "off",
+            help="cut only between layers, each layer's KV cache in one stage (default on)",
+        ),
+        flag(
+            "--ends",
+            field="plan.decoder.ends",
+            group=g,
+            choices=values(Ends),
+            help="embedding and LM head: where the balance puts them (free), with the first/last layer "
+            "(attached), or each in a stage of its own (own)",
+        ),
+        flag(
+            "--max-context",
+            field="plan.decoder.max_context",
+            group=g,
+            type=positive_int,
+            metavar="TOKENS",
+            help="context the KV cache memory per stage is counted at",
+        ),
+        flag(
+            "--prefill-tokens",
+            field="plan.decoder.prefill_tokens",
+            group=g,
+            type=positive_int,
+            metavar="N",
+            help="prompt tokens of the prefill shape",
+        ),
+        flag(
+            "--decode-past",
+            field="plan.decoder.decode_past",
+            group=g,
+            type=count,
+            metavar="N",
+            help="cached tokens of the decode shape",
+        ),
+    ]

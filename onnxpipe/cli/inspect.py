@@ -6,12 +6,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from onnxpipe.cli.arguments import add_json_arg
+from onnxpipe.api.options import InspectOptions
+from onnxpipe.cli.arguments import JSON
+from onnxpipe.cli.flags import Table
 
 NAME = "inspect"
 HELP = "print a table of a split folder's stages, or of a model"
 
+TABLE = Table(InspectOptions, [JSON])
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", type=Path, help="a folder written by 'onnxpipe split', or an .onnx model")
-    add_json_arg(p)
+    TABLE.add_to(p)

@@ -1,36 +1,44 @@
-"""``onnxpipe profile MODEL --out FILE``: measure every node's time with onnxruntime and save it (the
-parser; the work is :mod:`onnxpipe.cli.commands.profile`)."""
+"""``onnxpipe profile MODEL --out FILE``: measure every node's time and save it (the parser and its table;
+the work is :mod:`onnxpipe.cli.commands.profile`)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from onnxpipe.cli.arguments import add_measure_args, add_quiet_arg
-from onnxpipe.core.choices import CostSource, Runtime, values
-from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE
+from onnxpipe.api.options import CostSource, ProfileOptions, Runtime
+from onnxpipe.cli.arguments import QUIET, measure_flags
+from onnxpipe.cli.flags import Table, flag
+from onnxpipe.core.choices import values
 
 NAME = "profile"
 HELP = "measure every node's time with onnxruntime and save it"
 
+TABLE = Table(
+    ProfileOptions,
+    [
+        flag("--out", "-o", field="out", type=Path, required=True, help="profile JSON to write"),
+        flag("--cost", field="cost", choices=values(CostSource), help="measure, or static FLOPs"),
+        flag("--force", field="force", action="store_true", help="overwrite an existing profile file"),
+        QUIET,
+        flag(
+            "--runtime",
+            field="runtime",
+            choices=values(Runtime),
+            help="measure on this runtime (default onnxruntime); openvino and tract: the whole model timed, "
+            "their per-layer reports mapped back to nodes where they name them (docs/runtimes.md)",
+        ),
+        flag(
+            "--openvino-device",
+            field="openvino_device",
+            metavar="DEVICE",
+            help="OpenVINO device for --runtime openvino",
+        ),
+        *measure_flags(prefix=""),
+    ],
+)
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", type=Path)
-    p.add_argument("--out", "-o", type=Path, required=True, help="profile JSON to write")
-    p.add_argument("--cost", choices=values(CostSource), default="profile", help="measure, or static FLOPs")
-    p.add_argument("--force", action="store_true", help="overwrite an existing profile file")
-    add_quiet_arg(p)
-    p.add_argument(
-        "--runtime",
-        choices=values(Runtime),
-        default="onnxruntime",
-        help="measure on this runtime (default onnxruntime); openvino and tract: the whole model timed, "
-        "their per-layer reports mapped back to nodes where they name them (docs/runtimes.md)",
-    )
-    p.add_argument(
-        "--openvino-device",
-        default=DEFAULT_OPENVINO_DEVICE,
-        metavar="DEVICE",
-        help=f"OpenVINO device for --runtime openvino (default {DEFAULT_OPENVINO_DEVICE})",
-    )
-    add_measure_args(p)
+    TABLE.add_to(p)

@@ -8,16 +8,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from onnxpipe.api import DecoderInfo, Manifest, ModelSummary, ModelView, Plan, VerifyReport, worker_groups
 from onnxpipe.core.dims import Dim
 from onnxpipe.core.text import human_bytes, table
-from onnxpipe.ir.decoder import DecoderInfo
-from onnxpipe.ir.model import ModelView
-from onnxpipe.ir.summary import summarize
-from onnxpipe.manifest import Manifest
-from onnxpipe.planning.links import LINK_MODEL_TEXT
-from onnxpipe.planning.types import Plan
-from onnxpipe.schedule.timeline import worker_groups
-from onnxpipe.verification.verify import VerifyReport
 
 
 def stage_time(compute: float, transfer: float, overlapped: bool) -> float:
@@ -76,7 +69,7 @@ def format_manifest_table(manifest: Manifest) -> str:
         f"costs: {plan.cost_source}, {plan.threads} thread(s)"
     )
     if plan.link_model is not None:
-        footer += f"\nlinks: {LINK_MODEL_TEXT.get(plan.link_model, plan.link_model)}"
+        footer += f"\nlinks: {plan.link_model.described}"
     v = manifest.verification
     if v is not None:
         footer += "\nverification: " + (
@@ -102,10 +95,9 @@ def _dims(dims: tuple[Dim, ...] | None) -> str:
     return "[" + ", ".join(one(d) for d in dims) + "]"
 
 
-def format_model_table(view: ModelView) -> str:
+def format_model_table(view: ModelView, s: ModelSummary) -> str:
     """Per operator type: node count and parameter bytes; then the model's inputs and outputs (dtypes,
     dims with symbols by name), opsets, node counts, weights, control-flow nodes and external data."""
-    s = summarize(view)
     params: Counter[str] = Counter()
     for n in view.nodes:
         params[f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type] += n.param_bytes
@@ -269,7 +261,7 @@ def format_plan_table(plan: Plan) -> str:
         f"{plan.cost_source}, {plan.threads} thread(s)"
     )
     if plan.link_model is not None:
-        lines.append(f"links: {LINK_MODEL_TEXT.get(plan.link_model, plan.link_model)}")
+        lines.append(f"links: {plan.link_model.described}")
     for rec in plan.device_costs:
         lines.append(f"  {rec.device}: {rec.source}")
     tl = plan.timeline

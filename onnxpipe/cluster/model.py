@@ -24,6 +24,7 @@ from typing import Any
 
 from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.options import opt
 from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, EngineConfig
 
 REFERENCE_PROVIDER = "CPUExecutionProvider"
@@ -178,9 +179,11 @@ class Cluster:
         memory_bytes: int | None = None,
         name: str = "cpu",
     ) -> Cluster:
-        """``k`` reference CPUs (``cpu0``...): what a plan without ``--devices`` runs on."""
+        """``k`` reference CPUs (``cpu0``...): what a plan without a devices file runs on."""
         if k < 1:
-            raise UsageError(f"a cluster needs at least one device, got {k}; choose --stages 1 or more")
+            raise UsageError(
+                f"a cluster needs at least one device, got {k}; choose {opt('stages')} 1 or more"
+            )
         dev = [Device(f"{name}{i}", threads=threads, memory_bytes=memory_bytes) for i in range(k)]
         link = Link(bandwidth_bytes_per_s, latency_s)
         return Cluster(tuple(dev), (link,) * (k - 1))
@@ -227,7 +230,7 @@ class Cluster:
         if not 1 <= k <= self.size:
             raise UsageError(
                 f"{self.label}: {k} stages need {k} devices but the cluster has {self.size}; "
-                f"choose --stages between 1 and {self.size} or add devices"
+                f"choose {opt('stages')} between 1 and {self.size} or add devices"
             )
         return Cluster(self.devices[:k], self.links[: k - 1], self.source)
 

@@ -124,6 +124,13 @@ class LinkModel(StrEnum):
     OVERLAP = "overlap"
     """Links move the next micro-batch while the stage computes: the larger of the two."""
 
+    @property
+    def described(self) -> str:
+        """The link model and what it means, for a plan's table."""
+        if self == LinkModel.SERIAL:
+            return "serial (a stage's transfer in adds to its compute)"
+        return "overlap (links run beside compute; the larger of the two counts)"
+
 
 class CalibrationMode(StrEnum):
     """How calibration times the stages: each alone, together as a pinned thread pipeline, or ``auto``:

@@ -13,6 +13,9 @@ from typing import Protocol
 class Listener(Protocol):
     """Told what a request is doing, as it does it."""
 
+    progress: bool
+    """Whether a long measurement draws a bar on stderr (a line now and then when stderr is a log)."""
+
     def line(self, text: str) -> None:
         """A line about the work before it starts: the input shapes it will use, the threads it runs."""
         ...
@@ -27,7 +30,9 @@ class Listener(Protocol):
 
 
 class Silent:
-    """The listener that hears nothing: the default of every options object."""
+    """The listener that hears nothing: what a request without one is told to."""
+
+    progress = False
 
     def line(self, text: str) -> None:
         pass

@@ -29,6 +29,7 @@ import numpy as np
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.files import file_sha256
 from onnxpipe.core.jsonread import Fields, Value
+from onnxpipe.core.options import opt
 
 Feeds = Mapping[str, np.ndarray]
 """One sample: an array per model input, by name."""
@@ -79,15 +80,17 @@ def read_input_file(
     if p.is_dir():
         if stacked:
             raise UsageError(
-                f"--inputs-stacked {p}: a folder of .npy files holds one sample; "
-                "give an .npz file with a leading sample axis, or use --inputs"
+                f"{opt('stacked_files', p)}: a folder of .npy files holds one sample; "
+                f"give an .npz file with a leading sample axis, or use {opt('input_files')}"
             )
         arrays, digest = _read_folder(p)
     elif p.is_file():
-        arrays = _read_npz(p, "--inputs-stacked" if stacked else "--inputs")
+        arrays = _read_npz(p, "stacked_files" if stacked else "input_files")
         digest = file_sha256(p)
     else:
-        raise UsageError(f"--inputs {p}: no such file or folder; give an .npz file or a folder of .npy files")
+        raise UsageError(
+            f"{opt('input_files', p)}: no such file or folder; give an .npz file or a folder of .npy files"
+        )
     if not stacked:
         record = InputRecord(p.name, digest, _shapes(arrays), 1)
         return record, [arrays]
@@ -95,15 +98,15 @@ def read_input_file(
     for name, n in counts.items():
         if n is None or n < 1:
             raise UsageError(
-                f"--inputs-stacked {p}: array {name!r} has no leading sample axis "
+                f"{opt('stacked_files', p)}: array {name!r} has no leading sample axis "
                 f"(shape {list(arrays[name].shape)}); "
-                "stack the samples along a first axis, or use --inputs"
+                f"stack the samples along a first axis, or use {opt('input_files')}"
             )
     sizes = sorted(set(counts.values()), key=lambda v: v or 0)
     if len(sizes) > 1:
         shown = ", ".join(f"{n}: {c}" for n, c in counts.items())
         raise UsageError(
-            f"--inputs-stacked {p}: the arrays hold different numbers of samples ({shown}); "
+            f"{opt('stacked_files', p)}: the arrays hold different numbers of samples ({shown}); "
             "give every input the same leading sample axis"
         )
     n = sizes[0] or 0
@@ -115,12 +118,12 @@ def _shapes(arrays: Mapping[str, np.ndarray]) -> Mapping[str, tuple[int, ...]]:
     return MappingProxyType({n: tuple(int(d) for d in a.shape) for n, a in arrays.items()})
 
 
-def _read_npz(p: Path, flag: str) -> dict[str, np.ndarray]:
+def _read_npz(p: Path, field: str) -> dict[str, np.ndarray]:
     try:
         data = np.load(p, allow_pickle=False)
         if not isinstance(data, np.lib.npyio.NpzFile):
             raise UsageError(
-                f"{flag} {p}: holds a single array, not one per input; "
+                f"{opt(field, p)}: holds a single array, not one per input; "
                 "save it with numpy.savez(file, name=array, ...)"
             )
         with data:
@@ -129,11 +132,11 @@ def _read_npz(p: Path, flag: str) -> dict[str, np.ndarray]:
         raise
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
         raise UsageError(
-            f"{flag} {p}: cannot be read as an .npz file ({_why(e)}); "
+            f"{opt(field, p)}: cannot be read as an .npz file ({_why(e)}); "
             "save it with numpy.savez(file, name=array, ...)"
         ) from None
     if not arrays:
-        raise UsageError(f"{flag} {p}: holds no array; save one per model input with numpy.savez")
+        raise UsageError(f"{opt(field, p)}: holds no array; save one per model input with numpy.savez")
     return arrays
 
 
@@ -141,7 +144,7 @@ def _read_folder(p: Path) -> tuple[dict[str, np.ndarray], str]:
     files = sorted(f for f in p.iterdir() if f.suffix == ".npy" and f.is_file())
     if not files:
         raise UsageError(
-            f"--inputs {p}: the folder holds no .npy file; save one per model input as <input>.npy"
+            f"{opt('input_files', p)}: the folder holds no .npy file; save one per model input as <input>.npy"
         )
     arrays: dict[str, np.ndarray] = {}
     digest = hashlib.sha256()
@@ -150,7 +153,8 @@ def _read_folder(p: Path) -> tuple[dict[str, np.ndarray], str]:
             arrays[f.stem] = np.asarray(np.load(f, allow_pickle=False))
         except (OSError, ValueError, EOFError) as e:
             raise UsageError(
-                f"--inputs {f}: cannot be read as an .npy file ({_why(e)}); save it with numpy.save"
+                f"{opt('input_files', f)}: cannot be read as an .npy file ({_why(e)}); save it with "
+                "numpy.save"
             ) from None
         digest.update(f.name.encode() + b"\0" + file_sha256(f).encode() + b"\n")
     return arrays, digest.hexdigest()

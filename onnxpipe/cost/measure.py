@@ -43,6 +43,7 @@ from typing import Any
 
 from onnxpipe.core.choices import CostSource
 from onnxpipe.core.errors import ProfileError, UsageError, error_line
+from onnxpipe.core.options import opt
 from onnxpipe.core.progress import Progress
 from onnxpipe.cost.attribution import attribute
 from onnxpipe.cost.profile import SCHEMA_VERSION, Profile
@@ -95,7 +96,10 @@ def profile_model(
         raise UsageError(f"warmup must be >= 0, got {warmup}")
     if samples is not None:
         if shapes:
-            raise UsageError("--shape and --inputs: the inputs fix the shapes; leave --shape out")
+            raise UsageError(
+                f"{opt('shapes')} and {opt('input_files')}: the inputs fix the shapes; leave "
+                f"{opt('shapes')} out"
+            )
         hint = f"the model fails on the given inputs ({samples.describe()}); give inputs it runs on"
         return _measure(
             view, threads, runs, warmup, samples.shapes, list(samples.feeds), progress, hint, samples
@@ -131,8 +135,8 @@ def profile_model(
     shown = ", ".join(f"{n}={list(v)}" for n, v in larger.items())
     note = (
         f"{RETRY_NOTE} ({why}); measured at {shown}, "
-        f"its sequence dims at {RETRY_SEQUENCE_SIZE}: give the sizes you deploy with --shape or real inputs "
-        "with --inputs"
+        f"its sequence dims at {RETRY_SEQUENCE_SIZE}: give the sizes you deploy with {opt('shapes')} or real "
+        f"inputs with {opt('input_files')}"
     )
     return dataclasses.replace(prof, unattributed=(note, *prof.unattributed))
 

@@ -14,8 +14,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from onnxpipe.core.choices import Phase
+from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.cost.profile import Profile
-from onnxpipe.cost.source import ProfileOptions, get_profile
+from onnxpipe.cost.source import get_profile
 from onnxpipe.ir.decoder_kinds import PhaseShape
 from onnxpipe.ir.decoder_shapes import decoder_inputs, decoder_roles, decoder_symbol_sizes, expression_size
 from onnxpipe.ir.model import ModelView
@@ -23,7 +24,7 @@ from onnxpipe.ir.shapes import resolve_input_shapes
 
 
 def phase_profiles(
-    view: ModelView, options: ProfileOptions, shapes: Sequence[PhaseShape]
+    view: ModelView, options: ProfileOptions, shapes: Sequence[PhaseShape], *, progress: bool = False
 ) -> dict[Phase, Profile]:
     """One profile per phase in ``shapes``, measured (or counted) as ``options`` says."""
     own = decoder_inputs(view)
@@ -32,7 +33,7 @@ def phase_profiles(
     for shape in shapes:
         given = dict(kept) | phase_overrides(view, options.shapes, shape)
         sized = resolve_input_shapes(view, given, phase=shape)
-        out[shape.phase] = get_profile(view, dataclasses.replace(options, shapes=sized))
+        out[shape.phase] = get_profile(view, dataclasses.replace(options, shapes=sized), progress=progress)
     return out
 
 

@@ -1,79 +1,42 @@
 """Where a plan's costs come from, as one choice: a saved profile, a measurement, or static costs.
 
-:class:`ProfileOptions` is what the API, the CLI and ``split`` say about it; :func:`get_profile` obtains
-the profile.  A saved profile fixes the threads and input shapes its costs were measured with, so asking
-for other ones alongside it is refused rather than silently ignored.
+:class:`~onnxpipe.cost.options.ProfileOptions` says which; :func:`get_profile` obtains the profile.  A
+saved profile fixes the threads and input shapes its costs were measured with, so asking for other ones
+alongside it is refused rather than silently ignored.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 
-from onnxpipe.core.choices import CostSource, choice
+from onnxpipe.core.choices import CostSource, Runtime
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.options import opt
+from onnxpipe.core.runtime_kinds import EngineConfig
 from onnxpipe.cost.measure import profile_model
+from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.cost.profile import Profile
+from onnxpipe.cost.runtime_profile import profile_on_runtime
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.model import ModelView
-from onnxpipe.ir.samples import Samples, load_samples
-
-DEFAULT_RUNS = 30
-DEFAULT_WARMUP = 3
+from onnxpipe.ir.samples import load_samples
 
 
-@dataclass(frozen=True)
-class ProfileOptions:
-    """How to obtain a profile: ``saved`` (a :class:`Profile` or its file) if given, else measured
-    (``cost="profile"``: ``runs`` timed runs after ``warmup``) or counted (``cost="static"``), with
-    ``threads`` intra-op threads (default 1) at ``shapes`` (input name -> dims; the others guessed,
-    :mod:`onnxpipe.ir.shapes`).  ``inputs``: the user's sample inputs (``--inputs``,
-    :mod:`onnxpipe.ir.samples`), which fix the shapes and are what the model runs on instead of random
-    values.  ``progress`` draws a bar while measuring."""
-
-    cost: CostSource = CostSource.PROFILE
-    saved: Profile | Path | None = None
-    threads: int | None = None
-    runs: int = DEFAULT_RUNS
-    warmup: int = DEFAULT_WARMUP
-    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
-    progress: bool = False
-    inputs: Samples | None = None
-    input_files: tuple[Path, ...] = ()
-    """``--inputs`` files (one sample each), read and checked against the model by :func:`get_profile`."""
-    stacked_files: tuple[Path, ...] = ()
-    """``--inputs-stacked`` files (``.npz`` with a leading sample axis)."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "cost", choice(CostSource, self.cost, "cost"))
-        if isinstance(self.saved, str):
-            object.__setattr__(self, "saved", Path(self.saved))
-        object.__setattr__(
-            self, "shapes", MappingProxyType({n: tuple(int(d) for d in v) for n, v in self.shapes.items()})
-        )
-        object.__setattr__(self, "input_files", tuple(Path(p) for p in self.input_files))
-        object.__setattr__(self, "stacked_files", tuple(Path(p) for p in self.stacked_files))
-        files = bool(self.input_files or self.stacked_files)
-        if (self.inputs is not None or files) and self.shapes:
-            raise UsageError("--shape and --inputs: the inputs fix the shapes; leave --shape out")
-        if self.inputs is not None and files:
-            raise UsageError("inputs: give samples in memory or input files, not both")
-
-
-def get_profile(view: ModelView, options: ProfileOptions | None = None) -> Profile:
-    """A profile for ``view``: the saved one (checked to belong to it), a measured one, or static costs."""
+def get_profile(view: ModelView, options: ProfileOptions | None = None, *, progress: bool = False) -> Profile:
+    """A profile for ``view``: the saved one (checked to belong to it), a measured one (on
+    ``options.runtime``), or static costs; ``progress`` draws a bar while measuring."""
     opts = options or ProfileOptions()
-    if opts.input_files or opts.stacked_files:
+    opts.check()
+    if opts.has_input_files:
         samples = load_samples(view, opts.input_files, stacked=opts.stacked_files)
         opts = dataclasses.replace(opts, inputs=samples, input_files=(), stacked_files=())
     if opts.saved is not None:
         return _saved(view, opts)
     threads = 1 if opts.threads is None else opts.threads
-    if threads < 1:
-        raise UsageError(f"--threads {threads}: give a positive number of intra-op threads")
+    if opts.runtime != Runtime.ONNXRUNTIME:
+        config = EngineConfig(runtime=opts.runtime, threads=threads, openvino_device=opts.openvino_device)
+        return profile_on_runtime(view, config, runs=opts.runs, warmup=opts.warmup, shapes=opts.shapes)
     if opts.cost == CostSource.STATIC:
         # static costs do not depend on threads, but the plan records what the stages will run with
         shapes = opts.inputs.shapes if opts.inputs is not None else opts.shapes
@@ -86,7 +49,7 @@ def get_profile(view: ModelView, options: ProfileOptions | None = None) -> Profi
         runs=opts.runs,
         warmup=opts.warmup,
         shapes=opts.shapes,
-        progress=opts.progress,
+        progress=progress,
         samples=opts.inputs,
     )
 
@@ -98,23 +61,26 @@ def _saved(view: ModelView, opts: ProfileOptions) -> Profile:
     name = Path(prof.origin).name if prof.origin else "the profile"
     if opts.threads is not None and opts.threads != prof.threads:
         raise UsageError(
-            f"--threads {opts.threads}: {name} was measured with {prof.threads} thread(s); "
-            "profile again with --threads or leave --threads out"
+            f"{opt('threads', opts.threads)}: {name} was measured with {prof.threads} thread(s); "
+            f"profile again with {opt('threads')} or leave {opt('threads')} out"
         )
     if opts.cost == CostSource.STATIC:
-        raise UsageError(f"--cost static: {name} holds measured costs; give one or the other")
+        raise UsageError(
+            f"{opt('cost', CostSource.STATIC)}: {name} holds measured costs; give one or the other"
+        )
     if opts.inputs is not None:
         for inp, dims in opts.inputs.shapes.items():
             if tuple(prof.input_shapes.get(inp, ())) != tuple(dims):
                 raise UsageError(
-                    f"--inputs: {name} was measured at {inp}={list(prof.input_shapes.get(inp, ()))}, the "
-                    f"inputs give {list(dims)}; profile again with these --inputs"
+                    f"{opt('input_files')}: {name} was measured at "
+                    f"{inp}={list(prof.input_shapes.get(inp, ()))}, the inputs give {list(dims)}; profile "
+                    f"again with these {opt('input_files')}"
                 )
         prof = dataclasses.replace(prof, samples=opts.inputs)
     for inp, dims in opts.shapes.items():
         if tuple(prof.input_shapes.get(inp, ())) != tuple(dims):
             raise UsageError(
-                f"--shape {inp}: {name} was measured at {inp}={list(prof.input_shapes.get(inp, ()))}; "
-                "profile again with this --shape or leave it out"
+                f"{opt('shapes', inp)}: {name} was measured at {inp}={list(prof.input_shapes.get(inp, ()))}; "
+                f"profile again with this {opt('shapes')} or leave it out"
             )
     return prof

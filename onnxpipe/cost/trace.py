@@ -18,6 +18,7 @@ import onnx
 import onnxruntime as ort
 
 from onnxpipe.core.errors import ProfileError, error_line
+from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import OptimizationLevel, open_session, session_options
 from onnxpipe.core.progress import Progress
 from onnxpipe.ir.load import subgraph_outer_reads
@@ -36,7 +37,7 @@ class Timing:
     foreign_names: list[str]
 
 
-DEFAULT_HINT = "give the shapes the model expects with --shape NAME=D1,D2,..."
+DEFAULT_HINT = f"give the shapes the model expects with {opt('shapes', 'NAME=D1,D2,...')}"
 
 
 class OrtModel:
@@ -90,7 +91,8 @@ class OrtModel:
         def fail(e: Exception) -> ProfileError:
             return ProfileError(
                 f"{self.label}: onnxruntime cannot load {what} ({error_line(e)}); make sure onnxruntime "
-                "supports its ops and opset and finds its external weight files, or use --cost static"
+                "supports its ops and opset and finds its external weight files, or use "
+                f"{opt('cost', 'static')}"
             )
 
         return open_session(model, so, fail=fail)
@@ -128,7 +130,7 @@ class OrtModel:
         except Exception as e:
             raise ProfileError(
                 f"{self.label}: onnxruntime did not save its optimized graph ({error_line(e)}); "
-                "use --cost static for this model"
+                f"use {opt('cost', 'static')} for this model"
             ) from e
 
     def measure(self, samples: Sequence[Mapping[str, Any]], warmup: int, runs: int, bar: Progress) -> Timing:

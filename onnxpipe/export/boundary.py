@@ -45,6 +45,7 @@ from onnx import helper
 
 from onnxpipe.core.dims import Shape
 from onnxpipe.core.errors import ExportError
+from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.export.weightfile import externalize
 from onnxpipe.ir.external import is_external, stored_tensors
@@ -101,7 +102,7 @@ class BoundaryTypes:
             raise ExportError(
                 f"stage {stage}: the rank of tensor {name!r} at the stage boundary is unknown (no shape "
                 "inference settles it, and the source model did not run on the inputs it was given to show "
-                "it); give real inputs with --inputs FILE, or choose another number of stages"
+                f"it); give real inputs with {opt('input_files', 'FILE')}, or choose another number of stages"
             )
         if info is None or info.elem_type == 0 or info.shape is None:
             raise ExportError(

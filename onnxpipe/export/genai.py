@@ -39,6 +39,7 @@ from onnxpipe.cluster.model import Device, option_text
 from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.jsonread import Document, Fields, Value
+from onnxpipe.core.options import opt
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest, StageEntry
@@ -70,7 +71,9 @@ DEFAULT_SEARCH: Mapping[str, Any] = {
 (``past_present_share_buffer`` needs attention ops that write into a preallocated cache, which an
 exporter's plain ``Concat`` does not)."""
 
-_ADVICE = "give the model's genai_config.json or Hugging Face config.json, or leave --genai-config out"
+_ADVICE = (
+    f"give the model's genai_config.json or Hugging Face config.json, or leave {opt('genai_config')} out"
+)
 
 _PROVIDERS: Mapping[str, str] = {
     "CUDAExecutionProvider": "cuda",
@@ -333,7 +336,7 @@ def read_source_config(path: str | Path) -> SourceConfig:
     """
     p = Path(path)
     if not p.is_file():
-        raise UsageError(f"{p}: no such file (--genai-config); {_ADVICE}")
+        raise UsageError(f"{p}: no such file ({opt('genai_config')}); {_ADVICE}")
     try:
         obj = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as e:
@@ -578,7 +581,7 @@ def check_source_fits(source: SourceConfig, dims: GraphDims) -> None:
         if said is not None and seen is not None and said != seen:
             raise UsageError(
                 f"{source.path}: {key} is {said}, but the model has {seen} {what}; give this model's own "
-                "config, or leave --genai-config out"
+                f"config, or leave {opt('genai_config')} out"
             )
     tokens = source.tokens
     if tokens is not None:
@@ -591,7 +594,7 @@ def check_source_fits(source: SourceConfig, dims: GraphDims) -> None:
             if bad:
                 raise UsageError(
                     f"{source.path}: {key} {bad[0]} is outside the model's vocabulary of {dims.vocab_size}; "
-                    "give this model's own config, or leave --genai-config out"
+                    f"give this model's own config, or leave {opt('genai_config')} out"
                 )
     for key, seen, said in (
         ("head_size", dims.head_size, source.head_size),
@@ -657,7 +660,8 @@ def pipeline_of(manifest: Manifest, names: TensorNames) -> tuple[PipelineModel, 
         torn = sorted(layer for layer, stages in where.items() if len(stages) > 1)
         if torn:
             return Unsupported(
-                f"layer {torn[0]}'s cache is split over stages {sorted(where[torn[0]])} (--layer-cuts off)"
+                f"layer {torn[0]}'s cache is split over stages {sorted(where[torn[0]])} "
+                f"({opt('layer_cuts', False)})"
             )
     models = []
     for s in manifest.stages:
@@ -722,7 +726,9 @@ def genai_config(
     head_size = dims.head_size or (source.head_size if source is not None else None)
     kv_heads = dims.kv_heads or (source.kv_heads if source is not None else None)
     if head_size is None or kv_heads is None:
-        return Unsupported("the past tensors' head count or head size is symbolic (give --genai-config)")
+        return Unsupported(
+            f"the past tensors' head count or head size is symbolic (give {opt('genai_config')})"
+        )
     pipeline = pipeline_of(manifest, names)
     if isinstance(pipeline, Unsupported):
         return pipeline
@@ -731,7 +737,7 @@ def genai_config(
         if limit is not None:
             limits.append(limit)
     if not limits:
-        return Unsupported("no context length is known (give --genai-config)")
+        return Unsupported(f"no context length is known (give {opt('genai_config')})")
     tokens = source.tokens if source is not None and source.tokens is not None else None
     if tokens is None:
         tokens = TokenIds(DEFAULT_BOS, (DEFAULT_EOS,), DEFAULT_PAD)
@@ -765,7 +771,7 @@ def describe_written(config: GenAIConfig, source: SourceConfig | None) -> str:
     else:
         origin = (
             f"default token ids bos {DEFAULT_BOS}, eos {DEFAULT_EOS}, pad {DEFAULT_PAD}: give "
-            "--genai-config with the model's config.json for its own"
+            f"{opt('genai_config')} with the model's config.json for its own"
         )
     return (
         f"{GENAI_CONFIG_NAME}: an ONNX Runtime GenAI decoder-pipeline of {len(config.pipeline)} stages, "

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from onnxpipe.core.choices import ExternalData, TritonPlatform, choice
+from onnxpipe.core.errors import UsageError
+from onnxpipe.core.options import opt
+from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 
 DEFAULT_TRITON_MAX_BATCH = 8
 """``max_batch_size`` of a repository whose tensors all carry the batch at axis 0."""
@@ -20,10 +23,21 @@ class ExportOptions:
 
     force: bool = False
     external_data: ExternalData = ExternalData.AUTO
+    """``never`` keeps weights inside each ``stage_<i>.onnx``; ``always`` writes each stage's weights to
+    its own ``stage_<i>.onnx.data``; ``auto`` does so only for a stage over ~1.8 GB or when the source
+    kept its weights in external files."""
     genai_config: Path | None = None
+    source_name: str | None = None
+    """The file name recorded for the source (default: the model's file name)."""
+    microbatches: int = DEFAULT_MICROBATCHES
+    """Micro-batches of the stream schedule recorded in the manifest."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "external_data", choice(ExternalData, self.external_data, "external_data"))
+        if self.microbatches < 1:
+            raise UsageError(
+                f"{opt('microbatches', self.microbatches)}: give a positive number of micro-batches"
+            )
         if self.genai_config is not None:
             object.__setattr__(self, "genai_config", Path(self.genai_config))
 

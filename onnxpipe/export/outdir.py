@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from onnxpipe.core.errors import ExportError
+from onnxpipe.core.options import opt
 from onnxpipe.manifest import MANIFEST_NAME
 
 
@@ -40,16 +41,20 @@ def check_target(out: Path, *, force: bool, protected: Iterable[Path | None] = (
     is the current folder or one of its parents, or holds no ``manifest.json`` (it is not a split's).
     """
     if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise ExportError(f"{out}: exists and is not a folder; choose another --out")
+        raise ExportError(f"{out}: exists and is not a folder; choose another {opt('out')}")
     if not out.exists() or not any(out.iterdir()):
         return
     if not force:
-        raise ExportError(f"{out}: exists and is not empty; choose another --out or pass --force")
+        raise ExportError(
+            f"{out}: exists and is not empty; choose another {opt('out')} or pass {opt('force', True)}"
+        )
     root = out.resolve()
     for p in protected:
         if p is not None and p.resolve().is_relative_to(root):
             raise ExportError(
-                f"{out}: holds the source model {p.name}; --force would delete it; choose another --out"
+                f"{out}: holds the source model {p.name}; {opt('force', True)} would delete it; choose "
+                "another "
+                f"{opt('out')}"
             )
     check_replaceable(out)
 
@@ -60,13 +65,15 @@ def check_replaceable(out: Path) -> None:
     if cwd is not None and cwd.is_relative_to(out.resolve()):
         where = "is the current folder" if cwd == out.resolve() else "holds the current folder"
         raise ExportError(
-            f"{out}: {where}; --force would delete it; choose another --out or run from elsewhere"
+            f"{out}: {where}; {opt('force', True)} would delete it; choose another {opt('out')} or run from "
+            "elsewhere"
         )
     mark = out / MANIFEST_NAME
     if mark.is_symlink() or not mark.is_file():
         raise ExportError(
-            f"{out}: is not empty and holds no previous split ({MANIFEST_NAME}); --force replaces "
-            "only an empty folder or an earlier split's; choose another --out or empty it"
+            f"{out}: is not empty and holds no previous split ({MANIFEST_NAME}); {opt('force', True)} "
+            "replaces "
+            f"only an empty folder or an earlier split's; choose another {opt('out')} or empty it"
         )
 
 
@@ -89,7 +96,7 @@ def staged_folder(out: Path, *, last: str | None = None) -> Iterator[Path]:
     except OSError as e:
         _remove_empty(created)
         raise ExportError(
-            f"{out.parent}: cannot create a temporary folder ({reason(e)}){hint(e, 'choose another --out')}"
+            f"{out.parent}: cannot create a temporary folder ({reason(e)}){hint(e, _ANOTHER_OUT)}"
         ) from e
     try:
         yield tmp
@@ -118,9 +125,12 @@ def reason(e: OSError) -> str:
     return f"{text}: disk full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else text
 
 
+_ANOTHER_OUT = f"choose another {opt('out')}"
+
+
 def hint(e: OSError, otherwise: str) -> str:
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return "; free some space or choose another --out"
+        return f"; free some space or choose another {opt('out')}"
     return f"; {otherwise}" if otherwise else ""
 
 
@@ -135,9 +145,7 @@ def _make_parents(parent: Path) -> list[Path]:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         _remove_empty(created)
-        raise ExportError(
-            f"{parent}: cannot create the folder ({reason(e)}){hint(e, 'choose another --out')}"
-        ) from e
+        raise ExportError(f"{parent}: cannot create the folder ({reason(e)}){hint(e, _ANOTHER_OUT)}") from e
     return created
 
 

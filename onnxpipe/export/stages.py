@@ -28,9 +28,10 @@ from typing import Any, NoReturn
 
 import onnx
 
-from onnxpipe.core.choices import ExternalData, choice
+from onnxpipe.core.choices import ExternalData
 from onnxpipe.core.errors import ExportError, UsageError, error_line
 from onnxpipe.core.files import file_sha256
+from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.export.boundary import PROTOBUF_LIMIT, BoundaryTypes
 from onnxpipe.export.build import StageBuilder
@@ -54,7 +55,6 @@ from onnxpipe.ir.external import is_external
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, write_manifest
 from onnxpipe.planning.types import Plan, StageSpec
-from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 
 AUTO_EXTERNAL_BYTES = 1_800_000_000
 """``external_data="auto"``: a stage above this size gets a weights side file (protobuf stops at 2 GB)."""
@@ -74,39 +74,44 @@ def export_stages(
     view: ModelView,
     plan: Plan,
     out_dir: str | Path,
+    options: ExportOptions | None = None,
     *,
-    force: bool = False,
-    external_data: ExternalData = ExternalData.AUTO,
-    source_name: str | None = None,
-    microbatches: int = DEFAULT_MICROBATCHES,
     feeds: Mapping[str, Any] | None = None,
     genai_source: SourceConfig | None = None,
 ) -> Manifest:
-    """Write ``plan``'s stages of ``view`` and their manifest into ``out_dir``; return the manifest.
+    """Write ``plan``'s stages of ``view`` and their manifest into ``out_dir``, as ``options`` say; return
+    the manifest.
 
-    ``external_data``: ``"never"`` keeps weights inside each ``stage_<i>.onnx``; ``"always"`` writes
-    each stage's weights to its own ``stage_<i>.onnx.data``; ``"auto"`` does so only for a stage over
-    ~1.8 GB or when the source kept its weights in external files.  ``source_name`` is the file name
-    recorded for the source (default: the model's file name).  ``microbatches`` sizes the stream
-    schedule recorded in the manifest.  ``feeds``: one sample of the user's inputs, which a run of the
-    source that settles boundary ranks uses instead of random values (:mod:`onnxpipe.export.boundary`).
-    A decoder's split also gets a ``genai_config.json`` for ONNX Runtime GenAI (:mod:`.genai`), started
-    from ``genai_source`` when given; where GenAI cannot run the split, a plan note says why instead
-    (and with ``genai_source`` it is an error).
+    ``feeds``: one sample of the user's inputs, which a run of the source that settles boundary ranks
+    uses instead of random values (:mod:`onnxpipe.export.boundary`).  A decoder's split also gets a
+    ``genai_config.json`` for ONNX Runtime GenAI (:mod:`.genai`), started from ``genai_source`` when
+    given; where GenAI cannot run the split, a plan note says why instead (and with ``genai_source`` it is
+    an error).
 
     Raises :class:`ExportError` when ``out_dir`` is not empty (without ``force``), when a file cannot
     be written (the old folder is left intact), or when a stage fails the checker or onnxruntime;
     :class:`ModelLoadError` for an opset onnxruntime cannot run (see :func:`check_exportable`).
     """
-    external_data = choice(ExternalData, external_data, "external_data")
-    if microbatches < 1:
-        raise UsageError(f"microbatches {microbatches}: give a positive number of micro-batches")
+    opts = options or ExportOptions()
     out = normalized(out_dir)
+    check_exportable(view, out, force=opts.force)
+    return write_stages(view, plan, out, opts, feeds=feeds, genai_source=genai_source)
+
+
+def write_stages(
+    view: ModelView,
+    plan: Plan,
+    out: Path,
+    options: ExportOptions,
+    *,
+    feeds: Mapping[str, Any] | None = None,
+    genai_source: SourceConfig | None = None,
+) -> Manifest:
+    """:func:`export_stages` for a request whose model and folder were checked already (the door's)."""
     check_plan(view, plan)
-    check_exportable(view, out, force=force)
     specs = plan.stages
     with staged_folder(out, last=MANIFEST_NAME) as tmp:
-        writer = _StageWriter(view, plan, tmp, out, external_data, feeds)
+        writer = _StageWriter(view, plan, tmp, out, options.external_data, feeds)
         writer.check_sizes(specs)
         contract = ContractMaker(view, plan.input_shapes)
         if not writer.source_external:  # one run of the source: it would have to be loaded whole
@@ -115,7 +120,15 @@ def export_stages(
         written = [writer.write(spec) for spec in specs]
         shared = shared_weights(view, [writer.builder.weights_of(s) for s in specs])
         manifest = build_manifest(
-            view, plan, out, written, writer.types, shared, source_name, microbatches, contract
+            view,
+            plan,
+            out,
+            written,
+            writer.types,
+            shared,
+            options.source_name,
+            options.microbatches,
+            contract,
         )
         manifest = _with_genai_config(view, manifest, tmp, out, genai_source)
         with writing(out / MANIFEST_NAME, out):
@@ -132,8 +145,8 @@ def _with_genai_config(
     if dec is None:
         if source is not None:
             raise UsageError(
-                f"{source.path}: --genai-config is for a decoder LLM split between its layers, and "
-                f"{view.label} was not split as one; leave --genai-config out"
+                f"{source.path}: {opt('genai_config')} is for a decoder LLM split between its layers, and "
+                f"{view.label} was not split as one; leave {opt('genai_config')} out"
             )
         return manifest
     config = genai_config(view, dec, manifest, source)
@@ -194,7 +207,7 @@ class _StageWriter:
     def _too_big(self, i: int, size: float) -> NoReturn:
         raise ExportError(
             f"{self.out / stage_file_name(i)}: stage {i} holds {size / 1e9:.2f} GB, over protobuf's 2 GB "
-            "limit; use --external-data auto or always"
+            f"limit; use {opt('external_data', ExternalData.AUTO)} or always"
         )
 
     def stage_bytes(self, spec: StageSpec) -> int:

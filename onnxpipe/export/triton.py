@@ -34,13 +34,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from onnxpipe.core.choices import Runtime, TritonPlatform, choice
+from onnxpipe.core.choices import Runtime, TritonPlatform
 from onnxpipe.core.errors import ExportError, UsageError
-from onnxpipe.export.options import DEFAULT_TRITON_MAX_BATCH
+from onnxpipe.core.options import opt
+from onnxpipe.export.options import TritonOptions
 from onnxpipe.export.outdir import normalized, reason, writing
 from onnxpipe.manifest import Manifest, StageEntry, load_manifest
-
-DEFAULT_MAX_BATCH = DEFAULT_TRITON_MAX_BATCH
 
 TRITON_TYPES = {
     "float32": "TYPE_FP32", "float16": "TYPE_FP16", "float64": "TYPE_FP64", "bfloat16": "TYPE_BF16",
@@ -132,30 +131,21 @@ def model_name_of(manifest: Manifest) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", stem)
 
 
-def export_triton(
-    split_dir: str | Path,
-    out: str | Path,
-    *,
-    name: str | None = None,
-    platform: TritonPlatform = TritonPlatform.AUTO,
-    max_batch_size: int = DEFAULT_MAX_BATCH,
-    force: bool = False,
-) -> TritonRepository:
-    """Write the Triton model repository for the split in ``split_dir`` into ``out`` (see the module
-    docstring).  ``platform``: ``auto`` takes each stage's runtime from its device in the manifest (OpenVINO
-    where the devices file says so, else onnxruntime).  Raises :class:`UsageError` for bad arguments,
-    :class:`ExportError` for a folder that cannot be written or a repository that fails its checks."""
-    platform = choice(TritonPlatform, platform, "platform")
-    if max_batch_size < 1:
-        raise UsageError(f"--max-batch-size {max_batch_size}: give a positive number")
-    src = Path(split_dir)
+def export_triton(folder: str | Path, options: TritonOptions) -> TritonRepository:
+    """Write the Triton model repository for the split in ``folder`` into ``options.out`` (see the module
+    docstring and :class:`~onnxpipe.export.options.TritonOptions`).  Raises :class:`UsageError` for bad
+    options, :class:`ExportError` for a folder that cannot be written or a repository that fails its
+    checks."""
+    if options.max_batch_size < 1:
+        raise UsageError(f"{opt('max_batch_size', options.max_batch_size)}: give a positive number")
+    src = Path(folder)
     manifest = load_manifest(src)
-    ensemble = name or model_name_of(manifest)
+    ensemble = options.name or model_name_of(manifest)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", ensemble):
-        raise UsageError(f"--name {ensemble!r}: use letters, digits, '_', '.' and '-' only")
-    target = normalized(out)
-    _check_target(target, force)
-    models = plan_repository(manifest, ensemble, platform, max_batch_size)
+        raise UsageError(f"{opt('name', ensemble)}: use letters, digits, '_', '.' and '-' only")
+    target = normalized(options.out)
+    _check_target(target, options.force)
+    models = plan_repository(manifest, ensemble, options.platform, options.max_batch_size)
     pb = model_config_module()
     with _staged(target) as tmp:
         for st, model in zip(manifest.stages, models[1:], strict=True):
@@ -199,7 +189,8 @@ def plan_repository(
             raise ExportError(f"tensor {name!r} has dtype {dtype}, which Triton has no type for")
         if shape is None:
             raise ExportError(
-                f"tensor {name!r} has no known rank; Triton needs its dims (try split --static)"
+                f"tensor {name!r} has no known rank; Triton needs its dims (split it with "
+                f"{opt('static', True)})"
             )
         dims = [d if isinstance(d, int) else -1 for d in shape]
         return TritonTensor(name, kind, tuple(dims[1:] if batched else dims))
@@ -317,15 +308,19 @@ def _staged(out: Path) -> Iterator[Path]:
 def _check_target(out: Path, force: bool) -> None:
     """An absent or empty folder; with ``force`` also an earlier repository (each subfolder a model)."""
     if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise ExportError(f"{out}: exists and is not a folder; choose another --out")
+        raise ExportError(f"{out}: exists and is not a folder; choose another {opt('TritonOptions.out')}")
     if not out.exists() or not any(out.iterdir()):
         return
     if not force:
-        raise ExportError(f"{out}: exists and is not empty; choose another --out or pass --force")
+        raise ExportError(
+            f"{out}: exists and is not empty; choose another {opt('TritonOptions.out')} or pass "
+            f"{opt('TritonOptions.force', True)}"
+        )
     if not all(p.is_dir() and (p / "config.pbtxt").is_file() for p in out.iterdir()):
         raise ExportError(
             f"{out}: is not empty and is not a Triton repository (a config.pbtxt in every folder); "
-            "--force replaces only an earlier repository; choose another --out"
+            f"{opt('TritonOptions.force', True)} replaces only an earlier repository; choose another "
+            f"{opt('TritonOptions.out')}"
         )
 
 
@@ -367,7 +362,6 @@ def _parse(pb: ModuleType, text: str, where: Path) -> None:
 
 
 __all__ = [
-    "DEFAULT_MAX_BATCH",
     "TritonModel",
     "TritonPlatform",
     "TritonRepository",

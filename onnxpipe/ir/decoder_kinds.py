@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from onnxpipe.core.choices import Phase
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.options import opt
 
 DECODE_PAST = 255
 """Cached tokens at the decode shape (a context of 256 with the new token): long enough for attention
@@ -37,9 +38,9 @@ def phase_shape(
 ) -> PhaseShape:
     """The sizes of ``phase`` (checked: a prefill of at least one token, a non-negative past)."""
     if prefill_tokens < 1:
-        raise UsageError(f"--prefill-tokens {prefill_tokens}: give 1 or more")
+        raise UsageError(f"{opt('prefill_tokens', prefill_tokens)}: give 1 or more")
     if decode_past < 0:
-        raise UsageError(f"--decode-past {decode_past}: give 0 or more")
+        raise UsageError(f"{opt('decode_past', decode_past)}: give 0 or more")
     if phase == Phase.PREFILL:
         return PhaseShape(phase, prefill_tokens, 0)
     return PhaseShape(phase, 1, decode_past)

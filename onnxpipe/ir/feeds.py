@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.options import opt
 from onnxpipe.ir.model import ModelView, NodeInfo
 from onnxpipe.ir.samples import expected_text
 from onnxpipe.ir.shapes import non_tensor_inputs
@@ -62,7 +63,9 @@ def random_feeds(
                 "for; give real inputs (onnxpipe.ir.samples.samples_from_feeds, ProfileOptions(inputs=...))"
             )
         if name not in shapes:
-            raise UsageError(f"no shape for input {name!r}; give one with --shape {name}=D1,D2,...")
+            raise UsageError(
+                f"no shape for input {name!r}; give one with {opt('shapes', f'{name}=D1,D2,...')}"
+            )
         shape = tuple(int(d) for d in shapes[name])
         elem = view.tensor(name).elem_type
         is_mask = "mask" in name.lower()

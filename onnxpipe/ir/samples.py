@@ -25,6 +25,7 @@ from onnx import helper
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.inputfiles import InputRecord, read_input_file
+from onnxpipe.core.options import opt
 from onnxpipe.ir.model import ModelView, dtype_name
 
 
@@ -64,14 +65,14 @@ def load_samples(
     records: list[InputRecord] = []
     for path, is_stacked in [*((p, False) for p in paths), *((p, True) for p in stacked)]:
         record, samples = read_input_file(path, stacked=is_stacked)
-        flag = "--inputs-stacked" if is_stacked else "--inputs"
+        field = "stacked_files" if is_stacked else "input_files"
         for i, sample in enumerate(samples):
-            where = f"{flag} {path}" + (f" (sample {i})" if is_stacked else "")
+            where = opt(field, path) + (f" (sample {i})" if is_stacked else "")
             check_feeds(view, sample, where)
         records.append(record)
         feeds.extend(samples)
     if not feeds:
-        raise UsageError("--inputs: no file given; give an .npz file or a folder of .npy files")
+        raise UsageError(f"{opt('input_files')}: no file given; give an .npz file or a folder of .npy files")
     result = Samples(tuple(feeds), tuple(records))
     _check_same_shapes(result)
     return result
@@ -189,7 +190,8 @@ def _check_same_shapes(samples: Samples) -> None:
         for name, value in sample.items():
             if isinstance(value, np.ndarray) and tuple(value.shape) != first.get(name):
                 raise UsageError(
-                    f"--inputs: sample {i} gives input {name!r} shape {list(value.shape)}, sample 0 gives "
+                    f"{opt('input_files')}: sample {i} gives input {name!r} shape {list(value.shape)}, "
+                    "sample 0 gives "
                     f"{list(first.get(name, ()))}; the samples of one run must share their shapes"
                 )
 

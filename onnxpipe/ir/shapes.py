@@ -21,16 +21,15 @@ its input's) are linked the same way (:mod:`onnxpipe.ir.links`).  :func:`symbol_
 which size each symbol took, so that the profiler, the planner, the exporter and the verifier size a
 tensor alike.
 
->>> parse_shape_overrides(["x=1,3,224,224"])
-{'x': (1, 3, 224, 224)}
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from onnxpipe.core.dims import Dim
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.options import opt
 from onnxpipe.ir.decoder_kinds import PhaseShape
 from onnxpipe.ir.decoder_shapes import decoder_symbol_sizes, expression_size
 from onnxpipe.ir.links import linked_input_shapes
@@ -43,39 +42,6 @@ SEQUENCE_SIZE = 16
 RETRY_SEQUENCE_SIZE = 512
 """The sequence size a measured profile retries at when the model fails at :data:`SEQUENCE_SIZE` (a
 voice-activity detector's reflect pad of 64 samples needs more than 16; 512 is a common frame)."""
-
-
-def parse_shape_overrides(items: Iterable[str]) -> dict[str, tuple[int, ...]]:
-    """Parse ``["name=1,3,224,224", ...]`` (``x`` also separates dims; ``name=`` is a scalar).
-
-    The name is everything before the last ``=``, so names holding ``=`` still work.
-    """
-    result: dict[str, tuple[int, ...]] = {}
-    for item in items:
-        name, sep, dims_text = item.rpartition("=")
-        name = name.strip()
-        if not sep or not name:
-            raise UsageError(f"--shape {item!r}: expected NAME=D1,D2,...; write it like input=1,3,224,224")
-        text = dims_text.strip().replace("x", ",").replace("X", ",")
-        dims: list[int] = []
-        if text:
-            for part in text.split(","):
-                part = part.strip()
-                try:
-                    value = int(part)
-                except ValueError:
-                    raise UsageError(
-                        f"--shape {item!r}: {part!r} is not a whole number; write NAME=D1,D2,..."
-                    ) from None
-                if value < 0:
-                    raise UsageError(
-                        f"--shape {item!r}: dims must be >= 0, got {value}; give sizes like NAME=1,3,224,224"
-                    )
-                dims.append(value)
-        if name in result:
-            raise UsageError(f"--shape {item!r}: input {name!r} is given twice; give each input once")
-        result[name] = tuple(dims)
-    return result
 
 
 def resolve_input_shapes(
@@ -99,7 +65,9 @@ def resolve_input_shapes(
     unknown = sorted(set(overrides) - set(view.inputs))
     if unknown:
         listed = ", ".join(view.inputs) if view.inputs else "(none)"
-        raise UsageError(f"--shape names {unknown[0]!r}, which is not a model input; inputs are: {listed}")
+        raise UsageError(
+            f"{opt('shapes')} names {unknown[0]!r}, which is not a model input; inputs are: {listed}"
+        )
 
     symbols: dict[str, int] = {}
     linked = linked_input_shapes(view)
@@ -111,13 +79,14 @@ def resolve_input_shapes(
         if shape is not None:
             if len(dims) != len(shape):
                 raise UsageError(
-                    f"--shape {name}: the model's input {name!r} has rank {len(shape)} "
+                    f"{opt('shapes', name)}: the model's input {name!r} has rank {len(shape)} "
                     f"({_show(shape)}), the override gives {len(dims)} dims; give {len(shape)} dims"
                 )
             for axis, (declared, value) in enumerate(zip(shape, dims, strict=True)):
                 if isinstance(declared, int) and declared >= 0 and declared != value:
                     raise UsageError(
-                        f"--shape {name}: dim {axis} of input {name!r} is fixed at {declared} by the model "
+                        f"{opt('shapes', name)}: dim {axis} of input {name!r} is fixed at {declared} by "
+                        "the model "
                         f"({_show(shape)}), the override gives {value}; give {declared} for dim {axis}"
                     )
                 link = links[axis] if links is not None and axis < len(links) else declared
@@ -138,7 +107,7 @@ def resolve_input_shapes(
         shape = linked.get(name, view.tensor(name).shape)
         if shape is None:
             raise UsageError(
-                f"input {name!r} has no known rank; give its shape with --shape {name}=D1,D2,..."
+                f"input {name!r} has no known rank; give its shape with {opt('shapes', f'{name}=D1,D2,...')}"
             )
         resolved: list[int] = []
         for axis, d in enumerate(shape):
@@ -208,14 +177,15 @@ def failure_hint(
     overrides: Mapping[str, Sequence[int]] | None = None,
 ) -> str:
     """What to say when the model fails at the sizes onnxpipe chose: which input dims were guessed,
-    at what size, and the exact ``--shape`` flags that would give them (to edit), or ``--inputs``."""
+    at what size, and the exact shapes that would give them (to edit), or real inputs."""
     guessed = guessed_dims(view, overrides)
     if not guessed:
-        every = " ".join(f"--shape {n}={','.join(str(int(d)) for d in v)}" for n, v in used.items())
+        every = " ".join(opt("shapes", f"{n}={','.join(str(int(d)) for d in v)}") for n, v in used.items())
         return (
-            f"give the shapes the model runs at with {every} (edited), or real inputs with --inputs FILE.npz"
+            f"give the shapes the model runs at with {every} (edited), or real inputs with "
+            f"{opt('input_files', 'FILE.npz')}"
             if every
-            else "give real inputs with --inputs FILE.npz (one array per input, by name)"
+            else f"give real inputs with {opt('input_files', 'FILE.npz')} (one array per input, by name)"
         )
     parts = [
         f"{name!r} dim {axis}" + (f" ({sym})" if sym else "") + f" = {used[name][axis]}"
@@ -223,13 +193,13 @@ def failure_hint(
         if name in used and axis < len(used[name])
     ]
     flags = " ".join(
-        f"--shape {name}={','.join(str(int(d)) for d in used[name])}"
+        opt("shapes", f"{name}={','.join(str(int(d)) for d in used[name])}")
         for name in dict.fromkeys(n for n, _, _ in guessed)
         if name in used
     )
     return (
         f"onnxpipe guessed the sizes of {', '.join(parts)}; give the sizes the model runs at with "
-        f"{flags} (edited), or real inputs with --inputs FILE.npz"
+        f"{flags} (edited), or real inputs with {opt('input_files', 'FILE.npz')}"
     )
 
 

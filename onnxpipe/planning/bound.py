@@ -12,15 +12,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.model import ModelView
 from onnxpipe.planning.types import Plan
 
 NODE_SPLITTING = (
-    "only splitting that node itself could go further: --split-nodes auto cuts a MatMul, Gemm or Conv "
-    "with constant weights into parts in consecutive stages"
+    f"only splitting that node itself could go further: {opt('split_nodes', 'auto')} cuts a MatMul, Gemm "
+    "or Conv with constant weights into parts in consecutive stages"
 )
-"""What could go below a bounding node (:mod:`onnxpipe.planning.nodesplit`, ``--split-nodes auto``)."""
+"""What could go below a bounding node (:mod:`onnxpipe.planning.nodesplit`, ``split_nodes="auto"``)."""
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from pathlib import Path
 from onnxpipe.cluster.costs import DeviceCosts, device_costs
 from onnxpipe.cluster.model import Cluster, Device
 from onnxpipe.core.errors import MemoryFitError, PartitionError, UsageError
+from onnxpipe.core.options import opt
 from onnxpipe.core.runtime_kinds import EngineConfig
 from onnxpipe.core.text import human_bytes
 from onnxpipe.cost.measure import profile_model
@@ -107,7 +108,7 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
     if cluster is None:
         if not isinstance(stages, int):
             raise UsageError(
-                "--stages auto needs --devices here: plan_pipeline plans for a cluster; "
+                f"{opt('stages', 'auto')} needs {opt('devices')} here: plan_pipeline plans for a cluster; "
                 "onnxpipe.planning.planner.plan chooses the stages of this machine without one"
             )
         cluster = Cluster.homogeneous(
@@ -118,16 +119,16 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
         what = f"{m} compute nodes" if stages > m else f"{cluster.size} devices in {cluster.label}"
         raise PartitionError(
             f"cannot make {stages} stages: the plan has {what}; the largest number of stages that works "
-            f"is {max_k}: choose --stages between 1 and {max_k}"
+            f"is {max_k}: choose {opt('stages')} between 1 and {max_k}"
         )
     costs = _costs(view, profile, cluster, request)
     best, reason = _best(view, costs, cluster, request, max_k)
     notes: list[str] = []
     if reason:
-        notes.append(f"--stages auto chose {best.search.k}: {reason}")
+        notes.append(f"{opt('stages', 'auto')} chose {best.search.k}: {reason}")
     if best.search.free:
         notes.append(
-            f"--order free tried {best.search.evaluated} device orders; "
+            f"{opt('order', 'free')} tried {best.search.evaluated} device orders; "
             f"chose {', '.join(best.search.cluster.names)}"
         )
     part, arranged, option = best.search.result, best.search.cluster, best.option
@@ -163,8 +164,8 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
                 notes.append(copied)
         notes.append(costs.decoder.describe())
         notes.append(
-            f"cuts only between layers (--ends {request.decoder.ends.value}); each device holds its layers' "
-            f"KV cache at {request.decoder.max_context} tokens of context, counted in its memory"
+            f"cuts only between layers ({opt('ends', request.decoder.ends)}); each device holds its "
+            f"layers' KV cache at {request.decoder.max_context} tokens of context, counted in its memory"
         )
         phase = profile_phase(profile, costs.decoder)
         summary = decoder_summary(view, profile, costs.decoder, request.decoder, phase)
@@ -223,7 +224,9 @@ def _costs(view: ModelView, profile: Profile, cluster: Cluster, request: PlanReq
         sequences(view, profile)
         if dec is None
         else fine_allowed(
-            *layer_cut_items(view, profile, dec, request.decoder.ends, request.off_the_chain or "--devices")
+            *layer_cut_items(
+                view, profile, dec, request.decoder.ends, request.off_the_chain or opt("devices")
+            )
         )
     )
     compute = seq.compute

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from onnxpipe.core.choices import Ends
 from onnxpipe.core.errors import PartitionError, UsageError
+from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo, kv_bytes_per_token
 from onnxpipe.ir.graph import cut_profile
@@ -116,12 +117,12 @@ def layer_cut_items(
 
 
 def refuse_own_ends(ends: Ends, what: str) -> None:
-    """``--ends own`` is planned for a chain of identical workers only: refused with ``what`` (the
-    option that asks for another plan: ``--devices``, ``--workers``)."""
+    """``ends="own"`` is planned for a chain of identical workers only: refused with ``what`` (the
+    option that asks for another plan: a devices file, workers)."""
     if ends == Ends.OWN:
         raise UsageError(
-            f"--ends own with {what}: the embedding and LM head stages of their own are planned for a "
-            "chain of identical workers only; give --ends free or attached"
+            f"{opt('ends', Ends.OWN)} with {what}: the embedding and LM head stages of their own are planned "
+            f"for a chain of identical workers only; give {opt('ends', Ends.FREE)} or attached"
         )
 
 
@@ -156,8 +157,8 @@ def own_ends_bounds(layers: LayerSequences, dec: DecoderInfo, k: int) -> tuple[i
     middle = k - first - (len(groups) - last)
     if middle < 1 or middle > last - first:
         raise PartitionError(
-            f"--ends own puts the embedding and the LM head in stages of their own: {k} stages leave "
-            f"{middle} for {last - first} layer(s); choose --stages between "
+            f"{opt('ends', Ends.OWN)} puts the embedding and the LM head in stages of their own: {k} stages "
+            f"leave {middle} for {last - first} layer(s); choose {opt('stages')} between "
             f"{len(groups) - (last - first) + 1} and {len(groups)}"
         )
     return first, last, middle

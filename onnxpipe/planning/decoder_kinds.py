@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from onnxpipe.core.choices import Ends, PhaseChoice, choice
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.options import opt
 from onnxpipe.ir.decoder_kinds import DECODE_PAST, PREFILL_TOKENS, PhaseShape, phase_shape
 
 DEFAULT_MAX_CONTEXT = 4096
@@ -42,10 +43,10 @@ class DecoderOptions:
         )
 
     def check(self) -> None:
-        self.phases()  # refuses a bad --prefill-tokens or --decode-past
+        self.phases()  # refuses a bad prefill_tokens or decode_past
         if (
             isinstance(self.max_context, bool)
             or not isinstance(self.max_context, int)
             or self.max_context < 1
         ):
-            raise UsageError(f"--max-context {self.max_context!r}: give a positive number of tokens")
+            raise UsageError(f"{opt('max_context', self.max_context)}: give a positive number of tokens")

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from onnxpipe import partition as _partition
 from onnxpipe.core.choices import Ends, Phase, PhaseChoice
 from onnxpipe.core.errors import PartitionError
+from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
@@ -74,7 +75,8 @@ def coarse_bounds(
     if k > possible + 1:
         raise PartitionError(
             f"cannot make {k} stages cutting only between the decoder's {dec.layers} layers "
-            f"(--ends {ends.value}); choose --stages between 1 and {possible + 1}, or --layer-cuts off"
+            f"({opt('ends', ends)}); choose {opt('stages')} between 1 and {possible + 1}, or "
+            f"{opt('layer_cuts', False)}"
         )
     return tuple(solve(0, n, k, allowed))
 
@@ -120,7 +122,8 @@ def check_stage_count(view: ModelView, dec: DecoderInfo, k: int, ends: Ends) -> 
     if not lo <= k <= hi:
         raise PartitionError(
             f"{view.label}: cannot make {k} stages cutting only between the decoder's {dec.layers} layers "
-            f"(--ends {ends.value}); choose --stages between {lo} and {hi}, or --layer-cuts off"
+            f"({opt('ends', ends)}); choose {opt('stages')} between {lo} and {hi}, or "
+            f"{opt('layer_cuts', False)}"
         )
 
 
@@ -293,7 +296,7 @@ def decoder_notes(
         f"{st.index}: {_layer_range(st.kv_layers)} {st.kv_cache_bytes / 2**20:.1f} MiB" for st in stages
     )
     notes.append(
-        f"cuts only between layers (--ends {options.ends.value}); KV cache per stage at "
+        f"cuts only between layers ({opt('ends', options.ends)}); KV cache per stage at "
         f"{options.max_context} tokens of context: {per_stage}"
     )
     shaped = [(st.index, t) for st in stages for t in foreign_pasts(dec, st)]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.options import opt
 from onnxpipe.planning.types import Plan
 from onnxpipe.schedule.simulate import stream
 from onnxpipe.schedule.timeline import Timeline
@@ -59,7 +60,7 @@ def _matplotlib() -> Any:
     except ImportError as e:
         raise UsageError(
             "drawing a plan needs matplotlib, which is not installed; install onnxpipe[plot] "
-            "(pip install 'onnxpipe[plot]') or drop --plot"
+            f"(pip install 'onnxpipe[plot]') or drop {opt('plot')}"
         ) from e
     return Figure
 
@@ -141,7 +142,7 @@ def plot_plan(
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, format=out.suffix.lower()[1:], dpi=110)
     except OSError as e:
-        raise UsageError(f"{out}: cannot write the picture ({e}); choose another --plot file") from e
+        raise UsageError(f"{out}: cannot write the picture ({e}); choose another {opt('plot')} file") from e
     return out
 
 

@@ -17,8 +17,3 @@ DEFAULT_LINK_MODEL = LinkModel.SERIAL
 """Without a devices file: the stages are this machine's workers, which receive their own inputs."""
 DEVICES_LINK_MODEL = LinkModel.OVERLAP
 """With a devices file (or a training schedule): links run beside compute."""
-
-LINK_MODEL_TEXT = {
-    LinkModel.SERIAL: "serial (a stage's transfer in adds to its compute)",
-    LinkModel.OVERLAP: "overlap (links run beside compute; the larger of the two counts)",
-}

@@ -27,6 +27,7 @@ from typing import Generic, Literal, Protocol, TypeVar
 from onnxpipe.cluster.model import Cluster, device_type
 from onnxpipe.core.choices import DeviceOrder
 from onnxpipe.core.errors import PartitionError, UsageError
+from onnxpipe.core.options import opt
 
 DEFAULT_MAX_ORDERS = 20_000
 """Most distinct device-type sequences :func:`best_device_order` solves (each is one exact partition)."""
@@ -152,13 +153,14 @@ def best_device_order(
     if not 1 <= k <= cluster.size:
         raise UsageError(
             f"{cluster.source or 'cluster'}: {k} stages need {k} devices but the cluster has {cluster.size}; "
-            f"choose --stages between 1 and {cluster.size}"
+            f"choose {opt('stages')} between 1 and {cluster.size}"
         )
     total = count_orders(cluster, k)
     if k > 1 and len(set(type_ids(cluster))) > 1 and cluster.uniform_link is None:
         raise UsageError(
-            f"{cluster.source or 'cluster'}: --order free needs the same link between every pair of devices; "
-            "write links as one object, or keep the file's order"
+            f"{cluster.source or 'cluster'}: {opt('order', 'free')} needs the same link between every pair "
+            "of "
+            "devices; write links as one object, or keep the file's order"
         )
     if total > max_orders:
         raise UsageError(

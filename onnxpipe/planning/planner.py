@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from onnxpipe.core.choices import Phase, SplitNodes
 from onnxpipe.core.machine import available_cpu_count
+from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.model import ModelView
@@ -119,7 +120,7 @@ def auto_here(
 
     choice = stages_auto(max_k, solve_k, tolerance=request.tolerance)
     note = (
-        f"--stages auto chose {choice.k} of 1..{max_k} (this machine's {cpus} CPU(s) at {threads} "
+        f"{opt('stages', 'auto')} chose {choice.k} of 1..{max_k} (this machine's {cpus} CPU(s) at {threads} "
         f"thread(s) per stage): {choice.reason}"
     )
     chosen = choice.result.plan

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
+from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.choices import DeviceOrder, LinkModel, ScheduleChoice, ScheduleKind, SplitNodes, choice
 from onnxpipe.core.errors import PartitionError, UsageError
+from onnxpipe.core.options import checked_once, opt
 from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.links import DEFAULT_LINK_MODEL, DEVICES_LINK_MODEL
 from onnxpipe.planning.orders import DEFAULT_TOLERANCE
@@ -64,15 +67,16 @@ class ScheduleRequest:
         """The schedules to try: (kind, M, samples per micro-batch)."""
         if not (self.backward_ratio > 0 and math.isfinite(self.backward_ratio)):
             raise UsageError(
-                f"--backward-ratio {self.backward_ratio}: give a positive finite number (default 2)"
+                f"{opt('backward_ratio', self.backward_ratio)}: give a positive finite number (default 2)"
             )
         if self.microbatches is not None and self.microbatches < 1:
-            raise UsageError(f"--microbatches {self.microbatches}: give 1 or more")
+            raise UsageError(f"{opt('microbatches', self.microbatches)}: give 1 or more")
         if self.kind == ScheduleChoice.STREAM:
             if self.batch is not None or self.backward_ratio != DEFAULT_BACKWARD_RATIO:
                 raise UsageError(
-                    "--batch and --backward-ratio plan training; give --schedule gpipe, 1f1b or auto, "
-                    "or leave them out for streaming inference"
+                    f"{opt('batch')} and {opt('backward_ratio')} plan training; give "
+                    f"{opt('ScheduleRequest.kind', 'gpipe')}, 1f1b or auto, or leave them out for streaming "
+                    "inference"
                 )
             return [ScheduleOption(ScheduleKind.STREAM, self.microbatches or DEFAULT_MICROBATCHES, 1)]
         kinds = self.kind.kinds
@@ -80,7 +84,7 @@ class ScheduleRequest:
         if self.microbatches is not None:
             if batch % self.microbatches:
                 raise UsageError(
-                    f"--microbatches {self.microbatches} does not split --batch {batch} evenly; "
+                    f"{opt('microbatches', self.microbatches)} does not split {opt('batch', batch)} evenly; "
                     "choose a divisor of the batch"
                 )
             options = [self.microbatches]
@@ -101,13 +105,14 @@ class PlanRequest:
     Without ``devices`` the stages run on copies of the profiling machine whose links carry
     ``bandwidth_bytes_per_s``; with it the devices file's links do.  ``workers`` deals the stages out to
     fewer identical workers in turn (an interleaved split, up to ``time_slack`` slower than the fastest
-    split if that balances the workers' weights).  ``tolerance``: ``--stages auto`` keeps the fewest
+    split if that balances the workers' weights).  ``tolerance``: ``stages="auto"`` keeps the fewest
     stages within it of the best bottleneck.  ``split_nodes``: ``auto`` lets the plan cut one dominating
     node into parts over consecutive stages (one stage per identical worker only).
     """
 
     stages: int | Literal["auto"]
     devices: Cluster | None = None
+    """The cluster, or the path of a devices file (docs/devices.md), read when the request is made."""
     bandwidth_bytes_per_s: float = math.inf
     order: DeviceOrder = DeviceOrder.FIXED
     schedule: ScheduleRequest = field(default_factory=ScheduleRequest)
@@ -122,11 +127,10 @@ class PlanRequest:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split_nodes", choice(SplitNodes, self.split_nodes, "split_nodes"))
-        if self.devices is not None and not isinstance(self.devices, Cluster):
-            raise UsageError(
-                f"PlanRequest(devices={self.devices!r}): give the cluster itself, "
-                "onnxpipe.load_cluster(path) reads a devices file"
-            )
+        if isinstance(self.devices, str | Path):
+            object.__setattr__(self, "devices", load_cluster(self.devices))
+        elif self.devices is not None and not isinstance(self.devices, Cluster):
+            raise UsageError(f"{opt('devices')}: give a cluster or the path of a devices file")
         object.__setattr__(self, "order", choice(DeviceOrder, self.order, "order"))
         if self.link_model is not None:
             object.__setattr__(self, "link_model", choice(LinkModel, self.link_model, "link_model"))
@@ -149,21 +153,22 @@ class PlanRequest:
 
     @property
     def off_the_chain(self) -> str | None:
-        """The option, as the user writes it, that takes this plan off a chain of identical workers (to
-        the devices planner, or to interleaved workers); None for such a chain or ``--stages auto``
-        without devices (what plans for one phase and ``--ends own`` cannot do, it names)."""
+        """The option (named as :func:`~onnxpipe.core.options.opt` names it) that takes this plan off a
+        chain of identical workers (to the devices planner, or to interleaved workers); None for such a
+        chain or automatic stages without devices (what plans for one phase and ``ends="own"`` cannot do,
+        it names)."""
         if self.devices is not None:
-            return "--devices"
+            return opt("devices")
         if self.interleaved:
-            return "--workers"
+            return opt("workers")
         if not isinstance(self.stages, int):
             return None
         if self.order != DeviceOrder.FIXED:
-            return f"--order {self.order.value}"
+            return opt("order", self.order)
         if self.schedule.kind != ScheduleChoice.STREAM:
-            return f"--schedule {self.schedule.kind}"
+            return opt("ScheduleRequest.kind", self.schedule.kind)
         if self.link_model == LinkModel.OVERLAP:
-            return "--link-model overlap"
+            return opt("link_model", LinkModel.OVERLAP)
         return None
 
     @property
@@ -184,25 +189,31 @@ class PlanRequest:
         if isinstance(self.stages, int) and not 1 <= self.stages <= compute_nodes:
             raise PartitionError(
                 f"{label}: cannot make {self.stages} non-empty stages from {compute_nodes} "
-                f"compute nodes; choose --stages between 1 and {compute_nodes}"
+                f"compute nodes; choose {opt('stages')} between 1 and {compute_nodes}"
             )
 
+    @checked_once
     def check(self) -> None:
         """Refuse what cannot work together, before any cost is measured (cheap)."""
         stages = self.stages
+        if isinstance(stages, bool) or not isinstance(stages, int | str):
+            raise UsageError(f"{opt('stages', stages)}: give a number of stages or 'auto'")
         if isinstance(stages, str) and stages != "auto":
-            raise UsageError(f"--stages {stages!r}: give a number of stages or 'auto'")
+            raise UsageError(f"{opt('stages', stages)}: give a number of stages or 'auto'")
+        if isinstance(stages, int) and stages < 1:
+            raise UsageError(f"{opt('stages', stages)}: give 1 or more stages, or 'auto'")
         if self.workers is not None:
             self._check_workers()
         if self.time_slack is not None:
             if self.workers is None or self.workers == stages:
                 raise UsageError(
-                    f"--time-slack {self.time_slack}: it trades time for balanced weights between workers "
-                    "that run several stages each; give --workers W with --stages a multiple of W above W"
+                    f"{opt('time_slack', self.time_slack)}: it trades time for balanced weights between "
+                    f"workers that run several stages each; give {opt('workers', 'W')} with {opt('stages')} "
+                    "a multiple of W above W"
                 )
             if not (math.isfinite(self.time_slack) and self.time_slack >= 0):
                 raise UsageError(
-                    f"--time-slack {self.time_slack}: give a finite share of 0 or more (0.01 is 1%)"
+                    f"{opt('time_slack', self.time_slack)}: give a finite share of 0 or more (0.01 is 1%)"
                 )
         cluster = self.devices
         if (
@@ -211,28 +222,30 @@ class PlanRequest:
             and (self.schedule.kind != ScheduleChoice.STREAM or self.order != DeviceOrder.FIXED)
         ):
             raise UsageError(
-                "--stages auto without --devices plans streaming inference on this machine's CPUs; give "
-                "--stages K for a training schedule or --order free, or a devices file"
+                f"{opt('stages', 'auto')} without {opt('devices')} plans streaming inference on this "
+                f"machine's CPUs; give {opt('stages', 'K')} for a training schedule or "
+                f"{opt('order', DeviceOrder.FREE)}, or a devices file"
             )
         if cluster is not None and isinstance(stages, int) and stages > cluster.size:
             raise PartitionError(
                 f"{cluster.source or 'the devices file'}: {stages} stages need {stages} devices but it "
-                f"lists {cluster.size}; choose --stages between 1 and {cluster.size}"
+                f"lists {cluster.size}; choose {opt('stages')} between 1 and {cluster.size}"
             )
         if cluster is not None and self.bandwidth_bytes_per_s != math.inf:
             raise UsageError(
-                f"--bandwidth: the links of {cluster.source or 'the devices file'} set the bandwidth; "
-                "give it there (links[].bandwidth_bytes_per_s) instead"
+                f"{opt('bandwidth_bytes_per_s')}: the links of {cluster.source or 'the devices file'} set "
+                "the bandwidth; give it there (links[].bandwidth_bytes_per_s) instead"
             )
         if self.link_model is not None:
             self._check_link_model()
         self.schedule.candidates()
         if self.split_nodes == SplitNodes.AUTO and (not self.on_identical_workers or self.interleaved):
             raise UsageError(
-                "--split-nodes auto plans one stage per identical worker (--stages K, streaming, no "
-                "--devices, --order, --workers or --link-model overlap); give --split-nodes off for this plan"
+                f"{opt('split_nodes', SplitNodes.AUTO)} plans one stage per identical worker "
+                f"({opt('stages', 'K')}, streaming, no {opt('devices')}, {opt('order')}, {opt('workers')} "
+                f"or {opt('link_model', LinkModel.OVERLAP)}); give {opt('split_nodes', SplitNodes.OFF)} "
+                "for this plan"
             )
-
         self.decoder.check()
 
     def _check_link_model(self) -> None:
@@ -242,36 +255,38 @@ class PlanRequest:
             and self.schedule.kind == ScheduleChoice.STREAM
         ):
             raise UsageError(
-                "--link-model serial is planned for streaming on identical workers in a fixed order; "
-                "a devices file, --order free and training schedules overlap links with compute: "
-                "leave out --link-model or give overlap"
+                f"{opt('link_model', LinkModel.SERIAL)} is planned for streaming on identical workers in a "
+                f"fixed order; a devices file, {opt('order', DeviceOrder.FREE)} and training schedules "
+                f"overlap links with compute: leave out {opt('link_model')} or give overlap"
             )
         if self.link_model == LinkModel.OVERLAP and self.workers is not None and self.interleaved:
             raise UsageError(
-                "--link-model overlap: interleaved stages (--workers) are planned with serial links; "
-                "leave out --link-model or --workers"
+                f"{opt('link_model', LinkModel.OVERLAP)}: interleaved stages ({opt('workers')}) are "
+                f"planned with serial links; leave out {opt('link_model')} or {opt('workers')}"
             )
 
     def _check_workers(self) -> None:
-        """``--workers``: identical CPU workers streaming inference, each running as many stages."""
+        """``workers``: identical CPU workers streaming inference, each running as many stages."""
         workers, stages = self.workers, self.stages
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise UsageError(f"--workers {workers!r}: give a positive number of workers")
+            raise UsageError(f"{opt('workers', workers)}: give a positive number of workers")
         if not isinstance(stages, int):
             raise UsageError(
-                "--workers needs a number of --stages: an interleaved split deals them out in turn"
+                f"{opt('workers')} needs a number of {opt('stages')}: an interleaved split deals them out "
+                "in turn"
             )
         if stages % workers:
             raise UsageError(
-                f"--stages {stages} --workers {workers}: every worker runs the same number of stages; "
-                f"give a multiple of {workers} stages"
+                f"{opt('stages', stages)} {opt('workers', workers)}: every worker runs the same number of "
+                f"stages; give a multiple of {workers} stages"
             )
         if self.devices is not None or self.order != DeviceOrder.FIXED:
             raise UsageError(
-                "--workers plans identical workers; it cannot be combined with --devices or --order"
+                f"{opt('workers')} plans identical workers; it cannot be combined with {opt('devices')} "
+                f"or {opt('order')}"
             )
         if self.schedule.kind != ScheduleChoice.STREAM:
             raise UsageError(
-                f"--workers: interleaved stages are planned for inference (--schedule stream), "
-                f"not {self.schedule.kind}"
+                f"{opt('workers')}: interleaved stages are planned for inference "
+                f"({opt('ScheduleRequest.kind', ScheduleChoice.STREAM)}), not {self.schedule.kind}"
             )

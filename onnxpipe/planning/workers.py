@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from onnxpipe import partition as _partition
 from onnxpipe.core.errors import PartitionError
+from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
@@ -66,7 +67,7 @@ def make_plan(
         raise PartitionError(
             f"{view.label}: cannot make {k} non-empty stages from {m} compute nodes (Constant nodes "
             f"do not count); the largest number of stages that works is {m}: "
-            f"choose --stages between 1 and {m}"
+            f"choose {opt('stages')} between 1 and {m}"
         )
     seq = sequences(view, profile)
     notes: list[str] = []
@@ -111,8 +112,8 @@ def make_interleaved_plan(
     name = view.label
     if workers < 1 or k % workers or k == workers:
         raise PartitionError(
-            f"{name}: --workers {workers} must divide --stages {k} into two or more stages per worker "
-            f"(for example --stages {2 * max(workers, 1)} --workers {max(workers, 1)})"
+            f"{name}: {opt('workers', workers)} must divide {opt('stages', k)} into two or more stages per "
+            f"worker (for example {opt('stages', 2 * max(workers, 1))} {opt('workers', max(workers, 1))})"
         )
     options = decoder_options or DecoderOptions()
     notes: list[str] = []
@@ -121,7 +122,7 @@ def make_interleaved_plan(
         item_mem = first_reader_param_bytes(view)
         costs, cuts, mems = list(seq.costs), list(seq.cut_bytes), item_mem
     else:  # the layer groups as items: the same exact search over far fewer cut positions
-        layers, coarse_ok = layer_cut_items(view, profile, decoder, options.ends, "--workers")
+        layers, coarse_ok = layer_cut_items(view, profile, decoder, options.ends, opt("workers"))
         seq = fine_allowed(layers, coarse_ok)
         item_mem = first_reader_param_bytes(view, seq.compute)
         costs, cuts = layers.coarse_costs, layers.coarse_cut_bytes

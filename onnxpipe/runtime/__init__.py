@@ -6,17 +6,19 @@ Where the workers run is one config per backend (:class:`~.base.LocalConfig`, :c
 >>> with Pipeline.from_manifest("out/") as pipe:           # doctest: +SKIP
 ...     outputs = pipe.run(feeds)
 
-``onnxpipe run DIR`` (:mod:`onnxpipe.cli.commands.run`) measures a pipeline and, with ``--compare``, the
+``onnxpipe run DIR`` (:func:`onnxpipe.run`) measures a pipeline and, with ``--compare``, the
 model without one; docs/runtime.md describes both.
 
-Names are imported on first use (PEP 562), as :mod:`onnxpipe` does: a light module of this package
-(:mod:`.choices`, which the CLI's parsers read) then loads neither numpy nor onnxruntime.
+Names are imported on first use (:mod:`onnxpipe.core.lazy`), as :mod:`onnxpipe` does: a light module of
+this package (:mod:`.options`, which the door's options objects live in) then loads neither numpy nor
+onnxruntime.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from onnxpipe.core.lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "BackendConfig": "onnxpipe.runtime.base",
@@ -53,18 +55,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'onnxpipe.runtime' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
-
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 
 if TYPE_CHECKING:
     from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig

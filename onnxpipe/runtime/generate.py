@@ -28,29 +28,12 @@ import numpy as np
 from onnxpipe.core.errors import UsageError
 from onnxpipe.manifest import DecoderIORecord
 from onnxpipe.runtime.kvstate import CONTROL, Control, StepFlags
-from onnxpipe.runtime.sampling import Sampling, last_logits
+from onnxpipe.runtime.options import GenerateOptions, Sampling
+from onnxpipe.runtime.sampling import draw, generator, last_logits
 
 Tensors = dict[str, np.ndarray]
 Submit = Callable[[Tensors, int], "Future[Tensors]"]
 """Queue one step's feeds in a lane; the future's result holds the logits."""
-
-
-@dataclass(frozen=True)
-class GenerateOptions:
-    """How to generate: ``max_new_tokens`` per sequence (fewer when ``eos_token_ids`` come first), at
-    most ``in_flight`` sequences in the pipeline at once (None: every prompt at once), each next token
-    the highest logit or, with ``sampling``, drawn."""
-
-    max_new_tokens: int = 32
-    eos_token_ids: tuple[int, ...] = ()
-    in_flight: int | None = None
-    sampling: Sampling | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise UsageError(f"max_new_tokens {self.max_new_tokens}: give 1 or more")
-        if self.in_flight is not None and self.in_flight < 1:
-            raise UsageError(f"in_flight {self.in_flight}: give 1 or more sequences")
 
 
 @dataclass(frozen=True)
@@ -132,21 +115,22 @@ def next_token(
     if sampling is None:
         return int(np.argmax(last))
     if rng is None:  # a fresh generator per call would draw the same number every step
-        raise ValueError("sampling draws with the sequence's own generator: pass rng=sampling.generator(i)")
-    return sampling.draw(last, rng)
+        raise ValueError("sampling draws with the sequence's own generator: pass rng=generator(sampling, i)")
+    return draw(sampling, last, rng)
 
 
 def generate(
     submit: Submit,
     lanes: int,
     step_feeds: StepFeeds,
-    prompts: Sequence[Sequence[int]],
     options: GenerateOptions,
     *,
     first_ident: int = 0,
 ) -> Generation:
-    """New tokens for each of ``prompts`` through a pipeline's ``submit``, sequences spread over
-    ``lanes``; ``first_ident``: the first sequence id (ids must not repeat while caches are held)."""
+    """New tokens for each of ``options.prompt_ids`` through a pipeline's ``submit``, sequences spread
+    over ``lanes``; ``first_ident``: the first sequence id (ids must not repeat while caches are held)."""
+    options.check()
+    prompts = options.prompt_ids
     if not prompts:
         raise UsageError("give at least one prompt")
     for i, p in enumerate(prompts):
@@ -161,7 +145,7 @@ def generate(
             first_ident + i,
             i % lanes,
             tuple(int(t) for t in p),
-            rng=sampling.generator(i) if sampling is not None else None,
+            rng=generator(sampling, i) if sampling is not None else None,
         )
         for i, p in enumerate(prompts)
     ]

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.options import opt
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import Manifest
@@ -65,7 +66,7 @@ def input_shapes_for(
     if not overrides and all(n in profiled for n in names):
         return {n: profiled[n] for n in names}
     if model is None:
-        raise UsageError("no source model to derive input shapes from; give --inputs FILE.npz")
+        raise UsageError(f"no source model to derive input shapes from; give {opt('inputs', 'FILE.npz')}")
     return planned_input_shapes(manifest, load_model(model, check=False), overrides)
 
 
@@ -74,7 +75,7 @@ def random_inputs(
 ) -> list[Feeds]:
     """``microbatches`` seeded random micro-batches for ``model`` (cycling through a few distinct ones)."""
     if microbatches < 1:
-        raise UsageError(f"--microbatches {microbatches}: give at least 1")
+        raise UsageError(f"{opt('microbatches', microbatches)}: give at least 1")
     view = load_model(model, check=False)
     distinct = [random_feeds(view, shapes, seed=seed + j) for j in range(min(microbatches, DISTINCT_RANDOM))]
     return [distinct[j % len(distinct)] for j in range(microbatches)]

@@ -11,9 +11,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.core.choices import Backend, LocalMode, choice
 from onnxpipe.core.errors import UsageError
-from onnxpipe.core.options import opt
+from onnxpipe.core.options import checked_once, opt
 from onnxpipe.cost.options import frozen_shapes
 from onnxpipe.runtime.choices import DEFAULT_LOCAL_MODE, DEFAULT_SLOTS
 
@@ -49,7 +50,8 @@ class RunOptions:
     backend: Backend = Backend.LOCAL
     local_mode: LocalMode = DEFAULT_LOCAL_MODE
     threads: int | None = None
-    devices: Cluster | Path | None = None
+    devices: Cluster | None = None
+    """A cluster, or the path of a devices file, read when the options are made."""
     slots: int = DEFAULT_SLOTS
     pin: bool = False
     ray_address: str | None = None
@@ -72,8 +74,8 @@ class RunOptions:
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, Path(value))
-        if isinstance(self.devices, str):
-            object.__setattr__(self, "devices", Path(self.devices))
+        if isinstance(self.devices, str | Path):  # a devices file, read when the request is made
+            object.__setattr__(self, "devices", load_cluster(self.devices))
         if isinstance(self.ray_resources, str):
             object.__setattr__(self, "ray_resources", Path(self.ray_resources))
 
@@ -156,6 +158,19 @@ class GenerateOptions:
         if self.model is not None:
             object.__setattr__(self, "model", Path(self.model))
 
+    @classmethod
+    def drawn(cls, sampling: Sampling | None) -> dict[str, Any]:
+        """The fields that say ``sampling`` (none for greedy): ``GenerateOptions(..., **drawn(s))``."""
+        if sampling is None:
+            return {}
+        return {
+            "do_sample": True,
+            "temperature": sampling.temperature,
+            "top_k": sampling.top_k,
+            "top_p": sampling.top_p,
+            "seed": sampling.seed,
+        }
+
     @property
     def sampling(self) -> Sampling | None:
         """How tokens are drawn, or None: greedy."""
@@ -168,6 +183,7 @@ class GenerateOptions:
             seed=self.seed or 0,
         )
 
+    @checked_once
     def check(self) -> None:
         """Refuse what cannot work together, before any worker starts."""
         if self.max_new_tokens < 1:

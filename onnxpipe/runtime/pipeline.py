@@ -45,10 +45,10 @@ from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.backends.threads import ThreadBackend
 from onnxpipe.runtime.base import Backend, BackendConfig, LocalConfig, RayConfig, Tensors
 from onnxpipe.runtime.driver import CLOSE_TIMEOUT_S, CLOSED, Driver, Job
-from onnxpipe.runtime.generate import GenerateOptions, Generation, StepFeeds
+from onnxpipe.runtime.generate import Generation, StepFeeds
 from onnxpipe.runtime.generate import generate as generate_tokens
 from onnxpipe.runtime.kvstate import CONTROL
-from onnxpipe.runtime.sampling import Sampling
+from onnxpipe.runtime.options import GenerateOptions, Sampling
 from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import (
     Placement,
@@ -239,7 +239,13 @@ class Pipeline:
                 "this pipeline was not opened for generation; open it with "
                 "Pipeline.from_manifest(directory, generation=True)"
             )
-        options = GenerateOptions(max_new_tokens, tuple(int(t) for t in eos_token_ids), in_flight, sampling)
+        options = GenerateOptions(
+            prompt_ids=tuple(tuple(p) for p in prompts),
+            max_new_tokens=max_new_tokens,
+            eos_token_ids=tuple(eos_token_ids),
+            in_flight=in_flight,
+            **GenerateOptions.drawn(sampling),
+        )
         feeds = StepFeeds(io, self.input_types)
         first = self._next_sequence
         self._next_sequence += len(prompts)
@@ -248,7 +254,6 @@ class Pipeline:
                 lambda f, lane: self._submit_to(f, lane),
                 self.backend.lanes,
                 feeds,
-                prompts,
                 options,
                 first_ident=first,
             )

@@ -19,6 +19,7 @@ from pathlib import Path
 from onnxpipe.cluster.model import Device
 from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.options import opt
 from onnxpipe.core.runtimes import DEFAULT_OPENVINO_DEVICE, EngineConfig, runs_here
 from onnxpipe.core.runtimes import available as runtime_available
 from onnxpipe.manifest import DecoderIORecord, Manifest, ModelTensor
@@ -116,7 +117,7 @@ def placement_for_device(device: str, threads: int) -> Placement:
         return Placement(name, (), threads)
     raise UsageError(
         f"device {device!r}: onnxpipe run knows cpu, cpuN, cuda[:N] and onnxruntime provider names; "
-        "give a devices file (--devices) that says which provider this device uses"
+        f"give a devices file ({opt('devices')}) that says which provider this device uses"
     )
 
 
@@ -170,13 +171,13 @@ def check_providers_here(specs: Sequence[WorkerSpec], available: Sequence[str]) 
                 raise UsageError(
                     f"{spec.label} runs on device {spec.device!r} with runtime {extra}, which is not "
                     f"installed here; pip install 'onnxpipe[{extra}]', or give a devices file "
-                    "(onnxpipe run --devices FILE) that names another runtime for it"
+                    f"({opt('RunOptions.devices', 'FILE')}) that names another runtime for it"
                 )
             if not runs_here(spec.placement.engine_config()):
                 raise UsageError(
                     f"{spec.label} runs on device {spec.device!r}, {spec.placement.label}, which this "
-                    "machine does not have; give a devices file (onnxpipe run --devices FILE) that names "
-                    "a device it has"
+                    f"machine does not have; give a devices file ({opt('RunOptions.devices', 'FILE')}) that "
+                    "names a device it has"
                 )
             continue
         provider = spec.placement.provider
@@ -184,7 +185,8 @@ def check_providers_here(specs: Sequence[WorkerSpec], available: Sequence[str]) 
             raise UsageError(
                 f"{spec.label} runs on device {spec.device!r}, whose provider {provider} (from the split's "
                 f"manifest) is not available here (this onnxruntime has {', '.join(available)}); install "
-                "the onnxruntime package that has it, or give a devices file (onnxpipe run --devices FILE) "
+                "the onnxruntime package that has it, or give a devices file "
+                f"({opt('RunOptions.devices', 'FILE')}) "
                 "that names an available provider for each device"
             )
 
@@ -279,8 +281,9 @@ def _generation_io(manifest: Manifest) -> DecoderIORecord:
         )
     if not dec.layer_cuts:
         raise UsageError(
-            f"{manifest.source.file} was split with --layer-cuts off: a layer's cache may lie in two stages, "
-            "so no worker can keep it; re-run onnxpipe split with layer cuts"
+            f"{manifest.source.file} was split with {opt('layer_cuts', False)}: a layer's cache may lie in "
+            "two "
+            "stages, so no worker can keep it; split it again with layer cuts"
         )
     if dec.io.logits_output is None:
         raise UsageError(f"{manifest.source.file}: no logits output was found among the model outputs")

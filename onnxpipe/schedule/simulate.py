@@ -38,6 +38,7 @@ from collections.abc import Sequence
 
 from onnxpipe.core.choices import ScheduleKind, choice
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.options import opt
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES, Step, StepKind, Timeline, Transfer
 
 # --------------------------------------------------------------------------------------------------
@@ -121,7 +122,7 @@ def simulate(
     kind = choice(ScheduleKind, kind, "ScheduleRequest.kind")
     if microbatches < 1:
         raise UsageError(
-            f"need at least one micro-batch, got {microbatches}; choose --microbatches 1 or more"
+            f"need at least one micro-batch, got {microbatches}; choose {opt('microbatches')} 1 or more"
         )
     k = len(fwd)
     if k < 1:

@@ -17,9 +17,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-DEFAULT_RTOL = 1e-4
-DEFAULT_ATOL = 1e-5
-
 
 @dataclass(frozen=True)
 class OutputComparison:

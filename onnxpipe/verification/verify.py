@@ -8,17 +8,16 @@ top (:func:`planned_input_shapes`), and every model output is compared by
 ``ok=False`` and the CLI exits with 1.
 
 ``runtime`` checks the split on another runtime: every stage on ``onnxruntime``, ``openvino`` or ``tract``,
-or ``devices``: each stage on the runtime of its device in the manifest's cluster (a split made with
-``--devices``), a chain that may mix runtimes.  The original always runs in onnxruntime on the CPU: it is
+or ``devices``: each stage on the runtime of its device in the manifest's cluster (a split made for a
+devices file), a chain that may mix runtimes.  The original always runs in onnxruntime on the CPU: it is
 the reference every runtime's chain is held to, by the same norm-based tolerance.
 
 The original model is the one the manifest records (its ``source.path``, relative to the folder) unless
-``model_path`` names another copy; either way its sha256 must be the manifest's.
+``model`` names another copy; either way its sha256 must be the manifest's.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,9 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from onnxpipe.core.choices import Runtime, choice
+from onnxpipe.core.choices import Runtime, VerifyRuntime
 from onnxpipe.core.errors import ManifestError, UsageError, VerificationError, error_line
 from onnxpipe.core.files import file_sha256
+from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.core.runtimes import EngineConfig
 from onnxpipe.ir.feeds import random_feeds
@@ -38,7 +38,8 @@ from onnxpipe.ir.samples import Samples, load_samples
 from onnxpipe.ir.shapes import failure_hint, resolve_input_shapes, symbol_sizes
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, load_manifest
 from onnxpipe.verification.chain import run_stage_by_stage
-from onnxpipe.verification.compare import DEFAULT_ATOL, DEFAULT_RTOL, OutputComparison, compare, merge
+from onnxpipe.verification.compare import OutputComparison, compare, merge
+from onnxpipe.verification.options import VerifyOptions
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,10 @@ class VerifyReport:
     model_path: Path | None = None
     stage_runtimes: tuple[str, ...] = ()
     """What ran each stage (``onnxruntime (CPUExecutionProvider)``, ``openvino (CPU)``, ``tract``)."""
+    recorded_in: Path | None = None
+    """The manifest the result was written into (:func:`onnxpipe.verify`), if it was."""
+    record_note: str | None = None
+    """Why the result could not be written into the folder's manifest, if it could not."""
 
     @property
     def ok(self) -> bool:
@@ -86,52 +91,30 @@ class VerifyReport:
             )
 
 
-def verify(
-    out_dir: str | Path,
-    *,
-    model_path: str | Path | None = None,
-    shapes: Mapping[str, Sequence[int]] | None = None,
-    seed: int = 0,
-    rtol: float = DEFAULT_RTOL,
-    atol: float = DEFAULT_ATOL,
-    runs: int = 1,
-    threads: int = 1,
-    samples: Samples | None = None,
-    inputs: Sequence[str | Path] = (),
-    stacked: Sequence[str | Path] = (),
-    runtime: str | None = None,
-) -> VerifyReport:
-    """Run the original model and the chained stages of ``out_dir`` on the same inputs and compare.
-
-    The inputs are the user's: ``samples`` already checked, or the files ``inputs`` (one sample each)
-    and ``stacked`` (a leading sample axis), :mod:`onnxpipe.ir.samples`; without them, ``runs`` sets
-    of seeded random values at the planned shapes.
-
-    ``runtime``: None or ``onnxruntime`` (every stage in onnxruntime on the CPU), ``openvino``, ``tract``,
-    or ``devices`` (each stage on its device's runtime; see the module docstring).
+def verify_folder(out_dir: str | Path, options: VerifyOptions) -> VerifyReport:
+    """Run the original model and the chained stages of ``out_dir`` on the same inputs and compare, as
+    ``options`` say (:class:`~onnxpipe.verification.options.VerifyOptions`; see the module docstring).
 
     Raises :class:`ManifestError` for a bad manifest, changed stage files, or a model whose sha256 is
     not the manifest's source; never for a mismatch (see :attr:`VerifyReport.ok`).
     """
-    if runs < 1:
-        raise UsageError(f"runs {runs}: give a positive number of runs")
-    if rtol < 0 or atol < 0 or math.isnan(rtol) or math.isnan(atol):
-        raise UsageError(f"--rtol {rtol} --atol {atol}: tolerances must be numbers >= 0")
+    options.check()
     d = Path(out_dir)
     manifest = load_manifest(d, check_files=True)
-    engines = stage_engines(manifest, runtime, threads)
-    model = source_model_path(d, manifest, model_path)
+    threads, rtol, atol, seed = options.threads, options.rtol, options.atol, options.seed
+    engines = stage_engines(manifest, options.runtime, threads)
+    model = source_model_path(d, manifest, options.model)
     sha = file_sha256(model)
     if sha != manifest.source.sha256:
         raise ManifestError(
             f"{model}: sha256 {sha} is not the source sha256 {manifest.source.sha256} recorded in "
-            f"{d / MANIFEST_NAME}; pass the model that was split (--model) or re-run onnxpipe split"
+            f"{d / MANIFEST_NAME}; pass the model that was split ({opt('model')}) or split it again"
         )
     view = load_model(model, check=False)
-    if samples is None and (inputs or stacked):
-        samples = load_samples(view, inputs, stacked=stacked)
-    if samples is not None and shapes:
-        raise UsageError("--shape and --inputs: the inputs fix the shapes; leave --shape out")
+    samples = options.samples
+    if samples is None and (options.input_files or options.stacked_files):
+        samples = load_samples(view, options.input_files, stacked=options.stacked_files)
+    runs = options.runs
     names = [o.name for o in manifest.model_outputs]
 
     # the original first, then the stages one at a time: never two of them in memory at once
@@ -140,7 +123,7 @@ def verify(
         all_feeds: list[Mapping[str, Any]] = list(samples.feeds)
         runs = len(all_feeds)
     else:
-        input_shapes = planned_input_shapes(manifest, view, shapes)
+        input_shapes = planned_input_shapes(manifest, view, options.shapes)
         all_feeds = [random_feeds(view, input_shapes, seed + r) for r in range(runs)]
     expected = _run_original(model, names, all_feeds, threads, input_shapes, view, samples, manifest)
     merged: dict[str, OutputComparison] = {}
@@ -161,20 +144,22 @@ def verify(
     )
 
 
-def stage_engines(manifest: Manifest, runtime: str | None, threads: int) -> list[EngineConfig] | None:
-    """Each stage's engine for ``runtime`` (see :func:`verify`); None: onnxruntime on the CPU."""
+def stage_engines(
+    manifest: Manifest, runtime: VerifyRuntime | None, threads: int
+) -> list[EngineConfig] | None:
+    """Each stage's engine for ``runtime`` (see :func:`verify_folder`); None: onnxruntime on the CPU."""
     if runtime is None:
         return None
-    if runtime == "devices":
+    if runtime == VerifyRuntime.DEVICES:
         if manifest.cluster is None:
             raise UsageError(
-                f"--runtime devices: {manifest.k} stages were split without --devices, so the manifest "
-                "names no runtime per stage; give one runtime (--runtime openvino) or split with --devices"
+                f"{opt('runtime', VerifyRuntime.DEVICES)}: {manifest.k} stages were split without "
+                f"{opt('devices')}, so the manifest names no runtime per stage; give one runtime "
+                f"({opt('runtime', VerifyRuntime.OPENVINO)}) or split with {opt('devices')}"
             )
         by_name = {dev.name: dev for dev in manifest.cluster.devices}
         return [by_name[st.device].engine_config(threads) for st in manifest.stages]
-    chosen = choice(Runtime, runtime, "runtime")
-    return [EngineConfig(runtime=chosen, threads=threads)] * manifest.k
+    return [EngineConfig(runtime=Runtime(runtime.value), threads=threads)] * manifest.k
 
 
 def planned_input_shapes(
@@ -230,7 +215,7 @@ def _run_original(
                 "the split was made on "
                 + ", ".join(r.file for r in used)
                 + ": give "
-                + " ".join(f"--inputs {r.file}" for r in used)
+                + " ".join(opt("input_files", r.file) for r in used)
                 + " again"
                 if used
                 else failure_hint(view, input_shapes)
@@ -271,12 +256,12 @@ def source_model_path(directory: Path, manifest: Manifest, model_path: str | Pat
     if manifest.source.path is None:
         raise UsageError(
             f"{directory / MANIFEST_NAME}: records no path for the source model {manifest.source.file}; "
-            "pass it with --model"
+            f"pass it with {opt('model')}"
         )
     p = directory / manifest.source.path  # an absolute recorded path stays absolute
     if not p.is_file():
         raise UsageError(
             f"{p}: the source model recorded in {directory / MANIFEST_NAME} is not there; "
-            "pass its path with --model"
+            f"pass its path with {opt('model')}"
         )
     return p

@@ -225,7 +225,7 @@ def test_unwritable_paths_are_refused_before_loading(
 def test_busy_machine_is_flagged(
     mlp: Path, work: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import onnxpipe.cli.commands.preamble as preamble
+    import onnxpipe.api.preamble as preamble
 
     monkeypatch.setattr(preamble, "busy_elsewhere", lambda before, after: 1.5)
     code, out, err = run(["profile", mlp, "--out", "p.json", "--runs", "2", "--warmup", "0"], capfd)
@@ -754,13 +754,13 @@ def test_manifest_link_model_is_optional_and_checked(
 def test_interrupted_verification_leaves_the_folder_unverified_and_verify_completes_it(
     mlp: Path, work: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import onnxpipe.api
+    import onnxpipe.api.splitting
 
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
-        m.setattr(onnxpipe.api, "verify", interrupted)
+        m.setattr(onnxpipe.api.splitting, "verify_folder", interrupted)
         code, _, err = run(["split", mlp, "-k", "2", "-o", "s", "--cost", "static"], capfd)
     assert code == 130 and "interrupted" in err
     manifest = onnxpipe.load_manifest(work / "s")
@@ -801,7 +801,7 @@ def test_split_records_its_verification(mlp: Path, work: Path, capfd: pytest.Cap
 def test_run_warns_when_the_stages_threads_exceed_the_cpus(
     mlp: Path, work: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import onnxpipe.cli.commands.preamble as preamble
+    import onnxpipe.api.preamble as preamble
 
     code, _, err = run(["split", mlp, "-k", "4", "-o", "s", "--cost", "static", "--no-verify", "-q"], capfd)
     assert code == 0, err

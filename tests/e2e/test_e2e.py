@@ -29,7 +29,7 @@ import onnx
 import pytest
 
 import onnxpipe
-from onnxpipe.api import ProfileOptions, SplitOptions
+from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions, VerifyOptions
 from onnxpipe.cli import main
 from onnxpipe.export.build import ALIAS_NODE_PREFIX, SHAPE_NODE_PREFIX
 from onnxpipe.ir.model import ModelView
@@ -260,7 +260,9 @@ def test_split_real_models(name: str, k: int, request: pytest.FixtureRequest, tm
     get, cost, other_shapes = MODELS[name]
     model = get(request)
     out = tmp_path / "stages"
-    result = onnxpipe.split(model, k, out, SplitOptions(profile=ProfileOptions(cost=cost, runs=3, warmup=1)))
+    result = onnxpipe.split(
+        model, SplitOptions(out=out, plan=PlanRequest(k), profile=ProfileOptions(cost=cost, runs=3, warmup=1))
+    )
     assert result.out_dir == out
     assert result.report is not None
     assert result.report.ok, result.report.summary()
@@ -271,7 +273,7 @@ def test_split_real_models(name: str, k: int, request: pytest.FixtureRequest, tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stages"]
     if other_shapes is not None:
         # the stage files keep symbolic dims, so the chain also runs at sizes that were never profiled
-        report = onnxpipe.verify(out, shapes=other_shapes, seed=7)
+        report = onnxpipe.verify(out, VerifyOptions(shapes=other_shapes, seed=7))
         assert report.ok, report.summary()
         assert dict(report.input_shapes) == {n: tuple(s) for n, s in other_shapes.items()}
 
@@ -282,7 +284,12 @@ def test_measured_split_of_resnet50(light_model: Callable[[str], Path], tmp_path
     """ResNet-50 with measured costs (value-matched through the NCHWc layout): still a valid split."""
     model = light_model("resnet50")
     result = onnxpipe.split(
-        model, 3, tmp_path / "out", SplitOptions(profile=ProfileOptions(cost="profile", runs=3, warmup=1))
+        model,
+        SplitOptions(
+            out=tmp_path / "out",
+            plan=PlanRequest(3),
+            profile=ProfileOptions(cost="profile", runs=3, warmup=1),
+        ),
     )
     assert result.report is not None and result.report.ok
     check_split_folder(model, tmp_path / "out", 3, result)
@@ -297,7 +304,9 @@ def test_step_by_step_api_matches_split(sample_models_dir: Path, tmp_path: Path)
     plan = onnxpipe.make_plan(view, profile, 3)
     manifest = onnxpipe.export_stages(view, plan, tmp_path / "a")
     assert onnxpipe.verify(tmp_path / "a").ok
-    result = onnxpipe.split(model, 3, tmp_path / "b", SplitOptions(profile=ProfileOptions(cost="static")))
+    result = onnxpipe.split(
+        model, SplitOptions(out=tmp_path / "b", plan=PlanRequest(3), profile=ProfileOptions(cost="static"))
+    )
     assert [s.node_names for s in result.plan.stages] == [s.node_names for s in plan.stages]
     assert [s.sha256 for s in result.manifest.stages] == [s.sha256 for s in manifest.stages]
     check_split_folder(model, tmp_path / "a", 3)
@@ -311,7 +320,9 @@ def test_step_by_step_api_matches_split(sample_models_dir: Path, tmp_path: Path)
 def test_one_node_per_stage(name: str, sample_models_dir: Path, tmp_path: Path) -> None:
     model = sample_models_dir / f"{name}.onnx"
     m = len(onnxpipe.load_model(model).compute_nodes)
-    result = onnxpipe.split(model, m, tmp_path / "out", SplitOptions(profile=ProfileOptions(cost="static")))
+    result = onnxpipe.split(
+        model, SplitOptions(out=tmp_path / "out", plan=PlanRequest(m), profile=ProfileOptions(cost="static"))
+    )
     assert result.report is not None and result.report.ok
     manifest = check_split_folder(model, tmp_path / "out", m, result)
     assert [s.node_count for s in manifest.stages] == [1] * m
@@ -325,7 +336,10 @@ def test_more_stages_than_nodes_is_a_partition_error(
     m = len(onnxpipe.load_model(model).compute_nodes)
     with pytest.raises(onnxpipe.PartitionError) as info:
         onnxpipe.split(
-            model, m + extra, tmp_path / "out", SplitOptions(profile=ProfileOptions(cost="static"))
+            model,
+            SplitOptions(
+                out=tmp_path / "out", plan=PlanRequest(m + extra), profile=ProfileOptions(cost="static")
+            ),
         )
     message = str(info.value)
     assert f"{m + extra} non-empty stages" in message and f"between 1 and {m}" in message
@@ -337,9 +351,7 @@ def test_zero_stages_is_refused(sample_models_dir: Path, tmp_path: Path) -> None
     with pytest.raises(onnxpipe.OnnxpipeError):
         onnxpipe.split(
             sample_models_dir / "mlp.onnx",
-            0,
-            tmp_path / "out",
-            SplitOptions(profile=ProfileOptions(cost="static")),
+            SplitOptions(out=tmp_path / "out", plan=PlanRequest(0), profile=ProfileOptions(cost="static")),
         )
     assert list(tmp_path.iterdir()) == []
 
@@ -366,7 +378,9 @@ def test_split_reuses_a_saved_profile(
     expected = onnxpipe.make_plan(onnxpipe.load_model(model), profile, 3)
 
     _no_profiling(monkeypatch)
-    result = onnxpipe.split(model, 3, tmp_path / "api", SplitOptions(profile=ProfileOptions(saved=saved)))
+    result = onnxpipe.split(
+        model, SplitOptions(out=tmp_path / "api", plan=PlanRequest(3), profile=ProfileOptions(saved=saved))
+    )
     assert [s.node_names for s in result.plan.stages] == [s.node_names for s in expected.stages]
     assert result.plan.bottleneck_seconds == expected.bottleneck_seconds
     check_split_folder(model, tmp_path / "api", 3, result)
@@ -387,7 +401,10 @@ def test_split_refuses_a_profile_of_another_model(
     onnxpipe.static_profile(onnxpipe.load_model(sample_models_dir / "mlp.onnx")).save(saved)
     other = sample_models_dir / "resnet_tiny.onnx"
     with pytest.raises(onnxpipe.ProfileError) as info:
-        onnxpipe.split(other, 2, tmp_path / "out", SplitOptions(profile=ProfileOptions(saved=saved)))
+        onnxpipe.split(
+            other,
+            SplitOptions(out=tmp_path / "out", plan=PlanRequest(2), profile=ProfileOptions(saved=saved)),
+        )
     assert "mlp.onnx" in str(info.value) and "resnet_tiny.onnx" in str(info.value)
     assert not (tmp_path / "out").exists()
     capsys.readouterr()
@@ -407,7 +424,9 @@ def test_a_profile_of_the_same_bytes_elsewhere_is_accepted(sample_models_dir: Pa
     copy.write_bytes(model.read_bytes())
     saved = tmp_path / "p.json"
     onnxpipe.static_profile(onnxpipe.load_model(model)).save(saved)
-    result = onnxpipe.split(copy, 2, tmp_path / "out", SplitOptions(profile=ProfileOptions(saved=saved)))
+    result = onnxpipe.split(
+        copy, SplitOptions(out=tmp_path / "out", plan=PlanRequest(2), profile=ProfileOptions(saved=saved))
+    )
     assert result.report is not None and result.report.ok
 
 
@@ -425,7 +444,8 @@ def test_split_folder_mode_follows_the_umask(sample_models_dir: Path, tmp_path: 
     """Regression: the folder came from tempfile.mkdtemp (0700) renamed into place, ignoring the umask."""
     out = tmp_path / "stages"
     onnxpipe.split(
-        sample_models_dir / "mlp.onnx", 2, out, SplitOptions(profile=ProfileOptions(cost="static"))
+        sample_models_dir / "mlp.onnx",
+        SplitOptions(out=out, plan=PlanRequest(2), profile=ProfileOptions(cost="static")),
     )
     expected = 0o777 & ~_umask()
     assert stat.S_IMODE((out / "stage_0.onnx").stat().st_mode) == 0o666 & ~_umask()

@@ -26,7 +26,7 @@ import onnxpipe.export.build as stagebuild
 import onnxpipe.export.stages as export
 import onnxpipe.export.weightfile as weightfile
 import onnxpipe.ir.external as external
-from onnxpipe.api import ProfileOptions, SplitOptions, split
+from onnxpipe.api import ExportOptions, PlanRequest, ProfileOptions, SplitOptions, split
 from onnxpipe.core.errors import ExportError
 from onnxpipe.core.files import file_sha256
 from onnxpipe.cost.static import static_profile
@@ -145,10 +145,10 @@ def test_never_over_the_limit_is_refused_before_any_weight_is_read(
     view = load_model(big)
     plan = make_plan(view, static_profile(view), 2)
     with pytest.raises(ExportError) as info:
-        export_stages(view, plan, tmp_path / "out", external_data="never")
+        export_stages(view, plan, tmp_path / "out", ExportOptions(external_data="never"))
     assert str(info.value) == (
         f"{tmp_path / 'out' / 'stage_0.onnx'}: stage 0 holds 0.00 GB, over protobuf's 2 GB limit; "
-        "use --external-data auto or always"
+        "use `external_data=auto` or always"
     )
     assert reads == [] and not (tmp_path / "out").exists()
 
@@ -171,10 +171,10 @@ def test_inline_model_with_a_stage_over_the_limit_goes_external_only_there(
     assert (tmp_path / "auto" / "stage_0.onnx.data").stat().st_size == 3 * 4096
     x = np.random.default_rng(2).standard_normal((2, 32)).astype(np.float32)
     chain_equals_model(tmp_path / "auto", path, {"x": x})
-    manifest = export_stages(view, plan, tmp_path / "always", external_data="always")
+    manifest = export_stages(view, plan, tmp_path / "always", ExportOptions(external_data="always"))
     assert [s.external_data for s in manifest.stages] == [f"stage_{i}.onnx.data" for i in range(3)]
     with pytest.raises(ExportError, match=r"stage_0\.onnx: stage 0 holds .* over protobuf's 2 GB limit"):
-        export_stages(view, plan, tmp_path / "never", external_data="never")
+        export_stages(view, plan, tmp_path / "never", ExportOptions(external_data="never"))
     assert not (tmp_path / "never").exists()
 
 
@@ -184,7 +184,9 @@ def test_single_stage_over_the_limit_end_to_end(
     """K=1: the whole model is one stage over the (lowered) limit; split, verify, run."""
     monkeypatch.setattr(export, "AUTO_EXTERNAL_BYTES", 100_000)
     monkeypatch.setattr(export, "PROTOBUF_LIMIT", 100_000)
-    result = split(big, 1, tmp_path / "out", SplitOptions(profile=ProfileOptions(cost="static")))
+    result = split(
+        big, SplitOptions(out=tmp_path / "out", plan=PlanRequest(1), profile=ProfileOptions(cost="static"))
+    )
     assert result.report is not None and result.report.ok
     (entry,) = result.manifest.stages
     assert entry.external_data == "stage_0.onnx.data"
@@ -249,7 +251,9 @@ def test_weights_file_offsets_are_aligned_and_the_hash_is_of_the_file(tmp_path: 
     """Weights of 1600 bytes each: every one starts at a multiple of 4096 (onnxruntime can map them)."""
     path = save(shared_weights_model(width=20), tmp_path / "m.onnx")
     view = load_model(path)
-    manifest = export_stages(view, plan_for(view, [0, 6, 13]), tmp_path / "out", external_data="always")
+    manifest = export_stages(
+        view, plan_for(view, [0, 6, 13]), tmp_path / "out", ExportOptions(external_data="always")
+    )
     for entry in manifest.stages:
         assert entry.external_data is not None
         data = tmp_path / "out" / entry.external_data

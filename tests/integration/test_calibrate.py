@@ -239,7 +239,9 @@ def test_auto_times_in_a_pipeline_only_with_a_cpu_for_every_stage_thread() -> No
     assert "pipeline" in choose_timer("pipeline", 2, 1, cpus=2, cores=1)[1]  # asked for: siblings it is
     assert "alone" in choose_timer("alone", 2, 1, cpus=64, cores=64)[1]
     assert "pipeline" in choose_timer("pipeline", 4, 2, cpus=8, cores=8)[1]
-    with pytest.raises(UsageError, match="6 CPUs, and this process may use 4; use --calibrate-in alone"):
+    with pytest.raises(
+        UsageError, match=r"6 CPUs, and this process may use 4; use `CalibrationOptions\.mode=alone`"
+    ):
         choose_timer("pipeline", 3, 2, cpus=4, cores=4)
     with pytest.raises(UsageError, match="choose one of alone, pipeline, auto"):
         choose_timer("later", 2, 1, cpus=2, cores=2)  # type: ignore[arg-type]
@@ -249,12 +251,12 @@ def test_calibrating_in_a_pipeline_on_too_few_cpus_is_refused(
     sample_models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(timing, "available_cpus", lambda: (0,))  # what calibration asks
-    with pytest.raises(UsageError, match="--calibrate-in pipeline"):
+    with pytest.raises(UsageError, match=r"`CalibrationOptions\.mode=pipeline`"):
         api.split(
             sample_models_dir / "transformer_tiny.onnx",
-            2,
-            tmp_path / "out",
             SplitOptions(
+                out=tmp_path / "out",
+                plan=PlanRequest(2),
                 profile=ProfileOptions(cost="static"),
                 calibration=CalibrationOptions(rounds=1, mode="pipeline"),
             ),
@@ -272,16 +274,22 @@ def test_calibrate_with_a_device_missing_here_is_refused(sample_models_dir: Path
     ):
         api.split(
             sample_models_dir / "transformer_tiny.onnx",
-            PlanRequest(2, devices=cluster),
-            tmp_path / "out",
-            SplitOptions(calibration=CalibrationOptions(rounds=1)),
+            SplitOptions(
+                out=tmp_path / "out",
+                plan=PlanRequest(2, devices=cluster),
+                calibration=CalibrationOptions(rounds=1),
+            ),
         )
-    with pytest.raises(UsageError, match="leave out --calibrate-in pipeline"):
+    with pytest.raises(UsageError, match=r"leave out `CalibrationOptions\.mode=pipeline`"):
         api.split(
             sample_models_dir / "transformer_tiny.onnx",
-            PlanRequest(2, devices=Cluster(devices=(Device(name="a"), Device(name="b")), links=(Link(),))),
-            tmp_path / "out",
-            SplitOptions(calibration=CalibrationOptions(rounds=1, mode="pipeline")),
+            SplitOptions(
+                out=tmp_path / "out",
+                plan=PlanRequest(
+                    2, devices=Cluster(devices=(Device(name="a"), Device(name="b")), links=(Link(),))
+                ),
+                calibration=CalibrationOptions(rounds=1, mode="pipeline"),
+            ),
         )
     assert not (tmp_path / "out").exists()
 
@@ -308,14 +316,20 @@ def test_the_reference_time_is_the_measured_profiles_or_none(sample_models_dir: 
     model = sample_models_dir / "resnet_tiny.onnx"
     prof = profile_model(load_model(model), runs=5, warmup=1)
     measured = api.split(
-        model, 2, tmp_path / "measured", SplitOptions(profile=ProfileOptions(saved=prof), verify=False)
+        model,
+        SplitOptions(
+            out=tmp_path / "measured", plan=PlanRequest(2), profile=ProfileOptions(saved=prof), verify=False
+        ),
     )
     assert measured.manifest.plan.reference_seconds == prof.total_seconds > 0
     static = api.split(
         model,
-        2,
-        tmp_path / "static",
-        SplitOptions(profile=ProfileOptions(saved=static_profile(load_model(model))), verify=False),
+        SplitOptions(
+            out=tmp_path / "static",
+            plan=PlanRequest(2),
+            profile=ProfileOptions(saved=static_profile(load_model(model))),
+            verify=False,
+        ),
     )
     assert static.manifest.plan.reference_seconds is None
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from onnxpipe.core.errors import ExportError
-from onnxpipe.cost.source import ProfileOptions, get_profile
+from onnxpipe.cost.options import ProfileOptions
+from onnxpipe.cost.source import get_profile
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import view_from_proto
 from onnxpipe.planning.planner import plan
@@ -44,7 +45,7 @@ def test_a_rank_no_run_confirmed_is_never_written(every_case: list[conformance.C
     shapes = {n: tuple(v.shape) for n, v in case.inputs.items()}
     the_plan = plan(view, get_profile(view, ProfileOptions(cost="static", shapes=shapes)), PlanRequest(3))
     with pytest.raises(
-        ExportError, match=r"the rank of tensor '\S+' at the stage boundary is unknown.*--inputs"
+        ExportError, match=r"the rank of tensor '\S+' at the stage boundary is unknown.*`input_files=FILE`"
     ):
         export_stages(view, the_plan, tmp_path / "stages")
     assert not (tmp_path / "stages").exists()

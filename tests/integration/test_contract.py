@@ -11,11 +11,12 @@ import onnxruntime as ort
 from models import const, make, plan_for, vi
 from onnx import TensorProto, helper
 
-from onnxpipe.api import get_profile, plan
-from onnxpipe.cost.source import ProfileOptions
+from onnxpipe.cost.options import ProfileOptions
+from onnxpipe.cost.source import get_profile
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model, view_from_proto
 from onnxpipe.manifest import load_manifest
+from onnxpipe.planning.planner import plan
 from onnxpipe.planning.request import PlanRequest
 
 

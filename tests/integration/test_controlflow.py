@@ -16,7 +16,7 @@ import onnxruntime as ort
 import pytest
 from models import all_bounds, feeds_for, loop_model, nested_if_model, plan_for, save, scan_model
 
-from onnxpipe.api import ProfileOptions, SplitOptions, split
+from onnxpipe.api import ExportOptions, PlanRequest, ProfileOptions, SplitOptions, split
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
@@ -109,7 +109,12 @@ def test_every_cut_of_nested_ifs_chains_back(nested_if: Path, tmp_path: Path, k:
 
 def test_nested_ifs_through_the_api_with_measured_costs(nested_if: Path, tmp_path: Path) -> None:
     result = split(
-        nested_if, 3, tmp_path / "out", SplitOptions(profile=ProfileOptions(cost="profile", runs=2, warmup=1))
+        nested_if,
+        SplitOptions(
+            out=tmp_path / "out",
+            plan=PlanRequest(3),
+            profile=ProfileOptions(cost="profile", runs=2, warmup=1),
+        ),
     )
     assert result.report is not None and result.report.ok
     assert_chain_equals(tmp_path / "out", nested_if, branch_feeds())
@@ -167,7 +172,7 @@ def test_loop_body_reading_an_external_weight(tmp_path: Path, mode: str) -> None
     compute = [n.name for n in view.compute_nodes]
     cut = compute.index("loop")
     manifest = export_stages(
-        view, plan_for(view, [0, cut, len(compute)]), tmp_path / "out", external_data=mode
+        view, plan_for(view, [0, cut, len(compute)]), tmp_path / "out", ExportOptions(external_data=mode)
     )
     loop_stage = manifest.stages[1]
     stage = onnx.load(str(tmp_path / "out" / loop_stage.file))  # small weights stay inside the file
@@ -185,6 +190,11 @@ def test_control_flow_split_verifies_through_the_api(build: object, tmp_path: Pa
     path = save(build(), tmp_path / "m.onnx")  # type: ignore[operator]
     m = len(load_model(path).compute_nodes)
     for k in (2, min(4, m)):
-        result = split(path, k, tmp_path / f"out{k}", SplitOptions(profile=ProfileOptions(cost="static")))
+        result = split(
+            path,
+            SplitOptions(
+                out=tmp_path / f"out{k}", plan=PlanRequest(k), profile=ProfileOptions(cost="static")
+            ),
+        )
         assert result.report is not None and result.report.ok, result.report.summary()
         assert load_manifest(tmp_path / f"out{k}").k == k

@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 from onnx import TensorProto, helper
 
-from onnxpipe.api import get_profile, plan
-from onnxpipe.cost.source import ProfileOptions
+from onnxpipe.api import VerifyOptions, verify
+from onnxpipe.cost.options import ProfileOptions
+from onnxpipe.cost.source import get_profile
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model, view_from_proto
 from onnxpipe.ir.shapevalues import constant_only, shape_values, value_kinds
+from onnxpipe.planning.planner import plan
 from onnxpipe.planning.request import PlanRequest
-from onnxpipe.verification.verify import verify
 from tools import corpus
 
 STAGE_COUNTS = (2, 3, 5)
@@ -114,7 +115,7 @@ def test_inception_v2_stages_recompute_and_match(light_model: Callable[[str], Pa
     manifest = export_stages(view, p, tmp_path / "s")
     kinds = value_kinds(view)
     assert not [i.name for s in manifest.stages for i in s.inputs if kinds.recomputable(i.name)]
-    report = verify(tmp_path / "s", runs=1)
+    report = verify(tmp_path / "s", VerifyOptions(runs=1))
     assert report.ok, report.summary()
 
 
@@ -126,5 +127,5 @@ def test_transformer_stages_read_shapes_off_what_they_have(sample_models_dir: Pa
     p = plan(view, prof, PlanRequest(5))
     assert any(s.shape_sources or s.recomputed_nodes for s in p.stages)
     export_stages(view, p, tmp_path / "s")
-    report = verify(tmp_path / "s", runs=1)
+    report = verify(tmp_path / "s", VerifyOptions(runs=1))
     assert report.ok, report.summary()

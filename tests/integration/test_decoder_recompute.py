@@ -9,6 +9,7 @@ import dataclasses
 import json
 import math
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +20,9 @@ from paths import SAMPLE_MODELS
 from onnxpipe.api import SplitOptions, split
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.core.choices import CostSource, Ends, Phase
+from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.cost.phases import phase_profiles
 from onnxpipe.cost.profile import Profile
-from onnxpipe.cost.source import ProfileOptions
 from onnxpipe.ir.decoder import DecoderInfo, find_decoder
 from onnxpipe.ir.decoder_kinds import phase_shape
 from onnxpipe.ir.load import load_model
@@ -82,12 +83,10 @@ def test_an_interleaved_split_makes_its_tables_too(name: str, tmp_path: Path) ->
             assert p.bottleneck_seconds == pytest.approx(
                 max(sum(st.cost_seconds for st in p.stages if st.worker == w) for w in range(2))
             )
-    options = SplitOptions(profile=ProfileOptions(cost=CostSource.STATIC))
+    options = partial(SplitOptions, profile=ProfileOptions(cost=CostSource.STATIC))
     result = split(
         SAMPLE_MODELS / "decoders" / f"{name}.onnx",
-        PlanRequest(4, workers=2, bandwidth_bytes_per_s=SLOW_LINK),
-        tmp_path / "out",
-        options,
+        options(out=tmp_path / "out", plan=PlanRequest(4, workers=2, bandwidth_bytes_per_s=SLOW_LINK)),
     )
     assert result.report is not None and result.report.ok
 
@@ -200,9 +199,11 @@ def test_stages_that_make_their_rotary_and_masks_verify_and_decode(name: str, tm
     view, dec = _load(name)
     result = split(
         DECODERS / f"{name}.onnx",
-        PlanRequest(3, bandwidth_bytes_per_s=SLOW_LINK, decoder=DecoderOptions(ends=Ends.ATTACHED)),
-        tmp_path / "out",
-        SplitOptions(profile=ProfileOptions(cost=CostSource.STATIC)),
+        SplitOptions(
+            out=tmp_path / "out",
+            plan=PlanRequest(3, bandwidth_bytes_per_s=SLOW_LINK, decoder=DecoderOptions(ends=Ends.ATTACHED)),
+            profile=ProfileOptions(cost=CostSource.STATIC),
+        ),
     )
     assert result.report is not None and result.report.ok
     made = _input_made(view, dec)
@@ -249,9 +250,11 @@ def test_devices_file_prices_copies_on_each_device_and_link(tmp_path: Path) -> N
         assert p.bottleneck_seconds == max(max(st.compute_seconds, st.transfer_seconds) for st in p.stages)
         result = split(
             DECODERS / "llama_gqa.onnx",
-            request,
-            tmp_path / f"out_{bandwidth:.0f}",
-            SplitOptions(profile=ProfileOptions(cost=CostSource.STATIC)),
+            SplitOptions(
+                out=tmp_path / f"out_{bandwidth:.0f}",
+                plan=request,
+                profile=ProfileOptions(cost=CostSource.STATIC),
+            ),
         )
         assert result.report is not None and result.report.ok
 
@@ -285,9 +288,12 @@ def test_onnxruntime_genai_runs_stages_that_make_their_masks(name: str, tmp_path
     out = tmp_path / "out"
     result = split(
         DECODERS / f"{name}.onnx",
-        PlanRequest(3, bandwidth_bytes_per_s=SLOW_LINK, decoder=DecoderOptions(ends=Ends.ATTACHED)),
-        out,
-        SplitOptions(profile=ProfileOptions(cost=CostSource.STATIC), verify=False),
+        SplitOptions(
+            out=out,
+            plan=PlanRequest(3, bandwidth_bytes_per_s=SLOW_LINK, decoder=DecoderOptions(ends=Ends.ATTACHED)),
+            profile=ProfileOptions(cost=CostSource.STATIC),
+            verify=False,
+        ),
     )
     assert all(set(st.recomputed_tensors) & _input_made(view, dec) for st in result.plan.stages[1:])
     session = ort.InferenceSession(str(DECODERS / f"{name}.onnx"), providers=["CPUExecutionProvider"])

@@ -21,8 +21,9 @@ from onnxpipe.api import SplitOptions, split
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.core.choices import Ends
 from onnxpipe.core.errors import MemoryFitError, UsageError
-from onnxpipe.cost.source import ProfileOptions, get_profile
-from onnxpipe.export.stages import ExportOptions
+from onnxpipe.cost.options import ProfileOptions
+from onnxpipe.cost.source import get_profile
+from onnxpipe.export.options import ExportOptions
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
@@ -134,7 +135,10 @@ def _greedy(
 def test_split_without_hints_decodes_the_models_tokens(name: str, tmp_path: Path) -> None:
     """``split MODEL --stages 3`` needs no --shape; the stages, chained with the cache fed back, decode
     the unsplit model's greedy tokens."""
-    result = split(_path(name), 3, tmp_path / "out", SplitOptions(profile=ProfileOptions(runs=3, warmup=1)))
+    result = split(
+        _path(name),
+        SplitOptions(out=tmp_path / "out", plan=PlanRequest(3), profile=ProfileOptions(runs=3, warmup=1)),
+    )
     assert result.report is not None and result.report.ok
     manifest = load_manifest(tmp_path / "out")
     view = load_model(_path(name))
@@ -196,9 +200,12 @@ def test_builder_format_is_accepted_with_a_note(tmp_path: Path) -> None:
     assert any("SimplifiedLayerNormalization" in n for n in view.notes)
     result = split(
         path,
-        2,
-        tmp_path / "out",
-        SplitOptions(profile=ProfileOptions(cost="static"), export=ExportOptions()),
+        SplitOptions(
+            out=tmp_path / "out",
+            plan=PlanRequest(2),
+            profile=ProfileOptions(cost="static"),
+            export=ExportOptions(),
+        ),
     )
     assert result.report is not None and result.report.ok
     assert any("SimplifiedLayerNormalization" in n for n in result.plan.notes)
@@ -222,9 +229,12 @@ def test_one_phase_is_profiled_at_its_shape(tmp_path: Path) -> None:
     request = PlanRequest(2, decoder=DecoderOptions(phase="prefill", prefill_tokens=12))
     result = split(
         _path("llama_gqa"),
-        request,
-        tmp_path / "out",
-        SplitOptions(profile=ProfileOptions(cost="static"), verify=False),
+        SplitOptions(
+            out=tmp_path / "out",
+            plan=request,
+            profile=ProfileOptions(cost="static"),
+            verify=False,
+        ),
     )
     decoder = result.manifest.plan.decoder
     assert decoder is not None and decoder.phase == "prefill"
@@ -289,9 +299,9 @@ def test_ends_own_is_refused_on_devices_and_workers(tmp_path: Path) -> None:
         json.dumps({"devices": devices, "links": [{"bandwidth_bytes_per_s": 1e9, "latency_s": 0}] * 2})
     )
     own = DecoderOptions(ends=Ends.OWN)
-    with pytest.raises(UsageError, match=r"--ends own with --devices: .*give --ends free or attached"):
+    with pytest.raises(UsageError, match=r"`ends=own` with `devices`: .*give `ends=free` or attached"):
         plan(view, prof, PlanRequest(3, devices=load_cluster(path), decoder=own))
-    with pytest.raises(UsageError, match=r"--ends own with --workers: .*give --ends free or attached"):
+    with pytest.raises(UsageError, match=r"`ends=own` with `workers`: .*give `ends=free` or attached"):
         plan(view, prof, PlanRequest(4, workers=2, decoder=own))
 
 

@@ -15,6 +15,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxpipe.api import ExportOptions
 from onnxpipe.core.errors import ExportError
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model
@@ -336,7 +337,7 @@ def test_external_data_modes(tmp_path: Path, mode: str) -> None:
     view = load_model(path)
     plan = plan_for(view, [0, 2, 4, 5])  # mm0 tanh0 | mm1 tanh1 | mm2
     out = tmp_path / "out"
-    manifest = export_stages(view, plan, out, external_data=mode)
+    manifest = export_stages(view, plan, out, ExportOptions(external_data=mode))
     for entry in manifest.stages:
         data = out / f"stage_{entry.index}.onnx.data"
         if mode == "never":
@@ -428,7 +429,7 @@ def test_sparse_initializer_is_carried(tmp_path: Path) -> None:
 def test_manifest_records_the_flows(residual_path: Path, tmp_path: Path) -> None:
     view = load_model(residual_path)
     plan = plan_for(view, [0, 4, 8, 12])
-    manifest = export_stages(view, plan, tmp_path / "out", microbatches=4)
+    manifest = export_stages(view, plan, tmp_path / "out", ExportOptions(microbatches=4))
     assert manifest.source.file == "residual.onnx" and manifest.source.path == "../residual.onnx"
     assert manifest.source.sha256 == view.sha256
     assert [(o.name, o.produced_by) for o in manifest.model_outputs] == [("y", 2), ("r1", 1)]
@@ -481,7 +482,8 @@ def test_non_empty_folder_is_refused(residual_path: Path, tmp_path: Path) -> Non
     (out / "keep.txt").write_text("mine")
     with pytest.raises(ExportError) as info:
         export_stages(view, plan_for(view, [0, 6, 12]), out)
-    assert str(info.value) == f"{out}: exists and is not empty; choose another --out or pass --force"
+    assert str(info.value) == f"{out}: exists and is not empty; choose another `out` or pass `force=True`"
+    assert info.value.field == "out" and [o.key for o in info.value.options] == ["out", "force"]
     assert [p.name for p in out.iterdir()] == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
     assert leftovers(tmp_path) == []
 
@@ -499,7 +501,7 @@ def test_force_replaces_the_folder(residual_path: Path, tmp_path: Path) -> None:
     out.mkdir()
     (out / "old.txt").write_text("old")
     (out / "manifest.json").write_text("{}")  # an earlier split: --force replaces only those
-    export_stages(view, plan_for(view, [0, 6, 12]), out, force=True)
+    export_stages(view, plan_for(view, [0, 6, 12]), out, ExportOptions(force=True))
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "stage_0.onnx", "stage_1.onnx"]
     assert leftovers(tmp_path) == []
 
@@ -507,7 +509,7 @@ def test_force_replaces_the_folder(residual_path: Path, tmp_path: Path) -> None:
 def test_force_never_deletes_the_source_model(residual_path: Path, tmp_path: Path) -> None:
     view = load_model(residual_path)
     with pytest.raises(ExportError, match=r"holds the source model residual\.onnx"):
-        export_stages(view, plan_for(view, [0, 6, 12]), tmp_path, force=True)
+        export_stages(view, plan_for(view, [0, 6, 12]), tmp_path, ExportOptions(force=True))
     assert residual_path.is_file()
 
 
@@ -531,11 +533,11 @@ def test_disk_full_leaves_the_old_folder_and_no_temporary_one(
 
     monkeypatch.setattr(onnx, "save_model", save_model)
     with pytest.raises(ExportError) as info:
-        export_stages(view, plan_for(view, [0, 6, 12]), out, force=True)
+        export_stages(view, plan_for(view, [0, 6, 12]), out, ExportOptions(force=True))
     message = str(info.value)
     assert message == (
         f"{out / f'stage_{failing_call - 1}.onnx'}: cannot be written (No space left on device: disk full); "
-        f"{out} is left as it was; free some space or choose another --out"
+        f"{out} is left as it was; free some space or choose another `out`"
     )
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "old.txt"]
     assert (out / "old.txt").read_text() == "old"
@@ -664,6 +666,6 @@ def test_auto_goes_external_above_the_size_limit_and_never_refuses(
     assert [s.external_data for s in manifest.stages] == ["stage_0.onnx.data", "stage_1.onnx.data"]
     monkeypatch.setattr(export, "PROTOBUF_LIMIT", 100)
     with pytest.raises(ExportError, match=r"stage_0\.onnx: stage 0 holds .* over protobuf's 2 GB limit"):
-        export_stages(view, plan, tmp_path / "never", external_data="never")
+        export_stages(view, plan, tmp_path / "never", ExportOptions(external_data="never"))
     assert not (tmp_path / "never").exists()
     assert_chain_equals_model(tmp_path / "auto2", residual_path, feeds_x())

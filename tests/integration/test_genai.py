@@ -12,6 +12,7 @@ import functools
 import json
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -23,9 +24,9 @@ from paths import DEVICES, REPO_ROOT, SAMPLE_MODELS
 from onnxpipe.api import SplitOptions, split
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.core.choices import Ends
-from onnxpipe.cost.source import ProfileOptions
+from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.export.genai import DEFAULT_EOS, GENAI_CONFIG_NAME
-from onnxpipe.export.stages import ExportOptions
+from onnxpipe.export.options import ExportOptions
 from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.request import PlanRequest
 
@@ -36,7 +37,7 @@ og = pytest.importorskip(
 DECODERS = SAMPLE_MODELS / "decoders"
 PROMPT = (5, 17, 3, 99, 42, 8)
 NEW_TOKENS = 24
-FAST = SplitOptions(profile=ProfileOptions(cost="static"), verify=False)
+FAST = partial(SplitOptions, profile=ProfileOptions(cost="static"), verify=False)
 
 
 def _model(name: str) -> Path:
@@ -100,7 +101,7 @@ CASES = [(name, k) for name in ("llama_gqa", "qwen2", "gpt2") for k in (2, 3)] +
 @pytest.mark.parametrize(("name", "k"), CASES)
 def test_genai_generates_the_unsplit_models_tokens(name: str, k: int, tmp_path: Path) -> None:
     out = tmp_path / "split"
-    result = split(_model(name), k, out, FAST)
+    result = split(_model(name), FAST(out=out, plan=PlanRequest(k)))
     config = json.loads((out / GENAI_CONFIG_NAME).read_text())
     model = config["model"]
     decoder = model["decoder"]
@@ -124,7 +125,7 @@ def test_genai_generates_the_unsplit_models_tokens(name: str, k: int, tmp_path: 
 def test_an_interleaved_split_is_a_chain_to_genai(tmp_path: Path) -> None:
     """Four stages dealt to two workers (``--workers 2``) cut between layers: GenAI runs them in order."""
     out = tmp_path / "split"
-    result = split(_model("llama_gqa"), PlanRequest(4, workers=2), out, FAST)
+    result = split(_model("llama_gqa"), FAST(out=out, plan=PlanRequest(4, workers=2)))
     assert result.manifest.plan.workers == 2
     assert _generate(out) == _until(_reference("llama_gqa"), DEFAULT_EOS)
 
@@ -134,7 +135,7 @@ def test_a_head_of_its_own_is_the_lm_head_stage(tmp_path: Path) -> None:
     (it takes other layers' pasts for their shape, which GenAI feeds as it feeds any managed input)."""
     out = tmp_path / "split"
     request = PlanRequest(3, decoder=DecoderOptions(ends=Ends.OWN))
-    result = split(_model("llama_gqa"), request, out, FAST)
+    result = split(_model("llama_gqa"), FAST(out=out, plan=request))
     assert result.manifest.stages[-1].kv_layers == ()
     config = json.loads((out / GENAI_CONFIG_NAME).read_text())
     flags = [next(iter(p.values()))["is_lm_head"] for p in config["model"]["decoder"]["pipeline"]]
@@ -166,9 +167,13 @@ def test_a_models_own_config_gives_its_token_ids_and_keeps_its_search(tmp_path: 
     out = tmp_path / "split"
     split(
         _model("qwen2"),
-        2,
-        out,
-        SplitOptions(profile=FAST.profile, verify=False, export=ExportOptions(genai_config=hf)),
+        SplitOptions(
+            out=out,
+            plan=PlanRequest(2),
+            profile=FAST.keywords["profile"],
+            verify=False,
+            export=ExportOptions(genai_config=hf),
+        ),
     )
     config = json.loads((out / GENAI_CONFIG_NAME).read_text())
     assert (config["model"]["eos_token_id"], config["model"]["pad_token_id"]) == (eos, eos)
@@ -195,9 +200,13 @@ def test_a_models_own_config_gives_its_token_ids_and_keeps_its_search(tmp_path: 
     out2 = tmp_path / "split2"
     split(
         _model("qwen2"),
-        3,
-        out2,
-        SplitOptions(profile=FAST.profile, verify=False, export=ExportOptions(genai_config=genai)),
+        SplitOptions(
+            out=out2,
+            plan=PlanRequest(3),
+            profile=FAST.keywords["profile"],
+            verify=False,
+            export=ExportOptions(genai_config=genai),
+        ),
     )
     config = json.loads((out2 / GENAI_CONFIG_NAME).read_text())
     assert config["model"]["eos_token_id"] == [eos, 127]
@@ -211,7 +220,10 @@ def test_session_options_come_from_the_devices(tmp_path: Path) -> None:
     for a CPU and a CUDA device the CUDA stage names GenAI's ``cuda`` provider with its options, and the
     cache stays on the CPU, where both stages can read it (not run: no CUDA here)."""
     out = tmp_path / "cpus"
-    split(_model("gpt2"), PlanRequest(2, devices=load_cluster(DEVICES / "two_cpus.json")), out, FAST)
+    split(
+        _model("gpt2"),
+        FAST(out=out, plan=PlanRequest(2, devices=load_cluster(DEVICES / "two_cpus.json"))),
+    )
     decoder = json.loads((out / GENAI_CONFIG_NAME).read_text())["model"]["decoder"]
     options = [next(iter(p.values()))["session_options"] for p in decoder["pipeline"]]
     assert [o["intra_op_num_threads"] for o in options] == [4, 4]
@@ -219,7 +231,10 @@ def test_session_options_come_from_the_devices(tmp_path: Path) -> None:
     assert _generate(out) == _until(_reference("gpt2"), DEFAULT_EOS)
 
     out = tmp_path / "gpu"
-    split(_model("gpt2"), PlanRequest(2, devices=load_cluster(DEVICES / "cpu_gpu.json")), out, FAST)
+    split(
+        _model("gpt2"),
+        FAST(out=out, plan=PlanRequest(2, devices=load_cluster(DEVICES / "cpu_gpu.json"))),
+    )
     decoder = json.loads((out / GENAI_CONFIG_NAME).read_text())["model"]["decoder"]
     options = [next(iter(p.values()))["session_options"] for p in decoder["pipeline"]]
     assert options[0]["provider_options"] == []
@@ -231,7 +246,7 @@ def test_session_options_come_from_the_devices(tmp_path: Path) -> None:
 
 def test_no_config_for_a_model_that_is_not_a_decoder(tmp_path: Path) -> None:
     out = tmp_path / "split"
-    result = split(SAMPLE_MODELS / "resnet_tiny.onnx", 2, out, FAST)
+    result = split(SAMPLE_MODELS / "resnet_tiny.onnx", FAST(out=out, plan=PlanRequest(2)))
     assert not (out / GENAI_CONFIG_NAME).exists()
     assert not any(GENAI_CONFIG_NAME in n for n in result.manifest.plan.notes)
 
@@ -279,11 +294,12 @@ def test_a_genai_builder_model_splits_and_generates_as_it_does_whole(
     past = {"past_key_values.0.key": (1, 2, 255, 16)}  # kv_cache_dim: the graph does not say it
     for k in (2, 3):
         out = tmp_path / f"k{k}"
-        options = SplitOptions(
+        options = partial(
+            SplitOptions,
             profile=ProfileOptions(cost="static", shapes=past),
             export=ExportOptions(genai_config=builder_model / GENAI_CONFIG_NAME),
         )
-        result = split(builder_model / "model.onnx", k, out, options)
+        result = split(builder_model / "model.onnx", options(out=out, plan=PlanRequest(k)))
         assert result.report is not None and result.report.ok
         config = json.loads((out / GENAI_CONFIG_NAME).read_text())
         assert config["search"] == source["search"]  # kept as the builder wrote it
@@ -291,7 +307,7 @@ def test_a_genai_builder_model_splits_and_generates_as_it_does_whole(
         assert _generate(out) == whole
     # without it the head size comes from the attention op's heads and the hidden size, the context
     # from the rotary table; the default eos (2) is another token
-    split(builder_model / "model.onnx", 2, tmp_path / "bare", FAST)
+    split(builder_model / "model.onnx", FAST(out=tmp_path / "bare", plan=PlanRequest(2)))
     config = json.loads((tmp_path / "bare" / GENAI_CONFIG_NAME).read_text())
     decoder = config["model"]["decoder"]
     assert (decoder["head_size"], decoder["num_key_value_heads"], decoder["num_attention_heads"]) == (
@@ -314,7 +330,8 @@ def test_a_genai_builder_model_splits_with_no_hints_and_generates_through_the_pi
 
     out = tmp_path / "default"
     result = split(
-        builder_model / "model.onnx", 2, out, SplitOptions(profile=ProfileOptions(runs=2, warmup=1))
+        builder_model / "model.onnx",
+        SplitOptions(out=out, plan=PlanRequest(2), profile=ProfileOptions(runs=2, warmup=1)),
     )
     assert result.report is not None and result.report.ok
     eos = json.loads((builder_model / GENAI_CONFIG_NAME).read_text())["model"]["eos_token_id"]
@@ -345,7 +362,7 @@ def test_a_padded_batch_generates_as_the_whole_model_does_in_genai(tmp_path: Pat
     """Two prompts of different lengths at once (GenAI pads, masks and positions them): the stages give
     the tokens GenAI gives on the unsplit model (a one-file config made from the split's)."""
     out = tmp_path / "split"
-    split(_model("llama_gqa"), 3, out, FAST)
+    split(_model("llama_gqa"), FAST(out=out, plan=PlanRequest(3)))
     whole = tmp_path / "whole"
     whole.mkdir()
     (whole / "model.onnx").write_bytes(_model("llama_gqa").read_bytes())

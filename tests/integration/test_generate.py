@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 
 import numpy as np
@@ -18,15 +18,16 @@ from paths import SAMPLE_MODELS
 from onnxpipe.api import SplitOptions, split
 from onnxpipe.core.choices import CostSource, Ends
 from onnxpipe.core.errors import UsageError
-from onnxpipe.cost.source import ProfileOptions
+from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import load_manifest
 from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.runtime.base import LocalConfig
+from onnxpipe.runtime.options import Sampling
 from onnxpipe.runtime.pipeline import Pipeline
-from onnxpipe.runtime.sampling import Sampling
+from onnxpipe.runtime.sampling import draw, generator
 
 DECODERS = SAMPLE_MODELS / "decoders"
 MODELS = ("llama_gqa", "qwen2", "gpt2", "llama_gqa_builder")
@@ -40,7 +41,7 @@ def reference(
 ) -> tuple[int, ...]:
     """The unsplit model's greedy tokens: one onnxruntime session, the cache fed back by hand; with
     ``sampling``, each token drawn with the generator of prompt ``index`` instead."""
-    rng = sampling.generator(index) if sampling is not None else None
+    rng = generator(sampling, index) if sampling is not None else None
     path = DECODERS / f"{name}.onnx"
     dec = find_decoder(load_model(path))
     assert dec is not None
@@ -71,7 +72,7 @@ def reference(
             feeds[dec.positions_input] = np.arange(cached, cached + len(step), dtype=np.int64)[None]
         out = dict(zip(outputs, session.run(None, feeds), strict=True))
         last = out["logits"][0, -1]
-        token = int(np.argmax(last)) if sampling is None or rng is None else sampling.draw(last, rng)
+        token = int(np.argmax(last)) if sampling is None or rng is None else draw(sampling, last, rng)
         cached += len(step)
         cache_ = {p: out[q] for p, q in zip(dec.past_inputs, dec.present_outputs, strict=True)}
         new.append(token)
@@ -92,8 +93,11 @@ def splits(tmp_path_factory: pytest.TempPathFactory) -> Splits:
     def get(name: str, k: int, ends: Ends = Ends.FREE) -> Path:
         if (name, k, ends) not in made:
             out = tmp_path_factory.mktemp(f"{name}-{k}-{ends.value}") / "out"
-            options = SplitOptions(profile=ProfileOptions(cost=CostSource.STATIC), verify=False)
-            split(DECODERS / f"{name}.onnx", PlanRequest(k, decoder=DecoderOptions(ends=ends)), out, options)
+            options = partial(SplitOptions, profile=ProfileOptions(cost=CostSource.STATIC), verify=False)
+            split(
+                DECODERS / f"{name}.onnx",
+                options(out=out, plan=PlanRequest(k, decoder=DecoderOptions(ends=ends))),
+            )
             made[(name, k, ends)] = out
         return made[(name, k, ends)]
 
@@ -189,8 +193,8 @@ def test_embedding_stage_without_cache_reads_the_past_length_from_zeros(splits: 
 def test_an_interleaved_split_generates_the_unsplit_models_tokens(tmp_path: Path) -> None:
     """Four stages on two workers (``--workers 2``): each stage's worker keeps that stage's layers' cache."""
     out = tmp_path / "interleaved"
-    options = SplitOptions(profile=ProfileOptions(cost=CostSource.STATIC), verify=False)
-    split(DECODERS / "llama_gqa.onnx", PlanRequest(4, workers=2), out, options)
+    options = partial(SplitOptions, profile=ProfileOptions(cost=CostSource.STATIC), verify=False)
+    split(DECODERS / "llama_gqa.onnx", options(out=out, plan=PlanRequest(4, workers=2)))
     assert load_manifest(out).plan.workers == 2
     with Pipeline.from_manifest(out, generation=True) as pipe:
         got = pipe.generate(PROMPTS, 16)
@@ -212,7 +216,7 @@ def test_generate_refuses_what_it_cannot_run(splits: Splits, tmp_path: Path) -> 
     with Pipeline.from_manifest(folder, generation=True) as pipe:
         with pytest.raises(UsageError, match="prompt 1 is empty"):
             pipe.generate([PROMPTS[0], ()], 4)
-        with pytest.raises(UsageError, match="max_new_tokens 0"):
+        with pytest.raises(UsageError, match="`max_new_tokens=0`"):
             pipe.generate([PROMPTS[0]], 0)
     # a manifest written before plan.decoder.io: asks for a fresh split, naming the folder
     old = tmp_path / "old"
@@ -265,9 +269,7 @@ def test_cli_generate_bad_input_is_one_line(tmp_path: Path, capfd: pytest.Captur
     not_decoder = tmp_path / "mlp"
     split(
         SAMPLE_MODELS / "mlp.onnx",
-        2,
-        not_decoder,
-        SplitOptions(profile=ProfileOptions(cost=CostSource.STATIC)),
+        SplitOptions(out=not_decoder, plan=PlanRequest(2), profile=ProfileOptions(cost=CostSource.STATIC)),
     )
     code, _, err = cli_run(["generate", not_decoder, "--prompt-ids", "1"], capfd)
     assert code == 2 and err.strip().count("\n") == 0

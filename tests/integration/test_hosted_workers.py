@@ -54,9 +54,9 @@ def six_on_two(tmp_path_factory: pytest.TempPathFactory, sample_models_dir: Path
     out = tmp_path_factory.mktemp("hosted") / "split"
     api.split(
         sample_models_dir / "mlp.onnx",
-        PlanRequest(6, workers=2),
-        out,
-        SplitOptions(profile=ProfileOptions(cost="static"), verify=False),
+        SplitOptions(
+            out=out, plan=PlanRequest(6, workers=2), profile=ProfileOptions(cost="static"), verify=False
+        ),
     )
     return out
 
@@ -75,10 +75,11 @@ def reshape_on_two(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = base / "split"
     api.split(
         path,
-        PlanRequest(4, workers=2),
-        out,
         SplitOptions(
-            profile=ProfileOptions(cost="static", shapes={"x": (4, 8), "shape": (2,)}), verify=False
+            out=out,
+            plan=PlanRequest(4, workers=2),
+            profile=ProfileOptions(cost="static", shapes={"x": (4, 8), "shape": (2,)}),
+            verify=False,
         ),
     )
     return out
@@ -117,9 +118,9 @@ def test_a_worker_hosting_every_stage(sample_models_dir: Path, tmp_path: Path) -
     out = tmp_path / "split"
     api.split(
         sample_models_dir / "transformer_tiny.onnx",
-        PlanRequest(3, workers=1),
-        out,
-        SplitOptions(profile=ProfileOptions(cost="static"), verify=False),
+        SplitOptions(
+            out=out, plan=PlanRequest(3, workers=1), profile=ProfileOptions(cost="static"), verify=False
+        ),
     )
     batches = token_batches(12, seed=3)
     expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
@@ -280,7 +281,9 @@ def test_stats_are_answered_while_the_first_stage_always_has_work(tmp_path: Path
     profile = static_profile(view)
     profile = corrected(profile, [s.node_names for s in make_plan(view, profile, 2).stages], (1.0, 1000.0))
     out = tmp_path / "split"
-    api.split(model, 2, out, SplitOptions(profile=ProfileOptions(saved=profile), verify=False))
+    api.split(
+        model, SplitOptions(out=out, plan=PlanRequest(2), profile=ProfileOptions(saved=profile), verify=False)
+    )
     first, second = load_manifest(out).stages
     assert first.node_count >= 2 * second.node_count  # the first stage is the slow one
     x = {"x": np.ones((64, 512), dtype=np.float32)}

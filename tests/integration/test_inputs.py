@@ -5,6 +5,7 @@ larger sequence size that saves a model failing at the guessed one."""
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -12,12 +13,11 @@ import pytest
 from cli_runner import run
 
 from onnxpipe import api
-from onnxpipe.api import CalibrationOptions, ProfileOptions, SplitOptions
+from onnxpipe.api import CalibrationOptions, PlanRequest, ProfileOptions, SplitOptions, VerifyOptions, verify
 from onnxpipe.core.errors import ProfileError
 from onnxpipe.cost.measure import profile_model
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.shapes import RETRY_SEQUENCE_SIZE
-from onnxpipe.verification.verify import verify
 from tools import make_sample_models
 
 
@@ -47,22 +47,28 @@ def test_a_model_that_fails_on_random_inputs_splits_calibrates_and_verifies_with
 ) -> None:
     model = sample_models_dir / "vad_like.onnx"
     with pytest.raises(ProfileError) as info:
-        api.split(model, 3, tmp_path / "random", SplitOptions(profile=ProfileOptions(runs=2, warmup=1)))
+        api.split(
+            model,
+            SplitOptions(
+                out=tmp_path / "random", plan=PlanRequest(3), profile=ProfileOptions(runs=2, warmup=1)
+            ),
+        )
     message = str(info.value)
-    assert "'input' dim 1 = 16" in message and "--inputs" in message and "--shape input=" in message
+    assert "'input' dim 1 = 16" in message and "`input_files" in message and "`shapes=input=" in message
 
-    options = SplitOptions(
+    options = partial(
+        SplitOptions,
         profile=ProfileOptions(runs=3, warmup=1, input_files=(speech,)),
         calibration=CalibrationOptions(rounds=1, mode="alone"),
     )
-    result = api.split(model, 3, tmp_path / "stages", options)
+    result = api.split(model, options(out=tmp_path / "stages", plan=PlanRequest(3)))
     assert result.report is not None and result.report.ok
     assert result.report.input_shapes == {"input": (1, 512), "state": (2, 1, 128), "sr": ()}
     (record,) = result.manifest.plan.profiled_inputs
     assert record.file == "speech.npz" and record.shapes["input"] == (1, 512)
     written = json.loads((tmp_path / "stages" / "manifest.json").read_text())
     assert written["plan"]["profiled_inputs"][0]["sha256"] == record.sha256
-    assert verify(tmp_path / "stages", inputs=[speech]).ok
+    assert verify(tmp_path / "stages", VerifyOptions(input_files=[speech])).ok
 
 
 def test_the_cli_says_which_input_and_flag_and_runs_with_inputs(
@@ -119,13 +125,16 @@ def test_a_measured_profile_retries_sequence_dims_at_a_larger_size(
     assert any(f"sequence dims at {RETRY_SEQUENCE_SIZE}" in n for n in prof.unattributed)
     out = api.split(
         sample_models_dir / "reflect_pad.onnx",
-        2,
-        tmp_path / "stages",
-        SplitOptions(profile=ProfileOptions(runs=2, warmup=1), verify=False),
+        SplitOptions(
+            out=tmp_path / "stages",
+            plan=PlanRequest(2),
+            profile=ProfileOptions(runs=2, warmup=1),
+            verify=False,
+        ),
     )
     assert out.manifest.plan.profiled_input_shapes == {"x": (1, RETRY_SEQUENCE_SIZE)}
     assert any(f"sequence dims at {RETRY_SEQUENCE_SIZE}" in n for n in out.manifest.plan.notes)
     # sizes the user gave are not guessed: no retry, and the way out is real inputs
-    with pytest.raises(ProfileError, match=r"x=\[1, 8\].*--inputs FILE.npz") as info:
+    with pytest.raises(ProfileError, match=r"x=\[1, 8\].*`input_files=FILE.npz`") as info:
         profile_model(view, runs=2, warmup=1, shapes={"x": (1, 8)})
     assert "512" not in str(info.value)

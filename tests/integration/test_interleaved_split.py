@@ -28,9 +28,7 @@ def interleaved(tmp_path_factory: pytest.TempPathFactory, sample_models_dir: Pat
     out = tmp_path_factory.mktemp("interleaved") / "split"
     api.split(
         sample_models_dir / "transformer_tiny.onnx",
-        PlanRequest(4, workers=2),
-        out,
-        SplitOptions(profile=ProfileOptions(cost="static")),
+        SplitOptions(out=out, plan=PlanRequest(4, workers=2), profile=ProfileOptions(cost="static")),
     )
     return out
 

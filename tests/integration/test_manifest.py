@@ -10,6 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxpipe.api import ExportOptions
 from onnxpipe.core.errors import ManifestError
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model
@@ -42,7 +43,7 @@ def exported(tmp_path: Path) -> Path:
     stages = assign_stages(view, [0, 1, 2, 3], sizes, [1.0, 1.0, 1.0], [0.0, 0.0, 0.0])
     plan = Plan(view.sha256, stages, 1.0, 1.0, "test", 1, math.inf, {"x": (1, 16)}, sizes)
     out = tmp_path / "out"
-    export_stages(view, plan, out, external_data="always")
+    export_stages(view, plan, out, ExportOptions(external_data="always"))
     return out
 
 

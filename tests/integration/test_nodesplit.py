@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import onnx
@@ -16,14 +17,15 @@ from cli_runner import run
 from models import dominated_head_model, plan_for, save
 
 from onnxpipe import api
+from onnxpipe.api import VerifyOptions, verify
+from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.cost.parts import part_costs
-from onnxpipe.cost.source import ProfileOptions, get_profile
+from onnxpipe.cost.source import get_profile
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.nodesplit import SplitKind, cut_node, find_splittable
 from onnxpipe.manifest import load_manifest
 from onnxpipe.planning.request import PlanRequest
-from onnxpipe.verification.verify import verify
 
 SHAPES = {"x": (64, 128)}
 
@@ -48,9 +50,12 @@ def test_parts_costs_are_measured(head_model: Path) -> None:
 
 
 def test_split_with_node_splitting_verifies(head_model: Path, tmp_path: Path) -> None:
-    options = api.SplitOptions(profile=ProfileOptions(shapes=SHAPES, runs=5))
-    plain = api.split(head_model, PlanRequest(4), tmp_path / "plain", options)
-    result = api.split(head_model, PlanRequest(4, split_nodes="auto"), tmp_path / "cut", options)
+    options = partial(api.SplitOptions, profile=ProfileOptions(shapes=SHAPES, runs=5))
+    plain = api.split(head_model, options(out=tmp_path / "plain", plan=PlanRequest(4)))
+    result = api.split(
+        head_model,
+        options(out=tmp_path / "cut", plan=PlanRequest(4, split_nodes="auto")),
+    )
     assert plain.plan.node_splits == () and plain.manifest.plan.node_splits == ()
     assert result.report is not None and result.report.ok, result.report.summary()
     (split,) = result.plan.node_splits
@@ -70,9 +75,10 @@ def test_split_with_node_splitting_verifies(head_model: Path, tmp_path: Path) ->
 def test_light_inception_v2_splits_a_conv_and_verifies(
     light_model: Callable[[str], Path], tmp_path: Path
 ) -> None:
-    options = api.SplitOptions(profile=ProfileOptions(cost="static"))
+    options = partial(api.SplitOptions, profile=ProfileOptions(cost="static"))
     result = api.split(
-        light_model("inception_v2"), PlanRequest(8, split_nodes="auto"), tmp_path / "out", options
+        light_model("inception_v2"),
+        options(out=tmp_path / "out", plan=PlanRequest(8, split_nodes="auto")),
     )
     assert result.report is not None and result.report.ok, result.report.summary()
     (split,) = result.plan.node_splits
@@ -130,5 +136,5 @@ def test_gpt2_lm_head_cut_exports_and_verifies(
     plan = plan_for(cut.view, bounds)
     out = tmp_path / "out"
     export_stages(cut.view, plan, out)
-    report = verify(out, shapes={"input_ids": (1, 16)})
+    report = verify(out, VerifyOptions(shapes={"input_ids": (1, 16)}))
     assert report.ok, report.summary()

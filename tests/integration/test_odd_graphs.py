@@ -33,7 +33,7 @@ from models import (
 )
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxpipe.api import ProfileOptions, SplitOptions, split
+from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions, split
 from onnxpipe.core.errors import ExportError
 from onnxpipe.export.boundary import BoundaryTypes
 from onnxpipe.export.build import StageBuilder
@@ -89,7 +89,7 @@ def test_ir3_initializers_listed_as_inputs_are_not_asked_for(tmp_path: Path) -> 
     view, path = every_cut_chains_back(ir3_model(), tmp_path)
     assert view.inputs == ("x",)
     out = tmp_path / "api"
-    result = split(path, 2, out, SplitOptions(profile=ProfileOptions(cost="static")))
+    result = split(path, SplitOptions(out=out, plan=PlanRequest(2), profile=ProfileOptions(cost="static")))
     assert result.report is not None and result.report.ok
     assert [t.name for t in result.manifest.model_inputs] == ["x"]
     for m, entry in zip(stage_models(out), result.manifest.stages, strict=True):
@@ -161,7 +161,9 @@ def test_outputs_of_one_node_go_to_different_stages_and_odd_model_outputs(tmp_pa
     last = stage_models(out)[-1]
     assert "w_out" in {t.name for t in last.graph.initializer}
     assert sorted(o.name for o in last.graph.output) == ["k_out", "w_out", "y"]
-    result = split(path, 3, tmp_path / "api", SplitOptions(profile=ProfileOptions(cost="static")))
+    result = split(
+        path, SplitOptions(out=tmp_path / "api", plan=PlanRequest(3), profile=ProfileOptions(cost="static"))
+    )
     assert result.report is not None and result.report.ok
 
 
@@ -300,9 +302,11 @@ def test_symbolic_dims_survive_on_every_boundary_and_are_not_frozen(tmp_path: Pa
     path = save(two_symbols_model(), tmp_path / "sym.onnx")
     result = split(
         path,
-        3,
-        tmp_path / "out",
-        SplitOptions(profile=ProfileOptions(cost="static", shapes={"x": (2, 5, 8)})),
+        SplitOptions(
+            out=tmp_path / "out",
+            plan=PlanRequest(3),
+            profile=ProfileOptions(cost="static", shapes={"x": (2, 5, 8)}),
+        ),
     )
     manifest = result.manifest
     assert dict(manifest.plan.profiled_input_shapes) == {"x": (2, 5, 8)}

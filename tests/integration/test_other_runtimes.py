@@ -10,6 +10,7 @@ error of :func:`other_runtimes.relative_error`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +25,8 @@ from other_runtimes import (
     tract_runner,
 )
 
-from onnxpipe.api import SplitOptions, split
-from onnxpipe.cost.source import ProfileOptions
+from onnxpipe.api import PlanRequest, SplitOptions, split
+from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.shapes import resolve_input_shapes
@@ -39,8 +40,8 @@ RUNNERS: dict[str, Callable[[], Runner]] = {"openvino": openvino_runner, "tract"
 
 
 def split_and_feeds(model: Path, k: int, out: Path, static: bool) -> dict[str, np.ndarray]:
-    opts = SplitOptions(profile=ProfileOptions(cost="static"), verify=False, static=static)
-    split(model, k, out, opts)
+    opts = partial(SplitOptions, profile=ProfileOptions(cost="static"), verify=False, static=static)
+    split(model, opts(out=out, plan=PlanRequest(k)))
     view = load_model(model)
     return random_feeds(view, resolve_input_shapes(view, None), seed=0)
 

@@ -64,7 +64,7 @@ def test_stages_auto_picks_fewest_within_tolerance(view_and_profile) -> None:
     plan = plan_pipeline(view, prof, PlanRequest("auto", devices=load_cluster(EDGE)))
     # on a slow network a single fast-enough board beats paying for any link
     assert plan.k == 1
-    assert any("--stages auto chose 1" in n for n in plan.notes)
+    assert any("`stages=auto` chose 1" in n for n in plan.notes)
 
 
 def test_free_order_is_never_worse(view_and_profile) -> None:
@@ -105,11 +105,11 @@ def test_training_schedule_choice_is_the_fastest_that_fits(view_and_profile) -> 
 
 def test_bad_requests(view_and_profile) -> None:
     view, prof = view_and_profile
-    with pytest.raises(UsageError, match="--stages auto needs --devices"):
+    with pytest.raises(UsageError, match="`stages=auto` needs `devices`"):
         plan_pipeline(view, prof, PlanRequest("auto"))
-    with pytest.raises(PartitionError, match="choose --stages between 1 and 4"):
+    with pytest.raises(PartitionError, match="choose `stages` between 1 and 4"):
         plan_pipeline(view, prof, PlanRequest(5, devices=load_cluster(EDGE)))
-    with pytest.raises(UsageError, match="does not split --batch"):
+    with pytest.raises(UsageError, match="does not split `batch=4`"):
         plan_pipeline(view, prof, PlanRequest(2, schedule=ScheduleRequest("gpipe", microbatches=3, batch=4)))
 
 
@@ -146,9 +146,11 @@ def test_split_with_devices_names_devices_in_manifest(tmp_path: Path) -> None:
     out = tmp_path / "stages"
     result = onnxpipe.split(
         TRANSFORMER,
-        PlanRequest(2, devices=load_cluster(ROOT / "examples/devices/two_cpus.json")),
-        out,
-        SplitOptions(profile=ProfileOptions(cost="static")),
+        SplitOptions(
+            out=out,
+            plan=PlanRequest(2, devices=load_cluster(ROOT / "examples/devices/two_cpus.json")),
+            profile=ProfileOptions(cost="static"),
+        ),
     )
     assert result.report is not None and result.report.ok
     manifest = json.loads((out / "manifest.json").read_text())

@@ -279,7 +279,7 @@ def test_model_onnxruntime_cannot_run_raises_profile_error() -> None:
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
     )
-    with pytest.raises(ProfileError, match=r"onnxruntime cannot load the model.*--cost static") as info:
+    with pytest.raises(ProfileError, match=r"onnxruntime cannot load the model.*`cost=static`") as info:
         profile_model(view_from_proto(model), runs=1, warmup=0)
     assert "\n" not in str(info.value)
 
@@ -300,7 +300,7 @@ def test_run_failure_names_the_shapes() -> None:
         [_vi("y", None)],
         [shape],
     )
-    with pytest.raises(ProfileError, match=r"failed running.*x=\[7\].*--shape"):
+    with pytest.raises(ProfileError, match=r"failed running.*x=\[7\].*`shapes="):
         profile_model(view_from_proto(model), runs=1, warmup=0, shapes={"x": (7,)})
 
 

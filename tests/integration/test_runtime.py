@@ -36,7 +36,7 @@ from runtime_support import (
 )
 
 from onnxpipe import api
-from onnxpipe.api import ProfileOptions, SplitOptions
+from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.cli.commands.run import run as run_command
 from onnxpipe.cluster.model import Device
 from onnxpipe.core.errors import RuntimeStageError, UsageError
@@ -259,9 +259,7 @@ def test_a_stage_that_does_not_load_is_named(tmp_path: Path, sample_models_dir: 
     out = tmp_path / "split"
     api.split(
         sample_models_dir / "mlp.onnx",
-        2,
-        out,
-        SplitOptions(profile=ProfileOptions(cost="static"), verify=False),
+        SplitOptions(out=out, plan=PlanRequest(2), profile=ProfileOptions(cost="static"), verify=False),
     )
     (out / "stage_1.onnx").write_bytes(b"not an onnx model")
     before = {p.pid for p in active_children()}
@@ -462,7 +460,7 @@ def test_a_provider_this_machine_lacks_is_named_before_any_worker_starts(
         Pipeline.from_manifest(out)
     message = str(info.value)
     assert "device 'gpu-box'" in message and "provider CUDAExecutionProvider" in message
-    assert "is not available here" in message and "--devices FILE" in message
+    assert "is not available here" in message and "`RunOptions.devices=FILE`" in message
     assert threading.active_count() == threads_before and not active_children()
     # a devices file that maps the same names to an available provider runs it here
     here = devices_file(tmp_path / "here.json", ("host", cpu, 1), ("gpu-box", cpu, 1))

@@ -166,9 +166,9 @@ def test_ray_runs_an_interleaved_split_with_one_actor_per_worker(
     split = tmp_path / "interleaved"
     api.split(
         sample_models_dir / "transformer_tiny.onnx",
-        PlanRequest(4, workers=2),
-        split,
-        SplitOptions(profile=ProfileOptions(cost="static"), verify=False),
+        SplitOptions(
+            out=split, plan=PlanRequest(4, workers=2), profile=ProfileOptions(cost="static"), verify=False
+        ),
     )
     worker_of = [load_manifest(split).worker_of(i) for i in range(4)]
     assert sorted(set(worker_of)) == [0, 1] and worker_of[0] != worker_of[1]
@@ -250,9 +250,9 @@ def test_a_dead_actor_is_named_with_its_stages(
     split = tmp_path / "interleaved"
     api.split(
         sample_models_dir / "transformer_tiny.onnx",
-        PlanRequest(4, workers=2),
-        split,
-        SplitOptions(profile=ProfileOptions(cost="static"), verify=False),
+        SplitOptions(
+            out=split, plan=PlanRequest(4, workers=2), profile=ProfileOptions(cost="static"), verify=False
+        ),
     )
     pipe = Pipeline.from_manifest(split, RayConfig())
     backend = pipe.backend
@@ -310,9 +310,7 @@ def test_ray_actors_keep_their_layers_cache_while_generating(ray_cluster: Any, t
     folder = tmp_path / "llama"
     split(
         SAMPLE_MODELS / "decoders" / "llama_gqa.onnx",
-        PlanRequest(2),
-        folder,
-        SplitOptions(profile=ProfileOptions(cost="static"), verify=False),
+        SplitOptions(out=folder, plan=PlanRequest(2), profile=ProfileOptions(cost="static"), verify=False),
     )
     prompts = [[3, 17, 42, 9], [101, 2], [64]]
     with Pipeline.generating_replicas(folder, 1) as whole:

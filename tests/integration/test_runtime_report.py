@@ -68,9 +68,9 @@ def interleaved_split(tmp_path_factory: pytest.TempPathFactory, sample_models_di
     out = tmp_path_factory.mktemp("interleaved") / "split"
     api.split(
         sample_models_dir / "mlp.onnx",
-        PlanRequest(4, workers=2),
-        out,
-        SplitOptions(profile=ProfileOptions(cost="static"), verify=False),
+        SplitOptions(
+            out=out, plan=PlanRequest(4, workers=2), profile=ProfileOptions(cost="static"), verify=False
+        ),
     )
     return out
 
@@ -492,9 +492,12 @@ def test_a_measured_split_reports_the_machines_slowdown(
     shapes = {"input_ids": (2, 64), "attention_mask": (2, 64)}
     api.split(
         bert_tiny_path,
-        2,
-        out,
-        SplitOptions(profile=ProfileOptions(shapes=shapes, runs=5, warmup=2), verify=False),
+        SplitOptions(
+            out=out,
+            plan=PlanRequest(2),
+            profile=ProfileOptions(shapes=shapes, runs=5, warmup=2),
+            verify=False,
+        ),
     )
     reference = load_manifest(out).plan.reference_seconds
     assert reference is not None and reference > 1e-3

@@ -10,20 +10,21 @@ tolerance (:func:`onnxpipe.verification.compare.compare`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from onnxpipe.api import SplitOptions, split
+from onnxpipe.api import SplitOptions, VerifyOptions, split, verify
 from onnxpipe.calibrate.devices import calibrate_on_devices
-from onnxpipe.calibrate.loop import CalibrationOptions
+from onnxpipe.calibrate.options import CalibrationOptions
 from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import RuntimeStageError, UsageError
 from onnxpipe.core.runtimes import EngineConfig, open_engine
+from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.cost.runtime_profile import profile_on_runtime
-from onnxpipe.cost.source import ProfileOptions
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
@@ -32,12 +33,13 @@ from onnxpipe.planning.planner import plan
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.runtime import Pipeline
 from onnxpipe.verification.chain import StageChain
-from onnxpipe.verification.compare import DEFAULT_ATOL, DEFAULT_RTOL, compare
-from onnxpipe.verification.verify import planned_input_shapes, verify
+from onnxpipe.verification.compare import compare
+from onnxpipe.verification.options import DEFAULT_ATOL, DEFAULT_RTOL
+from onnxpipe.verification.verify import planned_input_shapes
 
 pytestmark = pytest.mark.slow
 
-STATIC = SplitOptions(profile=ProfileOptions(cost="static"), verify=False)
+STATIC = partial(SplitOptions, profile=ProfileOptions(cost="static"), verify=False)
 OTHER_RUNTIMES = (Runtime.OPENVINO, Runtime.TRACT)
 
 
@@ -84,7 +86,7 @@ def test_every_stage_runs_on_the_runtime_where_the_whole_model_does(
 ) -> None:
     model = MODELS[name](request)
     out = tmp_path / "split"
-    split(model, 3, out, STATIC)
+    split(model, STATIC(out=out, plan=PlanRequest(3)))
     manifest = load_manifest(out)
     view = load_model(model, check=False)
     feeds = random_feeds(view, planned_input_shapes(manifest, view), 0)
@@ -117,8 +119,8 @@ def test_a_mixed_chain_equals_the_original(sample_models_dir: Path, tmp_path: Pa
     """OpenVINO, then onnxruntime, then tract: verify on the devices' runtimes, and the pipeline too."""
     model = sample_models_dir / "resnet_tiny.onnx"
     out = tmp_path / "split"
-    split(model, PlanRequest(3, devices=_three_runtimes()), out, STATIC)
-    report = verify(out, runtime="devices", runs=2)
+    split(model, STATIC(out=out, plan=PlanRequest(3, devices=_three_runtimes())))
+    report = verify(out, VerifyOptions(runtime="devices", runs=2))
     assert report.ok, report.summary()
     assert report.stage_runtimes == ("openvino (CPU)", "onnxruntime (CPUExecutionProvider)", "tract")
     assert "stage 0 on openvino (CPU), stage 1 on onnxruntime" in report.summary()
@@ -134,7 +136,7 @@ def test_a_mixed_chain_equals_the_original(sample_models_dir: Path, tmp_path: Pa
 
 def test_a_stage_a_runtime_cannot_load_is_one_line(sample_models_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "split"
-    split(sample_models_dir / "mlp.onnx", 2, out, STATIC)
+    split(sample_models_dir / "mlp.onnx", STATIC(out=out, plan=PlanRequest(2)))
     (out / "stage_1.onnx").write_bytes(b"not a model")
     with pytest.raises(RuntimeStageError, match=r"stage_1\.onnx: stage 1 does not load in tract \("):
         StageChain.from_manifest(out, engines=[EngineConfig(runtime=Runtime.TRACT)] * 2, check_files=False)
@@ -178,10 +180,13 @@ def test_calibrating_a_tract_profile_in_onnxruntime_is_refused(
 ) -> None:
     model = sample_models_dir / "mlp.onnx"
     prof = profile_on_runtime(load_model(model), EngineConfig(runtime=Runtime.TRACT), runs=2, warmup=1)
-    with pytest.raises(UsageError, match="the profile was measured on tract; give --devices"):
+    with pytest.raises(UsageError, match="the profile was measured on tract; give `devices`"):
         split(
             model,
-            2,
-            tmp_path / "out",
-            SplitOptions(profile=ProfileOptions(saved=prof), calibration=CalibrationOptions(rounds=1)),
+            SplitOptions(
+                out=tmp_path / "out",
+                plan=PlanRequest(2),
+                profile=ProfileOptions(saved=prof),
+                calibration=CalibrationOptions(rounds=1),
+            ),
         )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -11,8 +12,8 @@ import onnxruntime as ort
 from models import const, make, vi
 from onnx import helper
 
-from onnxpipe.api import SplitOptions, split
-from onnxpipe.cost.source import ProfileOptions
+from onnxpipe.api import PlanRequest, SplitOptions, split
+from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.ir.fold import fold_constants
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.static import freeze_shapes
@@ -63,8 +64,8 @@ def test_static_split_has_fixed_shapes_everywhere(sample_models_dir: Path, tmp_p
     out = tmp_path / "s"
     model = sample_models_dir / "transformer_tiny.onnx"
     name = load_model(model).inputs[0]
-    opts = SplitOptions(profile=ProfileOptions(cost="static", shapes={name: (3, 6)}), static=True)
-    result = split(model, 3, out, opts)
+    opts = partial(SplitOptions, profile=ProfileOptions(cost="static", shapes={name: (3, 6)}), static=True)
+    result = split(model, opts(out=out, plan=PlanRequest(3)))
     assert result.report is not None and result.report.ok
     manifest = load_manifest(out)
     for st in manifest.stages:

@@ -4,16 +4,17 @@
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from onnxpipe.api import SplitOptions, split
+from onnxpipe.api import PlanRequest, SplitOptions, TritonOptions, split
 from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import ExportError
-from onnxpipe.cost.source import ProfileOptions
+from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.export.triton import (
     TritonStep,
     check_data_flow,
@@ -34,9 +35,7 @@ def transformer_split(tmp_path_factory: pytest.TempPathFactory, sample_models_di
     out = tmp_path_factory.mktemp("triton") / "s"
     split(
         sample_models_dir / "transformer_tiny.onnx",
-        3,
-        out,
-        SplitOptions(ProfileOptions(cost="static"), verify=False),
+        SplitOptions(out=out, plan=PlanRequest(3), profile=ProfileOptions(cost="static"), verify=False),
     )
     return out
 
@@ -65,7 +64,7 @@ def flow_of_parsed(configs: dict[str, Any], ensemble: str) -> None:
 
 
 def test_repository_parses_and_flows(transformer_split: Path, tmp_path: Path) -> None:
-    repo = export_triton(transformer_split, tmp_path / "repo")
+    repo = export_triton(transformer_split, TritonOptions(tmp_path / "repo"))
     assert repo.parsed
     configs = parsed(tmp_path / "repo")
     manifest = load_manifest(transformer_split)
@@ -83,9 +82,9 @@ def test_repository_parses_and_flows(transformer_split: Path, tmp_path: Path) ->
 
 def test_fixed_shapes_give_no_batching_and_full_dims(sample_models_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "s"
-    opts = SplitOptions(ProfileOptions(cost="static"), verify=False, static=True)
-    split(sample_models_dir / "mlp.onnx", 2, out, opts)
-    export_triton(out, tmp_path / "repo", platform="openvino", name="m")
+    opts = partial(SplitOptions, profile=ProfileOptions(cost="static"), verify=False, static=True)
+    split(sample_models_dir / "mlp.onnx", opts(out=out, plan=PlanRequest(2)))
+    export_triton(out, TritonOptions(tmp_path / "repo", platform="openvino", name="m"))
     configs = parsed(tmp_path / "repo")
     assert configs["m"].max_batch_size == 0
     assert list(configs["m"].input[0].dims) == [1, 64]
@@ -116,12 +115,12 @@ def test_an_existing_folder_needs_force(transformer_split: Path, tmp_path: Path)
     other.mkdir()
     (other / "file.txt").write_text("keep")
     with pytest.raises(ExportError, match="not empty"):
-        export_triton(transformer_split, other)
+        export_triton(transformer_split, TritonOptions(other))
     with pytest.raises(ExportError, match="not a Triton repository"):
-        export_triton(transformer_split, other, force=True)
+        export_triton(transformer_split, TritonOptions(other, force=True))
     assert (other / "file.txt").read_text() == "keep"
-    export_triton(transformer_split, tmp_path / "repo")
-    export_triton(transformer_split, tmp_path / "repo", force=True, name="again")
+    export_triton(transformer_split, TritonOptions(tmp_path / "repo"))
+    export_triton(transformer_split, TritonOptions(tmp_path / "repo", force=True, name="again"))
     assert {p.name for p in (tmp_path / "repo").iterdir()} == {
         "again",
         *(f"again_stage{i}" for i in range(3)),

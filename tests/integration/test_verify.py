@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe import api
-from onnxpipe.api import ProfileOptions, SplitOptions
+from onnxpipe.api import ExportOptions, PlanRequest, ProfileOptions, SplitOptions, VerifyOptions, verify
 from onnxpipe.cli import main
 from onnxpipe.core.errors import ManifestError, UsageError
 from onnxpipe.core.files import file_sha256
@@ -28,7 +28,7 @@ from onnxpipe.planning.types import Plan
 from onnxpipe.runtime.inputs import input_shapes_for
 from onnxpipe.verification.chain import StageChain
 from onnxpipe.verification.compare import compare
-from onnxpipe.verification.verify import planned_input_shapes, verify
+from onnxpipe.verification.verify import planned_input_shapes
 
 
 def plan_for(view: ModelView, bounds: list[int]) -> Plan:
@@ -85,7 +85,7 @@ def split(tmp_path: Path) -> Path:
 
 
 def test_good_split_verifies(split: Path) -> None:
-    report = verify(split, runs=2, seed=3)
+    report = verify(split, VerifyOptions(runs=2, seed=3))
     assert report.ok
     assert [o.name for o in report.outputs] == ["y", "x"]
     for o in report.outputs:
@@ -102,7 +102,7 @@ def test_good_split_verifies(split: Path) -> None:
 
 
 def test_shape_overrides_reach_the_inputs(split: Path) -> None:
-    report = verify(split, shapes={"x": (5, 8)})
+    report = verify(split, VerifyOptions(shapes={"x": (5, 8)}))
     assert report.ok and report.input_shapes == {"x": (5, 8)}
     assert report.outputs[0].expected_shape == (5, 8)
 
@@ -135,8 +135,8 @@ def test_tampered_stage_is_reported_not_raised(split: Path) -> None:
 def test_tolerance_is_relative_to_the_output_scale(split: Path) -> None:
     tamper_constant(split, 1, 3.001)
     diff = verify(split).outputs[0].max_rel_diff
-    assert verify(split, rtol=diff * 1.01).ok
-    assert not verify(split, rtol=diff * 0.99, atol=0.0).ok
+    assert verify(split, VerifyOptions(rtol=diff * 1.01)).ok
+    assert not verify(split, VerifyOptions(rtol=diff * 0.99, atol=0.0)).ok
 
 
 def test_model_of_another_sha_is_refused(split: Path, tmp_path: Path) -> None:
@@ -146,10 +146,10 @@ def test_model_of_another_sha_is_refused(split: Path, tmp_path: Path) -> None:
     onnx.save_model(model, str(other))
     recorded = load_manifest(split).source.sha256
     with pytest.raises(ManifestError) as info:
-        verify(split, model_path=other)
+        verify(split, VerifyOptions(model=other))
     message = str(info.value)
     assert message.startswith(f"{other}: sha256 {file_sha256(other)} is not the source sha256 {recorded}")
-    assert "pass the model that was split (--model)" in message
+    assert "pass the model that was split (`model`)" in message
 
 
 def test_model_found_through_the_manifest_or_given(split: Path, tmp_path: Path) -> None:
@@ -158,7 +158,7 @@ def test_model_found_through_the_manifest_or_given(split: Path, tmp_path: Path) 
     shutil.move(tmp_path / "skip.onnx", moved)
     with pytest.raises(UsageError, match=r"the source model recorded in .*manifest\.json is not there"):
         verify(split)
-    assert verify(split, model_path=moved).ok
+    assert verify(split, VerifyOptions(model=moved)).ok
     # the recorded path is relative: moving the model and the folder together keeps it valid
     together = tmp_path / "elsewhere" / "out"
     shutil.move(split, together)
@@ -251,15 +251,17 @@ def test_model_that_was_never_a_file_needs_model_path(tmp_path: Path) -> None:
 
     proto = skip_model()
     view = view_from_proto(proto)
-    manifest = export_stages(view, plan_for(view, [0, 2, 5]), tmp_path / "out", source_name="skip.onnx")
+    manifest = export_stages(
+        view, plan_for(view, [0, 2, 5]), tmp_path / "out", ExportOptions(source_name="skip.onnx")
+    )
     assert manifest.source.path is None and manifest.source.file == "skip.onnx"
     with pytest.raises(
-        UsageError, match=r"records no path for the source model skip\.onnx; pass it with --model"
+        UsageError, match=r"records no path for the source model skip\.onnx; pass it with `model`"
     ):
         verify(tmp_path / "out")
     path = tmp_path / "skip.onnx"
     path.write_bytes(proto.SerializeToString())
-    assert verify(tmp_path / "out", model_path=path).ok
+    assert verify(tmp_path / "out", VerifyOptions(model=path)).ok
 
 
 def width_20_model() -> onnx.ModelProto:
@@ -290,7 +292,12 @@ def width_20_split(tmp_path: Path) -> Path:
     onnx.save_model(width_20_model(), str(path))
     out = tmp_path / "out"
     result = api.split(
-        path, 2, out, SplitOptions(profile=ProfileOptions(cost="static", shapes={"x": (1, 20), "m": (1, 20)}))
+        path,
+        SplitOptions(
+            out=out,
+            plan=PlanRequest(2),
+            profile=ProfileOptions(cost="static", shapes={"x": (1, 20), "m": (1, 20)}),
+        ),
     )
     assert result.report is not None and result.report.ok
     return out
@@ -310,7 +317,7 @@ def test_verify_uses_the_shapes_the_split_was_made_for(
 
 def test_verify_layers_shape_overrides_on_the_planned_shapes(width_20_split: Path) -> None:
     # a size given for the symbol 'b' through x reaches m, which keeps its planned n = 20
-    report = verify(width_20_split, shapes={"x": (3, 20)})
+    report = verify(width_20_split, VerifyOptions(shapes={"x": (3, 20)}))
     assert report.ok and report.input_shapes == {"x": (3, 20), "m": (3, 20)}
     assert report.outputs[0].expected_shape == (3, 20)
     # the same helper gives 'onnxpipe run' its random inputs' shapes
@@ -320,7 +327,7 @@ def test_verify_layers_shape_overrides_on_the_planned_shapes(width_20_split: Pat
     assert input_shapes_for(manifest, model, {}) == {"x": (1, 20), "m": (1, 20)}
     # an override this model refuses is still the user's to give, and said so
     with pytest.raises(UsageError, match=r"fails on random inputs of shapes x=\[1, 16\], m=\[1, 16\]"):
-        verify(width_20_split, shapes={"x": (1, 16)})
+        verify(width_20_split, VerifyOptions(shapes={"x": (1, 16)}))
 
 
 def test_planned_shapes_fall_back_to_the_defaults_for_an_input_the_plan_lacks(split: Path) -> None:

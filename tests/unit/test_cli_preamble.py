@@ -7,31 +7,35 @@ from pathlib import Path
 import pytest
 from cli_runner import run
 
-from onnxpipe.cli.commands.preamble import input_lines, threads_warning
+from onnxpipe.api.preamble import input_lines, threads_warning
+from onnxpipe.cli.parsers import worded
 from onnxpipe.core.machine import BUSY_WARNING_CPUS, CpuSample, busy_elsewhere, sample
 from onnxpipe.ir.load import load_model
 
 
-def test_guessed_dims_are_named_with_the_flag_that_sets_them(resnet: Path) -> None:
+def test_guessed_dims_are_named_with_the_option_that_sets_them(resnet: Path) -> None:
     view = load_model(resnet)
     (name,) = view.inputs
     lines = input_lines(view, {})
-    assert "guessed" in lines[0] and "--shape" in lines[-1]
+    assert "guessed" in lines[0] and f"`shapes={name}=1,3,32,32`" in lines[-1]
+    assert f"--shape {name}=1,3,32,32" in worded(lines[-1], "split")
     given = input_lines(view, {name: (1, 3, 32, 32)})
-    assert len(given) == 1 and given[0].endswith("-> run at 1x3x32x32 (given by --shape)")
+    assert len(given) == 1 and given[0].endswith("-> run at 1x3x32x32 (given by `shapes`)")
 
 
 def test_threads_beyond_the_cpus_are_flagged() -> None:
     assert threads_warning(2, 1, cpus=2) is None
     too_many_stages = threads_warning(4, 1, cpus=2)
     assert too_many_stages is not None and "4 threads on 2 CPU(s)" in too_many_stages
-    assert "--stages 2 or fewer" in too_many_stages
+    assert "`stages=2` or fewer" in too_many_stages and "--stages 2 or fewer" in worded(
+        too_many_stages, "plan"
+    )
     assert threads_warning(4, 1, cpus=2, workers=2) is None  # interleaved: 2 workers run at once
     too_many_workers = threads_warning(4, 1, cpus=2, workers=3)
     assert too_many_workers is not None and "3 workers x 1 thread(s)" in too_many_workers
-    assert "--workers 2 or fewer" in too_many_workers
+    assert "`workers=2` or fewer" in too_many_workers
     too_many_threads = threads_warning(None, 8, cpus=2)
-    assert too_many_threads is not None and "--threads 2 or fewer" in too_many_threads
+    assert too_many_threads is not None and "--threads 2 or fewer" in worded(too_many_threads, "run")
 
 
 def test_threads_warning_in_the_output(resnet: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:

@@ -290,7 +290,7 @@ def test_prefix_and_arranged() -> None:
     assert c.prefix(2).names == ("board-x1", "board-x2")
     assert c.arranged([3, 0]).names == ("board-x8", "board-x1")
     assert c.arranged([3, 0]).links == (Link(12.5e6, 5e-4),)
-    with pytest.raises(UsageError, match="choose --stages between 1 and 4"):
+    with pytest.raises(UsageError, match="choose `stages` between 1 and 4"):
         c.prefix(5)
     with pytest.raises(ValueError):
         c.arranged([1, 1])

@@ -236,9 +236,9 @@ def test_own_ends_need_enough_stages() -> None:
     layers = layer_sequences(view, _profile(view), dec)
     part = solve_layers(layers, dec, 3, Ends.OWN, float("inf"))
     assert part.bounds == (layers.starts[0], layers.starts[1], layers.starts[3], layers.starts[4])
-    with pytest.raises(PartitionError, match="--ends own"):
+    with pytest.raises(PartitionError, match="`ends=own`"):
         solve_layers(layers, dec, 2, Ends.OWN, float("inf"))
-    with pytest.raises(PartitionError, match="--layer-cuts off"):
+    with pytest.raises(PartitionError, match="`layer_cuts=False`"):
         solve_layers(layers, dec, 6, Ends.FREE, float("inf"))
 
 

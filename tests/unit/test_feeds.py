@@ -7,11 +7,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxpipe.cli.argtypes import shapes as parse_shape_overrides
 from onnxpipe.core.errors import UsageError
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import view_from_proto
 from onnxpipe.ir.model import ModelView
-from onnxpipe.ir.shapes import parse_shape_overrides, resolve_input_shapes
+from onnxpipe.ir.shapes import resolve_input_shapes
 
 
 def _vi(
@@ -82,7 +83,7 @@ def test_override_errors_name_the_input() -> None:
 
 def test_unknown_rank_needs_an_override() -> None:
     view = _view([helper.make_node("Relu", ["x"], ["y"], name="r")], [_vi("x", None)], [_vi("y", None)])
-    with pytest.raises(UsageError, match=r"--shape x="):
+    with pytest.raises(UsageError, match=r"`shapes=x="):
         resolve_input_shapes(view)
     assert resolve_input_shapes(view, {"x": (2, 5)}) == {"x": (2, 5)}
 

@@ -11,8 +11,9 @@ import pytest
 from onnxpipe.cli.argtypes import token_ids
 from onnxpipe.core.errors import UsageError
 from onnxpipe.manifest import DecoderIORecord, KVRecord
-from onnxpipe.runtime.generate import GenerateOptions, StepFeeds, generate, next_token
+from onnxpipe.runtime.generate import StepFeeds, generate, next_token
 from onnxpipe.runtime.kvstate import CONTROL, CacheSlot, Control, KVState, StepFlags
+from onnxpipe.runtime.options import GenerateOptions
 
 IO = DecoderIORecord(
     "input_ids",
@@ -105,7 +106,7 @@ class FakePipe:
 
 def test_the_loop_runs_prefill_then_one_token_per_step_and_ends_each_cache() -> None:
     pipe = FakePipe()
-    g = generate(pipe.submit, 2, StepFeeds(IO, TYPES), [[1, 2, 3], [8]], GenerateOptions(max_new_tokens=3))
+    g = generate(pipe.submit, 2, StepFeeds(IO, TYPES), GenerateOptions(((1, 2, 3), (8,)), max_new_tokens=3))
     assert g.tokens == ((4, 5, 6), (9, 0, 1))
     assert g.steps == 6 and g.new_tokens == 6
     by_seq: dict[int, list[tuple[int, Control, list[int]]]] = {}
@@ -116,7 +117,7 @@ def test_the_loop_runs_prefill_then_one_token_per_step_and_ends_each_cache() -> 
     assert [c.cached for _, c, _ in first] == [0, 3, 4]
     assert [ids for _, _, ids in first] == [[1, 2, 3], [4], [5]]
     assert {lane for lane, _, _ in first} == {0} and {lane for lane, _, _ in by_seq[1]} == {1}
-    one = generate(pipe.submit, 1, StepFeeds(IO, TYPES), [[1]], GenerateOptions(max_new_tokens=1))
+    one = generate(pipe.submit, 1, StepFeeds(IO, TYPES), GenerateOptions(((1,),), max_new_tokens=1))
     assert one.tokens == ((2,),) and pipe.steps[-1][1].flags == StepFlags.START | StepFlags.END
 
 
@@ -126,8 +127,7 @@ def test_an_end_token_stops_the_sequence_and_drops_its_cache() -> None:
         pipe.submit,
         1,
         StepFeeds(IO, TYPES),
-        [[1], [5]],
-        GenerateOptions(max_new_tokens=5, eos_token_ids=(3,)),
+        GenerateOptions(((1,), (5,)), max_new_tokens=5, eos_token_ids=(3,)),
     )
     assert g.tokens == ((2, 3), (6, 7, 8, 9, 0))
     drops = [c for _, c, _ in pipe.steps if c.flags & StepFlags.DROP]
@@ -138,11 +138,11 @@ def test_bad_requests_are_refused() -> None:
     pipe = FakePipe()
     feeds = StepFeeds(IO, TYPES)
     with pytest.raises(UsageError, match="at least one prompt"):
-        generate(pipe.submit, 1, feeds, [], GenerateOptions())
+        generate(pipe.submit, 1, feeds, GenerateOptions())
     with pytest.raises(UsageError, match="prompt 0 is empty"):
-        generate(pipe.submit, 1, feeds, [[]], GenerateOptions())
-    with pytest.raises(UsageError, match="in_flight 0"):
-        GenerateOptions(in_flight=0)
+        generate(pipe.submit, 1, feeds, GenerateOptions(((),)))
+    with pytest.raises(UsageError, match="`in_flight=0`"):
+        GenerateOptions(((1,),), in_flight=0).check()
 
 
 def test_token_ids_argument() -> None:

@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 from cli_runner import run
 
-from onnxpipe import api
 from onnxpipe.api import PlanRequest, ProfileOptions
 from onnxpipe.core.errors import ManifestError, UsageError
 from onnxpipe.core.jsonread import Document, Value
+from onnxpipe.cost.source import get_profile
 from onnxpipe.manifest import read
 from onnxpipe.manifest.write import timeline_obj
+from onnxpipe.planning.planner import plan as make_plan
 from onnxpipe.runtime.affinity import assign_cpus
 from onnxpipe.runtime.spec import Placement, WorkerSpec
 from onnxpipe.schedule.simulate import simulate
@@ -76,11 +77,11 @@ def test_zero_costs_split_on_workers(sample_models_dir: Path, tmp_path: Path) ->
     from onnxpipe.ir.load import load_model
 
     view = load_model(sample_models_dir / "mlp.onnx")
-    prof = api.get_profile(view, ProfileOptions(cost="static"))
+    prof = get_profile(view, ProfileOptions(cost="static"))
     zero = Profile.__new__(Profile)
     zero.__dict__.update(prof.__dict__)
     object.__setattr__(zero, "node_seconds", dict.fromkeys(prof.node_seconds, 0.0))
-    plan = api.plan(view, zero, PlanRequest(4, workers=2))
+    plan = make_plan(view, zero, PlanRequest(4, workers=2))
     assert plan.bottleneck_seconds == 0.0 and any("0.00% slower" in n for n in plan.notes)
 
 

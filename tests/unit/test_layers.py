@@ -178,3 +178,13 @@ def test_the_manifest_needs_neither_onnx_nor_onnxruntime() -> None:
     closure |= {".".join(m.split(".")[:i]) for m in list(closure) for i in range(2, m.count(".") + 1)}
     heavy = {m: third_party(m) & {"onnx", "onnxruntime"} for m in sorted(closure)}
     assert not {m: h for m, h in heavy.items() if h}, heavy
+
+
+def test_the_cli_imports_only_the_door_and_core() -> None:
+    """The CLI parses, maps flags to options, calls :mod:`onnxpipe.api` and prints: nothing else."""
+    wrong = [
+        f"{imp.importer}:{imp.line} imports {imp.imported}"
+        for imp in IMPORTS
+        if room(imp.importer) == "cli" and room(imp.imported) not in ("cli", "api", "core")
+    ]
+    assert not wrong, "\n".join(wrong)

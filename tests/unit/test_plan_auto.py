@@ -40,7 +40,7 @@ def test_auto_without_devices_tries_the_counts_this_machine_runs(resnet: Path) -
     assert chosen.bottleneck_seconds <= best * 1.05
     # the fewest within the tolerance: no smaller count is within it
     assert all(b > best * 1.05 for k, b in chosen.stage_counts_tried if k < chosen.k)
-    assert any("--stages auto chose" in n and "4 CPU(s)" in n for n in chosen.notes)
+    assert any("`stages=auto` chose" in n and "4 CPU(s)" in n for n in chosen.notes)
     assert [k for k, _ in auto_here(view, prof, PlanRequest("auto"), cpus=1).stage_counts_tried] == [1]
 
 
@@ -55,7 +55,7 @@ def test_one_node_bounding_the_plan_is_named(tmp_path: Path) -> None:
     assert (
         "lm_head (MatMul)" in note
         and "3 stages are no faster than 2" in note
-        and "--split-nodes auto" in note
+        and "`split_nodes=auto`" in note
     )
     assert bounding_node(view, prof, plan(view, prof, PlanRequest(1))) is None
 

@@ -1,9 +1,9 @@
-"""The redesign moved every module; what users see did not change.
+"""What users see changes only on purpose.
 
-``tests/data/public_surface.json`` was written before the move (onnxpipe 0.1.0 at 8aa300b): the names
-of ``onnxpipe.__all__`` and the text of ``onnxpipe --help`` and of every subcommand's ``--help`` at a
-100-column terminal.  A change to either is a change of the public surface: make it on purpose, and
-write the file again with the new texts.
+``tests/data/public_surface.json`` holds the names of ``onnxpipe.__all__`` and the text of ``onnxpipe
+--help`` and of every subcommand's ``--help`` at a 100-column terminal.  A change to either is a change
+of the public surface: make it on purpose, write the file again (``python tools/public_surface.py``)
+and say in the commit what changed.
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ def _help(argv: list[str]) -> str:
     return buf.getvalue()
 
 
-def test_the_public_names_are_those_of_before_the_move() -> None:
+def test_the_public_names_are_those_recorded() -> None:
     assert sorted(onnxpipe.__all__) == SURFACE["all"]
     for name in onnxpipe.__all__:
         assert getattr(onnxpipe, name) is not None
 
 
 @pytest.mark.parametrize("command", sorted(SURFACE["help"]), ids=lambda c: c or "onnxpipe")
-def test_every_help_text_is_that_of_before_the_move(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_help_text_is_the_one_recorded(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "100")
     assert _help([command] if command else []) == SURFACE["help"][command]

@@ -115,7 +115,7 @@ def test_every_mistake_is_one_line_naming_the_input(
 def test_unreadable_files_are_refused_naming_them(vad: ModelView, tmp_path: Path) -> None:
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"not a zip")
-    with pytest.raises(UsageError, match=r"--inputs .*bad.npz: cannot be read as an .npz file"):
+    with pytest.raises(UsageError, match=r"`input_files=.*bad.npz`: cannot be read as an .npz file"):
         load_samples(vad, [bad])
     with pytest.raises(UsageError, match=r"no such file or folder"):
         load_samples(vad, [tmp_path / "missing.npz"])
@@ -175,7 +175,7 @@ def test_the_hint_names_the_guessed_dims_and_the_flags(vad: ModelView) -> None:
     assert guessed_dims(vad) == [("input", 0, None), ("input", 1, None), ("state", 1, None)]
     hint = failure_hint(vad, used)
     assert "'input' dim 1 = 16" in hint and "'state' dim 1 = 1" in hint
-    assert "--shape input=1,16 --shape state=2,1,128" in hint and "--inputs" in hint
+    assert "`shapes=input=1,16` `shapes=state=2,1,128`" in hint and "`input_files=FILE.npz`" in hint
     # an input given is not guessed, nor a symbol it fixes
     assert guessed_dims(vad, {"input": (1, 512)}) == [("state", 1, None)]
 

@@ -243,7 +243,7 @@ def test_memory_formulas() -> None:
 
 
 def test_simulate_rejects_bad_input() -> None:
-    with pytest.raises(UsageError, match="--microbatches"):
+    with pytest.raises(UsageError, match="`microbatches`"):
         simulate("stream", [1], None, [0], 0)
     with pytest.raises(UsageError, match="choose one of stream, gpipe, 1f1b"):
         simulate("pipedream", [1], None, [0], 1)  # type: ignore[arg-type]

@@ -1,21 +1,15 @@
-"""The work of ``onnxpipe export-triton`` (parser: :mod:`onnxpipe.cli.export_triton`)."""
+"""The work of ``onnxpipe export-triton`` (parser and table: :mod:`onnxpipe.cli.export_triton`)."""
 
 from __future__ import annotations
 
 import argparse
 
-from onnxpipe.export.triton import export_triton
+from onnxpipe import api
+from onnxpipe.cli.export_triton import TABLE
 
 
 def run(args: argparse.Namespace) -> int:
-    repo = export_triton(
-        args.dir,
-        args.out,
-        name=args.name,
-        platform=args.platform,
-        max_batch_size=args.max_batch_size,
-        force=args.force,
-    )
+    repo = api.export_triton(args.dir, TABLE.options(args))
     stages = len(repo.models) - 1
     print(
         f"wrote a Triton repository to {repo.path}/: ensemble {repo.ensemble!r} over {stages} stage "

@@ -41,7 +41,8 @@ from onnxpipe.runtime.report.measure import Measurement, measure
 from onnxpipe.runtime.report.model import BaselineReport, RunReport
 from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import CPU_PROVIDER, Placement, WorkerSpec, model_spec
-from onnxpipe.verification.compare import DEFAULT_ATOL, DEFAULT_RTOL, compare
+from onnxpipe.verification.compare import compare
+from onnxpipe.verification.options import DEFAULT_ATOL, DEFAULT_RTOL
 
 Feeds = Mapping[str, np.ndarray]
 

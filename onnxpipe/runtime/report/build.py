@@ -8,6 +8,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.options import opt
 from onnxpipe.manifest import Manifest
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.report.measure import Measurement, min_steady_microbatches
@@ -150,20 +151,21 @@ def build_report(
         local = pipeline.backend.kind != "ray"  # a Ray worker's actor has the CPUs Ray gave it
         if local and not any(spec.placement.cpus for spec in specs) and pipeline.pin_note is None:
             notes.append(
-                f"the {len(specs)} stages share {len(groups)} workers but were not pinned (--pin): a "
+                f"the {len(specs)} stages share {len(groups)} workers but were not pinned "
+                f"({opt('pin', True)}): a "
                 "worker's stages took turns, but on any CPUs, not on the worker's own as its estimate "
                 "assumes"
             )
     if any(s.memory_shared_with_other_workers for s in stages):
         notes.append(
             "thread workers share one process: a stage's peak RSS is the process's, and its own memory "
-            "cannot be told apart (the allocator reuses memory across sessions); --compare measures each "
-            "stage in a process of its own, --local-mode processes runs them so"
+            f"cannot be told apart (the allocator reuses memory across sessions); {opt('compare', True)} "
+            f"measures each stage in a process of its own, {opt('local_mode', 'processes')} runs them so"
         )
     if measurement.steady_throughput_per_s is None:
         notes.append(
             f"no steady throughput: it needs at least {min_steady_microbatches(len(measurement.stats))} "
-            "micro-batches (--microbatches)"
+            f"micro-batches ({opt('microbatches')})"
         )
     single = measurement.single_latencies_s
     return RunReport(

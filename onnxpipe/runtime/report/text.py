@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from onnxpipe.core.options import opt
 from onnxpipe.core.text import human_bytes, table
 from onnxpipe.runtime.report.model import RunReport, StageReport, WorkerReport
 
@@ -223,5 +224,5 @@ def _verdict(report: RunReport) -> str:
     return (
         f"verdict: the pipeline is SLOWER than {worst_name} ({worst.description}): "
         f"{worst.pipeline_speedup:.2f}x its throughput; run that instead here, or give the stages CPUs "
-        "of their own (fewer stages, --threads, more machines)"
+        f"of their own (fewer stages, {opt('threads')}, more machines)"
     )

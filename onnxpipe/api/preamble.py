@@ -1,45 +1,22 @@
-"""What a command says before its work, and after it: the input shapes it will use (and which it
-guessed, with the ``--shape`` that sets them), threads against CPUs, a busy machine, the total time.
+"""What a request says before its work: the input shapes it will use (and which it guessed, with the
+option that sets them), threads against CPUs, and, after a measurement, whether the machine was busy.
 
 A guessed shape decides the cut (a detector profiled at 64x64 splits elsewhere than at 320x320), and
 threads beyond the cores or another process on them make every estimate wrong; a user who is not told
-cannot see it coming.  The lines go to stdout before the result, or to stderr with ``--json`` so that
-stdout stays one JSON document.  The API prints nothing: all of it is here.
+cannot see it coming.  The lines go to the request's :class:`~onnxpipe.core.events.Listener`; options are
+named as fields (:mod:`onnxpipe.core.options`), which the CLI words as its flags.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-import time
 from collections.abc import Mapping, Sequence
-from typing import TextIO
 
+from onnxpipe.core.events import Listener
 from onnxpipe.core.machine import BUSY_WARNING_CPUS, CpuSample, available_cpu_count, busy_elsewhere, sample
+from onnxpipe.core.options import opt
 from onnxpipe.ir.model import ModelView
-from onnxpipe.ir.shapes import parse_shape_overrides, resolve_input_shapes
+from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.planning.request import PlanRequest
-
-
-class Say:
-    """Lines about the work, to stdout (stderr with ``--json``); :meth:`done` prints the total time."""
-
-    def __init__(self, *, json_output: bool = False, stream: TextIO | None = None) -> None:
-        self.stream = stream if stream is not None else (sys.stderr if json_output else sys.stdout)
-        self.start = time.perf_counter()
-
-    def line(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
-
-    def warn(self, text: str) -> None:
-        self.line(f"warning: {text}")
-
-    def step(self, what: str) -> None:
-        """A step begins: ``... exporting 4 stages (at 3.2 s)``, one line, readable in a log."""
-        self.line(f"... {what} (at {time.perf_counter() - self.start:.1f} s)")
-
-    def done(self, what: str) -> None:
-        self.line(f"{what} in {time.perf_counter() - self.start:.1f} s")
 
 
 def _show_dims(dims: Sequence[object] | None) -> str:
@@ -50,7 +27,7 @@ def _show_dims(dims: Sequence[object] | None) -> str:
 
 def input_lines(view: ModelView, overrides: Mapping[str, Sequence[int]]) -> list[str]:
     """A line per model input: dtype, declared dims (symbols by name), the shape it will be run at and
-    which dims were guessed; then the ``--shape`` flags that would set every guessed input."""
+    which dims were guessed; then the ``shapes`` that would set every guessed input."""
     shapes = resolve_input_shapes(view, overrides)
     given_symbols = {
         d for name, dims in overrides.items() for d in (view.tensor(name).shape or ()) if isinstance(d, str)
@@ -69,12 +46,12 @@ def input_lines(view: ModelView, overrides: Mapping[str, Sequence[int]]) -> list
                 if isinstance(d, str) and d in given_symbols:
                     continue
                 guessed.append(f"{d if isinstance(d, str) else f'dim {axis}'}={shape[axis]}")
-        how = "given by --shape" if name in overrides else "fixed"
+        how = f"given by {opt('shapes')}" if name in overrides else "fixed"
         if guessed:
             how = f"guessed {', '.join(guessed)}"
         lines.append(f"input {name}: {info.dtype} {_show_dims(info.shape)} -> run at {at} ({how})")
         if guessed:
-            hints.append(f"--shape {name}={','.join(map(str, shape))}")
+            hints.append(opt("shapes", f"{name}={','.join(map(str, shape))}"))
     if hints:
         lines.append(
             "  the guessed sizes decide the costs and so the cut; set the real ones with "
@@ -94,15 +71,15 @@ def threads_warning(
     if threads > cpus:
         return (
             f"{threads} thread(s) per stage on {cpus} CPU(s): the threads of one stage already share CPUs, "
-            f"and costs measured so mislead; use --threads {cpus} or fewer"
+            f"and costs measured so mislead; use {opt('threads', cpus)} or fewer"
         )
     running, what = (stages, "stages") if workers is None else (workers, "workers")
     if running is not None and running * threads > cpus:
         fit = max(1, cpus // threads)
         return (
             f"{running} {what} x {threads} thread(s) = {running * threads} threads on {cpus} CPU(s): run on "
-            f"this machine the {what} share CPUs and the pipeline is slower than planned; use --{what} "
-            f"{fit} or fewer here, or run the stages on more machines"
+            f"this machine the {what} share CPUs and the pipeline is slower than planned; use "
+            f"{opt(what, fit)} or fewer here, or run the stages on more machines"
         )
     return None
 
@@ -110,8 +87,8 @@ def threads_warning(
 class BusyWatch:
     """Samples the machine before a measuring step and warns after it when other processes were busy."""
 
-    def __init__(self, say: Say, step: str) -> None:
-        self.say = say
+    def __init__(self, listener: Listener, step: str) -> None:
+        self.listener = listener
         self.step = step
         self.before: CpuSample | None = sample()
 
@@ -122,21 +99,22 @@ class BusyWatch:
             load = ""
             if self.before is not None and after is not None and self.before.load_1min is not None:
                 load = f" (load average {self.before.load_1min:.2f} before, {after.load_1min:.2f} after)"
-            self.say.warn(
+            self.listener.warn(
                 f"other processes kept {busy:.1f} CPU(s) busy during {self.step}{load}: the measured costs "
-                "include their interference; measure again on a quiet machine (or pass a saved --profile)"
+                f"include their interference; measure again on a quiet machine (or pass a saved "
+                f"{opt('saved')})"
             )
         return busy
 
 
 def profiling_threads(threads: int | None, devices_threads: Sequence[int] = ()) -> int:
-    """The most intra-op threads any measurement on this machine runs with: ``--threads`` (default 1),
-    and those of devices profiled here."""
+    """The most intra-op threads any measurement on this machine runs with: ``threads`` (default 1), and
+    those of devices profiled here."""
     return max([1 if threads is None else threads, *devices_threads])
 
 
 def before_work(
-    say: Say,
+    listener: Listener,
     view: ModelView,
     overrides: Mapping[str, Sequence[int]],
     *,
@@ -146,25 +124,29 @@ def before_work(
 ) -> None:
     """The preamble: input shapes (guessed ones named), and the stages' threads against the CPUs."""
     for text in input_lines(view, overrides):
-        say.line(text)
+        listener.line(text)
     warning = threads_warning(stages, threads, workers=workers)
     if warning is not None:
-        say.warn(warning)
+        listener.warn(warning)
 
 
-def plan_preamble(say: Say, view: ModelView, args: argparse.Namespace, request: PlanRequest) -> None:
-    """:func:`before_work` for ``plan`` and ``split``: nothing with a saved ``--profile`` (its own shapes
-    hold); the stages' threads counted when they run on this machine (no devices file), and the most
-    threads a device profiled here measures with."""
-    if args.profile is not None:
-        return
+def plan_preamble(
+    listener: Listener,
+    view: ModelView,
+    request: PlanRequest,
+    shapes: Mapping[str, Sequence[int]],
+    threads: int | None,
+) -> None:
+    """:func:`before_work` for ``plan`` and ``split`` measuring on this machine: the stages' threads
+    counted when they run on this machine (no devices file), and the most threads a device profiled here
+    measures with."""
     devices = request.devices.devices if request.devices is not None else ()
     here = [d.threads for d in devices if d.profile_here]
     before_work(
-        say,
+        listener,
         view,
-        parse_shape_overrides(args.shape),
-        stages=args.stages if isinstance(args.stages, int) and request.devices is None else None,
-        threads=profiling_threads(args.threads, here),
+        shapes,
+        stages=request.stages if isinstance(request.stages, int) and request.devices is None else None,
+        threads=profiling_threads(threads, here),
         workers=request.workers if request.devices is None else None,
     )

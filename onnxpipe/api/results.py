@@ -1,22 +1,30 @@
-"""What ``--json`` prints: one JSON document on stdout, with the manifest's field names.
+"""What each door returns, and the one JSON document a command's ``--json`` prints of it.
 
-A script reading ``onnxpipe plan --json`` and a reader of ``manifest.json`` see the same names for the
-same things (``bottleneck_seconds``, ``estimated_compute_seconds``, ``schedule``...), so that a plan
-printed and a split written can be compared field by field.  The schema is in docs/cli.md.  Every float
-follows the manifest's rule: ``+inf`` is written as ``null``.
+The documents use the manifest's field names: a script reading ``onnxpipe plan --json`` and a reader of
+``manifest.json`` see the same names for the same things (``bottleneck_seconds``,
+``estimated_compute_seconds``, ``schedule``...), so that a plan printed and a split written can be
+compared field by field.  The schema is in docs/cli.md.  Every float follows the manifest's rule:
+``+inf`` is written as ``null``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from onnxpipe.core.dims import Dim
+from onnxpipe.ir.decoder import DecoderInfo
+from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.summary import ModelSummary
 from onnxpipe.manifest import Manifest
 from onnxpipe.manifest.write import dumps, manifest_obj, num, timeline_obj
 from onnxpipe.planning.types import Plan
+from onnxpipe.runtime.generate import Generation
+from onnxpipe.runtime.options import Sampling
 from onnxpipe.verification.verify import VerifyReport
 
 JSON_SCHEMA_VERSION = 1
@@ -28,6 +36,99 @@ def document(command: str, **parts: Any) -> str:
     """The one document a command prints: ``{"command": ..., "json_schema_version": ..., **parts}``,
     indented as ``manifest.json`` is (short lists on one line)."""
     return dumps({"command": command, "json_schema_version": JSON_SCHEMA_VERSION, **parts})
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """What :func:`onnxpipe.plan` made: the plan, and the picture it drew (if asked)."""
+
+    plan: Plan
+    drawn: Path | None = None
+
+    def to_json(self) -> str:
+        return document("plan", plan=plan_obj(self.plan))
+
+
+@dataclass(frozen=True)
+class SplitResult:
+    """What :func:`onnxpipe.split` produced: the plan, the manifest written, and the verification (if
+    run)."""
+
+    plan: Plan
+    manifest: Manifest
+    out_dir: Path
+    report: VerifyReport | None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the split verified (True when it was not verified)."""
+        return self.report is None or self.report.ok
+
+    def to_json(self) -> str:
+        verification = None if self.report is None else verification_obj(self.report)
+        return document("split", manifest=manifest_obj(self.manifest), verification=verification)
+
+
+@dataclass(frozen=True)
+class FolderInspection:
+    """A split folder: its manifest."""
+
+    manifest: Manifest
+
+    def to_json(self) -> str:
+        return document("inspect", manifest=manifest_obj(self.manifest))
+
+
+@dataclass(frozen=True)
+class ModelInspection:
+    """A model: the model itself, its summary, and its KV cache if it is a decoder LLM."""
+
+    view: ModelView
+    summary: ModelSummary
+    decoder: DecoderInfo | None
+
+    def to_json(self) -> str:
+        return document("inspect", model=model_obj(self.summary))
+
+
+Inspection = FolderInspection | ModelInspection
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    """What :func:`onnxpipe.generate` made: each run's tokens and time (``pipeline``; with ``compare``,
+    ``unsplit`` and ``replicas``), for ``stages`` stages on ``workers`` workers."""
+
+    prompts: tuple[tuple[int, ...], ...]
+    runs: Mapping[str, Generation]
+    sampling: Sampling | None
+    stages: int
+    workers: int
+
+    @property
+    def tokens(self) -> tuple[tuple[int, ...], ...]:
+        """The pipeline's new tokens of each prompt, in prompt order."""
+        return self.runs["pipeline"].tokens
+
+    @property
+    def same(self) -> bool:
+        """Whether every run made the pipeline's tokens."""
+        return all(g.tokens == self.tokens for g in self.runs.values())
+
+    def to_json(self) -> str:
+        drawn = None if self.sampling is None else dataclasses.asdict(self.sampling)
+        runs = {
+            name: {
+                "new_tokens": g.new_tokens,
+                "seconds": num(g.seconds),
+                "tokens_per_second": num(g.tokens_per_second),
+                "steps": g.steps,
+                "same_tokens": g.tokens == self.tokens,
+            }
+            for name, g in self.runs.items()
+        }
+        sequences = [list(t) for t in self.tokens]
+        return document("generate", sequences=sequences, runs=runs, same=self.same, sampling=drawn)
 
 
 def plan_obj(plan: Plan, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -93,6 +194,11 @@ def verification_obj(report: VerifyReport) -> dict[str, Any]:
     }
 
 
+def verify_json(report: VerifyReport) -> str:
+    """``verify --json``: the verification alone."""
+    return document("verify", verification=verification_obj(report))
+
+
 def model_obj(s: ModelSummary) -> dict[str, Any]:
     """``inspect MODEL``: the model's inputs and outputs (``shape`` as the manifest's ``model_inputs``
     write it: a list of sizes, symbol names and nulls, or null for an unknown rank), opsets, counts."""
@@ -118,8 +224,3 @@ def _shape(dims: tuple[Dim, ...] | None) -> list[Dim] | None:
 def _finite(x: float) -> float | None:
     """A difference, or None where it is not finite (outputs of unequal shapes, NaN in one of them)."""
     return float(x) if math.isfinite(x) else None
-
-
-def split_obj(manifest: Manifest) -> dict[str, Any]:
-    """A split folder's manifest, exactly as ``manifest.json`` holds it."""
-    return manifest_obj(manifest)

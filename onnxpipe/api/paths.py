@@ -1,6 +1,6 @@
-"""Checks of arguments and paths that run before anything is loaded or measured.
+"""Checks of the paths a request writes or reads, run before anything is loaded or measured.
 
-A command that loads a 650 MB model for 15 s and then refuses its output path, its picture's file name
+A request that loads a 650 MB model for 15 s and then refuses its output path, its picture's file name
 or a missing matplotlib has wasted the user's time; every such refusal is made here first, from the
 arguments and the file system alone, in one line with the documented exit code.  A path is writable
 when a file can really be made there (a probe file made and removed in the nearest folder that exists):
@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 from onnxpipe.core.errors import ExportError, OnnxpipeError, UsageError
+from onnxpipe.core.options import opt
 from onnxpipe.planning.draw import SUFFIXES
 
 
@@ -50,44 +51,36 @@ def _reason(e: OSError) -> str:
     return e.strerror or str(e)
 
 
-def check_output_file(path: Path, option: str, *, error: type[OnnxpipeError] = UsageError) -> None:
+def check_output_file(path: Path, field: str, *, error: type[OnnxpipeError] = UsageError) -> None:
     """Refuse an output file ``path`` that cannot be written: a folder, or in a folder where no file can be
-    made; the line names ``option`` to change."""
+    made; the line names the option ``field`` to change."""
     if path.is_dir():
-        raise error(f"{path}: is a folder; give {option} a file name")
+        raise error(f"{path}: is a folder; give {opt(field)} a file name")
     if path.exists() and not os.access(path, os.W_OK):
-        raise error(f"{path}: cannot be written (permission denied); choose another {option}")
+        raise error(f"{path}: cannot be written (permission denied); choose another {opt(field)}")
     folder = _nearest_folder(path)
     why = _cannot_write_in(folder)
     if why is not None:
-        raise error(f"{path}: cannot be written ({why} in {folder}); choose another {option}")
+        raise error(f"{path}: cannot be written ({why} in {folder}); choose another {opt(field)}")
 
 
 def check_output_folder(path: Path) -> None:
-    """Refuse a ``split --out`` folder that cannot be made: split writes its stages into a temporary
+    """Refuse a split's output folder that cannot be made: split writes its stages into a temporary
     folder beside it and renames it, so the folder it lives in must take a new entry."""
     why = _cannot_write_in(_nearest_folder(path if path.name not in ("", ".", "..") else path.absolute()))
     if why is not None:
-        raise ExportError(f"{path}: cannot be written ({why}); choose another --out")
+        raise ExportError(f"{path}: cannot be written ({why}); choose another {opt('out')}")
 
 
 def check_plot(path: Path) -> None:
-    """Refuse a ``--plot`` file before the work: a format not drawn, matplotlib missing, not writable."""
+    """Refuse a picture to draw before the work: a format not drawn, matplotlib missing, not writable."""
     if path.suffix.lower() not in SUFFIXES:
         raise UsageError(
             f"{path}: cannot tell the picture format; give a file name ending in " + " or ".join(SUFFIXES)
         )
     if importlib.util.find_spec("matplotlib") is None:
         raise UsageError(
-            "--plot needs matplotlib, which is not installed; pip install 'onnxpipe[plot]', "
-            "or leave out --plot"
+            f"{opt('plot')} needs matplotlib, which is not installed; pip install 'onnxpipe[plot]', "
+            f"or leave out {opt('plot')}"
         )
-    check_output_file(path, "--plot")
-
-
-def check_readable_file(path: Path, option: str) -> None:
-    """Refuse an input file given by ``option`` that is missing or a folder (before loading the model)."""
-    if not path.exists():
-        raise UsageError(f"{path}: no such file; check {option}")
-    if path.is_dir():
-        raise UsageError(f"{path}: is a folder; give {option} a file")
+    check_output_file(path, "plot")

@@ -1,0 +1,187 @@
+"""The one door: a function per subcommand, each taking its model or folder and one frozen options object,
+and returning a typed result (whose ``to_json()`` is what the command's ``--json`` prints).
+
+===================  ========================  =============================================
+function             options                   returns
+===================  ========================  =============================================
+``profile``          :class:`ProfileOptions`   :class:`~onnxpipe.cost.profile.Profile`
+``plan``             :class:`PlanOptions`      :class:`PlanResult`
+``split``            :class:`SplitOptions`     :class:`SplitResult`
+``verify``           :class:`VerifyOptions`    :class:`~onnxpipe.verification.verify.VerifyReport`
+``inspect``          :class:`InspectOptions`   :class:`FolderInspection` or :class:`ModelInspection`
+``run``              :class:`RunOptions`       :class:`~onnxpipe.runtime.report.model.RunReport`
+``generate``         :class:`GenerateOptions`  :class:`GenerateResult`
+``export_triton``    :class:`TritonOptions`    :class:`~onnxpipe.export.triton.TritonRepository`
+===================  ========================  =============================================
+
+::
+
+    split("model.onnx", SplitOptions(out="stages/", plan=PlanRequest(3)))
+    report = run("stages/", RunOptions(compare=True))
+
+Every check of a request runs once, here, before the work it guards; an error names the option to
+change as its field (``force``, ``SplitOptions.force``; :mod:`onnxpipe.core.options`).  A long request
+takes a ``listener`` (:class:`~onnxpipe.core.events.Listener`) that is told each step, the lines before
+the work and the warnings; without one it is silent.  The options and the choices they take are imported
+at once (they are light, :mod:`onnxpipe.api.options`); the functions and results on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from onnxpipe.api.options import (
+    DEFAULT_MICROBATCHES,
+    DEFAULT_ROUNDS,
+    DEFAULT_TIME_SLACK,
+    Backend,
+    CalibrationMode,
+    CalibrationOptions,
+    CostSource,
+    DecoderOptions,
+    DeviceOrder,
+    Ends,
+    ExportOptions,
+    ExternalData,
+    GenerateOptions,
+    InspectOptions,
+    LinkModel,
+    LocalMode,
+    Phase,
+    PhaseChoice,
+    PlanOptions,
+    PlanRequest,
+    ProfileOptions,
+    RunOptions,
+    Runtime,
+    Sampling,
+    ScheduleChoice,
+    ScheduleKind,
+    ScheduleRequest,
+    SplitNodes,
+    SplitOptions,
+    TritonOptions,
+    TritonPlatform,
+    VerifyOptions,
+    VerifyRuntime,
+)
+from onnxpipe.core.lazy import lazy_exports
+
+_EXPORTS: dict[str, str] = {
+    "profile": "onnxpipe.api.profiling",
+    "plan": "onnxpipe.api.plans",
+    "split": "onnxpipe.api.splitting",
+    "verify": "onnxpipe.api.verifying",
+    "inspect": "onnxpipe.api.inspecting",
+    "run": "onnxpipe.api.running",
+    "generate": "onnxpipe.api.generating",
+    "export_triton": "onnxpipe.export.triton",
+    "FolderInspection": "onnxpipe.api.results",
+    "GenerateResult": "onnxpipe.api.results",
+    "ModelInspection": "onnxpipe.api.results",
+    "PlanResult": "onnxpipe.api.results",
+    "SplitResult": "onnxpipe.api.results",
+    "verify_json": "onnxpipe.api.results",
+    "format_report": "onnxpipe.runtime.report.text",
+    "Manifest": "onnxpipe.manifest",
+    "ModelView": "onnxpipe.ir.model",
+    "Plan": "onnxpipe.planning.types",
+    "Profile": "onnxpipe.cost.profile",
+    "RunReport": "onnxpipe.runtime.report.model",
+    "TritonRepository": "onnxpipe.export.triton",
+    "VerifyReport": "onnxpipe.verification.verify",
+    "DecoderInfo": "onnxpipe.ir.decoder",
+    "ModelSummary": "onnxpipe.ir.summary",
+    "worker_groups": "onnxpipe.schedule.timeline",
+}
+
+__all__ = [
+    "DEFAULT_MICROBATCHES",
+    "DEFAULT_ROUNDS",
+    "DEFAULT_TIME_SLACK",
+    "Backend",
+    "CalibrationMode",
+    "CalibrationOptions",
+    "CostSource",
+    "DecoderInfo",
+    "DecoderOptions",
+    "DeviceOrder",
+    "Ends",
+    "ExportOptions",
+    "ExternalData",
+    "FolderInspection",
+    "GenerateOptions",
+    "GenerateResult",
+    "InspectOptions",
+    "LinkModel",
+    "LocalMode",
+    "Manifest",
+    "ModelInspection",
+    "ModelSummary",
+    "ModelView",
+    "Phase",
+    "PhaseChoice",
+    "Plan",
+    "PlanOptions",
+    "PlanRequest",
+    "PlanResult",
+    "Profile",
+    "ProfileOptions",
+    "RunOptions",
+    "RunReport",
+    "Runtime",
+    "Sampling",
+    "ScheduleChoice",
+    "ScheduleKind",
+    "ScheduleRequest",
+    "SplitNodes",
+    "SplitOptions",
+    "SplitResult",
+    "TritonOptions",
+    "TritonPlatform",
+    "TritonRepository",
+    "VerifyOptions",
+    "VerifyReport",
+    "VerifyRuntime",
+    "export_triton",
+    "format_report",
+    "generate",
+    "inspect",
+    "plan",
+    "profile",
+    "run",
+    "split",
+    "verify",
+    "verify_json",
+    "worker_groups",
+]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
+
+if TYPE_CHECKING:
+    from onnxpipe.api.generating import generate
+    from onnxpipe.api.inspecting import inspect
+    from onnxpipe.api.plans import plan
+    from onnxpipe.api.profiling import profile
+    from onnxpipe.api.results import (
+        FolderInspection,
+        GenerateResult,
+        ModelInspection,
+        PlanResult,
+        SplitResult,
+        verify_json,
+    )
+    from onnxpipe.api.running import run
+    from onnxpipe.api.splitting import split
+    from onnxpipe.api.verifying import verify
+    from onnxpipe.cost.profile import Profile
+    from onnxpipe.export.triton import TritonRepository, export_triton
+    from onnxpipe.ir.decoder import DecoderInfo
+    from onnxpipe.ir.model import ModelView
+    from onnxpipe.ir.summary import ModelSummary
+    from onnxpipe.manifest import Manifest
+    from onnxpipe.planning.types import Plan
+    from onnxpipe.runtime.report.model import RunReport
+    from onnxpipe.runtime.report.text import format_report
+    from onnxpipe.schedule.timeline import worker_groups
+    from onnxpipe.verification.verify import VerifyReport

@@ -1,0 +1,132 @@
+"""Every options object of the door, and every choice they take: light, so that the CLI reads their fields
+and defaults without loading onnx, onnxruntime or numpy.
+
+Each subcommand has one options object, whose fields and defaults are the CLI's flags (the CLI's table of
+flags maps one to the other, :mod:`onnxpipe.cli.flags`); the commands that partition share their parts:
+:class:`PlanRequest` (what to plan), :class:`ProfileOptions` (where the costs come from),
+:class:`CalibrationOptions` and :class:`ExportOptions`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from onnxpipe.calibrate.options import DEFAULT_ROUNDS, CalibrationOptions
+from onnxpipe.core.choices import (
+    Backend,
+    CalibrationMode,
+    CostSource,
+    DeviceOrder,
+    Ends,
+    ExternalData,
+    LinkModel,
+    LocalMode,
+    Phase,
+    PhaseChoice,
+    Runtime,
+    ScheduleChoice,
+    ScheduleKind,
+    SplitNodes,
+    TritonPlatform,
+    VerifyRuntime,
+)
+from onnxpipe.core.errors import UsageError
+from onnxpipe.core.options import opt
+from onnxpipe.cost.options import ProfileOptions
+from onnxpipe.export.options import ExportOptions, TritonOptions
+from onnxpipe.planning.decoder_kinds import DecoderOptions
+from onnxpipe.planning.request import DEFAULT_TIME_SLACK, PlanRequest, ScheduleRequest
+from onnxpipe.runtime.options import GenerateOptions, RunOptions, Sampling
+from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
+from onnxpipe.verification.options import VerifyOptions
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """What :func:`onnxpipe.plan` plans (``plan``), from which costs (``profile``); ``plot``: a picture of
+    the schedule and the stage loads to draw (``.png`` or ``.svg``, matplotlib)."""
+
+    plan: PlanRequest
+    profile: ProfileOptions = field(default_factory=ProfileOptions)
+    plot: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.plot is not None:
+            object.__setattr__(self, "plot", Path(self.plot))
+
+
+@dataclass(frozen=True)
+class SplitOptions:
+    """What :func:`onnxpipe.split` writes into ``out``: the plan asked for (``plan``), from which costs
+    (``profile``), calibrated or not (``calibration``), exported how (``export``), verified or not
+    (``verify``: the chained stages compared with the model before returning).
+
+    ``static``: split a copy of the model with its input shapes frozen at ``profile.shapes`` (else the
+    defaults of :func:`onnxpipe.ir.shapes.resolve_input_shapes`), its shape arithmetic folded
+    (:mod:`onnxpipe.ir.static`): every stage then has fixed shapes, for runtimes and NPUs that need them.
+    """
+
+    out: Path
+    plan: PlanRequest
+    profile: ProfileOptions = field(default_factory=ProfileOptions)
+    calibration: CalibrationOptions = field(default_factory=CalibrationOptions)
+    export: ExportOptions = field(default_factory=ExportOptions)
+    verify: bool = True
+    static: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "out", Path(self.out))
+
+    def check(self) -> None:
+        """Refuse what cannot work together, before anything is loaded."""
+        self.plan.check()
+        self.profile.check()
+        self.calibration.check()
+        if self.profile.out is not None and self.profile.out.absolute() == self.out.absolute():
+            raise UsageError(f"{opt('ProfileOptions.out')}: the profile cannot be the split's folder")
+
+
+@dataclass(frozen=True)
+class InspectOptions:
+    """How :func:`onnxpipe.inspect` reads a split folder: with ``check_files``, each stage file's sha256
+    is checked against the manifest's, as ``verify`` and ``run`` do."""
+
+    check_files: bool = False
+
+
+__all__ = [
+    "DEFAULT_MICROBATCHES",
+    "DEFAULT_ROUNDS",
+    "DEFAULT_TIME_SLACK",
+    "Backend",
+    "CalibrationMode",
+    "CalibrationOptions",
+    "CostSource",
+    "DecoderOptions",
+    "DeviceOrder",
+    "Ends",
+    "ExportOptions",
+    "ExternalData",
+    "GenerateOptions",
+    "InspectOptions",
+    "LinkModel",
+    "LocalMode",
+    "Phase",
+    "PhaseChoice",
+    "PlanOptions",
+    "PlanRequest",
+    "ProfileOptions",
+    "RunOptions",
+    "Runtime",
+    "Sampling",
+    "ScheduleChoice",
+    "ScheduleKind",
+    "ScheduleRequest",
+    "SplitNodes",
+    "SplitOptions",
+    "TritonOptions",
+    "TritonPlatform",
+    "VerifyOptions",
+    "VerifyRuntime",
+]

@@ -1,0 +1,187 @@
+"""``plan``: load, profile (or reuse a profile), and plan the stages; and the steps ``split`` shares with
+it: loading a model for a request, a decoder's profiles at its phases, calibration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+
+from onnxpipe.api.options import PlanOptions
+from onnxpipe.api.paths import check_plot
+from onnxpipe.api.preamble import BusyWatch, plan_preamble
+from onnxpipe.api.profiling import save_profile
+from onnxpipe.api.results import PlanResult
+from onnxpipe.calibrate.devices import calibrate_on_devices
+from onnxpipe.calibrate.loop import calibrate_phases, calibration_note
+from onnxpipe.calibrate.options import CalibrationOptions
+from onnxpipe.calibrate.timing import choose_timer, time_model
+from onnxpipe.core.choices import CalibrationMode, CostSource, Phase
+from onnxpipe.core.errors import UsageError
+from onnxpipe.core.events import SILENT, Listener
+from onnxpipe.core.options import opt
+from onnxpipe.cost.measure import RETRY_NOTE
+from onnxpipe.cost.options import ProfileOptions
+from onnxpipe.cost.phases import phase_profiles
+from onnxpipe.cost.profile import DEFAULT_RUNTIME, Profile
+from onnxpipe.cost.source import get_profile
+from onnxpipe.export.checks import check_runtime_opsets
+from onnxpipe.ir.decoder import find_decoder
+from onnxpipe.ir.decoder_kinds import PhaseShape
+from onnxpipe.ir.load import load_model
+from onnxpipe.ir.model import ModelView
+from onnxpipe.planning.decoder import refuse_own_ends
+from onnxpipe.planning.decoder_plan import check_stage_count
+from onnxpipe.planning.draw import draw_plan
+from onnxpipe.planning.planner import plan as make_plan
+from onnxpipe.planning.request import PlanRequest
+from onnxpipe.planning.types import Plan
+
+
+def plan(
+    model: str | Path | ModelView, options: PlanOptions, *, listener: Listener | None = None
+) -> PlanResult:
+    """The plan ``options.plan`` asks for, from the costs ``options.profile`` says; drawn to
+    ``options.plot`` when given (refused before any work when it cannot be drawn there)."""
+    say = listener or SILENT
+    if options.plot is not None:
+        check_plot(options.plot)
+    options.plan.check()
+    options.profile.check()
+    view = load(model)
+    request = start(view, options.plan, options.profile, say)
+    watch = BusyWatch(say, "profiling")
+    phases = decoder_profiles(view, request, options.profile, say)  # a decoder's phases; else one profile
+    prof = (
+        phases.get(Phase.DECODE)
+        or phases.get(Phase.PREFILL)
+        or get_profile(view, options.profile, progress=say.progress)
+    )
+    if options.profile.measured:
+        watch.check()
+    save_profile(prof, options.profile)
+    the_plan = make_plan(view, prof, request, phase_profiles=phases)
+    drawn = None if options.plot is None else draw_plan(the_plan, options.plot, title=view.file_name)
+    return PlanResult(plan=the_plan, drawn=drawn)
+
+
+def load(model: str | Path | ModelView) -> ModelView:
+    """The model, loaded unless it was."""
+    return model if isinstance(model, ModelView) else load_model(model)
+
+
+def start(view: ModelView, request: PlanRequest, profile: ProfileOptions, say: Listener) -> PlanRequest:
+    """A checked request for ``view``, refused where it cannot serve before any cost is measured (a stage
+    count the model cannot make, an opset onnxruntime cannot run); then the preamble said."""
+    request.check_stage_count(len(view.compute_nodes), view.label)
+    if profile.measured:
+        check_runtime_opsets(view)  # before the preamble: a refusal prints nothing else
+    if profile.saved is None:  # a saved profile's own shapes and threads hold
+        plan_preamble(say, view, request, profile.shapes, profile.threads)
+    return request
+
+
+def decoder_phases(view: ModelView, request: PlanRequest, options: ProfileOptions) -> tuple[PhaseShape, ...]:
+    """The phases a decoder is profiled at (none for other models, for a saved profile, which holds one
+    shape, and with ``layer_cuts`` off; only decode's for plans off a chain of identical workers, a
+    devices file, interleaved workers and the like, which balance one phase); a stage count that cuts
+    between layers cannot make, and ``ends="own"`` where it cannot be planned, are refused here, before
+    any cost is measured."""
+    dec = find_decoder(view) if request.decoder.layer_cuts else None
+    if dec is None:
+        return ()
+    other = request.off_the_chain
+    if other is not None:
+        refuse_own_ends(request.decoder.ends, other)
+    if (request.on_identical_workers or request.interleaved) and isinstance(request.stages, int):
+        check_stage_count(view, dec, request.stages, request.decoder.ends)
+    if options.saved is not None:
+        return ()
+    shapes = request.decoder.phases()
+    if other is not None:  # these plans balance one phase: decode's
+        return tuple(s for s in shapes if s.phase == Phase.DECODE) or shapes
+    return shapes
+
+
+def decoder_profiles(
+    view: ModelView, request: PlanRequest, options: ProfileOptions, say: Listener = SILENT
+) -> dict[Phase, Profile]:
+    """A decoder's profiles at the phases ``request.decoder`` balances for (empty when
+    :func:`decoder_phases` gives none)."""
+    shapes = decoder_phases(view, request, options)
+    return phase_profiles(view, options, shapes, progress=say.progress) if shapes else {}
+
+
+def measured_here(the_plan: Plan, prof: Profile, request: PlanRequest) -> Plan:
+    """A measured profile's median whole run is the machine's speed the estimates saw: recorded."""
+    if prof.source == CostSource.PROFILE and request.devices is None and prof.total_seconds > 0:
+        return dataclasses.replace(the_plan, reference_seconds=prof.total_seconds)
+    return the_plan
+
+
+def note_retries(the_plan: Plan, prof: Profile) -> Plan:
+    """The sizes a measured profile finally used after a failed run, in the plan's notes too."""
+    retried = tuple(n for n in prof.unattributed if n.startswith(RETRY_NOTE))
+    return dataclasses.replace(the_plan, notes=(*the_plan.notes, *retried)) if retried else the_plan
+
+
+def calibrated_plan(
+    view: ModelView,
+    prof: Profile,
+    request: PlanRequest,
+    calibration: CalibrationOptions,
+    phases: Mapping[Phase, Profile] | None = None,
+) -> Plan:
+    """The plan, from the profile corrected by calibration when asked; it records the machine's speed
+    as the estimates were made (``reference_seconds``), for a later run to compare its own with."""
+
+    def make(p: Profile) -> Plan:
+        return make_plan(view, p, request, phase_profiles=phases if p is prof else None)
+
+    if not calibration.rounds:
+        return measured_here(make(prof), prof, request)
+    if request.devices is not None:
+        return _calibrated_on_devices(view, prof, request, calibration)
+    if prof.runtime != DEFAULT_RUNTIME:
+        raise UsageError(
+            f"{opt('CalibrationOptions.rounds')} times the stages in onnxruntime, and the profile was "
+            f"measured on {prof.runtime}; give {opt('devices')} with devices of that runtime to calibrate "
+            "on it"
+        )
+    k = request.stages if isinstance(request.stages, int) else len(make(prof).stages)
+    mode = CalibrationMode.ALONE if request.interleaved else calibration.mode
+    timer, how = choose_timer(mode, k, prof.threads)
+    both = phases is not None and Phase.PREFILL in phases and Phase.DECODE in phases
+    if both:
+        assert phases is not None
+        done = calibrate_phases(
+            view,
+            {Phase.PREFILL: phases[Phase.PREFILL], Phase.DECODE: phases[Phase.DECODE]},
+            lambda ps: make_plan(view, ps[Phase.DECODE], request, phase_profiles=_named_phases(ps)),
+            rounds=calibration.rounds,
+            timer=timer,
+        )
+    else:
+        done = calibrate_phases(
+            view, {None: prof}, lambda ps: make(ps[None]), rounds=calibration.rounds, timer=timer
+        )
+    used = done.profiles[Phase.DECODE if both else None]
+    return dataclasses.replace(
+        done.plan, notes=(*done.plan.notes, done.note(how)), reference_seconds=time_model(view, used)
+    )
+
+
+def _named_phases(profiles: Mapping[Phase | None, Profile]) -> dict[Phase, Profile]:
+    return {phase: p for phase, p in profiles.items() if phase is not None}
+
+
+def _calibrated_on_devices(
+    view: ModelView, prof: Profile, request: PlanRequest, calibration: CalibrationOptions
+) -> Plan:
+    """The plan calibrated with every stage timed on its own device's runtime (:mod:`.calibrate.devices`)."""
+    the_plan, rounds = calibrate_on_devices(
+        view, prof, request, lambda p, r: make_plan(view, p, r), rounds=calibration.rounds
+    )
+    note = calibration_note([{None: r} for r in rounds], "each stage timed alone on its device's runtime")
+    return dataclasses.replace(the_plan, notes=(*the_plan.notes, note))

@@ -1,0 +1,158 @@
+"""``run``: a split folder run as a pipeline and measured, optionally against the model itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxpipe.api.paths import check_output_file
+from onnxpipe.api.preamble import threads_warning
+from onnxpipe.core.choices import Backend
+from onnxpipe.core.errors import ManifestError, UsageError
+from onnxpipe.core.events import SILENT, Listener
+from onnxpipe.core.options import opt
+from onnxpipe.manifest import Manifest, load_manifest
+from onnxpipe.runtime.backends.ray_resources import load_ray_resources
+from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig, Tensors
+from onnxpipe.runtime.inputs import Feeds as Batch
+from onnxpipe.runtime.inputs import input_shapes_for, load_npz, random_inputs
+from onnxpipe.runtime.options import MEASURED_MICROBATCHES, SINGLE_LATENCY_MICROBATCHES, RunOptions
+from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.report.baselines import Feeds, add_baselines, distinct
+from onnxpipe.runtime.report.build import build_report
+from onnxpipe.runtime.report.measure import Measurement, measure
+from onnxpipe.runtime.report.model import RunReport
+from onnxpipe.runtime.session import peak_rss_bytes
+from onnxpipe.runtime.spec import Placement, manifest_placements, placement_of
+from onnxpipe.verification.verify import source_model_path
+
+
+def run(
+    folder: str | Path, options: RunOptions | None = None, *, listener: Listener | None = None
+) -> RunReport:
+    """Run the split in ``folder`` as a pipeline as ``options`` say, and report what it delivered.
+
+    With ``options.compare`` the report holds the baselines (one session of the whole model, and K
+    replicas) and whether the outputs matched (:attr:`RunReport.outputs_match`).  ``options.report`` and
+    ``options.outputs`` are written when given; both are refused before any worker starts when they
+    cannot be written.
+    """
+    say = listener or SILENT
+    opts = options or RunOptions()
+    opts.check()
+    for path, field in ((opts.report, "report"), (opts.outputs, "outputs")):
+        if path is not None:
+            check_output_file(path, field)
+    directory = Path(folder)
+    manifest = load_manifest(directory)
+    placements = _placements(opts, manifest)
+    model = _source_model(directory, manifest, opts.model, needed=opts.compare or opts.inputs is None)
+    inputs, shapes = _inputs(opts, manifest, model)
+    config = _backend_config(opts, manifest)
+    if opts.backend == Backend.LOCAL:  # Ray places its workers elsewhere, maybe on other machines
+        _warn_threads(say, placements or manifest_placements(manifest, opts.threads), manifest)
+    say.step(f"starting {manifest.k} stage worker(s)")
+    with Pipeline.from_manifest(directory, config, threads=opts.threads, placements=placements) as pipeline:
+        say.step(f"running {len(inputs)} micro-batch(es) after {opts.warmup} warm-up")
+        single = min(len(inputs), SINGLE_LATENCY_MICROBATCHES)
+        measured = measure(
+            pipeline, inputs, warmup=opts.warmup, single=single, keep_outputs=opts.outputs is not None
+        )
+        checked: list[tuple[Feeds, Tensors]] = []
+        if opts.compare:  # checked apart from the timed stream, which drops its outputs (see measure)
+            once = distinct(inputs)
+            checked = list(zip(once, pipeline.run_many(once), strict=True))
+    report = build_report(
+        pipeline, measured, warmup=opts.warmup, input_shapes=shapes, driver_peak_rss_bytes=peak_rss_bytes()
+    )
+    if opts.compare:
+        assert model is not None
+        say.step("running the model without the pipeline (the baselines)")
+        report = add_baselines(report, pipeline, model, inputs, warmup=opts.warmup, checked=checked)
+    _write_results(opts, report, measured)
+    return report
+
+
+def _placements(opts: RunOptions, manifest: Manifest) -> list[Placement] | None:
+    """Each stage's placement from ``opts.devices``; None: as the manifest records (with ``threads``)."""
+    cluster = opts.devices
+    if cluster is None:
+        return None
+    by_name = {d.name: d for d in cluster.devices}
+    result: list[Placement] = []
+    for st in manifest.stages:
+        dev = by_name.get(st.device)
+        if dev is None:
+            if len(cluster.devices) != manifest.k:
+                raise UsageError(
+                    f"{cluster.source or 'the devices file'}: has no device {st.device!r}, which stage "
+                    f"{st.index} runs on; devices are {', '.join(by_name)}"
+                )
+            dev = cluster.devices[st.index]  # a manifest planned without names: pipeline order
+        result.append(placement_of(dev, opts.threads))
+    return result
+
+
+def _source_model(directory: Path, manifest: Manifest, model: Path | None, *, needed: bool) -> Path | None:
+    try:
+        return source_model_path(directory, manifest, model)
+    except (ManifestError, UsageError):
+        if needed:
+            raise
+        return None
+
+
+def _inputs(
+    opts: RunOptions, manifest: Manifest, model: Path | None
+) -> tuple[list[Batch], dict[str, tuple[int, ...]]]:
+    """The micro-batches to stream, and their shapes: read from ``opts.inputs``, or random."""
+    if opts.inputs is not None:
+        inputs = load_npz(opts.inputs, {t.name: t.dtype for t in manifest.model_inputs})
+        if opts.microbatches is not None:
+            inputs = [inputs[j % len(inputs)] for j in range(opts.microbatches)]
+        return inputs, {n: tuple(int(d) for d in v.shape) for n, v in inputs[0].items()}
+    assert model is not None
+    shapes = input_shapes_for(manifest, model, opts.shapes)
+    count = opts.microbatches or MEASURED_MICROBATCHES
+    return random_inputs(model, shapes, count, seed=opts.seed), shapes
+
+
+def _backend_config(opts: RunOptions, manifest: Manifest) -> BackendConfig:
+    """The backend ``opts.backend`` names, with its own options (another backend's refused by
+    :meth:`RunOptions.check`)."""
+    if opts.backend == Backend.RAY:
+        given = opts.ray_resources
+        resources = load_ray_resources(given, manifest.k) if isinstance(given, Path) else given
+        return RayConfig(address=opts.ray_address, resources=resources, slots=opts.slots)
+    return LocalConfig(mode=opts.local_mode, slots=opts.slots, pin=opts.pin)
+
+
+def _warn_threads(say: Listener, placements: list[Placement], manifest: Manifest) -> None:
+    cpu = [p for p in placements if not p.uses_gpu]
+    if cpu:
+        warning = threads_warning(len(cpu), max(p.threads for p in cpu), workers=manifest.plan.workers)
+        if warning is not None:
+            say.warn(f"{warning} (split again with fewer stages to run it here)")
+
+
+def _write_results(opts: RunOptions, report: RunReport, measured: Measurement) -> None:
+    if opts.report is not None:
+        _write(opts.report, "report", lambda f: f.write(report.to_json().encode("utf-8")))
+    if opts.outputs is not None:
+        outputs = measured.outputs
+        names = list(outputs[0]) if outputs else []
+        try:
+            stacked = {n: np.stack([o[n] for o in outputs]) for n in names}
+        except ValueError as e:
+            raise UsageError(f"{opts.outputs}: outputs of different shapes cannot be stacked ({e})") from e
+        _write(opts.outputs, "outputs", lambda f: np.savez(f, **stacked))  # type: ignore[arg-type]
+
+
+def _write(path: Path, field: str, write: Any) -> None:
+    try:
+        with path.open("wb") as f:
+            write(f)
+    except OSError as e:
+        raise UsageError(f"{path}: cannot be written ({e.strerror or e}); choose another {opt(field)}") from e

@@ -1,0 +1,188 @@
+"""The CLI's one table per subcommand: each flag and the options field it sets.
+
+A :class:`Flag` names the field it sets as a dotted path into the subcommand's options object
+(``plan.stages`` of :class:`~onnxpipe.api.SplitOptions`); its default is that field's default, read from
+the options class, so that a default is defined once, where the library defines it.  The table makes the
+argparse arguments (:meth:`Table.add_to`), turns the parsed arguments into the options object
+(:meth:`Table.options`), and words an option named in a library message as its flag
+(:meth:`Table.word`): the library says `` `stages=2` ``, the CLI ``--stages 2``.
+
+A few flags set nothing in the options object: ``--json`` and ``--quiet`` say how the CLI prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from onnxpipe.api import options as api_options
+from onnxpipe.core.options import OptionRef
+
+_OPTION_CLASSES: dict[str, type] = {
+    name: value
+    for name, value in vars(api_options).items()
+    if isinstance(value, type) and dataclasses.is_dataclass(value)
+}
+"""Every options class of the door, by name: what a field's annotation names."""
+
+_NO_DEFAULT = object()
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One flag: its names, the options field it sets (None for a flag of the CLI's own), its help and
+    its argparse settings.  ``to_field`` turns the parsed value into the field's; ``from_field`` the
+    field's value into the flag's (for the default shown and for wording a suggested value)."""
+
+    names: tuple[str, ...]
+    field: str | None
+    help: str | None = None
+    group: str | None = None
+    to_field: Callable[[Any], Any] | None = None
+    from_field: Callable[[Any], Any] | None = None
+    settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def dest(self) -> str:
+        return self.field.replace(".", "__") if self.field else self.names[0].lstrip("-").replace("-", "_")
+
+    @property
+    def switch(self) -> bool:
+        """A flag that takes no value (``--force``)."""
+        return self.settings.get("action") in ("store_true", "store_false")
+
+
+def flag(
+    *names: str,
+    field: str | None = None,
+    help: str | None = None,
+    group: str | None = None,
+    to_field: Callable[[Any], Any] | None = None,
+    from_field: Callable[[Any], Any] | None = None,
+    **settings: Any,
+) -> Flag:
+    """A :class:`Flag`; ``settings`` are argparse's (``type``, ``metavar``, ``choices``, ``action``...)."""
+    return Flag(tuple(names), field, help, group, to_field, from_field, settings)
+
+
+def _nested_type(owner: type, name: str) -> type:
+    """The options class of ``owner``'s field ``name`` (an options object inside another)."""
+    f = next(f for f in dataclasses.fields(owner) if f.name == name)
+    annotation = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+    for word in re.findall(r"[A-Za-z_]\w*", annotation):
+        if word in _OPTION_CLASSES:
+            return _OPTION_CLASSES[word]
+    raise TypeError(f"{owner.__name__}.{name} is not an options object")
+
+
+def owner_of(options: type, path: str) -> tuple[type, str]:
+    """The options class that holds the last field of ``path``, and that field's name."""
+    *parents, leaf = path.split(".")
+    owner = options
+    for name in parents:
+        owner = _nested_type(owner, name)
+    return owner, leaf
+
+
+def field_default(options: type, path: str) -> Any:
+    """The default of the field at ``path`` of ``options`` (:data:`_NO_DEFAULT` for a required one)."""
+    owner, leaf = owner_of(options, path)
+    f = next(f for f in dataclasses.fields(owner) if f.name == leaf)
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return _NO_DEFAULT
+
+
+def build(options: type, values: Mapping[str, Any]) -> Any:
+    """An ``options`` object from ``values`` keyed by dotted field paths; nested options objects are
+    made from their own paths, and fields no path names keep their defaults."""
+    direct: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    for path, value in values.items():
+        head, _, rest = path.partition(".")
+        if rest:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            direct[head] = value
+    for head, sub in nested.items():
+        direct[head] = build(_nested_type(options, head), sub)
+    return options(**direct)
+
+
+class Table:
+    """The flags of one subcommand, whose options object is ``options``."""
+
+    def __init__(self, options: type, flags: Sequence[Flag]) -> None:
+        self.options_type = options
+        self.flags = tuple(flags)
+
+    def add_to(self, parser: argparse.ArgumentParser, groups: Iterable[str] = ()) -> None:
+        """The flags as ``parser``'s arguments, in their groups (made in the order ``groups`` lists
+        them first, then as they come)."""
+        made: dict[str, argparse._ArgumentGroup] = {name: parser.add_argument_group(name) for name in groups}
+        for f in self.flags:
+            where: Any = parser
+            if f.group is not None:
+                if f.group not in made:
+                    made[f.group] = parser.add_argument_group(f.group)
+                where = made[f.group]
+            settings = dict(f.settings)
+            if f.field is not None and not f.switch and not {"metavar", "choices"} & set(settings):
+                settings["metavar"] = f.names[0].lstrip("-").replace("-", "_").upper()  # argparse's own
+            if f.field is not None and "default" not in settings:
+                default = field_default(self.options_type, f.field)
+                if default is _NO_DEFAULT:
+                    settings.setdefault("required", True)
+                else:
+                    default = f.from_field(default) if f.from_field else default
+                    appended = settings.get("action") == "append"
+                    settings["default"] = list(default) if appended else default
+            where.add_argument(*f.names, dest=f.dest, help=f.help, **settings)
+
+    def values(self, args: argparse.Namespace) -> dict[str, Any]:
+        """The parsed arguments as field values, by path."""
+        out: dict[str, Any] = {}
+        for f in self.flags:
+            if f.field is None:
+                continue
+            value = getattr(args, f.dest)
+            out[f.field] = f.to_field(value) if f.to_field else value
+        return out
+
+    def options(self, args: argparse.Namespace) -> Any:
+        """The subcommand's options object from its parsed arguments."""
+        return build(self.options_type, self.values(args))
+
+    def find(self, ref: OptionRef) -> Flag | None:
+        """The flag that sets the option ``ref`` names, if this subcommand has one."""
+        for f in self.flags:
+            if f.field is None:
+                continue
+            owner, leaf = owner_of(self.options_type, f.field)
+            if leaf == ref.field and ref.owner in (None, owner.__name__):
+                return f
+        return None
+
+
+def word(ref: OptionRef, tables: Sequence[Table]) -> str | None:
+    """The option ``ref`` names as the flag of the first table that has one (``--stages 2``), or None."""
+    for table in tables:
+        f = table.find(ref)
+        if f is not None:
+            return _spelled(f, ref.value)
+    return None
+
+
+def _spelled(f: Flag, value: str | None) -> str:
+    name = f.names[0]
+    if value is None or f.switch:
+        return name
+    given: Any = {"True": True, "False": False}.get(value, value)
+    shown = f.from_field(given) if f.from_field is not None else given
+    return f"{name} {shown}"

@@ -1,0 +1,30 @@
+"""The subcommands' parsers, in the order ``onnxpipe --help`` lists them, and their tables of flags.
+
+Each module has ``NAME``, ``HELP``, ``TABLE`` (:class:`~onnxpipe.cli.flags.Table`) and ``add_arguments``;
+the work of each is in :data:`onnxpipe.cli.commands.WORK` under the same name.
+"""
+
+from __future__ import annotations
+
+from onnxpipe.cli import export_triton, generate, inspect, plan, profile, run, split, verify
+from onnxpipe.cli.flags import Table, word
+from onnxpipe.core.options import OptionRef, render
+
+SUBCOMMANDS = (profile, split, plan, verify, run, generate, inspect, export_triton)
+
+
+def tables_for(command: str) -> list[Table]:
+    """``command``'s table first, then every other subcommand's: an option a message names is worded as
+    this subcommand's flag where it has one, else as the flag another subcommand sets it with."""
+    own = [m.TABLE for m in SUBCOMMANDS if command == m.NAME]
+    return own + [m.TABLE for m in SUBCOMMANDS if command != m.NAME]
+
+
+def worded(text: str, command: str) -> str:
+    """``text`` with every option it names worded as a flag (``--stages 2``)."""
+    tables = tables_for(command)
+
+    def one(ref: OptionRef) -> str | None:
+        return word(ref, tables)
+
+    return render(text, one)

@@ -1,0 +1,46 @@
+"""What the CLI says about the work, as the door's :class:`~onnxpipe.core.events.Listener`: the lines
+before it, its steps, warnings, and the total time at the end.
+
+The lines go to stdout before the result, or to stderr with ``--json`` so that stdout stays one JSON
+document; an option they name is worded as the subcommand's flag.  ``--quiet`` drops the steps and the
+progress bars, not the warnings.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+from onnxpipe.cli.parsers import worded
+
+
+class Say:
+    """Lines about the work of subcommand ``command``; :meth:`done` prints the total time."""
+
+    def __init__(
+        self, command: str, *, json_output: bool = False, quiet: bool = False, stream: TextIO | None = None
+    ) -> None:
+        self.command = command
+        self.stream = stream if stream is not None else (sys.stderr if json_output else sys.stdout)
+        self.quiet = quiet
+        self.progress = not quiet
+        self.start = time.perf_counter()
+
+    def text(self, text: str) -> str:
+        """``text`` with the options it names worded as flags."""
+        return worded(text, self.command)
+
+    def line(self, text: str) -> None:
+        print(self.text(text), file=self.stream, flush=True)
+
+    def warn(self, text: str) -> None:
+        self.line(f"warning: {text}")
+
+    def step(self, what: str) -> None:
+        """A step begins: ``... exporting 4 stages (at 3.2 s)``, one line, readable in a log."""
+        if not self.quiet:
+            self.line(f"... {what} (at {time.perf_counter() - self.start:.1f} s)")
+
+    def done(self, what: str) -> None:
+        self.line(f"{what} in {time.perf_counter() - self.start:.1f} s")
