@@ -194,6 +194,11 @@ def measure_flags(prefix: str = "profile.") -> list[Flag]:
 
 def planning_flags() -> list[Flag]:
     """What to plan (a :class:`~onnxpipe.api.PlanRequest` at ``plan.``) and from which costs."""
+    return [*_stage_flags(), *_schedule_flags(), *decoder_flags()]
+
+
+def _stage_flags() -> list[Flag]:
+    """How many stages, from which costs, over which links, on how many workers."""
     g = "planning"
     return [
         flag(
@@ -263,6 +268,14 @@ def planning_flags() -> list[Flag]:
             "may be cut into parts in consecutive stages when that lowers the slowest stage; off (default): "
             "contiguous stages of whole nodes",
         ),
+    ]
+
+
+def _schedule_flags() -> list[Flag]:
+    """The devices and their order, the schedule the plan simulates, and what training splits a batch
+    into (``plan.schedule``)."""
+    g = "planning"
+    return [
         flag(
             "--devices",
             field="plan.devices",
@@ -305,7 +318,6 @@ def planning_flags() -> list[Flag]:
             type=positive_number,
             help="backward time over forward time (training)",
         ),
-        *decoder_flags(),
     ]
 
 
