@@ -60,7 +60,8 @@ def random_feeds(
         if name in others:
             raise UsageError(
                 f"input {name!r} is {expected_text(view, name)}, which onnxpipe cannot make random values "
-                "for; give real inputs (onnxpipe.ir.samples.samples_from_feeds, ProfileOptions(inputs=...))"
+                "for and a file of arrays cannot hold; give real inputs from Python "
+                f"({opt('ProfileOptions.inputs')}, made by onnxpipe.ir.samples.samples_from_feeds)"
             )
         if name not in shapes:
             raise UsageError(

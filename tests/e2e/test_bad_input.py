@@ -27,6 +27,8 @@ import pytest
 from cli_runner import preamble_only, run, run_with_file_size_limit
 from models import save, shared_weights_model, training_model
 
+from tools import conformance
+
 # --------------------------------------------------------------------------------------------------
 # helpers
 
@@ -468,3 +470,22 @@ def test_force_into_the_current_empty_folder_fills_it(
         "stage_0.onnx",
         "stage_1.onnx",
     ]
+
+
+SEQUENCE_CASES = [c for c in conformance.cases("sequence_map") if c.name.endswith("_expanded")]
+
+
+@pytest.mark.parametrize("case", SEQUENCE_CASES, ids=lambda c: c.name)
+def test_a_sequence_input_is_refused_before_any_work_unless_nothing_runs_the_model(
+    case: conformance.Case, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """No random value can be made for a sequence input: a split that would run the model (to measure,
+    or to verify) is refused in one line before anything is written; static costs without verification
+    split it."""
+    path = work / "seq.onnx"
+    onnx.save(case.model, str(path))
+    code, out, err = run(split_static(path, "out", 2), capfd)
+    assert code == 2 and "is a sequence of" in error_line(err) and "--no-verify" in err, err
+    assert out == "" and not (work / "out").exists()
+    code, _, err = run([*split_static(path, "out", 2), "--no-verify"], capfd)
+    assert code == 0, err
