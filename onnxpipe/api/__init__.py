@@ -82,6 +82,7 @@ _EXPORTS: dict[str, str] = {
     "PlanResult": "onnxpipe.api.results",
     "SplitResult": "onnxpipe.api.results",
     "verify_json": "onnxpipe.api.results",
+    "run_json": "onnxpipe.api.results",
     "format_report": "onnxpipe.runtime.report.text",
     "Manifest": "onnxpipe.manifest",
     "ModelView": "onnxpipe.ir.model",
@@ -150,6 +151,7 @@ __all__ = [
     "plan",
     "profile",
     "run",
+    "run_json",
     "split",
     "verify",
     "verify_json",
@@ -169,6 +171,7 @@ if TYPE_CHECKING:
         ModelInspection,
         PlanResult,
         SplitResult,
+        run_json,
         verify_json,
     )
     from onnxpipe.api.running import run

@@ -167,17 +167,18 @@ def input_flags(prefix: str, group: str | None = None) -> list[Flag]:
     ]
 
 
-def measure_flags(prefix: str = "profile.") -> list[Flag]:
-    """How costs are measured: fields of a :class:`~onnxpipe.api.ProfileOptions` at ``prefix``."""
+def measure_flags(prefix: str = "profile.", *, devices: bool = True) -> list[Flag]:
+    """How costs are measured: fields of a :class:`~onnxpipe.api.ProfileOptions` at ``prefix``
+    (``devices``: the command also takes a devices file, whose devices have threads of their own)."""
     g = "measurement"
+    per_device = "; with --devices each device's threads" if devices else ""
     return [
         flag(
             "--threads",
             field=f"{prefix}threads",
             group=g,
             type=positive_int,
-            help="intra-op threads to profile with, which the stages run with (default 1; with --devices "
-            "each device's threads)",
+            help=f"intra-op threads to profile with, which the stages run with (default 1{per_device})",
         ),
         flag(
             "--runs",

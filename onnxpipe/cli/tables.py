@@ -304,6 +304,9 @@ def format_verify_report(report: VerifyReport) -> str:
         lines.append(
             f"  {o.name}: {status} (max abs diff {o.max_abs_diff:.3g}, max rel diff {o.max_rel_diff:.3g})"
         )
+    shapes = ", ".join(f"{n}={'x'.join(map(str, s)) or 'scalar'}" for n, s in report.input_shapes.items())
+    source = f"from {', '.join(report.input_files)}" if report.input_files else f"random, seed {report.seed}"
+    lines.append(f"  inputs: {shapes} ({source}, {report.runs} run(s))")
     verdict = "match" if report.ok else "DO NOT match"
     lines.append(
         f"verify: {len(report.outputs)} output(s) {verdict} the original "

@@ -55,6 +55,8 @@ class VerifyReport:
     model_path: Path | None = None
     stage_runtimes: tuple[str, ...] = ()
     """What ran each stage (``onnxruntime (CPUExecutionProvider)``, ``openvino (CPU)``, ``tract``)."""
+    input_files: tuple[str, ...] = ()
+    """The files of the user's inputs the chain ran on; none: seeded random values."""
     recorded_in: Path | None = None
     """The manifest the result was written into (:func:`onnxpipe.verify`), if it was."""
     record_note: str | None = None
@@ -141,6 +143,7 @@ def verify_folder(out_dir: str | Path, options: VerifyOptions) -> VerifyReport:
         input_shapes=input_shapes,
         model_path=model,
         stage_runtimes=tuple(e.label for e in engines) if engines is not None else (),
+        input_files=tuple(r.file for r in samples.records) if samples is not None else (),
     )
 
 
