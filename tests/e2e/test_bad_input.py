@@ -489,3 +489,40 @@ def test_a_sequence_input_is_refused_before_any_work_unless_nothing_runs_the_mod
     assert out == "" and not (work / "out").exists()
     code, _, err = run([*split_static(path, "out", 2), "--no-verify"], capfd)
     assert code == 0, err
+
+
+def test_force_replaces_only_what_a_split_wrote(
+    model: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A file the user put into an earlier split's folder stops ``--force``: nothing is deleted."""
+    code, _, err = run(split_static(model, "out"), capfd)
+    assert code == 0, err
+    (work / "out" / "NOTES.txt").write_text("mine")
+    before = snapshot(work / "out")
+    code, _, err = run([*split_static(model, "out"), "--force"], capfd)
+    assert code == 6 and "holds NOTES.txt, which no split wrote" in error_line(err) and "--force" in err
+    assert snapshot(work / "out") == before
+
+
+def _empty_folder_no_file_can_be_made_in(tmp: Path) -> Path:
+    """An empty folder that refuses new files: a read-only one, or for root (whom permissions do not
+    stop) an empty folder of /sys, which refuses files to everyone."""
+    if os.geteuid() != 0:
+        folder = tmp / "ro"
+        folder.mkdir(mode=0o555)
+        return folder
+    for candidate in sorted(Path("/sys/kernel").glob("*")):
+        try:
+            if candidate.is_dir() and not any(candidate.iterdir()):
+                (candidate / ".probe").touch()
+        except OSError:
+            return candidate
+    pytest.skip("no empty folder that refuses files here")
+
+
+def test_an_empty_folder_that_refuses_files_is_refused_before_the_model_loads(
+    model: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    out = _empty_folder_no_file_can_be_made_in(work)
+    code, stdout, err = run(["split", model, "-k", "2", "--out", out], capfd)
+    assert code == 6 and "cannot be written" in error_line(err) and stdout == ""
