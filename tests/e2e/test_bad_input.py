@@ -515,6 +515,7 @@ def _empty_folder_no_file_can_be_made_in(tmp: Path) -> Path:
         try:
             if candidate.is_dir() and not any(candidate.iterdir()):
                 (candidate / ".probe").touch()
+                (candidate / ".probe").unlink()
         except OSError:
             return candidate
     pytest.skip("no empty folder that refuses files here")
