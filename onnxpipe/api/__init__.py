@@ -64,6 +64,7 @@ from onnxpipe.api.options import (
     TritonPlatform,
     VerifyOptions,
     VerifyRuntime,
+    defaults_text,
 )
 from onnxpipe.core.lazy import lazy_exports
 
@@ -144,6 +145,7 @@ __all__ = [
     "VerifyOptions",
     "VerifyReport",
     "VerifyRuntime",
+    "defaults_text",
     "export_triton",
     "format_report",
     "generate",

@@ -187,6 +187,8 @@ def verification_obj(report: VerifyReport) -> dict[str, Any]:
             {
                 "name": o.name,
                 "ok": o.ok,
+                "rtol": o.rtol,
+                "atol": o.atol,
                 "max_abs_diff": _finite(o.max_abs_diff),
                 "max_rel_diff": _finite(o.max_rel_diff),
             }

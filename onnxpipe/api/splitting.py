@@ -112,6 +112,8 @@ def split(
         shapes={} if samples is not None else profile_options.shapes,
         samples=samples,
         runtime=_verify_runtime(the_plan),
+        rtol=opts.rtol,
+        atol=opts.atol,
     )
     report = verify_folder(out_dir, checks)
     try:

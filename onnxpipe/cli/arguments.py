@@ -23,11 +23,13 @@ from onnxpipe.api.options import (
     PhaseChoice,
     ScheduleChoice,
     SplitNodes,
+    defaults_text,
 )
 from onnxpipe.cli.argtypes import (
     bandwidth,
     count,
     fraction,
+    nonnegative_number,
     paths,
     positive_int,
     positive_number,
@@ -163,6 +165,26 @@ def input_flags(prefix: str, group: str | None = None) -> list[Flag]:
             metavar="FILE",
             to_field=paths,
             help="like --inputs, an .npz whose arrays hold several samples along a leading axis",
+        ),
+    ]
+
+
+def tolerance_flags(prefix: str = "") -> list[Flag]:
+    """The tolerance a verification holds the outputs to (fields of :class:`~onnxpipe.api.VerifyOptions`,
+    or of :class:`~onnxpipe.api.SplitOptions`): by each output's type unless given."""
+    return [
+        flag(
+            "--rtol",
+            field=f"{prefix}rtol",
+            type=nonnegative_number,
+            help="relative tolerance: an output matches when max|a-b| <= atol + rtol * max|a| (default: by "
+            f"the output's type: {defaults_text('rtol')})",
+        ),
+        flag(
+            "--atol",
+            field=f"{prefix}atol",
+            type=nonnegative_number,
+            help=f"absolute tolerance (see --rtol; default: by the output's type: {defaults_text('atol')})",
         ),
     ]
 

@@ -201,10 +201,10 @@ def test_disk_full_at_each_file_exits_6_and_keeps_the_old_folder(
 ) -> None:
     import onnxpipe.core.files
 
-    if old:  # a previous split (--force replaces nothing else)
+    if old:  # a previous split (--force replaces only its files)
         (work / "out").mkdir()
         (work / "out" / "manifest.json").write_text("{}")
-        (work / "out" / "mine.txt").write_text("keep me")
+        (work / "out" / "stage_0.onnx").write_text("keep me")
     before = snapshot(work)
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     failing = {"stage": "stage_1.onnx", "weights": "stage_1.onnx.data", "manifest": "manifest.json"}[at]
@@ -256,7 +256,7 @@ def test_real_write_limit_on_a_weights_file_keeps_the_old_folder(work: Path) -> 
     path = save(big, work / "big.onnx")
     (work / "out").mkdir()
     (work / "out" / "manifest.json").write_text("{}")
-    (work / "out" / "mine.txt").write_text("keep me")
+    (work / "out" / "stage_0.onnx").write_text("keep me")
     before = snapshot(work)
     proc = run_with_file_size_limit(
         30_000, split_static(path, "out", 2, "--force", "--external-data", "always"), work
