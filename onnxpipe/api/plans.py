@@ -53,9 +53,9 @@ def plan(
     options.profile.check()
     view = load(model)
     request = options.plan
-    profile = start(view, request, options.profile, say)
+    profile, shapes = start(view, request, options.profile, say)
     watch = BusyWatch(say, "profiling")
-    phases = decoder_profiles(view, request, profile, say)  # a decoder's phases; else one profile
+    phases = phase_profiles(view, profile, shapes, progress=say.progress) if shapes else {}
     prof = (
         phases.get(Phase.DECODE)
         or phases.get(Phase.PREFILL)
@@ -76,12 +76,14 @@ def load(model: str | Path | ModelView) -> ModelView:
 
 def start(
     view: ModelView, request: PlanRequest, profile: ProfileOptions, say: Listener, *, runs_model: bool = False
-) -> ProfileOptions:
+) -> tuple[ProfileOptions, tuple[PhaseShape, ...]]:
     """``profile`` with the user's input files read and checked against ``view`` (so that a bad file is
-    refused before any work), the request refused where it cannot serve before any cost is measured (a
-    stage count the model cannot make, an opset onnxruntime cannot run, an input no random value can be
-    made for when the model must run, ``runs_model`` or a measured profile); then the preamble said."""
+    refused before any work), and a decoder's phases to profile at (:func:`decoder_phases`); the request
+    refused where it cannot serve before any cost is measured (a stage count the model cannot make, an
+    opset onnxruntime cannot run, an input no random value can be made for when the model must run,
+    ``runs_model`` or a measured profile); then the preamble said."""
     request.check_stage_count(len(view.compute_nodes), view.label)
+    phases = decoder_phases(view, request, profile)
     if profile.has_input_files:
         samples = load_samples(view, profile.input_files, stacked=profile.stacked_files)
         profile = dataclasses.replace(profile, inputs=samples, input_files=(), stacked_files=())
@@ -90,9 +92,8 @@ def start(
     if profile.measured:
         check_runtime_opsets(view)  # before the preamble: a refusal prints nothing else
     if profile.saved is None:  # a saved profile's own shapes and threads hold
-        given = profile.inputs.shapes if profile.inputs is not None else profile.shapes
-        plan_preamble(say, view, request, given, profile.threads, from_inputs=profile.inputs is not None)
-    return profile
+        plan_preamble(say, view, request, profile, phases)
+    return profile, phases
 
 
 def decoder_phases(view: ModelView, request: PlanRequest, options: ProfileOptions) -> tuple[PhaseShape, ...]:
@@ -115,15 +116,6 @@ def decoder_phases(view: ModelView, request: PlanRequest, options: ProfileOption
     if other is not None:  # these plans balance one phase: decode's
         return tuple(s for s in shapes if s.phase == Phase.DECODE) or shapes
     return shapes
-
-
-def decoder_profiles(
-    view: ModelView, request: PlanRequest, options: ProfileOptions, say: Listener = SILENT
-) -> dict[Phase, Profile]:
-    """A decoder's profiles at the phases ``request.decoder`` balances for (empty when
-    :func:`decoder_phases` gives none)."""
-    shapes = decoder_phases(view, request, options)
-    return phase_profiles(view, options, shapes, progress=say.progress) if shapes else {}
 
 
 def measured_here(the_plan: Plan, prof: Profile, request: PlanRequest) -> Plan:

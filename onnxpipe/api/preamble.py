@@ -14,6 +14,9 @@ from collections.abc import Mapping, Sequence
 from onnxpipe.core.events import Listener
 from onnxpipe.core.machine import BUSY_WARNING_CPUS, CpuSample, available_cpu_count, busy_elsewhere, sample
 from onnxpipe.core.options import opt
+from onnxpipe.cost.options import ProfileOptions
+from onnxpipe.ir.decoder_kinds import PhaseShape
+from onnxpipe.ir.decoder_shapes import decoder_inputs
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import expected_text
 from onnxpipe.ir.shapes import resolve_input_shapes
@@ -27,12 +30,19 @@ def _show_dims(dims: Sequence[object] | None) -> str:
 
 
 def input_lines(
-    view: ModelView, overrides: Mapping[str, Sequence[int]], *, from_inputs: bool = False
+    view: ModelView,
+    overrides: Mapping[str, Sequence[int]],
+    *,
+    from_inputs: bool = False,
+    phases: Sequence[PhaseShape] = (),
 ) -> list[str]:
     """A line per model input: dtype, declared dims (symbols by name), the shape it will be run at and
     which dims were guessed; then the ``shapes`` that would set every guessed input.  ``from_inputs``:
-    the sizes given are those of the user's input files."""
+    the sizes given are those of the user's input files.  With ``phases`` (a decoder's), its own inputs
+    are sized by each phase, which no hint need set."""
     shapes = resolve_input_shapes(view, overrides)
+    own = decoder_inputs(view) if phases else set()
+    per_phase = {p.phase: resolve_input_shapes(view, overrides, phase=p) for p in phases}
     given_symbols = {
         d for name, dims in overrides.items() for d in (view.tensor(name).shape or ()) if isinstance(d, str)
     }
@@ -46,6 +56,10 @@ def input_lines(
             )
             continue
         shape = shapes[name]
+        if name in own:
+            at = ", ".join(f"{phase} {'x'.join(map(str, s[name]))}" for phase, s in per_phase.items())
+            lines.append(f"input {name}: {info.dtype} {_show_dims(info.shape)} -> {at} (sized per phase)")
+            continue
         at = "x".join(map(str, shape)) or "scalar"
         guessed: list[str] = []
         if name not in overrides and info.shape is not None:
@@ -145,22 +159,19 @@ def plan_preamble(
     listener: Listener,
     view: ModelView,
     request: PlanRequest,
-    shapes: Mapping[str, Sequence[int]],
-    threads: int | None,
-    *,
-    from_inputs: bool = False,
+    profile: ProfileOptions,
+    phases: Sequence[PhaseShape] = (),
 ) -> None:
-    """:func:`before_work` for ``plan`` and ``split`` measuring on this machine: the stages' threads
-    counted when they run on this machine (no devices file), and the most threads a device profiled here
-    measures with."""
+    """:func:`before_work` for ``plan`` and ``split``: the input shapes (a decoder's own inputs sized per
+    ``phases``), the stages' threads counted when they run on this machine (no devices file), and the
+    most threads a device profiled here measures with."""
     devices = request.devices.devices if request.devices is not None else ()
     here = [d.threads for d in devices if d.profile_here]
-    before_work(
-        listener,
-        view,
-        shapes,
-        stages=request.stages if isinstance(request.stages, int) and request.devices is None else None,
-        threads=profiling_threads(threads, here),
-        workers=request.workers if request.devices is None else None,
-        from_inputs=from_inputs,
-    )
+    given = profile.inputs.shapes if profile.inputs is not None else profile.shapes
+    for text in input_lines(view, given, from_inputs=profile.inputs is not None, phases=phases):
+        listener.line(text)
+    running = request.stages if isinstance(request.stages, int) and request.devices is None else None
+    workers = request.workers if request.devices is None else None
+    warning = threads_warning(running, profiling_threads(profile.threads, here), workers=workers)
+    if warning is not None:
+        listener.warn(warning)

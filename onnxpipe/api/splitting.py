@@ -12,7 +12,7 @@ from pathlib import Path
 
 from onnxpipe.api.options import SplitOptions
 from onnxpipe.api.paths import check_output_folder
-from onnxpipe.api.plans import calibrated_plan, decoder_profiles, load, measured_here, note_retries, start
+from onnxpipe.api.plans import calibrated_plan, load, measured_here, note_retries, start
 from onnxpipe.api.preamble import BusyWatch
 from onnxpipe.api.profiling import save_profile
 from onnxpipe.api.results import SplitResult
@@ -22,6 +22,7 @@ from onnxpipe.core.choices import Phase, Runtime, SplitNodes, VerifyRuntime
 from onnxpipe.core.errors import ExportError, UsageError
 from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.core.options import opt
+from onnxpipe.cost.phases import phase_profiles
 from onnxpipe.cost.source import get_profile
 from onnxpipe.export.checks import check_exportable
 from onnxpipe.export.genai import (
@@ -69,7 +70,7 @@ def split(
     if genai is not None:
         check_genai_request(view, opts.plan, genai, out_dir)
     request = opts.plan
-    profile_options = start(view, request, opts.profile, say, runs_model=opts.verify)
+    profile_options, phase_shapes = start(view, request, opts.profile, say, runs_model=opts.verify)
     if opts.static:
         shapes = resolve_input_shapes(view, profile_options.shapes or None)
         view, _ = static_view(view, shapes)
@@ -78,7 +79,9 @@ def split(
         say.step("profiling")
     measuring = profile_options.measured or opts.calibration.rounds > 0
     watch = BusyWatch(say, "profiling and calibration" if opts.calibration.rounds else "profiling")
-    phases = decoder_profiles(view, request, profile_options, say)
+    phases = (
+        phase_profiles(view, profile_options, phase_shapes, progress=say.progress) if phase_shapes else {}
+    )
     prof = (
         phases.get(Phase.DECODE)
         or phases.get(Phase.PREFILL)

@@ -124,6 +124,12 @@ class VerifyOptions:
         for name, value in (("rtol", self.rtol), ("atol", self.atol)):
             if value is not None and not (value >= 0 and not math.isnan(value)):
                 raise UsageError(f"{opt(name, value)}: tolerances must be numbers >= 0")
+        given = self.samples is not None or bool(self.input_files or self.stacked_files)
+        if given and self.shapes:
+            raise UsageError(
+                f"{opt('shapes')} and {opt('input_files')}: the inputs fix the shapes; "
+                f"leave {opt('shapes')} out"
+            )
 
     def tolerance(self, dtype: str, *, quantized: bool = False) -> Tolerance:
         """The tolerance of an output of element type ``dtype``: the one given, else its type's."""
@@ -131,9 +137,3 @@ class VerifyOptions:
         return Tolerance(
             own.rtol if self.rtol is None else self.rtol, own.atol if self.atol is None else self.atol
         )
-        given = self.samples is not None or bool(self.input_files or self.stacked_files)
-        if given and self.shapes:
-            raise UsageError(
-                f"{opt('shapes')} and {opt('input_files')}: the inputs fix the shapes; "
-                f"leave {opt('shapes')} out"
-            )

@@ -310,7 +310,7 @@ ARGPARSE_ERRORS = [
     (["plan", "{m}", "-k", "2", "--plot", "p.png", "--microbatches", "0"], "argument --microbatches: 0"),
     (["plan", "{m}", "-k", "2", "--plot", "p.png", "extra"], "unrecognized arguments: extra"),
     (["verify"], "the following arguments are required: dir"),
-    (["verify", "{d}", "--rtol", "tight"], "argument --rtol: invalid float value: 'tight'"),
+    (["verify", "{d}", "--rtol", "tight"], "argument --rtol: 'tight' is not a number"),
     (["run", "--report", "r.json"], "the following arguments are required: dir"),
     (["run", "{d}", "--backend", "mpi", "--report", "r.json", "--outputs", "o.npz"], "choice: 'mpi'"),
     (["run", "{d}", "--warmup", "-1", "--report", "r.json"], "argument --warmup: -1 must be 0 or more"),

@@ -499,7 +499,7 @@ def test_force_replaces_the_folder(residual_path: Path, tmp_path: Path) -> None:
     view = load_model(residual_path)
     out = tmp_path / "out"
     out.mkdir()
-    (out / "old.txt").write_text("old")
+    (out / "stage_5.onnx").write_text("old")
     (out / "manifest.json").write_text("{}")  # an earlier split: --force replaces only those
     export_stages(view, plan_for(view, [0, 6, 12]), out, ExportOptions(force=True))
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "stage_0.onnx", "stage_1.onnx"]
@@ -520,7 +520,7 @@ def test_disk_full_leaves_the_old_folder_and_no_temporary_one(
     view = load_model(residual_path)
     out = tmp_path / "out"
     out.mkdir()
-    (out / "old.txt").write_text("old")
+    (out / "stage_5.onnx").write_text("old")
     (out / "manifest.json").write_text("{}")  # an earlier split: --force replaces only those
     real_save = onnx.save_model
     calls = []
@@ -539,8 +539,8 @@ def test_disk_full_leaves_the_old_folder_and_no_temporary_one(
         f"{out / f'stage_{failing_call - 1}.onnx'}: cannot be written (No space left on device: disk full); "
         f"{out} is left as it was; free some space or choose another `out`"
     )
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "old.txt"]
-    assert (out / "old.txt").read_text() == "old"
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "stage_5.onnx"]
+    assert (out / "stage_5.onnx").read_text() == "old"
     assert leftovers(tmp_path) == []
 
 
