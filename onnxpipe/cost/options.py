@@ -67,8 +67,9 @@ class ProfileOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "cost", choice(CostSource, self.cost, "cost"))
         object.__setattr__(self, "runtime", choice(Runtime, self.runtime, "runtime"))
-        if isinstance(self.saved, str):
-            object.__setattr__(self, "saved", Path(self.saved))
+        saved: object = self.saved  # a path may come as text
+        if isinstance(saved, str):
+            object.__setattr__(self, "saved", Path(saved))
         if self.out is not None:
             object.__setattr__(self, "out", Path(self.out))
         object.__setattr__(self, "shapes", frozen_shapes(self.shapes))

@@ -108,7 +108,7 @@ def _run(model: onnx.ModelProto) -> onnx.ModelProto | None:
     out: onnx.ModelProto | None = getattr(tool, "out_mp_", None)
     if out is None:
         return None
-    merges: dict[str, str] = dict(getattr(tool, "suggested_merge_", {}) or {})
+    merges: dict[str, object] = dict(getattr(tool, "suggested_merge_", {}) or {})
     for vi in out.graph.input:  # the tool renames inputs' dims only at its end: apply its merges
         for dim in vi.type.tensor_type.shape.dim:
             seen: set[str] = set()
@@ -116,7 +116,7 @@ def _run(model: onnx.ModelProto) -> onnx.ModelProto | None:
                 seen.add(dim.dim_param)
                 target = merges[dim.dim_param]
                 if isinstance(target, int) or str(target).isdigit():
-                    dim.dim_value = int(target)
+                    dim.dim_value = int(str(target))
                 else:
                     dim.dim_param = str(target)
     return out

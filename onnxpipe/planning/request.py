@@ -127,9 +127,10 @@ class PlanRequest:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split_nodes", choice(SplitNodes, self.split_nodes, "split_nodes"))
-        if isinstance(self.devices, str | Path):
-            object.__setattr__(self, "devices", load_cluster(self.devices))
-        elif self.devices is not None and not isinstance(self.devices, Cluster):
+        devices: object = self.devices  # a devices file may come as its path
+        if isinstance(devices, str | Path):
+            object.__setattr__(self, "devices", load_cluster(devices))
+        elif devices is not None and not isinstance(devices, Cluster):
             raise UsageError(f"{opt('devices')}: give a cluster or the path of a devices file")
         object.__setattr__(self, "order", choice(DeviceOrder, self.order, "order"))
         if self.link_model is not None:

@@ -78,10 +78,12 @@ class RunOptions:
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, Path(value))
-        if isinstance(self.devices, str | Path):  # a devices file, read when the request is made
-            object.__setattr__(self, "devices", load_cluster(self.devices))
-        if isinstance(self.ray_resources, str):
-            object.__setattr__(self, "ray_resources", Path(self.ray_resources))
+        devices: object = self.devices
+        if isinstance(devices, str | Path):  # a devices file, read when the options are made
+            object.__setattr__(self, "devices", load_cluster(devices))
+        resources: object = self.ray_resources
+        if isinstance(resources, str):
+            object.__setattr__(self, "ray_resources", Path(resources))
 
     @property
     def has_input_files(self) -> bool:
