@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
-from types import MappingProxyType
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,7 +22,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxpipe.core.errors import UsageError
-from onnxpipe.ir.load import view_from_proto
+from onnxpipe.ir.load import in_order, view_from_proto
 from onnxpipe.ir.model import ModelView
 from onnxpipe.planning.nodesplit.constants import Constants
 from onnxpipe.planning.nodesplit.find import (
@@ -309,25 +308,12 @@ def _in_order(view: ModelView, proto: onnx.ModelProto, spec: Splittable, new: li
     """The view of ``proto`` in ``view``'s order, ``new`` where the chain's head was: the parts stay next
     to each other, as the planner's sequence assumes (the loader's own order might interleave them)."""
     fresh = view_from_proto(proto, path=view.path, sha256=view.sha256, base_dir=view.base_dir)
-    by_name = {n.name: n for n in fresh.nodes}
+    kept = {n.name for n in fresh.nodes}
     chain = set(spec.chain)
     order: list[str] = []
     for n in view.nodes:
         if n.name == spec.node:
             order.extend(new)
-        elif n.name not in chain and n.name in by_name:
+        elif n.name not in chain and n.name in kept:
             order.append(n.name)
-    nodes = [replace(by_name[name], position=pos) for pos, name in enumerate(order)]
-    producer: dict[str, int] = {}
-    consumers: dict[str, list[int]] = {}
-    for n in nodes:
-        for o in n.outputs:
-            producer[o] = n.position
-        for t in dict.fromkeys(n.reads):
-            consumers.setdefault(t, []).append(n.position)
-    return replace(
-        fresh,
-        nodes=tuple(nodes),
-        producer=MappingProxyType(producer),
-        consumers=MappingProxyType({k: tuple(v) for k, v in consumers.items()}),
-    )
+    return in_order(fresh, order)
