@@ -64,6 +64,7 @@ from onnxpipe.api.options import (
     TritonPlatform,
     VerifyOptions,
     VerifyRuntime,
+    defaults_text,
 )
 from onnxpipe.core.lazy import lazy_exports
 
@@ -82,6 +83,7 @@ _EXPORTS: dict[str, str] = {
     "PlanResult": "onnxpipe.api.results",
     "SplitResult": "onnxpipe.api.results",
     "verify_json": "onnxpipe.api.results",
+    "run_json": "onnxpipe.api.results",
     "format_report": "onnxpipe.runtime.report.text",
     "Manifest": "onnxpipe.manifest",
     "ModelView": "onnxpipe.ir.model",
@@ -143,6 +145,7 @@ __all__ = [
     "VerifyOptions",
     "VerifyReport",
     "VerifyRuntime",
+    "defaults_text",
     "export_triton",
     "format_report",
     "generate",
@@ -150,6 +153,7 @@ __all__ = [
     "plan",
     "profile",
     "run",
+    "run_json",
     "split",
     "verify",
     "verify_json",
@@ -169,6 +173,7 @@ if TYPE_CHECKING:
         ModelInspection,
         PlanResult,
         SplitResult,
+        run_json,
         verify_json,
     )
     from onnxpipe.api.running import run

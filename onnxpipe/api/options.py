@@ -39,7 +39,7 @@ from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.request import DEFAULT_TIME_SLACK, PlanRequest, ScheduleRequest
 from onnxpipe.runtime.options import GenerateOptions, RunOptions, Sampling
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
-from onnxpipe.verification.options import VerifyOptions
+from onnxpipe.verification.options import VerifyOptions, defaults_text
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,9 @@ class SplitOptions:
     export: ExportOptions = field(default_factory=ExportOptions)
     verify: bool = True
     static: bool = False
+    rtol: float | None = None
+    atol: float | None = None
+    """The verification's tolerance (:class:`VerifyOptions`): by each output's type unless given."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "out", Path(self.out))
@@ -83,6 +86,7 @@ class SplitOptions:
         self.plan.check()
         self.profile.check()
         self.calibration.check()
+        VerifyOptions(rtol=self.rtol, atol=self.atol).check()
         if self.profile.out is not None and self.profile.out.absolute() == self.out.absolute():
             raise UsageError(f"{opt('ProfileOptions.out')}: the profile cannot be the split's folder")
 
@@ -129,4 +133,5 @@ __all__ = [
     "TritonPlatform",
     "VerifyOptions",
     "VerifyRuntime",
+    "defaults_text",
 ]

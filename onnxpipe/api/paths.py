@@ -68,6 +68,8 @@ def check_output_folder(path: Path) -> None:
     """Refuse a split's output folder that cannot be made: split writes its stages into a temporary
     folder beside it and renames it, so the folder it lives in must take a new entry."""
     why = _cannot_write_in(_nearest_folder(path if path.name not in ("", ".", "..") else path.absolute()))
+    if why is None and path.is_dir() and not any(path.iterdir()):
+        why = _cannot_write_in(path)  # an empty folder stays: the stages move into it, one by one
     if why is not None:
         raise ExportError(f"{path}: cannot be written ({why}); choose another {opt('out')}")
 

@@ -31,6 +31,8 @@ from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.decoder_kinds import PhaseShape
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.samples import expected_text, load_samples
+from onnxpipe.ir.shapes import non_tensor_inputs
 from onnxpipe.planning.decoder import refuse_own_ends
 from onnxpipe.planning.decoder_plan import check_stage_count
 from onnxpipe.planning.draw import draw_plan
@@ -50,17 +52,18 @@ def plan(
     options.plan.check()
     options.profile.check()
     view = load(model)
-    request = start(view, options.plan, options.profile, say)
+    request = options.plan
+    profile = start(view, request, options.profile, say)
     watch = BusyWatch(say, "profiling")
-    phases = decoder_profiles(view, request, options.profile, say)  # a decoder's phases; else one profile
+    phases = decoder_profiles(view, request, profile, say)  # a decoder's phases; else one profile
     prof = (
         phases.get(Phase.DECODE)
         or phases.get(Phase.PREFILL)
-        or get_profile(view, options.profile, progress=say.progress)
+        or get_profile(view, profile, progress=say.progress)
     )
-    if options.profile.measured:
+    if profile.measured:
         watch.check()
-    save_profile(prof, options.profile)
+    save_profile(prof, profile)
     the_plan = make_plan(view, prof, request, phase_profiles=phases)
     drawn = None if options.plot is None else draw_plan(the_plan, options.plot, title=view.file_name)
     return PlanResult(plan=the_plan, drawn=drawn)
@@ -71,15 +74,25 @@ def load(model: str | Path | ModelView) -> ModelView:
     return model if isinstance(model, ModelView) else load_model(model)
 
 
-def start(view: ModelView, request: PlanRequest, profile: ProfileOptions, say: Listener) -> PlanRequest:
-    """A checked request for ``view``, refused where it cannot serve before any cost is measured (a stage
-    count the model cannot make, an opset onnxruntime cannot run); then the preamble said."""
+def start(
+    view: ModelView, request: PlanRequest, profile: ProfileOptions, say: Listener, *, runs_model: bool = False
+) -> ProfileOptions:
+    """``profile`` with the user's input files read and checked against ``view`` (so that a bad file is
+    refused before any work), the request refused where it cannot serve before any cost is measured (a
+    stage count the model cannot make, an opset onnxruntime cannot run, an input no random value can be
+    made for when the model must run, ``runs_model`` or a measured profile); then the preamble said."""
     request.check_stage_count(len(view.compute_nodes), view.label)
+    if profile.has_input_files:
+        samples = load_samples(view, profile.input_files, stacked=profile.stacked_files)
+        profile = dataclasses.replace(profile, inputs=samples, input_files=(), stacked_files=())
+    if (runs_model or profile.measured) and profile.inputs is None:
+        refuse_untyped_inputs(view)
     if profile.measured:
         check_runtime_opsets(view)  # before the preamble: a refusal prints nothing else
     if profile.saved is None:  # a saved profile's own shapes and threads hold
-        plan_preamble(say, view, request, profile.shapes, profile.threads)
-    return request
+        given = profile.inputs.shapes if profile.inputs is not None else profile.shapes
+        plan_preamble(say, view, request, given, profile.threads, from_inputs=profile.inputs is not None)
+    return profile
 
 
 def decoder_phases(view: ModelView, request: PlanRequest, options: ProfileOptions) -> tuple[PhaseShape, ...]:
@@ -170,6 +183,20 @@ def calibrated_plan(
     return dataclasses.replace(
         done.plan, notes=(*done.plan.notes, done.note(how)), reference_seconds=time_model(view, used)
     )
+
+
+def refuse_untyped_inputs(view: ModelView) -> None:
+    """Refuse, before any work, to run a model on random values when an input is a sequence, a map or an
+    optional: none can be made for it, and no file of arrays can hold one."""
+    others = sorted(non_tensor_inputs(view))
+    if others:
+        name = others[0]
+        raise UsageError(
+            f"{view.label}: input {name!r} is {expected_text(view, name)}, which onnxpipe cannot make random "
+            "values for and a file of arrays cannot hold; give real inputs from Python "
+            f"({opt('ProfileOptions.inputs')}), or plan from static costs without running the model "
+            f"({opt('cost', 'static')} and {opt('verify', False)})"
+        )
 
 
 def _named_phases(profiles: Mapping[Phase | None, Profile]) -> dict[Phase, Profile]:

@@ -15,6 +15,7 @@ from onnxpipe.core.events import Listener
 from onnxpipe.core.machine import BUSY_WARNING_CPUS, CpuSample, available_cpu_count, busy_elsewhere, sample
 from onnxpipe.core.options import opt
 from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.samples import expected_text
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.planning.request import PlanRequest
 
@@ -25,9 +26,12 @@ def _show_dims(dims: Sequence[object] | None) -> str:
     return "[" + ", ".join("?" if d is None or (isinstance(d, int) and d < 0) else str(d) for d in dims) + "]"
 
 
-def input_lines(view: ModelView, overrides: Mapping[str, Sequence[int]]) -> list[str]:
+def input_lines(
+    view: ModelView, overrides: Mapping[str, Sequence[int]], *, from_inputs: bool = False
+) -> list[str]:
     """A line per model input: dtype, declared dims (symbols by name), the shape it will be run at and
-    which dims were guessed; then the ``shapes`` that would set every guessed input."""
+    which dims were guessed; then the ``shapes`` that would set every guessed input.  ``from_inputs``:
+    the sizes given are those of the user's input files."""
     shapes = resolve_input_shapes(view, overrides)
     given_symbols = {
         d for name, dims in overrides.items() for d in (view.tensor(name).shape or ()) if isinstance(d, str)
@@ -36,6 +40,11 @@ def input_lines(view: ModelView, overrides: Mapping[str, Sequence[int]]) -> list
     hints: list[str] = []
     for name in view.inputs:
         info = view.tensor(name)
+        if name not in shapes:  # a sequence, map or optional: no shape to size, no random values to make
+            lines.append(
+                f"input {name}: {expected_text(view, name)} (not a tensor: only real inputs feed it)"
+            )
+            continue
         shape = shapes[name]
         at = "x".join(map(str, shape)) or "scalar"
         guessed: list[str] = []
@@ -46,7 +55,8 @@ def input_lines(view: ModelView, overrides: Mapping[str, Sequence[int]]) -> list
                 if isinstance(d, str) and d in given_symbols:
                     continue
                 guessed.append(f"{d if isinstance(d, str) else f'dim {axis}'}={shape[axis]}")
-        how = f"given by {opt('shapes')}" if name in overrides else "fixed"
+        given = "the inputs" if from_inputs else opt("shapes")
+        how = f"given by {given}" if name in overrides else "fixed"
         if guessed:
             how = f"guessed {', '.join(guessed)}"
         lines.append(f"input {name}: {info.dtype} {_show_dims(info.shape)} -> run at {at} ({how})")
@@ -121,9 +131,10 @@ def before_work(
     stages: int | None,
     threads: int,
     workers: int | None = None,
+    from_inputs: bool = False,
 ) -> None:
     """The preamble: input shapes (guessed ones named), and the stages' threads against the CPUs."""
-    for text in input_lines(view, overrides):
+    for text in input_lines(view, overrides, from_inputs=from_inputs):
         listener.line(text)
     warning = threads_warning(stages, threads, workers=workers)
     if warning is not None:
@@ -136,6 +147,8 @@ def plan_preamble(
     request: PlanRequest,
     shapes: Mapping[str, Sequence[int]],
     threads: int | None,
+    *,
+    from_inputs: bool = False,
 ) -> None:
     """:func:`before_work` for ``plan`` and ``split`` measuring on this machine: the stages' threads
     counted when they run on this machine (no devices file), and the most threads a device profiled here
@@ -149,4 +162,5 @@ def plan_preamble(
         stages=request.stages if isinstance(request.stages, int) and request.devices is None else None,
         threads=profiling_threads(threads, here),
         workers=request.workers if request.devices is None else None,
+        from_inputs=from_inputs,
     )

@@ -25,6 +25,7 @@ from onnxpipe.manifest.write import dumps, manifest_obj, num, timeline_obj
 from onnxpipe.planning.types import Plan
 from onnxpipe.runtime.generate import Generation
 from onnxpipe.runtime.options import Sampling
+from onnxpipe.runtime.report.model import RunReport
 from onnxpipe.verification.verify import VerifyReport
 
 JSON_SCHEMA_VERSION = 1
@@ -186,6 +187,8 @@ def verification_obj(report: VerifyReport) -> dict[str, Any]:
             {
                 "name": o.name,
                 "ok": o.ok,
+                "rtol": o.rtol,
+                "atol": o.atol,
                 "max_abs_diff": _finite(o.max_abs_diff),
                 "max_rel_diff": _finite(o.max_rel_diff),
             }
@@ -197,6 +200,11 @@ def verification_obj(report: VerifyReport) -> dict[str, Any]:
 def verify_json(report: VerifyReport) -> str:
     """``verify --json``: the verification alone."""
     return document("verify", verification=verification_obj(report))
+
+
+def run_json(report: RunReport) -> str:
+    """``run --json``: the run's report, as ``run --report`` writes it."""
+    return document("run", report=report.to_obj())
 
 
 def model_obj(s: ModelSummary) -> dict[str, Any]:

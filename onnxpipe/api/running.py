@@ -17,7 +17,7 @@ from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.backends.ray_resources import load_ray_resources
 from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig, Tensors
 from onnxpipe.runtime.inputs import Feeds as Batch
-from onnxpipe.runtime.inputs import input_shapes_for, load_npz, random_inputs
+from onnxpipe.runtime.inputs import input_shapes_for, load_inputs, random_inputs
 from onnxpipe.runtime.options import MEASURED_MICROBATCHES, SINGLE_LATENCY_MICROBATCHES, RunOptions
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.report.baselines import Feeds, add_baselines, distinct
@@ -48,8 +48,8 @@ def run(
     directory = Path(folder)
     manifest = load_manifest(directory)
     placements = _placements(opts, manifest)
-    model = _source_model(directory, manifest, opts.model, needed=opts.compare or opts.inputs is None)
-    inputs, shapes = _inputs(opts, manifest, model)
+    model = _source_model(directory, manifest, opts.model, needed=opts.compare)
+    inputs, shapes = _inputs(opts, directory, manifest, model)
     config = _backend_config(opts, manifest)
     if opts.backend == Backend.LOCAL:  # Ray places its workers elsewhere, maybe on other machines
         _warn_threads(say, placements or manifest_placements(manifest, opts.threads), manifest)
@@ -105,18 +105,20 @@ def _source_model(directory: Path, manifest: Manifest, model: Path | None, *, ne
 
 
 def _inputs(
-    opts: RunOptions, manifest: Manifest, model: Path | None
+    opts: RunOptions, directory: Path, manifest: Manifest, model: Path | None
 ) -> tuple[list[Batch], dict[str, tuple[int, ...]]]:
-    """The micro-batches to stream, and their shapes: read from ``opts.inputs``, or random."""
-    if opts.inputs is not None:
-        inputs = load_npz(opts.inputs, {t.name: t.dtype for t in manifest.model_inputs})
+    """The micro-batches to stream, and their shapes: read from the user's files, or random."""
+    if opts.has_input_files:
+        inputs = load_inputs(
+            opts.input_files, opts.stacked_files, {t.name: t.dtype for t in manifest.model_inputs}
+        )
         if opts.microbatches is not None:
             inputs = [inputs[j % len(inputs)] for j in range(opts.microbatches)]
         return inputs, {n: tuple(int(d) for d in v.shape) for n, v in inputs[0].items()}
-    assert model is not None
     shapes = input_shapes_for(manifest, model, opts.shapes)
     count = opts.microbatches or MEASURED_MICROBATCHES
-    return random_inputs(model, shapes, count, seed=opts.seed), shapes
+    source = model if model is not None else (directory, manifest)
+    return random_inputs(source, shapes, count, seed=opts.seed), shapes
 
 
 def _backend_config(opts: RunOptions, manifest: Manifest) -> BackendConfig:

@@ -68,8 +68,8 @@ def split(
     check_exportable(view, out_dir, force=opts.export.force)
     if genai is not None:
         check_genai_request(view, opts.plan, genai, out_dir)
-    request = start(view, opts.plan, opts.profile, say)
-    profile_options = opts.profile
+    request = opts.plan
+    profile_options = start(view, request, opts.profile, say, runs_model=opts.verify)
     if opts.static:
         shapes = resolve_input_shapes(view, profile_options.shapes or None)
         view, _ = static_view(view, shapes)
@@ -112,6 +112,8 @@ def split(
         shapes={} if samples is not None else profile_options.shapes,
         samples=samples,
         runtime=_verify_runtime(the_plan),
+        rtol=opts.rtol,
+        atol=opts.atol,
     )
     report = verify_folder(out_dir, checks)
     try:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
 
@@ -218,11 +218,3 @@ def _as_devices_file_says(
     if cluster is not None:
         cluster = Cluster(tuple(by_name[d.name] for d in cluster.devices), cluster.links, cluster.source)
     return dataclasses.replace(plan, device_costs=tuple(notes), cluster=cluster)
-
-
-def runtimes_of(plan: Plan) -> Sequence[str]:
-    """Each stage's runtime as the plan's cluster says (for notes)."""
-    if plan.cluster is None:
-        return ()
-    by_name = {d.name: d for d in plan.cluster.devices}
-    return [by_name[s.device].runtime_label for s in plan.stages if s.device in by_name]

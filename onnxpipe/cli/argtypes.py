@@ -49,6 +49,17 @@ def positive_number(text: str, what: str = "a number") -> float:
     return value
 
 
+def nonnegative_number(text: str) -> float:
+    """A finite number of 0 or more: a tolerance."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number of 0 or more")
+    return value
+
+
 def bandwidth(text: str) -> float:
     """Bytes per second above 0, as a number or spelled as devices files spell it (``"1 Gbit/s"``,
     ``"100 MB/s"``), so that one link reads the same on the command line and in a file."""

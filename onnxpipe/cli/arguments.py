@@ -23,11 +23,13 @@ from onnxpipe.api.options import (
     PhaseChoice,
     ScheduleChoice,
     SplitNodes,
+    defaults_text,
 )
 from onnxpipe.cli.argtypes import (
     bandwidth,
     count,
     fraction,
+    nonnegative_number,
     paths,
     positive_int,
     positive_number,
@@ -167,17 +169,38 @@ def input_flags(prefix: str, group: str | None = None) -> list[Flag]:
     ]
 
 
-def measure_flags(prefix: str = "profile.") -> list[Flag]:
-    """How costs are measured: fields of a :class:`~onnxpipe.api.ProfileOptions` at ``prefix``."""
+def tolerance_flags(prefix: str = "") -> list[Flag]:
+    """The tolerance a verification holds the outputs to (fields of :class:`~onnxpipe.api.VerifyOptions`,
+    or of :class:`~onnxpipe.api.SplitOptions`): by each output's type unless given."""
+    return [
+        flag(
+            "--rtol",
+            field=f"{prefix}rtol",
+            type=nonnegative_number,
+            help="relative tolerance: an output matches when max|a-b| <= atol + rtol * max|a| (default: by "
+            f"the output's type: {defaults_text('rtol')})",
+        ),
+        flag(
+            "--atol",
+            field=f"{prefix}atol",
+            type=nonnegative_number,
+            help=f"absolute tolerance (see --rtol; default: by the output's type: {defaults_text('atol')})",
+        ),
+    ]
+
+
+def measure_flags(prefix: str = "profile.", *, devices: bool = True) -> list[Flag]:
+    """How costs are measured: fields of a :class:`~onnxpipe.api.ProfileOptions` at ``prefix``
+    (``devices``: the command also takes a devices file, whose devices have threads of their own)."""
     g = "measurement"
+    per_device = "; with --devices each device's threads" if devices else ""
     return [
         flag(
             "--threads",
             field=f"{prefix}threads",
             group=g,
             type=positive_int,
-            help="intra-op threads to profile with, which the stages run with (default 1; with --devices "
-            "each device's threads)",
+            help=f"intra-op threads to profile with, which the stages run with (default 1{per_device})",
         ),
         flag(
             "--runs",
@@ -194,6 +217,11 @@ def measure_flags(prefix: str = "profile.") -> list[Flag]:
 
 def planning_flags() -> list[Flag]:
     """What to plan (a :class:`~onnxpipe.api.PlanRequest` at ``plan.``) and from which costs."""
+    return [*_stage_flags(), *_schedule_flags(), *decoder_flags()]
+
+
+def _stage_flags() -> list[Flag]:
+    """How many stages, from which costs, over which links, on how many workers."""
     g = "planning"
     return [
         flag(
@@ -263,6 +291,14 @@ def planning_flags() -> list[Flag]:
             "may be cut into parts in consecutive stages when that lowers the slowest stage; off (default): "
             "contiguous stages of whole nodes",
         ),
+    ]
+
+
+def _schedule_flags() -> list[Flag]:
+    """The devices and their order, the schedule the plan simulates, and what training splits a batch
+    into (``plan.schedule``)."""
+    g = "planning"
+    return [
         flag(
             "--devices",
             field="plan.devices",
@@ -305,7 +341,6 @@ def planning_flags() -> list[Flag]:
             type=positive_number,
             help="backward time over forward time (training)",
         ),
-        *decoder_flags(),
     ]
 
 

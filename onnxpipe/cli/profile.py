@@ -34,7 +34,7 @@ TABLE = Table(
             metavar="DEVICE",
             help="OpenVINO device for --runtime openvino",
         ),
-        *measure_flags(prefix=""),
+        *measure_flags(prefix="", devices=False),
     ],
 )
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from onnxpipe.api.options import Backend, LocalMode, RunOptions
 from onnxpipe.cli.argtypes import count, positive_int
-from onnxpipe.cli.arguments import shape_flag
+from onnxpipe.cli.arguments import JSON, input_flags, shape_flag
 from onnxpipe.cli.flags import Table, flag
 from onnxpipe.core.choices import values
 
@@ -82,14 +82,7 @@ TABLE = Table(
             metavar="FILE",
             help="JSON file of per-stage Ray actor resources",
         ),
-        flag(
-            "--inputs",
-            field="inputs",
-            group="inputs",
-            type=Path,
-            metavar="FILE.npz",
-            help=".npz with one array per model input, micro-batches stacked on axis 0",
-        ),
+        *input_flags("", "inputs"),
         flag(
             "--microbatches",
             "-m",
@@ -97,7 +90,7 @@ TABLE = Table(
             group="inputs",
             type=positive_int,
             metavar="M",
-            help="micro-batches to run (default: all of --inputs, else 32)",
+            help="micro-batches to run (default: all the inputs hold, else 32)",
         ),
         flag(
             "--warmup",
@@ -144,6 +137,7 @@ TABLE = Table(
             action="store_true",
             help="also run the model as one session (1 thread, all threads) and as K replicas",
         ),
+        JSON,
     ],
 )
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from onnxpipe.api.options import DEFAULT_ROUNDS, CalibrationMode, ExternalData, SplitOptions
 from onnxpipe.cli.argtypes import positive_int
-from onnxpipe.cli.arguments import JSON, QUIET, measure_flags, planning_flags
+from onnxpipe.cli.arguments import JSON, QUIET, measure_flags, planning_flags, tolerance_flags
 from onnxpipe.cli.flags import Table, flag
 from onnxpipe.core.choices import values
 
@@ -43,6 +43,7 @@ TABLE = Table(
             "for a decoder (ONNX Runtime GenAI's decoder-pipeline) keeps its token ids and search options; "
             "without it they are derived from the graph and defaults",
         ),
+        *tolerance_flags(),
         flag(
             "--no-verify",
             field="verify",

@@ -292,6 +292,12 @@ def format_stage_counts(plan: Plan) -> str | None:
     return table(["stages", "bottleneck ms", "per second", ""], rows)
 
 
+def _of_type(report: VerifyReport) -> str:
+    """``, for float16 outputs`` where every output shares a type whose tolerance is its own."""
+    types = {o.expected_dtype for o in report.outputs}
+    return f", for {next(iter(types))} outputs" if len(types) == 1 and types != {"float32"} else ""
+
+
 def format_verify_report(report: VerifyReport) -> str:
     """A line per output, then the verdict with the tolerance; first, when a stage ran on another runtime
     than onnxruntime on the CPU, a line saying what ran each stage."""
@@ -299,14 +305,18 @@ def format_verify_report(report: VerifyReport) -> str:
     if report.stage_runtimes and set(report.stage_runtimes) != {"onnxruntime (CPUExecutionProvider)"}:
         on = ", ".join(f"stage {i} on {r}" for i, r in enumerate(report.stage_runtimes))
         lines.append(f"  stages: {on}; the original on onnxruntime (CPUExecutionProvider)")
+    mixed = any((o.rtol, o.atol) != (report.rtol, report.atol) for o in report.outputs)
     for o in report.outputs:
         status = "ok" if o.ok else "MISMATCH"
-        lines.append(
-            f"  {o.name}: {status} (max abs diff {o.max_abs_diff:.3g}, max rel diff {o.max_rel_diff:.3g})"
-        )
+        own = f", {o.expected_dtype}: |a-b| <= {o.atol:g} + {o.rtol:g}*max|a|" if mixed else ""
+        diffs = f"max abs diff {o.max_abs_diff:.3g}, max rel diff {o.max_rel_diff:.3g}"
+        lines.append(f"  {o.name}: {status} ({diffs}{own})")
+    shapes = ", ".join(f"{n}={'x'.join(map(str, s)) or 'scalar'}" for n, s in report.input_shapes.items())
+    source = f"from {', '.join(report.input_files)}" if report.input_files else f"random, seed {report.seed}"
+    lines.append(f"  inputs: {shapes} ({source}, {report.runs} run(s))")
     verdict = "match" if report.ok else "DO NOT match"
     lines.append(
         f"verify: {len(report.outputs)} output(s) {verdict} the original "
-        f"(tolerance: |a-b| <= {report.atol:g} + {report.rtol:g}*max|a|)"
+        f"(tolerance: {report.tolerance}{_of_type(report)})"
     )
     return "\n".join(lines)

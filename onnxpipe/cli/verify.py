@@ -8,7 +8,7 @@ from pathlib import Path
 
 from onnxpipe.api.options import VerifyOptions, VerifyRuntime
 from onnxpipe.cli.argtypes import positive_int
-from onnxpipe.cli.arguments import JSON, input_flags, shape_flag
+from onnxpipe.cli.arguments import JSON, input_flags, shape_flag, tolerance_flags
 from onnxpipe.cli.flags import Table, flag
 from onnxpipe.core.choices import values
 
@@ -21,13 +21,7 @@ TABLE = Table(
         flag(
             "--model", field="model", type=Path, help="the source model (default: the path in the manifest)"
         ),
-        flag(
-            "--rtol",
-            field="rtol",
-            type=float,
-            help="relative tolerance: an output matches when max|a-b| <= atol + rtol * max|a|",
-        ),
-        flag("--atol", field="atol", type=float, help="absolute tolerance (see --rtol)"),
+        *tolerance_flags(),
         flag("--seed", field="seed", type=int, help="seed of the random inputs both models are run on"),
         flag(
             "--runtime",

@@ -39,12 +39,10 @@ class OpenVinoEngine:
         declared = graph_io(path)
         self._inputs = declared.inputs
         self._outputs = declared.outputs
-        # OpenVINO keeps ONNX's output names; a name it lost is bound by the file's output position
-        by_name: dict[str, int] = {}
-        for i, port in enumerate(self._compiled.outputs):
-            for name in port.names:
-                by_name.setdefault(name, i)
-        self._position = [by_name.get(n, i) for i, n in enumerate(self._outputs)]
+        # OpenVINO keeps most of ONNX's tensor names, but not all (an input that feeds a Dropout takes
+        # the Dropout's output name): a name it lost is bound by the file's position
+        self._in_port = _ports(self._compiled.inputs, self._inputs)
+        self._position = _ports(self._compiled.outputs, self._outputs)
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -59,7 +57,9 @@ class OpenVinoEngine:
             raise RuntimeError("the engine is closed")
         if not names:
             return []
-        result = self._request.infer({n: feeds[n] for n in self._inputs if n in feeds})
+        result = self._request.infer(
+            {p: feeds[n] for n, p in zip(self._inputs, self._in_port, strict=True) if n in feeds}
+        )
         values = result.to_tuple()
         ordered = [np.asarray(values[p]) for p in self._position]
         return bind_outputs(names, self._outputs, ordered, str(self._path))
@@ -76,6 +76,15 @@ class OpenVinoEngine:
     def close(self) -> None:
         self._request = None
         self._compiled = None
+
+
+def _ports(ports: Sequence[Any], names: Sequence[str]) -> list[int]:
+    """The port of each of ``names``: the one that carries the name, else the one at its position."""
+    by_name: dict[str, int] = {}
+    for i, port in enumerate(ports):
+        for name in port.names:
+            by_name.setdefault(name, i)
+    return [by_name.get(n, i) for i, n in enumerate(names)]
 
 
 def load(path: Path, config: EngineConfig) -> OpenVinoEngine:

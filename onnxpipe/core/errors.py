@@ -99,26 +99,50 @@ _SOURCE_LOCATION = re.compile(r"^\s*\S*onnxruntime_src/\S*:\d+ ")
 
 
 def error_line(e: BaseException) -> str:
-    """The first line of an error, without onnxruntime's status prefix, source location and C++ signature.
+    """One line of an error: its reason, without onnxruntime's status prefix, source locations, C++
+    signatures and backtraces.
 
-    The one way onnxpipe quotes an exception it did not raise itself (onnxruntime's, onnx's, Ray's) inside
-    its own one-line messages; over :data:`MAX_LINE` characters it is cut.
+    The one way onnxpipe quotes an exception it did not raise itself (onnxruntime's, OpenVINO's, tract's,
+    onnx's, Ray's) inside its own one-line messages; over :data:`MAX_LINE` characters it is cut.
 
-    ``[ONNXRuntimeError] : 1 : FAIL : Load model from m.onnx failed:/onnxruntime_src/x.h:46 void f(int) Opset
-    29 is ...`` becomes ``Opset 29 is ...``.
+    * ``[ONNXRuntimeError] : 1 : FAIL : Load model from m.onnx failed:/onnxruntime_src/x.h:46 void f(int)
+      Opset 29 is ...`` becomes ``Opset 29 is ...``;
+    * OpenVINO's lines of source locations (``Exception from src/inference/src/cpp/core.cpp:117:``, ``Check
+      'false' failed at src/...:151:``) are skipped and the reason after them kept, its lines joined;
+    * tract's ``Caused by:`` chain is joined to its first line with ``: ``, its backtrace dropped.
     """
-    line = _first_line(e)
+    line = _reason(e)
     return line if len(line) <= MAX_LINE else line[: MAX_LINE - 3] + "..."
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
+_BACKTRACE = re.compile(r"\n\s*(Stack backtrace|Backtrace):", re.IGNORECASE)
+_LOCATION_LINE = re.compile(
+    r"^(Exception from |Check '.*' failed at )?\S+\.(c|cc|cpp|cxx|h|hpp|rs|py):\d+(:\d+)?:?$"
+)
+_CHAIN_ITEM = re.compile(r"^\d+:\s*")
+
+
+def _reason(e: BaseException) -> str:
+    text = _BACKTRACE.split(str(e), maxsplit=1)[0].strip()
     if not text:
         return type(e).__name__
-    line = _LOAD_FAILED.sub("", _ORT_STATUS.sub("", text.splitlines()[0])).strip()
+    head, _, chain = text.partition("Caused by:")
+    lines = [ln.strip() for ln in head.splitlines() if ln.strip()]
+    while len(lines) > 1 and _LOCATION_LINE.match(lines[0]):
+        lines.pop(0)
+    first = _clean_first(lines[0]) if lines else type(e).__name__
+    if first.endswith(":") or _LOCATION_LINE.match(lines[0] if lines else ""):
+        first = " ".join([first, *lines[1:]])  # a header: the reason follows on the next lines
+    causes = [_CHAIN_ITEM.sub("", ln.strip()) for ln in chain.splitlines() if ln.strip()]
+    return ": ".join([first, *causes]) if causes else first
+
+
+def _clean_first(line: str) -> str:
+    """``line`` without onnxruntime's status prefix, and without its source location and C++ signature."""
+    line = _LOAD_FAILED.sub("", _ORT_STATUS.sub("", line)).strip()
     location = _SOURCE_LOCATION.match(line)
     if location is None:
-        return line or type(e).__name__
+        return line
     rest = line[location.end() :]
     depth = 0
     for i, ch in enumerate(rest):

@@ -118,7 +118,21 @@ def _shapes(arrays: Mapping[str, np.ndarray]) -> Mapping[str, tuple[int, ...]]:
     return MappingProxyType({n: tuple(int(d) for d in a.shape) for n, a in arrays.items()})
 
 
+_NPZ_MAGIC = b"PK"  # an .npz is a zip archive of .npy files
+_NPY_MAGIC = b"\x93NUMPY"
+
+
 def _read_npz(p: Path, field: str) -> dict[str, np.ndarray]:
+    try:
+        with p.open("rb") as f:
+            head = f.read(6)
+    except OSError as e:
+        raise UsageError(f"{opt(field, p)}: cannot be read ({_why(e)})") from None
+    if not head.startswith(_NPZ_MAGIC) and head != _NPY_MAGIC:
+        raise UsageError(
+            f"{opt(field, p)}: is not an .npz file (no zip archive of arrays); save the inputs with "
+            "numpy.savez(file, name=array, ...)"
+        )
     try:
         data = np.load(p, allow_pickle=False)
         if not isinstance(data, np.lib.npyio.NpzFile):

@@ -23,9 +23,12 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from onnxpipe.core.errors import ExportError
+from onnxpipe.core.errors import ExportError, ManifestError
 from onnxpipe.core.options import opt
-from onnxpipe.manifest import MANIFEST_NAME
+from onnxpipe.manifest import MANIFEST_NAME, load_manifest
+
+GENAI_CONFIG_FILE = "genai_config.json"
+"""The ONNX Runtime GenAI config a decoder's split writes beside its manifest."""
 
 
 def normalized(out_dir: str | Path) -> Path:
@@ -75,6 +78,28 @@ def check_replaceable(out: Path) -> None:
             "replaces "
             f"only an empty folder or an earlier split's; choose another {opt('out')} or empty it"
         )
+    unknown = sorted(p.name for p in out.iterdir() if p.name not in _written_by_the_split(out))
+    if unknown:
+        shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+        raise ExportError(
+            f"{out}: holds {shown}, which no split wrote; {opt('force', True)} replaces only an earlier "
+            f"split's own files: move them, or choose another {opt('out')}"
+        )
+
+
+def _written_by_the_split(out: Path) -> set[str]:
+    """The names a split wrote into ``out``: its manifest and the files the manifest lists (stages, their
+    weights), the ONNX Runtime GenAI config; by their pattern where the manifest cannot be read."""
+    names = {MANIFEST_NAME, GENAI_CONFIG_FILE}
+    try:
+        manifest = load_manifest(out, check_files=False)
+    except ManifestError:
+        return names | {p.name for p in out.glob("stage_*.onnx*")}
+    for st in manifest.stages:
+        names.add(st.file)
+        if st.external_data is not None:
+            names.add(st.external_data)
+    return names
 
 
 def _current_folder() -> Path | None:

@@ -119,6 +119,9 @@ class TritonRepository:
     ensemble: str
     models: tuple[TritonModel, ...]
     parsed: bool
+    notes: tuple[str, ...] = ()
+    """What the repository does otherwise than the split asks: a batch it cannot batch, a runtime Triton
+    has no backend for."""
 
 
 def _q(text: str) -> str:
@@ -163,7 +166,8 @@ def export_triton(folder: str | Path, options: TritonOptions) -> TritonRepositor
             with writing(target / model.name / "config.pbtxt", target):
                 (tmp / model.name / "config.pbtxt").write_text(text, encoding="utf-8")
         check_data_flow(models[0], models[1:])
-    return TritonRepository(target, ensemble, tuple(models), parsed=pb is not None)
+    notes = repository_notes(manifest, options.platform, options.max_batch_size)
+    return TritonRepository(target, ensemble, tuple(models), parsed=pb is not None, notes=notes)
 
 
 def plan_repository(
@@ -230,6 +234,40 @@ def plan_repository(
         steps=tuple(steps),
     )
     return [top, *stages]
+
+
+def repository_notes(manifest: Manifest, platform: TritonPlatform, max_batch_size: int) -> tuple[str, ...]:
+    """Why the configs say ``max_batch_size: 0`` (the tensors that carry no batch at axis 0), and which
+    stages a runtime without a Triton backend (tract) leaves to onnxruntime."""
+    notes: list[str] = []
+    axes = [(t.name, t.batch_axis) for t in manifest.model_inputs]
+    axes += [(t.name, t.batch_axis) for t in manifest.model_outputs]
+    axes += [(t.name, t.batch_axis) for st in manifest.stages for t in st.inputs]
+    axes += [(t.name, t.batch_axis) for st in manifest.stages for t in st.outputs]
+    unbatched = sorted({name for name, axis in axes if axis != 0})
+    if unbatched:
+        where = ", ".join(repr(n) for n in unbatched[:3]) + (
+            f" and {len(unbatched) - 3} more" if len(unbatched) > 3 else ""
+        )
+        notes.append(
+            f"max_batch_size 0 instead of {max_batch_size}: {where} "
+            f"carr{'ies' if len(unbatched) == 1 else 'y'} "
+            "no batch at axis 0, so Triton cannot batch requests; the configs list every dim"
+        )
+    if platform == TritonPlatform.AUTO and manifest.cluster is not None:
+        by_name = {d.name: d for d in manifest.cluster.devices}
+        tract = [
+            st.index
+            for st in manifest.stages
+            if st.device in by_name and by_name[st.device].runtime == Runtime.TRACT
+        ]
+        if tract:
+            notes.append(
+                f"stage(s) {', '.join(map(str, tract))} run on tract in the split, which Triton has no "
+                "backend "
+                "for: onnxruntime_onnx serves them"
+            )
+    return tuple(notes)
 
 
 def _runtime_of(manifest: Manifest, stage: StageEntry) -> str:

@@ -44,9 +44,9 @@ _INT_TYPES: dict[int, type[np.generic]] = {
 
 
 def random_feeds(
-    view: ModelView, shapes: Mapping[str, Sequence[int]], seed: int = 0
+    view: ModelView, shapes: Mapping[str, Sequence[int]], seed: int = 0, *, names: Sequence[str] | None = None
 ) -> dict[str, np.ndarray]:
-    """Seeded random values for every model input at ``shapes``.
+    """Seeded random values for every model input at ``shapes`` (``names``: for these inputs only).
 
     Floats are standard normal; integers that end up as Gather indices lie in ``[0, rows)`` of the data
     they index; integers (and booleans) named like a mask are ones; other integers lie in
@@ -56,11 +56,12 @@ def random_feeds(
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     others = non_tensor_inputs(view)
-    for name in view.inputs:
+    for name in view.inputs if names is None else names:
         if name in others:
             raise UsageError(
                 f"input {name!r} is {expected_text(view, name)}, which onnxpipe cannot make random values "
-                "for; give real inputs (onnxpipe.ir.samples.samples_from_feeds, ProfileOptions(inputs=...))"
+                "for and a file of arrays cannot hold; give real inputs from Python "
+                f"({opt('ProfileOptions.inputs')}, made by onnxpipe.ir.samples.samples_from_feeds)"
             )
         if name not in shapes:
             raise UsageError(

@@ -27,8 +27,6 @@ from onnx import helper
 
 from onnxpipe.core.dims import Dim
 
-CONSTANT_OPS = frozenset({"Constant", "ConstantOfShape", "Identity", "Shape"})
-
 
 @dataclass(frozen=True)
 class TensorInfo:

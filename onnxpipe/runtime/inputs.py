@@ -1,7 +1,8 @@
-"""Micro-batches for ``onnxpipe run``: read from an ``.npz`` file, or seeded random values.
+"""Micro-batches for ``onnxpipe run``: read from the user's files, or seeded random values.
 
-An ``.npz`` file holds one array per model input, stacked on a new first axis: ``input_ids`` of shape
-``[M, 4, 128]`` is M micro-batches of ``[4, 128]``.  Random inputs follow
+The files are those ``split`` takes: an ``.npz`` (or a folder of ``.npy`` files) with one array per model
+input holds one micro-batch; an ``.npz`` whose arrays are stacked on a new first axis holds several
+(``input_ids`` of shape ``[M, 4, 128]`` is M micro-batches of ``[4, 128]``).  Random inputs follow
 :func:`onnxpipe.ir.feeds.random_feeds` (valid indices for embeddings, ones for masks) at the shapes the
 plan was made for, so that the measured stage times are comparable with the manifest's estimates;
 ``--shape`` overrides them.
@@ -9,17 +10,18 @@ plan was made for, so that the measured stage times are comparable with the mani
 
 from __future__ import annotations
 
-import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.inputfiles import read_input_file
 from onnxpipe.core.options import opt
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
-from onnxpipe.manifest import Manifest
+from onnxpipe.ir.model import ModelView
+from onnxpipe.manifest import MODEL, Manifest
 from onnxpipe.verification.verify import planned_input_shapes
 
 DISTINCT_RANDOM = 16
@@ -28,30 +30,31 @@ DISTINCT_RANDOM = 16
 Feeds = dict[str, np.ndarray]
 
 
-def load_npz(path: Path, input_types: Mapping[str, str]) -> list[Feeds]:
-    """Micro-batches from ``path``: every model input stacked on axis 0, all with the same count."""
-    if not path.is_file():
-        raise UsageError(f"{path}: no such file; give an .npz with one array per model input")
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {name: data[name] for name in data.files}
-    except (OSError, ValueError, zipfile.BadZipFile) as e:
-        raise UsageError(f"{path}: not a readable .npz file ({e})") from e
-    missing = [n for n in input_types if n not in arrays]
-    if missing:
-        raise UsageError(
-            f"{path}: has no array {missing[0]!r}; it needs one per model input ({', '.join(input_types)}), "
-            "stacked on a first axis of micro-batches"
-        )
-    extra = [n for n in arrays if n not in input_types]
-    if extra:
-        raise UsageError(f"{path}: array {extra[0]!r} is not a model input ({', '.join(input_types)})")
-    counts = {n: a.shape[0] if a.ndim else 0 for n, a in arrays.items()}
-    if len(set(counts.values())) != 1 or 0 in counts.values():
-        shown = ", ".join(f"{n}: {c}" for n, c in counts.items())
-        raise UsageError(f"{path}: every array needs the same number of micro-batches on axis 0, got {shown}")
-    count = next(iter(counts.values()))
-    return [{n: np.asarray(arrays[n][j], order="C") for n in input_types} for j in range(count)]
+def load_inputs(
+    files: Sequence[Path], stacked: Sequence[Path], input_types: Mapping[str, str]
+) -> list[Feeds]:
+    """Micro-batches from the user's files, read as ``split`` reads its samples
+    (:mod:`onnxpipe.core.inputfiles`): one micro-batch per file of ``files`` (an ``.npz``, or a folder of
+    ``.npy`` files), several along a leading axis in each ``.npz`` of ``stacked``; every model input of
+    ``input_types`` by name, no other."""
+    batches: list[Feeds] = []
+    for path, is_stacked in [*((p, False) for p in files), *((p, True) for p in stacked)]:
+        field = "stacked_files" if is_stacked else "input_files"
+        _, samples = read_input_file(path, stacked=is_stacked)
+        for sample in samples:
+            missing = [n for n in input_types if n not in sample]
+            if missing:
+                raise UsageError(
+                    f"{opt(field, path)}: has no array {missing[0]!r}; it needs one per model input "
+                    f"({', '.join(input_types)})"
+                )
+            extra = [n for n in sample if n not in input_types]
+            if extra:
+                raise UsageError(
+                    f"{opt(field, path)}: array {extra[0]!r} is not a model input ({', '.join(input_types)})"
+                )
+            batches.append({n: np.ascontiguousarray(sample[n]) for n in input_types})
+    return batches
 
 
 def input_shapes_for(
@@ -66,16 +69,46 @@ def input_shapes_for(
     if not overrides and all(n in profiled for n in names):
         return {n: profiled[n] for n in names}
     if model is None:
-        raise UsageError(f"no source model to derive input shapes from; give {opt('inputs', 'FILE.npz')}")
+        raise UsageError(
+            f"the source model is not at hand to size the inputs {opt('shapes')} gives; give the model "
+            f"({opt('model')}) or inputs of your own ({opt('input_files', 'FILE.npz')})"
+        )
     return planned_input_shapes(manifest, load_model(model, check=False), overrides)
 
 
 def random_inputs(
-    model: Path, shapes: Mapping[str, Sequence[int]], microbatches: int, *, seed: int = 0
+    source: Path | tuple[Path, Manifest],
+    shapes: Mapping[str, Sequence[int]],
+    microbatches: int,
+    *,
+    seed: int = 0,
 ) -> list[Feeds]:
-    """``microbatches`` seeded random micro-batches for ``model`` (cycling through a few distinct ones)."""
+    """``microbatches`` seeded random micro-batches (cycling through a few distinct ones), made from the
+    source model, or, where it is not at hand (a split folder copied elsewhere), from the stage files:
+    each model input by the first stage that reads it (``source``: the folder and its manifest), whose
+    graph says what values it takes (rows of an embedding, a mask)."""
     if microbatches < 1:
         raise UsageError(f"{opt('microbatches', microbatches)}: give at least 1")
-    view = load_model(model, check=False)
-    distinct = [random_feeds(view, shapes, seed=seed + j) for j in range(min(microbatches, DISTINCT_RANDOM))]
+    readers = _readers(source) if isinstance(source, tuple) else [(load_model(source, check=False), None)]
+    distinct = [
+        {
+            k: v
+            for view, names in readers
+            for k, v in random_feeds(view, shapes, seed + j, names=names).items()
+        }
+        for j in range(min(microbatches, DISTINCT_RANDOM))
+    ]
     return [distinct[j % len(distinct)] for j in range(microbatches)]
+
+
+def _readers(source: tuple[Path, Manifest]) -> list[tuple[ModelView, list[str]]]:
+    """Each stage that reads model inputs no earlier stage reads, loaded, with those inputs."""
+    directory, manifest = source
+    made: set[str] = set()
+    readers: list[tuple[ModelView, list[str]]] = []
+    for st in manifest.stages:
+        names = [i.name for i in st.inputs if i.source == MODEL and i.name not in made]
+        if names:
+            readers.append((load_model(directory / st.file, check=False), names))
+            made.update(names)
+    return readers

@@ -38,10 +38,11 @@ class RunOptions:
     per stage), ``slots`` micro-batches per link, ``threads`` per stage (default: the split's devices',
     else the plan's), ``devices``: a devices file (or cluster) naming each stage's provider and threads.
 
-    Inputs: ``inputs``, an ``.npz`` of micro-batches stacked on axis 0, or random ones at ``shapes``
-    (default: the planned shapes) from ``seed``; ``microbatches`` of them (default: all of ``inputs``,
-    else :data:`MEASURED_MICROBATCHES`) after ``warmup``; ``model``: the source model (default: the
-    path in the manifest), for random inputs and ``compare``.
+    Inputs: the user's, read as ``split`` reads them (``input_files``: one micro-batch per ``.npz`` or
+    folder of ``.npy`` files; ``stacked_files``: several along a leading axis of each ``.npz``), or random
+    ones at ``shapes`` (default: the planned shapes) from ``seed``; ``microbatches`` of them (default:
+    all the files hold, else :data:`MEASURED_MICROBATCHES`) after ``warmup``; ``model``: the source model
+    (default: the path in the manifest), for ``compare``.
 
     Results: ``report`` (the measurements as JSON) and ``outputs`` (the model outputs as ``.npz``) are
     written when given; ``compare`` also runs the model as one session and as K replicas, side by side.
@@ -56,7 +57,8 @@ class RunOptions:
     pin: bool = False
     ray_address: str | None = None
     ray_resources: Path | Sequence[Mapping[str, Any]] | None = None
-    inputs: Path | None = None
+    input_files: tuple[Path, ...] = ()
+    stacked_files: tuple[Path, ...] = ()
     microbatches: int | None = None
     warmup: int = DEFAULT_RUN_WARMUP
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
@@ -70,7 +72,9 @@ class RunOptions:
         object.__setattr__(self, "backend", choice(Backend, self.backend, "backend"))
         object.__setattr__(self, "local_mode", choice(LocalMode, self.local_mode, "local_mode"))
         object.__setattr__(self, "shapes", frozen_shapes(self.shapes))
-        for name in ("inputs", "model", "report", "outputs"):
+        object.__setattr__(self, "input_files", tuple(Path(p) for p in self.input_files))
+        object.__setattr__(self, "stacked_files", tuple(Path(p) for p in self.stacked_files))
+        for name in ("model", "report", "outputs"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, Path(value))
@@ -78,6 +82,10 @@ class RunOptions:
             object.__setattr__(self, "devices", load_cluster(self.devices))
         if isinstance(self.ray_resources, str):
             object.__setattr__(self, "ray_resources", Path(self.ray_resources))
+
+    @property
+    def has_input_files(self) -> bool:
+        return bool(self.input_files or self.stacked_files)
 
     def check(self) -> None:
         """Refuse what cannot work together, before anything starts: another backend's options."""
@@ -89,9 +97,10 @@ class RunOptions:
             raise UsageError(f"{opt('microbatches', self.microbatches)}: give 1 or more")
         if self.threads is not None and self.threads < 1:
             raise UsageError(f"{opt('threads', self.threads)}: give 1 or more threads per stage")
-        if self.inputs is not None and self.shapes:
+        if self.has_input_files and self.shapes:
             raise UsageError(
-                f"{opt('shapes')} is for random inputs; the shapes of {opt('inputs')} are those in the file"
+                f"{opt('shapes')} is for random inputs; the shapes of {opt('input_files')} are those in "
+                "the files"
             )
         if self.backend == Backend.RAY:
             if self.pin:

@@ -67,8 +67,8 @@ from onnxpipe.verification.verify import source_model_path
 class Pipeline:
     """Workers running the stages of a split folder (or any chain of :class:`WorkerSpec`).
 
-    ``input_shapes`` (from the manifest) lets :meth:`submit` refuse an input of the wrong rank or fixed
-    dimension before it enters the pipeline, where it would fail a stage and with it every request.
+    The model inputs' shapes (from the manifest) let :meth:`submit` refuse an input of the wrong rank or
+    fixed dimension before it enters the pipeline, where it would fail a stage and with it every request.
     """
 
     def __init__(
@@ -80,13 +80,14 @@ class Pipeline:
         lanes: Sequence[Sequence[WorkerSpec]],
         manifest: Manifest | None = None,
         directory: Path | None = None,
-        input_shapes: Mapping[str, Shape] | None = None,
         pin_note: str | None = None,
         generation_io: DecoderIORecord | None = None,
     ) -> None:
         self.backend = backend
         self.input_types = dict(input_types)
-        self.input_shapes: dict[str, Shape] = dict(input_shapes or {})
+        self.input_shapes: dict[str, Shape] = (
+            {t.name: t.shape for t in manifest.model_inputs} if manifest is not None else {}
+        )
         self.output_names = tuple(output_names)
         self.lanes = tuple(tuple(lane) for lane in lanes)
         self.manifest = manifest
@@ -159,7 +160,6 @@ class Pipeline:
         return cls(
             make_backend([specs], config, workers=shared),
             input_types=types,
-            input_shapes={t.name: t.shape for t in manifest.model_inputs},
             output_names=outputs,
             lanes=[specs],
             manifest=manifest,
@@ -197,7 +197,6 @@ class Pipeline:
         return cls(
             make_backend(lanes, config),
             input_types=generation_input_types(manifest, io),
-            input_shapes={t.name: t.shape for t in manifest.model_inputs},
             output_names=[str(io.logits_output)],
             lanes=lanes,
             manifest=manifest,

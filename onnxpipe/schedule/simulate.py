@@ -120,6 +120,25 @@ def simulate(
     :func:`_simulate_shared`); ``None``: a device per stage.
     """
     kind = choice(ScheduleKind, kind, "ScheduleRequest.kind")
+    f_cost, b_cost, l_cost = _costs(kind, fwd, bwd, link, microbatches)
+    if workers is not None:
+        k = len(f_cost)
+        if kind.training:
+            raise UsageError(f"schedule {kind!r}: stages that share a worker are planned for inference only")
+        if len(workers) != k or any(w < 0 for w in workers):
+            raise ValueError(f"workers must give each of the {k} stages a worker index >= 0: {list(workers)}")
+        return _simulate_shared(f_cost, l_cost, microbatches, tuple(int(w) for w in workers))
+    return _simulate_dedicated(kind, f_cost, b_cost, l_cost, microbatches)
+
+
+def _costs(
+    kind: ScheduleKind,
+    fwd: Sequence[float],
+    bwd: Sequence[float] | None,
+    link: Sequence[float],
+    microbatches: int,
+) -> tuple[list[float], list[float], list[float]]:
+    """The forward, backward and link seconds of each stage, checked (backward zeros for streaming)."""
     if microbatches < 1:
         raise UsageError(
             f"need at least one micro-batch, got {microbatches}; choose {opt('microbatches')} 1 or more"
@@ -129,26 +148,25 @@ def simulate(
         raise ValueError("simulate needs at least one stage")
     if len(link) != k:
         raise ValueError(f"link has {len(link)} entries for {k} stages (link[0] is the source's link)")
-    training = kind != "stream"
-    if training:
+    if kind.training:
         if bwd is None:
             raise ValueError(f"schedule {kind!r} needs backward times")
         if len(bwd) != k:
             raise ValueError(f"bwd has {len(bwd)} entries for {k} stages")
-    b_cost = [float(x) for x in bwd] if training and bwd is not None else [0.0] * k
+    b_cost = [float(x) for x in bwd] if kind.training and bwd is not None else [0.0] * k
     f_cost = [float(x) for x in fwd]
     l_cost = [float(x) for x in link]
     for name, seq in (("fwd", f_cost), ("bwd", b_cost), ("link", l_cost)):
         if any(not (math.isfinite(x) and x >= 0) for x in seq):
             raise ValueError(f"{name} times must be finite and non-negative: {seq}")
+    return f_cost, b_cost, l_cost
 
-    if workers is not None:
-        if training:
-            raise UsageError(f"schedule {kind!r}: stages that share a worker are planned for inference only")
-        if len(workers) != k or any(w < 0 for w in workers):
-            raise ValueError(f"workers must give each of the {k} stages a worker index >= 0: {list(workers)}")
-        return _simulate_shared(f_cost, l_cost, microbatches, tuple(int(w) for w in workers))
-    m = microbatches
+
+def _simulate_dedicated(
+    kind: ScheduleKind, f_cost: list[float], b_cost: list[float], l_cost: list[float], m: int
+) -> Timeline:
+    """A device per stage: each runs its steps in :func:`step_order`, each as soon as its input is there."""
+    k = len(f_cost)
     orders = [step_order(kind, s, k, m) for s in range(k)]
     f_arrive: list[list[float | None]] = [[None] * m for _ in range(k)]
     b_arrive: list[list[float | None]] = [[None] * m for _ in range(k)]
@@ -156,10 +174,8 @@ def simulate(
     transfers: list[Transfer] = []
     link_f_free = [0.0] * k  # link s (stage s-1 -> s), forward direction
     link_b_free = [0.0] * k  # link s, backward direction (stage s -> s-1)
-
     for j in range(m):  # the source sends the model inputs one micro-batch after another
         f_arrive[0][j] = _send(transfers, link_f_free, 0, "F", j, 0.0, l_cost[0])
-
     steps: list[list[Step]] = [[] for _ in range(k)]
     ptr = [0] * k
     dev_free = [0.0] * k
@@ -182,7 +198,7 @@ def simulate(
                     f_done[s][j] = end
                     if s + 1 < k:
                         f_arrive[s + 1][j] = _send(transfers, link_f_free, s + 1, "F", j, end, l_cost[s + 1])
-                    elif training:
+                    elif kind.training:
                         b_arrive[s][j] = end
                 elif s > 0:
                     b_arrive[s - 1][j] = _send(transfers, link_b_free, s, "B", j, end, l_cost[s])
@@ -190,17 +206,14 @@ def simulate(
                 progress = True
     if any(ptr[s] < len(orders[s]) for s in range(k)):
         raise RuntimeError(f"schedule {kind} deadlocked at steps {ptr}")  # a bug in step_order
-
-    per_device = [f + b for f, b in zip(f_cost, b_cost, strict=True)]
-    slowest = max(max(per_device), max(l_cost))
-    makespan = max((st.end for row in steps for st in row), default=0.0)
+    slowest = max(max(f + b for f, b in zip(f_cost, b_cost, strict=True)), max(l_cost))
     transfers.sort(key=lambda t: (t.start, t.link, t.kind, t.microbatch))
     return Timeline(
         kind=kind,
         microbatches=m,
         stages=tuple(tuple(row) for row in steps),
         transfers=tuple(transfers),
-        makespan=makespan,
+        makespan=max((st.end for row in steps for st in row), default=0.0),
         steady_state_throughput_per_s=(1.0 / slowest) if slowest > 0 else math.inf,
     )
 

@@ -35,6 +35,9 @@ class OutputComparison:
     max_rel_diff: float
     max_abs_expected: float
     allclose: bool
+    rtol: float = 0.0
+    atol: float = 0.0
+    """The tolerance it was held to."""
 
     @property
     def shape_equal(self) -> bool:
@@ -85,6 +88,8 @@ def compare(
             max_rel_diff=rel,
             max_abs_expected=scale,
             allclose=max_abs <= atol + rtol * scale,
+            rtol=rtol,
+            atol=atol,
         )
 
     if expected.shape != actual.shape:

@@ -23,6 +23,62 @@ DEFAULT_ATOL = 1e-5
 
 
 @dataclass(frozen=True)
+class Tolerance:
+    """An output matches when ``max|a-b| <= atol + rtol * max|a|`` (:mod:`onnxpipe.verification.compare`)."""
+
+    rtol: float
+    atol: float
+
+    def describe(self) -> str:
+        return f"|a-b| <= {self.atol:g} + {self.rtol:g}*max|a|"
+
+
+_BY_DTYPE: dict[str, Tolerance] = {
+    "float16": Tolerance(4e-3, 1e-3),
+    "bfloat16": Tolerance(3e-2, 1e-2),
+    "int8": Tolerance(0.0, 1.0),
+    "uint8": Tolerance(0.0, 1.0),
+}
+"""A split runs each stage's graph through onnxruntime's optimizer apart, which fuses and orders its
+arithmetic otherwise than in the whole model: the difference is a few units in the last place of the
+output's type.  float16 keeps 11 bits (an ulp 2**-10 of the value), bfloat16 8 (2**-7); an 8-bit
+quantized output can move by one step where a rounding falls the other way."""
+QUANTIZED = Tolerance(1e-2, 1e-5)
+"""A float output of a quantized model (QDQ, QLinear, integer or n-bit MatMul): a fusion that moves a
+quantize-dequantize pair moves a value by up to one quantization step, about 1/127 of its range."""
+QUANTIZED_OPS = frozenset(
+    {
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "DynamicQuantizeLinear",
+        "MatMulInteger",
+        "ConvInteger",
+        "MatMulNBits",
+    }
+)
+
+
+def defaults_text(which: str) -> str:
+    """The default ``rtol`` or ``atol`` (``which``) of each type, for the CLI's help."""
+    float32 = Tolerance(DEFAULT_RTOL, DEFAULT_ATOL)
+    own = [("float32", float32), *_BY_DTYPE.items(), ("a quantized model's float", QUANTIZED)]
+    return ", ".join(f"{name} {getattr(tol, which):g}" for name, tol in own if getattr(tol, which) > 0)
+
+
+def tolerance_for(dtype: str, *, quantized: bool = False) -> Tolerance:
+    """The tolerance an output of element type ``dtype`` is verified at by default: its type's (float32's
+    :data:`DEFAULT_RTOL` and :data:`DEFAULT_ATOL` for the others), or a quantized model's if looser;
+    other integers and booleans must be equal."""
+    if dtype in _BY_DTYPE:
+        return _BY_DTYPE[dtype]
+    if dtype.startswith(("int", "uint", "bool")):
+        return Tolerance(0.0, 0.0)
+    if quantized:
+        return QUANTIZED
+    return Tolerance(DEFAULT_RTOL, DEFAULT_ATOL)
+
+
+@dataclass(frozen=True)
 class VerifyOptions:
     """What :func:`onnxpipe.verify` runs the original model and the chained stages on, and how it compares.
 
@@ -30,15 +86,16 @@ class VerifyOptions:
     manifest's).  The inputs are the user's (``input_files``: one sample each; ``stacked_files``: a
     leading sample axis; ``samples``: already in memory) or ``runs`` sets of random values seeded from
     ``seed`` at the planned shapes, with ``shapes`` on top.  An output matches when
-    ``max|a-b| <= atol + rtol * max|a|`` (:mod:`onnxpipe.verification.compare`).  ``runtime``: every
+    ``max|a-b| <= atol + rtol * max|a|`` (:mod:`onnxpipe.verification.compare`), at ``rtol`` and ``atol``
+    when given, else at its element type's tolerance (:func:`tolerance_for`).  ``runtime``: every
     stage on one runtime, or each on its device's (``devices``); None: onnxruntime on the CPU; the
     original always runs in onnxruntime on the CPU.  ``record``: write the result into the folder's
     manifest, which marks a split verified (or not).
     """
 
     model: Path | None = None
-    rtol: float = DEFAULT_RTOL
-    atol: float = DEFAULT_ATOL
+    rtol: float | None = None
+    atol: float | None = None
     seed: int = 0
     runtime: VerifyRuntime | None = None
     threads: int = 1
@@ -65,8 +122,15 @@ class VerifyOptions:
         if self.threads < 1:
             raise UsageError(f"{opt('threads', self.threads)}: give a positive number of threads")
         for name, value in (("rtol", self.rtol), ("atol", self.atol)):
-            if not (value >= 0 and not math.isnan(value)):
+            if value is not None and not (value >= 0 and not math.isnan(value)):
                 raise UsageError(f"{opt(name, value)}: tolerances must be numbers >= 0")
+
+    def tolerance(self, dtype: str, *, quantized: bool = False) -> Tolerance:
+        """The tolerance of an output of element type ``dtype``: the one given, else its type's."""
+        own = tolerance_for(dtype, quantized=quantized)
+        return Tolerance(
+            own.rtol if self.rtol is None else self.rtol, own.atol if self.atol is None else self.atol
+        )
         given = self.samples is not None or bool(self.input_files or self.stacked_files)
         if given and self.shapes:
             raise UsageError(

@@ -39,7 +39,7 @@ from onnxpipe.ir.shapes import failure_hint, resolve_input_shapes, symbol_sizes
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, load_manifest
 from onnxpipe.verification.chain import run_stage_by_stage
 from onnxpipe.verification.compare import OutputComparison, compare, merge
-from onnxpipe.verification.options import VerifyOptions
+from onnxpipe.verification.options import QUANTIZED_OPS, VerifyOptions
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,8 @@ class VerifyReport:
     model_path: Path | None = None
     stage_runtimes: tuple[str, ...] = ()
     """What ran each stage (``onnxruntime (CPUExecutionProvider)``, ``openvino (CPU)``, ``tract``)."""
+    input_files: tuple[str, ...] = ()
+    """The files of the user's inputs the chain ran on; none: seeded random values."""
     recorded_in: Path | None = None
     """The manifest the result was written into (:func:`onnxpipe.verify`), if it was."""
     record_note: str | None = None
@@ -66,7 +68,11 @@ class VerifyReport:
 
     @property
     def tolerance(self) -> str:
-        return f"|a-b| <= {self.atol:g} + {self.rtol:g}*max|a|"
+        """The tolerance the outputs were held to: one, or each output's by its type (the loosest named)."""
+        bound = f"|a-b| <= {self.atol:g} + {self.rtol:g}*max|a|"
+        if all((o.rtol, o.atol) == (self.rtol, self.atol) for o in self.outputs):
+            return bound
+        return f"by each output's type, up to {bound}"
 
     def summary(self) -> str:
         """Print-friendly lines: one per output, then the verdict."""
@@ -101,7 +107,7 @@ def verify_folder(out_dir: str | Path, options: VerifyOptions) -> VerifyReport:
     options.check()
     d = Path(out_dir)
     manifest = load_manifest(d, check_files=True)
-    threads, rtol, atol, seed = options.threads, options.rtol, options.atol, options.seed
+    threads, seed = options.threads, options.seed
     engines = stage_engines(manifest, options.runtime, threads)
     model = source_model_path(d, manifest, options.model)
     sha = file_sha256(model)
@@ -128,19 +134,23 @@ def verify_folder(out_dir: str | Path, options: VerifyOptions) -> VerifyReport:
     expected = _run_original(model, names, all_feeds, threads, input_shapes, view, samples, manifest)
     merged: dict[str, OutputComparison] = {}
     staged = run_stage_by_stage(d, all_feeds, threads=threads, check_files=False, engines=engines)
+    quantized = any(n.op_type in QUANTIZED_OPS for n in view.nodes)
     for actual, want in zip(staged, expected, strict=True):
         for n in names:
-            c = compare(n, want[n], _as_array(actual[n]), rtol=rtol, atol=atol)
+            tol = options.tolerance(str(want[n].dtype), quantized=quantized)
+            c = compare(n, want[n], _as_array(actual[n]), rtol=tol.rtol, atol=tol.atol)
             merged[n] = merge(merged[n], c) if n in merged else c
+    outputs = tuple(merged[n] for n in names)
     return VerifyReport(
-        outputs=tuple(merged[n] for n in names),
-        rtol=rtol,
-        atol=atol,
+        outputs=outputs,
+        rtol=max((o.rtol for o in outputs), default=0.0),
+        atol=max((o.atol for o in outputs), default=0.0),
         seed=seed,
         runs=runs,
         input_shapes=input_shapes,
         model_path=model,
         stage_runtimes=tuple(e.label for e in engines) if engines is not None else (),
+        input_files=tuple(r.file for r in samples.records) if samples is not None else (),
     )
 
 

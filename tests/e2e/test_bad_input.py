@@ -27,6 +27,8 @@ import pytest
 from cli_runner import preamble_only, run, run_with_file_size_limit
 from models import save, shared_weights_model, training_model
 
+from tools import conformance
+
 # --------------------------------------------------------------------------------------------------
 # helpers
 
@@ -199,10 +201,10 @@ def test_disk_full_at_each_file_exits_6_and_keeps_the_old_folder(
 ) -> None:
     import onnxpipe.core.files
 
-    if old:  # a previous split (--force replaces nothing else)
+    if old:  # a previous split (--force replaces only its files)
         (work / "out").mkdir()
         (work / "out" / "manifest.json").write_text("{}")
-        (work / "out" / "mine.txt").write_text("keep me")
+        (work / "out" / "stage_0.onnx").write_text("keep me")
     before = snapshot(work)
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     failing = {"stage": "stage_1.onnx", "weights": "stage_1.onnx.data", "manifest": "manifest.json"}[at]
@@ -254,7 +256,7 @@ def test_real_write_limit_on_a_weights_file_keeps_the_old_folder(work: Path) -> 
     path = save(big, work / "big.onnx")
     (work / "out").mkdir()
     (work / "out" / "manifest.json").write_text("{}")
-    (work / "out" / "mine.txt").write_text("keep me")
+    (work / "out" / "stage_0.onnx").write_text("keep me")
     before = snapshot(work)
     proc = run_with_file_size_limit(
         30_000, split_static(path, "out", 2, "--force", "--external-data", "always"), work
@@ -468,3 +470,60 @@ def test_force_into_the_current_empty_folder_fills_it(
         "stage_0.onnx",
         "stage_1.onnx",
     ]
+
+
+SEQUENCE_CASES = [c for c in conformance.cases("sequence_map") if c.name.endswith("_expanded")]
+
+
+@pytest.mark.parametrize("case", SEQUENCE_CASES, ids=lambda c: c.name)
+def test_a_sequence_input_is_refused_before_any_work_unless_nothing_runs_the_model(
+    case: conformance.Case, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """No random value can be made for a sequence input: a split that would run the model (to measure,
+    or to verify) is refused in one line before anything is written; static costs without verification
+    split it."""
+    path = work / "seq.onnx"
+    onnx.save(case.model, str(path))
+    code, out, err = run(split_static(path, "out", 2), capfd)
+    assert code == 2 and "is a sequence of" in error_line(err) and "--no-verify" in err, err
+    assert out == "" and not (work / "out").exists()
+    code, _, err = run([*split_static(path, "out", 2), "--no-verify"], capfd)
+    assert code == 0, err
+
+
+def test_force_replaces_only_what_a_split_wrote(
+    model: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A file the user put into an earlier split's folder stops ``--force``: nothing is deleted."""
+    code, _, err = run(split_static(model, "out"), capfd)
+    assert code == 0, err
+    (work / "out" / "NOTES.txt").write_text("mine")
+    before = snapshot(work / "out")
+    code, _, err = run([*split_static(model, "out"), "--force"], capfd)
+    assert code == 6 and "holds NOTES.txt, which no split wrote" in error_line(err) and "--force" in err
+    assert snapshot(work / "out") == before
+
+
+def _empty_folder_no_file_can_be_made_in(tmp: Path) -> Path:
+    """An empty folder that refuses new files: a read-only one, or for root (whom permissions do not
+    stop) an empty folder of /sys, which refuses files to everyone."""
+    if os.geteuid() != 0:
+        folder = tmp / "ro"
+        folder.mkdir(mode=0o555)
+        return folder
+    for candidate in sorted(Path("/sys/kernel").glob("*")):
+        try:
+            if candidate.is_dir() and not any(candidate.iterdir()):
+                (candidate / ".probe").touch()
+                (candidate / ".probe").unlink()
+        except OSError:
+            return candidate
+    pytest.skip("no empty folder that refuses files here")
+
+
+def test_an_empty_folder_that_refuses_files_is_refused_before_the_model_loads(
+    model: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    out = _empty_folder_no_file_can_be_made_in(work)
+    code, stdout, err = run(["split", model, "-k", "2", "--out", out], capfd)
+    assert code == 6 and "cannot be written" in error_line(err) and stdout == ""

@@ -810,3 +810,15 @@ def test_run_warns_when_the_stages_threads_exceed_the_cpus(
     assert code == 0, err
     assert "warning: 4 stages x 1 thread(s) = 4 threads on 2 CPU(s)" in out and "split again" in out
     assert "... running 4 micro-batch(es)" in out and out.splitlines()[-1].startswith("ran in ")
+
+
+def test_run_json_is_one_document_on_stdout(mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """``run --json``, as every other command's: one JSON document on stdout, what it says on stderr."""
+    code, _, err = run(["split", mlp, "-k", "2", "-o", "s", "--cost", "static", "--no-verify", "-q"], capfd)
+    assert code == 0, err
+    code, out, err = run(["run", "s", "--microbatches", "4", "--warmup", "0", "--json"], capfd)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["command"] == "run" and doc["json_schema_version"] == 1
+    assert doc["report"]["k"] == 2 and len(doc["report"]["stages"]) == 2
+    assert "ran in " in err.splitlines()[-1]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -375,11 +376,29 @@ def test_cli_run_with_inputs_file(tiny_split: Path, tmp_path: Path, sample_model
     inputs = tmp_path / "inputs.npz"
     np.savez(inputs, tokens=np.stack([b["tokens"] for b in batches]))
     outputs = tmp_path / "outputs.npz"
-    code = run_command(parse(str(tiny_split), "--inputs", str(inputs), "--outputs", str(outputs)))
+    code = run_command(parse(str(tiny_split), "--inputs-stacked", str(inputs), "--outputs", str(outputs)))
     assert code == 0
     expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
     with np.load(outputs) as saved:
         assert_same(expected, [{"logits": saved["logits"][j]} for j in range(5)])
+    # one micro-batch per file, as split reads its samples
+    files = []
+    for j, batch in enumerate(batches[:2]):
+        files += ["--inputs", str(tmp_path / f"one_{j}.npz")]
+        np.savez(tmp_path / f"one_{j}.npz", tokens=batch["tokens"])
+    assert run_command(parse(str(tiny_split), *files, "--outputs", str(outputs))) == 0
+    with np.load(outputs) as saved:
+        assert_same(expected[:2], [{"logits": saved["logits"][j]} for j in range(2)])
+
+
+def test_cli_run_of_a_copied_folder_needs_no_source_model(tiny_split: Path, tmp_path: Path) -> None:
+    """The random inputs come from the stage files when the model the manifest names is not there."""
+    copied = tmp_path / "copied"
+    shutil.copytree(tiny_split, copied)
+    manifest = json.loads((copied / "manifest.json").read_text())
+    manifest["source"]["path"] = "elsewhere/transformer_tiny.onnx"
+    (copied / "manifest.json").write_text(json.dumps(manifest))
+    assert run_command(parse(str(copied), "-m", "4", "--warmup", "0")) == 0
 
 
 def test_cli_run_refuses_a_malformed_inputs_file(tiny_split: Path, tmp_path: Path) -> None:

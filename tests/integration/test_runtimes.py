@@ -15,13 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper, save
 
 from onnxpipe.api import SplitOptions, VerifyOptions, split, verify
 from onnxpipe.calibrate.devices import calibrate_on_devices
 from onnxpipe.calibrate.options import CalibrationOptions
 from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.choices import Runtime
-from onnxpipe.core.errors import RuntimeStageError, UsageError
+from onnxpipe.core.errors import RuntimeStageError, UsageError, error_line
 from onnxpipe.core.runtimes import EngineConfig, open_engine
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.cost.runtime_profile import profile_on_runtime
@@ -95,7 +96,7 @@ def test_every_stage_runs_on_the_runtime_where_the_whole_model_does(
     try:
         whole = open_engine(model, EngineConfig(runtime=runtime)).run(names, feeds)
     except Exception as e:  # noqa: BLE001 - the runtime's own refusal, of any type
-        pytest.skip(f"the whole {name} does not run on {runtime.value} either: {e}")
+        pytest.skip(f"the whole {name} does not run on {runtime.value} either: {error_line(e)}")
     with StageChain.from_manifest(out, engines=[EngineConfig(runtime=runtime)] * manifest.k) as chain:
         staged = chain.run(feeds)
     for n, want, alone in zip(names, reference, whole, strict=True):
@@ -190,3 +191,21 @@ def test_calibrating_a_tract_profile_in_onnxruntime_is_refused(
                 calibration=CalibrationOptions(rounds=1),
             ),
         )
+
+
+@pytest.mark.parametrize("runtime", OTHER_RUNTIMES, ids=lambda r: r.value)
+def test_an_input_a_runtime_renames_is_bound_by_its_position(runtime: Runtime, tmp_path: Path) -> None:
+    """OpenVINO names an input that feeds a Dropout after the Dropout's output (``d``, not ``r60``): a
+    stage is fed by the file's input order where the runtime lost the name."""
+    nodes = [helper.make_node("Dropout", ["r60"], ["d"], name="drop"), helper.make_node("Relu", ["d"], ["y"])]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("r60", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    path = tmp_path / "drop.onnx"
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    x = np.array([[-1.0, 2.0, -3.0, 4.0]], dtype=np.float32)
+    (y,) = open_engine(path, EngineConfig(runtime=runtime)).run(["y"], {"r60": x})
+    assert np.array_equal(y, np.maximum(x, 0))

@@ -12,7 +12,7 @@ import pytest
 
 from onnxpipe.api import PlanRequest, SplitOptions, TritonOptions, split
 from onnxpipe.cluster.model import Cluster, Device, Link
-from onnxpipe.core.choices import Runtime
+from onnxpipe.core.choices import Runtime, TritonPlatform
 from onnxpipe.core.errors import ExportError
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.export.triton import (
@@ -22,6 +22,7 @@ from onnxpipe.export.triton import (
     model_config_module,
     parse_config,
     plan_repository,
+    repository_notes,
 )
 from onnxpipe.manifest import load_manifest
 
@@ -84,9 +85,13 @@ def test_fixed_shapes_give_no_batching_and_full_dims(sample_models_dir: Path, tm
     out = tmp_path / "s"
     opts = partial(SplitOptions, profile=ProfileOptions(cost="static"), verify=False, static=True)
     split(sample_models_dir / "mlp.onnx", opts(out=out, plan=PlanRequest(2)))
-    export_triton(out, TritonOptions(tmp_path / "repo", platform="openvino", name="m"))
+    repo = export_triton(out, TritonOptions(tmp_path / "repo", platform="openvino", name="m"))
     configs = parsed(tmp_path / "repo")
     assert configs["m"].max_batch_size == 0
+    assert any(
+        "max_batch_size 0 instead of 8: " in n and "'x'" in n and "no batch at axis 0" in n
+        for n in repo.notes
+    )
     assert list(configs["m"].input[0].dims) == [1, 64]
     assert configs["m_stage0"].backend == "openvino"
     assert configs["m_stage0"].default_model_filename == "model.onnx"
@@ -135,7 +140,10 @@ def test_auto_platform_follows_each_devices_runtime(transformer_split: Path) -> 
     devices = tuple(Device(name=f"d{i}", runtime=kind) for i, kind in enumerate(kinds))
     stages = tuple(dataclasses.replace(st, device=f"d{st.index}") for st in manifest.stages)
     cluster = Cluster(devices=devices, links=(Link(), Link()))
-    models = plan_repository(dataclasses.replace(manifest, stages=stages, cluster=cluster), "t", "auto", 8)
+    on_devices = dataclasses.replace(manifest, stages=stages, cluster=cluster)
+    models = plan_repository(on_devices, "t", "auto", 8)
+    (said,) = [n for n in repository_notes(on_devices, TritonPlatform.AUTO, 8) if "tract" in n]
+    assert said.startswith("stage(s) 2 run on tract") and "onnxruntime_onnx serves them" in said
     assert [(m.platform, m.backend) for m in models[1:]] == [
         ("onnxruntime_onnx", None),
         (None, "openvino"),

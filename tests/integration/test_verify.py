@@ -15,7 +15,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe import api
-from onnxpipe.api import ExportOptions, PlanRequest, ProfileOptions, SplitOptions, VerifyOptions, verify
+from onnxpipe.api import (
+    ExportOptions,
+    PlanRequest,
+    ProfileOptions,
+    SplitOptions,
+    VerifyOptions,
+    verify,
+)
 from onnxpipe.cli import main
 from onnxpipe.core.errors import ManifestError, UsageError
 from onnxpipe.core.files import file_sha256
@@ -28,6 +35,7 @@ from onnxpipe.planning.types import Plan
 from onnxpipe.runtime.inputs import input_shapes_for
 from onnxpipe.verification.chain import StageChain
 from onnxpipe.verification.compare import compare
+from onnxpipe.verification.options import tolerance_for
 from onnxpipe.verification.verify import planned_input_shapes
 
 
@@ -336,3 +344,36 @@ def test_planned_shapes_fall_back_to_the_defaults_for_an_input_the_plan_lacks(sp
     view = load_model(split.parent / "skip.onnx")
     assert planned_input_shapes(bare, view) == {"x": (1, 8)}
     assert planned_input_shapes(bare, view, {"x": (4, 8)}) == {"x": (4, 8)}
+
+
+def test_a_float16_model_is_verified_at_its_types_tolerance(tmp_path: Path) -> None:
+    """An fp16 model's stages differ from the whole model by what onnxruntime's fp16 kernels round
+    otherwise; the split is held to float16's tolerance, which the report names."""
+    rng = np.random.default_rng(0)
+    nodes, inits = [], []
+    x = "x"
+    for i in range(4):
+        w = onnx.numpy_helper.from_array(rng.standard_normal((32, 32)).astype(np.float16) / 4, f"w{i}")
+        inits.append(w)
+        nodes += [
+            helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]),
+            helper.make_node("Tanh", [f"m{i}"], [f"t{i}"]),
+        ]
+        x = f"t{i}"
+    graph = helper.make_graph(
+        nodes,
+        "fp16",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT16, [1, 32])],
+        [helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT16, [1, 32])],
+        inits,
+    )
+    path = tmp_path / "fp16.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    result = api.split(
+        path, SplitOptions(out=tmp_path / "s", plan=PlanRequest(2), profile=ProfileOptions(cost="static"))
+    )
+    assert result.report is not None and result.report.ok
+    (out,) = result.report.outputs
+    assert (out.rtol, out.atol) == (tolerance_for("float16").rtol, tolerance_for("float16").atol)
+    strict = verify(tmp_path / "s", VerifyOptions(rtol=0.0, atol=0.0, record=False))
+    assert (strict.rtol, strict.atol) == (0.0, 0.0)

@@ -115,7 +115,7 @@ def test_every_mistake_is_one_line_naming_the_input(
 def test_unreadable_files_are_refused_naming_them(vad: ModelView, tmp_path: Path) -> None:
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"not a zip")
-    with pytest.raises(UsageError, match=r"`input_files=.*bad.npz`: cannot be read as an .npz file"):
+    with pytest.raises(UsageError, match=r"`input_files=.*bad.npz`: is not an .npz file"):
         load_samples(vad, [bad])
     with pytest.raises(UsageError, match=r"no such file or folder"):
         load_samples(vad, [tmp_path / "missing.npz"])

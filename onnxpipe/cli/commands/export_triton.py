@@ -21,4 +21,6 @@ def run(args: argparse.Namespace) -> int:
         else "(tritonclient not installed: not parsed)"
     )
     print(f"  configs {checked} data flow checked; no server was started")
+    for note in repo.notes:
+        print(f"  note: {note}")
     return 0

@@ -12,12 +12,12 @@ from onnxpipe.cli.say import Say
 
 def run(args: argparse.Namespace) -> int:
     """Run ``args.dir`` as a pipeline and print what it delivered; 1 when ``--compare`` finds a mismatch."""
-    say = Say("run")
+    say = Say("run", json_output=args.json)
     options = TABLE.options(args)
     report = api.run(args.dir, options, listener=say)
-    print(say.text(api.format_report(report)))
+    print(api.run_json(report) if args.json else say.text(api.format_report(report)))
     for path in (options.report, options.outputs):
         if path is not None:
-            print(f"wrote {path}")
+            say.line(f"wrote {path}")
     say.done("ran")
     return 1 if report.outputs_match is False else 0

@@ -133,87 +133,16 @@ def worker_main(
     for ending in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(ending, leave)
     startup_rss = current_rss_bytes()
-    cpus = tuple(sorted({c for spec in specs for c in spec.placement.cpus}))
-    try:
-        pin_thread(cpus)
-    except OSError as e:  # CPUs outside this process's allowed set (a changed cpuset)
-        label = ", ".join(spec.label for spec in specs)
-        whole = replace(specs[0], label=label, placement=replace(specs[0].placement, cpus=cpus))
-        status.send(("failed", None, pin_failure(whole, e)))
-        return
-    hosted: list[Hosted] = []
-    try:
-        for spec, channels in zip(specs, ends, strict=True):
-            hosted.append(Hosted(StageRunner(spec), channels, slots))
-    except StageFailure as e:
-        status.send(("failed", None, str(e)))
-        return
-    except Leave:
+    hosted = _start(specs, ends, status, slots)
+    if hosted is None:
         return
     status.send(("ready", os.getpid(), startup_rss))
-    deepest_first = hosted[::-1]
-    together = tuple(spec.index for spec in specs) if len(specs) > 1 else ()
-    pid = os.getpid()
-    # what to wait on, by which stages hold a result: their room, else their input (and the control pipe)
-    waits: dict[tuple[bool, ...], Poller] = {}
-    asked = Poller(control)  # a persistent poll: Connection.poll() builds a selector per call
-    current: Hosted | None = None
+    loop = _Loop(hosted, control, parent_pid, startup_rss)
     orphaned = False
-
-    def control_says_go() -> bool:
-        message = control.recv()
-        if isinstance(message, tuple) and message[0] == STATS:
-            memory = memory_snapshot()  # once for every stage this process hosts: one worker, one figure
-            control.send(
-                (
-                    message[1],
-                    [
-                        h.runner.stats(pid=pid, startup_rss=startup_rss, hosted_with=together, memory=memory)
-                        for h in hosted
-                    ],
-                )
-            )
-        elif message == RESET:
-            for h in hosted:
-                h.runner.recorder.reset()
-        return bool(message != STOP)
-
     try:
-        while True:
-            # the caller's stats, reset and stop come first, also while every pass finds work
-            if asked.any() and not control_says_go():
-                return
-            worked = False
-            for h in deepest_first:
-                if h.held is not None:
-                    current = h
-                    worked = h.send_held() or worked
-                if h.held is None and h.reader.pending():
-                    current = h
-                    if h.run_next() is None:
-                        return
-                    worked = True
-                    break
-            current = None
-            if worked:
-                continue
-            key = tuple(h.held is not None for h in hosted)
-            poller = waits.get(key)
-            if poller is None:
-                objects = [
-                    h.writer.free if held else h.reader.data for h, held in zip(hosted, key, strict=True)
-                ]
-                poller = waits[key] = Poller(*objects, control)
-            ready = poller.ready(WATCH_S)
-            if not ready:
-                if os.getppid() != parent_pid:
-                    orphaned = True
-                    return
-                continue
-            if control in ready and not control_says_go():
-                return
+        orphaned = loop.run()
     except StageFailure as e:
-        report(status, seq_of(current), str(e))
+        report(status, seq_of(loop.current), str(e))
     except (EOFError, BrokenPipeError, ConnectionResetError):
         # a neighbour or the caller went away: the caller cleans up after the first, nobody after the second
         orphaned = parent_gone(parent_pid, within=WATCH_S)
@@ -222,14 +151,123 @@ def worker_main(
         orphaned = parent_gone(parent_pid, within=SIGNAL_WAIT_S)
     except BaseException as e:  # noqa: BLE001 - a bug here must reach the caller, not vanish
         detail = "".join(traceback.format_exception_only(type(e), e)).strip()
-        label = current.runner.spec.label if current is not None else ", ".join(s.label for s in specs)
-        report(status, seq_of(current), f"{label}: internal error on micro-batch {seq_of(current)}: {detail}")
+        busy = loop.current
+        label = busy.runner.spec.label if busy is not None else ", ".join(s.label for s in specs)
+        report(status, seq_of(busy), f"{label}: internal error on micro-batch {seq_of(busy)}: {detail}")
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for h in hosted:
             h.close()
         if orphaned:
             unlink_prefix(pipeline_prefix)
+
+
+def _start(
+    specs: tuple[WorkerSpec, ...], ends: tuple[StageEnds, ...], status: Connection, slots: int
+) -> list[Hosted] | None:
+    """The worker pinned to its stages' CPUs and their sessions open; None (the failure reported) when
+    it cannot be, or when it was told to leave while opening them."""
+    cpus = tuple(sorted({c for spec in specs for c in spec.placement.cpus}))
+    try:
+        pin_thread(cpus)
+    except OSError as e:  # CPUs outside this process's allowed set (a changed cpuset)
+        label = ", ".join(spec.label for spec in specs)
+        whole = replace(specs[0], label=label, placement=replace(specs[0].placement, cpus=cpus))
+        status.send(("failed", None, pin_failure(whole, e)))
+        return None
+    hosted: list[Hosted] = []
+    try:
+        for spec, channels in zip(specs, ends, strict=True):
+            hosted.append(Hosted(StageRunner(spec), channels, slots))
+    except StageFailure as e:
+        status.send(("failed", None, str(e)))
+        return None
+    except Leave:
+        return None
+    return hosted
+
+
+class _Loop:
+    """A worker's loop over its hosted stages: work while any stage can, wait on what could let one
+    work again, and answer the caller's control messages (stats, reset, stop) between micro-batches."""
+
+    def __init__(
+        self, hosted: list[Hosted], control: Connection, parent_pid: int, startup_rss: int | None
+    ) -> None:
+        self.hosted = hosted
+        self.deepest_first = hosted[::-1]
+        self.control = control
+        self.parent_pid = parent_pid
+        self.startup_rss = startup_rss
+        self.together = tuple(h.runner.spec.index for h in hosted) if len(hosted) > 1 else ()
+        self.pid = os.getpid()
+        self.asked = Poller(control)  # a persistent poll: Connection.poll() builds a selector per call
+        self.waits: dict[tuple[bool, ...], Poller] = {}
+        """What to wait on, by which stages hold a result: their room, else their input (and control)."""
+        self.current: Hosted | None = None
+        """The stage at work (what a failure names)."""
+
+    def run(self) -> bool:
+        """Work until told to stop (False) or the parent is gone (True: the worker is orphaned)."""
+        while True:
+            # the caller's stats, reset and stop come first, also while every pass finds work
+            if self.asked.any() and not self._control_says_go():
+                return False
+            worked = self._one_pass()
+            if worked is None:
+                return False
+            if worked:
+                continue
+            ready = self._poller().ready(WATCH_S)
+            if not ready:
+                if os.getppid() != self.parent_pid:
+                    return True
+                continue
+            if self.control in ready and not self._control_says_go():
+                return False
+
+    def _one_pass(self) -> bool | None:
+        """Send held results and run the deepest stage with work; whether any work was done, None when
+        a channel closed (the caller's close)."""
+        worked = False
+        for h in self.deepest_first:
+            if h.held is not None:
+                self.current = h
+                worked = h.send_held() or worked
+            if h.held is None and h.reader.pending():
+                self.current = h
+                if h.run_next() is None:
+                    return None
+                self.current = None
+                return True
+        self.current = None
+        return worked
+
+    def _poller(self) -> Poller:
+        key = tuple(h.held is not None for h in self.hosted)
+        poller = self.waits.get(key)
+        if poller is None:
+            objects = [
+                h.writer.free if held else h.reader.data for h, held in zip(self.hosted, key, strict=True)
+            ]
+            poller = self.waits[key] = Poller(*objects, self.control)
+        return poller
+
+    def _control_says_go(self) -> bool:
+        message = self.control.recv()
+        if isinstance(message, tuple) and message[0] == STATS:
+            memory = memory_snapshot()  # once for every stage this process hosts: one worker, one figure
+            stats = [
+                h.runner.stats(
+                    pid=self.pid, startup_rss=self.startup_rss, hosted_with=self.together, memory=memory
+                )
+                for h in self.hosted
+            ]
+            self.control.send((message[1], stats))
+        elif message == RESET:
+            for h in self.hosted:
+                h.runner.recorder.reset()
+        return bool(message != STOP)
 
 
 def seq_of(hosted: Hosted | None) -> int | None:

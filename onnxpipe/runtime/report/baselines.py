@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -303,58 +303,11 @@ def add_baselines(
     ``checked``: inputs with the outputs the pipeline gave for them (an untimed run, or the measured
     stream's kept outputs), compared with the original model's; no check when empty.
     """
-    specs = pipeline.lanes[0]
-    per_worker = worker_threads(pipeline)
-    total = sum(per_worker)
-    pipe_tp = report.throughput_per_s
-    place, note = baseline_placement(specs)
+    place, note = baseline_placement(pipeline.lanes[0])
     notes = list(report.notes) + ([note] if note else [])
-    on = "" if place.provider == CPU_PROVIDER else f" on {place.provider}"
-    if is_pinned(pipeline):
-        on += ", pinned"
-    baselines: dict[str, BaselineReport] = {}
-
-    pin = is_pinned(pipeline)
-    tp1 = session_throughput(model, inputs, placement=_pinned_first(place, pin), warmup=warmup)
-    baselines["session_1_thread"] = BaselineReport(
-        "session_1_thread",
-        f"one session{on}, 1 thread",
-        1,
-        1,
-        tp1,
-        pipe_tp / tp1,
-        provider=place.provider,
-        total_threads=1,
-    )
-    if total > 1:
-        tpn = session_throughput(
-            model, inputs, placement=_pinned_first(replace(place, threads=total), pin), warmup=warmup
-        )
-        baselines["session_total_threads"] = BaselineReport(
-            "session_total_threads",
-            f"one session{on}, {total} threads",
-            1,
-            total,
-            tpn,
-            pipe_tp / tpn,
-            provider=place.provider,
-            total_threads=total,
-        )
-    threads = replica_threads(per_worker)
-    mode = replica_mode(pipeline)
-    rep = replicas_measurement(
-        model, inputs, pipeline=pipeline, placement=place, threads=threads, mode=mode, warmup=warmup
-    )
-    # memory per replica worker from a process of its own: the replicas' own, else one short run
-    # (those extra runs only measure memory: one that fails, e.g. on a small /dev/shm, costs a note)
-    mem: Sequence[WorkerStats] = rep.stats
-    if mode == "threads":
-        one = _pinned_first(replace(place, threads=threads[0]), pin)
-        try:
-            mem = [replica_memory(model, inputs, pipeline=pipeline, placement=one)]
-        except (RuntimeStageError, OSError) as e:
-            mem = []
-            notes.append(f"a replica's memory could not be measured in a process of its own: {e}")
+    runs = _Runs(model, inputs, pipeline, place, is_pinned(pipeline), warmup, report.throughput_per_s)
+    baselines = runs.sessions()
+    baselines["replicas"] = runs.replicas(usable_ceiling=note is None, notes=notes)
     if report.memory_shared and pipeline.backend.kind == "threads":
         try:
             alone = stage_worker_memory(pipeline, inputs)
@@ -363,31 +316,14 @@ def add_baselines(
             notes.append(f"the stages' memory could not be measured in processes of their own: {e}")
         if alone is not None:
             report = _with_worker_memory(report, alone)
-    split = "+".join(str(n) for n in threads)
-    # Ray's actors keep their own clocks; stages planned for unlike devices are not equal shares
-    usable = mode != "ray" and note is None and _alike(pipeline)
-    ceiling = balanced_ceiling(rep.stats, min_run_seconds=MIN_RUN_S) if usable else math.nan
-    baselines["replicas"] = BaselineReport(
-        "replicas",
-        f"{len(threads)} replicas of the model{on}, {split} threads ({mode})",
-        len(threads),
-        max(threads),
-        rep.throughput_per_s,
-        pipe_tp / rep.throughput_per_s,
-        peak_rss_bytes=_most([s.peak_rss_bytes for s in mem]),
-        model_rss_bytes=_most([s.model_rss_bytes for s in mem]),
-        load_rss_bytes=_most([s.load_rss_bytes for s in mem]),
-        provider=place.provider,
-        mode=mode,
-        total_threads=sum(threads),
-        balanced_ceiling=ceiling if math.isfinite(ceiling) else None,
-    )
     ok: bool | None = None
     worst: float | None = None
     if checked:
         expected = reference_outputs(model, [f for f, _ in checked], placement=place)
         ok, worst = compare_outputs(expected, [o for _, o in checked])
-    slowdown, at_speed = machine_speed(report, pipeline.manifest, tp1)
+    slowdown, at_speed = machine_speed(
+        report, pipeline.manifest, baselines["session_1_thread"].throughput_per_s
+    )
     return replace(
         report,
         baselines=baselines,
@@ -397,6 +333,93 @@ def add_baselines(
         machine_slowdown=slowdown,
         estimate_max_error_at_machine_speed=at_speed,
     )
+
+
+@dataclass(frozen=True)
+class _Runs:
+    """What every baseline of one pipeline runs: the model on the same inputs, placed as its stages are
+    (pinned like them), against the pipeline's throughput."""
+
+    model: Path
+    inputs: Sequence[Feeds]
+    pipeline: Pipeline
+    place: Placement
+    pin: bool
+    warmup: int
+    pipeline_throughput: float
+
+    @property
+    def on(self) -> str:
+        where = "" if self.place.provider == CPU_PROVIDER else f" on {self.place.provider}"
+        return where + (", pinned" if self.pin else "")
+
+    def sessions(self) -> dict[str, BaselineReport]:
+        """One session of the model at 1 thread, and at all the pipeline's threads (when more than 1)."""
+        out = {"session_1_thread": self._session("session_1_thread", 1)}
+        total = sum(worker_threads(self.pipeline))
+        if total > 1:
+            out["session_total_threads"] = self._session("session_total_threads", total)
+        return out
+
+    def _session(self, name: str, threads: int) -> BaselineReport:
+        place = replace(self.place, threads=threads)  # baseline_placement leaves it at 1
+        tp = session_throughput(
+            self.model, self.inputs, placement=_pinned_first(place, self.pin), warmup=self.warmup
+        )
+        return BaselineReport(
+            name,
+            f"one session{self.on}, {threads} thread{'s' if threads > 1 else ''}",
+            1,
+            threads,
+            tp,
+            self.pipeline_throughput / tp,
+            provider=place.provider,
+            total_threads=threads,
+        )
+
+    def replicas(self, *, usable_ceiling: bool, notes: list[str]) -> BaselineReport:
+        """As many replicas of the model as the pipeline has workers, each with a worker's threads; a
+        replica's memory from a process of its own (a note when it cannot be measured)."""
+        threads = replica_threads(worker_threads(self.pipeline))
+        mode = replica_mode(self.pipeline)
+        rep = replicas_measurement(
+            self.model,
+            self.inputs,
+            pipeline=self.pipeline,
+            placement=self.place,
+            threads=threads,
+            mode=mode,
+            warmup=self.warmup,
+        )
+        # memory per replica worker from a process of its own: the replicas' own, else one short run
+        # (those extra runs only measure memory: one that fails, e.g. on a small /dev/shm, costs a note)
+        mem: Sequence[WorkerStats] = rep.stats
+        if mode == "threads":
+            one = _pinned_first(replace(self.place, threads=threads[0]), self.pin)
+            try:
+                mem = [replica_memory(self.model, self.inputs, pipeline=self.pipeline, placement=one)]
+            except (RuntimeStageError, OSError) as e:
+                mem = []
+                notes.append(f"a replica's memory could not be measured in a process of its own: {e}")
+        # Ray's actors keep their own clocks; stages planned for unlike devices are not equal shares
+        usable = mode != "ray" and usable_ceiling and _alike(self.pipeline)
+        ceiling = balanced_ceiling(rep.stats, min_run_seconds=MIN_RUN_S) if usable else math.nan
+        split = "+".join(str(n) for n in threads)
+        return BaselineReport(
+            "replicas",
+            f"{len(threads)} replicas of the model{self.on}, {split} threads ({mode})",
+            len(threads),
+            max(threads),
+            rep.throughput_per_s,
+            self.pipeline_throughput / rep.throughput_per_s,
+            peak_rss_bytes=_most([s.peak_rss_bytes for s in mem]),
+            model_rss_bytes=_most([s.model_rss_bytes for s in mem]),
+            load_rss_bytes=_most([s.load_rss_bytes for s in mem]),
+            provider=self.place.provider,
+            mode=mode,
+            total_threads=sum(threads),
+            balanced_ceiling=ceiling if math.isfinite(ceiling) else None,
+        )
 
 
 def machine_speed(

@@ -14,6 +14,7 @@ from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.report.measure import Measurement, min_steady_microbatches
 from onnxpipe.runtime.report.model import Latency, RunReport, StageReport
 from onnxpipe.runtime.report.text import shapes_text
+from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import Placement, WorkerSpec, manifest_placements
 
 
@@ -93,80 +94,15 @@ def build_report(
     workers (an interleaved split), each worker's stages summed too (:attr:`RunReport.workers`)."""
     manifest = pipeline.manifest
     specs = pipeline.lanes[0]
-    wall = measurement.wall_seconds
-    notes: list[str] = []
     by_index = {s.index: s for s in measurement.stats[: len(specs)]}
-    stages: list[StageReport] = []
-    for spec in specs:
-        st = by_index.get(spec.index)
-        records = st.records if st is not None else ()
-        runs = [r.run_seconds for r in records]
-        busy = [r.busy_seconds for r in records]
-        measured = statistics.median(runs) * 1e3 if runs else math.nan
-        entry = manifest.stages[spec.index] if manifest is not None else None
-        estimated = entry.estimated_compute_seconds * 1e3 if entry is not None else None
-        error = (estimated - measured) / measured if estimated is not None and measured > 0 else None
-        busy_total = float(sum(busy))
-        shared = st.process_shared if st is not None else False
-        stages.append(
-            StageReport(
-                index=spec.index,
-                label=spec.label,
-                file=entry.file if entry is not None else None,
-                device=spec.device,
-                threads=spec.placement.threads,
-                microbatches=len(records),
-                measured_ms=measured,
-                mean_ms=statistics.fmean(runs) * 1e3 if runs else math.nan,
-                handling_ms=statistics.median(busy) * 1e3 if busy else math.nan,
-                estimated_ms=estimated,
-                estimate_error=error,
-                busy_seconds=busy_total,
-                busy_fraction=busy_total / wall if wall > 0 else math.nan,
-                peak_rss_bytes=st.peak_rss_bytes if st is not None else None,
-                rss_bytes=st.rss_bytes if st is not None else None,
-                startup_rss_bytes=st.startup_rss_bytes if st is not None else None,
-                param_bytes=entry.param_bytes if entry is not None else None,
-                pid=st.pid if st is not None else None,
-                memory_shared_with_other_workers=shared,
-                model_rss_bytes=st.model_rss_bytes if st is not None and not shared else None,
-                provider=spec.placement.runs_on,
-                cpus=spec.placement.cpus,
-                worker_peak_rss_bytes=st.peak_rss_bytes if st is not None and not shared else None,
-                worker_model_rss_bytes=st.model_rss_bytes if st is not None and not shared else None,
-                hosted_with=st.hosted_with if st is not None else (),
-            )
-        )
+    stages = tuple(
+        stage_report(spec, by_index.get(spec.index), manifest, measurement.wall_seconds) for spec in specs
+    )
     bottleneck = max(range(len(stages)), key=lambda i: stages[i].busy_seconds) if stages else 0
-    comparable = True
-    if manifest is not None:
-        comparable, estimate_notes = check_estimates(manifest, specs, input_shapes)
-        notes.extend(estimate_notes)
+    comparable, notes = check_estimates(manifest, specs, input_shapes) if manifest is not None else (True, [])
     errors = [abs(s.estimate_error) for s in stages if s.estimate_error is not None]
-    if pipeline.pin_note is not None:
-        notes.append(pipeline.pin_note)
-    groups: tuple[tuple[int, ...], ...] = ()
-    if manifest is not None and manifest.plan.workers is not None:
-        groups = tuple(manifest.stages_of(w) for w in range(manifest.workers))
-        local = pipeline.backend.kind != "ray"  # a Ray worker's actor has the CPUs Ray gave it
-        if local and not any(spec.placement.cpus for spec in specs) and pipeline.pin_note is None:
-            notes.append(
-                f"the {len(specs)} stages share {len(groups)} workers but were not pinned "
-                f"({opt('pin', True)}): a "
-                "worker's stages took turns, but on any CPUs, not on the worker's own as its estimate "
-                "assumes"
-            )
-    if any(s.memory_shared_with_other_workers for s in stages):
-        notes.append(
-            "thread workers share one process: a stage's peak RSS is the process's, and its own memory "
-            f"cannot be told apart (the allocator reuses memory across sessions); {opt('compare', True)} "
-            f"measures each stage in a process of its own, {opt('local_mode', 'processes')} runs them so"
-        )
-    if measurement.steady_throughput_per_s is None:
-        notes.append(
-            f"no steady throughput: it needs at least {min_steady_microbatches(len(measurement.stats))} "
-            f"micro-batches ({opt('microbatches')})"
-        )
+    groups = _worker_groups(manifest)
+    notes.extend(_run_notes(pipeline, stages, groups, measurement))
     single = measurement.single_latencies_s
     return RunReport(
         backend="ray" if pipeline.backend.kind == "ray" else "local",
@@ -178,11 +114,11 @@ def build_report(
         throughput_per_s=measurement.throughput_per_s,
         steady_throughput_per_s=measurement.steady_throughput_per_s,
         steady_throughput_from=measurement.steady_throughput_from,
-        wall_seconds=wall,
+        wall_seconds=measurement.wall_seconds,
         latency_saturated=Latency.of(measurement.latencies_s),
         latency_in_flight=measurement.in_flight,
         latency_single=Latency.of(single) if single else None,
-        stages=tuple(stages),
+        stages=stages,
         bottleneck_stage=stages[bottleneck].index if stages else 0,
         estimates_comparable=comparable,
         estimate_max_error=max(errors) if errors else None,
@@ -190,3 +126,86 @@ def build_report(
         notes=tuple(notes),
         worker_stages=groups,
     )
+
+
+def stage_report(
+    spec: WorkerSpec, st: WorkerStats | None, manifest: Manifest | None, wall: float
+) -> StageReport:
+    """One stage's line of the report: what its worker measured (``st``) against what the manifest
+    estimated; memory figures only where the stage's process is its own."""
+    records = st.records if st is not None else ()
+    runs = [r.run_seconds for r in records]
+    busy = [r.busy_seconds for r in records]
+    measured = statistics.median(runs) * 1e3 if runs else math.nan
+    entry = manifest.stages[spec.index] if manifest is not None else None
+    estimated = entry.estimated_compute_seconds * 1e3 if entry is not None else None
+    busy_total = float(sum(busy))
+    shared = st.process_shared if st is not None else False
+    own = st if st is not None and not shared else None
+    return StageReport(
+        index=spec.index,
+        label=spec.label,
+        file=entry.file if entry is not None else None,
+        device=spec.device,
+        threads=spec.placement.threads,
+        microbatches=len(records),
+        measured_ms=measured,
+        mean_ms=statistics.fmean(runs) * 1e3 if runs else math.nan,
+        handling_ms=statistics.median(busy) * 1e3 if busy else math.nan,
+        estimated_ms=estimated,
+        estimate_error=(estimated - measured) / measured if estimated is not None and measured > 0 else None,
+        busy_seconds=busy_total,
+        busy_fraction=busy_total / wall if wall > 0 else math.nan,
+        peak_rss_bytes=st.peak_rss_bytes if st is not None else None,
+        rss_bytes=st.rss_bytes if st is not None else None,
+        startup_rss_bytes=st.startup_rss_bytes if st is not None else None,
+        param_bytes=entry.param_bytes if entry is not None else None,
+        pid=st.pid if st is not None else None,
+        memory_shared_with_other_workers=shared,
+        model_rss_bytes=own.model_rss_bytes if own is not None else None,
+        provider=spec.placement.runs_on,
+        cpus=spec.placement.cpus,
+        worker_peak_rss_bytes=own.peak_rss_bytes if own is not None else None,
+        worker_model_rss_bytes=own.model_rss_bytes if own is not None else None,
+        hosted_with=st.hosted_with if st is not None else (),
+    )
+
+
+def _worker_groups(manifest: Manifest | None) -> tuple[tuple[int, ...], ...]:
+    """The stages of each worker of an interleaved split; none otherwise."""
+    if manifest is None or manifest.plan.workers is None:
+        return ()
+    return tuple(manifest.stages_of(w) for w in range(manifest.workers))
+
+
+def _run_notes(
+    pipeline: Pipeline,
+    stages: Sequence[StageReport],
+    groups: tuple[tuple[int, ...], ...],
+    measurement: Measurement,
+) -> list[str]:
+    """What the reader of the figures must know about how they were taken."""
+    notes: list[str] = []
+    if pipeline.pin_note is not None:
+        notes.append(pipeline.pin_note)
+    local = pipeline.backend.kind != "ray"  # a Ray worker's actor has the CPUs Ray gave it
+    unpinned = not any(spec.placement.cpus for spec in pipeline.lanes[0]) and pipeline.pin_note is None
+    if groups and local and unpinned:
+        notes.append(
+            f"the {len(stages)} stages share {len(groups)} workers but were not pinned "
+            f"({opt('pin', True)}): a worker's stages took turns, but on any CPUs, not on the worker's own "
+            "as "
+            "its estimate assumes"
+        )
+    if any(s.memory_shared_with_other_workers for s in stages):
+        notes.append(
+            "thread workers share one process: a stage's peak RSS is the process's, and its own memory "
+            f"cannot be told apart (the allocator reuses memory across sessions); {opt('compare', True)} "
+            f"measures each stage in a process of its own, {opt('local_mode', 'processes')} runs them so"
+        )
+    if measurement.steady_throughput_per_s is None:
+        notes.append(
+            f"no steady throughput: it needs at least {min_steady_microbatches(len(measurement.stats))} "
+            f"micro-batches ({opt('microbatches')})"
+        )
+    return notes

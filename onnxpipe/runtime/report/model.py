@@ -230,102 +230,20 @@ class RunReport:
     def to_obj(self) -> dict[str, Any]:
         """The report as JSON-ready data (NaN and infinity as ``null``); ``bottleneck_worker`` and
         ``workers`` only when stages share workers."""
-        obj: dict[str, Any] = {
-            "backend": self.backend,
-            "mode": self.mode,
-            "k": self.k,
-            "microbatches": self.microbatches,
-            "warmup": self.warmup,
-            "input_shapes": {n: list(s) for n, s in self.input_shapes.items()},
-            "throughput_per_s": num(self.throughput_per_s),
-            "steady_throughput_per_s": num(self.steady_throughput_per_s),
-            "steady_throughput_from": self.steady_throughput_from,
-            "wall_seconds": num(self.wall_seconds),
-            "latency_ms": _latency_obj(self.latency_saturated),
-            "latency_in_flight": self.latency_in_flight,
-            "latency_single_ms": _latency_obj(self.latency_single) if self.latency_single else None,
-            "bottleneck_stage": self.bottleneck_stage,
-            "estimates_comparable": self.estimates_comparable,
-            "estimate_max_error": num(self.estimate_max_error),
-            "machine_slowdown": num(self.machine_slowdown),
-            "estimate_max_error_at_machine_speed": num(self.estimate_max_error_at_machine_speed),
-            "driver_peak_rss_bytes": self.driver_peak_rss_bytes,
-            "stages": [
-                {
-                    "index": s.index,
-                    "label": s.label,
-                    "file": s.file,
-                    "device": s.device,
-                    "provider": s.provider,
-                    "threads": s.threads,
-                    "cpus": list(s.cpus),
-                    "microbatches": s.microbatches,
-                    "measured_ms": num(s.measured_ms),
-                    "mean_ms": num(s.mean_ms),
-                    "handling_ms": num(s.handling_ms),
-                    "estimated_ms": num(s.estimated_ms),
-                    "estimate_error": num(s.estimate_error),
-                    "busy_seconds": num(s.busy_seconds),
-                    "busy_fraction": num(s.busy_fraction),
-                    "peak_rss_bytes": s.peak_rss_bytes,
-                    "rss_bytes": s.rss_bytes,
-                    "startup_rss_bytes": s.startup_rss_bytes,
-                    "param_bytes": s.param_bytes,
-                    "pid": s.pid,
-                    "memory_shared_with_other_workers": s.memory_shared_with_other_workers,
-                    "model_rss_bytes": s.model_rss_bytes,
-                    "worker_peak_rss_bytes": s.worker_peak_rss_bytes,
-                    "worker_model_rss_bytes": s.worker_model_rss_bytes,
-                    "hosted_with": list(s.hosted_with),
-                }
-                for s in self.stages
-            ],
-            "baselines": {
-                name: {
-                    "description": b.description,
-                    "provider": b.provider,
-                    "mode": b.mode,
-                    "workers": b.workers,
-                    "threads_per_worker": b.threads_per_worker,
-                    "total_threads": b.total_threads,
-                    "throughput_per_s": num(b.throughput_per_s),
-                    "pipeline_speedup": num(b.pipeline_speedup),
-                    "peak_rss_bytes": b.peak_rss_bytes,
-                    "model_rss_bytes": b.model_rss_bytes,
-                    "load_rss_bytes": b.load_rss_bytes,
-                    "balanced_ceiling": num(b.balanced_ceiling),
-                }
-                for name, b in self.baselines.items()
-            },
-            "outputs_match": self.outputs_match,
-            "outputs_max_rel_diff": num(self.outputs_max_rel_diff),
-            "notes": list(self.notes),
-        }
-        workers = self.workers
-        if not workers:
-            return obj
-        shared: dict[str, Any] = {}
-        for key, value in obj.items():
-            shared[key] = value
-            if key == "bottleneck_stage":
-                shared["bottleneck_worker"] = self.bottleneck_worker
-            elif key == "stages":
-                shared["workers"] = [
-                    {
-                        "index": w.index,
-                        "stages": list(w.stages),
-                        "cpus": list(w.cpus),
-                        "estimated_ms": num(w.estimated_ms),
-                        "measured_ms": num(w.measured_ms),
-                        "estimate_error": num(w.estimate_error),
-                        "busy_seconds": num(w.busy_seconds),
-                        "busy_fraction": num(w.busy_fraction),
-                        "param_bytes": w.param_bytes,
-                        "model_rss_bytes": w.model_rss_bytes,
-                    }
-                    for w in workers
-                ]
-        return shared
+        obj: dict[str, Any] = _plain(self, _REPORT_KEYS[:10])
+        obj["latency_ms"] = _latency_obj(self.latency_saturated)
+        obj["latency_in_flight"] = self.latency_in_flight
+        obj["latency_single_ms"] = _latency_obj(self.latency_single) if self.latency_single else None
+        obj["bottleneck_stage"] = self.bottleneck_stage
+        if self.workers:
+            obj["bottleneck_worker"] = self.bottleneck_worker
+        obj.update(_plain(self, _REPORT_KEYS[10:]))
+        obj["stages"] = [_plain(s, _STAGE_KEYS) for s in self.stages]
+        if self.workers:
+            obj["workers"] = [_plain(w, _WORKER_KEYS) for w in self.workers]
+        obj["baselines"] = {name: _plain(b, _BASELINE_KEYS) for name, b in self.baselines.items()}
+        obj.update(_plain(self, ("outputs_match", "outputs_max_rel_diff", "notes")))
+        return obj
 
     def to_json(self) -> str:
         return json.dumps(self.to_obj(), indent=2, allow_nan=False) + "\n"
@@ -345,3 +263,92 @@ def num(x: float | None) -> float | None:
     if x is None or math.isnan(x) or math.isinf(x):
         return None
     return float(x)
+
+
+_REPORT_KEYS = (
+    "backend",
+    "mode",
+    "k",
+    "microbatches",
+    "warmup",
+    "input_shapes",
+    "throughput_per_s",
+    "steady_throughput_per_s",
+    "steady_throughput_from",
+    "wall_seconds",
+    "estimates_comparable",
+    "estimate_max_error",
+    "machine_slowdown",
+    "estimate_max_error_at_machine_speed",
+    "driver_peak_rss_bytes",
+)
+"""The report's own fields in ``--report``, in their order around the latency and the bottleneck."""
+_STAGE_KEYS = (
+    "index",
+    "label",
+    "file",
+    "device",
+    "provider",
+    "threads",
+    "cpus",
+    "microbatches",
+    "measured_ms",
+    "mean_ms",
+    "handling_ms",
+    "estimated_ms",
+    "estimate_error",
+    "busy_seconds",
+    "busy_fraction",
+    "peak_rss_bytes",
+    "rss_bytes",
+    "startup_rss_bytes",
+    "param_bytes",
+    "pid",
+    "memory_shared_with_other_workers",
+    "model_rss_bytes",
+    "worker_peak_rss_bytes",
+    "worker_model_rss_bytes",
+    "hosted_with",
+)
+_WORKER_KEYS = (
+    "index",
+    "stages",
+    "cpus",
+    "estimated_ms",
+    "measured_ms",
+    "estimate_error",
+    "busy_seconds",
+    "busy_fraction",
+    "param_bytes",
+    "model_rss_bytes",
+)
+_BASELINE_KEYS = (
+    "description",
+    "provider",
+    "mode",
+    "workers",
+    "threads_per_worker",
+    "total_threads",
+    "throughput_per_s",
+    "pipeline_speedup",
+    "peak_rss_bytes",
+    "model_rss_bytes",
+    "load_rss_bytes",
+    "balanced_ceiling",
+)
+
+
+def _plain(record: object, keys: Sequence[str]) -> dict[str, Any]:
+    """``record``'s fields ``keys`` as JSON-ready data: floats through :func:`num` (NaN and infinity as
+    ``null``), tuples as lists, mappings of shapes as mappings of lists."""
+    out: dict[str, Any] = {}
+    for key in keys:
+        value = getattr(record, key)
+        if isinstance(value, float):
+            value = num(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        elif isinstance(value, Mapping):
+            value = {n: list(s) for n, s in value.items()}
+        out[key] = value
+    return out

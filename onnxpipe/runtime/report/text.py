@@ -53,6 +53,28 @@ def format_report(report: RunReport) -> str:
     workers (an interleaved split), a line per worker after the table sums its stages (:func:`worker_line`)
     and the totals name the bottleneck worker as well as the busiest stage.
     """
+    lines = [
+        _stage_table(report),
+        *(worker_line(w, bottleneck=w.index == report.bottleneck_worker) for w in report.workers),
+        _totals_line(report),
+        *_baseline_lines(report),
+    ]
+    machine = _machine_line(report)
+    if machine:
+        lines.append(machine)
+    memory = memory_line(report)
+    if memory:
+        lines.append(memory)
+    if report.outputs_match is not None:
+        verdict = "match" if report.outputs_match else "DO NOT match"
+        lines.append(
+            f"outputs {verdict} the original model's (max rel diff {report.outputs_max_rel_diff or 0.0:.3g})"
+        )
+    lines.extend(f"note: {n}" for n in report.notes)
+    return "\n".join(lines)
+
+
+def _stage_table(report: RunReport) -> str:
     shared = report.memory_shared
     rows = []
     for s in report.stages:
@@ -74,6 +96,11 @@ def format_report(report: RunReport) -> str:
     headers = ["stage", "file", "threads", "est ms", "measured ms", "(est-meas)/meas", "busy", "weights"]
     if not shared:
         headers += ["peak RSS", "model mem"]
+    return table(headers, rows)
+
+
+def _totals_line(report: RunReport) -> str:
+    """Micro-batches, throughput, latency and the bottleneck."""
     steady = (
         f"{report.steady_throughput_per_s:.2f}/s once full"
         if report.steady_throughput_per_s is not None
@@ -87,63 +114,61 @@ def format_report(report: RunReport) -> str:
     if report.latency_single is not None:
         one = report.latency_single
         latency += f"; one at a time p50 {one.p50_ms:.2f} ms, p90 {one.p90_ms:.2f} ms"
-    workers = report.workers
-    if workers:
-        on = f"{len(workers)} workers ({report.k} interleaved stages, {report.mode})"
+    if report.workers:
+        on = f"{len(report.workers)} workers ({report.k} interleaved stages, {report.mode})"
         bottleneck = (
             f"bottleneck worker {report.bottleneck_worker} (*), busiest stage {report.bottleneck_stage} (*)"
         )
     else:
         on = f"{report.k} {report.mode} workers"
         bottleneck = f"bottleneck stage {report.bottleneck_stage} (*)"
-    lines = [
-        table(headers, rows),
-        *(worker_line(w, bottleneck=w.index == report.bottleneck_worker) for w in workers),
+    return (
         f"{report.microbatches} micro-batches ({shapes_text(report.input_shapes)}) on {on}: "
-        f"{report.throughput_per_s:.2f}/s ({steady}); {latency}; {bottleneck}",
-    ]
-    if report.baselines:
-        brows = [
-            [
-                name,
-                b.description,
-                f"{b.throughput_per_s:.2f}",
-                f"{b.pipeline_speedup:.2f}x",
-                _bytes(b.peak_rss_bytes),
-            ]
-            for name, b in report.baselines.items()
+        f"{report.throughput_per_s:.2f}/s ({steady}); {latency}; {bottleneck}"
+    )
+
+
+def _baseline_lines(report: RunReport) -> list[str]:
+    """The baselines' table, the verdict and the balanced ceiling (nothing without baselines)."""
+    if not report.baselines:
+        return []
+    rows = [
+        [
+            name,
+            b.description,
+            f"{b.throughput_per_s:.2f}",
+            f"{b.pipeline_speedup:.2f}x",
+            _bytes(b.peak_rss_bytes),
         ]
-        lines.append(table(["baseline", "how", "per s", "pipeline is", "peak RSS/worker"], brows))
-        lines.append(_verdict(report))
-        replicas = report.baselines.get("replicas")
-        if replicas is not None and replicas.balanced_ceiling is not None:
-            lines.append(
-                "ceiling: at the speeds the replicas' CPUs ran (their own records), a perfectly balanced "
-                f"pipeline on them would have reached about {replicas.balanced_ceiling:.2f}x the replicas "
-                f"(this one: {replicas.pipeline_speedup:.2f}x)"
-            )
-    if report.machine_slowdown is not None:
-        line = (
-            f"machine: the one-thread session took {report.machine_slowdown:.2f}x as long a micro-batch as "
-            "the model did when the estimates were made"
-        )
-        if report.estimate_max_error is not None and report.estimate_max_error_at_machine_speed is not None:
-            line += (
-                f"; at that speed the estimates were off by up to "
-                f"{report.estimate_max_error_at_machine_speed * 100:.1f}% "
-                f"(as made: {report.estimate_max_error * 100:.1f}%)"
-            )
-        lines.append(line)
-    memory = memory_line(report)
-    if memory:
-        lines.append(memory)
-    if report.outputs_match is not None:
-        verdict = "match" if report.outputs_match else "DO NOT match"
+        for name, b in report.baselines.items()
+    ]
+    lines = [table(["baseline", "how", "per s", "pipeline is", "peak RSS/worker"], rows), _verdict(report)]
+    replicas = report.baselines.get("replicas")
+    if replicas is not None and replicas.balanced_ceiling is not None:
         lines.append(
-            f"outputs {verdict} the original model's (max rel diff {report.outputs_max_rel_diff or 0.0:.3g})"
+            "ceiling: at the speeds the replicas' CPUs ran (their own records), a perfectly balanced "
+            f"pipeline on them would have reached about {replicas.balanced_ceiling:.2f}x the replicas "
+            f"(this one: {replicas.pipeline_speedup:.2f}x)"
         )
-    lines.extend(f"note: {n}" for n in report.notes)
-    return "\n".join(lines)
+    return lines
+
+
+def _machine_line(report: RunReport) -> str | None:
+    """How fast this machine ran against the one the estimates were made on, and the estimates' error at
+    that speed."""
+    if report.machine_slowdown is None:
+        return None
+    line = (
+        f"machine: the one-thread session took {report.machine_slowdown:.2f}x as long a micro-batch as "
+        "the model did when the estimates were made"
+    )
+    if report.estimate_max_error is not None and report.estimate_max_error_at_machine_speed is not None:
+        line += (
+            f"; at that speed the estimates were off by up to "
+            f"{report.estimate_max_error_at_machine_speed * 100:.1f}% "
+            f"(as made: {report.estimate_max_error * 100:.1f}%)"
+        )
+    return line
 
 
 def memory_line(report: RunReport) -> str | None:
