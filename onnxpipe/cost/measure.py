@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -101,22 +102,13 @@ def profile_model(
                 f"{opt('shapes')} out"
             )
         hint = f"the model fails on the given inputs ({samples.describe()}); give inputs it runs on"
-        return _measure(
-            view, threads, runs, warmup, samples.shapes, list(samples.feeds), progress, hint, samples
-        )
+        how = _Settings(threads, runs, warmup, progress, hint)
+        return _measure(view, how, samples.shapes, list(samples.feeds), samples)
     input_shapes = resolve_input_shapes(view, shapes)
     hint = failure_hint(view, input_shapes, shapes)
+    how = _Settings(threads, runs, warmup, progress, hint)
     try:
-        return _measure(
-            view,
-            threads,
-            runs,
-            warmup,
-            input_shapes,
-            [random_feeds(view, input_shapes, seed)],
-            progress,
-            hint,
-        )
+        return _measure(view, how, input_shapes, [random_feeds(view, input_shapes, seed)])
     except ProfileError as first:
         why = error_line(first.__cause__ or first)  # onnxruntime's own line, not the wrapped message
         retry = [(n, a) for n, a, _ in guessed_dims(view, shapes) if is_sequence_dim(view, n, a)]
@@ -124,9 +116,7 @@ def profile_model(
             raise
         larger = resolve_input_shapes(view, shapes, sequence_size=RETRY_SEQUENCE_SIZE)
         try:
-            prof = _measure(
-                view, threads, runs, warmup, larger, [random_feeds(view, larger, seed)], progress, hint
-            )
+            prof = _measure(view, how, larger, [random_feeds(view, larger, seed)])
         except ProfileError:
             raise ProfileError(
                 f"{view.label}: onnxruntime failed running the model on random inputs at the guessed sizes "
@@ -141,25 +131,35 @@ def profile_model(
     return dataclasses.replace(prof, unattributed=(note, *prof.unattributed))
 
 
+@dataclass(frozen=True)
+class _Settings:
+    """How each measurement of one profiling runs (a retry at larger sizes runs alike): threads, warm-up
+    and timed runs, the progress bar, and the hint a failure gives."""
+
+    threads: int
+    runs: int
+    warmup: int
+    progress: bool
+    hint: str
+
+
 def _measure(
     view: ModelView,
-    threads: int,
-    runs: int,
-    warmup: int,
+    how: _Settings,
     input_shapes: Mapping[str, tuple[int, ...]],
     samples: Sequence[Mapping[str, Any]],
-    progress: bool,
-    hint: str,
     given: Samples | None = None,
 ) -> Profile:
+    """One measurement on ``samples`` at ``input_shapes``: time, match, attribute (module doc)."""
     label = view.label
     feeds = samples[0]
+    threads, runs, warmup = how.threads, how.runs, how.warmup
     steps = warmup + 2 * runs + 3
     with (
         tempfile.TemporaryDirectory(prefix="onnxpipe-profile-") as tmpdir,
-        Progress(steps, f"profiling {label}", enabled=progress, unit="runs") as bar,
+        Progress(steps, f"profiling {label}", enabled=how.progress, unit="runs") as bar,
     ):
-        ort_model = OrtModel(view, Path(tmpdir), label, threads, hint)
+        ort_model = OrtModel(view, Path(tmpdir), label, threads, how.hint)
         timing = ort_model.measure(samples, warmup, runs, bar)
         bar.set_label(f"matching {label}")
         matched = match_graphs(view, ort_model, timing, feeds, input_shapes, VALUE_CHUNK_BYTES)

@@ -22,7 +22,7 @@ Slice...) costs bytes only.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -156,86 +156,155 @@ def _attrs(view: ModelView, node: NodeInfo) -> dict[str, onnx.AttributeProto]:
 
 def _flops(view: ModelView, node: NodeInfo, shapes: Shapes) -> float | None:
     """FLOPs by op type; ``None`` when a needed shape is unknown."""
-    op = node.op_type
-    proto_inputs = list(view.proto.graph.node[node.index].input)
-
-    def shape(i: int) -> Sequence[int] | None:
-        if i >= len(proto_inputs) or not proto_inputs[i]:
-            return None
-        return shapes.get(proto_inputs[i])
-
-    def has_input(i: int) -> bool:
-        return i < len(proto_inputs) and bool(proto_inputs[i])
-
-    out = shapes.get(node.outputs[0]) if node.outputs else None
-    out_el = _numel(out)
-
-    if op in _ALIASING or node.has_subgraph:
+    if node.op_type in _ALIASING or node.has_subgraph:
         return 0.0
-    if op in _CONV_LIKE:
-        w_idx = 3 if op == "QLinearConv" else 1
-        w = shape(w_idx)
-        if w is None or out_el is None:
+    if node.op_type == "Attention" and node.domain == "com.microsoft":
+        formula: _Formula | None = _packed_attention_flops
+    elif node.op_type.startswith("Reduce"):
+        formula = _reduction_flops
+    else:
+        formula = _FORMULAS.get(node.op_type)
+    if formula is None:
+        return 0.0  # data movement: bytes only
+    return formula(_Op(view, node, shapes, tuple(view.proto.graph.node[node.index].input)))
+
+
+@dataclass(frozen=True)
+class _Op:
+    """A node as the FLOP formulas see it: its inputs by position (an empty name is an omitted optional
+    input), their shapes, its first output's elements and its attributes."""
+
+    view: ModelView
+    node: NodeInfo
+    shapes: Shapes
+    inputs: tuple[str, ...]
+
+    def shape(self, i: int) -> Sequence[int] | None:
+        if not self.has_input(i):
             return None
-        bias = out_el if has_input(8 if op == "QLinearConv" else 2) else 0
-        return 2.0 * out_el * math.prod(w[1:]) + bias
-    if op == "ConvTranspose":
-        x, w = shape(0), shape(1)
-        if x is None or w is None:
-            return None
-        bias = (out_el or 0) if has_input(2) else 0
-        return 2.0 * _numel(x) * math.prod(w[1:]) + bias  # type: ignore[operator]
-    if op in _MATMUL_LIKE:
-        a = shape(0)
-        if a is None or out_el is None or not a:
-            return None
-        k = a[-1]
-        if op == "FusedMatMul" and len(a) >= 2 and _int_attr(_attrs(view, node), "transA", 0):
-            k = a[-2]
-        return 2.0 * out_el * k
-    if op == "Gemm":
-        a = shape(0)
-        if a is None or out_el is None or len(a) != 2:
-            return None
-        k = a[0] if _int_attr(_attrs(view, node), "transA", 0) else a[1]
-        return 2.0 * out_el * k + (out_el if has_input(2) else 0)
-    if op == "Attention" and node.domain == "com.microsoft":
-        x, w = shape(0), shape(1)
-        if x is None or w is None or out_el is None or len(x) != 3:
-            return None
-        seq = x[1]
-        return 2.0 * x[0] * x[1] * x[2] * w[-1] + 4.0 * out_el * seq
-    if op in _ATTENTION_LIKE or op == "Attention":
-        q, k_shape = shape(0), shape(1)
-        if q is None or out_el is None:
-            return None
-        if k_shape is None or len(k_shape) < 3:
-            kv_len = q[-2] if len(q) == 4 else q[1] if len(q) >= 2 else 1
-        else:
-            kv_len = k_shape[-2] if len(k_shape) == 4 else k_shape[1]
-        return 4.0 * out_el * kv_len
-    if op == "Einsum":
-        return _einsum_flops(_attrs(view, node), [shape(i) for i in range(len(proto_inputs))], out_el)
-    if op in _RECURRENT:
-        x, w, r = shape(0), shape(1), shape(2)
-        if x is None or w is None or r is None or len(x) != 3 or len(w) != 3:
-            return None
-        steps_batch = _numel(x) // max(1, w[2])  # type: ignore[operator]
-        return 2.0 * steps_batch * (math.prod(w) + math.prod(r))
-    if op in _POOL:
-        kernel = _ints_attr(_attrs(view, node), "kernel_shape")
-        if out_el is None:
-            return None
-        return float(out_el * max(1, math.prod(kernel)))
-    if op in _REDUCTION_LIKE or op.startswith("Reduce"):
-        n = _numel(shape(0))
-        return None if n is None else float(n)
-    if op in _ELEMENTWISE:
-        if out_el is None:
-            return None
-        arity = sum(1 for i in node.inputs)
-        return float(out_el * max(1, arity - 1)) if op in ("Sum", "Mean", "Max", "Min") else float(out_el)
-    return 0.0
+        return self.shapes.get(self.inputs[i])
+
+    def has_input(self, i: int) -> bool:
+        return i < len(self.inputs) and bool(self.inputs[i])
+
+    @property
+    def out_el(self) -> int | None:
+        return _numel(self.shapes.get(self.node.outputs[0]) if self.node.outputs else None)
+
+    @property
+    def attrs(self) -> dict[str, onnx.AttributeProto]:
+        return _attrs(self.view, self.node)
+
+
+_Formula = Callable[[_Op], float | None]
+
+
+def _conv_flops(op: _Op) -> float | None:
+    quantized = op.node.op_type == "QLinearConv"
+    w, out_el = op.shape(3 if quantized else 1), op.out_el
+    if w is None or out_el is None:
+        return None
+    bias = out_el if op.has_input(8 if quantized else 2) else 0
+    return 2.0 * out_el * math.prod(w[1:]) + bias
+
+
+def _conv_transpose_flops(op: _Op) -> float | None:
+    x, w = op.shape(0), op.shape(1)
+    if x is None or w is None:
+        return None
+    bias = (op.out_el or 0) if op.has_input(2) else 0
+    return 2.0 * _numel(x) * math.prod(w[1:]) + bias  # type: ignore[operator]
+
+
+def _matmul_flops(op: _Op) -> float | None:
+    a, out_el = op.shape(0), op.out_el
+    if a is None or out_el is None or not a:
+        return None
+    k = a[-1]
+    if op.node.op_type == "FusedMatMul" and len(a) >= 2 and _int_attr(op.attrs, "transA", 0):
+        k = a[-2]
+    return 2.0 * out_el * k
+
+
+def _gemm_flops(op: _Op) -> float | None:
+    a, out_el = op.shape(0), op.out_el
+    if a is None or out_el is None or len(a) != 2:
+        return None
+    k = a[0] if _int_attr(op.attrs, "transA", 0) else a[1]
+    return 2.0 * out_el * k + (out_el if op.has_input(2) else 0)
+
+
+def _packed_attention_flops(op: _Op) -> float | None:
+    """onnxruntime's ``Attention`` (com.microsoft): the QKV projection, then the scores and the sum."""
+    x, w, out_el = op.shape(0), op.shape(1), op.out_el
+    if x is None or w is None or out_el is None or len(x) != 3:
+        return None
+    seq = x[1]
+    return 2.0 * x[0] * x[1] * x[2] * w[-1] + 4.0 * out_el * seq
+
+
+def _attention_flops(op: _Op) -> float | None:
+    """Scores and weighted sum over the key length (from the key's shape, else the query's)."""
+    q, k_shape, out_el = op.shape(0), op.shape(1), op.out_el
+    if q is None or out_el is None:
+        return None
+    if k_shape is None or len(k_shape) < 3:
+        kv_len = q[-2] if len(q) == 4 else q[1] if len(q) >= 2 else 1
+    else:
+        kv_len = k_shape[-2] if len(k_shape) == 4 else k_shape[1]
+    return 4.0 * out_el * kv_len
+
+
+def _einsum_op_flops(op: _Op) -> float | None:
+    return _einsum_flops(op.attrs, [op.shape(i) for i in range(len(op.inputs))], op.out_el)
+
+
+def _recurrent_flops(op: _Op) -> float | None:
+    x, w, r = op.shape(0), op.shape(1), op.shape(2)
+    if x is None or w is None or r is None or len(x) != 3 or len(w) != 3:
+        return None
+    steps_batch = _numel(x) // max(1, w[2])  # type: ignore[operator]
+    return 2.0 * steps_batch * (math.prod(w) + math.prod(r))
+
+
+def _pool_flops(op: _Op) -> float | None:
+    kernel = _ints_attr(op.attrs, "kernel_shape")
+    out_el = op.out_el
+    if out_el is None:
+        return None
+    return float(out_el * max(1, math.prod(kernel)))
+
+
+def _reduction_flops(op: _Op) -> float | None:
+    n = _numel(op.shape(0))
+    return None if n is None else float(n)
+
+
+def _elementwise_flops(op: _Op) -> float | None:
+    out_el = op.out_el
+    if out_el is None:
+        return None
+    arity = len(op.node.inputs)
+    return (
+        float(out_el * max(1, arity - 1))
+        if op.node.op_type in ("Sum", "Mean", "Max", "Min")
+        else float(out_el)
+    )
+
+
+_FORMULAS: Mapping[str, _Formula] = {
+    **dict.fromkeys(_CONV_LIKE, _conv_flops),
+    "ConvTranspose": _conv_transpose_flops,
+    **dict.fromkeys(_MATMUL_LIKE, _matmul_flops),
+    "Gemm": _gemm_flops,
+    **dict.fromkeys(_ATTENTION_LIKE | {"Attention"}, _attention_flops),
+    "Einsum": _einsum_op_flops,
+    **dict.fromkeys(_RECURRENT, _recurrent_flops),
+    **dict.fromkeys(_POOL, _pool_flops),
+    **dict.fromkeys(_REDUCTION_LIKE, _reduction_flops),
+    **dict.fromkeys(_ELEMENTWISE, _elementwise_flops),
+}
+"""The FLOP formula of each op that computes (an op not here, nor a ``Reduce*``, only moves data)."""
 
 
 def _int_attr(attrs: Mapping[str, onnx.AttributeProto], name: str, default: int) -> int:

@@ -218,43 +218,49 @@ def node_medians(events: Sequence[Mapping[str, Any]], runs: int) -> tuple[dict[s
     return {n: statistics.median(v[-runs:]) for n, v in per_run.items()}, output_bytes
 
 
+@dataclass(frozen=True)
+class Exposed:
+    """A graph to run with its tensors ``names`` exposed as outputs, in chunks sized by ``estimates``
+    (bytes per tensor); its external weights lie in ``external_dir``, ``what`` names it in errors.  With
+    ``prune_inputs`` the graph inputs nothing reads are dropped for the run (old-IR models list
+    initializers as inputs, and the optimizer may have folded them away)."""
+
+    model: onnx.ModelProto
+    names: Sequence[str]
+    estimates: Mapping[str, int]
+    external_dir: Path | None
+    what: str
+    prune_inputs: bool = False
+
+
 def run_exposed(
     ort_model: OrtModel,
-    model: onnx.ModelProto,
-    names: Sequence[str],
-    estimates: Mapping[str, int],
-    external_dir: Path | None,
+    run: Exposed,
     feeds: Mapping[str, np.ndarray],
     take: Callable[[str, np.ndarray], None],
-    what: str,
     *,
     chunk_bytes: int,
-    prune_inputs: bool = False,
 ) -> None:
-    """Run ``model`` at DISABLE_ALL exposing ``names`` as outputs, in chunks of about ``chunk_bytes``.
+    """Run ``run.model`` at DISABLE_ALL exposing ``run.names`` as outputs, in chunks of about
+    ``chunk_bytes``.
 
-    The graph outputs of ``model`` are swapped for each chunk and restored afterwards (no copy of the
+    The graph outputs of the model are swapped for each chunk and restored afterwards (no copy of the
     weights is made); each value is handed to ``take`` and released.
     """
-    graph = model.graph
+    graph = run.model.graph
     saved_outputs = list(graph.output)
     saved_inputs = list(graph.input)
     try:
-        if prune_inputs:
-            # old-IR models list initializers as inputs; the optimizer may have folded them away
-            inits = {t.name for t in graph.initializer}
-            read = {i for n in graph.node for i in n.input} | {
-                t for n in graph.node for t in subgraph_outer_reads(n)
-            }
-            keep = [i for i in saved_inputs if i.name in inits or i.name in read or i.name in feeds]
+        if run.prune_inputs:
+            keep = _read_inputs(graph, feeds)
             del graph.input[:]
             graph.input.extend(keep)
-        for chunk in _chunks(names, estimates, chunk_bytes):
+        for chunk in _chunks(run.names, run.estimates, chunk_bytes):
             del graph.output[:]
             graph.output.extend(onnx.ValueInfoProto(name=t) for t in chunk)
-            so = ort_model.options("ORT_DISABLE_ALL", threads=None, external_dir=external_dir)
-            sess = ort_model.session(model.SerializeToString(), so, what)
-            values = ort_model.run(sess, feeds, what)
+            so = ort_model.options("ORT_DISABLE_ALL", threads=None, external_dir=run.external_dir)
+            sess = ort_model.session(run.model.SerializeToString(), so, run.what)
+            values = ort_model.run(sess, feeds, run.what)
             del sess
             for t, arr in zip(chunk, values, strict=True):
                 if isinstance(arr, np.ndarray):
@@ -263,9 +269,16 @@ def run_exposed(
     finally:
         del graph.output[:]
         graph.output.extend(saved_outputs)
-        if prune_inputs:
+        if run.prune_inputs:
             del graph.input[:]
             graph.input.extend(saved_inputs)
+
+
+def _read_inputs(graph: onnx.GraphProto, feeds: Mapping[str, np.ndarray]) -> list[onnx.ValueInfoProto]:
+    """The graph inputs that are initializers, are read (subgraphs included) or are fed."""
+    inits = {t.name for t in graph.initializer}
+    read = {i for n in graph.node for i in n.input} | {t for n in graph.node for t in subgraph_outer_reads(n)}
+    return [i for i in graph.input if i.name in inits or i.name in read or i.name in feeds]
 
 
 def _chunks(names: Sequence[str], estimates: Mapping[str, int], chunk_bytes: int) -> Iterable[list[str]]:

@@ -16,7 +16,7 @@ from onnxpipe.core.errors import ProfileError
 from onnxpipe.cost.anchors import find_anchors, find_duplicates, topological, value_candidates
 from onnxpipe.cost.sketch import VALUE_TOLERANCE, Print, Sketcher
 from onnxpipe.cost.static import constant_tensors
-from onnxpipe.cost.trace import OrtModel, Timing, run_exposed
+from onnxpipe.cost.trace import Exposed, OrtModel, Timing, run_exposed
 from onnxpipe.ir.inference import concrete_shapes
 from onnxpipe.ir.model import ModelView, itemsize
 from onnxpipe.ir.shapes import symbol_sizes
@@ -75,17 +75,8 @@ def match_graphs(
     p_prints: dict[str, list[Print]] = {}
     by_size: dict[int, list[tuple[float, str]]] = {}
     try:
-        run_exposed(
-            ort_model,
-            original,
-            o_names,
-            estimates,
-            view.base_dir,
-            feeds,
-            take_original,
-            "the model",
-            chunk_bytes=chunk_bytes,
-        )
+        exposed = Exposed(original, o_names, estimates, view.base_dir, "the model")
+        run_exposed(ort_model, exposed, feeds, take_original, chunk_bytes=chunk_bytes)
     except ProfileError as e:
         notes.append(f"values could not be compared ({e}); regions come from tensor names only")
         for t, shape in concrete_shapes(view, input_shapes).items():
@@ -181,18 +172,10 @@ def _optimized_prints(
 
     names = [t for n in optimized.graph.node for t in n.output if t]
     estimates = {t: timing.output_bytes.get(n.name, 0) for n in optimized.graph.node for t in n.output}
-    run_exposed(
-        ort_model,
-        optimized,
-        names,
-        estimates,
-        timing.optimized_dir,
-        feeds,
-        take,
-        "the optimized graph",
-        chunk_bytes=chunk_bytes,
-        prune_inputs=True,
+    exposed = Exposed(
+        optimized, names, estimates, timing.optimized_dir, "the optimized graph", prune_inputs=True
     )
+    run_exposed(ort_model, exposed, feeds, take, chunk_bytes=chunk_bytes)
     return p_prints
 
 

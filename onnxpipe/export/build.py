@@ -105,6 +105,20 @@ class StageBuilder:
         before it is saved.  Tensors inside nodes (attributes, initializers of If/Loop/Scan bodies) that
         the source stores externally are always read in (or, without ``weights``, reduced to dims).
         """
+        model = self._empty_model(spec)
+        graph = model.graph
+        produced = self._add_nodes(graph, spec, weights)
+        self._add_weights(graph, spec, weights, keep_external and weights)
+        self._add_inputs_and_outputs(graph, spec, untyped, produced)
+        self._add_annotations(graph, set(spec.inputs) | set(spec.outputs) | produced)
+        model.functions.extend(self._functions_used(graph.node))
+        return model
+
+    # ----------------------------------------------------------------------------------------------
+    # the steps of build
+
+    def _empty_model(self, spec: StageSpec) -> onnx.ModelProto:
+        """A model with the source's model-level fields and every opset import, and an empty graph."""
         src = self.view.proto
         model = onnx.ModelProto()
         model.ir_version = max(src.ir_version, 4)
@@ -121,8 +135,10 @@ class StageBuilder:
         graph.name = f"{src.graph.name or 'graph'}_stage{spec.index}"
         graph.doc_string = src.graph.doc_string
         graph.metadata_props.extend(src.graph.metadata_props)
+        return model
 
-        produced: set[str] = set()
+    def _add_nodes(self, graph: onnx.GraphProto, spec: StageSpec, weights: bool) -> set[str]:
+        """The stage's nodes, in the order of the module doc; the tensors they make (but the constants')."""
         for info in self._constants_in_order(spec.constant_nodes):
             if info.op_type == "Shape":
                 graph.node.append(self._shape_as_constant(spec, info))
@@ -133,34 +149,34 @@ class StageBuilder:
         remade: dict[str, list[str]] = {}
         for alias in spec.aliases:
             remade.setdefault(alias.same_as, []).append(alias.name)
-
-        def remake(sources: Iterable[str]) -> None:
-            for source in sources:
-                for name in remade.get(source, ()):
-                    graph.node.append(
-                        helper.make_node("Identity", [source], [name], name=alias_node_name(name))
-                    )
-                    produced.add(name)
-
-        remake(spec.inputs)
+        produced = _remake(graph, remade, spec.inputs)
         parts = dict(spec.shape_sources)
         for name in spec.recomputed_nodes:  # copies that spare the stage receiving shape/constant values
-            info = self.by_name[name]
-            if name in parts:  # a Shape of a tensor the stage lacks: made of its dims
-                graph.node.extend(self._shape_from_parts(info, parts[name]))
-            else:
-                self._copy_node(info, graph.node.add(), spec, weights)
-            produced.update(info.outputs)
+            produced.update(self._add_node(graph, self.by_name[name], parts, spec, weights))
         for name in spec.file_node_names:
-            info = self.by_name[name]
-            if name in parts:  # a decoder's Shape of another layer's cache: made of dims the stage has
-                graph.node.extend(self._shape_from_parts(info, parts[name]))
-            else:
-                self._copy_node(info, graph.node.add(), spec, weights)
-            produced.update(info.outputs)
-            remake(info.outputs)
+            outputs = self._add_node(graph, self.by_name[name], parts, spec, weights)
+            produced.update(outputs)
+            produced.update(_remake(graph, remade, outputs))
+        return produced
 
-        keep = keep_external and weights
+    def _add_node(
+        self,
+        graph: onnx.GraphProto,
+        info: NodeInfo,
+        parts: Mapping[str, ShapeParts],
+        spec: StageSpec,
+        weights: bool,
+    ) -> tuple[str, ...]:
+        """Copy a recomputed or own node; a ``Shape`` of a tensor the stage lacks (a decoder's ``Shape`` of
+        another layer's cache) is made of dims the stage has.  The node's outputs."""
+        if info.name in parts:
+            graph.node.extend(self._shape_from_parts(info, parts[info.name]))
+        else:
+            self._copy_node(info, graph.node.add(), spec, weights)
+        return info.outputs
+
+    def _add_weights(self, graph: onnx.GraphProto, spec: StageSpec, weights: bool, keep: bool) -> None:
+        """The initializers (dense and sparse) the stage holds (:meth:`weights_of`)."""
         for t in self.weights_of(spec):
             if t in self.dense:
                 self._copy_tensor(self.dense[t], graph.initializer.add(), spec, weights, keep)
@@ -171,6 +187,11 @@ class StageBuilder:
                 self._copy_tensor(sp.values, new.values, spec, weights, keep)
                 self._copy_tensor(sp.indices, new.indices, spec, weights, keep)
 
+    def _add_inputs_and_outputs(
+        self, graph: onnx.GraphProto, spec: StageSpec, untyped: frozenset[str], produced: set[str]
+    ) -> None:
+        """Inputs and outputs with the boundary types (``untyped`` outputs without one), and the source's
+        ``value_info`` of the inner tensors the stage makes."""
         for t in spec.inputs:
             graph.input.append(self.types.value_info(t, spec.index))
         for t in spec.outputs:
@@ -184,14 +205,13 @@ class StageBuilder:
             if vi is not None:
                 graph.value_info.append(vi)
 
-        present = boundary | produced | {t.name for t in graph.initializer}
+    def _add_annotations(self, graph: onnx.GraphProto, tensors: set[str]) -> None:
+        """The source's quantization annotations of the tensors the stage has (its weights included)."""
+        present = tensors | {t.name for t in graph.initializer}
         present |= {sp.values.name for sp in graph.sparse_initializer}
         for tensor_name, ann in self.annotations.items():
             if tensor_name in present:
                 graph.quantization_annotation.add().CopyFrom(ann)
-
-        model.functions.extend(self._functions_used(graph.node))
-        return model
 
     # ----------------------------------------------------------------------------------------------
 
@@ -339,6 +359,17 @@ class StageBuilder:
             used.add(key)
             stack.extend(_calls(f.node))
         return [f for f in self.view.proto.functions if _key(f) in used]
+
+
+def _remake(graph: onnx.GraphProto, remade: Mapping[str, list[str]], sources: Iterable[str]) -> set[str]:
+    """Append an ``Identity`` for each tensor remade from one of ``sources`` (an equal tensor); the names
+    it makes."""
+    made: set[str] = set()
+    for source in sources:
+        for name in remade.get(source, ()):
+            graph.node.append(helper.make_node("Identity", [source], [name], name=alias_node_name(name)))
+            made.add(name)
+    return made
 
 
 def _key(f: onnx.FunctionProto) -> tuple[str, str, str]:

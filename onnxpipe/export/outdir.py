@@ -25,10 +25,8 @@ from pathlib import Path
 
 from onnxpipe.core.errors import ExportError, ManifestError
 from onnxpipe.core.options import opt
+from onnxpipe.export.genai.config import GENAI_CONFIG_NAME
 from onnxpipe.manifest import MANIFEST_NAME, load_manifest
-
-GENAI_CONFIG_FILE = "genai_config.json"
-"""The ONNX Runtime GenAI config a decoder's split writes beside its manifest."""
 
 
 def normalized(out_dir: str | Path) -> Path:
@@ -90,7 +88,7 @@ def check_replaceable(out: Path) -> None:
 def _written_by_the_split(out: Path) -> set[str]:
     """The names a split wrote into ``out``: its manifest and the files the manifest lists (stages, their
     weights), the ONNX Runtime GenAI config; by their pattern where the manifest cannot be read."""
-    names = {MANIFEST_NAME, GENAI_CONFIG_FILE}
+    names = {MANIFEST_NAME, GENAI_CONFIG_NAME}
     try:
         manifest = load_manifest(out, check_files=False)
     except ManifestError:

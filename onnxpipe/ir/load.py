@@ -135,8 +135,6 @@ def view_from_proto(
     order = _choose_order(raw, set(init_bytes), free, inputs, outputs, tensors)
 
     nodes: list[NodeInfo] = []
-    producer: dict[str, int] = {}
-    consumers: dict[str, list[int]] = {}
     for pos, idx in enumerate(order):
         node, ins, outer, outs = raw[idx]
         reads = ins + tuple(t for t in outer if t not in ins)
@@ -156,11 +154,7 @@ def view_from_proto(
                 has_subgraph=_has_subgraph(node),
             )
         )
-        for o in outs:
-            producer[o] = pos
-        for t in dict.fromkeys(reads):
-            consumers.setdefault(t, []).append(pos)
-
+    producer, consumers = _links(nodes)
     return ModelView(
         path=path,
         sha256=sha256,
@@ -170,11 +164,33 @@ def view_from_proto(
         outputs=outputs,
         initializers=MappingProxyType(init_bytes),
         weights=MappingProxyType(weights),
-        producer=MappingProxyType(producer),
-        consumers=MappingProxyType({k: tuple(v) for k, v in consumers.items()}),
+        producer=producer,
+        consumers=consumers,
         proto=proto,
         base_dir=base_dir,
     )
+
+
+def in_order(view: ModelView, names: Iterable[str]) -> ModelView:
+    """``view`` with the nodes ``names`` only, in that order (renumbered, producers and readers indexed
+    again): for a transform whose new nodes must stay together (a cut node's parts), where the loader's
+    own order might interleave them."""
+    by_name = view.node_by_name
+    nodes = [dataclasses.replace(by_name[name], position=pos) for pos, name in enumerate(names)]
+    producer, consumers = _links(nodes)
+    return dataclasses.replace(view, nodes=tuple(nodes), producer=producer, consumers=consumers)
+
+
+def _links(nodes: Iterable[NodeInfo]) -> tuple[Mapping[str, int], Mapping[str, tuple[int, ...]]]:
+    """Each tensor's producer and readers, by node position."""
+    producer: dict[str, int] = {}
+    consumers: dict[str, list[int]] = {}
+    for n in nodes:
+        for o in n.outputs:
+            producer[o] = n.position
+        for t in dict.fromkeys(n.reads):
+            consumers.setdefault(t, []).append(n.position)
+    return MappingProxyType(producer), MappingProxyType({k: tuple(v) for k, v in consumers.items()})
 
 
 def _ensure_unique_node_names(graph: onnx.GraphProto) -> None:

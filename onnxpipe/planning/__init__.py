@@ -6,5 +6,7 @@ turns the model and its profile into the plain numbers :mod:`onnxpipe.partition`
 (one stage each, or interleaved), :mod:`.cluster` plans a cluster of devices (with :mod:`.orders` for
 device orders and stage counts, :mod:`.memory` for what a stage must hold and :mod:`.request` for the
 schedule asked for); :mod:`.fused` keeps onnxruntime's fused groups whole while that costs little;
-:mod:`.draw` draws a plan.  Imports ``core``, ``ir``, ``cost``, ``partition``, ``schedule``, ``cluster``.
+:mod:`.nodesplit` may cut the one node that holds a plan back into parts over consecutive stages
+(finding, cutting, timing the parts and planning with them, top to bottom); :mod:`.draw` draws a plan.
+Imports ``core``, ``ir``, ``cost``, ``partition``, ``schedule``, ``cluster``.
 """

@@ -96,7 +96,8 @@ class NodeSplit:
 
     node: str
     kind: str
-    """How it was cut: ``columns``, ``reduction`` or ``channels`` (``onnxpipe.ir.nodesplit.SplitKind``)."""
+    """How it was cut: ``columns``, ``reduction`` or ``channels``
+    (:class:`onnxpipe.planning.nodesplit.SplitKind`)."""
     parts: int
     stages: tuple[int, ...]
     """The stage of each part, in order; the join runs in the last one."""
@@ -107,7 +108,8 @@ class NodeSplit:
     contiguous_bottleneck_seconds: float
     contiguous_bound_seconds: float
     measured: bool
-    """Whether the parts' costs were timed (:mod:`onnxpipe.cost.parts`) or scaled by their share."""
+    """Whether the parts' costs were timed (:mod:`onnxpipe.planning.nodesplit.costs`) or scaled by their
+    share."""
 
 
 @dataclass(frozen=True)
@@ -142,7 +144,7 @@ class Plan:
     """The ``--inputs`` files the costs came from (:attr:`onnxpipe.cost.profile.Profile.inputs`)."""
     node_splits: tuple[NodeSplit, ...] = ()
     """Nodes cut into parts over consecutive stages (``--split-nodes auto``); the stages then name the
-    parts' nodes, which the model cut by :func:`onnxpipe.ir.nodesplit.cut_node` holds."""
+    parts' nodes, which the model cut by :func:`onnxpipe.planning.nodesplit.cut_node` holds."""
     stage_counts_tried: tuple[tuple[int, float], ...] = ()
     """``--stages auto``: each stage count tried and its bottleneck (``inf``: could not be made)."""
     link_model: LinkModel | None = None

@@ -19,12 +19,11 @@ from models import dominated_head_model, plan_for, save
 from onnxpipe import api
 from onnxpipe.api import VerifyOptions, verify
 from onnxpipe.cost.options import ProfileOptions
-from onnxpipe.cost.parts import part_costs
 from onnxpipe.cost.source import get_profile
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model
-from onnxpipe.ir.nodesplit import SplitKind, cut_node, find_splittable
 from onnxpipe.manifest import load_manifest
+from onnxpipe.planning.nodesplit import SplitKind, cut_node, find_splittable, part_costs
 from onnxpipe.planning.request import PlanRequest
 
 SHAPES = {"x": (64, 128)}

@@ -1,4 +1,4 @@
-"""Tests for :mod:`onnxpipe.ir.nodesplit`: which nodes can be cut, and the cut model computes the same.
+"""Tests for :mod:`onnxpipe.planning.nodesplit`: which nodes can be cut, and the cut model computes the same.
 
 Each op kind is cut into 2 and 3 parts and run with ``onnx.reference`` (no onnxruntime in this lane) on
 random inputs against the original model: equal up to float32 summation order.
@@ -18,8 +18,14 @@ from onnx.reference import ReferenceEvaluator
 from onnxpipe.core.errors import UsageError
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.load import view_from_proto
-from onnxpipe.ir.nodesplit import SplitKind, cut_node, find_splittable, part_sizes
-from onnxpipe.planning.nodesplit import merged_sizes, plan_splitting_nodes
+from onnxpipe.planning.nodesplit import (
+    SplitKind,
+    cut_node,
+    find_splittable,
+    merged_sizes,
+    part_sizes,
+    plan_splitting_nodes,
+)
 from onnxpipe.planning.workers import make_plan
 
 RNG = np.random.default_rng(0)

@@ -29,8 +29,10 @@ from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.cost.profile import CostSource, Profile
 from onnxpipe.ir.load import view_from_proto
 from onnxpipe.ir.model import ModelView, dtype_name, itemsize
-from onnxpipe.ir.nodesplit import Constants, SplitKind, Splittable, cut_node, part_sizes
 from onnxpipe.ir.shapes import symbol_sizes
+from onnxpipe.planning.nodesplit.constants import Constants
+from onnxpipe.planning.nodesplit.cut import cut_node
+from onnxpipe.planning.nodesplit.find import SplitKind, Splittable, part_sizes
 
 DEFAULT_RUNS = 15
 """Timed runs of each piece (after one untimed run per turn); the medians are compared."""
@@ -51,14 +53,19 @@ class PartCosts:
 
 def chain_seconds(profile: Profile, spec: Splittable) -> float:
     """The profile's cost of the cut node and the nodes carried along with it."""
-    return sum(max(0.0, float(profile.node_seconds.get(n, 0.0))) for n in spec.chain)
+    return sum(node_seconds(profile, n) for n in spec.chain)
+
+
+def node_seconds(profile: Profile, node: str) -> float:
+    """A node's profiled cost, never negative (a measured difference may come out below zero)."""
+    return max(0.0, float(profile.node_seconds.get(node, 0.0)))
 
 
 def shared_costs(
     profile: Profile, spec: Splittable, kind: SplitKind, parts: int | Sequence[int]
 ) -> PartCosts:
     """Each part its share of the chain's cost (by the size of its slice), the join free."""
-    total = spec.depth if kind == SplitKind.REDUCTION else spec.width
+    total = spec.extent(kind)
     sizes = part_sizes(total, parts) if isinstance(parts, int) else list(parts)
     cost = chain_seconds(profile, spec)
     return PartCosts(len(sizes), tuple(cost * s / total for s in sizes), 0.0, measured=False)
@@ -74,8 +81,7 @@ def part_costs(
     runs: int = DEFAULT_RUNS,
 ) -> dict[int, PartCosts]:
     """The costs of ``spec`` cut by ``kind`` into each of ``counts`` equal parts (see the module doc)."""
-    total = spec.depth if kind == SplitKind.REDUCTION else spec.width
-    layouts = [part_sizes(total, p) for p in counts]
+    layouts = [part_sizes(spec.extent(kind), p) for p in counts]
     return dict(zip(counts, sized_costs(view, profile, spec, kind, layouts, runs=runs), strict=True))
 
 
@@ -92,12 +98,37 @@ def sized_costs(
     mini = _chain_model(view, profile, spec) if profile.source == CostSource.PROFILE.value else None
     if mini is None:
         return [shared_costs(profile, spec, kind, sizes) for sizes in layouts]
-    mini_view, feed = mini
-    pieces: dict[str, tuple[onnx.ModelProto, dict[str, np.ndarray]]] = {"chain": (mini_view.proto, feed)}
-    keys: list[tuple[list[str], str]] = []
+    pieces, read = _pieces(*mini, spec, kind, layouts)
+    seconds = _time_in_turns(pieces, profile.threads, runs)
+    cost, whole = chain_seconds(profile, spec), seconds["chain"]
+    if whole <= 0:
+        return [shared_costs(profile, spec, kind, sizes) for sizes in layouts]
+    return [
+        PartCosts(
+            len(names), tuple(cost * seconds[k] / whole for k in names), cost * seconds[join] / whole, True
+        )
+        for names, join in read
+    ]
+
+
+_Piece = tuple[onnx.ModelProto, dict[str, np.ndarray]]
+"""A model to time and its feed."""
+
+
+def _pieces(
+    mini: ModelView,
+    feed: dict[str, np.ndarray],
+    spec: Splittable,
+    kind: SplitKind,
+    layouts: Sequence[Sequence[int]],
+) -> tuple[dict[str, _Piece], list[tuple[list[str], str]]]:
+    """The pieces to time (the chain alone, each distinct part size, a join per part count) and, for each
+    layout, the keys of its parts' pieces and of its join's."""
+    pieces: dict[str, _Piece] = {"chain": (mini.proto, feed)}
+    read: list[tuple[list[str], str]] = []
     rng = np.random.default_rng(0)
     for sizes in layouts:
-        cut = cut_node(mini_view, spec, kind, sizes)
+        cut = cut_node(mini, spec, kind, sizes)
         names = []
         for size, nodes in zip(sizes, cut.parts, strict=True):
             key = f"part {size}"
@@ -107,17 +138,8 @@ def sized_costs(
         join_key = f"join {len(sizes)}"
         if join_key not in pieces:  # a join's cost depends on the total it writes, hardly on the parts
             pieces[join_key] = _join_model(cut.view, cut.join, rng)
-        keys.append((names, join_key))
-    seconds = _time_in_turns(pieces, profile.threads, runs)
-    cost, whole = chain_seconds(profile, spec), seconds["chain"]
-    if whole <= 0:
-        return [shared_costs(profile, spec, kind, sizes) for sizes in layouts]
-    return [
-        PartCosts(
-            len(names), tuple(cost * seconds[k] / whole for k in names), cost * seconds[join] / whole, True
-        )
-        for names, join in keys
-    ]
+        read.append((names, join_key))
+    return pieces, read
 
 
 def _concrete(view: ModelView, profile: Profile, tensor: str) -> tuple[int, ...] | None:
@@ -153,30 +175,28 @@ def _chain_model(
     """The chain alone as a model (its weights inline), with a random feed of its input at the profiled
     shape; None when that shape is not known."""
     consts = Constants(view)
-    protos = {n.name: n for n in view.proto.graph.node}
-    nodes = [protos[n] for n in spec.chain]
+    nodes = [consts.protos[n] for n in spec.chain]
     source = nodes[0].input[0]
     shape = _concrete(view, profile, source)
     elem = view.tensor(source).elem_type
     if shape is None or elem == 0:
         return None
+    made = {o for m in nodes for o in m.output}
     inits = []
-    for n in nodes:
-        for t in n.input:
-            if t and t != source and t not in {o for m in nodes for o in m.output}:
-                value = consts.value(t)
-                if value is None:
-                    return None
-                inits.append(onnx.numpy_helper.from_array(value, t))
-    graph = helper.make_graph(
-        nodes,
+    for t in (t for n in nodes for t in n.input):
+        if t and t != source and t not in made:
+            value = consts.value(t)
+            if value is None:
+                return None
+            inits.append(onnx.numpy_helper.from_array(value, t))
+    model = _piece_model(
+        view,
         "chain",
+        nodes,
         [helper.make_tensor_value_info(source, elem, shape)],
-        [helper.make_tensor_value_info(spec.output, view.tensor(spec.output).elem_type, None)],
+        _output(spec.output, view.tensor(spec.output).elem_type),
         list({t.name: t for t in inits}.values()),
     )
-    model = helper.make_model(graph, opset_imports=list(view.proto.opset_import))
-    model.ir_version = view.proto.ir_version if view.proto.ir_version >= 4 else 7
     feed = {source: np.random.default_rng(0).standard_normal(shape).astype(dtype_name(elem))}
     return view_from_proto(model), feed
 
@@ -188,21 +208,9 @@ def _submodel(view: ModelView, names: list[str], feed: dict[str, np.ndarray]) ->
     read = {t for n in nodes for t in n.input}
     inits = [t for t in view.proto.graph.initializer if t.name in read]
     (source,) = feed
-    elem = view.tensor(source).elem_type
-    graph = helper.make_graph(
-        nodes,
-        "part",
-        [helper.make_tensor_value_info(source, elem, feed[source].shape)],
-        [
-            helper.make_tensor_value_info(
-                nodes[-1].output[0], view.tensor(nodes[-1].output[0]).elem_type, None
-            )
-        ],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=list(view.proto.opset_import))
-    model.ir_version = view.proto.ir_version
-    return model
+    inputs = [helper.make_tensor_value_info(source, view.tensor(source).elem_type, feed[source].shape)]
+    last = nodes[-1].output[0]
+    return _piece_model(view, "part", nodes, inputs, _output(last, view.tensor(last).elem_type), inits)
 
 
 def _join_model(
@@ -217,15 +225,27 @@ def _join_model(
         shape = tuple(int(d) if isinstance(d, int) else 1 for d in (info.shape or ()))
         feeds[t] = rng.standard_normal(shape).astype(info.dtype)
         inputs.append(helper.make_tensor_value_info(t, info.elem_type, shape))
-    graph = helper.make_graph(
-        [proto],
-        "join",
-        inputs,
-        [helper.make_tensor_value_info(proto.output[0], view.tensor(proto.input[0]).elem_type, None)],
-    )
+    output = _output(proto.output[0], view.tensor(proto.input[0]).elem_type)
+    return _piece_model(view, "join", [proto], inputs, output, []), feeds
+
+
+def _piece_model(
+    view: ModelView,
+    name: str,
+    nodes: list[onnx.NodeProto],
+    inputs: list[onnx.ValueInfoProto],
+    output: onnx.ValueInfoProto,
+    inits: list[onnx.TensorProto],
+) -> onnx.ModelProto:
+    """``nodes`` as a model of their own with ``view``'s opsets: one piece of the chain to time."""
+    graph = helper.make_graph(nodes, name, inputs, [output], inits)
     model = helper.make_model(graph, opset_imports=list(view.proto.opset_import))
-    model.ir_version = view.proto.ir_version
-    return model, feeds
+    model.ir_version = view.proto.ir_version if view.proto.ir_version >= 4 else 7
+    return model
+
+
+def _output(name: str, elem: int) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem, None)
 
 
 def _time_in_turns(

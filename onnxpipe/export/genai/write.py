@@ -1,0 +1,125 @@
+"""The whole ``genai_config.json`` of a written split: the graph's names and dims, the source config's ids
+and context, the manifest's stages, put together and written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from onnxpipe.core.options import opt
+from onnxpipe.export.genai.config import (
+    DEFAULT_BOS,
+    DEFAULT_EOS,
+    DEFAULT_PAD,
+    GENAI_CONFIG_NAME,
+    ConfigDims,
+    GenAIConfig,
+    GraphDims,
+    SourceConfig,
+    TokenIds,
+    Unsupported,
+)
+from onnxpipe.export.genai.graph import model_facts
+from onnxpipe.export.genai.pipeline import pipeline_of, primary_options
+from onnxpipe.export.genai.source import check_source_fits
+from onnxpipe.ir.decoder import DecoderInfo
+from onnxpipe.ir.model import ModelView
+from onnxpipe.manifest import Manifest
+
+
+def genai_config(
+    view: ModelView, dec: DecoderInfo, manifest: Manifest, source: SourceConfig | None = None
+) -> GenAIConfig | Unsupported:
+    """The ``genai_config.json`` of a written split of the decoder ``view``, or why GenAI cannot run it.
+
+    The context is the smallest of the plan's ``max_context`` (the KV memory was checked for it), the
+    source config's context, and the model's position table.  Token ids come from the source config, else
+    :data:`DEFAULT_BOS`, :data:`DEFAULT_EOS`, :data:`DEFAULT_PAD`.
+    """
+    facts = model_facts(view, dec)
+    if isinstance(facts, Unsupported):
+        return facts
+    names, graph = facts
+    if source is not None:
+        check_source_fits(source, graph)
+    dims = _written_dims(graph, source)
+    if isinstance(dims, Unsupported):
+        return dims
+    pipeline = pipeline_of(manifest, names)
+    if isinstance(pipeline, Unsupported):
+        return pipeline
+    context = _context_length(manifest, graph, source)
+    if context is None:
+        return Unsupported(f"no context length is known (give {opt('genai_config')})")
+    tokens = _token_ids(source)
+    if max(tokens.bos, *tokens.eos, tokens.pad) >= dims.vocab_size:  # a given config's were checked
+        return Unsupported(f"the default token ids lie outside the vocabulary of {dims.vocab_size}")
+    return GenAIConfig(
+        dims=dims,
+        names=names,
+        tokens=tokens,
+        context_length=context,
+        attention_heads=_attention_heads(dims, graph, source),
+        pipeline=pipeline,
+        session_options=primary_options(pipeline) if manifest.cluster is not None else None,
+        base=source.document if source is not None else {},
+    )
+
+
+def _written_dims(graph: GraphDims, source: SourceConfig | None) -> ConfigDims | Unsupported:
+    """The graph's dims, the head count and size taken from the source config where the past tensors leave
+    them symbolic."""
+    head_size = graph.head_size or (source.head_size if source is not None else None)
+    kv_heads = graph.kv_heads or (source.kv_heads if source is not None else None)
+    if head_size is None or kv_heads is None:
+        return Unsupported(
+            f"the past tensors' head count or head size is symbolic (give {opt('genai_config')})"
+        )
+    return ConfigDims(graph.layers, kv_heads, head_size, graph.vocab_size, graph.hidden_size)
+
+
+def _context_length(manifest: Manifest, graph: GraphDims, source: SourceConfig | None) -> int | None:
+    """The smallest context any of the plan, the source config and the position table allows; None when
+    none says one."""
+    limits = [manifest.plan.decoder.max_context] if manifest.plan.decoder is not None else []
+    for limit in (source.context_length if source else None, graph.position_rows):
+        if limit is not None:
+            limits.append(limit)
+    return min(limits) if limits else None
+
+
+def _token_ids(source: SourceConfig | None) -> TokenIds:
+    """The source config's token ids, else the defaults."""
+    if source is not None and source.tokens is not None:
+        return source.tokens
+    return TokenIds(DEFAULT_BOS, (DEFAULT_EOS,), DEFAULT_PAD)
+
+
+def _attention_heads(dims: ConfigDims, graph: GraphDims, source: SourceConfig | None) -> int | None:
+    """The query heads: the source config's, else an attention op's, else the hidden size over the head
+    size (the usual layout); None when nothing tells."""
+    heads = source.attention_heads if source is not None else None
+    heads = heads or graph.attention_heads
+    if heads is None and dims.hidden_size is not None and dims.hidden_size % dims.head_size == 0:
+        heads = dims.hidden_size // dims.head_size
+    return heads
+
+
+def write_genai_config(config: GenAIConfig, path: Path) -> None:
+    """Write ``config`` as JSON (GenAI's parser takes plain JSON, 4-space indent as its builder writes)."""
+    path.write_text(json.dumps(config.to_json(), indent=4) + "\n", encoding="utf-8")
+
+
+def describe_written(config: GenAIConfig, source: SourceConfig | None) -> str:
+    """The plan note that says the config was written, and where its token ids came from."""
+    if source is not None and source.tokens is not None:
+        origin = f"token ids from {source.path.name}"
+    else:
+        origin = (
+            f"default token ids bos {DEFAULT_BOS}, eos {DEFAULT_EOS}, pad {DEFAULT_PAD}: give "
+            f"{opt('genai_config')} with the model's config.json for its own"
+        )
+    return (
+        f"{GENAI_CONFIG_NAME}: an ONNX Runtime GenAI decoder-pipeline of {len(config.pipeline)} stages, "
+        f"context {config.context_length} ({origin})"
+    )

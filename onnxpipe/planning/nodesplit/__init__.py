@@ -1,0 +1,42 @@
+"""Cutting one node that holds a plan back into parts over consecutive stages (``split_nodes="auto"``).
+
+A contiguous pipeline can never beat its largest node; GPT-2's LM head or an early Conv of a CNN can be a
+quarter of the whole time.  Such a node is cut into ``p`` ordinary ONNX nodes that each compute a slice of
+its output, so that the planner can put them in consecutive stages.  The feature reads top to bottom:
+
+* :mod:`.find`: which nodes can be cut, by which kinds of cut, with which nodes carried along;
+* :mod:`.constants`: the weights' values, which the cut slices;
+* :mod:`.cut`: the model with one node cut into parts and a join;
+* :mod:`.costs`: what the parts and the join cost (timed side by side, or by their share);
+* :mod:`.plan`: the plan that may cut a node, solved by :mod:`onnxpipe.partition.splitting` on plain
+  numbers and kept only when it beats the best contiguous plan.
+
+It lives in the planning room because planning is its only user and the lowest room that sees all it
+needs: the model (``ir``), the costs (``cost``), the partitioner (``partition``) and the planner.
+``docs/node-splitting.md`` describes it for users.
+"""
+
+from onnxpipe.planning.nodesplit.constants import Constants
+from onnxpipe.planning.nodesplit.costs import PartCosts, chain_seconds, part_costs, shared_costs, sized_costs
+from onnxpipe.planning.nodesplit.cut import CutModel, cut_node
+from onnxpipe.planning.nodesplit.find import SplitKind, Splittable, find_splittable, part_sizes
+from onnxpipe.planning.nodesplit.plan import Planned, carried_profile, merged_sizes, plan_splitting_nodes
+
+__all__ = [
+    "Constants",
+    "CutModel",
+    "PartCosts",
+    "Planned",
+    "SplitKind",
+    "Splittable",
+    "carried_profile",
+    "chain_seconds",
+    "cut_node",
+    "find_splittable",
+    "merged_sizes",
+    "part_costs",
+    "part_sizes",
+    "plan_splitting_nodes",
+    "shared_costs",
+    "sized_costs",
+]

@@ -1,0 +1,306 @@
+"""Plans that may cut one dominating node into parts over consecutive stages (``--split-nodes auto``).
+
+A contiguous plan stops at ``max(total / K, largest node)``. Here the nodes that can be cut
+(:func:`.find.find_splittable`) and are large enough to matter (at least :data:`MIN_SHARE` of
+``total / K``; the :data:`MAX_CANDIDATES` largest) are offered to
+:func:`onnxpipe.partition.splitting.solve_with_split` with every part count from 2 to :data:`MAX_PARTS`
+(more parts than stages give the cut finer places to fall) and every kind of cut they allow, their parts'
+costs measured (:mod:`.costs`) and the bytes each inner link carries counted (the node's input,
+forwarded, and the parts' outputs the join needs). The best is exact over those choices. Equal parts the
+best split put in one stage are merged into one wider part (more equal parts only give finer places to cut
+the node; two kernels in one stage would be slower than one), costed again; since a wider part may cost
+more than its equal parts did, the best split with at most one part per stage is planned too, and the
+faster plan wins. The node is then cut in the
+model (:func:`.cut.cut_node`), the profile carried over to the parts, and the cut model
+planned by :func:`onnxpipe.planning.workers.make_plan` as any other; the split is kept only if that plan's
+bottleneck is below the best contiguous plan's.
+
+The result holds the plan and the view its stages are made of (the cut model, or the original when no
+split helps): the exporter writes the stages from that view, and ``verify`` compares them with the
+original model file (the cut view keeps its path and sha256), so the difference the cut makes (float32
+summation order only) is what verify reports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from onnxpipe.core.errors import PartitionError
+from onnxpipe.cost.profile import CostSource, Profile
+from onnxpipe.ir.model import ModelView
+from onnxpipe.partition.splitting import SplitCandidate, SplitResult, SplitShape, solve_with_split
+from onnxpipe.planning.nodesplit.costs import (
+    PartCosts,
+    chain_seconds,
+    node_seconds,
+    shared_costs,
+    sized_costs,
+)
+from onnxpipe.planning.nodesplit.cut import CutModel, cut_node
+from onnxpipe.planning.nodesplit.find import SplitKind, Splittable, find_splittable, part_sizes
+from onnxpipe.planning.sequences import Sequences, sequences
+from onnxpipe.planning.types import NodeSplit, Plan
+from onnxpipe.planning.workers import make_plan
+from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
+
+MAX_CANDIDATES = 3
+"""The largest cuttable nodes offered (each costs a timing of its parts)."""
+MIN_SHARE = 0.5
+"""A node below half of ``total / K`` is never what holds a plan back: not offered."""
+MAX_PARTS = 8
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A plan and the view its stages name nodes of (the cut model when a node was split)."""
+
+    plan: Plan
+    view: ModelView
+    profile: Profile
+
+
+@dataclass(frozen=True)
+class _Search:
+    """What every try of a split shares: the model and its costs, the stages and their link, whether the
+    parts are timed, the plain numbers the partitioner solves on, and the contiguous plan to beat."""
+
+    view: ModelView
+    profile: Profile
+    k: int
+    bandwidth_bytes_per_s: float
+    microbatches: int
+    measure: bool
+    seq: Sequences
+    contiguous: Plan
+
+    @property
+    def timed(self) -> bool:
+        """Whether parts are timed: asked for, and the costs were measured (static costs are shared)."""
+        return self.measure and self.profile.source == CostSource.PROFILE.value
+
+    def plan(self, view: ModelView, profile: Profile) -> Plan:
+        return make_plan(
+            view,
+            profile,
+            self.k,
+            bandwidth_bytes_per_s=self.bandwidth_bytes_per_s,
+            microbatches=self.microbatches,
+        )
+
+
+@dataclass(frozen=True)
+class _Offer:
+    """A node that may be cut, at ``start`` in the sequence, with every (kind, part count) it offers: as
+    the partitioner's shapes, and the kind and part costs behind each."""
+
+    spec: Splittable
+    start: int
+    shapes: tuple[SplitShape, ...]
+    choices: tuple[tuple[SplitKind, PartCosts], ...]
+
+    def candidate(self, most: int) -> SplitCandidate:
+        """The partitioner's candidate, with the shapes of at most ``most`` parts."""
+        return SplitCandidate(
+            self.start, len(self.spec.chain), tuple(sh for sh in self.shapes if sh.parts <= most)
+        )
+
+    def choice(self, most: int, shape: int) -> tuple[SplitKind, PartCosts]:
+        """The kind and costs of :meth:`candidate`'s shape number ``shape``."""
+        kept = [c for c, sh in zip(self.choices, self.shapes, strict=True) if sh.parts <= most]
+        return kept[shape]
+
+
+def plan_splitting_nodes(
+    view: ModelView,
+    profile: Profile,
+    k: int,
+    *,
+    bandwidth_bytes_per_s: float = math.inf,
+    microbatches: int = DEFAULT_MICROBATCHES,
+    measure: bool = True,
+) -> Planned:
+    """The best plan into ``k`` stages on identical workers when one node may be cut (module doc)."""
+    contiguous = make_plan(
+        view, profile, k, bandwidth_bytes_per_s=bandwidth_bytes_per_s, microbatches=microbatches
+    )
+    plain = Planned(contiguous, view, profile)
+    if k < 2:
+        return plain
+    search = _Search(
+        view, profile, k, bandwidth_bytes_per_s, microbatches, measure, sequences(view, profile), contiguous
+    )
+    offers = _offers(search)
+    if not offers:
+        return plain
+    # all part counts (parts sharing a stage merged afterwards), and at most one part per stage (equal
+    # parts, as measured): a merged part is costed again, and may cost more than its equal parts did
+    made = [_realize(search, offers, most) for most in dict.fromkeys((MAX_PARTS, min(k, MAX_PARTS)))]
+    best = min((m for m in made if m is not None), key=lambda m: m.plan.bottleneck_seconds, default=None)
+    return plain if best is None else best
+
+
+def _offers(search: _Search) -> list[_Offer]:
+    """The cuttable nodes that may hold the plan back (at least :data:`MIN_SHARE` of ``total / K``), the
+    :data:`MAX_CANDIDATES` largest, with what each offers."""
+    total = math.fsum(search.seq.costs)
+    position = {n.name: p for p, n in enumerate(search.seq.compute)}
+    specs = sorted(
+        (
+            s
+            for s in find_splittable(search.view).values()
+            if chain_seconds(search.profile, s) >= MIN_SHARE * total / search.k
+        ),
+        key=lambda s: -chain_seconds(search.profile, s),
+    )[:MAX_CANDIDATES]
+    return [_offer(search, spec, position[spec.chain[0]]) for spec in specs]
+
+
+def _offer(search: _Search, spec: Splittable, start: int) -> _Offer:
+    """Every (kind, part count) ``spec`` offers, as the partitioner's shapes, fewest parts first."""
+    out_bytes = search.seq.sizes.get(spec.output, 0)
+    by_kind = {kind: _equal_costs(search, spec, kind) for kind in spec.kinds}
+    shapes: list[SplitShape] = []
+    choices: list[tuple[SplitKind, PartCosts]] = []
+    for p in range(2, MAX_PARTS + 1):
+        for kind in spec.kinds:
+            costs = by_kind[kind].get(p)
+            if costs is None:
+                continue
+            carried = _carried_bytes(spec, kind, p, out_bytes)
+            shapes.append(SplitShape(costs.part_seconds, costs.join_seconds, carried, kind.value))
+            choices.append((kind, costs))
+    return _Offer(spec, start, tuple(shapes), tuple(choices))
+
+
+def _equal_costs(search: _Search, spec: Splittable, kind: SplitKind) -> dict[int, PartCosts]:
+    """The costs of ``spec`` cut by ``kind`` into each count of equal parts it allows, by count."""
+    counts = list(range(2, min(MAX_PARTS, spec.extent(kind)) + 1))
+    layouts = [part_sizes(spec.extent(kind), p) for p in counts]
+    return dict(zip(counts, _costs(search, spec, kind, layouts), strict=True))
+
+
+def _costs(
+    search: _Search, spec: Splittable, kind: SplitKind, layouts: Sequence[Sequence[int]]
+) -> list[PartCosts]:
+    """The parts' costs of each layout: timed (:func:`.costs.sized_costs`) or by their share."""
+    if search.timed:
+        return sized_costs(search.view, search.profile, spec, kind, layouts)
+    return [shared_costs(search.profile, spec, kind, sizes) for sizes in layouts]
+
+
+def _carried_bytes(spec: Splittable, kind: SplitKind, parts: int, out_bytes: int) -> tuple[float, ...]:
+    """What each link between two parts carries on top of the node's input: the output the earlier parts
+    made, which the join still needs."""
+    if kind == SplitKind.REDUCTION:  # every earlier partial sum travels to the join
+        return tuple(float(out_bytes) * (t + 1) for t in range(parts - 1))
+    sizes = part_sizes(spec.width, parts)  # the earlier parts' slices of the output
+    return tuple(float(out_bytes) * sum(sizes[: t + 1]) / spec.width for t in range(parts - 1))
+
+
+def _realize(search: _Search, offers: list[_Offer], most: int) -> Planned | None:
+    """The best split into at most ``most`` parts, cut in the model and planned; None when it does not
+    help."""
+    found = _solve(search, [o.candidate(most) for o in offers])
+    if found.split is None:
+        return None
+    offer = offers[found.split.candidate]
+    kind, costs = offer.choice(most, found.split.shape)
+    sizes = merged_sizes(offer.spec, kind, found.split.part_stages)
+    if len(sizes) < 2:
+        return None
+    if len(sizes) < costs.parts:  # parts that share a stage become one wider part, costed as such
+        (costs,) = _costs(search, offer.spec, kind, [sizes])
+    cut = cut_node(search.view, offer.spec, kind, sizes)
+    cut_profile = carried_profile(search.profile, cut, costs)
+    planned = search.plan(cut.view, cut_profile)
+    if not planned.bottleneck_seconds < search.contiguous.bottleneck_seconds:
+        return None
+    return Planned(_recorded(planned, cut, costs, search.contiguous, found), cut.view, cut_profile)
+
+
+def _solve(search: _Search, candidates: list[SplitCandidate]) -> SplitResult:
+    """The partitioner's best split over ``candidates``, within the fused groups when it can."""
+    seq = search.seq
+    bandwidth = search.bandwidth_bytes_per_s
+    try:
+        return solve_with_split(
+            seq.costs,
+            search.k,
+            candidates,
+            cut_bytes=seq.cut_bytes,
+            bandwidth=bandwidth,
+            allowed_cuts=seq.allowed,
+        )
+    except PartitionError:  # too few allowed cuts with the fused groups: try without them
+        return solve_with_split(seq.costs, search.k, candidates, cut_bytes=seq.cut_bytes, bandwidth=bandwidth)
+
+
+def _recorded(planned: Plan, cut: CutModel, costs: PartCosts, contiguous: Plan, found: SplitResult) -> Plan:
+    """``planned`` with the record of its split and the note that says what the split gained."""
+    spec, kind = cut.spec, cut.kind
+    stage_of = planned.stage_of()
+    record = NodeSplit(
+        node=spec.node,
+        kind=kind.value,
+        parts=costs.parts,
+        stages=tuple(stage_of[p[-1]] for p in cut.parts),
+        carried=spec.chain[1:],
+        part_nodes=cut.parts,
+        join=cut.join,
+        contiguous_bottleneck_seconds=contiguous.bottleneck_seconds,
+        contiguous_bound_seconds=found.contiguous_bound,
+        measured=costs.measured,
+    )
+    note = (
+        f"node {spec.node} cut by {kind.value} into {costs.parts} parts in stages "
+        f"{', '.join(str(s) for s in record.stages)}: the slowest stage is "
+        f"{planned.bottleneck_seconds / contiguous.bottleneck_seconds:.3f}x the best contiguous split's, "
+        f"{planned.bottleneck_seconds / found.contiguous_bound:.3f}x the bound max(total / K, largest node) "
+        f"no contiguous split beats (parts' costs {'measured' if costs.measured else 'by their share'})"
+    )
+    return dataclasses.replace(planned, node_splits=(record,), notes=(*planned.notes, note))
+
+
+def merged_sizes(spec: Splittable, kind: SplitKind, part_stages: tuple[int, ...]) -> list[int]:
+    """The sizes of the parts once the equal parts the partitioner put in one stage are merged.
+
+    More equal parts give the partitioner finer places to cut the node, but two parts in one stage
+    only cost a second, narrower kernel: one part per stage, of the summed width, computes the same.
+    """
+    equal = part_sizes(spec.extent(kind), len(part_stages))
+    sizes: dict[int, int] = {}
+    for stage, size in zip(part_stages, equal, strict=True):
+        sizes[stage] = sizes.get(stage, 0) + size
+    return list(sizes.values())
+
+
+def carried_profile(profile: Profile, cut: CutModel, costs: PartCosts) -> Profile:
+    """``profile`` for the cut model: each part's cost spread over its nodes as the chain's was over the
+    chain (a reduction's ``Slice`` free), the join's to the join, nodes that only computed the cut
+    weights gone; a part, and the last part with the join, are fused groups (kept in one stage)."""
+    chain = cut.spec.chain
+    chain_costs = [node_seconds(profile, n) for n in chain]
+    whole = math.fsum(chain_costs)
+    names = {n.name for n in cut.view.nodes}
+    seconds = {n: t for n, t in profile.node_seconds.items() if n in names}
+    for nodes, cost in zip(cut.parts, costs.part_seconds, strict=True):
+        tail = nodes[len(nodes) - len(chain) :]  # the part's copies of the chain's nodes, in order
+        for extra in nodes[: len(nodes) - len(chain)]:
+            seconds[extra] = 0.0
+        for node, share in zip(tail, chain_costs, strict=True):
+            seconds[node] = cost * (share / whole if whole > 0 else 1.0 / len(chain))
+    seconds[cut.join] = costs.join_seconds
+    dropped = set(chain)
+    regions = [r for r in profile.regions if not dropped & set(r)]
+    regions += [tuple(p) for p in cut.parts if len(p) > 1]
+    regions.append((*cut.parts[-1], cut.join))
+    return dataclasses.replace(
+        profile,
+        node_seconds=MappingProxyType(seconds),
+        regions=tuple(regions),
+        total_seconds=profile.total_seconds,
+    )
