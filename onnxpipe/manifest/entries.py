@@ -13,6 +13,7 @@ from typing import Literal
 from onnxpipe.core.choices import Ends, LinkModel, Phase, PhaseChoice
 from onnxpipe.core.dims import Shape
 from onnxpipe.core.inputfiles import InputRecord
+from onnxpipe.core.kv import KVPair
 
 SCHEMA_VERSION = 3
 """Version 3 adds the fields a runner must honour (a device's ``runtime``, a decoder's ``kv_layers``)
@@ -173,27 +174,6 @@ class NodeSplitRecord:
 
 
 @dataclass(frozen=True)
-class KVRecord:
-    """One layer's cache tensors (``plan.decoder.io.kv[]``): past key and value are stage inputs, present
-    key and value stage outputs of the stage holding the layer; no value tensors where one tensor holds
-    both (``past.N``)."""
-
-    layer: int
-    past_key: str
-    past_value: str | None
-    present_key: str
-    present_value: str | None
-
-    @property
-    def pasts(self) -> tuple[str, ...]:
-        return (self.past_key,) + ((self.past_value,) if self.past_value else ())
-
-    @property
-    def presents(self) -> tuple[str, ...]:
-        return (self.present_key,) + ((self.present_value,) if self.present_value else ())
-
-
-@dataclass(frozen=True)
 class DecoderIORecord:
     """``plan.decoder.io``: what a generation loop feeds and reads (optional; a manifest written before
     it lacks it, and ``onnxpipe generate`` then asks for a fresh split)."""
@@ -202,7 +182,8 @@ class DecoderIORecord:
     mask_input: str | None
     positions_input: str | None
     logits_output: str | None
-    kv: tuple[KVRecord, ...]
+    kv: tuple[KVPair, ...]
+    """Each layer's past and present tensors, as :func:`onnxpipe.ir.decoder.find_decoder` found them."""
 
     def past_to_present(self) -> dict[str, str]:
         """Each past input's present output (the next step's past)."""

@@ -18,6 +18,7 @@ from onnxpipe.core.dims import Dim, Shape
 from onnxpipe.core.errors import ManifestError, UsageError
 from onnxpipe.core.inputfiles import InputRecord
 from onnxpipe.core.jsonread import Fields, Rule, Value
+from onnxpipe.core.kv import KVPair
 from onnxpipe.manifest.entries import (
     MODEL,
     MODEL_INPUT,
@@ -29,7 +30,6 @@ from onnxpipe.manifest.entries import (
     DecoderIORecord,
     DecoderRecord,
     DeviceRecord,
-    KVRecord,
     ModelOutput,
     ModelTensor,
     NodeSplitRecord,
@@ -268,7 +268,7 @@ def _decoder_io(v: Value) -> DecoderIORecord | None:
     if v.raw is None:
         return None
     f = v.fields()
-    kv = f["kv"].objects(_kv_record)
+    kv = f["kv"].objects(_kv_pair)
     if not kv:
         raise f["kv"].fail("expected at least one layer's cache tensors")
     return DecoderIORecord(
@@ -280,8 +280,8 @@ def _decoder_io(v: Value) -> DecoderIORecord | None:
     )
 
 
-def _kv_record(f: Fields) -> KVRecord:
-    return KVRecord(
+def _kv_pair(f: Fields) -> KVPair:
+    return KVPair(
         layer=f["layer"].integer(),
         past_key=f["past_key"].string(),
         past_value=f.get("past_value", None).opt_string(),
