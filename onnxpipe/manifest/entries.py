@@ -109,7 +109,10 @@ class StageOutput:
 @dataclass(frozen=True)
 class SameValue:
     """A tensor a stage's nodes read under ``name`` and that it receives as the equal input ``same_as``
-    (an ``Identity`` node in the stage file makes one from the other)."""
+    (an ``Identity`` node in the stage file makes one from the other).
+
+    A plan's stage (:attr:`onnxpipe.planning.types.StageSpec.aliases`) also remakes so the repeats of a
+    value it emits, from that output; the manifest lists the received ones only."""
 
     name: str
     same_as: str

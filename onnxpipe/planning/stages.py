@@ -16,11 +16,11 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.model import ModelView, NodeInfo
 from onnxpipe.ir.samevalue import value_classes
 from onnxpipe.ir.shapevalues import ValueKinds, value_kinds
-from onnxpipe.manifest.entries import DecoderRecord
+from onnxpipe.manifest.entries import DecoderRecord, SameValue
 from onnxpipe.partition.result import Partition
 from onnxpipe.planning.recompute import Recomputed, recompute
 from onnxpipe.planning.sequences import Sequences
-from onnxpipe.planning.types import Alias, Plan, StageSpec
+from onnxpipe.planning.types import Plan, StageSpec
 from onnxpipe.schedule.timeline import Timeline
 
 StageCopies = Callable[[int, ValueKinds, Sequence[str], Recomputed], Recomputed]
@@ -230,7 +230,7 @@ def _assign(
         for n in kept:
             for t in n.reads:
                 reads.setdefault(t, None)
-        inner = tuple(Alias(t, remade[t]) for n in nodes for t in n.outputs if t in used)
+        inner = tuple(SameValue(t, remade[t]) for n in nodes for t in n.outputs if t in used)
         # model outputs that no compute node makes (constants, weights) come out of the last stage
         extra_outputs = (
             [
@@ -261,7 +261,7 @@ def _assign(
         received += [t for t in dict.fromkeys(copy_reads) if t in view.inputs and t not in received]
         consts = _constant_closure(view, list(reads) + copy_reads + extra_outputs, const_by_output)
         source = {t: equal.received_as(t, s) for t in received}
-        aliases = tuple(Alias(t, source[t]) for t in received if source[t] != t) + inner
+        aliases = tuple(SameValue(t, source[t]) for t in received if source[t] != t) + inner
         inputs = tuple(dict.fromkeys(source.values()))
         for t in inputs:
             if t in produced_in:
@@ -386,7 +386,7 @@ def _peak_activation(
     outputs: Sequence[str],
     sizes: Mapping[str, int],
     view: ModelView,
-    aliases: Sequence[Alias] = (),
+    aliases: Sequence[SameValue] = (),
 ) -> int:
     """Largest sum of live activation bytes while the stage runs its nodes in order (a remade input is
     its source's bytes: it lives as long as its last reader)."""

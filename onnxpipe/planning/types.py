@@ -13,19 +13,11 @@ from onnxpipe.cluster.costs import DeviceCosts
 from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.choices import LinkModel, Phase
 from onnxpipe.core.inputfiles import InputRecord
-from onnxpipe.manifest.entries import DecoderRecord
+from onnxpipe.manifest.entries import DecoderRecord, SameValue
 from onnxpipe.schedule.timeline import Timeline
 
 ShapeParts = tuple[int | tuple[str, int], ...]
 """A tensor's dims as a stage can make them: a number, or (tensor, axis) of a tensor of that stage."""
-
-
-@dataclass(frozen=True)
-class Alias:
-    """A tensor a stage reads, received as another tensor of provably the same value."""
-
-    name: str
-    same_as: str
 
 
 @dataclass(frozen=True)
@@ -47,7 +39,7 @@ class StageSpec:
     link_bytes_in: int = 0
     worker: int | None = None
     """The worker that runs the stage in an interleaved split (:func:`make_interleaved_plan`), else None."""
-    aliases: tuple[Alias, ...] = ()
+    aliases: tuple[SameValue, ...] = ()
     """Tensors the stage remakes from an equal one with an ``Identity`` node: those it reads and
     receives as an equal tensor of ``inputs`` (an earlier stage sends each value once), and repeats of
     a value it emits, remade from that output."""
