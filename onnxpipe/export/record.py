@@ -26,8 +26,6 @@ from onnxpipe.manifest import (
     Manifest,
     ModelOutput,
     ModelTensor,
-    NodeSplitRecord,
-    PlanSummary,
     SourceInfo,
     StageEntry,
     StageInput,
@@ -190,36 +188,7 @@ def build_manifest(
         cluster=plan.cluster,
         device_costs=tuple(DeviceRecord(d.device, d.method, d.source) for d in plan.device_costs),
         verification=VerificationRecord("unverified"),  # until a verification records its result
-        plan=PlanSummary(
-            objective=plan.objective,
-            k=plan.k,
-            bottleneck_seconds=plan.bottleneck_seconds,
-            lower_bound_seconds=plan.lower_bound_seconds,
-            ratio_to_lower_bound=plan.ratio_to_lower_bound,
-            cost_source=plan.cost_source,
-            threads=plan.threads,
-            bandwidth_bytes_per_s=plan.bandwidth_bytes_per_s,
-            profiled_input_shapes={n: tuple(int(d) for d in v) for n, v in plan.input_shapes.items()},
-            notes=(*plan.notes, *contract.notes),
-            duplicated_param_bytes=shared.duplicated,
-            workers=plan.workers,
-            time_slack=plan.time_slack,
-            reference_seconds=plan.reference_seconds,
-            profiled_inputs=plan.profiled_inputs,
-            node_splits=tuple(
-                NodeSplitRecord(
-                    node=s.node,
-                    kind=s.kind,
-                    parts=s.parts,
-                    stages=s.stages,
-                    contiguous_bound_seconds=s.contiguous_bound_seconds,
-                    contiguous_bottleneck_seconds=s.contiguous_bottleneck_seconds,
-                )
-                for s in plan.node_splits
-            ),
-            link_model=plan.link_model,
-            decoder=plan.decoder,
-        ),
+        plan=plan.summary(shared.duplicated, contract.notes),
         schedule=timeline,
     )
 

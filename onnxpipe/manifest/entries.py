@@ -165,7 +165,8 @@ class StageEntry:
 
 @dataclass(frozen=True)
 class NodeSplitRecord:
-    """A node the plan cut into parts over consecutive stages (added in schema 3, optional)."""
+    """A node the plan cut into parts over consecutive stages (added in schema 3, optional; made by
+    :meth:`onnxpipe.planning.types.NodeSplit.record`)."""
 
     node: str
     kind: str
@@ -215,7 +216,7 @@ class DecoderRecord:
 
 @dataclass(frozen=True)
 class PlanSummary:
-    """The numbers that justify the partition (copied from :class:`onnxpipe.planning.types.Plan`)."""
+    """The numbers that justify the partition (made by :meth:`onnxpipe.planning.types.Plan.summary`)."""
 
     objective: str
     k: int
