@@ -49,7 +49,7 @@ from onnxpipe.planning.memory import TRAINING_STATE_FACTOR, stage_memory_bytes
 from onnxpipe.planning.orders import OrderSearch, place, stages_auto
 from onnxpipe.planning.request import PlanRequest, ScheduleOption
 from onnxpipe.planning.sequences import Sequences, first_reader_param_bytes, sequences
-from onnxpipe.planning.stages import assign_stages, plan_from
+from onnxpipe.planning.stages import plan_from, specs_from_bounds
 from onnxpipe.planning.types import Plan, StageSpec
 from onnxpipe.schedule.simulate import in_flight, simulate, stream
 from onnxpipe.schedule.timeline import Timeline
@@ -136,16 +136,13 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
     # training step times live in the timeline
     per_sample = _work(option, request) if option.training else 1.0
     copies = _input_copies(view, profile, costs, arranged, part, option, request)
-    specs = assign_stages(
+    specs = specs_from_bounds(
         view,
+        costs.seq,
         part.bounds,
-        costs.seq.sizes,
         [c / per_sample for c in part.compute],
         [t / option.size for t in part.transfer] if option.training else part.transfer,
         devices=arranged.names,
-        link_bytes=costs.seq.cut_bytes,
-        classes=costs.seq.classes,
-        compute=costs.seq.compute,
         copies=copies,
     )
     summary = None
@@ -175,16 +172,19 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
         tighter = min(chain_bound(rows, part.bottleneck), part.bottleneck)
         part = replace(part, lower_bound=max(part.lower_bound, tighter))
     kept = {d.name for d in arranged.devices}
-    return plan_from(
+    plan = plan_from(
         view,
         profile,
         part,
         specs,
         costs.seq.sizes,
         request.bandwidth_bytes_per_s,
-        objective=OBJECTIVE,
         notes=tuple(notes),
         timeline=timeline,
+    )
+    return replace(
+        plan,
+        objective=OBJECTIVE,
         cluster=arranged,
         device_costs=tuple(r for r in costs.records if r.device in kept),
         microbatch_size=option.size,

@@ -171,17 +171,12 @@ def make_decoder_plan(
     )
     copied = copies_note(chosen, phases, [gone])
     timeline = stream([s.cost_seconds for s in stages], microbatches)
-    return plan_from(
-        view,
-        profile,
-        part,
-        stages,
-        layers.seq.sizes,
-        bandwidth_bytes_per_s,
-        notes=(*decoder_notes(view, dec, stages, options), *([copied] if copied else [])),
-        timeline=timeline,
-        objective=OBJECTIVE,
-        decoder=decoder_summary(view, profile, dec, options, phase),
+    notes = (*decoder_notes(view, dec, stages, options), *([copied] if copied else []))
+    plan = plan_from(
+        view, profile, part, stages, layers.seq.sizes, bandwidth_bytes_per_s, notes=notes, timeline=timeline
+    )
+    return dataclasses.replace(
+        plan, objective=OBJECTIVE, decoder=decoder_summary(view, profile, dec, options, phase)
     )
 
 

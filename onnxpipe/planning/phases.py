@@ -127,26 +127,13 @@ def make_two_phase_plan(
         *([copied] if copied else []),
     )
     timeline = stream([s.cost_seconds for s in stages], microbatches)
-    return plan_from(
-        view,
-        decode,
-        part_d,
-        stages,
-        ld.seq.sizes,
-        bandwidth_bytes_per_s,
-        notes=notes,
-        timeline=timeline,
-        objective=OBJECTIVE,
-        decoder=DecoderRecord(
-            dec.layers,
-            True,
-            options.ends,
-            options.max_context,
-            PhaseChoice.BOTH,
-            shapes,
-            decoder_io(view, dec),
-        ),
+    plan = plan_from(
+        view, decode, part_d, stages, ld.seq.sizes, bandwidth_bytes_per_s, notes=notes, timeline=timeline
     )
+    summary = DecoderRecord(
+        dec.layers, True, options.ends, options.max_context, PhaseChoice.BOTH, shapes, decoder_io(view, dec)
+    )
+    return dataclasses.replace(plan, objective=OBJECTIVE, decoder=summary)
 
 
 def _ratio(value: float, bound: float) -> str:

@@ -21,7 +21,7 @@ from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samevalue import CONTENT_LIMIT, value_classes
 from onnxpipe.manifest import MANIFEST_NAME, SameValue, load_manifest
 from onnxpipe.planning.sequences import sequences
-from onnxpipe.planning.stages import assign_stages
+from onnxpipe.planning.stages import StageOptions, assign_stages
 from onnxpipe.planning.workers import make_plan
 from onnxpipe.verification.chain import StageChain
 
@@ -156,7 +156,8 @@ def test_a_stage_receives_each_value_once_and_remakes_the_repeats() -> None:
     assert s0.file_node_names == tuple(n for n in s0.node_names if n not in ("where1", "where2"))
     assert s1.bytes_in == sum(sizes[t] for t in s1.inputs)
     # without sharing, every mask crosses and every Where stays
-    plain0, plain1 = assign_stages(view, bounds, sizes, [1.0, 1.0], [0.0, 0.0], share_equal_values=False)
+    unshared = StageOptions(share_equal_values=False)
+    plain0, plain1 = assign_stages(view, bounds, sizes, [1.0, 1.0], [0.0, 0.0], unshared)
     assert "mask2" in plain1.inputs and "mask0" not in plain1.inputs
     assert not plain0.aliases and not plain1.aliases and not plain0.skipped_nodes
 
@@ -252,7 +253,7 @@ def test_a_value_made_in_two_earlier_stages_crosses_once(tmp_path: Path) -> None
     # so stage 0 need not send mask_a, and its Where is left out
     assert set(s0.outputs) == {"keep", "mm0"} and s0.skipped_nodes == ("where_a",)
     assert set(s1.inputs) == {"keep", "mm0"} and "mask_b" in s1.outputs
-    plain = assign_stages(view, bounds, sizes, [1.0] * 3, [0.0] * 3, share_equal_values=False)
+    plain = assign_stages(view, bounds, sizes, [1.0] * 3, [0.0] * 3, StageOptions(share_equal_values=False))
     assert set(plain[2].inputs) == {"h1", "mask_a", "mask_b"}
     manifest = export_stages(view, plan_for(view, bounds), tmp_path / "out")
     assert manifest.stages[2].same_values == (SameValue("mask_a", "mask_b"),)
