@@ -24,7 +24,7 @@ from onnxpipe.planning.decoder_plan import make_decoder_plan, profile_phase
 from onnxpipe.planning.nodesplit import Planned, plan_splitting_nodes
 from onnxpipe.planning.orders import stages_auto
 from onnxpipe.planning.phases import make_two_phase_plan
-from onnxpipe.planning.request import DEFAULT_TIME_SLACK, PlanRequest
+from onnxpipe.planning.request import PlanRequest
 from onnxpipe.planning.types import Plan
 from onnxpipe.planning.workers import make_interleaved_plan, make_plan
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
@@ -165,17 +165,7 @@ def _plan(
         return plan_pipeline(view, profile, request)
     microbatches = request.schedule.microbatches or DEFAULT_MICROBATCHES
     if request.workers is not None and request.interleaved:
-        return make_interleaved_plan(
-            view,
-            profile,
-            request.stages,
-            request.workers,
-            bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
-            microbatches=microbatches,
-            time_slack=DEFAULT_TIME_SLACK if request.time_slack is None else request.time_slack,
-            decoder=dec,
-            decoder_options=request.decoder,
-        )
+        return make_interleaved_plan(view, profile, request, dec)
     return make_plan(
         view,
         profile,
