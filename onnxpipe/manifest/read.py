@@ -109,9 +109,14 @@ def source(f: Fields) -> SourceInfo:
     )
 
 
-def model_tensor(f: Fields) -> ModelTensor:
+def _tensor(f: Fields) -> dict[str, Any]:
+    """What every tensor entry holds: name, dtype, shape and the boundary contract."""
     shape = _shape(f["shape"])
-    return ModelTensor(name=f["name"].string(), dtype=f["dtype"].string(), shape=shape, **_contract(f, shape))
+    return {"name": f["name"].string(), "dtype": f["dtype"].string(), "shape": shape, **_contract(f, shape)}
+
+
+def model_tensor(f: Fields) -> ModelTensor:
+    return ModelTensor(**_tensor(f))
 
 
 def model_output(f: Fields, version: int) -> ModelOutput:
@@ -123,35 +128,20 @@ def model_output(f: Fields, version: int) -> ModelOutput:
         produced_by = MODEL_INPUT if old == V1_MODEL_INPUT else int(old)
     else:
         produced_by = by.integer_or(MODEL_INPUT, expected=_STAGE_OR_MODEL_INPUT)
-    shape = _shape(f["shape"])
-    return ModelOutput(
-        name=f["name"].string(),
-        dtype=f["dtype"].string(),
-        shape=shape,
-        produced_by=produced_by,
-        **_contract(f, shape),
-    )
+    return ModelOutput(produced_by=produced_by, **_tensor(f))
 
 
 def _stage_input(f: Fields) -> StageInput:
-    shape = _shape(f["shape"])
     return StageInput(
-        name=f["name"].string(),
-        dtype=f["dtype"].string(),
-        shape=shape,
-        **_contract(f, shape),
+        **_tensor(f),
         bytes_per_sample=f["bytes_per_sample"].integer(),
         source=f["source"].integer_or(MODEL, expected=_STAGE_OR_MODEL),
     )
 
 
 def _stage_output(f: Fields) -> StageOutput:
-    shape = _shape(f["shape"])
     return StageOutput(
-        name=f["name"].string(),
-        dtype=f["dtype"].string(),
-        shape=shape,
-        **_contract(f, shape),
+        **_tensor(f),
         bytes_per_sample=f["bytes_per_sample"].integer(),
         consumers=f["consumers"].list_of(
             lambda c: c.integer_or(MODEL_OUTPUT, expected=_STAGE_OR_MODEL_OUTPUT)
