@@ -26,16 +26,16 @@ from onnxpipe.core.errors import PartitionError
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
-from onnxpipe.manifest.entries import DecoderRecord
 from onnxpipe.partition import evaluate
 from onnxpipe.partition.phases import solve_two_phases
 from onnxpipe.partition.result import Partition
-from onnxpipe.planning.decoder import LayerSequences, decoder_io, layer_sequences
+from onnxpipe.planning.decoder import LayerSequences, layer_sequences
 from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.decoder_plan import (
     CoarseSolver,
     coarse_bounds,
     decoder_notes,
+    decoder_record,
     decoder_stages,
     named,
     phase_shape_of,
@@ -94,9 +94,7 @@ def make_two_phase_plan(
     plan = plan_from(
         view, decode, part_d, costed.stages, sizes, bandwidth_bytes_per_s, notes=notes, timeline=timeline
     )
-    summary = DecoderRecord(
-        dec.layers, True, options.ends, options.max_context, PhaseChoice.BOTH, shapes, decoder_io(view, dec)
-    )
+    summary = decoder_record(view, dec, options, PhaseChoice.BOTH, shapes)
     return dataclasses.replace(plan, objective=OBJECTIVE, decoder=summary)
 
 
