@@ -27,7 +27,6 @@ from onnxpipe.planning.phases import make_two_phase_plan
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.planning.types import Plan
 from onnxpipe.planning.workers import make_interleaved_plan, make_plan
-from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 
 
 def plan(
@@ -63,7 +62,7 @@ def planned(
             profile,
             request.stages,
             bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
-            microbatches=request.schedule.microbatches or DEFAULT_MICROBATCHES,
+            microbatches=request.schedule.stream_microbatches,
         )
         made = dataclasses.replace(cut.plan, link_model=request.effective_link_model)
         return dataclasses.replace(cut, plan=_with_view_notes(made, view))
@@ -149,7 +148,7 @@ def _plan(
                 dec,
                 request.decoder,
                 bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
-                microbatches=request.schedule.microbatches or DEFAULT_MICROBATCHES,
+                microbatches=request.schedule.stream_microbatches,
             )
         return make_decoder_plan(
             view,
@@ -158,12 +157,11 @@ def _plan(
             dec,
             request.decoder,
             bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
-            microbatches=request.schedule.microbatches or DEFAULT_MICROBATCHES,
+            microbatches=request.schedule.stream_microbatches,
             phase=profile_phase(profile, dec),
         )
     if not request.on_identical_workers or not isinstance(request.stages, int):
         return plan_pipeline(view, profile, request)
-    microbatches = request.schedule.microbatches or DEFAULT_MICROBATCHES
     if request.workers is not None and request.interleaved:
         return make_interleaved_plan(view, profile, request, dec)
     return make_plan(
@@ -171,5 +169,5 @@ def _plan(
         profile,
         request.stages,
         bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
-        microbatches=microbatches,
+        microbatches=request.schedule.stream_microbatches,
     )

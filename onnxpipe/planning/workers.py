@@ -140,9 +140,7 @@ def make_interleaved_plan(
         objective=INTERLEAVED_OBJECTIVE,
         notes=tuple(notes),
         timeline=stream(
-            [s.cost_seconds for s in stages],
-            request.schedule.microbatches or DEFAULT_MICROBATCHES,
-            workers=part.workers,
+            [s.cost_seconds for s in stages], request.schedule.stream_microbatches, workers=part.workers
         ),
         workers=workers,
         time_slack=time_slack,
