@@ -56,7 +56,7 @@ from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import load_manifest
-from onnxpipe.planning.stages import assign_stages
+from onnxpipe.planning.stages import StageOptions, assign_stages
 from onnxpipe.planning.types import Plan
 from onnxpipe.planning.workers import make_plan
 from onnxpipe.runtime.affinity import cpu_sets, pinned
@@ -81,7 +81,7 @@ def unshared(view: ModelView, plan: Plan) -> Plan:
         plan.tensor_bytes,
         [s.compute_seconds for s in plan.stages],
         [s.transfer_seconds for s in plan.stages],
-        share_equal_values=False,
+        StageOptions(share_equal_values=False),
     )
     return replace(plan, stages=stages)
 

@@ -8,7 +8,7 @@ folder, and the plan's numbers.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -16,6 +16,7 @@ from typing import Any, Literal
 from onnxpipe.core.errors import ExportError
 from onnxpipe.export.boundary import BoundaryTypes
 from onnxpipe.export.contract import ContractMaker
+from onnxpipe.export.options import ExportOptions
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import symbol_sizes
 from onnxpipe.manifest import (
@@ -26,9 +27,6 @@ from onnxpipe.manifest import (
     Manifest,
     ModelOutput,
     ModelTensor,
-    NodeSplitRecord,
-    PlanSummary,
-    SameValue,
     SourceInfo,
     StageEntry,
     StageInput,
@@ -37,6 +35,7 @@ from onnxpipe.manifest import (
 )
 from onnxpipe.planning.types import Plan, StageSpec
 from onnxpipe.schedule.simulate import stream
+from onnxpipe.schedule.timeline import Timeline
 
 
 @dataclass(frozen=True)
@@ -84,36 +83,55 @@ def build_manifest(
     written: Sequence[Written],
     types: BoundaryTypes,
     shared: SharedWeights,
-    source_name: str | None,
-    microbatches: int,
-    contract: ContractMaker | None = None,
+    contract: ContractMaker,
+    options: ExportOptions,
 ) -> Manifest:
-    k = len(written)
-    producer: dict[str, int] = {}
-    readers: dict[str, list[int]] = {}
-    for w in written:
-        for t in w.spec.outputs:
-            producer.setdefault(t, w.spec.index)
-        for t in w.spec.inputs:
-            readers.setdefault(t, []).append(w.spec.index)
-    model_outputs = set(view.outputs)
-    symbols = symbol_sizes(view, plan.input_shapes)
+    """The manifest of ``plan`` as written to ``out``: each stage's file and the tensors it receives and
+    emits (:func:`_stage_entry`), the model's inputs and outputs, the plan's numbers
+    (:meth:`Plan.summary`) and the stream schedule (:func:`_schedule`); unverified, until a verification
+    records its result.  ``contract`` says what a boundary tensor is at the profiled shapes."""
+    tensors = _Tensors(types, contract, plan.tensor_bytes, symbol_sizes(view, plan.input_shapes))
+    flow = _Flow.of(view, written)
+    stages = tuple(_stage_entry(w, flow, tensors, shared.per_stage[w.spec.index]) for w in written)
+    outputs = tuple(
+        ModelOutput(t, produced_by=flow.producer.get(t, MODEL_INPUT), **tensors.described(t))
+        for t in view.outputs
+    )
+    return Manifest(
+        source=_source_info(view, out, options.source_name),
+        model_inputs=tuple(ModelTensor(t, **tensors.described(t)) for t in view.inputs),
+        model_outputs=outputs,
+        stages=stages,
+        cluster=plan.cluster,
+        device_costs=tuple(DeviceRecord(d.device, d.method, d.source) for d in plan.device_costs),
+        verification=VerificationRecord("unverified"),  # until a verification records its result
+        plan=plan.summary(shared.duplicated, contract.notes),
+        schedule=_schedule(plan, options.microbatches),
+    )
 
-    def nbytes(name: str) -> int:
-        if name in plan.tensor_bytes:
-            value = int(plan.tensor_bytes[name])
+
+@dataclass(frozen=True)
+class _Tensors:
+    """How the manifest describes a tensor: its type as the stage files declare it (``types``), its
+    contract (``contract``) and its bytes per sample (the plan's, else its type's at ``symbols``)."""
+
+    types: BoundaryTypes
+    contract: ContractMaker
+    tensor_bytes: Mapping[str, int]
+    symbols: Mapping[str, int]
+
+    def nbytes(self, name: str) -> int:
+        if name in self.tensor_bytes:
+            value = int(self.tensor_bytes[name])
         else:
-            info = types.types.get(name)
-            value = info.nbytes(symbols) if info is not None else 0
+            info = self.types.types.get(name)
+            value = info.nbytes(self.symbols) if info is not None else 0
         return max(0, value)  # a dim written as -1 ("any") can make a product negative
 
-    if contract is None:
-        contract = ContractMaker(view, plan.input_shapes)
-
-    def described(name: str) -> dict[str, Any]:
+    def described(self, name: str) -> dict[str, Any]:
         """dtype, normalised shape, profiled shape and batch axis of a tensor (the boundary contract)."""
-        dtype, shape = types.describe(name)
-        c = contract.entry(name, shape)
+        dtype, shape = self.types.describe(name)
+        c = self.contract.entry(name, shape)
         return {
             "dtype": dtype,
             "shape": c.shape,
@@ -121,108 +139,95 @@ def build_manifest(
             "batch_axis": c.batch_axis,
         }
 
-    entries: list[StageEntry] = []
-    for w in written:
-        s = w.spec
-        inputs: list[StageInput] = []
-        for t in s.inputs:
-            source: int | Literal["model"]
-            if t in view.inputs:
-                source = MODEL
-            elif producer.get(t, k) < s.index:
-                source = producer[t]
-            else:
-                raise ExportError(
-                    f"stage {s.index} reads {t!r}, which neither the model inputs nor an earlier stage "
-                    "provide; the plan is inconsistent with the model"
-                )
-            inputs.append(StageInput(t, bytes_per_sample=nbytes(t), source=source, **described(t)))
-        outputs: list[StageOutput] = []
-        for t in s.outputs:
-            consumers: list[int | Literal["model_output"]] = [r for r in readers.get(t, []) if r > s.index]
-            if t in model_outputs:
-                consumers.append(MODEL_OUTPUT)
-            outputs.append(
-                StageOutput(t, bytes_per_sample=nbytes(t), consumers=tuple(consumers), **described(t))
-            )
-        entries.append(
-            StageEntry(
-                index=s.index,
-                file=w.file,
-                sha256=w.sha256,
-                external_data=w.external_data,
-                external_data_sha256=w.external_data_sha256,
-                node_count=len(s.file_node_names),
-                skipped_node_count=len(s.skipped_nodes),
-                same_values=tuple(SameValue(a.name, a.same_as) for a in s.aliases if a.same_as in s.inputs),
-                recomputed_node_count=len(s.recomputed_nodes),
-                required_opsets=w.required_opsets,
-                constant_node_count=w.constant_node_count,
-                device=s.device,
-                inputs=tuple(inputs),
-                outputs=tuple(outputs),
-                estimated_compute_seconds=s.compute_seconds,
-                estimated_transfer_seconds=s.transfer_seconds,
-                param_bytes=max(0, s.param_bytes),
-                peak_activation_bytes=max(0, s.peak_activation_bytes),
-                shared_param_bytes=shared.per_stage[s.index],
-                link_bytes_in=s.link_bytes_in,
-                worker=s.worker,
-                kv_layers=s.kv_layers,
-                kv_cache_bytes=s.kv_cache_bytes,
-                estimated_phase_seconds=s.phase_seconds,
-            )
+    def sized(self, name: str) -> dict[str, Any]:
+        """:meth:`described`, with the bytes per sample: a tensor that crosses a cut."""
+        return {"bytes_per_sample": self.nbytes(name), **self.described(name)}
+
+
+@dataclass(frozen=True)
+class _Flow:
+    """Where each boundary tensor comes from and goes: the model's inputs and outputs, the stage that
+    first emits it (``producer``) and the stages that receive it (``readers``, in order)."""
+
+    model_inputs: frozenset[str]
+    model_outputs: frozenset[str]
+    producer: Mapping[str, int]
+    readers: Mapping[str, tuple[int, ...]]
+
+    @staticmethod
+    def of(view: ModelView, written: Sequence[Written]) -> _Flow:
+        producer: dict[str, int] = {}
+        readers: dict[str, list[int]] = {}
+        for w in written:
+            for t in w.spec.outputs:
+                producer.setdefault(t, w.spec.index)
+            for t in w.spec.inputs:
+                readers.setdefault(t, []).append(w.spec.index)
+        return _Flow(
+            frozenset(view.inputs),
+            frozenset(view.outputs),
+            producer,
+            {t: tuple(r) for t, r in readers.items()},
         )
 
-    outs: list[ModelOutput] = []
-    for t in view.outputs:
-        by: int | Literal["model_input"] = producer.get(t, MODEL_INPUT)
-        outs.append(ModelOutput(t, produced_by=by, **described(t)))
+    def source(self, tensor: str, stage: int) -> int | Literal["model"]:
+        """Where ``stage`` receives ``tensor`` from: the caller, or the earlier stage that emits it."""
+        if tensor in self.model_inputs:
+            return MODEL
+        if tensor in self.producer and self.producer[tensor] < stage:
+            return self.producer[tensor]
+        raise ExportError(
+            f"stage {stage} reads {tensor!r}, which neither the model inputs nor an earlier stage "
+            "provide; the plan is inconsistent with the model"
+        )
 
+    def consumers(self, tensor: str, stage: int) -> tuple[int | Literal["model_output"], ...]:
+        """Who receives ``tensor`` from ``stage``: the later stages that read it, and the caller."""
+        later = tuple(r for r in self.readers.get(tensor, ()) if r > stage)
+        return (*later, MODEL_OUTPUT) if tensor in self.model_outputs else later
+
+
+def _stage_entry(w: Written, flow: _Flow, tensors: _Tensors, shared_param_bytes: int) -> StageEntry:
+    """One stage's entry: its files, what the plan estimated, and the tensors it receives and emits."""
+    s = w.spec
+    inputs = tuple(StageInput(t, source=flow.source(t, s.index), **tensors.sized(t)) for t in s.inputs)
+    outputs = tuple(
+        StageOutput(t, consumers=flow.consumers(t, s.index), **tensors.sized(t)) for t in s.outputs
+    )
+    return StageEntry(
+        index=s.index,
+        file=w.file,
+        sha256=w.sha256,
+        external_data=w.external_data,
+        external_data_sha256=w.external_data_sha256,
+        node_count=len(s.file_node_names),
+        skipped_node_count=len(s.skipped_nodes),
+        same_values=tuple(a for a in s.aliases if a.same_as in s.inputs),
+        recomputed_node_count=len(s.recomputed_nodes),
+        required_opsets=w.required_opsets,
+        constant_node_count=w.constant_node_count,
+        device=s.device,
+        inputs=inputs,
+        outputs=outputs,
+        estimated_compute_seconds=s.compute_seconds,
+        estimated_transfer_seconds=s.transfer_seconds,
+        param_bytes=max(0, s.param_bytes),
+        peak_activation_bytes=max(0, s.peak_activation_bytes),
+        shared_param_bytes=shared_param_bytes,
+        link_bytes_in=s.link_bytes_in,
+        worker=s.worker,
+        kv_layers=s.kv_layers,
+        kv_cache_bytes=s.kv_cache_bytes,
+        estimated_phase_seconds=s.phase_seconds,
+    )
+
+
+def _schedule(plan: Plan, microbatches: int) -> Timeline:
+    """The plan's own timeline, else a stream of ``microbatches`` through its stages (on its workers)."""
+    if plan.timeline is not None:
+        return plan.timeline
     shared_workers = [s.index % plan.workers for s in plan.stages] if plan.workers is not None else None
-    timeline = plan.timeline or stream(
-        [s.cost_seconds for s in plan.stages], microbatches, workers=shared_workers
-    )
-    return Manifest(
-        source=_source_info(view, out, source_name),
-        model_inputs=tuple(ModelTensor(t, **described(t)) for t in view.inputs),
-        model_outputs=tuple(outs),
-        stages=tuple(entries),
-        cluster=plan.cluster,
-        device_costs=tuple(DeviceRecord(d.device, d.method, d.source) for d in plan.device_costs),
-        verification=VerificationRecord("unverified"),  # until a verification records its result
-        plan=PlanSummary(
-            objective=plan.objective,
-            k=plan.k,
-            bottleneck_seconds=plan.bottleneck_seconds,
-            lower_bound_seconds=plan.lower_bound_seconds,
-            ratio_to_lower_bound=plan.ratio_to_lower_bound,
-            cost_source=plan.cost_source,
-            threads=plan.threads,
-            bandwidth_bytes_per_s=plan.bandwidth_bytes_per_s,
-            profiled_input_shapes={n: tuple(int(d) for d in v) for n, v in plan.input_shapes.items()},
-            notes=(*plan.notes, *contract.notes),
-            duplicated_param_bytes=shared.duplicated,
-            workers=plan.workers,
-            time_slack=plan.time_slack,
-            reference_seconds=plan.reference_seconds,
-            profiled_inputs=plan.profiled_inputs,
-            node_splits=tuple(
-                NodeSplitRecord(
-                    node=s.node,
-                    kind=s.kind,
-                    parts=s.parts,
-                    stages=s.stages,
-                    contiguous_bound_seconds=s.contiguous_bound_seconds,
-                    contiguous_bottleneck_seconds=s.contiguous_bottleneck_seconds,
-                )
-                for s in plan.node_splits
-            ),
-            link_model=plan.link_model,
-            decoder=plan.decoder,
-        ),
-        schedule=timeline,
-    )
+    return stream([s.cost_seconds for s in plan.stages], microbatches, workers=shared_workers)
 
 
 def _source_info(view: ModelView, out: Path, source_name: str | None) -> SourceInfo:

@@ -119,17 +119,7 @@ def write_stages(
             contract.observe([*view.inputs, *boundary, *view.outputs], writer.types)
         written = [writer.write(spec) for spec in specs]
         shared = shared_weights(view, [writer.builder.weights_of(s) for s in specs])
-        manifest = build_manifest(
-            view,
-            plan,
-            out,
-            written,
-            writer.types,
-            shared,
-            options.source_name,
-            options.microbatches,
-            contract,
-        )
+        manifest = build_manifest(view, plan, out, written, writer.types, shared, contract, options)
         manifest = _with_genai_config(view, manifest, tmp, out, genai_source)
         with writing(out / MANIFEST_NAME, out):
             write_manifest(tmp / MANIFEST_NAME, manifest)

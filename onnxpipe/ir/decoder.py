@@ -24,6 +24,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from onnxpipe.core.kv import KVPair
 from onnxpipe.ir.model import ModelView, NodeInfo, itemsize
 
 SCOPE_KEY = "pkg.torch.onnx.name_scopes"
@@ -35,29 +36,6 @@ SHAPE_OPS = frozenset({"Shape", "Size"})
 _LAYER_SCOPE = re.compile(r"(?:^|[./_])(?:layers|layer|h|blocks|block)[._](\d+)(?:$|[./_])")
 _HEAD_SCOPE = re.compile(r"(?:^|[./_])(?:lm_head|ln_f|final_layernorm|final_norm|norm)(?:$|[./_])")
 _EMBED_SCOPE = re.compile(r"(?:^|[./_])(?:embed_tokens|wte|wpe|embed_positions|embeddings|embed)(?:$|[./_])")
-
-
-@dataclass(frozen=True)
-class KVPair:
-    """One layer's cache tensors: past key and value (inputs), present key and value (outputs).
-
-    A model that keeps key and value in one tensor per layer (``past.N``) has it as ``past_key`` and
-    ``present_key``, with no value tensors.
-    """
-
-    layer: int
-    past_key: str
-    past_value: str | None
-    present_key: str
-    present_value: str | None
-
-    @property
-    def pasts(self) -> tuple[str, ...]:
-        return (self.past_key,) + ((self.past_value,) if self.past_value else ())
-
-    @property
-    def presents(self) -> tuple[str, ...]:
-        return (self.present_key,) + ((self.present_value,) if self.present_value else ())
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ written by :mod:`.write`, read field by field by :mod:`.read` and checked across
 loads neither onnx nor onnxruntime: it imports ``core``, ``cluster`` and ``schedule`` only.
 """
 
+from onnxpipe.core.kv import KVPair
 from onnxpipe.manifest.entries import (
     MANIFEST_NAME,
     MODEL,
@@ -16,7 +17,6 @@ from onnxpipe.manifest.entries import (
     DecoderIORecord,
     DecoderRecord,
     DeviceRecord,
-    KVRecord,
     ModelOutput,
     ModelTensor,
     NodeSplitRecord,
@@ -40,7 +40,7 @@ __all__ = [
     "DecoderIORecord",
     "DecoderRecord",
     "DeviceRecord",
-    "KVRecord",
+    "KVPair",
     "Manifest",
     "ModelOutput",
     "ModelTensor",

@@ -13,6 +13,7 @@ from typing import Literal
 from onnxpipe.core.choices import Ends, LinkModel, Phase, PhaseChoice
 from onnxpipe.core.dims import Shape
 from onnxpipe.core.inputfiles import InputRecord
+from onnxpipe.core.kv import KVPair
 
 SCHEMA_VERSION = 3
 """Version 3 adds the fields a runner must honour (a device's ``runtime``, a decoder's ``kv_layers``)
@@ -108,7 +109,10 @@ class StageOutput:
 @dataclass(frozen=True)
 class SameValue:
     """A tensor a stage's nodes read under ``name`` and that it receives as the equal input ``same_as``
-    (an ``Identity`` node in the stage file makes one from the other)."""
+    (an ``Identity`` node in the stage file makes one from the other).
+
+    A plan's stage (:attr:`onnxpipe.planning.types.StageSpec.aliases`) also remakes so the repeats of a
+    value it emits, from that output; the manifest lists the received ones only."""
 
     name: str
     same_as: str
@@ -161,7 +165,8 @@ class StageEntry:
 
 @dataclass(frozen=True)
 class NodeSplitRecord:
-    """A node the plan cut into parts over consecutive stages (added in schema 3, optional)."""
+    """A node the plan cut into parts over consecutive stages (added in schema 3, optional; made by
+    :meth:`onnxpipe.planning.types.NodeSplit.record`)."""
 
     node: str
     kind: str
@@ -173,27 +178,6 @@ class NodeSplitRecord:
 
 
 @dataclass(frozen=True)
-class KVRecord:
-    """One layer's cache tensors (``plan.decoder.io.kv[]``): past key and value are stage inputs, present
-    key and value stage outputs of the stage holding the layer; no value tensors where one tensor holds
-    both (``past.N``)."""
-
-    layer: int
-    past_key: str
-    past_value: str | None
-    present_key: str
-    present_value: str | None
-
-    @property
-    def pasts(self) -> tuple[str, ...]:
-        return (self.past_key,) + ((self.past_value,) if self.past_value else ())
-
-    @property
-    def presents(self) -> tuple[str, ...]:
-        return (self.present_key,) + ((self.present_value,) if self.present_value else ())
-
-
-@dataclass(frozen=True)
 class DecoderIORecord:
     """``plan.decoder.io``: what a generation loop feeds and reads (optional; a manifest written before
     it lacks it, and ``onnxpipe generate`` then asks for a fresh split)."""
@@ -202,7 +186,8 @@ class DecoderIORecord:
     mask_input: str | None
     positions_input: str | None
     logits_output: str | None
-    kv: tuple[KVRecord, ...]
+    kv: tuple[KVPair, ...]
+    """Each layer's past and present tensors, as :func:`onnxpipe.ir.decoder.find_decoder` found them."""
 
     def past_to_present(self) -> dict[str, str]:
         """Each past input's present output (the next step's past)."""
@@ -231,7 +216,7 @@ class DecoderRecord:
 
 @dataclass(frozen=True)
 class PlanSummary:
-    """The numbers that justify the partition (copied from :class:`onnxpipe.planning.types.Plan`)."""
+    """The numbers that justify the partition (made by :meth:`onnxpipe.planning.types.Plan.summary`)."""
 
     objective: str
     k: int

@@ -18,6 +18,7 @@ from onnxpipe.core.dims import Dim, Shape
 from onnxpipe.core.errors import ManifestError, UsageError
 from onnxpipe.core.inputfiles import InputRecord
 from onnxpipe.core.jsonread import Fields, Rule, Value
+from onnxpipe.core.kv import KVPair
 from onnxpipe.manifest.entries import (
     MODEL,
     MODEL_INPUT,
@@ -29,7 +30,6 @@ from onnxpipe.manifest.entries import (
     DecoderIORecord,
     DecoderRecord,
     DeviceRecord,
-    KVRecord,
     ModelOutput,
     ModelTensor,
     NodeSplitRecord,
@@ -109,9 +109,14 @@ def source(f: Fields) -> SourceInfo:
     )
 
 
-def model_tensor(f: Fields) -> ModelTensor:
+def _tensor(f: Fields) -> dict[str, Any]:
+    """What every tensor entry holds: name, dtype, shape and the boundary contract."""
     shape = _shape(f["shape"])
-    return ModelTensor(name=f["name"].string(), dtype=f["dtype"].string(), shape=shape, **_contract(f, shape))
+    return {"name": f["name"].string(), "dtype": f["dtype"].string(), "shape": shape, **_contract(f, shape)}
+
+
+def model_tensor(f: Fields) -> ModelTensor:
+    return ModelTensor(**_tensor(f))
 
 
 def model_output(f: Fields, version: int) -> ModelOutput:
@@ -123,35 +128,20 @@ def model_output(f: Fields, version: int) -> ModelOutput:
         produced_by = MODEL_INPUT if old == V1_MODEL_INPUT else int(old)
     else:
         produced_by = by.integer_or(MODEL_INPUT, expected=_STAGE_OR_MODEL_INPUT)
-    shape = _shape(f["shape"])
-    return ModelOutput(
-        name=f["name"].string(),
-        dtype=f["dtype"].string(),
-        shape=shape,
-        produced_by=produced_by,
-        **_contract(f, shape),
-    )
+    return ModelOutput(produced_by=produced_by, **_tensor(f))
 
 
 def _stage_input(f: Fields) -> StageInput:
-    shape = _shape(f["shape"])
     return StageInput(
-        name=f["name"].string(),
-        dtype=f["dtype"].string(),
-        shape=shape,
-        **_contract(f, shape),
+        **_tensor(f),
         bytes_per_sample=f["bytes_per_sample"].integer(),
         source=f["source"].integer_or(MODEL, expected=_STAGE_OR_MODEL),
     )
 
 
 def _stage_output(f: Fields) -> StageOutput:
-    shape = _shape(f["shape"])
     return StageOutput(
-        name=f["name"].string(),
-        dtype=f["dtype"].string(),
-        shape=shape,
-        **_contract(f, shape),
+        **_tensor(f),
         bytes_per_sample=f["bytes_per_sample"].integer(),
         consumers=f["consumers"].list_of(
             lambda c: c.integer_or(MODEL_OUTPUT, expected=_STAGE_OR_MODEL_OUTPUT)
@@ -268,7 +258,7 @@ def _decoder_io(v: Value) -> DecoderIORecord | None:
     if v.raw is None:
         return None
     f = v.fields()
-    kv = f["kv"].objects(_kv_record)
+    kv = f["kv"].objects(_kv_pair)
     if not kv:
         raise f["kv"].fail("expected at least one layer's cache tensors")
     return DecoderIORecord(
@@ -280,8 +270,8 @@ def _decoder_io(v: Value) -> DecoderIORecord | None:
     )
 
 
-def _kv_record(f: Fields) -> KVRecord:
-    return KVRecord(
+def _kv_pair(f: Fields) -> KVPair:
+    return KVPair(
         layer=f["layer"].integer(),
         past_key=f["past_key"].string(),
         past_value=f.get("past_value", None).opt_string(),

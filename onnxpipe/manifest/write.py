@@ -11,8 +11,12 @@ from onnxpipe.core.dims import Dim, Shape
 from onnxpipe.manifest.entries import (
     DecoderIORecord,
     DecoderRecord,
+    ModelOutput,
+    ModelTensor,
     NodeSplitRecord,
     StageEntry,
+    StageInput,
+    StageOutput,
     VerificationRecord,
 )
 from onnxpipe.schedule.timeline import Timeline
@@ -33,6 +37,11 @@ def num(x: float) -> float | None:
 
 def _shape_out(shape: Shape) -> list[Dim] | None:
     return None if shape is None else list(shape)
+
+
+def _tensor_obj(t: ModelTensor | ModelOutput | StageInput | StageOutput) -> dict[str, Any]:
+    """What every tensor entry holds: name, dtype, shape and the boundary contract."""
+    return {"name": t.name, "dtype": t.dtype, "shape": _shape_out(t.shape), **contract(t)}
 
 
 def contract(t: Any) -> dict[str, Any]:
@@ -64,20 +73,8 @@ def manifest_obj(m: Manifest) -> dict[str, Any]:
     return {
         "schema_version": m.schema_version,
         "source": {"file": m.source.file, "path": m.source.path, "sha256": m.source.sha256},
-        "model_inputs": [
-            {"name": t.name, "dtype": t.dtype, "shape": _shape_out(t.shape), **contract(t)}
-            for t in m.model_inputs
-        ],
-        "model_outputs": [
-            {
-                "name": t.name,
-                "dtype": t.dtype,
-                "shape": _shape_out(t.shape),
-                **contract(t),
-                "produced_by": t.produced_by,
-            }
-            for t in m.model_outputs
-        ],
+        "model_inputs": [_tensor_obj(t) for t in m.model_inputs],
+        "model_outputs": [{**_tensor_obj(t), "produced_by": t.produced_by} for t in m.model_outputs],
         "stages": [_stage_to_obj(s) for s in m.stages],
         "plan": {
             "objective": m.plan.objective,
@@ -199,25 +196,10 @@ def _stage_to_obj(s: StageEntry) -> dict[str, Any]:
             else {}
         ),
         "inputs": [
-            {
-                "name": t.name,
-                "dtype": t.dtype,
-                "shape": _shape_out(t.shape),
-                **contract(t),
-                "bytes_per_sample": t.bytes_per_sample,
-                "source": t.source,
-            }
-            for t in s.inputs
+            {**_tensor_obj(t), "bytes_per_sample": t.bytes_per_sample, "source": t.source} for t in s.inputs
         ],
         "outputs": [
-            {
-                "name": t.name,
-                "dtype": t.dtype,
-                "shape": _shape_out(t.shape),
-                **contract(t),
-                "bytes_per_sample": t.bytes_per_sample,
-                "consumers": list(t.consumers),
-            }
+            {**_tensor_obj(t), "bytes_per_sample": t.bytes_per_sample, "consumers": list(t.consumers)}
             for t in s.outputs
         ],
         "estimated_compute_seconds": num(s.estimated_compute_seconds),

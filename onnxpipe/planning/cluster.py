@@ -30,6 +30,7 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.runtime_profile import is_reference, profile_on_runtime
 from onnxpipe.ir.decoder import DecoderInfo, find_decoder, kv_bytes_per_token
 from onnxpipe.ir.model import ModelView, NodeInfo
+from onnxpipe.manifest.entries import DecoderRecord
 from onnxpipe.partition import solve_heterogeneous
 from onnxpipe.partition.chainbound import chain_bound
 from onnxpipe.partition.inputs import HeterogeneousRequest
@@ -49,7 +50,7 @@ from onnxpipe.planning.memory import TRAINING_STATE_FACTOR, stage_memory_bytes
 from onnxpipe.planning.orders import OrderSearch, place, stages_auto
 from onnxpipe.planning.request import PlanRequest, ScheduleOption
 from onnxpipe.planning.sequences import Sequences, first_reader_param_bytes, sequences
-from onnxpipe.planning.stages import assign_stages, plan_from
+from onnxpipe.planning.stages import plan_from, specs_from_bounds
 from onnxpipe.planning.types import Plan, StageSpec
 from onnxpipe.schedule.simulate import in_flight, simulate, stream
 from onnxpipe.schedule.timeline import Timeline
@@ -102,18 +103,78 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
     """
     request.check()
     profile.check_matches(view)
+    cluster = _cluster(profile, request)
+    max_k = _max_stages(view, cluster, request)
+    costs = _costs(view, profile, cluster, request)
+    best, reason = _best(view, costs, cluster, request, max_k)
+    notes = _search_notes(best, reason)
+    part, arranged, option = best.search.result, best.search.cluster, best.option
+    copies = _input_copies(view, profile, costs, arranged, part, option, request)
+    # the manifest's stage times are one sample's forward pass (what inference and `run` measure);
+    # training step times live in the timeline
+    per_sample = _work(option, request) if option.training else 1.0
+    specs = specs_from_bounds(
+        view,
+        costs.seq,
+        part.bounds,
+        [c / per_sample for c in part.compute],
+        [t / option.size for t in part.transfer] if option.training else part.transfer,
+        devices=arranged.names,
+        copies=copies,
+    )
+    staged = _Staged(specs, part, best.timeline)
+    if costs.decoder is not None:
+        staged = _with_decoder(view, profile, request, costs, best, staged, copies)
+    _check_final_memory(staged.specs, arranged, best, costs.acts)
+    plan = plan_from(
+        view,
+        profile,
+        _bounded(staged.part, best, costs, request),
+        staged.specs,
+        costs.seq.sizes,
+        request.bandwidth_bytes_per_s,
+        notes=(*notes, *staged.notes),
+        timeline=staged.timeline,
+    )
+    kept = {d.name for d in arranged.devices}
+    return replace(
+        plan,
+        objective=OBJECTIVE,
+        cluster=arranged,
+        device_costs=tuple(r for r in costs.records if r.device in kept),
+        microbatch_size=option.size,
+        decoder=staged.decoder,
+    )
+
+
+def _bounded(part: Partition, best: _Candidate, costs: _Costs, request: PlanRequest) -> Partition:
+    """``part`` with the contiguous bound of its device order as lower bound where that is tighter: it
+    holds for devices kept in the file's order (a free order searched others)."""
+    if best.search.free:
+        return part
+    rows = [[c * _work(best.option, request) for c in costs.rows[name]] for name in best.search.cluster.names]
+    tighter = min(chain_bound(rows, part.bottleneck), part.bottleneck)
+    return replace(part, lower_bound=max(part.lower_bound, tighter))
+
+
+def _cluster(profile: Profile, request: PlanRequest) -> Cluster:
+    """The devices asked for, else ``stages`` copies of the profiling machine."""
+    if request.devices is not None:
+        return request.devices
+    stages = request.stages
+    if not isinstance(stages, int):
+        raise UsageError(
+            f"{opt('stages', 'auto')} needs {opt('devices')} here: plan_pipeline plans for a cluster; "
+            "onnxpipe.planning.planner.plan chooses the stages of this machine without one"
+        )
+    return Cluster.homogeneous(stages, profile.threads, bandwidth_bytes_per_s=request.bandwidth_bytes_per_s)
+
+
+def _max_stages(view: ModelView, cluster: Cluster, request: PlanRequest) -> int:
+    """The most stages the plan can have (a device and a compute node each); refused when the request
+    asks for more."""
     stages = request.stages
     m = len(view.compute_nodes)
-    cluster = request.devices
-    if cluster is None:
-        if not isinstance(stages, int):
-            raise UsageError(
-                f"{opt('stages', 'auto')} needs {opt('devices')} here: plan_pipeline plans for a cluster; "
-                "onnxpipe.planning.planner.plan chooses the stages of this machine without one"
-            )
-        cluster = Cluster.homogeneous(
-            stages, profile.threads, bandwidth_bytes_per_s=request.bandwidth_bytes_per_s
-        )
     max_k = min(cluster.size, m)
     if stages != "auto" and not 1 <= stages <= max_k:
         what = f"{m} compute nodes" if stages > m else f"{cluster.size} devices in {cluster.label}"
@@ -121,8 +182,11 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
             f"cannot make {stages} stages: the plan has {what}; the largest number of stages that works "
             f"is {max_k}: choose {opt('stages')} between 1 and {max_k}"
         )
-    costs = _costs(view, profile, cluster, request)
-    best, reason = _best(view, costs, cluster, request, max_k)
+    return max_k
+
+
+def _search_notes(best: _Candidate, reason: str) -> list[str]:
+    """What the search chose: the stage count (``auto``), the device order (``free``)."""
     notes: list[str] = []
     if reason:
         notes.append(f"{opt('stages', 'auto')} chose {best.search.k}: {reason}")
@@ -131,65 +195,53 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
             f"{opt('order', 'free')} tried {best.search.evaluated} device orders; "
             f"chose {', '.join(best.search.cluster.names)}"
         )
-    part, arranged, option = best.search.result, best.search.cluster, best.option
-    # the manifest's stage times are one sample's forward pass (what inference and `run` measure);
-    # training step times live in the timeline
-    per_sample = _work(option, request) if option.training else 1.0
-    copies = _input_copies(view, profile, costs, arranged, part, option, request)
-    specs = assign_stages(
-        view,
-        part.bounds,
-        costs.seq.sizes,
-        [c / per_sample for c in part.compute],
-        [t / option.size for t in part.transfer] if option.training else part.transfer,
-        devices=arranged.names,
-        link_bytes=costs.seq.cut_bytes,
-        classes=costs.seq.classes,
-        compute=costs.seq.compute,
-        copies=copies,
-    )
-    summary = None
-    timeline = best.timeline
-    if costs.decoder is not None:
-        specs = with_kv(view, profile, costs.decoder, specs, request.decoder.max_context)
-        if copies is not None:
-            gone = gone_bytes(view, specs, copies.chosen, costs.seq.sizes)
-            part = adjusted(
-                part, copies.chosen, [g * option.size for g in gone], 0, arranged.bandwidths, overlap=True
-            )
-            specs = with_copy_costs(specs, part, gone)
-            timeline = stream(part.compute, option.microbatches, link=part.transfer)
-            copied = copies_note(copies.chosen, copies.phases, [gone])
-            if copied:
-                notes.append(copied)
-        notes.append(costs.decoder.describe())
-        notes.append(
-            f"cuts only between layers ({opt('ends', request.decoder.ends)}); each device holds its "
-            f"layers' KV cache at {request.decoder.max_context} tokens of context, counted in its memory"
+    return notes
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """The stages of the best candidate, the partition and timeline they cost, and what a decoder adds:
+    notes and the manifest's ``plan.decoder``."""
+
+    specs: tuple[StageSpec, ...]
+    part: Partition
+    timeline: Timeline
+    notes: tuple[str, ...] = ()
+    decoder: DecoderRecord | None = None
+
+
+def _with_decoder(
+    view: ModelView,
+    profile: Profile,
+    request: PlanRequest,
+    costs: _Costs,
+    best: _Candidate,
+    staged: _Staged,
+    copies: InputCopies | None,
+) -> _Staged:
+    """A decoder's stages with their KV layers and cache, and the inputs they copy priced in."""
+    assert costs.decoder is not None  # called for a decoder only
+    dec, option, arranged = costs.decoder, best.option, best.search.cluster
+    specs = with_kv(view, profile, dec, staged.specs, request.decoder.max_context)
+    part, timeline = staged.part, staged.timeline
+    notes: list[str] = []
+    if copies is not None:
+        gone = gone_bytes(view, specs, copies.chosen, costs.seq.sizes)
+        part = adjusted(
+            part, copies.chosen, [g * option.size for g in gone], 0, arranged.bandwidths, overlap=True
         )
-        phase = profile_phase(profile, costs.decoder)
-        summary = decoder_summary(view, profile, costs.decoder, request.decoder, phase)
-    _check_final_memory(specs, arranged, best, costs.acts)
-    if not best.search.free:  # devices in the file's order: the contiguous bound holds for this order
-        rows = [[c * _work(option, request) for c in costs.rows[name]] for name in arranged.names]
-        tighter = min(chain_bound(rows, part.bottleneck), part.bottleneck)
-        part = replace(part, lower_bound=max(part.lower_bound, tighter))
-    kept = {d.name for d in arranged.devices}
-    return plan_from(
-        view,
-        profile,
-        part,
-        specs,
-        costs.seq.sizes,
-        request.bandwidth_bytes_per_s,
-        objective=OBJECTIVE,
-        notes=tuple(notes),
-        timeline=timeline,
-        cluster=arranged,
-        device_costs=tuple(r for r in costs.records if r.device in kept),
-        microbatch_size=option.size,
-        decoder=summary,
+        specs = with_copy_costs(specs, part, gone)
+        timeline = stream(part.compute, option.microbatches, link=part.transfer)
+        copied = copies_note(copies.chosen, copies.phases, [gone])
+        if copied:
+            notes.append(copied)
+    notes.append(dec.describe())
+    notes.append(
+        f"cuts only between layers ({opt('ends', request.decoder.ends)}); each device holds its "
+        f"layers' KV cache at {request.decoder.max_context} tokens of context, counted in its memory"
     )
+    summary = decoder_summary(view, profile, dec, request.decoder, profile_phase(profile, dec))
+    return _Staged(specs, part, timeline, tuple(notes), summary)
 
 
 def _input_copies(

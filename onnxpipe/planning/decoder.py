@@ -32,7 +32,7 @@ from onnxpipe.ir.decoder import DecoderInfo, kv_bytes_per_token
 from onnxpipe.ir.graph import cut_profile
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samevalue import value_classes
-from onnxpipe.manifest.entries import DecoderIORecord, KVRecord
+from onnxpipe.manifest.entries import DecoderIORecord
 from onnxpipe.planning.recompute import shape_from_dims
 from onnxpipe.planning.sequences import Sequences, tensor_sizes
 from onnxpipe.planning.types import ShapeParts, StageSpec
@@ -262,5 +262,5 @@ def decoder_io(view: ModelView, dec: DecoderInfo) -> DecoderIORecord:
         mask_input=dec.mask_input,
         positions_input=dec.positions_input,
         logits_output=logits,
-        kv=tuple(KVRecord(p.layer, p.past_key, p.past_value, p.present_key, p.present_value) for p in dec.kv),
+        kv=dec.kv,
     )

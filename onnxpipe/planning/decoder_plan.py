@@ -171,17 +171,12 @@ def make_decoder_plan(
     )
     copied = copies_note(chosen, phases, [gone])
     timeline = stream([s.cost_seconds for s in stages], microbatches)
-    return plan_from(
-        view,
-        profile,
-        part,
-        stages,
-        layers.seq.sizes,
-        bandwidth_bytes_per_s,
-        notes=(*decoder_notes(view, dec, stages, options), *([copied] if copied else [])),
-        timeline=timeline,
-        objective=OBJECTIVE,
-        decoder=decoder_summary(view, profile, dec, options, phase),
+    notes = (*decoder_notes(view, dec, stages, options), *([copied] if copied else []))
+    plan = plan_from(
+        view, profile, part, stages, layers.seq.sizes, bandwidth_bytes_per_s, notes=notes, timeline=timeline
+    )
+    return dataclasses.replace(
+        plan, objective=OBJECTIVE, decoder=decoder_summary(view, profile, dec, options, phase)
     )
 
 
@@ -277,14 +272,21 @@ def decoder_summary(
     view: ModelView, profile: Profile, dec: DecoderInfo, options: DecoderOptions, phase: Phase
 ) -> DecoderRecord:
     """The manifest's ``plan.decoder`` of a plan balanced for one ``phase``, profiled as ``profile``."""
+    shapes = (phase_shape_of(profile, dec, phase),)
+    return decoder_record(view, dec, options, PhaseChoice(phase.value), shapes)
+
+
+def decoder_record(
+    view: ModelView,
+    dec: DecoderInfo,
+    options: DecoderOptions,
+    phase: PhaseChoice,
+    shapes: tuple[tuple[Phase, int, int], ...],
+) -> DecoderRecord:
+    """The manifest's ``plan.decoder`` of a plan cut between ``dec``'s layers, balanced for ``phase``
+    (each phase profiled at its ``shapes``)."""
     return DecoderRecord(
-        dec.layers,
-        True,
-        options.ends,
-        options.max_context,
-        PhaseChoice(phase.value),
-        (phase_shape_of(profile, dec, phase),),
-        decoder_io(view, dec),
+        dec.layers, True, options.ends, options.max_context, phase, shapes, decoder_io(view, dec)
     )
 
 

@@ -24,10 +24,9 @@ from onnxpipe.planning.decoder_plan import make_decoder_plan, profile_phase
 from onnxpipe.planning.nodesplit import Planned, plan_splitting_nodes
 from onnxpipe.planning.orders import stages_auto
 from onnxpipe.planning.phases import make_two_phase_plan
-from onnxpipe.planning.request import DEFAULT_TIME_SLACK, PlanRequest
+from onnxpipe.planning.request import PlanRequest
 from onnxpipe.planning.types import Plan
 from onnxpipe.planning.workers import make_interleaved_plan, make_plan
-from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 
 
 def plan(
@@ -63,7 +62,7 @@ def planned(
             profile,
             request.stages,
             bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
-            microbatches=request.schedule.microbatches or DEFAULT_MICROBATCHES,
+            microbatches=request.schedule.stream_microbatches,
         )
         made = dataclasses.replace(cut.plan, link_model=request.effective_link_model)
         return dataclasses.replace(cut, plan=_with_view_notes(made, view))
@@ -149,7 +148,7 @@ def _plan(
                 dec,
                 request.decoder,
                 bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
-                microbatches=request.schedule.microbatches or DEFAULT_MICROBATCHES,
+                microbatches=request.schedule.stream_microbatches,
             )
         return make_decoder_plan(
             view,
@@ -158,28 +157,17 @@ def _plan(
             dec,
             request.decoder,
             bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
-            microbatches=request.schedule.microbatches or DEFAULT_MICROBATCHES,
+            microbatches=request.schedule.stream_microbatches,
             phase=profile_phase(profile, dec),
         )
     if not request.on_identical_workers or not isinstance(request.stages, int):
         return plan_pipeline(view, profile, request)
-    microbatches = request.schedule.microbatches or DEFAULT_MICROBATCHES
     if request.workers is not None and request.interleaved:
-        return make_interleaved_plan(
-            view,
-            profile,
-            request.stages,
-            request.workers,
-            bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
-            microbatches=microbatches,
-            time_slack=DEFAULT_TIME_SLACK if request.time_slack is None else request.time_slack,
-            decoder=dec,
-            decoder_options=request.decoder,
-        )
+        return make_interleaved_plan(view, profile, request, dec)
     return make_plan(
         view,
         profile,
         request.stages,
         bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
-        microbatches=microbatches,
+        microbatches=request.schedule.stream_microbatches,
     )

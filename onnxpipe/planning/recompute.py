@@ -19,6 +19,7 @@ crosses, and the plan says how many do.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -70,12 +71,9 @@ def recompute(
     done: list[str] = []
     left: list[str] = []
     sources: dict[str, ShapeParts] = {}
-    by_dim = _same_shape_index(view.tensors, have)
+    stage = _Stage.of(view, kinds, have, weights)
     for t in targets:
-        found = _closure(view, kinds, t, have, weights, chosen, view.tensors, by_dim)
-        if found is None and kinds.settled_shapes is not None:
-            dims = kinds.settled_shapes()  # dearer: only when ONNX's shapes did not do
-            found = _closure(view, kinds, t, have, weights, chosen, dims, _same_shape_index(dims, have))
+        found = stage.closure(t, chosen)
         if found is None:
             left.append(t)
             continue
@@ -103,14 +101,7 @@ def copy_closure(
     Why: a decoder's stage may make its rotary tables and masks from the model inputs as well
     (:mod:`onnxpipe.planning.decoder_recompute` says which nodes ``extra`` holds and when it is cheaper).
     """
-    held = set(have)
-    found = _closure(view, kinds, tensor, held, weights, set(chosen), view.tensors,
-                     _same_shape_index(view.tensors, held), extra)  # fmt: skip
-    if found is None and kinds.settled_shapes is not None:
-        dims = kinds.settled_shapes()
-        found = _closure(view, kinds, tensor, held, weights, set(chosen), dims,
-                         _same_shape_index(dims, held), extra)  # fmt: skip
-    return found
+    return _Stage.of(view, kinds, set(have), weights, extra).closure(tensor, set(chosen))
 
 
 def shape_from_dims(view: ModelView, shape_node: NodeInfo, have: Collection[str]) -> ShapeParts | None:
@@ -199,20 +190,49 @@ def _shape(shapes: Mapping[str, Shaped], tensor: str) -> tuple[Dim, ...] | None:
     return found.shape if isinstance(found, TensorInfo) else found
 
 
+@dataclass(frozen=True)
+class _Stage:
+    """What a stage may make a value from: the tensors it has (``have``) and has anyway (``weights``),
+    the nodes of ``extra`` it may copy besides the cheap ones (:func:`copy_closure`), and the shapes its
+    ``Shape`` copies read dims from (``by_dim``: a tensor and axis it has for each symbol of them)."""
+
+    view: ModelView
+    kinds: ValueKinds
+    have: Collection[str]
+    weights: Collection[str]
+    extra: Collection[int]
+    shapes: Mapping[str, Shaped]
+    by_dim: Mapping[Dim, tuple[str, int]]
+
+    @staticmethod
+    def of(
+        view: ModelView,
+        kinds: ValueKinds,
+        have: Collection[str],
+        weights: Collection[str],
+        extra: Collection[int] = frozenset(),
+    ) -> _Stage:
+        """With ONNX inference's shapes."""
+        return _Stage(view, kinds, have, weights, extra, view.tensors, _same_shape_index(view.tensors, have))
+
+    def closure(self, tensor: str, chosen: Collection[int]) -> tuple[set[int], dict[str, ShapeParts]] | None:
+        """:func:`_closure` with ONNX inference's shapes, else with the settled ones (dearer: only when
+        ONNX's shapes did not do)."""
+        found = _closure(self, tensor, chosen)
+        if found is None and self.kinds.settled_shapes is not None:
+            dims = self.kinds.settled_shapes()
+            settled = dataclasses.replace(self, shapes=dims, by_dim=_same_shape_index(dims, self.have))
+            found = _closure(settled, tensor, chosen)
+        return found
+
+
 def _closure(
-    view: ModelView,
-    kinds: ValueKinds,
-    tensor: str,
-    have: set[str],
-    weights: Collection[str],
-    chosen: set[int],
-    shapes: Mapping[str, Shaped],
-    by_dim: dict[Dim, tuple[str, int]],
-    extra: Collection[int] = frozenset(),
+    stage: _Stage, tensor: str, chosen: Collection[int]
 ) -> tuple[set[int], dict[str, ShapeParts]] | None:
-    """Positions of the nodes that make ``tensor`` from what the stage has, and the ``Shape`` copies
-    that read a tensor of the same shape instead of their own input; None when too dear.  The nodes
-    of ``extra`` may be copied besides the cheap ones (:func:`copy_closure`)."""
+    """Positions of the nodes that make ``tensor`` from what the stage has, none of ``chosen`` (what it
+    makes already), and the ``Shape`` copies that read a tensor of the same shape instead of their own
+    input; None when too dear."""
+    view, have = stage.view, stage.have
     nodes: set[int] = set()
     subs: dict[str, ShapeParts] = {}
     copied = 0
@@ -225,7 +245,7 @@ def _closure(
         seen.add(t)
         pos = view.producer.get(t)
         if pos is None:
-            if t in weights:
+            if t in stage.weights:
                 copied += view.initializers.get(t, 0)
                 continue
             return None  # a tensor nobody makes and the stage does not have
@@ -235,14 +255,14 @@ def _closure(
         if node.is_constant:
             copied += sum(view.weights.get(o, 0) for o in node.outputs)
             continue  # the stage copies constant producers anyway
-        if pos not in extra and not _cheap(kinds, node):
+        if pos not in stage.extra and not _cheap(stage.kinds, node):
             return None
         nodes.add(pos)
         if len(nodes) > MAX_NODES or copied > MAX_COPIED_BYTES:
             return None
         if node.op_type == "Shape":
             if node.inputs and node.inputs[0] not in have:
-                parts = _parts(_shape(shapes, node.inputs[0]), by_dim, _used_axes(view, node))
+                parts = _parts(_shape(stage.shapes, node.inputs[0]), stage.by_dim, _used_axes(view, node))
                 if parts is not None:
                     subs[node.name] = parts
                     continue

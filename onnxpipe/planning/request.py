@@ -63,6 +63,11 @@ class ScheduleRequest:
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", choice(ScheduleChoice, self.kind, "ScheduleRequest.kind"))
 
+    @property
+    def stream_microbatches(self) -> int:
+        """M of a streaming timeline: the one asked for, else :data:`DEFAULT_MICROBATCHES`."""
+        return self.microbatches or DEFAULT_MICROBATCHES
+
     def candidates(self) -> list[ScheduleOption]:
         """The schedules to try: (kind, M, samples per micro-batch)."""
         if not (self.backward_ratio > 0 and math.isfinite(self.backward_ratio)):
@@ -78,7 +83,7 @@ class ScheduleRequest:
                     f"{opt('ScheduleRequest.kind', 'gpipe')}, 1f1b or auto, or leave them out for streaming "
                     "inference"
                 )
-            return [ScheduleOption(ScheduleKind.STREAM, self.microbatches or DEFAULT_MICROBATCHES, 1)]
+            return [ScheduleOption(ScheduleKind.STREAM, self.stream_microbatches, 1)]
         kinds = self.kind.kinds
         batch = self.batch or self.microbatches or DEFAULT_MICROBATCHES
         if self.microbatches is not None:

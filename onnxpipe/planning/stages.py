@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
-from onnxpipe.cluster.costs import DeviceCosts
-from onnxpipe.cluster.model import Cluster
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.model import ModelView, NodeInfo
 from onnxpipe.ir.samevalue import value_classes
 from onnxpipe.ir.shapevalues import ValueKinds, value_kinds
-from onnxpipe.manifest.entries import DecoderRecord
+from onnxpipe.manifest.entries import SameValue
 from onnxpipe.partition.result import Partition
 from onnxpipe.planning.recompute import Recomputed, recompute
 from onnxpipe.planning.sequences import Sequences
-from onnxpipe.planning.types import Alias, Plan, StageSpec
+from onnxpipe.planning.types import Plan, StageSpec
 from onnxpipe.schedule.timeline import Timeline
 
 StageCopies = Callable[[int, ValueKinds, Sequence[str], Recomputed], Recomputed]
@@ -30,6 +29,24 @@ planner finds them cheaper than receiving (a decoder's rotary tables and masks,
 :mod:`onnxpipe.planning.decoder_recompute`).  Called for each stage, last to first."""
 
 
+@dataclass(frozen=True)
+class StageOptions:
+    """What a planner tells :func:`assign_stages` beyond the bounds and the stage costs (all optional)."""
+
+    seq: Sequences | None = None
+    """The partitioner's line-up the bounds count in: its compute order (default: the view's; a decoder's
+    is lined up by layer, :mod:`onnxpipe.planning.decoder`), its cut profile (``cut_bytes[p]``: what
+    crosses the link in front of a stage starting at ``p``, the stage's inputs plus what it forwards) and
+    its value classes (else worked out from the view)."""
+    devices: Sequence[str] | None = None
+    """Each stage's device (default ``cpu``)."""
+    share_equal_values: bool = True
+    """Send each value once, remaking the tensors provably equal to it (see :func:`assign_stages`)."""
+    copies: StageCopies | None = None
+    """A planner's choice of more values to recompute (:data:`StageCopies`); the stage costs are left as
+    given (the planner adds the copies' cost)."""
+
+
 def specs_from_bounds(
     view: ModelView,
     seq: Sequences,
@@ -37,20 +54,12 @@ def specs_from_bounds(
     compute_seconds: Sequence[float],
     transfer_seconds: Sequence[float],
     *,
+    devices: Sequence[str] | None = None,
     copies: StageCopies | None = None,
 ) -> tuple[StageSpec, ...]:
     """:func:`assign_stages` for a partition of ``seq``, with its sizes, cut bytes and value classes."""
-    return assign_stages(
-        view,
-        bounds,
-        seq.sizes,
-        compute_seconds,
-        transfer_seconds,
-        link_bytes=seq.cut_bytes,
-        classes=seq.classes,
-        compute=seq.compute,
-        copies=copies,
-    )
+    options = StageOptions(seq=seq, devices=devices, copies=copies)
+    return assign_stages(view, bounds, seq.sizes, compute_seconds, transfer_seconds, options)
 
 
 def plan_from(
@@ -63,32 +72,9 @@ def plan_from(
     *,
     notes: tuple[str, ...] = (),
     timeline: Timeline | None = None,
-    objective: str = "minimize the largest stage time (compute + transfer in)",
-    cluster: Cluster | None = None,
-    device_costs: tuple[DeviceCosts, ...] = (),
-    microbatch_size: int = 1,
-    decoder: DecoderRecord | None = None,
 ) -> Plan:
-    """A :class:`Plan` from a solved partition: the fields every planner fills the same way, and its own."""
-    recomputed = sum(len(st.recomputed_tensors) for st in stages)
-    crossing = sum(len(st.crossing_shape_values) for st in stages)
-    if recomputed or crossing:
-        copies = sum(len(st.recomputed_nodes) for st in stages)
-        notes = (
-            *notes,
-            f"{recomputed} shape or constant-only value(s) a stage would receive are recomputed there "
-            f"({copies} node(s) copied), so that runtimes other than onnxruntime can take the stages"
-            + (f"; {crossing} still cross a cut (too dear to recompute)" if crossing else ""),
-        )
-    received = sum(1 for st in stages for a in st.aliases if a.same_as in st.inputs)
-    if received:
-        skipped = sum(len(st.skipped_nodes) for st in stages)
-        notes = (
-            *notes,
-            f"{received} tensor(s) a stage reads across a cut equal another it receives: each value "
-            f"crosses once, and the stages remake the rest with Identity nodes ({skipped} node(s) left out "
-            "of the files)",
-        )
+    """A :class:`Plan` from a solved partition: the fields every planner fills the same way (a planner
+    sets its own, its objective, devices or decoder, with :func:`dataclasses.replace`)."""
     return Plan(
         model_sha256=view.sha256,
         stages=stages,
@@ -100,14 +86,32 @@ def plan_from(
         input_shapes=profile.input_shapes,
         profiled_inputs=profile.inputs,
         tensor_bytes=sizes,
-        objective=objective,
-        notes=notes,
+        notes=(*notes, *_stage_notes(stages)),
         timeline=timeline,
-        cluster=cluster,
-        device_costs=device_costs,
-        microbatch_size=microbatch_size,
-        decoder=decoder,
     )
+
+
+def _stage_notes(stages: Sequence[StageSpec]) -> tuple[str, ...]:
+    """What the stages recompute and remake instead of receiving, said once per plan."""
+    notes: list[str] = []
+    recomputed = sum(len(st.recomputed_tensors) for st in stages)
+    crossing = sum(len(st.crossing_shape_values) for st in stages)
+    if recomputed or crossing:
+        copies = sum(len(st.recomputed_nodes) for st in stages)
+        notes.append(
+            f"{recomputed} shape or constant-only value(s) a stage would receive are recomputed there "
+            f"({copies} node(s) copied), so that runtimes other than onnxruntime can take the stages"
+            + (f"; {crossing} still cross a cut (too dear to recompute)" if crossing else "")
+        )
+    received = sum(1 for st in stages for a in st.aliases if a.same_as in st.inputs)
+    if received:
+        skipped = sum(len(st.skipped_nodes) for st in stages)
+        notes.append(
+            f"{received} tensor(s) a stage reads across a cut equal another it receives: each value "
+            f"crosses once, and the stages remake the rest with Identity nodes ({skipped} node(s) left out "
+            "of the files)"
+        )
+    return tuple(notes)
 
 
 def assign_stages(
@@ -116,186 +120,248 @@ def assign_stages(
     sizes: Mapping[str, int],
     compute_seconds: Sequence[float],
     transfer_seconds: Sequence[float],
-    devices: Sequence[str] | None = None,
-    link_bytes: Sequence[int] | None = None,
-    *,
-    share_equal_values: bool = True,
-    classes: Mapping[str, int] | None = None,
-    kinds: ValueKinds | None = None,
-    compute: Sequence[NodeInfo] | None = None,
-    copies: StageCopies | None = None,
+    options: StageOptions | None = None,
 ) -> tuple[StageSpec, ...]:
     """Turn partition bounds over compute positions into named stages with their inputs and outputs.
 
-    ``link_bytes[p]`` (the cut profile) is what crosses the link in front of a stage starting at ``p``:
-    the stage's own inputs plus tensors it forwards to later stages.
-
-    With ``share_equal_values`` a stage that reads tensors of an earlier stage that are provably equal
-    to others (:mod:`onnxpipe.ir.samevalue`) receives, for each value, the first tensor the earlier stage
-    makes of it, and remakes the ones it reads from that (:attr:`StageSpec.aliases`).  The earlier
-    stage remakes its own repeats of a value it emits the same way, and its nodes that then compute
-    nothing anybody reads are left out of its file (:attr:`StageSpec.skipped_nodes`).  The stages are
-    worked out last to first, since what a stage must emit depends on what the later ones receive.
-    ``classes``: the view's value classes when the caller has them (:attr:`Sequences.classes`).
+    With ``share_equal_values`` (:class:`StageOptions`) a stage that reads tensors of an earlier stage
+    that are provably equal to others (:mod:`onnxpipe.ir.samevalue`) receives, for each value, the first
+    tensor the earlier stage makes of it, and remakes the ones it reads from that
+    (:attr:`StageSpec.aliases`).  The earlier stage remakes its own repeats of a value it emits the same
+    way, and its nodes that then compute nothing anybody reads are left out of its file
+    (:attr:`StageSpec.skipped_nodes`).  The stages are worked out last to first, since what a stage must
+    emit depends on what the later ones receive.
 
     A stage recomputes the shape values and constant-only values it would receive
-    (:mod:`onnxpipe.planning.recompute`; ``kinds`` when the caller has them): copies of the nodes that make
-    them go into its file (:attr:`StageSpec.recomputed_nodes`), and their producer stage no longer
-    emits them for it.  A stage that would then emit nothing at all (its nodes made only such values)
-    keeps sending them: a stage file without outputs cannot be loaded.
-
-    ``compute``: the compute nodes in the order ``bounds`` count in (default: the view's; a decoder's
-    are lined up by layer, :mod:`onnxpipe.planning.decoder`), a topological order either way.
-    ``copies``: a planner's choice of more values to recompute (:data:`StageCopies`); the stage costs
-    are left as given (the planner adds the copies' cost).
+    (:mod:`onnxpipe.planning.recompute`): copies of the nodes that make them go into its file
+    (:attr:`StageSpec.recomputed_nodes`), and their producer stage no longer emits them for it.  A stage
+    that would then emit nothing at all (its nodes made only such values) keeps sending them: a stage
+    file without outputs cannot be loaded.
     """
-    order = tuple(compute) if compute is not None else view.compute_nodes
-    if kinds is None:
-        kinds = value_kinds(view)
+    lineup = _Lineup.of(view, bounds, sizes, compute_seconds, transfer_seconds, options or StageOptions())
     keep_from: set[int] = set()
     while True:
-        specs = _assign(
-            view, bounds, sizes, compute_seconds, transfer_seconds, devices, link_bytes,
-            share_equal_values, classes, kinds, frozenset(keep_from), order, copies,
-        )  # fmt: skip
+        specs = _assign(lineup, frozenset(keep_from))
         empty = {st.index for st in specs if not st.outputs and st.index < len(specs) - 1} - keep_from
         if not empty:
             return specs
         keep_from |= empty
 
 
-def _assign(
-    view: ModelView,
-    bounds: Sequence[int],
-    sizes: Mapping[str, int],
-    compute_seconds: Sequence[float],
-    transfer_seconds: Sequence[float],
-    devices: Sequence[str] | None,
-    link_bytes: Sequence[int] | None,
-    share_equal_values: bool,
-    classes: Mapping[str, int] | None,
-    kinds: ValueKinds,
-    keep_from: frozenset[int],
-    compute: Sequence[NodeInfo],
-    more_copies: StageCopies | None = None,
-) -> tuple[StageSpec, ...]:
+@dataclass(frozen=True)
+class _Lineup:
+    """What drawing the stages needs, worked out once for every try of :func:`assign_stages`: each
+    stage's nodes, where each tensor is made and last read, and the equal values."""
+
+    view: ModelView
+    bounds: Sequence[int]
+    sizes: Mapping[str, int]
+    compute_seconds: Sequence[float]
+    transfer_seconds: Sequence[float]
+    options: StageOptions
+    kinds: ValueKinds
+    stage_nodes: tuple[Sequence[NodeInfo], ...]
+    const_by_output: Mapping[str, NodeInfo]
+    """Each output of a cheap constant producer, and its node (every stage copies those)."""
+    produced_in: Mapping[str, int]
+    """The stage whose compute nodes make each tensor."""
+    last_reads: Mapping[str, int]
+    """The last stage that reads each tensor (``k`` for a model output, read "after" the last stage)."""
+    equal: _EqualValues
+
+    @property
+    def k(self) -> int:
+        return len(self.stage_nodes)
+
+    @staticmethod
+    def of(
+        view: ModelView,
+        bounds: Sequence[int],
+        sizes: Mapping[str, int],
+        compute_seconds: Sequence[float],
+        transfer_seconds: Sequence[float],
+        options: StageOptions,
+    ) -> _Lineup:
+        seq = options.seq
+        compute = seq.compute if seq is not None else view.compute_nodes
+        k = len(bounds) - 1
+        stage_nodes = tuple(compute[bounds[s] : bounds[s + 1]] for s in range(k))
+        produced_in = {o: s for s, nodes in enumerate(stage_nodes) for n in nodes for o in n.outputs}
+        last_reads: dict[str, int] = {}
+        for s, nodes in enumerate(stage_nodes):
+            for n in nodes:
+                for t in n.reads:
+                    last_reads[t] = max(last_reads.get(t, -1), s)
+        for t in view.outputs:
+            last_reads[t] = k  # read "after" the last stage
+        if not options.share_equal_values:
+            classes: Mapping[str, int] = {}
+        else:
+            classes = seq.classes if seq is not None else value_classes(view)
+        return _Lineup(
+            view,
+            bounds,
+            sizes,
+            compute_seconds,
+            transfer_seconds,
+            options,
+            value_kinds(view),
+            stage_nodes,
+            {o: n for n in view.nodes if n.is_constant for o in n.outputs},
+            produced_in,
+            last_reads,
+            _EqualValues(classes, stage_nodes),
+        )
+
+
+def _assign(lineup: _Lineup, keep_from: frozenset[int]) -> tuple[StageSpec, ...]:
     """:func:`assign_stages`, where the values made by the stages of ``keep_from`` are received."""
-    k = len(bounds) - 1
-    const_by_output = {o: n for n in view.nodes if n.is_constant for o in n.outputs}
-    stage_nodes = [compute[bounds[s] : bounds[s + 1]] for s in range(k)]
-    produced_in: dict[str, int] = {}
-    for s, nodes in enumerate(stage_nodes):
-        for n in nodes:
-            for o in n.outputs:
-                produced_in[o] = s
-    last_reads: dict[str, int] = {}
-    for s, nodes in enumerate(stage_nodes):
-        for n in nodes:
-            for t in n.reads:
-                last_reads[t] = max(last_reads.get(t, -1), s)
-    for t in view.outputs:
-        last_reads[t] = k  # read "after" the last stage
-    if not share_equal_values:
-        classes = {}
-    elif classes is None:
-        classes = value_classes(view)
-    equal = _EqualValues(classes, stage_nodes)
-    sent_as = equal.first_in_stage
-    model_outputs = set(view.outputs)
-    wanted: list[set[str]] = [set() for _ in range(k)]  # what later stages receive from each stage
+    wanted: list[set[str]] = [set() for _ in range(lineup.k)]  # what later stages receive from each stage
     specs: list[StageSpec] = []
-    for s in reversed(range(k)):
-        nodes = stage_nodes[s]
-        outputs = tuple(o for n in nodes for o in n.outputs if o in wanted[s] or o in model_outputs)
-        # a value the stage emits is made once: its repeats here are remade from it, since onnxruntime
-        # does not always merge a repeat into a node whose output is a graph output
-        emitted = set(outputs)
-        remade = {
-            o: sent_as[o]
-            for n in nodes
-            if len(n.outputs) == 1
-            for o in n.outputs
-            if sent_as.get(o, o) != o and sent_as[o] in emitted
-        }
-        naive = {o for n in nodes for o in n.outputs if last_reads.get(o, -1) > s}
-        skipped, used = _unneeded(nodes, naive, emitted, remade)
-        if len(skipped) == len(nodes):
-            # nothing of this stage is wanted now that a later stage takes an equal value from another
-            # stage; left out, its nodes would leave a graph without inputs, nodes or outputs, which
-            # onnxruntime cannot load: they stay, computing what nobody reads (a dead node of the source
-            # stays so too).  Nothing is then emitted, so nothing was remade either.
-            skipped, used = set(), set()
-        kept = [n for n in nodes if n.name not in skipped]
-        reads: dict[str, None] = {}
-        for n in kept:
-            for t in n.reads:
-                reads.setdefault(t, None)
-        inner = tuple(Alias(t, remade[t]) for n in nodes for t in n.outputs if t in used)
-        # model outputs that no compute node makes (constants, weights) come out of the last stage
-        extra_outputs = (
-            [
-                t
-                for t in view.outputs
-                if t not in produced_in
-                and t not in view.inputs
-                and (t in const_by_output or t in view.initializers)
-            ]
-            if s == k - 1
-            else []
-        )
-        outputs += tuple(extra_outputs)
-        received = [
-            t
-            for t in reads
-            if t not in view.initializers and t not in const_by_output and produced_in.get(t, -1) != s
-        ]
-        movable = [t for t in received if produced_in.get(t, -1) not in keep_from]
-        rec = recompute(view, kinds, movable, view.weights)
-        if more_copies is not None:
-            rec = more_copies(s, kinds, movable, rec)
-        copies = [view.nodes[p] for p in rec.positions]
-        spared = set(rec.tensors)
-        copy_reads = [t for n in copies for t in n.reads]
-        received = [t for t in received if t not in spared]
-        copy_reads += [d[0] for _, dims in rec.shape_sources for d in dims if isinstance(d, tuple)]
-        received += [t for t in dict.fromkeys(copy_reads) if t in view.inputs and t not in received]
-        consts = _constant_closure(view, list(reads) + copy_reads + extra_outputs, const_by_output)
-        source = {t: equal.received_as(t, s) for t in received}
-        aliases = tuple(Alias(t, source[t]) for t in received if source[t] != t) + inner
-        inputs = tuple(dict.fromkeys(source.values()))
-        for t in inputs:
-            if t in produced_in:
-                wanted[produced_in[t]].add(t)
-        specs.append(
-            StageSpec(
-                index=s,
-                node_names=tuple(n.name for n in nodes),
-                constant_nodes=consts,
-                inputs=inputs,
-                outputs=outputs,
-                compute_seconds=float(compute_seconds[s]),
-                transfer_seconds=float(transfer_seconds[s]),
-                bytes_in=sum(sizes.get(t, 0) for t in inputs),
-                bytes_out=sum(sizes.get(t, 0) for t in outputs),
-                param_bytes=sum(
-                    view.weights.get(t, 0)
-                    for t in dict.fromkeys(t for n in [*copies, *kept] for t in n.reads)
-                ),
-                peak_activation_bytes=_peak_activation(kept, inputs, outputs, sizes, view, aliases),
-                device=devices[s] if devices is not None else "cpu",
-                link_bytes_in=int(link_bytes[bounds[s]]) if link_bytes is not None and s > 0 else 0,
-                aliases=aliases,
-                skipped_nodes=tuple(n.name for n in nodes if n.name in skipped),
-                recomputed_nodes=tuple(n.name for n in copies),
-                recomputed_tensors=rec.tensors,
-                shape_sources=rec.shape_sources,
-                crossing_shape_values=(
-                    *rec.still_received,
-                    *(t for t in received if t not in movable and kinds.recomputable(t)),
-                ),
-            )
-        )
+    for s in reversed(range(lineup.k)):
+        spec = _stage(lineup, s, wanted[s], keep_from)
+        for t in spec.inputs:
+            if t in lineup.produced_in:
+                wanted[lineup.produced_in[t]].add(t)
+        specs.append(spec)
     return tuple(reversed(specs))
+
+
+def _stage(lineup: _Lineup, s: int, wanted: set[str], keep_from: frozenset[int]) -> StageSpec:
+    """Stage ``s``, once the later stages said what they receive from it (``wanted``): what it keeps of
+    its nodes and emits, what it receives and recomputes, and its costs."""
+    view = lineup.view
+    kept = _keep(lineup, s, wanted)
+    reads = dict.fromkeys(t for n in kept.nodes for t in n.reads)
+    # model outputs that no compute node makes (constants, weights) come out of the last stage
+    extra_outputs = _constant_model_outputs(lineup) if s == lineup.k - 1 else []
+    got = _receive(lineup, s, list(reads), keep_from)
+    consts = _constant_closure(view, list(reads) + got.copy_reads + extra_outputs, lineup.const_by_output)
+    source = {t: lineup.equal.received_as(t, s) for t in got.received}
+    aliases = tuple(SameValue(t, source[t]) for t in got.received if source[t] != t) + kept.inner
+    inputs = tuple(dict.fromkeys(source.values()))
+    outputs = kept.outputs + tuple(extra_outputs)
+    sizes, options, copies = lineup.sizes, lineup.options, got.copies
+    link_bytes = options.seq.cut_bytes if options.seq is not None else None
+    return StageSpec(
+        index=s,
+        node_names=tuple(n.name for n in kept.all_nodes),
+        constant_nodes=consts,
+        inputs=inputs,
+        outputs=outputs,
+        compute_seconds=float(lineup.compute_seconds[s]),
+        transfer_seconds=float(lineup.transfer_seconds[s]),
+        bytes_in=sum(sizes.get(t, 0) for t in inputs),
+        bytes_out=sum(sizes.get(t, 0) for t in outputs),
+        param_bytes=sum(
+            view.weights.get(t, 0) for t in dict.fromkeys(t for n in [*copies, *kept.nodes] for t in n.reads)
+        ),
+        peak_activation_bytes=_peak_activation(kept.nodes, inputs, outputs, sizes, view, aliases),
+        device=options.devices[s] if options.devices is not None else "cpu",
+        link_bytes_in=int(link_bytes[lineup.bounds[s]]) if link_bytes is not None and s > 0 else 0,
+        aliases=aliases,
+        skipped_nodes=tuple(n.name for n in kept.all_nodes if n.name in kept.skipped),
+        recomputed_nodes=tuple(n.name for n in copies),
+        recomputed_tensors=got.recomputed.tensors,
+        shape_sources=got.recomputed.shape_sources,
+        crossing_shape_values=(
+            *got.recomputed.still_received,
+            *(t for t in got.received if t not in got.movable and lineup.kinds.recomputable(t)),
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """What a stage keeps of its nodes (:func:`_keep`) and the outputs it emits."""
+
+    all_nodes: Sequence[NodeInfo]
+    nodes: tuple[NodeInfo, ...]
+    """The nodes its file holds: ``all_nodes`` without ``skipped``."""
+    outputs: tuple[str, ...]
+    skipped: set[str]
+    inner: tuple[SameValue, ...]
+    """Repeats of a value it emits, remade from that output."""
+
+
+def _keep(lineup: _Lineup, s: int, wanted: set[str]) -> _Kept:
+    """What stage ``s`` emits (what the later stages receive from it, and model outputs), and the nodes
+    it keeps to make it."""
+    nodes = lineup.stage_nodes[s]
+    sent_as = lineup.equal.first_in_stage
+    model_outputs = set(lineup.view.outputs)
+    outputs = tuple(o for n in nodes for o in n.outputs if o in wanted or o in model_outputs)
+    # a value the stage emits is made once: its repeats here are remade from it, since onnxruntime
+    # does not always merge a repeat into a node whose output is a graph output
+    emitted = set(outputs)
+    remade = {
+        o: sent_as[o]
+        for n in nodes
+        if len(n.outputs) == 1
+        for o in n.outputs
+        if sent_as.get(o, o) != o and sent_as[o] in emitted
+    }
+    naive = {o for n in nodes for o in n.outputs if lineup.last_reads.get(o, -1) > s}
+    skipped, used = _unneeded(nodes, naive, emitted, remade)
+    if len(skipped) == len(nodes):
+        # nothing of this stage is wanted now that a later stage takes an equal value from another
+        # stage; left out, its nodes would leave a graph without inputs, nodes or outputs, which
+        # onnxruntime cannot load: they stay, computing what nobody reads (a dead node of the source
+        # stays so too).  Nothing is then emitted, so nothing was remade either.
+        skipped, used = set(), set()
+    kept = tuple(n for n in nodes if n.name not in skipped)
+    inner = tuple(SameValue(t, remade[t]) for n in nodes for t in n.outputs if t in used)
+    return _Kept(nodes, kept, outputs, skipped, inner)
+
+
+def _constant_model_outputs(lineup: _Lineup) -> list[str]:
+    """Model outputs that no compute node makes (constants, weights): the last stage emits them."""
+    view = lineup.view
+    return [
+        t
+        for t in view.outputs
+        if t not in lineup.produced_in
+        and t not in view.inputs
+        and (t in lineup.const_by_output or t in view.initializers)
+    ]
+
+
+@dataclass(frozen=True)
+class _Received:
+    """What a stage receives (:func:`_receive`) and what it recomputes instead."""
+
+    received: list[str]
+    movable: list[str]
+    """What it would receive from stages not in ``keep_from``: what it may recompute."""
+    recomputed: Recomputed
+    copies: list[NodeInfo]
+    """The nodes it copies to recompute them."""
+    copy_reads: list[str]
+    """What those copies read, the tensors that ``Shape`` copies take their dims from included."""
+
+
+def _receive(lineup: _Lineup, s: int, reads: list[str], keep_from: frozenset[int]) -> _Received:
+    """What stage ``s`` receives of what it ``reads``: neither weights nor constants (it copies them) nor
+    what it makes, nor the shape and constant-only values it recomputes, but the model inputs its
+    copies read."""
+    view, produced_in = lineup.view, lineup.produced_in
+    received = [
+        t
+        for t in reads
+        if t not in view.initializers and t not in lineup.const_by_output and produced_in.get(t, -1) != s
+    ]
+    movable = [t for t in received if produced_in.get(t, -1) not in keep_from]
+    rec = recompute(view, lineup.kinds, movable, view.weights)
+    more_copies = lineup.options.copies
+    if more_copies is not None:
+        rec = more_copies(s, lineup.kinds, movable, rec)
+    copies = [view.nodes[p] for p in rec.positions]
+    spared = set(rec.tensors)
+    copy_reads = [t for n in copies for t in n.reads]
+    received = [t for t in received if t not in spared]
+    copy_reads += [d[0] for _, dims in rec.shape_sources for d in dims if isinstance(d, tuple)]
+    received += [t for t in dict.fromkeys(copy_reads) if t in view.inputs and t not in received]
+    return _Received(received, movable, rec, copies, copy_reads)
 
 
 class _EqualValues:
@@ -386,7 +452,7 @@ def _peak_activation(
     outputs: Sequence[str],
     sizes: Mapping[str, int],
     view: ModelView,
-    aliases: Sequence[Alias] = (),
+    aliases: Sequence[SameValue] = (),
 ) -> int:
     """Largest sum of live activation bytes while the stage runs its nodes in order (a remade input is
     its source's bytes: it lives as long as its last reader)."""

@@ -6,26 +6,18 @@ Plain frozen data over node and tensor names: the planners (:mod:`onnxpipe.plann
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from onnxpipe.cluster.costs import DeviceCosts
 from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.choices import LinkModel, Phase
 from onnxpipe.core.inputfiles import InputRecord
-from onnxpipe.manifest.entries import DecoderRecord
+from onnxpipe.manifest.entries import DecoderRecord, NodeSplitRecord, PlanSummary, SameValue
 from onnxpipe.schedule.timeline import Timeline
 
 ShapeParts = tuple[int | tuple[str, int], ...]
 """A tensor's dims as a stage can make them: a number, or (tensor, axis) of a tensor of that stage."""
-
-
-@dataclass(frozen=True)
-class Alias:
-    """A tensor a stage reads, received as another tensor of provably the same value."""
-
-    name: str
-    same_as: str
 
 
 @dataclass(frozen=True)
@@ -47,7 +39,7 @@ class StageSpec:
     link_bytes_in: int = 0
     worker: int | None = None
     """The worker that runs the stage in an interleaved split (:func:`make_interleaved_plan`), else None."""
-    aliases: tuple[Alias, ...] = ()
+    aliases: tuple[SameValue, ...] = ()
     """Tensors the stage remakes from an equal one with an ``Identity`` node: those it reads and
     receives as an equal tensor of ``inputs`` (an earlier stage sends each value once), and repeats of
     a value it emits, remade from that output."""
@@ -111,6 +103,18 @@ class NodeSplit:
     """Whether the parts' costs were timed (:mod:`onnxpipe.planning.nodesplit.costs`) or scaled by their
     share."""
 
+    def record(self) -> NodeSplitRecord:
+        """What the manifest keeps of the split (``plan.node_splits[]``): where the parts went and the
+        bound it passed; the parts' nodes are in the stage files."""
+        return NodeSplitRecord(
+            node=self.node,
+            kind=self.kind,
+            parts=self.parts,
+            stages=self.stages,
+            contiguous_bound_seconds=self.contiguous_bound_seconds,
+            contiguous_bottleneck_seconds=self.contiguous_bottleneck_seconds,
+        )
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -164,3 +168,28 @@ class Plan:
     def stage_of(self) -> dict[str, int]:
         """Node name -> stage index, for every compute node."""
         return {n: s.index for s in self.stages for n in s.node_names}
+
+    def summary(self, duplicated_param_bytes: int, more_notes: Sequence[str]) -> PlanSummary:
+        """The numbers the manifest keeps of the plan (its ``plan``), made here only: a field the two share
+        is copied in this one place.  ``duplicated_param_bytes`` and ``more_notes`` are the export's
+        (weights written more than once, what it found at the stage boundaries)."""
+        return PlanSummary(
+            objective=self.objective,
+            k=self.k,
+            bottleneck_seconds=self.bottleneck_seconds,
+            lower_bound_seconds=self.lower_bound_seconds,
+            ratio_to_lower_bound=self.ratio_to_lower_bound,
+            cost_source=self.cost_source,
+            threads=self.threads,
+            bandwidth_bytes_per_s=self.bandwidth_bytes_per_s,
+            profiled_input_shapes={n: tuple(int(d) for d in v) for n, v in self.input_shapes.items()},
+            notes=(*self.notes, *more_notes),
+            duplicated_param_bytes=duplicated_param_bytes,
+            workers=self.workers,
+            time_slack=self.time_slack,
+            reference_seconds=self.reference_seconds,
+            profiled_inputs=self.profiled_inputs,
+            node_splits=tuple(s.record() for s in self.node_splits),
+            link_model=self.link_model,
+            decoder=self.decoder,
+        )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from onnxpipe import partition as _partition
 from onnxpipe.core.errors import PartitionError
@@ -24,8 +24,9 @@ from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
+from onnxpipe.manifest.entries import DecoderRecord
 from onnxpipe.partition.interleave import InterleavedPartition, evaluate_interleaved, solve_interleaved
-from onnxpipe.planning.decoder import fine_allowed, layer_cut_items
+from onnxpipe.planning.decoder import LayerSequences, fine_allowed, layer_cut_items
 from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.decoder_plan import (
     decoder_notes,
@@ -34,10 +35,10 @@ from onnxpipe.planning.decoder_plan import (
     profile_phase,
 )
 from onnxpipe.planning.fused import keeping_fused_groups
-from onnxpipe.planning.request import DEFAULT_TIME_SLACK
+from onnxpipe.planning.request import DEFAULT_TIME_SLACK, PlanRequest
 from onnxpipe.planning.sequences import Sequences, first_reader_param_bytes, sequences
 from onnxpipe.planning.stages import plan_from, specs_from_bounds
-from onnxpipe.planning.types import Plan
+from onnxpipe.planning.types import Plan, StageSpec
 from onnxpipe.schedule.simulate import stream
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 
@@ -86,83 +87,157 @@ def make_plan(
     )
 
 
+INTERLEAVED_OBJECTIVE = (
+    "minimize the busiest worker's time (compute + transfer in of its stages); then, within "
+    "time_slack of it, the largest weight memory of a worker"
+)
+
+
 def make_interleaved_plan(
-    view: ModelView,
-    profile: Profile,
-    k: int,
-    workers: int,
-    *,
-    bandwidth_bytes_per_s: float = math.inf,
-    microbatches: int = DEFAULT_MICROBATCHES,
-    time_slack: float = DEFAULT_TIME_SLACK,
-    decoder: DecoderInfo | None = None,
-    decoder_options: DecoderOptions | None = None,
+    view: ModelView, profile: Profile, request: PlanRequest, decoder: DecoderInfo | None = None
 ) -> Plan:
-    """Partition ``view`` into ``k`` stages dealt out to ``workers`` identical workers in turn (stage ``s``
-    on worker ``s % workers``), exactly: the busiest worker as fast as possible, then, among splits at most
-    ``time_slack`` slower, the least weight memory on any worker (:mod:`onnxpipe.partition.interleave`).
+    """Partition ``view`` into ``request.stages`` stages dealt out to ``request.workers`` identical
+    workers in turn (stage ``s`` on worker ``s % workers``), exactly: the busiest worker as fast as
+    possible, then, among splits at most ``request.time_slack`` slower, the least weight memory on any
+    worker (:mod:`onnxpipe.partition.interleave`).
 
     For models whose weights are not spread like their time (CNNs hold most weights in their last
     layers), this gives every worker about ``1/workers`` of both.  Weights count once, at their first
     reader.  With ``decoder`` (a decoder LLM, layer cuts on) the stages start only between layers, as
-    ``decoder_options.ends`` allows, each holding its own layers' KV cache as state: the same exact
+    ``request.decoder.ends`` allows, each holding its own layers' KV cache as state: the same exact
     search over the coarser cut positions.
     """
     profile.check_matches(view)
-    name = view.label
+    k, workers = request.stages, request.workers
+    assert isinstance(k, int) and workers is not None  # the planner's interleaved request
     if workers < 1 or k % workers or k == workers:
         raise PartitionError(
-            f"{name}: {opt('workers', workers)} must divide {opt('stages', k)} into two or more stages per "
-            f"worker (for example {opt('stages', 2 * max(workers, 1))} {opt('workers', max(workers, 1))})"
+            f"{view.label}: {opt('workers', workers)} must divide {opt('stages', k)} into two or more stages "
+            f"per worker (for example {opt('stages', 2 * max(workers, 1))} {opt('workers', max(workers, 1))})"
         )
-    options = decoder_options or DecoderOptions()
+    time_slack = DEFAULT_TIME_SLACK if request.time_slack is None else request.time_slack
+    items = _Items.of(view, profile, decoder, request.decoder)
     notes: list[str] = []
-    if decoder is None:
-        seq = sequences(view, profile)
-        item_mem = first_reader_param_bytes(view)
-        costs, cuts, mems = list(seq.costs), list(seq.cut_bytes), item_mem
-    else:  # the layer groups as items: the same exact search over far fewer cut positions
+    try:
+        part = items.solve(k // workers, workers, request.bandwidth_bytes_per_s, time_slack, notes)
+    except PartitionError as e:
+        raise PartitionError(f"{view.label}: {e}") from e
+    dealt = _dealt_stages(view, profile, request, items, part, decoder)
+    notes.extend(dealt.notes)
+    notes.append(_contiguous_comparison(items.seq, items.item_mem, workers, request.bandwidth_bytes_per_s))
+    stages, part = dealt.stages, dealt.part
+    return Plan(
+        model_sha256=view.sha256,
+        stages=stages,
+        bottleneck_seconds=part.bottleneck,
+        lower_bound_seconds=min(part.lower_bound, part.bottleneck),
+        cost_source=profile.source,
+        threads=profile.threads,
+        bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
+        input_shapes=profile.input_shapes,
+        profiled_inputs=profile.inputs,
+        tensor_bytes=items.seq.sizes,
+        objective=INTERLEAVED_OBJECTIVE,
+        notes=tuple(notes),
+        timeline=stream(
+            [s.cost_seconds for s in stages], request.schedule.stream_microbatches, workers=part.workers
+        ),
+        workers=workers,
+        time_slack=time_slack,
+        decoder=dealt.decoder,
+    )
+
+
+@dataclass(frozen=True)
+class _Items:
+    """What the interleaved search runs over: the compute nodes, or a decoder's layer groups (the same
+    exact search over far fewer cut positions), with their costs, cut bytes and weight bytes."""
+
+    seq: Sequences
+    """The compute nodes (a decoder's in layer order), a stage allowed to start where ``seq.allowed`` says."""
+    item_mem: list[float]
+    """Weight bytes per compute node, each weight at its first reader."""
+    costs: list[float]
+    cuts: list[int]
+    mems: list[float]
+    """Weight bytes per item."""
+    layers: LayerSequences | None = None
+    """A decoder's layer groups, the items; None: the items are the compute nodes."""
+    coarse_ok: list[bool] | None = None
+    """Where a stage may start among the layer groups (``ends``)."""
+
+    @staticmethod
+    def of(view: ModelView, profile: Profile, decoder: DecoderInfo | None, options: DecoderOptions) -> _Items:
+        if decoder is None:
+            seq = sequences(view, profile)
+            item_mem = first_reader_param_bytes(view)
+            return _Items(seq, item_mem, list(seq.costs), list(seq.cut_bytes), item_mem)
         layers, coarse_ok = layer_cut_items(view, profile, decoder, options.ends, opt("workers"))
         seq = fine_allowed(layers, coarse_ok)
         item_mem = first_reader_param_bytes(view, seq.compute)
-        costs, cuts = layers.coarse_costs, layers.coarse_cut_bytes
         mems = [float(sum(item_mem[a:b])) for a, b in itertools.pairwise(layers.starts)]
+        return _Items(seq, item_mem, layers.coarse_costs, layers.coarse_cut_bytes, mems, layers, coarse_ok)
 
-    def solve(allowed: Sequence[bool] | None) -> InterleavedPartition:
-        return solve_interleaved(
-            costs,
-            workers,
-            k // workers,
-            item_mem=mems,
-            cut_bytes=cuts,
-            bandwidth=bandwidth_bytes_per_s,
-            allowed_cuts=allowed,
-            time_slack=time_slack,
-        )
+    def solve(
+        self, per_worker: int, workers: int, bandwidth_bytes_per_s: float, time_slack: float, notes: list[str]
+    ) -> InterleavedPartition:
+        """The exact interleaved split, its bounds over the compute nodes; fused groups kept whole while
+        that costs little (``notes`` says when not), a decoder cut between layer groups only."""
 
-    try:
-        if decoder is None:
-            part = keeping_fused_groups(solve, seq.allowed, notes)
-        else:
-            coarse = solve(coarse_ok)
-            part = replace(coarse, bounds=layers.fine_bounds(coarse.bounds))
-    except PartitionError as e:
-        raise PartitionError(f"{name}: {e}") from e
+        def solve(allowed: Sequence[bool] | None) -> InterleavedPartition:
+            return solve_interleaved(
+                self.costs,
+                workers,
+                per_worker,
+                item_mem=self.mems,
+                cut_bytes=self.cuts,
+                bandwidth=bandwidth_bytes_per_s,
+                allowed_cuts=allowed,
+                time_slack=time_slack,
+            )
+
+        if self.layers is None:
+            return keeping_fused_groups(solve, self.seq.allowed, notes)
+        coarse = solve(self.coarse_ok)
+        return replace(coarse, bounds=self.layers.fine_bounds(coarse.bounds))
+
+
+@dataclass(frozen=True)
+class _Dealt:
+    """The interleaved stages, each with its worker, the partition they cost, their notes and a
+    decoder's ``plan.decoder``."""
+
+    stages: tuple[StageSpec, ...]
+    part: InterleavedPartition
+    notes: tuple[str, ...]
+    decoder: DecoderRecord | None
+
+
+def _dealt_stages(
+    view: ModelView,
+    profile: Profile,
+    request: PlanRequest,
+    items: _Items,
+    part: InterleavedPartition,
+    decoder: DecoderInfo | None,
+) -> _Dealt:
+    """The stages of ``part``, dealt out to the workers: a decoder's with their KV layers and cache."""
+    options, workers = request.decoder, part.k  # an interleaved partition's k counts its workers
     summary, copied = None, None
     if decoder is None:
-        specs = specs_from_bounds(view, seq, part.bounds, part.compute, part.transfer)
+        specs = specs_from_bounds(view, items.seq, part.bounds, part.compute, part.transfer)
     else:
         specs, part, copied = interleaved_decoder_stages(
-            view, decoder, seq, part, options, profile, bandwidth_bytes_per_s
+            view, decoder, items.seq, part, options, profile, request.bandwidth_bytes_per_s
         )
         summary = decoder_summary(view, profile, decoder, options, profile_phase(profile, decoder))
     stages = tuple(replace(st, worker=part.workers[st.index]) for st in specs)
     mem = ", ".join(f"{m / 2**20:.1f}" for m in part.worker_memory)
     slower = part.bottleneck / part.fastest - 1 if part.fastest > 0 else 0.0  # all-zero costs: all tie
-    notes.append(
-        f"{k} stages interleaved on {workers} workers (stage s on worker s % {workers}); weights per worker "
-        f"{mem} MiB; busiest worker {slower:.2%} slower than the fastest split"
-    )
+    notes = [
+        f"{len(stages)} stages interleaved on {workers} workers (stage s on worker s % {workers}); weights "
+        f"per worker {mem} MiB; busiest worker {slower:.2%} slower than the fastest split"
+    ]
     if decoder is not None:
         kv = ", ".join(
             f"{sum(st.kv_cache_bytes for st in stages if st.worker == w) / 2**20:.1f}" for w in range(workers)
@@ -174,29 +249,7 @@ def make_interleaved_plan(
         )
         if copied:
             notes.append(copied)
-    notes.append(_contiguous_comparison(seq, item_mem, workers, bandwidth_bytes_per_s))
-    timeline = stream([s.cost_seconds for s in stages], microbatches, workers=part.workers)
-    return Plan(
-        model_sha256=view.sha256,
-        stages=stages,
-        bottleneck_seconds=part.bottleneck,
-        lower_bound_seconds=min(part.lower_bound, part.bottleneck),
-        cost_source=profile.source,
-        threads=profile.threads,
-        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
-        input_shapes=profile.input_shapes,
-        profiled_inputs=profile.inputs,
-        tensor_bytes=seq.sizes,
-        objective=(
-            "minimize the busiest worker's time (compute + transfer in of its stages); then, within "
-            "time_slack of it, the largest weight memory of a worker"
-        ),
-        notes=tuple(notes),
-        timeline=timeline,
-        workers=workers,
-        time_slack=time_slack,
-        decoder=summary,
-    )
+    return _Dealt(stages, part, tuple(notes), summary)
 
 
 def _contiguous_comparison(

@@ -21,8 +21,7 @@ from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samevalue import CONTENT_LIMIT, value_classes
 from onnxpipe.manifest import MANIFEST_NAME, SameValue, load_manifest
 from onnxpipe.planning.sequences import sequences
-from onnxpipe.planning.stages import assign_stages
-from onnxpipe.planning.types import Alias
+from onnxpipe.planning.stages import StageOptions, assign_stages
 from onnxpipe.planning.workers import make_plan
 from onnxpipe.verification.chain import StageChain
 
@@ -148,16 +147,17 @@ def test_a_stage_receives_each_value_once_and_remakes_the_repeats() -> None:
     s0, s1 = assign_stages(view, bounds, sizes, [1.0, 1.0], [0.0, 0.0])
     # stage 1 receives layer 0's mask, the first of its value in stage 0, and remakes layer 2's from it
     assert "mask0" in s1.inputs and "mask2" not in s1.inputs
-    assert s1.aliases == (Alias("mask2", "mask0"),)
+    assert s1.aliases == (SameValue("mask2", "mask0"),)
     assert "where3" in s1.node_names and not s1.skipped_nodes  # made in stage 1 itself: stays
     # stage 0 sends mask0 and remakes layer 1's mask from it; its repeats' nodes are left out
     assert "mask0" in s0.outputs and "mask2" not in s0.outputs
-    assert s0.aliases == (Alias("mask1", "mask0"),)
+    assert s0.aliases == (SameValue("mask1", "mask0"),)
     assert s0.skipped_nodes == ("where1", "where2")
     assert s0.file_node_names == tuple(n for n in s0.node_names if n not in ("where1", "where2"))
     assert s1.bytes_in == sum(sizes[t] for t in s1.inputs)
     # without sharing, every mask crosses and every Where stays
-    plain0, plain1 = assign_stages(view, bounds, sizes, [1.0, 1.0], [0.0, 0.0], share_equal_values=False)
+    unshared = StageOptions(share_equal_values=False)
+    plain0, plain1 = assign_stages(view, bounds, sizes, [1.0, 1.0], [0.0, 0.0], unshared)
     assert "mask2" in plain1.inputs and "mask0" not in plain1.inputs
     assert not plain0.aliases and not plain1.aliases and not plain0.skipped_nodes
 
@@ -249,11 +249,11 @@ def test_a_value_made_in_two_earlier_stages_crosses_once(tmp_path: Path) -> None
     sizes = {name: t.nbytes() for name, t in view.tensors.items()}
     s0, s1, s2 = assign_stages(view, bounds, sizes, [1.0] * 3, [0.0] * 3)
     # stage 2 receives the mask once, as the latest earlier stage made it, and remakes mask_a from it
-    assert set(s2.inputs) == {"h1", "mask_b"} and s2.aliases == (Alias("mask_a", "mask_b"),)
+    assert set(s2.inputs) == {"h1", "mask_b"} and s2.aliases == (SameValue("mask_a", "mask_b"),)
     # so stage 0 need not send mask_a, and its Where is left out
     assert set(s0.outputs) == {"keep", "mm0"} and s0.skipped_nodes == ("where_a",)
     assert set(s1.inputs) == {"keep", "mm0"} and "mask_b" in s1.outputs
-    plain = assign_stages(view, bounds, sizes, [1.0] * 3, [0.0] * 3, share_equal_values=False)
+    plain = assign_stages(view, bounds, sizes, [1.0] * 3, [0.0] * 3, StageOptions(share_equal_values=False))
     assert set(plain[2].inputs) == {"h1", "mask_a", "mask_b"}
     manifest = export_stages(view, plan_for(view, bounds), tmp_path / "out")
     assert manifest.stages[2].same_values == (SameValue("mask_a", "mask_b"),)
@@ -296,7 +296,7 @@ def test_a_stage_whose_only_work_a_later_equal_value_replaces_still_loads(tmp_pa
     specs = assign_stages(view, bounds, sizes, [1.0] * 4, [0.0] * 4)
     assert specs[1].node_names == ("where_a",) and not specs[1].skipped_nodes
     assert specs[1].outputs == () and specs[1].inputs == ("keep",)
-    assert specs[3].aliases == (Alias("mask_a", "mask_b"),)
+    assert specs[3].aliases == (SameValue("mask_a", "mask_b"),)
     export_stages(view, plan_for(view, bounds), tmp_path / "out")
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     with StageChain.from_manifest(tmp_path / "out") as chain:

@@ -14,6 +14,7 @@ from onnxpipe.cli import main
 from onnxpipe.cluster.model import Device
 from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.kv import KVPair
 from onnxpipe.export.genai import (
     DEFAULT_SEARCH,
     ConfigDims,
@@ -34,9 +35,8 @@ from onnxpipe.export.genai import (
     session_options_of,
     tensor_names,
 )
-from onnxpipe.ir.decoder import KVPair, find_decoder
+from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.load import load_model
-from onnxpipe.manifest import KVRecord
 
 DECODERS = SAMPLE_MODELS / "decoders"
 
@@ -148,7 +148,7 @@ def test_cache_names_as_layer_templates(names: list[str], template: str | None) 
 
 
 def test_names_genai_cannot_express_are_unsupported() -> None:
-    joint = [KVRecord(i, f"past.{i}", None, f"present.{i}", None) for i in range(2)]
+    joint = [KVPair(i, f"past.{i}", None, f"present.{i}", None) for i in range(2)]
     found = tensor_names("input_ids", "attention_mask", None, "logits", joint)
     assert isinstance(found, Unsupported) and "one cache tensor" in found.reason
     assert isinstance(tensor_names("input_ids", None, None, None, []), Unsupported)

@@ -10,7 +10,7 @@ import pytest
 
 from onnxpipe.cli.argtypes import token_ids
 from onnxpipe.core.errors import UsageError
-from onnxpipe.manifest import DecoderIORecord, KVRecord
+from onnxpipe.manifest import DecoderIORecord, KVPair
 from onnxpipe.runtime.generate import StepFeeds, generate, next_token
 from onnxpipe.runtime.kvstate import CONTROL, CacheSlot, Control, KVState, StepFlags
 from onnxpipe.runtime.options import GenerateOptions
@@ -20,7 +20,7 @@ IO = DecoderIORecord(
     "attention_mask",
     "position_ids",
     "logits",
-    (KVRecord(0, "past.0.key", "past.0.value", "present.0.key", "present.0.value"),),
+    (KVPair(0, "past.0.key", "past.0.value", "present.0.key", "present.0.value"),),
 )
 TYPES = {"input_ids": "int64", "attention_mask": "int64", "position_ids": "int64", CONTROL: "int64"}
 

@@ -18,7 +18,7 @@ from onnxpipe.manifest import (
     SCHEMA_VERSION,
     DecoderIORecord,
     DecoderRecord,
-    KVRecord,
+    KVPair,
     Manifest,
     ModelOutput,
     ModelTensor,
@@ -622,8 +622,8 @@ def test_decoder_io_round_trips_and_is_checked() -> None:
         None,
         "logits",
         (
-            KVRecord(0, "past.0.key", "past.0.value", "present.0.key", "present.0.value"),
-            KVRecord(1, "past.1", None, "present.1", None),
+            KVPair(0, "past.0.key", "past.0.value", "present.0.key", "present.0.value"),
+            KVPair(1, "past.1", None, "present.1", None),
         ),
     )
     record = DecoderRecord(2, True, "free", 2048, "decode", (("decode", 1, 255),), io)
