@@ -99,14 +99,8 @@ def split(
     the_plan = note_retries(the_plan, prof)
     say.step(f"exporting {the_plan.k} stages")
     samples = prof.samples
-    manifest = write_stages(
-        view,
-        the_plan,
-        out_dir,
-        opts.export,
-        feeds=samples.first if samples is not None else None,
-        genai_source=genai,
-    )
+    first = samples.first if samples is not None else None
+    manifest = write_stages(view, the_plan, out_dir, opts.export, feeds=first, genai_source=genai)
     result = SplitResult(plan=the_plan, manifest=manifest, out_dir=out_dir, report=None)
     if not opts.verify:
         return result  # the manifest says unverified until a result is recorded (Ctrl-C leaves it so)
@@ -118,15 +112,20 @@ def split(
         rtol=opts.rtol,
         atol=opts.atol,
     )
-    report = verify_folder(out_dir, checks)
+    return _verified(result, checks)
+
+
+def _verified(result: SplitResult, checks: VerifyOptions) -> SplitResult:
+    """``result`` with its folder verified as ``checks`` say and the outcome recorded in its manifest."""
+    report = verify_folder(result.out_dir, checks)
     try:
-        record_verification(out_dir, report)
+        record_verification(result.out_dir, report)
     except OSError as e:
         raise ExportError(
-            f"{out_dir}: the verification's result cannot be written into its manifest ({e}); "
+            f"{result.out_dir}: the verification's result cannot be written into its manifest ({e}); "
             "verify the folder again once it can be written"
         ) from e
-    recorded = dataclasses.replace(manifest, verification=verification_record(report))
+    recorded = dataclasses.replace(result.manifest, verification=verification_record(report))
     return dataclasses.replace(result, manifest=recorded, report=report)
 
 

@@ -5,26 +5,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Protocol
 
+from onnxpipe.core.kv import KVPair
 from onnxpipe.export.genai.config import GraphDims, TensorNames, Unsupported
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
-
-
-class _KV(Protocol):
-    """One layer's cache names: :class:`onnxpipe.ir.decoder.KVPair` and the manifest's ``KVRecord``."""
-
-    @property
-    def layer(self) -> int: ...
-    @property
-    def past_key(self) -> str: ...
-    @property
-    def past_value(self) -> str | None: ...
-    @property
-    def present_key(self) -> str: ...
-    @property
-    def present_value(self) -> str | None: ...
 
 
 def logits_output(view: ModelView, dec: DecoderInfo) -> str | None:
@@ -39,7 +24,7 @@ def logits_output(view: ModelView, dec: DecoderInfo) -> str | None:
 
 
 def tensor_names(
-    ids: str, mask: str | None, positions: str | None, logits: str | None, kv: Sequence[_KV]
+    ids: str, mask: str | None, positions: str | None, logits: str | None, kv: Sequence[KVPair]
 ) -> TensorNames | Unsupported:
     """The managed tensors' names, the cache's as ``%d`` templates; :class:`Unsupported` when GenAI's
     naming cannot express them (key and value in one tensor, names that follow no template)."""
