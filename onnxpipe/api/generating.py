@@ -3,56 +3,93 @@ same prompts through the unsplit model and K replicas of it, side by side."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from onnxpipe.api.results import GenerateResult
-from onnxpipe.core.errors import UsageError
 from onnxpipe.core.events import SILENT, Listener
-from onnxpipe.core.options import opt
 from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.generate import Generation
 from onnxpipe.runtime.options import GenerateOptions
 from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.prompting import Prompting
+from onnxpipe.runtime.text import TextStreams
 
 
 def generate(
-    folder: str | Path, options: GenerateOptions, *, listener: Listener | None = None
+    folder: str | Path,
+    options: GenerateOptions,
+    *,
+    listener: Listener | None = None,
+    on_text: Callable[[int, str], None] | None = None,
 ) -> GenerateResult:
-    """The new tokens of each of ``options.prompt_ids`` through the split in ``folder``; with
-    ``options.compare`` also through the unsplit model (one worker, its whole cache) and as many replicas
-    of it as the split has workers, whose tokens must be the same (:attr:`GenerateResult.same`)."""
+    """The new tokens of each prompt of ``options`` (token ids, or text through the model's tokenizer)
+    through the split in ``folder``; with ``options.compare`` also through the unsplit model (one worker,
+    its whole cache) and as many replicas of it as the split has workers, whose tokens must be the same
+    (:attr:`GenerateResult.same`).  ``on_text`` is told the pipeline's text as it is made (sequence
+    index, new text), when the prompts were text.
+
+    Everything that can be refused is refused before any worker starts: the options, the tokenizer and
+    its chat template, the prompts."""
     say = listener or SILENT
     options.check()
-    if not options.prompt_ids:
-        raise UsageError(f"{opt('prompt_ids')}: give at least one prompt's token ids")
     config = LocalConfig(mode=options.local_mode)
     pipe = Pipeline.from_manifest(folder, config, threads=options.threads, generation=True)
-    k = len(pipe.lanes[0])
-    plan = pipe.manifest.plan if pipe.manifest is not None else None
-    workers = (plan.workers if plan is not None else None) or k  # interleaved: fewer workers than stages
-    say.step(f"generating {len(options.prompt_ids)} sequence(s) through {k} stage(s) ({config.mode})")
-    runs: dict[str, Generation] = {"pipeline": _through(pipe, options)}
+    with pipe:
+        prompting = pipe.prompting(options)
+        _say_prompts(say, prompting)
+        k = len(pipe.lanes[0])
+        plan = pipe.manifest.plan if pipe.manifest is not None else None
+        workers = (plan.workers if plan is not None else None) or k  # interleaved: fewer workers than stages
+        count = len(prompting.options.prompt_ids)
+        say.step(f"generating {count} sequence(s) through {k} stage(s) ({config.mode})")
+        streams = (
+            None if on_text is None or prompting.codec is None else TextStreams(prompting.codec, on_text)
+        )
+        runs: dict[str, Generation] = {"pipeline": pipe.generate_with(prompting, streams)}
+        if streams is not None:
+            streams.close()
     if options.compare:
-        say.step("generating with the unsplit model (one worker, its whole cache)")
-        one = Pipeline.generating_replicas(folder, 1, config, threads=options.threads, model=options.model)
-        runs["unsplit"] = _through(one, options)
-        if workers > 1:
-            say.step(f"generating with {workers} replicas of the unsplit model")
-            many = Pipeline.generating_replicas(
-                folder, workers, config, threads=options.threads, model=options.model
-            )
-            runs["replicas"] = _through(many, options)
+        runs.update(_baselines(folder, prompting, workers, say))
     return GenerateResult(
-        prompts=options.prompt_ids, runs=runs, sampling=options.sampling, stages=k, workers=workers
+        prompts=prompting.options.prompt_ids,
+        runs=runs,
+        sampling=options.sampling,
+        stages=k,
+        workers=workers,
+        texts=runs["pipeline"].texts,
     )
 
 
-def _through(pipe: Pipeline, options: GenerateOptions) -> Generation:
-    with pipe:
-        return pipe.generate(
-            options.prompt_ids,
-            options.max_new_tokens,
-            eos_token_ids=options.eos_token_ids,
-            in_flight=options.in_flight,
-            sampling=options.sampling,
+def _say_prompts(say: Listener, prompting: Prompting) -> None:
+    """The lines before the work: each prompt's token count, and where generation stops."""
+    settled = prompting.options
+    sizes = ", ".join(str(len(p)) for p in settled.prompt_ids)
+    say.line(f"prompts: {len(settled.prompt_ids)}, of {sizes} token(s)")
+    eos = settled.eos_token_ids or ()
+    if eos:
+        source = f" (from {prompting.eos_from})" if prompting.eos_from else ""
+        ids = ", ".join(map(str, eos))
+        say.line(f"stops at end id(s) {ids}{source}, else after {settled.max_new_tokens} new tokens")
+    else:
+        say.line(f"stops after {settled.max_new_tokens} new tokens (no end id: none given or found)")
+
+
+def _baselines(
+    folder: str | Path, prompting: Prompting, workers: int, say: Listener
+) -> dict[str, Generation]:
+    """The unsplit model (one worker) and ``workers`` replicas of it, given the same prompts."""
+    options = prompting.options
+    config = LocalConfig(mode=options.local_mode)
+    say.step("generating with the unsplit model (one worker, its whole cache)")
+    one = Pipeline.generating_replicas(folder, 1, config, threads=options.threads, model=options.model)
+    with one:
+        runs = {"unsplit": one.generate_with(prompting)}
+    if workers > 1:
+        say.step(f"generating with {workers} replicas of the unsplit model")
+        many = Pipeline.generating_replicas(
+            folder, workers, config, threads=options.threads, model=options.model
         )
+        with many:
+            runs["replicas"] = many.generate_with(prompting)
+    return runs

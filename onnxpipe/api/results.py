@@ -105,6 +105,8 @@ class GenerateResult:
     sampling: Sampling | None
     stages: int
     workers: int
+    texts: tuple[str, ...] | None = None
+    """The pipeline's new tokens of each prompt as text, when the prompts were text."""
 
     @property
     def tokens(self) -> tuple[tuple[int, ...], ...]:
@@ -129,7 +131,10 @@ class GenerateResult:
             for name, g in self.runs.items()
         }
         sequences = [list(t) for t in self.tokens]
-        return document("generate", sequences=sequences, runs=runs, same=self.same, sampling=drawn)
+        texts = None if self.texts is None else list(self.texts)
+        return document(
+            "generate", sequences=sequences, texts=texts, runs=runs, same=self.same, sampling=drawn
+        )
 
 
 def plan_obj(plan: Plan, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -142,7 +142,7 @@ class Table:
                 else:
                     default = f.from_field(default) if f.from_field else default
                     appended = settings.get("action") == "append"
-                    settings["default"] = list(default) if appended else default
+                    settings["default"] = list(default) if appended and default is not None else default
             where.add_argument(*f.names, dest=f.dest, help=f.help, **settings)
 
     def values(self, args: argparse.Namespace) -> dict[str, Any]:
@@ -152,7 +152,7 @@ class Table:
             if f.field is None:
                 continue
             value = getattr(args, f.dest)
-            out[f.field] = f.to_field(value) if f.to_field else value
+            out[f.field] = f.to_field(value) if f.to_field and value is not None else value
         return out
 
     def options(self, args: argparse.Namespace) -> Any:

@@ -19,14 +19,45 @@ TABLE = Table(
     GenerateOptions,
     [
         flag(
+            "--prompt",
+            field="prompts",
+            action="append",
+            default=[],
+            metavar="TEXT",
+            to_field=tuple,
+            help="a prompt as text, encoded by the model's tokenizer; its answer is printed as text as it is "
+            "made (repeat the option for several sequences in flight)",
+        ),
+        flag(
             "--prompt-ids",
             field="prompt_ids",
             type=token_ids,
             action="append",
-            required=True,
+            default=[],
             metavar="IDS",
             to_field=tuple,
-            help="a prompt's token ids, comma-separated (repeat the option for several sequences in flight)",
+            help="a prompt's token ids, comma-separated (repeatable), instead of --prompt",
+        ),
+        flag(
+            "--chat",
+            field="chat",
+            action="store_true",
+            help="wrap each --prompt in the model's chat template as a user's message, the assistant's turn "
+            "opened",
+        ),
+        flag(
+            "--system",
+            field="system",
+            metavar="TEXT",
+            help="with --chat: a system message before each prompt",
+        ),
+        flag(
+            "--tokenizer",
+            field="tokenizer",
+            type=Path,
+            metavar="DIR",
+            help="the folder of the model's tokenizer files (tokenizer.json, tokenizer_config.json; default: "
+            "the split's folder, else the source model's)",
         ),
         flag(
             "--max-new-tokens",
@@ -40,10 +71,16 @@ TABLE = Table(
             field="eos_token_ids",
             type=count,
             action="append",
-            default=[],
             metavar="ID",
             to_field=tuple,
-            help="stop a sequence at this token (repeatable; default: none, every sequence makes N tokens)",
+            help="stop a sequence at this token (repeatable; default: the model's end ids, from the GenAI "
+            "config its builder wrote, else its Hugging Face configs or tokenizer)",
+        ),
+        flag(
+            "--ignore-eos",
+            field="ignore_eos",
+            action="store_true",
+            help="make every sequence --max-new-tokens long, whatever tokens come",
         ),
         flag(
             "--in-flight",

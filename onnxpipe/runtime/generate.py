@@ -34,6 +34,8 @@ from onnxpipe.runtime.sampling import draw, generator, last_logits
 Tensors = dict[str, np.ndarray]
 Submit = Callable[[Tensors, int], "Future[Tensors]"]
 """Queue one step's feeds in a lane; the future's result holds the logits."""
+OnToken = Callable[[int, int], None]
+"""Told each new token as it is made: (the prompt's index, the token)."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class Generation:
     """Steps run (prefill steps included)."""
     first_token_seconds: tuple[float, ...] = ()
     """Per prompt: from the start to its first new token (its prefill's latency under load)."""
+    texts: tuple[str, ...] | None = None
+    """Per prompt: its new tokens as text, when it was generated with a tokenizer."""
 
     @property
     def new_tokens(self) -> int:
@@ -119,6 +123,19 @@ def next_token(
     return draw(sampling, last, rng)
 
 
+def _sequences(options: GenerateOptions, lanes: int, first_ident: int) -> list[_Sequence]:
+    """A sequence per prompt, spread over the lanes in turn, each with its own draws when sampling."""
+    options.check()
+    for i, p in enumerate(options.prompt_ids):
+        if len(p) == 0:
+            raise UsageError(f"prompt {i} makes no token: give some text, or at least one token id")
+    sampling = options.sampling
+    return [
+        _Sequence(i, first_ident + i, i % lanes, p, rng=None if sampling is None else generator(sampling, i))
+        for i, p in enumerate(options.prompt_ids)
+    ]
+
+
 def generate(
     submit: Submit,
     lanes: int,
@@ -126,29 +143,17 @@ def generate(
     options: GenerateOptions,
     *,
     first_ident: int = 0,
+    on_token: OnToken | None = None,
 ) -> Generation:
     """New tokens for each of ``options.prompt_ids`` through a pipeline's ``submit``, sequences spread
-    over ``lanes``; ``first_ident``: the first sequence id (ids must not repeat while caches are held)."""
-    options.check()
-    prompts = options.prompt_ids
-    if not prompts:
-        raise UsageError("give at least one prompt")
-    for i, p in enumerate(prompts):
-        if len(p) == 0:
-            raise UsageError(f"prompt {i} is empty: give at least one token id")
+    over ``lanes``; ``first_ident``: the first sequence id (ids must not repeat while caches are held);
+    ``on_token`` is told each token as it comes.  ``options.eos_token_ids`` are the ids to stop at, as
+    given (the model's are found by :func:`onnxpipe.runtime.prompting.settle`)."""
     logits_name = step_feeds.io.logits_output
     assert logits_name is not None
     sampling = options.sampling
-    seqs = [
-        _Sequence(
-            i,
-            first_ident + i,
-            i % lanes,
-            tuple(int(t) for t in p),
-            rng=generator(sampling, i) if sampling is not None else None,
-        )
-        for i, p in enumerate(prompts)
-    ]
+    stops = frozenset(options.eos_token_ids or ())
+    seqs = _sequences(options, lanes, first_ident)
     limit = options.in_flight or len(seqs)
     waiting = list(reversed(seqs))
     running: dict[Future[Tensors], _Sequence] = {}
@@ -176,11 +181,13 @@ def generate(
             s = running.pop(fut)
             token = next_token(fut.result()[logits_name], sampling, s.rng)
             s.new.append(token)
+            if on_token is not None:
+                on_token(s.index, token)
             if s.first_token_at is None:
                 s.first_token_at = time.perf_counter() - start
             if len(s.new) >= options.max_new_tokens:
                 s.done = True
-            elif token in options.eos_token_ids:
+            elif token in stops:
                 s.done = True
                 drop = Control(s.ident, StepFlags.DROP, s.cached, 1)
                 drops.append(submit(step_feeds.feeds([token], s.cached, drop), s.lane))

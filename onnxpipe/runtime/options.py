@@ -139,18 +139,27 @@ class Sampling:
 class GenerateOptions:
     """What :func:`onnxpipe.generate` generates, and where.
 
-    ``prompt_ids``: each prompt's token ids (several sequences in flight); at most ``max_new_tokens``
-    new tokens each, fewer when one of ``eos_token_ids`` comes; ``in_flight``: sequences in the pipeline
-    at once (default: every prompt).  Each token is the highest logit (greedy) unless ``do_sample``:
-    then it is drawn as ``temperature``, ``top_k``, ``top_p`` and ``seed`` say (:class:`Sampling`'s
-    defaults where not given).  Workers: ``local_mode`` with ``threads`` each (default: the split's
-    devices', else the plan's).  ``compare`` also generates with the unsplit model (``model``, default:
+    ``prompt_ids``: each prompt's token ids (several sequences in flight), or ``prompts``: each as text,
+    encoded by the model's tokenizer (``tokenizer``: its folder, default the split's, else the source
+    model's), with ``chat`` wrapped in its chat template as a user's message (after ``system``'s).  At
+    most ``max_new_tokens`` new tokens each, fewer when an end-of-sequence id comes: ``eos_token_ids``,
+    default the model's (the GenAI config its builder wrote, else its Hugging Face configs or tokenizer),
+    none with ``ignore_eos``.  ``in_flight``: sequences in the pipeline at once (default: every prompt).
+    Each token is the highest logit (greedy) unless ``do_sample``: then it is drawn as ``temperature``,
+    ``top_k``, ``top_p`` and ``seed`` say (:class:`Sampling`'s defaults where not given).  Workers:
+    ``local_mode`` with ``threads`` each (default: the split's devices', else the plan's).  ``compare``
+    also generates with the unsplit model (``model``, default:
     the manifest's) and K replicas of it: the tokens must be the same.
     """
 
     prompt_ids: tuple[tuple[int, ...], ...] = ()
+    prompts: tuple[str, ...] = ()
+    chat: bool = False
+    system: str | None = None
+    tokenizer: Path | None = None
     max_new_tokens: int = 32
-    eos_token_ids: tuple[int, ...] = ()
+    eos_token_ids: tuple[int, ...] | None = None
+    ignore_eos: bool = False
     in_flight: int | None = None
     do_sample: bool = False
     temperature: float | None = None
@@ -164,7 +173,11 @@ class GenerateOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", tuple(tuple(int(t) for t in p) for p in self.prompt_ids))
-        object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
+        object.__setattr__(self, "prompts", tuple(str(p) for p in self.prompts))
+        if self.eos_token_ids is not None:
+            object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
+        if self.tokenizer is not None:
+            object.__setattr__(self, "tokenizer", Path(self.tokenizer))
         object.__setattr__(self, "local_mode", choice(LocalMode, self.local_mode, "local_mode"))
         if self.model is not None:
             object.__setattr__(self, "model", Path(self.model))
@@ -201,8 +214,9 @@ class GenerateOptions:
             raise UsageError(f"{opt('max_new_tokens', self.max_new_tokens)}: give 1 or more")
         if self.in_flight is not None and self.in_flight < 1:
             raise UsageError(f"{opt('in_flight', self.in_flight)}: give 1 or more sequences")
-        if any(t < 0 for p in self.prompt_ids for t in p) or any(t < 0 for t in self.eos_token_ids):
+        if any(t < 0 for p in self.prompt_ids for t in p) or any(t < 0 for t in self.eos_token_ids or ()):
             raise UsageError(f"{opt('prompt_ids')}: token ids are 0 or more")
+        self._check_text()
         if not self.do_sample:
             knobs = ("temperature", "top_k", "top_p", "seed")
             given = [name for name in knobs if getattr(self, name) is not None]
@@ -212,3 +226,27 @@ class GenerateOptions:
                     "greedy tokens"
                 )
         self.sampling  # noqa: B018 (a bad temperature, top-k or top-p is refused here)
+
+    def _check_text(self) -> None:
+        if not self.prompts and not self.prompt_ids:
+            raise UsageError(
+                f"give at least one prompt, as text ({opt('prompts')}) or as {opt('prompt_ids')}"
+            )
+        if self.prompts and self.prompt_ids:
+            raise UsageError(
+                f"{opt('prompts')} and {opt('prompt_ids')}: give the prompts as text or as token ids, not "
+                "both"
+            )
+        if self.chat and not self.prompts:
+            raise UsageError(f"{opt('chat', True)} wraps text prompts: give them as {opt('prompts')}")
+        if self.system is not None and not self.chat:
+            raise UsageError(f"{opt('system')} is the chat's first message: add {opt('chat', True)}")
+        if self.ignore_eos and self.eos_token_ids is not None:
+            raise UsageError(
+                f"{opt('ignore_eos', True)} and {opt('eos_token_ids')}: stop at the ids given, or at none"
+            )
+
+    @property
+    def given_prompts(self) -> int:
+        """How many prompts were given, as text or as ids."""
+        return len(self.prompts) or len(self.prompt_ids)

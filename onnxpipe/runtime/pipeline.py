@@ -25,6 +25,7 @@ Process workers are started with ``spawn``: a script that opens a pipeline must 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import weakref
 from collections import deque
@@ -45,10 +46,11 @@ from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.backends.threads import ThreadBackend
 from onnxpipe.runtime.base import Backend, BackendConfig, LocalConfig, RayConfig, Tensors
 from onnxpipe.runtime.driver import CLOSE_TIMEOUT_S, CLOSED, Driver, Job
-from onnxpipe.runtime.generate import Generation, StepFeeds
+from onnxpipe.runtime.generate import Generation, OnToken, StepFeeds
 from onnxpipe.runtime.generate import generate as generate_tokens
 from onnxpipe.runtime.kvstate import CONTROL
 from onnxpipe.runtime.options import GenerateOptions, Sampling
+from onnxpipe.runtime.prompting import Prompting, settle
 from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import (
     Placement,
@@ -217,37 +219,56 @@ class Pipeline:
 
     def generate(
         self,
-        prompts: Sequence[Sequence[int]],
+        prompts: Sequence[Sequence[int] | str],
         max_new_tokens: int = 32,
         *,
-        eos_token_ids: Sequence[int] = (),
+        eos_token_ids: Sequence[int] | None = None,
         in_flight: int | None = None,
         sampling: Sampling | None = None,
+        on_token: OnToken | None = None,
     ) -> Generation:
-        """New tokens for each prompt (token ids), at most ``max_new_tokens`` each, fewer when one of
-        ``eos_token_ids`` comes; ``in_flight``: sequences in the pipeline at once (default: all); each
-        token the highest logit, or drawn as ``sampling`` says (:mod:`onnxpipe.runtime.sampling`).
+        """New tokens for each prompt (token ids, or text: encoded by the model's tokenizer, and its new
+        tokens decoded into :attr:`Generation.texts`), at most ``max_new_tokens`` each, fewer when an end
+        id comes (``eos_token_ids``, default the model's; ``()`` for none); ``in_flight``: sequences in
+        the pipeline at once (default: all); each token the highest logit, or drawn as ``sampling`` says
+        (:mod:`onnxpipe.runtime.sampling`); ``on_token`` is told each token as it comes.
 
         The pipeline must have been opened for generation (``from_manifest(..., generation=True)`` or
         :meth:`generating_replicas`).  Sequences run concurrently, one step each in the pipeline at a
         time, so that ``K`` stages are busy with ``K`` sequences (:mod:`onnxpipe.runtime.generate`).
+        :meth:`generate_with` takes every option (chat templates, a tokenizer elsewhere).
         """
+        texts = [p for p in prompts if isinstance(p, str)]
+        if texts and len(texts) != len(prompts):
+            raise UsageError("give every prompt as text, or every prompt as token ids")
+        options = GenerateOptions(
+            prompt_ids=tuple(tuple(p) for p in prompts if not isinstance(p, str)),
+            prompts=tuple(texts),
+            max_new_tokens=max_new_tokens,
+            eos_token_ids=None if eos_token_ids is None else tuple(eos_token_ids),
+            in_flight=in_flight,
+            **GenerateOptions.drawn(sampling),
+        )
+        return self.generate_with(self.prompting(options), on_token)
+
+    def prompting(self, options: GenerateOptions) -> Prompting:
+        """``options`` settled for this pipeline's model: prompts as ids, its tokenizer, its end ids."""
+        if self.directory is None or self.manifest is None:
+            raise UsageError("only a pipeline opened from a split folder knows its model's tokenizer")
+        return settle(self.directory, self.manifest, options)
+
+    def generate_with(self, prompting: Prompting, on_token: OnToken | None = None) -> Generation:
+        """:meth:`generate` for prompts settled by :meth:`prompting`."""
         io = self.generation_io
         if io is None:
             raise UsageError(
                 "this pipeline was not opened for generation; open it with "
                 "Pipeline.from_manifest(directory, generation=True)"
             )
-        options = GenerateOptions(
-            prompt_ids=tuple(tuple(p) for p in prompts),
-            max_new_tokens=max_new_tokens,
-            eos_token_ids=tuple(eos_token_ids),
-            in_flight=in_flight,
-            **GenerateOptions.drawn(sampling),
-        )
+        options = prompting.options
         feeds = StepFeeds(io, self.input_types)
         first = self._next_sequence
-        self._next_sequence += len(prompts)
+        self._next_sequence += len(options.prompt_ids)
         result: Generation = self._interruptible(
             lambda: generate_tokens(
                 lambda f, lane: self._submit_to(f, lane),
@@ -255,9 +276,13 @@ class Pipeline:
                 feeds,
                 options,
                 first_ident=first,
+                on_token=on_token,
             )
         )
-        return result
+        codec = prompting.codec
+        if codec is None:
+            return result
+        return dataclasses.replace(result, texts=tuple(codec.decode(t) for t in result.tokens))
 
     def _submit_to(self, feeds: Mapping[str, np.ndarray], lane: int) -> Job:
         return self._driver.submit(self._check_feeds(feeds), lane)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from onnxpipe import api
 from onnxpipe.cli.generate import TABLE
@@ -12,17 +13,28 @@ from onnxpipe.cli.say import Say
 def run(args: argparse.Namespace) -> int:
     say = Say("generate", json_output=args.json)
     options = TABLE.options(args)
-    result = api.generate(args.dir, options, listener=say)
+    streamed = not args.json and len(options.prompts) == 1
+    result = api.generate(args.dir, options, listener=say, on_text=_stream if streamed else None)
+    if streamed:
+        print(flush=True)
     if args.json:
         print(result.to_json())
     else:
-        _print(result, options.compare)
+        _print(result, options.compare, streamed=streamed)
     say.done("generated")
     return 0 if result.same else 1
 
 
-def _print(result: api.GenerateResult, compared: bool) -> None:
+def _stream(index: int, text: str) -> None:
+    """One sequence's answer, printed as it is made."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _print(result: api.GenerateResult, compared: bool, *, streamed: bool) -> None:
     for i, (prompt, tokens) in enumerate(zip(result.prompts, result.tokens, strict=True)):
+        if result.texts is not None and not streamed:
+            print(f"sequence {i}: {result.texts[i]}")
         shown = " ".join(str(t) for t in tokens)
         print(f"sequence {i}: {len(prompt)} prompt token(s) -> {len(tokens)} new: {shown}")
     k, workers = result.stages, result.workers

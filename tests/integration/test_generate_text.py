@@ -1,0 +1,134 @@
+"""Text through a decoder's split: ``generate --prompt`` encodes with the model's tokenizer (found beside
+the split or its source model), streams the answer as text, stops at the model's end ids by default, and
+gives the tokens the same prompt gives as ids; chat templates; refusals before any work."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from cli_runner import run as cli_run
+from paths import SAMPLE_MODELS
+from text_models import word_tokenizer
+
+from onnxpipe.api import GenerateOptions, SplitOptions, generate, split
+from onnxpipe.core.choices import CostSource
+from onnxpipe.core.errors import UsageError
+from onnxpipe.cost.options import ProfileOptions
+from onnxpipe.planning.request import PlanRequest
+from onnxpipe.runtime.pipeline import Pipeline
+
+MODEL = SAMPLE_MODELS / "decoders" / "llama_gqa.onnx"
+PROMPT = "w3 w17 w42 w9"
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The decoder with its tokenizer files beside it, as a Hugging Face or GenAI folder has them."""
+    folder = tmp_path_factory.mktemp("model")
+    shutil.copy(MODEL, folder / "model.onnx")
+    word_tokenizer(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def stages(model_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("split") / "stages"
+    profile = ProfileOptions(cost=CostSource.STATIC)
+    split(
+        model_folder / "model.onnx", SplitOptions(out=out, plan=PlanRequest(2), profile=profile, verify=False)
+    )
+    return out
+
+
+def test_a_text_prompt_streams_its_answer_and_equals_the_ids_prompt(
+    stages: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = cli_run(["generate", stages, "--prompt", PROMPT, "--max-new-tokens", "12"], capfd)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "prompts: 1, of 5 token(s)" in lines  # the tokenizer adds its BOS
+    assert any(x.startswith("stops at end id(s) 1 (from") and "tokenizer_config.json" in x for x in lines)
+    at = next(i for i, x in enumerate(lines) if x.startswith("... generating"))
+    streamed, listed = lines[at + 1 : at + 3]
+    tokens = [int(t) for t in listed.split("new: ")[1].split()]
+    code, out2, err = cli_run(
+        ["generate", stages, "--prompt-ids", "0,3,17,42,9", "--eos-token-id", "1", "--max-new-tokens", "12"],
+        capfd,
+    )
+    assert code == 0, err
+    assert f"new: {' '.join(map(str, tokens))}" in out2
+    words = [f"w{t}" for t in tokens if t not in (0, 1)]  # the decoder leaves special tokens out
+    assert streamed == " ".join(words)
+
+
+def test_the_tokenizer_is_found_beside_the_source_model_or_given(
+    stages: Path, model_folder: Path, tmp_path: Path
+) -> None:
+    options = GenerateOptions(prompts=(PROMPT, "w5"), max_new_tokens=6, ignore_eos=True)
+    beside = generate(stages, options)  # the split holds no tokenizer: the source model's folder does
+    moved = tmp_path / "deeper" / "stages"
+    shutil.copytree(stages, moved)  # the source path is relative: a moved split loses the model's folder
+    with pytest.raises(UsageError, match=r"holds no tokenizer\.json.*`tokenizer`"):
+        generate(moved, options)
+    given = generate(moved, dataclasses.replace(options, tokenizer=model_folder))
+    assert given.tokens == beside.tokens and given.texts == beside.texts
+    assert beside.texts is not None and len(beside.texts) == 2
+    assert all(len(t) == 6 for t in beside.tokens)
+
+
+def test_the_models_end_id_stops_a_sequence_by_default(stages: Path, model_folder: Path) -> None:
+    free = generate(stages, GenerateOptions(prompts=(PROMPT,), max_new_tokens=10, ignore_eos=True))
+    third = free.tokens[0][2]
+    (model_folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [third]}))
+    try:
+        stopped = generate(stages, GenerateOptions(prompts=(PROMPT,), max_new_tokens=10))
+    finally:
+        (model_folder / "generation_config.json").unlink()
+    cut = free.tokens[0].index(third) + 1
+    assert stopped.tokens[0] == free.tokens[0][:cut]
+
+
+def test_chat_and_system_prompts_through_the_api_and_the_pipeline(stages: Path) -> None:
+    chat = GenerateOptions(prompts=("w5",), chat=True, system="w9", max_new_tokens=5, ignore_eos=True)
+    result = generate(stages, chat)
+    assert result.prompts == ((126, 9, 125, 5, 127),)  # [system] w9 [user] w5 [assistant], no BOS added
+    with Pipeline.from_manifest(stages, generation=True) as pipe:
+        made = pipe.generate(["w5 w6"], 5, eos_token_ids=())
+        by_ids = pipe.generate([(0, 5, 6)], 5, eos_token_ids=())
+    assert made.tokens == by_ids.tokens and made.texts is not None and by_ids.texts is None
+
+
+def test_compare_with_text_prompts_gives_the_same_tokens(stages: Path) -> None:
+    result = generate(stages, GenerateOptions(prompts=(PROMPT,), max_new_tokens=6, compare=True))
+    assert result.same and set(result.runs) == {"pipeline", "unsplit", "replicas"}
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--prompt", "w3", "--prompt-ids", "3"], "--prompt and --prompt-ids: give the prompts as text or"),
+        (["--prompt-ids", "3", "--chat"], "--chat wraps text prompts: give them as --prompt"),
+        (["--prompt", "w3", "--system", "w9"], "--system is the chat's first message: add --chat"),
+        (["--prompt-ids", "3", "--ignore-eos", "--eos-token-id", "1"], "--ignore-eos and --eos-token-id"),
+        (["--prompt", "w3", "--tokenizer", "{nowhere}"], "holds no tokenizer.json; give the folder"),
+        (["--prompt", "", "--tokenizer", "{tok}"], "prompt 0 makes no token"),
+        (["--prompt", "w3", "--chat", "--tokenizer", "{plain}"], "has no chat template"),
+    ],
+)
+def test_refusals_are_one_line_before_any_work(
+    stages: Path, tmp_path: Path, args: list[str], says: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    folders = {
+        "{nowhere}": str(tmp_path),
+        "{tok}": str(word_tokenizer(tmp_path / "tok", bos=False)),
+        "{plain}": str(word_tokenizer(tmp_path / "plain", chat=None)),
+    }
+    code, out, err = cli_run(["generate", stages, *[folders.get(a, a) for a in args]], capfd)
+    assert code == 2 and out == ""
+    (line,) = [x for x in err.splitlines() if x.startswith("onnxpipe generate: error:")]
+    assert says in line and "Traceback" not in err
+    assert "generating" not in err  # refused before any worker ran
