@@ -79,6 +79,7 @@ _EXPORTS: dict[str, str] = {
     "export_triton": "onnxpipe.export.triton",
     "FolderInspection": "onnxpipe.api.results",
     "GenerateResult": "onnxpipe.api.results",
+    "Generation": "onnxpipe.runtime.generate",
     "ModelInspection": "onnxpipe.api.results",
     "PlanResult": "onnxpipe.api.results",
     "SplitResult": "onnxpipe.api.results",
@@ -114,6 +115,7 @@ __all__ = [
     "FolderInspection",
     "GenerateOptions",
     "GenerateResult",
+    "Generation",
     "InspectOptions",
     "LinkModel",
     "LocalMode",
@@ -186,6 +188,7 @@ if TYPE_CHECKING:
     from onnxpipe.ir.summary import ModelSummary
     from onnxpipe.manifest import Manifest
     from onnxpipe.planning.types import Plan
+    from onnxpipe.runtime.generate import Generation
     from onnxpipe.runtime.report.model import RunReport
     from onnxpipe.runtime.report.text import format_report
     from onnxpipe.schedule.timeline import worker_groups

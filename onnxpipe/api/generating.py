@@ -12,6 +12,7 @@ from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.generate import Generation
 from onnxpipe.runtime.options import GenerateOptions
 from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.plainloop import PlainLoop
 from onnxpipe.runtime.prompting import Prompting
 from onnxpipe.runtime.text import TextStreams
 
@@ -42,7 +43,9 @@ def generate(
         plan = pipe.manifest.plan if pipe.manifest is not None else None
         workers = (plan.workers if plan is not None else None) or k  # interleaved: fewer workers than stages
         count = len(prompting.options.prompt_ids)
-        say.step(f"generating {count} sequence(s) through {k} stage(s) ({config.mode})")
+        batch = pipe.batching(prompting.options).size
+        each = f", up to {batch} a step" if batch > 1 else ""
+        say.step(f"generating {count} sequence(s) through {k} stage(s) ({config.mode}{each})")
         streams = (
             None if on_text is None or prompting.codec is None else TextStreams(prompting.codec, on_text)
         )
@@ -78,13 +81,14 @@ def _say_prompts(say: Listener, prompting: Prompting) -> None:
 def _baselines(
     folder: str | Path, prompting: Prompting, workers: int, say: Listener
 ) -> dict[str, Generation]:
-    """The unsplit model (one worker) and ``workers`` replicas of it, given the same prompts."""
+    """The unsplit model (a plain loop, every sequence in one step) and ``workers`` replicas of it (the
+    sequences dealt over them, each replica's in one step), given the same prompts."""
     options = prompting.options
     config = LocalConfig(mode=options.local_mode)
-    say.step("generating with the unsplit model (one worker, its whole cache)")
-    one = Pipeline.generating_replicas(folder, 1, config, threads=options.threads, model=options.model)
-    with one:
-        runs = {"unsplit": one.generate_with(prompting)}
+    say.step("generating with the unsplit model (a plain onnxruntime loop in this thread)")
+    runs = {
+        "unsplit": PlainLoop(folder, threads=options.threads, model=options.model).generate_with(prompting)
+    }
     if workers > 1:
         say.step(f"generating with {workers} replicas of the unsplit model")
         many = Pipeline.generating_replicas(

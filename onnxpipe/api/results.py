@@ -126,6 +126,13 @@ class GenerateResult:
                 "seconds": num(g.seconds),
                 "tokens_per_second": num(g.tokens_per_second),
                 "steps": g.steps,
+                "batch": g.batch,
+                "time_to_first_token_seconds": _num(g.time_to_first_token()),
+                "time_per_token_seconds": {
+                    "p50": _num(g.time_per_token(0.5)),
+                    "p90": _num(g.time_per_token(0.9)),
+                },
+                "busy_shares": [num(b) for b in g.busy_shares],
                 "same_tokens": g.tokens == self.tokens,
             }
             for name, g in self.runs.items()
@@ -135,6 +142,10 @@ class GenerateResult:
         return document(
             "generate", sequences=sequences, texts=texts, runs=runs, same=self.same, sampling=drawn
         )
+
+
+def _num(x: float | None) -> float | None:
+    return None if x is None else num(x)
 
 
 def plan_obj(plan: Plan, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:

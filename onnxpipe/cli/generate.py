@@ -90,6 +90,14 @@ TABLE = Table(
             help="sequences in the pipeline at once (default: every prompt)",
         ),
         flag(
+            "--batch",
+            field="batch",
+            type=positive_int,
+            metavar="N",
+            help="sequences a decode step carries at most, their caches padded (default: those in flight "
+            "over the stages, a step per stage; 1: a step per sequence)",
+        ),
+        flag(
             "--do-sample",
             field="do_sample",
             action="store_true",

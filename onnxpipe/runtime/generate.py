@@ -1,24 +1,32 @@
-"""Greedy generation through a decoder's pipeline: prompts in, new tokens out, the cache kept by workers.
+"""Generation through a decoder's pipeline: prompts in, new tokens out, the cache kept by workers.
 
 Each sequence runs as a chain of steps: a prefill step with its whole prompt, then one step per new
 token.  A step's micro-batch carries the new token ids, the attention mask (ones over the cached and the
 new tokens) and the positions of the new tokens, plus the control tensor that tells each worker which
-cache to read and grow (:mod:`onnxpipe.runtime.kvstate`); the caller never sends or receives the cache.
+caches to read and grow (:mod:`onnxpipe.runtime.kvstate`); the caller never sends or receives the cache.
 
-Several sequences are in flight at once, each with one step in the pipeline at a time (its next token
-depends on the step's logits): while the last stage decodes sequence A, the first decodes sequence B, so
-``K`` stages are kept busy by ``K`` or more sequences.  A sequence stays in one lane (its cache lives in
-that lane's workers): with replicas (several lanes), sequences are spread over the lanes in turn.
+**Sequences batched, continuously.**  A decode step's cost is mostly reading the weights, the same for
+one sequence as for eight: so decode steps carry several sequences (``batch`` of them at most), their
+caches padded to the longest (where depends on the attention: :class:`~onnxpipe.runtime.kvstate.PadSide`)
+and masked.  The sequences in flight are dealt into groups; each group has one step in the pipeline at
+a time (its next tokens depend on that step's logits), and the groups fill the pipeline: while the last
+stage decodes group A, the first decodes group B, so ``K`` stages are kept busy by ``K`` groups.  A
+sequence that ends leaves its group at once, and a waiting prompt takes its place: its prefill runs as a
+step of its own (a prompt's tokens are not padded against other prompts), and it joins the group's next
+step.  A group stays in one lane (its caches live in that lane's workers): with replicas (several
+lanes), groups are spread over the lanes in turn.
 
 Greedy by default: it is what reproduces the unsplit model's tokens exactly, which is what a split must be
-checked against.  Sampling (temperature, top-k, top-p) is seeded per sequence
-(:mod:`onnxpipe.runtime.sampling`), so a sampled run through the split and through the unsplit model
-give the same tokens too.
+checked against; batched or not, each sequence's tokens are the ones it makes alone.  Sampling
+(temperature, top-k, top-p) is seeded per sequence (:mod:`onnxpipe.runtime.sampling`), so a sampled run
+through the split and through the unsplit model give the same tokens too.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
@@ -27,7 +35,7 @@ import numpy as np
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.manifest import DecoderIORecord
-from onnxpipe.runtime.kvstate import CONTROL, Control, StepFlags
+from onnxpipe.runtime.kvstate import CONTROL, Control, PadSide, Row, StepFlags
 from onnxpipe.runtime.options import GenerateOptions, Sampling
 from onnxpipe.runtime.sampling import draw, generator, last_logits
 
@@ -46,11 +54,18 @@ class Generation:
     seconds: float
     """Wall time from the first step submitted to the last result."""
     steps: int
-    """Steps run (prefill steps included)."""
+    """Steps run (prefill steps included; a step of several sequences counts once)."""
     first_token_seconds: tuple[float, ...] = ()
     """Per prompt: from the start to its first new token (its prefill's latency under load)."""
     texts: tuple[str, ...] | None = None
     """Per prompt: its new tokens as text, when it was generated with a tokenizer."""
+    token_gaps: tuple[float, ...] = ()
+    """The time between each sequence's consecutive tokens, every sequence's together (time per token)."""
+    batch: int = 1
+    """Sequences per step at most."""
+    busy_shares: tuple[float, ...] = ()
+    """Each worker's share of the wall time spent running its model (a pipeline's; empty elsewhere):
+    the stage near 1 is the one the others wait for."""
 
     @property
     def new_tokens(self) -> int:
@@ -60,22 +75,54 @@ class Generation:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
+    def time_to_first_token(self) -> float | None:
+        """The median time from the start to a sequence's first token (its prefill, under load)."""
+        return float(np.median(self.first_token_seconds)) if self.first_token_seconds else None
+
+    def time_per_token(self, quantile: float) -> float | None:
+        """The ``quantile`` (0.5: the median) of the time between a sequence's tokens; None if no
+        sequence made two."""
+        return float(np.quantile(self.token_gaps, quantile)) if self.token_gaps else None
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How steps carry sequences: ``size`` at most per decode step, caches padded on ``side``."""
+
+    size: int = 1
+    side: PadSide = PadSide.LEFT
+
+
+def batch_size(options: GenerateOptions, stages: int, lanes: int) -> int:
+    """Sequences per decode step: ``options.batch``, else enough for ``stages`` steps in each lane to
+    hold every sequence in flight (the fewest steps that keep every stage busy, each as full as can be)."""
+    if options.batch is not None:
+        return options.batch
+    in_flight = options.in_flight or len(options.prompt_ids)
+    return max(1, math.ceil(in_flight / (stages * lanes)))
+
 
 @dataclass
 class _Sequence:
     index: int
     ident: int
-    lane: int
     prompt: tuple[int, ...]
+    rng: np.random.Generator | None = None
     new: list[int] = field(default_factory=list)
     cached: int = 0
-    done: bool = False
-    first_token_at: float | None = None
-    rng: np.random.Generator | None = None
+    times: list[float] = field(default_factory=list)
+    """When each new token came, from the start."""
 
-    @property
-    def tokens(self) -> list[int]:
-        return [*self.prompt, *self.new]
+
+@dataclass
+class _Group:
+    """Sequences that step together, in one lane: at most one step of theirs in the pipeline."""
+
+    lane: int
+    members: list[_Sequence] = field(default_factory=list)
+    ready: list[_Sequence] = field(default_factory=list)
+    """Members whose last step came back (their prefill, or the group's step)."""
+    busy: bool = False
 
 
 class StepFeeds:
@@ -95,8 +142,17 @@ class StepFeeds:
             n: np.dtype(t if t not in ("", "undefined") else "int64") for n, t in input_types.items()
         }
 
+    def can_pad(self, side: PadSide) -> bool:
+        """Whether sequences of different lengths can share a step: the mask says which slots are
+        theirs, and each new token's position is given (``RIGHT``: the attention reads it off the
+        mask)."""
+        return self.io.mask_input is not None and (
+            side == PadSide.RIGHT or self.io.positions_input is not None
+        )
+
     def feeds(self, new: Sequence[int], cached: int, control: Control) -> Tensors:
-        """``new`` tokens after ``cached`` ones: ids ``[1, n]``, mask ``[1, cached + n]``, positions."""
+        """``new`` tokens after ``cached`` ones of one sequence: ids ``[1, n]``, mask ``[1, cached + n]``,
+        positions."""
         n = len(new)
         io = self.io
         out: Tensors = {io.ids_input: np.asarray([new], dtype=self.types[io.ids_input])}
@@ -105,6 +161,25 @@ class StepFeeds:
         if io.positions_input is not None:
             positions = np.arange(cached, cached + n)[None, :]
             out[io.positions_input] = positions.astype(self.types[io.positions_input])
+        out[CONTROL] = control.tensor()
+        return out
+
+    def batched(self, tokens: Sequence[int], control: Control) -> Tensors:
+        """One new token per sequence of ``control`` (``tokens[i]`` after its ``cached``): ids ``[B, 1]``,
+        the mask ``[B, L + 1]`` with each sequence's padding zero, positions ``[B, 1]``."""
+        io = self.io
+        length = control.length
+        cached = np.array([r.cached for r in control.rows])
+        out: Tensors = {io.ids_input: np.asarray(tokens, dtype=self.types[io.ids_input])[:, None]}
+        if io.mask_input is not None:
+            slots = np.arange(length + 1)[None, :]
+            if control.side == PadSide.LEFT:
+                mask = slots >= (length - cached)[:, None]
+            else:
+                mask = slots <= cached[:, None]
+            out[io.mask_input] = mask.astype(self.types[io.mask_input])
+        if io.positions_input is not None:
+            out[io.positions_input] = cached[:, None].astype(self.types[io.positions_input])
         out[CONTROL] = control.tensor()
         return out
 
@@ -123,17 +198,129 @@ def next_token(
     return draw(sampling, last, rng)
 
 
-def _sequences(options: GenerateOptions, lanes: int, first_ident: int) -> list[_Sequence]:
-    """A sequence per prompt, spread over the lanes in turn, each with its own draws when sampling."""
+def _sequences(options: GenerateOptions, first_ident: int) -> list[_Sequence]:
+    """A sequence per prompt, each with its own draws when sampling."""
     options.check()
     for i, p in enumerate(options.prompt_ids):
         if len(p) == 0:
             raise UsageError(f"prompt {i} makes no token: give some text, or at least one token id")
     sampling = options.sampling
     return [
-        _Sequence(i, first_ident + i, i % lanes, p, rng=None if sampling is None else generator(sampling, i))
+        _Sequence(i, first_ident + i, p, rng=None if sampling is None else generator(sampling, i))
         for i, p in enumerate(options.prompt_ids)
     ]
+
+
+class _Scheduler:
+    """The continuous batching of :func:`generate`: admits prompts into groups, sends each group's step
+    when its last one came back, and reads the tokens off the logits."""
+
+    def __init__(
+        self,
+        submit: Submit,
+        feeds: StepFeeds,
+        options: GenerateOptions,
+        groups: list[_Group],
+        batching: Batching,
+        limit: int,
+    ) -> None:
+        self.submit = submit
+        self.feeds = feeds
+        self.options = options
+        self.groups = groups
+        self.batching = batching
+        self.limit = limit
+        """Sequences in flight at most."""
+        self.logits = str(feeds.io.logits_output)
+        self.stops = frozenset(options.eos_token_ids or ())
+        self.sampling = options.sampling
+        self.running: dict[Future[Tensors], tuple[list[_Sequence], _Group, bool]] = {}
+        self.drops: list[Future[Tensors]] = []
+        self.steps = 0
+        self.start = time.perf_counter()
+
+    def _flags(self, s: _Sequence, first: bool) -> StepFlags:
+        flags = StepFlags.START if first else StepFlags.NONE
+        if len(s.new) + 1 >= self.options.max_new_tokens:
+            flags |= StepFlags.END  # the token this step makes is the last: its cache goes with it
+        return flags
+
+    def admit(self, waiting: deque[_Sequence]) -> None:
+        """Waiting prompts into the emptiest groups with room; each prefill a step of its own."""
+        while waiting and sum(len(g.members) for g in self.groups) < self.limit:
+            group = min(self.groups, key=lambda g: len(g.members))
+            if len(group.members) >= self.batching.size:
+                return
+            s = waiting.popleft()
+            group.members.append(s)
+            control = Control.one(s.ident, self._flags(s, True), 0)
+            self._send(self.feeds.feeds(s.prompt, 0, control), [s], group, decode=False)
+            s.cached = len(s.prompt)
+
+    def step_groups(self) -> None:
+        """A step for each idle group with members ready: one new token each."""
+        for group in self.groups:
+            if group.busy or not group.ready:
+                continue
+            members, group.ready = group.ready, []
+            rows = tuple(Row(s.ident, self._flags(s, False), s.cached) for s in members)
+            control = Control(rows, self.batching.side)
+            tokens = [s.new[-1] for s in members]
+            alone = len(members) == 1  # the plain feeds: no padding, no stacking
+            feeds = (
+                self.feeds.feeds(tokens, members[0].cached, control)
+                if alone
+                else self.feeds.batched(tokens, control)
+            )
+            group.busy = True
+            self._send(feeds, members, group, decode=True)
+            for s in members:
+                s.cached += 1
+
+    def _send(self, feeds: Tensors, members: list[_Sequence], group: _Group, *, decode: bool) -> None:
+        self.running[self.submit(feeds, group.lane)] = (members, group, decode)
+        self.steps += 1
+
+    def collect(self, on_token: OnToken | None) -> None:
+        """Wait for a step to come back; its sequences' tokens, each sequence done or ready again."""
+        done, _ = wait(list(self.running), return_when=FIRST_COMPLETED)
+        now = time.perf_counter() - self.start
+        for fut in done:
+            members, group, decode = self.running.pop(fut)
+            if decode:
+                group.busy = False
+            logits = fut.result()[self.logits]
+            for i, s in enumerate(members):
+                token = next_token(logits[i : i + 1], self.sampling, s.rng)
+                s.new.append(token)
+                s.times.append(now)
+                if on_token is not None:
+                    on_token(s.index, token)
+                self._after(s, token, group)
+
+    def _after(self, s: _Sequence, token: int, group: _Group) -> None:
+        if len(s.new) >= self.options.max_new_tokens:
+            group.members.remove(s)  # its last step dropped its caches
+        elif token in self.stops:
+            group.members.remove(s)
+            drop = Control.one(s.ident, StepFlags.DROP, s.cached)
+            self.drops.append(self.submit(self.feeds.feeds([token], s.cached, drop), group.lane))
+        else:
+            group.ready.append(s)
+
+    def finish(self, seqs: list[_Sequence]) -> Generation:
+        seconds = time.perf_counter() - self.start
+        for fut in self.drops:
+            fut.result()
+        gaps = tuple(b - a for s in seqs for a, b in zip(s.times, s.times[1:], strict=False))
+        return Generation(
+            tokens=tuple(tuple(s.new) for s in seqs),
+            seconds=seconds,
+            steps=self.steps,
+            first_token_seconds=tuple(s.times[0] if s.times else 0.0 for s in seqs),
+            token_gaps=gaps,
+            batch=self.batching.size,
+        )
 
 
 def generate(
@@ -144,61 +331,31 @@ def generate(
     *,
     first_ident: int = 0,
     on_token: OnToken | None = None,
+    batching: Batching | None = None,
 ) -> Generation:
-    """New tokens for each of ``options.prompt_ids`` through a pipeline's ``submit``, sequences spread
-    over ``lanes``; ``first_ident``: the first sequence id (ids must not repeat while caches are held);
-    ``on_token`` is told each token as it comes.  ``options.eos_token_ids`` are the ids to stop at, as
-    given (the model's are found by :func:`onnxpipe.runtime.prompting.settle`)."""
-    logits_name = step_feeds.io.logits_output
-    assert logits_name is not None
-    sampling = options.sampling
-    stops = frozenset(options.eos_token_ids or ())
-    seqs = _sequences(options, lanes, first_ident)
-    limit = options.in_flight or len(seqs)
-    waiting = list(reversed(seqs))
-    running: dict[Future[Tensors], _Sequence] = {}
-    drops: list[Future[Tensors]] = []
-    steps = 0
-    start = time.perf_counter()
-
-    def step(s: _Sequence) -> None:
-        nonlocal steps
-        first = not s.new
-        new = list(s.prompt) if first else [s.new[-1]]
-        flags = StepFlags.START if first else StepFlags.NONE
-        if len(s.new) + 1 >= options.max_new_tokens:
-            flags |= StepFlags.END  # the token this step makes is the last: its cache goes with it
-        control = Control(s.ident, flags, s.cached, 1)
-        running[submit(step_feeds.feeds(new, s.cached, control), s.lane)] = s
-        s.cached += len(new)
-        steps += 1
-
-    while waiting or running:
-        while waiting and len(running) < limit:
-            step(waiting.pop())
-        done, _ = wait(list(running), return_when=FIRST_COMPLETED)
-        for fut in done:
-            s = running.pop(fut)
-            token = next_token(fut.result()[logits_name], sampling, s.rng)
-            s.new.append(token)
-            if on_token is not None:
-                on_token(s.index, token)
-            if s.first_token_at is None:
-                s.first_token_at = time.perf_counter() - start
-            if len(s.new) >= options.max_new_tokens:
-                s.done = True
-            elif token in stops:
-                s.done = True
-                drop = Control(s.ident, StepFlags.DROP, s.cached, 1)
-                drops.append(submit(step_feeds.feeds([token], s.cached, drop), s.lane))
-            else:
-                step(s)
-    seconds = time.perf_counter() - start
-    for fut in drops:
-        fut.result()
-    return Generation(
-        tokens=tuple(tuple(s.new) for s in seqs),
-        seconds=seconds,
-        steps=steps,
-        first_token_seconds=tuple(s.first_token_at or 0.0 for s in seqs),
-    )
+    """New tokens for each of ``options.prompt_ids`` through a pipeline's ``submit``, in groups spread
+    over ``lanes``, each decode step carrying up to ``batching.size`` sequences (default: one);
+    ``first_ident``: the first sequence id (ids must not repeat while caches are held); ``on_token`` is
+    told each token as it comes.  ``options.eos_token_ids`` are the ids to stop at, as given (the
+    model's are found by :func:`onnxpipe.runtime.prompting.settle`)."""
+    seqs = _sequences(options, first_ident)
+    batching = batching or Batching()
+    if batching.size > 1 and not step_feeds.can_pad(batching.side):
+        raise UsageError(
+            "this decoder takes no attention mask or no positions: sequences of different lengths cannot "
+            "share a step; generate with batch=1"
+        )
+    in_flight = min(options.in_flight or len(seqs), len(seqs))
+    count = max(lanes, math.ceil(in_flight / batching.size))
+    groups = [_Group(lane=g % lanes) for g in range(count)]
+    # no group holds more than its share of what is in flight
+    size = max(1, min(batching.size, math.ceil(in_flight / count)))
+    scheduler = _Scheduler(submit, step_feeds, options, groups, Batching(size, batching.side), in_flight)
+    waiting = deque(seqs)
+    while True:
+        scheduler.admit(waiting)
+        scheduler.step_groups()
+        if not scheduler.running:
+            break  # nothing waits, nothing is ready, nothing runs
+        scheduler.collect(on_token)
+    return scheduler.finish(seqs)

@@ -16,17 +16,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import IntFlag
+from enum import IntEnum, IntFlag
 
 import numpy as np
 
 CONTROL = "onnxpipe::generation"
-"""The control tensor's name: int64 ``[sequence id, flags, cached tokens, batch]`` (no exporter writes
-``::`` in a tensor name)."""
+"""The control tensor's name: int64 ``[1 + B, 3]``, a header ``[B, padding side, 0]`` then, for each of
+the ``B`` sequences of the step, ``[sequence id, flags, cached tokens]`` (no exporter writes ``::`` in a
+tensor name)."""
 
 
 class StepFlags(IntFlag):
-    """What a step does to its sequence's cache, besides running."""
+    """What a step does to a sequence's cache, besides running."""
 
     NONE = 0
     START = 1
@@ -37,13 +38,26 @@ class StepFlags(IntFlag):
     """Run nothing: drop the sequence's cache (a sequence that stopped early, at its end token)."""
 
 
+class PadSide(IntEnum):
+    """Where a shorter sequence's cache is padded in a step of several sequences.
+
+    ``LEFT``: a model that takes the positions and a mask over every past slot (torch's and optimum's
+    exports): the padding comes first, masked out, and each sequence's tokens keep their own positions.
+    ``RIGHT``: onnxruntime's ``GroupQueryAttention`` (ONNX Runtime GenAI's builder), which reads each
+    sequence's length off the mask's ones and its cache from the buffer's start: the padding comes last.
+    """
+
+    LEFT = 0
+    RIGHT = 1
+
+
 @dataclass(frozen=True)
 class CacheSlot:
     """One past input of a stage and the present output that becomes it at the next step.
 
     ``shape``: the past tensor's dims, each an int, or ``None`` for the batch or the cached tokens (the
     symbolic one at ``sequence_axis``, counted from the end).  ``present`` is None for a past read for
-    its shape only (fed zeros)."""
+    its shape only (fed zeros).  The batch is the first axis."""
 
     past: str
     present: str | None
@@ -58,32 +72,75 @@ class CacheSlot:
         dims = [cached if i == seq else (batch if d is None else d) for i, d in enumerate(self.shape)]
         return np.zeros(dims, dtype=np.dtype(self.dtype))
 
+    def padded(self, cache: np.ndarray, length: int, side: PadSide) -> np.ndarray:
+        """One sequence's ``cache`` grown to ``length`` cached tokens with zeros on ``side``."""
+        missing = length - cache.shape[self.sequence_axis]
+        if missing == 0:
+            return cache
+        pad = [(0, 0)] * cache.ndim
+        pad[cache.ndim + self.sequence_axis] = (missing, 0) if side == PadSide.LEFT else (0, missing)
+        return np.pad(cache, pad)
+
+    def row(self, present: np.ndarray, index: int, keep: slice) -> np.ndarray:
+        """Sequence ``index``'s own part of a step's ``present``: its row, the ``keep`` tokens of it."""
+        where: list[slice | int] = [slice(None)] * present.ndim
+        where[0] = slice(index, index + 1)
+        where[present.ndim + self.sequence_axis] = keep
+        return np.ascontiguousarray(present[tuple(where)])
+
 
 @dataclass(frozen=True)
-class Control:
-    """The control tensor of one step, read."""
+class Row:
+    """One sequence of a step: its id, what the step does to its cache, the tokens it has cached."""
 
     sequence: int
     flags: StepFlags
     cached: int
-    batch: int
+
+
+@dataclass(frozen=True)
+class Control:
+    """The control tensor of one step, read: its sequences and where their caches are padded.
+
+    A step of several sequences makes one token each (a prompt's first step runs alone); their caches
+    are padded to the longest on ``side``."""
+
+    rows: tuple[Row, ...]
+    side: PadSide = PadSide.LEFT
+
+    @staticmethod
+    def one(sequence: int, flags: StepFlags, cached: int) -> Control:
+        """The control of a step of one sequence."""
+        return Control((Row(sequence, flags, cached),))
+
+    @property
+    def length(self) -> int:
+        """The cached tokens the step's pasts hold: the longest sequence's."""
+        return max(r.cached for r in self.rows)
 
     @staticmethod
     def read(value: np.ndarray) -> Control:
-        v = np.asarray(value).reshape(-1)
-        if v.shape[0] != 4:
-            raise ValueError(f"{CONTROL} must hold 4 integers, got shape {tuple(np.shape(value))}")
-        return Control(int(v[0]), StepFlags(int(v[1])), int(v[2]), int(v[3]))
+        v = np.asarray(value)
+        if v.ndim != 2 or v.shape[1] != 3 or v.shape[0] < 2 or int(v[0, 0]) != v.shape[0] - 1:
+            raise ValueError(
+                f"{CONTROL} must hold a header and a row per sequence, [1 + B, 3]; got shape {tuple(v.shape)}"
+            )
+        rows = tuple(Row(int(r[0]), StepFlags(int(r[1])), int(r[2])) for r in v[1:])
+        return Control(rows, PadSide(int(v[0, 1])))
 
     def tensor(self) -> np.ndarray:
-        return np.array([self.sequence, int(self.flags), self.cached, self.batch], dtype=np.int64)
+        head = [len(self.rows), int(self.side), 0]
+        return np.array([head, *([r.sequence, int(r.flags), r.cached] for r in self.rows)], dtype=np.int64)
 
 
 class KVState:
     """The caches of the sequences a worker is generating, for its stage's :class:`CacheSlot` s.
 
-    ``copy``: keep a copy of each present (a runtime whose outputs may live in buffers it reuses, like
-    OpenVINO's infer request); onnxruntime returns fresh arrays, kept as they are.
+    Each sequence's cache is kept alone (batch 1, its own length), so that sequences can join and leave
+    the steps they share: a step of several stacks their caches, padded to the longest, and splits the
+    presents it makes back into each sequence's own.  ``copy``: keep a copy of each present (a runtime
+    whose outputs may live in buffers it reuses, like OpenVINO's infer request); onnxruntime returns
+    fresh arrays, kept as they are.
     """
 
     def __init__(self, slots: tuple[CacheSlot, ...], *, copy: bool = False) -> None:
@@ -92,38 +149,57 @@ class KVState:
         self.caches: dict[int, dict[str, np.ndarray]] = {}
 
     def feeds(self, control: Control) -> dict[str, np.ndarray]:
-        """The past inputs of this step: the sequence's cache (empty at its start), zeros for a past read
-        for its shape only."""
-        if control.flags & StepFlags.START:
-            self.caches[control.sequence] = {
-                s.past: s.empty(control.batch, 0) for s in self.slots if s.present is not None
-            }
-        cache = self.caches.get(control.sequence)
-        if cache is None:
-            raise KeyError(
-                f"sequence {control.sequence} has no cache here: its first step did not start it, or it ended"
-            )
+        """The past inputs of this step: its sequences' caches (empty at a start), stacked and padded,
+        zeros for a past read for its shape only."""
+        for r in control.rows:
+            if r.flags & StepFlags.START:
+                self.caches[r.sequence] = {s.past: s.empty(1, 0) for s in self.slots if s.present is not None}
+        caches = []
+        for r in control.rows:
+            cache = self.caches.get(r.sequence)
+            if cache is None:
+                raise KeyError(
+                    f"sequence {r.sequence} has no cache here: its first step did not start it, or it ended"
+                )
+            caches.append(cache)
+        length = control.length
         out: dict[str, np.ndarray] = {}
         for s in self.slots:
             if s.present is None:
-                out[s.past] = s.empty(control.batch, control.cached)
+                out[s.past] = s.empty(len(control.rows), length)
+            elif len(caches) == 1:
+                out[s.past] = caches[0][s.past]
             else:
-                out[s.past] = cache[s.past]
+                out[s.past] = np.concatenate([s.padded(c[s.past], length, control.side) for c in caches])
         return out
 
     def keep(self, control: Control, produced: Mapping[str, np.ndarray]) -> None:
-        """Keep this step's presents as the sequence's next pasts (or drop them at its end)."""
-        if control.flags & StepFlags.END:
-            self.caches.pop(control.sequence, None)
-            return
-        cache = self.caches[control.sequence]
-        for s in self.slots:
-            if s.present is not None:
+        """Keep this step's presents as its sequences' next pasts (or drop them at their end)."""
+        alone = len(control.rows) == 1
+        length = control.length
+        for i, r in enumerate(control.rows):
+            if r.flags & StepFlags.END:
+                self.caches.pop(r.sequence, None)
+                continue
+            cache = self.caches[r.sequence]
+            for s in self.slots:
+                if s.present is None:
+                    continue
                 value = produced[s.present]
-                cache[s.past] = np.array(value, copy=True) if self.copy else value
+                if alone:
+                    cache[s.past] = np.array(value, copy=True) if self.copy else value
+                    continue
+                grown = value.shape[s.sequence_axis] - length  # the step's new tokens
+                keep = (
+                    slice(length - r.cached, None)
+                    if control.side == PadSide.LEFT
+                    else slice(0, r.cached + grown)
+                )
+                cache[s.past] = s.row(value, i, keep)
 
     def drop(self, control: Control) -> None:
-        self.caches.pop(control.sequence, None)
+        for r in control.rows:
+            self.caches.pop(r.sequence, None)
 
     def cached_bytes(self) -> int:
         """Bytes of every cache held now."""

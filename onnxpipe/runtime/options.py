@@ -144,7 +144,9 @@ class GenerateOptions:
     model's), with ``chat`` wrapped in its chat template as a user's message (after ``system``'s).  At
     most ``max_new_tokens`` new tokens each, fewer when an end-of-sequence id comes: ``eos_token_ids``,
     default the model's (the GenAI config its builder wrote, else its Hugging Face configs or tokenizer),
-    none with ``ignore_eos``.  ``in_flight``: sequences in the pipeline at once (default: every prompt).
+    none with ``ignore_eos``.  ``in_flight``: sequences in the pipeline at once (default: every prompt);
+    ``batch``: sequences a decode step carries at most (default: those in flight over the stages, so that
+    each stage has a step; 1: a step per sequence).
     Each token is the highest logit (greedy) unless ``do_sample``: then it is drawn as ``temperature``,
     ``top_k``, ``top_p`` and ``seed`` say (:class:`Sampling`'s defaults where not given).  Workers:
     ``local_mode`` with ``threads`` each (default: the split's devices', else the plan's).  ``compare``
@@ -161,6 +163,7 @@ class GenerateOptions:
     eos_token_ids: tuple[int, ...] | None = None
     ignore_eos: bool = False
     in_flight: int | None = None
+    batch: int | None = None
     do_sample: bool = False
     temperature: float | None = None
     top_k: int | None = None
@@ -214,6 +217,8 @@ class GenerateOptions:
             raise UsageError(f"{opt('max_new_tokens', self.max_new_tokens)}: give 1 or more")
         if self.in_flight is not None and self.in_flight < 1:
             raise UsageError(f"{opt('in_flight', self.in_flight)}: give 1 or more sequences")
+        if self.batch is not None and self.batch < 1:
+            raise UsageError(f"{opt('batch', self.batch)}: give 1 or more sequences per step")
         if any(t < 0 for p in self.prompt_ids for t in p) or any(t < 0 for t in self.eos_token_ids or ()):
             raise UsageError(f"{opt('prompt_ids')}: token ids are 0 or more")
         self._check_text()

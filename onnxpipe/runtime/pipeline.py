@@ -46,9 +46,9 @@ from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.backends.threads import ThreadBackend
 from onnxpipe.runtime.base import Backend, BackendConfig, LocalConfig, RayConfig, Tensors
 from onnxpipe.runtime.driver import CLOSE_TIMEOUT_S, CLOSED, Driver, Job
-from onnxpipe.runtime.generate import Generation, OnToken, StepFeeds
+from onnxpipe.runtime.generate import Batching, Generation, OnToken, StepFeeds, batch_size
 from onnxpipe.runtime.generate import generate as generate_tokens
-from onnxpipe.runtime.kvstate import CONTROL
+from onnxpipe.runtime.kvstate import CONTROL, PadSide
 from onnxpipe.runtime.options import GenerateOptions, Sampling
 from onnxpipe.runtime.prompting import Prompting, settle
 from onnxpipe.runtime.session import WorkerStats
@@ -60,6 +60,7 @@ from onnxpipe.runtime.spec import (
     generation_specs,
     manifest_placements,
     model_generation_spec,
+    padding_side,
     placement_for_device,
     stage_specs,
 )
@@ -94,6 +95,7 @@ class Pipeline:
         self.lanes = tuple(tuple(lane) for lane in lanes)
         self.manifest = manifest
         self.directory = directory
+        self._pad_side: PadSide | None = None
         self.pin_note = pin_note
         """Why the workers were not pinned although asked to be (too few CPUs), else None."""
         self.generation_io = generation_io
@@ -226,11 +228,13 @@ class Pipeline:
         in_flight: int | None = None,
         sampling: Sampling | None = None,
         on_token: OnToken | None = None,
+        batch: int | None = None,
     ) -> Generation:
         """New tokens for each prompt (token ids, or text: encoded by the model's tokenizer, and its new
         tokens decoded into :attr:`Generation.texts`), at most ``max_new_tokens`` each, fewer when an end
         id comes (``eos_token_ids``, default the model's; ``()`` for none); ``in_flight``: sequences in
-        the pipeline at once (default: all); each token the highest logit, or drawn as ``sampling`` says
+        the pipeline at once (default: all), ``batch`` at most in one step (default: enough for a step per
+        stage; 1: a step per sequence); each token the highest logit, or drawn as ``sampling`` says
         (:mod:`onnxpipe.runtime.sampling`); ``on_token`` is told each token as it comes.
 
         The pipeline must have been opened for generation (``from_manifest(..., generation=True)`` or
@@ -247,9 +251,24 @@ class Pipeline:
             max_new_tokens=max_new_tokens,
             eos_token_ids=None if eos_token_ids is None else tuple(eos_token_ids),
             in_flight=in_flight,
+            batch=batch,
             **GenerateOptions.drawn(sampling),
         )
         return self.generate_with(self.prompting(options), on_token)
+
+    def batching(self, options: GenerateOptions) -> Batching:
+        """How this pipeline's steps carry ``options``' sequences: ``options.batch`` at most, by default
+        as many as fill one step per stage (one where the model cannot pad sequences of different
+        lengths: it takes no positions or no mask)."""
+        if self.generation_io is None:
+            return Batching()
+        if self._pad_side is None:
+            self._pad_side = padding_side([spec.path for spec in self.lanes[0]])
+        feeds = StepFeeds(self.generation_io, self.input_types)
+        size = batch_size(options, len(self.lanes[0]), self.backend.lanes)
+        if size > 1 and options.batch is None and not feeds.can_pad(self._pad_side):
+            size = 1
+        return Batching(size, self._pad_side)
 
     def prompting(self, options: GenerateOptions) -> Prompting:
         """``options`` settled for this pipeline's model: prompts as ids, its tokenizer, its end ids."""
@@ -267,8 +286,10 @@ class Pipeline:
             )
         options = prompting.options
         feeds = StepFeeds(io, self.input_types)
+        batching = self.batching(options)
         first = self._next_sequence
         self._next_sequence += len(options.prompt_ids)
+        self.reset_stats()
         result: Generation = self._interruptible(
             lambda: generate_tokens(
                 lambda f, lane: self._submit_to(f, lane),
@@ -277,12 +298,12 @@ class Pipeline:
                 options,
                 first_ident=first,
                 on_token=on_token,
+                batching=batching,
             )
         )
-        codec = prompting.codec
-        if codec is None:
-            return result
-        return dataclasses.replace(result, texts=tuple(codec.decode(t) for t in result.tokens))
+        busy = tuple(sum(r.run_seconds for r in w.records) for w in self.stats())
+        shares = tuple(b / result.seconds if result.seconds > 0 else 0.0 for b in busy)
+        return prompting.with_texts(dataclasses.replace(result, busy_shares=shares))
 
     def _submit_to(self, feeds: Mapping[str, np.ndarray], lane: int) -> Job:
         return self._driver.submit(self._check_feeds(feeds), lane)

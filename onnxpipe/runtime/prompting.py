@@ -16,6 +16,7 @@ from onnxpipe.core.options import opt
 from onnxpipe.export.genai.config import GENAI_CONFIG_NAME
 from onnxpipe.export.genai.source import read_source_config
 from onnxpipe.manifest import Manifest
+from onnxpipe.runtime.generate import Generation
 from onnxpipe.runtime.options import GenerateOptions
 from onnxpipe.runtime.text import TOKENIZER_FILE, TextCodec, config_eos_ids
 
@@ -29,6 +30,12 @@ class Prompting:
     options: GenerateOptions
     codec: TextCodec | None
     eos_from: str | None
+
+    def with_texts(self, result: Generation) -> Generation:
+        """``result`` with its new tokens as text, when the prompts came as text."""
+        if self.codec is None:
+            return result
+        return dataclasses.replace(result, texts=tuple(self.codec.decode(t) for t in result.tokens))
 
 
 def settle(folder: Path, manifest: Manifest, options: GenerateOptions) -> Prompting:

@@ -207,7 +207,9 @@ class StageRunner:
         cached: dict[str, np.ndarray] = {}
         if self.kv is not None:
             control = Control.read(received[CONTROL])
-            if control.flags & StepFlags.DROP:  # a sequence that ended early: nothing runs
+            if all(
+                r.flags & StepFlags.DROP for r in control.rows
+            ):  # sequences that ended early: nothing runs
                 self.kv.drop(control)
                 return {n: received.get(n, _NOTHING) for n in spec.sends}
             try:

@@ -23,7 +23,7 @@ from onnxpipe.core.options import opt
 from onnxpipe.core.runtimes import DEFAULT_OPENVINO_DEVICE, EngineConfig, runs_here
 from onnxpipe.core.runtimes import available as runtime_available
 from onnxpipe.manifest import DecoderIORecord, Manifest, ModelTensor
-from onnxpipe.runtime.kvstate import CONTROL, CacheSlot
+from onnxpipe.runtime.kvstate import CONTROL, CacheSlot, PadSide
 
 CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
@@ -393,3 +393,16 @@ def model_generation_spec(
         caches=tuple(slots),
         generating=True,
     )
+
+
+def padding_side(paths: Sequence[str | Path]) -> PadSide:
+    """Where the caches of sequences sharing a step are padded, for the model files ``paths``: at the end
+    for onnxruntime's ``GroupQueryAttention`` (which reads each sequence's length off the mask), else at
+    the start (:class:`~onnxpipe.runtime.kvstate.PadSide`)."""
+    import onnx
+
+    for path in paths:
+        model = onnx.load(str(path), load_external_data=False)
+        if any(n.op_type == "GroupQueryAttention" for n in model.graph.node):
+            return PadSide.RIGHT
+    return PadSide.LEFT

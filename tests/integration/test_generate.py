@@ -113,12 +113,17 @@ def test_generate_gives_the_unsplit_models_tokens(splits: Splits, name: str, k: 
     assert io is not None and len(io.kv) == 4
     with Pipeline.from_manifest(folder, generation=True) as pipe:
         one = pipe.generate([PROMPTS[0]], NEW_TOKENS)
-        several = pipe.generate(PROMPTS, NEW_TOKENS)  # four sequences in flight through k stages
+        several = pipe.generate(PROMPTS, NEW_TOKENS, batch=1)  # four sequences in flight through k stages
+        batched = pipe.generate(PROMPTS, NEW_TOKENS, batch=None if name == "gpt2" else 2)
         # each worker's caches were dropped at each sequence's last step
         assert all(not w.runner.kv.caches for w in pipe.backend._workers)  # type: ignore[attr-defined]
     assert one.tokens == (reference(name, PROMPTS[0]),)
     assert several.tokens == tuple(reference(name, p) for p in PROMPTS)
     assert several.steps == len(PROMPTS) * NEW_TOKENS
+    # two sequences a decode step (gpt2 takes no positions: a step each), the same tokens
+    assert batched.tokens == several.tokens
+    assert batched.batch == (1 if name == "gpt2" else 2)
+    assert batched.steps == several.steps if name == "gpt2" else batched.steps < several.steps
     # random weights that do not just repeat one token (a tiny model often repeats within one sequence)
     assert len({t for seq in several.tokens for t in seq}) > 4
 

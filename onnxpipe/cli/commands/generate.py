@@ -41,7 +41,7 @@ def _print(result: api.GenerateResult, compared: bool, *, streamed: bool) -> Non
     on = f" on {workers} workers" if workers != k else ""
     labels = {
         "pipeline": f"{k}-stage pipeline{on}",
-        "unsplit": "unsplit model",
+        "unsplit": "unsplit model (plain onnxruntime loop)",
         "replicas": f"{workers} replicas",
     }
     split = result.runs["pipeline"]
@@ -52,6 +52,7 @@ def _print(result: api.GenerateResult, compared: bool, *, streamed: bool) -> Non
         if name != "pipeline" and g.tokens_per_second > 0:
             line += f" (the pipeline makes {split.tokens_per_second / g.tokens_per_second:.2f}x as many)"
         print(line)
+        print(f"  {_latency(g)}")
     if compared:
         print(
             "tokens: the same as the unsplit model's"
@@ -61,3 +62,17 @@ def _print(result: api.GenerateResult, compared: bool, *, streamed: bool) -> Non
             else "tokens: DIFFERENT from the unsplit model's: logits that differ within rounding can "
             "change a draw and every token after it; compare greedy tokens (leave out --do-sample)"
         )
+
+
+def _latency(g: api.Generation) -> str:
+    """A run's latency line: its batch, time to first token, time per token, each worker's busy share."""
+    parts = [f"up to {g.batch} a step"]
+    first = g.time_to_first_token()
+    if first is not None:
+        parts.append(f"first token {first * 1e3:.1f} ms (median)")
+    p50, p90 = g.time_per_token(0.5), g.time_per_token(0.9)
+    if p50 is not None and p90 is not None:
+        parts.append(f"per token {p50 * 1e3:.2f} ms p50, {p90 * 1e3:.2f} ms p90")
+    if g.busy_shares:
+        parts.append("busy " + " ".join(f"{b:.0%}" for b in g.busy_shares))
+    return "; ".join(parts)
