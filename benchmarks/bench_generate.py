@@ -1,23 +1,25 @@
-"""Decode throughput: a decoder's K-stage pipeline generating K and more sequences, against the unsplit model
-and K replicas running the same sequences, side by side in one run.
+"""Decode throughput with sequences batched: a decoder's K-stage pipeline, batched and unbatched, against
+the unsplit model as a plain onnxruntime loop and against K replicas, each given the same sequences and
+the same batching, side by side in one run.
 
-Each model (``tools/export_decoders.py``'s ``*_small``: random-weight Llama with grouped-query attention,
-Qwen2 and GPT-2, 8 layers, built in the cache; and ``llama_gqa_medium``, whose 250 MB of weights stay out
-of the CPU's cache as a real LLM's do) is split into K stages (layer cuts, balanced for both
-phases, onnxruntime's measured costs at one thread), then three generators run the same prompts, each
-with one intra-op thread per worker, local threads:
+Each model (``tools/export_decoders.py``: ``llama_gqa_medium`` by default, a random-weight Llama with
+grouped-query attention whose 250 MB of weights stay out of the CPU's cache as a real LLM's do) is split
+into K stages (layer cuts, balanced for both phases, onnxruntime's measured costs at one thread); then,
+for each count of sequences, four generators make the same tokens, each worker with one intra-op thread:
 
-* ``pipeline``: the split through :meth:`Pipeline.generate`, each worker keeping its layers' cache,
-  ``in_flight`` sequences in the pipeline at once;
-* ``unsplit``: one worker running the whole model with its whole cache (what one device does);
-* ``replicas``: K workers each running the whole model, sequences spread over them (data parallelism:
-  the ceiling of K devices when each can hold the whole model, which a split is for when none can).
+* ``batched``: the split through :meth:`Pipeline.generate` with its default batching (the sequences
+  dealt into K groups, a decode step carrying a group: each stage has a step);
+* ``unbatched``: the same pipeline, a step per sequence (``batch=1``): what it did before batching;
+* ``plain``: the unsplit model as a plain onnxruntime loop in the caller's thread, every sequence in one
+  step (:class:`~onnxpipe.runtime.plainloop.PlainLoop`): one device at its best;
+* ``replicas``: K workers each running the whole model, the sequences dealt over them, each replica's
+  in one step (data parallelism: the ceiling of K devices when each can hold the whole model).
 
-Rounds alternate the three in a rotating order; the figure per case is the median tokens/s (new tokens
-over wall time, prefill included) and its ratios: ``pipeline / unsplit`` (what splitting gains over one
-device; at most K) and ``pipeline / replicas`` (what it costs against replicas, when they fit).  Every
-generator must give the same tokens; a case where they differ fails the benchmark.  On a machine with
-fewer cores than workers the ratios are bounded by the cores, not by the split: the machine is recorded.
+Rounds rotate the order of the four; the figure per case is the median tokens/s (new tokens over wall
+time, prefill included), with the batched pipeline's time to first token and time per token (p50, p90).
+Every generator must give the same tokens; a case where they differ fails the benchmark.  On a machine
+with fewer cores than workers the ratios are bounded by the cores, not by the split: the machine is
+recorded with the result.
 """
 
 from __future__ import annotations
@@ -36,12 +38,15 @@ from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.generate import Generation
+from onnxpipe.runtime.options import GenerateOptions
 from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.plainloop import PlainLoop
 from tools import export_decoders
 
 NAME = "generate"
-MODELS = ("llama_gqa_small", "qwen2_small", "gpt2_small", "llama_gqa_medium")
-KINDS = ("pipeline", "unsplit", "replicas")
+MODELS = ("llama_gqa_medium",)
+KINDS = ("batched", "unbatched", "plain", "replicas")
+SEQUENCES = (1, 2, 4, 8, 16)
 
 
 def prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -49,21 +54,70 @@ def prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return [rng.integers(0, vocab, size=length).tolist() for _ in range(count)]
 
 
+class _Generators:
+    """The four generators of one split, open for all its cases."""
+
+    def __init__(self, folder: Path, k: int, config: LocalConfig) -> None:
+        self.pipeline = Pipeline.from_manifest(folder, config, threads=1, generation=True)
+        self.replicas = Pipeline.generating_replicas(folder, k, config, threads=1)
+        self.plain = PlainLoop(folder, threads=1)
+
+    def run(self, kind: str, sequences: list[list[int]], new_tokens: int) -> Generation:
+        options = GenerateOptions(
+            prompt_ids=tuple(tuple(p) for p in sequences),
+            max_new_tokens=new_tokens,
+            ignore_eos=True,
+            batch=1 if kind == "unbatched" else None,
+        )
+        if kind == "plain":
+            return self.plain.generate_with(self.pipeline.prompting(options))
+        pipe = self.replicas if kind == "replicas" else self.pipeline
+        return pipe.generate_with(pipe.prompting(options))
+
+    def close(self) -> None:
+        self.pipeline.close()
+        self.replicas.close()
+
+
+def _case(gens: _Generators, sequences: list[list[int]], args: argparse.Namespace) -> dict[str, Any]:
+    """Rounds of the four generators in rotating order: median tokens/s of each, the batched
+    pipeline's latencies, and whether every one made the same tokens."""
+    rates: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    made: dict[str, Generation] = {}
+    for r in range(args.rounds):
+        for kind in KINDS[r % len(KINDS) :] + KINDS[: r % len(KINDS)]:
+            g = gens.run(kind, sequences, args.new_tokens)
+            rates[kind].append(g.tokens_per_second)
+            made[kind] = g
+    rate = {kind: median(v) for kind, v in rates.items()}
+    batched = made["batched"]
+    return {
+        "same_tokens": len({g.tokens for g in made.values()}) == 1,
+        "batch": batched.batch,
+        **{f"{kind}_tokens_per_s": round(rate[kind], 2) for kind in KINDS},
+        "batched_over_unbatched": rate["batched"] / rate["unbatched"],
+        "batched_over_replicas": rate["batched"] / rate["replicas"],
+        "batched_over_plain": rate["batched"] / rate["plain"],
+        "replicas_over_plain": rate["replicas"] / rate["plain"],
+        "time_to_first_token_s": batched.time_to_first_token(),
+        "time_per_token_p50_s": batched.time_per_token(0.5),
+        "time_per_token_p90_s": batched.time_per_token(0.9),
+        "busy_shares": [round(b, 3) for b in batched.busy_shares],
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = benchmark_parser(__name__, __doc__)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=sorted(export_decoders.SPECS))
     parser.add_argument("--stages", nargs="+", type=int, default=[2])
-    parser.add_argument(
-        "--in-flight", nargs="+", type=int, default=None, help="sequences in flight (default: 1, K and 2K)"
-    )
+    parser.add_argument("--sequences", nargs="+", type=int, default=list(SEQUENCES))
     parser.add_argument("--prompt-tokens", type=int, default=16)
-    parser.add_argument("--new-tokens", type=int, default=48)
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of the three generators")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3, help="rotating rounds of the four generators")
     parser.add_argument("--local-mode", choices=("threads", "processes"), default="threads")
     args: argparse.Namespace = parser.parse_args(argv)
     config = LocalConfig(mode=args.local_mode)
     rows: list[dict[str, Any]] = []
-    failed = False
     with tempfile.TemporaryDirectory(prefix="bench-generate-") as tmp:
         for model in args.models:
             path = export_decoders.decoder(model)
@@ -74,69 +128,47 @@ def main(argv: Sequence[str] | None = None) -> int:
                     path,
                     SplitOptions(out=folder, plan=PlanRequest(k), profile=ProfileOptions(runs=10, threads=1)),
                 )
-                for in_flight in args.in_flight or sorted({1, k, 2 * k}):
-                    sequences = prompts(
-                        max(in_flight, k), args.prompt_tokens, vocab, seed=k * 100 + in_flight
-                    )
-                    pipes = {
-                        "pipeline": Pipeline.from_manifest(folder, config, threads=1, generation=True),
-                        "unsplit": Pipeline.generating_replicas(folder, 1, config, threads=1),
-                        "replicas": Pipeline.generating_replicas(folder, k, config, threads=1),
-                    }
-                    rates: dict[str, list[float]] = {kind: [] for kind in KINDS}
-                    tokens: dict[str, Generation] = {}
-                    try:
-                        for pipe in pipes.values():  # warm-up: first runs allocate
-                            pipe.generate(sequences[:1], 4)
-                        for r in range(args.rounds):
-                            for kind in KINDS[r % 3 :] + KINDS[: r % 3]:
-                                g = pipes[kind].generate(sequences, args.new_tokens, in_flight=in_flight)
-                                rates[kind].append(g.tokens_per_second)
-                                tokens[kind] = g
-                    finally:
-                        for pipe in pipes.values():
-                            pipe.close()
-                    same = len({g.tokens for g in tokens.values()}) == 1
-                    failed |= not same
-                    rate = {kind: median(v) for kind, v in rates.items()}
-                    rows.append(
-                        {
-                            "model": model,
-                            "k": k,
-                            "in_flight": in_flight,
-                            "sequences": len(sequences),
-                            "same_tokens": same,
-                            **{f"{kind}_tokens_per_s": round(rate[kind], 2) for kind in KINDS},
-                            "pipeline_over_unsplit": rate["pipeline"] / rate["unsplit"],
-                            "pipeline_over_replicas": rate["pipeline"] / rate["replicas"],
-                            "replicas_over_unsplit": rate["replicas"] / rate["unsplit"],
-                        }
-                    )
-                    print(
-                        f"{model} K={k} in flight {in_flight}: pipeline/unsplit "
-                        f"{rows[-1]['pipeline_over_unsplit']:.2f}, pipeline/replicas "
-                        f"{rows[-1]['pipeline_over_replicas']:.2f}, same tokens {same}",
-                        flush=True,
-                    )
+                gens = _Generators(folder, k, config)
+                try:
+                    for kind in KINDS:  # warm-up: first runs allocate
+                        gens.run(kind, prompts(2, 4, vocab, seed=1), 4)
+                    for count in args.sequences:
+                        sequences = prompts(count, args.prompt_tokens, vocab, seed=k * 100 + count)
+                        row = {"model": model, "k": k, "sequences": count, **_case(gens, sequences, args)}
+                        rows.append(row)
+                        print(
+                            f"{model} K={k} {count} sequence(s), batch {row['batch']}: batched/unbatched "
+                            f"{row['batched_over_unbatched']:.2f}, batched/replicas "
+                            f"{row['batched_over_replicas']:.2f}, batched/plain "
+                            f"{row['batched_over_plain']:.2f}, same tokens {row['same_tokens']}",
+                            flush=True,
+                        )
+                finally:
+                    gens.close()
     print_table(
-        "decode throughput ratios (median tokens/s of alternating rounds)",
-        ["model", "K", "in flight", "pipeline/unsplit", "pipeline/replicas", "replicas/unsplit", "same"],
+        "decode throughput ratios (median tokens/s of rotating rounds)",
+        ["model", "K", "seqs", "batch", "batched/unbatched", "batched/replicas", "batched/plain", "same"],
         [
             [
                 r["model"],
                 r["k"],
-                r["in_flight"],
-                f"{r['pipeline_over_unsplit']:.2f}",
-                f"{r['pipeline_over_replicas']:.2f}",
-                f"{r['replicas_over_unsplit']:.2f}",
+                r["sequences"],
+                r["batch"],
+                f"{r['batched_over_unbatched']:.2f}",
+                f"{r['batched_over_replicas']:.2f}",
+                f"{r['batched_over_plain']:.2f}",
                 "yes" if r["same_tokens"] else "NO",
             ]
             for r in rows
         ],
     )
+    failed = not all(r["same_tokens"] for r in rows)
+    at8 = [r for r in rows if r["sequences"] == 8 and r["k"] == 2]
     summary = {
-        "best_pipeline_over_unsplit": max(r["pipeline_over_unsplit"] for r in rows),
         "all_tokens_same": not failed,
+        "at_8_sequences_k2_batched_over_unbatched": [r["batched_over_unbatched"] for r in at8],
+        "at_8_sequences_k2_batched_over_replicas": [r["batched_over_replicas"] for r in at8],
+        "goal": "at 8 sequences, K=2: batched >= 2x unbatched and >= 0.9x K batched replicas",
     }
     written = write_result(NAME, params_of(args), rows, summary=summary, out=args.out)
     print(f"wrote {shown(written)}")

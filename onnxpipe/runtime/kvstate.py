@@ -72,21 +72,32 @@ class CacheSlot:
         dims = [cached if i == seq else (batch if d is None else d) for i, d in enumerate(self.shape)]
         return np.zeros(dims, dtype=np.dtype(self.dtype))
 
-    def padded(self, cache: np.ndarray, length: int, side: PadSide) -> np.ndarray:
-        """One sequence's ``cache`` grown to ``length`` cached tokens with zeros on ``side``."""
-        missing = length - cache.shape[self.sequence_axis]
-        if missing == 0:
-            return cache
-        pad = [(0, 0)] * cache.ndim
-        pad[cache.ndim + self.sequence_axis] = (missing, 0) if side == PadSide.LEFT else (0, missing)
-        return np.pad(cache, pad)
+    def stacked(self, caches: list[np.ndarray], length: int, side: PadSide) -> np.ndarray:
+        """The sequences' ``caches`` as one batch of ``length`` cached tokens, each padded with zeros on
+        ``side``: one copy of each, into one array."""
+        first = caches[0]
+        axis = first.ndim + self.sequence_axis
+        dims = list(first.shape)
+        dims[0], dims[axis] = len(caches), length
+        out = np.empty(dims, dtype=first.dtype)
+        for i, cache in enumerate(caches):
+            n = cache.shape[axis]
+            keep = slice(length - n, length) if side == PadSide.LEFT else slice(0, n)
+            pad = slice(0, length - n) if side == PadSide.LEFT else slice(n, length)
+            out[self._at(out.ndim, i, keep)] = cache
+            out[self._at(out.ndim, i, pad)] = 0
+        return out
 
     def row(self, present: np.ndarray, index: int, keep: slice) -> np.ndarray:
-        """Sequence ``index``'s own part of a step's ``present``: its row, the ``keep`` tokens of it."""
-        where: list[slice | int] = [slice(None)] * present.ndim
+        """Sequence ``index``'s own part of a step's ``present``: its row, the ``keep`` tokens of it (a
+        view: the next step copies it into its own batch anyway)."""
+        return present[self._at(present.ndim, index, keep)]
+
+    def _at(self, rank: int, index: int, tokens: slice) -> tuple[slice, ...]:
+        where = [slice(None)] * rank
         where[0] = slice(index, index + 1)
-        where[present.ndim + self.sequence_axis] = keep
-        return np.ascontiguousarray(present[tuple(where)])
+        where[rank + self.sequence_axis] = tokens
+        return tuple(where)
 
 
 @dataclass(frozen=True)
@@ -170,7 +181,7 @@ class KVState:
             elif len(caches) == 1:
                 out[s.past] = caches[0][s.past]
             else:
-                out[s.past] = np.concatenate([s.padded(c[s.past], length, control.side) for c in caches])
+                out[s.past] = s.stacked([c[s.past] for c in caches], length, control.side)
         return out
 
     def keep(self, control: Control, produced: Mapping[str, np.ndarray]) -> None:
@@ -195,7 +206,8 @@ class KVState:
                     if control.side == PadSide.LEFT
                     else slice(0, r.cached + grown)
                 )
-                cache[s.past] = s.row(value, i, keep)
+                mine = s.row(value, i, keep)
+                cache[s.past] = np.array(mine, copy=True) if self.copy else mine
 
     def drop(self, control: Control) -> None:
         for r in control.rows:
