@@ -87,8 +87,9 @@ __all__ = [
 
 def model_path(name: str) -> Path:
     """A corpus model by short name: ``light_<onnx light name>``, ``nudenet``, ``rapidocr_<det|rec|cls>``,
-    ``iris``, ``<gpt2_tiny|gpt2_small|bert_tiny>[_dynamo]`` (torch exports; ``gpt2_small`` is about
-    500 MB, exported into the corpus cache on first use), or a ``sample_models`` stem."""
+    ``iris``, ``silero_vad``, ``<gpt2_tiny|gpt2_tiny_mask|gpt2_small|bert_tiny|minilm_l6>[_dynamo]`` (torch
+    exports; ``gpt2_small`` is about 500 MB, exported into the corpus cache on first use), or a
+    ``sample_models`` stem."""
     if name.startswith("light_"):
         return corpus.onnx_light(name.removeprefix("light_"))
     if name.startswith("rapidocr_"):
@@ -97,8 +98,10 @@ def model_path(name: str) -> Path:
         return corpus.nudenet()
     if name == "iris":
         return corpus.iris()
+    if name == "silero_vad":
+        return corpus.silero_vad()
     base = name.removesuffix("_dynamo")
-    if base in ("gpt2_tiny", "gpt2_small", "bert_tiny"):
+    if base in ("gpt2_tiny", "gpt2_tiny_mask", "gpt2_small", "bert_tiny", "minilm_l6"):
         path: Path = getattr(export_transformers, base)(dynamo=name.endswith("_dynamo"))
         return path
     sample = ROOT / "sample_models" / f"{name}.onnx"

@@ -129,6 +129,12 @@ def nudenet_path() -> Path:
     return _fetch(_corpus.nudenet)
 
 
+@pytest.fixture(scope="session")
+def silero_vad_path() -> Path:
+    """Silero VAD (opset 15): ``input`` [batch, samples], ``state``, ``sr``; fails below 65 samples."""
+    return _fetch(_corpus.silero_vad)
+
+
 # ------------------------------------------------------------------------- torch-exported transformers
 
 
@@ -163,6 +169,32 @@ def bert_tiny_path(export_transformers: ModuleType) -> Path:
 def bert_tiny_dynamo_path(export_transformers: ModuleType) -> Path:
     """The same BERT from the dynamo exporter; its weights are in ``<path>.data`` beside it."""
     path: Path = export_transformers.bert_tiny(dynamo=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def minilm_l6_path(export_transformers: ModuleType) -> Path:
+    """6-layer, 384-wide BERT (all-MiniLM-L6-v2's layout), TorchScript exporter; inputs as BERT's."""
+    path: Path = export_transformers.minilm_l6(dynamo=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def minilm_l6_dynamo_path(export_transformers: ModuleType) -> Path:
+    path: Path = export_transformers.minilm_l6(dynamo=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def gpt2_tiny_mask_path(export_transformers: ModuleType) -> Path:
+    """The 4-layer GPT-2 with an ``attention_mask`` input too, TorchScript exporter."""
+    path: Path = export_transformers.gpt2_tiny_mask(dynamo=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def gpt2_tiny_mask_dynamo_path(export_transformers: ModuleType) -> Path:
+    path: Path = export_transformers.gpt2_tiny_mask(dynamo=True)
     return path
 
 

@@ -38,6 +38,9 @@ RAPIDOCR_MODELS = {
 NUDENET_DIST = "nudenet"
 NUDENET_VERSION = "3.4.2"
 NUDENET_MODEL = "nudenet/320n.onnx"
+SILERO_DIST = "silero-vad"
+SILERO_VERSION = "6.2.3"
+SILERO_MODEL = "silero_vad/data/silero_vad_16k_op15.onnx"
 
 
 class CorpusUnavailable(Exception):
@@ -165,12 +168,20 @@ def nudenet() -> Path:
     return _from_wheel(NUDENET_DIST, NUDENET_VERSION, NUDENET_MODEL)
 
 
+def silero_vad() -> Path:
+    """Silero VAD's ``silero_vad_16k_op15.onnx``: a voice activity detector, opset 15, ``input`` [batch,
+    samples] (512 a window at 16 kHz) and a recurrent ``state`` in, a probability and the next ``state``
+    out; an ``If`` on the sample rate, a ``Pad`` and STFT-like ``Conv`` whose sizes follow the input."""
+    return _from_wheel(SILERO_DIST, SILERO_VERSION, SILERO_MODEL)
+
+
 def all_models() -> dict[str, Path]:
     """Every corpus model by a short name (fetching what is not cached yet)."""
     models = {f"light_{name}": onnx_light(name) for name in onnx_light_names()}
     models["iris"] = iris()
     models.update({f"rapidocr_{kind}": rapidocr(kind) for kind in RAPIDOCR_MODELS})
     models["nudenet"] = nudenet()
+    models["silero_vad"] = silero_vad()
     return models
 
 

@@ -10,6 +10,11 @@
   [batch, seq] -> ``last_hidden_state`` [batch, seq, 128] and ``pooler_output`` [batch, 128].
 - ``bert_mini``: the same 256 wide (feed-forward 1024), the size of Google's BERT-Mini without its
   30k-word vocabulary (benchmarks only; the tests use the tiny models).
+- ``minilm_l6``: ``BertModel`` at the size of sentence-transformers' all-MiniLM-L6-v2 (6 layers, 384 wide,
+  12 heads, feed-forward 1536) with a 1000-word vocabulary: its mask and shape arithmetic are BERT's, at a
+  real embedding model's depth.
+- ``gpt2_tiny_mask``: ``gpt2_tiny`` that also takes ``attention_mask`` [batch, seq], as exporters for
+  serving give it: the mask's ``Shape`` feeds the causal mask's arithmetic.
 
 Each comes from two exporters: the TorchScript one (``dynamo=False``, opset 17, one self-contained file) and
 the ``torch.export`` one (``dynamo=True``, the exporter's default opset, ``external_data=True``: the large
@@ -137,6 +142,36 @@ SPECS: dict[str, ModelSpec] = {
         output_names=("last_hidden_state", "pooler_output"),
         output_axes={"last_hidden_state": {0: "batch", 1: "seq"}, "pooler_output": {0: "batch"}},
     ),
+    "minilm_l6": ModelSpec(
+        name="minilm_l6",
+        config={
+            "vocab_size": 1000,
+            "hidden_size": 384,
+            "num_hidden_layers": 6,
+            "num_attention_heads": 12,
+            "intermediate_size": 1536,
+            "max_position_embeddings": 512,
+        },
+        input_names=("input_ids", "attention_mask"),
+        output_names=("last_hidden_state", "pooler_output"),
+        output_axes={"last_hidden_state": {0: "batch", 1: "seq"}, "pooler_output": {0: "batch"}},
+    ),
+    "gpt2_tiny_mask": ModelSpec(
+        name="gpt2_tiny_mask",
+        config={
+            "vocab_size": 1000,
+            "n_positions": 128,
+            "n_embd": 128,
+            "n_layer": 4,
+            "n_head": 4,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+            "use_cache": False,
+        },
+        input_names=("input_ids", "attention_mask"),
+        output_names=("logits",),
+        output_axes={"logits": {0: "batch", 1: "seq"}},
+    ),
 }
 
 
@@ -146,42 +181,62 @@ SPECS: dict[str, ModelSpec] = {
 def build_torch_model(name: str) -> torch.nn.Module:
     """The eval-mode torch module that is exported as ``name``: same weights on every call (seeded)."""
     import torch
-    import transformers
 
     spec = SPECS[name]
     torch.manual_seed(SEED)
-    if name in ("gpt2_tiny", "gpt2_small"):
-        lm = transformers.GPT2LMHeadModel(transformers.GPT2Config(**spec.config))
-
-        class Gpt2Logits(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.model = lm
-
-            def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-                mask = torch.ones_like(input_ids)  # see the module docstring: avoids aten::diff
-                logits: torch.Tensor = self.model(input_ids=input_ids, attention_mask=mask, use_cache=False)[
-                    0
-                ]
-                return logits
-
-        return Gpt2Logits().eval()  # eval() reaches the wrapped model too
-    if name in ("bert_tiny", "bert_mini"):
-        bert = transformers.BertModel(transformers.BertConfig(**spec.config))
-
-        class BertOutputs(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.model = bert
-
-            def forward(
-                self, input_ids: torch.Tensor, attention_mask: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-                out = self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)
-                return out[0], out[1]
-
-        return BertOutputs().eval()
+    if name.startswith("gpt2_"):
+        return _gpt2(spec).eval()  # eval() reaches the wrapped model too
+    if name in ("bert_tiny", "bert_mini", "minilm_l6"):
+        return _bert(spec).eval()
     raise ValueError(f"unknown model {name!r}; there are {', '.join(SPECS)}")
+
+
+def _gpt2(spec: ModelSpec) -> torch.nn.Module:
+    """GPT-2's logits; from ``input_ids`` alone (an all-ones mask made inside) or with ``attention_mask``."""
+    import torch
+    import transformers
+
+    lm = transformers.GPT2LMHeadModel(transformers.GPT2Config(**spec.config))
+
+    class Gpt2Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = lm
+
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            mask = torch.ones_like(input_ids)  # see the module docstring: avoids aten::diff
+            return self.logits(input_ids, mask)
+
+        def logits(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.model(input_ids=input_ids, attention_mask=mask, use_cache=False)[0]
+            return out
+
+    class Gpt2MaskedLogits(Gpt2Logits):
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+            return self.logits(input_ids, attention_mask)
+
+    return Gpt2MaskedLogits() if "attention_mask" in spec.input_names else Gpt2Logits()
+
+
+def _bert(spec: ModelSpec) -> torch.nn.Module:
+    """BERT's last hidden state and pooled output."""
+    import torch
+    import transformers
+
+    bert = transformers.BertModel(transformers.BertConfig(**spec.config))
+
+    class BertOutputs(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = bert
+
+        def forward(
+            self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)
+            return out[0], out[1]
+
+    return BertOutputs()
 
 
 def example_inputs(name: str, batch: int = 2, seq: int = 16, seed: int = 0) -> dict[str, np.ndarray]:
@@ -318,6 +373,16 @@ def bert_tiny(dynamo: bool = False) -> Path:
 def bert_mini(dynamo: bool = False) -> Path:
     """A 4-layer, 256-wide BERT, same inputs and outputs as :func:`bert_tiny`."""
     return cached_export("bert_mini", dynamo)
+
+
+def minilm_l6(dynamo: bool = False) -> Path:
+    """A 6-layer, 384-wide BERT (all-MiniLM-L6-v2's layout), same inputs and outputs as :func:`bert_tiny`."""
+    return cached_export("minilm_l6", dynamo)
+
+
+def gpt2_tiny_mask(dynamo: bool = False) -> Path:
+    """:func:`gpt2_tiny` with an ``attention_mask`` input: ``input_ids``, ``attention_mask`` -> ``logits``."""
+    return cached_export("gpt2_tiny_mask", dynamo)
 
 
 def model_files(path: Path) -> list[Path]:

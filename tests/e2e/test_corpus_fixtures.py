@@ -14,8 +14,13 @@ from onnx.external_data_helper import uses_external_data
 
 from tools import corpus as corpus_module
 
-REGISTRY_FIXTURES = ["rapidocr_det_path", "rapidocr_rec_path", "rapidocr_cls_path", "nudenet_path"]
-TORCH_FIXTURES = ["gpt2_tiny_path", "gpt2_tiny_dynamo_path", "bert_tiny_path", "bert_tiny_dynamo_path"]
+REGISTRY_FIXTURES = [
+    "rapidocr_det_path", "rapidocr_rec_path", "rapidocr_cls_path", "nudenet_path", "silero_vad_path",
+]  # fmt: skip
+TORCH_FIXTURES = [
+    "gpt2_tiny_path", "gpt2_tiny_dynamo_path", "bert_tiny_path", "bert_tiny_dynamo_path",
+    "minilm_l6_path", "minilm_l6_dynamo_path", "gpt2_tiny_mask_path", "gpt2_tiny_mask_dynamo_path",
+]  # fmt: skip
 
 
 def _check(path: Path) -> onnx.ModelProto:
