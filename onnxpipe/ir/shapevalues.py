@@ -12,8 +12,14 @@ recompute them from what it already has, and :mod:`onnxpipe.export.fold` folds t
   ``Slice``'s starts/ends/axes/steps, ``Range``, ``ConstantOfShape``, ``Tile``'s repeats, ...).
 * A **constant-only value** is computed from initializers and constants alone (no model input reaches
   it), by deterministic ops: random generators are left out, since a copy would draw other numbers.
+* A **shape-derived value** is computed from shapes alone: a ``Shape`` or ``Size`` of a data tensor,
+  and what deterministic ops make of such values and constants, whatever reads it (a sequence length
+  that indexes a flattened mask, ``Shape(mask)[1]`` in a torch-exported BERT; a causal mask built with
+  ``Range``, ``LessOrEqual`` and ``Where`` from ``Shape(input_ids)``; the ``If`` condition of a voice
+  detector made from ``Shape(state)``).  Its values follow the input sizes only, so any stage that has a
+  tensor of the same dims can make it, and tract refuses the integer ones as stage inputs just the same.
 
-Both are found in one pass over the view's nodes each (linear in the graph).
+Each is found in one pass over the view's nodes (linear in the graph).
 """
 
 from __future__ import annotations
@@ -77,13 +83,15 @@ class ValueKinds:
 
     shape_values: frozenset[str]
     constant_only: frozenset[str]
+    shape_derived: frozenset[str] = frozenset()
+    """Tensors computed from shapes alone (see the module docstring): a superset of most shape values."""
     settled_shapes: Callable[[], Mapping[str, tuple[Dim, ...]]] | None = None
     """Dims of the model's tensors from onnxruntime's symbolic inference (:mod:`onnxpipe.ir.symbolic`),
     computed on the first call (it costs seconds on a transformer): a ``Shape`` of a tensor a stage
     lacks may then be read off a tensor it has whose dims ONNX's own inference left as made-up symbols."""
 
     def recomputable(self, tensor: str) -> bool:
-        return tensor in self.shape_values or tensor in self.constant_only
+        return tensor in self.shape_values or tensor in self.constant_only or tensor in self.shape_derived
 
 
 def value_kinds(view: ModelView) -> ValueKinds:
@@ -95,8 +103,12 @@ def value_kinds(view: ModelView) -> ValueKinds:
             cache.append(symbolic_dims(view.proto) or {})
         return cache[0]
 
+    const = constant_only(view)
     return ValueKinds(
-        shape_values=shape_values(view), constant_only=constant_only(view), settled_shapes=settled
+        shape_values=shape_values(view),
+        constant_only=const,
+        shape_derived=shape_derived(view, const),
+        settled_shapes=settled,
     )
 
 
@@ -151,12 +163,38 @@ def constant_only(view: ModelView) -> frozenset[str]:
     return frozenset(made)
 
 
+def shape_derived(view: ModelView, const: frozenset[str] | None = None) -> frozenset[str]:
+    """Tensors computed from shapes alone: the outputs of ``Shape`` and ``Size`` nodes (but those of
+    static tensors, which are constants) and of every deterministic node of the standard domain, without
+    subgraphs, that reads only such tensors, initializers and constant-only values (``const``, worked
+    out when not given).  Found forward from the ``Shape`` nodes, each node looked at once per input."""
+    known = set(view.initializers) | set(constant_only(view) if const is None else const)
+    found: set[str] = set()
+    stack: list[str] = []
+    for node in view.nodes:
+        if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx") and not node.is_constant:
+            found.update(node.outputs)
+            stack.extend(node.outputs)
+    while stack:
+        t = stack.pop()
+        for pos in view.consumers.get(t, ()):
+            node = view.nodes[pos]
+            if node.op_type in RANDOM_OPS or node.has_subgraph or node.domain not in ("", "ai.onnx"):
+                continue
+            if all(o in found for o in node.outputs) or not all(r in found or r in known for r in node.reads):
+                continue
+            found.update(node.outputs)
+            stack.extend(node.outputs)
+    return frozenset(found - known)
+
+
 __all__ = [
     "RANDOM_OPS",
     "SHAPE_ARITHMETIC",
     "SHAPE_INPUTS",
     "ValueKinds",
     "constant_only",
+    "shape_derived",
     "shape_values",
     "value_kinds",
 ]

@@ -1,9 +1,11 @@
-"""Make a stage recompute the shape values and constant-only values it would otherwise receive.
+"""Make a stage recompute the values of shapes or weights alone that it would otherwise receive: shape
+values, shape-derived values and constant-only values (:mod:`onnxpipe.ir.shapevalues`).
 
 Why: other runtimes than onnxruntime cannot take such tensors as stage inputs (see
 :mod:`onnxpipe.ir.shapevalues`), and they are cheap to make again: shape arithmetic is a handful of
-integer ops on a few elements, a constant-only value costs at most a copy of the weights it is made
-from.  So a stage receives neither: it holds copies of the nodes that make them (its
+integer ops on a few elements, a value made of shapes (a causal mask, an index grid) a few elementwise
+ops the size of the tensor it spares sending, a constant-only value at most a copy of the weights it is
+made from.  So a stage receives none: it holds copies of the nodes that make them (its
 :attr:`~onnxpipe.planning.types.StageSpec.recomputed_nodes`), reading what it has anyway.
 
 What a copy may read, walking back from the tensor: initializers and constants (the stage copies them),
@@ -14,7 +16,7 @@ equal; where it left dims unknown, onnxruntime's symbolic inference is asked onc
 :attr:`ValueKinds.settled_shapes`).  Where a dim cannot be found so, the stage makes that tensor too if
 shape arithmetic makes it (a detector's anchor grid); where not, and when the copies would carry more
 than :data:`MAX_COPIED_BYTES` of weights or :data:`MAX_NODES` nodes, the value still
-crosses, and the plan says how many do.
+crosses, and the plan's notes name it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import onnx
 from onnx import numpy_helper
@@ -219,11 +222,20 @@ class _Stage:
         """:func:`_closure` with ONNX inference's shapes, else with the settled ones (dearer: only when
         ONNX's shapes did not do)."""
         found = _closure(self, tensor, chosen)
-        if found is None and self.kinds.settled_shapes is not None:
-            dims = self.kinds.settled_shapes()
-            settled = dataclasses.replace(self, shapes=dims, by_dim=_same_shape_index(dims, self.have))
-            found = _closure(settled, tensor, chosen)
+        if found is None and self.settled is not None:
+            found = _closure(self.settled, tensor, chosen)
         return found
+
+    @cached_property
+    def settled(self) -> _Stage | None:
+        """This stage with the settled dims (made on the first value ONNX's shapes did not do).  They
+        type what the model computes; its inputs keep their declared symbols, so that a stage that
+        has only flattened tensors reads a batch or a sequence length off a model input (which every
+        stage may read)."""
+        if self.kinds.settled_shapes is None:
+            return None
+        dims: Mapping[str, Shaped] = {**self.view.tensors, **self.kinds.settled_shapes()}
+        return dataclasses.replace(self, shapes=dims, by_dim=_same_shape_index(dims, self.have))
 
 
 def _closure(
@@ -275,8 +287,9 @@ def _closure(
 
 
 def _cheap(kinds: ValueKinds, node: NodeInfo) -> bool:
-    """A node a stage may copy: it makes only constant-only values, or it is shape arithmetic."""
-    if all(o in kinds.constant_only for o in node.outputs):
+    """A node a stage may copy: it makes only values of weights or shapes alone, or it is shape
+    arithmetic."""
+    if all(o in kinds.constant_only or o in kinds.shape_derived for o in node.outputs):
         return True
     return node.op_type in SHAPE_ARITHMETIC and not node.has_subgraph and node.domain in ("", "ai.onnx")
 

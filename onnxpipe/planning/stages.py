@@ -17,7 +17,7 @@ from onnxpipe.ir.samevalue import value_classes
 from onnxpipe.ir.shapevalues import ValueKinds, value_kinds
 from onnxpipe.manifest.entries import SameValue
 from onnxpipe.partition.result import Partition
-from onnxpipe.planning.recompute import Recomputed, recompute
+from onnxpipe.planning.recompute import MAX_COPIED_BYTES, MAX_NODES, Recomputed, recompute
 from onnxpipe.planning.sequences import Sequences
 from onnxpipe.planning.types import Plan, StageSpec
 from onnxpipe.schedule.timeline import Timeline
@@ -92,16 +92,27 @@ def plan_from(
 
 
 def _stage_notes(stages: Sequence[StageSpec]) -> tuple[str, ...]:
-    """What the stages recompute and remake instead of receiving, said once per plan."""
+    """What the stages recompute and remake instead of receiving, said once per plan; the values of
+    shapes or weights alone that still cross a cut, by name."""
     notes: list[str] = []
     recomputed = sum(len(st.recomputed_tensors) for st in stages)
-    crossing = sum(len(st.crossing_shape_values) for st in stages)
-    if recomputed or crossing:
+    if recomputed:
         copies = sum(len(st.recomputed_nodes) for st in stages)
         notes.append(
-            f"{recomputed} shape or constant-only value(s) a stage would receive are recomputed there "
-            f"({copies} node(s) copied), so that runtimes other than onnxruntime can take the stages"
-            + (f"; {crossing} still cross a cut (too dear to recompute)" if crossing else "")
+            f"{recomputed} value(s) of shapes or weights alone that a stage would receive are recomputed "
+            f"there ({copies} node(s) copied), so that runtimes other than onnxruntime can take the stages"
+        )
+    crossing = [st for st in stages if st.crossing_shape_values]
+    if crossing:
+        named = "; ".join(
+            f"stage {st.index} receives {', '.join(st.crossing_shape_values)}" for st in crossing
+        )
+        count = sum(len(st.crossing_shape_values) for st in crossing)
+        notes.append(
+            f"{count} value(s) of shapes or weights alone still cross a cut: {named} (no copy of at most "
+            f"{MAX_NODES} nodes and {MAX_COPIED_BYTES >> 20} MiB of weights makes them from what the stage "
+            "has, or their stage would have nothing else to send); tract refuses an integer shape "
+            "value as a stage input: another stage count, or a static split, may avoid it"
         )
     received = sum(1 for st in stages for a in st.aliases if a.same_as in st.inputs)
     if received:

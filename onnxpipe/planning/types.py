@@ -65,7 +65,9 @@ class StageSpec:
     made of the input's dims instead, each a number or ``(tensor, axis)`` of a tensor the stage has
     (:func:`onnxpipe.export.build` writes ``Shape``, ``Gather`` and ``Concat`` nodes for it)."""
     crossing_shape_values: tuple[str, ...] = ()
-    """Shape or constant-only values the stage still receives: too dear to recompute."""
+    """Values of shapes or weights alone (:class:`~onnxpipe.ir.shapevalues.ValueKinds`) the stage still
+    receives: no cheap copy makes them from what it has, or their stage would have nothing else to send;
+    the plan's notes name them."""
 
     @property
     def file_node_names(self) -> tuple[str, ...]:

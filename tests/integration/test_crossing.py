@@ -1,8 +1,10 @@
-"""No shape value and no constant-only value crosses a cut: the stages recompute them (issue 18).
+"""No shape value, shape-derived value or constant-only value crosses a cut: the stages recompute them
+(issues 18 and 31), and no stage holds nothing but such values.
 
 Over the corpus (the ``onnx`` package's CNN layouts, the registry's models, the torch exports) and the
 sample models: every stage count the planner is asked for, and the stage files of a few splits, which
-must still compute what the whole model does.
+must still compute what the whole model does.  The guarantee over every corpus split's stages on tract
+and OpenVINO is ``test_corpus_runtimes.py``'s.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
@@ -18,16 +22,21 @@ from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.cost.source import get_profile
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model, view_from_proto
-from onnxpipe.ir.shapevalues import constant_only, shape_values, value_kinds
+from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.shapevalues import constant_only, shape_derived, shape_values, value_kinds
+from onnxpipe.partition.result import Partition
 from onnxpipe.planning.planner import plan
 from onnxpipe.planning.request import PlanRequest
+from onnxpipe.planning.sequences import sequences
+from onnxpipe.planning.stages import plan_from, specs_from_bounds
+from onnxpipe.planning.types import Plan
 from tools import corpus
 
 STAGE_COUNTS = (2, 3, 5)
 
 
 def crossing(path: Path, ks: tuple[int, ...] = STAGE_COUNTS) -> dict[int, list[tuple[int, str]]]:
-    """For each K, the (stage, tensor) pairs a stage receives that are shape or constant-only values."""
+    """For each K, the (stage, tensor) pairs a stage receives that are values of shapes or weights alone."""
     view = load_model(path)
     kinds = value_kinds(view)
     prof = get_profile(view, ProfileOptions(cost="static"))
@@ -69,6 +78,38 @@ def test_finds_shape_values_and_constant_only_values() -> None:
     assert constant_only(view) == {"w1"}
 
 
+def test_finds_values_made_of_shapes_whatever_reads_them() -> None:
+    """A torch-exported BERT's flat mask index: ``Range(Shape(mask)[0]) * Shape(mask)[1] + Range(...)``
+    reads no data but shapes, and a ``Gather`` reads it as data indices; the gathered mask is data."""
+    nodes = [
+        helper.make_node("Shape", ["mask"], ["s"], name="shape"),
+        helper.make_node("Gather", ["s", "zero"], ["rows"], name="rows", axis=0),
+        helper.make_node("Gather", ["s", "one"], ["cols"], name="cols", axis=0),
+        helper.make_node("Range", ["zero", "rows", "one"], ["r"], name="range"),
+        helper.make_node("Mul", ["r", "cols"], ["offsets"], name="mul"),
+        helper.make_node("Flatten", ["mask"], ["flat"], name="flatten", axis=0),
+        helper.make_node("Gather", ["flat", "offsets"], ["firsts"], name="pick", axis=1),
+        helper.make_node("RandomNormalLike", ["r"], ["noise"], name="noise", dtype=TensorProto.FLOAT),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("mask", TensorProto.INT64, ["batch", "seq"])],
+        [
+            helper.make_tensor_value_info("firsts", TensorProto.INT64, None),
+            helper.make_tensor_value_info("noise", TensorProto.FLOAT, None),
+        ],
+        [
+            helper.make_tensor("zero", TensorProto.INT64, [], [0]),
+            helper.make_tensor("one", TensorProto.INT64, [], [1]),
+        ],
+    )
+    view = view_from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert shape_derived(view) == {"s", "rows", "cols", "r", "offsets"}  # not the data, not the noise
+    assert "offsets" not in shape_values(view)  # it reaches no shape input: issue 31's crossing value
+    assert value_kinds(view).recomputable("offsets")
+
+
 @pytest.mark.corpus
 @pytest.mark.parametrize("name", corpus.onnx_light_names())
 def test_light_models(name: str, light_model: Callable[[str], Path]) -> None:
@@ -95,11 +136,63 @@ def test_sample_models(name: str, sample_models_dir: Path) -> None:
 @pytest.mark.corpus
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "fixture", ["gpt2_tiny_path", "gpt2_tiny_dynamo_path", "bert_tiny_path", "bert_tiny_dynamo_path"]
-)
+    "fixture",
+    [
+        "gpt2_tiny_path", "gpt2_tiny_dynamo_path", "bert_tiny_path", "bert_tiny_dynamo_path",
+        "minilm_l6_path", "gpt2_tiny_mask_dynamo_path", "silero_vad_path",
+    ],
+)  # fmt: skip
 def test_torch_exports(fixture: str, request: pytest.FixtureRequest) -> None:
-    found = crossing(request.getfixturevalue(fixture), (3, 5))
+    found = crossing(request.getfixturevalue(fixture), (3, 5, 6))
     assert all(v == [] for v in found.values()), found
+
+
+def _cut_between(view_path: Path, maker: str, reader: str, k: int = 3) -> tuple[Plan, ModelView]:
+    """A ``k``-stage plan of the model whose first cut falls right after node ``maker`` and before
+    ``reader`` (the rest evenly), with the view it is of."""
+    view = load_model(view_path)
+    prof = get_profile(view, ProfileOptions(cost="static"))
+    seq = sequences(view, prof)
+    at = {n.name: p for p, n in enumerate(seq.compute)}
+    m = len(seq.compute)
+    assert at[maker] < at[reader]
+    bounds = [0, at[maker] + 1, *(at[maker] + 1 + (m - at[maker] - 1) * i // (k - 1) for i in range(1, k))]
+    assert bounds[2] > at[reader], "the reader should be in the stage after the cut"
+    zeros = [0.0] * k
+    specs = specs_from_bounds(view, seq, bounds, zeros, zeros)
+    part = Partition(tuple(bounds), tuple(zeros), tuple(zeros), tuple(zeros), 0.0, 0.0, 0)
+    return plan_from(view, prof, part, specs, seq.sizes, float("inf")), view
+
+
+@pytest.mark.corpus
+@pytest.mark.slow
+def test_minilm_sequence_length_is_recomputed_and_tract_runs_the_stage(
+    minilm_l6_path: Path, tmp_path: Path
+) -> None:
+    """Issue 31: ``/model/Gather_3_output_0 = Shape(Cast(attention_mask))[1]`` feeds a flat index of the
+    mask (a ``Gather``'s data indices, no shape input), so it crossed the cut after it with no note, and
+    tract refused the stage that received it ("Unsupported DatumType in the public API TDim").  Now the
+    stage makes it of ``attention_mask``'s dims and tract runs the chain."""
+    from other_runtimes import relative_error, run_chain, tract_runner
+
+    the_plan, view = _cut_between(minilm_l6_path, "/model/Gather_3", "/model/Mul")
+    second = the_plan.stages[1]
+    assert "/model/Gather_3_output_0" not in second.inputs
+    assert "/model/Gather_3_output_0" in second.recomputed_tensors
+    assert not any(s.crossing_shape_values for s in the_plan.stages)
+    kinds = value_kinds(load_model(minilm_l6_path))
+    assert not [t for s in the_plan.stages for t in s.inputs if kinds.recomputable(t)]
+    out = tmp_path / "s"
+    export_stages(view, the_plan, out)
+    assert verify(out, VerifyOptions(runs=1)).ok
+    feeds = {
+        "input_ids": np.arange(16, dtype=np.int64).reshape(2, 8),
+        "attention_mask": np.ones((2, 8), np.int64),
+    }
+    sess = ort.InferenceSession(str(minilm_l6_path), providers=["CPUExecutionProvider"])
+    expected = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
+    got = run_chain(out, feeds, [tract_runner()])
+    assert all(relative_error(expected[n], got[n]) < 1e-4 for n in expected)
 
 
 @pytest.mark.corpus
