@@ -411,6 +411,7 @@ def _solve(
             lambda allowed: solve_heterogeneous(replace(base, allowed_cuts=allowed), arranged.size),
             costs.seq.allowed,
             [],
+            costs.seq.cuttable,
         )
     except MemoryFitError as e:
         raise MemoryFitError(

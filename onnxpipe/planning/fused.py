@@ -19,6 +19,7 @@ class _Solution(Protocol):
 
 
 _Solved = TypeVar("_Solved", bound=_Solution)
+_Any = TypeVar("_Any")
 
 FUSED_GROUP_SLACK = 0.05
 """Fused groups are kept whole only while that makes the slowest stage at most 5% slower than the best
@@ -30,21 +31,29 @@ machine, all of ResNet-50's Convs formed one group and its 2-stage split was no 
 
 
 def keeping_fused_groups(
-    solve: Callable[[Sequence[bool] | None], _Solved], allowed: Sequence[bool], notes: list[str]
+    solve: Callable[[Sequence[bool] | None], _Solved],
+    allowed: Sequence[bool],
+    notes: list[str],
+    cuttable: Sequence[bool] | None = None,
 ) -> _Solved:
     """``solve(allowed)``, unless cutting through the fused groups the profiler reported gives a
     slowest stage more than :data:`FUSED_GROUP_SLACK` faster, or they leave too few cut positions:
-    then ``solve(None)`` with a note (given once, however often the caller asks)."""
+    then :func:`anywhere_cuttable` with a note (given once, however often the caller asks).
+
+    ``cuttable``: where a stage may start at all (:attr:`onnxpipe.planning.sequences.Sequences.cuttable`,
+    which ``allowed`` already respects); None: anywhere."""
     if all(allowed):
         return solve(allowed)
+    if cuttable is not None and list(allowed) == list(cuttable):  # no fused group limits the cuts
+        return anywhere_cuttable(solve, cuttable)
     try:
         kept = solve(allowed)
     except PartitionError:
         _note_once(notes, "fused groups had to be cut to make this many stages")
-        return solve(None)
+        return anywhere_cuttable(solve, cuttable)
     if kept.bottleneck <= (1 + FUSED_GROUP_SLACK) * kept.lower_bound:
         return kept  # no split beats the bound, so none beats this one by more than the slack
-    free = solve(None)
+    free = anywhere_cuttable(solve, cuttable)
     if kept.bottleneck <= (1 + FUSED_GROUP_SLACK) * free.bottleneck:
         return kept
     _note_once(
@@ -54,6 +63,20 @@ def keeping_fused_groups(
         "profiler could not tell onnxruntime's fused nodes apart; see the profile's notes)",
     )
     return free
+
+
+def anywhere_cuttable(
+    solve: Callable[[Sequence[bool] | None], _Any], cuttable: Sequence[bool] | None
+) -> _Any:
+    """``solve(cuttable)``; ``solve(None)`` when that leaves too few cut positions for the stage count
+    (a model of few nodes split into many stages: a stage may then hold only values its readers make
+    again, and :func:`~onnxpipe.planning.stages.assign_stages` has it send them)."""
+    if cuttable is None or all(cuttable):
+        return solve(None)
+    try:
+        return solve(cuttable)
+    except PartitionError:
+        return solve(None)
 
 
 def _note_once(notes: list[str], note: str) -> None:

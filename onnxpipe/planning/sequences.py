@@ -3,7 +3,8 @@
 This is the bridge between the graph (names) and :mod:`onnxpipe.partition` (plain numbers): the compute
 nodes in the view's order, their costs from the profile, the bytes a stage starting at each position
 receives (weights never cross; a value several equal tensors hold crosses once), and the positions a
-cut may not take (inside a fused group).
+cut may not take: inside a fused group, or right after a node whose values the later stages make again
+themselves (:func:`cuttable_positions`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from onnxpipe.ir.graph import cut_profile
 from onnxpipe.ir.model import ModelView, NodeInfo
 from onnxpipe.ir.samevalue import value_classes
 from onnxpipe.ir.shapes import symbol_sizes
+from onnxpipe.ir.shapevalues import ValueKinds, value_kinds
 
 
 def tensor_sizes(view: ModelView, profile: Profile) -> dict[str, int]:
@@ -58,8 +60,10 @@ class Sequences:
     """The plain numbers the partitioner sees, one entry per compute node in the view's order.
 
     ``cut_bytes[p]`` is what a stage starting at ``p`` receives; ``allowed[p]`` says whether a stage may
-    start there (not inside a fused group); ``sizes`` are every tensor's bytes at the profiled shapes;
-    ``classes`` number the provably equal tensors (:func:`onnxpipe.ir.samevalue.value_classes`), which
+    start there (not inside a fused group, and where ``cuttable`` allows); ``cuttable[p]`` whether a
+    stage may start there at all (:func:`cuttable_positions`; None: anywhere), which a planner keeps when
+    it cuts through fused groups; ``sizes`` are every tensor's bytes at the profiled shapes; ``classes``
+    number the provably equal tensors (:func:`onnxpipe.ir.samevalue.value_classes`), which
     :func:`assign_stages` is given again so that it sends what ``cut_bytes`` counts.
     """
 
@@ -69,6 +73,7 @@ class Sequences:
     allowed: tuple[bool, ...]
     sizes: Mapping[str, int] = field(repr=False)
     classes: Mapping[str, int] = field(repr=False, default_factory=dict)
+    cuttable: tuple[bool, ...] | None = None
 
 
 def sequences(view: ModelView, profile: Profile) -> Sequences:
@@ -78,14 +83,42 @@ def sequences(view: ModelView, profile: Profile) -> Sequences:
     sizes = tensor_sizes(view, profile)
     classes = value_classes(view)
     cuts = cut_profile([n.reads for n in compute], [n.outputs for n in compute], sizes, view.weights, classes)
+    cuttable = cuttable_positions(view, compute, value_kinds(view))
+    fused = allowed_cuts_from_regions(compute, profile.regions)
     return Sequences(
         compute=compute,
         costs=tuple(max(0.0, float(profile.node_seconds.get(n.name, 0.0))) for n in compute),
         cut_bytes=cuts.bytes,
-        allowed=tuple(allowed_cuts_from_regions(compute, profile.regions)),
+        allowed=tuple(a and c for a, c in zip(fused, cuttable, strict=True)),
         sizes=sizes,
         classes=classes,
+        cuttable=cuttable,
     )
+
+
+def cuttable_positions(view: ModelView, compute: Sequence[NodeInfo], kinds: ValueKinds) -> tuple[bool, ...]:
+    """Where a stage may start: anywhere but right after a node whose values no later stage receives,
+    since each remakes them itself (values of shapes or weights alone, :mod:`onnxpipe.ir.shapevalues`)
+    or only takes their shape, which it reads off a tensor of its own.
+
+    Why: every stage then ends with a node that makes data, so that no stage holds nothing but such
+    nodes.  That stage would have nothing to send (its readers make its values again), a stage file
+    without outputs cannot be loaded, and it was kept sending them: a lone ``Shape(attention_mask)``
+    as a stage of its own, whose result crossed to a stage that receives ``attention_mask`` anyway.
+    Moving such a node to the stage after it costs nothing: the stage that reads its values makes them.
+    """
+    outputs = set(view.outputs)
+
+    def remade(tensor: str) -> bool:
+        if tensor in outputs:
+            return False
+        if kinds.recomputable(tensor):
+            return True
+        readers = view.consumers.get(tensor, ())
+        return bool(readers) and all(view.nodes[r].op_type in ("Shape", "Size") for r in readers)
+
+    m = len(compute)
+    return tuple(p in (0, m) or not all(remade(t) for t in compute[p - 1].outputs) for p in range(m + 1))
 
 
 def first_reader_param_bytes(view: ModelView, compute: Sequence[NodeInfo] | None = None) -> list[float]:

@@ -78,6 +78,7 @@ def make_plan(
         ),
         seq.allowed,
         notes,
+        seq.cuttable,
     )
 
     stages = specs_from_bounds(view, seq, part.bounds, part.compute, part.transfer)
@@ -197,7 +198,7 @@ class _Items:
             )
 
         if self.layers is None:
-            return keeping_fused_groups(solve, self.seq.allowed, notes)
+            return keeping_fused_groups(solve, self.seq.allowed, notes, self.seq.cuttable)
         coarse = solve(self.coarse_ok)
         return replace(coarse, bounds=self.layers.fine_bounds(coarse.bounds))
 
@@ -264,6 +265,7 @@ def _contiguous_comparison(
         ),
         seq.allowed,
         [],
+        seq.cuttable,
     )
     plain = evaluate_interleaved(
         seq.costs,

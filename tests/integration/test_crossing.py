@@ -25,6 +25,7 @@ from onnxpipe.ir.load import load_model, view_from_proto
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapevalues import constant_only, shape_derived, shape_values, value_kinds
 from onnxpipe.partition.result import Partition
+from onnxpipe.planning import sequences as sequences_module
 from onnxpipe.planning.planner import plan
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.planning.sequences import sequences
@@ -193,6 +194,43 @@ def test_minilm_sequence_length_is_recomputed_and_tract_runs_the_stage(
     expected = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
     got = run_chain(out, feeds, [tract_runner()])
     assert all(relative_error(expected[n], got[n]) < 1e-4 for n in expected)
+
+
+@pytest.mark.corpus
+@pytest.mark.slow
+def test_no_stage_holds_only_values_its_readers_remake(
+    bert_tiny_dynamo_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 31: a stage of nothing but ``Shape`` and the arithmetic on it has nothing to send (its
+    readers make those values again), so it was kept sending them, and they crossed "too dear to
+    recompute".  The dynamo BERT's 12-stage static split made its stage 0 so; no stage may end right
+    after such a node now, and nothing of shapes alone crosses."""
+    view = load_model(bert_tiny_dynamo_path)
+    kinds = value_kinds(view)
+    prof = get_profile(view, ProfileOptions(cost="static"))
+
+    def hollow(p: Plan) -> list[int]:
+        return [
+            s.index
+            for s in p.stages
+            if all(kinds.recomputable(t) for n in s.node_names for t in view.node_by_name[n].outputs)
+        ]
+
+    fixed = plan(view, prof, PlanRequest(12))
+    assert hollow(fixed) == []
+    assert not any(s.crossing_shape_values for s in fixed.stages)
+    assert not [t for s in fixed.stages for t in s.inputs if kinds.recomputable(t)]
+    seq = sequences(view, prof)
+    assert seq.cuttable is not None and not all(seq.cuttable)
+    assert all(seq.allowed[p] <= seq.cuttable[p] for p in range(len(seq.allowed)))
+
+    monkeypatch.setattr(
+        sequences_module, "cuttable_positions", lambda v, compute, k: (True,) * (len(compute) + 1)
+    )
+    before = plan(view, prof, PlanRequest(12))  # the rule off: as it was
+    assert hollow(before) == [0]
+    assert before.stages[1].crossing_shape_values  # what stage 0 made: it had nothing else to send
+    assert any("still cross a cut: stage 1 receives" in n for n in before.notes)
 
 
 @pytest.mark.corpus

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -133,6 +134,35 @@ def test_fused_groups_are_cut_when_they_leave_too_few_positions() -> None:
         keeping_fused_groups(solve, [True, True, True], [])
     keeping_fused_groups(solve, [True, False, True], notes)
     assert len(notes) == 1  # said once, however often asked
+
+
+def test_cutting_fused_groups_keeps_the_positions_no_stage_may_start_at() -> None:
+    """Dropping the fused groups still keeps ``cuttable`` (no stage of nothing but remade values); only
+    when that leaves too few positions does anything go."""
+    from onnxpipe.core.errors import PartitionError
+    from onnxpipe.planning.fused import keeping_fused_groups
+
+    cuttable = (True, True, False, True, True)
+    allowed = (True, False, False, True, True)
+    tried: list[object] = []
+
+    def solve(cuts: Sequence[bool] | None) -> _FakeSplit:
+        tried.append(None if cuts is None else tuple(cuts))
+        if cuts is not None and tuple(cuts) == allowed:
+            raise PartitionError("allowed_cuts permits only 1 cut positions")
+        return _FakeSplit("cuttable" if cuts is not None else "anywhere", 1.0)
+
+    notes: list[str] = []
+    assert keeping_fused_groups(solve, allowed, notes, cuttable).name == "cuttable"
+    assert tried == [allowed, cuttable]
+    assert keeping_fused_groups(solve, cuttable, [], cuttable).name == "cuttable"  # no group: one solve
+
+    def too_few(cuts: Sequence[bool] | None) -> _FakeSplit:
+        if cuts is not None:
+            raise PartitionError("allowed_cuts permits only 1 cut positions")
+        return _FakeSplit("anywhere", 1.0)
+
+    assert keeping_fused_groups(too_few, allowed, [], cuttable).name == "anywhere"
 
 
 @pytest.mark.parametrize(

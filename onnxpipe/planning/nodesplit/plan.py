@@ -33,6 +33,7 @@ from onnxpipe.core.errors import PartitionError
 from onnxpipe.cost.profile import CostSource, Profile
 from onnxpipe.ir.model import ModelView
 from onnxpipe.partition.splitting import SplitCandidate, SplitResult, SplitShape, solve_with_split
+from onnxpipe.planning.fused import anywhere_cuttable
 from onnxpipe.planning.nodesplit.costs import (
     PartCosts,
     chain_seconds,
@@ -236,7 +237,17 @@ def _solve(search: _Search, candidates: list[SplitCandidate]) -> SplitResult:
             allowed_cuts=seq.allowed,
         )
     except PartitionError:  # too few allowed cuts with the fused groups: try without them
-        return solve_with_split(seq.costs, search.k, candidates, cut_bytes=seq.cut_bytes, bandwidth=bandwidth)
+        return anywhere_cuttable(
+            lambda allowed: solve_with_split(
+                seq.costs,
+                search.k,
+                candidates,
+                cut_bytes=seq.cut_bytes,
+                bandwidth=bandwidth,
+                allowed_cuts=allowed,
+            ),
+            seq.cuttable,
+        )
 
 
 def _recorded(planned: Plan, cut: CutModel, costs: PartCosts, contiguous: Plan, found: SplitResult) -> Plan:
