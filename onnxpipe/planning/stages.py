@@ -11,6 +11,7 @@ import bisect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.model import ModelView, NodeInfo
 from onnxpipe.ir.samevalue import value_classes
@@ -110,9 +111,10 @@ def _stage_notes(stages: Sequence[StageSpec]) -> tuple[str, ...]:
         count = sum(len(st.crossing_shape_values) for st in crossing)
         notes.append(
             f"{count} value(s) of shapes or weights alone still cross a cut: {named} (no copy of at most "
-            f"{MAX_NODES} nodes and {MAX_COPIED_BYTES >> 20} MiB of weights makes them from what the stage "
-            "has, or their stage would have nothing else to send); tract refuses an integer shape "
-            "value as a stage input: another stage count, or a static split, may avoid it"
+            f"{MAX_NODES} nodes and {MAX_COPIED_BYTES >> 20} MiB of weights makes them of what the stage "
+            "has, or the stage that makes them has nothing else to send); tract cannot hand out an "
+            "integer it computed from shapes and fails the stage that sends one: another stage count, "
+            f"or {opt('static', True)}, may avoid them"
         )
     received = sum(1 for st in stages for a in st.aliases if a.same_as in st.inputs)
     if received:
