@@ -21,10 +21,10 @@ from onnxpipe.core.choices import CalibrationMode, CostSource, Phase
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.core.options import opt
-from onnxpipe.cost.measure import RETRY_NOTE
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.cost.phases import phase_profiles
 from onnxpipe.cost.profile import DEFAULT_RUNTIME, Profile
+from onnxpipe.cost.runnable import RETRY_NOTE
 from onnxpipe.cost.source import get_profile
 from onnxpipe.export.checks import check_runtime_opsets
 from onnxpipe.ir.decoder import find_decoder

@@ -19,10 +19,13 @@ from onnxpipe.api.results import SplitResult
 from onnxpipe.calibrate.devices import check_devices_here
 from onnxpipe.cluster.costs import provider_available
 from onnxpipe.core.choices import Phase, Runtime, SplitNodes, VerifyRuntime
+from onnxpipe.core.dims import Dim
 from onnxpipe.core.errors import ExportError, UsageError
 from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.core.options import opt
+from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.cost.phases import phase_profiles
+from onnxpipe.cost.runnable import runnable_shapes
 from onnxpipe.cost.source import get_profile
 from onnxpipe.export.checks import check_exportable
 from onnxpipe.export.genai import (
@@ -37,7 +40,7 @@ from onnxpipe.export.stages import write_stages
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
-from onnxpipe.ir.static import static_view
+from onnxpipe.ir.static import static_view, unsettled
 from onnxpipe.planning.planner import planned
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.planning.types import Plan
@@ -71,10 +74,7 @@ def split(
         check_genai_request(view, opts.plan, genai, out_dir)
     request = opts.plan
     profile_options, phase_shapes = start(view, request, opts.profile, say, runs_model=opts.verify)
-    if opts.static:
-        shapes = resolve_input_shapes(view, profile_options.shapes or None)
-        view, _ = static_view(view, shapes)
-        profile_options = dataclasses.replace(profile_options, shapes=shapes)
+    view, profile_options, retried = _sized(view, opts, profile_options, bool(phase_shapes))
     if profile_options.measured:
         say.step("profiling")
     measuring = profile_options.measured or opts.calibration.rounds > 0
@@ -96,7 +96,7 @@ def split(
     if measuring:
         watch.check()
     save_profile(prof, profile_options)
-    the_plan = note_retries(the_plan, prof)
+    the_plan = _noted(note_retries(the_plan, prof), retried, view if opts.static else None)
     say.step(f"exporting {the_plan.k} stages")
     samples = prof.samples
     first = samples.first if samples is not None else None
@@ -113,6 +113,53 @@ def split(
         atol=opts.atol,
     )
     return _verified(result, checks)
+
+
+def _sized(
+    view: ModelView, opts: SplitOptions, profile_options: ProfileOptions, phased: bool
+) -> tuple[ModelView, ProfileOptions, str | None]:
+    """The model to split (frozen for ``static``) and the options it is costed with, at the sizes it runs
+    at; and the note on sizes that are not the guessed ones.
+
+    Where the split chooses the sizes and measures nothing first (static costs, or ``static``, which
+    freezes them before any run), the model is run once at the guess, and at larger sequence dims if that
+    failed (:func:`~onnxpipe.cost.runnable.runnable_shapes`, the measured profile's own rule); sizes the
+    user gave, their inputs, a saved profile and a decoder's phases are left as they are."""
+    retried = None
+    options = profile_options
+    chooses = not (phased or options.inputs is not None or options.has_input_files or options.saved)
+    if chooses and (opts.static or not options.measured):
+        sized = runnable_shapes(view, options.shapes or None)
+        retried = sized.note
+        if retried is not None:
+            options = dataclasses.replace(options, shapes=sized.shapes)
+    if opts.static:
+        shapes = resolve_input_shapes(view, options.shapes or None)
+        view, _ = static_view(view, shapes)
+        options = dataclasses.replace(options, shapes=shapes)
+    return view, options, retried
+
+
+def _noted(the_plan: Plan, retried: str | None, frozen: ModelView | None) -> Plan:
+    """``the_plan`` with the note on sizes that are not the guessed ones, and for a static split of
+    ``frozen`` the boundary tensors whose dims no frozen input size settles, by name."""
+    notes = [retried] if retried is not None else []
+    open_dims = unsettled(frozen, [(s.index, s.outputs) for s in the_plan.stages]) if frozen else []
+    if open_dims:
+        named = "; ".join(f"stage {i} emits {name} {_dims_text(dims)}" for i, name, dims in open_dims)
+        notes.append(
+            f"{len(open_dims)} stage output(s) of the static split keep dims that the frozen input sizes do "
+            f"not settle: {named} (their sizes follow data, as a NonZero's count or an If on a value "
+            "does, which no freezing fixes)"
+        )
+    return dataclasses.replace(the_plan, notes=(*the_plan.notes, *notes)) if notes else the_plan
+
+
+def _dims_text(dims: tuple[Dim, ...] | None) -> str:
+    """``[1, ?, 4]``, or ``of unknown rank``."""
+    if dims is None:
+        return "of unknown rank"
+    return "[" + ", ".join(str(d) if isinstance(d, int) and d >= 0 else "?" for d in dims) + "]"
 
 
 def _verified(result: SplitResult, checks: VerifyOptions) -> SplitResult:

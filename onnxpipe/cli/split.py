@@ -31,8 +31,9 @@ TABLE = Table(
             "--static",
             field="static",
             action="store_true",
-            help="freeze the input shapes (--shape, else the defaults) and fold the shape arithmetic: every "
-            "stage gets fixed shapes, for runtimes and NPUs that need them",
+            help="freeze the input shapes (--shape, else the defaults) and fold the shape arithmetic and the "
+            "Ifs on shapes: every stage's inputs and outputs get fixed shapes (the plan's notes name any "
+            "whose size follows data), for runtimes and NPUs that need them",
         ),
         flag(
             "--genai-config",

@@ -48,22 +48,14 @@ from onnxpipe.core.options import opt
 from onnxpipe.core.progress import Progress
 from onnxpipe.cost.attribution import attribute
 from onnxpipe.cost.profile import SCHEMA_VERSION, Profile
+from onnxpipe.cost.runnable import retry_note, retry_shapes
 from onnxpipe.cost.trace import OrtModel
 from onnxpipe.cost.valuematch import match_graphs
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import Samples
-from onnxpipe.ir.shapes import (
-    RETRY_SEQUENCE_SIZE,
-    failure_hint,
-    guessed_dims,
-    is_sequence_dim,
-    resolve_input_shapes,
-)
+from onnxpipe.ir.shapes import RETRY_SEQUENCE_SIZE, failure_hint, resolve_input_shapes
 
-RETRY_NOTE = "the model failed on random inputs at the guessed sizes"
-"""How the profile's note on a retry at larger sequence sizes starts (``split`` copies it into the plan's
-notes, so that the manifest says which sizes were finally used)."""
 VALUE_CHUNK_BYTES = 512 << 20
 """Most bytes of exposed tensors one value-matching run may hold at once (read at each call)."""
 
@@ -111,10 +103,9 @@ def profile_model(
         return _measure(view, how, input_shapes, [random_feeds(view, input_shapes, seed)])
     except ProfileError as first:
         why = error_line(first.__cause__ or first)  # onnxruntime's own line, not the wrapped message
-        retry = [(n, a) for n, a, _ in guessed_dims(view, shapes) if is_sequence_dim(view, n, a)]
-        if not retry:
+        larger = retry_shapes(view, shapes)
+        if larger is None:
             raise
-        larger = resolve_input_shapes(view, shapes, sequence_size=RETRY_SEQUENCE_SIZE)
         try:
             prof = _measure(view, how, larger, [random_feeds(view, larger, seed)])
         except ProfileError:
@@ -122,13 +113,7 @@ def profile_model(
                 f"{view.label}: onnxruntime failed running the model on random inputs at the guessed sizes "
                 f"({why}), and again with its sequence dims at {RETRY_SEQUENCE_SIZE}; {hint}"
             ) from first
-    shown = ", ".join(f"{n}={list(v)}" for n, v in larger.items())
-    note = (
-        f"{RETRY_NOTE} ({why}); measured at {shown}, "
-        f"its sequence dims at {RETRY_SEQUENCE_SIZE}: give the sizes you deploy with {opt('shapes')} or real "
-        f"inputs with {opt('input_files')}"
-    )
-    return dataclasses.replace(prof, unattributed=(note, *prof.unattributed))
+    return dataclasses.replace(prof, unattributed=(retry_note(why, larger), *prof.unattributed))
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,12 @@ element type), comparisons and logic, and arithmetic on integers.  Floating-poin
 to the runtime, so a folded model computes bit for bit what the source computes.  A folded value above
 :data:`MAX_FOLDED_BYTES` stays a node (the stage would otherwise carry a large tensor).  Values come
 from onnx's reference evaluator, one node at a time.
+
+An ``If`` whose condition folds is replaced by the nodes of the branch it takes (its outputs renamed
+to the ``If``'s by ``Identity`` nodes): torch exports a ``squeeze(dim)`` of a dim it cannot prove is 1,
+or a check of a state's size, as an ``If`` on a value of shapes, whose branches give tensors of
+different ranks (Silero VAD's decoder), so no inference can type what it makes until the branch is
+known.  The branch's own nodes then fold like any others.
 """
 
 from __future__ import annotations
@@ -62,6 +68,11 @@ def fold_constants(model: onnx.ModelProto, static_shapes: dict[str, tuple[int, .
     graph_outputs = {o.name for o in graph.output}
     folded = 0
     for node in graph.node:
+        branch = _taken_branch(node, values)
+        if branch is not None:
+            folded += 1
+            kept.extend(_inlined(node, branch, added))
+            continue
         result = _fold(node, values, static_shapes, opset)
         if result is None or any(o in graph_outputs for o in node.output):
             kept.append(node)
@@ -120,6 +131,31 @@ def _fold(
     if node.op_type in INTEGER_OPS and not all(_exact(a) for a in arrays):
         return None
     return arrays
+
+
+def _taken_branch(node: onnx.NodeProto, values: dict[str, np.ndarray]) -> onnx.GraphProto | None:
+    """The branch an ``If`` of the default domain takes, when its condition is a known value."""
+    if node.op_type != "If" or node.domain not in ("", "ai.onnx") or not node.input:
+        return None
+    cond = values.get(node.input[0])
+    if cond is None or cond.size != 1:
+        return None
+    name = "then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"
+    return next((a.g for a in node.attribute if a.name == name), None)
+
+
+def _inlined(
+    node: onnx.NodeProto, branch: onnx.GraphProto, initializers: list[onnx.TensorProto]
+) -> list[onnx.NodeProto]:
+    """The nodes of ``branch`` in place of ``node``, its outputs given the ``If``'s names by ``Identity``
+    nodes (ONNX names are unique across a graph and its bodies, so none clashes); its initializers join
+    ``initializers``."""
+    initializers.extend(branch.initializer)
+    nodes = list(branch.node)
+    for inner, outer in zip(branch.output, node.output, strict=False):
+        if outer:
+            nodes.append(helper.make_node("Identity", [inner.name], [outer], name=f"{node.name}/{outer}"))
+    return nodes
 
 
 def _exact(a: np.ndarray) -> bool:

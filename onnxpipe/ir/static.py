@@ -9,10 +9,14 @@ its ``Reshape`` targets, which some cannot type at all.  ``split --static`` spli
    (and some exporters' are simply wrong), and would contradict the frozen shapes;
 3. ONNX shape inference (with data propagation) and, when installed, onnxruntime's symbolic inference
    settle the shapes, and :func:`onnxpipe.ir.fold.fold_constants` folds the shape arithmetic they
-   make constant; repeated until nothing more folds.
+   make constant, and replaces an ``If`` whose condition folds by the branch it takes; repeated until
+   nothing more folds.
 
 The result computes bit for bit what the source computes at those shapes (only exact ops are folded),
-so a static split verifies against the source at its profiled shapes.
+so a static split verifies against the source at its profiled shapes.  What stays open is what no
+freezing fixes: a size that follows data (a ``NonZero``'s count, an ``If`` on a value), which
+:func:`unsettled` finds for the plan's notes to name.  The sizes frozen are the ones the model runs at:
+``split`` chooses them as a measured profile does (:mod:`onnxpipe.cost.runnable`).
 """
 
 from __future__ import annotations
@@ -87,4 +91,19 @@ def static_view(view: ModelView, shapes: Mapping[str, Sequence[int]]) -> tuple[M
     return view_from_proto(frozen, path=view.path, sha256=view.sha256, base_dir=view.base_dir), folded
 
 
-__all__ = ["MAX_ROUNDS", "freeze_shapes", "static_view"]
+def unsettled(
+    view: ModelView, groups: Sequence[tuple[int, Sequence[str]]]
+) -> list[tuple[int, str, tuple[Dim, ...] | None]]:
+    """``(group, tensor, dims)`` for each tensor of ``groups`` (a stage's index and its outputs) whose
+    dims in ``view`` (a frozen model) are not all numbers; ``dims`` None for an unknown rank."""
+    found: list[tuple[int, str, tuple[Dim, ...] | None]] = []
+    for index, names in groups:
+        for name in names:
+            info = view.tensors.get(name)
+            dims = None if info is None else info.shape
+            if dims is None or not all(isinstance(d, int) and d >= 0 for d in dims):
+                found.append((index, name, dims))
+    return found
+
+
+__all__ = ["MAX_ROUNDS", "freeze_shapes", "static_view", "unsettled"]
