@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from onnxpipe.manifest import load_manifest
 
@@ -80,3 +81,37 @@ def onnxruntime_runner() -> Runner:
         return [np.asarray(v) for v in sess.run(None, dict(zip(names, inputs, strict=True)))]
 
     return run
+
+
+def made_of_shapes(model: onnx.ModelProto) -> frozenset[str]:
+    """Tensors of ``model``'s main graph computed from shapes alone: the outputs of ``Shape`` and
+    ``Size`` nodes, and of any node that reads nothing but such tensors, initializers and ``Constant``
+    outputs (and at least one such tensor).  Written apart from the library's own analysis
+    (:func:`onnxpipe.ir.shapevalues.shape_derived`), so that a test holds the library to it."""
+    graph = model.graph
+    known = {t.name for t in graph.initializer}
+    made: set[str] = set()
+    pending = list(graph.node)
+    changed = True
+    while changed:  # a file need not list its nodes in order
+        changed = False
+        rest = []
+        for node in pending:
+            reads = [t for t in node.input if t]
+            if node.op_type == "Constant" or (reads and all(t in known for t in reads)):
+                known.update(node.output)
+            elif node.op_type in ("Shape", "Size") or (
+                reads
+                and all(t in known or t in made for t in reads)
+                and not any(
+                    a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute
+                )
+                and not node.op_type.startswith("Random")
+            ):
+                made.update(node.output)
+            else:
+                rest.append(node)
+                continue
+            changed = True
+        pending = rest
+    return frozenset(made - known)
