@@ -28,7 +28,14 @@ from onnxpipe.manifest.entries import (
     StageOutput,
     VerificationRecord,
 )
-from onnxpipe.manifest.manifest import Manifest, check_stage_files, load_manifest, write_manifest
+from onnxpipe.manifest.manifest import (
+    Manifest,
+    check_stage_files,
+    content_digest,
+    load_manifest,
+    stage_file_problems,
+    write_manifest,
+)
 
 __all__ = [
     "MANIFEST_NAME",
@@ -53,6 +60,8 @@ __all__ = [
     "StageOutput",
     "VerificationRecord",
     "check_stage_files",
+    "content_digest",
     "load_manifest",
+    "stage_file_problems",
     "write_manifest",
 ]
