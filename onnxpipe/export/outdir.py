@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from onnxpipe.core.errors import ExportError, ManifestError
+from onnxpipe.core.model_config import GENAI_CONFIG_NAME
 from onnxpipe.core.options import opt
-from onnxpipe.export.genai.config import GENAI_CONFIG_NAME
 from onnxpipe.manifest import MANIFEST_NAME, load_manifest
 
 

@@ -6,17 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from onnxpipe.core.model_config import GENAI_CONFIG_NAME, SourceConfig, TokenIds
 from onnxpipe.core.options import opt
 from onnxpipe.export.genai.config import (
     DEFAULT_BOS,
     DEFAULT_EOS,
     DEFAULT_PAD,
-    GENAI_CONFIG_NAME,
     ConfigDims,
     GenAIConfig,
     GraphDims,
-    SourceConfig,
-    TokenIds,
     Unsupported,
 )
 from onnxpipe.export.genai.graph import model_facts
