@@ -163,3 +163,38 @@ def counted_context(view: ModelView, dec: DecoderInfo, max_context: int) -> int:
     that is smaller (a cache never holds more positions than the model takes)."""
     own = own_context(view, dec)
     return min(max_context, own.tokens) if own is not None else max_context
+
+
+@dataclass(frozen=True)
+class DecoderFacts:
+    """A decoder's dims as its graph gives them, its own config (and why one beside it was set aside),
+    and its context: what ``inspect`` shows."""
+
+    dims: DecoderDims
+    config: FolderConfig
+    context: ModelContext | None
+
+    def describe(self) -> str:
+        """One line: vocabulary, context and where it came from, heads, token ids, the config read."""
+        d = self.dims
+        config = self.config.config
+        tokens = config.tokens if config is not None else None
+        parts = [
+            f"vocabulary {_said(d.vocab_size)}",
+            f"context {self.context.tokens} ({self.context.source})" if self.context else "context ?",
+            f"heads {_said(d.attention_heads)}, KV heads {_said(d.kv_heads)}, head size {_said(d.head_size)}",
+            f"eos {', '.join(map(str, tokens.eos))}" if tokens is not None else "no token ids",
+            f"config {config.path.name}" if config is not None else "no config beside it",
+        ]
+        return "model: " + "; ".join([", ".join(parts), *self.config.notes])
+
+
+def _said(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
+def decoder_facts(view: ModelView, dec: DecoderInfo) -> DecoderFacts:
+    """:class:`DecoderFacts` of the decoder ``view``."""
+    dims = decoder_dims(view, dec)
+    found = own_config(view, dec, dims)
+    return DecoderFacts(dims, found, own_context(view, dec, found.config))

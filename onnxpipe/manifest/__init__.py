@@ -15,6 +15,7 @@ from onnxpipe.manifest.entries import (
     READABLE_VERSIONS,
     SCHEMA_VERSION,
     DecoderIORecord,
+    DecoderModelRecord,
     DecoderRecord,
     DeviceRecord,
     ModelOutput,
@@ -28,6 +29,7 @@ from onnxpipe.manifest.entries import (
     StageOutput,
     VerificationRecord,
 )
+from onnxpipe.manifest.limits import DecoderLimits, decoder_limits
 from onnxpipe.manifest.manifest import Manifest, check_stage_files, load_manifest, write_manifest
 
 __all__ = [
@@ -38,6 +40,8 @@ __all__ = [
     "READABLE_VERSIONS",
     "SCHEMA_VERSION",
     "DecoderIORecord",
+    "DecoderLimits",
+    "DecoderModelRecord",
     "DecoderRecord",
     "DeviceRecord",
     "KVPair",
@@ -53,6 +57,7 @@ __all__ = [
     "StageOutput",
     "VerificationRecord",
     "check_stage_files",
+    "decoder_limits",
     "load_manifest",
     "write_manifest",
 ]

@@ -24,7 +24,8 @@ def run(args: argparse.Namespace) -> int:
             print(format_decoder_stages(found.manifest))
     else:
         print(format_model_table(found.view, found.summary))
-        decoder = format_decoder(found.view, found.decoder)
+        facts = found.facts.describe() if found.facts is not None else None
+        decoder = format_decoder(found.view, found.decoder, facts)
         if decoder:
             print(decoder)
     return 0
