@@ -6,8 +6,9 @@ writes ``OUT_DIR/model.onnx`` (+ ``model.onnx.data``), ``genai_config.json`` and
 ``python -m onnxruntime_genai.models.builder -p PRECISION -e cpu`` makes them from a Hugging Face model
 folder.  The folder it builds from is made here, with no hub: a random-weight model of the family
 (:data:`FAMILIES`: Llama, Qwen2, Phi-3, Mistral, Gemma) with grouped-query attention (initializer range
-0.08, as ``tools/export_decoders.py``: at 0.02 greedy decoding repeats one token) and a word-level
-tokenizer of ``w0 .. w159`` with a chat template.
+0.3: at transformers' 0.02, and for Gemma, Qwen2 and Phi-3 at the 0.08 of ``tools/export_decoders.py``,
+greedy decoding repeats one token, and a test that a split decodes the same tokens proves little) and a
+word-level tokenizer of ``<s> </s> <unk> w3 .. w159`` with a chat template.
 
 What the builder writes, and what a splitter must read through:
 
@@ -52,11 +53,24 @@ BUILD_REVISION = 1  # bump to invalidate every cached build after changing how m
 VOCAB = 160
 SEED = 0
 PRECISIONS = ("fp32", "int4", "fp16")
+SPECIAL = ("<s>", "</s>", "<unk>")
+"""The special tokens, ids 0, 1 and 2 (bos, eos, unk): no word starts with one (a special token is matched
+anywhere in the text, so ``w1`` would take ``w17`` apart)."""
 CHAT_TEMPLATE = (
-    "{% for message in messages %}{{ message['role'] }} {{ message['content'] }} w3 {% endfor %}"
-    "{% if add_generation_prompt %}assistant {% endif %}"
+    "{% for message in messages %}{% if message['role'] == 'user' %}w4{% else %}w5{% endif %} "
+    "{{ message['content'] }} w3 {% endfor %}{% if add_generation_prompt %}w5 {% endif %}"
 )
-"""A chat template in the tokenizer's words (``w3`` ends a turn), so that a chat renders to known ids."""
+"""A chat template in the tokenizer's words (``w4`` opens a user's turn, ``w5`` the assistant's, ``w3``
+ends one), so that a chat renders to known ids."""
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+"""The tokenizer files put beside the built model: the Hugging Face folder's own, a word-level tokenizer of
+``SPECIAL`` and ``w3 .. w159`` split at whitespace.  (The builder re-saves the tokenizer through
+transformers, which turns a Qwen2's into a byte-level BPE without merges: no word of it survives.)"""
 
 BASE: dict[str, Any] = {
     "vocab_size": VOCAB,
@@ -66,7 +80,7 @@ BASE: dict[str, Any] = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "max_position_embeddings": 1024,
-    "initializer_range": 0.08,
+    "initializer_range": 0.3,
     "tie_word_embeddings": False,
     "bos_token_id": 0,
     "eos_token_id": 1,
@@ -116,10 +130,12 @@ def make_hf_folder(folder: Path, family: str = "llama", tied: bool = False) -> N
     torch.manual_seed(SEED)
     config = getattr(transformers, spec.config_class)(**config_of(family, tied))
     getattr(transformers, spec.architecture)(config).save_pretrained(folder)
-    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w2"))
+    vocab = {t: i for i, t in enumerate(SPECIAL)} | {f"w{i}": i for i in range(len(SPECIAL), VOCAB)}
+    words = Tokenizer(models.WordLevel(vocab, unk_token=SPECIAL[2]))
     words.pre_tokenizer = pre_tokenizers.Whitespace()
+    bos, eos, unk = SPECIAL
     tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=words, bos_token="w0", eos_token="w1", unk_token="w2", pad_token="w1"
+        tokenizer_object=words, bos_token=bos, eos_token=eos, unk_token=unk, pad_token=eos
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(folder)
@@ -154,6 +170,9 @@ def build(out: Path, family: str = "llama", precision: str = "fp32", tied: bool 
         if done.returncode != 0:
             tail = done.stderr.strip().splitlines()[-1:] or ["no message"]
             raise RuntimeError(f"the builder failed on {family} {precision}: {tail[0]}")
+        for name in TOKENIZER_FILES:
+            if (hf / name).is_file():
+                shutil.copyfile(hf / name, out / name)
 
 
 def _version(dist: str) -> str:
@@ -170,6 +189,7 @@ def cache_key(family: str, precision: str, tied: bool) -> str:
         "precision": precision,
         "config": config_of(family, tied),
         "chat": CHAT_TEMPLATE,
+        "special": SPECIAL,
         "versions": {d: _version(d) for d in ("onnxruntime-genai", "torch", "transformers", "onnx")},
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]

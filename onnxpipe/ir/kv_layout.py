@@ -47,15 +47,18 @@ class CacheLayout:
 def cache_layout(
     view: ModelView, past: str, present: str, batch_symbol: str | None, shape: Sequence[int] | None = None
 ) -> CacheLayout:
-    """The layout of the cache tensor ``past`` (grown into ``present``); ``shape``: a shape the model ran
-    with, whose sizes settle the symbolic dims."""
+    """The layout of the cache tensor ``past`` (grown into ``present``); ``batch_symbol``: the token
+    input's batch dim (else the first symbolic dim but the tokens' is the batch); ``shape``: a shape the
+    model ran with, whose sizes settle the symbolic dims."""
     dims = view.tensor(past).shape or ()
     grown = view.tensor(present).shape or ()
-    batch_axis = next((a for a, d in enumerate(dims) if batch_symbol is not None and d == batch_symbol), None)
-    if batch_axis is None and dims and isinstance(dims[0], str) and batch_symbol is None:
-        batch_axis = 0
-    changed = [a for a, d in enumerate(dims) if a != batch_axis and a < len(grown) and grown[a] != d]
+    changed = [a for a, d in enumerate(dims) if a < len(grown) and grown[a] != d and d != batch_symbol]
     sequence_axis = changed[0] if len(changed) == 1 else max(0, len(dims) - 2)
+    symbolic = [a for a, d in enumerate(dims) if isinstance(d, str) and a != sequence_axis]
+    if batch_symbol is not None:
+        batch_axis = next((a for a in symbolic if dims[a] == batch_symbol), None)
+    else:  # the first symbolic dim besides the tokens': a batch leads every layout exporters write
+        batch_axis = symbolic[0] if symbolic else None
     heads = attention_head_sizes(view)
     sizes: list[int | None] = []
     for a, d in enumerate(dims):
@@ -79,7 +82,7 @@ def kv_bytes_per_token(
 ) -> int:
     """Bytes one token adds to ``pair``'s cache (key and value) for ``batch`` sequences; ``shapes``: the
     shapes the model ran with (a profile's), which settle symbolic dims; ``batch_symbol``: the token
-    input's batch dim, which finds the batch axis (else a leading symbolic dim is taken for it)."""
+    input's batch dim, which finds the batch axis (see :func:`cache_layout`)."""
     given = shapes or {}
     return sum(
         cache_layout(view, past, present, batch_symbol, given.get(past)).bytes_per_token(batch)
