@@ -121,17 +121,24 @@ def _rotary_rows(view: ModelView) -> list[int]:
 
 
 def own_config(view: ModelView, dec: DecoderInfo, dims: DecoderDims | None = None) -> FolderConfig:
-    """The config beside the model (:func:`config_beside`), set aside with a note when its layers or
-    vocabulary contradict the graph's: it belongs to another model."""
+    """The config beside the model (:func:`config_beside`), set aside with a note when its layers,
+    vocabulary, key/value heads, head size or hidden size contradict the graph's: it belongs to another
+    model."""
     found = config_beside(view.path)
     config = found.config
     if config is None:
         return found
     dims = dims or decoder_dims(view, dec)
-    checks = (("layers", config.layers, dims.layers), ("vocabulary", config.vocab_size, dims.vocab_size))
+    checks = (
+        ("layers", config.layers, dims.layers),
+        ("vocabulary", config.vocab_size, dims.vocab_size),
+        ("key/value heads", config.kv_heads, dims.kv_heads),
+        ("head size", config.head_size, dims.head_size),
+        ("hidden size", config.hidden_size, dims.hidden_size),
+    )
     for what, said, seen in checks:
         if said is not None and seen is not None and said != seen:
-            note = f"{config.path.name} beside the model says {said} {what}, the model has {seen}: not read"
+            note = f"{config.path.name} beside the model says {what} {said}, the model has {seen}: not read"
             return FolderConfig(None, (*found.notes, note))
     return found
 

@@ -248,12 +248,20 @@ def test_a_builder_split_keeps_each_layers_cache_and_generates_the_unsplit_token
 
 
 @pytest.mark.slow
-def test_the_split_folder_carries_the_builders_config_and_tokenizer(built: Built, tmp_path: Path) -> None:
-    """The int4 Qwen2: its ``genai_config.json`` is the builder's (search options, token ids, context)
-    with the pipeline for a decoder; its tokenizer and chat template are copied; the manifest says what a
-    generator checks before work (:func:`decoder_limits`)."""
+def test_the_split_folder_carries_the_builders_config_and_tokenizer(
+    built: Built, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The int4 Qwen2: ``onnxpipe generate`` on its split gives the unsplit model's tokens; its
+    ``genai_config.json`` is the builder's (search options, token ids, context) with the pipeline for a
+    decoder; its tokenizer and chat template are copied; the manifest says what a generator checks
+    before work (:func:`decoder_limits`)."""
     folder = built("qwen2-int4-tied")
     out = _split(folder / "model.onnx", tmp_path / "split", 3)
+    ids = ",".join(map(str, PROMPTS[0]))
+    code, said, _ = cli_run(["generate", out, "--prompt-ids", ids, "--max-new-tokens", NEW_TOKENS], capfd)
+    assert code == 0
+    line = next(x for x in said.splitlines() if x.startswith("sequence 0:"))
+    assert [int(t) for t in line.split("new:")[1].split()] == greedy(folder, PROMPTS[0])
     builder = json.loads((folder / GENAI_CONFIG_NAME).read_text())
     written = json.loads((out / GENAI_CONFIG_NAME).read_text())
     assert written["search"] == builder["search"]  # past_present_share_buffer and all, as the builder wrote
