@@ -133,6 +133,21 @@ def nudenet_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def genai_builder() -> Callable[..., Path]:
+    """``genai_builder(family, precision, tied=False)``: the folder of a decoder made by ONNX Runtime GenAI's
+    own model builder (``tools/make_genai_builder_model.py``: random weights, offline), built once per
+    machine into the corpus cache; skips without the builder, torch or transformers."""
+    pytest.importorskip(
+        "onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install '.[genai]')"
+    )
+    pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[test]')")
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[test]')")
+    from tools.make_genai_builder_model import builder_model
+
+    return builder_model
+
+
+@pytest.fixture(scope="session")
 def export_transformers() -> ModuleType:
     """The ``tools.export_transformers`` module (skips without torch)."""
     return _exporter()

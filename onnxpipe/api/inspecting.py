@@ -8,6 +8,7 @@ from pathlib import Path
 from onnxpipe.api.options import InspectOptions
 from onnxpipe.api.results import FolderInspection, Inspection, ModelInspection
 from onnxpipe.ir.decoder import find_decoder
+from onnxpipe.ir.decoder_dims import decoder_facts
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.summary import summarize
 from onnxpipe.manifest import load_manifest, stage_file_problems
@@ -24,4 +25,6 @@ def inspect(target: str | Path, options: InspectOptions | None = None) -> Inspec
         problems = stage_file_problems(path, manifest) if opts.check_files else []
         return FolderInspection(manifest, tuple(problems), checked=opts.check_files)
     view = load_model(path)
-    return ModelInspection(view=view, summary=summarize(view), decoder=find_decoder(view))
+    dec = find_decoder(view)
+    facts = decoder_facts(view, dec) if dec is not None else None
+    return ModelInspection(view=view, summary=summarize(view), decoder=dec, facts=facts)

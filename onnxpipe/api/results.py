@@ -18,6 +18,7 @@ from typing import Any
 
 from onnxpipe.core.dims import Dim
 from onnxpipe.ir.decoder import DecoderInfo
+from onnxpipe.ir.decoder_dims import DecoderFacts
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.summary import ModelSummary
 from onnxpipe.manifest import Manifest
@@ -96,6 +97,8 @@ class ModelInspection:
     view: ModelView
     summary: ModelSummary
     decoder: DecoderInfo | None
+    facts: DecoderFacts | None = None
+    """A decoder's dims, context and own config (:func:`onnxpipe.ir.decoder_dims.decoder_facts`)."""
 
     def to_json(self) -> str:
         return document("inspect", model=model_obj(self.summary))

@@ -379,7 +379,7 @@ def decoder_flags() -> list[Flag]:
             group=g,
             type=positive_int,
             metavar="TOKENS",
-            help="context the KV cache memory per stage is counted at",
+            help="context the KV cache memory per stage is counted at (at most the model's own context)",
         ),
         flag(
             "--prefill-tokens",

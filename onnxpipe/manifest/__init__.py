@@ -15,6 +15,7 @@ from onnxpipe.manifest.entries import (
     READABLE_VERSIONS,
     SCHEMA_VERSION,
     DecoderIORecord,
+    DecoderModelRecord,
     DecoderRecord,
     DeviceRecord,
     ModelOutput,
@@ -28,6 +29,7 @@ from onnxpipe.manifest.entries import (
     StageOutput,
     VerificationRecord,
 )
+from onnxpipe.manifest.limits import DecoderLimits, decoder_limits
 from onnxpipe.manifest.manifest import (
     Manifest,
     check_stage_files,
@@ -45,6 +47,8 @@ __all__ = [
     "READABLE_VERSIONS",
     "SCHEMA_VERSION",
     "DecoderIORecord",
+    "DecoderLimits",
+    "DecoderModelRecord",
     "DecoderRecord",
     "DeviceRecord",
     "KVPair",
@@ -61,6 +65,7 @@ __all__ = [
     "VerificationRecord",
     "check_stage_files",
     "content_digest",
+    "decoder_limits",
     "load_manifest",
     "stage_file_problems",
     "write_manifest",

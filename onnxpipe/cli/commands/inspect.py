@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"files: the {found.manifest.k} stage file(s) are those the split wrote (sha256 checked)")
     else:
         print(format_model_table(found.view, found.summary))
-        decoder = format_decoder(found.view, found.decoder)
+        facts = found.facts.describe() if found.facts is not None else None
+        decoder = format_decoder(found.view, found.decoder, facts)
         if decoder:
             print(decoder)
     return 0 if not isinstance(found, api.FolderInspection) or found.ok else 1
