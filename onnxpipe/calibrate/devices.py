@@ -48,7 +48,7 @@ from onnxpipe.calibrate.loop import (
     measured_balance,
     worse_than_last,
 )
-from onnxpipe.calibrate.timing import scratch_stages, time_in_turns
+from onnxpipe.calibrate.timing import own_clock, scratch_stages, time_in_turns
 from onnxpipe.cluster.costs import CostMethod, DeviceCosts, reference_setting, timed_on_itself
 from onnxpipe.cluster.model import Cluster, Device
 from onnxpipe.core.choices import CostSource
@@ -76,12 +76,18 @@ def timing_devices(cluster: Cluster, threads: int) -> dict[str, Device]:
     }
 
 
+def devices_clock(devices: Mapping[str, Device]) -> tuple[Callable[[], float], str]:
+    """The clock the stages are timed by when opened as ``devices`` (by name) say, and its name
+    (:func:`onnxpipe.calibrate.timing.own_clock`)."""
+    return own_clock([d.engine_config() for d in devices.values()])
+
+
 def how_timed(cluster: Cluster, threads: int) -> str:
     """How the stages of a plan for ``cluster`` are timed, for the note (``threads``: the reference
     profile's)."""
-    del cluster, threads  # the same words for every cluster
+    clock = devices_clock(timing_devices(cluster, threads))[1]
     return (
-        "each stage timed alone, on its device's runtime, or, for a device not here, as the "
+        f"each stage timed alone {clock}, on its device's runtime, or, for a device not here, as the "
         "reference profile was measured and divided by the device's speed"
     )
 
@@ -108,11 +114,11 @@ def time_stages_on_devices(
     warmup: int = 3,
 ) -> list[float]:
     """Median seconds of each stage of ``plan`` on the runtime ``devices`` gives its device's name, the
-    stages taking turns, at the profile's shapes."""
+    stages taking turns, at the profile's shapes, by :func:`devices_clock`."""
     with scratch_stages(view, plan) as (out, manifest):
         engines = list(ready_engines(view, profile, out, manifest, devices, warmup))
         try:
-            return time_in_turns(engines, runs=runs)
+            return time_in_turns(engines, runs=runs, clock=devices_clock(devices)[0])
         finally:
             for engine, _, _ in engines:
                 engine.close()

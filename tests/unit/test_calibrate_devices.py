@@ -7,14 +7,17 @@ The model is only a source of node names and static costs; every time is a numbe
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
 
-from onnxpipe.calibrate.devices import calibrate_on_devices, device_seconds, timing_devices
+from onnxpipe.calibrate.devices import calibrate_on_devices, device_seconds, how_timed, timing_devices
 from onnxpipe.calibrate.loop import kept_round, measured_balance, worse_than_last
+from onnxpipe.calibrate.timing import own_clock, time_in_turns
 from onnxpipe.cluster.model import Cluster, Device, Link
+from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.static import static_profile
@@ -96,6 +99,36 @@ def test_described_devices_are_timed_as_the_reference_was_measured() -> None:
     assert opened["here"] is here  # timed on itself, as it is
     for name in ("x3-0", "gone"):  # described: onnxruntime on the CPU, the reference's one thread
         assert opened[name].engine_config() == Device(name=name, threads=1).engine_config()
+
+
+def test_one_thread_cpu_stages_are_timed_by_their_threads_cpu_time() -> None:
+    """onnxruntime runs a one-thread CPU session in the caller's thread: its CPU time is the stage's
+    work, without what other processes took; anything else is timed by the wall clock."""
+    one = Device(name="a", threads=1).engine_config()
+    assert own_clock([one, one])[0] is time.thread_time
+    assert own_clock([one, Device(name="b", threads=2).engine_config()])[0] is time.perf_counter
+    assert own_clock([one, Device(name="c", runtime=Runtime.TRACT).engine_config()])[0] is time.perf_counter
+    assert own_clock([])[0] is time.perf_counter
+    assert "CPU time" in how_timed(speeds_cluster(*SPEEDS), 1)  # described: timed on one CPU thread here
+    assert "wall clock" in how_timed(speeds_cluster(*SPEEDS), 2)
+
+
+class _Session:
+    """A stand-in stage that takes ``seconds`` of the clock it is given and ``1.0`` of the wall."""
+
+    def __init__(self, clock: list[float], seconds: float) -> None:
+        self.clock, self.seconds = clock, seconds
+
+    def run(self, names: object, feeds: object) -> list[object]:
+        self.clock[0] += self.seconds
+        return []
+
+
+def test_stages_are_timed_by_the_clock_given() -> None:
+    clock = [0.0]
+    stages = [(_Session(clock, 1e-3), [], {}), (_Session(clock, 4.3e-3), [], {})]
+    seconds = time_in_turns(stages, runs=6, block=2, clock=lambda: clock[0])
+    assert seconds == pytest.approx([1e-3, 4.3e-3])
 
 
 # ----------------------------------------------------------------------------------- the calibration
