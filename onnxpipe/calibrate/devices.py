@@ -23,7 +23,8 @@ Where each stage is timed depends on whether its device is here
 The time a described device would take is the stage's time here converted as its costs are
 (:func:`device_seconds`); the rounds compare those with the plan's estimates.  Each round must run no
 worse than the one before by calibration's own measure (how evenly the devices' times are spread,
-:func:`onnxpipe.calibrate.loop.measured_balance`): a round that ran less evenly stops the calibration, and
+:func:`onnxpipe.calibrate.loop.measured_balance`): a round that ran less evenly, by more than the
+tolerance, stops the calibration, and
 the cut that ran the most evenly of those timed is kept (:func:`onnxpipe.calibrate.loop.kept_round`).
 The plan returned names the devices as the devices file does, its cost records saying how they were
 calibrated.
@@ -287,7 +288,7 @@ def calibrate_on_devices(
             history.append(done)
             timed.append((costs, plan))
             balances = [measured_balance({None: r}) for r in history]
-            stopped = worse_than_last(balances)
+            stopped = worse_than_last(balances, tolerance)
             if stopped or done.worst_error <= tolerance:
                 break
             costs = costs.corrected(plan, done, cluster)
@@ -299,7 +300,7 @@ def calibrate_on_devices(
             if not moved:  # same cut: the corrected estimates are the stages' own times already
                 break
     balances = [measured_balance({None: r}) for r in history]
-    kept = kept_round(balances, [_where(p) for _, p in timed], _where(plan), stopped)
+    kept = kept_round(balances, [_where(p) for _, p in timed], _where(plan), stopped, tolerance)
     if kept is not None:
         costs, plan = timed[kept]
     return Calibrated(

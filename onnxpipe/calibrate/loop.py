@@ -21,11 +21,11 @@ profile's per-node seconds change; the partitioner stays exact on the corrected 
 
 Each round must run no worse than the one before by calibration's own measure, how evenly the timed cut
 ran (:func:`measured_balance`, a ratio, so that rounds timed while the machine ran at different speeds
-compare): a round that ran less evenly stops the calibration, and the cut that ran the most evenly of
-those timed is kept, as it was planned (:func:`kept_round`); the note says so.  Why: the correction
-assumes a stage costs the sum of its nodes, and a stage whose weights stay in the CPU's cache between its
-runs costs less than its share of the whole model (``docs/devices.md``), so one factor per stage can move
-the cut back and forth instead of settling.
+compare): a round that ran less evenly, by more than the tolerance, stops the calibration, and the cut
+that ran the most evenly of those timed is kept, as it was planned (:func:`kept_round`); the note says
+so.  Why: the correction assumes a stage costs the sum of its nodes, and a stage whose weights stay in
+the CPU's cache between its runs costs less than its share of the whole model (``docs/devices.md``), so
+one factor per stage can move the cut back and forth instead of settling.
 
 A decoder balanced for both phases (:mod:`onnxpipe.planning.phases`) is calibrated at both
 (:func:`calibrate_phases`): its stages are timed at the prompt's shapes and at a generation step's, and
@@ -149,26 +149,35 @@ def _evenly(balances: Sequence[float]) -> str:
     return f"; the busiest stage over the mean, as timed in each round: {shown}"
 
 
-def worse_than_last(balances: Sequence[float]) -> bool:
-    """Whether the last timed cut ran less evenly than the one timed before it: calibration stops."""
-    return len(balances) > 1 and balances[-1] > balances[-2]
+def worse_than_last(balances: Sequence[float], slack: float = 0.0) -> bool:
+    """Whether the last timed cut ran less evenly than the one timed before it, by more than ``slack``
+    (a fraction: rounds within it ran alike, as far as a timing on a drifting machine tells): calibration
+    stops."""
+    return len(balances) > 1 and balances[-1] > balances[-2] * (1.0 + slack)
 
 
 def kept_round(
-    balances: Sequence[float], timed_cuts: Sequence[object], last_cut: object, stopped: bool
+    balances: Sequence[float],
+    timed_cuts: Sequence[object],
+    last_cut: object,
+    stopped: bool,
+    slack: float = 0.0,
 ) -> int | None:
     """The timed round whose cut calibration hands back instead of the last plan (``last_cut``, the cut
     the last correction made), or None when the last plan stands.
 
     An earlier cut is kept when it ran more evenly than the last one timed (``balances[i]`` of the cut
-    ``timed_cuts[i]``) and the last plan is not that very cut; after a stop (``stopped``: the last
-    timed round ran less evenly than the one before) the last plan is that worse cut, never kept.
-    Ties go to the earlier round.  Plain numbers, so that the rule is tested without timing anything.
+    ``timed_cuts[i]``), by more than ``slack``, and the last plan is not that very cut; after a stop
+    (``stopped``: the last timed round ran less evenly than the one before) the last plan is that worse
+    cut, never kept.  Ties go to the earlier round.  Why the last correction stands within the slack:
+    its estimates come from the most timings.  Plain numbers, so that the rule is tested without timing
+    anything.
     """
     if not balances:
         return None
     best = min(range(len(balances)), key=lambda i: (balances[i], i))
-    if stopped or (balances[best] < balances[-1] and last_cut != timed_cuts[best]):
+    clearly = balances[-1] > balances[best] * (1.0 + slack)
+    if stopped or (clearly and last_cut != timed_cuts[best]):
         return best if best != len(balances) - 1 else None
     return None
 
@@ -196,9 +205,10 @@ def calibrate_phases(
     different amounts at the two shapes (a generation step's few tiny nodes make a session's per-run
     cost and a stage's copied nodes weigh far more), so each phase needs its own correction.
 
-    A round whose cut ran less evenly than the one before (:func:`measured_balance`) ends the
-    calibration; the last correction stands unless an earlier timed cut ran more evenly than the last
-    one timed: then that cut is kept as it was planned (``went_back``, :func:`kept_round`).  Why: the
+    A round whose cut ran less evenly than the one before (:func:`measured_balance`, by more than
+    ``tolerance``) ends the calibration; the last correction stands unless an earlier timed cut ran more
+    evenly than the last one timed (again by more than ``tolerance``): then that cut is kept as it was
+    planned (``went_back``, :func:`kept_round`).  Why: the
     correction assumes a stage costs the sum of its nodes, and where it does not (at a generation step
     a stage of two small layers may keep its weights in the cache and one of three not) the corrected
     costs can lead to a cut that runs worse than one already timed.
@@ -224,7 +234,7 @@ def calibrate_phases(
         history.append(done)
         balances.append(measured_balance(done, _workers(plan)))
         timed.append((current, plan))
-        stopped = worse_than_last(balances)
+        stopped = worse_than_last(balances, tolerance)
         if stopped or max(r.worst_error for r in done.values()) <= tolerance:
             break
         stage_nodes = [s.node_names for s in plan.stages]
@@ -234,7 +244,7 @@ def calibrate_phases(
         plan = new_plan
         if not moved:  # same cut: the corrected estimates are the stages' own times already
             break
-    kept = kept_round(balances, [_bounds(p) for _, p in timed], _bounds(plan), stopped)
+    kept = kept_round(balances, [_bounds(p) for _, p in timed], _bounds(plan), stopped, tolerance)
     if kept is not None:
         profs, the_plan = timed[kept]
         return Calibrated(profs, the_plan, tuple(history), tuple(balances), went_back=kept, stopped=stopped)

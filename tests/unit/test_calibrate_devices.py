@@ -81,6 +81,8 @@ def test_a_described_devices_time_is_the_time_here_divided_by_its_speed() -> Non
 def test_a_round_worse_than_the_last_stops_and_the_most_even_is_kept() -> None:
     assert not worse_than_last([1.3]) and not worse_than_last([1.3, 1.1]) and not worse_than_last([1.1, 1.1])
     assert worse_than_last([1.3, 1.1, 1.2])
+    # within the slack two rounds ran alike (a timing on a drifting machine tells no more)
+    assert not worse_than_last([1.10, 1.12], slack=0.02) and worse_than_last([1.10, 1.13], slack=0.02)
     cuts = ["a", "b", "c"]
     # improving all along: the last correction stands
     assert kept_round([1.3, 1.1], cuts[:2], "c", stopped=False) is None
@@ -89,6 +91,8 @@ def test_a_round_worse_than_the_last_stops_and_the_most_even_is_kept() -> None:
     # not stopped, yet an earlier timed cut ran more evenly than the last: back to it, unless it is the plan
     assert kept_round([1.1, 1.2], cuts[:2], "c", stopped=False) == 0
     assert kept_round([1.1, 1.2], cuts[:2], "a", stopped=False) is None
+    # ... and unless it ran more evenly only within the slack: the last correction, timed more, stands
+    assert kept_round([1.10, 1.11], cuts[:2], "c", stopped=False, slack=0.02) is None
     assert kept_round([], [], "a", stopped=False) is None
 
 
