@@ -173,9 +173,7 @@ class Variant:
 def bench_devices(
     name: str, path: Path, shapes: dict[str, tuple[int, ...]] | None, args: argparse.Namespace
 ) -> dict[str, Any]:
-    profile = get_profile(
-        load_model(path), ProfileOptions(cost="profile", shapes=shapes or {})
-    )  # one for both
+    profile = get_profile(load_model(path), ProfileOptions(shapes=shapes or {}))  # measured; both plans' own
     with tempfile.TemporaryDirectory(prefix="bench-calibrate-devices-") as tmp:
         variants = [
             Variant("uncalibrated", _split(path, profile, args, Path(tmp) / "uncalibrated", 0)),
