@@ -178,6 +178,8 @@ class _Costs:
         threads = self.reference.threads
         reference = dict(self.reference.node_seconds)
         own = {name: dict(row) for name, row in self.own.items()}
+        for name, row in _own_rows(plan, cluster, threads).items():  # a device this plan uses first
+            own.setdefault(name, dict(row))
         for stage, factor in zip(plan.stages, round_.factors, strict=True):
             device = by_name[stage.device]
             if timed_on_itself(device) and not reference_setting(device, threads):
@@ -221,7 +223,9 @@ def _here_alike(device: Device, config: object) -> bool:
 
 
 def _own_rows(plan: Plan, cluster: Cluster, threads: int) -> dict[str, Mapping[str, float]]:
-    """The devices of ``plan`` whose costs are their own (not the reference's, scaled or not)."""
+    """The costs of the devices of ``plan`` that carry their own (not the reference's, scaled or not),
+    as ``plan`` was made with them: a device first used after a correction (another order, another
+    stage count) starts from its own costs, without the corrections made before it was used."""
     by_name = {d.name: d for d in cluster.devices}
     rows: dict[str, Mapping[str, float]] = {}
     for r in plan.device_costs:
@@ -278,7 +282,7 @@ def calibrate_on_devices(
     cluster = _check(profile, request, rounds)
     measure = timer or time_stages_on_devices
     plan = make_plan(profile, request)
-    costs = _Costs(profile, _own_rows(plan, cluster, profile.threads))
+    costs = _Costs(profile, {})
     history: list[CalibrationRound] = []
     timed: list[tuple[_Costs, Plan]] = []
     stopped = False

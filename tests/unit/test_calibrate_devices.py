@@ -185,6 +185,33 @@ def test_calibration_keeps_the_declared_speeds_and_converges(view: ModelView) ->
         assert f"{r.worst_error * 100:.1f}% in round {i + 1}" in note  # every round's error, as measured
 
 
+def test_a_device_here_and_a_described_one_share_the_reference(view: ModelView) -> None:
+    """A device here at the reference's setting is timed on itself and its time corrects the reference;
+    a described device three times as fast keeps costing a third of it."""
+    prof = static_profile(view)
+    here = Device(name="here", threads=prof.threads, profile_here=True)
+    cluster = Cluster((here, Device(name="fast", threads=1, speed=3.0)), (Link(),))
+    seen: list[Mapping[str, Device]] = []
+    done = calibrate_on_devices(
+        view,
+        prof,
+        PlanRequest(2, devices=cluster),
+        lambda p, r: make_plan(view, p, r),
+        rounds=3,
+        timer=timer_of(alone_truth(view, prof), seen),
+    )
+    assert all(opened["here"] is here for opened in seen)
+    rows = {r.device: r.node_seconds for r in done.plan.device_costs}
+    assert all(rows["fast"][n] == pytest.approx(t / 3.0) for n, t in rows["here"].items())
+    sources = {r.device: r.source for r in done.plan.device_costs}
+    assert sources["here"].endswith("calibrated per stage on onnxruntime (CPUExecutionProvider)")
+    assert (
+        sources["fast"].startswith("scaled from reference by speed 3;")
+        and "the speed kept" in sources["fast"]
+    )
+    assert done.plan.cluster is not None and done.plan.cluster.devices == cluster.devices
+
+
 def test_calibration_whose_estimates_oscillate_stops_and_keeps_the_best(view: ModelView) -> None:
     """Stage times that are not the sum of their nodes': whatever the cut, the first stage measures 50%
     over its estimate in odd rounds and 50% under it in even ones.  The corrections chase each other;
