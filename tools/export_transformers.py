@@ -10,6 +10,8 @@
   [batch, seq] -> ``last_hidden_state`` [batch, seq, 128] and ``pooler_output`` [batch, 128].
 - ``bert_mini``: the same 256 wide (feed-forward 1024), the size of Google's BERT-Mini without its
   30k-word vocabulary (benchmarks only; the tests use the tiny models).
+- ``minilm_l6``: ``BertModel`` at MiniLM-L6-H384's size (6 layers, 384 wide, 12 heads, feed-forward
+  1536, the 30522-word vocabulary; about 90 MB): benchmarks only, exported on first use into the cache.
 
 Each comes from two exporters: the TorchScript one (``dynamo=False``, opset 17, one self-contained file) and
 the ``torch.export`` one (``dynamo=True``, the exporter's default opset, ``external_data=True``: the large
@@ -58,7 +60,7 @@ if TYPE_CHECKING:
 EXPORT_REVISION = 1  # bump to invalidate every cached export after changing how models are built
 TORCHSCRIPT_OPSET = 17
 SEED = 0
-BENCHMARK_ONLY = ("gpt2_small",)
+BENCHMARK_ONLY = ("gpt2_small", "minilm_l6")
 """Too big to copy around with the others (:func:`export_all` leaves them out): benchmarks export them."""
 
 
@@ -137,6 +139,20 @@ SPECS: dict[str, ModelSpec] = {
         output_names=("last_hidden_state", "pooler_output"),
         output_axes={"last_hidden_state": {0: "batch", 1: "seq"}, "pooler_output": {0: "batch"}},
     ),
+    "minilm_l6": ModelSpec(
+        name="minilm_l6",
+        config={
+            "vocab_size": 30522,
+            "hidden_size": 384,
+            "num_hidden_layers": 6,
+            "num_attention_heads": 12,
+            "intermediate_size": 1536,
+            "max_position_embeddings": 512,
+        },
+        input_names=("input_ids", "attention_mask"),
+        output_names=("last_hidden_state", "pooler_output"),
+        output_axes={"last_hidden_state": {0: "batch", 1: "seq"}, "pooler_output": {0: "batch"}},
+    ),
 }
 
 
@@ -166,7 +182,7 @@ def build_torch_model(name: str) -> torch.nn.Module:
                 return logits
 
         return Gpt2Logits().eval()  # eval() reaches the wrapped model too
-    if name in ("bert_tiny", "bert_mini"):
+    if name in ("bert_tiny", "bert_mini", "minilm_l6"):
         bert = transformers.BertModel(transformers.BertConfig(**spec.config))
 
         class BertOutputs(torch.nn.Module):
@@ -318,6 +334,12 @@ def bert_tiny(dynamo: bool = False) -> Path:
 def bert_mini(dynamo: bool = False) -> Path:
     """A 4-layer, 256-wide BERT, same inputs and outputs as :func:`bert_tiny`."""
     return cached_export("bert_mini", dynamo)
+
+
+def minilm_l6(dynamo: bool = False) -> Path:
+    """MiniLM-L6-H384's architecture with random weights, same inputs and outputs as :func:`bert_tiny`
+    (benchmarks only: exported into the cache on first use)."""
+    return cached_export("minilm_l6", dynamo)
 
 
 def model_files(path: Path) -> list[Path]:
