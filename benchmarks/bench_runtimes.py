@@ -111,9 +111,10 @@ def bench(name: str, runtimes: Sequence[Runtime], args: Any) -> list[dict[str, A
             continue
         request = PlanRequest(args.k, devices=_devices(args.k, runtime))
         try:
-            own_plan, rounds = calibrate_on_devices(
+            calibrated = calibrate_on_devices(
                 view, profile, request, lambda p, r: plan(view, p, r), rounds=args.rounds
             )
+            own_plan, rounds = calibrated.plan, [r[None] for r in calibrated.rounds]
         except OnnxpipeError as e:
             print(f"  {name} on {runtime.value}: skipped, {e}")
             rows.append({"model": name, "runtime": runtime.value, "skipped": str(e)})

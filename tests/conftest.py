@@ -139,6 +139,21 @@ def silero_vad_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def genai_builder() -> Callable[..., Path]:
+    """``genai_builder(family, precision, tied=False)``: the folder of a decoder made by ONNX Runtime GenAI's
+    own model builder (``tools/make_genai_builder_model.py``: random weights, offline), built once per
+    machine into the corpus cache; skips without the builder, torch or transformers."""
+    pytest.importorskip(
+        "onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install '.[genai]')"
+    )
+    pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[test]')")
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[test]')")
+    from tools.make_genai_builder_model import builder_model
+
+    return builder_model
+
+
+@pytest.fixture(scope="session")
 def export_transformers() -> ModuleType:
     """The ``tools.export_transformers`` module (skips without torch)."""
     return _exporter()
@@ -174,7 +189,8 @@ def bert_tiny_dynamo_path(export_transformers: ModuleType) -> Path:
 
 @pytest.fixture(scope="session")
 def minilm_l6_path(export_transformers: ModuleType) -> Path:
-    """6-layer, 384-wide BERT (all-MiniLM-L6-v2's layout), TorchScript exporter; inputs as BERT's."""
+    """MiniLM-L6-H384's architecture (6 layers, 384 wide, its 30522-word vocabulary; about 90 MB),
+    TorchScript exporter; inputs and outputs as BERT's: the model issue 31 was seen on."""
     path: Path = export_transformers.minilm_l6(dynamo=False)
     return path
 

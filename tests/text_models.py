@@ -14,9 +14,11 @@ CHAT = (
 )
 
 
-def word_tokenizer(folder: Path, *, chat: str | None = CHAT, bos: bool = True) -> Path:
-    """Words ``w0 .. w124`` and the chat's markers; ``w0`` the BOS (added to plain text), ``w1`` the end."""
-    vocab = {f"w{i}": i for i in range(125)} | {"[user]": 125, "[system]": 126, "[assistant]": 127}
+def word_tokenizer(folder: Path, *, chat: str | None = CHAT, bos: bool = True, words: int = 125) -> Path:
+    """Words ``w0 .. w{words - 1}`` and the chat's three markers after them (128 ids by default: the
+    sample decoders' vocabulary); ``w0`` the BOS (added to plain text), ``w1`` the end."""
+    markers = ("[user]", "[system]", "[assistant]")
+    vocab = {f"w{i}": i for i in range(words)} | {m: words + i for i, m in enumerate(markers)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="w2"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces

@@ -93,10 +93,11 @@ class SplitOptions:
 
 @dataclass(frozen=True)
 class InspectOptions:
-    """How :func:`onnxpipe.inspect` reads a split folder: with ``check_files``, each stage file's sha256
-    is checked against the manifest's, as ``verify`` and ``run`` do."""
+    """How :func:`onnxpipe.inspect` reads a split folder: with ``check_files`` (the default), each stage
+    file's sha256 is checked against the manifest's, as ``verify`` and ``run`` do, and what is missing or
+    changed is reported (:attr:`FolderInspection.file_problems`)."""
 
-    check_files: bool = False
+    check_files: bool = True
 
 
 __all__ = [

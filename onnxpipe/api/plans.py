@@ -13,8 +13,8 @@ from onnxpipe.api.paths import check_plot
 from onnxpipe.api.preamble import BusyWatch, plan_preamble
 from onnxpipe.api.profiling import save_profile
 from onnxpipe.api.results import PlanResult
-from onnxpipe.calibrate.devices import calibrate_on_devices
-from onnxpipe.calibrate.loop import calibrate_phases, calibration_note
+from onnxpipe.calibrate.devices import calibrate_on_devices, how_timed
+from onnxpipe.calibrate.loop import calibrate_phases
 from onnxpipe.calibrate.options import CalibrationOptions
 from onnxpipe.calibrate.timing import choose_timer, time_model
 from onnxpipe.core.choices import CalibrationMode, CostSource, Phase
@@ -198,9 +198,11 @@ def _named_phases(profiles: Mapping[Phase | None, Profile]) -> dict[Phase, Profi
 def _calibrated_on_devices(
     view: ModelView, prof: Profile, request: PlanRequest, calibration: CalibrationOptions
 ) -> Plan:
-    """The plan calibrated with every stage timed on its own device's runtime (:mod:`.calibrate.devices`)."""
-    the_plan, rounds = calibrate_on_devices(
+    """The plan calibrated with every stage timed on its device, or, for a device not here, as the
+    reference profile was measured with the device's speed kept (:mod:`.calibrate.devices`)."""
+    done = calibrate_on_devices(
         view, prof, request, lambda p, r: make_plan(view, p, r), rounds=calibration.rounds
     )
-    note = calibration_note([{None: r} for r in rounds], "each stage timed alone on its device's runtime")
-    return dataclasses.replace(the_plan, notes=(*the_plan.notes, note))
+    assert request.devices is not None
+    how = how_timed(request.devices, prof.threads)
+    return dataclasses.replace(done.plan, notes=(*done.plan.notes, done.note(how)))

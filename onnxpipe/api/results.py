@@ -18,6 +18,7 @@ from typing import Any
 
 from onnxpipe.core.dims import Dim
 from onnxpipe.ir.decoder import DecoderInfo
+from onnxpipe.ir.decoder_dims import DecoderFacts
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.summary import ModelSummary
 from onnxpipe.manifest import Manifest
@@ -72,12 +73,21 @@ class SplitResult:
 
 @dataclass(frozen=True)
 class FolderInspection:
-    """A split folder: its manifest."""
+    """A split folder: its manifest, and what is wrong with its stage files (each one missing, or
+    changed since the split; ``checked``: whether they were looked at)."""
 
     manifest: Manifest
+    file_problems: tuple[str, ...] = ()
+    checked: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """Whether the folder holds the stage files its manifest names, as they were written."""
+        return not self.file_problems
 
     def to_json(self) -> str:
-        return document("inspect", manifest=manifest_obj(self.manifest))
+        files = None if not self.checked else list(self.file_problems)
+        return document("inspect", manifest=manifest_obj(self.manifest), file_problems=files)
 
 
 @dataclass(frozen=True)
@@ -87,6 +97,8 @@ class ModelInspection:
     view: ModelView
     summary: ModelSummary
     decoder: DecoderInfo | None
+    facts: DecoderFacts | None = None
+    """A decoder's dims, context and own config (:func:`onnxpipe.ir.decoder_dims.decoder_facts`)."""
 
     def to_json(self) -> str:
         return document("inspect", model=model_obj(self.summary))

@@ -16,7 +16,6 @@ from onnxpipe.api.plans import calibrated_plan, load, measured_here, note_retrie
 from onnxpipe.api.preamble import BusyWatch
 from onnxpipe.api.profiling import save_profile
 from onnxpipe.api.results import SplitResult
-from onnxpipe.calibrate.devices import check_devices_here
 from onnxpipe.cluster.costs import provider_available
 from onnxpipe.core.choices import Phase, Runtime, SplitNodes, VerifyRuntime
 from onnxpipe.core.dims import Dim
@@ -227,13 +226,11 @@ def _check_calibration(opts: SplitOptions) -> None:
             f"{timed_in} times every stage on CPUs of its own, but interleaved stages share their workers' "
             f"CPUs: use {opt('CalibrationOptions.mode', 'alone')}"
         )
-    if request.devices is not None:
-        if opts.calibration.mode == "pipeline":
-            raise UsageError(
-                f"{calibrate} with {opt('devices')} times each stage alone on its device's runtime: leave "
-                f"out {timed_in}"
-            )
-        check_devices_here(request.devices)  # before profiling: every stage is timed where it will run
+    if request.devices is not None and opts.calibration.mode == "pipeline":
+        raise UsageError(
+            f"{calibrate} with {opt('devices')} times each stage alone on its device's runtime: leave "
+            f"out {timed_in}"
+        )
 
 
 def _verify_runtime(the_plan: Plan) -> VerifyRuntime | None:

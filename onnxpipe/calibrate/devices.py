@@ -1,23 +1,33 @@
-"""Calibration on the devices: each stage timed on its own device's runtime, the devices' costs corrected,
-and the model partitioned again (``split --calibrate --devices FILE``).
+"""Calibration on the devices: each stage timed, the costs corrected, and the model partitioned again
+(``split --calibrate --devices FILE``).
 
 Why: a plan made from onnxruntime's costs, or from a device's costs scaled from them, is balanced on
 paper; run on OpenVINO or tract its stages are not (each runtime fuses and vectorises differently, and
-some of a runtime's time is attributed to nodes only by static cost: :mod:`onnxpipe.cost.runtime_profile`).
-This closes the loop on the runtime each stage will run on.
+some of a runtime's time is attributed to nodes only by static cost: :mod:`onnxpipe.cost.runtime_profile`),
+and even on onnxruntime a stage run alone, over and over as on a device of its own, is not the sum of its
+nodes' shares of the whole model (its weights may stay in the CPU's cache between its runs when the
+whole model's do not: ``docs/devices.md``).  This closes the loop with the stages as they run.
 
-How: the first plan gives every device's per-node costs (its own profile, measured here on its runtime, or
-scaled).  Each round exports the plan's stages to a scratch folder, opens stage ``s`` on device ``s``'s
-engine (:mod:`onnxpipe.core.runtimes`), feeds it what the earlier stages computed from one set of seeded
-random inputs, and times the stages in turns (:func:`onnxpipe.calibrate.timing.time_in_turns`).  The
-costs of device ``s`` (and of every device set up like it) for the nodes of stage ``s`` are scaled by
-``measured / estimated``, written as each device's profile in a scratch folder (so that the next plan
-reads them instead of measuring again), and the model is partitioned again; until the cut settles or
-every stage is within ``tolerance``.  The plan returned names the devices as the devices file does, its
-cost records saying they were calibrated.
+Where each stage is timed depends on whether its device is here
+(:func:`onnxpipe.cluster.costs.timed_on_itself`):
 
-Every device of the plan must be available here (its runtime installed, its provider or OpenVINO device
-present): a stage is timed where it will run, never extrapolated.
+* a device **here** (``profile_here``, its runtime available; its costs profiled on it) runs its stage on
+  its own runtime and settings, and that time corrects its own costs (and those of every device here set
+  up like it, so that a node moving to a twin keeps its time);
+* a device only **described** (``speed``, ``op_speeds``, or a profile measured on it elsewhere) cannot be
+  timed on itself: its stage is timed here as the reference profile was measured (onnxruntime on the CPU
+  with the profile's threads), that time corrects the reference's *machine-relative* costs of the
+  stage's nodes, and the device's costs follow them: the reference's divided by its declared speed (or
+  its own profile scaled by the same correction).  Its speed is never replaced by this machine's.
+
+The time a described device would take is the stage's time here converted as its costs are
+(:func:`device_seconds`); the rounds compare those with the plan's estimates.  Each round must run no
+worse than the one before by calibration's own measure (how evenly the devices' times are spread,
+:func:`onnxpipe.calibrate.loop.measured_balance`): a round that ran less evenly, by more than the
+tolerance, stops the calibration, and
+the cut that ran the most evenly of those timed is kept (:func:`onnxpipe.calibrate.loop.kept_round`).
+The plan returned names the devices as the devices file does, its cost records saying how they were
+calibrated.
 """
 
 from __future__ import annotations
@@ -25,20 +35,28 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
 import numpy as np
 
-from onnxpipe.calibrate.loop import DEFAULT_TOLERANCE, CalibrationRound
-from onnxpipe.calibrate.timing import scratch_stages, time_in_turns
-from onnxpipe.cluster.costs import DeviceCosts, provider_available
-from onnxpipe.cluster.model import Cluster, Device, _frozen
+from onnxpipe.calibrate.loop import (
+    DEFAULT_TOLERANCE,
+    Calibrated,
+    CalibrationRound,
+    kept_round,
+    measured_balance,
+    worse_than_last,
+)
+from onnxpipe.calibrate.timing import own_clock, scratch_stages, time_in_turns
+from onnxpipe.cluster.costs import CostMethod, DeviceCosts, reference_setting, timed_on_itself
+from onnxpipe.cluster.model import Cluster, Device
 from onnxpipe.core.choices import CostSource
 from onnxpipe.core.errors import UsageError, error_line
 from onnxpipe.core.options import opt
 from onnxpipe.core.runtimes import Engine, open_engine
-from onnxpipe.cost.profile import Profile
+from onnxpipe.cost.profile import DEFAULT_RUNTIME, Profile
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
@@ -47,19 +65,44 @@ from onnxpipe.planning.types import Plan
 
 MakePlan = Callable[[Profile, PlanRequest], Plan]
 DeviceTimer = Callable[[ModelView, Plan, Profile, Mapping[str, Device]], list[float]]
+"""Seconds each stage of a plan takes here, opened as the device of its stage's name says (the
+default: :func:`time_stages_on_devices`)."""
 
 
-def check_devices_here(cluster: Cluster) -> None:
-    """Refuse, naming the device, a cluster with a device this machine cannot run a stage on."""
-    for i, d in enumerate(cluster.devices):
-        if not provider_available(d):
-            raise UsageError(
-                f"{cluster.label}: devices[{i}] ({d.name}) runs on {d.runtime_label}, which is not available "
-                f"here, so {opt('CalibrationOptions.rounds')} cannot time its stage; calibrate on a machine "
-                "that has every device, or give that device a profile measured on it (profile_path) and "
-                "leave "
-                f"{opt('CalibrationOptions.rounds')} out"
-            )
+def timing_devices(cluster: Cluster, threads: int) -> dict[str, Device]:
+    """What each device's stage is opened on here, by device name: a device here as it is; a described
+    one as the reference profile was measured (onnxruntime on the CPU with its ``threads``)."""
+    return {
+        d.name: d if timed_on_itself(d) else Device(name=d.name, threads=threads) for d in cluster.devices
+    }
+
+
+def devices_clock(devices: Mapping[str, Device]) -> tuple[Callable[[], float], str]:
+    """The clock the stages are timed by when opened as ``devices`` (by name) say, and its name
+    (:func:`onnxpipe.calibrate.timing.own_clock`)."""
+    return own_clock([d.engine_config() for d in devices.values()])
+
+
+def how_timed(cluster: Cluster, threads: int) -> str:
+    """How the stages of a plan for ``cluster`` are timed, for the note (``threads``: the reference
+    profile's)."""
+    clock = devices_clock(timing_devices(cluster, threads))[1]
+    return (
+        f"each stage timed alone {clock}, on its device's runtime, or, for a device not here, as the "
+        "reference profile was measured and divided by the device's speed"
+    )
+
+
+def device_seconds(measured: float, device_estimate: float, machine_estimate: float, here: bool) -> float:
+    """The seconds a stage takes on its device, from ``measured`` (its time here): the time itself for
+    a device here; for a described one, the time here converted as the device's costs are converted
+    from the reference's (``device_estimate / machine_estimate``: its speed, its op speeds or its own
+    profile), a stage the reference gives no time keeping its estimate."""
+    if here:
+        return measured
+    if machine_estimate > 0:
+        return measured * device_estimate / machine_estimate
+    return device_estimate
 
 
 def time_stages_on_devices(
@@ -71,12 +114,12 @@ def time_stages_on_devices(
     runs: int = 20,
     warmup: int = 3,
 ) -> list[float]:
-    """Median seconds of each stage of ``plan`` on its device's runtime (``devices`` by name), the stages
-    taking turns, at the profile's shapes."""
+    """Median seconds of each stage of ``plan`` on the runtime ``devices`` gives its device's name, the
+    stages taking turns, at the profile's shapes, by :func:`devices_clock`."""
     with scratch_stages(view, plan) as (out, manifest):
         engines = list(ready_engines(view, profile, out, manifest, devices, warmup))
         try:
-            return time_in_turns(engines, runs=runs)
+            return time_in_turns(engines, runs=runs, clock=devices_clock(devices)[0])
         finally:
             for engine, _, _ in engines:
                 engine.close()
@@ -119,6 +162,111 @@ def ready_engines(
         yield engine, names, feeds
 
 
+@dataclass(frozen=True)
+class _Costs:
+    """The costs a round's plan is made from: the reference profile (machine-relative, corrected by
+    the stages timed as it was measured) and the rows of the devices that carry their own (a device
+    here not at the reference's setting, corrected by its own stage; a described device's own profile,
+    corrected as the reference)."""
+
+    reference: Profile
+    own: Mapping[str, Mapping[str, float]]
+
+    def corrected(self, plan: Plan, round_: CalibrationRound, cluster: Cluster) -> _Costs:
+        """These costs with each stage's nodes scaled by what the round measured of it."""
+        by_name = {d.name: d for d in cluster.devices}
+        threads = self.reference.threads
+        reference = dict(self.reference.node_seconds)
+        own = {name: dict(row) for name, row in self.own.items()}
+        for name, row in _own_rows(plan, cluster, threads).items():  # a device this plan uses first
+            own.setdefault(name, dict(row))
+        for stage, factor in zip(plan.stages, round_.factors, strict=True):
+            device = by_name[stage.device]
+            if timed_on_itself(device) and not reference_setting(device, threads):
+                config = device.engine_config()
+                rows = [own[d.name] for d in cluster.devices if d.name in own and _here_alike(d, config)]
+            else:  # timed as the reference: its machine-relative costs, and the described devices' own rows
+                rows = [
+                    reference,
+                    *(own[d.name] for d in cluster.devices if d.name in own and not timed_on_itself(d)),
+                ]
+            for row in rows:
+                for n in stage.node_names:
+                    if n in row:
+                        row[n] *= factor
+        seconds = MappingProxyType(reference)
+        fixed = dataclasses.replace(self.reference, node_seconds=seconds, total_seconds=sum(seconds.values()))
+        return _Costs(fixed, {name: MappingProxyType(row) for name, row in own.items()})
+
+    def cluster(self, cluster: Cluster, folder: Path) -> Cluster:
+        """``cluster`` with every device that carries its own costs reading them from a scratch profile;
+        the others (scaled from the reference, or at its setting) take the corrected reference as it is."""
+        devices: list[Device] = []
+        for i, d in enumerate(cluster.devices):
+            if d.name not in self.own:
+                devices.append(d)
+                continue
+            path = folder / f"device-{i}.json"
+            seconds = MappingProxyType(dict(self.own[d.name]))
+            dataclasses.replace(
+                self.reference,
+                source=CostSource.PROFILE,
+                node_seconds=seconds,
+                total_seconds=sum(seconds.values()),
+            ).save(path)
+            devices.append(dataclasses.replace(d, profile_path=str(path), profile_here=False))
+        return Cluster(tuple(devices), cluster.links, cluster.source)
+
+
+def _here_alike(device: Device, config: object) -> bool:
+    return timed_on_itself(device) and device.engine_config() == config
+
+
+def _own_rows(plan: Plan, cluster: Cluster, threads: int) -> dict[str, Mapping[str, float]]:
+    """The costs of the devices of ``plan`` that carry their own (not the reference's, scaled or not),
+    as ``plan`` was made with them: a device first used after a correction (another order, another
+    stage count) starts from its own costs, without the corrections made before it was used."""
+    by_name = {d.name: d for d in cluster.devices}
+    rows: dict[str, Mapping[str, float]] = {}
+    for r in plan.device_costs:
+        d = by_name[r.device]
+        if d.profile_path is not None or (timed_on_itself(d) and not reference_setting(d, threads)):
+            rows[r.device] = r.node_seconds
+    return rows
+
+
+def _round(
+    view: ModelView, plan: Plan, costs: _Costs, timer: DeviceTimer, cluster: Cluster
+) -> CalibrationRound:
+    """Time ``plan``'s stages and compare each device's time with the plan's estimate."""
+    by_name = {d.name: d for d in cluster.devices}
+    reference = costs.reference.node_seconds
+    measured = timer(view, plan, costs.reference, timing_devices(cluster, costs.reference.threads))
+    on_devices = [
+        device_seconds(
+            m,
+            stage.compute_seconds,
+            sum(reference.get(n, 0.0) for n in stage.node_names),
+            timed_on_itself(by_name[stage.device]),
+        )
+        for stage, m in zip(plan.stages, measured, strict=True)
+    ]
+    return CalibrationRound(
+        bounds=_cut(plan),
+        estimated_seconds=tuple(s.compute_seconds for s in plan.stages),
+        measured_seconds=tuple(on_devices),
+    )
+
+
+def _cut(plan: Plan) -> tuple[int, ...]:
+    return tuple(len(s.node_names) for s in plan.stages)
+
+
+def _where(plan: Plan) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """A plan's cut and the devices its stages run on: what a new plan must change to count as moved."""
+    return _cut(plan), tuple(s.device for s in plan.stages)
+
+
 def calibrate_on_devices(
     view: ModelView,
     profile: Profile,
@@ -128,93 +276,87 @@ def calibrate_on_devices(
     rounds: int = 2,
     tolerance: float = DEFAULT_TOLERANCE,
     timer: DeviceTimer | None = None,
-) -> tuple[Plan, list[CalibrationRound]]:
-    """The plan of ``request`` (which has devices) after calibrating every stage on its device (see the
-    module docstring), and what each round measured."""
+) -> Calibrated:
+    """The plan of ``request`` (which has devices) after calibrating every stage (see the module
+    docstring), what each round measured (in the devices' seconds) and how evenly each cut ran."""
+    cluster = _check(profile, request, rounds)
+    measure = timer or time_stages_on_devices
+    plan = make_plan(profile, request)
+    costs = _Costs(profile, {})
+    history: list[CalibrationRound] = []
+    timed: list[tuple[_Costs, Plan]] = []
+    stopped = False
+    with tempfile.TemporaryDirectory(prefix="onnxpipe-calibrate-devices-") as tmp:
+        for _ in range(rounds):
+            done = _round(view, plan, costs, measure, cluster)
+            history.append(done)
+            timed.append((costs, plan))
+            balances = [measured_balance({None: r}) for r in history]
+            stopped = worse_than_last(balances, tolerance)
+            if stopped or done.worst_error <= tolerance:
+                break
+            costs = costs.corrected(plan, done, cluster)
+            new_plan = make_plan(
+                costs.reference, dataclasses.replace(request, devices=costs.cluster(cluster, Path(tmp)))
+            )
+            moved = _where(new_plan) != _where(plan)
+            plan = new_plan
+            if not moved:  # same cut: the corrected estimates are the stages' own times already
+                break
+    balances = [measured_balance({None: r}) for r in history]
+    kept = kept_round(balances, [_where(p) for _, p in timed], _where(plan), stopped, tolerance)
+    if kept is not None:
+        costs, plan = timed[kept]
+    return Calibrated(
+        {None: costs.reference},
+        _as_devices_file_says(plan, cluster, profile.threads),
+        tuple({None: r} for r in history),
+        tuple(balances),
+        went_back=kept,
+        stopped=stopped,
+    )
+
+
+def _check(profile: Profile, request: PlanRequest, rounds: int) -> Cluster:
+    """The request's devices, after refusing what cannot be calibrated."""
     if rounds < 1:
         raise UsageError(f"{opt('CalibrationOptions.rounds', rounds)}: give at least 1 round")
     cluster = request.devices
     if cluster is None:
         raise UsageError(f"calibrating on devices needs a devices file ({opt('devices')})")
-    check_devices_here(cluster)
-    measure = timer or time_stages_on_devices
-    by_name = {d.name: d for d in cluster.devices}
-    plan = make_plan(profile, request)
-    records = {r.device: r for r in plan.device_costs}
-    costs = {r.device: dict(r.node_seconds) for r in plan.device_costs}
-    history: list[CalibrationRound] = []
-    with tempfile.TemporaryDirectory(prefix="onnxpipe-calibrate-devices-") as tmp:
-        for _ in range(rounds):
-            measured = measure(view, plan, profile, by_name)
-            done = CalibrationRound(
-                bounds=tuple(len(s.node_names) for s in plan.stages),
-                estimated_seconds=tuple(s.compute_seconds for s in plan.stages),
-                measured_seconds=tuple(measured),
-            )
-            history.append(done)
-            if done.worst_error <= tolerance:
-                break
-            for stage, factor in zip(plan.stages, done.factors, strict=True):
-                # devices set up alike (same runtime and settings, here) run a node alike: the stage's
-                # measurement corrects all of them, so that a node moving to a twin keeps its time
-                config = by_name[stage.device].engine_config()
-                for name in [d.name for d in cluster.devices if d.engine_config() == config]:
-                    row = costs.setdefault(name, {})
-                    for n in stage.node_names:
-                        row[n] = row.get(n, 0.0) * factor
-            calibrated = _with_profiles(cluster, profile, costs, Path(tmp))
-            new_plan = make_plan(profile, dataclasses.replace(request, devices=calibrated))
-            moved = [len(s.node_names) for s in new_plan.stages] != [len(s.node_names) for s in plan.stages]
-            plan = new_plan
-            if not moved:
-                break
-    return _as_devices_file_says(plan, by_name, records, costs), history
-
-
-def _with_profiles(
-    cluster: Cluster, profile: Profile, costs: Mapping[str, Mapping[str, float]], folder: Path
-) -> Cluster:
-    """``cluster`` with every device whose costs are known reading them from a profile of its own."""
-    devices: list[Device] = []
-    for d in cluster.devices:
-        if d.name not in costs:
-            devices.append(d)
-            continue
-        path = folder / f"device-{len(devices)}.json"
-        seconds = MappingProxyType(dict(costs[d.name]))
-        dataclasses.replace(
-            profile,
-            source=CostSource.PROFILE,
-            node_seconds=seconds,
-            total_seconds=sum(seconds.values()),
-        ).save(path)
-        devices.append(
-            dataclasses.replace(d, profile_path=str(path), profile_here=False, speed=1.0, op_speeds=_frozen())
+    described = [d.name for d in cluster.devices if not timed_on_itself(d)]
+    if described and profile.runtime != DEFAULT_RUNTIME:
+        raise UsageError(
+            f"{cluster.label}: device {described[0]} is not here, so its stage is timed as the reference "
+            f"profile was measured, in onnxruntime, and the profile was measured on {profile.runtime}: give "
+            "a profile measured in onnxruntime, or set profile_here on every device"
         )
-    return Cluster(tuple(devices), cluster.links, cluster.source)
+    return cluster
 
 
-def _as_devices_file_says(
-    plan: Plan,
-    by_name: Mapping[str, Device],
-    records: Mapping[str, DeviceCosts],
-    costs: Mapping[str, Mapping[str, float]],
-) -> Plan:
+def _as_devices_file_says(plan: Plan, cluster: Cluster, threads: int) -> Plan:
     """``plan`` with its devices as the devices file wrote them (not the scratch profiles) and cost
-    records saying each device's costs were calibrated on it."""
+    records saying how each device's costs were calibrated."""
+    by_name = {d.name: d for d in cluster.devices}
     notes: list[DeviceCosts] = []
     for r in plan.device_costs:
-        first = records.get(r.device, r)
-        device = by_name[r.device]
-        notes.append(
-            DeviceCosts(
-                r.device,
-                "profiled",
-                f"{first.source}; calibrated per stage on {device.runtime_label}",
-                _frozen(costs.get(r.device, r.node_seconds)),
-            )
+        d = by_name[r.device]
+        notes.append(DeviceCosts(r.device, *_calibrated_source(d, r, threads), r.node_seconds))
+    kept = plan.cluster
+    if kept is not None:
+        kept = Cluster(tuple(by_name[d.name] for d in kept.devices), kept.links, kept.source)
+    return dataclasses.replace(plan, device_costs=tuple(notes), cluster=kept)
+
+
+def _calibrated_source(device: Device, record: DeviceCosts, threads: int) -> tuple[CostMethod, str]:
+    """A calibrated device's cost method and source, as the devices file set it up (a device here
+    read its corrected costs from a scratch profile)."""
+    if timed_on_itself(device):
+        on = device.runtime_label
+        return "profiled", f"profiled on {on} with {device.threads} thread(s); calibrated per stage on {on}"
+    here = f"its stages timed here in onnxruntime (CPUExecutionProvider) with {threads} thread(s)"
+    if device.profile_path is not None:
+        return "profile_file", (
+            f"profile file {device.profile_path}; corrected as the reference's costs were ({here})"
         )
-    cluster = plan.cluster
-    if cluster is not None:
-        cluster = Cluster(tuple(by_name[d.name] for d in cluster.devices), cluster.links, cluster.source)
-    return dataclasses.replace(plan, device_costs=tuple(notes), cluster=cluster)
+    return record.method, f"{record.source}; the reference calibrated ({here}), the speed kept"

@@ -17,9 +17,15 @@ session time over a stream of micro-batches.  Then scale every node of stage ``s
 ``measured_s / estimated_s`` and partition again; repeat while the cut moves and a stage is off by more
 than ``tolerance``, at most ``rounds`` times.  The corrected profile is an ordinary
 :class:`~onnxpipe.cost.profile.Profile`: the final plan's estimates are the stages' own times.  Only the
-profile's per-node seconds change; the partitioner stays exact on the corrected numbers.  Where the last
-cut timed ran less evenly than an earlier one, calibration goes back to that one
-(:func:`calibrate_phases`), so it does not hand back a cut that the last correction made worse.
+profile's per-node seconds change; the partitioner stays exact on the corrected numbers.
+
+Each round must run no worse than the one before by calibration's own measure, how evenly the timed cut
+ran (:func:`measured_balance`, a ratio, so that rounds timed while the machine ran at different speeds
+compare): a round that ran less evenly, by more than the tolerance, stops the calibration, and the cut
+that ran the most evenly of those timed is kept, as it was planned (:func:`kept_round`); the note says
+so.  Why: the correction assumes a stage costs the sum of its nodes, and a stage whose weights stay in
+the CPU's cache between its runs costs less than its share of the whole model (``docs/devices.md``), so
+one factor per stage can move the cut back and forth instead of settling.
 
 A decoder balanced for both phases (:mod:`onnxpipe.planning.phases`) is calibrated at both
 (:func:`calibrate_phases`): its stages are timed at the prompt's shapes and at a generation step's, and
@@ -102,38 +108,78 @@ def calibrate(
 @dataclass(frozen=True)
 class Calibrated:
     """What a calibration hands back: the profiles the plan was made from, the plan, what each round
-    timed and how evenly each timed cut ran, and ``went_back``: the round whose timed cut was kept
-    over the last correction's (None when the last correction stands)."""
+    timed and how evenly each timed cut ran; ``went_back``: the round whose timed cut was kept over the
+    last correction's (None when the last correction stands), and ``stopped``: whether a round that ran
+    less evenly than the one before ended the calibration early."""
 
     profiles: Mapping[Phase | None, Profile]
     plan: Plan
     rounds: tuple[Mapping[Phase | None, CalibrationRound], ...]
     balances: tuple[float, ...]
     went_back: int | None = None
+    stopped: bool = False
 
     def note(self, how: str) -> str:
-        """The manifest's note: how far the estimates were off at first and in the last round (at each
-        phase, for a decoder calibrated at both), and which cut was kept."""
-        if self.went_back is None:
-            return calibration_note(self.rounds, how)
-        kept, n = self.went_back, len(self.rounds)
-        return (
-            f"{_how_far(self.rounds, how)}; kept the cut timed in round {kept + 1}, which ran the most "
-            f"evenly of the {n} timed (its busiest over the mean {self.balances[kept]:.2f}, the last one's "
-            f"{self.balances[-1]:.2f}): its estimates are those it was planned with"
-        )
-
-
-def calibration_note(rounds: Sequence[Mapping[Phase | None, CalibrationRound]], how: str) -> str:
-    """The manifest's note on a calibration whose last correction stands (``how``: how the stages were
-    timed): how far the estimates were off at first and in the last round."""
-    return _how_far(rounds, how) + "; the estimates below come from the corrected costs"
+        """The manifest's note: how far the estimates were off in each round (at each phase, for a
+        decoder calibrated at both), how evenly each timed cut ran, and which cut was kept."""
+        said = _how_far(self.rounds, how) + _evenly(self.balances)
+        n = len(self.rounds)
+        if self.stopped:
+            said += f"; round {n} ran less evenly than round {n - 1}, so calibration stopped there" + (
+                "" if self.went_back is None else f" and kept the cut timed in round {self.went_back + 1}"
+            )
+        elif self.went_back is not None:
+            said += f"; kept the cut timed in round {self.went_back + 1}, which ran the most evenly"
+        if self.went_back is not None:
+            return said + ": its estimates are those it was planned with"
+        return said + "; the estimates below come from the corrected costs"
 
 
 def _how_far(rounds: Sequence[Mapping[Phase | None, CalibrationRound]], how: str) -> str:
     n = len(rounds)
-    said = f"calibrated in {n} round(s), {how}: the estimates were off by up to {_off(rounds[0])} at first"
-    return said + (f"; {_off(rounds[-1])} in round {n}" if n > 1 else "")
+    each = ", ".join(f"{_off(r)} in round {i + 1}" for i, r in enumerate(rounds))
+    return f"calibrated in {n} round(s), {how}: the estimates were off by up to {each}"
+
+
+def _evenly(balances: Sequence[float]) -> str:
+    """How evenly each timed cut ran, for the note (nothing for a single round that held)."""
+    if len(balances) < 2:
+        return ""
+    shown = ", ".join(f"{b:.2f}" for b in balances)
+    return f"; the busiest stage over the mean, as timed in each round: {shown}"
+
+
+def worse_than_last(balances: Sequence[float], slack: float = 0.0) -> bool:
+    """Whether the last timed cut ran less evenly than the one timed before it, by more than ``slack``
+    (a fraction: rounds within it ran alike, as far as a timing on a drifting machine tells): calibration
+    stops."""
+    return len(balances) > 1 and balances[-1] > balances[-2] * (1.0 + slack)
+
+
+def kept_round(
+    balances: Sequence[float],
+    timed_cuts: Sequence[object],
+    last_cut: object,
+    stopped: bool,
+    slack: float = 0.0,
+) -> int | None:
+    """The timed round whose cut calibration hands back instead of the last plan (``last_cut``, the cut
+    the last correction made), or None when the last plan stands.
+
+    An earlier cut is kept when it ran more evenly than the last one timed (``balances[i]`` of the cut
+    ``timed_cuts[i]``), by more than ``slack``, and the last plan is not that very cut; after a stop
+    (``stopped``: the last timed round ran less evenly than the one before) the last plan is that worse
+    cut, never kept.  Ties go to the earlier round.  Why the last correction stands within the slack:
+    its estimates come from the most timings.  Plain numbers, so that the rule is tested without timing
+    anything.
+    """
+    if not balances:
+        return None
+    best = min(range(len(balances)), key=lambda i: (balances[i], i))
+    clearly = balances[-1] > balances[best] * (1.0 + slack)
+    if stopped or (clearly and last_cut != timed_cuts[best]):
+        return best if best != len(balances) - 1 else None
+    return None
 
 
 def _off(done: Mapping[Phase | None, CalibrationRound]) -> str:
@@ -159,8 +205,10 @@ def calibrate_phases(
     different amounts at the two shapes (a generation step's few tiny nodes make a session's per-run
     cost and a stage's copied nodes weigh far more), so each phase needs its own correction.
 
-    The last correction stands unless an earlier timed cut ran more evenly than the last one timed
-    (:func:`measured_balance`): then that cut is kept as it was planned (``went_back``).  Why: the
+    A round whose cut ran less evenly than the one before (:func:`measured_balance`, by more than
+    ``tolerance``) ends the calibration; the last correction stands unless an earlier timed cut ran more
+    evenly than the last one timed (again by more than ``tolerance``): then that cut is kept as it was
+    planned (``went_back``, :func:`kept_round`).  Why: the
     correction assumes a stage costs the sum of its nodes, and where it does not (at a generation step
     a stage of two small layers may keep its weights in the cache and one of three not) the corrected
     costs can lead to a cut that runs worse than one already timed.
@@ -173,6 +221,7 @@ def calibrate_phases(
     history: list[dict[Phase | None, CalibrationRound]] = []
     balances: list[float] = []
     timed: list[tuple[dict[Phase | None, Profile], Plan]] = []  # each timed cut, as it was planned
+    stopped = False
     for _ in range(rounds):
         done = {
             phase: CalibrationRound(
@@ -185,7 +234,8 @@ def calibrate_phases(
         history.append(done)
         balances.append(measured_balance(done, _workers(plan)))
         timed.append((current, plan))
-        if max(r.worst_error for r in done.values()) <= tolerance:
+        stopped = worse_than_last(balances, tolerance)
+        if stopped or max(r.worst_error for r in done.values()) <= tolerance:
             break
         stage_nodes = [s.node_names for s in plan.stages]
         current = {p: corrected(prof, stage_nodes, done[p].factors) for p, prof in current.items()}
@@ -194,10 +244,11 @@ def calibrate_phases(
         plan = new_plan
         if not moved:  # same cut: the corrected estimates are the stages' own times already
             break
-    best = min(range(len(balances)), key=lambda i: (balances[i], i))
-    if balances[best] < balances[-1] and _bounds(plan) != history[best][next(iter(profiles))].bounds:
-        return Calibrated(timed[best][0], timed[best][1], tuple(history), tuple(balances), went_back=best)
-    return Calibrated(current, plan, tuple(history), tuple(balances))
+    kept = kept_round(balances, [_bounds(p) for _, p in timed], _bounds(plan), stopped, tolerance)
+    if kept is not None:
+        profs, the_plan = timed[kept]
+        return Calibrated(profs, the_plan, tuple(history), tuple(balances), went_back=kept, stopped=stopped)
+    return Calibrated(current, plan, tuple(history), tuple(balances), stopped=stopped)
 
 
 def _workers(plan: Plan) -> tuple[int, ...] | None:

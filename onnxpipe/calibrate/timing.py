@@ -23,8 +23,10 @@ from onnxpipe.core.choices import CalibrationMode, LocalMode, choice
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import open_session, session_options
+from onnxpipe.core.runtime_kinds import EngineConfig
 from onnxpipe.core.runtimes import median_seconds
 from onnxpipe.cost.profile import Profile
+from onnxpipe.cost.runtime_profile import is_reference
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView
@@ -128,10 +130,16 @@ def ready_stages(
         del session, feeds, results
 
 
-def time_in_turns(stages: Sequence[ReadyStage], *, runs: int = 30, block: int = ALONE_BLOCK) -> list[float]:
+def time_in_turns(
+    stages: Sequence[ReadyStage],
+    *,
+    runs: int = 30,
+    block: int = ALONE_BLOCK,
+    clock: Callable[[], float] | None = None,
+) -> list[float]:
     """Median seconds of ``runs`` runs of each stage, the stages taking turns ``block`` timed runs at a
     time (each turn after one untimed run that brings the stage's weights back into the caches), in
-    forward then backward order.
+    forward then backward order; timed by ``clock`` (default: the wall clock, ``time.perf_counter``).
 
     Why turns: a machine whose speed drifts (a neighbour on a shared host) then slows every stage alike,
     and the cut, which depends on the stages' relative times, stays where it belongs.  Timed one stage
@@ -140,6 +148,7 @@ def time_in_turns(stages: Sequence[ReadyStage], *, runs: int = 30, block: int = 
     """
     if block < 1 or runs < 1:
         raise ValueError(f"time_in_turns needs runs and block of at least 1, got runs={runs}, block={block}")
+    now = clock or time.perf_counter
     times: list[list[float]] = [[] for _ in stages]
     turn = 0
     while any(len(t) < runs for t in times):
@@ -150,11 +159,29 @@ def time_in_turns(stages: Sequence[ReadyStage], *, runs: int = 30, block: int = 
             session, names, feeds = stages[s]
             session.run(names, feeds)
             for _ in range(min(block, runs - len(times[s]))):
-                start = time.perf_counter()
+                start = now()
                 session.run(names, feeds)
-                times[s].append(time.perf_counter() - start)
+                times[s].append(now() - start)
         turn += 1
     return [statistics.median(t) for t in times]
+
+
+def own_clock(configs: Sequence[EngineConfig]) -> tuple[Callable[[], float], str]:
+    """The clock that times stages opened as ``configs`` say, and its name for the notes: the calling
+    thread's CPU time when every stage runs in onnxruntime on the CPU with one thread, else the wall
+    clock.
+
+    Why: onnxruntime runs a one-thread session in the caller's thread, so that thread's CPU time is the
+    stage's own work, and what other processes took of the CPU meanwhile is left out, as a device of
+    its own would not lose it.  On a shared machine whose other processes kept most of its CPUs busy the
+    wall clock swung the ratio of two stages' medians between 2.8x and 4.9x where their CPU times held
+    at 3.1-3.2x (``benchmarks/bench_calibrate.py --devices``): a long stage is preempted more often than a
+    short one, and its median stretched more.  Sessions with more threads, and other runtimes or
+    providers, work on threads of their own (or a device's): only the wall clock sees all of it.
+    """
+    if configs and all(is_reference(c) and c.threads == 1 for c in configs):
+        return time.thread_time, "by the CPU time of its one thread"
+    return time.perf_counter, "by the wall clock"
 
 
 def time_stages_in_pipeline(

@@ -50,7 +50,7 @@ def positive_number(text: str, what: str = "a number") -> float:
 
 
 def nonnegative_number(text: str) -> float:
-    """A finite number of 0 or more: a tolerance."""
+    """A finite number of 0 or more: a tolerance, a share (``--time-slack 0.01`` is 1%)."""
     try:
         value = float(text)
     except ValueError:
@@ -78,17 +78,6 @@ def bandwidth(text: str) -> float:
         ) from None
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"{text} must be a positive finite rate")
-    return value
-
-
-def fraction(text: str) -> float:
-    """A finite number of 0 or more, as a share (``0.01`` is 1%): ``--time-slack``."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (value >= 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"{text} must be a finite number of 0 or more")
     return value
 
 

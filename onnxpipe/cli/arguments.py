@@ -28,7 +28,6 @@ from onnxpipe.api.options import (
 from onnxpipe.cli.argtypes import (
     bandwidth,
     count,
-    fraction,
     nonnegative_number,
     paths,
     positive_int,
@@ -277,7 +276,7 @@ def _stage_flags() -> list[Flag]:
             "--time-slack",
             field="plan.time_slack",
             group=g,
-            type=fraction,
+            type=nonnegative_number,
             metavar="F",
             help="with --workers: accept a split up to F slower than the fastest (default "
             f"{DEFAULT_TIME_SLACK}, i.e. 1%%) if it balances the workers' weights better",
@@ -379,7 +378,7 @@ def decoder_flags() -> list[Flag]:
             group=g,
             type=positive_int,
             metavar="TOKENS",
-            help="context the KV cache memory per stage is counted at",
+            help="context the KV cache memory per stage is counted at (at most the model's own context)",
         ),
         flag(
             "--prefill-tokens",

@@ -8,12 +8,25 @@ from pathlib import Path
 
 from onnxpipe.api.options import InspectOptions
 from onnxpipe.cli.arguments import JSON
-from onnxpipe.cli.flags import Table
+from onnxpipe.cli.flags import Table, flag
 
 NAME = "inspect"
 HELP = "print a table of a split folder's stages, or of a model"
 
-TABLE = Table(InspectOptions, [JSON])
+TABLE = Table(
+    InspectOptions,
+    [
+        flag(
+            "--no-file-check",
+            field="check_files",
+            action="store_true",
+            to_field=lambda skip: not skip,
+            from_field=lambda check: not check,
+            help="do not hash the stage files against the manifest (a large split, looked at quickly)",
+        ),
+        JSON,
+    ],
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 from typing import TextIO
 
 from onnxpipe.cli.parsers import worded
+from onnxpipe.core.text import human_bytes
 
 
 class Say:
@@ -42,5 +44,20 @@ class Say:
         if not self.quiet:
             self.line(f"... {what} (at {time.perf_counter() - self.start:.1f} s)")
 
+    def reading(self, model: Path) -> None:
+        """The first step of a command given a model, said on a terminal before onnx and onnxruntime are
+        imported (half a second, several on a loaded machine), so that the command answers at once.  On
+        stderr, and only to a person: a log or a pipe gets what it always got, and a refusal that follows
+        is still the one line of its own."""
+        if self.quiet or not model.is_file() or not sys.stderr.isatty():
+            return
+        size = human_bytes(sum(p.stat().st_size for p in _with_weights(model)))
+        print(f"... reading {model.name} ({size})", file=sys.stderr, flush=True)
+
     def done(self, what: str) -> None:
         self.line(f"{what} in {time.perf_counter() - self.start:.1f} s")
+
+
+def _with_weights(model: Path) -> list[Path]:
+    """The model file and the weight files beside it that are named after it (``model.onnx.data``)."""
+    return [model, *(p for p in model.parent.glob(f"{model.name}*") if p != model and p.is_file())]

@@ -40,9 +40,10 @@ TABLE = Table(
             field="export.genai_config",
             type=Path,
             metavar="FILE",
-            help="the model's genai_config.json or Hugging Face config.json: the genai_config.json written "
-            "for a decoder (ONNX Runtime GenAI's decoder-pipeline) keeps its token ids and search options; "
-            "without it they are derived from the graph and defaults",
+            help="the model's genai_config.json or Hugging Face config.json (default: the one beside the "
+            "model): the genai_config.json written for a decoder (ONNX Runtime GenAI's decoder-pipeline) "
+            "keeps its token ids and search options; without one they are derived from the graph and "
+            "defaults",
         ),
         *tolerance_flags(),
         flag(

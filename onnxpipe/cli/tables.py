@@ -136,9 +136,10 @@ def format_model_table(view: ModelView, s: ModelSummary) -> str:
     return "\n".join(lines)
 
 
-def format_decoder(view: ModelView, dec: DecoderInfo | None) -> str:
-    """What ``inspect`` found of a decoder: its cache pairs, its inputs' roles, each group's nodes
-    (and the notes loading made); empty for a model that is no decoder and loaded without remarks."""
+def format_decoder(view: ModelView, dec: DecoderInfo | None, model_line: str | None = None) -> str:
+    """What ``inspect`` found of a decoder: its cache pairs, its inputs' roles, its dims and config
+    (``model_line``), each group's nodes (and the notes loading made); empty for a model that is no
+    decoder and loaded without remarks."""
     lines = [f"note: {n}" for n in view.notes]
     if dec is None:
         return "\n".join(lines)
@@ -147,6 +148,8 @@ def format_decoder(view: ModelView, dec: DecoderInfo | None) -> str:
         f"inputs: tokens {dec.ids_input}, mask {dec.mask_input or '-'}, "
         f"positions {dec.positions_input or '-'}"
     )
+    if model_line:
+        lines.append(model_line)
     counts = Counter(dec.node_layer.values())
     rows = []
     for group in sorted(counts):
@@ -183,10 +186,23 @@ def format_decoder_stages(manifest: Manifest) -> str:
             [f"{st.index}", where, human_bytes(st.kv_cache_bytes), *(f"{times[p] * 1e3:.3f}" for p in phases)]
         )
     head = ["stage", "KV layers", f"KV at {dec.max_context} tokens", *(f"{p} ms" for p in phases)]
-    return table(head, rows) + (
-        f"\ndecoder: {dec.layers} layers, "
-        f"{'cuts between layers' if dec.layer_cuts else 'cuts anywhere'}, ends {dec.ends}, "
-        f"balanced for {dec.phase}"
+    model = dec.model
+    facts = ""
+    if model is not None:
+        eos = ", ".join(map(str, model.eos_token_ids)) or "none stated"
+        files = ", ".join(model.files) or "none"
+        facts = (
+            f"\nmodel: vocabulary {model.vocab_size or '?'}, context {model.context_length or '?'}, eos {eos}"
+            f" ({model.config or 'no config'}); files: {files}"
+        )
+    return (
+        table(head, rows)
+        + (
+            f"\ndecoder: {dec.layers} layers, "
+            f"{'cuts between layers' if dec.layer_cuts else 'cuts anywhere'}, ends {dec.ends}, "
+            f"balanced for {dec.phase}"
+        )
+        + facts
     )
 
 

@@ -44,6 +44,27 @@ def provider_available(device: Device) -> bool:
     return runs_here(device.engine_config())
 
 
+def timed_on_itself(device: Device) -> bool:
+    """Whether ``device`` is here to be measured on: no profile of its own was given, it asks to be
+    profiled here (``profile_here``) and its runtime and provider are available.  Any other device is
+    only described (its ``speed``, ``op_speeds`` or a profile measured on it elsewhere): this machine can
+    time its stage only as the reference profile was measured, never as the device runs it."""
+    return device.profile_path is None and device.profile_here and provider_available(device)
+
+
+def reference_setting(
+    device: Device, reference_threads: int | None, provider: str = REFERENCE_PROVIDER
+) -> bool:
+    """Whether ``device`` runs as the reference profile was measured: onnxruntime on ``provider``
+    without options, with the reference's threads (``None``: not compared)."""
+    return (
+        device.runtime == Runtime.ONNXRUNTIME
+        and device.provider == provider
+        and not device.provider_options
+        and (reference_threads is None or device.threads == reference_threads)
+    )
+
+
 def scale_costs(
     node_seconds: Mapping[str, float], op_types: Mapping[str, str], device: Device
 ) -> dict[str, float]:
@@ -100,13 +121,8 @@ def device_costs(
             secs = {n: float(t) for n, t in load(d, d.profile_path).items()}
             out.append(DeviceCosts(d.name, "profile_file", f"profile file {d.profile_path}", _frozen(secs)))
             continue
-        if d.profile_here and provider_available(d):
-            same_as_reference = (
-                d.runtime == Runtime.ONNXRUNTIME
-                and d.provider == reference_provider
-                and not d.provider_options
-                and (reference_threads is None or d.threads == reference_threads)
-            )
+        if timed_on_itself(d):
+            same_as_reference = reference_setting(d, reference_threads, reference_provider)
             if same_as_reference:
                 secs = {n: float(t) for n, t in reference.items()}
             elif measure is None:

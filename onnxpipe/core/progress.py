@@ -55,6 +55,8 @@ class Progress:
         self._last_draw = 0.0
         self._last_line = self._start
         self._bar: Any = None
+        self.done_text: str | None = None
+        """What the line that ends the step says instead of the count (set before the block ends)."""
 
     def __enter__(self) -> Progress:
         self._start = self._last_line = time.perf_counter()
@@ -84,10 +86,14 @@ class Progress:
             self.advance(self.total - self.done)
         if self._bar is not None:
             self._bar.close()
+            if exc_type is None and self.done_text is not None:
+                self._stream.write(self._line(done=True) + "\n")
             return
         if self._interactive:
             self._draw(force=True)
             self._stream.write("\n")
+            if exc_type is None and self.done_text is not None:
+                self._stream.write(self._line(done=True) + "\n")
         elif exc_type is None:
             self._stream.write(self._line(done=True) + "\n")
         self._stream.flush()
@@ -118,6 +124,8 @@ class Progress:
 
     def _line(self, *, done: bool = False) -> str:
         elapsed = time.perf_counter() - self._start
+        if done and self.done_text is not None:
+            return f"{self.done_text} ({elapsed:.1f} s)"
         count = f"{self.done}/{self.total} {self.unit}" if self.total else f"{self.done} {self.unit}"
         return f"{self.label}: {count} {'in' if done else 'after'} {elapsed:.1f} s"
 

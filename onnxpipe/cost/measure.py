@@ -68,10 +68,12 @@ def profile_model(
     warmup: int = 3,
     shapes: Mapping[str, Sequence[int]] | None = None,
     seed: int = 0,
-    progress: bool = False,
+    progress: bool | str = False,
     samples: Samples | None = None,
 ) -> Profile:
     """Measure every compute node of ``view`` with onnxruntime at deployment settings (see module doc).
+
+    ``progress``: draw a bar (``True``, or a few words naming what is measured: a decoder's phase).
 
     The model runs on ``samples`` (the user's ``--inputs``, taken in turn) when given; else on
     :func:`onnxpipe.ir.feeds.random_feeds` with ``seed`` at ``shapes`` (overrides of
@@ -124,8 +126,13 @@ class _Settings:
     threads: int
     runs: int
     warmup: int
-    progress: bool
+    progress: bool | str
     hint: str
+
+    @property
+    def what(self) -> str:
+        """What the bar names besides the model: a phase, or nothing."""
+        return f", {self.progress}" if isinstance(self.progress, str) else ""
 
 
 def _measure(
@@ -139,18 +146,20 @@ def _measure(
     label = view.label
     feeds = samples[0]
     threads, runs, warmup = how.threads, how.runs, how.warmup
-    steps = warmup + 2 * runs + 3
+    steps = warmup + 2 * runs
     with (
         tempfile.TemporaryDirectory(prefix="onnxpipe-profile-") as tmpdir,
-        Progress(steps, f"profiling {label}", enabled=how.progress, unit="runs") as bar,
+        Progress(steps, f"profiling {label}{how.what}", enabled=bool(how.progress), unit="runs") as bar,
     ):
         ort_model = OrtModel(view, Path(tmpdir), label, threads, how.hint)
         timing = ort_model.measure(samples, warmup, runs, bar)
-        bar.set_label(f"matching {label}")
+        bar.set_label(f"matching {label}'s nodes to onnxruntime's")
         matched = match_graphs(view, ort_model, timing, feeds, input_shapes, VALUE_CHUNK_BYTES)
-        bar.advance(3)
         result = attribute(view, timing, matched)
-        bar.set_label(f"profiled {label}")
+        bar.done_text = (
+            f"profiled {label}{how.what}: {warmup} warm-up run(s), then {runs} timed twice: with "
+            "onnxruntime's profiler (each node's time) and without (the whole model's)"
+        )
     return Profile(
         schema_version=SCHEMA_VERSION,
         model_sha256=view.sha256,

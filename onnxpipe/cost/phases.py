@@ -33,7 +33,8 @@ def phase_profiles(
     for shape in shapes:
         given = dict(kept) | phase_overrides(view, options.shapes, shape)
         sized = resolve_input_shapes(view, given, phase=shape)
-        out[shape.phase] = get_profile(view, dataclasses.replace(options, shapes=sized), progress=progress)
+        what = f"{shape.describe()} phase" if progress else False
+        out[shape.phase] = get_profile(view, dataclasses.replace(options, shapes=sized), progress=what)
     return out
 
 

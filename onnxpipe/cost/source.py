@@ -23,9 +23,12 @@ from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import load_samples
 
 
-def get_profile(view: ModelView, options: ProfileOptions | None = None, *, progress: bool = False) -> Profile:
+def get_profile(
+    view: ModelView, options: ProfileOptions | None = None, *, progress: bool | str = False
+) -> Profile:
     """A profile for ``view``: the saved one (checked to belong to it), a measured one (on
-    ``options.runtime``), or static costs; ``progress`` draws a bar while measuring."""
+    ``options.runtime``), or static costs; ``progress`` draws a bar while measuring (a string: what is
+    measured, named on the bar)."""
     opts = options or ProfileOptions()
     opts.check()
     if opts.has_input_files:

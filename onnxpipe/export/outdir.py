@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from onnxpipe.core.errors import ExportError, ManifestError
+from onnxpipe.core.model_config import GENAI_CONFIG_NAME
 from onnxpipe.core.options import opt
-from onnxpipe.export.genai.config import GENAI_CONFIG_NAME
 from onnxpipe.manifest import MANIFEST_NAME, load_manifest
 
 
@@ -87,7 +87,8 @@ def check_replaceable(out: Path) -> None:
 
 def _written_by_the_split(out: Path) -> set[str]:
     """The names a split wrote into ``out``: its manifest and the files the manifest lists (stages, their
-    weights), the ONNX Runtime GenAI config; by their pattern where the manifest cannot be read."""
+    weights, a decoder's tokenizer files), the ONNX Runtime GenAI config; by their pattern where the
+    manifest cannot be read."""
     names = {MANIFEST_NAME, GENAI_CONFIG_NAME}
     try:
         manifest = load_manifest(out, check_files=False)
@@ -97,7 +98,8 @@ def _written_by_the_split(out: Path) -> set[str]:
         names.add(st.file)
         if st.external_data is not None:
             names.add(st.external_data)
-    return names
+    model = manifest.plan.decoder.model if manifest.plan.decoder is not None else None
+    return names | set(model.files if model is not None else ())
 
 
 def _current_folder() -> Path | None:

@@ -20,7 +20,6 @@ holds the source.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any, NoReturn
 import onnx
 
 from onnxpipe.core.choices import ExternalData
-from onnxpipe.core.errors import ExportError, UsageError, error_line
+from onnxpipe.core.errors import ExportError, error_line
 from onnxpipe.core.files import file_sha256
 from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import open_session, session_options
@@ -37,20 +36,13 @@ from onnxpipe.export.boundary import PROTOBUF_LIMIT, BoundaryTypes
 from onnxpipe.export.build import StageBuilder
 from onnxpipe.export.checks import check_exportable, check_plan
 from onnxpipe.export.contract import ContractMaker, required_opsets
-from onnxpipe.export.genai import (
-    GENAI_CONFIG_NAME,
-    SourceConfig,
-    Unsupported,
-    describe_written,
-    genai_config,
-    write_genai_config,
-)
+from onnxpipe.export.genai import SourceConfig
+from onnxpipe.export.model_files import with_decoder_files
 from onnxpipe.export.options import ExportOptions
 from onnxpipe.export.outdir import normalized, staged_folder, writing
 from onnxpipe.export.record import Written, build_manifest, shared_weights
 from onnxpipe.export.weightfile import externalize
 from onnxpipe.ir import contrib
-from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.external import is_external
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, write_manifest
@@ -120,36 +112,10 @@ def write_stages(
         written = [writer.write(spec) for spec in specs]
         shared = shared_weights(view, [writer.builder.weights_of(s) for s in specs])
         manifest = build_manifest(view, plan, out, written, writer.types, shared, contract, options)
-        manifest = _with_genai_config(view, manifest, tmp, out, genai_source)
+        manifest = with_decoder_files(view, manifest, tmp, out, genai_source)
         with writing(out / MANIFEST_NAME, out):
             write_manifest(tmp / MANIFEST_NAME, manifest)
     return manifest
-
-
-def _with_genai_config(
-    view: ModelView, manifest: Manifest, tmp: Path, out: Path, source: SourceConfig | None
-) -> Manifest:
-    """Write a decoder split's ``genai_config.json`` into ``tmp``; the manifest with a note saying so, or
-    saying why GenAI cannot run the split.  Nothing for a model that is not a decoder."""
-    dec = find_decoder(view) if manifest.plan.decoder is not None else None
-    if dec is None:
-        if source is not None:
-            raise UsageError(
-                f"{source.path}: {opt('genai_config')} is for a decoder LLM split between its layers, and "
-                f"{view.label} was not split as one; leave {opt('genai_config')} out"
-            )
-        return manifest
-    config = genai_config(view, dec, manifest, source)
-    if isinstance(config, Unsupported):
-        if source is not None:
-            raise ExportError(f"{out / GENAI_CONFIG_NAME}: cannot be written: {config.reason}")
-        note = f"{GENAI_CONFIG_NAME} not written: ONNX Runtime GenAI cannot run this split ({config.reason})"
-    else:
-        with writing(out / GENAI_CONFIG_NAME, out):
-            write_genai_config(config, tmp / GENAI_CONFIG_NAME)
-        note = describe_written(config, source)
-    plan = dataclasses.replace(manifest.plan, notes=(*manifest.plan.notes, note))
-    return dataclasses.replace(manifest, plan=plan)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -25,7 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from onnxpipe.core.kv import KVPair
-from onnxpipe.ir.model import ModelView, NodeInfo, itemsize
+from onnxpipe.ir.embedding import GATHERS, from_weights, token_input
+from onnxpipe.ir.kv_pairs import find_pairs
+from onnxpipe.ir.model import ModelView, NodeInfo
 
 SCOPE_KEY = "pkg.torch.onnx.name_scopes"
 """The node metadata key where torch's dynamo exporter lists a node's module scopes."""
@@ -83,129 +85,23 @@ class DecoderInfo:
         )
 
 
-def kv_bytes_per_token(view: ModelView, pair: KVPair, batch: int = 1) -> int:
-    """Bytes one token adds to ``pair``'s cache: every past tensor's dims but the sequence one (the only
-    symbolic dim besides the batch), times the element size."""
-    total = 0
-    for t in pair.pasts:
-        info = view.tensor(t)
-        if info.shape is None:
-            continue
-        count = batch
-        for axis, d in enumerate(info.shape):
-            if axis == 0 or not isinstance(d, int):
-                continue
-            count *= d
-        total += count * itemsize(info.elem_type)
-    return total
-
-
-# --------------------------------------------------------------------------------------------- finding
-
-_PAST = re.compile(r"past|cache", re.IGNORECASE)
-_PRESENT = re.compile(r"present|cache", re.IGNORECASE)
-
-
-def _kv_name(name: str, role: re.Pattern[str]) -> tuple[int, str] | None:
-    """``(layer, "key" | "value" | "kv")`` when ``name`` looks like a cache tensor of ``role``."""
-    if not role.search(name):
-        return None
-    numbers = re.findall(r"\d+", name)
-    if len(numbers) != 1:
-        return None
-    rest = re.sub(r"key_values|key_value", "", name.lower())
-    if "key" in rest:
-        kind = "key"
-    elif "value" in rest:
-        kind = "value"
-    elif re.search(r"(?:^|[._])k(?:$|[._])", rest):
-        kind = "key"
-    elif re.search(r"(?:^|[._])v(?:$|[._])", rest):
-        kind = "value"
-    else:
-        kind = "kv"
-    return int(numbers[0]), kind
-
-
 def find_decoder(view: ModelView) -> DecoderInfo | None:
     """The decoder structure of ``view``, or ``None`` when it is not a decoder with a KV cache.
 
-    Needs a past input and a present output of each kind for every layer ``0 .. L-1``, each present
-    computed from its past (checked through the graph), and a token input (integer, read by a
-    ``Gather``): anything less and the model is treated like any other.
+    Needs the cache pairs of every layer ``0 .. L-1``, each present computed from its past
+    (:func:`onnxpipe.ir.kv_pairs.find_pairs`: by name, else by the attention nodes' slots), and a token
+    input (:func:`onnxpipe.ir.embedding.token_input`: the integer input that indexes the embedding
+    table, through whatever gather the exporter wrote): anything less and the model is treated like any
+    other.
     """
-    pasts: dict[tuple[int, str], str] = {}
-    for t in view.inputs:
-        got = _kv_name(t, _PAST)
-        if got is not None and got not in pasts and view.tensor(t).elem_type in _FLOATS:
-            pasts[got] = t
-    presents: dict[tuple[int, str], str] = {}
-    for t in view.outputs:
-        got = _kv_name(t, _PRESENT)
-        if got is not None and got not in presents and t not in view.inputs:
-            presents[got] = t
-    if not pasts or set(pasts) != set(presents):
+    pairs = find_pairs(view)
+    if pairs is None:
         return None
-    layers = sorted({n for n, _ in pasts})
-    if layers != list(range(len(layers))):
-        return None
-    kinds = {kind for _, kind in pasts}
-    if kinds not in ({"key", "value"}, {"kv"}):
-        return None
-    pairs: list[KVPair] = []
-    for n in layers:
-        if "kv" in kinds:
-            pairs.append(KVPair(n, pasts[(n, "kv")], None, presents[(n, "kv")], None))
-        else:
-            if (n, "key") not in pasts or (n, "value") not in pasts:
-                return None
-            pairs.append(
-                KVPair(
-                    n, pasts[(n, "key")], pasts[(n, "value")], presents[(n, "key")], presents[(n, "value")]
-                )
-            )
-    for p in pairs:
-        for past, present in zip(p.pasts, p.presents, strict=True):
-            if past not in _ancestors(view, present):
-                return None
-    ids = _token_input(view, set(pasts.values()))
+    pasts = {t for p in pairs for t in p.pasts}
+    ids = token_input(view, pasts, {t for p in pairs for t in p.presents})
     if ids is None:
         return None
-    return _with_layers(view, tuple(pairs), ids)
-
-
-_FLOATS = frozenset({1, 10, 11, 16})  # float, float16, double, bfloat16
-
-
-def _ancestors(view: ModelView, tensor: str) -> set[str]:
-    """Every tensor ``tensor`` is computed from (graph inputs included)."""
-    seen: set[str] = set()
-    stack = [tensor]
-    while stack:
-        t = stack.pop()
-        pos = view.producer.get(t)
-        if pos is None:
-            continue
-        for r in view.nodes[pos].reads:
-            if r not in seen:
-                seen.add(r)
-                stack.append(r)
-    return seen
-
-
-def _token_input(view: ModelView, pasts: set[str]) -> str | None:
-    """The token ids: an integer input that some ``Gather`` indexes a table with (the embedding)."""
-    candidates = [t for t in view.inputs if t not in pasts and view.tensor(t).elem_type in (6, 7)]
-    for t in sorted(candidates, key=lambda t: ("input_ids" not in t, t)):
-        for pos in view.consumers.get(t, ()):
-            node = view.nodes[pos]
-            if node.op_type == "Gather" and len(node.inputs) > 1 and node.inputs[1] == t:
-                return t
-            if node.op_type in ("Cast", "Reshape", "Unsqueeze") and any(
-                view.nodes[q].op_type == "Gather" for o in node.outputs for q in view.consumers.get(o, ())
-            ):
-                return t
-    return candidates[0] if len(candidates) == 1 else None
+    return _with_layers(view, pairs, ids)
 
 
 def _named_input(view: ModelView, word: str, exclude: set[str]) -> str | None:
@@ -300,4 +196,5 @@ def _with_layers(view: ModelView, pairs: tuple[KVPair, ...], ids: str) -> Decode
 
 
 def _reads_table(view: ModelView, n: NodeInfo) -> bool:
-    return n.op_type == "Gather" and bool(n.inputs) and n.inputs[0] in view.weights
+    """Whether ``n`` gathers rows of a table made of weights alone (an embedding, a position table)."""
+    return n.op_type in GATHERS and bool(n.inputs) and from_weights(view, n.inputs[0])

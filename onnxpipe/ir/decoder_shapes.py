@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from onnxpipe.core.choices import Phase
 from onnxpipe.ir.decoder_kinds import PhaseShape, phase_shape
-from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.model import ModelView, NodeInfo
 
 
 @dataclass(frozen=True)
@@ -118,33 +118,59 @@ _ATTENTION_OPS = frozenset({"GroupQueryAttention", "MultiHeadAttention"})
 
 def attention_head_sizes(view: ModelView) -> dict[str, int]:
     """Sizes of a past tensor's symbolic head dim (GenAI's builder writes ``kv_cache_dim``), read off the
-    onnxruntime attention node that takes it: the query's width over the heads (``num_heads``, plus
-    ``2 * kv_num_heads`` when query, key and value come packed in one tensor).  Without it the generic
+    node that takes it: an onnxruntime attention node, by the query's width over the heads (``num_heads``,
+    plus ``2 * kv_num_heads`` when query, key and value come packed in one tensor); a ``Concat`` that grows
+    the past, by the new entries' size on that axis (the builder's fp16 models).  Without it the generic
     size (64) makes onnxruntime refuse the cache ("should match the packed KV head dimension")."""
     out: dict[str, int] = {}
     for node in view.nodes:
-        if node.op_type not in _ATTENTION_OPS:
-            continue
-        proto = view.proto.graph.node[node.index]
-        inputs = list(proto.input)  # with the empty names of absent optional inputs, by position
-        if len(inputs) < 5 or not inputs[0]:
-            continue
-        attrs = {a.name: a.i for a in proto.attribute}
-        heads = attrs.get("num_heads", 0)
-        kv_heads = attrs.get("kv_num_heads", heads)
-        query = view.tensor(inputs[0]).shape
-        if heads <= 0 or not query or not isinstance(query[-1], int):
-            continue
-        packed = not inputs[1]
-        parts = heads + 2 * kv_heads if packed else heads
-        if query[-1] % parts:
-            continue
-        head = query[-1] // parts
-        for past in inputs[3:5]:
-            shape = view.tensor(past).shape if past in view.inputs else None
-            if shape and isinstance(shape[-1], str):
-                out.setdefault(shape[-1], head)
+        if node.op_type in _ATTENTION_OPS:
+            _attention_node_sizes(view, node, out)
+        elif node.op_type == "Concat":
+            _concat_sizes(view, node, out)
     return out
+
+
+def _attention_node_sizes(view: ModelView, node: NodeInfo, out: dict[str, int]) -> None:
+    proto = view.proto.graph.node[node.index]
+    inputs = list(proto.input)  # with the empty names of absent optional inputs, by position
+    if len(inputs) < 5 or not inputs[0]:
+        return
+    attrs = {a.name: a.i for a in proto.attribute}
+    heads = attrs.get("num_heads", 0)
+    kv_heads = attrs.get("kv_num_heads", heads)
+    query = view.tensor(inputs[0]).shape
+    if heads <= 0 or not query or not isinstance(query[-1], int):
+        return
+    packed = not inputs[1]
+    parts = heads + 2 * kv_heads if packed else heads
+    if query[-1] % parts:
+        return
+    head = query[-1] // parts
+    for past in inputs[3:5]:
+        shape = view.tensor(past).shape if past in view.inputs else None
+        if shape and isinstance(shape[-1], str):
+            out.setdefault(shape[-1], head)
+
+
+def _concat_sizes(view: ModelView, node: NodeInfo, out: dict[str, int]) -> None:
+    """The sizes a ``Concat`` of a past input with new entries gives the past's symbolic dims (on every
+    axis but the one it grows)."""
+    pasts = [t for t in node.inputs if t in view.inputs and _PAST_NAME.search(t)]
+    if len(pasts) != 1:
+        return
+    shape = view.tensor(pasts[0]).shape
+    proto = view.proto.graph.node[node.index]
+    axis = next((int(a.i) for a in proto.attribute if a.name == "axis"), 0)
+    if not shape:
+        return
+    for other in node.inputs:
+        dims = view.tensor(other).shape
+        if other == pasts[0] or not dims or len(dims) != len(shape):
+            continue
+        for a, (mine, theirs) in enumerate(zip(shape, dims, strict=True)):
+            if a != axis % len(shape) and isinstance(mine, str) and isinstance(theirs, int):
+                out.setdefault(mine, theirs)
 
 
 def expression_size(dim: str, symbols: Mapping[str, int]) -> int | None:

@@ -15,6 +15,7 @@ from onnxpipe.manifest.entries import (
     READABLE_VERSIONS,
     SCHEMA_VERSION,
     DecoderIORecord,
+    DecoderModelRecord,
     DecoderRecord,
     DeviceRecord,
     ModelOutput,
@@ -28,7 +29,15 @@ from onnxpipe.manifest.entries import (
     StageOutput,
     VerificationRecord,
 )
-from onnxpipe.manifest.manifest import Manifest, check_stage_files, load_manifest, write_manifest
+from onnxpipe.manifest.limits import DecoderLimits, decoder_limits
+from onnxpipe.manifest.manifest import (
+    Manifest,
+    check_stage_files,
+    content_digest,
+    load_manifest,
+    stage_file_problems,
+    write_manifest,
+)
 
 __all__ = [
     "MANIFEST_NAME",
@@ -38,6 +47,8 @@ __all__ = [
     "READABLE_VERSIONS",
     "SCHEMA_VERSION",
     "DecoderIORecord",
+    "DecoderLimits",
+    "DecoderModelRecord",
     "DecoderRecord",
     "DeviceRecord",
     "KVPair",
@@ -53,6 +64,9 @@ __all__ = [
     "StageOutput",
     "VerificationRecord",
     "check_stage_files",
+    "content_digest",
+    "decoder_limits",
     "load_manifest",
+    "stage_file_problems",
     "write_manifest",
 ]

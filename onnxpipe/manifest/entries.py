@@ -195,6 +195,31 @@ class DecoderIORecord:
 
 
 @dataclass(frozen=True)
+class DecoderModelRecord:
+    """``plan.decoder.model``: what a generator checks before any work, from the model's own config and its
+    graph, and the tokenizer files the split copied beside its stages (optional; a manifest written before
+    it lacks it)."""
+
+    vocab_size: int | None
+    """Token ids are below it: the logits' width (else the embedding's rows)."""
+    context_length: int | None
+    """Positions the model itself takes (its config's, its rotary or position table's); None when nothing
+    says."""
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    """The ids that end a sequence, from the model's config; empty when no config says them."""
+    pad_token_id: int | None = None
+    config: str | None = None
+    """The config file the ids and context came from (``genai_config.json``, ``config.json``); None: the
+    graph alone."""
+    files: tuple[str, ...] = ()
+    """The tokenizer, chat template and generation files copied into the folder."""
+    chat_template: str | None = None
+    """The file in the folder that holds the chat template (``chat_template.jinja``,
+    ``tokenizer_config.json``...); None when the model has none."""
+
+
+@dataclass(frozen=True)
 class DecoderRecord:
     """What the plan of a decoder with a KV cache adds: its layers, how it was cut, the context its cache
     is counted at (the plan's ``decoder``, and ``plan.decoder`` in the manifest)."""
@@ -205,13 +230,16 @@ class DecoderRecord:
     ends: Ends
     """Where the embedding and LM head went."""
     max_context: int
-    """Tokens of context the stages' ``kv_cache_bytes`` are for."""
+    """Tokens of context the stages' ``kv_cache_bytes`` are for: the ``max_context`` asked for, or the
+    model's own context where that is smaller."""
     phase: PhaseChoice
     """What the stage estimates are for."""
     phase_shapes: tuple[tuple[Phase, int, int], ...] = ()
     """(phase, new tokens, cached tokens) of each phase profiled."""
     io: DecoderIORecord | None = None
     """The tensors a generation loop feeds and reads."""
+    model: DecoderModelRecord | None = None
+    """The model's limits and token ids, and the tokenizer files in the folder (written by the export)."""
 
 
 @dataclass(frozen=True)

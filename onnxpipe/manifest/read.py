@@ -28,6 +28,7 @@ from onnxpipe.manifest.entries import (
     V1_MODEL_INPUT,
     VERIFICATION_STATUSES,
     DecoderIORecord,
+    DecoderModelRecord,
     DecoderRecord,
     DeviceRecord,
     ModelOutput,
@@ -250,6 +251,24 @@ def _decoder(v: Value) -> DecoderRecord | None:
         phase=_choice(f["phase"], PhaseChoice),
         phase_shapes=f.get("phase_shapes", []).objects(_phase_shape),
         io=_decoder_io(f.get("io", None)),
+        model=_decoder_model(f.get("model", None)),
+    )
+
+
+def _decoder_model(v: Value) -> DecoderModelRecord | None:
+    """``plan.decoder.model``: optional (a manifest written before it has none)."""
+    if v.raw is None:
+        return None
+    f = v.fields()
+    return DecoderModelRecord(
+        vocab_size=f.get("vocab_size", None).opt_integer(minimum=1),
+        context_length=f.get("context_length", None).opt_integer(minimum=1),
+        bos_token_id=f.get("bos_token_id", None).opt_integer(),
+        eos_token_ids=f.get("eos_token_ids", []).list_of(Value.integer),
+        pad_token_id=f.get("pad_token_id", None).opt_integer(),
+        config=f.get("config", None).opt_string(),
+        files=f.get("files", []).list_of(lambda x: x.string(_FILE_NAME)),
+        chat_template=f.get("chat_template", None).opt_string(_FILE_NAME),
     )
 
 

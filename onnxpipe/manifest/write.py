@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from onnxpipe.core.dims import Dim, Shape
 from onnxpipe.manifest.entries import (
     DecoderIORecord,
+    DecoderModelRecord,
     DecoderRecord,
     ModelOutput,
     ModelTensor,
@@ -148,6 +149,20 @@ def _decoder_obj(d: DecoderRecord) -> dict[str, Any]:
         "phase": d.phase,
         "phase_shapes": [{"phase": p, "new_tokens": n, "past_tokens": c} for p, n, c in d.phase_shapes],
         **({} if d.io is None else {"io": _decoder_io_obj(d.io)}),
+        **({} if d.model is None else {"model": _decoder_model_obj(d.model)}),
+    }
+
+
+def _decoder_model_obj(m: DecoderModelRecord) -> dict[str, Any]:
+    return {
+        "vocab_size": m.vocab_size,
+        "context_length": m.context_length,
+        "bos_token_id": m.bos_token_id,
+        "eos_token_ids": list(m.eos_token_ids),
+        "pad_token_id": m.pad_token_id,
+        "config": m.config,
+        "files": list(m.files),
+        "chat_template": m.chat_template,
     }
 
 

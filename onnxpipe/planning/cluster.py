@@ -28,14 +28,16 @@ from onnxpipe.core.text import human_bytes
 from onnxpipe.cost.measure import profile_model
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.runtime_profile import is_reference, profile_on_runtime
-from onnxpipe.ir.decoder import DecoderInfo, find_decoder, kv_bytes_per_token
+from onnxpipe.ir.decoder import DecoderInfo, find_decoder
+from onnxpipe.ir.decoder_dims import counted_context
+from onnxpipe.ir.kv_layout import batch_symbol, cache_batch, kv_bytes_per_token
 from onnxpipe.ir.model import ModelView, NodeInfo
 from onnxpipe.manifest.entries import DecoderRecord
 from onnxpipe.partition import solve_heterogeneous
 from onnxpipe.partition.chainbound import chain_bound
 from onnxpipe.partition.inputs import HeterogeneousRequest
 from onnxpipe.partition.result import Partition
-from onnxpipe.planning.decoder import fine_allowed, layer_cut_items, with_kv
+from onnxpipe.planning.decoder import context_words, fine_allowed, layer_cut_items, with_kv
 from onnxpipe.planning.decoder_plan import decoder_summary, profile_phase
 from onnxpipe.planning.decoder_recompute import (
     InputCopies,
@@ -238,7 +240,7 @@ def _with_decoder(
     notes.append(dec.describe())
     notes.append(
         f"cuts only between layers ({opt('ends', request.decoder.ends)}); each device holds its "
-        f"layers' KV cache at {request.decoder.max_context} tokens of context, counted in its memory"
+        f"layers' KV cache at {context_words(view, dec, request.decoder.max_context)}, counted in its memory"
     )
     summary = decoder_summary(view, profile, dec, request.decoder, profile_phase(profile, dec))
     return _Staged(specs, part, timeline, tuple(notes), summary)
@@ -305,8 +307,11 @@ def _kv_per_node(
     view: ModelView, dec: DecoderInfo, compute: Sequence[NodeInfo], request: PlanRequest, profile: Profile
 ) -> list[float]:
     """Each layer's KV cache bytes at the maximum context, at the node that makes its present key."""
-    batch = int(profile.input_shapes.get(dec.kv[0].past_key, (1,))[0] or 1)
-    at = {p.present_key: kv_bytes_per_token(view, p, batch) * request.decoder.max_context for p in dec.kv}
+    shapes = profile.input_shapes
+    batch = cache_batch(view, dec.kv[0], dec.ids_input, shapes)
+    context = counted_context(view, dec, request.decoder.max_context)
+    symbol = batch_symbol(view, dec.ids_input)
+    at = {p.present_key: kv_bytes_per_token(view, p, batch, shapes, symbol) * context for p in dec.kv}
     return [float(sum(at.get(o, 0) for o in n.outputs)) for n in compute]
 
 

@@ -9,8 +9,8 @@ allowed: each layer's past and present key and value land in one stage.
 
 The past inputs are state: a stage's worker keeps its layers' cache, so they never cross a link and are
 not charged to any (they are "free" in :func:`onnxpipe.ir.graph.cut_profile`, like weights); the presents
-are the stage's own outputs and cross nothing either.  Each stage's cache at ``max_context`` tokens is
-reported and counted in the device memory check.
+are the stage's own outputs and cross nothing either.  Each stage's cache at ``max_context`` tokens (or
+the model's own context, where that is smaller) is reported and counted in the device memory check.
 
 Where the embedding and the LM head go (:class:`~onnxpipe.planning.decoder_kinds.Ends`): anywhere the
 balance puts them (``free``), with their neighbouring layer (``attached``), or each a stage of its own
@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from onnxpipe.core.choices import Ends
 from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import Profile
-from onnxpipe.ir.decoder import DecoderInfo, kv_bytes_per_token
+from onnxpipe.ir.decoder import DecoderInfo
+from onnxpipe.ir.decoder_dims import counted_context, own_context
 from onnxpipe.ir.graph import cut_profile
+from onnxpipe.ir.kv_layout import batch_symbol, cache_batch, kv_bytes_per_token
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samevalue import value_classes
 from onnxpipe.manifest.entries import DecoderIORecord
@@ -137,15 +139,24 @@ def fine_allowed(layers: LayerSequences, coarse: Sequence[bool]) -> Sequences:
 def with_kv(
     view: ModelView, profile: Profile, dec: DecoderInfo, specs: Sequence[StageSpec], max_context: int
 ) -> tuple[StageSpec, ...]:
-    """``specs`` with each stage's own layers, their cache's bytes at ``max_context`` tokens (for the
-    profiled batch), and only its own layers' pasts as inputs (:func:`own_cache_only`)."""
-    shape = profile.input_shapes.get(dec.kv[0].past_key)
-    batch = int(shape[0]) if shape else 1
-    kv = stage_kv(view, dec, specs, max_context, batch)
+    """``specs`` with each stage's own layers, their cache's bytes at the context counted
+    (:func:`counted_context`: ``max_context``, or the model's own where smaller) for the profiled batch
+    and shapes, and only its own layers' pasts as inputs (:func:`own_cache_only`)."""
+    context = counted_context(view, dec, max_context)
+    kv = stage_kv(view, dec, specs, context, profile.input_shapes)
     return tuple(
         own_cache_only(view, dec, dataclasses.replace(st, kv_layers=owned, kv_cache_bytes=nbytes))
         for st, (owned, nbytes) in zip(specs, kv, strict=True)
     )
+
+
+def context_words(view: ModelView, dec: DecoderInfo, max_context: int) -> str:
+    """ "N tokens of context", saying where the model's own context made N smaller than ``max_context``."""
+    own = own_context(view, dec)
+    if own is None or own.tokens >= max_context:
+        return f"{max_context} tokens of context"
+    under = opt("max_context", max_context)
+    return f"{own.tokens} tokens of context (the model's own, from {own.source}, under {under})"
 
 
 def own_ends_bounds(layers: LayerSequences, dec: DecoderInfo, k: int) -> tuple[int, int, int]:
@@ -165,20 +176,26 @@ def own_ends_bounds(layers: LayerSequences, dec: DecoderInfo, k: int) -> tuple[i
 
 
 def stage_kv(
-    view: ModelView, dec: DecoderInfo, stages: Sequence[StageSpec], max_context: int, batch: int
+    view: ModelView,
+    dec: DecoderInfo,
+    stages: Sequence[StageSpec],
+    context: int,
+    shapes: Mapping[str, Sequence[int]],
 ) -> list[tuple[tuple[int, ...], int]]:
     """Per stage: the layers whose cache it holds (where their presents are made) and the cache's bytes
-    at ``max_context`` tokens for ``batch`` sequences."""
+    at ``context`` tokens, for the batch and the head dims of ``shapes`` (the profiled input shapes)."""
     maker = {}
     for p in dec.kv:
         pos = view.producer.get(p.present_key)
         if pos is not None:
             maker[view.nodes[pos].name] = p
+    batch = cache_batch(view, dec.kv[0], dec.ids_input, shapes)
+    symbol = batch_symbol(view, dec.ids_input)
     out: list[tuple[tuple[int, ...], int]] = []
     for st in stages:
         owned = sorted({maker[n].layer for n in st.node_names if n in maker})
-        nbytes = sum(kv_bytes_per_token(view, dec.kv[layer], batch) for layer in owned) * max_context
-        out.append((tuple(owned), nbytes))
+        per_token = sum(kv_bytes_per_token(view, dec.kv[layer], batch, shapes, symbol) for layer in owned)
+        out.append((tuple(owned), per_token * context))
     return out
 
 

@@ -19,6 +19,7 @@ from onnxpipe.core.errors import PartitionError
 from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
+from onnxpipe.ir.decoder_dims import counted_context
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest.entries import DecoderRecord
 from onnxpipe.partition.interleave import InterleavedPartition
@@ -26,6 +27,7 @@ from onnxpipe.partition.result import Partition
 from onnxpipe.planning.decoder import (
     LayerSequences,
     coarse_allowed,
+    context_words,
     decoder_io,
     foreign_pasts,
     layer_sequences,
@@ -285,9 +287,8 @@ def decoder_record(
 ) -> DecoderRecord:
     """The manifest's ``plan.decoder`` of a plan cut between ``dec``'s layers, balanced for ``phase``
     (each phase profiled at its ``shapes``)."""
-    return DecoderRecord(
-        dec.layers, True, options.ends, options.max_context, phase, shapes, decoder_io(view, dec)
-    )
+    context = counted_context(view, dec, options.max_context)
+    return DecoderRecord(dec.layers, True, options.ends, context, phase, shapes, decoder_io(view, dec))
 
 
 def decoder_notes(
@@ -299,7 +300,7 @@ def decoder_notes(
     )
     notes.append(
         f"cuts only between layers ({opt('ends', options.ends)}); KV cache per stage at "
-        f"{options.max_context} tokens of context: {per_stage}"
+        f"{context_words(view, dec, options.max_context)}: {per_stage}"
     )
     shaped = [(st.index, t) for st in stages for t in foreign_pasts(dec, st)]
     if shaped:

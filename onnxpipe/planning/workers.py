@@ -26,7 +26,7 @@ from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest.entries import DecoderRecord
 from onnxpipe.partition.interleave import InterleavedPartition, evaluate_interleaved, solve_interleaved
-from onnxpipe.planning.decoder import LayerSequences, fine_allowed, layer_cut_items
+from onnxpipe.planning.decoder import LayerSequences, context_words, fine_allowed, layer_cut_items
 from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.decoder_plan import (
     decoder_notes,
@@ -246,7 +246,7 @@ def _dealt_stages(
         notes.extend(decoder_notes(view, decoder, stages, options))
         notes.append(
             f"balanced for the {profile_phase(profile, decoder)} profile; KV cache per worker at "
-            f"{options.max_context} tokens of context: {kv} MiB"
+            f"{context_words(view, decoder, options.max_context)}: {kv} MiB"
         )
         if copied:
             notes.append(copied)

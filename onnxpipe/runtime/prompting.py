@@ -13,12 +13,11 @@ from pathlib import Path
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.options import opt
-from onnxpipe.export.genai.config import GENAI_CONFIG_NAME
-from onnxpipe.export.genai.source import read_source_config
-from onnxpipe.manifest import Manifest
+from onnxpipe.core.tokenizer_files import has_tokenizer
+from onnxpipe.manifest import DecoderLimits, Manifest, decoder_limits
 from onnxpipe.runtime.generate import Generation
 from onnxpipe.runtime.options import GenerateOptions
-from onnxpipe.runtime.text import TOKENIZER_FILE, TextCodec, config_eos_ids
+from onnxpipe.runtime.text import TextCodec
 
 
 @dataclass(frozen=True)
@@ -39,8 +38,12 @@ class Prompting:
 
 
 def settle(folder: Path, manifest: Manifest, options: GenerateOptions) -> Prompting:
-    """``options`` with the prompts as ids and the model's end ids where none were given."""
+    """``options`` with the prompts as ids and the model's end ids where none were given, checked
+    against the model's vocabulary and context (:func:`~onnxpipe.manifest.decoder_limits`) before any
+    worker runs: an id beyond the vocabulary or a sequence past the context would otherwise fail deep
+    in a run, after the work."""
     options.check()
+    limits = decoder_limits(folder, manifest)
     codec = None
     if options.prompts or options.tokenizer is not None:
         codec = TextCodec.load(_tokenizer_folder(folder, manifest, options.tokenizer))
@@ -48,65 +51,92 @@ def settle(folder: Path, manifest: Manifest, options: GenerateOptions) -> Prompt
     if options.prompts:
         assert codec is not None
         ids = tuple(codec.encode(p, chat=options.chat, system=options.system) for p in options.prompts)
-    for i, p in enumerate(ids):
-        if not p:
-            raise UsageError(f"prompt {i} makes no token: give some text, or at least one token id")
-    eos, source = _eos(folder, manifest, options, codec)
+    _check_fits(ids, options, limits, codec)
+    eos, source = _eos(folder, manifest, options, limits, codec)
     settled = dataclasses.replace(
         options, prompt_ids=ids, prompts=(), chat=False, system=None, eos_token_ids=eos, ignore_eos=False
     )
     return Prompting(settled, codec, source)
 
 
+def _check_fits(
+    ids: tuple[tuple[int, ...], ...], options: GenerateOptions, limits: DecoderLimits, codec: TextCodec | None
+) -> None:
+    """Refuse a prompt that makes no token, an id beyond the vocabulary, a sequence past the context."""
+    vocab = limits.vocab_size
+    for i, prompt in enumerate(ids):
+        if not prompt:
+            raise UsageError(f"prompt {i} makes no token: give some text, or at least one token id")
+        beyond = [t for t in prompt if vocab is not None and t >= vocab]
+        if beyond and codec is not None:
+            raise UsageError(
+                f"{codec.folder}: its tokenizer makes id {beyond[0]}, beyond the model's vocabulary of "
+                f"{vocab}: "
+                f"it is not this model's tokenizer; give the model's own as {opt('tokenizer')}"
+            )
+        if beyond:
+            raise UsageError(
+                f"{opt('prompt_ids')}: prompt {i} holds id {beyond[0]}, beyond the model's vocabulary of "
+                f"{vocab} (ids 0 to {vocab - 1 if vocab else 0}); give ids the model knows"
+            )
+        need = len(prompt) + options.max_new_tokens
+        if need > limits.context:
+            room = limits.context - len(prompt)
+            fix = (
+                f"give {opt('max_new_tokens')} {room} or less"
+                if room > 0
+                else "give a shorter prompt, or split the model again with a larger max_context"
+            )
+            raise UsageError(
+                f"prompt {i}: its {len(prompt)} token(s) and {opt('max_new_tokens', options.max_new_tokens)} "
+                f"need {need} positions, beyond the context of {limits.context} the split was made for; {fix}"
+            )
+
+
+def _tokenizer_folder(folder: Path, manifest: Manifest, given: Path | None) -> Path:
+    """The folder given, else the split's when it holds a tokenizer (a split copies its model's), else the
+    source model's."""
+    if given is not None:
+        return given
+    source = _source_folder(folder, manifest)
+    for where in (folder, source):
+        if where is not None and has_tokenizer(where):
+            return where
+    searched = (
+        f"{folder}: holds" if source is None else f"neither {folder} nor the source model's {source} holds"
+    )
+    raise UsageError(
+        f"{searched} no tokenizer (tokenizer.json); give the folder of the model's tokenizer files as "
+        f"{opt('tokenizer')}, or token ids as {opt('prompt_ids')}"
+    )
+
+
 def _source_folder(folder: Path, manifest: Manifest) -> Path | None:
-    """The folder of the model that was split, where its own tokenizer and configs may lie."""
+    """The folder of the model that was split, where its own tokenizer may lie."""
     if manifest.source.path is None:
         return None
     source = (folder / manifest.source.path).parent.resolve()
     return source if source.is_dir() else None
 
 
-def _tokenizer_folder(folder: Path, manifest: Manifest, given: Path | None) -> Path:
-    """The folder given, else the split's when it holds a tokenizer, else the source model's."""
-    if given is not None:
-        return given
-    source = _source_folder(folder, manifest)
-    for where in (folder, source):
-        if where is not None and (where / TOKENIZER_FILE).is_file():
-            return where
-    searched = (
-        f"{folder}: holds" if source is None else f"neither {folder} nor the source model's {source} holds"
-    )
-    raise UsageError(
-        f"{searched} no {TOKENIZER_FILE}; give the folder of the model's tokenizer files as "
-        f"{opt('tokenizer')}, "
-        f"or token ids as {opt('prompt_ids')}"
-    )
-
-
 def _eos(
-    folder: Path, manifest: Manifest, options: GenerateOptions, codec: TextCodec | None
+    folder: Path,
+    manifest: Manifest,
+    options: GenerateOptions,
+    limits: DecoderLimits,
+    codec: TextCodec | None,
 ) -> tuple[tuple[int, ...], str | None]:
-    """The ids to stop at and the file they were read from: those given, none with ``ignore_eos``, else
-    the model's own: the GenAI config its builder wrote beside it, else its Hugging Face generation
-    config or config (in the split's folder or beside the model), else its tokenizer's end token.
-
-    The split's own ``genai_config.json`` is not read for them: where the model's files named none, it
-    holds GenAI's defaults, which are no model's end."""
+    """The ids to stop at and where they were read: those given, none with ``ignore_eos``, else the
+    model's own as the split recorded them (its config's), else its tokenizer's end token.  No id is
+    guessed: a model whose files name none stops only at ``max_new_tokens``."""
     if options.ignore_eos:
         return (), None
     if options.eos_token_ids is not None:
         return options.eos_token_ids, None
-    source = _source_folder(folder, manifest)
-    if source is not None and (source / GENAI_CONFIG_NAME).is_file():
-        tokens = read_source_config(source / GENAI_CONFIG_NAME).tokens
-        if tokens is not None and tokens.eos:
-            return tokens.eos, str(source / GENAI_CONFIG_NAME)
-    for where in (folder, source):
-        if where is not None:
-            found = config_eos_ids(where)
-            if found is not None:
-                return found
+    record = manifest.plan.decoder.model if manifest.plan.decoder is not None else None
+    if limits.eos_ids:
+        config = record.config if record is not None and record.config else "the model's config"
+        return limits.eos_ids, f"{config}, as the split recorded it"
     if codec is not None and codec.eos_ids:
-        return codec.eos_ids, str(codec.folder / "tokenizer_config.json")
+        return codec.eos_ids, f"{codec.folder / 'tokenizer_config.json'}"
     return (), None

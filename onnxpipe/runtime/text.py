@@ -23,23 +23,10 @@ from typing import Any
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.options import opt
+from onnxpipe.core.tokenizer_files import chat_template
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
-CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
-TEXT_FILES = (
-    TOKENIZER_FILE,
-    TOKENIZER_CONFIG,
-    "special_tokens_map.json",
-    "generation_config.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    *CHAT_TEMPLATE_FILES,
-)
-"""The files a tokenizer, its chat template and its end tokens may be read from (a split carries the
-ones beside its model)."""
-
 _PARTIAL = "\ufffd"
 """What a byte-level tokenizer decodes part of a multi-byte character to."""
 
@@ -89,7 +76,8 @@ class TextCodec:
             if (text := _token_text(config.get(role))) is not None
         }
         eos = _eos_ids(folder, tokenizer, special.get("eos_token"))
-        return TextCodec(folder, tokenizer, _chat_template(folder, config), special, eos)
+        template = chat_template(folder)
+        return TextCodec(folder, tokenizer, None if template is None else template[0], special, eos)
 
     @property
     def vocab_size(self) -> int:
@@ -110,10 +98,9 @@ class TextCodec:
         """``text`` as a user's message in the chat template, with the assistant's turn opened."""
         if self.chat_template is None:
             raise UsageError(
-                f"{self.folder}: the tokenizer has no chat template ({TOKENIZER_CONFIG} has no "
-                f"chat_template, and no {' or '.join(CHAT_TEMPLATE_FILES)}); leave {opt('chat')} out and "
-                "give "
-                "the prompt as the model expects it"
+                f"{self.folder}: the model has no chat template ({TOKENIZER_CONFIG} has no chat_template, "
+                f"and there is no chat_template.jinja or chat_template.json); leave {opt('chat')} out and "
+                "give the prompt as the model expects it"
             )
         messages = ([{"role": "system", "content": system}] if system is not None else []) + [
             {"role": "user", "content": text}
@@ -210,19 +197,6 @@ def _eos_ids(folder: Path, tokenizer: Any, eos_text: str | None) -> tuple[int, .
         if token is not None:
             return (int(token),)
     return ()
-
-
-def _chat_template(folder: Path, config: dict[str, Any]) -> str | None:
-    """The default chat template: ``chat_template.jinja``, ``chat_template.json``, or the tokenizer
-    config's (a string, or a list of named templates of which ``default`` is taken)."""
-    jinja = folder / CHAT_TEMPLATE_FILES[0]
-    if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
-    value = _json(folder / CHAT_TEMPLATE_FILES[1]).get("chat_template", config.get("chat_template"))
-    if isinstance(value, list):
-        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
-        value = named.get("default")
-    return value if isinstance(value, str) else None
 
 
 def _render(template: str, messages: list[dict[str, str]], special: dict[str, str]) -> str:

@@ -25,6 +25,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from cli_runner import preamble_only, run, run_with_file_size_limit
+from manifest_edits import sealed
 from models import save, shared_weights_model, training_model
 
 from tools import conformance
@@ -78,7 +79,7 @@ def rehash(out: Path) -> None:
     manifest = json.loads((out / "manifest.json").read_text())
     for st in manifest["stages"]:
         st["sha256"] = hashlib.sha256((out / st["file"]).read_bytes()).hexdigest()
-    (out / "manifest.json").write_text(json.dumps(manifest))
+    (out / "manifest.json").write_text(sealed(manifest))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -330,9 +331,10 @@ def test_stage_weights_file_changed_or_missing_exits_7(
         data.unlink()
     before = snapshot(work)
     for command in (["verify", a], ["inspect", a]):
-        code, _, err = run(command, capfd)
-        if command[0] == "inspect":  # inspect reads the manifest only, files are not needed
-            assert code == 0
+        code, out, err = run(command, capfd)
+        what = "changed after export (sha256 mismatch)" if damage == "changed" else "is missing"
+        if command[0] == "inspect":  # inspect still shows the folder, and names the damage
+            assert code == 1 and f"error: stage 1 file stage_1.onnx.data {what}" in out
             continue
         assert code == 7
         what = "changed after export (sha256 mismatch)" if damage == "changed" else "is missing"
@@ -356,7 +358,7 @@ def test_manifest_that_says_impossible_things_exits_7(
     a, _ = two_splits
     manifest = json.loads((a / "manifest.json").read_text())
     edit(manifest)  # type: ignore[operator]
-    (a / "manifest.json").write_text(json.dumps(manifest))
+    (a / "manifest.json").write_text(sealed(manifest))
     before = snapshot(work)
     for command in ("verify", "inspect"):
         code, _, err = run([command, a], capfd)

@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 import pytest
 from cli_runner import no_leftovers, one_line_error, preamble_only, run, run_with_file_size_limit, snapshot
+from manifest_edits import sealed
 from onnx import TensorProto, helper, numpy_helper
 from paths import DEVICES
 
@@ -35,7 +36,7 @@ def rehash(out: Path, stage: int) -> None:
     """Record stage ``stage``'s current sha256 in the manifest, as if the export had written it."""
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["stages"][stage]["sha256"] = file_sha256(out / f"stage_{stage}.onnx")
-    (out / "manifest.json").write_text(json.dumps(manifest))
+    (out / "manifest.json").write_text(sealed(manifest))
 
 
 def split_ok(model: Path, out: Path, k: int = 3, *extra: str) -> None:
@@ -45,7 +46,8 @@ def split_ok(model: Path, out: Path, k: int = 3, *extra: str) -> None:
 def test_profile_split_inspect_verify(mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(["profile", mlp, "--out", "p.json", "--runs", "3", "--warmup", "1"], capfd)
     # stderr is not a terminal here: progress is a plain line with its unit and time, no redrawn bar
-    assert code == 0 and re.fullmatch(r"profiled mlp\.onnx: 10/10 runs in \d+\.\d s\n", err), err
+    said = r"profiled mlp\.onnx: 1 warm-up run\(s\), then 3 timed twice: with onnxruntime's .*\(\d+\.\d s\)\n"
+    assert code == 0 and re.fullmatch(said, err), err
     code, _, err = run(["profile", mlp, "--out", "q.json", "--runs", "3", "--warmup", "1", "-q"], capfd)
     assert code == 0 and err == ""
     lines = out.splitlines()
@@ -468,8 +470,15 @@ def test_stage_changed_after_export_exits_7(done: Path, capfd: pytest.CaptureFix
     assert code == 7 and out == ""
     line = one_line_error(err, "verify")
     assert "stage 1 file stage_1.onnx changed after export (sha256 mismatch)" in line
-    # inspect only reads the manifest, so it still lists the stages
-    assert run(["inspect", done], capfd)[0] == 0
+    # inspect still lists the stages, names the damage, exits 1; without the file check, 0
+    code, out, _ = run(["inspect", done], capfd)
+    assert code == 1 and "error: stage 1 file stage_1.onnx changed after export (sha256 mismatch)" in out
+    assert "stage  device" in out
+    code, out, _ = run(["inspect", done, "--no-file-check"], capfd)
+    assert code == 0 and "error:" not in out and "sha256 checked" not in out
+    code, out, _ = run(["inspect", done, "--json"], capfd)
+    problems = json.loads(out)["file_problems"]
+    assert code == 1 and problems == ["stage 1 file stage_1.onnx changed after export (sha256 mismatch)"]
 
 
 def test_missing_stage_file_exits_7(done: Path, capfd: pytest.CaptureFixture[str]) -> None:
@@ -745,10 +754,10 @@ def test_manifest_link_model_is_optional_and_checked(
     obj = json.loads((work / "s" / "manifest.json").read_text())
     assert obj["plan"]["link_model"] == "serial"
     del obj["plan"]["link_model"]
-    assert onnxpipe.Manifest.from_json(json.dumps(obj)).plan.link_model is None  # an older manifest reads
+    assert onnxpipe.Manifest.from_json(sealed(obj)).plan.link_model is None  # an older manifest reads
     obj["plan"]["link_model"] = "telepathy"
     with pytest.raises(onnxpipe.ManifestError, match="link_model"):
-        onnxpipe.Manifest.from_json(json.dumps(obj))
+        onnxpipe.Manifest.from_json(sealed(obj))
 
 
 def test_interrupted_verification_leaves_the_folder_unverified_and_verify_completes_it(

@@ -97,7 +97,9 @@ def test_first_line_installs_and_splits(repo_copy: Path, tmp_path: Path) -> None
     k = manifest.k if asked == "auto" else int(asked)
     assert manifest.k == k and f"wrote {k} stages" in proc.stdout
     assert "match the original" in proc.stdout
-    assert "warning:" not in proc.stdout  # the quick start fits the machine it runs on
+    # the quick start fits the machine it runs on (a busy machine's own warning aside: others' load)
+    warned = [x for x in proc.stdout.splitlines() if x.startswith("warning:") and "other processes" not in x]
+    assert warned == []
     assert onnxpipe.verify(out).ok
     # the model path recorded in the manifest leads back to the copy's model
     assert (out / manifest.source.path).resolve() == model.resolve()  # type: ignore[operator]

@@ -264,34 +264,43 @@ def test_calibrating_in_a_pipeline_on_too_few_cpus_is_refused(
     assert not (tmp_path / "out").exists()
 
 
-def test_calibrate_with_a_device_missing_here_is_refused(sample_models_dir: Path, tmp_path: Path) -> None:
-    """--calibrate with --devices times each stage on its device: one this machine lacks is refused by
-    name before anything is profiled (calibration on the devices: tests/integration/test_runtimes.py)."""
-    gpu = Device(name="gpu", provider="NoSuchExecutionProvider")
+def test_calibrate_with_a_device_missing_here_times_it_as_the_reference(
+    sample_models_dir: Path, tmp_path: Path
+) -> None:
+    """--calibrate with --devices times a device that is not here (its provider missing, so its costs are
+    scaled from the reference) as the reference profile was measured, its speed kept; timing in a
+    pipeline is refused with devices (calibration on the devices' runtimes:
+    tests/integration/test_runtimes.py, on plain numbers: tests/unit/test_calibrate_devices.py)."""
+    gpu = Device(name="gpu", provider="MIGraphXExecutionProvider", speed=4.0, profile_here=True)
     cluster = Cluster(devices=(Device(name="a"), gpu), links=(Link(),))
-    with pytest.raises(
-        UsageError, match=r"devices\[1\] \(gpu\) runs on onnxruntime \(NoSuchExecutionProvider\)"
-    ):
-        api.split(
-            sample_models_dir / "transformer_tiny.onnx",
-            SplitOptions(
-                out=tmp_path / "out",
-                plan=PlanRequest(2, devices=cluster),
-                calibration=CalibrationOptions(rounds=1),
-            ),
-        )
+    done = api.split(
+        sample_models_dir / "transformer_tiny.onnx",
+        SplitOptions(
+            out=tmp_path / "out",
+            plan=PlanRequest(2, devices=cluster),
+            profile=ProfileOptions(cost="static"),
+            calibration=CalibrationOptions(rounds=1),
+            verify=False,
+        ),
+    )
+    records = {r.device: r for r in done.plan.device_costs}
+    assert records["gpu"].method == "scaled" and "MIGraphXExecutionProvider is not available here" in (
+        records["gpu"].source
+    )
+    assert "the speed kept" in records["gpu"].source
+    assert done.manifest.cluster is not None and done.manifest.cluster.speeds == (1.0, 4.0)
     with pytest.raises(UsageError, match=r"leave out `CalibrationOptions\.mode=pipeline`"):
         api.split(
             sample_models_dir / "transformer_tiny.onnx",
             SplitOptions(
-                out=tmp_path / "out",
+                out=tmp_path / "out2",
                 plan=PlanRequest(
                     2, devices=Cluster(devices=(Device(name="a"), Device(name="b")), links=(Link(),))
                 ),
                 calibration=CalibrationOptions(rounds=1, mode="pipeline"),
             ),
         )
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out2").exists()
 
 
 def test_cli_split_calibrate_records_it_and_verifies(

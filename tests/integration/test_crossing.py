@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from onnxpipe.api import VerifyOptions, verify
+from onnxpipe.api import SplitOptions, VerifyOptions, split, verify
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.cost.source import get_profile
 from onnxpipe.export.stages import export_stages
@@ -163,6 +163,33 @@ def _cut_between(view_path: Path, maker: str, reader: str, k: int = 3) -> tuple[
     specs = specs_from_bounds(view, seq, bounds, zeros, zeros)
     part = Partition(tuple(bounds), tuple(zeros), tuple(zeros), tuple(zeros), 0.0, 0.0, 0)
     return plan_from(view, prof, part, specs, seq.sizes, float("inf")), view
+
+
+@pytest.mark.corpus
+@pytest.mark.slow
+def test_minilm_split_as_issue_31_ran_it_runs_in_tract(minilm_l6_path: Path, tmp_path: Path) -> None:
+    """``onnxpipe split minilm_l6.onnx --stages 4 --cost static``: ``/model/Gather_3_output_0`` (the
+    sequence length, ``Shape(Cast(attention_mask))[1]``) crossed from stage 0 to stage 2 and tract
+    failed the chain ("Unsupported DatumType in the public API TDim").  Now nothing of shapes alone
+    crosses, the notes name nothing as crossing, and tract runs the chain to the whole model's outputs."""
+    from other_runtimes import relative_error, run_chain, tract_runner
+
+    out = tmp_path / "s"
+    result = split(
+        minilm_l6_path, SplitOptions(out=out, plan=PlanRequest(4), profile=ProfileOptions(cost="static"))
+    )
+    assert result.report is not None and result.report.ok
+    kinds = value_kinds(load_model(minilm_l6_path))
+    assert not [(s.index, t) for s in result.plan.stages for t in s.inputs if kinds.recomputable(t)]
+    assert not any("still cross a cut" in n for n in result.plan.notes)
+    feeds = {
+        "input_ids": np.arange(16, dtype=np.int64).reshape(1, 16),
+        "attention_mask": np.ones((1, 16), np.int64),
+    }
+    sess = ort.InferenceSession(str(minilm_l6_path), providers=["CPUExecutionProvider"])
+    expected = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
+    got = run_chain(out, feeds, [tract_runner()])
+    assert all(relative_error(expected[n], got[n]) < 1e-4 for n in expected)
 
 
 @pytest.mark.corpus

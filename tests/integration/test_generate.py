@@ -13,6 +13,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from cli_runner import run as cli_run
+from manifest_edits import sealed
 from paths import SAMPLE_MODELS
 
 from onnxpipe.api import SplitOptions, split
@@ -230,7 +231,7 @@ def test_generate_refuses_what_it_cannot_run(splits: Splits, tmp_path: Path) -> 
         (old / f.name).write_bytes(f.read_bytes())
     obj = json.loads((old / "manifest.json").read_text())
     del obj["plan"]["decoder"]["io"]
-    (old / "manifest.json").write_text(json.dumps(obj))
+    (old / "manifest.json").write_text(sealed(obj))
     with pytest.raises(UsageError, match=r"old: .*predates plan\.decoder\.io.*re-run onnxpipe split"):
         Pipeline.from_manifest(old, generation=True)
 

@@ -65,29 +65,35 @@ def test_a_text_prompt_streams_its_answer_and_equals_the_ids_prompt(
     assert streamed == " ".join(words)
 
 
-def test_the_tokenizer_is_found_beside_the_source_model_or_given(
+def test_the_split_carries_the_tokenizer_or_one_is_given(
     stages: Path, model_folder: Path, tmp_path: Path
 ) -> None:
+    assert (stages / "tokenizer.json").is_file()  # the split copied its model's tokenizer files
     options = GenerateOptions(prompts=(PROMPT, "w5"), max_new_tokens=6, ignore_eos=True)
-    beside = generate(stages, options)  # the split holds no tokenizer: the source model's folder does
-    moved = tmp_path / "deeper" / "stages"
-    shutil.copytree(stages, moved)  # the source path is relative: a moved split loses the model's folder
-    with pytest.raises(UsageError, match=r"holds no tokenizer\.json.*`tokenizer`"):
-        generate(moved, options)
-    given = generate(moved, dataclasses.replace(options, tokenizer=model_folder))
-    assert given.tokens == beside.tokens and given.texts == beside.texts
-    assert beside.texts is not None and len(beside.texts) == 2
-    assert all(len(t) == 6 for t in beside.tokens)
+    own = generate(stages, options)
+    bare = tmp_path / "deeper" / "stages"  # the source path is relative: moved, the model's folder is lost
+    shutil.copytree(stages, bare)
+    (bare / "tokenizer.json").unlink()
+    with pytest.raises(UsageError, match=r"holds no tokenizer \(tokenizer\.json\).*`tokenizer`"):
+        generate(bare, options)
+    given = generate(bare, dataclasses.replace(options, tokenizer=model_folder))
+    assert given.tokens == own.tokens and given.texts == own.texts
+    assert own.texts is not None and len(own.texts) == 2
+    assert all(len(t) == 6 for t in own.tokens)
 
 
-def test_the_models_end_id_stops_a_sequence_by_default(stages: Path, model_folder: Path) -> None:
+def test_the_models_end_id_stops_a_sequence_by_default(
+    stages: Path, model_folder: Path, tmp_path: Path
+) -> None:
     free = generate(stages, GenerateOptions(prompts=(PROMPT,), max_new_tokens=10, ignore_eos=True))
     third = free.tokens[0][2]
-    (model_folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [third]}))
-    try:
-        stopped = generate(stages, GenerateOptions(prompts=(PROMPT,), max_new_tokens=10))
-    finally:
-        (model_folder / "generation_config.json").unlink()
+    model = tmp_path / "model"
+    shutil.copytree(model_folder, model)
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": [third]}))
+    out = tmp_path / "stages"
+    profile = ProfileOptions(cost=CostSource.STATIC)
+    split(model / "model.onnx", SplitOptions(out=out, plan=PlanRequest(2), profile=profile, verify=False))
+    stopped = generate(out, GenerateOptions(prompts=(PROMPT,), max_new_tokens=10))
     cut = free.tokens[0].index(third) + 1
     assert stopped.tokens[0] == free.tokens[0][:cut]
 
@@ -117,6 +123,12 @@ def test_compare_with_text_prompts_gives_the_same_tokens(stages: Path) -> None:
         (["--prompt", "w3", "--tokenizer", "{nowhere}"], "holds no tokenizer.json; give the folder"),
         (["--prompt", "", "--tokenizer", "{tok}"], "prompt 0 makes no token"),
         (["--prompt", "w3", "--chat", "--tokenizer", "{plain}"], "has no chat template"),
+        (["--prompt-ids", "3,200"], "prompt 0 holds id 200, beyond the model's vocabulary of 128"),
+        (["--prompt", "w3 w150", "--tokenizer", "{big}"], "its tokenizer makes id 150, beyond the model's"),
+        (
+            ["--prompt-ids", "3,2", "--max-new-tokens", "5000"],
+            "2 token(s) and --max-new-tokens 5000 need 5002",
+        ),
     ],
 )
 def test_refusals_are_one_line_before_any_work(
@@ -126,6 +138,7 @@ def test_refusals_are_one_line_before_any_work(
         "{nowhere}": str(tmp_path),
         "{tok}": str(word_tokenizer(tmp_path / "tok", bos=False)),
         "{plain}": str(word_tokenizer(tmp_path / "plain", chat=None)),
+        "{big}": str(word_tokenizer(tmp_path / "big", words=200)),
     }
     code, out, err = cli_run(["generate", stages, *[folders.get(a, a) for a in args]], capfd)
     assert code == 2 and out == ""

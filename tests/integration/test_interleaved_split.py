@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from cli_runner import run
+from manifest_edits import sealed
 from runtime_support import MODES, assert_same, original_outputs, token_batches
 
 from onnxpipe import api
@@ -48,7 +49,7 @@ def test_manifest_records_the_workers(interleaved: Path) -> None:
 def _edited(folder: Path, edit: object) -> str:
     obj = json.loads((folder / "manifest.json").read_text())
     edit(obj)  # type: ignore[operator]
-    return json.dumps(obj)
+    return sealed(obj)
 
 
 @pytest.mark.parametrize(

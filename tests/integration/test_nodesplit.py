@@ -59,8 +59,9 @@ def test_split_with_node_splitting_verifies(head_model: Path, tmp_path: Path) ->
     assert result.report is not None and result.report.ok, result.report.summary()
     (split,) = result.plan.node_splits
     assert split.node == "head_mm" and split.kind == "columns" and split.carried == ("head_bias",)
-    assert result.plan.bottleneck_seconds < plain.plan.bottleneck_seconds
-    assert split.contiguous_bottleneck_seconds == pytest.approx(plain.plan.bottleneck_seconds, rel=0.5)
+    # the split is taken because it beats the best contiguous plan of the same run's costs (two runs'
+    # measured times are not compared: on a loaded machine they differ more than any tolerance)
+    assert result.plan.bottleneck_seconds < split.contiguous_bottleneck_seconds
     assert len(set(split.stages)) == split.parts  # one part per stage, consecutive
     assert list(split.stages) == list(range(split.stages[0], split.stages[0] + split.parts))
     manifest = load_manifest(tmp_path / "cut")

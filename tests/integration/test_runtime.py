@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from manifest_edits import sealed
 from runtime_support import (
     MODES,
     assert_no_workers_left,
@@ -397,7 +398,7 @@ def test_cli_run_of_a_copied_folder_needs_no_source_model(tiny_split: Path, tmp_
     shutil.copytree(tiny_split, copied)
     manifest = json.loads((copied / "manifest.json").read_text())
     manifest["source"]["path"] = "elsewhere/transformer_tiny.onnx"
-    (copied / "manifest.json").write_text(json.dumps(manifest))
+    (copied / "manifest.json").write_text(sealed(manifest))
     assert run_command(parse(str(copied), "-m", "4", "--warmup", "0")) == 0
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from manifest_edits import sealed
 from models import const, feeds_for, make, plan_for, save, vi
 from onnx import TensorProto, helper, numpy_helper
 
@@ -193,7 +194,7 @@ def test_a_manifest_whose_same_value_names_no_input_is_refused(tmp_path: Path) -
     manifest_path = tmp_path / "out" / MANIFEST_NAME
     doc = json.loads(manifest_path.read_text())
     doc["stages"][1]["same_values"][0]["same_as"] = "no_such_tensor"
-    manifest_path.write_text(json.dumps(doc))
+    manifest_path.write_text(sealed(doc))
     with pytest.raises(
         ManifestError, match=r"stages\[1\]\.same_values\[0\]\.same_as.*no_such_tensor.*not an input"
     ):

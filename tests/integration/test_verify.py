@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from manifest_edits import sealed
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe import api
@@ -124,7 +125,7 @@ def tamper_constant(out: Path, stage: int, value: float) -> None:
     onnx.save_model(model, str(path))
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["stages"][stage]["sha256"] = file_sha256(path)
-    (out / "manifest.json").write_text(json.dumps(manifest))
+    (out / "manifest.json").write_text(sealed(manifest))
 
 
 def test_tampered_stage_is_reported_not_raised(split: Path) -> None:

@@ -6,6 +6,7 @@ import json
 from dataclasses import replace
 
 import pytest
+from manifest_edits import sealed
 
 from onnxpipe.core.errors import ManifestError
 from onnxpipe.manifest import Manifest
@@ -64,4 +65,4 @@ def test_bad_contract_fields_are_refused(path: tuple[object, ...], value: object
         target = target[p]
     target[path[-1]] = value
     with pytest.raises(ManifestError, match=message):
-        Manifest.from_json(json.dumps(obj))
+        Manifest.from_json(sealed(obj))

@@ -19,9 +19,12 @@ from onnxpipe.cost.phases import phase_overrides
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir import contrib
-from onnxpipe.ir.decoder import _PAST, _kv_name, find_decoder, kv_bytes_per_token, scope_group
+from onnxpipe.ir.decoder import find_decoder, scope_group
 from onnxpipe.ir.decoder_kinds import phase_shape
 from onnxpipe.ir.decoder_shapes import decoder_roles, expression_size
+from onnxpipe.ir.kv_layout import kv_bytes_per_token
+from onnxpipe.ir.kv_pairs import _PAST
+from onnxpipe.ir.kv_pairs import kv_name as _kv_name
 from onnxpipe.ir.load import view_from_proto
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes

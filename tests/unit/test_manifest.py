@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from manifest_edits import sealed
 
 from onnxpipe.core.errors import ManifestError
 from onnxpipe.core.inputfiles import InputRecord
@@ -28,6 +29,7 @@ from onnxpipe.manifest import (
     StageEntry,
     StageInput,
     StageOutput,
+    content_digest,
     load_manifest,
     write_manifest,
 )
@@ -120,14 +122,14 @@ def test_a_version_1_manifest_still_reads() -> None:
     obj["schema_version"] = 1
     assert obj["model_outputs"][2]["produced_by"] == "model_input"
     obj["model_outputs"][2]["produced_by"] = "model input"
-    again = Manifest.from_json(json.dumps(obj))
+    again = Manifest.from_json(sealed(obj))
     assert again == m and again.model_outputs[2].produced_by == MODEL_INPUT
     assert json.loads(again.to_json())["schema_version"] == 3  # written back in today's spelling
     obj["model_outputs"][2]["produced_by"] = "model_input"  # version 1 never wrote this
     with pytest.raises(
         ManifestError, match=r'model_outputs\[2\]\.produced_by: expected a stage index or "model input"'
     ):
-        Manifest.from_json(json.dumps(obj))
+        Manifest.from_json(sealed(obj))
 
 
 def test_the_reference_time_round_trips_and_is_left_out_when_unknown() -> None:
@@ -151,7 +153,7 @@ def test_the_profiled_inputs_round_trip_and_are_left_out_when_random() -> None:
     obj = json.loads(given.to_json())
     obj["plan"]["profiled_inputs"][0]["samples"] = 0
     with pytest.raises(ManifestError, match=r"plan\.profiled_inputs\[0\]\.samples"):
-        Manifest.from_json(json.dumps(obj))
+        Manifest.from_json(sealed(obj))
 
 
 def test_write_and_load(tmp_path: Path) -> None:
@@ -191,7 +193,7 @@ def test_nan_is_refused_on_write() -> None:
 def edited(edit: Callable[[dict[str, Any]], None]) -> str:
     obj = json.loads(two_stage_manifest().to_json())
     edit(obj)
-    return json.dumps(obj)
+    return sealed(obj)
 
 
 def _del(path: str) -> Callable[[dict[str, Any]], None]:
@@ -485,7 +487,7 @@ def test_a_version_2_manifest_still_reads() -> None:
     obj["schema_version"] = 2
     for absent in ("link_model", "node_splits", "profiled_inputs", "decoder"):
         obj["plan"].pop(absent, None)
-    again = Manifest.from_json(json.dumps(obj))
+    again = Manifest.from_json(sealed(obj))
     assert again == m
     assert again.plan.node_splits == () and again.plan.decoder is None and again.plan.link_model is None
     assert json.loads(again.to_json())["schema_version"] == 3
@@ -544,7 +546,7 @@ def test_cluster_and_device_costs_round_trip() -> None:
     bad = json.loads(m2.to_json())
     bad["stages"][1]["device"] = "gpu7"
     with pytest.raises(ManifestError, match=r"stages\[1\]\.device: 'gpu7' is not a device of 'cluster'"):
-        Manifest.from_json(json.dumps(bad))
+        Manifest.from_json(sealed(bad))
 
 
 SPLIT = {
@@ -606,11 +608,11 @@ def test_decoder_fields_round_trip_and_are_checked() -> None:
     assert Manifest.from_json(dec.to_json()) == dec
     obj["plan"]["decoder"]["ends"] = "middle"
     with pytest.raises(ManifestError, match=r"plan\.decoder\.ends: expected one of free, attached, own"):
-        Manifest.from_json(json.dumps(obj))
+        Manifest.from_json(sealed(obj))
     obj["plan"]["decoder"]["ends"] = "own"
     obj["plan"]["decoder"]["max_context"] = 0
     with pytest.raises(ManifestError, match="max_context"):
-        Manifest.from_json(json.dumps(obj))
+        Manifest.from_json(sealed(obj))
 
 
 def test_decoder_io_round_trips_and_is_checked() -> None:
@@ -646,9 +648,23 @@ def test_decoder_io_round_trips_and_is_checked() -> None:
     }
     obj["plan"]["decoder"]["io"]["kv"] = []
     with pytest.raises(ManifestError, match=r"plan\.decoder\.io\.kv: expected at least one"):
-        Manifest.from_json(json.dumps(obj))
+        Manifest.from_json(sealed(obj))
     obj["plan"]["decoder"]["io"]["kv"] = [{"layer": 0}]
     with pytest.raises(ManifestError, match=r"past_key"):
-        Manifest.from_json(json.dumps(obj))
+        Manifest.from_json(sealed(obj))
     del obj["plan"]["decoder"]["io"]
-    assert Manifest.from_json(json.dumps(obj)).plan.decoder.io is None  # type: ignore[union-attr]
+    assert Manifest.from_json(sealed(obj)).plan.decoder.io is None  # type: ignore[union-attr]
+
+
+def test_a_manifest_is_sealed_with_its_digest_and_a_hand_edit_is_refused() -> None:
+    """An estimate changed by hand would be shown as the split's own (5 s at 100% under a bottleneck of
+    a few ms): the file's digest no longer matches and it is refused, until the digest is deleted."""
+    obj = json.loads(two_stage_manifest().to_json())
+    assert obj["digest"] == content_digest(obj) and len(obj["digest"]) == 64
+    obj["stages"][0]["estimated_compute_seconds"] = 5.0
+    with pytest.raises(
+        ManifestError, match=r'was changed after onnxpipe wrote it .* delete its "digest" line'
+    ):
+        Manifest.from_json(json.dumps(obj))
+    del obj["digest"]  # the user takes the edit on purpose (and a manifest written before digests)
+    assert Manifest.from_json(json.dumps(obj)).stages[0].estimated_compute_seconds == 5.0

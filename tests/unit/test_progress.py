@@ -43,3 +43,12 @@ def test_a_terminal_gets_tqdm(monkeypatch: pytest.MonkeyPatch) -> None:
         bar.advance(4)
     text = screen.getvalue()
     assert "profiling m" in text and "4/4" in text and "runs" in text and "00:0" in text  # elapsed
+
+
+def test_a_step_may_end_with_its_own_words() -> None:
+    log = io.StringIO()
+    with Progress(2, "profiling m", stream=log, unit="runs") as bar:
+        bar.advance(2)
+        bar.done_text = "profiled m: 2 runs timed twice"
+    (line,) = log.getvalue().splitlines()
+    assert line.startswith("profiled m: 2 runs timed twice (") and line.endswith(" s)")

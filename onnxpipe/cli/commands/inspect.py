@@ -22,9 +22,14 @@ def run(args: argparse.Namespace) -> int:
         print(format_manifest_table(found.manifest))
         if found.manifest.plan.decoder is not None:
             print(format_decoder_stages(found.manifest))
+        for problem in found.file_problems:
+            print(f"error: {problem}: verify and run refuse this folder; re-run onnxpipe split")
+        if found.checked and found.ok:
+            print(f"files: the {found.manifest.k} stage file(s) are those the split wrote (sha256 checked)")
     else:
         print(format_model_table(found.view, found.summary))
-        decoder = format_decoder(found.view, found.decoder)
+        facts = found.facts.describe() if found.facts is not None else None
+        decoder = format_decoder(found.view, found.decoder, facts)
         if decoder:
             print(decoder)
-    return 0
+    return 0 if not isinstance(found, api.FolderInspection) or found.ok else 1

@@ -27,12 +27,18 @@ edges (:func:`read_source_config` reads, :meth:`GenAIConfig.to_json` writes).  T
 :mod:`.pipeline` the stages as GenAI's pipeline, :mod:`.write` the whole config put together and written.
 """
 
+from onnxpipe.core.model_config import (
+    GENAI_CONFIG_NAME,
+    SourceConfig,
+    SourceKind,
+    TokenIds,
+    read_source_config,
+)
 from onnxpipe.export.genai.config import (
     DEFAULT_BOS,
     DEFAULT_EOS,
     DEFAULT_PAD,
     DEFAULT_SEARCH,
-    GENAI_CONFIG_NAME,
     PIPELINE_TYPE,
     ConfigDims,
     GenAIConfig,
@@ -40,16 +46,14 @@ from onnxpipe.export.genai.config import (
     PipelineModel,
     ProviderOptions,
     SessionOptions,
-    SourceConfig,
-    SourceKind,
     TensorNames,
-    TokenIds,
     Unsupported,
 )
-from onnxpipe.export.genai.graph import graph_dims, layer_template, logits_output, model_facts, tensor_names
+from onnxpipe.export.genai.graph import graph_dims, layer_template, model_facts, tensor_names
 from onnxpipe.export.genai.pipeline import pipeline_of, session_options_of
-from onnxpipe.export.genai.source import check_source_fits, read_source_config
+from onnxpipe.export.genai.source import check_source_fits
 from onnxpipe.export.genai.write import describe_written, genai_config, write_genai_config
+from onnxpipe.ir.embedding import logits_output
 
 __all__ = [
     "DEFAULT_BOS",

@@ -7,12 +7,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
-from pathlib import Path
 from typing import Any
 
-GENAI_CONFIG_NAME = "genai_config.json"
-"""The file GenAI's ``og.Model(folder)`` reads."""
+from onnxpipe.core.model_config import GENAI_CONFIG_NAME as GENAI_CONFIG_NAME  # re-exported: its old home
+from onnxpipe.core.model_config import TokenIds
 
 PIPELINE_TYPE = "decoder-pipeline"
 """``model.type`` of a decoder split over several ONNX files."""
@@ -41,42 +39,6 @@ exporter's plain ``Concat`` does not)."""
 
 # --------------------------------------------------------------------------------------------------
 # the data model
-
-
-class SourceKind(StrEnum):
-    """What ``--genai-config`` held."""
-
-    GENAI = "genai"
-    """An ONNX Runtime GenAI ``genai_config.json`` (its ``model.decoder`` is replaced, the rest kept)."""
-    HF = "hf"
-    """A Hugging Face ``config.json`` (token ids, head counts and context are taken from it)."""
-
-
-@dataclass(frozen=True)
-class TokenIds:
-    """The special tokens GenAI stops at (``eos``, several allowed) and pads with."""
-
-    bos: int
-    eos: tuple[int, ...]
-    pad: int
-
-
-@dataclass(frozen=True)
-class SourceConfig:
-    """What ``--genai-config FILE`` says: the dims it states (checked against the graph), the token ids,
-    the context, and for a GenAI config the whole document (kept but for its decoder)."""
-
-    path: Path
-    kind: SourceKind
-    tokens: TokenIds | None = None
-    layers: int | None = None
-    kv_heads: int | None = None
-    head_size: int | None = None
-    attention_heads: int | None = None
-    hidden_size: int | None = None
-    vocab_size: int | None = None
-    context_length: int | None = None
-    document: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -9,18 +9,9 @@ from collections.abc import Sequence
 from onnxpipe.core.kv import KVPair
 from onnxpipe.export.genai.config import GraphDims, TensorNames, Unsupported
 from onnxpipe.ir.decoder import DecoderInfo
+from onnxpipe.ir.decoder_dims import decoder_dims
+from onnxpipe.ir.embedding import logits_output
 from onnxpipe.ir.model import ModelView
-
-
-def logits_output(view: ModelView, dec: DecoderInfo) -> str | None:
-    """The logits: the output named so, else the one floating-point output that is no cache."""
-    presents = set(dec.present_outputs)
-    others = [t for t in view.outputs if t not in presents]
-    named = [t for t in others if "logits" in t.lower()]
-    if len(named) == 1:
-        return named[0]
-    floats = [t for t in others if view.tensor(t).elem_type in (1, 10, 11, 16)]
-    return floats[0] if len(floats) == 1 else None
 
 
 def tensor_names(
@@ -63,96 +54,30 @@ def layer_template(names: Sequence[str]) -> str | None:
 
 
 def graph_dims(view: ModelView, dec: DecoderInfo, logits: str) -> GraphDims | Unsupported:
-    """Head count and size from the past key (``[batch, kv_heads, past, head_size]``), the vocabulary from
-    the logits' last dim (else the embedding table's rows), the hidden size from the embedding table
-    (``[vocab, hidden]``, read by a ``Gather`` of the token ids), the position table's rows (another
-    ``[rows, hidden]`` table the embedding reads: GPT-2's ``wpe``) that bound the context."""
-    shape = view.tensor(dec.kv[0].past_key).shape
-    if shape is None or len(shape) != 4:
-        return Unsupported(f"the past key {dec.kv[0].past_key} is not [batch, heads, past, head size]")
-    kv_heads = shape[1] if isinstance(shape[1], int) else None
-    head_size = shape[3] if isinstance(shape[3], int) else None
-    heads, attention_kv_heads = _attention_heads(view, dec.kv[0].past_key)
-    kv_heads = kv_heads or attention_kv_heads
-    tables = _embedding_tables(view, dec)
-    out = view.tensor(logits).shape
-    vocab = out[-1] if out and isinstance(out[-1], int) else None
-    if vocab is None:
-        vocab = max((rows for rows, _ in tables), default=None)
-    if vocab is None:
+    """The dims GenAI sizes its buffers with, as the graph gives them
+    (:func:`onnxpipe.ir.decoder_dims.decoder_dims`: the cache's heads and head size from the past tensors
+    or the attention node that reads them, the vocabulary from the logits or the embedding table, the
+    hidden size from the embedding table, the positions from the position or rotary table)."""
+    dims = decoder_dims(view, dec)
+    if dims.vocab_size is None:
         return Unsupported(
             f"the vocabulary size is neither the logits' ({logits}) last dim nor an embedding's"
         )
-    hidden = next((cols for rows, cols in tables if rows == vocab), None)
-    positions = [rows for rows, cols in tables if rows != vocab and (hidden is None or cols == hidden)]
-    positions += _rotary_rows(view, dec.kv[0].past_key)
-    if head_size is None and heads is not None and hidden is not None and hidden % heads == 0:
-        head_size = hidden // heads  # the usual layout: the query heads split the hidden size
     return GraphDims(
-        layers=dec.layers,
-        kv_heads=kv_heads,
-        head_size=head_size,
-        vocab_size=vocab,
-        hidden_size=hidden,
-        position_rows=min(positions) if positions else None,
-        attention_heads=heads,
+        layers=dims.layers,
+        kv_heads=dims.kv_heads,
+        head_size=dims.head_size,
+        vocab_size=dims.vocab_size,
+        hidden_size=dims.hidden_size,
+        position_rows=dims.position_rows,
+        attention_heads=dims.attention_heads,
     )
-
-
-_ROTARY_CACHE_INPUT = 7
-"""``GroupQueryAttention``'s ``cos_cache`` input: a ``[positions, rotary dim / 2]`` table."""
-
-
-def _rotary_rows(view: ModelView, past: str) -> list[int]:
-    """The positions of the rotary table a ``GroupQueryAttention`` reading ``past`` takes (GenAI's builder
-    gives it ``max_position_embeddings`` rows): positions past it have no angles."""
-    rows = []
-    for pos in view.consumers.get(past, ()):
-        proto = view.proto.graph.node[view.nodes[pos].index]  # by position: with its empty inputs
-        if proto.op_type == "GroupQueryAttention" and len(proto.input) > _ROTARY_CACHE_INPUT:
-            table = proto.input[_ROTARY_CACHE_INPUT]
-            shape = view.tensor(table).shape if table in view.weights else None
-            if shape and isinstance(shape[0], int):
-                rows.append(shape[0])
-    return rows
-
-
-_HEAD_ATTRIBUTES = (("num_heads", "q_num_heads"), ("kv_num_heads",))
-
-
-def _attention_heads(view: ModelView, past: str) -> tuple[int | None, int | None]:
-    """(query heads, key/value heads) from the attribute of an attention op that reads ``past``
-    (onnxruntime's ``GroupQueryAttention``/``MultiHeadAttention``, ONNX's ``Attention``), where the
-    past's shape leaves them open (GenAI's builder names the head size ``kv_cache_dim``)."""
-    for pos in view.consumers.get(past, ()):
-        proto = view.proto.graph.node[view.nodes[pos].index]
-        found = {a.name: int(a.i) for a in proto.attribute if a.type == a.INT}
-        query, kv = (next((found[k] for k in keys if found.get(k, 0) > 0), None) for keys in _HEAD_ATTRIBUTES)
-        if query is not None:
-            return query, kv or query
-    return None, None
-
-
-def _embedding_tables(view: ModelView, dec: DecoderInfo) -> list[tuple[int, int]]:
-    """(rows, columns) of each 2-D weight a ``Gather`` of the embedding reads as its table."""
-    tables = []
-    by_name = view.node_by_name
-    for name in dec.embedding_nodes:
-        node = by_name[name]
-        if node.op_type != "Gather" or not node.inputs or node.inputs[0] not in view.weights:
-            continue
-        shape = view.tensor(node.inputs[0]).shape
-        if shape is not None and len(shape) == 2 and all(isinstance(d, int) for d in shape):
-            rows, cols = shape
-            assert isinstance(rows, int) and isinstance(cols, int)
-            tables.append((rows, cols))
-    return tables
 
 
 def model_facts(view: ModelView, dec: DecoderInfo) -> tuple[TensorNames, GraphDims] | Unsupported:
     """The names and dims GenAI needs, from the graph alone (used before profiling to refuse a
     ``--genai-config`` early, and at export)."""
-    logits = logits_output(view, dec)
+    logits = logits_output(view, set(dec.present_outputs))
     names = tensor_names(dec.ids_input, dec.mask_input, dec.positions_input, logits, dec.kv)
     if isinstance(names, Unsupported):
         return names

@@ -6,17 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from onnxpipe.core.model_config import GENAI_CONFIG_NAME, SourceConfig, TokenIds
 from onnxpipe.core.options import opt
 from onnxpipe.export.genai.config import (
     DEFAULT_BOS,
     DEFAULT_EOS,
     DEFAULT_PAD,
-    GENAI_CONFIG_NAME,
     ConfigDims,
     GenAIConfig,
     GraphDims,
-    SourceConfig,
-    TokenIds,
     Unsupported,
 )
 from onnxpipe.export.genai.graph import model_facts
@@ -111,14 +109,15 @@ def write_genai_config(config: GenAIConfig, path: Path) -> None:
 
 
 def describe_written(config: GenAIConfig, source: SourceConfig | None) -> str:
-    """The plan note that says the config was written, and where its token ids came from."""
+    """The plan note that says the config was written, and where its token ids came from (the model's
+    config, or the defaults: said so, with what to give for the model's own)."""
+    defaults = f"default token ids bos {DEFAULT_BOS}, eos {DEFAULT_EOS}, pad {DEFAULT_PAD}"
     if source is not None and source.tokens is not None:
         origin = f"token ids from {source.path.name}"
+    elif source is not None:
+        origin = f"{defaults}: {source.path.name} states none"
     else:
-        origin = (
-            f"default token ids bos {DEFAULT_BOS}, eos {DEFAULT_EOS}, pad {DEFAULT_PAD}: give "
-            f"{opt('genai_config')} with the model's config.json for its own"
-        )
+        origin = f"{defaults}: give {opt('genai_config')} with the model's config.json for its own"
     return (
         f"{GENAI_CONFIG_NAME}: an ONNX Runtime GenAI decoder-pipeline of {len(config.pipeline)} stages, "
         f"context {config.context_length} ({origin})"

@@ -1,0 +1,177 @@
+"""A decoder's own files in its split folder, and what a generator checks before any work.
+
+A split of a decoder is a model folder too: the tokenizer, its chat template and the generation defaults
+found beside the model (:func:`onnxpipe.core.tokenizer_files.tokenizer_files`) are copied beside the
+stages, so that a generator takes text from the folder alone and GenAI's ``og.Tokenizer`` loads it.  The
+manifest's ``plan.decoder.model`` (:class:`~onnxpipe.manifest.DecoderModelRecord`) records the model's
+vocabulary and context, the token ids of its own config, the files copied and where the chat template is:
+what ``generate`` checks a prompt against before it runs a step (:mod:`onnxpipe.manifest.limits`).
+
+The config used is the one named (``split --genai-config``), else the one beside the model when its dims
+agree with the graph's (:func:`onnxpipe.ir.decoder_dims.own_config`); never a guess: without one, the
+record says no token ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from onnxpipe.core.errors import ExportError, UsageError
+from onnxpipe.core.model_config import GENAI_CONFIG_NAME, HF_CONFIG_NAME, SourceConfig
+from onnxpipe.core.options import opt
+from onnxpipe.core.tokenizer_files import chat_template, tokenizer_files
+from onnxpipe.export.genai import (
+    Unsupported,
+    check_source_fits,
+    describe_written,
+    genai_config,
+    model_facts,
+    write_genai_config,
+)
+from onnxpipe.export.outdir import writing
+from onnxpipe.ir.decoder import DecoderInfo, find_decoder
+from onnxpipe.ir.decoder_dims import decoder_dims, own_config, own_context
+from onnxpipe.ir.model import ModelView
+from onnxpipe.manifest import DecoderModelRecord, Manifest
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """The config a decoder's split takes its ids and context from (None: the graph alone), and the notes
+    that say why one beside the model was set aside."""
+
+    config: SourceConfig | None
+    named: bool
+    """Whether the user named it (``--genai-config``): a named config that does not fit is an error."""
+    notes: tuple[str, ...] = ()
+
+
+def model_source(view: ModelView, dec: DecoderInfo, named: SourceConfig | None) -> ModelSource:
+    """``named``, else the config beside the model, kept only when its dims agree with the graph's (else
+    set aside with a note: the user did not ask for it)."""
+    if named is not None:
+        return ModelSource(named, True)
+    found = own_config(view, dec)
+    config = found.config
+    if config is None:
+        return ModelSource(None, False, found.notes)
+    facts = model_facts(view, dec)
+    if not isinstance(facts, Unsupported):
+        try:
+            check_source_fits(config, facts[1])
+        except UsageError as e:
+            reason = str(e).split(": ", 1)[-1]
+            return ModelSource(
+                None, False, (*found.notes, f"{config.path.name} beside the model set aside: {reason}")
+            )
+    return ModelSource(config, False, found.notes)
+
+
+def copy_model_files(view: ModelView, source: ModelSource, tmp: Path) -> tuple[str, ...]:
+    """Copy the tokenizer, chat template and generation files beside the model (else beside the named
+    config) into ``tmp``; their names.  A ``config.json`` is copied only when it is the config used."""
+    folders = [view.path.parent] if view.path is not None else []
+    if source.config is not None and source.config.path.parent not in folders:
+        folders.append(source.config.path.parent)
+    for folder in folders:
+        files = [
+            p
+            for p in tokenizer_files(folder)
+            if p.name != HF_CONFIG_NAME
+            or (source.config is not None and p.resolve() == source.config.path.resolve())
+        ]
+        if not files:
+            continue
+        for p in files:
+            try:
+                shutil.copyfile(p, tmp / p.name)
+            except OSError as e:
+                raise ExportError(
+                    f"{tmp / p.name}: cannot copy {p} into the split ({e}); free space or fix access"
+                ) from e
+        return tuple(p.name for p in files)
+    return ()
+
+
+def model_record(
+    view: ModelView, dec: DecoderInfo, source: ModelSource, files: tuple[str, ...], folder: Path
+) -> DecoderModelRecord:
+    """``plan.decoder.model``: the vocabulary and context (the config's and the graph's), the config's
+    token ids, the files copied into ``folder`` and which holds the chat template."""
+    config = source.config
+    dims = decoder_dims(view, dec)
+    context = own_context(view, dec, config)
+    tokens = config.tokens if config is not None else None
+    template = chat_template(folder) if files else None
+    return DecoderModelRecord(
+        vocab_size=dims.vocab_size or (config.vocab_size if config is not None else None),
+        context_length=context.tokens if context is not None else None,
+        bos_token_id=tokens.bos if tokens is not None else None,
+        eos_token_ids=tokens.eos if tokens is not None else (),
+        pad_token_id=tokens.pad if tokens is not None else None,
+        config=config.path.name if config is not None else None,
+        files=files,
+        chat_template=template[1] if template is not None else None,
+    )
+
+
+def with_model_files(
+    view: ModelView, dec: DecoderInfo, manifest: Manifest, source: ModelSource, tmp: Path
+) -> Manifest:
+    """``manifest`` with its decoder's ``model`` record and the notes on the config, the model's files
+    copied into ``tmp``."""
+    record = manifest.plan.decoder
+    if record is None:
+        return manifest
+    files = copy_model_files(view, source, tmp)
+    model = model_record(view, dec, source, files, tmp)
+    notes = list(source.notes)
+    if files:
+        notes.append(f"copied the model's {', '.join(files)} into the folder")
+    plan = dataclasses.replace(
+        manifest.plan,
+        decoder=dataclasses.replace(record, model=model),
+        notes=(*manifest.plan.notes, *notes),
+    )
+    return dataclasses.replace(manifest, plan=plan)
+
+
+def with_decoder_files(
+    view: ModelView, manifest: Manifest, tmp: Path, out: Path, named: SourceConfig | None
+) -> Manifest:
+    """A decoder split's own files written into ``tmp`` (the model's tokenizer files, a
+    ``genai_config.json``) and recorded in ``manifest``; nothing for a model that is not a decoder (and a
+    ``named`` config is then refused)."""
+    dec = find_decoder(view) if manifest.plan.decoder is not None else None
+    if dec is None:
+        if named is not None:
+            raise UsageError(
+                f"{named.path}: {opt('genai_config')} is for a decoder LLM split between its layers, and "
+                f"{view.label} was not split as one; leave {opt('genai_config')} out"
+            )
+        return manifest
+    source = model_source(view, dec, named)
+    manifest = with_model_files(view, dec, manifest, source, tmp)
+    return with_genai_config(view, dec, manifest, tmp, out, source)
+
+
+def with_genai_config(
+    view: ModelView, dec: DecoderInfo, manifest: Manifest, tmp: Path, out: Path, source: ModelSource
+) -> Manifest:
+    """Write a decoder split's ``genai_config.json`` into ``tmp``, derived from ``source``'s config (the
+    builder's own, when it lies beside the model); the manifest with a note saying so, or saying why GenAI
+    cannot run the split (an error for a config the user named)."""
+    config = genai_config(view, dec, manifest, source.config)
+    if isinstance(config, Unsupported):
+        if source.named:
+            raise ExportError(f"{out / GENAI_CONFIG_NAME}: cannot be written: {config.reason}")
+        note = f"{GENAI_CONFIG_NAME} not written: ONNX Runtime GenAI cannot run this split ({config.reason})"
+    else:
+        with writing(out / GENAI_CONFIG_NAME, out):
+            write_genai_config(config, tmp / GENAI_CONFIG_NAME)
+        note = describe_written(config, source.config)
+    plan = dataclasses.replace(manifest.plan, notes=(*manifest.plan.notes, note))
+    return dataclasses.replace(manifest, plan=plan)

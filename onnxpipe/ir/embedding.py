@@ -1,0 +1,134 @@
+"""A decoder's token input and the tables it indexes, found through the graph rather than by names.
+
+Every exporter turns token ids into vectors by reading rows of a table: a plain ``Gather`` (torch, optimum,
+GenAI's builder at fp32), ``GatherBlockQuantized`` (the builder's int4 models, whose embedding is the LM
+head's own 4-bit table when the embeddings are tied), ``GatherND``; the ids may pass through casts and
+reshapes first, and the table may be computed from weights (a ``Transpose`` of a tied LM head's weight, a
+``Reshape`` of a quantized one).  Position ids read tables too (GPT-2's learned positions, the rotary
+angles), so among the integer inputs that index a table the token input is the one whose table has as
+many rows as the logits have columns: the vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+import onnx
+
+from onnxpipe.ir.model import ModelView, NodeInfo
+
+GATHERS: Mapping[str, int] = {"Gather": 1, "GatherBlockQuantized": 1, "GatherND": 1}
+"""Ops that read rows of a table (input 0) by index, and the input slot of the indices."""
+
+CARRIERS = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"})
+"""Ops that carry ids to a gather unchanged in value (only their type or shape changes)."""
+
+FLOAT_TYPES = frozenset({1, 10, 11, 16})
+"""float, float16, double, bfloat16: the element types of logits and caches."""
+
+INTEGER_TYPES = frozenset({6, 7})
+"""int32, int64: the element types of token ids."""
+
+_PACKED = frozenset({onnx.TensorProto.UINT8, onnx.TensorProto.INT8})
+"""Element types that hold several low-bit values of a block-quantized table per byte."""
+
+
+@dataclass(frozen=True)
+class TableRead:
+    """A gather that reads rows of a table computed from weights alone: the node, the table's rows and
+    the width of a row (dequantized for a block-quantized table); None where the shapes do not say."""
+
+    node: str
+    rows: int | None
+    columns: int | None
+
+
+def table_reads(view: ModelView, ids: str) -> list[TableRead]:
+    """Every gather that indexes a weight-made table with ``ids`` (through :data:`CARRIERS`)."""
+    reads: list[TableRead] = []
+    seen: set[str] = set()
+    stack = [ids]
+    while stack:
+        t = stack.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        for pos in view.consumers.get(t, ()):
+            node = view.nodes[pos]
+            slot = GATHERS.get(node.op_type)
+            if slot is not None and len(node.inputs) > slot and node.inputs[slot] == t:
+                if from_weights(view, node.inputs[0]):
+                    reads.append(table_read(view, node))
+            elif node.op_type in CARRIERS and node.inputs and node.inputs[0] == t:
+                stack.extend(node.outputs)
+    return reads
+
+
+def from_weights(view: ModelView, tensor: str, depth: int = 8) -> bool:
+    """Whether ``tensor`` is a weight or made of weights alone (a few nodes deep)."""
+    if tensor in view.weights:
+        return True
+    pos = view.producer.get(tensor)
+    if pos is None or depth == 0:
+        return False
+    node = view.nodes[pos]
+    return bool(node.reads) and all(from_weights(view, t, depth - 1) for t in node.reads)
+
+
+def _attributes(view: ModelView, node: NodeInfo) -> dict[str, int]:
+    proto = view.proto.graph.node[node.index]
+    return {a.name: int(a.i) for a in proto.attribute if a.type == onnx.AttributeProto.INT}
+
+
+def table_read(view: ModelView, node: NodeInfo) -> TableRead:
+    """The rows and row width of the table ``node`` gathers from."""
+    info = view.tensor(node.inputs[0])
+    shape = info.shape
+    if shape is None or len(shape) < 2 or not all(isinstance(d, int) for d in shape):
+        return TableRead(node.name, None, None)
+    attrs = _attributes(view, node)
+    axis = attrs.get("gather_axis", attrs.get("axis", 0)) % len(shape)
+    rows = shape[axis]
+    width = 1
+    for a, d in enumerate(shape):
+        if a != axis and isinstance(d, int):
+            width *= d
+    if node.op_type == "GatherBlockQuantized" and info.elem_type in _PACKED:
+        width *= 8 // max(1, attrs.get("bits", 4))
+    assert isinstance(rows, int)
+    return TableRead(node.name, rows, width)
+
+
+def logits_output(view: ModelView, presents: Collection[str]) -> str | None:
+    """The logits: the output named so, else the one floating-point output that is no cache."""
+    others = [t for t in view.outputs if t not in presents]
+    named = [t for t in others if "logits" in t.lower()]
+    if len(named) == 1:
+        return named[0]
+    floats = [t for t in others if view.tensor(t).elem_type in FLOAT_TYPES]
+    return floats[0] if len(floats) == 1 else None
+
+
+def vocabulary(view: ModelView, presents: Collection[str]) -> int | None:
+    """The logits' last dim, where it is a number."""
+    logits = logits_output(view, presents)
+    shape = view.tensor(logits).shape if logits is not None else None
+    return shape[-1] if shape and isinstance(shape[-1], int) else None
+
+
+def token_input(view: ModelView, exclude: Collection[str], presents: Collection[str]) -> str | None:
+    """The token ids: of the integer inputs (not in ``exclude``), the one that indexes a table with a row
+    per entry of the vocabulary; else the one named ``input_ids``; else the only one that indexes a
+    table; else the only one not named a mask or positions."""
+    candidates = [t for t in view.inputs if t not in exclude and view.tensor(t).elem_type in INTEGER_TYPES]
+    reads = {t: table_reads(view, t) for t in candidates}
+    vocab = vocabulary(view, presents)
+    by_rows = [t for t in candidates if vocab is not None and any(r.rows == vocab for r in reads[t])]
+    named = [t for t in candidates if "input_ids" in t.lower()]
+    indexing = [t for t in candidates if reads[t]]
+    plain = [t for t in candidates if "mask" not in t.lower() and "position" not in t.lower()]
+    for found in (by_rows, named, indexing, plain, candidates):
+        if len(found) == 1:
+            return found[0]
+    return None
