@@ -28,6 +28,9 @@ from tools import corpus as _corpus
 pytest.register_assert_rewrite("runtime_support")
 from runtime_support import split_reshape, split_tiny  # noqa: E402
 
+pytest.register_assert_rewrite("cluster")
+from cluster import LocalCluster  # noqa: E402
+
 # onnxruntime session creation is slow and uneven: no per-example deadline.
 settings.register_profile("ci", deadline=None, max_examples=50, print_blob=True)
 settings.register_profile("dev", deadline=None, max_examples=10)
@@ -87,6 +90,36 @@ def tiny_split(tmp_path_factory: pytest.TempPathFactory, sample_models_dir: Path
 def reshape_split(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``runtime_support.reshape_model`` split in 2: a bad ``shape`` feed fails the last stage."""
     return split_reshape(tmp_path_factory.mktemp("reshape"))
+
+
+# ----------------------------------------------------------------------------------- a Ray cluster
+
+
+@pytest.fixture(scope="session")
+def ray_nodes() -> Iterator[LocalCluster]:
+    """A Ray cluster of several nodes on this machine, as users start one (``tests/cluster.py``): a head
+    without CPUs, node ``a`` (1 CPU, resource ``node_a``) and node ``b`` (1 CPU, ``node_b``).  Started
+    once per session; tests that kill nodes add nodes of their own to kill."""
+    pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[ray]')")
+    cluster = LocalCluster()
+    try:
+        cluster.add("a", 1, {"node_a": 1})
+        cluster.add("b", 1, {"node_b": 1})
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def on_cluster(ray_nodes: LocalCluster) -> Iterator[LocalCluster]:
+    """This process connected to :func:`ray_nodes` (a driver) for one test module, every node joined;
+    disconnected after the module, so that other modules may start a Ray of their own."""
+    ray = ray_nodes.connect()
+    try:
+        ray_nodes.wait(ray)
+        yield ray_nodes
+    finally:
+        ray.shutdown()
 
 
 # ----------------------------------------------------------------------------------- real models
