@@ -38,6 +38,15 @@ from paths import REPO_ROOT
 START_TIMEOUT_S = 120.0
 STOP_GRACE_S = 10.0
 
+QUICK_HEALTH_CHECKS = {
+    "health_check_initial_delay_ms": 1000,
+    "health_check_period_ms": 1000,
+    "health_check_timeout_ms": 1000,
+    "health_check_failure_threshold": 3,
+}
+"""The head declares a node dead about 3 s after it stopped answering (Ray's defaults: 15-30 s), so that
+the tests of a lost node do not wait for it."""
+
 
 @dataclass(frozen=True)
 class NodeSpec:
@@ -137,7 +146,14 @@ class LocalCluster:
     """A head node (no CPUs: no actor lands on it, as on a cluster whose head only coordinates) and the
     worker nodes added with :meth:`add`; see the module docstring."""
 
-    def __init__(self, *, head_resources: Mapping[str, float] | None = None, hide: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        head_resources: Mapping[str, float] | None = None,
+        hide: bool = True,
+        system_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.system_config = dict(system_config or {})
         self.base = Path(tempfile.mkdtemp(prefix="onnxpipe-ray-"))
         self.hidden = self.base / "hidden"
         self.hidden.mkdir()
@@ -190,14 +206,17 @@ class LocalCluster:
                 "--include-dashboard=false",
                 f"--dashboard-port={free_port()}",
             ]
+            if self.system_config:
+                args.append(f"--system-config={json.dumps(self.system_config)}")
         else:
             args.append(f"--address={self.address}")
         if self._unshare is not None:
             mount = 'mount -t tmpfs -o size=1m onnxpipe-hidden "$1" && shift && exec "$@"'
             args = [*self._unshare, "sh", "-c", mount, "sh", str(self.hidden), *args]
+        env = {**self.env, "ONNXPIPE_STAGE_CACHE": str(temp / "stage-cache")}  # a machine's own cache
         with log.open("wb") as out:
             process = subprocess.Popen(
-                args, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
         node = Node(spec, process, temp, log)
         self.nodes.append(node)
@@ -206,6 +225,11 @@ class LocalCluster:
     def add(self, name: str, num_cpus: int, resources: Mapping[str, float] | None = None) -> Node:
         """Start a worker node (``ray start --address``); :meth:`wait` for it to join."""
         return self._start(NodeSpec(name, num_cpus, dict(resources or {})))
+
+    def node(self, node_id: str) -> Node:
+        """The node Ray knows as ``node_id`` (after :meth:`wait`)."""
+        (node,) = [n for n in self.nodes if n.node_id == node_id]
+        return node
 
     def kill(self, node: Node) -> None:
         """The node's machine is lost: SIGKILL to every process of its session, at once."""
@@ -261,31 +285,26 @@ class LocalCluster:
             s.settimeout(1.0)
             return s.connect_ex(("127.0.0.1", self.port)) == 0
 
-    def wait(self, ray: Any, timeout: float = START_TIMEOUT_S) -> None:
-        """Until every started node that is alive has joined; records each node's id."""
+    def wait(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Until every started node that is alive has joined (this process connected); records each
+        node's id."""
+        import ray
+
         deadline = time.monotonic() + timeout
         while True:
-            alive = [n for n in ray.nodes() if n["Alive"]]
-            joined = {n["NodeManagerAddress"] + ":" + str(n["NodeManagerPort"]): n["NodeID"] for n in alive}
-            want = [node for node in self.nodes if node.alive]
-            if len(alive) >= len(want):
-                for node in want:
-                    node.node_id = self._node_id(node, joined)
+            joined = {str(n["NodeManagerPort"]): n["NodeID"] for n in ray.nodes() if n["Alive"]}
+            waiting = [node for node in self.nodes if node.alive and node.node_id is None]
+            for node in waiting:
+                node.node_id = joined.get(_arg(node.process.args, "--node-manager-port=") or "")
+            waiting = [node for node in waiting if node.node_id is None]
+            if not waiting:
                 return
             dead = [node for node in self.nodes if not node.alive and node.node_id is None]
             if dead or time.monotonic() > deadline:
-                names = ", ".join(n.spec.name for n in dead) or "some nodes"
-                logs = "\n".join(n.log.read_text()[-1500:] for n in dead)
-                raise RuntimeError(f"{names} did not join the cluster in time\n{logs}")
+                late = dead or waiting
+                logs = "\n".join(n.log.read_text()[-1500:] for n in late)
+                raise RuntimeError(f"{', '.join(n.spec.name for n in late)} did not join in time\n{logs}")
             time.sleep(0.25)
-
-    @staticmethod
-    def _node_id(node: Node, joined: Mapping[str, str]) -> str | None:
-        port = _arg(node.process.args, "--node-manager-port=")
-        for address, node_id in joined.items():
-            if address.endswith(f":{port}"):
-                return node_id
-        return None
 
 
 def _arg(args: Any, prefix: str) -> str | None:

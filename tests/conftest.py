@@ -7,9 +7,11 @@ Everything fetched or exported is cached across runs (see ``tools/corpus.py``).
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -29,7 +31,7 @@ pytest.register_assert_rewrite("runtime_support")
 from runtime_support import split_reshape, split_tiny  # noqa: E402
 
 pytest.register_assert_rewrite("cluster")
-from cluster import LocalCluster  # noqa: E402
+from cluster import QUICK_HEALTH_CHECKS, LocalCluster  # noqa: E402
 
 # onnxruntime session creation is slow and uneven: no per-example deadline.
 settings.register_profile("ci", deadline=None, max_examples=50, print_blob=True)
@@ -37,6 +39,11 @@ settings.register_profile("dev", deadline=None, max_examples=10)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 T = TypeVar("T")
+
+# the stage files a Ray pipeline ships go to a cache of this test session's, not the user's
+_STAGE_CACHE = tempfile.mkdtemp(prefix="onnxpipe-stage-cache-")
+os.environ.setdefault("ONNXPIPE_STAGE_CACHE", _STAGE_CACHE)
+atexit.register(shutil.rmtree, _STAGE_CACHE, True)
 
 
 def _fetch(get: Callable[..., T], *args: object) -> T:
@@ -101,7 +108,7 @@ def ray_nodes() -> Iterator[LocalCluster]:
     without CPUs, node ``a`` (1 CPU, resource ``node_a``) and node ``b`` (1 CPU, ``node_b``).  Started
     once per session; tests that kill nodes add nodes of their own to kill."""
     pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[ray]')")
-    cluster = LocalCluster()
+    cluster = LocalCluster(system_config=QUICK_HEALTH_CHECKS)
     try:
         cluster.add("a", 1, {"node_a": 1})
         cluster.add("b", 1, {"node_b": 1})
@@ -116,7 +123,7 @@ def on_cluster(ray_nodes: LocalCluster) -> Iterator[LocalCluster]:
     disconnected after the module, so that other modules may start a Ray of their own."""
     ray = ray_nodes.connect()
     try:
-        ray_nodes.wait(ray)
+        ray_nodes.wait()
         yield ray_nodes
     finally:
         ray.shutdown()

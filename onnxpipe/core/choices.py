@@ -166,6 +166,14 @@ class Backend(StrEnum):
     RAY = "ray"
 
 
+class RayFiles(StrEnum):
+    """How a Ray actor gets its stage's files: shipped by the driver through Ray to the node it lands on
+    (checked by sha256, kept in the node's cache), or read from a folder every node shares."""
+
+    SHIP = "ship"
+    SHARED = "shared"
+
+
 class LocalMode(StrEnum):
     """Local workers as threads of this process, or as processes joined by shared memory."""
 
