@@ -228,3 +228,53 @@ class GenerateOptions:
                     "greedy tokens"
                 )
         self.sampling  # noqa: B018 (a bad temperature, top-k or top-p is refused here)
+
+
+DEFAULT_LINK_REPEATS = 20
+"""Transfers a link is timed at per size, one at a time: the median of them counts."""
+
+
+@dataclass(frozen=True)
+class LinkOptions:
+    """How :func:`onnxpipe.links` measures the links of a devices file on a Ray cluster.
+
+    A probe actor per device, on the cluster at ``ray_address`` (default: the one this process started,
+    or a new local one), pinned to the device's node by ``ray_resources`` (a JSON file or one mapping per
+    device, in pipeline order, as ``run`` takes per stage).  Each link is timed at ``sizes`` bytes
+    (default: the boundary tensors of the split folder ``split``, between its stages on those devices,
+    else :data:`DEFAULT_LINK_SIZES`), ``repeats`` transfers per size.  ``out``: the devices file written
+    again with the measured links.
+    """
+
+    ray_address: str | None = None
+    ray_resources: Path | Sequence[Mapping[str, Any]] | None = None
+    split: Path | None = None
+    sizes: tuple[int, ...] = ()
+    repeats: int = DEFAULT_LINK_REPEATS
+    out: Path | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sizes", tuple(int(n) for n in self.sizes))
+        for name in ("split", "out"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, Path(value))
+        resources: object = self.ray_resources
+        if isinstance(resources, str):
+            object.__setattr__(self, "ray_resources", Path(resources))
+
+    @checked_once
+    def check(self) -> None:
+        if self.repeats < 1:
+            raise UsageError(f"{opt('repeats', self.repeats)}: give 1 or more transfers per size")
+        if any(n < 1 for n in self.sizes):
+            raise UsageError(f"{opt('sizes')}: give sizes of 1 byte or more")
+        if self.split is not None and self.sizes:
+            raise UsageError(
+                f"give {opt('sizes')} or {opt('split')} (whose boundary tensors set them), not both"
+            )
+
+
+DEFAULT_LINK_SIZES = (64 * 1024, 1024 * 1024, 4 * 1024 * 1024)
+"""Bytes a link is timed at without a split: tensors of a few pieces, of a megabyte and of several,
+all sent inline as a stage sends them."""

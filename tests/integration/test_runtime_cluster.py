@@ -19,10 +19,11 @@ from paths import REPO_ROOT
 from runtime_support import assert_same, original_outputs, split_tiny, token_batches
 
 from onnxpipe import api
-from onnxpipe.api import PlanRequest, ProfileOptions, RunOptions, SplitOptions
+from onnxpipe.api import ExportOptions, PlanRequest, ProfileOptions, RunOptions, SplitOptions
 from onnxpipe.api import run as run_split
 from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.core.events import Silent
+from onnxpipe.runtime.backends import ray_ship
 from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.base import RayConfig
 from onnxpipe.runtime.pipeline import Pipeline
@@ -86,16 +87,24 @@ def test_the_cli_runs_on_the_cluster_as_a_user_runs_it(
 
 
 def test_nodes_that_cannot_read_the_driver_s_folder_get_the_stages_shipped(
-    on_cluster: LocalCluster, sample_models_dir: Path
+    on_cluster: LocalCluster, sample_models_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The split lies where the nodes see an empty folder: read there (``shared``) the stages do not
-    open; shipped, they run, and a second run finds them in the nodes' caches and ships nothing."""
+    open; shipped (in chunks of 20 kB here, several on their way at once, as a stage of gigabytes
+    ships), they run, and a second run finds them in the nodes' caches and ships nothing."""
     if not on_cluster.hides:
         pytest.skip("this machine gives no process a mount namespace of its own (unshare)")
+    monkeypatch.setattr(ray_ship, "CHUNK_BYTES", 20_000)
     split = on_cluster.hidden / "private"  # the mlp: no other test ships its stages to these nodes
     model = sample_models_dir / "mlp.onnx"
-    plan = PlanRequest(2)
-    api.split(model, SplitOptions(out=split, plan=plan, profile=ProfileOptions(cost="static"), verify=False))
+    options = SplitOptions(
+        out=split,
+        plan=PlanRequest(2),
+        profile=ProfileOptions(cost="static"),
+        export=ExportOptions(external_data="always"),  # each stage's weights in a file beside it
+        verify=False,
+    )
+    api.split(model, options)
     with pytest.raises(RuntimeStageError, match=r"stage 0 \(stage_0.onnx\): .*stage_0.onnx is not on this"):
         Pipeline.from_manifest(split, RayConfig(resources=PINNED, files="shared"))
     rng = np.random.default_rng(6)
@@ -108,7 +117,8 @@ def test_nodes_that_cannot_read_the_driver_s_folder_get_the_stages_shipped(
             assert isinstance(backend, RayBackend)
             assert_same(expected, list(pipe.stream(batches)))
             shipped.append([r.bytes_sent if r is not None else None for r in backend.shipped])
-    sizes = [(split / f).stat().st_size for f in ("stage_0.onnx", "stage_1.onnx")]
+    sizes = [sum(p.stat().st_size for p in split.glob(f"stage_{i}.onnx*")) for i in range(2)]
+    assert len(list(split.glob("stage_*.onnx.data"))) == 2
     assert shipped == [sizes, [0, 0]]
 
 
@@ -190,3 +200,36 @@ def test_a_lost_node_no_other_can_replace_stops_the_run_naming_it_and_keeps_the_
     obj = json.loads(report.read_text())
     assert obj["failure"] in text and 0 < obj["microbatches"] < 20_000
     assert len(np.load(outputs)["logits"]) == obj["microbatches"]
+
+
+def test_links_measured_between_the_devices_nodes_are_written_into_the_devices_file(
+    on_cluster: LocalCluster, tiny_split: Path, tmp_path: Path
+) -> None:
+    from onnxpipe.api import LinkOptions, links
+    from onnxpipe.cluster.devicesfile import load_cluster
+
+    devices = tmp_path / "devices.json"
+    device = {"provider": "CPUExecutionProvider", "threads": 1, "memory_bytes": None}
+    devices.write_text(
+        json.dumps(
+            {
+                "description": "two machines",
+                "devices": [{"name": "left", **device}, {"name": "right", **device}],
+                "links": {"bandwidth_bytes_per_s": "1 Gbit/s", "latency_s": 0.001},
+            }
+        )
+    )
+    out = tmp_path / "measured.json"
+    report = links(devices, LinkOptions(ray_resources=PINNED, split=tiny_split, repeats=5, out=out))
+    (link,) = report.links
+    nodes = {n.spec.name: n.node_id for n in on_cluster.nodes}
+    assert (link.source, link.target) == ("left", "right")
+    assert (link.measured.source.node_id, link.measured.target.node_id) == (nodes["a"], nodes["b"])
+    crossing = json.loads((tiny_split / "manifest.json").read_text())["stages"][1]["link_bytes_in"]
+    assert sorted(link.measured.seconds_by_size) == [1024, crossing]
+    assert all(s > 0 for s in link.measured.seconds_by_size.values())
+    written = load_cluster(out)
+    assert [d.name for d in written.devices] == ["left", "right"]
+    assert written.links[0].latency_s == link.measured.latency_s
+    obj = json.loads(out.read_text())
+    assert obj["description"] == "two machines" and "measured through Ray" in obj["links"][0]["description"]

@@ -51,7 +51,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,6 +146,18 @@ class _OwnedRay:
 
 
 _OWNED_RAY = _OwnedRay()
+
+
+@contextlib.contextmanager
+def connected(address: str | None) -> Iterator[Any]:
+    """Ray, connected to the cluster at ``address`` (or the one this process already joined) for the
+    time of the ``with``; shut down after it if this connection started it (as a backend's would)."""
+    ray = _import_ray()
+    generation = _OWNED_RAY.acquire(ray, address)
+    try:
+        yield ray
+    finally:
+        _OWNED_RAY.release(ray, generation)
 
 
 def _shutdown_quietly(ray: Any) -> None:
