@@ -133,12 +133,14 @@ class LinkModel(StrEnum):
 
 
 class CalibrationMode(StrEnum):
-    """How calibration times the stages: each alone, together as a pinned thread pipeline, or ``auto``:
-    as a pipeline when this machine has a physical core for every stage thread, alone otherwise."""
+    """How calibration times the stages: each alone, together as a pinned thread pipeline, ``auto``: as a
+    pipeline when this machine has a physical core for every stage thread, alone otherwise; or ``ray``:
+    as a pipeline on a Ray cluster, each stage on the node it will run on."""
 
     ALONE = "alone"
     PIPELINE = "pipeline"
     AUTO = "auto"
+    RAY = "ray"
 
 
 class ExternalData(StrEnum):

@@ -233,3 +233,25 @@ def test_links_measured_between_the_devices_nodes_are_written_into_the_devices_f
     assert written.links[0].latency_s == link.measured.latency_s
     obj = json.loads(out.read_text())
     assert obj["description"] == "two machines" and "measured through Ray" in obj["links"][0]["description"]
+
+
+def test_a_split_calibrated_on_the_cluster_times_each_stage_on_its_node(
+    on_cluster: LocalCluster, tmp_path: Path, sample_models_dir: Path
+) -> None:
+    from onnxpipe.api import CalibrationOptions, split
+    from onnxpipe.manifest import load_manifest
+
+    out = tmp_path / "calibrated"
+    result = split(
+        sample_models_dir / "transformer_tiny.onnx",
+        SplitOptions(
+            out=out,
+            plan=PlanRequest(2),
+            profile=ProfileOptions(runs=5, warmup=1),
+            calibration=CalibrationOptions(rounds=1, mode="ray", ray_resources=PINNED),
+            verify=False,
+        ),
+    )
+    notes = " ".join(load_manifest(out).plan.notes)
+    assert "timed running together on the Ray cluster, each on its node" in notes, notes
+    assert result.plan.k == 2
