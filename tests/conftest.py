@@ -30,8 +30,7 @@ from tools import corpus as _corpus
 pytest.register_assert_rewrite("runtime_support")
 from runtime_support import split_reshape, split_tiny  # noqa: E402
 
-pytest.register_assert_rewrite("cluster")
-from cluster import QUICK_HEALTH_CHECKS, LocalCluster  # noqa: E402
+from tools.ray_cluster import QUICK_HEALTH_CHECKS, LocalCluster  # noqa: E402
 
 # onnxruntime session creation is slow and uneven: no per-example deadline.
 settings.register_profile("ci", deadline=None, max_examples=50, print_blob=True)
@@ -104,7 +103,7 @@ def reshape_split(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def ray_nodes() -> Iterator[LocalCluster]:
-    """A Ray cluster of several nodes on this machine, as users start one (``tests/cluster.py``): a head
+    """A Ray cluster of several nodes on this machine, as users start one (``tools/ray_cluster.py``): a head
     without CPUs, node ``a`` (1 CPU, resource ``node_a``) and node ``b`` (1 CPU, ``node_b``).  Started
     once per session; tests that kill nodes add nodes of their own to kill."""
     pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[ray]')")

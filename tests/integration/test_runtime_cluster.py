@@ -1,4 +1,4 @@
-"""The Ray backend on a real cluster of several nodes (``tests/cluster.py``): stages pinned to nodes by
+"""The Ray backend on a real cluster of several nodes (``tools/ray_cluster.py``): stages pinned to nodes by
 their custom resources, the CLI run as users run it, against ``ray start`` nodes with token auth; stage
 files shipped to nodes that cannot read the driver's folder; a node lost mid-run, with and without a
 node to take its stage."""
@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cluster import LocalCluster
 from paths import REPO_ROOT
 from runtime_support import assert_same, original_outputs, split_tiny, token_batches
 
@@ -27,6 +26,7 @@ from onnxpipe.runtime.backends import ray_ship
 from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.base import RayConfig
 from onnxpipe.runtime.pipeline import Pipeline
+from tools.ray_cluster import LocalCluster
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,5 @@
-"""A Ray cluster of several nodes on this machine, started the way users start one on several machines.
+"""A Ray cluster of several nodes on this machine, started the way users start one on several machines:
+what the tests (``tests/conftest.py``'s ``ray_nodes``) and ``python -m benchmarks cluster`` run on.
 
 ``ray start --head`` and ``ray start --address`` per node (each with its own CPU count and custom
 resources, token authentication as Ray 2.60 requires), every node a process tree of its own: started
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from paths import REPO_ROOT
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 START_TIMEOUT_S = 120.0
 STOP_GRACE_S = 10.0
