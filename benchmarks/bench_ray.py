@@ -50,6 +50,7 @@ from onnxpipe.cost.source import get_profile
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.backends.ray_backend import RayBackend
+from onnxpipe.runtime.base import RayConfig
 from onnxpipe.runtime.inputs import random_inputs
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.report.measure import measure
@@ -87,7 +88,7 @@ class Variant:
         specs = stage_specs(self.directory, m, manifest_placements(m, 1))
         workers = [m.worker_of(i) for i in range(m.k)] if self.hosted else None
         resources = [{"num_cpus": self.apart_share}] * m.k if self.apart_share != 1.0 else None
-        backend = RayBackend([specs], workers=workers, resources=resources)
+        backend = RayBackend([specs], RayConfig(resources=resources), workers=workers)
         return Pipeline(backend, input_types=names, output_names=outputs, lanes=[specs])
 
     def workers(self) -> list[tuple[int, ...]]:

@@ -7,9 +7,11 @@ Everything fetched or exported is cached across runs (see ``tools/corpus.py``).
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -28,12 +30,19 @@ from tools import corpus as _corpus
 pytest.register_assert_rewrite("runtime_support")
 from runtime_support import split_reshape, split_tiny  # noqa: E402
 
+from tools.ray_cluster import QUICK_HEALTH_CHECKS, LocalCluster  # noqa: E402
+
 # onnxruntime session creation is slow and uneven: no per-example deadline.
 settings.register_profile("ci", deadline=None, max_examples=50, print_blob=True)
 settings.register_profile("dev", deadline=None, max_examples=10)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 T = TypeVar("T")
+
+# the stage files a Ray pipeline ships go to a cache of this test session's, not the user's
+_STAGE_CACHE = tempfile.mkdtemp(prefix="onnxpipe-stage-cache-")
+os.environ.setdefault("ONNXPIPE_STAGE_CACHE", _STAGE_CACHE)
+atexit.register(shutil.rmtree, _STAGE_CACHE, True)
 
 
 def _fetch(get: Callable[..., T], *args: object) -> T:
@@ -87,6 +96,36 @@ def tiny_split(tmp_path_factory: pytest.TempPathFactory, sample_models_dir: Path
 def reshape_split(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``runtime_support.reshape_model`` split in 2: a bad ``shape`` feed fails the last stage."""
     return split_reshape(tmp_path_factory.mktemp("reshape"))
+
+
+# ----------------------------------------------------------------------------------- a Ray cluster
+
+
+@pytest.fixture(scope="session")
+def ray_nodes() -> Iterator[LocalCluster]:
+    """A Ray cluster of several nodes on this machine, as users start one (``tools/ray_cluster.py``): a head
+    without CPUs, node ``a`` (1 CPU, resource ``node_a``) and node ``b`` (1 CPU, ``node_b``).  Started
+    once per session; tests that kill nodes add nodes of their own to kill."""
+    pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[ray]')")
+    cluster = LocalCluster(system_config=QUICK_HEALTH_CHECKS)
+    try:
+        cluster.add("a", 1, {"node_a": 1})
+        cluster.add("b", 1, {"node_b": 1})
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def on_cluster(ray_nodes: LocalCluster) -> Iterator[LocalCluster]:
+    """This process connected to :func:`ray_nodes` (a driver) for one test module, every node joined;
+    disconnected after the module, so that other modules may start a Ray of their own."""
+    ray = ray_nodes.connect()
+    try:
+        ray_nodes.wait()
+        yield ray_nodes
+    finally:
+        ray.shutdown()
 
 
 # ----------------------------------------------------------------------------------- real models

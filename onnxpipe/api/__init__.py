@@ -11,6 +11,7 @@ function             options                   returns
 ``inspect``          :class:`InspectOptions`   :class:`FolderInspection` or :class:`ModelInspection`
 ``run``              :class:`RunOptions`       :class:`~onnxpipe.runtime.report.model.RunReport`
 ``generate``         :class:`GenerateOptions`  :class:`GenerateResult`
+``links``            :class:`LinkOptions`      :class:`~onnxpipe.runtime.report.links.LinkReport`
 ``export_triton``    :class:`TritonOptions`    :class:`~onnxpipe.export.triton.TritonRepository`
 ===================  ========================  =============================================
 
@@ -46,6 +47,7 @@ from onnxpipe.api.options import (
     GenerateOptions,
     InspectOptions,
     LinkModel,
+    LinkOptions,
     LocalMode,
     Phase,
     PhaseChoice,
@@ -76,6 +78,9 @@ _EXPORTS: dict[str, str] = {
     "inspect": "onnxpipe.api.inspecting",
     "run": "onnxpipe.api.running",
     "generate": "onnxpipe.api.generating",
+    "links": "onnxpipe.api.links",
+    "LinkReport": "onnxpipe.runtime.report.links",
+    "format_links": "onnxpipe.runtime.report.links",
     "export_triton": "onnxpipe.export.triton",
     "FolderInspection": "onnxpipe.api.results",
     "GenerateResult": "onnxpipe.api.results",
@@ -118,6 +123,8 @@ __all__ = [
     "Generation",
     "InspectOptions",
     "LinkModel",
+    "LinkOptions",
+    "LinkReport",
     "LocalMode",
     "Manifest",
     "ModelInspection",
@@ -149,9 +156,11 @@ __all__ = [
     "VerifyRuntime",
     "defaults_text",
     "export_triton",
+    "format_links",
     "format_report",
     "generate",
     "inspect",
+    "links",
     "plan",
     "profile",
     "run",
@@ -167,6 +176,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 if TYPE_CHECKING:
     from onnxpipe.api.generating import generate
     from onnxpipe.api.inspecting import inspect
+    from onnxpipe.api.links import links
     from onnxpipe.api.plans import plan
     from onnxpipe.api.profiling import profile
     from onnxpipe.api.results import (
@@ -189,6 +199,7 @@ if TYPE_CHECKING:
     from onnxpipe.manifest import Manifest
     from onnxpipe.planning.types import Plan
     from onnxpipe.runtime.generate import Generation
+    from onnxpipe.runtime.report.links import LinkReport, format_links
     from onnxpipe.runtime.report.model import RunReport
     from onnxpipe.runtime.report.text import format_report
     from onnxpipe.schedule.timeline import worker_groups

@@ -24,6 +24,7 @@ from onnxpipe.core.choices import (
     LocalMode,
     Phase,
     PhaseChoice,
+    RayFiles,
     Runtime,
     ScheduleChoice,
     ScheduleKind,
@@ -37,7 +38,7 @@ from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.export.options import ExportOptions, TritonOptions
 from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.request import DEFAULT_TIME_SLACK, PlanRequest, ScheduleRequest
-from onnxpipe.runtime.options import GenerateOptions, RunOptions, Sampling
+from onnxpipe.runtime.options import GenerateOptions, LinkOptions, RunOptions, Sampling
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 from onnxpipe.verification.options import VerifyOptions, defaults_text
 
@@ -116,12 +117,14 @@ __all__ = [
     "GenerateOptions",
     "InspectOptions",
     "LinkModel",
+    "LinkOptions",
     "LocalMode",
     "Phase",
     "PhaseChoice",
     "PlanOptions",
     "PlanRequest",
     "ProfileOptions",
+    "RayFiles",
     "RunOptions",
     "Runtime",
     "Sampling",

@@ -16,7 +16,7 @@ from onnxpipe.api.results import PlanResult
 from onnxpipe.calibrate.devices import calibrate_on_devices, how_timed
 from onnxpipe.calibrate.loop import calibrate_phases
 from onnxpipe.calibrate.options import CalibrationOptions
-from onnxpipe.calibrate.timing import choose_timer, time_model
+from onnxpipe.calibrate.timing import choose_timer, cluster_timer, time_model
 from onnxpipe.core.choices import CalibrationMode, CostSource, Phase
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.events import SILENT, Listener
@@ -146,7 +146,7 @@ def calibrated_plan(
 
     if not calibration.rounds:
         return measured_here(make(prof), prof, request)
-    if request.devices is not None:
+    if request.devices is not None and calibration.mode != CalibrationMode.RAY:
         return _calibrated_on_devices(view, prof, request, calibration)
     if prof.runtime != DEFAULT_RUNTIME:
         raise UsageError(
@@ -156,7 +156,11 @@ def calibrated_plan(
         )
     k = request.stages if isinstance(request.stages, int) else len(make(prof).stages)
     mode = CalibrationMode.ALONE if request.interleaved else calibration.mode
-    timer, how = choose_timer(mode, k, prof.threads)
+    if mode == CalibrationMode.RAY:
+        timer = cluster_timer(calibration.ray_address, calibration.ray_resources)
+        how = "the stages timed running together on the Ray cluster, each on its node"
+    else:
+        timer, how = choose_timer(mode, k, prof.threads)
     both = phases is not None and Phase.PREFILL in phases and Phase.DECODE in phases
     if both:
         assert phases is not None

@@ -10,7 +10,7 @@ import numpy as np
 from onnxpipe.api.paths import check_output_file
 from onnxpipe.api.preamble import threads_warning
 from onnxpipe.core.choices import Backend
-from onnxpipe.core.errors import ManifestError, UsageError
+from onnxpipe.core.errors import ManifestError, RuntimeStageError, UsageError
 from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.core.options import opt
 from onnxpipe.manifest import Manifest, load_manifest
@@ -58,15 +58,25 @@ def run(
         say.step(f"running {len(inputs)} micro-batch(es) after {opts.warmup} warm-up")
         single = min(len(inputs), SINGLE_LATENCY_MICROBATCHES)
         measured = measure(
-            pipeline, inputs, warmup=opts.warmup, single=single, keep_outputs=opts.outputs is not None
+            pipeline,
+            inputs,
+            warmup=opts.warmup,
+            single=single,
+            keep_outputs=opts.outputs is not None,
+            partial=True,
         )
         checked: list[tuple[Feeds, Tensors]] = []
-        if opts.compare:  # checked apart from the timed stream, which drops its outputs (see measure)
+        if opts.compare and measured.failure is None:  # apart from the timed stream (see measure)
             once = distinct(inputs)
             checked = list(zip(once, pipeline.run_many(once), strict=True))
     report = build_report(
         pipeline, measured, warmup=opts.warmup, input_shapes=shapes, driver_peak_rss_bytes=peak_rss_bytes()
     )
+    if measured.failure is not None:  # what was delivered is kept, then the run fails as it did
+        _write_results(opts, report, measured)
+        raise RuntimeStageError(
+            f"{measured.failure} (after {measured.microbatches} micro-batch(es) delivered)"
+        )
     if opts.compare:
         assert model is not None
         say.step("running the model without the pipeline (the baselines)")
@@ -127,7 +137,14 @@ def _backend_config(opts: RunOptions, manifest: Manifest) -> BackendConfig:
     if opts.backend == Backend.RAY:
         given = opts.ray_resources
         resources = load_ray_resources(given, manifest.k) if isinstance(given, Path) else given
-        return RayConfig(address=opts.ray_address, resources=resources, slots=opts.slots)
+        return RayConfig(
+            address=opts.ray_address,
+            resources=resources,
+            slots=opts.slots,
+            files=opts.ray_files,
+            restarts=opts.ray_restarts,
+            restart_timeout=opts.ray_restart_timeout,
+        )
     return LocalConfig(mode=opts.local_mode, slots=opts.slots, pin=opts.pin)
 
 

@@ -221,10 +221,11 @@ def _check_calibration(opts: SplitOptions) -> None:
             f"{calibrate} corrects the costs of the model's own nodes, and {opt('split_nodes', 'auto')} cuts "
             "one: give one or the other"
         )
-    if request.interleaved and opts.calibration.mode == "pipeline":
+    if request.interleaved and opts.calibration.mode in ("pipeline", "ray"):
         raise UsageError(
-            f"{timed_in} times every stage on CPUs of its own, but interleaved stages share their workers' "
-            f"CPUs: use {opt('CalibrationOptions.mode', 'alone')}"
+            f"{opt('CalibrationOptions.mode', opts.calibration.mode)} times every stage in a worker of its "
+            f"own, but interleaved stages share their workers' CPUs: use "
+            f"{opt('CalibrationOptions.mode', 'alone')}"
         )
     if request.devices is not None and opts.calibration.mode == "pipeline":
         raise UsageError(

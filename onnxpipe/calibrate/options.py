@@ -4,7 +4,10 @@ loading it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from onnxpipe.core.choices import CalibrationMode, choice
 from onnxpipe.core.errors import UsageError
@@ -31,10 +34,24 @@ class CalibrationOptions:
 
     rounds: int = 0
     mode: CalibrationMode = CalibrationMode.ALONE
+    ray_address: str | None = None
+    """``mode="ray"``: the cluster the stages are timed on (default: the one this process joined)."""
+    ray_resources: Path | Sequence[Mapping[str, Any]] | None = None
+    """``mode="ray"``: each stage's actor resources, as ``run`` takes them: what puts each stage on the
+    node it will run on."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", choice(CalibrationMode, self.mode, "CalibrationOptions.mode"))
+        resources: object = self.ray_resources
+        if isinstance(resources, str):
+            object.__setattr__(self, "ray_resources", Path(resources))
 
     def check(self) -> None:
         if self.rounds < 0:
             raise UsageError(f"{opt('CalibrationOptions.rounds', self.rounds)}: give 0 (none) or more rounds")
+        on_ray = self.mode == CalibrationMode.RAY
+        for name in ("ray_address", "ray_resources"):
+            if getattr(self, name) is not None and not on_ray:
+                raise UsageError(
+                    f"{opt('CalibrationOptions.' + name)} is for {opt('CalibrationOptions.mode', 'ray')}"
+                )

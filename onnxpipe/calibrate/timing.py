@@ -11,7 +11,7 @@ import math
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -33,7 +33,8 @@ from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
 from onnxpipe.planning.types import Plan
 from onnxpipe.runtime.affinity import available_cpus, cpu_sets, physical_cores
-from onnxpipe.runtime.base import LocalConfig
+from onnxpipe.runtime.backends.ray_resources import load_ray_resources
+from onnxpipe.runtime.base import LocalConfig, RayConfig
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.spec import manifest_placements
 
@@ -223,6 +224,45 @@ def time_stages_in_pipeline(
                     runs = [[rec.run_end - rec.run_start for rec in st.records] for st in pipe.stats()]
                     medians.append([statistics.median(r) for r in runs])
     return [statistics.median(stage) for stage in zip(*medians, strict=True)]
+
+
+def time_stages_on_cluster(
+    view: ModelView, plan: Plan, profile: Profile, config: RayConfig, *, warmup: int = PIPELINE_WARMUP
+) -> list[float]:
+    """Seconds of each stage's session run in a pipeline of ``plan``'s stages on a Ray cluster, each
+    stage's actor where ``config`` puts it (its resources: the node it will run on), its files shipped
+    there: the median over ``PIPELINE_REPEATS`` streams of ``PIPELINE_MICROBATCHES`` one set of seeded
+    random inputs at the profile's shapes, after ``warmup``."""
+    with scratch_stages(view, plan, profile) as (out, manifest):
+        feeds = profile_feeds(view, profile)
+        placements = manifest_placements(manifest, None if manifest.cluster else profile.threads)
+        resources = config.resources
+        if resources is not None and len(resources) != manifest.k:
+            raise UsageError(
+                f"{opt('CalibrationOptions.ray_resources')}: {len(resources)} entries for the {manifest.k} "
+                "stages timed; give one per stage, or a default"
+            )
+        medians: list[list[float]] = []
+        with Pipeline.from_manifest(out, config, placements=placements) as pipe:
+            pipe.run_many([feeds] * warmup)
+            for _ in range(PIPELINE_REPEATS):
+                pipe.reset_stats()
+                for _ in pipe.stream([feeds] * PIPELINE_MICROBATCHES):
+                    pass
+                runs = [[rec.run_end - rec.run_start for rec in st.records] for st in pipe.stats()]
+                medians.append([statistics.median(r) for r in runs])
+    return [statistics.median(stage) for stage in zip(*medians, strict=True)]
+
+
+def cluster_timer(address: str | None, resources: Path | Sequence[Mapping[str, Any]] | None) -> StageTimer:
+    """The stage timer of ``mode="ray"``: each plan's stages on the cluster at ``address``, placed by
+    ``resources`` (a resources file, read for the plan's number of stages, or one mapping per stage)."""
+
+    def timer(view: ModelView, plan: Plan, profile: Profile) -> list[float]:
+        given = load_ray_resources(resources, plan.k) if isinstance(resources, Path) else resources
+        return time_stages_on_cluster(view, plan, profile, RayConfig(address=address, resources=given))
+
+    return timer
 
 
 REFERENCE_RUNS = 20

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from onnxpipe.core.errors import UsageError
-from onnxpipe.core.units import parse_rate
+from onnxpipe.core.units import parse_bytes, parse_rate
 
 
 def whole_number(text: str, minimum: int) -> int:
@@ -79,6 +79,24 @@ def bandwidth(text: str) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"{text} must be a positive finite rate")
     return value
+
+
+def byte_sizes(text: str) -> tuple[int, ...]:
+    """Sizes of 1 byte or more, comma-separated, each in bytes or spelled as a devices file spells a size
+    (``"4 MiB"``): ``--bytes 65536,1MiB``."""
+    sizes = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            value = int(part) if part.isdigit() else parse_bytes(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{part!r} is not a size; give bytes (65536) or e.g. '1 MiB'"
+            ) from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{part} must be 1 byte or more")
+        sizes.append(value)
+    return tuple(sizes)
 
 
 def probability(text: str) -> float:

@@ -6,11 +6,11 @@ the work of each is in :data:`onnxpipe.cli.commands.WORK` under the same name.
 
 from __future__ import annotations
 
-from onnxpipe.cli import export_triton, generate, inspect, plan, profile, run, split, verify
+from onnxpipe.cli import export_triton, generate, inspect, links, plan, profile, run, split, verify
 from onnxpipe.cli.flags import Table, word
 from onnxpipe.core.options import OptionRef, render
 
-SUBCOMMANDS = (profile, split, plan, verify, run, generate, inspect, export_triton)
+SUBCOMMANDS = (profile, split, plan, verify, run, generate, links, inspect, export_triton)
 
 
 def tables_for(command: str) -> list[Table]:

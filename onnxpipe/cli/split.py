@@ -69,7 +69,21 @@ TABLE = Table(
             field="calibration.mode",
             choices=values(CalibrationMode),
             help="time each stage alone (default), or the stages running together as a pinned thread "
-            "pipeline; auto: as a pipeline when there is a physical core for every stage thread",
+            "pipeline; auto: as a pipeline when there is a physical core for every stage thread; ray: as a "
+            "pipeline on a Ray cluster, each stage on the node it will run on",
+        ),
+        flag(
+            "--ray-address",
+            field="calibration.ray_address",
+            metavar="ADDR",
+            help="with --calibrate-in ray: the Ray cluster (default: start a local one)",
+        ),
+        flag(
+            "--ray-resources",
+            field="calibration.ray_resources",
+            type=Path,
+            metavar="FILE",
+            help="with --calibrate-in ray: JSON file of per-stage Ray actor resources, as run takes",
         ),
         QUIET,
         *measure_flags(),

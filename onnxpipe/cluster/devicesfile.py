@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -270,3 +271,14 @@ def _bandwidth(v: Value) -> float:
     if bw <= 0:
         raise v.fail(f"must be greater than 0, got {v.raw!r}")
     return bw
+
+
+def with_links(path: Path, links: Sequence[Mapping[str, Any]]) -> tuple[str, Cluster]:
+    """The devices file at ``path`` with its ``links`` replaced by ``links`` (one object per pair of
+    consecutive devices, as the format says), as text to write and as the cluster it reads as: every
+    other key as the user wrote it."""
+    load_cluster(path)  # the file as it is must be valid first: its errors name it
+    obj = json.loads(path.read_text(encoding="utf-8"))
+    obj["links"] = [dict(link) for link in links]
+    cluster = read_cluster(obj, str(path), path.parent)
+    return json.dumps(obj, indent=2) + "\n", cluster

@@ -133,12 +133,14 @@ class LinkModel(StrEnum):
 
 
 class CalibrationMode(StrEnum):
-    """How calibration times the stages: each alone, together as a pinned thread pipeline, or ``auto``:
-    as a pipeline when this machine has a physical core for every stage thread, alone otherwise."""
+    """How calibration times the stages: each alone, together as a pinned thread pipeline, ``auto``: as a
+    pipeline when this machine has a physical core for every stage thread, alone otherwise; or ``ray``:
+    as a pipeline on a Ray cluster, each stage on the node it will run on."""
 
     ALONE = "alone"
     PIPELINE = "pipeline"
     AUTO = "auto"
+    RAY = "ray"
 
 
 class ExternalData(StrEnum):
@@ -164,6 +166,14 @@ class Backend(StrEnum):
 
     LOCAL = "local"
     RAY = "ray"
+
+
+class RayFiles(StrEnum):
+    """How a Ray actor gets its stage's files: shipped by the driver through Ray to the node it lands on
+    (checked by sha256, kept in the node's cache), or read from a folder every node shares."""
+
+    SHIP = "ship"
+    SHARED = "shared"
 
 
 class LocalMode(StrEnum):

@@ -28,10 +28,18 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from onnxpipe.core.choices import LocalMode, choice
+from onnxpipe.core.choices import LocalMode, RayFiles, choice
 from onnxpipe.core.errors import UsageError
-from onnxpipe.runtime.choices import DEFAULT_LOCAL_MODE, DEFAULT_SLOTS
+from onnxpipe.core.options import opt
+from onnxpipe.runtime.choices import (
+    DEFAULT_LOCAL_MODE,
+    DEFAULT_RAY_FILES,
+    DEFAULT_RAY_RESTART_TIMEOUT_S,
+    DEFAULT_RAY_RESTARTS,
+    DEFAULT_SLOTS,
+)
 from onnxpipe.runtime.session import WorkerStats
+from onnxpipe.runtime.trips import Trip
 
 Tensors = dict[str, np.ndarray]
 
@@ -72,6 +80,11 @@ class Backend(Protocol):
 
     def worker_pids(self) -> list[int]: ...
 
+    def trips(self) -> list[Trip]:
+        """Each delivered micro-batch's hops since the stats were reset, where the backend times them
+        (Ray: :mod:`onnxpipe.runtime.trips`); empty for the local backends."""
+        ...
+
     def close(self, graceful: bool = True) -> None: ...
 
 
@@ -92,16 +105,31 @@ class LocalConfig:
 @dataclass(frozen=True)
 class RayConfig:
     """Workers as Ray actors: on the cluster at ``address`` (default: start a local one), each with the
-    actor options ``resources[s]`` of its stage (``num_cpus``, ``num_gpus``, ``resources``)."""
+    actor options ``resources[s]`` of its stage (``num_cpus``, ``num_gpus``, ``resources``).
+
+    ``files``: each actor's stage files shipped by the driver to its node (``ship``), or read from a
+    folder every node has at the same path (``shared``).  ``restarts``: how many times Ray starts an
+    actor again after its process or node died (on a node that has its resources; the micro-batches it
+    held are sent again); 0 fails the run at once.  ``restart_timeout``: seconds a lost actor may take to
+    run again before the run stops.
+    """
 
     address: str | None = None
     resources: Sequence[Mapping[str, Any]] | None = None
     slots: int = DEFAULT_SLOTS
+    files: RayFiles = DEFAULT_RAY_FILES
+    restarts: int = DEFAULT_RAY_RESTARTS
+    restart_timeout: float = DEFAULT_RAY_RESTART_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.resources is not None:
             object.__setattr__(self, "resources", tuple(dict(r) for r in self.resources))
+        object.__setattr__(self, "files", choice(RayFiles, self.files, "ray_files"))
         _check_slots(self.slots)
+        if self.restarts < 0:
+            raise UsageError(f"{opt('ray_restarts', self.restarts)}: give 0 (no restart) or more")
+        if not self.restart_timeout > 0:
+            raise UsageError(f"{opt('ray_restart_timeout', self.restart_timeout)}: give seconds above 0")
 
 
 BackendConfig = LocalConfig | RayConfig

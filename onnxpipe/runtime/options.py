@@ -12,11 +12,17 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from onnxpipe.cluster.devicesfile import load_cluster
-from onnxpipe.core.choices import Backend, LocalMode, choice
+from onnxpipe.core.choices import Backend, LocalMode, RayFiles, choice
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.options import checked_once, opt
 from onnxpipe.cost.options import frozen_shapes
-from onnxpipe.runtime.choices import DEFAULT_LOCAL_MODE, DEFAULT_SLOTS
+from onnxpipe.runtime.choices import (
+    DEFAULT_LOCAL_MODE,
+    DEFAULT_RAY_FILES,
+    DEFAULT_RAY_RESTART_TIMEOUT_S,
+    DEFAULT_RAY_RESTARTS,
+    DEFAULT_SLOTS,
+)
 
 if TYPE_CHECKING:
     from onnxpipe.cluster.model import Cluster
@@ -35,7 +41,9 @@ class RunOptions:
 
     Workers: ``backend`` (local ``local_mode`` threads or processes, ``pin`` to CPUs of their own, or Ray
     actors on the cluster at ``ray_address`` with per-stage ``ray_resources``: a JSON file or one mapping
-    per stage), ``slots`` micro-batches per link, ``threads`` per stage (default: the split's devices',
+    per stage; their files shipped to their nodes or read from a shared folder, ``ray_files``; a lost
+    actor started again on another node up to ``ray_restarts`` times, within ``ray_restart_timeout``
+    seconds), ``slots`` micro-batches per link, ``threads`` per stage (default: the split's devices',
     else the plan's), ``devices``: a devices file (or cluster) naming each stage's provider and threads.
 
     Inputs: the user's, read as ``split`` reads them (``input_files``: one micro-batch per ``.npz`` or
@@ -57,6 +65,9 @@ class RunOptions:
     pin: bool = False
     ray_address: str | None = None
     ray_resources: Path | Sequence[Mapping[str, Any]] | None = None
+    ray_files: RayFiles = DEFAULT_RAY_FILES
+    ray_restarts: int = DEFAULT_RAY_RESTARTS
+    ray_restart_timeout: float = DEFAULT_RAY_RESTART_TIMEOUT_S
     input_files: tuple[Path, ...] = ()
     stacked_files: tuple[Path, ...] = ()
     microbatches: int | None = None
@@ -71,6 +82,7 @@ class RunOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "backend", choice(Backend, self.backend, "backend"))
         object.__setattr__(self, "local_mode", choice(LocalMode, self.local_mode, "local_mode"))
+        object.__setattr__(self, "ray_files", choice(RayFiles, self.ray_files, "ray_files"))
         object.__setattr__(self, "shapes", frozen_shapes(self.shapes))
         object.__setattr__(self, "input_files", tuple(Path(p) for p in self.input_files))
         object.__setattr__(self, "stacked_files", tuple(Path(p) for p in self.stacked_files))
@@ -110,6 +122,10 @@ class RunOptions:
         else:
             for name in ("ray_address", "ray_resources"):
                 if getattr(self, name) is not None:
+                    raise UsageError(f"{opt(name)} is for {opt('backend', Backend.RAY)}")
+            defaults = (("ray_files", DEFAULT_RAY_FILES), ("ray_restarts", DEFAULT_RAY_RESTARTS))
+            for name, default in (*defaults, ("ray_restart_timeout", DEFAULT_RAY_RESTART_TIMEOUT_S)):
+                if getattr(self, name) != default:
                     raise UsageError(f"{opt(name)} is for {opt('backend', Backend.RAY)}")
 
 
@@ -255,3 +271,53 @@ class GenerateOptions:
     def given_prompts(self) -> int:
         """How many prompts were given, as text or as ids."""
         return len(self.prompts) or len(self.prompt_ids)
+
+
+DEFAULT_LINK_REPEATS = 20
+"""Transfers a link is timed at per size, one at a time: the median of them counts."""
+
+
+@dataclass(frozen=True)
+class LinkOptions:
+    """How :func:`onnxpipe.links` measures the links of a devices file on a Ray cluster.
+
+    A probe actor per device, on the cluster at ``ray_address`` (default: the one this process started,
+    or a new local one), pinned to the device's node by ``ray_resources`` (a JSON file or one mapping per
+    device, in pipeline order, as ``run`` takes per stage).  Each link is timed at ``sizes`` bytes
+    (default: the boundary tensors of the split folder ``split``, between its stages on those devices,
+    else :data:`DEFAULT_LINK_SIZES`), ``repeats`` transfers per size.  ``out``: the devices file written
+    again with the measured links.
+    """
+
+    ray_address: str | None = None
+    ray_resources: Path | Sequence[Mapping[str, Any]] | None = None
+    split: Path | None = None
+    sizes: tuple[int, ...] = ()
+    repeats: int = DEFAULT_LINK_REPEATS
+    out: Path | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sizes", tuple(int(n) for n in self.sizes))
+        for name in ("split", "out"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, Path(value))
+        resources: object = self.ray_resources
+        if isinstance(resources, str):
+            object.__setattr__(self, "ray_resources", Path(resources))
+
+    @checked_once
+    def check(self) -> None:
+        if self.repeats < 1:
+            raise UsageError(f"{opt('repeats', self.repeats)}: give 1 or more transfers per size")
+        if any(n < 1 for n in self.sizes):
+            raise UsageError(f"{opt('sizes')}: give sizes of 1 byte or more")
+        if self.split is not None and self.sizes:
+            raise UsageError(
+                f"give {opt('sizes')} or {opt('split')} (whose boundary tensors set them), not both"
+            )
+
+
+DEFAULT_LINK_SIZES = (64 * 1024, 1024 * 1024, 4 * 1024 * 1024)
+"""Bytes a link is timed at without a split: tensors of a few pieces, of a megabyte and of several,
+all sent inline as a stage sends them."""

@@ -64,6 +64,7 @@ from onnxpipe.runtime.spec import (
     placement_for_device,
     stage_specs,
 )
+from onnxpipe.runtime.trips import Trip
 from onnxpipe.verification.verify import source_model_path
 
 
@@ -402,6 +403,11 @@ class Pipeline:
         self._raise_if_failed()
         self.backend.reset_stats()
 
+    def trips(self) -> list[Trip]:
+        """Each delivered micro-batch's hops since the stats were reset, where the backend times them
+        (Ray, :mod:`onnxpipe.runtime.trips`); empty for local workers."""
+        return self.backend.trips()
+
     def worker_pids(self) -> list[int]:
         """Process ids of the local worker processes (empty for threads and Ray)."""
         return self.backend.worker_pids()
@@ -465,9 +471,7 @@ def make_backend(
     interleaved split, whose stages then share a worker process, take turns as threads, or share a Ray
     actor)."""
     if isinstance(config, RayConfig):
-        return RayBackend(
-            lanes, address=config.address, resources=config.resources, slots=config.slots, workers=workers
-        )
+        return RayBackend(lanes, config, workers=workers)
     if config.mode == "processes":
         return ProcessBackend(lanes, slots=config.slots, workers=workers)
     return ThreadBackend(lanes, slots=config.slots, workers=workers)

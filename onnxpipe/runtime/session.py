@@ -27,6 +27,7 @@ from onnxpipe.core.ortsession import Provider, open_session, session_options
 from onnxpipe.core.runtimes import Engine, open_engine
 from onnxpipe.runtime.affinity import pinned
 from onnxpipe.runtime.kvstate import CONTROL, Control, KVState, StepFlags
+from onnxpipe.runtime.nodeplace import NodePlace
 from onnxpipe.runtime.spec import CPU_PROVIDER, WorkerSpec
 
 MAX_RECORDS = 1 << 16
@@ -103,6 +104,8 @@ class WorkerStats:
     hosted_with: tuple[int, ...] = ()
     """The stages (this one among them) whose sessions one worker process hosts: an interleaved split's
     worker.  Empty when the worker process runs this stage alone.  Its memory is then the worker's."""
+    node: NodePlace | None = None
+    """The cluster node the worker ran on (Ray); None for a worker of this machine."""
 
     @property
     def model_rss_bytes(self) -> int | None:

@@ -22,7 +22,7 @@ from onnxpipe.core.errors import UsageError
 from onnxpipe.core.options import opt
 from onnxpipe.core.runtimes import DEFAULT_OPENVINO_DEVICE, EngineConfig, runs_here
 from onnxpipe.core.runtimes import available as runtime_available
-from onnxpipe.manifest import DecoderIORecord, Manifest, ModelTensor
+from onnxpipe.manifest import DecoderIORecord, Manifest, ModelTensor, StageEntry
 from onnxpipe.runtime.kvstate import CONTROL, CacheSlot, PadSide
 
 CPU_PROVIDER = "CPUExecutionProvider"
@@ -77,6 +77,15 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class ModelFile:
+    """A file a worker's model is made of: its name in the model's folder (the model file, or its
+    external weights beside it) and its sha256 as the manifest records it."""
+
+    name: str
+    sha256: str
+
+
+@dataclass(frozen=True)
 class WorkerSpec:
     """One worker of a chain.
 
@@ -98,6 +107,9 @@ class WorkerSpec:
     """A generating worker's past inputs, fed from its own cache (:mod:`onnxpipe.runtime.kvstate`)."""
     generating: bool = False
     """Each micro-batch is a generation step carrying :data:`~onnxpipe.runtime.kvstate.CONTROL`."""
+    files: tuple[ModelFile, ...] = ()
+    """The model's files as recorded (the model file first), for a backend that ships them to another
+    machine (Ray); empty: not recorded, the backend reads them from the model (:mod:`.model_files`)."""
 
 
 def placement_for_device(device: str, threads: int) -> Placement:
@@ -336,6 +348,7 @@ def _chain(
                 device=st.device,
                 caches=caches.get(st.index, ()),
                 generating=generating,
+                files=_stage_files(st),
             )
         )
         available = list(sends)
@@ -343,6 +356,14 @@ def _chain(
     if missing:  # load_manifest's consistency checks make this unreachable for a valid manifest
         raise UsageError(f"model output {missing[0]!r} is produced by no stage of the manifest")
     return specs
+
+
+def _stage_files(st: StageEntry) -> tuple[ModelFile, ...]:
+    """A stage's file and its external weights, with the sha256 the manifest records for each."""
+    files = [ModelFile(st.file, st.sha256)]
+    if st.external_data is not None and st.external_data_sha256 is not None:
+        files.append(ModelFile(st.external_data, st.external_data_sha256))
+    return tuple(files)
 
 
 def model_spec(

@@ -74,7 +74,7 @@ def test_ray_failing_stage_stops_the_pipeline_and_its_actors(
 ) -> None:
     pipe = Pipeline.from_manifest(reshape_split, RayConfig())
     actors = list(pipe.backend.actors)  # type: ignore[attr-defined]
-    pids = [pid for pid, _ in pipe.backend.placed]  # type: ignore[attr-defined]
+    pids = [place.pid for place in pipe.backend.placed]  # type: ignore[attr-defined]
     got = []
     with pytest.raises(RuntimeStageError) as info:
         for out in pipe.stream(reshape_batches(20, bad=5)):
@@ -88,7 +88,7 @@ def test_ray_failing_stage_stops_the_pipeline_and_its_actors(
     assert wait_gone(pids) == []
     for actor in actors:
         with pytest.raises(ray_cluster.exceptions.RayActorError):
-            ray_cluster.get(actor.ready.remote(), timeout=30)
+            ray_cluster.get(actor.node.remote(), timeout=30)
 
 
 HALF_CPU = [{"num_cpus": 0.5}, {"num_cpus": 0.5}]  # two pipelines of two stages on the two-CPU cluster
@@ -138,7 +138,7 @@ def test_ctrl_c_while_actors_start_kills_those_started(
         Pipeline.from_manifest(tiny_split, RayConfig())
     assert len(started) == 1, "the actor of stage 0 was left running"
     with pytest.raises(ray_cluster.exceptions.RayActorError):
-        ray_cluster.get(started[0].ready.remote(), timeout=30)
+        ray_cluster.get(started[0].node.remote(), timeout=30)
 
 
 def test_ray_cli_run(ray_cluster: Any, tiny_split: Path, tmp_path: Path) -> None:
@@ -179,7 +179,7 @@ def test_ray_runs_an_interleaved_split_with_one_actor_per_worker(
         assert isinstance(backend, RayBackend) and len(backend.actors) == 2
         assert_same(expected, list(pipe.stream(batches)))
         stats = pipe.stats()
-        pids = [pid for pid, _ in backend.placed]
+        pids = [place.pid for place in backend.placed]
     for i in range(4):
         mates = tuple(j for j in range(4) if worker_of[j] == worker_of[i])
         assert stats[i].index == i and stats[i].hosted_with == mates
@@ -219,7 +219,7 @@ def test_actors_that_cannot_be_placed_fail_naming_what_each_asked_for(
     specs = stage_specs(tiny_split, manifest, manifest_placements(manifest, None))
     asks = [{"resources": {"nowhere": 1}}, {"num_cpus": 0.5, "resources": {"nowhere": 0.5}}]
     with pytest.raises(RuntimeStageError) as info:
-        RayBackend([specs], resources=asks, workers=[0, 0], start_timeout=3.0)
+        RayBackend([specs], RayConfig(resources=asks), workers=[0, 0], start_timeout=3.0)
     assert "did not start within 3 s" in str(info.value)
     assert "stages 0, 1: {'num_cpus': 1, 'num_gpus': 0, 'resources': {'nowhere': 1}}" in str(info.value)
 
@@ -232,7 +232,7 @@ def test_a_worker_s_stages_asking_for_different_machines_are_refused(tiny_split:
     specs = stage_specs(tiny_split, manifest, manifest_placements(manifest, None))
     asks = [{"resources": {"host_a": 1}}, {"resources": {"host_b": 1}}]
     with pytest.raises(UsageError, match=r"stages 0 and 1 share one worker .*\['host_a'\] and \['host_b'\]"):
-        RayBackend([specs], resources=asks, workers=[0, 0])
+        RayBackend([specs], RayConfig(resources=asks), workers=[0, 0])
     ray_resources.check_shared_pins(specs, [[0], [1]], asks)  # a stage each: fine
     ray_resources.check_shared_pins(specs, [[0, 1]], [{"resources": {"host_a": 1}}, {"num_cpus": 2}])
 
@@ -240,7 +240,8 @@ def test_a_worker_s_stages_asking_for_different_machines_are_refused(tiny_split:
 def test_a_dead_actor_is_named_with_its_stages(
     ray_cluster: Any, tmp_path: Path, sample_models_dir: Path
 ) -> None:
-    """Killing a worker's actor mid-stream fails the run with one line naming the actor's stages."""
+    """Killing a worker's actor mid-stream fails a run that allows no restart with one line naming the
+    actor's stages."""
     import os
     import signal
     import threading
@@ -254,10 +255,10 @@ def test_a_dead_actor_is_named_with_its_stages(
             out=split, plan=PlanRequest(4, workers=2), profile=ProfileOptions(cost="static"), verify=False
         ),
     )
-    pipe = Pipeline.from_manifest(split, RayConfig())
+    pipe = Pipeline.from_manifest(split, RayConfig(restarts=0))
     backend = pipe.backend
     assert isinstance(backend, RayBackend)
-    pid, host = backend.placed[1]
+    pid, host = backend.placed[1].pid, backend.placed[1].host
     stages = ", ".join(str(i) for i in backend.groups[1])
     threading.Timer(0.5, os.kill, (pid, signal.SIGKILL)).start()
     with pytest.raises(RuntimeStageError) as info:
@@ -267,7 +268,33 @@ def test_a_dead_actor_is_named_with_its_stages(
     text = str(info.value)
     assert len(text.splitlines()) == 1
     assert f"the actor of stages {stages} (pid {pid} on {host}) died" in text
-    assert wait_gone(sorted({p for p, _ in backend.placed})) == []
+    assert wait_gone(sorted({p.pid for p in backend.placed})) == []
+
+
+def test_a_killed_actor_is_started_again_and_its_micro_batches_sent_again(
+    ray_cluster: Any, tiny_split: Path, sample_models_dir: Path
+) -> None:
+    """Ray starts a killed actor again (here on the same node, which lives on); the driver opens its
+    stage again and sends what was in flight again: every result once, in order, the model's."""
+    import os
+    import signal
+    import threading
+
+    batches = token_batches(16, seed=5)
+    expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
+    inputs = [batches[j % len(batches)] for j in range(400)]
+    with Pipeline.from_manifest(tiny_split, RayConfig()) as pipe:
+        backend = pipe.backend
+        assert isinstance(backend, RayBackend)
+        before = backend.placed[1]
+        threading.Timer(1.0, os.kill, (before.pid, signal.SIGKILL)).start()
+        got = list(pipe.stream(inputs))
+        after = backend.placed[1]
+    assert_same([expected[j % len(expected)] for j in range(400)], got)
+    (recovery,) = backend.recoveries
+    assert recovery.stages == (1,) and recovery.lost == before and recovery.now == after
+    assert after.pid != before.pid and not recovery.node_lost
+    assert 1 <= recovery.replayed <= backend.capacity and recovery.seconds > 0
 
 
 def test_ray_replicas_are_lanes_of_one_actor_each(ray_cluster: Any, sample_models_dir: Path) -> None:
@@ -283,7 +310,7 @@ def test_ray_replicas_are_lanes_of_one_actor_each(ray_cluster: Any, sample_model
     with Pipeline(backend, input_types={"tokens": "int64"}, output_names=names, lanes=lanes) as pipe:
         assert_same(expected, list(pipe.stream(token_batches(20, seed=9))))
         stats = pipe.stats()
-        pids = {pid for pid, _ in backend.placed}
+        pids = {place.pid for place in backend.placed}
     assert [s.index for s in stats] == [0, 1] and len(pids) == 2
     assert sorted(len(s.records) for s in stats) == [10, 10]
     with pytest.raises(UsageError, match="one lane"):

@@ -19,6 +19,7 @@ WORK: dict[str, str] = {
     "verify": "onnxpipe.cli.commands.verify",
     "run": "onnxpipe.cli.commands.run",
     "generate": "onnxpipe.cli.commands.generate",
+    "links": "onnxpipe.cli.commands.links",
     "inspect": "onnxpipe.cli.commands.inspect",
     "export-triton": "onnxpipe.cli.commands.export_triton",
 }

@@ -46,6 +46,7 @@ from onnxpipe.runtime.session import (
     WorkerStats,
 )
 from onnxpipe.runtime.spec import WorkerSpec
+from onnxpipe.runtime.trips import Trip
 from onnxpipe.schedule.timeline import worker_groups
 
 START_TIMEOUT_S = 600.0
@@ -342,6 +343,10 @@ class ProcessBackend:
         with self._control_lock:
             for w in self._workers:
                 w.control.send(RESET)
+
+    def trips(self) -> list[Trip]:
+        """None: a local worker's hops are a queue's or shared memory's, timed in its records."""
+        return []
 
     def worker_pids(self) -> list[int]:
         """The pid of each stage's process, in lane and stage order (stages hosted together repeat it)."""

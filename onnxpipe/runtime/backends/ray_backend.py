@@ -1,28 +1,41 @@
-"""Workers as Ray actors holding their stages' sessions, tensors passed as object references.
+"""Workers as Ray actors on the nodes of a cluster, each holding its stages' sessions.
 
-A micro-batch is a chain of actor calls, ``ref = actor_i.run.remote(stage_i, seq, ref)``: Ray hands each
-stage's output to the next stage through its object store (between machines when the actors are on
-different nodes) without passing through the caller.  At most :attr:`RayBackend.capacity` micro-batches
-are in flight (backpressure); results are matched to micro-batches by reference, so the order is the
-pipeline's business, not Ray's.  A stage that raises fails its micro-batch and, through the dependency,
-every later stage's call for it: the caller sees the stage's own :class:`RuntimeStageError`, then kills
-every actor.
-
-The stages of one worker of an interleaved split (``workers``) share one actor, as they share one
-process locally (:mod:`~onnxpipe.runtime.backends.processes`): one interpreter, one onnxruntime, and a
-session per stage, so that the worker holds about its stages' weights and not V processes' worth of
-overhead.  Its calls run one at a time, in the order their inputs become ready
-(``allow_out_of_order_execution``): a stage's call waiting for its input from another worker never holds
-up the call of a sibling stage whose input is there, and the stages take turns on the worker's CPUs as
-the plan assumes.
-
-Each actor asks the cluster for its resources: ``num_cpus`` (default: the stage's threads), ``num_gpus``
-(default: 1 for a GPU provider, else 0) and custom ``resources`` (e.g. ``{"stage0_host": 1}`` to pin a
-stage to the node started with ``ray start --resources='{"stage0_host": 1}'``), from a resources file
-(an actor hosting several stages asks for the most that any of them asks, key by key)::
+**Placement.** Each actor asks the cluster for its resources: ``num_cpus`` (default: the stage's
+threads), ``num_gpus`` (default: 1 for a GPU provider, else 0) and custom ``resources`` (e.g.
+``{"stage0_host": 1}`` to pin a stage to the node started with ``ray start --resources='{"stage0_host":
+1}'``), from a resources file (an actor hosting several stages asks for the most that any of them asks,
+key by key)::
 
     {"default": {"num_cpus": 1},
      "stages": [{"resources": {"node_a": 1}}, {"num_gpus": 1, "resources": {"node_b": 1}}]}
+
+The stages of one worker of an interleaved split (``workers``) share one actor, as they share one
+process locally: one interpreter, one onnxruntime, and a session per stage.  Its calls run one at a time,
+in the order their inputs become ready (``allow_out_of_order_execution``).
+
+**Files.** Once an actor has started, the driver learns its node (:attr:`RayBackend.places`) and, with
+``files="ship"`` (the default), ships it what its node's cache lacks of its stages' files, checked by
+sha256 on arrival (:mod:`~onnxpipe.runtime.backends.ray_ship`); with ``files="shared"`` the actor reads
+the split folder at the driver's path, which every node must then have.  Then the actor opens its stages.
+
+**Hops.** A micro-batch is a chain of actor calls made by the driver,
+``stage_i.run.options(num_returns=n).remote(..., *message_of_stage_i-1)``: each call's outputs are
+references the next call takes as arguments, so the driver never waits between stages.  A message is a
+header and inline pieces (:mod:`~onnxpipe.runtime.backends.ray_wire`): it travels inside Ray's calls, not
+through its object store, which on a loopback cost several times as much for a few hundred kilobytes.
+Stage outputs sent actor to actor instead (each stage calling the next itself) and Ray's compiled graphs
+were measured against this chain and were slower on every size tried (``benchmarks/bench_cluster.py``).
+At most :attr:`RayBackend.capacity` micro-batches are in flight (backpressure); results are matched to
+micro-batches by reference, so the order is the pipeline's business, not Ray's.
+
+**Failures.** A stage that raises fails its micro-batch and the pipeline (the caller sees the stage's
+own :class:`RuntimeStageError`).  An actor that is *lost* (its process or node died) is another matter:
+Ray starts it again (``restarts``) on a node that has its resources, the driver sets it up again (ships
+its files to the new node, opens its stages), and sends again every micro-batch that was in flight, so
+that every result comes exactly once (:class:`~.ray_recovery.Recovery` says what happened).  When no
+node left can take it, or it does not come back within ``restart_timeout``, the run stops with one line
+naming the stages, the lost node and what no node has (:mod:`~.ray_recovery`); what was delivered stays
+delivered.  A generating pipeline's actors keep KV caches that die with them: those are not restarted.
 
 A backend connects to Ray unless the caller already did (``ray.init``).  The Ray a backend starts is
 shared by every backend opened while it runs and shut down when the last of them closes; a Ray the caller
@@ -34,80 +47,58 @@ Ray is an optional dependency (``pip install 'onnxpipe[ray]'``); it is imported 
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from onnxpipe.core.choices import RayFiles
 from onnxpipe.core.errors import RuntimeStageError, UsageError, error_line
+from onnxpipe.runtime.backends.ray_actor import WorkerActor
+from onnxpipe.runtime.backends.ray_recovery import (
+    Recovery,
+    is_lost_actor,
+    missing_resources,
+    no_node_text,
+    node_alive,
+    request_of,
+    timed_out_text,
+)
 from onnxpipe.runtime.backends.ray_resources import (
     RESOURCE_KEYS,
     actor_options,
     check_shared_pins,
     merged_options,
 )
-from onnxpipe.runtime.base import Tensors, lane_order
-from onnxpipe.runtime.choices import DEFAULT_SLOTS
-from onnxpipe.runtime.session import (
-    Record,
-    StageFailure,
-    StageRunner,
-    WorkerStats,
-    current_rss_bytes,
-    memory_snapshot,
-)
+from onnxpipe.runtime.backends.ray_ship import ShipRecord, ship
+from onnxpipe.runtime.backends.ray_wire import Header, pack, slots_for, unpack
+from onnxpipe.runtime.base import RayConfig, Tensors, lane_order
+from onnxpipe.runtime.nodeplace import NodePlace
+from onnxpipe.runtime.session import MAX_RECORDS, WorkerStats
 from onnxpipe.runtime.spec import WorkerSpec
+from onnxpipe.runtime.trips import Trip
 from onnxpipe.schedule.timeline import worker_groups
 
 START_TIMEOUT_S = 300.0
+PROBE_S = 0.5
+"""How often a recovery looks at the cluster while a lost actor is away."""
 
 
-class WorkerActor:
-    """The body of a worker's Ray actor (made remote by :class:`RayBackend`): the session of each stage
-    it hosts, one for a plain split, a worker's stages for an interleaved one."""
+@dataclass
+class _Flight:
+    """A micro-batch in flight: its lane, its input message (kept to send it again) and the references
+    of its last stage's message."""
 
-    def __init__(self, specs: Sequence[WorkerSpec]) -> None:
-        self.startup_rss = current_rss_bytes()
-        self.runners: dict[int, StageRunner] = {}
-        try:
-            for spec in specs:
-                self.runners[spec.index] = StageRunner(spec)
-        except StageFailure as e:
-            raise RuntimeStageError(str(e)) from None
-
-    def ready(self) -> tuple[int, str]:
-        return os.getpid(), socket.gethostname()
-
-    def run(self, stage: int, seq: int, received: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        runner = self.runners[stage]
-        start = time.perf_counter()
-        try:
-            sends = runner.run(seq, received)
-        except StageFailure as e:
-            raise RuntimeStageError(str(e)) from None
-        end = time.perf_counter()
-        runner.recorder.add(Record(seq, start, start, end, end, end))
-        return sends
-
-    def stats(self) -> list[WorkerStats]:
-        """One entry per hosted stage; ``hosted_with`` names them all when there are several, whose
-        memory figures are then the actor's, the same for each."""
-        hosted = tuple(self.runners) if len(self.runners) > 1 else ()
-        pid = os.getpid()
-        memory = memory_snapshot()  # read once: the same figures for every stage the actor hosts
-        return [
-            r.stats(pid=pid, startup_rss=self.startup_rss, hosted_with=hosted, memory=memory)
-            for r in self.runners.values()
-        ]
-
-    def reset(self) -> None:
-        for runner in self.runners.values():
-            runner.recorder.reset()
+    seq: int
+    lane: int
+    message: tuple[Any, ...]
+    refs: list[Any]
+    submitted: float
 
 
 class _OwnedRay:
@@ -157,6 +148,18 @@ class _OwnedRay:
 _OWNED_RAY = _OwnedRay()
 
 
+@contextlib.contextmanager
+def connected(address: str | None) -> Iterator[Any]:
+    """Ray, connected to the cluster at ``address`` (or the one this process already joined) for the
+    time of the ``with``; shut down after it if this connection started it (as a backend's would)."""
+    ray = _import_ray()
+    generation = _OWNED_RAY.acquire(ray, address)
+    try:
+        yield ray
+    finally:
+        _OWNED_RAY.release(ray, generation)
+
+
 def _shutdown_quietly(ray: Any) -> None:
     with contextlib.suppress(Exception):
         ray.shutdown()
@@ -181,103 +184,151 @@ class RayBackend:
     def __init__(
         self,
         lanes: Sequence[Sequence[WorkerSpec]],
+        config: RayConfig | None = None,
         *,
-        address: str | None = None,
-        resources: Sequence[Mapping[str, Any]] | None = None,
-        slots: int = DEFAULT_SLOTS,
-        start_timeout: float = START_TIMEOUT_S,
         workers: Sequence[int] | None = None,
+        start_timeout: float = START_TIMEOUT_S,
     ) -> None:
         """``lanes``: chains of stages, one for a pipeline (K replicas: K chains of one stage), fed in
-        turn.  ``resources``: actor options per stage of a single lane.  ``workers[i]``: the worker of
-        stage ``i`` of a single lane in an interleaved split (None: one each), whose stages then share
+        turn.  ``config.resources``: actor options per stage of a single lane.  ``workers[i]``: the worker
+        of stage ``i`` of a single lane in an interleaved split (None: one each), whose stages then share
         one actor."""
-        if not lanes or any(not lane for lane in lanes):
-            raise ValueError("a backend needs at least one lane of at least one worker")
-        if len(lanes) != 1 and (resources is not None or workers is not None):
-            raise UsageError("resources and workers are given for the stages of one lane")
-        ray = _import_ray()
-        self._ray = ray
+        cfg = config if config is not None else RayConfig()
+        self.config = cfg
         self.specs = [spec for lane in lanes for spec in lane]
         """Every stage of every lane, lane after lane: positions index it."""
-        if resources is not None and len(resources) != len(self.specs):
-            raise UsageError(f"{len(resources)} resource entries for {len(self.specs)} stages")
-        if workers is not None and len(workers) != len(self.specs):
-            raise UsageError(f"{len(workers)} workers given for {len(self.specs)} stages")
+        self._check(lanes, cfg, workers)
+        ray = _import_ray()
+        self._ray = ray
         starts = [sum(len(lane) for lane in lanes[:n]) for n in range(len(lanes))]
         self._lanes = [
             list(range(start, start + len(lane))) for start, lane in zip(starts, lanes, strict=True)
         ]
         self.groups = worker_groups(range(len(self.specs)) if workers is None else workers)
         """The stage positions each actor hosts: one group per worker, in order of its first stage."""
-        if resources is not None:
-            check_shared_pins(self.specs, self.groups, resources)
-        self._lane_capacity = [slots * (len(lane) + 1) for lane in self._lanes]
+        self._group_of = {i: g for g, group in enumerate(self.groups) for i in group}
+        self._lane_capacity = [cfg.slots * (len(lane) + 1) for lane in self._lanes]
         self._lane_load = [0] * len(self._lanes)
         self._next_lane = 0
+        self._slots = [2] * len(self.specs)
+        """Values each stage's call returns (its header and pieces), as its last message needed."""
         self._lock = threading.Lock()
-        self._in_flight: dict[Any, tuple[int, int]] = {}
-        """Each micro-batch's last reference: its sequence number and lane."""
+        self._in_flight: dict[Any, _Flight] = {}
+        """Each micro-batch's last header reference, and what the driver keeps of it."""
         self._event = threading.Event()
         self._closed = False
         self._failure: RuntimeStageError | None = None
+        self._recovering = False
+        self._replay: list[_Flight] = []
+        """Micro-batches to send again once a recovery brought the lost actors back."""
+        self._trips: deque[Trip] = deque(maxlen=MAX_RECORDS)
+        self.recoveries: list[Recovery] = []
+        """Every lost actor brought back, in order."""
         self.actors: list[Any] = []
         """One per group of :attr:`groups`."""
-        self._stage_actor: list[Any] = [None] * len(self.specs)
-        self._ray_generation = _OWNED_RAY.acquire(ray, address)
+        self.places: list[NodePlace] = []
+        """The node of each actor (one per group), as it was set up last."""
+        self.shipped: list[ShipRecord | None] = []
+        """What each actor's node was shipped when it was set up last (None: a shared folder)."""
+        self._ray_generation = _OWNED_RAY.acquire(ray, cfg.address)
         try:  # whatever fails from here on (Ctrl-C, bad options, no resources), close() undoes the rest
-            remote = ray.remote(WorkerActor)
-            for group in self.groups:  # one at a time: a Ctrl-C in between leaves only started actors
-                opts = self._group_options(group, resources)
-                actor = remote.options(**opts).remote([self.specs[i] for i in group])
-                self.actors.append(actor)
-                for i in group:
-                    self._stage_actor[i] = actor
-            try:
-                started = ray.get([a.ready.remote() for a in self.actors], timeout=start_timeout)
-            except ray.exceptions.GetTimeoutError as e:
-                raise RuntimeStageError(
-                    f"the stage actors did not start within {start_timeout:.0f} s: the cluster may lack "
-                    f"the resources they ask for ({self._describe_requests(resources)})"
-                ) from e
-            except ray.exceptions.RayError as e:
-                raise RuntimeStageError(_ray_error_text(e, "a stage actor failed to start")) from e
+            self._start_actors(start_timeout)
         except BaseException:
             self.close(graceful=False)
             raise
-        placed: list[tuple[int, str]] = [(0, "")] * len(self.specs)
-        for group, (pid, host) in zip(self.groups, started, strict=True):
-            for i in group:
-                placed[i] = (int(pid), str(host))
-        self.placed = placed
-        """The process id and host of each stage's actor, in stage order."""
 
-    def _group_options(
-        self, group: Sequence[int], resources: Sequence[Mapping[str, Any]] | None
-    ) -> dict[str, Any]:
-        """The actor options of the stages at positions ``group``, with ``resources`` per stage."""
+    def _check(
+        self, lanes: Sequence[Sequence[WorkerSpec]], cfg: RayConfig, workers: Sequence[int] | None
+    ) -> None:
+        if not lanes or any(not lane for lane in lanes):
+            raise ValueError("a backend needs at least one lane of at least one worker")
+        if len(lanes) != 1 and (cfg.resources is not None or workers is not None):
+            raise UsageError("resources and workers are given for the stages of one lane")
+        if cfg.resources is not None and len(cfg.resources) != len(self.specs):
+            raise UsageError(f"{len(cfg.resources)} resource entries for {len(self.specs)} stages")
+        if workers is not None and len(workers) != len(self.specs):
+            raise UsageError(f"{len(workers)} workers given for {len(self.specs)} stages")
+        if cfg.resources is not None:
+            check_shared_pins(
+                self.specs,
+                worker_groups(range(len(self.specs)) if workers is None else workers),
+                cfg.resources,
+            )
+
+    # ---------------------------------------------------------------------------------- starting
+
+    def _start_actors(self, start_timeout: float) -> None:
+        """Start an actor per group, learn their nodes, and set each up (files, sessions)."""
+        ray = self._ray
+        remote = ray.remote(WorkerActor)
+        for group in self.groups:  # one at a time: a Ctrl-C in between leaves only started actors
+            actor = remote.options(**self._group_options(group)).remote([self.specs[i] for i in group])
+            self.actors.append(actor)
+        try:
+            self.places = ray.get([a.node.remote() for a in self.actors], timeout=start_timeout)
+        except ray.exceptions.GetTimeoutError as e:
+            raise RuntimeStageError(
+                f"the stage actors did not start within {start_timeout:.0f} s: the cluster may lack "
+                f"the resources they ask for ({self._describe_requests()})"
+            ) from e
+        except ray.exceptions.RayError as e:
+            raise RuntimeStageError(_ray_error_text(e, "a stage actor failed to start")) from e
+        self.shipped = [None] * len(self.groups)
+        for g in range(len(self.groups)):
+            self._set_up(g)
+
+    def _set_up(self, g: int) -> None:
+        """Ship group ``g``'s files to its actor's node (unless shared) and open its stages there."""
+        ray = self._ray
+        actor = self.actors[g]
+        specs = [self.specs[i] for i in self.groups[g]]
+        try:
+            files = None
+            if self.config.files == RayFiles.SHIP:
+                record, files = ship(ray, actor, specs)
+                self.shipped[g] = record
+            ray.get(actor.open.remote(files))
+        except ray.exceptions.RayError as e:
+            raise RuntimeStageError(
+                _ray_error_text(e, f"{self._stages_text(self.groups[g])} did not open")
+            ) from e
+
+    def _group_options(self, group: Sequence[int]) -> dict[str, Any]:
+        """The actor options of the stages at positions ``group``."""
+        resources = self.config.resources
         options = merged_options(
             [actor_options(self.specs[i], resources[i] if resources is not None else {}) for i in group]
         )
         if len(group) > 1:  # a call waiting for its input must not hold up a sibling stage's
             options["allow_out_of_order_execution"] = True
+        if not any(self.specs[i].generating for i in group):  # a KV cache dies with its actor
+            options["max_restarts"] = self.config.restarts
         return options
 
-    def _describe_requests(self, resources: Sequence[Mapping[str, Any]] | None) -> str:
+    def _describe_requests(self) -> str:
         parts = []
         for group in self.groups:
-            options = self._group_options(group, resources)
+            options = self._group_options(group)
             shown = {k: v for k, v in options.items() if k in RESOURCE_KEYS}
             parts.append(f"{self._stages_text(group)}: {shown}")
         return "; ".join(parts)
+
+    @property
+    def placed(self) -> list[NodePlace]:
+        """The node (and process) of each stage's actor, in stage-position order."""
+        return [self.places[self._group_of[i]] for i in range(len(self.specs))]
+
+    def shipped_to(self, position: int) -> ShipRecord | None:
+        """What the node of the stage at ``position`` was shipped for its actor when it was set up last
+        (None: a shared folder)."""
+        return self.shipped[self._group_of[position]]
 
     def _actor_names(self) -> dict[int, str]:
         """Each actor's process id, and the stages it hosts in words (``the actor of stages 0, 2 (pid
         41 on node-a)``)."""
         names: dict[int, str] = {}
-        for group in self.groups:
-            pid, host = self.placed[group[0]]
-            names[pid] = f"the actor of {self._stages_text(group)} (pid {pid} on {host})"
+        for group, place in zip(self.groups, self.places, strict=True):
+            names[place.pid] = f"the actor of {self._stages_text(group)} (pid {place.pid} on {place.host})"
         return names
 
     def _stages_text(self, group: Sequence[int]) -> str:
@@ -294,19 +345,22 @@ class RayBackend:
     def lanes(self) -> int:
         return len(self._lanes)
 
+    # ---------------------------------------------------------------------------------- running
+
     def try_submit(self, seq: int, feeds: Mapping[str, np.ndarray], to_lane: int | None = None) -> bool:
         """Chain micro-batch ``seq`` through the next lane with room (lanes in turn), or ``to_lane``."""
-        self._check()
+        self._check_open()
         with self._lock:
+            if self._recovering:
+                return False
             n = len(self._lanes)
             for li in lane_order(self._next_lane, n, to_lane):
                 if self._lane_load[li] >= self._lane_capacity[li]:
                     continue
-                lane = self._lanes[li]
-                ref: Any = {name: feeds[name] for name in self.specs[lane[0]].receives}
-                for i in lane:
-                    ref = self._stage_actor[i].run.remote(self.specs[i].index, seq, ref)
-                self._in_flight[ref] = (seq, li)
+                first = self.specs[self._lanes[li][0]]
+                tensors = {name: feeds[name] for name in first.receives}
+                message = pack(tensors, slots_for(tensors), sent=time.time())
+                self._chain(_Flight(seq, li, message, [], 0.0))
                 self._lane_load[li] += 1
                 self._next_lane = (li + 1) % n
                 break
@@ -315,47 +369,195 @@ class RayBackend:
         self._event.set()
         return True
 
+    def _chain(self, flight: _Flight) -> None:
+        """Submit ``flight``'s calls through its lane and keep it in flight (under the lock)."""
+        refs: list[Any] = list(flight.message)
+        flight.submitted = time.time()
+        for i in self._lanes[flight.lane]:
+            spec = self.specs[i]
+            n = self._slots[i]
+            method = self.actors[self._group_of[i]].run.options(num_returns=n)
+            refs = method.remote(spec.index, flight.seq, n, *refs)
+        flight.refs = refs
+        self._in_flight[refs[0]] = flight
+
     def poll(self) -> list[tuple[int, Tensors]]:
-        self._check()
+        self._check_open()
         with self._lock:
-            refs = list(self._in_flight)
-        if not refs:
+            heads = list(self._in_flight)
+        if not heads:
             return []
-        ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=0)
+        ready, _ = self._ray.wait(heads, num_returns=len(heads), timeout=0)
         done: list[tuple[int, Tensors]] = []
+        lost: list[_Flight] = []
         for ref in ready:
             with self._lock:
-                seq, lane = self._in_flight.pop(ref)
-                self._lane_load[lane] -= 1
+                flight = self._in_flight.pop(ref)
             try:
-                outputs = self._ray.get(ref)
+                values = self._ray.get(flight.refs)
             except self._ray.exceptions.RayError as e:
-                text = _ray_error_text(e, f"micro-batch {seq} failed", self._actor_names())
-                self._failure = RuntimeStageError(text)
-                raise self._failure from e
-            done.append((seq, {n: np.array(v, copy=True) for n, v in outputs.items()}))
+                if not self._recoverable(e):  # what came out is delivered; the next poll raises
+                    self._failure = RuntimeStageError(
+                        _ray_error_text(e, f"micro-batch {flight.seq} failed", self._actor_names())
+                    )
+                    break
+                lost.append(flight)
+                continue
+            done.append((flight.seq, self._delivered(flight, values)))
+        if lost and self._failure is None:
+            self._begin_recovery(lost)
         return done
+
+    def _delivered(self, flight: _Flight, values: Sequence[Any]) -> Tensors:
+        """The outputs of ``flight`` from its last message; learn each stage's pieces, keep its trip."""
+        header: Header = values[0]
+        lane = self._lanes[flight.lane]
+        legs = header.legs
+        with self._lock:
+            self._lane_load[flight.lane] -= 1
+            for pos, leg in zip(lane[:-1], legs[1:], strict=False):
+                self._slots[pos] = 1 + max(1, leg.pieces_in)
+            self._slots[lane[-1]] = header.needs
+        first: Header = flight.message[0]
+        self._trips.append(
+            Trip(
+                seq=flight.seq,
+                submitted=flight.submitted,
+                delivered=time.time(),
+                legs=legs,
+                bytes_in=first.nbytes,
+                inline_in=first.inline,
+                bytes_out=header.nbytes,
+                inline_out=header.inline,
+            )
+        )
+        return unpack(header, values[1:])
+
+    def _recoverable(self, e: BaseException) -> bool:
+        """Whether a failed micro-batch lost an actor that Ray may start again (else a stage failed)."""
+        return is_lost_actor(e) and self.config.restarts > 0 and not any(s.generating for s in self.specs)
 
     def wait(self, timeout: float) -> None:
         with self._lock:
-            refs = list(self._in_flight)
-        if not refs or self._closed:
+            heads = list(self._in_flight)
+        if not heads or self._closed:
             self._event.wait(timeout)
             self._event.clear()
             return
-        self._ray.wait(refs, num_returns=1, timeout=timeout)
+        self._ray.wait(heads, num_returns=1, timeout=timeout)
 
     def wake(self) -> None:
         self._event.set()
 
-    def _check(self) -> None:
+    def _check_open(self) -> None:
         if self._failure is not None:
             raise self._failure
         if self._closed:
             raise RuntimeStageError("the pipeline's actors were stopped; open the pipeline again")
 
+    # ---------------------------------------------------------------------------------- recovery
+
+    def _begin_recovery(self, lost: list[_Flight]) -> None:
+        """Hold back new work, take every micro-batch in flight to send again, and bring the lost actors
+        back in a thread of their own (the driver goes on delivering nothing meanwhile)."""
+        with self._lock:
+            if self._recovering:  # a second failure of the same loss: its micro-batches join the others
+                self._replay.extend(lost)
+                return
+            self._recovering = True
+            self._replay = [*lost, *self._in_flight.values()]
+            self._in_flight.clear()
+        thread = threading.Thread(
+            target=self._recover, args=(time.monotonic(),), name="onnxpipe ray recovery", daemon=True
+        )
+        thread.start()
+
+    def _recover(self, began: float) -> None:
+        try:
+            restored = self._await_actors(began)
+            if self._closed:
+                return
+            with self._lock:
+                replay = sorted(self._replay, key=lambda f: f.seq)
+                self._replay = []
+                for flight in replay:
+                    self._chain(flight)
+                self._recovering = False
+            seconds = time.monotonic() - began
+            self.recoveries.extend(
+                Recovery(stages, lost, now, dead, len(replay), seconds)
+                for stages, lost, now, dead in restored
+            )
+        except RuntimeStageError as e:
+            self._failure = e
+        except Exception as e:  # noqa: BLE001 - a recovery that breaks must fail the run, not hang it
+            self._failure = RuntimeStageError(f"recovering a lost actor failed: {error_line(e)}")
+        self._event.set()
+
+    def _await_actors(self, began: float) -> list[tuple[tuple[int, ...], NodePlace, NodePlace, bool]]:
+        """Wait until every actor answers; set up again each that Ray restarted (a new process).  Raises
+        when one cannot come back: no node has its resources, or ``restart_timeout`` passed."""
+        ray = self._ray
+        probes = {g: a.node.remote() for g, a in enumerate(self.actors)}
+        restored: list[tuple[tuple[int, ...], NodePlace, NodePlace, bool]] = []
+        deadline = began + self.config.restart_timeout
+        while probes and not self._closed:
+            ready, _ = ray.wait(list(probes.values()), num_returns=len(probes), timeout=PROBE_S)
+            for g in [g for g, ref in probes.items() if ref in ready]:
+                place = self._probed(g, probes)
+                if place is None:
+                    continue
+                del probes[g]
+                old = self.places[g]
+                if place.pid != old.pid or place.node_id != old.node_id:  # Ray started it again
+                    dead = not node_alive(old.node_id, ray.nodes())
+                    self.places[g] = place
+                    self._set_up(g)
+                    restored.append((self._indexes(g), old, place, dead))
+            if probes:
+                self._check_hosts(list(probes), began, deadline)
+        return restored
+
+    def _probed(self, g: int, probes: dict[int, Any]) -> NodePlace | None:
+        """Group ``g``'s answer to its probe; None (and a new probe) when it was not there yet."""
+        ray = self._ray
+        try:
+            place: NodePlace = ray.get(probes[g])
+            return place
+        except ray.exceptions.ActorUnavailableError:  # going away or coming back: ask again
+            time.sleep(PROBE_S)
+            probes[g] = self.actors[g].node.remote()
+            return None
+        except ray.exceptions.RayActorError as e:
+            raise RuntimeStageError(
+                _ray_error_text(
+                    e,
+                    f"{self._stages_text(self.groups[g])} was lost and will not run again",
+                    self._actor_names(),
+                )
+            ) from e
+
+    def _check_hosts(self, waiting: Sequence[int], began: float, deadline: float) -> None:
+        """Stop when a lost actor whose node is dead fits no alive node, or the deadline passed."""
+        nodes = self._ray.nodes()
+        for g in waiting:
+            old = self.places[g]
+            dead = not node_alive(old.node_id, nodes)
+            if dead:
+                request = request_of(self._group_options(self.groups[g]))
+                lacking = missing_resources(request, nodes)
+                if lacking is not None:
+                    raise RuntimeStageError(no_node_text(self._indexes(g), old, request, lacking))
+            if time.monotonic() > deadline:
+                raise RuntimeStageError(timed_out_text(self._indexes(g), old, time.monotonic() - began, dead))
+
+    def _indexes(self, g: int) -> tuple[int, ...]:
+        return tuple(self.specs[i].index for i in self.groups[g])
+
+    # ---------------------------------------------------------------------------------- stats
+
     def stats(self) -> list[WorkerStats]:
-        self._check()
+        self._check_open()
         replies: list[list[WorkerStats]] = self._ray.get([a.stats.remote() for a in self.actors])
         by_position: dict[int, WorkerStats] = {}
         for group, reply in zip(self.groups, replies, strict=True):  # an actor answers in its group's order
@@ -363,8 +565,14 @@ class RayBackend:
         return [by_position[i] for i in range(len(self.specs))]
 
     def reset_stats(self) -> None:
-        self._check()
+        self._check_open()
         self._ray.get([a.reset.remote() for a in self.actors])
+        self._trips.clear()
+
+    def trips(self) -> list[Trip]:
+        """The trips of the micro-batches delivered since the stats were last reset (the most recent
+        :data:`~onnxpipe.runtime.session.MAX_RECORDS`)."""
+        return list(self._trips)
 
     def worker_pids(self) -> list[int]:
         return []
@@ -399,7 +607,7 @@ def _ray_error_text(e: BaseException, fallback: str, actors: Mapping[int, str] |
         if "RuntimeStageError:" in line:
             return line.split("RuntimeStageError:", 1)[1].strip()
     kind = type(e).__name__
-    if "ActorDied" in kind or "RayActorError" in kind:
+    if "ActorDied" in kind or "RayActorError" in kind or "ActorUnavailable" in kind:
         m = _DEAD_PID.search(str(e))
         who = actors.get(int(m.group(1))) if m and actors else None
         return f"{fallback}: {who or 'a stage actor'} died ({error_line(e)})"

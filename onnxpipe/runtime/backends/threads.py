@@ -32,6 +32,7 @@ from onnxpipe.runtime.base import Tensors, lane_order
 from onnxpipe.runtime.choices import DEFAULT_SLOTS
 from onnxpipe.runtime.session import Record, StageFailure, StageRunner, WorkerStats, current_rss_bytes
 from onnxpipe.runtime.spec import WorkerSpec
+from onnxpipe.runtime.trips import Trip
 
 _POLL_S = 0.1
 STOP_GRACE_S = 10.0
@@ -302,6 +303,10 @@ class ThreadBackend:
         for w in self._workers:
             with w.lock:
                 w.runner.recorder.reset()
+
+    def trips(self) -> list[Trip]:
+        """None: a local worker's hops are a queue's or shared memory's, timed in its records."""
+        return []
 
     def worker_pids(self) -> list[int]:
         return []

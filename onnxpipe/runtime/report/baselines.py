@@ -34,7 +34,8 @@ from onnxpipe.core.errors import RuntimeStageError, error_line
 from onnxpipe.core.ortsession import Provider, open_session, session_options
 from onnxpipe.manifest import Manifest
 from onnxpipe.runtime.affinity import assign_cpus, cpu_sets, pinned
-from onnxpipe.runtime.base import LocalConfig, RayConfig, Tensors
+from onnxpipe.runtime.backends.ray_backend import RayBackend
+from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig, Tensors
 from onnxpipe.runtime.pipeline import Pipeline, make_backend
 from onnxpipe.runtime.report.ceiling import MIN_RUN_S, balanced_ceiling
 from onnxpipe.runtime.report.measure import Measurement, measure
@@ -185,11 +186,21 @@ def replicas_measurement(
     lanes = _replica_lanes(model, pipeline, placement, threads)
     if is_pinned(pipeline):  # like the pipeline's workers
         lanes, _ = assign_cpus(lanes)
-    backend = make_backend(lanes, RayConfig() if mode == "ray" else LocalConfig(mode=LocalMode(mode)))
+    backend = make_backend(lanes, _replica_config(pipeline, mode))
     with Pipeline(
         backend, input_types=pipeline.input_types, output_names=pipeline.output_names, lanes=lanes
     ) as data_parallel:
         return measure(data_parallel, inputs, warmup=warmup)
+
+
+def _replica_config(pipeline: Pipeline, mode: ReplicaMode) -> BackendConfig:
+    """The replicas' backend: the pipeline's cluster, files and restarts, each replica placed by Ray
+    (no stage's resources), for Ray; local workers in ``mode`` otherwise."""
+    if mode != "ray":
+        return LocalConfig(mode=LocalMode(mode))
+    if isinstance(pipeline.backend, RayBackend):
+        return replace(pipeline.backend.config, resources=None)
+    return RayConfig()
 
 
 def replica_memory(

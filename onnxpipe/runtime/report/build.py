@@ -6,11 +6,15 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.options import opt
 from onnxpipe.manifest import Manifest
+from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.report.cluster import RecoveryReport, hop_reports, overhead_ms
 from onnxpipe.runtime.report.measure import Measurement, min_steady_microbatches
 from onnxpipe.runtime.report.model import Latency, RunReport, StageReport
 from onnxpipe.runtime.report.text import shapes_text
@@ -96,7 +100,10 @@ def build_report(
     specs = pipeline.lanes[0]
     by_index = {s.index: s for s in measurement.stats[: len(specs)]}
     stages = tuple(
-        stage_report(spec, by_index.get(spec.index), manifest, measurement.wall_seconds) for spec in specs
+        _on_node(
+            stage_report(spec, by_index.get(spec.index), manifest, measurement.wall_seconds), pipeline, i
+        )
+        for i, spec in enumerate(specs)
     )
     bottleneck = max(range(len(stages)), key=lambda i: stages[i].busy_seconds) if stages else 0
     comparable, notes = check_estimates(manifest, specs, input_shapes) if manifest is not None else (True, [])
@@ -125,7 +132,36 @@ def build_report(
         driver_peak_rss_bytes=driver_peak_rss_bytes,
         notes=tuple(notes),
         worker_stages=groups,
+        **_cluster_part(pipeline, measurement),
     )
+
+
+def _on_node(stage: StageReport, pipeline: Pipeline, position: int) -> StageReport:
+    """``stage`` with the node its actor ran on last and the bytes shipped there (Ray only)."""
+    backend = pipeline.backend
+    if not isinstance(backend, RayBackend):
+        return stage
+    place = backend.placed[position]
+    record = backend.shipped_to(position)
+    return replace(
+        stage,
+        node_id=place.node_id,
+        node_address=place.address,
+        host=place.host,
+        shipped_bytes=record.bytes_sent if record is not None else None,
+    )
+
+
+def _cluster_part(pipeline: Pipeline, measurement: Measurement) -> dict[str, Any]:
+    """The report's hops, overhead, recoveries and failure (the hops and recoveries on Ray only)."""
+    part: dict[str, Any] = {"failure": measurement.failure}
+    backend = pipeline.backend
+    if isinstance(backend, RayBackend):
+        indexes = [s.index for s in pipeline.lanes[0]]
+        part["hops"] = hop_reports(measurement.trips, measurement.single_trips, indexes)
+        part["overhead_ms"] = overhead_ms(measurement.single_trips)
+        part["recoveries"] = tuple(RecoveryReport.of(r) for r in backend.recoveries)
+    return part
 
 
 def stage_report(

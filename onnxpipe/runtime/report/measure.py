@@ -11,10 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.driver import Job
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.session import WorkerStats
+from onnxpipe.runtime.trips import Trip
 
 Feeds = Mapping[str, np.ndarray]
 
@@ -47,6 +49,12 @@ class Measurement:
     """Latencies of micro-batches run one at a time after the stream (``measure(..., single=N)``)."""
     outputs: tuple[Tensors, ...] = ()
     """Every micro-batch's outputs in input order with ``measure(..., keep_outputs=True)``, else empty."""
+    trips: tuple[Trip, ...] = ()
+    """Each streamed micro-batch's hops, where the backend times them (Ray)."""
+    single_trips: tuple[Trip, ...] = ()
+    """The hops of the micro-batches run one at a time."""
+    failure: str | None = None
+    """Why the stream stopped before its end (``measure(..., partial=True)``); what came before counts."""
 
     @property
     def microbatches(self) -> int:
@@ -105,6 +113,7 @@ def measure(
     warmup: int = 0,
     single: int = 0,
     keep_outputs: bool = False,
+    partial: bool = False,
 ) -> Measurement:
     """Stream ``warmup`` micro-batches (cycling through ``inputs``), reset the workers' stats, then
     stream ``inputs`` and return their timings and the workers' stats (and outputs if ``keep_outputs``).
@@ -117,6 +126,9 @@ def measure(
     every one makes each new output fresh memory that the last stage faults in page by page (megabytes of
     logits per micro-batch are a visible share of a small model's last stage), which the sessions the
     pipeline is compared with do not pay.
+
+    ``partial``: a pipeline that fails during the stream ends it there, and the measurement holds what
+    was delivered before, and why it stopped (:attr:`Measurement.failure`), instead of raising.
     """
     if warmup > 0 and inputs:
         pipeline.run_many([inputs[j % len(inputs)] for j in range(warmup)])
@@ -136,19 +148,26 @@ def measure(
         done_at.append(job.done_at if job.done_at is not None else time.perf_counter())
 
     start = time.perf_counter()
-    for feeds in inputs:
-        pending.append(pipeline.submit(feeds))
-        while len(pending) >= window:
+    try:
+        for feeds in inputs:
+            pending.append(pipeline.submit(feeds))
+            while len(pending) >= window:
+                take()
+        while pending:
             take()
-    while pending:
-        take()
+    except RuntimeStageError as e:
+        if not partial:
+            raise
+        return _stopped(pipeline, queued_at, done_at, start, outputs, str(e))
     end = max(done_at, default=time.perf_counter())
     stats = tuple(pipeline.stats())
+    trips = pipeline.trips()
     single_latencies: list[float] = []
     for j in range(single if inputs else 0):
         job = pipeline.submit(inputs[j % len(inputs)])
         job.result()
         single_latencies.append((job.done_at or time.perf_counter()) - job.queued_at)
+    single_trips = pipeline.trips()[len(trips) :]
     return Measurement(
         queued_at=tuple(queued_at),
         done_at=tuple(done_at),
@@ -159,6 +178,30 @@ def measure(
         output_workers=_last_positions(pipeline.lanes),
         single_latencies_s=tuple(single_latencies),
         outputs=tuple(outputs),
+        trips=tuple(trips),
+        single_trips=tuple(single_trips),
+    )
+
+
+def _stopped(
+    pipeline: Pipeline,
+    queued_at: list[float],
+    done_at: list[float],
+    start: float,
+    outputs: list[Tensors],
+    failure: str,
+) -> Measurement:
+    """What a stream that failed had delivered (its workers are gone: no stats)."""
+    return Measurement(
+        queued_at=tuple(queued_at),
+        done_at=tuple(done_at),
+        start=start,
+        end=max(done_at, default=start),
+        stats=(),
+        in_flight=max(1, pipeline.capacity),
+        output_workers=_last_positions(pipeline.lanes),
+        outputs=tuple(outputs),
+        failure=failure,
     )
 
 

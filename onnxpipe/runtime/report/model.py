@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxpipe.runtime.report.cluster import HopReport, RecoveryReport, per_hop
 from onnxpipe.runtime.spec import CPU_PROVIDER
 
 
@@ -80,6 +81,20 @@ class StageReport:
     hosted_with: tuple[int, ...] = ()
     """The stages, this one among them, whose sessions shared that worker process (an interleaved split's
     worker in processes or on Ray); empty: the process ran this stage alone."""
+    node_id: str | None = None
+    """Ray's id of the node the stage ran on (last, after a recovery); None for local workers."""
+    node_address: str | None = None
+    host: str | None = None
+    shipped_bytes: int | None = None
+    """Bytes of the stage's files the driver shipped to its node for this run (0: its node had them);
+    None when they were not shipped (local workers, or a folder the nodes share)."""
+
+    @property
+    def node_text(self) -> str | None:
+        """``host address 1a2b3c4d``: where the stage ran, None for local workers."""
+        if self.node_id is None:
+            return None
+        return f"{self.host} {self.node_address} {self.node_id[:8]}"
 
 
 @dataclass(frozen=True)
@@ -203,6 +218,19 @@ class RunReport:
     estimate_max_error_at_machine_speed: float | None = None
     """The largest ``|estimated * machine_slowdown - measured| / measured``: what the estimates got
     wrong besides the machine's change of speed."""
+    hops: tuple[HopReport, ...] = ()
+    """Each hop's bytes and time, on a cluster (Ray): :mod:`onnxpipe.runtime.report.cluster`."""
+    overhead_ms: float | None = None
+    """A micro-batch's median time beyond its stages' own work, run one at a time (Ray)."""
+    recoveries: tuple[RecoveryReport, ...] = ()
+    """Each lost actor the run brought back on another node (Ray)."""
+    failure: str | None = None
+    """Why the run stopped before its end; the figures are those of what it delivered before."""
+
+    @property
+    def hop_overhead_ms(self) -> float | None:
+        """:attr:`overhead_ms` shared among a micro-batch's hops."""
+        return per_hop(self.overhead_ms, len(self.hops))
 
     @property
     def workers(self) -> tuple[WorkerReport, ...]:
@@ -242,6 +270,12 @@ class RunReport:
         if self.workers:
             obj["workers"] = [_plain(w, _WORKER_KEYS) for w in self.workers]
         obj["baselines"] = {name: _plain(b, _BASELINE_KEYS) for name, b in self.baselines.items()}
+        if self.hops or self.recoveries or self.overhead_ms is not None:
+            obj["hops"] = [_plain(h, _HOP_KEYS) for h in self.hops]
+            obj["overhead_ms"] = num(self.overhead_ms)
+            obj["hop_overhead_ms"] = num(self.hop_overhead_ms)
+            obj["recoveries"] = [_plain(r, _RECOVERY_KEYS) for r in self.recoveries]
+        obj["failure"] = self.failure
         obj.update(_plain(self, ("outputs_match", "outputs_max_rel_diff", "notes")))
         return obj
 
@@ -309,6 +343,21 @@ _STAGE_KEYS = (
     "worker_peak_rss_bytes",
     "worker_model_rss_bytes",
     "hosted_with",
+    "node_id",
+    "node_address",
+    "host",
+    "shipped_bytes",
+)
+_HOP_KEYS = ("source", "target", "bytes_per_microbatch", "inline", "single_ms", "stream_ms")
+_RECOVERY_KEYS = (
+    "stages",
+    "lost_node",
+    "lost_node_id",
+    "new_node",
+    "new_node_id",
+    "node_died",
+    "replayed",
+    "seconds_lost",
 )
 _WORKER_KEYS = (
     "index",

@@ -56,8 +56,10 @@ def format_report(report: RunReport) -> str:
     lines = [
         _stage_table(report),
         *(worker_line(w, bottleneck=w.index == report.bottleneck_worker) for w in report.workers),
+        *_hop_lines(report),
         _totals_line(report),
         *_baseline_lines(report),
+        *_recovery_lines(report),
     ]
     machine = _machine_line(report)
     if machine:
@@ -76,6 +78,7 @@ def format_report(report: RunReport) -> str:
 
 def _stage_table(report: RunReport) -> str:
     shared = report.memory_shared
+    on_nodes = any(s.node_id is not None for s in report.stages)
     rows = []
     for s in report.stages:
         err = "-" if s.estimate_error is None else f"{s.estimate_error * 100:+.1f}%"
@@ -92,11 +95,51 @@ def _stage_table(report: RunReport) -> str:
         ]
         if not shared:
             row += [_bytes(s.peak_rss_bytes), _bytes(s.model_rss_bytes)]
+        if on_nodes:
+            row += [s.node_text or "-", _bytes(s.shipped_bytes)]
         rows.append(row)
     headers = ["stage", "file", "threads", "est ms", "measured ms", "(est-meas)/meas", "busy", "weights"]
     if not shared:
         headers += ["peak RSS", "model mem"]
+    if on_nodes:
+        headers += ["node (host address id)", "shipped"]
     return table(headers, rows)
+
+
+def _hop_lines(report: RunReport) -> list[str]:
+    """The hops' table and their overhead (on a cluster only)."""
+    if not report.hops:
+        return []
+    rows = [
+        [
+            f"{h.source} -> {h.target}",
+            _bytes(h.bytes_per_microbatch),
+            "inline" if h.inline else "object store",
+            _ms(h.single_ms),
+            _ms(h.stream_ms),
+        ]
+        for h in report.hops
+    ]
+    lines = [table(["hop", "bytes/micro-batch", "how", "one at a time ms", "in the stream ms"], rows)]
+    if report.overhead_ms is not None:
+        lines.append(
+            f"overhead: one micro-batch at a time took {report.overhead_ms:.2f} ms beyond its stages' own "
+            f"work ({_ms(report.hop_overhead_ms)} ms a hop)"
+        )
+    return lines
+
+
+def _recovery_lines(report: RunReport) -> list[str]:
+    """A line per lost actor brought back, and the failure that stopped the run, if one did."""
+    lines = [
+        f"recovered: {'stages' if len(r.stages) > 1 else 'stage'} {_stage_list(r.stages)} lost "
+        f"{'its node' if r.node_died else 'its actor on'} {r.lost_node}; running again on {r.new_node} "
+        f"{r.seconds_lost:.1f} s later, {r.replayed} micro-batch(es) sent again"
+        for r in report.recoveries
+    ]
+    if report.failure is not None:
+        lines.append(f"STOPPED after {report.microbatches} micro-batch(es): {report.failure}")
+    return lines
 
 
 def _totals_line(report: RunReport) -> str:

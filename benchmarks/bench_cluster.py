@@ -1,0 +1,350 @@
+"""The Ray backend across nodes: a hop's overhead per transport, the pipeline against replicas, a lost node.
+
+On a Ray cluster of nodes started on this machine as users start them on several
+(``tools/ray_cluster.py``: ``ray start --head`` without CPUs, two worker nodes of 1 CPU each, with the
+custom resources that pin stage 0 to one and stage 1 to the other), in one run:
+
+* ``hops``: a micro-batch through two actors and back (driver -> a -> b -> driver, three hops), one at a
+  time, the actors doing no work, at a small size and at the split's boundary size: the median time per
+  hop of each transport: ``object_store`` (each actor returns its tensor as one value and the next call
+  takes the reference: what the Ray backend did before, every tensor over 100 KiB through Ray's object
+  store), ``inline`` (the backend's transport: a header and pieces under 100 KiB in the calls,
+  ``onnxpipe/runtime/backends/ray_wire.py``, the driver passing each call's references to the next),
+  ``push`` (the same pieces, each actor calling the next itself and the last one answering the driver:
+  no hop through the driver) and ``compiled_graph`` (Ray's compiled graphs, where the installed Ray has
+  them); and ``bare_call``, half an empty call's round trip to one actor: the least a hop costs in Ray
+  here;
+* ``throughput``: the 2-stage split of a model whose stages take a few milliseconds each, as
+  ``onnxpipe run`` runs it on the cluster (``ray_pipeline``), against two Ray replicas of the whole model
+  on the same two nodes (``ray_replicas``), and against the local threads backend in this process
+  (``threads_pipeline``, ``threads_replicas``): each one's steady micro-batches per second, in rounds
+  whose order alternates, and the ratios of the rounds' medians; with the pipeline's own report of a
+  hop's overhead (``overhead_ms`` of ``run --report``: a micro-batch's time beyond its stages' work, one
+  at a time, shared among its hops);
+* ``lost_node``: a spare node with stage 1's resources joins, the node holding stage 1 is killed (its
+  whole process tree, SIGKILL) in the middle of a long stream; the stream completes, and the result
+  holds the time the recovery took (Ray's health checks declaring the node dead with its default
+  settings, the actor started again on the spare, the stage shipped there and opened), the micro-batches
+  sent again, and the run's time against the same stream undisturbed.
+
+The machine is shared: the load average and the CPU that other processes used are recorded with the
+result.  Results: ``benchmarks/results/cluster.json``::
+
+    python -m benchmarks cluster [--shape x=1,3,48,120] [--microbatches 300] [--rounds 3] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.bench_ray import TreeWatch
+from benchmarks.common import benchmark_parser, params_of, shown, write_result
+from onnxpipe import api
+from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
+from onnxpipe.manifest import load_manifest
+from onnxpipe.runtime.backends.ray_backend import RayBackend
+from onnxpipe.runtime.backends.ray_wire import pack, slots_for, unpack
+from onnxpipe.runtime.backends.threads import ThreadBackend
+from onnxpipe.runtime.base import LocalConfig, RayConfig
+from onnxpipe.runtime.inputs import random_inputs
+from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.report.cluster import overhead_ms
+from onnxpipe.runtime.report.measure import measure
+from onnxpipe.runtime.spec import Placement, model_spec
+from tools import corpus
+from tools.ray_cluster import LocalCluster
+
+PINNED = [{"resources": {"node_a": 1}}, {"resources": {"node_b": 1}}]
+SMALL = 4096
+WARMUP = 8
+
+
+# --------------------------------------------------------------------------------------------------
+# hops: the transports side by side
+
+
+class Relay:
+    """An actor that passes what it gets on, by each transport."""
+
+    def __init__(self) -> None:
+        self.next: Any = None
+        self.waiting: dict[int, asyncio.Future[Any]] = {}
+        self.done: dict[int, Any] = {}
+
+    def link(self, following: Any) -> None:
+        self.next = following
+
+    def plain(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+    def inline(self, slots: int, header: Any, *pieces: Any) -> tuple[Any, ...]:
+        return pack(unpack(header, pieces), slots, sent=time.time())
+
+    def empty(self) -> None:
+        return None
+
+    async def push(self, seq: int, slots: int, header: Any, *pieces: Any) -> None:
+        message = pack(unpack(header, pieces), slots, sent=time.time())
+        if self.next is not None:
+            self.next.push.remote(seq, slots, *message)
+        elif seq in self.waiting:
+            self.waiting.pop(seq).set_result(message)
+        else:
+            self.done[seq] = message
+
+    async def result(self, seq: int) -> Any:
+        if seq in self.done:
+            return self.done.pop(seq)
+        future = asyncio.get_running_loop().create_future()
+        self.waiting[seq] = future
+        return await future
+
+
+def _median_ms(call: Callable[[int], object], repeats: int) -> float:
+    for j in range(WARMUP):
+        call(-1 - j)
+    times = []
+    for j in range(repeats):
+        start = time.perf_counter()
+        call(j)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def hop_times(ray: Any, sizes: Sequence[int], repeats: int) -> list[dict[str, Any]]:
+    """Each transport's median time per hop at each size (three hops a trip)."""
+    relay = ray.remote(Relay)
+    a = relay.options(num_cpus=0, resources={"node_a": 0.01}).remote()
+    b = relay.options(num_cpus=0, resources={"node_b": 0.01}).remote()
+    ray.get(a.link.remote(b))
+    rows = [_hops_at(ray, a, b, size, repeats, 10**9 * (i + 1)) for i, size in enumerate(sizes)]
+    for actor in (a, b):
+        ray.kill(actor)
+    return rows
+
+
+def _hops_at(ray: Any, a: Any, b: Any, size: int, repeats: int, first_seq: int) -> dict[str, Any]:
+    x = np.ones(size, dtype=np.uint8)
+    n = slots_for({"x": x})
+    message = pack({"x": x}, n, sent=0.0)
+    seq = [first_seq]
+
+    def pushed(_: int) -> object:
+        seq[0] += 1
+        a.push.remote(seq[0], n, *message)
+        return ray.get(list(b.result.options(num_returns=n).remote(seq[0])))
+
+    def inline(_: int) -> object:
+        first = a.inline.options(num_returns=n).remote(n, *message)
+        return ray.get(list(b.inline.options(num_returns=n).remote(n, *first)))
+
+    transports: dict[str, Callable[[int], object]] = {
+        "object_store": lambda _: ray.get(b.plain.remote(a.plain.remote(x))),
+        "inline": inline,
+        "push": pushed,
+    }
+    row: dict[str, Any] = {
+        "bytes": size,
+        "bare_call_ms_per_hop": _median_ms(lambda _: ray.get(a.empty.remote()), repeats) / 2,
+    }
+    for name, call in transports.items():
+        row[f"{name}_ms_per_hop"] = _median_ms(call, repeats) / 3
+    row["compiled_graph_ms_per_hop"] = _compiled(ray, a, b, x, repeats)
+    shown_ms = ", ".join(f"{k} {v:.3f}" for k, v in row.items() if k != "bytes" and v is not None)
+    print(f"  hops at {size} B: {shown_ms}")
+    return row
+
+
+def _compiled(ray: Any, a: Any, b: Any, x: np.ndarray, repeats: int) -> float | None:
+    """The compiled graph's time per hop, or None where the installed Ray cannot compile it."""
+    try:
+        from ray.dag import InputNode
+
+        with InputNode() as given:
+            dag = b.plain.bind(a.plain.bind(given))
+        graph = dag.experimental_compile()
+    except Exception as e:  # noqa: BLE001 - a Ray without compiled graphs: the figure is absent
+        print(f"  compiled graphs unavailable: {type(e).__name__}: {e}")
+        return None
+    try:
+        return _median_ms(lambda _: ray.get(graph.execute(x)), repeats) / 3
+    finally:
+        graph.teardown()
+
+
+# --------------------------------------------------------------------------------------------------
+# throughput: the pipeline against replicas, on Ray and on threads
+
+
+def _replicas(model: Path, split: Path, config: RayConfig | LocalConfig) -> Pipeline:
+    m = load_manifest(split)
+    types = {t.name: t.dtype for t in m.model_inputs}
+    outputs = [o.name for o in m.model_outputs]
+    lanes = [[model_spec(model, list(types), outputs, Placement(threads=1), index=i)] for i in range(2)]
+    backend = RayBackend(lanes, config) if isinstance(config, RayConfig) else ThreadBackend(lanes)
+    return Pipeline(backend, input_types=types, output_names=outputs, lanes=lanes)
+
+
+def throughput(model: Path, split: Path, inputs: Sequence[Any], rounds: int) -> dict[str, Any]:
+    """Each variant's steady rate per round (order alternating), the medians, and the pipeline's hop
+    overhead from its own trips."""
+    variants: dict[str, Callable[[], Pipeline]] = {
+        "ray_pipeline": lambda: Pipeline.from_manifest(split, RayConfig(resources=PINNED)),
+        "ray_replicas": lambda: _replicas(model, split, RayConfig()),
+        "threads_pipeline": lambda: Pipeline.from_manifest(split, LocalConfig(mode="threads")),
+        "threads_replicas": lambda: _replicas(model, split, LocalConfig(mode="threads")),
+    }
+    rates: dict[str, list[float]] = {k: [] for k in variants}
+    overheads: list[float] = []
+    others: list[float] = []
+    for r in range(rounds):
+        with TreeWatch() as watch:
+            for key in list(variants) if r % 2 == 0 else list(variants)[::-1]:
+                with variants[key]() as pipe:
+                    measured = measure(pipe, inputs, warmup=WARMUP, single=16)
+                rates[key].append(measured.steady_throughput_per_s or measured.throughput_per_s)
+                if key == "ray_pipeline":
+                    overhead = overhead_ms(measured.single_trips)
+                    overheads.append((overhead or 0.0) / 3)
+        others.append(watch.others_cores())
+        print(f"  round {r + 1}/{rounds}: " + ", ".join(f"{k} {v[-1]:.1f}/s" for k, v in rates.items()))
+
+    def ratio(x: str, y: str) -> float:
+        return statistics.median(p / q for p, q in zip(rates[x], rates[y], strict=True))
+
+    return {
+        "throughput_per_s": {k: statistics.median(v) for k, v in rates.items()},
+        "all_rounds": rates,
+        "ratios": {
+            "ray_pipeline_x_ray_replicas": ratio("ray_pipeline", "ray_replicas"),
+            "ray_pipeline_x_threads_pipeline": ratio("ray_pipeline", "threads_pipeline"),
+            "threads_pipeline_x_threads_replicas": ratio("threads_pipeline", "threads_replicas"),
+        },
+        "pipeline_hop_overhead_ms": statistics.median(overheads),
+        "others_cores": others,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# a lost node
+
+
+def lost_node(cluster: LocalCluster, split: Path, inputs: Sequence[Any], count: int) -> dict[str, Any]:
+    """Stream ``count`` micro-batches undisturbed, then again killing stage 1's node a fifth of the way
+    in, a spare with its resources waiting: the recovery and the time the run lost."""
+    stream = [inputs[j % len(inputs)] for j in range(count)]
+    with Pipeline.from_manifest(split, RayConfig(resources=PINNED)) as pipe:
+        pipe.run_many(stream[:WARMUP])
+        start = time.perf_counter()
+        pipe.run_many(stream)
+        quiet = time.perf_counter() - start
+    cluster.add("spare", 1, {"node_b": 1})
+    cluster.wait()
+    with Pipeline.from_manifest(split, RayConfig(resources=PINNED)) as pipe:
+        backend = pipe.backend
+        assert isinstance(backend, RayBackend)
+        victim = cluster.node(backend.placed[1].node_id)
+        pipe.run_many(stream[:WARMUP])
+        start = time.perf_counter()
+        for delivered, _ in enumerate(pipe.stream(stream), start=1):
+            if delivered == count // 5:
+                threading.Thread(target=cluster.kill, args=(victim,), daemon=True).start()
+        disturbed = time.perf_counter() - start
+    (recovery,) = backend.recoveries
+    print(
+        f"  lost node: recovered in {recovery.seconds:.1f} s, {recovery.replayed} micro-batches sent again; "
+        f"{count} micro-batches took {disturbed:.1f} s against {quiet:.1f} s undisturbed"
+    )
+    return {
+        "microbatches": count,
+        "undisturbed_seconds": quiet,
+        "disturbed_seconds": disturbed,
+        "time_lost_seconds": disturbed - quiet,
+        "recovery_seconds": recovery.seconds,
+        "replayed": recovery.replayed,
+        "node_died": recovery.node_lost,
+        "moved_to_spare": recovery.now.node_id == cluster.nodes[-1].node_id,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def _split(model: Path, shape: tuple[int, ...], base: Path) -> Path:
+    out = base / "split"
+    api.split(
+        model,
+        SplitOptions(out=out, plan=PlanRequest(2), profile=ProfileOptions(shapes={"x": shape}), verify=False),
+    )
+    return out
+
+
+def main(argv: list[str]) -> int:
+    parser = benchmark_parser(__name__, __doc__)
+    parser.add_argument("--shape", default="1,3,48,120", help="the recogniser's input x (default 1,3,48,120)")
+    parser.add_argument("--microbatches", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=200, help="trips per transport and size")
+    parser.add_argument("--lost", type=int, default=1500, help="micro-batches of the lost-node stream")
+    args = parser.parse_args(argv)
+    shape = tuple(int(d) for d in args.shape.split(","))
+    model = corpus.rapidocr("rec")
+    base = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
+    split = _split(model, shape, base)
+    m = load_manifest(split)
+    boundary = m.stages[1].link_bytes_in
+    inputs = random_inputs(model, {"x": shape}, 8, seed=0)
+    stream = [inputs[j % len(inputs)] for j in range(args.microbatches)]
+    load_before = os.getloadavg()
+    cluster = LocalCluster(hide=False)
+    try:
+        cluster.add("a", 1, {"node_a": 1})
+        cluster.add("b", 1, {"node_b": 1})
+        ray = cluster.connect()
+        cluster.wait()
+        print(
+            f"stages estimated at {[round(s.estimated_compute_seconds * 1e3, 2) for s in m.stages]} ms, "
+            f"{boundary} B across the cut"
+        )
+        hops = hop_times(ray, [SMALL, boundary], args.repeats)
+        rates = throughput(model, split, stream, args.rounds)
+        lost = lost_node(cluster, split, inputs, args.lost)
+    finally:
+        import ray as ray_module
+
+        ray_module.shutdown()
+        cluster.stop()
+    summary = {
+        "stage_estimated_ms": [s.estimated_compute_seconds * 1e3 for s in m.stages],
+        "boundary_bytes": boundary,
+        "hops": hops,
+        **rates,
+        "lost_node": lost,
+        "load_before_1_5_15": list(load_before),
+    }
+    t = rates["throughput_per_s"]
+    print(
+        "\n"
+        + ", ".join(f"{k} {v:.1f}/s" for k, v in t.items())
+        + "\n"
+        + ", ".join(f"{k} {v:.2f}x" for k, v in rates["ratios"].items())
+        + f"\npipeline hop overhead {rates['pipeline_hop_overhead_ms']:.3f} ms (median, one at a time)"
+    )
+    rows = [{"case": "hops", **h} for h in hops]
+    rows.append({"case": "throughput", **t, **rates["ratios"]})
+    rows.append({"case": "lost_node", **lost})
+    path = write_result(
+        "cluster", params_of(args, model="rapidocr rec (PP-OCRv4)"), rows, summary=summary, out=args.out
+    )
+    print(f"wrote {shown(path)}")
+    return 0

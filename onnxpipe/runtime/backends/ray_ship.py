@@ -1,0 +1,104 @@
+"""The driver's side of shipping stage files to the nodes of a Ray cluster (``ray_files="ship"``).
+
+Once an actor has started on its node, the driver asks it which of its stages' files the node's cache
+lacks (:mod:`~onnxpipe.runtime.backends.stage_cache`), streams those through Ray in chunks of
+:data:`CHUNK_BYTES`, at most :data:`WINDOW` chunks on their way at once (a stage of any size, 2 GB or
+more, ships with a bounded share of the object store and of the driver's memory), and has the node check
+each file's sha256 on arrival.  Files the node has already (an earlier run, another stage with the same
+weights) are not sent again.  Then the actor opens its stages from its node's copy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from onnxpipe.core.files import file_sha256
+from onnxpipe.runtime.backends.stage_cache import ShippedFile
+from onnxpipe.runtime.spec import ModelFile, WorkerSpec
+
+CHUNK_BYTES = 8 * 1024 * 1024
+"""Bytes of one chunk of a shipped file: one object in the object store."""
+WINDOW = 4
+"""Chunks on their way at once: what shipping holds of the object store and of the driver's memory."""
+
+
+@dataclass(frozen=True)
+class ShipRecord:
+    """What one actor's node got: bytes and files sent, files it had already, and how long it took."""
+
+    bytes_sent: int
+    files_sent: int
+    files_cached: int
+    seconds: float
+
+
+def model_files(path: Path) -> tuple[ModelFile, ...]:
+    """The model at ``path`` and the external weights files beside it, hashed here (a model whose files
+    no manifest records, such as the source model the baselines run)."""
+    proto = onnx.load(str(path), load_external_data=False)
+    names: list[str] = []
+    for t in proto.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            location = {e.key: e.value for e in t.external_data}.get("location", "")
+            if location and location not in names:
+                names.append(location)
+    return tuple(ModelFile(n, file_sha256(path.parent / n)) for n in [path.name, *names])
+
+
+def files_of(spec: WorkerSpec) -> list[tuple[ShippedFile, Path]]:
+    """Each file of ``spec``'s model with its size, and where the driver reads it."""
+    path = Path(spec.path)
+    recorded = spec.files or model_files(path)
+    out = []
+    for f in recorded:
+        source = path.parent / f.name
+        out.append((ShippedFile(f.name, f.sha256, source.stat().st_size), source))
+    return out
+
+
+def ship(
+    ray: Any, actor: Any, specs: Sequence[WorkerSpec]
+) -> tuple[ShipRecord, dict[int, list[ShippedFile]]]:
+    """Send ``actor``'s node the files of ``specs`` it lacks; what was sent, and each stage's files (by
+    stage index) for the actor to open them from its node's cache."""
+    start = time.perf_counter()
+    stage_files: dict[int, list[ShippedFile]] = {}
+    sources: dict[str, tuple[ShippedFile, Path, str]] = {}
+    for spec in specs:
+        listed = files_of(spec)
+        stage_files[spec.index] = [f for f, _ in listed]
+        for f, source in listed:
+            sources.setdefault(f.sha256, (f, source, spec.label))
+    missing = ray.get(actor.missing.remote([f for f, _, _ in sources.values()]))
+    sent = 0
+    for sha in missing:
+        f, source, label = sources[sha]
+        _stream(ray, actor, f, source)
+        ray.get(actor.seal.remote(f, label))
+        sent += f.size
+    record = ShipRecord(sent, len(missing), len(sources) - len(missing), time.perf_counter() - start)
+    return record, stage_files
+
+
+def _stream(ray: Any, actor: Any, f: ShippedFile, source: Path) -> None:
+    """``source`` to ``actor`` in chunks, at most :data:`WINDOW` on their way at once."""
+    pending: list[Any] = []
+    offset = 0
+    with source.open("rb") as handle:
+        while True:
+            data = handle.read(CHUNK_BYTES)
+            if offset > 0 and not data:
+                break
+            pending.append(actor.write.remote(f.sha256, offset, data))
+            offset += len(data)
+            if len(pending) >= WINDOW:
+                ray.get(pending.pop(0))
+            if not data:  # an empty file: its one empty chunk is sent
+                break
+    ray.get(pending)

@@ -1,0 +1,101 @@
+"""The cluster's part of a run report: each hop's bytes and time, the lost actors brought back.
+
+A hop is the driver to the first stage, a stage to the next, or the last stage back to the driver
+(:mod:`onnxpipe.runtime.trips`).  Its time is taken from micro-batches run one at a time, where it is
+the hop's own cost (Ray's call, the tensors' transfer, the receiver's scheduling); in the stream it is
+mostly the wait behind other micro-batches, and is shown apart.  ``overhead_ms`` is a micro-batch's
+time beyond its stages' own work, one at a time: every hop's and every stage's handling of its tensors,
+measured with the driver's clock and each stage's timer, no two machines' clocks compared.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from onnxpipe.runtime.backends.ray_recovery import Recovery
+from onnxpipe.runtime.trips import Trip
+
+
+@dataclass(frozen=True)
+class HopReport:
+    """One hop: from and to (``driver`` or a stage number), the bytes of a micro-batch's tensors on it,
+    whether they all went inline (in Ray's call, not through its object store), and its time."""
+
+    source: str
+    target: str
+    bytes_per_microbatch: int
+    inline: bool
+    single_ms: float | None
+    """Median over the micro-batches run one at a time; None when none was."""
+    stream_ms: float | None
+    """Median over the measured stream (queueing behind other micro-batches included)."""
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    """A lost actor brought back: its stages, the node lost (``host (address, node id)``), the node it
+    runs on now, whether the node itself died, the micro-batches sent again, and the seconds lost."""
+
+    stages: tuple[int, ...]
+    lost_node: str
+    lost_node_id: str
+    new_node: str
+    new_node_id: str
+    node_died: bool
+    replayed: int
+    seconds_lost: float
+
+    @staticmethod
+    def of(r: Recovery) -> RecoveryReport:
+        return RecoveryReport(
+            stages=r.stages,
+            lost_node=r.lost.short,
+            lost_node_id=r.lost.node_id,
+            new_node=r.now.short,
+            new_node_id=r.now.node_id,
+            node_died=r.node_lost,
+            replayed=r.replayed,
+            seconds_lost=r.seconds,
+        )
+
+
+def hop_reports(
+    stream: Sequence[Trip], single: Sequence[Trip], stages: Sequence[int]
+) -> tuple[HopReport, ...]:
+    """Each hop of a pipeline of ``stages`` (their indexes, in order), from the trips of the stream and
+    of the micro-batches run one at a time."""
+    trips = [t for t in stream if len(t.legs) == len(stages)]
+    if not trips:
+        return ()
+    ends = ["driver", *(f"stage {s}" for s in stages), "driver"]
+    reports = []
+    for h in range(len(stages) + 1):
+        hops = [t.hops[h] for t in trips]
+        alone = [t.hops[h].seconds for t in single if len(t.legs) == len(stages)]
+        reports.append(
+            HopReport(
+                source=ends[h],
+                target=ends[h + 1],
+                bytes_per_microbatch=round(statistics.median(hop.bytes for hop in hops)),
+                inline=all(hop.inline for hop in hops),
+                single_ms=statistics.median(alone) * 1e3 if alone else None,
+                stream_ms=statistics.median(hop.seconds for hop in hops) * 1e3,
+            )
+        )
+    return tuple(reports)
+
+
+def overhead_ms(single: Sequence[Trip]) -> float | None:
+    """A micro-batch's median time beyond its stages' own work, one at a time (None: none was run)."""
+    values = [t.overhead_seconds for t in single if t.legs]
+    return statistics.median(values) * 1e3 if values else None
+
+
+def per_hop(overhead: float | None, hops: int) -> float | None:
+    """The overhead shared among a trip's hops, each taking its stage's handling along."""
+    if overhead is None or hops == 0 or math.isnan(overhead):
+        return None
+    return overhead / hops
