@@ -275,20 +275,26 @@ def test_a_killed_actor_is_started_again_and_its_micro_batches_sent_again(
     ray_cluster: Any, tiny_split: Path, sample_models_dir: Path
 ) -> None:
     """Ray starts a killed actor again (here on the same node, which lives on); the driver opens its
-    stage again and sends what was in flight again: every result once, in order, the model's."""
+    stage again and sends what was in flight again: every result once, in order, the model's.  The
+    actor is killed as the 60th micro-batch is taken, while earlier ones are in flight (not on a
+    timer, which a fast machine outran)."""
     import os
     import signal
-    import threading
 
     batches = token_batches(16, seed=5)
     expected = original_outputs(sample_models_dir / "transformer_tiny.onnx", batches)
-    inputs = [batches[j % len(batches)] for j in range(400)]
+
+    def inputs(pid: int) -> Iterator[dict[str, np.ndarray]]:
+        for j in range(400):
+            if j == 60:
+                os.kill(pid, signal.SIGKILL)
+            yield batches[j % len(batches)]
+
     with Pipeline.from_manifest(tiny_split, RayConfig()) as pipe:
         backend = pipe.backend
         assert isinstance(backend, RayBackend)
         before = backend.placed[1]
-        threading.Timer(1.0, os.kill, (before.pid, signal.SIGKILL)).start()
-        got = list(pipe.stream(inputs))
+        got = list(pipe.stream(inputs(before.pid)))
         after = backend.placed[1]
     assert_same([expected[j % len(expected)] for j in range(400)], got)
     (recovery,) = backend.recoveries
