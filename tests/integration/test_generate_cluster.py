@@ -16,6 +16,7 @@ from paths import REPO_ROOT, SAMPLE_MODELS
 
 from onnxpipe import api
 from onnxpipe.api import GenerateOptions, PlanRequest, ProfileOptions, SplitOptions
+from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.base import RayConfig
 from onnxpipe.runtime.pipeline import Pipeline
@@ -128,3 +129,25 @@ def test_a_node_killed_mid_generation_its_sequences_are_rebuilt_and_the_tokens_a
     assert recovery.stages == (1,) and recovery.node_lost
     assert recovery.lost.node_id == first.node_id and recovery.now.node_id != first.node_id
     assert got.rebuilt >= 1  # every sequence in flight held a cache on the lost node
+
+
+def test_a_lost_node_no_other_can_replace_stops_the_generation_in_one_line(
+    on_cluster: LocalCluster, llama_split: Path
+) -> None:
+    lonely = on_cluster.add("gd", 1, {"gen_lonely": 1})
+    on_cluster.wait()
+    pins = [PINNED[0], {"resources": {"gen_lonely": 1}}]
+    with Pipeline.from_manifest(llama_split, RayConfig(resources=pins), generation=True) as pipe:
+        made: list[int] = []
+
+        def kill_at_the_fifth(index: int, token: int) -> None:
+            made.append(token)
+            if len(made) == 5:
+                on_cluster.kill(lonely)
+
+        with pytest.raises(RuntimeStageError) as info:
+            pipe.generate([list(p) for p in PROMPTS], 24, eos_token_ids=(), on_token=kill_at_the_fifth)
+    text = str(info.value)
+    assert len(text.splitlines()) == 1
+    assert "stage 1 lost its node" in text and lonely.node_id is not None and lonely.node_id[:8] in text
+    assert "no alive node has gen_lonely 1" in text
