@@ -124,7 +124,8 @@ def test_a_node_killed_mid_generation_its_sequences_are_rebuilt_and_the_tokens_a
                 on_cluster.kill(on_cluster.node(first.node_id))
 
         got = pipe.generate([list(p) for p in PROMPTS], 24, eos_token_ids=(), on_token=kill_at_the_tenth)
-    assert got.tokens == want
+    assert got.tokens == want, (got.rebuilt, backend.recoveries)
+    assert len(backend.recoveries) == 1, backend.recoveries
     (recovery,) = backend.recoveries
     assert recovery.stages == (1,) and recovery.node_lost
     assert recovery.lost.node_id == first.node_id and recovery.now.node_id != first.node_id
