@@ -61,6 +61,8 @@ def test_generate_on_two_nodes_gives_the_unsplit_model_s_tokens(
     result = api.generate(llama_split, options)
     assert result.same and set(result.runs) == {"pipeline", "unsplit", "replicas"}
     assert result.tokens == _unsplit(llama_split, 12)
+    with Pipeline.from_manifest(llama_split, generation=True) as local:  # the same split, local threads
+        assert local.generate([list(p) for p in PROMPTS], 12, eos_token_ids=()).tokens == result.tokens
     cluster = result.cluster
     assert cluster is not None and result.backend == "ray"
     nodes = {n.spec.name: n.node_id for n in on_cluster.nodes}
