@@ -32,7 +32,8 @@ measured profiles); they take minutes, want a quiet machine, and are run by hand
 * ``interleave`` — interleaved stages against a contiguous split: throughput and weights per worker;
 * ``ray`` — the Ray backend: one actor per worker against one per stage, and the whole model;
 * ``cluster`` — the Ray backend across nodes: a hop's overhead per transport, the 2-stage pipeline
-  against two Ray replicas and the threads backend, and the time a killed node costs;
+  against two Ray replicas and the threads backend, a decoder's generation split over two nodes against
+  the unsplit model and two replicas (``--cases generate`` alone), and the time a killed node costs;
 * ``stagecost`` — what a cut costs: K stages one after the other against the whole model, one CPU;
 * ``nodesplit`` — plans that cut one dominating node (GPT-2 small's LM head, an Inception Conv) against
   the best contiguous split: bottlenecks over ``total / K``, and the slowest stage timed alone.

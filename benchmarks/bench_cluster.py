@@ -21,6 +21,12 @@ custom resources that pin stage 0 to one and stage 1 to the other), in one run:
   whose order alternates, and the ratios of the rounds' medians; with the pipeline's own report of a
   hop's overhead (``overhead_ms`` of ``run --report``: a micro-batch's time beyond its stages' work, one
   at a time, shared among its hops);
+* ``generate``: the medium decoder (``tools/export_decoders.py``'s ``llama_gqa_medium``, as
+  ``benchmarks/bench_generate.py`` uses) split in 2 stages, a stage per node, each actor keeping its
+  layers' KV cache (``ray_pipeline``), against the unsplit model on one node (``ray_unsplit``) and two
+  replicas of it, one per node (``ray_replicas``), one intra-op thread per actor: tokens/s (new tokens
+  over wall time, prefill included) at 1, 2 and 4 sequences in flight, medians of rounds whose order
+  rotates, the ratios; every generator must make the same tokens (else the benchmark fails);
 * ``lost_node``: a spare node with stage 1's resources joins, the node holding stage 1 is killed (its
   whole process tree, SIGKILL) in the middle of a long stream; the stream completes, and the result
   holds the time the recovery took (Ray's health checks declaring the node dead with its default
@@ -31,11 +37,17 @@ The machine is shared: the load average and the CPU that other processes used ar
 result.  Results: ``benchmarks/results/cluster.json``::
 
     python -m benchmarks cluster [--shape x=1,3,48,120] [--microbatches 300] [--rounds 3] [--out DIR]
+        [--cases hops throughput generate lost_node] [--sequences 1 2 4] [--new-tokens 32]
+
+``--cases`` runs some of the cases alone: the result keeps the other cases' rows from the result already
+there (``summary.merged_from`` names the commit and date they come from).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import os
 import statistics
 import tempfile
@@ -48,7 +60,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.bench_ray import TreeWatch
-from benchmarks.common import benchmark_parser, params_of, shown, write_result
+from benchmarks.common import RESULTS, benchmark_parser, params_of, shown, write_result
 from onnxpipe import api
 from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.manifest import load_manifest
@@ -56,15 +68,20 @@ from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.backends.ray_wire import pack, slots_for, unpack
 from onnxpipe.runtime.backends.threads import ThreadBackend
 from onnxpipe.runtime.base import LocalConfig, RayConfig
+from onnxpipe.runtime.generate import Generation
 from onnxpipe.runtime.inputs import random_inputs
+from onnxpipe.runtime.options import GenerateOptions
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.report.cluster import overhead_ms
 from onnxpipe.runtime.report.measure import measure
 from onnxpipe.runtime.spec import Placement, model_spec
-from tools import corpus
+from tools import corpus, export_decoders
 from tools.ray_cluster import LocalCluster
 
 PINNED = [{"resources": {"node_a": 1}}, {"resources": {"node_b": 1}}]
+DECODER = "llama_gqa_medium"
+"""The decoder of the ``generate`` case, as ``benchmarks/bench_generate.py`` uses."""
+CASES = ("hops", "throughput", "generate", "lost_node")
 SMALL = 4096
 WARMUP = 8
 
@@ -278,6 +295,85 @@ def lost_node(cluster: LocalCluster, split: Path, inputs: Sequence[Any], count: 
 
 
 # --------------------------------------------------------------------------------------------------
+# generation across nodes
+
+
+GENERATORS = ("ray_pipeline", "ray_unsplit", "ray_replicas")
+
+
+def _generator(kind: str, folder: Path) -> Pipeline:
+    """One generator on the cluster, one intra-op thread per actor: the 2-stage split (a stage per
+    node), the unsplit model on node ``a``, or two replicas of it where Ray puts them (one per node)."""
+    if kind == "ray_pipeline":
+        return Pipeline.from_manifest(folder, RayConfig(resources=PINNED), threads=1, generation=True)
+    if kind == "ray_unsplit":
+        return Pipeline.generating_replicas(folder, 1, RayConfig(resources=PINNED[:1]), threads=1)
+    return Pipeline.generating_replicas(folder, 2, RayConfig(), threads=1)
+
+
+def _generate_round(
+    kind: str, folder: Path, cases: dict[int, list[list[int]]], new_tokens: int
+) -> dict[int, Generation]:
+    """``kind`` opened (a node takes one actor at a time: each generator has the cluster to itself),
+    warmed up, and run on each count's prompts."""
+    with _generator(kind, folder) as pipe:
+        warm = GenerateOptions(prompt_ids=((1, 2, 3, 4),) * 2, max_new_tokens=4, ignore_eos=True)
+        pipe.generate_with(pipe.prompting(warm))
+        made = {}
+        for count, prompts in cases.items():
+            options = GenerateOptions(
+                prompt_ids=tuple(tuple(p) for p in prompts), max_new_tokens=new_tokens, ignore_eos=True
+            )
+            made[count] = pipe.generate_with(pipe.prompting(options))
+    return made
+
+
+def generation(
+    counts: Sequence[int], rounds: int, new_tokens: int, prompt_tokens: int, base: Path
+) -> list[dict[str, Any]]:
+    """Tokens/s of the medium decoder's 2-stage split on the two nodes, against the unsplit model on
+    one node and two replicas of it, at each count of sequences in flight: medians of rounds whose
+    order rotates, the ratios, and whether every generator made the same tokens."""
+    folder = base / "decoder"
+    api.split(
+        export_decoders.decoder(DECODER),
+        SplitOptions(out=folder, plan=PlanRequest(2), profile=ProfileOptions(runs=10, threads=1)),
+    )
+    vocab = export_decoders.SPECS[DECODER].vocab
+    rng = np.random.default_rng(0)
+    cases = {n: [rng.integers(0, vocab, size=prompt_tokens).tolist() for _ in range(n)] for n in counts}
+    rates: dict[tuple[str, int], list[float]] = {(k, n): [] for k in GENERATORS for n in counts}
+    tokens: dict[tuple[str, int], tuple[tuple[int, ...], ...]] = {}
+    for r in range(rounds):
+        for kind in GENERATORS[r % 3 :] + GENERATORS[: r % 3]:
+            for n, g in _generate_round(kind, folder, cases, new_tokens).items():
+                rates[kind, n].append(g.tokens_per_second)
+                tokens[kind, n] = g.tokens
+        print(f"  generate round {r + 1}/{rounds}: " + _rates_text(rates, counts))
+    return [_generation_row(n, rates, tokens) for n in counts]
+
+
+def _rates_text(rates: dict[tuple[str, int], list[float]], counts: Sequence[int]) -> str:
+    return "; ".join(
+        f"{n} seq: " + ", ".join(f"{k} {rates[k, n][-1]:.1f} tok/s" for k in GENERATORS) for n in counts
+    )
+
+
+def _generation_row(
+    n: int, rates: dict[tuple[str, int], list[float]], tokens: dict[tuple[str, int], Any]
+) -> dict[str, Any]:
+    rate = {k: statistics.median(rates[k, n]) for k in GENERATORS}
+    return {
+        "case": "generate",
+        "sequences": n,
+        **{f"{k}_tokens_per_s": rate[k] for k in GENERATORS},
+        "pipeline_x_unsplit": rate["ray_pipeline"] / rate["ray_unsplit"],
+        "pipeline_x_replicas": rate["ray_pipeline"] / rate["ray_replicas"],
+        "same_tokens": len({tokens[k, n] for k in GENERATORS}) == 1,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
 
 
 def _split(model: Path, shape: tuple[int, ...], base: Path) -> Path:
@@ -289,22 +385,108 @@ def _split(model: Path, shape: tuple[int, ...], base: Path) -> Path:
     return out
 
 
-def main(argv: list[str]) -> int:
+def _parse(argv: list[str]) -> argparse.Namespace:
     parser = benchmark_parser(__name__, __doc__)
     parser.add_argument("--shape", default="1,3,48,120", help="the recogniser's input x (default 1,3,48,120)")
     parser.add_argument("--microbatches", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=200, help="trips per transport and size")
     parser.add_argument("--lost", type=int, default=1500, help="micro-batches of the lost-node stream")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--cases",
+        nargs="+",
+        choices=CASES,
+        default=list(CASES),
+        help="the cases to run (default: all); a partial run keeps the other cases' rows of the result",
+    )
+    parser.add_argument("--sequences", nargs="+", type=int, default=[1, 2, 4], help="generate: in flight")
+    parser.add_argument("--new-tokens", type=int, default=32, help="generate: new tokens per sequence")
+    parser.add_argument("--prompt-tokens", type=int, default=16, help="generate: tokens per prompt")
+    return parser.parse_args(argv)
+
+
+def _run_cases(args: argparse.Namespace, cluster: LocalCluster, ray: Any, base: Path) -> dict[str, Any]:
+    """Each case of ``args.cases``: ``generate`` first, then the recogniser's (the lost node last: it
+    kills one)."""
+    done: dict[str, Any] = {}
+    if "generate" in args.cases:
+        done["generate"] = generation(args.sequences, args.rounds, args.new_tokens, args.prompt_tokens, base)
+    if set(args.cases) - {"generate"}:
+        done.update(_recogniser_cases(args, cluster, ray, base))
+    return done
+
+
+def _recogniser_cases(
+    args: argparse.Namespace, cluster: LocalCluster, ray: Any, base: Path
+) -> dict[str, Any]:
+    """The hops, throughput and lost-node cases, on the recogniser's 2-stage split."""
     shape = tuple(int(d) for d in args.shape.split(","))
     model = corpus.rapidocr("rec")
-    base = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
     split = _split(model, shape, base)
     m = load_manifest(split)
     boundary = m.stages[1].link_bytes_in
     inputs = random_inputs(model, {"x": shape}, 8, seed=0)
     stream = [inputs[j % len(inputs)] for j in range(args.microbatches)]
+    print(
+        f"stages estimated at {[round(s.estimated_compute_seconds * 1e3, 2) for s in m.stages]} ms, "
+        f"{boundary} B across the cut"
+    )
+    done: dict[str, Any] = {
+        "stage_estimated_ms": [s.estimated_compute_seconds * 1e3 for s in m.stages],
+        "boundary_bytes": boundary,
+    }
+    if "hops" in args.cases:
+        done["hops"] = hop_times(ray, [SMALL, boundary], args.repeats)
+    if "throughput" in args.cases:
+        done.update(throughput(model, split, stream, args.rounds))
+    if "lost_node" in args.cases:
+        done["lost_node"] = lost_node(cluster, split, inputs, args.lost)
+    return done
+
+
+def _rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = [{"case": "hops", **h} for h in summary.get("hops", [])]
+    if "throughput_per_s" in summary:
+        rows.append({"case": "throughput", **summary["throughput_per_s"], **summary["ratios"]})
+    rows += summary.get("generate", [])
+    if "lost_node" in summary:
+        rows.append({"case": "lost_node", **summary["lost_node"]})
+    return rows
+
+
+def _merged(
+    path: Path, cases: Sequence[str], rows: list[dict[str, Any]], summary: dict[str, Any]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A partial run's rows and summary with the other cases' from the result at ``path`` (its commit
+    and date noted in ``merged_from``)."""
+    if set(cases) == set(CASES) or not path.is_file():
+        return rows, summary
+    before = json.loads(path.read_text())
+    kept = [r for r in before["rows"] if r["case"] not in cases]
+    old = {k: v for k, v in before.get("summary", {}).items() if k not in summary and k != "merged_from"}
+    source = {"git_sha": before.get("git_sha"), "date": before.get("machine", {}).get("date")}
+    merged = {**old, **summary, "merged_from": {**source, "cases": [c for c in CASES if c not in cases]}}
+    order = {c: i for i, c in enumerate(CASES)}
+    return sorted(kept + rows, key=lambda r: order[r["case"]]), merged
+
+
+def _print_ratios(summary: dict[str, Any]) -> None:
+    if "throughput_per_s" in summary:
+        t = summary["throughput_per_s"]
+        print(", ".join(f"{k} {v:.1f}/s" for k, v in t.items()))
+        print(", ".join(f"{k} {v:.2f}x" for k, v in summary["ratios"].items()))
+        print(f"pipeline hop overhead {summary['pipeline_hop_overhead_ms']:.3f} ms (median, one at a time)")
+    for row in summary.get("generate", []):
+        print(
+            f"generate, {row['sequences']} in flight: pipeline {row['ray_pipeline_tokens_per_s']:.1f} tok/s, "
+            f"{row['pipeline_x_unsplit']:.2f}x the unsplit model on one node, "
+            f"{row['pipeline_x_replicas']:.2f}x two replicas; same tokens {row['same_tokens']}"
+        )
+
+
+def main(argv: list[str]) -> int:
+    args = _parse(argv)
+    base = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
     load_before = os.getloadavg()
     cluster = LocalCluster(hide=False)
     try:
@@ -312,39 +494,20 @@ def main(argv: list[str]) -> int:
         cluster.add("b", 1, {"node_b": 1})
         ray = cluster.connect()
         cluster.wait()
-        print(
-            f"stages estimated at {[round(s.estimated_compute_seconds * 1e3, 2) for s in m.stages]} ms, "
-            f"{boundary} B across the cut"
-        )
-        hops = hop_times(ray, [SMALL, boundary], args.repeats)
-        rates = throughput(model, split, stream, args.rounds)
-        lost = lost_node(cluster, split, inputs, args.lost)
+        summary = {**_run_cases(args, cluster, ray, base), "load_before_1_5_15": list(load_before)}
     finally:
         import ray as ray_module
 
         ray_module.shutdown()
         cluster.stop()
-    summary = {
-        "stage_estimated_ms": [s.estimated_compute_seconds * 1e3 for s in m.stages],
-        "boundary_bytes": boundary,
-        "hops": hops,
-        **rates,
-        "lost_node": lost,
-        "load_before_1_5_15": list(load_before),
-    }
-    t = rates["throughput_per_s"]
-    print(
-        "\n"
-        + ", ".join(f"{k} {v:.1f}/s" for k, v in t.items())
-        + "\n"
-        + ", ".join(f"{k} {v:.2f}x" for k, v in rates["ratios"].items())
-        + f"\npipeline hop overhead {rates['pipeline_hop_overhead_ms']:.3f} ms (median, one at a time)"
-    )
-    rows = [{"case": "hops", **h} for h in hops]
-    rows.append({"case": "throughput", **t, **rates["ratios"]})
-    rows.append({"case": "lost_node", **lost})
-    path = write_result(
-        "cluster", params_of(args, model="rapidocr rec (PP-OCRv4)"), rows, summary=summary, out=args.out
-    )
+    print()
+    _print_ratios(summary)
+    if any(not row["same_tokens"] for row in summary.get("generate", [])):
+        print("generate: the generators made DIFFERENT tokens")
+        return 1
+    target = (args.out or RESULTS) / "cluster.json"
+    rows, summary = _merged(target, args.cases, _rows(summary), summary)
+    params = params_of(args, model="rapidocr rec (PP-OCRv4)", decoder=DECODER)
+    path = write_result("cluster", params, rows, summary=summary, out=args.out)
     print(f"wrote {shown(path)}")
     return 0

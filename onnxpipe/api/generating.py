@@ -3,17 +3,23 @@ same prompts through the unsplit model and K replicas of it, side by side."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
 from onnxpipe.api.results import GenerateResult
+from onnxpipe.api.running import ray_config
+from onnxpipe.core.choices import Backend
 from onnxpipe.core.events import SILENT, Listener
-from onnxpipe.runtime.base import LocalConfig
+from onnxpipe.manifest import load_manifest
+from onnxpipe.runtime.backends.ray_backend import RayBackend
+from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig
 from onnxpipe.runtime.generate import Generation
 from onnxpipe.runtime.options import GenerateOptions
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.plainloop import PlainLoop
 from onnxpipe.runtime.prompting import Prompting
+from onnxpipe.runtime.report.cluster import GenerationCluster, RecoveryReport, hop_shares, stage_nodes
 from onnxpipe.runtime.text import TextStreams
 
 
@@ -34,7 +40,7 @@ def generate(
     its chat template, the prompts."""
     say = listener or SILENT
     options.check()
-    config = LocalConfig(mode=options.local_mode)
+    config = _backend_config(folder, options)
     pipe = Pipeline.from_manifest(folder, config, threads=options.threads, generation=True)
     with pipe:
         prompting = pipe.prompting(options)
@@ -45,13 +51,15 @@ def generate(
         count = len(prompting.options.prompt_ids)
         batch = pipe.batching(prompting.options).size
         each = f", up to {batch} a step" if batch > 1 else ""
-        say.step(f"generating {count} sequence(s) through {k} stage(s) ({config.mode}{each})")
+        where = config.mode if isinstance(config, LocalConfig) else "ray"
+        say.step(f"generating {count} sequence(s) through {k} stage(s) ({where}{each})")
         streams = (
             None if on_text is None or prompting.codec is None else TextStreams(prompting.codec, on_text)
         )
         runs: dict[str, Generation] = {"pipeline": pipe.generate_with(prompting, streams)}
         if streams is not None:
             streams.close()
+        cluster = _cluster(pipe)
     if options.compare:
         runs.update(_baselines(folder, prompting, workers, say))
     return GenerateResult(
@@ -61,6 +69,29 @@ def generate(
         stages=k,
         workers=workers,
         texts=runs["pipeline"].texts,
+        backend=options.backend.value,
+        cluster=cluster,
+    )
+
+
+def _backend_config(folder: str | Path, options: GenerateOptions) -> BackendConfig:
+    if options.backend == Backend.RAY:
+        return ray_config(options, load_manifest(Path(folder), check_files=False).k)
+    return LocalConfig(mode=options.local_mode)
+
+
+def _cluster(pipe: Pipeline) -> GenerationCluster | None:
+    """Where the generation ran on a Ray cluster: each stage's node, each hop's share; None elsewhere."""
+    backend = pipe.backend
+    if not isinstance(backend, RayBackend):
+        return None
+    stages = [spec.index for spec in pipe.lanes[0]]
+    hops, shares = hop_shares(backend.trips(), stages)
+    return GenerationCluster(
+        nodes=stage_nodes(stages, backend.placed),
+        hops=hops,
+        stage_shares=shares,
+        recoveries=tuple(RecoveryReport.of(r) for r in backend.recoveries),
     )
 
 
@@ -84,7 +115,9 @@ def _baselines(
     """The unsplit model (a plain loop, every sequence in one step) and ``workers`` replicas of it (the
     sequences dealt over them, each replica's in one step), given the same prompts."""
     options = prompting.options
-    config = LocalConfig(mode=options.local_mode)
+    config = _backend_config(folder, options)
+    if isinstance(config, RayConfig):  # the replicas go where Ray puts them, the split's pins aside
+        config = dataclasses.replace(config, resources=None)
     say.step("generating with the unsplit model (a plain onnxruntime loop in this thread)")
     runs = {
         "unsplit": PlainLoop(folder, threads=options.threads, model=options.model).generate_with(prompting)

@@ -26,6 +26,7 @@ from onnxpipe.manifest.write import dumps, manifest_obj, num, timeline_obj
 from onnxpipe.planning.types import Plan
 from onnxpipe.runtime.generate import Generation
 from onnxpipe.runtime.options import Sampling
+from onnxpipe.runtime.report.cluster import GenerationCluster
 from onnxpipe.runtime.report.model import RunReport
 from onnxpipe.verification.verify import VerifyReport
 
@@ -119,6 +120,9 @@ class GenerateResult:
     workers: int
     texts: tuple[str, ...] | None = None
     """The pipeline's new tokens of each prompt as text, when the prompts were text."""
+    backend: str = "local"
+    cluster: GenerationCluster | None = None
+    """On Ray: each stage's node, each hop's share of a step's time, each lost actor brought back."""
 
     @property
     def tokens(self) -> tuple[tuple[int, ...], ...]:
@@ -145,15 +149,42 @@ class GenerateResult:
                     "p90": _num(g.time_per_token(0.9)),
                 },
                 "busy_shares": [num(b) for b in g.busy_shares],
+                "rebuilt_sequences": g.rebuilt,
                 "same_tokens": g.tokens == self.tokens,
             }
             for name, g in self.runs.items()
         }
         sequences = [list(t) for t in self.tokens]
         texts = None if self.texts is None else list(self.texts)
+        cluster = None if self.cluster is None else _cluster_obj(self.cluster)
         return document(
-            "generate", sequences=sequences, texts=texts, runs=runs, same=self.same, sampling=drawn
+            "generate",
+            sequences=sequences,
+            texts=texts,
+            runs=runs,
+            same=self.same,
+            sampling=drawn,
+            backend=self.backend,
+            cluster=cluster,
         )
+
+
+def _cluster_obj(cluster: GenerationCluster) -> dict[str, Any]:
+    """A generation's cluster part: each stage's node, each hop's time and share, the recoveries."""
+    return {
+        "stages": [
+            {
+                **dataclasses.asdict(n),
+                "run_share": num(cluster.stage_shares[i]) if i < len(cluster.stage_shares) else None,
+            }
+            for i, n in enumerate(cluster.nodes)
+        ],
+        "hops": [
+            {"source": h.source, "target": h.target, "median_ms": num(h.median_ms), "share": num(h.share)}
+            for h in cluster.hops
+        ],
+        "recoveries": [dataclasses.asdict(r) for r in cluster.recoveries],
+    }
 
 
 def _num(x: float | None) -> float | None:

@@ -16,9 +16,15 @@ from onnxpipe.core.options import opt
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.backends.ray_resources import load_ray_resources
 from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig, Tensors
+from onnxpipe.runtime.choices import DEFAULT_SLOTS
 from onnxpipe.runtime.inputs import Feeds as Batch
 from onnxpipe.runtime.inputs import input_shapes_for, load_inputs, random_inputs
-from onnxpipe.runtime.options import MEASURED_MICROBATCHES, SINGLE_LATENCY_MICROBATCHES, RunOptions
+from onnxpipe.runtime.options import (
+    MEASURED_MICROBATCHES,
+    SINGLE_LATENCY_MICROBATCHES,
+    GenerateOptions,
+    RunOptions,
+)
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.report.baselines import Feeds, add_baselines, distinct
 from onnxpipe.runtime.report.build import build_report
@@ -135,17 +141,23 @@ def _backend_config(opts: RunOptions, manifest: Manifest) -> BackendConfig:
     """The backend ``opts.backend`` names, with its own options (another backend's refused by
     :meth:`RunOptions.check`)."""
     if opts.backend == Backend.RAY:
-        given = opts.ray_resources
-        resources = load_ray_resources(given, manifest.k) if isinstance(given, Path) else given
-        return RayConfig(
-            address=opts.ray_address,
-            resources=resources,
-            slots=opts.slots,
-            files=opts.ray_files,
-            restarts=opts.ray_restarts,
-            restart_timeout=opts.ray_restart_timeout,
-        )
+        return ray_config(opts, manifest.k, slots=opts.slots)
     return LocalConfig(mode=opts.local_mode, slots=opts.slots, pin=opts.pin)
+
+
+def ray_config(opts: RunOptions | GenerateOptions, stages: int, *, slots: int = DEFAULT_SLOTS) -> RayConfig:
+    """The Ray backend of ``opts`` (``run``'s or ``generate``'s) for a split of ``stages`` stages: its
+    resources file read, one entry per stage."""
+    given = opts.ray_resources
+    resources = load_ray_resources(given, stages) if isinstance(given, Path) else given
+    return RayConfig(
+        address=opts.ray_address,
+        resources=resources,
+        slots=slots,
+        files=opts.ray_files,
+        restarts=opts.ray_restarts,
+        restart_timeout=opts.ray_restart_timeout,
+    )
 
 
 def _warn_threads(say: Listener, placements: list[Placement], manifest: Manifest) -> None:

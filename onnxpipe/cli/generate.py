@@ -7,10 +7,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from onnxpipe.api.options import GenerateOptions, LocalMode
+from onnxpipe.api.options import Backend, GenerateOptions, LocalMode, RayFiles
 from onnxpipe.cli.argtypes import count, positive_int, positive_number, probability, token_ids
 from onnxpipe.cli.arguments import JSON
 from onnxpipe.cli.flags import Table, flag
+from onnxpipe.core.choices import values
 
 NAME = "generate"
 HELP = "generate tokens through a decoder's split, each worker keeping its layers' KV cache"
@@ -148,11 +149,53 @@ TABLE = Table(
             help="intra-op threads per worker (default: the split's devices', else the plan's)",
         ),
         flag(
+            "--backend",
+            field="backend",
+            choices=values(Backend),
+            help="local workers or Ray actors on a cluster, each keeping its stage's cache",
+        ),
+        flag(
+            "--ray-address",
+            field="ray_address",
+            metavar="ADDR",
+            help="address of a running Ray cluster (default: start a local one)",
+        ),
+        flag(
+            "--ray-resources",
+            field="ray_resources",
+            type=Path,
+            metavar="FILE",
+            help="JSON file of per-stage Ray actor resources (pins each stage to a node)",
+        ),
+        flag(
+            "--ray-files",
+            field="ray_files",
+            choices=values(RayFiles),
+            help="ship each stage's files through Ray to the node its actor lands on (checked by sha256, "
+            "cached there), or read them from a folder every node has at the same path",
+        ),
+        flag(
+            "--ray-restarts",
+            field="ray_restarts",
+            type=count,
+            metavar="N",
+            help="times Ray starts a lost stage actor again on a node with its resources, the sequences "
+            "whose caches it held rebuilt there by a prefill (0: a lost node fails the generation)",
+        ),
+        flag(
+            "--ray-restart-timeout",
+            field="ray_restart_timeout",
+            type=positive_number,
+            metavar="S",
+            help="seconds a lost stage actor may take to run again before the generation stops",
+        ),
+        flag(
             "--compare",
             field="compare",
             action="store_true",
-            help="also generate the same prompts with the unsplit model and with K replicas of it, side by "
-            "side: the tokens must be the same (exit 1 if not), and tokens/s of each are reported",
+            help="also generate the same prompts with the unsplit model (a plain loop in this process) and "
+            "with K replicas of it (on --backend: Ray places them itself), side by side: the tokens must be "
+            "the same (exit 1 if not), and tokens/s of each are reported",
         ),
         flag(
             "--model",

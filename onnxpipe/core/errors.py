@@ -91,6 +91,12 @@ class RuntimeStageError(OnnxpipeError):
     exit_code = 8
 
 
+class CacheLost(RuntimeStageError):
+    """A generation step lost the KV caches of its sequences with a stage's worker (its Ray node died,
+    or a restarted worker never held them): that step alone fails, the pipeline goes on, and the
+    generation loop rebuilds each sequence's cache by a prefill of its tokens so far."""
+
+
 MAX_LINE = 300
 
 _ORT_STATUS = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")

@@ -8,9 +8,11 @@ threads; a backend only moves micro-batches:
   says there is none (the bound is the backpressure: a backend holds at most :attr:`Backend.capacity`
   micro-batches); :attr:`Backend.lanes` says how many lanes there are;
 * :meth:`Backend.poll` returns the micro-batches that came out (in any order; each carries its sequence
-  number) and raises :class:`~onnxpipe.core.errors.RuntimeStageError` once a worker failed or died; what
-  came out before the failure is best returned first (raising on the next call), so that those callers
-  get their results;
+  number; a generation step that lost its caches with a Ray actor comes out as its
+  :class:`~onnxpipe.core.errors.CacheLost`) and raises
+  :class:`~onnxpipe.core.errors.RuntimeStageError` once a worker failed or died; what came out before
+  the failure is best returned first (raising on the next call), so that those callers get their
+  results;
 * :meth:`Backend.wait` blocks until ``poll`` may have something new.
 
 ``try_submit`` and ``poll`` are called under the pipeline's lock (from any thread); ``wait`` only from
@@ -29,7 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from onnxpipe.core.choices import LocalMode, RayFiles, choice
-from onnxpipe.core.errors import UsageError
+from onnxpipe.core.errors import CacheLost, UsageError
 from onnxpipe.core.options import opt
 from onnxpipe.runtime.choices import (
     DEFAULT_LOCAL_MODE,
@@ -42,6 +44,9 @@ from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.trips import Trip
 
 Tensors = dict[str, np.ndarray]
+Delivery = Tensors | CacheLost
+"""What :meth:`Backend.poll` returns for a micro-batch: its outputs, or the error that failed it alone
+(a generation step whose sequences' caches were lost with a Ray actor; the pipeline goes on)."""
 
 WAIT_SECONDS = 0.5
 """How long a driver sleeps at most before looking again (a safety net; events normally wake it)."""
@@ -66,7 +71,7 @@ class Backend(Protocol):
         sequence whose cache lives in one lane's workers needs); False when there is none."""
         ...
 
-    def poll(self) -> list[tuple[int, Tensors]]: ...
+    def poll(self) -> Sequence[tuple[int, Delivery]]: ...
 
     def wait(self, timeout: float) -> None: ...
 

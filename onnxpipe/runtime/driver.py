@@ -16,8 +16,8 @@ from typing import Literal
 
 import numpy as np
 
-from onnxpipe.core.errors import RuntimeStageError, UsageError
-from onnxpipe.runtime.base import WAIT_SECONDS, Backend, Tensors
+from onnxpipe.core.errors import CacheLost, RuntimeStageError, UsageError
+from onnxpipe.runtime.base import WAIT_SECONDS, Backend, Delivery, Tensors
 
 CLOSE_TIMEOUT_S = 60.0
 """How long a graceful :meth:`Pipeline.close` waits for the submitted micro-batches before failing them."""
@@ -142,7 +142,7 @@ class Driver:
     def _round(self) -> bool:
         """Wait for the backend, deliver what came out, hand queued jobs over; False once finished."""
         self.backend.wait(self._wait_seconds())
-        finished: list[tuple[Job, Tensors]] = []
+        finished: list[tuple[Job, Delivery]] = []
         failed: list[Job] = []
         with self.lock:
             if self.abandoned and self.stop is None:
@@ -163,7 +163,10 @@ class Driver:
                 failed += self._take_all()
         for job, outputs in finished:  # what came out is delivered, even if a failure followed it
             with contextlib.suppress(InvalidStateError):  # cancelled as it was handed over
-                job.set_result(outputs)
+                if isinstance(outputs, CacheLost):  # this step alone failed; the pipeline goes on
+                    job.set_exception(outputs)
+                else:
+                    job.set_result(outputs)
         self._settle(failed)
         return not end
 
@@ -174,12 +177,12 @@ class Driver:
             return max(0.0, min(WAIT_SECONDS, self.deadline - time.monotonic()))
         return WAIT_SECONDS
 
-    def _collect(self, finished: list[tuple[Job, Tensors]]) -> None:
+    def _collect(self, finished: list[tuple[Job, Delivery]]) -> None:
         """Append what the backend returned to ``finished`` (under the lock)."""
         now = time.perf_counter()
         for seq, outputs in self.backend.poll():
             job = self.in_flight[seq]
-            result = {n: outputs[n] for n in self.output_names}
+            result = outputs if isinstance(outputs, CacheLost) else {n: outputs[n] for n in self.output_names}
             del self.in_flight[seq]
             job.done_at = now
             finished.append((job, result))

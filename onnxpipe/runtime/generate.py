@@ -16,6 +16,12 @@ step of its own (a prompt's tokens are not padded against other prompts), and it
 step.  A group stays in one lane (its caches live in that lane's workers): with replicas (several
 lanes), groups are spread over the lanes in turn.
 
+**A lost worker.**  On Ray, a stage's actor whose node died is started again on another node, empty; a
+step that lost its sequences' caches with it comes back as :class:`~onnxpipe.core.errors.CacheLost`.
+Each of its sequences is then rebuilt: a prefill of its prompt and every token it made so far, through
+the whole pipeline (the stages that kept their caches start them again), whose last logits make the
+token the lost step would have made.  The tokens are the same as without the loss.
+
 Greedy by default: it is what reproduces the unsplit model's tokens exactly, which is what a split must be
 checked against; batched or not, each sequence's tokens are the ones it makes alone.  Sampling
 (temperature, top-k, top-p) is seeded per sequence (:mod:`onnxpipe.runtime.sampling`), so a sampled run
@@ -33,7 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from onnxpipe.core.errors import UsageError
+from onnxpipe.core.errors import CacheLost, UsageError
 from onnxpipe.manifest import DecoderIORecord
 from onnxpipe.runtime.kvstate import CONTROL, Control, PadSide, Row, StepFlags
 from onnxpipe.runtime.options import GenerateOptions, Sampling
@@ -66,6 +72,9 @@ class Generation:
     busy_shares: tuple[float, ...] = ()
     """Each worker's share of the wall time spent running its model (a pipeline's; empty elsewhere):
     the stage near 1 is the one the others wait for."""
+    rebuilt: int = 0
+    """Sequences whose KV caches were built again by a prefill of their tokens so far, after the worker
+    that held them was lost (a Ray node that died; the tokens are the same)."""
 
     @property
     def new_tokens(self) -> int:
@@ -237,6 +246,8 @@ class _Scheduler:
         self.running: dict[Future[Tensors], tuple[list[_Sequence], _Group, bool]] = {}
         self.drops: list[Future[Tensors]] = []
         self.steps = 0
+        self.rebuilt = 0
+        """Sequences whose caches were built again by a prefill (their worker was lost)."""
         self.start = time.perf_counter()
 
     def _flags(self, s: _Sequence, first: bool) -> StepFlags:
@@ -289,6 +300,9 @@ class _Scheduler:
             members, group, decode = self.running.pop(fut)
             if decode:
                 group.busy = False
+            if isinstance(fut.exception(), CacheLost):
+                self.rebuild(members, group)
+                continue
             logits = fut.result()[self.logits]
             for i, s in enumerate(members):
                 token = next_token(logits[i : i + 1], self.sampling, s.rng)
@@ -297,6 +311,17 @@ class _Scheduler:
                 if on_token is not None:
                     on_token(s.index, token)
                 self._after(s, token, group)
+
+    def rebuild(self, members: list[_Sequence], group: _Group) -> None:
+        """A step that lost its sequences' caches with a worker (a Ray node died): each sequence's cache
+        built again by a prefill of its prompt and its tokens so far, through every stage (a stage that
+        kept its cache starts it again), whose logits make the token the lost step would have made."""
+        for s in members:
+            history = (*s.prompt, *s.new)
+            control = Control.one(s.ident, self._flags(s, True), 0)
+            self._send(self.feeds.feeds(history, 0, control), [s], group, decode=False)
+            s.cached = len(history)
+            self.rebuilt += 1
 
     def _after(self, s: _Sequence, token: int, group: _Group) -> None:
         if len(s.new) >= self.options.max_new_tokens:
@@ -311,7 +336,8 @@ class _Scheduler:
     def finish(self, seqs: list[_Sequence]) -> Generation:
         seconds = time.perf_counter() - self.start
         for fut in self.drops:
-            fut.result()
+            if not isinstance(fut.exception(), CacheLost):  # a cache lost is a cache dropped
+                fut.result()
         gaps = tuple(b - a for s in seqs for a, b in zip(s.times, s.times[1:], strict=False))
         return Generation(
             tokens=tuple(tuple(s.new) for s in seqs),
@@ -320,6 +346,7 @@ class _Scheduler:
             first_token_seconds=tuple(s.times[0] if s.times else 0.0 for s in seqs),
             token_gaps=gaps,
             batch=self.batching.size,
+            rebuilt=self.rebuilt,
         )
 
 

@@ -144,6 +144,10 @@ class Control:
         return np.array([head, *([r.sequence, int(r.flags), r.cached] for r in self.rows)], dtype=np.int64)
 
 
+class NoCache(KeyError):
+    """A step of a sequence this worker holds no cache of (never started here, or ended)."""
+
+
 class KVState:
     """The caches of the sequences a worker is generating, for its stage's :class:`CacheSlot` s.
 
@@ -169,7 +173,7 @@ class KVState:
         for r in control.rows:
             cache = self.caches.get(r.sequence)
             if cache is None:
-                raise KeyError(
+                raise NoCache(
                     f"sequence {r.sequence} has no cache here: its first step did not start it, or it ended"
                 )
             caches.append(cache)

@@ -116,17 +116,22 @@ class RunOptions:
                 f"{opt('shapes')} is for random inputs; the shapes of {opt('input_files')} are those in "
                 "the files"
             )
-        if self.backend == Backend.RAY:
-            if self.pin:
-                raise UsageError(f"{opt('pin', True)} is for local workers; Ray places its actors itself")
-        else:
-            for name in ("ray_address", "ray_resources"):
-                if getattr(self, name) is not None:
-                    raise UsageError(f"{opt(name)} is for {opt('backend', Backend.RAY)}")
-            defaults = (("ray_files", DEFAULT_RAY_FILES), ("ray_restarts", DEFAULT_RAY_RESTARTS))
-            for name, default in (*defaults, ("ray_restart_timeout", DEFAULT_RAY_RESTART_TIMEOUT_S)):
-                if getattr(self, name) != default:
-                    raise UsageError(f"{opt(name)} is for {opt('backend', Backend.RAY)}")
+        if self.backend == Backend.RAY and self.pin:
+            raise UsageError(f"{opt('pin', True)} is for local workers; Ray places its actors itself")
+        check_ray_fields(self, self.backend)
+
+
+def check_ray_fields(options: object, backend: Backend) -> None:
+    """Refuse the ``ray_*`` fields of ``options`` given for another backend than Ray."""
+    if backend == Backend.RAY:
+        return
+    for name in ("ray_address", "ray_resources"):
+        if getattr(options, name) is not None:
+            raise UsageError(f"{opt(name)} is for {opt('backend', Backend.RAY)}")
+    defaults = (("ray_files", DEFAULT_RAY_FILES), ("ray_restarts", DEFAULT_RAY_RESTARTS))
+    for name, default in (*defaults, ("ray_restart_timeout", DEFAULT_RAY_RESTART_TIMEOUT_S)):
+        if getattr(options, name) != default:
+            raise UsageError(f"{opt(name)} is for {opt('backend', Backend.RAY)}")
 
 
 @dataclass(frozen=True)
@@ -165,9 +170,13 @@ class GenerateOptions:
     each stage has a step; 1: a step per sequence).
     Each token is the highest logit (greedy) unless ``do_sample``: then it is drawn as ``temperature``,
     ``top_k``, ``top_p`` and ``seed`` say (:class:`Sampling`'s defaults where not given).  Workers:
-    ``local_mode`` with ``threads`` each (default: the split's devices', else the plan's).  ``compare``
-    also generates with the unsplit model (``model``, default:
-    the manifest's) and K replicas of it: the tokens must be the same.
+    ``backend``: local ``local_mode`` workers, or Ray actors on the cluster at ``ray_address`` with
+    per-stage ``ray_resources``, their files shipped or shared (``ray_files``), a lost actor started again
+    on another node up to ``ray_restarts`` times within ``ray_restart_timeout`` seconds, the sequences
+    whose caches it held rebuilt there by a prefill of their tokens so far; ``threads`` each (default:
+    the split's devices', else the plan's).  ``compare`` also generates with the unsplit model
+    (``model``, default: the manifest's; a plain loop in this process) and K replicas of it (on the same
+    backend: Ray actors placed by Ray, with Ray): the tokens must be the same.
     """
 
     prompt_ids: tuple[tuple[int, ...], ...] = ()
@@ -185,12 +194,23 @@ class GenerateOptions:
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = None
+    backend: Backend = Backend.LOCAL
     local_mode: LocalMode = DEFAULT_LOCAL_MODE
     threads: int | None = None
+    ray_address: str | None = None
+    ray_resources: Path | Sequence[Mapping[str, Any]] | None = None
+    ray_files: RayFiles = DEFAULT_RAY_FILES
+    ray_restarts: int = DEFAULT_RAY_RESTARTS
+    ray_restart_timeout: float = DEFAULT_RAY_RESTART_TIMEOUT_S
     compare: bool = False
     model: Path | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "backend", choice(Backend, self.backend, "backend"))
+        object.__setattr__(self, "ray_files", choice(RayFiles, self.ray_files, "ray_files"))
+        resources: object = self.ray_resources
+        if isinstance(resources, str):
+            object.__setattr__(self, "ray_resources", Path(resources))
         object.__setattr__(self, "prompt_ids", tuple(tuple(int(t) for t in p) for p in self.prompt_ids))
         object.__setattr__(self, "prompts", tuple(str(p) for p in self.prompts))
         if self.eos_token_ids is not None:
@@ -238,6 +258,9 @@ class GenerateOptions:
         if any(t < 0 for p in self.prompt_ids for t in p) or any(t < 0 for t in self.eos_token_ids or ()):
             raise UsageError(f"{opt('prompt_ids')}: token ids are 0 or more")
         self._check_text()
+        check_ray_fields(self, self.backend)
+        if self.threads is not None and self.threads < 1:
+            raise UsageError(f"{opt('threads', self.threads)}: give 1 or more threads per worker")
         if not self.do_sample:
             knobs = ("temperature", "top_k", "top_p", "seed")
             given = [name for name in knobs if getattr(self, name) is not None]

@@ -26,7 +26,7 @@ from onnxpipe.core.errors import UsageError, error_line
 from onnxpipe.core.ortsession import Provider, open_session, session_options
 from onnxpipe.core.runtimes import Engine, open_engine
 from onnxpipe.runtime.affinity import pinned
-from onnxpipe.runtime.kvstate import CONTROL, Control, KVState, StepFlags
+from onnxpipe.runtime.kvstate import CONTROL, Control, KVState, NoCache, StepFlags
 from onnxpipe.runtime.nodeplace import NodePlace
 from onnxpipe.runtime.spec import CPU_PROVIDER, WorkerSpec
 
@@ -41,6 +41,11 @@ _NODE_NAME = re.compile(r"running (\w+) node\. Name:'([^']*)'")
 
 class StageFailure(Exception):
     """A stage could not load or run; the message is the complete one-line explanation."""
+
+
+class CacheMissing(StageFailure):
+    """A generation step reached a worker that holds no cache of one of its sequences (a worker started
+    again after its node died holds none)."""
 
 
 @dataclass(frozen=True)
@@ -217,8 +222,8 @@ class StageRunner:
                 return {n: received.get(n, _NOTHING) for n in spec.sends}
             try:
                 cached = self.kv.feeds(control)
-            except KeyError as e:
-                raise StageFailure(f"{spec.label}: micro-batch {seq}: {e.args[0]}") from None
+            except NoCache as e:
+                raise CacheMissing(f"{spec.label}: micro-batch {seq}: {e.args[0]}") from None
         try:
             feeds = {n: cached[n] if n in cached else received[n] for n in spec.inputs}
         except KeyError as e:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from concurrent.futures import Future
 from functools import cache, partial
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from paths import SAMPLE_MODELS
 
 from onnxpipe.api import SplitOptions, split
 from onnxpipe.core.choices import CostSource, Ends
-from onnxpipe.core.errors import UsageError
+from onnxpipe.core.errors import CacheLost, UsageError
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.load import load_model
@@ -213,6 +214,32 @@ def test_replicas_generate_the_same_tokens(splits: Splits) -> None:
         assert pipe.backend.lanes == 2
         got = pipe.generate(PROMPTS, 12)
     assert got.tokens == tuple(reference("gpt2", p)[:12] for p in PROMPTS)
+
+
+def test_steps_that_lost_their_caches_are_rebuilt_by_a_prefill_and_the_tokens_are_the_same(
+    splits: Splits, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a lost Ray actor does to a generation, here: steps that ran (every stage grew its caches)
+    come back as :class:`CacheLost`; each of their sequences is rebuilt by a prefill of its tokens so far,
+    the stages' stale caches started again, and the tokens are the unsplit model's."""
+    folder = splits("llama_gqa", 2)
+    with Pipeline.from_manifest(folder, generation=True) as pipe:
+        real = pipe._submit_to
+        calls: list[int] = []
+
+        def losing(feeds: dict[str, np.ndarray], lane: int) -> Future[dict[str, np.ndarray]]:
+            calls.append(1)
+            ran = real(feeds, lane)
+            if len(calls) not in (6, 11, 12):
+                return ran
+            lost: Future[dict[str, np.ndarray]] = Future()
+            ran.add_done_callback(lambda _: lost.set_exception(CacheLost("the stage's actor was lost")))
+            return lost
+
+        monkeypatch.setattr(pipe, "_submit_to", losing)
+        got = pipe.generate(PROMPTS, 12, eos_token_ids=())
+    assert got.tokens == tuple(reference("llama_gqa", p)[:12] for p in PROMPTS)
+    assert got.rebuilt >= 3  # a step of several sequences rebuilds each
 
 
 def test_generate_refuses_what_it_cannot_run(splits: Splits, tmp_path: Path) -> None:

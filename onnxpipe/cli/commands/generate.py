@@ -8,6 +8,7 @@ import sys
 from onnxpipe import api
 from onnxpipe.cli.generate import TABLE
 from onnxpipe.cli.say import Say
+from onnxpipe.runtime.report.cluster import GenerationCluster
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,6 +54,9 @@ def _print(result: api.GenerateResult, compared: bool, *, streamed: bool) -> Non
             line += f" (the pipeline makes {split.tokens_per_second / g.tokens_per_second:.2f}x as many)"
         print(line)
         print(f"  {_latency(g)}")
+    if result.cluster is not None:
+        for line in cluster_lines(result.cluster, split.rebuilt):
+            print(line)
     if compared:
         print(
             "tokens: the same as the unsplit model's"
@@ -76,3 +80,26 @@ def _latency(g: api.Generation) -> str:
     if g.busy_shares:
         parts.append("busy " + " ".join(f"{b:.0%}" for b in g.busy_shares))
     return "; ".join(parts)
+
+
+def cluster_lines(cluster: GenerationCluster, rebuilt: int) -> list[str]:
+    """Where a generation ran on Ray: each stage's node and share of a step's time, each hop's, each
+    lost actor brought back and the sequences rebuilt."""
+    lines = []
+    for i, n in enumerate(cluster.nodes):
+        share = f", {cluster.stage_shares[i]:.0%} of a step running" if i < len(cluster.stage_shares) else ""
+        lines.append(f"stage {n.stage}: node {n.host} ({n.address}, node {n.node_id[:8]}){share}")
+    if cluster.hops:
+        hops = ", ".join(
+            f"{h.source} -> {h.target} {h.median_ms:.2f} ms ({h.share:.0%})" for h in cluster.hops
+        )
+        lines.append(f"hops per step (median, share of a step's time): {hops}")
+    for r in cluster.recoveries:
+        what = "its node" if r.node_died else "its actor on"
+        lines.append(
+            f"recovered: stage {', '.join(map(str, r.stages))} lost {what} {r.lost_node}; running again on "
+            f"{r.new_node} {r.seconds_lost:.1f} s later, {r.replayed} step(s) dropped"
+        )
+    if rebuilt:
+        lines.append(f"rebuilt: {rebuilt} sequence cache(s) by a prefill of their tokens so far")
+    return lines

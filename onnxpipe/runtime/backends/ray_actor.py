@@ -5,7 +5,9 @@ node lacks (:meth:`WorkerActor.missing`, :meth:`WorkerActor.write`, :meth:`Worke
 :mod:`~onnxpipe.runtime.backends.ray_ship`) or leaves it to read a shared folder, and then opens its
 stages (:meth:`WorkerActor.open`).  Ray restarts an actor whose node was lost on another node, empty
 again: a call that reaches it before the driver opened it again fails with :class:`StageNotOpen`, which
-the driver takes for a micro-batch to send again, not for a stage's failure.
+the driver takes for a micro-batch to send again, not for a stage's failure; a generation step that
+reaches it for a sequence whose cache died with the old one fails with :class:`CacheGone`, which the
+driver hands the generation loop as that step's :class:`~onnxpipe.core.errors.CacheLost`.
 
 Its calls (:meth:`WorkerActor.run`) take a message of :mod:`~onnxpipe.runtime.backends.ray_wire` (a
 header and inline pieces) and return the next one, the stage's :class:`~.ray_wire.Leg` added to the trip.
@@ -26,6 +28,7 @@ from onnxpipe.runtime.backends.ray_wire import Header, Leg, pack, unpack
 from onnxpipe.runtime.backends.stage_cache import ShipFailure, ShippedFile, StageCache
 from onnxpipe.runtime.nodeplace import NodePlace
 from onnxpipe.runtime.session import (
+    CacheMissing,
     Record,
     StageFailure,
     StageRunner,
@@ -39,6 +42,11 @@ from onnxpipe.runtime.spec import WorkerSpec
 class StageNotOpen(RuntimeError):
     """A call reached an actor whose stages are not open: Ray restarted it, and the driver has not set it
     up again yet.  Its micro-batch is sent again once it has."""
+
+
+class CacheGone(RuntimeError):
+    """A generation step reached an actor that holds no cache of one of its sequences: Ray started it
+    again after its node died.  That step fails alone; its sequences are rebuilt by a prefill."""
 
 
 class WorkerActor:
@@ -113,6 +121,8 @@ class WorkerActor:
         run_start = time.perf_counter()
         try:
             sends = runner.run(seq, received)
+        except CacheMissing as e:
+            raise CacheGone(f"{e} (on {self.node().short})") from None
         except StageFailure as e:
             raise RuntimeStageError(str(e)) from None
         run_end = time.perf_counter()

@@ -35,7 +35,12 @@ its files to the new node, opens its stages), and sends again every micro-batch 
 that every result comes exactly once (:class:`~.ray_recovery.Recovery` says what happened).  When no
 node left can take it, or it does not come back within ``restart_timeout``, the run stops with one line
 naming the stages, the lost node and what no node has (:mod:`~.ray_recovery`); what was delivered stays
-delivered.  A generating pipeline's actors keep KV caches that die with them: those are not restarted.
+delivered.  A generating pipeline's actors keep KV caches that die with them: a lost actor is started
+again the same way, but the steps in flight are not sent again (they would grow the caches of the stages
+that survived twice): each fails alone with :class:`~onnxpipe.core.errors.CacheLost`, as does a later
+step that reaches the new actor for a sequence it holds no cache of (:class:`~.ray_actor.CacheGone`),
+and the generation loop rebuilds those sequences by a prefill of their tokens so far
+(:mod:`onnxpipe.runtime.generate`).
 
 A backend connects to Ray unless the caller already did (``ray.init``).  The Ray a backend starts is
 shared by every backend opened while it runs and shut down when the last of them closes; a Ray the caller
@@ -58,10 +63,11 @@ from typing import Any
 import numpy as np
 
 from onnxpipe.core.choices import RayFiles
-from onnxpipe.core.errors import RuntimeStageError, UsageError, error_line
+from onnxpipe.core.errors import CacheLost, RuntimeStageError, UsageError, error_line
 from onnxpipe.runtime.backends.ray_actor import WorkerActor
 from onnxpipe.runtime.backends.ray_recovery import (
     Recovery,
+    is_cache_gone,
     is_lost_actor,
     missing_resources,
     no_node_text,
@@ -77,7 +83,7 @@ from onnxpipe.runtime.backends.ray_resources import (
 )
 from onnxpipe.runtime.backends.ray_ship import ShipRecord, ship
 from onnxpipe.runtime.backends.ray_wire import Header, pack, slots_for, unpack
-from onnxpipe.runtime.base import RayConfig, Tensors, lane_order
+from onnxpipe.runtime.base import Delivery, RayConfig, Tensors, lane_order
 from onnxpipe.runtime.nodeplace import NodePlace
 from onnxpipe.runtime.session import MAX_RECORDS, WorkerStats
 from onnxpipe.runtime.spec import WorkerSpec
@@ -221,6 +227,10 @@ class RayBackend:
         self._recovering = False
         self._replay: list[_Flight] = []
         """Micro-batches to send again once a recovery brought the lost actors back."""
+        self._dropped: list[_Flight] = []
+        """Generation steps a recovery dropped, to fail alone (:class:`CacheLost`) at the next poll."""
+        self.generating = any(spec.generating for spec in self.specs)
+        """Whether the actors keep KV caches: a loss drops the steps in flight instead of replaying them."""
         self._trips: deque[Trip] = deque(maxlen=MAX_RECORDS)
         self.recoveries: list[Recovery] = []
         """Every lost actor brought back, in order."""
@@ -301,8 +311,7 @@ class RayBackend:
         )
         if len(group) > 1:  # a call waiting for its input must not hold up a sibling stage's
             options["allow_out_of_order_execution"] = True
-        if not any(self.specs[i].generating for i in group):  # a KV cache dies with its actor
-            options["max_restarts"] = self.config.restarts
+        options["max_restarts"] = self.config.restarts
         return options
 
     def _describe_requests(self) -> str:
@@ -381,14 +390,15 @@ class RayBackend:
         flight.refs = refs
         self._in_flight[refs[0]] = flight
 
-    def poll(self) -> list[tuple[int, Tensors]]:
+    def poll(self) -> list[tuple[int, Delivery]]:
         self._check_open()
         with self._lock:
             heads = list(self._in_flight)
+            done: list[tuple[int, Delivery]] = [self._cache_lost(f) for f in self._dropped]
+            self._dropped = []
         if not heads:
-            return []
+            return done
         ready, _ = self._ray.wait(heads, num_returns=len(heads), timeout=0)
-        done: list[tuple[int, Tensors]] = []
         lost: list[_Flight] = []
         for ref in ready:
             with self._lock:
@@ -396,6 +406,10 @@ class RayBackend:
             try:
                 values = self._ray.get(flight.refs)
             except self._ray.exceptions.RayError as e:
+                if is_cache_gone(e):  # a step that reached a restarted actor: it fails alone
+                    with self._lock:
+                        done.append(self._cache_lost(flight, error_line(e)))
+                    continue
                 if not self._recoverable(e):  # what came out is delivered; the next poll raises
                     self._failure = RuntimeStageError(
                         _ray_error_text(e, f"micro-batch {flight.seq} failed", self._actor_names())
@@ -407,6 +421,13 @@ class RayBackend:
         if lost and self._failure is None:
             self._begin_recovery(lost)
         return done
+
+    def _cache_lost(self, flight: _Flight, why: str | None = None) -> tuple[int, Delivery]:
+        """A generation step whose sequences' caches died with an actor: it fails alone (under the
+        lock)."""
+        self._lane_load[flight.lane] -= 1
+        reason = why or "its stages' actor was lost and started again, empty"
+        return flight.seq, CacheLost(f"generation step {flight.seq} lost its sequences' caches: {reason}")
 
     def _delivered(self, flight: _Flight, values: Sequence[Any]) -> Tensors:
         """The outputs of ``flight`` from its last message; learn each stage's pieces, keep its trip."""
@@ -435,7 +456,7 @@ class RayBackend:
 
     def _recoverable(self, e: BaseException) -> bool:
         """Whether a failed micro-batch lost an actor that Ray may start again (else a stage failed)."""
-        return is_lost_actor(e) and self.config.restarts > 0 and not any(s.generating for s in self.specs)
+        return is_lost_actor(e) and self.config.restarts > 0
 
     def wait(self, timeout: float) -> None:
         with self._lock:
@@ -480,8 +501,11 @@ class RayBackend:
             with self._lock:
                 replay = sorted(self._replay, key=lambda f: f.seq)
                 self._replay = []
-                for flight in replay:
-                    self._chain(flight)
+                if self.generating:  # the caches died: the generation loop rebuilds its sequences
+                    self._dropped.extend(replay)
+                else:
+                    for flight in replay:
+                        self._chain(flight)
                 self._recovering = False
             seconds = time.monotonic() - began
             self.recoveries.extend(

@@ -14,7 +14,7 @@ from typing import Any
 
 from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.core.options import opt
-from onnxpipe.runtime.backends.ray_actor import StageNotOpen
+from onnxpipe.runtime.backends.ray_actor import CacheGone, StageNotOpen
 from onnxpipe.runtime.nodeplace import NodePlace
 
 
@@ -30,6 +30,8 @@ class Recovery:
     node_lost: bool
     """Whether the node itself died (else only the actor's process did)."""
     replayed: int
+    """Micro-batches sent again (``run``); generation steps dropped, their sequences rebuilt by the
+    generation loop (``generate``)."""
     seconds: float
 
 
@@ -45,6 +47,13 @@ def is_lost_actor(e: BaseException) -> bool:
     return bool(names & {"RayActorError", "ActorDiedError", "ActorUnavailableError"}) or (
         "StageNotOpen:" in str(e)
     )
+
+
+def is_cache_gone(e: BaseException) -> bool:
+    """Whether a generation step failed because a stage's actor holds none of its sequences' caches
+    (Ray started it again after a loss): the step fails alone, and its sequences are rebuilt."""
+    cause = getattr(e, "cause", None)
+    return isinstance(cause, CacheGone) or "CacheGone" in type(e).__name__ or "CacheGone:" in str(e)
 
 
 def request_of(options: Mapping[str, Any]) -> dict[str, float]:

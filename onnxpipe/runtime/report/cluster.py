@@ -1,4 +1,5 @@
-"""The cluster's part of a run report: each hop's bytes and time, the lost actors brought back.
+"""The cluster's part of a run report (each hop's bytes and time, the lost actors brought back) and of a
+generation's (each stage's node, each hop's share of a step's time: :class:`GenerationCluster`).
 
 A hop is the driver to the first stage, a stage to the next, or the last stage back to the driver
 (:mod:`onnxpipe.runtime.trips`).  Its time is taken from micro-batches run one at a time, where it is
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from onnxpipe.runtime.backends.ray_recovery import Recovery
+from onnxpipe.runtime.nodeplace import NodePlace
 from onnxpipe.runtime.trips import Trip
 
 
@@ -99,3 +101,62 @@ def per_hop(overhead: float | None, hops: int) -> float | None:
     if overhead is None or hops == 0 or math.isnan(overhead):
         return None
     return overhead / hops
+
+
+@dataclass(frozen=True)
+class StageNode:
+    """Where one stage ran: its number and its actor's node (Ray's node id, the node's address and
+    host name)."""
+
+    stage: int
+    node_id: str
+    address: str
+    host: str
+
+
+@dataclass(frozen=True)
+class HopShare:
+    """One hop of a generation step (as :class:`HopReport`'s ends): its median time per step and its
+    share of the steps' time (every step's hop time over every step's time, driver to driver)."""
+
+    source: str
+    target: str
+    median_ms: float
+    share: float
+
+
+@dataclass(frozen=True)
+class GenerationCluster:
+    """Where a generation ran on a Ray cluster: each stage's node, each hop's share of a step's time and
+    each stage's own (``stage_shares``: its session's runs over the steps' time), and each lost actor
+    brought back (the sequences it held rebuilt: :attr:`~onnxpipe.runtime.generate.Generation.rebuilt`)."""
+
+    nodes: tuple[StageNode, ...]
+    hops: tuple[HopShare, ...]
+    stage_shares: tuple[float, ...]
+    recoveries: tuple[RecoveryReport, ...]
+
+
+def stage_nodes(stages: Sequence[int], places: Sequence[NodePlace]) -> tuple[StageNode, ...]:
+    return tuple(
+        StageNode(stage=s, node_id=p.node_id, address=p.address, host=p.host)
+        for s, p in zip(stages, places, strict=True)
+    )
+
+
+def hop_shares(
+    trips: Sequence[Trip], stages: Sequence[int]
+) -> tuple[tuple[HopShare, ...], tuple[float, ...]]:
+    """Each hop's share of the steps' time and each stage's, from the steps' trips through the pipeline
+    of ``stages`` (empty where no step went through every stage)."""
+    whole = [t for t in trips if len(t.legs) == len(stages)]
+    total = sum(t.delivered - t.submitted for t in whole)
+    if not whole or total <= 0:
+        return (), ()
+    ends = ["driver", *(f"stage {s}" for s in stages), "driver"]
+    hops = []
+    for h in range(len(stages) + 1):
+        seconds = [t.hops[h].seconds for t in whole]
+        hops.append(HopShare(ends[h], ends[h + 1], statistics.median(seconds) * 1e3, sum(seconds) / total))
+    shares = tuple(sum(t.legs[i].run_seconds for t in whole) / total for i in range(len(stages)))
+    return tuple(hops), shares
