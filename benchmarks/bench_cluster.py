@@ -59,6 +59,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.bench_pipeline import CLOCK_TICKS, _busy_ticks
 from benchmarks.bench_ray import TreeWatch
 from benchmarks.common import RESULTS, benchmark_parser, params_of, shown, write_result
 from onnxpipe import api
@@ -213,8 +214,10 @@ def _replicas(model: Path, split: Path, config: RayConfig | LocalConfig) -> Pipe
 
 
 def throughput(model: Path, split: Path, inputs: Sequence[Any], rounds: int) -> dict[str, Any]:
-    """Each variant's steady rate per round (order alternating), the medians, and the pipeline's hop
-    overhead from its own trips."""
+    """Each variant's steady rate per round (order alternating), the medians, the pipeline's hop
+    overhead from its own trips, and the machine's CPU time per micro-batch in each variant (all of
+    its processes: the driver, the actors, Ray's own): where both Ray variants keep every core busy,
+    their rates stand in the inverse ratio of those, and the hops' CPU, not their latency, sets it."""
     variants: dict[str, Callable[[], Pipeline]] = {
         "ray_pipeline": lambda: Pipeline.from_manifest(split, RayConfig(resources=PINNED)),
         "ray_replicas": lambda: _replicas(model, split, RayConfig()),
@@ -222,6 +225,8 @@ def throughput(model: Path, split: Path, inputs: Sequence[Any], rounds: int) -> 
         "threads_replicas": lambda: _replicas(model, split, LocalConfig(mode="threads")),
     }
     rates: dict[str, list[float]] = {k: [] for k in variants}
+    cpu_ms: dict[str, list[float]] = {k: [] for k in variants}
+    busy_cores: dict[str, list[float]] = {k: [] for k in variants}
     overheads: list[float] = []
     others: list[float] = []
     for r in range(rounds):
@@ -229,7 +234,12 @@ def throughput(model: Path, split: Path, inputs: Sequence[Any], rounds: int) -> 
             for key in list(variants) if r % 2 == 0 else list(variants)[::-1]:
                 with variants[key]() as pipe:
                     measured = measure(pipe, inputs, warmup=WARMUP, single=16)
+                    ticks, start = _busy_ticks(), time.perf_counter()
+                    streamed = measure(pipe, inputs)  # warm: the machine's CPU over this stream alone
+                    cores = (_busy_ticks() - ticks) / CLOCK_TICKS / (time.perf_counter() - start)
                 rates[key].append(measured.steady_throughput_per_s or measured.throughput_per_s)
+                busy_cores[key].append(cores)
+                cpu_ms[key].append(cores / streamed.throughput_per_s * 1e3)
                 if key == "ray_pipeline":
                     overhead = overhead_ms(measured.single_trips)
                     overheads.append((overhead or 0.0) / 3)
@@ -248,6 +258,8 @@ def throughput(model: Path, split: Path, inputs: Sequence[Any], rounds: int) -> 
             "threads_pipeline_x_threads_replicas": ratio("threads_pipeline", "threads_replicas"),
         },
         "pipeline_hop_overhead_ms": statistics.median(overheads),
+        "machine_busy_cores": {k: statistics.median(v) for k, v in busy_cores.items()},
+        "machine_cpu_ms_per_microbatch": {k: statistics.median(v) for k, v in cpu_ms.items()},
         "others_cores": others,
     }
 
@@ -476,6 +488,8 @@ def _print_ratios(summary: dict[str, Any]) -> None:
         print(", ".join(f"{k} {v:.1f}/s" for k, v in t.items()))
         print(", ".join(f"{k} {v:.2f}x" for k, v in summary["ratios"].items()))
         print(f"pipeline hop overhead {summary['pipeline_hop_overhead_ms']:.3f} ms (median, one at a time)")
+        cpu, cores = summary["machine_cpu_ms_per_microbatch"], summary["machine_busy_cores"]
+        print(", ".join(f"{k} {cpu[k]:.2f} ms CPU per micro-batch on {cores[k]:.2f} cores" for k in cpu))
     for row in summary.get("generate", []):
         print(
             f"generate, {row['sequences']} in flight: pipeline {row['ray_pipeline_tokens_per_s']:.1f} tok/s, "
