@@ -40,7 +40,7 @@ result.  Results: ``benchmarks/results/cluster.json``::
         [--cases hops throughput generate lost_node] [--sequences 1 2 4] [--new-tokens 32]
 
 ``--cases`` runs some of the cases alone: the result keeps the other cases' rows from the result already
-there (``summary.merged_from`` names the commit and date they come from).
+there (``summary.merged_from`` names, per case kept, the commit and date of the run that measured it).
 """
 
 from __future__ import annotations
@@ -466,18 +466,27 @@ def _rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _cases_of(rows: list[dict[str, Any]]) -> set[str]:
+    return {r["case"] for r in rows}
+
+
 def _merged(
     path: Path, cases: Sequence[str], rows: list[dict[str, Any]], summary: dict[str, Any]
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """A partial run's rows and summary with the other cases' from the result at ``path`` (its commit
-    and date noted in ``merged_from``)."""
+    """A partial run's rows and summary with the other cases' from the result at ``path``;
+    ``merged_from`` names, for each case kept, the commit and date of the run that measured it."""
     if set(cases) == set(CASES) or not path.is_file():
         return rows, summary
     before = json.loads(path.read_text())
     kept = [r for r in before["rows"] if r["case"] not in cases]
     old = {k: v for k, v in before.get("summary", {}).items() if k not in summary and k != "merged_from"}
     source = {"git_sha": before.get("git_sha"), "date": before.get("machine", {}).get("date")}
-    merged = {**old, **summary, "merged_from": {**source, "cases": [c for c in CASES if c not in cases]}}
+    earlier = before.get("summary", {}).get("merged_from", {})
+    merged = {
+        **old,
+        **summary,
+        "merged_from": {c: earlier.get(c, source) for c in CASES if c not in cases and c in _cases_of(kept)},
+    }
     order = {c: i for i, c in enumerate(CASES)}
     return sorted(kept + rows, key=lambda r: order[r["case"]]), merged
 
