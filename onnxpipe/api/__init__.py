@@ -85,6 +85,7 @@ _EXPORTS: dict[str, str] = {
     "FolderInspection": "onnxpipe.api.results",
     "GenerateResult": "onnxpipe.api.results",
     "Generation": "onnxpipe.runtime.generate",
+    "GenerationCluster": "onnxpipe.runtime.report.cluster",
     "ModelInspection": "onnxpipe.api.results",
     "PlanResult": "onnxpipe.api.results",
     "SplitResult": "onnxpipe.api.results",
@@ -121,6 +122,7 @@ __all__ = [
     "GenerateOptions",
     "GenerateResult",
     "Generation",
+    "GenerationCluster",
     "InspectOptions",
     "LinkModel",
     "LinkOptions",
@@ -199,6 +201,7 @@ if TYPE_CHECKING:
     from onnxpipe.manifest import Manifest
     from onnxpipe.planning.types import Plan
     from onnxpipe.runtime.generate import Generation
+    from onnxpipe.runtime.report.cluster import GenerationCluster
     from onnxpipe.runtime.report.links import LinkReport, format_links
     from onnxpipe.runtime.report.model import RunReport
     from onnxpipe.runtime.report.text import format_report

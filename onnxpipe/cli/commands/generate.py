@@ -8,7 +8,6 @@ import sys
 from onnxpipe import api
 from onnxpipe.cli.generate import TABLE
 from onnxpipe.cli.say import Say
-from onnxpipe.runtime.report.cluster import GenerationCluster
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,7 +81,7 @@ def _latency(g: api.Generation) -> str:
     return "; ".join(parts)
 
 
-def cluster_lines(cluster: GenerationCluster, rebuilt: int) -> list[str]:
+def cluster_lines(cluster: api.GenerationCluster, rebuilt: int) -> list[str]:
     """Where a generation ran on Ray: each stage's node and share of a step's time, each hop's, each
     lost actor brought back and the sequences rebuilt."""
     lines = []
