@@ -26,7 +26,7 @@ driver learns each hop's bytes and times from the micro-batch itself, with no ot
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -96,9 +96,6 @@ class Header:
     def needs(self) -> int:
         """Values a call returning this message should ask for: the header and its pieces."""
         return 1 + max(1, self.pieces)
-
-    def with_leg(self, leg: Leg) -> Header:
-        return replace(self, legs=(*self.legs, leg))
 
 
 _EMPTY = np.zeros(0, dtype=np.uint8)
