@@ -21,6 +21,7 @@ from onnxpipe.api.options import (
     Ends,
     LinkModel,
     PhaseChoice,
+    RayFiles,
     ScheduleChoice,
     SplitNodes,
     defaults_text,
@@ -395,5 +396,53 @@ def decoder_flags() -> list[Flag]:
             type=count,
             metavar="N",
             help="cached tokens of the decode shape",
+        ),
+    ]
+
+
+def ray_flags(work: str, lost: str, group: str | None = None) -> list[Flag]:
+    """``--ray-address``, ``--ray-resources``, ``--ray-files``, ``--ray-restarts`` and
+    ``--ray-restart-timeout``: where the stages' actors run and what a lost one costs, for ``run`` and
+    ``generate`` alike (``work``: what a timeout stops; ``lost``: what happens to a lost actor's work)."""
+    return [
+        flag(
+            "--ray-address",
+            field="ray_address",
+            group=group,
+            metavar="ADDR",
+            help="address of a running Ray cluster (default: start a local one)",
+        ),
+        flag(
+            "--ray-resources",
+            field="ray_resources",
+            group=group,
+            type=Path,
+            metavar="FILE",
+            help="JSON file of per-stage Ray actor resources (pins each stage to a node)",
+        ),
+        flag(
+            "--ray-files",
+            field="ray_files",
+            group=group,
+            choices=values(RayFiles),
+            help="ship each stage's files through Ray to the node its actor lands on (checked by sha256, "
+            "cached there), or read them from a folder every node has at the same path",
+        ),
+        flag(
+            "--ray-restarts",
+            field="ray_restarts",
+            group=group,
+            type=count,
+            metavar="N",
+            help=f"times Ray starts a lost stage actor again on a node with its resources, {lost} (0: a "
+            f"lost node fails the {work})",
+        ),
+        flag(
+            "--ray-restart-timeout",
+            field="ray_restart_timeout",
+            group=group,
+            type=positive_number,
+            metavar="S",
+            help=f"seconds a lost stage actor may take to run again before the {work} stops",
         ),
     ]

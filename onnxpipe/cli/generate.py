@@ -7,9 +7,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from onnxpipe.api.options import Backend, GenerateOptions, LocalMode, RayFiles
+from onnxpipe.api.options import Backend, GenerateOptions, LocalMode
 from onnxpipe.cli.argtypes import count, positive_int, positive_number, probability, token_ids
-from onnxpipe.cli.arguments import JSON
+from onnxpipe.cli.arguments import JSON, ray_flags
 from onnxpipe.cli.flags import Table, flag
 from onnxpipe.core.choices import values
 
@@ -154,41 +154,7 @@ TABLE = Table(
             choices=values(Backend),
             help="local workers or Ray actors on a cluster, each keeping its stage's cache",
         ),
-        flag(
-            "--ray-address",
-            field="ray_address",
-            metavar="ADDR",
-            help="address of a running Ray cluster (default: start a local one)",
-        ),
-        flag(
-            "--ray-resources",
-            field="ray_resources",
-            type=Path,
-            metavar="FILE",
-            help="JSON file of per-stage Ray actor resources (pins each stage to a node)",
-        ),
-        flag(
-            "--ray-files",
-            field="ray_files",
-            choices=values(RayFiles),
-            help="ship each stage's files through Ray to the node its actor lands on (checked by sha256, "
-            "cached there), or read them from a folder every node has at the same path",
-        ),
-        flag(
-            "--ray-restarts",
-            field="ray_restarts",
-            type=count,
-            metavar="N",
-            help="times Ray starts a lost stage actor again on a node with its resources, the sequences "
-            "whose caches it held rebuilt there by a prefill (0: a lost node fails the generation)",
-        ),
-        flag(
-            "--ray-restart-timeout",
-            field="ray_restart_timeout",
-            type=positive_number,
-            metavar="S",
-            help="seconds a lost stage actor may take to run again before the generation stops",
-        ),
+        *ray_flags("generation", "the sequences whose caches it held rebuilt there by a prefill"),
         flag(
             "--compare",
             field="compare",

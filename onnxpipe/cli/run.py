@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from onnxpipe.api.options import Backend, LocalMode, RayFiles, RunOptions
-from onnxpipe.cli.argtypes import count, positive_int, positive_number
-from onnxpipe.cli.arguments import JSON, input_flags, shape_flag
+from onnxpipe.api.options import Backend, LocalMode, RunOptions
+from onnxpipe.cli.argtypes import count, positive_int
+from onnxpipe.cli.arguments import JSON, input_flags, ray_flags, shape_flag
 from onnxpipe.cli.flags import Table, flag
 from onnxpipe.core.choices import values
 
@@ -67,46 +67,7 @@ TABLE = Table(
             help="pin each local worker (and, with --compare, each baseline) to CPUs of its own, on "
             "physical cores no other worker uses",
         ),
-        flag(
-            "--ray-address",
-            field="ray_address",
-            group="workers",
-            metavar="ADDR",
-            help="address of a running Ray cluster (default: start a local one)",
-        ),
-        flag(
-            "--ray-resources",
-            field="ray_resources",
-            group="workers",
-            type=Path,
-            metavar="FILE",
-            help="JSON file of per-stage Ray actor resources",
-        ),
-        flag(
-            "--ray-files",
-            field="ray_files",
-            group="workers",
-            choices=values(RayFiles),
-            help="ship each stage's files through Ray to the node its actor lands on (checked by sha256, "
-            "cached there), or read them from a folder every node has at the same path",
-        ),
-        flag(
-            "--ray-restarts",
-            field="ray_restarts",
-            group="workers",
-            type=count,
-            metavar="N",
-            help="times Ray starts a lost stage actor again on a node with its resources, its "
-            "micro-batches sent again (0: a lost node fails the run)",
-        ),
-        flag(
-            "--ray-restart-timeout",
-            field="ray_restart_timeout",
-            group="workers",
-            type=positive_number,
-            metavar="S",
-            help="seconds a lost stage actor may take to run again before the run stops",
-        ),
+        *ray_flags("run", "its micro-batches sent again", group="workers"),
         *input_flags("", "inputs"),
         flag(
             "--microbatches",
