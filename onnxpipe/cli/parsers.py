@@ -6,7 +6,15 @@ the work of each is in :data:`onnxpipe.cli.commands.WORK` under the same name.
 
 from __future__ import annotations
 
-from onnxpipe.cli import export_triton, generate, inspect, links, plan, profile, run, split, verify
+import onnxpipe.cli.export_triton as export_triton
+import onnxpipe.cli.generate as generate
+import onnxpipe.cli.inspect as inspect
+import onnxpipe.cli.links as links
+import onnxpipe.cli.plan as plan
+import onnxpipe.cli.profile as profile
+import onnxpipe.cli.run as run
+import onnxpipe.cli.split as split
+import onnxpipe.cli.verify as verify
 from onnxpipe.cli.flags import Table, word
 from onnxpipe.core.options import OptionRef, render
 
