@@ -172,8 +172,6 @@ def test_minilm_split_as_issue_31_ran_it_runs_in_tract(minilm_l6_path: Path, tmp
     sequence length, ``Shape(Cast(attention_mask))[1]``) crossed from stage 0 to stage 2 and tract
     failed the chain ("Unsupported DatumType in the public API TDim").  Now nothing of shapes alone
     crosses, the notes name nothing as crossing, and tract runs the chain to the whole model's outputs."""
-    from other_runtimes import relative_error, run_chain, tract_runner
-
     out = tmp_path / "s"
     result = split(
         minilm_l6_path, SplitOptions(out=out, plan=PlanRequest(4), profile=ProfileOptions(cost="static"))
@@ -182,14 +180,7 @@ def test_minilm_split_as_issue_31_ran_it_runs_in_tract(minilm_l6_path: Path, tmp
     kinds = value_kinds(load_model(minilm_l6_path))
     assert not [(s.index, t) for s in result.plan.stages for t in s.inputs if kinds.recomputable(t)]
     assert not any("still cross a cut" in n for n in result.plan.notes)
-    feeds = {
-        "input_ids": np.arange(16, dtype=np.int64).reshape(1, 16),
-        "attention_mask": np.ones((1, 16), np.int64),
-    }
-    sess = ort.InferenceSession(str(minilm_l6_path), providers=["CPUExecutionProvider"])
-    expected = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
-    got = run_chain(out, feeds, [tract_runner()])
-    assert all(relative_error(expected[n], got[n]) < 1e-4 for n in expected)
+    _tract_chain_matches(minilm_l6_path, out, batch=1)
 
 
 @pytest.mark.corpus
@@ -201,8 +192,6 @@ def test_minilm_sequence_length_is_recomputed_and_tract_runs_the_stage(
     mask (a ``Gather``'s data indices, no shape input), so it crossed the cut after it with no note, and
     tract refused the stage that received it ("Unsupported DatumType in the public API TDim").  Now the
     stage makes it of ``attention_mask``'s dims and tract runs the chain."""
-    from other_runtimes import relative_error, run_chain, tract_runner
-
     the_plan, view = _cut_between(minilm_l6_path, "/model/Gather_3", "/model/Mul")
     second = the_plan.stages[1]
     assert "/model/Gather_3_output_0" not in second.inputs
@@ -213,14 +202,7 @@ def test_minilm_sequence_length_is_recomputed_and_tract_runs_the_stage(
     out = tmp_path / "s"
     export_stages(view, the_plan, out)
     assert verify(out, VerifyOptions(runs=1)).ok
-    feeds = {
-        "input_ids": np.arange(16, dtype=np.int64).reshape(2, 8),
-        "attention_mask": np.ones((2, 8), np.int64),
-    }
-    sess = ort.InferenceSession(str(minilm_l6_path), providers=["CPUExecutionProvider"])
-    expected = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
-    got = run_chain(out, feeds, [tract_runner()])
-    assert all(relative_error(expected[n], got[n]) < 1e-4 for n in expected)
+    _tract_chain_matches(minilm_l6_path, out, batch=2)
 
 
 @pytest.mark.corpus
@@ -287,3 +269,18 @@ def test_transformer_stages_read_shapes_off_what_they_have(sample_models_dir: Pa
     export_stages(view, p, tmp_path / "s")
     report = verify(tmp_path / "s", VerifyOptions(runs=1))
     assert report.ok, report.summary()
+
+
+def _tract_chain_matches(model: Path, out: Path, batch: int) -> None:
+    """The split folder ``out``, chained in tract, computes what onnxruntime makes of the whole
+    ``model`` on 16 tokens in ``batch`` rows."""
+    from other_runtimes import relative_error, run_chain, tract_runner
+
+    feeds = {
+        "input_ids": np.arange(16, dtype=np.int64).reshape(batch, 16 // batch),
+        "attention_mask": np.ones((batch, 16 // batch), np.int64),
+    }
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    expected = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
+    got = run_chain(out, feeds, [tract_runner()])
+    assert all(relative_error(expected[n], got[n]) < 1e-4 for n in expected)
