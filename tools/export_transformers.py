@@ -82,96 +82,66 @@ class ModelSpec:
         return int(self.config.get("n_positions") or self.config["max_position_embeddings"])
 
 
+_GPT2_OUT = {"logits": {0: "batch", 1: "seq"}}
+_BERT_OUT = {"last_hidden_state": {0: "batch", 1: "seq"}, "pooler_output": {0: "batch"}}
+
+
+def _gpt2_spec(name: str, inputs: tuple[str, ...], **config: Any) -> ModelSpec:
+    """A GPT-2 of ``config`` (no cache: one pass over the tokens) giving ``logits`` from ``inputs``."""
+    return ModelSpec(name, {**config, "use_cache": False}, inputs, ("logits",), _GPT2_OUT)
+
+
+def _bert_spec(name: str, **config: Any) -> ModelSpec:
+    """A BERT of ``config`` in Hugging Face's layout: tokens and a mask in, both outputs out."""
+    return ModelSpec(
+        name, config, ("input_ids", "attention_mask"), ("last_hidden_state", "pooler_output"), _BERT_OUT
+    )
+
+
+_TINY_GPT2 = {"vocab_size": 1000, "n_positions": 128, "n_embd": 128, "n_layer": 4, "n_head": 4}
+
 SPECS: dict[str, ModelSpec] = {
-    "gpt2_tiny": ModelSpec(
-        name="gpt2_tiny",
-        config={
-            "vocab_size": 1000,
-            "n_positions": 128,
-            "n_embd": 128,
-            "n_layer": 4,
-            "n_head": 4,
-            "bos_token_id": 0,
-            "eos_token_id": 0,
-            "use_cache": False,
-        },
-        input_names=("input_ids",),
-        output_names=("logits",),
-        output_axes={"logits": {0: "batch", 1: "seq"}},
+    "gpt2_tiny": _gpt2_spec("gpt2_tiny", ("input_ids",), **_TINY_GPT2, bos_token_id=0, eos_token_id=0),
+    "gpt2_small": _gpt2_spec(
+        "gpt2_small",
+        ("input_ids",),
+        vocab_size=50257,
+        n_positions=1024,
+        n_embd=768,
+        n_layer=12,
+        n_head=12,
+        bos_token_id=50256,
+        eos_token_id=50256,
     ),
-    "gpt2_small": ModelSpec(
-        name="gpt2_small",
-        config={
-            "vocab_size": 50257,
-            "n_positions": 1024,
-            "n_embd": 768,
-            "n_layer": 12,
-            "n_head": 12,
-            "bos_token_id": 50256,
-            "eos_token_id": 50256,
-            "use_cache": False,
-        },
-        input_names=("input_ids",),
-        output_names=("logits",),
-        output_axes={"logits": {0: "batch", 1: "seq"}},
+    "bert_tiny": _bert_spec(
+        "bert_tiny",
+        vocab_size=1000,
+        hidden_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=512,
+        max_position_embeddings=128,
     ),
-    "bert_tiny": ModelSpec(
-        name="bert_tiny",
-        config={
-            "vocab_size": 1000,
-            "hidden_size": 128,
-            "num_hidden_layers": 4,
-            "num_attention_heads": 4,
-            "intermediate_size": 512,
-            "max_position_embeddings": 128,
-        },
-        input_names=("input_ids", "attention_mask"),
-        output_names=("last_hidden_state", "pooler_output"),
-        output_axes={"last_hidden_state": {0: "batch", 1: "seq"}, "pooler_output": {0: "batch"}},
+    "bert_mini": _bert_spec(
+        "bert_mini",
+        vocab_size=1000,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=1024,
+        max_position_embeddings=128,
     ),
-    "bert_mini": ModelSpec(
-        name="bert_mini",
-        config={
-            "vocab_size": 1000,
-            "hidden_size": 256,
-            "num_hidden_layers": 4,
-            "num_attention_heads": 4,
-            "intermediate_size": 1024,
-            "max_position_embeddings": 128,
-        },
-        input_names=("input_ids", "attention_mask"),
-        output_names=("last_hidden_state", "pooler_output"),
-        output_axes={"last_hidden_state": {0: "batch", 1: "seq"}, "pooler_output": {0: "batch"}},
+    "minilm_l6": _bert_spec(
+        "minilm_l6",
+        vocab_size=30522,
+        hidden_size=384,
+        num_hidden_layers=6,
+        num_attention_heads=12,
+        intermediate_size=1536,
+        max_position_embeddings=512,
     ),
-    "minilm_l6": ModelSpec(
-        name="minilm_l6",
-        config={
-            "vocab_size": 30522,
-            "hidden_size": 384,
-            "num_hidden_layers": 6,
-            "num_attention_heads": 12,
-            "intermediate_size": 1536,
-            "max_position_embeddings": 512,
-        },
-        input_names=("input_ids", "attention_mask"),
-        output_names=("last_hidden_state", "pooler_output"),
-        output_axes={"last_hidden_state": {0: "batch", 1: "seq"}, "pooler_output": {0: "batch"}},
-    ),
-    "gpt2_tiny_mask": ModelSpec(
-        name="gpt2_tiny_mask",
-        config={
-            "vocab_size": 1000,
-            "n_positions": 128,
-            "n_embd": 128,
-            "n_layer": 4,
-            "n_head": 4,
-            "bos_token_id": 0,
-            "eos_token_id": 0,
-            "use_cache": False,
-        },
-        input_names=("input_ids", "attention_mask"),
-        output_names=("logits",),
-        output_axes={"logits": {0: "batch", 1: "seq"}},
+    "gpt2_tiny_mask": _gpt2_spec(
+        "gpt2_tiny_mask", ("input_ids", "attention_mask"), **_TINY_GPT2, bos_token_id=0, eos_token_id=0
     ),
 }
 
