@@ -19,8 +19,9 @@ work.  :meth:`Pipeline.close` (and a normal exit from ``with``) lets what was su
 Ctrl-C in :meth:`run` or :meth:`stream` stops the workers at once.  A pipeline dropped without
 ``close()`` finishes what was submitted and stops its workers once it is garbage-collected.
 
-Process workers are started with ``spawn``: a script that opens a pipeline must guard its top level with
-``if __name__ == "__main__":``.
+Process workers are started with ``spawn`` but never import the caller's ``__main__``
+(:mod:`onnxpipe.runtime.backends.spawning`): a script needs no ``if __name__ == "__main__":`` guard, and
+``python -`` and notebooks work too.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -138,10 +140,10 @@ def test_processes_carry_large_string_tensors(tmp_path: Path) -> None:
 
 
 class SecondStartFails:
-    """The ``spawn`` context, except that the second worker's process fails to start."""
+    """The workers' context, except that the second worker's process fails to start."""
 
     def __init__(self) -> None:
-        self.spawn = mp.get_context("spawn")
+        self.spawn = processes.WORKERS
         self.processes: list[BaseProcess] = []
 
     def Pipe(self, duplex: bool = True) -> Any:
@@ -163,7 +165,7 @@ def test_a_failed_process_start_stops_the_workers_of_its_lane_already_started(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     context = SecondStartFails()
-    monkeypatch.setattr(processes, "mp", SimpleNamespace(get_context=lambda method: context))
+    monkeypatch.setattr(processes, "WORKERS", context)
     with pytest.raises(OSError, match="no more processes"):
         ProcessBackend([identity_chain(tmp_path)])
     first = context.processes[0]
@@ -258,6 +260,41 @@ def test_wake_makes_a_waiting_driver_return(tmp_path: Path) -> None:
         backend.close()
     backend.wake()  # after close: nothing to wake, no error
     assert no_segments_left()
+
+
+UNGUARDED_MAIN = """
+import pickle
+from onnxpipe.runtime.backends.processes import ProcessBackend
+
+with open({runs!r}, "a") as f:  # once per run of this main module, in whichever process runs it
+    f.write("ran\\n")
+with open({specs!r}, "rb") as f:
+    specs = pickle.load(f)
+backend = ProcessBackend([specs])
+backend.close()
+"""
+
+
+@pytest.mark.parametrize("how", ["script", "stdin"])
+def test_workers_never_run_the_callers_main_module(tmp_path: Path, how: str) -> None:
+    """A script with no ``if __name__ == "__main__":`` guard (and ``python -``, whose main is no file)
+    starts process workers: they must not import the caller's main module, which would start them again."""
+    (tmp_path / "specs.pkl").write_bytes(pickle.dumps(identity_chain(tmp_path)))
+    runs = tmp_path / "runs.txt"
+    code = UNGUARDED_MAIN.format(runs=str(runs), specs=str(tmp_path / "specs.pkl"))
+    env = dict(os.environ)
+    tree = str(Path(processes.__file__).resolve().parents[3])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (tree, env.get("PYTHONPATH")) if p)
+    if how == "script":
+        (tmp_path / "main.py").write_text(code)
+        argv, stdin = [sys.executable, str(tmp_path / "main.py")], None
+    else:
+        argv, stdin = [sys.executable, "-"], code
+    proc = subprocess.run(
+        argv, cwd=tmp_path, input=stdin, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert runs.read_text() == "ran\n", "a worker ran the caller's main module again"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Workers as processes (``spawn``), tensors through shared memory, bounded channels between them.
+"""Workers as processes (``spawn``, never importing the caller's ``__main__``), tensors through shared
+memory, bounded channels between them.
 
 Each worker process holds one onnxruntime session.  Channel ``c`` of a lane joins worker ``c-1`` to
 worker ``c`` (channel 0 starts at the caller, the last one ends there), each with a few shared-memory
@@ -14,7 +15,6 @@ is unlinked at close even when its creator was killed.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import os
 import secrets
 import signal
@@ -24,7 +24,6 @@ import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from multiprocessing.context import SpawnContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -40,6 +39,7 @@ from onnxpipe.runtime.backends.shm import (
     SlotWriter,
     unlink_prefix,
 )
+from onnxpipe.runtime.backends.spawning import WORKERS, WorkerContext
 from onnxpipe.runtime.base import Tensors, lane_order
 from onnxpipe.runtime.choices import DEFAULT_SLOTS
 from onnxpipe.runtime.session import (
@@ -107,7 +107,7 @@ class ProcessBackend:
             raise ValueError("workers gives the worker of each stage of one lane")
         if not 1 <= slots <= MAX_SLOTS:
             raise UsageError(f"slots {slots}: a link between two worker processes has 1 to {MAX_SLOTS}")
-        ctx = mp.get_context("spawn")
+        ctx = WORKERS
         self.prefix = f"onnxpipe-{os.getpid()}-{secrets.token_hex(4)}"
         self._slots = slots
         self._lanes: list[_Lane] = []
@@ -144,7 +144,7 @@ class ProcessBackend:
     # ---------------------------------------------------------------------------------- start-up
 
     def _start_lane(
-        self, ctx: SpawnContext, li: int, lane: Sequence[WorkerSpec], hosts: Sequence[Sequence[int]]
+        self, ctx: WorkerContext, li: int, lane: Sequence[WorkerSpec], hosts: Sequence[Sequence[int]]
     ) -> None:
         """Start lane ``li``'s worker processes (``hosts``: the positions of the stages each one hosts)
         and its channels (channel ``c`` into stage ``c``), recording each part before it can fail."""
