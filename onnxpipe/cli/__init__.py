@@ -4,7 +4,8 @@
 Exit codes (documented in docs/cli.md): 0 success; 1 verification found a mismatch; 2 usage error;
 3 model cannot be loaded; 4 profiling failed or profile of another model; 5 no valid partition;
 6 export failed; 7 manifest invalid or stage files changed; 8 a stage failed while running.
-argparse's own errors (a missing or unknown option, a bad value) are usage errors too: one line, exit 2.
+argparse's own errors (a missing or unknown option, a bad value) are usage errors too: one line, exit 2;
+an unknown option is named, with the closest one, before any missing required one.
 A library error names the option to change as its field (:mod:`onnxpipe.core.options`); it is printed
 with that option worded as its flag.
 

@@ -9,7 +9,9 @@ or numpy, so that ``onnxpipe --help`` stays fast.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable
+import difflib
+import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar, overload
 
@@ -83,6 +85,54 @@ class CommandParser(argparse.ArgumentParser):
         what = " ".join(message.split())  # one line, whatever a type function put in its message
         self.exit(2, f"{self.prog}: error: {what}; see '{self.prog} --help'\n")
 
+    @overload
+    def parse_known_args(
+        self, args: Iterable[str] | None = None, namespace: None = None
+    ) -> tuple[argparse.Namespace, list[str]]: ...
+    @overload
+    def parse_known_args(self, args: Iterable[str] | None, namespace: _N) -> tuple[_N, list[str]]: ...
+    @overload
+    def parse_known_args(self, *, namespace: _N) -> tuple[_N, list[str]]: ...
+    def parse_known_args(
+        self, args: Iterable[str] | None = None, namespace: Any = None
+    ) -> tuple[Any, list[str]]:
+        """argparse's, after refusing an unknown option by name (:meth:`refuse_unknown_options`)."""
+        given = list(sys.argv[1:] if args is None else args)
+        self.refuse_unknown_options(given)
+        return super().parse_known_args(given, namespace)
+
+    def refuse_unknown_options(self, args: Sequence[str]) -> None:
+        """Refuse the first of ``args`` that argparse would take for an option this parser does not have,
+        naming it and the closest option it has: ``unknown option --stags (did you mean --stages?)``.
+
+        argparse checks the required options first, so a typo in one (``--stags 3``) read ``the following
+        arguments are required: --stages/-k`` and hid the typo.  Tokens are read as argparse reads them:
+        ``--`` ends the options, a lone ``-``, a number and a token with a space are values, ``-k3`` is
+        ``-k`` with its value; a parser with subcommands reads only up to the command (the subcommand's
+        parser reads the rest)."""
+        for arg in args:
+            if arg == "--":
+                return
+            if not _looks_like_option(arg):
+                if self._subparsers is not None:
+                    return
+                continue
+            name = arg.split("=", 1)[0]
+            if name in self._option_string_actions or arg[:2] in self._option_string_actions:
+                continue
+            self.error(f"unknown option {name}{self._did_you_mean(name)}")
+
+    def _did_you_mean(self, name: str) -> str:
+        """`` (did you mean --stages?)``: the shown option closest to ``name``, by the words after the
+        dashes (the dashes every option shares would make any two look alike); empty when none is."""
+        shown = {
+            option.lstrip("-"): option
+            for option, action in self._option_string_actions.items()
+            if action.help is not argparse.SUPPRESS and option.startswith("--")
+        }
+        close = difflib.get_close_matches(name.lstrip("-"), shown, n=1)
+        return f" (did you mean {shown[close[0]]}?)" if close else ""
+
 
 class SubcommandParser(CommandParser):
     """A subcommand's parser, which also refuses arguments it does not know itself.
@@ -104,9 +154,20 @@ class SubcommandParser(CommandParser):
         self, args: Iterable[str] | None = None, namespace: Any = None
     ) -> tuple[Any, list[str]]:
         parsed, extras = super().parse_known_args(args, namespace)
-        if extras:
+        if extras:  # what is left is no option (those were refused by name): an extra positional
             self.error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed, extras
+
+
+def _looks_like_option(arg: str) -> bool:
+    """Whether argparse takes ``arg`` for an option (known or not) rather than a value."""
+    if not arg.startswith("-") or arg == "-" or " " in arg:
+        return False
+    try:
+        float(arg)
+    except ValueError:
+        return True
+    return False
 
 
 QUIET = flag(

@@ -319,3 +319,78 @@ def test_help_gives_every_default(command: str) -> None:
             and "absolute tolerance" in text
             and "seed of the random inputs" in text
         )
+
+
+def subcommand_parsers() -> dict[str, argparse.ArgumentParser]:
+    actions = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(actions[0].choices)
+
+
+def typos() -> list[tuple[str, str, str]]:
+    """``(command, option, typo)`` for every long option each subcommand shows: the option with the letter
+    after its dashes doubled."""
+    found = []
+    for command, parser in subcommand_parsers().items():
+        for action in parser._actions:
+            if action.help is argparse.SUPPRESS:
+                continue
+            found += [(command, o, f"--{o[2]}{o[2:]}") for o in action.option_strings if o.startswith("--")]
+    return found
+
+
+def test_a_typo_in_any_option_is_named_before_any_required_complaint(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Regression: ``split m.onnx --stags 3`` said ``the following arguments are required: --stages/-k``,
+    hiding the typo.  Every subcommand's every option, misspelt with nothing else given (no positional, no
+    required option): the line names the typo and the option meant, exit 2 (a usage error)."""
+    wrong = []
+    for command, option, typo in typos():
+        code, out, err = run([command, typo, "1"], capfd)
+        line = one_line_error(err, command)
+        if code != 2 or out or f"error: unknown option {typo} (did you mean {option}?)" not in line:
+            wrong.append((command, typo, code, line))
+    assert wrong == []
+    assert len(typos()) > 100, "expected every subcommand's options"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (
+            ["split", "m.onnx", "--stags", "3"],
+            "onnxpipe split: error: unknown option --stags (did you mean --stages?)",
+        ),
+        (
+            ["split", "m.onnx", "-k", "3", "--ouput", "x"],
+            "onnxpipe split: error: unknown option --ouput (did you mean --out?)",
+        ),
+        (["split", "m.onnx", "--stags=3"], "unknown option --stags (did you mean --stages?)"),
+        (
+            ["generate", "d", "--temprature", "0.5"],
+            "unknown option --temprature (did you mean --temperature?)",
+        ),
+        (["split", "m.onnx", "-k3", "--out", "o", "-x"], "onnxpipe split: error: unknown option -x; see"),
+        (["run", "d", "--bogus"], "onnxpipe run: error: unknown option --bogus; see 'onnxpipe run --help'"),
+        (["--verison", "split"], "onnxpipe: error: unknown option --verison (did you mean --version?)"),
+    ],
+)
+def test_unknown_options_are_named(args: list[str], says: str, capfd: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(args, capfd)
+    assert code == 2 and out == ""
+    assert says in err and "required" not in err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["split", "m.onnx", "-k", "2", "--out", "o", "--", "-notanoption"],  # after --: a value
+        ["generate", "d", "--temperature", "-1"],  # a negative number: a value (refused as a value)
+        ["generate", "d", "--prompt", "-a prompt with spaces"],  # argparse reads it as a value
+    ],
+)
+def test_values_that_start_with_a_dash_are_not_taken_for_unknown_options(
+    args: list[str], capfd: pytest.CaptureFixture[str]
+) -> None:
+    _code, _out, err = run(args, capfd)
+    assert "unknown option" not in err
