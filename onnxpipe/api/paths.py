@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 from onnxpipe.core.errors import ExportError, OnnxpipeError, UsageError
+from onnxpipe.core.extras import install_hint
 from onnxpipe.core.options import opt
 from onnxpipe.planning.draw import SUFFIXES
 
@@ -82,7 +83,7 @@ def check_plot(path: Path) -> None:
         )
     if importlib.util.find_spec("matplotlib") is None:
         raise UsageError(
-            f"{opt('plot')} needs matplotlib, which is not installed; pip install 'onnxpipe[plot]', "
+            f"{opt('plot')} needs matplotlib, which is not installed; {install_hint('plot')}, "
             f"or leave out {opt('plot')}"
         )
     check_output_file(path, "plot")

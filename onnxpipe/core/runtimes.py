@@ -33,6 +33,7 @@ import numpy as np
 
 from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.extras import install_hint
 from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, EngineConfig
 
 __all__ = [
@@ -71,7 +72,7 @@ def require(runtime: Runtime) -> ModuleType:
         return importlib.import_module(name)
     except ImportError as e:
         extra = _EXTRA.get(runtime)
-        how = f"pip install 'onnxpipe[{extra}]'" if extra else f"pip install {name}"
+        how = install_hint(extra) if extra else f"pip install {name}"
         raise UsageError(
             f"runtime {runtime.value} needs the {name} package, which is not installed here ({e}); "
             f"install it with {how} or give the device another runtime"

@@ -17,6 +17,7 @@ from onnx import shape_inference
 
 from onnxpipe.core.dims import Dim
 from onnxpipe.core.errors import ModelLoadError
+from onnxpipe.core.extras import install_hint
 from onnxpipe.ir.external import external_info, is_external, source_file
 from onnxpipe.ir.model import ModelView, initializer_nbytes, value_dims
 from onnxpipe.ir.shapes import symbol_sizes
@@ -86,8 +87,8 @@ def concrete_shapes(
                 if not symbolic
                 else "onnxruntime's symbolic shape inference could not settle them either"
                 if symbolic_available()
-                else "pip install 'onnxpipe[shapes]' (sympy) lets onnxruntime's symbolic shape inference "
-                "settle them"
+                else f"{install_hint('shapes')} installs sympy, which lets onnxruntime's symbolic shape "
+                "inference settle them"
             )
             notes.append(
                 f"{len(left)} tensor(s) have dims shape inference left unsettled, sized from the inputs' "

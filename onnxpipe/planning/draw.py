@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.extras import install_hint
 from onnxpipe.core.options import opt
 from onnxpipe.planning.types import Plan
 from onnxpipe.schedule.simulate import stream
@@ -59,8 +60,8 @@ def _matplotlib() -> Any:
         from matplotlib.figure import Figure
     except ImportError as e:
         raise UsageError(
-            "drawing a plan needs matplotlib, which is not installed; install onnxpipe[plot] "
-            f"(pip install 'onnxpipe[plot]') or drop {opt('plot')}"
+            f"drawing a plan needs matplotlib, which is not installed; {install_hint('plot')}, or drop "
+            f"{opt('plot')}"
         ) from e
     return Figure
 

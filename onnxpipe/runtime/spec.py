@@ -19,6 +19,7 @@ from pathlib import Path
 from onnxpipe.cluster.model import Device
 from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.extras import install_hint
 from onnxpipe.core.options import opt
 from onnxpipe.core.runtimes import DEFAULT_OPENVINO_DEVICE, EngineConfig, runs_here
 from onnxpipe.core.runtimes import available as runtime_available
@@ -182,7 +183,7 @@ def check_providers_here(specs: Sequence[WorkerSpec], available: Sequence[str]) 
             if not runtime_available(spec.placement.runtime):
                 raise UsageError(
                     f"{spec.label} runs on device {spec.device!r} with runtime {extra}, which is not "
-                    f"installed here; pip install 'onnxpipe[{extra}]', or give a devices file "
+                    f"installed here; {install_hint(extra)}, or give a devices file "
                     f"({opt('RunOptions.devices', 'FILE')}) that names another runtime for it"
                 )
             if not runs_here(spec.placement.engine_config()):

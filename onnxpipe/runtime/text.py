@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.extras import install_hint
 from onnxpipe.core.options import opt
 from onnxpipe.core.tokenizer_files import chat_template
 
@@ -62,7 +63,7 @@ class TextCodec:
             from tokenizers import Tokenizer
         except ImportError as e:
             raise UsageError(
-                "text prompts need Hugging Face's tokenizers: pip install 'onnxpipe[text]', or give token "
+                f"text prompts need Hugging Face's tokenizers: {install_hint('text')}, or give token "
                 f"ids as {opt('prompt_ids')}"
             ) from e
         try:
@@ -207,7 +208,7 @@ def _render(template: str, messages: list[dict[str, str]], special: dict[str, st
         from jinja2.ext import loopcontrols
         from jinja2.sandbox import ImmutableSandboxedEnvironment
     except ImportError as e:
-        raise UsageError("chat templates need jinja2: pip install 'onnxpipe[text]'") from e
+        raise UsageError(f"chat templates need jinja2: {install_hint('text')}") from e
 
     def refuse(message: str) -> None:
         raise TemplateError(message)

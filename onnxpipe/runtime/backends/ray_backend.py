@@ -64,6 +64,7 @@ import numpy as np
 
 from onnxpipe.core.choices import RayFiles
 from onnxpipe.core.errors import CacheLost, RuntimeStageError, UsageError, error_line
+from onnxpipe.core.extras import install_hint
 from onnxpipe.runtime.backends.ray_actor import WorkerActor
 from onnxpipe.runtime.backends.ray_recovery import (
     Recovery,
@@ -175,9 +176,7 @@ def _import_ray() -> Any:
     try:
         import ray
     except ImportError as e:
-        raise UsageError(
-            "the ray backend needs Ray, which is not installed; pip install 'onnxpipe[ray]'"
-        ) from e
+        raise UsageError(f"the ray backend needs Ray, which is not installed; {install_hint('ray')}") from e
     return ray
 
 
