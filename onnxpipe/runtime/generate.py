@@ -212,7 +212,7 @@ def _sequences(options: GenerateOptions, first_ident: int) -> list[_Sequence]:
     options.check()
     for i, p in enumerate(options.prompt_ids):
         if len(p) == 0:
-            raise UsageError(f"prompt {i} makes no token: give some text, or at least one token id")
+            raise UsageError(f"prompt {i} holds no token id: give at least one")
     sampling = options.sampling
     return [
         _Sequence(i, first_ident + i, p, rng=None if sampling is None else generator(sampling, i))

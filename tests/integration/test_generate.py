@@ -247,7 +247,7 @@ def test_generate_refuses_what_it_cannot_run(splits: Splits, tmp_path: Path) -> 
     with Pipeline.from_manifest(folder) as plain, pytest.raises(UsageError, match="generation=True"):
         plain.generate([PROMPTS[0]], 4)
     with Pipeline.from_manifest(folder, generation=True) as pipe:
-        with pytest.raises(UsageError, match="prompt 1 makes no token"):
+        with pytest.raises(UsageError, match="prompt 1 holds no token id: give at least one"):
             pipe.generate([PROMPTS[0], ()], 4)
         with pytest.raises(UsageError, match="`max_new_tokens=0`"):
             pipe.generate([PROMPTS[0]], 0)

@@ -233,7 +233,7 @@ def test_bad_requests_are_refused() -> None:
     feeds = StepFeeds(IO, TYPES)
     with pytest.raises(UsageError, match="at least one prompt"):
         generate(pipe.submit, 1, feeds, GenerateOptions())
-    with pytest.raises(UsageError, match="prompt 0 makes no token"):
+    with pytest.raises(UsageError, match="prompt 0 holds no token id: give at least one"):
         generate(pipe.submit, 1, feeds, GenerateOptions(((),)))
     with pytest.raises(UsageError, match="`in_flight=0`"):
         GenerateOptions(((1,),), in_flight=0).check()
