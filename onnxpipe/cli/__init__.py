@@ -20,11 +20,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Sequence
 
 from onnxpipe.cli.arguments import CommandParser, SubcommandParser
 from onnxpipe.cli.commands import work
 from onnxpipe.cli.parsers import SUBCOMMANDS, worded
+from onnxpipe.cli.say import COMMAND_START, process_start
 from onnxpipe.core.errors import OnnxpipeError
 from onnxpipe.core.version import __version__
 
@@ -47,8 +49,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (errors print one line to stderr).
 
     argparse's usage errors, ``--help`` and ``--version`` end in :class:`SystemExit` (code 2, 0, 0), as
-    argparse does, before any command runs: a usage error writes nothing.
+    argparse does, before any command runs: a usage error writes nothing.  The time a command prints
+    counts from the process's start when ``argv`` is None (the console script), else from this call.
     """
+    started = COMMAND_START.set(process_start() if argv is None else time.perf_counter())
+    try:
+        return _main(argv)
+    finally:
+        COMMAND_START.reset(started)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return work(args.command)(args)

@@ -8,17 +8,41 @@ progress bars, not the warnings.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TextIO
 
 from onnxpipe.cli.parsers import worded
 from onnxpipe.core.text import human_bytes
 
+COMMAND_START: ContextVar[float | None] = ContextVar("onnxpipe_command_start", default=None)
+"""When the running command began (a :func:`time.perf_counter` value), set by :func:`onnxpipe.cli.main`.
+
+The times :class:`Say` prints count from it: the process's start when ``main`` is the process's entry
+(the console script), so that ``split in 1.2 s`` is what the user's clock says, loading onnx and
+onnxruntime included; the call to ``main`` when it is called in a running process."""
+
+
+def process_start() -> float:
+    """The :func:`time.perf_counter` value at which this process started: from ``/proc`` (Linux), at the
+    kernel's clock tick; elsewhere, now."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after "pid (name)": fields 3 on
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        age = uptime - int(fields[22 - 3]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime, in ticks
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter()
+    return time.perf_counter() - max(0.0, age)
+
 
 class Say:
-    """Lines about the work of subcommand ``command``; :meth:`done` prints the total time."""
+    """Lines about the work of subcommand ``command``; :meth:`done` prints the total time, counted from the
+    command's start (:data:`COMMAND_START`), else from now."""
 
     def __init__(
         self, command: str, *, json_output: bool = False, quiet: bool = False, stream: TextIO | None = None
@@ -27,7 +51,8 @@ class Say:
         self.stream = stream if stream is not None else (sys.stderr if json_output else sys.stdout)
         self.quiet = quiet
         self.progress = not quiet
-        self.start = time.perf_counter()
+        started = COMMAND_START.get()
+        self.start = time.perf_counter() if started is None else started
 
     def text(self, text: str) -> str:
         """``text`` with the options it names worded as flags."""

@@ -154,6 +154,17 @@ def test_console_script(mlp: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "out3").exists()
 
 
+def test_the_time_printed_counts_from_the_process_start(mlp: Path, tmp_path: Path) -> None:
+    """Regression: ``split in 0.3 s`` for a command the user timed at 1.24 s (the clock started after
+    onnx and onnxruntime were loaded).  A process that spends a second before ``main`` must say so."""
+    code = "import sys, time\ntime.sleep(1.0)\nfrom onnxpipe.cli import main\nsys.exit(main())\n"
+    argv = ["split", mlp, "--stages", "2", "--out", tmp_path / "out", "--cost", "static", "-q"]
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    said = re.search(r"^split in (\d+\.\d) s$", done.stdout, re.M)
+    assert said is not None and float(said.group(1)) >= 1.0, done.stdout
+
+
 HEAVY_MODULES = ("numpy", "onnx", "onnxruntime", "matplotlib")
 """What ``--help``, ``--version`` and a usage error must not load: each command's work does."""
 

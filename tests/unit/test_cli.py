@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
+import time
 from pathlib import Path
 
 import onnx
@@ -21,9 +22,11 @@ from paths import DEVICES, REPO_ROOT
 
 import onnxpipe
 from onnxpipe.cli import build_parser
+from onnxpipe.cli.say import COMMAND_START, Say, process_start
 from onnxpipe.core import errors
 
 DOCS = REPO_ROOT / "docs" / "cli.md"
+IMPORTED = time.perf_counter()
 
 
 def fails_checker_model() -> onnx.ModelProto:
@@ -394,3 +397,15 @@ def test_values_that_start_with_a_dash_are_not_taken_for_unknown_options(
 ) -> None:
     _code, _out, err = run(args, capfd)
     assert "unknown option" not in err
+
+
+def test_say_counts_from_the_commands_start() -> None:
+    """The time a command prints counts from when it began (set by ``main``), not from when its work
+    module, having loaded onnx and onnxruntime, made its :class:`Say`."""
+    assert COMMAND_START.get() is None
+    started = COMMAND_START.set(12.5)
+    try:
+        assert Say("split").start == 12.5
+    finally:
+        COMMAND_START.reset(started)
+    assert process_start() <= IMPORTED  # this process began before it imported this module
