@@ -19,11 +19,20 @@ def stage_time(compute: float, transfer: float, overlapped: bool) -> float:
     return max(compute, transfer) if overlapped else compute + transfer
 
 
+BYTES_LEGEND = (
+    "bytes in: what a stage reads (model inputs, earlier stages' outputs); link in: what crosses the link "
+    "from the stage before (what it reads from earlier stages and forwards to later ones), what its "
+    "transfer costs"
+)
+"""What the two byte columns of a stage table mean (their sizes differ for a reason the reader needs)."""
+
+
 def format_manifest_table(manifest: Manifest) -> str:
     """Stage, device, nodes, estimated cost, bytes in and out, params, and share of the bottleneck.
 
     "bytes in" is what the stage reads from earlier stages and the model; "link in" what crosses the
-    link in front of it in a chain, tensors it forwards to later stages included (what transfer costs).
+    link in front of it in a chain, tensors it forwards to later stages included (what transfer costs);
+    a line under the table says so (:data:`BYTES_LEGEND`).
     In an interleaved split the device column names the worker, the bottleneck is the busiest worker's
     time (all its stages), and a line per worker sums its time and weights.
     """
@@ -64,6 +73,7 @@ def format_manifest_table(manifest: Manifest) -> str:
     ]
     plan = manifest.plan
     footer = (
+        f"{BYTES_LEGEND}\n"
         f"{manifest.source.file}: {plan.k} stages, bottleneck {plan.bottleneck_seconds * 1e3:.3f} ms, "
         f"lower bound {plan.lower_bound_seconds * 1e3:.3f} ms (ratio {plan.ratio_to_lower_bound:.3f}), "
         f"costs: {plan.cost_source}, {plan.threads} thread(s)"
@@ -270,7 +280,7 @@ def format_plan_table(plan: Plan) -> str:
         "load",
         *([f"KV at {plan.decoder.max_context}"] if plan.decoder is not None else []),
     ]
-    lines = [table(head, rows), *worker_lines]
+    lines = [table(head, rows), BYTES_LEGEND, *worker_lines]
     lines.append(
         f"bottleneck {plan.bottleneck_seconds * 1e3:.3f} ms per micro-batch, lower bound "
         f"{plan.lower_bound_seconds * 1e3:.3f} ms (ratio {plan.ratio_to_lower_bound:.3f}); costs: "
@@ -305,7 +315,7 @@ def format_stage_counts(plan: Plan) -> str | None:
                 "<- chosen" if k == plan.k else "",
             ]
         )
-    return table(["stages", "bottleneck ms", "per second", ""], rows)
+    return table(["stages", "bottleneck ms", "per second", "choice"], rows)
 
 
 def _of_type(report: VerifyReport) -> str:

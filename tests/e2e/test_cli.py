@@ -8,6 +8,7 @@ output folder, no temporary folder, the old contents of an existing folder intac
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -844,3 +845,41 @@ def test_run_json_is_one_document_on_stdout(mlp: Path, work: Path, capfd: pytest
     assert doc["command"] == "run" and doc["json_schema_version"] == 1
     assert doc["report"]["k"] == 2 and len(doc["report"]["stages"]) == 2
     assert "ran in " in err.splitlines()[-1]
+
+
+def table_headers(text: str) -> list[list[str]]:
+    """The headers of every table in ``text``, one per column: a table is a header line over a line of
+    dash runs (:func:`onnxpipe.core.text.table`), each run spanning its column."""
+    lines = text.splitlines()
+    found = []
+    for head, rule in itertools.pairwise(lines):
+        if rule.strip() and set(rule) <= {"-", " "}:
+            found.append([head[m.start() : m.end()].strip() for m in re.finditer(r"-+", rule)])
+    return found
+
+
+def test_every_column_has_a_header_and_the_byte_columns_are_explained(
+    resnet: Path, work: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: ``--stages auto``'s table had a last column without a header, and ``bytes in`` and
+    ``link in`` differed with nothing saying why.  Every table plan, split and inspect print names each
+    column, and a stage table's byte columns are explained under it."""
+    outputs = []
+    for args in (
+        ["plan", resnet, "--stages", "auto", "--cost", "static"],
+        ["split", resnet, "--stages", "auto", "--cost", "static", "--out", work / "s"],
+        ["inspect", work / "s"],
+    ):
+        code, out, err = run(args, capfd)
+        assert code == 0, err
+        outputs.append(out)
+        headers = table_headers(out)
+        assert headers and all(all(headers) for headers in headers), headers
+        assert all(("link in" in h) == ("bytes in" in h) for h in headers)
+        stage_tables = [i for i, line in enumerate(out.splitlines()) if "link in" in line]
+        assert stage_tables, out
+        lines = out.splitlines()
+        after = lines[stage_tables[0] + 2 :]
+        legend = next(line for line in after if not line.startswith(tuple("0123456789")))
+        assert legend.startswith("bytes in: what a stage reads") and "link in: what crosses" in legend
+    assert any(["stages", "bottleneck ms", "per second", "choice"] in table_headers(o) for o in outputs)
