@@ -18,7 +18,7 @@ from typing import Any
 from onnxpipe.cluster.model import REFERENCE_PROVIDER, Cluster, Device, Link, _frozen
 from onnxpipe.core.choices import Runtime, values
 from onnxpipe.core.errors import UsageError
-from onnxpipe.core.jsonread import Document, Fields, Rule, Value, describe
+from onnxpipe.core.jsonread import Document, Fields, Rule, Value, describe, syntax_error_text
 from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE
 from onnxpipe.core.units import parse_bytes, parse_rate
 
@@ -35,9 +35,7 @@ def load_cluster(path: str | Path) -> Cluster:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
-        raise UsageError(
-            f"{p}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); fix the devices file"
-        ) from e
+        raise UsageError(f"{p}: not valid JSON ({syntax_error_text(e)}); fix the devices file") from e
     return read_cluster(obj, str(p), p.parent)
 
 

@@ -19,6 +19,7 @@ optional key would otherwise pass silently).
 from __future__ import annotations
 
 import difflib
+import json
 import math
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -26,6 +27,14 @@ from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 W = TypeVar("W", bound=str)
+
+
+def syntax_error_text(e: json.JSONDecodeError) -> str:
+    """Where and what a JSON syntax error is: ``Expecting value at line 3 column 5``.  Some of json's
+    messages end in "at" themselves (``Unterminated string starting at``), which a plain
+    ``f"{e.msg} at line ..."`` would double."""
+    where = f"line {e.lineno} column {e.colno}"
+    return f"{e.msg} {where}" if e.msg.endswith(" at") else f"{e.msg} at {where}"
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxpipe.core.errors import UsageError
-from onnxpipe.core.jsonread import Document, Fields, Value
+from onnxpipe.core.jsonread import Document, Fields, Value, syntax_error_text
 from onnxpipe.core.options import opt
 
 GENAI_CONFIG_NAME = "genai_config.json"
@@ -104,9 +104,7 @@ def _json(p: Path) -> Any:
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"{p}: cannot be read ({e}); {_ADVICE}") from e
     except json.JSONDecodeError as e:
-        raise UsageError(
-            f"{p}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); {_ADVICE}"
-        ) from e
+        raise UsageError(f"{p}: not valid JSON ({syntax_error_text(e)}); {_ADVICE}") from e
 
 
 def _opt_int(f: Fields, *keys: str, minimum: int = 1) -> int | None:

@@ -19,7 +19,7 @@ from onnxpipe.core.choices import CostSource, values
 from onnxpipe.core.errors import ProfileError
 from onnxpipe.core.files import write_text_atomic
 from onnxpipe.core.inputfiles import InputRecord
-from onnxpipe.core.jsonread import Document, Fields, Value
+from onnxpipe.core.jsonread import Document, Fields, Value, syntax_error_text
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import Samples
 
@@ -95,7 +95,7 @@ class Profile:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise ProfileError(
-                f"{where}: not valid JSON ({e.msg} at line {e.lineno}); re-run onnxpipe profile"
+                f"{where}: not valid JSON ({syntax_error_text(e)}); re-run onnxpipe profile"
             ) from None
         doc = Document(where, ProfileError, "re-run onnxpipe profile to make a new one", root="profile")
         top = doc.read(data)

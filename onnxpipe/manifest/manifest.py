@@ -26,7 +26,7 @@ import onnxpipe.manifest.write as write
 from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.errors import ManifestError
 from onnxpipe.core.files import file_sha256, write_text_atomic
-from onnxpipe.core.jsonread import Document
+from onnxpipe.core.jsonread import Document, syntax_error_text
 from onnxpipe.manifest.check import check_consistency
 from onnxpipe.manifest.entries import (
     MANIFEST_NAME,
@@ -89,7 +89,7 @@ class Manifest:
             obj = json.loads(text)
         except json.JSONDecodeError as e:
             raise ManifestError(
-                f"{source}: not valid JSON ({e.msg} at line {e.lineno}); re-run onnxpipe split"
+                f"{source}: not valid JSON ({syntax_error_text(e)}); re-run onnxpipe split"
             ) from e
         doc = Document(source, ManifestError, "re-run onnxpipe split", root="manifest")
         top = doc.read(obj).fields()

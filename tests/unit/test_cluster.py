@@ -110,6 +110,9 @@ def test_missing_file_and_bad_json(tmp_path: Path) -> None:
     p.write_text('{"devices": [', encoding="utf-8")
     with pytest.raises(UsageError, match=r"bad\.json: not valid JSON .*line 1"):
         load_cluster(p)
+    p.write_text('{"devices": [{"name": "gpu', encoding="utf-8")
+    with pytest.raises(UsageError, match=r"JSON \(Unterminated string starting at line 1 column 23\)"):
+        load_cluster(p)
 
 
 def test_missing_required_key_names_the_path(tmp_path: Path) -> None:

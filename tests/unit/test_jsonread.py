@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 
 import pytest
 
-from onnxpipe.core.jsonread import Document, Rule, Value, describe
+from onnxpipe.core.jsonread import Document, Rule, Value, describe, syntax_error_text
 from onnxpipe.manifest import MODEL
 
 
@@ -197,3 +198,18 @@ def test_reader_parsed_strings_say_how_to_write_them() -> None:
     assert read("2 km") == 2000.0
     _fails(lambda: read("far"), "f.json: top: 'far' is not a distance; write e.g. \"3 km\"")
     _fails(lambda: read(3), "f.json: top: expected a string, got int 3; fix it")
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ('{"a": "x', "Unterminated string starting at line 1 column 7"),  # json's message ends in "at"
+        ('{"a" 1}', "Expecting ':' delimiter at line 1 column 6"),
+        ("[1,\n]", "Expecting value at line 2 column 1"),
+    ],
+)
+def test_a_syntax_error_says_where_once(text: str, says: str) -> None:
+    """Regression: ``Unterminated string starting at at line 1``."""
+    with pytest.raises(json.JSONDecodeError) as info:
+        json.loads(text)
+    assert syntax_error_text(info.value) == says

@@ -473,8 +473,11 @@ def test_validation_errors(edit: Callable[[dict[str, Any]], None], message: str)
 
 
 def test_not_json() -> None:
-    with pytest.raises(ManifestError, match=r"^m\.json: not valid JSON \(Expecting value at line 1\)"):
+    empty = r"^m\.json: not valid JSON \(Expecting value at line 1 column 1\); re-run"
+    with pytest.raises(ManifestError, match=empty):
         Manifest.from_json("", source="m.json")
+    with pytest.raises(ManifestError, match=r"\(Unterminated string starting at line 1 column 2\); re-run"):
+        Manifest.from_json('{"k', source="m.json")
     with pytest.raises(ManifestError, match=r"^m\.json: manifest: expected an object, got a list"):
         Manifest.from_json("[]", source="m.json")
 
