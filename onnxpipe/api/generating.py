@@ -50,7 +50,7 @@ def generate(
         workers = (plan.workers if plan is not None else None) or k  # interleaved: fewer workers than stages
         count = len(prompting.options.prompt_ids)
         batch = pipe.batching(prompting.options).size
-        each = f", up to {batch} a step" if batch > 1 else ""
+        each = f", up to {batch} sequences a step" if batch > 1 else ""
         where = config.mode if isinstance(config, LocalConfig) else "ray"
         say.step(f"generating {count} sequence(s) through {k} stage(s) ({where}{each})")
         streams = (

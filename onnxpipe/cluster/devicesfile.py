@@ -20,6 +20,7 @@ from onnxpipe.core.choices import Runtime, values
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.jsonread import Document, Fields, Rule, Value, describe, syntax_error_text
 from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE
+from onnxpipe.core.text import counted
 from onnxpipe.core.units import parse_bytes, parse_rate
 
 
@@ -237,7 +238,7 @@ def _links(v: Value, n: int) -> tuple[Link, ...]:
     if raw is None:
         raise v.fail(
             "missing",
-            f"give {n - 1} links (one between each pair of consecutive devices) "
+            f"give {counted(n - 1, 'link')} (one between each pair of consecutive devices) "
             "or one link object for a network every device shares",
         )
     if isinstance(raw, dict):
@@ -246,7 +247,7 @@ def _links(v: Value, n: int) -> tuple[Link, ...]:
         raise v.expected("a list of links or one link object")
     if len(raw) != n - 1:
         raise v.fail(
-            f"{n} devices need {n - 1} links (devices[i] -> devices[i+1]), got {len(raw)}",
+            f"{n} devices need {counted(n - 1, 'link')} (devices[i] -> devices[i+1]), got {len(raw)}",
             "or write one link object for a network every device shares",
         )
     return v.objects(_link)

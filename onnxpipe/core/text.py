@@ -15,6 +15,12 @@ def human_bytes(n: float) -> str:
     return f"{value:.1f} GiB"
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 link``, ``2 links``: a count with its noun in the right number (``plural`` where adding an
+    "s" is wrong: ``counted(2, "worker process", "worker processes")``)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Right-aligned columns (left-aligned first column) with a rule under the header."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]

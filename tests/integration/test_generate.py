@@ -296,6 +296,7 @@ def test_cli_generate_compares_with_the_unsplit_model(
     assert code == 0 and "\n... generating 1 sequence(s) through 2 stage(s)" in out
     shown = " ".join(map(str, reference("llama_gqa", (64,))[:4]))
     assert f"sequence 0: 1 prompt token(s) -> 4 new: {shown}\n" in out
+    assert "\n  up to 1 sequence a step; first token " in out  # not "up to 1 a step"
 
 
 def test_cli_generate_bad_input_is_one_line(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:

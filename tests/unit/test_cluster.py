@@ -211,6 +211,9 @@ def test_links_count_and_fields(tmp_path: Path) -> None:
     assert "links: missing; give 2 links" in _error(tmp_path, {"devices": devs})
     link = {"bandwidth_bytes_per_s": 1e6, "latency_s": 0}
     assert "3 devices need 2 links" in _error(tmp_path, {"devices": devs, "links": [link]})
+    two = devs[:2]
+    assert "links: missing; give 1 link (one between" in _error(tmp_path, {"devices": two})  # not "1 links"
+    assert "2 devices need 1 link (devices[i]" in _error(tmp_path, {"devices": two, "links": [link, link]})
     bad = {"bandwidth_bytes_per_s": 0, "latency_s": 0}
     assert "links[1].bandwidth_bytes_per_s: must be greater than 0" in _error(
         tmp_path, {"devices": devs, "links": [link, bad]}

@@ -25,7 +25,7 @@ from runtime_support import (
 from onnxpipe.runtime.report import baselines as compare
 from onnxpipe.runtime.report.build import build_report
 from onnxpipe.runtime.report.measure import min_steady_microbatches
-from onnxpipe.runtime.report.text import format_report, memory_line
+from onnxpipe.runtime.report.text import format_report, memory_line, versus_estimate, workers_text
 from onnxpipe.runtime.spec import (
     CUDA_PROVIDER,
     Placement,
@@ -154,6 +154,47 @@ def test_a_pipeline_slower_than_a_baseline_gets_a_verdict_that_says_so() -> None
     fast = replace(one, name="all", pipeline_speedup=1.4)
     slower = format_report(replace(report, baselines={"single": one, "all": fast}))
     assert "verdict: the pipeline is SLOWER than single (one session, 1 thread): 0.55x" in slower
-    assert "(est-meas)/meas" in slower
+    assert "measured vs est" in slower
     faster = format_report(replace(report, baselines={"all": fast}))
     assert "verdict: the pipeline is faster than every baseline (at least 1.40x)" in faster
+
+
+@pytest.mark.parametrize(
+    ("estimated", "measured", "says"),
+    [
+        (1.0, 4.1, "4.1x slower"),  # a busy machine: was "(est-meas)/meas -75.6%"
+        (5.116, 1.0, "5.1x faster"),  # was "+411.6%", which read as the opposite
+        (1.0, 1.06, "6% slower"),
+        (1.0, 0.9, "10% faster"),
+        (1.0, 1.001, "as estimated"),
+    ],
+)
+def test_a_measured_time_against_its_estimate_reads_in_words(
+    estimated: float, measured: float, says: str
+) -> None:
+    assert versus_estimate((estimated - measured) / measured) == says
+    assert versus_estimate(None) == "-"
+
+
+def test_workers_are_counted_in_words() -> None:
+    """Regression: ``on 2 threads workers``."""
+    assert workers_text(2, "threads") == "2 thread workers"
+    assert workers_text(1, "processes") == "1 worker process"
+    assert workers_text(3, "processes") == "3 worker processes"
+    assert workers_text(2, "ray") == "2 Ray actors"
+
+
+def test_the_report_says_how_its_stages_ran_against_their_estimates_in_words() -> None:
+    n = 12
+    m = measurement(n, (stats(0, [float(j) for j in range(n)]), stats(1, [float(j) for j in range(n)])))
+    fake = FakePipeline(lanes=((spec(0), spec(1)),), backend=FakeBackend("threads"))
+    report = build_report(as_pipeline(fake), m, warmup=0, input_shapes={})
+    text = format_report(replace(report, machine_slowdown=4.1))
+    assert " on 2 thread workers: " in text and "threads workers" not in text
+    assert "(est-meas)" not in text and "measured vs est" in text
+    assert (
+        "machine: the whole model on one thread ran 4.10x slower than when the estimates were made: other"
+        in text
+    )
+    faster = format_report(replace(report, machine_slowdown=0.5))
+    assert "ran 2.00x faster than when the estimates were made: the machine was busier then" in faster

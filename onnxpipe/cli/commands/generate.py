@@ -8,6 +8,7 @@ import sys
 from onnxpipe import api
 from onnxpipe.cli.generate import TABLE
 from onnxpipe.cli.say import Say
+from onnxpipe.core.text import counted
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,7 +70,7 @@ def _print(result: api.GenerateResult, compared: bool, *, streamed: bool) -> Non
 
 def _latency(g: api.Generation) -> str:
     """A run's latency line: its batch, time to first token, time per token, each worker's busy share."""
-    parts = [f"up to {g.batch} a step"]
+    parts = [f"up to {counted(g.batch, 'sequence')} a step"]
     first = g.time_to_first_token()
     if first is not None:
         parts.append(f"first token {first * 1e3:.1f} ms (median)")

@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from onnxpipe.core.options import opt
-from onnxpipe.core.text import human_bytes, table
+from onnxpipe.core.text import counted, human_bytes, table
 from onnxpipe.runtime.report.model import RunReport, StageReport, WorkerReport
 
 
@@ -26,6 +26,36 @@ def _bytes(x: int | None) -> str:
     return "-" if x is None else human_bytes(x)
 
 
+def versus_estimate(error: float | None) -> str:
+    """A measured time against its estimate in words (``error`` is ``(est - meas) / meas``): ``2.4x
+    slower``, ``6% faster``; a signed percentage of the measured time read as the opposite of what it
+    said (``+411.6%`` for a stage that ran 5x faster than estimated)."""
+    if error is None or error <= -1.0 or math.isnan(error):
+        return "-"
+    ratio = 1.0 / (1.0 + error)  # measured / estimated
+    if ratio >= 1.5:
+        return f"{ratio:.1f}x slower"
+    if ratio <= 1 / 1.5:
+        return f"{1 / ratio:.1f}x faster"
+    if abs(ratio - 1.0) < 0.005:
+        return "as estimated"
+    return f"{abs(ratio - 1.0) * 100:.0f}% {'slower' if ratio > 1 else 'faster'}"
+
+
+_WORKERS = {
+    "threads": ("thread worker", None),
+    "processes": ("worker process", "worker processes"),
+    "ray": ("Ray actor", None),
+}
+"""What a backend's workers are called (``on 2 thread workers``, not ``on 2 threads workers``)."""
+
+
+def workers_text(n: int, mode: str) -> str:
+    """``2 thread workers``, ``1 worker process``, ``3 Ray actors``."""
+    noun, plural = _WORKERS.get(mode, (f"{mode} worker", None))
+    return counted(n, noun, plural)
+
+
 def _stage_list(stages: Sequence[int]) -> str:
     return ", ".join(str(s) for s in stages)
 
@@ -33,7 +63,7 @@ def _stage_list(stages: Sequence[int]) -> str:
 def worker_line(worker: WorkerReport, *, bottleneck: bool = False) -> str:
     """One shared worker's stages summed, as :func:`format_report` prints it (``*``: the bottleneck)."""
     mark = " *" if bottleneck else ""
-    err = "" if worker.estimate_error is None else f" ({worker.estimate_error * 100:+.1f}%)"
+    err = "" if worker.estimate_error is None else f" ({versus_estimate(worker.estimate_error)} than est)"
     busy = "-" if math.isnan(worker.busy_fraction) else f"{worker.busy_fraction * 100:.0f}%"
     line = (
         f"worker {worker.index}{mark}: stages {_stage_list(worker.stages)}: "
@@ -81,7 +111,6 @@ def _stage_table(report: RunReport) -> str:
     on_nodes = any(s.node_id is not None for s in report.stages)
     rows = []
     for s in report.stages:
-        err = "-" if s.estimate_error is None else f"{s.estimate_error * 100:+.1f}%"
         mark = " *" if s.index == report.bottleneck_stage else ""
         row = [
             f"{s.index}{mark}",
@@ -89,7 +118,7 @@ def _stage_table(report: RunReport) -> str:
             f"{s.threads} @{','.join(str(c) for c in s.cpus)}" if s.cpus else str(s.threads),
             _ms(s.estimated_ms),
             _ms(s.measured_ms),
-            err,
+            versus_estimate(s.estimate_error),
             f"{s.busy_fraction * 100:.0f}%" if not math.isnan(s.busy_fraction) else "-",
             _bytes(s.param_bytes),
         ]
@@ -98,7 +127,7 @@ def _stage_table(report: RunReport) -> str:
         if on_nodes:
             row += [s.node_text or "-", _bytes(s.shipped_bytes)]
         rows.append(row)
-    headers = ["stage", "file", "threads", "est ms", "measured ms", "(est-meas)/meas", "busy", "weights"]
+    headers = ["stage", "file", "threads", "est ms", "measured ms", "measured vs est", "busy", "weights"]
     if not shared:
         headers += ["peak RSS", "model mem"]
     if on_nodes:
@@ -163,7 +192,7 @@ def _totals_line(report: RunReport) -> str:
             f"bottleneck worker {report.bottleneck_worker} (*), busiest stage {report.bottleneck_stage} (*)"
         )
     else:
-        on = f"{report.k} {report.mode} workers"
+        on = workers_text(report.k, report.mode)
         bottleneck = f"bottleneck stage {report.bottleneck_stage} (*)"
     return (
         f"{report.microbatches} micro-batches ({shapes_text(report.input_shapes)}) on {on}: "
@@ -199,17 +228,24 @@ def _baseline_lines(report: RunReport) -> list[str]:
 def _machine_line(report: RunReport) -> str | None:
     """How fast this machine ran against the one the estimates were made on, and the estimates' error at
     that speed."""
-    if report.machine_slowdown is None:
+    slowdown = report.machine_slowdown
+    if slowdown is None:
         return None
-    line = (
-        f"machine: the one-thread session took {report.machine_slowdown:.2f}x as long a micro-batch as "
-        "the model did when the estimates were made"
-    )
+    if slowdown >= 1.005:
+        speed = (
+            f"{slowdown:.2f}x slower than when the estimates were made: other work kept the CPUs busy, or "
+            "they ran at a lower clock"
+        )
+    elif slowdown <= 1 / 1.005:
+        speed = f"{1 / slowdown:.2f}x faster than when the estimates were made: the machine was busier then"
+    else:
+        speed = "as fast as when the estimates were made"
+    line = f"machine: the whole model on one thread ran {speed}"
     if report.estimate_max_error is not None and report.estimate_max_error_at_machine_speed is not None:
         line += (
-            f"; at that speed the estimates were off by up to "
+            "; counting that, the estimates were off by up to "
             f"{report.estimate_max_error_at_machine_speed * 100:.1f}% "
-            f"(as made: {report.estimate_max_error * 100:.1f}%)"
+            f"(not counting it: {report.estimate_max_error * 100:.1f}%)"
         )
     return line
 
