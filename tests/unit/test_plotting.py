@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,9 @@ def test_refusals(tmp_path: Path) -> None:
         plot_plan(tl, STAGES, tmp_path / "plan.png")
 
 
+HINT = "pip install 'onnxpipe[plot]' (or '.[plot]' in a source checkout)"
+
+
 def test_missing_matplotlib_says_what_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real_import = builtins.__import__
 
@@ -93,6 +97,6 @@ def test_missing_matplotlib_says_what_to_install(tmp_path: Path, monkeypatch: py
 
     monkeypatch.setattr(builtins, "__import__", fake_import)
     tl = simulate("stream", [1.0], None, [0.0], 1)
-    with pytest.raises(UsageError, match=r"install onnxpipe\[plot\]"):
+    with pytest.raises(UsageError, match=re.escape(f"needs matplotlib, which is not installed; {HINT}")):
         plot_plan(tl, STAGES[:1], tmp_path / "plan.png")
     assert not (tmp_path / "plan.png").exists()
