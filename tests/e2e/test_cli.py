@@ -358,7 +358,7 @@ def test_non_empty_output_folder_exits_6_and_is_left_intact(
     code, out, err = run(["split", mlp, "-k", "2", "--out", "out"], capfd)
     assert code == 6 and out == ""
     line = one_line_error(err, "split")
-    assert "out: exists and is not empty" in line and "--force" in line
+    assert "out: exists, is not empty" in line and "--force" in line and "pass --force" not in line
     assert snapshot(work) == before
     no_leftovers(work)
 
@@ -579,7 +579,8 @@ def test_interrupt_exits_130_and_leaves_nothing_half_written(
     args = ["split", mlp, "-k", "3", "--out", "out", "--cost", "static"] + (["--force"] if old else [])
     code, _, err = run(args, capfd)
     assert code == 130 and len(calls) == 2
-    assert err.strip() == "onnxpipe split: interrupted"
+    left = "the earlier split in out is unchanged" if old else "nothing was written to out"
+    assert err.strip() == f"onnxpipe split: interrupted while the stages were written: {left}"
     assert snapshot(work) == before
     no_leftovers(work)
     assert sorted(p.name for p in work.iterdir()) == (["out"] if old else [])
@@ -760,18 +761,34 @@ def test_manifest_link_model_is_optional_and_checked(
         onnxpipe.Manifest.from_json(sealed(obj))
 
 
-def test_interrupted_verification_leaves_the_folder_unverified_and_verify_completes_it(
+def test_interrupted_verification_leaves_the_earlier_split_and_verify_completes_an_unverified_one(
     mlp: Path, work: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Issue 39: Ctrl-C while a ``--force`` split is verified leaves the earlier split as it was (the new
+    one is verified before it replaces it), and says so."""
     import onnxpipe.api.splitting
 
-    def interrupted(*args: object, **kwargs: object) -> None:
+    code, _, err = run(["split", mlp, "-k", "2", "-o", "s", "--cost", "static", "--no-verify"], capfd)
+    assert code == 0, err
+    before = snapshot(work)
+    checked: list[Path] = []
+
+    def interrupted(folder: Path, *args: object, **kwargs: object) -> None:
+        checked.append(folder)
+        assert (folder / "stage_2.onnx").is_file() and not (work / "s" / "stage_2.onnx").exists()
         raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
         m.setattr(onnxpipe.api.splitting, "verify_folder", interrupted)
-        code, _, err = run(["split", mlp, "-k", "2", "-o", "s", "--cost", "static"], capfd)
-    assert code == 130 and "interrupted" in err
+        code, _, err = run(["split", mlp, "-k", "3", "-o", "s", "--cost", "static", "--force"], capfd)
+    assert code == 130, err
+    assert err.strip() == (
+        "onnxpipe split: interrupted during verification: the earlier split in s is unchanged"
+    )
+    assert snapshot(work) == before
+    no_leftovers(work)
+    (folder,) = checked  # the new split, verified where it was written: beside s, not in it
+    assert folder.parent.resolve() == work.resolve() and folder.name.startswith(".s.onnxpipe-tmp-")
     manifest = onnxpipe.load_manifest(work / "s")
     assert manifest.verification is not None and manifest.verification.status == "unverified"
     code, out, _ = run(["inspect", "s"], capfd)
