@@ -45,14 +45,15 @@ class Say:
             self.line(f"... {what} (at {time.perf_counter() - self.start:.1f} s)")
 
     def reading(self, model: Path) -> None:
-        """The first step of a command given a model, said on a terminal before onnx and onnxruntime are
-        imported (half a second, several on a loaded machine), so that the command answers at once.  On
-        stderr, and only to a person: a log or a pipe gets what it always got, and a refusal that follows
-        is still the one line of its own."""
-        if self.quiet or not model.is_file() or not sys.stderr.isatty():
+        """The first step of a command given a model or a split folder, said on a terminal before onnx
+        and onnxruntime are imported (half a second, several on a loaded machine), so that the command
+        answers at once.  On stderr, and only to a person: a log or a pipe gets what it always got, and a
+        refusal that follows is still the one line of its own."""
+        if self.quiet or not (model.is_file() or model.is_dir()) or not sys.stderr.isatty():
             return
-        size = human_bytes(sum(p.stat().st_size for p in _with_weights(model)))
-        print(f"... reading {model.name} ({size})", file=sys.stderr, flush=True)
+        files = _with_weights(model) if model.is_file() else [p for p in model.iterdir() if p.is_file()]
+        size = human_bytes(sum(p.stat().st_size for p in files))
+        print(f"... reading {model.name or model} ({size})", file=sys.stderr, flush=True)
 
     def done(self, what: str) -> None:
         self.line(f"{what} in {time.perf_counter() - self.start:.1f} s")

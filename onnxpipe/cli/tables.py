@@ -7,10 +7,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from onnxpipe.api import DecoderInfo, Manifest, ModelSummary, ModelView, Plan, VerifyReport, worker_groups
 from onnxpipe.core.dims import Dim
 from onnxpipe.core.text import human_bytes, table
+from onnxpipe.schedule.timeline import worker_groups
+
+if TYPE_CHECKING:  # formatting needs no model library loaded: a command prints its first line before
+    from onnxpipe.api import DecoderInfo, Manifest, ModelSummary, ModelView, Plan, VerifyReport
 
 
 def stage_time(compute: float, transfer: float, overlapped: bool) -> float:
@@ -19,8 +23,11 @@ def stage_time(compute: float, transfer: float, overlapped: bool) -> float:
     return max(compute, transfer) if overlapped else compute + transfer
 
 
-def format_manifest_table(manifest: Manifest) -> str:
+def format_manifest_table(manifest: Manifest, *, files_changed: bool = False) -> str:
     """Stage, device, nodes, estimated cost, bytes in and out, params, and share of the bottleneck.
+
+    ``files_changed``: the stage files are not those the split wrote, so a verification recorded as
+    passed no longer holds, and the line says so instead of ``passed``.
 
     "bytes in" is what the stage reads from earlier stages and the model; "link in" what crosses the
     link in front of it in a chain, tensors it forwards to later stages included (what transfer costs).
@@ -71,7 +78,12 @@ def format_manifest_table(manifest: Manifest) -> str:
     if plan.link_model is not None:
         footer += f"\nlinks: {plan.link_model.described}"
     v = manifest.verification
-    if v is not None:
+    if v is not None and files_changed:
+        footer += (
+            f"\nverification: {v.status} for the files the split wrote, which have changed since (the "
+            "errors above): it no longer holds"
+        )
+    elif v is not None:
         footer += "\nverification: " + (
             f"{v.status} (|a-b| <= {v.atol:g} + {v.rtol:g}*max|a|, seed {v.seed}, {v.runs} run(s))"
             if v.verified and v.atol is not None and v.rtol is not None

@@ -165,7 +165,8 @@ def verify_folder(out_dir: str | Path, options: VerifyOptions) -> VerifyReport:
     else:
         input_shapes = planned_input_shapes(manifest, view, options.shapes)
         all_feeds = [random_feeds(view, input_shapes, seed + r) for r in range(runs)]
-    expected = _run_original(model, names, all_feeds, threads, input_shapes, view, samples, manifest)
+    fails = _random_failure(manifest, view, input_shapes, options.shapes)
+    expected = _run_original(model, names, all_feeds, threads, samples, fails)
     one = one_runtime(engines)
     whole = _run_whole(model, names, all_feeds, one) if one is not None else None
     staged = run_stage_by_stage(d, all_feeds, threads=threads, check_files=False, engines=engines)
@@ -288,11 +289,12 @@ def _run_original(
     names: Sequence[str],
     all_feeds: Sequence[Mapping[str, Any]],
     threads: int,
-    input_shapes: Mapping[str, tuple[int, ...]],
-    view: ModelView,
     given: Samples | None,
-    manifest: Manifest,
+    fails: Callable[[str], str],
 ) -> list[dict[str, np.ndarray]]:
+    """The original's outputs for every feed set, in onnxruntime on the CPU; a failure on the user's
+    inputs (``given``) says so, one on random inputs says ``fails(why)``: at what shapes, why, and what
+    to give."""
     session = open_session(model, session_options(threads=threads))
     results: list[dict[str, np.ndarray]] = []
     for feeds in all_feeds:
@@ -304,23 +306,38 @@ def _run_original(
                     f"{model}: the model itself fails on the given inputs {given.describe()} "
                     f"({error_line(e)}); give inputs it runs on"
                 ) from e
-            shown = ", ".join(f"{n}={list(v)}" for n, v in input_shapes.items())
-            used = manifest.plan.profiled_inputs
-            hint = (
-                "the split was made on "
-                + ", ".join(r.file for r in used)
-                + ": give "
-                + " ".join(opt("input_files", r.file) for r in used)
-                + " again"
-                if used
-                else failure_hint(view, input_shapes)
-            )
             raise UsageError(
-                f"{model}: the model itself fails on random inputs of shapes {shown} "
-                f"({error_line(e)}); {hint}"
+                f"{model}: the model itself fails on random inputs {fails(error_line(e))}"
             ) from e
         results.append({n: _as_array(v) for n, v in zip(names, values, strict=True)})
     return results
+
+
+def _random_failure(
+    manifest: Manifest,
+    view: ModelView,
+    input_shapes: Mapping[str, tuple[int, ...]],
+    overrides: Mapping[str, Sequence[int]],
+) -> Callable[[str], str]:
+    """What a failure of the original on random inputs says after its shapes: the split's own input files
+    to give again, or the sizes chosen at the split (not the ones given to verify, ``overrides``) and
+    the inputs only real values set (:func:`~onnxpipe.ir.shapes.failure_hint`)."""
+
+    def text(why: str) -> str:
+        shown = ", ".join(f"{n}={list(v)}" for n, v in input_shapes.items())
+        used = manifest.plan.profiled_inputs
+        hint = (
+            "the split was made on "
+            + ", ".join(r.file for r in used)
+            + ": give "
+            + " ".join(opt("input_files", r.file) for r in used)
+            + " again"
+            if used
+            else failure_hint(view, input_shapes, overrides)
+        )
+        return f"of shapes {shown} ({why}); {hint}"
+
+    return text
 
 
 def _as_array(value: object) -> np.ndarray:
@@ -341,6 +358,19 @@ def _as_array(value: object) -> np.ndarray:
     return np.asarray(value)
 
 
+def _plain(path: Path) -> Path:
+    """``path`` without its ``..`` steps (``stages/../../models/m.onnx`` as ``../models/m.onnx``), as
+    messages name it: resolved (a linked folder is followed, not cut away), then relative to the current
+    folder where it lies below it."""
+    if ".." not in path.parts:
+        return path
+    resolved = path.resolve()
+    try:
+        return resolved.relative_to(Path.cwd().resolve())
+    except (ValueError, OSError):
+        return resolved
+
+
 def source_model_path(directory: Path, manifest: Manifest, model_path: str | Path | None) -> Path:
     """``model_path`` if given, else the manifest's ``source.path`` resolved against ``directory``."""
     if model_path is not None:
@@ -353,7 +383,7 @@ def source_model_path(directory: Path, manifest: Manifest, model_path: str | Pat
             f"{directory / MANIFEST_NAME}: records no path for the source model {manifest.source.file}; "
             f"pass it with {opt('model')}"
         )
-    p = directory / manifest.source.path  # an absolute recorded path stays absolute
+    p = _plain(directory / manifest.source.path)  # an absolute recorded path stays absolute
     if not p.is_file():
         raise UsageError(
             f"{p}: the source model recorded in {directory / MANIFEST_NAME} is not there; "

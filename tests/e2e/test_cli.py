@@ -177,6 +177,23 @@ def test_help_version_and_usage_errors_load_no_heavy_module(args: list[str]) -> 
     assert done.stderr.strip().splitlines()[-1] == "LOADED []", done.stderr
 
 
+def test_verify_answers_before_loading_the_model_libraries(
+    done: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 39: ``verify`` said nothing for 8-9 s on a loaded machine, importing onnx and onnxruntime
+    before its first line; the work of a command now loads them only once it has said what it reads."""
+    code = (
+        "import sys\n"
+        "import onnxpipe.cli.commands.verify, onnxpipe.cli.commands.split\n"
+        f"print(sorted(m for m in {HEAVY_MODULES!r} if m in sys.modules))\n"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert loaded.stdout.strip() == "[]", loaded.stderr
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a person at a terminal
+    code_, out, err = run(["verify", done], capfd)
+    assert code_ == 0 and err.startswith("... reading done (") and "verify: 1 output(s) match" in out
+
+
 def test_every_parser_has_its_work() -> None:
     from onnxpipe.cli import SUBCOMMANDS
     from onnxpipe.cli.commands import WORK, work
@@ -474,6 +491,10 @@ def test_stage_changed_after_export_exits_7(done: Path, capfd: pytest.CaptureFix
     code, out, _ = run(["inspect", done], capfd)
     assert code == 1 and "error: stage 1 file stage_1.onnx changed after export (sha256 mismatch)" in out
     assert "stage  device" in out
+    # issue 39: the damage first, and no "verification: passed" that the changed file no longer backs
+    assert out.index("error: stage 1") < out.index("stage  device") < out.index("verification:")
+    assert "verification: passed (" not in out
+    assert "verification: passed for the files the split wrote, which have changed since" in out
     code, out, _ = run(["inspect", done, "--no-file-check"], capfd)
     assert code == 0 and "error:" not in out and "sha256 checked" not in out
     code, out, _ = run(["inspect", done, "--json"], capfd)
