@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     try:
-        return work(args.command)(args)
+        return work(args.command, args)(args)
     except OnnxpipeError as e:
         print(f"onnxpipe {args.command}: error: {worded(str(e), args.command)}", file=sys.stderr)
         return e.exit_code

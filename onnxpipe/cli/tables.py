@@ -7,14 +7,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+from onnxpipe.api import DecoderInfo, Manifest, ModelSummary, ModelView, Plan, VerifyReport, worker_groups
 from onnxpipe.core.dims import Dim
 from onnxpipe.core.text import human_bytes, table
-from onnxpipe.schedule.timeline import worker_groups
-
-if TYPE_CHECKING:  # formatting needs no model library loaded: a command prints its first line before
-    from onnxpipe.api import DecoderInfo, Manifest, ModelSummary, ModelView, Plan, VerifyReport
 
 
 def stage_time(compute: float, transfer: float, overlapped: bool) -> float:

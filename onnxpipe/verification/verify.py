@@ -179,9 +179,9 @@ def verify_folder(out_dir: str | Path, options: VerifyOptions) -> VerifyReport:
 
     outputs = compared(expected, staged)
     on_runtime = None
-    if one is not None and isinstance(whole, str):
+    if isinstance(whole, str) and one is not None:
         on_runtime = OnRuntime(one.label, not_run=whole)
-    elif one is not None and whole is not None:
+    elif isinstance(whole, list) and one is not None:
         on_runtime = OnRuntime(one.label, stages=compared(whole, staged), whole=compared(expected, whole))
     return VerifyReport(
         outputs=outputs,

@@ -12,7 +12,6 @@ from onnxpipe.cli.verify import TABLE
 
 def run(args: argparse.Namespace) -> int:
     say = Say("verify", json_output=args.json)  # made first: its total time counts the verification
-    say.reading(args.dir)
     report = api.verify(args.dir, TABLE.options(args))
     print(api.verify_json(report) if args.json else format_verify_report(report))
     if report.record_note is not None:
