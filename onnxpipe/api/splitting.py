@@ -21,7 +21,7 @@ from onnxpipe.api.results import SplitResult
 from onnxpipe.cluster.costs import provider_available
 from onnxpipe.core.choices import Phase, Runtime, SplitNodes, VerifyRuntime
 from onnxpipe.core.dims import Dim
-from onnxpipe.core.errors import ExportError, UsageError
+from onnxpipe.core.errors import ExportError, OnnxpipeError, UsageError
 from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.core.options import opt
 from onnxpipe.cost.options import ProfileOptions
@@ -190,7 +190,10 @@ class _Verified:
     def __call__(self, folder: Path, manifest: Manifest) -> Manifest:
         self.say.step("verifying")
         self.started = True
-        report = verify_folder(folder, self.checks)
+        try:
+            report = verify_folder(folder, self.checks)
+        except OnnxpipeError as e:  # named as the folder it was about to become, not the temporary one
+            raise type(e)(str(e).replace(str(folder), str(self.out))) from e
         try:
             record_verification(folder, report)
         except OSError as e:

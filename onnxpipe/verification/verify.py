@@ -39,9 +39,10 @@ from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import Samples, load_samples
 from onnxpipe.ir.shapes import failure_hint, resolve_input_shapes, symbol_sizes
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, load_manifest
+from onnxpipe.verification import on_runtime as three_way
 from onnxpipe.verification.chain import run_stage_by_stage
 from onnxpipe.verification.compare import OutputComparison, compare, merge
-from onnxpipe.verification.on_runtime import OnRuntime, notes, output_line, passes, verdict
+from onnxpipe.verification.on_runtime import OnRuntime
 from onnxpipe.verification.options import QUANTIZED_OPS, Tolerance, VerifyOptions
 
 REFERENCE = EngineConfig()
@@ -78,12 +79,12 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         """Every output's stages match the original, or the whole model on the runtime they ran on."""
-        return all(passes(o, self.on_runtime, i) for i, o in enumerate(self.outputs))
+        return all(three_way.passes(o, self.on_runtime, i) for i, o in enumerate(self.outputs))
 
     @property
     def notes(self) -> list[str]:
         """What the verdict leaves out: a runtime's own difference from onnxruntime, and its size."""
-        return notes(self.outputs, self.on_runtime)
+        return three_way.notes(self.outputs, self.on_runtime)
 
     @property
     def stages_line(self) -> str | None:
@@ -106,12 +107,12 @@ class VerifyReport:
 
     def output_line(self, i: int, own: str = "") -> str:
         """Output ``i``'s verdict and differences (``own``: its tolerance, where outputs differ in it)."""
-        return output_line(self.outputs[i], self.on_runtime, i, own)
+        return three_way.output_line(self.outputs[i], self.on_runtime, i, own)
 
     @property
     def verdict(self) -> str:
         """``1 output(s) match the original``, or what they match or do not."""
-        return verdict(self.outputs, self.on_runtime)
+        return three_way.verdict(self.outputs, self.on_runtime)
 
     def summary(self) -> str:
         """Print-friendly lines: what ran where, one line per output, the verdict, then any notes."""
@@ -123,7 +124,7 @@ class VerifyReport:
 
     def raise_for_mismatch(self) -> None:
         """Raise :class:`VerificationError` naming the first output that does not match."""
-        bad = [i for i, o in enumerate(self.outputs) if not passes(o, self.on_runtime, i)]
+        bad = [i for i, o in enumerate(self.outputs) if not three_way.passes(o, self.on_runtime, i)]
         if bad:
             raise VerificationError(
                 f"output {self.output_line(bad[0])}; {len(bad)} of {len(self.outputs)} outputs differ "

@@ -840,6 +840,26 @@ def test_interrupted_verification_leaves_the_earlier_split_and_verify_completes_
     assert code == 0 and err == "" and "the result could not be written into its manifest" in out
 
 
+def test_a_verification_that_fails_to_run_leaves_the_earlier_split_and_names_the_folder(
+    mlp: Path, work: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import onnxpipe.api.splitting
+
+    code, _, err = run(["split", mlp, "-k", "2", "-o", "s", "--cost", "static"], capfd)
+    assert code == 0, err
+    before = snapshot(work)
+
+    def stage_fails(folder: Path, *args: object, **kwargs: object) -> None:
+        raise onnxpipe.RuntimeStageError(f"{folder / 'stage_1.onnx'}: stage 1 failed (boom); re-run split")
+
+    monkeypatch.setattr(onnxpipe.api.splitting, "verify_folder", stage_fails)
+    code, _, err = run(["split", mlp, "-k", "3", "-o", "s", "--cost", "static", "--force"], capfd)
+    assert code == 8 and "onnxpipe-tmp" not in err
+    assert one_line_error(err, "split").endswith("s/stage_1.onnx: stage 1 failed (boom); re-run split")
+    assert snapshot(work) == before
+    no_leftovers(work)
+
+
 def test_split_records_its_verification(mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(["split", mlp, "-k", "2", "-o", "s", "--cost", "static"], capfd)
     assert code == 0, err
