@@ -551,3 +551,28 @@ def dominated_head_model(width: int = 128, vocab: int = 4096, layers: int = 4) -
     nodes.append(helper.make_node("MatMul", [x, "head"], ["pre"], name="head_mm"))
     nodes.append(helper.make_node("Add", ["pre", "bias"], ["logits"], name="head_bias"))
     return make(nodes, [vi("x", ["batch", width])], [vi("logits", ["batch", vocab])], inits)
+
+
+def runtimes_differ_model() -> onnx.ModelProto:
+    """Two resizes on which other runtimes differ from onnxruntime by themselves, whole or split: a cubic
+    one with ``exclude_outside`` (OpenVINO), a linear one with ``align_corners`` (tract).  Between them
+    and around them, elementwise nodes for a split to cut at: the stages on such a runtime equal the
+    whole model there, and both differ from onnxruntime (what ``verify --runtime`` must tell apart)."""
+    scales = const("scales", [1.0, 1.0, 1.7, 1.7])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Add", ["r", "x"], ["a"]),
+        helper.make_node(
+            "Resize", ["a", "", "scales"], ["c"], mode="cubic", exclude_outside=1, cubic_coeff_a=-0.5
+        ),
+        helper.make_node("Tanh", ["c"], ["t"]),
+        helper.make_node(
+            "Resize",
+            ["t", "", "scales"],
+            ["l"],
+            mode="linear",
+            coordinate_transformation_mode="align_corners",
+        ),
+        helper.make_node("Sigmoid", ["l"], ["y"]),
+    ]
+    return make(nodes, [vi("x", [1, 1, 5, 5])], [vi("y", [1, 1, "h", "w"])], [scales])

@@ -28,6 +28,8 @@ from onnxpipe.runtime.generate import Generation
 from onnxpipe.runtime.options import Sampling
 from onnxpipe.runtime.report.cluster import GenerationCluster
 from onnxpipe.runtime.report.model import RunReport
+from onnxpipe.verification.compare import OutputComparison
+from onnxpipe.verification.on_runtime import OnRuntime, passes
 from onnxpipe.verification.verify import VerifyReport
 
 JSON_SCHEMA_VERSION = 1
@@ -234,7 +236,9 @@ def plan_obj(plan: Plan, extra: Mapping[str, Any] | None = None) -> dict[str, An
 
 
 def verification_obj(report: VerifyReport) -> dict[str, Any]:
-    """A verification: the verdict, the tolerance, the seed and shapes, and each output's differences."""
+    """A verification: the verdict, the tolerance, the seed and shapes, and each output's differences
+    from onnxruntime (``ok``: it passes, against onnxruntime or the whole model on the stages' runtime,
+    ``on_runtime``)."""
     return {
         "ok": report.ok,
         "rtol": report.rtol,
@@ -245,13 +249,34 @@ def verification_obj(report: VerifyReport) -> dict[str, Any]:
         "outputs": [
             {
                 "name": o.name,
-                "ok": o.ok,
+                "ok": passes(o, report.on_runtime, i),
                 "rtol": o.rtol,
                 "atol": o.atol,
                 "max_abs_diff": _finite(o.max_abs_diff),
                 "max_rel_diff": _finite(o.max_rel_diff),
             }
-            for o in report.outputs
+            for i, o in enumerate(report.outputs)
+        ],
+        "on_runtime": _on_runtime_obj(report.on_runtime),
+        "notes": report.notes,
+    }
+
+
+def _on_runtime_obj(on: OnRuntime | None) -> dict[str, Any] | None:
+    """The whole model on the stages' one runtime (null where they ran on onnxruntime on the CPU, or on
+    several): per output, the stages against it and it against onnxruntime."""
+    if on is None:
+        return None
+
+    def diffs(c: OutputComparison) -> dict[str, Any]:
+        return {"ok": c.ok, "max_abs_diff": _finite(c.max_abs_diff), "max_rel_diff": _finite(c.max_rel_diff)}
+
+    return {
+        "runtime": on.label,
+        "not_run": on.not_run,
+        "outputs": [
+            {"name": s.name, "stages_vs_whole": diffs(s), "whole_vs_onnxruntime": diffs(w)}
+            for s, w in zip(on.stages, on.whole, strict=True)
         ],
     }
 

@@ -7,7 +7,9 @@ told to the listener as it begins, so that no step of a long split is silent.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 
 from onnxpipe.api.options import SplitOptions
@@ -19,7 +21,7 @@ from onnxpipe.api.results import SplitResult
 from onnxpipe.cluster.costs import provider_available
 from onnxpipe.core.choices import Phase, Runtime, SplitNodes, VerifyRuntime
 from onnxpipe.core.dims import Dim
-from onnxpipe.core.errors import ExportError, UsageError
+from onnxpipe.core.errors import ExportError, OnnxpipeError, UsageError
 from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.core.options import opt
 from onnxpipe.cost.options import ProfileOptions
@@ -40,12 +42,13 @@ from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.ir.static import static_view, unsettled
+from onnxpipe.manifest import Manifest
 from onnxpipe.planning.planner import planned
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.planning.types import Plan
 from onnxpipe.verification.options import VerifyOptions
 from onnxpipe.verification.record import record_verification, verification_record
-from onnxpipe.verification.verify import verify_folder
+from onnxpipe.verification.verify import VerifyReport, verify_folder
 
 
 def split(
@@ -55,7 +58,9 @@ def split(
 
     Everything that can be refused without costs (the output folder, the model's opsets, the request, a
     GenAI config) is refused before profiling.  The folder is written whole or not at all; its manifest
-    says ``unverified`` until the verification's result is recorded in it.
+    records the verification's result (``unverified`` with ``verify=False``): the stages are verified
+    before their folder replaces ``options.out``, so that an earlier split there stays as it was until
+    the new one is verified, and a Ctrl-C that stops the export or the verification says so.
     """
     say = listener or SILENT
     opts = options
@@ -99,11 +104,6 @@ def split(
     say.step(f"exporting {the_plan.k} stages")
     samples = prof.samples
     first = samples.first if samples is not None else None
-    manifest = write_stages(view, the_plan, out_dir, opts.export, feeds=first, genai_source=genai)
-    result = SplitResult(plan=the_plan, manifest=manifest, out_dir=out_dir, report=None)
-    if not opts.verify:
-        return result  # the manifest says unverified until a result is recorded (Ctrl-C leaves it so)
-    say.step("verifying")
     checks = VerifyOptions(
         shapes={} if samples is not None else profile_options.shapes,
         samples=samples,
@@ -111,7 +111,18 @@ def split(
         rtol=opts.rtol,
         atol=opts.atol,
     )
-    return _verified(result, checks)
+    verified = _Verified(checks, say, out_dir, Path(opts.out))
+    with verified.interrupts():
+        manifest = write_stages(
+            view,
+            the_plan,
+            out_dir,
+            opts.export,
+            feeds=first,
+            genai_source=genai,
+            then=verified if opts.verify else None,
+        )
+    return SplitResult(plan=the_plan, manifest=manifest, out_dir=out_dir, report=verified.report)
 
 
 def _sized(
@@ -161,18 +172,56 @@ def _dims_text(dims: tuple[Dim, ...] | None) -> str:
     return "[" + ", ".join(str(d) if isinstance(d, int) and d >= 0 else "?" for d in dims) + "]"
 
 
-def _verified(result: SplitResult, checks: VerifyOptions) -> SplitResult:
-    """``result`` with its folder verified as ``checks`` say and the outcome recorded in its manifest."""
-    report = verify_folder(result.out_dir, checks)
-    try:
-        record_verification(result.out_dir, report)
-    except OSError as e:
-        raise ExportError(
-            f"{result.out_dir}: the verification's result cannot be written into its manifest ({e}); "
-            "verify the folder again once it can be written"
-        ) from e
-    recorded = dataclasses.replace(result.manifest, verification=verification_record(report))
-    return dataclasses.replace(result, manifest=recorded, report=report)
+class _Verified:
+    """The verification of a split, run on its complete folder before that replaces ``out`` (the
+    ``then`` of :func:`~onnxpipe.export.stages.write_stages`), its result recorded in the manifest: an
+    earlier split in ``out`` stays as it was until the new one is verified, and a Ctrl-C during the
+    export or the verification says so."""
+
+    def __init__(self, checks: VerifyOptions, say: Listener, out: Path, shown: Path) -> None:
+        self.checks = checks
+        self.say = say
+        self.out = shown
+        """The output folder as the user named it."""
+        self.earlier = out.is_dir() and any(out.iterdir())
+        self.started = False
+        self.report: VerifyReport | None = None
+
+    def __call__(self, folder: Path, manifest: Manifest) -> Manifest:
+        self.say.step("verifying")
+        self.started = True
+        try:
+            report = verify_folder(folder, self.checks)
+        except OnnxpipeError as e:  # named as the folder it was about to become, not the temporary one
+            raise type(e)(str(e).replace(str(folder), str(self.out))) from e
+        try:
+            record_verification(folder, report)
+        except OSError as e:
+            raise ExportError(
+                f"{self.out}: the verification's result cannot be written into its manifest ({e}); "
+                f"{self.left}"
+            ) from e
+        self.report = report
+        return dataclasses.replace(manifest, verification=verification_record(report))
+
+    @contextlib.contextmanager
+    def interrupts(self) -> Iterator[None]:
+        """A Ctrl-C while the stages are written or verified, saying what it leaves: the earlier split
+        unchanged, or no folder."""
+        try:
+            yield
+        except KeyboardInterrupt as e:
+            if self.report is not None:
+                raise
+            when = "during verification" if self.started else "while the stages were written"
+            raise KeyboardInterrupt(f"{when}: {self.left}") from e
+
+    @property
+    def left(self) -> str:
+        """What a split stopped before its folder replaced ``out`` leaves there."""
+        if self.earlier:
+            return f"the earlier split in {self.out} is unchanged"
+        return f"nothing was written to {self.out}"
 
 
 def check_genai_request(view: ModelView, request: PlanRequest, source: SourceConfig, out_dir: Path) -> None:

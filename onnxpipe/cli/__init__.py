@@ -62,12 +62,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return work(args.command)(args)
+        return work(args.command, args)(args)
     except OnnxpipeError as e:
         print(f"onnxpipe {args.command}: error: {worded(str(e), args.command)}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print(f"onnxpipe {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # a library's interrupt may say what it left: "during ...: ..."
+        print(f"onnxpipe {args.command}: interrupted{f' {e}' if str(e) else ''}", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # the reader of stdout left (`onnxpipe plan ... | head`): what was written stands; point stdout at

@@ -69,18 +69,20 @@ class Say:
         if not self.quiet:
             self.line(f"... {what} (at {time.perf_counter() - self.start:.1f} s)")
 
-    def reading(self, model: Path) -> None:
-        """The first step of a command given a model, said on a terminal before onnx and onnxruntime are
-        imported (half a second, several on a loaded machine), so that the command answers at once.  On
-        stderr, and only to a person: a log or a pipe gets what it always got, and a refusal that follows
-        is still the one line of its own."""
-        if self.quiet or not model.is_file() or not sys.stderr.isatty():
-            return
-        size = human_bytes(sum(p.stat().st_size for p in _with_weights(model)))
-        print(f"... reading {model.name} ({size})", file=sys.stderr, flush=True)
-
     def done(self, what: str) -> None:
         self.line(f"{what} in {time.perf_counter() - self.start:.1f} s")
+
+
+def reading(path: Path, *, quiet: bool = False) -> None:
+    """The first step of a command given a model or a split folder, said on a terminal before onnx and
+    onnxruntime are imported (half a second, several on a loaded machine), so that the command answers
+    at once.  On stderr, and only to a person: a log or a pipe gets what it always got, and a refusal
+    that follows is still the one line of its own."""
+    if quiet or not (path.is_file() or path.is_dir()) or not sys.stderr.isatty():
+        return
+    files = _with_weights(path) if path.is_file() else [p for p in path.iterdir() if p.is_file()]
+    size = human_bytes(sum(p.stat().st_size for p in files))
+    print(f"... reading {path.name or path} ({size})", file=sys.stderr, flush=True)
 
 
 def _with_weights(model: Path) -> list[Path]:

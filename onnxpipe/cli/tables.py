@@ -27,8 +27,11 @@ BYTES_LEGEND = (
 """What the two byte columns of a stage table mean (their sizes differ for a reason the reader needs)."""
 
 
-def format_manifest_table(manifest: Manifest) -> str:
+def format_manifest_table(manifest: Manifest, *, files_changed: bool = False) -> str:
     """Stage, device, nodes, estimated cost, bytes in and out, params, and share of the bottleneck.
+
+    ``files_changed``: the stage files are not those the split wrote, so a verification recorded as
+    passed no longer holds, and the line says so instead of ``passed``.
 
     "bytes in" is what the stage reads from earlier stages and the model; "link in" what crosses the
     link in front of it in a chain, tensors it forwards to later stages included (what transfer costs);
@@ -81,7 +84,12 @@ def format_manifest_table(manifest: Manifest) -> str:
     if plan.link_model is not None:
         footer += f"\nlinks: {plan.link_model.described}"
     v = manifest.verification
-    if v is not None:
+    if v is not None and files_changed:
+        footer += (
+            f"\nverification: {v.status} for the files the split wrote, which have changed since (the "
+            "errors above): it no longer holds"
+        )
+    elif v is not None:
         footer += "\nverification: " + (
             f"{v.status} (|a-b| <= {v.atol:g} + {v.rtol:g}*max|a|, seed {v.seed}, {v.runs} run(s))"
             if v.verified and v.atol is not None and v.rtol is not None
@@ -325,24 +333,16 @@ def _of_type(report: VerifyReport) -> str:
 
 
 def format_verify_report(report: VerifyReport) -> str:
-    """A line per output, then the verdict with the tolerance; first, when a stage ran on another runtime
-    than onnxruntime on the CPU, a line saying what ran each stage."""
-    lines = []
-    if report.stage_runtimes and set(report.stage_runtimes) != {"onnxruntime (CPUExecutionProvider)"}:
-        on = ", ".join(f"stage {i} on {r}" for i, r in enumerate(report.stage_runtimes))
-        lines.append(f"  stages: {on}; the original on onnxruntime (CPUExecutionProvider)")
+    """A line per output, then the verdict with the tolerance and any notes; first, when a stage ran on
+    another runtime than onnxruntime on the CPU, a line saying what ran each stage."""
+    lines = [f"  {report.stages_line}"] if report.stages_line is not None else []
     mixed = any((o.rtol, o.atol) != (report.rtol, report.atol) for o in report.outputs)
-    for o in report.outputs:
-        status = "ok" if o.ok else "MISMATCH"
+    for i, o in enumerate(report.outputs):
         own = f", {o.expected_dtype}: |a-b| <= {o.atol:g} + {o.rtol:g}*max|a|" if mixed else ""
-        diffs = f"max abs diff {o.max_abs_diff:.3g}, max rel diff {o.max_rel_diff:.3g}"
-        lines.append(f"  {o.name}: {status} ({diffs}{own})")
+        lines.append(f"  {report.output_line(i, own)}")
     shapes = ", ".join(f"{n}={'x'.join(map(str, s)) or 'scalar'}" for n, s in report.input_shapes.items())
     source = f"from {', '.join(report.input_files)}" if report.input_files else f"random, seed {report.seed}"
     lines.append(f"  inputs: {shapes} ({source}, {report.runs} run(s))")
-    verdict = "match" if report.ok else "DO NOT match"
-    lines.append(
-        f"verify: {len(report.outputs)} output(s) {verdict} the original "
-        f"(tolerance: {report.tolerance}{_of_type(report)})"
-    )
+    lines.append(f"verify: {report.verdict} (tolerance: {report.tolerance}{_of_type(report)})")
+    lines.extend(f"note: {n}" for n in report.notes)
     return "\n".join(lines)

@@ -10,8 +10,9 @@ Why the settings are what they are:
   uses exactly the cores it was given and nodes run one after another, so stage timings are comparable
   between stages, runs and machines. (In sequential mode onnxruntime creates no inter-op pool; the
   explicit 1 just says so.)
-* Log severity 3 (errors only) or 4 (nothing): failures reach the user as one line of an onnxpipe
-  error, not as onnxruntime's log on stderr.
+* Log severity 4 (fatal only): a failure reaches the user as one line of an onnxpipe error, made from
+  the exception onnxruntime raises with the same text, not also as onnxruntime's coloured log line on
+  stderr (a failed run logs one at severity 3 before it raises).
 * ``external_dir``: where onnxruntime looks for external-initializer files of a model given as bytes,
   which has no folder of its own.
 * ``profile_prefix`` and ``optimized_path``: only the profiler (:mod:`onnxpipe.cost.trace`) sets them, to
@@ -41,7 +42,7 @@ def session_options(
     *,
     level: OptimizationLevel = "ORT_ENABLE_ALL",
     threads: int | None = None,
-    log_severity: int = 3,
+    log_severity: int = 4,
     external_dir: Path | None = None,
     config: Mapping[str, str] | None = None,
     profile_prefix: Path | None = None,

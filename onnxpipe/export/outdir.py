@@ -1,10 +1,11 @@
 """The output folder of a split, made atomically: all of it appears, or nothing changes.
 
 :func:`staged_folder` hands out a temporary folder next to ``out``; when the block ends without error
-the temporary folder is renamed to ``out``.  With ``force`` an existing ``out`` is first renamed aside
-and deleted only once the new one is in place, so a failure at any step (a full disk, a stage that
-fails its checks, Ctrl-C) leaves the user's old folder exactly as it was and no half-written one
-behind, and removes the parent folders it had to create.
+the temporary folder is renamed to ``out``.  With ``force`` an existing ``out`` is swapped with it in one
+step where the OS can (Linux), else first renamed aside, and deleted only once the new one is in place,
+so a failure at any step (a full disk, a stage that fails its checks or its verification, Ctrl-C)
+leaves the user's old folder exactly as it was and no half-written one behind, and removes the parent
+folders it had to create.
 
 :func:`check_target` refuses, before any work, a target that is a file or a non-empty folder without
 ``force``.  ``force`` replaces only what a split wrote: a non-empty folder is replaced only when it holds
@@ -15,17 +16,20 @@ refused, not deleted.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import shutil
+import sys
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from onnxpipe.core.errors import ExportError, ManifestError
 from onnxpipe.core.model_config import GENAI_CONFIG_NAME
 from onnxpipe.core.options import opt
+from onnxpipe.core.tokenizer_files import tokenizer_files
 from onnxpipe.manifest import MANIFEST_NAME, load_manifest
 
 
@@ -38,17 +42,28 @@ def normalized(out_dir: str | Path) -> Path:
 def check_target(out: Path, *, force: bool, protected: Iterable[Path | None] = ()) -> None:
     """Refuse ``out`` unless it is absent, empty, or (with ``force``) a previous split that may go.
 
-    With ``force`` a non-empty ``out`` is refused when it holds a ``protected`` path (the source model),
-    is the current folder or one of its parents, or holds no ``manifest.json`` (it is not a split's).
+    A non-empty ``out`` is refused when it holds a ``protected`` path (the source model), is the current
+    folder or one of its parents, or holds no ``manifest.json`` (it is not a split's), with or without
+    ``force``, saying why ``force`` would not replace it; an earlier split without ``force`` is refused
+    naming what ``force`` would replace.
     """
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise ExportError(f"{out}: exists and is not a folder; choose another {opt('out')}")
     if not out.exists() or not any(out.iterdir()):
         return
+    _check_forcible(out, protected)
     if not force:
+        written = sorted(p.name for p in out.iterdir() if p.name in _written_by_the_split(out))
+        added = [p.name for p in added_by_the_user(out)]
+        kept = f" (the {_names(added)} you added stay)" if added else ""
         raise ExportError(
-            f"{out}: exists and is not empty; choose another {opt('out')} or pass {opt('force', True)}"
+            f"{out}: exists and holds an earlier split ({_names(written)}); choose another {opt('out')} or "
+            f"pass {opt('force', True)} to replace it{kept}"
         )
+
+
+def _check_forcible(out: Path, protected: Iterable[Path | None]) -> None:
+    """Refuse the non-empty folder ``out`` where ``force`` would not replace it, saying why."""
     root = out.resolve()
     for p in protected:
         if p is not None and p.resolve().is_relative_to(root):
@@ -72,17 +87,30 @@ def check_replaceable(out: Path) -> None:
     mark = out / MANIFEST_NAME
     if mark.is_symlink() or not mark.is_file():
         raise ExportError(
-            f"{out}: is not empty and holds no previous split ({MANIFEST_NAME}); {opt('force', True)} "
-            "replaces "
-            f"only an empty folder or an earlier split's; choose another {opt('out')} or empty it"
+            f"{out}: exists, is not empty and holds no earlier split ({MANIFEST_NAME}); choose another "
+            f"{opt('out')} or empty it ({opt('force', True)} replaces only an earlier split)"
         )
-    unknown = sorted(p.name for p in out.iterdir() if p.name not in _written_by_the_split(out))
+    written = _written_by_the_split(out)
+    carried = {p.name for p in tokenizer_files(out)}
+    unknown = sorted(p.name for p in out.iterdir() if p.name not in written | carried)
     if unknown:
-        shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
         raise ExportError(
-            f"{out}: holds {shown}, which no split wrote; {opt('force', True)} replaces only an earlier "
-            f"split's own files: move them, or choose another {opt('out')}"
+            f"{out}: holds {_names(unknown)}, which no split wrote; {opt('force', True)} replaces only an "
+            f"earlier split's own files: move them, or choose another {opt('out')}"
         )
+
+
+def _names(names: Sequence[str]) -> str:
+    """``a, b, c and 2 more``."""
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def added_by_the_user(out: Path) -> list[Path]:
+    """The tokenizer, chat template and generation files in the split folder ``out`` that its split did
+    not write (a ``chat_template.jinja`` put there for ``generate --chat``): a split that replaces
+    ``out`` carries them across."""
+    written = _written_by_the_split(out)
+    return [p for p in tokenizer_files(out) if p.name not in written]
 
 
 def _written_by_the_split(out: Path) -> set[str]:
@@ -207,6 +235,12 @@ def _move_into_place(tmp: Path, out: Path, last: str | None) -> None:
         _move_files_into(tmp, out, last)
         return
     check_replaceable(out)  # again: the folder may have changed while the stages were written
+    _carry_across(out, tmp)
+    with writing(out, out):
+        swapped = _exchange(tmp, out)
+    if swapped:  # one step: out was the old split, then the new one, never absent
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
     old = out.parent / f".{out.name}.onnxpipe-old-{uuid.uuid4().hex[:8]}"
     with writing(out, out):
         os.rename(out, old)
@@ -216,6 +250,43 @@ def _move_into_place(tmp: Path, out: Path, last: str | None) -> None:
         os.rename(old, out)
         raise ExportError(f"{out}: cannot be replaced ({reason(e)}); {out} is left as it was") from e
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _carry_across(out: Path, tmp: Path) -> None:
+    """Link (else copy) into the new split ``tmp`` the files the user added to the earlier one in ``out``
+    (:func:`added_by_the_user`), so that replacing it loses none; one the new split writes too must be
+    the same file, or nothing is replaced."""
+    for p in added_by_the_user(out):
+        target = tmp / p.name
+        if target.exists():
+            if target.read_bytes() == p.read_bytes():
+                continue
+            raise ExportError(
+                f"{out}: holds {p.name}, which its split did not write and this split writes too (another "
+                f"one); move yours out of {out} to keep it, and split again; {out} is left as it was"
+            )
+        with writing(out / p.name, out):
+            try:
+                os.link(p, target)
+            except OSError:
+                shutil.copy2(p, target)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap folders ``a`` and ``b`` in one step (Linux's ``renameat2`` with ``RENAME_EXCHANGE``); False
+    where the OS or the file system cannot, and the caller renames in two steps."""
+    rename = (
+        getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None) if sys.platform == "linux" else None
+    )
+    if rename is None:
+        return False
+    at_cwd, exchange = -100, 2
+    if rename(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
 
 
 def _move_files_into(tmp: Path, out: Path, last: str | None) -> None:

@@ -21,7 +21,7 @@ holds the source.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -98,8 +98,14 @@ def write_stages(
     *,
     feeds: Mapping[str, Any] | None = None,
     genai_source: SourceConfig | None = None,
+    then: Callable[[Path, Manifest], Manifest] | None = None,
 ) -> Manifest:
-    """:func:`export_stages` for a request whose model and folder were checked already (the door's)."""
+    """:func:`export_stages` for a request whose model and folder were checked already (the door's).
+
+    ``then``: a last step on the complete folder while it is still the temporary one beside ``out``
+    (its path and manifest in, the manifest as it then is out), such as the verification, so that an
+    earlier split in ``out`` is replaced only once it is done, and stays if it fails or is interrupted.
+    """
     check_plan(view, plan)
     specs = plan.stages
     with staged_folder(out, last=MANIFEST_NAME) as tmp:
@@ -115,6 +121,8 @@ def write_stages(
         manifest = with_decoder_files(view, manifest, tmp, out, genai_source)
         with writing(out / MANIFEST_NAME, out):
             write_manifest(tmp / MANIFEST_NAME, manifest)
+        if then is not None:
+            manifest = then(tmp, manifest)
     return manifest
 
 

@@ -177,15 +177,24 @@ def failure_hint(
     overrides: Mapping[str, Sequence[int]] | None = None,
 ) -> str:
     """What to say when the model fails at the sizes onnxpipe chose: which input dims were guessed,
-    at what size, and the exact shapes that would give them (to edit), or real inputs."""
+    at what size, and the exact shapes that would give them (to edit), or real inputs; and the inputs
+    whose random values may be what fails (:func:`valued_inputs`), which only real inputs set.
+
+    An input whose shape the model fixes (a scalar ``sr``) is never offered to ``shapes``: no size given
+    to it could differ."""
     guessed = guessed_dims(view, overrides)
+    valued = _valued_note(view, used)
     if not guessed:
-        every = " ".join(opt("shapes", f"{n}={','.join(str(int(d)) for d in v)}") for n, v in used.items())
+        resizable = {n: v for n, v in used.items() if not _fixed(view, n)}
+        every = " ".join(
+            opt("shapes", f"{n}={','.join(str(int(d)) for d in v)}") for n, v in resizable.items()
+        )
         return (
             f"give the shapes the model runs at with {every} (edited), or real inputs with "
-            f"{opt('input_files', 'FILE.npz')}"
+            f"{opt('input_files', 'FILE.npz')}{valued}"
             if every
             else f"give real inputs with {opt('input_files', 'FILE.npz')} (one array per input, by name)"
+            f"{valued}"
         )
     parts = [
         f"{name!r} dim {axis}" + (f" ({sym})" if sym else "") + f" = {used[name][axis]}"
@@ -199,8 +208,42 @@ def failure_hint(
     )
     return (
         f"onnxpipe guessed the sizes of {', '.join(parts)}; give the sizes the model runs at with "
-        f"{flags} (edited), or real inputs with {opt('input_files', 'FILE.npz')}"
+        f"{flags} (edited), or real inputs with {opt('input_files', 'FILE.npz')}{valued}"
     )
+
+
+def valued_inputs(view: ModelView, used: Mapping[str, Sequence[int]]) -> list[str]:
+    """The inputs of ``used`` whose shape the model fixes and whose values may steer it: integers and
+    booleans (a sample rate, a flag, a count), which onnxpipe fills with small random values; no size
+    sets them, only real inputs do."""
+    return [
+        n
+        for n in used
+        if _fixed(view, n)
+        and (view.tensor(n).dtype.startswith(("int", "uint")) or view.tensor(n).dtype == "bool")
+    ]
+
+
+def _valued_note(view: ModelView, used: Mapping[str, Sequence[int]]) -> str:
+    """`` (the only way to set the value of sr, an int64 scalar, which was random here)``, or nothing."""
+    valued = valued_inputs(view, used)
+    if not valued:
+        return ""
+    named = ", ".join(
+        f"{n}, {'an' if t.dtype.startswith('int') else 'a'} {t.dtype} "
+        + ("scalar" if not t.shape else f"of shape {_show(t.shape)}")
+        for n in valued
+        for t in [view.tensor(n)]
+    )
+    if len(valued) == 1:
+        return f" (the only way to set the value of {named}, which was random here)"
+    return f" (the only way to set the values of {named}, which were random here)"
+
+
+def _fixed(view: ModelView, name: str) -> bool:
+    """Whether the model fixes every dim of input ``name`` (a scalar has none to size)."""
+    shape = view.tensor(name).shape
+    return shape is not None and all(isinstance(d, int) and d >= 0 for d in shape)
 
 
 def _default_dim(axis: int, rank: int, sequence_size: int = SEQUENCE_SIZE) -> int:

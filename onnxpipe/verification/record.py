@@ -1,8 +1,9 @@
 """Writing a verification's result into the split folder's manifest (``verification``).
 
 A folder that looks complete but was never compared with the model is the worst kind of wrong: ``split``
-writes its manifest as ``unverified`` and records the result here once its verification ends, so that an
-interrupted verification (Ctrl-C) leaves the folder marked unverified; ``onnxpipe verify`` records its
+verifies its stages in the temporary folder it writes them to and records the result here before that
+folder replaces the output folder, so that only a folder never verified (``--no-verify``) is marked
+unverified and an interrupted verification (Ctrl-C) replaces nothing; ``onnxpipe verify`` records its
 own result the same way, which completes such a folder without ``--force``.
 """
 

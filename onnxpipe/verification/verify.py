@@ -10,7 +10,9 @@ top (:func:`planned_input_shapes`), and every model output is compared by
 ``runtime`` checks the split on another runtime: every stage on ``onnxruntime``, ``openvino`` or ``tract``,
 or ``devices``: each stage on the runtime of its device in the manifest's cluster (a split made for a
 devices file), a chain that may mix runtimes.  The original always runs in onnxruntime on the CPU: it is
-the reference every runtime's chain is held to, by the same norm-based tolerance.
+the reference every runtime's chain is held to, by the same norm-based tolerance.  Where every stage ran
+on one other runtime, the whole model runs there too, and an output whose stages match it passes even
+when that runtime differs from onnxruntime by itself (:mod:`onnxpipe.verification.on_runtime`).
 
 The original model is the one the manifest records (its ``source.path``, relative to the folder) unless
 ``model`` names another copy; either way its sha256 must be the manifest's.
@@ -18,7 +20,7 @@ The original model is the one the manifest records (its ``source.path``, relativ
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,21 +32,31 @@ from onnxpipe.core.errors import ManifestError, UsageError, VerificationError, e
 from onnxpipe.core.files import file_sha256
 from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import open_session, session_options
-from onnxpipe.core.runtimes import EngineConfig
+from onnxpipe.core.runtimes import EngineConfig, open_engine
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import Samples, load_samples
 from onnxpipe.ir.shapes import failure_hint, resolve_input_shapes, symbol_sizes
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, load_manifest
+from onnxpipe.verification import on_runtime as three_way
 from onnxpipe.verification.chain import run_stage_by_stage
 from onnxpipe.verification.compare import OutputComparison, compare, merge
-from onnxpipe.verification.options import QUANTIZED_OPS, VerifyOptions
+from onnxpipe.verification.on_runtime import OnRuntime
+from onnxpipe.verification.options import QUANTIZED_OPS, Tolerance, VerifyOptions
+
+REFERENCE = EngineConfig()
+"""What the original runs on, the reference every chain is held to: onnxruntime on the CPU."""
 
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """Per-output comparisons over ``runs`` random input sets (seeds ``seed .. seed+runs-1``)."""
+    """Per-output comparisons over ``runs`` random input sets (seeds ``seed .. seed+runs-1``).
+
+    ``outputs``: the chained stages against the original in onnxruntime on the CPU.  ``on_runtime``:
+    where every stage ran on one other runtime, the whole model run there too and the comparisons with
+    it; an output passes when its stages match either (:attr:`ok`).
+    """
 
     outputs: tuple[OutputComparison, ...]
     rtol: float
@@ -61,10 +73,29 @@ class VerifyReport:
     """The manifest the result was written into (:func:`onnxpipe.verify`), if it was."""
     record_note: str | None = None
     """Why the result could not be written into the folder's manifest, if it could not."""
+    on_runtime: OnRuntime | None = None
+    """The whole model on the stages' one runtime, where that is not onnxruntime on the CPU."""
 
     @property
     def ok(self) -> bool:
-        return all(o.ok for o in self.outputs)
+        """Every output's stages match the original, or the whole model on the runtime they ran on."""
+        return all(three_way.passes(o, self.on_runtime, i) for i, o in enumerate(self.outputs))
+
+    @property
+    def notes(self) -> list[str]:
+        """What the verdict leaves out: a runtime's own difference from onnxruntime, and its size."""
+        return three_way.notes(self.outputs, self.on_runtime)
+
+    @property
+    def stages_line(self) -> str | None:
+        """``stages: stage 0 on openvino (CPU), ...; the original on ...``, where a stage ran elsewhere
+        than onnxruntime on the CPU."""
+        if not self.stage_runtimes or set(self.stage_runtimes) == {REFERENCE.label}:
+            return None
+        on = ", ".join(f"stage {i} on {r}" for i, r in enumerate(self.stage_runtimes))
+        whole = self.on_runtime
+        also = f" and on {whole.label}" if whole is not None and whole.ran else ""
+        return f"stages: {on}; the original on {REFERENCE.label}{also}"
 
     @property
     def tolerance(self) -> str:
@@ -74,25 +105,29 @@ class VerifyReport:
             return bound
         return f"by each output's type, up to {bound}"
 
+    def output_line(self, i: int, own: str = "") -> str:
+        """Output ``i``'s verdict and differences (``own``: its tolerance, where outputs differ in it)."""
+        return three_way.output_line(self.outputs[i], self.on_runtime, i, own)
+
+    @property
+    def verdict(self) -> str:
+        """``1 output(s) match the original``, or what they match or do not."""
+        return three_way.verdict(self.outputs, self.on_runtime)
+
     def summary(self) -> str:
-        """Print-friendly lines: one per output, then the verdict."""
-        lines = [f"  {o.describe()}" for o in self.outputs]
-        if self.stage_runtimes and set(self.stage_runtimes) != {"onnxruntime (CPUExecutionProvider)"}:
-            on = ", ".join(f"stage {i} on {r}" for i, r in enumerate(self.stage_runtimes))
-            lines.insert(0, f"  stages: {on}; the original on onnxruntime (CPUExecutionProvider)")
-        verdict = "match" if self.ok else "DO NOT match"
-        lines.append(
-            f"verify: {len(self.outputs)} output(s) {verdict} the original over {self.runs} run(s) "
-            f"(tolerance: {self.tolerance})"
-        )
+        """Print-friendly lines: what ran where, one line per output, the verdict, then any notes."""
+        head = [f"  {self.stages_line}"] if self.stages_line is not None else []
+        lines = [*head, *(f"  {self.output_line(i)}" for i in range(len(self.outputs)))]
+        lines.append(f"verify: {self.verdict} over {self.runs} run(s) (tolerance: {self.tolerance})")
+        lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
 
     def raise_for_mismatch(self) -> None:
         """Raise :class:`VerificationError` naming the first output that does not match."""
-        bad = [o for o in self.outputs if not o.ok]
+        bad = [i for i, o in enumerate(self.outputs) if not three_way.passes(o, self.on_runtime, i)]
         if bad:
             raise VerificationError(
-                f"output {bad[0].describe()}; {len(bad)} of {len(self.outputs)} outputs differ "
+                f"output {self.output_line(bad[0])}; {len(bad)} of {len(self.outputs)} outputs differ "
                 f"(tolerance {self.tolerance})"
             )
 
@@ -131,16 +166,24 @@ def verify_folder(out_dir: str | Path, options: VerifyOptions) -> VerifyReport:
     else:
         input_shapes = planned_input_shapes(manifest, view, options.shapes)
         all_feeds = [random_feeds(view, input_shapes, seed + r) for r in range(runs)]
-    expected = _run_original(model, names, all_feeds, threads, input_shapes, view, samples, manifest)
-    merged: dict[str, OutputComparison] = {}
+    fails = _random_failure(manifest, view, input_shapes, options.shapes)
+    expected = _run_original(model, names, all_feeds, threads, samples, fails)
+    one = one_runtime(engines)
+    whole = _run_whole(model, names, all_feeds, one) if one is not None else None
     staged = run_stage_by_stage(d, all_feeds, threads=threads, check_files=False, engines=engines)
     quantized = any(n.op_type in QUANTIZED_OPS for n in view.nodes)
-    for actual, want in zip(staged, expected, strict=True):
-        for n in names:
-            tol = options.tolerance(str(want[n].dtype), quantized=quantized)
-            c = compare(n, want[n], _as_array(actual[n]), rtol=tol.rtol, atol=tol.atol)
-            merged[n] = merge(merged[n], c) if n in merged else c
-    outputs = tuple(merged[n] for n in names)
+
+    def compared(
+        want: Sequence[Mapping[str, Any]], got: Sequence[Mapping[str, Any]]
+    ) -> tuple[OutputComparison, ...]:
+        return compare_all(names, want, got, lambda dtype: options.tolerance(dtype, quantized=quantized))
+
+    outputs = compared(expected, staged)
+    on_runtime = None
+    if isinstance(whole, str) and one is not None:
+        on_runtime = OnRuntime(one.label, not_run=whole)
+    elif isinstance(whole, list) and one is not None:
+        on_runtime = OnRuntime(one.label, stages=compared(whole, staged), whole=compared(expected, whole))
     return VerifyReport(
         outputs=outputs,
         rtol=max((o.rtol for o in outputs), default=0.0),
@@ -151,7 +194,51 @@ def verify_folder(out_dir: str | Path, options: VerifyOptions) -> VerifyReport:
         model_path=model,
         stage_runtimes=tuple(e.label for e in engines) if engines is not None else (),
         input_files=tuple(r.file for r in samples.records) if samples is not None else (),
+        on_runtime=on_runtime,
     )
+
+
+def compare_all(
+    names: Sequence[str],
+    expected: Sequence[Mapping[str, Any]],
+    actual: Sequence[Mapping[str, Any]],
+    tolerance: Callable[[str], Tolerance],
+) -> tuple[OutputComparison, ...]:
+    """Each output of ``names`` compared over every run, the worst run kept (``tolerance``: by the
+    expected output's dtype)."""
+    merged: dict[str, OutputComparison] = {}
+    for want, got in zip(expected, actual, strict=True):
+        for n in names:
+            a = _as_array(want[n])
+            tol = tolerance(str(a.dtype))
+            c = compare(n, a, _as_array(got[n]), rtol=tol.rtol, atol=tol.atol)
+            merged[n] = merge(merged[n], c) if n in merged else c
+    return tuple(merged[n] for n in names)
+
+
+def one_runtime(engines: Sequence[EngineConfig] | None) -> EngineConfig | None:
+    """The one engine every stage runs on, where that is not the reference (onnxruntime on the CPU):
+    the whole model runs there too.  None for the reference, or a chain that mixes runtimes."""
+    if not engines or len(set(engines)) != 1 or engines[0].label == REFERENCE.label:
+        return None
+    return engines[0]
+
+
+def _run_whole(
+    model: Path, names: Sequence[str], all_feeds: Sequence[Mapping[str, Any]], config: EngineConfig
+) -> list[dict[str, Any]] | str:
+    """The original's outputs on ``config``'s runtime for every feed set, or why it does not run there
+    (a runtime that cannot run the whole model may still run every stage)."""
+    try:
+        engine = open_engine(model, config)
+        try:
+            return [dict(zip(names, engine.run(names, dict(f)), strict=True)) for f in all_feeds]
+        finally:
+            engine.close()
+    except UsageError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the runtime's own refusal, of any type
+        return error_line(e)
 
 
 def stage_engines(
@@ -203,11 +290,12 @@ def _run_original(
     names: Sequence[str],
     all_feeds: Sequence[Mapping[str, Any]],
     threads: int,
-    input_shapes: Mapping[str, tuple[int, ...]],
-    view: ModelView,
     given: Samples | None,
-    manifest: Manifest,
+    fails: Callable[[str], str],
 ) -> list[dict[str, np.ndarray]]:
+    """The original's outputs for every feed set, in onnxruntime on the CPU; a failure on the user's
+    inputs (``given``) says so, one on random inputs says ``fails(why)``: at what shapes, why, and what
+    to give."""
     session = open_session(model, session_options(threads=threads))
     results: list[dict[str, np.ndarray]] = []
     for feeds in all_feeds:
@@ -219,23 +307,38 @@ def _run_original(
                     f"{model}: the model itself fails on the given inputs {given.describe()} "
                     f"({error_line(e)}); give inputs it runs on"
                 ) from e
-            shown = ", ".join(f"{n}={list(v)}" for n, v in input_shapes.items())
-            used = manifest.plan.profiled_inputs
-            hint = (
-                "the split was made on "
-                + ", ".join(r.file for r in used)
-                + ": give "
-                + " ".join(opt("input_files", r.file) for r in used)
-                + " again"
-                if used
-                else failure_hint(view, input_shapes)
-            )
             raise UsageError(
-                f"{model}: the model itself fails on random inputs of shapes {shown} "
-                f"({error_line(e)}); {hint}"
+                f"{model}: the model itself fails on random inputs {fails(error_line(e))}"
             ) from e
         results.append({n: _as_array(v) for n, v in zip(names, values, strict=True)})
     return results
+
+
+def _random_failure(
+    manifest: Manifest,
+    view: ModelView,
+    input_shapes: Mapping[str, tuple[int, ...]],
+    overrides: Mapping[str, Sequence[int]],
+) -> Callable[[str], str]:
+    """What a failure of the original on random inputs says after its shapes: the split's own input files
+    to give again, or the sizes chosen at the split (not the ones given to verify, ``overrides``) and
+    the inputs only real values set (:func:`~onnxpipe.ir.shapes.failure_hint`)."""
+
+    def text(why: str) -> str:
+        shown = ", ".join(f"{n}={list(v)}" for n, v in input_shapes.items())
+        used = manifest.plan.profiled_inputs
+        hint = (
+            "the split was made on "
+            + ", ".join(r.file for r in used)
+            + ": give "
+            + " ".join(opt("input_files", r.file) for r in used)
+            + " again"
+            if used
+            else failure_hint(view, input_shapes, overrides)
+        )
+        return f"of shapes {shown} ({why}); {hint}"
+
+    return text
 
 
 def _as_array(value: object) -> np.ndarray:
@@ -256,6 +359,19 @@ def _as_array(value: object) -> np.ndarray:
     return np.asarray(value)
 
 
+def _plain(path: Path) -> Path:
+    """``path`` without its ``..`` steps (``stages/../../models/m.onnx`` as ``../models/m.onnx``), as
+    messages name it: resolved (a linked folder is followed, not cut away), then relative to the current
+    folder where it lies below it."""
+    if ".." not in path.parts:
+        return path
+    resolved = path.resolve()
+    try:
+        return resolved.relative_to(Path.cwd().resolve())
+    except (ValueError, OSError):
+        return resolved
+
+
 def source_model_path(directory: Path, manifest: Manifest, model_path: str | Path | None) -> Path:
     """``model_path`` if given, else the manifest's ``source.path`` resolved against ``directory``."""
     if model_path is not None:
@@ -268,7 +384,7 @@ def source_model_path(directory: Path, manifest: Manifest, model_path: str | Pat
             f"{directory / MANIFEST_NAME}: records no path for the source model {manifest.source.file}; "
             f"pass it with {opt('model')}"
         )
-    p = directory / manifest.source.path  # an absolute recorded path stays absolute
+    p = _plain(directory / manifest.source.path)  # an absolute recorded path stays absolute
     if not p.is_file():
         raise UsageError(
             f"{p}: the source model recorded in {directory / MANIFEST_NAME} is not there; "

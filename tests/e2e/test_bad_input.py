@@ -406,13 +406,14 @@ def test_force_refuses_a_folder_that_holds_no_split(
     (work / "out" / "photos" / "a.jpg").write_bytes(b"\xff\xd8")
     (work / "out" / "stage_0.onnx").write_bytes(b"mine, not a stage")
     before = snapshot(work)
-    code, out, err = run(split_static(model, "out", 2, "--force"), capfd)
-    assert code == 6 and out == ""
-    assert error_line(err) == (
-        "onnxpipe split: error: out: is not empty and holds no previous split (manifest.json); --force "
-        "replaces only an empty folder or an earlier split's; choose another --out or empty it"
-    )
-    assert snapshot(work) == before
+    for force in (["--force"], []):  # issue 39: without --force, the refusal does not suggest it
+        code, out, err = run(split_static(model, "out", 2, *force), capfd)
+        assert code == 6 and out == ""
+        assert error_line(err) == (
+            "onnxpipe split: error: out: exists, is not empty and holds no earlier split (manifest.json); "
+            "choose another --out or empty it (--force replaces only an earlier split)"
+        )
+        assert snapshot(work) == before
 
 
 def test_force_replaces_an_earlier_split(model: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:
@@ -501,9 +502,21 @@ def test_force_replaces_only_what_a_split_wrote(
     assert code == 0, err
     (work / "out" / "NOTES.txt").write_text("mine")
     before = snapshot(work / "out")
-    code, _, err = run([*split_static(model, "out"), "--force"], capfd)
-    assert code == 6 and "holds NOTES.txt, which no split wrote" in error_line(err) and "--force" in err
-    assert snapshot(work / "out") == before
+    for force in (["--force"], []):
+        code, _, err = run([*split_static(model, "out"), *force], capfd)
+        assert code == 6 and "holds NOTES.txt, which no split wrote" in error_line(err) and "--force" in err
+        assert "pass --force" not in err
+        assert snapshot(work / "out") == before
+    (work / "out" / "NOTES.txt").unlink()
+    (work / "out" / "chat_template.jinja").write_text("{{ messages }}")  # as generate --chat suggests
+    code, _, err = run(split_static(model, "out"), capfd)
+    assert code == 6 and error_line(err).endswith(
+        "choose another --out or pass --force to replace it (the chat_template.jinja you added stay)"
+    )
+    code, _, err = run([*split_static(model, "out", 2), "--force"], capfd)
+    assert code == 0, err
+    assert (work / "out" / "chat_template.jinja").read_text() == "{{ messages }}"
+    assert not (work / "out" / "stage_2.onnx").exists()
 
 
 def _empty_folder_no_file_can_be_made_in(tmp: Path) -> Path:

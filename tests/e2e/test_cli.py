@@ -189,6 +189,31 @@ def test_help_version_and_usage_errors_load_no_heavy_module(args: list[str]) -> 
     assert done.stderr.strip().splitlines()[-1] == "LOADED []", done.stderr
 
 
+def test_verify_answers_before_loading_the_model_libraries(done: Path) -> None:
+    """Issue 39: ``verify`` said nothing for 8-9 s on a loaded machine, importing onnx and onnxruntime
+    before its first line; a command given a model or a folder says so before its work loads them."""
+    code = (
+        "import io, sys\n"
+        "class Terminal(io.StringIO):\n"
+        "    def isatty(self):\n"
+        "        return True\n"
+        "    def write(self, text):\n"
+        "        if text.startswith('... reading'):\n"
+        f"            loaded = sorted(m for m in {HEAVY_MODULES!r} if m in sys.modules)\n"
+        "            print(text.strip(), 'with', loaded, 'loaded', file=sys.__stdout__)\n"
+        "        return super().write(text)\n"
+        "sys.stderr = Terminal()\n"
+        "from onnxpipe.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    done_ = subprocess.run(
+        [sys.executable, "-c", code, "verify", str(done)], capture_output=True, text=True, timeout=300
+    )
+    assert done_.returncode == 0, done_.stdout + done_.stderr
+    first = done_.stdout.splitlines()[0]
+    assert first.startswith("... reading done (") and first.endswith(") with [] loaded"), done_.stdout
+
+
 def test_every_parser_has_its_work() -> None:
     from onnxpipe.cli import SUBCOMMANDS
     from onnxpipe.cli.commands import WORK, work
@@ -372,7 +397,7 @@ def test_non_empty_output_folder_exits_6_and_is_left_intact(
     code, out, err = run(["split", mlp, "-k", "2", "--out", "out"], capfd)
     assert code == 6 and out == ""
     line = one_line_error(err, "split")
-    assert "out: exists and is not empty" in line and "--force" in line
+    assert "out: exists, is not empty" in line and "--force" in line and "pass --force" not in line
     assert snapshot(work) == before
     no_leftovers(work)
 
@@ -488,6 +513,10 @@ def test_stage_changed_after_export_exits_7(done: Path, capfd: pytest.CaptureFix
     code, out, _ = run(["inspect", done], capfd)
     assert code == 1 and "error: stage 1 file stage_1.onnx changed after export (sha256 mismatch)" in out
     assert "stage  device" in out
+    # issue 39: the damage first, and no "verification: passed" that the changed file no longer backs
+    assert out.index("error: stage 1") < out.index("stage  device") < out.index("verification:")
+    assert "verification: passed (" not in out
+    assert "verification: passed for the files the split wrote, which have changed since" in out
     code, out, _ = run(["inspect", done, "--no-file-check"], capfd)
     assert code == 0 and "error:" not in out and "sha256 checked" not in out
     code, out, _ = run(["inspect", done, "--json"], capfd)
@@ -593,7 +622,8 @@ def test_interrupt_exits_130_and_leaves_nothing_half_written(
     args = ["split", mlp, "-k", "3", "--out", "out", "--cost", "static"] + (["--force"] if old else [])
     code, _, err = run(args, capfd)
     assert code == 130 and len(calls) == 2
-    assert err.strip() == "onnxpipe split: interrupted"
+    left = "the earlier split in out is unchanged" if old else "nothing was written to out"
+    assert err.strip() == f"onnxpipe split: interrupted while the stages were written: {left}"
     assert snapshot(work) == before
     no_leftovers(work)
     assert sorted(p.name for p in work.iterdir()) == (["out"] if old else [])
@@ -774,18 +804,34 @@ def test_manifest_link_model_is_optional_and_checked(
         onnxpipe.Manifest.from_json(sealed(obj))
 
 
-def test_interrupted_verification_leaves_the_folder_unverified_and_verify_completes_it(
+def test_interrupted_verification_leaves_the_earlier_split_and_verify_completes_an_unverified_one(
     mlp: Path, work: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Issue 39: Ctrl-C while a ``--force`` split is verified leaves the earlier split as it was (the new
+    one is verified before it replaces it), and says so."""
     import onnxpipe.api.splitting
 
-    def interrupted(*args: object, **kwargs: object) -> None:
+    code, _, err = run(["split", mlp, "-k", "2", "-o", "s", "--cost", "static", "--no-verify"], capfd)
+    assert code == 0, err
+    before = snapshot(work)
+    checked: list[Path] = []
+
+    def interrupted(folder: Path, *args: object, **kwargs: object) -> None:
+        checked.append(folder)
+        assert (folder / "stage_2.onnx").is_file() and not (work / "s" / "stage_2.onnx").exists()
         raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
         m.setattr(onnxpipe.api.splitting, "verify_folder", interrupted)
-        code, _, err = run(["split", mlp, "-k", "2", "-o", "s", "--cost", "static"], capfd)
-    assert code == 130 and "interrupted" in err
+        code, _, err = run(["split", mlp, "-k", "3", "-o", "s", "--cost", "static", "--force"], capfd)
+    assert code == 130, err
+    assert err.strip() == (
+        "onnxpipe split: interrupted during verification: the earlier split in s is unchanged"
+    )
+    assert snapshot(work) == before
+    no_leftovers(work)
+    (folder,) = checked  # the new split, verified where it was written: beside s, not in it
+    assert folder.parent.resolve() == work.resolve() and folder.name.startswith(".s.onnxpipe-tmp-")
     manifest = onnxpipe.load_manifest(work / "s")
     assert manifest.verification is not None and manifest.verification.status == "unverified"
     code, out, _ = run(["inspect", "s"], capfd)
@@ -806,6 +852,26 @@ def test_interrupted_verification_leaves_the_folder_unverified_and_verify_comple
     monkeypatch.setattr(rec, "write_manifest", cannot)
     code, out, err = run(["verify", "s"], capfd)
     assert code == 0 and err == "" and "the result could not be written into its manifest" in out
+
+
+def test_a_verification_that_fails_to_run_leaves_the_earlier_split_and_names_the_folder(
+    mlp: Path, work: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import onnxpipe.api.splitting
+
+    code, _, err = run(["split", mlp, "-k", "2", "-o", "s", "--cost", "static"], capfd)
+    assert code == 0, err
+    before = snapshot(work)
+
+    def stage_fails(folder: Path, *args: object, **kwargs: object) -> None:
+        raise onnxpipe.RuntimeStageError(f"{folder / 'stage_1.onnx'}: stage 1 failed (boom); re-run split")
+
+    monkeypatch.setattr(onnxpipe.api.splitting, "verify_folder", stage_fails)
+    code, _, err = run(["split", mlp, "-k", "3", "-o", "s", "--cost", "static", "--force"], capfd)
+    assert code == 8 and "onnxpipe-tmp" not in err
+    assert one_line_error(err, "split").endswith("s/stage_1.onnx: stage 1 failed (boom); re-run split")
+    assert snapshot(work) == before
+    no_leftovers(work)
 
 
 def test_split_records_its_verification(mlp: Path, work: Path, capfd: pytest.CaptureFixture[str]) -> None:

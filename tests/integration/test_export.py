@@ -6,6 +6,7 @@ import dataclasses
 import errno
 import math
 import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.api import ExportOptions
 from onnxpipe.core.errors import ExportError
+from onnxpipe.export.outdir import staged_folder
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
@@ -482,7 +484,10 @@ def test_non_empty_folder_is_refused(residual_path: Path, tmp_path: Path) -> Non
     (out / "keep.txt").write_text("mine")
     with pytest.raises(ExportError) as info:
         export_stages(view, plan_for(view, [0, 6, 12]), out)
-    assert str(info.value) == f"{out}: exists and is not empty; choose another `out` or pass `force=True`"
+    assert str(info.value) == (  # no `force=True` to suggest: it would refuse the folder too
+        f"{out}: exists, is not empty and holds no earlier split (manifest.json); choose another `out` or "
+        "empty it (`force=True` replaces only an earlier split)"
+    )
     assert info.value.field == "out" and [o.key for o in info.value.options] == ["out", "force"]
     assert [p.name for p in out.iterdir()] == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
     assert leftovers(tmp_path) == []
@@ -504,6 +509,83 @@ def test_force_replaces_the_folder(residual_path: Path, tmp_path: Path) -> None:
     export_stages(view, plan_for(view, [0, 6, 12]), out, ExportOptions(force=True))
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "stage_0.onnx", "stage_1.onnx"]
     assert leftovers(tmp_path) == []
+
+
+def test_an_earlier_split_is_refused_naming_what_force_replaces(residual_path: Path, tmp_path: Path) -> None:
+    view = load_model(residual_path)
+    out = tmp_path / "out"
+    export_stages(view, plan_for(view, [0, 4, 8, 12]), out)
+    (out / "chat_template.jinja").write_text("{{ messages }}")
+    with pytest.raises(ExportError) as info:
+        export_stages(view, plan_for(view, [0, 6, 12]), out)
+    assert str(info.value) == (
+        f"{out}: exists and holds an earlier split (manifest.json, stage_0.onnx, stage_1.onnx and 1 more); "
+        "choose another `out` or pass `force=True` to replace it (the chat_template.jinja you added stay)"
+    )
+
+
+def test_force_carries_the_files_the_user_added_across(residual_path: Path, tmp_path: Path) -> None:
+    """Issue 39: a chat template put into a split (as ``generate --chat`` suggests) does not stop the next
+    ``--force``, and is in the new split."""
+    view = load_model(residual_path)
+    out = tmp_path / "out"
+    export_stages(view, plan_for(view, [0, 4, 8, 12]), out)
+    (out / "chat_template.jinja").write_text("{{ messages }}")
+    (out / "generation_config.json").write_text('{"eos_token_id": 2}')
+    export_stages(view, plan_for(view, [0, 6, 12]), out, ExportOptions(force=True))
+    assert sorted(p.name for p in out.iterdir()) == [
+        "chat_template.jinja",
+        "generation_config.json",
+        "manifest.json",
+        "stage_0.onnx",
+        "stage_1.onnx",
+    ]
+    assert (out / "chat_template.jinja").read_text() == "{{ messages }}"
+    assert len(load_manifest(out).stages) == 2 and leftovers(tmp_path) == []
+    (out / "NOTES.txt").write_text("mine")  # not a file a split folder is given: refused, not deleted
+    with pytest.raises(ExportError, match=r"holds NOTES\.txt, which no split wrote"):
+        export_stages(view, plan_for(view, [0, 4, 12]), out, ExportOptions(force=True))
+    assert (out / "NOTES.txt").read_text() == "mine" and len(load_manifest(out).stages) == 2
+
+
+def test_a_file_the_user_added_that_the_new_split_writes_otherwise_stops_the_swap(
+    residual_path: Path, tmp_path: Path
+) -> None:
+    view = load_model(residual_path)
+    out = tmp_path / "out"
+    export_stages(view, plan_for(view, [0, 6, 12]), out)
+    (out / "chat_template.jinja").write_text("mine")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with (
+        pytest.raises(
+            ExportError, match=r"holds chat_template\.jinja, which its split did not write and this"
+        ),
+        staged_folder(out) as tmp,
+    ):
+        (tmp / "manifest.json").write_text("{}")
+        (tmp / "chat_template.jinja").write_text("the model's")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before and leftovers(tmp_path) == []
+    with staged_folder(out) as tmp:  # the same file: nothing to lose
+        (tmp / "manifest.json").write_text("{}")
+        (tmp / "chat_template.jinja").write_text("mine")
+    assert sorted(p.name for p in out.iterdir()) == ["chat_template.jinja", "manifest.json"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="renameat2's RENAME_EXCHANGE is Linux's")
+def test_force_swaps_the_folders_in_one_step(
+    residual_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The old split is never absent: the new folder takes its place in one call, not two renames."""
+    view = load_model(residual_path)
+    out = tmp_path / "out"
+    export_stages(view, plan_for(view, [0, 4, 8, 12]), out)
+
+    def no_rename(*args: object) -> None:
+        raise AssertionError(f"renamed in two steps: {args}")
+
+    monkeypatch.setattr(os, "rename", no_rename)
+    export_stages(view, plan_for(view, [0, 6, 12]), out, ExportOptions(force=True))
+    assert len(load_manifest(out).stages) == 2 and leftovers(tmp_path) == []
 
 
 def test_force_never_deletes_the_source_model(residual_path: Path, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ larger sequence size that saves a model failing at the guessed one."""
 from __future__ import annotations
 
 import json
+import shutil
 from functools import partial
 from pathlib import Path
 
@@ -78,8 +79,9 @@ def test_the_cli_says_which_input_and_flag_and_runs_with_inputs(
     out = tmp_path / "stages"
     code, _, err = run(["split", model, "-k", "2", "--out", tmp_path / "random", "--cost", "static"], capfd)
     assert code == 2 and "'input' dim 1 = 16" in err and "--inputs FILE.npz" in err
-    (line,) = [x for x in err.splitlines() if x.startswith("onnxpipe split: error:")]
-    assert "'input' dim 1 = 16" in line  # one line says it all (onnxruntime's own log may precede it)
+    (line,) = err.splitlines()  # one line says it all: onnxruntime's own log (issue 39) is not printed
+    assert line.startswith("onnxpipe split: error:") and "\x1b[" not in err
+    assert "'input' dim 1 = 16" in line and "the only way to set the value of sr, an int64 scalar" in line
     code, stdout, err = run(
         ["split", model, "-k", "2", "--out", out, "--cost", "static", "--inputs", speech], capfd
     )
@@ -88,6 +90,7 @@ def test_the_cli_says_which_input_and_flag_and_runs_with_inputs(
     assert run(["verify", out, "--inputs", speech], capfd)[0] == 0
     code, _, err = run(["verify", out], capfd)
     assert code == 2 and "--inputs speech.npz" in err
+    assert f"error: {model}: the model itself fails" in err and "/../" not in err  # no stages/../../ path
     code, _, err = run(["verify", out, "--inputs", speech, "--shape", "input=1,512"], capfd)
     assert code == 2 and "leave --shape out" in err
     profile = tmp_path / "p.json"
@@ -138,3 +141,27 @@ def test_a_measured_profile_retries_sequence_dims_at_a_larger_size(
     with pytest.raises(ProfileError, match=r"x=\[1, 8\].*`input_files=FILE.npz`") as info:
         profile_model(view, runs=2, warmup=1, shapes={"x": (1, 8)})
     assert "512" not in str(info.value)
+
+
+def test_silero_vad_failing_at_a_size_says_one_line_with_the_flags_that_help(
+    silero_vad_path: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 39, Silero VAD verified at a size it fails at: one line (not onnxruntime's coloured log
+    first), the model's path without ``../`` steps, ``--inputs`` for ``sr`` (its value picks a branch,
+    no ``--shape`` sets it)."""
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copy(silero_vad_path, models / "silero_vad.onnx")
+    monkeypatch.chdir(tmp_path)
+    out = Path("runs", "today", "vad3")
+    code, _, err = run(
+        ["split", models / "silero_vad.onnx", "-k", "2", "--out", out, "--cost", "static"], capfd
+    )
+    assert code == 0, err
+    code, out_text, err = run(["verify", out, "--shape", "input=1,16"], capfd)
+    assert code == 2 and out_text == ""
+    (line,) = err.splitlines()
+    assert "\x1b[" not in err and line.startswith("onnxpipe verify: error: models/silero_vad.onnx: ")
+    assert "--shape input=1,16 --shape state=2,1,128 (edited), or real inputs with --inputs FILE.npz" in line
+    assert line.endswith("(the only way to set the value of sr, an int64 scalar, which was random here)")
+    assert "sr=" not in line.split("; ", 1)[1]

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import pytest
 from manifest_edits import sealed
+from models import runtimes_differ_model, save
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe import api
@@ -101,7 +102,7 @@ def test_good_split_verifies(split: Path) -> None:
         assert o.allclose and o.shape_equal and o.dtype_equal and o.expected_shape == (1, 8)
         assert o.max_abs_diff <= 1e-5 and o.expected_dtype == "float32"
     assert report.input_shapes == {"x": (1, 8)} and report.runs == 2 and report.seed == 3
-    assert report.model_path == split.parent / "out" / ".." / "skip.onnx"
+    assert report.model_path == split.parent / "skip.onnx"  # found through the manifest's ../skip.onnx
     text = report.summary()
     assert "y: ok (max abs diff" in text
     assert text.endswith(
@@ -378,3 +379,59 @@ def test_a_float16_model_is_verified_at_its_types_tolerance(tmp_path: Path) -> N
     assert (out.rtol, out.atol) == (tolerance_for("float16").rtol, tolerance_for("float16").atol)
     strict = verify(tmp_path / "s", VerifyOptions(rtol=0.0, atol=0.0, record=False))
     assert (strict.rtol, strict.atol) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize(("runtime", "package"), [("openvino", "openvino"), ("tract", "tract")])
+def test_a_runtime_that_differs_by_itself_does_not_fail_the_split(
+    runtime: str, package: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39: the stages on OpenVINO (tract) equal the whole model there, and both differ from
+    onnxruntime by the runtime's own resize; verify says which differs from what and passes."""
+    pytest.importorskip(package)
+    model = save(runtimes_differ_model(), tmp_path / "resizes.onnx")
+    out = tmp_path / "out"
+    api.split(
+        model, SplitOptions(out=out, plan=PlanRequest(2), profile=ProfileOptions(cost="static"), verify=False)
+    )
+    report = verify(out, VerifyOptions(runtime=runtime))
+    (y,) = report.outputs
+    on = report.on_runtime
+    assert on is not None and on.ran and on.label.startswith(runtime)
+    assert not y.ok and y.max_abs_diff > 1e-3  # the stages against onnxruntime
+    assert on.stages[0].ok and on.stages[0].max_abs_diff <= 1e-5  # the stages against the whole model there
+    assert not on.whole[0].ok and on.whole[0].max_abs_diff == pytest.approx(y.max_abs_diff, rel=1e-3)
+    assert report.ok
+    report.raise_for_mismatch()
+    assert len(report.notes) == 1 and f"{on.label} differs from onnxruntime by itself" in report.notes[0]
+    assert f"y by max abs diff {on.whole[0].max_abs_diff:.3g}" in report.notes[0]
+    assert main(["verify", str(out), "--runtime", runtime]) == 0
+    printed = capfd.readouterr().out
+    assert f"y: ok (stages against the whole model, both on {on.label}: max abs diff" in printed
+    assert f"the original on onnxruntime (CPUExecutionProvider) and on {on.label}" in printed
+    assert f"verify: 1 output(s) match the whole model on {on.label}" in printed
+    assert "note: " + report.notes[0] in printed
+    assert main(["verify", str(out), "--runtime", runtime, "--json"]) == 0
+    doc = json.loads(capfd.readouterr().out)["verification"]
+    assert doc["ok"] and doc["outputs"][0]["ok"] and doc["notes"] == report.notes
+    assert doc["on_runtime"]["runtime"] == on.label and doc["on_runtime"]["not_run"] is None
+    (three,) = doc["on_runtime"]["outputs"]
+    assert three["stages_vs_whole"]["ok"] and not three["whole_vs_onnxruntime"]["ok"]
+
+
+def test_a_changed_stage_fails_against_both_on_a_runtime(
+    split: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A stage that computes something else differs from the whole model on its runtime as well as from
+    onnxruntime: the split is at fault, and the line says so with all three differences."""
+    pytest.importorskip("openvino")
+    tamper_constant(split, 1, 3.001)
+    report = verify(split, VerifyOptions(runtime="openvino"))
+    assert not report.ok and report.on_runtime is not None and report.on_runtime.ran
+    assert not report.on_runtime.stages[0].ok and report.on_runtime.whole[0].ok
+    assert report.notes == []
+    assert main(["verify", str(split), "--runtime", "openvino"]) == 1
+    printed = capfd.readouterr().out
+    assert "y: MISMATCH (stages against the whole model, both on openvino (CPU): max abs diff" in printed
+    assert "; stages against onnxruntime: max abs diff" in printed
+    assert "verify: 2 output(s) DO NOT match the original, nor the whole model on openvino (CPU)" in printed
+    assert "x: ok (max abs diff 0, max rel diff 0)" in printed

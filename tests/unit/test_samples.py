@@ -22,7 +22,7 @@ from onnxpipe.ir.links import linked_input_shapes
 from onnxpipe.ir.load import load_model, view_from_proto
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import load_samples, samples_from_feeds
-from onnxpipe.ir.shapes import failure_hint, guessed_dims, resolve_input_shapes
+from onnxpipe.ir.shapes import failure_hint, guessed_dims, resolve_input_shapes, valued_inputs
 from onnxpipe.planning.workers import make_plan
 
 
@@ -178,6 +178,21 @@ def test_the_hint_names_the_guessed_dims_and_the_flags(vad: ModelView) -> None:
     assert "`shapes=input=1,16` `shapes=state=2,1,128`" in hint and "`input_files=FILE.npz`" in hint
     # an input given is not guessed, nor a symbol it fixes
     assert guessed_dims(vad, {"input": (1, 512)}) == [("state", 1, None)]
+
+
+def test_the_hint_sends_a_scalar_whose_value_matters_to_real_inputs(vad: ModelView) -> None:
+    """Issue 39: ``sr`` (an int64 scalar choosing an If branch) was offered ``--shape sr=``, which no
+    size can change; only real inputs set its value."""
+    used = resolve_input_shapes(vad)
+    assert valued_inputs(vad, used) == ["sr"]
+    note = " (the only way to set the value of sr, an int64 scalar, which was random here)"
+    assert failure_hint(vad, used).endswith("`input_files=FILE.npz`" + note)
+    given = failure_hint(vad, used, used)  # every size given: nothing guessed
+    assert given == (
+        "give the shapes the model runs at with `shapes=input=1,16` `shapes=state=2,1,128` (edited), or real "
+        "inputs with `input_files=FILE.npz`" + note
+    )
+    assert "sr=" not in given
 
 
 def test_a_profile_keeps_the_records_of_its_inputs_not_the_data(vad: ModelView, tmp_path: Path) -> None:

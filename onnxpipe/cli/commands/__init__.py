@@ -12,6 +12,8 @@ import argparse
 import importlib
 from collections.abc import Callable
 
+from onnxpipe.cli.say import reading
+
 WORK: dict[str, str] = {
     "profile": "onnxpipe.cli.commands.profile",
     "split": "onnxpipe.cli.commands.split",
@@ -26,7 +28,15 @@ WORK: dict[str, str] = {
 """Subcommand name -> the module that does its work."""
 
 
-def work(name: str) -> Callable[[argparse.Namespace], int]:
-    """The ``run`` function of subcommand ``name``, its module imported now."""
+READS: dict[str, str] = {"profile": "model", "split": "model", "plan": "model", "verify": "dir"}
+"""Subcommand name -> the argument naming the model or folder it reads first (:func:`work` says so)."""
+
+
+def work(name: str, args: argparse.Namespace | None = None) -> Callable[[argparse.Namespace], int]:
+    """The ``run`` function of subcommand ``name``, its module imported now; with ``args``, first the
+    line saying what it reads (:func:`onnxpipe.cli.say.reading`), before that import loads onnx and
+    onnxruntime (seconds on a loaded machine)."""
+    if args is not None and name in READS:
+        reading(getattr(args, READS[name]), quiet=getattr(args, "quiet", False))
     run: Callable[[argparse.Namespace], int] = importlib.import_module(WORK[name]).run
     return run

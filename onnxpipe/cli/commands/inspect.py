@@ -19,11 +19,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(found.to_json())
     elif isinstance(found, api.FolderInspection):
-        print(format_manifest_table(found.manifest))
+        for problem in found.file_problems:  # first: what the table's verification line stands on
+            print(f"error: {problem}: verify and run refuse this folder; re-run onnxpipe split")
+        print(format_manifest_table(found.manifest, files_changed=bool(found.file_problems)))
         if found.manifest.plan.decoder is not None:
             print(format_decoder_stages(found.manifest))
-        for problem in found.file_problems:
-            print(f"error: {problem}: verify and run refuse this folder; re-run onnxpipe split")
         if found.checked and found.ok:
             print(f"files: the {found.manifest.k} stage file(s) are those the split wrote (sha256 checked)")
     else:

@@ -12,7 +12,6 @@ from onnxpipe.cli.tables import format_plan_table, format_stage_counts
 
 def run(args: argparse.Namespace) -> int:
     say = Say("plan", json_output=args.json, quiet=args.quiet)
-    say.reading(args.model)
     result = api.plan(args.model, TABLE.options(args), listener=say)
     plan = result.plan
     if args.json:

@@ -11,7 +11,6 @@ from onnxpipe.cli.say import Say
 
 def run(args: argparse.Namespace) -> int:
     say = Say("profile", quiet=args.quiet)
-    say.reading(args.model)
     prof = api.profile(args.model, TABLE.options(args), listener=say)
     on = "" if prof.runtime == api.Runtime.ONNXRUNTIME else f" on {prof.runtime}"
     print(

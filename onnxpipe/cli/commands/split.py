@@ -17,7 +17,6 @@ from onnxpipe.cli.tables import (
 
 def run(args: argparse.Namespace) -> int:
     say = Say("split", json_output=args.json, quiet=args.quiet)
-    say.reading(args.model)
     result = api.split(args.model, TABLE.options(args), listener=say)
     code = 0 if result.ok else 1
     if args.json:
