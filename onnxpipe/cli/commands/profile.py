@@ -13,7 +13,7 @@ def run(args: argparse.Namespace) -> int:
     say = Say("profile", quiet=args.quiet)
     say.reading(args.model)
     prof = api.profile(args.model, TABLE.options(args), listener=say)
-    on = "" if prof.runtime == api.Runtime.ONNXRUNTIME else f" on {prof.runtime}"
+    on = "" if prof.on_reference else f" on {prof.runtime}"
     print(
         f"profiled {len(prof.node_seconds)} nodes of {args.model.name}{on}: "
         f"{prof.total_seconds * 1e3:.3f} ms per run ({prof.source}, {prof.threads} thread(s)); "
