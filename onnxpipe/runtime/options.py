@@ -290,11 +290,6 @@ class GenerateOptions:
                 f"{opt('ignore_eos', True)} and {opt('eos_token_ids')}: stop at the ids given, or at none"
             )
 
-    @property
-    def given_prompts(self) -> int:
-        """How many prompts were given, as text or as ids."""
-        return len(self.prompts) or len(self.prompt_ids)
-
 
 DEFAULT_LINK_REPEATS = 20
 """Transfers a link is timed at per size, one at a time: the median of them counts."""
