@@ -31,7 +31,9 @@ class RuntimeKind:
     names an execution provider and its options (onnxruntime's); ``takes_openvino_device``: an OpenVINO
     device and config.  ``owns_outputs``: the arrays a run returns are the caller's to keep (OpenVINO's
     may live in its infer request's buffers, which the next run reuses: a cache kept across steps is
-    copied).  ``times_layers_itself``: its profiler times many iterations per report, so one report
+    copied).  ``sends_shape_values``: a stage on it can send an integer it computed from shapes (tract
+    cannot: it fails the stage that sends one, so the planner copies such values into the stage that
+    reads them).  ``times_layers_itself``: its profiler times many iterations per report, so one report
     is enough.  ``genai``: ONNX Runtime GenAI can run a stage on it; ``triton_backend``: the Triton
     backend that serves its stages (None: none does, onnxruntime's serves them).
     """
@@ -43,6 +45,7 @@ class RuntimeKind:
     takes_provider: bool = False
     takes_openvino_device: bool = False
     owns_outputs: bool = False
+    sends_shape_values: bool = True
     times_layers_itself: bool = False
     genai: bool = False
     triton_backend: str | None = None
@@ -98,7 +101,9 @@ RUNTIMES: Mapping[Runtime, RuntimeKind] = {
         genai=True,
         triton_backend="openvino",
     ),
-    Runtime.TRACT: RuntimeKind(Runtime.TRACT, package="tract", extra="tract", times_layers_itself=True),
+    Runtime.TRACT: RuntimeKind(
+        Runtime.TRACT, package="tract", extra="tract", sends_shape_values=False, times_layers_itself=True
+    ),
 }
 """Every runtime onnxpipe can run a stage on, by its choice."""
 

@@ -96,6 +96,20 @@ def test_exactly_one_reference_runtime_which_needs_no_extra() -> None:
     assert all(k.extra == k.name for k in RUNTIMES.values() if not k.reference)
 
 
+def test_what_each_runtime_accepts() -> None:
+    """The facts the rooms ask: who takes a provider or an OpenVINO device, which runtime cannot send a
+    value computed from shapes (the planner's note names it), what GenAI and Triton serve."""
+    taking = {k.name: (k.takes_provider, k.takes_openvino_device) for k in RUNTIMES.values()}
+    assert taking == {"onnxruntime": (True, False), "openvino": (False, True), "tract": (False, False)}
+    assert [k.name for k in RUNTIMES.values() if not k.sends_shape_values] == ["tract"]
+    assert [k.name for k in RUNTIMES.values() if not k.genai] == ["tract"]
+    assert {k.name: k.triton_backend for k in RUNTIMES.values()} == {
+        "onnxruntime": "onnxruntime",
+        "openvino": "openvino",
+        "tract": None,
+    }
+
+
 def test_labels_and_what_reports_name_as_the_provider() -> None:
     ort = EngineConfig(provider="CUDAExecutionProvider")
     ov = EngineConfig(Runtime.OPENVINO, openvino_device="GPU.1")
