@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from paths import REPO_ROOT
 
-from onnxpipe.core.choices import Runtime
+from onnxpipe.core.choices import Runtime, VerifyRuntime
 from onnxpipe.core.runtime_kinds import RUNTIMES, EngineConfig, kind_of
 
 PACKAGE = REPO_ROOT / "onnxpipe"
@@ -87,6 +87,11 @@ def test_every_runtime_has_an_entry_and_an_engine_module(runtime: Runtime) -> No
     tree = ast.parse(path.read_text())
     functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     assert {"load", "runs_here"} <= functions
+
+
+def test_verify_offers_every_runtime_and_the_devices() -> None:
+    """``VerifyRuntime`` spells the runtimes again (plus ``devices``): a new runtime is added there too."""
+    assert {v.value for v in VerifyRuntime} == {r.value for r in Runtime} | {"devices"}
 
 
 def test_exactly_one_reference_runtime_which_needs_no_extra() -> None:
