@@ -13,7 +13,7 @@ from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.core.files import write_text_atomic
 from onnxpipe.core.options import opt
 from onnxpipe.manifest import load_manifest
-from onnxpipe.runtime.backends.ray_backend import connected
+from onnxpipe.runtime.backends.ray_connect import connected
 from onnxpipe.runtime.backends.ray_links import measure_links
 from onnxpipe.runtime.backends.ray_resources import load_ray_resources
 from onnxpipe.runtime.options import DEFAULT_LINK_SIZES, LinkOptions

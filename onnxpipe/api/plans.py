@@ -23,7 +23,7 @@ from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.core.options import opt
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.cost.phases import phase_profiles
-from onnxpipe.cost.profile import DEFAULT_RUNTIME, Profile
+from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.runnable import RETRY_NOTE
 from onnxpipe.cost.source import get_profile
 from onnxpipe.export.checks import check_runtime_opsets
@@ -148,7 +148,7 @@ def calibrated_plan(
         return measured_here(make(prof), prof, request)
     if request.devices is not None and calibration.mode != CalibrationMode.RAY:
         return _calibrated_on_devices(view, prof, request, calibration)
-    if prof.runtime != DEFAULT_RUNTIME:
+    if not prof.on_reference:
         raise UsageError(
             f"{opt('CalibrationOptions.rounds')} times the stages in onnxruntime, and the profile was "
             f"measured on {prof.runtime}; give {opt('devices')} with devices of that runtime to calibrate "

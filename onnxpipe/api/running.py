@@ -52,7 +52,7 @@ def run(
         if path is not None:
             check_output_file(path, field)
     directory = Path(folder)
-    manifest = load_manifest(directory)
+    manifest = load_manifest(directory)  # the stage files are hashed here, once per run
     placements = _placements(opts, manifest)
     model = _source_model(directory, manifest, opts.model, needed=opts.compare)
     inputs, shapes = _inputs(opts, directory, manifest, model)
@@ -60,7 +60,9 @@ def run(
     if opts.backend == Backend.LOCAL:  # Ray places its workers elsewhere, maybe on other machines
         _warn_threads(say, placements or manifest_placements(manifest, opts.threads), manifest)
     say.step(f"starting {manifest.k} stage worker(s)")
-    with Pipeline.from_manifest(directory, config, threads=opts.threads, placements=placements) as pipeline:
+    with Pipeline.from_manifest(
+        directory, config, threads=opts.threads, placements=placements, check_files=False
+    ) as pipeline:
         say.step(f"running {len(inputs)} micro-batch(es) after {opts.warmup} warm-up")
         single = min(len(inputs), SINGLE_LATENCY_MICROBATCHES)
         measured = measure(

@@ -17,9 +17,9 @@ def verify(folder: str | Path, options: VerifyOptions | None = None) -> VerifyRe
     With ``options.runtime`` running every stage on one other runtime, the whole model runs there too,
     and :attr:`VerifyReport.on_runtime` holds the stages against it and it against onnxruntime: an output
     passes when its stages match either, and :attr:`VerifyReport.notes` give the runtime's own
-    difference.  A mismatch is not an exception: :attr:`VerifyReport.ok` says it.  With ``options.record`` (the
-    default) the result is written into the folder's manifest; a folder that cannot be written keeps
-    what it said, and :attr:`VerifyReport.record_note` says why.
+    difference.  A mismatch is not an exception: :attr:`VerifyReport.ok` says it.  With
+    ``options.record`` (the default) the result is written into the folder's manifest; a folder that
+    cannot be written keeps what it said, and :attr:`VerifyReport.record_note` says why.
     """
     opts = options or VerifyOptions()
     opts.check()

@@ -56,7 +56,7 @@ from onnxpipe.core.choices import CostSource
 from onnxpipe.core.errors import UsageError, error_line
 from onnxpipe.core.options import opt
 from onnxpipe.core.runtimes import Engine, open_engine
-from onnxpipe.cost.profile import DEFAULT_RUNTIME, Profile
+from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
@@ -325,7 +325,7 @@ def _check(profile: Profile, request: PlanRequest, rounds: int) -> Cluster:
     if cluster is None:
         raise UsageError(f"calibrating on devices needs a devices file ({opt('devices')})")
     described = [d.name for d in cluster.devices if not timed_on_itself(d)]
-    if described and profile.runtime != DEFAULT_RUNTIME:
+    if described and not profile.on_reference:
         raise UsageError(
             f"{cluster.label}: device {described[0]} is not here, so its stage is timed as the reference "
             f"profile was measured, in onnxruntime, and the profile was measured on {profile.runtime}: give "

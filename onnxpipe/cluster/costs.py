@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from onnxpipe.cluster.model import REFERENCE_PROVIDER, Cluster, Device, _frozen
-from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.runtime_kinds import kind_of
 from onnxpipe.core.runtimes import runs_here
 
 CostMethod = Literal["profile_file", "profiled", "scaled"]
@@ -58,7 +58,7 @@ def reference_setting(
     """Whether ``device`` runs as the reference profile was measured: onnxruntime on ``provider``
     without options, with the reference's threads (``None``: not compared)."""
     return (
-        device.runtime == Runtime.ONNXRUNTIME
+        kind_of(device.runtime).reference
         and device.provider == provider
         and not device.provider_options
         and (reference_threads is None or device.threads == reference_threads)
@@ -132,13 +132,13 @@ def device_costs(
                 )
             else:
                 secs = {n: float(t) for n, t in measure(d).items()}
-            on = d.provider if d.runtime == Runtime.ONNXRUNTIME else d.runtime_label
+            on = d.engine_config().runs_on
             source = f"profiled on {on} with {d.threads} thread{'s' if d.threads != 1 else ''}"
             out.append(DeviceCosts(d.name, "profiled", source, _frozen(secs)))
             continue
         source = describe_scaling(d)
         if d.profile_here:
-            missing = d.provider if d.runtime == Runtime.ONNXRUNTIME else d.runtime_label
+            missing = d.engine_config().runs_on
             source += f" ({missing} is not available here)"
         out.append(DeviceCosts(d.name, "scaled", source, _frozen(scale_costs(reference, op_types, d))))
     return tuple(out)

@@ -19,7 +19,7 @@ from onnxpipe.cluster.model import REFERENCE_PROVIDER, Cluster, Device, Link, _f
 from onnxpipe.core.choices import Runtime, values
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.jsonread import Document, Fields, Rule, Value, describe, syntax_error_text
-from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE
+from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, kind_of
 from onnxpipe.core.text import counted
 from onnxpipe.core.units import parse_bytes, parse_rate
 
@@ -99,7 +99,8 @@ def _device(f: Fields, base: Path | None) -> Device:
         f.need(key, _NEEDS)
     name = f["name"].string(_NAME)
     runtime = _runtime(f.get("runtime", Runtime.ONNXRUNTIME.value))
-    if runtime == Runtime.ONNXRUNTIME:
+    kind = kind_of(runtime)
+    if kind.takes_provider:
         f.need("provider", "a device run by onnxruntime names its execution provider (or set runtime)")
         provider = _provider(f["provider"])
     else:
@@ -110,7 +111,7 @@ def _device(f: Fields, base: Path | None) -> Device:
                     "remove it, or set runtime to onnxruntime",
                 )
         provider = REFERENCE_PROVIDER
-    if runtime != Runtime.OPENVINO:
+    if not kind.takes_openvino_device:
         for key in ("openvino_device", "openvino_config"):
             if key in f.raw:
                 raise f[key].fail(

@@ -25,7 +25,7 @@ from typing import Any
 from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.options import opt
-from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, EngineConfig
+from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, EngineConfig, kind_of
 
 REFERENCE_PROVIDER = "CPUExecutionProvider"
 """The provider the reference profile is measured with (``onnxpipe profile`` runs on the CPU)."""
@@ -74,11 +74,7 @@ class Device:
     @property
     def runtime_label(self) -> str:
         """How messages name what runs the device's stage: ``onnxruntime (CPUExecutionProvider)``..."""
-        if self.runtime == Runtime.ONNXRUNTIME:
-            return f"onnxruntime ({self.provider})"
-        if self.runtime == Runtime.OPENVINO:
-            return f"openvino ({self.openvino_device})"
-        return "tract"
+        return self.engine_config().label
 
     def engine_config(self, threads: int | None = None) -> EngineConfig:
         """How to open this device's stage (:func:`onnxpipe.core.runtimes.open_engine`); ``threads``
@@ -117,10 +113,12 @@ class Device:
             obj["profile_path"] = self.profile_path
         if self.profile_here:
             obj["profile_here"] = True
-        if self.runtime != Runtime.ONNXRUNTIME:  # written only when set: older files stay as they were
+        kind = kind_of(self.runtime)
+        if not kind.reference:  # written only when set: older files stay as they were
             obj["runtime"] = self.runtime.value
-            del obj["provider"], obj["provider_options"]  # onnxruntime's, refused for another runtime
-        if self.runtime == Runtime.OPENVINO:
+        if not kind.takes_provider:  # onnxruntime's, refused for another runtime
+            del obj["provider"], obj["provider_options"]
+        if kind.takes_openvino_device:
             obj["openvino_device"] = self.openvino_device
             if self.openvino_config:
                 obj["openvino_config"] = dict(self.openvino_config)

@@ -57,6 +57,11 @@ def providers_of(config: EngineConfig) -> list[Provider]:
     return providers
 
 
+def runs_here(config: EngineConfig) -> bool:
+    """Whether this onnxruntime has ``config``'s execution provider."""
+    return config.provider in ort.get_available_providers()
+
+
 def load(path: Path, config: EngineConfig) -> OrtEngine:
     options = session_options(threads=config.threads, level=cast(OptimizationLevel, config.level))
     return OrtEngine(open_session(path, options, providers_of(config)))

@@ -87,5 +87,13 @@ def _ports(ports: Sequence[Any], names: Sequence[str]) -> list[int]:
     return [by_name.get(n, i) for i, n in enumerate(names)]
 
 
+def runs_here(config: EngineConfig) -> bool:
+    """Whether OpenVINO sees ``config``'s device here (``GPU.1`` counts as ``GPU``)."""
+    import openvino as ov
+
+    wanted = config.openvino_device.split(".")[0].split(":")[0].upper()
+    return wanted in {d.split(".")[0].upper() for d in ov.Core().available_devices}
+
+
 def load(path: Path, config: EngineConfig) -> OpenVinoEngine:
     return OpenVinoEngine(path, config)

@@ -112,5 +112,10 @@ class TractEngine:
         self._closed = True
 
 
+def runs_here(config: EngineConfig) -> bool:
+    """Always: tract runs a model on the calling thread's CPU, wherever its package is installed."""
+    return True
+
+
 def load(path: Path, config: EngineConfig) -> TractEngine:
     return TractEngine(path)

@@ -16,14 +16,10 @@ command.  Plan notes written into a manifest keep the mark-up: it reads as plain
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import TypeVar
-
-T = TypeVar("T")
 
 _MARK = re.compile(r"`(?:(?P<owner>[A-Z][A-Za-z0-9]*)\.)?(?P<field>[a-z][a-z0-9_]*)(?:=(?P<value>[^`]*))?`")
 
@@ -83,19 +79,3 @@ def render(message: str, word: Callable[[OptionRef], str | None]) -> str:
         return m[0] if worded is None else worded
 
     return _MARK.sub(one, message)
-
-
-def checked_once(method: Callable[[T], None]) -> Callable[[T], None]:
-    """A request's ``check`` that runs once per (frozen) object: every room that is handed the request
-    may call it, and only the first call does the work; a changed copy (``dataclasses.replace``) is a new
-    request and is checked again."""
-    passed = f"_{method.__name__}_passed"
-
-    @functools.wraps(method)
-    def check(self: T) -> None:
-        if getattr(self, passed, False):
-            return
-        method(self)
-        object.__setattr__(self, passed, True)
-
-    return check

@@ -9,10 +9,11 @@ onnxpipe exists to feed stages to heterogeneous runtimes, so a stage's runtime i
   ``openvino_device`` (``CPU``, ``GPU``, ``NPU``...) with ``openvino_config``;
 * ``tract``: Sonos' tract, a pure-Rust engine, through its Python package.
 
-The engines of the last two live in :mod:`onnxpipe.core.engine_openvino` and
-:mod:`onnxpipe.core.engine_tract`, imported only when asked for: their packages are optional extras
-(``pip install 'onnxpipe[openvino]'``, ``'onnxpipe[tract]'``) and a missing one is one line naming the
-extra (:func:`require`), never an ImportError traceback.
+Each engine lives in its module, ``onnxpipe.core.engine_<runtime>`` (the registry's
+:attr:`~onnxpipe.core.runtime_kinds.RuntimeKind.engine_module`), imported only when asked for: the
+packages of OpenVINO and tract are optional extras (``pip install 'onnxpipe[openvino]'``,
+``'onnxpipe[tract]'``) and a missing one is one line naming the extra (:func:`require`), never an
+ImportError traceback.
 
 Every engine binds tensors by name on input and returns outputs in the order asked for; runtimes that
 rename outputs (tract names them after their producing node) are bound by the stage file's output
@@ -34,7 +35,7 @@ import numpy as np
 from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.extras import install_hint
-from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, EngineConfig
+from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, EngineConfig, kind_of
 
 __all__ = [
     "DEFAULT_OPENVINO_DEVICE",
@@ -51,9 +52,6 @@ __all__ = [
 ]
 
 
-_PACKAGE = {Runtime.ONNXRUNTIME: "onnxruntime", Runtime.OPENVINO: "openvino", Runtime.TRACT: "tract"}
-_EXTRA = {Runtime.OPENVINO: "openvino", Runtime.TRACT: "tract"}
-
 OPENVINO_CPU_DEFAULTS: Mapping[str, str] = {
     "INFERENCE_PRECISION_HINT": "f32",
     "NUM_STREAMS": "1",
@@ -67,12 +65,12 @@ overrides any of these."""
 
 def require(runtime: Runtime) -> ModuleType:
     """The Python package of ``runtime``, or a one-line :class:`UsageError` naming the extra to install."""
-    name = _PACKAGE[runtime]
+    kind = kind_of(runtime)
+    name = kind.package
     try:
         return importlib.import_module(name)
     except ImportError as e:
-        extra = _EXTRA.get(runtime)
-        how = install_hint(extra) if extra else f"pip install {name}"
+        how = install_hint(kind.extra) if kind.extra else f"pip install {name}"
         raise UsageError(
             f"runtime {runtime.value} needs the {name} package, which is not installed here ({e}); "
             f"install it with {how} or give the device another runtime"
@@ -89,21 +87,12 @@ def available(runtime: Runtime) -> bool:
 
 
 def runs_here(config: EngineConfig) -> bool:
-    """Whether this machine can open an engine for ``config``: the runtime's package is installed and,
-    for onnxruntime, this onnxruntime has the provider; for OpenVINO, it sees the device (``GPU.1``
-    counts as ``GPU``)."""
-    if config.runtime == Runtime.ONNXRUNTIME:
-        import onnxruntime as ort
-
-        return config.provider in ort.get_available_providers()
+    """Whether this machine can open an engine for ``config``: the runtime's package is installed and its
+    engine module sees the device (for onnxruntime, the provider; for OpenVINO, the device, ``GPU.1``
+    counting as ``GPU``)."""
     if not available(config.runtime):
         return False
-    if config.runtime == Runtime.OPENVINO:
-        import openvino as ov
-
-        wanted = config.openvino_device.split(".")[0].split(":")[0].upper()
-        return wanted in {d.split(".")[0].upper() for d in ov.Core().available_devices}
-    return True
+    return bool(importlib.import_module(config.kind.engine_module).runs_here(config))
 
 
 class Engine(Protocol):
@@ -149,7 +138,7 @@ def open_engine(
     if config.threads < 1:
         raise UsageError(f"threads {config.threads}: give a positive number of intra-op threads")
     require(config.runtime)
-    module = importlib.import_module(f"onnxpipe.core.engine_{config.runtime.value}")
+    module = importlib.import_module(config.kind.engine_module)
     try:
         engine: Engine = module.load(Path(path), config)
     except UsageError:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from onnxpipe.core.choices import CostSource, Runtime, choice
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.options import opt
-from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE
+from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, kind_of
 
 if TYPE_CHECKING:
     from onnxpipe.cost.profile import Profile
@@ -100,9 +100,10 @@ class ProfileOptions:
             )
         if self.inputs is not None and self.has_input_files:
             raise UsageError(f"{opt('inputs')}: give samples in memory or input files, not both")
-        if self.runtime != Runtime.ONNXRUNTIME and self.cost != CostSource.PROFILE:
+        kind = kind_of(self.runtime)
+        if not kind.reference and self.cost != CostSource.PROFILE:
             raise UsageError(f"{opt('runtime', self.runtime)} measures; leave out {opt('cost', self.cost)}")
-        if self.runtime != Runtime.OPENVINO and self.openvino_device != DEFAULT_OPENVINO_DEVICE:
+        if not kind.takes_openvino_device and self.openvino_device != DEFAULT_OPENVINO_DEVICE:
             raise UsageError(
                 f"{opt('openvino_device')} is for {opt('runtime', Runtime.OPENVINO)}, not {self.runtime}"
             )

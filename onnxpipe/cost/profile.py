@@ -65,6 +65,11 @@ class Profile:
     ``"openvino (CPU)"``, ``"tract"``... (``profile --runtime``, :mod:`onnxpipe.cost.runtime_profile`).
     Optional in the file (older profiles are onnxruntime's)."""
 
+    @property
+    def on_reference(self) -> bool:
+        """Whether the reference runtime measured it (onnxruntime on the CPU), as calibration times."""
+        return self.runtime == DEFAULT_RUNTIME
+
     # ---- JSON
 
     def to_json(self) -> str:

@@ -30,7 +30,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
-from onnxpipe.core.choices import CostSource, Runtime
+from onnxpipe.core.choices import CostSource
 from onnxpipe.core.errors import ProfileError, UsageError, error_line
 from onnxpipe.core.runtimes import EngineConfig, open_engine, time_run
 from onnxpipe.cost.measure import profile_model
@@ -46,11 +46,7 @@ LAYER_RUNS = 5
 
 def is_reference(config: EngineConfig) -> bool:
     """Whether ``config`` is onnxruntime on the CPU without options: what ``onnxpipe profile`` measures."""
-    return (
-        config.runtime == Runtime.ONNXRUNTIME
-        and config.provider == "CPUExecutionProvider"
-        and not config.provider_options
-    )
+    return config.kind.reference and config.provider == "CPUExecutionProvider" and not config.provider_options
 
 
 def profile_on_runtime(
@@ -87,7 +83,7 @@ def profile_on_runtime(
     try:
         total = time_run(engine, feeds, runs=runs, warmup=warmup)
         # tract's profiler times many iterations itself (for seconds): once is enough
-        repeats = 1 if config.runtime == Runtime.TRACT else min(runs, LAYER_RUNS)
+        repeats = 1 if config.kind.times_layers_itself else min(runs, LAYER_RUNS)
         reports = [engine.layer_seconds(feeds) for _ in range(repeats)]
     except ProfileError:
         raise

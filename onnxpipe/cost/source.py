@@ -10,10 +10,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from onnxpipe.core.choices import CostSource, Runtime
+from onnxpipe.core.choices import CostSource
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.options import opt
-from onnxpipe.core.runtime_kinds import EngineConfig
+from onnxpipe.core.runtime_kinds import EngineConfig, kind_of
 from onnxpipe.cost.measure import profile_model
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.cost.profile import Profile
@@ -37,7 +37,7 @@ def get_profile(
     if opts.saved is not None:
         return _saved(view, opts)
     threads = 1 if opts.threads is None else opts.threads
-    if opts.runtime != Runtime.ONNXRUNTIME:
+    if not kind_of(opts.runtime).reference:
         config = EngineConfig(runtime=opts.runtime, threads=threads, openvino_device=opts.openvino_device)
         return profile_on_runtime(view, config, runs=opts.runs, warmup=opts.warmup, shapes=opts.shapes)
     if opts.cost == CostSource.STATIC:

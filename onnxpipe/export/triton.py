@@ -34,9 +34,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from onnxpipe.core.choices import Runtime, TritonPlatform
+from onnxpipe.core.choices import TritonPlatform
 from onnxpipe.core.errors import ExportError, UsageError
 from onnxpipe.core.options import opt
+from onnxpipe.core.runtime_kinds import kind_of
 from onnxpipe.export.options import TritonOptions
 from onnxpipe.export.outdir import normalized, reason, writing
 from onnxpipe.manifest import Manifest, StageEntry, load_manifest
@@ -203,7 +204,7 @@ def plan_repository(
     steps: list[TritonStep] = []
     for st in manifest.stages:
         model = f"{ensemble}_stage{st.index}"
-        runtime = _runtime_of(manifest, st) if platform == TritonPlatform.AUTO else Runtime(platform.value)
+        runtime = _backend_of(manifest, st) if platform == TritonPlatform.AUTO else platform.value
         gpu = st.device.lower().startswith(("cuda", "gpu"))
         stages.append(
             TritonModel(
@@ -255,28 +256,29 @@ def repository_notes(manifest: Manifest, platform: TritonPlatform, max_batch_siz
             "no batch at axis 0, so Triton cannot batch requests; the configs list every dim"
         )
     if platform == TritonPlatform.AUTO and manifest.cluster is not None:
-        by_name = {d.name: d for d in manifest.cluster.devices}
-        tract = [
-            st.index
+        by_name = {d.name: kind_of(d.runtime) for d in manifest.cluster.devices}
+        unserved = {
+            st.index: by_name[st.device].name
             for st in manifest.stages
-            if st.device in by_name and by_name[st.device].runtime == Runtime.TRACT
-        ]
-        if tract:
+            if st.device in by_name and by_name[st.device].triton_backend is None
+        }
+        for name in dict.fromkeys(unserved.values()):
+            listed = [str(i) for i, n in unserved.items() if n == name]
             notes.append(
-                f"stage(s) {', '.join(map(str, tract))} run on tract in the split, which Triton has no "
-                "backend "
+                f"stage(s) {', '.join(listed)} run on {name} in the split, which Triton has no backend "
                 "for: onnxruntime_onnx serves them"
             )
     return tuple(notes)
 
 
-def _runtime_of(manifest: Manifest, stage: StageEntry) -> str:
-    """The runtime a stage runs on: the ``runtime`` of its device in the manifest's cluster (the devices
-    file's), else onnxruntime.  A tract stage has no Triton backend: onnxruntime serves it."""
+def _backend_of(manifest: Manifest, stage: StageEntry) -> str:
+    """The Triton backend of a stage: that of the runtime of its device in the manifest's cluster (the
+    devices file's), else onnxruntime's, which also serves a runtime Triton has no backend for (tract)."""
     devices = manifest.cluster.devices if manifest.cluster is not None else ()
     for device in devices:
-        if device.name == stage.device and str(device.runtime) == Runtime.OPENVINO:
-            return "openvino"
+        backend = kind_of(device.runtime).triton_backend
+        if device.name == stage.device and backend is not None:
+            return backend
     return "onnxruntime"
 
 

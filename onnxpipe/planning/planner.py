@@ -132,7 +132,6 @@ def _plan(
     request: PlanRequest,
     phase_profiles: Mapping[Phase, Profile] | None = None,
 ) -> Plan:
-    request.check()
     if request.stages == "auto" and request.devices is None:
         return auto_here(view, profile, request, phase_profiles=phase_profiles)
     dec = find_decoder(view) if request.decoder.layer_cuts else None

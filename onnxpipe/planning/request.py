@@ -17,7 +17,7 @@ from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.choices import DeviceOrder, LinkModel, ScheduleChoice, ScheduleKind, SplitNodes, choice
 from onnxpipe.core.errors import PartitionError, UsageError
-from onnxpipe.core.options import checked_once, opt
+from onnxpipe.core.options import opt
 from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.links import DEFAULT_LINK_MODEL, DEVICES_LINK_MODEL
 from onnxpipe.planning.orders import DEFAULT_TOLERANCE
@@ -198,7 +198,6 @@ class PlanRequest:
                 f"compute nodes; choose {opt('stages')} between 1 and {compute_nodes}"
             )
 
-    @checked_once
     def check(self) -> None:
         """Refuse what cannot work together, before any cost is measured (cheap)."""
         stages = self.stages

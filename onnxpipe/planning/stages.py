@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from onnxpipe.core.options import opt
+from onnxpipe.core.runtime_kinds import RUNTIMES
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.model import ModelView, NodeInfo
 from onnxpipe.ir.samevalue import value_classes
@@ -109,12 +110,17 @@ def _stage_notes(stages: Sequence[StageSpec]) -> tuple[str, ...]:
             f"stage {st.index} receives {', '.join(st.crossing_shape_values)}" for st in crossing
         )
         count = sum(len(st.crossing_shape_values) for st in crossing)
+        refusing = " and ".join(k.name for k in RUNTIMES.values() if not k.sends_shape_values)
+        why = (
+            f"; {refusing} cannot hand out an integer it computed from shapes and fails the stage that "
+            f"sends one: another stage count, or {opt('static', True)}, may avoid them"
+            if refusing
+            else ""
+        )
         notes.append(
             f"{count} value(s) of shapes or weights alone still cross a cut: {named} (no copy of at most "
             f"{MAX_NODES} nodes and {MAX_COPIED_BYTES >> 20} MiB of weights makes them of what the stage "
-            "has, or the stage that makes them has nothing else to send); tract cannot hand out an "
-            "integer it computed from shapes and fails the stage that sends one: another stage count, "
-            f"or {opt('static', True)}, may avoid them"
+            f"has, or the stage that makes them has nothing else to send){why}"
         )
     received = sum(1 for st in stages for a in st.aliases if a.same_as in st.inputs)
     if received:

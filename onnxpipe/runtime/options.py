@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.core.choices import Backend, LocalMode, RayFiles, choice
 from onnxpipe.core.errors import UsageError
-from onnxpipe.core.options import checked_once, opt
+from onnxpipe.core.options import opt
 from onnxpipe.cost.options import frozen_shapes
 from onnxpipe.runtime.choices import (
     DEFAULT_LOCAL_MODE,
@@ -246,7 +246,6 @@ class GenerateOptions:
             seed=self.seed or 0,
         )
 
-    @checked_once
     def check(self) -> None:
         """Refuse what cannot work together, before any worker starts."""
         if self.max_new_tokens < 1:
@@ -290,11 +289,6 @@ class GenerateOptions:
                 f"{opt('ignore_eos', True)} and {opt('eos_token_ids')}: stop at the ids given, or at none"
             )
 
-    @property
-    def given_prompts(self) -> int:
-        """How many prompts were given, as text or as ids."""
-        return len(self.prompts) or len(self.prompt_ids)
-
 
 DEFAULT_LINK_REPEATS = 20
 """Transfers a link is timed at per size, one at a time: the median of them counts."""
@@ -329,7 +323,6 @@ class LinkOptions:
         if isinstance(resources, str):
             object.__setattr__(self, "ray_resources", Path(resources))
 
-    @checked_once
     def check(self) -> None:
         if self.repeats < 1:
             raise UsageError(f"{opt('repeats', self.repeats)}: give 1 or more transfers per size")

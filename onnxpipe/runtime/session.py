@@ -20,15 +20,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
-from onnxpipe.core.choices import Runtime
-from onnxpipe.core.engine_onnxruntime import OrtEngine
 from onnxpipe.core.errors import UsageError, error_line
-from onnxpipe.core.ortsession import Provider, open_session, session_options
-from onnxpipe.core.runtimes import Engine, open_engine
+from onnxpipe.core.runtimes import Engine, open_engine, runs_here
 from onnxpipe.runtime.affinity import pinned
 from onnxpipe.runtime.kvstate import CONTROL, Control, KVState, NoCache, StepFlags
 from onnxpipe.runtime.nodeplace import NodePlace
-from onnxpipe.runtime.spec import CPU_PROVIDER, WorkerSpec
+from onnxpipe.runtime.spec import WorkerSpec
 
 MAX_RECORDS = 1 << 16
 """Timing records a worker keeps (the most recent ones): bounded, so a long-running server does not grow."""
@@ -138,6 +135,33 @@ class Recorder:
         self.records.clear()
 
 
+def _open(spec: WorkerSpec) -> Engine:
+    """The engine of ``spec`` on its placement's runtime, its threads pinned to the worker's CPUs."""
+    place = spec.placement
+    config = place.engine_config()
+    if config.kind.takes_provider and not runs_here(config):
+        available = ort.get_available_providers()
+        raise StageFailure(
+            f"{spec.label}: provider {place.provider} (device {spec.device!r}) is not available in "
+            f"this onnxruntime on {os.uname().nodename} (it has {', '.join(available)}); install the "
+            "matching onnxruntime package there or run the stage on another device"
+        )
+    try:
+        with pinned(place.cpus):  # the runtime's intra-op threads inherit the worker's CPUs
+            return open_engine(
+                spec.path,
+                config,
+                fail=lambda e: StageFailure(
+                    f"{spec.label}: does not load in {place.label} ({error_line(e)}); run it on another "
+                    "runtime or re-run onnxpipe split"
+                ),
+            )
+    except OSError as e:  # pinned(): CPUs this process may not use (or that do not exist)
+        raise StageFailure(pin_failure(spec, e)) from e
+    except UsageError as e:  # the runtime's package is missing: the line names the extra
+        raise StageFailure(f"{spec.label}: {e}") from e
+
+
 class StageRunner:
     """The engine of one worker spec (an onnxruntime session unless the placement names another
     runtime), and the bookkeeping around running it."""
@@ -147,11 +171,7 @@ class StageRunner:
         start = time.perf_counter()
         rss_before = current_rss_bytes()
         place = spec.placement
-        self.engine: Engine
-        if place.runtime != Runtime.ONNXRUNTIME:
-            self._open_other(spec)
-        else:
-            self._open_onnxruntime(spec)
+        self.engine = _open(spec)
         self.load_seconds = time.perf_counter() - start
         rss_after = current_rss_bytes()
         self.load_rss_bytes = (
@@ -162,51 +182,7 @@ class StageRunner:
         """A generating worker's caches (:mod:`onnxpipe.runtime.kvstate`)."""
         if spec.generating:
             # OpenVINO's outputs may live in its infer request's buffers, which the next step reuses
-            self.kv = KVState(spec.caches, copy=place.runtime != Runtime.ONNXRUNTIME)
-
-    def _open_other(self, spec: WorkerSpec) -> None:
-        place = spec.placement
-        try:
-            with pinned(place.cpus):  # the runtime's threads inherit the worker's CPUs
-                self.engine = open_engine(
-                    spec.path,
-                    place.engine_config(),
-                    fail=lambda e: StageFailure(
-                        f"{spec.label}: does not load in {place.label} ({error_line(e)}); run it on another "
-                        "runtime or re-run onnxpipe split"
-                    ),
-                )
-        except OSError as e:
-            raise StageFailure(pin_failure(spec, e)) from e
-        except UsageError as e:  # the runtime's package is missing: the line names the extra
-            raise StageFailure(f"{spec.label}: {e}") from e
-
-    def _open_onnxruntime(self, spec: WorkerSpec) -> None:
-        place = spec.placement
-        options = session_options(threads=place.threads)
-        available = ort.get_available_providers()
-        if place.provider not in available:
-            raise StageFailure(
-                f"{spec.label}: provider {place.provider} (device {spec.device!r}) is not available in "
-                f"this onnxruntime on {os.uname().nodename} (it has {', '.join(available)}); install the "
-                "matching onnxruntime package there or run the stage on another device"
-            )
-        providers: list[Provider] = [(place.provider, dict(place.provider_options))]
-        if place.provider != CPU_PROVIDER:
-            providers.append(CPU_PROVIDER)
-        try:
-            with pinned(place.cpus):  # onnxruntime's intra-op threads inherit the worker's CPUs
-                session = open_session(
-                    spec.path,
-                    options,
-                    providers,
-                    fail=lambda e: StageFailure(
-                        f"{spec.label}: does not load in onnxruntime ({error_line(e)}); re-run onnxpipe split"
-                    ),
-                )
-        except OSError as e:  # pinned(): CPUs this process may not use (or that do not exist)
-            raise StageFailure(pin_failure(spec, e)) from e
-        self.engine = OrtEngine(session)
+            self.kv = KVState(spec.caches, copy=not place.engine_config().kind.owns_outputs)
 
     def run(self, seq: int, received: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The tensors to send on, for micro-batch ``seq`` whose received tensors are ``received``."""

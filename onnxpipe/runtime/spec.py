@@ -49,11 +49,8 @@ class Placement:
 
     @property
     def uses_gpu(self) -> bool:
-        if self.runtime == Runtime.OPENVINO:
-            return not self.openvino_device.upper().startswith("CPU")
-        if self.runtime == Runtime.TRACT:
-            return False
-        return self.provider in (CUDA_PROVIDER, "ROCMExecutionProvider", "TensorrtExecutionProvider")
+        config = self.engine_config()
+        return config.kind.uses_gpu(config)
 
     def engine_config(self) -> EngineConfig:
         """The engine settings of this placement (:func:`onnxpipe.core.runtimes.open_engine`)."""
@@ -74,7 +71,7 @@ class Placement:
     @property
     def runs_on(self) -> str:
         """What reports name as the stage's provider: onnxruntime's provider, or the runtime's label."""
-        return self.provider if self.runtime == Runtime.ONNXRUNTIME else self.label
+        return self.engine_config().runs_on
 
 
 @dataclass(frozen=True)
@@ -178,12 +175,12 @@ def check_providers_here(specs: Sequence[WorkerSpec], available: Sequence[str]) 
     """Refuse, naming the stage, its device and the provider, a stage whose provider this machine lacks
     (or, for another runtime, whose runtime's package is not installed: the extra to install)."""
     for spec in specs:
-        if spec.placement.runtime != Runtime.ONNXRUNTIME:
-            extra = spec.placement.runtime.value
+        kind = spec.placement.engine_config().kind
+        if not kind.takes_provider:
             if not runtime_available(spec.placement.runtime):
                 raise UsageError(
-                    f"{spec.label} runs on device {spec.device!r} with runtime {extra}, which is not "
-                    f"installed here; {install_hint(extra)}, or give a devices file "
+                    f"{spec.label} runs on device {spec.device!r} with runtime {kind.name}, which is not "
+                    f"installed here; {install_hint(kind.extra or kind.name)}, or give a devices file "
                     f"({opt('RunOptions.devices', 'FILE')}) that names another runtime for it"
                 )
             if not runs_here(spec.placement.engine_config()):

@@ -24,6 +24,7 @@ import numpy as np
 from onnxpipe.core.engine_onnxruntime import OrtEngine
 from onnxpipe.core.errors import RuntimeStageError, UsageError, error_line
 from onnxpipe.core.ortsession import open_session, session_options
+from onnxpipe.core.runtime_kinds import kind_of
 from onnxpipe.core.runtimes import Engine, EngineConfig, open_engine
 from onnxpipe.manifest import MODEL_INPUT, Manifest, StageEntry, load_manifest
 
@@ -206,7 +207,7 @@ def run_stage(
     try:
         results = session.run(names, stage_feeds)
     except Exception as e:
-        on = "" if session.runtime.value == "onnxruntime" else f" in {session.runtime.value}"
+        on = "" if kind_of(session.runtime).reference else f" in {session.runtime.value}"
         raise RuntimeStageError(
             f"{directory / st.file}: stage {st.index} failed{on} ({error_line(e)}); "
             "check the input shapes against the manifest"

@@ -317,6 +317,23 @@ def test_channel_grows_slots_and_carries_objects_and_empty_tensors() -> None:
     assert unlink_prefix(prefix) == 0
 
 
+def test_run_hashes_each_stage_file_once(tiny_split: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from onnxpipe.manifest import manifest as manifest_module
+
+    hashed: list[str] = []
+    real = manifest_module.file_sha256
+
+    def counted(path: Path) -> str:
+        hashed.append(Path(path).name)
+        return real(path)
+
+    monkeypatch.setattr(manifest_module, "file_sha256", counted)
+    report = api.run(tiny_split, api.RunOptions(microbatches=2, warmup=0))
+    stage_files = [st.file for st in load_manifest(tiny_split, check_files=False).stages]
+    assert report.microbatches == 2
+    assert sorted(hashed) == sorted(stage_files)
+
+
 # --------------------------------------------------------------------------------------------------
 # the command
 

@@ -1,8 +1,9 @@
-"""Every function of the package stays small enough to read at once: at most 80 lines and 8 parameters.
+"""Every function of the package stays small enough to read at once: at most 80 lines and 8 parameters;
+every module at most 600 lines.
 
 A function that grows past these is split into named steps, and a long parameter list becomes an options
-object (the way the planners take a :class:`~onnxpipe.planning.request.PlanRequest`).  Read with ``ast``,
-so nothing is imported.
+object (the way the planners take a :class:`~onnxpipe.planning.request.PlanRequest`); a module that grows
+past its limit is split along a responsibility.  Read with ``ast``, so nothing is imported.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from paths import REPO_ROOT
 
 MAX_LINES = 80
 MAX_PARAMS = 8
+MAX_MODULE_LINES = 600
 
 
 def _functions() -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
@@ -51,6 +53,17 @@ def test_no_function_takes_more_than_8_parameters() -> None:
         if len(_params(fn)) > MAX_PARAMS
     ]
     assert many == [], "give these an options object"
+
+
+def test_no_module_is_longer_than_600_lines() -> None:
+    modules = sorted((REPO_ROOT / "onnxpipe").rglob("*.py"))
+    assert len(modules) > 100
+    long = [
+        f"{path.relative_to(REPO_ROOT)}: {lines} lines"
+        for path in modules
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    ]
+    assert long == [], "split these along a responsibility"
 
 
 def test_the_checks_see_a_long_function() -> None:

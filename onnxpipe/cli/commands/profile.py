@@ -12,7 +12,7 @@ from onnxpipe.cli.say import Say
 def run(args: argparse.Namespace) -> int:
     say = Say("profile", quiet=args.quiet)
     prof = api.profile(args.model, TABLE.options(args), listener=say)
-    on = "" if prof.runtime == api.Runtime.ONNXRUNTIME else f" on {prof.runtime}"
+    on = "" if prof.on_reference else f" on {prof.runtime}"
     print(
         f"profiled {len(prof.node_seconds)} nodes of {args.model.name}{on}: "
         f"{prof.total_seconds * 1e3:.3f} ms per run ({prof.source}, {prof.threads} thread(s)); "

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from onnxpipe.cluster.model import Device, option_text
-from onnxpipe.core.choices import Runtime
 from onnxpipe.core.options import opt
+from onnxpipe.core.runtime_kinds import kind_of
 from onnxpipe.export.genai.config import (
     PipelineModel,
     ProviderOptions,
@@ -32,9 +32,10 @@ GenAI's default and gets no entry (GenAI refuses a CPU entry with options)."""
 
 def session_options_of(device: Device) -> SessionOptions | Unsupported:
     """A stage's session options from its device: its threads and its execution provider."""
-    if device.runtime == Runtime.TRACT:
-        return Unsupported(f"device {device.name!r} runs tract, which GenAI cannot run")
-    if device.runtime == Runtime.OPENVINO:
+    kind = kind_of(device.runtime)
+    if not kind.genai:
+        return Unsupported(f"device {device.name!r} runs {kind.name}, which GenAI cannot run")
+    if kind.takes_openvino_device:
         config = tuple((k, option_text(v)) for k, v in device.openvino_config.items())
         options = (("device_type", device.openvino_device), *config)
         return SessionOptions(device.threads, (ProviderOptions("OpenVINO", options),))

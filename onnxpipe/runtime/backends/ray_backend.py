@@ -42,21 +42,18 @@ step that reaches the new actor for a sequence it holds no cache of (:class:`~.r
 and the generation loop rebuilds those sequences by a prefill of their tokens so far
 (:mod:`onnxpipe.runtime.generate`).
 
-A backend connects to Ray unless the caller already did (``ray.init``).  The Ray a backend starts is
-shared by every backend opened while it runs and shut down when the last of them closes; a Ray the caller
-started is never shut down here.
-
-Ray is an optional dependency (``pip install 'onnxpipe[ray]'``); it is imported only here, lazily.
+The connection to Ray (started unless the caller did, shared, shut down by the last backend) is
+:mod:`~onnxpipe.runtime.backends.ray_connect`'s.  Ray is an optional dependency (``pip install
+'onnxpipe[ray]'``); it is imported only there, lazily.
 """
 
 from __future__ import annotations
 
 import contextlib
-import re
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,8 +61,8 @@ import numpy as np
 
 from onnxpipe.core.choices import RayFiles
 from onnxpipe.core.errors import CacheLost, RuntimeStageError, UsageError, error_line
-from onnxpipe.core.extras import install_hint
 from onnxpipe.runtime.backends.ray_actor import WorkerActor
+from onnxpipe.runtime.backends.ray_connect import OWNED_RAY, import_ray, ray_error_text
 from onnxpipe.runtime.backends.ray_recovery import (
     Recovery,
     is_cache_gone,
@@ -108,78 +105,6 @@ class _Flight:
     submitted: float
 
 
-class _OwnedRay:
-    """How many open backends use the Ray this module started: the last one to close shuts it down.
-
-    ``generation`` tells the Rays this module started apart: a backend that outlived its Ray (the caller
-    shut it down, and a later backend started another) does not count against the new one.
-    """
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.users = 0
-        self.generation = 0
-
-    def acquire(self, ray: Any, address: str | None) -> int | None:
-        """Start Ray unless it runs; the generation to :meth:`release` at close, ``None`` for the caller's."""
-        with self.lock:
-            if ray.is_initialized():
-                if self.users == 0:
-                    return None
-                self.users += 1
-                return self.generation
-            try:
-                ray.init(address=address, include_dashboard=False, logging_level="WARNING")
-            except (ConnectionError, RuntimeError, ValueError) as e:
-                _shutdown_quietly(ray)
-                where = address or "a new local cluster"
-                raise UsageError(f"cannot connect to Ray at {where}: {error_line(e)}") from e
-            except BaseException:  # Ctrl-C half-way through: leave nothing of it running
-                _shutdown_quietly(ray)
-                raise
-            self.generation += 1
-            self.users = 1
-            return self.generation
-
-    def release(self, ray: Any, generation: int | None) -> None:
-        if generation is None:
-            return
-        with self.lock:
-            if generation != self.generation or self.users == 0:
-                return
-            self.users -= 1
-            if self.users == 0:
-                ray.shutdown()
-
-
-_OWNED_RAY = _OwnedRay()
-
-
-@contextlib.contextmanager
-def connected(address: str | None) -> Iterator[Any]:
-    """Ray, connected to the cluster at ``address`` (or the one this process already joined) for the
-    time of the ``with``; shut down after it if this connection started it (as a backend's would)."""
-    ray = _import_ray()
-    generation = _OWNED_RAY.acquire(ray, address)
-    try:
-        yield ray
-    finally:
-        _OWNED_RAY.release(ray, generation)
-
-
-def _shutdown_quietly(ray: Any) -> None:
-    with contextlib.suppress(Exception):
-        ray.shutdown()
-
-
-def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError as e:
-        raise UsageError(f"the ray backend needs Ray, which is not installed; {install_hint('ray')}") from e
-    return ray
-
-
 class RayBackend:
     """One Ray actor per worker: per stage, or per worker of an interleaved split; see the module
     docstring."""
@@ -203,7 +128,7 @@ class RayBackend:
         self.specs = [spec for lane in lanes for spec in lane]
         """Every stage of every lane, lane after lane: positions index it."""
         self._check(lanes, cfg, workers)
-        ray = _import_ray()
+        ray = import_ray()
         self._ray = ray
         starts = [sum(len(lane) for lane in lanes[:n]) for n in range(len(lanes))]
         self._lanes = [
@@ -239,7 +164,7 @@ class RayBackend:
         """The node of each actor (one per group), as it was set up last."""
         self.shipped: list[ShipRecord | None] = []
         """What each actor's node was shipped when it was set up last (None: a shared folder)."""
-        self._ray_generation = _OWNED_RAY.acquire(ray, cfg.address)
+        self._ray_generation = OWNED_RAY.acquire(ray, cfg.address)
         try:  # whatever fails from here on (Ctrl-C, bad options, no resources), close() undoes the rest
             self._start_actors(start_timeout)
         except BaseException:
@@ -281,7 +206,7 @@ class RayBackend:
                 f"the resources they ask for ({self._describe_requests()})"
             ) from e
         except ray.exceptions.RayError as e:
-            raise RuntimeStageError(_ray_error_text(e, "a stage actor failed to start")) from e
+            raise RuntimeStageError(ray_error_text(e, "a stage actor failed to start")) from e
         self.shipped = [None] * len(self.groups)
         for g in range(len(self.groups)):
             self._set_up(g)
@@ -299,7 +224,7 @@ class RayBackend:
             ray.get(actor.open.remote(files))
         except ray.exceptions.RayError as e:
             raise RuntimeStageError(
-                _ray_error_text(e, f"{self._stages_text(self.groups[g])} did not open")
+                ray_error_text(e, f"{self._stages_text(self.groups[g])} did not open")
             ) from e
 
     def _group_options(self, group: Sequence[int]) -> dict[str, Any]:
@@ -411,7 +336,7 @@ class RayBackend:
                     continue
                 if not self._recoverable(e):  # what came out is delivered; the next poll raises
                     self._failure = RuntimeStageError(
-                        _ray_error_text(e, f"micro-batch {flight.seq} failed", self._actor_names())
+                        ray_error_text(e, f"micro-batch {flight.seq} failed", self._actor_names())
                     )
                     break
                 lost.append(flight)
@@ -553,7 +478,7 @@ class RayBackend:
             return None
         except ray.exceptions.RayActorError as e:
             raise RuntimeStageError(
-                _ray_error_text(
+                ray_error_text(
                     e,
                     f"{self._stages_text(self.groups[g])} was lost and will not run again",
                     self._actor_names(),
@@ -613,25 +538,4 @@ class RayBackend:
         with self._lock:
             self._in_flight.clear()
             self._lane_load = [0] * len(self._lanes)
-        _OWNED_RAY.release(self._ray, self._ray_generation)
-
-
-_DEAD_PID = re.compile(r"\bpid: (\d+)")
-
-
-def _ray_error_text(e: BaseException, fallback: str, actors: Mapping[int, str] | None = None) -> str:
-    """One line for a Ray error: the stage's own message when a stage raised, else ``fallback`` and
-    Ray's first line, naming the stages of a dead actor where ``actors`` (process id to the stages it
-    hosted) knows its process."""
-    cause = getattr(e, "cause", None)
-    if isinstance(cause, RuntimeStageError):
-        return str(cause)
-    for line in str(e).splitlines():
-        if "RuntimeStageError:" in line:
-            return line.split("RuntimeStageError:", 1)[1].strip()
-    kind = type(e).__name__
-    if "ActorDied" in kind or "RayActorError" in kind or "ActorUnavailable" in kind:
-        m = _DEAD_PID.search(str(e))
-        who = actors.get(int(m.group(1))) if m and actors else None
-        return f"{fallback}: {who or 'a stage actor'} died ({error_line(e)})"
-    return f"{fallback}: {error_line(e)}"
+        OWNED_RAY.release(self._ray, self._ray_generation)
