@@ -14,10 +14,10 @@ from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.manifest import load_manifest
 from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig
-from onnxpipe.runtime.generate import Generation
+from onnxpipe.runtime.generation.generator import Generator
+from onnxpipe.runtime.generation.result import Generation
 from onnxpipe.runtime.options import GenerateOptions
 from onnxpipe.runtime.pipeline import Pipeline
-from onnxpipe.runtime.plainloop import PlainLoop
 from onnxpipe.runtime.prompting import Prompting
 from onnxpipe.runtime.report.cluster import GenerationCluster, RecoveryReport, hop_shares, stage_nodes
 from onnxpipe.runtime.text import TextStreams
@@ -41,25 +41,24 @@ def generate(
     say = listener or SILENT
     options.check()
     config = _backend_config(folder, options)
-    pipe = Pipeline.from_manifest(folder, config, threads=options.threads, generation=True)
-    with pipe:
-        prompting = pipe.prompting(options)
+    with Generator.open(folder, config, threads=options.threads) as gen:
+        prompting = gen.prompting(options)
         _say_prompts(say, prompting)
-        k = len(pipe.lanes[0])
-        plan = pipe.manifest.plan if pipe.manifest is not None else None
+        k = len(gen.steps.lanes[0])
+        plan = gen.manifest.plan if gen.manifest is not None else None
         workers = (plan.workers if plan is not None else None) or k  # interleaved: fewer workers than stages
         count = len(prompting.options.prompt_ids)
-        batch = pipe.batching(prompting.options).size
+        batch = gen.batching(prompting.options).size
         each = f", up to {batch} a step" if batch > 1 else ""
         where = config.mode if isinstance(config, LocalConfig) else "ray"
         say.step(f"generating {count} sequence(s) through {k} stage(s) ({where}{each})")
         streams = (
             None if on_text is None or prompting.codec is None else TextStreams(prompting.codec, on_text)
         )
-        runs: dict[str, Generation] = {"pipeline": pipe.generate_with(prompting, streams)}
+        runs: dict[str, Generation] = {"pipeline": gen.generate_with(prompting, streams)}
         if streams is not None:
             streams.close()
-        cluster = _cluster(pipe)
+        cluster = _cluster(gen)
     if options.compare:
         runs.update(_baselines(folder, prompting, workers, say))
     return GenerateResult(
@@ -80,11 +79,12 @@ def _backend_config(folder: str | Path, options: GenerateOptions) -> BackendConf
     return LocalConfig(mode=options.local_mode)
 
 
-def _cluster(pipe: Pipeline) -> GenerationCluster | None:
+def _cluster(gen: Generator) -> GenerationCluster | None:
     """Where the generation ran on a Ray cluster: each stage's node, each hop's share; None elsewhere."""
-    backend = pipe.backend
-    if not isinstance(backend, RayBackend):
+    pipe = gen.steps
+    if not isinstance(pipe, Pipeline) or not isinstance(pipe.backend, RayBackend):
         return None
+    backend = pipe.backend
     stages = [spec.index for spec in pipe.lanes[0]]
     hops, shares = hop_shares(backend.trips(), stages)
     return GenerationCluster(
@@ -119,14 +119,11 @@ def _baselines(
     if isinstance(config, RayConfig):  # the replicas go where Ray puts them, the split's pins aside
         config = dataclasses.replace(config, resources=None)
     say.step("generating with the unsplit model (a plain onnxruntime loop in this thread)")
-    runs = {
-        "unsplit": PlainLoop(folder, threads=options.threads, model=options.model).generate_with(prompting)
-    }
+    plain = Generator.plain(folder, threads=options.threads, model=options.model)
+    runs = {"unsplit": plain.generate_with(prompting)}
     if workers > 1:
         say.step(f"generating with {workers} replicas of the unsplit model")
-        many = Pipeline.generating_replicas(
-            folder, workers, config, threads=options.threads, model=options.model
-        )
+        many = Generator.replicas(folder, workers, config, threads=options.threads, model=options.model)
         with many:
             runs["replicas"] = many.generate_with(prompting)
     return runs
