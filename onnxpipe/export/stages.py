@@ -43,6 +43,7 @@ from onnxpipe.export.outdir import normalized, staged_folder, writing
 from onnxpipe.export.record import Written, build_manifest, shared_weights
 from onnxpipe.export.weightfile import externalize
 from onnxpipe.ir import contrib
+from onnxpipe.ir.decoder import FoundDecoder
 from onnxpipe.ir.external import is_external
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, write_manifest
@@ -98,8 +99,10 @@ def write_stages(
     *,
     feeds: Mapping[str, Any] | None = None,
     genai_source: SourceConfig | None = None,
+    decoder: FoundDecoder | None = None,
 ) -> Manifest:
-    """:func:`export_stages` for a request whose model and folder were checked already (the door's)."""
+    """:func:`export_stages` for a request whose model and folder were checked already (the door's, which
+    found its ``decoder``)."""
     check_plan(view, plan)
     specs = plan.stages
     with staged_folder(out, last=MANIFEST_NAME) as tmp:
@@ -112,7 +115,7 @@ def write_stages(
         written = [writer.write(spec) for spec in specs]
         shared = shared_weights(view, [writer.builder.weights_of(s) for s in specs])
         manifest = build_manifest(view, plan, out, written, writer.types, shared, contract, options)
-        manifest = with_decoder_files(view, manifest, tmp, out, genai_source)
+        manifest = with_decoder_files(view, manifest, tmp, out, genai_source, decoder)
         with writing(out / MANIFEST_NAME, out):
             write_manifest(tmp / MANIFEST_NAME, manifest)
     return manifest
