@@ -11,9 +11,11 @@ from onnxpipe.api.results import GenerateResult
 from onnxpipe.api.running import ray_config
 from onnxpipe.core.choices import Backend
 from onnxpipe.core.events import SILENT, Listener
-from onnxpipe.manifest import load_manifest
+from onnxpipe.core.iocontract import IOContract
+from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig
+from onnxpipe.runtime.generation.contract import split_contract
 from onnxpipe.runtime.generation.generator import Generator
 from onnxpipe.runtime.generation.result import Generation
 from onnxpipe.runtime.options import GenerateOptions
@@ -40,8 +42,10 @@ def generate(
     its chat template, the prompts."""
     say = listener or SILENT
     options.check()
-    config = _backend_config(folder, options)
-    with Generator.open(folder, config, threads=options.threads) as gen:
+    manifest = load_manifest(Path(folder), check_files=False)
+    contract = split_contract(manifest, folder)  # once for the request: the split's, the baselines'
+    config = _backend_config(manifest, options)
+    with Generator.open(folder, config, threads=options.threads, contract=contract) as gen:
         prompting = gen.prompting(options)
         _say_prompts(say, prompting)
         k = len(gen.steps.lanes[0])
@@ -60,7 +64,7 @@ def generate(
             streams.close()
         cluster = _cluster(gen)
     if options.compare:
-        runs.update(_baselines(folder, prompting, workers, say))
+        runs.update(_baselines(folder, prompting, workers, say, contract=contract, config=config))
     return GenerateResult(
         prompts=prompting.options.prompt_ids,
         runs=runs,
@@ -73,9 +77,9 @@ def generate(
     )
 
 
-def _backend_config(folder: str | Path, options: GenerateOptions) -> BackendConfig:
+def _backend_config(manifest: Manifest, options: GenerateOptions) -> BackendConfig:
     if options.backend == Backend.RAY:
-        return ray_config(options, load_manifest(Path(folder), check_files=False).k)
+        return ray_config(options, manifest.k)
     return LocalConfig(mode=options.local_mode)
 
 
@@ -110,20 +114,28 @@ def _say_prompts(say: Listener, prompting: Prompting) -> None:
 
 
 def _baselines(
-    folder: str | Path, prompting: Prompting, workers: int, say: Listener
+    folder: str | Path,
+    prompting: Prompting,
+    workers: int,
+    say: Listener,
+    *,
+    contract: IOContract,
+    config: BackendConfig,
 ) -> dict[str, Generation]:
     """The unsplit model (a plain loop, every sequence in one step) and ``workers`` replicas of it (the
-    sequences dealt over them, each replica's in one step), given the same prompts."""
+    sequences dealt over them, each replica's in one step), given the same prompts; ``contract``: the
+    split's IO contract, ``config``: the backend the split generated on."""
     options = prompting.options
-    config = _backend_config(folder, options)
     if isinstance(config, RayConfig):  # the replicas go where Ray puts them, the split's pins aside
         config = dataclasses.replace(config, resources=None)
     say.step("generating with the unsplit model (a plain onnxruntime loop in this thread)")
-    plain = Generator.plain(folder, threads=options.threads, model=options.model)
+    plain = Generator.plain(folder, threads=options.threads, model=options.model, contract=contract)
     runs = {"unsplit": plain.generate_with(prompting)}
     if workers > 1:
         say.step(f"generating with {workers} replicas of the unsplit model")
-        many = Generator.replicas(folder, workers, config, threads=options.threads, model=options.model)
+        many = Generator.replicas(
+            folder, workers, config, threads=options.threads, model=options.model, contract=contract
+        )
         with many:
             runs["replicas"] = many.generate_with(prompting)
     return runs

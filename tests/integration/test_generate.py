@@ -17,7 +17,7 @@ from cli_runner import run as cli_run
 from manifest_edits import sealed
 from paths import SAMPLE_MODELS
 
-from onnxpipe.api import SplitOptions, split
+from onnxpipe.api import GenerateOptions, SplitOptions, generate, split
 from onnxpipe.core.choices import CostSource, Ends
 from onnxpipe.core.errors import CacheLost, UsageError
 from onnxpipe.core.iocontract import Role
@@ -286,6 +286,9 @@ def test_a_manifest_without_the_contract_still_generates(splits: Splits, tmp_pat
         assert gen.feeds.contract == manifest.plan.decoder.io  # type: ignore[union-attr]
         got = gen.generate(PROMPTS[:2], 8)
     assert got.tokens == tuple(reference("gpt2", p)[:8] for p in PROMPTS[:2])
+    options = GenerateOptions(prompt_ids=PROMPTS[:2], max_new_tokens=8, compare=True)
+    compared = generate(old, options)  # the split, the unsplit loop and its replicas: one contract
+    assert compared.same and compared.tokens == got.tokens
     obj["source"]["path"] = None
     (old / "manifest.json").write_text(sealed(obj))
     with pytest.raises(UsageError, match=r"old.*predates plan\.decoder\.io.*re-run onnxpipe split"):

@@ -14,7 +14,7 @@ one place (:meth:`~.result.Generation.of`).  The same generator drives replicas 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
@@ -23,6 +23,7 @@ from typing import Protocol
 import numpy as np
 
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.iocontract import IOContract
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.base import BackendConfig, Tensors
 from onnxpipe.runtime.generation.contract import generation_input_types, split_contract
@@ -95,15 +96,17 @@ class Generator:
         threads: int | None = None,
         placements: Sequence[Placement] | None = None,
         check_files: bool = True,
+        contract: IOContract | None = None,
     ) -> Generator:
         """Start one worker per stage of the decoder's split ``directory`` (``backend``, ``threads``,
         ``placements`` as for :meth:`Pipeline.from_manifest
         <onnxpipe.runtime.pipeline.Pipeline.from_manifest>`), each keeping its own layers' KV cache
         between steps (:mod:`onnxpipe.runtime.kvstate`).  A split that cannot generate is refused,
-        saying why, before any worker starts."""
+        saying why, before any worker starts.  ``contract``: the split's, where the caller read it
+        already (:func:`~.contract.split_contract`)."""
         d = Path(directory)
         manifest = load_manifest(d, check_files=check_files)
-        contract = split_contract(manifest, d)
+        contract = contract or split_contract(manifest, d)
         feeds = StepFeeds(contract, generation_input_types(manifest, contract))
         specs = generation_specs(d, manifest, stage_placements(manifest, threads, placements, d), contract)
         pipe = Pipeline.start(
@@ -127,14 +130,15 @@ class Generator:
         *,
         threads: int | None = None,
         model: str | Path | None = None,
+        contract: IOContract | None = None,
     ) -> Generator:
         """``replicas`` workers each running the whole source model of the split ``directory`` and
         keeping its whole KV cache: the unsplit model generating (one replica), or data-parallel
         replicas, to compare a split's generation with, side by side.  ``model``: the source model
-        (default: the manifest's ``source.path``)."""
+        (default: the manifest's ``source.path``); ``contract`` as for :meth:`open`."""
         if replicas < 1:
             raise UsageError(f"replicas {replicas}: give 1 or more")
-        d, manifest, feeds, spec = _whole_model(directory, threads, model)
+        d, manifest, feeds, spec = _whole_model(directory, threads, model, contract)
         lanes = [[spec(i)] for i in range(replicas)]
         pipe = Pipeline.start(
             lanes,
@@ -148,12 +152,17 @@ class Generator:
 
     @classmethod
     def plain(
-        cls, directory: str | Path, *, threads: int | None = None, model: str | Path | None = None
+        cls,
+        directory: str | Path,
+        *,
+        threads: int | None = None,
+        model: str | Path | None = None,
+        contract: IOContract | None = None,
     ) -> Generator:
         """The whole source model of the split ``directory`` generating as a plain onnxruntime loop in
         this thread (:class:`~onnxpipe.runtime.plainloop.PlainLoop`): the baseline a split's generation
-        is honest against."""
-        d, manifest, feeds, spec = _whole_model(directory, threads, model)
+        is honest against; ``contract`` as for :meth:`open`."""
+        d, manifest, feeds, spec = _whole_model(directory, threads, model, contract)
         return cls(PlainLoop(spec(0)), feeds, manifest=manifest, directory=d)
 
     # ---------------------------------------------------------------------------------- generating
@@ -252,18 +261,14 @@ class Generator:
         self.close(graceful=exc_type is None)
 
 
-class _Replica(Protocol):
-    def __call__(self, index: int) -> WorkerSpec: ...
-
-
 def _whole_model(
-    directory: str | Path, threads: int | None, model: str | Path | None
-) -> tuple[Path, Manifest, StepFeeds, _Replica]:
+    directory: str | Path, threads: int | None, model: str | Path | None, contract: IOContract | None
+) -> tuple[Path, Manifest, StepFeeds, Callable[[int], WorkerSpec]]:
     """The split ``directory``, its manifest, the feeds of its contract and the spec of a worker running
     the whole source model (``model``, default the manifest's) with its whole cache, by replica index."""
     d = Path(directory)
     manifest = load_manifest(d, check_files=False)
-    contract = split_contract(manifest, d)
+    contract = contract or split_contract(manifest, d)
     feeds = StepFeeds(contract, generation_input_types(manifest, contract))
     path = source_model_path(d, manifest, model)
     place = placement_for_device("cpu", manifest.plan.threads if threads is None else threads)
