@@ -69,7 +69,8 @@ from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.backends.ray_wire import pack, slots_for, unpack
 from onnxpipe.runtime.backends.threads import ThreadBackend
 from onnxpipe.runtime.base import LocalConfig, RayConfig
-from onnxpipe.runtime.generate import Generation
+from onnxpipe.runtime.generation.generator import Generator
+from onnxpipe.runtime.generation.result import Generation
 from onnxpipe.runtime.inputs import random_inputs
 from onnxpipe.runtime.options import GenerateOptions
 from onnxpipe.runtime.pipeline import Pipeline
@@ -313,14 +314,14 @@ def lost_node(cluster: LocalCluster, split: Path, inputs: Sequence[Any], count: 
 GENERATORS = ("ray_pipeline", "ray_unsplit", "ray_replicas")
 
 
-def _generator(kind: str, folder: Path) -> Pipeline:
+def _generator(kind: str, folder: Path) -> Generator:
     """One generator on the cluster, one intra-op thread per actor: the 2-stage split (a stage per
     node), the unsplit model on node ``a``, or two replicas of it where Ray puts them (one per node)."""
     if kind == "ray_pipeline":
-        return Pipeline.from_manifest(folder, RayConfig(resources=PINNED), threads=1, generation=True)
+        return Generator.open(folder, RayConfig(resources=PINNED), threads=1)
     if kind == "ray_unsplit":
-        return Pipeline.generating_replicas(folder, 1, RayConfig(resources=PINNED[:1]), threads=1)
-    return Pipeline.generating_replicas(folder, 2, RayConfig(), threads=1)
+        return Generator.replicas(folder, 1, RayConfig(resources=PINNED[:1]), threads=1)
+    return Generator.replicas(folder, 2, RayConfig(), threads=1)
 
 
 def _generate_round(

@@ -7,7 +7,7 @@ grouped-query attention whose 250 MB of weights stay out of the CPU's cache as a
 into K stages (layer cuts, balanced for both phases, onnxruntime's measured costs at one thread); then,
 for each count of sequences, four generators make the same tokens, each worker with one intra-op thread:
 
-* ``batched``: the split through :meth:`Pipeline.generate` with its default batching (the sequences
+* ``batched``: the split through :meth:`Generator.generate` with its default batching (the sequences
   dealt into K groups, a decode step carrying a group: each stage has a step);
 * ``unbatched``: the same pipeline, a step per sequence (``batch=1``): what it did before batching;
 * ``plain``: the unsplit model as a plain onnxruntime loop in the caller's thread, every sequence in one
@@ -37,10 +37,9 @@ from onnxpipe.api import SplitOptions, split
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.runtime.base import LocalConfig
-from onnxpipe.runtime.generate import Generation
+from onnxpipe.runtime.generation.generator import Generator
+from onnxpipe.runtime.generation.result import Generation
 from onnxpipe.runtime.options import GenerateOptions
-from onnxpipe.runtime.pipeline import Pipeline
-from onnxpipe.runtime.plainloop import PlainLoop
 from tools import export_decoders
 
 NAME = "generate"
@@ -58,9 +57,9 @@ class _Generators:
     """The four generators of one split, open for all its cases."""
 
     def __init__(self, folder: Path, k: int, config: LocalConfig) -> None:
-        self.pipeline = Pipeline.from_manifest(folder, config, threads=1, generation=True)
-        self.replicas = Pipeline.generating_replicas(folder, k, config, threads=1)
-        self.plain = PlainLoop(folder, threads=1)
+        self.pipeline = Generator.open(folder, config, threads=1)
+        self.replicas = Generator.replicas(folder, k, config, threads=1)
+        self.plain = Generator.plain(folder, threads=1)
 
     def run(self, kind: str, sequences: list[list[int]], new_tokens: int) -> Generation:
         options = GenerateOptions(

@@ -85,6 +85,7 @@ _EXPORTS: dict[str, str] = {
     "Profile": "onnxpipe.cost.profile",
     "profile_model": "onnxpipe.cost.measure",
     "Pipeline": "onnxpipe.runtime",
+    "Generator": "onnxpipe.runtime",
     "Cluster": "onnxpipe.cluster.model",
     "load_cluster": "onnxpipe.cluster.devicesfile",
 }
@@ -98,6 +99,7 @@ __all__ = [
     "FolderInspection",
     "GenerateOptions",
     "GenerateResult",
+    "Generator",
     "InspectOptions",
     "LinkOptions",
     "LinkReport",
@@ -218,4 +220,4 @@ if TYPE_CHECKING:
     from onnxpipe.planning.cluster import plan_pipeline
     from onnxpipe.planning.types import Plan, StageSpec
     from onnxpipe.planning.workers import make_plan
-    from onnxpipe.runtime import Pipeline
+    from onnxpipe.runtime import Generator, Pipeline

@@ -84,7 +84,7 @@ _EXPORTS: dict[str, str] = {
     "export_triton": "onnxpipe.export.triton",
     "FolderInspection": "onnxpipe.api.results",
     "GenerateResult": "onnxpipe.api.results",
-    "Generation": "onnxpipe.runtime.generate",
+    "Generation": "onnxpipe.runtime.generation.result",
     "GenerationCluster": "onnxpipe.runtime.report.cluster",
     "ModelInspection": "onnxpipe.api.results",
     "PlanResult": "onnxpipe.api.results",
@@ -200,7 +200,7 @@ if TYPE_CHECKING:
     from onnxpipe.ir.summary import ModelSummary
     from onnxpipe.manifest import Manifest
     from onnxpipe.planning.types import Plan
-    from onnxpipe.runtime.generate import Generation
+    from onnxpipe.runtime.generation.result import Generation
     from onnxpipe.runtime.report.cluster import GenerationCluster
     from onnxpipe.runtime.report.links import LinkReport, format_links
     from onnxpipe.runtime.report.model import RunReport

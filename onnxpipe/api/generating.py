@@ -11,13 +11,15 @@ from onnxpipe.api.results import GenerateResult
 from onnxpipe.api.running import ray_config
 from onnxpipe.core.choices import Backend
 from onnxpipe.core.events import SILENT, Listener
-from onnxpipe.manifest import load_manifest
+from onnxpipe.core.iocontract import IOContract
+from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig
-from onnxpipe.runtime.generate import Generation
+from onnxpipe.runtime.generation.contract import split_contract
+from onnxpipe.runtime.generation.generator import Generator
+from onnxpipe.runtime.generation.result import Generation
 from onnxpipe.runtime.options import GenerateOptions
 from onnxpipe.runtime.pipeline import Pipeline
-from onnxpipe.runtime.plainloop import PlainLoop
 from onnxpipe.runtime.prompting import Prompting
 from onnxpipe.runtime.report.cluster import GenerationCluster, RecoveryReport, hop_shares, stage_nodes
 from onnxpipe.runtime.text import TextStreams
@@ -40,28 +42,29 @@ def generate(
     its chat template, the prompts."""
     say = listener or SILENT
     options.check()
-    config = _backend_config(folder, options)
-    pipe = Pipeline.from_manifest(folder, config, threads=options.threads, generation=True)
-    with pipe:
-        prompting = pipe.prompting(options)
+    manifest = load_manifest(Path(folder), check_files=False)
+    contract = split_contract(manifest, folder)  # once for the request: the split's, the baselines'
+    config = _backend_config(manifest, options)
+    with Generator.open(folder, config, threads=options.threads, contract=contract) as gen:
+        prompting = gen.prompting(options)
         _say_prompts(say, prompting)
-        k = len(pipe.lanes[0])
-        plan = pipe.manifest.plan if pipe.manifest is not None else None
+        k = len(gen.steps.lanes[0])
+        plan = gen.manifest.plan if gen.manifest is not None else None
         workers = (plan.workers if plan is not None else None) or k  # interleaved: fewer workers than stages
         count = len(prompting.options.prompt_ids)
-        batch = pipe.batching(prompting.options).size
+        batch = gen.batching(prompting.options).size
         each = f", up to {batch} sequences a step" if batch > 1 else ""
         where = config.mode if isinstance(config, LocalConfig) else "ray"
         say.step(f"generating {count} sequence(s) through {k} stage(s) ({where}{each})")
         streams = (
             None if on_text is None or prompting.codec is None else TextStreams(prompting.codec, on_text)
         )
-        runs: dict[str, Generation] = {"pipeline": pipe.generate_with(prompting, streams)}
+        runs: dict[str, Generation] = {"pipeline": gen.generate_with(prompting, streams)}
         if streams is not None:
             streams.close()
-        cluster = _cluster(pipe)
+        cluster = _cluster(gen)
     if options.compare:
-        runs.update(_baselines(folder, prompting, workers, say))
+        runs.update(_baselines(folder, prompting, workers, say, contract=contract, config=config))
     return GenerateResult(
         prompts=prompting.options.prompt_ids,
         runs=runs,
@@ -74,17 +77,18 @@ def generate(
     )
 
 
-def _backend_config(folder: str | Path, options: GenerateOptions) -> BackendConfig:
+def _backend_config(manifest: Manifest, options: GenerateOptions) -> BackendConfig:
     if options.backend == Backend.RAY:
-        return ray_config(options, load_manifest(Path(folder), check_files=False).k)
+        return ray_config(options, manifest.k)
     return LocalConfig(mode=options.local_mode)
 
 
-def _cluster(pipe: Pipeline) -> GenerationCluster | None:
+def _cluster(gen: Generator) -> GenerationCluster | None:
     """Where the generation ran on a Ray cluster: each stage's node, each hop's share; None elsewhere."""
-    backend = pipe.backend
-    if not isinstance(backend, RayBackend):
+    pipe = gen.steps
+    if not isinstance(pipe, Pipeline) or not isinstance(pipe.backend, RayBackend):
         return None
+    backend = pipe.backend
     stages = [spec.index for spec in pipe.lanes[0]]
     hops, shares = hop_shares(backend.trips(), stages)
     return GenerationCluster(
@@ -110,22 +114,27 @@ def _say_prompts(say: Listener, prompting: Prompting) -> None:
 
 
 def _baselines(
-    folder: str | Path, prompting: Prompting, workers: int, say: Listener
+    folder: str | Path,
+    prompting: Prompting,
+    workers: int,
+    say: Listener,
+    *,
+    contract: IOContract,
+    config: BackendConfig,
 ) -> dict[str, Generation]:
     """The unsplit model (a plain loop, every sequence in one step) and ``workers`` replicas of it (the
-    sequences dealt over them, each replica's in one step), given the same prompts."""
+    sequences dealt over them, each replica's in one step), given the same prompts; ``contract``: the
+    split's IO contract, ``config``: the backend the split generated on."""
     options = prompting.options
-    config = _backend_config(folder, options)
     if isinstance(config, RayConfig):  # the replicas go where Ray puts them, the split's pins aside
         config = dataclasses.replace(config, resources=None)
     say.step("generating with the unsplit model (a plain onnxruntime loop in this thread)")
-    runs = {
-        "unsplit": PlainLoop(folder, threads=options.threads, model=options.model).generate_with(prompting)
-    }
+    plain = Generator.plain(folder, threads=options.threads, model=options.model, contract=contract)
+    runs = {"unsplit": plain.generate_with(prompting)}
     if workers > 1:
         say.step(f"generating with {workers} replicas of the unsplit model")
-        many = Pipeline.generating_replicas(
-            folder, workers, config, threads=options.threads, model=options.model
+        many = Generator.replicas(
+            folder, workers, config, threads=options.threads, model=options.model, contract=contract
         )
         with many:
             runs["replicas"] = many.generate_with(prompting)

@@ -27,7 +27,7 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.runnable import RETRY_NOTE
 from onnxpipe.cost.source import get_profile
 from onnxpipe.export.checks import check_runtime_opsets
-from onnxpipe.ir.decoder import find_decoder
+from onnxpipe.ir.decoder import FoundDecoder, decoder_of
 from onnxpipe.ir.decoder_kinds import PhaseShape
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
@@ -52,8 +52,9 @@ def plan(
     options.plan.check()
     options.profile.check()
     view = load(model)
+    found = FoundDecoder.of(view)  # once for the request: its checks, its phases, each plan tried
     request = options.plan
-    profile, shapes = start(view, request, options.profile, say)
+    profile, shapes = start(view, request, options.profile, say, decoder=found)
     watch = BusyWatch(say, "profiling")
     phases = phase_profiles(view, profile, shapes, progress=say.progress) if shapes else {}
     prof = (
@@ -64,7 +65,7 @@ def plan(
     if profile.measured:
         watch.check()
     save_profile(prof, profile)
-    the_plan = make_plan(view, prof, request, phase_profiles=phases)
+    the_plan = make_plan(view, prof, request, phase_profiles=phases, decoder=found)
     drawn = None if options.plot is None else draw_plan(the_plan, options.plot, title=view.file_name)
     return PlanResult(plan=the_plan, drawn=drawn)
 
@@ -75,7 +76,13 @@ def load(model: str | Path | ModelView) -> ModelView:
 
 
 def start(
-    view: ModelView, request: PlanRequest, profile: ProfileOptions, say: Listener, *, runs_model: bool = False
+    view: ModelView,
+    request: PlanRequest,
+    profile: ProfileOptions,
+    say: Listener,
+    *,
+    runs_model: bool = False,
+    decoder: FoundDecoder | None = None,
 ) -> tuple[ProfileOptions, tuple[PhaseShape, ...]]:
     """``profile`` with the user's input files read and checked against ``view`` (so that a bad file is
     refused before any work), and a decoder's phases to profile at (:func:`decoder_phases`); the request
@@ -83,7 +90,7 @@ def start(
     opset onnxruntime cannot run, an input no random value can be made for when the model must run,
     ``runs_model`` or a measured profile); then the preamble said."""
     request.check_stage_count(len(view.compute_nodes), view.label)
-    phases = decoder_phases(view, request, profile)
+    phases = decoder_phases(view, request, profile, decoder)
     if profile.has_input_files:
         samples = load_samples(view, profile.input_files, stacked=profile.stacked_files)
         profile = dataclasses.replace(profile, inputs=samples, input_files=(), stacked_files=())
@@ -96,13 +103,15 @@ def start(
     return profile, phases
 
 
-def decoder_phases(view: ModelView, request: PlanRequest, options: ProfileOptions) -> tuple[PhaseShape, ...]:
+def decoder_phases(
+    view: ModelView, request: PlanRequest, options: ProfileOptions, decoder: FoundDecoder | None = None
+) -> tuple[PhaseShape, ...]:
     """The phases a decoder is profiled at (none for other models, for a saved profile, which holds one
     shape, and with ``layer_cuts`` off; only decode's for plans off a chain of identical workers, a
     devices file, interleaved workers and the like, which balance one phase); a stage count that cuts
     between layers cannot make, and ``ends="own"`` where it cannot be planned, are refused here, before
     any cost is measured."""
-    dec = find_decoder(view) if request.decoder.layer_cuts else None
+    dec = decoder_of(view, decoder) if request.decoder.layer_cuts else None
     if dec is None:
         return ()
     other = request.off_the_chain
@@ -137,17 +146,19 @@ def calibrated_plan(
     request: PlanRequest,
     calibration: CalibrationOptions,
     phases: Mapping[Phase, Profile] | None = None,
+    decoder: FoundDecoder | None = None,
 ) -> Plan:
     """The plan, from the profile corrected by calibration when asked; it records the machine's speed
-    as the estimates were made (``reference_seconds``), for a later run to compare its own with."""
+    as the estimates were made (``reference_seconds``), for a later run to compare its own with.
+    ``decoder``: the model's decoder as the door found it, for every plan calibration tries."""
 
     def make(p: Profile) -> Plan:
-        return make_plan(view, p, request, phase_profiles=phases if p is prof else None)
+        return make_plan(view, p, request, phase_profiles=phases if p is prof else None, decoder=decoder)
 
     if not calibration.rounds:
         return measured_here(make(prof), prof, request)
     if request.devices is not None and calibration.mode != CalibrationMode.RAY:
-        return _calibrated_on_devices(view, prof, request, calibration)
+        return _calibrated_on_devices(view, prof, request, calibration, decoder)
     if not prof.on_reference:
         raise UsageError(
             f"{opt('CalibrationOptions.rounds')} times the stages in onnxruntime, and the profile was "
@@ -167,7 +178,9 @@ def calibrated_plan(
         done = calibrate_phases(
             view,
             {Phase.PREFILL: phases[Phase.PREFILL], Phase.DECODE: phases[Phase.DECODE]},
-            lambda ps: make_plan(view, ps[Phase.DECODE], request, phase_profiles=_named_phases(ps)),
+            lambda ps: make_plan(
+                view, ps[Phase.DECODE], request, phase_profiles=_named_phases(ps), decoder=decoder
+            ),
             rounds=calibration.rounds,
             timer=timer,
         )
@@ -200,12 +213,16 @@ def _named_phases(profiles: Mapping[Phase | None, Profile]) -> dict[Phase, Profi
 
 
 def _calibrated_on_devices(
-    view: ModelView, prof: Profile, request: PlanRequest, calibration: CalibrationOptions
+    view: ModelView,
+    prof: Profile,
+    request: PlanRequest,
+    calibration: CalibrationOptions,
+    decoder: FoundDecoder | None,
 ) -> Plan:
     """The plan calibrated with every stage timed on its device, or, for a device not here, as the
     reference profile was measured with the device's speed kept (:mod:`.calibrate.devices`)."""
     done = calibrate_on_devices(
-        view, prof, request, lambda p, r: make_plan(view, p, r), rounds=calibration.rounds
+        view, prof, request, lambda p, r: make_plan(view, p, r, decoder=decoder), rounds=calibration.rounds
     )
     assert request.devices is not None
     how = how_timed(request.devices, prof.threads)

@@ -24,7 +24,7 @@ from onnxpipe.ir.summary import ModelSummary
 from onnxpipe.manifest import Manifest
 from onnxpipe.manifest.write import dumps, manifest_obj, num, timeline_obj
 from onnxpipe.planning.types import Plan
-from onnxpipe.runtime.generate import Generation
+from onnxpipe.runtime.generation.result import Generation
 from onnxpipe.runtime.options import Sampling
 from onnxpipe.runtime.report.cluster import GenerationCluster
 from onnxpipe.runtime.report.model import RunReport

@@ -39,7 +39,7 @@ from onnxpipe.export.genai import (
 )
 from onnxpipe.export.outdir import check_target, normalized
 from onnxpipe.export.stages import write_stages
-from onnxpipe.ir.decoder import find_decoder
+from onnxpipe.ir.decoder import FoundDecoder
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.ir.static import static_view, unsettled
@@ -74,12 +74,17 @@ def split(
     _check_calibration(opts)
     genai = None if opts.export.genai_config is None else read_source_config(opts.export.genai_config)
     view = load(model)
+    found = FoundDecoder.of(view)  # once for the request: its checks, its phases, each plan, the export
     check_exportable(view, out_dir, force=opts.export.force)
     if genai is not None:
-        check_genai_request(view, opts.plan, genai, out_dir)
+        check_genai_request(view, opts.plan, genai, out_dir, found)
     request = opts.plan
-    profile_options, phase_shapes = start(view, request, opts.profile, say, runs_model=opts.verify)
+    profile_options, phase_shapes = start(
+        view, request, opts.profile, say, runs_model=opts.verify, decoder=found
+    )
     view, profile_options, retried = _sized(view, opts, profile_options, bool(phase_shapes))
+    if view is not found.view:  # frozen at its sizes: another graph
+        found = FoundDecoder.of(view)
     if profile_options.measured:
         say.step("profiling")
     measuring = profile_options.measured or opts.calibration.rounds > 0
@@ -94,10 +99,10 @@ def split(
     )
     say.step("planning, calibrating" if opts.calibration.rounds else "planning")
     if request.split_nodes == SplitNodes.AUTO:
-        cut = planned(view, prof, request)  # the stages name the cut node's parts: export the cut model
+        cut = planned(view, prof, request, decoder=found)  # the stages name the cut node's parts: export it
         view, the_plan = cut.view, measured_here(cut.plan, prof, request)
     else:
-        the_plan = calibrated_plan(view, prof, request, opts.calibration, phases)
+        the_plan = calibrated_plan(view, prof, request, opts.calibration, phases, found)
     if measuring:
         watch.check()
     save_profile(prof, profile_options)
@@ -122,6 +127,7 @@ def split(
             feeds=first,
             genai_source=genai,
             then=verified if opts.verify else None,
+            decoder=found,
         )
     return SplitResult(plan=the_plan, manifest=manifest, out_dir=out_dir, report=verified.report)
 
@@ -225,12 +231,14 @@ class _Verified:
         return f"nothing was written to {self.out}"
 
 
-def check_genai_request(view: ModelView, request: PlanRequest, source: SourceConfig, out_dir: Path) -> None:
+def check_genai_request(
+    view: ModelView, request: PlanRequest, source: SourceConfig, out_dir: Path, found: FoundDecoder
+) -> None:
     """Refuse, before any cost is measured, a GenAI config that cannot serve: a model that is no decoder,
     a split that may cut inside a layer, a model or devices ONNX Runtime GenAI cannot run, a config of
     another model, or one inside the folder ``force`` would replace."""
     where = source.path
-    dec = find_decoder(view)
+    dec = found.on(view)
     if dec is None:
         raise UsageError(
             f"{where}: {opt('genai_config')} is for a decoder LLM with a KV cache, and {view.label} is not "

@@ -32,7 +32,7 @@ from onnxpipe.export.genai import (
     write_genai_config,
 )
 from onnxpipe.export.outdir import writing
-from onnxpipe.ir.decoder import DecoderInfo, find_decoder
+from onnxpipe.ir.decoder import DecoderInfo, FoundDecoder, decoder_of
 from onnxpipe.ir.decoder_dims import decoder_dims, own_config, own_context
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import DecoderModelRecord, Manifest
@@ -140,12 +140,17 @@ def with_model_files(
 
 
 def with_decoder_files(
-    view: ModelView, manifest: Manifest, tmp: Path, out: Path, named: SourceConfig | None
+    view: ModelView,
+    manifest: Manifest,
+    tmp: Path,
+    out: Path,
+    named: SourceConfig | None,
+    decoder: FoundDecoder | None = None,
 ) -> Manifest:
     """A decoder split's own files written into ``tmp`` (the model's tokenizer files, a
     ``genai_config.json``) and recorded in ``manifest``; nothing for a model that is not a decoder (and a
     ``named`` config is then refused)."""
-    dec = find_decoder(view) if manifest.plan.decoder is not None else None
+    dec = decoder_of(view, decoder) if manifest.plan.decoder is not None else None
     if dec is None:
         if named is not None:
             raise UsageError(

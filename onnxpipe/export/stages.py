@@ -43,6 +43,7 @@ from onnxpipe.export.outdir import normalized, staged_folder, writing
 from onnxpipe.export.record import Written, build_manifest, shared_weights
 from onnxpipe.export.weightfile import externalize
 from onnxpipe.ir import contrib
+from onnxpipe.ir.decoder import FoundDecoder
 from onnxpipe.ir.external import is_external
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, write_manifest
@@ -99,8 +100,10 @@ def write_stages(
     feeds: Mapping[str, Any] | None = None,
     genai_source: SourceConfig | None = None,
     then: Callable[[Path, Manifest], Manifest] | None = None,
+    decoder: FoundDecoder | None = None,
 ) -> Manifest:
-    """:func:`export_stages` for a request whose model and folder were checked already (the door's).
+    """:func:`export_stages` for a request whose model and folder were checked already (the door's, which
+    found its ``decoder``).
 
     ``then``: a last step on the complete folder while it is still the temporary one beside ``out``
     (its path and manifest in, the manifest as it then is out), such as the verification, so that an
@@ -118,7 +121,7 @@ def write_stages(
         written = [writer.write(spec) for spec in specs]
         shared = shared_weights(view, [writer.builder.weights_of(s) for s in specs])
         manifest = build_manifest(view, plan, out, written, writer.types, shared, contract, options)
-        manifest = with_decoder_files(view, manifest, tmp, out, genai_source)
+        manifest = with_decoder_files(view, manifest, tmp, out, genai_source, decoder)
         with writing(out / MANIFEST_NAME, out):
             write_manifest(tmp / MANIFEST_NAME, manifest)
         if then is not None:

@@ -104,6 +104,30 @@ def find_decoder(view: ModelView) -> DecoderInfo | None:
     return _with_layers(view, pairs, ids)
 
 
+@dataclass(frozen=True)
+class FoundDecoder:
+    """:func:`find_decoder`'s answer for one view, found once at the door of a request (a split, a plan)
+    and passed down, so that each step of the request (its checks, its phases, each plan tried, the
+    export) asks it rather than the graph again."""
+
+    view: ModelView
+    info: DecoderInfo | None
+
+    @staticmethod
+    def of(view: ModelView) -> FoundDecoder:
+        return FoundDecoder(view, find_decoder(view))
+
+    def on(self, view: ModelView) -> DecoderInfo | None:
+        """``view``'s decoder: the one found, when ``view`` is the view it was found on; else found now
+        (a view frozen or cut since the door is another graph)."""
+        return self.info if view is self.view else find_decoder(view)
+
+
+def decoder_of(view: ModelView, found: FoundDecoder | None) -> DecoderInfo | None:
+    """``view``'s decoder, as ``found`` at the door where it was, else found now."""
+    return find_decoder(view) if found is None else found.on(view)
+
+
 def _named_input(view: ModelView, word: str, exclude: set[str]) -> str | None:
     found = [t for t in view.inputs if word in t.lower() and t not in exclude]
     return found[0] if len(found) == 1 else None

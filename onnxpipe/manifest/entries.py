@@ -13,13 +13,14 @@ from typing import Literal
 from onnxpipe.core.choices import Ends, LinkModel, Phase, PhaseChoice
 from onnxpipe.core.dims import Shape
 from onnxpipe.core.inputfiles import InputRecord
-from onnxpipe.core.kv import KVPair
+from onnxpipe.core.iocontract import IOContract
 
-SCHEMA_VERSION = 3
-"""Version 3 adds the fields a runner must honour (a device's ``runtime``, a decoder's ``kv_layers``)
+SCHEMA_VERSION = 4
+"""Version 4 writes a decoder's ``plan.decoder.io`` as its IO contract (each tensor with its role);
+version 3 adds the fields a runner must honour (a device's ``runtime``, a decoder's ``kv_layers``)
 and the boundary contract; version 2 spelled the place a pass-through model output comes from
-``"model_input"`` (version 1: ``"model input"``).  All three are read (docs/manifest.md, versioning)."""
-READABLE_VERSIONS = (1, 2, 3)
+``"model_input"`` (version 1: ``"model input"``).  All four are read (docs/manifest.md, versioning)."""
+READABLE_VERSIONS = (1, 2, 3, 4)
 MANIFEST_NAME = "manifest.json"
 
 MODEL: Literal["model"] = "model"
@@ -178,23 +179,6 @@ class NodeSplitRecord:
 
 
 @dataclass(frozen=True)
-class DecoderIORecord:
-    """``plan.decoder.io``: what a generation loop feeds and reads (optional; a manifest written before
-    it lacks it, and ``onnxpipe generate`` then asks for a fresh split)."""
-
-    ids_input: str
-    mask_input: str | None
-    positions_input: str | None
-    logits_output: str | None
-    kv: tuple[KVPair, ...]
-    """Each layer's past and present tensors, as :func:`onnxpipe.ir.decoder.find_decoder` found them."""
-
-    def past_to_present(self) -> dict[str, str]:
-        """Each past input's present output (the next step's past)."""
-        return {p: q for r in self.kv for p, q in zip(r.pasts, r.presents, strict=True)}
-
-
-@dataclass(frozen=True)
 class DecoderModelRecord:
     """``plan.decoder.model``: what a generator checks before any work, from the model's own config and its
     graph, and the tokenizer files the split copied beside its stages (optional; a manifest written before
@@ -236,8 +220,8 @@ class DecoderRecord:
     """What the stage estimates are for."""
     phase_shapes: tuple[tuple[Phase, int, int], ...] = ()
     """(phase, new tokens, cached tokens) of each phase profiled."""
-    io: DecoderIORecord | None = None
-    """The tensors a generation loop feeds and reads."""
+    io: IOContract | None = None
+    """The tensors a generation loop feeds and reads, each with its role (the split's IO contract)."""
     model: DecoderModelRecord | None = None
     """The model's limits and token ids, and the tokenizer files in the folder (written by the export)."""
 

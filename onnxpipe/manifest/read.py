@@ -17,6 +17,7 @@ from onnxpipe.core.choices import E, Ends, LinkModel, Phase, PhaseChoice, Schedu
 from onnxpipe.core.dims import Dim, Shape
 from onnxpipe.core.errors import ManifestError, UsageError
 from onnxpipe.core.inputfiles import InputRecord
+from onnxpipe.core.iocontract import Binding, IOContract, Role
 from onnxpipe.core.jsonread import Fields, Rule, Value
 from onnxpipe.core.kv import KVPair
 from onnxpipe.manifest.entries import (
@@ -27,7 +28,6 @@ from onnxpipe.manifest.entries import (
     SCHEMA_VERSION,
     V1_MODEL_INPUT,
     VERIFICATION_STATUSES,
-    DecoderIORecord,
     DecoderModelRecord,
     DecoderRecord,
     DeviceRecord,
@@ -272,21 +272,28 @@ def _decoder_model(v: Value) -> DecoderModelRecord | None:
     )
 
 
-def _decoder_io(v: Value) -> DecoderIORecord | None:
-    """``plan.decoder.io``: optional (a manifest written before it has none)."""
+def _decoder_io(v: Value) -> IOContract | None:
+    """``plan.decoder.io``, the split's IO contract: optional (a manifest written before it has none).
+    Schema 3 wrote it as the names of the token, mask, position and logits tensors and the layers' cache
+    pairs: read as the contract of such a decoder."""
     if v.raw is None:
         return None
     f = v.fields()
-    kv = f["kv"].objects(_kv_pair)
-    if not kv:
-        raise f["kv"].fail("expected at least one layer's cache tensors")
-    return DecoderIORecord(
-        ids_input=f["input_ids"].string(),
-        mask_input=f.get("attention_mask", None).opt_string(),
-        positions_input=f.get("position_ids", None).opt_string(),
-        logits_output=f.get("logits", None).opt_string(),
-        kv=kv,
-    )
+    if isinstance(v.raw, dict) and "inputs" not in v.raw:  # schema 3
+        kv = f["kv"].objects(_kv_pair)
+        ids = f["input_ids"].string()
+        mask, positions = f.get("attention_mask", None).opt_string(), f.get("position_ids", None).opt_string()
+        contract = IOContract.of_decoder(ids, mask, positions, f.get("logits", None).opt_string(), kv)
+    else:
+        contract = IOContract(f["inputs"].objects(_binding), f["outputs"].objects(_binding))
+    problem = contract.problem()
+    if problem is not None:
+        raise v.fail(f"the IO contract is incomplete: {problem}")
+    return contract
+
+
+def _binding(f: Fields) -> Binding:
+    return Binding(f["tensor"].string(), _choice(f["role"], Role), f.get("layer", None).opt_integer())
 
 
 def _kv_pair(f: Fields) -> KVPair:

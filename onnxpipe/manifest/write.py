@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from onnxpipe.core.dims import Dim, Shape
+from onnxpipe.core.iocontract import Binding, IOContract
 from onnxpipe.manifest.entries import (
-    DecoderIORecord,
     DecoderModelRecord,
     DecoderRecord,
     ModelOutput,
@@ -166,23 +166,16 @@ def _decoder_model_obj(m: DecoderModelRecord) -> dict[str, Any]:
     }
 
 
-def _decoder_io_obj(io: DecoderIORecord) -> dict[str, Any]:
-    return {
-        "input_ids": io.ids_input,
-        "attention_mask": io.mask_input,
-        "position_ids": io.positions_input,
-        "logits": io.logits_output,
-        "kv": [
-            {
-                "layer": r.layer,
-                "past_key": r.past_key,
-                "past_value": r.past_value,
-                "present_key": r.present_key,
-                "present_value": r.present_value,
-            }
-            for r in io.kv
-        ],
-    }
+def _decoder_io_obj(io: IOContract) -> dict[str, Any]:
+    """The IO contract: each model input and output a generation loop feeds or reads, with its role."""
+
+    def bindings(of: tuple[Binding, ...]) -> list[dict[str, Any]]:
+        return [
+            {"tensor": b.tensor, "role": b.role, **({} if b.layer is None else {"layer": b.layer})}
+            for b in of
+        ]
+
+    return {"inputs": bindings(io.inputs), "outputs": bindings(io.outputs)}
 
 
 def _stage_to_obj(s: StageEntry) -> dict[str, Any]:

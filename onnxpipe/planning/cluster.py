@@ -28,7 +28,7 @@ from onnxpipe.core.text import human_bytes
 from onnxpipe.cost.measure import profile_model
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.runtime_profile import is_reference, profile_on_runtime
-from onnxpipe.ir.decoder import DecoderInfo, find_decoder
+from onnxpipe.ir.decoder import DecoderInfo, FoundDecoder, decoder_of
 from onnxpipe.ir.decoder_dims import counted_context
 from onnxpipe.ir.kv_layout import batch_symbol, cache_batch, kv_bytes_per_token
 from onnxpipe.ir.model import ModelView, NodeInfo
@@ -95,7 +95,9 @@ class _Candidate:
         return self.search.result.bottleneck if not self.option.training else self.timeline.makespan
 
 
-def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Plan:
+def plan_pipeline(
+    view: ModelView, profile: Profile, request: PlanRequest, *, decoder: FoundDecoder | None = None
+) -> Plan:
     """The fastest pipeline of ``request.stages`` stages (or, for ``"auto"``, the fewest within
     ``request.tolerance`` of the best) over ``request.devices``, under the requested schedule, within
     every device's memory.
@@ -107,7 +109,7 @@ def plan_pipeline(view: ModelView, profile: Profile, request: PlanRequest) -> Pl
     profile.check_matches(view)
     cluster = _cluster(profile, request)
     max_k = _max_stages(view, cluster, request)
-    costs = _costs(view, profile, cluster, request)
+    costs = _costs(view, profile, cluster, request, decoder)
     best, reason = _best(view, costs, cluster, request, max_k)
     notes = _search_notes(best, reason)
     part, arranged, option = best.search.result, best.search.cluster, best.option
@@ -272,8 +274,10 @@ def _input_copies(
     return InputCopies(view, costs.decoder, (phase,), arranged.bandwidths, costs.seq.classes)
 
 
-def _costs(view: ModelView, profile: Profile, cluster: Cluster, request: PlanRequest) -> _Costs:
-    dec = find_decoder(view) if request.decoder.layer_cuts else None
+def _costs(
+    view: ModelView, profile: Profile, cluster: Cluster, request: PlanRequest, decoder: FoundDecoder | None
+) -> _Costs:
+    dec = decoder_of(view, decoder) if request.decoder.layer_cuts else None
     seq = (
         sequences(view, profile)
         if dec is None

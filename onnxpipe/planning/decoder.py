@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from onnxpipe.core.choices import Ends
 from onnxpipe.core.errors import PartitionError, UsageError
+from onnxpipe.core.iocontract import IOContract
 from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
@@ -34,7 +35,6 @@ from onnxpipe.ir.graph import cut_profile
 from onnxpipe.ir.kv_layout import batch_symbol, cache_batch, kv_bytes_per_token
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samevalue import value_classes
-from onnxpipe.manifest.entries import DecoderIORecord
 from onnxpipe.planning.recompute import shape_from_dims
 from onnxpipe.planning.sequences import Sequences, tensor_sizes
 from onnxpipe.planning.types import ShapeParts, StageSpec
@@ -267,17 +267,13 @@ def foreign_pasts(dec: DecoderInfo, stage: StageSpec) -> tuple[str, ...]:
     return tuple(t for t in stage.inputs if t in layer_of and layer_of[t] not in owned)
 
 
-def decoder_io(view: ModelView, dec: DecoderInfo) -> DecoderIORecord:
-    """The tensors a generation loop feeds and reads: ``dec``'s inputs and cache pairs, and the logits
-    (the one output besides the presents, or the one named ``logits``)."""
+def io_contract(view: ModelView, dec: DecoderInfo) -> IOContract:
+    """The split's IO contract, what a generation loop feeds and reads: ``dec``'s token, mask and
+    position inputs, its cache pairs, and the logits (the one output besides the presents, or the one
+    named ``logits``).  The planner writes it in the manifest; a manifest written before it gets it from
+    here too, from its source model (:func:`onnxpipe.runtime.generation.contract.split_contract`)."""
     presents = set(dec.present_outputs)
     rest = [t for t in view.outputs if t not in presents]
     named = [t for t in rest if "logits" in t.lower()]
     logits = named[0] if len(named) == 1 else (rest[0] if len(rest) == 1 else None)
-    return DecoderIORecord(
-        ids_input=dec.ids_input,
-        mask_input=dec.mask_input,
-        positions_input=dec.positions_input,
-        logits_output=logits,
-        kv=dec.kv,
-    )
+    return IOContract.of_decoder(dec.ids_input, dec.mask_input, dec.positions_input, logits, dec.kv)

@@ -28,8 +28,8 @@ from onnxpipe.planning.decoder import (
     LayerSequences,
     coarse_allowed,
     context_words,
-    decoder_io,
     foreign_pasts,
+    io_contract,
     layer_sequences,
     own_ends_bounds,
     with_kv,
@@ -288,7 +288,7 @@ def decoder_record(
     """The manifest's ``plan.decoder`` of a plan cut between ``dec``'s layers, balanced for ``phase``
     (each phase profiled at its ``shapes``)."""
     context = counted_context(view, dec, options.max_context)
-    return DecoderRecord(dec.layers, True, options.ends, context, phase, shapes, decoder_io(view, dec))
+    return DecoderRecord(dec.layers, True, options.ends, context, phase, shapes, io_contract(view, dec))
 
 
 def decoder_notes(

@@ -16,7 +16,7 @@ from onnxpipe.core.choices import Phase, SplitNodes
 from onnxpipe.core.machine import available_cpu_count
 from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import Profile
-from onnxpipe.ir.decoder import find_decoder
+from onnxpipe.ir.decoder import FoundDecoder, decoder_of
 from onnxpipe.ir.model import ModelView
 from onnxpipe.planning.bound import bound_note, bounding_node
 from onnxpipe.planning.cluster import plan_pipeline
@@ -35,15 +35,17 @@ def plan(
     request: PlanRequest,
     *,
     phase_profiles: Mapping[Phase, Profile] | None = None,
+    decoder: FoundDecoder | None = None,
 ) -> Plan:
     """The plan ``request`` asks for, from ``profile``'s costs of ``view`` (checked first).
 
     With ``split_nodes="auto"`` its stages may name the parts of a cut node: :func:`planned` also gives
     the view that holds them, which is what the exporter needs.  ``phase_profiles``: a decoder's
     profiles at the prefill and decode shapes (:func:`onnxpipe.cost.phases.phase_profiles`); with both,
-    the layer cuts are balanced for both phases (:mod:`onnxpipe.planning.phases`).
+    the layer cuts are balanced for both phases (:mod:`onnxpipe.planning.phases`).  ``decoder``: the
+    model's decoder as the request's door found it (default: found here).
     """
-    return planned(view, profile, request, phase_profiles=phase_profiles).plan
+    return planned(view, profile, request, phase_profiles=phase_profiles, decoder=decoder).plan
 
 
 def planned(
@@ -52,6 +54,7 @@ def planned(
     request: PlanRequest,
     *,
     phase_profiles: Mapping[Phase, Profile] | None = None,
+    decoder: FoundDecoder | None = None,
 ) -> Planned:
     """:func:`plan`'s plan with the view (and profile) its stages are made of."""
     request.check()
@@ -66,7 +69,8 @@ def planned(
         )
         made = dataclasses.replace(cut.plan, link_model=request.effective_link_model)
         return dataclasses.replace(cut, plan=_with_view_notes(made, view))
-    return Planned(_with_view_notes(_noted(view, profile, request, phase_profiles), view), view, profile)
+    made = _noted(view, profile, request, phase_profiles, decoder)
+    return Planned(_with_view_notes(made, view), view, profile)
 
 
 def _with_view_notes(made: Plan, view: ModelView) -> Plan:
@@ -76,12 +80,16 @@ def _with_view_notes(made: Plan, view: ModelView) -> Plan:
 
 
 def _noted(
-    view: ModelView, profile: Profile, request: PlanRequest, phase_profiles: Mapping[Phase, Profile] | None
+    view: ModelView,
+    profile: Profile,
+    request: PlanRequest,
+    phase_profiles: Mapping[Phase, Profile] | None,
+    decoder: FoundDecoder | None,
 ) -> Plan:
     """The plan ``request`` asks for, from ``profile``'s costs of ``view`` (checked first), with a note
     when one node bounds it (:mod:`onnxpipe.planning.bound`)."""
     the_plan = dataclasses.replace(
-        _plan(view, profile, request, phase_profiles), link_model=request.effective_link_model
+        _plan(view, profile, request, phase_profiles, decoder), link_model=request.effective_link_model
     )
     if request.devices is None and request.schedule.kind == "stream":
         bound = bounding_node(view, profile, the_plan)
@@ -105,6 +113,7 @@ def auto_here(
     request: PlanRequest,
     cpus: int | None = None,
     phase_profiles: Mapping[Phase, Profile] | None = None,
+    decoder: FoundDecoder | None = None,
 ) -> Plan:
     """``--stages auto`` without a devices file: the stages run on this machine, ``profile.threads`` each,
     so at most ``cpus // threads`` of them run without sharing CPUs (more would only look faster on
@@ -115,7 +124,7 @@ def auto_here(
     max_k = max(1, min(cpus // threads, len(view.compute_nodes)))
 
     def solve_k(k: int) -> _Tried:
-        return _Tried(_plan(view, profile, dataclasses.replace(request, stages=k), phase_profiles))
+        return _Tried(_plan(view, profile, dataclasses.replace(request, stages=k), phase_profiles, decoder))
 
     choice = stages_auto(max_k, solve_k, tolerance=request.tolerance)
     note = (
@@ -131,10 +140,11 @@ def _plan(
     profile: Profile,
     request: PlanRequest,
     phase_profiles: Mapping[Phase, Profile] | None = None,
+    decoder: FoundDecoder | None = None,
 ) -> Plan:
     if request.stages == "auto" and request.devices is None:
-        return auto_here(view, profile, request, phase_profiles=phase_profiles)
-    dec = find_decoder(view) if request.decoder.layer_cuts else None
+        return auto_here(view, profile, request, phase_profiles=phase_profiles, decoder=decoder)
+    dec = decoder_of(view, decoder) if request.decoder.layer_cuts else None
     if dec is not None and request.on_identical_workers and not request.interleaved:
         assert isinstance(request.stages, int)  # on_identical_workers
         phases = phase_profiles or {}
@@ -160,7 +170,7 @@ def _plan(
             phase=profile_phase(profile, dec),
         )
     if not request.on_identical_workers or not isinstance(request.stages, int):
-        return plan_pipeline(view, profile, request)
+        return plan_pipeline(view, profile, request, decoder=decoder)
     if request.workers is not None and request.interleaved:
         return make_interleaved_plan(view, profile, request, dec)
     return make_plan(

@@ -5,6 +5,8 @@ Where the workers run is one config per backend (:class:`~.base.LocalConfig`, :c
 >>> from onnxpipe.runtime import Pipeline                  # doctest: +SKIP
 >>> with Pipeline.from_manifest("out/") as pipe:           # doctest: +SKIP
 ...     outputs = pipe.run(feeds)
+>>> with Generator.open("stages/") as gen:                  # doctest: +SKIP
+...     made = gen.generate([[3, 17, 42]], max_new_tokens=8)   # a decoder's split
 
 ``onnxpipe run DIR`` (:func:`onnxpipe.run`) measures a pipeline and, with ``--compare``, the
 model without one; docs/runtime.md describes both.
@@ -26,6 +28,8 @@ _EXPORTS: dict[str, str] = {
     "RayConfig": "onnxpipe.runtime.base",
     "DEFAULT_LOCAL_MODE": "onnxpipe.runtime.choices",
     "Job": "onnxpipe.runtime.driver",
+    "Generation": "onnxpipe.runtime.generation.result",
+    "Generator": "onnxpipe.runtime.generation.generator",
     "Pipeline": "onnxpipe.runtime.pipeline",
     "build_report": "onnxpipe.runtime.report.build",
     "Measurement": "onnxpipe.runtime.report.measure",
@@ -40,6 +44,8 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "DEFAULT_LOCAL_MODE",
     "BackendConfig",
+    "Generation",
+    "Generator",
     "Job",
     "LocalConfig",
     "Measurement",
@@ -61,6 +67,8 @@ if TYPE_CHECKING:
     from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig
     from onnxpipe.runtime.choices import DEFAULT_LOCAL_MODE
     from onnxpipe.runtime.driver import Job
+    from onnxpipe.runtime.generation.generator import Generator
+    from onnxpipe.runtime.generation.result import Generation
     from onnxpipe.runtime.pipeline import Pipeline
     from onnxpipe.runtime.report.build import build_report
     from onnxpipe.runtime.report.measure import Measurement, measure

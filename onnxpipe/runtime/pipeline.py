@@ -26,7 +26,6 @@ Process workers are started with ``spawn`` but never import the caller's ``__mai
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import weakref
 from collections import deque
@@ -40,33 +39,22 @@ import onnxruntime as ort
 
 from onnxpipe.core.dims import Shape
 from onnxpipe.core.errors import RuntimeStageError, UsageError
-from onnxpipe.manifest import DecoderIORecord, Manifest, load_manifest
+from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.affinity import assign_cpus
 from onnxpipe.runtime.backends.processes import ProcessBackend
 from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.backends.threads import ThreadBackend
 from onnxpipe.runtime.base import Backend, BackendConfig, LocalConfig, RayConfig, Tensors
 from onnxpipe.runtime.driver import CLOSE_TIMEOUT_S, CLOSED, Driver, Job
-from onnxpipe.runtime.generate import Batching, Generation, OnToken, StepFeeds, batch_size
-from onnxpipe.runtime.generate import generate as generate_tokens
-from onnxpipe.runtime.kvstate import CONTROL, PadSide
-from onnxpipe.runtime.options import GenerateOptions, Sampling
-from onnxpipe.runtime.prompting import Prompting, settle
 from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import (
     Placement,
     WorkerSpec,
     check_providers_here,
-    generation_io,
-    generation_specs,
     manifest_placements,
-    model_generation_spec,
-    padding_side,
-    placement_for_device,
     stage_specs,
 )
 from onnxpipe.runtime.trips import Trip
-from onnxpipe.verification.verify import source_model_path
 
 
 class Pipeline:
@@ -86,7 +74,6 @@ class Pipeline:
         manifest: Manifest | None = None,
         directory: Path | None = None,
         pin_note: str | None = None,
-        generation_io: DecoderIORecord | None = None,
     ) -> None:
         self.backend = backend
         self.input_types = dict(input_types)
@@ -97,12 +84,8 @@ class Pipeline:
         self.lanes = tuple(tuple(lane) for lane in lanes)
         self.manifest = manifest
         self.directory = directory
-        self._pad_side: PadSide | None = None
         self.pin_note = pin_note
         """Why the workers were not pinned although asked to be (too few CPUs), else None."""
-        self.generation_io = generation_io
-        """Set when the workers generate (:meth:`generate`): each keeps its layers' KV cache."""
-        self._next_sequence = 0
         self._driver = Driver(backend, self.output_names)
         self._finalizer = weakref.finalize(self, self._driver.abandon)
         self._finalizer.atexit = False  # at exit the workers go with the process
@@ -118,7 +101,6 @@ class Pipeline:
         threads: int | None = None,
         placements: Sequence[Placement] | None = None,
         check_files: bool = True,
-        generation: bool = False,
     ) -> Pipeline:
         """Start one worker per stage of the split folder ``directory``.
 
@@ -132,82 +114,58 @@ class Pipeline:
         ``cuda:1``) and the plan's threads; ``threads`` replaces every stage's intra-op threads.
         ``placements`` gives each stage's explicitly instead.  On the local backend a provider (or
         runtime) from the manifest that this machine lacks is a :class:`UsageError`, before any worker
-        starts.
-
-        ``generation``: the split of a decoder LLM runs :meth:`generate`: each worker keeps its own
-        layers' KV cache between steps (:mod:`onnxpipe.runtime.kvstate`), the caller sends token ids,
-        mask and positions and gets logits back.  Such a pipeline does not take :meth:`run` feeds.
+        starts.  A decoder's split generates through a
+        :class:`~onnxpipe.runtime.generation.generator.Generator` instead.
         """
-        config = backend if backend is not None else LocalConfig()
         d = Path(directory)
         manifest = load_manifest(d, check_files=check_files)
-        from_manifest = placements is None
-        if placements is None:
-            placements = manifest_placements(manifest, threads)
-        elif len(placements) != manifest.k:
-            raise UsageError(f"{len(placements)} placements given for the {manifest.k} stages of {d}")
-        io = generation_io(manifest, d) if generation else None
-        specs = (generation_specs if generation else stage_specs)(d, manifest, placements)
-        local = isinstance(config, LocalConfig)
-        if from_manifest and local:  # Ray actors check the provider on their own node
-            check_providers_here(specs, ort.get_available_providers())
-        pin_note = None
-        shared = (
-            [manifest.worker_of(i) for i in range(manifest.k)] if manifest.plan.workers is not None else None
-        )
-        if isinstance(config, LocalConfig) and config.pin:
-            lanes, pin_note = assign_cpus([specs], workers=shared)
-            specs = lanes[0]
-        types = {t.name: t.dtype for t in manifest.model_inputs}
+        specs = stage_specs(d, manifest, stage_placements(manifest, threads, placements, d))
+        inputs = {t.name: t.dtype for t in manifest.model_inputs}
         outputs = [o.name for o in manifest.model_outputs]
-        if io is not None:
-            types = generation_input_types(manifest, io)
-            outputs = [str(io.logits_output)]
-        return cls(
-            make_backend([specs], config, workers=shared),
-            input_types=types,
-            output_names=outputs,
-            lanes=[specs],
+        return cls.start(
+            [specs],
+            backend,
             manifest=manifest,
             directory=d,
-            pin_note=pin_note,
-            generation_io=io,
+            input_types=inputs,
+            output_names=outputs,
+            workers=shared_workers(manifest),
+            check_here=placements is None,
         )
 
     @classmethod
-    def generating_replicas(
+    def start(
         cls,
-        directory: str | Path,
-        replicas: int = 1,
+        lanes: Sequence[Sequence[WorkerSpec]],
         backend: BackendConfig | None = None,
         *,
-        threads: int | None = None,
-        model: str | Path | None = None,
+        manifest: Manifest,
+        directory: Path,
+        input_types: Mapping[str, str],
+        output_names: Sequence[str],
+        workers: Sequence[int] | None = None,
+        check_here: bool = False,
     ) -> Pipeline:
-        """``replicas`` workers each running the whole source model of the split ``directory`` and
-        keeping its whole KV cache: the unsplit model generating (one replica), or data-parallel
-        replicas, to compare a split's :meth:`generate` with, side by side.  ``model``: the source model
-        (default: the manifest's ``source.path``)."""
-        if replicas < 1:
-            raise UsageError(f"replicas {replicas}: give 1 or more")
+        """Start the workers of ``lanes`` (the chains of one split: one lane, or replicas) as ``backend``
+        says; ``input_types``: the inputs the first worker takes (name: dtype), ``output_names`` the
+        outputs the last sends back; ``workers``: the worker of each stage of an interleaved split
+        (:func:`shared_workers`); ``check_here``: refuse a provider this machine lacks before any worker
+        starts (the local backend; Ray actors check on their own node)."""
         config = backend if backend is not None else LocalConfig()
-        d = Path(directory)
-        manifest = load_manifest(d, check_files=False)
-        io = generation_io(manifest, d)
-        path = source_model_path(d, manifest, model)
-        n = manifest.plan.threads if threads is None else threads
-        place = placement_for_device("cpu", n)
-        lanes = [[model_generation_spec(path, manifest, place, index=i)] for i in range(replicas)]
+        local = isinstance(config, LocalConfig)
+        if check_here and local:
+            check_providers_here([s for lane in lanes for s in lane], ort.get_available_providers())
+        pin_note = None
         if isinstance(config, LocalConfig) and config.pin:
-            lanes, _ = assign_cpus(lanes)
+            lanes, pin_note = assign_cpus(lanes, workers=workers)
         return cls(
-            make_backend(lanes, config),
-            input_types=generation_input_types(manifest, io),
-            output_names=[str(io.logits_output)],
+            make_backend(lanes, config, workers=workers),
+            input_types=input_types,
+            output_names=output_names,
             lanes=lanes,
             manifest=manifest,
-            directory=d,
-            generation_io=io,
+            directory=directory,
+            pin_note=pin_note,
         )
 
     # ---------------------------------------------------------------------------------- running
@@ -221,104 +179,17 @@ class Pipeline:
         """Micro-batches the workers hold at most; more wait in the pipeline's queue."""
         return self.backend.capacity
 
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int] | str],
-        max_new_tokens: int = 32,
-        *,
-        eos_token_ids: Sequence[int] | None = None,
-        in_flight: int | None = None,
-        sampling: Sampling | None = None,
-        on_token: OnToken | None = None,
-        batch: int | None = None,
-    ) -> Generation:
-        """New tokens for each prompt (token ids, or text: encoded by the model's tokenizer, and its new
-        tokens decoded into :attr:`Generation.texts`), at most ``max_new_tokens`` each, fewer when an end
-        id comes (``eos_token_ids``, default the model's; ``()`` for none); ``in_flight``: sequences in
-        the pipeline at once (default: all), ``batch`` at most in one step (default: enough for a step per
-        stage; 1: a step per sequence); each token the highest logit, or drawn as ``sampling`` says
-        (:mod:`onnxpipe.runtime.sampling`); ``on_token`` is told each token as it comes.
-
-        The pipeline must have been opened for generation (``from_manifest(..., generation=True)`` or
-        :meth:`generating_replicas`).  Sequences run concurrently, one step each in the pipeline at a
-        time, so that ``K`` stages are busy with ``K`` sequences (:mod:`onnxpipe.runtime.generate`).
-        :meth:`generate_with` takes every option (chat templates, a tokenizer elsewhere).
-        """
-        texts = [p for p in prompts if isinstance(p, str)]
-        if texts and len(texts) != len(prompts):
-            raise UsageError("give every prompt as text, or every prompt as token ids")
-        options = GenerateOptions(
-            prompt_ids=tuple(tuple(p) for p in prompts if not isinstance(p, str)),
-            prompts=tuple(texts),
-            max_new_tokens=max_new_tokens,
-            eos_token_ids=None if eos_token_ids is None else tuple(eos_token_ids),
-            in_flight=in_flight,
-            batch=batch,
-            **GenerateOptions.drawn(sampling),
-        )
-        return self.generate_with(self.prompting(options), on_token)
-
-    def batching(self, options: GenerateOptions) -> Batching:
-        """How this pipeline's steps carry ``options``' sequences: ``options.batch`` at most, by default
-        as many as fill one step per stage (one where the model cannot pad sequences of different
-        lengths: it takes no positions or no mask)."""
-        if self.generation_io is None:
-            return Batching()
-        if self._pad_side is None:
-            self._pad_side = padding_side([spec.path for spec in self.lanes[0]])
-        feeds = StepFeeds(self.generation_io, self.input_types)
-        size = batch_size(options, len(self.lanes[0]), self.backend.lanes)
-        if size > 1 and options.batch is None and not feeds.can_pad(self._pad_side):
-            size = 1
-        return Batching(size, self._pad_side)
-
-    def prompting(self, options: GenerateOptions) -> Prompting:
-        """``options`` settled for this pipeline's model: prompts as ids, its tokenizer, its end ids."""
-        if self.directory is None or self.manifest is None:
-            raise UsageError("only a pipeline opened from a split folder knows its model's tokenizer")
-        return settle(self.directory, self.manifest, options)
-
-    def generate_with(self, prompting: Prompting, on_token: OnToken | None = None) -> Generation:
-        """:meth:`generate` for prompts settled by :meth:`prompting`."""
-        io = self.generation_io
-        if io is None:
-            raise UsageError(
-                "this pipeline was not opened for generation; open it with "
-                "Pipeline.from_manifest(directory, generation=True)"
-            )
-        options = prompting.options
-        feeds = StepFeeds(io, self.input_types)
-        batching = self.batching(options)
-        first = self._next_sequence
-        self._next_sequence += len(options.prompt_ids)
-        self.reset_stats()
-        result: Generation = self._interruptible(
-            lambda: generate_tokens(
-                lambda f, lane: self._submit_to(f, lane),
-                self.backend.lanes,
-                feeds,
-                options,
-                first_ident=first,
-                on_token=on_token,
-                batching=batching,
-            )
-        )
-        busy = tuple(sum(r.run_seconds for r in w.records) for w in self.stats())
-        shares = tuple(b / result.seconds if result.seconds > 0 else 0.0 for b in busy)
-        return prompting.with_texts(dataclasses.replace(result, busy_shares=shares))
-
-    def _submit_to(self, feeds: Mapping[str, np.ndarray], lane: int) -> Job:
-        return self._driver.submit(self._check_feeds(feeds), lane)
-
-    def submit(self, feeds: Mapping[str, np.ndarray]) -> Job:
+    def submit(self, feeds: Mapping[str, np.ndarray], lane: int | None = None) -> Job:
         """Queue one micro-batch (model inputs by name); the future's result is the model outputs.
+        ``lane``: the lane it must run in (a generation step, whose sequences' caches live there); by
+        default the next free one.
 
         The inputs are checked first (names, dtypes, ranks, fixed dimensions): a malformed request raises
         :class:`UsageError` here and the pipeline goes on serving the others.  They are copied, so the
         caller may reuse its arrays as soon as this returns.  See :class:`Job` for cancelling and
         callbacks.
         """
-        return self._driver.submit(self._check_feeds(feeds))
+        return self._driver.submit(self._check_feeds(feeds), lane)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> Tensors:
         """Model outputs for one micro-batch of model inputs."""
@@ -478,9 +349,20 @@ def make_backend(
     return ThreadBackend(lanes, slots=config.slots, workers=workers)
 
 
-def generation_input_types(manifest: Manifest, io: DecoderIORecord) -> dict[str, str]:
-    """What a generating pipeline takes: the model inputs but the cache, and the control tensor."""
-    pasts = set(io.past_to_present())
-    types = {t.name: t.dtype for t in manifest.model_inputs if t.name not in pasts}
-    types[CONTROL] = "int64"
-    return types
+def stage_placements(
+    manifest: Manifest, threads: int | None, placements: Sequence[Placement] | None, where: Path
+) -> Sequence[Placement]:
+    """Each stage's placement: ``placements`` when given (one per stage of the split in ``where``), else
+    the manifest's (:func:`~onnxpipe.runtime.spec.manifest_placements`, ``threads`` replacing each
+    stage's intra-op threads)."""
+    if placements is None:
+        return manifest_placements(manifest, threads)
+    if len(placements) != manifest.k:
+        raise UsageError(f"{len(placements)} placements given for the {manifest.k} stages of {where}")
+    return placements
+
+
+def shared_workers(manifest: Manifest) -> list[int] | None:
+    """The worker of each stage of an interleaved split (``--workers``), whose stages share a worker;
+    None where each stage has its own."""
+    return [manifest.worker_of(i) for i in range(manifest.k)] if manifest.plan.workers is not None else None

@@ -17,39 +17,27 @@ binding keeps the cache on the device, would change that.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from concurrent.futures import Future
-from pathlib import Path
 
-from onnxpipe.manifest import Manifest, load_manifest
+import numpy as np
+
 from onnxpipe.runtime.base import Tensors
-from onnxpipe.runtime.generate import Batching, Generation, StepFeeds, batch_size
-from onnxpipe.runtime.generate import generate as generate_tokens
-from onnxpipe.runtime.kvstate import PadSide
-from onnxpipe.runtime.pipeline import generation_input_types
-from onnxpipe.runtime.prompting import Prompting
-from onnxpipe.runtime.session import StageRunner
-from onnxpipe.runtime.spec import generation_io, model_generation_spec, padding_side, placement_for_device
-from onnxpipe.verification.verify import source_model_path
+from onnxpipe.runtime.session import StageRunner, WorkerStats
+from onnxpipe.runtime.spec import WorkerSpec
 
 
 class PlainLoop:
-    """The whole source model of the split ``directory`` generating in this thread (``threads`` intra-op
-    threads, default the plan's; ``model``: the source model, default the manifest's)."""
+    """The whole source model (``spec``: :func:`~onnxpipe.runtime.spec.model_generation_spec`) stepping in
+    this thread, for a :class:`~onnxpipe.runtime.generation.generator.Generator` to drive as it drives a
+    pipeline: one lane of one worker, whose steps are done when they are submitted."""
 
-    def __init__(self, directory: str | Path, *, threads: int | None = None, model: str | Path | None = None):
-        d = Path(directory)
-        self.manifest: Manifest = load_manifest(d, check_files=False)
-        self.io = generation_io(self.manifest, d)
-        path = source_model_path(d, self.manifest, model)
-        n = self.manifest.plan.threads if threads is None else threads
-        self.spec = model_generation_spec(path, self.manifest, placement_for_device("cpu", n))
-        self.runner = StageRunner(self.spec)
-        self.input_types = generation_input_types(self.manifest, self.io)
-        self.side: PadSide = padding_side([path])
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.lanes = ((spec,),)
+        self.runner = StageRunner(spec)
         self._steps = 0
-        self._next_sequence = 0
 
-    def submit(self, feeds: Tensors, lane: int) -> Future[Tensors]:
+    def submit(self, feeds: Mapping[str, np.ndarray], lane: int | None = None) -> Future[Tensors]:
         """Run one step now; the future is done when this returns."""
         fut: Future[Tensors] = Future()
         try:
@@ -59,17 +47,12 @@ class PlainLoop:
         self._steps += 1
         return fut
 
-    def generate_with(self, prompting: Prompting) -> Generation:
-        """The prompts settled for the split, generated here: every sequence in flight in one step unless
-        ``batch`` says fewer (one device has one step at a time: it gains nothing from several groups)."""
-        options = prompting.options
-        feeds = StepFeeds(self.io, self.input_types)
-        size = batch_size(options, 1, 1)
-        if size > 1 and options.batch is None and not feeds.can_pad(self.side):
-            size = 1
-        first = self._next_sequence
-        self._next_sequence += len(options.prompt_ids)
-        result = generate_tokens(
-            self.submit, 1, feeds, options, first_ident=first, batching=Batching(size, self.side)
-        )
-        return prompting.with_texts(result)
+    def stats(self) -> list[WorkerStats]:
+        """No worker's: the loop's time is the caller's (a :class:`Generation` of it has no busy shares)."""
+        return []
+
+    def reset_stats(self) -> None:
+        """Nothing is recorded (:meth:`stats`)."""
+
+    def close(self, graceful: bool = True) -> None:
+        """Nothing runs between steps: nothing to stop."""

@@ -1,8 +1,9 @@
 """What a generation starts from: the prompts as token ids, the ids that end a sequence, and the
 tokenizer that turns text into ids and back, found beside the split or its source model.
 
-Both doors to generation (:func:`onnxpipe.generate` and :meth:`Pipeline.generate
-<onnxpipe.runtime.pipeline.Pipeline.generate>`) settle these here, once, before any worker starts.
+Both doors to generation (:func:`onnxpipe.generate` and :meth:`Generator.generate
+<onnxpipe.runtime.generation.generator.Generator.generate>`) settle these here, once, before any worker
+starts.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from onnxpipe.core.errors import UsageError
 from onnxpipe.core.options import opt
 from onnxpipe.core.tokenizer_files import has_tokenizer
 from onnxpipe.manifest import DecoderLimits, Manifest, decoder_limits
-from onnxpipe.runtime.generate import Generation
 from onnxpipe.runtime.options import GenerateOptions
 from onnxpipe.runtime.text import TextCodec
 
@@ -29,12 +29,6 @@ class Prompting:
     options: GenerateOptions
     codec: TextCodec | None
     eos_from: str | None
-
-    def with_texts(self, result: Generation) -> Generation:
-        """``result`` with its new tokens as text, when the prompts came as text."""
-        if self.codec is None:
-            return result
-        return dataclasses.replace(result, texts=tuple(self.codec.decode(t) for t in result.tokens))
 
 
 def settle(folder: Path, manifest: Manifest, options: GenerateOptions) -> Prompting:

@@ -20,10 +20,11 @@ from onnxpipe.cluster.model import Device
 from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.extras import install_hint
+from onnxpipe.core.iocontract import IOContract
 from onnxpipe.core.options import opt
 from onnxpipe.core.runtimes import DEFAULT_OPENVINO_DEVICE, EngineConfig, runs_here
 from onnxpipe.core.runtimes import available as runtime_available
-from onnxpipe.manifest import DecoderIORecord, Manifest, ModelTensor, StageEntry
+from onnxpipe.manifest import Manifest, ModelTensor, StageEntry
 from onnxpipe.runtime.kvstate import CONTROL, CacheSlot, PadSide
 
 CPU_PROVIDER = "CPUExecutionProvider"
@@ -218,19 +219,17 @@ def stage_specs(
 
 
 def generation_specs(
-    directory: Path,
-    manifest: Manifest,
-    placements: Sequence[Placement],
+    directory: Path, manifest: Manifest, placements: Sequence[Placement], contract: IOContract
 ) -> list[WorkerSpec]:
     """One spec per stage of a decoder's split, for generation: each stage feeds its past inputs from
     its worker's cache and keeps its presents there (they travel nowhere); the caller sends the token,
-    mask and position inputs and :data:`~onnxpipe.runtime.kvstate.CONTROL`, and gets the logits back."""
-    io = generation_io(manifest, directory)
-    past_to_present = io.past_to_present()
+    mask and position inputs and :data:`~onnxpipe.runtime.kvstate.CONTROL`, and gets the logits back
+    (``contract``: which inputs are the cache, which output the logits)."""
+    past_to_present = contract.past_to_present()
     declared = {t.name: t for t in manifest.model_inputs}
     caches: dict[int, tuple[CacheSlot, ...]] = {}
     for st in manifest.stages:
-        owned = {t for r in io.kv if r.layer in st.kv_layers for t in r.pasts}
+        owned = {t for r in contract.kv if r.layer in st.kv_layers for t in r.pasts}
         slots = []
         for t in st.inputs:
             if t.name not in past_to_present:
@@ -240,8 +239,7 @@ def generation_specs(
         caches[st.index] = tuple(slots)
     pasts = set(past_to_present)
     inputs = [t.name for t in manifest.model_inputs if t.name not in pasts] + [CONTROL]
-    assert io.logits_output is not None  # generation_io checked it
-    return _chain(directory, manifest, placements, inputs, [io.logits_output, CONTROL], caches)
+    return _chain(directory, manifest, placements, inputs, [str(contract.logits), CONTROL], caches)
 
 
 def cache_slot(tensor: ModelTensor, present: str | None, source: str) -> CacheSlot:
@@ -266,38 +264,6 @@ def cache_slot(tensor: ModelTensor, present: str | None, source: str) -> CacheSl
                 "re-run onnxpipe split"
             )
     return CacheSlot(tensor.name, present, tensor.dtype, tuple(dims))
-
-
-def generation_io(manifest: Manifest, where: str | Path = "") -> DecoderIORecord:
-    """The manifest's ``plan.decoder.io``, or a :class:`UsageError` saying why the split cannot generate
-    (naming ``where``, the split folder)."""
-    try:
-        return _generation_io(manifest)
-    except UsageError as e:
-        raise UsageError(f"{where}: {e}" if str(where) else str(e)) from None
-
-
-def _generation_io(manifest: Manifest) -> DecoderIORecord:
-    dec = manifest.plan.decoder
-    if dec is None:
-        raise UsageError(
-            f"{manifest.source.file} was not split as a decoder LLM with a KV cache (the manifest has no "
-            "plan.decoder); only such a split can generate"
-        )
-    if dec.io is None:
-        raise UsageError(
-            f"{manifest.source.file}: the manifest predates plan.decoder.io (what a generation loop feeds); "
-            "re-run onnxpipe split"
-        )
-    if not dec.layer_cuts:
-        raise UsageError(
-            f"{manifest.source.file} was split with {opt('layer_cuts', False)}: a layer's cache may lie in "
-            "two "
-            "stages, so no worker can keep it; split it again with layer cuts"
-        )
-    if dec.io.logits_output is None:
-        raise UsageError(f"{manifest.source.file}: no logits output was found among the model outputs")
-    return dec.io
 
 
 def _chain(
@@ -388,18 +354,17 @@ def model_spec(
 
 
 def model_generation_spec(
-    path: Path, manifest: Manifest, placement: Placement, *, index: int = 0
+    path: Path, manifest: Manifest, placement: Placement, contract: IOContract, *, index: int = 0
 ) -> WorkerSpec:
     """A one-worker chain generating with the whole source model at ``path`` (a replica), keeping its
     whole KV cache: the baseline a split's generation is compared with."""
-    io = generation_io(manifest)
-    past_to_present = io.past_to_present()
+    past_to_present = contract.past_to_present()
     inputs = [t.name for t in manifest.model_inputs]
     slots = []
     for t in manifest.model_inputs:
         if t.name in past_to_present:
             slots.append(cache_slot(t, past_to_present[t.name], manifest.source.file))
-    logits = str(io.logits_output)
+    logits = str(contract.logits)
     return WorkerSpec(
         index=index,
         label=f"replica {index} ({path.name})",

@@ -224,7 +224,8 @@ def _render(template: str, messages: list[dict[str, str]], special: dict[str, st
 
 class TextStreams:
     """Each sequence's :class:`TextStream`, told tokens as (sequence index, token): an ``on_token`` for
-    :func:`onnxpipe.runtime.generate.generate` that hands ``on_text`` (sequence index, new text)."""
+    :meth:`~onnxpipe.runtime.generation.generator.Generator.generate_with` that hands ``on_text``
+    (sequence index, new text)."""
 
     def __init__(self, codec: TextCodec, on_text: Callable[[int, str], None]) -> None:
         self._codec = codec

@@ -4,7 +4,7 @@ random weights, built once per machine into the corpus cache).
 
 Each is recognised from its graph (``MatMulNBits``, ``GatherBlockQuantized`` of a tied 4-bit embedding,
 ``GroupQueryAttention`` with a head size named ``kv_cache_dim``, ``SkipSimplifiedLayerNormalization``);
-split between its layers at K = 2 and 3; and the tokens of ``Pipeline.generate`` and of GenAI on the split
+split between its layers at K = 2 and 3; and the tokens of ``Generator.generate`` and of GenAI on the split
 folder are those of a plain greedy onnxruntime loop over the unsplit model (no onnxpipe code in it: the
 cache's head size comes from the builder's own ``genai_config.json``).  The split folder carries the
 builder's config (its search options and token ids) and the tokenizer files; the KV cache is counted at
@@ -37,7 +37,7 @@ from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import decoder_limits, load_manifest
 from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.request import PlanRequest
-from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.generation.generator import Generator
 
 BUILDS: dict[str, tuple[str, str, bool]] = {
     "llama-int4": ("llama", "int4", False),
@@ -239,7 +239,7 @@ def test_a_builder_split_keeps_each_layers_cache_and_generates_the_unsplit_token
         len(st.kv_layers) * 2 * 2 * 16 * 4 * _context(name) for st in manifest.stages
     ]
     want = [greedy(folder, p) for p in PROMPTS]
-    with Pipeline.from_manifest(out, generation=True) as pipe:
+    with Generator.open(out) as pipe:
         got = pipe.generate(PROMPTS, NEW_TOKENS)
     assert [list(t) for t in got.tokens] == want
     assert len({t for seq in want for t in seq}) > 2  # random weights that do not repeat one token only

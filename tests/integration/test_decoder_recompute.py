@@ -35,7 +35,7 @@ from onnxpipe.planning.decoder_plan import decoder_stages, solve_layers
 from onnxpipe.planning.decoder_recompute import InputCopies, PhaseCosts, input_derived, priced_cuts
 from onnxpipe.planning.planner import plan
 from onnxpipe.planning.request import PlanRequest
-from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.generation.generator import Generator
 from onnxpipe.verification.chain import StageChain
 
 DECODERS = SAMPLE_MODELS / "decoders"
@@ -222,7 +222,7 @@ def test_stages_that_make_their_rotary_and_masks_verify_and_decode(name: str, tm
     assert got == want
     np.testing.assert_allclose(np.stack(got_logits), np.stack(want_logits), rtol=1e-4, atol=1e-5)
     # generation through the pipeline feeds each stage the mask and positions it makes them of
-    with Pipeline.from_manifest(tmp_path / "out", generation=True) as pipe:
+    with Generator.open(tmp_path / "out") as pipe:
         assert pipe.generate([PROMPT], 6).tokens == (tuple(want),)
 
 

@@ -5,6 +5,7 @@ model's, the KV memory figure equal to the cache's real size, and the builder's 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,13 +18,15 @@ from cli_runner import preamble_only
 from cli_runner import run as cli_run
 from paths import SAMPLE_MODELS
 
-from onnxpipe.api import SplitOptions, split
+from onnxpipe import api
+from onnxpipe.api import PlanOptions, SplitOptions, split
 from onnxpipe.cluster.devicesfile import load_cluster
-from onnxpipe.core.choices import Ends
+from onnxpipe.core.choices import CostSource, Ends
 from onnxpipe.core.errors import MemoryFitError, UsageError
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.cost.source import get_profile
 from onnxpipe.export.options import ExportOptions
+from onnxpipe.ir import decoder as decoder_module
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
@@ -351,3 +354,28 @@ def test_impossible_decoder_requests_are_one_line(
     lines = err.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "; " in lines[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_a_request_finds_the_decoder_once_at_its_door(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A split (its checks, its phases, its plan, its export) and a plan of every stage count (``auto``)
+    find the model's decoder once, at their door, and pass it down."""
+    found: list[ModelView] = []
+    real = decoder_module.find_decoder
+
+    def counting(view: ModelView) -> decoder_module.DecoderInfo | None:
+        found.append(view)
+        return real(view)
+
+    for module in list(sys.modules.values()):  # wherever it was imported, each call is counted
+        if getattr(module, "find_decoder", None) is real:
+            monkeypatch.setattr(module, "find_decoder", counting)
+    static = ProfileOptions(cost=CostSource.STATIC)
+    out = tmp_path / "out"
+    split(_path("llama_gqa"), SplitOptions(out=out, plan=PlanRequest(2), profile=static, verify=False))
+    assert len(found) == 1
+    assert load_manifest(out).plan.decoder is not None  # planned and written as a decoder's split
+    found.clear()
+    made = api.plan(_path("llama_gqa"), PlanOptions(plan=PlanRequest("auto"), profile=static))
+    assert len(found) == 1 and made.plan.decoder is not None and len(made.plan.stage_counts_tried) > 1

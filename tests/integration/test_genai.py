@@ -319,9 +319,9 @@ def test_a_genai_builder_model_splits_with_no_hints_and_generates_through_the_pi
     builder_model: Path, tmp_path: Path
 ) -> None:
     """The default split (measured costs at both phases) needs no ``--shape``: the head size the builder
-    leaves symbolic (``kv_cache_dim``) is read off its GroupQueryAttention; ``Pipeline.generate`` then
+    leaves symbolic (``kv_cache_dim``) is read off its GroupQueryAttention; ``Generator.generate`` then
     gives the tokens GenAI gives on the builder's own folder (until GenAI's eos)."""
-    from onnxpipe.runtime.pipeline import Pipeline
+    from onnxpipe.runtime.generation.generator import Generator
 
     out = tmp_path / "default"
     result = split(
@@ -331,7 +331,7 @@ def test_a_genai_builder_model_splits_with_no_hints_and_generates_through_the_pi
     assert result.report is not None and result.report.ok
     eos = json.loads((builder_model / GENAI_CONFIG_NAME).read_text())["model"]["eos_token_id"]
     eos_ids = eos if isinstance(eos, list) else [eos]
-    with Pipeline.from_manifest(out, generation=True) as pipe:
+    with Generator.open(out) as pipe:
         got = pipe.generate([list(PROMPT)], NEW_TOKENS, eos_token_ids=eos_ids)
     assert list(got.tokens[0]) == _generate(builder_model)
 

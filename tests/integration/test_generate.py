@@ -1,4 +1,4 @@
-"""Generation through a decoder's split (``Pipeline.generate``, ``onnxpipe generate``): each worker keeps
+"""Generation through a decoder's split (``Generator.generate``, ``onnxpipe generate``): each worker keeps
 its own layers' KV cache, and the tokens equal the unsplit model's greedy tokens computed here by a plain
 onnxruntime loop that feeds the presents back as pasts (no onnxpipe code in the reference)."""
 
@@ -17,9 +17,10 @@ from cli_runner import run as cli_run
 from manifest_edits import sealed
 from paths import SAMPLE_MODELS
 
-from onnxpipe.api import SplitOptions, split
+from onnxpipe.api import GenerateOptions, SplitOptions, generate, split
 from onnxpipe.core.choices import CostSource, Ends
 from onnxpipe.core.errors import CacheLost, UsageError
+from onnxpipe.core.iocontract import Role
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.load import load_model
@@ -27,9 +28,10 @@ from onnxpipe.manifest import load_manifest
 from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.runtime.base import LocalConfig
+from onnxpipe.runtime.generation.generator import Generator
 from onnxpipe.runtime.options import Sampling
-from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.sampling import draw, generator
+from onnxpipe.verification.verify import source_model_path
 
 DECODERS = SAMPLE_MODELS / "decoders"
 MODELS = ("llama_gqa", "qwen2", "gpt2", "llama_gqa_builder")
@@ -113,12 +115,12 @@ def test_generate_gives_the_unsplit_models_tokens(splits: Splits, name: str, k: 
     manifest = load_manifest(folder)
     io = manifest.plan.decoder.io if manifest.plan.decoder else None
     assert io is not None and len(io.kv) == 4
-    with Pipeline.from_manifest(folder, generation=True) as pipe:
+    with Generator.open(folder) as pipe:
         one = pipe.generate([PROMPTS[0]], NEW_TOKENS)
         several = pipe.generate(PROMPTS, NEW_TOKENS, batch=1)  # four sequences in flight through k stages
         batched = pipe.generate(PROMPTS, NEW_TOKENS, batch=None if name == "gpt2" else 2)
         # each worker's caches were dropped at each sequence's last step
-        assert all(not w.runner.kv.caches for w in pipe.backend._workers)  # type: ignore[attr-defined]
+        assert all(not w.runner.kv.caches for w in pipe.steps.backend._workers)  # type: ignore[attr-defined]
     assert one.tokens == (reference(name, PROMPTS[0]),)
     assert several.tokens == tuple(reference(name, p) for p in PROMPTS)
     assert several.steps == len(PROMPTS) * NEW_TOKENS
@@ -139,7 +141,7 @@ def test_sampled_generation_gives_the_unsplit_models_tokens(splits: Splits, name
     the tokens are those the unsplit model draws with the same generators."""
     n = 24
     want = tuple(reference(name, p, n, SAMPLING, i) for i, p in enumerate(PROMPTS))
-    with Pipeline.from_manifest(splits(name, 3), generation=True) as pipe:
+    with Generator.open(splits(name, 3)) as pipe:
         together = pipe.generate(PROMPTS, n, sampling=SAMPLING)
         one_by_one = pipe.generate(PROMPTS, n, in_flight=1, sampling=SAMPLING)
     assert together.tokens == want and one_by_one.tokens == want
@@ -152,8 +154,8 @@ def test_the_cache_never_crosses_a_link(splits: Splits) -> None:
     manifest = load_manifest(folder)
     assert manifest.plan.decoder is not None and manifest.plan.decoder.io is not None
     cache_names = {t for r in manifest.plan.decoder.io.kv for t in (*r.pasts, *r.presents)}
-    with Pipeline.from_manifest(folder, generation=True) as pipe:
-        for spec in pipe.lanes[0]:
+    with Generator.open(folder) as pipe:
+        for spec in pipe.steps.lanes[0]:
             assert not cache_names & set(spec.receives) and not cache_names & set(spec.sends)
             owned = {
                 t
@@ -162,7 +164,7 @@ def test_the_cache_never_crosses_a_link(splits: Splits) -> None:
                 for t in r.pasts
             }
             assert {s.past for s in spec.caches} == owned
-        assert set(pipe.input_types) == {
+        assert set(pipe.feeds.input_types) == {
             "input_ids",
             "attention_mask",
             "position_ids",
@@ -177,7 +179,7 @@ def test_processes_and_early_stop_at_an_end_token(splits: Splits) -> None:
     want = reference("qwen2", PROMPTS[1])
     eos = want[5]
     cut = want.index(eos) + 1
-    with Pipeline.from_manifest(folder, LocalConfig(mode="processes"), generation=True) as pipe:
+    with Generator.open(folder, LocalConfig(mode="processes")) as pipe:
         got = pipe.generate(PROMPTS[:2], NEW_TOKENS, eos_token_ids=[eos], in_flight=1)
         again = pipe.generate([PROMPTS[2]], 8)
     assert got.tokens[1] == want[:cut]
@@ -190,8 +192,8 @@ def test_embedding_stage_without_cache_reads_the_past_length_from_zeros(splits: 
     """With ``--ends own`` the embedding stage holds no cache but reads the past length off a past's
     shape: its worker feeds zeros of that shape, and the tokens are still the model's."""
     folder = splits("llama_gqa", 4, Ends.OWN)
-    with Pipeline.from_manifest(folder, generation=True) as pipe:
-        shaped = [s for s in pipe.lanes[0][0].caches if s.present is None]
+    with Generator.open(folder) as pipe:
+        shaped = [s for s in pipe.steps.lanes[0][0].caches if s.present is None]
         assert shaped  # the case this test is about
         got = pipe.generate(PROMPTS[:2], 16)
     assert got.tokens == tuple(reference("llama_gqa", p)[:16] for p in PROMPTS[:2])
@@ -203,15 +205,15 @@ def test_an_interleaved_split_generates_the_unsplit_models_tokens(tmp_path: Path
     options = partial(SplitOptions, profile=ProfileOptions(cost=CostSource.STATIC), verify=False)
     split(DECODERS / "llama_gqa.onnx", options(out=out, plan=PlanRequest(4, workers=2)))
     assert load_manifest(out).plan.workers == 2
-    with Pipeline.from_manifest(out, generation=True) as pipe:
+    with Generator.open(out) as pipe:
         got = pipe.generate(PROMPTS, 16)
     assert got.tokens == tuple(reference("llama_gqa", p)[:16] for p in PROMPTS)
 
 
 def test_replicas_generate_the_same_tokens(splits: Splits) -> None:
     folder = splits("gpt2", 2)
-    with Pipeline.generating_replicas(folder, 2) as pipe:
-        assert pipe.backend.lanes == 2
+    with Generator.replicas(folder, 2) as pipe:
+        assert len(pipe.steps.lanes) == 2
         got = pipe.generate(PROMPTS, 12)
     assert got.tokens == tuple(reference("gpt2", p)[:12] for p in PROMPTS)
 
@@ -223,11 +225,11 @@ def test_steps_that_lost_their_caches_are_rebuilt_by_a_prefill_and_the_tokens_ar
     come back as :class:`CacheLost`; each of their sequences is rebuilt by a prefill of its tokens so far,
     the stages' stale caches started again, and the tokens are the unsplit model's."""
     folder = splits("llama_gqa", 2)
-    with Pipeline.from_manifest(folder, generation=True) as pipe:
-        real = pipe._submit_to
+    with Generator.open(folder) as pipe:
+        real = pipe.steps.submit
         calls: list[int] = []
 
-        def losing(feeds: dict[str, np.ndarray], lane: int) -> Future[dict[str, np.ndarray]]:
+        def losing(feeds: dict[str, np.ndarray], lane: int | None = None) -> Future[dict[str, np.ndarray]]:
             calls.append(1)
             ran = real(feeds, lane)
             if len(calls) not in (6, 11, 12):
@@ -236,31 +238,61 @@ def test_steps_that_lost_their_caches_are_rebuilt_by_a_prefill_and_the_tokens_ar
             ran.add_done_callback(lambda _: lost.set_exception(CacheLost("the stage's actor was lost")))
             return lost
 
-        monkeypatch.setattr(pipe, "_submit_to", losing)
+        monkeypatch.setattr(pipe.steps, "submit", losing)
         got = pipe.generate(PROMPTS, 12, eos_token_ids=())
     assert got.tokens == tuple(reference("llama_gqa", p)[:12] for p in PROMPTS)
     assert got.rebuilt >= 3  # a step of several sequences rebuilds each
 
 
-def test_generate_refuses_what_it_cannot_run(splits: Splits, tmp_path: Path) -> None:
-    folder = splits("gpt2", 2)
-    with Pipeline.from_manifest(folder) as plain, pytest.raises(UsageError, match="generation=True"):
-        plain.generate([PROMPTS[0]], 4)
-    with Pipeline.from_manifest(folder, generation=True) as pipe:
+def test_generate_refuses_what_it_cannot_run(splits: Splits) -> None:
+    with Generator.open(splits("gpt2", 2)) as pipe:
         with pytest.raises(UsageError, match="prompt 1 holds no token id: give at least one"):
             pipe.generate([PROMPTS[0], ()], 4)
         with pytest.raises(UsageError, match="`max_new_tokens=0`"):
             pipe.generate([PROMPTS[0]], 0)
-    # a manifest written before plan.decoder.io: asks for a fresh split, naming the folder
+
+
+def test_the_contract_is_written_in_the_manifest_by_the_split(splits: Splits) -> None:
+    """The split records its IO contract (``plan.decoder.io``: each tensor and its role) and reads it
+    back; the generator drives the workers by it."""
+    folder = splits("llama_gqa", 2)
+    written = json.loads((folder / "manifest.json").read_text())["plan"]["decoder"]["io"]
+    roles = {b["tensor"]: b["role"] for b in written["inputs"]}
+    assert roles["input_ids"] == "token_ids" and roles["attention_mask"] == "attention_mask"
+    assert roles["position_ids"] == "positions"
+    assert {b["role"] for b in written["outputs"]} == {"logits", "present_key", "present_value"}
+    contract = load_manifest(folder).plan.decoder.io  # type: ignore[union-attr]
+    assert contract is not None and contract.one(Role.TOKEN_IDS) == "input_ids" and len(contract.kv) == 4
+    with Generator.open(folder) as gen:
+        assert gen.feeds.contract == contract
+
+
+def test_a_manifest_without_the_contract_still_generates(splits: Splits, tmp_path: Path) -> None:
+    """A manifest written before ``plan.decoder.io`` gets its contract from its source model, by the
+    planner's own logic: the same contract, the same tokens; without the source model, a fresh split is
+    asked for, naming the folder."""
+    folder = splits("gpt2", 2)
+    manifest = load_manifest(folder)
     old = tmp_path / "old"
     old.mkdir()
     for f in folder.iterdir():
         (old / f.name).write_bytes(f.read_bytes())
     obj = json.loads((old / "manifest.json").read_text())
     del obj["plan"]["decoder"]["io"]
+    obj["source"]["path"] = str(source_model_path(folder, manifest, None).resolve())
     (old / "manifest.json").write_text(sealed(obj))
-    with pytest.raises(UsageError, match=r"old: .*predates plan\.decoder\.io.*re-run onnxpipe split"):
-        Pipeline.from_manifest(old, generation=True)
+    assert load_manifest(old).plan.decoder.io is None  # type: ignore[union-attr]
+    with Generator.open(old) as gen:
+        assert gen.feeds.contract == manifest.plan.decoder.io  # type: ignore[union-attr]
+        got = gen.generate(PROMPTS[:2], 8)
+    assert got.tokens == tuple(reference("gpt2", p)[:8] for p in PROMPTS[:2])
+    options = GenerateOptions(prompt_ids=PROMPTS[:2], max_new_tokens=8, compare=True)
+    compared = generate(old, options)  # the split, the unsplit loop and its replicas: one contract
+    assert compared.same and compared.tokens == got.tokens
+    obj["source"]["path"] = None
+    (old / "manifest.json").write_text(sealed(obj))
+    with pytest.raises(UsageError, match=r"old.*predates plan\.decoder\.io.*re-run onnxpipe split"):
+        Generator.open(old)
 
 
 def test_cli_generate_compares_with_the_unsplit_model(

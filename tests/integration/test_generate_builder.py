@@ -14,8 +14,8 @@ from onnxpipe.api import GenerateOptions, SplitOptions, generate, split
 from onnxpipe.core.choices import CostSource
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.planning.request import PlanRequest
+from onnxpipe.runtime.generation.generator import Generator
 from onnxpipe.runtime.kvstate import PadSide
-from onnxpipe.runtime.pipeline import Pipeline
 
 PROMPTS = ((3, 17, 42, 9, 77, 5), (101, 2), (64,), (7, 7, 19, 120, 33), (11, 12, 13))
 
@@ -32,7 +32,7 @@ def stages(genai_builder: Callable[..., Path], tmp_path_factory: pytest.TempPath
 
 
 def test_batched_steps_pad_at_the_end_and_give_each_sequences_tokens(stages: Path) -> None:
-    with Pipeline.from_manifest(stages, generation=True) as pipe:
+    with Generator.open(stages) as pipe:
         batching = pipe.batching(GenerateOptions(PROMPTS))
         assert batching.side == PadSide.RIGHT and batching.size == 3
         alone = pipe.generate(PROMPTS, 16, eos_token_ids=(), batch=1)

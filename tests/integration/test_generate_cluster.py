@@ -19,7 +19,7 @@ from onnxpipe.api import GenerateOptions, PlanRequest, ProfileOptions, SplitOpti
 from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.base import RayConfig
-from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.generation.generator import Generator
 from tools.ray_cluster import LocalCluster
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,7 @@ def llama_split(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _unsplit(folder: Path, new_tokens: int) -> tuple[tuple[int, ...], ...]:
     """The unsplit model's tokens, one local worker holding the whole cache."""
-    with Pipeline.generating_replicas(folder, 1) as whole:
+    with Generator.replicas(folder, 1) as whole:
         return whole.generate([list(p) for p in PROMPTS], new_tokens, eos_token_ids=()).tokens
 
 
@@ -61,7 +61,7 @@ def test_generate_on_two_nodes_gives_the_unsplit_model_s_tokens(
     result = api.generate(llama_split, options)
     assert result.same and set(result.runs) == {"pipeline", "unsplit", "replicas"}
     assert result.tokens == _unsplit(llama_split, 12)
-    with Pipeline.from_manifest(llama_split, generation=True) as local:  # the same split, local threads
+    with Generator.open(llama_split) as local:  # the same split, local threads
         assert local.generate([list(p) for p in PROMPTS], 12, eos_token_ids=()).tokens == result.tokens
     cluster = result.cluster
     assert cluster is not None and result.backend == "ray"
@@ -114,8 +114,8 @@ def test_a_node_killed_mid_generation_its_sequences_are_rebuilt_and_the_tokens_a
     on_cluster.wait()
     pins = [PINNED[0], {"resources": {"gen_host": 1}}]
     want = _unsplit(llama_split, 24)
-    with Pipeline.from_manifest(llama_split, RayConfig(resources=pins), generation=True) as pipe:
-        backend = pipe.backend
+    with Generator.open(llama_split, RayConfig(resources=pins)) as pipe:
+        backend = pipe.steps.backend  # type: ignore[attr-defined]
         assert isinstance(backend, RayBackend)
         first = backend.placed[1]
         made: list[int] = []
@@ -140,7 +140,7 @@ def test_a_lost_node_no_other_can_replace_stops_the_generation_in_one_line(
     lonely = on_cluster.add("gd", 1, {"gen_lonely": 1})
     on_cluster.wait()
     pins = [PINNED[0], {"resources": {"gen_lonely": 1}}]
-    with Pipeline.from_manifest(llama_split, RayConfig(resources=pins), generation=True) as pipe:
+    with Generator.open(llama_split, RayConfig(resources=pins)) as pipe:
         made: list[int] = []
 
         def kill_at_the_fifth(index: int, token: int) -> None:

@@ -19,7 +19,7 @@ from onnxpipe.core.choices import CostSource
 from onnxpipe.core.errors import UsageError
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.planning.request import PlanRequest
-from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.generation.generator import Generator
 
 MODEL = SAMPLE_MODELS / "decoders" / "llama_gqa.onnx"
 PROMPT = "w3 w17 w42 w9"
@@ -102,7 +102,7 @@ def test_chat_and_system_prompts_through_the_api_and_the_pipeline(stages: Path) 
     chat = GenerateOptions(prompts=("w5",), chat=True, system="w9", max_new_tokens=5, ignore_eos=True)
     result = generate(stages, chat)
     assert result.prompts == ((126, 9, 125, 5, 127),)  # [system] w9 [user] w5 [assistant], no BOS added
-    with Pipeline.from_manifest(stages, generation=True) as pipe:
+    with Generator.open(stages) as pipe:
         made = pipe.generate(["w5 w6"], 5, eos_token_ids=())
         by_ids = pipe.generate([(0, 5, 6)], 5, eos_token_ids=())
     assert made.tokens == by_ids.tokens and made.texts is not None and by_ids.texts is None

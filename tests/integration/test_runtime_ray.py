@@ -23,6 +23,7 @@ from onnxpipe.core.errors import RuntimeStageError, UsageError
 from onnxpipe.runtime.backends import ray_backend, ray_resources
 from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.base import RayConfig
+from onnxpipe.runtime.generation.generator import Generator
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.schedule.timeline import worker_groups
 
@@ -346,8 +347,8 @@ def test_ray_actors_keep_their_layers_cache_while_generating(ray_cluster: Any, t
         SplitOptions(out=folder, plan=PlanRequest(2), profile=ProfileOptions(cost="static"), verify=False),
     )
     prompts = [[3, 17, 42, 9], [101, 2], [64]]
-    with Pipeline.generating_replicas(folder, 1) as whole:
+    with Generator.replicas(folder, 1) as whole:
         want = whole.generate(prompts, 16)
-    with Pipeline.from_manifest(folder, RayConfig(), generation=True) as pipe:
+    with Generator.open(folder, RayConfig()) as pipe:
         got = pipe.generate(prompts, 16)
     assert got.tokens == want.tokens

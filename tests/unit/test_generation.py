@@ -10,12 +10,15 @@ import pytest
 
 from onnxpipe.cli.argtypes import token_ids
 from onnxpipe.core.errors import UsageError
-from onnxpipe.manifest import DecoderIORecord, KVPair
-from onnxpipe.runtime.generate import Batching, StepFeeds, batch_size, generate, next_token
+from onnxpipe.core.iocontract import Binding, IOContract, Role
+from onnxpipe.core.kv import KVPair
+from onnxpipe.runtime.generation.feeds import BUILDERS, StepFeeds
+from onnxpipe.runtime.generation.result import Generation
+from onnxpipe.runtime.generation.scheduler import Batching, Submit, batch_size, next_token, schedule
 from onnxpipe.runtime.kvstate import CONTROL, CacheSlot, Control, KVState, PadSide, Row, StepFlags
 from onnxpipe.runtime.options import GenerateOptions
 
-IO = DecoderIORecord(
+IO = IOContract.of_decoder(
     "input_ids",
     "attention_mask",
     "position_ids",
@@ -23,6 +26,13 @@ IO = DecoderIORecord(
     (KVPair(0, "past.0.key", "past.0.value", "present.0.key", "present.0.value"),),
 )
 TYPES = {"input_ids": "int64", "attention_mask": "int64", "position_ids": "int64", CONTROL: "int64"}
+
+
+def generate(
+    submit: Submit, lanes: int, feeds: StepFeeds, options: GenerateOptions, batching: Batching | None = None
+) -> Generation:
+    """The steps scheduled, made into a generation as a generator makes it (no workers, no text)."""
+    return Generation.of(schedule(submit, lanes, feeds, options, batching=batching), (), None)
 
 
 def test_a_sequence_cache_starts_empty_grows_and_is_dropped() -> None:
@@ -72,13 +82,55 @@ def test_control_round_trips_and_is_checked() -> None:
 
 
 def test_step_feeds_grow_the_mask_and_positions() -> None:
-    f = StepFeeds(IO, TYPES).feeds([5, 6], 3, Control.one(0, StepFlags.NONE, 3))
+    f = StepFeeds(IO, TYPES).step([[5, 6]], Control.one(0, StepFlags.NONE, 3))
     assert f["input_ids"].tolist() == [[5, 6]]
     assert f["attention_mask"].tolist() == [[1, 1, 1, 1, 1]]
     assert f["position_ids"].tolist() == [[3, 4]]
     assert f[CONTROL].tolist() == [[1, 0, 0], [0, 0, 3]]
-    with pytest.raises(UsageError, match="model input 'token_type_ids' is none of"):
+    with pytest.raises(
+        UsageError, match="model input 'token_type_ids' has no role in the split's IO contract"
+    ):
         StepFeeds(IO, {**TYPES, "token_type_ids": "int64"})
+
+
+def test_feeds_are_built_by_the_role_each_input_has_in_the_contract() -> None:
+    """Whatever a model names its inputs, each is fed by its role's builder, in the model's dtype; an
+    input bound to a role no builder makes is refused before any step."""
+    kv = (KVPair(0, "cache_k", None, "cache_k_out", None),)
+    contract = IOContract.of_decoder("tokens", "visible", "where", "scores", kv)
+    assert [(b.tensor, b.role) for b in contract.inputs[:3]] == [
+        ("tokens", Role.TOKEN_IDS),
+        ("visible", Role.ATTENTION_MASK),
+        ("where", Role.POSITIONS),
+    ]
+    types = {"where": "int32", "tokens": "int64", "visible": "float32", CONTROL: "int64"}
+    step = StepFeeds(contract, types).step([[7, 8]], Control.one(0, StepFlags.NONE, 2))
+    assert step["tokens"].tolist() == [[7, 8]] and step["tokens"].dtype == np.int64
+    assert step["visible"].tolist() == [[1.0, 1.0, 1.0, 1.0]] and step["visible"].dtype == np.float32
+    assert step["where"].tolist() == [[2, 3]] and step["where"].dtype == np.int32
+    assert set(step) == {"tokens", "visible", "where", CONTROL}
+    # each role the caller feeds has a builder; the cache roles are the workers'
+    fed = {b.role for b in contract.inputs if not b.role.cached}
+    assert fed <= set(BUILDERS) and not any(r.cached for r in BUILDERS)
+    odd = IOContract((*contract.inputs, Binding("extra", Role.LOGITS)), contract.outputs)
+    with pytest.raises(
+        UsageError, match=r"model input 'extra' is the model's logits: .* cannot feed that role"
+    ):
+        StepFeeds(odd, {**types, "extra": "float32"})
+    with pytest.raises(UsageError, match="model input 'cache_k' has no role"):  # the cache is no caller's
+        StepFeeds(contract, {**types, "cache_k": "float32"})
+
+
+def test_the_contract_pairs_each_layers_cache_and_says_what_it_lacks() -> None:
+    assert IO.kv == (KVPair(0, "past.0.key", "past.0.value", "present.0.key", "present.0.value"),)
+    assert IO.past_to_present() == {"past.0.key": "present.0.key", "past.0.value": "present.0.value"}
+    assert IO.logits == "logits" and IO.problem() is None
+    no_positions = IOContract.of_decoder("input_ids", None, None, None, IO.kv)
+    assert no_positions.one(Role.POSITIONS) is None and no_positions.logits is None
+    torn = IOContract(IO.inputs, tuple(b for b in IO.outputs if b.role != Role.PRESENT_VALUE))
+    assert torn.problem() == "layer 0's cache has a past without its present (or the other way)"
+    assert IOContract(IO.inputs[:3], ()).problem() == "no input is a layer's cache"
+    assert IOContract(IO.inputs[1:], IO.outputs).problem() == "no input is the token ids"
 
 
 def test_next_token_takes_the_last_position() -> None:
@@ -154,7 +206,7 @@ def test_steps_carry_several_sequences_that_join_as_others_leave(side: PadSide) 
     options = GenerateOptions(PROMPTS, max_new_tokens=6, eos_token_ids=(7,), in_flight=4)
     alone = generate(FakePipe().submit, 1, StepFeeds(IO, TYPES), options)
     pipe = FakePipe()
-    g = generate(pipe.submit, 1, StepFeeds(IO, TYPES), options, batching=Batching(2, side))
+    g = generate(pipe.submit, 1, StepFeeds(IO, TYPES), options, Batching(2, side))
     assert g.tokens == alone.tokens and g.batch == 2
     assert max(len(c.rows) for _, c, _ in pipe.steps) == 2
     assert all(c.side == side for _, c, _ in pipe.steps if len(c.rows) > 1)
@@ -174,22 +226,22 @@ def test_steps_carry_several_sequences_that_join_as_others_leave(side: PadSide) 
 
 
 def test_a_model_that_cannot_pad_refuses_a_batch() -> None:
-    no_positions = DecoderIORecord("input_ids", "attention_mask", None, "logits", IO.kv)
+    no_positions = IOContract.of_decoder("input_ids", "attention_mask", None, "logits", IO.kv)
     types = {k: v for k, v in TYPES.items() if k != "position_ids"}
     feeds = StepFeeds(no_positions, types)
     assert feeds.can_pad(PadSide.RIGHT) and not feeds.can_pad(PadSide.LEFT)
     with pytest.raises(UsageError, match="sequences of different lengths cannot share a step"):
-        generate(FakePipe().submit, 1, feeds, GenerateOptions(PROMPTS), batching=Batching(2))
+        generate(FakePipe().submit, 1, feeds, GenerateOptions(PROMPTS), Batching(2))
 
 
 def test_batched_feeds_pad_the_mask_on_the_side_of_the_cache() -> None:
     rows = (Row(0, StepFlags.NONE, 3), Row(1, StepFlags.NONE, 1))
     feeds = StepFeeds(IO, TYPES)
-    left = feeds.batched([5, 6], Control(rows, PadSide.LEFT))
+    left = feeds.step([[5], [6]], Control(rows, PadSide.LEFT))
     assert left["input_ids"].tolist() == [[5], [6]]
     assert left["position_ids"].tolist() == [[3], [1]]
     assert left["attention_mask"].tolist() == [[1, 1, 1, 1], [0, 0, 1, 1]]
-    right = feeds.batched([5, 6], Control(rows, PadSide.RIGHT))
+    right = feeds.step([[5], [6]], Control(rows, PadSide.RIGHT))
     assert right["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
 
 

@@ -14,10 +14,10 @@ from manifest_edits import sealed
 
 from onnxpipe.core.errors import ManifestError
 from onnxpipe.core.inputfiles import InputRecord
+from onnxpipe.core.iocontract import IOContract
 from onnxpipe.manifest import (
     MODEL_INPUT,
     SCHEMA_VERSION,
-    DecoderIORecord,
     DecoderRecord,
     KVPair,
     Manifest,
@@ -107,7 +107,7 @@ def test_json_round_trip() -> None:
     assert text.endswith("}\n")
     assert Manifest.from_json(text) == m
     obj = json.loads(text)
-    assert obj["schema_version"] == SCHEMA_VERSION == 3
+    assert obj["schema_version"] == SCHEMA_VERSION == 4
     assert obj["plan"]["bandwidth_bytes_per_s"] is None  # JSON has no infinity: null stands for it
     assert obj["stages"][0]["outputs"][0]["shape"] == ["batch", None]
     assert obj["stages"][1]["outputs"][0]["shape"] is None
@@ -124,7 +124,7 @@ def test_a_version_1_manifest_still_reads() -> None:
     obj["model_outputs"][2]["produced_by"] = "model input"
     again = Manifest.from_json(sealed(obj))
     assert again == m and again.model_outputs[2].produced_by == MODEL_INPUT
-    assert json.loads(again.to_json())["schema_version"] == 3  # written back in today's spelling
+    assert json.loads(again.to_json())["schema_version"] == 4  # written back in today's spelling
     obj["model_outputs"][2]["produced_by"] = "model_input"  # version 1 never wrote this
     with pytest.raises(
         ManifestError, match=r'model_outputs\[2\]\.produced_by: expected a stage index or "model input"'
@@ -266,8 +266,8 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
         ),
         (
             _set("schema_version", 99),
-            "m.json: schema_version 99 is not supported (this onnxpipe reads versions 1, 2 and 3, writes 3); "
-            "use the onnxpipe that wrote it or re-run onnxpipe split",
+            "m.json: schema_version 99 is not supported (this onnxpipe reads versions 1, 2, 3 and 4, "
+            "writes 4); use the onnxpipe that wrote it or re-run onnxpipe split",
         ),
         (
             _set("schema_version", "1"),
@@ -448,8 +448,8 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
         ),
         (
             _set("schema_version", -1),
-            "m.json: schema_version -1 is not supported (this onnxpipe reads versions 1, 2 and 3, writes 3); "
-            "use the onnxpipe that wrote it or re-run onnxpipe split",
+            "m.json: schema_version -1 is not supported (this onnxpipe reads versions 1, 2, 3 and 4, "
+            "writes 4); use the onnxpipe that wrote it or re-run onnxpipe split",
         ),
         (
             _set("stages", []),
@@ -484,7 +484,7 @@ def test_not_json() -> None:
 
 def test_a_version_2_manifest_still_reads() -> None:
     """Version 3 only added optional fields to version 2's: a version-2 file reads with their defaults
-    and is written back as version 3."""
+    and is written back as today's version."""
     m = two_stage_manifest()
     obj = json.loads(m.to_json())
     obj["schema_version"] = 2
@@ -493,13 +493,13 @@ def test_a_version_2_manifest_still_reads() -> None:
     again = Manifest.from_json(sealed(obj))
     assert again == m
     assert again.plan.node_splits == () and again.plan.decoder is None and again.plan.link_model is None
-    assert json.loads(again.to_json())["schema_version"] == 3
+    assert json.loads(again.to_json())["schema_version"] == SCHEMA_VERSION
 
 
 def test_schema_version_is_checked_before_any_other_field() -> None:
     """A manifest of another version may lay out every other field differently: say so, not 'missing'."""
-    with pytest.raises(ManifestError, match=r"^m\.json: schema_version 4 is not supported"):
-        Manifest.from_json('{"schema_version": 4}', source="m.json")
+    with pytest.raises(ManifestError, match=r"^m\.json: schema_version 5 is not supported"):
+        Manifest.from_json('{"schema_version": 5}', source="m.json")
 
 
 def test_optional_top_level_fields_may_be_absent() -> None:
@@ -619,41 +619,62 @@ def test_decoder_fields_round_trip_and_are_checked() -> None:
 
 
 def test_decoder_io_round_trips_and_is_checked() -> None:
-    """``plan.decoder.io`` (what a generation loop feeds and reads) is optional, read back, validated."""
+    """``plan.decoder.io``, the split's IO contract (each tensor a generation loop feeds or reads, with its
+    role), is optional, read back, validated; schema 3's form (the tensors by name) reads as the same
+    contract."""
     m = two_stage_manifest()
-    io = DecoderIORecord(
-        "input_ids",
-        "attention_mask",
-        None,
-        "logits",
-        (
-            KVPair(0, "past.0.key", "past.0.value", "present.0.key", "present.0.value"),
-            KVPair(1, "past.1", None, "present.1", None),
-        ),
+    kv = (
+        KVPair(0, "past.0.key", "past.0.value", "present.0.key", "present.0.value"),
+        KVPair(1, "past.1", None, "present.1", None),
     )
+    io = IOContract.of_decoder("input_ids", "attention_mask", None, "logits", kv)
     record = DecoderRecord(2, True, "free", 2048, "decode", (("decode", 1, 255),), io)
     dec = replace(m, plan=replace(m.plan, decoder=record))
     obj = json.loads(dec.to_json())
-    assert obj["plan"]["decoder"]["io"]["kv"][1] == {
-        "layer": 1,
-        "past_key": "past.1",
-        "past_value": None,
-        "present_key": "present.1",
-        "present_value": None,
-    }
+    assert obj["plan"]["decoder"]["io"]["inputs"][:2] == [
+        {"tensor": "input_ids", "role": "token_ids"},
+        {"tensor": "attention_mask", "role": "attention_mask"},
+    ]
+    assert {"tensor": "present.1", "role": "present_key", "layer": 1} in obj["plan"]["decoder"]["io"][
+        "outputs"
+    ]
     again = Manifest.from_json(dec.to_json())
     assert again == dec
     assert again.plan.decoder is not None and again.plan.decoder.io is not None
+    assert again.plan.decoder.io.kv == kv
     assert again.plan.decoder.io.past_to_present() == {
         "past.0.key": "present.0.key",
         "past.0.value": "present.0.value",
         "past.1": "present.1",
     }
-    obj["plan"]["decoder"]["io"]["kv"] = []
-    with pytest.raises(ManifestError, match=r"plan\.decoder\.io\.kv: expected at least one"):
-        Manifest.from_json(sealed(obj))
-    obj["plan"]["decoder"]["io"]["kv"] = [{"layer": 0}]
+    # schema 3 wrote the tensors by name: read as the same contract
+    v3 = json.loads(dec.to_json())
+    v3["schema_version"] = 3
+    v3["plan"]["decoder"]["io"] = {
+        "input_ids": "input_ids",
+        "attention_mask": "attention_mask",
+        "position_ids": None,
+        "logits": "logits",
+        "kv": [
+            {
+                "layer": p.layer,
+                "past_key": p.past_key,
+                "past_value": p.past_value,
+                "present_key": p.present_key,
+                "present_value": p.present_value,
+            }
+            for p in kv
+        ],
+    }
+    assert Manifest.from_json(sealed(v3)).plan.decoder.io == io  # type: ignore[union-attr]
+    v3["plan"]["decoder"]["io"]["kv"] = [{"layer": 0}]
     with pytest.raises(ManifestError, match=r"past_key"):
+        Manifest.from_json(sealed(v3))
+    obj["plan"]["decoder"]["io"]["outputs"] = obj["plan"]["decoder"]["io"]["outputs"][:1]
+    with pytest.raises(ManifestError, match=r"plan\.decoder\.io: the IO contract is incomplete: layer 0"):
+        Manifest.from_json(sealed(obj))
+    obj["plan"]["decoder"]["io"]["inputs"][0]["role"] = "tokens"
+    with pytest.raises(ManifestError, match=r"role: expected one of token_ids"):
         Manifest.from_json(sealed(obj))
     del obj["plan"]["decoder"]["io"]
     assert Manifest.from_json(sealed(obj)).plan.decoder.io is None  # type: ignore[union-attr]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from onnxpipe.core.errors import UsageError
-from onnxpipe.runtime.generate import next_token
+from onnxpipe.runtime.generation.scheduler import next_token
 from onnxpipe.runtime.options import Sampling
 from onnxpipe.runtime.sampling import draw, generator, last_logits, probabilities
 

@@ -40,7 +40,7 @@ again the same way, but the steps in flight are not sent again (they would grow 
 that survived twice): each fails alone with :class:`~onnxpipe.core.errors.CacheLost`, as does a later
 step that reaches the new actor for a sequence it holds no cache of (:class:`~.ray_actor.CacheGone`),
 and the generation loop rebuilds those sequences by a prefill of their tokens so far
-(:mod:`onnxpipe.runtime.generate`).
+(:mod:`onnxpipe.runtime.generation.scheduler`).
 
 The connection to Ray (started unless the caller did, shared, shut down by the last backend) is
 :mod:`~onnxpipe.runtime.backends.ray_connect`'s.  Ray is an optional dependency (``pip install

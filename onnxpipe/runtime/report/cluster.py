@@ -129,7 +129,8 @@ class HopShare:
 class GenerationCluster:
     """Where a generation ran on a Ray cluster: each stage's node, each hop's share of a step's time and
     each stage's own (``stage_shares``: its session's runs over the steps' time), and each lost actor
-    brought back (the sequences it held rebuilt: :attr:`~onnxpipe.runtime.generate.Generation.rebuilt`)."""
+    brought back (the sequences it held rebuilt:
+    :attr:`~onnxpipe.runtime.generation.result.Generation.rebuilt`)."""
 
     nodes: tuple[StageNode, ...]
     hops: tuple[HopShare, ...]

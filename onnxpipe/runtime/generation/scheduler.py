@@ -1,8 +1,9 @@
-"""Generation through a decoder's pipeline: prompts in, new tokens out, the cache kept by workers.
+"""The steps of a generation: prompts in, new tokens out, the cache kept by workers.
 
 Each sequence runs as a chain of steps: a prefill step with its whole prompt, then one step per new
-token.  A step's micro-batch carries the new token ids, the attention mask (ones over the cached and the
-new tokens) and the positions of the new tokens, plus the control tensor that tells each worker which
+token.  A step's micro-batch carries what the split's IO contract says the model takes besides its cache
+(:mod:`.feeds`: the new token ids, the attention mask, the positions of the new tokens), plus the
+control tensor that tells each worker which
 caches to read and grow (:mod:`onnxpipe.runtime.kvstate`); the caller never sends or receives the cache.
 
 **Sequences batched, continuously.**  A decode step's cost is mostly reading the weights, the same for
@@ -33,15 +34,15 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from onnxpipe.core.errors import CacheLost, UsageError
-from onnxpipe.manifest import DecoderIORecord
-from onnxpipe.runtime.kvstate import CONTROL, Control, PadSide, Row, StepFlags
+from onnxpipe.runtime.generation.feeds import StepFeeds
+from onnxpipe.runtime.kvstate import Control, PadSide, Row, StepFlags
 from onnxpipe.runtime.options import GenerateOptions, Sampling
 from onnxpipe.runtime.sampling import draw, generator, last_logits
 
@@ -53,45 +54,17 @@ OnToken = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
-class Generation:
-    """The new tokens of each prompt (in prompt order) and what the generation took."""
+class Run:
+    """What the steps made: each sequence's new tokens (in prompt order) and when each came (seconds from
+    the start), the wall time, the steps run, the sequences a step carried at most, the sequences rebuilt
+    after a lost worker.  :class:`~onnxpipe.runtime.generation.result.Generation` is made of it."""
 
     tokens: tuple[tuple[int, ...], ...]
+    times: tuple[tuple[float, ...], ...]
     seconds: float
-    """Wall time from the first step submitted to the last result."""
     steps: int
-    """Steps run (prefill steps included; a step of several sequences counts once)."""
-    first_token_seconds: tuple[float, ...] = ()
-    """Per prompt: from the start to its first new token (its prefill's latency under load)."""
-    texts: tuple[str, ...] | None = None
-    """Per prompt: its new tokens as text, when it was generated with a tokenizer."""
-    token_gaps: tuple[float, ...] = ()
-    """The time between each sequence's consecutive tokens, every sequence's together (time per token)."""
-    batch: int = 1
-    """Sequences per step at most."""
-    busy_shares: tuple[float, ...] = ()
-    """Each worker's share of the wall time spent running its model (a pipeline's; empty elsewhere):
-    the stage near 1 is the one the others wait for."""
-    rebuilt: int = 0
-    """Sequences whose KV caches were built again by a prefill of their tokens so far, after the worker
-    that held them was lost (a Ray node that died; the tokens are the same)."""
-
-    @property
-    def new_tokens(self) -> int:
-        return sum(len(t) for t in self.tokens)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
-
-    def time_to_first_token(self) -> float | None:
-        """The median time from the start to a sequence's first token (its prefill, under load)."""
-        return float(np.median(self.first_token_seconds)) if self.first_token_seconds else None
-
-    def time_per_token(self, quantile: float) -> float | None:
-        """The ``quantile`` (0.5: the median) of the time between a sequence's tokens; None if no
-        sequence made two."""
-        return float(np.quantile(self.token_gaps, quantile)) if self.token_gaps else None
+    batch: int
+    rebuilt: int
 
 
 @dataclass(frozen=True)
@@ -132,65 +105,6 @@ class _Group:
     ready: list[_Sequence] = field(default_factory=list)
     """Members whose last step came back (their prefill, or the group's step)."""
     busy: bool = False
-
-
-class StepFeeds:
-    """Makes a step's feeds for a decoder's inputs (token ids, mask, positions), in the model's dtypes."""
-
-    def __init__(self, io: DecoderIORecord, input_types: Mapping[str, str]) -> None:
-        self.io = io
-        pasts = {t for r in io.kv for t in r.pasts}
-        known = {io.ids_input, io.mask_input, io.positions_input, CONTROL} | pasts
-        other = [n for n in input_types if n not in known]
-        if other:
-            raise UsageError(
-                f"model input {other[0]!r} is none of the token ids, the attention mask, the positions or "
-                "the cache: onnxpipe's generation loop does not know what to feed it"
-            )
-        self.types = {
-            n: np.dtype(t if t not in ("", "undefined") else "int64") for n, t in input_types.items()
-        }
-
-    def can_pad(self, side: PadSide) -> bool:
-        """Whether sequences of different lengths can share a step: the mask says which slots are
-        theirs, and each new token's position is given (``RIGHT``: the attention reads it off the
-        mask)."""
-        return self.io.mask_input is not None and (
-            side == PadSide.RIGHT or self.io.positions_input is not None
-        )
-
-    def feeds(self, new: Sequence[int], cached: int, control: Control) -> Tensors:
-        """``new`` tokens after ``cached`` ones of one sequence: ids ``[1, n]``, mask ``[1, cached + n]``,
-        positions."""
-        n = len(new)
-        io = self.io
-        out: Tensors = {io.ids_input: np.asarray([new], dtype=self.types[io.ids_input])}
-        if io.mask_input is not None:
-            out[io.mask_input] = np.ones((1, cached + n), dtype=self.types[io.mask_input])
-        if io.positions_input is not None:
-            positions = np.arange(cached, cached + n)[None, :]
-            out[io.positions_input] = positions.astype(self.types[io.positions_input])
-        out[CONTROL] = control.tensor()
-        return out
-
-    def batched(self, tokens: Sequence[int], control: Control) -> Tensors:
-        """One new token per sequence of ``control`` (``tokens[i]`` after its ``cached``): ids ``[B, 1]``,
-        the mask ``[B, L + 1]`` with each sequence's padding zero, positions ``[B, 1]``."""
-        io = self.io
-        length = control.length
-        cached = np.array([r.cached for r in control.rows])
-        out: Tensors = {io.ids_input: np.asarray(tokens, dtype=self.types[io.ids_input])[:, None]}
-        if io.mask_input is not None:
-            slots = np.arange(length + 1)[None, :]
-            if control.side == PadSide.LEFT:
-                mask = slots >= (length - cached)[:, None]
-            else:
-                mask = slots <= cached[:, None]
-            out[io.mask_input] = mask.astype(self.types[io.mask_input])
-        if io.positions_input is not None:
-            out[io.positions_input] = cached[:, None].astype(self.types[io.positions_input])
-        out[CONTROL] = control.tensor()
-        return out
 
 
 def next_token(
@@ -240,7 +154,7 @@ class _Scheduler:
         self.batching = batching
         self.limit = limit
         """Sequences in flight at most."""
-        self.logits = str(feeds.io.logits_output)
+        self.logits = str(feeds.contract.logits)
         self.stops = frozenset(options.eos_token_ids or ())
         self.sampling = options.sampling
         self.running: dict[Future[Tensors], tuple[list[_Sequence], _Group, bool]] = {}
@@ -265,7 +179,7 @@ class _Scheduler:
             s = waiting.popleft()
             group.members.append(s)
             control = Control.one(s.ident, self._flags(s, True), 0)
-            self._send(self.feeds.feeds(s.prompt, 0, control), [s], group, decode=False)
+            self._send(self.feeds.step([s.prompt], control), [s], group, decode=False)
             s.cached = len(s.prompt)
 
     def step_groups(self) -> None:
@@ -276,13 +190,7 @@ class _Scheduler:
             members, group.ready = group.ready, []
             rows = tuple(Row(s.ident, self._flags(s, False), s.cached) for s in members)
             control = Control(rows, self.batching.side)
-            tokens = [s.new[-1] for s in members]
-            alone = len(members) == 1  # the plain feeds: no padding, no stacking
-            feeds = (
-                self.feeds.feeds(tokens, members[0].cached, control)
-                if alone
-                else self.feeds.batched(tokens, control)
-            )
+            feeds = self.feeds.step([[s.new[-1]] for s in members], control)
             group.busy = True
             self._send(feeds, members, group, decode=True)
             for s in members:
@@ -319,7 +227,7 @@ class _Scheduler:
         for s in members:
             history = (*s.prompt, *s.new)
             control = Control.one(s.ident, self._flags(s, True), 0)
-            self._send(self.feeds.feeds(history, 0, control), [s], group, decode=False)
+            self._send(self.feeds.step([history], control), [s], group, decode=False)
             s.cached = len(history)
             self.rebuilt += 1
 
@@ -329,28 +237,26 @@ class _Scheduler:
         elif token in self.stops:
             group.members.remove(s)
             drop = Control.one(s.ident, StepFlags.DROP, s.cached)
-            self.drops.append(self.submit(self.feeds.feeds([token], s.cached, drop), group.lane))
+            self.drops.append(self.submit(self.feeds.step([[token]], drop), group.lane))
         else:
             group.ready.append(s)
 
-    def finish(self, seqs: list[_Sequence]) -> Generation:
+    def finish(self, seqs: list[_Sequence]) -> Run:
         seconds = time.perf_counter() - self.start
         for fut in self.drops:
             if not isinstance(fut.exception(), CacheLost):  # a cache lost is a cache dropped
                 fut.result()
-        gaps = tuple(b - a for s in seqs for a, b in zip(s.times, s.times[1:], strict=False))
-        return Generation(
+        return Run(
             tokens=tuple(tuple(s.new) for s in seqs),
+            times=tuple(tuple(s.times) for s in seqs),
             seconds=seconds,
             steps=self.steps,
-            first_token_seconds=tuple(s.times[0] if s.times else 0.0 for s in seqs),
-            token_gaps=gaps,
             batch=self.batching.size,
             rebuilt=self.rebuilt,
         )
 
 
-def generate(
+def schedule(
     submit: Submit,
     lanes: int,
     step_feeds: StepFeeds,
@@ -359,7 +265,7 @@ def generate(
     first_ident: int = 0,
     on_token: OnToken | None = None,
     batching: Batching | None = None,
-) -> Generation:
+) -> Run:
     """New tokens for each of ``options.prompt_ids`` through a pipeline's ``submit``, in groups spread
     over ``lanes``, each decode step carrying up to ``batching.size`` sequences (default: one);
     ``first_ident``: the first sequence id (ids must not repeat while caches are held); ``on_token`` is
