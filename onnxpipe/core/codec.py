@@ -192,10 +192,13 @@ class Codec:
         if _is_union(hint):
             return self.encode(_member_of(hint, value), value)
         if dataclasses.is_dataclass(hint) or _is_named_tuple(hint):
+            fields = _record_fields(hint)
+            # a NamedTuple's fields by position: a plain tuple of the same values writes the same
+            got = dict(zip((n for n, *_ in fields), value, strict=True)) if _is_named_tuple(hint) else None
             return {
-                key: self.encode(t, getattr(value, name))
-                for name, key, t, default in _record_fields(hint)
-                if not _left_out(getattr(value, name), default)
+                key: self.encode(t, x)
+                for name, key, t, default in fields
+                if not _left_out(x := got[name] if got is not None else getattr(value, name), default)
             }
         origin, args = get_origin(hint), get_args(hint)
         pair = _pair_types(hint)
@@ -207,8 +210,6 @@ class Codec:
         if origin in (Mapping, dict) or hint in (Mapping, dict):
             value_t = args[1] if args else Any
             return {str(k): self.encode(value_t, v) for k, v in value.items()}
-        if isinstance(hint, type) and issubclass(hint, enum.Enum):
-            return value.value
         if hint is float:
             return number(value)
         return value.value if isinstance(value, enum.Enum) else value

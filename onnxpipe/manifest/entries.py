@@ -7,12 +7,13 @@ imports onnx: a runtime that only reads split folders needs none of the splittin
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Annotated, Literal, NamedTuple
 
 from onnxpipe.core.choices import Ends, LinkModel, Phase, PhaseChoice
-from onnxpipe.core.dims import Shape
+from onnxpipe.core.codec import Expected, FieldError, Finite, Minimum, json_name
 from onnxpipe.core.inputfiles import InputRecord
+from onnxpipe.core.jsonread import Rule
 from onnxpipe.core.kv import KVPair
 
 SCHEMA_VERSION = 3
@@ -32,6 +33,40 @@ V1_MODEL_INPUT = "model input"
 """How version 1 spelled :data:`MODEL_INPUT`."""
 
 
+def _is_plain_file_name(name: str) -> bool:
+    return name not in ("", ".", "..") and "/" not in name and "\\" not in name
+
+
+def _is_sha256(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
+# A stage file outside the folder would let a manifest make the runner load (and check_stage_files hash)
+# any file on the machine; a malformed hash could never match, so it is refused when read, not at load.
+FileName = Annotated[str, Rule(_is_plain_file_name, "a plain file name in the folder")]
+Sha256 = Annotated[str, Rule(_is_sha256, "a sha256 as 64 lowercase hex digits")]
+Shape = (
+    tuple[Annotated[int | str | None, Expected("a dim (integer >= 0, symbolic name or null)")], ...] | None
+)
+"""A tensor's shape as the manifest keeps it (:data:`onnxpipe.core.dims.Shape`), each dim checked."""
+StageOrModel = Annotated[int | Literal["model"], Expected('a stage index or "model"')]
+StageOrModelInput = Annotated[int | Literal["model_input"], Expected('a stage index or "model_input"')]
+StageOrModelOutput = Annotated[int | Literal["model_output"], Expected('a stage index or "model_output"')]
+Positive = Annotated[int, Minimum(1)]
+
+
+def _check_contract(shape: Shape, profiled_shape: tuple[int, ...] | None, batch_axis: int | None) -> None:
+    """The boundary contract of a tensor entry (schema 3): a concrete profiled shape of the declared rank,
+    and a batch axis within it."""
+    if profiled_shape is not None and shape is not None and len(profiled_shape) != len(shape):
+        raise FieldError(
+            "profiled_shape", f"expected {len(shape)} dims, as many as its shape, got {len(profiled_shape)}"
+        )
+    rank = len(profiled_shape) if profiled_shape is not None else (len(shape) if shape is not None else None)
+    if batch_axis is not None and rank is not None and batch_axis >= rank:
+        raise FieldError("batch_axis", f"expected an axis below its rank {rank}, got {batch_axis}")
+
+
 @dataclass(frozen=True)
 class SourceInfo:
     """The model that was split: its file name, where it is, and its content hash.
@@ -42,7 +77,7 @@ class SourceInfo:
 
     file: str
     path: str | None
-    sha256: str
+    sha256: Sha256
 
 
 @dataclass(frozen=True)
@@ -58,6 +93,9 @@ class ModelTensor:
     batch_axis: int | None = None
     """The axis that carries the model inputs' batch dim; None when it has none (added in schema 3)."""
 
+    def __post_init__(self) -> None:
+        _check_contract(self.shape, self.profiled_shape, self.batch_axis)
+
 
 @dataclass(frozen=True)
 class ModelOutput:
@@ -66,12 +104,15 @@ class ModelOutput:
     name: str
     dtype: str
     shape: Shape
-    produced_by: int | Literal["model_input"]
+    produced_by: StageOrModelInput
     profiled_shape: tuple[int, ...] | None = None
     """Its concrete shape when the model ran at ``plan.profiled_input_shapes`` (observed, or worked out
     from the model inputs' symbols); None when neither could tell (added in schema 3)."""
     batch_axis: int | None = None
     """The axis that carries the model inputs' batch dim; None when it has none (added in schema 3)."""
+
+    def __post_init__(self) -> None:
+        _check_contract(self.shape, self.profiled_shape, self.batch_axis)
 
 
 @dataclass(frozen=True)
@@ -82,12 +123,15 @@ class StageInput:
     dtype: str
     shape: Shape
     bytes_per_sample: int
-    source: int | Literal["model"]
+    source: StageOrModel
     profiled_shape: tuple[int, ...] | None = None
     """Its concrete shape when the model ran at ``plan.profiled_input_shapes`` (observed, or worked out
     from the model inputs' symbols); None when neither could tell (added in schema 3)."""
     batch_axis: int | None = None
     """The axis that carries the model inputs' batch dim; None when it has none (added in schema 3)."""
+
+    def __post_init__(self) -> None:
+        _check_contract(self.shape, self.profiled_shape, self.batch_axis)
 
 
 @dataclass(frozen=True)
@@ -98,12 +142,15 @@ class StageOutput:
     dtype: str
     shape: Shape
     bytes_per_sample: int
-    consumers: tuple[int | Literal["model_output"], ...]
+    consumers: tuple[StageOrModelOutput, ...]
     profiled_shape: tuple[int, ...] | None = None
     """Its concrete shape when the model ran at ``plan.profiled_input_shapes`` (observed, or worked out
     from the model inputs' symbols); None when neither could tell (added in schema 3)."""
     batch_axis: int | None = None
     """The axis that carries the model inputs' batch dim; None when it has none (added in schema 3)."""
+
+    def __post_init__(self) -> None:
+        _check_contract(self.shape, self.profiled_shape, self.batch_axis)
 
 
 @dataclass(frozen=True)
@@ -123,10 +170,10 @@ class StageEntry:
     """One stage file and what the plan estimated for it."""
 
     index: int
-    file: str
-    sha256: str
-    external_data: str | None
-    external_data_sha256: str | None
+    file: FileName
+    sha256: Sha256
+    external_data: FileName | None
+    external_data_sha256: Sha256 | None
     node_count: int
     constant_node_count: int
     device: str
@@ -151,7 +198,7 @@ class StageEntry:
     recomputed_node_count: int = 0
     """Copies of earlier stages' nodes in this file: they make the shape values and constant-only
     values it would otherwise receive (added in schema 3)."""
-    required_opsets: tuple[tuple[str, int], ...] = ()
+    required_opsets: tuple[tuple[str, Positive], ...] = ()
     """``(domain, version)`` of every op domain the stage file's nodes use (``""`` is the default ONNX
     domain), sorted: what a runtime must support to load it (added in schema 3)."""
 
@@ -170,11 +217,18 @@ class NodeSplitRecord:
 
     node: str
     kind: str
-    parts: int
+    parts: Annotated[int, Minimum(2)]
     stages: tuple[int, ...]
     contiguous_bound_seconds: float
     """``max(total / K, largest node)``: the bound no contiguous split beats, which this split passed."""
     contiguous_bottleneck_seconds: float
+
+    def __post_init__(self) -> None:
+        if len(self.stages) != self.parts or list(self.stages) != sorted(self.stages):
+            raise FieldError(
+                "stages",
+                f"expected {self.parts} non-decreasing stage indices, one per part, got {list(self.stages)}",
+            )
 
 
 @dataclass(frozen=True)
@@ -182,12 +236,16 @@ class DecoderIORecord:
     """``plan.decoder.io``: what a generation loop feeds and reads (optional; a manifest written before
     it lacks it, and ``onnxpipe generate`` then asks for a fresh split)."""
 
-    ids_input: str
-    mask_input: str | None
-    positions_input: str | None
-    logits_output: str | None
+    ids_input: str = field(metadata=json_name("input_ids"))
+    mask_input: str | None = field(metadata=json_name("attention_mask"))
+    positions_input: str | None = field(metadata=json_name("position_ids"))
+    logits_output: str | None = field(metadata=json_name("logits"))
     kv: tuple[KVPair, ...]
     """Each layer's past and present tensors, as :func:`onnxpipe.ir.decoder.find_decoder` found them."""
+
+    def __post_init__(self) -> None:
+        if not self.kv:
+            raise FieldError("kv", "expected at least one layer's cache tensors")
 
     def past_to_present(self) -> dict[str, str]:
         """Each past input's present output (the next step's past)."""
@@ -200,9 +258,9 @@ class DecoderModelRecord:
     graph, and the tokenizer files the split copied beside its stages (optional; a manifest written before
     it lacks it)."""
 
-    vocab_size: int | None
+    vocab_size: Positive | None = None
     """Token ids are below it: the logits' width (else the embedding's rows)."""
-    context_length: int | None
+    context_length: Positive | None = None
     """Positions the model itself takes (its config's, its rotary or position table's); None when nothing
     says."""
     bos_token_id: int | None = None
@@ -212,11 +270,19 @@ class DecoderModelRecord:
     config: str | None = None
     """The config file the ids and context came from (``genai_config.json``, ``config.json``); None: the
     graph alone."""
-    files: tuple[str, ...] = ()
+    files: tuple[FileName, ...] = ()
     """The tokenizer, chat template and generation files copied into the folder."""
-    chat_template: str | None = None
+    chat_template: FileName | None = None
     """The file in the folder that holds the chat template (``chat_template.jinja``,
     ``tokenizer_config.json``...); None when the model has none."""
+
+
+class PhaseShape(NamedTuple):
+    """A phase a decoder was profiled at: its new tokens and its cached ones."""
+
+    phase: Phase
+    new_tokens: Positive
+    past_tokens: int
 
 
 @dataclass(frozen=True)
@@ -224,17 +290,17 @@ class DecoderRecord:
     """What the plan of a decoder with a KV cache adds: its layers, how it was cut, the context its cache
     is counted at (the plan's ``decoder``, and ``plan.decoder`` in the manifest)."""
 
-    layers: int
+    layers: Positive
     layer_cuts: bool
     """Whether cuts fell between layers only (each layer's cache in one stage)."""
     ends: Ends
     """Where the embedding and LM head went."""
-    max_context: int
+    max_context: Positive
     """Tokens of context the stages' ``kv_cache_bytes`` are for: the ``max_context`` asked for, or the
     model's own context where that is smaller."""
     phase: PhaseChoice
     """What the stage estimates are for."""
-    phase_shapes: tuple[tuple[Phase, int, int], ...] = ()
+    phase_shapes: tuple[PhaseShape, ...] = ()
     """(phase, new tokens, cached tokens) of each phase profiled."""
     io: DecoderIORecord | None = None
     """The tensors a generation loop feeds and reads."""
@@ -247,21 +313,21 @@ class PlanSummary:
     """The numbers that justify the partition (made by :meth:`onnxpipe.planning.types.Plan.summary`)."""
 
     objective: str
-    k: int
+    k: Positive
     bottleneck_seconds: float
     lower_bound_seconds: float
     ratio_to_lower_bound: float
     cost_source: str
-    threads: int
+    threads: Positive
     bandwidth_bytes_per_s: float
     profiled_input_shapes: Mapping[str, tuple[int, ...]]
-    notes: tuple[str, ...] = ()
+    notes: tuple[str, ...]
     duplicated_param_bytes: int = 0
-    workers: int | None = None
+    workers: Positive | None = None
     """How many workers run the stages (``k`` unless the split is interleaved; ``None``: ``k``)."""
-    time_slack: float = 0.0
+    time_slack: Annotated[float, Finite()] = 0.0
     """An interleaved split's accepted slowdown for weight balance (see ``onnxpipe split --time-slack``)."""
-    reference_seconds: float | None = None
+    reference_seconds: Annotated[float, Finite()] | None = None
     """The whole model's time per run (one session, the plan's threads, the profiled shapes), measured
     when the stage estimates were: the profile's median run, or timed right after calibration.  A run
     times the model again (``onnxpipe run --compare``) and so tells the machine's own change of speed
@@ -278,8 +344,16 @@ class PlanSummary:
     decoder: DecoderRecord | None = None
     """Set when the model is a decoder with a KV cache."""
 
+    def __post_init__(self) -> None:
+        if self.time_slack < 0:
+            raise FieldError("time_slack", f"expected a share of 0 or more, got {self.time_slack}")
+        if self.reference_seconds is not None and self.reference_seconds <= 0:
+            raise FieldError(
+                "reference_seconds", f"expected a time above 0 seconds, got {self.reference_seconds}"
+            )
 
-VERIFICATION_STATUSES = ("unverified", "passed", "failed")
+
+VerificationStatus = Literal["unverified", "passed", "failed"]
 """``verification.status``: not (yet) compared with the model, or compared and found to match or not."""
 
 
@@ -291,12 +365,20 @@ class VerificationRecord:
     a folder whose verification was interrupted (Ctrl-C) says so; ``onnxpipe verify`` writes its result.
     ``rtol``, ``atol``, ``seed``, ``runs`` and ``input_shapes`` say how (None while unverified)."""
 
-    status: str
-    rtol: float | None = None
-    atol: float | None = None
-    seed: int | None = None
-    runs: int | None = None
+    status: VerificationStatus
+    rtol: Annotated[float, Finite()] | None = None
+    atol: Annotated[float, Finite()] | None = None
+    seed: Annotated[int, Minimum(None)] | None = None
+    runs: Positive | None = None
     input_shapes: Mapping[str, tuple[int, ...]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.verified:
+            for key in ("rtol", "atol", "seed", "runs", "input_shapes"):
+                if getattr(self, key) is None:
+                    raise FieldError(
+                        key, "missing; a verified manifest says how: rtol, atol, seed, runs and input_shapes"
+                    )
 
     @property
     def verified(self) -> bool:

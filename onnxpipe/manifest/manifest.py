@@ -24,8 +24,10 @@ from typing import Any
 import onnxpipe.manifest.read as read
 import onnxpipe.manifest.write as write
 from onnxpipe.cluster.model import Cluster
+from onnxpipe.core.codec import Codec, Special
 from onnxpipe.core.errors import ManifestError
 from onnxpipe.core.files import file_sha256, write_text_atomic
+from onnxpipe.core.inputfiles import InputRecord
 from onnxpipe.core.jsonread import Document
 from onnxpipe.manifest.check import check_consistency
 from onnxpipe.manifest.entries import (
@@ -40,6 +42,16 @@ from onnxpipe.manifest.entries import (
     VerificationRecord,
 )
 from onnxpipe.schedule.timeline import Timeline
+
+CODEC = Codec(
+    {
+        Cluster: Special(Cluster.to_obj, read.cluster),
+        Timeline: Special(write.timeline_obj, read.timeline),
+        InputRecord: Special(InputRecord.to_obj, lambda v: InputRecord.read(v.fields())),
+    }
+)
+"""The manifest's records as JSON: each from its fields' types, the devices, the schedule and the
+sample input files in formats of their own (a devices file's, a compact timeline, a profile's)."""
 
 
 @dataclass(frozen=True)
@@ -76,9 +88,15 @@ class Manifest:
         """The stages ``worker`` runs, in pipeline order."""
         return tuple(s for s in range(self.k) if self.worker_of(s) == worker)
 
+    def to_obj(self) -> dict[str, Any]:
+        """The manifest as a JSON object, ``schema_version`` first (its ``digest`` not yet added)."""
+        obj: dict[str, Any] = CODEC.encode(Manifest, self)
+        obj["schedule"] = write.timeline_obj(self.schedule, [s.device for s in self.stages])
+        return {"schema_version": obj.pop("schema_version"), **obj}
+
     def to_json(self) -> str:
         """The manifest as indented JSON text (ends with a newline), sealed with its ``digest``."""
-        obj = write.manifest_obj(self)
+        obj = self.to_obj()
         obj["digest"] = content_digest(obj)
         return write.dumps(obj) + "\n"
 
@@ -92,20 +110,7 @@ class Manifest:
                 f"{source}: not valid JSON ({e.msg} at line {e.lineno}); re-run onnxpipe split"
             ) from e
         doc = Document(source, ManifestError, "re-run onnxpipe split", root="manifest")
-        top = doc.read(obj).fields()
-        version = read.schema_version(top)
-        manifest = Manifest(
-            source=top["source"].object(read.source),
-            model_inputs=top["model_inputs"].objects(read.model_tensor),
-            model_outputs=top["model_outputs"].objects(lambda f: read.model_output(f, version)),
-            stages=top["stages"].objects(read.stage),
-            plan=top["plan"].object(read.plan),
-            schedule=read.timeline(top["schedule"]),
-            schema_version=SCHEMA_VERSION,
-            cluster=read.cluster(top.get("cluster", None)),
-            device_costs=top.get("device_costs", []).objects(read.device_record),
-            verification=read.verification(top.get("verification", None)),
-        )
+        manifest: Manifest = CODEC.decode(Manifest, doc.read(read.upgraded(obj, doc)))
         check_consistency(manifest, doc)
         _check_digest(obj, source)  # last: a field an edit broke is named by its own check first
         return manifest

@@ -500,12 +500,15 @@ def test_schema_version_is_checked_before_any_other_field() -> None:
 
 
 def test_optional_top_level_fields_may_be_absent() -> None:
-    """``cluster`` and ``device_costs`` came after the first manifests: absent reads as none."""
+    """``cluster`` and ``device_costs`` came after the first manifests: absent reads as none (and a
+    manifest without them leaves them out)."""
+    assert not {"cluster", "device_costs"} & set(json.loads(two_stage_manifest().to_json()))
 
-    def drop(obj: dict[str, Any]) -> None:
-        del obj["cluster"], obj["device_costs"]
+    def add(obj: dict[str, Any]) -> None:
+        obj.update(cluster=None, device_costs=[])
 
-    text = edited(drop)
+    assert Manifest.from_json(edited(add)) == two_stage_manifest()
+    text = edited(lambda obj: None)
     back = Manifest.from_json(text)
     assert back.cluster is None and back.device_costs == () and back == two_stage_manifest()
 
