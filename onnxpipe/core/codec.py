@@ -140,7 +140,8 @@ def _pair_types(hint: Any) -> tuple[Any, Any] | None:
         return None
     key, value = get_args(pair)
     key_type = _unwrap(key)[0]
-    return (key, value) if isinstance(key_type, type) and issubclass(key_type, str) else None
+    keyed = isinstance(key_type, type) and issubclass(key_type, str) and value is not Ellipsis
+    return (key, value) if keyed else None
 
 
 def _record_fields(cls: type) -> list[tuple[str, str, Any, Any]]:

@@ -1,20 +1,21 @@
 """What ``manifest.json`` holds, entry by entry: frozen dataclasses and the words that stand for places.
 
-The whole manifest is :class:`onnxpipe.manifest.manifest.Manifest`; these are its parts.  Nothing here
+The whole manifest is :class:`onnxpipe.manifest.manifest.Manifest`; these are its parts that say what
+was written: files, tensors, the verification.  The plan's own records (its numbers, a decoder's, the
+values a stage remakes) are :mod:`onnxpipe.planning.records`', held here as they are.  Nothing here
 imports onnx: a runtime that only reads split folders needs none of the splitting machinery.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Annotated, Literal, NamedTuple
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
-from onnxpipe.core.choices import Ends, LinkModel, Phase, PhaseChoice
-from onnxpipe.core.codec import Expected, FieldError, Finite, Minimum, json_name
-from onnxpipe.core.inputfiles import InputRecord
-from onnxpipe.core.jsonread import Rule
-from onnxpipe.core.kv import KVPair
+from onnxpipe.core.choices import Phase
+from onnxpipe.core.codec import Expected, FieldError, Finite, Minimum
+from onnxpipe.core.files import FileName, Sha256
+from onnxpipe.planning.records import Positive, SameValue
 
 SCHEMA_VERSION = 3
 """Version 3 adds the fields a runner must honour (a device's ``runtime``, a decoder's ``kv_layers``)
@@ -33,18 +34,6 @@ V1_MODEL_INPUT = "model input"
 """How version 1 spelled :data:`MODEL_INPUT`."""
 
 
-def _is_plain_file_name(name: str) -> bool:
-    return name not in ("", ".", "..") and "/" not in name and "\\" not in name
-
-
-def _is_sha256(text: str) -> bool:
-    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
-
-
-# A stage file outside the folder would let a manifest make the runner load (and check_stage_files hash)
-# any file on the machine; a malformed hash could never match, so it is refused when read, not at load.
-FileName = Annotated[str, Rule(_is_plain_file_name, "a plain file name in the folder")]
-Sha256 = Annotated[str, Rule(_is_sha256, "a sha256 as 64 lowercase hex digits")]
 Shape = (
     tuple[Annotated[int | str | None, Expected("a dim (integer >= 0, symbolic name or null)")], ...] | None
 )
@@ -52,7 +41,6 @@ Shape = (
 StageOrModel = Annotated[int | Literal["model"], Expected('a stage index or "model"')]
 StageOrModelInput = Annotated[int | Literal["model_input"], Expected('a stage index or "model_input"')]
 StageOrModelOutput = Annotated[int | Literal["model_output"], Expected('a stage index or "model_output"')]
-Positive = Annotated[int, Minimum(1)]
 
 
 def _check_contract(shape: Shape, profiled_shape: tuple[int, ...] | None, batch_axis: int | None) -> None:
@@ -154,18 +142,6 @@ class StageOutput:
 
 
 @dataclass(frozen=True)
-class SameValue:
-    """A tensor a stage's nodes read under ``name`` and that it receives as the equal input ``same_as``
-    (an ``Identity`` node in the stage file makes one from the other).
-
-    A plan's stage (:attr:`onnxpipe.planning.types.StageSpec.aliases`) also remakes so the repeats of a
-    value it emits, from that output; the manifest lists the received ones only."""
-
-    name: str
-    same_as: str
-
-
-@dataclass(frozen=True)
 class StageEntry:
     """One stage file and what the plan estimated for it."""
 
@@ -208,149 +184,6 @@ class StageEntry:
     """That cache's bytes at the plan's maximum context (:attr:`DecoderRecord.max_context`)."""
     estimated_phase_seconds: tuple[tuple[Phase, float], ...] = ()
     """A decoder's estimated stage time at each phase profiled, as (phase, seconds)."""
-
-
-@dataclass(frozen=True)
-class NodeSplitRecord:
-    """A node the plan cut into parts over consecutive stages (added in schema 3, optional; made by
-    :meth:`onnxpipe.planning.types.NodeSplit.record`)."""
-
-    node: str
-    kind: str
-    parts: Annotated[int, Minimum(2)]
-    stages: tuple[int, ...]
-    contiguous_bound_seconds: float
-    """``max(total / K, largest node)``: the bound no contiguous split beats, which this split passed."""
-    contiguous_bottleneck_seconds: float
-
-    def __post_init__(self) -> None:
-        if len(self.stages) != self.parts or list(self.stages) != sorted(self.stages):
-            raise FieldError(
-                "stages",
-                f"expected {self.parts} non-decreasing stage indices, one per part, got {list(self.stages)}",
-            )
-
-
-@dataclass(frozen=True)
-class DecoderIORecord:
-    """``plan.decoder.io``: what a generation loop feeds and reads (optional; a manifest written before
-    it lacks it, and ``onnxpipe generate`` then asks for a fresh split)."""
-
-    ids_input: str = field(metadata=json_name("input_ids"))
-    mask_input: str | None = field(metadata=json_name("attention_mask"))
-    positions_input: str | None = field(metadata=json_name("position_ids"))
-    logits_output: str | None = field(metadata=json_name("logits"))
-    kv: tuple[KVPair, ...]
-    """Each layer's past and present tensors, as :func:`onnxpipe.ir.decoder.find_decoder` found them."""
-
-    def __post_init__(self) -> None:
-        if not self.kv:
-            raise FieldError("kv", "expected at least one layer's cache tensors")
-
-    def past_to_present(self) -> dict[str, str]:
-        """Each past input's present output (the next step's past)."""
-        return {p: q for r in self.kv for p, q in zip(r.pasts, r.presents, strict=True)}
-
-
-@dataclass(frozen=True)
-class DecoderModelRecord:
-    """``plan.decoder.model``: what a generator checks before any work, from the model's own config and its
-    graph, and the tokenizer files the split copied beside its stages (optional; a manifest written before
-    it lacks it)."""
-
-    vocab_size: Positive | None = None
-    """Token ids are below it: the logits' width (else the embedding's rows)."""
-    context_length: Positive | None = None
-    """Positions the model itself takes (its config's, its rotary or position table's); None when nothing
-    says."""
-    bos_token_id: int | None = None
-    eos_token_ids: tuple[int, ...] = ()
-    """The ids that end a sequence, from the model's config; empty when no config says them."""
-    pad_token_id: int | None = None
-    config: str | None = None
-    """The config file the ids and context came from (``genai_config.json``, ``config.json``); None: the
-    graph alone."""
-    files: tuple[FileName, ...] = ()
-    """The tokenizer, chat template and generation files copied into the folder."""
-    chat_template: FileName | None = None
-    """The file in the folder that holds the chat template (``chat_template.jinja``,
-    ``tokenizer_config.json``...); None when the model has none."""
-
-
-class PhaseShape(NamedTuple):
-    """A phase a decoder was profiled at: its new tokens and its cached ones."""
-
-    phase: Phase
-    new_tokens: Positive
-    past_tokens: int
-
-
-@dataclass(frozen=True)
-class DecoderRecord:
-    """What the plan of a decoder with a KV cache adds: its layers, how it was cut, the context its cache
-    is counted at (the plan's ``decoder``, and ``plan.decoder`` in the manifest)."""
-
-    layers: Positive
-    layer_cuts: bool
-    """Whether cuts fell between layers only (each layer's cache in one stage)."""
-    ends: Ends
-    """Where the embedding and LM head went."""
-    max_context: Positive
-    """Tokens of context the stages' ``kv_cache_bytes`` are for: the ``max_context`` asked for, or the
-    model's own context where that is smaller."""
-    phase: PhaseChoice
-    """What the stage estimates are for."""
-    phase_shapes: tuple[PhaseShape, ...] = ()
-    """(phase, new tokens, cached tokens) of each phase profiled."""
-    io: DecoderIORecord | None = None
-    """The tensors a generation loop feeds and reads."""
-    model: DecoderModelRecord | None = None
-    """The model's limits and token ids, and the tokenizer files in the folder (written by the export)."""
-
-
-@dataclass(frozen=True)
-class PlanSummary:
-    """The numbers that justify the partition (made by :meth:`onnxpipe.planning.types.Plan.summary`)."""
-
-    objective: str
-    k: Positive
-    bottleneck_seconds: float
-    lower_bound_seconds: float
-    ratio_to_lower_bound: float
-    cost_source: str
-    threads: Positive
-    bandwidth_bytes_per_s: float
-    profiled_input_shapes: Mapping[str, tuple[int, ...]]
-    notes: tuple[str, ...]
-    duplicated_param_bytes: int = 0
-    workers: Positive | None = None
-    """How many workers run the stages (``k`` unless the split is interleaved; ``None``: ``k``)."""
-    time_slack: Annotated[float, Finite()] = 0.0
-    """An interleaved split's accepted slowdown for weight balance (see ``onnxpipe split --time-slack``)."""
-    reference_seconds: Annotated[float, Finite()] | None = None
-    """The whole model's time per run (one session, the plan's threads, the profiled shapes), measured
-    when the stage estimates were: the profile's median run, or timed right after calibration.  A run
-    times the model again (``onnxpipe run --compare``) and so tells the machine's own change of speed
-    since from what the estimates got wrong.  None for static costs and plans for other devices."""
-    profiled_inputs: tuple[InputRecord, ...] = ()
-    """The sample input files (``--inputs``) the costs were measured on, by name, sha256 and shapes
-    (never their data); empty when the inputs were random at ``profiled_input_shapes``."""
-    node_splits: tuple[NodeSplitRecord, ...] = ()
-    """Nodes cut into parts placed in consecutive stages (``--split-nodes auto``); empty: none."""
-    link_model: LinkModel | None = None
-    """``serial`` (a stage's transfer in adds to its compute) or ``overlap`` (links run beside compute);
-    None in a manifest written before the field (whose plans were serial without a devices file,
-    overlap with one)."""
-    decoder: DecoderRecord | None = None
-    """Set when the model is a decoder with a KV cache."""
-
-    def __post_init__(self) -> None:
-        if self.time_slack < 0:
-            raise FieldError("time_slack", f"expected a share of 0 or more, got {self.time_slack}")
-        if self.reference_seconds is not None and self.reference_seconds <= 0:
-            raise FieldError(
-                "reference_seconds", f"expected a time above 0 seconds, got {self.reference_seconds}"
-            )
 
 
 VerificationStatus = Literal["unverified", "passed", "failed"]

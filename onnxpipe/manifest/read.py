@@ -3,7 +3,7 @@ to today's layout, and the two parts with formats of their own (the schedule, th
 
 Every record is read by :mod:`onnxpipe.core.codec` from its fields' types, each value checked with a
 message naming the file and the field's JSON path.  Unknown keys are ignored (additive changes keep
-``schema_version``, docs/manifest.md); the rules that span fields are :mod:`onnxpipe.manifest.check`'s.
+``schema_version``, docs/manifest.md); the rules that span fields are :mod:`onnxpipe.manifest.manifest`'s.
 """
 
 from __future__ import annotations

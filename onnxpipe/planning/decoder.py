@@ -34,8 +34,8 @@ from onnxpipe.ir.graph import cut_profile
 from onnxpipe.ir.kv_layout import batch_symbol, cache_batch, kv_bytes_per_token
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samevalue import value_classes
-from onnxpipe.manifest.entries import DecoderIORecord
 from onnxpipe.planning.recompute import shape_from_dims
+from onnxpipe.planning.records import DecoderIORecord
 from onnxpipe.planning.sequences import Sequences, tensor_sizes
 from onnxpipe.planning.types import ShapeParts, StageSpec
 

@@ -21,7 +21,6 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.decoder_dims import counted_context
 from onnxpipe.ir.model import ModelView
-from onnxpipe.manifest.entries import DecoderRecord, PhaseShape
 from onnxpipe.partition.interleave import InterleavedPartition
 from onnxpipe.partition.result import Partition
 from onnxpipe.planning.decoder import (
@@ -44,6 +43,7 @@ from onnxpipe.planning.decoder_recompute import (
     priced_cuts,
     with_copy_costs,
 )
+from onnxpipe.planning.records import DecoderRecord, PhaseShape
 from onnxpipe.planning.sequences import Sequences
 from onnxpipe.planning.stages import plan_from, specs_from_bounds
 from onnxpipe.planning.types import Plan, StageSpec

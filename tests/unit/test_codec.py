@@ -56,6 +56,7 @@ class Outer:
     by_colour: tuple[tuple[Colour, float], ...]
     sizes: tuple[Size, ...]
     pair: tuple[str, int]
+    groups: tuple[tuple[str, ...], ...] = ()
     logits: str | None = field(default=None, metadata=json_name("logits_output"))
     seed: Annotated[int, Minimum(None)] = 0
     notes: tuple[str, ...] = ()
@@ -105,8 +106,9 @@ def _read(kind: Any, obj: Any) -> Any:
 
 
 def test_a_record_round_trips_through_json_text() -> None:
-    o = _outer(logits="out", seed=-3, notes=("n",), maybe=Inner("d", "model"))
+    o = _outer(logits="out", seed=-3, notes=("n",), maybe=Inner("d", "model"), groups=(("a", "b"), ("c",)))
     obj = CODEC.encode(Outer, o)
+    assert obj["groups"] == [["a", "b"], ["c"]]  # a tuple of string tuples is a list of lists, not pairs
     assert _read(Outer, obj) == o
 
 

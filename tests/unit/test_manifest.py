@@ -23,7 +23,7 @@ from onnxpipe.manifest import (
     Manifest,
     ModelOutput,
     ModelTensor,
-    NodeSplitRecord,
+    NodeSplit,
     PlanSummary,
     SourceInfo,
     StageEntry,
@@ -559,6 +559,10 @@ SPLIT = {
     "stages": [0, 1],
     "contiguous_bound_seconds": 0.02,
     "contiguous_bottleneck_seconds": 0.021,
+    "carried": ["head_bias"],
+    "part_nodes": [["head_0", "head_0_bias"], ["head_1", "head_1_bias", "head_join"]],
+    "join": "head_join",
+    "measured": True,
 }
 
 
@@ -566,10 +570,15 @@ def test_node_splits_round_trip_and_are_left_out_when_none() -> None:
     m = two_stage_manifest()
     assert "node_splits" not in json.loads(m.to_json())["plan"]
     assert m.plan.node_splits == ()
-    record = NodeSplitRecord("head", "columns", 2, (0, 1), 0.02, 0.021)
+    parts = (("head_0", "head_0_bias"), ("head_1", "head_1_bias", "head_join"))
+    record = NodeSplit("head", "columns", 2, (0, 1), 0.02, 0.021, ("head_bias",), parts, "head_join", True)
     cut = replace(m, plan=replace(m.plan, node_splits=(record,)))
     assert json.loads(cut.to_json())["plan"]["node_splits"] == [SPLIT]
     assert Manifest.from_json(cut.to_json()) == cut
+    # a manifest written before the split kept its parts' nodes reads with the where and the bound
+    old = edited(_set("plan/node_splits", [{k: SPLIT[k] for k in list(SPLIT)[:6]}]))
+    read = Manifest.from_json(old).plan.node_splits[0]
+    assert read.stages == (0, 1) and read.part_nodes == () and read.join == "" and not read.measured
 
 
 @pytest.mark.parametrize(
