@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxpipe.core.choices import ExternalData
 from onnxpipe.core.errors import PartitionError
 from onnxpipe.cost.static import static_profile
 from onnxpipe.export.options import ExportOptions
@@ -81,7 +82,9 @@ def test_any_plan_survives_manifest_write_and_read(
             made = plan(view, static_profile(view), request)
         except PartitionError:  # more stages than the model has places to cut: no plan to write
             return
-        written = export_stages(view, made, Path(tmp) / "out", ExportOptions(external_data="never"))
+        written = export_stages(
+            view, made, Path(tmp) / "out", ExportOptions(external_data=ExternalData.NEVER)
+        )
         assert Manifest.from_json(written.to_json()) == written
         assert load_manifest(Path(tmp) / "out") == written
-        assert written.plan.workers == workers and written.k == made.k
+        assert written.k == made.k and written.plan.workers == made.workers
