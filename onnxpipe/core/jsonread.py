@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
-W = TypeVar("W", bound=str)
 
 
 @dataclass(frozen=True)
@@ -119,15 +118,6 @@ class Value:
     def opt_integer(self, minimum: int | None = 0) -> int | None:
         """An integer ``>= minimum``, or ``None`` for ``null`` (an optional field's absence)."""
         return None if self.raw is None else self.integer(minimum)
-
-    def integer_or(self, word: W, *, expected: str) -> int | W:
-        """An index (an integer >= 0), or the one string that stands in for one (``"model input"``)."""
-        v = self.raw
-        if v == word:
-            return word
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise self.expected(expected)
-        return v
 
     def number(self, minimum: float = 0.0) -> float:
         """A float ``>= minimum``; ``null`` reads as ``+inf`` because JSON cannot write infinity.

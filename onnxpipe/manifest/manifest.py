@@ -27,7 +27,6 @@ from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.codec import Codec, Special
 from onnxpipe.core.errors import ManifestError
 from onnxpipe.core.files import file_sha256, write_text_atomic
-from onnxpipe.core.inputfiles import InputRecord
 from onnxpipe.core.jsonread import Document
 from onnxpipe.manifest.entries import (
     MANIFEST_NAME,
@@ -49,11 +48,10 @@ CODEC = Codec(
     {
         Cluster: Special(Cluster.to_obj, read.cluster),
         Timeline: Special(write.timeline_obj, read.timeline),
-        InputRecord: Special(InputRecord.to_obj, lambda v: InputRecord.read(v.fields())),
     }
 )
-"""The manifest's records as JSON: each from its fields' types, the devices, the schedule and the
-sample input files in formats of their own (a devices file's, a compact timeline, a profile's)."""
+"""The manifest's records as JSON: each from its fields' types, the devices and the schedule in formats
+of their own (a devices file's, a compact timeline)."""
 
 
 @dataclass(frozen=True)
