@@ -193,14 +193,7 @@ class Codec:
         if _is_union(hint):
             return self.encode(_member_of(hint, value), value)
         if dataclasses.is_dataclass(hint) or _is_named_tuple(hint):
-            fields = _record_fields(hint)
-            # a NamedTuple's fields by position: a plain tuple of the same values writes the same
-            got = dict(zip((n for n, *_ in fields), value, strict=True)) if _is_named_tuple(hint) else None
-            return {
-                key: self.encode(t, x)
-                for name, key, t, default in fields
-                if not _left_out(x := got[name] if got is not None else getattr(value, name), default)
-            }
+            return self._record_obj(hint, value)
         origin, args = get_origin(hint), get_args(hint)
         pair = _pair_types(hint)
         if pair is not None:
@@ -214,6 +207,19 @@ class Codec:
         if hint is float:
             return number(value)
         return value.value if isinstance(value, enum.Enum) else value
+
+    def _record_obj(self, cls: Any, value: Any) -> dict[str, Any]:
+        """A dataclass or ``NamedTuple`` as an object of its fields, those that say nothing left out."""
+        fields = _record_fields(cls)
+        if _is_named_tuple(cls):  # by position: a plain tuple of the same values writes the same
+            values = dict(zip((name for name, *_ in fields), value, strict=True))
+        else:
+            values = {name: getattr(value, name) for name, *_ in fields}
+        return {
+            key: self.encode(t, values[name])
+            for name, key, t, default in fields
+            if not _left_out(values[name], default)
+        }
 
     # ---------------------------------------------------------------------------------------------
     # reading
