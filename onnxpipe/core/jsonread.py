@@ -4,10 +4,12 @@ Why a module of its own: every document onnxpipe reads back needs the same check
 it the JSON type we want, is it in range) and the same message shape,
 ``<file>: <json path>: expected <what>, got <what it is>; <what to do>``.  Spelled out per field, those
 checks buried a format's few real rules under plumbing and let messages drift apart.  Here each check is
-written once; a format's reader is one declarative line per field::
+written once.  A file whose records are dataclasses (the manifest, a profile's input files) is read by
+:mod:`onnxpipe.core.codec`, which calls these readers from the fields' types; a hand-written file (a
+devices file, a model's config) reads one declarative line per field::
 
-    def _stage_input(f: Fields) -> StageInput:
-        return StageInput(name=f["name"].string(), bytes_per_sample=f["bytes_per_sample"].integer(), ...)
+    def _link(f: Fields) -> Link:
+        return Link(latency_s=f["latency_s"].finite(), ...)
 
 :class:`Document` says which file is read and which exception to raise, :class:`Value` is any JSON value
 at a known path, :class:`Fields` a JSON object (``f[key]`` is a :class:`Value`, and a missing key is an
