@@ -1,10 +1,13 @@
 """Manifests written by earlier onnxpipe versions, one per schema version, still read.
 
-Each file under ``tests/data/manifests`` is the ``manifest.json`` that the onnxpipe of its schema version
-wrote for the same two-stage split of a three-node model whose input is also an output (the one field
-whose spelling changed, version 1's ``"model input"``): version 1 by the commit before c65176c, version 2
-by the one before 5dd752d, version 3 by fdc22b5.  They are the files as written, never edited, so a
-reader that stops reading one fails here, not in a user's folder.
+Each ``schema_<version>.json`` under ``tests/data/manifests`` is the ``manifest.json`` that the onnxpipe of
+its schema version wrote for the same two-stage split of a three-node model whose input is also an output
+(the one field whose spelling changed, version 1's ``"model input"``): version 1 by the commit before
+c65176c, version 2 by the one before 5dd752d, version 3 by fdc22b5.  ``schema_3-<what>.json`` are more
+splits written by fdc22b5, with the optional fields of version 3: a decoder balanced for both phases
+(``sample_models/decoders/llama_gqa.onnx``), an interleaved split (``transformer_tiny.onnx``, 4 stages on
+2 workers) and a node cut in parts (``mlp.onnx``, ``--split-nodes auto``).  They are the files as written,
+never edited, so a reader that stops reading one fails here, not in a user's folder.
 """
 
 from __future__ import annotations
@@ -14,20 +17,22 @@ import json
 import pytest
 from paths import DATA
 
+from onnxpipe.core.choices import Phase
 from onnxpipe.core.errors import ManifestError
 from onnxpipe.manifest import MODEL_INPUT, READABLE_VERSIONS, SCHEMA_VERSION, Manifest
 
 FIXTURES = DATA / "manifests"
+MORE = ("schema_3-decoder", "schema_3-interleaved", "schema_3-node_split")
 
 
-def _fixture(version: int) -> str:
-    return (FIXTURES / f"schema_{version}.json").read_text(encoding="utf-8")
+def _fixture(version: int | str) -> str:
+    name = f"schema_{version}" if isinstance(version, int) else version
+    return (FIXTURES / f"{name}.json").read_text(encoding="utf-8")
 
 
 def test_there_is_a_fixture_for_every_readable_version() -> None:
-    assert sorted(int(p.stem.removeprefix("schema_")) for p in FIXTURES.glob("schema_*.json")) == list(
-        READABLE_VERSIONS
-    )
+    names = sorted(p.stem for p in FIXTURES.glob("schema_*.json"))
+    assert names == sorted([*(f"schema_{v}" for v in READABLE_VERSIONS), *MORE])
 
 
 @pytest.mark.parametrize("version", READABLE_VERSIONS)
@@ -45,8 +50,8 @@ def test_a_manifest_of_each_schema_version_reads(version: int) -> None:
     assert m.stages[1].inputs[0].source == 0
 
 
-@pytest.mark.parametrize("version", READABLE_VERSIONS)
-def test_an_older_manifest_is_written_back_as_today_and_reads_the_same(version: int) -> None:
+@pytest.mark.parametrize("version", [*READABLE_VERSIONS, *MORE])
+def test_an_older_manifest_is_written_back_as_today_and_reads_the_same(version: int | str) -> None:
     m = Manifest.from_json(_fixture(version))
     text = m.to_json()
     assert json.loads(text)["schema_version"] == SCHEMA_VERSION
@@ -58,3 +63,56 @@ def test_the_version_3_file_keeps_its_digest_and_an_edit_of_it_is_refused() -> N
     obj["stages"][0]["estimated_compute_seconds"] = 5.0
     with pytest.raises(ManifestError, match="was changed after onnxpipe wrote it"):
         Manifest.from_json(json.dumps(obj))
+
+
+def test_the_optional_fields_of_version_3_read() -> None:
+    decoder = Manifest.from_json(_fixture("schema_3-decoder"))
+    record = decoder.plan.decoder
+    assert record is not None and record.layers == 4 and record.io is not None and record.model is not None
+    assert [p.phase for p in record.phase_shapes] == [Phase.PREFILL, Phase.DECODE]
+    assert [s.kv_layers for s in decoder.stages] == [(0, 1), (2, 3)]
+    assert all(
+        dict(s.estimated_phase_seconds).keys() == {Phase.PREFILL, Phase.DECODE} for s in decoder.stages
+    )
+    assert all(s.kv_cache_bytes > 0 and s.required_opsets for s in decoder.stages)
+    interleaved = Manifest.from_json(_fixture("schema_3-interleaved"))
+    assert interleaved.workers == 2 and [interleaved.worker_of(s) for s in range(4)] == [0, 1, 0, 1]
+    assert interleaved.plan.time_slack == 0.01 and interleaved.schedule.workers == (0, 1, 0, 1)
+    split = Manifest.from_json(_fixture("schema_3-node_split")).plan.node_splits
+    assert [(n.node, n.kind, n.parts, n.stages) for n in split] == [("fc2.matmul", "columns", 2, (0, 1))]
+    assert split[0].part_nodes == () and split[0].join == ""  # not kept before version 3's additions
+
+
+OPTIONAL = (".cluster", ".device_costs", ".plan.decoder.model.")
+"""Where the version-3 reader of fdc22b5 took an absent key as null or empty (``f.get(key, default)``):
+a null or empty value there may be left out."""
+
+
+def _holds(old: object, new: object, path: str = "") -> list[str]:
+    """Where ``new`` lacks or changes a value of ``old`` (``new`` may add keys, and leave out a null or
+    empty value under :data:`OPTIONAL`)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        wrong: list[str] = []
+        for key, value in old.items():
+            where = f"{path}.{key}"
+            if key in new:
+                wrong += _holds(value, new[key], where)
+            elif not (value in (None, [], {}) and where.startswith(OPTIONAL)):
+                wrong.append(where)
+        return wrong
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [
+            p for i, (a, b) in enumerate(zip(old, new, strict=True)) for p in _holds(a, b, f"{path}[{i}]")
+        ]
+    return [] if old == new else [path]
+
+
+@pytest.mark.parametrize("name", ["schema_3", *MORE])
+def test_a_version_3_file_written_again_keeps_what_it_said(name: str) -> None:
+    """What a version-3 reader of an earlier onnxpipe read is written again as it was: today's writer
+    adds fields (with their defaults) but neither drops nor changes one that reader needs, so that it
+    reads today's files; only the digest, of the content, changes with the added fields."""
+    old = json.loads(_fixture(name))
+    new = json.loads(Manifest.from_json(_fixture(name)).to_json())
+    old.pop("digest")
+    assert _holds(old, new) == []
