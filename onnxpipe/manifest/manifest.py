@@ -5,6 +5,12 @@ source model is, what the plan estimated and how a stream of micro-batches moves
 ``docs/manifest.md`` documents every field; :data:`SCHEMA_VERSION` is bumped on any change a reader of
 the previous version would misread (see the versioning policy there).
 
+The file's records are written and read by one codec (:data:`CODEC`, :mod:`onnxpipe.core.codec`) from
+their own types: this module adds the envelope (the schema version, the digest, the stage files' hashes)
+and the rules that span fields; a file of an older schema version is first brought to today's layout by
+the explicit steps of :func:`onnxpipe.manifest.read.upgraded`.  A new field is one declaration on its
+record (with a default, so that older files read), and a row in ``docs/manifest.md``.
+
 JSON has no infinity: every float field writes ``+inf`` as ``null`` and reads ``null`` back as
 ``math.inf`` (an infinite bandwidth, the throughput of stages that take no time).  NaN is refused.
 
