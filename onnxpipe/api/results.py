@@ -22,7 +22,7 @@ from onnxpipe.ir.decoder_dims import DecoderFacts
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.summary import ModelSummary
 from onnxpipe.manifest import Manifest
-from onnxpipe.manifest.write import dumps, manifest_obj, num, timeline_obj
+from onnxpipe.manifest.write import dumps, num, timeline_obj
 from onnxpipe.planning.types import Plan
 from onnxpipe.runtime.generation.result import Generation
 from onnxpipe.runtime.options import Sampling
@@ -71,7 +71,7 @@ class SplitResult:
 
     def to_json(self) -> str:
         verification = None if self.report is None else verification_obj(self.report)
-        return document("split", manifest=manifest_obj(self.manifest), verification=verification)
+        return document("split", manifest=self.manifest.to_obj(), verification=verification)
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class FolderInspection:
 
     def to_json(self) -> str:
         files = None if not self.checked else list(self.file_problems)
-        return document("inspect", manifest=manifest_obj(self.manifest), file_problems=files)
+        return document("inspect", manifest=self.manifest.to_obj(), file_problems=files)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from onnxpipe.cluster.model import REFERENCE_PROVIDER, Cluster, Device, _frozen
 from onnxpipe.core.errors import UsageError
@@ -32,9 +32,6 @@ class DeviceCosts:
     method: CostMethod
     source: str
     node_seconds: Mapping[str, float] = field(repr=False)
-
-    def to_obj(self) -> dict[str, Any]:
-        return {"device": self.device, "method": self.method, "source": self.source}
 
 
 def provider_available(device: Device) -> bool:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Annotated
+
+from onnxpipe.core.jsonread import Rule
 
 
 def file_sha256(path: Path) -> str:
@@ -32,3 +35,18 @@ def write_text_atomic(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def is_plain_file_name(name: str) -> bool:
+    return name not in ("", ".", "..") and "/" not in name and "\\" not in name
+
+
+def is_sha256(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
+# A stage file outside the folder would let a manifest make the runner load (and check_stage_files hash)
+# any file on the machine; a malformed hash could never match, so both are refused when a file is read
+# (:mod:`onnxpipe.core.codec` checks a field of these types).
+FileName = Annotated[str, Rule(is_plain_file_name, "a plain file name in the folder")]
+Sha256 = Annotated[str, Rule(is_sha256, "a sha256 as 64 lowercase hex digits")]

@@ -23,12 +23,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
+from typing import Annotated
 
 import numpy as np
 
+from onnxpipe.core.codec import Minimum
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.files import file_sha256
-from onnxpipe.core.jsonread import Fields, Value
 from onnxpipe.core.options import opt
 
 Feeds = Mapping[str, np.ndarray]
@@ -45,27 +46,8 @@ class InputRecord:
     """The file's sha256; for a folder, that of its ``.npy`` files' names and hashes in name order."""
     shapes: Mapping[str, tuple[int, ...]]
     """Each input's shape in one sample (without the sample axis of a stacked file)."""
-    samples: int = 1
+    samples: Annotated[int, Minimum(1)] = 1
     """How many samples the file held."""
-
-    def to_obj(self) -> dict[str, object]:
-        """As the manifest (``plan.profiled_inputs``) and a profile (``inputs``) write it."""
-        return {
-            "file": self.file,
-            "sha256": self.sha256,
-            "shapes": {n: list(v) for n, v in self.shapes.items()},
-            "samples": self.samples,
-        }
-
-    @classmethod
-    def read(cls, f: Fields) -> InputRecord:
-        """From what :meth:`to_obj` wrote, each field checked (:mod:`onnxpipe.core.jsonread`)."""
-        return cls(
-            file=f["file"].string(),
-            sha256=f["sha256"].string(),
-            shapes=MappingProxyType(f["shapes"].dict_of(lambda dims: dims.list_of(Value.integer))),
-            samples=f["samples"].integer(minimum=1),
-        )
 
 
 def read_input_file(

@@ -4,10 +4,12 @@ Why a module of its own: every document onnxpipe reads back needs the same check
 it the JSON type we want, is it in range) and the same message shape,
 ``<file>: <json path>: expected <what>, got <what it is>; <what to do>``.  Spelled out per field, those
 checks buried a format's few real rules under plumbing and let messages drift apart.  Here each check is
-written once; a format's reader is one declarative line per field::
+written once.  A file whose records are dataclasses (the manifest, a profile's input files) is read by
+:mod:`onnxpipe.core.codec`, which calls these readers from the fields' types; a hand-written file (a
+devices file, a model's config) reads one declarative line per field::
 
-    def _stage_input(f: Fields) -> StageInput:
-        return StageInput(name=f["name"].string(), bytes_per_sample=f["bytes_per_sample"].integer(), ...)
+    def _link(f: Fields) -> Link:
+        return Link(latency_s=f["latency_s"].finite(), ...)
 
 :class:`Document` says which file is read and which exception to raise, :class:`Value` is any JSON value
 at a known path, :class:`Fields` a JSON object (``f[key]`` is a :class:`Value`, and a missing key is an
@@ -26,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
-W = TypeVar("W", bound=str)
 
 
 def syntax_error_text(e: json.JSONDecodeError) -> str:
@@ -128,15 +129,6 @@ class Value:
     def opt_integer(self, minimum: int | None = 0) -> int | None:
         """An integer ``>= minimum``, or ``None`` for ``null`` (an optional field's absence)."""
         return None if self.raw is None else self.integer(minimum)
-
-    def integer_or(self, word: W, *, expected: str) -> int | W:
-        """An index (an integer >= 0), or the one string that stands in for one (``"model input"``)."""
-        v = self.raw
-        if v == word:
-            return word
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise self.expected(expected)
-        return v
 
     def number(self, minimum: float = 0.0) -> float:
         """A float ``>= minimum``; ``null`` reads as ``+inf`` because JSON cannot write infinity.

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from onnxpipe.core.choices import CostSource, values
+from onnxpipe.core.codec import Codec
 from onnxpipe.core.errors import ProfileError
 from onnxpipe.core.files import write_text_atomic
 from onnxpipe.core.inputfiles import InputRecord
@@ -24,6 +25,8 @@ from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import Samples
 
 SCHEMA_VERSION = 1
+_CODEC = Codec()
+_Inputs = tuple[InputRecord, ...]
 
 DEFAULT_RUNTIME = "onnxruntime (CPUExecutionProvider)"
 """What measured a profile that does not say (every profile before ``profile --runtime``)."""
@@ -87,7 +90,7 @@ class Profile:
             "tensor_bytes": dict(self.tensor_bytes),
             "regions": [list(r) for r in self.regions],
             "unattributed": list(self.unattributed),
-            **({"inputs": [r.to_obj() for r in self.inputs]} if self.inputs else {}),
+            **({"inputs": _CODEC.encode(_Inputs, self.inputs)} if self.inputs else {}),
             "runtime": self.runtime,
         }
         return json.dumps(data, indent=1) + "\n"
@@ -184,7 +187,7 @@ def _read_profile(f: Fields, origin: str) -> Profile:
         regions=f["regions"].list_of(_region),
         unattributed=f["unattributed"].list_of(Value.string),
         exact_fraction=exact,
-        inputs=f.get("inputs", []).objects(InputRecord.read),
+        inputs=_CODEC.decode(_Inputs, f.get("inputs", [])),
         origin=origin,
         runtime=f.get("runtime", DEFAULT_RUNTIME).string(),
     )

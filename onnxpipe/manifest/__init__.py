@@ -1,9 +1,10 @@
 """The manifest of a split folder (``manifest.json``): the contract between export and every reader.
 
-Its parts are frozen dataclasses (:mod:`.entries`), the whole is :class:`.manifest.Manifest`; it is
-written by :mod:`.write`, read field by field by :mod:`.read` and checked across fields by
-:mod:`.check`.  ``docs/manifest.md`` documents every field and the versioning.  Importing this room
-loads neither onnx nor onnxruntime: it imports ``core``, ``cluster`` and ``schedule`` only.
+Its parts are frozen dataclasses (:mod:`.entries` for the files and tensors written, the plan's own
+records from :mod:`onnxpipe.planning.records`), the whole is :class:`.manifest.Manifest`; it is written
+and read by one codec (:mod:`onnxpipe.core.codec`), older versions brought up to date by :mod:`.read`,
+and checked across fields by :mod:`.manifest`.  ``docs/manifest.md`` documents every field and the
+versioning.  Importing this room loads neither onnx nor onnxruntime (nor does ``planning.records``).
 """
 
 from onnxpipe.core.kv import KVPair
@@ -14,14 +15,9 @@ from onnxpipe.manifest.entries import (
     MODEL_OUTPUT,
     READABLE_VERSIONS,
     SCHEMA_VERSION,
-    DecoderModelRecord,
-    DecoderRecord,
     DeviceRecord,
     ModelOutput,
     ModelTensor,
-    NodeSplitRecord,
-    PlanSummary,
-    SameValue,
     SourceInfo,
     StageEntry,
     StageInput,
@@ -36,6 +32,14 @@ from onnxpipe.manifest.manifest import (
     load_manifest,
     stage_file_problems,
     write_manifest,
+)
+from onnxpipe.planning.records import (
+    DecoderModelRecord,
+    DecoderRecord,
+    NodeSplit,
+    PhaseShape,
+    PlanSummary,
+    SameValue,
 )
 
 __all__ = [
@@ -53,7 +57,8 @@ __all__ = [
     "Manifest",
     "ModelOutput",
     "ModelTensor",
-    "NodeSplitRecord",
+    "NodeSplit",
+    "PhaseShape",
     "PlanSummary",
     "SameValue",
     "SourceInfo",

@@ -1,6 +1,8 @@
 """What ``manifest.json`` holds, entry by entry: frozen dataclasses and the words that stand for places.
 
-The whole manifest is :class:`onnxpipe.manifest.manifest.Manifest`; these are its parts.  Nothing here
+The whole manifest is :class:`onnxpipe.manifest.manifest.Manifest`; these are its parts that say what
+was written: files, tensors, the verification.  The plan's own records (its numbers, a decoder's, the
+values a stage remakes) are :mod:`onnxpipe.planning.records`', held here as they are.  Nothing here
 imports onnx: a runtime that only reads split folders needs none of the splitting machinery.
 """
 
@@ -8,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
-from onnxpipe.core.choices import Ends, LinkModel, Phase, PhaseChoice
-from onnxpipe.core.dims import Shape
-from onnxpipe.core.inputfiles import InputRecord
-from onnxpipe.core.iocontract import IOContract
+from onnxpipe.core.choices import Phase
+from onnxpipe.core.codec import Expected, FieldError, Finite, Minimum
+from onnxpipe.core.files import FileName, Sha256
+from onnxpipe.planning.records import Positive, SameValue
 
 SCHEMA_VERSION = 4
 """Version 4 writes a decoder's ``plan.decoder.io`` as its IO contract (each tensor with its role);
@@ -33,6 +35,27 @@ V1_MODEL_INPUT = "model input"
 """How version 1 spelled :data:`MODEL_INPUT`."""
 
 
+Shape = (
+    tuple[Annotated[int | str | None, Expected("a dim (integer >= 0, symbolic name or null)")], ...] | None
+)
+"""A tensor's shape as the manifest keeps it (:data:`onnxpipe.core.dims.Shape`), each dim checked."""
+StageOrModel = Annotated[int | Literal["model"], Expected('a stage index or "model"')]
+StageOrModelInput = Annotated[int | Literal["model_input"], Expected('a stage index or "model_input"')]
+StageOrModelOutput = Annotated[int | Literal["model_output"], Expected('a stage index or "model_output"')]
+
+
+def _check_contract(shape: Shape, profiled_shape: tuple[int, ...] | None, batch_axis: int | None) -> None:
+    """The boundary contract of a tensor entry (schema 3): a concrete profiled shape of the declared rank,
+    and a batch axis within it."""
+    if profiled_shape is not None and shape is not None and len(profiled_shape) != len(shape):
+        raise FieldError(
+            "profiled_shape", f"expected {len(shape)} dims, as many as its shape, got {len(profiled_shape)}"
+        )
+    rank = len(profiled_shape) if profiled_shape is not None else (len(shape) if shape is not None else None)
+    if batch_axis is not None and rank is not None and batch_axis >= rank:
+        raise FieldError("batch_axis", f"expected an axis below its rank {rank}, got {batch_axis}")
+
+
 @dataclass(frozen=True)
 class SourceInfo:
     """The model that was split: its file name, where it is, and its content hash.
@@ -43,7 +66,7 @@ class SourceInfo:
 
     file: str
     path: str | None
-    sha256: str
+    sha256: Sha256
 
 
 @dataclass(frozen=True)
@@ -59,6 +82,9 @@ class ModelTensor:
     batch_axis: int | None = None
     """The axis that carries the model inputs' batch dim; None when it has none (added in schema 3)."""
 
+    def __post_init__(self) -> None:
+        _check_contract(self.shape, self.profiled_shape, self.batch_axis)
+
 
 @dataclass(frozen=True)
 class ModelOutput:
@@ -67,12 +93,15 @@ class ModelOutput:
     name: str
     dtype: str
     shape: Shape
-    produced_by: int | Literal["model_input"]
+    produced_by: StageOrModelInput
     profiled_shape: tuple[int, ...] | None = None
     """Its concrete shape when the model ran at ``plan.profiled_input_shapes`` (observed, or worked out
     from the model inputs' symbols); None when neither could tell (added in schema 3)."""
     batch_axis: int | None = None
     """The axis that carries the model inputs' batch dim; None when it has none (added in schema 3)."""
+
+    def __post_init__(self) -> None:
+        _check_contract(self.shape, self.profiled_shape, self.batch_axis)
 
 
 @dataclass(frozen=True)
@@ -83,12 +112,15 @@ class StageInput:
     dtype: str
     shape: Shape
     bytes_per_sample: int
-    source: int | Literal["model"]
+    source: StageOrModel
     profiled_shape: tuple[int, ...] | None = None
     """Its concrete shape when the model ran at ``plan.profiled_input_shapes`` (observed, or worked out
     from the model inputs' symbols); None when neither could tell (added in schema 3)."""
     batch_axis: int | None = None
     """The axis that carries the model inputs' batch dim; None when it has none (added in schema 3)."""
+
+    def __post_init__(self) -> None:
+        _check_contract(self.shape, self.profiled_shape, self.batch_axis)
 
 
 @dataclass(frozen=True)
@@ -99,24 +131,15 @@ class StageOutput:
     dtype: str
     shape: Shape
     bytes_per_sample: int
-    consumers: tuple[int | Literal["model_output"], ...]
+    consumers: tuple[StageOrModelOutput, ...]
     profiled_shape: tuple[int, ...] | None = None
     """Its concrete shape when the model ran at ``plan.profiled_input_shapes`` (observed, or worked out
     from the model inputs' symbols); None when neither could tell (added in schema 3)."""
     batch_axis: int | None = None
     """The axis that carries the model inputs' batch dim; None when it has none (added in schema 3)."""
 
-
-@dataclass(frozen=True)
-class SameValue:
-    """A tensor a stage's nodes read under ``name`` and that it receives as the equal input ``same_as``
-    (an ``Identity`` node in the stage file makes one from the other).
-
-    A plan's stage (:attr:`onnxpipe.planning.types.StageSpec.aliases`) also remakes so the repeats of a
-    value it emits, from that output; the manifest lists the received ones only."""
-
-    name: str
-    same_as: str
+    def __post_init__(self) -> None:
+        _check_contract(self.shape, self.profiled_shape, self.batch_axis)
 
 
 @dataclass(frozen=True)
@@ -124,10 +147,10 @@ class StageEntry:
     """One stage file and what the plan estimated for it."""
 
     index: int
-    file: str
-    sha256: str
-    external_data: str | None
-    external_data_sha256: str | None
+    file: FileName
+    sha256: Sha256
+    external_data: FileName | None
+    external_data_sha256: Sha256 | None
     node_count: int
     constant_node_count: int
     device: str
@@ -152,7 +175,7 @@ class StageEntry:
     recomputed_node_count: int = 0
     """Copies of earlier stages' nodes in this file: they make the shape values and constant-only
     values it would otherwise receive (added in schema 3)."""
-    required_opsets: tuple[tuple[str, int], ...] = ()
+    required_opsets: tuple[tuple[str, Positive], ...] = ()
     """``(domain, version)`` of every op domain the stage file's nodes use (``""`` is the default ONNX
     domain), sorted: what a runtime must support to load it (added in schema 3)."""
 
@@ -164,106 +187,7 @@ class StageEntry:
     """A decoder's estimated stage time at each phase profiled, as (phase, seconds)."""
 
 
-@dataclass(frozen=True)
-class NodeSplitRecord:
-    """A node the plan cut into parts over consecutive stages (added in schema 3, optional; made by
-    :meth:`onnxpipe.planning.types.NodeSplit.record`)."""
-
-    node: str
-    kind: str
-    parts: int
-    stages: tuple[int, ...]
-    contiguous_bound_seconds: float
-    """``max(total / K, largest node)``: the bound no contiguous split beats, which this split passed."""
-    contiguous_bottleneck_seconds: float
-
-
-@dataclass(frozen=True)
-class DecoderModelRecord:
-    """``plan.decoder.model``: what a generator checks before any work, from the model's own config and its
-    graph, and the tokenizer files the split copied beside its stages (optional; a manifest written before
-    it lacks it)."""
-
-    vocab_size: int | None
-    """Token ids are below it: the logits' width (else the embedding's rows)."""
-    context_length: int | None
-    """Positions the model itself takes (its config's, its rotary or position table's); None when nothing
-    says."""
-    bos_token_id: int | None = None
-    eos_token_ids: tuple[int, ...] = ()
-    """The ids that end a sequence, from the model's config; empty when no config says them."""
-    pad_token_id: int | None = None
-    config: str | None = None
-    """The config file the ids and context came from (``genai_config.json``, ``config.json``); None: the
-    graph alone."""
-    files: tuple[str, ...] = ()
-    """The tokenizer, chat template and generation files copied into the folder."""
-    chat_template: str | None = None
-    """The file in the folder that holds the chat template (``chat_template.jinja``,
-    ``tokenizer_config.json``...); None when the model has none."""
-
-
-@dataclass(frozen=True)
-class DecoderRecord:
-    """What the plan of a decoder with a KV cache adds: its layers, how it was cut, the context its cache
-    is counted at (the plan's ``decoder``, and ``plan.decoder`` in the manifest)."""
-
-    layers: int
-    layer_cuts: bool
-    """Whether cuts fell between layers only (each layer's cache in one stage)."""
-    ends: Ends
-    """Where the embedding and LM head went."""
-    max_context: int
-    """Tokens of context the stages' ``kv_cache_bytes`` are for: the ``max_context`` asked for, or the
-    model's own context where that is smaller."""
-    phase: PhaseChoice
-    """What the stage estimates are for."""
-    phase_shapes: tuple[tuple[Phase, int, int], ...] = ()
-    """(phase, new tokens, cached tokens) of each phase profiled."""
-    io: IOContract | None = None
-    """The tensors a generation loop feeds and reads, each with its role (the split's IO contract)."""
-    model: DecoderModelRecord | None = None
-    """The model's limits and token ids, and the tokenizer files in the folder (written by the export)."""
-
-
-@dataclass(frozen=True)
-class PlanSummary:
-    """The numbers that justify the partition (made by :meth:`onnxpipe.planning.types.Plan.summary`)."""
-
-    objective: str
-    k: int
-    bottleneck_seconds: float
-    lower_bound_seconds: float
-    ratio_to_lower_bound: float
-    cost_source: str
-    threads: int
-    bandwidth_bytes_per_s: float
-    profiled_input_shapes: Mapping[str, tuple[int, ...]]
-    notes: tuple[str, ...] = ()
-    duplicated_param_bytes: int = 0
-    workers: int | None = None
-    """How many workers run the stages (``k`` unless the split is interleaved; ``None``: ``k``)."""
-    time_slack: float = 0.0
-    """An interleaved split's accepted slowdown for weight balance (see ``onnxpipe split --time-slack``)."""
-    reference_seconds: float | None = None
-    """The whole model's time per run (one session, the plan's threads, the profiled shapes), measured
-    when the stage estimates were: the profile's median run, or timed right after calibration.  A run
-    times the model again (``onnxpipe run --compare``) and so tells the machine's own change of speed
-    since from what the estimates got wrong.  None for static costs and plans for other devices."""
-    profiled_inputs: tuple[InputRecord, ...] = ()
-    """The sample input files (``--inputs``) the costs were measured on, by name, sha256 and shapes
-    (never their data); empty when the inputs were random at ``profiled_input_shapes``."""
-    node_splits: tuple[NodeSplitRecord, ...] = ()
-    """Nodes cut into parts placed in consecutive stages (``--split-nodes auto``); empty: none."""
-    link_model: LinkModel | None = None
-    """``serial`` (a stage's transfer in adds to its compute) or ``overlap`` (links run beside compute);
-    None in a manifest written before the field (whose plans were serial without a devices file,
-    overlap with one)."""
-    decoder: DecoderRecord | None = None
-    """Set when the model is a decoder with a KV cache."""
-
-
-VERIFICATION_STATUSES = ("unverified", "passed", "failed")
+VerificationStatus = Literal["unverified", "passed", "failed"]
 """``verification.status``: not (yet) compared with the model, or compared and found to match or not."""
 
 
@@ -275,12 +199,20 @@ class VerificationRecord:
     a folder whose verification was interrupted (Ctrl-C) says so; ``onnxpipe verify`` writes its result.
     ``rtol``, ``atol``, ``seed``, ``runs`` and ``input_shapes`` say how (None while unverified)."""
 
-    status: str
-    rtol: float | None = None
-    atol: float | None = None
-    seed: int | None = None
-    runs: int | None = None
+    status: VerificationStatus
+    rtol: Annotated[float, Finite()] | None = None
+    atol: Annotated[float, Finite()] | None = None
+    seed: Annotated[int, Minimum(None)] | None = None
+    runs: Positive | None = None
     input_shapes: Mapping[str, tuple[int, ...]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.verified:
+            for key in ("rtol", "atol", "seed", "runs", "input_shapes"):
+                if getattr(self, key) is None:
+                    raise FieldError(
+                        key, "missing; a verified manifest says how: rtol, atol, seed, runs and input_shapes"
+                    )
 
     @property
     def verified(self) -> bool:

@@ -5,6 +5,12 @@ source model is, what the plan estimated and how a stream of micro-batches moves
 ``docs/manifest.md`` documents every field; :data:`SCHEMA_VERSION` is bumped on any change a reader of
 the previous version would misread (see the versioning policy there).
 
+The file's records are written and read by one codec (:data:`CODEC`, :mod:`onnxpipe.core.codec`) from
+their own types: this module adds the envelope (the schema version, the digest, the stage files' hashes)
+and the rules that span fields; a file of an older schema version is first brought to today's layout by
+the explicit steps of :func:`onnxpipe.manifest.read.upgraded`.  A new field is one declaration on its
+record (with a default, so that older files read), and a row in ``docs/manifest.md``.
+
 JSON has no infinity: every float field writes ``+inf`` as ``null`` and reads ``null`` back as
 ``math.inf`` (an infinite bandwidth, the throughput of stages that take no time).  NaN is refused.
 
@@ -24,22 +30,34 @@ from typing import Any
 import onnxpipe.manifest.read as read
 import onnxpipe.manifest.write as write
 from onnxpipe.cluster.model import Cluster
+from onnxpipe.core.codec import Codec, Special
 from onnxpipe.core.errors import ManifestError
 from onnxpipe.core.files import file_sha256, write_text_atomic
 from onnxpipe.core.jsonread import Document, syntax_error_text
-from onnxpipe.manifest.check import check_consistency
 from onnxpipe.manifest.entries import (
     MANIFEST_NAME,
+    MODEL,
+    MODEL_INPUT,
+    MODEL_OUTPUT,
     SCHEMA_VERSION,
     DeviceRecord,
     ModelOutput,
     ModelTensor,
-    PlanSummary,
     SourceInfo,
     StageEntry,
     VerificationRecord,
 )
+from onnxpipe.planning.records import PlanSummary
 from onnxpipe.schedule.timeline import Timeline
+
+CODEC = Codec(
+    {
+        Cluster: Special(Cluster.to_obj, read.cluster),
+        Timeline: Special(write.timeline_obj, read.timeline),
+    }
+)
+"""The manifest's records as JSON: each from its fields' types, the devices and the schedule in formats
+of their own (a devices file's, a compact timeline)."""
 
 
 @dataclass(frozen=True)
@@ -76,9 +94,15 @@ class Manifest:
         """The stages ``worker`` runs, in pipeline order."""
         return tuple(s for s in range(self.k) if self.worker_of(s) == worker)
 
+    def to_obj(self) -> dict[str, Any]:
+        """The manifest as a JSON object, ``schema_version`` first (its ``digest`` not yet added)."""
+        obj: dict[str, Any] = CODEC.encode(Manifest, self)
+        obj["schedule"] = write.timeline_obj(self.schedule, [s.device for s in self.stages])
+        return {"schema_version": obj.pop("schema_version"), **obj}
+
     def to_json(self) -> str:
         """The manifest as indented JSON text (ends with a newline), sealed with its ``digest``."""
-        obj = write.manifest_obj(self)
+        obj = self.to_obj()
         obj["digest"] = content_digest(obj)
         return write.dumps(obj) + "\n"
 
@@ -92,20 +116,7 @@ class Manifest:
                 f"{source}: not valid JSON ({syntax_error_text(e)}); re-run onnxpipe split"
             ) from e
         doc = Document(source, ManifestError, "re-run onnxpipe split", root="manifest")
-        top = doc.read(obj).fields()
-        version = read.schema_version(top)
-        manifest = Manifest(
-            source=top["source"].object(read.source),
-            model_inputs=top["model_inputs"].objects(read.model_tensor),
-            model_outputs=top["model_outputs"].objects(lambda f: read.model_output(f, version)),
-            stages=top["stages"].objects(read.stage),
-            plan=top["plan"].object(read.plan),
-            schedule=read.timeline(top["schedule"]),
-            schema_version=SCHEMA_VERSION,
-            cluster=read.cluster(top.get("cluster", None)),
-            device_costs=top.get("device_costs", []).objects(read.device_record),
-            verification=read.verification(top.get("verification", None)),
-        )
+        manifest: Manifest = CODEC.decode(Manifest, doc.read(read.upgraded(obj, doc)))
         check_consistency(manifest, doc)
         _check_digest(obj, source)  # last: a field an edit broke is named by its own check first
         return manifest
@@ -185,3 +196,107 @@ def stage_file_problems(directory: Path, manifest: Manifest) -> list[str]:
             elif file_sha256(p) != sha:
                 problems.append(f"stage {st.index} file {name} changed after export (sha256 mismatch)")
     return problems
+
+
+# --------------------------------------------------------------------------------------------------
+# the rules that span fields: stages numbered in order, edges that point backwards, names that resolve,
+# workers dealt out as the planner deals them.  Each failure names the JSON path at fault.
+
+
+def _check_workers(m: Manifest, doc: Document) -> None:
+    """Every stage has a worker exactly when ``plan.workers`` is given, each worker runs a stage, and
+    stage ``s`` runs on worker ``s % workers`` (the only assignment the planner makes)."""
+    fail = doc.fail
+    given = [st.worker is not None for st in m.stages]
+    if m.plan.workers is None:
+        if any(given):
+            raise fail(f"stages[{given.index(True)}].worker", "is given but plan.workers is not")
+        if m.plan.time_slack != 0.0:
+            raise fail("plan.time_slack", "is given but plan.workers is not")
+        if m.schedule.workers is not None:
+            raise fail("schedule.devices[0].worker", "is given but plan.workers is not")
+        return
+    workers = m.plan.workers
+    if workers > m.k or m.k % workers:
+        raise fail("plan.workers", f"{workers} workers cannot each run the same number of the {m.k} stages")
+    for i, st in enumerate(m.stages):
+        if st.worker is None:
+            raise fail(f"stages[{i}].worker", "missing; plan.workers says the stages share workers")
+        if st.worker != i % workers:
+            raise fail(
+                f"stages[{i}].worker", f"expected {i % workers} (stage s runs on worker s % {workers})"
+            )
+    sched = m.schedule.workers
+    if sched is None:
+        raise fail("schedule.devices[0].worker", "missing; plan.workers says the stages share workers")
+    for i, w in enumerate(sched):
+        if w != i % workers:
+            raise fail(f"schedule.devices[{i}].worker", f"expected {i % workers}, the worker of stages[{i}]")
+
+
+def check_consistency(m: Manifest, doc: Document) -> None:
+    """Cross-field rules: stages numbered in order, edges that point backwards, names that resolve, an
+    IO contract that can drive a generation."""
+    fail = doc.fail
+    io = m.plan.decoder.io if m.plan.decoder is not None else None
+    problem = io.problem() if io is not None else None
+    if problem is not None:
+        raise fail("plan.decoder.io", f"the IO contract is incomplete: {problem}")
+    k = len(m.stages)
+    if k == 0:
+        raise fail("stages", "expected at least one stage, got none")
+    if m.plan.k != k:
+        raise fail("plan.k", f"says {m.plan.k} stages but 'stages' lists {k}")
+    if len(m.schedule.stages) != k:
+        raise fail("schedule.devices", f"lists {len(m.schedule.stages)} stages, expected {k}")
+    _check_workers(m, doc)
+    if m.cluster is not None:
+        names = set(m.cluster.names)
+        for i, st in enumerate(m.stages):
+            if st.device not in names:
+                raise fail(f"stages[{i}].device", f"{st.device!r} is not a device of 'cluster'")
+    files: set[str] = set()
+    model_inputs = {t.name for t in m.model_inputs}
+    produced: dict[str, int] = {}
+    for i, st in enumerate(m.stages):
+        w = f"stages[{i}]"
+        if st.index != i:
+            raise fail(f"{w}.index", f"expected {i} (stages are listed in order), got {st.index}")
+        if (st.external_data is None) != (st.external_data_sha256 is None):
+            raise fail(f"{w}.external_data_sha256", "must be null exactly when external_data is null")
+        for name in (st.file, st.external_data):
+            if name is None:
+                continue
+            if name in files:
+                raise fail(w, f"file {name} is listed twice")
+            files.add(name)
+        for j, t in enumerate(st.inputs):
+            if t.source == MODEL:
+                if t.name not in model_inputs:
+                    raise fail(f"{w}.inputs[{j}].source", f"{t.name!r} is not a model input")
+            elif produced.get(t.name) != t.source:
+                raise fail(
+                    f"{w}.inputs[{j}].source",
+                    f"says stage {t.source} produces {t.name!r}, but no earlier stage output matches",
+                )
+        received = {t.name for t in st.inputs}
+        for j, a in enumerate(st.same_values):
+            if a.same_as not in received:
+                raise fail(f"{w}.same_values[{j}].same_as", f"{a.same_as!r} is not an input of this stage")
+            if a.name in received:
+                raise fail(f"{w}.same_values[{j}].name", f"{a.name!r} is an input of this stage already")
+        for j, out in enumerate(st.outputs):
+            for c in out.consumers:
+                if c != MODEL_OUTPUT and not (i < c < k):
+                    why = f"there are only {k} stages" if c >= k else f"it does not come after stage {i}"
+                    raise fail(f"{w}.outputs[{j}].consumers", f"lists stage {c}, but {why}")
+            produced[out.name] = i
+    for j, o in enumerate(m.model_outputs):
+        if o.produced_by == MODEL_INPUT:
+            if o.name not in model_inputs:
+                raise fail(f"model_outputs[{j}].produced_by", f"{o.name!r} is not a model input")
+        elif produced.get(o.name) != o.produced_by:
+            raise fail(
+                f"model_outputs[{j}].produced_by",
+                f"says stage {o.produced_by} produces {o.name!r}, but that stage does not output it",
+            )

@@ -32,7 +32,6 @@ from onnxpipe.ir.decoder import DecoderInfo, FoundDecoder, decoder_of
 from onnxpipe.ir.decoder_dims import counted_context
 from onnxpipe.ir.kv_layout import batch_symbol, cache_batch, kv_bytes_per_token
 from onnxpipe.ir.model import ModelView, NodeInfo
-from onnxpipe.manifest.entries import DecoderRecord
 from onnxpipe.partition import solve_heterogeneous
 from onnxpipe.partition.chainbound import chain_bound
 from onnxpipe.partition.inputs import HeterogeneousRequest
@@ -50,6 +49,7 @@ from onnxpipe.planning.decoder_recompute import (
 from onnxpipe.planning.fused import keeping_fused_groups
 from onnxpipe.planning.memory import TRAINING_STATE_FACTOR, stage_memory_bytes
 from onnxpipe.planning.orders import OrderSearch, place, stages_auto
+from onnxpipe.planning.records import DecoderRecord
 from onnxpipe.planning.request import PlanRequest, ScheduleOption
 from onnxpipe.planning.sequences import Sequences, first_reader_param_bytes, sequences
 from onnxpipe.planning.stages import plan_from, specs_from_bounds

@@ -21,7 +21,6 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.decoder_dims import counted_context
 from onnxpipe.ir.model import ModelView
-from onnxpipe.manifest.entries import DecoderRecord
 from onnxpipe.partition.interleave import InterleavedPartition
 from onnxpipe.partition.result import Partition
 from onnxpipe.planning.decoder import (
@@ -44,6 +43,7 @@ from onnxpipe.planning.decoder_recompute import (
     priced_cuts,
     with_copy_costs,
 )
+from onnxpipe.planning.records import DecoderRecord, PhaseShape
 from onnxpipe.planning.sequences import Sequences
 from onnxpipe.planning.stages import plan_from, specs_from_bounds
 from onnxpipe.planning.types import Plan, StageSpec
@@ -182,9 +182,9 @@ def make_decoder_plan(
     )
 
 
-def phase_shape_of(profile: Profile, dec: DecoderInfo, phase: Phase) -> tuple[Phase, int, int]:
+def phase_shape_of(profile: Profile, dec: DecoderInfo, phase: Phase) -> PhaseShape:
     """(phase, new tokens, cached tokens) of the shapes ``profile`` was measured at."""
-    return (phase, *_tokens_and_past(profile, dec))
+    return PhaseShape(phase, *_tokens_and_past(profile, dec))
 
 
 def _tokens_and_past(profile: Profile, dec: DecoderInfo) -> tuple[int, int]:
@@ -283,7 +283,7 @@ def decoder_record(
     dec: DecoderInfo,
     options: DecoderOptions,
     phase: PhaseChoice,
-    shapes: tuple[tuple[Phase, int, int], ...],
+    shapes: tuple[PhaseShape, ...],
 ) -> DecoderRecord:
     """The manifest's ``plan.decoder`` of a plan cut between ``dec``'s layers, balanced for ``phase``
     (each phase profiled at its ``shapes``)."""

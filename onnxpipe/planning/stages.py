@@ -17,9 +17,9 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.model import ModelView, NodeInfo
 from onnxpipe.ir.samevalue import value_classes
 from onnxpipe.ir.shapevalues import ValueKinds, value_kinds
-from onnxpipe.manifest.entries import SameValue
 from onnxpipe.partition.result import Partition
 from onnxpipe.planning.recompute import MAX_COPIED_BYTES, MAX_NODES, Recomputed, recompute
+from onnxpipe.planning.records import SameValue
 from onnxpipe.planning.sequences import Sequences
 from onnxpipe.planning.types import Plan, StageSpec
 from onnxpipe.schedule.timeline import Timeline

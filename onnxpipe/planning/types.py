@@ -13,7 +13,7 @@ from onnxpipe.cluster.costs import DeviceCosts
 from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.choices import LinkModel, Phase
 from onnxpipe.core.inputfiles import InputRecord
-from onnxpipe.manifest.entries import DecoderRecord, NodeSplitRecord, PlanSummary, SameValue
+from onnxpipe.planning.records import DecoderRecord, NodeSplit, PlanSummary, SameValue
 from onnxpipe.schedule.timeline import Timeline
 
 ShapeParts = tuple[int | tuple[str, int], ...]
@@ -78,44 +78,6 @@ class StageSpec:
     @property
     def cost_seconds(self) -> float:
         return self.compute_seconds + self.transfer_seconds
-
-
-@dataclass(frozen=True)
-class NodeSplit:
-    """One node cut into parts placed in consecutive stages (``--split-nodes auto``), and why.
-
-    The split passed ``contiguous_bound_seconds``, ``max(total / K, largest node)``: no contiguous split
-    can beat it, and the best one found (``contiguous_bottleneck_seconds``) is at or above it.
-    """
-
-    node: str
-    kind: str
-    """How it was cut: ``columns``, ``reduction`` or ``channels``
-    (:class:`onnxpipe.planning.nodesplit.SplitKind`)."""
-    parts: int
-    stages: tuple[int, ...]
-    """The stage of each part, in order; the join runs in the last one."""
-    carried: tuple[str, ...]
-    """The nodes after it that each part computes on its slice (a bias, an activation)."""
-    part_nodes: tuple[tuple[str, ...], ...]
-    join: str
-    contiguous_bottleneck_seconds: float
-    contiguous_bound_seconds: float
-    measured: bool
-    """Whether the parts' costs were timed (:mod:`onnxpipe.planning.nodesplit.costs`) or scaled by their
-    share."""
-
-    def record(self) -> NodeSplitRecord:
-        """What the manifest keeps of the split (``plan.node_splits[]``): where the parts went and the
-        bound it passed; the parts' nodes are in the stage files."""
-        return NodeSplitRecord(
-            node=self.node,
-            kind=self.kind,
-            parts=self.parts,
-            stages=self.stages,
-            contiguous_bound_seconds=self.contiguous_bound_seconds,
-            contiguous_bottleneck_seconds=self.contiguous_bottleneck_seconds,
-        )
 
 
 @dataclass(frozen=True)
@@ -191,7 +153,7 @@ class Plan:
             time_slack=self.time_slack,
             reference_seconds=self.reference_seconds,
             profiled_inputs=self.profiled_inputs,
-            node_splits=tuple(s.record() for s in self.node_splits),
+            node_splits=self.node_splits,
             link_model=self.link_model,
             decoder=self.decoder,
         )

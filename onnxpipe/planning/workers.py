@@ -24,7 +24,6 @@ from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
-from onnxpipe.manifest.entries import DecoderRecord
 from onnxpipe.partition.interleave import InterleavedPartition, evaluate_interleaved, solve_interleaved
 from onnxpipe.planning.decoder import LayerSequences, context_words, fine_allowed, layer_cut_items
 from onnxpipe.planning.decoder_kinds import DecoderOptions
@@ -35,6 +34,7 @@ from onnxpipe.planning.decoder_plan import (
     profile_phase,
 )
 from onnxpipe.planning.fused import keeping_fused_groups
+from onnxpipe.planning.records import DecoderRecord
 from onnxpipe.planning.request import DEFAULT_TIME_SLACK, PlanRequest
 from onnxpipe.planning.sequences import Sequences, first_reader_param_bytes, sequences
 from onnxpipe.planning.stages import plan_from, specs_from_bounds

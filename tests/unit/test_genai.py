@@ -19,7 +19,6 @@ from onnxpipe.export.genai import (
     DEFAULT_SEARCH,
     ConfigDims,
     GenAIConfig,
-    GraphDims,
     PipelineModel,
     ProviderOptions,
     SessionOptions,
@@ -36,6 +35,7 @@ from onnxpipe.export.genai import (
     tensor_names,
 )
 from onnxpipe.ir.decoder import find_decoder
+from onnxpipe.ir.decoder_dims import DecoderDims
 from onnxpipe.ir.load import load_model
 
 DECODERS = SAMPLE_MODELS / "decoders"
@@ -165,7 +165,7 @@ def test_dims_come_from_the_graph(name: str, kv_heads: int, positions: int | Non
     facts = model_facts(view, dec)
     assert not isinstance(facts, Unsupported)
     names, dims = facts
-    assert dims == GraphDims(
+    assert dims == DecoderDims(
         layers=4, kv_heads=kv_heads, head_size=8, vocab_size=128, hidden_size=32, position_rows=positions
     )
     assert (names.past_key, names.present_value, names.logits) == (
@@ -177,7 +177,7 @@ def test_dims_come_from_the_graph(name: str, kv_heads: int, positions: int | Non
 
 
 def test_a_config_of_another_model_is_refused(tmp_path: Path) -> None:
-    dims = GraphDims(layers=4, kv_heads=2, head_size=8, vocab_size=128, hidden_size=32, position_rows=None)
+    dims = DecoderDims(layers=4, kv_heads=2, head_size=8, vocab_size=128, hidden_size=32, position_rows=None)
     path = tmp_path / "config.json"
     check_source_fits(SourceConfig(path, SourceKind.HF, layers=4, head_size=8), dims)  # agrees
     with pytest.raises(UsageError, match=r"config.json: num_key_value_heads is 8, but the model has 2"):
@@ -188,7 +188,7 @@ def test_a_config_of_another_model_is_refused(tmp_path: Path) -> None:
         UsageError, match=r"config.json: eos_token_id 151645 is outside the model's vocabulary"
     ):
         check_source_fits(SourceConfig(path, SourceKind.HF, tokens=TokenIds(0, (1, 151645), 0)), dims)
-    open_head = GraphDims(
+    open_head = DecoderDims(
         layers=4, kv_heads=2, head_size=None, vocab_size=128, hidden_size=64, position_rows=None
     )
     check_source_fits(SourceConfig(path, SourceKind.GENAI, head_size=16), open_head)  # the config says it

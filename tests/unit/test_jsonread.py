@@ -9,7 +9,6 @@ from collections.abc import Callable
 import pytest
 
 from onnxpipe.core.jsonread import Document, Rule, Value, describe, syntax_error_text
-from onnxpipe.manifest import MODEL
 
 
 class _Bad(Exception):
@@ -52,22 +51,6 @@ def test_reader_integers() -> None:
     _fails(v(True).integer, "f.json: top: expected an integer, got true; fix it")
     _fails(v(1.0).integer, "f.json: top: expected an integer, got float 1.0; fix it")
     _fails(lambda: v(0).integer(minimum=1), "f.json: top: expected an integer >= 1, got 0; fix it")
-
-
-def test_reader_index_or_word_keeps_the_word() -> None:
-    v = _doc().read
-    assert v("model").integer_or(MODEL, expected="i or model") == "model"
-    assert v(2).integer_or(MODEL, expected="i or model") == 2
-
-
-@pytest.mark.parametrize(
-    ("bad", "seen"), [(-1, "int -1"), (True, "true"), ("models", "string 'models'"), (None, "null")]
-)
-def test_reader_index_or_word_refuses_anything_else(bad: object, seen: str) -> None:
-    _fails(
-        lambda: _doc().read(bad).integer_or(MODEL, expected="i or model"),
-        f"f.json: top: expected i or model, got {seen}; fix it",
-    )
 
 
 def test_reader_numbers_read_null_as_infinity_and_refuse_nan() -> None:

@@ -23,7 +23,7 @@ from onnxpipe.manifest import (
     Manifest,
     ModelOutput,
     ModelTensor,
-    NodeSplitRecord,
+    NodeSplit,
     PlanSummary,
     SourceInfo,
     StageEntry,
@@ -503,12 +503,15 @@ def test_schema_version_is_checked_before_any_other_field() -> None:
 
 
 def test_optional_top_level_fields_may_be_absent() -> None:
-    """``cluster`` and ``device_costs`` came after the first manifests: absent reads as none."""
+    """``cluster`` and ``device_costs`` came after the first manifests: absent reads as none (and a
+    manifest without them leaves them out)."""
+    assert not {"cluster", "device_costs"} & set(json.loads(two_stage_manifest().to_json()))
 
-    def drop(obj: dict[str, Any]) -> None:
-        del obj["cluster"], obj["device_costs"]
+    def add(obj: dict[str, Any]) -> None:
+        obj.update(cluster=None, device_costs=[])
 
-    text = edited(drop)
+    assert Manifest.from_json(edited(add)) == two_stage_manifest()
+    text = edited(lambda obj: None)
     back = Manifest.from_json(text)
     assert back.cluster is None and back.device_costs == () and back == two_stage_manifest()
 
@@ -559,6 +562,10 @@ SPLIT = {
     "stages": [0, 1],
     "contiguous_bound_seconds": 0.02,
     "contiguous_bottleneck_seconds": 0.021,
+    "carried": ["head_bias"],
+    "part_nodes": [["head_0", "head_0_bias"], ["head_1", "head_1_bias", "head_join"]],
+    "join": "head_join",
+    "measured": True,
 }
 
 
@@ -566,10 +573,15 @@ def test_node_splits_round_trip_and_are_left_out_when_none() -> None:
     m = two_stage_manifest()
     assert "node_splits" not in json.loads(m.to_json())["plan"]
     assert m.plan.node_splits == ()
-    record = NodeSplitRecord("head", "columns", 2, (0, 1), 0.02, 0.021)
+    parts = (("head_0", "head_0_bias"), ("head_1", "head_1_bias", "head_join"))
+    record = NodeSplit("head", "columns", 2, (0, 1), 0.02, 0.021, ("head_bias",), parts, "head_join", True)
     cut = replace(m, plan=replace(m.plan, node_splits=(record,)))
     assert json.loads(cut.to_json())["plan"]["node_splits"] == [SPLIT]
     assert Manifest.from_json(cut.to_json()) == cut
+    # a manifest written before the split kept its parts' nodes reads with the where and the bound
+    old = edited(_set("plan/node_splits", [{k: SPLIT[k] for k in list(SPLIT)[:6]}]))
+    read = Manifest.from_json(old).plan.node_splits[0]
+    assert read.stages == (0, 1) and read.part_nodes == () and read.join == "" and not read.measured
 
 
 @pytest.mark.parametrize(

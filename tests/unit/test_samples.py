@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from onnxpipe.core.codec import Codec
 from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.core.inputfiles import InputRecord, read_input_file
 from onnxpipe.core.jsonread import Document
@@ -156,8 +157,9 @@ def test_one_symbol_one_size(sample_models_dir: Path) -> None:
 
 def test_the_record_round_trips_through_json() -> None:
     record = InputRecord("a.npz", "ab" * 32, {"x": (1, 512), "sr": ()}, 2)
-    data = json.loads(json.dumps(record.to_obj()))
-    read = InputRecord.read(Document("t", UsageError, "fix it").read(data).fields())
+    data = json.loads(json.dumps(Codec().encode(InputRecord, record)))
+    assert data == {"file": "a.npz", "sha256": "ab" * 32, "shapes": {"x": [1, 512], "sr": []}, "samples": 2}
+    read = Codec().decode(InputRecord, Document("t", UsageError, "fix it").read(data))
     assert read.file == "a.npz" and read.samples == 2 and dict(read.shapes) == {"x": (1, 512), "sr": ()}
 
 

@@ -42,14 +42,13 @@ from onnxpipe.export.genai.config import (
     PIPELINE_TYPE,
     ConfigDims,
     GenAIConfig,
-    GraphDims,
     PipelineModel,
     ProviderOptions,
     SessionOptions,
     TensorNames,
     Unsupported,
 )
-from onnxpipe.export.genai.graph import graph_dims, layer_template, model_facts, tensor_names
+from onnxpipe.export.genai.graph import layer_template, model_facts, tensor_names
 from onnxpipe.export.genai.pipeline import pipeline_of, session_options_of
 from onnxpipe.export.genai.source import check_source_fits
 from onnxpipe.export.genai.write import describe_written, genai_config, write_genai_config
@@ -64,7 +63,6 @@ __all__ = [
     "PIPELINE_TYPE",
     "ConfigDims",
     "GenAIConfig",
-    "GraphDims",
     "PipelineModel",
     "ProviderOptions",
     "SessionOptions",
@@ -76,7 +74,6 @@ __all__ = [
     "check_source_fits",
     "describe_written",
     "genai_config",
-    "graph_dims",
     "layer_template",
     "logits_output",
     "model_facts",

@@ -42,23 +42,6 @@ exporter's plain ``Concat`` does not)."""
 
 
 @dataclass(frozen=True)
-class GraphDims:
-    """What the graph tells GenAI: layer count, the past tensors' head count and size, the vocabulary
-    (logits' last dim), the hidden size and the position table's rows (``None`` where the graph does
-    not say: a symbolic dim, as GenAI's builder names the head size ``kv_cache_dim``; no embedding table
-    found; no position table)."""
-
-    layers: int
-    kv_heads: int | None
-    head_size: int | None
-    vocab_size: int
-    hidden_size: int | None
-    position_rows: int | None
-    attention_heads: int | None = None
-    """The query heads an attention op that reads the cache states (``num_heads``), when there is one."""
-
-
-@dataclass(frozen=True)
 class ConfigDims:
     """The dims written: the graph's, completed by the source config where the graph leaves one open."""
 

@@ -7,9 +7,9 @@ import re
 from collections.abc import Sequence
 
 from onnxpipe.core.kv import KVPair
-from onnxpipe.export.genai.config import GraphDims, TensorNames, Unsupported
+from onnxpipe.export.genai.config import TensorNames, Unsupported
 from onnxpipe.ir.decoder import DecoderInfo
-from onnxpipe.ir.decoder_dims import decoder_dims
+from onnxpipe.ir.decoder_dims import DecoderDims, decoder_dims
 from onnxpipe.ir.embedding import logits_output
 from onnxpipe.ir.model import ModelView
 
@@ -53,37 +53,24 @@ def layer_template(names: Sequence[str]) -> str | None:
     return None
 
 
-def graph_dims(view: ModelView, dec: DecoderInfo, logits: str) -> GraphDims | Unsupported:
-    """The dims GenAI sizes its buffers with, as the graph gives them
-    (:func:`onnxpipe.ir.decoder_dims.decoder_dims`: the cache's heads and head size from the past tensors
-    or the attention node that reads them, the vocabulary from the logits or the embedding table, the
-    hidden size from the embedding table, the positions from the position or rotary table)."""
-    dims = decoder_dims(view, dec)
-    if dims.vocab_size is None:
-        return Unsupported(
-            f"the vocabulary size is neither the logits' ({logits}) last dim nor an embedding's"
-        )
-    return GraphDims(
-        layers=dims.layers,
-        kv_heads=dims.kv_heads,
-        head_size=dims.head_size,
-        vocab_size=dims.vocab_size,
-        hidden_size=dims.hidden_size,
-        position_rows=dims.position_rows,
-        attention_heads=dims.attention_heads,
-    )
-
-
-def model_facts(view: ModelView, dec: DecoderInfo) -> tuple[TensorNames, GraphDims] | Unsupported:
+def model_facts(view: ModelView, dec: DecoderInfo) -> tuple[TensorNames, DecoderDims] | Unsupported:
     """The names and dims GenAI needs, from the graph alone (used before profiling to refuse a
-    ``--genai-config`` early, and at export)."""
+    ``--genai-config`` early, and at export).
+
+    The dims are :func:`onnxpipe.ir.decoder_dims.decoder_dims`'s (the cache's heads and head size from the
+    past tensors or the attention node that reads them, the vocabulary from the logits or the embedding
+    table, the hidden size from the embedding table, the positions from the position or rotary table);
+    GenAI sizes its buffers with them, so a graph whose vocabulary neither tells is :class:`Unsupported`.
+    """
     logits = logits_output(view, set(dec.present_outputs))
     names = tensor_names(dec.ids_input, dec.mask_input, dec.positions_input, logits, dec.kv)
     if isinstance(names, Unsupported):
         return names
-    dims = graph_dims(view, dec, names.logits)
-    if isinstance(dims, Unsupported):
-        return dims
+    dims = decoder_dims(view, dec)
+    if dims.vocab_size is None:
+        return Unsupported(
+            f"the vocabulary size is neither the logits' ({names.logits}) last dim nor an embedding's"
+        )
     managed = {dec.ids_input, dec.mask_input, dec.positions_input, *dec.past_inputs}
     extra = [t for t in view.inputs if t not in managed]
     if extra:

@@ -7,10 +7,10 @@ from onnxpipe.core.errors import UsageError
 from onnxpipe.core.model_config import SourceConfig
 from onnxpipe.core.model_config import read_source_config as read_source_config  # re-exported: its old home
 from onnxpipe.core.options import opt
-from onnxpipe.export.genai.config import GraphDims
+from onnxpipe.ir.decoder_dims import DecoderDims
 
 
-def check_source_fits(source: SourceConfig, dims: GraphDims) -> None:
+def check_source_fits(source: SourceConfig, dims: DecoderDims) -> None:
     """Refuse a ``--genai-config`` whose dims contradict the graph's: it describes another model, and GenAI
     would size its buffers wrongly; or whose token ids lie outside the vocabulary (:class:`UsageError`
     naming the file and the field)."""
@@ -28,7 +28,7 @@ def check_source_fits(source: SourceConfig, dims: GraphDims) -> None:
                 f"config, or leave {opt('genai_config')} out"
             )
     tokens = source.tokens
-    if tokens is not None:
+    if tokens is not None and dims.vocab_size is not None:
         for key, ids in (
             ("bos_token_id", (tokens.bos,)),
             ("eos_token_id", tokens.eos),

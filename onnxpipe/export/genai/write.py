@@ -14,13 +14,13 @@ from onnxpipe.export.genai.config import (
     DEFAULT_PAD,
     ConfigDims,
     GenAIConfig,
-    GraphDims,
     Unsupported,
 )
 from onnxpipe.export.genai.graph import model_facts
 from onnxpipe.export.genai.pipeline import pipeline_of, primary_options
 from onnxpipe.export.genai.source import check_source_fits
 from onnxpipe.ir.decoder import DecoderInfo
+from onnxpipe.ir.decoder_dims import DecoderDims
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
 
@@ -64,7 +64,7 @@ def genai_config(
     )
 
 
-def _written_dims(graph: GraphDims, source: SourceConfig | None) -> ConfigDims | Unsupported:
+def _written_dims(graph: DecoderDims, source: SourceConfig | None) -> ConfigDims | Unsupported:
     """The graph's dims, the head count and size taken from the source config where the past tensors leave
     them symbolic."""
     head_size = graph.head_size or (source.head_size if source is not None else None)
@@ -73,10 +73,11 @@ def _written_dims(graph: GraphDims, source: SourceConfig | None) -> ConfigDims |
         return Unsupported(
             f"the past tensors' head count or head size is symbolic (give {opt('genai_config')})"
         )
+    assert graph.vocab_size is not None  # model_facts refused a graph that does not say it
     return ConfigDims(graph.layers, kv_heads, head_size, graph.vocab_size, graph.hidden_size)
 
 
-def _context_length(manifest: Manifest, graph: GraphDims, source: SourceConfig | None) -> int | None:
+def _context_length(manifest: Manifest, graph: DecoderDims, source: SourceConfig | None) -> int | None:
     """The smallest context any of the plan, the source config and the position table allows; None when
     none says one."""
     limits = [manifest.plan.decoder.max_context] if manifest.plan.decoder is not None else []
@@ -93,7 +94,7 @@ def _token_ids(source: SourceConfig | None) -> TokenIds:
     return TokenIds(DEFAULT_BOS, (DEFAULT_EOS,), DEFAULT_PAD)
 
 
-def _attention_heads(dims: ConfigDims, graph: GraphDims, source: SourceConfig | None) -> int | None:
+def _attention_heads(dims: ConfigDims, graph: DecoderDims, source: SourceConfig | None) -> int | None:
     """The query heads: the source config's, else an attention op's, else the hidden size over the head
     size (the usual layout); None when nothing tells."""
     heads = source.attention_heads if source is not None else None

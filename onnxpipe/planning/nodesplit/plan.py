@@ -43,8 +43,9 @@ from onnxpipe.planning.nodesplit.costs import (
 )
 from onnxpipe.planning.nodesplit.cut import CutModel, cut_node
 from onnxpipe.planning.nodesplit.find import SplitKind, Splittable, find_splittable, part_sizes
+from onnxpipe.planning.records import NodeSplit
 from onnxpipe.planning.sequences import Sequences, sequences
-from onnxpipe.planning.types import NodeSplit, Plan
+from onnxpipe.planning.types import Plan
 from onnxpipe.planning.workers import make_plan
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 
