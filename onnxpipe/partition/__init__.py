@@ -27,6 +27,12 @@ with the fewest bytes crossing cuts wins; when the tolerance saves no byte, an e
 returned.  Equal byte counts are settled deterministically: going from the last stage backwards, each
 stage starts at the earliest position that keeps the choice optimal.
 
+Second level: the stages below the bottleneck are balanced among themselves.  The stages within
+``TIE_RTOL`` of the bottleneck stay; every run of two or more stages between them is solved again the
+same way over the items it holds (its ends fixed), and kept when that makes its stage costs, sorted
+largest first, lexicographically smaller.  Without it, a dominating item (GPT-2's LM head) makes every
+split of the rest optimal, and the fewest-bytes rule picks stages of a few cheap nodes that idle.
+
 Why this algorithm
 ------------------
 It is the bisection-with-exact-probe method for 1-D partitioning (Nicol, "Rectilinear partitioning of

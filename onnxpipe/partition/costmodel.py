@@ -80,6 +80,12 @@ class _Model:
     mem: _Work | None = None  # per-stage item memory: item_mem (+ act_factor[s] * item_act)
     mem_cap: FloatArr | None = None  # len k
     mem_fac: FloatArr | None = None  # len k
+    first_receives: bool = False
+    """Stage 0 receives too (a window of a larger problem that starts after its stage 0: :meth:`window`)."""
+
+    def receives(self, s: int) -> bool:
+        """Whether stage ``s`` pays for what it receives (every stage but the first of the problem)."""
+        return s > 0 or self.first_receives
 
     def prefix(self, s: int) -> FloatArr:
         """Prefix sums of stage ``s``'s item costs (before speed scaling)."""
@@ -87,7 +93,7 @@ class _Model:
 
     def transfer(self, s: int, a: IntArr) -> FloatArr:
         """Transfer-in time of stage ``s`` for starts ``a`` (0 for the first stage)."""
-        if s == 0:
+        if not self.receives(s):
             return np.zeros(a.shape, dtype=np.float64)
         out: FloatArr = (self.cut[a] * self.tr_mul[s]) / self.tr_div[s] + self.tr_add[s]
         return out
@@ -104,7 +110,7 @@ class _Model:
 
     def combine(self, s: int, comp: FloatArr, tr: FloatArr) -> FloatArr:
         """Stage cost from its compute and transfer times (``compute`` / ``transfer`` outputs)."""
-        if s == 0:
+        if not self.receives(s):
             return comp
         out: FloatArr = np.maximum(comp, tr) if self.overlap else comp + tr
         return out
@@ -114,7 +120,7 @@ class _Model:
         assert self.mem is not None and self.mem_fac is not None
         p = self.mem.prefix[self.mem.of[s]]
         held: FloatArr = p[b] - p[a]
-        if s == 0:
+        if not self.receives(s):
             return held
         out: FloatArr = held + self.cut[a] * self.mem_fac[s]
         return out
@@ -141,6 +147,34 @@ class _Model:
             tr_add=np.zeros(self.k),
             overlap=False,
             allowed=self.allowed,
+        )
+
+    def window(self, a: int, b: int, s0: int, s1: int) -> _Model:
+        """The problem of stages ``s0 .. s1 - 1`` alone over items ``a .. b - 1`` (their start ``a`` and end
+        ``b`` fixed): what :func:`~onnxpipe.partition.result._balanced` re-solves between pinned stages.
+        Its prefix sums are its own (correctly rounded over the window), so a caller re-scores its answer
+        with this model's :meth:`evaluate` before trusting it."""
+        stages = range(s0, s1)
+        mem = None
+        if self.mem is not None:
+            mem = _Work.table("item memory", [self.mem.rows[self.mem.of[s]][a:b] for s in stages])
+        allowed = self.allowed[a : b + 1].copy()
+        allowed[0] = allowed[-1] = True
+        return _Model(
+            n=b - a,
+            k=s1 - s0,
+            work=_Work.table("costs", [self.work.rows[self.work.of[s]][a:b] for s in stages]),
+            cut=self.cut[a : b + 1],
+            speed=self.speed[s0:s1],
+            tr_mul=self.tr_mul[s0:s1],
+            tr_div=self.tr_div[s0:s1],
+            tr_add=self.tr_add[s0:s1],
+            overlap=self.overlap,
+            allowed=allowed,
+            mem=mem,
+            mem_cap=None if self.mem_cap is None else self.mem_cap[s0:s1],
+            mem_fac=None if self.mem_fac is None else self.mem_fac[s0:s1],
+            first_receives=self.receives(s0),
         )
 
     def evaluate(self, bounds: Sequence[int]) -> tuple[FloatArr, FloatArr, FloatArr]:
