@@ -100,9 +100,11 @@ reference solvers).  No name here equals a submodule's name: importing a submodu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
+from onnxpipe.core.errors import PartitionError
 from onnxpipe.partition.costmodel import _Model as _Model
 from onnxpipe.partition.engine import _Engine as _Engine
 from onnxpipe.partition.engine import _finish
@@ -128,17 +130,23 @@ def solve(
     cut_bytes: Sequence[float] | None = None,
     bandwidth: float = math.inf,
     allowed_cuts: Sequence[bool] | None = None,
+    tie_rtol: float = TIE_RTOL,
 ) -> Partition:
     """Split ``costs`` into ``k`` contiguous stages minimising the slowest stage, exactly.
 
     Stage cost = its compute (sum of item costs) + ``cut_bytes[start] / bandwidth`` (the time to receive
     its inputs; nothing for stage 0).  ``allowed_cuts[p] = False`` forbids a boundary at ``p`` (e.g. inside
-    a fused group).  Among optimal splits (within ``TIE_RTOL``) the one moving the fewest bytes wins.
+    a fused group).  Among optimal splits (within ``tie_rtol``, relative; default ``TIE_RTOL``) the one
+    moving the fewest bytes wins: measured costs carry noise, and a ``tie_rtol`` as wide as that noise
+    makes near-ties resolve by the bytes (fixed by the graph) the same way on every measurement.
 
     Raises :class:`PartitionError` for impossible requests (``k`` outside ``1..n``, too few allowed cuts)
     and malformed inputs (negative or NaN costs, wrong lengths).
     """
-    return _finish(*_homogeneous_model(costs, k, cut_bytes, bandwidth, allowed_cuts))
+    model, lower = _homogeneous_model(costs, k, cut_bytes, bandwidth, allowed_cuts)
+    if not 0.0 <= tie_rtol < 1.0:  # also refuses NaN
+        raise PartitionError(f"tie_rtol = {tie_rtol!r} is invalid: give a relative tolerance in [0, 1)")
+    return _finish(dataclasses.replace(model, tie_rtol=float(tie_rtol)), lower)
 
 
 def solve_heterogeneous(request: HeterogeneousRequest, k: int) -> Partition:

@@ -18,6 +18,10 @@ import numpy as np
 
 from onnxpipe.partition.numeric import BoolArr, FloatArr, IntArr, _dual_weights, _prefix
 
+TIE_RTOL = 1e-9
+"""Partitions whose bottleneck is within this relative distance of the optimum count as optimal when the
+tie-break on cut bytes is applied (the default of :attr:`_Model.tie_rtol`)."""
+
 
 @dataclass(frozen=True, eq=False)
 class _Work:
@@ -81,6 +85,8 @@ class _Model:
     mem_cap: FloatArr | None = None  # len k
     mem_fac: FloatArr | None = None  # len k
     first_receives: bool = False
+    tie_rtol: float = TIE_RTOL
+    """Splits this close to the optimum (relative) tie; the fewest bytes among them win (``_choose``)."""
     """Stage 0 receives too (a window of a larger problem that starts after its stage 0: :meth:`window`)."""
 
     def receives(self, s: int) -> bool:
@@ -175,6 +181,7 @@ class _Model:
             mem_cap=None if self.mem_cap is None else self.mem_cap[s0:s1],
             mem_fac=None if self.mem_fac is None else self.mem_fac[s0:s1],
             first_receives=self.receives(s0),
+            tie_rtol=self.tie_rtol,
         )
 
     def evaluate(self, bounds: Sequence[int]) -> tuple[FloatArr, FloatArr, FloatArr]:

@@ -14,11 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from onnxpipe.core.errors import MemoryFitError, PartitionError
+from onnxpipe.partition.costmodel import TIE_RTOL as TIE_RTOL
 from onnxpipe.partition.costmodel import _Model
-
-TIE_RTOL = 1e-9
-"""Partitions whose bottleneck is within this relative distance of the optimum count as optimal when the
-tie-break on cut bytes is applied."""
 
 
 @dataclass(frozen=True)
@@ -76,11 +73,11 @@ def _choose(
 ) -> tuple[int, ...]:
     """The tie-break rule, shared by the engine and the reference so both pick the very same split.
 
-    Fewest cut bytes among splits within ``TIE_RTOL`` of ``opt``; if that split is not exactly optimal,
-    an exactly optimal split with as few bytes is preferred.  (Usually one DP pass: near-ties within
-    1e-9 are rare.)  With no bytes on any inner cut there is nothing to trade: the exact pass decides.
+    Fewest cut bytes among splits within ``model.tie_rtol`` (default :data:`TIE_RTOL`) of ``opt``; if
+    that split is not exactly optimal, an exactly optimal split with as few bytes is preferred.  With no
+    bytes on any inner cut there is nothing to trade: the exact pass decides.
     """
-    loose = opt * (1.0 + TIE_RTOL)
+    loose = opt * (1.0 + model.tie_rtol)
     if loose == opt or not model.cut[1 : model.n].any():
         return min_bytes(opt)[1]
     loose_bytes, loose_bounds = min_bytes(loose)

@@ -205,6 +205,32 @@ def test_a_fused_group_holding_most_of_the_model_does_not_unbalance_the_plan() -
     assert not any("fused groups" in note for note in balanced.notes)
 
 
+def test_measured_costs_tie_within_their_noise() -> None:
+    """A plan of measured costs counts splits within :data:`MEASURED_TIE_RTOL` of the best as ties (the
+    fewest bytes win: ``test_partition`` shows that noise then moves no cut), static costs keep the
+    solver's own tolerance: the plan's bounds are the solver's with that tolerance."""
+    from onnxpipe.cost.profile import CostSource
+    from onnxpipe.cost.static import static_profile
+    from onnxpipe.ir.load import load_model
+    from onnxpipe.partition import TIE_RTOL, solve
+    from onnxpipe.planning.sequences import sequences
+    from onnxpipe.planning.workers import MEASURED_TIE_RTOL, make_plan, near_tie_rtol
+
+    view = load_model(SAMPLES / "transformer_tiny.onnx")
+    static = static_profile(view)
+    measured = replace(static, source=CostSource.PROFILE.value)
+    assert near_tie_rtol(static) == TIE_RTOL and near_tie_rtol(measured) == MEASURED_TIE_RTOL
+    seq = sequences(view, measured)
+    bounds = {}
+    for tie in (TIE_RTOL, MEASURED_TIE_RTOL):
+        part = solve(seq.costs, 3, cut_bytes=seq.cut_bytes, allowed_cuts=seq.allowed, tie_rtol=tie)
+        bounds[tie] = [b - a for a, b in itertools.pairwise(part.bounds)]
+    assert bounds[TIE_RTOL] != bounds[MEASURED_TIE_RTOL]  # a near-tie that the tolerance resolves otherwise
+    for profile, tie in ((static, TIE_RTOL), (measured, MEASURED_TIE_RTOL)):
+        plan = make_plan(view, profile, 3)
+        assert [len(s.node_names) for s in plan.stages] == bounds[tie]
+
+
 def test_fused_groups_within_the_slack_of_the_bound_are_kept_without_a_second_solve() -> None:
     """A split within 5% of the lower bound cannot be beaten by more than 5%: no need to solve again."""
     from onnxpipe.planning.fused import keeping_fused_groups
