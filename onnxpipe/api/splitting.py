@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from onnxpipe.api.autotrial import paid_here
 from onnxpipe.api.options import SplitOptions
 from onnxpipe.api.paths import check_output_folder
 from onnxpipe.api.plans import calibrated_plan, load, measured_here, note_retries, start
@@ -92,6 +93,15 @@ def split(
         view, the_plan = cut.view, measured_here(cut.plan, prof, request)
     else:
         the_plan = calibrated_plan(view, prof, request, opts.calibration, phases)
+        the_plan = paid_here(
+            view,
+            the_plan,
+            prof,
+            request,
+            lambda: calibrated_plan(
+                view, prof, dataclasses.replace(request, stages=1), opts.calibration, phases
+            ),
+        )
     if measuring:
         watch.check()
     save_profile(prof, profile_options)
