@@ -115,6 +115,7 @@ from onnxpipe.partition.inputs import (
     _heterogeneous_model,
     _homogeneous_model,
     _item_count,
+    _vector,
 )
 from onnxpipe.partition.reference import _reference_solve as _reference_solve
 from onnxpipe.partition.reference import _reference_solve_heterogeneous as _reference_solve_heterogeneous
@@ -131,6 +132,7 @@ def solve(
     bandwidth: float = math.inf,
     allowed_cuts: Sequence[bool] | None = None,
     tie_rtol: float = TIE_RTOL,
+    start_seconds: Sequence[float] | None = None,
 ) -> Partition:
     """Split ``costs`` into ``k`` contiguous stages minimising the slowest stage, exactly.
 
@@ -139,6 +141,8 @@ def solve(
     a fused group).  Among optimal splits (within ``tie_rtol``, relative; default ``TIE_RTOL``) the one
     moving the fewest bytes wins: measured costs carry noise, and a ``tie_rtol`` as wide as that noise
     makes near-ties resolve by the bytes (fixed by the graph) the same way on every measurement.
+    ``start_seconds[p]`` (``n + 1`` entries, entry 0 ignored) is added to a stage starting at ``p``, with
+    its transfer: the work a stage adds for where it starts (the copies of values it would receive).
 
     Raises :class:`PartitionError` for impossible requests (``k`` outside ``1..n``, too few allowed cuts)
     and malformed inputs (negative or NaN costs, wrong lengths).
@@ -146,7 +150,8 @@ def solve(
     model, lower = _homogeneous_model(costs, k, cut_bytes, bandwidth, allowed_cuts)
     if not 0.0 <= tie_rtol < 1.0:  # also refuses NaN
         raise PartitionError(f"tie_rtol = {tie_rtol!r} is invalid: give a relative tolerance in [0, 1)")
-    return _finish(dataclasses.replace(model, tie_rtol=float(tie_rtol)), lower)
+    start = None if start_seconds is None else _vector("start_seconds", start_seconds, model.n + 1, 0.0)
+    return _finish(dataclasses.replace(model, tie_rtol=float(tie_rtol), start=start), lower)
 
 
 def solve_heterogeneous(request: HeterogeneousRequest, k: int) -> Partition:

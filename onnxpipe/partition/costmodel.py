@@ -86,6 +86,9 @@ class _Model:
     mem_fac: FloatArr | None = None  # len k
     first_receives: bool = False
     tie_rtol: float = TIE_RTOL
+    start: FloatArr | None = None
+    """len n+1: seconds a stage starting at each position adds, if it receives (what it makes again of
+    values it would otherwise receive); counted with the transfer."""
     """Splits this close to the optimum (relative) tie; the fewest bytes among them win (``_choose``)."""
     """Stage 0 receives too (a window of a larger problem that starts after its stage 0: :meth:`window`)."""
 
@@ -102,6 +105,8 @@ class _Model:
         if not self.receives(s):
             return np.zeros(a.shape, dtype=np.float64)
         out: FloatArr = (self.cut[a] * self.tr_mul[s]) / self.tr_div[s] + self.tr_add[s]
+        if self.start is not None:
+            out = out + self.start[a]
         return out
 
     def compute(self, s: int, a: IntArr, b: IntArr | int) -> FloatArr:
@@ -182,6 +187,7 @@ class _Model:
             mem_fac=None if self.mem_fac is None else self.mem_fac[s0:s1],
             first_receives=self.receives(s0),
             tie_rtol=self.tie_rtol,
+            start=None if self.start is None else self.start[a : b + 1],
         )
 
     def evaluate(self, bounds: Sequence[int]) -> tuple[FloatArr, FloatArr, FloatArr]:

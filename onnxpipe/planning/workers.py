@@ -24,8 +24,10 @@ from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import CostSource, Profile
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.shapevalues import value_kinds
 from onnxpipe.manifest.entries import DecoderRecord
 from onnxpipe.partition.interleave import InterleavedPartition, evaluate_interleaved, solve_interleaved
+from onnxpipe.planning.copycost import counting_copies, start_seconds
 from onnxpipe.planning.decoder import LayerSequences, context_words, fine_allowed, layer_cut_items
 from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.decoder_plan import (
@@ -82,6 +84,7 @@ def make_plan(
             f"choose {opt('stages')} between 1 and {m}"
         )
     seq = sequences(view, profile)
+    extra = start_seconds(view, seq.compute, value_kinds(view), profile)
     notes: list[str] = []
     part = keeping_fused_groups(
         lambda allowed: _partition.solve(
@@ -91,13 +94,14 @@ def make_plan(
             bandwidth=bandwidth_bytes_per_s,
             allowed_cuts=allowed,
             tie_rtol=near_tie_rtol(profile),
+            start_seconds=extra if any(extra) else None,
         ),
         seq.allowed,
         notes,
         seq.cuttable,
     )
-
     stages = specs_from_bounds(view, seq, part.bounds, part.compute, part.transfer)
+    stages, part = counting_copies(stages, part, extra, profile)
     timeline = stream([s.cost_seconds for s in stages], microbatches)
     return plan_from(
         view, profile, part, stages, seq.sizes, bandwidth_bytes_per_s, notes=tuple(notes), timeline=timeline

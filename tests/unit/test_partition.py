@@ -431,6 +431,29 @@ def test_near_ties_within_the_noise_resolve_the_same_way_on_every_measurement() 
             solve([1, 1], 2, tie_rtol=bad)
 
 
+def test_start_seconds_count_in_the_stage_that_starts_there() -> None:
+    # What a stage adds for where it starts (copies of values it would receive) is balanced like the rest,
+    # and agrees with a brute force over every split.
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        n, k = int(rng.integers(2, 8)), int(rng.integers(1, 4))
+        k = min(k, n)
+        costs = [float(x) for x in rng.integers(0, 9, n)]
+        start = [float(x) for x in rng.integers(0, 5, n + 1)]
+        p = solve(costs, k, start_seconds=start)
+        best = min(
+            max(
+                math.fsum(costs[a:b]) + (start[a] if s else 0.0)
+                for s, (a, b) in enumerate(itertools.pairwise(b))
+            )
+            for b in all_bounds(n, k)
+        )
+        assert p.bottleneck == best
+        assert p.transfer == tuple(start[a] if s else 0.0 for s, a in enumerate(p.bounds[:-1]))
+    with pytest.raises(PartitionError, match="start_seconds"):
+        solve([1, 1], 2, start_seconds=[0, -1, 0])
+
+
 def test_allowed_cuts_keep_groups_whole() -> None:
     p = solve([1, 1, 1, 1, 1, 1], 2, allowed_cuts=[True, True, False, False, True, True, True])
     assert p.bounds in {(0, 1, 6), (0, 4, 6)} and p.bottleneck == 4.0
