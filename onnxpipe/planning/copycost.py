@@ -82,11 +82,19 @@ def copies_seconds(stage: StageSpec, profile: Profile) -> float:
 
 
 def counting_copies(
-    stages: tuple[StageSpec, ...], part: Partition, extra: Sequence[float], profile: Profile
+    stages: tuple[StageSpec, ...],
+    part: Partition,
+    extra: Sequence[float],
+    profile: Profile,
+    per_call: float = 0.0,
 ) -> tuple[tuple[StageSpec, ...], Partition]:
     """``stages`` and ``part`` with each stage's copies in its compute (what it really copies, not the
-    estimate :func:`start_seconds` gave the partitioner, which ``part`` counted with the transfer)."""
-    compute = tuple(c + copies_seconds(st, profile) for c, st in zip(part.compute, stages, strict=True))
+    estimate :func:`start_seconds` gave the partitioner, which ``part`` counted with the transfer), and
+    ``per_call`` seconds each (one session call's fixed cost: the same for every stage, so it moves no
+    cut)."""
+    compute = tuple(
+        c + copies_seconds(st, profile) + per_call for c, st in zip(part.compute, stages, strict=True)
+    )
     transfer = tuple(
         max(0.0, t - (extra[a] if s > 0 else 0.0))
         for s, (t, a) in enumerate(zip(part.transfer, part.bounds[:-1], strict=True))

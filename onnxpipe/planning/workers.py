@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from onnxpipe import partition as _partition
 from onnxpipe.core.errors import PartitionError
 from onnxpipe.core.options import opt
+from onnxpipe.cost.callcost import call_seconds
 from onnxpipe.cost.profile import CostSource, Profile
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
@@ -56,6 +57,14 @@ def near_tie_rtol(profile: Profile) -> float:
     return MEASURED_TIE_RTOL if profile.source == CostSource.PROFILE.value else _partition.TIE_RTOL
 
 
+def per_call_cost(profile: Profile, given: float | None) -> float:
+    """The fixed seconds a stage pays per call: ``given``, else measured here for measured costs (the
+    machine they were measured on), none for static costs."""
+    if given is not None:
+        return given
+    return call_seconds(profile.threads) if profile.source == CostSource.PROFILE.value else 0.0
+
+
 def make_plan(
     view: ModelView,
     profile: Profile,
@@ -63,6 +72,7 @@ def make_plan(
     *,
     bandwidth_bytes_per_s: float = math.inf,
     microbatches: int = DEFAULT_MICROBATCHES,
+    per_call_seconds: float | None = None,
 ) -> Plan:
     """Partition ``view`` into ``k`` stages that minimize the slowest stage, exactly.
 
@@ -72,7 +82,10 @@ def make_plan(
     :func:`onnxpipe.planning.cluster.plan_pipeline`.
 
     Fused groups reported by the profiler are kept whole when that still leaves ``k`` stages possible;
-    otherwise the constraint is dropped and a note says so.
+    otherwise the constraint is dropped and a note says so.  Each stage's estimate counts the nodes it
+    copies (:mod:`onnxpipe.planning.copycost`, which the partitioner balances too) and, for measured
+    costs, ``per_call_seconds``: one session call's fixed cost (default: measured once here,
+    :func:`onnxpipe.cost.callcost.call_seconds`; static costs: none).
     """
     profile.check_matches(view)
     compute = view.compute_nodes
@@ -101,7 +114,13 @@ def make_plan(
         seq.cuttable,
     )
     stages = specs_from_bounds(view, seq, part.bounds, part.compute, part.transfer)
-    stages, part = counting_copies(stages, part, extra, profile)
+    per_call = per_call_cost(profile, per_call_seconds)
+    stages, part = counting_copies(stages, part, extra, profile, per_call)
+    if per_call > 0:
+        notes.append(
+            f"each stage's estimate counts {per_call * 1e3:.3f} ms per call, one session call's fixed cost "
+            "on this machine (measured)"
+        )
     timeline = stream([s.cost_seconds for s in stages], microbatches)
     return plan_from(
         view, profile, part, stages, seq.sizes, bandwidth_bytes_per_s, notes=tuple(notes), timeline=timeline

@@ -260,6 +260,28 @@ def test_stage_estimates_count_the_nodes_a_stage_copies() -> None:
     assert plan.bottleneck_seconds == max(stage.cost_seconds for stage in plan.stages)
 
 
+def test_each_stage_estimate_counts_a_session_calls_fixed_cost() -> None:
+    """Measured costs: every stage pays one session call per micro-batch (injected here; measured once
+    per process otherwise), the same for each, so it moves no cut; static costs: nothing added."""
+    from onnxpipe.cost.profile import CostSource
+    from onnxpipe.cost.static import static_profile
+    from onnxpipe.ir.load import load_model
+    from onnxpipe.planning.workers import make_plan, per_call_cost
+
+    view = load_model(SAMPLES / "resnet_tiny.onnx")
+    static = static_profile(view)
+    measured = replace(static, source=CostSource.PROFILE.value)
+    assert per_call_cost(static, None) == 0.0 and per_call_cost(measured, 2e-5) == 2e-5
+    plain = make_plan(view, static, 3)
+    called = make_plan(view, measured, 3, per_call_seconds=2e-5)
+    assert [s.node_names for s in called.stages] == [s.node_names for s in plain.stages]
+    for a, b in zip(plain.stages, called.stages, strict=True):
+        assert b.compute_seconds == pytest.approx(a.compute_seconds + 2e-5, rel=1e-12)
+    assert called.bottleneck_seconds == pytest.approx(plain.bottleneck_seconds + 2e-5, rel=1e-12)
+    assert any("0.020 ms per call" in n for n in called.notes)
+    assert not any("per call" in n for n in plain.notes)
+
+
 def test_fused_groups_within_the_slack_of_the_bound_are_kept_without_a_second_solve() -> None:
     """A split within 5% of the lower bound cannot be beaten by more than 5%: no need to solve again."""
     from onnxpipe.planning.fused import keeping_fused_groups
