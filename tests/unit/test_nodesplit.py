@@ -269,6 +269,7 @@ def test_the_count_of_parts_is_chosen_by_the_parts_as_they_will_run(monkeypatch:
         return [PartCosts(len(s), tuple(part(x, tuple(s)) for x in s), 0.0, True) for s in layouts]
 
     monkeypatch.setattr(nodesplit_plan, "sized_costs", costed)
+    monkeypatch.setattr("onnxpipe.planning.workers.call_seconds", lambda threads: 0.0)  # no session here
     k = 8
     planned = plan_splitting_nodes(view, prof, k)
     (split,) = planned.plan.node_splits

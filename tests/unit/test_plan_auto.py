@@ -72,8 +72,10 @@ def test_auto_in_the_cli_prints_the_counts_tried(
     assert out.count("<- chosen") == 1 and "--stages auto chose" in out
 
 
-def _auto_plan(resnet: Path) -> tuple[ModelView, Profile, PlanRequest, Plan]:
-    """An ``auto`` plan of two stages on measured costs (a static profile marked measured)."""
+def _auto_plan(resnet: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[ModelView, Profile, PlanRequest, Plan]:
+    """An ``auto`` plan of two stages on measured costs (a static profile marked measured, no session's
+    call cost measured)."""
+    monkeypatch.setattr("onnxpipe.planning.workers.call_seconds", lambda threads: 0.0)
     view = load_model(resnet)
     prof = dataclasses.replace(static_profile(view), source=CostSource.PROFILE.value)
     request = PlanRequest(stages="auto")
@@ -84,14 +86,14 @@ def _auto_plan(resnet: Path) -> tuple[ModelView, Profile, PlanRequest, Plan]:
 
 @pytest.mark.parametrize("ratio", [0.66, 1.4])
 def test_split_auto_keeps_a_pipeline_only_when_a_short_run_here_says_it_pays(
-    resnet: Path, ratio: float
+    resnet: Path, ratio: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``auto`` measured (here injected) against one session of the whole model: below it, one stage and a
     note that says why; above it, the split it chose, with what was measured."""
     from onnxpipe.api.autotrial import paid_here
     from onnxpipe.planning.workers import make_plan
 
-    view, prof, request, two = _auto_plan(resnet)
+    view, prof, request, two = _auto_plan(resnet, monkeypatch)
     seen: list[Plan] = []
 
     def gain(v: ModelView, p: Plan) -> float:
@@ -107,11 +109,13 @@ def test_split_auto_keeps_a_pipeline_only_when_a_short_run_here_says_it_pays(
         assert got.stages == two.stages and "gave 1.40x the throughput" in got.notes[-1]
 
 
-def test_split_auto_is_not_measured_where_the_estimates_say_nothing_of_this_machine(resnet: Path) -> None:
+def test_split_auto_is_not_measured_where_the_estimates_say_nothing_of_this_machine(
+    resnet: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A stage count given, a static profile, or one stage chosen: nothing is run."""
     from onnxpipe.api.autotrial import paid_here
 
-    view, prof, request, two = _auto_plan(resnet)
+    view, prof, request, two = _auto_plan(resnet, monkeypatch)
 
     def gain(v: ModelView, p: Plan) -> float:
         raise AssertionError("measured")
