@@ -2,16 +2,16 @@
 
 A contiguous plan stops at ``max(total / K, largest node)``. Here the nodes that can be cut
 (:func:`.find.find_splittable`) and are large enough to matter (at least :data:`MIN_SHARE` of
-``total / K``; the :data:`MAX_CANDIDATES` largest) are offered to
-:func:`onnxpipe.partition.splitting.solve_with_split` with every part count from 2 to :data:`MAX_PARTS`
-(more parts than stages give the cut finer places to fall) and every kind of cut they allow, their parts'
-costs measured (:mod:`.costs`) and the bytes each inner link carries counted (the node's input,
-forwarded, and the parts' outputs the join needs). The best is exact over those choices. Equal parts the
-best split put in one stage are merged into one wider part (more equal parts only give finer places to cut
-the node; two kernels in one stage would be slower than one), costed again; since a wider part may cost
-more than its equal parts did, the best split with at most one part per stage is planned too, and the
-faster plan wins. The node is then cut in the
-model (:func:`.cut.cut_node`), the profile carried over to the parts, and the cut model
+``total / K``; the :data:`MAX_CANDIDATES` largest) are solved on plain numbers
+(:func:`onnxpipe.partition.splitting.expand` and :func:`onnxpipe.partition.solve`) with every part count
+from 2 to :data:`MAX_PARTS` (more parts than stages give the cut finer places to fall) and every kind of
+cut they allow, their parts' costs measured (:mod:`.costs`) and the bytes each inner link carries counted
+(the node's input, forwarded, and the parts' outputs the join needs). Equal parts that a split put in
+one stage are merged into one wider part (more equal parts only give finer places to cut the node; two
+kernels in one stage would be slower than one), and a wider part may cost more than its equal parts did:
+so the :data:`MAX_LAYOUTS` most promising merged layouts are costed as such and solved again, and the
+lowest bottleneck chooses the node, the kind and the count of parts (:func:`_best_layout`). The node is
+then cut in the model (:func:`.cut.cut_node`), the profile carried over to the parts, and the cut model
 planned by :func:`onnxpipe.planning.workers.make_plan` as any other; the split is kept only if that plan's
 bottleneck is below the best contiguous plan's.
 
