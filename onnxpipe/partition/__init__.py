@@ -28,10 +28,11 @@ returned.  Equal byte counts are settled deterministically: going from the last 
 stage starts at the earliest position that keeps the choice optimal.
 
 Second level: the stages below the bottleneck are balanced among themselves.  The stages within
-``TIE_RTOL`` of the bottleneck stay; every run of two or more stages between them is solved again the
-same way over the items it holds (its ends fixed), and kept when that makes its stage costs, sorted
-largest first, lexicographically smaller.  Without it, a dominating item (GPT-2's LM head) makes every
-split of the rest optimal, and the fewest-bytes rule picks stages of a few cheap nodes that idle.
+``TIE_RTOL`` of the bottleneck stay; every run of two or more stages between them is solved again (the
+bottleneck and the bytes, not a level of its own) over the items it holds (its ends fixed), and kept when
+that makes its stage costs, sorted largest first, lexicographically smaller.  Without it, a dominating
+item (GPT-2's LM head) makes every split of the rest optimal, and the fewest-bytes rule picks stages of a
+few cheap nodes that idle.
 
 Why this algorithm
 ------------------

@@ -40,6 +40,17 @@ class _Work:
         """Every stage reads the same row."""
         return _Work(rows=row[None, :], prefix=(prefix,), of=(0,) * k)
 
+    def window(self, a: int, b: int, stages: range) -> _Work:
+        """The rows of ``stages`` over items ``a .. b - 1``, prefix sums taken from this one's (less
+        their value at ``a``: no sum is made again, which costs a Python loop over the items)."""
+        distinct = sorted({self.of[s] for s in stages})
+        index = {r: i for i, r in enumerate(distinct)}
+        return _Work(
+            rows=self.rows[distinct][:, a:b],
+            prefix=tuple(self.prefix[r][a : b + 1] - self.prefix[r][a] for r in distinct),
+            of=tuple(index[self.of[s]] for s in stages),
+        )
+
     @staticmethod
     def table(name: str, rows: Sequence[FloatArr]) -> _Work:
         """One row per stage (``name.format(s=s)`` in messages); equal rows are detected and stored once."""
@@ -163,18 +174,16 @@ class _Model:
     def window(self, a: int, b: int, s0: int, s1: int) -> _Model:
         """The problem of stages ``s0 .. s1 - 1`` alone over items ``a .. b - 1`` (their start ``a`` and end
         ``b`` fixed): what :func:`~onnxpipe.partition.result._balanced` re-solves between pinned stages.
-        Its prefix sums are its own (correctly rounded over the window), so a caller re-scores its answer
-        with this model's :meth:`evaluate` before trusting it."""
+        Its prefix sums are this model's less their value at ``a`` (monotone, but rounded once more), so a
+        caller re-scores its answer with this model's :meth:`evaluate` before trusting it."""
         stages = range(s0, s1)
-        mem = None
-        if self.mem is not None:
-            mem = _Work.table("item memory", [self.mem.rows[self.mem.of[s]][a:b] for s in stages])
+        mem = None if self.mem is None else self.mem.window(a, b, stages)
         allowed = self.allowed[a : b + 1].copy()
         allowed[0] = allowed[-1] = True
         return _Model(
             n=b - a,
             k=s1 - s0,
-            work=_Work.table("costs", [self.work.rows[self.work.of[s]][a:b] for s in stages]),
+            work=self.work.window(a, b, stages),
             cut=self.cut[a : b + 1],
             speed=self.speed[s0:s1],
             tr_mul=self.tr_mul[s0:s1],

@@ -385,15 +385,18 @@ def _finish(model: _Model, lower: float) -> Partition:
     return _partition_of(model, lower, _solved_bounds(model, lower))
 
 
-def _solved_bounds(model: _Model, lower: float) -> tuple[int, ...]:
-    """The optimal bounds: the exact bottleneck, the fewest-bytes tie-break, then the stages below the
-    bottleneck balanced among themselves (:func:`_balanced`, which solves its windows through here)."""
+def _solved_bounds(model: _Model, lower: float, *, balance: bool = True) -> tuple[int, ...]:
+    """The optimal bounds: the exact bottleneck, the fewest-bytes tie-break, then (``balance``) the stages
+    below the bottleneck balanced among themselves (:func:`_balanced`, whose windows are solved here
+    without a level of their own: each re-solve costs a solve)."""
     engine = _Engine(model)
     found = engine.min_bottleneck(lower)
     if found is None:
         raise _memory_error(model, _smallest_uniform_cap(model))
     bounds = _choose(model, found[0], engine.min_bytes)
-    return _balanced(model, bounds, lambda sub: _solved_bounds(sub, sub.spread_bound()))
+    if not balance:
+        return bounds
+    return _balanced(model, bounds, lambda sub: _solved_bounds(sub, sub.spread_bound(), balance=False))
 
 
 def _smallest_uniform_cap(model: _Model) -> float:

@@ -41,13 +41,15 @@ def _reference_finish(model: _Model, lower: float) -> Partition:
     return _partition_of(model, lower, _reference_bounds(model))
 
 
-def _reference_bounds(model: _Model) -> tuple[int, ...]:
+def _reference_bounds(model: _Model, *, balance: bool = True) -> tuple[int, ...]:
     """The DP's optimal bounds, tie-broken and balanced by the engine's very rules."""
     opt = _reference_min_bottleneck(model)
     if math.isinf(opt):
         raise _memory_error(model, _reference_min_bottleneck(model.memory_model()))
     bounds = _choose(model, opt, lambda t: _reference_min_bytes(model, t))
-    return _balanced(model, bounds, _reference_bounds)
+    if not balance:
+        return bounds
+    return _balanced(model, bounds, lambda sub: _reference_bounds(sub, balance=False))
 
 
 def _ends(model: _Model, s: int) -> list[int]:

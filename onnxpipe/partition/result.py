@@ -96,8 +96,10 @@ def _balanced(
     split that leaves it alone is optimal, and the fewest-bytes tie-break then picks stages of a few
     cheap nodes, idle while others hold far more than the average (GPT-2's LM head at K = 8).  So the
     stages within :data:`TIE_RTOL` of the bottleneck stay as they are ("pinned") and every run of two or
-    more consecutive stages between them is solved again, exactly and recursively (``solve`` balances its
-    own runs the same way), over the items it holds, its ends fixed (:meth:`_Model.window`).  A run's new
+    more consecutive stages between them is solved again, exactly, over the items it holds, its ends fixed
+    (:meth:`_Model.window`).  One level: a run's own stages below its slowest are not balanced again
+    (each level costs a solve per run, and the second already leaves no stage idle beside a dominating
+    one).  A run's new
     split is kept only when the whole model scores it lexicographically better (its stage costs sorted
     largest first); runs share no stage, so the whole split improves the same way, and each run's slowest
     stage ends at the least its items allow.
