@@ -299,16 +299,30 @@ def _solve_shape(search: _Search, offer: _Offer, shape: SplitShape) -> Partition
 
 def _realize(search: _Search, best: tuple[_Offer, _Layout]) -> Planned | None:
     """The chosen cut made in the model and the cut model planned; None when that plan does not beat the
-    contiguous one."""
+    contiguous one.  Parts that the plan still puts in one stage (their costs as merged moved the cuts)
+    are merged again, costed and planned again, until each part has a stage of its own."""
     offer, layout = best
-    assert layout.costs is not None
-    cut = cut_node(search.view, offer.spec, layout.kind, list(layout.sizes))
-    cut_profile = carried_profile(search.profile, cut, layout.costs)
-    planned = search.plan(cut.view, cut_profile)
+    sizes, costs = list(layout.sizes), layout.costs
+    assert costs is not None
+    while True:
+        cut = cut_node(search.view, offer.spec, layout.kind, sizes)
+        cut_profile = carried_profile(search.profile, cut, costs)
+        planned = search.plan(cut.view, cut_profile)
+        stage_of = planned.stage_of()
+        shared = [stage_of[p[-1]] for p in cut.parts]
+        if len(set(shared)) == len(shared):
+            break
+        merged: dict[int, int] = {}
+        for stage, size in zip(shared, sizes, strict=True):
+            merged[stage] = merged.get(stage, 0) + size
+        sizes = list(merged.values())
+        if len(sizes) < 2:
+            return None
+        (costs,) = _costs(search, offer.spec, layout.kind, [sizes])
     if not planned.bottleneck_seconds < search.contiguous.bottleneck_seconds:
         return None
     bound = search.contiguous.lower_bound_seconds
-    return Planned(_recorded(planned, cut, layout.costs, search.contiguous, bound), cut.view, cut_profile)
+    return Planned(_recorded(planned, cut, costs, search.contiguous, bound), cut.view, cut_profile)
 
 
 def _recorded(planned: Plan, cut: CutModel, costs: PartCosts, contiguous: Plan, bound: float) -> Plan:
