@@ -6,43 +6,60 @@ estimates leave out what a pipeline adds per micro-batch (a hand-off between wor
 stage, the workers sharing the CPUs with the driver): on a small machine and a small model that is more
 than the split saves, and ``run --compare`` then said the pipeline was slower than one session of the
 whole model (0.66x for the sample ResNet on 2 CPUs, right after ``auto`` had chosen 2 stages).  So when
-``auto`` chooses more than one stage here, the split is written to a temporary folder and run as
-``run --compare`` runs it (:data:`TRIAL_MICROBATCHES` micro-batches); when the pipeline's throughput is
-below one session's of the whole model (one thread), the plan of one stage is taken instead, and a note
-says why in one line.  The measurement is one function (:func:`measure_gain`), which tests replace.
+``auto`` chooses more than one stage here, the split is written to a temporary folder and run as ``run``
+runs it, beside one session of the whole model (one thread, the baseline ``run --compare`` names
+``session_1_thread``); when the pipeline's throughput is below that session's, the plan of one stage is
+taken instead, and a note says why in one line.  The measurement is one function
+(:func:`measure_gain`), which tests replace.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
-from onnxpipe.api.running import run
 from onnxpipe.core.options import opt
+from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.cost.profile import CostSource, Profile
 from onnxpipe.export.options import ExportOptions
 from onnxpipe.export.stages import write_stages
 from onnxpipe.ir.model import ModelView
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.planning.types import Plan
-from onnxpipe.runtime.options import RunOptions
+from onnxpipe.runtime.inputs import input_shapes_for, random_inputs
+from onnxpipe.runtime.pipeline import Pipeline
 
 TRIAL_MICROBATCHES = 32
-"""Micro-batches of the short run (after the run's warm-up), as many as ``run`` measures by default."""
-ONE_SESSION = "session_1_thread"
-"""The baseline the pipeline must beat: one onnxruntime session of the whole model, one thread."""
+"""Micro-batches of one round of the short run, as many as ``run`` measures by default."""
+TRIAL_ROUNDS = 3
 
 
 def measure_gain(view: ModelView, plan: Plan) -> float:
-    """The pipeline's throughput over one session's of the whole model, as ``run --compare`` measures it
-    (``plan`` written to a temporary folder; ``view`` must be a model file's)."""
+    """The pipeline's throughput over one session's of the whole model (one thread), on the same random
+    micro-batches at the planned shapes: ``plan`` written to a temporary folder and run as ``run`` runs
+    it by default (thread workers: no process is started, so a caller's script needs no ``__main__``
+    guard); each side's best of :data:`TRIAL_ROUNDS` rounds of :data:`TRIAL_MICROBATCHES`."""
+    assert view.path is not None
     with tempfile.TemporaryDirectory(prefix="onnxpipe-auto-") as tmp:
         out = Path(tmp) / "stages"
-        write_stages(view, plan, out, ExportOptions())
-        report = run(out, RunOptions(compare=True, microbatches=TRIAL_MICROBATCHES, model=view.path))
-    return float(report.baselines[ONE_SESSION].pipeline_speedup)
+        manifest = write_stages(view, plan, out, ExportOptions())
+        feeds = random_inputs(view.path, input_shapes_for(manifest, view.path, {}), TRIAL_MICROBATCHES)
+        session = open_session(view.path, session_options(threads=1))
+        with Pipeline.from_manifest(out) as pipe:
+            pipe.run_many(feeds[:4])  # warm-up
+            piped = min(_seconds(lambda: pipe.run_many(feeds)) for _ in range(TRIAL_ROUNDS))
+        session.run(None, feeds[0])
+        whole = min(_seconds(lambda: [session.run(None, f) for f in feeds]) for _ in range(TRIAL_ROUNDS))
+    return whole / piped if piped > 0 else 1.0
+
+
+def _seconds(call: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
 
 
 def paid_here(
