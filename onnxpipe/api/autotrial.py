@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from onnxpipe.core.errors import OnnxpipeError
 from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.cost.profile import CostSource, Profile
@@ -84,7 +85,11 @@ def paid_here(
     )
     if not applies:
         return the_plan
-    ratio = (gain or measure_gain)(view, the_plan)
+    try:
+        ratio = (gain or measure_gain)(view, the_plan)
+    except (OnnxpipeError, OSError, RuntimeError) as e:  # random inputs a model refuses, a full disk...
+        note = f"{opt('stages', 'auto')}: the split could not be run against the whole model here ({e})"
+        return dataclasses.replace(the_plan, notes=(*the_plan.notes, note))
     measured = (
         f"a short run of the {the_plan.k}-stage pipeline here gave {ratio:.2f}x the throughput of one "
         "session of the whole model (one thread)"

@@ -128,3 +128,24 @@ def test_split_auto_is_not_measured_where_the_estimates_say_nothing_of_this_mach
     assert paid_here(view, two, static, request, one, gain) is two
     single = auto_here(view, prof, request, cpus=1)
     assert paid_here(view, single, prof, request, one, gain) is single
+
+
+def test_split_auto_keeps_its_choice_when_the_short_run_fails(
+    resnet: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model the short run cannot feed keeps the estimates' choice, and the note says why."""
+    from onnxpipe.api.autotrial import paid_here
+    from onnxpipe.core.errors import RuntimeStageError
+
+    view, prof, request, two = _auto_plan(resnet, monkeypatch)
+
+    def gain(v: ModelView, p: Plan) -> float:
+        raise RuntimeStageError("stage 1 failed: no")
+
+    def one() -> Plan:
+        raise AssertionError("re-planned")
+
+    got = paid_here(view, two, prof, request, one, gain)
+    assert (
+        got.stages == two.stages and "could not be run against the whole model here (stage 1" in got.notes[-1]
+    )
