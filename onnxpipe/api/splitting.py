@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
+from onnxpipe.api.autotrial import paid_here
 from onnxpipe.api.options import SplitOptions
 from onnxpipe.api.paths import check_output_folder
 from onnxpipe.api.plans import calibrated_plan, load, measured_here, note_retries, start
@@ -103,6 +104,15 @@ def split(
         view, the_plan = cut.view, measured_here(cut.plan, prof, request)
     else:
         the_plan = calibrated_plan(view, prof, request, opts.calibration, phases, found)
+        the_plan = paid_here(
+            view,
+            the_plan,
+            prof,
+            request,
+            lambda: calibrated_plan(
+                view, prof, dataclasses.replace(request, stages=1), opts.calibration, phases, found
+            ),
+        )
     if measuring:
         watch.check()
     save_profile(prof, profile_options)

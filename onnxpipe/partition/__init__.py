@@ -27,6 +27,13 @@ with the fewest bytes crossing cuts wins; when the tolerance saves no byte, an e
 returned.  Equal byte counts are settled deterministically: going from the last stage backwards, each
 stage starts at the earliest position that keeps the choice optimal.
 
+Second level: the stages below the bottleneck are balanced among themselves.  The stages within
+``TIE_RTOL`` of the bottleneck stay; every run of two or more stages between them is solved again (the
+bottleneck and the bytes, not a level of its own) over the items it holds (its ends fixed), and kept when
+that makes its stage costs, sorted largest first, lexicographically smaller.  Without it, a dominating
+item (GPT-2's LM head) makes every split of the rest optimal, and the fewest-bytes rule picks stages of a
+few cheap nodes that idle.
+
 Why this algorithm
 ------------------
 It is the bisection-with-exact-probe method for 1-D partitioning (Nicol, "Rectilinear partitioning of
@@ -94,9 +101,11 @@ reference solvers).  No name here equals a submodule's name: importing a submodu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
+from onnxpipe.core.errors import PartitionError
 from onnxpipe.partition.costmodel import _Model as _Model
 from onnxpipe.partition.engine import _Engine as _Engine
 from onnxpipe.partition.engine import _finish
@@ -107,6 +116,7 @@ from onnxpipe.partition.inputs import (
     _heterogeneous_model,
     _homogeneous_model,
     _item_count,
+    _vector,
 )
 from onnxpipe.partition.reference import _reference_solve as _reference_solve
 from onnxpipe.partition.reference import _reference_solve_heterogeneous as _reference_solve_heterogeneous
@@ -122,17 +132,27 @@ def solve(
     cut_bytes: Sequence[float] | None = None,
     bandwidth: float = math.inf,
     allowed_cuts: Sequence[bool] | None = None,
+    tie_rtol: float = TIE_RTOL,
+    start_seconds: Sequence[float] | None = None,
 ) -> Partition:
     """Split ``costs`` into ``k`` contiguous stages minimising the slowest stage, exactly.
 
     Stage cost = its compute (sum of item costs) + ``cut_bytes[start] / bandwidth`` (the time to receive
     its inputs; nothing for stage 0).  ``allowed_cuts[p] = False`` forbids a boundary at ``p`` (e.g. inside
-    a fused group).  Among optimal splits (within ``TIE_RTOL``) the one moving the fewest bytes wins.
+    a fused group).  Among optimal splits (within ``tie_rtol``, relative; default ``TIE_RTOL``) the one
+    moving the fewest bytes wins: measured costs carry noise, and a ``tie_rtol`` as wide as that noise
+    makes near-ties resolve by the bytes (fixed by the graph) the same way on every measurement.
+    ``start_seconds[p]`` (``n + 1`` entries, entry 0 ignored) is added to a stage starting at ``p``, with
+    its transfer: the work a stage adds for where it starts (the copies of values it would receive).
 
     Raises :class:`PartitionError` for impossible requests (``k`` outside ``1..n``, too few allowed cuts)
     and malformed inputs (negative or NaN costs, wrong lengths).
     """
-    return _finish(*_homogeneous_model(costs, k, cut_bytes, bandwidth, allowed_cuts))
+    model, lower = _homogeneous_model(costs, k, cut_bytes, bandwidth, allowed_cuts)
+    if not 0.0 <= tie_rtol < 1.0:  # also refuses NaN
+        raise PartitionError(f"tie_rtol = {tie_rtol!r} is invalid: give a relative tolerance in [0, 1)")
+    start = None if start_seconds is None else _vector("start_seconds", start_seconds, model.n + 1, 0.0)
+    return _finish(dataclasses.replace(model, tie_rtol=float(tie_rtol), start=start), lower)
 
 
 def solve_heterogeneous(request: HeterogeneousRequest, k: int) -> Partition:

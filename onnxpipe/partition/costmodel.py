@@ -18,6 +18,10 @@ import numpy as np
 
 from onnxpipe.partition.numeric import BoolArr, FloatArr, IntArr, _dual_weights, _prefix
 
+TIE_RTOL = 1e-9
+"""Partitions whose bottleneck is within this relative distance of the optimum count as optimal when the
+tie-break on cut bytes is applied (the default of :attr:`_Model.tie_rtol`)."""
+
 
 @dataclass(frozen=True, eq=False)
 class _Work:
@@ -35,6 +39,17 @@ class _Work:
     def single(row: FloatArr, prefix: FloatArr, k: int) -> _Work:
         """Every stage reads the same row."""
         return _Work(rows=row[None, :], prefix=(prefix,), of=(0,) * k)
+
+    def window(self, a: int, b: int, stages: range) -> _Work:
+        """The rows of ``stages`` over items ``a .. b - 1``, prefix sums taken from this one's (less
+        their value at ``a``: no sum is made again, which costs a Python loop over the items)."""
+        distinct = sorted({self.of[s] for s in stages})
+        index = {r: i for i, r in enumerate(distinct)}
+        return _Work(
+            rows=self.rows[distinct][:, a:b],
+            prefix=tuple(self.prefix[r][a : b + 1] - self.prefix[r][a] for r in distinct),
+            of=tuple(index[self.of[s]] for s in stages),
+        )
 
     @staticmethod
     def table(name: str, rows: Sequence[FloatArr]) -> _Work:
@@ -80,6 +95,17 @@ class _Model:
     mem: _Work | None = None  # per-stage item memory: item_mem (+ act_factor[s] * item_act)
     mem_cap: FloatArr | None = None  # len k
     mem_fac: FloatArr | None = None  # len k
+    first_receives: bool = False
+    tie_rtol: float = TIE_RTOL
+    start: FloatArr | None = None
+    """len n+1: seconds a stage starting at each position adds, if it receives (what it makes again of
+    values it would otherwise receive); counted with the transfer."""
+    """Splits this close to the optimum (relative) tie; the fewest bytes among them win (``_choose``)."""
+    """Stage 0 receives too (a window of a larger problem that starts after its stage 0: :meth:`window`)."""
+
+    def receives(self, s: int) -> bool:
+        """Whether stage ``s`` pays for what it receives (every stage but the first of the problem)."""
+        return s > 0 or self.first_receives
 
     def prefix(self, s: int) -> FloatArr:
         """Prefix sums of stage ``s``'s item costs (before speed scaling)."""
@@ -87,9 +113,11 @@ class _Model:
 
     def transfer(self, s: int, a: IntArr) -> FloatArr:
         """Transfer-in time of stage ``s`` for starts ``a`` (0 for the first stage)."""
-        if s == 0:
+        if not self.receives(s):
             return np.zeros(a.shape, dtype=np.float64)
         out: FloatArr = (self.cut[a] * self.tr_mul[s]) / self.tr_div[s] + self.tr_add[s]
+        if self.start is not None:
+            out = out + self.start[a]
         return out
 
     def compute(self, s: int, a: IntArr, b: IntArr | int) -> FloatArr:
@@ -104,7 +132,7 @@ class _Model:
 
     def combine(self, s: int, comp: FloatArr, tr: FloatArr) -> FloatArr:
         """Stage cost from its compute and transfer times (``compute`` / ``transfer`` outputs)."""
-        if s == 0:
+        if not self.receives(s):
             return comp
         out: FloatArr = np.maximum(comp, tr) if self.overlap else comp + tr
         return out
@@ -114,7 +142,7 @@ class _Model:
         assert self.mem is not None and self.mem_fac is not None
         p = self.mem.prefix[self.mem.of[s]]
         held: FloatArr = p[b] - p[a]
-        if s == 0:
+        if not self.receives(s):
             return held
         out: FloatArr = held + self.cut[a] * self.mem_fac[s]
         return out
@@ -141,6 +169,34 @@ class _Model:
             tr_add=np.zeros(self.k),
             overlap=False,
             allowed=self.allowed,
+        )
+
+    def window(self, a: int, b: int, s0: int, s1: int) -> _Model:
+        """The problem of stages ``s0 .. s1 - 1`` alone over items ``a .. b - 1`` (their start ``a`` and end
+        ``b`` fixed): what :func:`~onnxpipe.partition.result._balanced` re-solves between pinned stages.
+        Its prefix sums are this model's less their value at ``a`` (monotone, but rounded once more), so a
+        caller re-scores its answer with this model's :meth:`evaluate` before trusting it."""
+        stages = range(s0, s1)
+        mem = None if self.mem is None else self.mem.window(a, b, stages)
+        allowed = self.allowed[a : b + 1].copy()
+        allowed[0] = allowed[-1] = True
+        return _Model(
+            n=b - a,
+            k=s1 - s0,
+            work=self.work.window(a, b, stages),
+            cut=self.cut[a : b + 1],
+            speed=self.speed[s0:s1],
+            tr_mul=self.tr_mul[s0:s1],
+            tr_div=self.tr_div[s0:s1],
+            tr_add=self.tr_add[s0:s1],
+            overlap=self.overlap,
+            allowed=allowed,
+            mem=mem,
+            mem_cap=None if self.mem_cap is None else self.mem_cap[s0:s1],
+            mem_fac=None if self.mem_fac is None else self.mem_fac[s0:s1],
+            first_receives=self.receives(s0),
+            tie_rtol=self.tie_rtol,
+            start=None if self.start is None else self.start[a : b + 1],
         )
 
     def evaluate(self, bounds: Sequence[int]) -> tuple[FloatArr, FloatArr, FloatArr]:

@@ -17,7 +17,7 @@ import numpy as np
 
 from onnxpipe.partition.costmodel import _Model
 from onnxpipe.partition.numeric import BoolArr, FloatArr, IntArr
-from onnxpipe.partition.result import Partition, _choose, _memory_error, _partition_of
+from onnxpipe.partition.result import Partition, _balanced, _choose, _memory_error, _partition_of
 from onnxpipe.partition.scan import _BIG, _monotone_search, _range_chmin
 
 _PRUNE_MARGIN = 1e-12  # relative slack that makes the work-based pruning immune to rounding
@@ -84,10 +84,10 @@ class _Engine:
         self.mem: list[_Lazy | None] = []
         for s in range(k):
             cap = float(model.mem_cap[s]) if model.mem_cap is not None else math.inf
-            fac = float(model.mem_fac[s]) if model.mem_fac is not None and s > 0 else 0.0
+            fac = float(model.mem_fac[s]) if model.mem_fac is not None and model.receives(s) else 0.0
             row = model.work.of[s]
             mrow = model.mem.of[s] if model.mem is not None else -1
-            if s == 0:
+            if not model.receives(s):
                 key: tuple[float, ...] = (0.0, float(model.speed[0]), cap, row, mrow)
             else:
                 key = (
@@ -102,7 +102,7 @@ class _Engine:
                     mrow,
                 )
             self.group.append(keys.setdefault(key, len(keys)))
-            mkey = (float(s == 0), cap, fac, mrow)
+            mkey = (float(not model.receives(s)), cap, fac, mrow)
             if math.isinf(cap):
                 self.mem.append(None)
             elif mkey in mem_keys:
@@ -128,7 +128,7 @@ class _Engine:
         m = self.m
         assert m.mem_cap is not None and m.mem is not None and m.mem_fac is not None
         a = self.positions[lo : hi + 1]
-        room = float(m.mem_cap[s]) - (m.cut[a] * m.mem_fac[s] if s > 0 else 0.0)
+        room = float(m.mem_cap[s]) - (m.cut[a] * m.mem_fac[s] if m.receives(s) else 0.0)
         p = m.mem.prefix[m.mem.of[s]]
         guess = (np.searchsorted(p, p[a] + room, side="right") - 1).astype(np.intp)
 
@@ -382,12 +382,21 @@ class _Engine:
 
 def _finish(model: _Model, lower: float) -> Partition:
     """Solve ``model`` exactly and package the result; ``lower`` (a valid lower bound) seeds the search."""
+    return _partition_of(model, lower, _solved_bounds(model, lower))
+
+
+def _solved_bounds(model: _Model, lower: float, *, balance: bool = True) -> tuple[int, ...]:
+    """The optimal bounds: the exact bottleneck, the fewest-bytes tie-break, then (``balance``) the stages
+    below the bottleneck balanced among themselves (:func:`_balanced`, whose windows are solved here
+    without a level of their own: each re-solve costs a solve)."""
     engine = _Engine(model)
     found = engine.min_bottleneck(lower)
     if found is None:
         raise _memory_error(model, _smallest_uniform_cap(model))
     bounds = _choose(model, found[0], engine.min_bytes)
-    return _partition_of(model, lower, bounds)
+    if not balance:
+        return bounds
+    return _balanced(model, bounds, lambda sub: _solved_bounds(sub, sub.spread_bound(), balance=False))
 
 
 def _smallest_uniform_cap(model: _Model) -> float:

@@ -16,7 +16,7 @@ import numpy as np
 from onnxpipe.partition.costmodel import _Model
 from onnxpipe.partition.inputs import HeterogeneousRequest, _heterogeneous_model, _homogeneous_model
 from onnxpipe.partition.numeric import FloatArr, IntArr
-from onnxpipe.partition.result import Partition, _choose, _memory_error, _partition_of
+from onnxpipe.partition.result import Partition, _balanced, _choose, _memory_error, _partition_of
 
 
 def _reference_solve(
@@ -38,11 +38,18 @@ def _reference_solve_heterogeneous(request: HeterogeneousRequest, k: int) -> Par
 
 def _reference_finish(model: _Model, lower: float) -> Partition:
     """Solve ``model`` by the DP and package the result exactly as the engine's ``_finish`` does."""
+    return _partition_of(model, lower, _reference_bounds(model))
+
+
+def _reference_bounds(model: _Model, *, balance: bool = True) -> tuple[int, ...]:
+    """The DP's optimal bounds, tie-broken and balanced by the engine's very rules."""
     opt = _reference_min_bottleneck(model)
     if math.isinf(opt):
         raise _memory_error(model, _reference_min_bottleneck(model.memory_model()))
     bounds = _choose(model, opt, lambda t: _reference_min_bytes(model, t))
-    return _partition_of(model, lower, bounds)
+    if not balance:
+        return bounds
+    return _balanced(model, bounds, lambda sub: _reference_bounds(sub, balance=False))
 
 
 def _ends(model: _Model, s: int) -> list[int]:

@@ -14,11 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from onnxpipe.core.errors import MemoryFitError, PartitionError
+from onnxpipe.partition.costmodel import TIE_RTOL as TIE_RTOL
 from onnxpipe.partition.costmodel import _Model
-
-TIE_RTOL = 1e-9
-"""Partitions whose bottleneck is within this relative distance of the optimum count as optimal when the
-tie-break on cut bytes is applied."""
 
 
 @dataclass(frozen=True)
@@ -76,11 +73,11 @@ def _choose(
 ) -> tuple[int, ...]:
     """The tie-break rule, shared by the engine and the reference so both pick the very same split.
 
-    Fewest cut bytes among splits within ``TIE_RTOL`` of ``opt``; if that split is not exactly optimal,
-    an exactly optimal split with as few bytes is preferred.  (Usually one DP pass: near-ties within
-    1e-9 are rare.)  With no bytes on any inner cut there is nothing to trade: the exact pass decides.
+    Fewest cut bytes among splits within ``model.tie_rtol`` (default :data:`TIE_RTOL`) of ``opt``; if
+    that split is not exactly optimal, an exactly optimal split with as few bytes is preferred.  With no
+    bytes on any inner cut there is nothing to trade: the exact pass decides.
     """
-    loose = opt * (1.0 + TIE_RTOL)
+    loose = opt * (1.0 + model.tie_rtol)
     if loose == opt or not model.cut[1 : model.n].any():
         return min_bytes(opt)[1]
     loose_bytes, loose_bounds = min_bytes(loose)
@@ -88,6 +85,54 @@ def _choose(
         return loose_bounds
     exact_bytes, exact_bounds = min_bytes(opt)
     return exact_bounds if exact_bytes <= loose_bytes else loose_bounds
+
+
+def _balanced(
+    model: _Model, bounds: tuple[int, ...], solve: Callable[[_Model], tuple[int, ...]]
+) -> tuple[int, ...]:
+    """``bounds`` with the stages below the bottleneck balanced among themselves (the second level).
+
+    The min-max optimum says nothing about the stages that do not set it: when one item dominates, every
+    split that leaves it alone is optimal, and the fewest-bytes tie-break then picks stages of a few
+    cheap nodes, idle while others hold far more than the average (GPT-2's LM head at K = 8).  So the
+    stages within :data:`TIE_RTOL` of the bottleneck stay as they are ("pinned") and every run of two or
+    more consecutive stages between them is solved again, exactly, over the items it holds, its ends fixed
+    (:meth:`_Model.window`).  One level: a run's own stages below its slowest are not balanced again
+    (each level costs a solve per run, and the second already leaves no stage idle beside a dominating
+    one).  A run's new
+    split is kept only when the whole model scores it lexicographically better (its stage costs sorted
+    largest first); runs share no stage, so the whole split improves the same way, and each run's slowest
+    stage ends at the least its items allow.
+    """
+    costs = model.evaluate(bounds)[2]
+    top = float(costs.max())
+    pinned = [bool(c >= top * (1.0 - TIE_RTOL)) for c in costs]
+    new = list(bounds)
+    for s, e in _runs(pinned):
+        a, b = bounds[s], bounds[e]
+        try:
+            sub = solve(model.window(a, b, s, e))
+        except PartitionError:  # cannot happen (the run's own split fits); keep it if it does
+            continue
+        trial = [*new[:s], *(a + x for x in sub), *new[e + 1 :]]
+        after = model.evaluate(trial)[2][s:e]
+        if sorted(after.tolist(), reverse=True) < sorted(costs[s:e].tolist(), reverse=True):
+            new = trial
+    return tuple(new)
+
+
+def _runs(pinned: Sequence[bool]) -> list[tuple[int, int]]:
+    """``(first, end)`` of every run of two or more consecutive stages that are not pinned."""
+    out: list[tuple[int, int]] = []
+    s = 0
+    while s < len(pinned):
+        e = s
+        while e < len(pinned) and not pinned[e]:
+            e += 1
+        if e - s > 1:
+            out.append((s, e))
+        s = e + 1
+    return out
 
 
 def _memory_error(model: _Model, need: float) -> PartitionError:

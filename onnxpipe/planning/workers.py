@@ -21,10 +21,13 @@ from dataclasses import dataclass, replace
 from onnxpipe import partition as _partition
 from onnxpipe.core.errors import PartitionError
 from onnxpipe.core.options import opt
-from onnxpipe.cost.profile import Profile
+from onnxpipe.cost.callcost import call_seconds
+from onnxpipe.cost.profile import CostSource, Profile
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.shapevalues import value_kinds
 from onnxpipe.partition.interleave import InterleavedPartition, evaluate_interleaved, solve_interleaved
+from onnxpipe.planning.copycost import counting_copies, start_seconds
 from onnxpipe.planning.decoder import LayerSequences, context_words, fine_allowed, layer_cut_items
 from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.decoder_plan import (
@@ -42,6 +45,25 @@ from onnxpipe.planning.types import Plan, StageSpec
 from onnxpipe.schedule.simulate import stream
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 
+MEASURED_TIE_RTOL = 0.01
+"""Splits of measured costs within 1% of the optimum tie, and the fewest bytes among them win: the bytes
+are fixed by the graph, the costs move with each measurement (a median of a few runs on a busy machine),
+so a near-tie resolved by the costs alone gave another cut on each profile (15 or 19 nodes in stage 0)."""
+
+
+def near_tie_rtol(profile: Profile) -> float:
+    """How close to the optimum a split of ``profile``'s costs ties: :data:`MEASURED_TIE_RTOL` for
+    measured costs, the solver's own rounding tolerance for static ones (they do not move)."""
+    return MEASURED_TIE_RTOL if profile.source == CostSource.PROFILE.value else _partition.TIE_RTOL
+
+
+def per_call_cost(profile: Profile, given: float | None) -> float:
+    """The fixed seconds a stage pays per call: ``given``, else measured here for measured costs (the
+    machine they were measured on), none for static costs."""
+    if given is not None:
+        return given
+    return call_seconds(profile.threads) if profile.source == CostSource.PROFILE.value else 0.0
+
 
 def make_plan(
     view: ModelView,
@@ -50,6 +72,7 @@ def make_plan(
     *,
     bandwidth_bytes_per_s: float = math.inf,
     microbatches: int = DEFAULT_MICROBATCHES,
+    per_call_seconds: float | None = None,
 ) -> Plan:
     """Partition ``view`` into ``k`` stages that minimize the slowest stage, exactly.
 
@@ -59,7 +82,10 @@ def make_plan(
     :func:`onnxpipe.planning.cluster.plan_pipeline`.
 
     Fused groups reported by the profiler are kept whole when that still leaves ``k`` stages possible;
-    otherwise the constraint is dropped and a note says so.
+    otherwise the constraint is dropped and a note says so.  Each stage's estimate counts the nodes it
+    copies (:mod:`onnxpipe.planning.copycost`, which the partitioner balances too) and, for measured
+    costs, ``per_call_seconds``: one session call's fixed cost (default: measured once here,
+    :func:`onnxpipe.cost.callcost.call_seconds`; static costs: none).
     """
     profile.check_matches(view)
     compute = view.compute_nodes
@@ -71,17 +97,30 @@ def make_plan(
             f"choose {opt('stages')} between 1 and {m}"
         )
     seq = sequences(view, profile)
+    extra = start_seconds(view, seq.compute, value_kinds(view), profile)
     notes: list[str] = []
     part = keeping_fused_groups(
         lambda allowed: _partition.solve(
-            seq.costs, k, cut_bytes=seq.cut_bytes, bandwidth=bandwidth_bytes_per_s, allowed_cuts=allowed
+            seq.costs,
+            k,
+            cut_bytes=seq.cut_bytes,
+            bandwidth=bandwidth_bytes_per_s,
+            allowed_cuts=allowed,
+            tie_rtol=near_tie_rtol(profile),
+            start_seconds=extra if any(extra) else None,
         ),
         seq.allowed,
         notes,
         seq.cuttable,
     )
-
     stages = specs_from_bounds(view, seq, part.bounds, part.compute, part.transfer)
+    per_call = per_call_cost(profile, per_call_seconds)
+    stages, part = counting_copies(stages, part, extra, profile, per_call)
+    if per_call > 0:
+        notes.append(
+            f"each stage's estimate counts {per_call * 1e3:.3f} ms per call, one session call's fixed cost "
+            "on this machine (measured)"
+        )
     timeline = stream([s.cost_seconds for s in stages], microbatches)
     return plan_from(
         view, profile, part, stages, seq.sizes, bandwidth_bytes_per_s, notes=tuple(notes), timeline=timeline

@@ -6,7 +6,9 @@ random inputs against the original model: equal up to float32 summation order.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 import onnx
@@ -16,16 +18,21 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from onnxpipe.core.errors import UsageError
+from onnxpipe.cost.profile import CostSource
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.load import view_from_proto
 from onnxpipe.planning.nodesplit import (
     SplitKind,
+    carried_profile,
     cut_node,
     find_splittable,
     merged_sizes,
     part_sizes,
     plan_splitting_nodes,
 )
+from onnxpipe.planning.nodesplit import plan as nodesplit_plan
+from onnxpipe.planning.nodesplit.costs import PartCosts
+from onnxpipe.planning.nodesplit.find import Splittable
 from onnxpipe.planning.workers import make_plan
 
 RNG = np.random.default_rng(0)
@@ -240,3 +247,38 @@ def test_merged_sizes() -> None:
     spec = find_splittable(view_from_proto(gemm()))["gemm"]
     assert merged_sizes(spec, SplitKind.COLUMNS, (3, 3, 4, 4, 4)) == [4, 5]  # 9 in 5 parts: 2,2,2,2,1
     assert merged_sizes(spec, SplitKind.COLUMNS, (1, 2, 3)) == [3, 3, 3]
+
+
+def test_the_count_of_parts_is_chosen_by_the_parts_as_they_will_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Equal parts that one stage takes are merged into one wider part; when a wider part costs more than
+    the equal parts it replaces, the count of parts is chosen by what the merged parts cost, so the plan
+    is the best over every count of one part per stage (a brute force over the counts)."""
+    view = view_from_proto(dominated_head_model())
+    prof = dataclasses.replace(static_profile(view, shapes={"x": (64, 128)}), source=CostSource.PROFILE.value)
+
+    def costed(
+        view: object, profile: object, spec: Splittable, kind: SplitKind, layouts: Any, **_: object
+    ) -> Any:
+        chain = sum(max(0.0, prof.node_seconds[n]) for n in spec.chain)
+        extent = spec.extent(kind)
+        equal = {tuple(part_sizes(extent, p)) for p in range(2, 9)}
+
+        def part(size: int, sizes: tuple[int, ...]) -> float:  # a merged part runs 3x slower than its share
+            return chain * size / extent * (1.0 if sizes in equal else 3.0)
+
+        return [PartCosts(len(s), tuple(part(x, tuple(s)) for x in s), 0.0, True) for s in layouts]
+
+    monkeypatch.setattr(nodesplit_plan, "sized_costs", costed)
+    monkeypatch.setattr("onnxpipe.planning.workers.call_seconds", lambda threads: 0.0)  # no session here
+    k = 8
+    planned = plan_splitting_nodes(view, prof, k)
+    (split,) = planned.plan.node_splits
+    assert split.measured and len(set(split.stages)) == split.parts
+    spec = find_splittable(view)[split.node]
+    best = math.inf
+    for p in range(2, k + 1):  # one part per stage, each count of equal parts, as planned from the cut model
+        kind = SplitKind(split.kind)
+        (costs,) = costed(view, prof, spec, kind, [part_sizes(spec.extent(kind), p)])
+        cut = cut_node(view, spec, kind, part_sizes(spec.extent(kind), p))
+        best = min(best, make_plan(cut.view, carried_profile(prof, cut, costs), k).bottleneck_seconds)
+    assert planned.plan.bottleneck_seconds <= best * (1 + 1e-9)

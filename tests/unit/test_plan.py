@@ -205,6 +205,84 @@ def test_a_fused_group_holding_most_of_the_model_does_not_unbalance_the_plan() -
     assert not any("fused groups" in note for note in balanced.notes)
 
 
+def test_measured_costs_tie_within_their_noise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan of measured costs counts splits within :data:`MEASURED_TIE_RTOL` of the best as ties (the
+    fewest bytes win: ``test_partition`` shows that noise then moves no cut), static costs keep the
+    solver's own tolerance: the plan's bounds are the solver's with that tolerance."""
+    from onnxpipe.cost.profile import CostSource
+    from onnxpipe.cost.static import static_profile
+    from onnxpipe.ir.load import load_model
+    from onnxpipe.ir.shapevalues import value_kinds
+    from onnxpipe.partition import TIE_RTOL, solve
+    from onnxpipe.planning.copycost import start_seconds
+    from onnxpipe.planning.sequences import sequences
+    from onnxpipe.planning.workers import MEASURED_TIE_RTOL, make_plan, near_tie_rtol
+
+    view = load_model(SAMPLES / "transformer_tiny.onnx")
+    static = static_profile(view)
+    measured = replace(static, source=CostSource.PROFILE.value)
+    monkeypatch.setattr("onnxpipe.planning.workers.call_seconds", lambda threads: 0.0)  # no session here
+    assert near_tie_rtol(static) == TIE_RTOL and near_tie_rtol(measured) == MEASURED_TIE_RTOL
+    seq = sequences(view, measured)
+    extra = start_seconds(view, seq.compute, value_kinds(view), measured)
+    bounds = {}
+    for tie in (TIE_RTOL, MEASURED_TIE_RTOL):
+        part = solve(
+            seq.costs, 5, cut_bytes=seq.cut_bytes, allowed_cuts=seq.allowed, tie_rtol=tie, start_seconds=extra
+        )
+        bounds[tie] = [b - a for a, b in itertools.pairwise(part.bounds)]
+    assert bounds[TIE_RTOL] != bounds[MEASURED_TIE_RTOL]  # a near-tie that the tolerance resolves otherwise
+    for profile, tie in ((static, TIE_RTOL), (measured, MEASURED_TIE_RTOL)):
+        plan = make_plan(view, profile, 5)
+        assert [len(s.node_names) for s in plan.stages] == bounds[tie]
+
+
+def test_stage_estimates_count_the_nodes_a_stage_copies() -> None:
+    """A stage that makes again a value of shapes alone (a mask) runs those copies on every call: its
+    estimate counts them, and the partitioner balanced the stages with them."""
+    from onnxpipe.cost.static import static_profile
+    from onnxpipe.ir.load import load_model
+    from onnxpipe.ir.shapevalues import value_kinds
+    from onnxpipe.planning.copycost import start_seconds
+    from onnxpipe.planning.sequences import sequences
+    from onnxpipe.planning.workers import make_plan
+
+    view = load_model(SAMPLES / "transformer_tiny.onnx")
+    prof = static_profile(view)
+    seq = sequences(view, prof)
+    extra = start_seconds(view, seq.compute, value_kinds(view), prof)
+    assert extra[0] == 0.0 and max(extra) > 0
+    plan = make_plan(view, prof, 3)
+    assert any(stage.recomputed_nodes for stage in plan.stages)
+    for stage in plan.stages:
+        own = math.fsum(prof.node_seconds[n] for n in stage.node_names)
+        copies = math.fsum(prof.node_seconds.get(n, 0.0) for n in stage.recomputed_nodes)
+        assert stage.compute_seconds == pytest.approx(own + copies, rel=1e-9, abs=1e-15)
+    assert plan.bottleneck_seconds == max(stage.cost_seconds for stage in plan.stages)
+
+
+def test_each_stage_estimate_counts_a_session_calls_fixed_cost() -> None:
+    """Measured costs: every stage pays one session call per micro-batch (injected here; measured once
+    per process otherwise), the same for each, so it moves no cut; static costs: nothing added."""
+    from onnxpipe.cost.profile import CostSource
+    from onnxpipe.cost.static import static_profile
+    from onnxpipe.ir.load import load_model
+    from onnxpipe.planning.workers import make_plan, per_call_cost
+
+    view = load_model(SAMPLES / "resnet_tiny.onnx")
+    static = static_profile(view)
+    measured = replace(static, source=CostSource.PROFILE.value)
+    assert per_call_cost(static, None) == 0.0 and per_call_cost(measured, 2e-5) == 2e-5
+    plain = make_plan(view, static, 3)
+    called = make_plan(view, measured, 3, per_call_seconds=2e-5)
+    assert [s.node_names for s in called.stages] == [s.node_names for s in plain.stages]
+    for a, b in zip(plain.stages, called.stages, strict=True):
+        assert b.compute_seconds == pytest.approx(a.compute_seconds + 2e-5, rel=1e-12)
+    assert called.bottleneck_seconds == pytest.approx(plain.bottleneck_seconds + 2e-5, rel=1e-12)
+    assert any("0.020 ms per call" in n for n in called.notes)
+    assert not any("per call" in n for n in plain.notes)
+
+
 def test_fused_groups_within_the_slack_of_the_bound_are_kept_without_a_second_solve() -> None:
     """A split within 5% of the lower bound cannot be beaten by more than 5%: no need to solve again."""
     from onnxpipe.planning.fused import keeping_fused_groups

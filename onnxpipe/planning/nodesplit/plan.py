@@ -2,16 +2,16 @@
 
 A contiguous plan stops at ``max(total / K, largest node)``. Here the nodes that can be cut
 (:func:`.find.find_splittable`) and are large enough to matter (at least :data:`MIN_SHARE` of
-``total / K``; the :data:`MAX_CANDIDATES` largest) are offered to
-:func:`onnxpipe.partition.splitting.solve_with_split` with every part count from 2 to :data:`MAX_PARTS`
-(more parts than stages give the cut finer places to fall) and every kind of cut they allow, their parts'
-costs measured (:mod:`.costs`) and the bytes each inner link carries counted (the node's input,
-forwarded, and the parts' outputs the join needs). The best is exact over those choices. Equal parts the
-best split put in one stage are merged into one wider part (more equal parts only give finer places to cut
-the node; two kernels in one stage would be slower than one), costed again; since a wider part may cost
-more than its equal parts did, the best split with at most one part per stage is planned too, and the
-faster plan wins. The node is then cut in the
-model (:func:`.cut.cut_node`), the profile carried over to the parts, and the cut model
+``total / K``; the :data:`MAX_CANDIDATES` largest) are solved on plain numbers
+(:func:`onnxpipe.partition.splitting.expand` and :func:`onnxpipe.partition.solve`) with every part count
+from 2 to :data:`MAX_PARTS` (more parts than stages give the cut finer places to fall) and every kind of
+cut they allow, their parts' costs measured (:mod:`.costs`) and the bytes each inner link carries counted
+(the node's input, forwarded, and the parts' outputs the join needs). Equal parts that a split put in
+one stage are merged into one wider part (more equal parts only give finer places to cut the node; two
+kernels in one stage would be slower than one), and a wider part may cost more than its equal parts did:
+so the :data:`MAX_LAYOUTS` most promising merged layouts are costed as such and solved again, and the
+lowest bottleneck chooses the node, the kind and the count of parts (:func:`_best_layout`). The node is
+then cut in the model (:func:`.cut.cut_node`), the profile carried over to the parts, and the cut model
 planned by :func:`onnxpipe.planning.workers.make_plan` as any other; the split is kept only if that plan's
 bottleneck is below the best contiguous plan's.
 
@@ -26,13 +26,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from onnxpipe.core.errors import PartitionError
 from onnxpipe.cost.profile import CostSource, Profile
 from onnxpipe.ir.model import ModelView
-from onnxpipe.partition.splitting import SplitCandidate, SplitResult, SplitShape, solve_with_split
+from onnxpipe.partition import Partition, solve
+from onnxpipe.partition.splitting import SplitCandidate, SplitShape, expand
 from onnxpipe.planning.fused import anywhere_cuttable
 from onnxpipe.planning.nodesplit.costs import (
     PartCosts,
@@ -54,6 +55,8 @@ MAX_CANDIDATES = 3
 MIN_SHARE = 0.5
 """A node below half of ``total / K`` is never what holds a plan back: not offered."""
 MAX_PARTS = 8
+MAX_LAYOUTS = 6
+"""The most promising cuts (node, kind, part sizes) costed as they will run before one is chosen."""
 
 
 @dataclass(frozen=True)
@@ -104,17 +107,6 @@ class _Offer:
     shapes: tuple[SplitShape, ...]
     choices: tuple[tuple[SplitKind, PartCosts], ...]
 
-    def candidate(self, most: int) -> SplitCandidate:
-        """The partitioner's candidate, with the shapes of at most ``most`` parts."""
-        return SplitCandidate(
-            self.start, len(self.spec.chain), tuple(sh for sh in self.shapes if sh.parts <= most)
-        )
-
-    def choice(self, most: int, shape: int) -> tuple[SplitKind, PartCosts]:
-        """The kind and costs of :meth:`candidate`'s shape number ``shape``."""
-        kept = [c for c, sh in zip(self.choices, self.shapes, strict=True) if sh.parts <= most]
-        return kept[shape]
-
 
 def plan_splitting_nodes(
     view: ModelView,
@@ -138,11 +130,9 @@ def plan_splitting_nodes(
     offers = _offers(search)
     if not offers:
         return plain
-    # all part counts (parts sharing a stage merged afterwards), and at most one part per stage (equal
-    # parts, as measured): a merged part is costed again, and may cost more than its equal parts did
-    made = [_realize(search, offers, most) for most in dict.fromkeys((MAX_PARTS, min(k, MAX_PARTS)))]
-    best = min((m for m in made if m is not None), key=lambda m: m.plan.bottleneck_seconds, default=None)
-    return plain if best is None else best
+    best = _best_layout(search, offers)
+    made = None if best is None else _realize(search, best)
+    return plain if made is None else made
 
 
 def _offers(search: _Search) -> list[_Offer]:
@@ -172,7 +162,7 @@ def _offer(search: _Search, spec: Splittable, start: int) -> _Offer:
             costs = by_kind[kind].get(p)
             if costs is None:
                 continue
-            carried = _carried_bytes(spec, kind, p, out_bytes)
+            carried = _carried_bytes(spec, kind, part_sizes(spec.extent(kind), p), out_bytes)
             shapes.append(SplitShape(costs.part_seconds, costs.join_seconds, carried, kind.value))
             choices.append((kind, costs))
     return _Offer(spec, start, tuple(shapes), tuple(choices))
@@ -194,64 +184,149 @@ def _costs(
     return [shared_costs(search.profile, spec, kind, sizes) for sizes in layouts]
 
 
-def _carried_bytes(spec: Splittable, kind: SplitKind, parts: int, out_bytes: int) -> tuple[float, ...]:
+def _carried_bytes(
+    spec: Splittable, kind: SplitKind, sizes: Sequence[int], out_bytes: int
+) -> tuple[float, ...]:
     """What each link between two parts carries on top of the node's input: the output the earlier parts
     made, which the join still needs."""
     if kind == SplitKind.REDUCTION:  # every earlier partial sum travels to the join
-        return tuple(float(out_bytes) * (t + 1) for t in range(parts - 1))
-    sizes = part_sizes(spec.width, parts)  # the earlier parts' slices of the output
-    return tuple(float(out_bytes) * sum(sizes[: t + 1]) / spec.width for t in range(parts - 1))
+        return tuple(float(out_bytes) * (t + 1) for t in range(len(sizes) - 1))
+    extent = spec.extent(kind)  # the earlier parts' slices of the output
+    return tuple(float(out_bytes) * sum(sizes[: t + 1]) / extent for t in range(len(sizes) - 1))
 
 
-def _realize(search: _Search, offers: list[_Offer], most: int) -> Planned | None:
-    """The best split into at most ``most`` parts, cut in the model and planned; None when it does not
-    help."""
-    found = _solve(search, [o.candidate(most) for o in offers])
-    if found.split is None:
+@dataclass(frozen=True)
+class _Layout:
+    """One way to cut one offered node: its kind, the sizes of its parts (equal parts that one stage
+    took merged), their costs when known, and the bottleneck of the best split with them."""
+
+    offer: int
+    kind: SplitKind
+    sizes: tuple[int, ...]
+    costs: PartCosts | None
+    bottleneck: float
+
+
+def _best_layout(search: _Search, offers: list[_Offer]) -> tuple[_Offer, _Layout] | None:
+    """The cut that gives the smallest bottleneck once the parts a stage shares are one part, costed as
+    such; None when none beats the contiguous split.
+
+    Every offered shape (kind and count of equal parts) is solved on plain numbers; the parts each best
+    split puts in one stage become one wider part; the :data:`MAX_LAYOUTS` most promising such layouts
+    are costed (timed together, one timing per node and kind) and solved again with those costs.  So the
+    count of parts is the one whose parts, as they will run, make the slowest stage fastest: a merged
+    part may cost more than the equal parts it replaces (a narrower kernel runs less efficiently), which
+    the equal parts' split could not see.  Ties go to fewer parts, then to the order offered.
+    """
+    found: dict[tuple[int, SplitKind, tuple[int, ...]], _Layout] = {}
+    for oi, offer in enumerate(offers):
+        for shape, (kind, costs) in zip(offer.shapes, offer.choices, strict=True):
+            part = _solve_shape(search, offer, shape)
+            if part is None or not part.bottleneck < search.contiguous.bottleneck_seconds:
+                continue
+            stages = tuple(part.stage_of(offer.start + t) for t in range(shape.parts))
+            sizes = tuple(merged_sizes(offer.spec, kind, stages))
+            if len(sizes) < 2:
+                continue
+            key = (oi, kind, sizes)
+            known = costs if len(sizes) == costs.parts else None
+            if key not in found or (known is not None and found[key].costs is None):
+                found[key] = _Layout(oi, kind, sizes, known, part.bottleneck)
+    promising = sorted(found.values(), key=lambda t: (t.bottleneck, len(t.sizes)))[:MAX_LAYOUTS]
+    scored = [_scored(search, offers, layout) for layout in _costed(search, offers, promising)]
+    ranked = [t for t in scored if t.bottleneck < search.contiguous.bottleneck_seconds]
+    if not ranked:
         return None
-    offer = offers[found.split.candidate]
-    kind, costs = offer.choice(most, found.split.shape)
-    sizes = merged_sizes(offer.spec, kind, found.split.part_stages)
-    if len(sizes) < 2:
+    best = min(ranked, key=lambda t: (t.bottleneck, len(t.sizes)))
+    return offers[best.offer], best
+
+
+def _costed(search: _Search, offers: list[_Offer], layouts: list[_Layout]) -> list[_Layout]:
+    """``layouts`` with the costs of their parts, those not yet known costed together per node and kind."""
+    missing: dict[tuple[int, SplitKind], list[tuple[int, ...]]] = {}
+    for t in layouts:
+        if t.costs is None:
+            missing.setdefault((t.offer, t.kind), []).append(t.sizes)
+    costs: dict[tuple[int, SplitKind, tuple[int, ...]], PartCosts] = {}
+    for (oi, kind), sizes in missing.items():
+        for one, c in zip(sizes, _costs(search, offers[oi].spec, kind, sizes), strict=True):
+            costs[(oi, kind, one)] = c
+    return [
+        t if t.costs is not None else replace(t, costs=costs[(t.offer, t.kind, t.sizes)]) for t in layouts
+    ]
+
+
+def _scored(search: _Search, offers: list[_Offer], layout: _Layout) -> _Layout:
+    """``layout`` with the bottleneck of the best split with its parts as costed (inf when none)."""
+    offer, costs = offers[layout.offer], layout.costs
+    assert costs is not None
+    out_bytes = search.seq.sizes.get(offer.spec.output, 0)
+    carried = _carried_bytes(offer.spec, layout.kind, layout.sizes, out_bytes)
+    shape = SplitShape(costs.part_seconds, costs.join_seconds, carried, layout.kind.value)
+    part = _solve_shape(search, offer, shape)
+    return replace(layout, bottleneck=math.inf if part is None else part.bottleneck)
+
+
+def _solve_shape(search: _Search, offer: _Offer, shape: SplitShape) -> Partition | None:
+    """The best split with ``offer``'s node cut into ``shape``, within the fused groups when it can; None
+    when no split into ``k`` stages has that shape."""
+    seq = search.seq
+    run = SplitCandidate(offer.start, len(offer.spec.chain), (shape,))
+
+    def attempt(allowed: Sequence[bool] | None) -> Partition:
+        ex = expand(
+            seq.costs,
+            seq.cut_bytes,
+            [True] * (len(seq.costs) + 1) if allowed is None else allowed,
+            run,
+            shape,
+        )
+        return solve(
+            ex.costs,
+            search.k,
+            cut_bytes=ex.cut_bytes,
+            bandwidth=search.bandwidth_bytes_per_s,
+            allowed_cuts=ex.allowed,
+        )
+
+    try:
+        try:
+            return attempt(seq.allowed)
+        except PartitionError:  # too few allowed cuts with the fused groups: try without them
+            return anywhere_cuttable(attempt, seq.cuttable)
+    except PartitionError:
         return None
-    if len(sizes) < costs.parts:  # parts that share a stage become one wider part, costed as such
-        (costs,) = _costs(search, offer.spec, kind, [sizes])
-    cut = cut_node(search.view, offer.spec, kind, sizes)
-    cut_profile = carried_profile(search.profile, cut, costs)
-    planned = search.plan(cut.view, cut_profile)
+
+
+def _realize(search: _Search, best: tuple[_Offer, _Layout]) -> Planned | None:
+    """The chosen cut made in the model and the cut model planned; None when that plan does not beat the
+    contiguous one.  Parts that the plan still puts in one stage (their costs as merged moved the cuts)
+    are merged again, costed and planned again, until each part has a stage of its own."""
+    offer, layout = best
+    sizes, costs = list(layout.sizes), layout.costs
+    assert costs is not None
+    while True:
+        cut = cut_node(search.view, offer.spec, layout.kind, sizes)
+        cut_profile = carried_profile(search.profile, cut, costs)
+        planned = search.plan(cut.view, cut_profile)
+        stage_of = planned.stage_of()
+        shared = [stage_of[p[-1]] for p in cut.parts]
+        if len(set(shared)) == len(shared):
+            break
+        merged: dict[int, int] = {}
+        for stage, size in zip(shared, sizes, strict=True):
+            merged[stage] = merged.get(stage, 0) + size
+        sizes = list(merged.values())
+        if len(sizes) < 2:
+            return None
+        (costs,) = _costs(search, offer.spec, layout.kind, [sizes])
     if not planned.bottleneck_seconds < search.contiguous.bottleneck_seconds:
         return None
-    return Planned(_recorded(planned, cut, costs, search.contiguous, found), cut.view, cut_profile)
+    bound = search.contiguous.lower_bound_seconds
+    return Planned(_recorded(planned, cut, costs, search.contiguous, bound), cut.view, cut_profile)
 
 
-def _solve(search: _Search, candidates: list[SplitCandidate]) -> SplitResult:
-    """The partitioner's best split over ``candidates``, within the fused groups when it can."""
-    seq = search.seq
-    bandwidth = search.bandwidth_bytes_per_s
-    try:
-        return solve_with_split(
-            seq.costs,
-            search.k,
-            candidates,
-            cut_bytes=seq.cut_bytes,
-            bandwidth=bandwidth,
-            allowed_cuts=seq.allowed,
-        )
-    except PartitionError:  # too few allowed cuts with the fused groups: try without them
-        return anywhere_cuttable(
-            lambda allowed: solve_with_split(
-                seq.costs,
-                search.k,
-                candidates,
-                cut_bytes=seq.cut_bytes,
-                bandwidth=bandwidth,
-                allowed_cuts=allowed,
-            ),
-            seq.cuttable,
-        )
-
-
-def _recorded(planned: Plan, cut: CutModel, costs: PartCosts, contiguous: Plan, found: SplitResult) -> Plan:
+def _recorded(planned: Plan, cut: CutModel, costs: PartCosts, contiguous: Plan, bound: float) -> Plan:
     """``planned`` with the record of its split and the note that says what the split gained."""
     spec, kind = cut.spec, cut.kind
     stage_of = planned.stage_of()
@@ -264,14 +339,14 @@ def _recorded(planned: Plan, cut: CutModel, costs: PartCosts, contiguous: Plan, 
         part_nodes=cut.parts,
         join=cut.join,
         contiguous_bottleneck_seconds=contiguous.bottleneck_seconds,
-        contiguous_bound_seconds=found.contiguous_bound,
+        contiguous_bound_seconds=bound,
         measured=costs.measured,
     )
     note = (
         f"node {spec.node} cut by {kind.value} into {costs.parts} parts in stages "
         f"{', '.join(str(s) for s in record.stages)}: the slowest stage is "
         f"{planned.bottleneck_seconds / contiguous.bottleneck_seconds:.3f}x the best contiguous split's, "
-        f"{planned.bottleneck_seconds / found.contiguous_bound:.3f}x the bound max(total / K, largest node) "
+        f"{planned.bottleneck_seconds / bound:.3f}x the bound max(total / K, largest node) "
         f"no contiguous split beats (parts' costs {'measured' if costs.measured else 'by their share'})"
     )
     return dataclasses.replace(planned, node_splits=(record,), notes=(*planned.notes, note))
