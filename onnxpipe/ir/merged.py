@@ -13,10 +13,15 @@ other does not.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import onnx
 from onnx import helper
+
+from onnxpipe.core.files import file_sha256
 
 _BOOL = onnx.TensorProto.BOOL
 
@@ -64,6 +69,28 @@ def unwrap_merged_decoder(proto: onnx.ModelProto) -> Unwrapped | None:
         f"serves the first step with an empty past (length 0), and {flag!r} is dropped"
     )
     return Unwrapped(model, note)
+
+
+def runnable_file(path: Path) -> Path:
+    """``path``, or, for a merged decoder, a file of its with-past branch with its weights: what a worker
+    running the whole model opens (``generate --compare``, ``run --compare``), for it feeds the model as
+    onnxpipe split it, without ``use_cache_branch``.  Written once per source file (by its hash) into the
+    temporary folder, as one file, or with its weights beside it when they pass protobuf's 2 GB."""
+    unwrapped = unwrap_merged_decoder(onnx.load(str(path), load_external_data=False))
+    if unwrapped is None:
+        return path
+    folder = Path(tempfile.gettempdir()) / "onnxpipe-unwrapped" / file_sha256(path)[:16]
+    target = folder / path.name
+    if target.is_file():
+        return target
+    model = unwrapped.proto
+    onnx.load_external_data_for_model(model, str(path.parent))
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / f".{os.getpid()}.{path.name}"
+    large = model.ByteSize() > 2_000_000_000
+    onnx.save(model, str(partial), save_as_external_data=large, location=f"{path.name}.data")
+    os.replace(partial, target)
+    return target
 
 
 def _cache_branches(

@@ -105,6 +105,9 @@ def test_split_balances_its_layers_and_generates_the_with_past_models_tokens(tmp
         got = pipe.generate(PROMPTS, NEW_TOKENS)
     assert got.tokens == tuple(with_past_tokens(p) for p in PROMPTS)
     assert len({t for seq in got.tokens for t in seq}) > 4
+    if k == 2:  # the unsplit model as a plain loop (generate --compare's baseline) runs it unwrapped too
+        with Generator.plain(out) as whole:
+            assert whole.generate(PROMPTS[:1], NEW_TOKENS).tokens == got.tokens[:1]
     if k == 3:
         _genai_generates_the_with_past_models_tokens(out)
 

@@ -4,16 +4,18 @@ models it leaves alone, on the hand-built decoders of ``tests/decoder_models.py`
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from decoder_models import HEAD_DIM, HEADS, LAYERS, concat_decoder
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.load import load_model, view_from_proto
-from onnxpipe.ir.merged import unwrap_merged_decoder
+from onnxpipe.ir.merged import runnable_file, unwrap_merged_decoder
 from tools.export_decoders import merge_decoders
 
 
@@ -57,6 +59,26 @@ def test_the_loader_notes_what_it_unwrapped(tmp_path: Path) -> None:
     plain = tmp_path / "decoder_with_past_model.onnx"
     onnx.save(with_past, str(plain))
     assert load_model(plain).session_source() == plain and not load_model(plain).rewritten
+
+
+def test_a_file_of_the_unwrapped_model_for_whole_model_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker running the whole model opens a file: the with-past branch's, written once, weights in."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    with_past = concat_decoder()
+    plain, merged = tmp_path / "decoder_with_past_model.onnx", tmp_path / "decoder_model_merged.onnx"
+    onnx.save(with_past, str(plain))
+    onnx.save(merge_decoders(no_past(with_past), with_past), str(merged))
+    assert runnable_file(plain) == plain
+    made = runnable_file(merged)
+    assert made.parent.parent == tmp_path / "tmp" / "onnxpipe-unwrapped" and made.name == merged.name
+    written = onnx.load(str(made))
+    assert [vi.name for vi in written.graph.input] == [vi.name for vi in with_past.graph.input]
+    assert {t.name for t in written.graph.initializer} >= {"embed_merged_1", "lm_w_merged_1"}
+    onnx.checker.check_model(written)
+    mtime = made.stat().st_mtime_ns
+    assert runnable_file(merged) == made and made.stat().st_mtime_ns == mtime  # written once
 
 
 def _if_model(then_reads: str, else_reads: str, cond_type: int = TensorProto.BOOL) -> onnx.ModelProto:
