@@ -8,7 +8,9 @@ branch computes the first step too, fed an empty past (length 0), so the loader 
 graph: the flag is dropped, the outer weights the branch reads become its initializers, and its nodes
 are the model's; a note says so.  Recognised only when it is that shape: the graph's one node an ``If``
 on a boolean graph input whose outputs are the graph's, one branch reading graph inputs (the cache) the
-other does not.
+other does not, the other reading integer inputs only (token ids, mask, positions).  An encoder-decoder's
+merged decoder (Whisper's) is left whole: its no-past branch reads the encoder's output and makes the
+cross-attention cache, which an empty past cannot stand for.
 """
 
 from __future__ import annotations
@@ -115,10 +117,18 @@ def _cache_branches(
     inputs = {vi.name for vi in graph.input} - {node.input[0]}
     then_reads, else_reads = _free_names(then) & inputs, _free_names(other) & inputs
     if else_reads < then_reads:
-        return node, then, node.input[0]
-    if then_reads < else_reads:
-        return node, other, node.input[0]
-    return None
+        with_past, first_reads = then, else_reads
+    elif then_reads < else_reads:
+        with_past, first_reads = other, then_reads
+    else:
+        return None
+    # the first step's decoder reads token ids, a mask, positions: integers.  One that reads floats
+    # (an encoder-decoder's encoder output) makes a cache the with-past branch cannot make from nothing
+    ints = {onnx.TensorProto.INT64, onnx.TensorProto.INT32}
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in graph.input}
+    if any(types[t] not in ints for t in first_reads):
+        return None
+    return node, with_past, node.input[0]
 
 
 def _free_names(graph: onnx.GraphProto) -> set[str]:

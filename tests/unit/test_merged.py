@@ -81,13 +81,15 @@ def test_a_file_of_the_unwrapped_model_for_whole_model_workers(
     assert runnable_file(merged) == made and made.stat().st_mtime_ns == mtime  # written once
 
 
-def _if_model(then_reads: str, else_reads: str, cond_type: int = TensorProto.BOOL) -> onnx.ModelProto:
+def _if_model(
+    then_reads: str, else_reads: str, cond_type: int = TensorProto.BOOL, a_type: int = TensorProto.INT64
+) -> onnx.ModelProto:
     """One If on the graph input ``flag`` whose branches return the sum of the graph inputs they read
     (``"ab"``: a + b), in outputs named otherwise than the If's."""
 
     def body(name: str, reads: str) -> onnx.GraphProto:
         node = helper.make_node("Sum", list(reads), [f"{name}_y"])
-        return helper.make_graph([node], name, [], [helper.make_tensor_value_info(f"{name}_y", 1, [2])])
+        return helper.make_graph([node], name, [], [helper.make_tensor_value_info(f"{name}_y", a_type, [2])])
 
     node = helper.make_node(
         "If", ["flag"], ["y"], then_branch=body("then", then_reads), else_branch=body("else", else_reads)
@@ -96,11 +98,11 @@ def _if_model(then_reads: str, else_reads: str, cond_type: int = TensorProto.BOO
         [node],
         "g",
         [
-            helper.make_tensor_value_info("a", TensorProto.FLOAT, [2]),
-            helper.make_tensor_value_info("b", TensorProto.FLOAT, [2]),
+            helper.make_tensor_value_info("a", a_type, [2]),
+            helper.make_tensor_value_info("b", a_type, [2]),
             helper.make_tensor_value_info("flag", cond_type, [1]),
         ],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", a_type, [2])],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
@@ -110,6 +112,8 @@ def test_an_if_is_unwrapped_only_when_one_branch_reads_inputs_the_other_does_not
     assert unwrap_merged_decoder(_if_model("a", "a")) is None  # the same inputs: a real choice
     assert unwrap_merged_decoder(_if_model("a", "a", TensorProto.INT64)) is None  # no boolean flag
     assert unwrap_merged_decoder(concat_decoder()) is None  # no If at all
+    # the first step reads a float (an encoder's output, as Whisper's merged decoder): left whole
+    assert unwrap_merged_decoder(_if_model("a", "ab", a_type=TensorProto.FLOAT)) is None
     unwrapped = unwrap_merged_decoder(_if_model("a", "ab"))
     assert unwrapped is not None  # the else branch reads b too: it is taken
     graph = unwrapped.proto.graph
