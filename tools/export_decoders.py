@@ -21,6 +21,10 @@ a random model repeats one token, and a test that the split model decodes the sa
 ``SimplifiedLayerNormalization`` (an onnxruntime contrib op) in the *default* domain in place of each RMS
 norm's subgraph, which ``onnx.checker`` refuses and onnxruntime runs.
 
+:func:`merged_decoder` writes ``<name>_merged.onnx`` (committed for ``llama_gqa``) as optimum ships a decoder
+in ``decoder_model_merged.onnx``: the export without a cache and the one with it (``export(past=False)``
+and ``export()``) joined by :func:`merge_decoders` under one ``If`` on ``use_cache_branch``.
+
 Exports are cached in the corpus cache (``tools/corpus.py``) under ``decoders/<name>-<key>/``, keyed by the
 configuration and the versions of torch, transformers, onnxscript and onnx.
 """
@@ -149,13 +153,16 @@ TINY = ("llama_gqa", "qwen2", "gpt2")
 """The models :func:`main` writes by default (into ``sample_models/decoders/``)."""
 BUILDER_STYLE = ("llama_gqa",)
 """The models also written in the builder's style (``<name>_builder.onnx``): an RMS-norm model."""
+MERGED = ("llama_gqa",)
+"""The models also written as optimum's merged decoder (``<name>_merged.onnx``, :func:`merge_decoders`)."""
 
 
 # ------------------------------------------------------------------------------------------ torch side
 
 
-def build_torch_model(name: str) -> torch.nn.Module:
-    """The eval-mode module exported as ``name``: flat tensors in and out, the same weights every call."""
+def build_torch_model(name: str, *, past: bool = True) -> torch.nn.Module:
+    """The eval-mode module exported as ``name``: flat tensors in and out, the same weights every call;
+    ``past=False``: the first step's decoder (optimum's ``decoder_model``), which takes no cache."""
     import torch
     import transformers
     from transformers.cache_utils import DynamicCache
@@ -178,10 +185,10 @@ def build_torch_model(name: str) -> torch.nn.Module:
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *rest: torch.Tensor) -> Any:
             position_ids = rest[0] if positions else None
-            past = rest[1:] if positions else rest
+            cached = rest[1:] if positions else rest
             cache = DynamicCache(config=lm.config)
-            for i in range(n):
-                cache.update(past[2 * i], past[2 * i + 1], i)
+            for i in range(n if past else 0):
+                cache.update(cached[2 * i], cached[2 * i + 1], i)
             out = self.model(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
@@ -219,23 +226,27 @@ def example_inputs(
     return feeds
 
 
-def export(name: str, path: Path) -> Path:
-    """Export ``name`` to ``path`` (one self-contained file) without caching; return ``path``."""
+def export(name: str, path: Path, *, past: bool = True) -> Path:
+    """Export ``name`` to ``path`` (one self-contained file) without caching; return ``path``.
+
+    ``past=False``: the decoder without a cache input (optimum's ``decoder_model``): the mask as long as
+    the tokens, the same weights and outputs."""
     import onnx
     import torch
 
     spec = SPECS[name]
-    model = build_torch_model(name)
-    feeds = example_inputs(name)
-    args = tuple(torch.from_numpy(feeds[n]) for n in spec.input_names)
+    model = build_torch_model(name, past=past)
+    feeds = example_inputs(name, past=3 if past else 0)
+    names = [n for n in spec.input_names if past or not n.startswith("past_key_values.")]
+    args = tuple(torch.from_numpy(feeds[n]) for n in names)
     batch = torch.export.Dim("batch")
     seq = torch.export.Dim("sequence_length")
-    past = torch.export.Dim("past_sequence_length")
-    total = torch.export.Dim("total_sequence_length")
+    cached = torch.export.Dim("past_sequence_length")
+    total = torch.export.Dim("total_sequence_length") if past else seq
     shapes: list[dict[int, Any]] = [{0: batch, 1: seq}, {0: batch, 1: total}]
     if spec.positions:
         shapes.append({0: batch, 1: seq})
-    shapes += [{0: batch, 2: past}] * (2 * spec.layers)
+    shapes += [{0: batch, 2: cached}] * (2 * spec.layers if past else 0)
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     tmp = path.with_suffix(".raw.onnx")
     with warnings.catch_warnings():
@@ -246,7 +257,7 @@ def export(name: str, path: Path) -> Path:
             str(tmp),
             dynamo=True,
             external_data=False,
-            input_names=list(spec.input_names),
+            input_names=names,
             output_names=list(spec.output_names),
             dynamic_shapes=(shapes[0], shapes[1], tuple(shapes[2:])),  # forward's *rest is one tuple
             verbose=False,
@@ -317,6 +328,107 @@ def builder_style(src: Path, dst: Path) -> Path:
     graph.value_info.extend(keep)
     onnx.save(proto, str(dst))
     return dst
+
+
+def merge_decoders(no_past: onnx.ModelProto, with_past: onnx.ModelProto) -> onnx.ModelProto:
+    """optimum's ``decoder_model_merged.onnx`` made from ``no_past`` and ``with_past`` as optimum's
+    ``merge_decoders`` writes it: the no-past decoder's outputs take the with-past decoder's shapes; the
+    inputs of both, the mask's length renamed ``attention_mask_sequence_length``; every initializer but
+    scalars and 1-D integer ones hoisted into the outer graph, one tensor for equal contents (named
+    ``<name>_merged_<n>``); one ``If`` on the boolean ``use_cache_branch`` [1], the with-past decoder its
+    ``then`` branch and the no-past one its ``else`` branch (branches take no inputs and read the outer
+    graph's)."""
+    import hashlib as _hashlib
+
+    import onnx
+    from onnx import helper, numpy_helper
+
+    models = [copy_model(no_past), copy_model(with_past)]
+    for a, b in zip(models[0].graph.output, models[1].graph.output, strict=True):
+        if a.name != b.name or a.type.tensor_type.elem_type != b.type.tensor_type.elem_type:
+            raise ValueError(f"outputs {a.name} and {b.name} differ: the decoders do not merge")
+        a.CopyFrom(b)
+    inputs: dict[str, onnx.ValueInfoProto] = {}
+    for m in models:
+        for vi in m.graph.input:
+            inputs.setdefault(vi.name, vi)
+    mask = inputs.get("attention_mask")
+    if mask is not None and mask.type.tensor_type.shape.dim[1].dim_param == "sequence_length":
+        mask.type.tensor_type.shape.dim[1].dim_param = "attention_mask_sequence_length"
+
+    def hoisted(t: onnx.TensorProto) -> bool:
+        return len(t.dims) > 1 or (len(t.dims) == 1 and t.data_type not in (6, 7))  # INT32, INT64
+
+    groups: dict[tuple[int, str, tuple[int, ...]], list[tuple[str, int]]] = {}
+    for i, m in enumerate(models):
+        for t in m.graph.initializer:
+            if hoisted(t):
+                digest = _hashlib.sha512(numpy_helper.to_array(t).tobytes()).hexdigest()
+                groups.setdefault((t.data_type, digest, tuple(t.dims)), []).append((t.name, i))
+    shared: dict[tuple[str, int], str] = {}
+    used: dict[str, int] = {}
+    for members in groups.values():
+        common = members[0][0]
+        used[common] = used.get(common, 0) + 1
+        for k in members:
+            shared[k] = f"{common}_merged_{used[common]}"
+    outer: dict[str, onnx.TensorProto] = {}
+    for i, m in enumerate(models):
+        for node in m.graph.node:
+            for j, t in enumerate(node.input):
+                node.input[j] = shared.get((t, i), t)
+        for t in m.graph.initializer:
+            new = shared.get((t.name, i))
+            if new is not None and new not in outer:
+                outer[new] = onnx.TensorProto()
+                outer[new].CopyFrom(t)
+                outer[new].name = new
+
+    def branch(m: onnx.ModelProto, name: str) -> onnx.GraphProto:
+        small = [t for t in m.graph.initializer if not hoisted(t)]
+        return helper.make_graph(list(m.graph.node), name, [], list(m.graph.output), initializer=small)
+
+    flag = helper.make_tensor_value_info("use_cache_branch", onnx.TensorProto.BOOL, [1])
+    node = helper.make_node(
+        "If",
+        ["use_cache_branch"],
+        [o.name for o in models[0].graph.output],
+        name="optimum::if",
+        then_branch=branch(models[1], "with_past"),
+        else_branch=branch(models[0], "no_past"),
+    )
+    graph = helper.make_graph(
+        [node],
+        "merged",
+        [*inputs.values(), flag],
+        list(models[0].graph.output),
+        initializer=list(outer.values()),
+    )
+    opsets: dict[str, onnx.OperatorSetIdProto] = {}
+    for m in models:
+        for o in m.opset_import:
+            opsets.setdefault(o.domain, o)
+    return helper.make_model(graph, opset_imports=list(opsets.values()), ir_version=models[1].ir_version)
+
+
+def copy_model(proto: onnx.ModelProto) -> onnx.ModelProto:
+    import onnx
+
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    return out
+
+
+def merged_decoder(name: str, path: Path) -> Path:
+    """Export ``name`` without and with a cache and write optimum's merged decoder of the two to
+    ``path`` (see :func:`merge_decoders`); return ``path``."""
+    import onnx
+
+    with tempfile.TemporaryDirectory() as tmp:
+        no_past = onnx.load(str(export(name, Path(tmp) / "decoder_model.onnx", past=False)))
+        with_past = onnx.load(str(export(name, Path(tmp) / "decoder_with_past_model.onnx")))
+    onnx.save(merge_decoders(no_past, with_past), str(path))
+    return path
 
 
 def _rms_pattern(
@@ -409,6 +521,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(path)
         if name in BUILDER_STYLE:
             print(builder_style(path, args.out / f"{name}_builder.onnx"))
+        if name in MERGED:
+            print(merged_decoder(name, args.out / f"{name}_merged.onnx"))
     return 0
 
 

@@ -13,6 +13,7 @@ from onnxpipe.core.choices import Backend
 from onnxpipe.core.errors import ManifestError, RuntimeStageError, UsageError
 from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.core.options import opt
+from onnxpipe.ir.merged import runnable_file
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.backends.ray_resources import load_ray_resources
 from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig, Tensors
@@ -115,7 +116,7 @@ def _placements(opts: RunOptions, manifest: Manifest) -> list[Placement] | None:
 
 def _source_model(directory: Path, manifest: Manifest, model: Path | None, *, needed: bool) -> Path | None:
     try:
-        return source_model_path(directory, manifest, model)
+        return runnable_file(source_model_path(directory, manifest, model))
     except (ManifestError, UsageError):
         if needed:
             raise

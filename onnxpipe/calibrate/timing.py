@@ -285,9 +285,11 @@ def time_model(
     """Median seconds of the whole model's run at the profile's shapes and threads (the manifest's
     ``plan.reference_seconds`` after a calibration: the machine's speed at the moment the stages were
     timed); None for a model not loaded from a file."""
-    if view.path is None:
+    source = view.session_source()
+    if source is None:
         return None
-    session = open_session(view.path, session_options(threads=profile.threads))
+    external = view.base_dir if isinstance(source, bytes) else None
+    session = open_session(source, session_options(threads=profile.threads, external_dir=external))
     feeds = profile_feeds(view, profile)
     names = [o.name for o in session.get_outputs()]
     return median_seconds(lambda: session.run(names, feeds), runs=runs, warmup=max(1, warmup))

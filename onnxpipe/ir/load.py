@@ -1,6 +1,7 @@
 """Loading a model into a :class:`~onnxpipe.ir.model.ModelView`: the checks a file must pass, stable
 node names, the tensors subgraph bodies read from outside, ONNX shape inference, cheap constants and the
-topological order that keeps few bytes live across any cut.
+topological order that keeps few bytes live across any cut; optimum's merged decoder is unwrapped to
+its with-past branch (:mod:`onnxpipe.ir.merged`).
 
 External weights stay on disk: the exporter reads each stage's weights when it writes the stage.
 """
@@ -20,6 +21,7 @@ from onnxpipe.core.errors import ModelLoadError
 from onnxpipe.core.files import file_sha256
 from onnxpipe.ir import contrib
 from onnxpipe.ir.graph import dfs_order, file_order_if_topological, greedy_live_order, live_bytes_profile
+from onnxpipe.ir.merged import unwrap_merged_decoder
 from onnxpipe.ir.model import ModelView, NodeInfo, TensorInfo, initializer_nbytes, value_dims
 
 
@@ -49,8 +51,11 @@ def load_model(path: str | Path, *, check: bool = True) -> ModelView:
         _check_external_data(proto, p)
         note = _check(proto, p)
         notes = (note,) if note else ()
+    unwrapped = unwrap_merged_decoder(proto)
+    if unwrapped is not None:
+        proto, notes = unwrapped.proto, (*notes, unwrapped.note)
     view = view_from_proto(proto, path=p, sha256=file_sha256(p), base_dir=p.parent)
-    return dataclasses.replace(view, notes=notes) if notes else view
+    return dataclasses.replace(view, notes=notes, rewritten=unwrapped is not None) if notes else view
 
 
 def _check_external_data(proto: onnx.ModelProto, p: Path) -> None:

@@ -106,6 +106,10 @@ class ModelView:
     notes: tuple[str, ...] = ()
     """What loading accepted with a remark (onnxruntime's own ops the checker refuses,
     :mod:`onnxpipe.ir.contrib`); plans repeat them."""
+    rewritten: bool = False
+    """Whether loading changed the graph (a merged decoder unwrapped, :mod:`onnxpipe.ir.merged`): what
+    runs the model as onnxpipe sees it is :attr:`proto` (its external weights in :attr:`base_dir`), not
+    the file."""
 
     @property
     def file_name(self) -> str:
@@ -116,6 +120,14 @@ class ModelView:
     def label(self) -> str:
         """How messages name the model: its file name, or ``"model"`` for one built in memory."""
         return self.file_name or "model"
+
+    def session_source(self) -> bytes | Path | None:
+        """What onnxruntime opens to run the whole model as onnxpipe sees it: the file, or, for a graph
+        loading changed (:attr:`rewritten`), its bytes, whose external weights lie in :attr:`base_dir`;
+        ``None`` for a model never read from a file."""
+        if self.rewritten or self.path is None:
+            return self.proto.SerializeToString() if self.rewritten else None
+        return self.path
 
     @property
     def node_by_name(self) -> Mapping[str, NodeInfo]:

@@ -166,7 +166,7 @@ def verify_folder(out_dir: str | Path, options: VerifyOptions) -> VerifyReport:
         input_shapes = planned_input_shapes(manifest, view, options.shapes)
         all_feeds = [random_feeds(view, input_shapes, seed + r) for r in range(runs)]
     fails = _random_failure(manifest, view, input_shapes, options.shapes)
-    expected = _run_original(model, names, all_feeds, threads, samples, fails)
+    expected = _run_original(model, view, names, all_feeds, threads, samples, fails)
     one = one_runtime(engines)
     whole = _run_whole(model, names, all_feeds, one) if one is not None else None
     staged = run_stage_by_stage(d, all_feeds, threads=threads, check_files=False, engines=engines)
@@ -286,6 +286,7 @@ def planned_input_shapes(
 
 def _run_original(
     model: Path,
+    view: ModelView,
     names: Sequence[str],
     all_feeds: Sequence[Mapping[str, Any]],
     threads: int,
@@ -294,8 +295,10 @@ def _run_original(
 ) -> list[dict[str, np.ndarray]]:
     """The original's outputs for every feed set, in onnxruntime on the CPU; a failure on the user's
     inputs (``given``) says so, one on random inputs says ``fails(why)``: at what shapes, why, and what
-    to give."""
-    session = open_session(model, session_options(threads=threads))
+    to give.  ``view`` is ``model`` loaded: a merged decoder runs as its unwrapped with-past graph."""
+    source = view.session_source() or model
+    external = view.base_dir if isinstance(source, bytes) else None
+    session = open_session(source, session_options(threads=threads, external_dir=external))
     results: list[dict[str, np.ndarray]] = []
     for feeds in all_feeds:
         try:

@@ -24,6 +24,7 @@ import numpy as np
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.iocontract import IOContract
+from onnxpipe.ir.merged import runnable_file
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.base import BackendConfig, Tensors
 from onnxpipe.runtime.generation.contract import generation_input_types, split_contract
@@ -270,7 +271,7 @@ def _whole_model(
     manifest = load_manifest(d, check_files=False)
     contract = contract or split_contract(manifest, d)
     feeds = StepFeeds(contract, generation_input_types(manifest, contract))
-    path = source_model_path(d, manifest, model)
+    path = runnable_file(source_model_path(d, manifest, model))
     place = placement_for_device("cpu", manifest.plan.threads if threads is None else threads)
 
     def spec(index: int) -> WorkerSpec:

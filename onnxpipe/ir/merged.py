@@ -1,0 +1,147 @@
+"""optimum's merged decoder (``decoder_model_merged.onnx``) unwrapped to its with-past decoder.
+
+optimum (and the transformers.js repositories made with it) ship a decoder LLM as one ``If`` on a boolean
+graph input (``use_cache_branch``): one branch the decoder that takes no cache (the first step), the
+other the decoder that takes the cache; both read the same graph inputs and the weights hoisted into the
+outer graph.  Seen whole, the model is one control-flow node, which no cut can divide.  The with-past
+branch computes the first step too, fed an empty past (length 0), so the loader makes that branch the
+graph: the flag is dropped, the outer weights the branch reads become its initializers, and its nodes
+are the model's; a note says so.  Recognised only when it is that shape: the graph's one node an ``If``
+on a boolean graph input whose outputs are the graph's, one branch reading graph inputs (the cache) the
+other does not, the other reading integer inputs only (token ids, mask, positions).  An encoder-decoder's
+merged decoder (Whisper's) is left whole: its no-past branch reads the encoder's output and makes the
+cross-attention cache, which an empty past cannot stand for.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+from onnx import helper
+
+from onnxpipe.core.files import file_sha256
+
+_BOOL = onnx.TensorProto.BOOL
+
+
+@dataclass(frozen=True)
+class Unwrapped:
+    """The with-past decoder made the graph, and the note saying what was unwrapped."""
+
+    proto: onnx.ModelProto
+    note: str
+
+
+def unwrap_merged_decoder(proto: onnx.ModelProto) -> Unwrapped | None:
+    """``proto``'s with-past branch as a model of its own, or ``None`` when ``proto`` is no merged
+    decoder (see the module docstring)."""
+    graph = proto.graph
+    found = _cache_branches(graph)
+    if found is None:
+        return None
+    node, with_past, flag = found
+    reads = _free_names(with_past)
+    local = {t.name for t in with_past.initializer}
+    outer = [t for t in graph.initializer if t.name in reads and t.name not in local]
+    nodes = list(with_past.node)
+    # the If's outputs are the graph's; a branch may name its outputs otherwise
+    for inner, out in zip(with_past.output, node.output, strict=True):
+        if inner.name != out:
+            nodes.append(helper.make_node("Identity", [inner.name], [out], name=f"{out}/unwrapped"))
+    inputs = [vi for vi in graph.input if vi.name != flag]
+    body = helper.make_graph(
+        nodes,
+        graph.name,
+        inputs,
+        list(graph.output),
+        initializer=[*outer, *with_past.initializer],
+        value_info=[*with_past.value_info],
+    )
+    body.sparse_initializer.extend(with_past.sparse_initializer)
+    model = onnx.ModelProto()
+    model.CopyFrom(proto)
+    model.graph.CopyFrom(body)
+    note = (
+        f"merged decoder unwrapped: the graph was one If on {flag!r} choosing between the decoder without "
+        f"a cache and the one with it; it is taken as the with-past branch ({len(nodes)} nodes), which "
+        f"serves the first step with an empty past (length 0), and {flag!r} is dropped"
+    )
+    return Unwrapped(model, note)
+
+
+def runnable_file(path: Path) -> Path:
+    """``path``, or, for a merged decoder, a file of its with-past branch with its weights: what a worker
+    running the whole model opens (``generate --compare``, ``run --compare``), for it feeds the model as
+    onnxpipe split it, without ``use_cache_branch``.  Written once per source file (by its hash) into the
+    temporary folder, as one file, or with its weights beside it when they pass protobuf's 2 GB."""
+    unwrapped = unwrap_merged_decoder(onnx.load(str(path), load_external_data=False))
+    if unwrapped is None:
+        return path
+    folder = Path(tempfile.gettempdir()) / "onnxpipe-unwrapped" / file_sha256(path)[:16]
+    target = folder / path.name
+    if target.is_file():
+        return target
+    model = unwrapped.proto
+    onnx.load_external_data_for_model(model, str(path.parent))
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / f".{os.getpid()}.{path.name}"
+    large = model.ByteSize() > 2_000_000_000
+    onnx.save(model, str(partial), save_as_external_data=large, location=f"{path.name}.data")
+    os.replace(partial, target)
+    return target
+
+
+def _cache_branches(
+    graph: onnx.GraphProto,
+) -> tuple[onnx.NodeProto, onnx.GraphProto, str] | None:
+    """The ``If`` node, its with-past branch (the one reading graph inputs, the cache, that the other
+    does not) and the flag input, when ``graph`` is a merged decoder."""
+    if len(graph.node) != 1 or graph.node[0].op_type != "If" or graph.node[0].domain not in ("", "ai.onnx"):
+        return None
+    node = graph.node[0]
+    flags = {
+        vi.name
+        for vi in graph.input
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type == _BOOL
+    }
+    if node.input[0] not in flags or list(node.output) != [o.name for o in graph.output]:
+        return None
+    branches = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
+    then, other = branches.get("then_branch"), branches.get("else_branch")
+    if then is None or other is None or len(then.output) != len(other.output):
+        return None
+    inputs = {vi.name for vi in graph.input} - {node.input[0]}
+    then_reads, else_reads = _free_names(then) & inputs, _free_names(other) & inputs
+    if else_reads < then_reads:
+        with_past, first_reads = then, else_reads
+    elif then_reads < else_reads:
+        with_past, first_reads = other, then_reads
+    else:
+        return None
+    # the first step's decoder reads token ids, a mask, positions: integers.  One that reads floats
+    # (an encoder-decoder's encoder output) makes a cache the with-past branch cannot make from nothing
+    ints = {onnx.TensorProto.INT64, onnx.TensorProto.INT32}
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in graph.input}
+    if any(types[t] not in ints for t in first_reads):
+        return None
+    return node, with_past, node.input[0]
+
+
+def _free_names(graph: onnx.GraphProto) -> set[str]:
+    """Names ``graph`` (and its nested bodies) read from outside itself."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    defined |= {t.values.name for t in graph.sparse_initializer}
+    free: set[str] = set()
+    for n in graph.node:
+        free |= {i for i in n.input if i and i not in defined}
+        for a in n.attribute:
+            bodies = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+            for body in bodies:
+                free |= _free_names(body) - defined
+        defined.update(o for o in n.output if o)
+    free |= {o.name for o in graph.output if o.name not in defined}
+    return free
