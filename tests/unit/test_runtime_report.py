@@ -159,6 +159,22 @@ def test_a_pipeline_slower_than_a_baseline_gets_a_verdict_that_says_so() -> None
     assert "verdict: the pipeline is faster than every baseline (at least 1.40x)" in faster
 
 
+def test_a_one_stage_split_slower_than_a_session_is_not_told_to_split_less() -> None:
+    """The quick start: ``--stages auto`` chose one stage because a pipeline does not pay here, so the
+    verdict on it names the runner's own cost rather than a pipeline being slower (issue 39)."""
+    from onnxpipe.runtime.report.model import BaselineReport
+
+    n = 12
+    m = measurement(n, (stats(0, [float(j) for j in range(n)]),))
+    fake = FakePipeline(lanes=((spec(0),),), backend=FakeBackend("threads"))
+    report = build_report(as_pipeline(fake), m, warmup=0, input_shapes={})
+    one = BaselineReport("single", "one session, 1 thread", 1, 1, 100.0, pipeline_speedup=0.8)
+    text = format_report(replace(report, baselines={"single": one}))
+    assert "verdict: one stage, so nothing runs at once" in text
+    assert "0.80x the throughput of single (one session, 1 thread)" in text
+    assert "SLOWER" not in text
+
+
 @pytest.mark.parametrize(
     ("estimated", "measured", "says"),
     [

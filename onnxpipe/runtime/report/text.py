@@ -325,6 +325,12 @@ def _verdict(report: RunReport) -> str:
     worst_name, worst = min(report.baselines.items(), key=lambda item: item[1].pipeline_speedup)
     if worst.pipeline_speedup >= 1.0:
         return f"verdict: the pipeline is faster than every baseline (at least {worst.pipeline_speedup:.2f}x)"
+    if len(report.stages) == 1:  # nothing runs at once: what is left to see is the runner's own cost
+        return (
+            f"verdict: one stage, so nothing runs at once; the runner's hand-offs make it "
+            f"{worst.pipeline_speedup:.2f}x the throughput of {worst_name} ({worst.description}): serve "
+            "this model as one session here, and split it where it must fit several devices"
+        )
     return (
         f"verdict: the pipeline is SLOWER than {worst_name} ({worst.description}): "
         f"{worst.pipeline_speedup:.2f}x its throughput; run that instead here, or give the stages CPUs "
