@@ -119,6 +119,14 @@ def tensors_inside(node: onnx.NodeProto) -> Iterator[onnx.TensorProto]:
                 yield from tensors_inside(n)
 
 
+def holds_external(model: onnx.ModelProto) -> bool:
+    """Whether any tensor of ``model`` lives in an external file: an initializer, a sparse one's parts, a
+    node's attribute (a ``Constant``'s value) or a body's initializer."""
+    return any(is_external(t) for t in stored_tensors(model)) or any(
+        is_external(t) for n in model.graph.node for t in tensors_inside(n)
+    )
+
+
 def inlined(node: onnx.NodeProto, source_dir: Path | None) -> onnx.NodeProto:
     """``node`` itself when no tensor inside it is external (or the folder is unknown), else a copy with
     those tensors' bytes read in from the model's folder: for running the node on its own (the reference

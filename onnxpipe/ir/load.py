@@ -21,7 +21,7 @@ from onnx import shape_inference
 from onnxpipe.core.errors import ModelLoadError
 from onnxpipe.core.files import file_sha256
 from onnxpipe.ir import contrib
-from onnxpipe.ir.external import is_external, stored_tensors, tensors_inside
+from onnxpipe.ir.external import holds_external
 from onnxpipe.ir.graph import dfs_order, file_order_if_topological, greedy_live_order, live_bytes_profile
 from onnxpipe.ir.model import ModelView, NodeInfo, TensorInfo, initializer_nbytes, value_dims
 
@@ -94,9 +94,7 @@ def _check(proto: onnx.ModelProto, p: Path, *, in_memory: bool) -> str | None:
     the model in memory, its external weights as inputs (their files are checked by
     :func:`_check_external_data`), not the file on disk."""
     try:
-        has_external = any(is_external(t) for t in stored_tensors(proto)) or any(
-            is_external(t) for n in proto.graph.node for t in tensors_inside(n)
-        )
+        has_external = holds_external(proto)
         if in_memory and has_external:
             return contrib.check_model(contrib.external_as_inputs(proto))
         if has_external or proto.ByteSize() > 2_000_000_000:
