@@ -576,3 +576,55 @@ def runtimes_differ_model() -> onnx.ModelProto:
         helper.make_node("Sigmoid", ["l"], ["y"]),
     ]
     return make(nodes, [vi("x", [1, 1, 5, 5])], [vi("y", [1, 1, "h", "w"])], [scales])
+
+
+def fp16_keep_io_model(layers: int = 4, width: int = 16) -> onnx.ModelProto:
+    """A float32 MatMul-Tanh chain converted to float16 by onnxruntime's converter with
+    ``keep_io_types=True``, as users convert models: float32 inputs and outputs cast around a float16
+    graph, and the input's Cast appended after the nodes that read it, so ``onnx.checker`` refuses the
+    node order (onnxruntime runs it).  The one builder here whose model the checker refuses."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    rng = np.random.default_rng(0)
+    nodes, weights, x = [], [], "x"
+    for i in range(layers):
+        weights.append(const(f"w{i}", rng.standard_normal((width, width)) * 0.3))
+        nodes += [
+            helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"], name=f"mm{i}"),
+            helper.make_node("Tanh", [f"m{i}"], [f"t{i}"], name=f"tanh{i}"),
+        ]
+        x = f"t{i}"
+    model = make(nodes, [vi("x", ["b", width])], [vi(x, ["b", width])], weights)
+    converted: onnx.ModelProto = convert_float_to_float16(model, keep_io_types=True)
+    return converted
+
+
+def constant_weights_model(layers: int = 3, width: int = 16) -> onnx.ModelProto:
+    """MatMul-Add-Tanh layers whose biases are ``Constant`` nodes, as optimum's fp32 exports hold some
+    weights; saved with :func:`save_external_constants`, their values live in the weights file, read
+    relative to the model's folder (never the working directory)."""
+    rng = np.random.default_rng(1)
+    nodes, weights, x = [], [], "x"
+    for i in range(layers):
+        weights.append(const(f"w{i}", rng.standard_normal((width, width)) * 0.3))
+        bias = const(f"b{i}_value", rng.standard_normal((width,)))
+        nodes += [
+            helper.make_node("Constant", [], [f"b{i}"], name=f"bias{i}", value=bias),
+            helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"], name=f"mm{i}"),
+            helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"], name=f"add{i}"),
+            helper.make_node("Tanh", [f"a{i}"], [f"t{i}"], name=f"tanh{i}"),
+        ]
+        x = f"t{i}"
+    return make(nodes, [vi("x", [2, width])], [vi(x, [2, width])], weights)
+
+
+def save_external_constants(model: onnx.ModelProto, path: Path) -> Path:
+    """``model`` saved with every tensor, the ``Constant`` nodes' values too, in ``<name>_data`` beside it."""
+    from onnx.external_data_helper import convert_model_to_external_data
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    convert_model_to_external_data(
+        model, location=f"{path.name}_data", size_threshold=0, convert_attribute=True
+    )
+    onnx.save_model(model, str(path))
+    return path

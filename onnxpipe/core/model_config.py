@@ -21,6 +21,7 @@ from typing import Any
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.jsonread import Document, Fields, Value, syntax_error_text
 from onnxpipe.core.options import opt
+from onnxpipe.core.tokenizer_files import folder_place, looked_in, model_folders
 
 GENAI_CONFIG_NAME = "genai_config.json"
 """The file GenAI's ``og.Model(folder)`` reads, and its model builder writes beside the model."""
@@ -212,24 +213,31 @@ class FolderConfig:
 
 
 def config_beside(model: Path | None) -> FolderConfig:
-    """The model's own config from its folder: the ``genai_config.json`` whose decoder is this file (GenAI's
-    builder writes it there), else the Hugging Face ``config.json``.  One that cannot be read, or a GenAI
-    config of another file, is set aside with a note: the user did not ask for it, so it never fails a
-    split."""
+    """The model's own config from its folder, else from the folder above it (the ``onnx/`` layout of
+    Hugging Face repositories, :func:`~onnxpipe.core.tokenizer_files.model_folders`): the
+    ``genai_config.json`` whose decoder is this file (GenAI's builder writes it there), else the Hugging
+    Face ``config.json``.  One that cannot be read, or a GenAI config of another file, is set aside with a
+    note: the user did not ask for it, so it never fails a split.  Finding none is a note too, saying
+    where it looked."""
     if model is None:
         return FolderConfig(None)
     notes: list[str] = []
-    for name in (GENAI_CONFIG_NAME, HF_CONFIG_NAME):
-        path = model.parent / name
-        if not path.is_file():
-            continue
-        try:
-            config = read_source_config(path)
-        except UsageError as e:
-            notes.append(f"{path.name} beside the model is not read: {str(e).split(': ', 1)[-1]}")
-            continue
-        if config.filename is not None and config.filename != model.name:
-            notes.append(f"{path.name} beside the model is for {config.filename}, not {model.name}: not read")
-            continue
-        return FolderConfig(config, tuple(notes))
+    for folder in model_folders(model):
+        where = folder_place(model, folder)
+        for name in (GENAI_CONFIG_NAME, HF_CONFIG_NAME):
+            path = folder / name
+            if not path.is_file():
+                continue
+            try:
+                config = read_source_config(path)
+            except UsageError as e:
+                notes.append(f"{path.name} {where} is not read: {str(e).split(': ', 1)[-1]}")
+                continue
+            own = model.absolute().relative_to(folder).as_posix()
+            if config.filename is not None and config.filename != own:
+                notes.append(f"{path.name} {where} is for {config.filename}, not {own}: not read")
+                continue
+            return FolderConfig(config, tuple(notes))
+    if not notes:
+        notes.append(f"no {GENAI_CONFIG_NAME} or {HF_CONFIG_NAME} {looked_in(model)}")
     return FolderConfig(None, tuple(notes))

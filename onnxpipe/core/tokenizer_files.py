@@ -38,6 +38,31 @@ TEMPLATE_SUFFIX = ".jinja"
 """Chat templates of their own file (``chat_template.jinja``, and named ones beside it)."""
 
 
+def model_folders(model: Path) -> tuple[Path, ...]:
+    """Where a model's own files are looked for: its folder, then the one above it.
+
+    Hugging Face repositories of ONNX models (onnx-community's, transformers.js') keep the graphs in
+    ``onnx/`` (``onnx/model_q4.onnx``) and the ``config.json``, ``generation_config.json`` and tokenizer
+    at the repository's root, one folder up.  The model's own folder comes first.
+    """
+    here = model.absolute().parent
+    up = here.parent
+    return (here,) if up == here else (here, up)
+
+
+def folder_place(model: Path, folder: Path) -> str:
+    """``beside the model`` or ``one folder up (DIR)``: where ``folder`` is, for a note."""
+    return "beside the model" if folder == model.absolute().parent else f"one folder up ({folder})"
+
+
+def looked_in(model: Path) -> str:
+    """The folders :func:`model_folders` searches, for a message: ``beside the model (A) or one folder up
+    (B)``."""
+    folders = model_folders(model)
+    up = f" or one folder up ({folders[1]})" if len(folders) > 1 else ""
+    return f"beside the model ({folders[0]}){up}"
+
+
 def tokenizer_files(folder: Path) -> tuple[Path, ...]:
     """The tokenizer, chat template and generation files in ``folder`` (plain files only), in
     :data:`TOKENIZER_NAMES` order, then other ``*.jinja`` templates by name."""

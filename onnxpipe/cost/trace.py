@@ -21,6 +21,7 @@ from onnxpipe.core.errors import ProfileError, error_line
 from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import OptimizationLevel, open_session, session_options
 from onnxpipe.core.progress import Progress
+from onnxpipe.ir.external import holds_external
 from onnxpipe.ir.load import subgraph_outer_reads
 from onnxpipe.ir.model import ModelView
 
@@ -183,7 +184,7 @@ class OrtModel:
 
 
 def _uses_external_data(proto: onnx.ModelProto) -> bool:
-    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
+    return holds_external(proto)
 
 
 def node_medians(events: Sequence[Mapping[str, Any]], runs: int) -> tuple[dict[str, float], dict[str, int]]:

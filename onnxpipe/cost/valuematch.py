@@ -17,6 +17,7 @@ from onnxpipe.cost.anchors import find_anchors, find_duplicates, topological, va
 from onnxpipe.cost.sketch import VALUE_TOLERANCE, Print, Sketcher
 from onnxpipe.cost.static import constant_tensors
 from onnxpipe.cost.trace import Exposed, OrtModel, Timing, run_exposed
+from onnxpipe.ir.external import tensor_values
 from onnxpipe.ir.inference import concrete_shapes
 from onnxpipe.ir.model import ModelView, itemsize
 from onnxpipe.ir.shapes import symbol_sizes
@@ -298,12 +299,12 @@ def _jittered_copy(view: ModelView) -> onnx.ModelProto | None:
         )
         if n.op_type == "ConstantOfShape" and n.input and n.input[0] in init_arrays:
             dims = numpy_helper.to_array(init_arrays[n.input[0]]).astype(np.int64).tolist()
-            fill = numpy_helper.to_array(value).reshape(-1)[0] if value is not None else np.float32(0)
+            fill = tensor_values(value, view.base_dir).reshape(-1)[0] if value is not None else np.float32(0)
             if value is None or value.data_type not in float_types or math.prod(dims) < 16:
                 continue
             j = jitter(np.full(dims, fill, dtype=fill.dtype))
         elif n.op_type == "Constant" and value is not None and value.data_type in float_types:
-            j = jitter(numpy_helper.to_array(value))
+            j = jitter(tensor_values(value, view.base_dir))
         else:
             continue
         if j is not None:

@@ -35,7 +35,7 @@ from onnx.external_data_helper import load_external_data_for_tensor
 
 from onnxpipe.core.errors import ExportError, ModelLoadError
 from onnxpipe.export.boundary import BoundaryTypes
-from onnxpipe.ir.external import is_external
+from onnxpipe.ir.external import is_external, tensors_inside
 from onnxpipe.ir.model import ModelView, NodeInfo, initializer_nbytes
 from onnxpipe.planning.types import ShapeParts, StageSpec
 
@@ -297,7 +297,7 @@ class StageBuilder:
     def _copy_node(self, info: NodeInfo, dst: onnx.NodeProto, spec: StageSpec, weights: bool) -> None:
         """Copy a source node; tensors inside it that live in the source's external files are read in."""
         dst.CopyFrom(self.view.proto.graph.node[info.index])
-        for t in _tensors_inside(dst):
+        for t in tensors_inside(dst):
             if is_external(t):
                 held = onnx.TensorProto()
                 held.CopyFrom(t)
@@ -374,26 +374,6 @@ def _remake(graph: onnx.GraphProto, remade: Mapping[str, list[str]], sources: It
 
 def _key(f: onnx.FunctionProto) -> tuple[str, str, str]:
     return (f.domain, f.name, getattr(f, "overload", ""))
-
-
-def _tensors_inside(node: onnx.NodeProto) -> Iterator[onnx.TensorProto]:
-    """Tensors held by a node: attribute values, and the initializers of its bodies, to any depth."""
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.TENSOR:
-            yield attr.t
-        elif attr.type == onnx.AttributeProto.TENSORS:
-            yield from attr.tensors
-        elif attr.type == onnx.AttributeProto.SPARSE_TENSOR:
-            yield attr.sparse_tensor.values
-            yield attr.sparse_tensor.indices
-        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-        for g in graphs:
-            yield from g.initializer
-            for sp in g.sparse_initializer:
-                yield sp.values
-                yield sp.indices
-            for n in g.node:
-                yield from _tensors_inside(n)
 
 
 def _calls(nodes: Iterable[onnx.NodeProto]) -> Iterator[tuple[str, str, str]]:

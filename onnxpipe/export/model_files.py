@@ -22,7 +22,7 @@ from pathlib import Path
 from onnxpipe.core.errors import ExportError, UsageError
 from onnxpipe.core.model_config import GENAI_CONFIG_NAME, HF_CONFIG_NAME, SourceConfig
 from onnxpipe.core.options import opt
-from onnxpipe.core.tokenizer_files import chat_template, tokenizer_files
+from onnxpipe.core.tokenizer_files import chat_template, folder_place, model_folders, tokenizer_files
 from onnxpipe.export.genai import (
     Unsupported,
     check_source_fits,
@@ -70,12 +70,13 @@ def model_source(view: ModelView, dec: DecoderInfo, named: SourceConfig | None) 
     return ModelSource(config, False, found.notes)
 
 
-def copy_model_files(view: ModelView, source: ModelSource, tmp: Path) -> tuple[str, ...]:
-    """Copy the tokenizer, chat template and generation files beside the model (else beside the named
-    config) into ``tmp``; their names.  A ``config.json`` is copied only when it is the config used."""
-    folders = [view.path.parent] if view.path is not None else []
-    if source.config is not None and source.config.path.parent not in folders:
-        folders.append(source.config.path.parent)
+def copy_model_files(view: ModelView, source: ModelSource, tmp: Path) -> tuple[tuple[str, ...], str | None]:
+    """Copy the tokenizer, chat template and generation files beside the model (else one folder up, the
+    ``onnx/`` layout, else beside the named config) into ``tmp``; their names, and where they were found
+    when not beside the model.  A ``config.json`` is copied only when it is the config used."""
+    folders = list(model_folders(view.path)) if view.path is not None else []
+    if source.config is not None and source.config.path.parent.absolute() not in folders:
+        folders.append(source.config.path.parent.absolute())
     for folder in folders:
         files = [
             p
@@ -92,8 +93,19 @@ def copy_model_files(view: ModelView, source: ModelSource, tmp: Path) -> tuple[s
                 raise ExportError(
                     f"{tmp / p.name}: cannot copy {p} into the split ({e}); free space or fix access"
                 ) from e
-        return tuple(p.name for p in files)
-    return ()
+        origin = _origin(view.path, folder)
+        return tuple(p.name for p in files), origin
+    return (), None
+
+
+def _origin(model: Path | None, folder: Path) -> str | None:
+    """Where the model's files came from, when not from beside it."""
+    if model is None:
+        return str(folder)
+    place = folder_place(model, folder)
+    if place == "beside the model":
+        return None
+    return place if folder in model_folders(model) else str(folder)
 
 
 def model_record(
@@ -126,11 +138,12 @@ def with_model_files(
     record = manifest.plan.decoder
     if record is None:
         return manifest
-    files = copy_model_files(view, source, tmp)
+    files, origin = copy_model_files(view, source, tmp)
     model = model_record(view, dec, source, files, tmp)
     notes = list(source.notes)
     if files:
-        notes.append(f"copied the model's {', '.join(files)} into the folder")
+        where = "" if origin is None else f" from {origin}"
+        notes.append(f"copied the model's {', '.join(files)}{where} into the folder")
     plan = dataclasses.replace(
         manifest.plan,
         decoder=dataclasses.replace(record, model=model),

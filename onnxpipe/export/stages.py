@@ -44,7 +44,7 @@ from onnxpipe.export.record import Written, build_manifest, shared_weights
 from onnxpipe.export.weightfile import externalize
 from onnxpipe.ir import contrib
 from onnxpipe.ir.decoder import FoundDecoder
-from onnxpipe.ir.external import is_external
+from onnxpipe.ir.external import holds_external
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, write_manifest
 from onnxpipe.planning.types import Plan, StageSpec
@@ -153,10 +153,7 @@ class _StageWriter:
         self.mode = external_data
         self.types = BoundaryTypes(view)
         self.builder = StageBuilder(view, self.types)
-        src = view.proto.graph
-        self.source_external = any(is_external(t) for t in src.initializer) or any(
-            is_external(sp.values) or is_external(sp.indices) for sp in src.sparse_initializer
-        )
+        self.source_external = holds_external(view.proto)
 
     def _build(self, spec: StageSpec, weights: bool, untyped: frozenset[str]) -> onnx.ModelProto:
         return self.builder.build(spec, weights=weights, untyped=untyped, keep_external=True)

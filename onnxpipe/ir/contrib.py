@@ -73,8 +73,17 @@ def _moved_to_contrib(proto: onnx.ModelProto) -> onnx.ModelProto | None:
     return copy
 
 
+def external_as_inputs(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``proto`` whose weights in external files are graph inputs, for checking in memory."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    _external_as_inputs(copy.graph)
+    return copy
+
+
 def _external_as_inputs(graph: onnx.GraphProto) -> None:
-    """Turn the copy's weights kept in external files into graph inputs of the same type.
+    """Turn the copy's weights kept in external files into graph inputs of the same type: initializers,
+    and the values of ``Constant`` nodes (optimum's fp32 exports keep some there).
 
     The checker checks an in-memory model's external weights by path from the current folder, not from
     the model's (the builder's ``model.onnx.data`` "is not regular file"), and the copy is checked in
@@ -82,7 +91,9 @@ def _external_as_inputs(graph: onnx.GraphProto) -> None:
     (:mod:`onnxpipe.ir.load`).  As inputs, the weights' types and shapes still meet the checker.
     """
     external = [t for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
-    if not external:
+    values = [(i, _external_value(n)) for i, n in enumerate(graph.node) if n.op_type == "Constant"]
+    constants = [(i, v) for i, v in values if v is not None]
+    if not external and not constants:
         return
     names = {t.name for t in external}
     kept = [t for t in graph.initializer if t.name not in names]
@@ -90,6 +101,24 @@ def _external_as_inputs(graph: onnx.GraphProto) -> None:
     graph.initializer.extend(kept)
     graph.input.extend(
         onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in external
+    )
+    for i, value in constants:
+        output = graph.node[i].output[0]
+        graph.input.append(onnx.helper.make_tensor_value_info(output, value.data_type, list(value.dims)))
+    gone = {i for i, _ in constants}
+    nodes = [n for i, n in enumerate(graph.node) if i not in gone]
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _external_value(node: onnx.NodeProto) -> onnx.TensorProto | None:
+    return next(
+        (
+            a.t
+            for a in node.attribute
+            if a.type == onnx.AttributeProto.TENSOR and a.t.data_location == onnx.TensorProto.EXTERNAL
+        ),
+        None,
     )
 
 

@@ -14,6 +14,7 @@ agree with the graph's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from onnxpipe.core.model_config import FolderConfig, SourceConfig, config_beside
 from onnxpipe.ir.decoder import DecoderInfo
@@ -180,6 +181,8 @@ class DecoderFacts:
     dims: DecoderDims
     config: FolderConfig
     context: ModelContext | None
+    model: Path | None = None
+    """The model's file, whose folder the config is beside (or one folder up from)."""
 
     def describe(self) -> str:
         """One line: vocabulary, context and where it came from, heads, token ids, the config read."""
@@ -191,9 +194,17 @@ class DecoderFacts:
             f"context {self.context.tokens} ({self.context.source})" if self.context else "context ?",
             f"heads {_said(d.attention_heads)}, KV heads {_said(d.kv_heads)}, head size {_said(d.head_size)}",
             f"eos {', '.join(map(str, tokens.eos))}" if tokens is not None else "no token ids",
-            f"config {config.path.name}" if config is not None else "no config beside it",
+            self._config_text(),
         ]
         return "model: " + "; ".join([", ".join(parts), *self.config.notes])
+
+    def _config_text(self) -> str:
+        config = self.config.config
+        if config is None:
+            return "no config" if self.config.notes else "no config beside it"
+        if self.model is not None and config.path.parent.absolute() != self.model.absolute().parent:
+            return f"config {config.path.name} one folder up ({config.path.parent})"
+        return f"config {config.path.name}"
 
 
 def _said(value: int | None) -> str:
@@ -204,4 +215,4 @@ def decoder_facts(view: ModelView, dec: DecoderInfo) -> DecoderFacts:
     """:class:`DecoderFacts` of the decoder ``view``."""
     dims = decoder_dims(view, dec)
     found = own_config(view, dec, dims)
-    return DecoderFacts(dims, found, own_context(view, dec, found.config))
+    return DecoderFacts(dims, found, own_context(view, dec, found.config), view.path)

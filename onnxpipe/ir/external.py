@@ -12,7 +12,9 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from onnxpipe.core.errors import ModelLoadError
 
@@ -75,6 +77,68 @@ def read_inline(t: onnx.TensorProto, source_dir: Path) -> None:
     t.raw_data = b"".join(read_source(t, source_file(t, source_dir)))
     del t.external_data[:]
     t.data_location = onnx.TensorProto.DEFAULT
+
+
+def tensor_values(t: onnx.TensorProto, source_dir: Path | None) -> np.ndarray:
+    """``t``'s values, its bytes read from the model's folder ``source_dir`` where it keeps them in a file.
+
+    ``numpy_helper.to_array`` given no folder reads an external tensor relative to the working directory,
+    so a Constant node's value kept in ``model.onnx_data`` (optimum's fp32 exports) is "not regular file"
+    from any folder but the model's: every reader of a node's or a body's tensor comes through here.
+    """
+    if not is_external(t):
+        return numpy_helper.to_array(t)
+    if source_dir is None:
+        raise ModelLoadError(
+            f"tensor {t.name!r} is stored in an external file but the model's folder is unknown; load the "
+            "model with onnxpipe.load_model(path)"
+        )
+    inline = onnx.TensorProto()
+    inline.CopyFrom(t)
+    read_inline(inline, source_dir)
+    return numpy_helper.to_array(inline)
+
+
+def tensors_inside(node: onnx.NodeProto) -> Iterator[onnx.TensorProto]:
+    """Tensors held by a node: attribute values, and the initializers of its bodies, to any depth."""
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.TENSOR:
+            yield attr.t
+        elif attr.type == onnx.AttributeProto.TENSORS:
+            yield from attr.tensors
+        elif attr.type == onnx.AttributeProto.SPARSE_TENSOR:
+            yield attr.sparse_tensor.values
+            yield attr.sparse_tensor.indices
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for g in graphs:
+            yield from g.initializer
+            for sp in g.sparse_initializer:
+                yield sp.values
+                yield sp.indices
+            for n in g.node:
+                yield from tensors_inside(n)
+
+
+def holds_external(model: onnx.ModelProto) -> bool:
+    """Whether any tensor of ``model`` lives in an external file: an initializer, a sparse one's parts, a
+    node's attribute (a ``Constant``'s value) or a body's initializer."""
+    return any(is_external(t) for t in stored_tensors(model)) or any(
+        is_external(t) for n in model.graph.node for t in tensors_inside(n)
+    )
+
+
+def inlined(node: onnx.NodeProto, source_dir: Path | None) -> onnx.NodeProto:
+    """``node`` itself when no tensor inside it is external (or the folder is unknown), else a copy with
+    those tensors' bytes read in from the model's folder: for running the node on its own (the reference
+    evaluator, like ``numpy_helper``, would read them relative to the working directory)."""
+    if source_dir is None or not any(is_external(t) for t in tensors_inside(node)):
+        return node
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    for t in tensors_inside(copy):
+        if is_external(t):
+            read_inline(t, source_dir)
+    return copy
 
 
 def stored_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:

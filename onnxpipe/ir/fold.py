@@ -19,10 +19,14 @@ known.  The branch's own nodes then fold like any others.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
+
+from onnxpipe.ir.external import inlined
 
 MAX_FOLDED_BYTES = 1 << 20
 """The largest tensor a fold writes as an initializer (1 MiB)."""
@@ -51,11 +55,15 @@ _EXACT_TYPES = frozenset(
 )  # fmt: skip
 
 
-def fold_constants(model: onnx.ModelProto, static_shapes: dict[str, tuple[int, ...]]) -> int:
+def fold_constants(
+    model: onnx.ModelProto, static_shapes: dict[str, tuple[int, ...]], base_dir: Path | None = None
+) -> int:
     """Fold ``model``'s main graph in place; returns how many nodes were folded.
 
     ``static_shapes``: tensors whose shape is settled (a ``Shape`` of one of them folds).  Nodes of
-    other domains, with subgraphs, or reading tensors stored in external files are left alone.
+    other domains, with subgraphs, or reading tensors stored in external files are left alone; a node
+    holding an external tensor (a ``Constant``'s value) folds with it read from ``base_dir``, the model's
+    folder.
     """
     graph = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
@@ -73,7 +81,7 @@ def fold_constants(model: onnx.ModelProto, static_shapes: dict[str, tuple[int, .
             folded += 1
             kept.extend(_inlined(node, branch, added))
             continue
-        result = _fold(node, values, static_shapes, opset)
+        result = _fold(inlined(node, base_dir), values, static_shapes, opset)
         if result is None or any(o in graph_outputs for o in node.output):
             kept.append(node)
             continue

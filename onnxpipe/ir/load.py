@@ -1,7 +1,8 @@
-"""Loading a model into a :class:`~onnxpipe.ir.model.ModelView`: the checks a file must pass, stable
-node names, the tensors subgraph bodies read from outside, ONNX shape inference, cheap constants and the
-topological order that keeps few bytes live across any cut; optimum's merged decoder is unwrapped to
-its with-past branch (:mod:`onnxpipe.ir.merged`).
+"""Loading a model into a :class:`~onnxpipe.ir.model.ModelView`: the checks a file must pass, nodes
+put in topological order where the file has them out of it, stable node names, the tensors subgraph
+bodies read from outside, ONNX shape inference, cheap constants and the topological order that keeps
+few bytes live across any cut; optimum's merged decoder is unwrapped to its with-past branch
+(:mod:`onnxpipe.ir.merged`).
 
 External weights stay on disk: the exporter reads each stage's weights when it writes the stage.
 """
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Iterable, Mapping
+import heapq
+from collections.abc import Iterable, Mapping, Set
 from pathlib import Path
 from types import MappingProxyType
 
@@ -20,6 +22,7 @@ from onnx import shape_inference
 from onnxpipe.core.errors import ModelLoadError
 from onnxpipe.core.files import file_sha256
 from onnxpipe.ir import contrib
+from onnxpipe.ir.external import holds_external
 from onnxpipe.ir.graph import dfs_order, file_order_if_topological, greedy_live_order, live_bytes_profile
 from onnxpipe.ir.merged import unwrap_merged_decoder
 from onnxpipe.ir.model import ModelView, NodeInfo, TensorInfo, initializer_nbytes, value_dims
@@ -46,11 +49,12 @@ def load_model(path: str | Path, *, check: bool = True) -> ModelView:
         ) from e
     if not proto.graph.node and not proto.graph.output:
         raise ModelLoadError(f"{p}: holds no ONNX graph (empty or not a model file); re-export the model")
-    notes: tuple[str, ...] = ()
+    reordered = sort_graph_nodes(proto.graph)
+    notes: tuple[str, ...] = (_sorted_note(reordered),) if reordered else ()
     if check:
         _check_external_data(proto, p)
-        note = _check(proto, p)
-        notes = (note,) if note else ()
+        note = _check(proto, p, in_memory=bool(reordered))
+        notes = (*notes, note) if note else notes
     unwrapped = unwrap_merged_decoder(proto)
     if unwrapped is not None:
         proto, notes = unwrapped.proto, (*notes, unwrapped.note)
@@ -87,11 +91,17 @@ def _check_external_data(proto: onnx.ModelProto, p: Path) -> None:
             )
 
 
-def _check(proto: onnx.ModelProto, p: Path) -> str | None:
+def _check(proto: onnx.ModelProto, p: Path, *, in_memory: bool) -> str | None:
     """The checker's verdict: ``None``, or a note when it accepts onnxruntime's own default-domain ops
-    only (:mod:`onnxpipe.ir.contrib`); anything else it refuses is a :class:`ModelLoadError`."""
+    only (:mod:`onnxpipe.ir.contrib`); anything else it refuses is a :class:`ModelLoadError`.
+
+    ``in_memory``: the loaded model differs from the file (its nodes were sorted), so the checker sees
+    the model in memory, its external weights as inputs (their files are checked by
+    :func:`_check_external_data`), not the file on disk."""
     try:
-        has_external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
+        has_external = holds_external(proto)
+        if in_memory and has_external:
+            return contrib.check_model(contrib.external_as_inputs(proto))
         if has_external or proto.ByteSize() > 2_000_000_000:
             return contrib.check_model(p)  # by path: resolves external files beside the model
         return contrib.check_model(proto)
@@ -100,6 +110,66 @@ def _check(proto: onnx.ModelProto, p: Path) -> str | None:
         raise ModelLoadError(
             f"{p}: fails the ONNX checker: {first}; fix or re-export the model (onnx.checker.check_model)"
         ) from e
+
+
+def sort_graph_nodes(graph: onnx.GraphProto, outer: frozenset[str] = frozenset()) -> int:
+    """Put ``graph``'s nodes, and its bodies' nodes, in a topological order where the file has them out of
+    it; returns how many graphs were reordered (0: the file's order is kept as it is).
+
+    Tools write such files and onnxruntime runs them (onnxruntime's float16 converter with
+    ``keep_io_types=True`` appends the Casts of the inputs after the nodes that read them), but the
+    ONNX checker, and so the stages, must have each node after what it reads.  The order kept is the
+    file's as far as it goes (a ready node with the lowest file index first).  A graph that no order can
+    sort (a cycle, a read of nothing) is left as it is for the checker to name.
+    """
+    defined = outer | {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    defined |= {t.values.name for t in graph.sparse_initializer}
+    scope = defined | {o for n in graph.node for o in n.output if o}
+    reordered = sum(sort_graph_nodes(g, scope) for n in graph.node for g in _subgraphs(n))
+    nodes = list(graph.node)
+    deps = [{i for i in n.input if i} | subgraph_outer_reads(n) for n in nodes]
+    outs = [[o for o in n.output if o] for n in nodes]
+    if file_order_if_topological([sorted(d) for d in deps], outs, defined) is not None:
+        return reordered
+    order = _stable_order(deps, outs, defined)
+    if order is None:
+        return reordered
+    sorted_nodes = [nodes[i] for i in order]
+    del graph.node[:]
+    graph.node.extend(sorted_nodes)
+    return reordered + 1
+
+
+def _stable_order(deps: list[set[str]], outs: list[list[str]], defined: Set[str]) -> list[int] | None:
+    """Kahn's algorithm, the ready node of lowest index first; ``None`` if some node cannot be placed."""
+    producer = {t: i for i, o in enumerate(outs) for t in o}
+    succ: list[list[int]] = [[] for _ in deps]
+    indeg = [0] * len(deps)
+    for i, d in enumerate(deps):
+        preds = {producer[t] for t in d if t in producer and t not in defined}
+        indeg[i] = len(preds)
+        for j in preds:
+            succ[j].append(i)
+    ready = [i for i, k in enumerate(indeg) if k == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for j in succ[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                heapq.heappush(ready, j)
+    return order if len(order) == len(deps) else None
+
+
+def _sorted_note(reordered: int) -> str:
+    where = "its graph" if reordered == 1 else f"{reordered} graphs (the main graph or subgraph bodies)"
+    return (
+        f"the file's nodes are out of topological order in {where} (onnx.checker refuses that; onnxruntime "
+        "runs it, and converters such as onnxruntime's float16 one with keep_io_types write it): sorted on "
+        "load, the file's own order kept where it allows"
+    )
 
 
 def view_from_proto(

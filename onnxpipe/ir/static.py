@@ -22,6 +22,7 @@ freezing fixes: a size that follows data (a ``NonZero``'s count, an ``If`` on a 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import onnx
 
@@ -35,9 +36,12 @@ MAX_ROUNDS = 8
 """Rounds of inference and folding: each settles shapes that the previous fold made constant."""
 
 
-def freeze_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> tuple[onnx.ModelProto, int]:
+def freeze_shapes(
+    model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], base_dir: Path | None = None
+) -> tuple[onnx.ModelProto, int]:
     """A copy of ``model`` with ``shapes`` frozen and its shape arithmetic folded; and the number of
-    nodes folded.  ``model`` itself is not changed."""
+    nodes folded (``base_dir``: the model's folder, where its external tensors are read from).  ``model``
+    itself is not changed."""
     frozen = onnx.ModelProto()
     frozen.CopyFrom(model)
     graph = frozen.graph
@@ -53,9 +57,9 @@ def freeze_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -
             vi.type.tensor_type.ClearField("shape")
     folded = 0
     for _ in range(MAX_ROUNDS):
-        done = fold_constants(frozen, _static_shapes(frozen, symbolic=False))
+        done = fold_constants(frozen, _static_shapes(frozen, symbolic=False), base_dir)
         if not done:  # the dearer second opinion only where ONNX's own inference is stuck
-            done = fold_constants(frozen, _static_shapes(frozen, symbolic=True))
+            done = fold_constants(frozen, _static_shapes(frozen, symbolic=True), base_dir)
         folded += done
         if not done:
             break
@@ -87,7 +91,7 @@ def _keep_static(found: dict[str, tuple[int, ...]], name: str, dims: tuple[Dim, 
 def static_view(view: ModelView, shapes: Mapping[str, Sequence[int]]) -> tuple[ModelView, int]:
     """``view``'s model with ``shapes`` frozen (:func:`freeze_shapes`), as a view that keeps the source's
     path, folder and hash: the stages of a static split are checked against the source file."""
-    frozen, folded = freeze_shapes(view.proto, shapes)
+    frozen, folded = freeze_shapes(view.proto, shapes, view.base_dir)
     return view_from_proto(frozen, path=view.path, sha256=view.sha256, base_dir=view.base_dir), folded
 
 

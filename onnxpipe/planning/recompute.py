@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import onnx
-from onnx import numpy_helper
 
 from onnxpipe.core.dims import Dim
+from onnxpipe.ir.external import tensor_values
 from onnxpipe.ir.model import ModelView, NodeInfo, TensorInfo
 from onnxpipe.ir.shapevalues import SHAPE_ARITHMETIC, ValueKinds
 from onnxpipe.planning.types import ShapeParts
@@ -183,7 +183,7 @@ def _constant_value(view: ModelView, tensor: str) -> list[int] | None:
         found = next((t for t in view.proto.graph.initializer if t.name == tensor), None)
     if found is None or found.data_type not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
         return None
-    return [int(v) for v in numpy_helper.to_array(found).reshape(-1)]
+    return [int(v) for v in tensor_values(found, view.base_dir).reshape(-1)]
 
 
 def _shape(shapes: Mapping[str, Shaped], tensor: str) -> tuple[Dim, ...] | None:

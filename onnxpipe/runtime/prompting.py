@@ -14,7 +14,7 @@ from pathlib import Path
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.options import opt
-from onnxpipe.core.tokenizer_files import has_tokenizer
+from onnxpipe.core.tokenizer_files import has_tokenizer, model_folders
 from onnxpipe.manifest import DecoderLimits, Manifest, decoder_limits
 from onnxpipe.runtime.options import GenerateOptions
 from onnxpipe.runtime.text import TextCodec
@@ -95,28 +95,30 @@ def _check_fits(
 
 def _tokenizer_folder(folder: Path, manifest: Manifest, given: Path | None) -> Path:
     """The folder given, else the split's when it holds a tokenizer (a split copies its model's), else the
-    source model's."""
+    source model's, else the one above it (the ``onnx/`` layout of Hugging Face repositories)."""
     if given is not None:
         return given
-    source = _source_folder(folder, manifest)
-    for where in (folder, source):
-        if where is not None and has_tokenizer(where):
+    source = _source_model(folder, manifest)
+    searched = [folder, *(model_folders(source) if source is not None else ())]
+    for where in searched:
+        if has_tokenizer(where):
             return where
-    searched = (
-        f"{folder}: holds" if source is None else f"neither {folder} nor the source model's {source} holds"
-    )
+    places = ", ".join(str(p) for p in searched[:-1])
+    places = f"{places} or {searched[-1]}" if places else str(searched[-1])
     raise UsageError(
-        f"{searched} no tokenizer (tokenizer.json); give the folder of the model's tokenizer files as "
-        f"{opt('tokenizer')}, or token ids as {opt('prompt_ids')}"
+        f"no tokenizer (tokenizer.json, tokenizer.model, or vocab.json with merges.txt) in {places}; "
+        f"give the folder of the model's tokenizer files as {opt('tokenizer')}, or token ids as "
+        f"{opt('prompt_ids')}"
     )
 
 
-def _source_folder(folder: Path, manifest: Manifest) -> Path | None:
-    """The folder of the model that was split, where its own tokenizer may lie."""
+def _source_model(folder: Path, manifest: Manifest) -> Path | None:
+    """The model that was split, where its folder still exists (its own tokenizer may lie there or one
+    folder up)."""
     if manifest.source.path is None:
         return None
-    source = (folder / manifest.source.path).parent.resolve()
-    return source if source.is_dir() else None
+    model = (folder / manifest.source.path).resolve()
+    return model if model.parent.is_dir() else None
 
 
 def _eos(

@@ -65,14 +65,21 @@ def defaults_text(which: str) -> str:
     return ", ".join(f"{name} {getattr(tol, which):g}" for name, tol in own if getattr(tol, which) > 0)
 
 
-def tolerance_for(dtype: str, *, quantized: bool = False) -> Tolerance:
+def tolerance_for(dtype: str, *, quantized: bool = False, computes_in: str | None = None) -> Tolerance:
     """The tolerance an output of element type ``dtype`` is verified at by default: its type's (float32's
     :data:`DEFAULT_RTOL` and :data:`DEFAULT_ATOL` for the others), or a quantized model's if looser;
-    other integers and booleans must be equal."""
+    other integers and booleans must be equal.
+
+    ``computes_in``: the float type most of the model's arithmetic is in.  A float16 model converted
+    with float32 inputs and outputs (``keep_io_types``) rounds every intermediate to 11 bits, so its
+    float32 outputs differ as float16 values do: they get the compute type's tolerance when it is looser.
+    """
     if dtype in _BY_DTYPE:
         return _BY_DTYPE[dtype]
     if dtype.startswith(("int", "uint", "bool")):
         return Tolerance(0.0, 0.0)
+    if computes_in in ("float16", "bfloat16"):
+        return _BY_DTYPE[computes_in]
     if quantized:
         return QUANTIZED
     return Tolerance(DEFAULT_RTOL, DEFAULT_ATOL)
@@ -132,9 +139,10 @@ class VerifyOptions:
                 f"leave {opt('shapes')} out"
             )
 
-    def tolerance(self, dtype: str, *, quantized: bool = False) -> Tolerance:
-        """The tolerance of an output of element type ``dtype``: the one given, else its type's."""
-        own = tolerance_for(dtype, quantized=quantized)
+    def tolerance(self, dtype: str, *, quantized: bool = False, computes_in: str | None = None) -> Tolerance:
+        """The tolerance of an output of element type ``dtype``: the one given, else its type's (and the
+        model's, :func:`tolerance_for`)."""
+        own = tolerance_for(dtype, quantized=quantized, computes_in=computes_in)
         return Tolerance(
             own.rtol if self.rtol is None else self.rtol, own.atol if self.atol is None else self.atol
         )

@@ -75,6 +75,9 @@ class VerifyReport:
     """Why the result could not be written into the folder's manifest, if it could not."""
     on_runtime: OnRuntime | None = None
     """The whole model on the stages' one runtime, where that is not onnxruntime on the CPU."""
+    computes_in: str | None = None
+    """The float type most of the model's arithmetic is in, where it is narrower than its float outputs'
+    (a float16 model with float32 inputs and outputs): those outputs were held to its tolerance."""
 
     @property
     def ok(self) -> bool:
@@ -83,8 +86,16 @@ class VerifyReport:
 
     @property
     def notes(self) -> list[str]:
-        """What the verdict leaves out: a runtime's own difference from onnxruntime, and its size."""
-        return three_way.notes(self.outputs, self.on_runtime)
+        """What the verdict leaves out: a runtime's own difference from onnxruntime, and its size; and why
+        float32 outputs were held to a narrower type's tolerance."""
+        own = three_way.notes(self.outputs, self.on_runtime)
+        if self.computes_in is None:
+            return own
+        return [
+            f"the model computes in {self.computes_in} (its float inputs and outputs are cast): its float "
+            f"outputs are held to {self.computes_in}'s tolerance",
+            *own,
+        ]
 
     @property
     def stages_line(self) -> str | None:
@@ -171,11 +182,14 @@ def verify_folder(out_dir: str | Path, options: VerifyOptions) -> VerifyReport:
     whole = _run_whole(model, names, all_feeds, one) if one is not None else None
     staged = run_stage_by_stage(d, all_feeds, threads=threads, check_files=False, engines=engines)
     quantized = any(n.op_type in QUANTIZED_OPS for n in view.nodes)
+    computes_in = narrower_compute_type(view)
 
     def compared(
         want: Sequence[Mapping[str, Any]], got: Sequence[Mapping[str, Any]]
     ) -> tuple[OutputComparison, ...]:
-        return compare_all(names, want, got, lambda dtype: options.tolerance(dtype, quantized=quantized))
+        return compare_all(
+            names, want, got, lambda t: options.tolerance(t, quantized=quantized, computes_in=computes_in)
+        )
 
     outputs = compared(expected, staged)
     on_runtime = None
@@ -194,7 +208,28 @@ def verify_folder(out_dir: str | Path, options: VerifyOptions) -> VerifyReport:
         stage_runtimes=tuple(e.label for e in engines) if engines is not None else (),
         input_files=tuple(r.file for r in samples.records) if samples is not None else (),
         on_runtime=on_runtime,
+        computes_in=computes_in,
     )
+
+
+_NARROW_FLOATS = ("float16", "bfloat16")
+
+
+def narrower_compute_type(view: ModelView) -> str | None:
+    """``float16`` or ``bfloat16`` where most float tensors the model's compute nodes write are of that
+    type while some float output is wider (the outputs cast back, as onnxruntime's float16 converter
+    does with ``keep_io_types``); else None (the outputs' own types tell the tolerance)."""
+    outputs = {view.tensors[o].dtype for o in view.outputs if o in view.tensors}
+    if not outputs & {"float32", "float64"}:
+        return None
+    counts: dict[str, int] = {}
+    for n in view.compute_nodes:
+        for o in n.outputs:
+            t = view.tensors.get(o)
+            if t is not None and t.dtype.startswith(("float", "bfloat")):
+                counts[t.dtype] = counts.get(t.dtype, 0) + 1
+    most = max(counts, key=lambda d: counts[d], default=None)
+    return most if most in _NARROW_FLOATS else None
 
 
 def compare_all(

@@ -74,7 +74,7 @@ def test_the_split_carries_the_tokenizer_or_one_is_given(
     bare = tmp_path / "deeper" / "stages"  # the source path is relative: moved, the model's folder is lost
     shutil.copytree(stages, bare)
     (bare / "tokenizer.json").unlink()
-    with pytest.raises(UsageError, match=r"holds no tokenizer \(tokenizer\.json\).*`tokenizer`"):
+    with pytest.raises(UsageError, match=r"no tokenizer \(tokenizer\.json.*\) in .*stages.*`tokenizer`"):
         generate(bare, options)
     given = generate(bare, dataclasses.replace(options, tokenizer=model_folder))
     assert given.tokens == own.tokens and given.texts == own.texts
@@ -146,3 +146,46 @@ def test_refusals_are_one_line_before_any_work(
     (line,) = [x for x in err.splitlines() if x.startswith("onnxpipe generate: error:")]
     assert says in line and "Traceback" not in err
     assert "generating" not in err  # refused before any worker ran
+
+
+def test_the_onnx_layout_finds_the_config_and_tokenizer_one_folder_up(tmp_path: Path) -> None:
+    """onnx-community's repositories: ``repo/onnx/model_q4.onnx``, with ``config.json``,
+    ``generation_config.json`` and the tokenizer at ``repo/``."""
+    repo = tmp_path / "repo"
+    (repo / "onnx").mkdir(parents=True)
+    shutil.copy(MODEL, repo / "onnx" / "model_q4.onnx")
+    word_tokenizer(repo)
+    config = {
+        "model_type": "llama",
+        "vocab_size": 128,
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+    }
+    (repo / "config.json").write_text(json.dumps(config))
+    (repo / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 7]}))
+    out = tmp_path / "stages"
+    profile = ProfileOptions(cost=CostSource.STATIC)
+    result = split(
+        repo / "onnx" / "model_q4.onnx",
+        SplitOptions(out=out, plan=PlanRequest(2), profile=profile, verify=False),
+    )
+    record = result.manifest.plan.decoder
+    assert record is not None and record.model is not None
+    assert record.model.eos_token_ids == (1, 7) and record.model.context_length == 256
+    assert record.model.config == "config.json" and "tokenizer.json" in record.model.files
+    assert any(f"from one folder up ({repo})" in n for n in result.manifest.plan.notes)
+    genai = json.loads((out / "genai_config.json").read_text())["model"]
+    assert (genai["bos_token_id"], genai["eos_token_id"], genai["context_length"]) == (0, [1, 7], 256)
+    (out / "tokenizer.json").unlink()  # the text prompt finds the tokenizer beside the source's onnx/ folder
+    own = generate(out, GenerateOptions(prompts=(PROMPT,), max_new_tokens=4, ignore_eos=True))
+    ids = generate(out, GenerateOptions(prompt_ids=((0, 3, 17, 42, 9),), max_new_tokens=4, ignore_eos=True))
+    assert own.tokens == ids.tokens and own.texts is not None
+    (repo / "tokenizer.json").unlink()
+    with pytest.raises(UsageError) as refused:
+        generate(out, GenerateOptions(prompts=(PROMPT,), max_new_tokens=4))
+    says = str(refused.value)
+    assert "no tokenizer (tokenizer.json" in says and "neither" not in says
+    assert f"in {out}, {repo / 'onnx'} or {repo};" in says

@@ -17,9 +17,11 @@ import pytest
 from models import (
     all_bounds,
     annotated_model,
+    constant_weights_model,
     contrib_model,
     fanout_model,
     feeds_for,
+    fp16_keep_io_model,
     functions_model,
     ir3_model,
     make,
@@ -27,13 +29,14 @@ from models import (
     plan_for,
     quantized_model,
     save,
+    save_external_constants,
     shared_weights_model,
     training_model,
     vi,
 )
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions, split
+from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions, VerifyOptions, split, verify
 from onnxpipe.core.errors import ExportError
 from onnxpipe.export.boundary import BoundaryTypes
 from onnxpipe.export.build import StageBuilder
@@ -43,6 +46,7 @@ from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import MODEL_INPUT, load_manifest
 from onnxpipe.verification.chain import StageChain
+from onnxpipe.verification.options import DEFAULT_RTOL, tolerance_for
 
 
 def run_model(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -356,3 +360,53 @@ def test_int_and_bool_boundaries(tmp_path: Path) -> None:
     ]
     model = make(nodes, [vi("x", ["N", 5])], [vi("y", ["N", 5], TensorProto.INT64)], inits)
     every_cut_chains_back(model, tmp_path, exact=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# files as converters write them
+
+
+def test_fp16_keep_io_types_is_sorted_on_load_and_verified_at_fp16_tolerance(tmp_path: Path) -> None:
+    model = fp16_keep_io_model()
+    path = save(model, tmp_path / "fp16.onnx", check=False)
+    with pytest.raises(onnx.checker.ValidationError, match="topologically sorted"):
+        onnx.checker.check_model(str(path))
+    out = tmp_path / "split"
+    result = split(path, SplitOptions(out=out, plan=PlanRequest(2), profile=ProfileOptions(cost="static")))
+    assert any("out of topological order" in n and "sorted on load" in n for n in result.plan.notes)
+    for m in stage_models(out):
+        onnx.checker.check_model(m)
+    report = verify(out, VerifyOptions(runs=2))
+    fp16 = tolerance_for("float16")
+    assert report.computes_in == "float16" and report.ok
+    assert (report.rtol, report.atol) == (fp16.rtol, fp16.atol) and report.rtol > DEFAULT_RTOL
+    assert any("computes in float16" in n for n in report.notes)
+    given = verify(out, VerifyOptions(rtol=1e-3, atol=1e-4))  # a tolerance given still holds
+    assert (given.rtol, given.atol) == (1e-3, 1e-4)
+
+
+def test_constant_values_in_external_data_are_read_beside_the_model_from_any_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = constant_weights_model()
+    path = save_external_constants(model, tmp_path / "model" / "model.onnx")
+    stored = onnx.load(str(path), load_external_data=False)
+    assert all(n.attribute[0].t.data_location == TensorProto.EXTERNAL for n in stored.graph.node[::4])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # onnx's own readers would look for model.onnx_data here
+    out = tmp_path / "split"
+    result = split(path, SplitOptions(out=out, plan=PlanRequest(2), profile=ProfileOptions(runs=2, warmup=1)))
+    assert result.report is not None and result.report.ok
+    assert_chain_equals(out, path, feeds_for(model, seed=2), exact=True)
+    for m in stage_models(out):  # the stages hold their Constants' values themselves
+        assert not any(a.t.data_location == TensorProto.EXTERNAL for n in m.graph.node for a in n.attribute)
+    frozen = split(
+        path,
+        SplitOptions(
+            out=tmp_path / "static",
+            plan=PlanRequest(3),
+            profile=ProfileOptions(cost="static", shapes={"x": (2, 16)}),
+        ),
+    )
+    assert frozen.report is not None and frozen.report.ok

@@ -16,7 +16,7 @@ from onnxpipe.core.errors import UsageError
 from onnxpipe.core.model_config import config_beside, read_source_config
 from onnxpipe.core.tokenizer_files import chat_template, has_tokenizer, tokenizer_files
 from onnxpipe.ir.decoder import find_decoder
-from onnxpipe.ir.decoder_dims import decoder_dims, own_context
+from onnxpipe.ir.decoder_dims import decoder_dims, decoder_facts, own_context
 from onnxpipe.ir.load import load_model, view_from_proto
 
 # ------------------------------------------------------------------------------------------ recognition
@@ -167,3 +167,32 @@ def test_tokenizer_files_and_the_chat_template_wherever_it_is(tmp_path: Path) ->
     assert chat_template(tmp_path) == ("J", "chat_template.json")
     (tmp_path / "chat_template.jinja").write_text("{{ messages }}")
     assert chat_template(tmp_path) == ("{{ messages }}", "chat_template.jinja")
+
+
+def test_the_config_one_folder_up_serves_the_onnx_layout_and_the_note_says_where_it_looked(
+    tmp_path: Path,
+) -> None:
+    repo = tmp_path / "repo"
+    path = _saved(repo / "onnx", {})
+    found = config_beside(path)
+    assert found.config is None
+    assert found.notes == (
+        f"no genai_config.json or config.json beside the model ({repo / 'onnx'}) or one folder up ({repo})",
+    )
+    (repo / "config.json").write_text(json.dumps(HF))
+    (repo / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 7]}))
+    found = config_beside(path)
+    assert found.config is not None and found.config.path == repo / "config.json"
+    assert found.config.tokens is not None and found.config.tokens.eos == (5, 7)
+    view = load_model(path)
+    dec = find_decoder(view)
+    assert dec is not None
+    assert f"config config.json one folder up ({repo})" in decoder_facts(view, dec).describe()
+    beside = {
+        "model": {**GENAI["model"], "decoder": {"filename": "onnx/model.onnx", "num_hidden_layers": LAYERS}}
+    }
+    (repo / "genai_config.json").write_text(json.dumps(beside))  # GenAI names the file from its own folder
+    found = config_beside(path)
+    assert found.config is not None and found.config.path == repo / "genai_config.json"
+    _saved(repo / "onnx", {"config.json": HF})  # the model's own folder comes first
+    assert config_beside(path).config == read_source_config(repo / "onnx" / "config.json")

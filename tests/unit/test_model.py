@@ -1,4 +1,5 @@
-"""Unit tests of onnxpipe.ir.model: naming, inputs, subgraph reads, constants, types, load errors."""
+"""Unit tests of onnxpipe.ir.model: naming, inputs, subgraph reads, constants, types, load errors, node
+order, tensors in external data."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx.external_data_helper import convert_model_to_external_data
 
 from onnxpipe.core.errors import ModelLoadError
+from onnxpipe.ir.external import inlined, is_external, tensor_values
 from onnxpipe.ir.load import load_model, view_from_proto
+from onnxpipe.ir.static import freeze_shapes
 
 
 def _vi(name: str, shape: list[int | str], elem: int = TensorProto.FLOAT) -> onnx.ValueInfoProto:
@@ -203,3 +207,82 @@ def test_negative_dims_are_unknown() -> None:
     view = view_from_proto(_model(nodes, [_vi("x", [-1, 4])], [_vi("y", [-1, 4])]))
     assert view.tensor("x").shape == (None, 4)
     assert view.tensor("x").nbytes() == 16
+
+
+def _out_of_order_if_model() -> onnx.ModelProto:
+    """Main graph and an If branch both list a node before the node whose output it reads."""
+    then_nodes = [
+        helper.make_node("Neg", ["t1"], ["t2"], name="then_neg"),
+        helper.make_node("Relu", ["h"], ["t1"], name="then_relu"),
+    ]
+    then_g = helper.make_graph(then_nodes, "then", [], [_vi("t2", [2])])
+    else_id = helper.make_node("Identity", ["h"], ["e"], name="else_id")
+    else_g = helper.make_graph([else_id], "else", [], [_vi("e", [2])])
+    nodes = [
+        helper.make_node("If", ["c"], ["y"], name="if", then_branch=then_g, else_branch=else_g),
+        helper.make_node("Abs", ["x"], ["h"], name="abs"),
+    ]
+    return _model(nodes, [_vi("x", [2]), _vi("c", [], TensorProto.BOOL)], [_vi("y", [2])])
+
+
+def test_nodes_out_of_order_are_sorted_on_load_with_a_note(tmp_path: Path) -> None:
+    model = _out_of_order_if_model()
+    with pytest.raises(onnx.checker.ValidationError, match="topologically sorted"):
+        onnx.checker.check_model(model)
+    path = tmp_path / "unsorted.onnx"
+    onnx.save(model, str(path))
+    view = load_model(path)
+    assert [n.name for n in view.proto.graph.node] == ["abs", "if"]
+    then_g = next(a.g for a in view.proto.graph.node[1].attribute if a.name == "then_branch")
+    assert [n.name for n in then_g.node] == ["then_relu", "then_neg"]
+    assert [view.proto.graph.node[n.index].name for n in view.nodes] == [n.name for n in view.nodes]
+    assert any("out of topological order in 2 graphs" in n and "sorted on load" in n for n in view.notes)
+    onnx.checker.check_model(view.proto)
+
+
+def test_sorted_model_with_external_weights_is_checked_in_memory(tmp_path: Path) -> None:
+    w = numpy_helper.from_array(np.arange(64, dtype=np.float32).reshape(8, 8), "w")
+    nodes = [
+        helper.make_node("Relu", ["m"], ["y"], name="relu"),
+        helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+    ]
+    model = _model(nodes, [_vi("x", [1, 8])], [_vi("y", [1, 8])], [w])
+    path = tmp_path / "sub" / "model.onnx"
+    path.parent.mkdir()
+    onnx.save(model, str(path), save_as_external_data=True, location="model.onnx_data", size_threshold=0)
+    view = load_model(path)  # the checker must not read the weights from the working directory
+    assert [n.name for n in view.nodes] == ["mm", "relu"]
+    assert any("sorted on load" in n for n in view.notes)
+    bad = _model([helper.make_node("Relu", ["nowhere"], ["y"], name="r")], [_vi("x", [2])], [_vi("y", [2])])
+    onnx.save(bad, str(tmp_path / "bad.onnx"))
+    with pytest.raises(ModelLoadError, match="fails the ONNX checker"):  # a read of nothing stays refused
+        load_model(tmp_path / "bad.onnx")
+
+
+def test_tensors_inside_nodes_are_read_beside_the_model_not_the_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shape_value = numpy_helper.from_array(np.array([4, 2], dtype=np.int64), "shape_value")
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape"),  # out of order: sorted on load
+        helper.make_node("Constant", [], ["shape"], name="shape_const", value=shape_value),
+    ]
+    model = _model(nodes, [_vi("x", [2, 4])], [_vi("y", [4, 2])])
+    convert_model_to_external_data(
+        model, location="model.onnx_data", size_threshold=0, convert_attribute=True
+    )
+    path = tmp_path / "model" / "model.onnx"
+    path.parent.mkdir()
+    onnx.save(model, str(path))
+    monkeypatch.chdir(tmp_path)
+    view = load_model(path)  # checked in memory with the Constant's external value as an input
+    node = view.proto.graph.node[0]
+    value = node.attribute[0].t
+    assert is_external(value)
+    np.testing.assert_array_equal(tensor_values(value, view.base_dir), [4, 2])
+    assert not is_external(inlined(node, view.base_dir).attribute[0].t)
+    assert inlined(node, None) is node
+    frozen, folded = freeze_shapes(view.proto, {"x": (2, 4)}, view.base_dir)
+    assert folded == 1 and [n.op_type for n in frozen.graph.node] == ["Reshape"]
+    with pytest.raises(ModelLoadError, match="folder is unknown"):
+        tensor_values(value, None)

@@ -12,6 +12,7 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from onnxpipe.ir.external import inlined
 from onnxpipe.ir.model import ModelView, NodeInfo
 
 MAX_CONSTANT_NODES = 32
@@ -76,7 +77,7 @@ class Constants:
     def _evaluate(self, name: str, chain: list[NodeInfo]) -> np.ndarray | None:
         needed = {t for n in chain for t in n.reads if t in self.inits}
         graph = helper.make_graph(
-            [self.protos[n.name] for n in chain],
+            [inlined(self.protos[n.name], self.view.base_dir) for n in chain],
             "constant",
             [],
             [helper.make_tensor_value_info(name, onnx.TensorProto.UNDEFINED, None)],
