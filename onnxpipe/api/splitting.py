@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from onnxpipe.api.autotrial import paid_here
@@ -28,6 +28,7 @@ from onnxpipe.core.options import opt
 from onnxpipe.core.runtime_kinds import kind_of
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.cost.phases import phase_profiles
+from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.runnable import runnable_shapes
 from onnxpipe.cost.source import get_profile
 from onnxpipe.export.checks import check_exportable
@@ -99,20 +100,7 @@ def split(
         or get_profile(view, profile_options, progress=say.progress)
     )
     say.step("planning, calibrating" if opts.calibration.rounds else "planning")
-    if request.split_nodes == SplitNodes.AUTO:
-        cut = planned(view, prof, request, decoder=found)  # the stages name the cut node's parts: export it
-        view, the_plan = cut.view, measured_here(cut.plan, prof, request)
-    else:
-        the_plan = calibrated_plan(view, prof, request, opts.calibration, phases, found)
-        the_plan = paid_here(
-            view,
-            the_plan,
-            prof,
-            request,
-            lambda: calibrated_plan(
-                view, prof, dataclasses.replace(request, stages=1), opts.calibration, phases, found
-            ),
-        )
+    view, the_plan = _plan_of(view, prof, opts, phases, found)
     if measuring:
         watch.check()
     save_profile(prof, profile_options)
@@ -140,6 +128,29 @@ def split(
             decoder=found,
         )
     return SplitResult(plan=the_plan, manifest=manifest, out_dir=out_dir, report=verified.report)
+
+
+def _plan_of(
+    view: ModelView, prof: Profile, opts: SplitOptions, phases: Mapping[Phase, Profile], found: FoundDecoder
+) -> tuple[ModelView, Plan]:
+    """The plan to export, and the view it cuts (another one where a node is split into parts).
+
+    A plan of several stages on identical workers is run briefly beside one session of the whole model
+    (:func:`paid_here`), and one stage is kept where the pipeline does not pay on this machine.
+    """
+    request = opts.plan
+    if request.split_nodes == SplitNodes.AUTO:
+        cut = planned(view, prof, request, decoder=found)  # the stages name the cut node's parts: export it
+        return cut.view, measured_here(cut.plan, prof, request)
+    the_plan = calibrated_plan(view, prof, request, opts.calibration, phases, found)
+    whole = dataclasses.replace(request, stages=1)
+    return view, paid_here(
+        view,
+        the_plan,
+        prof,
+        request,
+        lambda: calibrated_plan(view, prof, whole, opts.calibration, phases, found),
+    )
 
 
 def _sized(
