@@ -29,7 +29,6 @@ KNOWN: dict[frozenset[str], str] = {
     ): "the runtime registry's to merge (issue 36)",
     _pair("cluster.model.Device", "runtime.spec.Placement"): "the runtime registry's to merge (issue 36)",
     _pair("core.runtime_kinds.EngineConfig", "runtime.spec.Placement"): "the runtime registry's (issue 36)",
-    _pair("core.model_config.SourceConfig", "ir.decoder_dims.DecoderDims"): "a config's dims may be absent",
     _pair(
         "partition.interleave.InterleavedPartition", "partition.result.Partition"
     ): "the planner's (issue 39)",
