@@ -21,7 +21,7 @@ from onnxpipe.runtime.generation.result import Generation
 from onnxpipe.runtime.options import GenerateOptions
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.prompting import Prompting
-from onnxpipe.runtime.report.cluster import GenerationCluster, RecoveryReport, hop_shares, stage_nodes
+from onnxpipe.runtime.report.cluster import GenerationCluster, hop_shares, stage_nodes
 from onnxpipe.runtime.text import TextStreams
 
 
@@ -95,7 +95,7 @@ def _cluster(gen: Generator) -> GenerationCluster | None:
         nodes=stage_nodes(stages, backend.placed),
         hops=hops,
         stage_shares=shares,
-        recoveries=tuple(RecoveryReport.of(r) for r in backend.recoveries),
+        recoveries=tuple(backend.recoveries),
     )
 
 

@@ -26,7 +26,7 @@ from onnxpipe.manifest.write import dumps, num, timeline_obj
 from onnxpipe.planning.types import Plan
 from onnxpipe.runtime.generation.result import Generation
 from onnxpipe.runtime.options import Sampling
-from onnxpipe.runtime.report.cluster import GenerationCluster
+from onnxpipe.runtime.report.cluster import GenerationCluster, recovery_obj
 from onnxpipe.runtime.report.model import RunReport
 from onnxpipe.verification.compare import OutputComparison
 from onnxpipe.verification.on_runtime import OnRuntime, passes
@@ -185,7 +185,7 @@ def _cluster_obj(cluster: GenerationCluster) -> dict[str, Any]:
             {"source": h.source, "target": h.target, "median_ms": num(h.median_ms), "share": num(h.share)}
             for h in cluster.hops
         ],
-        "recoveries": [dataclasses.asdict(r) for r in cluster.recoveries],
+        "recoveries": [recovery_obj(r) for r in cluster.recoveries],
     }
 
 

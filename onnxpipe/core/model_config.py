@@ -57,6 +57,31 @@ class TokenIds:
 
 
 @dataclass(frozen=True)
+class ModelDims:
+    """A decoder's sizes as its config states them (:class:`SourceConfig`) or its graph shows them
+    (:class:`onnxpipe.ir.decoder_dims.DecoderDims`); None where it does not say."""
+
+    layers: int | None = None
+    kv_heads: int | None = None
+    head_size: int | None = None
+    attention_heads: int | None = None
+    hidden_size: int | None = None
+    vocab_size: int | None = None
+
+    def contradicted(self, seen: ModelDims) -> tuple[str, int, int] | None:
+        """The first size stated here that ``seen`` (the graph's) says otherwise, as (its config key,
+        stated, seen): the config of another model; None when they agree where both say."""
+        pairs = (
+            ("num_hidden_layers", self.layers, seen.layers),
+            ("num_key_value_heads", self.kv_heads, seen.kv_heads),
+            ("head_size", self.head_size, seen.head_size),
+            ("vocab_size", self.vocab_size, seen.vocab_size),
+            ("hidden_size", self.hidden_size, seen.hidden_size),
+        )
+        return next(((k, a, b) for k, a, b in pairs if a is not None and b is not None and a != b), None)
+
+
+@dataclass(frozen=True)
 class SourceConfig:
     """What a model's config says: the dims it states (checked against the graph), the token ids, the
     context, and for a GenAI config the whole document (kept but for its decoder)."""
@@ -64,12 +89,7 @@ class SourceConfig:
     path: Path
     kind: SourceKind
     tokens: TokenIds | None = None
-    layers: int | None = None
-    kv_heads: int | None = None
-    head_size: int | None = None
-    attention_heads: int | None = None
-    hidden_size: int | None = None
-    vocab_size: int | None = None
+    dims: ModelDims = ModelDims()
     context_length: int | None = None
     document: Mapping[str, Any] = field(default_factory=dict)
     filename: str | None = None
@@ -146,12 +166,14 @@ def _read_genai(path: Path, top: Fields) -> SourceConfig:
         path=path,
         kind=SourceKind.GENAI,
         tokens=_tokens(model),
-        layers=_opt_int(dec, "num_hidden_layers"),
-        kv_heads=_opt_int(dec, "num_key_value_heads"),
-        head_size=_opt_int(dec, "head_size"),
-        attention_heads=_opt_int(dec, "num_attention_heads"),
-        hidden_size=_opt_int(dec, "hidden_size"),
-        vocab_size=_opt_int(model, "vocab_size"),
+        dims=ModelDims(
+            layers=_opt_int(dec, "num_hidden_layers"),
+            kv_heads=_opt_int(dec, "num_key_value_heads"),
+            head_size=_opt_int(dec, "head_size"),
+            attention_heads=_opt_int(dec, "num_attention_heads"),
+            hidden_size=_opt_int(dec, "hidden_size"),
+            vocab_size=_opt_int(model, "vocab_size"),
+        ),
         context_length=_opt_int(model, "context_length"),
         document=top.raw,
         filename=dec["filename"].string() if dec.raw.get("filename") is not None else None,
@@ -168,12 +190,14 @@ def _read_hf(path: Path, f: Fields) -> SourceConfig:
         path=path,
         kind=SourceKind.HF,
         tokens=_tokens(f),
-        layers=_opt_int(f, "num_hidden_layers", "n_layer", "num_layers"),
-        kv_heads=_opt_int(f, "num_key_value_heads", "num_attention_heads", "n_head"),
-        head_size=head_size,
-        attention_heads=heads,
-        hidden_size=hidden,
-        vocab_size=_opt_int(f, "vocab_size"),
+        dims=ModelDims(
+            layers=_opt_int(f, "num_hidden_layers", "n_layer", "num_layers"),
+            kv_heads=_opt_int(f, "num_key_value_heads", "num_attention_heads", "n_head"),
+            head_size=head_size,
+            attention_heads=heads,
+            hidden_size=hidden,
+            vocab_size=_opt_int(f, "vocab_size"),
+        ),
         context_length=_opt_int(f, "max_position_embeddings", "n_positions", "n_ctx"),
     )
 

@@ -122,10 +122,10 @@ class EngineConfig:
     model on the calling thread).  ``level`` is onnxruntime's optimization level.
     """
 
-    runtime: Runtime = Runtime.ONNXRUNTIME
     provider: str = "CPUExecutionProvider"
     provider_options: tuple[tuple[str, str], ...] = ()
     threads: int = 1
+    runtime: Runtime = Runtime.ONNXRUNTIME
     openvino_device: str = DEFAULT_OPENVINO_DEVICE
     openvino_config: tuple[tuple[str, str], ...] = ()
     level: str = "ORT_ENABLE_ALL"
@@ -134,6 +134,10 @@ class EngineConfig:
     def kind(self) -> RuntimeKind:
         """The registry's entry for the runtime."""
         return kind_of(self.runtime)
+
+    @property
+    def uses_gpu(self) -> bool:
+        return self.kind.uses_gpu(self)
 
     @property
     def label(self) -> str:

@@ -119,7 +119,7 @@ def model_record(
     tokens = config.tokens if config is not None else None
     template = chat_template(folder) if files else None
     return DecoderModelRecord(
-        vocab_size=dims.vocab_size or (config.vocab_size if config is not None else None),
+        vocab_size=dims.vocab_size or (config.dims.vocab_size if config is not None else None),
         context_length=context.tokens if context is not None else None,
         bos_token_id=tokens.bos if tokens is not None else None,
         eos_token_ids=tokens.eos if tokens is not None else (),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,19 +36,6 @@ from onnxpipe.manifest import (
 from onnxpipe.planning.types import Plan, StageSpec
 from onnxpipe.schedule.simulate import stream
 from onnxpipe.schedule.timeline import Timeline
-
-
-@dataclass(frozen=True)
-class Written:
-    """One stage as written: its plan entry, its file and weights file with their hashes."""
-
-    spec: StageSpec
-    file: str
-    sha256: str
-    external_data: str | None
-    external_data_sha256: str | None
-    constant_node_count: int
-    required_opsets: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -80,7 +67,7 @@ def build_manifest(
     view: ModelView,
     plan: Plan,
     out: Path,
-    written: Sequence[Written],
+    written: Sequence[StageEntry],
     types: BoundaryTypes,
     shared: SharedWeights,
     contract: ContractMaker,
@@ -91,8 +78,11 @@ def build_manifest(
     (:meth:`Plan.summary`) and the stream schedule (:func:`_schedule`); unverified, until a verification
     records its result.  ``contract`` says what a boundary tensor is at the profiled shapes."""
     tensors = _Tensors(types, contract, plan.tensor_bytes, symbol_sizes(view, plan.input_shapes))
-    flow = _Flow.of(view, written)
-    stages = tuple(_stage_entry(w, flow, tensors, shared.per_stage[w.spec.index]) for w in written)
+    flow = _Flow.of(view, plan.stages)
+    stages = tuple(
+        _with_tensors(e, s, flow, tensors, shared.per_stage[s.index])
+        for s, e in zip(plan.stages, written, strict=True)
+    )
     outputs = tuple(
         ModelOutput(t, produced_by=flow.producer.get(t, MODEL_INPUT), **tensors.described(t))
         for t in view.outputs
@@ -155,14 +145,14 @@ class _Flow:
     readers: Mapping[str, tuple[int, ...]]
 
     @staticmethod
-    def of(view: ModelView, written: Sequence[Written]) -> _Flow:
+    def of(view: ModelView, specs: Sequence[StageSpec]) -> _Flow:
         producer: dict[str, int] = {}
         readers: dict[str, list[int]] = {}
-        for w in written:
-            for t in w.spec.outputs:
-                producer.setdefault(t, w.spec.index)
-            for t in w.spec.inputs:
-                readers.setdefault(t, []).append(w.spec.index)
+        for s in specs:
+            for t in s.outputs:
+                producer.setdefault(t, s.index)
+            for t in s.inputs:
+                readers.setdefault(t, []).append(s.index)
         return _Flow(
             frozenset(view.inputs),
             frozenset(view.outputs),
@@ -187,39 +177,53 @@ class _Flow:
         return (*later, MODEL_OUTPUT) if tensor in self.model_outputs else later
 
 
-def _stage_entry(w: Written, flow: _Flow, tensors: _Tensors, shared_param_bytes: int) -> StageEntry:
-    """One stage's entry: its files, what the plan estimated, and the tensors it receives and emits."""
-    s = w.spec
-    inputs = tuple(StageInput(t, source=flow.source(t, s.index), **tensors.sized(t)) for t in s.inputs)
-    outputs = tuple(
-        StageOutput(t, consumers=flow.consumers(t, s.index), **tensors.sized(t)) for t in s.outputs
-    )
+def written_entry(
+    s: StageSpec,
+    file: str,
+    sha256: str,
+    external_data: str | None,
+    external_data_sha256: str | None,
+    required_opsets: tuple[tuple[str, int], ...],
+) -> StageEntry:
+    """One stage's entry once its file is written: the file, its weights file, their hashes and what the
+    plan estimated; the tensors it receives and emits and the weights it shares are known once every
+    stage is written (:func:`build_manifest` adds them)."""
     return StageEntry(
         index=s.index,
-        file=w.file,
-        sha256=w.sha256,
-        external_data=w.external_data,
-        external_data_sha256=w.external_data_sha256,
+        file=file,
+        sha256=sha256,
+        external_data=external_data,
+        external_data_sha256=external_data_sha256,
         node_count=len(s.file_node_names),
         skipped_node_count=len(s.skipped_nodes),
         same_values=tuple(a for a in s.aliases if a.same_as in s.inputs),
         recomputed_node_count=len(s.recomputed_nodes),
-        required_opsets=w.required_opsets,
-        constant_node_count=w.constant_node_count,
+        required_opsets=required_opsets,
+        constant_node_count=len(s.constant_nodes),
         device=s.device,
-        inputs=inputs,
-        outputs=outputs,
+        inputs=(),
+        outputs=(),
         estimated_compute_seconds=s.compute_seconds,
         estimated_transfer_seconds=s.transfer_seconds,
         param_bytes=max(0, s.param_bytes),
         peak_activation_bytes=max(0, s.peak_activation_bytes),
-        shared_param_bytes=shared_param_bytes,
         link_bytes_in=s.link_bytes_in,
         worker=s.worker,
         kv_layers=s.kv_layers,
         kv_cache_bytes=s.kv_cache_bytes,
         estimated_phase_seconds=s.phase_seconds,
     )
+
+
+def _with_tensors(
+    entry: StageEntry, s: StageSpec, flow: _Flow, tensors: _Tensors, shared_param_bytes: int
+) -> StageEntry:
+    """A written stage's entry with the tensors it receives and emits and its weights other stages hold."""
+    inputs = tuple(StageInput(t, source=flow.source(t, s.index), **tensors.sized(t)) for t in s.inputs)
+    outputs = tuple(
+        StageOutput(t, consumers=flow.consumers(t, s.index), **tensors.sized(t)) for t in s.outputs
+    )
+    return replace(entry, inputs=inputs, outputs=outputs, shared_param_bytes=shared_param_bytes)
 
 
 def _schedule(plan: Plan, microbatches: int) -> Timeline:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from onnxpipe.core.model_config import FolderConfig, SourceConfig, config_beside
+from onnxpipe.core.model_config import FolderConfig, ModelDims, SourceConfig, config_beside
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.decoder_shapes import attention_head_sizes
 from onnxpipe.ir.embedding import GATHERS, from_weights, logits_output, table_read
@@ -25,18 +25,13 @@ from onnxpipe.ir.model import ModelView
 
 
 @dataclass(frozen=True)
-class DecoderDims:
-    """What the graph says of a decoder's sizes (None where it does not say)."""
+class DecoderDims(ModelDims):
+    """What the graph says of a decoder's sizes (None where it does not say; its layers it always says).
+    ``attention_heads``: the query heads of an attention node that reads the cache (``num_heads``)."""
 
     layers: int
-    kv_heads: int | None
-    head_size: int | None
-    vocab_size: int | None
-    hidden_size: int | None
-    position_rows: int | None
+    position_rows: int | None = None
     """Positions the model has angles or embeddings for (its rotary or position table's rows)."""
-    attention_heads: int | None = None
-    """The query heads of an attention node that reads the cache (``num_heads``), where there is one."""
 
 
 def decoder_dims(view: ModelView, dec: DecoderInfo) -> DecoderDims:
@@ -129,18 +124,11 @@ def own_config(view: ModelView, dec: DecoderInfo, dims: DecoderDims | None = Non
     config = found.config
     if config is None:
         return found
-    dims = dims or decoder_dims(view, dec)
-    checks = (
-        ("layers", config.layers, dims.layers),
-        ("vocabulary", config.vocab_size, dims.vocab_size),
-        ("key/value heads", config.kv_heads, dims.kv_heads),
-        ("head size", config.head_size, dims.head_size),
-        ("hidden size", config.hidden_size, dims.hidden_size),
-    )
-    for what, said, seen in checks:
-        if said is not None and seen is not None and said != seen:
-            note = f"{config.path.name} beside the model says {what} {said}, the model has {seen}: not read"
-            return FolderConfig(None, (*found.notes, note))
+    contradiction = config.dims.contradicted(dims or decoder_dims(view, dec))
+    if contradiction is not None:
+        key, said, seen = contradiction
+        note = f"{config.path.name} beside the model says {key} {said}, the model has {seen}: not read"
+        return FolderConfig(None, (*found.notes, note))
     return found
 
 

@@ -138,8 +138,7 @@ class Recorder:
 def _open(spec: WorkerSpec) -> Engine:
     """The engine of ``spec`` on its placement's runtime, its threads pinned to the worker's CPUs."""
     place = spec.placement
-    config = place.engine_config()
-    if config.kind.takes_provider and not runs_here(config):
+    if place.kind.takes_provider and not runs_here(place):
         available = ort.get_available_providers()
         raise StageFailure(
             f"{spec.label}: provider {place.provider} (device {spec.device!r}) is not available in "
@@ -150,7 +149,7 @@ def _open(spec: WorkerSpec) -> Engine:
         with pinned(place.cpus):  # the runtime's intra-op threads inherit the worker's CPUs
             return open_engine(
                 spec.path,
-                config,
+                place,
                 fail=lambda e: StageFailure(
                     f"{spec.label}: does not load in {place.label} ({error_line(e)}); run it on another "
                     "runtime or re-run onnxpipe split"
@@ -182,7 +181,7 @@ class StageRunner:
         """A generating worker's caches (:mod:`onnxpipe.runtime.kvstate`)."""
         if spec.generating:
             # OpenVINO's outputs may live in its infer request's buffers, which the next step reuses
-            self.kv = KVState(spec.caches, copy=not place.engine_config().kind.owns_outputs)
+            self.kv = KVState(spec.caches, copy=not place.kind.owns_outputs)
 
     def run(self, seq: int, received: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The tensors to send on, for micro-batch ``seq`` whose received tensors are ``received``."""

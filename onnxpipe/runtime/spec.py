@@ -17,12 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from onnxpipe.cluster.model import Device
-from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.extras import install_hint
 from onnxpipe.core.iocontract import IOContract
 from onnxpipe.core.options import opt
-from onnxpipe.core.runtimes import DEFAULT_OPENVINO_DEVICE, EngineConfig, runs_here
+from onnxpipe.core.runtimes import EngineConfig, runs_here
 from onnxpipe.core.runtimes import available as runtime_available
 from onnxpipe.manifest import Manifest, ModelTensor, StageEntry
 from onnxpipe.runtime.kvstate import CONTROL, CacheSlot, PadSide
@@ -35,44 +34,12 @@ _CPU_DEVICE = re.compile(r"^cpu\d*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
-class Placement:
-    """How a worker runs its stage: the runtime (onnxruntime with a provider and its options, OpenVINO on
-    a device with a config, or tract), intra-op threads, and the CPUs it is pinned to (none: not pinned;
-    see :mod:`onnxpipe.runtime.affinity`)."""
+class Placement(EngineConfig):
+    """How a worker runs its stage: its engine (the runtime, onnxruntime's provider and options or
+    OpenVINO's device and config, intra-op threads) and the CPUs it is pinned to (none: not pinned; see
+    :mod:`onnxpipe.runtime.affinity`)."""
 
-    provider: str = CPU_PROVIDER
-    provider_options: tuple[tuple[str, str], ...] = ()
-    threads: int = 1
     cpus: tuple[int, ...] = ()
-    runtime: Runtime = Runtime.ONNXRUNTIME
-    openvino_device: str = DEFAULT_OPENVINO_DEVICE
-    openvino_config: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def uses_gpu(self) -> bool:
-        config = self.engine_config()
-        return config.kind.uses_gpu(config)
-
-    def engine_config(self) -> EngineConfig:
-        """The engine settings of this placement (:func:`onnxpipe.core.runtimes.open_engine`)."""
-        return EngineConfig(
-            runtime=self.runtime,
-            provider=self.provider,
-            provider_options=self.provider_options,
-            threads=self.threads,
-            openvino_device=self.openvino_device,
-            openvino_config=self.openvino_config,
-        )
-
-    @property
-    def label(self) -> str:
-        """``"onnxruntime (CPUExecutionProvider)"``, ``"openvino (CPU)"`` or ``"tract"``."""
-        return self.engine_config().label
-
-    @property
-    def runs_on(self) -> str:
-        """What reports name as the stage's provider: onnxruntime's provider, or the runtime's label."""
-        return self.engine_config().runs_on
 
 
 @dataclass(frozen=True)
@@ -140,15 +107,8 @@ def placement_of(device: Device, threads: int | None = None) -> Placement:
     n = device.threads if threads is None else threads
     if n < 1:
         raise UsageError(f"threads {n}: give a positive number of intra-op threads")
-    config = device.engine_config(n)
-    return Placement(
-        config.provider,
-        config.provider_options,
-        n,
-        runtime=config.runtime,
-        openvino_device=config.openvino_device,
-        openvino_config=config.openvino_config,
-    )
+    c = device.engine_config(n)
+    return Placement(c.provider, c.provider_options, n, c.runtime, c.openvino_device, c.openvino_config)
 
 
 def manifest_placements(manifest: Manifest, threads: int | None = None) -> list[Placement]:
@@ -176,7 +136,7 @@ def check_providers_here(specs: Sequence[WorkerSpec], available: Sequence[str]) 
     """Refuse, naming the stage, its device and the provider, a stage whose provider this machine lacks
     (or, for another runtime, whose runtime's package is not installed: the extra to install)."""
     for spec in specs:
-        kind = spec.placement.engine_config().kind
+        kind = spec.placement.kind
         if not kind.takes_provider:
             if not runtime_available(spec.placement.runtime):
                 raise UsageError(
@@ -184,7 +144,7 @@ def check_providers_here(specs: Sequence[WorkerSpec], available: Sequence[str]) 
                     f"installed here; {install_hint(kind.extra or kind.name)}, or give a devices file "
                     f"({opt('RunOptions.devices', 'FILE')}) that names another runtime for it"
                 )
-            if not runs_here(spec.placement.engine_config()):
+            if not runs_here(spec.placement):
                 raise UsageError(
                     f"{spec.label} runs on device {spec.device!r}, {spec.placement.label}, which this "
                     f"machine does not have; give a devices file ({opt('RunOptions.devices', 'FILE')}) that "

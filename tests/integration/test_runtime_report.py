@@ -366,7 +366,7 @@ def _interleaved_report(
         for i in range(4)
     )
     specs = tuple(
-        spec(i, Placement(CPU, (), 1, (manifest.worker_of(i),) if cpus else ()), "cpu") for i in range(4)
+        spec(i, Placement(CPU, (), 1, cpus=(manifest.worker_of(i),) if cpus else ()), "cpu") for i in range(4)
     )
     fake = FakePipeline(
         lanes=(specs,), backend=FakeBackend("threads" if shared else "processes"), manifest=manifest

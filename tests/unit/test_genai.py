@@ -15,6 +15,7 @@ from onnxpipe.cluster.model import Device
 from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.kv import KVPair
+from onnxpipe.core.model_config import ModelDims
 from onnxpipe.export.genai import (
     DEFAULT_SEARCH,
     ConfigDims,
@@ -109,8 +110,9 @@ def test_a_hugging_face_config_gives_tokens_heads_and_context(tmp_path: Path) ->
     )
     source = read_source_config(path)
     assert source.kind == SourceKind.HF
-    assert (source.layers, source.attention_heads, source.kv_heads, source.head_size) == (4, 4, 4, 8)
-    assert (source.hidden_size, source.vocab_size, source.context_length) == (32, 128, 1024)
+    dims = source.dims
+    assert (dims.layers, dims.attention_heads, dims.kv_heads, dims.head_size) == (4, 4, 4, 8)
+    assert (dims.hidden_size, dims.vocab_size, source.context_length) == (32, 128, 1024)
     assert source.tokens == TokenIds(
         bos=0, eos=(1, 5), pad=1
     )  # no pad: the first eos, as GenAI's builder does
@@ -127,7 +129,8 @@ def test_a_genai_config_is_kept_whole(tmp_path: Path) -> None:
     }
     source = read_source_config(_write(tmp_path, "genai_config.json", json.dumps(doc)))
     assert source.kind == SourceKind.GENAI
-    assert (source.head_size, source.kv_heads, source.vocab_size, source.layers) == (8, 2, 128, None)
+    dims = source.dims
+    assert (dims.head_size, dims.kv_heads, dims.vocab_size, dims.layers) == (8, 2, 128, None)
     assert source.tokens == TokenIds(bos=3, eos=(3,), pad=3)
     assert source.document == doc
 
@@ -179,11 +182,13 @@ def test_dims_come_from_the_graph(name: str, kv_heads: int, positions: int | Non
 def test_a_config_of_another_model_is_refused(tmp_path: Path) -> None:
     dims = DecoderDims(layers=4, kv_heads=2, head_size=8, vocab_size=128, hidden_size=32, position_rows=None)
     path = tmp_path / "config.json"
-    check_source_fits(SourceConfig(path, SourceKind.HF, layers=4, head_size=8), dims)  # agrees
+    check_source_fits(
+        SourceConfig(path, SourceKind.HF, dims=ModelDims(layers=4, head_size=8)), dims
+    )  # agrees
     with pytest.raises(UsageError, match=r"config.json: num_key_value_heads is 8, but the model has 2"):
-        check_source_fits(SourceConfig(path, SourceKind.HF, kv_heads=8), dims)
+        check_source_fits(SourceConfig(path, SourceKind.HF, dims=ModelDims(kv_heads=8)), dims)
     with pytest.raises(UsageError, match=r"vocab_size is 32000, but the model has 128"):
-        check_source_fits(SourceConfig(path, SourceKind.GENAI, vocab_size=32000), dims)
+        check_source_fits(SourceConfig(path, SourceKind.GENAI, dims=ModelDims(vocab_size=32000)), dims)
     with pytest.raises(
         UsageError, match=r"config.json: eos_token_id 151645 is outside the model's vocabulary"
     ):
@@ -191,7 +196,9 @@ def test_a_config_of_another_model_is_refused(tmp_path: Path) -> None:
     open_head = DecoderDims(
         layers=4, kv_heads=2, head_size=None, vocab_size=128, hidden_size=64, position_rows=None
     )
-    check_source_fits(SourceConfig(path, SourceKind.GENAI, head_size=16), open_head)  # the config says it
+    check_source_fits(
+        SourceConfig(path, SourceKind.GENAI, dims=ModelDims(head_size=16)), open_head
+    )  # the config says it
     with pytest.raises(UsageError, match=r"head_size: missing, and the model's past tensors leave it open"):
         check_source_fits(SourceConfig(path, SourceKind.HF), open_head)
 
@@ -273,3 +280,12 @@ def test_the_document_replaces_the_decoder_and_keeps_the_rest() -> None:
         "log_id": "onnxruntime-genai",
         "provider_options": [],
     }
+
+
+def test_a_config_contradicts_the_graph_only_where_both_say() -> None:
+    """The first size a config states that the graph shows otherwise, named by its config key; a size
+    either leaves open is no contradiction."""
+    graph = DecoderDims(layers=4, kv_heads=2, head_size=None, vocab_size=128)
+    assert ModelDims(head_size=64, hidden_size=32).contradicted(graph) is None
+    assert ModelDims(layers=4, kv_heads=8, vocab_size=7).contradicted(graph) == ("num_key_value_heads", 8, 2)
+    assert ModelDims().contradicted(graph) is None

@@ -117,8 +117,8 @@ def test_what_each_runtime_accepts() -> None:
 
 def test_labels_and_what_reports_name_as_the_provider() -> None:
     ort = EngineConfig(provider="CUDAExecutionProvider")
-    ov = EngineConfig(Runtime.OPENVINO, openvino_device="GPU.1")
-    tract = EngineConfig(Runtime.TRACT)
+    ov = EngineConfig(runtime=Runtime.OPENVINO, openvino_device="GPU.1")
+    tract = EngineConfig(runtime=Runtime.TRACT)
     assert [c.label for c in (ort, ov, tract)] == [
         "onnxruntime (CUDAExecutionProvider)",
         "openvino (GPU.1)",
@@ -133,9 +133,9 @@ def test_what_uses_a_gpu() -> None:
 
     assert gpu(EngineConfig(provider="CUDAExecutionProvider"))
     assert not gpu(EngineConfig())
-    assert gpu(EngineConfig(Runtime.OPENVINO, openvino_device="GPU"))
-    assert not gpu(EngineConfig(Runtime.OPENVINO, openvino_device="cpu"))
-    assert not gpu(EngineConfig(Runtime.TRACT))
+    assert gpu(EngineConfig(runtime=Runtime.OPENVINO, openvino_device="GPU"))
+    assert not gpu(EngineConfig(runtime=Runtime.OPENVINO, openvino_device="cpu"))
+    assert not gpu(EngineConfig(runtime=Runtime.TRACT))
 
 
 def test_runs_here_asks_the_engine_module() -> None:
@@ -144,9 +144,9 @@ def test_runs_here_asks_the_engine_module() -> None:
     assert runs_here(EngineConfig())
     assert not runs_here(EngineConfig(provider="NoSuchExecutionProvider"))
     if available(Runtime.TRACT):
-        assert runs_here(EngineConfig(Runtime.TRACT))
+        assert runs_here(EngineConfig(runtime=Runtime.TRACT))
         assert importlib.import_module(kind_of(Runtime.TRACT).engine_module).runs_here(
-            EngineConfig(Runtime.TRACT)
+            EngineConfig(runtime=Runtime.TRACT)
         )
 
 
@@ -158,4 +158,4 @@ def test_a_profile_says_whether_the_reference_measured_it(sample_models_dir: Pat
 
     prof = static_profile(load_model(sample_models_dir / "mlp.onnx"))
     assert prof.on_reference
-    assert not dataclasses.replace(prof, runtime=EngineConfig(Runtime.TRACT).label).on_reference
+    assert not dataclasses.replace(prof, runtime=EngineConfig(runtime=Runtime.TRACT).label).on_reference

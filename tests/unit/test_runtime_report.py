@@ -22,6 +22,8 @@ from runtime_support import (
     token_batches,
 )
 
+from onnxpipe.runtime.backends.ray_recovery import Recovery
+from onnxpipe.runtime.nodeplace import NodePlace
 from onnxpipe.runtime.report import baselines as compare
 from onnxpipe.runtime.report.build import build_report
 from onnxpipe.runtime.report.measure import min_steady_microbatches
@@ -214,3 +216,31 @@ def test_the_report_says_how_its_stages_ran_against_their_estimates_in_words() -
     )
     faster = format_report(replace(report, machine_slowdown=0.5))
     assert "ran 2.00x faster than when the estimates were made: the machine was busier then" in faster
+
+
+def test_a_recovery_reads_in_the_report_and_its_json_as_before() -> None:
+    """The backend's own record of a lost actor brought back is what the report holds; its JSON keys
+    flatten the two nodes (``host (address, node id)`` and the id), as they always did."""
+    m = measurement(4, (stats(0, [0.0] * 4), stats(1, [0.0] * 4)))
+    fake = FakePipeline(lanes=((spec(0), spec(1)),), backend=FakeBackend("threads"))
+    lost, now = NodePlace("a" * 12, "10.0.0.1", "one", 7), NodePlace("b" * 12, "10.0.0.2", "two", 8)
+    report = replace(
+        build_report(as_pipeline(fake), m, warmup=0, input_shapes={}),
+        recoveries=(Recovery((1,), lost, now, True, 3, 2.5),),
+    )
+    assert report.to_obj()["recoveries"] == [
+        {
+            "stages": [1],
+            "lost_node": "one (10.0.0.1, node aaaaaaaa)",
+            "lost_node_id": "a" * 12,
+            "new_node": "two (10.0.0.2, node bbbbbbbb)",
+            "new_node_id": "b" * 12,
+            "node_died": True,
+            "replayed": 3,
+            "seconds_lost": 2.5,
+        }
+    ]
+    assert (
+        "recovered: stage 1 lost its node one (10.0.0.1, node aaaaaaaa); running again on "
+        "two (10.0.0.2, node bbbbbbbb) 2.5 s later, 3 micro-batch(es) sent again"
+    ) in format_report(report)

@@ -24,13 +24,10 @@ def _pair(a: str, b: str) -> frozenset[str]:
 
 
 KNOWN: dict[frozenset[str], str] = {
-    _pair(
-        "cluster.model.Device", "core.runtime_kinds.EngineConfig"
-    ): "the runtime registry's to merge (issue 36)",
-    _pair("cluster.model.Device", "runtime.spec.Placement"): "the runtime registry's to merge (issue 36)",
-    _pair("core.runtime_kinds.EngineConfig", "runtime.spec.Placement"): "the runtime registry's (issue 36)",
-    _pair("core.model_config.SourceConfig", "ir.decoder_dims.DecoderDims"): "a config's dims may be absent",
-    _pair("export.record.Written", "manifest.entries.StageEntry"): "a stage file's record, to be held",
+    _pair("cluster.model.Device", "core.runtime_kinds.EngineConfig"): (
+        "a device as its file states it (options as JSON values, a speed, a memory, a profile); "
+        "Device.engine_config() makes its engine's"
+    ),
     _pair(
         "partition.interleave.InterleavedPartition", "partition.result.Partition"
     ): "the planner's (issue 39)",

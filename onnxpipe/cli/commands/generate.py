@@ -95,10 +95,10 @@ def cluster_lines(cluster: api.GenerationCluster, rebuilt: int) -> list[str]:
         )
         lines.append(f"hops per step (median, share of a step's time): {hops}")
     for r in cluster.recoveries:
-        what = "its node" if r.node_died else "its actor on"
+        what = "its node" if r.node_lost else "its actor on"
         lines.append(
-            f"recovered: stage {', '.join(map(str, r.stages))} lost {what} {r.lost_node}; running again on "
-            f"{r.new_node} {r.seconds_lost:.1f} s later, {r.replayed} step(s) dropped"
+            f"recovered: stage {', '.join(map(str, r.stages))} lost {what} {r.lost.short}; running again on "
+            f"{r.now.short} {r.seconds:.1f} s later, {r.replayed} step(s) dropped"
         )
     if rebuilt:
         lines.append(f"rebuilt: {rebuilt} sequence cache(s) by a prefill of their tokens so far")

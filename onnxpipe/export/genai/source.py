@@ -14,19 +14,13 @@ def check_source_fits(source: SourceConfig, dims: DecoderDims) -> None:
     """Refuse a ``--genai-config`` whose dims contradict the graph's: it describes another model, and GenAI
     would size its buffers wrongly; or whose token ids lie outside the vocabulary (:class:`UsageError`
     naming the file and the field)."""
-    checks = (
-        ("num_hidden_layers", source.layers, dims.layers, "layers"),
-        ("num_key_value_heads", source.kv_heads, dims.kv_heads, "key/value heads in its past tensors"),
-        ("head_size", source.head_size, dims.head_size, "head size in its past tensors"),
-        ("vocab_size", source.vocab_size, dims.vocab_size, "vocabulary"),
-        ("hidden_size", source.hidden_size, dims.hidden_size, "hidden size"),
-    )
-    for key, said, seen, what in checks:
-        if said is not None and seen is not None and said != seen:
-            raise UsageError(
-                f"{source.path}: {key} is {said}, but the model has {seen} {what}; give this model's own "
-                f"config, or leave {opt('genai_config')} out"
-            )
+    contradiction = source.dims.contradicted(dims)
+    if contradiction is not None:
+        name, stated, shown = contradiction
+        raise UsageError(
+            f"{source.path}: {name} is {stated}, but the model has {shown}; give this model's own "
+            f"config, or leave {opt('genai_config')} out"
+        )
     tokens = source.tokens
     if tokens is not None and dims.vocab_size is not None:
         for key, ids in (
@@ -41,8 +35,8 @@ def check_source_fits(source: SourceConfig, dims: DecoderDims) -> None:
                     f"give this model's own config, or leave {opt('genai_config')} out"
                 )
     for key, seen, said in (
-        ("head_size", dims.head_size, source.head_size),
-        ("num_key_value_heads", dims.kv_heads, source.kv_heads),
+        ("head_size", dims.head_size, source.dims.head_size),
+        ("num_key_value_heads", dims.kv_heads, source.dims.kv_heads),
     ):
         if seen is None and said is None:
             raise UsageError(

@@ -67,8 +67,8 @@ def genai_config(
 def _written_dims(graph: DecoderDims, source: SourceConfig | None) -> ConfigDims | Unsupported:
     """The graph's dims, the head count and size taken from the source config where the past tensors leave
     them symbolic."""
-    head_size = graph.head_size or (source.head_size if source is not None else None)
-    kv_heads = graph.kv_heads or (source.kv_heads if source is not None else None)
+    head_size = graph.head_size or (source.dims.head_size if source is not None else None)
+    kv_heads = graph.kv_heads or (source.dims.kv_heads if source is not None else None)
     if head_size is None or kv_heads is None:
         return Unsupported(
             f"the past tensors' head count or head size is symbolic (give {opt('genai_config')})"
@@ -97,7 +97,7 @@ def _token_ids(source: SourceConfig | None) -> TokenIds:
 def _attention_heads(dims: ConfigDims, graph: DecoderDims, source: SourceConfig | None) -> int | None:
     """The query heads: the source config's, else an attention op's, else the hidden size over the head
     size (the usual layout); None when nothing tells."""
-    heads = source.attention_heads if source is not None else None
+    heads = source.dims.attention_heads if source is not None else None
     heads = heads or graph.attention_heads
     if heads is None and dims.hidden_size is not None and dims.hidden_size % dims.head_size == 0:
         heads = dims.hidden_size // dims.head_size

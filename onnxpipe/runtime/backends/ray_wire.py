@@ -31,25 +31,14 @@ from typing import Any
 
 import numpy as np
 
+from onnxpipe.runtime.backends.shm import ALIGN, TensorMeta
+
 INLINE_PIECE = 96 * 1024
 """Bytes of one inline piece: under Ray's default ``max_direct_call_object_size`` (100 KiB), with room
 for the piece's own serialization."""
 INLINE_LIMIT = 8 * 1024 * 1024
 """A message of more bytes goes whole through the object store (Ray inlines at most 10 MiB of a call's
 arguments)."""
-
-
-ALIGN = 64
-"""Each tensor starts at a multiple of this many bytes of the payload, so that its array is aligned."""
-
-
-@dataclass(frozen=True)
-class TensorMeta:
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    nbytes: int
-    offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -110,7 +99,7 @@ def pack(
         raise ValueError("a message needs a slot for its header and at least one for its payload")
     arrays = {n: np.asarray(v) for n, v in tensors.items()}
     if any(a.dtype.hasobject for a in arrays.values()):
-        metas = tuple(TensorMeta(n, str(a.dtype), tuple(a.shape), 0) for n, a in arrays.items())
+        metas = tuple(TensorMeta(n, str(a.dtype), tuple(a.shape), 0, 0) for n, a in arrays.items())
         header = Header(metas, 1, False, raw=True, sent=sent, legs=legs)
         return (header, arrays, *([_EMPTY] * (slots - 2)))
     metas, flat = _laid_out(arrays)
@@ -159,7 +148,7 @@ def _laid_out(arrays: Mapping[str, np.ndarray]) -> tuple[tuple[TensorMeta, ...],
     metas: list[TensorMeta] = []
     offset = 0
     for name, a in arrays.items():
-        metas.append(TensorMeta(name, str(a.dtype), tuple(int(d) for d in a.shape), int(a.nbytes), offset))
+        metas.append(TensorMeta(name, str(a.dtype), tuple(int(d) for d in a.shape), offset, int(a.nbytes)))
         offset += -(-int(a.nbytes) // ALIGN) * ALIGN
     flat = np.empty(metas[-1].offset + metas[-1].nbytes if metas else 0, dtype=np.uint8)
     for meta, a in zip(metas, arrays.values(), strict=True):

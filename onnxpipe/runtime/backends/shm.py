@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 ALIGN = 64
+"""Each tensor starts at a multiple of this many bytes of the payload, so that its array is aligned."""
 MIN_SEGMENT = 1 << 16
 MAX_SLOTS = 64
 """Slots a channel may have: that many messages (each well under 256 bytes) fit in a pipe's buffer
@@ -46,7 +47,8 @@ _SLOT = struct.Struct("<i")
 
 @dataclass(frozen=True)
 class TensorMeta:
-    """Where one tensor lies in its slot; ``pickled``: its ``nbytes`` there are a pickled object array."""
+    """Where one tensor lies in a flat payload (a shared-memory slot, or a Ray message's pieces:
+    :mod:`.ray_wire`); ``pickled``: its ``nbytes`` there are a pickled object array."""
 
     name: str
     dtype: str

@@ -68,7 +68,7 @@ def baseline_placement(specs: Sequence[WorkerSpec]) -> tuple[Placement, str | No
             f"model on the first stage's ({first.placement.provider}, device {first.device!r}), since one "
             "session runs on one provider"
         )
-    if not first.placement.engine_config().kind.reference:
+    if not first.placement.kind.reference:
         note = (
             f"the stages run on {', '.join(providers)}; the baselines and the reference outputs run the "
             f"whole model in onnxruntime ({first.placement.provider})"

@@ -14,7 +14,7 @@ from onnxpipe.core.options import opt
 from onnxpipe.manifest import Manifest
 from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.pipeline import Pipeline
-from onnxpipe.runtime.report.cluster import RecoveryReport, hop_reports, overhead_ms
+from onnxpipe.runtime.report.cluster import hop_reports, overhead_ms
 from onnxpipe.runtime.report.measure import Measurement, min_steady_microbatches
 from onnxpipe.runtime.report.model import Latency, RunReport, StageReport
 from onnxpipe.runtime.report.text import shapes_text
@@ -160,7 +160,7 @@ def _cluster_part(pipeline: Pipeline, measurement: Measurement) -> dict[str, Any
         indexes = [s.index for s in pipeline.lanes[0]]
         part["hops"] = hop_reports(measurement.trips, measurement.single_trips, indexes)
         part["overhead_ms"] = overhead_ms(measurement.single_trips)
-        part["recoveries"] = tuple(RecoveryReport.of(r) for r in backend.recoveries)
+        part["recoveries"] = tuple(backend.recoveries)
     return part
 
 

@@ -15,6 +15,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from onnxpipe.runtime.backends.ray_recovery import Recovery
 from onnxpipe.runtime.nodeplace import NodePlace
@@ -36,32 +37,20 @@ class HopReport:
     """Median over the measured stream (queueing behind other micro-batches included)."""
 
 
-@dataclass(frozen=True)
-class RecoveryReport:
-    """A lost actor brought back: its stages, the node lost (``host (address, node id)``), the node it
-    runs on now, whether the node itself died, the micro-batches sent again, and the seconds lost."""
-
-    stages: tuple[int, ...]
-    lost_node: str
-    lost_node_id: str
-    new_node: str
-    new_node_id: str
-    node_died: bool
-    replayed: int
-    seconds_lost: float
-
-    @staticmethod
-    def of(r: Recovery) -> RecoveryReport:
-        return RecoveryReport(
-            stages=r.stages,
-            lost_node=r.lost.short,
-            lost_node_id=r.lost.node_id,
-            new_node=r.now.short,
-            new_node_id=r.now.node_id,
-            node_died=r.node_lost,
-            replayed=r.replayed,
-            seconds_lost=r.seconds,
-        )
+def recovery_obj(r: Recovery) -> dict[str, Any]:
+    """A lost actor brought back, as the reports' JSON has it: its stages, the node lost and the node it
+    runs on now (``host (address, node id)``, and the id), whether the node itself died, the
+    micro-batches sent again, and the seconds lost."""
+    return {
+        "stages": list(r.stages),
+        "lost_node": r.lost.short,
+        "lost_node_id": r.lost.node_id,
+        "new_node": r.now.short,
+        "new_node_id": r.now.node_id,
+        "node_died": r.node_lost,
+        "replayed": r.replayed,
+        "seconds_lost": r.seconds,
+    }
 
 
 def hop_reports(
@@ -135,7 +124,7 @@ class GenerationCluster:
     nodes: tuple[StageNode, ...]
     hops: tuple[HopShare, ...]
     stage_shares: tuple[float, ...]
-    recoveries: tuple[RecoveryReport, ...]
+    recoveries: tuple[Recovery, ...]
 
 
 def stage_nodes(stages: Sequence[int], places: Sequence[NodePlace]) -> tuple[StageNode, ...]:

@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from onnxpipe.runtime.report.cluster import HopReport, RecoveryReport, per_hop
+from onnxpipe.runtime.backends.ray_recovery import Recovery
+from onnxpipe.runtime.report.cluster import HopReport, per_hop, recovery_obj
 from onnxpipe.runtime.spec import CPU_PROVIDER
 
 
@@ -222,7 +223,7 @@ class RunReport:
     """Each hop's bytes and time, on a cluster (Ray): :mod:`onnxpipe.runtime.report.cluster`."""
     overhead_ms: float | None = None
     """A micro-batch's median time beyond its stages' own work, run one at a time (Ray)."""
-    recoveries: tuple[RecoveryReport, ...] = ()
+    recoveries: tuple[Recovery, ...] = ()
     """Each lost actor the run brought back on another node (Ray)."""
     failure: str | None = None
     """Why the run stopped before its end; the figures are those of what it delivered before."""
@@ -274,7 +275,7 @@ class RunReport:
             obj["hops"] = [_plain(h, _HOP_KEYS) for h in self.hops]
             obj["overhead_ms"] = num(self.overhead_ms)
             obj["hop_overhead_ms"] = num(self.hop_overhead_ms)
-            obj["recoveries"] = [_plain(r, _RECOVERY_KEYS) for r in self.recoveries]
+            obj["recoveries"] = [recovery_obj(r) for r in self.recoveries]
         obj["failure"] = self.failure
         obj.update(_plain(self, ("outputs_match", "outputs_max_rel_diff", "notes")))
         return obj
@@ -349,16 +350,6 @@ _STAGE_KEYS = (
     "shipped_bytes",
 )
 _HOP_KEYS = ("source", "target", "bytes_per_microbatch", "inline", "single_ms", "stream_ms")
-_RECOVERY_KEYS = (
-    "stages",
-    "lost_node",
-    "lost_node_id",
-    "new_node",
-    "new_node_id",
-    "node_died",
-    "replayed",
-    "seconds_lost",
-)
 _WORKER_KEYS = (
     "index",
     "stages",

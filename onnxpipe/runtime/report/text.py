@@ -162,8 +162,8 @@ def _recovery_lines(report: RunReport) -> list[str]:
     """A line per lost actor brought back, and the failure that stopped the run, if one did."""
     lines = [
         f"recovered: {'stages' if len(r.stages) > 1 else 'stage'} {_stage_list(r.stages)} lost "
-        f"{'its node' if r.node_died else 'its actor on'} {r.lost_node}; running again on {r.new_node} "
-        f"{r.seconds_lost:.1f} s later, {r.replayed} micro-batch(es) sent again"
+        f"{'its node' if r.node_lost else 'its actor on'} {r.lost.short}; running again on {r.now.short} "
+        f"{r.seconds:.1f} s later, {r.replayed} micro-batch(es) sent again"
         for r in report.recoveries
     ]
     if report.failure is not None:
