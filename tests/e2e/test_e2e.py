@@ -248,11 +248,14 @@ def check_split_folder(
     return manifest
 
 
-def _corpus_mark(name: str) -> list[pytest.MarkDecorator]:
-    return [pytest.mark.corpus] if name in CORPUS else []
+def _corpus_mark(name: str, k: int) -> list[pytest.MarkDecorator]:
+    """A third-party model is split at K=3 in the fast lane, at every K in the exhaustive one."""
+    if name not in CORPUS:
+        return []
+    return [pytest.mark.corpus] if k == 3 else [pytest.mark.corpus, pytest.mark.exhaustive]
 
 
-CASES = [pytest.param(name, k, id=f"{name}-k{k}", marks=_corpus_mark(name)) for name in MODELS for k in KS]
+CASES = [pytest.param(name, k, id=f"{name}-k{k}", marks=_corpus_mark(name, k)) for name in MODELS for k in KS]
 
 
 @pytest.mark.parametrize(("name", "k"), CASES)
@@ -280,6 +283,7 @@ def test_split_real_models(name: str, k: int, request: pytest.FixtureRequest, tm
 
 @pytest.mark.slow
 @pytest.mark.corpus
+@pytest.mark.exhaustive
 def test_measured_split_of_resnet50(light_model: Callable[[str], Path], tmp_path: Path) -> None:
     """ResNet-50 with measured costs (value-matched through the NCHWc layout): still a valid split."""
     model = light_model("resnet50")

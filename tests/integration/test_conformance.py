@@ -27,6 +27,7 @@ def every_case() -> list[conformance.Case]:
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_every_case_onnxruntime_passes_whole_passes_split(every_case: list[conformance.Case]) -> None:
     outcomes = conformance.run_all(among=every_case)
     counted = [o for o in outcomes if o.status != "skip"]
@@ -36,6 +37,7 @@ def test_every_case_onnxruntime_passes_whole_passes_split(every_case: list[confo
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_a_rank_no_run_confirmed_is_never_written(every_case: list[conformance.Case], tmp_path: Path) -> None:
     """affine_grid's stage 0 once declared a rank-3 tensor as a scalar and did not load: its random
     ``size`` input makes the source fail, so no run shows the rank.  The export now stops naming the
