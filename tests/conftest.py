@@ -46,6 +46,8 @@ T = TypeVar("T")
 _STAGE_CACHE = tempfile.mkdtemp(prefix="onnxpipe-stage-cache-")
 os.environ.setdefault("ONNXPIPE_STAGE_CACHE", _STAGE_CACHE)
 atexit.register(shutil.rmtree, _STAGE_CACHE, True)
+# the profiles the benchmarks run in the tests measure go under .cache/, not benchmarks/results/
+os.environ.setdefault("ONNXPIPE_BENCH_PROFILES", str(REPO_ROOT / ".cache" / "bench-profiles"))
 
 
 def _fetch(get: Callable[..., T], *args: object) -> T:

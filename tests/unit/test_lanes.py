@@ -51,3 +51,9 @@ def test_the_readme_gives_both_lines_and_the_cache_folder() -> None:
 
 def test_pytest_s_own_cache_goes_under_the_named_folder() -> None:
     assert PYTEST["cache_dir"].startswith(".cache/")
+
+
+def test_the_benchmarks_the_tests_run_keep_their_profiles_under_the_named_folder() -> None:
+    from benchmarks import common
+
+    assert common.PROFILES == REPO_ROOT / ".cache" / "bench-profiles"
