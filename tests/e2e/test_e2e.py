@@ -248,11 +248,16 @@ def check_split_folder(
     return manifest
 
 
+FAST_CORPUS = {"light_resnet50", "rapidocr_det", "gpt2_tiny", "bert_tiny_dynamo", "nudenet"}
+"""The third-party models the fast lane splits (at K=3: a CNN, an OCR detector, a legacy and a dynamo torch
+export, a YOLO); the exhaustive lane splits every one at every K."""
+
+
 def _corpus_mark(name: str, k: int) -> list[pytest.MarkDecorator]:
-    """A third-party model is split at K=3 in the fast lane, at every K in the exhaustive one."""
     if name not in CORPUS:
         return []
-    return [pytest.mark.corpus] if k == 3 else [pytest.mark.corpus, pytest.mark.exhaustive]
+    fast = name in FAST_CORPUS and k == 3
+    return [pytest.mark.corpus] if fast else [pytest.mark.corpus, pytest.mark.exhaustive]
 
 
 CASES = [pytest.param(name, k, id=f"{name}-k{k}", marks=_corpus_mark(name, k)) for name in MODELS for k in KS]
