@@ -19,7 +19,7 @@ from typing import TypeVar
 
 import pytest
 from hypothesis import settings
-from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.configuration import set_hypothesis_home_dir
 from paths import REPO_ROOT, SAMPLE_MODELS
 
 if str(REPO_ROOT) not in sys.path:
@@ -33,11 +33,12 @@ from runtime_support import split_reshape, split_tiny  # noqa: E402
 
 from tools.ray_cluster import QUICK_HEALTH_CHECKS, LocalCluster  # noqa: E402
 
-# onnxruntime session creation is slow and uneven: no per-example deadline.  Hypothesis keeps the examples
-# it found under .cache/ with the tests' other caches (the README names that folder), not in .hypothesis/.
-_EXAMPLES = DirectoryBasedExampleDatabase(REPO_ROOT / ".cache" / "hypothesis")
-settings.register_profile("ci", deadline=None, max_examples=50, print_blob=True, database=_EXAMPLES)
-settings.register_profile("dev", deadline=None, max_examples=10, database=_EXAMPLES)
+# Hypothesis keeps what it stores (examples, constants) under .cache/ with the tests' other caches (the
+# README names that folder), not in .hypothesis/ of the working folder.
+set_hypothesis_home_dir(REPO_ROOT / ".cache" / "hypothesis")
+# onnxruntime session creation is slow and uneven: no per-example deadline.
+settings.register_profile("ci", deadline=None, max_examples=50, print_blob=True)
+settings.register_profile("dev", deadline=None, max_examples=10)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 T = TypeVar("T")

@@ -57,3 +57,12 @@ def test_the_benchmarks_the_tests_run_keep_their_profiles_under_the_named_folder
     from benchmarks import common
 
     assert common.PROFILES == REPO_ROOT / ".cache" / "bench-profiles"
+
+
+def test_hypothesis_stores_under_the_named_folder() -> None:
+    from hypothesis.configuration import storage_directory
+
+    assert (
+        storage_directory("examples", intent_to_write=False).path
+        == REPO_ROOT / ".cache" / "hypothesis" / "examples"
+    )
