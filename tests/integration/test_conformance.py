@@ -61,7 +61,8 @@ def test_a_rank_no_run_confirmed_is_never_written(every_case: list[conformance.C
 def test_one_module_s_cases_are_those_of_the_whole_load(every_case: list[conformance.Case]) -> None:
     """``cases(pattern, module)`` (what a test collects at import, in well under a second), in a process
     that has loaded no other case, gives the cases the whole load gives for that pattern."""
-    code = "from tools import conformance as c; print(*(x.name for x in c.cases('sequence_map', 'sequence_map')))"
+    alone_cases = "c.cases('sequence_map', 'sequence_map')"
+    code = f"from tools import conformance as c; print(*(x.name for x in {alone_cases}))"
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p),
