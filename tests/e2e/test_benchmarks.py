@@ -29,7 +29,7 @@ from onnxpipe.runtime.session import Record, WorkerStats
 NAMES = sorted(benchmarks())
 COMMITTED = sorted((ROOT / "benchmarks" / "results").glob("*.json"))
 FAST_RUNS = ("partition_speed", "order")
-"""The deterministic benchmarks run small in the fast lane (seconds); the others in the exhaustive lane."""
+"""The deterministic benchmarks the fast lane runs small (seconds each); the exhaustive lane runs them all."""
 
 
 def entry(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
