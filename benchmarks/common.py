@@ -3,7 +3,8 @@
 * :func:`model_path` — a real model by short name (``light_resnet50``, ``nudenet``, ``gpt2_tiny``, ...).
 * :func:`cached_profile` — profile a model once at the given threads and input shapes and keep the JSON
   under ``benchmarks/results/profiles/`` (keyed by the model's sha256, threads and shapes), so every
-  benchmark partitions the same measured costs and re-running a benchmark does not re-profile.
+  benchmark partitions the same measured costs and re-running a benchmark does not re-profile;
+  ``$ONNXPIPE_BENCH_PROFILES`` names another folder (the tests keep theirs under ``.cache/``).
 * :func:`plan_from_bounds` — a :class:`~onnxpipe.planning.types.Plan` for any split (a baseline's bounds),
   costed exactly like onnxpipe's own plans, so it can be exported and timed side by side.
 * :func:`time_interleaved` — medians of single runs, every round running all variants in a fresh random
@@ -51,7 +52,7 @@ from tools import corpus, export_transformers
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-PROFILES = RESULTS / "profiles"
+PROFILES = Path(os.environ.get("ONNXPIPE_BENCH_PROFILES") or RESULTS / "profiles")
 
 __all__ = [
     "MEMORY_PRELUDE",

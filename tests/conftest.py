@@ -19,6 +19,7 @@ from typing import TypeVar
 
 import pytest
 from hypothesis import settings
+from hypothesis.configuration import set_hypothesis_home_dir
 from paths import REPO_ROOT, SAMPLE_MODELS
 
 if str(REPO_ROOT) not in sys.path:
@@ -32,6 +33,9 @@ from runtime_support import split_reshape, split_tiny  # noqa: E402
 
 from tools.ray_cluster import QUICK_HEALTH_CHECKS, LocalCluster  # noqa: E402
 
+# Hypothesis keeps what it stores (examples, constants) under .cache/ with the tests' other caches (the
+# README names that folder), not in .hypothesis/ of the working folder.
+set_hypothesis_home_dir(REPO_ROOT / ".cache" / "hypothesis")
 # onnxruntime session creation is slow and uneven: no per-example deadline.
 settings.register_profile("ci", deadline=None, max_examples=50, print_blob=True)
 settings.register_profile("dev", deadline=None, max_examples=10)
@@ -43,6 +47,8 @@ T = TypeVar("T")
 _STAGE_CACHE = tempfile.mkdtemp(prefix="onnxpipe-stage-cache-")
 os.environ.setdefault("ONNXPIPE_STAGE_CACHE", _STAGE_CACHE)
 atexit.register(shutil.rmtree, _STAGE_CACHE, True)
+# the profiles the benchmarks run in the tests measure go under .cache/, not benchmarks/results/
+os.environ.setdefault("ONNXPIPE_BENCH_PROFILES", str(REPO_ROOT / ".cache" / "bench-profiles"))
 
 
 def _fetch(get: Callable[..., T], *args: object) -> T:

@@ -20,6 +20,7 @@ outputs at the same tolerances.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import tempfile
 import warnings
@@ -71,13 +72,20 @@ class Outcome:
     detail: str = ""
 
 
-def cases(pattern: str = "") -> Iterator[Case]:
-    """Every node case with at least two compute nodes whose name holds ``pattern``."""
+def cases(pattern: str = "", module: str = "") -> Iterator[Case]:
+    """Every node case with at least two compute nodes whose name holds ``pattern``.  With ``module`` (one of
+    onnx's node case modules, ``"sequence_map"`` for ``onnx.backend.test.case.node.sequence_map``) only that
+    module is imported, which makes its cases in well under a second where making every case takes about
+    ten: what a test collects at import stays cheap."""
     from onnx.backend.test.loader import load_node_model_tests
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        loaded = load_node_model_tests()
+        if module:  # a module's cases are made as it is imported, into the package's one list
+            importlib.import_module(f"onnx.backend.test.case.node.{module}")
+            from onnx.backend.test.case.node import _NodeTestCases as loaded
+        else:
+            loaded = load_node_model_tests()
     for c in loaded:
         if pattern not in c.name or c.model is None or not c.data_sets:
             continue

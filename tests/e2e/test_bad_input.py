@@ -475,7 +475,9 @@ def test_force_into_the_current_empty_folder_fills_it(
     ]
 
 
-SEQUENCE_CASES = [c for c in conformance.cases("sequence_map") if c.name.endswith("_expanded")]
+SEQUENCE_CASES = [
+    c for c in conformance.cases("sequence_map", "sequence_map") if c.name.endswith("_expanded")
+]
 
 
 @pytest.mark.parametrize("case", SEQUENCE_CASES, ids=lambda c: c.name)

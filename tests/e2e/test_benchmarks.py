@@ -28,6 +28,8 @@ from onnxpipe.runtime.session import Record, WorkerStats
 
 NAMES = sorted(benchmarks())
 COMMITTED = sorted((ROOT / "benchmarks" / "results").glob("*.json"))
+FAST_RUNS = ("partition_speed", "order")
+"""The deterministic benchmarks the fast lane runs small (seconds each); the exhaustive lane runs them all."""
 
 
 def entry(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -64,7 +66,9 @@ def test_an_unknown_benchmark_is_one_line_and_exit_2() -> None:
     assert "no_such_benchmark" in proc.stderr and "scale" in proc.stderr
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(  # one in the fast lane, every one in the exhaustive lane (a process each)
+    "name", [pytest.param(n, marks=() if n == "partition" else pytest.mark.exhaustive) for n in NAMES]
+)
 def test_a_benchmark_parses_its_command_line(name: str) -> None:
     proc = entry(name, "--help")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -99,7 +103,11 @@ def test_a_variant_is_named_after_its_arguments() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "args"), CI_RUNS, ids=[" ".join((n, *a))[:60] for n, a in CI_RUNS])
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [pytest.param(n, a, marks=() if n in FAST_RUNS else pytest.mark.exhaustive) for n, a in CI_RUNS],
+    ids=[" ".join((n, *a))[:60] for n, a in CI_RUNS],
+)
 def test_a_deterministic_benchmark_runs_small(name: str, args: tuple[str, ...], tmp_path: Path) -> None:
     proc = entry(name, *args, "--out", str(tmp_path), timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -76,7 +76,9 @@ def test_unreachable_registry_raises_corpus_unavailable(
 
 @pytest.mark.corpus
 @pytest.mark.slow
-@pytest.mark.parametrize("fixture", TORCH_FIXTURES)
+@pytest.mark.parametrize(  # MiniLM, the largest export, in the exhaustive lane only
+    "fixture", [pytest.param(f, marks=pytest.mark.exhaustive) if "minilm" in f else f for f in TORCH_FIXTURES]
+)
 def test_torch_export_matches_torch(
     fixture: str, request: pytest.FixtureRequest, export_transformers: ModuleType
 ) -> None:

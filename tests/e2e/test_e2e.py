@@ -248,11 +248,19 @@ def check_split_folder(
     return manifest
 
 
-def _corpus_mark(name: str) -> list[pytest.MarkDecorator]:
-    return [pytest.mark.corpus] if name in CORPUS else []
+FAST_CORPUS = {"light_resnet50", "rapidocr_det", "gpt2_tiny", "bert_tiny_dynamo", "nudenet"}
+"""The third-party models the fast lane splits (at K=3: a CNN, an OCR detector, a legacy and a dynamo torch
+export, a YOLO); the exhaustive lane splits every one at every K."""
 
 
-CASES = [pytest.param(name, k, id=f"{name}-k{k}", marks=_corpus_mark(name)) for name in MODELS for k in KS]
+def _corpus_mark(name: str, k: int) -> list[pytest.MarkDecorator]:
+    if name not in CORPUS:
+        return []
+    fast = name in FAST_CORPUS and k == 3
+    return [pytest.mark.corpus] if fast else [pytest.mark.corpus, pytest.mark.exhaustive]
+
+
+CASES = [pytest.param(name, k, id=f"{name}-k{k}", marks=_corpus_mark(name, k)) for name in MODELS for k in KS]
 
 
 @pytest.mark.parametrize(("name", "k"), CASES)
@@ -280,6 +288,7 @@ def test_split_real_models(name: str, k: int, request: pytest.FixtureRequest, tm
 
 @pytest.mark.slow
 @pytest.mark.corpus
+@pytest.mark.exhaustive
 def test_measured_split_of_resnet50(light_model: Callable[[str], Path], tmp_path: Path) -> None:
     """ResNet-50 with measured costs (value-matched through the NCHWc layout): still a valid split."""
     model = light_model("resnet50")

@@ -53,6 +53,7 @@ def chain_equals_model(out: Path, model: Path, feeds: dict[str, np.ndarray]) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_twenty_thousand_node_graph_splits_in_seconds(tmp_path: Path) -> None:
     path = tmp_path / "many.onnx"
     onnx.save_model(make_many_nodes(20_000), str(path))

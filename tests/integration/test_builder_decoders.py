@@ -215,7 +215,7 @@ def _split(model: Path, out: Path, k: int, **decoder: int) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("k", [2, 3])
+@pytest.mark.parametrize("k", [2, pytest.param(3, marks=pytest.mark.exhaustive)])
 @pytest.mark.parametrize("name", RUNNABLE)
 def test_a_builder_split_keeps_each_layers_cache_and_generates_the_unsplit_tokens(
     built: Built, name: str, k: int, tmp_path: Path

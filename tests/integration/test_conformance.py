@@ -4,9 +4,13 @@ against its own expected outputs and tolerances (``tools/conformance.py``)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from paths import REPO_ROOT
 
 from onnxpipe.core.errors import ExportError
 from onnxpipe.cost.options import ProfileOptions
@@ -27,6 +31,7 @@ def every_case() -> list[conformance.Case]:
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_every_case_onnxruntime_passes_whole_passes_split(every_case: list[conformance.Case]) -> None:
     outcomes = conformance.run_all(among=every_case)
     counted = [o for o in outcomes if o.status != "skip"]
@@ -36,6 +41,7 @@ def test_every_case_onnxruntime_passes_whole_passes_split(every_case: list[confo
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_a_rank_no_run_confirmed_is_never_written(every_case: list[conformance.Case], tmp_path: Path) -> None:
     """affine_grid's stage 0 once declared a rank-3 tensor as a scalar and did not load: its random
     ``size`` input makes the source fail, so no run shows the rank.  The export now stops naming the
@@ -49,3 +55,19 @@ def test_a_rank_no_run_confirmed_is_never_written(every_case: list[conformance.C
     ):
         export_stages(view, the_plan, tmp_path / "stages")
     assert not (tmp_path / "stages").exists()
+
+
+@pytest.mark.exhaustive
+def test_one_module_s_cases_are_those_of_the_whole_load(every_case: list[conformance.Case]) -> None:
+    """``cases(pattern, module)`` (what a test collects at import, in well under a second), in a process
+    that has loaded no other case, gives the cases the whole load gives for that pattern."""
+    alone_cases = "c.cases('sequence_map', 'sequence_map')"
+    code = f"from tools import conformance as c; print(*(x.name for x in {alone_cases}))"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    alone = proc.stdout.split()
+    assert alone and alone == [c.name for c in every_case if "sequence_map" in c.name]

@@ -81,7 +81,7 @@ def test_outer_reads_of_nested_bodies_are_dependencies_of_the_node(nested_if: Pa
         assert position[producer] < if1.position
 
 
-@pytest.mark.parametrize("k", [2, 3])
+@pytest.mark.parametrize("k", [2, pytest.param(3, marks=pytest.mark.exhaustive)])
 def test_every_cut_of_nested_ifs_chains_back(nested_if: Path, tmp_path: Path, k: int) -> None:
     view = load_model(nested_if)
     compute = [n.name for n in view.compute_nodes]

@@ -17,7 +17,7 @@ is read off the manifests and held to a test's own analysis of what is made of s
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,6 +68,14 @@ MODELS = [
     "silero_vad",
     *(f"{n}{d}" for n in TORCH for d in ("", "_dynamo")),
 ]
+
+FAST = frozenset({"light_squeezenet", "silero_vad"})
+"""The models of the fast lane (a CNN on both runtimes; Silero VAD's static split); the exhaustive lane runs
+every one."""
+
+
+def _lanes(names: Iterable[str]) -> list[object]:
+    return [pytest.param(n, marks=() if n in FAST else pytest.mark.exhaustive) for n in names]
 
 
 def _model(name: str, request: pytest.FixtureRequest) -> Path:
@@ -148,7 +156,7 @@ def _crossing(manifest: Manifest, shaped: frozenset[str], notes: tuple[str, ...]
                 yield f"stage {st.index} of {manifest.plan.k} receives {t.name}, made of shapes, unnamed"
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", _lanes(MODELS))
 def test_every_stage_runs_where_the_model_does(
     name: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
@@ -182,7 +190,7 @@ inference cannot follow): their static splits (``split --static``) are held to t
 FROZEN_COUNTS = (2, 4, 6)
 
 
-@pytest.mark.parametrize("name", FROZEN)
+@pytest.mark.parametrize("name", _lanes(FROZEN))
 def test_static_split_stages_run_where_the_frozen_model_does(
     name: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:

@@ -41,7 +41,13 @@ def test_shapes_of_torch_style_shape_arithmetic_are_settled() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "fixture", ["gpt2_tiny_path", "gpt2_tiny_dynamo_path", "bert_tiny_path", "bert_tiny_dynamo_path"]
+    "fixture",
+    [
+        "gpt2_tiny_path",
+        pytest.param("gpt2_tiny_dynamo_path", marks=pytest.mark.exhaustive),
+        pytest.param("bert_tiny_path", marks=pytest.mark.exhaustive),
+        "bert_tiny_dynamo_path",
+    ],
 )
 def test_torch_exports_get_the_shapes_onnxruntime_computes(
     fixture: str, request: pytest.FixtureRequest

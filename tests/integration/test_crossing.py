@@ -140,7 +140,8 @@ def test_sample_models(name: str, sample_models_dir: Path) -> None:
     "fixture",
     [
         "gpt2_tiny_path", "gpt2_tiny_dynamo_path", "bert_tiny_path", "bert_tiny_dynamo_path",
-        "minilm_l6_path", "gpt2_tiny_mask_dynamo_path", "silero_vad_path",
+        pytest.param("minilm_l6_path", marks=pytest.mark.exhaustive), "gpt2_tiny_mask_dynamo_path",
+        "silero_vad_path",
     ],
 )  # fmt: skip
 def test_torch_exports(fixture: str, request: pytest.FixtureRequest) -> None:
@@ -167,6 +168,7 @@ def _cut_between(view_path: Path, maker: str, reader: str, k: int = 3) -> tuple[
 
 @pytest.mark.corpus
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_minilm_split_as_issue_31_ran_it_runs_in_tract(minilm_l6_path: Path, tmp_path: Path) -> None:
     """``onnxpipe split minilm_l6.onnx --stages 4 --cost static``: ``/model/Gather_3_output_0`` (the
     sequence length, ``Shape(Cast(attention_mask))[1]``) crossed from stage 0 to stage 2 and tract
@@ -185,6 +187,7 @@ def test_minilm_split_as_issue_31_ran_it_runs_in_tract(minilm_l6_path: Path, tmp
 
 @pytest.mark.corpus
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_minilm_sequence_length_is_recomputed_and_tract_runs_the_stage(
     minilm_l6_path: Path, tmp_path: Path
 ) -> None:

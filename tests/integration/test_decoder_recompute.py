@@ -41,6 +41,8 @@ from onnxpipe.verification.chain import StageChain
 DECODERS = SAMPLE_MODELS / "decoders"
 PROMPT = (3, 17, 42, 9, 77, 5)
 MODELS = ("llama_gqa", "qwen2", "gpt2")
+LANES = ["llama_gqa", *(pytest.param(n, marks=pytest.mark.exhaustive) for n in MODELS[1:])]
+"""The decoders of the fast lane (the first) and of the exhaustive lane (all)."""
 SLOW_LINK = 1_000_000.0
 """8 Mbit/s: at the static costs every rotary table and mask of the tiny models is cheaper to make at
 both phases (at a generation step the rotary tables are 32 bytes)."""
@@ -65,7 +67,7 @@ def _static(view: ModelView) -> dict[Phase, Profile]:
     )
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", LANES)
 def test_an_interleaved_split_makes_its_tables_too(name: str, tmp_path: Path) -> None:
     """Stages dealt out to fewer workers make their rotary tables and masks where that is cheaper, as a
     chain's do; the split still computes the model's outputs."""
@@ -91,7 +93,7 @@ def test_an_interleaved_split_makes_its_tables_too(name: str, tmp_path: Path) ->
     assert result.report is not None and result.report.ok
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", LANES)
 def test_rotary_and_masks_stop_crossing_when_cheaper(name: str) -> None:
     view, dec = _load(name)
     made = _input_made(view, dec)
@@ -194,7 +196,7 @@ def _greedy(run: Step, view: ModelView, dec: DecoderInfo, n: int) -> tuple[list[
     return tokens, logits
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", LANES)
 def test_stages_that_make_their_rotary_and_masks_verify_and_decode(name: str, tmp_path: Path) -> None:
     view, dec = _load(name)
     result = split(

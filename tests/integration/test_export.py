@@ -225,8 +225,10 @@ def test_symbolic_dims_stay_symbolic_on_boundary_tensors(residual_path: Path, tm
     assert_chain_equals_model(tmp_path / "out", tmp_path / "residual.onnx", feeds_x(batch=5))
 
 
-@pytest.mark.parametrize("name", ["resnet50", "inception_v2"])
-@pytest.mark.parametrize("k", [2, 3, 4])
+@pytest.mark.parametrize("name", ["resnet50", pytest.param("inception_v2", marks=pytest.mark.exhaustive)])
+@pytest.mark.parametrize(
+    "k", [pytest.param(2, marks=pytest.mark.exhaustive), 3, pytest.param(4, marks=pytest.mark.exhaustive)]
+)
 def test_ir3_light_models(light_model: Callable[[str], Path], tmp_path: Path, name: str, k: int) -> None:
     path = light_model(name)
     view = load_model(path)

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -229,6 +230,7 @@ def assert_close(got: np.ndarray, want: np.ndarray, name: str) -> None:
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale, err_msg=name)
 
 
+@pytest.mark.exhaustive
 @settings(
     max_examples=int(os.environ.get("ONNXPIPE_FUZZ_EXAMPLES", "300")),
     deadline=None,

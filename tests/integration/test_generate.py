@@ -108,7 +108,9 @@ def splits(tmp_path_factory: pytest.TempPathFactory) -> Splits:
     return get
 
 
-@pytest.mark.parametrize("k", [2, 3, 4])
+@pytest.mark.parametrize(
+    "k", [2, pytest.param(3, marks=pytest.mark.exhaustive), pytest.param(4, marks=pytest.mark.exhaustive)]
+)
 @pytest.mark.parametrize("name", MODELS)
 def test_generate_gives_the_unsplit_models_tokens(splits: Splits, name: str, k: int) -> None:
     folder = splits(name, k)

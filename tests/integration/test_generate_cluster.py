@@ -22,7 +22,7 @@ from onnxpipe.runtime.base import RayConfig
 from onnxpipe.runtime.generation.generator import Generator
 from tools.ray_cluster import LocalCluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.exhaustive]
 
 PINNED = [{"resources": {"node_a": 1}}, {"resources": {"node_b": 1}}]
 """Stage 0 on node ``a``, stage 1 on node ``b``."""

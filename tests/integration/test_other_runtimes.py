@@ -91,7 +91,14 @@ def test_mixed_chain_equals_the_model(sample_models_dir: Path, tmp_path: Path) -
 
 @pytest.mark.corpus
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "k"), [("inception_v2", 4), ("resnet50", 3), ("squeezenet", 3)])
+@pytest.mark.parametrize(
+    ("name", "k"),
+    [
+        pytest.param("inception_v2", 4, marks=pytest.mark.exhaustive),
+        pytest.param("resnet50", 3, marks=pytest.mark.exhaustive),
+        ("squeezenet", 3),
+    ],
+)
 def test_light_models(name: str, k: int, light_model: Callable[[str], Path], tmp_path: Path) -> None:
     assert check_on_each_runtime(light_model(name), k, tmp_path, static=False)
 
@@ -100,7 +107,11 @@ def test_light_models(name: str, k: int, light_model: Callable[[str], Path], tmp
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("fixture", "static"),
-    [("nudenet_path", True), ("rapidocr_cls_path", False), ("rapidocr_det_path", False)],
+    [
+        pytest.param("nudenet_path", True, marks=pytest.mark.exhaustive),
+        ("rapidocr_cls_path", False),
+        pytest.param("rapidocr_det_path", False, marks=pytest.mark.exhaustive),
+    ],
 )
 def test_registry_models(fixture: str, static: bool, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     assert check_on_each_runtime(request.getfixturevalue(fixture), 3, tmp_path, static)
@@ -108,7 +119,9 @@ def test_registry_models(fixture: str, static: bool, request: pytest.FixtureRequ
 
 @pytest.mark.corpus
 @pytest.mark.slow
-@pytest.mark.parametrize("fixture", ["gpt2_tiny_path", "bert_tiny_dynamo_path"])
+@pytest.mark.parametrize(
+    "fixture", [pytest.param("gpt2_tiny_path", marks=pytest.mark.exhaustive), "bert_tiny_dynamo_path"]
+)
 def test_torch_exports_static(fixture: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """Static splits of the torch exports: every stage runs on both (tract cannot take the dynamic
     bert's whole model at concrete input facts, its static copy it can)."""

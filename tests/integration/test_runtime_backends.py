@@ -316,6 +316,7 @@ def no_ray() -> Iterator[Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.timeout(600)
 def test_a_ray_that_a_backend_started_lasts_until_the_last_pipeline_closes(
     no_ray: Any, tiny_split: Path, sample_models_dir: Path
@@ -334,6 +335,7 @@ def test_a_ray_that_a_backend_started_lasts_until_the_last_pipeline_closes(
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.timeout(600)
 def test_a_failed_start_shuts_down_the_ray_it_started(no_ray: Any, tiny_split: Path) -> None:
     with pytest.raises(ValueError, match="cannot be negative"):

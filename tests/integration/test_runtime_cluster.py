@@ -52,6 +52,7 @@ def test_stages_pinned_to_two_nodes_stream_the_model_s_outputs_in_order(
     assert backend.shipped == [None, None]  # a shared folder: nothing shipped
 
 
+@pytest.mark.exhaustive
 def test_the_cli_runs_on_the_cluster_as_a_user_runs_it(
     on_cluster: LocalCluster, tiny_split: Path, tmp_path: Path
 ) -> None:
@@ -86,6 +87,7 @@ def test_the_cli_runs_on_the_cluster_as_a_user_runs_it(
     assert "node (host address id)" in done.stdout and "stage 0 -> stage 1" in done.stdout
 
 
+@pytest.mark.exhaustive
 def test_nodes_that_cannot_read_the_driver_s_folder_get_the_stages_shipped(
     on_cluster: LocalCluster, sample_models_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -122,6 +124,7 @@ def test_nodes_that_cannot_read_the_driver_s_folder_get_the_stages_shipped(
     assert shipped == [sizes, [0, 0]]
 
 
+@pytest.mark.exhaustive
 def test_run_through_the_api_on_the_cluster(on_cluster: LocalCluster, tiny_split: Path) -> None:
     report = run_split(
         tiny_split,
@@ -144,6 +147,7 @@ def _kill_when(
     threading.Thread(target=watch, daemon=True).start()
 
 
+@pytest.mark.exhaustive
 def test_a_lost_node_s_stage_runs_again_on_a_spare_and_every_result_comes_once_in_order(
     on_cluster: LocalCluster, tiny_split: Path, sample_models_dir: Path
 ) -> None:
@@ -172,6 +176,7 @@ def test_a_lost_node_s_stage_runs_again_on_a_spare_and_every_result_comes_once_i
     assert backend.shipped[1] is not None and backend.shipped[1].bytes_sent > 0  # a new node's cache
 
 
+@pytest.mark.exhaustive
 def test_a_lost_node_no_other_can_replace_stops_the_run_naming_it_and_keeps_the_results(
     on_cluster: LocalCluster, tmp_path: Path, sample_models_dir: Path
 ) -> None:
@@ -202,6 +207,7 @@ def test_a_lost_node_no_other_can_replace_stops_the_run_naming_it_and_keeps_the_
     assert len(np.load(outputs)["logits"]) == obj["microbatches"]
 
 
+@pytest.mark.exhaustive
 def test_links_measured_between_the_devices_nodes_are_written_into_the_devices_file(
     on_cluster: LocalCluster, tiny_split: Path, tmp_path: Path
 ) -> None:
@@ -235,6 +241,7 @@ def test_links_measured_between_the_devices_nodes_are_written_into_the_devices_f
     assert obj["description"] == "two machines" and "measured through Ray" in obj["links"][0]["description"]
 
 
+@pytest.mark.exhaustive
 def test_a_split_calibrated_on_the_cluster_times_each_stage_on_its_node(
     on_cluster: LocalCluster, tmp_path: Path, sample_models_dir: Path
 ) -> None:

@@ -95,6 +95,7 @@ def test_ray_failing_stage_stops_the_pipeline_and_its_actors(
 HALF_CPU = [{"num_cpus": 0.5}, {"num_cpus": 0.5}]  # two pipelines of two stages on the two-CPU cluster
 
 
+@pytest.mark.exhaustive
 def test_closing_one_ray_pipeline_leaves_the_others_and_the_callers_ray(
     ray_cluster: Any,
     tiny_split: Path,
@@ -238,6 +239,7 @@ def test_a_worker_s_stages_asking_for_different_machines_are_refused(tiny_split:
     ray_resources.check_shared_pins(specs, [[0, 1]], [{"resources": {"host_a": 1}}, {"num_cpus": 2}])
 
 
+@pytest.mark.exhaustive
 def test_a_dead_actor_is_named_with_its_stages(
     ray_cluster: Any, tmp_path: Path, sample_models_dir: Path
 ) -> None:
@@ -272,6 +274,7 @@ def test_a_dead_actor_is_named_with_its_stages(
     assert wait_gone(sorted({p.pid for p in backend.placed})) == []
 
 
+@pytest.mark.exhaustive
 def test_a_killed_actor_is_started_again_and_its_micro_batches_sent_again(
     ray_cluster: Any, tiny_split: Path, sample_models_dir: Path
 ) -> None:
@@ -324,6 +327,7 @@ def test_ray_replicas_are_lanes_of_one_actor_each(ray_cluster: Any, sample_model
         RayBackend(lanes, workers=[0, 0])
 
 
+@pytest.mark.exhaustive
 def test_ray_compare_runs_the_replicas_as_actors(ray_cluster: Any, tiny_split: Path, tmp_path: Path) -> None:
     import json
 

@@ -79,7 +79,13 @@ MODELS: dict[str, Callable[[pytest.FixtureRequest], Path]] = {
     "gpt2_tiny_dynamo": _fixture("gpt2_tiny_dynamo_path"),  # weights in an external data file
 }
 
-CASES = [pytest.param(name, rt, id=f"{name}-{rt.value}") for name in MODELS for rt in OTHER_RUNTIMES]
+FAST = ("mlp", "resnet_tiny", "transformer_tiny", "shufflenet")
+"""The fast lane's models on each runtime (the samples, one corpus CNN); the exhaustive lane runs all."""
+CASES = [
+    pytest.param(name, rt, id=f"{name}-{rt.value}", marks=() if name in FAST else pytest.mark.exhaustive)
+    for name in MODELS
+    for rt in OTHER_RUNTIMES
+]
 
 
 @pytest.mark.parametrize(("name", "runtime"), CASES)
