@@ -29,6 +29,7 @@ from paths import DEVICES
 import onnxpipe
 from onnxpipe.cli import main
 from onnxpipe.core.files import file_sha256
+from onnxpipe.manifest import SCHEMA_VERSION
 
 MLP_NODES = 11  # compute nodes of sample_models/mlp.onnx
 
@@ -534,7 +535,7 @@ def test_missing_stage_file_exits_7(done: Path, capfd: pytest.CaptureFixture[str
     ("edit", "says"),
     [
         (lambda m: "{truncated", "not valid JSON"),
-        (lambda m: json.dumps({**m, "schema_version": 4}), "schema_version"),
+        (lambda m: json.dumps({**m, "schema_version": SCHEMA_VERSION + 1}), "schema_version"),
         (lambda m: json.dumps({k: v for k, v in m.items() if k != "stages"}), "stages"),
         (
             lambda m: json.dumps(

@@ -239,10 +239,12 @@ def test_no_stage_holds_only_values_its_readers_remake(
     monkeypatch.setattr(
         sequences_module, "cuttable_positions", lambda v, compute, k: (True,) * (len(compute) + 1)
     )
-    before = plan(view, prof, PlanRequest(12))  # the rule off: as it was
-    assert hollow(before) == [0]
-    assert before.stages[1].crossing_shape_values  # what stage 0 made: it had nothing else to send
-    assert any("still cross a cut: stage 1 receives" in n for n in before.notes)
+    # The rule off, as it was: the positions it forbids are open again.  (Since the stages below the
+    # bottleneck are balanced among themselves, issue 39, the plan no longer picks the hollow stage 0
+    # here even then; the rule is what keeps every plan from it, balanced or not.)
+    loose = sequences(view, prof)
+    forbidden = [p for p, ok in enumerate(seq.cuttable) if not ok]
+    assert forbidden and any(loose.allowed[p] for p in forbidden)
 
 
 @pytest.mark.corpus
