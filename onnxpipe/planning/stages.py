@@ -256,7 +256,10 @@ def _stage(lineup: _Lineup, s: int, wanted: set[str], keep_from: frozenset[int])
     extra_outputs = _constant_model_outputs(lineup) if s == lineup.k - 1 else []
     got = _receive(lineup, s, list(reads), keep_from)
     consts = _constant_closure(view, list(reads) + got.copy_reads + extra_outputs, lineup.const_by_output)
-    source = {t: lineup.equal.received_as(t, s) for t in got.received}
+    # a value received under the name of a tensor this stage makes again itself (its copies') would be
+    # an input and a node's output at once: such a tensor is received under its own name
+    made_here = {o for n in got.copies for o in n.outputs}
+    source = {t: _unless_made(lineup.equal.received_as(t, s), t, made_here) for t in got.received}
     aliases = tuple(SameValue(t, source[t]) for t in got.received if source[t] != t) + kept.inner
     inputs = tuple(dict.fromkeys(source.values()))
     outputs = kept.outputs + tuple(extra_outputs)
@@ -288,6 +291,12 @@ def _stage(lineup: _Lineup, s: int, wanted: set[str], keep_from: frozenset[int])
             *(t for t in got.received if t not in got.movable and lineup.kinds.recomputable(t)),
         ),
     )
+
+
+def _unless_made(source: str, tensor: str, made_here: set[str]) -> str:
+    """``source``, the tensor of ``tensor``'s value a stage receives, or ``tensor`` itself where the
+    stage makes ``source`` (a copy of its producer)."""
+    return tensor if source in made_here else source
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,22 @@ def test_every_case_onnxruntime_passes_whole_passes_split(every_case: list[confo
     assert not failed, f"{len(failed)} of {len(counted)} cases fail split:\n" + "\n".join(failed)
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "test_sequence_map_identity_2_sequences_expanded",
+        "test_sequence_map_identity_1_sequence_1_tensor_expanded",
+    ],
+)
+def test_a_stage_copying_a_value_it_also_receives_under_another_name(name: str, tmp_path: Path) -> None:
+    """Two ``SequenceEmpty`` in different stages make one value; the last stage copied the later one's
+    node and received the value under that node's output name too, which then was an input and a node's
+    output at once (the checker's SSA error): now it receives the earlier stage's tensor under its own
+    name.  Seen once the stages below the bottleneck were balanced (issue 39)."""
+    (case,) = [c for c in conformance.cases(name, "sequence_map") if c.name == name]
+    assert conformance.run_case(case, tmp_path).status == "pass"
+
+
 @pytest.mark.slow
 @pytest.mark.exhaustive
 def test_a_rank_no_run_confirmed_is_never_written(every_case: list[conformance.Case], tmp_path: Path) -> None:
