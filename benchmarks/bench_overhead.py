@@ -48,6 +48,7 @@ from benchmarks.common import ROOT, benchmark_parser
 from onnxpipe import api
 from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.core.ortsession import session_options
+from onnxpipe.cost.source import get_profile
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.affinity import cpu_sets, pin_thread, pinned
@@ -176,7 +177,7 @@ def bench_model(
     name: str, path: Path, shapes: dict[str, tuple[int, ...]] | None, args: argparse.Namespace
 ) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix=f"overhead-{name}-")) / "split"
-    profile = api.get_profile(load_model(path), ProfileOptions(cost="profile", shapes=shapes))
+    profile = get_profile(load_model(path), ProfileOptions(cost="profile", shapes=shapes))
     api.split(
         path,
         SplitOptions(out=out, plan=PlanRequest(args.k), profile=ProfileOptions(saved=profile), verify=False),

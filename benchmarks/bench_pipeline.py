@@ -79,6 +79,7 @@ from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.choices import CalibrationMode, values
 from onnxpipe.core.errors import MemoryFitError
 from onnxpipe.cost.profile import Profile
+from onnxpipe.cost.source import get_profile
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import load_manifest
 from onnxpipe.runtime.affinity import assign_cpus, cpu_sets, pinned
@@ -292,7 +293,7 @@ def bench_model(
     work = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
     out = work / "split"
     start = time.perf_counter()
-    profile = api.get_profile(load_model(path), ProfileOptions(cost=args.cost, shapes=shapes))
+    profile = get_profile(load_model(path), ProfileOptions(cost=args.cost, shapes=shapes))
     options = SplitOptions(
         profile=ProfileOptions(saved=profile),
         calibration=CalibrationOptions(rounds=args.calibrate, mode=args.calibrate_in),

@@ -48,9 +48,9 @@ from onnx import helper
 from benchmarks.bench_overhead import WARMUP, Stage, minimal_pipeline
 from benchmarks.bench_pipeline import CpuWatch, alternating_rounds, model_table, run_models
 from benchmarks.common import benchmark_parser
-from onnxpipe import api
 from onnxpipe.api import ProfileOptions
 from onnxpipe.core.ortsession import session_options
+from onnxpipe.cost.source import get_profile
 from onnxpipe.export.boundary import clean
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model
@@ -202,7 +202,7 @@ def bench_model(
         raise SystemExit("this process may use no CPU")
     cpu = sets[0]  # the first CPU this process may use, as the benchmarks that pin do
     view = load_model(path)
-    profile = api.get_profile(view, ProfileOptions(cost="profile", shapes=shapes))
+    profile = get_profile(view, ProfileOptions(cost="profile", shapes=shapes))
     plan = make_plan(view, profile, args.k)
     scratch = Path(tempfile.mkdtemp(prefix=f"stagecost-{name}-"))
     try:
