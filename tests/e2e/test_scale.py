@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,17 +53,15 @@ def chain_equals_model(out: Path, model: Path, feeds: dict[str, np.ndarray]) -> 
 
 @pytest.mark.slow
 @pytest.mark.exhaustive
-def test_twenty_thousand_node_graph_splits_in_seconds(tmp_path: Path) -> None:
+def test_twenty_thousand_node_graph_splits(tmp_path: Path) -> None:
+    """How long it takes is ``python -m benchmarks scale``'s to measure, not a test's to assert."""
     path = tmp_path / "many.onnx"
     onnx.save_model(make_many_nodes(20_000), str(path))
-    start = time.perf_counter()
     view = load_model(path)
     plan = make_plan(view, static_profile(view), 4)
     manifest = export_stages(view, plan, tmp_path / "out")
-    seconds = time.perf_counter() - start
     assert len(view.nodes) >= 20_000
     assert sum(s.node_count for s in manifest.stages) == len(view.compute_nodes)
-    assert seconds < 60, f"load + partition + export took {seconds:.1f} s"  # ~3 s on a 2-core VM
     x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
     chain_equals_model(tmp_path / "out", path, {"x": x})
 
