@@ -81,6 +81,9 @@ class CommandParser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
+    refuses_extras = False
+    """Whether arguments left after parsing are refused here (a subcommand's) or handed up (the top's)."""
+
     def error(self, message: str) -> NoReturn:
         what = " ".join(message.split())  # one line, whatever a type function put in its message
         self.exit(2, f"{self.prog}: error: {what}; see '{self.prog} --help'\n")
@@ -96,10 +99,14 @@ class CommandParser(argparse.ArgumentParser):
     def parse_known_args(
         self, args: Iterable[str] | None = None, namespace: Any = None
     ) -> tuple[Any, list[str]]:
-        """argparse's, after refusing an unknown option by name (:meth:`refuse_unknown_options`)."""
+        """argparse's, after refusing an unknown option by name (:meth:`refuse_unknown_options`); a
+        parser that :attr:`refuses_extras` also refuses what is left (an extra positional)."""
         given = list(sys.argv[1:] if args is None else args)
         self.refuse_unknown_options(given)
-        return super().parse_known_args(given, namespace)
+        parsed, extras = super().parse_known_args(given, namespace)
+        if extras and self.refuses_extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
 
     def refuse_unknown_options(self, args: Sequence[str]) -> None:
         """Refuse the first of ``args`` that argparse would take for an option this parser does not have,
@@ -142,21 +149,7 @@ class SubcommandParser(CommandParser):
     subcommand's options; refused here, the line names the subcommand and its ``--help``.
     """
 
-    @overload
-    def parse_known_args(
-        self, args: Iterable[str] | None = None, namespace: None = None
-    ) -> tuple[argparse.Namespace, list[str]]: ...
-    @overload
-    def parse_known_args(self, args: Iterable[str] | None, namespace: _N) -> tuple[_N, list[str]]: ...
-    @overload
-    def parse_known_args(self, *, namespace: _N) -> tuple[_N, list[str]]: ...
-    def parse_known_args(
-        self, args: Iterable[str] | None = None, namespace: Any = None
-    ) -> tuple[Any, list[str]]:
-        parsed, extras = super().parse_known_args(args, namespace)
-        if extras:  # what is left is no option (those were refused by name): an extra positional
-            self.error(f"unrecognized arguments: {' '.join(extras)}")
-        return parsed, extras
+    refuses_extras = True
 
 
 def _looks_like_option(arg: str) -> bool:
