@@ -15,13 +15,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 from onnxpipe.runtime.affinity import pin_thread
-from onnxpipe.runtime.backends.shm import (
-    ItemMessage,
-    Poller,
-    SlotReader,
-    SlotWriter,
-    unlink_prefix,
-)
+from onnxpipe.runtime.backends.shm import ItemMessage, Poller, SlotReader, SlotWriter, unlink_prefix
 from onnxpipe.runtime.session import (
     Record,
     StageFailure,
@@ -136,7 +130,7 @@ def worker_main(
     hosted = _start(specs, ends, status, slots)
     if hosted is None:
         return
-    status.send(("ready", os.getpid(), startup_rss))
+    status.send(("ready", os.getpid()))
     loop = _Loop(hosted, control, parent_pid, startup_rss)
     orphaned = False
     try:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from onnxpipe.core.errors import RuntimeStageError, UsageError
+from onnxpipe.runtime.backends.lanes import Lanes
 from onnxpipe.runtime.backends.process_worker import RESET, STATS, STOP, WATCH_S, StageEnds, worker_main
 from onnxpipe.runtime.backends.shm import (
     MAX_SLOTS,
@@ -40,27 +41,16 @@ from onnxpipe.runtime.backends.shm import (
     unlink_prefix,
 )
 from onnxpipe.runtime.backends.spawning import WORKERS, WorkerContext
-from onnxpipe.runtime.base import Tensors, lane_order
+from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.choices import DEFAULT_SLOTS
-from onnxpipe.runtime.session import (
-    WorkerStats,
-)
+from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import WorkerSpec
-from onnxpipe.runtime.trips import Trip
 from onnxpipe.schedule.timeline import worker_groups
 
 START_TIMEOUT_S = 600.0
 STOP_GRACE_S = 2.0
 STATS_TIMEOUT_S = 60.0
 _REAP_GRACE_S = 2.0  # how long a closed channel waits for the death of the worker that closed it
-
-
-# --------------------------------------------------------------------------------------------------
-# the worker process
-
-
-# --------------------------------------------------------------------------------------------------
-# the caller's side
 
 
 @dataclass
@@ -71,7 +61,6 @@ class _Worker:
     control: Connection
     status: Connection
     pid: int = 0
-    startup_rss: int | None = None
 
     @property
     def label(self) -> str:
@@ -86,7 +75,7 @@ class _Lane:
     reader: SlotReader
 
 
-class ProcessBackend:
+class ProcessBackend(Lanes):
     """Lanes of worker processes joined by shared-memory channels; see the module docstring."""
 
     kind = "processes"
@@ -101,20 +90,13 @@ class ProcessBackend:
     ) -> None:
         """``workers``: the worker of each stage of a single lane (an interleaved split's
         ``manifest.worker_of``); the stages of one worker share its process.  None: a process per stage."""
-        if not lanes or any(not lane for lane in lanes):
-            raise ValueError("a backend needs at least one lane of at least one worker")
-        if workers is not None and (len(lanes) != 1 or len(workers) != len(lanes[0])):
-            raise ValueError("workers gives the worker of each stage of one lane")
+        super().__init__(lanes, slots, workers)
         if not 1 <= slots <= MAX_SLOTS:
             raise UsageError(f"slots {slots}: a link between two worker processes has 1 to {MAX_SLOTS}")
         ctx = WORKERS
         self.prefix = f"onnxpipe-{os.getpid()}-{secrets.token_hex(4)}"
-        self._slots = slots
         self._lanes: list[_Lane] = []
         self._workers: list[_Worker] = []  # in lane order, each recorded before it starts: close() finds it
-        self._next_lane = 0
-        self._closed = False
-        self._failure: RuntimeStageError | None = None
         self._control_lock = threading.Lock()
         self._last_request = 0
         self._wake_lock = threading.Lock()
@@ -203,7 +185,7 @@ class ProcessBackend:
                 if w.status.poll():
                     message = w.status.recv()
                     if message[0] == "ready":
-                        w.pid, w.startup_rss = int(message[1]), message[2]
+                        w.pid = int(message[1])
                         del waiting[key]
                     else:
                         raise RuntimeStageError(str(message[2]))
@@ -212,30 +194,17 @@ class ProcessBackend:
 
     # ------------------------------------------------------------------------------------ running
 
-    @property
-    def capacity(self) -> int:
-        return sum(self._slots * (len(lane.specs) + 1) for lane in self._lanes)
-
-    @property
-    def lanes(self) -> int:
-        return len(self._lanes)
-
-    def try_submit(self, seq: int, feeds: Mapping[str, np.ndarray], to_lane: int | None = None) -> bool:
-        self._check_open()
-        n = len(self._lanes)
-        for li in lane_order(self._next_lane, n, to_lane):
-            lane = self._lanes[li]
-            first = lane.specs[0]
-            try:
-                if not lane.writer.has_room():
-                    continue
-                lane.writer.send(seq, {name: feeds[name] for name in first.receives})
-            except (OSError, EOFError) as e:
-                self._check_workers(grace=_REAP_GRACE_S)
-                raise RuntimeStageError(f"{first.label}: cannot be reached ({e})") from e
-            self._next_lane = (li + 1) % n
-            return True
-        return False
+    def _offer(self, li: int, seq: int, feeds: Mapping[str, np.ndarray]) -> bool:
+        lane = self._lanes[li]
+        first = lane.specs[0]
+        try:
+            if not lane.writer.has_room():
+                return False
+            lane.writer.send(seq, {name: feeds[name] for name in first.receives})
+        except (OSError, EOFError) as e:
+            self._check_workers(grace=_REAP_GRACE_S)
+            raise RuntimeStageError(f"{first.label}: cannot be reached ({e})") from e
+        return True
 
     def poll(self) -> list[tuple[int, Tensors]]:
         self._check_open()
@@ -271,12 +240,6 @@ class ProcessBackend:
             if self._wake_write >= 0:
                 with contextlib.suppress(BlockingIOError):
                     os.write(self._wake_write, b"w")
-
-    def _check_open(self) -> None:
-        if self._failure is not None:
-            raise self._failure
-        if self._closed:
-            raise RuntimeStageError("the pipeline's workers were stopped; open the pipeline again")
 
     def _check_workers(self, grace: float = 0.0) -> None:
         """Raise the first failure a worker reported, else the first worker that died.
@@ -343,10 +306,6 @@ class ProcessBackend:
         with self._control_lock:
             for w in self._workers:
                 w.control.send(RESET)
-
-    def trips(self) -> list[Trip]:
-        """None: a local worker's hops are a queue's or shared memory's, timed in its records."""
-        return []
 
     def worker_pids(self) -> list[int]:
         """The pid of each stage's process, in lane and stage order (stages hosted together repeat it)."""

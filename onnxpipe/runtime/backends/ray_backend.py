@@ -61,6 +61,7 @@ import numpy as np
 
 from onnxpipe.core.choices import RayFiles
 from onnxpipe.core.errors import CacheLost, RuntimeStageError, UsageError, error_line
+from onnxpipe.runtime.backends.lanes import Lanes
 from onnxpipe.runtime.backends.ray_actor import WorkerActor
 from onnxpipe.runtime.backends.ray_connect import OWNED_RAY, import_ray, ray_error_text
 from onnxpipe.runtime.backends.ray_recovery import (
@@ -71,6 +72,7 @@ from onnxpipe.runtime.backends.ray_recovery import (
     no_node_text,
     node_alive,
     request_of,
+    stages_text,
     timed_out_text,
 )
 from onnxpipe.runtime.backends.ray_resources import (
@@ -79,9 +81,9 @@ from onnxpipe.runtime.backends.ray_resources import (
     check_shared_pins,
     merged_options,
 )
-from onnxpipe.runtime.backends.ray_ship import ShipRecord, ship
+from onnxpipe.runtime.backends.ray_ship import ship
 from onnxpipe.runtime.backends.ray_wire import Header, pack, slots_for, unpack
-from onnxpipe.runtime.base import Delivery, RayConfig, Tensors, lane_order
+from onnxpipe.runtime.base import Delivery, RayConfig, Tensors
 from onnxpipe.runtime.nodeplace import NodePlace
 from onnxpipe.runtime.session import MAX_RECORDS, WorkerStats
 from onnxpipe.runtime.spec import WorkerSpec
@@ -105,7 +107,7 @@ class _Flight:
     submitted: float
 
 
-class RayBackend:
+class RayBackend(Lanes):
     """One Ray actor per worker: per stage, or per worker of an interleaved split; see the module
     docstring."""
 
@@ -124,30 +126,30 @@ class RayBackend:
         of stage ``i`` of a single lane in an interleaved split (None: one each), whose stages then share
         one actor."""
         cfg = config if config is not None else RayConfig()
+        super().__init__(lanes, cfg.slots, workers)
         self.config = cfg
         self.specs = [spec for lane in lanes for spec in lane]
         """Every stage of every lane, lane after lane: positions index it."""
-        self._check(lanes, cfg, workers)
-        ray = import_ray()
-        self._ray = ray
-        starts = [sum(len(lane) for lane in lanes[:n]) for n in range(len(lanes))]
-        self._lanes = [
-            list(range(start, start + len(lane))) for start, lane in zip(starts, lanes, strict=True)
-        ]
         self.groups = worker_groups(range(len(self.specs)) if workers is None else workers)
         """The stage positions each actor hosts: one group per worker, in order of its first stage."""
+        if cfg.resources is not None:
+            if len(lanes) != 1 or len(cfg.resources) != len(self.specs):
+                raise UsageError(
+                    f"{len(cfg.resources)} resource entries for the {len(self.specs)} stages of one lane"
+                )
+            check_shared_pins(self.specs, self.groups, cfg.resources)
+        ray = import_ray()
+        self._ray = ray
+        positions = iter(range(len(self.specs)))
+        self._lanes = [[next(positions) for _ in lane] for lane in lanes]
         self._group_of = {i: g for g, group in enumerate(self.groups) for i in group}
-        self._lane_capacity = [cfg.slots * (len(lane) + 1) for lane in self._lanes]
         self._lane_load = [0] * len(self._lanes)
-        self._next_lane = 0
-        self._slots = [2] * len(self.specs)
+        self._returns = [2] * len(self.specs)
         """Values each stage's call returns (its header and pieces), as its last message needed."""
         self._lock = threading.Lock()
         self._in_flight: dict[Any, _Flight] = {}
         """Each micro-batch's last header reference, and what the driver keeps of it."""
         self._event = threading.Event()
-        self._closed = False
-        self._failure: RuntimeStageError | None = None
         self._recovering = False
         self._replay: list[_Flight] = []
         """Micro-batches to send again once a recovery brought the lost actors back."""
@@ -162,32 +164,14 @@ class RayBackend:
         """One per group of :attr:`groups`."""
         self.places: list[NodePlace] = []
         """The node of each actor (one per group), as it was set up last."""
-        self.shipped: list[ShipRecord | None] = []
-        """What each actor's node was shipped when it was set up last (None: a shared folder)."""
+        self.shipped: list[int | None] = []
+        """The bytes each actor's node was shipped when it was set up last (None: a shared folder)."""
         self._ray_generation = OWNED_RAY.acquire(ray, cfg.address)
         try:  # whatever fails from here on (Ctrl-C, bad options, no resources), close() undoes the rest
             self._start_actors(start_timeout)
         except BaseException:
             self.close(graceful=False)
             raise
-
-    def _check(
-        self, lanes: Sequence[Sequence[WorkerSpec]], cfg: RayConfig, workers: Sequence[int] | None
-    ) -> None:
-        if not lanes or any(not lane for lane in lanes):
-            raise ValueError("a backend needs at least one lane of at least one worker")
-        if len(lanes) != 1 and (cfg.resources is not None or workers is not None):
-            raise UsageError("resources and workers are given for the stages of one lane")
-        if cfg.resources is not None and len(cfg.resources) != len(self.specs):
-            raise UsageError(f"{len(cfg.resources)} resource entries for {len(self.specs)} stages")
-        if workers is not None and len(workers) != len(self.specs):
-            raise UsageError(f"{len(workers)} workers given for {len(self.specs)} stages")
-        if cfg.resources is not None:
-            check_shared_pins(
-                self.specs,
-                worker_groups(range(len(self.specs)) if workers is None else workers),
-                cfg.resources,
-            )
 
     # ---------------------------------------------------------------------------------- starting
 
@@ -219,13 +203,10 @@ class RayBackend:
         try:
             files = None
             if self.config.files == RayFiles.SHIP:
-                record, files = ship(ray, actor, specs)
-                self.shipped[g] = record
+                self.shipped[g], files = ship(ray, actor, specs)
             ray.get(actor.open.remote(files))
         except ray.exceptions.RayError as e:
-            raise RuntimeStageError(
-                ray_error_text(e, f"{self._stages_text(self.groups[g])} did not open")
-            ) from e
+            raise RuntimeStageError(ray_error_text(e, f"{stages_text(self._indexes(g))} did not open")) from e
 
     def _group_options(self, group: Sequence[int]) -> dict[str, Any]:
         """The actor options of the stages at positions ``group``."""
@@ -240,10 +221,10 @@ class RayBackend:
 
     def _describe_requests(self) -> str:
         parts = []
-        for group in self.groups:
+        for g, group in enumerate(self.groups):
             options = self._group_options(group)
             shown = {k: v for k, v in options.items() if k in RESOURCE_KEYS}
-            parts.append(f"{self._stages_text(group)}: {shown}")
+            parts.append(f"{stages_text(self._indexes(g))}: {shown}")
         return "; ".join(parts)
 
     @property
@@ -251,8 +232,8 @@ class RayBackend:
         """The node (and process) of each stage's actor, in stage-position order."""
         return [self.places[self._group_of[i]] for i in range(len(self.specs))]
 
-    def shipped_to(self, position: int) -> ShipRecord | None:
-        """What the node of the stage at ``position`` was shipped for its actor when it was set up last
+    def shipped_to(self, position: int) -> int | None:
+        """The bytes the node of the stage at ``position`` was shipped for its actor when it was set up last
         (None: a shared folder)."""
         return self.shipped[self._group_of[position]]
 
@@ -260,46 +241,28 @@ class RayBackend:
         """Each actor's process id, and the stages it hosts in words (``the actor of stages 0, 2 (pid
         41 on node-a)``)."""
         names: dict[int, str] = {}
-        for group, place in zip(self.groups, self.places, strict=True):
-            names[place.pid] = f"the actor of {self._stages_text(group)} (pid {place.pid} on {place.host})"
+        for g, place in enumerate(self.places):
+            names[place.pid] = (
+                f"the actor of {stages_text(self._indexes(g))} (pid {place.pid} on {place.host})"
+            )
         return names
-
-    def _stages_text(self, group: Sequence[int]) -> str:
-        """``stage 1`` or ``stages 0, 2``: the stages at positions ``group``."""
-        numbers = ", ".join(str(self.specs[i].index) for i in group)
-        return f"stage{'s' if len(group) > 1 else ''} {numbers}"
-
-    @property
-    def capacity(self) -> int:
-        """``slots`` per channel, ``k + 1`` per lane of ``k`` stages, as the local backends hold."""
-        return sum(self._lane_capacity)
-
-    @property
-    def lanes(self) -> int:
-        return len(self._lanes)
 
     # ---------------------------------------------------------------------------------- running
 
     def try_submit(self, seq: int, feeds: Mapping[str, np.ndarray], to_lane: int | None = None) -> bool:
         """Chain micro-batch ``seq`` through the next lane with room (lanes in turn), or ``to_lane``."""
-        self._check_open()
         with self._lock:
-            if self._recovering:
-                return False
-            n = len(self._lanes)
-            for li in lane_order(self._next_lane, n, to_lane):
-                if self._lane_load[li] >= self._lane_capacity[li]:
-                    continue
-                first = self.specs[self._lanes[li][0]]
-                tensors = {name: feeds[name] for name in first.receives}
-                message = pack(tensors, slots_for(tensors), sent=time.time())
-                self._chain(_Flight(seq, li, message, [], 0.0))
-                self._lane_load[li] += 1
-                self._next_lane = (li + 1) % n
-                break
-            else:
+            if self._recovering or not super().try_submit(seq, feeds, to_lane):
                 return False
         self._event.set()
+        return True
+
+    def _offer(self, li: int, seq: int, feeds: Mapping[str, np.ndarray]) -> bool:
+        if self._lane_load[li] >= self._lane_capacity(li):
+            return False
+        tensors = {name: feeds[name] for name in self.specs[self._lanes[li][0]].receives}
+        self._chain(_Flight(seq, li, pack(tensors, slots_for(tensors), sent=time.time()), [], 0.0))
+        self._lane_load[li] += 1
         return True
 
     def _chain(self, flight: _Flight) -> None:
@@ -308,7 +271,7 @@ class RayBackend:
         flight.submitted = time.time()
         for i in self._lanes[flight.lane]:
             spec = self.specs[i]
-            n = self._slots[i]
+            n = self._returns[i]
             method = self.actors[self._group_of[i]].run.options(num_returns=n)
             refs = method.remote(spec.index, flight.seq, n, *refs)
         flight.refs = refs
@@ -361,8 +324,8 @@ class RayBackend:
         with self._lock:
             self._lane_load[flight.lane] -= 1
             for pos, leg in zip(lane[:-1], legs[1:], strict=False):
-                self._slots[pos] = 1 + max(1, leg.pieces_in)
-            self._slots[lane[-1]] = header.needs
+                self._returns[pos] = 1 + max(1, leg.pieces_in)
+            self._returns[lane[-1]] = header.needs
         first: Header = flight.message[0]
         self._trips.append(
             Trip(
@@ -393,12 +356,6 @@ class RayBackend:
 
     def wake(self) -> None:
         self._event.set()
-
-    def _check_open(self) -> None:
-        if self._failure is not None:
-            raise self._failure
-        if self._closed:
-            raise RuntimeStageError("the pipeline's actors were stopped; open the pipeline again")
 
     # ---------------------------------------------------------------------------------- recovery
 
@@ -480,7 +437,7 @@ class RayBackend:
             raise RuntimeStageError(
                 ray_error_text(
                     e,
-                    f"{self._stages_text(self.groups[g])} was lost and will not run again",
+                    f"{stages_text(self._indexes(g))} was lost and will not run again",
                     self._actor_names(),
                 )
             ) from e
@@ -521,9 +478,6 @@ class RayBackend:
         """The trips of the micro-batches delivered since the stats were last reset (the most recent
         :data:`~onnxpipe.runtime.session.MAX_RECORDS`)."""
         return list(self._trips)
-
-    def worker_pids(self) -> list[int]:
-        return []
 
     def close(self, graceful: bool = True) -> None:
         """Kill every stage actor (their in-flight calls fail); shut Ray down if this was the last backend

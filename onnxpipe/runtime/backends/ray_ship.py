@@ -10,9 +10,7 @@ weights) are not sent again.  Then the actor opens its stages from its node's co
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +24,6 @@ CHUNK_BYTES = 8 * 1024 * 1024
 """Bytes of one chunk of a shipped file: one object in the object store."""
 WINDOW = 4
 """Chunks on their way at once: what shipping holds of the object store and of the driver's memory."""
-
-
-@dataclass(frozen=True)
-class ShipRecord:
-    """What one actor's node got: bytes and files sent, files it had already, and how long it took."""
-
-    bytes_sent: int
-    files_sent: int
-    files_cached: int
-    seconds: float
 
 
 def model_files(path: Path) -> tuple[ModelFile, ...]:
@@ -62,12 +50,9 @@ def files_of(spec: WorkerSpec) -> list[tuple[ShippedFile, Path]]:
     return out
 
 
-def ship(
-    ray: Any, actor: Any, specs: Sequence[WorkerSpec]
-) -> tuple[ShipRecord, dict[int, list[ShippedFile]]]:
-    """Send ``actor``'s node the files of ``specs`` it lacks; what was sent, and each stage's files (by
+def ship(ray: Any, actor: Any, specs: Sequence[WorkerSpec]) -> tuple[int, dict[int, list[ShippedFile]]]:
+    """Send ``actor``'s node the files of ``specs`` it lacks; the bytes sent, and each stage's files (by
     stage index) for the actor to open them from its node's cache."""
-    start = time.perf_counter()
     stage_files: dict[int, list[ShippedFile]] = {}
     sources: dict[str, tuple[ShippedFile, Path, str]] = {}
     for spec in specs:
@@ -82,8 +67,7 @@ def ship(
         _stream(ray, actor, f, source)
         ray.get(actor.seal.remote(f, label))
         sent += f.size
-    record = ShipRecord(sent, len(missing), len(sources) - len(missing), time.perf_counter() - start)
-    return record, stage_files
+    return sent, stage_files
 
 
 def _stream(ray: Any, actor: Any, f: ShippedFile, source: Path) -> None:

@@ -59,37 +59,24 @@ class _WorkerPopen(popen_spawn_posix.Popen):
             with open(parent_w, "wb", closefd=False) as f:
                 f.write(fp.getbuffer())
         finally:
-            self.finalizer = util.Finalize(
-                self, _close_fds, tuple(fd for fd in (parent_r, parent_w) if fd is not None)
-            )
+            mine = tuple(fd for fd in (parent_r, parent_w) if fd is not None)
+            self.finalizer = util.Finalize(self, util.close_fds, mine)  # type: ignore[attr-defined]  # typeshed omits it
             for fd in (child_r, child_w):
                 if fd is not None:
                     os.close(fd)
 
 
-def _close_fds(*fds: int) -> None:
-    for fd in fds:
-        os.close(fd)
-
-
-class WorkerProcess(process.BaseProcess):
+class WorkerProcess(context.SpawnProcess):
     """A ``spawn`` process that does not run the caller's main module again (see the module docstring)."""
-
-    _start_method = "spawn"
 
     @staticmethod
     def _Popen(process_obj: process.BaseProcess) -> _WorkerPopen:
         return _WorkerPopen(process_obj)
 
-    @staticmethod
-    def _after_fork() -> None:
-        """Nothing to do: the child was spawned, not forked."""
 
-
-class WorkerContext(context.BaseContext):
+class WorkerContext(context.SpawnContext):
     """The context of :class:`WorkerProcess`: its ``Process``, and the rest (``Pipe``, ...) as ``spawn``'s."""
 
-    _name = "spawn"
     Process = WorkerProcess
 
 

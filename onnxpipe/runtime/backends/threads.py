@@ -28,11 +28,11 @@ import numpy as np
 
 from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.runtime.affinity import pin_thread
-from onnxpipe.runtime.base import Tensors, lane_order
+from onnxpipe.runtime.backends.lanes import Lanes
+from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.choices import DEFAULT_SLOTS
 from onnxpipe.runtime.session import Record, StageFailure, StageRunner, WorkerStats, current_rss_bytes
 from onnxpipe.runtime.spec import WorkerSpec
-from onnxpipe.runtime.trips import Trip
 
 _POLL_S = 0.1
 STOP_GRACE_S = 10.0
@@ -47,28 +47,17 @@ class _Channel:
         self._items: queue.SimpleQueue[Item] = queue.SimpleQueue()
         self._places = threading.Semaphore(slots)
 
-    def try_put(self, item: Item) -> bool:
-        """Put ``item`` if a place is free now."""
-        if not self._places.acquire(blocking=False):
-            return False
-        self._items.put(item)
-        return True
-
-    def put(self, item: Item, timeout: float) -> bool:
-        """Put ``item`` if a place frees within ``timeout`` seconds."""
+    def put(self, item: Item, timeout: float = 0.0) -> bool:
+        """Put ``item`` if a place frees within ``timeout`` seconds (0: is free now)."""
         if not self._places.acquire(timeout=timeout):
             return False
         self._items.put(item)
         return True
 
-    def get(self, timeout: float) -> Item:
+    def get(self, timeout: float = 0.0) -> Item:
         """The oldest item, waiting up to ``timeout`` seconds (else :class:`queue.Empty`); its place
         stays taken until :meth:`release`."""
         return self._items.get(timeout=timeout)
-
-    def get_nowait(self) -> Item:
-        """:meth:`get` without waiting."""
-        return self._items.get_nowait()
 
     def release(self) -> None:
         """Give back the place of an item taken with :meth:`get`."""
@@ -120,27 +109,21 @@ class _Shared:
         self.wake.set()
 
 
+@dataclass
 class _Worker:
-    def __init__(
-        self,
-        runner: StageRunner,
-        inbox: _Channel,
-        outbox: _Channel,
-        shared: _Shared,
-        *,
-        first: bool,
-        last: bool,
-        turns: _Turns | None = None,
-    ) -> None:
-        self.runner = runner
-        self.turns = turns
-        self.inbox = inbox
-        self.outbox = outbox
-        self.shared = shared
-        self.first = first
-        self.last = last
-        self.lock = threading.Lock()
-        self.thread = threading.Thread(target=self._loop, name=f"onnxpipe {runner.spec.label}", daemon=True)
+    runner: StageRunner
+    inbox: _Channel
+    outbox: _Channel
+    shared: _Shared
+    first: bool
+    last: bool
+    turns: _Turns | None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.thread = threading.Thread(
+            target=self._loop, name=f"onnxpipe {self.runner.spec.label}", daemon=True
+        )
 
     def _loop(self) -> None:
         shared = self.shared
@@ -189,7 +172,7 @@ class _Lane:
     results: _Channel
 
 
-class ThreadBackend:
+class ThreadBackend(Lanes):
     """Lanes of worker threads joined by bounded channels."""
 
     kind = "threads"
@@ -203,18 +186,12 @@ class ThreadBackend:
     ) -> None:
         """``workers``: the worker of each stage of a single lane (an interleaved split's
         ``manifest.worker_of``), whose stages then take turns; None: every stage runs when it can."""
-        if not lanes or any(not lane for lane in lanes):
-            raise ValueError("a backend needs at least one lane of at least one worker")
-        if workers is not None and (len(lanes) != 1 or len(workers) != len(lanes[0])):
-            raise ValueError("workers gives the worker of each stage of one lane")
+        super().__init__(lanes, slots, workers)
         if slots < 1:
             raise ValueError(f"slots {slots}: a channel needs at least one slot")
         self._shared = _Shared()
         self._startup_rss = current_rss_bytes()
-        self._slots = slots
         self._lanes: list[_Lane] = []
-        self._next_lane = 0
-        self._closed = False
         try:
             runners = [[StageRunner(spec) for spec in lane] for lane in lanes]
         except StageFailure as e:
@@ -242,26 +219,9 @@ class ThreadBackend:
     def _workers(self) -> list[_Worker]:
         return [w for lane in self._lanes for w in lane.workers]
 
-    @property
-    def capacity(self) -> int:
-        """``slots`` per channel, ``k + 1`` channels per lane of ``k`` workers: exactly what fits."""
-        return sum(self._slots * (len(lane.workers) + 1) for lane in self._lanes)
-
-    @property
-    def lanes(self) -> int:
-        return len(self._lanes)
-
-    def try_submit(self, seq: int, feeds: Mapping[str, np.ndarray], to_lane: int | None = None) -> bool:
-        self._check()
-        n = len(self._lanes)
-        for li in lane_order(self._next_lane, n, to_lane):
-            lane = self._lanes[li]
-            received = {name: feeds[name] for name in lane.workers[0].runner.spec.receives}
-            if not lane.inbox.try_put((seq, received)):
-                continue
-            self._next_lane = (li + 1) % n
-            return True
-        return False
+    def _offer(self, li: int, seq: int, feeds: Mapping[str, np.ndarray]) -> bool:
+        lane = self._lanes[li]
+        return lane.inbox.put((seq, {name: feeds[name] for name in lane.workers[0].runner.spec.receives}))
 
     def poll(self) -> list[tuple[int, Tensors]]:
         """What came out; after a failure, first what came out before it, then the failure next call."""
@@ -269,12 +229,12 @@ class ThreadBackend:
         for lane in self._lanes:
             while True:
                 try:
-                    done.append(lane.results.get_nowait())
+                    done.append(lane.results.get())
                 except queue.Empty:
                     break
                 lane.results.release()
         if not done:
-            self._check()
+            self._check_open()
         elif self._shared.failure is not None:
             self._shared.wake.set()  # so that the driver's next wait returns and polls the failure
         return done
@@ -286,11 +246,10 @@ class ThreadBackend:
     def wake(self) -> None:
         self._shared.wake.set()
 
-    def _check(self) -> None:
+    def _check_open(self) -> None:
         if self._shared.failure is not None:
-            raise RuntimeStageError(self._shared.failure)
-        if self._closed:
-            raise RuntimeStageError("the pipeline's workers were stopped; open the pipeline again")
+            self._failure = RuntimeStageError(self._shared.failure)
+        super()._check_open()
 
     def stats(self) -> list[WorkerStats]:
         result: list[WorkerStats] = []
@@ -303,13 +262,6 @@ class ThreadBackend:
         for w in self._workers:
             with w.lock:
                 w.runner.recorder.reset()
-
-    def trips(self) -> list[Trip]:
-        """None: a local worker's hops are a queue's or shared memory's, timed in its records."""
-        return []
-
-    def worker_pids(self) -> list[int]:
-        return []
 
     def close(self, graceful: bool = True) -> None:
         if self._closed:

@@ -142,13 +142,12 @@ def _on_node(stage: StageReport, pipeline: Pipeline, position: int) -> StageRepo
     if not isinstance(backend, RayBackend):
         return stage
     place = backend.placed[position]
-    record = backend.shipped_to(position)
     return replace(
         stage,
         node_id=place.node_id,
         node_address=place.address,
         host=place.host,
-        shipped_bytes=record.bytes_sent if record is not None else None,
+        shipped_bytes=backend.shipped_to(position),
     )
 
 
