@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from onnxpipe.core.errors import RuntimeStageError
+from onnxpipe.core.errors import RuntimeStageError, UsageError
 from onnxpipe.runtime.base import lane_order
 from onnxpipe.runtime.spec import WorkerSpec
 from onnxpipe.runtime.trips import Trip
@@ -25,7 +25,7 @@ class Lanes:
         if not lanes or any(not lane for lane in lanes):
             raise ValueError("a backend needs at least one lane of at least one worker")
         if workers is not None and (len(lanes) != 1 or len(workers) != len(lanes[0])):
-            raise ValueError("workers gives the worker of each stage of one lane")
+            raise UsageError("workers gives the worker of each stage of one lane")
         self._sizes = [len(lane) for lane in lanes]
         self._slots = slots
         self._next_lane = 0

@@ -136,7 +136,7 @@ def worker_main(
     try:
         orphaned = loop.run()
     except StageFailure as e:
-        report(status, seq_of(loop.current), str(e))
+        report(status, str(e))
     except (EOFError, BrokenPipeError, ConnectionResetError):
         # a neighbour or the caller went away: the caller cleans up after the first, nobody after the second
         orphaned = parent_gone(parent_pid, within=WATCH_S)
@@ -147,7 +147,8 @@ def worker_main(
         detail = "".join(traceback.format_exception_only(type(e), e)).strip()
         busy = loop.current
         label = busy.runner.spec.label if busy is not None else ", ".join(s.label for s in specs)
-        report(status, seq_of(busy), f"{label}: internal error on micro-batch {seq_of(busy)}: {detail}")
+        seq = busy.busy if busy is not None else None
+        report(status, f"{label}: internal error on micro-batch {seq}: {detail}")
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for h in hosted:
@@ -167,14 +168,14 @@ def _start(
     except OSError as e:  # CPUs outside this process's allowed set (a changed cpuset)
         label = ", ".join(spec.label for spec in specs)
         whole = replace(specs[0], label=label, placement=replace(specs[0].placement, cpus=cpus))
-        status.send(("failed", None, pin_failure(whole, e)))
+        report(status, pin_failure(whole, e))
         return None
     hosted: list[Hosted] = []
     try:
         for spec, channels in zip(specs, ends, strict=True):
             hosted.append(Hosted(StageRunner(spec), channels, slots))
     except StageFailure as e:
-        status.send(("failed", None, str(e)))
+        report(status, str(e))
         return None
     except Leave:
         return None
@@ -264,11 +265,6 @@ class _Loop:
         return bool(message != STOP)
 
 
-def seq_of(hosted: Hosted | None) -> int | None:
-    """The micro-batch ``hosted`` was busy with (None: no stage was)."""
-    return hosted.busy if hosted is not None else None
-
-
 class Leave(BaseException):
     """Raised by the SIGTERM/SIGHUP handler so that a worker unlinks its segments on the way out."""
 
@@ -286,6 +282,6 @@ def parent_gone(parent_pid: int, within: float) -> bool:
     return True
 
 
-def report(status: Connection, seq: int | None, text: str) -> None:
+def report(status: Connection, text: str) -> None:
     with contextlib.suppress(OSError):
-        status.send(("failed", seq, text))
+        status.send(("failed", text))

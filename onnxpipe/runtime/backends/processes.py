@@ -18,6 +18,7 @@ import contextlib
 import os
 import secrets
 import signal
+import socket
 import threading
 import time
 import weakref
@@ -25,7 +26,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any
 
 import numpy as np
 
@@ -40,7 +40,7 @@ from onnxpipe.runtime.backends.shm import (
     SlotWriter,
     unlink_prefix,
 )
-from onnxpipe.runtime.backends.spawning import WORKERS, WorkerContext
+from onnxpipe.runtime.backends.spawning import WORKERS
 from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.choices import DEFAULT_SLOTS
 from onnxpipe.runtime.session import WorkerStats
@@ -93,25 +93,22 @@ class ProcessBackend(Lanes):
         super().__init__(lanes, slots, workers)
         if not 1 <= slots <= MAX_SLOTS:
             raise UsageError(f"slots {slots}: a link between two worker processes has 1 to {MAX_SLOTS}")
-        ctx = WORKERS
         self.prefix = f"onnxpipe-{os.getpid()}-{secrets.token_hex(4)}"
         self._lanes: list[_Lane] = []
         self._workers: list[_Worker] = []  # in lane order, each recorded before it starts: close() finds it
         self._control_lock = threading.Lock()
         self._last_request = 0
-        self._wake_lock = threading.Lock()
-        self._wake_read, self._wake_write = os.pipe()  # wake() writes a byte that wait() sees
-        self._close_wake_pipe = weakref.finalize(self, _close_fds, self._wake_read, self._wake_write)
-        os.set_blocking(self._wake_read, False)
-        os.set_blocking(self._wake_write, False)
+        # wake() sends a byte that wait() sees; a closed socket refuses both (never a reused descriptor)
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._wake_read.setblocking(False)
+        self._wake_write.setblocking(False)
+        self._wake_fd = self._wake_read.fileno()
         self._finalizer = weakref.finalize(self, unlink_prefix, self.prefix)
         try:
             for li, lane in enumerate(lanes):
-                self._start_lane(
-                    ctx, li, lane, worker_groups(range(len(lane)) if workers is None else workers)
-                )
+                self._start_lane(li, lane, worker_groups(range(len(lane)) if workers is None else workers))
             self._await_ready(start_timeout)
-            everything: list[Connection | int] = [self._wake_read]
+            everything: list[Connection | int] = [self._wake_fd]
             health: list[Connection | int] = []
             for started in self._lanes:
                 everything += [started.reader.data, started.writer.free]
@@ -125,12 +122,10 @@ class ProcessBackend(Lanes):
 
     # ---------------------------------------------------------------------------------- start-up
 
-    def _start_lane(
-        self, ctx: WorkerContext, li: int, lane: Sequence[WorkerSpec], hosts: Sequence[Sequence[int]]
-    ) -> None:
+    def _start_lane(self, li: int, lane: Sequence[WorkerSpec], hosts: Sequence[Sequence[int]]) -> None:
         """Start lane ``li``'s worker processes (``hosts``: the positions of the stages each one hosts)
         and its channels (channel ``c`` into stage ``c``), recording each part before it can fail."""
-        k = len(lane)
+        k, ctx = len(lane), WORKERS
         data = [ctx.Pipe(duplex=False) for _ in range(k + 1)]  # (reader, writer)
         free = [ctx.Pipe(duplex=False) for _ in range(k + 1)]  # (reader at the writer, writer)
         writer = SlotWriter(f"{self.prefix}-l{li}c0", self._slots, data[0][1], free[0][0])
@@ -172,24 +167,21 @@ class ProcessBackend(Lanes):
 
     def _await_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        waiting = {id(w.status): w for w in self._workers}
+        waiting = list(self._workers)
         while waiting:
             left = deadline - time.monotonic()
             if left <= 0:
-                names = ", ".join(w.label for w in waiting.values())
+                names = ", ".join(w.label for w in waiting)
                 raise RuntimeStageError(f"{names}: did not start within {timeout:.0f} s")
-            objects: list[Any] = [w.status for w in waiting.values()]
-            objects += [w.process.sentinel for w in waiting.values()]
-            wait(objects, timeout=min(left, WATCH_S))
-            for key, w in list(waiting.items()):
-                if w.status.poll():
-                    message = w.status.recv()
-                    if message[0] == "ready":
-                        w.pid = int(message[1])
-                        del waiting[key]
-                    else:
-                        raise RuntimeStageError(str(message[2]))
-                elif w.process.exitcode is not None:
+            wait([x for w in waiting for x in (w.status, w.process.sentinel)], timeout=min(left, WATCH_S))
+            for w in [w for w in waiting if w.status.poll()]:
+                message = w.status.recv()
+                if message[0] != "ready":
+                    raise RuntimeStageError(str(message[1]))
+                w.pid = int(message[1])
+                waiting.remove(w)
+            for w in waiting:
+                if w.process.exitcode is not None:
                     raise RuntimeStageError(_exit_text(w))
 
     # ------------------------------------------------------------------------------------ running
@@ -228,18 +220,16 @@ class ProcessBackend(Lanes):
     def wait(self, timeout: float) -> None:
         if self._closed:
             return
-        if self._wake_read in self._events.ready(timeout):
-            with self._wake_lock, contextlib.suppress(OSError):  # OSError: closed meanwhile
-                while os.read(self._wake_read, 4096):  # BlockingIOError (an OSError) once empty
+        if self._wake_fd in self._events.ready(timeout):
+            with contextlib.suppress(OSError):  # BlockingIOError once empty, or closed meanwhile
+                while self._wake_read.recv(4096):
                     pass
 
     def wake(self) -> None:
         """Make the driver's :meth:`wait` return now (it would otherwise sleep up to its timeout, e.g. in a
-        close); a wake-up before the wait counts too.  Never blocks: a full pipe has one pending anyway."""
-        with self._wake_lock:
-            if self._wake_write >= 0:
-                with contextlib.suppress(BlockingIOError):
-                    os.write(self._wake_write, b"w")
+        close); a wake-up before the wait counts too.  Never blocks: a full socket has one pending anyway."""
+        with contextlib.suppress(OSError):  # full, or closed: nobody waits any more
+            self._wake_write.send(b"w")
 
     def _check_workers(self, grace: float = 0.0) -> None:
         """Raise the first failure a worker reported, else the first worker that died.
@@ -261,7 +251,7 @@ class ProcessBackend(Lanes):
                     message = w.status.recv()
                 except (EOFError, OSError):
                     continue
-                self._failure = RuntimeStageError(str(message[2]))
+                self._failure = RuntimeStageError(str(message[1]))
                 raise self._failure
         # a neighbour of a killed worker leaves quietly (code 0) when its channel closes: blame the kill
         dead = [w for w in self._workers if w.process.exitcode is not None]
@@ -351,17 +341,10 @@ class ProcessBackend(Lanes):
         for w in workers:
             w.control.close()
             w.status.close()
-        with self._wake_lock:  # wake() and wait() never touch a closed (or reused) descriptor
-            self._close_wake_pipe()
-            self._wake_read = self._wake_write = -1
+        self._wake_read.close()
+        self._wake_write.close()
         unlink_prefix(self.prefix)
         self._finalizer.detach()
-
-
-def _close_fds(*fds: int) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
 
 
 def _exit_text(w: _Worker) -> str:

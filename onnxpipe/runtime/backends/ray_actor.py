@@ -49,6 +49,18 @@ class CacheGone(RuntimeError):
     again after its node died.  That step fails alone; its sequences are rebuilt by a prefill."""
 
 
+def node_here() -> NodePlace:
+    """The node and process of the Ray worker that calls it."""
+    import ray
+
+    return NodePlace(
+        node_id=ray.get_runtime_context().get_node_id(),
+        address=ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
+        host=socket.gethostname(),
+        pid=os.getpid(),
+    )
+
+
 class WorkerActor:
     """A worker's stages (one for a plain split, a worker's for an interleaved one) on one Ray node."""
 
@@ -63,15 +75,8 @@ class WorkerActor:
 
     def node(self) -> NodePlace:
         """Where this actor runs."""
-        import ray
-
         if self.place is None:
-            self.place = NodePlace(
-                node_id=ray.get_runtime_context().get_node_id(),
-                address=ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
-                host=socket.gethostname(),
-                pid=os.getpid(),
-            )
+            self.place = node_here()
         return self.place
 
     def missing(self, files: Sequence[ShippedFile]) -> list[str]:
@@ -133,7 +138,6 @@ class WorkerActor:
             stage=stage,
             received=received_at,
             run_seconds=run_end - run_start,
-            handled_seconds=end - start,
             sent=received_at + (end - start),
             bytes_in=header.nbytes,
             inline_in=header.inline,

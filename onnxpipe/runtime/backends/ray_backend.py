@@ -222,8 +222,7 @@ class RayBackend(Lanes):
     def _describe_requests(self) -> str:
         parts = []
         for g, group in enumerate(self.groups):
-            options = self._group_options(group)
-            shown = {k: v for k, v in options.items() if k in RESOURCE_KEYS}
+            shown = {k: v for k, v in self._group_options(group).items() if k in RESOURCE_KEYS}
             parts.append(f"{stages_text(self._indexes(g))}: {shown}")
         return "; ".join(parts)
 
@@ -240,12 +239,10 @@ class RayBackend(Lanes):
     def _actor_names(self) -> dict[int, str]:
         """Each actor's process id, and the stages it hosts in words (``the actor of stages 0, 2 (pid
         41 on node-a)``)."""
-        names: dict[int, str] = {}
-        for g, place in enumerate(self.places):
-            names[place.pid] = (
-                f"the actor of {stages_text(self._indexes(g))} (pid {place.pid} on {place.host})"
-            )
-        return names
+        return {
+            place.pid: f"the actor of {stages_text(self._indexes(g))} (pid {place.pid} on {place.host})"
+            for g, place in enumerate(self.places)
+        }
 
     # ---------------------------------------------------------------------------------- running
 

@@ -19,8 +19,6 @@ the bandwidth's share dominate the error).
 from __future__ import annotations
 
 import math
-import os
-import socket
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -30,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from onnxpipe.core.errors import RuntimeStageError, error_line
+from onnxpipe.runtime.backends.ray_actor import node_here
 from onnxpipe.runtime.backends.ray_wire import Header, pack, slots_for, unpack
 from onnxpipe.runtime.nodeplace import NodePlace
 
@@ -42,14 +41,7 @@ class LinkProbe:
     """The body of a probe actor: it emits tensors of a size and takes them as stages do."""
 
     def node(self) -> NodePlace:
-        import ray
-
-        return NodePlace(
-            node_id=ray.get_runtime_context().get_node_id(),
-            address=ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
-            host=socket.gethostname(),
-            pid=os.getpid(),
-        )
+        return node_here()
 
     def emit(self, nbytes: int, slots: int) -> tuple[Any, ...]:
         tensors = {"x": np.zeros(nbytes, dtype=np.uint8)}

@@ -16,8 +16,8 @@ pieces the last micro-batch needed (:attr:`Header.needs`), and a stage that need
 its last piece (correct, only slower: that piece goes through the object store), one that needs fewer
 pads with empty pieces.
 
-Tensors of object dtype (ONNX strings) have no fixed-size bytes: a message holding one travels as the
-tensors themselves, pickled, in one piece.
+The payload is laid out as a shared-memory slot's (:func:`~.shm.laid_out`): an object tensor (ONNX
+strings) is pickled there.
 
 Each header also carries the :class:`Leg` of every stage the micro-batch went through, so that the
 driver learns each hop's bytes and times from the micro-batch itself, with no other call.
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxpipe.runtime.backends.shm import ALIGN, TensorMeta
+from onnxpipe.runtime.backends.shm import ALIGN, TensorMeta, laid_out, read_payload, write_payload
 
 INLINE_PIECE = 96 * 1024
 """Bytes of one inline piece: under Ray's default ``max_direct_call_object_size`` (100 KiB), with room
@@ -51,8 +51,6 @@ class Leg:
     """When its call began (its inputs had arrived)."""
     run_seconds: float
     """The stage's own work: its session's run."""
-    handled_seconds: float
-    """Unpacking its inputs, the run, and packing its outputs."""
     sent: float
     """When its outputs were packed and handed to Ray."""
     bytes_in: int
@@ -71,8 +69,6 @@ class Header:
     """Pieces the payload needed (:attr:`needs` for the next call of the same kind)."""
     inline: bool
     """Whether every piece fits inline."""
-    raw: bool = False
-    """The payload is the tensors themselves (object dtypes), in one piece."""
     sent: float = 0.0
     """When the sender packed it (wall clock)."""
     legs: tuple[Leg, ...] = ()
@@ -97,13 +93,9 @@ def pack(
     inline pieces (the rest in the last slot when they need more, empty pieces when fewer)."""
     if slots < 2:
         raise ValueError("a message needs a slot for its header and at least one for its payload")
-    arrays = {n: np.asarray(v) for n, v in tensors.items()}
-    if any(a.dtype.hasobject for a in arrays.values()):
-        metas = tuple(TensorMeta(n, str(a.dtype), tuple(a.shape), 0, 0) for n, a in arrays.items())
-        header = Header(metas, 1, False, raw=True, sent=sent, legs=legs)
-        return (header, arrays, *([_EMPTY] * (slots - 2)))
-    metas, flat = _laid_out(arrays)
-    total = int(flat.nbytes)
+    metas, contents, total = laid_out(tensors)
+    flat = np.empty(total, dtype=np.uint8)
+    write_payload(flat.data, metas, contents)
     if total > INLINE_LIMIT:
         header = Header(metas, 1, False, sent=sent, legs=legs)
         return (header, flat, *([_EMPTY] * (slots - 2)))
@@ -119,38 +111,12 @@ def pack(
 
 def slots_for(tensors: Mapping[str, np.ndarray]) -> int:
     """Values a message of ``tensors`` takes at most: its header and its pieces, none through the object
-    store (or one, when it is over :data:`INLINE_LIMIT` or holds object dtypes)."""
-    arrays = [np.asarray(v) for v in tensors.values()]
-    if any(a.dtype.hasobject for a in arrays):
-        return 2
-    total = sum(-(-int(a.nbytes) // ALIGN) * ALIGN for a in arrays)
-    if total > INLINE_LIMIT:
-        return 2
-    return 1 + max(1, -(-total // INLINE_PIECE))
+    store (or one, when it is over :data:`INLINE_LIMIT`)."""
+    total = sum(-(-int(np.asarray(v).nbytes) // ALIGN) * ALIGN for v in tensors.values())
+    return 2 if total > INLINE_LIMIT else 1 + max(1, -(-total // INLINE_PIECE))
 
 
 def unpack(header: Header, pieces: Sequence[Any]) -> dict[str, np.ndarray]:
     """The tensors of a message: writable arrays (views of one buffer, so one copy in all)."""
-    if header.raw:
-        raw: dict[str, np.ndarray] = dict(pieces[0])
-        return raw
-    parts = [np.asarray(p, dtype=np.uint8).reshape(-1) for p in pieces if len(p)]
-    buffer = np.concatenate(parts) if len(parts) != 1 else np.array(parts[0], copy=True)
-    return {
-        t.name: buffer[t.offset : t.offset + t.nbytes].view(np.dtype(t.dtype)).reshape(t.shape)
-        for t in header.tensors
-    }
-
-
-def _laid_out(arrays: Mapping[str, np.ndarray]) -> tuple[tuple[TensorMeta, ...], np.ndarray]:
-    """Each tensor's place in one flat ``uint8`` payload (every one at a multiple of :data:`ALIGN`), and
-    the payload: one copy of the tensors' bytes."""
-    metas: list[TensorMeta] = []
-    offset = 0
-    for name, a in arrays.items():
-        metas.append(TensorMeta(name, str(a.dtype), tuple(int(d) for d in a.shape), offset, int(a.nbytes)))
-        offset += -(-int(a.nbytes) // ALIGN) * ALIGN
-    flat = np.empty(metas[-1].offset + metas[-1].nbytes if metas else 0, dtype=np.uint8)
-    for meta, a in zip(metas, arrays.values(), strict=True):
-        flat[meta.offset : meta.offset + meta.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-    return tuple(metas), flat
+    buffer = np.concatenate([np.asarray(p, dtype=np.uint8).reshape(-1) for p in pieces])
+    return read_payload(buffer.data, header.tensors)

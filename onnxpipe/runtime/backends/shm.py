@@ -26,7 +26,7 @@ import pickle
 import select
 import struct
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
@@ -111,6 +111,55 @@ class Poller:
         return bool(self._poll.poll(0))
 
 
+def laid_out(
+    tensors: Mapping[str, np.ndarray],
+) -> tuple[tuple[TensorMeta, ...], list[np.ndarray | bytes], int]:
+    """Each tensor's place in one flat payload (every one at a multiple of :data:`ALIGN`), what goes
+    there (an object tensor, e.g. strings, has no fixed-size layout: pickled), and the payload's size."""
+    metas: list[TensorMeta] = []
+    contents: list[np.ndarray | bytes] = []
+    offset = end = 0
+    for name, value in tensors.items():
+        a = np.asarray(value)
+        content: np.ndarray | bytes = a
+        if a.dtype.hasobject:
+            content = pickle.dumps(a, protocol=pickle.HIGHEST_PROTOCOL)
+        nbytes = len(content) if isinstance(content, bytes) else a.nbytes
+        shape = tuple(int(d) for d in a.shape)
+        metas.append(TensorMeta(name, a.dtype.str, shape, offset, nbytes, pickled=isinstance(content, bytes)))
+        contents.append(content)
+        end = offset + nbytes
+        offset = _round_up(end, ALIGN)
+    return tuple(metas), contents, end
+
+
+def write_payload(
+    buf: memoryview, metas: Sequence[TensorMeta], contents: Sequence[np.ndarray | bytes]
+) -> None:
+    """Copy each of :func:`laid_out`'s contents to its place in ``buf``."""
+    for meta, content in zip(metas, contents, strict=True):
+        if isinstance(content, bytes):
+            buf[meta.offset : meta.offset + meta.nbytes] = content
+        elif meta.nbytes:
+            dst: np.ndarray = np.ndarray(meta.shape, dtype=content.dtype, buffer=buf, offset=meta.offset)
+            np.copyto(dst, content, casting="no")
+            del dst
+
+
+def read_payload(buf: memoryview, metas: Sequence[TensorMeta]) -> dict[str, np.ndarray]:
+    """The tensors of a payload: views of ``buf`` (an object tensor unpickled: an array of its own)."""
+    out: dict[str, np.ndarray] = {}
+    for meta in metas:
+        if meta.pickled:
+            with buf[meta.offset : meta.offset + meta.nbytes] as raw:
+                out[meta.name] = pickle.loads(raw)
+        else:
+            out[meta.name] = np.ndarray(
+                meta.shape, dtype=np.dtype(meta.dtype), buffer=buf, offset=meta.offset
+            )
+    return out
+
+
 def _round_up(n: int, to: int) -> int:
     return (n + to - 1) // to * to
 
@@ -135,8 +184,6 @@ class SlotWriter:
     """The sending end of a channel."""
 
     def __init__(self, prefix: str, slots: int, data: Connection, free: Connection) -> None:
-        if not 1 <= slots <= MAX_SLOTS:
-            raise ValueError(f"a channel has 1 to {MAX_SLOTS} slots, got {slots}")
         self.prefix = prefix
         self.data = data
         self.free = free
@@ -158,32 +205,13 @@ class SlotWriter:
     def send(self, seq: int, tensors: Mapping[str, np.ndarray]) -> None:
         """Copy ``tensors`` into a free slot and announce them; call only after :meth:`has_room`."""
         slot = self._free_slots.pop()
-        metas: list[TensorMeta] = []
-        contents: list[np.ndarray | bytes] = []
-        offset = 0
-        for name, value in tensors.items():
-            a = np.asarray(value)
-            shape = tuple(int(d) for d in a.shape)
-            content: np.ndarray | bytes = a
-            if a.dtype.hasobject:  # no fixed-size layout: pickled, like the pipe would have done
-                content = pickle.dumps(a, protocol=pickle.HIGHEST_PROTOCOL)
-                metas.append(TensorMeta(name, a.dtype.str, shape, offset, len(content), pickled=True))
-            else:
-                metas.append(TensorMeta(name, a.dtype.str, shape, offset, a.nbytes))
-            contents.append(content)
-            offset = _round_up(offset + metas[-1].nbytes, ALIGN)
-        table = pickle.dumps(tuple(metas), protocol=pickle.HIGHEST_PROTOCOL)
-        segment = self._segment(slot, offset + len(table))
+        metas, contents, size = laid_out(tensors)
+        table = pickle.dumps(metas, protocol=pickle.HIGHEST_PROTOCOL)
+        segment = self._segment(slot, size + len(table))
         buf = _buffer(segment)
-        for meta, content in zip(metas, contents, strict=True):
-            if isinstance(content, bytes):
-                buf[meta.offset : meta.offset + meta.nbytes] = content
-            elif meta.nbytes:
-                dst: np.ndarray = np.ndarray(meta.shape, dtype=content.dtype, buffer=buf, offset=meta.offset)
-                np.copyto(dst, content, casting="no")
-                del dst
-        buf[offset : offset + len(table)] = table
-        self.data.send(ItemMessage(seq, slot, segment.name, offset, len(table)))
+        write_payload(buf, metas, contents)
+        buf[size : size + len(table)] = table
+        self.data.send(ItemMessage(seq, slot, segment.name, size, len(table)))
 
     def _segment(self, slot: int, size: int) -> SharedMemory:
         current = self._segments.get(slot)
@@ -239,16 +267,7 @@ class SlotReader:
         buf = _buffer(self._map(item.slot, item.segment))
         with buf[item.table_offset : item.table_offset + item.table_size] as raw:
             metas: tuple[TensorMeta, ...] = pickle.loads(raw)
-        out: dict[str, np.ndarray] = {}
-        for meta in metas:
-            if meta.pickled:
-                with buf[meta.offset : meta.offset + meta.nbytes] as raw:
-                    out[meta.name] = pickle.loads(raw)
-            else:
-                out[meta.name] = np.ndarray(
-                    meta.shape, dtype=np.dtype(meta.dtype), buffer=buf, offset=meta.offset
-                )
-        return out
+        return read_payload(buf, metas)
 
     def copies(self, item: ItemMessage) -> dict[str, np.ndarray]:
         """The item's tensors as arrays the caller owns."""

@@ -125,7 +125,8 @@ class StageCache:
         key = hashlib.sha256("\n".join(f"{f.name}\0{f.sha256}" for f in files).encode()).hexdigest()
         folder = self.root / "stages" / key
         if not folder.is_dir():
-            part = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.", dir=_made(self.root / "stages")))
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            part = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.", dir=folder.parent))
             for f in files:
                 _link(self.blob(f.sha256), part / f.name)
             try:
@@ -133,11 +134,6 @@ class StageCache:
             except OSError:  # another actor made it first: theirs is as good
                 shutil.rmtree(part, ignore_errors=True)
         return folder / files[0].name
-
-
-def _made(folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 def _link(blob: Path, to: Path) -> None:
