@@ -9,6 +9,7 @@ import os
 import signal
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 
@@ -20,6 +21,7 @@ from onnxpipe.runtime.session import (
     Record,
     StageFailure,
     StageRunner,
+    WorkerStats,
     current_rss_bytes,
     memory_snapshot,
     pin_failure,
@@ -194,8 +196,6 @@ class _Loop:
         self.control = control
         self.parent_pid = parent_pid
         self.startup_rss = startup_rss
-        self.together = tuple(h.runner.spec.index for h in hosted) if len(hosted) > 1 else ()
-        self.pid = os.getpid()
         self.asked = Poller(control)  # a persistent poll: Connection.poll() builds a selector per call
         self.waits: dict[tuple[bool, ...], Poller] = {}
         """What to wait on, by which stages hold a result: their room, else their input (and control)."""
@@ -251,18 +251,22 @@ class _Loop:
     def _control_says_go(self) -> bool:
         message = self.control.recv()
         if isinstance(message, tuple) and message[0] == STATS:
-            memory = memory_snapshot()  # once for every stage this process hosts: one worker, one figure
-            stats = [
-                h.runner.stats(
-                    pid=self.pid, startup_rss=self.startup_rss, hosted_with=self.together, memory=memory
-                )
-                for h in self.hosted
-            ]
-            self.control.send((message[1], stats))
+            self.control.send((message[1], hosted_stats([h.runner for h in self.hosted], self.startup_rss)))
         elif message == RESET:
             for h in self.hosted:
                 h.runner.recorder.reset()
         return bool(message != STOP)
+
+
+def hosted_stats(runners: Sequence[StageRunner], startup_rss: int | None) -> list[WorkerStats]:
+    """One entry per stage a worker hosts; ``hosted_with`` names them all when there are several, whose
+    memory, read once, is then the worker's: the same figures for each."""
+    together = tuple(r.spec.index for r in runners) if len(runners) > 1 else ()
+    memory = memory_snapshot()
+    return [
+        r.stats(pid=os.getpid(), startup_rss=startup_rss, hosted_with=together, memory=memory)
+        for r in runners
+    ]
 
 
 class Leave(BaseException):

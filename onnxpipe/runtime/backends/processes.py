@@ -299,13 +299,7 @@ class ProcessBackend(Lanes):
 
     def worker_pids(self) -> list[int]:
         """The pid of each stage's process, in lane and stage order (stages hosted together repeat it)."""
-        host = {
-            (li, spec.index): w.pid
-            for li, lane in enumerate(self._lanes)
-            for w in lane.workers
-            for spec in w.specs
-        }
-        return [host[li, spec.index] for li, lane in enumerate(self._lanes) for spec in lane.specs]
+        return [w.pid for lane in self._lanes for spec in lane.specs for w in lane.workers if spec in w.specs]
 
     # ---------------------------------------------------------------------------------- closing
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.core.options import opt
+from onnxpipe.runtime.backends.process_worker import hosted_stats
 from onnxpipe.runtime.backends.ray_wire import Header, Leg, pack, unpack
 from onnxpipe.runtime.backends.stage_cache import ShipFailure, ShippedFile, StageCache
 from onnxpipe.runtime.nodeplace import NodePlace
@@ -34,7 +35,6 @@ from onnxpipe.runtime.session import (
     StageRunner,
     WorkerStats,
     current_rss_bytes,
-    memory_snapshot,
 )
 from onnxpipe.runtime.spec import WorkerSpec
 
@@ -147,18 +147,9 @@ class WorkerActor:
         return (replace(first, sent=leg.sent, legs=(*header.legs, leg)), *out[1:])
 
     def stats(self) -> list[WorkerStats]:
-        """One entry per hosted stage; ``hosted_with`` names them all when there are several, whose
-        memory figures are then the actor's, the same for each."""
-        hosted = tuple(self.runners) if len(self.runners) > 1 else ()
-        pid = os.getpid()
-        memory = memory_snapshot()  # read once: the same figures for every stage the actor hosts
-        return [
-            replace(
-                r.stats(pid=pid, startup_rss=self.startup_rss, hosted_with=hosted, memory=memory),
-                node=self.node(),
-            )
-            for r in self.runners.values()
-        ]
+        """One entry per hosted stage (:func:`~.process_worker.hosted_stats`), with this actor's node."""
+        stats = hosted_stats(list(self.runners.values()), self.startup_rss)
+        return [replace(st, node=self.node()) for st in stats]
 
     def reset(self) -> None:
         for runner in self.runners.values():

@@ -294,7 +294,8 @@ class RayBackend(Lanes):
                     with self._lock:
                         done.append(self._cache_lost(flight, error_line(e)))
                     continue
-                if not self._recoverable(e):  # what came out is delivered; the next poll raises
+                if not (is_lost_actor(e) and self.config.restarts > 0):  # a stage failed, or no restarts
+                    # what came out is delivered; the next poll raises
                     self._failure = RuntimeStageError(
                         ray_error_text(e, f"micro-batch {flight.seq} failed", self._actor_names())
                     )
@@ -337,10 +338,6 @@ class RayBackend(Lanes):
             )
         )
         return unpack(header, values[1:])
-
-    def _recoverable(self, e: BaseException) -> bool:
-        """Whether a failed micro-batch lost an actor that Ray may start again (else a stage failed)."""
-        return is_lost_actor(e) and self.config.restarts > 0
 
     def wait(self, timeout: float) -> None:
         with self._lock:

@@ -40,28 +40,23 @@ STOP_GRACE_S = 10.0
 Item = tuple[int, Tensors]
 
 
+@dataclass
 class _Channel:
-    """A FIFO of micro-batches with ``slots`` places (see the module docstring)."""
+    """A FIFO of micro-batches with ``slots`` places (see the module docstring): an item taken from
+    ``items`` keeps its place until ``places.release()``."""
 
-    def __init__(self, slots: int) -> None:
-        self._items: queue.SimpleQueue[Item] = queue.SimpleQueue()
-        self._places = threading.Semaphore(slots)
+    slots: int
+    items: queue.SimpleQueue[Item] = field(default_factory=queue.SimpleQueue)
+
+    def __post_init__(self) -> None:
+        self.places = threading.Semaphore(self.slots)
 
     def put(self, item: Item, timeout: float = 0.0) -> bool:
         """Put ``item`` if a place frees within ``timeout`` seconds (0: is free now)."""
-        if not self._places.acquire(timeout=timeout):
+        if not self.places.acquire(timeout=timeout):
             return False
-        self._items.put(item)
+        self.items.put(item)
         return True
-
-    def get(self, timeout: float = 0.0) -> Item:
-        """The oldest item, waiting up to ``timeout`` seconds (else :class:`queue.Empty`); its place
-        stays taken until :meth:`release`."""
-        return self._items.get(timeout=timeout)
-
-    def release(self) -> None:
-        """Give back the place of an item taken with :meth:`get`."""
-        self._places.release()
 
 
 class _Turns:
@@ -132,7 +127,7 @@ class _Worker:
             pin_thread(self.runner.spec.placement.cpus)
             while not shared.stopping.is_set():
                 try:
-                    seq, tensors = self.inbox.get(timeout=_POLL_S)
+                    seq, tensors = self.inbox.items.get(timeout=_POLL_S)
                 except queue.Empty:
                     continue
                 turns = self.turns
@@ -153,7 +148,7 @@ class _Worker:
                             return
                     done = time.perf_counter()
                     self.runner.recorder.add(Record(seq, received, run_start, run_end, done, done))
-                self.inbox.release()
+                self.inbox.places.release()
                 if self.first or self.last:
                     shared.wake.set()  # room for the next micro-batch, or a result for the driver
                 seq = None
@@ -229,10 +224,10 @@ class ThreadBackend(Lanes):
         for lane in self._lanes:
             while True:
                 try:
-                    done.append(lane.results.get())
+                    done.append(lane.results.items.get_nowait())
                 except queue.Empty:
                     break
-                lane.results.release()
+                lane.results.places.release()
         if not done:
             self._check_open()
         elif self._shared.failure is not None:
