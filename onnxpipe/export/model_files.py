@@ -3,7 +3,7 @@
 A split of a decoder is a model folder too: the tokenizer, its chat template and the generation defaults
 found beside the model (:func:`onnxpipe.core.tokenizer_files.tokenizer_files`) are copied beside the
 stages, so that a generator takes text from the folder alone and GenAI's ``og.Tokenizer`` loads it.  The
-manifest's ``plan.decoder.model`` (:class:`~onnxpipe.manifest.DecoderModelRecord`) records the model's
+manifest's ``plan.decoder.model`` (:class:`~onnxpipe.planning.records.DecoderModelRecord`) records the model's
 vocabulary and context, the token ids of its own config, the files copied and where the chat template is:
 what ``generate`` checks a prompt against before it runs a step (:mod:`onnxpipe.manifest.limits`).
 
@@ -35,7 +35,8 @@ from onnxpipe.export.outdir import writing
 from onnxpipe.ir.decoder import DecoderInfo, FoundDecoder, decoder_of
 from onnxpipe.ir.decoder_dims import decoder_dims, own_config, own_context
 from onnxpipe.ir.model import ModelView
-from onnxpipe.manifest import DecoderModelRecord, Manifest
+from onnxpipe.manifest import Manifest
+from onnxpipe.planning.records import DecoderModelRecord
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import os
 import shutil
 import sys
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -138,10 +138,14 @@ def _current_folder() -> Path | None:
 
 
 @contextmanager
-def staged_folder(out: Path, *, last: str | None = None) -> Iterator[Path]:
+def staged_folder(
+    out: Path, *, last: str | None = None, replaceable: Callable[[Path], None] | None = None
+) -> Iterator[Path]:
     """Yield a fresh temporary folder beside ``out``; on success it becomes ``out``, else it vanishes.
 
     ``last`` names the file that must appear last (the manifest) when files move into an empty ``out``.
+    ``replaceable`` refuses a non-empty ``out`` that may not be replaced (default: a split's own check,
+    :func:`check_replaceable`, which also carries the files the user added across).
     """
     created = _make_parents(out.parent)
     try:
@@ -153,7 +157,7 @@ def staged_folder(out: Path, *, last: str | None = None) -> Iterator[Path]:
         ) from e
     try:
         yield tmp
-        _move_into_place(tmp, out, last)
+        _move_into_place(tmp, out, last, replaceable)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         _remove_empty(created)
@@ -221,7 +225,9 @@ def _remove_empty(folders: Iterable[Path]) -> None:
             return
 
 
-def _move_into_place(tmp: Path, out: Path, last: str | None) -> None:
+def _move_into_place(
+    tmp: Path, out: Path, last: str | None, replaceable: Callable[[Path], None] | None
+) -> None:
     """Rename ``tmp`` to ``out``; an existing ``out`` is moved aside first and deleted last.
 
     An existing *empty* ``out`` stays (it may be the current folder, or have its own owner and mode):
@@ -234,8 +240,11 @@ def _move_into_place(tmp: Path, out: Path, last: str | None) -> None:
     if not any(out.iterdir()):
         _move_files_into(tmp, out, last)
         return
-    check_replaceable(out)  # again: the folder may have changed while the stages were written
-    _carry_across(out, tmp)
+    if replaceable is not None:  # again: the folder may have changed while it was written
+        replaceable(out)
+    else:
+        check_replaceable(out)
+        _carry_across(out, tmp)
     with writing(out, out):
         swapped = _exchange(tmp, out)
     if swapped:  # one step: out was the old split, then the new one, never absent

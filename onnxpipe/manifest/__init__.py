@@ -7,7 +7,6 @@ and checked across fields by :mod:`.manifest`.  ``docs/manifest.md`` documents e
 versioning.  Importing this room loads neither onnx nor onnxruntime (nor does ``planning.records``).
 """
 
-from onnxpipe.core.kv import KVPair
 from onnxpipe.manifest.entries import (
     MANIFEST_NAME,
     MODEL,
@@ -33,14 +32,7 @@ from onnxpipe.manifest.manifest import (
     stage_file_problems,
     write_manifest,
 )
-from onnxpipe.planning.records import (
-    DecoderModelRecord,
-    DecoderRecord,
-    NodeSplit,
-    PhaseShape,
-    PlanSummary,
-    SameValue,
-)
+from onnxpipe.planning.records import PlanSummary
 
 __all__ = [
     "MANIFEST_NAME",
@@ -50,17 +42,11 @@ __all__ = [
     "READABLE_VERSIONS",
     "SCHEMA_VERSION",
     "DecoderLimits",
-    "DecoderModelRecord",
-    "DecoderRecord",
     "DeviceRecord",
-    "KVPair",
     "Manifest",
     "ModelOutput",
     "ModelTensor",
-    "NodeSplit",
-    "PhaseShape",
     "PlanSummary",
-    "SameValue",
     "SourceInfo",
     "StageEntry",
     "StageInput",
