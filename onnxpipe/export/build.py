@@ -376,16 +376,21 @@ def _key(f: onnx.FunctionProto) -> tuple[str, str, str]:
     return (f.domain, f.name, getattr(f, "overload", ""))
 
 
-def _calls(nodes: Iterable[onnx.NodeProto]) -> Iterator[tuple[str, str, str]]:
-    """(domain, op_type, overload) of every node, inside subgraph bodies too."""
+def nodes_within(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
+    """Every node of ``nodes`` and, depth first, those of the subgraph bodies inside them."""
     for n in nodes:
-        yield (n.domain, n.op_type, getattr(n, "overload", ""))
+        yield n
         for attr in n.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _calls(attr.g.node)
+                yield from nodes_within(attr.g.node)
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 for g in attr.graphs:
-                    yield from _calls(g.node)
+                    yield from nodes_within(g.node)
+
+
+def _calls(nodes: Iterable[onnx.NodeProto]) -> Iterator[tuple[str, str, str]]:
+    """(domain, op_type, overload) of every node, inside subgraph bodies too."""
+    return ((n.domain, n.op_type, getattr(n, "overload", "")) for n in nodes_within(nodes))
 
 
 _SUB_BYTE_TYPES = frozenset(

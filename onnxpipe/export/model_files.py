@@ -23,14 +23,10 @@ from onnxpipe.core.errors import ExportError, UsageError
 from onnxpipe.core.model_config import GENAI_CONFIG_NAME, HF_CONFIG_NAME, SourceConfig
 from onnxpipe.core.options import opt
 from onnxpipe.core.tokenizer_files import chat_template, folder_place, model_folders, tokenizer_files
-from onnxpipe.export.genai import (
-    Unsupported,
-    check_source_fits,
-    describe_written,
-    genai_config,
-    model_facts,
-    write_genai_config,
-)
+from onnxpipe.export.genai.config import Unsupported
+from onnxpipe.export.genai.graph import model_facts
+from onnxpipe.export.genai.source import check_source_fits
+from onnxpipe.export.genai.write import describe_written, genai_config, write_genai_config
 from onnxpipe.export.outdir import writing
 from onnxpipe.ir.decoder import DecoderInfo, FoundDecoder, decoder_of
 from onnxpipe.ir.decoder_dims import decoder_dims, own_config, own_context

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.model_config import SourceConfig
-from onnxpipe.core.model_config import read_source_config as read_source_config  # re-exported: its old home
 from onnxpipe.core.options import opt
 from onnxpipe.ir.decoder_dims import DecoderDims
 
