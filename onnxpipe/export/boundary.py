@@ -245,7 +245,8 @@ def with_outputs(model: onnx.ModelProto, names: Sequence[str]) -> bytes:
     try:
         for n in added:
             model.graph.output.append(helper.make_empty_tensor_value_info(n))
-        return model.SerializeToString()
+        data: bytes = model.SerializeToString()
+        return data
     finally:
         del model.graph.output[len(model.graph.output) - len(added) :]
 
