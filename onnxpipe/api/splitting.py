@@ -34,8 +34,7 @@ from onnxpipe.cost.runnable import runnable_shapes
 from onnxpipe.cost.source import get_profile
 from onnxpipe.export.checks import check_exportable
 from onnxpipe.export.genai.config import Unsupported
-from onnxpipe.export.genai.graph import model_facts
-from onnxpipe.export.genai.source import check_source_fits
+from onnxpipe.export.genai.graph import check_source_fits, model_facts
 from onnxpipe.export.outdir import check_target, normalized
 from onnxpipe.export.stages import write_stages
 from onnxpipe.ir.decoder import FoundDecoder

@@ -26,9 +26,8 @@ from onnxpipe.export.genai.config import (
     TensorNames,
     Unsupported,
 )
-from onnxpipe.export.genai.graph import layer_template, model_facts, tensor_names
+from onnxpipe.export.genai.graph import check_source_fits, layer_template, model_facts, tensor_names
 from onnxpipe.export.genai.pipeline import session_options_of
-from onnxpipe.export.genai.source import check_source_fits
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.decoder_dims import DecoderDims
 from onnxpipe.ir.load import load_model

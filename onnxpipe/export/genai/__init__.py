@@ -24,6 +24,6 @@ vocabulary) belongs to another model and is refused.
 The data model is typed (:mod:`.config`: :class:`GenAIConfig` and its parts); JSON appears only at the
 edges (:func:`onnxpipe.core.model_config.read_source_config` reads, :meth:`GenAIConfig.to_json`
 writes).  Top to bottom:
-:mod:`.config` the model, :mod:`.source` reading ``--genai-config``, :mod:`.graph` what the graph says,
-:mod:`.pipeline` the stages as GenAI's pipeline, :mod:`.write` the whole config put together and written.
+:mod:`.config` the model, :mod:`.graph` what the graph says (and a ``--genai-config`` that contradicts
+it), :mod:`.pipeline` the stages as GenAI's pipeline, :mod:`.write` the whole config put together and written.
 """
