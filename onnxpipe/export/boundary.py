@@ -329,10 +329,7 @@ def from_ort(name: str, type_name: str, shape: Sequence[object] | None) -> Tenso
         elem = int(onnx.TensorProto.DataType.Value(type_name[len("tensor(") : -1].upper()))
     except ValueError:
         return None
-    dims: list[int | str | None] = []
-    for d in shape or ():
-        dims.append(d if isinstance(d, int | str) else None)
-    return TensorInfo(name, elem, tuple(dims))
+    return TensorInfo(name, elem, tuple(d if isinstance(d, int | str) else None for d in shape or ()))
 
 
 __all__ = ["BoundaryTypes", "clean", "serialized_size", "type_text"]

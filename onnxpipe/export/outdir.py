@@ -51,7 +51,14 @@ def check_target(out: Path, *, force: bool, protected: Iterable[Path | None] = (
         raise ExportError(f"{out}: exists and is not a folder; choose another {opt('out')}")
     if not out.exists() or not any(out.iterdir()):
         return
-    _check_forcible(out, protected)
+    root = out.resolve()
+    for p in protected:
+        if p is not None and p.resolve().is_relative_to(root):
+            raise ExportError(
+                f"{out}: holds the source model {p.name}; {opt('force', True)} would delete it; choose "
+                f"another {opt('out')}"
+            )
+    check_replaceable(out)
     if not force:
         written = sorted(p.name for p in out.iterdir() if p.name in _written_by_the_split(out))
         added = [p.name for p in added_by_the_user(out)]
@@ -60,19 +67,6 @@ def check_target(out: Path, *, force: bool, protected: Iterable[Path | None] = (
             f"{out}: exists and holds an earlier split ({_names(written)}); choose another {opt('out')} or "
             f"pass {opt('force', True)} to replace it{kept}"
         )
-
-
-def _check_forcible(out: Path, protected: Iterable[Path | None]) -> None:
-    """Refuse the non-empty folder ``out`` where ``force`` would not replace it, saying why."""
-    root = out.resolve()
-    for p in protected:
-        if p is not None and p.resolve().is_relative_to(root):
-            raise ExportError(
-                f"{out}: holds the source model {p.name}; {opt('force', True)} would delete it; choose "
-                "another "
-                f"{opt('out')}"
-            )
-    check_replaceable(out)
 
 
 def check_replaceable(out: Path) -> None:

@@ -26,7 +26,6 @@ from onnxpipe.manifest.entries import (
 from onnxpipe.manifest.limits import DecoderLimits, decoder_limits
 from onnxpipe.manifest.manifest import (
     Manifest,
-    check_stage_files,
     content_digest,
     load_manifest,
     stage_file_problems,
@@ -52,7 +51,6 @@ __all__ = [
     "StageInput",
     "StageOutput",
     "VerificationRecord",
-    "check_stage_files",
     "content_digest",
     "decoder_limits",
     "load_manifest",
