@@ -9,11 +9,8 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from onnxpipe.core.choices import ScheduleKind
-from onnxpipe.core.codec import Codec, Expected, Minimum, number
+from onnxpipe.core.codec import Codec, Expected, Minimum
 from onnxpipe.schedule.timeline import StepKind, Timeline
-
-num = number
-"""A float as the manifest writes it: ``+inf`` as ``null``; NaN and ``-inf`` are refused."""
 
 
 def dumps(value: Any, indent: str = "") -> str:
