@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from onnxpipe.core.codec import number as num
 from onnxpipe.core.dims import Dim
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.decoder_dims import DecoderFacts
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.summary import ModelSummary
 from onnxpipe.manifest import Manifest
-from onnxpipe.manifest.write import dumps, num, timeline_obj
+from onnxpipe.manifest.write import dumps, timeline_obj
 from onnxpipe.planning.types import Plan
 from onnxpipe.runtime.generation.result import Generation
 from onnxpipe.runtime.options import Sampling

@@ -24,6 +24,7 @@ from onnxpipe.core.choices import Phase, SplitNodes, VerifyRuntime
 from onnxpipe.core.dims import Dim
 from onnxpipe.core.errors import ExportError, OnnxpipeError, UsageError
 from onnxpipe.core.events import SILENT, Listener
+from onnxpipe.core.model_config import SourceConfig, read_source_config
 from onnxpipe.core.options import opt
 from onnxpipe.core.runtime_kinds import kind_of
 from onnxpipe.cost.options import ProfileOptions
@@ -32,13 +33,8 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.runnable import runnable_shapes
 from onnxpipe.cost.source import get_profile
 from onnxpipe.export.checks import check_exportable
-from onnxpipe.export.genai import (
-    SourceConfig,
-    Unsupported,
-    check_source_fits,
-    model_facts,
-    read_source_config,
-)
+from onnxpipe.export.genai.config import Unsupported
+from onnxpipe.export.genai.graph import check_source_fits, model_facts
 from onnxpipe.export.outdir import check_target, normalized
 from onnxpipe.export.stages import write_stages
 from onnxpipe.ir.decoder import FoundDecoder

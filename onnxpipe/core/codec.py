@@ -245,7 +245,7 @@ class Codec:
                 (self.decode(key_t, Value(k, x.path, v.doc)), self.decode(value_t, x)) for k, x in items
             )
         if origin is tuple:
-            return self._tuple(args, v, nullable)
+            return self._tuple(args, v, nullable, checks.expected)
         if origin in (Mapping, dict) or hint in (Mapping, dict):
             value_t = args[1] if args else Any
             return types.MappingProxyType(v.dict_of(lambda x: self.decode(value_t, x)))
@@ -285,14 +285,20 @@ class Codec:
                 return v.raw
         raise v.expected(checks.expected or " or ".join(_name(m) for m in get_args(hint)))
 
-    def _tuple(self, args: tuple[Any, ...], v: Value, nullable: bool) -> tuple[Any, ...]:
+    def _tuple(
+        self, args: tuple[Any, ...], v: Value, nullable: bool, expected: str | None
+    ) -> tuple[Any, ...]:
         if len(args) == 2 and args[1] is Ellipsis:
             item = args[0]
             read = v.opt_list_of if nullable else v.list_of
             return read(lambda x: self.decode(item, x)) or ()
         items = v.list_of(lambda x: x)
-        if len(items) != len(args):
-            raise v.fail(f"expected a list of {len(args)}, got {len(items)} items")
+        if len(items) != len(args):  # a fixed list is named by its Expected where it has one
+            raise v.fail(
+                f"expected {expected}"
+                if expected
+                else f"expected a list of {len(args)}, got {len(items)} items"
+            )
         return tuple(self.decode(t, x) for t, x in zip(args, items, strict=True))
 
     def _choice(self, kind: type[enum.Enum] | None, allowed: list[Any], v: Value) -> Any:

@@ -204,14 +204,7 @@ class BoundaryTypes:
     ) -> set[str]:
         """Run the source model once, with ``names`` as extra outputs, and keep their ranks (dims
         unknown); returns the names whose rank the run showed."""
-        src = self.view.proto
-        added = [n for n in sorted(names) if n not in {o.name for o in src.graph.output}]
-        try:
-            for n in added:
-                src.graph.output.append(helper.make_empty_tensor_value_info(n))
-            data = src.SerializeToString()
-        finally:
-            del src.graph.output[len(src.graph.output) - len(added) :]
+        data = with_outputs(self.view.proto, sorted(names))
         values: list[Any] | None = None
         try:
             session = open_session(data, session_options())
@@ -242,6 +235,20 @@ class BoundaryTypes:
 
 # --------------------------------------------------------------------------------------------------
 # type helpers
+
+
+def with_outputs(model: onnx.ModelProto, names: Sequence[str]) -> bytes:
+    """``model`` serialized with ``names`` as extra (untyped) outputs, to run it once and see them; the
+    model itself is left as it was."""
+    present = {o.name for o in model.graph.output}
+    added = [n for n in names if n not in present]
+    try:
+        for n in added:
+            model.graph.output.append(helper.make_empty_tensor_value_info(n))
+        data: bytes = model.SerializeToString()
+        return data
+    finally:
+        del model.graph.output[len(model.graph.output) - len(added) :]
 
 
 def serialized_size(model: onnx.ModelProto) -> float:
@@ -322,10 +329,7 @@ def from_ort(name: str, type_name: str, shape: Sequence[object] | None) -> Tenso
         elem = int(onnx.TensorProto.DataType.Value(type_name[len("tensor(") : -1].upper()))
     except ValueError:
         return None
-    dims: list[int | str | None] = []
-    for d in shape or ():
-        dims.append(d if isinstance(d, int | str) else None)
-    return TensorInfo(name, elem, tuple(dims))
+    return TensorInfo(name, elem, tuple(d if isinstance(d, int | str) else None for d in shape or ()))
 
 
 __all__ = ["BoundaryTypes", "clean", "serialized_size", "type_text"]

@@ -26,16 +26,14 @@ anything is built (:func:`onnxpipe.export.checks.check_exportable`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
-from onnx.external_data_helper import load_external_data_for_tensor
 
 from onnxpipe.core.errors import ExportError, ModelLoadError
 from onnxpipe.export.boundary import BoundaryTypes
-from onnxpipe.ir.external import is_external, tensors_inside
+from onnxpipe.ir.external import is_external, read_inline, source_file, tensors_inside
 from onnxpipe.ir.model import ModelView, NodeInfo, initializer_nbytes
 from onnxpipe.planning.types import ShapeParts, StageSpec
 
@@ -122,11 +120,8 @@ class StageBuilder:
         src = self.view.proto
         model = onnx.ModelProto()
         model.ir_version = max(src.ir_version, 4)
-        model.producer_name = src.producer_name
-        model.producer_version = src.producer_version
-        model.domain = src.domain
-        model.model_version = src.model_version
-        model.doc_string = src.doc_string
+        for name in ("producer_name", "producer_version", "domain", "model_version", "doc_string"):
+            setattr(model, name, getattr(src, name))
         model.opset_import.extend(src.opset_import)  # all of them: what a stage uses is a subset
         model.metadata_props.extend(src.metadata_props)
         if "configuration" in onnx.ModelProto.DESCRIPTOR.fields_by_name:  # onnx >= 1.18: multi-device
@@ -325,26 +320,13 @@ class StageBuilder:
                     f"stage {spec.index}: initializer {src.name!r} is stored in an external file but the "
                     "model's folder is unknown; load the model with onnxpipe.load_model(path)"
                 )
-            where = _external_file(src, base)
-            try:
-                load_external_data_for_tensor(dst, str(base))
-            except (OSError, ValueError) as e:
-                text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                todo = (
-                    "keep the model's weight files next to it"
-                    if isinstance(e, FileNotFoundError)
-                    else "the weights file is truncated or was changed: copy it again or re-export the model"
-                )
-                raise ModelLoadError(
-                    f"{where}: cannot read the weights of initializer {src.name!r} ({text}); {todo}"
-                ) from e
-            dst.data_location = onnx.TensorProto.DEFAULT
-            del dst.external_data[:]
+            read_inline(dst, base)  # refuses a file outside the folder, a missing one, one cut short
             expected = _packed_nbytes(dst)
-            if expected is not None and len(dst.raw_data) < expected:
+            if expected is not None and len(dst.raw_data) < expected:  # its length was not recorded
                 raise ModelLoadError(
-                    f"{where}: ends inside the weights of initializer {src.name!r} ({len(dst.raw_data)} of "
-                    f"{expected} bytes); the weights file is truncated: copy it again or re-export the model"
+                    f"{source_file(src, base)}: ends inside the weights of initializer {src.name!r} "
+                    f"({len(dst.raw_data)} of {expected} bytes); the weights file is truncated: copy it "
+                    "again or re-export the model"
                 )
 
     def _functions_used(self, nodes: Iterable[onnx.NodeProto]) -> list[onnx.FunctionProto]:
@@ -376,16 +358,21 @@ def _key(f: onnx.FunctionProto) -> tuple[str, str, str]:
     return (f.domain, f.name, getattr(f, "overload", ""))
 
 
-def _calls(nodes: Iterable[onnx.NodeProto]) -> Iterator[tuple[str, str, str]]:
-    """(domain, op_type, overload) of every node, inside subgraph bodies too."""
+def nodes_within(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
+    """Every node of ``nodes`` and, depth first, those of the subgraph bodies inside them."""
     for n in nodes:
-        yield (n.domain, n.op_type, getattr(n, "overload", ""))
+        yield n
         for attr in n.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _calls(attr.g.node)
+                yield from nodes_within(attr.g.node)
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 for g in attr.graphs:
-                    yield from _calls(g.node)
+                    yield from nodes_within(g.node)
+
+
+def _calls(nodes: Iterable[onnx.NodeProto]) -> Iterator[tuple[str, str, str]]:
+    """(domain, op_type, overload) of every node, inside subgraph bodies too."""
+    return ((n.domain, n.op_type, getattr(n, "overload", "")) for n in nodes_within(nodes))
 
 
 _SUB_BYTE_TYPES = frozenset(
@@ -400,11 +387,6 @@ def _packed_nbytes(t: onnx.TensorProto) -> int | None:
     if t.data_type in _SUB_BYTE_TYPES or t.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
         return None
     return initializer_nbytes(t)
-
-
-def _external_file(t: onnx.TensorProto, base: Path) -> Path:
-    entries: Mapping[str, str] = {e.key: e.value for e in t.external_data}
-    return base / entries.get("location", "?")
 
 
 __all__ = ["StageBuilder"]

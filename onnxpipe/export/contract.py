@@ -29,12 +29,12 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper
 
 from onnxpipe.core.dims import Shape
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.ortsession import open_session, session_options
-from onnxpipe.export.boundary import BoundaryTypes, clean
+from onnxpipe.export.boundary import BoundaryTypes, clean, with_outputs
+from onnxpipe.export.build import nodes_within
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView, TensorInfo
 from onnxpipe.ir.shapes import resolve_input_shapes, symbol_sizes
@@ -114,15 +114,7 @@ class ContractMaker:
         wanted = [n for n in dict.fromkeys(names) if n not in types.other]
         if not wanted or all(self.settled(types.describe(n)[1]) is not None for n in wanted):
             return
-        src = self.view.proto
-        present = {o.name for o in src.graph.output}
-        added = [n for n in wanted if n not in present]
-        try:
-            for n in added:
-                src.graph.output.append(helper.make_empty_tensor_value_info(n))
-            data = src.SerializeToString()
-        finally:
-            del src.graph.output[len(src.graph.output) - len(added) :]
+        data = with_outputs(self.view.proto, wanted)
         try:
             shapes = resolve_input_shapes(self.view, self.input_shapes or None)
             feeds = random_feeds(self.view, shapes, seed=0)
@@ -208,23 +200,13 @@ class ContractMaker:
 def required_opsets(model: onnx.ModelProto) -> tuple[tuple[str, int], ...]:
     """``(domain, version)`` of every op domain the model's nodes use, bodies and local functions
     included, with the version the model imports; sorted."""
-    used: set[str] = set()
     local = {(f.domain, f.name) for f in model.functions}
-
-    def visit(nodes: Iterable[onnx.NodeProto]) -> None:
-        for n in nodes:
-            if (n.domain, n.op_type) not in local:
-                used.add("" if n.domain == "ai.onnx" else n.domain)
-            for attr in n.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    visit(attr.g.node)
-                elif attr.type == onnx.AttributeProto.GRAPHS:
-                    for g in attr.graphs:
-                        visit(g.node)
-
-    visit(model.graph.node)
-    for f in model.functions:
-        visit(f.node)
+    used = {
+        "" if n.domain == "ai.onnx" else n.domain
+        for nodes in (model.graph.node, *(f.node for f in model.functions))
+        for n in nodes_within(nodes)
+        if (n.domain, n.op_type) not in local
+    }
     versions = {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in model.opset_import}
     for f in model.functions:
         for o in f.opset_import:

@@ -3,7 +3,7 @@
 A split of a decoder is a model folder too: the tokenizer, its chat template and the generation defaults
 found beside the model (:func:`onnxpipe.core.tokenizer_files.tokenizer_files`) are copied beside the
 stages, so that a generator takes text from the folder alone and GenAI's ``og.Tokenizer`` loads it.  The
-manifest's ``plan.decoder.model`` (:class:`~onnxpipe.manifest.DecoderModelRecord`) records the model's
+manifest's ``plan.decoder.model`` (:class:`~onnxpipe.planning.records.DecoderModelRecord`) records the model's
 vocabulary and context, the token ids of its own config, the files copied and where the chat template is:
 what ``generate`` checks a prompt against before it runs a step (:mod:`onnxpipe.manifest.limits`).
 
@@ -23,19 +23,15 @@ from onnxpipe.core.errors import ExportError, UsageError
 from onnxpipe.core.model_config import GENAI_CONFIG_NAME, HF_CONFIG_NAME, SourceConfig
 from onnxpipe.core.options import opt
 from onnxpipe.core.tokenizer_files import chat_template, folder_place, model_folders, tokenizer_files
-from onnxpipe.export.genai import (
-    Unsupported,
-    check_source_fits,
-    describe_written,
-    genai_config,
-    model_facts,
-    write_genai_config,
-)
+from onnxpipe.export.genai.config import Unsupported
+from onnxpipe.export.genai.graph import check_source_fits, model_facts
+from onnxpipe.export.genai.write import describe_written, genai_config, write_genai_config
 from onnxpipe.export.outdir import writing
 from onnxpipe.ir.decoder import DecoderInfo, FoundDecoder, decoder_of
 from onnxpipe.ir.decoder_dims import decoder_dims, own_config, own_context
 from onnxpipe.ir.model import ModelView
-from onnxpipe.manifest import DecoderModelRecord, Manifest
+from onnxpipe.manifest import Manifest
+from onnxpipe.planning.records import DecoderModelRecord
 
 
 @dataclass(frozen=True)
@@ -130,28 +126,6 @@ def model_record(
     )
 
 
-def with_model_files(
-    view: ModelView, dec: DecoderInfo, manifest: Manifest, source: ModelSource, tmp: Path
-) -> Manifest:
-    """``manifest`` with its decoder's ``model`` record and the notes on the config, the model's files
-    copied into ``tmp``."""
-    record = manifest.plan.decoder
-    if record is None:
-        return manifest
-    files, origin = copy_model_files(view, source, tmp)
-    model = model_record(view, dec, source, files, tmp)
-    notes = list(source.notes)
-    if files:
-        where = "" if origin is None else f" from {origin}"
-        notes.append(f"copied the model's {', '.join(files)}{where} into the folder")
-    plan = dataclasses.replace(
-        manifest.plan,
-        decoder=dataclasses.replace(record, model=model),
-        notes=(*manifest.plan.notes, *notes),
-    )
-    return dataclasses.replace(manifest, plan=plan)
-
-
 def with_decoder_files(
     view: ModelView,
     manifest: Manifest,
@@ -161,10 +135,12 @@ def with_decoder_files(
     decoder: FoundDecoder | None = None,
 ) -> Manifest:
     """A decoder split's own files written into ``tmp`` (the model's tokenizer files, a
-    ``genai_config.json``) and recorded in ``manifest``; nothing for a model that is not a decoder (and a
-    ``named`` config is then refused)."""
-    dec = decoder_of(view, decoder) if manifest.plan.decoder is not None else None
-    if dec is None:
+    ``genai_config.json``) and recorded in ``manifest`` (its decoder's ``model`` record, the notes on the
+    config and the files); nothing for a model that is not a decoder (and a ``named`` config is then
+    refused)."""
+    record = manifest.plan.decoder
+    dec = decoder_of(view, decoder) if record is not None else None
+    if record is None or dec is None:
         if named is not None:
             raise UsageError(
                 f"{named.path}: {opt('genai_config')} is for a decoder LLM split between its layers, and "
@@ -172,24 +148,31 @@ def with_decoder_files(
             )
         return manifest
     source = model_source(view, dec, named)
-    manifest = with_model_files(view, dec, manifest, source, tmp)
-    return with_genai_config(view, dec, manifest, tmp, out, source)
+    files, origin = copy_model_files(view, source, tmp)
+    notes = list(source.notes)
+    if files:
+        where = "" if origin is None else f" from {origin}"
+        notes.append(f"copied the model's {', '.join(files)}{where} into the folder")
+    notes.append(_write_genai_config(view, dec, manifest, tmp, out, source))
+    plan = dataclasses.replace(
+        manifest.plan,
+        decoder=dataclasses.replace(record, model=model_record(view, dec, source, files, tmp)),
+        notes=(*manifest.plan.notes, *notes),
+    )
+    return dataclasses.replace(manifest, plan=plan)
 
 
-def with_genai_config(
+def _write_genai_config(
     view: ModelView, dec: DecoderInfo, manifest: Manifest, tmp: Path, out: Path, source: ModelSource
-) -> Manifest:
+) -> str:
     """Write a decoder split's ``genai_config.json`` into ``tmp``, derived from ``source``'s config (the
-    builder's own, when it lies beside the model); the manifest with a note saying so, or saying why GenAI
-    cannot run the split (an error for a config the user named)."""
+    builder's own, when it lies beside the model); the note saying so, or saying why GenAI cannot run the
+    split (an error for a config the user named)."""
     config = genai_config(view, dec, manifest, source.config)
     if isinstance(config, Unsupported):
         if source.named:
             raise ExportError(f"{out / GENAI_CONFIG_NAME}: cannot be written: {config.reason}")
-        note = f"{GENAI_CONFIG_NAME} not written: ONNX Runtime GenAI cannot run this split ({config.reason})"
-    else:
-        with writing(out / GENAI_CONFIG_NAME, out):
-            write_genai_config(config, tmp / GENAI_CONFIG_NAME)
-        note = describe_written(config, source.config)
-    plan = dataclasses.replace(manifest.plan, notes=(*manifest.plan.notes, note))
-    return dataclasses.replace(manifest, plan=plan)
+        return f"{GENAI_CONFIG_NAME} not written: ONNX Runtime GenAI cannot run this split ({config.reason})"
+    with writing(out / GENAI_CONFIG_NAME, out):
+        write_genai_config(config, tmp / GENAI_CONFIG_NAME)
+    return describe_written(config, source.config)

@@ -22,7 +22,7 @@ import os
 import shutil
 import sys
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -51,7 +51,14 @@ def check_target(out: Path, *, force: bool, protected: Iterable[Path | None] = (
         raise ExportError(f"{out}: exists and is not a folder; choose another {opt('out')}")
     if not out.exists() or not any(out.iterdir()):
         return
-    _check_forcible(out, protected)
+    root = out.resolve()
+    for p in protected:
+        if p is not None and p.resolve().is_relative_to(root):
+            raise ExportError(
+                f"{out}: holds the source model {p.name}; {opt('force', True)} would delete it; choose "
+                f"another {opt('out')}"
+            )
+    check_replaceable(out)
     if not force:
         written = sorted(p.name for p in out.iterdir() if p.name in _written_by_the_split(out))
         added = [p.name for p in added_by_the_user(out)]
@@ -60,19 +67,6 @@ def check_target(out: Path, *, force: bool, protected: Iterable[Path | None] = (
             f"{out}: exists and holds an earlier split ({_names(written)}); choose another {opt('out')} or "
             f"pass {opt('force', True)} to replace it{kept}"
         )
-
-
-def _check_forcible(out: Path, protected: Iterable[Path | None]) -> None:
-    """Refuse the non-empty folder ``out`` where ``force`` would not replace it, saying why."""
-    root = out.resolve()
-    for p in protected:
-        if p is not None and p.resolve().is_relative_to(root):
-            raise ExportError(
-                f"{out}: holds the source model {p.name}; {opt('force', True)} would delete it; choose "
-                "another "
-                f"{opt('out')}"
-            )
-    check_replaceable(out)
 
 
 def check_replaceable(out: Path) -> None:
@@ -138,10 +132,14 @@ def _current_folder() -> Path | None:
 
 
 @contextmanager
-def staged_folder(out: Path, *, last: str | None = None) -> Iterator[Path]:
+def staged_folder(
+    out: Path, *, last: str | None = None, replaceable: Callable[[Path], None] | None = None
+) -> Iterator[Path]:
     """Yield a fresh temporary folder beside ``out``; on success it becomes ``out``, else it vanishes.
 
     ``last`` names the file that must appear last (the manifest) when files move into an empty ``out``.
+    ``replaceable`` refuses a non-empty ``out`` that may not be replaced (default: a split's own check,
+    :func:`check_replaceable`, which also carries the files the user added across).
     """
     created = _make_parents(out.parent)
     try:
@@ -153,7 +151,7 @@ def staged_folder(out: Path, *, last: str | None = None) -> Iterator[Path]:
         ) from e
     try:
         yield tmp
-        _move_into_place(tmp, out, last)
+        _move_into_place(tmp, out, last, replaceable)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         _remove_empty(created)
@@ -221,7 +219,9 @@ def _remove_empty(folders: Iterable[Path]) -> None:
             return
 
 
-def _move_into_place(tmp: Path, out: Path, last: str | None) -> None:
+def _move_into_place(
+    tmp: Path, out: Path, last: str | None, replaceable: Callable[[Path], None] | None
+) -> None:
     """Rename ``tmp`` to ``out``; an existing ``out`` is moved aside first and deleted last.
 
     An existing *empty* ``out`` stays (it may be the current folder, or have its own owner and mode):
@@ -234,8 +234,11 @@ def _move_into_place(tmp: Path, out: Path, last: str | None) -> None:
     if not any(out.iterdir()):
         _move_files_into(tmp, out, last)
         return
-    check_replaceable(out)  # again: the folder may have changed while the stages were written
-    _carry_across(out, tmp)
+    if replaceable is not None:  # again: the folder may have changed while it was written
+        replaceable(out)
+    else:
+        check_replaceable(out)
+        _carry_across(out, tmp)
     with writing(out, out):
         swapped = _exchange(tmp, out)
     if swapped:  # one step: out was the old split, then the new one, never absent

@@ -30,13 +30,13 @@ import onnx
 from onnxpipe.core.choices import ExternalData
 from onnxpipe.core.errors import ExportError, error_line
 from onnxpipe.core.files import file_sha256
+from onnxpipe.core.model_config import SourceConfig
 from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.export.boundary import PROTOBUF_LIMIT, BoundaryTypes
 from onnxpipe.export.build import StageBuilder
 from onnxpipe.export.checks import check_exportable, check_plan
 from onnxpipe.export.contract import ContractMaker, required_opsets
-from onnxpipe.export.genai import SourceConfig
 from onnxpipe.export.model_files import with_decoder_files
 from onnxpipe.export.options import ExportOptions
 from onnxpipe.export.outdir import normalized, staged_folder, writing

@@ -23,12 +23,9 @@ what the checks cannot tell (a backend's own limits) shows when a server loads t
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import shutil
-import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -39,7 +36,7 @@ from onnxpipe.core.errors import ExportError, UsageError
 from onnxpipe.core.options import opt
 from onnxpipe.core.runtime_kinds import kind_of
 from onnxpipe.export.options import TritonOptions
-from onnxpipe.export.outdir import normalized, reason, writing
+from onnxpipe.export.outdir import normalized, staged_folder, writing
 from onnxpipe.manifest import Manifest, StageEntry, load_manifest
 
 TRITON_TYPES = {
@@ -151,7 +148,7 @@ def export_triton(folder: str | Path, options: TritonOptions) -> TritonRepositor
     _check_target(target, options.force)
     models = plan_repository(manifest, ensemble, options.platform, options.max_batch_size)
     pb = model_config_module()
-    with _staged(target) as tmp:
+    with staged_folder(target, replaceable=_check_repository) as tmp:
         for st, model in zip(manifest.stages, models[1:], strict=True):
             version = tmp / model.name / "1"
             version.mkdir(parents=True)
@@ -175,11 +172,7 @@ def plan_repository(
     manifest: Manifest, ensemble: str, platform: TritonPlatform, max_batch_size: int
 ) -> list[TritonModel]:
     """The ensemble's config first, then one per stage (nothing written)."""
-    axes: list[int | None] = [t.batch_axis for t in manifest.model_inputs]
-    axes += [t.batch_axis for t in manifest.model_outputs]
-    axes += [t.batch_axis for st in manifest.stages for t in st.inputs]
-    axes += [t.batch_axis for st in manifest.stages for t in st.outputs]
-    batched = all(a == 0 for a in axes)
+    batched = not _unbatched(manifest)
     batch = max_batch_size if batched else 0
     passthrough = [o.name for o in manifest.model_outputs if not isinstance(o.produced_by, int)]
     if passthrough:
@@ -241,11 +234,7 @@ def repository_notes(manifest: Manifest, platform: TritonPlatform, max_batch_siz
     """Why the configs say ``max_batch_size: 0`` (the tensors that carry no batch at axis 0), and which
     stages a runtime without a Triton backend (tract) leaves to onnxruntime."""
     notes: list[str] = []
-    axes = [(t.name, t.batch_axis) for t in manifest.model_inputs]
-    axes += [(t.name, t.batch_axis) for t in manifest.model_outputs]
-    axes += [(t.name, t.batch_axis) for st in manifest.stages for t in st.inputs]
-    axes += [(t.name, t.batch_axis) for st in manifest.stages for t in st.outputs]
-    unbatched = sorted({name for name, axis in axes if axis != 0})
+    unbatched = _unbatched(manifest)
     if unbatched:
         where = ", ".join(repr(n) for n in unbatched[:3]) + (
             f" and {len(unbatched) - 3} more" if len(unbatched) > 3 else ""
@@ -269,6 +258,13 @@ def repository_notes(manifest: Manifest, platform: TritonPlatform, max_batch_siz
                 "for: onnxruntime_onnx serves them"
             )
     return tuple(notes)
+
+
+def _unbatched(manifest: Manifest) -> list[str]:
+    """The tensors (model inputs and outputs, boundary tensors) that carry no batch at axis 0, sorted."""
+    tensors = [*manifest.model_inputs, *manifest.model_outputs]
+    tensors += [t for st in manifest.stages for t in (*st.inputs, *st.outputs)]
+    return sorted({t.name for t in tensors if t.batch_axis != 0})
 
 
 def _backend_of(manifest: Manifest, stage: StageEntry) -> str:
@@ -323,28 +319,6 @@ def check_data_flow(ensemble: TritonModel, stages: Sequence[TritonModel]) -> Non
             )
 
 
-@contextmanager
-def _staged(out: Path) -> Iterator[Path]:
-    """A temporary folder beside ``out`` that replaces it on success (an earlier ``out`` is moved aside
-    and deleted last) and vanishes on failure: a failed export leaves ``out`` as it was."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.onnxpipe-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        yield tmp
-        old = out.parent / f".{out.name}.onnxpipe-old-{uuid.uuid4().hex[:8]}"
-        if out.exists():
-            os.rename(out, old)
-        os.rename(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise ExportError(f"{out}: cannot be written ({reason(e)}); it is left as it was") from e
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def _check_target(out: Path, force: bool) -> None:
     """An absent or empty folder; with ``force`` also an earlier repository (each subfolder a model)."""
     if out.is_symlink() or (out.exists() and not out.is_dir()):
@@ -356,6 +330,11 @@ def _check_target(out: Path, force: bool) -> None:
             f"{out}: exists and is not empty; choose another {opt('TritonOptions.out')} or pass "
             f"{opt('TritonOptions.force', True)}"
         )
+    _check_repository(out)
+
+
+def _check_repository(out: Path) -> None:
+    """Refuse to replace a folder that is not an earlier repository (each subfolder a model)."""
     if not all(p.is_dir() and (p / "config.pbtxt").is_file() for p in out.iterdir()):
         raise ExportError(
             f"{out}: is not empty and is not a Triton repository (a config.pbtxt in every folder); "

@@ -7,7 +7,6 @@ and checked across fields by :mod:`.manifest`.  ``docs/manifest.md`` documents e
 versioning.  Importing this room loads neither onnx nor onnxruntime (nor does ``planning.records``).
 """
 
-from onnxpipe.core.kv import KVPair
 from onnxpipe.manifest.entries import (
     MANIFEST_NAME,
     MODEL,
@@ -27,20 +26,12 @@ from onnxpipe.manifest.entries import (
 from onnxpipe.manifest.limits import DecoderLimits, decoder_limits
 from onnxpipe.manifest.manifest import (
     Manifest,
-    check_stage_files,
     content_digest,
     load_manifest,
     stage_file_problems,
     write_manifest,
 )
-from onnxpipe.planning.records import (
-    DecoderModelRecord,
-    DecoderRecord,
-    NodeSplit,
-    PhaseShape,
-    PlanSummary,
-    SameValue,
-)
+from onnxpipe.planning.records import PlanSummary
 
 __all__ = [
     "MANIFEST_NAME",
@@ -50,23 +41,16 @@ __all__ = [
     "READABLE_VERSIONS",
     "SCHEMA_VERSION",
     "DecoderLimits",
-    "DecoderModelRecord",
-    "DecoderRecord",
     "DeviceRecord",
-    "KVPair",
     "Manifest",
     "ModelOutput",
     "ModelTensor",
-    "NodeSplit",
-    "PhaseShape",
     "PlanSummary",
-    "SameValue",
     "SourceInfo",
     "StageEntry",
     "StageInput",
     "StageOutput",
     "VerificationRecord",
-    "check_stage_files",
     "content_digest",
     "decoder_limits",
     "load_manifest",

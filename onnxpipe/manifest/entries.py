@@ -9,7 +9,7 @@ imports onnx: a runtime that only reads split folders needs none of the splittin
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 from onnxpipe.core.choices import Phase
@@ -44,16 +44,30 @@ StageOrModelInput = Annotated[int | Literal["model_input"], Expected('a stage in
 StageOrModelOutput = Annotated[int | Literal["model_output"], Expected('a stage index or "model_output"')]
 
 
-def _check_contract(shape: Shape, profiled_shape: tuple[int, ...] | None, batch_axis: int | None) -> None:
-    """The boundary contract of a tensor entry (schema 3): a concrete profiled shape of the declared rank,
-    and a batch axis within it."""
-    if profiled_shape is not None and shape is not None and len(profiled_shape) != len(shape):
-        raise FieldError(
-            "profiled_shape", f"expected {len(shape)} dims, as many as its shape, got {len(profiled_shape)}"
-        )
-    rank = len(profiled_shape) if profiled_shape is not None else (len(shape) if shape is not None else None)
-    if batch_axis is not None and rank is not None and batch_axis >= rank:
-        raise FieldError("batch_axis", f"expected an axis below its rank {rank}, got {batch_axis}")
+@dataclass(frozen=True)
+class _Tensor:
+    """What every tensor entry says: name, numpy dtype name, shape with its symbolic dims (the model's
+    own names), and its boundary contract (added in schema 3)."""
+
+    name: str
+    dtype: str
+    shape: Shape
+    profiled_shape: tuple[int, ...] | None = field(default=None, kw_only=True)
+    """Its concrete shape when the model ran at ``plan.profiled_input_shapes`` (observed, or worked out
+    from the model inputs' symbols); None when neither could tell."""
+    batch_axis: int | None = field(default=None, kw_only=True)
+    """The axis that carries the model inputs' batch dim; None when it has none."""
+
+    def __post_init__(self) -> None:
+        """The contract: a concrete profiled shape of the declared rank, and a batch axis within it."""
+        shape, profiled = self.shape, self.profiled_shape
+        if profiled is not None and shape is not None and len(profiled) != len(shape):
+            raise FieldError(
+                "profiled_shape", f"expected {len(shape)} dims, as many as its shape, got {len(profiled)}"
+            )
+        rank = len(profiled) if profiled is not None else (len(shape) if shape is not None else None)
+        if self.batch_axis is not None and rank is not None and self.batch_axis >= rank:
+            raise FieldError("batch_axis", f"expected an axis below its rank {rank}, got {self.batch_axis}")
 
 
 @dataclass(frozen=True)
@@ -70,76 +84,31 @@ class SourceInfo:
 
 
 @dataclass(frozen=True)
-class ModelTensor:
-    """A model input: name, numpy dtype name, shape with its symbolic dims (the model's own names)."""
-
-    name: str
-    dtype: str
-    shape: Shape
-    profiled_shape: tuple[int, ...] | None = None
-    """Its concrete shape when the model ran at ``plan.profiled_input_shapes`` (observed, or worked out
-    from the model inputs' symbols); None when neither could tell (added in schema 3)."""
-    batch_axis: int | None = None
-    """The axis that carries the model inputs' batch dim; None when it has none (added in schema 3)."""
-
-    def __post_init__(self) -> None:
-        _check_contract(self.shape, self.profiled_shape, self.batch_axis)
+class ModelTensor(_Tensor):
+    """A model input."""
 
 
 @dataclass(frozen=True)
-class ModelOutput:
+class ModelOutput(_Tensor):
     """A model output and the stage that produces it (``"model_input"`` for a pass-through input)."""
 
-    name: str
-    dtype: str
-    shape: Shape
     produced_by: StageOrModelInput
-    profiled_shape: tuple[int, ...] | None = None
-    """Its concrete shape when the model ran at ``plan.profiled_input_shapes`` (observed, or worked out
-    from the model inputs' symbols); None when neither could tell (added in schema 3)."""
-    batch_axis: int | None = None
-    """The axis that carries the model inputs' batch dim; None when it has none (added in schema 3)."""
-
-    def __post_init__(self) -> None:
-        _check_contract(self.shape, self.profiled_shape, self.batch_axis)
 
 
 @dataclass(frozen=True)
-class StageInput:
+class StageInput(_Tensor):
     """A tensor a stage receives; ``source`` is ``"model"`` or the index of the stage producing it."""
 
-    name: str
-    dtype: str
-    shape: Shape
     bytes_per_sample: int
     source: StageOrModel
-    profiled_shape: tuple[int, ...] | None = None
-    """Its concrete shape when the model ran at ``plan.profiled_input_shapes`` (observed, or worked out
-    from the model inputs' symbols); None when neither could tell (added in schema 3)."""
-    batch_axis: int | None = None
-    """The axis that carries the model inputs' batch dim; None when it has none (added in schema 3)."""
-
-    def __post_init__(self) -> None:
-        _check_contract(self.shape, self.profiled_shape, self.batch_axis)
 
 
 @dataclass(frozen=True)
-class StageOutput:
+class StageOutput(_Tensor):
     """A tensor a stage emits; ``consumers`` are later stage indices and/or ``"model_output"``."""
 
-    name: str
-    dtype: str
-    shape: Shape
     bytes_per_sample: int
     consumers: tuple[StageOrModelOutput, ...]
-    profiled_shape: tuple[int, ...] | None = None
-    """Its concrete shape when the model ran at ``plan.profiled_input_shapes`` (observed, or worked out
-    from the model inputs' symbols); None when neither could tell (added in schema 3)."""
-    batch_axis: int | None = None
-    """The axis that carries the model inputs' batch dim; None when it has none (added in schema 3)."""
-
-    def __post_init__(self) -> None:
-        _check_contract(self.shape, self.profiled_shape, self.batch_axis)
 
 
 @dataclass(frozen=True)

@@ -169,16 +169,10 @@ def load_manifest(directory: str | Path, *, check_files: bool = True) -> Manifes
     except (OSError, UnicodeDecodeError) as e:
         raise ManifestError(f"{path}: cannot be read ({e}); re-run onnxpipe split") from e
     manifest = Manifest.from_json(text, source=str(path))
-    if check_files:
-        check_stage_files(d, manifest)
-    return manifest
-
-
-def check_stage_files(directory: Path, manifest: Manifest) -> None:
-    """Raise :class:`ManifestError` unless every stage file is present and unchanged."""
-    problems = stage_file_problems(directory, manifest)
+    problems = stage_file_problems(d, manifest) if check_files else []
     if problems:
-        raise ManifestError(f"{directory / MANIFEST_NAME}: {problems[0]}; re-run onnxpipe split")
+        raise ManifestError(f"{path}: {problems[0]}; re-run onnxpipe split")
+    return manifest
 
 
 def stage_file_problems(directory: Path, manifest: Manifest) -> list[str]:

@@ -12,14 +12,14 @@ from typing import Any, cast
 
 from onnxpipe.cluster.devicesfile import read_cluster
 from onnxpipe.cluster.model import Cluster
-from onnxpipe.core.choices import ScheduleKind, values
 from onnxpipe.core.codec import Codec
 from onnxpipe.core.errors import ManifestError, UsageError
 from onnxpipe.core.iocontract import IOContract
 from onnxpipe.core.jsonread import Document, Fields, Value
 from onnxpipe.core.kv import KVPair
 from onnxpipe.manifest.entries import MODEL_INPUT, READABLE_VERSIONS, SCHEMA_VERSION, V1_MODEL_INPUT
-from onnxpipe.schedule.timeline import Step, StepKind, Timeline, Transfer
+from onnxpipe.manifest.write import ScheduleRecord
+from onnxpipe.schedule.timeline import Step, Timeline, Transfer
 
 
 def schema_version(f: Fields) -> int:
@@ -108,63 +108,23 @@ def cluster(v: Value) -> Cluster:
 
 
 def timeline(v: Value) -> Timeline:
-    """The ``schedule`` (what :func:`onnxpipe.manifest.write.timeline_obj` writes), read back."""
-    f = v.fields()
-    kind_value = f.need("kind", _AGAIN)
-    kind = kind_value.raw
-    if kind not in values(ScheduleKind):
-        raise kind_value.fail(f"expected one of {', '.join(values(ScheduleKind))}, got {kind!r}")
-    devices = f.need("devices", _AGAIN)
-    stages = devices.list_of(lambda d: _device_steps(d, len(devices.raw)))
-    workers = [w for _, w in stages]
+    """The ``schedule`` (:class:`~onnxpipe.manifest.write.ScheduleRecord`), read back."""
+    r: ScheduleRecord = Codec().decode(ScheduleRecord, v)
+    for i, d in enumerate(r.devices):
+        if d.stage != i:
+            raise v.doc.fail(
+                f"{v.path}.devices[{i}].stage", f"expected {i} (devices are listed in stage order)"
+            )
+    workers = [d.worker for d in r.devices]
     if any((w is None) != (workers[0] is None) for w in workers):
         odd = next(s for s, w in enumerate(workers) if w is None) if workers[0] is not None else 0
-        raise v.doc.fail(f"{devices.path}[{odd}].worker", "give a worker for every stage or for none")
+        raise v.doc.fail(f"{v.path}.devices[{odd}].worker", "give a worker for every stage or for none")
     return Timeline(
-        kind=ScheduleKind(kind),
-        microbatches=f.need("microbatches", _AGAIN).integer(1),
-        stages=tuple(steps for steps, _ in stages),
-        transfers=f.get("transfers", []).list_of(_transfer),
-        makespan=f.need("makespan_seconds", _AGAIN).number(),
-        steady_state_throughput_per_s=f.need("steady_state_throughput_per_s", _AGAIN).number(),
+        kind=r.kind,
+        microbatches=r.microbatches,
+        stages=tuple(tuple(Step(*row) for row in d.steps) for d in r.devices),
+        transfers=tuple(Transfer(*row) for row in r.transfers),
+        makespan=r.makespan_seconds,
+        steady_state_throughput_per_s=r.steady_state_throughput_per_s,
         workers=None if not workers or workers[0] is None else tuple(cast(list[int], workers)),
     )
-
-
-_AGAIN = "re-run onnxpipe split"
-
-
-def _device_steps(v: Value, count: int) -> tuple[tuple[Step, ...], int | None]:
-    f = v.fields()
-    stage = f.need("stage", _AGAIN)
-    s = stage.integer()
-    expected = int(v.path[v.path.rindex("[") + 1 : -1])
-    if s != expected:
-        raise stage.fail(f"expected {expected} (devices are listed in stage order)")
-    worker = f.get("worker", None).opt_integer()
-    return f.need("steps", _AGAIN).list_of(_step), worker
-
-
-def _step(v: Value) -> Step:
-    items = _items(v, 4, "[kind, microbatch, start, end]")
-    return Step(_step_kind(items[0]), items[1].integer(), items[2].number(), items[3].number())
-
-
-def _transfer(v: Value) -> Transfer:
-    items = _items(v, 5, "[link, kind, microbatch, start, end]")
-    return Transfer(
-        items[0].integer(), _step_kind(items[1]), items[2].integer(), items[3].number(), items[4].number()
-    )
-
-
-def _items(v: Value, n: int, what: str) -> tuple[Value, ...]:
-    items = v.list_of(lambda item: item)
-    if len(items) != n:
-        raise v.fail(f"expected {what}")
-    return items
-
-
-def _step_kind(v: Value) -> StepKind:
-    if v.raw not in ("F", "B"):
-        raise v.fail('expected "F" or "B"')
-    return cast(StepKind, v.raw)

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
-from onnxpipe.core.codec import number
-from onnxpipe.schedule.timeline import Timeline
-
-num = number
-"""A float as the manifest writes it: ``+inf`` as ``null``; NaN and ``-inf`` are refused."""
+from onnxpipe.core.choices import ScheduleKind
+from onnxpipe.core.codec import Codec, Expected, Minimum
+from onnxpipe.schedule.timeline import StepKind, Timeline
 
 
 def dumps(value: Any, indent: str = "") -> str:
@@ -29,31 +28,63 @@ def dumps(value: Any, indent: str = "") -> str:
     return json.dumps(value, allow_nan=False)
 
 
-def timeline_obj(tl: Timeline, device_names: Sequence[str] | None = None) -> dict[str, Any]:
-    """The manifest's ``schedule``: per device the ordered ``[kind, micro-batch, start, end]`` steps.
+StepRow = Annotated[tuple[StepKind, int, float, float], Expected("[kind, microbatch, start, end]")]
+TransferRow = Annotated[
+    tuple[int, StepKind, int, float, float], Expected("[link, kind, microbatch, start, end]")
+]
 
-    ``inf`` (the throughput of stages that take no time) is written as ``null``, as everywhere in the
-    manifest.
-    """
+
+@dataclass(frozen=True)
+class DeviceRow:
+    """One device of the manifest's ``schedule``: the stage it runs (``stage``, in stage order) and its
+    steps in the order it runs them."""
+
+    stage: int
+    device: str | None = field(default=None, kw_only=True)
+    worker: int | None = field(default=None, kw_only=True)
+    busy_seconds: float | None = field(default=None, kw_only=True)
+    steps: tuple[StepRow, ...]
+
+
+@dataclass(frozen=True)
+class ScheduleRecord:
+    """The manifest's ``schedule``: a :class:`Timeline` in a compact form of its own, each step and
+    transfer a list (a manifest holds thousands) rather than an object."""
+
+    kind: ScheduleKind
+    microbatches: Annotated[int, Minimum(1)]
+    makespan_seconds: float
+    steady_state_throughput_per_s: float
+    bubble_fraction: float | None = field(default=None, kw_only=True)
+    devices: tuple[DeviceRow, ...]
+    transfers: tuple[TransferRow, ...]
+
+
+def timeline_obj(tl: Timeline, device_names: Sequence[str] | None = None) -> dict[str, Any]:
+    """The manifest's ``schedule`` (:class:`ScheduleRecord`), each device named (default ``stage<s>``)."""
     names = list(device_names) if device_names is not None else [f"stage{s}" for s in range(tl.k)]
     if len(names) != tl.k:
         raise ValueError(f"{len(names)} device names for {tl.k} stages")
     busy = tl.busy
-    return {
-        "kind": tl.kind,
-        "microbatches": tl.microbatches,
-        "makespan_seconds": num(tl.makespan),
-        "steady_state_throughput_per_s": num(tl.steady_state_throughput_per_s),
-        "bubble_fraction": num(tl.bubble_fraction),
-        "devices": [
-            {
-                "stage": s,
-                "device": names[s],
-                **({} if tl.workers is None else {"worker": tl.workers[s]}),
-                "busy_seconds": num(busy[s]),
-                "steps": [[st.kind, st.microbatch, num(st.start), num(st.end)] for st in steps],
-            }
-            for s, steps in enumerate(tl.stages)
-        ],
-        "transfers": [[t.link, t.kind, t.microbatch, num(t.start), num(t.end)] for t in tl.transfers],
-    }
+    devices = tuple(
+        DeviceRow(
+            s,
+            device=names[s],
+            worker=None if tl.workers is None else tl.workers[s],
+            busy_seconds=busy[s],
+            steps=tuple((st.kind, st.microbatch, st.start, st.end) for st in steps),
+        )
+        for s, steps in enumerate(tl.stages)
+    )
+    transfers = tuple((t.link, t.kind, t.microbatch, t.start, t.end) for t in tl.transfers)
+    record = ScheduleRecord(
+        tl.kind,
+        tl.microbatches,
+        tl.makespan,
+        tl.steady_state_throughput_per_s,
+        bubble_fraction=tl.bubble_fraction,
+        devices=devices,
+        transfers=transfers,
+    )
+    obj: dict[str, Any] = Codec().encode(ScheduleRecord, record)
+    return obj

@@ -207,15 +207,7 @@ def _simulate_dedicated(
     if any(ptr[s] < len(orders[s]) for s in range(k)):
         raise RuntimeError(f"schedule {kind} deadlocked at steps {ptr}")  # a bug in step_order
     slowest = max(max(f + b for f, b in zip(f_cost, b_cost, strict=True)), max(l_cost))
-    transfers.sort(key=lambda t: (t.start, t.link, t.kind, t.microbatch))
-    return Timeline(
-        kind=kind,
-        microbatches=m,
-        stages=tuple(tuple(row) for row in steps),
-        transfers=tuple(transfers),
-        makespan=max((st.end for row in steps for st in row), default=0.0),
-        steady_state_throughput_per_s=(1.0 / slowest) if slowest > 0 else math.inf,
-    )
+    return _timeline(kind, m, steps, transfers, slowest)
 
 
 def _simulate_shared(fwd: list[float], link: list[float], m: int, workers: tuple[int, ...]) -> Timeline:
@@ -260,9 +252,22 @@ def _simulate_shared(fwd: list[float], link: list[float], m: int, workers: tuple
     for s in range(k):
         load[workers[s]] += fwd[s]
     slowest = max(max(load.values()), max(link))
+    return _timeline(ScheduleKind.STREAM, m, steps, transfers, slowest, workers)
+
+
+def _timeline(
+    kind: ScheduleKind,
+    m: int,
+    steps: list[list[Step]],
+    transfers: list[Transfer],
+    slowest: float,
+    workers: tuple[int, ...] | None = None,
+) -> Timeline:
+    """The simulated steps as a :class:`Timeline`; ``slowest``: the seconds per micro-batch of the
+    slowest resource (a device, a worker or a link), which bounds the throughput."""
     transfers.sort(key=lambda t: (t.start, t.link, t.kind, t.microbatch))
     return Timeline(
-        kind=ScheduleKind.STREAM,
+        kind=kind,
         microbatches=m,
         stages=tuple(tuple(row) for row in steps),
         transfers=tuple(transfers),

@@ -20,7 +20,8 @@ from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model, view_from_proto
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samevalue import CONTENT_LIMIT, value_classes
-from onnxpipe.manifest import MANIFEST_NAME, SameValue, load_manifest
+from onnxpipe.manifest import MANIFEST_NAME, load_manifest
+from onnxpipe.planning.records import SameValue
 from onnxpipe.planning.sequences import sequences
 from onnxpipe.planning.stages import StageOptions, assign_stages
 from onnxpipe.planning.workers import make_plan

@@ -15,26 +15,19 @@ from onnxpipe.cluster.model import Device
 from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.kv import KVPair
-from onnxpipe.core.model_config import ModelDims
-from onnxpipe.export.genai import (
+from onnxpipe.core.model_config import ModelDims, SourceConfig, SourceKind, TokenIds, read_source_config
+from onnxpipe.export.genai.config import (
     DEFAULT_SEARCH,
     ConfigDims,
     GenAIConfig,
     PipelineModel,
     ProviderOptions,
     SessionOptions,
-    SourceConfig,
-    SourceKind,
     TensorNames,
-    TokenIds,
     Unsupported,
-    check_source_fits,
-    layer_template,
-    model_facts,
-    read_source_config,
-    session_options_of,
-    tensor_names,
 )
+from onnxpipe.export.genai.graph import check_source_fits, layer_template, model_facts, tensor_names
+from onnxpipe.export.genai.pipeline import session_options_of
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.decoder_dims import DecoderDims
 from onnxpipe.ir.load import load_model

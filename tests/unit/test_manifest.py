@@ -15,15 +15,13 @@ from manifest_edits import sealed
 from onnxpipe.core.errors import ManifestError
 from onnxpipe.core.inputfiles import InputRecord
 from onnxpipe.core.iocontract import IOContract
+from onnxpipe.core.kv import KVPair
 from onnxpipe.manifest import (
     MODEL_INPUT,
     SCHEMA_VERSION,
-    DecoderRecord,
-    KVPair,
     Manifest,
     ModelOutput,
     ModelTensor,
-    NodeSplit,
     PlanSummary,
     SourceInfo,
     StageEntry,
@@ -33,6 +31,7 @@ from onnxpipe.manifest import (
     load_manifest,
     write_manifest,
 )
+from onnxpipe.planning.records import DecoderRecord, NodeSplit
 from onnxpipe.schedule.simulate import simulate
 
 SHA_A = "a" * 64

@@ -300,7 +300,7 @@ def test_timeline_json_errors_name_the_path() -> None:
         _read(obj)
     del obj["makespan_seconds"]
     obj["kind"] = "gpipe"
-    with pytest.raises(ManifestError, match="makespan_seconds: missing"):
+    with pytest.raises(ManifestError, match=r"missing field 'schedule\.makespan_seconds'"):
         _read(obj)
 
 

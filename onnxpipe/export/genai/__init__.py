@@ -22,64 +22,8 @@ from documented defaults.  A config given that contradicts the graph (another la
 vocabulary) belongs to another model and is refused.
 
 The data model is typed (:mod:`.config`: :class:`GenAIConfig` and its parts); JSON appears only at the
-edges (:func:`read_source_config` reads, :meth:`GenAIConfig.to_json` writes).  Top to bottom:
-:mod:`.config` the model, :mod:`.source` reading ``--genai-config``, :mod:`.graph` what the graph says,
-:mod:`.pipeline` the stages as GenAI's pipeline, :mod:`.write` the whole config put together and written.
+edges (:func:`onnxpipe.core.model_config.read_source_config` reads, :meth:`GenAIConfig.to_json`
+writes).  Top to bottom:
+:mod:`.config` the model, :mod:`.graph` what the graph says (and a ``--genai-config`` that contradicts
+it), :mod:`.pipeline` the stages as GenAI's pipeline, :mod:`.write` the whole config put together and written.
 """
-
-from onnxpipe.core.model_config import (
-    GENAI_CONFIG_NAME,
-    SourceConfig,
-    SourceKind,
-    TokenIds,
-    read_source_config,
-)
-from onnxpipe.export.genai.config import (
-    DEFAULT_BOS,
-    DEFAULT_EOS,
-    DEFAULT_PAD,
-    DEFAULT_SEARCH,
-    PIPELINE_TYPE,
-    ConfigDims,
-    GenAIConfig,
-    PipelineModel,
-    ProviderOptions,
-    SessionOptions,
-    TensorNames,
-    Unsupported,
-)
-from onnxpipe.export.genai.graph import layer_template, model_facts, tensor_names
-from onnxpipe.export.genai.pipeline import pipeline_of, session_options_of
-from onnxpipe.export.genai.source import check_source_fits
-from onnxpipe.export.genai.write import describe_written, genai_config, write_genai_config
-from onnxpipe.ir.embedding import logits_output
-
-__all__ = [
-    "DEFAULT_BOS",
-    "DEFAULT_EOS",
-    "DEFAULT_PAD",
-    "DEFAULT_SEARCH",
-    "GENAI_CONFIG_NAME",
-    "PIPELINE_TYPE",
-    "ConfigDims",
-    "GenAIConfig",
-    "PipelineModel",
-    "ProviderOptions",
-    "SessionOptions",
-    "SourceConfig",
-    "SourceKind",
-    "TensorNames",
-    "TokenIds",
-    "Unsupported",
-    "check_source_fits",
-    "describe_written",
-    "genai_config",
-    "layer_template",
-    "logits_output",
-    "model_facts",
-    "pipeline_of",
-    "read_source_config",
-    "session_options_of",
-    "tensor_names",
-    "write_genai_config",
-]

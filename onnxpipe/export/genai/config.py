@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from onnxpipe.core.model_config import GENAI_CONFIG_NAME as GENAI_CONFIG_NAME  # re-exported: its old home
 from onnxpipe.core.model_config import TokenIds
 
 PIPELINE_TYPE = "decoder-pipeline"

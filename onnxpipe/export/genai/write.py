@@ -16,9 +16,8 @@ from onnxpipe.export.genai.config import (
     GenAIConfig,
     Unsupported,
 )
-from onnxpipe.export.genai.graph import model_facts
+from onnxpipe.export.genai.graph import check_source_fits, model_facts
 from onnxpipe.export.genai.pipeline import pipeline_of, primary_options
-from onnxpipe.export.genai.source import check_source_fits
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.decoder_dims import DecoderDims
 from onnxpipe.ir.model import ModelView
