@@ -199,26 +199,6 @@ def stage_kv(
     return out
 
 
-def kv_split_layers(view: ModelView, dec: DecoderInfo, stages: Sequence[StageSpec]) -> list[int]:
-    """Layers whose cache tensors are read or made by more than one stage (none after layer cuts)."""
-    stage_of = {n: st.index for st in stages for n in st.node_names}
-    split: list[int] = []
-    for p in dec.kv:
-        where: set[int] = set()
-        for t in p.presents:
-            pos = view.producer.get(t)
-            if pos is not None:
-                where.add(stage_of.get(view.nodes[pos].name, -1))
-        for t in p.pasts:
-            for q in view.consumers.get(t, ()):
-                node = view.nodes[q]
-                if node.name in stage_of and node.op_type not in ("Shape", "Size"):
-                    where.add(stage_of[node.name])
-        if len(where) > 1:
-            split.append(p.layer)
-    return split
-
-
 def own_cache_only(view: ModelView, dec: DecoderInfo, stage: StageSpec) -> StageSpec:
     """``stage`` reading no other layer's cache: each ``Shape`` of another layer's past (the past length
     torch's exporter reads off one layer's cache, :attr:`DecoderInfo.shape_readers`) is made of the
