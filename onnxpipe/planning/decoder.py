@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from onnxpipe.core.choices import Ends
-from onnxpipe.core.errors import PartitionError, UsageError
+from onnxpipe.core.errors import UsageError
 from onnxpipe.core.iocontract import IOContract
 from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import Profile
@@ -157,22 +157,6 @@ def context_words(view: ModelView, dec: DecoderInfo, max_context: int) -> str:
         return f"{max_context} tokens of context"
     under = opt("max_context", max_context)
     return f"{own.tokens} tokens of context (the model's own, from {own.source}, under {under})"
-
-
-def own_ends_bounds(layers: LayerSequences, dec: DecoderInfo, k: int) -> tuple[int, int, int]:
-    """For ``Ends.OWN``: the coarse items of the embedding stage, the layers and the head stage, as
-    (first layer item, end of layers, stages left for the layers); refused when ``k`` is too small."""
-    groups = layers.groups
-    first = 1 if groups and groups[0] == -1 else 0
-    last = len(groups) - 1 if groups and groups[-1] == dec.layers else len(groups)
-    middle = k - first - (len(groups) - last)
-    if middle < 1 or middle > last - first:
-        raise PartitionError(
-            f"{opt('ends', Ends.OWN)} puts the embedding and the LM head in stages of their own: {k} stages "
-            f"leave {middle} for {last - first} layer(s); choose {opt('stages')} between "
-            f"{len(groups) - (last - first) + 1} and {len(groups)}"
-        )
-    return first, last, middle
 
 
 def stage_kv(

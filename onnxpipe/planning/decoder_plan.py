@@ -30,19 +30,10 @@ from onnxpipe.planning.decoder import (
     foreign_pasts,
     io_contract,
     layer_sequences,
-    own_ends_bounds,
     with_kv,
 )
 from onnxpipe.planning.decoder_kinds import DecoderOptions
-from onnxpipe.planning.decoder_recompute import (
-    InputCopies,
-    PhaseCosts,
-    adjusted,
-    copies_note,
-    gone_bytes,
-    priced_cuts,
-    with_copy_costs,
-)
+from onnxpipe.planning.decoder_recompute import InputCopies, PhaseCosts, counting_copies, priced_cuts
 from onnxpipe.planning.records import DecoderRecord, PhaseShape
 from onnxpipe.planning.sequences import Sequences
 from onnxpipe.planning.stages import plan_from, specs_from_bounds
@@ -68,19 +59,13 @@ def coarse_bounds(
     are stages of their own and ``solve`` splits the layers in between; else ``solve`` splits all items
     with the cuts ``ends`` allows.  Refused when ``k`` is more than the layer boundaries allow."""
     n = len(layers.groups)
+    refuse_stage_count(layers.groups, dec, k, ends)
     if ends == Ends.OWN:
-        first, last, middle = own_ends_bounds(layers, dec, k)
-        inner = solve(first, last, middle, [True] * (last - first + 1))
+        first = 1 if layers.groups[0] == -1 else 0
+        last = n - 1 if layers.groups[-1] == dec.layers else n
+        inner = solve(first, last, k - first - (n - last), [True] * (last - first + 1))
         return tuple(range(first)) + tuple(first + b for b in inner) + tuple(range(last + 1, n + 1))
-    allowed = coarse_allowed(layers, dec, ends)
-    possible = sum(allowed[1:n])
-    if k > possible + 1:
-        raise PartitionError(
-            f"cannot make {k} stages cutting only between the decoder's {dec.layers} layers "
-            f"({opt('ends', ends)}); choose {opt('stages')} between 1 and {possible + 1}, or "
-            f"{opt('layer_cuts', False)}"
-        )
-    return tuple(solve(0, n, k, allowed))
+    return tuple(solve(0, n, k, coarse_allowed(layers, dec, ends)))
 
 
 def solve_layers(
@@ -109,21 +94,26 @@ def solve_layers(
 
 def check_stage_count(view: ModelView, dec: DecoderInfo, k: int, ends: Ends) -> None:
     """Refuse, before any cost is measured, a stage count that cuts between layers cannot make."""
-    groups = sorted(set(dec.node_layer.values()))
+    try:
+        refuse_stage_count(sorted(set(dec.node_layer.values())), dec, k, ends)
+    except PartitionError as e:
+        raise named(view, e) from e
+
+
+def refuse_stage_count(groups: Sequence[int], dec: DecoderInfo, k: int, ends: Ends) -> None:
+    """Refuse ``k`` stages unless cuts between the layer ``groups`` (in order: ``-1`` before the layers,
+    ``dec.layers`` the head) under ``ends`` can make them: at most one per group, fewer where ``attached``
+    glues an end to its layer, at least one more than the ends' own stages with ``own``."""
     n = len(groups)
+    has_ends = (groups[0] == -1, groups[-1] == dec.layers)
     if ends == Ends.OWN:
-        ends_count = (groups[0] == -1) + (groups[-1] == dec.layers)
-        lo, hi = ends_count + 1, n
+        lo, hi = sum(has_ends) + 1, n
     else:
-        glued = 0
-        if ends == Ends.ATTACHED:
-            glued = (groups[0] == -1 and 0 in groups) + (
-                groups[-1] == dec.layers and dec.layers - 1 in groups
-            )
-        lo, hi = 1, n - glued
+        glued = (has_ends[0] and 0 in groups) + (has_ends[1] and dec.layers - 1 in groups)
+        lo, hi = 1, n - (glued if ends == Ends.ATTACHED else 0)
     if not lo <= k <= hi:
         raise PartitionError(
-            f"{view.label}: cannot make {k} stages cutting only between the decoder's {dec.layers} layers "
+            f"cannot make {k} stages cutting only between the decoder's {dec.layers} layers "
             f"({opt('ends', ends)}); choose {opt('stages')} between {lo} and {hi}, or "
             f"{opt('layer_cuts', False)}"
         )
@@ -158,22 +148,12 @@ def make_decoder_plan(
     except PartitionError as e:
         raise named(view, e) from e
     phases = (PhaseCosts(phase, profile.node_seconds, layers.seq.sizes, part.compute),)
-    copies = (
-        InputCopies(view, dec, phases, bandwidth_bytes_per_s, layers.seq.classes)
-        if options.copy_inputs
-        else None
-    )
+    copies = input_copies(view, dec, phases, bandwidth_bytes_per_s, layers.seq, options)
     made = decoder_stages(view, dec, layers, part, options, profile, copies=copies)
-    chosen = copies.chosen if copies is not None else {}
-    gone = gone_bytes(view, made, chosen, layers.seq.sizes)
-    part = adjusted(part, chosen, gone, 0, bandwidth_bytes_per_s)
-    stages = tuple(
-        dataclasses.replace(st, phase_seconds=((phase, cost),))
-        for st, cost in zip(with_copy_costs(made, part, gone), part.stage_costs, strict=True)
-    )
-    copied = copies_note(chosen, phases, [gone])
+    counted = counting_copies(view, made, [part], copies, phases, bandwidth_bytes_per_s)
+    stages, part = counted.stages, counted.parts[0]
     timeline = stream([s.cost_seconds for s in stages], microbatches)
-    notes = (*decoder_notes(view, dec, stages, options), *([copied] if copied else []))
+    notes = (*decoder_notes(view, dec, stages, options), *([counted.note] if counted.note else []))
     plan = plan_from(
         view, profile, part, stages, layers.seq.sizes, bandwidth_bytes_per_s, notes=notes, timeline=timeline
     )
@@ -230,15 +210,10 @@ def interleaved_decoder_stages(
     :mod:`onnxpipe.planning.decoder_recompute` finds cheaper to make than to receive (``copy_inputs``), and
     keeps its estimate at the profiled phase; with ``part``'s figures counting those copies, and the
     copies' note (None when there are none)."""
-    phase = profile_phase(profile, dec)
-    phases = (PhaseCosts(phase, profile.node_seconds, seq.sizes, part.compute),)
-    copies = (
-        InputCopies(view, dec, phases, bandwidth_bytes_per_s, seq.classes) if options.copy_inputs else None
-    )
+    phases = (PhaseCosts(profile_phase(profile, dec), profile.node_seconds, seq.sizes, part.compute),)
+    copies = input_copies(view, dec, phases, bandwidth_bytes_per_s, seq, options)
     specs = specs_from_bounds(view, seq, part.bounds, part.compute, part.transfer, copies=copies)
     specs = with_kv(view, profile, dec, specs, options.max_context)
-    chosen = copies.chosen if copies is not None else {}
-    gone = gone_bytes(view, specs, chosen, seq.sizes)
     stage_costs = tuple(c + t for c, t in zip(part.compute, part.transfer, strict=True))
     chain = Partition(
         bounds=part.bounds,
@@ -249,15 +224,12 @@ def interleaved_decoder_stages(
         lower_bound=min(part.lower_bound, max(stage_costs)),
         cut_bytes_total=part.cut_bytes_total,
     )
-    fixed = adjusted(chain, chosen, gone, 0, bandwidth_bytes_per_s)
-    specs = tuple(
-        dataclasses.replace(st, phase_seconds=((phase, st.cost_seconds),))
-        for st in with_copy_costs(specs, fixed, gone)
-    )
+    counted = counting_copies(view, specs, [chain], copies, phases, bandwidth_bytes_per_s)
+    fixed = counted.parts[0]
     busy = [0.0] * part.k
     for worker, cost in zip(part.workers, fixed.stage_costs, strict=True):
         busy[worker] += cost
-    counted = dataclasses.replace(
+    dealt = dataclasses.replace(
         part,
         compute=fixed.compute,
         transfer=fixed.transfer,
@@ -267,7 +239,22 @@ def interleaved_decoder_stages(
         lower_bound=min(part.lower_bound, max(busy)),
         cut_bytes_total=fixed.cut_bytes_total,
     )
-    return specs, counted, copies_note(chosen, phases, [gone])
+    return counted.stages, dealt, counted.note
+
+
+def input_copies(
+    view: ModelView,
+    dec: DecoderInfo,
+    phases: Sequence[PhaseCosts],
+    bandwidth_bytes_per_s: float,
+    seq: Sequences,
+    options: DecoderOptions,
+) -> InputCopies | None:
+    """The rotary tables and masks a decoder's stages copy instead of receiving them, with ``copy_inputs``
+    (:mod:`onnxpipe.planning.decoder_recompute`); None without."""
+    if not options.copy_inputs:
+        return None
+    return InputCopies(view, dec, phases, bandwidth_bytes_per_s, seq.classes)
 
 
 def decoder_summary(

@@ -96,7 +96,6 @@ def plot_plan(
     *,
     title: str | None = None,
     overlapped: bool = False,
-    bottleneck_seconds: float | None = None,
 ) -> Path:
     """Draw the plan into ``path`` (PNG or SVG, by suffix) and return the path.
 
@@ -125,11 +124,7 @@ def plot_plan(
     times = fig.add_subplot(grid[1, 0])
     memory = fig.add_subplot(grid[1, 1])
     _draw_gantt(gantt, timeline, [s.device for s in stages], link_rows)
-    bottleneck = (
-        bottleneck_seconds
-        if bottleneck_seconds is not None
-        else max((stage_seconds(s, overlapped) for s in stages), default=0.0)
-    )
+    bottleneck = max((stage_seconds(s, overlapped) for s in stages), default=0.0)
     _draw_times(times, stages, overlapped, bottleneck)
     _draw_memory(memory, stages)
     unit, scale = _time_unit(bottleneck)

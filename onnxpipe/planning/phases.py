@@ -28,7 +28,6 @@ from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.model import ModelView
 from onnxpipe.partition import evaluate
 from onnxpipe.partition.phases import solve_two_phases
-from onnxpipe.partition.result import Partition
 from onnxpipe.planning.decoder import LayerSequences, layer_sequences
 from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.decoder_plan import (
@@ -37,20 +36,13 @@ from onnxpipe.planning.decoder_plan import (
     decoder_notes,
     decoder_record,
     decoder_stages,
+    input_copies,
     named,
     phase_shape_of,
 )
-from onnxpipe.planning.decoder_recompute import (
-    InputCopies,
-    PhaseCosts,
-    adjusted,
-    copies_note,
-    gone_bytes,
-    priced_cuts,
-    with_copy_costs,
-)
+from onnxpipe.planning.decoder_recompute import Counted, PhaseCosts, counting_copies, priced_cuts
 from onnxpipe.planning.stages import plan_from
-from onnxpipe.planning.types import Plan, StageSpec
+from onnxpipe.planning.types import Plan
 from onnxpipe.schedule.simulate import stream
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 
@@ -79,7 +71,7 @@ def make_two_phase_plan(
         raise named(view, e) from e
     costed = _costed_stages(both, fine)
     shapes = (phase_shape_of(prefill, dec, Phase.PREFILL), phase_shape_of(decode, dec, Phase.DECODE))
-    part_p, part_d = costed.prefill, costed.decode
+    part_p, part_d = costed.parts
     notes = (
         *decoder_notes(view, dec, costed.stages, options),
         f"balanced for both phases: prefill bottleneck {part_p.bottleneck * 1e3:.3f} ms "
@@ -87,7 +79,7 @@ def make_two_phase_plan(
         f"{part_d.bottleneck * 1e3:.3f} ms ({_ratio(part_d.bottleneck, part_d.lower_bound)} its lower "
         "bound); "
         f"profiled at {shapes[0][1]} prompt token(s) and at 1 token after {shapes[1][2]} cached",
-        *([costed.copied] if costed.copied else []),
+        *([costed.note] if costed.note else []),
     )
     timeline = stream([s.cost_seconds for s in costed.stages], microbatches)
     sizes = both.ld.seq.sizes
@@ -162,18 +154,7 @@ class _Phases:
         return solve
 
 
-@dataclass(frozen=True)
-class _Costed:
-    """The stages at the chosen bounds, with both phases' partitions as the copies left them."""
-
-    stages: tuple[StageSpec, ...]
-    prefill: Partition
-    decode: Partition
-    copied: str | None
-    """What the stages copy instead of receiving (:func:`copies_note`), if anything."""
-
-
-def _costed_stages(both: _Phases, fine: Sequence[int]) -> _Costed:
+def _costed_stages(both: _Phases, fine: Sequence[int]) -> Counted:
     """The stages at ``fine``, each with its decode cost and both phases' (the copies' costs added)."""
     view, dec, lp, ld, bandwidth = both.view, both.dec, both.lp, both.ld, both.bandwidth_bytes_per_s
     part_p = evaluate(lp.seq.costs, fine, cut_bytes=lp.seq.cut_bytes, bandwidth=bandwidth)
@@ -182,20 +163,9 @@ def _costed_stages(both: _Phases, fine: Sequence[int]) -> _Costed:
         PhaseCosts(Phase.PREFILL, both.prefill.node_seconds, lp.seq.sizes, part_p.compute),
         PhaseCosts(Phase.DECODE, both.decode.node_seconds, ld.seq.sizes, part_d.compute),
     )
-    copies = InputCopies(view, dec, phases, bandwidth, ld.seq.classes) if both.options.copy_inputs else None
+    copies = input_copies(view, dec, phases, bandwidth, ld.seq, both.options)
     made = decoder_stages(view, dec, ld, part_d, both.options, both.decode, copies=copies)
-    chosen = copies.chosen if copies is not None else {}
-    gone_p = gone_bytes(view, made, chosen, lp.seq.sizes)
-    gone_d = gone_bytes(view, made, chosen, ld.seq.sizes)
-    part_p = adjusted(part_p, chosen, gone_p, 0, bandwidth)
-    part_d = adjusted(part_d, chosen, gone_d, 1, bandwidth)
-    stages = tuple(
-        dataclasses.replace(st, phase_seconds=((Phase.PREFILL, p), (Phase.DECODE, d)))
-        for st, p, d in zip(
-            with_copy_costs(made, part_d, gone_d), part_p.stage_costs, part_d.stage_costs, strict=True
-        )
-    )
-    return _Costed(stages, part_p, part_d, copies_note(chosen, phases, [gone_p, gone_d]))
+    return counting_copies(view, made, [part_p, part_d], copies, phases, bandwidth)
 
 
 def _ratio(value: float, bound: float) -> str:
