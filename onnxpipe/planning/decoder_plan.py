@@ -154,11 +154,17 @@ def make_decoder_plan(
     stages, part = counted.stages, counted.parts[0]
     timeline = stream([s.cost_seconds for s in stages], microbatches)
     notes = (*decoder_notes(view, dec, stages, options), *([counted.note] if counted.note else []))
-    plan = plan_from(
-        view, profile, part, stages, layers.seq.sizes, bandwidth_bytes_per_s, notes=notes, timeline=timeline
-    )
-    return dataclasses.replace(
-        plan, objective=OBJECTIVE, decoder=decoder_summary(view, profile, dec, options, phase)
+    return plan_from(
+        view,
+        profile,
+        part,
+        stages,
+        layers.seq.sizes,
+        bandwidth_bytes_per_s,
+        notes=notes,
+        timeline=timeline,
+        objective=OBJECTIVE,
+        decoder=decoder_summary(view, profile, dec, options, phase),
     )
 
 

@@ -16,7 +16,6 @@ steady state of a pipeline lies.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -83,11 +82,18 @@ def make_two_phase_plan(
     )
     timeline = stream([s.cost_seconds for s in costed.stages], microbatches)
     sizes = both.ld.seq.sizes
-    plan = plan_from(
-        view, decode, part_d, costed.stages, sizes, bandwidth_bytes_per_s, notes=notes, timeline=timeline
+    return plan_from(
+        view,
+        decode,
+        part_d,
+        costed.stages,
+        sizes,
+        bandwidth_bytes_per_s,
+        notes=notes,
+        timeline=timeline,
+        objective=OBJECTIVE,
+        decoder=decoder_record(view, dec, options, PhaseChoice.BOTH, shapes),
     )
-    summary = decoder_record(view, dec, options, PhaseChoice.BOTH, shapes)
-    return dataclasses.replace(plan, objective=OBJECTIVE, decoder=summary)
 
 
 @dataclass(frozen=True)
