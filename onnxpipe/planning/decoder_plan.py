@@ -21,7 +21,9 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.decoder_dims import counted_context
 from onnxpipe.ir.model import ModelView
+from onnxpipe.partition import evaluate
 from onnxpipe.partition.interleave import InterleavedPartition
+from onnxpipe.partition.phases import solve_two_phases
 from onnxpipe.partition.result import Partition
 from onnxpipe.planning.decoder import (
     LayerSequences,
@@ -33,7 +35,7 @@ from onnxpipe.planning.decoder import (
     with_kv,
 )
 from onnxpipe.planning.decoder_kinds import DecoderOptions
-from onnxpipe.planning.decoder_recompute import InputCopies, PhaseCosts, counting_copies, priced_cuts
+from onnxpipe.planning.decoder_recompute import Counted, InputCopies, PhaseCosts, counting_copies, priced_cuts
 from onnxpipe.planning.records import DecoderRecord, PhaseShape
 from onnxpipe.planning.sequences import Sequences
 from onnxpipe.planning.stages import plan_from, specs_from_bounds
@@ -79,17 +81,76 @@ def solve_layers(
     """The exact split of the layer groups into ``k`` stages under ``ends``, scored on the fine sequence;
     ``cut_bytes`` (per fine position, :func:`~onnxpipe.planning.decoder_recompute.priced_cuts`) are what the
     split is chosen on when given, the sequence's own are what it is scored on."""
-    costs = layers.coarse_costs
     fine_cut = layers.seq.cut_bytes if cut_bytes is None else cut_bytes
-    cut = [fine_cut[a] for a in layers.starts]
+    solve = _solver([layers.coarse_costs], [[fine_cut[a] for a in layers.starts]], bandwidth)
+    fine = layers.fine_bounds(coarse_bounds(layers, dec, k, ends, solve))
+    return evaluate(layers.seq.costs, fine, cut_bytes=layers.seq.cut_bytes, bandwidth=bandwidth)
+
+
+def _solver(
+    costs: Sequence[Sequence[float]], cuts: Sequence[Sequence[float]], bandwidth: float
+) -> CoarseSolver:
+    """The exact split of a run of coarse items (:func:`coarse_bounds` asks for each), on one phase's
+    ``costs`` and ``cuts`` (per coarse item and position), or on prefill's and decode's at once
+    (:func:`~onnxpipe.partition.phases.solve_two_phases`, :mod:`onnxpipe.planning.phases`)."""
 
     def solve(lo: int, hi: int, kk: int, allowed: Sequence[bool]) -> Sequence[int]:
-        return _partition.solve(
-            costs[lo:hi], kk, cut_bytes=cut[lo : hi + 1], bandwidth=bandwidth, allowed_cuts=allowed
+        if len(costs) == 1:
+            return _partition.solve(
+                costs[0][lo:hi], kk, cut_bytes=cuts[0][lo : hi + 1], bandwidth=bandwidth, allowed_cuts=allowed
+            ).bounds
+        return solve_two_phases(
+            costs[0][lo:hi],
+            costs[1][lo:hi],
+            kk,
+            cut_a=cuts[0][lo : hi + 1],
+            cut_b=cuts[1][lo : hi + 1],
+            bandwidth=bandwidth,
+            allowed_cuts=allowed,
         ).bounds
 
-    fine = layers.fine_bounds(coarse_bounds(layers, dec, k, ends, solve))
-    return _partition.evaluate(layers.seq.costs, fine, cut_bytes=layers.seq.cut_bytes, bandwidth=bandwidth)
+    return solve
+
+
+def split_layers(
+    view: ModelView,
+    profiles: Sequence[tuple[Phase, Profile]],
+    k: int,
+    dec: DecoderInfo,
+    options: DecoderOptions,
+    bandwidth: float,
+) -> tuple[Counted, Sequences]:
+    """The exact ``k``-stage split of ``dec``'s layer groups under ``options.ends`` for one phase's profile,
+    or for prefill and decode together (:mod:`onnxpipe.planning.phases`): the stages with their KV cache
+    and what they copy (:func:`counting_copies`), each phase's partition, and the last phase's line-up
+    (the one a plan reports).  With ``copy_inputs`` the cuts are chosen knowing what the stages will
+    copy (:func:`priced_cuts`), and scored on the bytes that really cross."""
+    for _, profile in profiles:
+        profile.check_matches(view)
+    lines = [layer_sequences(view, profile, dec) for _, profile in profiles]
+    if any(x.starts != lines[0].starts for x in lines):  # the order depends on the graph alone: a bug if not
+        raise PartitionError("the prefill and decode profiles line the layers up differently")
+    seqs, last = [x.seq for x in lines], lines[-1]
+    cuts = (
+        priced_cuts(view, dec, seqs, [p.node_seconds for _, p in profiles], bandwidth)
+        if options.copy_inputs
+        else [[float(b) for b in seq.cut_bytes] for seq in seqs]
+    )
+    solve = _solver([x.coarse_costs for x in lines], [[c[a] for a in last.starts] for c in cuts], bandwidth)
+    try:
+        fine = last.fine_bounds(coarse_bounds(last, dec, k, options.ends, solve))
+    except PartitionError as e:
+        raise named(view, e) from e
+    parts = [
+        _partition.evaluate(seq.costs, fine, cut_bytes=seq.cut_bytes, bandwidth=bandwidth) for seq in seqs
+    ]
+    phases = tuple(
+        PhaseCosts(phase, profile.node_seconds, seq.sizes, part.compute)
+        for (phase, profile), seq, part in zip(profiles, seqs, parts, strict=True)
+    )
+    copies = input_copies(view, dec, phases, bandwidth, last.seq, options)
+    made = decoder_stages(view, dec, last, parts[-1], options, profiles[-1][1], copies=copies)
+    return counting_copies(view, made, parts, copies, phases, bandwidth), last.seq
 
 
 def check_stage_count(view: ModelView, dec: DecoderInfo, k: int, ends: Ends) -> None:
@@ -136,33 +197,18 @@ def make_decoder_plan(
     phase: Phase = Phase.DECODE,
 ) -> Plan:
     """Partition the decoder ``view`` into ``k`` stages that cut only between layers, exactly."""
-    profile.check_matches(view)
-    layers = layer_sequences(view, profile, dec)
-    priced = (
-        priced_cuts(view, dec, [layers.seq], [profile.node_seconds], bandwidth_bytes_per_s)[0]
-        if options.copy_inputs
-        else None
-    )
-    try:
-        part = solve_layers(layers, dec, k, options.ends, bandwidth_bytes_per_s, priced)
-    except PartitionError as e:
-        raise named(view, e) from e
-    phases = (PhaseCosts(phase, profile.node_seconds, layers.seq.sizes, part.compute),)
-    copies = input_copies(view, dec, phases, bandwidth_bytes_per_s, layers.seq, options)
-    made = decoder_stages(view, dec, layers, part, options, profile, copies=copies)
-    counted = counting_copies(view, made, [part], copies, phases, bandwidth_bytes_per_s)
-    stages, part = counted.stages, counted.parts[0]
-    timeline = stream([s.cost_seconds for s in stages], microbatches)
-    notes = (*decoder_notes(view, dec, stages, options), *([counted.note] if counted.note else []))
+    split, seq = split_layers(view, [(phase, profile)], k, dec, options, bandwidth_bytes_per_s)
+    stages = split.stages
+    notes = (*decoder_notes(view, dec, stages, options), *([split.note] if split.note else []))
     return plan_from(
         view,
         profile,
-        part,
+        split.parts[0],
         stages,
-        layers.seq.sizes,
+        seq.sizes,
         bandwidth_bytes_per_s,
         notes=notes,
-        timeline=timeline,
+        timeline=stream([s.cost_seconds for s in stages], microbatches),
         objective=OBJECTIVE,
         decoder=decoder_summary(view, profile, dec, options, phase),
     )
