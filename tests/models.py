@@ -17,10 +17,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.load import view_from_proto
 from onnxpipe.ir.model import ModelView
 from onnxpipe.planning.stages import assign_stages
-from onnxpipe.planning.types import Plan
+from onnxpipe.planning.types import Plan, StageSpec
 
 OPSET = 17
 FLOAT = TensorProto.FLOAT
@@ -96,7 +97,17 @@ def plan_for(view: ModelView, bounds: Sequence[int]) -> Plan:
     k = len(bounds) - 1
     sizes = {name: t.nbytes() for name, t in view.tensors.items()}
     stages = assign_stages(view, bounds, sizes, [0.001] * k, [0.0] * k)
-    return Plan(view.sha256, stages, 0.001, 0.001, "test", 1, math.inf, {}, sizes)
+    return Plan(
+        model_sha256=view.sha256,
+        stages=stages,
+        bottleneck_seconds=0.001,
+        lower_bound_seconds=0.001,
+        cost_source="test",
+        threads=1,
+        bandwidth_bytes_per_s=math.inf,
+        input_shapes={},
+        tensor_bytes=sizes,
+    )
 
 
 def all_bounds(m: int, max_k: int) -> Iterator[list[int]]:
@@ -628,3 +639,23 @@ def save_external_constants(model: onnx.ModelProto, path: Path) -> Path:
     )
     onnx.save_model(model, str(path))
     return path
+
+
+def kv_split_layers(view: ModelView, dec: DecoderInfo, stages: Sequence[StageSpec]) -> list[int]:
+    """Layers whose cache tensors are read or made by more than one stage (none after layer cuts)."""
+    stage_of = {n: st.index for st in stages for n in st.node_names}
+    split: list[int] = []
+    for p in dec.kv:
+        where: set[int] = set()
+        for t in p.presents:
+            pos = view.producer.get(t)
+            if pos is not None:
+                where.add(stage_of.get(view.nodes[pos].name, -1))
+        for t in p.pasts:
+            for q in view.consumers.get(t, ()):
+                node = view.nodes[q]
+                if node.name in stage_of and node.op_type not in ("Shape", "Size"):
+                    where.add(stage_of[node.name])
+        if len(where) > 1:
+            split.append(p.layer)
+    return split

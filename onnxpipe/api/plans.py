@@ -17,7 +17,7 @@ from onnxpipe.calibrate.devices import calibrate_on_devices, how_timed
 from onnxpipe.calibrate.loop import calibrate_phases
 from onnxpipe.calibrate.options import CalibrationOptions
 from onnxpipe.calibrate.timing import choose_timer, cluster_timer, time_model
-from onnxpipe.core.choices import CalibrationMode, CostSource, Phase
+from onnxpipe.core.choices import CalibrationMode, Phase
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.core.options import opt
@@ -127,13 +127,6 @@ def decoder_phases(
     return shapes
 
 
-def measured_here(the_plan: Plan, prof: Profile, request: PlanRequest) -> Plan:
-    """A measured profile's median whole run is the machine's speed the estimates saw: recorded."""
-    if prof.source == CostSource.PROFILE and request.devices is None and prof.total_seconds > 0:
-        return dataclasses.replace(the_plan, reference_seconds=prof.total_seconds)
-    return the_plan
-
-
 def note_retries(the_plan: Plan, prof: Profile) -> Plan:
     """The sizes a measured profile finally used after a failed run, in the plan's notes too."""
     retried = tuple(n for n in prof.unattributed if n.startswith(RETRY_NOTE))
@@ -156,7 +149,7 @@ def calibrated_plan(
         return make_plan(view, p, request, phase_profiles=phases if p is prof else None, decoder=decoder)
 
     if not calibration.rounds:
-        return measured_here(make(prof), prof, request)
+        return make(prof)
     if request.devices is not None and calibration.mode != CalibrationMode.RAY:
         return _calibrated_on_devices(view, prof, request, calibration, decoder)
     if not prof.on_reference:

@@ -15,7 +15,7 @@ from pathlib import Path
 from onnxpipe.api.autotrial import paid_here
 from onnxpipe.api.options import SplitOptions
 from onnxpipe.api.paths import check_output_folder
-from onnxpipe.api.plans import calibrated_plan, load, measured_here, note_retries, start
+from onnxpipe.api.plans import calibrated_plan, load, note_retries, start
 from onnxpipe.api.preamble import BusyWatch
 from onnxpipe.api.profiling import save_profile
 from onnxpipe.api.results import SplitResult
@@ -137,7 +137,7 @@ def _plan_of(
     request = opts.plan
     if request.split_nodes == SplitNodes.AUTO:
         cut = planned(view, prof, request, decoder=found)  # the stages name the cut node's parts: export it
-        return cut.view, measured_here(cut.plan, prof, request)
+        return cut.view, cut.plan
     the_plan = calibrated_plan(view, prof, request, opts.calibration, phases, found)
     whole = dataclasses.replace(request, stages=1)
     return view, paid_here(

@@ -130,7 +130,8 @@ def plan_pipeline(
     if costs.decoder is not None:
         staged = _with_decoder(view, profile, request, costs, best, staged, copies)
     _check_final_memory(staged.specs, arranged, best, costs.acts)
-    plan = plan_from(
+    kept = {d.name for d in arranged.devices}
+    return plan_from(
         view,
         profile,
         _bounded(staged.part, best, costs, request),
@@ -139,10 +140,6 @@ def plan_pipeline(
         request.bandwidth_bytes_per_s,
         notes=(*notes, *staged.notes),
         timeline=staged.timeline,
-    )
-    kept = {d.name for d in arranged.devices}
-    return replace(
-        plan,
         objective=OBJECTIVE,
         cluster=arranged,
         device_costs=tuple(r for r in costs.records if r.device in kept),

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from onnxpipe.core.choices import Ends
-from onnxpipe.core.errors import PartitionError, UsageError
+from onnxpipe.core.errors import UsageError
 from onnxpipe.core.iocontract import IOContract
 from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import Profile
@@ -159,22 +159,6 @@ def context_words(view: ModelView, dec: DecoderInfo, max_context: int) -> str:
     return f"{own.tokens} tokens of context (the model's own, from {own.source}, under {under})"
 
 
-def own_ends_bounds(layers: LayerSequences, dec: DecoderInfo, k: int) -> tuple[int, int, int]:
-    """For ``Ends.OWN``: the coarse items of the embedding stage, the layers and the head stage, as
-    (first layer item, end of layers, stages left for the layers); refused when ``k`` is too small."""
-    groups = layers.groups
-    first = 1 if groups and groups[0] == -1 else 0
-    last = len(groups) - 1 if groups and groups[-1] == dec.layers else len(groups)
-    middle = k - first - (len(groups) - last)
-    if middle < 1 or middle > last - first:
-        raise PartitionError(
-            f"{opt('ends', Ends.OWN)} puts the embedding and the LM head in stages of their own: {k} stages "
-            f"leave {middle} for {last - first} layer(s); choose {opt('stages')} between "
-            f"{len(groups) - (last - first) + 1} and {len(groups)}"
-        )
-    return first, last, middle
-
-
 def stage_kv(
     view: ModelView,
     dec: DecoderInfo,
@@ -197,26 +181,6 @@ def stage_kv(
         per_token = sum(kv_bytes_per_token(view, dec.kv[layer], batch, shapes, symbol) for layer in owned)
         out.append((tuple(owned), per_token * context))
     return out
-
-
-def kv_split_layers(view: ModelView, dec: DecoderInfo, stages: Sequence[StageSpec]) -> list[int]:
-    """Layers whose cache tensors are read or made by more than one stage (none after layer cuts)."""
-    stage_of = {n: st.index for st in stages for n in st.node_names}
-    split: list[int] = []
-    for p in dec.kv:
-        where: set[int] = set()
-        for t in p.presents:
-            pos = view.producer.get(t)
-            if pos is not None:
-                where.add(stage_of.get(view.nodes[pos].name, -1))
-        for t in p.pasts:
-            for q in view.consumers.get(t, ()):
-                node = view.nodes[q]
-                if node.name in stage_of and node.op_type not in ("Shape", "Size"):
-                    where.add(stage_of[node.name])
-        if len(where) > 1:
-            split.append(p.layer)
-    return split
 
 
 def own_cache_only(view: ModelView, dec: DecoderInfo, stage: StageSpec) -> StageSpec:

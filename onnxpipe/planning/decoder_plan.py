@@ -21,7 +21,9 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.decoder_dims import counted_context
 from onnxpipe.ir.model import ModelView
+from onnxpipe.partition import evaluate
 from onnxpipe.partition.interleave import InterleavedPartition
+from onnxpipe.partition.phases import solve_two_phases
 from onnxpipe.partition.result import Partition
 from onnxpipe.planning.decoder import (
     LayerSequences,
@@ -30,19 +32,10 @@ from onnxpipe.planning.decoder import (
     foreign_pasts,
     io_contract,
     layer_sequences,
-    own_ends_bounds,
     with_kv,
 )
 from onnxpipe.planning.decoder_kinds import DecoderOptions
-from onnxpipe.planning.decoder_recompute import (
-    InputCopies,
-    PhaseCosts,
-    adjusted,
-    copies_note,
-    gone_bytes,
-    priced_cuts,
-    with_copy_costs,
-)
+from onnxpipe.planning.decoder_recompute import Counted, InputCopies, PhaseCosts, counting_copies, priced_cuts
 from onnxpipe.planning.records import DecoderRecord, PhaseShape
 from onnxpipe.planning.sequences import Sequences
 from onnxpipe.planning.stages import plan_from, specs_from_bounds
@@ -68,19 +61,13 @@ def coarse_bounds(
     are stages of their own and ``solve`` splits the layers in between; else ``solve`` splits all items
     with the cuts ``ends`` allows.  Refused when ``k`` is more than the layer boundaries allow."""
     n = len(layers.groups)
+    refuse_stage_count(layers.groups, dec, k, ends)
     if ends == Ends.OWN:
-        first, last, middle = own_ends_bounds(layers, dec, k)
-        inner = solve(first, last, middle, [True] * (last - first + 1))
+        first = 1 if layers.groups[0] == -1 else 0
+        last = n - 1 if layers.groups[-1] == dec.layers else n
+        inner = solve(first, last, k - first - (n - last), [True] * (last - first + 1))
         return tuple(range(first)) + tuple(first + b for b in inner) + tuple(range(last + 1, n + 1))
-    allowed = coarse_allowed(layers, dec, ends)
-    possible = sum(allowed[1:n])
-    if k > possible + 1:
-        raise PartitionError(
-            f"cannot make {k} stages cutting only between the decoder's {dec.layers} layers "
-            f"({opt('ends', ends)}); choose {opt('stages')} between 1 and {possible + 1}, or "
-            f"{opt('layer_cuts', False)}"
-        )
-    return tuple(solve(0, n, k, allowed))
+    return tuple(solve(0, n, k, coarse_allowed(layers, dec, ends)))
 
 
 def solve_layers(
@@ -94,36 +81,100 @@ def solve_layers(
     """The exact split of the layer groups into ``k`` stages under ``ends``, scored on the fine sequence;
     ``cut_bytes`` (per fine position, :func:`~onnxpipe.planning.decoder_recompute.priced_cuts`) are what the
     split is chosen on when given, the sequence's own are what it is scored on."""
-    costs = layers.coarse_costs
     fine_cut = layers.seq.cut_bytes if cut_bytes is None else cut_bytes
-    cut = [fine_cut[a] for a in layers.starts]
+    solve = _solver([layers.coarse_costs], [[fine_cut[a] for a in layers.starts]], bandwidth)
+    fine = layers.fine_bounds(coarse_bounds(layers, dec, k, ends, solve))
+    return evaluate(layers.seq.costs, fine, cut_bytes=layers.seq.cut_bytes, bandwidth=bandwidth)
+
+
+def _solver(
+    costs: Sequence[Sequence[float]], cuts: Sequence[Sequence[float]], bandwidth: float
+) -> CoarseSolver:
+    """The exact split of a run of coarse items (:func:`coarse_bounds` asks for each), on one phase's
+    ``costs`` and ``cuts`` (per coarse item and position), or on prefill's and decode's at once
+    (:func:`~onnxpipe.partition.phases.solve_two_phases`, :mod:`onnxpipe.planning.phases`)."""
 
     def solve(lo: int, hi: int, kk: int, allowed: Sequence[bool]) -> Sequence[int]:
-        return _partition.solve(
-            costs[lo:hi], kk, cut_bytes=cut[lo : hi + 1], bandwidth=bandwidth, allowed_cuts=allowed
+        if len(costs) == 1:
+            return _partition.solve(
+                costs[0][lo:hi], kk, cut_bytes=cuts[0][lo : hi + 1], bandwidth=bandwidth, allowed_cuts=allowed
+            ).bounds
+        return solve_two_phases(
+            costs[0][lo:hi],
+            costs[1][lo:hi],
+            kk,
+            cut_a=cuts[0][lo : hi + 1],
+            cut_b=cuts[1][lo : hi + 1],
+            bandwidth=bandwidth,
+            allowed_cuts=allowed,
         ).bounds
 
-    fine = layers.fine_bounds(coarse_bounds(layers, dec, k, ends, solve))
-    return _partition.evaluate(layers.seq.costs, fine, cut_bytes=layers.seq.cut_bytes, bandwidth=bandwidth)
+    return solve
+
+
+def split_layers(
+    view: ModelView,
+    profiles: Sequence[tuple[Phase, Profile]],
+    k: int,
+    dec: DecoderInfo,
+    options: DecoderOptions,
+    bandwidth: float,
+) -> tuple[Counted, Sequences]:
+    """The exact ``k``-stage split of ``dec``'s layer groups under ``options.ends`` for one phase's profile,
+    or for prefill and decode together (:mod:`onnxpipe.planning.phases`): the stages with their KV cache
+    and what they copy (:func:`counting_copies`), each phase's partition, and the last phase's line-up
+    (the one a plan reports).  With ``copy_inputs`` the cuts are chosen knowing what the stages will
+    copy (:func:`priced_cuts`), and scored on the bytes that really cross."""
+    for _, profile in profiles:
+        profile.check_matches(view)
+    lines = [layer_sequences(view, profile, dec) for _, profile in profiles]
+    if any(x.starts != lines[0].starts for x in lines):  # the order depends on the graph alone: a bug if not
+        raise PartitionError("the prefill and decode profiles line the layers up differently")
+    seqs, last = [x.seq for x in lines], lines[-1]
+    cuts = (
+        priced_cuts(view, dec, seqs, [p.node_seconds for _, p in profiles], bandwidth)
+        if options.copy_inputs
+        else [[float(b) for b in seq.cut_bytes] for seq in seqs]
+    )
+    solve = _solver([x.coarse_costs for x in lines], [[c[a] for a in last.starts] for c in cuts], bandwidth)
+    try:
+        fine = last.fine_bounds(coarse_bounds(last, dec, k, options.ends, solve))
+    except PartitionError as e:
+        raise named(view, e) from e
+    parts = [
+        _partition.evaluate(seq.costs, fine, cut_bytes=seq.cut_bytes, bandwidth=bandwidth) for seq in seqs
+    ]
+    phases = tuple(
+        PhaseCosts(phase, profile.node_seconds, seq.sizes, part.compute)
+        for (phase, profile), seq, part in zip(profiles, seqs, parts, strict=True)
+    )
+    copies = input_copies(view, dec, phases, bandwidth, last.seq, options)
+    made = decoder_stages(view, dec, last, parts[-1], options, profiles[-1][1], copies=copies)
+    return counting_copies(view, made, parts, copies, phases, bandwidth), last.seq
 
 
 def check_stage_count(view: ModelView, dec: DecoderInfo, k: int, ends: Ends) -> None:
     """Refuse, before any cost is measured, a stage count that cuts between layers cannot make."""
-    groups = sorted(set(dec.node_layer.values()))
+    try:
+        refuse_stage_count(sorted(set(dec.node_layer.values())), dec, k, ends)
+    except PartitionError as e:
+        raise named(view, e) from e
+
+
+def refuse_stage_count(groups: Sequence[int], dec: DecoderInfo, k: int, ends: Ends) -> None:
+    """Refuse ``k`` stages unless cuts between the layer ``groups`` (in order: ``-1`` before the layers,
+    ``dec.layers`` the head) under ``ends`` can make them: at most one per group, fewer where ``attached``
+    glues an end to its layer, at least one more than the ends' own stages with ``own``."""
     n = len(groups)
+    has_ends = (groups[0] == -1, groups[-1] == dec.layers)
     if ends == Ends.OWN:
-        ends_count = (groups[0] == -1) + (groups[-1] == dec.layers)
-        lo, hi = ends_count + 1, n
+        lo, hi = sum(has_ends) + 1, n
     else:
-        glued = 0
-        if ends == Ends.ATTACHED:
-            glued = (groups[0] == -1 and 0 in groups) + (
-                groups[-1] == dec.layers and dec.layers - 1 in groups
-            )
-        lo, hi = 1, n - glued
+        glued = (has_ends[0] and 0 in groups) + (has_ends[1] and dec.layers - 1 in groups)
+        lo, hi = 1, n - (glued if ends == Ends.ATTACHED else 0)
     if not lo <= k <= hi:
         raise PartitionError(
-            f"{view.label}: cannot make {k} stages cutting only between the decoder's {dec.layers} layers "
+            f"cannot make {k} stages cutting only between the decoder's {dec.layers} layers "
             f"({opt('ends', ends)}); choose {opt('stages')} between {lo} and {hi}, or "
             f"{opt('layer_cuts', False)}"
         )
@@ -146,39 +197,20 @@ def make_decoder_plan(
     phase: Phase = Phase.DECODE,
 ) -> Plan:
     """Partition the decoder ``view`` into ``k`` stages that cut only between layers, exactly."""
-    profile.check_matches(view)
-    layers = layer_sequences(view, profile, dec)
-    priced = (
-        priced_cuts(view, dec, [layers.seq], [profile.node_seconds], bandwidth_bytes_per_s)[0]
-        if options.copy_inputs
-        else None
-    )
-    try:
-        part = solve_layers(layers, dec, k, options.ends, bandwidth_bytes_per_s, priced)
-    except PartitionError as e:
-        raise named(view, e) from e
-    phases = (PhaseCosts(phase, profile.node_seconds, layers.seq.sizes, part.compute),)
-    copies = (
-        InputCopies(view, dec, phases, bandwidth_bytes_per_s, layers.seq.classes)
-        if options.copy_inputs
-        else None
-    )
-    made = decoder_stages(view, dec, layers, part, options, profile, copies=copies)
-    chosen = copies.chosen if copies is not None else {}
-    gone = gone_bytes(view, made, chosen, layers.seq.sizes)
-    part = adjusted(part, chosen, gone, 0, bandwidth_bytes_per_s)
-    stages = tuple(
-        dataclasses.replace(st, phase_seconds=((phase, cost),))
-        for st, cost in zip(with_copy_costs(made, part, gone), part.stage_costs, strict=True)
-    )
-    copied = copies_note(chosen, phases, [gone])
-    timeline = stream([s.cost_seconds for s in stages], microbatches)
-    notes = (*decoder_notes(view, dec, stages, options), *([copied] if copied else []))
-    plan = plan_from(
-        view, profile, part, stages, layers.seq.sizes, bandwidth_bytes_per_s, notes=notes, timeline=timeline
-    )
-    return dataclasses.replace(
-        plan, objective=OBJECTIVE, decoder=decoder_summary(view, profile, dec, options, phase)
+    split, seq = split_layers(view, [(phase, profile)], k, dec, options, bandwidth_bytes_per_s)
+    stages = split.stages
+    notes = (*decoder_notes(view, dec, stages, options), *([split.note] if split.note else []))
+    return plan_from(
+        view,
+        profile,
+        split.parts[0],
+        stages,
+        seq.sizes,
+        bandwidth_bytes_per_s,
+        notes=notes,
+        timeline=stream([s.cost_seconds for s in stages], microbatches),
+        objective=OBJECTIVE,
+        decoder=decoder_summary(view, profile, dec, options, phase),
     )
 
 
@@ -230,15 +262,10 @@ def interleaved_decoder_stages(
     :mod:`onnxpipe.planning.decoder_recompute` finds cheaper to make than to receive (``copy_inputs``), and
     keeps its estimate at the profiled phase; with ``part``'s figures counting those copies, and the
     copies' note (None when there are none)."""
-    phase = profile_phase(profile, dec)
-    phases = (PhaseCosts(phase, profile.node_seconds, seq.sizes, part.compute),)
-    copies = (
-        InputCopies(view, dec, phases, bandwidth_bytes_per_s, seq.classes) if options.copy_inputs else None
-    )
+    phases = (PhaseCosts(profile_phase(profile, dec), profile.node_seconds, seq.sizes, part.compute),)
+    copies = input_copies(view, dec, phases, bandwidth_bytes_per_s, seq, options)
     specs = specs_from_bounds(view, seq, part.bounds, part.compute, part.transfer, copies=copies)
     specs = with_kv(view, profile, dec, specs, options.max_context)
-    chosen = copies.chosen if copies is not None else {}
-    gone = gone_bytes(view, specs, chosen, seq.sizes)
     stage_costs = tuple(c + t for c, t in zip(part.compute, part.transfer, strict=True))
     chain = Partition(
         bounds=part.bounds,
@@ -249,15 +276,12 @@ def interleaved_decoder_stages(
         lower_bound=min(part.lower_bound, max(stage_costs)),
         cut_bytes_total=part.cut_bytes_total,
     )
-    fixed = adjusted(chain, chosen, gone, 0, bandwidth_bytes_per_s)
-    specs = tuple(
-        dataclasses.replace(st, phase_seconds=((phase, st.cost_seconds),))
-        for st in with_copy_costs(specs, fixed, gone)
-    )
+    counted = counting_copies(view, specs, [chain], copies, phases, bandwidth_bytes_per_s)
+    fixed = counted.parts[0]
     busy = [0.0] * part.k
     for worker, cost in zip(part.workers, fixed.stage_costs, strict=True):
         busy[worker] += cost
-    counted = dataclasses.replace(
+    dealt = dataclasses.replace(
         part,
         compute=fixed.compute,
         transfer=fixed.transfer,
@@ -267,7 +291,22 @@ def interleaved_decoder_stages(
         lower_bound=min(part.lower_bound, max(busy)),
         cut_bytes_total=fixed.cut_bytes_total,
     )
-    return specs, counted, copies_note(chosen, phases, [gone])
+    return counted.stages, dealt, counted.note
+
+
+def input_copies(
+    view: ModelView,
+    dec: DecoderInfo,
+    phases: Sequence[PhaseCosts],
+    bandwidth_bytes_per_s: float,
+    seq: Sequences,
+    options: DecoderOptions,
+) -> InputCopies | None:
+    """The rotary tables and masks a decoder's stages copy instead of receiving them, with ``copy_inputs``
+    (:mod:`onnxpipe.planning.decoder_recompute`); None without."""
+    if not options.copy_inputs:
+        return None
+    return InputCopies(view, dec, phases, bandwidth_bytes_per_s, seq.classes)
 
 
 def decoder_summary(

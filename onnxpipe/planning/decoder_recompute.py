@@ -333,6 +333,44 @@ def with_copy_costs(
     )
 
 
+@dataclass(frozen=True)
+class Counted:
+    """Stages with what they copy counted (:func:`counting_copies`): their costs, each phase's partition
+    so changed, and the copies' note (None when there are none)."""
+
+    stages: tuple[StageSpec, ...]
+    parts: tuple[Partition, ...]
+    note: str | None
+
+
+def counting_copies(
+    view: ModelView,
+    stages: Sequence[StageSpec],
+    parts: Sequence[Partition],
+    copies: InputCopies | None,
+    phases: Sequence[PhaseCosts],
+    bandwidth: float,
+) -> Counted:
+    """``stages`` and each phase's partition (``parts``, in ``phases`` order) with the copies ``copies``
+    chose: :func:`adjusted` per phase, the stages' compute and transfer the last phase's (what a plan
+    reports), each phase's estimate in ``phase_seconds``."""
+    chosen = copies.chosen if copies is not None else {}
+    gone = [gone_bytes(view, stages, chosen, p.sizes) for p in phases]
+    fixed = tuple(
+        adjusted(part, chosen, g, i, bandwidth) for i, (part, g) in enumerate(zip(parts, gone, strict=True))
+    )
+    counted = tuple(
+        dataclasses.replace(
+            st,
+            phase_seconds=tuple(
+                (p.phase, f.stage_costs[st.index]) for p, f in zip(phases, fixed, strict=True)
+            ),
+        )
+        for st in with_copy_costs(stages, fixed[-1], gone[-1])
+    )
+    return Counted(counted, fixed, copies_note(chosen, phases, gone))
+
+
 def copies_note(
     copied: Mapping[int, Copied], phases: Sequence[PhaseCosts], gone: Sequence[Sequence[int]]
 ) -> str | None:
@@ -357,10 +395,12 @@ def copies_note(
 __all__ = [
     "COPY_SHARE",
     "Copied",
+    "Counted",
     "InputCopies",
     "PhaseCosts",
     "adjusted",
     "copies_note",
+    "counting_copies",
     "gone_bytes",
     "input_derived",
     "priced_cuts",

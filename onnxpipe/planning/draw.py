@@ -96,7 +96,6 @@ def plot_plan(
     *,
     title: str | None = None,
     overlapped: bool = False,
-    bottleneck_seconds: float | None = None,
 ) -> Path:
     """Draw the plan into ``path`` (PNG or SVG, by suffix) and return the path.
 
@@ -125,11 +124,7 @@ def plot_plan(
     times = fig.add_subplot(grid[1, 0])
     memory = fig.add_subplot(grid[1, 1])
     _draw_gantt(gantt, timeline, [s.device for s in stages], link_rows)
-    bottleneck = (
-        bottleneck_seconds
-        if bottleneck_seconds is not None
-        else max((stage_seconds(s, overlapped) for s in stages), default=0.0)
-    )
+    bottleneck = max((stage_seconds(s, overlapped) for s in stages), default=0.0)
     _draw_times(times, stages, overlapped, bottleneck)
     _draw_memory(memory, stages)
     unit, scale = _time_unit(bottleneck)
@@ -227,15 +222,7 @@ def _draw_times(ax: Any, stages: Sequence[StageSummary], overlapped: bool, bottl
         else:  # a stage receives, then computes: the two add
             ax.bar(xs, transfer, width, bottom=compute_tops, label="transfer in (adds)", color=_LINK_F_COLOR)
     for x, total in zip(xs, totals, strict=True):
-        ax.annotate(
-            f"{total * scale:.3g}",
-            (x, total * scale),
-            xytext=(0, 2),
-            textcoords="offset points",
-            ha="center",
-            va="bottom",
-            fontsize=8,
-        )
+        _label(ax, f"{total * scale:.3g}", x, total * scale)
     if bottleneck > 0:
         ax.axhline(
             bottleneck * scale,
@@ -244,13 +231,29 @@ def _draw_times(ax: Any, stages: Sequence[StageSummary], overlapped: bool, bottl
             linewidth=1,
             label=f"bottleneck {bottleneck * scale:.3g} {unit}",
         )
-    ax.set_xticks(xs, [f"{i}\n{s.device}" for i, s in enumerate(stages)], fontsize=8)
-    ax.set_xlim(-0.6, len(stages) - 0.4)
+    _stage_axis(ax, stages)
     ax.set_ylim(0, max(peak * scale * 1.18, 1e-12))
     ax.set_ylabel(f"per micro-batch ({unit})")
     ax.set_title("time per stage", fontsize=10)
     ax.legend(fontsize=8, loc="best")
     ax.grid(axis="y", alpha=0.3)
+
+
+def _label(ax: Any, text: str, x: float, y: float, **style: Any) -> None:
+    """``text`` just above the point ``(x, y)``: a bar's value, a device's memory line."""
+    style.setdefault("fontsize", 8)
+    ax.annotate(text, (x, y), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", **style)
+
+
+def _bytes_text(nbytes: float) -> str:
+    unit, scale = _byte_unit(nbytes)
+    return f"{nbytes / scale:.3g} {unit}"
+
+
+def _stage_axis(ax: Any, stages: Sequence[StageSummary]) -> None:
+    """One bar per stage along x, each named by its index and device."""
+    ax.set_xticks(range(len(stages)), [f"{i}\n{s.device}" for i, s in enumerate(stages)], fontsize=8)
+    ax.set_xlim(-0.6, len(stages) - 0.4)
 
 
 def _draw_memory(ax: Any, stages: Sequence[StageSummary]) -> None:
@@ -270,18 +273,8 @@ def _draw_memory(ax: Any, stages: Sequence[StageSummary]) -> None:
         share = (
             f" ({100 * used / s.memory_cap:.2g}%)" if math.isfinite(s.memory_cap) and s.memory_cap > 0 else ""
         )
-        cap_unit, cap_scale = _byte_unit(used)
-        ax.annotate(
-            f"{used / cap_scale:.3g} {cap_unit}{share}",
-            (x, used / scale),
-            xytext=(0, 2),
-            textcoords="offset points",
-            ha="center",
-            va="bottom",
-            fontsize=8,
-        )
+        _label(ax, f"{_bytes_text(used)}{share}", x, used / scale)
         if math.isfinite(s.memory_cap):
-            cu, cs = _byte_unit(s.memory_cap)
             ax.hlines(
                 s.memory_cap / scale,
                 x - 0.4,
@@ -290,19 +283,9 @@ def _draw_memory(ax: Any, stages: Sequence[StageSummary]) -> None:
                 linewidth=2,
                 label=None if labelled else "device memory",
             )
-            ax.annotate(
-                f"{s.memory_cap / cs:.3g} {cu}",
-                (x, s.memory_cap / scale),
-                xytext=(0, 2),
-                textcoords="offset points",
-                ha="center",
-                va="bottom",
-                fontsize=7,
-                color=_CAP_COLOR,
-            )
+            _label(ax, _bytes_text(s.memory_cap), x, s.memory_cap / scale, fontsize=7, color=_CAP_COLOR)
             labelled = True
-    ax.set_xticks(xs, [f"{i}\n{s.device}" for i, s in enumerate(stages)], fontsize=8)
-    ax.set_xlim(-0.6, len(stages) - 0.4)
+    _stage_axis(ax, stages)
     if log:
         ax.set_yscale("log")
         smallest = min((v for v in params + acts if v > 0), default=1.0)

@@ -219,7 +219,6 @@ class StagesChoice(Generic[R]):
     k: int
     result: R
     bottlenecks: tuple[tuple[int, float], ...]
-    best_bottleneck: float
     reason: str
 
 
@@ -271,7 +270,7 @@ def stages_auto(
             f"the fewest stages within {tolerance:.0%} of the best bottleneck "
             f"({best * 1e3:.3f} ms over {min_k}..{max_k} stages)"
         )
-    return StagesChoice(k, results[k], tuple(table), best, reason)
+    return StagesChoice(k, results[k], tuple(table), reason)
 
 
 def _counts(ids: Sequence[int]) -> tuple[int, ...]:

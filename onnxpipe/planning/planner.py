@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from onnxpipe.core.choices import Phase, SplitNodes
 from onnxpipe.core.machine import available_cpu_count
 from onnxpipe.core.options import opt
-from onnxpipe.cost.profile import Profile
+from onnxpipe.cost.profile import CostSource, Profile
 from onnxpipe.ir.decoder import FoundDecoder, decoder_of
 from onnxpipe.ir.model import ModelView
 from onnxpipe.planning.bound import bound_note, bounding_node
@@ -67,35 +67,30 @@ def planned(
             bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
             microbatches=request.schedule.stream_microbatches,
         )
-        made = dataclasses.replace(cut.plan, link_model=request.effective_link_model)
-        return dataclasses.replace(cut, plan=_with_view_notes(made, view))
-    made = _noted(view, profile, request, phase_profiles, decoder)
-    return Planned(_with_view_notes(made, view), view, profile)
+        return dataclasses.replace(cut, plan=_finished(cut.plan, view, profile, request, bounded=False))
+    made = _plan(view, profile, request, phase_profiles, decoder)
+    return Planned(_finished(made, view, profile, request, bounded=True), view, profile)
 
 
-def _with_view_notes(made: Plan, view: ModelView) -> Plan:
-    """What loading accepted with a remark (an onnxruntime op in the default domain) said in the plan."""
-    missing = tuple(n for n in view.notes if n not in made.notes)
-    return dataclasses.replace(made, notes=(*missing, *made.notes)) if missing else made
-
-
-def _noted(
-    view: ModelView,
-    profile: Profile,
-    request: PlanRequest,
-    phase_profiles: Mapping[Phase, Profile] | None,
-    decoder: FoundDecoder | None,
-) -> Plan:
-    """The plan ``request`` asks for, from ``profile``'s costs of ``view`` (checked first), with a note
-    when one node bounds it (:mod:`onnxpipe.planning.bound`)."""
-    the_plan = dataclasses.replace(
-        _plan(view, profile, request, phase_profiles, decoder), link_model=request.effective_link_model
-    )
-    if request.devices is None and request.schedule.kind == "stream":
-        bound = bounding_node(view, profile, the_plan)
+def _finished(made: Plan, view: ModelView, profile: Profile, request: PlanRequest, *, bounded: bool) -> Plan:
+    """``made`` as the request has it: its link model; what loading accepted with a remark (an onnxruntime
+    op in the default domain) first in its notes; for a streaming plan on this machine, when ``bounded``
+    (no node was cut), a note when one node bounds it (:mod:`onnxpipe.planning.bound`); and for a
+    measured profile of this machine, its median whole run as the speed the estimates saw
+    (``reference_seconds``)."""
+    notes = [*(n for n in view.notes if n not in made.notes), *made.notes]
+    here = request.devices is None
+    if bounded and here and request.schedule.kind == "stream":
+        bound = bounding_node(view, profile, made)
         if bound is not None:
-            the_plan = dataclasses.replace(the_plan, notes=(*the_plan.notes, bound_note(bound, the_plan.k)))
-    return the_plan
+            notes.append(bound_note(bound, made.k))
+    measured = here and profile.source == CostSource.PROFILE.value and profile.total_seconds > 0
+    return dataclasses.replace(
+        made,
+        link_model=request.effective_link_model,
+        notes=tuple(notes),
+        reference_seconds=profile.total_seconds if measured else made.reference_seconds,
+    )
 
 
 @dataclass(frozen=True)

@@ -127,23 +127,21 @@ class NodeSplit:
             )
 
 
-@dataclass(frozen=True)
-class PlanSummary:
-    """The numbers that justify the partition (made by :meth:`onnxpipe.planning.types.Plan.summary`)."""
+@dataclass(frozen=True, kw_only=True)
+class PlanFigures:
+    """The numbers that justify a partition, and how it was made: what a plan
+    (:class:`~onnxpipe.planning.types.Plan`) and the manifest's ``plan`` (:class:`PlanSummary`) both hold,
+    declared once here."""
 
     objective: str
-    k: Positive
     bottleneck_seconds: float
     lower_bound_seconds: float
-    ratio_to_lower_bound: float
     cost_source: str
     threads: Positive
     bandwidth_bytes_per_s: float
-    profiled_input_shapes: Mapping[str, tuple[int, ...]]
     notes: tuple[str, ...]
-    duplicated_param_bytes: int = 0
     workers: Positive | None = None
-    """How many workers run the stages (``k`` unless the split is interleaved; ``None``: ``k``)."""
+    """How many workers an interleaved split deals its stages out to (``None``: a worker per stage)."""
     time_slack: Annotated[float, Finite()] = 0.0
     """An interleaved split's accepted slowdown for weight balance (see ``onnxpipe split --time-slack``)."""
     reference_seconds: Annotated[float, Finite()] | None = None
@@ -153,15 +151,16 @@ class PlanSummary:
     since from what the estimates got wrong.  None for static costs and plans for other devices."""
     profiled_inputs: tuple[InputRecord, ...] = ()
     """The sample input files (``--inputs``) the costs were measured on, by name, sha256 and shapes
-    (never their data); empty when the inputs were random at ``profiled_input_shapes``."""
+    (never their data); empty when the inputs were random at the profiled shapes."""
     node_splits: tuple[NodeSplit, ...] = ()
-    """Nodes cut into parts placed in consecutive stages (``--split-nodes auto``); empty: none."""
+    """Nodes cut into parts placed in consecutive stages (``--split-nodes auto``); the stages then name the
+    parts' nodes, which the model cut by :func:`onnxpipe.planning.nodesplit.cut_node` holds."""
     link_model: LinkModel | None = None
     """``serial`` (a stage's transfer in adds to its compute) or ``overlap`` (links run beside compute);
-    None in a manifest written before the field (whose plans were serial without a devices file,
-    overlap with one)."""
+    None for a plan made outside the planner, and in a manifest written before the field (whose plans were
+    serial without a devices file, overlap with one)."""
     decoder: DecoderRecord | None = None
-    """Set when the model is a decoder with a KV cache."""
+    """Set when the model is a decoder with a KV cache (:mod:`onnxpipe.planning.decoder`)."""
 
     def __post_init__(self) -> None:
         if self.time_slack < 0:
@@ -170,3 +169,15 @@ class PlanSummary:
             raise FieldError(
                 "reference_seconds", f"expected a time above 0 seconds, got {self.reference_seconds}"
             )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanSummary(PlanFigures):
+    """The manifest's ``plan``: the plan's figures (made by :meth:`onnxpipe.planning.types.Plan.summary`)
+    and what the export adds."""
+
+    k: Positive
+    ratio_to_lower_bound: float
+    profiled_input_shapes: Mapping[str, tuple[int, ...]]
+    duplicated_param_bytes: int = 0
+    """Bytes of weights written into more than one stage file."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from onnxpipe.core.options import opt
 from onnxpipe.core.runtime_kinds import RUNTIMES
@@ -17,12 +18,12 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.model import ModelView, NodeInfo
 from onnxpipe.ir.samevalue import value_classes
 from onnxpipe.ir.shapevalues import ValueKinds, value_kinds
+from onnxpipe.partition.interleave import InterleavedPartition
 from onnxpipe.partition.result import Partition
 from onnxpipe.planning.recompute import MAX_COPIED_BYTES, MAX_NODES, Recomputed, recompute
 from onnxpipe.planning.records import SameValue
 from onnxpipe.planning.sequences import Sequences
 from onnxpipe.planning.types import Plan, StageSpec
-from onnxpipe.schedule.timeline import Timeline
 
 StageCopies = Callable[[int, ValueKinds, Sequence[str], Recomputed], Recomputed]
 """``copies(stage, kinds, received, recomputed)``: what the stage recomputes given the data tensors it
@@ -67,21 +68,22 @@ def specs_from_bounds(
 def plan_from(
     view: ModelView,
     profile: Profile,
-    part: Partition,
+    part: Partition | InterleavedPartition,
     stages: tuple[StageSpec, ...],
     sizes: Mapping[str, int],
     bandwidth_bytes_per_s: float,
     *,
     notes: tuple[str, ...] = (),
-    timeline: Timeline | None = None,
+    **figures: Any,
 ) -> Plan:
-    """A :class:`Plan` from a solved partition: the fields every planner fills the same way (a planner
-    sets its own, its objective, devices or decoder, with :func:`dataclasses.replace`)."""
+    """The :class:`Plan` of a solved partition, made once: the fields every planner fills the same way,
+    and ``figures``, the :class:`Plan` fields a planner sets its own way (its objective, timeline,
+    devices, workers or decoder)."""
     return Plan(
         model_sha256=view.sha256,
         stages=stages,
         bottleneck_seconds=part.bottleneck,
-        lower_bound_seconds=part.lower_bound,
+        lower_bound_seconds=min(part.lower_bound, part.bottleneck),
         cost_source=profile.source,
         threads=profile.threads,
         bandwidth_bytes_per_s=bandwidth_bytes_per_s,
@@ -89,7 +91,7 @@ def plan_from(
         profiled_inputs=profile.inputs,
         tensor_bytes=sizes,
         notes=(*notes, *_stage_notes(stages)),
-        timeline=timeline,
+        **figures,
     )
 
 

@@ -6,14 +6,14 @@ Plain frozen data over node and tensor names: the planners (:mod:`onnxpipe.plann
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from onnxpipe.cluster.costs import DeviceCosts
 from onnxpipe.cluster.model import Cluster
-from onnxpipe.core.choices import LinkModel, Phase
-from onnxpipe.core.inputfiles import InputRecord
-from onnxpipe.planning.records import DecoderRecord, NodeSplit, PlanSummary, SameValue
+from onnxpipe.core.choices import Phase
+from onnxpipe.planning.records import PlanFigures, PlanSummary, SameValue
 from onnxpipe.schedule.timeline import Timeline
 
 ShapeParts = tuple[int | tuple[str, int], ...]
@@ -80,17 +80,13 @@ class StageSpec:
         return self.compute_seconds + self.transfer_seconds
 
 
-@dataclass(frozen=True)
-class Plan:
-    """A K-stage partition of one model, with the numbers that justify it."""
+@dataclass(frozen=True, kw_only=True)
+class Plan(PlanFigures):
+    """A K-stage partition of one model: its stages, and the numbers that justify it (its figures, which
+    the manifest keeps as they are, :meth:`summary`)."""
 
     model_sha256: str
     stages: tuple[StageSpec, ...]
-    bottleneck_seconds: float
-    lower_bound_seconds: float
-    cost_source: str
-    threads: int
-    bandwidth_bytes_per_s: float
     input_shapes: Mapping[str, tuple[int, ...]]
     tensor_bytes: Mapping[str, int] = field(repr=False)
     objective: str = "minimize the largest stage time (compute + transfer in)"
@@ -99,25 +95,8 @@ class Plan:
     cluster: Cluster | None = None
     device_costs: tuple[DeviceCosts, ...] = ()
     microbatch_size: int = 1
-    workers: int | None = None
-    """How many workers an interleaved split deals its stages out to; None: a worker per stage."""
-    time_slack: float = 0.0
-    """The slowdown an interleaved split was allowed to trade for balanced weights."""
-    decoder: DecoderRecord | None = None
-    """Set when the model is a decoder with a KV cache (:mod:`onnxpipe.planning.decoder`)."""
-    reference_seconds: float | None = None
-    """The whole model's time per run with the plan's threads at the profiled shapes, measured when the
-    stage estimates were (see :attr:`onnxpipe.manifest.PlanSummary.reference_seconds`)."""
-    profiled_inputs: tuple[InputRecord, ...] = ()
-    """The ``--inputs`` files the costs came from (:attr:`onnxpipe.cost.profile.Profile.inputs`)."""
-    node_splits: tuple[NodeSplit, ...] = ()
-    """Nodes cut into parts over consecutive stages (``--split-nodes auto``); the stages then name the
-    parts' nodes, which the model cut by :func:`onnxpipe.planning.nodesplit.cut_node` holds."""
     stage_counts_tried: tuple[tuple[int, float], ...] = ()
     """``--stages auto``: each stage count tried and its bottleneck (``inf``: could not be made)."""
-    link_model: LinkModel | None = None
-    """``serial`` or ``overlap`` (:mod:`onnxpipe.planning.links`); None for a plan made outside the
-    planner."""
 
     @property
     def k(self) -> int:
@@ -134,26 +113,13 @@ class Plan:
         return {n: s.index for s in self.stages for n in s.node_names}
 
     def summary(self, duplicated_param_bytes: int, more_notes: Sequence[str]) -> PlanSummary:
-        """The numbers the manifest keeps of the plan (its ``plan``), made here only: a field the two share
-        is copied in this one place.  ``duplicated_param_bytes`` and ``more_notes`` are the export's
-        (weights written more than once, what it found at the stage boundaries)."""
+        """The manifest's ``plan``: the figures as they are, with the export's ``duplicated_param_bytes``
+        (weights written more than once) and ``more_notes`` (what it found at the stage boundaries)."""
+        figures = {f.name: getattr(self, f.name) for f in dataclasses.fields(PlanFigures)}
         return PlanSummary(
-            objective=self.objective,
+            **{**figures, "notes": (*self.notes, *more_notes)},
             k=self.k,
-            bottleneck_seconds=self.bottleneck_seconds,
-            lower_bound_seconds=self.lower_bound_seconds,
             ratio_to_lower_bound=self.ratio_to_lower_bound,
-            cost_source=self.cost_source,
-            threads=self.threads,
-            bandwidth_bytes_per_s=self.bandwidth_bytes_per_s,
             profiled_input_shapes={n: tuple(int(d) for d in v) for n, v in self.input_shapes.items()},
-            notes=(*self.notes, *more_notes),
             duplicated_param_bytes=duplicated_param_bytes,
-            workers=self.workers,
-            time_slack=self.time_slack,
-            reference_seconds=self.reference_seconds,
-            profiled_inputs=self.profiled_inputs,
-            node_splits=self.node_splits,
-            link_model=self.link_model,
-            decoder=self.decoder,
         )

@@ -166,22 +166,17 @@ def make_interleaved_plan(
     notes.extend(dealt.notes)
     notes.append(_contiguous_comparison(items.seq, items.item_mem, workers, request.bandwidth_bytes_per_s))
     stages, part = dealt.stages, dealt.part
-    return Plan(
-        model_sha256=view.sha256,
-        stages=stages,
-        bottleneck_seconds=part.bottleneck,
-        lower_bound_seconds=min(part.lower_bound, part.bottleneck),
-        cost_source=profile.source,
-        threads=profile.threads,
-        bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
-        input_shapes=profile.input_shapes,
-        profiled_inputs=profile.inputs,
-        tensor_bytes=items.seq.sizes,
-        objective=INTERLEAVED_OBJECTIVE,
+    microbatches = request.schedule.stream_microbatches
+    return plan_from(
+        view,
+        profile,
+        part,
+        stages,
+        items.seq.sizes,
+        request.bandwidth_bytes_per_s,
         notes=tuple(notes),
-        timeline=stream(
-            [s.cost_seconds for s in stages], request.schedule.stream_microbatches, workers=part.workers
-        ),
+        timeline=stream([s.cost_seconds for s in stages], microbatches, workers=part.workers),
+        objective=INTERLEAVED_OBJECTIVE,
         workers=workers,
         time_slack=time_slack,
         decoder=dealt.decoder,

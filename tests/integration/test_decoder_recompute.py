@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from models import kv_split_layers
 from paths import SAMPLE_MODELS
 
 from onnxpipe.api import SplitOptions, split
@@ -29,7 +30,7 @@ from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapevalues import value_kinds
 from onnxpipe.partition import evaluate
-from onnxpipe.planning.decoder import kv_split_layers, layer_sequences
+from onnxpipe.planning.decoder import layer_sequences
 from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.decoder_plan import decoder_stages, solve_layers
 from onnxpipe.planning.decoder_recompute import InputCopies, PhaseCosts, input_derived, priced_cuts

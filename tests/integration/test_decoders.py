@@ -16,6 +16,7 @@ import onnxruntime as ort
 import pytest
 from cli_runner import preamble_only
 from cli_runner import run as cli_run
+from models import kv_split_layers
 from paths import SAMPLE_MODELS
 
 from onnxpipe import api
@@ -33,7 +34,7 @@ from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.manifest import load_manifest
-from onnxpipe.planning.decoder import foreign_pasts, kv_split_layers
+from onnxpipe.planning.decoder import foreign_pasts
 from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.planner import plan
 from onnxpipe.planning.request import PlanRequest

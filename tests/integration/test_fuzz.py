@@ -252,7 +252,17 @@ def test_any_cut_of_a_random_model_chains_back(
         bounds = [0, *cuts, m]
         table = {name: t.nbytes() for name, t in view.tensors.items()}
         stages = assign_stages(view, bounds, table, [0.001] * k, [0.0] * k)
-        plan = Plan(view.sha256, stages, 0.001, 0.001, "fuzz", 1, math.inf, {}, table)
+        plan = Plan(
+            model_sha256=view.sha256,
+            stages=stages,
+            bottleneck_seconds=0.001,
+            lower_bound_seconds=0.001,
+            cost_source="fuzz",
+            threads=1,
+            bandwidth_bytes_per_s=math.inf,
+            input_shapes={},
+            tensor_bytes=table,
+        )
         manifest = export_stages(view, plan, tmp / "out")
         assert manifest == load_manifest(tmp / "out")
         assert sum(s.node_count + s.skipped_node_count for s in manifest.stages) == m

@@ -41,7 +41,17 @@ def exported(tmp_path: Path) -> Path:
     view = load_model(path)
     sizes = {n: t.nbytes() for n, t in view.tensors.items()}
     stages = assign_stages(view, [0, 1, 2, 3], sizes, [1.0, 1.0, 1.0], [0.0, 0.0, 0.0])
-    plan = Plan(view.sha256, stages, 1.0, 1.0, "test", 1, math.inf, {"x": (1, 16)}, sizes)
+    plan = Plan(
+        model_sha256=view.sha256,
+        stages=stages,
+        bottleneck_seconds=1.0,
+        lower_bound_seconds=1.0,
+        cost_source="test",
+        threads=1,
+        bandwidth_bytes_per_s=math.inf,
+        input_shapes={"x": (1, 16)},
+        tensor_bytes=sizes,
+    )
     out = tmp_path / "out"
     export_stages(view, plan, out, ExportOptions(external_data="always"))
     return out

@@ -45,7 +45,17 @@ def plan_for(view: ModelView, bounds: list[int]) -> Plan:
     k = len(bounds) - 1
     sizes = {name: t.nbytes() for name, t in view.tensors.items()}
     stages = assign_stages(view, bounds, sizes, [1.0] * k, [0.0] * k)
-    return Plan(view.sha256, stages, 1.0, 1.0, "test", 1, math.inf, {}, sizes)
+    return Plan(
+        model_sha256=view.sha256,
+        stages=stages,
+        bottleneck_seconds=1.0,
+        lower_bound_seconds=1.0,
+        cost_source="test",
+        threads=1,
+        bandwidth_bytes_per_s=math.inf,
+        input_shapes={},
+        tensor_bytes=sizes,
+    )
 
 
 def skip_model() -> onnx.ModelProto:

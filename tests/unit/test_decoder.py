@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from models import kv_split_layers
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.core.choices import Ends, Phase
@@ -29,7 +30,7 @@ from onnxpipe.ir.load import view_from_proto
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.partition.phases import solve_two_phases, solve_weighted
-from onnxpipe.planning.decoder import coarse_allowed, kv_split_layers, layer_sequences
+from onnxpipe.planning.decoder import coarse_allowed, layer_sequences
 from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.decoder_plan import make_decoder_plan, solve_layers
 

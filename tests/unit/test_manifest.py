@@ -182,7 +182,7 @@ def test_nan_is_refused_on_write() -> None:
         m.model_inputs,
         m.model_outputs,
         m.stages,
-        PlanSummary("o", 2, math.nan, 0.0, 1.0, "profile", 1, 1.0, {}, ()),
+        replace(m.plan, bottleneck_seconds=math.nan),
         m.schedule,
     )
     with pytest.raises(ValueError, match="NaN"):

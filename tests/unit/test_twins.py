@@ -31,7 +31,6 @@ KNOWN: dict[frozenset[str], str] = {
     _pair(
         "partition.interleave.InterleavedPartition", "partition.result.Partition"
     ): "the planner's (issue 39)",
-    _pair("planning.records.PlanSummary", "planning.types.Plan"): "Plan.summary() is the one copy; to nest",
 }
 """Twin pairs still to merge, ``{"module.Class", "module.Class"}`` -> why they are two for now; a pair
 that is no longer a twin must leave this list (the test says so), so that it only shrinks."""

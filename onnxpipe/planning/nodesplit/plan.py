@@ -313,10 +313,7 @@ def _realize(search: _Search, best: tuple[_Offer, _Layout]) -> Planned | None:
         shared = [stage_of[p[-1]] for p in cut.parts]
         if len(set(shared)) == len(shared):
             break
-        merged: dict[int, int] = {}
-        for stage, size in zip(shared, sizes, strict=True):
-            merged[stage] = merged.get(stage, 0) + size
-        sizes = list(merged.values())
+        sizes = _merged(shared, sizes)
         if len(sizes) < 2:
             return None
         (costs,) = _costs(search, offer.spec, layout.kind, [sizes])
@@ -358,11 +355,15 @@ def merged_sizes(spec: Splittable, kind: SplitKind, part_stages: tuple[int, ...]
     More equal parts give the partitioner finer places to cut the node, but two parts in one stage
     only cost a second, narrower kernel: one part per stage, of the summed width, computes the same.
     """
-    equal = part_sizes(spec.extent(kind), len(part_stages))
-    sizes: dict[int, int] = {}
-    for stage, size in zip(part_stages, equal, strict=True):
-        sizes[stage] = sizes.get(stage, 0) + size
-    return list(sizes.values())
+    return _merged(part_stages, part_sizes(spec.extent(kind), len(part_stages)))
+
+
+def _merged(stages: Sequence[int], sizes: Sequence[int]) -> list[int]:
+    """The parts of ``sizes`` that one stage holds (``stages``, non-decreasing) as one part, in order."""
+    merged: dict[int, int] = {}
+    for stage, size in zip(stages, sizes, strict=True):
+        merged[stage] = merged.get(stage, 0) + size
+    return list(merged.values())
 
 
 def carried_profile(profile: Profile, cut: CutModel, costs: PartCosts) -> Profile:
