@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import heapq
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 
@@ -22,10 +21,24 @@ from onnx import shape_inference
 from onnxpipe.core.errors import ModelLoadError
 from onnxpipe.core.files import file_sha256
 from onnxpipe.ir import contrib
-from onnxpipe.ir.external import holds_external
-from onnxpipe.ir.graph import dfs_order, file_order_if_topological, greedy_live_order, live_bytes_profile
+from onnxpipe.ir.external import external_info, holds_external, is_external
+from onnxpipe.ir.graph import (
+    dfs_order,
+    file_order_if_topological,
+    greedy_live_order,
+    live_bytes_profile,
+    stable_order,
+)
 from onnxpipe.ir.merged import unwrap_merged_decoder
-from onnxpipe.ir.model import ModelView, NodeInfo, TensorInfo, initializer_nbytes, value_dims
+from onnxpipe.ir.model import (
+    ModelView,
+    NodeInfo,
+    TensorInfo,
+    initializer_nbytes,
+    subgraph_outer_reads,
+    subgraphs,
+    value_dims,
+)
 
 
 def load_model(path: str | Path, *, check: bool = True) -> ModelView:
@@ -70,10 +83,9 @@ def _check_external_data(proto: onnx.ModelProto, p: Path) -> None:
     """
     sizes: dict[str, int] = {}
     for t in proto.graph.initializer:
-        if t.data_location != onnx.TensorProto.EXTERNAL:
+        if not is_external(t):
             continue
-        info = {e.key: e.value for e in t.external_data}
-        location = info.get("location", "")
+        location, offset, length = external_info(t)
         target = p.parent / location
         if not location or not target.is_file():
             raise ModelLoadError(
@@ -82,8 +94,7 @@ def _check_external_data(proto: onnx.ModelProto, p: Path) -> None:
             )
         if location not in sizes:
             sizes[location] = target.stat().st_size
-        offset = int(info.get("offset", "0") or 0)
-        length = int(info["length"]) if info.get("length") else initializer_nbytes(t)
+        length = initializer_nbytes(t) if length is None else length
         if offset + length > sizes[location]:
             raise ModelLoadError(
                 f"{p}: weights file {location} is truncated: weight {t.name!r} needs bytes "
@@ -125,42 +136,17 @@ def sort_graph_nodes(graph: onnx.GraphProto, outer: frozenset[str] = frozenset()
     defined = outer | {i.name for i in graph.input} | {t.name for t in graph.initializer}
     defined |= {t.values.name for t in graph.sparse_initializer}
     scope = defined | {o for n in graph.node for o in n.output if o}
-    reordered = sum(sort_graph_nodes(g, scope) for n in graph.node for g in _subgraphs(n))
+    reordered = sum(sort_graph_nodes(g, scope) for n in graph.node for g in subgraphs(n))
     nodes = list(graph.node)
-    deps = [{i for i in n.input if i} | subgraph_outer_reads(n) for n in nodes]
+    deps = [sorted({i for i in n.input if i} | subgraph_outer_reads(n)) for n in nodes]
     outs = [[o for o in n.output if o] for n in nodes]
-    if file_order_if_topological([sorted(d) for d in deps], outs, defined) is not None:
-        return reordered
-    order = _stable_order(deps, outs, defined)
-    if order is None:
+    order = stable_order(deps, outs, defined)
+    if order is None or order == list(range(len(nodes))):
         return reordered
     sorted_nodes = [nodes[i] for i in order]
     del graph.node[:]
     graph.node.extend(sorted_nodes)
     return reordered + 1
-
-
-def _stable_order(deps: list[set[str]], outs: list[list[str]], defined: Set[str]) -> list[int] | None:
-    """Kahn's algorithm, the ready node of lowest index first; ``None`` if some node cannot be placed."""
-    producer = {t: i for i, o in enumerate(outs) for t in o}
-    succ: list[list[int]] = [[] for _ in deps]
-    indeg = [0] * len(deps)
-    for i, d in enumerate(deps):
-        preds = {producer[t] for t in d if t in producer and t not in defined}
-        indeg[i] = len(preds)
-        for j in preds:
-            succ[j].append(i)
-    ready = [i for i, k in enumerate(indeg) if k == 0]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for j in succ[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                heapq.heappush(ready, j)
-    return order if len(order) == len(deps) else None
 
 
 def _sorted_note(reordered: int) -> str:
@@ -191,7 +177,7 @@ def view_from_proto(
     inputs = tuple(i.name for i in graph.input if i.name not in init_bytes)
     outputs = tuple(o.name for o in graph.output)
 
-    tensors = _infer_tensor_types(proto, path)
+    tensors = _infer_tensor_types(proto)
 
     raw: list[tuple[onnx.NodeProto, tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = []
     for node in graph.node:
@@ -226,7 +212,7 @@ def view_from_proto(
                 outputs=outs,
                 param_bytes=pbytes,
                 is_constant=idx in constant_idx,
-                has_subgraph=_has_subgraph(node),
+                has_subgraph=any(True for _ in subgraphs(node)),
             )
         )
     producer, consumers = _links(nodes)
@@ -273,18 +259,11 @@ def _ensure_unique_node_names(graph: onnx.GraphProto) -> None:
 
     Deterministic: the same file always yields the same names, so saved profiles keep matching.
     """
-    taken: set[str] = set()
-    seen: set[str] = set()
-    for node in graph.node:
-        if node.name:
-            if node.name in seen:
-                continue
-            seen.add(node.name)
-    taken |= seen
-    seen_once: set[str] = set()
+    taken = {node.name for node in graph.node if node.name}
+    kept: set[str] = set()
     for idx, node in enumerate(graph.node):
-        if node.name and node.name not in seen_once:
-            seen_once.add(node.name)
+        if node.name and node.name not in kept:
+            kept.add(node.name)
             continue
         base = f"{node.op_type}_{idx}" if not node.name else f"{node.name}__{idx}"
         name, k = base, 1
@@ -292,59 +271,18 @@ def _ensure_unique_node_names(graph: onnx.GraphProto) -> None:
             name, k = f"{base}_{k}", k + 1
         node.name = name
         taken.add(name)
-        seen_once.add(name)
 
 
-def _subgraphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            yield attr.g
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            yield from attr.graphs
-
-
-def _has_subgraph(node: onnx.NodeProto) -> bool:
-    return any(True for _ in _subgraphs(node))
-
-
-def subgraph_outer_reads(node: onnx.NodeProto) -> set[str]:
-    """Names that ``node``'s bodies (and their nested bodies) read from scopes outside the node."""
-    reads: set[str] = set()
-    for g in _subgraphs(node):
-        reads |= _graph_free_names(g)
-    return reads
-
-
-def _graph_free_names(graph: onnx.GraphProto) -> set[str]:
-    defined: set[str] = {i.name for i in graph.input}
-    defined |= {t.name for t in graph.initializer}
-    defined |= {t.values.name for t in graph.sparse_initializer}
-    free: set[str] = set()
-    for n in graph.node:
-        for i in n.input:
-            if i and i not in defined:
-                free.add(i)
-        for inner in subgraph_outer_reads(n):
-            if inner not in defined:
-                free.add(inner)
-        defined.update(o for o in n.output if o)
-    for o in graph.output:
-        if o.name not in defined:
-            free.add(o.name)
-    return free
-
-
-def _type_of(vi: onnx.ValueInfoProto) -> TensorInfo | None:
+def _type_of(vi: onnx.ValueInfoProto) -> TensorInfo:
     t = vi.type
     if not t.HasField("tensor_type"):
         return TensorInfo(vi.name, 0, None)
     return TensorInfo(vi.name, t.tensor_type.elem_type, value_dims(vi))
 
 
-def _infer_tensor_types(proto: onnx.ModelProto, path: Path | None) -> dict[str, TensorInfo]:
+def _infer_tensor_types(proto: onnx.ModelProto) -> dict[str, TensorInfo]:
     """Run ONNX shape inference on a weight-less copy; fall back to the file's own annotations."""
     graph = proto.graph
-    inferred: onnx.ModelProto | None = None
     light = onnx.ModelProto()
     light.CopyFrom(proto)
     for t in light.graph.initializer:
@@ -354,21 +292,13 @@ def _infer_tensor_types(proto: onnx.ModelProto, path: Path | None) -> dict[str, 
             del t.external_data[:]
             t.data_location = onnx.TensorProto.DEFAULT
     try:
-        inferred = shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True)
+        src = shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True).graph
     except Exception:  # noqa: BLE001 - inference is best effort; the file's annotations remain
-        inferred = None
-    src = inferred.graph if inferred is not None else graph
+        src = graph
     types: dict[str, TensorInfo] = {}
-    for vi in list(src.value_info) + list(graph.input) + list(graph.output):
-        info = _type_of(vi)
-        if info is None:
-            continue
-        prev = types.get(vi.name)
+    for vi in [*src.value_info, *graph.input, *graph.output, *src.input, *src.output]:
+        info, prev = _type_of(vi), types.get(vi.name)
         if prev is None or (prev.shape is None and info.shape is not None):
-            types[vi.name] = info
-    for vi in list(src.input) + list(src.output):
-        info = _type_of(vi)
-        if info is not None and (vi.name not in types or types[vi.name].shape is None):
             types[vi.name] = info
     for t in graph.initializer:
         types[t.name] = TensorInfo(t.name, t.data_type, tuple(int(d) for d in t.dims))
@@ -405,17 +335,9 @@ def _choose_order(
     file_order = file_order_if_topological(deps, outs, available)
     if file_order is not None:
         candidates.append(file_order)
-    candidates.append(dfs_order(deps, outs, available, _node_label(raw)))
+    candidates.append(dfs_order(deps, outs, available, [n.name for n, _, _, _ in raw]))
     candidates.append(greedy_live_order(deps, outs, available, size))
-    best = min(
-        candidates,
-        key=lambda order: sum(live_bytes_profile(order, deps, outs, size, free, outputs)),
-    )
-    return best
-
-
-def _node_label(raw: list[_RawNode]) -> list[str]:
-    return [n.name for n, _, _, _ in raw]
+    return min(candidates, key=lambda order: sum(live_bytes_profile(order, deps, outs, size, free, outputs)))
 
 
 def _constant_nodes(

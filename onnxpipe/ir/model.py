@@ -17,7 +17,7 @@ to:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -198,3 +198,37 @@ def value_dims(vi: onnx.ValueInfoProto) -> tuple[Dim, ...] | None:
         else:
             dims.append(None)
     return tuple(dims)
+
+
+# --------------------------------------------------------------------------------------------------
+# bodies
+
+
+def subgraphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
+    """The bodies of ``node`` (an If's branches, a Loop's or a Scan's body)."""
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            yield from attr.graphs
+
+
+def subgraph_outer_reads(node: onnx.NodeProto) -> set[str]:
+    """Names that ``node``'s bodies (and their nested bodies) read from scopes outside the node."""
+    reads: set[str] = set()
+    for g in subgraphs(node):
+        reads |= graph_free_names(g)
+    return reads
+
+
+def graph_free_names(graph: onnx.GraphProto) -> set[str]:
+    """Names ``graph`` (and its nested bodies) read from outside itself."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    defined |= {t.values.name for t in graph.sparse_initializer}
+    free: set[str] = set()
+    for n in graph.node:
+        free |= {i for i in n.input if i and i not in defined}
+        free |= subgraph_outer_reads(n) - defined
+        defined.update(o for o in n.output if o)
+    free |= {o.name for o in graph.output if o.name not in defined}
+    return free
