@@ -71,8 +71,7 @@ def attention_heads(view: ModelView, past: str) -> tuple[int | None, int | None]
     """(query heads, key/value heads) from the attributes of an attention op that reads ``past``
     (onnxruntime's ``GroupQueryAttention``/``MultiHeadAttention``, ONNX's ``Attention``)."""
     for pos in view.consumers.get(past, ()):
-        proto = view.proto.graph.node[view.nodes[pos].index]
-        found = {a.name: int(a.i) for a in proto.attribute if a.type == a.INT}
+        found = view.int_attributes(view.nodes[pos])
         query, kv = (next((found[k] for k in keys if found.get(k, 0) > 0), None) for keys in _HEAD_ATTRIBUTES)
         if query is not None:
             return query, kv or query

@@ -136,7 +136,7 @@ def _attention_node_sizes(view: ModelView, node: NodeInfo, out: dict[str, int]) 
     inputs = list(proto.input)  # with the empty names of absent optional inputs, by position
     if len(inputs) < 5 or not inputs[0]:
         return
-    attrs = {a.name: a.i for a in proto.attribute}
+    attrs = view.int_attributes(node)
     heads = attrs.get("num_heads", 0)
     kv_heads = attrs.get("kv_num_heads", heads)
     query = view.tensor(inputs[0]).shape
@@ -160,8 +160,7 @@ def _concat_sizes(view: ModelView, node: NodeInfo, out: dict[str, int]) -> None:
     if len(pasts) != 1:
         return
     shape = view.tensor(pasts[0]).shape
-    proto = view.proto.graph.node[node.index]
-    axis = next((int(a.i) for a in proto.attribute if a.name == "axis"), 0)
+    axis = view.int_attributes(node).get("axis", 0)
     if not shape:
         return
     for other in node.inputs:

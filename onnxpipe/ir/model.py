@@ -133,6 +133,11 @@ class ModelView:
     def node_by_name(self) -> Mapping[str, NodeInfo]:
         return {n.name: n for n in self.nodes}
 
+    def int_attributes(self, node: NodeInfo) -> dict[str, int]:
+        """``node``'s integer attributes (an axis, a head count), by name."""
+        proto = self.proto.graph.node[node.index]
+        return {a.name: int(a.i) for a in proto.attribute if a.type == onnx.AttributeProto.INT}
+
     def tensor(self, name: str) -> TensorInfo:
         info = self.tensors.get(name)
         return info if info is not None else TensorInfo(name, 0, None)
