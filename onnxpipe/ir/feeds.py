@@ -47,13 +47,8 @@ _INT_TYPES: dict[int, type[np.generic]] = {
 def random_feeds(
     view: ModelView, shapes: Mapping[str, Sequence[int]], seed: int = 0, *, names: Sequence[str] | None = None
 ) -> dict[str, np.ndarray]:
-    """Seeded random values for every model input at ``shapes`` (``names``: for these inputs only).
-
-    Floats are standard normal; integers that end up as Gather indices lie in ``[0, rows)`` of the data
-    they index; integers (and booleans) named like a mask are ones; other integers lie in
-    ``[0, SMALL_INT_HIGH)``; other booleans are random.  Strings and exotic types raise
-    :class:`UsageError`.
-    """
+    """Seeded random values for every model input at ``shapes`` (``names``: for these inputs only), as the
+    module docstring says; strings and exotic types raise :class:`UsageError`."""
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     others = non_tensor_inputs(view)

@@ -113,13 +113,8 @@ def _fold(
             shape = tuple(values[node.input[0]].shape)
         if shape is None:
             return None
-        start, end = 0, len(shape)
-        for a in node.attribute:
-            if a.name == "start":
-                start = int(a.i)
-            elif a.name == "end":
-                end = int(a.i)
-        return [np.array(shape, dtype=np.int64)[slice(start, end)]]
+        bounds = {a.name: int(a.i) for a in node.attribute}
+        return [np.array(shape, dtype=np.int64)[bounds.get("start", 0) : bounds.get("end", len(shape))]]
     if node.op_type == "Size" and node.input and node.input[0] in static_shapes:
         return [np.array(int(np.prod(static_shapes[node.input[0]])), dtype=np.int64)]
     if node.op_type not in MOVEMENT_OPS and node.op_type not in INTEGER_OPS:

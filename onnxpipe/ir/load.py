@@ -21,7 +21,7 @@ from onnx import shape_inference
 from onnxpipe.core.errors import ModelLoadError
 from onnxpipe.core.files import file_sha256
 from onnxpipe.ir import contrib
-from onnxpipe.ir.external import external_info, holds_external, is_external
+from onnxpipe.ir.external import external_info, holds_external, is_external, weightless_copy
 from onnxpipe.ir.graph import (
     dfs_order,
     file_order_if_topological,
@@ -283,14 +283,7 @@ def _type_of(vi: onnx.ValueInfoProto) -> TensorInfo:
 def _infer_tensor_types(proto: onnx.ModelProto) -> dict[str, TensorInfo]:
     """Run ONNX shape inference on a weight-less copy; fall back to the file's own annotations."""
     graph = proto.graph
-    light = onnx.ModelProto()
-    light.CopyFrom(proto)
-    for t in light.graph.initializer:
-        # drop raw bytes (inference needs dims and types only) so models over 2 GB still infer
-        if t.data_location == onnx.TensorProto.EXTERNAL or len(t.raw_data) > 1024:
-            t.ClearField("raw_data")
-            del t.external_data[:]
-            t.data_location = onnx.TensorProto.DEFAULT
+    light = weightless_copy(proto)  # so that models over 2 GB still infer, their weights left on disk
     try:
         src = shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True).graph
     except Exception:  # noqa: BLE001 - inference is best effort; the file's annotations remain

@@ -17,9 +17,10 @@ to:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -157,24 +158,28 @@ class ModelView:
 # dtype helpers
 
 
-def dtype_name(elem_type: int) -> str:
+def np_dtype(elem_type: int) -> np.dtype[Any] | None:
+    """numpy's dtype of an ONNX element type; None for ``undefined`` and types numpy lacks."""
     if elem_type == 0:
-        return "undefined"
+        return None
     try:
-        return str(np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)))
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
     except (KeyError, TypeError, ValueError):
-        return str(onnx.TensorProto.DataType.Name(elem_type)).lower()
+        return None
+
+
+def dtype_name(elem_type: int) -> str:
+    dtype = np_dtype(elem_type)
+    if dtype is not None:
+        return str(dtype)
+    return "undefined" if elem_type == 0 else str(onnx.TensorProto.DataType.Name(elem_type)).lower()
 
 
 def itemsize(elem_type: int) -> int:
-    if elem_type == 0:
-        return 0
     if elem_type == onnx.TensorProto.STRING:
         return 8
-    try:
-        return int(np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).itemsize)
-    except (KeyError, TypeError, ValueError):
-        return 1
+    dtype = np_dtype(elem_type)
+    return 0 if elem_type == 0 else 1 if dtype is None else int(dtype.itemsize)
 
 
 def initializer_nbytes(tensor: onnx.TensorProto) -> int:
@@ -203,6 +208,16 @@ def value_dims(vi: onnx.ValueInfoProto) -> tuple[Dim, ...] | None:
         else:
             dims.append(None)
     return tuple(dims)
+
+
+def set_input_shapes(graph: onnx.GraphProto, shapes: Mapping[str, Sequence[int]]) -> None:
+    """Declare ``graph``'s tensor inputs named in ``shapes`` at those sizes (in place)."""
+    for vi in graph.input:
+        if vi.name in shapes and vi.type.HasField("tensor_type"):
+            shape = vi.type.tensor_type.shape
+            shape.Clear()
+            for d in shapes[vi.name]:
+                shape.dim.add().dim_value = int(d)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -21,12 +21,11 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.inputfiles import InputRecord, read_input_file
 from onnxpipe.core.options import opt
-from onnxpipe.ir.model import ModelView, dtype_name
+from onnxpipe.ir.model import ModelView, dtype_name, np_dtype
 
 
 @dataclass(frozen=True)
@@ -119,7 +118,7 @@ def check_feeds(view: ModelView, feeds: Mapping[str, Any], where: str) -> None:
         if not isinstance(value, np.ndarray):
             raise UsageError(f"{where}: input {name!r} is not an array; the model expects {expects}")
         info = view.tensor(name)
-        want = _np_dtype(info.elem_type)
+        want = np_dtype(info.elem_type)
         if want is not None and value.dtype != want:
             raise UsageError(
                 f"{where}: input {name!r} is {value.dtype}, the model expects {expects}; save it as {want}"
@@ -173,15 +172,6 @@ def _type_words(t: onnx.TypeProto) -> str:
     if kind == "tensor_type":
         return f"{dtype_name(t.tensor_type.elem_type)} tensors"
     return "an undefined type"
-
-
-def _np_dtype(elem_type: int) -> np.dtype[Any] | None:
-    if not elem_type:
-        return None
-    try:
-        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
-    except (KeyError, ValueError, TypeError):
-        return None
 
 
 def _check_same_shapes(samples: Samples) -> None:

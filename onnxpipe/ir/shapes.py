@@ -25,7 +25,7 @@ tensor alike.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from onnxpipe.core.dims import Dim
 from onnxpipe.core.errors import UsageError
@@ -184,31 +184,25 @@ def failure_hint(
     to it could differ."""
     guessed = guessed_dims(view, overrides)
     valued = _valued_note(view, used)
+    files = opt("input_files", "FILE.npz")
+
+    def flags(names: Iterable[str]) -> str:
+        return " ".join(opt("shapes", f"{n}={','.join(str(int(d)) for d in used[n])}") for n in names)
+
     if not guessed:
-        resizable = {n: v for n, v in used.items() if not _fixed(view, n)}
-        every = " ".join(
-            opt("shapes", f"{n}={','.join(str(int(d)) for d in v)}") for n, v in resizable.items()
-        )
-        return (
-            f"give the shapes the model runs at with {every} (edited), or real inputs with "
-            f"{opt('input_files', 'FILE.npz')}{valued}"
-            if every
-            else f"give real inputs with {opt('input_files', 'FILE.npz')} (one array per input, by name)"
-            f"{valued}"
-        )
+        every = flags(n for n in used if not _fixed(view, n))
+        if not every:
+            return f"give real inputs with {files} (one array per input, by name){valued}"
+        return f"give the shapes the model runs at with {every} (edited), or real inputs with {files}{valued}"
     parts = [
         f"{name!r} dim {axis}" + (f" ({sym})" if sym else "") + f" = {used[name][axis]}"
         for name, axis, sym in guessed
         if name in used and axis < len(used[name])
     ]
-    flags = " ".join(
-        opt("shapes", f"{name}={','.join(str(int(d)) for d in used[name])}")
-        for name in dict.fromkeys(n for n, _, _ in guessed)
-        if name in used
-    )
     return (
         f"onnxpipe guessed the sizes of {', '.join(parts)}; give the sizes the model runs at with "
-        f"{flags} (edited), or real inputs with {opt('input_files', 'FILE.npz')}{valued}"
+        f"{flags(n for n in dict.fromkeys(n for n, _, _ in guessed) if n in used)} (edited), or real inputs "
+        f"with {files}{valued}"
     )
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from onnxpipe.core.choices import Runtime, VerifyRuntime
-from onnxpipe.core.errors import ManifestError, UsageError, VerificationError, error_line
+from onnxpipe.core.errors import ManifestError, UsageError, error_line
 from onnxpipe.core.files import file_sha256
 from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import open_session, session_options
@@ -111,7 +111,7 @@ class VerifyReport:
     @property
     def tolerance(self) -> str:
         """The tolerance the outputs were held to: one, or each output's by its type (the loosest named)."""
-        bound = f"|a-b| <= {self.atol:g} + {self.rtol:g}*max|a|"
+        bound = Tolerance(self.rtol, self.atol).describe()
         if all((o.rtol, o.atol) == (self.rtol, self.atol) for o in self.outputs):
             return bound
         return f"by each output's type, up to {bound}"
@@ -132,15 +132,6 @@ class VerifyReport:
         lines.append(f"verify: {self.verdict} over {self.runs} run(s) (tolerance: {self.tolerance})")
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
-
-    def raise_for_mismatch(self) -> None:
-        """Raise :class:`VerificationError` naming the first output that does not match."""
-        bad = [i for i, o in enumerate(self.outputs) if not three_way.passes(o, self.on_runtime, i)]
-        if bad:
-            raise VerificationError(
-                f"output {self.output_line(bad[0])}; {len(bad)} of {len(self.outputs)} outputs differ "
-                f"(tolerance {self.tolerance})"
-            )
 
 
 def verify_folder(out_dir: str | Path, options: VerifyOptions) -> VerifyReport:
