@@ -83,6 +83,11 @@ def from_weights(view: ModelView, tensor: str, depth: int = 8) -> bool:
     return bool(node.reads) and all(from_weights(view, t, depth - 1) for t in node.reads)
 
 
+def reads_table(view: ModelView, n: NodeInfo) -> bool:
+    """Whether ``n`` gathers rows of a table made of weights alone (an embedding, a position table)."""
+    return n.op_type in GATHERS and bool(n.inputs) and from_weights(view, n.inputs[0])
+
+
 def table_read(view: ModelView, node: NodeInfo) -> TableRead:
     """The rows and row width of the table ``node`` gathers from."""
     info = view.tensor(node.inputs[0])

@@ -37,6 +37,18 @@ class Samples:
     records: tuple[InputRecord, ...]
     """Where they came from (file name, sha256, shapes): what the manifest keeps."""
 
+    def __post_init__(self) -> None:
+        """All samples of one run share their shapes: a profile's costs and a plan's bytes hold for one."""
+        first = self.shapes
+        for i, sample in enumerate(self.feeds[1:], start=1):
+            for name, value in sample.items():
+                if isinstance(value, np.ndarray) and tuple(value.shape) != first.get(name):
+                    raise UsageError(
+                        f"{opt('input_files')}: sample {i} gives input {name!r} shape {list(value.shape)}, "
+                        "sample 0 gives "
+                        f"{list(first.get(name, ()))}; the samples of one run must share their shapes"
+                    )
+
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """The tensor inputs' shapes (those of every sample)."""
@@ -72,9 +84,7 @@ def load_samples(
         feeds.extend(samples)
     if not feeds:
         raise UsageError(f"{opt('input_files')}: no file given; give an .npz file or a folder of .npy files")
-    result = Samples(tuple(feeds), tuple(records))
-    _check_same_shapes(result)
-    return result
+    return Samples(tuple(feeds), tuple(records))
 
 
 def samples_from_feeds(view: ModelView, feeds: Sequence[Mapping[str, Any]], label: str = "inputs") -> Samples:
@@ -84,9 +94,7 @@ def samples_from_feeds(view: ModelView, feeds: Sequence[Mapping[str, Any]], labe
     for i, sample in enumerate(feeds):
         check_feeds(view, sample, f"{label} (sample {i})" if len(feeds) > 1 else label)
     shapes = {n: tuple(int(d) for d in np.shape(v)) for n, v in feeds[0].items() if isinstance(v, np.ndarray)}
-    result = Samples(tuple(dict(f) for f in feeds), (InputRecord(label, "", shapes, len(feeds)),))
-    _check_same_shapes(result)
-    return result
+    return Samples(tuple(dict(f) for f in feeds), (InputRecord(label, "", shapes, len(feeds)),))
 
 
 def check_feeds(view: ModelView, feeds: Mapping[str, Any], where: str) -> None:
@@ -172,18 +180,6 @@ def _type_words(t: onnx.TypeProto) -> str:
     if kind == "tensor_type":
         return f"{dtype_name(t.tensor_type.elem_type)} tensors"
     return "an undefined type"
-
-
-def _check_same_shapes(samples: Samples) -> None:
-    first = samples.shapes
-    for i, sample in enumerate(samples.feeds[1:], start=1):
-        for name, value in sample.items():
-            if isinstance(value, np.ndarray) and tuple(value.shape) != first.get(name):
-                raise UsageError(
-                    f"{opt('input_files')}: sample {i} gives input {name!r} shape {list(value.shape)}, "
-                    "sample 0 gives "
-                    f"{list(first.get(name, ()))}; the samples of one run must share their shapes"
-                )
 
 
 __all__ = ["Samples", "check_feeds", "expected_text", "load_samples", "samples_from_feeds"]
