@@ -77,8 +77,8 @@ def attention_heads(view: ModelView, past: str) -> tuple[int | None, int | None]
 
 def _tables(view: ModelView, dec: DecoderInfo) -> list[tuple[int, int]]:
     """(rows, row width) of each weight-made table the nodes before the layers gather from."""
-    nodes = [view.node_by_name[name] for name in dec.embedding_nodes]
-    reads = [table_read(view, n) for n in nodes if reads_table(view, n)]
+    embedding = set(dec.embedding_nodes)
+    reads = [table_read(view, n) for n in view.nodes if n.name in embedding and reads_table(view, n)]
     return [(r.rows, r.columns) for r in reads if r.rows is not None and r.columns is not None]
 
 

@@ -60,7 +60,13 @@ def concrete_shapes(
         offer(name, info.shape)
 
     # a dim named after an input's symbol (``batch``) is settled by the inputs' sizes; ``unk__3`` is not
-    tensors = [t for t in _node_outputs(view) if not _not_a_tensor(view, t)]
+    # a sequence, map or optional (typed UNDEFINED by shape inference) has no shape to settle
+    tensors = [
+        t
+        for n in view.nodes
+        for t in n.outputs
+        if t and (t not in view.tensors or view.tensors[t].elem_type != onnx.TensorProto.UNDEFINED)
+    ]
 
     def unsettled() -> list[str]:
         return [
@@ -96,17 +102,6 @@ def concrete_shapes(
     for t in view.proto.graph.initializer:
         result[t.name] = tuple(int(d) for d in t.dims)
     return result
-
-
-def _node_outputs(view: ModelView) -> list[str]:
-    """The main graph's node outputs, in graph order (those a cost or a cut may need the size of)."""
-    return [t for n in view.nodes for t in n.outputs if t]
-
-
-def _not_a_tensor(view: ModelView, name: str) -> bool:
-    """Whether shape inference typed ``name`` as a sequence, map or optional: it has no shape to settle."""
-    info = view.tensors.get(name)
-    return info is not None and info.elem_type == onnx.TensorProto.UNDEFINED
 
 
 def _unknowns(dims: Sequence[Dim]) -> int:
