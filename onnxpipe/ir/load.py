@@ -179,42 +179,32 @@ def view_from_proto(
 
     tensors = _infer_tensor_types(proto)
 
-    raw: list[tuple[onnx.NodeProto, tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = []
-    for node in graph.node:
+    drafts = []  # in file order; each gets its place, weights and constness below
+    for idx, node in enumerate(graph.node):
         ins = tuple(i for i in node.input if i)
-        outs = tuple(o for o in node.output if o)
         outer = tuple(t for t in sorted(subgraph_outer_reads(node)) if t not in ins)
-        raw.append((node, ins, outer, outs))
+        outs = tuple(o for o in node.output if o)
+        has_subgraph = any(True for _ in subgraphs(node))
+        drafts.append(
+            NodeInfo(idx, idx, node.name, node.op_type, node.domain, ins, outer, outs, 0, False, has_subgraph)
+        )
 
-    constant_idx = _constant_nodes(raw, init_bytes, tensors)
+    constant_idx = _constant_nodes(drafts, init_bytes, tensors)
     # weights: initializers and constant-node outputs (old exporters build weights with ConstantOfShape)
     weights = dict(init_bytes)
     for i in constant_idx:
-        for o in raw[i][3]:
+        for o in drafts[i].outputs:
             weights[o] = max(0, tensors[o].nbytes()) if o in tensors else 0
-    free = set(weights)
-    order = _choose_order(raw, set(init_bytes), free, inputs, outputs, tensors)
-
-    nodes: list[NodeInfo] = []
-    for pos, idx in enumerate(order):
-        node, ins, outer, outs = raw[idx]
-        reads = ins + tuple(t for t in outer if t not in ins)
-        pbytes = sum(weights.get(t, 0) for t in dict.fromkeys(reads))
-        nodes.append(
-            NodeInfo(
-                position=pos,
-                index=idx,
-                name=node.name,
-                op_type=node.op_type,
-                domain=node.domain,
-                inputs=ins,
-                outer_inputs=outer,
-                outputs=outs,
-                param_bytes=pbytes,
-                is_constant=idx in constant_idx,
-                has_subgraph=any(True for _ in subgraphs(node)),
-            )
+    order = _choose_order(drafts, set(init_bytes), set(weights), inputs, outputs, tensors)
+    nodes = [
+        dataclasses.replace(
+            drafts[idx],
+            position=pos,
+            param_bytes=sum(weights.get(t, 0) for t in dict.fromkeys(drafts[idx].reads)),
+            is_constant=idx in constant_idx,
         )
+        for pos, idx in enumerate(order)
+    ]
     producer, consumers = _links(nodes)
     return ModelView(
         path=path,
@@ -301,11 +291,9 @@ def _infer_tensor_types(proto: onnx.ModelProto) -> dict[str, TensorInfo]:
 # --------------------------------------------------------------------------------------------------
 # ordering
 
-_RawNode = tuple[onnx.NodeProto, tuple[str, ...], tuple[str, ...], tuple[str, ...]]
-
 
 def _choose_order(
-    raw: list[_RawNode],
+    drafts: list[NodeInfo],
     weights: set[str],
     free: set[str],
     inputs: tuple[str, ...],
@@ -321,20 +309,20 @@ def _choose_order(
     ``free`` tensors (weights and cheap constants) never cross a cut, so they do not count.
     """
     size = {name: 0 if name in free else t.nbytes() for name, t in tensors.items()}
-    deps = [ins + tuple(t for t in outer if t not in ins) for _, ins, outer, _ in raw]
-    outs = [o for _, _, _, o in raw]
+    deps = [n.reads for n in drafts]
+    outs = [n.outputs for n in drafts]
     available = weights | set(inputs)
     candidates = []
     file_order = file_order_if_topological(deps, outs, available)
     if file_order is not None:
         candidates.append(file_order)
-    candidates.append(dfs_order(deps, outs, available, [n.name for n, _, _, _ in raw]))
+    candidates.append(dfs_order(deps, outs, available, [n.name for n in drafts]))
     candidates.append(greedy_live_order(deps, outs, available, size))
     return min(candidates, key=lambda order: sum(live_bytes_profile(order, deps, outs, size, free, outputs)))
 
 
 def _constant_nodes(
-    raw: list[_RawNode],
+    drafts: list[NodeInfo],
     init_bytes: Mapping[str, int],
     tensors: Mapping[str, TensorInfo],
 ) -> set[int]:
@@ -345,8 +333,9 @@ def _constant_nodes(
     # iterate to a fixed point: the file order need not be topological
     while changed:
         changed = False
-        for idx, (node, ins, outer, outs) in enumerate(raw):
-            if idx in result or node.domain not in ("", "ai.onnx") or outer:
+        for idx, node in enumerate(drafts):
+            ins = node.inputs
+            if idx in result or node.domain not in ("", "ai.onnx") or node.outer_inputs:
                 continue
             ok = False
             if node.op_type == "Constant":
@@ -358,6 +347,6 @@ def _constant_nodes(
                 ok = src is not None and src.is_static
             if ok:
                 result.add(idx)
-                const_tensors.update(outs)
+                const_tensors.update(node.outputs)
                 changed = True
     return result
