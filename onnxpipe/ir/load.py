@@ -42,10 +42,8 @@ from onnxpipe.ir.model import (
 
 
 def load_model(path: str | Path, *, check: bool = True) -> ModelView:
-    """Read ``path`` into a :class:`ModelView`; errors name the file and say what to do.
-
-    External weights stay on disk: the exporter reads each stage's weights when it writes the stage.
-    """
+    """Read ``path`` into a :class:`ModelView` (its external weights left on disk); errors name the file
+    and say what to do."""
     p = Path(path)
     if not p.exists():
         raise ModelLoadError(f"{p}: no such file; give the path of an .onnx model")

@@ -194,6 +194,11 @@ def initializer_nbytes(tensor: onnx.TensorProto) -> int:
 # types
 
 
+def dims_text(shape: Sequence[Dim]) -> str:
+    """``[batch, 3, ?]``: dims as messages show them, ``?`` for an unnamed unknown."""
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
 def value_dims(vi: onnx.ValueInfoProto) -> tuple[Dim, ...] | None:
     """A tensor value info's dims: an ``int`` where known, the symbol's name, or None for an unnamed
     unknown; None for a non-tensor or a tensor of unknown rank."""

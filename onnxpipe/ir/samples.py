@@ -25,7 +25,7 @@ import onnx
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.inputfiles import InputRecord, read_input_file
 from onnxpipe.core.options import opt
-from onnxpipe.ir.model import ModelView, dtype_name, np_dtype
+from onnxpipe.ir.model import ModelView, dims_text, dtype_name, np_dtype
 
 
 @dataclass(frozen=True)
@@ -161,11 +161,7 @@ def expected_text(view: ModelView, name: str) -> str:
         if vi.name == name and vi.type.WhichOneof("value") != "tensor_type":
             return _type_words(vi.type)
     info = view.tensor(name)
-    dims = (
-        "unknown rank"
-        if info.shape is None
-        else "[" + ", ".join("?" if d is None else str(d) for d in info.shape) + "]"
-    )
+    dims = "unknown rank" if info.shape is None else dims_text(info.shape)
     return f"{dtype_name(info.elem_type)} {dims}"
 
 

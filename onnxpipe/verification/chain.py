@@ -1,9 +1,8 @@
 """Run a split folder's stages one after another in this process, passing tensors by name.
 
-A small lifecycle: :meth:`StageChain.from_manifest` opens one engine per stage (an onnxruntime session,
+A small lifecycle: :meth:`StageChain.from_manifest` opens one engine per stage (onnxruntime on the CPU,
 or, with ``engines``, each stage on its own runtime: :mod:`onnxpipe.core.runtimes`; one chain may mix
-them),
-:meth:`StageChain.run` pushes one set of model inputs through them all, :meth:`StageChain.close` (or the
+them), :meth:`StageChain.run` pushes one set of model inputs through them all, :meth:`StageChain.close` (or the
 ``with`` block) releases the sessions.  Each stage receives exactly the tensors its manifest entry lists
 (model inputs and outputs of earlier stages); a tensor is dropped once no later stage or model output
 needs it, so memory holds what crosses the current cut, not every activation.
