@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from onnxpipe.core.choices import Phase
 from onnxpipe.ir.decoder_kinds import PhaseShape, phase_shape
+from onnxpipe.ir.embedding import FLOAT_TYPES, INTEGER_TYPES
 from onnxpipe.ir.model import ModelView, NodeInfo
 
 
@@ -50,11 +51,10 @@ def decoder_roles(view: ModelView) -> DecoderRoles | None:
         info = view.tensor(t)
         if not _PAST_NAME.search(t) or info.shape is None or len(info.shape) < 3:
             continue
-        if info.elem_type not in (1, 10, 11, 16):
+        if info.elem_type not in FLOAT_TYPES:
             continue
         pasts.append(t)
-        axis = len(info.shape) - 2
-        d = info.shape[axis]
+        d = info.shape[-2]  # the sequence axis
         if isinstance(d, str):
             past_sym = past_sym or d
         if isinstance(info.shape[0], str):
@@ -67,7 +67,7 @@ def decoder_roles(view: ModelView) -> DecoderRoles | None:
         if t not in pasts
         and "mask" not in t.lower()
         and "position" not in t.lower()
-        and view.tensor(t).elem_type in (6, 7)
+        and view.tensor(t).elem_type in INTEGER_TYPES
     ]
     if len(ids) != 1:
         return None
