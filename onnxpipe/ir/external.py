@@ -18,7 +18,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnxpipe.core.errors import ModelLoadError
-from onnxpipe.ir.model import initializer_nbytes
+from onnxpipe.ir.model import initializer_nbytes, subgraphs
 
 CHUNK_BYTES = 16 << 20
 
@@ -111,14 +111,13 @@ def tensors_inside(node: onnx.NodeProto) -> Iterator[onnx.TensorProto]:
         elif attr.type == onnx.AttributeProto.SPARSE_TENSOR:
             yield attr.sparse_tensor.values
             yield attr.sparse_tensor.indices
-        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-        for g in graphs:
-            yield from g.initializer
-            for sp in g.sparse_initializer:
-                yield sp.values
-                yield sp.indices
-            for n in g.node:
-                yield from tensors_inside(n)
+    for g in subgraphs(node):
+        yield from g.initializer
+        for sp in g.sparse_initializer:
+            yield sp.values
+            yield sp.indices
+        for n in g.node:
+            yield from tensors_inside(n)
 
 
 def holds_external(model: onnx.ModelProto) -> bool:
