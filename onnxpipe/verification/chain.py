@@ -2,10 +2,10 @@
 
 A small lifecycle: :meth:`StageChain.from_manifest` opens one engine per stage (onnxruntime on the CPU,
 or, with ``engines``, each stage on its own runtime: :mod:`onnxpipe.core.runtimes`; one chain may mix
-them), :meth:`StageChain.run` pushes one set of model inputs through them all, :meth:`StageChain.close` (or the
-``with`` block) releases the sessions.  Each stage receives exactly the tensors its manifest entry lists
-(model inputs and outputs of earlier stages); a tensor is dropped once no later stage or model output
-needs it, so memory holds what crosses the current cut, not every activation.
+them), :meth:`StageChain.run` pushes one set of model inputs through them all, :meth:`StageChain.close`
+(or the ``with`` block) releases the sessions.  Each stage receives exactly the tensors its manifest
+entry lists (model inputs and outputs of earlier stages); a tensor is dropped once no later stage or
+model output needs it, so memory holds what crosses the current cut, not every activation.
 
 :func:`run_stage_by_stage` computes the same for several input sets with only one stage open at a time,
 so a model larger than memory twice over can still be checked (``onnxpipe verify`` uses it).

@@ -76,12 +76,7 @@ def compare(
     """
 
     def result(max_abs: float, scale: float) -> OutputComparison:
-        if max_abs == 0.0:
-            rel = 0.0
-        elif scale > 0.0:
-            rel = max_abs / scale
-        else:
-            rel = math.inf
+        rel = 0.0 if max_abs == 0.0 else max_abs / scale if scale > 0.0 else math.inf
         return OutputComparison(
             name=name,
             expected_dtype=str(expected.dtype),
