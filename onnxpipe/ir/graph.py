@@ -27,14 +27,8 @@ def file_order_if_topological(
     deps: Sequence[Sequence[str]], outs: Sequence[Sequence[str]], available: Iterable[str]
 ) -> list[int] | None:
     """``[0, 1, ..., n-1]`` if every node reads only what is defined before it, else ``None``."""
-    defined = set(available)
-    prod = _producers(outs)
-    for i, d in enumerate(deps):
-        for t in d:
-            if t not in defined and t in prod:
-                return None
-        defined.update(outs[i])
-    return list(range(len(deps)))
+    order = stable_order(deps, outs, available)
+    return order if order == list(range(len(deps))) else None
 
 
 def dfs_order(

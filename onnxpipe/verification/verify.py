@@ -7,12 +7,10 @@ top (:func:`planned_input_shapes`), and every model output is compared by
 :func:`onnxpipe.verification.compare.compare`.  A mismatch is not an exception: the report says
 ``ok=False`` and the CLI exits with 1.
 
-``runtime`` checks the split on another runtime: every stage on ``onnxruntime``, ``openvino`` or ``tract``,
-or ``devices``: each stage on the runtime of its device in the manifest's cluster (a split made for a
-devices file), a chain that may mix runtimes.  The original always runs in onnxruntime on the CPU: it is
-the reference every runtime's chain is held to, by the same norm-based tolerance.  Where every stage ran
-on one other runtime, the whole model runs there too, and an output whose stages match it passes even
-when that runtime differs from onnxruntime by itself (:mod:`onnxpipe.verification.on_runtime`).
+``runtime`` runs the stages elsewhere (:class:`~onnxpipe.verification.options.VerifyOptions`); the
+original always runs in onnxruntime on the CPU, the reference every chain is held to by the same
+norm-based tolerance, and on the stages' runtime too where they share one
+(:mod:`onnxpipe.verification.on_runtime`).
 
 The original model is the one the manifest records (its ``source.path``, relative to the folder) unless
 ``model`` names another copy; either way its sha256 must be the manifest's.
