@@ -297,8 +297,8 @@ def model_obj(s: ModelSummary) -> dict[str, Any]:
     write it: a list of sizes, symbol names and nulls, or null for an unknown rank), opsets, counts."""
     return {
         "name": s.name,
-        "model_inputs": [{"name": t.name, "dtype": t.dtype, "shape": _shape(t.dims)} for t in s.inputs],
-        "model_outputs": [{"name": t.name, "dtype": t.dtype, "shape": _shape(t.dims)} for t in s.outputs],
+        "model_inputs": [{"name": t.name, "dtype": t.dtype, "shape": _shape(t.shape)} for t in s.inputs],
+        "model_outputs": [{"name": t.name, "dtype": t.dtype, "shape": _shape(t.shape)} for t in s.outputs],
         "ir_version": s.ir_version,
         "opsets": {domain: version for domain, version in s.opsets},
         "node_count": s.node_count,

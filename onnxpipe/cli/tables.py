@@ -124,9 +124,9 @@ def format_model_table(view: ModelView, s: ModelSummary) -> str:
     symbolic = False
     for kind, tensors in (("input", s.inputs), ("output", s.outputs)):
         for t in tensors:
-            lines.append(f"{kind} {t.name}: {t.dtype} {_dims(t.dims)}")
+            lines.append(f"{kind} {t.name}: {t.dtype} {_dims(t.shape)}")
             symbolic = symbolic or (
-                kind == "input" and (t.dims is None or any(not isinstance(d, int) or d < 0 for d in t.dims))
+                kind == "input" and (t.shape is None or any(not isinstance(d, int) or d < 0 for d in t.shape))
             )
     if symbolic:
         lines.append("  dims shown by name or ? are sized by a guess unless --shape NAME=D1,D2,... sets them")

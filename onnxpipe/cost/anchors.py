@@ -10,8 +10,7 @@ import onnx
 
 from onnxpipe.cost.sketch import VALUE_TOLERANCE, Print
 from onnxpipe.ir.graph import dfs_order
-from onnxpipe.ir.load import subgraph_outer_reads
-from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.model import ModelView, subgraph_outer_reads
 
 NAME_ANCHOR_TOLERANCE = 0.05
 """A tensor name shared by both graphs is trusted unless its values differ by more than this."""

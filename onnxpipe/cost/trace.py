@@ -22,8 +22,7 @@ from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import OptimizationLevel, open_session, session_options
 from onnxpipe.core.progress import Progress
 from onnxpipe.ir.external import holds_external
-from onnxpipe.ir.load import subgraph_outer_reads
-from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.model import ModelView, subgraph_outer_reads
 
 
 @dataclass

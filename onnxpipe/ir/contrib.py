@@ -60,8 +60,7 @@ def _moved_to_contrib(proto: onnx.ModelProto) -> onnx.ModelProto | None:
     model has none (then the checker's complaint is about something else)."""
     if not any(_is_ort_op(n) for n in proto.graph.node):
         return None
-    copy = onnx.ModelProto()
-    copy.CopyFrom(proto)
+    copy = external_as_inputs(proto)
     for n in copy.graph.node:
         if _is_ort_op(n):
             if n.op_type == "LayerNormalization" and _opset(copy) >= 17:
@@ -69,7 +68,6 @@ def _moved_to_contrib(proto: onnx.ModelProto) -> onnx.ModelProto | None:
             n.domain = _CONTRIB_DOMAIN
     if not any(o.domain == _CONTRIB_DOMAIN for o in copy.opset_import):
         copy.opset_import.append(onnx.helper.make_opsetid(_CONTRIB_DOMAIN, 1))
-    _external_as_inputs(copy.graph)
     return copy
 
 

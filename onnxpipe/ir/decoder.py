@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from onnxpipe.core.kv import KVPair
-from onnxpipe.ir.embedding import GATHERS, from_weights, token_input
+from onnxpipe.ir.embedding import reads_table, token_input
 from onnxpipe.ir.kv_pairs import find_pairs
 from onnxpipe.ir.model import ModelView, NodeInfo
 
@@ -202,7 +202,7 @@ def _with_layers(view: ModelView, pairs: tuple[KVPair, ...], ids: str) -> Decode
                 if node.op_type in SHAPE_OPS and group.get(node.name, p.layer) != p.layer:
                     shape_readers.append((node.name, t))
     embedding = tuple(
-        n.name for n in compute if group[n.name] == -1 and (ids in n.reads or _reads_table(view, n))
+        n.name for n in compute if group[n.name] == -1 and (ids in n.reads or reads_table(view, n))
     )
     head = tuple(n.name for n in compute if group[n.name] == layers)
     return DecoderInfo(
@@ -217,8 +217,3 @@ def _with_layers(view: ModelView, pairs: tuple[KVPair, ...], ids: str) -> Decode
         scoped=scoped,
         shape_readers=tuple(shape_readers),
     )
-
-
-def _reads_table(view: ModelView, n: NodeInfo) -> bool:
-    """Whether ``n`` gathers rows of a table made of weights alone (an embedding, a position table)."""
-    return n.op_type in GATHERS and bool(n.inputs) and from_weights(view, n.inputs[0])

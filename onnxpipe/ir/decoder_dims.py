@@ -19,7 +19,7 @@ from pathlib import Path
 from onnxpipe.core.model_config import FolderConfig, ModelDims, SourceConfig, config_beside
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.decoder_shapes import attention_head_sizes
-from onnxpipe.ir.embedding import GATHERS, from_weights, logits_output, table_read
+from onnxpipe.ir.embedding import from_weights, reads_table, table_read, vocabulary
 from onnxpipe.ir.kv_layout import batch_symbol, cache_layout
 from onnxpipe.ir.model import ModelView
 
@@ -44,10 +44,7 @@ def decoder_dims(view: ModelView, dec: DecoderInfo) -> DecoderDims:
     symbolic = (view.tensor(pair.past_key).shape or (None,))[-1]
     head_size = head_size or (attention_head_sizes(view).get(symbolic) if isinstance(symbolic, str) else None)
     tables = _tables(view, dec)
-    logits = logits_output(view, set(dec.present_outputs))
-    shape = view.tensor(logits).shape if logits is not None else None
-    vocab = shape[-1] if shape and isinstance(shape[-1], int) else None
-    vocab = vocab or max((rows for rows, _ in tables), default=None)
+    vocab = vocabulary(view, set(dec.present_outputs)) or max((rows for rows, _ in tables), default=None)
     hidden = next((cols for rows, cols in tables if rows == vocab), None)
     if head_size is None and heads is not None and hidden is not None and hidden % heads == 0:
         head_size = hidden // heads  # the usual layout: the query heads split the hidden size
@@ -71,8 +68,7 @@ def attention_heads(view: ModelView, past: str) -> tuple[int | None, int | None]
     """(query heads, key/value heads) from the attributes of an attention op that reads ``past``
     (onnxruntime's ``GroupQueryAttention``/``MultiHeadAttention``, ONNX's ``Attention``)."""
     for pos in view.consumers.get(past, ()):
-        proto = view.proto.graph.node[view.nodes[pos].index]
-        found = {a.name: int(a.i) for a in proto.attribute if a.type == a.INT}
+        found = view.int_attributes(view.nodes[pos])
         query, kv = (next((found[k] for k in keys if found.get(k, 0) > 0), None) for keys in _HEAD_ATTRIBUTES)
         if query is not None:
             return query, kv or query
@@ -81,14 +77,9 @@ def attention_heads(view: ModelView, past: str) -> tuple[int | None, int | None]
 
 def _tables(view: ModelView, dec: DecoderInfo) -> list[tuple[int, int]]:
     """(rows, row width) of each weight-made table the nodes before the layers gather from."""
-    tables = []
-    for name in dec.embedding_nodes:
-        node = view.node_by_name[name]
-        if node.op_type in GATHERS and node.inputs and from_weights(view, node.inputs[0]):
-            read = table_read(view, node)
-            if read.rows is not None and read.columns is not None:
-                tables.append((read.rows, read.columns))
-    return tables
+    embedding = set(dec.embedding_nodes)
+    reads = [table_read(view, n) for n in view.nodes if n.name in embedding and reads_table(view, n)]
+    return [(r.rows, r.columns) for r in reads if r.rows is not None and r.columns is not None]
 
 
 ROTARY_TABLE_SLOTS = {"GroupQueryAttention": (7,), "RotaryEmbedding": (1, 2)}

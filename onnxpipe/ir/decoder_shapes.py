@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from onnxpipe.core.choices import Phase
 from onnxpipe.ir.decoder_kinds import PhaseShape, phase_shape
+from onnxpipe.ir.embedding import FLOAT_TYPES, INTEGER_TYPES
 from onnxpipe.ir.model import ModelView, NodeInfo
 
 
@@ -50,11 +51,10 @@ def decoder_roles(view: ModelView) -> DecoderRoles | None:
         info = view.tensor(t)
         if not _PAST_NAME.search(t) or info.shape is None or len(info.shape) < 3:
             continue
-        if info.elem_type not in (1, 10, 11, 16):
+        if info.elem_type not in FLOAT_TYPES:
             continue
         pasts.append(t)
-        axis = len(info.shape) - 2
-        d = info.shape[axis]
+        d = info.shape[-2]  # the sequence axis
         if isinstance(d, str):
             past_sym = past_sym or d
         if isinstance(info.shape[0], str):
@@ -67,7 +67,7 @@ def decoder_roles(view: ModelView) -> DecoderRoles | None:
         if t not in pasts
         and "mask" not in t.lower()
         and "position" not in t.lower()
-        and view.tensor(t).elem_type in (6, 7)
+        and view.tensor(t).elem_type in INTEGER_TYPES
     ]
     if len(ids) != 1:
         return None
@@ -136,7 +136,7 @@ def _attention_node_sizes(view: ModelView, node: NodeInfo, out: dict[str, int]) 
     inputs = list(proto.input)  # with the empty names of absent optional inputs, by position
     if len(inputs) < 5 or not inputs[0]:
         return
-    attrs = {a.name: a.i for a in proto.attribute}
+    attrs = view.int_attributes(node)
     heads = attrs.get("num_heads", 0)
     kv_heads = attrs.get("kv_num_heads", heads)
     query = view.tensor(inputs[0]).shape
@@ -160,8 +160,7 @@ def _concat_sizes(view: ModelView, node: NodeInfo, out: dict[str, int]) -> None:
     if len(pasts) != 1:
         return
     shape = view.tensor(pasts[0]).shape
-    proto = view.proto.graph.node[node.index]
-    axis = next((int(a.i) for a in proto.attribute if a.name == "axis"), 0)
+    axis = view.int_attributes(node).get("axis", 0)
     if not shape:
         return
     for other in node.inputs:

@@ -11,7 +11,7 @@ many rows as the logits have columns: the vocabulary.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 
 import onnx
@@ -47,6 +47,17 @@ class TableRead:
 def table_reads(view: ModelView, ids: str) -> list[TableRead]:
     """Every gather that indexes a weight-made table with ``ids`` (through :data:`CARRIERS`)."""
     reads: list[TableRead] = []
+    for node, t in index_readers(view, ids, CARRIERS):
+        slot = GATHERS.get(node.op_type)
+        indexes = slot is not None and len(node.inputs) > slot and node.inputs[slot] == t
+        if indexes and from_weights(view, node.inputs[0]):
+            reads.append(table_read(view, node))
+    return reads
+
+
+def index_readers(view: ModelView, ids: str, carriers: Collection[str]) -> Iterator[tuple[NodeInfo, str]]:
+    """Each reader of ``ids``, or of what ``carriers`` make of it (their first input carried to their
+    output), with the tensor it reads."""
     seen: set[str] = set()
     stack = [ids]
     while stack:
@@ -56,13 +67,9 @@ def table_reads(view: ModelView, ids: str) -> list[TableRead]:
         seen.add(t)
         for pos in view.consumers.get(t, ()):
             node = view.nodes[pos]
-            slot = GATHERS.get(node.op_type)
-            if slot is not None and len(node.inputs) > slot and node.inputs[slot] == t:
-                if from_weights(view, node.inputs[0]):
-                    reads.append(table_read(view, node))
-            elif node.op_type in CARRIERS and node.inputs and node.inputs[0] == t:
-                stack.extend(node.outputs)
-    return reads
+            yield node, t
+            if node.op_type in carriers and node.inputs and node.inputs[0] == t:
+                stack.extend(node.outputs[:1])
 
 
 def from_weights(view: ModelView, tensor: str, depth: int = 8) -> bool:
@@ -76,9 +83,9 @@ def from_weights(view: ModelView, tensor: str, depth: int = 8) -> bool:
     return bool(node.reads) and all(from_weights(view, t, depth - 1) for t in node.reads)
 
 
-def _attributes(view: ModelView, node: NodeInfo) -> dict[str, int]:
-    proto = view.proto.graph.node[node.index]
-    return {a.name: int(a.i) for a in proto.attribute if a.type == onnx.AttributeProto.INT}
+def reads_table(view: ModelView, n: NodeInfo) -> bool:
+    """Whether ``n`` gathers rows of a table made of weights alone (an embedding, a position table)."""
+    return n.op_type in GATHERS and bool(n.inputs) and from_weights(view, n.inputs[0])
 
 
 def table_read(view: ModelView, node: NodeInfo) -> TableRead:
@@ -87,7 +94,7 @@ def table_read(view: ModelView, node: NodeInfo) -> TableRead:
     shape = info.shape
     if shape is None or len(shape) < 2 or not all(isinstance(d, int) for d in shape):
         return TableRead(node.name, None, None)
-    attrs = _attributes(view, node)
+    attrs = view.int_attributes(node)
     axis = attrs.get("gather_axis", attrs.get("axis", 0)) % len(shape)
     rows = shape[axis]
     width = 1

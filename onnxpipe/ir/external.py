@@ -8,6 +8,7 @@ truncated.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnxpipe.core.errors import ModelLoadError
+from onnxpipe.ir.model import initializer_nbytes, subgraphs
 
 CHUNK_BYTES = 16 << 20
 
@@ -109,14 +111,13 @@ def tensors_inside(node: onnx.NodeProto) -> Iterator[onnx.TensorProto]:
         elif attr.type == onnx.AttributeProto.SPARSE_TENSOR:
             yield attr.sparse_tensor.values
             yield attr.sparse_tensor.indices
-        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-        for g in graphs:
-            yield from g.initializer
-            for sp in g.sparse_initializer:
-                yield sp.values
-                yield sp.indices
-            for n in g.node:
-                yield from tensors_inside(n)
+    for g in subgraphs(node):
+        yield from g.initializer
+        for sp in g.sparse_initializer:
+            yield sp.values
+            yield sp.indices
+        for n in g.node:
+            yield from tensors_inside(n)
 
 
 def holds_external(model: onnx.ModelProto) -> bool:
@@ -147,3 +148,54 @@ def stored_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
     for sp in model.graph.sparse_initializer:
         yield sp.values
         yield sp.indices
+
+
+_DATA_FIELDS = ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data")
+
+
+SMALL_ELEMENTS = 1 << 16
+"""Initializers up to this many elements keep their data in the shape-inference copy: symbolic shape
+inference reads the values of those that shape arithmetic or a constant-folded chain touches (a BERT's
+512 position ids, sliced to the sequence length; a bias folded with a constant).  The peak is the full
+copy made first either way."""
+
+
+def weightless_copy(proto: onnx.ModelProto, base_dir: Path | None = None) -> onnx.ModelProto:
+    """A copy whose big initializers keep dims and type but no data (enough for shape inference); the
+    small ones keep theirs, read from their external file when the model keeps them there (``base_dir``:
+    the model's folder; unknown, they are left without data as well)."""
+    light = onnx.ModelProto()
+    light.CopyFrom(proto)
+    for t in light.graph.initializer:
+        small = math.prod(t.dims) <= SMALL_ELEMENTS
+        if is_external(t):
+            data = _small_external(t, base_dir) if small else None
+            for f in _DATA_FIELDS:
+                t.ClearField(f)
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
+            if data is not None:
+                t.raw_data = data
+        elif not small:
+            for f in _DATA_FIELDS:
+                t.ClearField(f)
+    return light
+
+
+def _small_external(t: onnx.TensorProto, base_dir: Path | None) -> bytes | None:
+    """The bytes of external tensor ``t`` (None: folder unknown, file outside it, too short, or a length
+    that is not the tensor's size)."""
+    if base_dir is None:
+        return None
+    size = initializer_nbytes(t)
+    try:
+        path = source_file(t, base_dir)
+        _, offset, length = external_info(t)
+        if length is not None and length != size:  # a tensor of other dims than its entry says
+            return None
+        with path.open("rb") as f:
+            f.seek(offset)
+            data = f.read(size)
+    except (OSError, ModelLoadError):
+        return None
+    return data if len(data) == size else None

@@ -14,6 +14,7 @@ import onnx
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.options import opt
+from onnxpipe.ir.embedding import index_readers
 from onnxpipe.ir.model import ModelView, NodeInfo
 from onnxpipe.ir.samples import expected_text
 from onnxpipe.ir.shapes import non_tensor_inputs
@@ -46,13 +47,8 @@ _INT_TYPES: dict[int, type[np.generic]] = {
 def random_feeds(
     view: ModelView, shapes: Mapping[str, Sequence[int]], seed: int = 0, *, names: Sequence[str] | None = None
 ) -> dict[str, np.ndarray]:
-    """Seeded random values for every model input at ``shapes`` (``names``: for these inputs only).
-
-    Floats are standard normal; integers that end up as Gather indices lie in ``[0, rows)`` of the data
-    they index; integers (and booleans) named like a mask are ones; other integers lie in
-    ``[0, SMALL_INT_HIGH)``; other booleans are random.  Strings and exotic types raise
-    :class:`UsageError`.
-    """
+    """Seeded random values for every model input at ``shapes`` (``names``: for these inputs only), as the
+    module docstring says; strings and exotic types raise :class:`UsageError`."""
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     others = non_tensor_inputs(view)
@@ -96,38 +92,21 @@ def gather_rows(view: ModelView, tensor: str) -> int | None:
 
     ``None`` when the tensor reaches no Gather as indices, or the rows are not known statically.
     """
-    protos = view.proto.graph.node
-    nodes = view.nodes
-    best: int | None = None
-    seen: set[str] = set()
-    stack = [tensor]
-    while stack:
-        t = stack.pop()
-        if t in seen:
-            continue
-        seen.add(t)
-        for pos in view.consumers.get(t, ()):
-            node = nodes[pos]
-            rows = _rows_indexed(view, node, protos[node.index], t)
-            if rows is not None:
-                best = rows if best is None else min(best, rows)
-            elif node.op_type in _PASS_THROUGH and node.inputs and node.inputs[0] == t:
-                stack.extend(node.outputs[:1])
-    return best
+    found = [_rows_indexed(view, node, t) for node, t in index_readers(view, tensor, _PASS_THROUGH)]
+    return min((rows for rows in found if rows is not None), default=None)
 
 
-def _rows_indexed(view: ModelView, node: NodeInfo, proto: onnx.NodeProto, t: str) -> int | None:
+def _rows_indexed(view: ModelView, node: NodeInfo, t: str) -> int | None:
     """Rows of the data ``node`` indexes with ``t``, when ``t`` is its index input and the rows are known."""
     data: str | None = None
     axis = 0
     if node.op_type in ("Gather", "GatherElements") and len(node.inputs) > 1 and node.inputs[1] == t:
         data = node.inputs[0]
-        for attr in proto.attribute:
-            if attr.name == "axis":
-                axis = int(attr.i)
+        axis = view.int_attributes(node).get("axis", 0)
     elif node.op_type == "EmbedLayerNormalization":
         # com.microsoft: input_ids -> word_embedding, segment_ids -> segment_embedding,
         # position_ids (input 8) -> position_embedding
+        proto = view.proto.graph.node[node.index]
         pairs = {0: 2, 1: 4, 8: 3}
         for idx, data_idx in pairs.items():
             if idx < len(proto.input) and proto.input[idx] == t and data_idx < len(proto.input):

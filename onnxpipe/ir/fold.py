@@ -27,6 +27,7 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from onnxpipe.ir.external import inlined
+from onnxpipe.ir.model import subgraph_outer_reads
 
 MAX_FOLDED_BYTES = 1 << 20
 """The largest tensor a fold writes as an initializer (1 MiB)."""
@@ -112,13 +113,8 @@ def _fold(
             shape = tuple(values[node.input[0]].shape)
         if shape is None:
             return None
-        start, end = 0, len(shape)
-        for a in node.attribute:
-            if a.name == "start":
-                start = int(a.i)
-            elif a.name == "end":
-                end = int(a.i)
-        return [np.array(shape, dtype=np.int64)[slice(start, end)]]
+        bounds = {a.name: int(a.i) for a in node.attribute}
+        return [np.array(shape, dtype=np.int64)[bounds.get("start", 0) : bounds.get("end", len(shape))]]
     if node.op_type == "Size" and node.input and node.input[0] in static_shapes:
         return [np.array(int(np.prod(static_shapes[node.input[0]])), dtype=np.int64)]
     if node.op_type not in MOVEMENT_OPS and node.op_type not in INTEGER_OPS:
@@ -188,9 +184,7 @@ def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
     used: set[str] = {o.name for o in graph.output}
     for n in graph.node:
         used.update(n.input)
-        for a in n.attribute:
-            for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
-                used.update(_outer_names(g))
+        used |= subgraph_outer_reads(n)
     dropped = {t.name for t in graph.initializer if t.name not in used}
     if not dropped:
         return
@@ -200,16 +194,6 @@ def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
     inputs = [i for i in graph.input if i.name not in dropped]
     del graph.input[:]
     graph.input.extend(inputs)
-
-
-def _outer_names(g: onnx.GraphProto) -> set[str]:
-    names: set[str] = set()
-    for n in g.node:
-        names.update(n.input)
-        for a in n.attribute:
-            for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
-                names.update(_outer_names(sub))
-    return names
 
 
 __all__ = ["INTEGER_OPS", "MAX_FOLDED_BYTES", "MOVEMENT_OPS", "fold_constants"]

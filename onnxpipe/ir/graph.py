@@ -7,7 +7,6 @@ outer-scope reads of subgraphs included) and ``outs[i]`` (tensors it writes).
 from __future__ import annotations
 
 import heapq
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -28,14 +27,8 @@ def file_order_if_topological(
     deps: Sequence[Sequence[str]], outs: Sequence[Sequence[str]], available: Iterable[str]
 ) -> list[int] | None:
     """``[0, 1, ..., n-1]`` if every node reads only what is defined before it, else ``None``."""
-    defined = set(available)
-    prod = _producers(outs)
-    for i, d in enumerate(deps):
-        for t in d:
-            if t not in defined and t in prod:
-                return None
-        defined.update(outs[i])
-    return list(range(len(deps)))
+    order = stable_order(deps, outs, available)
+    return order if order == list(range(len(deps))) else None
 
 
 def dfs_order(
@@ -50,31 +43,59 @@ def dfs_order(
     at once; depth-first keeps one branch's tensors live at a time.  Ties go to the file order, so the
     result is deterministic.  Raises :class:`ModelLoadError` on a cycle or a read of an undefined tensor.
     """
-    n = len(deps)
+    order, succ = _kahn(deps, outs, available, depth_first=True)
+    if len(order) != len(deps):
+        raise cycle_error(sorted(set(range(len(deps))) - set(order)), succ, labels)
+    return order
+
+
+def stable_order(
+    deps: Sequence[Sequence[str]], outs: Sequence[Sequence[str]], available: Iterable[str]
+) -> list[int] | None:
+    """Kahn's algorithm, the ready node of lowest index first (the file's order as far as it goes);
+    ``None`` if some node cannot be placed."""
+    order, _ = _kahn(deps, outs, available, depth_first=False)
+    return order if len(order) == len(deps) else None
+
+
+def _dependencies(
+    deps: Sequence[Sequence[str]], outs: Sequence[Sequence[str]], available: Iterable[str]
+) -> tuple[list[int], list[list[int]]]:
+    """Each node's number of producer nodes and its reader nodes (``available`` tensors come from none)."""
     prod = _producers(outs)
     avail = set(available)
-    indeg = [0] * n
-    succ: list[list[int]] = [[] for _ in range(n)]
+    indeg = [0] * len(deps)
+    succ: list[list[int]] = [[] for _ in deps]
     for i, d in enumerate(deps):
         preds = {prod[t] for t in d if t in prod and t not in avail}
         indeg[i] = len(preds)
         for p in preds:
             succ[p].append(i)
-    stack = [i for i in range(n - 1, -1, -1) if indeg[i] == 0]
+    return indeg, succ
+
+
+def _kahn(
+    deps: Sequence[Sequence[str]],
+    outs: Sequence[Sequence[str]],
+    available: Iterable[str],
+    *,
+    depth_first: bool,
+) -> tuple[list[int], list[list[int]]]:
+    """The order Kahn's algorithm places (short of the nodes on or after a cycle) and each node's readers.
+
+    Ready nodes wait in a heap by index; ``depth_first`` puts the ones a node readies ahead of all that
+    waited before (a stack of batches, each by index), so a branch runs to its join before the next."""
+    indeg, succ = _dependencies(deps, outs, available)
+    ready = [(0, i) for i, k in enumerate(indeg) if k == 0]
     order: list[int] = []
-    while stack:
-        i = stack.pop()
+    while ready:
+        _, i = heapq.heappop(ready)
         order.append(i)
-        ready = []
         for s in succ[i]:
             indeg[s] -= 1
             if indeg[s] == 0:
-                ready.append(s)
-        # push in reverse file order so the earliest-in-file successor runs first
-        stack.extend(sorted(ready, reverse=True))
-    if len(order) != n:
-        raise cycle_error([i for i in range(n) if indeg[i] > 0], succ, labels)
-    return order
+                heapq.heappush(ready, (-len(order) if depth_first else 0, s))
+    return order, succ
 
 
 def cycle_error(
@@ -107,32 +128,14 @@ def live_bytes_profile(
     initializers: Mapping[str, int] | Iterable[str],
     model_outputs: Sequence[str] = (),
 ) -> list[int]:
-    """Bytes live across each cut point ``p = 1 .. n-1`` of ``order`` (initializers excluded)."""
-    n = len(order)
-    pos = {node: p for p, node in enumerate(order)}
-    inits = set(initializers)
-    start: dict[str, int] = {}
-    last: dict[str, int] = {}
-    for node in order:
-        for t in outs[node]:
-            start[t] = pos[node]
-    for node in order:
-        for t in deps[node]:
-            if t in inits:
-                continue
-            last[t] = max(last.get(t, -1), pos[node])
-    for t in model_outputs:
-        if t in start:
-            last[t] = max(last.get(t, -1), n)
-    diff = np.zeros(n + 2, dtype=np.int64)
-    for t, end in last.items():
-        a = start.get(t, -1)
-        if end <= a:
-            continue
-        diff[a + 1] += size.get(t, 0)
-        diff[end + 1] -= size.get(t, 0)
-    live = np.cumsum(diff)[: n + 1]
-    return [int(x) for x in live[1:n]]
+    """Bytes live across each cut point ``p = 1 .. n-1`` of ``order`` (initializers excluded): the
+    :func:`cut_profile` of the nodes in that order, the model outputs they make read after the last."""
+    made = {t for o in outs for t in o}
+    last = [t for t in model_outputs if t in made]
+    profile = cut_profile(
+        [*(deps[i] for i in order), last], [*(outs[i] for i in order), ()], size, initializers
+    )
+    return list(profile.bytes[1 : len(order)])
 
 
 @dataclass(frozen=True)
@@ -173,23 +176,15 @@ def cut_profile(
             if t not in freeset:
                 last[t] = p
     crossing = [(t, start.get(t, -1) + 1, end) for t, end in last.items() if end > start.get(t, -1)]
-    diff = np.zeros(m + 2, dtype=np.int64)
-    shared: dict[int, list[tuple[int, int, int]]] = {}  # class -> (first cut, last cut, bytes) per tensor
-    if classes is not None:
-        members = Counter(classes[t] for t, _, _ in crossing if t in classes)
-        for t, lo, hi in crossing:
-            c = classes.get(t)
-            if c is not None and members[c] > 1:
-                shared.setdefault(c, []).append((lo, hi, tensor_bytes.get(t, 0)))
+    # spans of one value: a class's tensors (equal values have equal sizes; the largest if one is unknown)
+    spans: dict[tuple[str, object], list[tuple[int, int, int]]] = {}
     for t, lo, hi in crossing:
-        c = classes.get(t) if classes is not None else None
-        if c is None or c not in shared:
-            b = tensor_bytes.get(t, 0)
-            diff[lo] += b
-            diff[hi + 1] -= b
-    for spans in shared.values():
-        b = max(x[2] for x in spans)  # equal values have equal sizes; the largest if one is unknown
-        for lo, hi in _merged([(x[0], x[1]) for x in spans]):
+        key = ("class", classes[t]) if classes is not None and t in classes else ("tensor", t)
+        spans.setdefault(key, []).append((lo, hi, tensor_bytes.get(t, 0)))
+    diff = np.zeros(m + 2, dtype=np.int64)
+    for value in spans.values():
+        b = max(x[2] for x in value)
+        for lo, hi in _merged([(x[0], x[1]) for x in value]):
             diff[lo] += b
             diff[hi + 1] -= b
     live = np.cumsum(diff)[: m + 1]
@@ -225,7 +220,6 @@ def greedy_live_order(
     going (depth-first) rather than interleaving branches.
     """
 
-    n = len(deps)
     prod = _producers(outs)
     avail = set(available)
     readers: dict[str, int] = {}
@@ -233,18 +227,13 @@ def greedy_live_order(
     for ud in unique_deps:
         for t in ud:
             readers[t] = readers.get(t, 0) + 1
-    indeg = [0] * n
-    succ: list[list[int]] = [[] for _ in range(n)]
-    for i, d in enumerate(deps):
-        preds = {prod[t] for t in d if t in prod and t not in avail}
-        indeg[i] = len(preds)
-        for p in preds:
-            succ[p].append(i)
+    indeg, succ = _dependencies(deps, outs, avail)
 
     def effect(i: int) -> int:
         freed = sum(size.get(t, 0) for t in unique_deps[i] if readers.get(t, 0) == 1)
         return sum(size.get(t, 0) for t in outs[i]) - freed
 
+    n = len(deps)
     seq = 0
     heap: list[tuple[int, int, int]] = []
     for i in range(n):

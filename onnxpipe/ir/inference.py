@@ -8,18 +8,15 @@ asked too.  Static costs and the profiler's value matching both size tensors wit
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import onnx
 from onnx import shape_inference
 
 from onnxpipe.core.dims import Dim
-from onnxpipe.core.errors import ModelLoadError
 from onnxpipe.core.extras import install_hint
-from onnxpipe.ir.external import external_info, is_external, source_file
-from onnxpipe.ir.model import ModelView, initializer_nbytes, value_dims
+from onnxpipe.ir.external import weightless_copy
+from onnxpipe.ir.model import ModelView, set_input_shapes, value_dims
 from onnxpipe.ir.shapes import symbol_sizes
 from onnxpipe.ir.symbolic import available as symbolic_available
 from onnxpipe.ir.symbolic import symbolic_dims
@@ -42,14 +39,9 @@ def concrete_shapes(
     (what the benchmarks compare against).
     """
     symbols = symbol_sizes(view, input_shapes)
-    light = _weightless_copy(view.proto, view.base_dir)
+    light = weightless_copy(view.proto, view.base_dir)
     del light.graph.value_info[:]
-    for vi in light.graph.input:
-        if vi.name in input_shapes and vi.type.HasField("tensor_type"):
-            shape = vi.type.tensor_type.shape
-            shape.Clear()
-            for d in input_shapes[vi.name]:
-                shape.dim.add().dim_value = int(d)
+    set_input_shapes(light.graph, input_shapes)
     try:
         inferred = shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True)
         graph = inferred.graph
@@ -68,7 +60,13 @@ def concrete_shapes(
         offer(name, info.shape)
 
     # a dim named after an input's symbol (``batch``) is settled by the inputs' sizes; ``unk__3`` is not
-    tensors = [t for t in _node_outputs(view) if not _not_a_tensor(view, t)]
+    # a sequence, map or optional (typed UNDEFINED by shape inference) has no shape to settle
+    tensors = [
+        t
+        for n in view.nodes
+        for t in n.outputs
+        if t and (t not in view.tensors or view.tensors[t].elem_type != onnx.TensorProto.UNDEFINED)
+    ]
 
     def unsettled() -> list[str]:
         return [
@@ -106,70 +104,8 @@ def concrete_shapes(
     return result
 
 
-def _node_outputs(view: ModelView) -> list[str]:
-    """The main graph's node outputs, in graph order (those a cost or a cut may need the size of)."""
-    return [t for n in view.nodes for t in n.outputs if t]
-
-
-def _not_a_tensor(view: ModelView, name: str) -> bool:
-    """Whether shape inference typed ``name`` as a sequence, map or optional: it has no shape to settle."""
-    info = view.tensors.get(name)
-    return info is not None and info.elem_type == onnx.TensorProto.UNDEFINED
-
-
 def _unknowns(dims: Sequence[Dim]) -> int:
     return sum(1 for d in dims if not isinstance(d, int))
-
-
-_DATA_FIELDS = ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data")
-
-
-SMALL_ELEMENTS = 1 << 16
-"""Initializers up to this many elements keep their data in the shape-inference copy: symbolic shape
-inference reads the values of those that shape arithmetic or a constant-folded chain touches (a BERT's
-512 position ids, sliced to the sequence length; a bias folded with a constant).  The peak is the full
-copy made first either way."""
-
-
-def _weightless_copy(proto: onnx.ModelProto, base_dir: Path | None = None) -> onnx.ModelProto:
-    """A copy whose big initializers keep dims and type but no data (enough for shape inference); the
-    small ones keep theirs, read from their external file when the model keeps them there (``base_dir``:
-    the model's folder; unknown, they are left without data as well)."""
-    light = onnx.ModelProto()
-    light.CopyFrom(proto)
-    for t in light.graph.initializer:
-        small = math.prod(t.dims) <= SMALL_ELEMENTS
-        if is_external(t):
-            data = _small_external(t, base_dir) if small else None
-            for f in _DATA_FIELDS:
-                t.ClearField(f)
-            del t.external_data[:]
-            t.data_location = onnx.TensorProto.DEFAULT
-            if data is not None:
-                t.raw_data = data
-        elif not small:
-            for f in _DATA_FIELDS:
-                t.ClearField(f)
-    return light
-
-
-def _small_external(t: onnx.TensorProto, base_dir: Path | None) -> bytes | None:
-    """The bytes of external tensor ``t`` (None: folder unknown, file outside it, too short, or a length
-    that is not the tensor's size)."""
-    if base_dir is None:
-        return None
-    size = initializer_nbytes(t)
-    try:
-        path = source_file(t, base_dir)
-        _, offset, length = external_info(t)
-        if length is not None and length != size:  # a tensor of other dims than its entry says
-            return None
-        with path.open("rb") as f:
-            f.seek(offset)
-            data = f.read(size)
-    except (OSError, ModelLoadError):
-        return None
-    return data if len(data) == size else None
 
 
 def names_text(names: Sequence[str], limit: int = 8) -> str:

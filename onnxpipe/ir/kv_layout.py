@@ -25,16 +25,11 @@ class CacheLayout:
     """One cache tensor's layout: which axis holds the batch (None where none does) and which the
     tokens, and the size of every other dim (None where nothing tells it)."""
 
-    tensor: str
     batch_axis: int | None
     sequence_axis: int
     dims: tuple[int | None, ...]
     """Every dim but the batch and sequence ones, in order."""
     itemsize: int
-
-    @property
-    def known(self) -> bool:
-        return None not in self.dims
 
     def bytes_per_token(self, batch: int = 1) -> int:
         """Bytes one token adds for ``batch`` sequences (the unknown dims counted as 1)."""
@@ -70,7 +65,7 @@ def cache_layout(
             sizes.append(d)
         else:
             sizes.append(heads.get(d) if isinstance(d, str) else None)
-    return CacheLayout(past, batch_axis, sequence_axis, tuple(sizes), itemsize(view.tensor(past).elem_type))
+    return CacheLayout(batch_axis, sequence_axis, tuple(sizes), itemsize(view.tensor(past).elem_type))
 
 
 def kv_bytes_per_token(

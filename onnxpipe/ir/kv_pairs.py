@@ -179,8 +179,7 @@ def _concat_groups(view: ModelView) -> list[Group]:
         if pos is None or view.nodes[pos].op_type != "Concat":
             continue
         node = view.nodes[pos]
-        proto = view.proto.graph.node[node.index]
-        axis = next((a.i for a in proto.attribute if a.name == "axis"), 0)
+        axis = view.int_attributes(node).get("axis", 0)
         pasts = [p for p in (_graph_input(view, t) for t in node.inputs) if p is not None]
         shape = view.tensor(pasts[0]).shape if len(pasts) == 1 else None
         if shape is not None and len(shape) >= 3 and axis % len(shape) != 0:

@@ -21,13 +21,12 @@ sha256), since every step resolves shapes and the inference is not free on a lar
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
 
 import onnx
 
 from onnxpipe.core.dims import Dim
 from onnxpipe.ir.model import ModelView, value_dims
-from onnxpipe.ir.symbolic import INT_MAX, MAX_RUNS, _quiet, available
+from onnxpipe.ir.symbolic import available, run_tool
 
 LINK_PREFIX = "?"
 """Link symbols start with this, which no exporter writes in a dim name of its own."""
@@ -86,25 +85,9 @@ def _infer_links(view: ModelView, unnamed: list[tuple[str, int]]) -> dict[str, t
 
 
 def _run(model: onnx.ModelProto) -> onnx.ModelProto | None:
-    """The tool's loop with merging on (see :mod:`onnxpipe.ir.symbolic` for why its own entry point is
-    not used); None when it is missing or fails before it has a model."""
-    try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-    except ImportError:
-        return None
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    if opset < 7:
-        return None
-    tool: Any = SymbolicShapeInference(INT_MAX, True, False, 0)  # int_max, auto_merge, guess, verbose
-    try:
-        with _quiet():
-            tool._preprocess(model)
-            for _ in range(MAX_RUNS):
-                if not tool.run_:
-                    break
-                tool._infer_impl()
-    except Exception:  # noqa: BLE001 - best effort: what it merged before failing stands
-        pass
+    """The tool's loop with merging on (:func:`onnxpipe.ir.symbolic.run_tool`), its merges applied to the
+    inputs; None when it is missing or fails before it has a model."""
+    tool = run_tool(model, auto_merge=True)
     out: onnx.ModelProto | None = getattr(tool, "out_mp_", None)
     if out is None:
         return None

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import heapq
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 
@@ -22,17 +21,29 @@ from onnx import shape_inference
 from onnxpipe.core.errors import ModelLoadError
 from onnxpipe.core.files import file_sha256
 from onnxpipe.ir import contrib
-from onnxpipe.ir.external import holds_external
-from onnxpipe.ir.graph import dfs_order, file_order_if_topological, greedy_live_order, live_bytes_profile
+from onnxpipe.ir.external import external_info, holds_external, is_external, weightless_copy
+from onnxpipe.ir.graph import (
+    dfs_order,
+    file_order_if_topological,
+    greedy_live_order,
+    live_bytes_profile,
+    stable_order,
+)
 from onnxpipe.ir.merged import unwrap_merged_decoder
-from onnxpipe.ir.model import ModelView, NodeInfo, TensorInfo, initializer_nbytes, value_dims
+from onnxpipe.ir.model import (
+    ModelView,
+    NodeInfo,
+    TensorInfo,
+    initializer_nbytes,
+    subgraph_outer_reads,
+    subgraphs,
+    value_dims,
+)
 
 
 def load_model(path: str | Path, *, check: bool = True) -> ModelView:
-    """Read ``path`` into a :class:`ModelView`; errors name the file and say what to do.
-
-    External weights stay on disk: the exporter reads each stage's weights when it writes the stage.
-    """
+    """Read ``path`` into a :class:`ModelView` (its external weights left on disk); errors name the file
+    and say what to do."""
     p = Path(path)
     if not p.exists():
         raise ModelLoadError(f"{p}: no such file; give the path of an .onnx model")
@@ -70,10 +81,9 @@ def _check_external_data(proto: onnx.ModelProto, p: Path) -> None:
     """
     sizes: dict[str, int] = {}
     for t in proto.graph.initializer:
-        if t.data_location != onnx.TensorProto.EXTERNAL:
+        if not is_external(t):
             continue
-        info = {e.key: e.value for e in t.external_data}
-        location = info.get("location", "")
+        location, offset, length = external_info(t)
         target = p.parent / location
         if not location or not target.is_file():
             raise ModelLoadError(
@@ -82,8 +92,7 @@ def _check_external_data(proto: onnx.ModelProto, p: Path) -> None:
             )
         if location not in sizes:
             sizes[location] = target.stat().st_size
-        offset = int(info.get("offset", "0") or 0)
-        length = int(info["length"]) if info.get("length") else initializer_nbytes(t)
+        length = initializer_nbytes(t) if length is None else length
         if offset + length > sizes[location]:
             raise ModelLoadError(
                 f"{p}: weights file {location} is truncated: weight {t.name!r} needs bytes "
@@ -125,42 +134,17 @@ def sort_graph_nodes(graph: onnx.GraphProto, outer: frozenset[str] = frozenset()
     defined = outer | {i.name for i in graph.input} | {t.name for t in graph.initializer}
     defined |= {t.values.name for t in graph.sparse_initializer}
     scope = defined | {o for n in graph.node for o in n.output if o}
-    reordered = sum(sort_graph_nodes(g, scope) for n in graph.node for g in _subgraphs(n))
+    reordered = sum(sort_graph_nodes(g, scope) for n in graph.node for g in subgraphs(n))
     nodes = list(graph.node)
-    deps = [{i for i in n.input if i} | subgraph_outer_reads(n) for n in nodes]
+    deps = [sorted({i for i in n.input if i} | subgraph_outer_reads(n)) for n in nodes]
     outs = [[o for o in n.output if o] for n in nodes]
-    if file_order_if_topological([sorted(d) for d in deps], outs, defined) is not None:
-        return reordered
-    order = _stable_order(deps, outs, defined)
-    if order is None:
+    order = stable_order(deps, outs, defined)
+    if order is None or order == list(range(len(nodes))):
         return reordered
     sorted_nodes = [nodes[i] for i in order]
     del graph.node[:]
     graph.node.extend(sorted_nodes)
     return reordered + 1
-
-
-def _stable_order(deps: list[set[str]], outs: list[list[str]], defined: Set[str]) -> list[int] | None:
-    """Kahn's algorithm, the ready node of lowest index first; ``None`` if some node cannot be placed."""
-    producer = {t: i for i, o in enumerate(outs) for t in o}
-    succ: list[list[int]] = [[] for _ in deps]
-    indeg = [0] * len(deps)
-    for i, d in enumerate(deps):
-        preds = {producer[t] for t in d if t in producer and t not in defined}
-        indeg[i] = len(preds)
-        for j in preds:
-            succ[j].append(i)
-    ready = [i for i, k in enumerate(indeg) if k == 0]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for j in succ[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                heapq.heappush(ready, j)
-    return order if len(order) == len(deps) else None
 
 
 def _sorted_note(reordered: int) -> str:
@@ -191,44 +175,34 @@ def view_from_proto(
     inputs = tuple(i.name for i in graph.input if i.name not in init_bytes)
     outputs = tuple(o.name for o in graph.output)
 
-    tensors = _infer_tensor_types(proto, path)
+    tensors = _infer_tensor_types(proto)
 
-    raw: list[tuple[onnx.NodeProto, tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = []
-    for node in graph.node:
+    drafts = []  # in file order; each gets its place, weights and constness below
+    for idx, node in enumerate(graph.node):
         ins = tuple(i for i in node.input if i)
-        outs = tuple(o for o in node.output if o)
         outer = tuple(t for t in sorted(subgraph_outer_reads(node)) if t not in ins)
-        raw.append((node, ins, outer, outs))
+        outs = tuple(o for o in node.output if o)
+        has_subgraph = any(True for _ in subgraphs(node))
+        drafts.append(
+            NodeInfo(idx, idx, node.name, node.op_type, node.domain, ins, outer, outs, 0, False, has_subgraph)
+        )
 
-    constant_idx = _constant_nodes(raw, init_bytes, tensors)
+    constant_idx = _constant_nodes(drafts, init_bytes, tensors)
     # weights: initializers and constant-node outputs (old exporters build weights with ConstantOfShape)
     weights = dict(init_bytes)
     for i in constant_idx:
-        for o in raw[i][3]:
+        for o in drafts[i].outputs:
             weights[o] = max(0, tensors[o].nbytes()) if o in tensors else 0
-    free = set(weights)
-    order = _choose_order(raw, set(init_bytes), free, inputs, outputs, tensors)
-
-    nodes: list[NodeInfo] = []
-    for pos, idx in enumerate(order):
-        node, ins, outer, outs = raw[idx]
-        reads = ins + tuple(t for t in outer if t not in ins)
-        pbytes = sum(weights.get(t, 0) for t in dict.fromkeys(reads))
-        nodes.append(
-            NodeInfo(
-                position=pos,
-                index=idx,
-                name=node.name,
-                op_type=node.op_type,
-                domain=node.domain,
-                inputs=ins,
-                outer_inputs=outer,
-                outputs=outs,
-                param_bytes=pbytes,
-                is_constant=idx in constant_idx,
-                has_subgraph=_has_subgraph(node),
-            )
+    order = _choose_order(drafts, set(init_bytes), set(weights), inputs, outputs, tensors)
+    nodes = [
+        dataclasses.replace(
+            drafts[idx],
+            position=pos,
+            param_bytes=sum(weights.get(t, 0) for t in dict.fromkeys(drafts[idx].reads)),
+            is_constant=idx in constant_idx,
         )
+        for pos, idx in enumerate(order)
+    ]
     producer, consumers = _links(nodes)
     return ModelView(
         path=path,
@@ -273,18 +247,11 @@ def _ensure_unique_node_names(graph: onnx.GraphProto) -> None:
 
     Deterministic: the same file always yields the same names, so saved profiles keep matching.
     """
-    taken: set[str] = set()
-    seen: set[str] = set()
-    for node in graph.node:
-        if node.name:
-            if node.name in seen:
-                continue
-            seen.add(node.name)
-    taken |= seen
-    seen_once: set[str] = set()
+    taken = {node.name for node in graph.node if node.name}
+    kept: set[str] = set()
     for idx, node in enumerate(graph.node):
-        if node.name and node.name not in seen_once:
-            seen_once.add(node.name)
+        if node.name and node.name not in kept:
+            kept.add(node.name)
             continue
         base = f"{node.op_type}_{idx}" if not node.name else f"{node.name}__{idx}"
         name, k = base, 1
@@ -292,83 +259,27 @@ def _ensure_unique_node_names(graph: onnx.GraphProto) -> None:
             name, k = f"{base}_{k}", k + 1
         node.name = name
         taken.add(name)
-        seen_once.add(name)
 
 
-def _subgraphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            yield attr.g
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            yield from attr.graphs
-
-
-def _has_subgraph(node: onnx.NodeProto) -> bool:
-    return any(True for _ in _subgraphs(node))
-
-
-def subgraph_outer_reads(node: onnx.NodeProto) -> set[str]:
-    """Names that ``node``'s bodies (and their nested bodies) read from scopes outside the node."""
-    reads: set[str] = set()
-    for g in _subgraphs(node):
-        reads |= _graph_free_names(g)
-    return reads
-
-
-def _graph_free_names(graph: onnx.GraphProto) -> set[str]:
-    defined: set[str] = {i.name for i in graph.input}
-    defined |= {t.name for t in graph.initializer}
-    defined |= {t.values.name for t in graph.sparse_initializer}
-    free: set[str] = set()
-    for n in graph.node:
-        for i in n.input:
-            if i and i not in defined:
-                free.add(i)
-        for inner in subgraph_outer_reads(n):
-            if inner not in defined:
-                free.add(inner)
-        defined.update(o for o in n.output if o)
-    for o in graph.output:
-        if o.name not in defined:
-            free.add(o.name)
-    return free
-
-
-def _type_of(vi: onnx.ValueInfoProto) -> TensorInfo | None:
+def _type_of(vi: onnx.ValueInfoProto) -> TensorInfo:
     t = vi.type
     if not t.HasField("tensor_type"):
         return TensorInfo(vi.name, 0, None)
     return TensorInfo(vi.name, t.tensor_type.elem_type, value_dims(vi))
 
 
-def _infer_tensor_types(proto: onnx.ModelProto, path: Path | None) -> dict[str, TensorInfo]:
+def _infer_tensor_types(proto: onnx.ModelProto) -> dict[str, TensorInfo]:
     """Run ONNX shape inference on a weight-less copy; fall back to the file's own annotations."""
     graph = proto.graph
-    inferred: onnx.ModelProto | None = None
-    light = onnx.ModelProto()
-    light.CopyFrom(proto)
-    for t in light.graph.initializer:
-        # drop raw bytes (inference needs dims and types only) so models over 2 GB still infer
-        if t.data_location == onnx.TensorProto.EXTERNAL or len(t.raw_data) > 1024:
-            t.ClearField("raw_data")
-            del t.external_data[:]
-            t.data_location = onnx.TensorProto.DEFAULT
+    light = weightless_copy(proto)  # so that models over 2 GB still infer, their weights left on disk
     try:
-        inferred = shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True)
+        src = shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True).graph
     except Exception:  # noqa: BLE001 - inference is best effort; the file's annotations remain
-        inferred = None
-    src = inferred.graph if inferred is not None else graph
+        src = graph
     types: dict[str, TensorInfo] = {}
-    for vi in list(src.value_info) + list(graph.input) + list(graph.output):
-        info = _type_of(vi)
-        if info is None:
-            continue
-        prev = types.get(vi.name)
+    for vi in [*src.value_info, *graph.input, *graph.output, *src.input, *src.output]:
+        info, prev = _type_of(vi), types.get(vi.name)
         if prev is None or (prev.shape is None and info.shape is not None):
-            types[vi.name] = info
-    for vi in list(src.input) + list(src.output):
-        info = _type_of(vi)
-        if info is not None and (vi.name not in types or types[vi.name].shape is None):
             types[vi.name] = info
     for t in graph.initializer:
         types[t.name] = TensorInfo(t.name, t.data_type, tuple(int(d) for d in t.dims))
@@ -378,11 +289,9 @@ def _infer_tensor_types(proto: onnx.ModelProto, path: Path | None) -> dict[str, 
 # --------------------------------------------------------------------------------------------------
 # ordering
 
-_RawNode = tuple[onnx.NodeProto, tuple[str, ...], tuple[str, ...], tuple[str, ...]]
-
 
 def _choose_order(
-    raw: list[_RawNode],
+    drafts: list[NodeInfo],
     weights: set[str],
     free: set[str],
     inputs: tuple[str, ...],
@@ -398,28 +307,20 @@ def _choose_order(
     ``free`` tensors (weights and cheap constants) never cross a cut, so they do not count.
     """
     size = {name: 0 if name in free else t.nbytes() for name, t in tensors.items()}
-    deps = [ins + tuple(t for t in outer if t not in ins) for _, ins, outer, _ in raw]
-    outs = [o for _, _, _, o in raw]
+    deps = [n.reads for n in drafts]
+    outs = [n.outputs for n in drafts]
     available = weights | set(inputs)
     candidates = []
     file_order = file_order_if_topological(deps, outs, available)
     if file_order is not None:
         candidates.append(file_order)
-    candidates.append(dfs_order(deps, outs, available, _node_label(raw)))
+    candidates.append(dfs_order(deps, outs, available, [n.name for n in drafts]))
     candidates.append(greedy_live_order(deps, outs, available, size))
-    best = min(
-        candidates,
-        key=lambda order: sum(live_bytes_profile(order, deps, outs, size, free, outputs)),
-    )
-    return best
-
-
-def _node_label(raw: list[_RawNode]) -> list[str]:
-    return [n.name for n, _, _, _ in raw]
+    return min(candidates, key=lambda order: sum(live_bytes_profile(order, deps, outs, size, free, outputs)))
 
 
 def _constant_nodes(
-    raw: list[_RawNode],
+    drafts: list[NodeInfo],
     init_bytes: Mapping[str, int],
     tensors: Mapping[str, TensorInfo],
 ) -> set[int]:
@@ -430,8 +331,9 @@ def _constant_nodes(
     # iterate to a fixed point: the file order need not be topological
     while changed:
         changed = False
-        for idx, (node, ins, outer, outs) in enumerate(raw):
-            if idx in result or node.domain not in ("", "ai.onnx") or outer:
+        for idx, node in enumerate(drafts):
+            ins = node.inputs
+            if idx in result or node.domain not in ("", "ai.onnx") or node.outer_inputs:
                 continue
             ok = False
             if node.op_type == "Constant":
@@ -443,6 +345,6 @@ def _constant_nodes(
                 ok = src is not None and src.is_static
             if ok:
                 result.add(idx)
-                const_tensors.update(outs)
+                const_tensors.update(node.outputs)
                 changed = True
     return result

@@ -24,6 +24,7 @@ import onnx
 from onnx import helper
 
 from onnxpipe.core.files import file_sha256
+from onnxpipe.ir.model import graph_free_names
 
 _BOOL = onnx.TensorProto.BOOL
 
@@ -44,7 +45,7 @@ def unwrap_merged_decoder(proto: onnx.ModelProto) -> Unwrapped | None:
     if found is None:
         return None
     node, with_past, flag = found
-    reads = _free_names(with_past)
+    reads = graph_free_names(with_past)
     local = {t.name for t in with_past.initializer}
     outer = [t for t in graph.initializer if t.name in reads and t.name not in local]
     nodes = list(with_past.node)
@@ -115,7 +116,7 @@ def _cache_branches(
     if then is None or other is None or len(then.output) != len(other.output):
         return None
     inputs = {vi.name for vi in graph.input} - {node.input[0]}
-    then_reads, else_reads = _free_names(then) & inputs, _free_names(other) & inputs
+    then_reads, else_reads = graph_free_names(then) & inputs, graph_free_names(other) & inputs
     if else_reads < then_reads:
         with_past, first_reads = then, else_reads
     elif then_reads < else_reads:
@@ -129,19 +130,3 @@ def _cache_branches(
     if any(types[t] not in ints for t in first_reads):
         return None
     return node, with_past, node.input[0]
-
-
-def _free_names(graph: onnx.GraphProto) -> set[str]:
-    """Names ``graph`` (and its nested bodies) read from outside itself."""
-    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-    defined |= {t.values.name for t in graph.sparse_initializer}
-    free: set[str] = set()
-    for n in graph.node:
-        free |= {i for i in n.input if i and i not in defined}
-        for a in n.attribute:
-            bodies = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
-            for body in bodies:
-                free |= _free_names(body) - defined
-        defined.update(o for o in n.output if o)
-    free |= {o.name for o in graph.output if o.name not in defined}
-    return free

@@ -17,9 +17,10 @@ to:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -133,6 +134,11 @@ class ModelView:
     def node_by_name(self) -> Mapping[str, NodeInfo]:
         return {n.name: n for n in self.nodes}
 
+    def int_attributes(self, node: NodeInfo) -> dict[str, int]:
+        """``node``'s integer attributes (an axis, a head count), by name."""
+        proto = self.proto.graph.node[node.index]
+        return {a.name: int(a.i) for a in proto.attribute if a.type == onnx.AttributeProto.INT}
+
     def tensor(self, name: str) -> TensorInfo:
         info = self.tensors.get(name)
         return info if info is not None else TensorInfo(name, 0, None)
@@ -152,24 +158,28 @@ class ModelView:
 # dtype helpers
 
 
-def dtype_name(elem_type: int) -> str:
+def np_dtype(elem_type: int) -> np.dtype[Any] | None:
+    """numpy's dtype of an ONNX element type; None for ``undefined`` and types numpy lacks."""
     if elem_type == 0:
-        return "undefined"
+        return None
     try:
-        return str(np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)))
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
     except (KeyError, TypeError, ValueError):
-        return str(onnx.TensorProto.DataType.Name(elem_type)).lower()
+        return None
+
+
+def dtype_name(elem_type: int) -> str:
+    dtype = np_dtype(elem_type)
+    if dtype is not None:
+        return str(dtype)
+    return "undefined" if elem_type == 0 else str(onnx.TensorProto.DataType.Name(elem_type)).lower()
 
 
 def itemsize(elem_type: int) -> int:
-    if elem_type == 0:
-        return 0
     if elem_type == onnx.TensorProto.STRING:
         return 8
-    try:
-        return int(np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).itemsize)
-    except (KeyError, TypeError, ValueError):
-        return 1
+    dtype = np_dtype(elem_type)
+    return 0 if elem_type == 0 else 1 if dtype is None else int(dtype.itemsize)
 
 
 def initializer_nbytes(tensor: onnx.TensorProto) -> int:
@@ -182,6 +192,11 @@ def initializer_nbytes(tensor: onnx.TensorProto) -> int:
 
 # --------------------------------------------------------------------------------------------------
 # types
+
+
+def dims_text(shape: Sequence[Dim]) -> str:
+    """``[batch, 3, ?]``: dims as messages show them, ``?`` for an unnamed unknown."""
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
 def value_dims(vi: onnx.ValueInfoProto) -> tuple[Dim, ...] | None:
@@ -198,3 +213,47 @@ def value_dims(vi: onnx.ValueInfoProto) -> tuple[Dim, ...] | None:
         else:
             dims.append(None)
     return tuple(dims)
+
+
+def set_input_shapes(graph: onnx.GraphProto, shapes: Mapping[str, Sequence[int]]) -> None:
+    """Declare ``graph``'s tensor inputs named in ``shapes`` at those sizes (in place)."""
+    for vi in graph.input:
+        if vi.name in shapes and vi.type.HasField("tensor_type"):
+            shape = vi.type.tensor_type.shape
+            shape.Clear()
+            for d in shapes[vi.name]:
+                shape.dim.add().dim_value = int(d)
+
+
+# --------------------------------------------------------------------------------------------------
+# bodies
+
+
+def subgraphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
+    """The bodies of ``node`` (an If's branches, a Loop's or a Scan's body)."""
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            yield from attr.graphs
+
+
+def subgraph_outer_reads(node: onnx.NodeProto) -> set[str]:
+    """Names that ``node``'s bodies (and their nested bodies) read from scopes outside the node."""
+    reads: set[str] = set()
+    for g in subgraphs(node):
+        reads |= graph_free_names(g)
+    return reads
+
+
+def graph_free_names(graph: onnx.GraphProto) -> set[str]:
+    """Names ``graph`` (and its nested bodies) read from outside itself."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    defined |= {t.values.name for t in graph.sparse_initializer}
+    free: set[str] = set()
+    for n in graph.node:
+        free |= {i for i in n.input if i and i not in defined}
+        free |= subgraph_outer_reads(n) - defined
+        defined.update(o for o in n.output if o)
+    free |= {o.name for o in graph.output if o.name not in defined}
+    return free

@@ -24,22 +24,13 @@ import onnx
 
 from onnxpipe.ir.external import is_external
 from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.shapevalues import RANDOM_OPS
 
 CONTENT_LIMIT = 1 << 16
 """Initializers and attributes up to this many bytes are compared by content; larger ones only equal
 themselves."""
 
-NONDETERMINISTIC = frozenset(
-    {
-        "Bernoulli",
-        "Dropout",
-        "Multinomial",
-        "RandomNormal",
-        "RandomNormalLike",
-        "RandomUniform",
-        "RandomUniformLike",
-    }
-)
+NONDETERMINISTIC = RANDOM_OPS | {"Dropout"}
 """Ops whose outputs two runs on equal inputs need not share (``Dropout`` in training mode is random)."""
 
 

@@ -21,12 +21,11 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.inputfiles import InputRecord, read_input_file
 from onnxpipe.core.options import opt
-from onnxpipe.ir.model import ModelView, dtype_name
+from onnxpipe.ir.model import ModelView, dims_text, dtype_name, np_dtype
 
 
 @dataclass(frozen=True)
@@ -37,6 +36,18 @@ class Samples:
     """The samples: an array per model input (a list for a sequence input), by name."""
     records: tuple[InputRecord, ...]
     """Where they came from (file name, sha256, shapes): what the manifest keeps."""
+
+    def __post_init__(self) -> None:
+        """All samples of one run share their shapes: a profile's costs and a plan's bytes hold for one."""
+        first = self.shapes
+        for i, sample in enumerate(self.feeds[1:], start=1):
+            for name, value in sample.items():
+                if isinstance(value, np.ndarray) and tuple(value.shape) != first.get(name):
+                    raise UsageError(
+                        f"{opt('input_files')}: sample {i} gives input {name!r} shape {list(value.shape)}, "
+                        "sample 0 gives "
+                        f"{list(first.get(name, ()))}; the samples of one run must share their shapes"
+                    )
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
@@ -73,9 +84,7 @@ def load_samples(
         feeds.extend(samples)
     if not feeds:
         raise UsageError(f"{opt('input_files')}: no file given; give an .npz file or a folder of .npy files")
-    result = Samples(tuple(feeds), tuple(records))
-    _check_same_shapes(result)
-    return result
+    return Samples(tuple(feeds), tuple(records))
 
 
 def samples_from_feeds(view: ModelView, feeds: Sequence[Mapping[str, Any]], label: str = "inputs") -> Samples:
@@ -85,9 +94,7 @@ def samples_from_feeds(view: ModelView, feeds: Sequence[Mapping[str, Any]], labe
     for i, sample in enumerate(feeds):
         check_feeds(view, sample, f"{label} (sample {i})" if len(feeds) > 1 else label)
     shapes = {n: tuple(int(d) for d in np.shape(v)) for n, v in feeds[0].items() if isinstance(v, np.ndarray)}
-    result = Samples(tuple(dict(f) for f in feeds), (InputRecord(label, "", shapes, len(feeds)),))
-    _check_same_shapes(result)
-    return result
+    return Samples(tuple(dict(f) for f in feeds), (InputRecord(label, "", shapes, len(feeds)),))
 
 
 def check_feeds(view: ModelView, feeds: Mapping[str, Any], where: str) -> None:
@@ -119,7 +126,7 @@ def check_feeds(view: ModelView, feeds: Mapping[str, Any], where: str) -> None:
         if not isinstance(value, np.ndarray):
             raise UsageError(f"{where}: input {name!r} is not an array; the model expects {expects}")
         info = view.tensor(name)
-        want = _np_dtype(info.elem_type)
+        want = np_dtype(info.elem_type)
         if want is not None and value.dtype != want:
             raise UsageError(
                 f"{where}: input {name!r} is {value.dtype}, the model expects {expects}; save it as {want}"
@@ -154,11 +161,7 @@ def expected_text(view: ModelView, name: str) -> str:
         if vi.name == name and vi.type.WhichOneof("value") != "tensor_type":
             return _type_words(vi.type)
     info = view.tensor(name)
-    dims = (
-        "unknown rank"
-        if info.shape is None
-        else "[" + ", ".join("?" if d is None else str(d) for d in info.shape) + "]"
-    )
+    dims = "unknown rank" if info.shape is None else dims_text(info.shape)
     return f"{dtype_name(info.elem_type)} {dims}"
 
 
@@ -173,27 +176,6 @@ def _type_words(t: onnx.TypeProto) -> str:
     if kind == "tensor_type":
         return f"{dtype_name(t.tensor_type.elem_type)} tensors"
     return "an undefined type"
-
-
-def _np_dtype(elem_type: int) -> np.dtype[Any] | None:
-    if not elem_type:
-        return None
-    try:
-        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
-    except (KeyError, ValueError, TypeError):
-        return None
-
-
-def _check_same_shapes(samples: Samples) -> None:
-    first = samples.shapes
-    for i, sample in enumerate(samples.feeds[1:], start=1):
-        for name, value in sample.items():
-            if isinstance(value, np.ndarray) and tuple(value.shape) != first.get(name):
-                raise UsageError(
-                    f"{opt('input_files')}: sample {i} gives input {name!r} shape {list(value.shape)}, "
-                    "sample 0 gives "
-                    f"{list(first.get(name, ()))}; the samples of one run must share their shapes"
-                )
 
 
 __all__ = ["Samples", "check_feeds", "expected_text", "load_samples", "samples_from_feeds"]

@@ -25,15 +25,14 @@ tensor alike.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
-from onnxpipe.core.dims import Dim
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.options import opt
 from onnxpipe.ir.decoder_kinds import PhaseShape
 from onnxpipe.ir.decoder_shapes import decoder_symbol_sizes, expression_size
 from onnxpipe.ir.links import linked_input_shapes
-from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.model import ModelView, dims_text
 
 BATCH_SIZE = 1
 IMAGE_SIZE = 64
@@ -80,14 +79,14 @@ def resolve_input_shapes(
             if len(dims) != len(shape):
                 raise UsageError(
                     f"{opt('shapes', name)}: the model's input {name!r} has rank {len(shape)} "
-                    f"({_show(shape)}), the override gives {len(dims)} dims; give {len(shape)} dims"
+                    f"({dims_text(shape)}), the override gives {len(dims)} dims; give {len(shape)} dims"
                 )
             for axis, (declared, value) in enumerate(zip(shape, dims, strict=True)):
                 if isinstance(declared, int) and declared >= 0 and declared != value:
                     raise UsageError(
                         f"{opt('shapes', name)}: dim {axis} of input {name!r} is fixed at {declared} by "
                         "the model "
-                        f"({_show(shape)}), the override gives {value}; give {declared} for dim {axis}"
+                        f"({dims_text(shape)}), the override gives {value}; give {declared} for dim {axis}"
                     )
                 link = links[axis] if links is not None and axis < len(links) else declared
                 if isinstance(link, str):
@@ -184,31 +183,25 @@ def failure_hint(
     to it could differ."""
     guessed = guessed_dims(view, overrides)
     valued = _valued_note(view, used)
+    files = opt("input_files", "FILE.npz")
+
+    def flags(names: Iterable[str]) -> str:
+        return " ".join(opt("shapes", f"{n}={','.join(str(int(d)) for d in used[n])}") for n in names)
+
     if not guessed:
-        resizable = {n: v for n, v in used.items() if not _fixed(view, n)}
-        every = " ".join(
-            opt("shapes", f"{n}={','.join(str(int(d)) for d in v)}") for n, v in resizable.items()
-        )
-        return (
-            f"give the shapes the model runs at with {every} (edited), or real inputs with "
-            f"{opt('input_files', 'FILE.npz')}{valued}"
-            if every
-            else f"give real inputs with {opt('input_files', 'FILE.npz')} (one array per input, by name)"
-            f"{valued}"
-        )
+        every = flags(n for n in used if not _fixed(view, n))
+        if not every:
+            return f"give real inputs with {files} (one array per input, by name){valued}"
+        return f"give the shapes the model runs at with {every} (edited), or real inputs with {files}{valued}"
     parts = [
         f"{name!r} dim {axis}" + (f" ({sym})" if sym else "") + f" = {used[name][axis]}"
         for name, axis, sym in guessed
         if name in used and axis < len(used[name])
     ]
-    flags = " ".join(
-        opt("shapes", f"{name}={','.join(str(int(d)) for d in used[name])}")
-        for name in dict.fromkeys(n for n, _, _ in guessed)
-        if name in used
-    )
     return (
         f"onnxpipe guessed the sizes of {', '.join(parts)}; give the sizes the model runs at with "
-        f"{flags} (edited), or real inputs with {opt('input_files', 'FILE.npz')}{valued}"
+        f"{flags(n for n in dict.fromkeys(n for n, _, _ in guessed) if n in used)} (edited), or real inputs "
+        f"with {files}{valued}"
     )
 
 
@@ -231,7 +224,7 @@ def _valued_note(view: ModelView, used: Mapping[str, Sequence[int]]) -> str:
         return ""
     named = ", ".join(
         f"{n}, {'an' if t.dtype.startswith('int') else 'a'} {t.dtype} "
-        + ("scalar" if not t.shape else f"of shape {_show(t.shape)}")
+        + ("scalar" if not t.shape else f"of shape {dims_text(t.shape)}")
         for n in valued
         for t in [view.tensor(n)]
     )
@@ -252,7 +245,3 @@ def _default_dim(axis: int, rank: int, sequence_size: int = SEQUENCE_SIZE) -> in
     if rank == 4:
         return IMAGE_CHANNELS if axis == 1 else IMAGE_SIZE
     return sequence_size
-
-
-def _show(shape: Sequence[Dim]) -> str:
-    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"

@@ -24,6 +24,7 @@ Each is found in one pass over the view's nodes (linear in the graph).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -96,12 +97,10 @@ class ValueKinds:
 
 def value_kinds(view: ModelView) -> ValueKinds:
     """Shape values and constant-only values of ``view`` (see the module docstring)."""
-    cache: list[Mapping[str, tuple[Dim, ...]]] = []
 
+    @functools.cache
     def settled() -> Mapping[str, tuple[Dim, ...]]:
-        if not cache:
-            cache.append(symbolic_dims(view.proto) or {})
-        return cache[0]
+        return symbolic_dims(view.proto) or {}
 
     const = constant_only(view)
     return ValueKinds(

@@ -29,7 +29,7 @@ import onnx
 from onnxpipe.core.dims import Dim
 from onnxpipe.ir.fold import fold_constants
 from onnxpipe.ir.load import view_from_proto
-from onnxpipe.ir.model import ModelView, value_dims
+from onnxpipe.ir.model import ModelView, set_input_shapes, value_dims
 from onnxpipe.ir.symbolic import symbolic_dims
 
 MAX_ROUNDS = 8
@@ -45,12 +45,7 @@ def freeze_shapes(
     frozen = onnx.ModelProto()
     frozen.CopyFrom(model)
     graph = frozen.graph
-    for vi in graph.input:
-        if vi.name in shapes and vi.type.HasField("tensor_type"):
-            shape = vi.type.tensor_type.shape
-            shape.Clear()
-            for d in shapes[vi.name]:
-                shape.dim.add().dim_value = int(d)
+    set_input_shapes(graph, shapes)
     del graph.value_info[:]
     for vi in graph.output:
         if vi.type.HasField("tensor_type"):

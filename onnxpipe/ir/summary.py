@@ -11,18 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from onnxpipe.core.dims import Dim
 from onnxpipe.ir.external import external_info, is_external, stored_tensors
-from onnxpipe.ir.model import ModelView
-
-
-@dataclass(frozen=True)
-class TensorSummary:
-    """A model input or output: ``dims`` None when the rank is unknown; a str dim is a symbol."""
-
-    name: str
-    dtype: str
-    dims: tuple[Dim, ...] | None
+from onnxpipe.ir.model import ModelView, TensorInfo
 
 
 @dataclass(frozen=True)
@@ -30,8 +20,10 @@ class ModelSummary:
     """The facts of one model that decide how it splits (see the module docstring)."""
 
     name: str
-    inputs: tuple[TensorSummary, ...]
-    outputs: tuple[TensorSummary, ...]
+    inputs: tuple[TensorInfo, ...]
+    """The model inputs as shape inference saw them: ``shape`` None when the rank is unknown, a str dim a
+    symbol."""
+    outputs: tuple[TensorInfo, ...]
     ir_version: int
     opsets: tuple[tuple[str, int], ...]
     """``(domain, version)``, the default domain written ``ai.onnx``."""
@@ -48,10 +40,6 @@ class ModelSummary:
 def summarize(view: ModelView) -> ModelSummary:
     """The :class:`ModelSummary` of ``view`` (reads no weights)."""
 
-    def tensor(name: str) -> TensorSummary:
-        info = view.tensor(name)
-        return TensorSummary(name, info.dtype, info.shape)
-
     files: Counter[str] = Counter()
     for t in stored_tensors(view.proto):
         if is_external(t):
@@ -61,8 +49,8 @@ def summarize(view: ModelView) -> ModelSummary:
     )
     return ModelSummary(
         name=view.label,
-        inputs=tuple(tensor(n) for n in view.inputs),
-        outputs=tuple(tensor(n) for n in view.outputs),
+        inputs=tuple(view.tensor(n) for n in view.inputs),
+        outputs=tuple(view.tensor(n) for n in view.outputs),
         ir_version=int(view.proto.ir_version),
         opsets=tuple(sorted((o.domain or "ai.onnx", int(o.version)) for o in view.proto.opset_import)),
         node_count=len(view.nodes),

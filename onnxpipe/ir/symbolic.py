@@ -60,12 +60,7 @@ def symbolic_dims(model: onnx.ModelProto) -> dict[str, tuple[Dim, ...]] | None:
     if not available():
         return None
     try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-    except ImportError:
-        return None
-    try:
-        with _quiet():
-            inferred = _infer(SymbolicShapeInference, model)
+        inferred: onnx.ModelProto | None = getattr(run_tool(model, auto_merge=False), "out_mp_", None)
     except Exception:  # noqa: BLE001 - best effort: the caller keeps ONNX's shapes
         return None
     if inferred is None:
@@ -78,14 +73,26 @@ def symbolic_dims(model: onnx.ModelProto) -> dict[str, tuple[Dim, ...]] | None:
     return found
 
 
-def _infer(tool: Any, model: onnx.ModelProto) -> onnx.ModelProto | None:
+def run_tool(model: onnx.ModelProto, *, auto_merge: bool) -> Any:
+    """The tool once :func:`_infer` ran it on ``model`` (its ``out_mp_``: the model as far as it got;
+    its ``suggested_merge_``: the symbols it merged, with ``auto_merge``); None when onnxruntime lacks
+    it or the model's opset is below its floor."""
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    except ImportError:
+        return None
+    with _quiet():
+        return _infer(SymbolicShapeInference, model, auto_merge)
+
+
+def _infer(tool: Any, model: onnx.ModelProto, auto_merge: bool = False) -> Any:
     """``SymbolicShapeInference.infer_shapes`` without its save of an unfinished model into the current
-    directory and its raise: the loop it runs, and the model as far as it got, also when the tool
-    raised on some node (None: it raised before it had a model of its own)."""
+    directory and its raise: the loop it runs, kept as far as it got also when the tool raised on some
+    node (None: the opset is below the tool's floor)."""
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if opset < 7:  # the tool's own floor
         return None
-    inference = tool(INT_MAX, False, False, 0)  # int_max, auto_merge, guess_output_rank, verbose
+    inference = tool(INT_MAX, auto_merge, False, 0)  # int_max, auto_merge, guess_output_rank, verbose
     try:
         inference._preprocess(model)
         for _ in range(MAX_RUNS):
@@ -95,8 +102,7 @@ def _infer(tool: Any, model: onnx.ModelProto) -> onnx.ModelProto | None:
         inference._update_output_from_vi()
     except Exception:  # noqa: BLE001 - what it settled before the failure stands
         pass
-    out: onnx.ModelProto | None = getattr(inference, "out_mp_", None)
-    return out
+    return inference
 
 
 class _Silenced(logging.Filter):

@@ -1,12 +1,11 @@
 """Run a split folder's stages one after another in this process, passing tensors by name.
 
-A small lifecycle: :meth:`StageChain.from_manifest` opens one engine per stage (an onnxruntime session,
+A small lifecycle: :meth:`StageChain.from_manifest` opens one engine per stage (onnxruntime on the CPU,
 or, with ``engines``, each stage on its own runtime: :mod:`onnxpipe.core.runtimes`; one chain may mix
-them),
-:meth:`StageChain.run` pushes one set of model inputs through them all, :meth:`StageChain.close` (or the
-``with`` block) releases the sessions.  Each stage receives exactly the tensors its manifest entry lists
-(model inputs and outputs of earlier stages); a tensor is dropped once no later stage or model output
-needs it, so memory holds what crosses the current cut, not every activation.
+them), :meth:`StageChain.run` pushes one set of model inputs through them all, :meth:`StageChain.close`
+(or the ``with`` block) releases the sessions.  Each stage receives exactly the tensors its manifest
+entry lists (model inputs and outputs of earlier stages); a tensor is dropped once no later stage or
+model output needs it, so memory holds what crosses the current cut, not every activation.
 
 :func:`run_stage_by_stage` computes the same for several input sets with only one stage open at a time,
 so a model larger than memory twice over can still be checked (``onnxpipe verify`` uses it).
@@ -21,9 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxpipe.core.engine_onnxruntime import OrtEngine
 from onnxpipe.core.errors import RuntimeStageError, UsageError, error_line
-from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.core.runtime_kinds import kind_of
 from onnxpipe.core.runtimes import Engine, EngineConfig, open_engine
 from onnxpipe.manifest import MODEL_INPUT, Manifest, StageEntry, load_manifest
@@ -49,21 +46,15 @@ class StageChain:
         directory: str | Path,
         *,
         threads: int = 1,
-        providers: Sequence[str] = ("CPUExecutionProvider",),
         check_files: bool = True,
         engines: Sequence[EngineConfig] | None = None,
     ) -> StageChain:
         """Open every stage of ``directory`` (validated, stage files hash-checked) with ``threads`` each,
-        in onnxruntime with ``providers``, or stage ``s`` as ``engines[s]`` says."""
-        d = Path(directory)
-        if threads < 1:
-            raise UsageError(f"threads {threads}: give a positive number of intra-op threads")
-        manifest = load_manifest(d, check_files=check_files)
-        configs = _configs(manifest, engines)
-        sessions = [
-            open_stage(d, st, threads, providers, c) for st, c in zip(manifest.stages, configs, strict=True)
-        ]
-        return cls(manifest, sessions, d)
+        in onnxruntime on the CPU, or stage ``s`` as ``engines[s]`` says."""
+        d, manifest, configs = _folder(directory, threads, check_files, engines)
+        return cls(
+            manifest, [open_stage(d, st, c) for st, c in zip(manifest.stages, configs, strict=True)], d
+        )
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -109,7 +100,6 @@ def run_stage_by_stage(
     all_feeds: Sequence[Mapping[str, np.ndarray]],
     *,
     threads: int = 1,
-    providers: Sequence[str] = ("CPUExecutionProvider",),
     check_files: bool = True,
     engines: Sequence[EngineConfig] | None = None,
 ) -> list[Values]:
@@ -117,17 +107,12 @@ def run_stage_by_stage(
 
     Equal to ``[chain.run(f) for f in all_feeds]`` but holds one stage's weights at a time plus the
     tensors crossing the current cut for every feed set.  ``engines[s]``: the runtime stage ``s`` runs on
-    (default: onnxruntime with ``providers``).
+    (default: onnxruntime on the CPU).
     """
-    d = Path(directory)
-    if threads < 1:
-        raise UsageError(f"threads {threads}: give a positive number of intra-op threads")
-    manifest = load_manifest(d, check_files=check_files)
-    keep = keep_after(manifest)
-    configs = _configs(manifest, engines)
+    d, manifest, configs = _folder(directory, threads, check_files, engines)
     states = [model_inputs(manifest, feeds) for feeds in all_feeds]
-    for st, kept, config in zip(manifest.stages, keep, configs, strict=True):
-        session = open_stage(d, st, threads, providers, config)
+    for st, kept, config in zip(manifest.stages, keep_after(manifest), configs, strict=True):
+        session = open_stage(d, st, config)
         states = [run_stage(d, st, session, values, kept) for values in states]
         session.close()
         del session
@@ -149,41 +134,32 @@ def keep_after(manifest: Manifest) -> list[frozenset[str]]:
     return keep
 
 
-def _configs(manifest: Manifest, engines: Sequence[EngineConfig] | None) -> list[EngineConfig | None]:
+def _folder(
+    directory: str | Path, threads: int, check_files: bool, engines: Sequence[EngineConfig] | None
+) -> tuple[Path, Manifest, list[EngineConfig]]:
+    """The split folder, its manifest, and each stage's engine: ``engines[s]``, else onnxruntime on the
+    CPU with ``threads``."""
+    if threads < 1:
+        raise UsageError(f"threads {threads}: give a positive number of intra-op threads")
+    d = Path(directory)
+    manifest = load_manifest(d, check_files=check_files)
     if engines is None:
-        return [None] * manifest.k
+        return d, manifest, [EngineConfig(threads=threads)] * manifest.k
     if len(engines) != manifest.k:
         raise UsageError(f"{len(engines)} engine settings given for the {manifest.k} stages")
-    return list(engines)
+    return d, manifest, list(engines)
 
 
-def open_stage(
-    directory: Path,
-    st: StageEntry,
-    threads: int,
-    providers: Sequence[str],
-    config: EngineConfig | None = None,
-) -> Engine:
-    """Stage ``st`` in onnxruntime with ``providers`` and ``threads``, or on ``config``'s runtime."""
-    if config is not None:
-        return open_engine(
-            directory / st.file,
-            config,
-            fail=lambda e: RuntimeStageError(
-                f"{directory / st.file}: stage {st.index} does not load in {config.label} "
-                f"({error_line(e)}); run it on another runtime or re-run onnxpipe split"
-            ),
-        )
-    session = open_session(
+def open_stage(directory: Path, st: StageEntry, config: EngineConfig) -> Engine:
+    """Stage ``st`` on ``config``'s runtime."""
+    return open_engine(
         directory / st.file,
-        session_options(threads=threads),
-        providers,
+        config,
         fail=lambda e: RuntimeStageError(
-            f"{directory / st.file}: stage {st.index} does not load in onnxruntime ({error_line(e)}); "
-            "re-run onnxpipe split"
+            f"{directory / st.file}: stage {st.index} does not load in {config.label} ({error_line(e)}); "
+            "run it on another runtime or re-run onnxpipe split"
         ),
     )
-    return OrtEngine(session)
 
 
 def model_inputs(manifest: Manifest, feeds: Mapping[str, np.ndarray]) -> Values:

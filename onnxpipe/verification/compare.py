@@ -51,15 +51,19 @@ class OutputComparison:
     def ok(self) -> bool:
         return self.allclose and self.shape_equal and self.dtype_equal
 
-    def describe(self) -> str:
-        """One line: name, verdict, and what differs."""
-        status = "ok" if self.ok else "MISMATCH"
+    @property
+    def diffs(self) -> str:
+        """``max abs diff 0.124, max rel diff 0.13`` (and the shape or dtype that differs)."""
         parts = [f"max abs diff {self.max_abs_diff:.3g}", f"max rel diff {self.max_rel_diff:.3g}"]
         if not self.shape_equal:
             parts.append(f"shape {list(self.actual_shape)} != {list(self.expected_shape)}")
         if not self.dtype_equal:
             parts.append(f"dtype {self.actual_dtype} != {self.expected_dtype}")
-        return f"{self.name}: {status} ({', '.join(parts)})"
+        return ", ".join(parts)
+
+    def describe(self) -> str:
+        """One line: name, verdict, and what differs."""
+        return f"{self.name}: {'ok' if self.ok else 'MISMATCH'} ({self.diffs})"
 
 
 def compare(
@@ -72,12 +76,7 @@ def compare(
     """
 
     def result(max_abs: float, scale: float) -> OutputComparison:
-        if max_abs == 0.0:
-            rel = 0.0
-        elif scale > 0.0:
-            rel = max_abs / scale
-        else:
-            rel = math.inf
+        rel = 0.0 if max_abs == 0.0 else max_abs / scale if scale > 0.0 else math.inf
         return OutputComparison(
             name=name,
             expected_dtype=str(expected.dtype),

@@ -50,27 +50,17 @@ def passes(reference: OutputComparison, on: OnRuntime | None, i: int) -> bool:
     return reference.ok or (on is not None and on.ran and on.stages[i].ok)
 
 
-def diffs(c: OutputComparison) -> str:
-    """``max abs diff 0.124, max rel diff 0.13`` (and the shape or dtype that differs)."""
-    parts = [f"max abs diff {c.max_abs_diff:.3g}", f"max rel diff {c.max_rel_diff:.3g}"]
-    if not c.shape_equal:
-        parts.append(f"shape {list(c.actual_shape)} != {list(c.expected_shape)}")
-    if not c.dtype_equal:
-        parts.append(f"dtype {c.actual_dtype} != {c.expected_dtype}")
-    return ", ".join(parts)
-
-
 def output_line(reference: OutputComparison, on: OnRuntime | None, i: int, own: str = "") -> str:
     """One output's line: its verdict and its differences from onnxruntime; where these fail and the whole
     model ran on the stages' runtime, each of the three comparisons (``own``: the tolerance of this
     output, where outputs differ in it)."""
     status = "ok" if passes(reference, on, i) else "MISMATCH"
     if on is None or not on.ran or reference.ok:
-        return f"{reference.name}: {status} ({diffs(reference)}{own})"
+        return f"{reference.name}: {status} ({reference.diffs}{own})"
     return (
         f"{reference.name}: {status} (stages against the whole model, both on {on.label}: "
-        f"{diffs(on.stages[i])}; stages against onnxruntime: {diffs(reference)}; the whole model on "
-        f"{on.label} against onnxruntime: {diffs(on.whole[i])}{own})"
+        f"{on.stages[i].diffs}; stages against onnxruntime: {reference.diffs}; the whole model on "
+        f"{on.label} against onnxruntime: {on.whole[i].diffs}{own})"
     )
 
 

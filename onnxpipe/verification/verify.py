@@ -7,12 +7,10 @@ top (:func:`planned_input_shapes`), and every model output is compared by
 :func:`onnxpipe.verification.compare.compare`.  A mismatch is not an exception: the report says
 ``ok=False`` and the CLI exits with 1.
 
-``runtime`` checks the split on another runtime: every stage on ``onnxruntime``, ``openvino`` or ``tract``,
-or ``devices``: each stage on the runtime of its device in the manifest's cluster (a split made for a
-devices file), a chain that may mix runtimes.  The original always runs in onnxruntime on the CPU: it is
-the reference every runtime's chain is held to, by the same norm-based tolerance.  Where every stage ran
-on one other runtime, the whole model runs there too, and an output whose stages match it passes even
-when that runtime differs from onnxruntime by itself (:mod:`onnxpipe.verification.on_runtime`).
+``runtime`` runs the stages elsewhere (:class:`~onnxpipe.verification.options.VerifyOptions`); the
+original always runs in onnxruntime on the CPU, the reference every chain is held to by the same
+norm-based tolerance, and on the stages' runtime too where they share one
+(:mod:`onnxpipe.verification.on_runtime`).
 
 The original model is the one the manifest records (its ``source.path``, relative to the folder) unless
 ``model`` names another copy; either way its sha256 must be the manifest's.
@@ -28,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from onnxpipe.core.choices import Runtime, VerifyRuntime
-from onnxpipe.core.errors import ManifestError, UsageError, VerificationError, error_line
+from onnxpipe.core.errors import ManifestError, UsageError, error_line
 from onnxpipe.core.files import file_sha256
 from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import open_session, session_options
@@ -111,7 +109,7 @@ class VerifyReport:
     @property
     def tolerance(self) -> str:
         """The tolerance the outputs were held to: one, or each output's by its type (the loosest named)."""
-        bound = f"|a-b| <= {self.atol:g} + {self.rtol:g}*max|a|"
+        bound = Tolerance(self.rtol, self.atol).describe()
         if all((o.rtol, o.atol) == (self.rtol, self.atol) for o in self.outputs):
             return bound
         return f"by each output's type, up to {bound}"
@@ -132,15 +130,6 @@ class VerifyReport:
         lines.append(f"verify: {self.verdict} over {self.runs} run(s) (tolerance: {self.tolerance})")
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
-
-    def raise_for_mismatch(self) -> None:
-        """Raise :class:`VerificationError` naming the first output that does not match."""
-        bad = [i for i, o in enumerate(self.outputs) if not three_way.passes(o, self.on_runtime, i)]
-        if bad:
-            raise VerificationError(
-                f"output {self.output_line(bad[0])}; {len(bad)} of {len(self.outputs)} outputs differ "
-                f"(tolerance {self.tolerance})"
-            )
 
 
 def verify_folder(out_dir: str | Path, options: VerifyOptions) -> VerifyReport:

@@ -118,7 +118,7 @@ def test_good_split_verifies(split: Path) -> None:
     assert text.endswith(
         "verify: 2 output(s) match the original over 2 run(s) (tolerance: |a-b| <= 1e-05 + 0.0001*max|a|)"
     )
-    report.raise_for_mismatch()
+    assert report.ok
 
 
 def test_shape_overrides_reach_the_inputs(split: Path) -> None:
@@ -148,8 +148,7 @@ def test_tampered_stage_is_reported_not_raised(split: Path) -> None:
     assert y.max_abs_diff > 1e-4 and 0 < y.max_rel_diff < 1
     assert x.ok  # the pass-through output is untouched
     assert "y: MISMATCH" in report.summary() and "DO NOT match" in report.summary()
-    with pytest.raises(Exception, match="output y: MISMATCH"):
-        report.raise_for_mismatch()
+    assert not report.ok
 
 
 def test_tolerance_is_relative_to_the_output_scale(split: Path) -> None:
@@ -411,7 +410,6 @@ def test_a_runtime_that_differs_by_itself_does_not_fail_the_split(
     assert on.stages[0].ok and on.stages[0].max_abs_diff <= 1e-5  # the stages against the whole model there
     assert not on.whole[0].ok and on.whole[0].max_abs_diff == pytest.approx(y.max_abs_diff, rel=1e-3)
     assert report.ok
-    report.raise_for_mismatch()
     assert len(report.notes) == 1 and f"{on.label} differs from onnxruntime by itself" in report.notes[0]
     assert f"y by max abs diff {on.whole[0].max_abs_diff:.3g}" in report.notes[0]
     assert main(["verify", str(out), "--runtime", runtime]) == 0
