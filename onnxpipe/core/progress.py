@@ -17,11 +17,31 @@ from __future__ import annotations
 import sys
 import time
 from types import TracebackType
-from typing import Any, TextIO
+from typing import Any, Self, TextIO
 
 _WIDTH = 30
 LOG_EVERY_SECONDS = 5.0
 """How often a step writes a line of progress when stderr is not a terminal."""
+
+
+class ClosesOnExit:
+    """A ``with`` block around a runner of workers closes it on the way out: gracefully (what was
+    submitted finishes first) after a normal exit, at once after an exception or Ctrl-C, when waiting
+    for the rest would only delay the error."""
+
+    def close(self, graceful: bool = True) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close(graceful=exc_type is None)
 
 
 def _tqdm() -> Any:
