@@ -22,6 +22,7 @@ from runtime_support import (
     FakePipeline,
     as_pipeline,
     assert_same,
+    entry,
     measurement,
     original_outputs,
     parse,
@@ -35,7 +36,7 @@ from runtime_support import (
 from onnxpipe import api
 from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.cli.commands.run import run as run_command
-from onnxpipe.core import ortsession
+from onnxpipe.core import engine_onnxruntime, ortsession
 from onnxpipe.core.choices import LocalMode
 from onnxpipe.core.text import human_bytes
 from onnxpipe.manifest import Manifest, load_manifest
@@ -157,7 +158,7 @@ def test_a_session_baseline_opens_the_model_on_the_given_provider(
         seen.append((options.intra_op_num_threads, list(providers)))
         return real(model, options, [CPU], **kwargs)
 
-    monkeypatch.setattr(compare, "open_session", spy)
+    monkeypatch.setattr(engine_onnxruntime, "open_session", spy)
     gpu = Placement(CUDA_PROVIDER, (("device_id", "0"),), 3)
     tp = compare.session_throughput(
         sample_models_dir / "transformer_tiny.onnx",
@@ -434,7 +435,7 @@ def _report_with(estimated: tuple[float, float], measured: tuple[float, float]) 
     fake = FakePipeline(lanes=((spec(0), spec(1)),), backend=FakeBackend("threads"))
     report = build_report(as_pipeline(fake), m, warmup=0, input_shapes={})
     stages = tuple(
-        replace(s, estimated_ms=e, measured_ms=v, estimate_error=(e - v) / v)
+        replace(s, stage=entry(s.index, e), measured_ms=v)
         for s, e, v in zip(report.stages, estimated, measured, strict=True)
     )
     return replace(report, stages=stages, estimates_comparable=True, estimate_max_error=None)

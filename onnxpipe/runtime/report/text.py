@@ -112,10 +112,11 @@ def _stage_table(report: RunReport) -> str:
     rows = []
     for s in report.stages:
         mark = " *" if s.index == report.bottleneck_stage else ""
+        place = s.worker.placement
         row = [
             f"{s.index}{mark}",
-            s.file or s.label,
-            f"{s.threads} @{','.join(str(c) for c in s.cpus)}" if s.cpus else str(s.threads),
+            s.stage.file if s.stage is not None else s.worker.label,
+            f"{place.threads} @{','.join(str(c) for c in place.cpus)}" if place.cpus else str(place.threads),
             _ms(s.estimated_ms),
             _ms(s.measured_ms),
             versus_estimate(s.estimate_error),
