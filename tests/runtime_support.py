@@ -218,13 +218,14 @@ class FakePipeline:
     pin_note: str | None = None
 
 
-def spec(index: int, placement: Placement | None = None, device: str = "cpu") -> WorkerSpec:
+def spec(index: int, placement: Placement | None = None, stage: StageEntry | None = None) -> WorkerSpec:
     placement = placement or Placement()
-    return WorkerSpec(index, f"stage {index}", f"stage_{index}.onnx", (), (), (), (), placement, device)
+    return WorkerSpec(index, f"stage {index}", f"stage_{index}.onnx", (), (), (), (), placement, stage)
 
 
-def entry(index: int, estimated_ms: float, param_bytes: int = 0) -> StageEntry:
-    """The manifest's record of stage ``index``: only its estimate and weights matter to a report."""
+def entry(index: int, estimated_ms: float, param_bytes: int = 0, device: str = "cpu") -> StageEntry:
+    """The manifest's record of stage ``index``: only its estimate, weights and device matter to a
+    report."""
     return StageEntry(
         index,
         f"stage_{index}.onnx",
@@ -233,7 +234,7 @@ def entry(index: int, estimated_ms: float, param_bytes: int = 0) -> StageEntry:
         None,
         1,
         0,
-        "cpu",
+        device,
         (),
         (),
         estimated_ms / 1e3,

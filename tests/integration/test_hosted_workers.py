@@ -156,8 +156,7 @@ def test_a_hosting_process_killed_is_reported(six_on_two: Path) -> None:
 
 def _stage(index: int, model: int, hosted_with: tuple[int, ...]) -> StageReport:
     return StageReport(
-        worker=spec(index),
-        stage=entry(index, 1.0, param_bytes=10),
+        worker=spec(index, stage=entry(index, 1.0, param_bytes=10)),
         microbatches=1,
         measured_ms=1.0,
         mean_ms=1.0,

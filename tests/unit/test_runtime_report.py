@@ -16,6 +16,7 @@ from runtime_support import (
     FakeBackend,
     FakePipeline,
     as_pipeline,
+    entry,
     measurement,
     spec,
     stats,
@@ -31,6 +32,7 @@ from onnxpipe.runtime.report.text import format_report, memory_line, versus_esti
 from onnxpipe.runtime.spec import (
     CUDA_PROVIDER,
     Placement,
+    WorkerSpec,
 )
 
 
@@ -104,11 +106,16 @@ def test_distinct_drops_repeats_of_the_same_feeds_only() -> None:
     assert [id(f) for f in compare.distinct([a, b, a, twin, b])] == [id(a), id(b), id(twin)]
 
 
+def _on(index: int, placement: Placement, device: str) -> WorkerSpec:
+    """Stage ``index`` on ``device`` (as its manifest names it), run with ``placement``."""
+    return spec(index, placement, entry(index, 1.0, device=device))
+
+
 def test_baselines_run_on_the_stages_provider() -> None:
     gpu = Placement(CUDA_PROVIDER, (("device_id", "1"),), 2)
-    place, note = compare.baseline_placement([spec(0, gpu, "cuda:1"), spec(1, gpu, "cuda:1")])
+    place, note = compare.baseline_placement([_on(0, gpu, "cuda:1"), _on(1, gpu, "cuda:1")])
     assert place == Placement(CUDA_PROVIDER, (("device_id", "1"),), 1) and note is None
-    place, note = compare.baseline_placement([spec(0, Placement(CPU, (), 2), "cpu0"), spec(1, gpu, "cuda:1")])
+    place, note = compare.baseline_placement([_on(0, Placement(CPU, (), 2), "cpu0"), _on(1, gpu, "cuda:1")])
     assert place.provider == CPU
     assert note is not None and CUDA_PROVIDER in note and "first stage's" in note
 

@@ -55,21 +55,16 @@ def check_estimates(
     differs: list[str] = []
     for spec in specs:
         ran = spec.placement
-        if expected is not None and spec.index < len(expected):
-            want = expected[spec.index]
-            if ran.runs_on != want.runs_on:
-                differs.append(
-                    f"stage {spec.index} ran on {ran.runs_on} with {ran.threads} thread(s), its estimate is "
-                    f"for {want.runs_on} with {want.threads}"
-                )
-            elif ran.threads != want.threads:
-                differs.append(
-                    f"stage {spec.index} ran with {ran.threads} thread(s), its estimate is for {want.threads}"
-                )
-        elif ran.threads != manifest.plan.threads:
+        want = expected[spec.index] if expected is not None and spec.index < len(expected) else None
+        threads = want.threads if want is not None else manifest.plan.threads
+        if want is not None and ran.runs_on != want.runs_on:
             differs.append(
-                f"stage {spec.index} ran with {ran.threads} thread(s), its estimate is for "
-                f"{manifest.plan.threads}"
+                f"stage {spec.index} ran on {ran.runs_on} with {ran.threads} thread(s), its estimate is "
+                f"for {want.runs_on} with {want.threads}"
+            )
+        elif ran.threads != threads:
+            differs.append(
+                f"stage {spec.index} ran with {ran.threads} thread(s), its estimate is for {threads}"
             )
     if differs:
         comparable = False
@@ -100,9 +95,7 @@ def build_report(
     specs = pipeline.lanes[0]
     by_index = {s.index: s for s in measurement.stats[: len(specs)]}
     stages = tuple(
-        _on_node(
-            stage_report(spec, by_index.get(spec.index), manifest, measurement.wall_seconds), pipeline, i
-        )
+        _on_node(stage_report(spec, by_index.get(spec.index), measurement.wall_seconds), pipeline, i)
         for i, spec in enumerate(specs)
     )
     bottleneck = max(range(len(stages)), key=lambda i: stages[i].busy_seconds) if stages else 0
@@ -164,11 +157,9 @@ def _cluster_part(pipeline: Pipeline, measurement: Measurement) -> dict[str, Any
     return part
 
 
-def stage_report(
-    spec: WorkerSpec, st: WorkerStats | None, manifest: Manifest | None, wall: float
-) -> StageReport:
+def stage_report(spec: WorkerSpec, st: WorkerStats | None, wall: float) -> StageReport:
     """One stage's line of the report: what its worker measured (``st``) against what the manifest
-    estimated; memory figures only where the stage's process is its own."""
+    estimated (``spec.stage``); memory figures only where the stage's process is its own."""
     records = st.records if st is not None else ()
     runs = [r.run_seconds for r in records]
     busy = [r.busy_seconds for r in records]
@@ -177,7 +168,6 @@ def stage_report(
     own = st if st is not None and not shared else None
     return StageReport(
         worker=spec,
-        stage=manifest.stages[spec.index] if manifest is not None else None,
         microbatches=len(records),
         measured_ms=statistics.median(runs) * 1e3 if runs else math.nan,
         mean_ms=statistics.fmean(runs) * 1e3 if runs else math.nan,

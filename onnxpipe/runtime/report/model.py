@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 
-from onnxpipe.manifest import StageEntry
 from onnxpipe.runtime.backends.ray_recovery import Recovery
 from onnxpipe.runtime.report.cluster import HopReport, per_hop, recovery_obj
 from onnxpipe.runtime.spec import CPU_PROVIDER, WorkerSpec
@@ -45,8 +44,9 @@ class Latency:
 
 @dataclass(frozen=True)
 class StageReport:
-    """One stage of the run: the spec its worker ran (label, device, placement), the manifest's record of
-    it (file, weights, estimate; None for a chain not opened from a split folder), and what was measured.
+    """One stage of the run: the spec its worker ran (label, placement, and the manifest's record of the
+    stage: its file, weights and estimate, none for a chain not opened from a split folder), and what
+    was measured.
 
     ``measured_ms`` is the median time of the stage's session run; ``handling_ms`` adds the worker's own
     work around it (mapping and copying tensors); ``busy_fraction`` is the share of the measured wall
@@ -54,7 +54,6 @@ class StageReport:
     """
 
     worker: WorkerSpec
-    stage: StageEntry | None
     microbatches: int
     measured_ms: float
     mean_ms: float
@@ -92,11 +91,13 @@ class StageReport:
 
     @property
     def param_bytes(self) -> int | None:
-        return self.stage.param_bytes if self.stage is not None else None
+        stage = self.worker.stage
+        return stage.param_bytes if stage is not None else None
 
     @property
     def estimated_ms(self) -> float | None:
-        return self.stage.estimated_compute_seconds * 1e3 if self.stage is not None else None
+        stage = self.worker.stage
+        return stage.estimated_compute_seconds * 1e3 if stage is not None else None
 
     @property
     def estimate_error(self) -> float | None:
@@ -116,7 +117,7 @@ class StageReport:
         held: dict[str, Any] = {
             "index": self.index,
             "label": self.worker.label,
-            "file": self.stage.file if self.stage is not None else None,
+            "file": self.worker.stage.file if self.worker.stage is not None else None,
             "device": self.worker.device,
             "provider": place.runs_on,
             "threads": place.threads,
@@ -125,7 +126,7 @@ class StageReport:
             "estimated_ms": self.estimated_ms,
             "estimate_error": self.estimate_error,
         }
-        return {k: _json(v) for k, v in held.items()} | _fields_obj(self, skip=("worker", "stage"))
+        return {k: _json(v) for k, v in held.items()} | _fields_obj(self, skip=("worker",))
 
 
 def _error(estimated: float | None, measured: float) -> float | None:

@@ -115,7 +115,7 @@ def _stage_table(report: RunReport) -> str:
         place = s.worker.placement
         row = [
             f"{s.index}{mark}",
-            s.stage.file if s.stage is not None else s.worker.label,
+            s.worker.stage.file if s.worker.stage is not None else s.worker.label,
             f"{place.threads} @{','.join(str(c) for c in place.cpus)}" if place.cpus else str(place.threads),
             _ms(s.estimated_ms),
             _ms(s.measured_ms),
