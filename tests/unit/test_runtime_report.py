@@ -251,3 +251,11 @@ def test_a_recovery_reads_in_the_report_and_its_json_as_before() -> None:
         "recovered: stage 1 lost its node one (10.0.0.1, node aaaaaaaa); running again on "
         "two (10.0.0.2, node bbbbbbbb) 2.5 s later, 3 micro-batch(es) sent again"
     ) in format_report(report)
+
+
+def test_a_stage_spec_reads_its_device_and_files_off_the_manifests_record() -> None:
+    record = replace(entry(3, 1.0, device="cuda:1"), external_data="s3.data", external_data_sha256="1" * 64)
+    stage = spec(3, stage=record)
+    assert stage.device == "cuda:1"
+    assert [(f.name, f.sha256) for f in stage.files] == [("stage_3.onnx", "0" * 64), ("s3.data", "1" * 64)]
+    assert spec(0).device == "cpu" and spec(0).files == ()  # a replica's: no record, its files read later

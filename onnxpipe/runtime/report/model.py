@@ -214,8 +214,10 @@ class BaselineReport:
     ``None`` where it does not apply (Ray, unlike devices, too few records, runs under a millisecond)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunReport:
+    """What a run delivered; its fields in the order ``--report`` writes them (:meth:`to_obj`)."""
+
     backend: str
     mode: str
     k: int
@@ -224,25 +226,16 @@ class RunReport:
     input_shapes: Mapping[str, tuple[int, ...]]
     throughput_per_s: float
     steady_throughput_per_s: float | None
+    steady_throughput_from: str | None = None
     wall_seconds: float
     latency_saturated: Latency
     """Submission to result while ``latency_in_flight`` micro-batches are in flight: mostly queueing."""
-    stages: tuple[StageReport, ...]
-    bottleneck_stage: int
-    estimates_comparable: bool
-    estimate_max_error: float | None
-    driver_peak_rss_bytes: int | None
-    baselines: Mapping[str, BaselineReport] = field(default_factory=dict)
-    outputs_match: bool | None = None
-    outputs_max_rel_diff: float | None = None
-    notes: tuple[str, ...] = ()
     latency_in_flight: int = 1
     latency_single: Latency | None = None
     """Submission to result of micro-batches run one at a time (None when not measured)."""
-    steady_throughput_from: str | None = None
-    worker_stages: tuple[tuple[int, ...], ...] = ()
-    """The stages each worker runs when stages share workers (an interleaved split, the manifest's
-    ``plan.workers``); empty: a worker per stage.  :attr:`workers` sums the stages' rows by it."""
+    bottleneck_stage: int
+    estimates_comparable: bool
+    estimate_max_error: float | None
     machine_slowdown: float | None = None
     """``--compare`` only: the one-thread session's time per micro-batch in this run over the whole
     model's when the estimates were made (the manifest's ``plan.reference_seconds``): above 1, the
@@ -253,6 +246,9 @@ class RunReport:
     estimate_max_error_at_machine_speed: float | None = None
     """The largest ``|estimated * machine_slowdown - measured| / measured``: what the estimates got
     wrong besides the machine's change of speed."""
+    driver_peak_rss_bytes: int | None
+    stages: tuple[StageReport, ...]
+    baselines: Mapping[str, BaselineReport] = field(default_factory=dict)
     hops: tuple[HopReport, ...] = ()
     """Each hop's bytes and time, on a cluster (Ray): :mod:`onnxpipe.runtime.report.cluster`."""
     overhead_ms: float | None = None
@@ -261,6 +257,12 @@ class RunReport:
     """Each lost actor the run brought back on another node (Ray)."""
     failure: str | None = None
     """Why the run stopped before its end; the figures are those of what it delivered before."""
+    outputs_match: bool | None = None
+    outputs_max_rel_diff: float | None = None
+    notes: tuple[str, ...] = ()
+    worker_stages: tuple[tuple[int, ...], ...] = ()
+    """The stages each worker runs when stages share workers (an interleaved split, the manifest's
+    ``plan.workers``); empty: a worker per stage.  :attr:`workers` sums the stages' rows by it."""
 
     @property
     def hop_overhead_ms(self) -> float | None:
@@ -294,18 +296,18 @@ class RunReport:
         """The report as JSON-ready data (NaN and infinity as ``null``); ``bottleneck_worker`` and
         ``workers`` only when stages share workers, the hops, overhead and recoveries only on a cluster."""
         renamed = {"latency_saturated": "latency_ms", "latency_single": "latency_single_ms"}
-        beside = {"stages": "workers", "bottleneck_stage": "bottleneck_worker"}
+        on_cluster = bool(self.hops or self.recoveries or self.overhead_ms is not None)
+        beside = {"bottleneck_stage": "bottleneck_worker", "stages": "workers"} if self.workers else {}
+        if on_cluster:
+            beside["overhead_ms"] = "hop_overhead_ms"
+        skip = ("worker_stages",) if on_cluster else ("worker_stages", "hops", "overhead_ms", "recoveries")
         obj: dict[str, Any] = {}
-        for key, value in _fields_obj(self, skip=("worker_stages",)).items():
+        for key, value in _fields_obj(self, skip).items():
             obj[renamed.get(key, key)] = value
-            if self.workers and key in beside:  # the workers' figures beside their stages'
+            if key in beside:  # the workers' figures beside their stages', a hop's share of the overhead
                 obj[beside[key]] = _json(getattr(self, beside[key]))
-        if self.hops or self.recoveries or self.overhead_ms is not None:
-            obj["hop_overhead_ms"] = num(self.hop_overhead_ms)
+        if on_cluster:
             obj["recoveries"] = [recovery_obj(r) for r in self.recoveries]
-        else:
-            for key in ("hops", "overhead_ms", "recoveries"):
-                del obj[key]
         return obj
 
     def to_json(self) -> str:
