@@ -25,7 +25,7 @@ from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.cli.run import add_arguments as add_run_arguments
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.core.errors import RuntimeStageError
-from onnxpipe.manifest import Manifest
+from onnxpipe.manifest import Manifest, StageEntry
 from onnxpipe.runtime.backends.shm import SHM_DIR
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.report.measure import Measurement
@@ -218,9 +218,30 @@ class FakePipeline:
     pin_note: str | None = None
 
 
-def spec(index: int, placement: Placement | None = None, device: str = "cpu") -> WorkerSpec:
+def spec(index: int, placement: Placement | None = None, stage: StageEntry | None = None) -> WorkerSpec:
     placement = placement or Placement()
-    return WorkerSpec(index, f"stage {index}", f"stage_{index}.onnx", (), (), (), (), placement, device)
+    return WorkerSpec(index, f"stage {index}", f"stage_{index}.onnx", (), (), (), (), placement, stage)
+
+
+def entry(index: int, estimated_ms: float, param_bytes: int = 0, device: str = "cpu") -> StageEntry:
+    """The manifest's record of stage ``index``: only its estimate, weights and device matter to a
+    report."""
+    return StageEntry(
+        index,
+        f"stage_{index}.onnx",
+        "0" * 64,
+        None,
+        None,
+        1,
+        0,
+        device,
+        (),
+        (),
+        estimated_ms / 1e3,
+        0.0,
+        param_bytes,
+        0,
+    )
 
 
 def records(done: list[float], run_s: float = 0.01) -> tuple[Record, ...]:

@@ -16,12 +16,34 @@ from __future__ import annotations
 
 import sys
 import time
+from abc import ABC, abstractmethod
 from types import TracebackType
-from typing import Any, TextIO
+from typing import Any, Self, TextIO
 
 _WIDTH = 30
 LOG_EVERY_SECONDS = 5.0
 """How often a step writes a line of progress when stderr is not a terminal."""
+
+
+class ClosesOnExit(ABC):
+    """A ``with`` block around a runner of workers closes it on the way out: gracefully (what was
+    submitted finishes first) after a normal exit, at once after an exception or Ctrl-C, when waiting
+    for the rest would only delay the error."""
+
+    @abstractmethod
+    def close(self, graceful: bool = True) -> None:
+        """Stop the runner: ``graceful``, after what was submitted finished; else at once."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close(graceful=exc_type is None)
 
 
 def _tqdm() -> Any:

@@ -5,6 +5,7 @@ reads their defaults, without loading them."""
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,16 +87,10 @@ class RunOptions:
         object.__setattr__(self, "shapes", frozen_shapes(self.shapes))
         object.__setattr__(self, "input_files", tuple(Path(p) for p in self.input_files))
         object.__setattr__(self, "stacked_files", tuple(Path(p) for p in self.stacked_files))
-        for name in ("model", "report", "outputs"):
-            value = getattr(self, name)
-            if value is not None:
-                object.__setattr__(self, name, Path(value))
+        as_paths(self, "model", "report", "outputs", "ray_resources")
         devices: object = self.devices
         if isinstance(devices, str | Path):  # a devices file, read when the options are made
             object.__setattr__(self, "devices", load_cluster(devices))
-        resources: object = self.ray_resources
-        if isinstance(resources, str):
-            object.__setattr__(self, "ray_resources", Path(resources))
 
     @property
     def has_input_files(self) -> bool:
@@ -119,6 +114,15 @@ class RunOptions:
         if self.backend == Backend.RAY and self.pin:
             raise UsageError(f"{opt('pin', True)} is for local workers; Ray places its actors itself")
         check_ray_fields(self, self.backend)
+
+
+def as_paths(options: object, *names: str) -> None:
+    """The fields ``names`` of the frozen ``options`` given as strings, made paths (a ``ray_resources``
+    given as mappings, and None, stay as they are)."""
+    for name in names:
+        value = getattr(options, name)
+        if isinstance(value, str | os.PathLike):
+            object.__setattr__(options, name, Path(value))
 
 
 def check_ray_fields(options: object, backend: Backend) -> None:
@@ -208,18 +212,12 @@ class GenerateOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "backend", choice(Backend, self.backend, "backend"))
         object.__setattr__(self, "ray_files", choice(RayFiles, self.ray_files, "ray_files"))
-        resources: object = self.ray_resources
-        if isinstance(resources, str):
-            object.__setattr__(self, "ray_resources", Path(resources))
+        as_paths(self, "ray_resources", "tokenizer", "model")
         object.__setattr__(self, "prompt_ids", tuple(tuple(int(t) for t in p) for p in self.prompt_ids))
         object.__setattr__(self, "prompts", tuple(str(p) for p in self.prompts))
         if self.eos_token_ids is not None:
             object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
-        if self.tokenizer is not None:
-            object.__setattr__(self, "tokenizer", Path(self.tokenizer))
         object.__setattr__(self, "local_mode", choice(LocalMode, self.local_mode, "local_mode"))
-        if self.model is not None:
-            object.__setattr__(self, "model", Path(self.model))
 
     @classmethod
     def drawn(cls, sampling: Sampling | None) -> dict[str, Any]:
@@ -315,13 +313,7 @@ class LinkOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sizes", tuple(int(n) for n in self.sizes))
-        for name in ("split", "out"):
-            value = getattr(self, name)
-            if value is not None:
-                object.__setattr__(self, name, Path(value))
-        resources: object = self.ray_resources
-        if isinstance(resources, str):
-            object.__setattr__(self, "ray_resources", Path(resources))
+        as_paths(self, "split", "out", "ray_resources")
 
     def check(self) -> None:
         if self.repeats < 1:

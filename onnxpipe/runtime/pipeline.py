@@ -31,7 +31,6 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -39,6 +38,7 @@ import onnxruntime as ort
 
 from onnxpipe.core.dims import Shape
 from onnxpipe.core.errors import RuntimeStageError, UsageError
+from onnxpipe.core.progress import ClosesOnExit
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.affinity import assign_cpus
 from onnxpipe.runtime.backends.processes import ProcessBackend
@@ -57,7 +57,7 @@ from onnxpipe.runtime.spec import (
 from onnxpipe.runtime.trips import Trip
 
 
-class Pipeline:
+class Pipeline(ClosesOnExit):
     """Workers running the stages of a split folder (or any chain of :class:`WorkerSpec`).
 
     The model inputs' shapes (from the manifest) let :meth:`submit` refuse an input of the wrong rank or
@@ -323,17 +323,6 @@ class Pipeline:
             raise
         driver.close_backend()
         self._finalizer.detach()
-
-    def __enter__(self) -> Pipeline:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close(graceful=exc_type is None)
 
 
 def make_backend(

@@ -68,14 +68,29 @@ class WorkerSpec:
     outputs: tuple[str, ...]
     sends: tuple[str, ...]
     placement: Placement = Placement()
-    device: str = "cpu"
+    stage: StageEntry | None = None
+    """The manifest's record of the stage; None for a worker of the whole model (a replica)."""
     caches: tuple[CacheSlot, ...] = ()
     """A generating worker's past inputs, fed from its own cache (:mod:`onnxpipe.runtime.kvstate`)."""
     generating: bool = False
     """Each micro-batch is a generation step carrying :data:`~onnxpipe.runtime.kvstate.CONTROL`."""
-    files: tuple[ModelFile, ...] = ()
-    """The model's files as recorded (the model file first), for a backend that ships them to another
-    machine (Ray); empty: not recorded, the backend reads them from the model (:mod:`.model_files`)."""
+
+    @property
+    def device(self) -> str:
+        """The device the manifest names for the stage (a replica's: ``cpu``)."""
+        return self.stage.device if self.stage is not None else "cpu"
+
+    @property
+    def files(self) -> tuple[ModelFile, ...]:
+        """The stage's file and its external weights with the sha256 the manifest records, for a backend
+        that ships them to another machine (Ray); empty for a replica: the backend reads them from the
+        model (:mod:`.model_files`)."""
+        st = self.stage
+        if st is None:
+            return ()
+        if st.external_data is None or st.external_data_sha256 is None:
+            return (ModelFile(st.file, st.sha256),)
+        return ModelFile(st.file, st.sha256), ModelFile(st.external_data, st.external_data_sha256)
 
 
 def placement_for_device(device: str, threads: int) -> Placement:
@@ -269,10 +284,9 @@ def _chain(
                 outputs=tuple(produced),
                 sends=sends,
                 placement=place,
-                device=st.device,
+                stage=st,
                 caches=caches.get(st.index, ()),
                 generating=generating,
-                files=_stage_files(st),
             )
         )
         available = list(sends)
@@ -280,14 +294,6 @@ def _chain(
     if missing:  # load_manifest's consistency checks make this unreachable for a valid manifest
         raise UsageError(f"model output {missing[0]!r} is produced by no stage of the manifest")
     return specs
-
-
-def _stage_files(st: StageEntry) -> tuple[ModelFile, ...]:
-    """A stage's file and its external weights, with the sha256 the manifest records for each."""
-    files = [ModelFile(st.file, st.sha256)]
-    if st.external_data is not None and st.external_data_sha256 is not None:
-        files.append(ModelFile(st.external_data, st.external_data_sha256))
-    return tuple(files)
 
 
 def model_spec(

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import numpy as np
 
 from onnxpipe.core.errors import RuntimeStageError, UsageError, error_line
+from onnxpipe.core.progress import ClosesOnExit
 from onnxpipe.core.runtime_kinds import kind_of
 from onnxpipe.core.runtimes import Engine, EngineConfig, open_engine
 from onnxpipe.manifest import MODEL_INPUT, Manifest, StageEntry, load_manifest
@@ -29,7 +29,7 @@ Values = dict[str, Any]
 """Tensors by name: numpy arrays, or the lists and dicts onnxruntime returns for sequences and maps."""
 
 
-class StageChain:
+class StageChain(ClosesOnExit):
     """One engine per stage of a split folder, run in order."""
 
     def __init__(self, manifest: Manifest, sessions: Sequence[Engine], directory: Path) -> None:
@@ -77,22 +77,12 @@ class StageChain:
             values = run_stage(self.directory, st, session, values, keep)
         return model_outputs(self.manifest, feeds, values)
 
-    def close(self) -> None:
-        """Release the engines; :meth:`run` refuses to run afterwards."""
+    def close(self, graceful: bool = True) -> None:
+        """Release the engines; :meth:`run` refuses to run afterwards (nothing runs in between, so
+        ``graceful`` changes nothing)."""
         for engine in self._sessions or []:
             engine.close()
         self._sessions = None
-
-    def __enter__(self) -> StageChain:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def run_stage_by_stage(

@@ -25,9 +25,11 @@ from onnx import TensorProto, helper, numpy_helper
 from runtime_support import (
     assert_no_workers_left,
     assert_same,
+    entry,
     original_outputs,
     reshape_batches,
     reshape_model,
+    spec,
     stream_until_failure,
     token_batches,
 )
@@ -154,23 +156,16 @@ def test_a_hosting_process_killed_is_reported(six_on_two: Path) -> None:
 
 def _stage(index: int, model: int, hosted_with: tuple[int, ...]) -> StageReport:
     return StageReport(
-        index=index,
-        label=f"stage {index}",
-        file=None,
-        device="cpu",
-        threads=1,
+        worker=spec(index, stage=entry(index, 1.0, param_bytes=10)),
         microbatches=1,
         measured_ms=1.0,
         mean_ms=1.0,
         handling_ms=1.0,
-        estimated_ms=1.0,
-        estimate_error=0.0,
         busy_seconds=1.0,
         busy_fraction=0.5,
         peak_rss_bytes=None,
         rss_bytes=None,
         startup_rss_bytes=None,
-        param_bytes=10,
         pid=None,
         worker_model_rss_bytes=model,
         hosted_with=hosted_with,

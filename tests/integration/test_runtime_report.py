@@ -22,6 +22,7 @@ from runtime_support import (
     FakePipeline,
     as_pipeline,
     assert_same,
+    entry,
     measurement,
     original_outputs,
     parse,
@@ -35,7 +36,7 @@ from runtime_support import (
 from onnxpipe import api
 from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.cli.commands.run import run as run_command
-from onnxpipe.core import ortsession
+from onnxpipe.core import engine_onnxruntime, ortsession
 from onnxpipe.core.choices import LocalMode
 from onnxpipe.core.text import human_bytes
 from onnxpipe.manifest import Manifest, load_manifest
@@ -157,7 +158,7 @@ def test_a_session_baseline_opens_the_model_on_the_given_provider(
         seen.append((options.intra_op_num_threads, list(providers)))
         return real(model, options, [CPU], **kwargs)
 
-    monkeypatch.setattr(compare, "open_session", spy)
+    monkeypatch.setattr(engine_onnxruntime, "open_session", spy)
     gpu = Placement(CUDA_PROVIDER, (("device_id", "0"),), 3)
     tp = compare.session_throughput(
         sample_models_dir / "transformer_tiny.onnx",
@@ -173,7 +174,8 @@ def _memory_report(shared: bool, manifest: Manifest) -> tuple[str, dict[str, Any
     n = 12
     ws = tuple(stats(i, [float(j) for j in range(n)], shared=shared, peak=500, startup=100) for i in (0, 1))
     kind = "threads" if shared else "processes"
-    fake = FakePipeline(lanes=((spec(0), spec(1)),), backend=FakeBackend(kind), manifest=manifest)
+    specs = (spec(0, stage=manifest.stages[0]), spec(1, stage=manifest.stages[1]))
+    fake = FakePipeline(lanes=(specs,), backend=FakeBackend(kind), manifest=manifest)
     report = build_report(as_pipeline(fake), measurement(n, ws), warmup=0, input_shapes={})
     replicas = BaselineReport("replicas", "2 replicas", 2, 1, 1.0, 1.0, 300, 200, 150, mode="threads")
     report = replace(report, baselines={"replicas": replicas})
@@ -184,7 +186,8 @@ def test_the_replicas_ceiling_is_printed_and_reported(tiny_split: Path) -> None:
     n = 12
     ws = tuple(stats(i, [float(j) for j in range(n)], shared=True, peak=500, startup=100) for i in (0, 1))
     manifest = load_manifest(tiny_split)
-    fake = FakePipeline(lanes=((spec(0), spec(1)),), backend=FakeBackend("threads"), manifest=manifest)
+    specs = (spec(0, stage=manifest.stages[0]), spec(1, stage=manifest.stages[1]))
+    fake = FakePipeline(lanes=(specs,), backend=FakeBackend("threads"), manifest=manifest)
     report = build_report(as_pipeline(fake), measurement(n, ws), warmup=0, input_shapes={})
     replicas = BaselineReport("replicas", "2 replicas", 2, 1, 1.0, 0.9, balanced_ceiling=0.93)
     with_ceiling = replace(report, baselines={"replicas": replicas})
@@ -366,7 +369,8 @@ def _interleaved_report(
         for i in range(4)
     )
     specs = tuple(
-        spec(i, Placement(CPU, (), 1, cpus=(manifest.worker_of(i),) if cpus else ()), "cpu") for i in range(4)
+        spec(i, Placement(CPU, (), 1, cpus=(manifest.worker_of(i),) if cpus else ()), manifest.stages[i])
+        for i in range(4)
     )
     fake = FakePipeline(
         lanes=(specs,), backend=FakeBackend("threads" if shared else "processes"), manifest=manifest
@@ -434,7 +438,7 @@ def _report_with(estimated: tuple[float, float], measured: tuple[float, float]) 
     fake = FakePipeline(lanes=((spec(0), spec(1)),), backend=FakeBackend("threads"))
     report = build_report(as_pipeline(fake), m, warmup=0, input_shapes={})
     stages = tuple(
-        replace(s, estimated_ms=e, measured_ms=v, estimate_error=(e - v) / v)
+        replace(s, worker=replace(s.worker, stage=entry(s.index, e)), measured_ms=v)
         for s, e, v in zip(report.stages, estimated, measured, strict=True)
     )
     return replace(report, stages=stages, estimates_comparable=True, estimate_max_error=None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from concurrent.futures import Future
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from onnxpipe.runtime.generation.feeds import BUILDERS, StepFeeds
 from onnxpipe.runtime.generation.result import Generation
 from onnxpipe.runtime.generation.scheduler import Batching, Submit, batch_size, next_token, schedule
 from onnxpipe.runtime.kvstate import CONTROL, CacheSlot, Control, KVState, PadSide, Row, StepFlags
-from onnxpipe.runtime.options import GenerateOptions
+from onnxpipe.runtime.options import GenerateOptions, LinkOptions, RunOptions
 
 IO = IOContract.of_decoder(
     "input_ids",
@@ -303,3 +304,11 @@ def test_token_ids_argument() -> None:
     ):
         with pytest.raises(argparse.ArgumentTypeError, match=message):
             token_ids(text)
+
+
+def test_options_take_their_paths_as_strings() -> None:
+    run = RunOptions(model="m.onnx", report="r.json", ray_resources="res.json")
+    assert (run.model, run.report, run.ray_resources) == (Path("m.onnx"), Path("r.json"), Path("res.json"))
+    per_stage = GenerateOptions(prompt_ids=((1,),), ray_resources=[{"num_cpus": 1}], tokenizer="tok")
+    assert per_stage.ray_resources == [{"num_cpus": 1}] and per_stage.tokenizer == Path("tok")
+    assert LinkOptions(split="out", out=None).split == Path("out")

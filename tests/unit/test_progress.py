@@ -7,7 +7,7 @@ import io
 import pytest
 
 import onnxpipe.core.progress as progress
-from onnxpipe.core.progress import Progress
+from onnxpipe.core.progress import ClosesOnExit, Progress
 
 
 def test_lines_in_a_log(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -52,3 +52,21 @@ def test_a_step_may_end_with_its_own_words() -> None:
         bar.done_text = "profiled m: 2 runs timed twice"
     (line,) = log.getvalue().splitlines()
     assert line.startswith("profiled m: 2 runs timed twice (") and line.endswith(" s)")
+
+
+class _Runner(ClosesOnExit):
+    def __init__(self) -> None:
+        self.closed: list[bool] = []
+
+    def close(self, graceful: bool = True) -> None:
+        self.closed.append(graceful)
+
+
+def test_a_with_block_closes_its_runner_gracefully_unless_an_exception_leaves_it() -> None:
+    with _Runner() as runner:
+        pass
+    assert runner.closed == [True]
+    failing = _Runner()
+    with pytest.raises(KeyboardInterrupt), failing:
+        raise KeyboardInterrupt
+    assert failing.closed == [False]

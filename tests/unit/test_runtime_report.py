@@ -16,6 +16,7 @@ from runtime_support import (
     FakeBackend,
     FakePipeline,
     as_pipeline,
+    entry,
     measurement,
     spec,
     stats,
@@ -31,6 +32,7 @@ from onnxpipe.runtime.report.text import format_report, memory_line, versus_esti
 from onnxpipe.runtime.spec import (
     CUDA_PROVIDER,
     Placement,
+    WorkerSpec,
 )
 
 
@@ -104,11 +106,16 @@ def test_distinct_drops_repeats_of_the_same_feeds_only() -> None:
     assert [id(f) for f in compare.distinct([a, b, a, twin, b])] == [id(a), id(b), id(twin)]
 
 
+def _on(index: int, placement: Placement, device: str) -> WorkerSpec:
+    """Stage ``index`` on ``device`` (as its manifest names it), run with ``placement``."""
+    return spec(index, placement, entry(index, 1.0, device=device))
+
+
 def test_baselines_run_on_the_stages_provider() -> None:
     gpu = Placement(CUDA_PROVIDER, (("device_id", "1"),), 2)
-    place, note = compare.baseline_placement([spec(0, gpu, "cuda:1"), spec(1, gpu, "cuda:1")])
+    place, note = compare.baseline_placement([_on(0, gpu, "cuda:1"), _on(1, gpu, "cuda:1")])
     assert place == Placement(CUDA_PROVIDER, (("device_id", "1"),), 1) and note is None
-    place, note = compare.baseline_placement([spec(0, Placement(CPU, (), 2), "cpu0"), spec(1, gpu, "cuda:1")])
+    place, note = compare.baseline_placement([_on(0, Placement(CPU, (), 2), "cpu0"), _on(1, gpu, "cuda:1")])
     assert place.provider == CPU
     assert note is not None and CUDA_PROVIDER in note and "first stage's" in note
 
@@ -244,3 +251,11 @@ def test_a_recovery_reads_in_the_report_and_its_json_as_before() -> None:
         "recovered: stage 1 lost its node one (10.0.0.1, node aaaaaaaa); running again on "
         "two (10.0.0.2, node bbbbbbbb) 2.5 s later, 3 micro-batch(es) sent again"
     ) in format_report(report)
+
+
+def test_a_stage_spec_reads_its_device_and_files_off_the_manifests_record() -> None:
+    record = replace(entry(3, 1.0, device="cuda:1"), external_data="s3.data", external_data_sha256="1" * 64)
+    stage = spec(3, stage=record)
+    assert stage.device == "cuda:1"
+    assert [(f.name, f.sha256) for f in stage.files] == [("stage_3.onnx", "0" * 64), ("s3.data", "1" * 64)]
+    assert spec(0).device == "cpu" and spec(0).files == ()  # a replica's: no record, its files read later

@@ -17,13 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from types import TracebackType
 from typing import Protocol
 
 import numpy as np
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.iocontract import IOContract
+from onnxpipe.core.progress import ClosesOnExit
 from onnxpipe.ir.merged import runnable_file
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.base import BackendConfig, Tensors
@@ -64,7 +64,7 @@ class Steps(Protocol):
     def close(self, graceful: bool = True) -> None: ...
 
 
-class Generator:
+class Generator(ClosesOnExit):
     """Generates through ``steps`` (a pipeline of a split, replicas, the plain loop), each step's feeds
     made by ``feeds`` from the split's IO contract.  ``manifest`` and ``directory`` (the split's) find
     the tokenizer and the end ids; ``side``: where the caches of sequences sharing a step are padded
@@ -249,17 +249,6 @@ class Generator:
     def close(self, graceful: bool = True) -> None:
         """Stop the workers (:meth:`Pipeline.close <onnxpipe.runtime.pipeline.Pipeline.close>`)."""
         self.steps.close(graceful)
-
-    def __enter__(self) -> Generator:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close(graceful=exc_type is None)
 
 
 def _whole_model(

@@ -24,14 +24,13 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
-import onnxruntime as ort
 
 from onnxpipe.core.choices import LocalMode
 from onnxpipe.core.errors import RuntimeStageError, error_line
-from onnxpipe.core.ortsession import Provider, open_session, session_options
+from onnxpipe.core.runtimes import Engine, open_engine
 from onnxpipe.manifest import Manifest
 from onnxpipe.runtime.affinity import assign_cpus, cpu_sets, pinned
 from onnxpipe.runtime.backends.ray_backend import RayBackend
@@ -104,16 +103,7 @@ ReplicaMode = Literal["threads", "processes", "ray"]
 def replica_mode(pipeline: Pipeline) -> ReplicaMode:
     """How the replicas run: as the pipeline's workers do (threads, processes or Ray actors), so that
     neither side pays for (or is spared) copies, wake-ups or Ray's object store alone."""
-    kind = pipeline.backend.kind
-    return "ray" if kind == "ray" else "threads" if kind == "threads" else "processes"
-
-
-def _providers(placement: Placement) -> list[Provider]:
-    """The session's providers as a stage worker gives them: its own, then the CPU for what it lacks."""
-    providers: list[Provider] = [(placement.provider, dict(placement.provider_options))]
-    if placement.provider != CPU_PROVIDER:
-        providers.append(CPU_PROVIDER)
-    return providers
+    return cast(ReplicaMode, pipeline.backend.kind)
 
 
 def session_throughput(model: Path, inputs: Sequence[Feeds], *, placement: Placement, warmup: int) -> float:
@@ -123,22 +113,22 @@ def session_throughput(model: Path, inputs: Sequence[Feeds], *, placement: Place
     outputs are dropped as they come, as the measured pipeline's are (:func:`~.report.measure`).
     """
     with pinned(placement.cpus):
-        session = _open(model, placement)
-        names = [o.name for o in session.get_outputs()]
+        engine = _open(model, placement)
+        names = engine.output_names
         for j in range(warmup):
-            session.run(names, dict(inputs[j % len(inputs)]))
+            engine.run(names, inputs[j % len(inputs)])
         start = time.perf_counter()
         for feeds in inputs:
-            session.run(names, dict(feeds))
+            engine.run(names, feeds)
         wall = time.perf_counter() - start
     return len(inputs) / wall if wall > 0 else math.inf
 
 
 def reference_outputs(model: Path, inputs: Sequence[Feeds], *, placement: Placement) -> list[Tensors]:
     """What the original model computes for each of ``inputs``, untimed, on ``placement``'s provider."""
-    session = _open(model, placement)
-    names = [o.name for o in session.get_outputs()]
-    return [dict(zip(names, session.run(names, dict(feeds)), strict=True)) for feeds in inputs]
+    engine = _open(model, placement)
+    names = engine.output_names
+    return [dict(zip(names, engine.run(names, feeds), strict=True)) for feeds in inputs]
 
 
 def distinct(inputs: Sequence[Feeds]) -> list[Feeds]:
@@ -146,30 +136,38 @@ def distinct(inputs: Sequence[Feeds]) -> list[Feeds]:
     return list({id(f): f for f in inputs}.values())
 
 
-def _open(model: Path, placement: Placement) -> ort.InferenceSession:
-    return open_session(
+def _open(model: Path, placement: Placement) -> Engine:
+    return open_engine(
         model,
-        session_options(threads=placement.threads),
-        _providers(placement),
+        placement,
         fail=lambda e: RuntimeStageError(f"{model}: the original model does not load ({error_line(e)})"),
     )
 
 
-def _replica_lanes(
-    model: Path, pipeline: Pipeline, placement: Placement, threads: Sequence[int]
-) -> list[list[WorkerSpec]]:
-    return [
+def _replicas(
+    model: Path,
+    pipeline: Pipeline,
+    placement: Placement,
+    threads: Sequence[int],
+    config: BackendConfig,
+    pin: bool = False,
+) -> Pipeline:
+    """One one-worker lane of the whole model per entry of ``threads``, pinned to CPUs of their own
+    (:func:`~onnxpipe.runtime.affinity.assign_cpus`) with ``pin``."""
+    lanes = [
         [
             model_spec(
-                model,
-                pipeline.input_names,
-                pipeline.output_names,
-                replace(placement, threads=n),
-                index=i,
+                model, pipeline.input_names, pipeline.output_names, replace(placement, threads=n), index=i
             )
         ]
         for i, n in enumerate(threads)
     ]
+    if pin:
+        lanes, _ = assign_cpus(lanes)
+    backend = make_backend(lanes, config)
+    return Pipeline(
+        backend, input_types=pipeline.input_types, output_names=pipeline.output_names, lanes=lanes
+    )
 
 
 def replicas_measurement(
@@ -183,13 +181,8 @@ def replicas_measurement(
     warmup: int,
 ) -> Measurement:
     """Run ``inputs`` through one one-worker lane of the whole model per entry of ``threads``."""
-    lanes = _replica_lanes(model, pipeline, placement, threads)
-    if is_pinned(pipeline):  # like the pipeline's workers
-        lanes, _ = assign_cpus(lanes)
-    backend = make_backend(lanes, _replica_config(pipeline, mode))
-    with Pipeline(
-        backend, input_types=pipeline.input_types, output_names=pipeline.output_names, lanes=lanes
-    ) as data_parallel:
+    config = _replica_config(pipeline, mode)
+    with _replicas(model, pipeline, placement, threads, config, is_pinned(pipeline)) as data_parallel:
         return measure(data_parallel, inputs, warmup=warmup)
 
 
@@ -209,13 +202,9 @@ def replica_memory(
     """One replica in a fresh worker process, run for a few micro-batches: what a replica's worker
     holds, measured as a stage's is with ``--local-mode processes`` (threads share the process, whose
     growth while a session loads says little)."""
-    lanes = _replica_lanes(model, pipeline, placement, [placement.threads])
-    backend = make_backend(lanes, LocalConfig(mode=LocalMode.PROCESSES))
-    with Pipeline(
-        backend, input_types=pipeline.input_types, output_names=pipeline.output_names, lanes=lanes
-    ) as one:
-        one.run_many([inputs[j % len(inputs)] for j in range(MEMORY_MICROBATCHES)])
-        return one.stats()[0]
+    config = LocalConfig(mode=LocalMode.PROCESSES)
+    with _replicas(model, pipeline, placement, [placement.threads], config) as one:
+        return _memory_run(one, inputs)[0]
 
 
 def stage_worker_memory(pipeline: Pipeline, inputs: Sequence[Feeds]) -> list[WorkerStats] | None:
@@ -232,8 +221,13 @@ def stage_worker_memory(pipeline: Pipeline, inputs: Sequence[Feeds]) -> list[Wor
     with Pipeline.from_manifest(
         pipeline.directory, LocalConfig(mode=LocalMode.PROCESSES), placements=placements
     ) as alone:
-        alone.run_many([inputs[j % len(inputs)] for j in range(MEMORY_MICROBATCHES)])
-        return alone.stats()
+        return _memory_run(alone, inputs)
+
+
+def _memory_run(pipeline: Pipeline, inputs: Sequence[Feeds]) -> list[WorkerStats]:
+    """The workers' stats after a few micro-batches: their peaks then include running, not only loading."""
+    pipeline.run_many([inputs[j % len(inputs)] for j in range(MEMORY_MICROBATCHES)])
+    return pipeline.stats()
 
 
 def _with_worker_memory(report: RunReport, stats: Sequence[WorkerStats]) -> RunReport:

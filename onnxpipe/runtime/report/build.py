@@ -55,21 +55,16 @@ def check_estimates(
     differs: list[str] = []
     for spec in specs:
         ran = spec.placement
-        if expected is not None and spec.index < len(expected):
-            want = expected[spec.index]
-            if ran.runs_on != want.runs_on:
-                differs.append(
-                    f"stage {spec.index} ran on {ran.runs_on} with {ran.threads} thread(s), its estimate is "
-                    f"for {want.runs_on} with {want.threads}"
-                )
-            elif ran.threads != want.threads:
-                differs.append(
-                    f"stage {spec.index} ran with {ran.threads} thread(s), its estimate is for {want.threads}"
-                )
-        elif ran.threads != manifest.plan.threads:
+        want = expected[spec.index] if expected is not None and spec.index < len(expected) else None
+        threads = want.threads if want is not None else manifest.plan.threads
+        if want is not None and ran.runs_on != want.runs_on:
             differs.append(
-                f"stage {spec.index} ran with {ran.threads} thread(s), its estimate is for "
-                f"{manifest.plan.threads}"
+                f"stage {spec.index} ran on {ran.runs_on} with {ran.threads} thread(s), its estimate is "
+                f"for {want.runs_on} with {want.threads}"
+            )
+        elif ran.threads != threads:
+            differs.append(
+                f"stage {spec.index} ran with {ran.threads} thread(s), its estimate is for {threads}"
             )
     if differs:
         comparable = False
@@ -100,9 +95,7 @@ def build_report(
     specs = pipeline.lanes[0]
     by_index = {s.index: s for s in measurement.stats[: len(specs)]}
     stages = tuple(
-        _on_node(
-            stage_report(spec, by_index.get(spec.index), manifest, measurement.wall_seconds), pipeline, i
-        )
+        _on_node(stage_report(spec, by_index.get(spec.index), measurement.wall_seconds), pipeline, i)
         for i, spec in enumerate(specs)
     )
     bottleneck = max(range(len(stages)), key=lambda i: stages[i].busy_seconds) if stages else 0
@@ -163,43 +156,29 @@ def _cluster_part(pipeline: Pipeline, measurement: Measurement) -> dict[str, Any
     return part
 
 
-def stage_report(
-    spec: WorkerSpec, st: WorkerStats | None, manifest: Manifest | None, wall: float
-) -> StageReport:
+def stage_report(spec: WorkerSpec, st: WorkerStats | None, wall: float) -> StageReport:
     """One stage's line of the report: what its worker measured (``st``) against what the manifest
-    estimated; memory figures only where the stage's process is its own."""
+    estimated (``spec.stage``); memory figures only where the stage's process is its own."""
     records = st.records if st is not None else ()
     runs = [r.run_seconds for r in records]
     busy = [r.busy_seconds for r in records]
-    measured = statistics.median(runs) * 1e3 if runs else math.nan
-    entry = manifest.stages[spec.index] if manifest is not None else None
-    estimated = entry.estimated_compute_seconds * 1e3 if entry is not None else None
     busy_total = float(sum(busy))
     shared = st.process_shared if st is not None else False
     own = st if st is not None and not shared else None
     return StageReport(
-        index=spec.index,
-        label=spec.label,
-        file=entry.file if entry is not None else None,
-        device=spec.device,
-        threads=spec.placement.threads,
+        worker=spec,
         microbatches=len(records),
-        measured_ms=measured,
+        measured_ms=statistics.median(runs) * 1e3 if runs else math.nan,
         mean_ms=statistics.fmean(runs) * 1e3 if runs else math.nan,
         handling_ms=statistics.median(busy) * 1e3 if busy else math.nan,
-        estimated_ms=estimated,
-        estimate_error=(estimated - measured) / measured if estimated is not None and measured > 0 else None,
         busy_seconds=busy_total,
         busy_fraction=busy_total / wall if wall > 0 else math.nan,
         peak_rss_bytes=st.peak_rss_bytes if st is not None else None,
         rss_bytes=st.rss_bytes if st is not None else None,
         startup_rss_bytes=st.startup_rss_bytes if st is not None else None,
-        param_bytes=entry.param_bytes if entry is not None else None,
         pid=st.pid if st is not None else None,
         memory_shared_with_other_workers=shared,
         model_rss_bytes=own.model_rss_bytes if own is not None else None,
-        provider=spec.placement.runs_on,
-        cpus=spec.placement.cpus,
         worker_peak_rss_bytes=own.peak_rss_bytes if own is not None else None,
         worker_model_rss_bytes=own.model_rss_bytes if own is not None else None,
         hosted_with=st.hosted_with if st is not None else (),

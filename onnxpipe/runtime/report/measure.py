@@ -8,6 +8,7 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import numpy as np
 
@@ -207,9 +208,4 @@ def _stopped(
 
 def _last_positions(lanes: Sequence[Sequence[object]]) -> tuple[int, ...]:
     """Positions of each lane's last worker in the backends' stats, which list the lanes in order."""
-    positions: list[int] = []
-    total = 0
-    for lane in lanes:
-        total += len(lane)
-        positions.append(total - 1)
-    return tuple(positions)
+    return tuple(end - 1 for end in accumulate(len(lane) for lane in lanes))

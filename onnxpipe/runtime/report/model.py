@@ -3,6 +3,7 @@ baselines, and the report as JSON (``onnxpipe run --report``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -13,7 +14,7 @@ import numpy as np
 
 from onnxpipe.runtime.backends.ray_recovery import Recovery
 from onnxpipe.runtime.report.cluster import HopReport, per_hop, recovery_obj
-from onnxpipe.runtime.spec import CPU_PROVIDER
+from onnxpipe.runtime.spec import CPU_PROVIDER, WorkerSpec
 
 
 @dataclass(frozen=True)
@@ -37,42 +38,36 @@ class Latency:
             float(ms.max()),
         )
 
+    def to_obj(self) -> dict[str, float | None]:
+        return {k.removesuffix("_ms"): num(v) for k, v in dataclasses.asdict(self).items()}
+
 
 @dataclass(frozen=True)
 class StageReport:
-    """One worker of the pipeline: its measured time per micro-batch against the estimate, its memory.
+    """One stage of the run: the spec its worker ran (label, placement, and the manifest's record of the
+    stage: its file, weights and estimate, none for a chain not opened from a split folder), and what
+    was measured.
 
     ``measured_ms`` is the median time of the stage's session run; ``handling_ms`` adds the worker's own
     work around it (mapping and copying tensors); ``busy_fraction`` is the share of the measured wall
-    time the worker was busy (not waiting for input or for room downstream).  ``estimate_error`` is
-    ``(estimated - measured) / measured``.
+    time the worker was busy (not waiting for input or for room downstream).
     """
 
-    index: int
-    label: str
-    file: str | None
-    device: str
-    threads: int
+    worker: WorkerSpec
     microbatches: int
     measured_ms: float
     mean_ms: float
     handling_ms: float
-    estimated_ms: float | None
-    estimate_error: float | None
     busy_seconds: float
     busy_fraction: float
     peak_rss_bytes: int | None
     rss_bytes: int | None
     startup_rss_bytes: int | None
-    param_bytes: int | None
     pid: int | None
     memory_shared_with_other_workers: bool = False
     model_rss_bytes: int | None = None
     """Peak minus the memory before loading, for a worker with its own process; None for thread
     workers, whose process's growth while a session loads hides what the allocator reused."""
-    provider: str = CPU_PROVIDER
-    cpus: tuple[int, ...] = ()
-    """The CPUs the worker was pinned to (``--pin``); empty: not pinned."""
     worker_peak_rss_bytes: int | None = None
     """Peak RSS of a worker process running this stage alone: the worker's own (processes), or one
     short run in processes of their own when the pipeline ran threads (``--compare`` only)."""
@@ -91,11 +86,51 @@ class StageReport:
     None when they were not shipped (local workers, or a folder the nodes share)."""
 
     @property
+    def index(self) -> int:
+        return self.worker.index
+
+    @property
+    def param_bytes(self) -> int | None:
+        stage = self.worker.stage
+        return stage.param_bytes if stage is not None else None
+
+    @property
+    def estimated_ms(self) -> float | None:
+        stage = self.worker.stage
+        return stage.estimated_compute_seconds * 1e3 if stage is not None else None
+
+    @property
+    def estimate_error(self) -> float | None:
+        """``(estimated - measured) / measured``."""
+        return _error(self.estimated_ms, self.measured_ms)
+
+    @property
     def node_text(self) -> str | None:
         """``host address 1a2b3c4d``: where the stage ran, None for local workers."""
         if self.node_id is None:
             return None
         return f"{self.host} {self.node_address} {self.node_id[:8]}"
+
+    def to_obj(self) -> dict[str, Any]:
+        """The stage as the report's JSON has it: what its spec and record say, then what was measured."""
+        place = self.worker.placement
+        held: dict[str, Any] = {
+            "index": self.index,
+            "label": self.worker.label,
+            "file": self.worker.stage.file if self.worker.stage is not None else None,
+            "device": self.worker.device,
+            "provider": place.runs_on,
+            "threads": place.threads,
+            "cpus": place.cpus,
+            "param_bytes": self.param_bytes,
+            "estimated_ms": self.estimated_ms,
+            "estimate_error": self.estimate_error,
+        }
+        return {k: _json(v) for k, v in held.items()} | _fields_obj(self, skip=("worker",))
+
+
+def _error(estimated: float | None, measured: float) -> float | None:
+    return (estimated - measured) / measured if estimated is not None and measured > 0 else None
 
 
 @dataclass(frozen=True)
@@ -130,21 +165,20 @@ class WorkerReport:
         estimates = [s.estimated_ms for s in stages]
         estimated = None if any(e is None for e in estimates) else sum(e for e in estimates if e is not None)
         measured = sum(s.measured_ms for s in stages)
-        error = (estimated - measured) / measured if estimated is not None and measured > 0 else None
         busy = sum(s.busy_seconds for s in stages)
         return WorkerReport(
             index=index,
             stages=tuple(s.index for s in stages),
             estimated_ms=estimated,
             measured_ms=measured,
-            estimate_error=error,
+            estimate_error=_error(estimated, measured),
             busy_seconds=busy,
             busy_fraction=busy / wall_seconds if wall_seconds > 0 else math.nan,
             param_bytes=_total([s.param_bytes for s in stages]),
             model_rss_bytes=_total(
                 [s.worker_model_rss_bytes for s in stages if s.index == min(s.hosted_with or (s.index,))]
             ),
-            cpus=tuple(sorted({c for s in stages for c in s.cpus})),
+            cpus=tuple(sorted({c for s in stages for c in s.worker.placement.cpus})),
         )
 
 
@@ -180,8 +214,10 @@ class BaselineReport:
     ``None`` where it does not apply (Ray, unlike devices, too few records, runs under a millisecond)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunReport:
+    """What a run delivered; its fields in the order ``--report`` writes them (:meth:`to_obj`)."""
+
     backend: str
     mode: str
     k: int
@@ -190,25 +226,16 @@ class RunReport:
     input_shapes: Mapping[str, tuple[int, ...]]
     throughput_per_s: float
     steady_throughput_per_s: float | None
+    steady_throughput_from: str | None = None
     wall_seconds: float
     latency_saturated: Latency
     """Submission to result while ``latency_in_flight`` micro-batches are in flight: mostly queueing."""
-    stages: tuple[StageReport, ...]
-    bottleneck_stage: int
-    estimates_comparable: bool
-    estimate_max_error: float | None
-    driver_peak_rss_bytes: int | None
-    baselines: Mapping[str, BaselineReport] = field(default_factory=dict)
-    outputs_match: bool | None = None
-    outputs_max_rel_diff: float | None = None
-    notes: tuple[str, ...] = ()
     latency_in_flight: int = 1
     latency_single: Latency | None = None
     """Submission to result of micro-batches run one at a time (None when not measured)."""
-    steady_throughput_from: str | None = None
-    worker_stages: tuple[tuple[int, ...], ...] = ()
-    """The stages each worker runs when stages share workers (an interleaved split, the manifest's
-    ``plan.workers``); empty: a worker per stage.  :attr:`workers` sums the stages' rows by it."""
+    bottleneck_stage: int
+    estimates_comparable: bool
+    estimate_max_error: float | None
     machine_slowdown: float | None = None
     """``--compare`` only: the one-thread session's time per micro-batch in this run over the whole
     model's when the estimates were made (the manifest's ``plan.reference_seconds``): above 1, the
@@ -219,6 +246,9 @@ class RunReport:
     estimate_max_error_at_machine_speed: float | None = None
     """The largest ``|estimated * machine_slowdown - measured| / measured``: what the estimates got
     wrong besides the machine's change of speed."""
+    driver_peak_rss_bytes: int | None
+    stages: tuple[StageReport, ...]
+    baselines: Mapping[str, BaselineReport] = field(default_factory=dict)
     hops: tuple[HopReport, ...] = ()
     """Each hop's bytes and time, on a cluster (Ray): :mod:`onnxpipe.runtime.report.cluster`."""
     overhead_ms: float | None = None
@@ -227,6 +257,12 @@ class RunReport:
     """Each lost actor the run brought back on another node (Ray)."""
     failure: str | None = None
     """Why the run stopped before its end; the figures are those of what it delivered before."""
+    outputs_match: bool | None = None
+    outputs_max_rel_diff: float | None = None
+    notes: tuple[str, ...] = ()
+    worker_stages: tuple[tuple[int, ...], ...] = ()
+    """The stages each worker runs when stages share workers (an interleaved split, the manifest's
+    ``plan.workers``); empty: a worker per stage.  :attr:`workers` sums the stages' rows by it."""
 
     @property
     def hop_overhead_ms(self) -> float | None:
@@ -258,40 +294,24 @@ class RunReport:
 
     def to_obj(self) -> dict[str, Any]:
         """The report as JSON-ready data (NaN and infinity as ``null``); ``bottleneck_worker`` and
-        ``workers`` only when stages share workers."""
-        obj: dict[str, Any] = _plain(self, _REPORT_KEYS[:10])
-        obj["latency_ms"] = _latency_obj(self.latency_saturated)
-        obj["latency_in_flight"] = self.latency_in_flight
-        obj["latency_single_ms"] = _latency_obj(self.latency_single) if self.latency_single else None
-        obj["bottleneck_stage"] = self.bottleneck_stage
-        if self.workers:
-            obj["bottleneck_worker"] = self.bottleneck_worker
-        obj.update(_plain(self, _REPORT_KEYS[10:]))
-        obj["stages"] = [_plain(s, _STAGE_KEYS) for s in self.stages]
-        if self.workers:
-            obj["workers"] = [_plain(w, _WORKER_KEYS) for w in self.workers]
-        obj["baselines"] = {name: _plain(b, _BASELINE_KEYS) for name, b in self.baselines.items()}
-        if self.hops or self.recoveries or self.overhead_ms is not None:
-            obj["hops"] = [_plain(h, _HOP_KEYS) for h in self.hops]
-            obj["overhead_ms"] = num(self.overhead_ms)
-            obj["hop_overhead_ms"] = num(self.hop_overhead_ms)
+        ``workers`` only when stages share workers, the hops, overhead and recoveries only on a cluster."""
+        renamed = {"latency_saturated": "latency_ms", "latency_single": "latency_single_ms"}
+        on_cluster = bool(self.hops or self.recoveries or self.overhead_ms is not None)
+        beside = {"bottleneck_stage": "bottleneck_worker", "stages": "workers"} if self.workers else {}
+        if on_cluster:
+            beside["overhead_ms"] = "hop_overhead_ms"
+        skip = ("worker_stages",) if on_cluster else ("worker_stages", "hops", "overhead_ms", "recoveries")
+        obj: dict[str, Any] = {}
+        for key, value in _fields_obj(self, skip).items():
+            obj[renamed.get(key, key)] = value
+            if key in beside:  # the workers' figures beside their stages', a hop's share of the overhead
+                obj[beside[key]] = _json(getattr(self, beside[key]))
+        if on_cluster:
             obj["recoveries"] = [recovery_obj(r) for r in self.recoveries]
-        obj["failure"] = self.failure
-        obj.update(_plain(self, ("outputs_match", "outputs_max_rel_diff", "notes")))
         return obj
 
     def to_json(self) -> str:
         return json.dumps(self.to_obj(), indent=2, allow_nan=False) + "\n"
-
-
-def _latency_obj(latency: Latency) -> dict[str, float | None]:
-    return {
-        "mean": num(latency.mean_ms),
-        "p50": num(latency.p50_ms),
-        "p90": num(latency.p90_ms),
-        "p99": num(latency.p99_ms),
-        "max": num(latency.max_ms),
-    }
 
 
 def num(x: float | None) -> float | None:
@@ -300,95 +320,22 @@ def num(x: float | None) -> float | None:
     return float(x)
 
 
-_REPORT_KEYS = (
-    "backend",
-    "mode",
-    "k",
-    "microbatches",
-    "warmup",
-    "input_shapes",
-    "throughput_per_s",
-    "steady_throughput_per_s",
-    "steady_throughput_from",
-    "wall_seconds",
-    "estimates_comparable",
-    "estimate_max_error",
-    "machine_slowdown",
-    "estimate_max_error_at_machine_speed",
-    "driver_peak_rss_bytes",
-)
-"""The report's own fields in ``--report``, in their order around the latency and the bottleneck."""
-_STAGE_KEYS = (
-    "index",
-    "label",
-    "file",
-    "device",
-    "provider",
-    "threads",
-    "cpus",
-    "microbatches",
-    "measured_ms",
-    "mean_ms",
-    "handling_ms",
-    "estimated_ms",
-    "estimate_error",
-    "busy_seconds",
-    "busy_fraction",
-    "peak_rss_bytes",
-    "rss_bytes",
-    "startup_rss_bytes",
-    "param_bytes",
-    "pid",
-    "memory_shared_with_other_workers",
-    "model_rss_bytes",
-    "worker_peak_rss_bytes",
-    "worker_model_rss_bytes",
-    "hosted_with",
-    "node_id",
-    "node_address",
-    "host",
-    "shipped_bytes",
-)
-_HOP_KEYS = ("source", "target", "bytes_per_microbatch", "inline", "single_ms", "stream_ms")
-_WORKER_KEYS = (
-    "index",
-    "stages",
-    "cpus",
-    "estimated_ms",
-    "measured_ms",
-    "estimate_error",
-    "busy_seconds",
-    "busy_fraction",
-    "param_bytes",
-    "model_rss_bytes",
-)
-_BASELINE_KEYS = (
-    "description",
-    "provider",
-    "mode",
-    "workers",
-    "threads_per_worker",
-    "total_threads",
-    "throughput_per_s",
-    "pipeline_speedup",
-    "peak_rss_bytes",
-    "model_rss_bytes",
-    "load_rss_bytes",
-    "balanced_ceiling",
-)
+def _json(value: Any) -> Any:
+    """``value`` as JSON-ready data: a record as an object of its fields (its own ``to_obj`` where it has
+    one), floats through :func:`num` (NaN and infinity as ``null``), tuples as lists."""
+    if hasattr(value, "to_obj"):
+        return value.to_obj()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _fields_obj(value)
+    if isinstance(value, float):
+        return num(value)
+    if isinstance(value, tuple | list):
+        return [_json(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _json(v) for k, v in value.items()}
+    return value
 
 
-def _plain(record: object, keys: Sequence[str]) -> dict[str, Any]:
-    """``record``'s fields ``keys`` as JSON-ready data: floats through :func:`num` (NaN and infinity as
-    ``null``), tuples as lists, mappings of shapes as mappings of lists."""
-    out: dict[str, Any] = {}
-    for key in keys:
-        value = getattr(record, key)
-        if isinstance(value, float):
-            value = num(value)
-        elif isinstance(value, tuple):
-            value = list(value)
-        elif isinstance(value, Mapping):
-            value = {n: list(s) for n, s in value.items()}
-        out[key] = value
-    return out
+def _fields_obj(record: Any, skip: Sequence[str] = ()) -> dict[str, Any]:
+    """The fields of the dataclass ``record``, but ``skip``, as JSON-ready data (:func:`_json`)."""
+    return {f.name: _json(getattr(record, f.name)) for f in dataclasses.fields(record) if f.name not in skip}

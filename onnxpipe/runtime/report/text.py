@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from onnxpipe.core.options import opt
 from onnxpipe.core.text import counted, human_bytes, table
-from onnxpipe.runtime.report.model import RunReport, StageReport, WorkerReport
+from onnxpipe.runtime.report.model import RunReport, WorkerReport
 
 
 def shapes_text(shapes: Mapping[str, Sequence[int]]) -> str:
@@ -112,10 +112,11 @@ def _stage_table(report: RunReport) -> str:
     rows = []
     for s in report.stages:
         mark = " *" if s.index == report.bottleneck_stage else ""
+        place = s.worker.placement
         row = [
             f"{s.index}{mark}",
-            s.file or s.label,
-            f"{s.threads} @{','.join(str(c) for c in s.cpus)}" if s.cpus else str(s.threads),
+            s.worker.stage.file if s.worker.stage is not None else s.worker.label,
+            f"{place.threads} @{','.join(str(c) for c in place.cpus)}" if place.cpus else str(place.threads),
             _ms(s.estimated_ms),
             _ms(s.measured_ms),
             versus_estimate(s.estimate_error),
@@ -263,11 +264,7 @@ def memory_line(report: RunReport) -> str | None:
     replicas = report.baselines.get("replicas")
     workers = report.workers
     if replicas is not None and replicas.model_rss_bytes:
-        if workers:
-            hosted = any(s.hosted_with for s in report.stages)
-            ratio = _worker_memory_ratio(workers, replicas.model_rss_bytes, report.memory_shared, hosted)
-        else:
-            ratio = _stage_memory_ratio(report.stages, replicas.model_rss_bytes, report.memory_shared)
+        ratio = _memory_ratio(report, replicas.model_rss_bytes)
         if ratio is not None:
             return f"{ratio} (a replica worker peaks at {_bytes(replicas.peak_rss_bytes)})"
     if not report.memory_shared:
@@ -290,33 +287,27 @@ def memory_line(report: RunReport) -> str | None:
     return "memory: " + "; ".join(parts)
 
 
-def _stage_memory_ratio(stages: Sequence[StageReport], replica: int, shared: bool) -> str | None:
-    """Each stage worker's model memory against a replica's; None when no stage's was measured."""
-    models = [s.worker_model_rss_bytes for s in stages if s.worker_model_rss_bytes is not None]
-    if not models:
+def _memory_ratio(report: RunReport, replica: int) -> str | None:
+    """Each stage worker's model memory, or each shared worker's (its stages' together), against a
+    replica's; None when none was measured.  Thread workers' were measured in a short run of their own:
+    each stage in a process of its own, or each worker's stages in one (``hosted_with``)."""
+    if report.workers:
+        whose, largest = "a worker's model (its stages' together)", "worker"
+        models = [(w.model_rss_bytes, f" (stages {_stage_list(w.stages)})") for w in report.workers]
+        hosted = any(s.hosted_with for s in report.stages)
+        alone = "each worker's stages in one process" if hosted else "each stage in a process of its own"
+    else:
+        whose, largest, alone = "a stage worker's model", "stage", "each in a process of its own"
+        models = [(s.worker_model_rss_bytes, "") for s in report.stages]
+    measured = [(m, named) for m, named in models if m is not None]
+    if not measured:
         return None
-    where = " (each in a process of its own, a short run)" if shared else ""
+    where = f" ({alone}, a short run)" if report.memory_shared else ""
+    most, named = max(measured, key=lambda m: m[0])
+    each = ", ".join(f"{human_bytes(m)}{n}" for m, n in measured)
     return (
-        f"memory: a stage worker's model takes {', '.join(human_bytes(m) for m in models)}, a "
-        f"replica's {human_bytes(replica)}{where}: the largest stage {max(models) / replica:.2f}x a replica"
-    )
-
-
-def _worker_memory_ratio(
-    workers: Sequence[WorkerReport], replica: int, shared: bool, hosted: bool
-) -> str | None:
-    """Each shared worker's model memory (its stages' together) against a replica's; None when no
-    worker's was measured.  ``hosted``: a worker's stages ran in one process (else one each)."""
-    models = [(w, w.model_rss_bytes) for w in workers if w.model_rss_bytes is not None]
-    if not models:
-        return None
-    alone = "each worker's stages in one process" if hosted else "each stage in a process of its own"
-    where = f" ({alone}, a short run)" if shared else ""
-    largest, most = max(models, key=lambda wm: wm[1])
-    each = ", ".join(f"{human_bytes(m)} (stages {_stage_list(w.stages)})" for w, m in models)
-    return (
-        f"memory: a worker's model (its stages' together) takes {each}, a replica's {human_bytes(replica)}"
-        f"{where}: the largest worker (stages {_stage_list(largest.stages)}) {most / replica:.2f}x a replica"
+        f"memory: {whose} takes {each}, a replica's {human_bytes(replica)}{where}: the largest {largest}"
+        f"{named} {most / replica:.2f}x a replica"
     )
 
 
