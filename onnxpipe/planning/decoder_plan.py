@@ -231,24 +231,15 @@ def interleaved_decoder_stages(
     keeps its estimate at the profiled phase; with ``part``'s figures counting those copies, and the
     copies' note (None when there are none)."""
     phase = profile_phase(profile, dec)
-    phases = (PhaseCosts(phase, profile.node_seconds, seq.sizes, part.compute),)
+    phases = (PhaseCosts(phase, profile.node_seconds, seq.sizes, part.stages.compute),)
     copies = (
         InputCopies(view, dec, phases, bandwidth_bytes_per_s, seq.classes) if options.copy_inputs else None
     )
-    specs = specs_from_bounds(view, seq, part.bounds, part.compute, part.transfer, copies=copies)
+    chain = part.stages
+    specs = specs_from_bounds(view, seq, chain.bounds, chain.compute, chain.transfer, copies=copies)
     specs = with_kv(view, profile, dec, specs, options.max_context)
     chosen = copies.chosen if copies is not None else {}
     gone = gone_bytes(view, specs, chosen, seq.sizes)
-    stage_costs = tuple(c + t for c, t in zip(part.compute, part.transfer, strict=True))
-    chain = Partition(
-        bounds=part.bounds,
-        compute=part.compute,
-        transfer=part.transfer,
-        stage_costs=stage_costs,
-        bottleneck=max(stage_costs),
-        lower_bound=min(part.lower_bound, max(stage_costs)),
-        cut_bytes_total=part.cut_bytes_total,
-    )
     fixed = adjusted(chain, chosen, gone, 0, bandwidth_bytes_per_s)
     specs = tuple(
         dataclasses.replace(st, phase_seconds=((phase, st.cost_seconds),))
@@ -259,13 +250,11 @@ def interleaved_decoder_stages(
         busy[worker] += cost
     counted = dataclasses.replace(
         part,
-        compute=fixed.compute,
-        transfer=fixed.transfer,
+        stages=fixed,
         worker_seconds=tuple(busy),
         bottleneck=max(busy),
         fastest=min(part.fastest, max(busy)),
         lower_bound=min(part.lower_bound, max(busy)),
-        cut_bytes_total=fixed.cut_bytes_total,
     )
     return specs, counted, copies_note(chosen, phases, [gone])
 

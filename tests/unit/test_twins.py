@@ -28,9 +28,6 @@ KNOWN: dict[frozenset[str], str] = {
         "a device as its file states it (options as JSON values, a speed, a memory, a profile); "
         "Device.engine_config() makes its engine's"
     ),
-    _pair(
-        "partition.interleave.InterleavedPartition", "partition.result.Partition"
-    ): "the planner's (issue 39)",
     _pair("planning.records.PlanSummary", "planning.types.Plan"): "Plan.summary() is the one copy; to nest",
 }
 """Twin pairs still to merge, ``{"module.Class", "module.Class"}`` -> why they are two for now; a pair
