@@ -161,9 +161,9 @@ def check_invariants(p: Partition, c: Case) -> None:
     assert p.k == k and len(p.bounds) == k + 1
     assert p.bounds[0] == 0 and p.bounds[-1] == n
     assert all(a < b for a, b in itertools.pairwise(p.bounds)), "stages contiguous and non-empty"
-    items = [i for r in p.ranges() for i in r]
-    assert items == list(range(n)), "every item in exactly one stage, in order"
-    assert all(p.stage_of(i) == s for s, r in enumerate(p.ranges()) for i in r)
+    ranges = [range(a, b) for a, b in itertools.pairwise(p.bounds)]
+    assert [i for r in ranges for i in r] == list(range(n)), "every item in exactly one stage, in order"
+    assert all(p.stage_of(i) == s for s, r in enumerate(ranges) for i in r)
     if c.allowed is not None:
         assert all(c.allowed[b] for b in p.bounds[1:-1])
     assert fits(c, p.bounds)
@@ -373,7 +373,6 @@ def test_literal_two_stages() -> None:
     assert p.compute == (10.0, 11.0) and p.transfer == (0.0, 0.0) and p.stage_costs == (10.0, 11.0)
     assert p.bottleneck == 11.0 and p.lower_bound == 10.5 and p.cut_bytes_total == 0
     assert p.k == 2 and p.ratio == pytest.approx(11 / 10.5)
-    assert p.ranges() == [range(0, 4), range(4, 6)]
     assert [p.stage_of(i) for i in range(6)] == [0, 0, 0, 0, 1, 1]
     with pytest.raises(IndexError):
         p.stage_of(6)
