@@ -144,7 +144,7 @@ class OrtModel:
             trace=True,
             save_as="optimized",
         )
-        if self.view.base_dir is None and _uses_external_data(self.view.proto):
+        if self.view.base_dir is None and holds_external(self.view.proto):
             raise ProfileError(
                 f"{self.label}: its weights are in external files but the model was not loaded from a file; "
                 "load it with onnxpipe.load_model(path)"
@@ -181,10 +181,6 @@ class OrtModel:
             foreign_seconds=foreign_us * 1e-6 * scale,
             foreign_names=foreign,
         )
-
-
-def _uses_external_data(proto: onnx.ModelProto) -> bool:
-    return holds_external(proto)
 
 
 def node_medians(events: Sequence[Mapping[str, Any]], runs: int) -> tuple[dict[str, float], dict[str, int]]:
