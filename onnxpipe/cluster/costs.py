@@ -13,7 +13,6 @@ from typing import Literal
 
 from onnxpipe.cluster.model import REFERENCE_PROVIDER, Cluster, Device, _frozen
 from onnxpipe.core.errors import UsageError
-from onnxpipe.core.runtime_kinds import kind_of
 from onnxpipe.core.runtimes import runs_here
 
 CostMethod = Literal["profile_file", "profiled", "scaled"]
@@ -54,11 +53,12 @@ def reference_setting(
 ) -> bool:
     """Whether ``device`` runs as the reference profile was measured: onnxruntime on ``provider``
     without options, with the reference's threads (``None``: not compared)."""
+    e = device.engine
     return (
-        kind_of(device.runtime).reference
-        and device.provider == provider
-        and not device.provider_options
-        and (reference_threads is None or device.threads == reference_threads)
+        e.kind.reference
+        and e.provider == provider
+        and not e.provider_options
+        and (reference_threads is None or e.threads == reference_threads)
     )
 
 
@@ -129,8 +129,8 @@ def device_costs(
                 )
             else:
                 secs = {n: float(t) for n, t in measure(d).items()}
-            on = d.engine_config().runs_on
-            source = f"profiled on {on} with {d.threads} thread{'s' if d.threads != 1 else ''}"
+            on, threads = d.engine.runs_on, d.engine.threads
+            source = f"profiled on {on} with {threads} thread{'s' if threads != 1 else ''}"
             out.append(DeviceCosts(d.name, "profiled", source, _frozen(secs)))
             continue
         source = describe_scaling(d)

@@ -24,10 +24,6 @@ def _pair(a: str, b: str) -> frozenset[str]:
 
 
 KNOWN: dict[frozenset[str], str] = {
-    _pair("cluster.model.Device", "core.runtime_kinds.EngineConfig"): (
-        "a device as its file states it (options as JSON values, a speed, a memory, a profile); "
-        "Device.engine_config() makes its engine's"
-    ),
     _pair("planning.records.PlanSummary", "planning.types.Plan"): "Plan.summary() is the one copy; to nest",
 }
 """Twin pairs still to merge, ``{"module.Class", "module.Class"}`` -> why they are two for now; a pair
