@@ -72,6 +72,7 @@ def test_example_cpu_gpu() -> None:
         "device_id": "0",
         "arena_extend_strategy": "kSameAsRequested",
     }
+    assert read_cluster(c.to_obj(), base=EXAMPLES).devices == c.devices  # written as read: text stays text
     assert gpu.speed == 6 and gpu.speed_of("MatMul") == 25 and gpu.speed_of("Relu") == 6
     assert c.links[0].bandwidth_bytes_per_s == 12e9 and c.links[0].latency_s == 1e-5
 
