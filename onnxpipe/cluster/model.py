@@ -29,6 +29,7 @@ from onnxpipe.core.runtime_kinds import EngineConfig
 REFERENCE_PROVIDER = "CPUExecutionProvider"
 """The provider the reference profile is measured with (``onnxpipe profile`` runs on the CPU)."""
 
+
 def _frozen(m: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
     return MappingProxyType(dict(m or {}))
 
