@@ -156,23 +156,15 @@ class Cluster:
             raise ValueError(f"{len(self.devices)} devices need {len(self.devices) - 1} links")
 
     @staticmethod
-    def homogeneous(
-        k: int,
-        threads: int = 1,
-        *,
-        bandwidth_bytes_per_s: float = math.inf,
-        latency_s: float = 0.0,
-        memory_bytes: int | None = None,
-        name: str = "cpu",
-    ) -> Cluster:
+    def homogeneous(k: int, threads: int = 1, *, bandwidth_bytes_per_s: float = math.inf) -> Cluster:
         """``k`` reference CPUs (``cpu0``...): what a plan without a devices file runs on."""
         if k < 1:
             raise UsageError(
                 f"a cluster needs at least one device, got {k}; choose {opt('stages')} 1 or more"
             )
         engine = EngineConfig(threads=threads)
-        dev = [Device(f"{name}{i}", engine, memory_bytes) for i in range(k)]
-        link = Link(bandwidth_bytes_per_s, latency_s)
+        dev = [Device(f"cpu{i}", engine) for i in range(k)]
+        link = Link(bandwidth_bytes_per_s)
         return Cluster(tuple(dev), (link,) * (k - 1))
 
     @property
