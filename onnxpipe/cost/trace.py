@@ -98,16 +98,10 @@ class OrtModel:
 
         return open_session(model, so, fail=fail)
 
-    def run(
-        self,
-        sess: ort.InferenceSession,
-        feeds: Mapping[str, np.ndarray],
-        what: str,
-        outputs: list[str] | None = None,
-    ) -> Any:
+    def run(self, sess: ort.InferenceSession, feeds: Mapping[str, np.ndarray], what: str) -> Any:
         names = {i.name for i in sess.get_inputs()}
         try:
-            return sess.run(outputs, {k: v for k, v in feeds.items() if k in names})
+            return sess.run(None, {k: v for k, v in feeds.items() if k in names})
         except Exception as e:
             shapes = ", ".join(f"{k}={list(np.shape(v))}" for k, v in feeds.items())
             raise ProfileError(
