@@ -121,9 +121,10 @@ def main(argv: list[str]) -> int:
     source, shapes = MODELS[args.model]
     path = model_path(source)
     view = load_model(path)
-    cpu = Device("cpu", threads=args.threads, profile_here=True)
+    cpu = Device("cpu", profile_here=True, engine=EngineConfig(threads=args.threads))
     options = {"device_id": 0} if provider != "CPUExecutionProvider" else {}
-    gpu = Device("gpu", provider=provider, provider_options=options, threads=1, profile_here=True)
+    engine = EngineConfig(provider, tuple((k, str(v)) for k, v in options.items()), threads=1)
+    gpu = Device("gpu", engine, profile_here=True)
     cluster = Cluster((cpu, gpu), (Link(),), "cpu + gpu")
     request = PlanRequest(2, devices=cluster)
     profile_options = ProfileOptions(threads=args.threads, shapes=shapes or {}, runs=10)

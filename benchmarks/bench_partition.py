@@ -23,7 +23,7 @@ The baselines are :mod:`benchmarks.baselines`; every split is scored with
 Part 2, speed.  Solve time against graph size: ``tools/make_large_graph.make_many_nodes(n)`` graphs up to
 100,000 nodes with static costs (load, static costs, ``make_plan`` and the bare ``solve`` timed apart), and
 random log-normal costs up to 1,000,000 items; the ``O(K n^2)`` reference DP
-(:func:`onnxpipe.partition._reference_solve`) is timed alongside where it finishes in seconds.
+(:func:`onnxpipe.reference_dp.reference_solve`) is timed alongside where it finishes in seconds.
 
 Writes ``benchmarks/results/partition.json``: one row per case, ``kind`` telling which part (``quality``,
 ``make_many_nodes``, ``random``); the geometric means of the quality ratios are its ``summary``.
@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from benchmarks import baselines
+from benchmarks import baselines, reference_dp
 from benchmarks.common import (
     benchmark_parser,
     cached_profile,
@@ -172,7 +172,7 @@ def speed_graphs(max_nodes: int) -> list[dict[str, Any]]:
                 t_solve, part = best_of(partial(partition.solve, costs, k))
                 t_ref = None
                 if len(costs) <= REFERENCE_MAX_N and k == 8:
-                    t_ref, ref = best_of(partial(partition._reference_solve, costs, k), repeats=1)
+                    t_ref, ref = best_of(partial(reference_dp.reference_solve, costs, k), repeats=1)
                     assert ref.bottleneck == part.bottleneck
                 rows.append(
                     {
@@ -204,7 +204,7 @@ def speed_random(max_items: int) -> list[dict[str, Any]]:
                 t_tg, _ = best_of(partial(baselines.torchgpipe_block, costs, k), repeats=1)
             t_ref = None
             if n <= REFERENCE_MAX_N and k == 8:
-                t_ref, ref = best_of(partial(partition._reference_solve, costs, k), repeats=1)
+                t_ref, ref = best_of(partial(reference_dp.reference_solve, costs, k), repeats=1)
                 assert ref.bottleneck == part.bottleneck
             rows.append(
                 {

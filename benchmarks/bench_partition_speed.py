@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import reference_dp
 from benchmarks.common import benchmark_parser, params_of, shown, write_result
 from onnxpipe import partition
 from onnxpipe.core.errors import MemoryFitError
@@ -96,10 +97,12 @@ def main(argv: list[str]) -> int:
             if args.devices:
                 request = device_instance(n, k, args.seed + n)
                 fast_fn = functools.partial(partition.solve_heterogeneous, request, k)
-                ref_fn = functools.partial(partition._reference_solve_heterogeneous, request, k)
+                ref_fn = functools.partial(reference_dp.reference_solve_heterogeneous, request, k)
             else:
                 fast_fn = functools.partial(partition.solve, costs, k, cut_bytes=cut, bandwidth=bw)
-                ref_fn = functools.partial(partition._reference_solve, costs, k, cut_bytes=cut, bandwidth=bw)
+                ref_fn = functools.partial(
+                    reference_dp.reference_solve, costs, k, cut_bytes=cut, bandwidth=bw
+                )
             fast_s, fast = best_time(fast_fn, args.repeats)
             ref_s = None
             if n <= args.ref_max_n:

@@ -78,6 +78,7 @@ from onnxpipe.api import CalibrationOptions, PlanRequest, ProfileOptions, SplitO
 from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.choices import CalibrationMode, values
 from onnxpipe.core.errors import MemoryFitError
+from onnxpipe.core.runtime_kinds import EngineConfig
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.source import get_profile
 from onnxpipe.ir.load import load_model
@@ -255,7 +256,9 @@ def median(xs: Sequence[float]) -> float:
 
 
 def _cpus(k: int, memory_bytes: int) -> Cluster:
-    devices = tuple(Device(name=f"cpu{i}", threads=1, memory_bytes=memory_bytes) for i in range(k))
+    devices = tuple(
+        Device(name=f"cpu{i}", memory_bytes=memory_bytes, engine=EngineConfig(threads=1)) for i in range(k)
+    )
     return Cluster(devices=devices, links=tuple(Link() for _ in range(k - 1)), source="bench_pipeline")
 
 

@@ -56,7 +56,10 @@ GOAL = 1.10
 
 
 def _devices(k: int, runtime: Runtime) -> Cluster:
-    devices = tuple(Device(f"{runtime.value}{i}", runtime=runtime, profile_here=True) for i in range(k))
+    devices = tuple(
+        Device(f"{runtime.value}{i}", profile_here=True, engine=EngineConfig(runtime=runtime))
+        for i in range(k)
+    )
     return Cluster(devices, (Link(),) * (k - 1), f"{k} x {runtime.value}")
 
 
@@ -82,7 +85,9 @@ def time_side_by_side(
         counts = []
         for p in plans:
             out, manifest = stack.enter_context(scratch_stages(view, p))
-            devices = {st.device: Device(st.device, runtime=runtime) for st in manifest.stages}
+            devices = {
+                st.device: Device(st.device, engine=EngineConfig(runtime=runtime)) for st in manifest.stages
+            }
             ready = list(ready_engines(view, profile, out, manifest, devices, 3))
             engines.extend(ready)
             counts.append(len(ready))

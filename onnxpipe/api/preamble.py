@@ -166,7 +166,7 @@ def plan_preamble(
     ``phases``), the stages' threads counted when they run on this machine (no devices file), and the
     most threads a device profiled here measures with."""
     devices = request.devices.devices if request.devices is not None else ()
-    here = [d.threads for d in devices if d.profile_here]
+    here = [d.engine.threads for d in devices if d.profile_here]
     given = profile.inputs.shapes if profile.inputs is not None else profile.shapes
     for text in input_lines(view, given, from_inputs=profile.inputs is not None, phases=phases):
         listener.line(text)

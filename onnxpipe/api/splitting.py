@@ -26,7 +26,6 @@ from onnxpipe.core.errors import ExportError, OnnxpipeError, UsageError
 from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.core.model_config import SourceConfig, read_source_config
 from onnxpipe.core.options import opt
-from onnxpipe.core.runtime_kinds import kind_of
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.cost.phases import phase_profiles
 from onnxpipe.cost.profile import Profile
@@ -271,11 +270,11 @@ def check_genai_request(
         raise UsageError(f"{where}: ONNX Runtime GenAI cannot run {view.label}: {facts.reason}")
     check_source_fits(source, facts[1])
     if request.devices is not None:
-        refused = [d for d in request.devices.devices if not kind_of(d.runtime).genai]
+        refused = [d for d in request.devices.devices if not d.engine.kind.genai]
         if refused:
             raise UsageError(
-                f"{where}: device {refused[0].name!r} runs {refused[0].runtime}, which ONNX Runtime GenAI "
-                "cannot run; "
+                f"{where}: device {refused[0].name!r} runs {refused[0].engine.runtime}, which ONNX Runtime "
+                "GenAI cannot run; "
                 f"leave out {opt('genai_config')} or that device"
             )
     if out_dir.exists() and source.path.absolute().resolve().is_relative_to(out_dir.resolve()):
@@ -317,6 +316,6 @@ def _verify_runtime(the_plan: Plan) -> VerifyRuntime | None:
         return None
     by_name = {d.name: d for d in the_plan.cluster.devices}
     used = [by_name[s.device] for s in the_plan.stages if s.device in by_name]
-    if all(kind_of(d.runtime).reference for d in used) or not all(provider_available(d) for d in used):
+    if all(d.engine.kind.reference for d in used) or not all(provider_available(d) for d in used):
         return None
     return VerifyRuntime.DEVICES

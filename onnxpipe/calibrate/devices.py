@@ -55,6 +55,7 @@ from onnxpipe.cluster.model import Cluster, Device
 from onnxpipe.core.choices import CostSource
 from onnxpipe.core.errors import UsageError, error_line
 from onnxpipe.core.options import opt
+from onnxpipe.core.runtime_kinds import EngineConfig
 from onnxpipe.core.runtimes import Engine, open_engine
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.feeds import random_feeds
@@ -72,9 +73,8 @@ default: :func:`time_stages_on_devices`)."""
 def timing_devices(cluster: Cluster, threads: int) -> dict[str, Device]:
     """What each device's stage is opened on here, by device name: a device here as it is; a described
     one as the reference profile was measured (onnxruntime on the CPU with its ``threads``)."""
-    return {
-        d.name: d if timed_on_itself(d) else Device(name=d.name, threads=threads) for d in cluster.devices
-    }
+    reference = EngineConfig(threads=threads)
+    return {d.name: d if timed_on_itself(d) else Device(d.name, reference) for d in cluster.devices}
 
 
 def devices_clock(devices: Mapping[str, Device]) -> tuple[Callable[[], float], str]:
@@ -352,8 +352,8 @@ def _calibrated_source(device: Device, record: DeviceCosts, threads: int) -> tup
     """A calibrated device's cost method and source, as the devices file set it up (a device here
     read its corrected costs from a scratch profile)."""
     if timed_on_itself(device):
-        on = device.runtime_label
-        return "profiled", f"profiled on {on} with {device.threads} thread(s); calibrated per stage on {on}"
+        on, own = device.runtime_label, device.engine.threads
+        return "profiled", f"profiled on {on} with {own} thread(s); calibrated per stage on {on}"
     here = f"its stages timed here in onnxruntime (CPUExecutionProvider) with {threads} thread(s)"
     if device.profile_path is not None:
         return "profile_file", (

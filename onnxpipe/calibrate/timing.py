@@ -216,14 +216,24 @@ def time_stages_in_pipeline(
             with Pipeline.from_manifest(
                 out, LocalConfig(mode=LocalMode.THREADS), placements=placements
             ) as pipe:
-                pipe.run_many([feeds] * warmup)
-                for _ in range(max(1, repeats)):
-                    pipe.reset_stats()
-                    for _ in pipe.stream([feeds] * microbatches):
-                        pass
-                    runs = [[rec.run_end - rec.run_start for rec in st.records] for st in pipe.stats()]
-                    medians.append([statistics.median(r) for r in runs])
+                medians += _stream_medians(pipe, feeds, warmup, max(1, repeats), microbatches)
     return [statistics.median(stage) for stage in zip(*medians, strict=True)]
+
+
+def _stream_medians(
+    pipe: Pipeline, feeds: Mapping[str, Any], warmup: int, repeats: int, microbatches: int
+) -> list[list[float]]:
+    """After ``warmup`` micro-batches, each stage's median session run in each of ``repeats`` streams of
+    ``microbatches``."""
+    pipe.run_many([feeds] * warmup)
+    medians: list[list[float]] = []
+    for _ in range(repeats):
+        pipe.reset_stats()
+        for _ in pipe.stream([feeds] * microbatches):
+            pass
+        runs = [[rec.run_end - rec.run_start for rec in st.records] for st in pipe.stats()]
+        medians.append([statistics.median(r) for r in runs])
+    return medians
 
 
 def time_stages_on_cluster(
@@ -242,15 +252,8 @@ def time_stages_on_cluster(
                 f"{opt('CalibrationOptions.ray_resources')}: {len(resources)} entries for the {manifest.k} "
                 "stages timed; give one per stage, or a default"
             )
-        medians: list[list[float]] = []
         with Pipeline.from_manifest(out, config, placements=placements) as pipe:
-            pipe.run_many([feeds] * warmup)
-            for _ in range(PIPELINE_REPEATS):
-                pipe.reset_stats()
-                for _ in pipe.stream([feeds] * PIPELINE_MICROBATCHES):
-                    pass
-                runs = [[rec.run_end - rec.run_start for rec in st.records] for st in pipe.stats()]
-                medians.append([statistics.median(r) for r in runs])
+            medians = _stream_medians(pipe, feeds, warmup, PIPELINE_REPEATS, PIPELINE_MICROBATCHES)
     return [statistics.median(stage) for stage in zip(*medians, strict=True)]
 
 

@@ -13,7 +13,6 @@ from typing import Literal
 
 from onnxpipe.cluster.model import REFERENCE_PROVIDER, Cluster, Device, _frozen
 from onnxpipe.core.errors import UsageError
-from onnxpipe.core.runtime_kinds import kind_of
 from onnxpipe.core.runtimes import runs_here
 
 CostMethod = Literal["profile_file", "profiled", "scaled"]
@@ -49,16 +48,15 @@ def timed_on_itself(device: Device) -> bool:
     return device.profile_path is None and device.profile_here and provider_available(device)
 
 
-def reference_setting(
-    device: Device, reference_threads: int | None, provider: str = REFERENCE_PROVIDER
-) -> bool:
-    """Whether ``device`` runs as the reference profile was measured: onnxruntime on ``provider``
-    without options, with the reference's threads (``None``: not compared)."""
+def reference_setting(device: Device, reference_threads: int | None) -> bool:
+    """Whether ``device`` runs as the reference profile was measured: onnxruntime on
+    :data:`REFERENCE_PROVIDER` without options, with the reference's threads (``None``: not compared)."""
+    e = device.engine
     return (
-        kind_of(device.runtime).reference
-        and device.provider == provider
-        and not device.provider_options
-        and (reference_threads is None or device.threads == reference_threads)
+        e.kind.reference
+        and e.provider == REFERENCE_PROVIDER
+        and not e.provider_options
+        and (reference_threads is None or e.threads == reference_threads)
     )
 
 
@@ -88,7 +86,6 @@ def device_costs(
     *,
     measure: Callable[[Device], Mapping[str, float]] | None = None,
     load: Callable[[Device, str], Mapping[str, float]] | None = None,
-    reference_provider: str = REFERENCE_PROVIDER,
     reference_threads: int | None = None,
 ) -> tuple[DeviceCosts, ...]:
     """Node seconds on every device of ``cluster``, each with a record of how it was obtained.
@@ -119,8 +116,7 @@ def device_costs(
             out.append(DeviceCosts(d.name, "profile_file", f"profile file {d.profile_path}", _frozen(secs)))
             continue
         if timed_on_itself(d):
-            same_as_reference = reference_setting(d, reference_threads, reference_provider)
-            if same_as_reference:
+            if reference_setting(d, reference_threads):
                 secs = {n: float(t) for n, t in reference.items()}
             elif measure is None:
                 raise UsageError(
@@ -129,8 +125,8 @@ def device_costs(
                 )
             else:
                 secs = {n: float(t) for n, t in measure(d).items()}
-            on = d.engine_config().runs_on
-            source = f"profiled on {on} with {d.threads} thread{'s' if d.threads != 1 else ''}"
+            on, threads = d.engine.runs_on, d.engine.threads
+            source = f"profiled on {on} with {threads} thread{'s' if threads != 1 else ''}"
             out.append(DeviceCosts(d.name, "profiled", source, _frozen(secs)))
             continue
         source = describe_scaling(d)

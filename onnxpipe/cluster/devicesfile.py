@@ -15,11 +15,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from onnxpipe.cluster.model import REFERENCE_PROVIDER, Cluster, Device, Link, _frozen
+from onnxpipe.cluster.model import REFERENCE_PROVIDER, Cluster, Device, Link, _frozen, option_text
 from onnxpipe.core.choices import Runtime, values
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.jsonread import Document, Fields, Rule, Value, describe, syntax_error_text
-from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, kind_of
+from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, EngineConfig, kind_of
 from onnxpipe.core.text import counted
 from onnxpipe.core.units import parse_bytes, parse_rate
 
@@ -129,19 +129,22 @@ def _device(f: Fields, base: Path | None) -> Device:
     here = f.get("profile_here", False).boolean()
     if here and profile_path is not None:
         raise f["profile_here"].fail("give either profile_path or profile_here, not both")
+    engine = EngineConfig(
+        provider=provider,
+        provider_options=tuple((k, option_text(v)) for k, v in options.items()),
+        threads=threads,
+        runtime=runtime,
+        openvino_device=ov_device,
+        openvino_config=tuple((k, option_text(v)) for k, v in ov_config.items()),
+    )
     return Device(
         name=name,
-        provider=provider,
-        provider_options=_frozen(options),
-        threads=threads,
+        engine=engine,
         memory_bytes=memory,
         speed=speed,
         op_speeds=_frozen(op_speeds),
         profile_path=profile_path,
         profile_here=here,
-        runtime=runtime,
-        openvino_device=ov_device,
-        openvino_config=_frozen(ov_config),
     )
 
 

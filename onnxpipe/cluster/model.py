@@ -18,20 +18,16 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.options import opt
-from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, EngineConfig, kind_of
+from onnxpipe.core.runtime_kinds import EngineConfig
 
 REFERENCE_PROVIDER = "CPUExecutionProvider"
 """The provider the reference profile is measured with (``onnxpipe profile`` runs on the CPU)."""
-
-OptionValue = str | int | float | bool
-"""A provider option as JSON allows it; onnxruntime turns every value into a string itself."""
 
 
 def _frozen(m: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
@@ -47,46 +43,37 @@ def option_text(value: object) -> str:
 class Device:
     """One accelerator or host that runs one stage.
 
-    ``speed`` is how many times faster than the machine of the reference profile this device runs the
-    model (2.0 halves every node's time); ``op_speeds`` overrides it per ONNX op type, because a GPU speeds
-    up a MatMul far more than a Reshape.  ``memory_bytes`` is what a stage may use on it (parameters plus
-    the activations held for the micro-batches in flight); ``None`` means no limit.
+    ``engine`` is how its stage is opened: the runtime and its settings (an execution provider and its
+    options, the threads, OpenVINO's device and config), the options as the text the runtimes take
+    (:func:`option_text`).  ``speed`` is how many times faster than the machine of the reference profile
+    this device runs the model (2.0 halves every node's time); ``op_speeds`` overrides it per ONNX op
+    type, because a GPU speeds up a MatMul far more than a Reshape.  ``memory_bytes`` is what a stage may
+    use on it (parameters plus the activations held for the micro-batches in flight); ``None`` means no
+    limit.
 
     How the device's costs are obtained (see :func:`device_costs`): from ``profile_path``, a profile of the
-    model measured on the device itself; else, when ``profile_here`` is set and ``provider`` is available
-    on this machine, by profiling here with that provider and ``threads``; else by scaling the reference
-    profile with ``speed`` / ``op_speeds``.
+    model measured on the device itself; else, when ``profile_here`` is set and its engine is available
+    on this machine, by profiling here with it; else by scaling the reference profile with ``speed`` /
+    ``op_speeds``.
     """
 
     name: str
-    provider: str = REFERENCE_PROVIDER
-    provider_options: Mapping[str, OptionValue] = field(default_factory=_frozen)
-    threads: int = 1
+    engine: EngineConfig = field(default_factory=EngineConfig)
     memory_bytes: int | None = None
     speed: float = 1.0
     op_speeds: Mapping[str, float] = field(default_factory=_frozen)
     profile_path: str | None = None
     profile_here: bool = False
-    runtime: Runtime = Runtime.ONNXRUNTIME
-    openvino_device: str = DEFAULT_OPENVINO_DEVICE
-    openvino_config: Mapping[str, OptionValue] = field(default_factory=_frozen)
 
     @property
     def runtime_label(self) -> str:
         """How messages name what runs the device's stage: ``onnxruntime (CPUExecutionProvider)``..."""
-        return self.engine_config().label
+        return self.engine.label
 
     def engine_config(self, threads: int | None = None) -> EngineConfig:
         """How to open this device's stage (:func:`onnxpipe.core.runtimes.open_engine`); ``threads``
         replaces the device's own."""
-        return EngineConfig(
-            runtime=self.runtime,
-            provider=self.provider,
-            provider_options=tuple((k, option_text(v)) for k, v in self.provider_options.items()),
-            threads=self.threads if threads is None else threads,
-            openvino_device=self.openvino_device,
-            openvino_config=tuple((k, option_text(v)) for k, v in self.openvino_config.items()),
-        )
+        return self.engine if threads is None else replace(self.engine, threads=threads)
 
     @property
     def memory_cap(self) -> float:
@@ -99,11 +86,12 @@ class Device:
 
     def to_obj(self) -> dict[str, Any]:
         """The device as it is written in a devices file (and in the manifest)."""
+        e = self.engine
         obj: dict[str, Any] = {
             "name": self.name,
-            "provider": self.provider,
-            "provider_options": dict(self.provider_options),
-            "threads": self.threads,
+            "provider": e.provider,
+            "provider_options": dict(e.provider_options),
+            "threads": e.threads,
             "memory_bytes": self.memory_bytes,
             "speed": self.speed,
         }
@@ -113,15 +101,15 @@ class Device:
             obj["profile_path"] = self.profile_path
         if self.profile_here:
             obj["profile_here"] = True
-        kind = kind_of(self.runtime)
+        kind = e.kind
         if not kind.reference:  # written only when set: older files stay as they were
-            obj["runtime"] = self.runtime.value
+            obj["runtime"] = e.runtime.value
         if not kind.takes_provider:  # onnxruntime's, refused for another runtime
             del obj["provider"], obj["provider_options"]
         if kind.takes_openvino_device:
-            obj["openvino_device"] = self.openvino_device
-            if self.openvino_config:
-                obj["openvino_config"] = dict(self.openvino_config)
+            obj["openvino_device"] = e.openvino_device
+            if e.openvino_config:
+                obj["openvino_config"] = dict(e.openvino_config)
         return obj
 
 
@@ -168,22 +156,15 @@ class Cluster:
             raise ValueError(f"{len(self.devices)} devices need {len(self.devices) - 1} links")
 
     @staticmethod
-    def homogeneous(
-        k: int,
-        threads: int = 1,
-        *,
-        bandwidth_bytes_per_s: float = math.inf,
-        latency_s: float = 0.0,
-        memory_bytes: int | None = None,
-        name: str = "cpu",
-    ) -> Cluster:
+    def homogeneous(k: int, threads: int = 1, *, bandwidth_bytes_per_s: float = math.inf) -> Cluster:
         """``k`` reference CPUs (``cpu0``...): what a plan without a devices file runs on."""
         if k < 1:
             raise UsageError(
                 f"a cluster needs at least one device, got {k}; choose {opt('stages')} 1 or more"
             )
-        dev = [Device(f"{name}{i}", threads=threads, memory_bytes=memory_bytes) for i in range(k)]
-        link = Link(bandwidth_bytes_per_s, latency_s)
+        engine = EngineConfig(threads=threads)
+        dev = [Device(f"cpu{i}", engine) for i in range(k)]
+        link = Link(bandwidth_bytes_per_s)
         return Cluster(tuple(dev), (link,) * (k - 1))
 
     @property
@@ -272,15 +253,10 @@ def device_type(device: Device) -> tuple[Any, ...]:
     the files happen to agree), so grouping never merges devices whose costs might differ.
     """
     return (
-        device.provider,
-        tuple(sorted((k, str(v)) for k, v in device.provider_options.items())),
-        device.threads,
+        device.engine,
         device.memory_bytes,
         device.speed,
         tuple(sorted(device.op_speeds.items())),
         device.profile_path,
         device.profile_here,
-        device.runtime,
-        device.openvino_device,
-        tuple(sorted((k, str(v)) for k, v in device.openvino_config.items())),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import onnx
 
@@ -16,50 +17,35 @@ NAME_ANCHOR_TOLERANCE = 0.05
 """A tensor name shared by both graphs is trusted unless its values differ by more than this."""
 
 
-def find_anchors(
-    view: ModelView,
-    optimized: onnx.ModelProto,
-    o_prints: Mapping[str, Print],
-    p_prints: Mapping[str, list[Print]],
-    by_size: Mapping[int, list[tuple[float, str]]],
-    constant: set[str],
-) -> dict[str, str]:
-    """Pairs (optimized tensor -> original tensor): shared names first, then equal values."""
-    finder = _AnchorFinder(view, optimized, o_prints, p_prints, by_size, constant)
-    finder.by_name()
-    if p_prints:
-        finder.by_value()
-    return finder.anchors
-
-
-class _AnchorFinder:
-    """Finds anchors; value anchors in the optimized graph's topological order, so that the inputs of a
+@dataclass
+class AnchorFinder:
+    """Finds anchors, pairs (optimized tensor -> original tensor): shared names first, then equal values
+    (:meth:`find`); value anchors in the optimized graph's topological order, so that the inputs of a
     node are settled before its outputs are matched."""
 
-    def __init__(
-        self,
-        view: ModelView,
-        optimized: onnx.ModelProto,
-        o_prints: Mapping[str, Print],
-        p_prints: Mapping[str, list[Print]],
-        by_size: Mapping[int, list[tuple[float, str]]],
-        constant: set[str],
-    ) -> None:
-        self.view = view
-        self.optimized = optimized
-        self.o_prints = o_prints
-        self.p_prints = p_prints
-        self.by_size = by_size
-        self.constant = constant
-        self.p_nodes = list(optimized.graph.node)
-        self.p_inits = {t.name for t in optimized.graph.initializer}
+    view: ModelView
+    optimized: onnx.ModelProto
+    o_prints: Mapping[str, Print]
+    p_prints: Mapping[str, list[Print]]
+    by_size: Mapping[int, list[tuple[float, str]]]
+    constant: set[str]
+
+    def __post_init__(self) -> None:
+        self.p_nodes = list(self.optimized.graph.node)
+        self.p_inits = {t.name for t in self.optimized.graph.initializer}
         self.p_producer = {t: n for n in self.p_nodes for t in n.output if t}
-        self.pos = dict(view.producer)
+        self.pos = dict(self.view.producer)
         self.anchors: dict[str, str] = {}
         self.used: set[str] = set()
         """Original tensors taken by an anchor."""
         self.lower: dict[str, int] = {}
         """Per optimized tensor, the latest original position it is known to come after."""
+
+    def find(self) -> dict[str, str]:
+        self.by_name()
+        if self.p_prints:
+            self.by_value()
+        return self.anchors
 
     def by_name(self) -> None:
         original = set(self.view.producer) | set(self.view.inputs)

@@ -43,10 +43,10 @@ from types import MappingProxyType
 from typing import Any
 
 from onnxpipe.core.choices import CostSource
-from onnxpipe.core.errors import ProfileError, UsageError, error_line
-from onnxpipe.core.options import opt
+from onnxpipe.core.errors import ProfileError, error_line
 from onnxpipe.core.progress import Progress
 from onnxpipe.cost.attribution import attribute
+from onnxpipe.cost.options import ProfileOptions, frozen_shapes
 from onnxpipe.cost.profile import SCHEMA_VERSION, Profile
 from onnxpipe.cost.runnable import retry_note, retry_shapes
 from onnxpipe.cost.trace import OrtModel
@@ -83,18 +83,9 @@ def profile_model(
     profile's notes say so.  Raises :class:`ProfileError` when onnxruntime cannot load or run the model,
     naming the dims that were guessed and the flags that set them.
     """
-    if threads < 1:
-        raise UsageError(f"threads must be >= 1, got {threads}")
-    if runs < 1:
-        raise UsageError(f"runs must be >= 1, got {runs}")
-    if warmup < 0:
-        raise UsageError(f"warmup must be >= 0, got {warmup}")
+    given = frozen_shapes(shapes or {})
+    ProfileOptions(threads=threads, runs=runs, warmup=warmup, shapes=given, inputs=samples).check()
     if samples is not None:
-        if shapes:
-            raise UsageError(
-                f"{opt('shapes')} and {opt('input_files')}: the inputs fix the shapes; leave "
-                f"{opt('shapes')} out"
-            )
         hint = f"the model fails on the given inputs ({samples.describe()}); give inputs it runs on"
         how = _Settings(threads, runs, warmup, progress, hint)
         return _measure(view, how, samples.shapes, list(samples.feeds), samples)

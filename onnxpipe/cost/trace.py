@@ -97,16 +97,10 @@ class OrtModel:
 
         return open_session(model, so, fail=fail)
 
-    def run(
-        self,
-        sess: ort.InferenceSession,
-        feeds: Mapping[str, np.ndarray],
-        what: str,
-        outputs: list[str] | None = None,
-    ) -> Any:
+    def run(self, sess: ort.InferenceSession, feeds: Mapping[str, np.ndarray], what: str) -> Any:
         names = {i.name for i in sess.get_inputs()}
         try:
-            return sess.run(outputs, {k: v for k, v in feeds.items() if k in names})
+            return sess.run(None, {k: v for k, v in feeds.items() if k in names})
         except Exception as e:
             shapes = ", ".join(f"{k}={list(np.shape(v))}" for k, v in feeds.items())
             raise ProfileError(
@@ -143,7 +137,7 @@ class OrtModel:
             trace=True,
             save_as="optimized",
         )
-        if self.view.base_dir is None and _uses_external_data(self.view.proto):
+        if self.view.base_dir is None and holds_external(self.view.proto):
             raise ProfileError(
                 f"{self.label}: its weights are in external files but the model was not loaded from a file; "
                 "load it with onnxpipe.load_model(path)"
@@ -180,10 +174,6 @@ class OrtModel:
             foreign_seconds=foreign_us * 1e-6 * scale,
             foreign_names=foreign,
         )
-
-
-def _uses_external_data(proto: onnx.ModelProto) -> bool:
-    return holds_external(proto)
 
 
 def node_medians(events: Sequence[Mapping[str, Any]], runs: int) -> tuple[dict[str, float], dict[str, int]]:

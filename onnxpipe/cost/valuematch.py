@@ -13,7 +13,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnxpipe.core.errors import ProfileError
-from onnxpipe.cost.anchors import find_anchors, find_duplicates, topological, value_candidates
+from onnxpipe.cost.anchors import AnchorFinder, find_duplicates, topological, value_candidates
 from onnxpipe.cost.sketch import VALUE_TOLERANCE, Print, Sketcher
 from onnxpipe.cost.static import constant_tensors
 from onnxpipe.cost.trace import Exposed, OrtModel, Timing, run_exposed
@@ -96,7 +96,7 @@ def match_graphs(
                 f"values of the optimized graph could not be compared ({e}); regions come from names only"
             )
 
-    anchors = find_anchors(view, optimized, o_prints, p_prints, by_size, constant)
+    anchors = AnchorFinder(view, optimized, o_prints, p_prints, by_size, constant).find()
     duplicates = find_duplicates(view, anchors, o_prints, p_prints, constant)
     if rename:
         # back to the tensor names of the graph that was timed

@@ -34,7 +34,6 @@ from typing import Any
 from onnxpipe.core.choices import TritonPlatform
 from onnxpipe.core.errors import ExportError, UsageError
 from onnxpipe.core.options import opt
-from onnxpipe.core.runtime_kinds import kind_of
 from onnxpipe.export.options import TritonOptions
 from onnxpipe.export.outdir import normalized, staged_folder, writing
 from onnxpipe.manifest import Manifest, StageEntry, load_manifest
@@ -245,7 +244,7 @@ def repository_notes(manifest: Manifest, platform: TritonPlatform, max_batch_siz
             "no batch at axis 0, so Triton cannot batch requests; the configs list every dim"
         )
     if platform == TritonPlatform.AUTO and manifest.cluster is not None:
-        by_name = {d.name: kind_of(d.runtime) for d in manifest.cluster.devices}
+        by_name = {d.name: d.engine.kind for d in manifest.cluster.devices}
         unserved = {
             st.index: by_name[st.device].name
             for st in manifest.stages
@@ -272,7 +271,7 @@ def _backend_of(manifest: Manifest, stage: StageEntry) -> str:
     devices file's), else onnxruntime's, which also serves a runtime Triton has no backend for (tract)."""
     devices = manifest.cluster.devices if manifest.cluster is not None else ()
     for device in devices:
-        backend = kind_of(device.runtime).triton_backend
+        backend = device.engine.kind.triton_backend
         if device.name == stage.device and backend is not None:
             return backend
     return "onnxruntime"

@@ -78,8 +78,8 @@ for 1D partitioning", JPDC 2004), adapted to stage costs that depend on where a 
 Cost: ``O(K w log n)`` per probe where ``w <= n`` is the band width, and a dozen or two probes.  Stages
 with identical parameters (equal cost rows included: they are detected and stored once) share their ``r``
 arrays, so the homogeneous mode pays ``searchsorted`` once per probe, not ``K`` times.  A plain
-``O(K n^2)`` dynamic programme with the same cost formula and tie rules (:func:`_reference_solve`,
-:func:`_reference_solve_heterogeneous`) is kept as the test oracle.
+``O(K n^2)`` dynamic programme with the same cost formula and tie rules is the test oracle
+(``benchmarks/reference_dp.py``: the package never runs it).
 
 Layout
 ------
@@ -91,12 +91,11 @@ One responsibility per module, so that each can be read, and tested, on its own:
   caller's arguments into a model, with its lower bound;
 * :mod:`onnxpipe.partition.scan`: vectorised exact array searches (latest ends, interval minima);
 * :mod:`onnxpipe.partition.engine`: the probe, the exact search and the tie-break pass;
-* :mod:`onnxpipe.partition.reference`: the ``O(K n^2)`` oracle;
 * :mod:`onnxpipe.partition.result`: :class:`Partition` and the tie-break rule both solvers share.
 
 This module holds the public entry points, and re-exports the private names that tests and benchmarks
-reach for (:class:`HeterogeneousRequest`, :class:`_Model`, :class:`_Engine`, the model builders, the
-reference solvers).  No name here equals a submodule's name: importing a submodule would overwrite it.
+reach for (:class:`HeterogeneousRequest`, :class:`_Model`, :class:`_Engine`, the model builders).  No
+name here equals a submodule's name: importing a submodule would overwrite it.
 """
 
 from __future__ import annotations
@@ -118,8 +117,6 @@ from onnxpipe.partition.inputs import (
     _item_count,
     _vector,
 )
-from onnxpipe.partition.reference import _reference_solve as _reference_solve
-from onnxpipe.partition.reference import _reference_solve_heterogeneous as _reference_solve_heterogeneous
 from onnxpipe.partition.result import TIE_RTOL, Partition, _partition_of
 
 __all__ = ["TIE_RTOL", "Partition", "evaluate", "evaluate_heterogeneous", "solve", "solve_heterogeneous"]

@@ -29,14 +29,13 @@ proves that no completion of it can beat (or tie) the best split found so far; a
 too few positions for the cuts still to place is never formed.  At worst the search scores
 ``C(positions, S - 1)`` splits and forms ``sum_j C(positions - (S - 1 - j), j)`` prefixes in Python
 (``j <= S - 3``), so requests beyond :data:`MAX_SPLITS` or :data:`MAX_PREFIXES` are refused with the
-numbers rather than left to run for hours; :func:`_reference_interleaved` enumerates every split with
-``itertools.combinations`` and is the test oracle.  Cut bytes are whole bytes for the tie-break (rounded),
+numbers rather than left to run for hours; the test oracle (``benchmarks/reference_dp.py``) enumerates
+every split with ``itertools.combinations``.  Cut bytes are whole bytes for the tie-break (rounded),
 so that their totals are exact in any order of summation.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ import numpy as np
 from onnxpipe.core.errors import PartitionError
 from onnxpipe.partition.inputs import _allowed, _check_bounds, _check_transfers, _costs, _vector
 from onnxpipe.partition.numeric import FloatArr, IntArr, _prefix
+from onnxpipe.partition.result import Partition
 
 MAX_SPLITS = 60_000_000
 """Most splits (``C(allowed inner positions, S - 1)``) an interleaved search may have to score."""
@@ -59,15 +59,15 @@ a few ulps, and pruning must never drop a split that ties the best."""
 
 @dataclass(frozen=True)
 class InterleavedPartition:
-    """A split into ``len(bounds) - 1`` contiguous stages, stage ``s`` on worker ``workers[s]``."""
+    """A split into contiguous stages, stage ``s`` on worker ``workers[s]``.
 
-    bounds: tuple[int, ...]
+    ``stages`` is the split as a chain of stages (a stage's cost its compute plus its transfer in); the
+    other fields are what dealing the stages out to workers makes of it.
+    """
+
+    stages: Partition
     workers: tuple[int, ...]
     """The worker of each stage: ``s % k``."""
-    compute: tuple[float, ...]
-    """Per stage: the sum of its items' costs."""
-    transfer: tuple[float, ...]
-    """Per stage: ``cut_bytes[start] / bandwidth`` (0 for stage 0)."""
     worker_seconds: tuple[float, ...]
     """Per worker: the compute and transfers of all its stages, the time it is busy per micro-batch."""
     worker_memory: tuple[float, ...]
@@ -78,7 +78,6 @@ class InterleavedPartition:
     """The smallest bottleneck any split reaches (criterion 1); ``bottleneck <= fastest * (1 + slack)``."""
     lower_bound: float
     """``sum(costs) / k``: no split of the work over ``k`` workers can do better."""
-    cut_bytes_total: int
 
     @property
     def k(self) -> int:
@@ -316,17 +315,25 @@ def _check_size(t: _Sums) -> None:
 
 def _result(t: _Sums, bounds: Sequence[int], fastest: float) -> InterleavedPartition:
     comp, tr, load, wmem = t.score(bounds)
-    return InterleavedPartition(
+    stage_costs = tuple(float(x) for x in comp + tr)
+    lower_bound = float(t.time[t.n]) / t.k
+    chain = Partition(
         bounds=tuple(int(b) for b in bounds),
-        workers=tuple(s % t.k for s in range(t.stages)),
         compute=tuple(float(x) for x in comp),
         transfer=tuple(float(x) for x in tr),
+        stage_costs=stage_costs,
+        bottleneck=max(stage_costs),
+        lower_bound=min(lower_bound, max(stage_costs)),
+        cut_bytes_total=sum(int(t.cut[b]) for b in bounds[1:-1]),
+    )
+    return InterleavedPartition(
+        stages=chain,
+        workers=tuple(s % t.k for s in range(t.stages)),
         worker_seconds=tuple(float(x) for x in load),
         worker_memory=tuple(float(x) for x in wmem),
         bottleneck=float(load.max()),
         fastest=fastest,
-        lower_bound=float(t.time[t.n]) / t.k,
-        cut_bytes_total=sum(int(t.cut[b]) for b in bounds[1:-1]),
+        lower_bound=lower_bound,
     )
 
 
@@ -375,29 +382,3 @@ def evaluate_interleaved(
     t = _sums(costs, workers, stages // workers, item_mem, cut_bytes, bandwidth, None)
     load = t.score(b)[2]
     return _result(t, b, float(load.max()))
-
-
-def _reference_interleaved(
-    costs: Sequence[float],
-    workers: int,
-    stages_per_worker: int,
-    *,
-    item_mem: Sequence[float] | None = None,
-    cut_bytes: Sequence[float] | None = None,
-    bandwidth: float = math.inf,
-    allowed_cuts: Sequence[bool] | None = None,
-    time_slack: float = 0.0,
-) -> InterleavedPartition:
-    """The test oracle: every split scored one by one with :meth:`_Sums.score`, the criteria applied
-    literally."""
-    t = _sums(costs, workers, stages_per_worker, item_mem, cut_bytes, bandwidth, allowed_cuts)
-    scored = []
-    for inner in itertools.combinations((int(p) for p in t.positions), t.stages - 1):
-        bounds = (0, *inner, t.n)
-        _, _, load, wmem = t.score(bounds)
-        cut = sum(int(t.cut[c]) for c in inner)
-        scored.append((float(load.max()), float(wmem.max()), cut, bounds))
-    fastest = min(s[0] for s in scored)
-    cap = fastest * (1.0 + time_slack)
-    best = min((s[1], s[2], s[3]) for s in scored if s[0] <= cap)
-    return _result(t, best[2], fastest)

@@ -36,14 +36,6 @@ class TwoPhaseSplit:
     stage_b: tuple[float, ...]
     objective: float
 
-    @property
-    def bottleneck_a(self) -> float:
-        return max(self.stage_a)
-
-    @property
-    def bottleneck_b(self) -> float:
-        return max(self.stage_b)
-
 
 def _stage(prefix: Sequence[float], cut: Sequence[float], bandwidth: float, a: int, b: int) -> float:
     transfer = cut[a] / bandwidth if a > 0 and bandwidth != math.inf else 0.0

@@ -8,7 +8,6 @@ here once so that both produce the very same :class:`Partition` for the same req
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -62,10 +61,6 @@ class Partition:
         if not 0 <= item < self.bounds[-1]:
             raise IndexError(f"item {item} is outside 0..{self.bounds[-1] - 1}")
         return bisect.bisect_right(self.bounds, item) - 1
-
-    def ranges(self) -> list[range]:
-        """The items of each stage, in stage order."""
-        return [range(a, b) for a, b in itertools.pairwise(self.bounds)]
 
 
 def _choose(

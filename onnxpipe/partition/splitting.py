@@ -15,11 +15,12 @@ run's input, forwarded to the next part's stage, is among it) plus what the earl
 join still needs (``carried[t]``); no cut falls between the last part and the join.  Two parts may end
 up in one stage: that is a valid split too, never better than fewer parts (which are also tried).
 
-Exactness: every candidate item and every part count it offers is solved exactly, the contiguous split
-is solved too, and the best wins; a split is kept only when it lowers the bottleneck by more than
-:data:`~onnxpipe.partition.result.TIE_RTOL`.  So the result is the optimum over "no split" and "split
-one offered item into one offered shape" (``tests/unit/test_splitting.py`` checks it against brute
-force).  Cost: one exact solve per (candidate, shape).
+Exactness: the planner (:mod:`onnxpipe.planning.nodesplit.plan`) solves every candidate item and every
+part count it offers exactly, the contiguous split too, and the best wins; a split is kept only when it
+lowers the bottleneck by more than :data:`~onnxpipe.partition.result.TIE_RTOL`.  So the result is the
+optimum over "no split" and "split one offered item into one offered shape"
+(``tests/unit/test_splitting.py`` checks that search against brute force).  Cost: one exact solve per
+(candidate, shape).
 """
 
 from __future__ import annotations
@@ -29,8 +30,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from onnxpipe.core.errors import PartitionError
-from onnxpipe.partition import solve
-from onnxpipe.partition.result import TIE_RTOL, Partition
 
 
 @dataclass(frozen=True)
@@ -73,36 +72,6 @@ class SplitCandidate:
 
 
 @dataclass(frozen=True)
-class ItemSplit:
-    """The chosen split: which candidate and shape, and the stages its parts landed in."""
-
-    candidate: int
-    """Index into the candidates given."""
-    shape: int
-    """Index into that candidate's shapes."""
-    part_stages: tuple[int, ...]
-    """The stage of each part (non-decreasing; the join runs in the last part's stage)."""
-
-
-@dataclass(frozen=True)
-class SplitResult:
-    """The best partition with at most one item split, and the contiguous one it is measured against.
-
-    ``partition`` is over the *expanded* sequence when ``split`` is set (see :func:`expand`), else it is
-    ``contiguous`` itself.
-    """
-
-    partition: Partition
-    contiguous: Partition
-    split: ItemSplit | None
-
-    @property
-    def contiguous_bound(self) -> float:
-        """``max(total / K, largest item)``: what no contiguous split can beat."""
-        return self.contiguous.lower_bound
-
-
-@dataclass(frozen=True)
 class Expanded:
     """A sequence with one run replaced by parts and a join, in :func:`solve`'s terms."""
 
@@ -133,39 +102,3 @@ def expand(
     new_cut = (*cut_bytes[: a + 1], *inner, float(cut_bytes[a]), *cut_bytes[a + m :])
     new_allowed = (*allowed[: a + 1], *([True] * (p - 1)), False, *allowed[a + m :])
     return Expanded(tuple(float(c) for c in new_costs), tuple(float(c) for c in new_cut), new_allowed)
-
-
-def solve_with_split(
-    costs: Sequence[float],
-    k: int,
-    candidates: Sequence[SplitCandidate],
-    *,
-    cut_bytes: Sequence[float] | None = None,
-    bandwidth: float = math.inf,
-    allowed_cuts: Sequence[bool] | None = None,
-) -> SplitResult:
-    """The split into ``k`` stages with the smallest bottleneck when at most one candidate run is cut.
-
-    Same objective and arguments as :func:`solve`, plus the runs that may be cut and how.  A shape may
-    have more parts than ``k``: several then share a stage, which gives the cut finer places to fall
-    (a caller may merge the parts of one stage into one).  Among equal bottlenecks the contiguous split
-    wins, then the earlier candidate, then the earlier shape (give shapes in order of increasing parts).
-    """
-    n = len(costs)
-    cut = [0.0] * (n + 1) if cut_bytes is None else [float(c) for c in cut_bytes]
-    allowed = [True] * (n + 1) if allowed_cuts is None else list(allowed_cuts)
-    contiguous = solve(costs, k, cut_bytes=cut, bandwidth=bandwidth, allowed_cuts=allowed)
-    best, chosen = contiguous, None
-    for ci, cand in enumerate(candidates):
-        for si, shape in enumerate(cand.shapes):
-            ex = expand(costs, cut, allowed, cand, shape)
-            try:
-                part = solve(
-                    ex.costs, k, cut_bytes=ex.cut_bytes, bandwidth=bandwidth, allowed_cuts=ex.allowed
-                )
-            except PartitionError:
-                continue  # too few allowed cuts for k stages with this shape
-            if part.bottleneck < best.bottleneck * (1.0 - TIE_RTOL):
-                stages = tuple(part.stage_of(cand.start + t) for t in range(shape.parts))
-                best, chosen = part, ItemSplit(ci, si, stages)
-    return SplitResult(partition=best, contiguous=contiguous, split=chosen)

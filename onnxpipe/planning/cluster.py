@@ -440,7 +440,7 @@ def _measure_fn(view: ModelView, profile: Profile) -> Callable[[Device], Mapping
         config = device.engine_config()
         if config not in measured:
             if is_reference(config):
-                prof = profile_model(view, threads=device.threads, shapes=profile.input_shapes)
+                prof = profile_model(view, threads=config.threads, shapes=profile.input_shapes)
             else:
                 prof = profile_on_runtime(view, config, shapes=profile.input_shapes)
             measured[config] = prof.node_seconds

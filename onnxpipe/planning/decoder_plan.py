@@ -262,20 +262,11 @@ def interleaved_decoder_stages(
     :mod:`onnxpipe.planning.decoder_recompute` finds cheaper to make than to receive (``copy_inputs``), and
     keeps its estimate at the profiled phase; with ``part``'s figures counting those copies, and the
     copies' note (None when there are none)."""
-    phases = (PhaseCosts(profile_phase(profile, dec), profile.node_seconds, seq.sizes, part.compute),)
+    phases = (PhaseCosts(profile_phase(profile, dec), profile.node_seconds, seq.sizes, part.stages.compute),)
     copies = input_copies(view, dec, phases, bandwidth_bytes_per_s, seq, options)
-    specs = specs_from_bounds(view, seq, part.bounds, part.compute, part.transfer, copies=copies)
+    chain = part.stages
+    specs = specs_from_bounds(view, seq, chain.bounds, chain.compute, chain.transfer, copies=copies)
     specs = with_kv(view, profile, dec, specs, options.max_context)
-    stage_costs = tuple(c + t for c, t in zip(part.compute, part.transfer, strict=True))
-    chain = Partition(
-        bounds=part.bounds,
-        compute=part.compute,
-        transfer=part.transfer,
-        stage_costs=stage_costs,
-        bottleneck=max(stage_costs),
-        lower_bound=min(part.lower_bound, max(stage_costs)),
-        cut_bytes_total=part.cut_bytes_total,
-    )
     counted = counting_copies(view, specs, [chain], copies, phases, bandwidth_bytes_per_s)
     fixed = counted.parts[0]
     busy = [0.0] * part.k
@@ -283,13 +274,11 @@ def interleaved_decoder_stages(
         busy[worker] += cost
     dealt = dataclasses.replace(
         part,
-        compute=fixed.compute,
-        transfer=fixed.transfer,
+        stages=fixed,
         worker_seconds=tuple(busy),
         bottleneck=max(busy),
         fastest=min(part.fastest, max(busy)),
         lower_bound=min(part.lower_bound, max(busy)),
-        cut_bytes_total=fixed.cut_bytes_total,
     )
     return counted.stages, dealt, counted.note
 

@@ -234,7 +234,8 @@ class _Items:
         if self.layers is None:
             return keeping_fused_groups(solve, self.seq.allowed, notes, self.seq.cuttable)
         coarse = solve(self.coarse_ok)
-        return replace(coarse, bounds=self.layers.fine_bounds(coarse.bounds))
+        fine = self.layers.fine_bounds(coarse.stages.bounds)
+        return replace(coarse, stages=replace(coarse.stages, bounds=fine))
 
 
 @dataclass(frozen=True)
@@ -260,7 +261,8 @@ def _dealt_stages(
     options, workers = request.decoder, part.k  # an interleaved partition's k counts its workers
     summary, copied = None, None
     if decoder is None:
-        specs = specs_from_bounds(view, items.seq, part.bounds, part.compute, part.transfer)
+        chain = part.stages
+        specs = specs_from_bounds(view, items.seq, chain.bounds, chain.compute, chain.transfer)
     else:
         specs, part, copied = interleaved_decoder_stages(
             view, decoder, items.seq, part, options, profile, request.bandwidth_bytes_per_s

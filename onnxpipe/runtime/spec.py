@@ -119,7 +119,7 @@ def placement_of(device: Device, threads: int | None = None) -> Placement:
 
     Its provider and provider options, and its ``threads`` unless ``threads`` is given.
     """
-    n = device.threads if threads is None else threads
+    n = device.engine.threads if threads is None else threads
     if n < 1:
         raise UsageError(f"threads {n}: give a positive number of intra-op threads")
     c = device.engine_config(n)

@@ -33,6 +33,7 @@ from onnxpipe.calibrate.timing import (
 from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.choices import Phase
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.runtime_kinds import EngineConfig
 from onnxpipe.cost.phases import phase_profiles
 from onnxpipe.cost.profile import Profile, corrected
 from onnxpipe.cost.static import static_profile
@@ -271,7 +272,9 @@ def test_calibrate_with_a_device_missing_here_times_it_as_the_reference(
     scaled from the reference) as the reference profile was measured, its speed kept; timing in a
     pipeline is refused with devices (calibration on the devices' runtimes:
     tests/integration/test_runtimes.py, on plain numbers: tests/unit/test_calibrate_devices.py)."""
-    gpu = Device(name="gpu", provider="MIGraphXExecutionProvider", speed=4.0, profile_here=True)
+    gpu = Device(
+        name="gpu", speed=4.0, profile_here=True, engine=EngineConfig(provider="MIGraphXExecutionProvider")
+    )
     cluster = Cluster(devices=(Device(name="a"), gpu), links=(Link(),))
     done = api.split(
         sample_models_dir / "transformer_tiny.onnx",

@@ -40,7 +40,7 @@ from runtime_support import (
 from onnxpipe import api
 from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.cli.commands.run import run as run_command
-from onnxpipe.cluster.model import Device
+from onnxpipe.cluster.devicesfile import read_cluster
 from onnxpipe.core.errors import RuntimeStageError, UsageError
 from onnxpipe.manifest import load_manifest
 from onnxpipe.runtime.backends.ray_resources import actor_options, load_ray_resources
@@ -516,7 +516,9 @@ def test_a_manifest_without_a_cluster_maps_device_names(tiny_split: Path) -> Non
 
 
 def test_provider_options_reach_onnxruntime_as_json_writes_them() -> None:
-    dev = Device("g", provider="CUDAExecutionProvider", provider_options={"device_id": 1, "flag": True})
+    given = {"name": "g", "provider": "CUDAExecutionProvider", "threads": 1, "memory_bytes": None}
+    given["provider_options"] = {"device_id": 1, "flag": True}
+    dev = read_cluster({"devices": [given]}).devices[0]
     assert placement_of(dev) == Placement("CUDAExecutionProvider", (("device_id", "1"), ("flag", "true")), 1)
     assert placement_of(dev, 4).threads == 4
     with pytest.raises(UsageError, match="threads 0"):

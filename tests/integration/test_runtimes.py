@@ -116,9 +116,9 @@ def test_every_stage_runs_on_the_runtime_where_the_whole_model_does(
 
 def _three_runtimes() -> Cluster:
     devices = (
-        Device("openvino-cpu", runtime=Runtime.OPENVINO),
+        Device("openvino-cpu", engine=EngineConfig(runtime=Runtime.OPENVINO)),
         Device("ort-cpu"),
-        Device("tract-cpu", runtime=Runtime.TRACT),
+        Device("tract-cpu", engine=EngineConfig(runtime=Runtime.TRACT)),
     )
     return Cluster(devices, (Link(),) * 2, "three runtimes")
 

@@ -14,6 +14,7 @@ from onnxpipe.api import PlanRequest, SplitOptions, TritonOptions, split
 from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.choices import Runtime, TritonPlatform
 from onnxpipe.core.errors import ExportError
+from onnxpipe.core.runtime_kinds import EngineConfig
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.export.triton import (
     TritonStep,
@@ -137,7 +138,7 @@ def test_auto_platform_follows_each_devices_runtime(transformer_split: Path) -> 
     the others, tract's included (Triton has no tract backend), onnxruntime_onnx."""
     manifest = load_manifest(transformer_split)
     kinds = [Runtime.ONNXRUNTIME, Runtime.OPENVINO, Runtime.TRACT]
-    devices = tuple(Device(name=f"d{i}", runtime=kind) for i, kind in enumerate(kinds))
+    devices = tuple(Device(name=f"d{i}", engine=EngineConfig(runtime=kind)) for i, kind in enumerate(kinds))
     stages = tuple(dataclasses.replace(st, device=f"d{st.index}") for st in manifest.stages)
     cluster = Cluster(devices=devices, links=(Link(), Link()))
     on_devices = dataclasses.replace(manifest, stages=stages, cluster=cluster)

@@ -19,6 +19,7 @@ from onnxpipe.calibrate.timing import own_clock, time_in_turns
 from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.runtime_kinds import EngineConfig
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.load import load_model
@@ -39,7 +40,9 @@ def view(sample_models_dir: Path) -> ModelView:
 
 def speeds_cluster(*speeds: float) -> Cluster:
     """Devices that differ only by their declared speed, none of them here (no ``profile_here``)."""
-    devices = tuple(Device(name=f"x{s:g}-{i}", threads=1, speed=s) for i, s in enumerate(speeds))
+    devices = tuple(
+        Device(name=f"x{s:g}-{i}", speed=s, engine=EngineConfig(threads=1)) for i, s in enumerate(speeds)
+    )
     return Cluster(devices, (Link(),) * (len(devices) - 1))
 
 
@@ -97,21 +100,34 @@ def test_a_round_worse_than_the_last_stops_and_the_most_even_is_kept() -> None:
 
 
 def test_described_devices_are_timed_as_the_reference_was_measured() -> None:
-    here = Device(name="here", threads=4, profile_here=True)  # the CPU provider is here
-    gone = Device(name="gone", provider="MIGraphXExecutionProvider", threads=2, speed=5, profile_here=True)
+    here = Device(name="here", profile_here=True, engine=EngineConfig(threads=4))  # the CPU provider is here
+    gone = Device(
+        name="gone",
+        speed=5,
+        profile_here=True,
+        engine=EngineConfig(provider="MIGraphXExecutionProvider", threads=2),
+    )
     opened = timing_devices(Cluster((here, speeds_cluster(3).devices[0], gone), (Link(), Link())), 1)
     assert opened["here"] is here  # timed on itself, as it is
     for name in ("x3-0", "gone"):  # described: onnxruntime on the CPU, the reference's one thread
-        assert opened[name].engine_config() == Device(name=name, threads=1).engine_config()
+        assert (
+            opened[name].engine_config() == Device(name=name, engine=EngineConfig(threads=1)).engine_config()
+        )
 
 
 def test_one_thread_cpu_stages_are_timed_by_their_threads_cpu_time() -> None:
     """onnxruntime runs a one-thread CPU session in the caller's thread: its CPU time is the stage's
     work, without what other processes took; anything else is timed by the wall clock."""
-    one = Device(name="a", threads=1).engine_config()
+    one = Device(name="a", engine=EngineConfig(threads=1)).engine_config()
     assert own_clock([one, one])[0] is time.thread_time
-    assert own_clock([one, Device(name="b", threads=2).engine_config()])[0] is time.perf_counter
-    assert own_clock([one, Device(name="c", runtime=Runtime.TRACT).engine_config()])[0] is time.perf_counter
+    assert (
+        own_clock([one, Device(name="b", engine=EngineConfig(threads=2)).engine_config()])[0]
+        is time.perf_counter
+    )
+    assert (
+        own_clock([one, Device(name="c", engine=EngineConfig(runtime=Runtime.TRACT)).engine_config()])[0]
+        is time.perf_counter
+    )
     assert own_clock([])[0] is time.perf_counter
     assert "CPU time" in how_timed(speeds_cluster(*SPEEDS), 1)  # described: timed on one CPU thread here
     assert "wall clock" in how_timed(speeds_cluster(*SPEEDS), 2)
@@ -157,7 +173,9 @@ def test_calibration_keeps_the_declared_speeds_and_converges(view: ModelView) ->
         view, prof, request, lambda p, r: make_plan(view, p, r), rounds=4, timer=timer_of(truth, seen)
     )
     # every stage was timed as the reference was measured, never as the device it stands for
-    assert all(d.speed == 1.0 and d.threads == prof.threads for opened in seen for d in opened.values())
+    assert all(
+        d.speed == 1.0 and d.engine.threads == prof.threads for opened in seen for d in opened.values()
+    )
     rounds = [r[None] for r in done.rounds]
     # round 1 compares device seconds with device seconds: the fast stage's error is the 4.3/3 gap
     r1 = rounds[0]
@@ -189,8 +207,8 @@ def test_a_device_here_and_a_described_one_share_the_reference(view: ModelView) 
     """A device here at the reference's setting is timed on itself and its time corrects the reference;
     a described device three times as fast keeps costing a third of it."""
     prof = static_profile(view)
-    here = Device(name="here", threads=prof.threads, profile_here=True)
-    cluster = Cluster((here, Device(name="fast", threads=1, speed=3.0)), (Link(),))
+    here = Device(name="here", profile_here=True, engine=EngineConfig(threads=prof.threads))
+    cluster = Cluster((here, Device(name="fast", speed=3.0, engine=EngineConfig(threads=1))), (Link(),))
     seen: list[Mapping[str, Device]] = []
     done = calibrate_on_devices(
         view,

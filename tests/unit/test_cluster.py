@@ -15,6 +15,7 @@ from onnxpipe.cluster.costs import device_costs, provider_available, scale_costs
 from onnxpipe.cluster.devicesfile import load_cluster, read_cluster
 from onnxpipe.cluster.model import Cluster, Device, Link, device_type
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.runtime_kinds import EngineConfig
 from onnxpipe.core.units import parse_bytes, parse_rate
 
 ROOT = REPO_ROOT
@@ -54,7 +55,7 @@ def _error(tmp_path: Path, obj: Any) -> str:
 def test_example_two_cpus() -> None:
     c = load_cluster(EXAMPLES / "two_cpus.json")
     assert c.names == ("cpu0", "cpu1")
-    assert all(d.threads == 4 and d.profile_here for d in c.devices)
+    assert all(d.engine.threads == 4 and d.profile_here for d in c.devices)
     assert c.mem_caps == (8589934592.0, 8589934592.0)
     assert c.links == (Link(1e10, 2e-5),)
     assert c.speeds == (1.0, 1.0)
@@ -64,9 +65,14 @@ def test_example_two_cpus() -> None:
 def test_example_cpu_gpu() -> None:
     c = load_cluster(EXAMPLES / "cpu_gpu.json")
     host, gpu = c.devices
-    assert host.provider == "CPUExecutionProvider" and host.memory_bytes == 32 * 2**30
-    assert gpu.provider == "CUDAExecutionProvider"
-    assert dict(gpu.provider_options) == {"device_id": 0, "arena_extend_strategy": "kSameAsRequested"}
+    assert host.engine.provider == "CPUExecutionProvider" and host.memory_bytes == 32 * 2**30
+    assert gpu.engine.provider == "CUDAExecutionProvider"
+    # as the runtimes take them: JSON's numbers and booleans as text
+    assert dict(gpu.engine.provider_options) == {
+        "device_id": "0",
+        "arena_extend_strategy": "kSameAsRequested",
+    }
+    assert read_cluster(c.to_obj(), base=EXAMPLES).devices == c.devices  # written as read: text stays text
     assert gpu.speed == 6 and gpu.speed_of("MatMul") == 25 and gpu.speed_of("Relu") == 6
     assert c.links[0].bandwidth_bytes_per_s == 12e9 and c.links[0].latency_s == 1e-5
 
@@ -284,7 +290,7 @@ def test_units() -> None:
 def test_homogeneous_default() -> None:
     c = Cluster.homogeneous(3, threads=4, bandwidth_bytes_per_s=1e9)
     assert c.names == ("cpu0", "cpu1", "cpu2")
-    assert all(d.threads == 4 and d.speed == 1 and d.memory_bytes is None for d in c.devices)
+    assert all(d.engine.threads == 4 and d.speed == 1 and d.memory_bytes is None for d in c.devices)
     assert c.bandwidths == (math.inf, 1e9, 1e9)
     assert c.uniform_link == Link(1e9, 0.0)
     with pytest.raises(UsageError):
@@ -334,9 +340,13 @@ def test_scale_costs_overall_and_per_op_type() -> None:
 def test_device_costs_records_how() -> None:
     folder = Path(__file__).parent
     devices = (
-        Device("ref", profile_here=True, threads=1),  # same as the reference: reused, not measured
-        Device("cpu4", profile_here=True, threads=4),  # measured here
-        Device("cuda", provider="CUDAExecutionProvider", profile_here=True, speed=5),  # not here: scaled
+        Device(
+            "ref", profile_here=True, engine=EngineConfig(threads=1)
+        ),  # same as the reference: reused, not measured
+        Device("cpu4", profile_here=True, engine=EngineConfig(threads=4)),  # measured here
+        Device(
+            "cuda", profile_here=True, speed=5, engine=EngineConfig(provider="CUDAExecutionProvider")
+        ),  # not here: scaled
         Device("board", speed=3, op_speeds={"MatMul": 6}),
         Device("own", profile_path=str(folder / "x.json")),
     )
@@ -378,7 +388,7 @@ def test_device_costs_without_callables() -> None:
     c = Cluster((Device("own", profile_path="p.json"),), ())
     with pytest.raises(UsageError, match="profile_path is set"):
         device_costs(c, REFERENCE, OP_TYPES)
-    c = Cluster((Device("cpu4", profile_here=True, threads=4),), ())
+    c = Cluster((Device("cpu4", profile_here=True, engine=EngineConfig(threads=4)),), ())
     with pytest.raises(UsageError, match="profile_here"):
         device_costs(c, REFERENCE, OP_TYPES, reference_threads=1)
 

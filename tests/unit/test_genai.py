@@ -16,6 +16,7 @@ from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.kv import KVPair
 from onnxpipe.core.model_config import ModelDims, SourceConfig, SourceKind, TokenIds, read_source_config
+from onnxpipe.core.runtime_kinds import EngineConfig
 from onnxpipe.export.genai.config import (
     DEFAULT_SEARCH,
     ConfigDims,
@@ -197,14 +198,19 @@ def test_a_config_of_another_model_is_refused(tmp_path: Path) -> None:
 
 
 def test_session_options_from_devices() -> None:
-    assert session_options_of(Device("cpu0", threads=3)) == SessionOptions(3)
+    assert session_options_of(Device("cpu0", engine=EngineConfig(threads=3))) == SessionOptions(3)
     cuda = session_options_of(
-        Device("gpu", provider="CUDAExecutionProvider", provider_options={"device_id": 1})
+        Device(
+            "gpu",
+            engine=EngineConfig(provider="CUDAExecutionProvider", provider_options=(("device_id", "1"),)),
+        )
     )
     assert cuda == SessionOptions(1, (ProviderOptions("cuda", (("device_id", "1"),)),))
-    vino = session_options_of(Device("npu", runtime=Runtime.OPENVINO, openvino_device="NPU"))
+    vino = session_options_of(
+        Device("npu", engine=EngineConfig(runtime=Runtime.OPENVINO, openvino_device="NPU"))
+    )
     assert vino == SessionOptions(1, (ProviderOptions("OpenVINO", (("device_type", "NPU"),)),))
-    tract = session_options_of(Device("edge", runtime=Runtime.TRACT))
+    tract = session_options_of(Device("edge", engine=EngineConfig(runtime=Runtime.TRACT)))
     assert isinstance(tract, Unsupported) and "tract" in tract.reason
     assert SessionOptions(2, (ProviderOptions("cuda", (("device_id", "0"),)),)).to_json() == {
         "log_id": "onnxruntime-genai",

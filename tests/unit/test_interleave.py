@@ -9,9 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.reference_dp import reference_interleaved
 from onnxpipe.core.errors import PartitionError
 from onnxpipe.partition import interleave
-from onnxpipe.partition.interleave import _reference_interleaved, evaluate_interleaved, solve_interleaved
+from onnxpipe.partition.interleave import evaluate_interleaved, solve_interleaved
 
 COST = st.sampled_from([0.0, 1e-3, 0.5, 1.0, 2.0, 3.0, 7.25])
 
@@ -40,7 +41,7 @@ def requests(draw: st.DrawFn) -> tuple[list[float], int, int, dict[str, object]]
 def test_equals_brute_force(req: tuple[list[float], int, int, dict[str, object]]) -> None:
     costs, k, v, kw = req
     got = solve_interleaved(costs, k, v, **kw)  # type: ignore[arg-type]
-    assert got == _reference_interleaved(costs, k, v, **kw)  # type: ignore[arg-type]
+    assert got == reference_interleaved(costs, k, v, **kw)  # type: ignore[arg-type]
 
 
 @settings(max_examples=200, deadline=None)
@@ -48,13 +49,16 @@ def test_equals_brute_force(req: tuple[list[float], int, int, dict[str, object]]
 def test_invariants(req: tuple[list[float], int, int, dict[str, object]]) -> None:
     costs, k, v, kw = req
     got = solve_interleaved(costs, k, v, **kw)  # type: ignore[arg-type]
-    b = got.bounds
+    b = got.stages.bounds
     assert b[0] == 0 and b[-1] == len(costs) and all(x < y for x, y in itertools.pairwise(b))
     assert got.workers == tuple(s % k for s in range(k * v))
     assert got.k == k
-    assert math.isclose(sum(got.compute), sum(costs), rel_tol=1e-12, abs_tol=1e-12)
+    assert math.isclose(sum(got.stages.compute), sum(costs), rel_tol=1e-12, abs_tol=1e-12)
     assert math.isclose(
-        sum(got.worker_seconds), sum(got.compute) + sum(got.transfer), rel_tol=1e-12, abs_tol=1e-12
+        sum(got.worker_seconds),
+        sum(got.stages.compute) + sum(got.stages.transfer),
+        rel_tol=1e-12,
+        abs_tol=1e-12,
     )
     assert got.bottleneck == max(got.worker_seconds)
     assert got.fastest <= got.bottleneck <= got.fastest * (1 + float(kw["time_slack"]))  # type: ignore[arg-type]
@@ -82,7 +86,7 @@ def test_weights_at_the_end_are_shared_by_interleaving() -> None:
     assert got.worker_seconds == (4.0, 4.0)
     assert got.worker_memory == (10.0, 10.0)
     # worker 0: items 0 and 4-6; worker 1: items 1-3 and 7 (of the equally good splits, the first)
-    assert got.bounds == (0, 1, 4, 7, 8)
+    assert got.stages.bounds == (0, 1, 4, 7, 8)
     contiguous = evaluate_interleaved(costs, 2, (0, 4, 8), item_mem=mem)
     assert contiguous.worker_memory == (0.0, 20.0)
 
@@ -94,19 +98,19 @@ def test_slack_trades_time_for_memory() -> None:
     assert exact.bottleneck == 3.0 and exact.worker_memory == (0.0, 12.0)
     mem2 = [0.0, 0.0, 0.0, 6.0, 6.0, 0.0]
     tight = solve_interleaved(costs, 2, 1, item_mem=mem2)
-    assert tight.bounds == (0, 3, 6) and tight.worker_memory == (0.0, 12.0)
+    assert tight.stages.bounds == (0, 3, 6) and tight.worker_memory == (0.0, 12.0)
     loose = solve_interleaved(costs, 2, 1, item_mem=mem2, time_slack=0.4)  # 4.2 s allowed: 4 + 2 fits
-    assert loose.bounds == (0, 4, 6) and loose.worker_seconds == (4.0, 2.0)
+    assert loose.stages.bounds == (0, 4, 6) and loose.worker_seconds == (4.0, 2.0)
     assert loose.worker_memory == (6.0, 6.0) and loose.fastest == 3.0
     too_tight = solve_interleaved(costs, 2, 1, item_mem=mem2, time_slack=0.3)  # 3.9 s: 4 does not fit
-    assert too_tight.bounds == (0, 3, 6)
+    assert too_tight.stages.bounds == (0, 3, 6)
 
 
 def test_transfers_count_on_the_receiving_worker() -> None:
     got = evaluate_interleaved([1.0] * 4, 2, (0, 1, 2, 3, 4), cut_bytes=[0, 8, 0, 4, 0], bandwidth=4.0)
-    assert got.transfer == (0.0, 2.0, 0.0, 1.0)
+    assert got.stages.transfer == (0.0, 2.0, 0.0, 1.0)
     assert got.worker_seconds == (2.0, 5.0)  # stages 1 and 3: 1 + 2 and 1 + 1
-    assert got.cut_bytes_total == 12
+    assert got.stages.cut_bytes_total == 12
 
 
 @pytest.mark.parametrize(
@@ -146,14 +150,14 @@ def test_a_search_with_too_many_prefixes_is_refused(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(interleave, "MAX_PREFIXES", 1000)
     with pytest.raises(PartitionError, match=r"through 2,002 prefixes \(at most 1,000\)"):
         solve_interleaved([0.0] * 16, 6, 2)  # sum over j <= 9 of C(15 - (11 - j), j) = C(14, 9)
-    assert solve_interleaved([0.0] * 14, 6, 2).bounds == (0, *range(1, 12), 14)  # C(12, 9) = 220
+    assert solve_interleaved([0.0] * 14, 6, 2).stages.bounds == (0, *range(1, 12), 14)  # C(12, 9) = 220
 
 
 def test_cut_bytes_ties_do_not_depend_on_summation_order() -> None:
     """0.3 + (0.1 + 0.2) != 0.1 + (0.2 + 0.3) in floats; whole bytes make the totals exact."""
     kw = {"cut_bytes": [0, 0.3, 0.1, 0.2, 0.3, 5.0, 0], "time_slack": 1.0}
     got = solve_interleaved([1.0] * 6, 2, 2, **kw)  # type: ignore[arg-type]
-    assert got == _reference_interleaved([1.0] * 6, 2, 2, **kw)  # type: ignore[arg-type]
+    assert got == reference_interleaved([1.0] * 6, 2, 2, **kw)  # type: ignore[arg-type]
 
 
 def test_evaluate_refuses_stages_that_do_not_deal_out_evenly() -> None:

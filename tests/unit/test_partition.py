@@ -24,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks import reference_dp
 from benchmarks.baselines import equal_count, parameter_balanced, torchgpipe_block
 from onnxpipe import partition
 from onnxpipe.core.errors import MemoryFitError, PartitionError
@@ -160,9 +161,9 @@ def check_invariants(p: Partition, c: Case) -> None:
     assert p.k == k and len(p.bounds) == k + 1
     assert p.bounds[0] == 0 and p.bounds[-1] == n
     assert all(a < b for a, b in itertools.pairwise(p.bounds)), "stages contiguous and non-empty"
-    items = [i for r in p.ranges() for i in r]
-    assert items == list(range(n)), "every item in exactly one stage, in order"
-    assert all(p.stage_of(i) == s for s, r in enumerate(p.ranges()) for i in r)
+    ranges = [range(a, b) for a, b in itertools.pairwise(p.bounds)]
+    assert [i for r in ranges for i in r] == list(range(n)), "every item in exactly one stage, in order"
+    assert all(p.stage_of(i) == s for s, r in enumerate(ranges) for i in r)
     if c.allowed is not None:
         assert all(c.allowed[b] for b in p.bounds[1:-1])
     assert fits(c, p.bounds)
@@ -372,7 +373,6 @@ def test_literal_two_stages() -> None:
     assert p.compute == (10.0, 11.0) and p.transfer == (0.0, 0.0) and p.stage_costs == (10.0, 11.0)
     assert p.bottleneck == 11.0 and p.lower_bound == 10.5 and p.cut_bytes_total == 0
     assert p.k == 2 and p.ratio == pytest.approx(11 / 10.5)
-    assert p.ranges() == [range(0, 4), range(4, 6)]
     assert [p.stage_of(i) for i in range(6)] == [0, 0, 0, 0, 1, 1]
     with pytest.raises(IndexError):
         p.stage_of(6)
@@ -410,7 +410,7 @@ def test_stages_below_a_dominating_item_share_the_rest() -> None:
     # item beside one of four (every such split is min-max optimal): the second level balances them.
     p = solve([1, 1, 1, 1, 1, 1, 10], 4, cut_bytes=[0, 1, 9, 9, 9, 9, 9, 0])
     assert p.bounds == (0, 2, 4, 6, 7) and p.stage_costs == (2.0, 2.0, 2.0, 10.0)
-    assert partition._reference_solve([1, 1, 1, 1, 1, 1, 10], 4, cut_bytes=[0, 1, 9, 9, 9, 9, 9, 0]) == p
+    assert reference_dp.reference_solve([1, 1, 1, 1, 1, 1, 10], 4, cut_bytes=[0, 1, 9, 9, 9, 9, 9, 0]) == p
     # Nothing below the bottleneck to share: the fewest bytes still decide.
     assert solve([2, 1, 2], 2, cut_bytes=[0, 7, 3, 0]).bounds == (0, 2, 3)
 
@@ -600,7 +600,7 @@ def test_a_free_device_row() -> None:
         "bandwidths": [50.0] * k,
     }
     p = solve_heterogeneous(HeterogeneousRequest(None, **kw), k)
-    assert p == partition._reference_solve_heterogeneous(HeterogeneousRequest(None, **kw), k)
+    assert p == reference_dp.reference_solve_heterogeneous(HeterogeneousRequest(None, **kw), k)
     assert p.lower_bound == 0.0 and p.ratio == 1.0  # the free device could run everything: no bound
 
 
@@ -683,7 +683,7 @@ def test_the_public_functions_take_the_request() -> None:
     assert fields[0] == ("costs", None) and len(fields) == 13
     for fn, other in ((solve_heterogeneous, "k"), (evaluate_heterogeneous, "bounds")):
         assert list(inspect.signature(fn).parameters) == ["request", other]
-    assert list(inspect.signature(partition._reference_solve_heterogeneous).parameters) == ["request", "k"]
+    assert list(inspect.signature(reference_dp.reference_solve_heterogeneous).parameters) == ["request", "k"]
     with pytest.raises(TypeError, match="bandwidth"):
         HeterogeneousRequest([1.0, 2.0], bandwidth=1.0)  # type: ignore[call-arg]
 
@@ -887,7 +887,7 @@ def test_a_stage_time_that_underflows_to_zero() -> None:
     p = solve_heterogeneous(HeterogeneousRequest([5e-324], speeds=[2.0]), 1)
     assert p.bounds == (0, 1) and p.bottleneck == 0.0
     q = solve_heterogeneous(HeterogeneousRequest([5e-324] * 7, speeds=[2.0, 3.0, 0.5]), 3)
-    assert q == partition._reference_solve_heterogeneous(
+    assert q == reference_dp.reference_solve_heterogeneous(
         HeterogeneousRequest([5e-324] * 7, speeds=[2.0, 3.0, 0.5]), 3
     )
 
@@ -910,7 +910,7 @@ def test_a_huge_bound_on_a_fast_device_solves_without_warnings() -> None:
         p = solve_heterogeneous(
             HeterogeneousRequest([1e-310, 5e-324, 2.5e-323, 0.0], **{**kw, "mem_caps": [10.0] * 3}), 3
         )
-    assert p == partition._reference_solve_heterogeneous(
+    assert p == reference_dp.reference_solve_heterogeneous(
         HeterogeneousRequest([1e-310, 5e-324, 2.5e-323, 0.0], **{**kw, "mem_caps": [10.0] * 3}), 3
     )
 
@@ -928,7 +928,7 @@ def test_tiny_costs_on_devices_of_different_speeds_are_solved_exactly(
     speed = st.sampled_from([0.5, 1.0, 2.0, 3.0, 7.0, 1e-3]) | st.floats(0.1, 10)
     speeds = data.draw(st.lists(speed, min_size=k, max_size=k))
     best = solve_heterogeneous(HeterogeneousRequest(costs, speeds=speeds), k)
-    assert best == partition._reference_solve_heterogeneous(HeterogeneousRequest(costs, speeds=speeds), k)
+    assert best == reference_dp.reference_solve_heterogeneous(HeterogeneousRequest(costs, speeds=speeds), k)
     exact = min(
         evaluate_heterogeneous(HeterogeneousRequest(costs, speeds=speeds), b).bottleneck
         for b in all_bounds(n, k)
@@ -999,7 +999,7 @@ def test_activation_memory_with_device_costs_matches_brute_force(c: Case) -> Non
 )
 def test_reference_dp_agrees_exactly(c: Case) -> None:
     fast = attempt(solve_heterogeneous, c.request(), c.k)
-    ref = attempt(partition._reference_solve_heterogeneous, c.request(), c.k)
+    ref = attempt(reference_dp.reference_solve_heterogeneous, c.request(), c.k)
     if isinstance(fast, PartitionError):
         assert isinstance(ref, PartitionError) and str(ref) == str(fast)
         assert type(ref) is type(fast)
@@ -1039,7 +1039,7 @@ def test_large_homogeneous_equals_reference_dp() -> None:
     allowed = rng.random(n + 1) < 0.8
     kw = {"cut_bytes": cut, "bandwidth": 1e8, "allowed_cuts": allowed}
     fast = solve(costs, k, **kw)
-    ref = partition._reference_solve(costs, k, **kw)
+    ref = reference_dp.reference_solve(costs, k, **kw)
     assert fast == ref
     check_invariants(
         fast, Case(list(costs), k, list(cut), [1.0] * k, [1e8] * k, [0.0] * k, False, list(allowed))
@@ -1061,7 +1061,7 @@ def test_large_heterogeneous_with_memory_equals_reference_dp() -> None:
     costs = rng.pareto(1.5, n) * 1e-3
     for overlap in (False, True):
         fast = solve_heterogeneous(HeterogeneousRequest(costs, overlap=overlap, **kw), k)
-        assert fast == partition._reference_solve_heterogeneous(
+        assert fast == reference_dp.reference_solve_heterogeneous(
             HeterogeneousRequest(costs, overlap=overlap, **kw), k
         )
 
@@ -1087,7 +1087,7 @@ def test_large_device_costs_with_activation_memory_equal_reference_dp() -> None:
     }
     for overlap in (False, True):
         fast = solve_heterogeneous(HeterogeneousRequest(None, overlap=overlap, **kw), k)
-        assert fast == partition._reference_solve_heterogeneous(
+        assert fast == reference_dp.reference_solve_heterogeneous(
             HeterogeneousRequest(None, overlap=overlap, **kw), k
         )
         assert evaluate_heterogeneous(HeterogeneousRequest(None, overlap=overlap, **kw), fast.bounds) == fast
@@ -1103,13 +1103,13 @@ def test_large_device_costs_with_activation_memory_equal_reference_dp() -> None:
     with pytest.raises(MemoryFitError) as fast_err:
         solve_heterogeneous(HeterogeneousRequest(None, **tight), k)
     with pytest.raises(MemoryFitError) as ref_err:
-        partition._reference_solve_heterogeneous(HeterogeneousRequest(None, **tight), k)
+        reference_dp.reference_solve_heterogeneous(HeterogeneousRequest(None, **tight), k)
     assert fast_err.value.smallest_fit_bytes == ref_err.value.smallest_fit_bytes > 100_000.0
     assert str(fast_err.value) == str(ref_err.value)
     fit = {**kw, "mem_caps": np.full(k, fast_err.value.smallest_fit_bytes)}
     assert solve_heterogeneous(
         HeterogeneousRequest(None, **fit), k
-    ) == partition._reference_solve_heterogeneous(HeterogeneousRequest(None, **fit), k)
+    ) == reference_dp.reference_solve_heterogeneous(HeterogeneousRequest(None, **fit), k)
     below = {**kw, "mem_caps": np.full(k, math.nextafter(fast_err.value.smallest_fit_bytes, 0))}
     with pytest.raises(MemoryFitError):
         solve_heterogeneous(HeterogeneousRequest(None, **below), k)
@@ -1122,7 +1122,7 @@ def test_mostly_free_nodes_equal_reference_dp() -> None:
     costs = np.where(rng.random(n) < 0.05, rng.random(n), 0.0)
     cut = rng.integers(0, 1000, n + 1).astype(float)
     fast = solve(costs, k, cut_bytes=cut, bandwidth=5e4)
-    assert fast == partition._reference_solve(costs, k, cut_bytes=cut, bandwidth=5e4)
+    assert fast == reference_dp.reference_solve(costs, k, cut_bytes=cut, bandwidth=5e4)
 
 
 def test_hundred_thousand_items_solve() -> None:

@@ -39,7 +39,7 @@ def test_three_runtimes_are_read_with_their_settings() -> None:
         )
     )
     ov, ort, tr = cluster.devices
-    assert (ov.runtime, ort.runtime, tr.runtime) == (Runtime.OPENVINO, Runtime.ONNXRUNTIME, Runtime.TRACT)
+    assert [d.engine.runtime for d in (ov, ort, tr)] == [Runtime.OPENVINO, Runtime.ONNXRUNTIME, Runtime.TRACT]
     assert ov.engine_config().openvino_config == (("INFERENCE_PRECISION_HINT", "f32"),)
     assert ov.engine_config().threads == 2
     assert [d.runtime_label for d in cluster.devices] == [
@@ -54,9 +54,9 @@ def test_three_runtimes_are_read_with_their_settings() -> None:
 
 
 def test_devices_of_other_runtimes_are_other_types() -> None:
-    assert device_type(Device("a")) != device_type(Device("a", runtime=Runtime.TRACT))
-    assert device_type(Device("a", runtime=Runtime.OPENVINO)) != device_type(
-        Device("a", runtime=Runtime.OPENVINO, openvino_device="GPU")
+    assert device_type(Device("a")) != device_type(Device("a", engine=EngineConfig(runtime=Runtime.TRACT)))
+    assert device_type(Device("a", engine=EngineConfig(runtime=Runtime.OPENVINO))) != device_type(
+        Device("a", engine=EngineConfig(runtime=Runtime.OPENVINO, openvino_device="GPU"))
     )
 
 
@@ -78,7 +78,9 @@ def test_runtime_fields_are_checked(device: dict[str, Any], message: str) -> Non
 
 
 def test_placement_carries_the_runtime() -> None:
-    place = placement_of(Device("d", runtime=Runtime.OPENVINO, openvino_device="GPU", threads=3))
+    place = placement_of(
+        Device("d", engine=EngineConfig(runtime=Runtime.OPENVINO, openvino_device="GPU", threads=3))
+    )
     assert place.runtime == Runtime.OPENVINO and place.threads == 3 and place.uses_gpu
     assert place.runs_on == "openvino (GPU)"
     assert placement_of(Device("c")).runs_on == "CPUExecutionProvider"

@@ -23,15 +23,7 @@ def _pair(a: str, b: str) -> frozenset[str]:
     return frozenset((f"onnxpipe.{a}", f"onnxpipe.{b}"))
 
 
-KNOWN: dict[frozenset[str], str] = {
-    _pair("cluster.model.Device", "core.runtime_kinds.EngineConfig"): (
-        "a device as its file states it (options as JSON values, a speed, a memory, a profile); "
-        "Device.engine_config() makes its engine's"
-    ),
-    _pair(
-        "partition.interleave.InterleavedPartition", "partition.result.Partition"
-    ): "the planner's (issue 39)",
-}
+KNOWN: dict[frozenset[str], str] = {}
 """Twin pairs still to merge, ``{"module.Class", "module.Class"}`` -> why they are two for now; a pair
 that is no longer a twin must leave this list (the test says so), so that it only shrinks."""
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from onnxpipe.cluster.model import Device, option_text
+from onnxpipe.cluster.model import Device
 from onnxpipe.core.options import opt
-from onnxpipe.core.runtime_kinds import kind_of
 from onnxpipe.export.genai.config import (
     PipelineModel,
     ProviderOptions,
@@ -32,18 +31,16 @@ GenAI's default and gets no entry (GenAI refuses a CPU entry with options)."""
 
 def session_options_of(device: Device) -> SessionOptions | Unsupported:
     """A stage's session options from its device: its threads and its execution provider."""
-    kind = kind_of(device.runtime)
-    if not kind.genai:
-        return Unsupported(f"device {device.name!r} runs {kind.name}, which GenAI cannot run")
-    if kind.takes_openvino_device:
-        config = tuple((k, option_text(v)) for k, v in device.openvino_config.items())
-        options = (("device_type", device.openvino_device), *config)
-        return SessionOptions(device.threads, (ProviderOptions("OpenVINO", options),))
-    if device.provider == "CPUExecutionProvider":
-        return SessionOptions(device.threads)
-    name = _PROVIDERS.get(device.provider, device.provider.removesuffix("ExecutionProvider"))
-    options = tuple((k, option_text(v)) for k, v in device.provider_options.items())
-    return SessionOptions(device.threads, (ProviderOptions(name, options),))
+    e = device.engine
+    if not e.kind.genai:
+        return Unsupported(f"device {device.name!r} runs {e.kind.name}, which GenAI cannot run")
+    if e.kind.takes_openvino_device:
+        options = (("device_type", e.openvino_device), *e.openvino_config)
+        return SessionOptions(e.threads, (ProviderOptions("OpenVINO", options),))
+    if e.provider == "CPUExecutionProvider":
+        return SessionOptions(e.threads)
+    name = _PROVIDERS.get(e.provider, e.provider.removesuffix("ExecutionProvider"))
+    return SessionOptions(e.threads, (ProviderOptions(name, e.provider_options),))
 
 
 def pipeline_of(manifest: Manifest, names: TensorNames) -> tuple[PipelineModel, ...] | Unsupported:

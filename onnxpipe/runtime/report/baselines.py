@@ -283,7 +283,14 @@ def _alike(pipeline: Pipeline) -> bool:
     if m is None or m.cluster is None:
         return True
     kinds = {
-        (d.provider, d.threads, d.speed, tuple(sorted(d.op_speeds.items())), d.profile_path, d.profile_here)
+        (
+            d.engine.provider,
+            d.engine.threads,
+            d.speed,
+            tuple(sorted(d.op_speeds.items())),
+            d.profile_path,
+            d.profile_here,
+        )
         for d in m.cluster.devices
     }
     return len(kinds) == 1

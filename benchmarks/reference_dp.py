@@ -1,13 +1,15 @@
-"""The reference: a plain ``O(K n^2)`` dynamic programme, kept as the test oracle.
+"""The oracles of :mod:`onnxpipe.partition`: a plain ``O(K n^2)`` dynamic programme, and every
+interleaved split scored one by one.
 
-It shares the canonical cost formula (:class:`_Model`) and the tie-break rule (:func:`_choose`) with the
-engine but none of its cleverness (no bisection, no pruning, no windows), so the engine's results must
-equal its results exactly: same bounds, same bits.  Tests and benchmarks only; too slow beyond a few
-thousand items.
+The DP shares the canonical cost formula (:class:`_Model`) and the tie-break rule (:func:`_choose`) with
+the engine but none of its cleverness (no bisection, no pruning, no windows), so the engine's results must
+equal its results exactly: same bounds, same bits.  Tests and benchmarks only (the package never runs
+them); too slow beyond a few thousand items.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -15,11 +17,12 @@ import numpy as np
 
 from onnxpipe.partition.costmodel import _Model
 from onnxpipe.partition.inputs import HeterogeneousRequest, _heterogeneous_model, _homogeneous_model
+from onnxpipe.partition.interleave import InterleavedPartition, _result, _sums
 from onnxpipe.partition.numeric import FloatArr, IntArr
 from onnxpipe.partition.result import Partition, _balanced, _choose, _memory_error, _partition_of
 
 
-def _reference_solve(
+def reference_solve(
     costs: Sequence[float],
     k: int,
     *,
@@ -31,7 +34,7 @@ def _reference_solve(
     return _reference_finish(*_homogeneous_model(costs, k, cut_bytes, bandwidth, allowed_cuts))
 
 
-def _reference_solve_heterogeneous(request: HeterogeneousRequest, k: int) -> Partition:
+def reference_solve_heterogeneous(request: HeterogeneousRequest, k: int) -> Partition:
     """:func:`~onnxpipe.partition.solve_heterogeneous` by the reference DP."""
     return _reference_finish(*_heterogeneous_model(request, k))
 
@@ -106,3 +109,29 @@ def _reference_min_bytes(model: _Model, bound: float) -> tuple[float, tuple[int,
     for s in range(k - 1, -1, -1):
         bounds.append(int(preds[s][bounds[-1]]))
     return float(val[n]), tuple(reversed(bounds))
+
+
+def reference_interleaved(
+    costs: Sequence[float],
+    workers: int,
+    stages_per_worker: int,
+    *,
+    item_mem: Sequence[float] | None = None,
+    cut_bytes: Sequence[float] | None = None,
+    bandwidth: float = math.inf,
+    allowed_cuts: Sequence[bool] | None = None,
+    time_slack: float = 0.0,
+) -> InterleavedPartition:
+    """The test oracle: every split scored one by one with :meth:`_Sums.score`, the criteria applied
+    literally."""
+    t = _sums(costs, workers, stages_per_worker, item_mem, cut_bytes, bandwidth, allowed_cuts)
+    scored = []
+    for inner in itertools.combinations((int(p) for p in t.positions), t.stages - 1):
+        bounds = (0, *inner, t.n)
+        _, _, load, wmem = t.score(bounds)
+        cut = sum(int(t.cut[c]) for c in inner)
+        scored.append((float(load.max()), float(wmem.max()), cut, bounds))
+    fastest = min(s[0] for s in scored)
+    cap = fastest * (1.0 + time_slack)
+    best = min((s[1], s[2], s[3]) for s in scored if s[0] <= cap)
+    return _result(t, best[2], fastest)
