@@ -9,10 +9,10 @@ an unknown option is named, with the closest one, before any missing required on
 A library error names the option to change as its field (:mod:`onnxpipe.core.options`); it is printed
 with that option worded as its flag.
 
-Each subcommand is two modules: its parser and table, ``onnxpipe.cli.<name>`` (argparse, the door's light
-options and core only), and its work, ``onnxpipe.cli.commands.<name>``, imported only when it runs
-(:data:`.commands.WORK`), so that ``--help``, ``--version`` and usage errors answer without loading onnx,
-onnxruntime or numpy.
+Each subcommand has its parser and table, ``onnxpipe.cli.<name>`` (argparse, the door's light options
+and core only), and its work, a function of :mod:`onnxpipe.cli.commands` calling the door, whose functions
+load onnx, onnxruntime and numpy on first use: ``--help``, ``--version`` and usage errors answer without
+loading them.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``onnxpipe export-triton DIR --out REPO``: a Triton model repository from a split folder (the parser and
-its table; the work is :mod:`onnxpipe.cli.commands.export_triton`)."""
+its table; the work is :func:`onnxpipe.cli.commands.export_triton`)."""
 
 from __future__ import annotations
 

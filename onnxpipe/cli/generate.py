@@ -1,6 +1,6 @@
 """``onnxpipe generate DIR``: generation through a decoder's split (greedy, or sampled with a seed), each
 worker keeping its own layers' KV cache (the parser and its table; the work is
-:mod:`onnxpipe.cli.commands.generate`)."""
+:func:`onnxpipe.cli.commands.generate`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``onnxpipe inspect DIR|MODEL``: a table of a split folder's stages, or of a model (the parser; the work
-is :mod:`onnxpipe.cli.commands.inspect`)."""
+is :func:`onnxpipe.cli.commands.inspect`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``onnxpipe links DEVICES``: each link of a devices file measured on a Ray cluster, between the nodes
 its devices run on, through the transport a pipeline's stages use; the file written again with them
-(the parser and its table; the work is :mod:`onnxpipe.cli.commands.links`)."""
+(the parser and its table; the work is :func:`onnxpipe.cli.commands.links`)."""
 
 from __future__ import annotations
 

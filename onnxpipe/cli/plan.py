@@ -1,5 +1,5 @@
 """``onnxpipe plan MODEL --stages K|auto``: plan stages (for a cluster) and print, and draw, the plan (the
-parser and its table; the work is :mod:`onnxpipe.cli.commands.plan`)."""
+parser and its table; the work is :func:`onnxpipe.cli.commands.plan`)."""
 
 from __future__ import annotations
 

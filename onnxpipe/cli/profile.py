@@ -1,5 +1,5 @@
 """``onnxpipe profile MODEL --out FILE``: measure every node's time and save it (the parser and its table;
-the work is :mod:`onnxpipe.cli.commands.profile`)."""
+the work is :func:`onnxpipe.cli.commands.profile`)."""
 
 from __future__ import annotations
 

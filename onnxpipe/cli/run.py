@@ -1,5 +1,5 @@
 """``onnxpipe run DIR``: run a split folder as a pipeline, measure it, optionally against the model (the
-parser and its table; the work is :mod:`onnxpipe.cli.commands.run`)."""
+parser and its table; the work is :func:`onnxpipe.cli.commands.run`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``onnxpipe split MODEL --stages K --out DIR``: partition, export and verify (the parser and its table;
-the work is :mod:`onnxpipe.cli.commands.split`)."""
+the work is :func:`onnxpipe.cli.commands.split`)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from onnxpipe.api import DecoderInfo, Manifest, ModelSummary, ModelView, Plan, VerifyReport, worker_groups
+from onnxpipe import api
 from onnxpipe.core.dims import Dim
 from onnxpipe.core.text import human_bytes, table
 
@@ -27,7 +27,7 @@ BYTES_LEGEND = (
 """What the two byte columns of a stage table mean (their sizes differ for a reason the reader needs)."""
 
 
-def format_manifest_table(manifest: Manifest, *, files_changed: bool = False) -> str:
+def format_manifest_table(manifest: api.Manifest, *, files_changed: bool = False) -> str:
     """Stage, device, nodes, estimated cost, bytes in and out, params, and share of the bottleneck.
 
     ``files_changed``: the stage files are not those the split wrote, so a verification recorded as
@@ -113,7 +113,7 @@ def _dims(dims: tuple[Dim, ...] | None) -> str:
     return "[" + ", ".join(one(d) for d in dims) + "]"
 
 
-def format_model_table(view: ModelView, s: ModelSummary) -> str:
+def format_model_table(view: api.ModelView, s: api.ModelSummary) -> str:
     """Per operator type: node count and parameter bytes; then the model's inputs and outputs (dtypes,
     dims with symbols by name), opsets, node counts, weights, control-flow nodes and external data."""
     params: Counter[str] = Counter()
@@ -154,7 +154,7 @@ def format_model_table(view: ModelView, s: ModelSummary) -> str:
     return "\n".join(lines)
 
 
-def format_decoder(view: ModelView, dec: DecoderInfo | None, model_line: str | None = None) -> str:
+def format_decoder(view: api.ModelView, dec: api.DecoderInfo | None, model_line: str | None = None) -> str:
     """What ``inspect`` found of a decoder: its cache pairs, its inputs' roles, its dims and config
     (``model_line``), each group's nodes (and the notes loading made); empty for a model that is no
     decoder and loaded without remarks."""
@@ -188,7 +188,7 @@ def format_decoder(view: ModelView, dec: DecoderInfo | None, model_line: str | N
     return "\n".join(lines)
 
 
-def format_decoder_stages(manifest: Manifest) -> str:
+def format_decoder_stages(manifest: api.Manifest) -> str:
     """Per stage of a decoder's split: the layers whose KV cache it holds, the cache's bytes, and each
     phase's estimate; empty for other models."""
     dec = manifest.plan.decoder
@@ -234,7 +234,7 @@ def _by_worker(
     """
     if workers is None:
         return (max(costs) if costs else 0.0), []
-    groups = {workers[stages[0]]: stages for stages in worker_groups(workers)}
+    groups = {workers[stages[0]]: stages for stages in api.worker_groups(workers)}
     loads = {w: sum(costs[s] for s in stages) for w, stages in groups.items()}
     bottleneck = max(loads.values(), default=0.0)
     lines = [
@@ -246,7 +246,7 @@ def _by_worker(
     return bottleneck, lines
 
 
-def format_plan_table(plan: Plan) -> str:
+def format_plan_table(plan: api.Plan) -> str:
     """Stage, device, nodes, compute and transfer per micro-batch, parameters, the memory a stage needs
     (parameters and peak activations, against the device's where a devices file gives it), share of
     the bottleneck; then the schedule: kind, micro-batches, simulated batch time, bubble, throughput."""
@@ -308,7 +308,7 @@ def format_plan_table(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def format_stage_counts(plan: Plan) -> str | None:
+def format_stage_counts(plan: api.Plan) -> str | None:
     """``--stages auto``: a row per stage count tried, its bottleneck and throughput, the chosen marked."""
     if not plan.stage_counts_tried:
         return None
@@ -326,13 +326,13 @@ def format_stage_counts(plan: Plan) -> str | None:
     return table(["stages", "bottleneck ms", "per second", "choice"], rows)
 
 
-def _of_type(report: VerifyReport) -> str:
+def _of_type(report: api.VerifyReport) -> str:
     """``, for float16 outputs`` where every output shares a type whose tolerance is its own."""
     types = {o.expected_dtype for o in report.outputs}
     return f", for {next(iter(types))} outputs" if len(types) == 1 and types != {"float32"} else ""
 
 
-def format_verify_report(report: VerifyReport) -> str:
+def format_verify_report(report: api.VerifyReport) -> str:
     """A line per output, then the verdict with the tolerance and any notes; first, when a stage ran on
     another runtime than onnxruntime on the CPU, a line saying what ran each stage."""
     lines = [f"  {report.stages_line}"] if report.stages_line is not None else []

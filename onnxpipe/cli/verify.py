@@ -1,5 +1,5 @@
 """``onnxpipe verify DIR``: check that the chained stages reproduce the model's outputs (the parser and its
-table; the work is :mod:`onnxpipe.cli.commands.verify`)."""
+table; the work is :func:`onnxpipe.cli.commands.verify`)."""
 
 from __future__ import annotations
 
