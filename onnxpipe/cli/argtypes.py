@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Iterable
-from pathlib import Path
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.units import parse_bytes, parse_rate
@@ -130,11 +129,6 @@ def token_ids(text: str) -> tuple[int, ...]:
 def stages_arg(text: str) -> int | str:
     """``--stages``: a number of stages, or ``auto``."""
     return "auto" if text == "auto" else positive_int(text)
-
-
-def paths(items: Iterable[Path]) -> tuple[Path, ...]:
-    """A repeated path flag (``--inputs``) as the options' tuple."""
-    return tuple(items)
 
 
 def shapes(items: Iterable[str]) -> dict[str, tuple[int, ...]]:

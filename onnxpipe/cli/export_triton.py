@@ -17,23 +17,21 @@ HELP = "write a Triton model repository (a model per stage and an ensemble) from
 TABLE = Table(
     TritonOptions,
     [
-        flag("--out", field="out", type=Path, help="the repository folder to write"),
-        flag("--name", field="name", help="the ensemble's name (default: the source model's file stem)"),
+        flag("--out", type=Path, help="the repository folder to write"),
+        flag("--name", help="the ensemble's name (default: the source model's file stem)"),
         flag(
             "--platform",
-            field="platform",
             choices=values(TritonPlatform),
             help="what runs each stage: onnxruntime_onnx or the openvino backend; auto: each stage's "
             "runtime in the manifest (default)",
         ),
         flag(
             "--max-batch-size",
-            field="max_batch_size",
             type=positive_int,
             help="max_batch_size when every tensor has its batch at axis 0; else the configs say 0 and list "
             "full dims",
         ),
-        flag("--force", field="force", action="store_true", help="replace an earlier repository in --out"),
+        flag("--force", action="store_true", help="replace an earlier repository in --out"),
     ],
 )
 

@@ -7,13 +7,15 @@ argparse arguments (:meth:`Table.add_to`), turns the parsed arguments into the o
 (:meth:`Table.options`), and words an option named in a library message as its flag
 (:meth:`Table.word`): the library says `` `stages=2` ``, the CLI ``--stages 2``.
 
-A few flags set nothing in the options object: ``--json`` and ``--quiet`` say how the CLI prints.
+A few flags set nothing in the options object (their field is None): ``--json`` and ``--quiet`` say how
+the CLI prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import operator
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -48,7 +50,7 @@ class Flag:
 
     @property
     def dest(self) -> str:
-        return self.field.replace(".", "__") if self.field else self.names[0].lstrip("-").replace("-", "_")
+        return self.field.replace(".", "__") if self.field else _bare(self.names[0])
 
     @property
     def switch(self) -> bool:
@@ -60,13 +62,32 @@ def flag(
     *names: str,
     field: str | None = None,
     help: str | None = None,
-    group: str | None = None,
     to_field: Callable[[Any], Any] | None = None,
     from_field: Callable[[Any], Any] | None = None,
     **settings: Any,
 ) -> Flag:
-    """A :class:`Flag`; ``settings`` are argparse's (``type``, ``metavar``, ``choices``, ``action``...)."""
-    return Flag(tuple(names), field, help, group, to_field, from_field, settings)
+    """A :class:`Flag` that sets ``field``, by default the field named as the flag is (``--max-new-tokens``
+    sets ``max_new_tokens``, as argparse names a dest); ``settings`` are argparse's (``type``,
+    ``metavar``, ``choices``, ``action``...)."""
+    return Flag(tuple(names), field or _bare(names[0]), help, None, to_field, from_field, settings)
+
+
+def _bare(name: str) -> str:
+    """``--max-new-tokens`` as a name: ``max_new_tokens``."""
+    return name.lstrip("-").replace("-", "_")
+
+
+def negated(name: str, field: str, help: str) -> Flag:
+    """``--no-verify``: a switch that turns off ``field``, an option that is on by default."""
+    return flag(
+        name, field=field, action="store_true", to_field=operator.not_, from_field=operator.not_, help=help
+    )
+
+
+def grouped(group: str, flags: Iterable[Flag], at: str = "") -> list[Flag]:
+    """``flags`` under the heading ``group`` of the help, their fields those of the options object at
+    ``at`` (``"plan.decoder."``: ``--phase`` sets ``plan.decoder.phase``)."""
+    return [dataclasses.replace(f, group=group, field=f"{at}{f.field}" if f.field else None) for f in flags]
 
 
 def _nested_type(owner: type, name: str) -> type:
@@ -122,10 +143,9 @@ class Table:
         self.options_type = options
         self.flags = tuple(flags)
 
-    def add_to(self, parser: argparse.ArgumentParser, groups: Iterable[str] = ()) -> None:
-        """The flags as ``parser``'s arguments, in their groups (made in the order ``groups`` lists
-        them first, then as they come)."""
-        made: dict[str, argparse._ArgumentGroup] = {name: parser.add_argument_group(name) for name in groups}
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        """The flags as ``parser``'s arguments, in their groups (made as they come)."""
+        made: dict[str, argparse._ArgumentGroup] = {}
         for f in self.flags:
             where: Any = parser
             if f.group is not None:
@@ -134,7 +154,7 @@ class Table:
                 where = made[f.group]
             settings = dict(f.settings)
             if f.field is not None and not f.switch and not {"metavar", "choices"} & set(settings):
-                settings["metavar"] = f.names[0].lstrip("-").replace("-", "_").upper()  # argparse's own
+                settings["metavar"] = _bare(f.names[0]).upper()  # argparse's own
             if f.field is not None and "default" not in settings:
                 default = field_default(self.options_type, f.field)
                 if default is _NO_DEFAULT:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from onnxpipe.api.options import Backend, GenerateOptions, LocalMode
+from onnxpipe.api.options import Backend, GenerateOptions
 from onnxpipe.cli.argtypes import count, positive_int, positive_number, probability, token_ids
-from onnxpipe.cli.arguments import JSON, ray_flags
+from onnxpipe.cli.arguments import JSON, LOCAL_MODES, ray_flags
 from onnxpipe.cli.flags import Table, flag
 from onnxpipe.core.choices import values
 
@@ -31,7 +31,6 @@ TABLE = Table(
         ),
         flag(
             "--prompt-ids",
-            field="prompt_ids",
             type=token_ids,
             action="append",
             default=[],
@@ -41,32 +40,19 @@ TABLE = Table(
         ),
         flag(
             "--chat",
-            field="chat",
             action="store_true",
             help="wrap each --prompt in the model's chat template as a user's message, the assistant's turn "
             "opened",
         ),
-        flag(
-            "--system",
-            field="system",
-            metavar="TEXT",
-            help="with --chat: a system message before each prompt",
-        ),
+        flag("--system", metavar="TEXT", help="with --chat: a system message before each prompt"),
         flag(
             "--tokenizer",
-            field="tokenizer",
             type=Path,
             metavar="DIR",
             help="the folder of the model's tokenizer files (tokenizer.json, tokenizer_config.json; default: "
             "the split's folder, else the source model's)",
         ),
-        flag(
-            "--max-new-tokens",
-            field="max_new_tokens",
-            type=positive_int,
-            metavar="N",
-            help="new tokens per prompt",
-        ),
+        flag("--max-new-tokens", type=positive_int, metavar="N", help="new tokens per prompt"),
         flag(
             "--eos-token-id",
             field="eos_token_ids",
@@ -79,20 +65,17 @@ TABLE = Table(
         ),
         flag(
             "--ignore-eos",
-            field="ignore_eos",
             action="store_true",
             help="make every sequence --max-new-tokens long, whatever tokens come",
         ),
         flag(
             "--in-flight",
-            field="in_flight",
             type=positive_int,
             metavar="N",
             help="sequences in the pipeline at once (default: every prompt)",
         ),
         flag(
             "--batch",
-            field="batch",
             type=positive_int,
             metavar="N",
             help="sequences a decode step carries at most, their caches padded (default: those in flight "
@@ -100,7 +83,6 @@ TABLE = Table(
         ),
         flag(
             "--do-sample",
-            field="do_sample",
             action="store_true",
             help="draw each token from the softmax of the logits instead of taking the highest (greedy, the "
             "default), seeded per sequence: the same --seed gives the same tokens through the split and the "
@@ -108,67 +90,45 @@ TABLE = Table(
         ),
         flag(
             "--temperature",
-            field="temperature",
             type=positive_number,
             metavar="T",
             help="with --do-sample: logits over T (default 1.0)",
         ),
         flag(
             "--top-k",
-            field="top_k",
             type=count,
             metavar="K",
             help="with --do-sample: only the K most likely tokens (default 0: all)",
         ),
         flag(
             "--top-p",
-            field="top_p",
             type=probability,
             metavar="P",
             help="with --do-sample: only the most likely tokens whose probabilities reach P (default 1.0: "
             "all)",
         ),
-        flag(
-            "--seed",
-            field="seed",
-            type=count,
-            metavar="S",
-            help="with --do-sample: the generators' seed (default 0)",
-        ),
-        flag(
-            "--local-mode",
-            field="local_mode",
-            choices=(LocalMode.PROCESSES.value, LocalMode.THREADS.value),
-            help="workers as processes (shared memory) or threads",
-        ),
+        flag("--seed", type=count, metavar="S", help="with --do-sample: the generators' seed (default 0)"),
+        flag("--local-mode", choices=LOCAL_MODES, help="workers as processes (shared memory) or threads"),
         flag(
             "--threads",
-            field="threads",
             type=positive_int,
             metavar="N",
             help="intra-op threads per worker (default: the split's devices', else the plan's)",
         ),
         flag(
             "--backend",
-            field="backend",
             choices=values(Backend),
             help="local workers or Ray actors on a cluster, each keeping its stage's cache",
         ),
         *ray_flags("generation", "the sequences whose caches it held rebuilt there by a prefill"),
         flag(
             "--compare",
-            field="compare",
             action="store_true",
             help="also generate the same prompts with the unsplit model (a plain loop in this process) and "
             "with K replicas of it (on --backend: Ray places them itself), side by side: the tokens must be "
             "the same (exit 1 if not), and tokens/s of each are reported",
         ),
-        flag(
-            "--model",
-            field="model",
-            type=Path,
-            help="the source model for --compare (default: the manifest's)",
-        ),
+        flag("--model", type=Path, help="the source model for --compare (default: the manifest's)"),
         JSON,
     ],
 )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from onnxpipe.api.options import InspectOptions
 from onnxpipe.cli.arguments import JSON
-from onnxpipe.cli.flags import Table, flag
+from onnxpipe.cli.flags import Table, negated
 
 NAME = "inspect"
 HELP = "print a table of a split folder's stages, or of a model"
@@ -16,13 +16,10 @@ HELP = "print a table of a split folder's stages, or of a model"
 TABLE = Table(
     InspectOptions,
     [
-        flag(
+        negated(
             "--no-file-check",
-            field="check_files",
-            action="store_true",
-            to_field=lambda skip: not skip,
-            from_field=lambda check: not check,
-            help="do not hash the stage files against the manifest (a large split, looked at quickly)",
+            "check_files",
+            "do not hash the stage files against the manifest (a large split, looked at quickly)",
         ),
         JSON,
     ],

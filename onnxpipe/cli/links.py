@@ -20,13 +20,11 @@ TABLE = Table(
     [
         flag(
             "--ray-address",
-            field="ray_address",
             metavar="ADDR",
             help="address of a running Ray cluster (default: start a local one)",
         ),
         flag(
             "--ray-resources",
-            field="ray_resources",
             type=Path,
             metavar="FILE",
             help="JSON file of each device's Ray resources, in pipeline order (as run takes per stage): "
@@ -34,7 +32,6 @@ TABLE = Table(
         ),
         flag(
             "--split",
-            field="split",
             type=Path,
             metavar="DIR",
             help="a split folder: each link is timed with the bytes its stages send across it",
@@ -49,14 +46,12 @@ TABLE = Table(
         ),
         flag(
             "--repeats",
-            field="repeats",
             type=positive_int,
             metavar="N",
             help="transfers per size, one at a time; their median counts",
         ),
         flag(
             "--out",
-            field="out",
             type=Path,
             metavar="FILE.json",
             help="write the devices file again, its links the measured ones",

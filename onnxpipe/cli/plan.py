@@ -17,7 +17,7 @@ TABLE = Table(
     PlanOptions,
     [
         *planning_flags(),
-        flag("--plot", field="plot", type=Path, help="draw the schedule and the stage loads (.png or .svg)"),
+        flag("--plot", type=Path, help="draw the schedule and the stage loads (.png or .svg)"),
         QUIET,
         *measure_flags(),
         JSON,

@@ -17,23 +17,17 @@ HELP = "measure every node's time with onnxruntime and save it"
 TABLE = Table(
     ProfileOptions,
     [
-        flag("--out", "-o", field="out", type=Path, required=True, help="profile JSON to write"),
-        flag("--cost", field="cost", choices=values(CostSource), help="measure, or static FLOPs"),
-        flag("--force", field="force", action="store_true", help="overwrite an existing profile file"),
+        flag("--out", "-o", type=Path, required=True, help="profile JSON to write"),
+        flag("--cost", choices=values(CostSource), help="measure, or static FLOPs"),
+        flag("--force", action="store_true", help="overwrite an existing profile file"),
         QUIET,
         flag(
             "--runtime",
-            field="runtime",
             choices=values(Runtime),
             help="measure on this runtime (default onnxruntime); openvino and tract: the whole model timed, "
             "their per-layer reports mapped back to nodes where they name them (docs/runtimes.md)",
         ),
-        flag(
-            "--openvino-device",
-            field="openvino_device",
-            metavar="DEVICE",
-            help="OpenVINO device for --runtime openvino",
-        ),
+        flag("--openvino-device", metavar="DEVICE", help="OpenVINO device for --runtime openvino"),
         *measure_flags(prefix="", devices=False),
     ],
 )

@@ -9,7 +9,7 @@ from pathlib import Path
 from onnxpipe.api.options import DEFAULT_ROUNDS, CalibrationMode, ExternalData, SplitOptions
 from onnxpipe.cli.argtypes import positive_int
 from onnxpipe.cli.arguments import JSON, QUIET, measure_flags, planning_flags, tolerance_flags
-from onnxpipe.cli.flags import Table, flag
+from onnxpipe.cli.flags import Table, flag, negated
 from onnxpipe.core.choices import values
 
 NAME = "split"
@@ -18,7 +18,7 @@ HELP = "partition the model into K balanced stages and export them"
 TABLE = Table(
     SplitOptions,
     [
-        flag("--out", "-o", field="out", type=Path, help="folder to write stages and manifest.json into"),
+        flag("--out", "-o", type=Path, help="folder to write stages and manifest.json into"),
         *planning_flags(),
         flag(
             "--external-data",
@@ -29,7 +29,6 @@ TABLE = Table(
         flag("--force", field="export.force", action="store_true", help="replace a non-empty output folder"),
         flag(
             "--static",
-            field="static",
             action="store_true",
             help="freeze the input shapes (--shape, else the defaults) and fold the shape arithmetic and the "
             "Ifs on shapes: every stage's inputs and outputs get fixed shapes (the plan's notes name any "
@@ -46,14 +45,7 @@ TABLE = Table(
             "defaults",
         ),
         *tolerance_flags(),
-        flag(
-            "--no-verify",
-            field="verify",
-            action="store_true",
-            to_field=lambda skip: not skip,
-            from_field=lambda verify: not verify,
-            help="skip comparing the stages with the model",
-        ),
+        negated("--no-verify", "verify", "skip comparing the stages with the model"),
         flag(
             "--calibrate",
             field="calibration.rounds",

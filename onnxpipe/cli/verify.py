@@ -18,23 +18,18 @@ HELP = "check that the chained stages reproduce the model's outputs"
 TABLE = Table(
     VerifyOptions,
     [
-        flag(
-            "--model", field="model", type=Path, help="the source model (default: the path in the manifest)"
-        ),
+        flag("--model", type=Path, help="the source model (default: the path in the manifest)"),
         *tolerance_flags(),
-        flag("--seed", field="seed", type=int, help="seed of the random inputs both models are run on"),
+        flag("--seed", type=int, help="seed of the random inputs both models are run on"),
         flag(
             "--runtime",
-            field="runtime",
             choices=values(VerifyRuntime),
             help="run every stage on this runtime, or 'devices': each on its device's runtime (a split made "
             "with --devices); default: onnxruntime on the CPU.  The original always runs in onnxruntime",
         ),
-        flag(
-            "--threads", field="threads", type=positive_int, help="threads each stage runs with (default 1)"
-        ),
-        shape_flag("shapes"),
-        *input_flags(""),
+        flag("--threads", type=positive_int, help="threads each stage runs with (default 1)"),
+        shape_flag(),
+        *input_flags(),
         JSON,
     ],
 )
