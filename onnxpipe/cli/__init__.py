@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 
 from onnxpipe.cli.arguments import CommandParser, SubcommandParser
-from onnxpipe.cli.commands import work
+from onnxpipe.cli.commands import WORK
 from onnxpipe.cli.parsers import SUBCOMMANDS, worded
 from onnxpipe.cli.say import COMMAND_START, process_start
 from onnxpipe.core.errors import OnnxpipeError
@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return work(args.command, args)(args)
+        return WORK[args.command](args)
     except OnnxpipeError as e:
         print(f"onnxpipe {args.command}: error: {worded(str(e), args.command)}", file=sys.stderr)
         return e.exit_code

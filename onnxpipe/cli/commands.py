@@ -24,7 +24,6 @@ from onnxpipe.cli.say import Say, reading
 from onnxpipe.cli.split import TABLE as SPLIT
 from onnxpipe.cli.tables import (
     format_decoder,
-    format_decoder_stages,
     format_manifest_table,
     format_model_table,
     format_plan_table,
@@ -36,6 +35,7 @@ from onnxpipe.core.text import counted
 
 
 def profile(args: argparse.Namespace) -> int:
+    reading(args.model, quiet=args.quiet)
     say = Say("profile", quiet=args.quiet)
     prof = api.profile(args.model, PROFILE.options(args), listener=say)
     on = "" if prof.on_reference else f" on {prof.runtime}"
@@ -58,6 +58,7 @@ def profile(args: argparse.Namespace) -> int:
 
 
 def split(args: argparse.Namespace) -> int:
+    reading(args.model, quiet=args.quiet)
     say = Say("split", json_output=args.json, quiet=args.quiet)
     result = api.split(args.model, SPLIT.options(args), listener=say)
     code = 0 if result.ok else 1
@@ -70,8 +71,6 @@ def split(args: argparse.Namespace) -> int:
     if tried is not None:
         print(tried)
     print(format_manifest_table(result.manifest))
-    if result.manifest.plan.decoder is not None:
-        print(format_decoder_stages(result.manifest))
     print(
         f"wrote {plan.k} stages to {args.out}/ (bottleneck {plan.bottleneck_seconds * 1e3:.3f} ms, "
         f"{plan.ratio_to_lower_bound:.3f}x the lower bound)"
@@ -85,6 +84,7 @@ def split(args: argparse.Namespace) -> int:
 
 
 def plan(args: argparse.Namespace) -> int:
+    reading(args.model, quiet=args.quiet)
     say = Say("plan", json_output=args.json, quiet=args.quiet)
     result = api.plan(args.model, PLAN.options(args), listener=say)
     plan = result.plan
@@ -104,6 +104,7 @@ def plan(args: argparse.Namespace) -> int:
 
 
 def verify(args: argparse.Namespace) -> int:
+    reading(args.dir)
     say = Say("verify", json_output=args.json)  # made first: its total time counts the verification
     report = api.verify(args.dir, VERIFY.options(args))
     print(api.verify_json(report) if args.json else format_verify_report(report))
@@ -241,8 +242,6 @@ def inspect(args: argparse.Namespace) -> int:
         for problem in found.file_problems:  # first: what the table's verification line stands on
             print(f"error: {problem}: verify and run refuse this folder; re-run onnxpipe split")
         print(format_manifest_table(found.manifest, files_changed=bool(found.file_problems)))
-        if found.manifest.plan.decoder is not None:
-            print(format_decoder_stages(found.manifest))
         if found.checked and found.ok:
             print(f"files: the {found.manifest.k} stage file(s) are those the split wrote (sha256 checked)")
     else:
@@ -283,17 +282,6 @@ WORK: dict[str, Callable[[argparse.Namespace], int]] = {
     "inspect": inspect,
     "export-triton": export_triton,
 }
-"""Subcommand name -> its work."""
-
-
-READS: dict[str, str] = {"profile": "model", "split": "model", "plan": "model", "verify": "dir"}
-"""Subcommand name -> the argument naming the model or folder it reads first (:func:`work` says so)."""
-
-
-def work(name: str, args: argparse.Namespace | None = None) -> Callable[[argparse.Namespace], int]:
-    """The work of subcommand ``name``; with ``args``, first the line saying what it reads
-    (:func:`onnxpipe.cli.say.reading`), before the door loads onnx and onnxruntime (seconds on a loaded
-    machine)."""
-    if args is not None and name in READS:
-        reading(getattr(args, READS[name]), quiet=getattr(args, "quiet", False))
-    return WORK[name]
+"""Subcommand name -> its work.  A command given a model or a split folder says so first
+(:func:`onnxpipe.cli.say.reading`), before the door loads onnx and onnxruntime (seconds on a loaded
+machine)."""

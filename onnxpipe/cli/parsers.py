@@ -15,24 +15,14 @@ import onnxpipe.cli.profile as profile
 import onnxpipe.cli.run as run
 import onnxpipe.cli.split as split
 import onnxpipe.cli.verify as verify
-from onnxpipe.cli.flags import Table, word
-from onnxpipe.core.options import OptionRef, render
+from onnxpipe.cli.flags import word
+from onnxpipe.core.options import render
 
 SUBCOMMANDS = (profile, split, plan, verify, run, generate, links, inspect, export_triton)
 
 
-def tables_for(command: str) -> list[Table]:
-    """``command``'s table first, then every other subcommand's: an option a message names is worded as
-    this subcommand's flag where it has one, else as the flag another subcommand sets it with."""
-    own = [m.TABLE for m in SUBCOMMANDS if command == m.NAME]
-    return own + [m.TABLE for m in SUBCOMMANDS if command != m.NAME]
-
-
 def worded(text: str, command: str) -> str:
-    """``text`` with every option it names worded as a flag (``--stages 2``)."""
-    tables = tables_for(command)
-
-    def one(ref: OptionRef) -> str | None:
-        return word(ref, tables)
-
-    return render(text, one)
+    """``text`` with every option it names worded as a flag (``--stages 2``): as ``command``'s flag where it
+    has one, else as the flag another subcommand sets it with."""
+    tables = [m.TABLE for m in sorted(SUBCOMMANDS, key=lambda m: command != m.NAME)]  # its own first
+    return render(text, lambda ref: word(ref, tables))
