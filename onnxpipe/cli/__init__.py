@@ -9,7 +9,7 @@ an unknown option is named, with the closest one, before any missing required on
 A library error names the option to change as its field (:mod:`onnxpipe.core.options`); it is printed
 with that option worded as its flag.
 
-Each subcommand has its parser and table, ``onnxpipe.cli.<name>`` (argparse, the door's light options
+Each subcommand has its table of flags in :mod:`onnxpipe.cli.parsers` (argparse, the door's light options
 and core only), and its work, a function of :mod:`onnxpipe.cli.commands` calling the door, whose functions
 load onnx, onnxruntime and numpy on first use: ``--help``, ``--version`` and usage errors answer without
 loading them.
@@ -40,8 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=SubcommandParser
     )
-    for module in SUBCOMMANDS:
-        module.add_arguments(sub.add_parser(module.NAME, help=module.HELP))
+    for command in SUBCOMMANDS:
+        command.add_arguments(sub.add_parser(command.name, help=command.help))
     return parser
 
 

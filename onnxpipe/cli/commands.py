@@ -1,5 +1,5 @@
-"""The work of each subcommand: parse-time modules (:mod:`onnxpipe.cli.profile`, ...) hold its flags,
-this its call of the door and what it prints; each is ``name(args) -> int``, the exit code.
+"""The work of each subcommand (its flags: :mod:`onnxpipe.cli.parsers`): its call of the door and what it
+prints; each is ``name(args) -> int``, the exit code.
 
 The door's functions and results load onnx, onnxruntime and numpy on first use (:mod:`onnxpipe.api` is
 a lazy facade), so importing this module keeps ``onnxpipe --help``, ``--version`` and a usage error
@@ -13,15 +13,18 @@ import sys
 from collections.abc import Callable
 
 from onnxpipe import api
-from onnxpipe.cli.export_triton import TABLE as EXPORT_TRITON
-from onnxpipe.cli.generate import TABLE as GENERATE
-from onnxpipe.cli.inspect import TABLE as INSPECT
-from onnxpipe.cli.links import TABLE as LINKS
-from onnxpipe.cli.plan import TABLE as PLAN
-from onnxpipe.cli.profile import TABLE as PROFILE
-from onnxpipe.cli.run import TABLE as RUN
+from onnxpipe.cli.parsers import (
+    EXPORT_TRITON,
+    GENERATE,
+    INSPECT,
+    LINKS,
+    PLAN,
+    PROFILE,
+    RUN,
+    SPLIT,
+    VERIFY,
+)
 from onnxpipe.cli.say import Say, reading
-from onnxpipe.cli.split import TABLE as SPLIT
 from onnxpipe.cli.tables import (
     format_decoder,
     format_manifest_table,
@@ -30,7 +33,6 @@ from onnxpipe.cli.tables import (
     format_stage_counts,
     format_verify_report,
 )
-from onnxpipe.cli.verify import TABLE as VERIFY
 from onnxpipe.core.text import counted
 
 

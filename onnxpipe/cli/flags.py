@@ -1,11 +1,11 @@
-"""The CLI's one table per subcommand: each flag and the options field it sets.
+"""The CLI's one table per subcommand: its name and target, each flag and the options field it sets.
 
 A :class:`Flag` names the field it sets as a dotted path into the subcommand's options object
 (``plan.stages`` of :class:`~onnxpipe.api.SplitOptions`); its default is that field's default, read from
 the options class, so that a default is defined once, where the library defines it.  The table makes the
-argparse arguments (:meth:`Table.add_to`), turns the parsed arguments into the options object
-(:meth:`Table.options`), and words an option named in a library message as its flag
-(:meth:`Table.word`): the library says `` `stages=2` ``, the CLI ``--stages 2``.
+argparse arguments (:meth:`Subcommand.add_arguments`), turns the parsed arguments into the options
+object (:meth:`Subcommand.options`), and words an option named in a library message as its flag
+(:func:`word`): the library says `` `stages=2` ``, the CLI ``--stages 2``.
 
 A few flags set nothing in the options object (their field is None): ``--json`` and ``--quiet`` say how
 the CLI prints.
@@ -19,6 +19,7 @@ import operator
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from onnxpipe.api import options as api_options
@@ -136,15 +137,22 @@ def build(options: type, values: Mapping[str, Any]) -> Any:
     return options(**direct)
 
 
-class Table:
-    """The flags of one subcommand, whose options object is ``options``."""
+@dataclass(frozen=True)
+class Subcommand:
+    """A subcommand: its name, its line in ``onnxpipe --help``, the model or folder it is given (an
+    argument named ``target``, with ``target_help``), the options object its flags make and its flags."""
 
-    def __init__(self, options: type, flags: Sequence[Flag]) -> None:
-        self.options_type = options
-        self.flags = tuple(flags)
+    name: str
+    help: str
+    target: str
+    options_type: type
+    flags: Sequence[Flag]
+    target_help: str | None = None
 
-    def add_to(self, parser: argparse.ArgumentParser) -> None:
-        """The flags as ``parser``'s arguments, in their groups (made as they come)."""
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Its target and its flags as ``parser``'s arguments, the flags in their groups (made as they
+        come)."""
+        parser.add_argument(self.target, type=Path, help=self.target_help)
         made: dict[str, argparse._ArgumentGroup] = {}
         for f in self.flags:
             where: Any = parser
@@ -190,7 +198,7 @@ class Table:
         return None
 
 
-def word(ref: OptionRef, tables: Sequence[Table]) -> str | None:
+def word(ref: OptionRef, tables: Sequence[Subcommand]) -> str | None:
     """The option ``ref`` names as the flag of the first table that has one (``--stages 2``), or None."""
     for table in tables:
         f = table.find(ref)

@@ -219,7 +219,7 @@ def test_every_parser_has_its_work() -> None:
     from onnxpipe.cli import SUBCOMMANDS
     from onnxpipe.cli.commands import WORK
 
-    assert [m.NAME for m in SUBCOMMANDS] == list(WORK)
+    assert [c.name for c in SUBCOMMANDS] == list(WORK)
     for name in WORK:
         assert callable(WORK[name])
 
