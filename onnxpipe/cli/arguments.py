@@ -406,16 +406,17 @@ def _decoder_flags() -> list[Flag]:
     ]
 
 
+RAY_ADDRESS = flag(
+    "--ray-address", metavar="ADDR", help="address of a running Ray cluster (default: start a local one)"
+)
+
+
 def ray_flags(work: str, lost: str) -> list[Flag]:
     """``--ray-address``, ``--ray-resources``, ``--ray-files``, ``--ray-restarts`` and
     ``--ray-restart-timeout``: where the stages' actors run and what a lost one costs, for ``run`` and
     ``generate`` alike (``work``: what a timeout stops; ``lost``: what happens to a lost actor's work)."""
     return [
-        flag(
-            "--ray-address",
-            metavar="ADDR",
-            help="address of a running Ray cluster (default: start a local one)",
-        ),
+        RAY_ADDRESS,
         flag(
             "--ray-resources",
             type=Path,

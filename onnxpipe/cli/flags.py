@@ -173,19 +173,14 @@ class Subcommand:
                     settings["default"] = list(default) if appended and default is not None else default
             where.add_argument(*f.names, dest=f.dest, help=f.help, **settings)
 
-    def values(self, args: argparse.Namespace) -> dict[str, Any]:
-        """The parsed arguments as field values, by path."""
-        out: dict[str, Any] = {}
-        for f in self.flags:
-            if f.field is None:
-                continue
-            value = getattr(args, f.dest)
-            out[f.field] = f.to_field(value) if f.to_field and value is not None else value
-        return out
-
     def options(self, args: argparse.Namespace) -> Any:
         """The subcommand's options object from its parsed arguments."""
-        return build(self.options_type, self.values(args))
+        values: dict[str, Any] = {}
+        for f in self.flags:
+            if f.field is not None:
+                value = getattr(args, f.dest)
+                values[f.field] = f.to_field(value) if f.to_field and value is not None else value
+        return build(self.options_type, values)
 
     def find(self, ref: OptionRef) -> Flag | None:
         """The flag that sets the option ``ref`` names, if this subcommand has one."""

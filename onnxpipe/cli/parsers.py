@@ -33,6 +33,7 @@ from onnxpipe.cli.arguments import (
     JSON,
     LOCAL_MODES,
     QUIET,
+    RAY_ADDRESS,
     input_flags,
     measure_flags,
     planning_flags,
@@ -372,11 +373,7 @@ LINKS = Subcommand(
     "devices",
     LinkOptions,
     [
-        flag(
-            "--ray-address",
-            metavar="ADDR",
-            help="address of a running Ray cluster (default: start a local one)",
-        ),
+        RAY_ADDRESS,
         flag(
             "--ray-resources",
             type=Path,

@@ -12,13 +12,6 @@ from onnxpipe import api
 from onnxpipe.core.dims import Dim
 from onnxpipe.core.text import human_bytes, table
 
-
-def stage_time(compute: float, transfer: float, overlapped: bool) -> float:
-    """A stage's time per micro-batch as the plan's objective counts it: with a devices file transfers
-    run on their own links and overlap compute (the larger counts), else they add to the stage."""
-    return max(compute, transfer) if overlapped else compute + transfer
-
-
 BYTES_LEGEND = (
     "bytes in: what a stage reads (model inputs, earlier stages' outputs); link in: what crosses the link "
     "from the stage before (what it reads from earlier stages and forwards to later ones), what its "
@@ -52,10 +45,12 @@ def format_manifest_table(manifest: api.Manifest, *, files_changed: bool = False
     time (all its stages), and a line per worker sums its time and weights.
     """
     stages = manifest.stages
-    costs = [
-        stage_time(s.estimated_compute_seconds, s.estimated_transfer_seconds, manifest.cluster is not None)
-        for s in stages
-    ]
+    # a stage's time as the plan's objective counts it: with a devices file transfers run on their own
+    # links and overlap compute (the larger counts), else they add to the stage
+    overlapped = manifest.cluster is not None
+    compute = [s.estimated_compute_seconds for s in stages]
+    transfer = [s.estimated_transfer_seconds for s in stages]
+    costs = [max(c, t) if overlapped else c + t for c, t in zip(compute, transfer, strict=True)]
     workers = (
         [manifest.worker_of(i) for i in range(manifest.k)] if manifest.plan.workers is not None else None
     )
