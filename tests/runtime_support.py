@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe import api
 from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
-from onnxpipe.cli.run import add_arguments as add_run_arguments
+from onnxpipe.cli.parsers import RUN
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.manifest import Manifest, StageEntry
@@ -160,7 +160,7 @@ def assert_no_workers_left(pids: list[int], pipeline: Pipeline) -> None:
 
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="onnxpipe run")
-    add_run_arguments(parser)
+    RUN.add_arguments(parser)
     return parser.parse_args(list(argv))
 
 

@@ -31,7 +31,7 @@ def help_text(argv: list[str]) -> str:
 
 def surface() -> dict[str, object]:
     os.environ["COLUMNS"] = "100"
-    commands = ["", *(m.NAME for m in SUBCOMMANDS)]
+    commands = ["", *(c.name for c in SUBCOMMANDS)]
     return {
         "all": sorted(onnxpipe.__all__),
         "help": {c: help_text([c] if c else []) for c in sorted(commands)},

@@ -9,10 +9,10 @@ an unknown option is named, with the closest one, before any missing required on
 A library error names the option to change as its field (:mod:`onnxpipe.core.options`); it is printed
 with that option worded as its flag.
 
-Each subcommand is two modules: its parser and table, ``onnxpipe.cli.<name>`` (argparse, the door's light
-options and core only), and its work, ``onnxpipe.cli.commands.<name>``, imported only when it runs
-(:data:`.commands.WORK`), so that ``--help``, ``--version`` and usage errors answer without loading onnx,
-onnxruntime or numpy.
+Each subcommand has its table of flags in :mod:`onnxpipe.cli.parsers` (argparse, the door's light options
+and core only), and its work, a function of :mod:`onnxpipe.cli.commands` calling the door, whose functions
+load onnx, onnxruntime and numpy on first use: ``--help``, ``--version`` and usage errors answer without
+loading them.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 
 from onnxpipe.cli.arguments import CommandParser, SubcommandParser
-from onnxpipe.cli.commands import work
+from onnxpipe.cli.commands import WORK
 from onnxpipe.cli.parsers import SUBCOMMANDS, worded
 from onnxpipe.cli.say import COMMAND_START, process_start
 from onnxpipe.core.errors import OnnxpipeError
@@ -40,8 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=SubcommandParser
     )
-    for module in SUBCOMMANDS:
-        module.add_arguments(sub.add_parser(module.NAME, help=module.HELP))
+    for command in SUBCOMMANDS:
+        command.add_arguments(sub.add_parser(command.name, help=command.help))
     return parser
 
 
@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return work(args.command, args)(args)
+        return WORK[args.command](args)
     except OnnxpipeError as e:
         print(f"onnxpipe {args.command}: error: {worded(str(e), args.command)}", file=sys.stderr)
         return e.exit_code

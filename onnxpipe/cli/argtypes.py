@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Iterable
-from pathlib import Path
+from collections.abc import Callable, Iterable
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.units import parse_bytes, parse_rate
@@ -38,46 +37,46 @@ def count(text: str) -> int:
     return whole_number(text, 0)
 
 
-def positive_number(text: str, what: str = "a number") -> float:
-    """A finite number above 0 (``nan`` and ``inf`` refused)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"{text} must be a positive finite number")
-    return value
-
-
-def nonnegative_number(text: str) -> float:
-    """A finite number of 0 or more: a tolerance, a share (``--time-slack 0.01`` is 1%)."""
+def _number(text: str, fits: Callable[[float], bool], must: str) -> float:
+    """``text`` as a number that ``fits``, else an argparse error saying what it ``must`` be."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (value >= 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"{text} must be a finite number of 0 or more")
+    if not fits(value):
+        raise argparse.ArgumentTypeError(f"{text} must be {must}")
     return value
+
+
+def positive_number(text: str) -> float:
+    """A finite number above 0 (``nan`` and ``inf`` refused)."""
+    return _number(text, lambda v: v > 0 and math.isfinite(v), "a positive finite number")
+
+
+def nonnegative_number(text: str) -> float:
+    """A finite number of 0 or more: a tolerance, a share (``--time-slack 0.01`` is 1%)."""
+    return _number(text, lambda v: v >= 0 and math.isfinite(v), "a finite number of 0 or more")
+
+
+def probability(text: str) -> float:
+    """A number above 0 and at most 1: ``--top-p``."""
+    return _number(text, lambda v: 0 < v <= 1, "above 0 and at most 1")
 
 
 def bandwidth(text: str) -> float:
     """Bytes per second above 0, as a number or spelled as devices files spell it (``"1 Gbit/s"``,
     ``"100 MB/s"``), so that one link reads the same on the command line and in a file."""
     try:
-        float(text)
-        is_number = True
+        value, what = float(text), "number"
     except ValueError:
-        is_number = False
-    if is_number:
-        return positive_number(text, "a number of bytes per second")
-    try:
-        value = parse_rate(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a rate; give bytes per second (125000000) or e.g. '1 Gbit/s'"
-        ) from None
+        try:
+            value, what = parse_rate(text), "rate"
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a rate; give bytes per second (125000000) or e.g. '1 Gbit/s'"
+            ) from None
     if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"{text} must be a positive finite rate")
+        raise argparse.ArgumentTypeError(f"{text} must be a positive finite {what}")
     return value
 
 
@@ -97,17 +96,6 @@ def byte_sizes(text: str) -> tuple[int, ...]:
             raise argparse.ArgumentTypeError(f"{part} must be 1 byte or more")
         sizes.append(value)
     return tuple(sizes)
-
-
-def probability(text: str) -> float:
-    """A number above 0 and at most 1: ``--top-p``."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{text} must be above 0 and at most 1")
-    return value
 
 
 def token_ids(text: str) -> tuple[int, ...]:
@@ -130,11 +118,6 @@ def token_ids(text: str) -> tuple[int, ...]:
 def stages_arg(text: str) -> int | str:
     """``--stages``: a number of stages, or ``auto``."""
     return "auto" if text == "auto" else positive_int(text)
-
-
-def paths(items: Iterable[Path]) -> tuple[Path, ...]:
-    """A repeated path flag (``--inputs``) as the options' tuple."""
-    return tuple(items)
 
 
 def shapes(items: Iterable[str]) -> dict[str, tuple[int, ...]]:

@@ -22,6 +22,7 @@ from onnxpipe.api.options import (
     DeviceOrder,
     Ends,
     LinkModel,
+    LocalMode,
     PhaseChoice,
     RayFiles,
     ScheduleChoice,
@@ -32,13 +33,12 @@ from onnxpipe.cli.argtypes import (
     bandwidth,
     count,
     nonnegative_number,
-    paths,
     positive_int,
     positive_number,
     shapes,
     stages_arg,
 )
-from onnxpipe.cli.flags import Flag, flag
+from onnxpipe.cli.flags import Flag, flag, grouped
 from onnxpipe.core.choices import values
 
 _N = TypeVar("_N")
@@ -163,29 +163,28 @@ def _looks_like_option(arg: str) -> bool:
     return False
 
 
-QUIET = flag(
-    "--quiet",
-    "-q",
-    action="store_true",
+LOCAL_MODES = (LocalMode.PROCESSES.value, LocalMode.THREADS.value)
+"""The ``--local-mode`` choices: how workers on this machine run."""
+
+QUIET = Flag(
+    ("--quiet", "-q"),
+    field=None,
     help="no progress: no bar on a terminal, no progress lines in a log (stderr not a terminal)",
+    settings={"action": "store_true"},
 )
-JSON = flag(
-    "--json",
-    action="store_true",
+JSON = Flag(
+    ("--json",),
+    field=None,
     help="print one JSON document on stdout instead of the tables (schema: docs/cli.md); what the "
     "command says about its work goes to stderr",
+    settings={"action": "store_true"},
 )
 
 
-def shape_flag(
-    field: str,
-    help: str = "concrete shape of a model input with dynamic dims (repeatable)",
-    group: str | None = None,
-) -> Flag:
+def shape_flag(help: str = "concrete shape of a model input with dynamic dims (repeatable)") -> Flag:
     return flag(
         "--shape",
-        field=field,
-        group=group,
+        field="shapes",
         action="append",
         default=[],
         metavar="NAME=D1,D2,...",
@@ -194,49 +193,48 @@ def shape_flag(
     )
 
 
-def input_flags(prefix: str, group: str | None = None) -> list[Flag]:
-    """``--inputs`` and ``--inputs-stacked``: the user's sample inputs, fields of ``prefix``."""
-    return [
-        flag(
-            "--inputs",
-            field=f"{prefix}input_files",
-            group=group,
+def input_flags() -> list[Flag]:
+    """``--inputs`` and ``--inputs-stacked``: the user's sample inputs."""
+
+    def files(name: str, field: str, help: str) -> Flag:
+        return flag(
+            name,
+            field=field,
             action="append",
             default=[],
             type=Path,
             metavar="FILE",
-            to_field=paths,
-            help="real model inputs to run on instead of random ones: an .npz with one array per input (by "
+            to_field=tuple,
+            help=help,
+        )
+
+    return [
+        files(
+            "--inputs",
+            "input_files",
+            "real model inputs to run on instead of random ones: an .npz with one array per input (by "
             "name) or a folder of <input>.npy files; repeat for several samples (they fix the shapes)",
         ),
-        flag(
+        files(
             "--inputs-stacked",
-            field=f"{prefix}stacked_files",
-            group=group,
-            action="append",
-            default=[],
-            type=Path,
-            metavar="FILE",
-            to_field=paths,
-            help="like --inputs, an .npz whose arrays hold several samples along a leading axis",
+            "stacked_files",
+            "like --inputs, an .npz whose arrays hold several samples along a leading axis",
         ),
     ]
 
 
-def tolerance_flags(prefix: str = "") -> list[Flag]:
+def tolerance_flags() -> list[Flag]:
     """The tolerance a verification holds the outputs to (fields of :class:`~onnxpipe.api.VerifyOptions`,
     or of :class:`~onnxpipe.api.SplitOptions`): by each output's type unless given."""
     return [
         flag(
             "--rtol",
-            field=f"{prefix}rtol",
             type=nonnegative_number,
             help="relative tolerance: an output matches when max|a-b| <= atol + rtol * max|a| (default: by "
             f"the output's type: {defaults_text('rtol')})",
         ),
         flag(
             "--atol",
-            field=f"{prefix}atol",
             type=nonnegative_number,
             help=f"absolute tolerance (see --rtol; default: by the output's type: {defaults_text('atol')})",
         ),
@@ -246,65 +244,53 @@ def tolerance_flags(prefix: str = "") -> list[Flag]:
 def measure_flags(prefix: str = "profile.", *, devices: bool = True) -> list[Flag]:
     """How costs are measured: fields of a :class:`~onnxpipe.api.ProfileOptions` at ``prefix``
     (``devices``: the command also takes a devices file, whose devices have threads of their own)."""
-    g = "measurement"
     per_device = "; with --devices each device's threads" if devices else ""
-    return [
+    flags = [
         flag(
             "--threads",
-            field=f"{prefix}threads",
-            group=g,
             type=positive_int,
             help=f"intra-op threads to profile with, which the stages run with (default 1{per_device})",
         ),
-        flag(
-            "--runs",
-            field=f"{prefix}runs",
-            group=g,
-            type=positive_int,
-            help="timed runs to take the median of",
-        ),
-        flag("--warmup", field=f"{prefix}warmup", group=g, type=count, help="untimed warm-up runs"),
-        shape_flag(f"{prefix}shapes", group=g),
-        *input_flags(prefix, g),
+        flag("--runs", type=positive_int, help="timed runs to take the median of"),
+        flag("--warmup", type=count, help="untimed warm-up runs"),
+        shape_flag(),
+        *input_flags(),
     ]
+    return grouped("measurement", flags, at=prefix)
 
 
 def planning_flags() -> list[Flag]:
-    """What to plan (a :class:`~onnxpipe.api.PlanRequest` at ``plan.``) and from which costs."""
-    return [*_stage_flags(), *_schedule_flags(), *decoder_flags()]
+    """What to plan (a :class:`~onnxpipe.api.PlanRequest` at ``plan.``), from which costs, and how a
+    decoder LLM with a KV cache is split (ignored for other models: ``plan.decoder``)."""
+    return [
+        *grouped("planning", [*_stage_flags(), *_schedule_flags()]),
+        *grouped("decoders (models with a KV cache)", _decoder_flags(), at="plan.decoder."),
+    ]
 
 
 def _stage_flags() -> list[Flag]:
     """How many stages, from which costs, over which links, on how many workers."""
-    g = "planning"
     return [
         flag(
             "--stages",
             "-k",
             field="plan.stages",
-            group=g,
             type=stages_arg,
             metavar="K|auto",
             help="number of stages, or auto",
         ),
         flag(
-            "--profile",
-            field="profile.saved",
-            group=g,
-            type=Path,
-            help="reuse a profile saved by 'onnxpipe profile'",
+            "--profile", field="profile.saved", type=Path, help="reuse a profile saved by 'onnxpipe profile'"
         ),
         flag(
             "--cost",
             field="profile.cost",
-            group=g,
             choices=values(CostSource),
             help="measured (default) or static costs",
         ),
         flag(
             "--bandwidth",
             field="plan.bandwidth_bytes_per_s",
-            group=g,
             type=bandwidth,
             metavar="RATE",
             help="link bandwidth: bytes/s (125000000) or a rate as devices files write it ('1 Gbit/s'); "
@@ -313,7 +299,6 @@ def _stage_flags() -> list[Flag]:
         flag(
             "--link-model",
             field="plan.link_model",
-            group=g,
             choices=values(LinkModel),
             help="serial: a stage's transfer in adds to its compute; overlap: links run beside compute and "
             "the larger counts (default: serial without --devices, overlap with it or when training)",
@@ -321,7 +306,6 @@ def _stage_flags() -> list[Flag]:
         flag(
             "--workers",
             field="plan.workers",
-            group=g,
             type=positive_int,
             metavar="W",
             help="deal the K stages out to W identical workers in turn (stage s on worker s %% W), so that "
@@ -330,7 +314,6 @@ def _stage_flags() -> list[Flag]:
         flag(
             "--time-slack",
             field="plan.time_slack",
-            group=g,
             type=nonnegative_number,
             metavar="F",
             help="with --workers: accept a split up to F slower than the fastest (default "
@@ -339,7 +322,6 @@ def _stage_flags() -> list[Flag]:
         flag(
             "--split-nodes",
             field="plan.split_nodes",
-            group=g,
             choices=values(SplitNodes),
             help="auto: a node that holds the split back (a big MatMul, Gemm or Conv with constant weights) "
             "may be cut into parts in consecutive stages when that lowers the slowest stage; off (default): "
@@ -351,69 +333,57 @@ def _stage_flags() -> list[Flag]:
 def _schedule_flags() -> list[Flag]:
     """The devices and their order, the schedule the plan simulates, and what training splits a batch
     into (``plan.schedule``)."""
-    g = "planning"
     return [
         flag(
             "--devices",
             field="plan.devices",
-            group=g,
             type=Path,
             help="cluster file: devices in pipeline order and their links",
         ),
         flag(
             "--order",
             field="plan.order",
-            group=g,
             choices=values(DeviceOrder),
             help="keep the devices' order, or search it",
         ),
         flag(
             "--schedule",
             field="plan.schedule.kind",
-            group=g,
             choices=values(ScheduleChoice),
             help="stream (inference), gpipe or 1f1b (training), auto (best training schedule)",
         ),
         flag(
             "--microbatches",
             field="plan.schedule.microbatches",
-            group=g,
             type=positive_int,
             help=f"micro-batches M per batch (default {DEFAULT_MICROBATCHES})",
         ),
         flag(
             "--batch",
             field="plan.schedule.batch",
-            group=g,
             type=positive_int,
             help="samples per training iteration (default: M)",
         ),
         flag(
             "--backward-ratio",
             field="plan.schedule.backward_ratio",
-            group=g,
             type=positive_number,
             help="backward time over forward time (training)",
         ),
     ]
 
 
-def decoder_flags() -> list[Flag]:
-    """How a decoder LLM with a KV cache is split (ignored for other models): ``plan.decoder``."""
-    g = "decoders (models with a KV cache)"
+def _decoder_flags() -> list[Flag]:
+    """How a decoder's layers are cut and the shapes its phases are measured at."""
     return [
         flag(
             "--phase",
-            field="plan.decoder.phase",
-            group=g,
             choices=values(PhaseChoice),
             help="balance the layer cuts for a prompt (prefill), a generation step (decode), or both "
             "(default: the worse phase as close as it can be to its own best split)",
         ),
         flag(
             "--layer-cuts",
-            field="plan.decoder.layer_cuts",
-            group=g,
             choices=("on", "off"),
             to_field=lambda v: v == "on",
             from_field=lambda v: "on" if v else "off",
@@ -421,71 +391,46 @@ def decoder_flags() -> list[Flag]:
         ),
         flag(
             "--ends",
-            field="plan.decoder.ends",
-            group=g,
             choices=values(Ends),
             help="embedding and LM head: where the balance puts them (free), with the first/last layer "
             "(attached), or each in a stage of its own (own)",
         ),
         flag(
             "--max-context",
-            field="plan.decoder.max_context",
-            group=g,
             type=positive_int,
             metavar="TOKENS",
             help="context the KV cache memory per stage is counted at (at most the model's own context)",
         ),
-        flag(
-            "--prefill-tokens",
-            field="plan.decoder.prefill_tokens",
-            group=g,
-            type=positive_int,
-            metavar="N",
-            help="prompt tokens of the prefill shape",
-        ),
-        flag(
-            "--decode-past",
-            field="plan.decoder.decode_past",
-            group=g,
-            type=count,
-            metavar="N",
-            help="cached tokens of the decode shape",
-        ),
+        flag("--prefill-tokens", type=positive_int, metavar="N", help="prompt tokens of the prefill shape"),
+        flag("--decode-past", type=count, metavar="N", help="cached tokens of the decode shape"),
     ]
 
 
-def ray_flags(work: str, lost: str, group: str | None = None) -> list[Flag]:
+RAY_ADDRESS = flag(
+    "--ray-address", metavar="ADDR", help="address of a running Ray cluster (default: start a local one)"
+)
+
+
+def ray_flags(work: str, lost: str) -> list[Flag]:
     """``--ray-address``, ``--ray-resources``, ``--ray-files``, ``--ray-restarts`` and
     ``--ray-restart-timeout``: where the stages' actors run and what a lost one costs, for ``run`` and
     ``generate`` alike (``work``: what a timeout stops; ``lost``: what happens to a lost actor's work)."""
     return [
-        flag(
-            "--ray-address",
-            field="ray_address",
-            group=group,
-            metavar="ADDR",
-            help="address of a running Ray cluster (default: start a local one)",
-        ),
+        RAY_ADDRESS,
         flag(
             "--ray-resources",
-            field="ray_resources",
-            group=group,
             type=Path,
             metavar="FILE",
             help="JSON file of per-stage Ray actor resources (pins each stage to a node)",
         ),
         flag(
             "--ray-files",
-            field="ray_files",
-            group=group,
             choices=values(RayFiles),
             help="ship each stage's files through Ray to the node its actor lands on (checked by sha256, "
             "cached there), or read them from a folder every node has at the same path",
         ),
         flag(
             "--ray-restarts",
-            field="ray_restarts",
-            group=group,
             type=count,
             metavar="N",
             help=f"times Ray starts a lost stage actor again on a node with its resources, {lost} (0: a "
@@ -493,8 +438,6 @@ def ray_flags(work: str, lost: str, group: str | None = None) -> list[Flag]:
         ),
         flag(
             "--ray-restart-timeout",
-            field="ray_restart_timeout",
-            group=group,
             type=positive_number,
             metavar="S",
             help=f"seconds a lost stage actor may take to run again before the {work} stops",

@@ -1,22 +1,25 @@
-"""The CLI's one table per subcommand: each flag and the options field it sets.
+"""The CLI's one table per subcommand: its name and target, each flag and the options field it sets.
 
 A :class:`Flag` names the field it sets as a dotted path into the subcommand's options object
 (``plan.stages`` of :class:`~onnxpipe.api.SplitOptions`); its default is that field's default, read from
 the options class, so that a default is defined once, where the library defines it.  The table makes the
-argparse arguments (:meth:`Table.add_to`), turns the parsed arguments into the options object
-(:meth:`Table.options`), and words an option named in a library message as its flag
-(:meth:`Table.word`): the library says `` `stages=2` ``, the CLI ``--stages 2``.
+argparse arguments (:meth:`Subcommand.add_arguments`), turns the parsed arguments into the options
+object (:meth:`Subcommand.options`), and words an option named in a library message as its flag
+(:func:`word`): the library says `` `stages=2` ``, the CLI ``--stages 2``.
 
-A few flags set nothing in the options object: ``--json`` and ``--quiet`` say how the CLI prints.
+A few flags set nothing in the options object (their field is None): ``--json`` and ``--quiet`` say how
+the CLI prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import operator
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from onnxpipe.api import options as api_options
@@ -48,7 +51,7 @@ class Flag:
 
     @property
     def dest(self) -> str:
-        return self.field.replace(".", "__") if self.field else self.names[0].lstrip("-").replace("-", "_")
+        return self.field.replace(".", "__") if self.field else _bare(self.names[0])
 
     @property
     def switch(self) -> bool:
@@ -60,13 +63,32 @@ def flag(
     *names: str,
     field: str | None = None,
     help: str | None = None,
-    group: str | None = None,
     to_field: Callable[[Any], Any] | None = None,
     from_field: Callable[[Any], Any] | None = None,
     **settings: Any,
 ) -> Flag:
-    """A :class:`Flag`; ``settings`` are argparse's (``type``, ``metavar``, ``choices``, ``action``...)."""
-    return Flag(tuple(names), field, help, group, to_field, from_field, settings)
+    """A :class:`Flag` that sets ``field``, by default the field named as the flag is (``--max-new-tokens``
+    sets ``max_new_tokens``, as argparse names a dest); ``settings`` are argparse's (``type``,
+    ``metavar``, ``choices``, ``action``...)."""
+    return Flag(tuple(names), field or _bare(names[0]), help, None, to_field, from_field, settings)
+
+
+def _bare(name: str) -> str:
+    """``--max-new-tokens`` as a name: ``max_new_tokens``."""
+    return name.lstrip("-").replace("-", "_")
+
+
+def negated(name: str, field: str, help: str) -> Flag:
+    """``--no-verify``: a switch that turns off ``field``, an option that is on by default."""
+    return flag(
+        name, field=field, action="store_true", to_field=operator.not_, from_field=operator.not_, help=help
+    )
+
+
+def grouped(group: str, flags: Iterable[Flag], at: str = "") -> list[Flag]:
+    """``flags`` under the heading ``group`` of the help, their fields those of the options object at
+    ``at`` (``"plan.decoder."``: ``--phase`` sets ``plan.decoder.phase``)."""
+    return [dataclasses.replace(f, group=group, field=f"{at}{f.field}" if f.field else None) for f in flags]
 
 
 def _nested_type(owner: type, name: str) -> type:
@@ -115,17 +137,23 @@ def build(options: type, values: Mapping[str, Any]) -> Any:
     return options(**direct)
 
 
-class Table:
-    """The flags of one subcommand, whose options object is ``options``."""
+@dataclass(frozen=True)
+class Subcommand:
+    """A subcommand: its name, its line in ``onnxpipe --help``, the model or folder it is given (an
+    argument named ``target``, with ``target_help``), the options object its flags make and its flags."""
 
-    def __init__(self, options: type, flags: Sequence[Flag]) -> None:
-        self.options_type = options
-        self.flags = tuple(flags)
+    name: str
+    help: str
+    target: str
+    options_type: type
+    flags: Sequence[Flag]
+    target_help: str | None = None
 
-    def add_to(self, parser: argparse.ArgumentParser, groups: Iterable[str] = ()) -> None:
-        """The flags as ``parser``'s arguments, in their groups (made in the order ``groups`` lists
-        them first, then as they come)."""
-        made: dict[str, argparse._ArgumentGroup] = {name: parser.add_argument_group(name) for name in groups}
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Its target and its flags as ``parser``'s arguments, the flags in their groups (made as they
+        come)."""
+        parser.add_argument(self.target, type=Path, help=self.target_help)
+        made: dict[str, argparse._ArgumentGroup] = {}
         for f in self.flags:
             where: Any = parser
             if f.group is not None:
@@ -134,7 +162,7 @@ class Table:
                 where = made[f.group]
             settings = dict(f.settings)
             if f.field is not None and not f.switch and not {"metavar", "choices"} & set(settings):
-                settings["metavar"] = f.names[0].lstrip("-").replace("-", "_").upper()  # argparse's own
+                settings["metavar"] = _bare(f.names[0]).upper()  # argparse's own
             if f.field is not None and "default" not in settings:
                 default = field_default(self.options_type, f.field)
                 if default is _NO_DEFAULT:
@@ -145,19 +173,14 @@ class Table:
                     settings["default"] = list(default) if appended and default is not None else default
             where.add_argument(*f.names, dest=f.dest, help=f.help, **settings)
 
-    def values(self, args: argparse.Namespace) -> dict[str, Any]:
-        """The parsed arguments as field values, by path."""
-        out: dict[str, Any] = {}
-        for f in self.flags:
-            if f.field is None:
-                continue
-            value = getattr(args, f.dest)
-            out[f.field] = f.to_field(value) if f.to_field and value is not None else value
-        return out
-
     def options(self, args: argparse.Namespace) -> Any:
         """The subcommand's options object from its parsed arguments."""
-        return build(self.options_type, self.values(args))
+        values: dict[str, Any] = {}
+        for f in self.flags:
+            if f.field is not None:
+                value = getattr(args, f.dest)
+                values[f.field] = f.to_field(value) if f.to_field and value is not None else value
+        return build(self.options_type, values)
 
     def find(self, ref: OptionRef) -> Flag | None:
         """The flag that sets the option ``ref`` names, if this subcommand has one."""
@@ -170,7 +193,7 @@ class Table:
         return None
 
 
-def word(ref: OptionRef, tables: Sequence[Table]) -> str | None:
+def word(ref: OptionRef, tables: Sequence[Subcommand]) -> str | None:
     """The option ``ref`` names as the flag of the first table that has one (``--stages 2``), or None."""
     for table in tables:
         f = table.find(ref)

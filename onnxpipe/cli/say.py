@@ -13,7 +13,6 @@ import sys
 import time
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TextIO
 
 from onnxpipe.cli.parsers import worded
 from onnxpipe.core.text import human_bytes
@@ -44,11 +43,9 @@ class Say:
     """Lines about the work of subcommand ``command``; :meth:`done` prints the total time, counted from the
     command's start (:data:`COMMAND_START`), else from now."""
 
-    def __init__(
-        self, command: str, *, json_output: bool = False, quiet: bool = False, stream: TextIO | None = None
-    ) -> None:
+    def __init__(self, command: str, *, json_output: bool = False, quiet: bool = False) -> None:
         self.command = command
-        self.stream = stream if stream is not None else (sys.stderr if json_output else sys.stdout)
+        self.stream = sys.stderr if json_output else sys.stdout
         self.quiet = quiet
         self.progress = not quiet
         started = COMMAND_START.get()

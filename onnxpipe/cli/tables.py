@@ -8,16 +8,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from onnxpipe.api import DecoderInfo, Manifest, ModelSummary, ModelView, Plan, VerifyReport, worker_groups
+from onnxpipe import api
 from onnxpipe.core.dims import Dim
 from onnxpipe.core.text import human_bytes, table
-
-
-def stage_time(compute: float, transfer: float, overlapped: bool) -> float:
-    """A stage's time per micro-batch as the plan's objective counts it: with a devices file transfers
-    run on their own links and overlap compute (the larger counts), else they add to the stage."""
-    return max(compute, transfer) if overlapped else compute + transfer
-
 
 BYTES_LEGEND = (
     "bytes in: what a stage reads (model inputs, earlier stages' outputs); link in: what crosses the link "
@@ -27,8 +20,20 @@ BYTES_LEGEND = (
 """What the two byte columns of a stage table mean (their sizes differ for a reason the reader needs)."""
 
 
-def format_manifest_table(manifest: Manifest, *, files_changed: bool = False) -> str:
-    """Stage, device, nodes, estimated cost, bytes in and out, params, and share of the bottleneck.
+def _columns(*columns: tuple[str, Sequence[str]]) -> str:
+    """A table given column by column, each a header and its cells: a column that does not apply is left
+    out whole."""
+    return table([head for head, _ in columns], list(zip(*(cells for _, cells in columns), strict=True)))
+
+
+def _layer_range(layers: Sequence[int]) -> str:
+    """``3-5`` for the layers 3, 4 and 5; ``-`` for none."""
+    return "-" if not layers else (f"{layers[0]}" if len(layers) == 1 else f"{layers[0]}-{layers[-1]}")
+
+
+def format_manifest_table(manifest: api.Manifest, *, files_changed: bool = False) -> str:
+    """Stage, device, nodes, estimated cost, bytes in and out, params, and share of the bottleneck; for a
+    decoder, then each stage's KV cache and phases (what split and inspect both show).
 
     ``files_changed``: the stage files are not those the split wrote, so a verification recorded as
     passed no longer holds, and the line says so instead of ``passed``.
@@ -39,41 +44,28 @@ def format_manifest_table(manifest: Manifest, *, files_changed: bool = False) ->
     In an interleaved split the device column names the worker, the bottleneck is the busiest worker's
     time (all its stages), and a line per worker sums its time and weights.
     """
-    costs = [
-        stage_time(s.estimated_compute_seconds, s.estimated_transfer_seconds, manifest.cluster is not None)
-        for s in manifest.stages
-    ]
+    stages = manifest.stages
+    # a stage's time as the plan's objective counts it: with a devices file transfers run on their own
+    # links and overlap compute (the larger counts), else they add to the stage
+    overlapped = manifest.cluster is not None
+    compute = [s.estimated_compute_seconds for s in stages]
+    transfer = [s.estimated_transfer_seconds for s in stages]
+    costs = [max(c, t) if overlapped else c + t for c, t in zip(compute, transfer, strict=True)]
     workers = (
         [manifest.worker_of(i) for i in range(manifest.k)] if manifest.plan.workers is not None else None
     )
-    bottleneck, worker_lines = _by_worker(workers, costs, [s.param_bytes for s in manifest.stages])
-    rows = []
-    for s, cost in zip(manifest.stages, costs, strict=True):
-        share = cost / bottleneck if bottleneck > 0 else 0.0
-        rows.append(
-            [
-                f"{s.index}",
-                s.device if workers is None else f"worker {workers[s.index]}",
-                f"{s.node_count}",
-                f"{cost * 1e3:.3f}",
-                human_bytes(sum(i.bytes_per_sample for i in s.inputs)),
-                human_bytes(s.link_bytes_in),
-                human_bytes(sum(o.bytes_per_sample for o in s.outputs)),
-                human_bytes(s.param_bytes),
-                f"{share:.0%}",
-            ]
-        )
-    head = [
-        "stage",
-        "device",
-        "nodes",
-        "cost ms",
-        "bytes in",
-        "link in",
-        "bytes out",
-        "params",
-        "of bottleneck",
-    ]
+    bottleneck, worker_lines = _by_worker(workers, costs, [s.param_bytes for s in stages])
+    head = _columns(
+        ("stage", [f"{s.index}" for s in stages]),
+        ("device", [s.device if workers is None else f"worker {workers[s.index]}" for s in stages]),
+        ("nodes", [f"{s.node_count}" for s in stages]),
+        ("cost ms", [f"{cost * 1e3:.3f}" for cost in costs]),
+        ("bytes in", [human_bytes(sum(i.bytes_per_sample for i in s.inputs)) for s in stages]),
+        ("link in", [human_bytes(s.link_bytes_in) for s in stages]),
+        ("bytes out", [human_bytes(sum(o.bytes_per_sample for o in s.outputs)) for s in stages]),
+        ("params", [human_bytes(s.param_bytes) for s in stages]),
+        ("of bottleneck", [f"{cost / bottleneck if bottleneck > 0 else 0.0:.0%}" for cost in costs]),
+    )
     plan = manifest.plan
     footer = (
         f"{BYTES_LEGEND}\n"
@@ -96,7 +88,7 @@ def format_manifest_table(manifest: Manifest, *, files_changed: bool = False) ->
             else f"{v.status}: the stages were not compared with the model; onnxpipe verify compares them"
         )
     footer += "".join(f"\n{line}" for line in worker_lines)
-    return table(head, rows) + "\n" + footer
+    return "\n".join(part for part in (head, footer, _decoder_stages(manifest)) if part)
 
 
 def _dims(dims: tuple[Dim, ...] | None) -> str:
@@ -113,7 +105,7 @@ def _dims(dims: tuple[Dim, ...] | None) -> str:
     return "[" + ", ".join(one(d) for d in dims) + "]"
 
 
-def format_model_table(view: ModelView, s: ModelSummary) -> str:
+def format_model_table(view: api.ModelView, s: api.ModelSummary) -> str:
     """Per operator type: node count and parameter bytes; then the model's inputs and outputs (dtypes,
     dims with symbols by name), opsets, node counts, weights, control-flow nodes and external data."""
     params: Counter[str] = Counter()
@@ -154,7 +146,7 @@ def format_model_table(view: ModelView, s: ModelSummary) -> str:
     return "\n".join(lines)
 
 
-def format_decoder(view: ModelView, dec: DecoderInfo | None, model_line: str | None = None) -> str:
+def format_decoder(view: api.ModelView, dec: api.DecoderInfo | None, model_line: str | None = None) -> str:
     """What ``inspect`` found of a decoder: its cache pairs, its inputs' roles, its dims and config
     (``model_line``), each group's nodes (and the notes loading made); empty for a model that is no
     decoder and loaded without remarks."""
@@ -188,22 +180,20 @@ def format_decoder(view: ModelView, dec: DecoderInfo | None, model_line: str | N
     return "\n".join(lines)
 
 
-def format_decoder_stages(manifest: Manifest) -> str:
+def _decoder_stages(manifest: api.Manifest) -> str:
     """Per stage of a decoder's split: the layers whose KV cache it holds, the cache's bytes, and each
     phase's estimate; empty for other models."""
     dec = manifest.plan.decoder
     if dec is None:
         return ""
     phases = [p for p, _ in manifest.stages[0].estimated_phase_seconds] if manifest.stages else []
-    rows = []
-    for st in manifest.stages:
-        layers = st.kv_layers
-        where = "-" if not layers else (f"{layers[0]}" if len(layers) == 1 else f"{layers[0]}-{layers[-1]}")
-        times = dict(st.estimated_phase_seconds)
-        rows.append(
-            [f"{st.index}", where, human_bytes(st.kv_cache_bytes), *(f"{times[p] * 1e3:.3f}" for p in phases)]
-        )
-    head = ["stage", "KV layers", f"KV at {dec.max_context} tokens", *(f"{p} ms" for p in phases)]
+    stages = manifest.stages
+    stage_table = _columns(
+        ("stage", [f"{st.index}" for st in stages]),
+        ("KV layers", [_layer_range(st.kv_layers) for st in stages]),
+        (f"KV at {dec.max_context} tokens", [human_bytes(st.kv_cache_bytes) for st in stages]),
+        *((f"{p} ms", [f"{dict(st.estimated_phase_seconds)[p] * 1e3:.3f}" for st in stages]) for p in phases),
+    )
     model = dec.model
     facts = ""
     if model is not None:
@@ -214,7 +204,7 @@ def format_decoder_stages(manifest: Manifest) -> str:
             f" ({model.config or 'no config'}); files: {files}"
         )
     return (
-        table(head, rows)
+        stage_table
         + (
             f"\ndecoder: {dec.layers} layers, "
             f"{'cuts between layers' if dec.layer_cuts else 'cuts anywhere'}, ends {dec.ends}, "
@@ -234,7 +224,7 @@ def _by_worker(
     """
     if workers is None:
         return (max(costs) if costs else 0.0), []
-    groups = {workers[stages[0]]: stages for stages in worker_groups(workers)}
+    groups = {workers[stages[0]]: stages for stages in api.worker_groups(workers)}
     loads = {w: sum(costs[s] for s in stages) for w, stages in groups.items()}
     bottleneck = max(loads.values(), default=0.0)
     lines = [
@@ -246,49 +236,36 @@ def _by_worker(
     return bottleneck, lines
 
 
-def format_plan_table(plan: Plan) -> str:
+def format_plan_table(plan: api.Plan) -> str:
     """Stage, device, nodes, compute and transfer per micro-batch, parameters, the memory a stage needs
     (parameters and peak activations, against the device's where a devices file gives it), share of
     the bottleneck; then the schedule: kind, micro-batches, simulated batch time, bubble, throughput."""
-    costs = [
-        max(s.compute_seconds, s.transfer_seconds) if plan.cluster else s.cost_seconds for s in plan.stages
-    ]
-    workers = [s.worker if s.worker is not None else s.index for s in plan.stages] if plan.workers else None
-    bottleneck, worker_lines = _by_worker(workers, costs, [s.param_bytes for s in plan.stages])
+    stages = plan.stages
+    costs = [max(s.compute_seconds, s.transfer_seconds) if plan.cluster else s.cost_seconds for s in stages]
+    workers = [s.worker if s.worker is not None else s.index for s in stages] if plan.workers else None
+    bottleneck, worker_lines = _by_worker(workers, costs, [s.param_bytes for s in stages])
     caps = plan.cluster.mem_caps if plan.cluster is not None else None
-    rows = []
-    for i, (s, cost) in enumerate(zip(plan.stages, costs, strict=True)):
+
+    def memory(i: int) -> str:
+        s = stages[i]
         need = human_bytes(s.param_bytes + s.peak_activation_bytes * plan.microbatch_size)
-        cap = need if caps is None or caps[i] == float("inf") else f"{need} of {human_bytes(caps[i])}"
-        rows.append(
-            [
-                f"{s.index}",
-                s.device if workers is None else f"worker {workers[i]}",
-                f"{len(s.node_names)}",
-                f"{s.compute_seconds * 1e3:.3f}",
-                f"{s.transfer_seconds * 1e3:.3f}",
-                human_bytes(s.bytes_in),
-                human_bytes(s.link_bytes_in),
-                human_bytes(s.param_bytes),
-                cap,
-                f"{cost / bottleneck:.0%}" if bottleneck > 0 else "-",
-                *([human_bytes(s.kv_cache_bytes)] if plan.decoder is not None else []),
-            ]
-        )
-    head = [
-        "stage",
-        "device",
-        "nodes",
-        "compute ms",
-        "transfer ms",
-        "bytes in",
-        "link in",
-        "params",
-        "memory need",
-        "load",
-        *([f"KV at {plan.decoder.max_context}"] if plan.decoder is not None else []),
-    ]
-    lines = [table(head, rows), BYTES_LEGEND, *worker_lines]
+        return need if caps is None or caps[i] == float("inf") else f"{need} of {human_bytes(caps[i])}"
+
+    kv = [human_bytes(s.kv_cache_bytes) for s in stages]
+    stage_table = _columns(
+        ("stage", [f"{s.index}" for s in stages]),
+        ("device", [s.device if workers is None else f"worker {workers[i]}" for i, s in enumerate(stages)]),
+        ("nodes", [f"{len(s.node_names)}" for s in stages]),
+        ("compute ms", [f"{s.compute_seconds * 1e3:.3f}" for s in stages]),
+        ("transfer ms", [f"{s.transfer_seconds * 1e3:.3f}" for s in stages]),
+        ("bytes in", [human_bytes(s.bytes_in) for s in stages]),
+        ("link in", [human_bytes(s.link_bytes_in) for s in stages]),
+        ("params", [human_bytes(s.param_bytes) for s in stages]),
+        ("memory need", [memory(i) for i in range(len(stages))]),
+        ("load", [f"{cost / bottleneck:.0%}" if bottleneck > 0 else "-" for cost in costs]),
+        *([(f"KV at {plan.decoder.max_context}", kv)] if plan.decoder is not None else []),
+    )
+    lines = [stage_table, BYTES_LEGEND, *worker_lines]
     lines.append(
         f"bottleneck {plan.bottleneck_seconds * 1e3:.3f} ms per micro-batch, lower bound "
         f"{plan.lower_bound_seconds * 1e3:.3f} ms (ratio {plan.ratio_to_lower_bound:.3f}); costs: "
@@ -308,7 +285,7 @@ def format_plan_table(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def format_stage_counts(plan: Plan) -> str | None:
+def format_stage_counts(plan: api.Plan) -> str | None:
     """``--stages auto``: a row per stage count tried, its bottleneck and throughput, the chosen marked."""
     if not plan.stage_counts_tried:
         return None
@@ -326,13 +303,13 @@ def format_stage_counts(plan: Plan) -> str | None:
     return table(["stages", "bottleneck ms", "per second", "choice"], rows)
 
 
-def _of_type(report: VerifyReport) -> str:
+def _of_type(report: api.VerifyReport) -> str:
     """``, for float16 outputs`` where every output shares a type whose tolerance is its own."""
     types = {o.expected_dtype for o in report.outputs}
     return f", for {next(iter(types))} outputs" if len(types) == 1 and types != {"float32"} else ""
 
 
-def format_verify_report(report: VerifyReport) -> str:
+def format_verify_report(report: api.VerifyReport) -> str:
     """A line per output, then the verdict with the tolerance and any notes; first, when a stage ran on
     another runtime than onnxruntime on the CPU, a line saying what ran each stage."""
     lines = [f"  {report.stages_line}"] if report.stages_line is not None else []

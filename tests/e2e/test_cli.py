@@ -217,11 +217,11 @@ def test_verify_answers_before_loading_the_model_libraries(done: Path) -> None:
 
 def test_every_parser_has_its_work() -> None:
     from onnxpipe.cli import SUBCOMMANDS
-    from onnxpipe.cli.commands import WORK, work
+    from onnxpipe.cli.commands import WORK
 
-    assert [m.NAME for m in SUBCOMMANDS] == list(WORK)
+    assert [c.name for c in SUBCOMMANDS] == list(WORK)
     for name in WORK:
-        assert callable(work(name))
+        assert callable(WORK[name])
 
 
 @pytest.fixture
