@@ -81,13 +81,11 @@ class SplitOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "out", Path(self.out))
+        self._check()
 
-    def check(self) -> None:
+    def _check(self) -> None:
         """Refuse what cannot work together, before anything is loaded."""
-        self.plan.check()
-        self.profile.check()
-        self.calibration.check()
-        VerifyOptions(rtol=self.rtol, atol=self.atol).check()
+        VerifyOptions(rtol=self.rtol, atol=self.atol)  # refuses a bad tolerance
         if self.profile.out is not None and self.profile.out.absolute() == self.out.absolute():
             raise UsageError(f"{opt('ProfileOptions.out')}: the profile cannot be the split's folder")
 

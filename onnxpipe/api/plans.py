@@ -49,8 +49,6 @@ def plan(
     say = listener or SILENT
     if options.plot is not None:
         check_plot(options.plot)
-    options.plan.check()
-    options.profile.check()
     view = load(model)
     found = FoundDecoder.of(view)  # once for the request: its checks, its phases, each plan tried
     request = options.plan

@@ -26,7 +26,6 @@ def profile(
     say = listener or SILENT
     opts = options or ProfileOptions()
     check_profile_target(opts)
-    opts.check()
     view = model if isinstance(model, ModelView) else load_model(model)
     check_runtime_opsets(view)
     if opts.measured:

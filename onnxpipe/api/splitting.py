@@ -72,7 +72,6 @@ def split(
     if model_path is not None:
         check_target(out_dir, force=opts.export.force, protected=(model_path, model_path.parent))
     check_output_folder(out_dir)
-    opts.check()
     _check_calibration(opts)
     genai = None if opts.export.genai_config is None else read_source_config(opts.export.genai_config)
     view = load(model)

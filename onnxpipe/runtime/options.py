@@ -96,12 +96,13 @@ class RunOptions:
         resources: object = self.ray_resources
         if isinstance(resources, str):
             object.__setattr__(self, "ray_resources", Path(resources))
+        self._check()
 
     @property
     def has_input_files(self) -> bool:
         return bool(self.input_files or self.stacked_files)
 
-    def check(self) -> None:
+    def _check(self) -> None:
         """Refuse what cannot work together, before anything starts: another backend's options."""
         if self.slots < 1:
             raise UsageError(f"{opt('slots', self.slots)}: a link between stages needs at least one slot")
@@ -220,6 +221,7 @@ class GenerateOptions:
         object.__setattr__(self, "local_mode", choice(LocalMode, self.local_mode, "local_mode"))
         if self.model is not None:
             object.__setattr__(self, "model", Path(self.model))
+        self._check()
 
     @classmethod
     def drawn(cls, sampling: Sampling | None) -> dict[str, Any]:
@@ -246,7 +248,7 @@ class GenerateOptions:
             seed=self.seed or 0,
         )
 
-    def check(self) -> None:
+    def _check(self) -> None:
         """Refuse what cannot work together, before any worker starts."""
         if self.max_new_tokens < 1:
             raise UsageError(f"{opt('max_new_tokens', self.max_new_tokens)}: give 1 or more")
@@ -322,8 +324,9 @@ class LinkOptions:
         resources: object = self.ray_resources
         if isinstance(resources, str):
             object.__setattr__(self, "ray_resources", Path(resources))
+        self._check()
 
-    def check(self) -> None:
+    def _check(self) -> None:
         if self.repeats < 1:
             raise UsageError(f"{opt('repeats', self.repeats)}: give 1 or more transfers per size")
         if any(n < 1 for n in self.sizes):
