@@ -10,7 +10,7 @@ from pathlib import Path
 
 from onnxpipe.api.options import PlanOptions
 from onnxpipe.api.paths import check_plot
-from onnxpipe.api.preamble import BusyWatch, plan_preamble
+from onnxpipe.api.preamble import BusyWatch, before_work
 from onnxpipe.api.profiling import save_profile
 from onnxpipe.api.results import PlanResult
 from onnxpipe.calibrate.devices import calibrate_on_devices, how_timed
@@ -97,7 +97,7 @@ def start(
     if profile.measured:
         check_runtime_opsets(view)  # before the preamble: a refusal prints nothing else
     if profile.saved is None:  # a saved profile's own shapes and threads hold
-        plan_preamble(say, view, request, profile, phases)
+        before_work(say, view, profile, request, phases)
     return profile, phases
 
 

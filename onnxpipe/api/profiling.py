@@ -29,7 +29,7 @@ def profile(
     view = model if isinstance(model, ModelView) else load_model(model)
     check_runtime_opsets(view)
     if opts.measured:
-        before_work(say, view, opts.shapes, stages=None, threads=opts.threads or 1)
+        before_work(say, view, opts)
     watch = BusyWatch(say, "profiling") if opts.measured else None
     prof = get_profile(view, opts, progress=say.progress)
     if watch is not None:
