@@ -141,14 +141,12 @@ def _plan_of(
         cut = planned(view, prof, request, decoder=found)  # the stages name the cut node's parts: export it
         return cut.view, measured_here(cut.plan, prof, request)
     the_plan = calibrated_plan(view, prof, request, opts.calibration, phases, found)
-    whole = dataclasses.replace(request, stages=1)
-    return view, paid_here(
-        view,
-        the_plan,
-        prof,
-        request,
-        lambda: calibrated_plan(view, prof, whole, opts.calibration, phases, found),
-    )
+
+    def one_stage() -> Plan:  # asked for by stages="auto" only: one stage is a request of its own then
+        whole = dataclasses.replace(request, stages=1)
+        return calibrated_plan(view, prof, whole, opts.calibration, phases, found)
+
+    return view, paid_here(view, the_plan, prof, request, one_stage)
 
 
 def _sized(
