@@ -20,54 +20,20 @@ function             options                   returns
     split("model.onnx", SplitOptions(out="stages/", plan=PlanRequest(3)))
     report = run("stages/", RunOptions(compare=True))
 
-Every check of a request runs once, here, before the work it guards; an error names the option to
-change as its field (``force``, ``SplitOptions.force``; :mod:`onnxpipe.core.options`).  A long request
-takes a ``listener`` (:class:`~onnxpipe.core.events.Listener`) that is told each step, the lines before
-the work and the warnings; without one it is silent.  The options and the choices they take are imported
-at once (they are light, :mod:`onnxpipe.api.options`); the functions and results on first use.
+Every options object checks itself once, when it is made, so that none exists unchecked; an error
+names the option to change as its field (``force``, ``SplitOptions.force``; :mod:`onnxpipe.core.options`).
+A long request takes a ``listener`` (:class:`~onnxpipe.core.events.Listener`) that is told each step,
+the lines before the work and the warnings; without one it is silent.  The options and the choices they
+take are imported at once (they are light, :mod:`onnxpipe.api.options`); the functions and results on
+first use.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from onnxpipe.api.options import (
-    DEFAULT_MICROBATCHES,
-    DEFAULT_ROUNDS,
-    DEFAULT_TIME_SLACK,
-    Backend,
-    CalibrationMode,
-    CalibrationOptions,
-    CostSource,
-    DecoderOptions,
-    DeviceOrder,
-    Ends,
-    ExportOptions,
-    ExternalData,
-    GenerateOptions,
-    InspectOptions,
-    LinkModel,
-    LinkOptions,
-    LocalMode,
-    Phase,
-    PhaseChoice,
-    PlanOptions,
-    PlanRequest,
-    ProfileOptions,
-    RunOptions,
-    Runtime,
-    Sampling,
-    ScheduleChoice,
-    ScheduleKind,
-    ScheduleRequest,
-    SplitNodes,
-    SplitOptions,
-    TritonOptions,
-    TritonPlatform,
-    VerifyOptions,
-    VerifyRuntime,
-    defaults_text,
-)
+from onnxpipe.api import options as _options
+from onnxpipe.api.options import *  # noqa: F403 (the options and their choices, listed once there)
 from onnxpipe.core.lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
@@ -105,58 +71,23 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
-    "DEFAULT_MICROBATCHES",
-    "DEFAULT_ROUNDS",
-    "DEFAULT_TIME_SLACK",
-    "Backend",
-    "CalibrationMode",
-    "CalibrationOptions",
-    "CostSource",
     "DecoderInfo",
-    "DecoderOptions",
-    "DeviceOrder",
-    "Ends",
-    "ExportOptions",
-    "ExternalData",
     "FolderInspection",
-    "GenerateOptions",
     "GenerateResult",
     "Generation",
     "GenerationCluster",
-    "InspectOptions",
-    "LinkModel",
-    "LinkOptions",
     "LinkReport",
-    "LocalMode",
     "Manifest",
     "ModelInspection",
     "ModelSummary",
     "ModelView",
-    "Phase",
-    "PhaseChoice",
     "Plan",
-    "PlanOptions",
-    "PlanRequest",
     "PlanResult",
     "Profile",
-    "ProfileOptions",
-    "RunOptions",
     "RunReport",
-    "Runtime",
-    "Sampling",
-    "ScheduleChoice",
-    "ScheduleKind",
-    "ScheduleRequest",
-    "SplitNodes",
-    "SplitOptions",
     "SplitResult",
-    "TritonOptions",
-    "TritonPlatform",
     "TritonRepository",
-    "VerifyOptions",
     "VerifyReport",
-    "VerifyRuntime",
-    "defaults_text",
     "export_triton",
     "format_links",
     "format_report",
@@ -172,6 +103,7 @@ __all__ = [
     "verify_json",
     "worker_groups",
 ]
+__all__ += _options.__all__
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 

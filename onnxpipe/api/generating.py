@@ -41,7 +41,6 @@ def generate(
     Everything that can be refused is refused before any worker starts: the options, the tokenizer and
     its chat template, the prompts."""
     say = listener or SILENT
-    options.check()
     manifest = load_manifest(Path(folder), check_files=False)
     contract = split_contract(manifest, folder)  # once for the request: the split's, the baselines'
     config = _backend_config(manifest, options)

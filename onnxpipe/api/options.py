@@ -81,15 +81,34 @@ class SplitOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "out", Path(self.out))
+        self._check()
 
-    def check(self) -> None:
+    def _check(self) -> None:
         """Refuse what cannot work together, before anything is loaded."""
-        self.plan.check()
-        self.profile.check()
-        self.calibration.check()
-        VerifyOptions(rtol=self.rtol, atol=self.atol).check()
+        VerifyOptions(rtol=self.rtol, atol=self.atol)  # refuses a bad tolerance
         if self.profile.out is not None and self.profile.out.absolute() == self.out.absolute():
             raise UsageError(f"{opt('ProfileOptions.out')}: the profile cannot be the split's folder")
+        if self.calibration.rounds:
+            self._check_calibration()
+
+    def _check_calibration(self) -> None:
+        """Calibration's refusals: what it cannot time, or time that way."""
+        request, mode = self.plan, self.calibration.mode
+        if request.split_nodes == SplitNodes.AUTO:
+            raise UsageError(
+                f"{opt('CalibrationOptions.rounds')} corrects the costs of the model's own nodes, and "
+                f"{opt('split_nodes', 'auto')} cuts one: give one or the other"
+            )
+        if request.interleaved and mode in (CalibrationMode.PIPELINE, CalibrationMode.RAY):
+            raise UsageError(
+                f"{opt('CalibrationOptions.mode', mode)} times every stage in a worker of its own, but "
+                f"interleaved stages share their workers' CPUs: use {opt('CalibrationOptions.mode', 'alone')}"
+            )
+        if request.devices is not None and mode == CalibrationMode.PIPELINE:
+            raise UsageError(
+                f"{opt('CalibrationOptions.rounds')} with {opt('devices')} times each stage alone on its "
+                f"device's runtime: leave out {opt('CalibrationOptions.mode', 'pipeline')}"
+            )
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from onnxpipe.api.options import PlanOptions
 from onnxpipe.api.paths import check_plot
-from onnxpipe.api.preamble import BusyWatch, plan_preamble
+from onnxpipe.api.preamble import BusyWatch, before_work
 from onnxpipe.api.profiling import save_profile
 from onnxpipe.api.results import PlanResult
 from onnxpipe.calibrate.devices import calibrate_on_devices, how_timed
@@ -49,8 +49,6 @@ def plan(
     say = listener or SILENT
     if options.plot is not None:
         check_plot(options.plot)
-    options.plan.check()
-    options.profile.check()
     view = load(model)
     found = FoundDecoder.of(view)  # once for the request: its checks, its phases, each plan tried
     request = options.plan
@@ -99,7 +97,7 @@ def start(
     if profile.measured:
         check_runtime_opsets(view)  # before the preamble: a refusal prints nothing else
     if profile.saved is None:  # a saved profile's own shapes and threads hold
-        plan_preamble(say, view, request, profile, phases)
+        before_work(say, view, profile, request, phases)
     return profile, phases
 
 

@@ -131,47 +131,26 @@ class BusyWatch:
         return busy
 
 
-def profiling_threads(threads: int | None, devices_threads: Sequence[int] = ()) -> int:
-    """The most intra-op threads any measurement on this machine runs with: ``threads`` (default 1), and
-    those of devices profiled here."""
-    return max([1 if threads is None else threads, *devices_threads])
-
-
 def before_work(
     listener: Listener,
     view: ModelView,
-    overrides: Mapping[str, Sequence[int]],
-    *,
-    stages: int | None,
-    threads: int,
-    workers: int | None = None,
-    from_inputs: bool = False,
-) -> None:
-    """The preamble: input shapes (guessed ones named), and the stages' threads against the CPUs."""
-    for text in input_lines(view, overrides, from_inputs=from_inputs):
-        listener.line(text)
-    warning = threads_warning(stages, threads, workers=workers)
-    if warning is not None:
-        listener.warn(warning)
-
-
-def plan_preamble(
-    listener: Listener,
-    view: ModelView,
-    request: PlanRequest,
     profile: ProfileOptions,
+    request: PlanRequest | None = None,
     phases: Sequence[PhaseShape] = (),
 ) -> None:
-    """:func:`before_work` for ``plan`` and ``split``: the input shapes (a decoder's own inputs sized per
-    ``phases``), the stages' threads counted when they run on this machine (no devices file), and the
-    most threads a device profiled here measures with."""
-    devices = request.devices.devices if request.devices is not None else ()
-    here = [d.engine.threads for d in devices if d.profile_here]
+    """The preamble of ``profile``, ``plan`` and ``split``: the input shapes (a decoder's own inputs sized
+    per ``phases``), then the threads against the CPUs: the stages' when they run on this machine (a
+    ``request`` without devices), and the most any measurement here runs with (``profile.threads``,
+    default 1, and those of devices profiled here)."""
     given = profile.inputs.shapes if profile.inputs is not None else profile.shapes
     for text in input_lines(view, given, from_inputs=profile.inputs is not None, phases=phases):
         listener.line(text)
-    running = request.stages if isinstance(request.stages, int) and request.devices is None else None
-    workers = request.workers if request.devices is None else None
-    warning = threads_warning(running, profiling_threads(profile.threads, here), workers=workers)
+    devices = request.devices.devices if request is not None and request.devices is not None else ()
+    threads = max([profile.threads or 1, *(d.engine.threads for d in devices if d.profile_here)])
+    running = workers = None
+    if request is not None and request.devices is None:
+        running = request.stages if isinstance(request.stages, int) else None
+        workers = request.workers
+    warning = threads_warning(running, threads, workers=workers)
     if warning is not None:
         listener.warn(warning)

@@ -26,11 +26,10 @@ def profile(
     say = listener or SILENT
     opts = options or ProfileOptions()
     check_profile_target(opts)
-    opts.check()
     view = model if isinstance(model, ModelView) else load_model(model)
     check_runtime_opsets(view)
     if opts.measured:
-        before_work(say, view, opts.shapes, stages=None, threads=opts.threads or 1)
+        before_work(say, view, opts)
     watch = BusyWatch(say, "profiling") if opts.measured else None
     prof = get_profile(view, opts, progress=say.progress)
     if watch is not None:

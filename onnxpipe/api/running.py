@@ -48,7 +48,6 @@ def run(
     """
     say = listener or SILENT
     opts = options or RunOptions()
-    opts.check()
     for path, field in ((opts.report, "report"), (opts.outputs, "outputs")):
         if path is not None:
             check_output_file(path, field)
@@ -141,8 +140,8 @@ def _inputs(
 
 
 def _backend_config(opts: RunOptions, manifest: Manifest) -> BackendConfig:
-    """The backend ``opts.backend`` names, with its own options (another backend's refused by
-    :meth:`RunOptions.check`)."""
+    """The backend ``opts.backend`` names, with its own options (another backend's refused when
+    :class:`RunOptions` were made)."""
     if opts.backend == Backend.RAY:
         return ray_config(opts, manifest.k, slots=opts.slots)
     return LocalConfig(mode=opts.local_mode, slots=opts.slots, pin=opts.pin)

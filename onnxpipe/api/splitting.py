@@ -1,8 +1,8 @@
 """``split``: load, profile (or reuse a profile), partition optimally, export the stages, verify them.
 
-The request is checked once, here, before anything is measured: the output folder, the options, the
-model's opsets, the stage count, a GenAI config that cannot serve.  Then the steps run in order, each
-told to the listener as it begins, so that no step of a long split is silent.
+The request is checked once before anything is measured: the options when they were made, here the
+output folder, the model's opsets, the stage count, a GenAI config that cannot serve.  Then the steps
+run in order, each told to the listener as it begins, so that no step of a long split is silent.
 """
 
 from __future__ import annotations
@@ -67,8 +67,6 @@ def split(
     if model_path is not None:
         check_target(out_dir, force=opts.export.force, protected=(model_path, model_path.parent))
     check_output_folder(out_dir)
-    opts.check()
-    _check_calibration(opts)
     genai = None if opts.export.genai_config is None else read_source_config(opts.export.genai_config)
     view = load(model)
     found = FoundDecoder.of(view)  # once for the request: its checks, its phases, each plan, the export
@@ -138,14 +136,12 @@ def _plan_of(
         cut = planned(view, prof, request, decoder=found)  # the stages name the cut node's parts: export it
         return cut.view, cut.plan
     the_plan = calibrated_plan(view, prof, request, opts.calibration, phases, found)
-    whole = dataclasses.replace(request, stages=1)
-    return view, paid_here(
-        view,
-        the_plan,
-        prof,
-        request,
-        lambda: calibrated_plan(view, prof, whole, opts.calibration, phases, found),
-    )
+
+    def one_stage() -> Plan:  # asked for by stages="auto" only: one stage is a request of its own then
+        whole = dataclasses.replace(request, stages=1)
+        return calibrated_plan(view, prof, whole, opts.calibration, phases, found)
+
+    return view, paid_here(view, the_plan, prof, request, one_stage)
 
 
 def _sized(
@@ -281,31 +277,6 @@ def check_genai_request(
         raise ExportError(
             f"{out_dir}: holds {source.path.name} ({opt('genai_config')}), which the split would replace; "
             f"choose another {opt('out')} or move the config"
-        )
-
-
-def _check_calibration(opts: SplitOptions) -> None:
-    """Calibration's refusals: what it cannot time, or time that way."""
-    if not opts.calibration.rounds:
-        return
-    request = opts.plan
-    calibrate = opt("CalibrationOptions.rounds")
-    timed_in = opt("CalibrationOptions.mode", "pipeline")
-    if request.split_nodes == SplitNodes.AUTO:
-        raise UsageError(
-            f"{calibrate} corrects the costs of the model's own nodes, and {opt('split_nodes', 'auto')} cuts "
-            "one: give one or the other"
-        )
-    if request.interleaved and opts.calibration.mode in ("pipeline", "ray"):
-        raise UsageError(
-            f"{opt('CalibrationOptions.mode', opts.calibration.mode)} times every stage in a worker of its "
-            f"own, but interleaved stages share their workers' CPUs: use "
-            f"{opt('CalibrationOptions.mode', 'alone')}"
-        )
-    if request.devices is not None and opts.calibration.mode == "pipeline":
-        raise UsageError(
-            f"{calibrate} with {opt('devices')} times each stage alone on its device's runtime: leave "
-            f"out {timed_in}"
         )
 
 

@@ -22,7 +22,6 @@ def verify(folder: str | Path, options: VerifyOptions | None = None) -> VerifyRe
     cannot be written keeps what it said, and :attr:`VerifyReport.record_note` says why.
     """
     opts = options or VerifyOptions()
-    opts.check()
     report = verify_folder(folder, opts)
     if not opts.record:
         return report

@@ -45,8 +45,9 @@ class CalibrationOptions:
         resources: object = self.ray_resources
         if isinstance(resources, str):
             object.__setattr__(self, "ray_resources", Path(resources))
+        self._check()
 
-    def check(self) -> None:
+    def _check(self) -> None:
         if self.rounds < 0:
             raise UsageError(f"{opt('CalibrationOptions.rounds', self.rounds)}: give 0 (none) or more rounds")
         on_ray = self.mode == CalibrationMode.RAY

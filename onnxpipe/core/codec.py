@@ -12,14 +12,16 @@ What each type reads and writes as:
 * a dataclass or a ``NamedTuple``: an object of its fields.  A field with a default may be absent (it
   reads as the default), and one whose value is its ``None`` or empty default is left out when written,
   so that an optional field costs a file nothing until it says something.  A field whose JSON key
-  differs from its name says so once: ``field(metadata=json_name("input_ids"))``;
+  differs from its name says so once: ``field(metadata=json_name("input_ids"))``; one outside the
+  record's value (``compare=False``: a cache, the file it was read from) is neither written nor read;
 * ``int`` (>= 0 unless :class:`Minimum` says otherwise; ``true`` is not one), ``bool``, ``str``;
 * ``float``: a number >= 0, ``null`` standing for ``+inf`` (JSON has no infinity; NaN is refused both
-  ways); with :class:`Finite`, a finite number of any sign;
+  ways); with :class:`Finite`, a finite number (of any sign, or from its ``least``);
 * a ``StrEnum`` or ``Literal`` of strings: one of its values; a union of scalars (``int | Literal["model"]``,
   a dim ``int | str | None``): any member, named in messages by its :class:`Expected`;
 * ``X | None``: ``null`` or an ``X``; ``tuple[X, ...]``: a list; ``tuple[X, Y]``: a list of two;
-  ``Mapping[str, X]``: an object (read as a read-only mapping);
+  ``Mapping[str, X]``: an object (read as a read-only mapping; a value is named ``shapes['x.1']``, since
+  its keys are names such as a tensor's, which hold dots of their own);
 * ``tuple[tuple[K, V], ...]`` whose ``K`` is a string or a ``StrEnum``: an object (pairs sorted or in
   order, as the record keeps them), since JSON has no pairs and an object says what each number is for.
 
@@ -61,7 +63,10 @@ class Minimum:
 
 @dataclass(frozen=True)
 class Finite:
-    """A ``float`` field that is a finite number of any sign (``null`` does not mean infinity there)."""
+    """A ``float`` field that is a finite number (``null`` does not mean infinity there), of any sign
+    unless ``least`` is given."""
+
+    least: float | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,7 @@ class _Checks:
 
     minimum: int | None = 0
     finite: bool = False
+    least: float | None = None
     expected: str | None = None
     rule: Rule[Any] | None = None
 
@@ -109,7 +115,7 @@ def _unwrap(hint: Any, checks: _Checks | None = None) -> tuple[Any, _Checks]:
         if isinstance(x, Minimum):
             checks = dataclasses.replace(checks, minimum=x.value)
         elif isinstance(x, Finite):
-            checks = dataclasses.replace(checks, finite=True)
+            checks = dataclasses.replace(checks, finite=True, least=x.least)
         elif isinstance(x, Expected):
             checks = dataclasses.replace(checks, expected=x.what)
         elif isinstance(x, Rule):
@@ -152,7 +158,7 @@ def _record_fields(cls: type) -> list[tuple[str, str, Any, Any]]:
         return [
             (f.name, f.metadata.get(JSON_NAME, f.name), hints[f.name], f.default)
             for f in dataclasses.fields(cls)
-            if f.init
+            if f.init and f.compare
         ]
     defaults = getattr(cls, "_field_defaults", {})
     return [(n, n, hints[n], defaults.get(n, dataclasses.MISSING)) for n in cls._fields]  # type: ignore[attr-defined]
@@ -248,7 +254,7 @@ class Codec:
             return self._tuple(args, v, nullable, checks.expected)
         if origin in (Mapping, dict) or hint in (Mapping, dict):
             value_t = args[1] if args else Any
-            return types.MappingProxyType(v.dict_of(lambda x: self.decode(value_t, x)))
+            return types.MappingProxyType(v.dict_of(lambda x: self.decode(value_t, x), subscript=True))
         if isinstance(hint, type) and issubclass(hint, enum.Enum):
             return self._choice(hint, [m.value for m in hint], v)
         if origin is Literal:
@@ -315,6 +321,8 @@ class Codec:
             value = v.integer(checks.minimum)
         elif hint is float:
             value = v.finite() if checks.finite else v.number()
+            if checks.least is not None and value < checks.least:
+                raise v.fail(f"expected a finite number >= {checks.least:g}, got {value}")
         elif hint is str:
             return v.opt_string(checks.rule) if nullable else v.string(checks.rule)
         elif hint is Any:

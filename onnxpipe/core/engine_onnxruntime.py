@@ -11,41 +11,31 @@ import onnxruntime as ort
 
 from onnxpipe.core.choices import Runtime
 from onnxpipe.core.ortsession import OptimizationLevel, Provider, open_session, session_options
-from onnxpipe.core.runtimes import EngineConfig
+from onnxpipe.core.runtimes import EngineConfig, FileEngine
 
 CPU = "CPUExecutionProvider"
 
 
-class OrtEngine:
+class OrtEngine(FileEngine):
     """An onnxruntime session as an :class:`~onnxpipe.core.runtimes.Engine`."""
 
     runtime = Runtime.ONNXRUNTIME
 
     def __init__(self, session: ort.InferenceSession) -> None:
+        super().__init__(
+            tuple(i.name for i in session.get_inputs()), tuple(o.name for o in session.get_outputs())
+        )
         self._session: ort.InferenceSession | None = session
-        self._inputs = tuple(i.name for i in session.get_inputs())
-        self._outputs = tuple(o.name for o in session.get_outputs())
 
-    @property
-    def input_names(self) -> tuple[str, ...]:
-        return self._inputs
-
-    @property
-    def output_names(self) -> tuple[str, ...]:
-        return self._outputs
-
-    def run(self, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[Any]:
-        if self._session is None:
-            raise RuntimeError("the engine is closed")
-        if not names:  # onnxruntime refuses to run for no outputs
-            return []
+    def _run(self, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[Any]:
+        assert self._session is not None
         return list(self._session.run(list(names), dict(feeds)))
 
     def layer_seconds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, float] | None:
         """None: onnxruntime's per-node costs come from its profiler, read by :mod:`onnxpipe.cost.measure`."""
         return None
 
-    def close(self) -> None:
+    def _release(self) -> None:
         self._session = None
 
 

@@ -14,10 +14,10 @@ import numpy as np
 
 from onnxpipe.core.choices import Runtime
 from onnxpipe.core.graphio import graph_io
-from onnxpipe.core.runtimes import OPENVINO_CPU_DEFAULTS, EngineConfig, bind_outputs
+from onnxpipe.core.runtimes import OPENVINO_CPU_DEFAULTS, EngineConfig, FileEngine, bind_outputs
 
 
-class OpenVinoEngine:
+class OpenVinoEngine(FileEngine):
     """A model compiled by OpenVINO, with one infer request."""
 
     runtime = Runtime.OPENVINO
@@ -37,26 +37,13 @@ class OpenVinoEngine:
         self._compiled: Any = core.compile_model(model, config.openvino_device, settings)
         self._request: Any = self._compiled.create_infer_request()
         declared = graph_io(path)
-        self._inputs = declared.inputs
-        self._outputs = declared.outputs
+        super().__init__(declared.inputs, declared.outputs)
         # OpenVINO keeps most of ONNX's tensor names, but not all (an input that feeds a Dropout takes
         # the Dropout's output name): a name it lost is bound by the file's position
         self._in_port = _ports(self._compiled.inputs, self._inputs)
         self._position = _ports(self._compiled.outputs, self._outputs)
 
-    @property
-    def input_names(self) -> tuple[str, ...]:
-        return self._inputs
-
-    @property
-    def output_names(self) -> tuple[str, ...]:
-        return self._outputs
-
-    def run(self, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[Any]:
-        if self._request is None:
-            raise RuntimeError("the engine is closed")
-        if not names:
-            return []
+    def _run(self, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[Any]:
         result = self._request.infer(
             {p: feeds[n] for n, p in zip(self._inputs, self._in_port, strict=True) if n in feeds}
         )
@@ -73,7 +60,7 @@ class OpenVinoEngine:
                 seconds[info.node_name] = seconds.get(info.node_name, 0.0) + t
         return seconds
 
-    def close(self) -> None:
+    def _release(self) -> None:
         self._request = None
         self._compiled = None
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from onnxpipe.core.choices import Runtime
 from onnxpipe.core.graphio import graph_io
-from onnxpipe.core.runtimes import EngineConfig, bind_outputs
+from onnxpipe.core.runtimes import EngineConfig, FileEngine, bind_outputs
 
 _DTYPES = {
     "float32": "f32",
@@ -45,7 +45,7 @@ def fact(array: np.ndarray) -> str:
     return ",".join([*(str(d) for d in array.shape), dtype])
 
 
-class TractEngine:
+class TractEngine(FileEngine):
     """A model file parsed by tract, optimized per input signature."""
 
     runtime = Runtime.TRACT
@@ -58,18 +58,8 @@ class TractEngine:
         model = tract.onnx().load(str(path))  # parses: a file tract cannot read fails here
         self._tract_inputs = tuple(model.input_name(i) for i in range(model.input_count()))
         declared = graph_io(path)
-        self._inputs = declared.inputs
-        self._outputs = declared.outputs
+        super().__init__(declared.inputs, declared.outputs)
         self._runnables: dict[tuple[str, ...], Any] = {}
-        self._closed = False
-
-    @property
-    def input_names(self) -> tuple[str, ...]:
-        return self._inputs
-
-    @property
-    def output_names(self) -> tuple[str, ...]:
-        return self._outputs
 
     def _arrays(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         return [np.ascontiguousarray(feeds[n]) for n in self._tract_inputs]
@@ -87,11 +77,7 @@ class TractEngine:
             self._runnables[key] = found
         return found
 
-    def run(self, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[Any]:
-        if self._closed:
-            raise RuntimeError("the engine is closed")
-        if not names:
-            return []
+    def _run(self, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[Any]:
         arrays = self._arrays(feeds)
         results = [t.to_numpy() for t in self._runnable(arrays).run(arrays)]
         return bind_outputs(names, self._outputs, results, str(self._path))
@@ -107,9 +93,8 @@ class TractEngine:
                 seconds[name] = seconds.get(name, 0.0) + t
         return seconds
 
-    def close(self) -> None:
+    def _release(self) -> None:
         self._runnables.clear()
-        self._closed = True
 
 
 def runs_here(config: EngineConfig) -> bool:

@@ -58,9 +58,8 @@ class PartitionError(OnnxpipeError):
 
 
 class MemoryFitError(PartitionError):
-    """No split fits the devices' memory; ``smallest_fit_bytes`` is the least memory per device that would."""
-
-    exit_code = 5
+    """No split fits the devices' memory; ``smallest_fit_bytes`` is the least memory per device that would
+    (exit code 5, a :class:`PartitionError`'s)."""
 
     def __init__(self, message: str, smallest_fit_bytes: float) -> None:
         super().__init__(message)

@@ -4,7 +4,7 @@ Why a module of its own: every document onnxpipe reads back needs the same check
 it the JSON type we want, is it in range) and the same message shape,
 ``<file>: <json path>: expected <what>, got <what it is>; <what to do>``.  Spelled out per field, those
 checks buried a format's few real rules under plumbing and let messages drift apart.  Here each check is
-written once.  A file whose records are dataclasses (the manifest, a profile's input files) is read by
+written once.  A file whose records are dataclasses (the manifest, a profile) is read by
 :mod:`onnxpipe.core.codec`, which calls these readers from the fields' types; a hand-written file (a
 devices file, a model's config) reads one declarative line per field::
 

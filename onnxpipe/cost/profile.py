@@ -4,7 +4,7 @@ A profile is what the planner reads, whoever made it: measured with onnxruntime
 (:func:`onnxpipe.cost.measure.profile_model`, ``source="profile"``) or from FLOPs and bytes
 (:func:`onnxpipe.cost.static.static_profile`, ``source="static"``), or either corrected by the stages'
 own times (calibration, :func:`corrected`).  Its file is read field by field with
-:mod:`onnxpipe.core.jsonread`, each error naming the file and the field.
+:mod:`onnxpipe.core.codec` from the fields' types, each error naming the file and the JSON path.
 """
 
 from __future__ import annotations
@@ -13,20 +13,20 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import MappingProxyType
+from typing import Annotated
 
-from onnxpipe.core.choices import CostSource, values
-from onnxpipe.core.codec import Codec
+from onnxpipe.core.choices import CostSource
+from onnxpipe.core.codec import Codec, Finite, Minimum
 from onnxpipe.core.errors import ProfileError
 from onnxpipe.core.files import write_text_atomic
 from onnxpipe.core.inputfiles import InputRecord
-from onnxpipe.core.jsonread import Document, Fields, Value, syntax_error_text
+from onnxpipe.core.jsonread import Document, Value, syntax_error_text
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import Samples
 
 SCHEMA_VERSION = 1
 _CODEC = Codec()
-_Inputs = tuple[InputRecord, ...]
+Seconds = Annotated[float, Finite(least=0.0)]
 
 DEFAULT_RUNTIME = "onnxruntime (CPUExecutionProvider)"
 """What measured a profile that does not say (every profile before ``profile --runtime``)."""
@@ -41,20 +41,20 @@ class Profile:
     model_name: str
     source: CostSource
     """``"profile"`` (measured) or ``"static"`` (cost model): a :class:`CostSource` value."""
-    threads: int
+    threads: Annotated[int, Minimum(1)]
     runs: int
     input_shapes: Mapping[str, tuple[int, ...]]
-    node_seconds: Mapping[str, float]
+    node_seconds: Mapping[str, Seconds]
     """Every compute node of the view; 0.0 for nodes the optimizer folded away."""
     tensor_bytes: Mapping[str, int]
     """Bytes of each tensor at the profiled shapes."""
-    total_seconds: float
+    total_seconds: Seconds
     """Median whole-run wall time at deployment settings (static: the sum of node times)."""
     regions: tuple[tuple[str, ...], ...]
     """Groups of original nodes onnxruntime runs as one fused kernel (each of size >= 2)."""
     unattributed: tuple[str, ...]
     """Human-readable notes on every time not attributed to exactly one original node."""
-    exact_fraction: float
+    exact_fraction: Seconds
     """Share of the time attributed to exactly one original node."""
     inputs: tuple[InputRecord, ...] = ()
     """The ``--inputs`` files the costs were measured on (name, sha256, shapes; never the data); empty
@@ -76,28 +76,12 @@ class Profile:
     # ---- JSON
 
     def to_json(self) -> str:
-        data = {
-            "schema_version": self.schema_version,
-            "model_sha256": self.model_sha256,
-            "model_name": self.model_name,
-            "source": self.source,
-            "threads": self.threads,
-            "runs": self.runs,
-            "input_shapes": {k: list(v) for k, v in self.input_shapes.items()},
-            "total_seconds": self.total_seconds,
-            "exact_fraction": self.exact_fraction,
-            "node_seconds": dict(self.node_seconds),
-            "tensor_bytes": dict(self.tensor_bytes),
-            "regions": [list(r) for r in self.regions],
-            "unattributed": list(self.unattributed),
-            **({"inputs": _CODEC.encode(_Inputs, self.inputs)} if self.inputs else {}),
-            "runtime": self.runtime,
-        }
-        return json.dumps(data, indent=1) + "\n"
+        return json.dumps(_CODEC.encode(Profile, self), indent=1) + "\n"
 
     @classmethod
     def from_json(cls, text: str, *, source_name: str = "") -> Profile:
-        """Parse and validate; :class:`ProfileError` naming ``source_name`` and the field on bad content."""
+        """Parse and validate; :class:`ProfileError` naming ``source_name`` and the JSON path on bad
+        content (maps keyed by node and tensor names name their entries ``node_seconds['name']``)."""
         where = source_name or "profile"
         try:
             data = json.loads(text)
@@ -109,7 +93,17 @@ class Profile:
         top = doc.read(data)
         if not isinstance(data, dict):
             raise top.expected("a JSON object")
-        return _read_profile(top.fields(), source_name)
+        f = top.fields()
+        version = f["schema_version"].integer(minimum=None)
+        if version != SCHEMA_VERSION:
+            raise f["schema_version"].fail(f"schema_version {version}, this onnxpipe reads {SCHEMA_VERSION}")
+        profile: Profile = _CODEC.decode(Profile, top)
+        if profile.exact_fraction > 1.0 + 1e-9:
+            raise f["exact_fraction"].fail(f"expected a share in [0, 1], got {profile.exact_fraction}")
+        for i, region in enumerate(profile.regions):
+            if len(region) < 2:
+                raise Value(region, f"regions[{i}]", doc).fail("expected a region of at least two node names")
+        return replace(profile, origin=source_name)
 
     def save(self, path: str | Path) -> None:
         """Write through a temporary file renamed into place: a failed write leaves nothing behind."""
@@ -153,59 +147,6 @@ def corrected(profile: Profile, stage_nodes: Sequence[Sequence[str]], factors: S
             scale[name] = f
     node_seconds: Mapping[str, float] = {n: t * scale.get(n, 1.0) for n, t in profile.node_seconds.items()}
     return replace(profile, node_seconds=node_seconds, total_seconds=sum(node_seconds.values()))
-
-
-# --------------------------------------------------------------------------------------------------
-# reading: one line per field (onnxpipe.core.jsonread); maps keyed by node and tensor names name their
-# entries as ``node_seconds['name']``, since those names hold dots of their own
-
-
-def _read_profile(f: Fields, origin: str) -> Profile:
-    version = f["schema_version"].integer(minimum=None)
-    if version != SCHEMA_VERSION:
-        raise f["schema_version"].fail(f"schema_version {version}, this onnxpipe reads {SCHEMA_VERSION}")
-    text = f["source"].string()
-    if text not in values(CostSource):
-        raise f["source"].fail(f"source {text!r}, expected 'profile' or 'static'")
-    source = CostSource(text)
-    exact = _seconds(f["exact_fraction"])
-    if exact > 1.0 + 1e-9:
-        raise f["exact_fraction"].fail(f"expected a share in [0, 1], got {exact}")
-    return Profile(
-        schema_version=version,
-        model_sha256=f["model_sha256"].string(),
-        model_name=f["model_name"].string(),
-        source=source,
-        threads=f["threads"].integer(minimum=1),
-        runs=f["runs"].integer(minimum=0),
-        input_shapes=MappingProxyType(
-            f["input_shapes"].dict_of(lambda dims: dims.list_of(Value.integer), subscript=True)
-        ),
-        node_seconds=MappingProxyType(f["node_seconds"].dict_of(_seconds, subscript=True)),
-        tensor_bytes=MappingProxyType(f["tensor_bytes"].dict_of(Value.integer, subscript=True)),
-        total_seconds=_seconds(f["total_seconds"]),
-        regions=f["regions"].list_of(_region),
-        unattributed=f["unattributed"].list_of(Value.string),
-        exact_fraction=exact,
-        inputs=_CODEC.decode(_Inputs, f.get("inputs", [])),
-        origin=origin,
-        runtime=f.get("runtime", DEFAULT_RUNTIME).string(),
-    )
-
-
-def _seconds(v: Value) -> float:
-    """A finite number of seconds, 0 or more."""
-    x = v.finite()
-    if x < 0:
-        raise v.fail(f"expected a finite non-negative number, got {x}")
-    return x
-
-
-def _region(v: Value) -> tuple[str, ...]:
-    names = v.list_of(Value.string)
-    if len(names) < 2:
-        raise v.fail("expected a region of at least two node names")
-    return names
 
 
 __all__ = ["SCHEMA_VERSION", "CostSource", "Profile", "corrected"]

@@ -30,7 +30,6 @@ def get_profile(
     ``options.runtime``), or static costs; ``progress`` draws a bar while measuring (a string: what is
     measured, named on the bar)."""
     opts = options or ProfileOptions()
-    opts.check()
     if opts.has_input_files:
         samples = load_samples(view, opts.input_files, stacked=opts.stacked_files)
         opts = dataclasses.replace(opts, inputs=samples, input_files=(), stacked_files=())

@@ -105,7 +105,6 @@ def plan_pipeline(
     Without devices they are ``stages`` copies of the profiling machine joined by links of
     ``request.bandwidth_bytes_per_s``.
     """
-    request.check()
     profile.check_matches(view)
     cluster = _cluster(profile, request)
     max_k = _max_stages(view, cluster, request)

@@ -34,6 +34,7 @@ class DecoderOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "ends", choice(Ends, self.ends, "ends"))
         object.__setattr__(self, "phase", choice(PhaseChoice, self.phase, "phase"))
+        self._check()
 
     def phases(self) -> tuple[PhaseShape, ...]:
         """The shapes to profile at: one phase, or prefill then decode for ``both``."""
@@ -42,7 +43,7 @@ class DecoderOptions:
             for p in self.phase.phases
         )
 
-    def check(self) -> None:
+    def _check(self) -> None:
         self.phases()  # refuses a bad prefill_tokens or decode_past
         if (
             isinstance(self.max_context, bool)

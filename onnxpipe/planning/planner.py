@@ -57,9 +57,8 @@ def planned(
     decoder: FoundDecoder | None = None,
 ) -> Planned:
     """:func:`plan`'s plan with the view (and profile) its stages are made of."""
-    request.check()
     if request.split_nodes == SplitNodes.AUTO:
-        assert isinstance(request.stages, int)  # check() refused the rest
+        assert isinstance(request.stages, int)  # the request refused the rest when it was made
         cut = plan_splitting_nodes(
             view,
             profile,

@@ -3,7 +3,8 @@
 How many stages, on which devices (a cluster, or identical copies of the profiling machine joined by
 links of one bandwidth), in which device order, dealt out to how many workers, under which schedule
 (:class:`ScheduleRequest`).  The API, the CLI and the planners share it, so each option is spelled
-once; :meth:`PlanRequest.check` refuses what cannot work together before any cost is measured.
+once; a :class:`PlanRequest` refuses what cannot work together when it is made, before any cost is
+measured.
 """
 
 from __future__ import annotations
@@ -140,6 +141,7 @@ class PlanRequest:
         object.__setattr__(self, "order", choice(DeviceOrder, self.order, "order"))
         if self.link_model is not None:
             object.__setattr__(self, "link_model", choice(LinkModel, self.link_model, "link_model"))
+        self._check()
 
     @property
     def interleaved(self) -> bool:
@@ -198,7 +200,7 @@ class PlanRequest:
                 f"compute nodes; choose {opt('stages')} between 1 and {compute_nodes}"
             )
 
-    def check(self) -> None:
+    def _check(self) -> None:
         """Refuse what cannot work together, before any cost is measured (cheap)."""
         stages = self.stages
         if isinstance(stages, bool) or not isinstance(stages, int | str):
@@ -251,7 +253,6 @@ class PlanRequest:
                 f"or {opt('link_model', LinkModel.OVERLAP)}); give {opt('split_nodes', SplitNodes.OFF)} "
                 "for this plan"
             )
-        self.decoder.check()
 
     def _check_link_model(self) -> None:
         if self.link_model == LinkModel.SERIAL and not (

@@ -91,12 +91,13 @@ class RunOptions:
         devices: object = self.devices
         if isinstance(devices, str | Path):  # a devices file, read when the options are made
             object.__setattr__(self, "devices", load_cluster(devices))
+        self._check()
 
     @property
     def has_input_files(self) -> bool:
         return bool(self.input_files or self.stacked_files)
 
-    def check(self) -> None:
+    def _check(self) -> None:
         """Refuse what cannot work together, before anything starts: another backend's options."""
         if self.slots < 1:
             raise UsageError(f"{opt('slots', self.slots)}: a link between stages needs at least one slot")
@@ -218,6 +219,7 @@ class GenerateOptions:
         if self.eos_token_ids is not None:
             object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
         object.__setattr__(self, "local_mode", choice(LocalMode, self.local_mode, "local_mode"))
+        self._check()
 
     @classmethod
     def drawn(cls, sampling: Sampling | None) -> dict[str, Any]:
@@ -244,7 +246,7 @@ class GenerateOptions:
             seed=self.seed or 0,
         )
 
-    def check(self) -> None:
+    def _check(self) -> None:
         """Refuse what cannot work together, before any worker starts."""
         if self.max_new_tokens < 1:
             raise UsageError(f"{opt('max_new_tokens', self.max_new_tokens)}: give 1 or more")
@@ -314,8 +316,9 @@ class LinkOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "sizes", tuple(int(n) for n in self.sizes))
         as_paths(self, "split", "out", "ray_resources")
+        self._check()
 
-    def check(self) -> None:
+    def _check(self) -> None:
         if self.repeats < 1:
             raise UsageError(f"{opt('repeats', self.repeats)}: give 1 or more transfers per size")
         if any(n < 1 for n in self.sizes):

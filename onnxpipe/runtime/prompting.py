@@ -36,7 +36,6 @@ def settle(folder: Path, manifest: Manifest, options: GenerateOptions) -> Prompt
     against the model's vocabulary and context (:func:`~onnxpipe.manifest.decoder_limits`) before any
     worker runs: an id beyond the vocabulary or a sequence past the context would otherwise fail deep
     in a run, after the work."""
-    options.check()
     limits = decoder_limits(folder, manifest)
     codec = None
     if options.prompts or options.tokenizer is not None:

@@ -122,8 +122,9 @@ class VerifyOptions:
         object.__setattr__(self, "shapes", frozen_shapes(self.shapes))
         object.__setattr__(self, "input_files", tuple(Path(p) for p in self.input_files))
         object.__setattr__(self, "stacked_files", tuple(Path(p) for p in self.stacked_files))
+        self._check()
 
-    def check(self) -> None:
+    def _check(self) -> None:
         """Refuse what cannot work together, before anything is loaded."""
         if self.runs < 1:
             raise UsageError(f"{opt('runs', self.runs)}: give a positive number of runs")

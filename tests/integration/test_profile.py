@@ -334,7 +334,7 @@ def test_json_round_trip(conv_profile: tuple[ModelView, Profile], tmp_path: Path
         (lambda d: d.update(schema_version=2), "schema_version 2"),
         (lambda d: d.pop("node_seconds"), "missing field 'node_seconds'"),
         (lambda d: d["node_seconds"].update(bad=-1.0), r"node_seconds\['bad'\]"),
-        (lambda d: d.update(source="guess"), "source 'guess'"),
+        (lambda d: d.update(source="guess"), "source: expected one of profile, static, got 'guess'"),
         (lambda d: d.update(regions=[["only_one"]]), "regions"),
         (lambda d: d["tensor_bytes"].update(t=1.5), r"tensor_bytes\['t'\]"),
     ],

@@ -37,3 +37,45 @@ def test_verify_survives_importing_every_module() -> None:
             continue
         importlib.import_module(info.name)
     assert callable(onnxpipe.verify) and callable(onnxpipe.split)
+
+
+def test_options_refuse_what_cannot_work_together_when_they_are_made() -> None:
+    """Issue 36: a request is checked once, when its options are made (and again when ``replace`` makes
+    new ones), so that no door, planner or runtime holds an unchecked one."""
+    import dataclasses
+
+    import pytest
+
+    from onnxpipe.api import (
+        CalibrationOptions,
+        DecoderOptions,
+        LinkOptions,
+        PlanRequest,
+        ProfileOptions,
+        RunOptions,
+        SplitOptions,
+        VerifyOptions,
+    )
+    from onnxpipe.core.errors import UsageError
+
+    made = {
+        "`slots=0`": lambda: RunOptions(slots=0),
+        "`repeats=0`": lambda: LinkOptions(repeats=0),
+        "`runs=0`": lambda: VerifyOptions(runs=0),
+        "`stages=0`": lambda: PlanRequest(0),
+        "`max_context=0`": lambda: DecoderOptions(max_context=0),
+        "`warmup=-1`": lambda: ProfileOptions(warmup=-1),
+        "`CalibrationOptions.rounds=-1`": lambda: CalibrationOptions(rounds=-1),
+        "`atol=-1.0`": lambda: SplitOptions(out="o", plan=PlanRequest(2), atol=-1.0),
+        "`split_nodes=auto`": lambda: SplitOptions(
+            out="o",
+            plan=PlanRequest(2, split_nodes="auto"),  # type: ignore[arg-type]
+            calibration=CalibrationOptions(rounds=1),
+        ),
+    }
+    for names, make in made.items():
+        with pytest.raises(UsageError) as info:
+            make()
+        assert names in str(info.value), (names, str(info.value))
+    with pytest.raises(UsageError, match="`slots=0`"):
+        dataclasses.replace(RunOptions(), slots=0)

@@ -47,6 +47,7 @@ class Outer:
     count: Annotated[int, Minimum(1)]
     seconds: float
     offset: Annotated[float, Finite()]
+    spent: Annotated[float, Finite(least=0.0)]
     flag: bool
     colour: Colour
     inner: Inner
@@ -61,6 +62,7 @@ class Outer:
     seed: Annotated[int, Minimum(None)] = 0
     notes: tuple[str, ...] = ()
     maybe: Inner | None = None
+    cache: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ def _outer(**changes: Any) -> Outer:
         "count": 2,
         "seconds": math.inf,
         "offset": -1.5,
+        "spent": 0.0,
         "flag": True,
         "colour": Colour.RED,
         "inner": Inner("a", "model", "ab"),
@@ -126,6 +129,13 @@ def test_what_each_type_is_written_as() -> None:
     assert obj["seed"] == 0  # a default that says something is written
     assert "notes" not in obj and "maybe" not in obj and "logits_output" not in obj
     assert CODEC.encode(Outer, _outer(logits="y"))["logits_output"] == "y"  # the field's JSON name
+
+
+def test_a_field_outside_the_records_value_is_neither_written_nor_read() -> None:
+    obj = CODEC.encode(Outer, _outer(cache="in memory"))
+    assert "cache" not in obj
+    obj["cache"] = "from the file"
+    assert _read(Outer, obj).cache == ""
 
 
 def test_absent_fields_with_defaults_read_as_their_defaults_and_unknown_keys_are_ignored() -> None:
@@ -180,7 +190,9 @@ def _set(key: str, value: Any) -> dict[str, Any]:
         (_set("shape", "batch"), "shape: expected a list or null, got string 'batch'"),
         (_set("shape/0", 1.5), "shape[0]: expected an integer or a string or null, got float 1.5"),
         (_set("shapes", [[1]]), "shapes: expected an object, got a list"),
-        (_set("shapes/x", [1, -8]), "shapes.x[1]: expected an integer >= 0, got -8"),
+        (_set("shapes/x", [1, -8]), "shapes['x'][1]: expected an integer >= 0, got -8"),
+        (_set("spent", -0.5), "spent: expected a finite number >= 0, got -0.5"),
+        (_set("spent", None), "spent: expected a number, got null"),
         (_set("by_colour", {"green": 1.0}), "by_colour.green: expected one of red, blue, got 'green'"),
         (
             _set("by_colour/red", "slow"),

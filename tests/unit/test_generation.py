@@ -289,9 +289,9 @@ def test_bad_requests_are_refused() -> None:
     with pytest.raises(UsageError, match="prompt 0 holds no token id: give at least one"):
         generate(pipe.submit, 1, feeds, GenerateOptions(((),)))
     with pytest.raises(UsageError, match="`in_flight=0`"):
-        GenerateOptions(((1,),), in_flight=0).check()
+        GenerateOptions(((1,),), in_flight=0)
     with pytest.raises(UsageError, match="`batch=0`"):
-        GenerateOptions(((1,),), batch=0).check()
+        GenerateOptions(((1,),), batch=0)
 
 
 def test_token_ids_argument() -> None:

@@ -422,11 +422,11 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
         ),
         (
             _set("plan/profiled_input_shapes", {"x": 8}),
-            "m.json: plan.profiled_input_shapes.x: expected a list, got int 8; re-run onnxpipe split",
+            "m.json: plan.profiled_input_shapes['x']: expected a list, got int 8; re-run onnxpipe split",
         ),
         (
             _set("plan/profiled_input_shapes", {"x": [1, -8]}),
-            "m.json: plan.profiled_input_shapes.x[1]: expected an integer >= 0, got -8; "
+            "m.json: plan.profiled_input_shapes['x'][1]: expected an integer >= 0, got -8; "
             "re-run onnxpipe split",
         ),
         (

@@ -128,3 +128,28 @@ def test_runtime_layers_are_matched_to_nodes() -> None:
     assert match_layer("fc2.add.fix-rank.pack_b", by_name) == "fc2.add"
     assert match_layer("x_f32_bf16_fc1.gemm", by_name) == "fc1.gemm"  # OpenVINO's conversions
     assert match_layer("Multiply_18247", by_name) is None
+
+
+def test_an_engine_runs_for_no_outputs_and_not_once_closed() -> None:
+    """What every engine shares (:class:`~onnxpipe.core.runtimes.FileEngine`): no run for no outputs
+    (onnxruntime would refuse one), and none once closed."""
+    from onnxpipe.core.runtimes import FileEngine
+
+    class Doubling(FileEngine):
+        runtime = Runtime.ONNXRUNTIME
+        released = False
+
+        def _run(self, names: Any, feeds: Any) -> list[Any]:
+            return [feeds["x"] * 2 for _ in names]
+
+        def _release(self) -> None:
+            self.released = True
+
+    engine = Doubling(("x",), ("y",))
+    assert engine.input_names == ("x",) and engine.output_names == ("y",)
+    assert engine.run([], {"x": np.ones(1)}) == []
+    assert engine.run(["y"], {"x": np.ones(1)})[0].tolist() == [2.0]
+    engine.close()
+    assert engine.released
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.run(["y"], {"x": np.ones(1)})

@@ -35,7 +35,7 @@ def test_a_given_tolerance_holds_for_every_type() -> None:
     assert opts.tolerance("float16") == Tolerance(0.5, tolerance_for("float16").atol)
     assert opts.tolerance("float32") == Tolerance(0.5, DEFAULT_ATOL)
     with pytest.raises(UsageError, match=r"`atol=-1\.0`"):
-        VerifyOptions(atol=-1.0).check()
+        VerifyOptions(atol=-1.0)
 
 
 def test_a_model_computing_in_float16_holds_its_float32_outputs_to_float16s_tolerance() -> None:

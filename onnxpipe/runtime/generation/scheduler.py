@@ -123,7 +123,6 @@ def next_token(
 
 def _sequences(options: GenerateOptions, first_ident: int) -> list[_Sequence]:
     """A sequence per prompt, each with its own draws when sampling."""
-    options.check()
     for i, p in enumerate(options.prompt_ids):
         if len(p) == 0:
             raise UsageError(f"prompt {i} holds no token id: give at least one")
