@@ -307,8 +307,10 @@ def test_token_ids_argument() -> None:
 
 
 def test_options_take_their_paths_as_strings() -> None:
-    run = RunOptions(model="m.onnx", report="r.json", ray_resources="res.json")
+    run = RunOptions(model="m.onnx", report="r.json", backend="ray", ray_resources="res.json")
     assert (run.model, run.report, run.ray_resources) == (Path("m.onnx"), Path("r.json"), Path("res.json"))
-    per_stage = GenerateOptions(prompt_ids=((1,),), ray_resources=[{"num_cpus": 1}], tokenizer="tok")
+    per_stage = GenerateOptions(
+        prompt_ids=((1,),), backend="ray", ray_resources=[{"num_cpus": 1}], tokenizer="tok"
+    )
     assert per_stage.ray_resources == [{"num_cpus": 1}] and per_stage.tokenizer == Path("tok")
     assert LinkOptions(split="out", out=None).split == Path("out")
