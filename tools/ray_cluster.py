@@ -14,6 +14,12 @@ mount namespace): a split folder written there reaches the stages only if the dr
 ``unshare --mount`` (root, or user namespaces); :attr:`LocalCluster.hides` says whether it worked.
 
 Killing a node (:meth:`LocalCluster.kill`) is a machine lost: every process of its session gets SIGKILL.
+
+``hosts``: the nodes run on machines of their own (``tools/hosts.py``: a network namespace with its own
+address and a link of a set rate, its own cores, a CPU quota), each node on the host its spec names, the
+head on ``head_host``.  A Ray driver needs a raylet on its own host, so the driver is then a process on a
+node's host (:meth:`LocalCluster.run_on`: ``onnxpipe run --ray-address`` as a user runs it on machine A),
+not this process.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tools.hosts import Host, Hosts
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 START_TIMEOUT_S = 120.0
@@ -51,11 +59,13 @@ the tests of a lost node do not wait for it."""
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """One node: its name (for the test), CPUs and custom resources."""
+    """One node: its name (for the test), CPUs, custom resources and the host it runs on (with
+    ``hosts``)."""
 
     name: str
     num_cpus: int
     resources: Mapping[str, float] = field(default_factory=dict)
+    host: str | None = None
 
 
 @dataclass
@@ -153,8 +163,13 @@ class LocalCluster:
         head_resources: Mapping[str, float] | None = None,
         hide: bool = True,
         system_config: Mapping[str, Any] | None = None,
+        hosts: Hosts | None = None,
+        head_host: str | None = None,
     ) -> None:
         self.system_config = dict(system_config or {})
+        self.hosts = hosts
+        if (hosts is None) != (head_host is None):
+            raise ValueError("hosts and head_host go together")
         self.base = Path(tempfile.mkdtemp(prefix="onnxpipe-ray-"))
         self.hidden = self.base / "hidden"
         self.hidden.mkdir()
@@ -162,9 +177,10 @@ class LocalCluster:
         self._unshare = can_hide() if hide else None
         self.hides = self._unshare is not None
         self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        self.ip = "127.0.0.1" if hosts is None or head_host is None else hosts.hosts[head_host].address
+        self.address = f"{self.ip}:{self.port}"
         self.nodes: list[Node] = []
-        self.head = self._start(NodeSpec("head", 0, dict(head_resources or {})), head=True)
+        self.head = self._start(NodeSpec("head", 0, dict(head_resources or {}), head_host), head=True)
 
     # ------------------------------------------------------------------------------ nodes
 
@@ -180,15 +196,24 @@ class LocalCluster:
             "PYTHONPATH": path,
         }
 
+    def host_of(self, spec: NodeSpec) -> Host | None:
+        """The machine node ``spec`` runs on, None for this one's loopback."""
+        if self.hosts is None:
+            return None
+        if spec.host is None or spec.host not in self.hosts.hosts:
+            raise ValueError(f"node {spec.name!r} names no host made ({sorted(self.hosts.hosts)})")
+        return self.hosts.hosts[spec.host]
+
     def _start(self, spec: NodeSpec, *, head: bool = False) -> Node:
         temp = self.base / spec.name
         log = self.base / f"{spec.name}.log"
+        host = self.host_of(spec)
         args = [
             *ray_command(),
             "start",
             "--block",
             "--disable-usage-stats",
-            "--node-ip-address=127.0.0.1",
+            f"--node-ip-address={'127.0.0.1' if host is None else host.address}",
             f"--num-cpus={spec.num_cpus}",
             f"--resources={json.dumps(dict(spec.resources))}",
             f"--temp-dir={temp}",
@@ -214,6 +239,8 @@ class LocalCluster:
         if self._unshare is not None:
             mount = 'mount -t tmpfs -o size=1m onnxpipe-hidden "$1" && shift && exec "$@"'
             args = [*self._unshare, "sh", "-c", mount, "sh", str(self.hidden), *args]
+        if host is not None:
+            args = [*host.prefix(), *args]
         env = {**self.env, "ONNXPIPE_STAGE_CACHE": str(temp / "stage-cache")}  # a machine's own cache
         with log.open("wb") as out:
             process = subprocess.Popen(
@@ -223,9 +250,12 @@ class LocalCluster:
         self.nodes.append(node)
         return node
 
-    def add(self, name: str, num_cpus: int, resources: Mapping[str, float] | None = None) -> Node:
-        """Start a worker node (``ray start --address``); :meth:`wait` for it to join."""
-        return self._start(NodeSpec(name, num_cpus, dict(resources or {})))
+    def add(
+        self, name: str, num_cpus: int, resources: Mapping[str, float] | None = None, host: str | None = None
+    ) -> Node:
+        """Start a worker node (``ray start --address``), on machine ``host`` with ``hosts``; :meth:`wait`
+        for it to join."""
+        return self._start(NodeSpec(name, num_cpus, dict(resources or {}), host))
 
     def node(self, node_id: str) -> Node:
         """The node Ray knows as ``node_id`` (after :meth:`wait`)."""
@@ -253,8 +283,19 @@ class LocalCluster:
 
     # ------------------------------------------------------------------------------ the driver
 
+    def run_on(
+        self, host: str, argv: list[str], *, timeout: float | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` on machine ``host`` with the cluster's environment (the token, this checkout), as a
+        user runs ``onnxpipe`` on a machine of the cluster; waits, output captured as text."""
+        if self.hosts is None:
+            raise RuntimeError("run_on needs hosts; without them this process is the driver (connect)")
+        return self.hosts.run(host, argv, timeout=timeout, env=self.env)
+
     def connect(self) -> Any:
         """``ray.init`` this process to the cluster (token authentication on), once the head answers."""
+        if self.hosts is not None:
+            raise RuntimeError("the nodes run on hosts of their own: drive them with run_on from a host")
         os.environ["RAY_AUTH_MODE"] = "token"
         import ray
         from ray._raylet import Config
@@ -282,13 +323,19 @@ class LocalCluster:
                 time.sleep(0.5)
 
     def _head_listens(self) -> bool:
+        if self.hosts is not None:
+            probe = f"import socket; socket.create_connection(({self.ip!r}, {self.port}), timeout=1).close()"
+            return self.run_on(self.head.spec.host or "", [sys.executable, "-c", probe]).returncode == 0
         with socket.socket() as s:
             s.settimeout(1.0)
             return s.connect_ex(("127.0.0.1", self.port)) == 0
 
     def wait(self, timeout: float = START_TIMEOUT_S) -> None:
-        """Until every started node that is alive has joined (this process connected); records each
-        node's id."""
+        """Until every started node that is alive has joined (this process connected, or with hosts a
+        driver on the head's host); records each node's id."""
+        if self.hosts is not None:
+            self._wait_on_hosts(timeout)
+            return
         import ray
 
         deadline = time.monotonic() + timeout
@@ -306,6 +353,42 @@ class LocalCluster:
                 logs = "\n".join(n.log.read_text()[-1500:] for n in late)
                 raise RuntimeError(f"{', '.join(n.spec.name for n in late)} did not join in time\n{logs}")
             time.sleep(0.25)
+
+    def _wait_on_hosts(self, timeout: float) -> None:
+        """:meth:`wait` with hosts: the head answering on its host, then a driver there polling
+        ``ray.nodes()`` until every alive node joined, printing each one's node manager port and id."""
+        deadline = time.monotonic() + timeout
+        while not self._head_listens():
+            if not self.head.alive or time.monotonic() > deadline:
+                raise RuntimeError(f"the head node did not start: {self.head.log.read_text()[-2000:]}")
+            time.sleep(0.5)
+        waiting = [n for n in self.nodes if n.alive and n.node_id is None]
+        ports = [_arg(n.process.args, "--node-manager-port=") for n in waiting]
+        script = _JOIN_SCRIPT.format(address=self.address, ports=ports, timeout=deadline - time.monotonic())
+        done = self.run_on(self.head.spec.host or "", [sys.executable, "-c", script], timeout=timeout + 30)
+        if done.returncode != 0 or not done.stdout.strip():
+            logs = "\n".join(n.log.read_text()[-1500:] for n in waiting)
+            raise RuntimeError(f"nodes did not join in time: {done.stderr[-2000:]}\n{logs}")
+        joined = json.loads(done.stdout.strip().splitlines()[-1])
+        for node, port in zip(waiting, ports, strict=True):
+            node.node_id = joined.get(port or "")
+        late = [n for n in waiting if n.node_id is None]
+        if late:
+            logs = "\n".join(n.log.read_text()[-1500:] for n in late)
+            raise RuntimeError(f"{', '.join(n.spec.name for n in late)} did not join in time\n{logs}")
+
+
+_JOIN_SCRIPT = """
+import json, time, ray
+ray.init(address={address!r}, logging_level="WARNING", log_to_driver=False)
+ports, deadline = {ports!r}, time.monotonic() + {timeout}
+while True:
+    joined = {{str(n["NodeManagerPort"]): n["NodeID"] for n in ray.nodes() if n["Alive"]}}
+    if all(p in joined for p in ports) or time.monotonic() > deadline:
+        break
+    time.sleep(0.25)
+print(json.dumps({{p: joined[p] for p in ports if p in joined}}))
+"""
 
 
 def _arg(args: Any, prefix: str) -> str | None:

@@ -1,0 +1,83 @@
+"""The Ray backend on machines of their own (``tools/hosts.py``): each node in its own network namespace
+with its own address, a 100 Mbit link, a core of its own; the driver (``onnxpipe run`` as a user runs it)
+on a third machine with the head; the split folder out of the stage machines' reach.  Skipped with the
+reason where this machine cannot make namespaced hosts (not root, no ``ip``/``tc``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from runtime_support import assert_same, original_outputs, split_tiny, token_batches
+
+from tools.hosts import Hosts, HostSpec, cannot_make_hosts
+from tools.ray_cluster import QUICK_HEALTH_CHECKS, LocalCluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.exhaustive]
+
+RATE_MBIT = 100.0
+PINNED = [{"resources": {"node_a": 1}}, {"resources": {"node_b": 1}}]
+
+
+@pytest.fixture(scope="module")
+def host_cluster() -> Iterator[LocalCluster]:
+    """Hosts ``d`` (the driver's machine: the head, no worker CPUs), ``a`` (core 0) and ``b`` (core 1),
+    each on a 100 Mbit link to the bridge; node ``a`` on host a, node ``b`` on host b."""
+    pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[ray]')")
+    reason = cannot_make_hosts()
+    if reason is not None:
+        pytest.skip(reason)
+    with Hosts() as hosts:
+        hosts.add(HostSpec("d", rate_mbit=RATE_MBIT))
+        hosts.add(HostSpec("a", cpus=(0,), rate_mbit=RATE_MBIT))
+        hosts.add(HostSpec("b", cpus=(1,), rate_mbit=RATE_MBIT))
+        cluster = LocalCluster(system_config=QUICK_HEALTH_CHECKS, hosts=hosts, head_host="d")
+        try:
+            cluster.add("a", 1, {"node_a": 1}, host="a")
+            cluster.add("b", 1, {"node_b": 1}, host="b")
+            cluster.wait()
+            yield cluster
+        finally:
+            cluster.stop()
+
+
+def test_each_host_has_its_address_its_link_and_its_core(host_cluster: LocalCluster) -> None:
+    hosts = host_cluster.hosts
+    assert hosts is not None
+    addresses = {h.address for h in hosts.hosts.values()}
+    assert len(addresses) == 3 and not {"127.0.0.1"} & addresses
+    qdisc = hosts.run("a", ["tc", "qdisc", "show", "dev", "eth0"]).stdout
+    assert "tbf" in qdisc and "100Mbit" in qdisc
+    cores = hosts.run("b", [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"])
+    assert cores.stdout.strip() == "[1]"
+
+
+def test_the_cli_on_the_driver_s_host_streams_the_model_s_outputs_across_the_links(
+    host_cluster: LocalCluster, sample_models_dir: Path, tmp_path: Path
+) -> None:
+    """``onnxpipe run --backend ray`` on host d, stage 0 on host a, stage 1 on host b, the split folder
+    hidden from both (shipped): the outputs are the model's, each stage ran on its host's node."""
+    split = split_tiny(host_cluster.hidden, sample_models_dir)
+    batches = token_batches(8, seed=5)
+    inputs = tmp_path / "inputs.npz"
+    np.savez(inputs, tokens=np.stack([b["tokens"] for b in batches]))
+    resources = tmp_path / "resources.json"
+    resources.write_text(json.dumps({"stages": PINNED}))
+    outputs, report = tmp_path / "outputs.npz", tmp_path / "report.json"
+    argv = [sys.executable, "-c", "import sys; from onnxpipe.cli import main; sys.exit(main())", "run"]
+    argv += [str(split), "--backend", "ray", "--ray-address", host_cluster.address]
+    argv += ["--ray-resources", str(resources), "--inputs-stacked", str(inputs), "-m", "8"]
+    argv += ["--outputs", str(outputs), "--report", str(report)]
+    done = host_cluster.run_on("d", argv, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with np.load(outputs) as stacked:
+        actual = [{name: stacked[name][j] for name in stacked.files} for j in range(len(batches))]
+    assert_same(original_outputs(sample_models_dir / "transformer_tiny.onnx", batches), actual)
+    obj = json.loads(report.read_text())
+    nodes = {n.spec.name: n.node_id for n in host_cluster.nodes}
+    assert [s["node_id"] for s in obj["stages"]] == [nodes["a"], nodes["b"]]
+    assert all(s["node_address"].startswith(host_cluster.ip.rsplit(".", 1)[0]) for s in obj["stages"])
