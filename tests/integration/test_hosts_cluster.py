@@ -81,3 +81,75 @@ def test_the_cli_on_the_driver_s_host_streams_the_model_s_outputs_across_the_lin
     nodes = {n.spec.name: n.node_id for n in host_cluster.nodes}
     assert [s["node_id"] for s in obj["stages"]] == [nodes["a"], nodes["b"]]
     assert all(s["node_address"].startswith(host_cluster.ip.rsplit(".", 1)[0]) for s in obj["stages"])
+
+
+def _link_bytes(hosts: Hosts, name: str) -> int:
+    """Bytes host ``name``'s link carried so far, both ways."""
+    stats = "/sys/class/net/eth0/statistics"
+    done = hosts.run(name, ["cat", f"{stats}/rx_bytes", f"{stats}/tx_bytes"])
+    return sum(int(v) for v in done.stdout.split())
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-c", "import sys; from onnxpipe.cli import main; sys.exit(main())", *args]
+
+
+def test_no_byte_between_the_stages_crosses_the_driver_s_machine(
+    host_cluster: LocalCluster, sample_models_dir: Path, tmp_path: Path
+) -> None:
+    """The stages on hosts a and b, the driver on d: d's link carries the inputs and the outputs (and
+    Ray's own chatter), not the tensors between the stages, which go from a to b directly."""
+    hosts = host_cluster.hosts
+    assert hosts is not None
+    split = split_tiny(tmp_path, sample_models_dir)
+    count = 64
+    batches = token_batches(count, seed=2)
+    inputs = tmp_path / "inputs.npz"
+    np.savez(inputs, tokens=np.stack([b["tokens"] for b in batches]))
+    resources = tmp_path / "resources.json"
+    resources.write_text(json.dumps({"stages": PINNED}))
+    report = tmp_path / "report.json"
+    argv = _cli("run", str(split), "--backend", "ray", "--ray-address", host_cluster.address)
+    argv += ["--ray-resources", str(resources), "--inputs-stacked", str(inputs), "-m", str(count)]
+    argv += ["--warmup", "0", "--report", str(report)]
+    first = host_cluster.run_on("d", argv, timeout=300)  # ships the stages to a and b
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = _link_bytes(hosts, "d")
+    done = host_cluster.run_on("d", argv, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    crossed_d = _link_bytes(hosts, "d") - before
+    hops = {
+        (h["source"], h["target"]): h["bytes_per_microbatch"] for h in json.loads(report.read_text())["hops"]
+    }
+    ends = hops[("driver", "stage 0")] + hops[("stage 1", "driver")]
+    between = hops[("stage 0", "stage 1")]
+    runs = 2 * count  # a run's micro-batches, and as many again one at a time for the report
+    assert crossed_d < runs * (ends + between / 2), (
+        f"host d's link carried {crossed_d} bytes: more than the inputs and outputs of {runs} micro-batches "
+        f"({runs * ends}) and half of what crossed between the stages ({runs * between})"
+    )
+
+
+def test_links_measures_each_link_at_its_set_rate(host_cluster: LocalCluster, tmp_path: Path) -> None:
+    """``onnxpipe links`` between the devices on hosts a and b: the bandwidth within 15% of the
+    100 Mbit/s the link was set to, and a latency above 0."""
+    devices = tmp_path / "devices.json"
+    device = {"provider": "CPUExecutionProvider", "threads": 1, "memory_bytes": None}
+    devices.write_text(
+        json.dumps(
+            {
+                "devices": [{"name": "left", **device}, {"name": "right", **device}],
+                "links": {"bandwidth_bytes_per_s": "1 Gbit/s", "latency_s": 0.001},
+            }
+        )
+    )
+    resources = tmp_path / "resources.json"
+    resources.write_text(json.dumps({"stages": PINNED}))
+    argv = _cli("links", str(devices), "--ray-address", host_cluster.address)
+    argv += ["--ray-resources", str(resources), "--repeats", "5", "--json"]
+    done = host_cluster.run_on("d", argv, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (measured,) = json.loads(done.stdout)["links"]
+    rate = RATE_MBIT * 1e6 / 8
+    assert abs(measured["bandwidth_bytes_per_s"] / rate - 1) < 0.15, measured
+    assert measured["latency_s"] > 0, measured

@@ -1,69 +1,16 @@
-"""What the Ray backend sends and keeps, without Ray: messages of inline pieces, the nodes' cache of
-shipped stage files, a trip's hops, and what an alive node can still host."""
+"""What the Ray backend keeps, without Ray: the nodes' cache of shipped stage files, a trip's hops, and
+what an alive node can still host (its frames: tests/unit/test_ray_plane.py)."""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from onnxpipe.runtime.backends import ray_wire
 from onnxpipe.runtime.backends.ray_recovery import missing_resources, request_of
-from onnxpipe.runtime.backends.ray_wire import INLINE_PIECE, Leg, pack, slots_for, unpack
 from onnxpipe.runtime.backends.stage_cache import ShipFailure, ShippedFile, StageCache
-from onnxpipe.runtime.trips import Trip
-
-
-def _tensors(nbytes: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(nbytes)
-    return {
-        "a": rng.standard_normal(nbytes // 8).astype(np.float32),
-        "mask": rng.integers(0, 2, (3, 5)).astype(bool),
-        "ids": rng.integers(0, 1000, (7,)).astype(np.int64),
-        "scalar": np.array(2.5, dtype=np.float64),
-        "empty": np.zeros((0, 4), dtype=np.float16),
-    }
-
-
-@pytest.mark.parametrize("nbytes", [0, 1000, INLINE_PIECE, 5 * INLINE_PIECE + 17])
-def test_a_message_holds_its_tensors_in_inline_pieces(nbytes: int) -> None:
-    tensors = _tensors(nbytes)
-    slots = slots_for(tensors)
-    message = pack(tensors, slots, sent=1.0)
-    header, pieces = message[0], message[1:]
-    assert len(message) == slots == header.needs and header.inline
-    assert all(len(p) <= INLINE_PIECE for p in pieces)
-    back = unpack(header, [np.array(p) for p in pieces])
-    assert list(back) == list(tensors)
-    for name, value in tensors.items():
-        assert back[name].dtype == value.dtype and back[name].shape == value.shape
-        np.testing.assert_array_equal(back[name], value)
-        assert back[name].flags.writeable and back[name].ctypes.data % 16 == 0
-
-
-def test_a_message_needing_more_pieces_than_asked_puts_the_rest_in_its_last_one() -> None:
-    tensors = {"x": np.arange(4 * INLINE_PIECE // 4, dtype=np.float32)}
-    message = pack(tensors, 3, sent=0.0)
-    header = message[0]
-    assert len(message) == 3 and not header.inline and header.needs == 5
-    np.testing.assert_array_equal(unpack(header, message[1:])["x"], tensors["x"])
-    padded = pack(tensors, 9, sent=0.0)  # fewer than asked: empty pieces after
-    assert len(padded) == 9 and padded[0].inline and len(padded[-1]) == 0
-    np.testing.assert_array_equal(unpack(padded[0], padded[1:])["x"], tensors["x"])
-
-
-def test_a_large_message_goes_whole_and_strings_go_as_they_are(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ray_wire, "INLINE_LIMIT", 1000)
-    big = {"x": np.ones(1000, dtype=np.float32)}
-    message = pack(big, slots_for(big), sent=0.0)
-    assert len(message) == 2 and not message[0].inline and len(message[1]) == 4000
-    np.testing.assert_array_equal(unpack(message[0], message[1:])["x"], big["x"])
-    words = {"w": np.array(["a", "bc"], dtype=object), "n": np.ones(2)}
-    message = pack(words, slots_for(words), sent=0.0)
-    back = unpack(message[0], message[1:])
-    assert back["w"].tolist() == ["a", "bc"] and back["n"].tolist() == [1.0, 1.0]
+from onnxpipe.runtime.trips import Leg, Trip
 
 
 def _file(data: bytes, name: str = "stage_0.onnx") -> ShippedFile:
@@ -108,7 +55,6 @@ def test_a_trip_s_hops_and_overhead() -> None:
             run_seconds=0.003,
             sent=10.006,
             bytes_in=100,
-            inline_in=True,
         ),
         Leg(
             1,
@@ -116,12 +62,11 @@ def test_a_trip_s_hops_and_overhead() -> None:
             run_seconds=0.002,
             sent=10.010,
             bytes_in=50,
-            inline_in=True,
         ),
     )
-    trip = Trip(1, 10.0, 10.012, legs, bytes_in=100, inline_in=True, bytes_out=20, inline_out=False)
+    trip = Trip(1, 10.0, 10.012, legs, bytes_in=100, bytes_out=20)
     assert [round(h.seconds, 6) for h in trip.hops] == [0.002, 0.001, 0.002]
-    assert [h.bytes for h in trip.hops] == [100, 50, 20] and not trip.hops[-1].inline
+    assert [h.bytes for h in trip.hops] == [100, 50, 20]
     assert trip.overhead_seconds == pytest.approx(0.012 - 0.005)
 
 

@@ -4,33 +4,31 @@ An actor starts empty.  The driver asks where it landed (:meth:`WorkerActor.node
 node lacks (:meth:`WorkerActor.missing`, :meth:`WorkerActor.write`, :meth:`WorkerActor.seal`; see
 :mod:`~onnxpipe.runtime.backends.ray_ship`) or leaves it to read a shared folder, and then opens its
 stages (:meth:`WorkerActor.open`).  Ray restarts an actor whose node was lost on another node, empty
-again: a call that reaches it before the driver opened it again fails with :class:`StageNotOpen`, which
-the driver takes for a micro-batch to send again, not for a stage's failure; a generation step that
-reaches it for a sequence whose cache died with the old one fails with :class:`CacheGone`, which the
-driver hands the generation loop as that step's :class:`~onnxpipe.core.errors.CacheLost`.
+again, and the driver sets it up again (files, stages, the data plane) before it sends it anything.
 
-Its calls (:meth:`WorkerActor.run`) take a message of :mod:`~onnxpipe.runtime.backends.ray_wire` (a
-header and inline pieces) and return the next one, the stage's :class:`~.ray_wire.Leg` added to the trip.
+Micro-batches do not come as calls: once its stages are open, the driver opens the actor's end of the
+data plane (:meth:`WorkerActor.plane_open`, :meth:`WorkerActor.plane_route`; see
+:mod:`~onnxpipe.runtime.backends.ray_serve`), and frames flow from actor to actor.  The driver calls
+:meth:`WorkerActor.watch`, which waits for a connection of the plane to break, in a concurrency group
+of its own (:data:`WATCH_GROUP`), so that it does not hold up the actor's other calls, which run one at
+a time in the order they were made (the chunks of a shipped file among them).
 """
 
 from __future__ import annotations
 
 import os
 import socket
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
 from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.core.options import opt
 from onnxpipe.runtime.backends.process_worker import hosted_stats
-from onnxpipe.runtime.backends.ray_wire import Header, Leg, pack, unpack
+from onnxpipe.runtime.backends.ray_plane import Address
+from onnxpipe.runtime.backends.ray_serve import Route, StageServer
 from onnxpipe.runtime.backends.stage_cache import ShipFailure, ShippedFile, StageCache
 from onnxpipe.runtime.nodeplace import NodePlace
 from onnxpipe.runtime.session import (
-    CacheMissing,
-    Record,
     StageFailure,
     StageRunner,
     WorkerStats,
@@ -38,15 +36,9 @@ from onnxpipe.runtime.session import (
 )
 from onnxpipe.runtime.spec import WorkerSpec
 
-
-class StageNotOpen(RuntimeError):
-    """A call reached an actor whose stages are not open: Ray restarted it, and the driver has not set it
-    up again yet.  Its micro-batch is sent again once it has."""
-
-
-class CacheGone(RuntimeError):
-    """A generation step reached an actor that holds no cache of one of its sequences: Ray started it
-    again after its node died.  That step fails alone; its sequences are rebuilt by a prefill."""
+WATCH_GROUP = "watch"
+"""The concurrency group of :meth:`WorkerActor.watch` calls: each epoch's waits beside the calls in
+flight."""
 
 
 def node_here() -> NodePlace:
@@ -70,6 +62,7 @@ class WorkerActor:
         self.runners: dict[int, StageRunner] = {}
         self.cache = StageCache()
         self.place: NodePlace | None = None
+        self.server: StageServer | None = None
 
     # ------------------------------------------------------------------------------ setting up
 
@@ -112,39 +105,25 @@ class WorkerActor:
             self.runners.clear()
             raise RuntimeStageError(f"{e} (on {self.node().short})") from None
 
-    # ------------------------------------------------------------------------------ running
+    # ------------------------------------------------------------------------------ the data plane
 
-    def run(self, stage: int, seq: int, slots: int, header: Header, *pieces: Any) -> tuple[Any, ...]:
-        """Stage ``stage`` on micro-batch ``seq``: the message ``header, *pieces`` in, the next one out,
-        in ``slots`` values."""
-        received_at = time.time()
-        start = time.perf_counter()
-        runner = self.runners.get(stage)
-        if runner is None:
-            raise StageNotOpen(f"stage {stage} is not open on {self.node().short}")
-        received = unpack(header, pieces)
-        run_start = time.perf_counter()
-        try:
-            sends = runner.run(seq, received)
-        except CacheMissing as e:
-            raise CacheGone(f"{e} (on {self.node().short})") from None
-        except StageFailure as e:
-            raise RuntimeStageError(str(e)) from None
-        run_end = time.perf_counter()
-        out = pack(sends, slots, sent=0.0)
-        end = time.perf_counter()
-        runner.recorder.add(Record(seq, start, run_start, run_end, end, end))
-        leg = Leg(
-            stage=stage,
-            received=received_at,
-            run_seconds=run_end - run_start,
-            sent=received_at + (end - start),
-            bytes_in=header.nbytes,
-            inline_in=header.inline,
-            pieces_in=header.pieces,
-        )
-        first: Header = out[0]
-        return (replace(first, sent=leg.sent, legs=(*header.legs, leg)), *out[1:])
+    def plane_open(self, epoch: int) -> Address:
+        """Open this actor's end of the data plane for ``epoch`` (the last one's closed): its address."""
+        if self.server is None:
+            place = self.node()
+            self.server = StageServer(self.runners, place.address, place.short)
+        return self.server.open(epoch)
+
+    def plane_route(self, routes: Mapping[int, Route], driver: Address) -> None:
+        """Where each hosted stage's outputs go, and where failures go: the driver."""
+        assert self.server is not None, "plane_open comes first"
+        self.server.route(routes, driver)
+
+    def watch(self, epoch: int) -> str:
+        """Wait until a connection of this actor's plane breaks in ``epoch``: why (the driver sets the
+        pipeline up again)."""
+        assert self.server is not None, "plane_open comes first"
+        return self.server.watch(epoch)
 
     def stats(self) -> list[WorkerStats]:
         """One entry per hosted stage (:func:`~.process_worker.hosted_stats`), with this actor's node."""

@@ -18,29 +18,32 @@ in the order their inputs become ready (``allow_out_of_order_execution``).
 sha256 on arrival (:mod:`~onnxpipe.runtime.backends.ray_ship`); with ``files="shared"`` the actor reads
 the split folder at the driver's path, which every node must then have.  Then the actor opens its stages.
 
-**Hops.** A micro-batch is a chain of actor calls made by the driver,
-``stage_i.run.options(num_returns=n).remote(..., *message_of_stage_i-1)``: each call's outputs are
-references the next call takes as arguments, so the driver never waits between stages.  A message is a
-header and inline pieces (:mod:`~onnxpipe.runtime.backends.ray_wire`): it travels inside Ray's calls, not
-through its object store, which on a loopback cost several times as much for a few hundred kilobytes.
-Stage outputs sent actor to actor instead (each stage calling the next itself) and Ray's compiled graphs
-were measured against this chain and were slower on every size tried (``benchmarks/bench_cluster.py``).
-At most :attr:`RayBackend.capacity` micro-batches are in flight (backpressure); results are matched to
-micro-batches by reference, so the order is the pipeline's business, not Ray's.
+**Hops.** Micro-batches do not travel in Ray's calls: once the actors' stages are open, each actor opens
+its end of the data plane (:mod:`~onnxpipe.runtime.backends.ray_plane`, served by
+:mod:`~onnxpipe.runtime.backends.ray_serve`), a listener on its node's address, and learns where each
+of its stages' outputs go.  The driver sends a micro-batch's inputs to the first stage's actor over a
+persistent connection; each actor sends its outputs straight to the next stage's, the last one back to
+the driver.  A hop costs its bytes over the link and a frame's header, not a Ray call relayed by the
+driver (about a millisecond each, every byte crossing the driver's machine: what the chain of calls
+this replaced cost).  At most :attr:`RayBackend.capacity` micro-batches are in flight (backpressure);
+results are matched to micro-batches by number, so the order is the pipeline's business.
 
 **Failures.** A stage that raises fails its micro-batch and the pipeline (the caller sees the stage's
 own :class:`RuntimeStageError`).  An actor that is *lost* (its process or node died) is another matter:
-Ray starts it again (``restarts``) on a node that has its resources, the driver sets it up again (ships
-its files to the new node, opens its stages), and sends again every micro-batch that was in flight, so
-that every result comes exactly once (:class:`~.ray_recovery.Recovery` says what happened).  When no
+the data plane sees a connection break at once (the actors' :meth:`~.ray_actor.WorkerActor.watch`, the
+driver's own end), Ray starts the actor again (``restarts``) on a node that has its resources once the
+cluster declared it dead, the driver sets it up again (ships its files to the new node, opens its
+stages), opens a new epoch of the plane on every actor (frames of the old one are dropped where they
+arrive), and sends again every micro-batch that was in flight, so that every result comes exactly once
+(:class:`~.ray_recovery.Recovery` says what happened).  When no
 node left can take it, or it does not come back within ``restart_timeout``, the run stops with one line
 naming the stages, the lost node and what no node has (:mod:`~.ray_recovery`); what was delivered stays
 delivered.  A generating pipeline's actors keep KV caches that die with them: a lost actor is started
 again the same way, but the steps in flight are not sent again (they would grow the caches of the stages
 that survived twice): each fails alone with :class:`~onnxpipe.core.errors.CacheLost`, as does a later
-step that reaches the new actor for a sequence it holds no cache of (:class:`~.ray_actor.CacheGone`),
-and the generation loop rebuilds those sequences by a prefill of their tokens so far
-(:mod:`onnxpipe.runtime.generation.scheduler`).
+step that reaches the new actor for a sequence it holds no cache of
+(:attr:`~.ray_serve.FailureKind.CACHE_GONE`), and the generation loop rebuilds those sequences by a
+prefill of their tokens so far (:mod:`onnxpipe.runtime.generation.scheduler`).
 
 The connection to Ray (started unless the caller did, shared, shut down by the last backend) is
 :mod:`~onnxpipe.runtime.backends.ray_connect`'s.  Ray is an optional dependency (``pip install
@@ -62,12 +65,11 @@ import numpy as np
 from onnxpipe.core.choices import RayFiles
 from onnxpipe.core.errors import CacheLost, RuntimeStageError, UsageError, error_line
 from onnxpipe.runtime.backends.lanes import Lanes
-from onnxpipe.runtime.backends.ray_actor import WorkerActor
+from onnxpipe.runtime.backends.ray_actor import WATCH_GROUP, WorkerActor
 from onnxpipe.runtime.backends.ray_connect import OWNED_RAY, import_ray, ray_error_text
+from onnxpipe.runtime.backends.ray_plane import Address, Endpoint, Frame, PlaneError
 from onnxpipe.runtime.backends.ray_recovery import (
     Recovery,
-    is_cache_gone,
-    is_lost_actor,
     missing_resources,
     no_node_text,
     node_alive,
@@ -81,8 +83,8 @@ from onnxpipe.runtime.backends.ray_resources import (
     check_shared_pins,
     merged_options,
 )
+from onnxpipe.runtime.backends.ray_serve import Failed, FailureKind, Note, Route
 from onnxpipe.runtime.backends.ray_ship import ship
-from onnxpipe.runtime.backends.ray_wire import Header, pack, slots_for, unpack
 from onnxpipe.runtime.base import Delivery, RayConfig, Tensors
 from onnxpipe.runtime.nodeplace import NodePlace
 from onnxpipe.runtime.session import MAX_RECORDS, WorkerStats
@@ -93,18 +95,20 @@ from onnxpipe.schedule.timeline import worker_groups
 START_TIMEOUT_S = 300.0
 PROBE_S = 0.5
 """How often a recovery looks at the cluster while a lost actor is away."""
+WATCH_S = 0.1
+"""How often a poll asks Ray whether an actor died (a broken connection is seen at once)."""
 
 
 @dataclass
 class _Flight:
-    """A micro-batch in flight: its lane, its input message (kept to send it again) and the references
-    of its last stage's message."""
+    """A micro-batch in flight: its lane, its inputs (kept to send them again), when they were sent and
+    their bytes on the wire."""
 
     seq: int
     lane: int
-    message: tuple[Any, ...]
-    refs: list[Any]
-    submitted: float
+    tensors: dict[str, np.ndarray]
+    submitted: float = 0.0
+    nbytes: int = 0
 
 
 class RayBackend(Lanes):
@@ -144,14 +148,23 @@ class RayBackend(Lanes):
         self._lanes = [[next(positions) for _ in lane] for lane in lanes]
         self._group_of = {i: g for g, group in enumerate(self.groups) for i in group}
         self._lane_load = [0] * len(self._lanes)
-        self._returns = [2] * len(self.specs)
-        """Values each stage's call returns (its header and pieces), as its last message needed."""
         self._lock = threading.Lock()
-        self._in_flight: dict[Any, _Flight] = {}
-        """Each micro-batch's last header reference, and what the driver keeps of it."""
+        self._in_flight: dict[int, _Flight] = {}
+        """What the driver keeps of each micro-batch in flight, by number."""
+        self._epoch = 0
+        """The data plane's set-up: a frame of another one is dropped."""
+        self._endpoint: Endpoint | None = None
+        self._addresses: list[Address] = []
+        """Each actor's end of the plane (one per group), in this epoch."""
+        self._watches: list[Any] = []
+        self._watched = 0.0
+        self._arrived: deque[Frame] = deque()
+        self._broken: str | None = None
+        """Why a connection of the driver's end broke in this epoch, until a poll takes it."""
         self._event = threading.Event()
         self._recovering = False
         self._replay: list[_Flight] = []
+
         """Micro-batches to send again once a recovery brought the lost actors back."""
         self._dropped: list[_Flight] = []
         """Generation steps a recovery dropped, to fail alone (:class:`CacheLost`) at the next poll."""
@@ -178,7 +191,7 @@ class RayBackend(Lanes):
     def _start_actors(self, start_timeout: float) -> None:
         """Start an actor per group, learn their nodes, and set each up (files, sessions)."""
         ray = self._ray
-        remote = ray.remote(WorkerActor)
+        remote = ray.remote(concurrency_groups={WATCH_GROUP: 2})(WorkerActor)  # the watch apart
         for group in self.groups:  # one at a time: a Ctrl-C in between leaves only started actors
             actor = remote.options(**self._group_options(group)).remote([self.specs[i] for i in group])
             self.actors.append(actor)
@@ -194,6 +207,52 @@ class RayBackend(Lanes):
         self.shipped = [None] * len(self.groups)
         for g in range(len(self.groups)):
             self._set_up(g)
+        self._open_plane()
+
+    def _open_plane(self) -> None:
+        """A new epoch of the data plane: the driver's end and every actor's opened afresh (the last
+        ones closed), each actor told where its stages' outputs go, its watch set."""
+        ray = self._ray
+        self._epoch += 1
+        epoch = self._epoch
+        if self._endpoint is not None:
+            self._endpoint.close()
+        host = ray.util.get_node_ip_address()
+        self._endpoint = Endpoint(host, self._on_frame, lambda _peer, why: self._on_broken(epoch, why))
+        try:
+            self._addresses = ray.get([a.plane_open.remote(epoch) for a in self.actors])
+            driver = self._endpoint.address
+            ray.get([a.plane_route.remote(self._routes(g), driver) for g, a in enumerate(self.actors)])
+        except ray.exceptions.RayError as e:
+            raise RuntimeStageError(ray_error_text(e, "opening the data plane failed")) from e
+        self._watches = [a.watch.options(concurrency_group=WATCH_GROUP).remote(epoch) for a in self.actors]
+
+    def _routes(self, g: int) -> dict[int, Route]:
+        """Where the outputs of each stage actor ``g`` hosts go: the next stage's actor, or the driver."""
+        assert self._endpoint is not None
+        routes = {}
+        for lane in self._lanes:
+            for k, pos in enumerate(lane):
+                if self._group_of[pos] != g:
+                    continue
+                if k + 1 < len(lane):
+                    after = lane[k + 1]
+                    address = self._addresses[self._group_of[after]]
+                    routes[self.specs[pos].index] = Route(address, self.specs[after].index)
+                else:
+                    routes[self.specs[pos].index] = Route(self._endpoint.address)
+        return routes
+
+    def _on_frame(self, frame: Frame) -> None:
+        with self._lock:
+            self._arrived.append(frame)
+        self._event.set()
+
+    def _on_broken(self, epoch: int, why: str) -> None:
+        with self._lock:
+            if epoch == self._epoch and self._broken is None:
+                self._broken = why
+        self._event.set()
 
     def _set_up(self, g: int) -> None:
         """Ship group ``g``'s files to its actor's node (unless shared) and open its stages there."""
@@ -214,8 +273,6 @@ class RayBackend(Lanes):
         options = merged_options(
             [actor_options(self.specs[i], resources[i] if resources is not None else {}) for i in group]
         )
-        if len(group) > 1:  # a call waiting for its input must not hold up a sibling stage's
-            options["allow_out_of_order_execution"] = True
         options["max_restarts"] = self.config.restarts
         return options
 
@@ -247,7 +304,8 @@ class RayBackend(Lanes):
     # ---------------------------------------------------------------------------------- running
 
     def try_submit(self, seq: int, feeds: Mapping[str, np.ndarray], to_lane: int | None = None) -> bool:
-        """Chain micro-batch ``seq`` through the next lane with room (lanes in turn), or ``to_lane``."""
+        """Send micro-batch ``seq`` to the first stage of the next lane with room (lanes in turn), or
+        ``to_lane``."""
         with self._lock:
             if self._recovering or not super().try_submit(seq, feeds, to_lane):
                 return False
@@ -255,57 +313,76 @@ class RayBackend(Lanes):
         return True
 
     def _offer(self, li: int, seq: int, feeds: Mapping[str, np.ndarray]) -> bool:
+        """Send ``seq`` to lane ``li``'s first stage if the lane has room (under the lock)."""
         if self._lane_load[li] >= self._lane_capacity(li):
             return False
-        tensors = {name: feeds[name] for name in self.specs[self._lanes[li][0]].receives}
-        self._chain(_Flight(seq, li, pack(tensors, slots_for(tensors), sent=time.time()), [], 0.0))
+        flight = _Flight(seq, li, {name: feeds[name] for name in self.specs[self._lanes[li][0]].receives})
+        self._in_flight[seq] = flight
         self._lane_load[li] += 1
+        self._send(flight)
         return True
 
-    def _chain(self, flight: _Flight) -> None:
-        """Submit ``flight``'s calls through its lane and keep it in flight (under the lock)."""
-        refs: list[Any] = list(flight.message)
+    def _send(self, flight: _Flight) -> None:
+        """Send ``flight``'s inputs to its lane's first stage (under the lock); a connection that cannot
+        be made is a broken one (the actor is gone: the next poll recovers)."""
+        assert self._endpoint is not None
+        position = self._lanes[flight.lane][0]
         flight.submitted = time.time()
-        for i in self._lanes[flight.lane]:
-            spec = self.specs[i]
-            n = self._returns[i]
-            method = self.actors[self._group_of[i]].run.options(num_returns=n)
-            refs = method.remote(spec.index, flight.seq, n, *refs)
-        flight.refs = refs
-        self._in_flight[refs[0]] = flight
+        note = Note(self._epoch, flight.seq, self.specs[position].index, flight.submitted)
+        try:
+            to = self._addresses[self._group_of[position]]
+            flight.nbytes = self._endpoint.send(to, note, flight.tensors)
+        except PlaneError as e:
+            self._broken = self._broken or str(e)
 
     def poll(self) -> list[tuple[int, Delivery]]:
         self._check_open()
         with self._lock:
-            heads = list(self._in_flight)
+            frames = list(self._arrived)
+            self._arrived.clear()
             done: list[tuple[int, Delivery]] = [self._cache_lost(f) for f in self._dropped]
             self._dropped = []
-        if not heads:
-            return done
-        ready, _ = self._ray.wait(heads, num_returns=len(heads), timeout=0)
-        lost: list[_Flight] = []
-        for ref in ready:
+        for frame in frames:
+            note = frame.meta
+            if not isinstance(note, Note | Failed) or note.epoch != self._epoch:
+                continue  # sent before a recovery: its micro-batch was sent again
             with self._lock:
-                flight = self._in_flight.pop(ref)
-            try:
-                values = self._ray.get(flight.refs)
-            except self._ray.exceptions.RayError as e:
-                if is_cache_gone(e):  # a step that reached a restarted actor: it fails alone
-                    with self._lock:
-                        done.append(self._cache_lost(flight, error_line(e)))
-                    continue
-                if not (is_lost_actor(e) and self.config.restarts > 0):  # a stage failed, or no restarts
-                    # what came out is delivered; the next poll raises
-                    self._failure = RuntimeStageError(
-                        ray_error_text(e, f"micro-batch {flight.seq} failed", self._actor_names())
-                    )
-                    break
-                lost.append(flight)
+                flight = self._in_flight.pop(note.seq, None)
+            if flight is None:
                 continue
-            done.append((flight.seq, self._delivered(flight, values)))
-        if lost and self._failure is None:
-            self._begin_recovery(lost)
+            if isinstance(note, Failed):
+                if note.kind is FailureKind.CACHE_GONE:  # a step that reached a restarted actor
+                    with self._lock:
+                        done.append(self._cache_lost(flight, note.text))
+                    continue
+                self._failure = RuntimeStageError(note.text)  # what came out is delivered; next poll raises
+                break
+            done.append((flight.seq, self._delivered(flight, frame)))
+        if self._failure is None and not self._recovering and self._loss() is not None:
+            self._begin_recovery()
         return done
+
+    def _loss(self) -> str | None:
+        """Why an actor or a connection of this epoch was lost (None: none was): a connection of the
+        driver's end broke, or an actor's watch answered (its connection broke, or it died)."""
+        with self._lock:
+            why, self._broken = self._broken, None
+        now = time.monotonic()
+        if why is None and now - self._watched >= WATCH_S:
+            self._watched = now
+            ray = self._ray
+            ready, _ = ray.wait(self._watches, num_returns=len(self._watches), timeout=0)
+            for ref in ready:
+                try:
+                    why = ray.get(ref) or None
+                except ray.exceptions.RayError as e:
+                    why = ray_error_text(e, "a stage actor was lost", self._actor_names())
+                if why is not None:
+                    break
+        if why is not None and self.config.restarts == 0:
+            self._failure = RuntimeStageError(f"the pipeline lost a stage and may not restart it: {why}")
+            return None
+        return why
 
     def _cache_lost(self, flight: _Flight, why: str | None = None) -> tuple[int, Delivery]:
         """A generation step whose sequences' caches died with an actor: it fails alone (under the
@@ -314,54 +391,44 @@ class RayBackend(Lanes):
         reason = why or "its stages' actor was lost and started again, empty"
         return flight.seq, CacheLost(f"generation step {flight.seq} lost its sequences' caches: {reason}")
 
-    def _delivered(self, flight: _Flight, values: Sequence[Any]) -> Tensors:
-        """The outputs of ``flight`` from its last message; learn each stage's pieces, keep its trip."""
-        header: Header = values[0]
-        lane = self._lanes[flight.lane]
-        legs = header.legs
+    def _delivered(self, flight: _Flight, frame: Frame) -> Tensors:
+        """The outputs of ``flight`` from its last frame; its trip kept."""
+        note: Note = frame.meta
         with self._lock:
             self._lane_load[flight.lane] -= 1
-            for pos, leg in zip(lane[:-1], legs[1:], strict=False):
-                self._returns[pos] = 1 + max(1, leg.pieces_in)
-            self._returns[lane[-1]] = header.needs
-        first: Header = flight.message[0]
         self._trips.append(
             Trip(
                 seq=flight.seq,
                 submitted=flight.submitted,
-                delivered=time.time(),
-                legs=legs,
-                bytes_in=first.nbytes,
-                inline_in=first.inline,
-                bytes_out=header.nbytes,
-                inline_out=header.inline,
+                delivered=frame.received,
+                legs=note.legs,
+                bytes_in=flight.nbytes,
+                bytes_out=frame.nbytes,
             )
         )
-        return unpack(header, values[1:])
+        return frame.tensors
 
     def wait(self, timeout: float) -> None:
+        """Until a frame arrives, a connection breaks, :meth:`wake`, or ``timeout``; while micro-batches
+        are in flight, at most :data:`WATCH_S` (the watches are Ray's, not this event's)."""
         with self._lock:
-            heads = list(self._in_flight)
-        if not heads or self._closed:
-            self._event.wait(timeout)
+            if self._arrived or self._dropped or self._broken is not None:
+                return
             self._event.clear()
-            return
-        self._ray.wait(heads, num_returns=1, timeout=timeout)
+            busy = bool(self._in_flight) and not self._closed
+        self._event.wait(min(timeout, WATCH_S) if busy else timeout)
 
     def wake(self) -> None:
         self._event.set()
 
     # ---------------------------------------------------------------------------------- recovery
 
-    def _begin_recovery(self, lost: list[_Flight]) -> None:
+    def _begin_recovery(self) -> None:
         """Hold back new work, take every micro-batch in flight to send again, and bring the lost actors
         back in a thread of their own (the driver goes on delivering nothing meanwhile)."""
         with self._lock:
-            if self._recovering:  # a second failure of the same loss: its micro-batches join the others
-                self._replay.extend(lost)
-                return
             self._recovering = True
-            self._replay = [*lost, *self._in_flight.values()]
+            self._replay = list(self._in_flight.values())
             self._in_flight.clear()
         thread = threading.Thread(
             target=self._recover, args=(time.monotonic(),), name="onnxpipe ray recovery", daemon=True
@@ -373,14 +440,16 @@ class RayBackend(Lanes):
             restored = self._await_actors(began)
             if self._closed:
                 return
+            self._open_plane()
             with self._lock:
                 replay = sorted(self._replay, key=lambda f: f.seq)
                 self._replay = []
                 if self.generating:  # the caches died: the generation loop rebuilds its sequences
                     self._dropped.extend(replay)
                 else:
+                    self._in_flight.update((f.seq, f) for f in replay)
                     for flight in replay:
-                        self._chain(flight)
+                        self._send(flight)
                 self._recovering = False
             seconds = time.monotonic() - began
             self.recoveries.extend(
@@ -480,6 +549,8 @@ class RayBackend(Lanes):
             return
         self._closed = True
         self._event.set()
+        if self._endpoint is not None:
+            self._endpoint.close()
         for actor in self.actors:
             with contextlib.suppress(Exception):  # an actor that is already gone is fine
                 self._ray.kill(actor, no_restart=True)

@@ -1,15 +1,16 @@
-"""Each link of a cluster measured through the pipeline's own transport: latency and bandwidth between the
-Ray nodes that host consecutive devices.
+"""Each link of a cluster measured through the pipeline's own transport, the data plane
+(:mod:`~onnxpipe.runtime.backends.ray_plane`): latency and bandwidth between the Ray nodes that host
+consecutive devices.
 
 A probe actor lands on each device's node (the device's Ray resources pin it there, as they pin the
-stage that runs on the device).  For each pair of consecutive devices and each size (the split's boundary
-tensors, and a small one that shows the latency), the first probe returns a tensor of that size as a
-stage returns its outputs (:mod:`~onnxpipe.runtime.backends.ray_wire`: inline pieces, or the object store
-over :data:`~.ray_wire.INLINE_LIMIT`) and the second takes it as a stage takes its inputs; the hop's time
-is from the first handing it over to the second starting on it, as a run's report times a hop
-(:mod:`onnxpipe.runtime.trips`), its median over ``repeats`` transfers one at a time.  A straight line
-through (bytes, seconds) gives the link: its intercept the latency, the inverse of its slope the
-bandwidth (``None``, a free link, where more bytes took no longer).
+stage that runs on the device) and opens an endpoint there.  For each pair of consecutive devices and
+each size (the split's boundary tensors, and a small one that shows the latency), the first probe sends
+frames of that size to the second, one at a time, as a stage sends its outputs; a frame's time is from
+its sender handing it over to its last byte's arrival, as a run's report times a hop
+(:mod:`onnxpipe.runtime.trips`), its median over ``repeats``.  A straight line through (bytes, seconds)
+gives the link: its intercept the latency, the inverse of its slope the bandwidth (``None``, a free link,
+where more bytes took no longer).  The sizes go up to a few megabytes at least, so that the bandwidth
+is the wire's, not one TCP window's.
 
 Times are the machines' wall clocks: exact between nodes of one machine, as good as the machines' clocks
 agree across several (NTP keeps them within a millisecond or so on a LAN; sizes of several megabytes make
@@ -18,7 +19,9 @@ the bandwidth's share dominate the error).
 
 from __future__ import annotations
 
+import contextlib
 import math
+import queue
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -29,7 +32,7 @@ import numpy as np
 
 from onnxpipe.core.errors import RuntimeStageError, error_line
 from onnxpipe.runtime.backends.ray_actor import node_here
-from onnxpipe.runtime.backends.ray_wire import Header, pack, slots_for, unpack
+from onnxpipe.runtime.backends.ray_plane import Address, Endpoint, Frame
 from onnxpipe.runtime.nodeplace import NodePlace
 
 SMALL_BYTES = 1024
@@ -37,21 +40,41 @@ SMALL_BYTES = 1024
 WARMUP = 3
 
 
+LARGEST_BYTES = 4 * 1024 * 1024
+"""Every link is also measured at this size: large enough that its time is the wire's bandwidth."""
+TAKE_TIMEOUT_S = 60.0
+
+
 class LinkProbe:
-    """The body of a probe actor: it emits tensors of a size and takes them as stages do."""
+    """The body of a probe actor: an endpoint on its node that sends frames of a size and takes them as
+    stages do."""
+
+    def __init__(self) -> None:
+        self._frames: queue.SimpleQueue[Frame] = queue.SimpleQueue()
+        self._endpoint: Endpoint | None = None
 
     def node(self) -> NodePlace:
         return node_here()
 
-    def emit(self, nbytes: int, slots: int) -> tuple[Any, ...]:
-        tensors = {"x": np.zeros(nbytes, dtype=np.uint8)}
-        return pack(tensors, slots, sent=time.time())
+    def open(self) -> Address:
+        """Open this probe's endpoint on its node's address: where the probe before it sends."""
+        self._endpoint = Endpoint(self.node().address, self._frames.put)
+        return self._endpoint.address
 
-    def take(self, header: Header, *pieces: Any) -> float:
-        """Seconds from the sender handing the message over to this call starting on it."""
-        received = time.time()
-        unpack(header, pieces)
-        return received - header.sent
+    def emit(self, to: Address, nbytes: int) -> None:
+        """Send a frame of ``nbytes`` to ``to``, stamped with the time it was handed over."""
+        assert self._endpoint is not None, "open comes first"
+        payload = {"x": np.zeros(nbytes, dtype=np.uint8)}
+        self._endpoint.send(to, time.time(), payload)
+
+    def take(self) -> float:
+        """Seconds from the sender handing the next frame over to its last byte's arrival here."""
+        frame = self._frames.get(timeout=TAKE_TIMEOUT_S)
+        return frame.received - float(frame.meta)
+
+    def close(self) -> None:
+        if self._endpoint is not None:
+            self._endpoint.close()
 
 
 @dataclass(frozen=True)
@@ -85,7 +108,7 @@ def measure_links(
     """Start a probe per device (``options``: its actor options, in pipeline order) and measure each
     link ``i`` (device ``i`` to ``i + 1``) at ``sizes[i]`` and :data:`SMALL_BYTES`."""
     remote = ray.remote(LinkProbe)
-    probes = [remote.options(**o).remote() for o in options]
+    probes = [remote.options(**o, max_concurrency=2).remote() for o in options]
     try:
         try:
             places: list[NodePlace] = ray.get([p.node.remote() for p in probes], timeout=300)
@@ -94,11 +117,12 @@ def measure_links(
                 f"the link probes did not start within 300 s: the cluster may lack the resources they "
                 f"ask for ({'; '.join(str(dict(o)) for o in options)})"
             ) from e
+        addresses: list[Address] = ray.get([p.open.remote() for p in probes])
         out = []
         for i in range(len(probes) - 1):
             measured = {
-                n: _hop_seconds(ray, probes[i], probes[i + 1], n, repeats)
-                for n in sorted({SMALL_BYTES, *sizes[i]})
+                n: _hop_seconds(ray, probes[i], probes[i + 1], addresses[i + 1], n, repeats)
+                for n in sorted({SMALL_BYTES, LARGEST_BYTES, *sizes[i]})
             }
             latency, bandwidth = fit_link(measured)
             out.append(LinkMeasurement(places[i], places[i + 1], measured, latency, bandwidth))
@@ -107,17 +131,18 @@ def measure_links(
         raise RuntimeStageError(f"measuring the links failed: {error_line(e)}") from e
     finally:
         for p in probes:
+            with contextlib.suppress(Exception):  # a probe that failed to start has nothing to close
+                ray.get(p.close.remote(), timeout=10)
             ray.kill(p, no_restart=True)
 
 
-def _hop_seconds(ray: Any, source: Any, target: Any, nbytes: int, repeats: int) -> float:
-    """The median seconds of ``repeats`` hops of ``nbytes`` from ``source`` to ``target``, one at a
+def _hop_seconds(ray: Any, source: Any, target: Any, to: Address, nbytes: int, repeats: int) -> float:
+    """The median seconds of ``repeats`` frames of ``nbytes`` from ``source`` to ``target``, one at a
     time, after :data:`WARMUP`."""
-    slots = slots_for({"x": np.zeros(nbytes, dtype=np.uint8)})
-    emit = source.emit.options(num_returns=slots)
     times: list[float] = []
     for j in range(WARMUP + repeats):
-        seconds = float(ray.get(target.take.remote(*emit.remote(nbytes, slots))))
+        source.emit.remote(to, nbytes)
+        seconds = float(ray.get(target.take.remote()))
         if j >= WARMUP:
             times.append(seconds)
     return statistics.median(times)

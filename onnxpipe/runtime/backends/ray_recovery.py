@@ -12,9 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.core.options import opt
-from onnxpipe.runtime.backends.ray_actor import CacheGone, StageNotOpen
 from onnxpipe.runtime.nodeplace import NodePlace
 
 
@@ -33,27 +31,6 @@ class Recovery:
     """Micro-batches sent again (``run``); generation steps dropped, their sequences rebuilt by the
     generation loop (``generate``)."""
     seconds: float
-
-
-def is_lost_actor(e: BaseException) -> bool:
-    """Whether a micro-batch failed because an actor was lost (its process or node died, or a restarted
-    actor was not set up again yet), not because a stage failed on it."""
-    cause = getattr(e, "cause", None)
-    if isinstance(cause, RuntimeStageError):
-        return False
-    if isinstance(cause, StageNotOpen) or "StageNotOpen" in type(e).__name__:
-        return True
-    names = {c.__name__ for c in type(e).__mro__}
-    return bool(names & {"RayActorError", "ActorDiedError", "ActorUnavailableError"}) or (
-        "StageNotOpen:" in str(e)
-    )
-
-
-def is_cache_gone(e: BaseException) -> bool:
-    """Whether a generation step failed because a stage's actor holds none of its sequences' caches
-    (Ray started it again after a loss): the step fails alone, and its sequences are rebuilt."""
-    cause = getattr(e, "cause", None)
-    return isinstance(cause, CacheGone) or "CacheGone" in type(e).__name__ or "CacheGone:" in str(e)
 
 
 def request_of(options: Mapping[str, Any]) -> dict[str, float]:

@@ -47,8 +47,8 @@ _SLOT = struct.Struct("<i")
 
 @dataclass(frozen=True)
 class TensorMeta:
-    """Where one tensor lies in a flat payload (a shared-memory slot, or a Ray message's pieces:
-    :mod:`.ray_wire`); ``pickled``: its ``nbytes`` there are a pickled object array."""
+    """Where one tensor lies in a flat payload (a shared-memory slot); ``pickled``: its ``nbytes`` there
+    are a pickled object array."""
 
     name: str
     dtype: str

@@ -3,7 +3,7 @@ generation's (each stage's node, each hop's share of a step's time: :class:`Gene
 
 A hop is the driver to the first stage, a stage to the next, or the last stage back to the driver
 (:mod:`onnxpipe.runtime.trips`).  Its time is taken from micro-batches run one at a time, where it is
-the hop's own cost (Ray's call, the tensors' transfer, the receiver's scheduling); in the stream it is
+the hop's own cost (the frame's transfer over the data plane, the receiver's reading it); in the stream it is
 mostly the wait behind other micro-batches, and is shown apart.  ``overhead_ms`` is a micro-batch's
 time beyond its stages' own work, one at a time: every hop's and every stage's handling of its tensors,
 measured with the driver's clock and each stage's timer, no two machines' clocks compared.
@@ -24,13 +24,12 @@ from onnxpipe.runtime.trips import Trip
 
 @dataclass(frozen=True)
 class HopReport:
-    """One hop: from and to (``driver`` or a stage number), the bytes of a micro-batch's tensors on it,
-    whether they all went inline (in Ray's call, not through its object store), and its time."""
+    """One hop: from and to (``driver`` or a stage number), the bytes of a micro-batch's frame on it,
+    and its time."""
 
     source: str
     target: str
     bytes_per_microbatch: int
-    inline: bool
     single_ms: float | None
     """Median over the micro-batches run one at a time; None when none was."""
     stream_ms: float | None
@@ -71,7 +70,6 @@ def hop_reports(
                 source=ends[h],
                 target=ends[h + 1],
                 bytes_per_microbatch=round(statistics.median(hop.bytes for hop in hops)),
-                inline=all(hop.inline for hop in hops),
                 single_ms=statistics.median(alone) * 1e3 if alone else None,
                 stream_ms=statistics.median(hop.seconds for hop in hops) * 1e3,
             )

@@ -40,7 +40,9 @@ class LinkResult:
         return {
             "bandwidth_bytes_per_s": m.bandwidth_bytes_per_s,
             "latency_s": m.latency_s,
-            "description": (f"measured through Ray from {m.source.short} to {m.target.short} at {sizes}"),
+            "description": (
+                f"measured over the data plane from {m.source.short} to {m.target.short} at {sizes}"
+            ),
         }
 
 

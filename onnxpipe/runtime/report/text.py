@@ -144,13 +144,12 @@ def _hop_lines(report: RunReport) -> list[str]:
         [
             f"{h.source} -> {h.target}",
             _bytes(h.bytes_per_microbatch),
-            "inline" if h.inline else "object store",
             _ms(h.single_ms),
             _ms(h.stream_ms),
         ]
         for h in report.hops
     ]
-    lines = [table(["hop", "bytes/micro-batch", "how", "one at a time ms", "in the stream ms"], rows)]
+    lines = [table(["hop", "bytes/micro-batch", "one at a time ms", "in the stream ms"], rows)]
     if report.overhead_ms is not None:
         lines.append(
             f"overhead: one micro-batch at a time took {report.overhead_ms:.2f} ms beyond its stages' own "

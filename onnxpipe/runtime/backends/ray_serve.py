@@ -1,0 +1,178 @@
+"""A Ray actor's stages served over the data plane (:mod:`~onnxpipe.runtime.backends.ray_plane`): frames
+in from the stage before it (or the driver), each run by its stage, its outputs out to the stage after it
+(or the driver), with no call from the driver per micro-batch.
+
+The driver sets the plane up per *epoch*: every actor opens a fresh endpoint (:meth:`StageServer.open`)
+with the routes of its stages (where each one's outputs go).  After a lost actor was started again the
+driver opens a new epoch on every actor: frames of an older epoch still on their way are dropped where
+they arrive, so a micro-batch sent again is delivered once.
+
+A frame is taken in the order it arrived, one at a time (an actor's stages share its interpreter and its
+cores, as a Ray call at a time did); its stage's failure does not stop the server: a :class:`Failed`
+goes to the driver, which fails the run (or, for a generation step whose cache is gone, that step).
+:meth:`StageServer.watch` answers the driver when a connection breaks (a peer's process or node died).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+from onnxpipe.runtime.backends.ray_plane import Address, Endpoint, Frame, PlaneError
+from onnxpipe.runtime.session import CacheMissing, Record, StageFailure, StageRunner
+from onnxpipe.runtime.trips import Leg
+
+TO_DRIVER = -1
+"""The stage a note names when its tensors are the outputs, for the driver."""
+
+
+@dataclass(frozen=True)
+class Note:
+    """What travels with a micro-batch's tensors: its epoch and number, the stage they are for, when the
+    sender handed them over (wall clock), and the legs of the stages it went through."""
+
+    epoch: int
+    seq: int
+    stage: int
+    sent: float
+    legs: tuple[Leg, ...] = ()
+
+
+class FailureKind(Enum):
+    STAGE = "stage"
+    """The stage raised: the run fails with its text."""
+    CACHE_GONE = "cache_gone"
+    """A generation step reached an actor holding no cache of its sequences (started again)."""
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A micro-batch that did not come through a stage, sent to the driver in place of its outputs."""
+
+    epoch: int
+    seq: int
+    kind: FailureKind
+    text: str
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a stage's outputs go: the next stage's index and its actor's address, or the driver."""
+
+    address: Address
+    stage: int = TO_DRIVER
+
+
+class StageServer:
+    """The serving side of one actor: see the module docstring."""
+
+    def __init__(self, runners: Mapping[int, StageRunner], host: str, where: str) -> None:
+        self.runners = runners
+        self.host = host
+        self.where = where
+        """The actor's node in words, for the messages."""
+        self._epoch = -1
+        self._routes: dict[int, Route] = {}
+        self._driver: Address | None = None
+        self._endpoint: Endpoint | None = None
+        self._inbox: queue.SimpleQueue[Frame | None] = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+        self._changed = threading.Condition()
+        self._breaks: dict[int, str] = {}
+        """Why a connection broke, by the epoch it broke in."""
+
+    def open(self, epoch: int) -> Address:
+        """Serve epoch ``epoch`` on a fresh endpoint (the last one closed, its frames dropped): its
+        address.  Frames are taken once :meth:`route` said where they go."""
+        self.close()
+        with self._changed:
+            self._epoch = epoch
+            self._changed.notify_all()  # a watch of the epoch before ends
+        self._routes, self._driver = {}, None
+        self._inbox = queue.SimpleQueue()
+        self._endpoint = Endpoint(self.host, self._arrived, lambda _peer, why: self._broke(epoch, why))
+        return self._endpoint.address
+
+    def route(self, routes: Mapping[int, Route], driver: Address) -> None:
+        """Where each stage's outputs go (and failures: the driver); serving starts."""
+        self._routes, self._driver = dict(routes), driver
+        self._worker = threading.Thread(target=self._serve, name="onnxpipe stage server", daemon=True)
+        self._worker.start()
+
+    def watch(self, epoch: int) -> str:
+        """Block until a connection breaks in ``epoch`` (why), or a newer epoch begins (an empty text)."""
+        with self._changed:
+            self._changed.wait_for(lambda: epoch in self._breaks or self._epoch != epoch)
+            return self._breaks.get(epoch, "")
+
+    def close(self) -> None:
+        """Stop serving: what the worker took is finished, the rest dropped; the endpoint closed."""
+        endpoint, self._endpoint = self._endpoint, None
+        if self._worker is not None:
+            self._inbox.put(None)
+            self._worker.join(timeout=30.0)
+            self._worker = None
+        if endpoint is not None:
+            endpoint.close()
+
+    def _arrived(self, frame: Frame) -> None:
+        note = frame.meta
+        if isinstance(note, Note) and note.epoch == self._epoch:
+            self._inbox.put(frame)
+
+    def _broke(self, epoch: int, why: str) -> None:
+        """A connection of ``epoch`` broke; not one that this server's own close ended."""
+        with self._changed:
+            if epoch == self._epoch and self._endpoint is not None:
+                self._breaks.setdefault(epoch, f"{why} (seen on {self.where})")
+                self._changed.notify_all()
+
+    def _serve(self) -> None:
+        while (frame := self._inbox.get()) is not None:
+            note: Note = frame.meta
+            try:
+                self._run(note, frame)
+            except PlaneError as e:  # the next stage is gone: the driver learns it from the watch
+                self._broke(note.epoch, str(e))
+
+    def _run(self, note: Note, frame: Frame) -> None:
+        start = time.perf_counter()
+        runner = self.runners.get(note.stage)
+        if runner is None:
+            self._fail(note, FailureKind.STAGE, f"stage {note.stage} is not open on {self.where}")
+            return
+        run_start = time.perf_counter()
+        try:
+            sends = runner.run(note.seq, frame.tensors)
+        except CacheMissing as e:
+            self._fail(note, FailureKind.CACHE_GONE, f"{e} (on {self.where})")
+            return
+        except StageFailure as e:
+            self._fail(note, FailureKind.STAGE, str(e))
+            return
+        run_end = time.perf_counter()
+        route = self._routes[note.stage]
+        sent = time.time()
+        leg = Leg(
+            stage=note.stage,
+            received=frame.received,
+            run_seconds=run_end - run_start,
+            sent=sent,
+            bytes_in=frame.nbytes,
+        )
+        out = Note(note.epoch, note.seq, route.stage, sent, (*note.legs, leg))
+        endpoint = self._endpoint
+        if endpoint is None:  # closed meanwhile: a newer epoch sends this micro-batch again
+            return
+        endpoint.send(route.address, out, sends)
+        end = time.perf_counter()
+        runner.recorder.add(Record(note.seq, start, run_start, run_end, end, end))
+
+    def _fail(self, note: Note, kind: FailureKind, text: str) -> None:
+        endpoint = self._endpoint
+        if endpoint is not None and self._driver is not None:
+            endpoint.send(self._driver, Failed(note.epoch, note.seq, kind, text), {})

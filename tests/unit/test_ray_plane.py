@@ -1,0 +1,101 @@
+"""The data plane's frames and endpoints (``onnxpipe/runtime/backends/ray_plane.py``), on this machine's
+loopback, without Ray."""
+
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from onnxpipe.runtime.backends.ray_plane import Endpoint, Frame, PlaneError, encode, read_frame
+
+
+def _pair() -> tuple[socket.socket, socket.socket]:
+    a, b = socket.socketpair()
+    return a, b
+
+
+def test_a_frame_carries_its_meta_and_tensors_of_every_dtype() -> None:
+    tensors = {
+        "x": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "ids": np.array([[1, 2, 3]], dtype=np.int64),
+        "half": np.ones((2, 2), dtype=np.float16),
+        "flag": np.array(True),
+        "empty": np.zeros((0, 5), dtype=np.float32),
+        "text": np.array(["a", "bc"], dtype=object),
+        "strided": np.arange(20, dtype=np.int32).reshape(4, 5)[:, ::2],
+    }
+    a, b = _pair()
+    with a, b:
+        parts = encode({"seq": 7, "stage": 1}, tensors)
+        writer = threading.Thread(target=lambda: [a.sendall(p) for p in parts])
+        writer.start()
+        frame = read_frame(b)
+        writer.join()
+    assert frame.meta == {"seq": 7, "stage": 1}
+    assert frame.nbytes == sum(p.nbytes for p in parts)
+    assert set(frame.tensors) == set(tensors)
+    for name, value in tensors.items():
+        got = frame.tensors[name]
+        assert got.dtype == value.dtype and got.shape == value.shape, name
+        assert np.array_equal(got, value), name
+    assert frame.tensors["x"].flags.writeable  # a stage may write into its inputs
+
+
+def test_a_closed_connection_between_frames_is_an_eof() -> None:
+    a, b = _pair()
+    a.close()
+    with b, pytest.raises(EOFError):
+        read_frame(b)
+
+
+def test_endpoints_deliver_frames_in_order_and_both_ways() -> None:
+    got: queue.SimpleQueue[Frame] = queue.SimpleQueue()
+    back: queue.SimpleQueue[Frame] = queue.SimpleQueue()
+    one = Endpoint("127.0.0.1", got.put)
+    two = Endpoint("127.0.0.1", back.put)
+    try:
+        big = np.random.default_rng(0).standard_normal((256, 1024)).astype(np.float32)  # 1 MiB
+        for seq in range(20):
+            two.send(one.address, seq, {"big": big + seq})
+        frames = [got.get(timeout=10) for _ in range(20)]
+        assert [f.meta for f in frames] == list(range(20))
+        assert all(np.array_equal(f.tensors["big"], big + f.meta) for f in frames)
+        one.send(two.address, "reply", {})
+        assert back.get(timeout=10).meta == "reply"
+    finally:
+        one.close()
+        two.close()
+
+
+def test_a_peer_that_goes_away_is_reported_with_its_address() -> None:
+    broken: queue.SimpleQueue[str] = queue.SimpleQueue()
+    receiver = Endpoint("127.0.0.1", lambda _f: None, lambda _peer, why: broken.put(why))
+    sender = Endpoint("127.0.0.1", lambda _f: None)
+    sender.send(receiver.address, 0, {"x": np.zeros(3)})
+    sender.close()
+    why = broken.get(timeout=10)
+    assert "127.0.0.1" in why and "broke" in why
+    receiver.close()
+
+
+def test_an_address_nobody_listens_on_is_refused_in_one_line() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    endpoint = Endpoint("127.0.0.1", lambda _f: None)
+    try:
+        with pytest.raises(PlaneError, match=f"cannot connect to 127.0.0.1:{port}"):
+            endpoint.send(("127.0.0.1", port), 0, {})
+    finally:
+        endpoint.close()
+
+
+def test_a_closed_endpoint_sends_nothing() -> None:
+    endpoint = Endpoint("127.0.0.1", lambda _f: None)
+    endpoint.close()
+    with pytest.raises(PlaneError, match="closed"):
+        endpoint.send(endpoint.address, 0, {})
