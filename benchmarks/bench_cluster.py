@@ -1,43 +1,38 @@
-"""The Ray backend across nodes: a hop's overhead per transport, the pipeline against replicas, a lost node.
+"""The Ray backend across machines: a hop's cost against the wire, the pipeline against replicas and
+against the link's bound, generation's hops, a lost node.
 
-On a Ray cluster of nodes started on this machine as users start them on several
-(``tools/ray_cluster.py``: ``ray start --head`` without CPUs, two worker nodes of 1 CPU each, with the
-custom resources that pin stage 0 to one and stage 1 to the other), in one run:
+The machines (``tools/hosts.py``, run as root): host ``d`` holds the head and the driver (this benchmark
+runs its cases on it, as a user runs ``onnxpipe`` on a machine of the cluster), hosts ``a`` and ``b`` a
+worker node each with a core of its own (``taskset``), every host on a link of a set rate (``tbf`` both
+ways); the custom resources ``node_a``/``node_b`` pin stage 0 to ``a`` and stage 1 to ``b``.  Where the
+machine cannot make hosts (not root), the nodes are loopback ones on this machine, and the result says
+why (``summary.hosts``).  In one run:
 
-* ``hops``: a micro-batch through two actors and back (driver -> a -> b -> driver, three hops), one at a
-  time, the actors doing no work, at a small size and at the split's boundary size: the median time per
-  hop of each transport: ``object_store`` (each actor returns its tensor as one value and the next call
-  takes the reference: what the Ray backend did before, every tensor over 100 KiB through Ray's object
-  store), ``inline`` (the backend's transport: a header and pieces under 100 KiB in the calls,
-  ``onnxpipe/runtime/backends/ray_wire.py``, the driver passing each call's references to the next),
-  ``push`` (the same pieces, each actor calling the next itself and the last one answering the driver:
-  no hop through the driver) and ``compiled_graph`` (Ray's compiled graphs, where the installed Ray has
-  them); and ``bare_call``, half an empty call's round trip to one actor: the least a hop costs in Ray
-  here;
-* ``throughput``: the 2-stage split of a model whose stages take a few milliseconds each, as
-  ``onnxpipe run`` runs it on the cluster (``ray_pipeline``), against two Ray replicas of the whole model
-  on the same two nodes (``ray_replicas``), and against the local threads backend in this process
-  (``threads_pipeline``, ``threads_replicas``): each one's steady micro-batches per second, in rounds
-  whose order alternates, and the ratios of the rounds' medians; with the pipeline's own report of a
-  hop's overhead (``overhead_ms`` of ``run --report``: a micro-batch's time beyond its stages' work, one
-  at a time, shared among its hops);
-* ``generate``: the medium decoder (``tools/export_decoders.py``'s ``llama_gqa_medium``, as
-  ``benchmarks/bench_generate.py`` uses) split in 2 stages, a stage per node, each actor keeping its
-  layers' KV cache (``ray_pipeline``), against the unsplit model on one node (``ray_unsplit``) and two
-  replicas of it, one per node (``ray_replicas``), one intra-op thread per actor: tokens/s (new tokens
-  over wall time, prefill included) at 1, 2 and 4 sequences in flight, medians of rounds whose order
-  rotates, the ratios; every generator must make the same tokens (else the benchmark fails);
-* ``lost_node``: a spare node with stage 1's resources joins, the node holding stage 1 is killed (its
-  whole process tree, SIGKILL) in the middle of a long stream; the stream completes, and the result
-  holds the time the recovery took (Ray's health checks declaring the node dead with its default
-  settings, the actor started again on the spare, the stage shipped there and opened), the micro-batches
-  sent again, and the run's time against the same stream undisturbed.
+* ``hops`` (at each rate): frames of a small size and of the recogniser's boundary from ``a`` to ``b``
+  over the data plane, one at a time (``onnxpipe/runtime/backends/ray_links.py``'s probes): the median
+  time per hop, against the bytes' time at the link's rate (``excess_ms``: what a hop costs beyond the
+  wire), and half an empty Ray call's round trip (what each hop cost when the driver chained calls);
+* ``throughput`` (1 Gbit): the 2-stage split of PP-OCRv4's recogniser as ``onnxpipe run`` runs it on
+  the cluster (``ray_pipeline``), against two Ray replicas of the whole model on the same two nodes
+  (``ray_replicas``), and against the local threads backend on the driver's host (``threads_pipeline``,
+  ``threads_replicas``): steady micro-batches per second in rounds whose order alternates, the ratios of
+  the rounds' medians;
+* ``link_bound`` (100 Mbit): the same pipeline where the boundary's bytes bound it: its rate against
+  the link's bound (the rate divided by the boundary's frame);
+* ``generate`` (1 Gbit): the medium decoder (``tools/export_decoders.py``'s ``llama_gqa_medium``) split
+  in 2, a stage per node, against the unsplit model on one node and two replicas, one intra-op thread
+  per actor: tokens/s at 1, 2 and 4 sequences in flight, identical tokens required; and the pipeline's
+  hops per step (from its trips) against their bytes' time at the link's rate;
+* ``lost_node`` (1 Gbit): a spare node with stage 1's resources joins on a host of its own, the node
+  holding stage 1 is killed (its whole process tree, SIGKILL) in the middle of a long stream; the stream
+  completes, and the result holds the recovery's seconds (the data plane sees the break at once; Ray's
+  health checks, ``tools/ray_cluster.py``'s ``QUICK_HEALTH_CHECKS``, declare the node dead), the
+  micro-batches sent again, and the run's time against the same stream undisturbed.
 
-The machine is shared: the load average and the CPU that other processes used are recorded with the
-result.  Results: ``benchmarks/results/cluster.json``::
+Results: ``benchmarks/results/cluster.json``::
 
     python -m benchmarks cluster [--shape x=1,3,48,120] [--microbatches 300] [--rounds 3] [--out DIR]
-        [--cases hops throughput generate lost_node] [--sequences 1 2 4] [--new-tokens 32]
+        [--cases hops throughput link_bound generate lost_node] [--sequences 1 2 4] [--new-tokens 32]
 
 ``--cases`` runs some of the cases alone: the result keeps the other cases' rows from the result already
 there (``summary.merged_from`` names, per case kept, the commit and date of the run that measured it).
@@ -46,10 +41,12 @@ there (``summary.merged_from`` names, per case kept, the commit and date of the 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -66,7 +63,7 @@ from onnxpipe import api
 from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.manifest import load_manifest
 from onnxpipe.runtime.backends.ray_backend import RayBackend
-from onnxpipe.runtime.backends.ray_wire import pack, slots_for, unpack
+from onnxpipe.runtime.backends.ray_links import measure_links
 from onnxpipe.runtime.backends.threads import ThreadBackend
 from onnxpipe.runtime.base import LocalConfig, RayConfig
 from onnxpipe.runtime.generation.generator import Generator
@@ -77,128 +74,78 @@ from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.report.cluster import overhead_ms
 from onnxpipe.runtime.report.measure import measure
 from onnxpipe.runtime.spec import Placement, model_spec
+from onnxpipe.runtime.trips import Trip
 from tools import corpus, export_decoders
-from tools.ray_cluster import LocalCluster
+from tools.hosts import Hosts, HostSpec, cannot_make_hosts
+from tools.ray_cluster import QUICK_HEALTH_CHECKS, LocalCluster, kill_session
 
 PINNED = [{"resources": {"node_a": 1}}, {"resources": {"node_b": 1}}]
+"""Stage 0 on node ``a``, stage 1 on node ``b`` (the split's resources file, as ``run`` takes it)."""
 DECODER = "llama_gqa_medium"
 """The decoder of the ``generate`` case, as ``benchmarks/bench_generate.py`` uses."""
-CASES = ("hops", "throughput", "generate", "lost_node")
+CASES = ("hops", "throughput", "link_bound", "generate", "lost_node")
+FAST_MBIT = 1000.0
+SLOW_MBIT = 100.0
 SMALL = 4096
 WARMUP = 8
 
 
+def wire_ms(nbytes: int, rate_mbit: float | None) -> float | None:
+    """The bytes' time at the link's rate (None: no set rate, loopback nodes)."""
+    return None if rate_mbit is None else nbytes * 8 / (rate_mbit * 1e6) * 1e3
+
+
 # --------------------------------------------------------------------------------------------------
-# hops: the transports side by side
+# hops: the data plane against the wire, and against a Ray call
 
 
-class Relay:
-    """An actor that passes what it gets on, by each transport."""
-
-    def __init__(self) -> None:
-        self.next: Any = None
-        self.waiting: dict[int, asyncio.Future[Any]] = {}
-        self.done: dict[int, Any] = {}
-
-    def link(self, following: Any) -> None:
-        self.next = following
-
-    def plain(self, x: np.ndarray) -> np.ndarray:
-        return x
-
-    def inline(self, slots: int, header: Any, *pieces: Any) -> tuple[Any, ...]:
-        return pack(unpack(header, pieces), slots, sent=time.time())
+class Echo:
+    """An actor whose empty call is half the round trip that a chained Ray call cost per hop."""
 
     def empty(self) -> None:
         return None
 
-    async def push(self, seq: int, slots: int, header: Any, *pieces: Any) -> None:
-        message = pack(unpack(header, pieces), slots, sent=time.time())
-        if self.next is not None:
-            self.next.push.remote(seq, slots, *message)
-        elif seq in self.waiting:
-            self.waiting.pop(seq).set_result(message)
-        else:
-            self.done[seq] = message
 
-    async def result(self, seq: int) -> Any:
-        if seq in self.done:
-            return self.done.pop(seq)
-        future = asyncio.get_running_loop().create_future()
-        self.waiting[seq] = future
-        return await future
-
-
-def _median_ms(call: Callable[[int], object], repeats: int) -> float:
-    for j in range(WARMUP):
-        call(-1 - j)
-    times = []
-    for j in range(repeats):
-        start = time.perf_counter()
-        call(j)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
-def hop_times(ray: Any, sizes: Sequence[int], repeats: int) -> list[dict[str, Any]]:
-    """Each transport's median time per hop at each size (three hops a trip)."""
-    relay = ray.remote(Relay)
-    a = relay.options(num_cpus=0, resources={"node_a": 0.01}).remote()
-    b = relay.options(num_cpus=0, resources={"node_b": 0.01}).remote()
-    ray.get(a.link.remote(b))
-    rows = [_hops_at(ray, a, b, size, repeats, 10**9 * (i + 1)) for i, size in enumerate(sizes)]
-    for actor in (a, b):
-        ray.kill(actor)
-    return rows
-
-
-def _hops_at(ray: Any, a: Any, b: Any, size: int, repeats: int, first_seq: int) -> dict[str, Any]:
-    x = np.ones(size, dtype=np.uint8)
-    n = slots_for({"x": x})
-    message = pack({"x": x}, n, sent=0.0)
-    seq = [first_seq]
-
-    def pushed(_: int) -> object:
-        seq[0] += 1
-        a.push.remote(seq[0], n, *message)
-        return ray.get(list(b.result.options(num_returns=n).remote(seq[0])))
-
-    def inline(_: int) -> object:
-        first = a.inline.options(num_returns=n).remote(n, *message)
-        return ray.get(list(b.inline.options(num_returns=n).remote(n, *first)))
-
-    transports: dict[str, Callable[[int], object]] = {
-        "object_store": lambda _: ray.get(b.plain.remote(a.plain.remote(x))),
-        "inline": inline,
-        "push": pushed,
-    }
-    row: dict[str, Any] = {
-        "bytes": size,
-        "bare_call_ms_per_hop": _median_ms(lambda _: ray.get(a.empty.remote()), repeats) / 2,
-    }
-    for name, call in transports.items():
-        row[f"{name}_ms_per_hop"] = _median_ms(call, repeats) / 3
-    row["compiled_graph_ms_per_hop"] = _compiled(ray, a, b, x, repeats)
-    shown_ms = ", ".join(f"{k} {v:.3f}" for k, v in row.items() if k != "bytes" and v is not None)
-    print(f"  hops at {size} B: {shown_ms}")
-    return row
-
-
-def _compiled(ray: Any, a: Any, b: Any, x: np.ndarray, repeats: int) -> float | None:
-    """The compiled graph's time per hop, or None where the installed Ray cannot compile it."""
+def _bare_call_ms(ray: Any, repeats: int) -> float:
+    actor = ray.remote(Echo).options(num_cpus=0, resources={"node_a": 0.01}).remote()
     try:
-        from ray.dag import InputNode
-
-        with InputNode() as given:
-            dag = b.plain.bind(a.plain.bind(given))
-        graph = dag.experimental_compile()
-    except Exception as e:  # noqa: BLE001 - a Ray without compiled graphs: the figure is absent
-        print(f"  compiled graphs unavailable: {type(e).__name__}: {e}")
-        return None
-    try:
-        return _median_ms(lambda _: ray.get(graph.execute(x)), repeats) / 3
+        ray.get(actor.empty.remote())
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            ray.get(actor.empty.remote())
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1e3 / 2
     finally:
-        graph.teardown()
+        ray.kill(actor)
+
+
+def hop_times(ray: Any, sizes: Sequence[int], repeats: int, rate_mbit: float | None) -> list[dict[str, Any]]:
+    """Frames from node ``a`` to node ``b`` over the data plane at each size (and the link probe's own
+    sizes), one at a time: the median per hop, the wire's time, the excess; the fitted link."""
+    options = [{"num_cpus": 0, "resources": {"node_a": 0.01}}, {"num_cpus": 0, "resources": {"node_b": 0.01}}]
+    (link,) = measure_links(ray, options, [list(sizes)], repeats)
+    bare = _bare_call_ms(ray, repeats)
+    rows = []
+    for size, seconds in sorted(link.seconds_by_size.items()):
+        wire = wire_ms(size, rate_mbit)
+        rows.append(
+            {
+                "case": "hops",
+                "rate_mbit": rate_mbit,
+                "bytes": size,
+                "plane_ms_per_hop": seconds * 1e3,
+                "wire_ms": wire,
+                "excess_ms": None if wire is None else seconds * 1e3 - wire,
+                "ray_call_ms_per_hop": bare,
+                "fitted_bandwidth_mbit": None
+                if link.bandwidth_bytes_per_s is None
+                else link.bandwidth_bytes_per_s * 8 / 1e6,
+                "fitted_latency_ms": link.latency_s * 1e3,
+            }
+        )
+        print(f"  hops at {rate_mbit} Mbit, {size} B: {rows[-1]['plane_ms_per_hop']:.3f} ms (wire {wire})")
+    return rows
 
 
 # --------------------------------------------------------------------------------------------------
@@ -269,26 +216,27 @@ def throughput(model: Path, split: Path, inputs: Sequence[Any], rounds: int) -> 
 # a lost node
 
 
-def lost_node(cluster: LocalCluster, split: Path, inputs: Sequence[Any], count: int) -> dict[str, Any]:
-    """Stream ``count`` micro-batches undisturbed, then again killing stage 1's node a fifth of the way
-    in, a spare with its resources waiting: the recovery and the time the run lost."""
+def lost_node(
+    kill: Callable[[str], None], split: Path, inputs: Sequence[Any], count: int, spare: str | None
+) -> dict[str, Any]:
+    """Stream ``count`` micro-batches undisturbed, then again killing stage 1's node (``kill``, by its
+    node id) a fifth of the way in, the spare node (``spare``, its id) waiting with its resources: the
+    recovery and the time the run lost."""
     stream = [inputs[j % len(inputs)] for j in range(count)]
     with Pipeline.from_manifest(split, RayConfig(resources=PINNED)) as pipe:
         pipe.run_many(stream[:WARMUP])
         start = time.perf_counter()
         pipe.run_many(stream)
         quiet = time.perf_counter() - start
-    cluster.add("spare", 1, {"node_b": 1})
-    cluster.wait()
     with Pipeline.from_manifest(split, RayConfig(resources=PINNED)) as pipe:
         backend = pipe.backend
         assert isinstance(backend, RayBackend)
-        victim = cluster.node(backend.placed[1].node_id)
+        victim = backend.placed[1].node_id
         pipe.run_many(stream[:WARMUP])
         start = time.perf_counter()
         for delivered, _ in enumerate(pipe.stream(stream), start=1):
             if delivered == count // 5:
-                threading.Thread(target=cluster.kill, args=(victim,), daemon=True).start()
+                threading.Thread(target=kill, args=(victim,), daemon=True).start()
         disturbed = time.perf_counter() - start
     (recovery,) = backend.recoveries
     print(
@@ -303,7 +251,34 @@ def lost_node(cluster: LocalCluster, split: Path, inputs: Sequence[Any], count: 
         "recovery_seconds": recovery.seconds,
         "replayed": recovery.replayed,
         "node_died": recovery.node_lost,
-        "moved_to_spare": recovery.now.node_id == cluster.nodes[-1].node_id,
+        "moved_to_spare": recovery.now.node_id == spare,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# the pipeline where the link bounds it
+
+
+def link_bound(split: Path, inputs: Sequence[Any], rounds: int, rate_mbit: float | None) -> dict[str, Any]:
+    """The pipeline's steady rate, rounds' median, against the link's bound: the rate at which the
+    boundary's frames fill the link (None on loopback nodes, which have no set rate)."""
+    rates, frames = [], []
+    for r in range(rounds):
+        with Pipeline.from_manifest(split, RayConfig(resources=PINNED)) as pipe:
+            measured = measure(pipe, inputs, warmup=WARMUP)
+            rates.append(measured.steady_throughput_per_s or measured.throughput_per_s)
+            frames += [t.hops[1].bytes for t in pipe.trips() if len(t.hops) == 3]
+        print(f"  link bound round {r + 1}/{rounds}: {rates[-1]:.1f}/s")
+    frame = statistics.median(frames)
+    bound = None if rate_mbit is None else rate_mbit * 1e6 / 8 / frame
+    rate = statistics.median(rates)
+    return {
+        "rate_mbit": rate_mbit,
+        "frame_bytes": frame,
+        "pipeline_per_s": rate,
+        "link_bound_per_s": bound,
+        "pipeline_x_link_bound": None if bound is None else rate / bound,
+        "all_rounds": rates,
     }
 
 
@@ -326,9 +301,9 @@ def _generator(kind: str, folder: Path) -> Generator:
 
 def _generate_round(
     kind: str, folder: Path, cases: dict[int, list[list[int]]], new_tokens: int
-) -> dict[int, Generation]:
+) -> tuple[dict[int, Generation], list[Trip]]:
     """``kind`` opened (a node takes one actor at a time: each generator has the cluster to itself),
-    warmed up, and run on each count's prompts."""
+    warmed up, and run on each count's prompts; the steps' trips (the pipeline's)."""
     with _generator(kind, folder) as pipe:
         warm = GenerateOptions(prompt_ids=((1, 2, 3, 4),) * 2, max_new_tokens=4, ignore_eos=True)
         pipe.generate_with(pipe.prompting(warm))
@@ -338,15 +313,30 @@ def _generate_round(
                 prompt_ids=tuple(tuple(p) for p in prompts), max_new_tokens=new_tokens, ignore_eos=True
             )
             made[count] = pipe.generate_with(pipe.prompting(options))
-    return made
+        trips = pipe.steps.trips() if isinstance(pipe.steps, Pipeline) else []
+    return made, trips
 
 
-def generation(
-    counts: Sequence[int], rounds: int, new_tokens: int, prompt_tokens: int, base: Path
-) -> list[dict[str, Any]]:
+def step_hops(trips: Sequence[Trip], rate_mbit: float | None) -> list[dict[str, Any]]:
+    """Each hop of a generation step (driver -> stage 0 -> stage 1 -> driver), one at a time: its median
+    bytes and milliseconds, against the bytes' time at the link's rate."""
+    rows = []
+    steps = [t for t in trips if len(t.hops) == 3]
+    for h, name in enumerate(("driver -> stage 0", "stage 0 -> stage 1", "stage 1 -> driver")):
+        nbytes = round(statistics.median(t.hops[h].bytes for t in steps))
+        ms = statistics.median(t.hops[h].seconds for t in steps) * 1e3
+        wire = wire_ms(nbytes, rate_mbit)
+        excess = None if wire is None else ms - wire
+        rows.append({"hop": name, "bytes": nbytes, "ms": ms, "wire_ms": wire, "excess_ms": excess})
+    return rows
+
+
+def generation(args: argparse.Namespace, base: Path, rate_mbit: float | None) -> dict[str, Any]:
     """Tokens/s of the medium decoder's 2-stage split on the two nodes, against the unsplit model on
     one node and two replicas of it, at each count of sequences in flight: medians of rounds whose
-    order rotates, the ratios, and whether every generator made the same tokens."""
+    order rotates, the ratios, and whether every generator made the same tokens; the pipeline's hops
+    per step against the wire."""
+    counts, rounds, new_tokens = args.sequences, args.rounds, args.new_tokens
     folder = base / "decoder"
     api.split(
         export_decoders.decoder(DECODER),
@@ -354,16 +344,22 @@ def generation(
     )
     vocab = export_decoders.SPECS[DECODER].vocab
     rng = np.random.default_rng(0)
-    cases = {n: [rng.integers(0, vocab, size=prompt_tokens).tolist() for _ in range(n)] for n in counts}
+    cases = {n: [rng.integers(0, vocab, size=args.prompt_tokens).tolist() for _ in range(n)] for n in counts}
     rates: dict[tuple[str, int], list[float]] = {(k, n): [] for k in GENERATORS for n in counts}
     tokens: dict[tuple[str, int], tuple[tuple[int, ...], ...]] = {}
+    trips: list[Trip] = []
     for r in range(rounds):
         for kind in GENERATORS[r % 3 :] + GENERATORS[: r % 3]:
-            for n, g in _generate_round(kind, folder, cases, new_tokens).items():
+            made, kind_trips = _generate_round(kind, folder, cases, new_tokens)
+            for n, g in made.items():
                 rates[kind, n].append(g.tokens_per_second)
                 tokens[kind, n] = g.tokens
+            trips += kind_trips if kind == "ray_pipeline" else []
         print(f"  generate round {r + 1}/{rounds}: " + _rates_text(rates, counts))
-    return [_generation_row(n, rates, tokens) for n in counts]
+    return {
+        "rows": [_generation_row(n, rates, tokens) for n in counts],
+        "step_hops": step_hops(trips, rate_mbit),
+    }
 
 
 def _rates_text(rates: dict[tuple[str, int], list[float]], counts: Sequence[int]) -> str:
@@ -403,7 +399,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--shape", default="1,3,48,120", help="the recogniser's input x (default 1,3,48,120)")
     parser.add_argument("--microbatches", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=200, help="trips per transport and size")
+    parser.add_argument("--repeats", type=int, default=50, help="frames per size in the hops case")
     parser.add_argument("--lost", type=int, default=1500, help="micro-batches of the lost-node stream")
     parser.add_argument(
         "--cases",
@@ -415,24 +411,31 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sequences", nargs="+", type=int, default=[1, 2, 4], help="generate: in flight")
     parser.add_argument("--new-tokens", type=int, default=32, help="generate: new tokens per sequence")
     parser.add_argument("--prompt-tokens", type=int, default=16, help="generate: tokens per prompt")
+    parser.add_argument("--inside", metavar="ADDR", help=argparse.SUPPRESS)  # the driver's part, on host d
+    parser.add_argument("--inside-out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--rate-mbit", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--sessions", default="{}", help=argparse.SUPPRESS)  # node id -> its session's pid
+    parser.add_argument("--spare", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
-def _run_cases(args: argparse.Namespace, cluster: LocalCluster, ray: Any, base: Path) -> dict[str, Any]:
-    """Each case of ``args.cases``: ``generate`` first, then the recogniser's (the lost node last: it
-    kills one)."""
+def _run_cases(args: argparse.Namespace, cases: Sequence[str], kill: Callable[[str], None]) -> dict[str, Any]:
+    """``cases`` on the cluster this process is connected to, the links at ``args.rate_mbit``."""
+    import ray
+
+    base = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
     done: dict[str, Any] = {}
-    if "generate" in args.cases:
-        done["generate"] = generation(args.sequences, args.rounds, args.new_tokens, args.prompt_tokens, base)
-    if set(args.cases) - {"generate"}:
-        done.update(_recogniser_cases(args, cluster, ray, base))
+    if "generate" in cases:
+        done["generate"] = generation(args, base, args.rate_mbit)
+    if set(cases) - {"generate"}:
+        done.update(_recogniser_cases(args, cases, ray, base, kill))
     return done
 
 
 def _recogniser_cases(
-    args: argparse.Namespace, cluster: LocalCluster, ray: Any, base: Path
+    args: argparse.Namespace, cases: Sequence[str], ray: Any, base: Path, kill: Callable[[str], None]
 ) -> dict[str, Any]:
-    """The hops, throughput and lost-node cases, on the recogniser's 2-stage split."""
+    """The hops, throughput, link-bound and lost-node cases, on the recogniser's 2-stage split."""
     shape = tuple(int(d) for d in args.shape.split(","))
     model = corpus.rapidocr("rec")
     split = _split(model, shape, base)
@@ -442,26 +445,141 @@ def _recogniser_cases(
     stream = [inputs[j % len(inputs)] for j in range(args.microbatches)]
     print(
         f"stages estimated at {[round(s.estimated_compute_seconds * 1e3, 2) for s in m.stages]} ms, "
-        f"{boundary} B across the cut"
+        f"{boundary} B across the cut, links at {args.rate_mbit} Mbit/s"
     )
     done: dict[str, Any] = {
         "stage_estimated_ms": [s.estimated_compute_seconds * 1e3 for s in m.stages],
         "boundary_bytes": boundary,
     }
-    if "hops" in args.cases:
-        done["hops"] = hop_times(ray, [SMALL, boundary], args.repeats)
-    if "throughput" in args.cases:
+    if "hops" in cases:
+        done["hops"] = hop_times(ray, [SMALL, boundary], args.repeats, args.rate_mbit)
+    if "throughput" in cases:
         done.update(throughput(model, split, stream, args.rounds))
-    if "lost_node" in args.cases:
-        done["lost_node"] = lost_node(cluster, split, inputs, args.lost)
+    if "link_bound" in cases:
+        done["link_bound"] = link_bound(split, stream, args.rounds, args.rate_mbit)
+    if "lost_node" in cases:
+        done["lost_node"] = lost_node(kill, split, inputs, args.lost, args.spare)
     return done
 
 
+def _inside(args: argparse.Namespace) -> int:
+    """The driver's part on host d: connect to the cluster at ``--inside``, run ``--cases``, write what
+    they found to ``--inside-out``."""
+    import ray
+
+    os.environ["RAY_AUTH_MODE"] = "token"
+    ray.init(address=args.inside, logging_level="WARNING", log_to_driver=False)
+    sessions: dict[str, int] = json.loads(args.sessions)
+
+    def kill(node_id: str) -> None:
+        kill_session(sessions[node_id], signal.SIGKILL)
+
+    try:
+        done = _run_cases(args, args.cases, kill)
+    finally:
+        ray.shutdown()
+    args.inside_out.write_text(json.dumps(done, default=float))
+    return 0
+
+
+def _drive(
+    cluster: LocalCluster, args: argparse.Namespace, cases: Sequence[str], rate: float
+) -> dict[str, Any]:
+    """Run ``cases`` on host d (a driver of its own, as users run one) with the links at ``rate``."""
+    assert cluster.hosts is not None
+    for name in cluster.hosts.hosts:
+        cluster.hosts.set_rate(name, rate)
+    out = cluster.base / f"inside-{len(os.listdir(cluster.base))}.json"
+    sessions = {n.node_id: n.process.pid for n in cluster.nodes if n.node_id is not None}
+    spare = [n.node_id for n in cluster.nodes if n.spec.name == "spare"]
+    argv = [sys.executable, "-m", "benchmarks", "cluster", *_passed(args), "--cases", *cases]
+    argv += ["--inside", cluster.address, "--inside-out", str(out), "--rate-mbit", str(rate)]
+    argv += ["--sessions", json.dumps(sessions), *(["--spare", str(spare[0])] if spare else [])]
+    done = subprocess_on(cluster, argv)
+    if done != 0 or not out.is_file():
+        raise RuntimeError(f"the cases {list(cases)} failed on host d (exit {done})")
+    found: dict[str, Any] = json.loads(out.read_text())
+    return found
+
+
+def subprocess_on(cluster: LocalCluster, argv: list[str]) -> int:
+    """Run ``argv`` on host d with the cluster's environment, its output shown as it comes."""
+    assert cluster.hosts is not None
+    prefix = cluster.hosts.hosts["d"].prefix()
+    return subprocess.run([*prefix, *argv], env=cluster.env, check=False).returncode
+
+
+def _passed(args: argparse.Namespace) -> list[str]:
+    """The options the driver's part needs, as given here."""
+    out = ["--shape", args.shape, "--microbatches", str(args.microbatches), "--rounds", str(args.rounds)]
+    out += ["--repeats", str(args.repeats), "--lost", str(args.lost), "--new-tokens", str(args.new_tokens)]
+    out += ["--prompt-tokens", str(args.prompt_tokens), "--sequences", *map(str, args.sequences)]
+    return out
+
+
+def _on_hosts(args: argparse.Namespace) -> dict[str, Any]:
+    """Every case on namespaced hosts: d (head, driver), a and b (a core each), c (the spare)."""
+    if set(args.cases) - {"generate"}:
+        corpus.rapidocr("rec")  # cached here, where the registry is reachable; the hosts have no route out
+    with Hosts() as hosts:
+        for name, cpus in (("d", None), ("a", (0,)), ("b", (1,)), ("c", (1,))):
+            hosts.add(HostSpec(name, cpus=cpus, rate_mbit=FAST_MBIT))
+        cluster = LocalCluster(system_config=QUICK_HEALTH_CHECKS, hosts=hosts, head_host="d", hide=False)
+        try:
+            cluster.add("a", 1, {"node_a": 1}, host="a")
+            cluster.add("b", 1, {"node_b": 1}, host="b")
+            cluster.wait()
+            done: dict[str, Any] = {"hops": []}
+            fast = [c for c in ("hops", "throughput", "generate") if c in args.cases]
+            if fast:
+                found = _drive(cluster, args, fast, FAST_MBIT)
+                done["hops"] += found.pop("hops", [])
+                done.update(found)
+            slow = [c for c in ("hops", "link_bound") if c in args.cases]
+            if slow:
+                found = _drive(cluster, args, slow, SLOW_MBIT)
+                done["hops"] += found.pop("hops", [])
+                done.update({k: v for k, v in found.items() if k not in done})
+            if "lost_node" in args.cases:
+                cluster.add("spare", 1, {"node_b": 1}, host="c")
+                cluster.wait()
+                done["lost_node"] = _drive(cluster, args, ["lost_node"], FAST_MBIT)["lost_node"]
+        finally:
+            cluster.stop()
+    return {**done, "hosts": "namespaced hosts: d (head and driver), a (core 0), b (core 1), c (spare)"}
+
+
+def _on_loopback(args: argparse.Namespace, why: str) -> dict[str, Any]:
+    """Every case on loopback nodes of this machine (no set rate), this process the driver."""
+    cluster = LocalCluster(system_config=QUICK_HEALTH_CHECKS, hide=False)
+    try:
+        cluster.add("a", 1, {"node_a": 1})
+        cluster.add("b", 1, {"node_b": 1})
+        ray = cluster.connect()
+        cluster.wait()
+
+        def kill(node_id: str) -> None:
+            cluster.kill(cluster.node(node_id))
+
+        done = _run_cases(args, [c for c in args.cases if c != "lost_node"], kill)
+        if "lost_node" in args.cases:
+            cluster.add("spare", 1, {"node_b": 1})
+            cluster.wait()
+            args.spare = cluster.nodes[-1].node_id
+            done.update(_run_cases(args, ["lost_node"], kill))
+        ray.shutdown()
+    finally:
+        cluster.stop()
+    return {**done, "hosts": f"loopback nodes on this machine ({why})"}
+
+
 def _rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = [{"case": "hops", **h} for h in summary.get("hops", [])]
+    rows = list(summary.get("hops", []))
     if "throughput_per_s" in summary:
         rows.append({"case": "throughput", **summary["throughput_per_s"], **summary["ratios"]})
-    rows += summary.get("generate", [])
+    if "link_bound" in summary:
+        rows.append({"case": "link_bound", **summary["link_bound"]})
+    rows += summary.get("generate", {}).get("rows", [])
     if "lost_node" in summary:
         rows.append({"case": "lost_node", **summary["lost_node"]})
     return rows
@@ -489,44 +607,59 @@ def _merged(
         "merged_from": {c: earlier.get(c, source) for c in CASES if c not in cases and c in _cases_of(kept)},
     }
     order = {c: i for i, c in enumerate(CASES)}
-    return sorted(kept + rows, key=lambda r: order[r["case"]]), merged
+    return sorted(kept + rows, key=lambda r: order.get(r["case"], len(order))), merged
 
 
 def _print_ratios(summary: dict[str, Any]) -> None:
+    print(summary["hosts"])
+    for row in summary.get("hops", []):
+        wire = (
+            ""
+            if row["wire_ms"] is None
+            else f", wire {row['wire_ms']:.3f} ms, excess {row['excess_ms']:.3f} ms"
+        )
+        print(
+            f"hop at {row['rate_mbit']} Mbit, {row['bytes']} B: {row['plane_ms_per_hop']:.3f} ms{wire} "
+            f"(a Ray call: {row['ray_call_ms_per_hop']:.3f} ms)"
+        )
     if "throughput_per_s" in summary:
         t = summary["throughput_per_s"]
         print(", ".join(f"{k} {v:.1f}/s" for k, v in t.items()))
         print(", ".join(f"{k} {v:.2f}x" for k, v in summary["ratios"].items()))
-        print(f"pipeline hop overhead {summary['pipeline_hop_overhead_ms']:.3f} ms (median, one at a time)")
-        cpu, cores = summary["machine_cpu_ms_per_microbatch"], summary["machine_busy_cores"]
-        print(", ".join(f"{k} {cpu[k]:.2f} ms CPU per micro-batch on {cores[k]:.2f} cores" for k in cpu))
-    for row in summary.get("generate", []):
+    if "link_bound" in summary:
+        b = summary["link_bound"]
+        if b["link_bound_per_s"] is not None:
+            print(
+                f"at {b['rate_mbit']} Mbit: {b['pipeline_per_s']:.1f}/s against the link's bound "
+                f"{b['link_bound_per_s']:.1f}/s ({b['pipeline_x_link_bound']:.2f}x)"
+            )
+    generate = summary.get("generate", {})
+    for row in generate.get("rows", []):
         print(
             f"generate, {row['sequences']} in flight: pipeline {row['ray_pipeline_tokens_per_s']:.1f} tok/s, "
             f"{row['pipeline_x_unsplit']:.2f}x the unsplit model on one node, "
             f"{row['pipeline_x_replicas']:.2f}x two replicas; same tokens {row['same_tokens']}"
         )
+    for hop in generate.get("step_hops", []):
+        print(
+            f"generate step hop {hop['hop']}: {hop['bytes']} B in {hop['ms']:.3f} ms (wire {hop['wire_ms']})"
+        )
+    if "lost_node" in summary:
+        lost = summary["lost_node"]
+        print(f"lost node: recovered in {lost['recovery_seconds']:.2f} s, {lost['replayed']} sent again")
 
 
 def main(argv: list[str]) -> int:
     args = _parse(argv)
-    base = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
+    if args.inside:
+        return _inside(args)
     load_before = os.getloadavg()
-    cluster = LocalCluster(hide=False)
-    try:
-        cluster.add("a", 1, {"node_a": 1})
-        cluster.add("b", 1, {"node_b": 1})
-        ray = cluster.connect()
-        cluster.wait()
-        summary = {**_run_cases(args, cluster, ray, base), "load_before_1_5_15": list(load_before)}
-    finally:
-        import ray as ray_module
-
-        ray_module.shutdown()
-        cluster.stop()
+    why = cannot_make_hosts()
+    done = _on_hosts(args) if why is None else _on_loopback(args, why)
+    summary = {**done, "load_before_1_5_15": list(load_before)}
     print()
     _print_ratios(summary)
-    if any(not row["same_tokens"] for row in summary.get("generate", [])):
+    if any(not row["same_tokens"] for row in summary.get("generate", {}).get("rows", [])):
         print("generate: the generators made DIFFERENT tokens")
         return 1
     target = (args.out or RESULTS) / "cluster.json"

@@ -55,6 +55,8 @@ class Host:
     netns: str
     address: str
     groups: tuple[Path, ...]
+    hub_veth: str
+    """Its veth's end on the bridge, where the link's rate toward the host is set."""
 
     @property
     def name(self) -> str:
@@ -147,12 +149,17 @@ class Hosts:
         address = f"{self.subnet}.{index}"
         _in(netns, "ip", "addr", "add", f"{address}/24", "dev", "eth0")
         _in(netns, "ip", "link", "set", "eth0", "up")
-        if spec.rate_mbit is not None:
-            _in(netns, "tc", "qdisc", "add", "dev", "eth0", "root", *tbf_args(spec.rate_mbit))
-            _in(self.hub, "tc", "qdisc", "add", "dev", here, "root", *tbf_args(spec.rate_mbit))
-        host = Host(spec, netns, address, self._groups(spec))
+        host = Host(spec, netns, address, self._groups(spec), here)
         self.hosts[spec.name] = host
+        if spec.rate_mbit is not None:
+            self.set_rate(spec.name, spec.rate_mbit)
         return host
+
+    def set_rate(self, name: str, rate_mbit: float) -> None:
+        """Set the rate of host ``name``'s link, both ways (``tbf`` on each end of its veth)."""
+        host = self.hosts[name]
+        _in(host.netns, "tc", "qdisc", "replace", "dev", "eth0", "root", *tbf_args(rate_mbit))
+        _in(self.hub, "tc", "qdisc", "replace", "dev", host.hub_veth, "root", *tbf_args(rate_mbit))
 
     def _groups(self, spec: HostSpec) -> tuple[Path, ...]:
         groups = []
