@@ -259,3 +259,35 @@ def test_a_stage_spec_reads_its_device_and_files_off_the_manifests_record() -> N
     assert stage.device == "cuda:1"
     assert [(f.name, f.sha256) for f in stage.files] == [("stage_3.onnx", "0" * 64), ("s3.data", "1" * 64)]
     assert spec(0).device == "cpu" and spec(0).files == ()  # a replica's: no record, its files read later
+
+
+def test_a_hop_longer_than_every_stage_is_named_as_the_bottleneck() -> None:
+    """On a slow link the hop between the stages takes longer than either stage: the report names the
+    link, its bytes and rate (not a stage, and not "give the stages CPUs"); a quick hop names nothing."""
+    from onnxpipe.runtime.report.cluster import HopReport
+    from onnxpipe.runtime.report.model import BaselineReport
+
+    m = measurement(4, (stats(0, [0.0] * 4), stats(1, [0.0] * 4)))
+    fake = FakePipeline(lanes=((spec(0), spec(1)),), backend=FakeBackend("threads"))
+    report = build_report(as_pipeline(fake), m, warmup=0, input_shapes={})
+    stage_ms = max(s.handling_ms for s in report.stages)
+    hops = (
+        HopReport("driver", "stage 0", 1000, 0.2, 0.3),
+        HopReport("stage 0", "stage 1", 1_250_000, stage_ms + 100.0, stage_ms + 120.0),
+        HopReport("stage 1", "driver", 1000, 0.2, 0.3),
+    )
+    slow = replace(
+        report,
+        hops=hops,
+        overhead_ms=1.0,
+        baselines={"ray": BaselineReport("ray", "2 replicas", 2, 1, 10.0, pipeline_speedup=0.5)},
+    )
+    assert slow.bounding_hop == hops[1]
+    assert slow.to_obj()["bounding_hop"] == "stage 0 -> stage 1"
+    text = format_report(slow)
+    assert "bottleneck the link stage 0 -> stage 1" in text
+    assert "link: stage 0 -> stage 1 bounds the pipeline: 1.2 MiB a micro-batch take" in text
+    assert "bounded by the link from stage 0 to stage 1" in text and "CPUs of their own" not in text
+    quick = replace(slow, hops=tuple(replace(h, single_ms=0.1) for h in hops))
+    assert quick.bounding_hop is None and quick.to_obj()["bounding_hop"] is None
+    assert "bottleneck stage" in format_report(quick)

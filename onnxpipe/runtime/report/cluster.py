@@ -36,6 +36,18 @@ class HopReport:
     """Median over the measured stream (queueing behind other micro-batches included)."""
 
 
+def bounding_hop(hops: Sequence[HopReport], stage_ms: float) -> HopReport | None:
+    """The hop whose own time (a micro-batch at a time) is longer than the slowest stage's time per
+    micro-batch: the link it crosses, not a stage, bounds the pipeline's rate (the data plane sends
+    while the stages compute, so a hop costs the rate only where it is the longest step).  None when
+    every hop is quicker, or none was timed."""
+    timed = [h for h in hops if h.single_ms is not None]
+    if not timed:
+        return None
+    slowest = max(timed, key=lambda h: h.single_ms or 0.0)
+    return slowest if (slowest.single_ms or 0.0) > stage_ms else None
+
+
 def recovery_obj(r: Recovery) -> dict[str, Any]:
     """A lost actor brought back, as the reports' JSON has it: its stages, the node lost and the node it
     runs on now (``host (address, node id)``, and the id), whether the node itself died, the

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from onnxpipe.runtime.backends.ray_recovery import Recovery
-from onnxpipe.runtime.report.cluster import HopReport, per_hop, recovery_obj
+from onnxpipe.runtime.report.cluster import HopReport, bounding_hop, per_hop, recovery_obj
 from onnxpipe.runtime.spec import CPU_PROVIDER, WorkerSpec
 
 
@@ -265,6 +265,14 @@ class RunReport:
     ``plan.workers``); empty: a worker per stage.  :attr:`workers` sums the stages' rows by it."""
 
     @property
+    def bounding_hop(self) -> HopReport | None:
+        """The hop that bounds the pipeline's rate, where one does (Ray): its own time is longer than
+        the slowest stage's handling of a micro-batch."""
+        if not self.hops or not self.stages:
+            return None
+        return bounding_hop(self.hops, max(s.handling_ms for s in self.stages))
+
+    @property
     def hop_overhead_ms(self) -> float | None:
         """:attr:`overhead_ms` shared among a micro-batch's hops."""
         return per_hop(self.overhead_ms, len(self.hops))
@@ -307,6 +315,8 @@ class RunReport:
             if key in beside:  # the workers' figures beside their stages', a hop's share of the overhead
                 obj[beside[key]] = _json(getattr(self, beside[key]))
         if on_cluster:
+            bound = self.bounding_hop
+            obj["bounding_hop"] = None if bound is None else f"{bound.source} -> {bound.target}"
             obj["recoveries"] = [recovery_obj(r) for r in self.recoveries]
         return obj
 

@@ -150,6 +150,9 @@ def _hop_lines(report: RunReport) -> list[str]:
         for h in report.hops
     ]
     lines = [table(["hop", "bytes/micro-batch", "one at a time ms", "in the stream ms"], rows)]
+    bound = link_line(report)
+    if bound is not None:
+        lines.append(bound)
     if report.overhead_ms is not None:
         lines.append(
             f"overhead: one micro-batch at a time took {report.overhead_ms:.2f} ms beyond its stages' own "
@@ -194,6 +197,9 @@ def _totals_line(report: RunReport) -> str:
     else:
         on = workers_text(report.k, report.mode)
         bottleneck = f"bottleneck stage {report.bottleneck_stage} (*)"
+    bound = report.bounding_hop
+    if bound is not None:
+        bottleneck = f"bottleneck the link {bound.source} -> {bound.target}"
     return (
         f"{report.microbatches} micro-batches ({shapes_text(report.input_shapes)}) on {on}: "
         f"{report.throughput_per_s:.2f}/s ({steady}); {latency}; {bottleneck}"
@@ -310,6 +316,23 @@ def _memory_ratio(report: RunReport, replica: int) -> str | None:
     )
 
 
+def link_line(report: RunReport) -> str | None:
+    """The link that bounds the pipeline, in words: its bytes, its time and rate, against the slowest
+    stage's time (None where no hop bounds it)."""
+    bound = report.bounding_hop
+    if bound is None or bound.single_ms is None:
+        return None
+    rate = bound.bytes_per_microbatch / (bound.single_ms / 1e3) * 8 / 1e6
+    slowest = max(report.stages, key=lambda s: s.handling_ms)
+    return (
+        f"link: {bound.source} -> {bound.target} bounds the pipeline: "
+        f"{human_bytes(bound.bytes_per_microbatch)} a micro-batch take {bound.single_ms:.2f} ms on it "
+        f"(about {rate:.0f} Mbit/s), longer than stage {slowest.index}'s {slowest.handling_ms:.2f} ms; "
+        "a faster link, machines closer together, or a cut where fewer bytes cross makes it faster, "
+        "more CPU does not"
+    )
+
+
 def _verdict(report: RunReport) -> str:
     """One line on whether the pipeline was worth it: slower than a baseline says which, and by how much."""
     worst_name, worst = min(report.baselines.items(), key=lambda item: item[1].pipeline_speedup)
@@ -320,6 +343,12 @@ def _verdict(report: RunReport) -> str:
             f"verdict: one stage, so nothing runs at once; the runner's hand-offs make it "
             f"{worst.pipeline_speedup:.2f}x the throughput of {worst_name} ({worst.description}): serve "
             "this model as one session here, and split it where it must fit several devices"
+        )
+    if report.bounding_hop is not None:
+        return (
+            f"verdict: the pipeline is SLOWER than {worst_name} ({worst.description}): "
+            f"{worst.pipeline_speedup:.2f}x its throughput, bounded by the link from "
+            f"{report.bounding_hop.source} to {report.bounding_hop.target} (above)"
         )
     return (
         f"verdict: the pipeline is SLOWER than {worst_name} ({worst.description}): "
