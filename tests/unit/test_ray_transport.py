@@ -82,3 +82,17 @@ def test_what_no_alive_node_has_is_named() -> None:
     assert missing_resources(ask, nodes) == ["all of them on one node"]
     nodes.append({"Alive": True, "Resources": {"CPU": 1.0, "node_b": 2.0}})
     assert missing_resources(ask, nodes) is None
+
+
+def test_a_link_s_bandwidth_is_its_slope_and_its_latency_the_smallest_frame_s_excess() -> None:
+    from onnxpipe.runtime.backends.ray_links import fit_link
+
+    rate = 12.5e6  # 100 Mbit/s
+    exact = {n: 2e-4 + n / rate for n in (1024, 65536, 1 << 20, 4 << 20)}
+    latency, bandwidth = fit_link(exact)
+    assert bandwidth == pytest.approx(rate) and latency == pytest.approx(2e-4)
+    bucket = {**exact, 1024: 5e-5}  # a rate limiter's bucket let the small frame through early
+    latency, bandwidth = fit_link(bucket)
+    assert latency == pytest.approx(5e-5) and bandwidth == pytest.approx(rate, rel=0.01)
+    assert fit_link({1024: 3e-4, 4096: 3e-4}) == (3e-4, None)  # more bytes took no longer: free
+    assert fit_link({1024: 3e-4}) == (3e-4, None)

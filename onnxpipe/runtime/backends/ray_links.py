@@ -90,16 +90,23 @@ class LinkMeasurement:
 
 
 def fit_link(seconds_by_size: Mapping[int, float]) -> tuple[float, float | None]:
-    """``(latency, bandwidth)`` of the least-squares line ``seconds = latency + bytes / bandwidth``;
-    the latency at least 0, the bandwidth None where the slope is not positive."""
+    """``(latency, bandwidth)`` of a link from its hops' times: the bandwidth the inverse slope of the
+    least-squares line through (bytes, seconds) (None where the slope is not positive: a free link),
+    the latency the smallest frame's time less its bytes' time at that bandwidth.  Not the line's
+    intercept: a rate limiter's bucket lets a small frame through above the link's rate, which pulls
+    the intercept below zero; where the smallest frame's time is all the bandwidth's by the line, the
+    whole of it is taken for latency."""
     sizes = np.array(list(seconds_by_size), dtype=np.float64)
     times = np.array(list(seconds_by_size.values()), dtype=np.float64)
+    small = float(times[int(np.argmin(sizes))])
     if len(sizes) < 2 or float(np.ptp(sizes)) == 0:
-        return max(0.0, float(times.min())), None
-    slope, intercept = np.polyfit(sizes, times, 1)
+        return small, None
+    slope, _ = np.polyfit(sizes, times, 1)
     if not slope > 0 or not math.isfinite(float(slope)):
-        return max(0.0, float(np.median(times))), None
-    return max(0.0, float(intercept)), 1.0 / float(slope)
+        return small, None
+    bandwidth = 1.0 / float(slope)
+    latency = small - float(sizes.min()) / bandwidth
+    return (latency if latency > 0 else small), bandwidth
 
 
 def measure_links(
