@@ -22,6 +22,7 @@ from onnxpipe.api.options import (
     DeviceOrder,
     Ends,
     LinkModel,
+    Objective,
     PhaseChoice,
     RayFiles,
     ScheduleChoice,
@@ -317,6 +318,14 @@ def _stage_flags() -> list[Flag]:
             choices=values(LinkModel),
             help="serial: a stage's transfer in adds to its compute; overlap: links run beside compute and "
             "the larger counts (default: serial without --devices, overlap with it or when training)",
+        ),
+        flag(
+            "--objective",
+            field="plan.objective",
+            group=g,
+            choices=values(Objective),
+            help="throughput: the slowest stage or link sets the pace of a stream of requests; latency: "
+            "the sum of every stage and link, what one request alone waits (single-sequence decoding)",
         ),
         flag(
             "--workers",
