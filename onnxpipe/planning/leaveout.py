@@ -4,28 +4,32 @@ A plan of ``k`` stages in the file's order used to run on the first ``k`` device
 in the file was in every plan of more stages than its position: its share of the work, or the hop into
 it, bounded the pipeline below what the others reach without it (users of exo and llama.cpp report
 that adding a slower machine made everything slower; prima.cpp drops such devices).  Here each stage
-count also tries the devices a backward elimination keeps: from the whole file, drop the device whose
-absence scores best, again and again (ties drop the last device, so identical devices stay a prefix),
-and keep, per count, the better of that set and the first ``k`` devices, so no plan gets worse than the
-prefix it replaces.  The devices keep their file order; leaving one out from inside the file needs the
-one link every pair shares (a list of links joins consecutive devices only: then only the first or the
-last device of a run can go).  Sets of devices of the same types over the same links score the same and
-are solved once: ``n`` identical devices cost ``n`` solves, ``n`` different ones about ``n^2 / 2``.
+count tries every choice of ``k`` devices that keeps their file order and best scores wins (ties: the
+choice that comes first, so identical devices stay the first ones).  Sets of devices of the same types
+over the same links score the same and are solved once: ``n`` identical devices cost ``n`` solves, a
+slow one among them about ``n^2 / 2``.  Beyond :data:`MAX_SETS` distinct sets (many devices of many
+types) a backward elimination stands in: from the whole file, drop the device whose absence scores best,
+again and again, and per count keep the better of that set and the first ``k`` devices, so no plan gets
+worse than the prefix it replaces.  Leaving a device out from inside the file needs the one link every
+pair shares (a list of links joins consecutive devices only: then only the ends of a run can go).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Generic
 
-from onnxpipe.cluster.model import Cluster, device_type
+from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.choices import Objective
 from onnxpipe.core.errors import PartitionError
 from onnxpipe.core.options import opt
-from onnxpipe.planning.orders import OrderSearch, P, score
+from onnxpipe.planning.orders import OrderSearch, P, score, type_ids
 
 _TIE_RTOL = 1e-12  # scores closer than this are equal (the same rule as the order search)
+MAX_SETS = 256
+"""Most distinct device sets ``--stages auto`` solves, over all stage counts, to choose exactly."""
 
 
 def joined(cluster: Cluster, kept: Sequence[int]) -> Cluster | None:
@@ -41,16 +45,32 @@ class KeptDevices(Generic[P]):
 
     def __init__(self, cluster: Cluster, solve: Callable[[Cluster], P], objective: Objective) -> None:
         self.cluster, self.solve, self.objective = cluster, solve, objective
+        self.types = type_ids(cluster)
         self.solved: dict[tuple[object, ...], P | PartitionError] = {}
         self.chain: dict[int, tuple[int, ...]] | None = None
+        n = cluster.size
+        every = (c for k in range(1, n + 1) for c in itertools.combinations(range(n), k))
+        self.exact = n <= 16 and len({self._key(c) for c in every} - {None}) <= MAX_SETS
+
+    def _key(self, kept: tuple[int, ...]) -> tuple[object, ...] | None:
+        """What the plan on ``kept`` depends on: the devices' types and the links between them (None:
+        no link joins them)."""
+        i, j = kept[0], kept[-1]
+        link = self.cluster.uniform_link
+        if kept == tuple(range(i, j + 1)):
+            links = self.cluster.links[i:j]
+        elif link is not None:
+            links = (link,) * (len(kept) - 1)
+        else:
+            return None
+        return (tuple(self.types[x] for x in kept), links)
 
     def result(self, kept: Sequence[int]) -> P:
         """The plan on the devices ``kept``; :class:`PartitionError` when nothing fits or no link joins
         them."""
-        arranged = joined(self.cluster, kept)
-        if arranged is None:
+        arranged, key = joined(self.cluster, kept), self._key(tuple(kept))
+        if arranged is None or key is None:
             raise PartitionError(f"{self.cluster.label}: no link joins devices {list(kept)}")
-        key = (tuple(device_type(d) for d in arranged.devices), arranged.links)
         if key not in self.solved:
             try:
                 self.solved[key] = self.solve(arranged)
@@ -87,17 +107,25 @@ class KeptDevices(Generic[P]):
         return chain
 
     def search(self, k: int) -> OrderSearch[P]:
-        """The ``k`` devices to plan on: the first ``k``, or the elimination's ``k`` where that scores
-        better (:class:`PartitionError` when neither fits)."""
-        if self.chain is None:
-            self.chain = self._eliminated()
-        first = tuple(range(k))
-        kept = self.chain[k]
-        if self.score_of(kept) >= self.score_of(first) * (1 - _TIE_RTOL):
-            kept = first
+        """The ``k`` devices to plan on (:class:`PartitionError` when none fits)."""
+        if self.exact:  # the first choice of each distinct set, in file order: the first k devices first
+            first: dict[tuple[object, ...], tuple[int, ...]] = {}
+            for c in itertools.combinations(range(self.cluster.size), k):
+                key = self._key(c)
+                if key is not None:
+                    first.setdefault(key, c)
+            candidates = list(first.values())
+        else:
+            if self.chain is None:
+                self.chain = self._eliminated()
+            candidates = [tuple(range(k)), self.chain[k]]
+        kept = candidates[0]
+        for c in candidates[1:]:
+            if self.score_of(c) < self.score_of(kept) * (1 - _TIE_RTOL):
+                kept = c
         arranged = joined(self.cluster, kept)
         assert arranged is not None
-        return OrderSearch(kept, arranged, self.result(kept), 2, 0, free=False)
+        return OrderSearch(kept, arranged, self.result(kept), len(candidates), 0, free=False)
 
     def notes(self, chosen: OrderSearch[P]) -> list[str]:
         """A note for each device left out whose return would make the chosen plan worse, with the figures

@@ -15,6 +15,7 @@ import pytest
 from cli_runner import run
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.choices import Objective
 from onnxpipe.core.errors import UsageError
@@ -23,6 +24,7 @@ from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.partition import HeterogeneousRequest, Partition, solve_heterogeneous
+from onnxpipe.planning import leaveout
 from onnxpipe.planning.leaveout import KeptDevices
 from onnxpipe.planning.orders import stages_auto
 from onnxpipe.planning.planner import plan
@@ -68,9 +70,14 @@ def items_solver(costs: list[float]) -> Callable[[Cluster], Partition]:
 # leaving out a slow device
 
 
-def test_a_device_ten_times_slower_in_the_middle_is_left_out_with_a_note() -> None:
+@pytest.mark.parametrize("max_sets", [leaveout.MAX_SETS, 1])  # every set, or the backward elimination
+def test_a_device_ten_times_slower_in_the_middle_is_left_out_with_a_note(
+    max_sets: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(leaveout, "MAX_SETS", max_sets)
     devices = cluster(1.0, 0.1, 1.0)
     kept = KeptDevices(devices, items_solver([1.0] * 4), Objective.THROUGHPUT)
+    assert kept.exact == (max_sets > 1)
     choice = stages_auto(devices.size, kept.search)
     # with it, its one item at least takes 10 s; without it the fast two share 4 items: 2 s
     assert choice.k == 2 and choice.result.order == (0, 2) and choice.result.bottleneck == 2.0
@@ -88,6 +95,18 @@ def test_a_slow_device_that_helps_is_kept() -> None:
     choice = stages_auto(devices.size, kept.search)
     assert choice.k == 2 and choice.result.order == (0, 1)  # 40 s alone, 36.4 s with it: 9% faster
     assert choice.result.bottleneck == pytest.approx(36.4) and kept.notes(choice.result) == []
+
+
+def test_edge_boards_leave_out_the_slowest_though_the_file_lists_it_first(tmp_path: Path) -> None:
+    """Eight 1 ms nodes on boards of speeds 1, 2, 4 and 8: whatever board-x1 holds takes 1 ms at least;
+    the plan of three stages used to be the file's first three boards."""
+    view, prof = chain_plan_inputs(tmp_path, 8)
+    edge = load_cluster(Path(__file__).resolve().parents[2] / "examples" / "devices" / "edge_1248.json")
+    made = plan(view, prof, PlanRequest("auto", devices=edge))
+    assert [s.device for s in made.stages] == ["board-x2", "board-x4", "board-x8"]
+    assert made.bottleneck_seconds == pytest.approx(0.625 * MS)
+    (note,) = [n for n in made.notes if "left out" in n]
+    assert "left out board-x1" in note and "1600.0 micro-batches/s without it, 1000.0" in note
 
 
 def test_identical_devices_stay_the_first_ones_and_a_link_list_drops_only_the_ends() -> None:
