@@ -142,8 +142,9 @@ class KeptDevices(Generic[P]):
             if not without < worse < math.inf:  # it helps, or nothing fits with it: not a slower pipeline
                 continue
             name = self.cluster.devices[d].name
+            slower = "a request slower" if self.objective == Objective.LATENCY else "the pipeline slower"
             notes.append(
-                f"{opt('stages', 'auto')} left out {name}, which makes the pipeline slower: "
+                f"{opt('stages', 'auto')} left out {name}, which makes {slower}: "
                 f"{self._figure(without)} without it, {self._figure(worse)} with it"
             )
         return notes

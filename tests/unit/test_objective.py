@@ -138,6 +138,11 @@ def test_latency_keeps_one_device_unless_memory_forces_a_split(tmp_path: Path) -
     one = plan(view, prof, latency)
     assert one.k == 1 and one.latency_seconds == pytest.approx(6 * MS) and one.optimized_for == "latency"
     assert "latency of one request" in one.objective
+    left = [n for n in one.notes if "left out" in n]
+    assert len(left) == 2 and left[0].startswith(
+        "`stages=auto` left out d1-x1, which makes a request slower: 6.000 ms per request alone without it, "
+        "7.024 ms per request alone with it"  # a hop of 1 KiB at 1 MB/s
+    )
     throughput = plan(view, prof, dataclasses.replace(latency, objective="throughput"))
     assert throughput.k == 3 and throughput.latency_seconds > one.latency_seconds
     # 6 KiB of weights, 4.5 KiB a device (a stage after the first also holds two received KiB): two stages
