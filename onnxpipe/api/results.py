@@ -209,6 +209,8 @@ def plan_obj(plan: Plan, extra: Mapping[str, Any] | None = None) -> dict[str, An
         "notes": list(plan.notes),
         **({} if plan.workers is None else {"workers": plan.workers, "time_slack": plan.time_slack}),
         **({} if plan.link_model is None else {"link_model": plan.link_model}),
+        **({} if plan.optimized_for is None else {"optimized_for": plan.optimized_for}),
+        "latency_seconds": num(plan.latency_seconds),
         **(extra or {}),
         "stages": [
             {
@@ -228,9 +230,8 @@ def plan_obj(plan: Plan, extra: Mapping[str, Any] | None = None) -> dict[str, An
         ],
     }
     if plan.stage_counts_tried:
-        obj["stage_counts_tried"] = [
-            {"k": k, "bottleneck_seconds": num(seconds)} for k, seconds in plan.stage_counts_tried
-        ]
+        what = "latency_seconds" if plan.optimized_for == "latency" else "bottleneck_seconds"
+        obj["stage_counts_tried"] = [{"k": k, what: num(seconds)} for k, seconds in plan.stage_counts_tried]
     if plan.timeline is not None:
         obj["schedule"] = timeline_obj(plan.timeline, [s.device for s in plan.stages])
     return obj

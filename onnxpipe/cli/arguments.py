@@ -23,6 +23,7 @@ from onnxpipe.api.options import (
     Ends,
     LinkModel,
     LocalMode,
+    Objective,
     PhaseChoice,
     RayFiles,
     ScheduleChoice,
@@ -302,6 +303,13 @@ def _stage_flags() -> list[Flag]:
             choices=values(LinkModel),
             help="serial: a stage's transfer in adds to its compute; overlap: links run beside compute and "
             "the larger counts (default: serial without --devices, overlap with it or when training)",
+        ),
+        flag(
+            "--objective",
+            field="plan.objective",
+            choices=values(Objective),
+            help="throughput: the slowest stage or link sets the pace of a stream of requests; latency: "
+            "the sum of every stage and link, what one request alone waits (single-sequence decoding)",
         ),
         flag(
             "--workers",

@@ -75,6 +75,9 @@ def format_manifest_table(manifest: api.Manifest, *, files_changed: bool = False
     )
     if plan.link_model is not None:
         footer += f"\nlinks: {plan.link_model.described}"
+    if plan.optimized_for is not None:
+        alone = sum(s.estimated_compute_seconds + s.estimated_transfer_seconds for s in manifest.stages)
+        footer += f"\nobjective: {plan.optimized_for}; one sample alone takes {alone * 1e3:.3f} ms"
     v = manifest.verification
     if v is not None and files_changed:
         footer += (
@@ -273,6 +276,11 @@ def format_plan_table(plan: api.Plan) -> str:
     )
     if plan.link_model is not None:
         lines.append(f"links: {plan.link_model.described}")
+    if plan.optimized_for is not None:
+        lines.append(
+            f"objective: {plan.optimized_for}; one sample alone through every stage and link takes "
+            f"{plan.latency_seconds * 1e3:.3f} ms"
+        )
     for rec in plan.device_costs:
         lines.append(f"  {rec.device}: {rec.source}")
     tl = plan.timeline
@@ -300,7 +308,8 @@ def format_stage_counts(plan: api.Plan) -> str | None:
                 "<- chosen" if k == plan.k else "",
             ]
         )
-    return table(["stages", "bottleneck ms", "per second", "choice"], rows)
+    what = "latency ms" if plan.optimized_for == "latency" else "bottleneck ms"
+    return table(["stages", what, "per second", "choice"], rows)
 
 
 def _of_type(report: api.VerifyReport) -> str:

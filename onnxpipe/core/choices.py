@@ -132,6 +132,14 @@ class LinkModel(StrEnum):
         return "overlap (links run beside compute; the larger of the two counts)"
 
 
+class Objective(StrEnum):
+    """What a plan minimises: the slowest stage or hop (a stream of requests), or the sum of every stage
+    and hop (one request at a time, as single-sequence decoding feels it)."""
+
+    THROUGHPUT = "throughput"
+    LATENCY = "latency"
+
+
 class CalibrationMode(StrEnum):
     """How calibration times the stages: each alone, together as a pinned thread pipeline, ``auto``: as a
     pipeline when this machine has a physical core for every stage thread, alone otherwise; or ``ray``:

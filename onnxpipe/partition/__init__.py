@@ -104,6 +104,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+from onnxpipe.core.choices import Objective
 from onnxpipe.core.errors import PartitionError
 from onnxpipe.partition.costmodel import _Model as _Model
 from onnxpipe.partition.engine import _Engine as _Engine
@@ -117,6 +118,7 @@ from onnxpipe.partition.inputs import (
     _item_count,
     _vector,
 )
+from onnxpipe.partition.latency import latency_bounds
 from onnxpipe.partition.result import TIE_RTOL, Partition, _partition_of
 
 __all__ = ["TIE_RTOL", "Partition", "evaluate", "evaluate_heterogeneous", "solve", "solve_heterogeneous"]
@@ -185,8 +187,14 @@ def solve_heterogeneous(request: HeterogeneousRequest, k: int) -> Partition:
     ``device_costs`` the fractional-assignment bound ``sum_i min_s w_s d[s][i] / sum_s w_s``, valid for
     any weights ``w >= 0`` (weak LP duality), with weights searched for the LP optimum: exact for two
     kinds of device, close for more (see ``_dual_weights``).
+
+    ``request.objective`` ``latency`` minimises the sum of the stage costs' parts instead (compute plus
+    transfer of every stage, what one request alone waits: :mod:`onnxpipe.partition.latency`).
     """
-    return _finish(*_heterogeneous_model(request, k))
+    model, lower = _heterogeneous_model(request, k)
+    if request.objective == Objective.LATENCY:
+        return _partition_of(model, lower, latency_bounds(model))
+    return _finish(model, lower)
 
 
 def evaluate(

@@ -14,6 +14,7 @@ from dataclasses import KW_ONLY, dataclass
 
 import numpy as np
 
+from onnxpipe.core.choices import Objective
 from onnxpipe.core.errors import PartitionError
 from onnxpipe.partition.costmodel import _Model, _Work
 from onnxpipe.partition.numeric import BoolArr, FloatArr, _prefix
@@ -24,7 +25,7 @@ class HeterogeneousRequest:
     """Everything :func:`~onnxpipe.partition.solve_heterogeneous` is told except ``k``, as given.
 
     One value for the solver, the scorer, the reference DP, the model builder and the planner that fills
-    it in (:mod:`onnxpipe.planning.cluster`), so that the thirteen arguments are spelled once.  Fields hold
+    it in (:mod:`onnxpipe.planning.cluster`), so that the fourteen arguments are spelled once.  Fields hold
     the caller's values unchecked: :func:`_heterogeneous_model` validates them for a given ``k``, so building
     a request never raises.
     ``k`` is not a field because the solver is told it while the scorer reads it from the bounds.
@@ -64,6 +65,9 @@ class HeterogeneousRequest:
     act_factor: Sequence[float] | None = None
     """Per stage (``k`` entries, stage 0 included), how many micro-batches' activations it holds (1F1B:
     ``min(M, k - s)``; GPipe: ``M``)."""
+    objective: Objective = Objective.THROUGHPUT
+    """What the solver minimises: the bottleneck, or (``latency``) the sum of every stage's compute and
+    transfer (:mod:`onnxpipe.partition.latency`); either way the result reports the bottleneck too."""
 
 
 def _vector(

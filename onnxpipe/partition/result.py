@@ -50,6 +50,12 @@ class Partition:
         return len(self.bounds) - 1
 
     @property
+    def latency(self) -> float:
+        """One micro-batch through every stage and link in turn, alone: the sum of the computes and
+        transfers (what the ``latency`` objective minimises)."""
+        return math.fsum((*self.compute, *self.transfer))
+
+    @property
     def ratio(self) -> float:
         """``bottleneck / lower_bound`` (>= 1; 1.0 when the lower bound is 0): how far from perfect."""
         if self.lower_bound == 0:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from onnxpipe.cluster.costs import DeviceCosts, device_costs
 from onnxpipe.cluster.model import Cluster, Device
+from onnxpipe.core.choices import DeviceOrder, LinkModel, Objective
 from onnxpipe.core.errors import MemoryFitError, PartitionError, UsageError
 from onnxpipe.core.options import opt
 from onnxpipe.core.runtime_kinds import EngineConfig
@@ -47,6 +48,7 @@ from onnxpipe.planning.decoder_recompute import (
     with_copy_costs,
 )
 from onnxpipe.planning.fused import keeping_fused_groups
+from onnxpipe.planning.leaveout import KeptDevices
 from onnxpipe.planning.memory import TRAINING_STATE_FACTOR, stage_memory_bytes
 from onnxpipe.planning.orders import OrderSearch, place, stages_auto
 from onnxpipe.planning.records import DecoderRecord
@@ -60,6 +62,10 @@ from onnxpipe.schedule.timeline import Timeline
 OBJECTIVE = (
     "minimize the pipeline bottleneck: the largest stage compute time on its device or link transfer "
     "time (transfers overlap compute)"
+)
+LATENCY_OBJECTIVE = (
+    "minimize the latency of one request alone: the sum of every stage's compute time on its device and "
+    "every link's transfer time"
 )
 
 
@@ -94,6 +100,10 @@ class _Candidate:
         """Streaming: time per micro-batch in steady state; training: the simulated batch (makespan)."""
         return self.search.result.bottleneck if not self.option.training else self.timeline.makespan
 
+    def score(self, objective: Objective) -> float:
+        """What the schedules compete on: the iteration's time, or one request's (``latency``)."""
+        return self.search.result.latency if objective == Objective.LATENCY else self.iteration_seconds
+
 
 def plan_pipeline(
     view: ModelView, profile: Profile, request: PlanRequest, *, decoder: FoundDecoder | None = None
@@ -109,8 +119,8 @@ def plan_pipeline(
     cluster = _cluster(profile, request)
     max_k = _max_stages(view, cluster, request)
     costs = _costs(view, profile, cluster, request, decoder)
-    best, reason = _best(view, costs, cluster, request, max_k)
-    notes = _search_notes(best, reason)
+    best, reason, left_out = _best(view, costs, cluster, request, max_k)
+    notes = [*_search_notes(best, reason), *left_out]
     part, arranged, option = best.search.result, best.search.cluster, best.option
     copies = _input_copies(view, profile, costs, arranged, part, option, request)
     # the manifest's stage times are one sample's forward pass (what inference and `run` measure);
@@ -139,7 +149,7 @@ def plan_pipeline(
         request.bandwidth_bytes_per_s,
         notes=(*notes, *staged.notes),
         timeline=staged.timeline,
-        objective=OBJECTIVE,
+        objective=LATENCY_OBJECTIVE if request.objective == Objective.LATENCY else OBJECTIVE,
         cluster=arranged,
         device_costs=tuple(r for r in costs.records if r.device in kept),
         microbatch_size=option.size,
@@ -317,25 +327,45 @@ def _kv_per_node(
 
 def _best(
     view: ModelView, costs: _Costs, cluster: Cluster, request: PlanRequest, max_k: int
-) -> tuple[_Candidate, str]:
-    """The fastest candidate over the schedules asked for, and why its stage count (``auto``: the
-    fewest within the tolerance of the best).  The last failure is raised when no schedule fits."""
-    best: _Candidate | None = None
-    best_reason = ""
+) -> tuple[_Candidate, str, list[str]]:
+    """The fastest candidate over the schedules asked for, why its stage count (``auto``: the fewest
+    within the tolerance of the best), and, for ``auto`` in the file's order, the devices it left out
+    because they slow the pipeline (:mod:`onnxpipe.planning.leaveout`).  The last failure is raised when
+    no schedule fits."""
+    best: tuple[_Candidate, str, list[str]] | None = None
     last_error: PartitionError | None = None
+    objective = request.objective
     for option in request.schedule.candidates():
         found: dict[int, _Candidate] = {}
 
+        def solve(arranged: Cluster, option: ScheduleOption = option) -> Partition:
+            return _solve(view, costs, arranged, request, option)
+
+        kept = (
+            KeptDevices(cluster, solve, objective)
+            if request.stages == "auto" and request.order == DeviceOrder.FIXED
+            else None
+        )
+
         def search_k(
-            k: int, option: ScheduleOption = option, found: dict[int, _Candidate] = found
+            k: int,
+            option: ScheduleOption = option,
+            found: dict[int, _Candidate] = found,
+            kept: KeptDevices[Partition] | None = kept,
+            solve: Callable[[Cluster], Partition] = solve,
         ) -> OrderSearch[Partition]:
             if k not in found:
-                found[k] = _candidate(view, costs, cluster, request, option, k)
+                search = (
+                    kept.search(k)
+                    if kept is not None
+                    else place(cluster, k, solve, order=request.order, objective=objective)
+                )
+                found[k] = _candidate(request, option, search)
             return found[k].search
 
         try:
             if request.stages == "auto":
-                choice = stages_auto(max_k, search_k, tolerance=request.tolerance)
+                choice = stages_auto(max_k, search_k, tolerance=request.tolerance, objective=objective)
                 k, reason = choice.k, choice.reason
             else:
                 k, reason = request.stages, ""
@@ -343,20 +373,16 @@ def _best(
         except PartitionError as e:
             last_error = e
             continue
-        if best is None or found[k].iteration_seconds < best.iteration_seconds * (1 - 1e-12):
-            best, best_reason = found[k], reason
+        if best is None or found[k].score(objective) < best[0].score(objective) * (1 - 1e-12):
+            best = (found[k], reason, kept.notes(found[k].search) if kept is not None else [])
     if best is None:
         assert last_error is not None
         raise last_error
-    return best, best_reason
+    return best
 
 
-def _candidate(
-    view: ModelView, costs: _Costs, cluster: Cluster, request: PlanRequest, option: ScheduleOption, k: int
-) -> _Candidate:
-    search = place(
-        cluster, k, lambda arranged: _solve(view, costs, arranged, request, option), order=request.order
-    )
+def _candidate(request: PlanRequest, option: ScheduleOption, search: OrderSearch[Partition]) -> _Candidate:
+    """The devices and partition ``search`` found, with their timeline under ``option``."""
     part = search.result
     if not option.training:
         timeline = stream(part.compute, option.microbatches, link=part.transfer)
@@ -386,7 +412,7 @@ def _heterogeneous_request(
         cut_bytes=[c * size for c in costs.seq.cut_bytes],
         bandwidths=arranged.bandwidths,
         latencies=arranged.latencies,
-        overlap=True,
+        overlap=request.effective_link_model == LinkModel.OVERLAP,
         # a decoder's KV cache at the maximum context is held where its layer runs
         item_mem=[
             (TRAINING_STATE_FACTOR if training else 1.0) * p + kv
@@ -400,6 +426,7 @@ def _heterogeneous_request(
         act_factor=[float(in_flight(option.kind, s, k, option.microbatches) * size) for s in range(k)]
         if training
         else None,
+        objective=request.objective,
     )
 
 

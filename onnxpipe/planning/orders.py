@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Generic, Literal, Protocol, TypeVar
 
 from onnxpipe.cluster.model import Cluster, device_type
-from onnxpipe.core.choices import DeviceOrder
+from onnxpipe.core.choices import DeviceOrder, Objective
 from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.core.options import opt
 
@@ -42,8 +42,17 @@ class HasBottleneck(Protocol):
     @property
     def bottleneck(self) -> float: ...
 
+    @property
+    def latency(self) -> float: ...
+
 
 P = TypeVar("P", bound=HasBottleneck)
+
+
+def score(result: HasBottleneck, objective: Objective) -> float:
+    """What the searches minimise: the bottleneck (a stream), or one request's time through every stage
+    and link (``latency``)."""
+    return result.latency if objective == Objective.LATENCY else result.bottleneck
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,10 @@ class OrderSearch(Generic[P]):
     @property
     def bottleneck(self) -> float:
         return self.result.bottleneck
+
+    @property
+    def latency(self) -> float:
+        return self.result.latency
 
     @property
     def k(self) -> int:
@@ -142,8 +155,10 @@ def best_device_order(
     solve: Callable[[Cluster], P],
     *,
     max_orders: int = DEFAULT_MAX_ORDERS,
+    objective: Objective = Objective.THROUGHPUT,
 ) -> OrderSearch[P]:
-    """The order (and choice) of ``k`` devices whose exact partition has the smallest bottleneck.
+    """The order (and choice) of ``k`` devices whose exact partition has the smallest bottleneck (or
+    latency: ``objective``).
 
     ``solve(arranged)`` partitions the model over an arranged cluster (stage ``i`` on
     ``arranged.devices[i]``) and raises :class:`PartitionError` when nothing fits its memory; such orders
@@ -180,7 +195,7 @@ def best_device_order(
             infeasible += 1
             first_error = first_error or e
             continue
-        if best is None or result.bottleneck < best[2].bottleneck * (1 - _TIE_RTOL):
+        if best is None or score(result, objective) < score(best[2], objective) * (1 - _TIE_RTOL):
             best = (order, arranged, result)
     if best is None:
         assert first_error is not None
@@ -198,10 +213,11 @@ def place(
     *,
     order: DeviceOrder = DeviceOrder.FIXED,
     max_orders: int = DEFAULT_MAX_ORDERS,
+    objective: Objective = Objective.THROUGHPUT,
 ) -> OrderSearch[P]:
     """``--order fixed|free``: the first ``k`` devices in file order, or the best order and choice."""
     if order == DeviceOrder.FREE:
-        return best_device_order(cluster, k, solve, max_orders=max_orders)
+        return best_device_order(cluster, k, solve, max_orders=max_orders, objective=objective)
     return fixed_order(cluster, k, solve)
 
 
@@ -229,9 +245,11 @@ def stages_auto(
     tolerance: float = DEFAULT_TOLERANCE,
     mode: Literal["throughput", "fit"] = "throughput",
     min_k: int = 1,
+    objective: Objective = Objective.THROUGHPUT,
 ) -> StagesChoice[R]:
-    """Choose the number of stages: the fewest within ``tolerance`` of the best bottleneck over
-    ``min_k..max_k`` (``mode="throughput"``), or the fewest that fit memory (``mode="fit"``).
+    """Choose the number of stages: the fewest within ``tolerance`` of the best bottleneck (or latency:
+    ``objective``) over ``min_k..max_k`` (``mode="throughput"``), or the fewest that fit memory
+    (``mode="fit"``).  The table holds each count's score under the objective.
 
     ``solve_k(k)`` plans ``k`` stages (for example ``lambda k: place(cluster, k, solve, order=...)``) and
     raises :class:`PartitionError` when ``k`` stages cannot be made (memory, too few nodes); those counts
@@ -253,21 +271,22 @@ def stages_auto(
             table.append((k, math.inf))
             continue
         results[k] = r
-        table.append((k, r.bottleneck))
+        table.append((k, score(r, objective)))
         if mode == "fit":
             break
     if not results:
         assert last_error is not None
         raise PartitionError(f"no stage count from {min_k} to {max_k} fits: {last_error}") from last_error
-    best = min(r.bottleneck for r in results.values())
+    best = min(score(r, objective) for r in results.values())
     if mode == "fit":
         k = min(results)
         reason = f"the fewest stages that fit memory ({k})"
     else:
         limit = best * (1 + tolerance)
-        k = min(kk for kk, r in results.items() if r.bottleneck <= limit)
+        k = min(kk for kk, r in results.items() if score(r, objective) <= limit)
+        what = "latency" if objective == Objective.LATENCY else "bottleneck"
         reason = (
-            f"the fewest stages within {tolerance:.0%} of the best bottleneck "
+            f"the fewest stages within {tolerance:.0%} of the best {what} "
             f"({best * 1e3:.3f} ms over {min_k}..{max_k} stages)"
         )
     return StagesChoice(k, results[k], tuple(table), reason)

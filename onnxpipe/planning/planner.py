@@ -87,6 +87,7 @@ def _finished(made: Plan, view: ModelView, profile: Profile, request: PlanReques
     return dataclasses.replace(
         made,
         link_model=request.effective_link_model,
+        optimized_for=request.objective,
         notes=tuple(notes),
         reference_seconds=profile.total_seconds if measured else made.reference_seconds,
     )
@@ -99,6 +100,10 @@ class _Tried:
     @property
     def bottleneck(self) -> float:
         return self.plan.bottleneck_seconds
+
+    @property
+    def latency(self) -> float:
+        return self.plan.latency_seconds
 
 
 def auto_here(
@@ -120,7 +125,7 @@ def auto_here(
     def solve_k(k: int) -> _Tried:
         return _Tried(_plan(view, profile, dataclasses.replace(request, stages=k), phase_profiles, decoder))
 
-    choice = stages_auto(max_k, solve_k, tolerance=request.tolerance)
+    choice = stages_auto(max_k, solve_k, tolerance=request.tolerance, objective=request.objective)
     note = (
         f"{opt('stages', 'auto')} chose {choice.k} of 1..{max_k} (this machine's {cpus} CPU(s) at {threads} "
         f"thread(s) per stage): {choice.reason}"

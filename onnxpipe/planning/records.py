@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, NamedTuple
 
-from onnxpipe.core.choices import Ends, LinkModel, Phase, PhaseChoice
+from onnxpipe.core.choices import Ends, LinkModel, Objective, Phase, PhaseChoice
 from onnxpipe.core.codec import FieldError, Finite, Minimum
 from onnxpipe.core.files import FileName
 from onnxpipe.core.inputfiles import InputRecord
@@ -161,6 +161,10 @@ class PlanFigures:
     serial without a devices file, overlap with one)."""
     decoder: DecoderRecord | None = None
     """Set when the model is a decoder with a KV cache (:mod:`onnxpipe.planning.decoder`)."""
+    optimized_for: Objective | None = None
+    """The objective that chose the split (``throughput``: the bottleneck; ``latency``: one request's
+    time through every stage and link); None for a plan made outside the planner, and in a manifest
+    written before the field (whose plans were all throughput)."""
 
     def __post_init__(self) -> None:
         if self.time_slack < 0:

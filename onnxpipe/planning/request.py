@@ -16,7 +16,15 @@ from typing import Literal
 
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.cluster.model import Cluster
-from onnxpipe.core.choices import DeviceOrder, LinkModel, ScheduleChoice, ScheduleKind, SplitNodes, choice
+from onnxpipe.core.choices import (
+    DeviceOrder,
+    LinkModel,
+    Objective,
+    ScheduleChoice,
+    ScheduleKind,
+    SplitNodes,
+    choice,
+)
 from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.core.options import opt
 from onnxpipe.planning.decoder_kinds import DecoderOptions
@@ -130,9 +138,13 @@ class PlanRequest:
     """How transfers count (:mod:`onnxpipe.planning.links`); None: serial without devices, overlap with."""
     decoder: DecoderOptions = field(default_factory=DecoderOptions)
     """How a decoder with a KV cache is split (ignored for other models)."""
+    objective: Objective = Objective.THROUGHPUT
+    """``throughput``: the slowest stage or link (a stream of requests); ``latency``: the sum of every
+    stage and link, what one request alone (single-sequence decoding) waits for."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split_nodes", choice(SplitNodes, self.split_nodes, "split_nodes"))
+        object.__setattr__(self, "objective", choice(Objective, self.objective, "objective"))
         devices: object = self.devices  # a devices file may come as its path
         if isinstance(devices, str | Path):
             object.__setattr__(self, "devices", load_cluster(devices))
@@ -157,6 +169,7 @@ class PlanRequest:
             and self.schedule.kind == ScheduleChoice.STREAM
             and isinstance(self.stages, int)
             and self.link_model != LinkModel.OVERLAP
+            and self.objective == Objective.THROUGHPUT
         )
 
     @property
@@ -177,6 +190,8 @@ class PlanRequest:
             return opt("ScheduleRequest.kind", self.schedule.kind)
         if self.link_model == LinkModel.OVERLAP:
             return opt("link_model", LinkModel.OVERLAP)
+        if self.objective == Objective.LATENCY:
+            return opt("objective", Objective.LATENCY)
         return None
 
     @property
@@ -250,8 +265,21 @@ class PlanRequest:
             raise UsageError(
                 f"{opt('split_nodes', SplitNodes.AUTO)} plans one stage per identical worker "
                 f"({opt('stages', 'K')}, streaming, no {opt('devices')}, {opt('order')}, {opt('workers')} "
-                f"or {opt('link_model', LinkModel.OVERLAP)}); give {opt('split_nodes', SplitNodes.OFF)} "
+                f"or {opt('link_model', LinkModel.OVERLAP)}, objective throughput); give "
+                f"{opt('split_nodes', SplitNodes.OFF)} "
                 "for this plan"
+            )
+        if self.objective == Objective.LATENCY:
+            self._check_latency()
+
+    def _check_latency(self) -> None:
+        """``objective="latency"`` plans one request at a time through contiguous stages: not a training
+        schedule, interleaved workers or cut nodes, which serve a stream."""
+        if self.schedule.kind != ScheduleChoice.STREAM or self.workers is not None:
+            raise UsageError(
+                f"{opt('objective', Objective.LATENCY)} plans inference one request at a time; leave out "
+                f"{opt('ScheduleRequest.kind')} and {opt('workers')}, or give "
+                f"{opt('objective', Objective.THROUGHPUT)}"
             )
 
     def _check_link_model(self) -> None:

@@ -7,6 +7,7 @@ Plain frozen data over node and tensor names: the planners (:mod:`onnxpipe.plann
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -101,6 +102,12 @@ class Plan(PlanFigures):
     @property
     def k(self) -> int:
         return len(self.stages)
+
+    @property
+    def latency_seconds(self) -> float:
+        """One sample alone through every stage and link in turn: the sum of the stages' compute and
+        transfer times (what the ``latency`` objective minimises; a stream waits on the bottleneck)."""
+        return math.fsum(x for s in self.stages for x in (s.compute_seconds, s.transfer_seconds))
 
     @property
     def ratio_to_lower_bound(self) -> float:

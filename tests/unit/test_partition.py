@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from benchmarks import reference_dp
 from benchmarks.baselines import equal_count, parameter_balanced, torchgpipe_block
 from onnxpipe import partition
+from onnxpipe.core.choices import Objective
 from onnxpipe.core.errors import MemoryFitError, PartitionError
 from onnxpipe.partition import (
     TIE_RTOL,
@@ -677,10 +678,10 @@ def test_evaluate_heterogeneous_refuses_what_the_solver_cannot_return() -> None:
 
 
 def test_the_public_functions_take_the_request() -> None:
-    """HeterogeneousRequest spells the thirteen arguments once: the solver, the scorer and the oracle take
+    """HeterogeneousRequest spells the fourteen arguments once: the solver, the scorer and the oracle take
     it, and it refuses a misspelt one."""
     fields = [(f.name, f.default) for f in dataclasses.fields(partition.HeterogeneousRequest)]
-    assert fields[0] == ("costs", None) and len(fields) == 13
+    assert fields[0] == ("costs", None) and len(fields) == 14
     for fn, other in ((solve_heterogeneous, "k"), (evaluate_heterogeneous, "bounds")):
         assert list(inspect.signature(fn).parameters) == ["request", other]
     assert list(inspect.signature(reference_dp.reference_solve_heterogeneous).parameters) == ["request", "k"]
@@ -1183,3 +1184,54 @@ def test_baselines_valid_and_never_beat_the_exact_solver(costs: list[float], dat
         assert _valid(bounds, n, k), bounds
         theirs = evaluate(costs, bounds, cut_bytes=cut, bandwidth=bw).bottleneck
         assert best.bottleneck <= theirs * (1 + TIE_RTOL)  # the solver may trade 1e-9 for fewer bytes
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The latency objective (one request alone: the sum of every stage's compute and transfer)
+# ----------------------------------------------------------------------------------------------------------
+def brute_latency(c: Case, bounds: Sequence[int]) -> float:
+    return math.fsum(x for comp, tr, _ in brute_stages(c, bounds) for x in (comp, tr))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from([(False, False), (True, False), (False, True)]).flatmap(
+        lambda f: cases(hetero=True, devices=f[0], memory=f[1])
+    )
+)
+def test_latency_objective_matches_brute_force(c: Case) -> None:
+    request = dataclasses.replace(c.request(), objective=Objective.LATENCY)
+    p = attempt(solve_heterogeneous, request, c.k)
+    feasible = [b for b in all_bounds(c.n, c.k, c.allowed) if fits(c, b)]
+    if not feasible:  # too few allowed cuts, or no split fits the memory
+        assert isinstance(p, PartitionError)
+        return
+    assert isinstance(p, Partition), p
+    best = min(brute_latency(c, b) for b in feasible)
+    scale = math.fsum(c.lats) + c.work_scale() * 2 + max(c.cut) + 1.0
+    assert p.latency == pytest.approx(brute_latency(c, p.bounds), rel=REL, abs=1e-12 * scale)
+    assert p.latency <= best + 1e-12 * scale
+    assert fits(c, p.bounds) and (c.allowed is None or all(c.allowed[b] for b in p.bounds[1:-1]))
+    assert evaluate_heterogeneous(c.request(), p.bounds) == p  # the bottleneck and the rest as ever
+
+
+def test_latency_objective_on_identical_devices_cuts_the_fewest_bytes() -> None:
+    costs = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0]
+    cut = [0.0, 50.0, 10.0, 80.0, 20.0, 30.0, 0.0]
+    free = HeterogeneousRequest(costs, cut_bytes=cut, objective=Objective.LATENCY)
+    assert solve_heterogeneous(free, 3).bounds == (0, 2, 4, 6)  # free links: every split ties
+    slow = dataclasses.replace(free, bandwidths=[10.0, 10.0, 10.0])
+    p = solve_heterogeneous(slow, 3)
+    assert p.bounds == (0, 2, 4, 6) and p.latency == pytest.approx(23.0 + 3.0)
+    throughput = solve_heterogeneous(dataclasses.replace(slow, objective=Objective.THROUGHPUT), 3)
+    assert throughput.latency > p.latency
+
+
+def test_latency_objective_gives_a_fast_device_the_most_it_can_hold() -> None:
+    costs = [1.0] * 6
+    request = HeterogeneousRequest(
+        costs, speeds=[1.0, 4.0], item_mem=[1.0] * 6, mem_caps=[INF, 4.0], objective=Objective.LATENCY
+    )
+    assert solve_heterogeneous(request, 2).bounds == (0, 2, 6)  # all it can hold goes to the fast one
+    with pytest.raises(MemoryFitError, match="smallest uniform cap"):
+        solve_heterogeneous(dataclasses.replace(request, mem_caps=[1.0, 1.0]), 2)
