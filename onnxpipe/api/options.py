@@ -15,6 +15,7 @@ from pathlib import Path
 from onnxpipe.calibrate.options import DEFAULT_ROUNDS, CalibrationOptions
 from onnxpipe.core.choices import (
     Backend,
+    BoundaryDtype,
     CalibrationMode,
     CostSource,
     DeviceOrder,
@@ -106,6 +107,7 @@ __all__ = [
     "DEFAULT_ROUNDS",
     "DEFAULT_TIME_SLACK",
     "Backend",
+    "BoundaryDtype",
     "CalibrationMode",
     "CalibrationOptions",
     "CostSource",

@@ -26,6 +26,7 @@ from onnxpipe.planning.orders import stages_auto
 from onnxpipe.planning.phases import make_two_phase_plan
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.planning.types import Plan
+from onnxpipe.planning.wire import plan_with_wire
 from onnxpipe.planning.workers import make_interleaved_plan, make_plan
 
 
@@ -68,7 +69,7 @@ def planned(
             microbatches=request.schedule.stream_microbatches,
         )
         return dataclasses.replace(cut, plan=_finished(cut.plan, view, profile, request, bounded=False))
-    made = _plan(view, profile, request, phase_profiles, decoder)
+    made = plan_with_wire(view, profile, request, lambda p: _plan(view, p, request, phase_profiles, decoder))
     return Planned(_finished(made, view, profile, request, bounded=True), view, profile)
 
 

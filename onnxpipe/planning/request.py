@@ -15,7 +15,15 @@ from typing import Literal
 
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.cluster.model import Cluster
-from onnxpipe.core.choices import DeviceOrder, LinkModel, ScheduleChoice, ScheduleKind, SplitNodes, choice
+from onnxpipe.core.choices import (
+    BoundaryDtype,
+    DeviceOrder,
+    LinkModel,
+    ScheduleChoice,
+    ScheduleKind,
+    SplitNodes,
+    choice,
+)
 from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.core.options import opt
 from onnxpipe.planning.decoder_kinds import DecoderOptions
@@ -129,8 +137,13 @@ class PlanRequest:
     """How transfers count (:mod:`onnxpipe.planning.links`); None: serial without devices, overlap with."""
     decoder: DecoderOptions = field(default_factory=DecoderOptions)
     """How a decoder with a KV cache is split (ignored for other models)."""
+    boundary_dtype: BoundaryDtype = BoundaryDtype.FLOAT32
+    """What the float32 activations crossing a cut travel as (:mod:`onnxpipe.planning.wire`)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "boundary_dtype", choice(BoundaryDtype, self.boundary_dtype, "boundary_dtype")
+        )
         object.__setattr__(self, "split_nodes", choice(SplitNodes, self.split_nodes, "split_nodes"))
         devices: object = self.devices  # a devices file may come as its path
         if isinstance(devices, str | Path):
@@ -250,6 +263,17 @@ class PlanRequest:
                 f"({opt('stages', 'K')}, streaming, no {opt('devices')}, {opt('order')}, {opt('workers')} "
                 f"or {opt('link_model', LinkModel.OVERLAP)}); give {opt('split_nodes', SplitNodes.OFF)} "
                 "for this plan"
+            )
+        if self.boundary_dtype == BoundaryDtype.BFLOAT16:
+            raise UsageError(
+                f"{opt('boundary_dtype', BoundaryDtype.BFLOAT16)}: onnxruntime's Python API cannot hand a "
+                f"bfloat16 tensor from one stage to the next (numpy has no such type); choose "
+                f"{opt('boundary_dtype', BoundaryDtype.FLOAT16)}, which sends as few bytes"
+            )
+        if self.split_nodes == SplitNodes.AUTO and self.boundary_dtype != BoundaryDtype.FLOAT32:
+            raise UsageError(
+                f"{opt('split_nodes', SplitNodes.AUTO)} cuts nodes into parts whose boundaries stay float32; "
+                f"leave out {opt('boundary_dtype')} or {opt('split_nodes')}"
             )
         self.decoder.check()
 
