@@ -38,6 +38,8 @@ def compressible(view: ModelView) -> frozenset[str]:
 
 def compressed_profile(view: ModelView, profile: Profile, wire: Mapping[str, BoundaryDtype]) -> Profile:
     """``profile`` with the tensors of ``wire`` at the bytes they take on the link."""
+    if not wire:
+        return profile
     sizes = tensor_sizes(view, profile)
     sizes.update({t: dtype.wire_bytes(sizes.get(t, 0)) for t, dtype in wire.items()})
     return dataclasses.replace(profile, tensor_bytes=MappingProxyType(sizes))
@@ -52,17 +54,21 @@ def slow_cuts(plan: Plan, request: PlanRequest) -> list[int]:
 
 
 def plan_with_wire(
-    view: ModelView, profile: Profile, request: PlanRequest, make: Callable[[Profile], Plan]
+    view: ModelView,
+    profile: Profile,
+    request: PlanRequest,
+    make: Callable[[Mapping[str, BoundaryDtype]], Plan],
 ) -> Plan:
-    """The plan ``make`` makes from ``profile`` with ``request.boundary_dtype``'s compressed bytes, and
-    the tensors it compresses (:attr:`Plan.boundary_dtypes`, those that cross a cut)."""
+    """The plan ``make`` makes with the tensors it is given at their compressed bytes
+    (:func:`compressed_profile` of its profiles), those ``request.boundary_dtype`` compresses, and the
+    tensors it compresses (:attr:`Plan.boundary_dtypes`, those that cross a cut)."""
     dtype = request.boundary_dtype
     if dtype == BoundaryDtype.FLOAT32:
-        return make(profile)
+        return make({})
     floats = compressible(view)
     sizes = MappingProxyType(tensor_sizes(view, profile))
     if dtype == BoundaryDtype.AUTO:
-        first = make(profile)
+        first = make({})
         slow = slow_cuts(first, request)
         if not slow:
             why = (
@@ -76,7 +82,7 @@ def plan_with_wire(
         wire = dict.fromkeys(entering, BoundaryDtype.FLOAT16)
     else:
         wire = dict.fromkeys(floats, dtype)
-    made = make(compressed_profile(view, profile, wire))
+    made = make(wire)
     return dataclasses.replace(
         made, tensor_bytes=sizes, boundary_dtypes=MappingProxyType(_crossing(made, wire))
     )
