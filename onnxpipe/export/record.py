@@ -36,6 +36,7 @@ from onnxpipe.manifest import (
 )
 from onnxpipe.manifest.entries import WireDtype
 from onnxpipe.planning.types import Plan, StageSpec
+from onnxpipe.planning.wire import stage_boundary
 from onnxpipe.schedule.simulate import stream
 from onnxpipe.schedule.timeline import Timeline
 
@@ -246,13 +247,12 @@ def _with_tensors(
         for t in s.outputs
         for sent in tensors.crossing(t)
     )
-    dtype = next((tensors.wire[t].value for t in s.inputs if t in tensors.wire), "float32")
     return replace(
         entry,
         inputs=inputs,
         outputs=outputs,
         shared_param_bytes=shared_param_bytes,
-        boundary_dtype=cast(WireDtype, dtype),
+        boundary_dtype=cast(WireDtype, stage_boundary(tensors.wire, s).value),
     )
 
 

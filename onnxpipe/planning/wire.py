@@ -24,7 +24,7 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.model import ModelView
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.planning.sequences import tensor_sizes
-from onnxpipe.planning.types import Plan
+from onnxpipe.planning.types import Plan, StageSpec
 
 FLOAT32 = 1
 """``onnx.TensorProto.FLOAT``."""
@@ -92,3 +92,9 @@ def _crossing(plan: Plan, wire: Mapping[str, BoundaryDtype]) -> dict[str, Bounda
     """The tensors of ``wire`` that some stage of ``plan`` receives."""
     received: Collection[str] = {t for s in plan.stages for t in s.inputs}
     return {t: d for t, d in wire.items() if t in received}
+
+
+def stage_boundary(wire: Mapping[str, BoundaryDtype], spec: StageSpec) -> BoundaryDtype:
+    """What the compressed float32 activations ``spec`` receives cross as (``wire``: a plan's
+    :attr:`~Plan.boundary_dtypes`; float32 when none is)."""
+    return next((wire[t] for t in spec.inputs if t in wire), BoundaryDtype.FLOAT32)

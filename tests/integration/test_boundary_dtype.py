@@ -165,3 +165,13 @@ def test_a_bad_value_is_a_one_line_usage_error(capsys: pytest.CaptureFixture[str
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--boundary-dtype" in err and "float16" in err
+
+
+def test_plan_counts_the_compressed_bytes_and_says_which_cut(capsys: pytest.CaptureFixture[str]) -> None:
+    def stages(dtype: str) -> list[dict[str, object]]:
+        main(["plan", str(RESNET), "-k", "2", "--cost", "static", "--boundary-dtype", dtype, "--json", "-q"])
+        return list(json.loads(capsys.readouterr().out)["plan"]["stages"])
+
+    wide, narrow = stages("float32"), stages("float16")
+    assert "boundary_dtype" not in wide[1] and narrow[1]["boundary_dtype"] == "float16"
+    assert narrow[1]["link_bytes_in"] * 2 == wide[1]["link_bytes_in"] > 0
