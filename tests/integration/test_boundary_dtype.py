@@ -16,7 +16,7 @@ from onnx import helper
 from paths import REPO_ROOT
 
 import onnxpipe
-from onnxpipe.api.options import PlanRequest, ProfileOptions, SplitOptions
+from onnxpipe.api.options import PlanOptions, PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.cli import main
 from onnxpipe.core.choices import BoundaryDtype
 from onnxpipe.core.errors import UsageError, VerificationError
@@ -137,6 +137,13 @@ def test_auto_compresses_only_a_cut_whose_link_bounds_the_pipeline(
     assert manifest.stages[1].boundary_dtype == ("float16" if compressed else "float32")
     assert bool(result.plan.boundary_dtypes) == compressed
     assert any("boundary_dtype" in n for n in manifest.plan.notes) != compressed
+
+
+def test_auto_weighs_a_bandwidth_given_without_devices() -> None:
+    request = PlanRequest(stages=2, boundary_dtype=BoundaryDtype.AUTO, bandwidth_bytes_per_s=1e5)
+    slow = onnxpipe.plan(RESNET, PlanOptions(request, ProfileOptions(cost="static"))).plan
+    assert set(slow.boundary_dtypes.values()) == {BoundaryDtype.FLOAT16}
+    assert set(slow.boundary_dtypes) <= set(slow.stages[1].inputs)
 
 
 def test_auto_without_links_compresses_nothing_and_says_so(tmp_path: Path) -> None:
