@@ -1,14 +1,15 @@
 """Boundaries compressed on the link (``boundary_dtype``): which tensors travel narrower, and what the
 planner counts for them.
 
-Only float32 activations are compressed: the model's inputs and outputs, weights, integers and booleans
-cross as they are.  For a fixed dtype every such tensor that crosses a cut is compressed, and the
-planner plans with their compressed bytes (:meth:`BoundaryDtype.wire_bytes`: half for float16 and
-bfloat16, a quarter plus a 4-byte scale for int8), so a cut is placed where the bytes it really sends
-are few.  ``auto`` plans with float32 first, finds the cuts whose transfer into a stage takes longer than
-the slowest stage computes (those that bound the pipeline at their link's rate), and plans again with
-the tensors entering those stages as float16; without links of a finite rate it compresses nothing and
-says so.  The exporter writes the casts into the stage files (:mod:`onnxpipe.export.wire`).
+Only float32 activations are compressed: the model's inputs and outputs, weights, values of weights or
+shapes alone, integers and booleans cross as they are.  For a fixed dtype every float32 activation that
+crosses a cut is compressed, and the planner plans with their compressed bytes
+(:meth:`BoundaryDtype.wire_bytes`: half for float16, a quarter plus a 4-byte scale for int8), so a cut is
+placed where the bytes it really sends are few.  ``auto`` plans with float32 first, finds the cuts whose
+transfer into a stage takes longer than the slowest stage computes (those that bound the pipeline at
+their link's rate), and plans again with the tensors entering those stages as float16; without links of
+a finite rate it compresses nothing and says so.  The exporter writes the casts into the stage files
+(:mod:`onnxpipe.export.wire`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from onnxpipe.core.choices import BoundaryDtype
 from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.shapevalues import value_kinds
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.planning.sequences import tensor_sizes
 from onnxpipe.planning.types import Plan, StageSpec
@@ -31,9 +33,16 @@ FLOAT32 = 1
 
 
 def compressible(view: ModelView) -> frozenset[str]:
-    """The float32 activations of ``view``: what a compressed boundary may narrow."""
+    """The float32 activations of ``view``: what a compressed boundary may narrow.  Not the values of
+    weights or shapes alone (:mod:`onnxpipe.ir.shapevalues`), should one still cross: a ``Resize``'s
+    scales or a mask of ``-3.4e38`` would change meaning, rounded."""
     ends = set(view.inputs) | set(view.outputs) | set(view.weights)
-    return frozenset(n for n, t in view.tensors.items() if t.elem_type == FLOAT32 and n not in ends)
+    kinds = value_kinds(view)
+    return frozenset(
+        n
+        for n, t in view.tensors.items()
+        if t.elem_type == FLOAT32 and n not in ends and not kinds.recomputable(n)
+    )
 
 
 def compressed_profile(view: ModelView, profile: Profile, wire: Mapping[str, BoundaryDtype]) -> Profile:

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from models import OPSET, const, make, save, vi
+from models import OPSET, const, make, save, vi, view_of
 from onnx import helper
 from paths import REPO_ROOT
 
@@ -24,6 +24,7 @@ from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.manifest import load_manifest
+from onnxpipe.planning.wire import compressible
 from onnxpipe.verification.options import BY_BOUNDARY, VerifyOptions
 
 RESNET = REPO_ROOT / "sample_models" / "resnet_tiny.onnx"
@@ -182,3 +183,16 @@ def test_plan_counts_the_compressed_bytes_and_says_which_cut(capsys: pytest.Capt
     wide, narrow = stages("float32"), stages("float16")
     assert "boundary_dtype" not in wide[1] and narrow[1]["boundary_dtype"] == "float16"
     assert narrow[1]["link_bytes_in"] * 2 == wide[1]["link_bytes_in"] > 0
+
+
+def test_only_float32_activations_are_compressible() -> None:
+    """Not the inputs, outputs, weights, integers, nor a float made of a shape alone (its value is exact
+    and may be read as sizes or scales)."""
+    nodes = [
+        helper.make_node("Mul", ["x", "w"], ["h"]),
+        helper.make_node("Shape", ["x"], ["dims"]),
+        helper.make_node("Cast", ["dims"], ["size"], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Mul", ["h", "size"], ["y"]),
+    ]
+    view = view_of(nodes, [vi("x", [2, 4])], [vi("y", [2, 4])], [const("w", np.ones(4))])
+    assert compressible(view) == {"h"}
