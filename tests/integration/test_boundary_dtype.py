@@ -118,6 +118,30 @@ def test_an_all_zero_tensor_crosses_int8_without_nan(tmp_path: Path) -> None:
     np.testing.assert_array_equal(_chain(out, {"x": x})["y"], x)
 
 
+def test_the_cli_refuses_it_in_one_line_with_exit_code_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = save(outlier_model(), tmp_path / "outlier.onnx")
+    out = tmp_path / "split"
+    argv = [
+        "split",
+        str(model),
+        "-k",
+        "2",
+        "--cost",
+        "static",
+        "-o",
+        str(out),
+        "--boundary-dtype",
+        "int8",
+        "-q",
+    ]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--boundary-dtype" in err and "Traceback" not in err
+    assert not out.exists()
+
+
 def _devices(tmp_path: Path, rate: str) -> Path:
     device = {"provider": "CPUExecutionProvider", "threads": 1, "memory_bytes": None}
     path = tmp_path / f"devices_{rate.split()[0]}.json"
