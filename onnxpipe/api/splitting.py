@@ -218,7 +218,7 @@ class _Verified:
         except OnnxpipeError as e:  # named as the folder it was about to become, not the temporary one
             raise type(e)(str(e).replace(str(folder), str(self.out))) from e
         if not report.ok and report.boundary_dtype != "float32":  # refused: nothing replaces ``out``
-            worst = max(report.outputs, key=lambda o: o.max_abs_diff)
+            worst = max((o for o in report.outputs if not o.ok), key=lambda o: o.max_rel_diff)
             raise VerificationError(
                 f"{self.out}: {report.boundary_dtype} boundaries move output {worst.name!r} by "
                 f"{worst.max_abs_diff:.3g}, beyond their tolerance ({report.tolerance}); choose a wider "

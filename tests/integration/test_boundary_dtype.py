@@ -185,9 +185,11 @@ def test_an_old_opset_cannot_carry_int8(tmp_path: Path) -> None:
     assert OPSET >= 10
 
 
-def test_bfloat16_is_refused_with_the_reason() -> None:
+def test_bfloat16_and_split_nodes_are_refused_with_the_reason() -> None:
     with pytest.raises(UsageError, match="float16"):
         PlanRequest(stages=2, boundary_dtype="bfloat16").check()
+    with pytest.raises(UsageError, match="split_nodes"):
+        PlanRequest(stages=2, boundary_dtype="float16", split_nodes="auto").check()
 
 
 def test_a_bad_value_is_a_one_line_usage_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
