@@ -15,6 +15,7 @@ from pathlib import Path
 from onnxpipe.calibrate.options import DEFAULT_ROUNDS, CalibrationOptions
 from onnxpipe.core.choices import (
     Backend,
+    BoundaryDtype,
     CalibrationMode,
     CostSource,
     DeviceOrder,
@@ -126,6 +127,7 @@ __all__ = [
     "DEFAULT_ROUNDS",
     "DEFAULT_TIME_SLACK",
     "Backend",
+    "BoundaryDtype",
     "CalibrationMode",
     "CalibrationOptions",
     "CostSource",

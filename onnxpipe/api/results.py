@@ -25,6 +25,7 @@ from onnxpipe.ir.summary import ModelSummary
 from onnxpipe.manifest import Manifest
 from onnxpipe.manifest.write import dumps, timeline_obj
 from onnxpipe.planning.types import Plan
+from onnxpipe.planning.wire import stage_boundary
 from onnxpipe.runtime.generation.result import Generation
 from onnxpipe.runtime.options import Sampling
 from onnxpipe.runtime.report.cluster import GenerationCluster, recovery_obj
@@ -217,6 +218,11 @@ def plan_obj(plan: Plan, extra: Mapping[str, Any] | None = None) -> dict[str, An
                 "index": s.index,
                 "device": s.device,
                 **({} if s.worker is None else {"worker": s.worker}),
+                **(
+                    {}
+                    if not plan.boundary_dtypes
+                    else {"boundary_dtype": stage_boundary(plan.boundary_dtypes, s)}
+                ),
                 "node_count": len(s.node_names),
                 "estimated_compute_seconds": num(s.compute_seconds),
                 "estimated_transfer_seconds": num(s.transfer_seconds),

@@ -22,7 +22,7 @@ from onnxpipe.api.results import SplitResult
 from onnxpipe.cluster.costs import provider_available
 from onnxpipe.core.choices import Phase, SplitNodes, VerifyRuntime
 from onnxpipe.core.dims import Dim
-from onnxpipe.core.errors import ExportError, OnnxpipeError, UsageError
+from onnxpipe.core.errors import ExportError, OnnxpipeError, UsageError, VerificationError
 from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.core.model_config import SourceConfig, read_source_config
 from onnxpipe.core.options import opt
@@ -213,6 +213,13 @@ class _Verified:
             report = verify_folder(folder, self.checks)
         except OnnxpipeError as e:  # named as the folder it was about to become, not the temporary one
             raise type(e)(str(e).replace(str(folder), str(self.out))) from e
+        if not report.ok and report.boundary_dtype != "float32":  # refused: nothing replaces ``out``
+            worst = max((o for o in report.outputs if not o.ok), key=lambda o: o.max_rel_diff)
+            raise VerificationError(
+                f"{self.out}: {report.boundary_dtype} boundaries move output {worst.name!r} by "
+                f"{worst.max_abs_diff:.3g}, beyond their tolerance ({report.tolerance}); choose a wider "
+                f"{opt('boundary_dtype')} (float16 or float32)"
+            )
         try:
             record_verification(folder, report)
         except OSError as e:

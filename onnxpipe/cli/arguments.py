@@ -18,6 +18,7 @@ from typing import Any, NoReturn, TypeVar, overload
 from onnxpipe.api.options import (
     DEFAULT_MICROBATCHES,
     DEFAULT_TIME_SLACK,
+    BoundaryDtype,
     CostSource,
     DeviceOrder,
     Ends,
@@ -353,6 +354,14 @@ def _schedule_flags() -> list[Flag]:
             field="plan.order",
             choices=values(DeviceOrder),
             help="keep the devices' order, or search it",
+        ),
+        flag(
+            "--boundary-dtype",
+            field="plan.boundary_dtype",
+            choices=values(BoundaryDtype),
+            help="what the float32 activations crossing a cut travel as, cast or quantized inside the stage "
+            "files: float16, bfloat16, int8 (a per-tensor scale), or auto: float16 where a cut's transfer "
+            "would bound the pipeline at the --devices links' rates (default: float32, as they are)",
         ),
         flag(
             "--schedule",

@@ -140,6 +140,37 @@ class Objective(StrEnum):
     LATENCY = "latency"
 
 
+class BoundaryDtype(StrEnum):
+    """What the float32 activations crossing a cut travel as: cast to 16 bits, quantized to int8 with a
+    per-tensor scale (``max|x| / 127``, computed in the sending stage), left as they are, or ``auto``:
+    float16 where a cut's transfer would bound the pipeline at its link's rate, float32 elsewhere."""
+
+    FLOAT32 = "float32"
+    FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
+    INT8 = "int8"
+    AUTO = "auto"
+
+    def wire_bytes(self, nbytes: int) -> int:
+        """Bytes a float32 tensor of ``nbytes`` takes on the link (int8: with its 4-byte scale)."""
+        if self == BoundaryDtype.INT8:
+            return nbytes // 4 + SCALE_BYTES
+        return nbytes // 2 if self in (BoundaryDtype.FLOAT16, BoundaryDtype.BFLOAT16) else nbytes
+
+    def wire_name(self, tensor: str) -> str:
+        """The name ``tensor`` crosses the cut under (the receiving stage remakes ``tensor`` from it)."""
+        return f"{tensor}/onnxpipe_{self.value}"
+
+
+SCALE_BYTES = 4
+"""An int8 boundary tensor's scale: one float32, sent as ``<tensor>/onnxpipe_scale``."""
+
+
+def scale_name(tensor: str) -> str:
+    """The name of the scale an int8 boundary tensor is sent with."""
+    return f"{tensor}/onnxpipe_scale"
+
+
 class CalibrationMode(StrEnum):
     """How calibration times the stages: each alone, together as a pinned thread pipeline, ``auto``: as a
     pipeline when this machine has a physical core for every stage thread, alone otherwise; or ``ray``:

@@ -11,8 +11,9 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
+from onnxpipe.core.choices import SCALE_BYTES, BoundaryDtype, scale_name
 from onnxpipe.core.errors import ExportError
 from onnxpipe.export.boundary import BoundaryTypes
 from onnxpipe.export.contract import ContractMaker
@@ -33,7 +34,9 @@ from onnxpipe.manifest import (
     StageOutput,
     VerificationRecord,
 )
+from onnxpipe.manifest.entries import WireDtype
 from onnxpipe.planning.types import Plan, StageSpec
+from onnxpipe.planning.wire import stage_boundary
 from onnxpipe.schedule.simulate import stream
 from onnxpipe.schedule.timeline import Timeline
 
@@ -77,7 +80,9 @@ def build_manifest(
     emits (:func:`_stage_entry`), the model's inputs and outputs, the plan's numbers
     (:meth:`Plan.summary`) and the stream schedule (:func:`_schedule`); unverified, until a verification
     records its result.  ``contract`` says what a boundary tensor is at the profiled shapes."""
-    tensors = _Tensors(types, contract, plan.tensor_bytes, symbol_sizes(view, plan.input_shapes))
+    tensors = _Tensors(
+        types, contract, plan.tensor_bytes, symbol_sizes(view, plan.input_shapes), plan.boundary_dtypes
+    )
     flow = _Flow.of(view, plan.stages)
     stages = tuple(
         _with_tensors(e, s, flow, tensors, shared.per_stage[s.index])
@@ -109,6 +114,8 @@ class _Tensors:
     contract: ContractMaker
     tensor_bytes: Mapping[str, int]
     symbols: Mapping[str, int]
+    wire: Mapping[str, BoundaryDtype]
+    """The boundary tensors that cross compressed (:mod:`onnxpipe.export.wire`)."""
 
     def nbytes(self, name: str) -> int:
         if name in self.tensor_bytes:
@@ -129,9 +136,22 @@ class _Tensors:
             "batch_axis": c.batch_axis,
         }
 
-    def sized(self, name: str) -> dict[str, Any]:
-        """:meth:`described`, with the bytes per sample: a tensor that crosses a cut."""
-        return {"bytes_per_sample": self.nbytes(name), **self.described(name)}
+    def crossing(self, name: str) -> list[dict[str, Any]]:
+        """What crosses a cut for ``name``: the tensor with its bytes per sample, or compressed, its wire
+        tensor (and an int8 one's scale)."""
+        sized = {"name": name, "bytes_per_sample": self.nbytes(name), **self.described(name)}
+        dtype = self.wire.get(name)
+        if dtype is None:
+            return [sized]
+        scale = SCALE_BYTES if dtype == BoundaryDtype.INT8 else 0
+        wire_bytes = dtype.wire_bytes(sized["bytes_per_sample"]) - scale
+        sent = [
+            {**sized, "name": dtype.wire_name(name), "dtype": dtype.value, "bytes_per_sample": wire_bytes}
+        ]
+        if scale:
+            scalar = {"shape": (), "profiled_shape": (), "batch_axis": None}
+            sent.append({"name": scale_name(name), "dtype": "float32", "bytes_per_sample": scale, **scalar})
+        return sent
 
 
 @dataclass(frozen=True)
@@ -219,11 +239,21 @@ def _with_tensors(
     entry: StageEntry, s: StageSpec, flow: _Flow, tensors: _Tensors, shared_param_bytes: int
 ) -> StageEntry:
     """A written stage's entry with the tensors it receives and emits and its weights other stages hold."""
-    inputs = tuple(StageInput(t, source=flow.source(t, s.index), **tensors.sized(t)) for t in s.inputs)
-    outputs = tuple(
-        StageOutput(t, consumers=flow.consumers(t, s.index), **tensors.sized(t)) for t in s.outputs
+    inputs = tuple(
+        StageInput(source=flow.source(t, s.index), **sent) for t in s.inputs for sent in tensors.crossing(t)
     )
-    return replace(entry, inputs=inputs, outputs=outputs, shared_param_bytes=shared_param_bytes)
+    outputs = tuple(
+        StageOutput(consumers=flow.consumers(t, s.index), **sent)
+        for t in s.outputs
+        for sent in tensors.crossing(t)
+    )
+    return replace(
+        entry,
+        inputs=inputs,
+        outputs=outputs,
+        shared_param_bytes=shared_param_bytes,
+        boundary_dtype=cast(WireDtype, stage_boundary(tensors.wire, s).value),
+    )
 
 
 def _schedule(plan: Plan, microbatches: int) -> Timeline:

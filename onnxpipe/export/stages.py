@@ -42,6 +42,7 @@ from onnxpipe.export.options import ExportOptions
 from onnxpipe.export.outdir import normalized, staged_folder, writing
 from onnxpipe.export.record import build_manifest, shared_weights, written_entry
 from onnxpipe.export.weightfile import externalize
+from onnxpipe.export.wire import compress_stage
 from onnxpipe.ir import contrib
 from onnxpipe.ir.decoder import FoundDecoder
 from onnxpipe.ir.external import holds_external
@@ -206,6 +207,7 @@ class _StageWriter:
         name, data_name = stage_file_name(i), stage_data_name(i)
         path, data_path = self.tmp / name, self.tmp / data_name
         model = self.builder.build(spec, weights=True, keep_external=external)
+        compress_stage(model, spec, self.plan.boundary_dtypes)
         opsets = required_opsets(model)
         data_sha: str | None = None
         if external:

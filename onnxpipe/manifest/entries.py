@@ -154,6 +154,15 @@ class StageEntry:
     """That cache's bytes at the plan's maximum context (:attr:`DecoderRecord.max_context`)."""
     estimated_phase_seconds: tuple[tuple[Phase, float], ...] = ()
     """A decoder's estimated stage time at each phase profiled, as (phase, seconds)."""
+    boundary_dtype: WireDtype = "float32"
+    """What the float32 activations this stage receives from earlier stages travel as (``--boundary-dtype``):
+    ``float16``/``bfloat16`` (cast), ``int8`` (with a ``<name>/onnxpipe_scale``), or as they are; its
+    ``inputs`` name them as they cross (``<name>/onnxpipe_<dtype>``)."""
+
+
+WireDtype = Literal["float32", "float16", "bfloat16", "int8"]
+"""``boundary_dtype``: what compressed boundary tensors travel as
+(:class:`~onnxpipe.core.choices.BoundaryDtype`)."""
 
 
 VerificationStatus = Literal["unverified", "passed", "failed"]

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from onnxpipe.core.choices import Phase, SplitNodes
+from onnxpipe.core.choices import BoundaryDtype, Phase, SplitNodes
 from onnxpipe.core.machine import available_cpu_count
 from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import CostSource, Profile
@@ -26,6 +26,7 @@ from onnxpipe.planning.orders import stages_auto
 from onnxpipe.planning.phases import make_two_phase_plan
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.planning.types import Plan
+from onnxpipe.planning.wire import compressed_profile, plan_with_wire
 from onnxpipe.planning.workers import make_interleaved_plan, make_plan
 
 
@@ -67,7 +68,12 @@ def planned(
             microbatches=request.schedule.stream_microbatches,
         )
         return dataclasses.replace(cut, plan=_finished(cut.plan, view, profile, request, bounded=False))
-    made = _plan(view, profile, request, phase_profiles, decoder)
+
+    def on_the_wire(wire: Mapping[str, BoundaryDtype]) -> Plan:  # compressed boundaries' bytes
+        phases = {ph: compressed_profile(view, p, wire) for ph, p in (phase_profiles or {}).items()}
+        return _plan(view, compressed_profile(view, profile, wire), request, phases, decoder)
+
+    made = plan_with_wire(view, profile, request, on_the_wire)
     return Planned(_finished(made, view, profile, request, bounded=True), view, profile)
 
 

@@ -17,6 +17,7 @@ from typing import Literal
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.choices import (
+    BoundaryDtype,
     DeviceOrder,
     LinkModel,
     Objective,
@@ -141,8 +142,13 @@ class PlanRequest:
     objective: Objective = Objective.THROUGHPUT
     """``throughput``: the slowest stage or link (a stream of requests); ``latency``: the sum of every
     stage and link, what one request alone (single-sequence decoding) waits for."""
+    boundary_dtype: BoundaryDtype = BoundaryDtype.FLOAT32
+    """What the float32 activations crossing a cut travel as (:mod:`onnxpipe.planning.wire`)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "boundary_dtype", choice(BoundaryDtype, self.boundary_dtype, "boundary_dtype")
+        )
         object.__setattr__(self, "split_nodes", choice(SplitNodes, self.split_nodes, "split_nodes"))
         object.__setattr__(self, "objective", choice(Objective, self.objective, "objective"))
         devices: object = self.devices  # a devices file may come as its path
@@ -268,6 +274,17 @@ class PlanRequest:
                 f"or {opt('link_model', LinkModel.OVERLAP)}, objective throughput); give "
                 f"{opt('split_nodes', SplitNodes.OFF)} "
                 "for this plan"
+            )
+        if self.boundary_dtype == BoundaryDtype.BFLOAT16:
+            raise UsageError(
+                f"{opt('boundary_dtype', BoundaryDtype.BFLOAT16)}: onnxruntime's Python API cannot hand a "
+                f"bfloat16 tensor from one stage to the next (numpy has no such type); choose "
+                f"{opt('boundary_dtype', BoundaryDtype.FLOAT16)}, which sends as few bytes"
+            )
+        if self.split_nodes == SplitNodes.AUTO and self.boundary_dtype != BoundaryDtype.FLOAT32:
+            raise UsageError(
+                f"{opt('split_nodes', SplitNodes.AUTO)} cuts nodes into parts whose boundaries stay float32; "
+                f"leave out {opt('boundary_dtype')} or {opt('split_nodes')}"
             )
         if self.objective == Objective.LATENCY:
             self._check_latency()

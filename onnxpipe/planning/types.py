@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from onnxpipe.cluster.costs import DeviceCosts
 from onnxpipe.cluster.model import Cluster
-from onnxpipe.core.choices import Phase
+from onnxpipe.core.choices import BoundaryDtype, Phase
 from onnxpipe.planning.records import PlanFigures, PlanSummary, SameValue
 from onnxpipe.schedule.timeline import Timeline
 
@@ -98,6 +98,8 @@ class Plan(PlanFigures):
     microbatch_size: int = 1
     stage_counts_tried: tuple[tuple[int, float], ...] = ()
     """``--stages auto``: each stage count tried and its bottleneck (``inf``: could not be made)."""
+    boundary_dtypes: Mapping[str, BoundaryDtype] = field(default_factory=dict)
+    """The float32 tensors crossing a cut that travel compressed, and as what (:mod:`.wire`)."""
 
     @property
     def k(self) -> int:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -58,6 +58,24 @@ QUANTIZED_OPS = frozenset(
 )
 
 
+BY_BOUNDARY: dict[str, Tolerance] = {
+    "float16": Tolerance(1e-2, 1e-3),
+    "bfloat16": Tolerance(5e-2, 1e-2),
+    "int8": Tolerance(1e-1, 1e-2),
+}
+"""The float outputs of a split whose boundaries cross compressed (``boundary_dtype``), relative to the
+output's scale (``max|a|``): each cut rounds an activation to 11 bits (float16, ~5e-4 of it), 8 bits
+(bfloat16, ~4e-3) or one step of 1/127 of its tensor's largest value (int8), and the layers after it carry
+that error on; a compression that breaks these is refused (docs/cli.md, ``--boundary-dtype``)."""
+
+
+def loosest_boundary(dtypes: Iterable[str]) -> str:
+    """Of the boundary dtypes of a split's stages, the one whose tolerance is loosest (float32: none
+    compressed)."""
+    wire = [d for d in dtypes if d in BY_BOUNDARY]
+    return max(wire, key=lambda d: BY_BOUNDARY[d].rtol, default="float32")
+
+
 def defaults_text(which: str) -> str:
     """The default ``rtol`` or ``atol`` (``which``) of each type, for the CLI's help."""
     float32 = Tolerance(DEFAULT_RTOL, DEFAULT_ATOL)
@@ -65,7 +83,19 @@ def defaults_text(which: str) -> str:
     return ", ".join(f"{name} {getattr(tol, which):g}" for name, tol in own if getattr(tol, which) > 0)
 
 
-def tolerance_for(dtype: str, *, quantized: bool = False, computes_in: str | None = None) -> Tolerance:
+def tolerance_for(
+    dtype: str, *, quantized: bool = False, computes_in: str | None = None, boundary: str = "float32"
+) -> Tolerance:
+    """:func:`own_tolerance`, or for a float output of a split with compressed boundaries (``boundary``:
+    their narrowest dtype) :data:`BY_BOUNDARY`'s where looser."""
+    own = own_tolerance(dtype, quantized=quantized, computes_in=computes_in)
+    wire = BY_BOUNDARY.get(boundary)
+    if wire is None or not dtype.startswith(("float", "bfloat")):
+        return own
+    return Tolerance(max(own.rtol, wire.rtol), max(own.atol, wire.atol))
+
+
+def own_tolerance(dtype: str, *, quantized: bool = False, computes_in: str | None = None) -> Tolerance:
     """The tolerance an output of element type ``dtype`` is verified at by default: its type's (float32's
     :data:`DEFAULT_RTOL` and :data:`DEFAULT_ATOL` for the others), or a quantized model's if looser;
     other integers and booleans must be equal.
@@ -140,10 +170,17 @@ class VerifyOptions:
                 f"leave {opt('shapes')} out"
             )
 
-    def tolerance(self, dtype: str, *, quantized: bool = False, computes_in: str | None = None) -> Tolerance:
+    def tolerance(
+        self,
+        dtype: str,
+        *,
+        quantized: bool = False,
+        computes_in: str | None = None,
+        boundary: str = "float32",
+    ) -> Tolerance:
         """The tolerance of an output of element type ``dtype``: the one given, else its type's (and the
-        model's, :func:`tolerance_for`)."""
-        own = tolerance_for(dtype, quantized=quantized, computes_in=computes_in)
+        model's and the boundaries', :func:`tolerance_for`)."""
+        own = tolerance_for(dtype, quantized=quantized, computes_in=computes_in, boundary=boundary)
         return Tolerance(
             own.rtol if self.rtol is None else self.rtol, own.atol if self.atol is None else self.atol
         )

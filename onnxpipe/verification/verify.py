@@ -41,7 +41,13 @@ from onnxpipe.verification import on_runtime as three_way
 from onnxpipe.verification.chain import run_stage_by_stage
 from onnxpipe.verification.compare import OutputComparison, compare, merge
 from onnxpipe.verification.on_runtime import OnRuntime
-from onnxpipe.verification.options import QUANTIZED_OPS, Tolerance, VerifyOptions
+from onnxpipe.verification.options import (
+    BY_BOUNDARY,
+    QUANTIZED_OPS,
+    Tolerance,
+    VerifyOptions,
+    loosest_boundary,
+)
 
 REFERENCE = EngineConfig()
 """What the original runs on, the reference every chain is held to: onnxruntime on the CPU."""
@@ -76,6 +82,9 @@ class VerifyReport:
     computes_in: str | None = None
     """The float type most of the model's arithmetic is in, where it is narrower than its float outputs'
     (a float16 model with float32 inputs and outputs): those outputs were held to its tolerance."""
+    boundary_dtype: str = "float32"
+    """The narrowest type the split's boundaries cross in (``boundary_dtype``): float outputs were held to
+    its tolerance (:data:`~onnxpipe.verification.options.BY_BOUNDARY`) where looser."""
 
     @property
     def ok(self) -> bool:
@@ -87,6 +96,9 @@ class VerifyReport:
         """What the verdict leaves out: a runtime's own difference from onnxruntime, and its size; and why
         float32 outputs were held to a narrower type's tolerance."""
         own = three_way.notes(self.outputs, self.on_runtime)
+        if self.boundary_dtype in BY_BOUNDARY:
+            bound = BY_BOUNDARY[self.boundary_dtype].describe()
+            own.insert(0, f"boundaries cross as {self.boundary_dtype}: float outputs are held to {bound}")
         if self.computes_in is None:
             return own
         return [
@@ -172,12 +184,16 @@ def verify_folder(out_dir: str | Path, options: VerifyOptions) -> VerifyReport:
     staged = run_stage_by_stage(d, all_feeds, threads=threads, check_files=False, engines=engines)
     quantized = any(n.op_type in QUANTIZED_OPS for n in view.nodes)
     computes_in = narrower_compute_type(view)
+    boundary = loosest_boundary(st.boundary_dtype for st in manifest.stages)
 
     def compared(
         want: Sequence[Mapping[str, Any]], got: Sequence[Mapping[str, Any]]
     ) -> tuple[OutputComparison, ...]:
         return compare_all(
-            names, want, got, lambda t: options.tolerance(t, quantized=quantized, computes_in=computes_in)
+            names,
+            want,
+            got,
+            lambda t: options.tolerance(t, quantized=quantized, computes_in=computes_in, boundary=boundary),
         )
 
     outputs = compared(expected, staged)
@@ -198,6 +214,7 @@ def verify_folder(out_dir: str | Path, options: VerifyOptions) -> VerifyReport:
         input_files=tuple(r.file for r in samples.records) if samples is not None else (),
         on_runtime=on_runtime,
         computes_in=computes_in,
+        boundary_dtype=boundary,
     )
 
 

@@ -42,7 +42,7 @@ from onnxpipe.runtime.report.model import BaselineReport, RunReport
 from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import CPU_PROVIDER, Placement, WorkerSpec, model_spec
 from onnxpipe.verification.compare import compare
-from onnxpipe.verification.options import DEFAULT_ATOL, DEFAULT_RTOL
+from onnxpipe.verification.options import BY_BOUNDARY, DEFAULT_ATOL, DEFAULT_RTOL, Tolerance, loosest_boundary
 
 Feeds = Mapping[str, np.ndarray]
 
@@ -261,16 +261,23 @@ def _pinned_first(placement: Placement, pin: bool) -> Placement:
 
 
 def compare_outputs(
-    expected: Sequence[Mapping[str, np.ndarray]], actual: Sequence[Mapping[str, np.ndarray]]
+    expected: Sequence[Mapping[str, np.ndarray]],
+    actual: Sequence[Mapping[str, np.ndarray]],
+    manifest: Manifest | None = None,
 ) -> tuple[bool, float]:
-    """Whether every output of ``actual`` matches ``expected`` (verify's tolerance); the worst rel diff."""
+    """Whether every output of ``actual`` matches ``expected`` (verify's tolerance, looser for ``manifest``'s
+    compressed boundaries); the worst rel diff."""
+    stages = manifest.stages if manifest is not None else ()
+    tol = BY_BOUNDARY.get(
+        loosest_boundary(st.boundary_dtype for st in stages), Tolerance(DEFAULT_RTOL, DEFAULT_ATOL)
+    )
     ok = len(expected) == len(actual)
     worst = 0.0
     for e, a in zip(expected, actual, strict=False):
         for name, value in e.items():
             if name not in a:
                 return False, math.inf
-            c = compare(name, value, a[name], rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL)
+            c = compare(name, value, a[name], rtol=tol.rtol, atol=tol.atol)
             ok = ok and c.ok
             worst = max(worst, c.max_rel_diff)
     return ok, worst
@@ -332,7 +339,7 @@ def add_baselines(
     worst: float | None = None
     if checked:
         expected = reference_outputs(model, [f for f, _ in checked], placement=place)
-        ok, worst = compare_outputs(expected, [o for _, o in checked])
+        ok, worst = compare_outputs(expected, [o for _, o in checked], pipeline.manifest)
     slowdown, at_speed = machine_speed(
         report, pipeline.manifest, baselines["session_1_thread"].throughput_per_s
     )
