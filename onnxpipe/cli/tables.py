@@ -114,11 +114,16 @@ def _dims(dims: tuple[Dim, ...] | None) -> str:
 
 
 def format_model_table(view: ModelView, s: ModelSummary) -> str:
-    """Per operator type: node count and parameter bytes; then the model's inputs and outputs (dtypes,
+    """Per operator type: node count and parameter bytes (each weight at its first reader, so that the
+    column sums to the model's weights); then the model's inputs and outputs (dtypes,
     dims with symbols by name), opsets, node counts, weights, control-flow nodes and external data."""
     params: Counter[str] = Counter()
+    seen: set[str] = set()  # a weight several nodes read (a tied embedding and LM head) counts once
     for n in view.nodes:
-        params[f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type] += n.param_bytes
+        fresh = [t for t in dict.fromkeys(n.reads) if t in view.weights and t not in seen]
+        seen.update(fresh)
+        op = f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
+        params[op] += sum(view.weights[t] for t in fresh)
     rows = [[op, f"{c}", human_bytes(params[op])] for op, c in s.op_counts]
     lines = [table(["op", "nodes", "params"], rows)]
     symbolic = False

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from onnxpipe.core.errors import ExportError
+from onnxpipe.core.options import opt
+from onnxpipe.core.text import human_bytes
 from onnxpipe.export.boundary import BoundaryTypes
 from onnxpipe.export.contract import ContractMaker
 from onnxpipe.export.options import ExportOptions
@@ -43,24 +45,63 @@ class SharedWeights:
     """Weights copied into more than one stage.
 
     ``per_stage[i]``: bytes of stage ``i``'s weights that some other stage also holds;
-    ``duplicated``: bytes written more than once over all stages (each weight's size times its copies
-    beyond the first), what splitting adds to the model's size.
+    ``duplicated``: bytes held more than once over the workers (each weight's size times the workers
+    beyond the first that hold it; stages of one worker count once), what splitting adds to the memory;
+    ``notes``: where a large shared weight (a tied embedding and LM head) is held, once or not.
     """
 
     per_stage: tuple[int, ...]
     duplicated: int
+    notes: tuple[str, ...] = ()
 
 
-def shared_weights(view: ModelView, weights_per_stage: Sequence[Sequence[str]]) -> SharedWeights:
-    """Count the weights held by several stages (``weights_per_stage[i]``: initializer names of stage i)."""
-    copies: dict[str, int] = {}
-    for names in weights_per_stage:
-        for t in set(names):
-            copies[t] = copies.get(t, 0) + 1
+SHARED_NOTE_SHARE = 0.01
+"""A weight shared by stages is named in a note from this share of the model's weights on: a tied token
+embedding and LM head (about 16% of a 0.5B model), not the small constants exporters share."""
+
+
+def shared_weights(
+    view: ModelView, weights_per_stage: Sequence[Sequence[str]], workers: Sequence[int] | None = None
+) -> SharedWeights:
+    """Count the weights held by several stages (``weights_per_stage[i]``: initializer names of stage i)
+    and by several workers (``workers[i]``: stage i's; default a worker per stage)."""
+    holders: dict[str, list[int]] = {}
+    for s, names in enumerate(weights_per_stage):
+        for t in dict.fromkeys(names):
+            holders.setdefault(t, []).append(s)
+    worker = list(workers) if workers is not None else list(range(len(weights_per_stage)))
     size = view.initializers
-    per_stage = tuple(sum(size.get(t, 0) for t in set(names) if copies[t] > 1) for names in weights_per_stage)
-    duplicated = sum(size.get(t, 0) * (n - 1) for t, n in copies.items())
-    return SharedWeights(per_stage=per_stage, duplicated=duplicated)
+    per_stage = tuple(
+        sum(size.get(t, 0) for t in set(names) if len(holders[t]) > 1) for names in weights_per_stage
+    )
+    held = {t: sorted({worker[s] for s in stages}) for t, stages in holders.items()}
+    duplicated = sum(size.get(t, 0) * (len(w) - 1) for t, w in held.items())
+    large = SHARED_NOTE_SHARE * view.param_bytes
+    notes = tuple(
+        _shared_note(t, size[t], holders[t], held[t], len(weights_per_stage), max(worker) + 1)
+        for t in sorted(holders, key=lambda t: -size.get(t, 0))
+        if len(holders[t]) > 1 and size.get(t, 0) >= large
+    )
+    return SharedWeights(per_stage=per_stage, duplicated=duplicated, notes=notes)
+
+
+def _shared_note(
+    tensor: str, nbytes: int, stages: Sequence[int], workers: Sequence[int], k: int, w: int
+) -> str:
+    """Where a weight several stages read (a tied embedding and LM head) is held, and how to hold it once."""
+    read = f"weight {tensor} ({human_bytes(nbytes)}) is read by stages {', '.join(map(str, stages))}"
+    if len(workers) == 1:
+        return f"{read}, all on worker {workers[0]}: held once"
+    hint = ""
+    if stages[0] == 0 and stages[-1] == k - 1:  # the first and last stages: put them on one worker
+        hint = (
+            f"; {opt('stages', k + 1)} {opt('workers', w)} deals the last stage back "
+            "to worker 0 with the first, which then holds it once"
+        )
+    return (
+        f"{read} on workers {', '.join(map(str, workers))}: held {len(workers)} times "
+        f"({human_bytes(nbytes * (len(workers) - 1))} more), each worker loading its own stages{hint}"
+    )
 
 
 def build_manifest(
@@ -95,7 +136,7 @@ def build_manifest(
         cluster=plan.cluster,
         device_costs=tuple(DeviceRecord(d.device, d.method, d.source) for d in plan.device_costs),
         verification=VerificationRecord("unverified"),  # until a verification records its result
-        plan=plan.summary(shared.duplicated, contract.notes),
+        plan=plan.summary(shared.duplicated, (*contract.notes, *shared.notes)),
         schedule=_schedule(plan, options.microbatches),
     )
 

@@ -199,7 +199,8 @@ def stage_file_problems(directory: Path, manifest: Manifest) -> list[str]:
 
 def _check_workers(m: Manifest, doc: Document) -> None:
     """Every stage has a worker exactly when ``plan.workers`` is given, each worker runs a stage, and
-    stage ``s`` runs on worker ``s % workers`` (the only assignment the planner makes)."""
+    stage ``s`` runs on worker ``s % workers`` (the only assignment the planner makes: ``V * workers``
+    stages, or one more whose last is back on worker 0 with the first)."""
     fail = doc.fail
     given = [st.worker is not None for st in m.stages]
     if m.plan.workers is None:
@@ -211,7 +212,7 @@ def _check_workers(m: Manifest, doc: Document) -> None:
             raise fail("schedule.devices[0].worker", "is given but plan.workers is not")
         return
     workers = m.plan.workers
-    if workers > m.k or m.k % workers:
+    if workers > m.k or m.k % workers > 1:
         raise fail("plan.workers", f"{workers} workers cannot each run the same number of the {m.k} stages")
     for i, st in enumerate(m.stages):
         if st.worker is None:

@@ -150,16 +150,17 @@ def make_interleaved_plan(
     profile.check_matches(view)
     k, workers = request.stages, request.workers
     assert isinstance(k, int) and workers is not None  # the planner's interleaved request
-    if workers < 1 or k % workers or k == workers:
+    if workers < 1 or k % workers > 1 or k <= workers:
         raise PartitionError(
             f"{view.label}: {opt('workers', workers)} must divide {opt('stages', k)} into two or more stages "
-            f"per worker (for example {opt('stages', 2 * max(workers, 1))} {opt('workers', max(workers, 1))})"
+            f"per worker, or one stage more (for example {opt('stages', 2 * max(workers, 1))} "
+            f"{opt('workers', max(workers, 1))})"
         )
     time_slack = DEFAULT_TIME_SLACK if request.time_slack is None else request.time_slack
     items = _Items.of(view, profile, decoder, request.decoder)
     notes: list[str] = []
     try:
-        part = items.solve(k // workers, workers, request.bandwidth_bytes_per_s, time_slack, notes)
+        part = items.solve(k, workers, request.bandwidth_bytes_per_s, time_slack, notes)
     except PartitionError as e:
         raise PartitionError(f"{view.label}: {e}") from e
     dealt = _dealt_stages(view, profile, request, items, part, decoder)
@@ -214,7 +215,7 @@ class _Items:
         return _Items(seq, item_mem, layers.coarse_costs, layers.coarse_cut_bytes, mems, layers, coarse_ok)
 
     def solve(
-        self, per_worker: int, workers: int, bandwidth_bytes_per_s: float, time_slack: float, notes: list[str]
+        self, stages: int, workers: int, bandwidth_bytes_per_s: float, time_slack: float, notes: list[str]
     ) -> InterleavedPartition:
         """The exact interleaved split, its bounds over the compute nodes; fused groups kept whole while
         that costs little (``notes`` says when not), a decoder cut between layer groups only."""
@@ -223,7 +224,7 @@ class _Items:
             return solve_interleaved(
                 self.costs,
                 workers,
-                per_worker,
+                stages,
                 item_mem=self.mems,
                 cut_bytes=self.cuts,
                 bandwidth=bandwidth_bytes_per_s,
