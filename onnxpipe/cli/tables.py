@@ -46,7 +46,9 @@ def format_manifest_table(manifest: Manifest, *, files_changed: bool = False) ->
     workers = (
         [manifest.worker_of(i) for i in range(manifest.k)] if manifest.plan.workers is not None else None
     )
-    bottleneck, worker_lines = _by_worker(workers, costs, [s.param_bytes for s in manifest.stages])
+    bottleneck, worker_lines = _by_worker(
+        workers, costs, [s.param_bytes for s in manifest.stages], manifest.plan.worker_param_bytes
+    )
     rows = []
     for s, cost in zip(manifest.stages, costs, strict=True):
         share = cost / bottleneck if bottleneck > 0 else 0.0
@@ -230,9 +232,13 @@ def format_decoder_stages(manifest: Manifest) -> str:
 
 
 def _by_worker(
-    workers: Sequence[int] | None, costs: Sequence[float], params: Sequence[int]
+    workers: Sequence[int] | None,
+    costs: Sequence[float],
+    params: Sequence[int],
+    worker_params: Sequence[int] | None = None,
 ) -> tuple[float, list[str]]:
-    """The bottleneck the share column is relative to, and a line per worker of an interleaved split.
+    """The bottleneck the share column is relative to, and a line per worker of an interleaved split
+    (its weights ``worker_params[w]`` where given, each tensor once, else its stages' ``params`` summed).
 
     With a worker per stage (``workers`` None) the bottleneck is the slowest stage and there are no
     lines; where stages share workers it is the busiest worker's time, all its stages together.
@@ -245,7 +251,7 @@ def _by_worker(
     lines = [
         f"worker {w}: stages {', '.join(map(str, stages))}, {loads[w] * 1e3:.3f} ms "
         f"({loads[w] / bottleneck if bottleneck > 0 else 0.0:.0%} of the bottleneck), "
-        f"params {human_bytes(sum(params[s] for s in stages))}"
+        f"params {human_bytes(worker_params[w] if worker_params else sum(params[s] for s in stages))}"
         for w, stages in sorted(groups.items())
     ]
     return bottleneck, lines

@@ -53,6 +53,8 @@ class SharedWeights:
     per_stage: tuple[int, ...]
     duplicated: int
     notes: tuple[str, ...] = ()
+    per_worker: tuple[int, ...] = ()
+    """Each worker's weight bytes, every tensor of its stages once."""
 
 
 SHARED_NOTE_SHARE = 0.01
@@ -76,13 +78,17 @@ def shared_weights(
     )
     held = {t: sorted({worker[s] for s in stages}) for t, stages in holders.items()}
     duplicated = sum(size.get(t, 0) * (len(w) - 1) for t, w in held.items())
+    per_worker = [0] * (max(worker, default=-1) + 1)
+    for t, ws in held.items():
+        for w in ws:
+            per_worker[w] += size.get(t, 0)
     large = SHARED_NOTE_SHARE * view.param_bytes
     notes = tuple(
         _shared_note(t, size[t], holders[t], held[t], len(weights_per_stage), max(worker) + 1)
         for t in sorted(holders, key=lambda t: -size.get(t, 0))
         if len(holders[t]) > 1 and size.get(t, 0) >= large
     )
-    return SharedWeights(per_stage=per_stage, duplicated=duplicated, notes=notes)
+    return SharedWeights(per_stage, duplicated, notes, tuple(per_worker))
 
 
 def _shared_note(
@@ -136,7 +142,10 @@ def build_manifest(
         cluster=plan.cluster,
         device_costs=tuple(DeviceRecord(d.device, d.method, d.source) for d in plan.device_costs),
         verification=VerificationRecord("unverified"),  # until a verification records its result
-        plan=plan.summary(shared.duplicated, (*contract.notes, *shared.notes)),
+        plan=replace(
+            plan.summary(shared.duplicated, (*contract.notes, *shared.notes)),
+            worker_param_bytes=shared.per_worker if plan.workers is not None else None,
+        ),
         schedule=_schedule(plan, options.microbatches),
     )
 

@@ -210,6 +210,8 @@ def _check_workers(m: Manifest, doc: Document) -> None:
             raise fail("plan.time_slack", "is given but plan.workers is not")
         if m.schedule.workers is not None:
             raise fail("schedule.devices[0].worker", "is given but plan.workers is not")
+        if m.plan.worker_param_bytes is not None:
+            raise fail("plan.worker_param_bytes", "is given but plan.workers is not")
         return
     workers = m.plan.workers
     if workers > m.k or m.k % workers > 1:
@@ -221,6 +223,11 @@ def _check_workers(m: Manifest, doc: Document) -> None:
             raise fail(
                 f"stages[{i}].worker", f"expected {i % workers} (stage s runs on worker s % {workers})"
             )
+    held = m.plan.worker_param_bytes
+    if held is not None and len(held) != workers:
+        raise fail(
+            "plan.worker_param_bytes", f"gives {len(held)} workers' weights; plan.workers is {workers}"
+        )
     sched = m.schedule.workers
     if sched is None:
         raise fail("schedule.devices[0].worker", "missing; plan.workers says the stages share workers")

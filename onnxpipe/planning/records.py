@@ -180,4 +180,8 @@ class PlanSummary(PlanFigures):
     ratio_to_lower_bound: float
     profiled_input_shapes: Mapping[str, tuple[int, ...]]
     duplicated_param_bytes: int = 0
-    """Bytes of weights written into more than one stage file."""
+    """Bytes of weights held by more than one worker (each weight's bytes times the workers beyond the
+    first that hold it; the stages of one worker count it once)."""
+    worker_param_bytes: tuple[int, ...] | None = None
+    """With ``workers``: each worker's weight bytes, every tensor its stages hold counted once (a tied
+    embedding and LM head on one worker's first and last stage, once); absent otherwise."""

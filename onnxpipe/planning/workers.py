@@ -270,7 +270,7 @@ def _dealt_stages(
         )
         summary = decoder_summary(view, profile, decoder, options, profile_phase(profile, decoder))
     stages = tuple(replace(st, worker=part.workers[st.index]) for st in specs)
-    mem = ", ".join(f"{m / 2**20:.1f}" for m in part.worker_memory)
+    mem = ", ".join(f"{m / 2**20:.1f}" for m in _worker_weights(view, stages, workers))
     slower = part.bottleneck / part.fastest - 1 if part.fastest > 0 else 0.0  # all-zero costs: all tie
     notes = [
         f"{len(stages)} stages interleaved on {workers} workers (stage s on worker s % {workers}); weights "
@@ -288,6 +288,18 @@ def _dealt_stages(
         if copied:
             notes.append(copied)
     return _Dealt(stages, part, tuple(notes), summary)
+
+
+def _worker_weights(view: ModelView, stages: Sequence[StageSpec], workers: int) -> list[int]:
+    """Each worker's weight bytes, every tensor its stages' nodes read counted once: a weight two of its
+    stages share (a tied embedding and LM head) once, one its stages share with another worker's on
+    both."""
+    by_name = view.node_by_name
+    held: list[set[str]] = [set() for _ in range(workers)]
+    for st in stages:
+        for name in (*st.node_names, *st.constant_nodes, *st.recomputed_nodes):
+            held[st.worker or 0].update(t for t in by_name[name].reads if t in view.weights)
+    return [sum(view.weights[t] for t in h) for h in held]
 
 
 def _contiguous_comparison(

@@ -16,7 +16,9 @@ from cli_runner import run as cli_run
 from paths import SAMPLE_MODELS
 
 from onnxpipe.api import SplitOptions, split
+from onnxpipe.cli.tables import format_manifest_table
 from onnxpipe.core.choices import CostSource
+from onnxpipe.core.text import human_bytes
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import load_manifest
@@ -48,11 +50,24 @@ def test_the_table_is_held_twice_on_two_workers_and_once_when_first_and_last_sha
     after = load_manifest(_split(tmp_path / "k3w2", PlanRequest(3, workers=2)))
     interleaved = load_manifest(_split(tmp_path / "k4w2", PlanRequest(4, workers=2)))
     print(
+        f"worker_param_bytes: 4 stages on 2 workers {interleaved.plan.worker_param_bytes}, "
+        f"3 stages on 2 workers {after.plan.worker_param_bytes}; "
         f"duplicated_param_bytes: 2 stages {before.plan.duplicated_param_bytes}, "
         f"4 stages on 2 workers {interleaved.plan.duplicated_param_bytes}, "
         f"3 stages on 2 workers {after.plan.duplicated_param_bytes}"
     )
     assert [after.worker_of(s) for s in range(3)] == [0, 1, 0]
+    # a worker's weights: each tensor of its stages once; over the workers, the model's and what is
+    # held twice
+    held = after.plan.worker_param_bytes
+    assert held is not None and before.plan.worker_param_bytes is None  # a worker per stage: the stages'
+    assert after.stages[0].param_bytes + after.stages[2].param_bytes - held[0] >= TABLE_BYTES
+    assert "worker 0: stages 0, 2, " in format_manifest_table(after)
+    assert format_manifest_table(after).endswith(f"params {human_bytes(held[1])}")
+    assert f"), params {human_bytes(held[0])}\nworker 1" in format_manifest_table(after)
+    weights = load_model(MODEL).param_bytes
+    for m in (after, interleaved):
+        assert sum(m.plan.worker_param_bytes or ()) == weights + m.plan.duplicated_param_bytes
     assert before.plan.duplicated_param_bytes - after.plan.duplicated_param_bytes == TABLE_BYTES
     assert interleaved.plan.duplicated_param_bytes == before.plan.duplicated_param_bytes
     twice = next(n for n in before.plan.notes if n.startswith(f"weight {TABLE}"))
