@@ -84,22 +84,36 @@ def shared_weights(
             per_worker[w] += size.get(t, 0)
     large = SHARED_NOTE_SHARE * view.param_bytes
     notes = tuple(
-        _shared_note(t, size[t], holders[t], held[t], len(weights_per_stage), max(worker) + 1)
+        _shared_note(
+            t, size[t], holders[t], held[t], len(weights_per_stage), max(worker) + 1, _at_ends(view, t)
+        )
         for t in sorted(holders, key=lambda t: -size.get(t, 0))
         if len(holders[t]) > 1 and size.get(t, 0) >= large
     )
     return SharedWeights(per_stage, duplicated, notes, tuple(per_worker))
 
 
+def _at_ends(view: ModelView, tensor: str) -> bool:
+    """Whether only nodes of the model's first and last quarters read ``tensor``, of both: a tied
+    embedding and LM head's table, not a table every layer reads (the rotary cos and sin)."""
+    n = len(view.nodes)
+    ends = {
+        "first" if i < n / 4 else "last" if i >= 3 * n / 4 else "middle"
+        for i in view.consumers.get(tensor, ())
+    }
+    return ends == {"first", "last"}
+
+
 def _shared_note(
-    tensor: str, nbytes: int, stages: Sequence[int], workers: Sequence[int], k: int, w: int
+    tensor: str, nbytes: int, stages: Sequence[int], workers: Sequence[int], k: int, w: int, at_ends: bool
 ) -> str:
-    """Where a weight several stages read (a tied embedding and LM head) is held, and how to hold it once."""
+    """Where a weight several stages read is held, and, for a table read at both ends of the model only
+    (a tied embedding and LM head) by the first and the last stage, how to hold it once."""
     read = f"weight {tensor} ({human_bytes(nbytes)}) is read by stages {', '.join(map(str, stages))}"
     if len(workers) == 1:
         return f"{read}, all on worker {workers[0]}: held once"
     hint = ""
-    if stages[0] == 0 and stages[-1] == k - 1:  # the first and last stages: put them on one worker
+    if at_ends and tuple(stages) == (0, k - 1):  # the first and last stages: put them on one worker
         hint = (
             f"; {opt('stages', k + 1)} {opt('workers', w)} deals the last stage back "
             "to worker 0 with the first, which then holds it once"

@@ -8,6 +8,7 @@ on K workers holds it on two workers; ``--stages V*W+1 --workers W`` deals the l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import load_manifest
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.runtime.generation.generator import Generator
+from tests.integration.test_builder_decoders import greedy
 from tests.integration.test_generate import PROMPTS, reference
 
 MODEL = SAMPLE_MODELS / "decoders" / "llama_tied.onnx"
@@ -92,3 +94,33 @@ def test_inspect_counts_a_shared_table_once(capfd: pytest.CaptureFixture[str]) -
     total = sum(float(r[2]) * units[r[3]] for r in table.values())
     assert abs(total - load_model(MODEL).param_bytes) < 0.05 * 2**10 * len(table)
     assert table["Gather"][2:4] == ["16.0", "KiB"] and table["Transpose"][2:4] == ["0", "B"]
+
+
+@pytest.mark.slow
+def test_a_builder_int4_table_shared_by_gather_and_matmulnbits_is_held_once(
+    genai_builder: Callable[..., Path], tmp_path: Path
+) -> None:
+    """ONNX Runtime GenAI's builder ties an int4 model's embedding to its LM head: ``GatherBlockQuantized``
+    reads the ``MatMulNBits`` head's own 4-bit blocks and scales.  3 stages on 2 workers hold them once."""
+    folder = genai_builder("qwen2", "int4", True)
+    model = folder / "model.onnx"
+    view = load_model(model)
+    table = next(t for t in view.weights if t.endswith("weight_Q4") and "lm_head" in t)
+    scales = table.replace("weight_Q4", "weight_scales")
+    readers = {view.nodes[i].op_type for t in (table, scales) for i in view.consumers[t]}
+    assert {"GatherBlockQuantized", "MatMulNBits"} <= readers  # the blocks also through a Reshape
+    options = partial(SplitOptions, profile=ProfileOptions(cost=CostSource.STATIC), verify=False)
+    split(model, options(out=tmp_path / "k2", plan=PlanRequest(2)))
+    split(model, options(out=tmp_path / "k3w2", plan=PlanRequest(3, workers=2)))
+    before, after = load_manifest(tmp_path / "k2"), load_manifest(tmp_path / "k3w2")
+    tied = view.weights[table] + view.weights[scales]
+    print(
+        f"int4 tied table {tied} B; duplicated_param_bytes {before.plan.duplicated_param_bytes} at 2 "
+        f"stages, {after.plan.duplicated_param_bytes} at 3 stages on 2 workers"
+    )
+    assert before.plan.duplicated_param_bytes - after.plan.duplicated_param_bytes == tied
+    assert any(n.startswith(f"weight {table}") and n.endswith("held once") for n in after.plan.notes)
+    prompt = (5, 17, 3, 99, 42, 8)
+    with Generator.open(tmp_path / "k3w2") as pipe:
+        got = pipe.generate([prompt], 12)
+    assert list(got.tokens[0]) == greedy(folder, prompt, 12)
