@@ -265,7 +265,9 @@ def format_plan_table(plan: Plan) -> str:
         max(s.compute_seconds, s.transfer_seconds) if plan.cluster else s.cost_seconds for s in plan.stages
     ]
     workers = [s.worker if s.worker is not None else s.index for s in plan.stages] if plan.workers else None
-    bottleneck, worker_lines = _by_worker(workers, costs, [s.param_bytes for s in plan.stages])
+    bottleneck, worker_lines = _by_worker(
+        workers, costs, [s.param_bytes for s in plan.stages], plan.worker_param_bytes
+    )
     caps = plan.cluster.mem_caps if plan.cluster is not None else None
     rows = []
     for i, (s, cost) in enumerate(zip(plan.stages, costs, strict=True)):

@@ -180,6 +180,7 @@ def make_interleaved_plan(
         objective=INTERLEAVED_OBJECTIVE,
         workers=workers,
         time_slack=time_slack,
+        worker_param_bytes=dealt.weights,
         decoder=dealt.decoder,
     )
 
@@ -248,6 +249,8 @@ class _Dealt:
     part: InterleavedPartition
     notes: tuple[str, ...]
     decoder: DecoderRecord | None
+    weights: tuple[int, ...]
+    """Each worker's weight bytes, every tensor once (:func:`_worker_weights`)."""
 
 
 def _dealt_stages(
@@ -270,7 +273,8 @@ def _dealt_stages(
         )
         summary = decoder_summary(view, profile, decoder, options, profile_phase(profile, decoder))
     stages = tuple(replace(st, worker=part.workers[st.index]) for st in specs)
-    mem = ", ".join(f"{m / 2**20:.1f}" for m in _worker_weights(view, stages, workers))
+    weights = _worker_weights(view, stages, workers)
+    mem = ", ".join(f"{m / 2**20:.1f}" for m in weights)
     slower = part.bottleneck / part.fastest - 1 if part.fastest > 0 else 0.0  # all-zero costs: all tie
     notes = [
         f"{len(stages)} stages interleaved on {workers} workers (stage s on worker s % {workers}); weights "
@@ -287,10 +291,10 @@ def _dealt_stages(
         )
         if copied:
             notes.append(copied)
-    return _Dealt(stages, part, tuple(notes), summary)
+    return _Dealt(stages, part, tuple(notes), summary, weights)
 
 
-def _worker_weights(view: ModelView, stages: Sequence[StageSpec], workers: int) -> list[int]:
+def _worker_weights(view: ModelView, stages: Sequence[StageSpec], workers: int) -> tuple[int, ...]:
     """Each worker's weight bytes, every tensor its stages' nodes read counted once: a weight two of its
     stages share (a tied embedding and LM head) once, one its stages share with another worker's on
     both."""
@@ -299,7 +303,7 @@ def _worker_weights(view: ModelView, stages: Sequence[StageSpec], workers: int) 
     for st in stages:
         for name in (*st.node_names, *st.constant_nodes, *st.recomputed_nodes):
             held[st.worker or 0].update(t for t in by_name[name].reads if t in view.weights)
-    return [sum(view.weights[t] for t in h) for h in held]
+    return tuple(sum(view.weights[t] for t in h) for h in held)
 
 
 def _contiguous_comparison(

@@ -21,8 +21,10 @@ from onnxpipe.cli.tables import format_manifest_table
 from onnxpipe.core.choices import CostSource
 from onnxpipe.core.text import human_bytes
 from onnxpipe.cost.options import ProfileOptions
+from onnxpipe.cost.source import get_profile
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import load_manifest
+from onnxpipe.planning.planner import plan
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.runtime.generation.generator import Generator
 from tests.integration.test_builder_decoders import greedy
@@ -67,7 +69,10 @@ def test_the_table_is_held_twice_on_two_workers_and_once_when_first_and_last_sha
     assert "worker 0: stages 0, 2, " in format_manifest_table(after)
     assert format_manifest_table(after).endswith(f"params {human_bytes(held[1])}")
     assert f"), params {human_bytes(held[0])}\nworker 1" in format_manifest_table(after)
-    weights = load_model(MODEL).param_bytes
+    view = load_model(MODEL)
+    weights = view.param_bytes
+    planned = plan(view, get_profile(view, ProfileOptions(cost="static")), PlanRequest(3, workers=2))
+    assert planned.worker_param_bytes == held  # the planner's figure, as the stage files hold them
     for m in (after, interleaved):
         assert sum(m.plan.worker_param_bytes or ()) == weights + m.plan.duplicated_param_bytes
     assert before.plan.duplicated_param_bytes - after.plan.duplicated_param_bytes == TABLE_BYTES
