@@ -8,6 +8,7 @@ on K workers holds it on two workers; ``--stages V*W+1 --workers W`` deals the l
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -99,6 +100,13 @@ def test_inspect_counts_a_shared_table_once(capfd: pytest.CaptureFixture[str]) -
     total = sum(float(r[2]) * units[r[3]] for r in table.values())
     assert abs(total - load_model(MODEL).param_bytes) < 0.05 * 2**10 * len(table)
     assert table["Gather"][2:4] == ["16.0", "KiB"] and table["Transpose"][2:4] == ["0", "B"]
+    args = ["plan", MODEL, "-k", "3", "--workers", "2", "--cost", "static", "--json"]
+    code, out, err = cli_run(args, capfd)
+    assert code == 0, err
+    planned = json.loads(out)["plan"]
+    stages = [s["param_bytes"] for s in planned["stages"]]
+    held = planned["worker_param_bytes"]  # worker 0 (stages 0 and 2) holds the table once
+    assert len(held) == 2 and stages[0] + stages[2] - held[0] >= TABLE_BYTES and held[1] == stages[1]
 
 
 @pytest.mark.slow
