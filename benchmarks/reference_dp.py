@@ -124,7 +124,7 @@ def reference_interleaved(
 ) -> InterleavedPartition:
     """The test oracle: every split scored one by one with :meth:`_Sums.score`, the criteria applied
     literally."""
-    t = _sums(costs, workers, stages_per_worker, item_mem, cut_bytes, bandwidth, allowed_cuts)
+    t = _sums(costs, workers, workers * stages_per_worker, item_mem, cut_bytes, bandwidth, allowed_cuts)
     scored = []
     for inner in itertools.combinations((int(p) for p in t.positions), t.stages - 1):
         bounds = (0, *inner, t.n)

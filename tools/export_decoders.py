@@ -107,7 +107,9 @@ class DecoderSpec:
         return ("logits", *(f"present.{i}.{kv}" for i in range(self.layers) for kv in ("key", "value")))
 
 
-def _llama(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int) -> dict[str, Any]:
+def _llama(
+    hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int, tied: bool = False
+) -> dict[str, Any]:
     return {
         "vocab_size": vocab,
         "hidden_size": hidden,
@@ -117,7 +119,7 @@ def _llama(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab:
         "num_key_value_heads": kv_heads,
         "max_position_embeddings": 1024,
         "initializer_range": INIT_RANGE,
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": tied,
         "bos_token_id": 0,
         "eos_token_id": 1,
     }
@@ -141,6 +143,8 @@ SPECS: dict[str, DecoderSpec] = {
     "llama_gqa": DecoderSpec("llama_gqa", "llama", _llama(32, 4, 4, 2, 64, 128)),
     "qwen2": DecoderSpec("qwen2", "qwen2", _llama(32, 4, 4, 2, 64, 128)),
     "gpt2": DecoderSpec("gpt2", "gpt2", _gpt2(32, 4, 4, 128)),
+    # the LM head reads the token embedding's table (tie_word_embeddings), held once in the file
+    "llama_tied": DecoderSpec("llama_tied", "llama", _llama(32, 4, 4, 2, 64, 128, tied=True)),
     # small: built in the cache for the benchmarks (compute, not per-node overhead, dominates)
     "llama_gqa_small": DecoderSpec("llama_gqa_small", "llama", _llama(256, 8, 8, 2, 704, 1024)),
     "qwen2_small": DecoderSpec("qwen2_small", "qwen2", _llama(256, 8, 8, 2, 704, 1024)),
@@ -149,7 +153,7 @@ SPECS: dict[str, DecoderSpec] = {
     # LLM's cannot; the small ones (25 MB) can when run back to back, and a generation step's costs change
     "llama_gqa_medium": DecoderSpec("llama_gqa_medium", "llama", _llama(768, 8, 12, 4, 2048, 8192)),
 }
-TINY = ("llama_gqa", "qwen2", "gpt2")
+TINY = ("llama_gqa", "qwen2", "gpt2", "llama_tied")
 """The models :func:`main` writes by default (into ``sample_models/decoders/``)."""
 BUILDER_STYLE = ("llama_gqa",)
 """The models also written in the builder's style (``<name>_builder.onnx``): an RMS-norm model."""
@@ -270,8 +274,31 @@ def export(name: str, path: Path, *, past: bool = True) -> Path:
         keep = [p for p in node.metadata_props if p.key == SCOPE_KEY]
         del node.metadata_props[:]
         node.metadata_props.extend(keep)
+    if spec.config.get("tie_word_embeddings"):
+        tie_lm_head(proto)
     onnx.save(proto, str(path))
     return path
+
+
+def tie_lm_head(proto: onnx.ModelProto) -> None:
+    """Make the LM head read the token embedding's table through a ``Transpose``, as tied files hold it
+    (once): the exporter folds ``lm_head.weight.T`` into an initializer of its own, a second copy."""
+    from onnx import helper, numpy_helper
+
+    graph = proto.graph
+    inits = {t.name: t for t in graph.initializer}
+    table = next(n.input[0] for n in graph.node if n.op_type == "Gather" and n.input[0] in inits)
+    transposed = numpy_helper.to_array(inits[table]).T
+    copy = next(
+        t.name
+        for t in graph.initializer
+        if t.name != table
+        and tuple(t.dims) == transposed.shape
+        and np.array_equal(numpy_helper.to_array(t), transposed)
+    )
+    graph.initializer.remove(inits[copy])
+    at = next(i for i, n in enumerate(graph.node) if copy in n.input)
+    graph.node.insert(at, helper.make_node("Transpose", [table], [copy], name="lm_head_tied", perm=[1, 0]))
 
 
 def builder_style(src: Path, dst: Path) -> Path:

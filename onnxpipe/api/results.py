@@ -208,7 +208,15 @@ def plan_obj(plan: Plan, extra: Mapping[str, Any] | None = None) -> dict[str, An
         "bandwidth_bytes_per_s": num(plan.bandwidth_bytes_per_s),
         "profiled_input_shapes": {k: list(v) for k, v in plan.input_shapes.items()},
         "notes": list(plan.notes),
-        **({} if plan.workers is None else {"workers": plan.workers, "time_slack": plan.time_slack}),
+        **(
+            {}
+            if plan.workers is None
+            else {
+                "workers": plan.workers,
+                "time_slack": plan.time_slack,
+                "worker_param_bytes": list(plan.worker_param_bytes or ()),
+            }
+        ),
         **({} if plan.link_model is None else {"link_model": plan.link_model}),
         **({} if plan.optimized_for is None else {"optimized_for": plan.optimized_for}),
         "latency_seconds": num(plan.latency_seconds),

@@ -54,7 +54,9 @@ def format_manifest_table(manifest: api.Manifest, *, files_changed: bool = False
     workers = (
         [manifest.worker_of(i) for i in range(manifest.k)] if manifest.plan.workers is not None else None
     )
-    bottleneck, worker_lines = _by_worker(workers, costs, [s.param_bytes for s in stages])
+    bottleneck, worker_lines = _by_worker(
+        workers, costs, [s.param_bytes for s in stages], manifest.plan.worker_param_bytes
+    )
     head = _columns(
         ("stage", [f"{s.index}" for s in stages]),
         ("device", [s.device if workers is None else f"worker {workers[s.index]}" for s in stages]),
@@ -109,11 +111,16 @@ def _dims(dims: tuple[Dim, ...] | None) -> str:
 
 
 def format_model_table(view: api.ModelView, s: api.ModelSummary) -> str:
-    """Per operator type: node count and parameter bytes; then the model's inputs and outputs (dtypes,
+    """Per operator type: node count and parameter bytes (each weight at its first reader, so that the
+    column sums to the model's weights); then the model's inputs and outputs (dtypes,
     dims with symbols by name), opsets, node counts, weights, control-flow nodes and external data."""
     params: Counter[str] = Counter()
+    seen: set[str] = set()  # a weight several nodes read (a tied embedding and LM head) counts once
     for n in view.nodes:
-        params[f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type] += n.param_bytes
+        fresh = [t for t in dict.fromkeys(n.reads) if t in view.weights and t not in seen]
+        seen.update(fresh)
+        op = f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
+        params[op] += sum(view.weights[t] for t in fresh)
     rows = [[op, f"{c}", human_bytes(params[op])] for op, c in s.op_counts]
     lines = [table(["op", "nodes", "params"], rows)]
     symbolic = False
@@ -218,9 +225,13 @@ def _decoder_stages(manifest: api.Manifest) -> str:
 
 
 def _by_worker(
-    workers: Sequence[int] | None, costs: Sequence[float], params: Sequence[int]
+    workers: Sequence[int] | None,
+    costs: Sequence[float],
+    params: Sequence[int],
+    worker_params: Sequence[int] | None = None,
 ) -> tuple[float, list[str]]:
-    """The bottleneck the share column is relative to, and a line per worker of an interleaved split.
+    """The bottleneck the share column is relative to, and a line per worker of an interleaved split
+    (its weights ``worker_params[w]`` where given, each tensor once, else its stages' ``params`` summed).
 
     With a worker per stage (``workers`` None) the bottleneck is the slowest stage and there are no
     lines; where stages share workers it is the busiest worker's time, all its stages together.
@@ -233,7 +244,7 @@ def _by_worker(
     lines = [
         f"worker {w}: stages {', '.join(map(str, stages))}, {loads[w] * 1e3:.3f} ms "
         f"({loads[w] / bottleneck if bottleneck > 0 else 0.0:.0%} of the bottleneck), "
-        f"params {human_bytes(sum(params[s] for s in stages))}"
+        f"params {human_bytes(worker_params[w] if worker_params else sum(params[s] for s in stages))}"
         for w, stages in sorted(groups.items())
     ]
     return bottleneck, lines
@@ -246,7 +257,9 @@ def format_plan_table(plan: api.Plan) -> str:
     stages = plan.stages
     costs = [max(s.compute_seconds, s.transfer_seconds) if plan.cluster else s.cost_seconds for s in stages]
     workers = [s.worker if s.worker is not None else s.index for s in stages] if plan.workers else None
-    bottleneck, worker_lines = _by_worker(workers, costs, [s.param_bytes for s in stages])
+    bottleneck, worker_lines = _by_worker(
+        workers, costs, [s.param_bytes for s in stages], plan.worker_param_bytes
+    )
     caps = plan.cluster.mem_caps if plan.cluster is not None else None
 
     def memory(i: int) -> str:

@@ -15,6 +15,8 @@ from typing import Any, Literal, cast
 
 from onnxpipe.core.choices import SCALE_BYTES, BoundaryDtype, scale_name
 from onnxpipe.core.errors import ExportError
+from onnxpipe.core.options import opt
+from onnxpipe.core.text import human_bytes
 from onnxpipe.export.boundary import BoundaryTypes
 from onnxpipe.export.contract import ContractMaker
 from onnxpipe.export.options import ExportOptions
@@ -46,24 +48,83 @@ class SharedWeights:
     """Weights copied into more than one stage.
 
     ``per_stage[i]``: bytes of stage ``i``'s weights that some other stage also holds;
-    ``duplicated``: bytes written more than once over all stages (each weight's size times its copies
-    beyond the first), what splitting adds to the model's size.
+    ``duplicated``: bytes held more than once over the workers (each weight's size times the workers
+    beyond the first that hold it; stages of one worker count once), what splitting adds to the memory;
+    ``notes``: where a large shared weight (a tied embedding and LM head) is held, once or not.
     """
 
     per_stage: tuple[int, ...]
     duplicated: int
+    notes: tuple[str, ...] = ()
+    per_worker: tuple[int, ...] = ()
+    """Each worker's weight bytes, every tensor of its stages once."""
 
 
-def shared_weights(view: ModelView, weights_per_stage: Sequence[Sequence[str]]) -> SharedWeights:
-    """Count the weights held by several stages (``weights_per_stage[i]``: initializer names of stage i)."""
-    copies: dict[str, int] = {}
-    for names in weights_per_stage:
-        for t in set(names):
-            copies[t] = copies.get(t, 0) + 1
+SHARED_NOTE_SHARE = 0.01
+"""A weight shared by stages is named in a note from this share of the model's weights on: a tied token
+embedding and LM head (about 16% of a 0.5B model), not the small constants exporters share."""
+
+
+def shared_weights(
+    view: ModelView, weights_per_stage: Sequence[Sequence[str]], workers: Sequence[int] | None = None
+) -> SharedWeights:
+    """Count the weights held by several stages (``weights_per_stage[i]``: initializer names of stage i)
+    and by several workers (``workers[i]``: stage i's; default a worker per stage)."""
+    holders: dict[str, list[int]] = {}
+    for s, names in enumerate(weights_per_stage):
+        for t in dict.fromkeys(names):
+            holders.setdefault(t, []).append(s)
+    worker = list(workers) if workers is not None else list(range(len(weights_per_stage)))
     size = view.initializers
-    per_stage = tuple(sum(size.get(t, 0) for t in set(names) if copies[t] > 1) for names in weights_per_stage)
-    duplicated = sum(size.get(t, 0) * (n - 1) for t, n in copies.items())
-    return SharedWeights(per_stage=per_stage, duplicated=duplicated)
+    per_stage = tuple(
+        sum(size.get(t, 0) for t in set(names) if len(holders[t]) > 1) for names in weights_per_stage
+    )
+    held = {t: sorted({worker[s] for s in stages}) for t, stages in holders.items()}
+    duplicated = sum(size.get(t, 0) * (len(w) - 1) for t, w in held.items())
+    per_worker = [0] * (max(worker, default=-1) + 1)
+    for t, ws in held.items():
+        for w in ws:
+            per_worker[w] += size.get(t, 0)
+    large = SHARED_NOTE_SHARE * view.param_bytes
+    notes = tuple(
+        _shared_note(
+            t, size[t], holders[t], held[t], len(weights_per_stage), max(worker) + 1, _at_ends(view, t)
+        )
+        for t in sorted(holders, key=lambda t: -size.get(t, 0))
+        if len(holders[t]) > 1 and size.get(t, 0) >= large
+    )
+    return SharedWeights(per_stage, duplicated, notes, tuple(per_worker))
+
+
+def _at_ends(view: ModelView, tensor: str) -> bool:
+    """Whether only nodes of the model's first and last quarters read ``tensor``, of both: a tied
+    embedding and LM head's table, not a table every layer reads (the rotary cos and sin)."""
+    n = len(view.nodes)
+    ends = {
+        "first" if i < n / 4 else "last" if i >= 3 * n / 4 else "middle"
+        for i in view.consumers.get(tensor, ())
+    }
+    return ends == {"first", "last"}
+
+
+def _shared_note(
+    tensor: str, nbytes: int, stages: Sequence[int], workers: Sequence[int], k: int, w: int, at_ends: bool
+) -> str:
+    """Where a weight several stages read is held, and, for a table read at both ends of the model only
+    (a tied embedding and LM head) by the first and the last stage, how to hold it once."""
+    read = f"weight {tensor} ({human_bytes(nbytes)}) is read by stages {', '.join(map(str, stages))}"
+    if len(workers) == 1:
+        return f"{read}, all on worker {workers[0]}: held once"
+    hint = ""
+    if at_ends and tuple(stages) == (0, k - 1):  # the first and last stages: put them on one worker
+        hint = (
+            f"; {opt('stages', k + 1)} {opt('workers', w)} deals the last stage back "
+            "to worker 0 with the first, which then holds it once"
+        )
+    return (
+        f"{read} on workers {', '.join(map(str, workers))}: held {len(workers)} times "
+        f"({human_bytes(nbytes * (len(workers) - 1))} more), each worker loading its own stages{hint}"
+    )
 
 
 def build_manifest(
@@ -100,7 +161,10 @@ def build_manifest(
         cluster=plan.cluster,
         device_costs=tuple(DeviceRecord(d.device, d.method, d.source) for d in plan.device_costs),
         verification=VerificationRecord("unverified"),  # until a verification records its result
-        plan=plan.summary(shared.duplicated, contract.notes),
+        plan=replace(
+            plan.summary(shared.duplicated, (*contract.notes, *shared.notes)),
+            worker_param_bytes=shared.per_worker if plan.workers is not None else None,
+        ),
         schedule=_schedule(plan, options.microbatches),
     )
 

@@ -120,7 +120,8 @@ def write_stages(
             boundary = [t for s in specs for t in (*s.inputs, *s.outputs)]
             contract.observe([*view.inputs, *boundary, *view.outputs], writer.types)
         written = [writer.write(spec) for spec in specs]
-        shared = shared_weights(view, [writer.builder.weights_of(s) for s in specs])
+        workers = [s.index if s.worker is None else s.worker for s in specs]
+        shared = shared_weights(view, [writer.builder.weights_of(s) for s in specs], workers)
         manifest = build_manifest(view, plan, out, written, writer.types, shared, contract, options)
         manifest = with_decoder_files(view, manifest, tmp, out, genai_source, decoder)
         with writing(out / MANIFEST_NAME, out):

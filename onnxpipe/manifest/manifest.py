@@ -199,7 +199,8 @@ def stage_file_problems(directory: Path, manifest: Manifest) -> list[str]:
 
 def _check_workers(m: Manifest, doc: Document) -> None:
     """Every stage has a worker exactly when ``plan.workers`` is given, each worker runs a stage, and
-    stage ``s`` runs on worker ``s % workers`` (the only assignment the planner makes)."""
+    stage ``s`` runs on worker ``s % workers`` (the only assignment the planner makes: ``V * workers``
+    stages, or one more whose last is back on worker 0 with the first)."""
     fail = doc.fail
     given = [st.worker is not None for st in m.stages]
     if m.plan.workers is None:
@@ -209,9 +210,11 @@ def _check_workers(m: Manifest, doc: Document) -> None:
             raise fail("plan.time_slack", "is given but plan.workers is not")
         if m.schedule.workers is not None:
             raise fail("schedule.devices[0].worker", "is given but plan.workers is not")
+        if m.plan.worker_param_bytes is not None:
+            raise fail("plan.worker_param_bytes", "is given but plan.workers is not")
         return
     workers = m.plan.workers
-    if workers > m.k or m.k % workers:
+    if workers > m.k or m.k % workers > 1:
         raise fail("plan.workers", f"{workers} workers cannot each run the same number of the {m.k} stages")
     for i, st in enumerate(m.stages):
         if st.worker is None:
@@ -220,6 +223,11 @@ def _check_workers(m: Manifest, doc: Document) -> None:
             raise fail(
                 f"stages[{i}].worker", f"expected {i % workers} (stage s runs on worker s % {workers})"
             )
+    held = m.plan.worker_param_bytes
+    if held is not None and len(held) != workers:
+        raise fail(
+            "plan.worker_param_bytes", f"gives {len(held)} workers' weights; plan.workers is {workers}"
+        )
     sched = m.schedule.workers
     if sched is None:
         raise fail("schedule.devices[0].worker", "missing; plan.workers says the stages share workers")

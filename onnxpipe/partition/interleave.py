@@ -1,4 +1,6 @@
-"""Interleaved stages: ``S = K * V`` contiguous stages on ``K`` workers, stage ``s`` on worker ``s % K``.
+"""Interleaved stages: ``S = K * V`` contiguous stages on ``K`` workers, stage ``s`` on worker ``s % K``
+(or ``K * V + 1``: the last stage back on worker 0 with the first, which then holds a table the first and
+the last stage share, a tied token embedding and LM head, once).
 
 Why
 ---
@@ -121,7 +123,7 @@ class _Sums:
 def _sums(
     costs: Sequence[float],
     workers: int,
-    stages_per_worker: int,
+    stages: int,
     item_mem: Sequence[float] | None,
     cut_bytes: Sequence[float] | None,
     bandwidth: float,
@@ -129,15 +131,19 @@ def _sums(
 ) -> _Sums:
     c = _costs(costs)
     n = c.size
-    for name, v in (("workers", workers), ("stages_per_worker", stages_per_worker)):
+    for name, v in (("workers", workers), ("stages", stages)):
         if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
             raise PartitionError(f"{name} must be a positive integer, got {v!r}")
-    s = workers * stages_per_worker
+    s = int(stages)
+    if s < workers or s % workers > 1:
+        raise PartitionError(
+            f"{s} stages cannot be dealt out to {workers} workers: give a multiple of {workers}, or one more"
+        )
     if n == 0:
         raise PartitionError("costs is empty: there are no items to split into stages")
     if s > n:
         raise PartitionError(
-            f"cannot split {n} items into {s} non-empty stages ({workers} workers x {stages_per_worker}): "
+            f"cannot split {n} items into {s} non-empty stages ({workers} workers): "
             f"use fewer workers or stages per worker"
         )
     if not (isinstance(bandwidth, int | float) and bandwidth > 0):
@@ -340,7 +346,7 @@ def _result(t: _Sums, bounds: Sequence[int], fastest: float) -> InterleavedParti
 def solve_interleaved(
     costs: Sequence[float],
     workers: int,
-    stages_per_worker: int,
+    stages: int,
     *,
     item_mem: Sequence[float] | None = None,
     cut_bytes: Sequence[float] | None = None,
@@ -348,8 +354,9 @@ def solve_interleaved(
     allowed_cuts: Sequence[bool] | None = None,
     time_slack: float = 0.0,
 ) -> InterleavedPartition:
-    """The best split of ``costs`` into ``workers * stages_per_worker`` contiguous stages dealt out to
-    ``workers`` workers in turn (criteria in the module docstring), found exactly.
+    """The best split of ``costs`` into ``stages`` contiguous stages (``V * workers``, or one more: the
+    last on worker 0 with the first) dealt out to ``workers`` workers in turn (criteria in the module
+    docstring), found exactly.
 
     ``cut_bytes`` has one entry per position ``0..n``; ``allowed_cuts[p] = False`` forbids a boundary at
     ``p``.  Raises :class:`PartitionError` for impossible or malformed requests and for searches larger
@@ -357,7 +364,7 @@ def solve_interleaved(
     """
     if not (isinstance(time_slack, int | float) and math.isfinite(time_slack) and time_slack >= 0):
         raise PartitionError(f"time_slack must be a finite number >= 0, got {time_slack!r}")
-    t = _sums(costs, workers, stages_per_worker, item_mem, cut_bytes, bandwidth, allowed_cuts)
+    t = _sums(costs, workers, stages, item_mem, cut_bytes, bandwidth, allowed_cuts)
     _check_size(t)
     fastest = _fastest(t)
     bounds = (0, *_least_memory(t, fastest * (1.0 + time_slack)), t.n)
@@ -377,8 +384,6 @@ def evaluate_interleaved(
     n = len(costs)
     b = _check_bounds(bounds, n)
     stages = len(b) - 1
-    if not isinstance(workers, int) or workers < 1 or stages % workers:
-        raise PartitionError(f"{stages} stages cannot be dealt out evenly to {workers!r} workers")
-    t = _sums(costs, workers, stages // workers, item_mem, cut_bytes, bandwidth, None)
+    t = _sums(costs, workers, stages, item_mem, cut_bytes, bandwidth, None)
     load = t.score(b)[2]
     return _result(t, b, float(load.max()))

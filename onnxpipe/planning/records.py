@@ -144,6 +144,10 @@ class PlanFigures:
     """How many workers an interleaved split deals its stages out to (``None``: a worker per stage)."""
     time_slack: Annotated[float, Finite()] = 0.0
     """An interleaved split's accepted slowdown for weight balance (see ``onnxpipe split --time-slack``)."""
+    worker_param_bytes: tuple[int, ...] | None = None
+    """With ``workers``: each worker's weight bytes, every tensor its stages hold counted once (a tied
+    embedding and LM head on one worker's first and last stage, once); absent otherwise.  The manifest's
+    counts the stage files' weights (:func:`onnxpipe.export.record.shared_weights`)."""
     reference_seconds: Annotated[float, Finite()] | None = None
     """The whole model's time per run (one session, the plan's threads, the profiled shapes), measured
     when the stage estimates were: the profile's median run, or timed right after calibration.  A run
@@ -184,4 +188,5 @@ class PlanSummary(PlanFigures):
     ratio_to_lower_bound: float
     profiled_input_shapes: Mapping[str, tuple[int, ...]]
     duplicated_param_bytes: int = 0
-    """Bytes of weights written into more than one stage file."""
+    """Bytes of weights held by more than one worker (each weight's bytes times the workers beyond the
+    first that hold it; the stages of one worker count it once)."""

@@ -326,10 +326,11 @@ class PlanRequest:
                 f"{opt('workers')} needs a number of {opt('stages')}: an interleaved split deals them out "
                 "in turn"
             )
-        if stages % workers:
+        if stages % workers > 1:
             raise UsageError(
                 f"{opt('stages', stages)} {opt('workers', workers)}: every worker runs the same number of "
-                f"stages; give a multiple of {workers} stages"
+                f"stages, worker 0 one more where the last stage wraps back to it (a tied embedding and LM "
+                f"head on one worker); give a multiple of {workers} stages, or one more"
             )
         if self.devices is not None or self.order != DeviceOrder.FIXED:
             raise UsageError(

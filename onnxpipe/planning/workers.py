@@ -150,16 +150,17 @@ def make_interleaved_plan(
     profile.check_matches(view)
     k, workers = request.stages, request.workers
     assert isinstance(k, int) and workers is not None  # the planner's interleaved request
-    if workers < 1 or k % workers or k == workers:
+    if workers < 1 or k % workers > 1 or k <= workers:
         raise PartitionError(
             f"{view.label}: {opt('workers', workers)} must divide {opt('stages', k)} into two or more stages "
-            f"per worker (for example {opt('stages', 2 * max(workers, 1))} {opt('workers', max(workers, 1))})"
+            f"per worker, or one stage more (for example {opt('stages', 2 * max(workers, 1))} "
+            f"{opt('workers', max(workers, 1))})"
         )
     time_slack = DEFAULT_TIME_SLACK if request.time_slack is None else request.time_slack
     items = _Items.of(view, profile, decoder, request.decoder)
     notes: list[str] = []
     try:
-        part = items.solve(k // workers, workers, request.bandwidth_bytes_per_s, time_slack, notes)
+        part = items.solve(k, workers, request.bandwidth_bytes_per_s, time_slack, notes)
     except PartitionError as e:
         raise PartitionError(f"{view.label}: {e}") from e
     dealt = _dealt_stages(view, profile, request, items, part, decoder)
@@ -179,6 +180,7 @@ def make_interleaved_plan(
         objective=INTERLEAVED_OBJECTIVE,
         workers=workers,
         time_slack=time_slack,
+        worker_param_bytes=dealt.weights,
         decoder=dealt.decoder,
     )
 
@@ -214,7 +216,7 @@ class _Items:
         return _Items(seq, item_mem, layers.coarse_costs, layers.coarse_cut_bytes, mems, layers, coarse_ok)
 
     def solve(
-        self, per_worker: int, workers: int, bandwidth_bytes_per_s: float, time_slack: float, notes: list[str]
+        self, stages: int, workers: int, bandwidth_bytes_per_s: float, time_slack: float, notes: list[str]
     ) -> InterleavedPartition:
         """The exact interleaved split, its bounds over the compute nodes; fused groups kept whole while
         that costs little (``notes`` says when not), a decoder cut between layer groups only."""
@@ -223,7 +225,7 @@ class _Items:
             return solve_interleaved(
                 self.costs,
                 workers,
-                per_worker,
+                stages,
                 item_mem=self.mems,
                 cut_bytes=self.cuts,
                 bandwidth=bandwidth_bytes_per_s,
@@ -247,6 +249,8 @@ class _Dealt:
     part: InterleavedPartition
     notes: tuple[str, ...]
     decoder: DecoderRecord | None
+    weights: tuple[int, ...]
+    """Each worker's weight bytes, every tensor once (:func:`_worker_weights`)."""
 
 
 def _dealt_stages(
@@ -269,7 +273,8 @@ def _dealt_stages(
         )
         summary = decoder_summary(view, profile, decoder, options, profile_phase(profile, decoder))
     stages = tuple(replace(st, worker=part.workers[st.index]) for st in specs)
-    mem = ", ".join(f"{m / 2**20:.1f}" for m in part.worker_memory)
+    weights = _worker_weights(view, stages, workers)
+    mem = ", ".join(f"{m / 2**20:.1f}" for m in weights)
     slower = part.bottleneck / part.fastest - 1 if part.fastest > 0 else 0.0  # all-zero costs: all tie
     notes = [
         f"{len(stages)} stages interleaved on {workers} workers (stage s on worker s % {workers}); weights "
@@ -286,7 +291,19 @@ def _dealt_stages(
         )
         if copied:
             notes.append(copied)
-    return _Dealt(stages, part, tuple(notes), summary)
+    return _Dealt(stages, part, tuple(notes), summary, weights)
+
+
+def _worker_weights(view: ModelView, stages: Sequence[StageSpec], workers: int) -> tuple[int, ...]:
+    """Each worker's weight bytes, every tensor its stages' nodes read counted once: a weight two of its
+    stages share (a tied embedding and LM head) once, one its stages share with another worker's on
+    both."""
+    by_name = view.node_by_name
+    held: list[set[str]] = [set() for _ in range(workers)]
+    for st in stages:
+        for name in (*st.node_names, *st.constant_nodes, *st.recomputed_nodes):
+            held[st.worker or 0].update(t for t in by_name[name].reads if t in view.weights)
+    return tuple(sum(view.weights[t] for t in h) for h in held)
 
 
 def _contiguous_comparison(

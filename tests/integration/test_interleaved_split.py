@@ -57,7 +57,8 @@ def _edited(folder: Path, edit: object) -> str:
     [
         (lambda o: o["stages"][1].update(worker=0), r"stages\[1\]\.worker: expected 1 \(stage s runs on"),
         (lambda o: o["stages"][2].pop("worker"), r"stages\[2\]\.worker: missing"),
-        (lambda o: o["plan"].update(workers=3), r"plan\.workers: 3 workers cannot each run"),
+        (lambda o: o["plan"].update(workers=5), r"plan\.workers: 5 workers cannot each run"),
+        (lambda o: o["plan"].update(worker_param_bytes=[1]), r"plan\.worker_param_bytes: gives 1 workers'"),
         (lambda o: o["plan"].pop("workers"), r"stages\[0\]\.worker: is given but plan\.workers is not"),
         (lambda o: o["stages"][0].update(worker=-1), r"stages\[0\]\.worker"),
         (
@@ -85,6 +86,7 @@ def test_a_manifest_without_workers_means_one_per_stage(interleaved: Path) -> No
     def strip(o: dict) -> None:  # type: ignore[type-arg]
         o["plan"].pop("workers")
         o["plan"].pop("time_slack")
+        o["plan"].pop("worker_param_bytes")
         for st in o["stages"]:
             st.pop("worker")
         for d in o["schedule"]["devices"]:
@@ -142,7 +144,7 @@ def test_split_workers_on_the_command_line(
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--stages", "3", "--workers", "2"], "give a multiple of 2 stages"),
+        (["--stages", "5", "--workers", "3"], "give a multiple of 3 stages, or one more"),
         (["--stages", "4", "--workers", "2", "--schedule", "gpipe"], "planned for inference"),
         (
             ["--stages", "4", "--workers", "2", "--order", "free"],
