@@ -19,6 +19,9 @@ why (``summary.hosts``).  In one run:
   the rounds' medians;
 * ``link_bound`` (100 Mbit): the same pipeline where the boundary's bytes bound it: its rate against
   the link's bound (the rate divided by the boundary's frame);
+* ``boundary`` (100 Mbit): ResNet-50 (the onnx package's ``light_resnet50``) in 2 stages, its boundary
+  crossing the link as float32 and as float16 (``split --boundary-dtype``): each one's steady rate,
+  rounds of alternating order, and the ratio;
 * ``generate`` (1 Gbit): the medium decoder (``tools/export_decoders.py``'s ``llama_gqa_medium``) split
   in 2, a stage per node, against the unsplit model on one node and two replicas, one intra-op thread
   per actor: tokens/s at 1, 2 and 4 sequences in flight, identical tokens required; and the pipeline's
@@ -32,7 +35,7 @@ why (``summary.hosts``).  In one run:
 Results: ``benchmarks/results/cluster.json``::
 
     python -m benchmarks cluster [--shape x=1,3,48,120] [--microbatches 300] [--rounds 3] [--out DIR]
-        [--cases hops throughput link_bound generate lost_node] [--sequences 1 2 4] [--new-tokens 32]
+        [--cases hops throughput link_bound boundary generate lost_node] [--sequences 1 2 4] [--new-tokens 32]
 
 ``--cases`` runs some of the cases alone: the result keeps the other cases' rows from the result already
 there (``summary.merged_from`` names, per case kept, the commit and date of the run that measured it).
@@ -51,6 +54,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +87,7 @@ PINNED = [{"resources": {"node_a": 1}}, {"resources": {"node_b": 1}}]
 """Stage 0 on node ``a``, stage 1 on node ``b`` (the split's resources file, as ``run`` takes it)."""
 DECODER = "llama_gqa_medium"
 """The decoder of the ``generate`` case, as ``benchmarks/bench_generate.py`` uses."""
-CASES = ("hops", "throughput", "link_bound", "generate", "lost_node")
+CASES = ("hops", "throughput", "link_bound", "boundary", "generate", "lost_node")
 FAST_MBIT = 1000.0
 SLOW_MBIT = 100.0
 SMALL = 4096
@@ -283,6 +287,42 @@ def link_bound(split: Path, inputs: Sequence[Any], rounds: int, rate_mbit: float
 
 
 # --------------------------------------------------------------------------------------------------
+# a boundary compressed where the link bounds the pipeline
+
+
+def boundary(args: argparse.Namespace, base: Path, rate_mbit: float | None) -> dict[str, Any]:
+    """ResNet-50's 2-stage split with float32 and float16 boundaries on the cluster: steady rates in
+    rounds of alternating order, each split's boundary bytes, the ratio of the medians."""
+    model = corpus.onnx_light("resnet50")
+    splits = {}
+    for dtype in ("float32", "float16"):
+        splits[dtype] = base / f"resnet50-{dtype}"
+        request = PlanRequest(2, boundary_dtype=dtype)
+        options = SplitOptions(out=splits[dtype], plan=request, profile=ProfileOptions(cost="static"))
+        api.split(model, replace(options, verify=False))
+    (data,) = load_manifest(splits["float32"]).model_inputs  # gpu_0/data_0: one image, 3x224x224
+    inputs = random_inputs(model, {data.name: (1, 3, 224, 224)}, 4, seed=0)
+    stream = [inputs[j % len(inputs)] for j in range(max(16, args.microbatches // 8))]
+    rates: dict[str, list[float]] = {d: [] for d in splits}
+    for r in range(args.rounds):
+        for dtype in list(splits) if r % 2 == 0 else list(splits)[::-1]:
+            with Pipeline.from_manifest(splits[dtype], RayConfig(resources=PINNED)) as pipe:
+                measured = measure(pipe, stream, warmup=4)
+            rates[dtype].append(measured.steady_throughput_per_s or measured.throughput_per_s)
+        shown_rates = ", ".join(f"{d} {v[-1]:.2f}/s" for d, v in rates.items())
+        print(f"  boundary round {r + 1}/{args.rounds}: {shown_rates}")
+    crossing = {d: load_manifest(p).stages[1].link_bytes_in for d, p in splits.items()}
+    rate = {d: statistics.median(v) for d, v in rates.items()}
+    return {
+        "rate_mbit": rate_mbit,
+        "boundary_bytes": crossing,
+        "per_s": rate,
+        "float16_x_float32": rate["float16"] / rate["float32"],
+        "all_rounds": rates,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
 # generation across nodes
 
 
@@ -427,7 +467,9 @@ def _run_cases(args: argparse.Namespace, cases: Sequence[str], kill: Callable[[s
     done: dict[str, Any] = {}
     if "generate" in cases:
         done["generate"] = generation(args, base, args.rate_mbit)
-    if set(cases) - {"generate"}:
+    if "boundary" in cases:
+        done["boundary"] = boundary(args, base, args.rate_mbit)
+    if set(cases) - {"generate", "boundary"}:
         done.update(_recogniser_cases(args, cases, ray, base, kill))
     return done
 
@@ -519,7 +561,7 @@ def _passed(args: argparse.Namespace) -> list[str]:
 
 def _on_hosts(args: argparse.Namespace) -> dict[str, Any]:
     """Every case on namespaced hosts: d (head, driver), a and b (a core each), c (the spare)."""
-    if set(args.cases) - {"generate"}:
+    if set(args.cases) - {"generate", "boundary"}:
         corpus.rapidocr("rec")  # cached here, where the registry is reachable; the hosts have no route out
     with Hosts() as hosts:
         for name, cpus in (("d", None), ("a", (0,)), ("b", (1,)), ("c", (1,))):
@@ -535,7 +577,7 @@ def _on_hosts(args: argparse.Namespace) -> dict[str, Any]:
                 found = _drive(cluster, args, fast, FAST_MBIT)
                 done["hops"] += found.pop("hops", [])
                 done.update(found)
-            slow = [c for c in ("hops", "link_bound") if c in args.cases]
+            slow = [c for c in ("hops", "link_bound", "boundary") if c in args.cases]
             if slow:
                 found = _drive(cluster, args, slow, SLOW_MBIT)
                 done["hops"] += found.pop("hops", [])
@@ -579,6 +621,8 @@ def _rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append({"case": "throughput", **summary["throughput_per_s"], **summary["ratios"]})
     if "link_bound" in summary:
         rows.append({"case": "link_bound", **summary["link_bound"]})
+    if "boundary" in summary:
+        rows.append({"case": "boundary", **summary["boundary"]})
     rows += summary.get("generate", {}).get("rows", [])
     if "lost_node" in summary:
         rows.append({"case": "lost_node", **summary["lost_node"]})
@@ -633,6 +677,12 @@ def _print_ratios(summary: dict[str, Any]) -> None:
                 f"at {b['rate_mbit']} Mbit: {b['pipeline_per_s']:.1f}/s against the link's bound "
                 f"{b['link_bound_per_s']:.1f}/s ({b['pipeline_x_link_bound']:.2f}x)"
             )
+    if "boundary" in summary:
+        b = summary["boundary"]
+        print(
+            f"ResNet-50 at {b['rate_mbit']} Mbit: float16 boundary {b['per_s']['float16']:.2f}/s, float32 "
+            f"{b['per_s']['float32']:.2f}/s ({b['float16_x_float32']:.2f}x; {b['boundary_bytes']} B)"
+        )
     generate = summary.get("generate", {})
     for row in generate.get("rows", []):
         print(
