@@ -131,7 +131,11 @@ def test_the_contract_pairs_each_layers_cache_and_says_what_it_lacks() -> None:
     torn = IOContract(IO.inputs, tuple(b for b in IO.outputs if b.role != Role.PRESENT_VALUE))
     assert torn.problem() == "layer 0's cache has a past without its present (or the other way)"
     assert IOContract(IO.inputs[:3], ()).problem() == "no input is a layer's cache"
-    assert IOContract(IO.inputs[1:], IO.outputs).problem() == "no input is the token ids"
+    assert IOContract(IO.inputs[1:], IO.outputs).problem() == "no input is the token ids or their embeddings"
+    embeds = IOContract.of_decoder("inputs_embeds", None, None, "logits", IO.kv, Role.INPUTS_EMBEDS)
+    assert (
+        embeds.problem() is None and embeds.tokens == "inputs_embeds" and embeds.one(Role.TOKEN_IDS) is None
+    )
 
 
 def test_next_token_takes_the_last_position() -> None:
