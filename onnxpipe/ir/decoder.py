@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from onnxpipe.core.iocontract import Role
 from onnxpipe.core.kv import KVPair
-from onnxpipe.ir.embedding import FLOAT_TYPES, reads_table, token_input
+from onnxpipe.ir.embedding import FLOAT_TYPES, reads_table, table_reads, token_input
 from onnxpipe.ir.kv_pairs import find_pairs
 from onnxpipe.ir.model import ModelView, NodeInfo
 
@@ -109,25 +109,25 @@ def find_decoder(view: ModelView) -> DecoderInfo | None:
         return None
     pasts = {t for p in pairs for t in p.pasts}
     ids = token_input(view, pasts, {t for p in pairs for t in p.presents})
-    if ids is not None:
-        return _with_layers(view, pairs, ids, Role.TOKEN_IDS)
     embeds = embeds_input(view, pasts)
-    return None if embeds is None else _with_layers(view, pairs, embeds, Role.INPUTS_EMBEDS)
+    if embeds is not None and (ids is None or not table_reads(view, ids)):  # the mask is no token input
+        return _with_layers(view, pairs, embeds, Role.INPUTS_EMBEDS)
+    return None if ids is None else _with_layers(view, pairs, ids, Role.TOKEN_IDS)
 
 
 def embeds_input(view: ModelView, exclude: set[str]) -> str | None:
     """The tokens' embeddings a decoder takes in place of their ids (``inputs_embeds``, ``[batch, new
-    tokens, hidden]``): of the float inputs of rank 3 not in ``exclude`` (the cache), the one named like
-    ``embeds``, else the only one."""
+    tokens, hidden]``): the one float input of rank 3 not in ``exclude`` (the cache) named like
+    ``embeds`` (by name: an encoder-decoder's ``encoder_hidden_states`` is no token input)."""
     found = [
         t
         for t in view.inputs
         if t not in exclude
+        and "embeds" in t.lower()
         and view.tensor(t).elem_type in FLOAT_TYPES
         and len(view.tensor(t).shape or ()) == 3
     ]
-    named = [t for t in found if "embed" in t.lower()]
-    return named[0] if len(named) == 1 else (found[0] if len(found) == 1 else None)
+    return found[0] if len(found) == 1 else None
 
 
 @dataclass(frozen=True)
