@@ -2,7 +2,10 @@
 vision-language model's text part, and optimum/transformers exports with ``inputs_embeds``), made by
 ``tools/export_decoders.py``'s :func:`exclude_embeds` from the Llama sample (its head size symbolic,
 ``kv_cache_dim``, as the builder writes it), with its embedding model (token ids in, ``inputs_embeds``
-out): recognised as a decoder and sized from its graph with no ``--shape``, split by layers and verified."""
+out): recognised as a decoder and sized from its graph with no ``--shape``, split by layers and verified,
+and generating from token ids, through the embedding model (``--embedding`` or the one a
+``genai_config.json`` names), the whole model's greedy tokens; the same for the builder's own
+``exclude_embeds`` model."""
 
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from onnxpipe.manifest import load_manifest
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.runtime.generation.generator import Generator
 from tools.export_decoders import exclude_embeds
+from tools.make_genai_builder_model import exclude_embeds_build
 
 TOKEN_MODEL = SAMPLE_MODELS / "decoders" / "llama_gqa.onnx"
 
@@ -76,14 +80,15 @@ PROMPTS = ((3, 17, 42, 9, 77, 5), (101, 2), (64,))
 NEW_TOKENS = 12
 
 
-def whole_model_tokens(models: tuple[Path, Path], prompt: tuple[int, ...]) -> tuple[int, ...]:
+def whole_model_tokens(models: tuple[Path, Path], prompt: tuple[int, ...], head: int = 8) -> tuple[int, ...]:
     """The whole model's greedy tokens as a plain loop: the embedding model, then the unsplit decoder on
-    its embeddings, the cache fed back by hand."""
+    its embeddings (4 layers, 2 KV heads of ``head``), the cache fed back by hand."""
     decoder = ort.InferenceSession(str(models[0]), providers=["CPUExecutionProvider"])
     embedding = ort.InferenceSession(str(models[1]), providers=["CPUExecutionProvider"])
     outputs = [o.name for o in decoder.get_outputs()]
+    takes = {i.name for i in decoder.get_inputs()}
     past = {
-        f"past_key_values.{i}.{kv}": np.zeros((1, 2, 0, 8), np.float32)
+        f"past_key_values.{i}.{kv}": np.zeros((1, 2, 0, head), np.float32)
         for i in range(4)
         for kv in ("key", "value")
     }
@@ -96,7 +101,9 @@ def whole_model_tokens(models: tuple[Path, Path], prompt: tuple[int, ...]) -> tu
             "position_ids": np.arange(cached, cached + len(step), dtype=np.int64)[None],
             **past,
         }
-        out = dict(zip(outputs, decoder.run(None, feeds), strict=True))
+        out = dict(
+            zip(outputs, decoder.run(None, {k: v for k, v in feeds.items() if k in takes}), strict=True)
+        )
         new.append(int(np.argmax(out["logits"][0, -1])))
         cached += len(step)
         past = {p: out[p.replace("past_key_values", "present")] for p in past}
@@ -149,3 +156,24 @@ def test_cli_generate_with_embedding_compares_and_refuses_without_one(
     assert "the model takes 'inputs_embeds'" in err and "--embedding FILE.onnx" in err
     code, _, err = cli_run([*args, "--embedding", SAMPLE_MODELS / "decoders" / "llama_gqa.onnx"], capfd)
     assert code == 2 and "an embedding model takes the token ids" in err
+
+
+def test_the_builders_exclude_embeds_model_splits_and_generates_through_its_embedding_model(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """GenAI's builder with ``exclude_embeds=true`` (GroupQueryAttention, a symbolic ``kv_cache_dim``,
+    the attention mask its only integer input; ``tools/make_genai_builder_model.py``): split with no
+    ``--shape``, it generates from token ids, through the embedding model its ``genai_config.json``
+    names, the whole model's tokens."""
+    pytest.importorskip("onnxruntime_genai", reason="the builder is onnxruntime-genai's")
+    folder = exclude_embeds_build(tmp_path / "model")
+    models = (folder / "model.onnx", folder / "embedding.onnx")
+    out = tmp_path / "split"
+    code, text, err = cli_run(["split", models[0], "--stages", "2", "-o", out], capfd)
+    assert code == 0, err
+    assert "past_key_values.0.key=1x2x255x16" in text and "takes inputs_embeds" in text
+    assert "verify: 9 output(s) match the original" in text and "--shape" not in text
+    expected = tuple(whole_model_tokens(models, p, head=16) for p in PROMPTS)
+    assert len({t for seq in expected for t in seq}) > 4
+    with Generator.open(out) as pipe:  # the embedding model named in the source folder's genai_config.json
+        assert pipe.generate(PROMPTS, NEW_TOKENS, eos_token_ids=()).tokens == expected
