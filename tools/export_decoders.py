@@ -21,6 +21,10 @@ a random model repeats one token, and a test that the split model decodes the sa
 ``SimplifiedLayerNormalization`` (an onnxruntime contrib op) in the *default* domain in place of each RMS
 norm's subgraph, which ``onnx.checker`` refuses and onnxruntime runs.
 
+:func:`exclude_embeds` writes ``<name>_embeds.onnx``, the decoder taking ``inputs_embeds`` with its head size
+symbolic, and ``<name>_embedding.onnx``, its embedding model, as GenAI's builder writes a vision-language
+model's text part with ``exclude_embeds=true``.
+
 :func:`merged_decoder` writes ``<name>_merged.onnx`` (committed for ``llama_gqa``) as optimum ships a decoder
 in ``decoder_model_merged.onnx``: the export without a cache and the one with it (``export(past=False)``
 and ``export()``) joined by :func:`merge_decoders` under one ``If`` on ``use_cache_branch``.
@@ -458,6 +462,70 @@ def merged_decoder(name: str, path: Path) -> Path:
     return path
 
 
+def exclude_embeds(src: Path, out: Path) -> tuple[Path, Path]:
+    """``src`` split as ONNX Runtime GenAI's builder writes a vision-language model's text part with
+    ``exclude_embeds=true``: ``<stem>_embeds.onnx``, the decoder taking ``inputs_embeds`` [batch, seq,
+    hidden] in place of ``input_ids``, with its head size symbolic (``kv_cache_dim``, as the builder
+    names it); and ``<stem>_embedding.onnx``, the embedding model (``input_ids`` in, ``inputs_embeds``
+    out: the Gather on the table).  Returns (decoder, embedding model)."""
+    import onnx
+    from onnx import helper
+
+    proto = onnx.load(str(src))
+    graph = proto.graph
+    gather = next(n for n in graph.node if n.op_type == "Gather" and n.input[1] == "input_ids")
+    table = next(i for i in graph.initializer if i.name == gather.input[0])
+    hidden = table.dims[1]
+    ids = next(i for i in graph.input if i.name == "input_ids")
+    embeds = helper.make_tensor_value_info(
+        "inputs_embeds", onnx.TensorProto.FLOAT, ["batch", "sequence_length", hidden]
+    )
+    embedding = helper.make_model(
+        helper.make_graph(
+            [
+                helper.make_node(
+                    "Gather", [table.name, "input_ids"], ["inputs_embeds"], name="/model/embed_tokens/Gather"
+                )
+            ],
+            "embedding",
+            [ids],
+            [embeds],
+            [table],
+        ),
+        opset_imports=list(proto.opset_import),
+    )
+    nodes = []
+    for n in graph.node:
+        if n is gather:
+            continue
+        for i, t in enumerate(n.input):
+            if t == gather.output[0]:
+                n.input[i] = "inputs_embeds"
+        if n.op_type == "Shape" and list(n.input) == ["input_ids"]:  # [batch, seq]: the embeddings' first two
+            n.input[0] = "inputs_embeds"
+            if not any(a.name == "end" for a in n.attribute):
+                n.attribute.append(helper.make_attribute("end", 2))
+        nodes.append(n)
+    assert not any("input_ids" in n.input for n in nodes), "input_ids read by more than the embedding"
+    del graph.node[:]
+    graph.node.extend(nodes)
+    inputs = [embeds if i.name == "input_ids" else i for i in graph.input]
+    del graph.input[:]
+    graph.input.extend(inputs)
+    if not any(n.input[0] == table.name for n in nodes if n.input):  # an untied head keeps its own table
+        kept = [i for i in graph.initializer if i.name != table.name]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+    for v in (*graph.input, *graph.output):
+        if "key" in v.name or "value" in v.name:
+            v.type.tensor_type.shape.dim[-1].dim_param = "kv_cache_dim"
+    del graph.value_info[:]
+    decoder_path, embedding_path = out / f"{src.stem}_embeds.onnx", out / f"{src.stem}_embedding.onnx"
+    onnx.save(proto, str(decoder_path))
+    onnx.save(embedding, str(embedding_path))
+    return decoder_path, embedding_path
+
+
 def _rms_pattern(
     mul: onnx.NodeProto, producer: dict[str, onnx.NodeProto]
 ) -> tuple[str, str, str, list[onnx.NodeProto]] | None:
@@ -550,6 +618,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(builder_style(path, args.out / f"{name}_builder.onnx"))
         if name in MERGED:
             print(merged_decoder(name, args.out / f"{name}_merged.onnx"))
+        if name in BUILDER_STYLE:  # the text part of a vision-language layout, beside its embedding model
+            print(*exclude_embeds(path, args.out), sep="\n")
     return 0
 
 

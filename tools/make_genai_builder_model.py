@@ -141,8 +141,11 @@ def make_hf_folder(folder: Path, family: str = "llama", tied: bool = False) -> N
     tokenizer.save_pretrained(folder)
 
 
-def build(out: Path, family: str = "llama", precision: str = "fp32", tied: bool = False) -> None:
-    """The builder's CPU model of ``family`` at ``precision`` in ``out``."""
+def build(
+    out: Path, family: str = "llama", precision: str = "fp32", tied: bool = False, extra: tuple[str, ...] = ()
+) -> None:
+    """The builder's CPU model of ``family`` at ``precision`` in ``out`` (``extra``: more of its
+    ``--extra_options``, ``key=value``)."""
     with tempfile.TemporaryDirectory() as tmp:
         hf = Path(tmp) / "hf"
         make_hf_folder(hf, family, tied)
@@ -164,8 +167,10 @@ def build(out: Path, family: str = "llama", precision: str = "fp32", tied: bool 
             "-c",
             str(Path(tmp) / "cache"),
         ]
-        if tied or config_of(family, tied)["tie_word_embeddings"]:
-            command += ["--extra_options", "shared_embeddings=true"]
+        shared = tied or config_of(family, tied)["tie_word_embeddings"]
+        options = [*(["shared_embeddings=true"] if shared else []), *extra]
+        if options:
+            command += ["--extra_options", *options]
         done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if done.returncode != 0:
             tail = done.stderr.strip().splitlines()[-1:] or ["no message"]
@@ -215,6 +220,37 @@ def builder_model(family: str = "llama", precision: str = "fp32", tied: bool = F
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def exclude_embeds_build(out: Path, family: str = "llama") -> Path:
+    """``out`` holding the builder's fp32 text model of ``family`` with ``exclude_embeds=true`` (it takes
+    ``inputs_embeds``, as a vision-language model's text part) and its embedding model
+    ``embedding.onnx`` (token ids in, ``inputs_embeds`` out: a Gather on the same weights' table), named
+    in ``genai_config.json`` as ``model.embedding`` is in GenAI's vision-language configs."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from safetensors.numpy import load_file
+
+    build(out, family, "fp32", extra=("exclude_embeds=true",))
+    with tempfile.TemporaryDirectory() as tmp:
+        make_hf_folder(Path(tmp), family)  # the same seeded weights the build was made of
+        table = load_file(str(Path(tmp) / "model.safetensors"))["model.embed_tokens.weight"]
+    gather = helper.make_node("Gather", ["embed_tokens", "input_ids"], ["inputs_embeds"], name="/model/embed")
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"])
+    embeds = helper.make_tensor_value_info(
+        "inputs_embeds", TensorProto.FLOAT, ["batch_size", "sequence_length", table.shape[1]]
+    )
+    graph = helper.make_graph(
+        [gather], "embedding", [ids], [embeds], [numpy_helper.from_array(table, "embed_tokens")]
+    )
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(out / "embedding.onnx")
+    )
+    config = json.loads((out / "genai_config.json").read_text())
+    section = {"filename": "embedding.onnx", "inputs": {"input_ids": "input_ids"}}
+    config["model"]["embedding"] = {**section, "outputs": {"inputs_embeds": "inputs_embeds"}}
+    (out / "genai_config.json").write_text(json.dumps(config, indent=4))
+    return out
 
 
 def main() -> None:

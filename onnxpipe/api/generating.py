@@ -44,7 +44,9 @@ def generate(
     manifest = load_manifest(Path(folder), check_files=False)
     contract = split_contract(manifest, folder)  # once for the request: the split's, the baselines'
     config = _backend_config(manifest, options)
-    with Generator.open(folder, config, threads=options.threads, contract=contract) as gen:
+    with Generator.open(
+        folder, config, threads=options.threads, contract=contract, embedding=options.embedding
+    ) as gen:
         prompting = gen.prompting(options)
         _say_prompts(say, prompting)
         k = len(gen.steps.lanes[0])
@@ -128,12 +130,20 @@ def _baselines(
     if isinstance(config, RayConfig):  # the replicas go where Ray puts them, the split's pins aside
         config = dataclasses.replace(config, resources=None)
     say.step("generating with the unsplit model (a plain onnxruntime loop in this thread)")
-    plain = Generator.plain(folder, threads=options.threads, model=options.model, contract=contract)
+    plain = Generator.plain(
+        folder, threads=options.threads, model=options.model, contract=contract, embedding=options.embedding
+    )
     runs = {"unsplit": plain.generate_with(prompting)}
     if workers > 1:
         say.step(f"generating with {workers} replicas of the unsplit model")
         many = Generator.replicas(
-            folder, workers, config, threads=options.threads, model=options.model, contract=contract
+            folder,
+            workers,
+            config,
+            threads=options.threads,
+            model=options.model,
+            contract=contract,
+            embedding=options.embedding,
         )
         with many:
             runs["replicas"] = many.generate_with(prompting)

@@ -361,6 +361,13 @@ GENERATE = Subcommand(
             "the same (exit 1 if not), and tokens/s of each are reported",
         ),
         flag("--model", type=Path, help="the source model for --compare (default: the manifest's)"),
+        flag(
+            "--embedding",
+            type=Path,
+            metavar="FILE.onnx",
+            help="the embedding model of a split that takes inputs_embeds (token ids in, inputs_embeds out; "
+            "default: the one the folder's genai_config.json names), run before each step",
+        ),
         JSON,
     ],
     target_help="a folder written by 'onnxpipe split' from a decoder LLM",

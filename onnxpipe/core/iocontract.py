@@ -24,6 +24,9 @@ class Role(StrEnum):
 
     TOKEN_IDS = "token_ids"
     """The new tokens' ids, ``[batch, new tokens]``."""
+    INPUTS_EMBEDS = "inputs_embeds"
+    """The new tokens' embeddings, ``[batch, new tokens, hidden]``, in place of their ids: a text decoder
+    whose embedding model runs apart (GenAI's ``exclude_embeds`` layout of a vision-language model)."""
     ATTENTION_MASK = "attention_mask"
     """Ones over the cached and the new tokens, ``[batch, cached + new]``; zeros over padding."""
     POSITIONS = "positions"
@@ -69,11 +72,17 @@ class IOContract:
 
     @staticmethod
     def of_decoder(
-        ids: str, mask: str | None, positions: str | None, logits: str | None, kv: tuple[KVPair, ...]
+        ids: str,
+        mask: str | None,
+        positions: str | None,
+        logits: str | None,
+        kv: tuple[KVPair, ...],
+        tokens: Role = Role.TOKEN_IDS,
     ) -> IOContract:
-        """The contract of a token-id decoder with a KV cache: its token, mask and position inputs, its
-        logits and each layer's cache pairs (as :func:`onnxpipe.ir.decoder.find_decoder` names them)."""
-        inputs = [Binding(ids, Role.TOKEN_IDS)]
+        """The contract of a decoder with a KV cache: its token (``tokens``: their ids or embeddings), mask
+        and position inputs, its logits and each layer's cache pairs (as
+        :func:`onnxpipe.ir.decoder.find_decoder` names them)."""
+        inputs = [Binding(ids, tokens)]
         inputs += [Binding(t, r) for t, r in ((mask, Role.ATTENTION_MASK), (positions, Role.POSITIONS)) if t]
         outputs = [Binding(logits, Role.LOGITS)] if logits is not None else []
         for p in kv:
@@ -119,11 +128,16 @@ class IOContract:
         """Each past input's present output (the next step's past)."""
         return {p: q for r in self.kv for p, q in zip(r.pasts, r.presents, strict=True)}
 
+    @property
+    def tokens(self) -> str | None:
+        """The input the new tokens are fed through: their ids, else their embeddings."""
+        return self.one(Role.TOKEN_IDS) or self.one(Role.INPUTS_EMBEDS)
+
     def problem(self) -> str | None:
-        """Why the contract cannot drive a generation (no token ids, no cache, a past without its present),
-        else ``None``."""
-        if self.one(Role.TOKEN_IDS) is None:
-            return "no input is the token ids"
+        """Why the contract cannot drive a generation (no token ids or embeddings, no cache, a past
+        without its present), else ``None``."""
+        if self.tokens is None:
+            return "no input is the token ids or their embeddings"
         layers: dict[int, set[Role]] = {}
         for b in (*self.inputs, *self.outputs):
             if b.role.cached:

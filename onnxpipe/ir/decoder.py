@@ -24,8 +24,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from onnxpipe.core.iocontract import Role
 from onnxpipe.core.kv import KVPair
-from onnxpipe.ir.embedding import reads_table, token_input
+from onnxpipe.ir.embedding import FLOAT_TYPES, reads_table, table_reads, token_input
 from onnxpipe.ir.kv_pairs import find_pairs
 from onnxpipe.ir.model import ModelView, NodeInfo
 
@@ -46,7 +47,8 @@ class DecoderInfo:
 
     ``node_layer[name]`` is ``-1`` for what runs before the first layer (the embedding, rotary tables,
     masks), ``0 .. layers - 1`` for a layer, ``layers`` for the final norm and LM head.  ``ids_input``
-    is the token input; ``mask_input`` and ``positions_input`` may be absent.
+    is the token input (``tokens`` says whether it takes their ids or their embeddings);
+    ``mask_input`` and ``positions_input`` may be absent.
     """
 
     layers: int
@@ -62,6 +64,9 @@ class DecoderInfo:
     shape_readers: tuple[tuple[str, str], ...] = ()
     """(node, past) where a node of another layer reads a past tensor's shape only (the past length the
     exporter took from one layer's cache): it reads no cache data."""
+    tokens: Role = Role.TOKEN_IDS
+    """What ``ids_input`` takes: the tokens' ids, or (``INPUTS_EMBEDS``) their embeddings made by an
+    embedding model apart."""
 
     @property
     def past_inputs(self) -> tuple[str, ...]:
@@ -79,9 +84,14 @@ class DecoderInfo:
         """One line for ``inspect`` and plan notes."""
         how = "name scopes" if self.scoped else "the KV each node reads"
         names = ", ".join(self.kv[0].pasts + self.kv[0].presents)
+        embedding = (
+            f"takes {self.ids_input} (its embedding model runs apart)"
+            if self.tokens == Role.INPUTS_EMBEDS
+            else f"embedding {len(self.embedding_nodes)} node(s)"
+        )
         return (
             f"decoder: {self.layers} layers with a KV cache (layer 0: {names}); layers from {how}; "
-            f"embedding {len(self.embedding_nodes)} node(s), LM head {len(self.lm_head_nodes)} node(s)"
+            f"{embedding}, LM head {len(self.lm_head_nodes)} node(s)"
         )
 
 
@@ -91,17 +101,33 @@ def find_decoder(view: ModelView) -> DecoderInfo | None:
     Needs the cache pairs of every layer ``0 .. L-1``, each present computed from its past
     (:func:`onnxpipe.ir.kv_pairs.find_pairs`: by name, else by the attention nodes' slots), and a token
     input (:func:`onnxpipe.ir.embedding.token_input`: the integer input that indexes the embedding
-    table, through whatever gather the exporter wrote): anything less and the model is treated like any
-    other.
+    table, through whatever gather the exporter wrote), else an embeddings input (:func:`embeds_input`):
+    anything less and the model is treated like any other.
     """
     pairs = find_pairs(view)
     if pairs is None:
         return None
     pasts = {t for p in pairs for t in p.pasts}
     ids = token_input(view, pasts, {t for p in pairs for t in p.presents})
-    if ids is None:
-        return None
-    return _with_layers(view, pairs, ids)
+    embeds = embeds_input(view, pasts)
+    if embeds is not None and (ids is None or not table_reads(view, ids)):  # the mask is no token input
+        return _with_layers(view, pairs, embeds, Role.INPUTS_EMBEDS)
+    return None if ids is None else _with_layers(view, pairs, ids, Role.TOKEN_IDS)
+
+
+def embeds_input(view: ModelView, exclude: set[str]) -> str | None:
+    """The tokens' embeddings a decoder takes in place of their ids (``inputs_embeds``, ``[batch, new
+    tokens, hidden]``): the one float input of rank 3 not in ``exclude`` (the cache) named like
+    ``embeds`` (by name: an encoder-decoder's ``encoder_hidden_states`` is no token input)."""
+    found = [
+        t
+        for t in view.inputs
+        if t not in exclude
+        and "embeds" in t.lower()
+        and view.tensor(t).elem_type in FLOAT_TYPES
+        and len(view.tensor(t).shape or ()) == 3
+    ]
+    return found[0] if len(found) == 1 else None
 
 
 @dataclass(frozen=True)
@@ -164,7 +190,7 @@ def scope_group(scopes: Sequence[str], layers: int) -> int | None:
     return None
 
 
-def _with_layers(view: ModelView, pairs: tuple[KVPair, ...], ids: str) -> DecoderInfo | None:
+def _with_layers(view: ModelView, pairs: tuple[KVPair, ...], ids: str, tokens: Role) -> DecoderInfo | None:
     """Each compute node's group, monotone along the edges; ``None`` if no consistent layering exists."""
     layers = len(pairs)
     layer_of = {t: p.layer for p in pairs for t in (*p.pasts, *p.presents)}
@@ -202,7 +228,9 @@ def _with_layers(view: ModelView, pairs: tuple[KVPair, ...], ids: str) -> Decode
                 if node.op_type in SHAPE_OPS and group.get(node.name, p.layer) != p.layer:
                     shape_readers.append((node.name, t))
     embedding = tuple(
-        n.name for n in compute if group[n.name] == -1 and (ids in n.reads or reads_table(view, n))
+        n.name
+        for n in compute
+        if group[n.name] == -1 and ((tokens == Role.TOKEN_IDS and ids in n.reads) or reads_table(view, n))
     )
     head = tuple(n.name for n in compute if group[n.name] == layers)
     return DecoderInfo(
@@ -216,4 +244,5 @@ def _with_layers(view: ModelView, pairs: tuple[KVPair, ...], ids: str) -> Decode
         positions_input=_named_input(view, "position", pasts),
         scoped=scoped,
         shape_readers=tuple(shape_readers),
+        tokens=tokens,
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from onnxpipe.core.iocontract import Role
 from onnxpipe.core.model_config import FolderConfig, ModelDims, SourceConfig, config_beside
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.decoder_shapes import attention_head_sizes
@@ -45,7 +46,7 @@ def decoder_dims(view: ModelView, dec: DecoderInfo) -> DecoderDims:
     head_size = head_size or (attention_head_sizes(view).get(symbolic) if isinstance(symbolic, str) else None)
     tables = _tables(view, dec)
     vocab = vocabulary(view, set(dec.present_outputs)) or max((rows for rows, _ in tables), default=None)
-    hidden = next((cols for rows, cols in tables if rows == vocab), None)
+    hidden = next((cols for rows, cols in tables if rows == vocab), None) or _embeds_width(view, dec)
     if head_size is None and heads is not None and hidden is not None and hidden % heads == 0:
         head_size = hidden // heads  # the usual layout: the query heads split the hidden size
     positions = [rows for rows, cols in tables if rows != vocab and (hidden is None or cols == hidden)]
@@ -59,6 +60,12 @@ def decoder_dims(view: ModelView, dec: DecoderInfo) -> DecoderDims:
         position_rows=min(positions) if positions else None,
         attention_heads=heads,
     )
+
+
+def _embeds_width(view: ModelView, dec: DecoderInfo) -> int | None:
+    """The hidden size an ``inputs_embeds`` decoder takes (its input's last dim; it has no table)."""
+    shape = view.tensor(dec.ids_input).shape if dec.tokens == Role.INPUTS_EMBEDS else None
+    return shape[-1] if shape and isinstance(shape[-1], int) else None
 
 
 _HEAD_ATTRIBUTES = (("num_heads", "q_num_heads"), ("kv_num_heads",))

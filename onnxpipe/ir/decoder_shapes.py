@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from onnxpipe.core.choices import Phase
+from onnxpipe.ir.decoder import embeds_input
 from onnxpipe.ir.decoder_kinds import PhaseShape, phase_shape
 from onnxpipe.ir.embedding import FLOAT_TYPES, INTEGER_TYPES
 from onnxpipe.ir.model import ModelView, NodeInfo
@@ -43,7 +44,8 @@ _PAST_NAME = re.compile(r"past|cache", re.IGNORECASE)
 
 def decoder_roles(view: ModelView) -> DecoderRoles | None:
     """The symbols of the decoder's inputs, or ``None`` when the inputs do not look like a decoder's
-    (no float input named like a past cache with a symbolic sequence axis, or no token input)."""
+    (no float input named like a past cache with a symbolic sequence axis, or no token input: their ids
+    ``[batch, new]`` or their embeddings ``[batch, new, hidden]``)."""
     past_sym: str | None = None
     batch_sym: str | None = None
     pasts = []
@@ -69,10 +71,11 @@ def decoder_roles(view: ModelView) -> DecoderRoles | None:
         and "position" not in t.lower()
         and view.tensor(t).elem_type in INTEGER_TYPES
     ]
-    if len(ids) != 1:
+    embeds = embeds_input(view, set(pasts))
+    if len(ids) != 1 and embeds is None:
         return None
-    ids_shape = view.tensor(ids[0]).shape
-    if ids_shape is None or len(ids_shape) != 2:
+    ids_shape = view.tensor(ids[0] if len(ids) == 1 else embeds or "").shape
+    if ids_shape is None or len(ids_shape) != (2 if len(ids) == 1 else 3):
         return None
     seq_sym = ids_shape[1] if isinstance(ids_shape[1], str) else None
     total_sym: str | None = None

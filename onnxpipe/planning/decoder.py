@@ -240,4 +240,6 @@ def io_contract(view: ModelView, dec: DecoderInfo) -> IOContract:
     rest = [t for t in view.outputs if t not in presents]
     named = [t for t in rest if "logits" in t.lower()]
     logits = named[0] if len(named) == 1 else (rest[0] if len(rest) == 1 else None)
-    return IOContract.of_decoder(dec.ids_input, dec.mask_input, dec.positions_input, logits, dec.kv)
+    return IOContract.of_decoder(
+        dec.ids_input, dec.mask_input, dec.positions_input, logits, dec.kv, dec.tokens
+    )

@@ -181,7 +181,9 @@ class GenerateOptions:
     whose caches it held rebuilt there by a prefill of their tokens so far; ``threads`` each (default:
     the split's devices', else the plan's).  ``compare`` also generates with the unsplit model
     (``model``, default: the manifest's; a plain loop in this process) and K replicas of it (on the same
-    backend: Ray actors placed by Ray, with Ray): the tokens must be the same.
+    backend: Ray actors placed by Ray, with Ray): the tokens must be the same.  ``embedding``: the
+    embedding model (token ids in, ``inputs_embeds`` out) of a split that takes ``inputs_embeds``
+    (default: the one its folder's ``genai_config.json`` names), run in the driver before each step.
     """
 
     prompt_ids: tuple[tuple[int, ...], ...] = ()
@@ -209,11 +211,12 @@ class GenerateOptions:
     ray_restart_timeout: float = DEFAULT_RAY_RESTART_TIMEOUT_S
     compare: bool = False
     model: Path | None = None
+    embedding: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "backend", choice(Backend, self.backend, "backend"))
         object.__setattr__(self, "ray_files", choice(RayFiles, self.ray_files, "ray_files"))
-        as_paths(self, "ray_resources", "tokenizer", "model")
+        as_paths(self, "ray_resources", "tokenizer", "model", "embedding")
         object.__setattr__(self, "prompt_ids", tuple(tuple(int(t) for t in p) for p in self.prompt_ids))
         object.__setattr__(self, "prompts", tuple(str(p) for p in self.prompts))
         if self.eos_token_ids is not None:

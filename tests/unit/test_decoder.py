@@ -342,3 +342,54 @@ def test_two_phase_split_is_no_worse_than_either_phases_own() -> None:
 
 def _sums(costs: list[float], bounds: tuple[int, ...]) -> list[float]:
     return [sum(costs[x:y]) for x, y in itertools.pairwise(bounds)]
+
+
+def test_a_decoder_taking_inputs_embeds_is_not_fed_through_its_mask() -> None:
+    """GenAI's ``exclude_embeds`` text model has one integer input, the attention mask: the token input is
+    its ``inputs_embeds``, not the mask (which indexes no table), and its phases size it."""
+    f, i64 = TensorProto.FLOAT, TensorProto.INT64
+    past = [
+        helper.make_tensor_value_info(f"past_key_values.0.{kv}", f, ["b", 1, "p", 4])
+        for kv in ("key", "value")
+    ]
+    nodes = [
+        helper.make_node(
+            "Unsqueeze", ["inputs_embeds", "one"], ["new"], name="/model/layers.0/attn/Unsqueeze"
+        ),
+        *(
+            helper.make_node(
+                "Concat",
+                [f"past_key_values.0.{kv}", "new"],
+                [f"present.0.{kv}"],
+                axis=2,
+                name=f"/model/layers.0/{kv}",
+            )
+            for kv in ("key", "value")
+        ),
+        helper.make_node("MatMul", ["inputs_embeds", "head"], ["logits"], name="/lm_head/MatMul"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("inputs_embeds", f, ["b", "s", 4]),
+            helper.make_tensor_value_info("attention_mask", i64, ["b", "t"]),
+            *past,
+        ],
+        [
+            helper.make_tensor_value_info("logits", f, ["b", "s", 8]),
+            *(
+                helper.make_tensor_value_info(f"present.0.{kv}", f, ["b", 1, "p + s", 4])
+                for kv in ("key", "value")
+            ),
+        ],
+        [
+            numpy_helper.from_array(np.ones(1, np.int64), "one"),
+            numpy_helper.from_array(np.ones((4, 8), np.float32), "head"),
+        ],
+    )
+    view = view_from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    dec = find_decoder(view)
+    assert dec is not None and dec.ids_input == "inputs_embeds" and dec.mask_input == "attention_mask"
+    roles = decoder_roles(view)
+    assert roles is not None and (roles.sequence, roles.past, roles.total) == ("s", "p", "t")

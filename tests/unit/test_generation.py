@@ -131,7 +131,11 @@ def test_the_contract_pairs_each_layers_cache_and_says_what_it_lacks() -> None:
     torn = IOContract(IO.inputs, tuple(b for b in IO.outputs if b.role != Role.PRESENT_VALUE))
     assert torn.problem() == "layer 0's cache has a past without its present (or the other way)"
     assert IOContract(IO.inputs[:3], ()).problem() == "no input is a layer's cache"
-    assert IOContract(IO.inputs[1:], IO.outputs).problem() == "no input is the token ids"
+    assert IOContract(IO.inputs[1:], IO.outputs).problem() == "no input is the token ids or their embeddings"
+    embeds = IOContract.of_decoder("inputs_embeds", None, None, "logits", IO.kv, Role.INPUTS_EMBEDS)
+    assert (
+        embeds.problem() is None and embeds.tokens == "inputs_embeds" and embeds.one(Role.TOKEN_IDS) is None
+    )
 
 
 def test_next_token_takes_the_last_position() -> None:
@@ -224,6 +228,26 @@ def test_steps_carry_several_sequences_that_join_as_others_leave(side: PadSide) 
     starts = [r.sequence for _, r, _ in pipe.rows() if r.flags & StepFlags.START]
     assert starts == list(range(len(PROMPTS)))
     assert g.steps < alone.steps
+
+
+def test_embeddings_are_made_from_the_new_tokens_by_the_embedding_model() -> None:
+    """A decoder taking ``inputs_embeds`` is fed the embedding model's output for the step's new tokens;
+    without an embedding model the split is refused before any step, saying what it lacks."""
+    contract = IOContract.of_decoder(
+        "inputs_embeds", "attention_mask", None, "logits", IO.kv, Role.INPUTS_EMBEDS
+    )
+    types = {"inputs_embeds": "float32", "attention_mask": "int64", CONTROL: "int64"}
+    table = np.arange(40, dtype=np.float64).reshape(10, 4)
+    step = StepFeeds(contract, types, lambda ids: table[ids]).step(
+        [[7, 2]], Control.one(0, StepFlags.NONE, 1)
+    )
+    assert step["inputs_embeds"].shape == (1, 2, 4) and step["inputs_embeds"].dtype == np.float32
+    assert step["inputs_embeds"].tolist() == [table[[7, 2]].tolist()] and "input_ids" not in step
+    with pytest.raises(
+        UsageError,
+        match="inputs_embeds: onnxpipe's generation loop cannot feed that role without its embedding model",
+    ):
+        StepFeeds(contract, types)
 
 
 def test_a_model_that_cannot_pad_refuses_a_batch() -> None:

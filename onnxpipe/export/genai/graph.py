@@ -9,6 +9,7 @@ import re
 from collections.abc import Sequence
 
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.iocontract import Role
 from onnxpipe.core.kv import KVPair
 from onnxpipe.core.model_config import SourceConfig
 from onnxpipe.core.options import opt
@@ -67,6 +68,11 @@ def model_facts(view: ModelView, dec: DecoderInfo) -> tuple[TensorNames, Decoder
     table, the hidden size from the embedding table, the positions from the position or rotary table);
     GenAI sizes its buffers with them, so a graph whose vocabulary neither tells is :class:`Unsupported`.
     """
+    if dec.tokens == Role.INPUTS_EMBEDS:
+        return Unsupported(
+            f"the model takes {dec.ids_input!r}: GenAI feeds it from an embedding model, "
+            "which a split's genai_config.json does not name yet"
+        )
     logits = logits_output(view, set(dec.present_outputs))
     names = tensor_names(dec.ids_input, dec.mask_input, dec.positions_input, logits, dec.kv)
     if isinstance(names, Unsupported):

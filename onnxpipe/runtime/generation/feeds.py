@@ -74,7 +74,14 @@ class StepFeeds:
     """Makes a step's feeds for the model inputs the caller sends (each by its role's builder), in the
     model's dtypes, plus :data:`~onnxpipe.runtime.kvstate.CONTROL`."""
 
-    def __init__(self, contract: IOContract, input_types: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        contract: IOContract,
+        input_types: Mapping[str, str],
+        embedding: Callable[[np.ndarray], np.ndarray] | None = None,
+    ) -> None:
+        """``embedding``: the token ids' embeddings (:class:`~.embedding.Embedding`), the builder of
+        :attr:`Role.INPUTS_EMBEDS` where the model takes them in place of the ids."""
         self.contract = contract
         self.input_types = dict(input_types)
         """The model inputs the caller sends (name: dtype), :data:`~onnxpipe.runtime.kvstate.CONTROL`
@@ -87,14 +94,18 @@ class StepFeeds:
                 f"model input {unknown[0]!r} has no role in the split's IO contract (token ids, attention "
                 "mask, positions, a layer's cache): onnxpipe's generation loop does not know what to feed it"
             )
-        unfed = [n for n in fed if roles[n] not in BUILDERS]
+        builders = dict(BUILDERS)
+        if embedding is not None:
+            builders[Role.INPUTS_EMBEDS] = lambda step: embedding(token_ids(step))
+        unfed = [n for n in fed if roles[n] not in builders]
         if unfed:
             raise UsageError(
                 f"model input {unfed[0]!r} is the model's {roles[unfed[0]].value}: onnxpipe's generation "
                 "loop cannot feed that role"
+                + (" without its embedding model" if roles[unfed[0]] == Role.INPUTS_EMBEDS else "")
             )
         self.builders = tuple(
-            (n, BUILDERS[roles[n]], np.dtype(t if t not in ("", "undefined") else "int64"))
+            (n, builders[roles[n]], np.dtype(t if t not in ("", "undefined") else "int64"))
             for n, t in input_types.items()
             if n != CONTROL
         )

@@ -28,6 +28,7 @@ from onnxpipe.ir.merged import runnable_file
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.base import BackendConfig, Tensors
 from onnxpipe.runtime.generation.contract import generation_input_types, split_contract
+from onnxpipe.runtime.generation.embedding import split_embedding
 from onnxpipe.runtime.generation.feeds import StepFeeds
 from onnxpipe.runtime.generation.result import Generation
 from onnxpipe.runtime.generation.scheduler import Batching, OnToken, batch_size, schedule
@@ -98,17 +99,19 @@ class Generator(ClosesOnExit):
         placements: Sequence[Placement] | None = None,
         check_files: bool = True,
         contract: IOContract | None = None,
+        embedding: Path | None = None,
     ) -> Generator:
         """Start one worker per stage of the decoder's split ``directory`` (``backend``, ``threads``,
         ``placements`` as for :meth:`Pipeline.from_manifest
         <onnxpipe.runtime.pipeline.Pipeline.from_manifest>`), each keeping its own layers' KV cache
         between steps (:mod:`onnxpipe.runtime.kvstate`).  A split that cannot generate is refused,
         saying why, before any worker starts.  ``contract``: the split's, where the caller read it
-        already (:func:`~.contract.split_contract`)."""
+        already (:func:`~.contract.split_contract`); ``embedding``: the embedding model of a split that
+        takes ``inputs_embeds`` (default: the one its ``genai_config.json`` names; :mod:`.embedding`)."""
         d = Path(directory)
         manifest = load_manifest(d, check_files=check_files)
         contract = contract or split_contract(manifest, d)
-        feeds = StepFeeds(contract, generation_input_types(manifest, contract))
+        feeds = _feeds(d, manifest, contract, embedding)
         specs = generation_specs(d, manifest, stage_placements(manifest, threads, placements, d), contract)
         pipe = Pipeline.start(
             [specs],
@@ -132,14 +135,15 @@ class Generator(ClosesOnExit):
         threads: int | None = None,
         model: str | Path | None = None,
         contract: IOContract | None = None,
+        embedding: Path | None = None,
     ) -> Generator:
         """``replicas`` workers each running the whole source model of the split ``directory`` and
         keeping its whole KV cache: the unsplit model generating (one replica), or data-parallel
         replicas, to compare a split's generation with, side by side.  ``model``: the source model
-        (default: the manifest's ``source.path``); ``contract`` as for :meth:`open`."""
+        (default: the manifest's ``source.path``); ``contract``, ``embedding`` as for :meth:`open`."""
         if replicas < 1:
             raise UsageError(f"replicas {replicas}: give 1 or more")
-        d, manifest, feeds, spec = _whole_model(directory, threads, model, contract)
+        d, manifest, feeds, spec = _whole_model(directory, threads, model, contract, embedding)
         lanes = [[spec(i)] for i in range(replicas)]
         pipe = Pipeline.start(
             lanes,
@@ -159,11 +163,12 @@ class Generator(ClosesOnExit):
         threads: int | None = None,
         model: str | Path | None = None,
         contract: IOContract | None = None,
+        embedding: Path | None = None,
     ) -> Generator:
         """The whole source model of the split ``directory`` generating as a plain onnxruntime loop in
         this thread (:class:`~onnxpipe.runtime.plainloop.PlainLoop`): the baseline a split's generation
-        is honest against; ``contract`` as for :meth:`open`."""
-        d, manifest, feeds, spec = _whole_model(directory, threads, model, contract)
+        is honest against; ``contract``, ``embedding`` as for :meth:`open`."""
+        d, manifest, feeds, spec = _whole_model(directory, threads, model, contract, embedding)
         return cls(PlainLoop(spec(0)), feeds, manifest=manifest, directory=d)
 
     # ---------------------------------------------------------------------------------- generating
@@ -251,15 +256,26 @@ class Generator(ClosesOnExit):
         self.steps.close(graceful)
 
 
+def _feeds(directory: Path, manifest: Manifest, contract: IOContract, embedding: Path | None) -> StepFeeds:
+    """The step feeds of the split's ``contract``, its embeddings made by its embedding model where it
+    takes them."""
+    embed = split_embedding(directory, manifest, contract, embedding)
+    return StepFeeds(contract, generation_input_types(manifest, contract), embed)
+
+
 def _whole_model(
-    directory: str | Path, threads: int | None, model: str | Path | None, contract: IOContract | None
+    directory: str | Path,
+    threads: int | None,
+    model: str | Path | None,
+    contract: IOContract | None,
+    embedding: Path | None,
 ) -> tuple[Path, Manifest, StepFeeds, Callable[[int], WorkerSpec]]:
     """The split ``directory``, its manifest, the feeds of its contract and the spec of a worker running
     the whole source model (``model``, default the manifest's) with its whole cache, by replica index."""
     d = Path(directory)
     manifest = load_manifest(d, check_files=False)
     contract = contract or split_contract(manifest, d)
-    feeds = StepFeeds(contract, generation_input_types(manifest, contract))
+    feeds = _feeds(d, manifest, contract, embedding)
     path = runnable_file(source_model_path(d, manifest, model))
     place = placement_for_device("cpu", manifest.plan.threads if threads is None else threads)
 

@@ -1,0 +1,105 @@
+"""The embedding model of a decoder that takes ``inputs_embeds`` (GenAI's ``exclude_embeds`` layout of a
+vision-language model's text part): token ids in, the embeddings the split's first stage takes out.
+
+It runs in the driver, as the first step of each generation step (:class:`Embedding`, the builder of the
+contract's :attr:`~onnxpipe.core.iocontract.Role.INPUTS_EMBEDS`): one small Gather over the table, for
+the step's new tokens only.  Which model: ``--embedding FILE.onnx``, else the one the folder's
+``genai_config.json`` names (``model.embedding.filename``: the split's folder, then the source model's).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from onnxpipe.core.errors import UsageError
+from onnxpipe.core.iocontract import IOContract, Role
+from onnxpipe.core.options import opt
+from onnxpipe.core.ortsession import open_session, session_options
+from onnxpipe.manifest import Manifest
+
+GENAI_CONFIG = "genai_config.json"
+
+
+class Embedding:
+    """An embedding model's onnxruntime session: :meth:`__call__` turns token ids ``[B, new]`` into their
+    embeddings ``[B, new, hidden]``.  Inputs besides the ids (a vision model's ``image_features``) are
+    fed empty: a text-only prompt has no image."""
+
+    def __init__(self, path: Path, ids: str | None = None, embeds: str | None = None) -> None:
+        self.session = open_session(
+            path, session_options(), fail=lambda e: UsageError(f"{path}: onnxruntime cannot open it ({e})")
+        )
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        integer = [n for n, i in inputs.items() if "int" in i.type]
+        self.ids = ids or (integer[0] if len(integer) == 1 else "input_ids")
+        outputs = [o.name for o in self.session.get_outputs()]
+        self.embeds = embeds or (
+            "inputs_embeds" if "inputs_embeds" in outputs or len(outputs) > 1 else outputs[0]
+        )
+        others = [i for n, i in inputs.items() if n != self.ids and "float" not in i.type]
+        if self.ids not in inputs or self.embeds not in outputs or others:
+            raise UsageError(
+                f"{path}: an embedding model takes the token ids and returns inputs_embeds; its inputs are "
+                f"{', '.join(inputs)} and its outputs {', '.join(outputs)}"
+            )
+        self.ids_type = np.int32 if "int32" in inputs[self.ids].type else np.int64
+        self.empty = {
+            n: np.zeros([0 if not isinstance(d, int) else d for d in i.shape], np.float32)
+            for n, i in inputs.items()
+            if n != self.ids
+        }
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        feeds = {self.ids: ids.astype(self.ids_type), **self.empty}
+        return np.asarray(self.session.run([self.embeds], feeds)[0])
+
+
+def split_embedding(
+    folder: Path, manifest: Manifest, contract: IOContract, given: Path | None
+) -> Embedding | None:
+    """The embedding model of the split in ``folder`` where its contract takes ``inputs_embeds``
+    (``given``, else the one a ``genai_config.json`` names), else ``None``; a :class:`UsageError` saying
+    what to give where it needs one and none is found, or where one is given to a token-id decoder."""
+    embeds = contract.one(Role.INPUTS_EMBEDS)
+    if embeds is None:
+        if given is not None:
+            raise UsageError(
+                f"{opt('embedding', given)}: the split in {folder} takes token ids, not inputs_embeds; "
+                "leave it out"
+            )
+        return None
+    if given is not None:
+        if not given.is_file():
+            raise UsageError(f"{given}: no such embedding model file")
+        return Embedding(given)
+    looked = [folder / GENAI_CONFIG]
+    if manifest.source.path is not None:
+        looked.append((folder / manifest.source.path).resolve().parent / GENAI_CONFIG)
+    for config in looked:
+        found = _named_in(config)
+        if found is not None:
+            return found
+    raise UsageError(
+        f"{folder}: the model takes {embeds!r}, made from the token ids by its embedding model; give it with "
+        f"{opt('embedding', 'FILE.onnx')} (token ids in, inputs_embeds out) or a {GENAI_CONFIG} naming it "
+        f"(model.embedding.filename); looked in {', '.join(str(p) for p in looked)}"
+    )
+
+
+def _named_in(config: Path) -> Embedding | None:
+    """The embedding model ``config`` (a GenAI config) names beside it, with its tensor names."""
+    if not config.is_file():
+        return None
+    try:
+        section = json.loads(config.read_text(encoding="utf-8"))["model"]["embedding"]
+        file = config.parent / str(section["filename"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not file.is_file():
+        raise UsageError(f"{config}: names the embedding model {file.name}, which is not beside it")
+    ids = section.get("inputs", {}).get("input_ids")
+    embeds = section.get("outputs", {}).get("inputs_embeds")
+    return Embedding(file, ids, embeds)
