@@ -124,7 +124,7 @@ def _stage_table(report: RunReport) -> str:
     shared = report.memory_shared
     nodes = _node_column(report)
     rows = []
-    for s in report.stages:
+    for i, s in enumerate(report.stages):
         mark = " *" if s.index == report.bottleneck_stage else ""
         place = s.worker.placement
         row = [
@@ -140,7 +140,7 @@ def _stage_table(report: RunReport) -> str:
         if not shared:
             row += [_bytes(s.peak_rss_bytes), _bytes(s.model_rss_bytes)]
         if nodes is not None:
-            row += [nodes[1][len(rows)], _bytes(s.shipped_bytes)]
+            row += [nodes[1][i], _bytes(s.shipped_bytes)]
         rows.append(row)
     headers = ["stage", "file", "threads", "est ms", "measured ms", "measured vs est", "busy", "weights"]
     if not shared:
