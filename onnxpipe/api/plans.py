@@ -81,12 +81,14 @@ def start(
     *,
     runs_model: bool = False,
     decoder: FoundDecoder | None = None,
+    on_cluster: bool = False,
 ) -> tuple[ProfileOptions, tuple[PhaseShape, ...]]:
     """``profile`` with the user's input files read and checked against ``view`` (so that a bad file is
     refused before any work), and a decoder's phases to profile at (:func:`decoder_phases`); the request
     refused where it cannot serve before any cost is measured (a stage count the model cannot make, an
     opset onnxruntime cannot run, an input no random value can be made for when the model must run,
-    ``runs_model`` or a measured profile); then the preamble said."""
+    ``runs_model`` or a measured profile); then the preamble said (``on_cluster``: the stages are
+    calibrated on a Ray cluster, not run here)."""
     request.check_stage_count(len(view.compute_nodes), view.label)
     phases = decoder_phases(view, request, profile, decoder)
     if profile.has_input_files:
@@ -97,7 +99,7 @@ def start(
     if profile.measured:
         check_runtime_opsets(view)  # before the preamble: a refusal prints nothing else
     if profile.saved is None:  # a saved profile's own shapes and threads hold
-        before_work(say, view, profile, request, phases)
+        before_work(say, view, profile, request, phases, on_cluster=on_cluster)
     return profile, phases
 
 
@@ -160,7 +162,9 @@ def calibrated_plan(
     mode = CalibrationMode.ALONE if request.interleaved else calibration.mode
     if mode == CalibrationMode.RAY:
         timer = cluster_timer(calibration.ray_address, calibration.ray_resources)
-        how = "the stages timed running together on the Ray cluster, each on its node"
+        how = (
+            "each stage timed on its node of the Ray cluster over a window of back-to-back runs, all at once"
+        )
     else:
         timer, how = choose_timer(mode, k, prof.threads)
     both = phases is not None and Phase.PREFILL in phases and Phase.DECODE in phases

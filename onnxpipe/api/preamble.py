@@ -137,10 +137,13 @@ def before_work(
     profile: ProfileOptions,
     request: PlanRequest | None = None,
     phases: Sequence[PhaseShape] = (),
+    *,
+    on_cluster: bool = False,
 ) -> None:
     """The preamble of ``profile``, ``plan`` and ``split``: the input shapes (a decoder's own inputs sized
     per ``phases``), then the threads against the CPUs: the stages' when they run on this machine (a
-    ``request`` without devices), and the most any measurement here runs with (``profile.threads``,
+    ``request`` without devices, not ``on_cluster``: calibrated on a Ray cluster, whose nodes' CPUs this
+    machine's say nothing of), and the most any measurement here runs with (``profile.threads``,
     default 1, and those of devices profiled here)."""
     given = profile.inputs.shapes if profile.inputs is not None else profile.shapes
     for text in input_lines(view, given, from_inputs=profile.inputs is not None, phases=phases):
@@ -148,7 +151,7 @@ def before_work(
     devices = request.devices.devices if request is not None and request.devices is not None else ()
     threads = max([profile.threads or 1, *(d.engine.threads for d in devices if d.profile_here)])
     running = workers = None
-    if request is not None and request.devices is None:
+    if request is not None and request.devices is None and not on_cluster:
         running = request.stages if isinstance(request.stages, int) else None
         workers = request.workers
     warning = threads_warning(running, threads, workers=workers)

@@ -20,7 +20,7 @@ from onnxpipe.api.preamble import BusyWatch
 from onnxpipe.api.profiling import save_profile
 from onnxpipe.api.results import SplitResult
 from onnxpipe.cluster.costs import provider_available
-from onnxpipe.core.choices import Phase, SplitNodes, VerifyRuntime
+from onnxpipe.core.choices import CalibrationMode, Phase, SplitNodes, VerifyRuntime
 from onnxpipe.core.dims import Dim
 from onnxpipe.core.errors import ExportError, OnnxpipeError, UsageError, VerificationError
 from onnxpipe.core.events import SILENT, Listener
@@ -74,8 +74,9 @@ def split(
     if genai is not None:
         check_genai_request(view, opts.plan, genai, out_dir, found)
     request = opts.plan
+    on_cluster = opts.calibration.mode == CalibrationMode.RAY
     profile_options, phase_shapes = start(
-        view, request, opts.profile, say, runs_model=opts.verify, decoder=found
+        view, request, opts.profile, say, runs_model=opts.verify, decoder=found, on_cluster=on_cluster
     )
     view, profile_options, retried = _sized(view, opts, profile_options, bool(phase_shapes))
     if view is not found.view:  # frozen at its sizes: another graph

@@ -33,6 +33,7 @@ from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
 from onnxpipe.planning.types import Plan
 from onnxpipe.runtime.affinity import available_cpus, cpu_sets, physical_cores
+from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.backends.ray_resources import load_ray_resources
 from onnxpipe.runtime.base import LocalConfig, RayConfig
 from onnxpipe.runtime.pipeline import Pipeline
@@ -57,6 +58,11 @@ stage of a millisecond spans 30 ms, and a machine whose speed drifts within seco
 stages' relative times by 10-20% from one timing to the next (a decoder's stages at its generation step,
 GPT-2 at 8 layers in 3 stages, here); timed over a quarter of a second each they held within a few
 percent at the prompt's shape."""
+
+WINDOW_SECONDS = 1.0
+WINDOW_MIN_RUNS = 5
+"""On a cluster each stage is timed over a window of back-to-back runs at least this long (ten periods
+of a CPU quota's usual 100 ms) and of at least this many runs: see :func:`time_stages_on_cluster`."""
 
 PIPELINE_MICROBATCHES = 24
 PIPELINE_REPEATS = 2
@@ -239,10 +245,15 @@ def _stream_medians(
 def time_stages_on_cluster(
     view: ModelView, plan: Plan, profile: Profile, config: RayConfig, *, warmup: int = PIPELINE_WARMUP
 ) -> list[float]:
-    """Seconds of each stage's session run in a pipeline of ``plan``'s stages on a Ray cluster, each
-    stage's actor where ``config`` puts it (its resources: the node it will run on), its files shipped
-    there: the median over ``PIPELINE_REPEATS`` streams of ``PIPELINE_MICROBATCHES`` one set of seeded
-    random inputs at the profile's shapes, after ``warmup``."""
+    """Seconds per run of each stage of ``plan`` on a Ray cluster, each stage's actor where ``config``
+    puts it (its resources: the node it will run on), its files shipped there: after ``warmup``
+    micro-batches of one set of seeded random inputs at the profile's shapes stream through the
+    pipeline, every actor runs its stage back to back on what it received, all at once, for a window of
+    :data:`WINDOW_SECONDS` (:meth:`~onnxpipe.runtime.backends.ray_backend.RayBackend.time_windows`).
+
+    Why a window and not the median of the streamed runs: a node under a CPU quota ran each run of a few
+    milliseconds at full speed and was throttled between runs, so the medians never showed it, and a
+    stage on such a node kept an equal share of the work."""
     with scratch_stages(view, plan, profile) as (out, manifest):
         feeds = profile_feeds(view, profile)
         placements = manifest_placements(manifest, None if manifest.cluster else profile.threads)
@@ -253,8 +264,9 @@ def time_stages_on_cluster(
                 "stages timed; give one per stage, or a default"
             )
         with Pipeline.from_manifest(out, config, placements=placements) as pipe:
-            medians = _stream_medians(pipe, feeds, warmup, PIPELINE_REPEATS, PIPELINE_MICROBATCHES)
-    return [statistics.median(stage) for stage in zip(*medians, strict=True)]
+            pipe.run_many([feeds] * max(1, warmup))
+            assert isinstance(pipe.backend, RayBackend)
+            return pipe.backend.time_windows(WINDOW_SECONDS, WINDOW_MIN_RUNS)
 
 
 def cluster_timer(address: str | None, resources: Path | Sequence[Mapping[str, Any]] | None) -> StageTimer:

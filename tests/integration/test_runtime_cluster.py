@@ -264,5 +264,5 @@ def test_a_split_calibrated_on_the_cluster_times_each_stage_on_its_node(
         ),
     )
     notes = " ".join(load_manifest(out).plan.notes)
-    assert "timed running together on the Ray cluster, each on its node" in notes, notes
+    assert "timed on its node of the Ray cluster over a window of back-to-back runs" in notes, notes
     assert result.plan.k == 2

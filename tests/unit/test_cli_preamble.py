@@ -7,10 +7,13 @@ from pathlib import Path
 import pytest
 from cli_runner import run
 
-from onnxpipe.api.preamble import input_lines, threads_warning
+from onnxpipe.api.preamble import before_work, input_lines, threads_warning
 from onnxpipe.cli.parsers import worded
-from onnxpipe.core.machine import BUSY_WARNING_CPUS, CpuSample, busy_elsewhere, sample
+from onnxpipe.core.events import Silent
+from onnxpipe.core.machine import BUSY_WARNING_CPUS, CpuSample, available_cpu_count, busy_elsewhere, sample
+from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.ir.load import load_model
+from onnxpipe.planning.request import PlanRequest
 
 
 def test_guessed_dims_are_named_with_the_option_that_sets_them(resnet: Path) -> None:
@@ -43,6 +46,26 @@ def test_threads_warning_in_the_output(resnet: Path, work: Path, capfd: pytest.C
     assert code == 0, err
     assert "warning: 512 thread(s) per stage on" in out
     assert out.splitlines()[-1].startswith("planned in ")
+
+
+class _Warnings(Silent):
+    def __init__(self) -> None:
+        self.said: list[str] = []
+
+    def warn(self, text: str) -> None:
+        self.said.append(text)
+
+
+def test_stages_calibrated_on_a_cluster_are_not_counted_against_this_machine_s_cpus(resnet: Path) -> None:
+    """More stages than this machine has CPUs: a warning when they run here, none when they run on the
+    cluster's nodes (``on_cluster``), whose CPUs this machine's say nothing of."""
+    view = load_model(resnet)
+    request = PlanRequest(available_cpu_count() + 1)
+    here, there = _Warnings(), _Warnings()
+    before_work(here, view, ProfileOptions(), request)
+    before_work(there, view, ProfileOptions(), request, on_cluster=True)
+    assert len(here.said) == 1 and "CPU(s)" in here.said[0]
+    assert there.said == []
 
 
 def _sample(busy: float, own: float, wall: float) -> CpuSample:

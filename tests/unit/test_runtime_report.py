@@ -291,3 +291,27 @@ def test_a_hop_longer_than_every_stage_is_named_as_the_bottleneck() -> None:
     quick = replace(slow, hops=tuple(replace(h, single_ms=0.1) for h in hops))
     assert quick.bounding_hop is None and quick.to_obj()["bounding_hop"] is None
     assert "bottleneck stage" in format_report(quick)
+
+
+def test_nodes_of_one_machine_are_told_apart_by_their_addresses() -> None:
+    """Ray nodes in namespaces of one machine report its host name each: the node column then gives
+    each stage's address (and the host once, in the header); nodes of several hosts keep their names."""
+    m = measurement(4, (stats(0, [0.0] * 4), stats(1, [0.0] * 4)))
+    fake = FakePipeline(lanes=((spec(0), spec(1)),), backend=FakeBackend("threads"))
+    report = build_report(as_pipeline(fake), m, warmup=0, input_shapes={})
+
+    def on(*places: tuple[str, str]) -> str:
+        stages = [
+            replace(s, node_id=f"{i}" * 12, host=host, node_address=address)
+            for i, (s, (host, address)) in enumerate(zip(report.stages, places, strict=True))
+        ]
+        return format_report(replace(report, stages=stages))
+
+    one_machine = on(("box", "10.1.0.2"), ("box", "10.1.0.3"))
+    assert "node (address id, all on host box)" in one_machine
+    assert "10.1.0.2 00000000" in one_machine and "10.1.0.3 11111111" in one_machine
+    assert "box 10.1.0" not in one_machine
+    two_machines = on(("left", "10.1.0.2"), ("right", "10.1.0.3"))
+    assert "node (host address id)" in two_machines and "right 10.1.0.3 11111111" in two_machines
+    loopback = on(("box", "127.0.0.1"), ("box", "127.0.0.1"))
+    assert "node (host address id)" in loopback and "box 127.0.0.1 11111111" in loopback

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
@@ -124,6 +125,26 @@ class WorkerActor:
         pipeline up again)."""
         assert self.server is not None, "plane_open comes first"
         return self.server.watch(epoch)
+
+    def window(self, stage: int, seconds: float, min_runs: int) -> float:
+        """Seconds per run of hosted stage ``stage`` run back to back on what it ran on last, over at
+        least ``seconds`` and ``min_runs`` runs: what the node sustains (calibration on a cluster).
+
+        Why a window and not a run's median: a node held to a CPU quota (a container's, a burstable
+        instance's) runs a run shorter than the quota's period at full speed and is throttled between
+        runs, and a core shared with another stage's actor is shared over time; only a window of
+        back-to-back runs longer than the period shows either."""
+        received = self.server.received.get(stage) if self.server is not None else None
+        if received is None:
+            raise RuntimeStageError(f"stage {stage} has run nothing on {self.node().short} to time again")
+        runner, runs, start = self.runners[stage], 0, time.perf_counter()
+        try:
+            while runs < min_runs or time.perf_counter() - start < seconds:
+                runner.run(runs, received)
+                runs += 1
+        except StageFailure as e:
+            raise RuntimeStageError(f"{e} (on {self.node().short})") from None
+        return (time.perf_counter() - start) / runs
 
     def stats(self) -> list[WorkerStats]:
         """One entry per hosted stage (:func:`~.process_worker.hosted_stats`), with this actor's node."""

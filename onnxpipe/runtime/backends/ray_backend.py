@@ -532,6 +532,20 @@ class RayBackend(Lanes):
             by_position.update(zip(group, reply, strict=True))
         return [by_position[i] for i in range(len(self.specs))]
 
+    def time_windows(self, seconds: float, min_runs: int) -> list[float]:
+        """Each stage's seconds per run over a window of back-to-back runs on its actor
+        (:meth:`WorkerActor.window`, on what it ran on last), every actor's window at once, so that
+        stages sharing a node's cores share them as they will when the pipeline streams."""
+        self._check_open()
+        calls = [
+            self.actors[self._group_of[i]].window.remote(spec.index, seconds, min_runs)
+            for i, spec in enumerate(self.specs)
+        ]
+        try:
+            return list(self._ray.get(calls))
+        except self._ray.exceptions.RayError as e:
+            raise RuntimeStageError(ray_error_text(e, "timing the stages on their nodes failed")) from e
+
     def reset_stats(self) -> None:
         self._check_open()
         self._ray.get([a.reset.remote() for a in self.actors])

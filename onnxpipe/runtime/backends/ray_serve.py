@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
+import numpy as np
+
 from onnxpipe.runtime.backends.ray_plane import Address, Endpoint, Frame, PlaneError
 from onnxpipe.runtime.session import CacheMissing, Record, StageFailure, StageRunner
 from onnxpipe.runtime.trips import Leg
@@ -84,6 +86,9 @@ class StageServer:
         self._changed = threading.Condition()
         self._breaks: dict[int, str] = {}
         """Why a connection broke, by the epoch it broke in."""
+        self.received: dict[int, dict[str, np.ndarray]] = {}
+        """What each stage ran on last: calibration times the stage on it again
+        (:meth:`~onnxpipe.runtime.backends.ray_actor.WorkerActor.window`)."""
 
     def open(self, epoch: int) -> Address:
         """Serve epoch ``epoch`` on a fresh endpoint (the last one closed, its frames dropped): its
@@ -155,6 +160,7 @@ class StageServer:
             self._fail(note, FailureKind.STAGE, str(e))
             return
         run_end = time.perf_counter()
+        self.received[note.stage] = frame.tensors
         route = self._routes[note.stage]
         sent = time.time()
         leg = Leg(

@@ -106,11 +106,25 @@ def format_report(report: RunReport) -> str:
     return "\n".join(lines)
 
 
+def _node_column(report: RunReport) -> tuple[str, list[str]] | None:
+    """The stage table's node column, its header and a cell per stage (None for local workers).  Nodes
+    of one machine's namespaces (or containers) share its host name, which then tells them apart no
+    more: where their addresses do, the cells give the address and node id, the header the host."""
+    on = [s for s in report.stages if s.node_id is not None]
+    if not on:
+        return None
+    hosts = {s.host for s in on}
+    if len(hosts) == 1 and len(on) > 1 and len({s.node_address for s in on}) > 1:
+        cells = [f"{s.node_address} {s.node_id[:8]}" if s.node_id else "-" for s in report.stages]
+        return f"node (address id, all on host {hosts.pop()})", cells
+    return "node (host address id)", [s.node_text or "-" for s in report.stages]
+
+
 def _stage_table(report: RunReport) -> str:
     shared = report.memory_shared
-    on_nodes = any(s.node_id is not None for s in report.stages)
+    nodes = _node_column(report)
     rows = []
-    for s in report.stages:
+    for i, s in enumerate(report.stages):
         mark = " *" if s.index == report.bottleneck_stage else ""
         place = s.worker.placement
         row = [
@@ -125,14 +139,14 @@ def _stage_table(report: RunReport) -> str:
         ]
         if not shared:
             row += [_bytes(s.peak_rss_bytes), _bytes(s.model_rss_bytes)]
-        if on_nodes:
-            row += [s.node_text or "-", _bytes(s.shipped_bytes)]
+        if nodes is not None:
+            row += [nodes[1][i], _bytes(s.shipped_bytes)]
         rows.append(row)
     headers = ["stage", "file", "threads", "est ms", "measured ms", "measured vs est", "busy", "weights"]
     if not shared:
         headers += ["peak RSS", "model mem"]
-    if on_nodes:
-        headers += ["node (host address id)", "shipped"]
+    if nodes is not None:
+        headers += [nodes[0], "shipped"]
     return table(headers, rows)
 
 
