@@ -158,6 +158,7 @@ def test_cli_generate_with_embedding_compares_and_refuses_without_one(
     assert code == 2 and "an embedding model takes the token ids" in err
 
 
+@pytest.mark.exhaustive
 def test_the_builders_exclude_embeds_model_splits_and_generates_through_its_embedding_model(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:

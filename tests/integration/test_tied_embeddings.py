@@ -111,6 +111,7 @@ def test_inspect_counts_a_shared_table_once(capfd: pytest.CaptureFixture[str]) -
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_a_builder_int4_table_shared_by_gather_and_matmulnbits_is_held_once(
     genai_builder: Callable[..., Path], tmp_path: Path
 ) -> None:
