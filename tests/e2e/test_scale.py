@@ -83,17 +83,12 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int | None, st
     log: list[tuple[int | None, str]] = []
     stage: list[int | None] = [None]
     real_read = external.read_source
-    real_load = stagebuild.load_external_data_for_tensor
     real_externalize = export.externalize
     real_build = stagebuild.StageBuilder.build
 
     def read_source(t: onnx.TensorProto, src: Path) -> Iterator[bytes]:
         log.append((stage[0], t.name))
         return real_read(t, src)
-
-    def load(tensor: onnx.TensorProto, base_dir: str) -> None:
-        log.append((stage[0], tensor.name))
-        real_load(tensor, base_dir)
 
     def externalize(model: onnx.ModelProto, path: Path, *args: object) -> str | None:
         stage[0] = int(path.name.split("_")[1].split(".")[0])  # stage_<i>.onnx.data
@@ -111,7 +106,6 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int | None, st
 
     monkeypatch.setattr(external, "read_source", read_source)  # what a small weight read inline uses
     monkeypatch.setattr(weightfile, "read_source", read_source)  # what a weight copied in chunks uses
-    monkeypatch.setattr(stagebuild, "load_external_data_for_tensor", load)
     monkeypatch.setattr(export, "externalize", externalize)
     monkeypatch.setattr(stagebuild.StageBuilder, "build", build)
     yield log
