@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from runtime_support import assert_same, original_outputs, split_tiny, token_batches
 
+from onnxpipe import api
+from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
+from onnxpipe.manifest import load_manifest
+from onnxpipe.verification.options import BY_BOUNDARY
 from tools.hosts import Hosts, HostSpec, cannot_make_hosts
 from tools.ray_cluster import QUICK_HEALTH_CHECKS, LocalCluster
 
@@ -153,3 +157,57 @@ def test_links_measures_each_link_at_its_set_rate(host_cluster: LocalCluster, tm
     rate = RATE_MBIT * 1e6 / 8
     assert abs(measured["bandwidth_bytes_per_s"] / rate - 1) < 0.15, measured
     assert measured["latency_s"] > 0, measured
+
+
+@pytest.mark.parametrize(
+    ("model", "dtype", "feeds"),
+    [
+        ("transformer_tiny.onnx", "float16", lambda: token_batches(8, seed=6)),
+        (
+            "mlp.onnx",
+            "int8",
+            lambda: [
+                {"x": np.random.default_rng(j).standard_normal((4, 64)).astype(np.float32)} for j in range(8)
+            ],
+        ),
+    ],
+)
+def test_a_compressed_boundary_crosses_the_link_and_holds_its_tolerance(
+    host_cluster: LocalCluster,
+    sample_models_dir: Path,
+    tmp_path: Path,
+    model: str,
+    dtype: str,
+    feeds: Callable[[], list[dict[str, np.ndarray]]],
+) -> None:
+    """A split whose boundary crosses as float16 (int8), verified when it was split, run on the hosts:
+    stage 1 receives the compressed tensor over host b's link, and the outputs hold the dtype's
+    tolerance against the uncompressed model."""
+    split = host_cluster.hidden / f"split-{dtype}"
+    request = PlanRequest(2, boundary_dtype=dtype)
+    api.split(
+        sample_models_dir / model,
+        SplitOptions(out=split, plan=request, profile=ProfileOptions(cost="static")),
+    )
+    manifest = load_manifest(split)
+    assert manifest.stages[1].boundary_dtype == dtype
+    assert all(i.name.endswith(f"/onnxpipe_{dtype}") or "scale" in i.name for i in manifest.stages[1].inputs)
+    batches = feeds()
+    inputs = tmp_path / "inputs.npz"
+    np.savez(inputs, **{name: np.stack([b[name] for b in batches]) for name in batches[0]})
+    resources = tmp_path / "resources.json"
+    resources.write_text(json.dumps({"stages": PINNED}))
+    outputs = tmp_path / "outputs.npz"
+    argv = _cli("run", str(split), "--backend", "ray", "--ray-address", host_cluster.address)
+    argv += ["--ray-resources", str(resources), "--inputs-stacked", str(inputs), "-m", str(len(batches))]
+    argv += ["--outputs", str(outputs)]
+    done = host_cluster.run_on("d", argv, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    tolerance = BY_BOUNDARY[dtype]
+    expected = original_outputs(sample_models_dir / model, batches)
+    with np.load(outputs) as stacked:
+        for j, want in enumerate(expected):
+            for name, value in want.items():
+                got = stacked[name][j]
+                bound = tolerance.atol + tolerance.rtol * float(np.abs(value).max())
+                assert float(np.abs(got - value).max()) <= bound, (name, j)
