@@ -103,8 +103,23 @@ def _tuned(sock: socket.socket) -> socket.socket:
     return sock
 
 
+def _send_all(sock: socket.socket, parts: list[memoryview]) -> None:
+    """Write ``parts`` in one ``sendmsg`` where the socket takes them (one packet for a small frame, not
+    one per part), the rest in further calls."""
+    views = [p for p in parts if p.nbytes]
+    while views:
+        sent = sock.sendmsg(views)
+        while sent:
+            if sent >= views[0].nbytes:
+                sent -= views.pop(0).nbytes
+            else:
+                views[0], sent = views[0][sent:], 0
+
+
 class _Sender:
-    """The connection to one destination and the thread that writes its frames in order."""
+    """The connection to one destination and the thread that writes its frames in order.  (Writing a small
+    frame in the caller's thread instead was measured: with another Python thread busy in the sending
+    process, each hop then waited on the interpreter's lock, 15 ms against 0.1 ms through the thread.)"""
 
     def __init__(self, to: Address, on_broken: Callable[[Address, str], None]) -> None:
         self.to = to
@@ -124,8 +139,7 @@ class _Sender:
     def _loop(self) -> None:
         while (parts := self._queue.get()) is not None:
             try:
-                for part in parts:
-                    self._sock.sendall(part)
+                _send_all(self._sock, parts)
             except OSError as e:
                 self._on_broken(self.to, f"sending to {self.to[0]}:{self.to[1]} failed: {e}")
                 return
