@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable
 
 from onnxpipe import api
-from onnxpipe.cli import parsers
+from onnxpipe.cli.parsers import EXPORT_TRITON, GENERATE, INSPECT, LINKS, PLAN, PROFILE, RUN, SPLIT, VERIFY
 from onnxpipe.cli.say import Say, reading
 from onnxpipe.cli.tables import (
     format_decoder,
@@ -28,7 +28,7 @@ from onnxpipe.core.text import counted
 def profile(args: argparse.Namespace) -> int:
     reading(args.model, quiet=args.quiet)
     say = Say("profile", quiet=args.quiet)
-    prof = api.profile(args.model, parsers.PROFILE.options(args), listener=say)
+    prof = api.profile(args.model, PROFILE.options(args), listener=say)
     on = "" if prof.on_reference else f" on {prof.runtime}"
     print(
         f"profiled {len(prof.node_seconds)} nodes of {args.model.name}{on}: "
@@ -49,7 +49,7 @@ def profile(args: argparse.Namespace) -> int:
 def split(args: argparse.Namespace) -> int:
     reading(args.model, quiet=args.quiet)
     say = Say("split", json_output=args.json, quiet=args.quiet)
-    result = api.split(args.model, parsers.SPLIT.options(args), listener=say)
+    result = api.split(args.model, SPLIT.options(args), listener=say)
     if args.json:
         print(result.to_json())
     else:
@@ -73,7 +73,7 @@ def split(args: argparse.Namespace) -> int:
 def plan(args: argparse.Namespace) -> int:
     reading(args.model, quiet=args.quiet)
     say = Say("plan", json_output=args.json, quiet=args.quiet)
-    result = api.plan(args.model, parsers.PLAN.options(args), listener=say)
+    result = api.plan(args.model, PLAN.options(args), listener=say)
     plan = result.plan
     if args.json:
         print(result.to_json())
@@ -93,7 +93,7 @@ def plan(args: argparse.Namespace) -> int:
 def verify(args: argparse.Namespace) -> int:
     reading(args.dir)
     say = Say("verify", json_output=args.json)  # made first: its total time counts the verification
-    report = api.verify(args.dir, parsers.VERIFY.options(args))
+    report = api.verify(args.dir, VERIFY.options(args))
     print(api.verify_json(report) if args.json else format_verify_report(report))
     if report.record_note is not None:
         say.line(f"note: {report.record_note}")
@@ -106,7 +106,7 @@ def verify(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     """Run ``args.dir`` as a pipeline and print what it delivered; 1 when ``--compare`` finds a mismatch."""
     say = Say("run", json_output=args.json)
-    options = parsers.RUN.options(args)
+    options = RUN.options(args)
     report = api.run(args.dir, options, listener=say)
     print(api.run_json(report) if args.json else say.text(api.format_report(report)))
     for path in (options.report, options.outputs):
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
 
 def generate(args: argparse.Namespace) -> int:
     say = Say("generate", json_output=args.json)
-    options = parsers.GENERATE.options(args)
+    options = GENERATE.options(args)
     streamed = not args.json and len(options.prompts) == 1
 
     def stream(index: int, text: str) -> None:  # the one sequence's answer, printed as it is made
@@ -210,7 +210,7 @@ def cluster_lines(cluster: api.GenerationCluster, rebuilt: int) -> list[str]:
 
 def links(args: argparse.Namespace) -> int:
     say = Say("links", json_output=args.json)
-    options = parsers.LINKS.options(args)
+    options = LINKS.options(args)
     report = api.links(args.devices, options, listener=say)
     print(report.to_json() if args.json else say.text(api.format_links(report)))
     if report.written is not None:
@@ -220,7 +220,7 @@ def links(args: argparse.Namespace) -> int:
 
 
 def inspect(args: argparse.Namespace) -> int:
-    found = api.inspect(args.target, parsers.INSPECT.options(args))
+    found = api.inspect(args.target, INSPECT.options(args))
     if args.json:
         print(found.to_json())
     elif isinstance(found, api.FolderInspection):
@@ -239,7 +239,7 @@ def inspect(args: argparse.Namespace) -> int:
 
 
 def export_triton(args: argparse.Namespace) -> int:
-    repo = api.export_triton(args.dir, parsers.EXPORT_TRITON.options(args))
+    repo = api.export_triton(args.dir, EXPORT_TRITON.options(args))
     stages = len(repo.models) - 1
     print(
         f"wrote a Triton repository to {repo.path}/: ensemble {repo.ensemble!r} over {stages} stage "
