@@ -94,6 +94,11 @@ def imports_of(module: str) -> Iterator[Import]:
                     target = _resolve(child.module, alias.name)
                     if target is not None:
                         yield Import(module, target, child.lineno, in_function, type_checking)
+                    if target not in (None, child.module) and child.module in MODULES and "." in child.module:
+                        # ``from package import submodule`` runs the package's ``__init__`` first: an
+                        # edge to the package too, or a cycle through its re-exports hides (the top
+                        # package is left out: every import runs it, and it only re-exports the door).
+                        yield Import(module, child.module, child.lineno, in_function, type_checking)
             else:
                 yield from visit(
                     child,
