@@ -80,9 +80,15 @@ class SplitOptions:
     rtol: float | None = None
     atol: float | None = None
     """The verification's tolerance (:class:`VerifyOptions`): by each output's type unless given."""
+    embedding: Path | None = None
+    """The embedding model (token ids in, ``inputs_embeds`` out) of a text model that takes
+    ``inputs_embeds``, joined ahead of it so that the split takes token ids (:mod:`onnxpipe.ir.joined`);
+    default: the one the ``genai_config.json`` beside the model names (``model.embedding.filename``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "out", Path(self.out))
+        if self.embedding is not None:
+            object.__setattr__(self, "embedding", Path(self.embedding))
         self._check()
 
     def _check(self) -> None:

@@ -99,6 +99,14 @@ SPLIT = Subcommand(
             "keeps its token ids and search options; without one they are derived from the graph and "
             "defaults",
         ),
+        flag(
+            "--embedding",
+            type=Path,
+            metavar="FILE.onnx",
+            help="the embedding model of a text model that takes inputs_embeds (token ids in, inputs_embeds "
+            "out; default: the one the genai_config.json beside the model names): joined ahead of it, so "
+            "the split takes token ids and the planner places the embedding as a decoder's (--ends)",
+        ),
         *tolerance_flags(),
         negated("--no-verify", "verify", "skip comparing the stages with the model"),
         flag(
