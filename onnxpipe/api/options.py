@@ -40,7 +40,7 @@ from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.export.options import ExportOptions, TritonOptions
 from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.request import DEFAULT_TIME_SLACK, PlanRequest, ScheduleRequest
-from onnxpipe.runtime.options import GenerateOptions, LinkOptions, RunOptions, Sampling
+from onnxpipe.runtime.options import GenerateOptions, LinkOptions, RunOptions, Sampling, as_paths
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 from onnxpipe.verification.options import VerifyOptions, defaults_text
 
@@ -53,10 +53,11 @@ class PlanOptions:
     plan: PlanRequest
     profile: ProfileOptions = field(default_factory=ProfileOptions)
     plot: Path | None = None
+    embedding: Path | None = None
+    """As :attr:`SplitOptions.embedding`: the plan is the one ``split`` makes."""
 
     def __post_init__(self) -> None:
-        if self.plot is not None:
-            object.__setattr__(self, "plot", Path(self.plot))
+        as_paths(self, "plot", "embedding")
 
 
 @dataclass(frozen=True)
@@ -87,8 +88,7 @@ class SplitOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "out", Path(self.out))
-        if self.embedding is not None:
-            object.__setattr__(self, "embedding", Path(self.embedding))
+        as_paths(self, "embedding")
         self._check()
 
     def _check(self) -> None:

@@ -15,12 +15,12 @@ from pathlib import Path
 from onnxpipe.api.autotrial import paid_here
 from onnxpipe.api.options import SplitOptions
 from onnxpipe.api.paths import check_output_folder
-from onnxpipe.api.plans import calibrated_plan, load, note_retries, start
+from onnxpipe.api.plans import calibrated_plan, embedding_placed, load, note_retries, start
 from onnxpipe.api.preamble import BusyWatch
 from onnxpipe.api.profiling import save_profile
 from onnxpipe.api.results import SplitResult
 from onnxpipe.cluster.costs import provider_available
-from onnxpipe.core.choices import CalibrationMode, Ends, Phase, SplitNodes, VerifyRuntime
+from onnxpipe.core.choices import CalibrationMode, Phase, SplitNodes, VerifyRuntime
 from onnxpipe.core.dims import Dim
 from onnxpipe.core.errors import ExportError, OnnxpipeError, UsageError, VerificationError
 from onnxpipe.core.events import SILENT, Listener
@@ -37,8 +37,6 @@ from onnxpipe.export.genai.graph import check_source_fits, model_facts
 from onnxpipe.export.outdir import check_target, normalized
 from onnxpipe.export.stages import write_stages
 from onnxpipe.ir.decoder import FoundDecoder
-from onnxpipe.ir.joined import named_embedding
-from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.ir.static import static_view, unsettled
@@ -70,7 +68,7 @@ def split(
         check_target(out_dir, force=opts.export.force, protected=(model_path, model_path.parent))
     check_output_folder(out_dir)
     genai = None if opts.export.genai_config is None else read_source_config(opts.export.genai_config)
-    view = _source(model, model_path, opts.embedding)
+    view = load(model, opts.embedding)
     found = FoundDecoder.of(view)  # once for the request: its checks, its phases, each plan, the export
     check_exportable(view, out_dir, force=opts.export.force)
     if genai is not None:
@@ -101,7 +99,7 @@ def split(
         watch.check()
     save_profile(prof, profile_options)
     the_plan = _noted(note_retries(the_plan, prof), retried, view if opts.static else None)
-    the_plan = _embedding_placed(the_plan, view, opts.plan)
+    the_plan = embedding_placed(the_plan, view, opts.plan)
     say.step(f"exporting {the_plan.k} stages")
     samples = prof.samples
     first = samples.first if samples is not None else None
@@ -125,17 +123,6 @@ def split(
             decoder=found,
         )
     return SplitResult(plan=the_plan, manifest=manifest, out_dir=out_dir, report=verified.report)
-
-
-def _source(model: str | Path | ModelView, path: Path | None, embedding: Path | None) -> ModelView:
-    """The model to split: loaded, with its embedding model joined ahead where one is given or the
-    ``genai_config.json`` beside it names one (:mod:`onnxpipe.ir.joined`)."""
-    if path is None:
-        if embedding is not None:
-            raise UsageError(f"{opt('embedding', embedding)}: joins a model file; give the text model's path")
-        return load(model)
-    embedding = embedding or named_embedding(path)
-    return load_model(path) if embedding is None else load_model(path, embedding=embedding)
 
 
 def _plan_of(
@@ -197,30 +184,6 @@ def _noted(the_plan: Plan, retried: str | None, frozen: ModelView | None) -> Pla
             "does, which no freezing fixes)"
         )
     return dataclasses.replace(the_plan, notes=(*the_plan.notes, *notes)) if notes else the_plan
-
-
-def _embedding_placed(the_plan: Plan, view: ModelView, request: PlanRequest) -> Plan:
-    """``the_plan`` with a note saying which stage and worker run the embedding model joined ahead of the
-    text model (:mod:`onnxpipe.ir.joined`), and why there."""
-    if view.embedding is None:
-        return the_plan
-    ids = view.inputs[0]  # the joined graph's first input is the embedding model's token ids
-    at = next(s for s in the_plan.stages if ids in s.inputs)
-    with_layers = (
-        f"with layers {at.kv_layers[0]}-{at.kv_layers[-1]}" if at.kv_layers else "a stage of its own"
-    )
-    why = {
-        Ends.FREE: f"where the balance put it ({opt('ends', Ends.FREE)}; {opt('ends', Ends.OWN)} gives it a "
-        "stage of its own)",
-        Ends.ATTACHED: f"with the first layer ({opt('ends', Ends.ATTACHED)})",
-        Ends.OWN: f"as {opt('ends', Ends.OWN)} asks",
-    }[request.decoder.ends]
-    worker = at.worker if at.worker is not None else at.index
-    note = (
-        f"the embedding model {view.embedding.name} runs in stage {at.index} on worker {worker}, "
-        f"{with_layers}: {why}; the split takes the token ids {ids!r}"
-    )
-    return dataclasses.replace(the_plan, notes=(*the_plan.notes, note))
 
 
 def _dims_text(dims: tuple[Dim, ...] | None) -> str:

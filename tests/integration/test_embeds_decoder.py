@@ -208,6 +208,8 @@ def test_cli_split_with_embedding_verifies_again_and_refuses_one_that_does_not_f
     )
     assert code == 0, err
     assert "verify: 9 output(s) match the original" in text and "input_ids=1x1" in text
+    code, text, err = cli_run(["plan", models[0], "--embedding", models[1], "--stages", "2"], capfd)
+    assert code == 0 and "runs in stage 0 on worker 0, with layers 0-1" in text, err  # as split places it
     code, text, err = cli_run(["verify", out], capfd)  # the source joined again from the manifest
     assert code == 0 and "9 output(s) match" in text, err
     args = ["generate", out, "--prompt-ids", "3,17", "--max-new-tokens", "3"]
