@@ -26,6 +26,7 @@ from onnx import helper, numpy_helper
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.model_config import GENAI_CONFIG_NAME, config_beside
+from onnxpipe.core.options import opt
 
 _INTS = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
 
@@ -100,7 +101,14 @@ def named_embedding(model: Path) -> Path | None:
         return None
     section = config.document.get("model", {}).get("embedding", {})
     name = section.get("filename") if isinstance(section, dict) else None
-    return config.path.parent / name if isinstance(name, str) else None
+    if not isinstance(name, str):
+        return None
+    if not (config.path.parent / name).is_file():
+        raise UsageError(
+            f"{config.path}: names the embedding model {name}, which is not beside it; copy it there or "
+            f"give {opt('embedding', 'FILE.onnx')}"
+        )
+    return config.path.parent / name
 
 
 def joined_file(path: Path, embedding: Path) -> Path:

@@ -92,6 +92,9 @@ def test_the_embedding_model_a_genai_config_beside_names(tmp_path: Path) -> None
     assert named_embedding(text) is None
     model = {"decoder": {"filename": "text.onnx"}, "embedding": {"filename": "embedding.onnx"}}
     (tmp_path / "genai_config.json").write_text(json.dumps({"model": model}))
+    with pytest.raises(UsageError, match=r"names the embedding model embedding.onnx, which is not beside it"):
+        named_embedding(text)
+    embedding_model(tmp_path / "embedding.onnx")
     assert named_embedding(text) == tmp_path / "embedding.onnx"
     model["decoder"]["filename"] = "another.onnx"  # a config of another file is not this model's
     (tmp_path / "genai_config.json").write_text(json.dumps({"model": model}))
