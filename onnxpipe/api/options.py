@@ -40,7 +40,7 @@ from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.export.options import ExportOptions, TritonOptions
 from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.request import DEFAULT_TIME_SLACK, PlanRequest, ScheduleRequest
-from onnxpipe.runtime.options import GenerateOptions, LinkOptions, RunOptions, Sampling
+from onnxpipe.runtime.options import GenerateOptions, LinkOptions, RunOptions, Sampling, as_paths
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 from onnxpipe.verification.options import VerifyOptions, defaults_text
 
@@ -53,10 +53,11 @@ class PlanOptions:
     plan: PlanRequest
     profile: ProfileOptions = field(default_factory=ProfileOptions)
     plot: Path | None = None
+    embedding: Path | None = None
+    """As :attr:`SplitOptions.embedding`: the plan is the one ``split`` makes."""
 
     def __post_init__(self) -> None:
-        if self.plot is not None:
-            object.__setattr__(self, "plot", Path(self.plot))
+        as_paths(self, "plot", "embedding")
 
 
 @dataclass(frozen=True)
@@ -80,9 +81,14 @@ class SplitOptions:
     rtol: float | None = None
     atol: float | None = None
     """The verification's tolerance (:class:`VerifyOptions`): by each output's type unless given."""
+    embedding: Path | None = None
+    """The embedding model (token ids in, ``inputs_embeds`` out) of a text model that takes
+    ``inputs_embeds``, joined ahead of it so that the split takes token ids (:mod:`onnxpipe.ir.joined`);
+    default: the one the ``genai_config.json`` beside the model names (``model.embedding.filename``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "out", Path(self.out))
+        as_paths(self, "embedding")
         self._check()
 
     def _check(self) -> None:

@@ -17,7 +17,7 @@ from onnxpipe.calibrate.devices import calibrate_on_devices, how_timed
 from onnxpipe.calibrate.loop import calibrate_phases
 from onnxpipe.calibrate.options import CalibrationOptions
 from onnxpipe.calibrate.timing import choose_timer, cluster_timer, time_model
-from onnxpipe.core.choices import CalibrationMode, Phase
+from onnxpipe.core.choices import CalibrationMode, Ends, Phase
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.core.options import opt
@@ -29,6 +29,7 @@ from onnxpipe.cost.source import get_profile
 from onnxpipe.export.checks import check_runtime_opsets
 from onnxpipe.ir.decoder import FoundDecoder, decoder_of
 from onnxpipe.ir.decoder_kinds import PhaseShape
+from onnxpipe.ir.joined import named_embedding
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import expected_text, load_samples
@@ -49,7 +50,7 @@ def plan(
     say = listener or SILENT
     if options.plot is not None:
         check_plot(options.plot)
-    view = load(model)
+    view = load(model, options.embedding)
     found = FoundDecoder.of(view)  # once for the request: its checks, its phases, each plan tried
     request = options.plan
     profile, shapes = start(view, request, options.profile, say, decoder=found)
@@ -63,14 +64,47 @@ def plan(
     if profile.measured:
         watch.check()
     save_profile(prof, profile)
-    the_plan = make_plan(view, prof, request, phase_profiles=phases, decoder=found)
+    the_plan = embedding_placed(
+        make_plan(view, prof, request, phase_profiles=phases, decoder=found), view, request
+    )
     drawn = None if options.plot is None else draw_plan(the_plan, options.plot, title=view.file_name)
     return PlanResult(plan=the_plan, drawn=drawn)
 
 
-def load(model: str | Path | ModelView) -> ModelView:
-    """The model, loaded unless it was."""
-    return model if isinstance(model, ModelView) else load_model(model)
+def embedding_placed(the_plan: Plan, view: ModelView, request: PlanRequest) -> Plan:
+    """``the_plan`` with a note saying which stage and worker run the embedding model joined ahead of the
+    text model (:mod:`onnxpipe.ir.joined`), and why there."""
+    if view.embedding is None:
+        return the_plan
+    ids = view.inputs[0]  # the joined graph's first input is the embedding model's token ids
+    at = next(s for s in the_plan.stages if ids in s.inputs)
+    with_layers = (
+        f"with layers {at.kv_layers[0]}-{at.kv_layers[-1]}" if at.kv_layers else "a stage of its own"
+    )
+    why = {
+        Ends.FREE: f"where the balance put it ({opt('ends', Ends.FREE)}; {opt('ends', Ends.OWN)} gives it a "
+        "stage of its own)",
+        Ends.ATTACHED: f"with the first layer ({opt('ends', Ends.ATTACHED)})",
+        Ends.OWN: f"as {opt('ends', Ends.OWN)} asks",
+    }[request.decoder.ends]
+    worker = at.worker if at.worker is not None else at.index
+    note = (
+        f"the embedding model {view.embedding.name} runs in stage {at.index} on worker {worker}, "
+        f"{with_layers}: {why}; the split takes the token ids {ids!r}"
+    )
+    return dataclasses.replace(the_plan, notes=(*the_plan.notes, note))
+
+
+def load(model: str | Path | ModelView, embedding: Path | None = None) -> ModelView:
+    """The model, loaded unless it was; a text model that takes ``inputs_embeds`` joined with its
+    ``embedding`` model, else with the one the ``genai_config.json`` beside it names
+    (:mod:`onnxpipe.ir.joined`): what ``plan`` plans is what ``split`` splits."""
+    if isinstance(model, ModelView):
+        if embedding is not None:
+            raise UsageError(f"{opt('embedding', embedding)}: joins a model file; give the text model's path")
+        return model
+    embedding = embedding or named_embedding(Path(model))
+    return load_model(model) if embedding is None else load_model(model, embedding=embedding)
 
 
 def start(

@@ -13,7 +13,6 @@ from onnxpipe.core.choices import Backend
 from onnxpipe.core.errors import ManifestError, RuntimeStageError, UsageError
 from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.core.options import opt
-from onnxpipe.ir.merged import runnable_file
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.backends.ray_resources import load_ray_resources
 from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig, Tensors
@@ -33,7 +32,7 @@ from onnxpipe.runtime.report.measure import Measurement, measure
 from onnxpipe.runtime.report.model import RunReport
 from onnxpipe.runtime.session import peak_rss_bytes
 from onnxpipe.runtime.spec import Placement, manifest_placements, placement_of
-from onnxpipe.verification.verify import source_model_path
+from onnxpipe.verification.verify import runnable_source
 
 
 def run(
@@ -115,7 +114,7 @@ def _placements(opts: RunOptions, manifest: Manifest) -> list[Placement] | None:
 
 def _source_model(directory: Path, manifest: Manifest, model: Path | None, *, needed: bool) -> Path | None:
     try:
-        return runnable_file(source_model_path(directory, manifest, model))
+        return runnable_source(directory, manifest, model)
     except (ManifestError, UsageError):
         if needed:
             raise

@@ -15,7 +15,7 @@ from pathlib import Path
 from onnxpipe.api.autotrial import paid_here
 from onnxpipe.api.options import SplitOptions
 from onnxpipe.api.paths import check_output_folder
-from onnxpipe.api.plans import calibrated_plan, load, note_retries, start
+from onnxpipe.api.plans import calibrated_plan, embedding_placed, load, note_retries, start
 from onnxpipe.api.preamble import BusyWatch
 from onnxpipe.api.profiling import save_profile
 from onnxpipe.api.results import SplitResult
@@ -68,7 +68,7 @@ def split(
         check_target(out_dir, force=opts.export.force, protected=(model_path, model_path.parent))
     check_output_folder(out_dir)
     genai = None if opts.export.genai_config is None else read_source_config(opts.export.genai_config)
-    view = load(model)
+    view = load(model, opts.embedding)
     found = FoundDecoder.of(view)  # once for the request: its checks, its phases, each plan, the export
     check_exportable(view, out_dir, force=opts.export.force)
     if genai is not None:
@@ -99,6 +99,7 @@ def split(
         watch.check()
     save_profile(prof, profile_options)
     the_plan = _noted(note_retries(the_plan, prof), retried, view if opts.static else None)
+    the_plan = embedding_placed(the_plan, view, opts.plan)
     say.step(f"exporting {the_plan.k} stages")
     samples = prof.samples
     first = samples.first if samples is not None else None

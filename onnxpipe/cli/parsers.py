@@ -67,6 +67,16 @@ PROFILE = Subcommand(
 )
 
 
+EMBEDDING = flag(
+    "--embedding",
+    type=Path,
+    metavar="FILE.onnx",
+    help="the embedding model of a text model that takes inputs_embeds (token ids in, inputs_embeds out; "
+    "default: the one the genai_config.json beside the model names): joined ahead of it, so that the split "
+    "takes token ids and the planner places the embedding as a decoder's (--ends)",
+)
+
+
 SPLIT = Subcommand(
     "split",
     "partition the model into K balanced stages and export them",
@@ -99,6 +109,7 @@ SPLIT = Subcommand(
             "keeps its token ids and search options; without one they are derived from the graph and "
             "defaults",
         ),
+        EMBEDDING,
         *tolerance_flags(),
         negated("--no-verify", "verify", "skip comparing the stages with the model"),
         flag(
@@ -147,6 +158,7 @@ PLAN = Subcommand(
     [
         *planning_flags(),
         flag("--plot", type=Path, help="draw the schedule and the stage loads (.png or .svg)"),
+        EMBEDDING,
         QUIET,
         *measure_flags(),
         JSON,

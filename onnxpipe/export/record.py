@@ -329,19 +329,22 @@ def _schedule(plan: Plan, microbatches: int) -> Timeline:
 
 
 def _source_info(view: ModelView, out: Path, source_name: str | None) -> SourceInfo:
-    """The source's path relative to the manifest's folder, so that moving both together keeps it valid.
-
-    Absolute when the two share no folder below the filesystem root (or lie on different drives).
-    """
-    path: str | None = None
-    if view.path is not None:
-        target = view.path.resolve()
-        folder = out.resolve()
-        try:
-            common = Path(os.path.commonpath([target, folder]))
-            relative = common != Path(common.anchor)
-        except ValueError:  # another drive on Windows
-            relative = False
-        path = Path(os.path.relpath(target, folder)).as_posix() if relative else target.as_posix()
+    """The source's path (and its joined embedding model's) relative to the manifest's folder, so that
+    moving both together keeps it valid."""
+    path = _relative(view.path, out) if view.path is not None else None
+    embedding = _relative(view.embedding, out) if view.embedding is not None else None
     name = source_name or view.file_name or "model.onnx"
-    return SourceInfo(file=name, path=path, sha256=view.sha256)
+    return SourceInfo(file=name, path=path, sha256=view.sha256, embedding=embedding)
+
+
+def _relative(path: Path, out: Path) -> str:
+    """``path`` relative to ``out``; absolute when the two share no folder below the filesystem root (or
+    lie on different drives)."""
+    target = path.resolve()
+    folder = out.resolve()
+    try:
+        common = Path(os.path.commonpath([target, folder]))
+        relative = common != Path(common.anchor)
+    except ValueError:  # another drive on Windows
+        relative = False
+    return Path(os.path.relpath(target, folder)).as_posix() if relative else target.as_posix()

@@ -2,7 +2,7 @@
 put in topological order where the file has them out of it, stable node names, the tensors subgraph
 bodies read from outside, ONNX shape inference, cheap constants and the topological order that keeps
 few bytes live across any cut; optimum's merged decoder is unwrapped to its with-past branch
-(:mod:`onnxpipe.ir.merged`).
+(:mod:`onnxpipe.ir.merged`); a text model is joined with its embedding model (:mod:`onnxpipe.ir.joined`).
 
 External weights stay on disk: the exporter reads each stage's weights when it writes the stage.
 """
@@ -29,6 +29,7 @@ from onnxpipe.ir.graph import (
     live_bytes_profile,
     stable_order,
 )
+from onnxpipe.ir.joined import join_embedding
 from onnxpipe.ir.merged import unwrap_merged_decoder
 from onnxpipe.ir.model import (
     ModelView,
@@ -41,9 +42,10 @@ from onnxpipe.ir.model import (
 )
 
 
-def load_model(path: str | Path, *, check: bool = True) -> ModelView:
+def load_model(path: str | Path, *, check: bool = True, embedding: Path | None = None) -> ModelView:
     """Read ``path`` into a :class:`ModelView` (its external weights left on disk); errors name the file
-    and say what to do."""
+    and say what to do.  ``embedding``: the embedding model joined ahead of a text model that takes
+    ``inputs_embeds`` (:mod:`onnxpipe.ir.joined`)."""
     p = Path(path)
     if not p.exists():
         raise ModelLoadError(f"{p}: no such file; give the path of an .onnx model")
@@ -69,8 +71,12 @@ def load_model(path: str | Path, *, check: bool = True) -> ModelView:
     unwrapped = unwrap_merged_decoder(proto)
     if unwrapped is not None:
         proto, notes = unwrapped.proto, (*notes, unwrapped.note)
+    if embedding is not None:
+        joined = join_embedding(proto, p, embedding)
+        proto, notes = joined.proto, (*notes, joined.note)
     view = view_from_proto(proto, path=p, sha256=file_sha256(p), base_dir=p.parent)
-    return dataclasses.replace(view, notes=notes, rewritten=unwrapped is not None) if notes else view
+    rewritten = unwrapped is not None or embedding is not None
+    return dataclasses.replace(view, notes=notes, rewritten=rewritten, embedding=embedding) if notes else view
 
 
 def _check_external_data(proto: onnx.ModelProto, p: Path) -> None:

@@ -111,6 +111,9 @@ class ModelView:
     """Whether loading changed the graph (a merged decoder unwrapped, :mod:`onnxpipe.ir.merged`): what
     runs the model as onnxpipe sees it is :attr:`proto` (its external weights in :attr:`base_dir`), not
     the file."""
+    embedding: Path | None = None
+    """The embedding model joined ahead of the file's graph (:mod:`onnxpipe.ir.joined`), recorded with the
+    split's source."""
 
     @property
     def file_name(self) -> str:

@@ -81,6 +81,10 @@ class SourceInfo:
     file: str
     path: str | None
     sha256: Sha256
+    embedding: str | None = None
+    """The embedding model joined ahead of a text model that takes ``inputs_embeds`` (``split
+    --embedding``; :mod:`onnxpipe.ir.joined`), relative as ``path`` is: the stages take token ids, and
+    whatever runs the source model runs the two joined."""
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,9 @@ from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.core.runtimes import EngineConfig, open_engine
 from onnxpipe.ir.feeds import random_feeds
+from onnxpipe.ir.joined import joined_file
 from onnxpipe.ir.load import load_model
+from onnxpipe.ir.merged import runnable_file
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import Samples, load_samples
 from onnxpipe.ir.shapes import failure_hint, resolve_input_shapes, symbol_sizes
@@ -162,7 +164,7 @@ def verify_folder(out_dir: str | Path, options: VerifyOptions) -> VerifyReport:
             f"{model}: sha256 {sha} is not the source sha256 {manifest.source.sha256} recorded in "
             f"{d / MANIFEST_NAME}; pass the model that was split ({opt('model')}) or split it again"
         )
-    view = load_model(model, check=False)
+    view = load_model(model, check=False, embedding=source_embedding(d, manifest))
     samples = options.samples
     if samples is None and (options.input_files or options.stacked_files):
         samples = load_samples(view, options.input_files, stacked=options.stacked_files)
@@ -434,3 +436,24 @@ def source_model_path(directory: Path, manifest: Manifest, model_path: str | Pat
             f"pass its path with {opt('model')}"
         )
     return p
+
+
+def source_embedding(directory: Path, manifest: Manifest) -> Path | None:
+    """The embedding model the split joined ahead of its source (``source.embedding``), else ``None``."""
+    if manifest.source.embedding is None:
+        return None
+    p = _plain(directory / manifest.source.embedding)
+    if not p.is_file():
+        raise UsageError(
+            f"{p}: the embedding model recorded in {directory / MANIFEST_NAME} is not there; "
+            "put it back, or split the model again"
+        )
+    return p
+
+
+def runnable_source(directory: Path, manifest: Manifest, model_path: str | Path | None) -> Path:
+    """The file a worker running the whole source model opens: the source (``model_path`` if given), its
+    merged decoder unwrapped, or joined with the embedding model the split joined ahead of it."""
+    path = source_model_path(directory, manifest, model_path)
+    embedding = source_embedding(directory, manifest)
+    return runnable_file(path) if embedding is None else joined_file(path, embedding)

@@ -14,19 +14,22 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from cli_runner import run as cli_run
+from onnx import numpy_helper
 from paths import SAMPLE_MODELS
 
 from onnxpipe.api import SplitOptions, split
-from onnxpipe.core.choices import CostSource
+from onnxpipe.core.choices import CostSource, Ends
 from onnxpipe.core.iocontract import Role
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.decoder_dims import decoder_dims
 from onnxpipe.ir.load import load_model
-from onnxpipe.manifest import load_manifest
+from onnxpipe.manifest import Manifest, load_manifest
+from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.runtime.generation.generator import Generator
 from tools.export_decoders import exclude_embeds
@@ -158,23 +161,106 @@ def test_cli_generate_with_embedding_compares_and_refuses_without_one(
     assert code == 2 and "an embedding model takes the token ids" in err
 
 
+def embedding_split(models: tuple[Path, Path], out: Path, k: int, ends: Ends = Ends.FREE) -> Manifest:
+    """The split of the text model with its embedding model joined ahead (``split --embedding``)."""
+    plan = PlanRequest(k, decoder=DecoderOptions(ends=ends))
+    profile = ProfileOptions(cost=CostSource.STATIC)
+    split(models[0], SplitOptions(out=out, plan=plan, profile=profile, embedding=models[1]))
+    return load_manifest(out)
+
+
+@pytest.mark.parametrize(
+    ("k", "ends"), [(2, Ends.FREE), pytest.param(3, Ends.OWN, marks=pytest.mark.exhaustive)]
+)
+def test_a_split_with_its_embedding_model_takes_token_ids_and_generates_the_whole_models_tokens(
+    models: tuple[Path, Path], tmp_path: Path, k: int, ends: Ends
+) -> None:
+    out = tmp_path / "split"
+    manifest = embedding_split(models, out, k, ends)
+    assert manifest.source.embedding is not None and manifest.k == k
+    assert (out / manifest.source.embedding).resolve() == models[1].resolve()
+    assert Manifest.from_json(manifest.to_json()) == manifest
+    io = manifest.plan.decoder.io if manifest.plan.decoder is not None else None
+    assert (
+        io is not None and io.named(Role.TOKEN_IDS) == ("input_ids",) and io.one(Role.INPUTS_EMBEDS) is None
+    )
+    first = manifest.stages[0]
+    assert "input_ids" in {i.name for i in first.inputs} and manifest.worker_of(0) == 0
+    where = "a stage of its own: as" if ends == Ends.OWN else "with layers 0-1: where the balance"
+    assert any(f"runs in stage 0 on worker 0, {where}" in n for n in manifest.plan.notes)
+    assert first.kv_layers == (() if ends == Ends.OWN else (0, 1))
+    config = json.loads((out / "genai_config.json").read_text())["model"]
+    assert config["type"] == "decoder-pipeline" and "embedding" not in config
+    assert "input_ids" in config["decoder"]["pipeline"][0]["stage_0"]["inputs"]
+    expected = tuple(whole_model_tokens(models, p) for p in PROMPTS)
+    with Generator.open(out) as pipe:  # no embedding model given: the split holds it
+        assert pipe.generate(PROMPTS, NEW_TOKENS, eos_token_ids=()).tokens == expected
+    with Generator.plain(out) as whole:  # the source and its embedding model, joined as the split was
+        assert whole.generate(PROMPTS[:1], NEW_TOKENS, eos_token_ids=()).tokens == expected[:1]
+
+
+def test_cli_split_with_embedding_verifies_again_and_refuses_one_that_does_not_fit(
+    models: tuple[Path, Path], tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "split"
+    code, text, err = cli_run(
+        ["split", models[0], "--embedding", models[1], "--stages", "2", "-o", out], capfd
+    )
+    assert code == 0, err
+    assert "verify: 9 output(s) match the original" in text and "input_ids=1x1" in text
+    code, text, err = cli_run(["plan", models[0], "--embedding", models[1], "--stages", "2"], capfd)
+    assert code == 0 and "runs in stage 0 on worker 0, with layers 0-1" in text, err  # as split places it
+    code, text, err = cli_run(["verify", out], capfd)  # the source joined again from the manifest
+    assert code == 0 and "9 output(s) match" in text, err
+    args = ["generate", out, "--prompt-ids", "3,17", "--max-new-tokens", "3"]
+    code, _, err = cli_run([*args, "--embedding", models[1]], capfd)
+    assert code == 2 and "takes token ids, not inputs_embeds; leave it out" in err
+    wide = onnx.load(str(models[1]))
+    table, name = numpy_helper.to_array(wide.graph.initializer[0]), wide.graph.initializer[0].name
+    wide.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.hstack([table, table]), name))
+    wide.graph.output[0].type.tensor_type.shape.dim[-1].dim_value = 64
+    onnx.save(wide, str(tmp_path / "wide.onnx"))
+    code, _, err = cli_run(
+        ["split", models[0], "--embedding", tmp_path / "wide.onnx", "--stages", "2", "-o", tmp_path / "no"],
+        capfd,
+    )
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "wide.onnx: its output 'inputs_embeds' is 64 wide, but " in err
+    assert f"{models[0]} takes 'inputs_embeds' 32 wide" in err
+
+
 @pytest.mark.exhaustive
-def test_the_builders_exclude_embeds_model_splits_and_generates_through_its_embedding_model(
+def test_the_builders_exclude_embeds_model_splits_with_its_embedding_model_and_generates_in_genai(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """GenAI's builder with ``exclude_embeds=true`` (GroupQueryAttention, a symbolic ``kv_cache_dim``,
     the attention mask its only integer input; ``tools/make_genai_builder_model.py``): split with no
-    ``--shape``, it generates from token ids, through the embedding model its ``genai_config.json``
-    names, the whole model's tokens."""
-    pytest.importorskip("onnxruntime_genai", reason="the builder is onnxruntime-genai's")
+    ``--shape`` at K=2 and K=3 (``--ends own``), the embedding model its ``genai_config.json`` names is
+    joined ahead (no ``--embedding``), and the split generates from token ids the whole model's tokens,
+    in onnxpipe and in ONNX Runtime GenAI on the split folder."""
+    og = pytest.importorskip("onnxruntime_genai", reason="the builder is onnxruntime-genai's")
     folder = exclude_embeds_build(tmp_path / "model")
     models = (folder / "model.onnx", folder / "embedding.onnx")
-    out = tmp_path / "split"
-    code, text, err = cli_run(["split", models[0], "--stages", "2", "-o", out], capfd)
-    assert code == 0, err
-    assert "past_key_values.0.key=1x2x255x16" in text and "takes inputs_embeds" in text
-    assert "verify: 9 output(s) match the original" in text and "--shape" not in text
     expected = tuple(whole_model_tokens(models, p, head=16) for p in PROMPTS)
     assert len({t for seq in expected for t in seq}) > 4
-    with Generator.open(out) as pipe:  # the embedding model named in the source folder's genai_config.json
-        assert pipe.generate(PROMPTS, NEW_TOKENS, eos_token_ids=()).tokens == expected
+    eos = json.loads((folder / "genai_config.json").read_text())["model"]["eos_token_id"]
+    for k, more, where in ((2, [], "with layers 0-1"), (3, ["--ends", "own"], "a stage of its own")):
+        out = tmp_path / f"split{k}"
+        code, text, err = cli_run(["split", models[0], "--stages", str(k), "-o", out, *more], capfd)
+        assert code == 0, err
+        assert "past_key_values.0.key=1x2x255x16" in text and "input_ids=1x1" in text
+        assert f"the embedding model embedding.onnx runs in stage 0 on worker 0, {where}" in text
+        assert "verify: 9 output(s) match the original" in text and "--shape" not in text
+        with Generator.open(out) as pipe:
+            assert pipe.generate(PROMPTS, NEW_TOKENS, eos_token_ids=()).tokens == expected
+        model = og.Model(str(out))
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=len(PROMPTS[0]) + NEW_TOKENS, do_sample=False)
+        generator = og.Generator(model, params)
+        generator.append_tokens(np.array([PROMPTS[0]], dtype=np.int32))
+        got: list[int] = []
+        while not generator.is_done():
+            generator.generate_next_token()
+            got.append(int(generator.get_next_tokens()[0]))
+        want = list(expected[0])
+        assert got == (want[: want.index(eos) + 1] if eos in want else want)

@@ -139,6 +139,15 @@ def test_the_reference_time_round_trips_and_is_left_out_when_unknown() -> None:
     assert Manifest.from_json(timed.to_json()) == timed
 
 
+def test_a_joined_embedding_model_round_trips_and_is_left_out_when_none() -> None:
+    """``source.embedding``: the embedding model ``split --embedding`` joined ahead of the source."""
+    m = two_stage_manifest()
+    assert "embedding" not in json.loads(m.to_json())["source"]
+    joined = replace(m, source=replace(m.source, embedding="../m_embedding.onnx"))
+    assert json.loads(joined.to_json())["source"]["embedding"] == "../m_embedding.onnx"
+    assert Manifest.from_json(joined.to_json()) == joined
+
+
 def test_the_profiled_inputs_round_trip_and_are_left_out_when_random() -> None:
     m = two_stage_manifest()
     assert "profiled_inputs" not in json.loads(m.to_json())["plan"]

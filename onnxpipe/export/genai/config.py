@@ -21,6 +21,12 @@ DEFAULT_PAD = 0
 SentencePiece convention (``<s>`` 1, ``</s>`` 2, ``<unk>``/pad 0) that most small decoders share;
 another model's real ids come with ``--genai-config`` (its ``config.json`` or ``genai_config.json``)."""
 
+_MULTIMODAL_PARTS = ("embedding", "vision", "speech")
+"""The models a multimodal GenAI config names beside its text model (``model.embedding``...), left out of
+a split's config: a split of an ``exclude_embeds`` text model joins its embedding model into its first
+stage (:mod:`onnxpipe.ir.joined`) and runs as a ``decoder-pipeline`` from the token ids, the text path."""
+
+
 DEFAULT_SEARCH: Mapping[str, Any] = {
     "do_sample": False,
     "num_beams": 1,
@@ -161,6 +167,8 @@ class GenAIConfig:
         """The document GenAI reads: the source's, its model's decoder and ids replaced by the split's."""
         doc = json.loads(json.dumps(dict(self.base)))  # a deep copy of plain JSON
         model = doc.setdefault("model", {})
+        for other in _MULTIMODAL_PARTS:  # the split's pipeline takes the token ids: it is the whole model
+            model.pop(other, None)
         source_decoder = model.get("decoder", {}) if isinstance(model.get("decoder"), dict) else {}
         model |= {
             "bos_token_id": self.tokens.bos,

@@ -5,6 +5,8 @@ It runs in the driver, as the first step of each generation step (:class:`Embedd
 contract's :attr:`~onnxpipe.core.iocontract.Role.INPUTS_EMBEDS`): one small Gather over the table, for
 the step's new tokens only.  Which model: ``--embedding FILE.onnx``, else the one the folder's
 ``genai_config.json`` names (``model.embedding.filename``: the split's folder, then the source model's).
+That is for a split made without its embedding model: one made with it (``split --embedding``, or the
+one beside the model named) holds it in a stage and takes the token ids (:mod:`onnxpipe.ir.joined`).
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ import numpy as np
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.iocontract import IOContract
 from onnxpipe.core.progress import ClosesOnExit
-from onnxpipe.ir.merged import runnable_file
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.base import BackendConfig, Tensors
 from onnxpipe.runtime.generation.contract import generation_input_types, split_contract
@@ -46,7 +45,7 @@ from onnxpipe.runtime.spec import (
     padding_side,
     placement_for_device,
 )
-from onnxpipe.verification.verify import source_model_path
+from onnxpipe.verification.verify import runnable_source
 
 
 class Steps(Protocol):
@@ -276,7 +275,7 @@ def _whole_model(
     manifest = load_manifest(d, check_files=False)
     contract = contract or split_contract(manifest, d)
     feeds = _feeds(d, manifest, contract, embedding)
-    path = runnable_file(source_model_path(d, manifest, model))
+    path = runnable_source(d, manifest, model)
     place = placement_for_device("cpu", manifest.plan.threads if threads is None else threads)
 
     def spec(index: int) -> WorkerSpec:
