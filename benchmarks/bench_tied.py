@@ -131,7 +131,7 @@ info = {e.key: e.value for e in table.external_data}
 if mode == "shared":
     load_external_data_for_tensor(table, folder)
     array = numpy_helper.to_array(table)
-elif mode == "shared_mapped":
+elif mode.startswith("shared_mapped"):
     dtype = helper.tensor_dtype_to_np_dtype(table.data_type)
     array = np.memmap(f"{folder}/{info['location']}", dtype=dtype, mode="r",
                       offset=int(info.get("offset", 0)), shape=tuple(table.dims))
@@ -140,26 +140,33 @@ sessions = []
 for p in paths:
     o = ort.SessionOptions()
     o.intra_op_num_threads = 1
+    if mode == "shared_mapped_unpacked":  # the head's kernel then reads the shared table as it is
+        o.add_session_config_entry("session.disable_prepacking", "1")
     if value is not None:
         o.add_initializer("table", value)
     sessions.append(ort.InferenceSession(p, o, providers=["CPUExecutionProvider"]))
 loaded = status("VmRSS") - base
 s0, s2 = sessions
-hidden = s0.run(None, {"ids": np.arange(8, dtype=np.int64)})
-feeds = {i.name: hidden[k] for k, i in enumerate(s2.get_inputs())}
-logits = s2.run(None, feeds)[0]
-print(json.dumps({"loaded_bytes": loaded, "peak_bytes": status("VmHWM") - base,
+rows = s0.get_inputs()[0].shape[0]
+for k in range(int(sys.argv[3])):  # tokens of a generation: the embedding reads their rows
+    ids = np.random.default_rng(k).integers(0, int(sys.argv[4]), rows, dtype=np.int64)
+    s2.run(None, {i.name: h for i, h in zip(s2.get_inputs(), s0.run(None, {"ids": ids}))})
+hidden = s0.run(None, {"ids": np.arange(rows, dtype=np.int64)})
+logits = s2.run(None, {i.name: h for i, h in zip(s2.get_inputs(), hidden)})[0]
+print(json.dumps({"loaded_bytes": loaded, "ran_bytes": status("VmRSS") - base,
+                  "peak_bytes": status("VmHWM") - base,
                   "logits_sum": float(logits.astype(np.float64).sum())}))
 """
 )
 """A child process: worker 0's two sessions, the table given to both once or read from each file."""
 
 
-def one_process(folder: Path) -> list[dict[str, Any]]:
-    """Worker 0's stages opened in one fresh process, each from its file or given one table."""
+def one_process(folder: Path, runs: int, vocab: int) -> list[dict[str, Any]]:
+    """Worker 0's stages opened in one fresh process, each from its file or given one table, then run
+    on ``runs`` micro-batches of random token ids."""
     rows = []
-    for mode in ("files", "shared", "shared_mapped"):
-        done = run_child(ONE_PROCESS, str(folder), mode)
+    for mode in ("files", "shared", "shared_mapped", "shared_mapped_unpacked"):
+        done = run_child(ONE_PROCESS, str(folder), mode, str(runs), str(vocab))
         if done.returncode != 0:
             raise RuntimeError(f"the {mode} child failed: {done.stderr.strip().splitlines()[-1:]}")
         rows.append({"mode": mode, **json.loads(done.stdout.strip().splitlines()[-1])})
@@ -170,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = benchmark_parser(__name__, __doc__)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--microbatches", type=int, default=64)
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -179,12 +186,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name, stages in (("plain", 2), ("tied", 3)):
                 out = Path(tmp) / f"{form}_{name}"
                 rows.append({"form": form, "case": name, **layout(model, out, stages, args.microbatches)})
-            for r in one_process(Path(tmp) / f"{form}_tied"):
+            for r in one_process(Path(tmp) / f"{form}_tied", args.microbatches, args.vocab):
                 rows.append({"form": form, "case": f"one_process_{r.pop('mode')}", **r})
     mib = 2**20
     print_table(
         "tied table: memory per layout (MiB)",
-        ["form", "case", "plan weights", "files", "model RSS (per worker) / loaded, peak"],
+        ["form", "case", "plan weights", "files", "model RSS (per worker) / loaded, ran, peak"],
         [
             [
                 r["form"],
@@ -196,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     + ", ".join(f"{b / mib:.1f}" for b in r["model_rss_bytes_per_worker"])
                     + ")"
                     if "model_rss_bytes" in r
-                    else f"{r['loaded_bytes'] / mib:.1f}, {r['peak_bytes'] / mib:.1f}"
+                    else ", ".join(f"{r[k] / mib:.1f}" for k in ("loaded_bytes", "ran_bytes", "peak_bytes"))
                 ),
             ]
             for r in rows
