@@ -73,13 +73,13 @@ def keeping_tied(view: ModelView, request: PlanRequest, plan_for: Callable[[Plan
         return _noted(
             tied,
             f"{what}: {k + 1} stages on {k} workers, the last on worker 0 with the first, "
-            f"hold it once: {figures}, at most the share of memory it saves; "
+            f"hold it once: {figures} (kept: the share of memory it saves is at least the share of time); "
             f"{opt('workers', k)} keeps a stage per worker",
         )
     return _noted(
         plain,
         f"{what}, held by the first and the last of {k} workers: {k + 1} stages on {k} "
-        f"workers would hold it once, {figures}, more than the share of memory it saves; "
+        f"workers would hold it once, {figures} (not kept: the share of time is above that of memory); "
         f"{opt('stages', k + 1)} {opt('workers', k)} asks for it",
     )
 
