@@ -44,16 +44,24 @@ def _slower(plain: Plan, tied: Plan) -> float:
 def keeping_tied(view: ModelView, request: PlanRequest, plan_for: Callable[[PlanRequest], Plan]) -> Plan:
     """The plan ``plan_for`` makes of ``request``; for a plain ``stages=K`` (K >= 2, no ``workers``) on
     identical workers of a model with a tied table, the better by :func:`worth_it` of K stages on K
-    workers and K + 1 stages on K workers, its notes saying which and why."""
+    workers and K + 1 stages on K workers, its notes saying which and why (and why not, off identical
+    workers)."""
     k = request.stages
-    if not (isinstance(k, int) and k >= 2 and request.workers is None and request.on_identical_workers):
+    if not (isinstance(k, int) and k >= 2 and request.workers is None):
         return plan_for(request)
     tables = tied_tables(view)
     if not tables:
         return plan_for(request)
-    plain = plan_for(replace(request, workers=k))
     named = ", ".join(f"{t} ({human_bytes(view.weights[t])})" for t in tables)
     what = f"the token embedding and the LM head share {named}"
+    if not request.on_identical_workers:
+        return _noted(
+            plan_for(request),
+            f"{what}, held by the first and the last stage's devices: {k + 1} stages on {k} workers, "
+            f"which would hold it once, are planned on identical workers only, not with "
+            f"{request.off_the_chain}",
+        )
+    plain = plan_for(replace(request, workers=k))
     try:
         tied = plan_for(replace(request, stages=k + 1, workers=k))
     except (PartitionError, UsageError) as e:

@@ -220,13 +220,18 @@ def test_a_stage_count_with_no_stage_to_spare_says_why_the_table_is_held_twice(
     costed: tuple[ModelView, Profile],
 ) -> None:
     """Six stages of a 4-layer decoder leave no seventh to deal back to worker 0: a stage per worker, and
-    a note that says so; one stage, or a model with no tied table, plans as before, with no such note."""
+    a note that says so, as for a plan off identical workers; one stage, or a model with no tied table,
+    plans as before, with no such note."""
     view, profile = costed
     got = plan(view, profile, PlanRequest(6))
     assert (got.k, got.workers) == (6, None)
     (note,) = [n for n in got.notes if n.startswith(SHARE_NOTE)]
     assert "7 stages on 6 workers cannot be made" in note
     assert not any(n.startswith("the token embedding") for n in plan(view, profile, PlanRequest(1)).notes)
+    latency = plan(view, profile, PlanRequest(2, objective="latency"))  # a chain for one request at a time
+    (note,) = [n for n in latency.notes if n.startswith(SHARE_NOTE)]
+    assert (latency.k, latency.workers) == (2, None)
+    assert note.endswith("are planned on identical workers only, not with `objective=latency`")
     untied = load_model(SAMPLE_MODELS / "decoders" / "llama_gqa.onnx")
     assert tied_tables(untied) == () and tied_tables(view) == (TABLE,)
     other = plan(untied, get_profile(untied, ProfileOptions(cost="static")), PlanRequest(2))
