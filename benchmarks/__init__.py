@@ -47,6 +47,8 @@ measured profiles); they take minutes, want a quiet machine, and are run by hand
   against the unsplit model and K replicas running the same sequences;
 * ``decoder_copies`` — decoders: bytes crossing each cut per step with rotary tables and masks made in
   each stage against sent, and the stage times (``--time``).
+* ``tied`` — a tied embedding and LM head: plan weights, files and measured memory of 2 stages on 2
+  workers against 3 on 2 (the table on worker 0 alone), and one table given to two sessions.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from onnxpipe.core.text import human_bytes
 from onnxpipe.export.boundary import BoundaryTypes
 from onnxpipe.export.contract import ContractMaker
 from onnxpipe.export.options import ExportOptions
+from onnxpipe.ir.embedding import tied_tables
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import symbol_sizes
 from onnxpipe.manifest import (
@@ -85,26 +86,13 @@ def shared_weights(
     for t, ws in held.items():
         for w in ws:
             per_worker[w] += size.get(t, 0)
-    large = SHARED_NOTE_SHARE * view.param_bytes
+    large, tied = SHARED_NOTE_SHARE * view.param_bytes, tied_tables(view)
     notes = tuple(
-        _shared_note(
-            t, size[t], holders[t], held[t], len(weights_per_stage), max(worker) + 1, _at_ends(view, t)
-        )
+        _shared_note(t, size[t], holders[t], held[t], len(weights_per_stage), max(worker) + 1, t in tied)
         for t in sorted(holders, key=lambda t: -size.get(t, 0))
         if len(holders[t]) > 1 and size.get(t, 0) >= large
     )
     return SharedWeights(per_stage, duplicated, notes, tuple(per_worker))
-
-
-def _at_ends(view: ModelView, tensor: str) -> bool:
-    """Whether only nodes of the model's first and last quarters read ``tensor``, of both: a tied
-    embedding and LM head's table, not a table every layer reads (the rotary cos and sin)."""
-    n = len(view.nodes)
-    ends = {
-        "first" if i < n / 4 else "last" if i >= 3 * n / 4 else "middle"
-        for i in view.consumers.get(tensor, ())
-    }
-    return ends == {"first", "last"}
 
 
 def _shared_note(

@@ -139,3 +139,24 @@ def token_input(view: ModelView, exclude: Collection[str], presents: Collection[
         if len(found) == 1:
             return found[0]
     return None
+
+
+TIED_SHARE = 0.01
+"""A weight counts as a tied table from this share of the model's weights on: a tied token embedding and
+LM head (about 16% of a 0.5B model), not the small constants exporters share."""
+
+
+def tied_tables(view: ModelView) -> tuple[str, ...]:
+    """The weights (of at least :data:`TIED_SHARE` of the model's) that only nodes of the model's first and
+    last quarters read, of both: a tied token embedding and LM head's table, which a split into stages on
+    their own workers holds twice; not a table every layer reads (the rotary cos and sin)."""
+    n, large = len(view.nodes), TIED_SHARE * view.param_bytes
+    found = []
+    for t, nbytes in view.weights.items():
+        ends = {
+            "first" if i < n / 4 else "last" if i >= 3 * n / 4 else "middle"
+            for i in view.consumers.get(t, ())
+        }
+        if nbytes >= large and ends == {"first", "last"}:
+            found.append(t)
+    return tuple(found)

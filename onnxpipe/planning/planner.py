@@ -25,6 +25,7 @@ from onnxpipe.planning.nodesplit import Planned, plan_splitting_nodes
 from onnxpipe.planning.orders import stages_auto
 from onnxpipe.planning.phases import make_two_phase_plan
 from onnxpipe.planning.request import PlanRequest
+from onnxpipe.planning.tied import keeping_tied
 from onnxpipe.planning.types import Plan
 from onnxpipe.planning.wire import compressed_profile, plan_with_wire
 from onnxpipe.planning.workers import make_interleaved_plan, make_plan
@@ -71,7 +72,8 @@ def planned(
 
     def on_the_wire(wire: Mapping[str, BoundaryDtype]) -> Plan:  # compressed boundaries' bytes
         phases = {ph: compressed_profile(view, p, wire) for ph, p in (phase_profiles or {}).items()}
-        return _plan(view, compressed_profile(view, profile, wire), request, phases, decoder)
+        costs = compressed_profile(view, profile, wire)
+        return keeping_tied(view, request, lambda r: _plan(view, costs, r, phases, decoder))
 
     made = plan_with_wire(view, profile, request, on_the_wire)
     return Planned(_finished(made, view, profile, request, bounded=True), view, profile)

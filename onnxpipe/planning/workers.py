@@ -250,7 +250,7 @@ class _Dealt:
     notes: tuple[str, ...]
     decoder: DecoderRecord | None
     weights: tuple[int, ...]
-    """Each worker's weight bytes, every tensor once (:func:`_worker_weights`)."""
+    """Each worker's weight bytes, every tensor once (:func:`worker_weights`)."""
 
 
 def _dealt_stages(
@@ -273,7 +273,7 @@ def _dealt_stages(
         )
         summary = decoder_summary(view, profile, decoder, options, profile_phase(profile, decoder))
     stages = tuple(replace(st, worker=part.workers[st.index]) for st in specs)
-    weights = _worker_weights(view, stages, workers)
+    weights = worker_weights(view, stages, workers)
     mem = ", ".join(f"{m / 2**20:.1f}" for m in weights)
     slower = part.bottleneck / part.fastest - 1 if part.fastest > 0 else 0.0  # all-zero costs: all tie
     notes = [
@@ -294,15 +294,17 @@ def _dealt_stages(
     return _Dealt(stages, part, tuple(notes), summary, weights)
 
 
-def _worker_weights(view: ModelView, stages: Sequence[StageSpec], workers: int) -> tuple[int, ...]:
+def worker_weights(view: ModelView, stages: Sequence[StageSpec], workers: int) -> tuple[int, ...]:
     """Each worker's weight bytes, every tensor its stages' nodes read counted once: a weight two of its
     stages share (a tied embedding and LM head) once, one its stages share with another worker's on
-    both."""
+    both; a stage with no worker is its own (stage i on worker i)."""
     by_name = view.node_by_name
     held: list[set[str]] = [set() for _ in range(workers)]
     for st in stages:
         for name in (*st.node_names, *st.constant_nodes, *st.recomputed_nodes):
-            held[st.worker or 0].update(t for t in by_name[name].reads if t in view.weights)
+            held[st.index if st.worker is None else st.worker].update(
+                t for t in by_name[name].reads if t in view.weights
+            )
     return tuple(sum(view.weights[t] for t in h) for h in held)
 
 

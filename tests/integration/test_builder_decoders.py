@@ -228,7 +228,8 @@ def test_a_builder_split_keeps_each_layers_cache_and_generates_the_unsplit_token
     assert record is not None and record.io is not None
     # each layer's cache in one stage, the stage that holds it alone taking its pasts and making its presents
     assert [layer for st in manifest.stages for layer in st.kv_layers] == [0, 1, 2, 3]
-    assert all(st.kv_layers for st in manifest.stages)
+    # (the tied table's layout, K + 1 stages on K workers, may leave the embedding a stage of its own)
+    assert all(st.kv_layers for st in manifest.stages if st.index > 0 or manifest.plan.workers is None)
     for st in manifest.stages:
         ins, outs = {i.name for i in st.inputs}, {o.name for o in st.outputs}
         for pair in record.io.kv:

@@ -3,13 +3,16 @@
 ``llama_tied`` (tools/export_decoders.py) holds its 128 x 32 float32 table once: the embedding's
 ``Gather`` and the LM head's ``Transpose`` -> ``MatMul`` read the same initializer.  A split into K stages
 on K workers holds it on two workers; ``--stages V*W+1 --workers W`` deals the last stage back to worker
-0 with the first, which holds it once, and the tokens stay the unsplit model's.
+0 with the first, which holds it once, and the tokens stay the unsplit model's.  A plain ``--stages K``
+makes that layout by itself, K + 1 stages on K workers, where the memory it saves is worth its time
+(:mod:`onnxpipe.planning.tied`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -22,11 +25,17 @@ from onnxpipe.cli.tables import format_manifest_table
 from onnxpipe.core.choices import CostSource
 from onnxpipe.core.text import human_bytes
 from onnxpipe.cost.options import ProfileOptions
+from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.source import get_profile
+from onnxpipe.ir.embedding import tied_tables
 from onnxpipe.ir.load import load_model
+from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import load_manifest
+from onnxpipe.planning import tied as tied_module
 from onnxpipe.planning.planner import plan
 from onnxpipe.planning.request import PlanRequest
+from onnxpipe.planning.tied import worth_it
+from onnxpipe.planning.workers import worker_weights
 from onnxpipe.runtime.generation.generator import Generator
 from tests.integration.test_builder_decoders import greedy
 from tests.integration.test_generate import PROMPTS, reference
@@ -51,7 +60,7 @@ def test_the_model_holds_one_table_for_embedding_and_head() -> None:
 def test_the_table_is_held_twice_on_two_workers_and_once_when_first_and_last_share_one(
     tmp_path: Path,
 ) -> None:
-    before = load_manifest(_split(tmp_path / "k2", PlanRequest(2)))
+    before = load_manifest(_split(tmp_path / "k2", PlanRequest(2, workers=2)))  # a stage per worker
     after = load_manifest(_split(tmp_path / "k3w2", PlanRequest(3, workers=2)))
     interleaved = load_manifest(_split(tmp_path / "k4w2", PlanRequest(4, workers=2)))
     print(
@@ -125,7 +134,7 @@ def test_a_builder_int4_table_shared_by_gather_and_matmulnbits_is_held_once(
     readers = {view.nodes[i].op_type for t in (table, scales) for i in view.consumers[t]}
     assert {"GatherBlockQuantized", "MatMulNBits"} <= readers  # the blocks also through a Reshape
     options = partial(SplitOptions, profile=ProfileOptions(cost=CostSource.STATIC), verify=False)
-    split(model, options(out=tmp_path / "k2", plan=PlanRequest(2)))
+    split(model, options(out=tmp_path / "k2", plan=PlanRequest(2, workers=2)))
     split(model, options(out=tmp_path / "k3w2", plan=PlanRequest(3, workers=2)))
     before, after = load_manifest(tmp_path / "k2"), load_manifest(tmp_path / "k3w2")
     tied = view.weights[table] + view.weights[scales]
@@ -139,3 +148,92 @@ def test_a_builder_int4_table_shared_by_gather_and_matmulnbits_is_held_once(
     with Generator.open(tmp_path / "k3w2") as pipe:
         got = pipe.generate([prompt], 12)
     assert list(got.tokens[0]) == greedy(folder, prompt, 12)
+
+
+@pytest.fixture(scope="module")
+def costed() -> tuple[ModelView, Profile]:
+    view = load_model(MODEL)
+    return view, get_profile(view, ProfileOptions(cost="static"))
+
+
+SHARE_NOTE = f"the token embedding and the LM head share {TABLE} (16.0 KiB)"
+
+
+def test_a_plain_stage_count_puts_the_first_and_last_stage_on_one_worker(
+    costed: tuple[ModelView, Profile], tmp_path: Path
+) -> None:
+    """``--stages K`` alone: K + 1 stages on K workers, the LM head's stage back on worker 0 with the
+    embedding's, where the memory it saves is worth the time it costs; the manifest counts the table once
+    on worker 0, and the tokens stay the unsplit model's."""
+    view, profile = costed
+    for k in (2, 3):
+        got = plan(view, profile, PlanRequest(k))
+        forced = plan(view, profile, PlanRequest(k, workers=k))  # a stage per worker, as the user asked
+        assert (got.k, got.workers, forced.k, forced.workers) == (k + 1, k, k, None)
+        assert [s.worker for s in got.stages] == [*range(k), 0]
+        (note,) = [n for n in got.notes if n.startswith(SHARE_NOTE)]
+        assert f"{k + 1} stages on {k} workers, the last on worker 0 with the first, hold it once" in note
+        assert note.endswith(f"`workers={k}` keeps a stage per worker")
+        assert not any(n.startswith("the token embedding") for n in forced.notes)
+        held, plain = sum(got.worker_param_bytes or ()), sum(worker_weights(view, forced.stages, k))
+        slower = got.bottleneck_seconds / forced.bottleneck_seconds - 1
+        print(f"K={k}: weights over the workers {plain} B plain, {held} B tied; bottleneck {slower:+.2%}")
+        assert plain - held >= TABLE_BYTES and worth_it(forced, got, plain, held)
+    m = load_manifest(_split(tmp_path / "k2", PlanRequest(2)))
+    assert [m.worker_of(s) for s in range(3)] == [0, 1, 0] and m.plan.worker_param_bytes is not None
+    assert f"weight {TABLE} (16.0 KiB) is read by stages 0, 2, all on worker 0: held once" in m.plan.notes
+    with Generator.open(tmp_path / "k2") as pipe:
+        got_tokens = pipe.generate(PROMPTS, 16)
+    assert got_tokens.tokens == tuple(reference("llama_tied", p)[:16] for p in PROMPTS)
+
+
+def test_the_plain_split_stays_where_the_tied_layout_costs_more_than_it_saves(
+    costed: tuple[ModelView, Profile], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rule, :func:`worth_it`: a share of the workers' weights saved buys at most as large a share of
+    bottleneck.  Where it does not (the rule made to refuse here), the plan is a stage per worker and
+    its note names the figures and the flags that ask for the tied layout."""
+    view, profile = costed
+    plain, tied = (
+        plan(view, profile, PlanRequest(2, workers=2)),
+        plan(view, profile, PlanRequest(3, workers=2)),
+    )
+    a, b = sum(worker_weights(view, plain.stages, 2)), sum(worker_weights(view, tied.stages, 2))
+    saved = 1 - b / a
+    assert worth_it(
+        plain, replace(tied, bottleneck_seconds=plain.bottleneck_seconds * (1 + saved * 0.99)), a, b
+    )
+    assert not worth_it(
+        plain, replace(tied, bottleneck_seconds=plain.bottleneck_seconds * (1 + saved * 1.01)), a, b
+    )
+    assert not worth_it(plain, plain, a, a)  # nothing saved: nothing to buy
+    monkeypatch.setattr(tied_module, "worth_it", lambda *_: False)
+    got = plan(view, profile, PlanRequest(2))
+    assert (got.k, got.workers) == (2, None)
+    (note,) = [n for n in got.notes if n.startswith(SHARE_NOTE)]
+    assert "3 stages on 2 workers would hold it once" in note and note.endswith(
+        "`stages=3` `workers=2` asks for it"
+    )
+
+
+def test_a_stage_count_with_no_stage_to_spare_says_why_the_table_is_held_twice(
+    costed: tuple[ModelView, Profile],
+) -> None:
+    """Six stages of a 4-layer decoder leave no seventh to deal back to worker 0: a stage per worker, and
+    a note that says so, as for a plan off identical workers; one stage, or a model with no tied table,
+    plans as before, with no such note."""
+    view, profile = costed
+    got = plan(view, profile, PlanRequest(6))
+    assert (got.k, got.workers) == (6, None)
+    (note,) = [n for n in got.notes if n.startswith(SHARE_NOTE)]
+    assert "7 stages on 6 workers cannot be made" in note
+    assert not any(n.startswith("the token embedding") for n in plan(view, profile, PlanRequest(1)).notes)
+    latency = plan(view, profile, PlanRequest(2, objective="latency"))  # a chain for one request at a time
+    (note,) = [n for n in latency.notes if n.startswith(SHARE_NOTE)]
+    assert (latency.k, latency.workers) == (2, None)
+    assert note.endswith("are planned on identical workers only, not with `objective=latency`")
+    untied = load_model(SAMPLE_MODELS / "decoders" / "llama_gqa.onnx")
+    assert tied_tables(untied) == () and tied_tables(view) == (TABLE,)
+    other = plan(untied, get_profile(untied, ProfileOptions(cost="static")), PlanRequest(2))
+    assert (other.k, other.workers) == (2, None)
+    assert not any(n.startswith("the token embedding") for n in other.notes)
