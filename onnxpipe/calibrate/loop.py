@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from onnxpipe.calibrate.timing import StageTimer, time_stages
 from onnxpipe.core.choices import Phase
@@ -213,17 +214,10 @@ def calibrate_phases(
     a stage of two small layers may keep its weights in the cache and one of three not) the corrected
     costs can lead to a cut that runs worse than one already timed.
     """
-    if rounds < 1:
-        raise UsageError(f"{opt('CalibrationOptions.rounds', rounds)}: give at least 1 round")
     measure = timer or time_stages
-    current = dict(profiles)
-    plan = make_plan(current)
-    history: list[dict[Phase | None, CalibrationRound]] = []
-    balances: list[float] = []
-    timed: list[tuple[dict[Phase | None, Profile], Plan]] = []  # each timed cut, as it was planned
-    stopped = False
-    for _ in range(rounds):
-        done = {
+
+    def time_round(current: Mapping[Phase | None, Profile], plan: Plan) -> Rounds:
+        return {
             phase: CalibrationRound(
                 bounds=_bounds(plan),
                 estimated_seconds=stage_estimates(plan, phase),
@@ -231,24 +225,70 @@ def calibrate_phases(
             )
             for phase, prof in current.items()
         }
+
+    def correct(
+        current: Mapping[Phase | None, Profile], plan: Plan, done: Rounds
+    ) -> dict[Phase | None, Profile]:
+        stage_nodes = [s.node_names for s in plan.stages]
+        return {p: corrected(prof, stage_nodes, done[p].factors) for p, prof in current.items()}
+
+    return run_rounds(
+        dict(profiles), make_plan, time_round, correct, lambda current: current, rounds, tolerance
+    )
+
+
+Rounds = Mapping[Phase | None, CalibrationRound]
+"""What one round timed, at each phase (``None``: the plan's one profiled shape)."""
+S = TypeVar("S")
+
+
+def run_rounds(
+    start: S,
+    make_plan: Callable[[S], Plan],
+    time_round: Callable[[S, Plan], Rounds],
+    correct: Callable[[S, Plan, Rounds], S],
+    profiles: Callable[[S], Mapping[Phase | None, Profile]],
+    rounds: int,
+    tolerance: float,
+) -> Calibrated:
+    """The rounds every calibration runs, on the costs ``start`` a plan is made from (profiles, or a
+    devices file's costs): plan, time the plan's stages, stop when every stage is within ``tolerance``,
+    when a round ran less evenly than the one before (:func:`worse_than_last`) or when the corrected
+    costs plan the same cut on the same devices; else correct the costs and plan again.  The cut kept
+    is the last one, or an earlier one that ran more evenly (:func:`kept_round`)."""
+    if rounds < 1:
+        raise UsageError(f"{opt('CalibrationOptions.rounds', rounds)}: give at least 1 round")
+    current = start
+    plan = make_plan(current)
+    history: list[Rounds] = []
+    balances: list[float] = []
+    timed: list[tuple[S, Plan]] = []  # each timed cut, as it was planned
+    stopped = False
+    for _ in range(rounds):
+        done = time_round(current, plan)
         history.append(done)
         balances.append(measured_balance(done, _workers(plan)))
         timed.append((current, plan))
         stopped = worse_than_last(balances, tolerance)
         if stopped or max(r.worst_error for r in done.values()) <= tolerance:
             break
-        stage_nodes = [s.node_names for s in plan.stages]
-        current = {p: corrected(prof, stage_nodes, done[p].factors) for p, prof in current.items()}
+        current = correct(current, plan, done)
         new_plan = make_plan(current)
-        moved = _bounds(new_plan) != _bounds(plan)
+        moved = _where(new_plan) != _where(plan)
         plan = new_plan
         if not moved:  # same cut: the corrected estimates are the stages' own times already
             break
-    kept = kept_round(balances, [_bounds(p) for _, p in timed], _bounds(plan), stopped, tolerance)
+    kept = kept_round(balances, [_where(p) for _, p in timed], _where(plan), stopped, tolerance)
     if kept is not None:
-        profs, the_plan = timed[kept]
-        return Calibrated(profs, the_plan, tuple(history), tuple(balances), went_back=kept, stopped=stopped)
-    return Calibrated(current, plan, tuple(history), tuple(balances), stopped=stopped)
+        current, plan = timed[kept]
+    return Calibrated(
+        profiles(current), plan, tuple(history), tuple(balances), went_back=kept, stopped=stopped
+    )
+
+
+def _where(plan: Plan) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """A plan's cut and the devices its stages run on: what a new plan must change to count as moved."""
+    return _bounds(plan), tuple(s.device for s in plan.stages)
 
 
 def _workers(plan: Plan) -> tuple[int, ...] | None:
