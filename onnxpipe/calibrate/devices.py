@@ -21,13 +21,9 @@ Where each stage is timed depends on whether its device is here
   its own profile scaled by the same correction).  Its speed is never replaced by this machine's.
 
 The time a described device would take is the stage's time here converted as its costs are
-(:func:`device_seconds`); the rounds compare those with the plan's estimates.  Each round must run no
-worse than the one before by calibration's own measure (how evenly the devices' times are spread,
-:func:`onnxpipe.calibrate.loop.measured_balance`): a round that ran less evenly, by more than the
-tolerance, stops the calibration, and
-the cut that ran the most evenly of those timed is kept (:func:`onnxpipe.calibrate.loop.kept_round`).
-The plan returned names the devices as the devices file does, its cost records saying how they were
-calibrated.
+(:func:`device_seconds`); the rounds compare those with the plan's estimates, and stop, and keep a cut,
+as every calibration does (:func:`onnxpipe.calibrate.loop.run_rounds`).  The plan returned names the
+devices as the devices file does, its cost records saying how they were calibrated.
 """
 
 from __future__ import annotations

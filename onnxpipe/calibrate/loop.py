@@ -82,30 +82,6 @@ def stage_estimates(plan: Plan, phase: Phase | None) -> tuple[float, ...]:
     return tuple(dict(s.phase_seconds).get(phase, s.compute_seconds) for s in plan.stages)
 
 
-def calibrate(
-    view: ModelView,
-    profile: Profile,
-    make_plan: Callable[[Profile], Plan],
-    *,
-    rounds: int = 2,
-    tolerance: float = DEFAULT_TOLERANCE,
-    timer: StageTimer | None = None,
-) -> tuple[Profile, Plan, list[CalibrationRound]]:
-    """Correct ``profile`` by the stages' own times until the cut settles (see the module docstring).
-
-    Returns the corrected profile, the plan made from it, and what each round measured.
-    """
-    done = calibrate_phases(
-        view,
-        {None: profile},
-        lambda profiles: make_plan(profiles[None]),
-        rounds=rounds,
-        tolerance=tolerance,
-        timer=timer,
-    )
-    return done.profiles[None], done.plan, [r[None] for r in done.rounds]
-
-
 @dataclass(frozen=True)
 class Calibrated:
     """What a calibration hands back: the profiles the plan was made from, the plan, what each round
@@ -198,21 +174,14 @@ def calibrate_phases(
     tolerance: float = DEFAULT_TOLERANCE,
     timer: StageTimer | None = None,
 ) -> Calibrated:
-    """:func:`calibrate` for a plan made from several profiles of one model, one per phase (a decoder's
-    prompt and generation step, balanced together by :mod:`onnxpipe.planning.phases`): each round times
-    the stages at every phase's shapes, corrects each phase's profile by that phase's stage times, and
-    plans again from all of them; it stops when every phase's stages are within ``tolerance`` or the
-    cut does not move.  Why both phases: a stage run alone differs from its share of the whole model by
+    """Correct the profiles a plan is made from by the stages' own times until the cut settles: one
+    profile (``None``), or one per phase (a decoder's prompt and generation step, balanced together by
+    :mod:`onnxpipe.planning.phases`): each round times the stages at every phase's shapes, corrects
+    each phase's profile by that phase's stage times, and plans again from all of them; it stops when
+    every phase's stages are within ``tolerance`` or the cut does not move.  Why both phases: a stage run alone differs from its share of the whole model by
     different amounts at the two shapes (a generation step's few tiny nodes make a session's per-run
-    cost and a stage's copied nodes weigh far more), so each phase needs its own correction.
-
-    A round whose cut ran less evenly than the one before (:func:`measured_balance`, by more than
-    ``tolerance``) ends the calibration; the last correction stands unless an earlier timed cut ran more
-    evenly than the last one timed (again by more than ``tolerance``): then that cut is kept as it was
-    planned (``went_back``, :func:`kept_round`).  Why: the
-    correction assumes a stage costs the sum of its nodes, and where it does not (at a generation step
-    a stage of two small layers may keep its weights in the cache and one of three not) the corrected
-    costs can lead to a cut that runs worse than one already timed.
+    cost and a stage's copied nodes weigh far more), so each phase needs its own correction.  When a
+    round runs less evenly than the one before, and which cut is kept then: :func:`run_rounds`.
     """
     measure = timer or time_stages
 
@@ -252,10 +221,12 @@ def run_rounds(
     tolerance: float,
 ) -> Calibrated:
     """The rounds every calibration runs, on the costs ``start`` a plan is made from (profiles, or a
-    devices file's costs): plan, time the plan's stages, stop when every stage is within ``tolerance``,
-    when a round ran less evenly than the one before (:func:`worse_than_last`) or when the corrected
-    costs plan the same cut on the same devices; else correct the costs and plan again.  The cut kept
-    is the last one, or an earlier one that ran more evenly (:func:`kept_round`)."""
+    devices file's costs): plan, time the plan's stages, and stop when every stage is within
+    ``tolerance``, when the corrected costs plan the same cut on the same devices, or when the round ran
+    less evenly than the one before (:func:`worse_than_last`; the module says why); else correct the
+    costs and plan again.  The cut kept is the last one, or an earlier one that ran more evenly
+    (:func:`kept_round`), as it was planned.
+    """
     if rounds < 1:
         raise UsageError(f"{opt('CalibrationOptions.rounds', rounds)}: give at least 1 round")
     current = start
