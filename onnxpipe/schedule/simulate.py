@@ -33,6 +33,7 @@ timelines against hand-computed ones.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 
@@ -171,8 +172,7 @@ def _simulate(
     workers: tuple[int, ...] | None,
 ) -> Timeline:
     """Each stage runs its steps in :func:`step_order`, one at a time on its worker (``workers[s]``, else
-    a worker of its own), each
-    as soon as its input is there and its worker is free.
+    a worker of its own), each as soon as its input is there and its worker is free.
 
     Steps are placed in the order of their earliest possible start, ties going to the deeper stage (which
     drains the pipeline): a worker that falls idle takes the first step that can run on it, and never
@@ -193,18 +193,37 @@ def _simulate(
     steps: list[list[Step]] = [[] for _ in range(k)]
     ptr = [0] * k
     free: dict[int, float] = dict.fromkeys(worker, 0.0)
-    for _ in range(sum(len(order) for order in orders)):
-        best: tuple[float, int] | None = None
-        for s in range(k):
-            if ptr[s] < len(orders[s]):
-                op, j = orders[s][ptr[s]]
-                ready = f_arrive[s][j] if op == "F" else b_arrive[s][j]
-                if ready is not None:
-                    key = (max(free[worker[s]], ready), -s)
-                    best = key if best is None or key < best else best
-        if best is None:
-            raise RuntimeError(f"schedule {kind} deadlocked at steps {ptr}")  # a bug in step_order
-        start, s = best[0], -best[1]
+
+    def start_of(s: int) -> float | None:
+        """When stage ``s``'s next step could start, None while its input is not there."""
+        if ptr[s] == len(orders[s]):
+            return None
+        op, j = orders[s][ptr[s]]
+        ready = f_arrive[s][j] if op == "F" else b_arrive[s][j]
+        return None if ready is None else max(free[worker[s]], ready)
+
+    # each stage has one entry in the heap, at the start its next step had when queued: a start only
+    # grows (its worker got busier), so an entry whose start still holds is the earliest
+    queued: list[float | None] = [None] * k
+    heap: list[tuple[float, int]] = []
+
+    def queue(s: int) -> None:
+        when = start_of(s)
+        if when is not None and when != queued[s]:
+            queued[s] = when
+            heapq.heappush(heap, (when, -s))
+
+    for s in range(k):
+        queue(s)
+    while heap:
+        start, s = heapq.heappop(heap)
+        s = -s
+        if start != queued[s]:  # an entry a later one replaced
+            continue
+        queued[s] = None
+        if start_of(s) != start:  # its worker got busier: wait again
+            queue(s)
+            continue
         op, j = orders[s][ptr[s]]
         end = start + (f_cost[s] if op == "F" else b_cost[s])
         free[worker[s]] = end
@@ -217,9 +236,11 @@ def _simulate(
         elif s > 0:
             b_arrive[s - 1][j] = _send(transfers, link_b_free, s, "B", j, end, l_cost[s])
         ptr[s] += 1
-    load: dict[int, float] = dict.fromkeys(worker, 0.0)
-    for s in range(k):
-        load[worker[s]] += f_cost[s] + b_cost[s]
+        for t in range(max(0, s - 1), min(k, s + 2)):  # this stage and the neighbours it fed
+            queue(t)
+    if any(ptr[s] < len(orders[s]) for s in range(k)):
+        raise RuntimeError(f"schedule {kind} deadlocked at steps {ptr}")  # a bug in step_order
+    load = {w: sum(f_cost[s] + b_cost[s] for s in range(k) if worker[s] == w) for w in set(worker)}
     slowest = max(max(load.values()), max(l_cost))
     return _timeline(kind, m, steps, transfers, slowest, workers)
 
