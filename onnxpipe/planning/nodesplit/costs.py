@@ -74,20 +74,6 @@ def shared_costs(
     return PartCosts(len(sizes), tuple(cost * s / total for s in sizes), 0.0, measured=False)
 
 
-def part_costs(
-    view: ModelView,
-    profile: Profile,
-    spec: Splittable,
-    kind: SplitKind,
-    counts: Sequence[int],
-    *,
-    runs: int = DEFAULT_RUNS,
-) -> dict[int, PartCosts]:
-    """The costs of ``spec`` cut by ``kind`` into each of ``counts`` equal parts (see the module doc)."""
-    layouts = [part_sizes(spec.extent(kind), p) for p in counts]
-    return dict(zip(counts, sized_costs(view, profile, spec, kind, layouts, runs=runs), strict=True))
-
-
 def sized_costs(
     view: ModelView,
     profile: Profile,
