@@ -178,10 +178,11 @@ def calibrate_phases(
     profile (``None``), or one per phase (a decoder's prompt and generation step, balanced together by
     :mod:`onnxpipe.planning.phases`): each round times the stages at every phase's shapes, corrects
     each phase's profile by that phase's stage times, and plans again from all of them; it stops when
-    every phase's stages are within ``tolerance`` or the cut does not move.  Why both phases: a stage run alone differs from its share of the whole model by
-    different amounts at the two shapes (a generation step's few tiny nodes make a session's per-run
-    cost and a stage's copied nodes weigh far more), so each phase needs its own correction.  When a
-    round runs less evenly than the one before, and which cut is kept then: :func:`run_rounds`.
+    every phase's stages are within ``tolerance`` or the cut does not move.  Why both phases: a stage
+    run alone differs from its share of the whole model by different amounts at the two shapes (a
+    generation step's few tiny nodes make a session's per-run cost and a stage's copied nodes weigh far
+    more), so each phase needs its own correction.  When a round runs less evenly than the one before,
+    and which cut is kept then: :func:`run_rounds`.
     """
     measure = timer or time_stages
 
