@@ -21,13 +21,9 @@ Where each stage is timed depends on whether its device is here
   its own profile scaled by the same correction).  Its speed is never replaced by this machine's.
 
 The time a described device would take is the stage's time here converted as its costs are
-(:func:`device_seconds`); the rounds compare those with the plan's estimates.  Each round must run no
-worse than the one before by calibration's own measure (how evenly the devices' times are spread,
-:func:`onnxpipe.calibrate.loop.measured_balance`): a round that ran less evenly, by more than the
-tolerance, stops the calibration, and
-the cut that ran the most evenly of those timed is kept (:func:`onnxpipe.calibrate.loop.kept_round`).
-The plan returned names the devices as the devices file does, its cost records saying how they were
-calibrated.
+(:func:`device_seconds`); the rounds compare those with the plan's estimates, and stop, and keep a cut,
+as every calibration does (:func:`onnxpipe.calibrate.loop.run_rounds`).  The plan returned names the
+devices as the devices file does, its cost records saying how they were calibrated.
 """
 
 from __future__ import annotations
@@ -41,15 +37,8 @@ from types import MappingProxyType
 
 import numpy as np
 
-from onnxpipe.calibrate.loop import (
-    DEFAULT_TOLERANCE,
-    Calibrated,
-    CalibrationRound,
-    kept_round,
-    measured_balance,
-    worse_than_last,
-)
-from onnxpipe.calibrate.timing import own_clock, scratch_stages, time_in_turns
+from onnxpipe.calibrate.loop import DEFAULT_TOLERANCE, Calibrated, CalibrationRound, Rounds, run_rounds
+from onnxpipe.calibrate.timing import own_clock, scratch_stages
 from onnxpipe.cluster.costs import CostMethod, DeviceCosts, reference_setting, timed_on_itself
 from onnxpipe.cluster.model import Cluster, Device
 from onnxpipe.core.choices import CostSource
@@ -61,6 +50,7 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
+from onnxpipe.planning.nodesplit.costs import time_in_turns
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.planning.types import Plan
 
@@ -252,19 +242,10 @@ def _round(
         for stage, m in zip(plan.stages, measured, strict=True)
     ]
     return CalibrationRound(
-        bounds=_cut(plan),
+        bounds=tuple(len(s.node_names) for s in plan.stages),
         estimated_seconds=tuple(s.compute_seconds for s in plan.stages),
         measured_seconds=tuple(on_devices),
     )
-
-
-def _cut(plan: Plan) -> tuple[int, ...]:
-    return tuple(len(s.node_names) for s in plan.stages)
-
-
-def _where(plan: Plan) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """A plan's cut and the devices its stages run on: what a new plan must change to count as moved."""
-    return _cut(plan), tuple(s.device for s in plan.stages)
 
 
 def calibrate_on_devices(
@@ -279,48 +260,32 @@ def calibrate_on_devices(
 ) -> Calibrated:
     """The plan of ``request`` (which has devices) after calibrating every stage (see the module
     docstring), what each round measured (in the devices' seconds) and how evenly each cut ran."""
-    cluster = _check(profile, request, rounds)
+    cluster = _check(profile, request)
     measure = timer or time_stages_on_devices
-    plan = make_plan(profile, request)
-    costs = _Costs(profile, {})
-    history: list[CalibrationRound] = []
-    timed: list[tuple[_Costs, Plan]] = []
-    stopped = False
     with tempfile.TemporaryDirectory(prefix="onnxpipe-calibrate-devices-") as tmp:
-        for _ in range(rounds):
-            done = _round(view, plan, costs, measure, cluster)
-            history.append(done)
-            timed.append((costs, plan))
-            balances = [measured_balance({None: r}) for r in history]
-            stopped = worse_than_last(balances, tolerance)
-            if stopped or done.worst_error <= tolerance:
-                break
-            costs = costs.corrected(plan, done, cluster)
-            new_plan = make_plan(
-                costs.reference, dataclasses.replace(request, devices=costs.cluster(cluster, Path(tmp)))
-            )
-            moved = _where(new_plan) != _where(plan)
-            plan = new_plan
-            if not moved:  # same cut: the corrected estimates are the stages' own times already
-                break
-    balances = [measured_balance({None: r}) for r in history]
-    kept = kept_round(balances, [_where(p) for _, p in timed], _where(plan), stopped, tolerance)
-    if kept is not None:
-        costs, plan = timed[kept]
-    return Calibrated(
-        {None: costs.reference},
-        _as_devices_file_says(plan, cluster, profile.threads),
-        tuple({None: r} for r in history),
-        tuple(balances),
-        went_back=kept,
-        stopped=stopped,
+
+        def make(costs: _Costs) -> Plan:
+            if costs.reference is profile:  # the first plan: the devices file as it is
+                return make_plan(profile, request)
+            devices = costs.cluster(cluster, Path(tmp))
+            return make_plan(costs.reference, dataclasses.replace(request, devices=devices))
+
+        def time_round(costs: _Costs, plan: Plan) -> Rounds:
+            return {None: _round(view, plan, costs, measure, cluster)}
+
+        def correct(costs: _Costs, plan: Plan, done: Rounds) -> _Costs:
+            return costs.corrected(plan, done[None], cluster)
+
+        calibrated = run_rounds(
+            _Costs(profile, {}), make, time_round, correct, lambda c: {None: c.reference}, rounds, tolerance
+        )
+    return dataclasses.replace(
+        calibrated, plan=_as_devices_file_says(calibrated.plan, cluster, profile.threads)
     )
 
 
-def _check(profile: Profile, request: PlanRequest, rounds: int) -> Cluster:
+def _check(profile: Profile, request: PlanRequest) -> Cluster:
     """The request's devices, after refusing what cannot be calibrated."""
-    if rounds < 1:
-        raise UsageError(f"{opt('CalibrationOptions.rounds', rounds)}: give at least 1 round")
     cluster = request.devices
     if cluster is None:
         raise UsageError(f"calibrating on devices needs a devices file ({opt('devices')})")

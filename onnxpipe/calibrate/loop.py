@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from onnxpipe.calibrate.timing import StageTimer, time_stages
 from onnxpipe.core.choices import Phase
@@ -79,30 +80,6 @@ def stage_estimates(plan: Plan, phase: Phase | None) -> tuple[float, ...]:
     if phase is None:
         return tuple(s.compute_seconds for s in plan.stages)
     return tuple(dict(s.phase_seconds).get(phase, s.compute_seconds) for s in plan.stages)
-
-
-def calibrate(
-    view: ModelView,
-    profile: Profile,
-    make_plan: Callable[[Profile], Plan],
-    *,
-    rounds: int = 2,
-    tolerance: float = DEFAULT_TOLERANCE,
-    timer: StageTimer | None = None,
-) -> tuple[Profile, Plan, list[CalibrationRound]]:
-    """Correct ``profile`` by the stages' own times until the cut settles (see the module docstring).
-
-    Returns the corrected profile, the plan made from it, and what each round measured.
-    """
-    done = calibrate_phases(
-        view,
-        {None: profile},
-        lambda profiles: make_plan(profiles[None]),
-        rounds=rounds,
-        tolerance=tolerance,
-        timer=timer,
-    )
-    return done.profiles[None], done.plan, [r[None] for r in done.rounds]
 
 
 @dataclass(frozen=True)
@@ -197,33 +174,20 @@ def calibrate_phases(
     tolerance: float = DEFAULT_TOLERANCE,
     timer: StageTimer | None = None,
 ) -> Calibrated:
-    """:func:`calibrate` for a plan made from several profiles of one model, one per phase (a decoder's
-    prompt and generation step, balanced together by :mod:`onnxpipe.planning.phases`): each round times
-    the stages at every phase's shapes, corrects each phase's profile by that phase's stage times, and
-    plans again from all of them; it stops when every phase's stages are within ``tolerance`` or the
-    cut does not move.  Why both phases: a stage run alone differs from its share of the whole model by
-    different amounts at the two shapes (a generation step's few tiny nodes make a session's per-run
-    cost and a stage's copied nodes weigh far more), so each phase needs its own correction.
-
-    A round whose cut ran less evenly than the one before (:func:`measured_balance`, by more than
-    ``tolerance``) ends the calibration; the last correction stands unless an earlier timed cut ran more
-    evenly than the last one timed (again by more than ``tolerance``): then that cut is kept as it was
-    planned (``went_back``, :func:`kept_round`).  Why: the
-    correction assumes a stage costs the sum of its nodes, and where it does not (at a generation step
-    a stage of two small layers may keep its weights in the cache and one of three not) the corrected
-    costs can lead to a cut that runs worse than one already timed.
+    """Correct the profiles a plan is made from by the stages' own times until the cut settles: one
+    profile (``None``), or one per phase (a decoder's prompt and generation step, balanced together by
+    :mod:`onnxpipe.planning.phases`): each round times the stages at every phase's shapes, corrects
+    each phase's profile by that phase's stage times, and plans again from all of them; it stops when
+    every phase's stages are within ``tolerance`` or the cut does not move.  Why both phases: a stage
+    run alone differs from its share of the whole model by different amounts at the two shapes (a
+    generation step's few tiny nodes make a session's per-run cost and a stage's copied nodes weigh far
+    more), so each phase needs its own correction.  When a round runs less evenly than the one before,
+    and which cut is kept then: :func:`run_rounds`.
     """
-    if rounds < 1:
-        raise UsageError(f"{opt('CalibrationOptions.rounds', rounds)}: give at least 1 round")
     measure = timer or time_stages
-    current = dict(profiles)
-    plan = make_plan(current)
-    history: list[dict[Phase | None, CalibrationRound]] = []
-    balances: list[float] = []
-    timed: list[tuple[dict[Phase | None, Profile], Plan]] = []  # each timed cut, as it was planned
-    stopped = False
-    for _ in range(rounds):
-        done = {
+
+    def time_round(current: Mapping[Phase | None, Profile], plan: Plan) -> Rounds:
+        return {
             phase: CalibrationRound(
                 bounds=_bounds(plan),
                 estimated_seconds=stage_estimates(plan, phase),
@@ -231,24 +195,72 @@ def calibrate_phases(
             )
             for phase, prof in current.items()
         }
+
+    def correct(
+        current: Mapping[Phase | None, Profile], plan: Plan, done: Rounds
+    ) -> dict[Phase | None, Profile]:
+        stage_nodes = [s.node_names for s in plan.stages]
+        return {p: corrected(prof, stage_nodes, done[p].factors) for p, prof in current.items()}
+
+    return run_rounds(
+        dict(profiles), make_plan, time_round, correct, lambda current: current, rounds, tolerance
+    )
+
+
+Rounds = Mapping[Phase | None, CalibrationRound]
+"""What one round timed, at each phase (``None``: the plan's one profiled shape)."""
+S = TypeVar("S")
+
+
+def run_rounds(
+    start: S,
+    make_plan: Callable[[S], Plan],
+    time_round: Callable[[S, Plan], Rounds],
+    correct: Callable[[S, Plan, Rounds], S],
+    profiles: Callable[[S], Mapping[Phase | None, Profile]],
+    rounds: int,
+    tolerance: float,
+) -> Calibrated:
+    """The rounds every calibration runs, on the costs ``start`` a plan is made from (profiles, or a
+    devices file's costs): plan, time the plan's stages, and stop when every stage is within
+    ``tolerance``, when the corrected costs plan the same cut on the same devices, or when the round ran
+    less evenly than the one before (:func:`worse_than_last`; the module says why); else correct the
+    costs and plan again.  The cut kept is the last one, or an earlier one that ran more evenly
+    (:func:`kept_round`), as it was planned.
+    """
+    if rounds < 1:
+        raise UsageError(f"{opt('CalibrationOptions.rounds', rounds)}: give at least 1 round")
+    current = start
+    plan = make_plan(current)
+    history: list[Rounds] = []
+    balances: list[float] = []
+    timed: list[tuple[S, Plan]] = []  # each timed cut, as it was planned
+    stopped = False
+    for _ in range(rounds):
+        done = time_round(current, plan)
         history.append(done)
         balances.append(measured_balance(done, _workers(plan)))
         timed.append((current, plan))
         stopped = worse_than_last(balances, tolerance)
         if stopped or max(r.worst_error for r in done.values()) <= tolerance:
             break
-        stage_nodes = [s.node_names for s in plan.stages]
-        current = {p: corrected(prof, stage_nodes, done[p].factors) for p, prof in current.items()}
+        current = correct(current, plan, done)
         new_plan = make_plan(current)
-        moved = _bounds(new_plan) != _bounds(plan)
+        moved = _where(new_plan) != _where(plan)
         plan = new_plan
         if not moved:  # same cut: the corrected estimates are the stages' own times already
             break
-    kept = kept_round(balances, [_bounds(p) for _, p in timed], _bounds(plan), stopped, tolerance)
+    kept = kept_round(balances, [_where(p) for _, p in timed], _where(plan), stopped, tolerance)
     if kept is not None:
-        profs, the_plan = timed[kept]
-        return Calibrated(profs, the_plan, tuple(history), tuple(balances), went_back=kept, stopped=stopped)
-    return Calibrated(current, plan, tuple(history), tuple(balances), stopped=stopped)
+        current, plan = timed[kept]
+    return Calibrated(
+        profiles(current), plan, tuple(history), tuple(balances), went_back=kept, stopped=stopped
+    )
+
+
+def _where(plan: Plan) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """A plan's cut and the devices its stages run on: what a new plan must change to count as moved."""
+    return _bounds(plan), tuple(s.device for s in plan.stages)
 
 
 def _workers(plan: Plan) -> tuple[int, ...] | None:

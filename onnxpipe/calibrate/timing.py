@@ -31,6 +31,8 @@ from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
+from onnxpipe.planning.nodesplit.costs import ALONE_BLOCK as ALONE_BLOCK
+from onnxpipe.planning.nodesplit.costs import time_in_turns as time_in_turns
 from onnxpipe.planning.types import Plan
 from onnxpipe.runtime.affinity import available_cpus, cpu_sets, physical_cores
 from onnxpipe.runtime.backends.ray_backend import RayBackend
@@ -42,8 +44,6 @@ from onnxpipe.runtime.spec import manifest_placements
 StageTimer = Callable[[ModelView, Plan, Profile], list[float]]
 """Seconds each stage of a plan takes alone (the default: :func:`time_stages`)."""
 
-ALONE_BLOCK = 5
-"""Timed runs of one stage in a row when the stages are timed alone, before the next one's turn."""
 TURNS_MAX_PARAM_BYTES = 1 << 30
 """Up to this many bytes of weights in all, stages timed alone take turns with all their sessions open;
 beyond it they are timed one after the other, one session open at a time."""
@@ -135,42 +135,6 @@ def ready_stages(
         values.update(zip(names, results, strict=True))
         yield session, names, feeds
         del session, feeds, results
-
-
-def time_in_turns(
-    stages: Sequence[ReadyStage],
-    *,
-    runs: int = 30,
-    block: int = ALONE_BLOCK,
-    clock: Callable[[], float] | None = None,
-) -> list[float]:
-    """Median seconds of ``runs`` runs of each stage, the stages taking turns ``block`` timed runs at a
-    time (each turn after one untimed run that brings the stage's weights back into the caches), in
-    forward then backward order; timed by ``clock`` (default: the wall clock, ``time.perf_counter``).
-
-    Why turns: a machine whose speed drifts (a neighbour on a shared host) then slows every stage alike,
-    and the cut, which depends on the stages' relative times, stays where it belongs.  Timed one stage
-    after the other (``block >= runs``), each stage's time is that of its own minute
-    (``benchmarks/bench_calibrate.py`` measures the difference).
-    """
-    if block < 1 or runs < 1:
-        raise ValueError(f"time_in_turns needs runs and block of at least 1, got runs={runs}, block={block}")
-    now = clock or time.perf_counter
-    times: list[list[float]] = [[] for _ in stages]
-    turn = 0
-    while any(len(t) < runs for t in times):
-        order = range(len(stages)) if turn % 2 == 0 else range(len(stages) - 1, -1, -1)
-        for s in order:
-            if len(times[s]) >= runs:
-                continue
-            session, names, feeds = stages[s]
-            session.run(names, feeds)
-            for _ in range(min(block, runs - len(times[s]))):
-                start = now()
-                session.run(names, feeds)
-                times[s].append(now() - start)
-        turn += 1
-    return [statistics.median(t) for t in times]
 
 
 def own_clock(configs: Sequence[EngineConfig]) -> tuple[Callable[[], float], str]:

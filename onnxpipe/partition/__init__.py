@@ -155,41 +155,22 @@ def solve(
 
 
 def solve_heterogeneous(request: HeterogeneousRequest, k: int) -> Partition:
-    """Split the items over ``k`` different devices in a fixed order, minimising the pipeline bottleneck.
+    """Split the items over ``k`` different devices in a fixed order, minimising the pipeline bottleneck
+    (or, ``request.objective`` ``latency``, the sum of every stage's compute and transfer:
+    :mod:`onnxpipe.partition.latency`).
 
-    ``request`` (:class:`HeterogeneousRequest`) holds everything but ``k``; its fields, as used here:
-    compute, one of two ways:
-
-    * ``costs`` with ``speeds``: stage ``s`` runs on device ``s`` in ``sum(costs[a:b]) / speeds[s]``
-      (``speeds`` defaults to all 1);
-    * ``device_costs`` (``costs=None``, no ``speeds``; giving either is refused): a ``k x n`` matrix,
-      ``device_costs[s][i]`` = item ``i``'s time on the device of stage ``s`` (a per-device profile,
-      per-op-type speed-ups...); stage ``s`` computes in ``sum(device_costs[s][a:b])``.  Equal rows are
-      detected and share the solver's work.  Entries must be finite: like every stage sum here it is a
-      difference of correctly rounded prefix sums, exact to an ulp of ``sum(device_costs[s][:b])``, so a
-      huge placeholder for "cannot run" would blur that device's later sums.
-
-    The link into stage ``s >= 1`` takes ``cut_bytes[start] / bandwidths[s] + latencies[s]`` (per-link
-    lists take ``k`` entries with entry 0 ignored, or ``k - 1`` entries for the links alone; default: free
-    links).  With ``overlap=True`` transfers run concurrently with compute, so each link is its own
-    pipeline resource and a stage costs ``max(compute, transfer)``; with ``overlap=False`` their sum.
-
-    Memory (optional, per stage): ``sum(item_mem[a:b]) + act_factor[s] * sum(item_act[a:b]) +
-    cut_mem_factor[s] * cut_bytes[a]`` must not exceed ``mem_caps[s]`` — parameters (and optimizer state),
-    activations kept for the micro-batches in flight on that stage (1F1B: ``min(M, k - s)``; GPipe: ``M``),
-    and received inputs.  ``item_act``/``act_factor`` (``k`` entries, stage 0 included) are optional and go
-    together; the per-item sums are ``item_mem[i] + act_factor[s] * item_act[i]``, correctly rounded.  If no
-    split fits, :class:`MemoryFitError` names (and carries as ``smallest_fit_bytes``) the smallest cap that
-    would fit every stage if all stages had it, computed with this very formula.
+    ``request`` (:class:`HeterogeneousRequest`, whose fields say what each means) holds everything but
+    ``k``.  ``device_costs`` entries must be finite: like every stage sum here a stage's time is a
+    difference of correctly rounded prefix sums, exact to an ulp of ``sum(device_costs[s][:b])``, so a
+    huge placeholder for "cannot run" would blur that device's later sums.  If no split fits the memory
+    caps, :class:`MemoryFitError` names (and carries as ``smallest_fit_bytes``) the smallest cap that
+    would fit every stage if all stages had it, computed with the very formula the caps are checked by.
 
     ``lower_bound`` of the result: the largest of the work bound, the largest item on its fastest device,
     and the largest latency.  The work bound is the total work over the total speed, or with
     ``device_costs`` the fractional-assignment bound ``sum_i min_s w_s d[s][i] / sum_s w_s``, valid for
     any weights ``w >= 0`` (weak LP duality), with weights searched for the LP optimum: exact for two
     kinds of device, close for more (see ``_dual_weights``).
-
-    ``request.objective`` ``latency`` minimises the sum of the stage costs' parts instead (compute plus
-    transfer of every stage, what one request alone waits: :mod:`onnxpipe.partition.latency`).
     """
     model, lower = _heterogeneous_model(request, k)
     if request.objective == Objective.LATENCY:

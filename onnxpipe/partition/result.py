@@ -8,6 +8,7 @@ here once so that both produce the very same :class:`Partition` for the same req
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -61,6 +62,28 @@ class Partition:
         if self.lower_bound == 0:
             return 1.0
         return self.bottleneck / self.lower_bound
+
+    def recosted(
+        self,
+        compute: Sequence[float],
+        transfer: Sequence[float],
+        *,
+        overlap: bool = False,
+        cut_bytes: int = -1,
+    ) -> Partition:
+        """This split with each stage's ``compute`` and ``transfer`` changed (what a stage's copies add,
+        what no longer crosses a cut), its costs summed (the larger when links ``overlap`` compute), its
+        bottleneck and bound following; ``cut_bytes`` (``>= 0``) replaces :attr:`cut_bytes_total`."""
+        costs = tuple(max(c, t) if overlap else c + t for c, t in zip(compute, transfer, strict=True))
+        return dataclasses.replace(
+            self,
+            compute=tuple(compute),
+            transfer=tuple(transfer),
+            stage_costs=costs,
+            bottleneck=max(costs),
+            lower_bound=min(self.lower_bound, max(costs)),
+            cut_bytes_total=self.cut_bytes_total if cut_bytes < 0 else cut_bytes,
+        )
 
     def stage_of(self, item: int) -> int:
         """The stage that runs ``item``."""

@@ -31,13 +31,12 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.runtime_profile import is_reference, profile_on_runtime
 from onnxpipe.ir.decoder import DecoderInfo, FoundDecoder, decoder_of
 from onnxpipe.ir.decoder_dims import counted_context
-from onnxpipe.ir.kv_layout import batch_symbol, cache_batch, kv_bytes_per_token
 from onnxpipe.ir.model import ModelView, NodeInfo
 from onnxpipe.partition import solve_heterogeneous
 from onnxpipe.partition.chainbound import chain_bound
 from onnxpipe.partition.inputs import HeterogeneousRequest
 from onnxpipe.partition.result import Partition
-from onnxpipe.planning.decoder import context_words, fine_allowed, layer_cut_items, with_kv
+from onnxpipe.planning.decoder import context_words, fine_allowed, kv_makers, layer_cut_items, with_kv
 from onnxpipe.planning.decoder_plan import decoder_summary, profile_phase
 from onnxpipe.planning.decoder_recompute import (
     InputCopies,
@@ -317,12 +316,9 @@ def _kv_per_node(
     view: ModelView, dec: DecoderInfo, compute: Sequence[NodeInfo], request: PlanRequest, profile: Profile
 ) -> list[float]:
     """Each layer's KV cache bytes at the maximum context, at the node that makes its present key."""
-    shapes = profile.input_shapes
-    batch = cache_batch(view, dec.kv[0], dec.ids_input, shapes)
+    makers = kv_makers(view, dec, profile.input_shapes)
     context = counted_context(view, dec, request.decoder.max_context)
-    symbol = batch_symbol(view, dec.ids_input)
-    at = {p.present_key: kv_bytes_per_token(view, p, batch, shapes, symbol) * context for p in dec.kv}
-    return [float(sum(at.get(o, 0) for o in n.outputs)) for n in compute]
+    return [float(makers[n.name][1] * context) if n.name in makers else 0.0 for n in compute]
 
 
 def _best(

@@ -12,13 +12,13 @@ copies; :func:`copies_seconds` counts what each stage of a plan really copies, f
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.model import ModelView, NodeInfo
 from onnxpipe.ir.shapevalues import ValueKinds
 from onnxpipe.partition import Partition
+from onnxpipe.planning.decoder_recompute import with_copy_costs
 from onnxpipe.planning.types import StageSpec
 
 
@@ -101,17 +101,5 @@ def counting_copies(
     )
     if compute == part.compute and transfer == part.transfer:
         return stages, part
-    costs = tuple(c + t for c, t in zip(compute, transfer, strict=True))
-    counted = dataclasses.replace(
-        part,
-        compute=compute,
-        transfer=transfer,
-        stage_costs=costs,
-        bottleneck=max(costs),
-        lower_bound=min(part.lower_bound, max(costs)),
-    )
-    specs = tuple(
-        dataclasses.replace(st, compute_seconds=compute[st.index], transfer_seconds=transfer[st.index])
-        for st in stages
-    )
-    return specs, counted
+    counted = part.recosted(compute, transfer)
+    return with_copy_costs(stages, counted, [0] * len(stages)), counted

@@ -31,12 +31,10 @@ from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.decoder_dims import counted_context, own_context
-from onnxpipe.ir.graph import cut_profile
 from onnxpipe.ir.kv_layout import batch_symbol, cache_batch, kv_bytes_per_token
 from onnxpipe.ir.model import ModelView
-from onnxpipe.ir.samevalue import value_classes
 from onnxpipe.planning.recompute import shape_from_dims
-from onnxpipe.planning.sequences import Sequences, tensor_sizes
+from onnxpipe.planning.sequences import Sequences, sequences
 from onnxpipe.planning.types import ShapeParts, StageSpec
 
 
@@ -70,10 +68,6 @@ class LayerSequences:
 def layer_sequences(view: ModelView, profile: Profile, dec: DecoderInfo) -> LayerSequences:
     """The compute nodes by layer group, their costs, and the cut bytes with the cache left out."""
     compute = sorted(view.compute_nodes, key=lambda n: (dec.node_layer[n.name], n.position))
-    sizes = tensor_sizes(view, profile)
-    classes = value_classes(view)
-    free = set(view.weights) | set(dec.past_inputs)
-    cuts = cut_profile([n.reads for n in compute], [n.outputs for n in compute], sizes, free, classes)
     groups: list[int] = []
     starts: list[int] = []
     for p, n in enumerate(compute):
@@ -83,13 +77,10 @@ def layer_sequences(view: ModelView, profile: Profile, dec: DecoderInfo) -> Laye
             starts.append(p)
     starts.append(len(compute))
     boundary = set(starts)
-    seq = Sequences(
-        compute=tuple(compute),
-        costs=tuple(max(0.0, float(profile.node_seconds.get(n.name, 0.0))) for n in compute),
-        cut_bytes=cuts.bytes,
+    seq = dataclasses.replace(
+        sequences(view, profile, compute, set(view.weights) | set(dec.past_inputs)),
         allowed=tuple(p in boundary for p in range(len(compute) + 1)),
-        sizes=sizes,
-        classes=classes,
+        cuttable=None,
     )
     return LayerSequences(seq, tuple(starts), tuple(groups))
 
@@ -168,19 +159,28 @@ def stage_kv(
 ) -> list[tuple[tuple[int, ...], int]]:
     """Per stage: the layers whose cache it holds (where their presents are made) and the cache's bytes
     at ``context`` tokens, for the batch and the head dims of ``shapes`` (the profiled input shapes)."""
-    maker = {}
+    makers = kv_makers(view, dec, shapes)
+    out: list[tuple[tuple[int, ...], int]] = []
+    for st in stages:
+        mine = [makers[n] for n in st.node_names if n in makers]
+        out.append((tuple(sorted(layer for layer, _ in mine)), sum(b for _, b in mine) * context))
+    return out
+
+
+def kv_makers(
+    view: ModelView, dec: DecoderInfo, shapes: Mapping[str, Sequence[int]]
+) -> dict[str, tuple[int, int]]:
+    """For each node that makes a layer's present key: the layer, and its cache's bytes per token for the
+    batch and the head dims of ``shapes`` (the profiled input shapes).  Where that node runs, the
+    layer's cache is held."""
+    batch = cache_batch(view, dec.kv[0], dec.ids_input, shapes)
+    symbol = batch_symbol(view, dec.ids_input)
+    makers: dict[str, tuple[int, int]] = {}
     for p in dec.kv:
         pos = view.producer.get(p.present_key)
         if pos is not None:
-            maker[view.nodes[pos].name] = p
-    batch = cache_batch(view, dec.kv[0], dec.ids_input, shapes)
-    symbol = batch_symbol(view, dec.ids_input)
-    out: list[tuple[tuple[int, ...], int]] = []
-    for st in stages:
-        owned = sorted({maker[n].layer for n in st.node_names if n in maker})
-        per_token = sum(kv_bytes_per_token(view, dec.kv[layer], batch, shapes, symbol) for layer in owned)
-        out.append((tuple(owned), per_token * context))
-    return out
+            makers[view.nodes[pos].name] = (p.layer, kv_bytes_per_token(view, p, batch, shapes, symbol))
+    return makers
 
 
 def own_cache_only(view: ModelView, dec: DecoderInfo, stage: StageSpec) -> StageSpec:

@@ -47,6 +47,10 @@ OBJECTIVE = (
     "minimize the largest stage time (compute + transfer in), cutting only between a decoder's layers "
     "(each layer's KV cache in one stage; the cache is state, not link traffic)"
 )
+TWO_PHASE_OBJECTIVE = (
+    "minimize the larger of the prefill and decode bottlenecks, each relative to its phase's own best "
+    "layer-aligned split (stage times: compute + transfer in; reported at decode)"
+)
 
 
 CoarseSolver = Callable[[int, int, int, Sequence[bool]], Sequence[int]]
@@ -197,21 +201,54 @@ def make_decoder_plan(
     phase: Phase = Phase.DECODE,
 ) -> Plan:
     """Partition the decoder ``view`` into ``k`` stages that cut only between layers, exactly."""
-    split, seq = split_layers(view, [(phase, profile)], k, dec, options, bandwidth_bytes_per_s)
-    stages = split.stages
-    notes = (*decoder_notes(view, dec, stages, options), *([split.note] if split.note else []))
+    return layer_plan(view, [(phase, profile)], k, dec, options, bandwidth_bytes_per_s, microbatches)
+
+
+def layer_plan(
+    view: ModelView,
+    profiles: Sequence[tuple[Phase, Profile]],
+    k: int,
+    dec: DecoderInfo,
+    options: DecoderOptions,
+    bandwidth_bytes_per_s: float,
+    microbatches: int,
+) -> Plan:
+    """The plan of :func:`split_layers` for one phase's profile, or for prefill's and decode's
+    (:mod:`onnxpipe.planning.phases`): the stage times it reports are the last phase's."""
+    split, seq = split_layers(view, profiles, k, dec, options, bandwidth_bytes_per_s)
+    shapes = tuple(phase_shape_of(profile, dec, phase) for phase, profile in profiles)
+    notes = [*decoder_notes(view, dec, split.stages, options)]
+    if len(profiles) > 1:
+        part_p, part_d = split.parts
+        prompt, cached = shapes[0].new_tokens, shapes[1].past_tokens
+        notes.append(
+            f"balanced for both phases: prefill bottleneck {part_p.bottleneck * 1e3:.3f} ms "
+            f"({_ratio(part_p)} its lower bound), decode {part_d.bottleneck * 1e3:.3f} ms ({_ratio(part_d)} "
+            f"its lower bound); profiled at {prompt} prompt token(s) and at 1 token after {cached} cached"
+        )
+    notes += [split.note] if split.note else []
     return plan_from(
         view,
-        profile,
-        split.parts[0],
-        stages,
+        profiles[-1][1],
+        split.parts[-1],
+        split.stages,
         seq.sizes,
         bandwidth_bytes_per_s,
-        notes=notes,
-        timeline=stream([s.cost_seconds for s in stages], microbatches),
-        objective=OBJECTIVE,
-        decoder=decoder_summary(view, profile, dec, options, phase),
+        notes=tuple(notes),
+        timeline=stream([s.cost_seconds for s in split.stages], microbatches),
+        objective=OBJECTIVE if len(profiles) == 1 else TWO_PHASE_OBJECTIVE,
+        decoder=decoder_record(
+            view,
+            dec,
+            options,
+            PhaseChoice(profiles[0][0].value) if len(profiles) == 1 else PhaseChoice.BOTH,
+            shapes,
+        ),
     )
+
+
+def _ratio(part: Partition) -> str:
+    return f"{part.bottleneck / part.lower_bound:.3f}x" if part.lower_bound > 0 else "1.000x"
 
 
 def phase_shape_of(profile: Profile, dec: DecoderInfo, phase: Phase) -> PhaseShape:

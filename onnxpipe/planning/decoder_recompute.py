@@ -304,16 +304,8 @@ def adjusted(
         max(0.0, t - gone[s] / _at(bandwidth, s)) if s > 0 and _priced(_at(bandwidth, s)) else t
         for s, t in enumerate(part.transfer)
     )
-    costs = tuple(max(c, t) if overlap else c + t for c, t in zip(compute, transfer, strict=True))
-    bottleneck = max(costs)
-    return dataclasses.replace(
-        part,
-        compute=compute,
-        transfer=transfer,
-        stage_costs=costs,
-        bottleneck=bottleneck,
-        lower_bound=min(part.lower_bound, bottleneck),
-        cut_bytes_total=max(0, part.cut_bytes_total - int(sum(gone[1:]))),
+    return part.recosted(
+        compute, transfer, overlap=overlap, cut_bytes=max(0, part.cut_bytes_total - int(sum(gone[1:])))
     )
 
 

@@ -167,12 +167,19 @@ class PlanRequest:
         return self.workers is not None and self.workers != self.stages
 
     @property
-    def on_identical_workers(self) -> bool:
-        """A streaming plan for copies of this machine in a fixed order (:mod:`onnxpipe.planning.workers`)."""
+    def _streams_here(self) -> bool:
+        """Streaming on copies of this machine in the fixed order: no devices file, order or schedule."""
         return (
             self.devices is None
             and self.order == DeviceOrder.FIXED
             and self.schedule.kind == ScheduleChoice.STREAM
+        )
+
+    @property
+    def on_identical_workers(self) -> bool:
+        """A streaming plan for copies of this machine in a fixed order (:mod:`onnxpipe.planning.workers`)."""
+        return (
+            self._streams_here
             and isinstance(self.stages, int)
             and self.link_model != LinkModel.OVERLAP
             and self.objective == Objective.THROUGHPUT
@@ -206,12 +213,7 @@ class PlanRequest:
         and overlap otherwise (a devices file, a free order, a training schedule)."""
         if self.link_model is not None:
             return self.link_model
-        serial = (
-            self.devices is None
-            and self.order == DeviceOrder.FIXED
-            and self.schedule.kind == ScheduleChoice.STREAM
-        )
-        return DEFAULT_LINK_MODEL if serial else DEVICES_LINK_MODEL
+        return DEFAULT_LINK_MODEL if self._streams_here else DEVICES_LINK_MODEL
 
     def check_stage_count(self, compute_nodes: int, label: str) -> None:
         """Refuse a stage count above the model's ``compute_nodes`` (cheap: before any cost is measured)."""
@@ -244,11 +246,7 @@ class PlanRequest:
                     f"{opt('time_slack', self.time_slack)}: give a finite share of 0 or more (0.01 is 1%)"
                 )
         cluster = self.devices
-        if (
-            stages == "auto"
-            and cluster is None
-            and (self.schedule.kind != ScheduleChoice.STREAM or self.order != DeviceOrder.FIXED)
-        ):
+        if stages == "auto" and cluster is None and not self._streams_here:
             raise UsageError(
                 f"{opt('stages', 'auto')} without {opt('devices')} plans streaming inference on this "
                 f"machine's CPUs; give {opt('stages', 'K')} for a training schedule or "
@@ -300,11 +298,7 @@ class PlanRequest:
             )
 
     def _check_link_model(self) -> None:
-        if self.link_model == LinkModel.SERIAL and not (
-            self.devices is None
-            and self.order == DeviceOrder.FIXED
-            and self.schedule.kind == ScheduleChoice.STREAM
-        ):
+        if self.link_model == LinkModel.SERIAL and not self._streams_here:
             raise UsageError(
                 f"{opt('link_model', LinkModel.SERIAL)} is planned for streaming on identical workers in a "
                 f"fixed order; a devices file, {opt('order', DeviceOrder.FREE)} and training schedules "

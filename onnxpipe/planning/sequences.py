@@ -9,7 +9,7 @@ themselves (:func:`cuttable_positions`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from onnxpipe.cost.profile import Profile
@@ -76,13 +76,20 @@ class Sequences:
     cuttable: tuple[bool, ...] | None = None
 
 
-def sequences(view: ModelView, profile: Profile) -> Sequences:
-    """Line up costs, cut bytes and allowed cuts for :mod:`onnxpipe.partition` (weights never cross; a
-    value that several equal tensors hold crosses a cut once, as the exported stages send it)."""
-    compute = view.compute_nodes
+def sequences(
+    view: ModelView,
+    profile: Profile,
+    compute: Sequence[NodeInfo] | None = None,
+    free: Collection[str] | None = None,
+) -> Sequences:
+    """Line up costs, cut bytes and allowed cuts for :mod:`onnxpipe.partition` (weights, and ``free``
+    tensors, never cross; a value that several equal tensors hold crosses a cut once, as the exported
+    stages send it); ``compute``: the compute nodes in another topological order than the view's."""
+    compute = tuple(view.compute_nodes if compute is None else compute)
     sizes = tensor_sizes(view, profile)
     classes = value_classes(view)
-    cuts = cut_profile([n.reads for n in compute], [n.outputs for n in compute], sizes, view.weights, classes)
+    reads, outputs = [n.reads for n in compute], [n.outputs for n in compute]
+    cuts = cut_profile(reads, outputs, sizes, view.weights if free is None else free, classes)
     cuttable = cuttable_positions(view, compute, value_kinds(view))
     fused = allowed_cuts_from_regions(compute, profile.regions)
     return Sequences(

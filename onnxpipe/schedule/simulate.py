@@ -33,6 +33,7 @@ timelines against hand-computed ones.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 
@@ -116,19 +117,19 @@ def simulate(
     ``fwd[s]`` / ``bwd[s]``: seconds of one micro-batch's forward / backward on stage ``s``'s device
     (``bwd`` is ignored, and may be ``None``, for ``stream``); ``link[s]``: seconds to move one micro-batch's
     cut into stage ``s`` (``link[0]`` from the source, normally 0).  All three have one entry per stage.
-    ``workers[s]``: the device that runs stage ``s`` when stages share devices (``stream`` only; see
-    :func:`_simulate_shared`); ``None``: a device per stage.
+    ``workers[s]``: the device that runs stage ``s`` when stages share devices (``stream`` only: an
+    interleaved split); ``None``: a device per stage.
     """
     kind = choice(ScheduleKind, kind, "ScheduleRequest.kind")
     f_cost, b_cost, l_cost = _costs(kind, fwd, bwd, link, microbatches)
-    if workers is not None:
-        k = len(f_cost)
-        if kind.training:
-            raise UsageError(f"schedule {kind!r}: stages that share a worker are planned for inference only")
-        if len(workers) != k or any(w < 0 for w in workers):
-            raise ValueError(f"workers must give each of the {k} stages a worker index >= 0: {list(workers)}")
-        return _simulate_shared(f_cost, l_cost, microbatches, tuple(int(w) for w in workers))
-    return _simulate_dedicated(kind, f_cost, b_cost, l_cost, microbatches)
+    k = len(f_cost)
+    if workers is None:
+        return _simulate(kind, f_cost, b_cost, l_cost, microbatches, None)
+    if kind.training:
+        raise UsageError(f"schedule {kind!r}: stages that share a worker are planned for inference only")
+    if len(workers) != k or any(w < 0 for w in workers):
+        raise ValueError(f"workers must give each of the {k} stages a worker index >= 0: {list(workers)}")
+    return _simulate(kind, f_cost, b_cost, l_cost, microbatches, tuple(int(w) for w in workers))
 
 
 def _costs(
@@ -162,15 +163,28 @@ def _costs(
     return f_cost, b_cost, l_cost
 
 
-def _simulate_dedicated(
-    kind: ScheduleKind, f_cost: list[float], b_cost: list[float], l_cost: list[float], m: int
+def _simulate(
+    kind: ScheduleKind,
+    f_cost: list[float],
+    b_cost: list[float],
+    l_cost: list[float],
+    m: int,
+    workers: tuple[int, ...] | None,
 ) -> Timeline:
-    """A device per stage: each runs its steps in :func:`step_order`, each as soon as its input is there."""
+    """Each stage runs its steps in :func:`step_order`, one at a time on its worker (``workers[s]``, else
+    a worker of its own), each as soon as its input is there and its worker is free.
+
+    Steps are placed in the order of their earliest possible start, ties going to the deeper stage (which
+    drains the pipeline): a worker that falls idle takes the first step that can run on it, and never
+    waits for a later one.  That order is safe because a step whose input is not yet placed cannot start
+    before the step that will produce it; with a worker per stage it changes no time.  The throughput
+    bound is the busiest worker's time per micro-batch (all its stages' steps) or the slowest link.
+    """
     k = len(f_cost)
+    worker = workers or tuple(range(k))
     orders = [step_order(kind, s, k, m) for s in range(k)]
     f_arrive: list[list[float | None]] = [[None] * m for _ in range(k)]
     b_arrive: list[list[float | None]] = [[None] * m for _ in range(k)]
-    f_done: list[list[float | None]] = [[None] * m for _ in range(k)]
     transfers: list[Transfer] = []
     link_f_free = [0.0] * k  # link s (stage s-1 -> s), forward direction
     link_b_free = [0.0] * k  # link s, backward direction (stage s -> s-1)
@@ -178,81 +192,57 @@ def _simulate_dedicated(
         f_arrive[0][j] = _send(transfers, link_f_free, 0, "F", j, 0.0, l_cost[0])
     steps: list[list[Step]] = [[] for _ in range(k)]
     ptr = [0] * k
-    dev_free = [0.0] * k
-    progress = True
-    while progress:
-        progress = False
-        for s in range(k):
-            while ptr[s] < len(orders[s]):
-                op, j = orders[s][ptr[s]]
-                ready = f_arrive[s][j] if op == "F" else b_arrive[s][j]
-                if ready is None:
-                    break
-                if op == "B" and f_done[s][j] is None:
-                    raise RuntimeError(f"schedule {kind}: B{j} before F{j} on stage {s}")
-                start = max(dev_free[s], ready)
-                end = start + (f_cost[s] if op == "F" else b_cost[s])
-                dev_free[s] = end
-                steps[s].append(Step(op, j, start, end))
-                if op == "F":
-                    f_done[s][j] = end
-                    if s + 1 < k:
-                        f_arrive[s + 1][j] = _send(transfers, link_f_free, s + 1, "F", j, end, l_cost[s + 1])
-                    elif kind.training:
-                        b_arrive[s][j] = end
-                elif s > 0:
-                    b_arrive[s - 1][j] = _send(transfers, link_b_free, s, "B", j, end, l_cost[s])
-                ptr[s] += 1
-                progress = True
+    free: dict[int, float] = dict.fromkeys(worker, 0.0)
+
+    def start_of(s: int) -> float | None:
+        """When stage ``s``'s next step could start, None while its input is not there."""
+        if ptr[s] == len(orders[s]):
+            return None
+        op, j = orders[s][ptr[s]]
+        ready = f_arrive[s][j] if op == "F" else b_arrive[s][j]
+        return None if ready is None else max(free[worker[s]], ready)
+
+    # each stage has one entry in the heap, at the start its next step had when queued: a start only
+    # grows (its worker got busier), so an entry whose start still holds is the earliest
+    queued: list[float | None] = [None] * k
+    heap: list[tuple[float, int]] = []
+
+    def queue(s: int) -> None:
+        when = start_of(s)
+        if when is not None and when != queued[s]:
+            queued[s] = when
+            heapq.heappush(heap, (when, -s))
+
+    for s in range(k):
+        queue(s)
+    while heap:
+        start, s = heapq.heappop(heap)
+        s = -s
+        if start != queued[s]:  # an entry a later one replaced
+            continue
+        queued[s] = None
+        if start_of(s) != start:  # its worker got busier: wait again
+            queue(s)
+            continue
+        op, j = orders[s][ptr[s]]
+        end = start + (f_cost[s] if op == "F" else b_cost[s])
+        free[worker[s]] = end
+        steps[s].append(Step(op, j, start, end))
+        if op == "F":
+            if s + 1 < k:
+                f_arrive[s + 1][j] = _send(transfers, link_f_free, s + 1, "F", j, end, l_cost[s + 1])
+            elif kind.training:  # the loss is computed here: the backward may follow at once
+                b_arrive[s][j] = end
+        elif s > 0:
+            b_arrive[s - 1][j] = _send(transfers, link_b_free, s, "B", j, end, l_cost[s])
+        ptr[s] += 1
+        for t in range(max(0, s - 1), min(k, s + 2)):  # this stage and the neighbours it fed
+            queue(t)
     if any(ptr[s] < len(orders[s]) for s in range(k)):
         raise RuntimeError(f"schedule {kind} deadlocked at steps {ptr}")  # a bug in step_order
-    slowest = max(max(f + b for f, b in zip(f_cost, b_cost, strict=True)), max(l_cost))
-    return _timeline(kind, m, steps, transfers, slowest)
-
-
-def _simulate_shared(fwd: list[float], link: list[float], m: int, workers: tuple[int, ...]) -> Timeline:
-    """Inference through stages some of which share a worker (an interleaved split).
-
-    Each stage still runs micro-batches in order, one step at a time; a worker runs one step at a time of
-    all its stages.  Steps are placed in the order of their earliest possible start, ties going to the
-    deeper stage (which drains the pipeline): a worker that falls idle takes the first step that can run
-    on it, and never waits for a later one.  That order is safe because a step whose input is not yet
-    placed cannot start before the step that will produce it.  The throughput bound is the busiest
-    worker's time per micro-batch (all its stages' steps) or the slowest link.
-    """
-    k = len(fwd)
-    arrive: list[list[float | None]] = [[None] * m for _ in range(k)]
-    link_free = [0.0] * k
-    transfers: list[Transfer] = []
-
-    for j in range(m):
-        arrive[0][j] = _send(transfers, link_free, 0, "F", j, 0.0, link[0])
-    free: dict[int, float] = dict.fromkeys(workers, 0.0)
-    nxt = [0] * k
-    steps: list[list[Step]] = [[] for _ in range(k)]
-    for _ in range(k * m):
-        best: tuple[float, int] | None = None
-        for s in range(k):
-            j = nxt[s]
-            ready = arrive[s][j] if j < m else None
-            if ready is not None:
-                key = (max(free[workers[s]], ready), -s)
-                best = key if best is None or key < best else best
-        if best is None:
-            raise RuntimeError(f"shared-worker schedule deadlocked at steps {nxt}")  # cannot happen
-        start, s = best[0], -best[1]
-        j = nxt[s]
-        end = start + fwd[s]
-        free[workers[s]] = end
-        steps[s].append(Step("F", j, start, end))
-        if s + 1 < k:
-            arrive[s + 1][j] = _send(transfers, link_free, s + 1, "F", j, end, link[s + 1])
-        nxt[s] += 1
-    load: dict[int, float] = dict.fromkeys(workers, 0.0)
-    for s in range(k):
-        load[workers[s]] += fwd[s]
-    slowest = max(max(load.values()), max(link))
-    return _timeline(ScheduleKind.STREAM, m, steps, transfers, slowest, workers)
+    load = {w: sum(f_cost[s] + b_cost[s] for s in range(k) if worker[s] == w) for w in set(worker)}
+    slowest = max(max(load.values()), max(l_cost))
+    return _timeline(kind, m, steps, transfers, slowest, workers)
 
 
 def _timeline(

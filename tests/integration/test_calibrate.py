@@ -17,7 +17,6 @@ from onnxpipe.api import CalibrationOptions, PlanRequest, ProfileOptions, SplitO
 from onnxpipe.calibrate import timing
 from onnxpipe.calibrate.loop import (
     CalibrationRound,
-    calibrate,
     calibrate_phases,
     measured_balance,
     stage_estimates,
@@ -87,13 +86,10 @@ def test_the_cut_follows_what_the_stages_really_cost(view: ModelView) -> None:
     prof = static_profile(view)
     truth = true_costs(view, prof)
     before = make_plan(view, prof, 2)
-    fixed, after, rounds = calibrate(
-        view,
-        prof,
-        lambda p: make_plan(view, p, 2),
-        rounds=4,
-        timer=fake_timer(truth),
+    done = calibrate_phases(
+        view, {None: prof}, lambda p: make_plan(view, p[None], 2), rounds=4, timer=fake_timer(truth)
     )
+    fixed, after, rounds = done.profiles[None], done.plan, [r[None] for r in done.rounds]
     assert rounds[0].factors[0] == pytest.approx(2.0, rel=0.2) and rounds[0].worst_error > 0.1
     assert len(after.stages[0].node_names) < len(before.stages[0].node_names)  # the dear half got shorter
     assert bottleneck(after, truth) < bottleneck(before, truth)
@@ -102,12 +98,10 @@ def test_the_cut_follows_what_the_stages_really_cost(view: ModelView) -> None:
 
 def test_a_profile_that_already_holds_stops_after_one_round(view: ModelView) -> None:
     prof = static_profile(view)
-    fixed, _plan, rounds = calibrate(
-        view,
-        prof,
-        lambda p: make_plan(view, p, 2),
-        timer=fake_timer(dict(prof.node_seconds)),
+    done = calibrate_phases(
+        view, {None: prof}, lambda p: make_plan(view, p[None], 2), timer=fake_timer(dict(prof.node_seconds))
     )
+    fixed, rounds = done.profiles[None], [r[None] for r in done.rounds]
     assert len(rounds) == 1 and rounds[0].worst_error < 1e-12 and fixed is prof
 
 

@@ -23,7 +23,7 @@ from onnxpipe.cost.source import get_profile
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import load_manifest
-from onnxpipe.planning.nodesplit import SplitKind, cut_node, find_splittable, part_costs
+from onnxpipe.planning.nodesplit import SplitKind, cut_node, find_splittable, part_sizes, sized_costs
 from onnxpipe.planning.request import PlanRequest
 
 SHAPES = {"x": (64, 128)}
@@ -39,12 +39,12 @@ def test_parts_costs_are_measured(head_model: Path) -> None:
     prof = get_profile(view, ProfileOptions(shapes=SHAPES, runs=5))
     spec = find_splittable(view)["head_mm"]
     assert spec.chain == ("head_mm", "head_bias")
-    costs = part_costs(view, prof, spec, SplitKind.COLUMNS, [2, 3], runs=5)
-    for p, c in costs.items():
+    layouts = [part_sizes(spec.width, p) for p in (2, 3)]
+    for p, c in zip((2, 3), sized_costs(view, prof, spec, SplitKind.COLUMNS, layouts, runs=5), strict=True):
         assert c.measured and c.parts == p and len(c.part_seconds) == p
         assert all(t > 0 for t in c.part_seconds) and c.join_seconds > 0
     alone = dataclasses.replace(spec, chain=("head_mm",), kinds=(SplitKind.REDUCTION,), output="pre")
-    reduction = part_costs(view, prof, alone, SplitKind.REDUCTION, [2], runs=3)[2]
+    (reduction,) = sized_costs(view, prof, alone, SplitKind.REDUCTION, [part_sizes(alone.depth, 2)], runs=3)
     assert reduction.measured and len(reduction.part_seconds) == 2
 
 
@@ -127,7 +127,7 @@ def test_gpt2_lm_head_cut_exports_and_verifies(
     specs = find_splittable(view)
     (head,) = [s for s in specs.values() if s.width == 1000]
     prof = get_profile(view, ProfileOptions(runs=3, shapes={"input_ids": (1, 16)}))
-    costs = part_costs(view, prof, head, SplitKind.COLUMNS, [3], runs=3)[3]
+    (costs,) = sized_costs(view, prof, head, SplitKind.COLUMNS, [part_sizes(head.width, 3)], runs=3)
     assert costs.measured
     cut = cut_node(view, head, SplitKind.COLUMNS, 3)
     order = [n.name for n in cut.view.compute_nodes]

@@ -17,7 +17,7 @@ needs: the model (``ir``), the costs (``cost``), the partitioner (``partition``)
 """
 
 from onnxpipe.planning.nodesplit.constants import Constants
-from onnxpipe.planning.nodesplit.costs import PartCosts, chain_seconds, part_costs, shared_costs, sized_costs
+from onnxpipe.planning.nodesplit.costs import PartCosts, chain_seconds, shared_costs, sized_costs
 from onnxpipe.planning.nodesplit.cut import CutModel, cut_node
 from onnxpipe.planning.nodesplit.find import SplitKind, Splittable, find_splittable, part_sizes
 from onnxpipe.planning.nodesplit.plan import Planned, carried_profile, merged_sizes, plan_splitting_nodes
@@ -34,7 +34,6 @@ __all__ = [
     "cut_node",
     "find_splittable",
     "merged_sizes",
-    "part_costs",
     "part_sizes",
     "plan_splitting_nodes",
     "shared_costs",

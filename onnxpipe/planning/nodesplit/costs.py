@@ -18,8 +18,9 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -38,6 +39,8 @@ DEFAULT_RUNS = 15
 """Timed runs of each piece (after one untimed run per turn); the medians are compared."""
 TURN = 3
 """Timed runs per piece per turn."""
+ALONE_BLOCK = 5
+"""Timed runs of one stage in a row when the stages are timed alone, before the next one's turn."""
 
 
 @dataclass(frozen=True)
@@ -71,20 +74,6 @@ def shared_costs(
     return PartCosts(len(sizes), tuple(cost * s / total for s in sizes), 0.0, measured=False)
 
 
-def part_costs(
-    view: ModelView,
-    profile: Profile,
-    spec: Splittable,
-    kind: SplitKind,
-    counts: Sequence[int],
-    *,
-    runs: int = DEFAULT_RUNS,
-) -> dict[int, PartCosts]:
-    """The costs of ``spec`` cut by ``kind`` into each of ``counts`` equal parts (see the module doc)."""
-    layouts = [part_sizes(spec.extent(kind), p) for p in counts]
-    return dict(zip(counts, sized_costs(view, profile, spec, kind, layouts, runs=runs), strict=True))
-
-
 def sized_costs(
     view: ModelView,
     profile: Profile,
@@ -99,7 +88,10 @@ def sized_costs(
     if mini is None:
         return [shared_costs(profile, spec, kind, sizes) for sizes in layouts]
     pieces, read = _pieces(*mini, spec, kind, layouts)
-    seconds = _time_in_turns(pieces, profile.threads, runs)
+    options = session_options(threads=profile.threads)
+    keys = list(pieces)
+    sessions = [(open_session(pieces[k][0].SerializeToString(), options), None, pieces[k][1]) for k in keys]
+    seconds = dict(zip(keys, time_in_turns(sessions, runs=runs, block=TURN), strict=True))
     cost, whole = chain_seconds(profile, spec), seconds["chain"]
     if whole <= 0:
         return [shared_costs(profile, spec, kind, sizes) for sizes in layouts]
@@ -248,22 +240,39 @@ def _output(name: str, elem: int) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, elem, None)
 
 
-def _time_in_turns(
-    pieces: dict[str, tuple[onnx.ModelProto, dict[str, np.ndarray]]], threads: int, runs: int
-) -> dict[str, float]:
-    """Median seconds of each piece, the pieces taking turns of :data:`TURN` timed runs."""
-    options = session_options(threads=threads)
-    sessions = {k: (open_session(m.SerializeToString(), options), f) for k, (m, f) in pieces.items()}
-    times: dict[str, list[float]] = {k: [] for k in sessions}
-    keys = list(sessions)
+def time_in_turns(
+    stages: Sequence[tuple[Any, list[str] | None, Mapping[str, Any]]],
+    *,
+    runs: int = 30,
+    block: int = ALONE_BLOCK,
+    clock: Callable[[], float] | None = None,
+) -> list[float]:
+    """Median seconds of ``runs`` runs of each stage, the stages taking turns ``block`` timed runs at a
+    time (each turn after one untimed run that brings the stage's weights back into the caches), in
+    forward then backward order; timed by ``clock`` (default: the wall clock, ``time.perf_counter``).
+
+    Why turns: a machine whose speed drifts (a neighbour on a shared host) then slows every stage alike,
+    and the cut, which depends on the stages' relative times, stays where it belongs.  Timed one stage
+    after the other (``block >= runs``), each stage's time is that of its own minute
+    (``benchmarks/bench_calibrate.py`` measures the difference).  ``stages``: a session (or engine), the
+    names of the outputs it is run for (None: all) and its feeds; calibration times a plan's stages so,
+    node splitting the pieces of a cut node.
+    """
+    if block < 1 or runs < 1:
+        raise ValueError(f"time_in_turns needs runs and block of at least 1, got runs={runs}, block={block}")
+    now = clock or time.perf_counter
+    times: list[list[float]] = [[] for _ in stages]
     turn = 0
-    while any(len(t) < runs for t in times.values()):
-        for key in keys if turn % 2 == 0 else keys[::-1]:
-            session, feed = sessions[key]
-            session.run(None, feed)
-            for _ in range(min(TURN, runs - len(times[key]))):
-                start = time.perf_counter()
-                session.run(None, feed)
-                times[key].append(time.perf_counter() - start)
+    while any(len(t) < runs for t in times):
+        order = range(len(stages)) if turn % 2 == 0 else range(len(stages) - 1, -1, -1)
+        for s in order:
+            if len(times[s]) >= runs:
+                continue
+            session, names, feeds = stages[s]
+            session.run(names, feeds)
+            for _ in range(min(block, runs - len(times[s]))):
+                start = now()
+                session.run(names, feeds)
+                times[s].append(now() - start)
         turn += 1
-    return {k: statistics.median(t) for k, t in times.items()}
+    return [statistics.median(t) for t in times]
