@@ -24,16 +24,13 @@ from onnxpipe.runtime.session import Record, StageRunner
 
 
 class Inbox(Protocol):
-    """Where a hosted stage's micro-batches come in."""
+    """Where a hosted stage's micro-batches come in: :meth:`take` gives the next one's number, its
+    tensors and the slot they hold until :meth:`release`, or None once the channel closed (the caller's
+    close); :meth:`pending`: whether one (or the end) is waiting."""
 
-    def pending(self) -> bool:
-        """Whether a micro-batch (or the end of the channel) is waiting."""
-        ...
+    def pending(self) -> bool: ...
 
-    def take(self) -> tuple[int, dict[str, np.ndarray], int] | None:
-        """The next micro-batch: its number, its tensors, and the slot they hold until :meth:`release`;
-        None when the channel was closed (the caller's close)."""
-        ...
+    def take(self) -> tuple[int, dict[str, np.ndarray], int] | None: ...
 
     def release(self, slot: int) -> None: ...
 

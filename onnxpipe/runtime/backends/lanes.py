@@ -26,6 +26,8 @@ class Lanes:
             raise ValueError("a backend needs at least one lane of at least one worker")
         if workers is not None and (len(lanes) != 1 or len(workers) != len(lanes[0])):
             raise UsageError("workers gives the worker of each stage of one lane")
+        if slots < 1:
+            raise UsageError(f"slots {slots}: a channel needs at least one slot")
         self._sizes = [len(lane) for lane in lanes]
         self._slots = slots
         self._next_lane = 0

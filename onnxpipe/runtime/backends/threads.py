@@ -137,8 +137,6 @@ class ThreadBackend(Lanes):
         """``workers``: the worker of each stage of a single lane (an interleaved split's
         ``manifest.worker_of``), whose stages then take turns; None: every stage runs when it can."""
         super().__init__(lanes, slots, workers)
-        if slots < 1:
-            raise ValueError(f"slots {slots}: a channel needs at least one slot")
         self._shared = _Shared()
         self._startup_rss = current_rss_bytes()
         self._lanes: list[_Lane] = []
