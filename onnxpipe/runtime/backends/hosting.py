@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Generic, Protocol, TypeVar
 
 import numpy as np
@@ -47,18 +47,6 @@ In = TypeVar("In", bound=Inbox)
 Out = TypeVar("Out", bound=Outbox)
 
 
-@dataclass
-class _Held:
-    """A result computed and not sent yet (the downstream channel was full), its input slot still held."""
-
-    seq: int
-    slot: int
-    sends: dict[str, np.ndarray]
-    received: float
-    run_start: float
-    run_end: float
-
-
 class Hosted(Generic[In, Out]):
     """One stage inside a worker: its session, its two channels, and a result it could not send yet."""
 
@@ -66,7 +54,9 @@ class Hosted(Generic[In, Out]):
         self.runner = runner
         self.inbox = inbox
         self.outbox = outbox
-        self.held: _Held | None = None
+        self.held: tuple[Record, int, dict[str, np.ndarray]] | None = None
+        """A result computed and not sent yet (the downstream channel was full): its record so far, the
+        input slot it still holds, its tensors."""
         self.busy: int | None = None
         """The micro-batch taken and not yet sent on (what a failure names)."""
 
@@ -81,26 +71,25 @@ class Hosted(Generic[In, Out]):
         self.busy = seq
         run_start = time.perf_counter()
         sends = self.runner.run(seq, views)
-        self.held = _Held(seq, slot, sends, received, run_start, time.perf_counter())
+        run_end = time.perf_counter()
+        self.held = (Record(seq, received, run_start, run_end, run_end, run_end), slot, sends)
         del views, taken
         self.send_held()
         return True
 
     def send_held(self) -> bool:
         """Send the held result if the downstream channel has room; whether it went."""
-        held = self.held
-        assert held is not None
+        assert self.held is not None
         if not self.outbox.has_room():
             return False
+        record, slot, sends = self.held
         out_ready = time.perf_counter()
-        self.outbox.send(held.seq, held.sends)
+        self.outbox.send(record.seq, sends)
         self.held = None
         self.busy = None
-        self.inbox.release(held.slot)
-        done = time.perf_counter()
-        self.runner.recorder.add(
-            Record(held.seq, held.received, held.run_start, held.run_end, out_ready, done)
-        )
+        del sends
+        self.inbox.release(slot)
+        self.runner.recorder.add(replace(record, out_ready=out_ready, done=time.perf_counter()))
         return True
 
 
