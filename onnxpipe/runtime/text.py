@@ -80,11 +80,6 @@ class TextCodec:
         template = chat_template(folder)
         return TextCodec(folder, tokenizer, None if template is None else template[0], special, eos)
 
-    @property
-    def vocab_size(self) -> int:
-        """The ids the tokenizer can make (added tokens included)."""
-        return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
-
     def encode(self, text: str, *, chat: bool = False, system: str | None = None) -> tuple[int, ...]:
         """``text``'s token ids; with ``chat`` wrapped first in the chat template as a user's message
         (after ``system``'s), ready for the assistant's answer.  The template writes its own special
