@@ -107,10 +107,6 @@ class TextCodec:
         """The text of ``ids``, special tokens left out."""
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
 
-    def stream(self, emit: Callable[[str], None]) -> TextStream:
-        """A :class:`TextStream` of one sequence's new tokens into ``emit``."""
-        return TextStream(self, emit)
-
 
 class TextStream:
     """One sequence's text, released piece by piece as its tokens come.
@@ -230,7 +226,7 @@ class TextStreams:
     def __call__(self, index: int, token: int) -> None:
         stream = self._streams.get(index)
         if stream is None:
-            stream = self._streams[index] = self._codec.stream(lambda piece: self._on_text(index, piece))
+            stream = self._streams[index] = TextStream(self._codec, lambda piece: self._on_text(index, piece))
         stream.add(token)
 
     def close(self) -> None:
