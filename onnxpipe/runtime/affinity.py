@@ -171,15 +171,9 @@ def assign_cpus(
     need: list[int] = []  # threads per (lane, worker), in order of first appearance
     slot: list[list[int]] = []  # per lane and stage: index into need
     for lane, group in zip(lanes, groups, strict=True):
-        first: dict[int, int] = {}
-        row = []
-        for spec, w in zip(lane, group, strict=True):
-            if w not in first:
-                first[w] = len(need)
-                need.append(0)
-            need[first[w]] = max(need[first[w]], spec.placement.threads)
-            row.append(first[w])
-        slot.append(row)
+        order = list(dict.fromkeys(group))
+        slot.append([len(need) + order.index(w) for w in group])
+        need += [max(s.placement.threads for s, v in zip(lane, group, strict=True) if v == w) for w in order]
     if not pool:
         return [list(lane) for lane in lanes], "workers not pinned: this platform cannot pin threads to CPUs"
     sets = cpu_sets(need, pool, sysfs)

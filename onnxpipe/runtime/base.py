@@ -1,19 +1,21 @@
-"""What a backend offers the :class:`~onnxpipe.runtime.pipeline.Pipeline` that drives it.
+"""What a backend offers the :class:`~onnxpipe.runtime.pipeline.Pipeline` that drives it, and the configs
+that start one.
 
-A backend runs one or more *lanes*; a lane is a chain of workers (a K-stage pipeline is one lane of K
-workers; K data-parallel replicas are K lanes of one worker).  The pipeline owns ordering, futures and
-threads; a backend only moves micro-batches:
+A backend (threads, processes or Ray actors, each a :class:`~onnxpipe.runtime.backends.lanes.Lanes`)
+runs one or more *lanes*; a lane is a chain of workers (a K-stage pipeline is one lane of K workers; K
+data-parallel replicas are K lanes of one worker).  The pipeline owns ordering, futures and threads; a
+backend only moves micro-batches:
 
-* :meth:`Backend.try_submit` hands one micro-batch to a lane with room (or to the lane it names), or
-  says there is none (the bound is the backpressure: a backend holds at most :attr:`Backend.capacity`
-  micro-batches); :attr:`Backend.lanes` says how many lanes there are;
-* :meth:`Backend.poll` returns the micro-batches that came out (in any order; each carries its sequence
-  number; a generation step that lost its caches with a Ray actor comes out as its
+* ``try_submit`` hands one micro-batch to a lane with room (or to the lane it names), or says there is
+  none (the bound is the backpressure: a backend holds at most ``capacity`` micro-batches); ``lanes``
+  says how many lanes there are;
+* ``poll`` returns the micro-batches that came out (in any order; each carries its sequence number; a
+  generation step that lost its caches with a Ray actor comes out as its
   :class:`~onnxpipe.core.errors.CacheLost`) and raises
   :class:`~onnxpipe.core.errors.RuntimeStageError` once a worker failed or died; what came out before
   the failure is best returned first (raising on the next call), so that those callers get their
   results;
-* :meth:`Backend.wait` blocks until ``poll`` may have something new.
+* ``wait`` blocks until ``poll`` may have something new.
 
 ``try_submit`` and ``poll`` are called under the pipeline's lock (from any thread); ``wait`` only from
 the pipeline's driver thread, without the lock.  ``stats`` and ``reset_stats`` come from the caller.
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -40,57 +42,14 @@ from onnxpipe.runtime.choices import (
     DEFAULT_RAY_RESTARTS,
     DEFAULT_SLOTS,
 )
-from onnxpipe.runtime.session import WorkerStats
-from onnxpipe.runtime.trips import Trip
 
 Tensors = dict[str, np.ndarray]
 Delivery = Tensors | CacheLost
-"""What :meth:`Backend.poll` returns for a micro-batch: its outputs, or the error that failed it alone
-(a generation step whose sequences' caches were lost with a Ray actor; the pipeline goes on)."""
+"""What a backend's ``poll`` returns for a micro-batch: its outputs, or the error that failed it alone (a
+generation step whose sequences' caches were lost with a Ray actor; the pipeline goes on)."""
 
 WAIT_SECONDS = 0.5
 """How long a driver sleeps at most before looking again (a safety net; events normally wake it)."""
-
-
-class Backend(Protocol):
-    kind: str
-    """``"processes"``, ``"threads"`` or ``"ray"``."""
-
-    @property
-    def lanes(self) -> int:
-        """How many lanes (chains of workers) the backend runs."""
-        ...
-
-    @property
-    def capacity(self) -> int:
-        """How many micro-batches the backend holds in flight at most."""
-        ...
-
-    def try_submit(self, seq: int, feeds: Mapping[str, np.ndarray], to_lane: int | None = None) -> bool:
-        """Hand micro-batch ``seq`` to a lane with room (``to_lane``: that lane only, as a generating
-        sequence whose cache lives in one lane's workers needs); False when there is none."""
-        ...
-
-    def poll(self) -> Sequence[tuple[int, Delivery]]: ...
-
-    def wait(self, timeout: float) -> None: ...
-
-    def wake(self) -> None:
-        """Make a concurrent :meth:`wait` return (a micro-batch was queued)."""
-        ...
-
-    def stats(self) -> list[WorkerStats]: ...
-
-    def reset_stats(self) -> None: ...
-
-    def worker_pids(self) -> list[int]: ...
-
-    def trips(self) -> list[Trip]:
-        """Each delivered micro-batch's hops since the stats were reset, where the backend times them
-        (Ray: :mod:`onnxpipe.runtime.trips`); empty for the local backends."""
-        ...
-
-    def close(self, graceful: bool = True) -> None: ...
 
 
 @dataclass(frozen=True)

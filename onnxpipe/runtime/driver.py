@@ -17,7 +17,8 @@ from typing import Literal
 import numpy as np
 
 from onnxpipe.core.errors import CacheLost, RuntimeStageError, UsageError
-from onnxpipe.runtime.base import WAIT_SECONDS, Backend, Delivery, Tensors
+from onnxpipe.runtime.backends.lanes import Lanes
+from onnxpipe.runtime.base import WAIT_SECONDS, Delivery, Tensors
 
 CLOSE_TIMEOUT_S = 60.0
 """How long a graceful :meth:`Pipeline.close` waits for the submitted micro-batches before failing them."""
@@ -60,7 +61,7 @@ class Driver:
     fails the pipeline.
     """
 
-    def __init__(self, backend: Backend, output_names: tuple[str, ...]) -> None:
+    def __init__(self, backend: Lanes, output_names: tuple[str, ...]) -> None:
         self.backend = backend
         self.output_names = output_names
         self.lock = threading.Lock()

@@ -216,7 +216,3 @@ class KVState:
     def drop(self, control: Control) -> None:
         for r in control.rows:
             self.caches.pop(r.sequence, None)
-
-    def cached_bytes(self) -> int:
-        """Bytes of every cache held now."""
-        return sum(a.nbytes for cache in self.caches.values() for a in cache.values())

@@ -36,16 +36,49 @@ DEFAULT_RUN_WARMUP = 4
 """Untimed micro-batches before the measured stream: each worker's first runs allocate."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class WorkerOptions:
+    """Where the workers of :class:`RunOptions` and :class:`GenerateOptions` run: ``backend``: local
+    ``local_mode`` threads or processes, or Ray actors on the cluster at ``ray_address`` with per-stage
+    ``ray_resources`` (a JSON file or one mapping per stage), their files shipped to their nodes or read
+    from a shared folder (``ray_files``), a lost actor started again on another node up to
+    ``ray_restarts`` times within ``ray_restart_timeout`` seconds; ``threads`` each (default: the split's
+    devices', else the plan's)."""
+
+    backend: Backend = Backend.LOCAL
+    local_mode: LocalMode = DEFAULT_LOCAL_MODE
+    threads: int | None = None
+    ray_address: str | None = None
+    ray_resources: Path | Sequence[Mapping[str, Any]] | None = None
+    ray_files: RayFiles = DEFAULT_RAY_FILES
+    ray_restarts: int = DEFAULT_RAY_RESTARTS
+    ray_restart_timeout: float = DEFAULT_RAY_RESTART_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "backend", choice(Backend, self.backend, "backend"))
+        object.__setattr__(self, "local_mode", choice(LocalMode, self.local_mode, "local_mode"))
+        object.__setattr__(self, "ray_files", choice(RayFiles, self.ray_files, "ray_files"))
+        as_paths(self, "ray_resources")
+        if self.threads is not None and self.threads < 1:
+            raise UsageError(f"{opt('threads', self.threads)}: give 1 or more threads per worker")
+        if self.backend == Backend.RAY:
+            return
+        for name in ("ray_address", "ray_resources"):  # another backend's options are refused
+            if getattr(self, name) is not None:
+                raise UsageError(f"{opt(name)} is for {opt('backend', Backend.RAY)}")
+        defaults = (("ray_files", DEFAULT_RAY_FILES), ("ray_restarts", DEFAULT_RAY_RESTARTS))
+        for name, default in (*defaults, ("ray_restart_timeout", DEFAULT_RAY_RESTART_TIMEOUT_S)):
+            if getattr(self, name) != default:
+                raise UsageError(f"{opt(name)} is for {opt('backend', Backend.RAY)}")
+
+
 @dataclass(frozen=True)
-class RunOptions:
+class RunOptions(WorkerOptions):
     """Where and on what :func:`onnxpipe.run` runs a split folder, and what it measures.
 
-    Workers: ``backend`` (local ``local_mode`` threads or processes, ``pin`` to CPUs of their own, or Ray
-    actors on the cluster at ``ray_address`` with per-stage ``ray_resources``: a JSON file or one mapping
-    per stage; their files shipped to their nodes or read from a shared folder, ``ray_files``; a lost
-    actor started again on another node up to ``ray_restarts`` times, within ``ray_restart_timeout``
-    seconds), ``slots`` micro-batches per link, ``threads`` per stage (default: the split's devices',
-    else the plan's), ``devices``: a devices file (or cluster) naming each stage's provider and threads.
+    Workers: as :class:`WorkerOptions` says, with ``pin`` each local one on CPUs of its own, ``slots``
+    micro-batches per link, ``devices``: a devices file (or cluster) naming each stage's provider and
+    threads.
 
     Inputs: the user's, read as ``split`` reads them (``input_files``: one micro-batch per ``.npz`` or
     folder of ``.npy`` files; ``stacked_files``: several along a leading axis of each ``.npz``), or random
@@ -57,18 +90,10 @@ class RunOptions:
     written when given; ``compare`` also runs the model as one session and as K replicas, side by side.
     """
 
-    backend: Backend = Backend.LOCAL
-    local_mode: LocalMode = DEFAULT_LOCAL_MODE
-    threads: int | None = None
     devices: Cluster | None = None
     """A cluster, or the path of a devices file, read when the options are made."""
     slots: int = DEFAULT_SLOTS
     pin: bool = False
-    ray_address: str | None = None
-    ray_resources: Path | Sequence[Mapping[str, Any]] | None = None
-    ray_files: RayFiles = DEFAULT_RAY_FILES
-    ray_restarts: int = DEFAULT_RAY_RESTARTS
-    ray_restart_timeout: float = DEFAULT_RAY_RESTART_TIMEOUT_S
     input_files: tuple[Path, ...] = ()
     stacked_files: tuple[Path, ...] = ()
     microbatches: int | None = None
@@ -81,13 +106,11 @@ class RunOptions:
     compare: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "backend", choice(Backend, self.backend, "backend"))
-        object.__setattr__(self, "local_mode", choice(LocalMode, self.local_mode, "local_mode"))
-        object.__setattr__(self, "ray_files", choice(RayFiles, self.ray_files, "ray_files"))
+        super().__post_init__()
         object.__setattr__(self, "shapes", frozen_shapes(self.shapes))
         object.__setattr__(self, "input_files", tuple(Path(p) for p in self.input_files))
         object.__setattr__(self, "stacked_files", tuple(Path(p) for p in self.stacked_files))
-        as_paths(self, "model", "report", "outputs", "ray_resources")
+        as_paths(self, "model", "report", "outputs")
         devices: object = self.devices
         if isinstance(devices, str | Path):  # a devices file, read when the options are made
             object.__setattr__(self, "devices", load_cluster(devices))
@@ -105,8 +128,6 @@ class RunOptions:
             raise UsageError(f"{opt('warmup', self.warmup)}: give 0 or more warm-up micro-batches")
         if self.microbatches is not None and self.microbatches < 1:
             raise UsageError(f"{opt('microbatches', self.microbatches)}: give 1 or more")
-        if self.threads is not None and self.threads < 1:
-            raise UsageError(f"{opt('threads', self.threads)}: give 1 or more threads per stage")
         if self.has_input_files and self.shapes:
             raise UsageError(
                 f"{opt('shapes')} is for random inputs; the shapes of {opt('input_files')} are those in "
@@ -114,7 +135,6 @@ class RunOptions:
             )
         if self.backend == Backend.RAY and self.pin:
             raise UsageError(f"{opt('pin', True)} is for local workers; Ray places its actors itself")
-        check_ray_fields(self, self.backend)
 
 
 def as_paths(options: object, *names: str) -> None:
@@ -124,19 +144,6 @@ def as_paths(options: object, *names: str) -> None:
         value = getattr(options, name)
         if isinstance(value, str | os.PathLike):
             object.__setattr__(options, name, Path(value))
-
-
-def check_ray_fields(options: object, backend: Backend) -> None:
-    """Refuse the ``ray_*`` fields of ``options`` given for another backend than Ray."""
-    if backend == Backend.RAY:
-        return
-    for name in ("ray_address", "ray_resources"):
-        if getattr(options, name) is not None:
-            raise UsageError(f"{opt(name)} is for {opt('backend', Backend.RAY)}")
-    defaults = (("ray_files", DEFAULT_RAY_FILES), ("ray_restarts", DEFAULT_RAY_RESTARTS))
-    for name, default in (*defaults, ("ray_restart_timeout", DEFAULT_RAY_RESTART_TIMEOUT_S)):
-        if getattr(options, name) != default:
-            raise UsageError(f"{opt(name)} is for {opt('backend', Backend.RAY)}")
 
 
 @dataclass(frozen=True)
@@ -162,7 +169,7 @@ class Sampling:
 
 
 @dataclass(frozen=True)
-class GenerateOptions:
+class GenerateOptions(WorkerOptions):
     """What :func:`onnxpipe.generate` generates, and where.
 
     ``prompt_ids``: each prompt's token ids (several sequences in flight), or ``prompts``: each as text,
@@ -174,12 +181,9 @@ class GenerateOptions:
     ``batch``: sequences a decode step carries at most (default: those in flight over the stages, so that
     each stage has a step; 1: a step per sequence).
     Each token is the highest logit (greedy) unless ``do_sample``: then it is drawn as ``temperature``,
-    ``top_k``, ``top_p`` and ``seed`` say (:class:`Sampling`'s defaults where not given).  Workers:
-    ``backend``: local ``local_mode`` workers, or Ray actors on the cluster at ``ray_address`` with
-    per-stage ``ray_resources``, their files shipped or shared (``ray_files``), a lost actor started again
-    on another node up to ``ray_restarts`` times within ``ray_restart_timeout`` seconds, the sequences
-    whose caches it held rebuilt there by a prefill of their tokens so far; ``threads`` each (default:
-    the split's devices', else the plan's).  ``compare`` also generates with the unsplit model
+    ``top_k``, ``top_p`` and ``seed`` say (:class:`Sampling`'s defaults where not given).  Workers: as
+    :class:`WorkerOptions` says, a lost actor's sequences rebuilt on its new node by a prefill of their
+    tokens so far.  ``compare`` also generates with the unsplit model
     (``model``, default: the manifest's; a plain loop in this process) and K replicas of it (on the same
     backend: Ray actors placed by Ray, with Ray): the tokens must be the same.  ``embedding``: the
     embedding model (token ids in, ``inputs_embeds`` out) of a split that takes ``inputs_embeds``
@@ -201,27 +205,17 @@ class GenerateOptions:
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = None
-    backend: Backend = Backend.LOCAL
-    local_mode: LocalMode = DEFAULT_LOCAL_MODE
-    threads: int | None = None
-    ray_address: str | None = None
-    ray_resources: Path | Sequence[Mapping[str, Any]] | None = None
-    ray_files: RayFiles = DEFAULT_RAY_FILES
-    ray_restarts: int = DEFAULT_RAY_RESTARTS
-    ray_restart_timeout: float = DEFAULT_RAY_RESTART_TIMEOUT_S
     compare: bool = False
     model: Path | None = None
     embedding: Path | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "backend", choice(Backend, self.backend, "backend"))
-        object.__setattr__(self, "ray_files", choice(RayFiles, self.ray_files, "ray_files"))
-        as_paths(self, "ray_resources", "tokenizer", "model", "embedding")
+        super().__post_init__()
+        as_paths(self, "tokenizer", "model", "embedding")
         object.__setattr__(self, "prompt_ids", tuple(tuple(int(t) for t in p) for p in self.prompt_ids))
         object.__setattr__(self, "prompts", tuple(str(p) for p in self.prompts))
         if self.eos_token_ids is not None:
             object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
-        object.__setattr__(self, "local_mode", choice(LocalMode, self.local_mode, "local_mode"))
         self._check()
 
     @classmethod
@@ -260,9 +254,6 @@ class GenerateOptions:
         if any(t < 0 for p in self.prompt_ids for t in p) or any(t < 0 for t in self.eos_token_ids or ()):
             raise UsageError(f"{opt('prompt_ids')}: token ids are 0 or more")
         self._check_text()
-        check_ray_fields(self, self.backend)
-        if self.threads is not None and self.threads < 1:
-            raise UsageError(f"{opt('threads', self.threads)}: give 1 or more threads per worker")
         if not self.do_sample:
             knobs = ("temperature", "top_k", "top_p", "seed")
             given = [name for name in knobs if getattr(self, name) is not None]

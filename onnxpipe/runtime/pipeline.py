@@ -41,10 +41,11 @@ from onnxpipe.core.errors import RuntimeStageError, UsageError
 from onnxpipe.core.progress import ClosesOnExit
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.affinity import assign_cpus
+from onnxpipe.runtime.backends.lanes import Lanes
 from onnxpipe.runtime.backends.processes import ProcessBackend
 from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.backends.threads import ThreadBackend
-from onnxpipe.runtime.base import Backend, BackendConfig, LocalConfig, RayConfig, Tensors
+from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig, Tensors
 from onnxpipe.runtime.driver import CLOSE_TIMEOUT_S, CLOSED, Driver, Job
 from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import (
@@ -66,7 +67,7 @@ class Pipeline(ClosesOnExit):
 
     def __init__(
         self,
-        backend: Backend,
+        backend: Lanes,
         *,
         input_types: Mapping[str, str],
         output_names: Sequence[str],
@@ -327,7 +328,7 @@ class Pipeline(ClosesOnExit):
 
 def make_backend(
     lanes: Sequence[Sequence[WorkerSpec]], config: BackendConfig, *, workers: Sequence[int] | None = None
-) -> Backend:
+) -> Lanes:
     """Start the workers of ``lanes`` as ``config`` says (``workers``: the worker of each stage of an
     interleaved split, whose stages then share a worker process, take turns as threads, or share a Ray
     actor)."""

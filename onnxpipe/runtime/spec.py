@@ -303,13 +303,12 @@ def model_spec(
     placement: Placement,
     *,
     index: int = 0,
-    label: str | None = None,
 ) -> WorkerSpec:
     """A one-worker chain running the whole model at ``path`` (a replica of the original model)."""
     session_outputs = tuple(o for o in outputs if o not in inputs)
     return WorkerSpec(
         index=index,
-        label=label or f"replica {index} ({path.name})",
+        label=f"replica {index} ({path.name})",
         path=str(path),
         receives=tuple(inputs),
         inputs=tuple(inputs),

@@ -80,11 +80,6 @@ class TextCodec:
         template = chat_template(folder)
         return TextCodec(folder, tokenizer, None if template is None else template[0], special, eos)
 
-    @property
-    def vocab_size(self) -> int:
-        """The ids the tokenizer can make (added tokens included)."""
-        return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
-
     def encode(self, text: str, *, chat: bool = False, system: str | None = None) -> tuple[int, ...]:
         """``text``'s token ids; with ``chat`` wrapped first in the chat template as a user's message
         (after ``system``'s), ready for the assistant's answer.  The template writes its own special
@@ -111,10 +106,6 @@ class TextCodec:
     def decode(self, ids: Sequence[int]) -> str:
         """The text of ``ids``, special tokens left out."""
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
-
-    def stream(self, emit: Callable[[str], None]) -> TextStream:
-        """A :class:`TextStream` of one sequence's new tokens into ``emit``."""
-        return TextStream(self, emit)
 
 
 class TextStream:
@@ -235,7 +226,7 @@ class TextStreams:
     def __call__(self, index: int, token: int) -> None:
         stream = self._streams.get(index)
         if stream is None:
-            stream = self._streams[index] = self._codec.stream(lambda piece: self._on_text(index, piece))
+            stream = self._streams[index] = TextStream(self._codec, lambda piece: self._on_text(index, piece))
         stream.add(token)
 
     def close(self) -> None:

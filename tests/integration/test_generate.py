@@ -122,7 +122,7 @@ def test_generate_gives_the_unsplit_models_tokens(splits: Splits, name: str, k: 
         several = pipe.generate(PROMPTS, NEW_TOKENS, batch=1)  # four sequences in flight through k stages
         batched = pipe.generate(PROMPTS, NEW_TOKENS, batch=None if name == "gpt2" else 2)
         # each worker's caches were dropped at each sequence's last step
-        assert all(not w.runner.kv.caches for w in pipe.steps.backend._workers)  # type: ignore[attr-defined]
+        assert all(not r.kv.caches for r, _ in pipe.steps.backend._stages)  # type: ignore[attr-defined]
     assert one.tokens == (reference(name, PROMPTS[0]),)
     assert several.tokens == tuple(reference(name, p) for p in PROMPTS)
     assert several.steps == len(PROMPTS) * NEW_TOKENS

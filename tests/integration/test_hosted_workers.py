@@ -6,7 +6,8 @@ pays for one interpreter and one onnxruntime instead of one per stage.  Its stag
 the two workers (0 -> 1 -> 2 -> 3), so a process that waited on one stage's full channel while another of
 its stages had work would stall the whole pipeline: these tests run such chains with one slot per channel
 and many micro-batches, check the outputs in order, a failure in a hosted stage, the memory report, and
-that a worker never runs two of its sessions at once, in processes or threads.
+that a worker never runs two of its sessions at once, in processes or threads (one loop, :mod:`hosting
+<onnxpipe.runtime.backends.hosting>`, runs a worker's stages in both).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -42,11 +43,12 @@ from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import load_manifest
 from onnxpipe.planning.workers import make_plan
-from onnxpipe.runtime.backends.threads import _Turns
+from onnxpipe.runtime.backends.hosting import Host, Hosted
 from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.report.baselines import stage_worker_memory
 from onnxpipe.runtime.report.model import StageReport, WorkerReport
+from onnxpipe.runtime.session import Recorder
 from onnxpipe.schedule.timeline import worker_groups
 
 
@@ -208,39 +210,69 @@ def test_a_workers_stages_never_run_at_once(six_on_two: Path, sample_models_dir:
         assert all(a[1] <= b[0] for a, b in itertools.pairwise(runs)), f"worker {worker} ran two at once"
 
 
-def test_turns_go_to_the_deepest_waiting_stage() -> None:
-    turns = _Turns()
-    stopping = threading.Event()
-    order: list[int] = []
-    assert turns.take(9, stopping)  # stage 9 runs; 0, 4 and 2 queue up behind it
+class _Box:
+    """A channel for :class:`Host`: a list of micro-batches in, ``room`` places out."""
 
-    def wait_for(stage: int) -> None:
-        assert turns.take(stage, stopping)
-        order.append(stage)
-        turns.give_back()
+    def __init__(self, items: Sequence[int] = (), room: int = 9) -> None:
+        self.items = list(items)
+        self.room = room
+        self.sent: list[int] = []
 
-    threads = [threading.Thread(target=wait_for, args=(s,)) for s in (0, 4, 2)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + 10
-    while len(turns._waiting) < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    turns.give_back()
-    for t in threads:
-        t.join(10)
-    assert order == [4, 2, 0]
+    def pending(self) -> bool:
+        return bool(self.items)
+
+    def take(self) -> tuple[int, dict[str, np.ndarray], int]:
+        return self.items.pop(0), {}, 0
+
+    def release(self, slot: int) -> None:
+        pass
+
+    def has_room(self) -> bool:
+        return len(self.sent) < self.room
+
+    def send(self, seq: int, tensors: Mapping[str, np.ndarray]) -> None:
+        self.sent.append(seq)
 
 
-def test_a_stopping_pipeline_releases_a_stage_waiting_for_its_turn() -> None:
-    turns = _Turns()
-    stopping = threading.Event()
-    assert turns.take(1, stopping)
-    got: list[bool] = []
-    waiter = threading.Thread(target=lambda: got.append(turns.take(0, stopping)))
-    waiter.start()
-    stopping.set()
-    waiter.join(5)
-    assert got == [False] and not turns._waiting
+class _Runner:
+    """A stage that records the order its micro-batches ran in."""
+
+    def __init__(self, index: int, ran: list[tuple[int, int]]) -> None:
+        self.spec = spec(index)
+        self.recorder = Recorder()
+        self.ran = ran
+
+    def run(self, seq: int, received: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.ran.append((self.spec.index, seq))
+        return {}
+
+
+def _host(*stages: tuple[int, _Box, _Box], ran: list[tuple[int, int]]) -> Host[_Box, _Box]:
+    return Host([Hosted(_Runner(i, ran), inbox, outbox) for i, inbox, outbox in stages])  # type: ignore[arg-type]
+
+
+def test_a_host_runs_its_deepest_stage_with_work_first() -> None:
+    ran: list[tuple[int, int]] = []
+    host = _host((0, _Box([10, 11]), _Box()), (2, _Box([20]), _Box()), (4, _Box([40]), _Box()), ran=ran)
+    while host.one_pass():
+        pass
+    assert ran == [(4, 40), (2, 20), (0, 10), (0, 11)]
+
+
+def test_a_held_result_lets_the_workers_other_stages_run() -> None:
+    """Stage 2's channel is full: its result is held, stage 0 runs on, and the result goes once there
+    is room (its record then written)."""
+    ran: list[tuple[int, int]] = []
+    full = _Box(room=0)
+    host = _host((0, _Box([10, 11]), _Box()), (2, _Box([20, 21]), full), ran=ran)
+    while host.one_pass():
+        pass
+    assert ran == [(2, 20), (0, 10), (0, 11)] and host.hosted[1].held is not None
+    full.room = 2
+    while host.one_pass():
+        pass
+    assert full.sent == [20, 21] and ran[-1] == (2, 21)
+    assert [r.seq for r in host.hosted[1].runner.recorder.records] == [20, 21]
 
 
 def _matmul_chain(path: Path, layers: int = 8, width: int = 512) -> Path:

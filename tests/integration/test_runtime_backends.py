@@ -382,9 +382,9 @@ def test_a_thread_driver_hands_over_as_soon_as_the_first_worker_makes_room(tmp_p
     again."""
     specs = identity_chain(tmp_path, TensorProto.FLOAT)
     backend = ThreadBackend([specs], slots=1)
-    for worker, seconds in zip(backend._lanes[0].workers, (0.1, 0.4), strict=True):
+    for (runner, _), seconds in zip(backend._stages, (0.1, 0.4), strict=True):
         # the first stage slow enough that the driver finds no room before it waits
-        worker.runner.run = _sleeping(worker.runner.run, seconds)  # type: ignore[method-assign]
+        runner.run = _sleeping(runner.run, seconds)  # type: ignore[method-assign]
     feeds = {"s": np.zeros(4, np.float32)}
     with Pipeline(backend, input_types={"s": "float32"}, output_names=["t"], lanes=[specs]) as pipe:
         jobs = [pipe.submit(feeds) for _ in range(2)]  # one slot: the second waits in the queue

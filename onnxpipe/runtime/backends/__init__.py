@@ -1,2 +1,2 @@
 """Where a pipeline's workers run: threads of this process, processes joined by shared memory, or Ray
-actors; each behind :class:`onnxpipe.runtime.base.Backend`."""
+actors; each behind :class:`~onnxpipe.runtime.backends.lanes.Lanes`."""

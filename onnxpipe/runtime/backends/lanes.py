@@ -9,14 +9,19 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from onnxpipe.core.errors import RuntimeStageError, UsageError
-from onnxpipe.runtime.base import lane_order
+from onnxpipe.runtime.base import Delivery, lane_order
+from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import WorkerSpec
 from onnxpipe.runtime.trips import Trip
 
 
 class Lanes:
-    """A backend's lanes; a subclass offers a micro-batch to one lane (:meth:`_offer`) and records its
-    failure in ``_failure``, which every later call raises."""
+    """The base of every backend (the contract: :mod:`onnxpipe.runtime.base`): its lanes, fed in turn.  A
+    subclass offers a micro-batch to one lane (:meth:`_offer`), moves what comes out, reports and stops
+    its workers, and records its failure in ``_failure``, which every later call raises."""
+
+    kind: str
+    """``"processes"``, ``"threads"`` or ``"ray"``."""
 
     def __init__(
         self, lanes: Sequence[Sequence[WorkerSpec]], slots: int, workers: Sequence[int] | None
@@ -26,6 +31,8 @@ class Lanes:
             raise ValueError("a backend needs at least one lane of at least one worker")
         if workers is not None and (len(lanes) != 1 or len(workers) != len(lanes[0])):
             raise UsageError("workers gives the worker of each stage of one lane")
+        if slots < 1:
+            raise UsageError(f"slots {slots}: a channel needs at least one slot")
         self._sizes = [len(lane) for lane in lanes]
         self._slots = slots
         self._next_lane = 0
@@ -61,6 +68,29 @@ class Lanes:
             raise self._failure
         if self._closed:
             raise RuntimeStageError("the pipeline's workers were stopped; open the pipeline again")
+
+    def poll(self) -> Sequence[tuple[int, Delivery]]:
+        """What came out since the last call; raises once a worker failed or died."""
+        raise NotImplementedError
+
+    def wait(self, timeout: float) -> None:
+        """Block until :meth:`poll` may have something new, ``timeout`` seconds at most."""
+        raise NotImplementedError
+
+    def wake(self) -> None:
+        """Make a concurrent :meth:`wait` return (a micro-batch was queued)."""
+        raise NotImplementedError
+
+    def stats(self) -> list[WorkerStats]:
+        """Each stage's statistics, in lane and stage order."""
+        raise NotImplementedError
+
+    def reset_stats(self) -> None:
+        raise NotImplementedError
+
+    def close(self, graceful: bool = True) -> None:
+        """Stop every worker (letting each finish its run first when ``graceful``)."""
+        raise NotImplementedError
 
     def trips(self) -> list[Trip]:
         """None where a worker's hops are a queue's or shared memory's, timed in its records."""

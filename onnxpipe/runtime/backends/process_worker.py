@@ -8,17 +8,14 @@ import contextlib
 import os
 import signal
 import time
-import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 
-import numpy as np
-
 from onnxpipe.runtime.affinity import pin_thread
-from onnxpipe.runtime.backends.shm import ItemMessage, Poller, SlotReader, SlotWriter, unlink_prefix
+from onnxpipe.runtime.backends.hosting import Host, Hosted
+from onnxpipe.runtime.backends.shm import Poller, SlotReader, SlotWriter, unlink_prefix
 from onnxpipe.runtime.session import (
-    Record,
     StageFailure,
     StageRunner,
     WorkerStats,
@@ -55,56 +52,6 @@ class StageEnds:
     prefix: str
 
 
-class Hosted:
-    """One stage inside a worker process: its session, its two channels, and a result it computed but
-    could not send yet (the downstream channel was full), with its input slot still held."""
-
-    def __init__(self, runner: StageRunner, ends: StageEnds, slots: int) -> None:
-        self.runner = runner
-        self.reader = SlotReader(ends.in_data, ends.in_free)
-        self.writer = SlotWriter(ends.prefix, slots, ends.out_data, ends.out_free)
-        self.held: tuple[ItemMessage, dict[str, np.ndarray], float, float, float] | None = None
-        self.busy: int | None = None
-        """The micro-batch taken and not yet sent on (what a failure names)."""
-
-    def run_next(self) -> int | None:
-        """Take the next micro-batch, run it, and send the result if there is room (else hold it).
-        Returns the micro-batch's number, or None when the channel was closed (the caller's close)."""
-        message = self.reader.recv()
-        if not isinstance(message, ItemMessage):
-            return None
-        self.busy = message.seq
-        received = time.perf_counter()
-        views = self.reader.views(message)
-        run_start = time.perf_counter()
-        sends = self.runner.run(message.seq, views)
-        self.held = (message, sends, received, run_start, time.perf_counter())
-        del views
-        self.send_held()
-        return message.seq
-
-    def send_held(self) -> bool:
-        """Send the held result if the downstream channel has room; whether it went."""
-        assert self.held is not None
-        if not self.writer.has_room():
-            return False
-        message, sends, received, run_start, run_end = self.held
-        out_ready = time.perf_counter()
-        self.writer.send(message.seq, sends)
-        self.held = None
-        self.busy = None
-        del sends
-        self.reader.release(message.slot)
-        self.runner.recorder.add(
-            Record(message.seq, received, run_start, run_end, out_ready, time.perf_counter())
-        )
-        return True
-
-    def close(self) -> None:
-        self.writer.close()
-        self.reader.close()
-
-
 def worker_main(
     specs: tuple[WorkerSpec, ...],
     ends: tuple[StageEnds, ...],
@@ -117,11 +64,9 @@ def worker_main(
     """Entry point of a worker process (module level, so that ``spawn`` can import it).
 
     The process hosts one stage, or all the stages of one worker of an interleaved split (``specs``, in
-    stage order, ``ends[i]`` the channels of ``specs[i]``), each with its own session: one process per
-    worker pays for one interpreter and one onnxruntime instead of one per stage.  It never waits on one
-    stage while another could work: it runs the deepest stage that has a micro-batch and no result
-    waiting for room (a stage holds at most one result that its full downstream channel cannot take
-    yet), so no cycle of full channels between two workers can stall it.
+    stage order, ``ends[i]`` the channels of ``specs[i]``), each with its own session, and takes turns
+    of them (:mod:`.hosting`): one process per worker pays for one interpreter and one onnxruntime
+    instead of one per stage.
 
     A worker whose parent died removes every segment of the pipeline (the parent cannot any more).
     """
@@ -129,11 +74,11 @@ def worker_main(
     for ending in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(ending, leave)
     startup_rss = current_rss_bytes()
-    hosted = _start(specs, ends, status, slots)
-    if hosted is None:
+    host = _start(specs, ends, status, slots)
+    if host is None:
         return
     status.send(("ready", os.getpid()))
-    loop = _Loop(hosted, control, parent_pid, startup_rss)
+    loop = _Loop(host, control, parent_pid, startup_rss)
     orphaned = False
     try:
         orphaned = loop.run()
@@ -146,22 +91,19 @@ def worker_main(
         # the caller's close, or a kill of the whole process group (then the caller is dying too)
         orphaned = parent_gone(parent_pid, within=SIGNAL_WAIT_S)
     except BaseException as e:  # noqa: BLE001 - a bug here must reach the caller, not vanish
-        detail = "".join(traceback.format_exception_only(type(e), e)).strip()
-        busy = loop.current
-        label = busy.runner.spec.label if busy is not None else ", ".join(s.label for s in specs)
-        seq = busy.busy if busy is not None else None
-        report(status, f"{label}: internal error on micro-batch {seq}: {detail}")
+        report(status, host.internal_error(e))
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        for h in hosted:
-            h.close()
+        for h in host.hosted:
+            h.outbox.close()
+            h.inbox.close()
         if orphaned:
             unlink_prefix(pipeline_prefix)
 
 
 def _start(
     specs: tuple[WorkerSpec, ...], ends: tuple[StageEnds, ...], status: Connection, slots: int
-) -> list[Hosted] | None:
+) -> Host[SlotReader, SlotWriter] | None:
     """The worker pinned to its stages' CPUs and their sessions open; None (the failure reported) when
     it cannot be, or when it was told to leave while opening them."""
     cpus = tuple(sorted({c for spec in specs for c in spec.placement.cpus}))
@@ -172,35 +114,39 @@ def _start(
         whole = replace(specs[0], label=label, placement=replace(specs[0].placement, cpus=cpus))
         report(status, pin_failure(whole, e))
         return None
-    hosted: list[Hosted] = []
+    hosted: list[Hosted[SlotReader, SlotWriter]] = []
     try:
-        for spec, channels in zip(specs, ends, strict=True):
-            hosted.append(Hosted(StageRunner(spec), channels, slots))
+        for spec, end in zip(specs, ends, strict=True):
+            reader = SlotReader(end.in_data, end.in_free)
+            writer = SlotWriter(end.prefix, slots, end.out_data, end.out_free)
+            hosted.append(Hosted(StageRunner(spec), reader, writer))
     except StageFailure as e:
         report(status, str(e))
         return None
     except Leave:
         return None
-    return hosted
+    return Host(hosted)
 
 
 class _Loop:
-    """A worker's loop over its hosted stages: work while any stage can, wait on what could let one
-    work again, and answer the caller's control messages (stats, reset, stop) between micro-batches."""
+    """A worker process's loop over its :class:`~.hosting.Host`: work while any stage can, wait on what
+    could let one work again, and answer the caller's control messages (stats, reset, stop) between
+    micro-batches."""
 
     def __init__(
-        self, hosted: list[Hosted], control: Connection, parent_pid: int, startup_rss: int | None
+        self,
+        host: Host[SlotReader, SlotWriter],
+        control: Connection,
+        parent_pid: int,
+        startup_rss: int | None,
     ) -> None:
-        self.hosted = hosted
-        self.deepest_first = hosted[::-1]
+        self.host = host
         self.control = control
         self.parent_pid = parent_pid
         self.startup_rss = startup_rss
         self.asked = Poller(control)  # a persistent poll: Connection.poll() builds a selector per call
         self.waits: dict[tuple[bool, ...], Poller] = {}
         """What to wait on, by which stages hold a result: their room, else their input (and control)."""
-        self.current: Hosted | None = None
-        """The stage at work (what a failure names)."""
 
     def run(self) -> bool:
         """Work until told to stop (False) or the parent is gone (True: the worker is orphaned)."""
@@ -208,7 +154,7 @@ class _Loop:
             # the caller's stats, reset and stop come first, also while every pass finds work
             if self.asked.any() and not self._control_says_go():
                 return False
-            worked = self._one_pass()
+            worked = self.host.one_pass()
             if worked is None:
                 return False
             if worked:
@@ -221,40 +167,23 @@ class _Loop:
             if self.control in ready and not self._control_says_go():
                 return False
 
-    def _one_pass(self) -> bool | None:
-        """Send held results and run the deepest stage with work; whether any work was done, None when
-        a channel closed (the caller's close)."""
-        worked = False
-        for h in self.deepest_first:
-            if h.held is not None:
-                self.current = h
-                worked = h.send_held() or worked
-            if h.held is None and h.reader.pending():
-                self.current = h
-                if h.run_next() is None:
-                    return None
-                self.current = None
-                return True
-        self.current = None
-        return worked
-
     def _poller(self) -> Poller:
-        key = tuple(h.held is not None for h in self.hosted)
+        hosted = self.host.hosted
+        key = tuple(h.held is not None for h in hosted)
         poller = self.waits.get(key)
         if poller is None:
-            objects = [
-                h.writer.free if held else h.reader.data for h, held in zip(self.hosted, key, strict=True)
-            ]
+            objects = [h.outbox.free if held else h.inbox.data for h, held in zip(hosted, key, strict=True)]
             poller = self.waits[key] = Poller(*objects, self.control)
         return poller
 
     def _control_says_go(self) -> bool:
         message = self.control.recv()
+        runners = [h.runner for h in self.host.hosted]
         if isinstance(message, tuple) and message[0] == STATS:
-            self.control.send((message[1], hosted_stats([h.runner for h in self.hosted], self.startup_rss)))
+            self.control.send((message[1], hosted_stats(runners, self.startup_rss)))
         elif message == RESET:
-            for h in self.hosted:
-                h.runner.recorder.reset()
+            for r in runners:
+                r.recorder.reset()
         return bool(message != STOP)
 
 

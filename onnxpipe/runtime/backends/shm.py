@@ -259,6 +259,14 @@ class SlotReader:
         """The next message (an :class:`ItemMessage`); blocks."""
         return self.data.recv()
 
+    def take(self) -> tuple[int, dict[str, np.ndarray], int] | None:
+        """The next micro-batch: its number, views of its tensors (:meth:`views`) and its slot; None when
+        the channel closed (:class:`~onnxpipe.runtime.backends.hosting.Inbox`)."""
+        message = self.recv()
+        if not isinstance(message, ItemMessage):
+            return None
+        return message.seq, self.views(message), message.slot
+
     def views(self, item: ItemMessage) -> dict[str, np.ndarray]:
         """Numpy views of the item's tensors (valid until :meth:`release`; read-only by convention).
 

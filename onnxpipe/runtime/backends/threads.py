@@ -9,18 +9,16 @@ when it is put in and gives it back once its receiver has passed it on (or the c
 the one a worker runs still counts.  A lane of ``k`` workers thus holds at most ``slots * (k + 1)``
 micro-batches, which is :attr:`ThreadBackend.capacity`.
 
-The stages of one worker of an interleaved split (``workers``) take turns (:class:`_Turns`): one of
-their sessions runs at a time, the deepest waiting stage next, as a worker process hosting them runs
-them and as the plan assumes.  Without turns the scheduler would slice the worker's CPU between its
-stages' runs, and each stage's measured time would include the others' slices.
+A thread runs one stage, or all the stages of one worker of an interleaved split (``workers``), taking
+turns of them as a worker process does (:mod:`.hosting`).
 """
 
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -28,65 +26,51 @@ import numpy as np
 
 from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.runtime.affinity import pin_thread
+from onnxpipe.runtime.backends.hosting import Host, Hosted
 from onnxpipe.runtime.backends.lanes import Lanes
 from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.choices import DEFAULT_SLOTS
-from onnxpipe.runtime.session import Record, StageFailure, StageRunner, WorkerStats, current_rss_bytes
+from onnxpipe.runtime.session import StageFailure, StageRunner, WorkerStats, current_rss_bytes
 from onnxpipe.runtime.spec import WorkerSpec
+from onnxpipe.schedule.timeline import worker_groups
 
 _POLL_S = 0.1
 STOP_GRACE_S = 10.0
 
-Item = tuple[int, Tensors]
 
-
-@dataclass
 class _Channel:
-    """A FIFO of micro-batches with ``slots`` places (see the module docstring): an item taken from
-    ``items`` keeps its place until ``places.release()``."""
+    """A FIFO of micro-batches with ``slots`` places (see the module docstring) that wakes its receiver
+    when one comes in and its sender when a place frees (an :class:`~.hosting.Inbox` and an
+    :class:`~.hosting.Outbox`).  One sender and one receiver: a place counted free stays free."""
 
-    slots: int
-    items: queue.SimpleQueue[Item] = field(default_factory=queue.SimpleQueue)
+    def __init__(self, slots: int, sender: threading.Event, receiver: threading.Event) -> None:
+        self.slots = slots
+        self.sender = sender
+        self.receiver = receiver
+        self.items: deque[tuple[int, Tensors]] = deque()
+        self.used = 0
+        self.lock = threading.Lock()
 
-    def __post_init__(self) -> None:
-        self.places = threading.Semaphore(self.slots)
+    def has_room(self) -> bool:
+        return self.used < self.slots
 
-    def put(self, item: Item, timeout: float = 0.0) -> bool:
-        """Put ``item`` if a place frees within ``timeout`` seconds (0: is free now)."""
-        if not self.places.acquire(timeout=timeout):
-            return False
-        self.items.put(item)
-        return True
+    def send(self, seq: int, tensors: Mapping[str, np.ndarray]) -> None:
+        with self.lock:
+            self.used += 1
+        self.items.append((seq, dict(tensors)))
+        self.receiver.set()
 
+    def pending(self) -> bool:
+        return bool(self.items)
 
-class _Turns:
-    """One worker of an interleaved split: its stages' threads run their sessions one at a time, the
-    deepest stage waiting going next.  A turn covers the session run only, never a wait for room
-    downstream: the worker's next stage may be the one that makes that room."""
+    def take(self) -> tuple[int, Tensors, int]:
+        seq, tensors = self.items.popleft()
+        return seq, tensors, 0
 
-    def __init__(self) -> None:
-        self._changed = threading.Condition()
-        self._busy = False
-        self._waiting: set[int] = set()
-
-    def take(self, stage: int, stopping: threading.Event) -> bool:
-        """Wait for ``stage``'s turn; False if the pipeline stops first."""
-        with self._changed:
-            self._waiting.add(stage)
-            try:
-                while self._busy or max(self._waiting) != stage:
-                    if stopping.is_set():
-                        return False
-                    self._changed.wait(_POLL_S)
-            finally:
-                self._waiting.discard(stage)
-            self._busy = True
-            return True
-
-    def give_back(self) -> None:
-        with self._changed:
-            self._busy = False
-            self._changed.notify_all()
+    def release(self, slot: int) -> None:
+        with self.lock:
+            self.used -= 1
+        self.sender.set()
 
 
 @dataclass
@@ -104,66 +88,37 @@ class _Shared:
         self.wake.set()
 
 
-@dataclass
 class _Worker:
-    runner: StageRunner
-    inbox: _Channel
-    outbox: _Channel
-    shared: _Shared
-    first: bool
-    last: bool
-    turns: _Turns | None
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    """One worker thread and the stages it hosts; ``lock`` is held while it works, so that the stats
+    and a reset never see a result sent without its record."""
 
-    def __post_init__(self) -> None:
-        self.thread = threading.Thread(
-            target=self._loop, name=f"onnxpipe {self.runner.spec.label}", daemon=True
-        )
+    def __init__(self, host: Host[_Channel, _Channel], wake: threading.Event, shared: _Shared) -> None:
+        self.host = host
+        self.wake = wake
+        self.shared = shared
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._loop, name=f"onnxpipe {host.label}", daemon=True)
 
     def _loop(self) -> None:
         shared = self.shared
-        seq: int | None = None
         try:
-            pin_thread(self.runner.spec.placement.cpus)
+            pin_thread(sorted({c for h in self.host.hosted for c in h.runner.spec.placement.cpus}))
             while not shared.stopping.is_set():
-                try:
-                    seq, tensors = self.inbox.items.get(timeout=_POLL_S)
-                except queue.Empty:
-                    continue
-                turns = self.turns
-                if turns is not None and not turns.take(self.runner.spec.index, shared.stopping):
-                    return
-                try:
-                    received = run_start = time.perf_counter()
-                    sends = self.runner.run(seq, tensors)
-                    run_end = time.perf_counter()
-                finally:
-                    if turns is not None:
-                        turns.give_back()
-                # the record is written with the put, under the lock that stats() and reset_stats() take:
-                # once a result can be collected, its record is there (and a reset after it clears it)
+                self.wake.clear()  # before the pass: a wake-up during it is not lost
                 with self.lock:
-                    while not self.outbox.put((seq, sends), timeout=_POLL_S):
-                        if shared.stopping.is_set():
-                            return
-                    done = time.perf_counter()
-                    self.runner.recorder.add(Record(seq, received, run_start, run_end, done, done))
-                self.inbox.places.release()
-                if self.first or self.last:
-                    shared.wake.set()  # room for the next micro-batch, or a result for the driver
-                seq = None
+                    worked = self.host.one_pass()
+                if not worked:
+                    self.wake.wait(_POLL_S)
         except StageFailure as e:
             shared.fail(str(e))
         except BaseException as e:  # noqa: BLE001 - a bug here must reach the caller, not vanish
-            shared.fail(
-                f"{self.runner.spec.label}: internal error on micro-batch {seq}: {type(e).__name__}: {e}"
-            )
+            shared.fail(self.host.internal_error(e))
 
 
 @dataclass
 class _Lane:
     inbox: _Channel
-    workers: list[_Worker]
+    receives: tuple[str, ...]
     results: _Channel
 
 
@@ -182,52 +137,53 @@ class ThreadBackend(Lanes):
         """``workers``: the worker of each stage of a single lane (an interleaved split's
         ``manifest.worker_of``), whose stages then take turns; None: every stage runs when it can."""
         super().__init__(lanes, slots, workers)
-        if slots < 1:
-            raise ValueError(f"slots {slots}: a channel needs at least one slot")
         self._shared = _Shared()
         self._startup_rss = current_rss_bytes()
         self._lanes: list[_Lane] = []
+        self._workers: list[_Worker] = []
+        self._stages: list[tuple[StageRunner, _Worker]] = []
+        """Each stage's runner and the worker hosting it, in lane and stage order."""
         try:
             runners = [[StageRunner(spec) for spec in lane] for lane in lanes]
         except StageFailure as e:
             raise RuntimeStageError(str(e)) from e
-        turns = {w: _Turns() for w in workers} if workers is not None else {}
         for lane_runners in runners:
-            channels = [_Channel(slots) for _ in range(len(lane_runners) + 1)]
-            chain = [
-                _Worker(
-                    runner,
-                    channels[i],
-                    channels[i + 1],
-                    self._shared,
-                    first=i == 0,
-                    last=i == len(lane_runners) - 1,
-                    turns=turns[workers[i]] if workers is not None else None,
-                )
-                for i, runner in enumerate(lane_runners)
-            ]
-            self._lanes.append(_Lane(channels[0], chain, channels[-1]))
+            self._start_lane(
+                lane_runners, worker_groups(range(len(lane_runners)) if workers is None else workers)
+            )
         for w in self._workers:
             w.thread.start()
 
-    @property
-    def _workers(self) -> list[_Worker]:
-        return [w for lane in self._lanes for w in lane.workers]
+    def _start_lane(self, runners: Sequence[StageRunner], hosts: Sequence[Sequence[int]]) -> None:
+        """A lane's channels (channel ``c`` into stage ``c``) and its workers (``hosts``: the positions of
+        the stages each one hosts); each channel wakes the workers at its ends (the driver at the lane's)."""
+        wakes = [threading.Event() for _ in hosts]
+        wake_of = {i: wakes[w] for w, positions in enumerate(hosts) for i in positions}
+        ends = [self._shared.wake, *(wake_of[i] for i in range(len(runners))), self._shared.wake]
+        channels = [_Channel(self._slots, ends[c], ends[c + 1]) for c in range(len(runners) + 1)]
+        worker_of: dict[int, _Worker] = {}
+        for positions, wake in zip(hosts, wakes, strict=True):
+            host = Host([Hosted(runners[i], channels[i], channels[i + 1]) for i in positions])
+            self._workers.append(_Worker(host, wake, self._shared))
+            worker_of.update((i, self._workers[-1]) for i in positions)
+        self._stages += [(r, worker_of[i]) for i, r in enumerate(runners)]
+        self._lanes.append(_Lane(channels[0], runners[0].spec.receives, channels[-1]))
 
     def _offer(self, li: int, seq: int, feeds: Mapping[str, np.ndarray]) -> bool:
         lane = self._lanes[li]
-        return lane.inbox.put((seq, {name: feeds[name] for name in lane.workers[0].runner.spec.receives}))
+        if not lane.inbox.has_room():
+            return False
+        lane.inbox.send(seq, {name: feeds[name] for name in lane.receives})
+        return True
 
     def poll(self) -> list[tuple[int, Tensors]]:
         """What came out; after a failure, first what came out before it, then the failure next call."""
         done: list[tuple[int, Tensors]] = []
         for lane in self._lanes:
-            while True:
-                try:
-                    done.append(lane.results.items.get_nowait())
-                except queue.Empty:
-                    break
-                lane.results.places.release()
+            while lane.results.pending():
+                seq, tensors, slot = lane.results.take()
+                done.append((seq, tensors))
+                lane.results.release(slot)
         if not done:
             self._check_open()
         elif self._shared.failure is not None:
@@ -247,16 +203,17 @@ class ThreadBackend(Lanes):
         super()._check_open()
 
     def stats(self) -> list[WorkerStats]:
+        """Each stage's statistics, in lane and stage order."""
         result: list[WorkerStats] = []
-        for w in self._workers:
+        for runner, w in self._stages:
             with w.lock:
-                result.append(w.runner.stats(pid=os.getpid(), startup_rss=self._startup_rss, shared=True))
+                result.append(runner.stats(pid=os.getpid(), startup_rss=self._startup_rss, shared=True))
         return result
 
     def reset_stats(self) -> None:
-        for w in self._workers:
+        for runner, w in self._stages:
             with w.lock:
-                w.runner.recorder.reset()
+                runner.recorder.reset()
 
     def close(self, graceful: bool = True) -> None:
         if self._closed:

@@ -22,25 +22,16 @@ from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import Placement, WorkerSpec, manifest_placements
 
 
-def estimate_placements(manifest: Manifest) -> list[Placement] | None:
-    """Where each stage's estimate is for: its device in the manifest's cluster (provider and threads;
-    ``device_costs`` says whether those costs were profiled there or scaled from the reference), else
-    the provider its device name implies with the plan's threads.  None when a device name maps to no
-    provider (such a split runs only with ``--devices``): then only the plan's threads are known."""
-    try:
-        return manifest_placements(manifest)
-    except UsageError:
-        return None
-
-
 def check_estimates(
     manifest: Manifest, specs: Sequence[WorkerSpec], input_shapes: Mapping[str, tuple[int, ...]]
 ) -> tuple[bool, list[str]]:
     """Whether the stages ran as their estimates were made for, and notes saying where not.
 
-    Each stage's actual placement (provider, threads) is compared with the one its estimate is for
-    (:func:`estimate_placements`), not with the reference profile's threads: a split made with
-    ``--devices`` estimates each stage on its own device.
+    Each stage's actual placement (provider, threads) is compared with the one its estimate is for, not
+    with the reference profile's threads: a split made with ``--devices`` estimates each stage on its own
+    device (:func:`~onnxpipe.runtime.spec.manifest_placements`; ``device_costs`` says whether those costs
+    were profiled there or scaled).  A device name that maps to no provider (such a split runs only with
+    ``--devices``) leaves only the plan's threads to compare.
     """
     comparable = True
     notes: list[str] = []
@@ -51,7 +42,10 @@ def check_estimates(
             f"the inputs' shapes differ from those the plan was made for ({shapes_text(profiled)}): "
             "the estimates are for those shapes"
         )
-    expected = estimate_placements(manifest)
+    try:
+        expected: list[Placement] | None = manifest_placements(manifest)
+    except UsageError:
+        expected = None
     differs: list[str] = []
     for spec in specs:
         ran = spec.placement

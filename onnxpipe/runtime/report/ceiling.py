@@ -27,16 +27,9 @@ MIN_RUN_S = 1e-3
 mostly Python's per-call cost, which replica threads contend for, not a CPU's speed."""
 
 
-def balanced_ceiling(
-    stats: Sequence[WorkerStats],
-    window_runs: float = WINDOW_RUNS,
-    versus: int | None = None,
-    min_run_seconds: float = 0.0,
-) -> float:
+def balanced_ceiling(stats: Sequence[WorkerStats], min_run_seconds: float = 0.0) -> float:
     """``sum_w K * min_i v_i(w) / sum_w sum_i v_i(w)``: what a perfectly balanced pipeline, a stage of
-    ``1/K`` of the model on each replica's CPUs, could reach against the K replicas; with ``versus=j``,
-    against one session on replica ``j``'s CPUs instead (``sum_w K * min_i v_i(w) / sum_w v_j(w)``, at
-    most K).
+    ``1/K`` of the model on each replica's CPUs, could reach against the K replicas.
 
     ``stats`` are the replica workers' records from one run.  ``v_i(w)`` is replica ``i``'s speed over
     window ``w`` of the time all of them were running: runs per second of running (time spent waiting
@@ -55,7 +48,7 @@ def balanced_ceiling(
     typical = statistics.median(b - a for r in runs for a, b in r)
     if typical < min_run_seconds:
         return math.nan
-    windows = int((t1 - t0) / (window_runs * typical)) if t1 > t0 else 0
+    windows = int((t1 - t0) / (WINDOW_RUNS * typical)) if t1 > t0 else 0
     if windows < 1:
         return math.nan
     edges = np.linspace(t0, t1, windows + 1)
@@ -70,5 +63,4 @@ def balanced_ceiling(
     speeds = speeds[:, ~np.isnan(speeds).any(axis=0)]
     if speeds.size == 0:
         return math.nan
-    base = speeds.sum() if versus is None else speeds[versus].sum()
-    return float(len(runs) * speeds.min(axis=0).sum() / base)
+    return float(len(runs) * speeds.min(axis=0).sum() / speeds.sum())

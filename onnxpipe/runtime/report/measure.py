@@ -149,6 +149,7 @@ def measure(
         done_at.append(job.done_at if job.done_at is not None else time.perf_counter())
 
     start = time.perf_counter()
+    failure: str | None = None
     try:
         for feeds in inputs:
             pending.append(pipeline.submit(feeds))
@@ -156,54 +157,39 @@ def measure(
                 take()
         while pending:
             take()
-    except RuntimeStageError as e:
+    except RuntimeStageError as e:  # its workers are gone: no stats, no single runs
         if not partial:
             raise
-        return _stopped(pipeline, queued_at, done_at, start, outputs, str(e))
-    end = max(done_at, default=time.perf_counter())
-    stats = tuple(pipeline.stats())
-    trips = pipeline.trips()
-    single_latencies: list[float] = []
-    for j in range(single if inputs else 0):
-        job = pipeline.submit(inputs[j % len(inputs)])
-        job.result()
-        single_latencies.append((job.done_at or time.perf_counter()) - job.queued_at)
-    single_trips = pipeline.trips()[len(trips) :]
+        failure = str(e)
+    end = max(done_at, default=start if failure is not None else time.perf_counter())
+    stats = tuple(pipeline.stats()) if failure is None else ()
+    trips = pipeline.trips() if failure is None else []
+    single_latencies, single_trips = _alone(pipeline, inputs, single if failure is None else 0)
     return Measurement(
         queued_at=tuple(queued_at),
         done_at=tuple(done_at),
         start=start,
         end=end,
         stats=stats,
-        in_flight=min(window, len(inputs)),
+        in_flight=min(window, len(inputs)) if failure is None else window,
         output_workers=_last_positions(pipeline.lanes),
         single_latencies_s=tuple(single_latencies),
         outputs=tuple(outputs),
         trips=tuple(trips),
         single_trips=tuple(single_trips),
-    )
-
-
-def _stopped(
-    pipeline: Pipeline,
-    queued_at: list[float],
-    done_at: list[float],
-    start: float,
-    outputs: list[Tensors],
-    failure: str,
-) -> Measurement:
-    """What a stream that failed had delivered (its workers are gone: no stats)."""
-    return Measurement(
-        queued_at=tuple(queued_at),
-        done_at=tuple(done_at),
-        start=start,
-        end=max(done_at, default=start),
-        stats=(),
-        in_flight=max(1, pipeline.capacity),
-        output_workers=_last_positions(pipeline.lanes),
-        outputs=tuple(outputs),
         failure=failure,
     )
+
+
+def _alone(pipeline: Pipeline, inputs: Sequence[Feeds], single: int) -> tuple[list[float], list[Trip]]:
+    """The latencies and trips of ``single`` micro-batches run one at a time."""
+    before = len(pipeline.trips()) if single else 0
+    latencies: list[float] = []
+    for j in range(single if inputs else 0):
+        job = pipeline.submit(inputs[j % len(inputs)])
+        job.result()
+        latencies.append((job.done_at or time.perf_counter()) - job.queued_at)
+    return latencies, pipeline.trips()[before:] if single else []
 
 
 def _last_positions(lanes: Sequence[Sequence[object]]) -> tuple[int, ...]:

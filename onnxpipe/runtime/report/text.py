@@ -289,16 +289,11 @@ def memory_line(report: RunReport) -> str | None:
     if not report.memory_shared:
         return None
     peaks = [p for p in [report.driver_peak_rss_bytes, *(s.peak_rss_bytes for s in report.stages)] if p]
+    weighed = [(weights, named) for named, _, weights in _workers_memory(report) if weights is not None]
     parts = []
-    if workers:
-        weighed = [(w, w.param_bytes) for w in workers if w.param_bytes is not None]
-        if weighed:
-            each = ", ".join(f"{human_bytes(b)} (stages {_stage_list(w.stages)})" for w, b in weighed)
-            parts.append(f"worker weights {each}")
-    else:
-        weights = [s.param_bytes for s in report.stages if s.param_bytes is not None]
-        if weights:
-            parts.append(f"stage weights {', '.join(human_bytes(w) for w in weights)}")
+    if weighed:
+        each = ", ".join(f"{human_bytes(b)}{named}" for b, named in weighed)
+        parts.append(f"{'worker' if workers else 'stage'} weights {each}")
     if peaks:
         parts.append(f"this process (every stage and the driver) peaked at {human_bytes(max(peaks))}")
     if replicas is not None and replicas.peak_rss_bytes:
@@ -312,13 +307,11 @@ def _memory_ratio(report: RunReport, replica: int) -> str | None:
     each stage in a process of its own, or each worker's stages in one (``hosted_with``)."""
     if report.workers:
         whose, largest = "a worker's model (its stages' together)", "worker"
-        models = [(w.model_rss_bytes, f" (stages {_stage_list(w.stages)})") for w in report.workers]
         hosted = any(s.hosted_with for s in report.stages)
         alone = "each worker's stages in one process" if hosted else "each stage in a process of its own"
     else:
         whose, largest, alone = "a stage worker's model", "stage", "each in a process of its own"
-        models = [(s.worker_model_rss_bytes, "") for s in report.stages]
-    measured = [(m, named) for m, named in models if m is not None]
+    measured = [(m, named) for named, m, _ in _workers_memory(report) if m is not None]
     if not measured:
         return None
     where = f" ({alone}, a short run)" if report.memory_shared else ""
@@ -328,6 +321,16 @@ def _memory_ratio(report: RunReport, replica: int) -> str | None:
         f"memory: {whose} takes {each}, a replica's {human_bytes(replica)}{where}: the largest {largest}"
         f"{named} {most / replica:.2f}x a replica"
     )
+
+
+def _workers_memory(report: RunReport) -> list[tuple[str, int | None, int | None]]:
+    """Each worker's name in a line (`` (stages 0, 2)`` for one of shared stages, none for a stage's own
+    worker), its model memory measured alone and its weights."""
+    if report.workers:
+        return [
+            (f" (stages {_stage_list(w.stages)})", w.model_rss_bytes, w.param_bytes) for w in report.workers
+        ]
+    return [("", s.worker_model_rss_bytes, s.param_bytes) for s in report.stages]
 
 
 def link_line(report: RunReport) -> str | None:
