@@ -29,8 +29,9 @@ from types import MappingProxyType
 import onnx
 
 from onnxpipe.core.choices import CostSource
+from onnxpipe.core.text import names_text
 from onnxpipe.cost.profile import SCHEMA_VERSION, Profile
-from onnxpipe.ir.inference import concrete_shapes, names_text
+from onnxpipe.ir.inference import concrete_shapes
 from onnxpipe.ir.model import ModelView, NodeInfo, itemsize
 from onnxpipe.ir.shapes import resolve_input_shapes
 
