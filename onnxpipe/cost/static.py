@@ -34,6 +34,7 @@ from onnxpipe.cost.profile import SCHEMA_VERSION, Profile
 from onnxpipe.ir.inference import concrete_shapes
 from onnxpipe.ir.model import ModelView, NodeInfo, itemsize
 from onnxpipe.ir.shapes import resolve_input_shapes
+from onnxpipe.ir.shapevalues import constant_only
 
 PEAK_FLOPS = 50e9
 """Nominal FLOP/s of one core running a well-vectorised kernel (AVX2 fp32 reaches 50-100)."""
@@ -342,26 +343,10 @@ def _einsum_flops(
     return 2.0 * out_el * math.prod(sizes[c] for c in contracted)
 
 
-_RANDOM_OPS = frozenset(
-    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
-)
-
-
 def constant_tensors(view: ModelView) -> set[str]:
-    """Initializers and the outputs of constant nodes and of nodes computed from constants only (which
-    onnxruntime folds when it loads the model: they cost nothing per run)."""
-    const = set(view.initializers)
-    for node in view.nodes:
-        foldable = node.is_constant or (
-            node.reads
-            and all(t in const for t in node.reads)
-            and node.domain in ("", "ai.onnx")
-            and node.op_type not in _RANDOM_OPS
-            and not node.has_subgraph
-        )
-        if foldable:
-            const.update(node.outputs)
-    return const
+    """Initializers and the tensors computed from them alone (:func:`onnxpipe.ir.shapevalues.constant_only`),
+    which onnxruntime folds when it loads the model: they cost nothing per run."""
+    return set(view.initializers) | constant_only(view)
 
 
 # --------------------------------------------------------------------------------------------------
