@@ -160,6 +160,17 @@ class FileEngine:
         """Drop the runtime's objects (a session, a compiled model)."""
 
 
+def file_io(path: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The declared inputs and outputs of the model file at ``path``, in its order, read without its
+    weights: what an engine that renames tensors binds by position.  Inputs that are also initializers
+    (IR 3 files list every weight as an input) are not inputs a caller feeds, and are left out."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    weights = {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
+    return tuple(i.name for i in graph.input if i.name not in weights), tuple(o.name for o in graph.output)
+
+
 def open_engine(
     path: str | Path,
     config: EngineConfig,

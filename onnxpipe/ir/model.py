@@ -215,6 +215,13 @@ def value_dims(vi: onnx.ValueInfoProto) -> tuple[Dim, ...] | None:
     return tuple(dims)
 
 
+def tensor_info(vi: onnx.ValueInfoProto) -> TensorInfo | None:
+    """A value info's element type and dims; None for a sequence, a map or an optional."""
+    if not vi.type.HasField("tensor_type"):
+        return None
+    return TensorInfo(vi.name, vi.type.tensor_type.elem_type, value_dims(vi))
+
+
 def set_input_shapes(graph: onnx.GraphProto, shapes: Mapping[str, Sequence[int]]) -> None:
     """Declare ``graph``'s tensor inputs named in ``shapes`` at those sizes (in place)."""
     for vi in graph.input:
