@@ -201,13 +201,12 @@ def time_run(
     engine: Engine,
     feeds: Mapping[str, np.ndarray],
     *,
-    names: Sequence[str] | None = None,
     runs: int = 10,
     warmup: int = 2,
 ) -> float:
-    """Median wall seconds of ``runs`` runs of ``engine`` on ``feeds`` after ``warmup`` untimed ones."""
-    wanted = list(engine.output_names if names is None else names)
-    return median_seconds(lambda: engine.run(wanted, feeds), runs=runs, warmup=warmup)
+    """Median wall seconds of ``runs`` runs of ``engine`` (all its outputs) on ``feeds`` after ``warmup``
+    untimed ones."""
+    return median_seconds(lambda: engine.run(engine.output_names, feeds), runs=runs, warmup=warmup)
 
 
 def median_seconds(call: Callable[[], object], *, runs: int, warmup: int) -> float:

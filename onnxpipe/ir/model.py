@@ -46,8 +46,8 @@ class TensorInfo:
     def is_static(self) -> bool:
         return self.shape is not None and all(isinstance(d, int) for d in self.shape)
 
-    def nbytes(self, dims: Mapping[str, int] | None = None, default_dim: int = 1) -> int:
-        """Bytes of one instance, with symbolic dims taken from ``dims`` (else ``default_dim``)."""
+    def nbytes(self, dims: Mapping[str, int] | None = None) -> int:
+        """Bytes of one instance, with symbolic dims taken from ``dims`` (else counted as 1)."""
         if self.shape is None:
             return 0
         count = 1
@@ -56,8 +56,6 @@ class TensorInfo:
                 count *= d
             elif isinstance(d, str) and dims is not None and d in dims:
                 count *= dims[d]
-            else:
-                count *= default_dim
         return count * itemsize(self.elem_type)
 
 
