@@ -223,7 +223,7 @@ def _matmul_flops(op: _Op) -> float | None:
     if a is None or out_el is None or not a:
         return None
     k = a[-1]
-    if op.node.op_type == "FusedMatMul" and len(a) >= 2 and _int_attr(op.attrs, "transA", 0):
+    if op.node.op_type == "FusedMatMul" and len(a) >= 2 and op.view.int_attributes(op.node).get("transA"):
         k = a[-2]
     return 2.0 * out_el * k
 
@@ -232,7 +232,7 @@ def _gemm_flops(op: _Op) -> float | None:
     a, out_el = op.shape(0), op.out_el
     if a is None or out_el is None or len(a) != 2:
         return None
-    k = a[0] if _int_attr(op.attrs, "transA", 0) else a[1]
+    k = a[0] if op.view.int_attributes(op.node).get("transA") else a[1]
     return 2.0 * out_el * k + (out_el if op.has_input(2) else 0)
 
 
@@ -307,11 +307,6 @@ _FORMULAS: Mapping[str, _Formula] = {
     **dict.fromkeys(_ELEMENTWISE, _elementwise_flops),
 }
 """The FLOP formula of each op that computes (an op not here, nor a ``Reduce*``, only moves data)."""
-
-
-def _int_attr(attrs: Mapping[str, onnx.AttributeProto], name: str, default: int) -> int:
-    a = attrs.get(name)
-    return int(a.i) if a is not None else default
 
 
 def _ints_attr(attrs: Mapping[str, onnx.AttributeProto], name: str) -> list[int]:

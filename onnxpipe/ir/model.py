@@ -17,6 +17,7 @@ to:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -182,10 +183,7 @@ def itemsize(elem_type: int) -> int:
 
 def initializer_nbytes(tensor: onnx.TensorProto) -> int:
     """Size of an initializer from its dims and type: works for external data without reading it."""
-    count = 1
-    for d in tensor.dims:
-        count *= int(d)
-    return count * itemsize(tensor.data_type)
+    return math.prod(int(d) for d in tensor.dims) * itemsize(tensor.data_type)
 
 
 # --------------------------------------------------------------------------------------------------
