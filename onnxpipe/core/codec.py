@@ -11,8 +11,7 @@ What each type reads and writes as:
 
 * a dataclass or a ``NamedTuple``: an object of its fields.  A field with a default may be absent (it
   reads as the default), and one whose value is its ``None`` or empty default is left out when written,
-  so that an optional field costs a file nothing until it says something.  A field whose JSON key
-  differs from its name says so once: ``field(metadata=json_name("input_ids"))``; one outside the
+  so that an optional field costs a file nothing until it says something.  A field outside the
   record's value (``compare=False``: a cache, the file it was read from) is neither written nor read;
 * ``int`` (>= 0 unless :class:`Minimum` says otherwise; ``true`` is not one), ``bool``, ``str``;
 * ``float``: a number >= 0, ``null`` standing for ``+inf`` (JSON has no infinity; NaN is refused both
@@ -45,13 +44,6 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
 from onnxpipe.core.jsonread import Rule, Value
-
-JSON_NAME = "json_name"
-
-
-def json_name(name: str) -> dict[str, str]:
-    """Field metadata for a field written under another key: ``field(metadata=json_name("logits"))``."""
-    return {JSON_NAME: name}
 
 
 @dataclass(frozen=True)
@@ -150,18 +142,14 @@ def _pair_types(hint: Any) -> tuple[Any, Any] | None:
     return (key, value) if keyed else None
 
 
-def _record_fields(cls: type) -> list[tuple[str, str, Any, Any]]:
-    """``(name, JSON key, type, default)`` of each field of a dataclass or ``NamedTuple``; the default is
-    ``dataclasses.MISSING`` for a field that must be given."""
+def _record_fields(cls: type) -> list[tuple[str, Any, Any]]:
+    """``(name, type, default)`` of each field of a dataclass or ``NamedTuple`` (its name is its JSON key);
+    the default is ``dataclasses.MISSING`` for a field that must be given."""
     hints = _hints(cls)
     if dataclasses.is_dataclass(cls):
-        return [
-            (f.name, f.metadata.get(JSON_NAME, f.name), hints[f.name], f.default)
-            for f in dataclasses.fields(cls)
-            if f.init and f.compare
-        ]
+        return [(f.name, hints[f.name], f.default) for f in dataclasses.fields(cls) if f.init and f.compare]
     defaults = getattr(cls, "_field_defaults", {})
-    return [(n, n, hints[n], defaults.get(n, dataclasses.MISSING)) for n in cls._fields]  # type: ignore[attr-defined]
+    return [(n, hints[n], defaults.get(n, dataclasses.MISSING)) for n in cls._fields]  # type: ignore[attr-defined]
 
 
 def _left_out(value: Any, default: Any) -> bool:
@@ -222,8 +210,8 @@ class Codec:
         else:
             values = {name: getattr(value, name) for name, *_ in fields}
         return {
-            key: self.encode(t, values[name])
-            for name, key, t, default in fields
+            name: self.encode(t, values[name])
+            for name, t, default in fields
             if not _left_out(values[name], default)
         }
 
@@ -264,16 +252,15 @@ class Codec:
     def _record(self, cls: type, v: Value) -> Any:
         f = v.fields()
         given: dict[str, Any] = {}
-        for name, key, t, default in _record_fields(cls):
-            if key in f.raw:
-                given[name] = self.decode(t, f[key])
+        for name, t, default in _record_fields(cls):
+            if name in f.raw:
+                given[name] = self.decode(t, f[name])
             elif default is dataclasses.MISSING:
-                f[key]  # raises: missing field '<path>.<key>'
+                f[name]  # raises: missing field '<path>.<name>'
         try:
             return cls(**given)
         except FieldError as e:
-            keys = {name: key for name, key, _, _ in _record_fields(cls)}
-            raise f.get(keys.get(e.field, e.field), None).fail(e.what) from None
+            raise f.get(e.field, None).fail(e.what) from None
 
     def _union(self, hint: Any, v: Value, checks: _Checks) -> Any:
         members = [m for m in get_args(hint) if m is not type(None)]

@@ -13,8 +13,7 @@ from typing import Any
 import numpy as np
 
 from onnxpipe.core.choices import Runtime
-from onnxpipe.core.graphio import graph_io
-from onnxpipe.core.runtimes import OPENVINO_CPU_DEFAULTS, EngineConfig, FileEngine, bind_outputs
+from onnxpipe.core.runtimes import OPENVINO_CPU_DEFAULTS, EngineConfig, FileEngine, bind_outputs, file_io
 
 
 class OpenVinoEngine(FileEngine):
@@ -36,8 +35,7 @@ class OpenVinoEngine(FileEngine):
         model = core.read_model(str(path))
         self._compiled: Any = core.compile_model(model, config.openvino_device, settings)
         self._request: Any = self._compiled.create_infer_request()
-        declared = graph_io(path)
-        super().__init__(declared.inputs, declared.outputs)
+        super().__init__(*file_io(path))
         # OpenVINO keeps most of ONNX's tensor names, but not all (an input that feeds a Dropout takes
         # the Dropout's output name): a name it lost is bound by the file's position
         self._in_port = _ports(self._compiled.inputs, self._inputs)

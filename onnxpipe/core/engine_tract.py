@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 
 from onnxpipe.core.choices import Runtime
-from onnxpipe.core.graphio import graph_io
-from onnxpipe.core.runtimes import EngineConfig, FileEngine, bind_outputs
+from onnxpipe.core.runtimes import EngineConfig, FileEngine, bind_outputs, file_io
 
 _DTYPES = {
     "float32": "f32",
@@ -57,8 +56,7 @@ class TractEngine(FileEngine):
         self._path = path
         model = tract.onnx().load(str(path))  # parses: a file tract cannot read fails here
         self._tract_inputs = tuple(model.input_name(i) for i in range(model.input_count()))
-        declared = graph_io(path)
-        super().__init__(declared.inputs, declared.outputs)
+        super().__init__(*file_io(path))
         self._runnables: dict[tuple[str, ...], Any] = {}
 
     def _arrays(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:

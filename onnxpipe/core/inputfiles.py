@@ -28,7 +28,7 @@ from typing import Annotated
 import numpy as np
 
 from onnxpipe.core.codec import Minimum
-from onnxpipe.core.errors import UsageError
+from onnxpipe.core.errors import UsageError, error_line
 from onnxpipe.core.files import file_sha256
 from onnxpipe.core.options import opt
 
@@ -109,7 +109,7 @@ def _read_npz(p: Path, field: str) -> dict[str, np.ndarray]:
         with p.open("rb") as f:
             head = f.read(6)
     except OSError as e:
-        raise UsageError(f"{opt(field, p)}: cannot be read ({_why(e)})") from None
+        raise UsageError(f"{opt(field, p)}: cannot be read ({error_line(e)})") from None
     if not head.startswith(_NPZ_MAGIC) and head != _NPY_MAGIC:
         raise UsageError(
             f"{opt(field, p)}: is not an .npz file (no zip archive of arrays); save the inputs with "
@@ -128,7 +128,7 @@ def _read_npz(p: Path, field: str) -> dict[str, np.ndarray]:
         raise
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
         raise UsageError(
-            f"{opt(field, p)}: cannot be read as an .npz file ({_why(e)}); "
+            f"{opt(field, p)}: cannot be read as an .npz file ({error_line(e)}); "
             "save it with numpy.savez(file, name=array, ...)"
         ) from None
     if not arrays:
@@ -149,16 +149,11 @@ def _read_folder(p: Path) -> tuple[dict[str, np.ndarray], str]:
             arrays[f.stem] = np.asarray(np.load(f, allow_pickle=False))
         except (OSError, ValueError, EOFError) as e:
             raise UsageError(
-                f"{opt('input_files', f)}: cannot be read as an .npy file ({_why(e)}); save it with "
+                f"{opt('input_files', f)}: cannot be read as an .npy file ({error_line(e)}); save it with "
                 "numpy.save"
             ) from None
         digest.update(f.name.encode() + b"\0" + file_sha256(f).encode() + b"\n")
     return arrays, digest.hexdigest()
-
-
-def _why(e: BaseException) -> str:
-    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return text if len(text) <= 120 else text[:117] + "..."
 
 
 __all__ = ["Feeds", "InputRecord", "read_input_file"]

@@ -126,10 +126,6 @@ class Value:
             raise self.fail(f"expected an integer >= {minimum}, got {v}")
         return v
 
-    def opt_integer(self, minimum: int | None = 0) -> int | None:
-        """An integer ``>= minimum``, or ``None`` for ``null`` (an optional field's absence)."""
-        return None if self.raw is None else self.integer(minimum)
-
     def number(self, minimum: float = 0.0) -> float:
         """A float ``>= minimum``; ``null`` reads as ``+inf`` because JSON cannot write infinity.
 

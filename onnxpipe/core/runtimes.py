@@ -160,6 +160,17 @@ class FileEngine:
         """Drop the runtime's objects (a session, a compiled model)."""
 
 
+def file_io(path: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The declared inputs and outputs of the model file at ``path``, in its order, read without its
+    weights: what an engine that renames tensors binds by position.  Inputs that are also initializers
+    (IR 3 files list every weight as an input) are not inputs a caller feeds, and are left out."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    weights = {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
+    return tuple(i.name for i in graph.input if i.name not in weights), tuple(o.name for o in graph.output)
+
+
 def open_engine(
     path: str | Path,
     config: EngineConfig,
@@ -190,13 +201,12 @@ def time_run(
     engine: Engine,
     feeds: Mapping[str, np.ndarray],
     *,
-    names: Sequence[str] | None = None,
     runs: int = 10,
     warmup: int = 2,
 ) -> float:
-    """Median wall seconds of ``runs`` runs of ``engine`` on ``feeds`` after ``warmup`` untimed ones."""
-    wanted = list(engine.output_names if names is None else names)
-    return median_seconds(lambda: engine.run(wanted, feeds), runs=runs, warmup=warmup)
+    """Median wall seconds of ``runs`` runs of ``engine`` (all its outputs) on ``feeds`` after ``warmup``
+    untimed ones."""
+    return median_seconds(lambda: engine.run(engine.output_names, feeds), runs=runs, warmup=warmup)
 
 
 def median_seconds(call: Callable[[], object], *, runs: int, warmup: int) -> float:

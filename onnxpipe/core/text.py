@@ -21,6 +21,12 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
     return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
+def names_text(names: Sequence[str], limit: int = 8) -> str:
+    """``a, b, c and 2 more``: the first ``limit`` of ``names``, and how many more there are."""
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Right-aligned columns (left-aligned first column) with a rule under the header."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
+from onnxpipe.core.text import names_text
 from onnxpipe.cost.anchors import node_reads
 from onnxpipe.cost.static import node_flops
 from onnxpipe.cost.trace import Timing
@@ -213,13 +214,13 @@ class _Tally:
             sizes, names = self.fused_sizes, self.fused
             notes.append(
                 f"{len(sizes)} fused group(s) of {min(sizes)}-{max(sizes)} original nodes, run as "
-                f"{len(names)} optimized node(s) ({_short(names, 6)}): their {self.fused_time * 1e3:.3f} ms"
-                f"{share} were split by FLOPs; the groups are listed in regions"
+                f"{len(names)} optimized node(s) ({names_text(names, 6)}): their "
+                f"{self.fused_time * 1e3:.3f} ms{share} were split by FLOPs; the groups are listed in regions"
             )
         if self.flopless:
             names, ms = self.flopless, self.flopless_time * 1e3
             notes.append(
-                f"{len(names)} optimized node(s) ({_short(names, 6)}) each ran a group of original nodes "
+                f"{len(names)} optimized node(s) ({names_text(names, 6)}) each ran a group of original nodes "
                 f"without FLOPs (shape and data movement): their {ms:.3f} ms were split by output elements; "
                 "the groups are listed in regions"
             )
@@ -274,14 +275,14 @@ def _orphan_notes(
                 _spread(regions.view, everyone, t, shapes, seconds)
             receivers = ["every node"]
         notes.append(
-            f"{_short(regions.p_names(root))}: work no original node does (a layout change or copy); its "
-            f"{t * 1e3:.3f} ms went to the neighbouring node(s) {_short(receivers)}"
+            f"{names_text(regions.p_names(root), 4)}: work no original node does (a layout change or "
+            f"copy); its {t * 1e3:.3f} ms went to the neighbouring node(s) {names_text(receivers, 4)}"
         )
     if len(notes) <= 5:
         return notes
     names = [n for root in orphans for n in regions.p_names(root)]
     return [
-        f"{len(names)} optimized node(s) ({_short(names, 6)}) compute values no original node holds "
+        f"{len(names)} optimized node(s) ({names_text(names, 6)}) compute values no original node holds "
         f"(layout changes, reorders): their {sum(orphans.values()) * 1e3:.3f} ms went to the "
         "neighbouring original nodes"
     ]
@@ -294,7 +295,7 @@ def _timing_notes(view: ModelView, timing: Timing, total: float, seconds: Mappin
     if timing.foreign_seconds > 0:
         notes.append(
             f"{len(timing.foreign_names)} profiler event(s) for nodes outside the optimized main graph "
-            f"({_short(timing.foreign_names)}, inside subgraphs): their time is part of their parent's"
+            f"({names_text(timing.foreign_names, 4)}, inside subgraphs): their time is part of their parent's"
         )
     if total == 0 and timing.total_seconds > 0 and seconds:
         notes.append("onnxruntime reported no kernel time; every node time is 0 (the model does nothing)")
@@ -302,7 +303,7 @@ def _timing_notes(view: ModelView, timing: Timing, total: float, seconds: Mappin
     if folded and total > 0:
         notes.append(
             f"{len(folded)} original node(s) run inside no measured kernel (folded or removed by the "
-            f"optimizer) and cost 0: {_short(folded)}"
+            f"optimizer) and cost 0: {names_text(folded, 4)}"
         )
     return notes
 
@@ -331,8 +332,3 @@ def _spread(
     for n, w in zip(nodes, weights, strict=True):
         out[n.name] += t * w / total
     return how
-
-
-def _short(names: Sequence[str], limit: int = 4) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")

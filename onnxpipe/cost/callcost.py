@@ -13,13 +13,12 @@ nothing measured decides what a test asserts).
 from __future__ import annotations
 
 import functools
-import statistics
-import time
 
 import numpy as np
 from onnx import TensorProto, helper
 
 from onnxpipe.core.ortsession import open_session, session_options
+from onnxpipe.core.runtimes import median_seconds
 
 RUNS = 200
 """Timed calls of the tiny session (about 2 ms in all)."""
@@ -40,11 +39,4 @@ def call_seconds(threads: int) -> float:
     model.ir_version = 7
     session = open_session(model.SerializeToString(), session_options(threads=max(1, threads)))
     feed = {"x": np.zeros(1, dtype=np.float32)}
-    for _ in range(WARMUP):
-        session.run(None, feed)
-    times = []
-    for _ in range(RUNS):
-        start = time.perf_counter()
-        session.run(None, feed)
-        times.append(time.perf_counter() - start)
-    return float(statistics.median(times))
+    return median_seconds(lambda: session.run(None, feed), runs=RUNS, warmup=WARMUP)

@@ -54,9 +54,7 @@ def retry_note(why: str, used: Mapping[str, Sequence[int]]) -> str:
     )
 
 
-def runnable_shapes(
-    view: ModelView, shapes: Mapping[str, Sequence[int]] | None = None, seed: int = 0
-) -> RunnableShapes:
+def runnable_shapes(view: ModelView, shapes: Mapping[str, Sequence[int]] | None = None) -> RunnableShapes:
     """:func:`~onnxpipe.ir.shapes.resolve_input_shapes`'s sizes where the model runs on random inputs
     there (or no sequence dim was guessed: then it is not run), else those of :func:`retry_shapes` where
     it runs at them, with the note that says so; else the guessed sizes."""
@@ -64,13 +62,13 @@ def runnable_shapes(
     larger = retry_shapes(view, shapes)
     if larger is None or larger == first:
         return RunnableShapes(first)
-    why = _failure(view, first, seed)
-    if why is None or _failure(view, larger, seed) is not None:
+    why = _failure(view, first)
+    if why is None or _failure(view, larger) is not None:
         return RunnableShapes(first)
     return RunnableShapes(larger, retry_note(why, larger))
 
 
-def _failure(view: ModelView, shapes: Mapping[str, tuple[int, ...]], seed: int) -> str | None:
+def _failure(view: ModelView, shapes: Mapping[str, tuple[int, ...]]) -> str | None:
     """onnxruntime's reason when one run of the model on random inputs at ``shapes`` fails; None when it
     runs, or when the model cannot even be loaded (no size helps: the next step says so)."""
     options = session_options(level="ORT_DISABLE_ALL", log_severity=4, external_dir=view.base_dir)
@@ -79,7 +77,7 @@ def _failure(view: ModelView, shapes: Mapping[str, tuple[int, ...]], seed: int) 
     except Exception:  # noqa: BLE001 - a model that does not load is refused by the step that loads it
         return None
     try:
-        session.run(None, random_feeds(view, shapes, seed))
+        session.run(None, random_feeds(view, shapes))
     except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types for a failed kernel
         return error_line(e)
     return None

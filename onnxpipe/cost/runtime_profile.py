@@ -56,7 +56,6 @@ def profile_on_runtime(
     runs: int = 10,
     warmup: int = 3,
     shapes: Mapping[str, Sequence[int]] | None = None,
-    seed: int = 0,
 ) -> Profile:
     """Node seconds of ``view`` measured on ``config``'s runtime (see the module docstring).
 
@@ -66,12 +65,12 @@ def profile_on_runtime(
     if runs < 1:
         raise UsageError(f"runs must be >= 1, got {runs}")
     if is_reference(config):
-        prof = profile_model(view, threads=config.threads, runs=runs, warmup=warmup, shapes=shapes, seed=seed)
+        prof = profile_model(view, threads=config.threads, runs=runs, warmup=warmup, shapes=shapes)
         return dataclasses.replace(prof, runtime=config.label)
     if view.path is None:
         raise UsageError(f"{view.label}: profiling on {config.label} needs the model as a file")
     input_shapes = resolve_input_shapes(view, shapes)
-    feeds = random_feeds(view, input_shapes, seed)
+    feeds = random_feeds(view, input_shapes)
     base = static_profile(view, shapes=input_shapes)
     engine = open_engine(
         view.path,

@@ -29,10 +29,12 @@ from types import MappingProxyType
 import onnx
 
 from onnxpipe.core.choices import CostSource
+from onnxpipe.core.text import names_text
 from onnxpipe.cost.profile import SCHEMA_VERSION, Profile
-from onnxpipe.ir.inference import concrete_shapes, names_text
+from onnxpipe.ir.inference import concrete_shapes
 from onnxpipe.ir.model import ModelView, NodeInfo, itemsize
 from onnxpipe.ir.shapes import resolve_input_shapes
+from onnxpipe.ir.shapevalues import constant_only
 
 PEAK_FLOPS = 50e9
 """Nominal FLOP/s of one core running a well-vectorised kernel (AVX2 fp32 reaches 50-100)."""
@@ -221,7 +223,7 @@ def _matmul_flops(op: _Op) -> float | None:
     if a is None or out_el is None or not a:
         return None
     k = a[-1]
-    if op.node.op_type == "FusedMatMul" and len(a) >= 2 and _int_attr(op.attrs, "transA", 0):
+    if op.node.op_type == "FusedMatMul" and len(a) >= 2 and op.view.int_attributes(op.node).get("transA"):
         k = a[-2]
     return 2.0 * out_el * k
 
@@ -230,7 +232,7 @@ def _gemm_flops(op: _Op) -> float | None:
     a, out_el = op.shape(0), op.out_el
     if a is None or out_el is None or len(a) != 2:
         return None
-    k = a[0] if _int_attr(op.attrs, "transA", 0) else a[1]
+    k = a[0] if op.view.int_attributes(op.node).get("transA") else a[1]
     return 2.0 * out_el * k + (out_el if op.has_input(2) else 0)
 
 
@@ -307,11 +309,6 @@ _FORMULAS: Mapping[str, _Formula] = {
 """The FLOP formula of each op that computes (an op not here, nor a ``Reduce*``, only moves data)."""
 
 
-def _int_attr(attrs: Mapping[str, onnx.AttributeProto], name: str, default: int) -> int:
-    a = attrs.get(name)
-    return int(a.i) if a is not None else default
-
-
 def _ints_attr(attrs: Mapping[str, onnx.AttributeProto], name: str) -> list[int]:
     a = attrs.get(name)
     return [int(v) for v in a.ints] if a is not None else []
@@ -341,26 +338,10 @@ def _einsum_flops(
     return 2.0 * out_el * math.prod(sizes[c] for c in contracted)
 
 
-_RANDOM_OPS = frozenset(
-    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
-)
-
-
 def constant_tensors(view: ModelView) -> set[str]:
-    """Initializers and the outputs of constant nodes and of nodes computed from constants only (which
-    onnxruntime folds when it loads the model: they cost nothing per run)."""
-    const = set(view.initializers)
-    for node in view.nodes:
-        foldable = node.is_constant or (
-            node.reads
-            and all(t in const for t in node.reads)
-            and node.domain in ("", "ai.onnx")
-            and node.op_type not in _RANDOM_OPS
-            and not node.has_subgraph
-        )
-        if foldable:
-            const.update(node.outputs)
-    return const
+    """Initializers and the tensors computed from them alone (:func:`onnxpipe.ir.shapevalues.constant_only`),
+    which onnxruntime folds when it loads the model: they cost nothing per run."""
+    return set(view.initializers) | constant_only(view)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.export.weightfile import externalize
 from onnxpipe.ir.external import is_external, stored_tensors
 from onnxpipe.ir.feeds import random_feeds
-from onnxpipe.ir.model import ModelView, TensorInfo, dtype_name, value_dims
+from onnxpipe.ir.model import ModelView, TensorInfo, dtype_name, tensor_info
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.planning.types import StageSpec
 
@@ -313,12 +313,6 @@ def clean(shape: Shape) -> Shape:
 
 def complete(info: TensorInfo | None) -> bool:
     return info is not None and info.elem_type != 0 and info.shape is not None
-
-
-def tensor_info(vi: onnx.ValueInfoProto) -> TensorInfo | None:
-    if not vi.type.HasField("tensor_type"):
-        return None
-    return TensorInfo(vi.name, vi.type.tensor_type.elem_type, value_dims(vi))
 
 
 def from_ort(name: str, type_name: str, shape: Sequence[object] | None) -> TensorInfo | None:

@@ -34,7 +34,7 @@ from onnx import helper, numpy_helper
 from onnxpipe.core.errors import ExportError, ModelLoadError
 from onnxpipe.export.boundary import BoundaryTypes
 from onnxpipe.ir.external import is_external, read_inline, source_file, tensors_inside
-from onnxpipe.ir.model import ModelView, NodeInfo, initializer_nbytes
+from onnxpipe.ir.model import ModelView, NodeInfo, initializer_nbytes, subgraphs
 from onnxpipe.planning.types import ShapeParts, StageSpec
 
 SMALL_TENSOR_BYTES = 1024
@@ -362,12 +362,8 @@ def nodes_within(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
     """Every node of ``nodes`` and, depth first, those of the subgraph bodies inside them."""
     for n in nodes:
         yield n
-        for attr in n.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from nodes_within(attr.g.node)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from nodes_within(g.node)
+        for g in subgraphs(n):
+            yield from nodes_within(g.node)
 
 
 def _calls(nodes: Iterable[onnx.NodeProto]) -> Iterator[tuple[str, str, str]]:

@@ -36,7 +36,7 @@ from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.export.boundary import BoundaryTypes, clean, with_outputs
 from onnxpipe.export.build import nodes_within
 from onnxpipe.ir.feeds import random_feeds
-from onnxpipe.ir.model import ModelView, TensorInfo
+from onnxpipe.ir.model import ModelView, TensorInfo, dims_text
 from onnxpipe.ir.shapes import resolve_input_shapes, symbol_sizes
 
 
@@ -176,10 +176,9 @@ class ContractMaker:
             )
             if wrong:
                 types.types[name] = TensorInfo(name, info.elem_type, (None,) * len(seen))
-                shown = "[" + ", ".join("?" if d is None else str(d) for d in declared) + "]"
                 self.notes.append(
-                    f"tensor {name!r} is declared {shown} but is {seen} at the profiled shapes: "
-                    "declared with unknown dims instead"
+                    f"tensor {name!r} is declared {dims_text(declared)} but is {seen} at the profiled "
+                    "shapes: declared with unknown dims instead"
                 )
 
     def entry(self, name: str, shape: Shape) -> TensorContract:

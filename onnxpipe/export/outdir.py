@@ -22,13 +22,14 @@ import os
 import shutil
 import sys
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from onnxpipe.core.errors import ExportError, ManifestError
 from onnxpipe.core.model_config import GENAI_CONFIG_NAME
 from onnxpipe.core.options import opt
+from onnxpipe.core.text import names_text
 from onnxpipe.core.tokenizer_files import tokenizer_files
 from onnxpipe.manifest import MANIFEST_NAME, load_manifest
 
@@ -62,10 +63,10 @@ def check_target(out: Path, *, force: bool, protected: Iterable[Path | None] = (
     if not force:
         written = sorted(p.name for p in out.iterdir() if p.name in _written_by_the_split(out))
         added = [p.name for p in added_by_the_user(out)]
-        kept = f" (the {_names(added)} you added stay)" if added else ""
+        kept = f" (the {names_text(added, 3)} you added stay)" if added else ""
         raise ExportError(
-            f"{out}: exists and holds an earlier split ({_names(written)}); choose another {opt('out')} or "
-            f"pass {opt('force', True)} to replace it{kept}"
+            f"{out}: exists and holds an earlier split ({names_text(written, 3)}); choose another "
+            f"{opt('out')} or pass {opt('force', True)} to replace it{kept}"
         )
 
 
@@ -89,14 +90,9 @@ def check_replaceable(out: Path) -> None:
     unknown = sorted(p.name for p in out.iterdir() if p.name not in written | carried)
     if unknown:
         raise ExportError(
-            f"{out}: holds {_names(unknown)}, which no split wrote; {opt('force', True)} replaces only an "
-            f"earlier split's own files: move them, or choose another {opt('out')}"
+            f"{out}: holds {names_text(unknown, 3)}, which no split wrote; {opt('force', True)} replaces "
+            f"only an earlier split's own files: move them, or choose another {opt('out')}"
         )
-
-
-def _names(names: Sequence[str]) -> str:
-    """``a, b, c and 2 more``."""
-    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def added_by_the_user(out: Path) -> list[Path]:

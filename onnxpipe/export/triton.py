@@ -34,6 +34,7 @@ from typing import Any
 from onnxpipe.core.choices import TritonPlatform
 from onnxpipe.core.errors import ExportError, UsageError
 from onnxpipe.core.options import opt
+from onnxpipe.core.text import names_text
 from onnxpipe.export.options import TritonOptions
 from onnxpipe.export.outdir import normalized, staged_folder, writing
 from onnxpipe.manifest import Manifest, StageEntry, load_manifest
@@ -235,9 +236,7 @@ def repository_notes(manifest: Manifest, platform: TritonPlatform, max_batch_siz
     notes: list[str] = []
     unbatched = _unbatched(manifest)
     if unbatched:
-        where = ", ".join(repr(n) for n in unbatched[:3]) + (
-            f" and {len(unbatched) - 3} more" if len(unbatched) > 3 else ""
-        )
+        where = names_text([repr(n) for n in unbatched], 3)
         notes.append(
             f"max_batch_size 0 instead of {max_batch_size}: {where} "
             f"carr{'ies' if len(unbatched) == 1 else 'y'} "

@@ -22,10 +22,10 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxpipe.core.errors import ModelLoadError
 from onnxpipe.ir.external import (
     external_info,
     is_external,
+    model_folder,
     read_inline,
     read_source,
     source_file,
@@ -53,7 +53,7 @@ class WeightFile:
             self._write(b"\0" * (ALIGNMENT - self._size % ALIGNMENT))
         offset = self._size
         if is_external(t):
-            self._copy_from(t, source_file(t, _source_folder(t, source_dir)))
+            self._copy_from(t, source_file(t, model_folder(t, source_dir)))
         elif t.HasField("raw_data"):
             self._write(t.raw_data)
         else:
@@ -107,21 +107,11 @@ def externalize(model: onnx.ModelProto, path: Path, source_dir: Path | None, thr
             if (initializer_nbytes(t) if size is None else size) >= threshold:
                 weights.add(t, source_dir)
             elif is_external(t):  # small, but still in the source's file: into the stage file itself
-                read_inline(t, _source_folder(t, source_dir))
+                read_inline(t, model_folder(t, source_dir))
     except BaseException:
         weights.abort()
         raise
     return weights.close()
-
-
-def _source_folder(t: onnx.TensorProto, source_dir: Path | None) -> Path:
-    """The source's folder, which holds the external file of ``t``'s data; refused when unknown."""
-    if source_dir is None:
-        raise ModelLoadError(
-            f"initializer {t.name!r} is stored in an external file but the model's folder is "
-            "unknown; load the model with onnxpipe.load_model(path)"
-        )
-    return source_dir
 
 
 __all__ = ["ALIGNMENT", "WeightFile", "externalize"]

@@ -46,6 +46,17 @@ def source_file(t: onnx.TensorProto, source_dir: Path) -> Path:
     return path
 
 
+def model_folder(t: onnx.TensorProto, source_dir: Path | None) -> Path:
+    """The model's folder ``source_dir``, which holds the external file of ``t``'s data; refused when
+    unknown."""
+    if source_dir is None:
+        raise ModelLoadError(
+            f"tensor {t.name!r} is stored in an external file but the model's folder is unknown; load the "
+            "model with onnxpipe.load_model(path)"
+        )
+    return source_dir
+
+
 def read_source(t: onnx.TensorProto, src: Path) -> Iterator[bytes]:
     """The bytes of external tensor ``t`` in the source's file ``src``, in chunks of at most 16 MiB."""
     _, offset, length = external_info(t)
@@ -90,14 +101,9 @@ def tensor_values(t: onnx.TensorProto, source_dir: Path | None) -> np.ndarray:
     """
     if not is_external(t):
         return numpy_helper.to_array(t)
-    if source_dir is None:
-        raise ModelLoadError(
-            f"tensor {t.name!r} is stored in an external file but the model's folder is unknown; load the "
-            "model with onnxpipe.load_model(path)"
-        )
     inline = onnx.TensorProto()
     inline.CopyFrom(t)
-    read_inline(inline, source_dir)
+    read_inline(inline, model_folder(t, source_dir))
     return numpy_helper.to_array(inline)
 
 

@@ -15,7 +15,7 @@ import onnx
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.options import opt
 from onnxpipe.ir.embedding import index_readers
-from onnxpipe.ir.model import ModelView, NodeInfo
+from onnxpipe.ir.model import ModelView, NodeInfo, np_dtype
 from onnxpipe.ir.samples import expected_text
 from onnxpipe.ir.shapes import non_tensor_inputs
 
@@ -27,21 +27,8 @@ _PASS_THROUGH = frozenset(
 )
 """Ops that carry index values through unchanged on the way to a Gather."""
 
-_FLOAT_TYPES: dict[int, type[np.generic]] = {
-    onnx.TensorProto.FLOAT: np.float32,
-    onnx.TensorProto.DOUBLE: np.float64,
-    onnx.TensorProto.FLOAT16: np.float16,
-}
-_INT_TYPES: dict[int, type[np.generic]] = {
-    onnx.TensorProto.INT8: np.int8,
-    onnx.TensorProto.INT16: np.int16,
-    onnx.TensorProto.INT32: np.int32,
-    onnx.TensorProto.INT64: np.int64,
-    onnx.TensorProto.UINT8: np.uint8,
-    onnx.TensorProto.UINT16: np.uint16,
-    onnx.TensorProto.UINT32: np.uint32,
-    onnx.TensorProto.UINT64: np.uint64,
-}
+_FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16})
+"""The float inputs given standard normal values (the 8-bit and brain floats have no random values)."""
 
 
 def random_feeds(
@@ -65,11 +52,11 @@ def random_feeds(
             )
         shape = tuple(int(d) for d in shapes[name])
         elem = view.tensor(name).elem_type
+        dtype = np_dtype(elem)
         is_mask = "mask" in name.lower()
         if elem in _FLOAT_TYPES:
-            feeds[name] = np.asarray(rng.standard_normal(shape), dtype=_FLOAT_TYPES[elem])
-        elif elem in _INT_TYPES:
-            dtype = _INT_TYPES[elem]
+            feeds[name] = np.asarray(rng.standard_normal(shape), dtype=dtype)
+        elif dtype is not None and dtype.kind in "iu":
             if is_mask:
                 feeds[name] = np.ones(shape, dtype=dtype)
             else:

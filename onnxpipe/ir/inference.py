@@ -15,6 +15,7 @@ from onnx import shape_inference
 
 from onnxpipe.core.dims import Dim
 from onnxpipe.core.extras import install_hint
+from onnxpipe.core.text import names_text
 from onnxpipe.ir.external import weightless_copy
 from onnxpipe.ir.model import ModelView, set_input_shapes, value_dims
 from onnxpipe.ir.shapes import symbol_sizes
@@ -106,8 +107,3 @@ def concrete_shapes(
 
 def _unknowns(dims: Sequence[Dim]) -> int:
     return sum(1 for d in dims if not isinstance(d, int))
-
-
-def names_text(names: Sequence[str], limit: int = 8) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")

@@ -38,7 +38,7 @@ from onnxpipe.ir.model import (
     initializer_nbytes,
     subgraph_outer_reads,
     subgraphs,
-    value_dims,
+    tensor_info,
 )
 
 
@@ -267,13 +267,6 @@ def _ensure_unique_node_names(graph: onnx.GraphProto) -> None:
         taken.add(name)
 
 
-def _type_of(vi: onnx.ValueInfoProto) -> TensorInfo:
-    t = vi.type
-    if not t.HasField("tensor_type"):
-        return TensorInfo(vi.name, 0, None)
-    return TensorInfo(vi.name, t.tensor_type.elem_type, value_dims(vi))
-
-
 def _infer_tensor_types(proto: onnx.ModelProto) -> dict[str, TensorInfo]:
     """Run ONNX shape inference on a weight-less copy; fall back to the file's own annotations."""
     graph = proto.graph
@@ -284,7 +277,7 @@ def _infer_tensor_types(proto: onnx.ModelProto) -> dict[str, TensorInfo]:
         src = graph
     types: dict[str, TensorInfo] = {}
     for vi in [*src.value_info, *graph.input, *graph.output, *src.input, *src.output]:
-        info, prev = _type_of(vi), types.get(vi.name)
+        info, prev = tensor_info(vi) or TensorInfo(vi.name, 0, None), types.get(vi.name)
         if prev is None or (prev.shape is None and info.shape is not None):
             types[vi.name] = info
     for t in graph.initializer:

@@ -17,6 +17,7 @@ to:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,8 +47,8 @@ class TensorInfo:
     def is_static(self) -> bool:
         return self.shape is not None and all(isinstance(d, int) for d in self.shape)
 
-    def nbytes(self, dims: Mapping[str, int] | None = None, default_dim: int = 1) -> int:
-        """Bytes of one instance, with symbolic dims taken from ``dims`` (else ``default_dim``)."""
+    def nbytes(self, dims: Mapping[str, int] | None = None) -> int:
+        """Bytes of one instance, with symbolic dims taken from ``dims`` (else counted as 1)."""
         if self.shape is None:
             return 0
         count = 1
@@ -56,8 +57,6 @@ class TensorInfo:
                 count *= d
             elif isinstance(d, str) and dims is not None and d in dims:
                 count *= dims[d]
-            else:
-                count *= default_dim
         return count * itemsize(self.elem_type)
 
 
@@ -187,10 +186,7 @@ def itemsize(elem_type: int) -> int:
 
 def initializer_nbytes(tensor: onnx.TensorProto) -> int:
     """Size of an initializer from its dims and type: works for external data without reading it."""
-    count = 1
-    for d in tensor.dims:
-        count *= int(d)
-    return count * itemsize(tensor.data_type)
+    return math.prod(int(d) for d in tensor.dims) * itemsize(tensor.data_type)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -216,6 +212,13 @@ def value_dims(vi: onnx.ValueInfoProto) -> tuple[Dim, ...] | None:
         else:
             dims.append(None)
     return tuple(dims)
+
+
+def tensor_info(vi: onnx.ValueInfoProto) -> TensorInfo | None:
+    """A value info's element type and dims; None for a sequence, a map or an optional."""
+    if not vi.type.HasField("tensor_type"):
+        return None
+    return TensorInfo(vi.name, vi.type.tensor_type.elem_type, value_dims(vi))
 
 
 def set_input_shapes(graph: onnx.GraphProto, shapes: Mapping[str, Sequence[int]]) -> None:

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 
 import pytest
 
-from onnxpipe.core.codec import Codec, Expected, FieldError, Finite, Minimum, Special, json_name
+from onnxpipe.core.codec import Codec, Expected, FieldError, Finite, Minimum, Special
 from onnxpipe.core.errors import ManifestError
 from onnxpipe.core.jsonread import Document, Rule, Value
 
@@ -58,7 +58,7 @@ class Outer:
     sizes: tuple[Size, ...]
     pair: tuple[str, int]
     groups: tuple[tuple[str, ...], ...] = ()
-    logits: str | None = field(default=None, metadata=json_name("logits_output"))
+    logits: str | None = None
     seed: Annotated[int, Minimum(None)] = 0
     notes: tuple[str, ...] = ()
     maybe: Inner | None = None
@@ -127,8 +127,8 @@ def test_what_each_type_is_written_as() -> None:
     assert obj["sizes"] == [{"colour": "red", "width": 3, "height": 4}]  # a NamedTuple: an object
     assert obj["pair"] == ["opset", 17]
     assert obj["seed"] == 0  # a default that says something is written
-    assert "notes" not in obj and "maybe" not in obj and "logits_output" not in obj
-    assert CODEC.encode(Outer, _outer(logits="y"))["logits_output"] == "y"  # the field's JSON name
+    assert "notes" not in obj and "maybe" not in obj and "logits" not in obj
+    assert CODEC.encode(Outer, _outer(logits="y"))["logits"] == "y"
 
 
 def test_a_field_outside_the_records_value_is_neither_written_nor_read() -> None:
@@ -200,7 +200,7 @@ def _set(key: str, value: Any) -> dict[str, Any]:
         ),
         (_set("sizes/0/width", None), "sizes[0].width: expected an integer, got null"),
         (_set("pair", ["opset"]), "pair: expected a list of 2, got 1 items"),
-        (_set("logits_output", 3), "logits_output: expected a string or null, got int 3"),
+        (_set("logits", 3), "logits: expected a string or null, got int 3"),
     ],
 )
 def test_a_bad_value_is_named_by_its_json_path(obj: dict[str, Any], message: str) -> None:
