@@ -45,7 +45,7 @@ except ModuleNotFoundError:  # run as a script: python tools/export_seq2seq.py
     from tools.corpus import cache_dir
     from tools.export_decoders import INIT_RANGE, SCOPE_KEY, SEED, _version
 
-EXPORT_REVISION = 1  # bump to invalidate every cached export after changing how the folder is built
+EXPORT_REVISION = 2  # bump to invalidate every cached export after changing how the folder is built
 NAME = "whisper_tiny"
 CONFIG: dict[str, Any] = {
     "vocab_size": 96,
@@ -201,7 +201,14 @@ def export(out: Path) -> Path:
     with torch.no_grad():
         encoded = encoder(feats)
     ids = torch.tensor([[int(CONFIG["decoder_start_token_id"]), 3, 5]] * 2)
-    _export(first, (ids, encoded), out / DECODER, _names(False), ({0: batch, 1: seq}, ({0: batch},)))
+    encoder_length = torch.export.Dim("encoder_sequence_length")
+    _export(
+        first,
+        (ids, encoded),
+        out / DECODER,
+        _names(False),
+        ({0: batch, 1: seq}, ({0: batch, 1: encoder_length},)),
+    )
     rng = np.random.default_rng(1)
     frames = encoded.shape[1]
     cache = []
