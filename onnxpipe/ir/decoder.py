@@ -192,7 +192,7 @@ def scope_group(scopes: Sequence[str], layers: int) -> int | None:
 
 def _with_layers(view: ModelView, pairs: tuple[KVPair, ...], ids: str, tokens: Role) -> DecoderInfo | None:
     """Each compute node's group, monotone along the edges; ``None`` if no consistent layering exists."""
-    layers = len(pairs)
+    layers = len({p.layer for p in pairs})  # an encoder-decoder's layer has two pairs (self, cross)
     layer_of = {t: p.layer for p in pairs for t in (*p.pasts, *p.presents)}
     pasts = {t for p in pairs for t in p.pasts}
     compute = view.compute_nodes

@@ -25,7 +25,7 @@ from pathlib import Path
 import onnx
 from onnx import helper
 
-from onnxpipe.core.errors import UsageError
+from onnxpipe.core.errors import ModelLoadError, UsageError
 
 ENCODER, DECODER, WITH_PAST = "encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx"
 ENCODER_OUTPUT = "encoder_hidden_states"
@@ -50,13 +50,13 @@ class Seq2SeqFolder:
 
 def find_seq2seq(folder: Path) -> Seq2SeqFolder | None:
     """``folder``'s encoder-decoder, ``None`` where it holds no ``decoder_with_past_model.onnx`` and
-    ``decoder_model.onnx`` beside each other; a :class:`UsageError` naming what is missing where the
+    ``decoder_model.onnx`` beside each other; a :class:`ModelLoadError` naming what is missing where the
     decoders are there but not the rest."""
     decoder, with_past, encoder = folder / DECODER, folder / WITH_PAST, folder / ENCODER
     if not (decoder.is_file() and with_past.is_file()):
         return None
     if not encoder.is_file():
-        raise UsageError(
+        raise ModelLoadError(
             f"{folder}: holds {DECODER} and {WITH_PAST} but no {ENCODER}: an encoder-decoder folder needs "
             "all three (export it again with optimum, or split the decoder file alone)"
         )
@@ -136,7 +136,19 @@ def step_decoder(found: Seq2SeqFolder) -> onnx.ModelProto:
         dims[2].ClearField("dim_value")
         dims[2].dim_param = "encoder_past_sequence_length"
     graph.output.extend(o for o in first.graph.output if o.name in wanted)
+    frames = encoder_frames(found)
+    for out in graph.output[len(graph.output) - len(wanted) :]:  # as long as the encoder's output, always
+        if frames is not None:
+            out.type.tensor_type.shape.dim[2].dim_value = frames
     return model
+
+
+def encoder_frames(found: Seq2SeqFolder) -> int | None:
+    """The frames of the encoder's output, where its graph fixes them (Whisper's 1500): the length of
+    every cross-attention cache."""
+    encoder = onnx.load(str(found.encoder), load_external_data=False)
+    dims = encoder.graph.output[0].type.tensor_type.shape.dim
+    return dims[1].dim_value if len(dims) == 3 and dims[1].HasField("dim_value") else None
 
 
 def _slice(graph: onnx.GraphProto, outputs: list[str]) -> list[onnx.NodeProto]:

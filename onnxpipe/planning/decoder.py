@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from onnxpipe.core.choices import Ends
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.iocontract import IOContract
+from onnxpipe.core.kv import KVPair
 from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
@@ -167,7 +168,9 @@ def stage_kv(
     shapes: Mapping[str, Sequence[int]],
 ) -> list[tuple[tuple[int, ...], int]]:
     """Per stage: the layers whose cache it holds (where their presents are made) and the cache's bytes
-    at ``context`` tokens, for the batch and the head dims of ``shapes`` (the profiled input shapes)."""
+    at ``context`` tokens, for the batch and the head dims of ``shapes`` (the profiled input shapes).
+    An encoder-decoder's cross-attention cache counts too, at the encoder's frames (its present's
+    length), not the context: it holds the encoder's output, whatever the tokens."""
     maker = {}
     for p in dec.kv:
         pos = view.producer.get(p.present_key)
@@ -175,11 +178,16 @@ def stage_kv(
             maker[view.nodes[pos].name] = p
     batch = cache_batch(view, dec.kv[0], dec.ids_input, shapes)
     symbol = batch_symbol(view, dec.ids_input)
+
+    def length(p: KVPair) -> int:
+        frames = (view.tensor(p.present_key).shape or (None, None))[-2]
+        return frames if p.cross and isinstance(frames, int) else context
+
     out: list[tuple[tuple[int, ...], int]] = []
     for st in stages:
-        owned = sorted({maker[n].layer for n in st.node_names if n in maker})
-        per_token = sum(kv_bytes_per_token(view, dec.kv[layer], batch, shapes, symbol) for layer in owned)
-        out.append((tuple(owned), per_token * context))
+        pairs = [maker[n] for n in st.node_names if n in maker]
+        nbytes = sum(kv_bytes_per_token(view, p, batch, shapes, symbol) * length(p) for p in pairs)
+        out.append((tuple(sorted({p.layer for p in pairs})), nbytes))
     return out
 
 
@@ -240,6 +248,14 @@ def io_contract(view: ModelView, dec: DecoderInfo) -> IOContract:
     rest = [t for t in view.outputs if t not in presents]
     named = [t for t in rest if "logits" in t.lower()]
     logits = named[0] if len(named) == 1 else (rest[0] if len(rest) == 1 else None)
+    pasts = set(dec.past_inputs)
+    encoder = [t for t in view.inputs if "encoder" in t.lower() and t not in pasts]  # an encoder-decoder's
     return IOContract.of_decoder(
-        dec.ids_input, dec.mask_input, dec.positions_input, logits, dec.kv, dec.tokens
+        dec.ids_input,
+        dec.mask_input,
+        dec.positions_input,
+        logits,
+        dec.kv,
+        dec.tokens,
+        encoder[0] if len(encoder) == 1 and any(p.cross for p in dec.kv) else None,
     )
