@@ -23,14 +23,14 @@ import onnx
 
 from onnxpipe.api.options import SplitOptions
 from onnxpipe.api.results import GenerateResult, SplitResult
-from onnxpipe.core.errors import ModelLoadError, UsageError
+from onnxpipe.core.errors import ExportError, ModelLoadError, UsageError
 from onnxpipe.core.events import Listener
 from onnxpipe.core.iocontract import Role
 from onnxpipe.core.options import opt
 from onnxpipe.export.outdir import check_target
 from onnxpipe.ir.seq2seq import ENCODER_OUTPUT, Seq2SeqFolder, encoder_frames, find_seq2seq, step_decoder
 from onnxpipe.manifest import load_manifest
-from onnxpipe.manifest.seq2seq import Seq2SeqRecord, write_seq2seq
+from onnxpipe.manifest.seq2seq import Seq2SeqRecord, read_seq2seq, write_seq2seq
 from onnxpipe.runtime.generation.generator import Generator
 from onnxpipe.runtime.generation.result import Generation
 from onnxpipe.runtime.generation.seq2seq import encode, encoder_output, plain_greedy, read_inputs
@@ -56,7 +56,10 @@ def split_folder(
     if not isinstance(k, int) or k < 2:
         raise UsageError(f"{opt('stages', k)}: an encoder-decoder folder takes a count of 2 or more stages")
     out = options.out.absolute()
-    check_target(out, force=options.export.force, protected=(folder,))
+    if read_seq2seq(out) is None:
+        check_target(out, force=options.export.force, protected=(folder,))
+    elif not options.export.force:  # an earlier encoder-decoder split: replaced with force only
+        raise ExportError(f"{out}: holds an earlier encoder-decoder split; {opt('force')} replaces it")
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -91,7 +94,7 @@ def split_folder(
         ),
     )
     plan = decoder.manifest.plan
-    notes = (f"encoder-decoder: {balance}", *plan.notes)
+    notes = (f"encoder-decoder: {balance}; the stages shown are the decoder's", *plan.notes)
     manifest = dataclasses.replace(decoder.manifest, plan=dataclasses.replace(plan, notes=notes))
     report = decoder.report if encoder.ok else encoder.report
     return dataclasses.replace(decoder, manifest=manifest, out_dir=out, report=report)

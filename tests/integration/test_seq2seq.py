@@ -213,3 +213,5 @@ def test_bad_folder_and_inputs_are_one_line_errors(
     code, _, err = cli_run(["generate", split2, "--inputs", tmp_path / "bad.npz"], capfd)
     assert code == 2 and "holds no 'input_features', the encoder's input (it holds mel)" in err
     assert "Traceback" not in err
+    code, _, err = cli_run(["split", whisper, "--stages", "2", "--out", split2], capfd)
+    assert code == 6 and "holds an earlier encoder-decoder split; --force replaces it" in err
