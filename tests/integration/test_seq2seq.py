@@ -215,3 +215,28 @@ def test_bad_folder_and_inputs_are_one_line_errors(
     assert "Traceback" not in err
     code, _, err = cli_run(["split", whisper, "--stages", "2", "--out", split2], capfd)
     assert code == 6 and "holds an earlier encoder-decoder split; --force replaces it" in err
+
+
+def test_a_folder_with_a_tokenizer_prints_its_text(
+    whisper: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A ``tokenizer.json`` beside the files (a word per id here) goes with the split; ``generate
+    --inputs`` prints each sequence's text, the tokenizer's decoding of its new tokens."""
+    tokenizers = pytest.importorskip("tokenizers")
+    folder = tmp_path / "whisper"
+    shutil.copytree(whisper, folder)
+    vocab = {f"w{i}": i for i in range(int(seq2seq.CONFIG["vocab_size"]))}
+    model = tokenizers.models.WordLevel(vocab, unk_token="w0")
+    tokenizer = tokenizers.Tokenizer(model)
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = tokenizers.decoders.WordPiece()  # joins words with spaces
+    tokenizer.save(str(folder / "tokenizer.json"))
+    out = _split(folder, tmp_path / "split", 2)
+    file, feats = _inputs(tmp_path, rows=2)
+    code, printed, err = cli_run(["generate", out, "--inputs", file, "--max-new-tokens", "6"], capfd)
+    assert code == 0, err
+    for i, tokens in enumerate(seq2seq.greedy(whisper, feats, 6)):
+        assert f"sequence {i}: {tokenizer.decode(tokens)}\n" in printed
+        assert (
+            f"sequence {i}: 1 prompt token(s) -> {len(tokens)} new: {' '.join(map(str, tokens))}" in printed
+        )
