@@ -23,6 +23,7 @@ import onnx
 
 from onnxpipe.api.options import SplitOptions
 from onnxpipe.api.results import GenerateResult, SplitResult
+from onnxpipe.core.choices import Backend
 from onnxpipe.core.errors import ExportError, ModelLoadError, UsageError
 from onnxpipe.core.events import Listener
 from onnxpipe.core.iocontract import Role
@@ -31,6 +32,7 @@ from onnxpipe.export.outdir import check_target
 from onnxpipe.ir.seq2seq import ENCODER_OUTPUT, Seq2SeqFolder, encoder_frames, find_seq2seq, step_decoder
 from onnxpipe.manifest import load_manifest
 from onnxpipe.manifest.seq2seq import Seq2SeqRecord, read_seq2seq, write_seq2seq
+from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.generation.generator import Generator
 from onnxpipe.runtime.generation.result import Generation
 from onnxpipe.runtime.generation.seq2seq import encode, encoder_output, plain_greedy, read_inputs
@@ -154,6 +156,13 @@ def generate_folder(
             f"{folder}: an encoder-decoder split generates from its encoder's inputs ({opt('inputs')}), "
             f"not from prompts; leave out {opt('prompts')} and {opt('prompt_ids')}"
         )
+    if options.backend != Backend.LOCAL or options.do_sample:
+        given = (
+            opt("backend", options.backend) if options.backend != Backend.LOCAL else opt("do_sample", True)
+        )
+        raise UsageError(
+            f"{given}: an encoder-decoder split generates greedily on local workers (so far); leave it out"
+        )
     rows = read_inputs(options.inputs, record.encoder_inputs)
     say.step(f"encoding {len(rows)} input(s) through the encoder's split")
     encoded = encode(folder / record.encoder, rows, record.encoder_output, options.threads)
@@ -167,7 +176,8 @@ def generate_folder(
         eos_token_ids=options.eos_token_ids or record.eos_ids,
     )
     builders = {Role.ENCODER_OUTPUT: encoder_output(encoded)}
-    with Generator.open(decoder, threads=options.threads, builders=builders) as gen:
+    config = LocalConfig(mode=options.local_mode)
+    with Generator.open(decoder, config, threads=options.threads, builders=builders) as gen:
         prompting = gen.prompting(settled)
         k = len(gen.steps.lanes[0])
         say.step(f"generating {len(rows)} sequence(s) through the decoder's {k} stage(s)")

@@ -213,6 +213,11 @@ def test_bad_folder_and_inputs_are_one_line_errors(
     code, _, err = cli_run(["generate", split2, "--inputs", tmp_path / "bad.npz"], capfd)
     assert code == 2 and "holds no 'input_features', the encoder's input (it holds mel)" in err
     assert "Traceback" not in err
+    file, _ = _inputs(tmp_path, rows=1)
+    code, _, err = cli_run(["generate", split2, "--inputs", file, "--do-sample"], capfd)
+    assert code == 2 and "--do-sample: an encoder-decoder split generates greedily" in err
+    code, _, err = cli_run(["generate", split2, "--prompt-ids", "1,2"], capfd)
+    assert code == 2 and "generates from its encoder's inputs (--inputs), not from prompts" in err
     code, _, err = cli_run(["split", whisper, "--stages", "2", "--out", split2], capfd)
     assert code == 6 and "holds an earlier encoder-decoder split; --force replaces it" in err
 
