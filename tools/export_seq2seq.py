@@ -12,7 +12,10 @@ The folder holds, with optimum's file and tensor names:
   (the cross-attention cache, made from the encoder's output);
 - ``decoder_with_past_model.onnx`` (the later steps): ``input_ids``, ``past_key_values.N.decoder.key/value``,
   ``past_key_values.N.encoder.key/value`` -> ``logits``, ``present.N.decoder.key/value``;
-- ``config.json`` and ``generation_config.json`` (``decoder_start_token_id``, ``eos_token_id``).
+- ``config.json`` and ``generation_config.json`` (``decoder_start_token_id``, ``eos_token_id``);
+- ``decoder_model_merged.onnx`` (:func:`merged`), the two decoders under one ``If`` on ``use_cache_branch``
+  as optimum merges them, the with-past branch giving the cross-attention outputs it does not make as
+  empty tensors; :func:`merged_only` copies the folder with that file in place of the two decoders.
 
 Like optimum's Whisper export, the decoders take no attention mask: positions follow the cache's length.
 The sizes are tiny (d_model 64, 2 encoder and 3 decoder layers, 8 mel bins, 32 frames) so that export and
@@ -39,13 +42,13 @@ import numpy as np
 
 try:
     from tools.corpus import cache_dir
-    from tools.export_decoders import INIT_RANGE, SCOPE_KEY, SEED, _version
+    from tools.export_decoders import INIT_RANGE, SCOPE_KEY, SEED, _version, merge_decoders
 except ModuleNotFoundError:  # run as a script: python tools/export_seq2seq.py
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from tools.corpus import cache_dir
-    from tools.export_decoders import INIT_RANGE, SCOPE_KEY, SEED, _version
+    from tools.export_decoders import INIT_RANGE, SCOPE_KEY, SEED, _version, merge_decoders
 
-EXPORT_REVISION = 2  # bump to invalidate every cached export after changing how the folder is built
+EXPORT_REVISION = 3  # bump to invalidate every cached export after changing how the folder is built
 NAME = "whisper_tiny"
 CONFIG: dict[str, Any] = {
     "vocab_size": 96,
@@ -70,6 +73,7 @@ CONFIG: dict[str, Any] = {
 FRAMES = 2 * int(CONFIG["max_source_positions"])
 """The encoder's input length: Whisper's two strided convolutions halve it to ``max_source_positions``."""
 ENCODER, DECODER, WITH_PAST = "encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx"
+MERGED = "decoder_model_merged.onnx"
 
 
 def _whisper() -> Any:
@@ -226,6 +230,37 @@ def export(out: Path) -> Path:
         "max_length": CONFIG["max_target_positions"],
     }
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2), encoding="utf-8")
+    merged(out)
+    return out
+
+
+def merged(folder: Path) -> Path:
+    """Write ``decoder_model_merged.onnx`` into ``folder`` from its two decoders: the with-past decoder's
+    outputs in the no-past one's order, each it does not make (the cross-attention cache) an empty
+    float tensor, then :func:`~tools.export_decoders.merge_decoders`."""
+    import onnx
+    from onnx import helper
+
+    first, later = onnx.load(str(folder / DECODER)), onnx.load(str(folder / WITH_PAST))
+    made = {o.name: o for o in later.graph.output}
+    outputs = []
+    for o in first.graph.output:
+        if o.name not in made:
+            empty = helper.make_tensor(f"{o.name}_empty", onnx.TensorProto.FLOAT, [0], [])
+            later.graph.node.append(helper.make_node("Constant", [], [o.name], value=empty))
+        outputs.append(made.get(o.name, o))
+    del later.graph.output[:]
+    later.graph.output.extend(outputs)
+    onnx.save(merge_decoders(first, later), str(folder / MERGED))
+    return folder / MERGED
+
+
+def merged_only(folder: Path, out: Path) -> Path:
+    """A copy of ``folder`` in ``out`` with ``decoder_model_merged.onnx`` in place of the two decoders."""
+    out.mkdir(parents=True, exist_ok=True)
+    for path in folder.iterdir():
+        if path.name not in (DECODER, WITH_PAST):
+            shutil.copy(path, out / path.name)
     return out
 
 

@@ -4,7 +4,9 @@ optimum exports such a model as ``encoder_model.onnx`` (the encoder's inputs -> 
 ``decoder_model.onnx`` (the first step: token ids and ``encoder_hidden_states`` -> logits, each layer's
 self-attention cache ``present.N.decoder.*`` and cross-attention cache ``present.N.encoder.*``) and
 ``decoder_with_past_model.onnx`` (the later steps: token ids and both caches -> logits and the grown
-self-attention cache).  :func:`find_seq2seq` recognises that folder.
+self-attention cache), or both decoders as ``decoder_model_merged.onnx`` (one ``If`` on ``use_cache_branch``
+choosing between them, whose with-past branch gives the cross-attention outputs it does not make as empty
+tensors): each branch is then taken as its decoder.  :func:`find_seq2seq` recognises that folder.
 
 Two decoder graphs for one decoder cannot share a split's stages, so :func:`step_decoder` makes the one
 graph a decoder with a KV cache already is: the with-past decoder, taking ``encoder_hidden_states`` too,
@@ -26,8 +28,10 @@ import onnx
 from onnx import helper
 
 from onnxpipe.core.errors import ModelLoadError, UsageError
+from onnxpipe.ir.model import graph_free_names
 
 ENCODER, DECODER, WITH_PAST = "encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx"
+MERGED = "decoder_model_merged.onnx"
 ENCODER_OUTPUT = "encoder_hidden_states"
 """The decoders' input that takes the encoder's output (optimum's name)."""
 _CROSS = ".encoder."
@@ -43,22 +47,30 @@ class Seq2SeqFolder:
     encoder: Path
     decoder: Path
     with_past: Path
+    """Both the merged file (:attr:`merged`) where the folder holds the decoders as one."""
     start_ids: tuple[int, ...]
     """The tokens each sequence starts with (``decoder_start_token_id``, then ``forced_decoder_ids``)."""
     eos_ids: tuple[int, ...]
 
+    @property
+    def merged(self) -> bool:
+        return self.decoder.name == MERGED
+
 
 def find_seq2seq(folder: Path) -> Seq2SeqFolder | None:
-    """``folder``'s encoder-decoder, ``None`` where it holds no ``decoder_with_past_model.onnx`` and
-    ``decoder_model.onnx`` beside each other; a :class:`ModelLoadError` naming what is missing where the
-    decoders are there but not the rest."""
+    """``folder``'s encoder-decoder, ``None`` where it holds neither ``decoder_model.onnx`` and
+    ``decoder_with_past_model.onnx`` nor ``decoder_model_merged.onnx``; a :class:`ModelLoadError` naming
+    what is missing where the decoders are there but not the encoder."""
     decoder, with_past, encoder = folder / DECODER, folder / WITH_PAST, folder / ENCODER
     if not (decoder.is_file() and with_past.is_file()):
-        return None
+        if not (folder / MERGED).is_file():
+            return None
+        decoder = with_past = folder / MERGED
     if not encoder.is_file():
+        have = decoder.name if decoder == with_past else f"{DECODER} and {WITH_PAST}"
         raise ModelLoadError(
-            f"{folder}: holds {DECODER} and {WITH_PAST} but no {ENCODER}: an encoder-decoder folder needs "
-            "all three (export it again with optimum, or split the decoder file alone)"
+            f"{folder}: holds {have} but no {ENCODER}: an encoder-decoder folder needs its encoder too "
+            "(export it again with optimum, or split the decoder file alone)"
         )
     config: dict[str, object] = {}
     for name in ("config.json", "generation_config.json"):  # the generation config has the last word
@@ -83,8 +95,10 @@ def find_seq2seq(folder: Path) -> Seq2SeqFolder | None:
 
 def step_decoder(found: Seq2SeqFolder) -> onnx.ModelProto:
     """The decoder of ``found`` as one graph with both caches grown (see the module docstring)."""
-    first = onnx.load(str(found.decoder))
-    model = onnx.load(str(found.with_past))
+    if found.merged:
+        first, model = _branches(found.decoder)
+    else:
+        first, model = onnx.load(str(found.decoder)), onnx.load(str(found.with_past))
     graph = model.graph
     cross = [o.name for o in first.graph.output if _CROSS in o.name]
     pasts = {i.name for i in graph.input}
@@ -114,6 +128,13 @@ def step_decoder(found: Seq2SeqFolder) -> onnx.ModelProto:
         copy.input[:] = [rename.get(t, t) for t in n.input]
         copy.output[:] = [rename.get(t, t) for t in n.output]
         made.append(copy)
+    # what the with-past decoder gives as the cross cache (nothing, or a merged file's empty tensors) goes
+    kept = [n for n in graph.node if not set(n.output) & set(wanted)]
+    del graph.node[:]
+    graph.node.extend(kept)
+    outputs = [o for o in graph.output if o.name not in wanted]
+    del graph.output[:]
+    graph.output.extend(outputs)
     grown = {past: present for present, past in wanted.items()}
     for node in graph.node:  # the with-past nodes read the grown cross cache in place of the past one
         node.input[:] = [grown.get(t, t) for t in node.input]
@@ -171,3 +192,41 @@ def _slice(graph: onnx.GraphProto, outputs: list[str]) -> list[onnx.NodeProto]:
                 )
             stack.append(t)
     return [n for n in graph.node if id(n) in keep]
+
+
+def _branches(path: Path) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """The first-step and the with-past decoders of optimum's merged file ``path``, each branch of its
+    ``If`` a model of its own: the graph inputs and outer weights it reads, its outputs the ``If``'s."""
+    proto = onnx.load(str(path))
+    graph = proto.graph
+    if len(graph.node) != 1 or graph.node[0].op_type != "If":
+        raise ModelLoadError(f"{path}: not optimum's merged decoder (one If on use_cache_branch)")
+    node = graph.node[0]
+    models = []
+    for attribute in node.attribute:
+        if attribute.type != onnx.AttributeProto.GRAPH:
+            continue
+        branch = attribute.g
+        reads = graph_free_names(branch)
+        nodes = [*branch.node]
+        nodes += [
+            helper.make_node("Identity", [inner.name], [outer], name=f"{outer}/branch")
+            for inner, outer in zip(branch.output, node.output, strict=True)
+            if inner.name != outer
+        ]
+        body = helper.make_graph(
+            nodes,
+            branch.name,
+            [vi for vi in graph.input if vi.name in reads],
+            list(graph.output),
+            initializer=[*(t for t in graph.initializer if t.name in reads), *branch.initializer],
+        )
+        model = onnx.ModelProto()
+        model.CopyFrom(proto)
+        model.graph.CopyFrom(body)
+        models.append((any(_CROSS in i.name and i.name.startswith("past") for i in body.input), model))
+    firsts = [m for past, m in models if not past]
+    later = [m for past, m in models if past]
+    if len(firsts) != 1 or len(later) != 1:
+        raise ModelLoadError(f"{path}: no branch of its If is the decoder taking the cross-attention cache")
+    return firsts[0], later[0]

@@ -245,3 +245,16 @@ def test_a_folder_with_a_tokenizer_prints_its_text(
         assert (
             f"sequence {i}: 1 prompt token(s) -> {len(tokens)} new: {' '.join(map(str, tokens))}" in printed
         )
+
+
+def test_a_merged_decoder_folder_splits_and_generates_the_same_tokens(whisper: Path, tmp_path: Path) -> None:
+    """``decoder_model_merged.onnx`` in place of the two decoders (its with-past branch gives the cross
+    cache as empty tensors): each branch taken as its decoder, the same step graph, the same tokens;
+    ``--compare`` runs the merged file itself as the plain loop."""
+    folder = seq2seq.merged_only(whisper, tmp_path / "merged")
+    found = find_seq2seq(folder)
+    assert found is not None and found.merged and not (folder / seq2seq.DECODER).exists()
+    out = _split(folder, tmp_path / "split", 2)
+    file, feats = _inputs(tmp_path)
+    got = generate(out, GenerateOptions(inputs=(file,), max_new_tokens=NEW_TOKENS, compare=True))
+    assert got.same and [list(t) for t in got.tokens] == seq2seq.greedy(whisper, feats, NEW_TOKENS)

@@ -20,7 +20,7 @@ import numpy as np
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import open_session, session_options
-from onnxpipe.ir.seq2seq import DECODER, ENCODER, ENCODER_OUTPUT, WITH_PAST
+from onnxpipe.ir.seq2seq import DECODER, ENCODER, ENCODER_OUTPUT, MERGED, WITH_PAST
 from onnxpipe.manifest.seq2seq import Seq2SeqRecord
 from onnxpipe.runtime.generation.feeds import Step
 from onnxpipe.runtime.generation.scheduler import Run
@@ -74,21 +74,31 @@ def encoder_output(encoded: Sequence[np.ndarray], first: int = 0) -> Callable[[S
 
 
 def plain_greedy(source: Path, rows: Sequence[Tensors], record: Seq2SeqRecord, max_new_tokens: int) -> Run:
-    """Greedy tokens of each row through the unsplit files in ``source`` (optimum's three), one row at a
-    time in a plain onnxruntime loop: the encoder, ``decoder_model`` on the start tokens, then
-    ``decoder_with_past_model`` per token, up to an end id."""
+    """Greedy tokens of each row through the unsplit files in ``source`` (optimum's), one row at a time in
+    a plain onnxruntime loop: the encoder, ``decoder_model`` on the start tokens, then
+    ``decoder_with_past_model`` per token (or ``decoder_model_merged`` for both, its flag saying which),
+    up to an end id."""
     fail = lambda e: UsageError(f"{source}: onnxruntime cannot open its model ({e})")  # noqa: E731
-    encoder, first, later = (
-        open_session(source / name, session_options(), fail=fail) for name in (ENCODER, DECODER, WITH_PAST)
-    )
+    merged = not (source / DECODER).is_file()
+    names = (ENCODER, MERGED, MERGED) if merged else (ENCODER, DECODER, WITH_PAST)
+    encoder, first, later = (open_session(source / name, session_options(), fail=fail) for name in names)
     first_names, later_names = [o.name for o in first.get_outputs()], [o.name for o in later.get_outputs()]
+    flag = {i.name for i in first.get_inputs()} & {"use_cache_branch"}
+    empty = {  # a merged file takes every input at every step: empty pasts at the first (unread there)
+        i.name: np.zeros(
+            (1, i.shape[1], i.shape[2] if isinstance(i.shape[2], int) else 0, i.shape[3]), np.float32
+        )
+        for i in first.get_inputs()
+        if i.name.startswith("past_key_values")
+    }
     start = time.perf_counter()
     made: list[tuple[int, ...]] = []
     times: list[tuple[float, ...]] = []
     steps = 0
     for row in rows:
         (encoded,) = encoder.run([record.encoder_output], row)
-        feeds: Tensors = {"input_ids": np.array([record.start_ids]), ENCODER_OUTPUT: encoded}
+        feeds: Tensors = {"input_ids": np.array([record.start_ids]), ENCODER_OUTPUT: encoded, **empty}
+        feeds |= {f: np.array([False]) for f in flag}
         outs = dict(zip(first_names, first.run(None, feeds), strict=True))
         tokens: list[int] = []
         stamps: list[float] = []
@@ -100,7 +110,9 @@ def plain_greedy(source: Path, rows: Sequence[Tensors], record: Seq2SeqRecord, m
                 break
             feeds = {"input_ids": np.array([[tokens[-1]]])}
             feeds |= {n.replace("present", "past_key_values", 1): v for n, v in outs.items() if n != "logits"}
-            outs |= dict(zip(later_names, later.run(None, feeds), strict=True))
+            feeds |= {f: np.array([True]) for f in flag} | ({ENCODER_OUTPUT: encoded} if flag else {})
+            made_now = zip(later_names, later.run(None, feeds), strict=True)
+            outs |= {n: v for n, v in made_now if ".encoder." not in n}  # the cross cache stays the first's
         made.append(tuple(tokens))
         times.append(tuple(stamps))
     return Run(tuple(made), tuple(times), time.perf_counter() - start, steps, 1, 0)
