@@ -218,6 +218,8 @@ def test_bad_folder_and_inputs_are_one_line_errors(
     assert code == 2 and "--do-sample: an encoder-decoder split generates greedily" in err
     code, _, err = cli_run(["generate", split2, "--prompt-ids", "1,2"], capfd)
     assert code == 2 and "generates from its encoder's inputs (--inputs), not from prompts" in err
+    code, _, err = cli_run(["inspect", split2], capfd)
+    assert code == 7 and "is an encoder-decoder's split: give its encoder/ or decoder/ folder" in err
     code, _, err = cli_run(["split", whisper, "--stages", "2", "--out", split2], capfd)
     assert code == 6 and "holds an earlier encoder-decoder split; --force replaces it" in err
 
