@@ -89,8 +89,9 @@ class DecoderInfo:
             if self.tokens == Role.INPUTS_EMBEDS
             else f"embedding {len(self.embedding_nodes)} node(s)"
         )
+        cross = "; and a cross-attention cache each (an encoder-decoder's)" if self.kv[-1].cross else ""
         return (
-            f"decoder: {self.layers} layers with a KV cache (layer 0: {names}); layers from {how}; "
+            f"decoder: {self.layers} layers with a KV cache (layer 0: {names}){cross}; layers from {how}; "
             f"{embedding}, LM head {len(self.lm_head_nodes)} node(s)"
         )
 

@@ -117,6 +117,7 @@ def test_step_decoder_is_a_decoder_with_both_caches_in_its_contract(whisper: Pat
     view = load_model(_saved(step_decoder(found), tmp_path), check=False)
     dec = find_decoder(view)
     assert dec is not None and dec.layers == 3
+    assert "; and a cross-attention cache each (an encoder-decoder's)" in dec.describe()
     assert [(p.layer, p.cross) for p in dec.kv] == [
         (0, False),
         (1, False),
