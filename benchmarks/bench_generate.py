@@ -20,6 +20,12 @@ time, prefill included), with the batched pipeline's time to first token and tim
 Every generator must give the same tokens; a case where they differ fails the benchmark.  On a machine
 with fewer cores than workers the ratios are bounded by the cores, not by the split: the machine is
 recorded with the result.
+
+**The Whisper case** (``--whisper-stages``, default K=2; ``[]`` leaves it out): the Whisper-shaped folder of
+``tools/export_seq2seq.py`` split as one encoder-decoder family into K stages, then ``generate --inputs``
+of 1 and 4 inputs in flight (``--whisper-inputs``) through the split against the folder's unsplit files as
+a plain onnxruntime greedy loop (``--compare``): the median tokens/s of each (encoding included) and
+whether their tokens are identical (a case where they differ fails the benchmark).
 """
 
 from __future__ import annotations
@@ -33,14 +39,14 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import benchmark_parser, median, params_of, print_table, shown, write_result
-from onnxpipe.api import SplitOptions, split
+from onnxpipe.api import SplitOptions, generate, split
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.generation.generator import Generator
 from onnxpipe.runtime.generation.result import Generation
 from onnxpipe.runtime.options import GenerateOptions
-from tools import export_decoders
+from tools import export_decoders, export_seq2seq
 
 NAME = "generate"
 MODELS = ("llama_gqa_medium",)
@@ -105,6 +111,42 @@ def _case(gens: _Generators, sequences: list[list[int]], args: argparse.Namespac
     }
 
 
+def _whisper_rows(args: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
+    """The Whisper case (see the module docstring): per K and count of inputs in flight, the split's and
+    the unsplit loop's median tokens/s and whether their tokens are the same."""
+    rows: list[dict[str, Any]] = []
+    folder = export_seq2seq.cached_export()
+    for k in args.whisper_stages:
+        out = tmp / f"whisper-{k}"
+        split(folder, SplitOptions(out=out, plan=PlanRequest(k), profile=ProfileOptions(runs=10, threads=1)))
+        for count in args.whisper_inputs:
+            file = tmp / f"features-{count}.npz"
+            np.savez(file, input_features=export_seq2seq.features(count, seed=count))
+            options = GenerateOptions(
+                inputs=(file,), max_new_tokens=args.new_tokens, compare=True, threads=1, in_flight=count
+            )
+            runs = [generate(out, options) for _ in range(args.rounds)]
+            split_rate = median([r.runs["pipeline"].tokens_per_second for r in runs])
+            plain_rate = median([r.runs["unsplit"].tokens_per_second for r in runs])
+            rows.append(
+                {
+                    "model": export_seq2seq.NAME,
+                    "k": k,
+                    "inputs": count,
+                    "same_tokens": all(r.same for r in runs),
+                    "split_tokens_per_s": round(split_rate, 2),
+                    "plain_tokens_per_s": round(plain_rate, 2),
+                    "split_over_plain": split_rate / plain_rate,
+                }
+            )
+            print(
+                f"{export_seq2seq.NAME} K={k} {count} input(s): split/plain {split_rate / plain_rate:.2f}, "
+                f"same tokens {rows[-1]['same_tokens']}",
+                flush=True,
+            )
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = benchmark_parser(__name__, __doc__)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=sorted(export_decoders.SPECS))
@@ -114,6 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3, help="rotating rounds of the four generators")
     parser.add_argument("--local-mode", choices=("threads", "processes"), default="threads")
+    parser.add_argument("--whisper-stages", nargs="*", type=int, default=[2], help="K of the Whisper case")
+    parser.add_argument("--whisper-inputs", nargs="+", type=int, default=[1, 4], help="its inputs in flight")
     args: argparse.Namespace = parser.parse_args(argv)
     config = LocalConfig(mode=args.local_mode)
     rows: list[dict[str, Any]] = []
@@ -144,6 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         )
                 finally:
                     gens.close()
+        whisper = _whisper_rows(args, Path(tmp))
     print_table(
         "decode throughput ratios (median tokens/s of rotating rounds)",
         ["model", "K", "seqs", "batch", "batched/unbatched", "batched/replicas", "batched/plain", "same"],
@@ -161,12 +206,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             for r in rows
         ],
     )
+    if whisper:
+        print_table(
+            "Whisper-shaped encoder-decoder: the split against its unsplit files' plain loop (tokens/s)",
+            ["model", "K", "inputs", "split tok/s", "plain tok/s", "split/plain", "same"],
+            [
+                [
+                    r["model"],
+                    r["k"],
+                    r["inputs"],
+                    r["split_tokens_per_s"],
+                    r["plain_tokens_per_s"],
+                    f"{r['split_over_plain']:.2f}",
+                    "yes" if r["same_tokens"] else "NO",
+                ]
+                for r in whisper
+            ],
+        )
+    rows += whisper
     failed = not all(r["same_tokens"] for r in rows)
-    at8 = [r for r in rows if r["sequences"] == 8 and r["k"] == 2]
+    at8 = [r for r in rows if r.get("sequences") == 8 and r["k"] == 2]
     summary = {
         "all_tokens_same": not failed,
         "at_8_sequences_k2_batched_over_unbatched": [r["batched_over_unbatched"] for r in at8],
         "at_8_sequences_k2_batched_over_replicas": [r["batched_over_replicas"] for r in at8],
+        "whisper_split_over_plain": [round(r["split_over_plain"], 3) for r in whisper],
         "goal": "at 8 sequences, K=2: batched >= 2x unbatched and >= 0.9x K batched replicas",
     }
     written = write_result(NAME, params_of(args), rows, summary=summary, out=args.out)

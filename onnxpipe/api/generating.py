@@ -9,10 +9,14 @@ from pathlib import Path
 
 from onnxpipe.api.results import GenerateResult
 from onnxpipe.api.running import ray_config
+from onnxpipe.api.seq2seq import generate_folder
 from onnxpipe.core.choices import Backend
+from onnxpipe.core.errors import UsageError
 from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.core.iocontract import IOContract
+from onnxpipe.core.options import opt
 from onnxpipe.manifest import Manifest, load_manifest
+from onnxpipe.manifest.seq2seq import SEQ2SEQ_FILE, read_seq2seq
 from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig
 from onnxpipe.runtime.generation.contract import split_contract
@@ -41,6 +45,14 @@ def generate(
     Everything that can be refused is refused before any worker starts: the options, the tokenizer and
     its chat template, the prompts."""
     say = listener or SILENT
+    record = read_seq2seq(Path(folder))
+    if record is not None:  # an encoder-decoder: its encoder's inputs, not prompts
+        return generate_folder(Path(folder), record, options, say)
+    if options.inputs:
+        raise UsageError(
+            f"{opt('inputs')} are an encoder-decoder split's encoder inputs; {folder} is no such split "
+            f"(no {SEQ2SEQ_FILE}): give prompts"
+        )
     manifest = load_manifest(Path(folder), check_files=False)
     contract = split_contract(manifest, folder)  # once for the request: the split's, the baselines'
     config = _backend_config(manifest, options)

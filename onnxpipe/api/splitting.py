@@ -19,6 +19,7 @@ from onnxpipe.api.plans import calibrated_plan, embedding_placed, load, note_ret
 from onnxpipe.api.preamble import BusyWatch
 from onnxpipe.api.profiling import save_profile
 from onnxpipe.api.results import SplitResult
+from onnxpipe.api.seq2seq import split_folder
 from onnxpipe.cluster.costs import provider_available
 from onnxpipe.core.choices import CalibrationMode, Phase, SplitNodes, VerifyRuntime
 from onnxpipe.core.dims import Dim
@@ -64,6 +65,8 @@ def split(
     opts = options
     out_dir = normalized(opts.out).absolute()  # verification must find the folder even if "." is replaced
     model_path = None if isinstance(model, ModelView) else Path(model).absolute()
+    if model_path is not None and model_path.is_dir():  # an encoder-decoder's folder: its own door
+        return split_folder(model_path, dataclasses.replace(opts, out=out_dir), say, split)
     if model_path is not None:
         check_target(out_dir, force=opts.export.force, protected=(model_path, model_path.parent))
     check_output_folder(out_dir)

@@ -274,6 +274,16 @@ GENERATE = Subcommand(
             "made (repeat the option for several sequences in flight)",
         ),
         flag(
+            "--inputs",
+            type=Path,
+            action="append",
+            default=[],
+            metavar="FILE.npz",
+            to_field=tuple,
+            help="an encoder-decoder split's encoder inputs (e.g. input_features), a sequence per row, "
+            "in place of prompts (repeatable)",
+        ),
+        flag(
             "--prompt-ids",
             type=token_ids,
             action="append",

@@ -41,14 +41,34 @@ class Role(StrEnum):
     """A layer's keys grown by the new tokens: the next step's past key."""
     PRESENT_VALUE = "present_value"
     """A layer's values grown by the new tokens: the next step's past value."""
+    ENCODER_OUTPUT = "encoder_output"
+    """An encoder-decoder's encoder output, ``[batch, frames, hidden]``: fed at a sequence's first step,
+    empty (no frames) at every later one (:mod:`onnxpipe.ir.seq2seq`)."""
+    CROSS_PAST_KEY = "cross_past_key"
+    """A layer's cross-attention keys, made from the encoder's output at the first step, then kept."""
+    CROSS_PAST_VALUE = "cross_past_value"
+    CROSS_PRESENT_KEY = "cross_present_key"
+    CROSS_PRESENT_VALUE = "cross_present_value"
 
     @property
     def cached(self) -> bool:
         """Whether the tensor is a cache, kept by the worker of its layer's stage (it crosses no link)."""
-        return self in _CACHE
+        return self in _SELF_ROLE
+
+    @property
+    def self_role(self) -> Role:
+        """The self-attention cache role a cross-attention cache role stands beside (itself otherwise)."""
+        return _SELF_ROLE.get(self, self)
 
 
-_CACHE = frozenset({Role.PAST_KEY, Role.PAST_VALUE, Role.PRESENT_KEY, Role.PRESENT_VALUE})
+_SELF_ROLE = {
+    **{r: r for r in (Role.PAST_KEY, Role.PAST_VALUE, Role.PRESENT_KEY, Role.PRESENT_VALUE)},
+    Role.CROSS_PAST_KEY: Role.PAST_KEY,
+    Role.CROSS_PAST_VALUE: Role.PAST_VALUE,
+    Role.CROSS_PRESENT_KEY: Role.PRESENT_KEY,
+    Role.CROSS_PRESENT_VALUE: Role.PRESENT_VALUE,
+}
+_CROSS_ROLE = {v: k for k, v in _SELF_ROLE.items() if k != v}
 
 
 @dataclass(frozen=True)
@@ -78,19 +98,27 @@ class IOContract:
         logits: str | None,
         kv: tuple[KVPair, ...],
         tokens: Role = Role.TOKEN_IDS,
+        encoder_output: str | None = None,
     ) -> IOContract:
         """The contract of a decoder with a KV cache: its token (``tokens``: their ids or embeddings), mask
         and position inputs, its logits and each layer's cache pairs (as
-        :func:`onnxpipe.ir.decoder.find_decoder` names them)."""
+        :func:`onnxpipe.ir.decoder.find_decoder` names them); an encoder-decoder's ``encoder_output``
+        input and cross-attention pairs too."""
         inputs = [Binding(ids, tokens)]
-        inputs += [Binding(t, r) for t, r in ((mask, Role.ATTENTION_MASK), (positions, Role.POSITIONS)) if t]
+        named = (
+            (mask, Role.ATTENTION_MASK),
+            (positions, Role.POSITIONS),
+            (encoder_output, Role.ENCODER_OUTPUT),
+        )
+        inputs += [Binding(t, r) for t, r in named if t]
         outputs = [Binding(logits, Role.LOGITS)] if logits is not None else []
         for p in kv:
-            inputs.append(Binding(p.past_key, Role.PAST_KEY, p.layer))
-            outputs.append(Binding(p.present_key, Role.PRESENT_KEY, p.layer))
+            roles = _CROSS_ROLE if p.cross else _SELF_ROLE
+            inputs.append(Binding(p.past_key, roles[Role.PAST_KEY], p.layer))
+            outputs.append(Binding(p.present_key, roles[Role.PRESENT_KEY], p.layer))
             if p.past_value is not None and p.present_value is not None:
-                inputs.append(Binding(p.past_value, Role.PAST_VALUE, p.layer))
-                outputs.append(Binding(p.present_value, Role.PRESENT_VALUE, p.layer))
+                inputs.append(Binding(p.past_value, roles[Role.PAST_VALUE], p.layer))
+                outputs.append(Binding(p.present_value, roles[Role.PRESENT_VALUE], p.layer))
         return IOContract(tuple(inputs), tuple(outputs))
 
     def named(self, role: Role) -> tuple[str, ...]:
@@ -108,11 +136,11 @@ class IOContract:
 
     @property
     def kv(self) -> tuple[KVPair, ...]:
-        """Each layer's cache tensors, by layer."""
-        by_layer: dict[int, dict[Role, str]] = {}
+        """Each layer's cache tensors, by layer, the self-attention pairs before the cross-attention ones."""
+        by_layer: dict[tuple[bool, int], dict[Role, str]] = {}
         for b in (*self.inputs, *self.outputs):
             if b.role.cached and b.layer is not None:
-                by_layer.setdefault(b.layer, {})[b.role] = b.tensor
+                by_layer.setdefault((b.role != b.role.self_role, b.layer), {})[b.role.self_role] = b.tensor
         return tuple(
             KVPair(
                 layer=layer,
@@ -120,8 +148,9 @@ class IOContract:
                 past_value=t.get(Role.PAST_VALUE),
                 present_key=t[Role.PRESENT_KEY],
                 present_value=t.get(Role.PRESENT_VALUE),
+                cross=cross,
             )
-            for layer, t in sorted(by_layer.items())
+            for (cross, layer), t in sorted(by_layer.items())
         )
 
     def past_to_present(self) -> dict[str, str]:
@@ -138,15 +167,15 @@ class IOContract:
         without its present), else ``None``."""
         if self.tokens is None:
             return "no input is the token ids or their embeddings"
-        layers: dict[int, set[Role]] = {}
+        layers: dict[tuple[int, bool], set[Role]] = {}
         for b in (*self.inputs, *self.outputs):
             if b.role.cached:
                 if b.layer is None:
                     return f"cache tensor {b.tensor!r} names no layer"
-                layers.setdefault(b.layer, set()).add(b.role)
+                layers.setdefault((b.layer, b.role != b.role.self_role), set()).add(b.role.self_role)
         if not layers:
             return "no input is a layer's cache"
-        for layer, roles in sorted(layers.items()):
+        for (layer, _), roles in sorted(layers.items()):
             values = {Role.PAST_VALUE, Role.PRESENT_VALUE} & roles
             if not {Role.PAST_KEY, Role.PRESENT_KEY} <= roles or len(values) == 1:
                 return f"layer {layer}'s cache has a past without its present (or the other way)"

@@ -16,7 +16,8 @@ class KVPair:
     the stage holding the layer).
 
     A model that keeps key and value in one tensor per layer (``past.N``) has it as ``past_key`` and
-    ``present_key``, with no value tensors.
+    ``present_key``, with no value tensors.  ``cross``: an encoder-decoder layer's cross-attention cache
+    (made once per sequence from the encoder's output, never grown by a token), its second pair.
     """
 
     layer: int
@@ -24,6 +25,7 @@ class KVPair:
     past_value: str | None
     present_key: str
     present_value: str | None
+    cross: bool = False
 
     @property
     def pasts(self) -> tuple[str, ...]:

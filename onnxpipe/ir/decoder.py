@@ -89,8 +89,9 @@ class DecoderInfo:
             if self.tokens == Role.INPUTS_EMBEDS
             else f"embedding {len(self.embedding_nodes)} node(s)"
         )
+        cross = "; and a cross-attention cache each (an encoder-decoder's)" if self.kv[-1].cross else ""
         return (
-            f"decoder: {self.layers} layers with a KV cache (layer 0: {names}); layers from {how}; "
+            f"decoder: {self.layers} layers with a KV cache (layer 0: {names}){cross}; layers from {how}; "
             f"{embedding}, LM head {len(self.lm_head_nodes)} node(s)"
         )
 
@@ -192,7 +193,7 @@ def scope_group(scopes: Sequence[str], layers: int) -> int | None:
 
 def _with_layers(view: ModelView, pairs: tuple[KVPair, ...], ids: str, tokens: Role) -> DecoderInfo | None:
     """Each compute node's group, monotone along the edges; ``None`` if no consistent layering exists."""
-    layers = len(pairs)
+    layers = len({p.layer for p in pairs})  # an encoder-decoder's layer has two pairs (self, cross)
     layer_of = {t: p.layer for p in pairs for t in (*p.pasts, *p.presents)}
     pasts = {t for p in pairs for t in p.pasts}
     compute = view.compute_nodes

@@ -26,6 +26,7 @@ from onnxpipe.ir.model import ModelView
 
 _PAST = re.compile(r"past|cache", re.IGNORECASE)
 _PRESENT = re.compile(r"present|cache", re.IGNORECASE)
+_CROSS = re.compile(r"[._](?:encoder|cross)(?:[._]|$)")
 
 ATTENTION_SLOTS: Mapping[tuple[str, bool], tuple[tuple[int, int], ...]] = {
     ("GroupQueryAttention", False): ((3, 1), (4, 2)),
@@ -84,8 +85,11 @@ def kv_name(name: str, role: re.Pattern[str]) -> tuple[int, str] | None:
 
 
 def _kind(name: str) -> str:
-    """``key``, ``value`` or ``kv`` (both, or neither said) from a cache tensor's name."""
+    """``key``, ``value`` or ``kv`` (both, or neither said) from a cache tensor's name; ``cross_`` before
+    it for an encoder-decoder's cross-attention cache (optimum's ``present.N.encoder.key``)."""
     rest = re.sub(r"key_values|key_value", "", name.lower())
+    if _CROSS.search(rest):
+        return "cross_" + _kind(_CROSS.sub(".", rest))
     if "key" in rest:
         return "key"
     if "value" in rest:
@@ -114,14 +118,24 @@ def pairs_by_name(view: ModelView) -> tuple[KVPair, ...] | None:
         return None
     layers = sorted({n for n, _ in pasts})
     kinds = {kind for _, kind in pasts}
-    if layers != list(range(len(layers))) or kinds not in ({"key", "value"}, {"kv"}):
+    cross = {"cross_key", "cross_value"} & kinds
+    if layers != list(range(len(layers))) or kinds - cross not in ({"key", "value"}, {"kv"}):
         return None
     if "kv" in kinds:
         return tuple(KVPair(n, pasts[(n, "kv")], None, presents[(n, "kv")], None) for n in layers)
-    if any((n, kind) not in pasts for n in layers for kind in ("key", "value")):
+    prefixes = ("", "cross_") if cross else ("",)
+    if any((n, p + kind) not in pasts for n in layers for p in prefixes for kind in ("key", "value")):
         return None
-    return tuple(
-        KVPair(n, pasts[(n, "key")], pasts[(n, "value")], presents[(n, "key")], presents[(n, "value")])
+    return tuple(  # the self-attention pairs first, by layer: ``kv[layer]`` is layer's own cache
+        KVPair(
+            n,
+            pasts[(n, p + "key")],
+            pasts[(n, p + "value")],
+            presents[(n, p + "key")],
+            presents[(n, p + "value")],
+            bool(p),
+        )
+        for p in prefixes
         for n in layers
     )
 

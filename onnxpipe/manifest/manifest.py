@@ -160,7 +160,9 @@ def load_manifest(directory: str | Path, *, check_files: bool = True) -> Manifes
     path = d / MANIFEST_NAME
     if not path.is_file():
         raise ManifestError(
-            f"{path}: no such file; give a folder written by 'onnxpipe split'"
+            f"{path}: no such file; {d} is an encoder-decoder's split: give its encoder/ or decoder/ folder"
+            if (d / "seq2seq.json").is_file()  # (onnxpipe.manifest.seq2seq.SEQ2SEQ_FILE)
+            else f"{path}: no such file; give a folder written by 'onnxpipe split'"
             if d.is_dir()
             else f"{d}: no such folder; give a folder written by 'onnxpipe split'"
         )

@@ -316,9 +316,9 @@ def _kv_per_node(
     view: ModelView, dec: DecoderInfo, compute: Sequence[NodeInfo], request: PlanRequest, profile: Profile
 ) -> list[float]:
     """Each layer's KV cache bytes at the maximum context, at the node that makes its present key."""
-    makers = kv_makers(view, dec, profile.input_shapes)
     context = counted_context(view, dec, request.decoder.max_context)
-    return [float(makers[n.name][1] * context) if n.name in makers else 0.0 for n in compute]
+    makers = kv_makers(view, dec, profile.input_shapes, context)
+    return [float(makers[n.name][1]) if n.name in makers else 0.0 for n in compute]
 
 
 def _best(

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from onnxpipe.core.choices import Ends
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.iocontract import IOContract
+from onnxpipe.core.kv import KVPair
 from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
@@ -159,27 +160,31 @@ def stage_kv(
 ) -> list[tuple[tuple[int, ...], int]]:
     """Per stage: the layers whose cache it holds (where their presents are made) and the cache's bytes
     at ``context`` tokens, for the batch and the head dims of ``shapes`` (the profiled input shapes)."""
-    makers = kv_makers(view, dec, shapes)
+    makers = kv_makers(view, dec, shapes, context)
     out: list[tuple[tuple[int, ...], int]] = []
     for st in stages:
         mine = [makers[n] for n in st.node_names if n in makers]
-        out.append((tuple(sorted(layer for layer, _ in mine)), sum(b for _, b in mine) * context))
+        out.append((tuple(sorted({layer for layer, _ in mine})), sum(b for _, b in mine)))
     return out
 
 
 def kv_makers(
-    view: ModelView, dec: DecoderInfo, shapes: Mapping[str, Sequence[int]]
+    view: ModelView, dec: DecoderInfo, shapes: Mapping[str, Sequence[int]], context: int
 ) -> dict[str, tuple[int, int]]:
-    """For each node that makes a layer's present key: the layer, and its cache's bytes per token for the
-    batch and the head dims of ``shapes`` (the profiled input shapes).  Where that node runs, the
-    layer's cache is held."""
+    """For each node that makes a layer's present key: the layer, and its cache's bytes at ``context``
+    tokens for the batch and the head dims of ``shapes`` (the profiled input shapes).  Where that node
+    runs, the layer's cache is held.  An encoder-decoder's cross-attention cache counts at the encoder's
+    frames (its present's length), not the context: it holds the encoder's output, whatever the tokens."""
     batch = cache_batch(view, dec.kv[0], dec.ids_input, shapes)
     symbol = batch_symbol(view, dec.ids_input)
     makers: dict[str, tuple[int, int]] = {}
     for p in dec.kv:
         pos = view.producer.get(p.present_key)
-        if pos is not None:
-            makers[view.nodes[pos].name] = (p.layer, kv_bytes_per_token(view, p, batch, shapes, symbol))
+        if pos is None:
+            continue
+        frames = (view.tensor(p.present_key).shape or (None, None))[-2]
+        length = frames if p.cross and isinstance(frames, int) else context
+        makers[view.nodes[pos].name] = (p.layer, kv_bytes_per_token(view, p, batch, shapes, symbol) * length)
     return makers
 
 
@@ -240,6 +245,14 @@ def io_contract(view: ModelView, dec: DecoderInfo) -> IOContract:
     rest = [t for t in view.outputs if t not in presents]
     named = [t for t in rest if "logits" in t.lower()]
     logits = named[0] if len(named) == 1 else (rest[0] if len(rest) == 1 else None)
+    pasts = set(dec.past_inputs)
+    encoder = [t for t in view.inputs if "encoder" in t.lower() and t not in pasts]  # an encoder-decoder's
     return IOContract.of_decoder(
-        dec.ids_input, dec.mask_input, dec.positions_input, logits, dec.kv, dec.tokens
+        dec.ids_input,
+        dec.mask_input,
+        dec.positions_input,
+        logits,
+        dec.kv,
+        dec.tokens,
+        encoder[0] if len(encoder) == 1 and any(p.cross for p in dec.kv) else None,
     )

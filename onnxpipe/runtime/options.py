@@ -188,6 +188,8 @@ class GenerateOptions(WorkerOptions):
     backend: Ray actors placed by Ray, with Ray): the tokens must be the same.  ``embedding``: the
     embedding model (token ids in, ``inputs_embeds`` out) of a split that takes ``inputs_embeds``
     (default: the one its folder's ``genai_config.json`` names), run in the driver before each step.
+    ``inputs``: an encoder-decoder split's encoder inputs, ``.npz`` files, a sequence per row, in place of
+    prompts (each starts with the model's start tokens).
     """
 
     prompt_ids: tuple[tuple[int, ...], ...] = ()
@@ -208,12 +210,14 @@ class GenerateOptions(WorkerOptions):
     compare: bool = False
     model: Path | None = None
     embedding: Path | None = None
+    inputs: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
         as_paths(self, "tokenizer", "model", "embedding")
         object.__setattr__(self, "prompt_ids", tuple(tuple(int(t) for t in p) for p in self.prompt_ids))
         object.__setattr__(self, "prompts", tuple(str(p) for p in self.prompts))
+        object.__setattr__(self, "inputs", tuple(Path(p) for p in self.inputs))
         if self.eos_token_ids is not None:
             object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
         self._check()
@@ -265,7 +269,7 @@ class GenerateOptions(WorkerOptions):
         self.sampling  # noqa: B018 (a bad temperature, top-k or top-p is refused here)
 
     def _check_text(self) -> None:
-        if not self.prompts and not self.prompt_ids:
+        if not self.prompts and not self.prompt_ids and not self.inputs:
             raise UsageError(
                 f"give at least one prompt, as text ({opt('prompts')}) or as {opt('prompt_ids')}"
             )

@@ -79,9 +79,11 @@ class StepFeeds:
         contract: IOContract,
         input_types: Mapping[str, str],
         embedding: Callable[[np.ndarray], np.ndarray] | None = None,
+        builders: Mapping[Role, Callable[[Step], np.ndarray]] | None = None,
     ) -> None:
         """``embedding``: the token ids' embeddings (:class:`~.embedding.Embedding`), the builder of
-        :attr:`Role.INPUTS_EMBEDS` where the model takes them in place of the ids."""
+        :attr:`Role.INPUTS_EMBEDS` where the model takes them in place of the ids; ``builders``: those of
+        roles only the caller can make (an encoder-decoder's encoder output, :mod:`.seq2seq`)."""
         self.contract = contract
         self.input_types = dict(input_types)
         """The model inputs the caller sends (name: dtype), :data:`~onnxpipe.runtime.kvstate.CONTROL`
@@ -94,7 +96,7 @@ class StepFeeds:
                 f"model input {unknown[0]!r} has no role in the split's IO contract (token ids, attention "
                 "mask, positions, a layer's cache): onnxpipe's generation loop does not know what to feed it"
             )
-        builders = dict(BUILDERS)
+        builders = {**BUILDERS, **(builders or {})}
         if embedding is not None:
             builders[Role.INPUTS_EMBEDS] = lambda step: embedding(token_ids(step))
         unfed = [n for n in fed if roles[n] not in builders]

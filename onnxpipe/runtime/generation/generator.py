@@ -22,13 +22,13 @@ from typing import Protocol
 import numpy as np
 
 from onnxpipe.core.errors import UsageError
-from onnxpipe.core.iocontract import IOContract
+from onnxpipe.core.iocontract import IOContract, Role
 from onnxpipe.core.progress import ClosesOnExit
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.base import BackendConfig, Tensors
 from onnxpipe.runtime.generation.contract import generation_input_types, split_contract
 from onnxpipe.runtime.generation.embedding import split_embedding
-from onnxpipe.runtime.generation.feeds import StepFeeds
+from onnxpipe.runtime.generation.feeds import Step, StepFeeds
 from onnxpipe.runtime.generation.result import Generation
 from onnxpipe.runtime.generation.scheduler import Batching, OnToken, batch_size, schedule
 from onnxpipe.runtime.kvstate import PadSide
@@ -46,6 +46,9 @@ from onnxpipe.runtime.spec import (
     placement_for_device,
 )
 from onnxpipe.verification.verify import runnable_source
+
+Builder = Callable[[Step], np.ndarray]
+"""A step's feed of one role (:data:`~.feeds.BUILDERS`)."""
 
 
 class Steps(Protocol):
@@ -99,6 +102,7 @@ class Generator(ClosesOnExit):
         check_files: bool = True,
         contract: IOContract | None = None,
         embedding: Path | None = None,
+        builders: Mapping[Role, Builder] | None = None,
     ) -> Generator:
         """Start one worker per stage of the decoder's split ``directory`` (``backend``, ``threads``,
         ``placements`` as for :meth:`Pipeline.from_manifest
@@ -106,11 +110,12 @@ class Generator(ClosesOnExit):
         between steps (:mod:`onnxpipe.runtime.kvstate`).  A split that cannot generate is refused,
         saying why, before any worker starts.  ``contract``: the split's, where the caller read it
         already (:func:`~.contract.split_contract`); ``embedding``: the embedding model of a split that
-        takes ``inputs_embeds`` (default: the one its ``genai_config.json`` names; :mod:`.embedding`)."""
+        takes ``inputs_embeds`` (default: the one its ``genai_config.json`` names; :mod:`.embedding`);
+        ``builders``: the feeds of roles only the caller can make (:class:`~.feeds.StepFeeds`)."""
         d = Path(directory)
         manifest = load_manifest(d, check_files=check_files)
         contract = contract or split_contract(manifest, d)
-        feeds = _feeds(d, manifest, contract, embedding)
+        feeds = _feeds(d, manifest, contract, embedding, builders)
         specs = generation_specs(d, manifest, stage_placements(manifest, threads, placements, d), contract)
         pipe = Pipeline.start(
             [specs],
@@ -255,11 +260,17 @@ class Generator(ClosesOnExit):
         self.steps.close(graceful)
 
 
-def _feeds(directory: Path, manifest: Manifest, contract: IOContract, embedding: Path | None) -> StepFeeds:
+def _feeds(
+    directory: Path,
+    manifest: Manifest,
+    contract: IOContract,
+    embedding: Path | None,
+    builders: Mapping[Role, Builder] | None = None,
+) -> StepFeeds:
     """The step feeds of the split's ``contract``, its embeddings made by its embedding model where it
     takes them."""
     embed = split_embedding(directory, manifest, contract, embedding)
-    return StepFeeds(contract, generation_input_types(manifest, contract), embed)
+    return StepFeeds(contract, generation_input_types(manifest, contract), embed, builders)
 
 
 def _whole_model(

@@ -1,0 +1,60 @@
+"""``seq2seq.json``: what the split of an encoder-decoder folder records beside its two splits.
+
+An encoder-decoder folder (:mod:`onnxpipe.ir.seq2seq`) is split as two chains of stages: the encoder's
+(``encoder/``, run once per sequence) and its one-graph decoder's (``decoder/``, run per token, each
+worker keeping its layers' self- and cross-attention caches), each a split folder with its own manifest.
+This record joins them for ``generate``: which folder is which, the encoder's inputs and the output the
+decoder takes, and the tokens each sequence starts and ends with.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from onnxpipe.core.codec import Codec
+from onnxpipe.core.errors import ManifestError
+from onnxpipe.core.jsonread import Document
+
+SEQ2SEQ_FILE = "seq2seq.json"
+
+
+@dataclass(frozen=True)
+class Seq2SeqRecord:
+    """The two splits of an encoder-decoder and what generating through them needs."""
+
+    encoder: str
+    """The encoder's split folder, inside the record's folder."""
+    decoder: str
+    """The one-graph decoder's split folder."""
+    encoder_inputs: tuple[str, ...]
+    """What ``generate --inputs`` must hold (Whisper's ``input_features``)."""
+    encoder_output: str
+    """The encoder output the decoder takes as its ``encoder_output`` role."""
+    start_ids: tuple[int, ...]
+    """The tokens each sequence starts with (``decoder_start_token_id``, then any forced ones)."""
+    eos_ids: tuple[int, ...]
+    balance: str
+    """How the stages were dealt between the encoder and the decoder, in words."""
+    source: str
+    """The folder split (``generate --compare`` runs its unsplit files)."""
+
+
+def write_seq2seq(folder: Path, record: Seq2SeqRecord) -> None:
+    text = json.dumps(Codec().encode(Seq2SeqRecord, record), indent=2)
+    (folder / SEQ2SEQ_FILE).write_text(text + "\n", encoding="utf-8")
+
+
+def read_seq2seq(folder: Path) -> Seq2SeqRecord | None:
+    """The record of the split in ``folder``, ``None`` where it is no encoder-decoder's."""
+    path = folder / SEQ2SEQ_FILE
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ManifestError(f"{path}: not JSON ({e})") from None
+    read = Document(str(path), ManifestError, "re-run onnxpipe split on the encoder-decoder folder").read(doc)
+    record: Seq2SeqRecord = Codec().decode(Seq2SeqRecord, read)
+    return record

@@ -1,0 +1,263 @@
+"""Encoder-decoders as one family: the Whisper-shaped optimum folder ``tools/export_seq2seq.py`` makes from a
+tiny random-weight ``WhisperConfig`` (no download), cached between sessions.  The long lane only: its first
+export takes a minute (the fast lane is at its limit)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from cli_runner import run as cli_run
+
+from onnxpipe.api import SplitOptions, generate, split
+from onnxpipe.core.choices import CostSource
+from onnxpipe.core.errors import ModelLoadError
+from onnxpipe.core.iocontract import Role
+from onnxpipe.cost.options import ProfileOptions
+from onnxpipe.ir.decoder import find_decoder
+from onnxpipe.ir.load import load_model
+from onnxpipe.ir.seq2seq import ENCODER_OUTPUT, Seq2SeqFolder, find_seq2seq, step_decoder
+from onnxpipe.manifest import load_manifest
+from onnxpipe.manifest.seq2seq import read_seq2seq
+from onnxpipe.planning.decoder import io_contract
+from onnxpipe.planning.request import PlanRequest
+from onnxpipe.runtime.options import GenerateOptions
+from tools import export_seq2seq as seq2seq
+
+pytestmark = pytest.mark.exhaustive
+
+
+@pytest.fixture(scope="module")
+def whisper() -> Path:
+    return seq2seq.cached_export()
+
+
+def test_folder_has_optimum_layout_and_its_cache_reproduces_the_whole_sequence(whisper: Path) -> None:
+    """The with-past decoder's greedy tokens are the no-past decoder's over the whole sequence: the
+    exported caches (self and cross) are the ones the model computes."""
+    names = {p.name for p in whisper.iterdir()}
+    assert {
+        seq2seq.ENCODER,
+        seq2seq.DECODER,
+        seq2seq.WITH_PAST,
+        "config.json",
+        "generation_config.json",
+    } <= names
+    feats = seq2seq.features(2, seed=3)
+    made = seq2seq.greedy(whisper, feats, max_new_tokens=6)
+    enc = ort.InferenceSession(str(whisper / seq2seq.ENCODER))
+    first = ort.InferenceSession(str(whisper / seq2seq.DECODER))
+    start = int(seq2seq.CONFIG["decoder_start_token_id"])
+    for row, tokens in zip(feats, made, strict=True):
+        (encoded,) = enc.run(None, {"input_features": row[None]})
+        ids = np.array([[start, *tokens[:-1]]])
+        logits = first.run(["logits"], {"input_ids": ids, "encoder_hidden_states": encoded})[0]
+        assert np.argmax(logits[0], axis=-1).tolist() == tokens
+
+
+def _step_greedy(
+    model: Path, found: Seq2SeqFolder, feats: np.ndarray, max_new_tokens: int
+) -> list[list[int]]:
+    """Greedy tokens of the one-graph step decoder: the encoder's output and empty pasts on the first step,
+    an empty encoder output and the grown caches after."""
+    sess, enc = ort.InferenceSession(str(model)), ort.InferenceSession(str(found.encoder))
+    names = [o.name for o in sess.get_outputs()]
+    made = []
+    for row in feats:
+        (encoded,) = enc.run(None, {"input_features": row[None]})
+        past = {
+            i.name: np.zeros([1, i.shape[1], 0, i.shape[3]], np.float32)
+            for i in sess.get_inputs()
+            if i.name.startswith("past_key_values")
+        }
+        tokens = [found.start_ids[-1]]
+        while len(tokens) <= max_new_tokens:
+            feeds = {"input_ids": np.array([[tokens[-1]]]), ENCODER_OUTPUT: encoded, **past}
+            out = dict(zip(names, sess.run(None, feeds), strict=True))
+            tokens.append(int(np.argmax(out["logits"][0, -1])))
+            past = {n.replace("present", "past_key_values"): v for n, v in out.items() if n != "logits"}
+            encoded = encoded[:, :0]
+            if tokens[-1] in found.eos_ids:
+                break
+        made.append(tokens[1:])
+    return made
+
+
+def test_step_decoder_grows_the_cross_cache_once_and_reproduces_the_plain_loop(
+    whisper: Path, tmp_path: Path
+) -> None:
+    found = find_seq2seq(whisper)
+    assert found is not None and found.start_ids == (90,) and found.eos_ids == (91,)
+    model = step_decoder(found)
+    onnx.save(model, str(tmp_path / "step.onnx"))
+    outputs = {o.name for o in model.graph.output}
+    assert {"present.0.encoder.key", "present.2.decoder.value"} <= outputs
+    feats = seq2seq.features(3, seed=5)
+    assert _step_greedy(tmp_path / "step.onnx", found, feats, 12) == seq2seq.greedy(whisper, feats, 12)
+
+
+def test_folder_without_its_encoder_is_refused_naming_it(whisper: Path, tmp_path: Path) -> None:
+    for name in (seq2seq.DECODER, seq2seq.WITH_PAST, "generation_config.json"):
+        shutil.copy(whisper / name, tmp_path / name)
+    with pytest.raises(ModelLoadError, match=r"no encoder_model\.onnx"):
+        find_seq2seq(tmp_path)
+    assert find_seq2seq(whisper.parent) is None
+
+
+def test_step_decoder_is_a_decoder_with_both_caches_in_its_contract(whisper: Path, tmp_path: Path) -> None:
+    """Each layer has two cache pairs, its self-attention cache (``kv[layer]``) and its cross-attention
+    one; the contract binds the encoder's output and the cross caches by their own roles and reads both
+    pairs back."""
+    found = find_seq2seq(whisper)
+    assert found is not None
+    view = load_model(_saved(step_decoder(found), tmp_path), check=False)
+    dec = find_decoder(view)
+    assert dec is not None and dec.layers == 3
+    assert "; and a cross-attention cache each (an encoder-decoder's)" in dec.describe()
+    assert [(p.layer, p.cross) for p in dec.kv] == [
+        (0, False),
+        (1, False),
+        (2, False),
+        (0, True),
+        (1, True),
+        (2, True),
+    ]
+    contract = io_contract(view, dec)
+    assert contract.one(Role.ENCODER_OUTPUT) == ENCODER_OUTPUT
+    assert contract.named(Role.CROSS_PAST_KEY)[0] == "past_key_values.0.encoder.key"
+    assert contract.problem() is None and contract.kv == dec.kv
+    assert contract.past_to_present()["past_key_values.2.encoder.value"] == "present.2.encoder.value"
+
+
+def _saved(model: onnx.ModelProto, folder: Path) -> Path:
+    onnx.save(model, str(folder / "step.onnx"))
+    return folder / "step.onnx"
+
+
+# ------------------------------------------------------------------------------ the family split, generating
+
+NEW_TOKENS = 12
+
+
+def _split(whisper: Path, out: Path, k: int) -> Path:
+    options = SplitOptions(out=out, plan=PlanRequest(k), profile=ProfileOptions(cost=CostSource.STATIC))
+    split(whisper, options)
+    return out
+
+
+@pytest.fixture(scope="module")
+def split2(whisper: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _split(whisper, tmp_path_factory.mktemp("whisper") / "split", 2)
+
+
+def _inputs(folder: Path, rows: int = 3) -> tuple[Path, np.ndarray]:
+    feats = seq2seq.features(rows, seed=7)
+    np.savez(folder / "feats.npz", input_features=feats)
+    return folder / "feats.npz", feats
+
+
+def _generates_the_plain_loops_tokens(out: Path, whisper: Path, tmp_path: Path) -> None:
+    file, feats = _inputs(tmp_path)
+    got = generate(out, GenerateOptions(inputs=(file,), max_new_tokens=NEW_TOKENS, compare=True))
+    assert got.same and set(got.runs) == {"pipeline", "unsplit"}
+    assert [list(t) for t in got.tokens] == seq2seq.greedy(whisper, feats, NEW_TOKENS)
+    assert got.prompts == ((90,),) * 3
+
+
+def test_folder_splits_at_2_as_one_family_and_generates_the_plain_loops_tokens(
+    split2: Path, whisper: Path, tmp_path: Path
+) -> None:
+    """The encoder and the decoder deal the 2 stages (1 + 1 by weight bytes); each decoder layer's both
+    caches on its stage, counted in its KV figure: the self cache at the context, the cross one at the
+    encoder's 16 frames (4 heads of 16 float32, key and value: 512 bytes a token per layer)."""
+    record = read_seq2seq(split2)
+    assert record is not None and record.encoder_inputs == ("input_features",) and record.start_ids == (90,)
+    encoder, decoder = load_manifest(split2 / "encoder"), load_manifest(split2 / "decoder")
+    assert (encoder.k, decoder.k) == (1, 1)
+    assert decoder.plan.decoder is not None
+    context = decoder.plan.decoder.max_context
+    assert sum(st.kv_cache_bytes for st in decoder.stages) == 3 * 512 * (context + 16)
+    assert record.balance.startswith("2 stages dealt by weight bytes: the encoder")
+    _generates_the_plain_loops_tokens(split2, whisper, tmp_path)
+
+
+def test_folder_splits_at_3_each_layers_caches_on_its_stage(whisper: Path, tmp_path: Path) -> None:
+    out = _split(whisper, tmp_path / "split", 3)
+    encoder, decoder = load_manifest(out / "encoder"), load_manifest(out / "decoder")
+    assert encoder.k + decoder.k == 3 and decoder.k == 2
+    assert [layer for st in decoder.stages for layer in st.kv_layers] == [0, 1, 2]
+    for st in decoder.stages:  # a stage takes the self and the cross pasts of its own layers only
+        pasts = {t.name for t in st.inputs if t.name.startswith("past_key_values.")}
+        assert pasts == {
+            f"past_key_values.{i}.{a}.{k}"
+            for i in st.kv_layers
+            for a in ("decoder", "encoder")
+            for k in ("key", "value")
+        }
+    _generates_the_plain_loops_tokens(out, whisper, tmp_path)
+
+
+def test_bad_folder_and_inputs_are_one_line_errors(
+    whisper: Path, split2: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "no_encoder"
+    folder.mkdir()
+    for name in (seq2seq.DECODER, seq2seq.WITH_PAST):
+        shutil.copy(whisper / name, folder / name)
+    code, _, err = cli_run(["split", folder, "--stages", "2", "--out", tmp_path / "out"], capfd)
+    assert code == 3 and "no encoder_model.onnx" in err and len(err.strip().splitlines()) == 1
+    np.savez(tmp_path / "bad.npz", mel=seq2seq.features(1))
+    code, _, err = cli_run(["generate", split2, "--inputs", tmp_path / "bad.npz"], capfd)
+    assert code == 2 and "holds no 'input_features', the encoder's input (it holds mel)" in err
+    assert "Traceback" not in err
+    file, _ = _inputs(tmp_path, rows=1)
+    code, _, err = cli_run(["generate", split2, "--inputs", file, "--do-sample"], capfd)
+    assert code == 2 and "--do-sample: an encoder-decoder split generates greedily" in err
+    code, _, err = cli_run(["generate", split2, "--prompt-ids", "1,2"], capfd)
+    assert code == 2 and "generates from its encoder's inputs (--inputs), not from prompts" in err
+    code, _, err = cli_run(["inspect", split2], capfd)
+    assert code == 7 and "is an encoder-decoder's split: give its encoder/ or decoder/ folder" in err
+    code, _, err = cli_run(["split", whisper, "--stages", "2", "--out", split2], capfd)
+    assert code == 6 and "holds an earlier encoder-decoder split; --force replaces it" in err
+
+
+def test_a_folder_with_a_tokenizer_prints_its_text(
+    whisper: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A ``tokenizer.json`` beside the files (a word per id here) goes with the split; ``generate
+    --inputs`` prints each sequence's text, the tokenizer's decoding of its new tokens."""
+    tokenizers = pytest.importorskip("tokenizers")
+    folder = tmp_path / "whisper"
+    shutil.copytree(whisper, folder)
+    vocab = {f"w{i}": i for i in range(int(seq2seq.CONFIG["vocab_size"]))}
+    model = tokenizers.models.WordLevel(vocab, unk_token="w0")
+    tokenizer = tokenizers.Tokenizer(model)
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = tokenizers.decoders.WordPiece()  # joins words with spaces
+    tokenizer.save(str(folder / "tokenizer.json"))
+    out = _split(folder, tmp_path / "split", 2)
+    file, feats = _inputs(tmp_path, rows=2)
+    code, printed, err = cli_run(["generate", out, "--inputs", file, "--max-new-tokens", "6"], capfd)
+    assert code == 0, err
+    for i, tokens in enumerate(seq2seq.greedy(whisper, feats, 6)):
+        assert f"sequence {i}: {tokenizer.decode(tokens)}\n" in printed
+        assert (
+            f"sequence {i}: 1 prompt token(s) -> {len(tokens)} new: {' '.join(map(str, tokens))}" in printed
+        )
+
+
+def test_a_merged_decoder_folder_splits_and_generates_the_same_tokens(whisper: Path, tmp_path: Path) -> None:
+    """``decoder_model_merged.onnx`` in place of the two decoders (its with-past branch gives the cross
+    cache as empty tensors): each branch taken as its decoder, the same step graph, the same tokens;
+    ``--compare`` runs the merged file itself as the plain loop."""
+    folder = seq2seq.merged_only(whisper, tmp_path / "merged")
+    found = find_seq2seq(folder)
+    assert found is not None and found.merged and not (folder / seq2seq.DECODER).exists()
+    out = _split(folder, tmp_path / "split", 2)
+    file, feats = _inputs(tmp_path)
+    got = generate(out, GenerateOptions(inputs=(file,), max_new_tokens=NEW_TOKENS, compare=True))
+    assert got.same and [list(t) for t in got.tokens] == seq2seq.greedy(whisper, feats, NEW_TOKENS)

@@ -1,0 +1,335 @@
+"""A Whisper-shaped encoder-decoder, exported to ONNX by torch's dynamo exporter in the folder layout
+optimum writes for it, with random weights (no download).
+
+    python tools/export_seq2seq.py --out DIR      # write the tiny Whisper folder into DIR/whisper_tiny
+
+The folder holds, with optimum's file and tensor names:
+
+- ``encoder_model.onnx``: ``input_features`` [batch, mel bins, frames] -> ``last_hidden_state``
+  [batch, frames / 2, d_model];
+- ``decoder_model.onnx`` (the first step): ``input_ids`` [batch, seq], ``encoder_hidden_states`` ->
+  ``logits``, ``present.N.decoder.key/value`` (the self-attention cache) and ``present.N.encoder.key/value``
+  (the cross-attention cache, made from the encoder's output);
+- ``decoder_with_past_model.onnx`` (the later steps): ``input_ids``, ``past_key_values.N.decoder.key/value``,
+  ``past_key_values.N.encoder.key/value`` -> ``logits``, ``present.N.decoder.key/value``;
+- ``config.json`` and ``generation_config.json`` (``decoder_start_token_id``, ``eos_token_id``);
+- ``decoder_model_merged.onnx`` (:func:`merged`), the two decoders under one ``If`` on ``use_cache_branch``
+  as optimum merges them, the with-past branch giving the cross-attention outputs it does not make as
+  empty tensors; :func:`merged_only` copies the folder with that file in place of the two decoders.
+
+Like optimum's Whisper export, the decoders take no attention mask: positions follow the cache's length.
+The sizes are tiny (d_model 64, 2 encoder and 3 decoder layers, 8 mel bins, 32 frames) so that export and
+tests take seconds.  Exports are cached in the corpus cache under ``seq2seq/<name>-<key>/``, keyed by the
+configuration and the versions of torch, transformers, onnx and onnxscript.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+try:
+    from tools.corpus import cache_dir
+    from tools.export_decoders import INIT_RANGE, SCOPE_KEY, SEED, _version, merge_decoders
+except ModuleNotFoundError:  # run as a script: python tools/export_seq2seq.py
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tools.corpus import cache_dir
+    from tools.export_decoders import INIT_RANGE, SCOPE_KEY, SEED, _version, merge_decoders
+
+EXPORT_REVISION = 3  # bump to invalidate every cached export after changing how the folder is built
+NAME = "whisper_tiny"
+CONFIG: dict[str, Any] = {
+    "vocab_size": 96,
+    "num_mel_bins": 8,
+    "d_model": 64,
+    "encoder_layers": 2,
+    "decoder_layers": 3,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128,
+    "max_source_positions": 16,
+    "max_target_positions": 64,
+    "decoder_start_token_id": 90,
+    "eos_token_id": 91,
+    "bos_token_id": 91,
+    "pad_token_id": 91,
+    "suppress_tokens": [],
+    "begin_suppress_tokens": [],
+    "init_std": INIT_RANGE,
+}
+FRAMES = 2 * int(CONFIG["max_source_positions"])
+"""The encoder's input length: Whisper's two strided convolutions halve it to ``max_source_positions``."""
+ENCODER, DECODER, WITH_PAST = "encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx"
+MERGED = "decoder_model_merged.onnx"
+
+
+def _whisper() -> Any:
+    import torch
+    import transformers
+
+    torch.manual_seed(SEED)
+    model = transformers.WhisperForConditionalGeneration(
+        transformers.WhisperConfig(**CONFIG, attn_implementation="eager")
+    )
+    return model.eval()
+
+
+def features(batch: int = 1, seed: int = 0) -> np.ndarray:
+    """Random encoder inputs, ``input_features`` [batch, mel bins, frames]."""
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((batch, int(CONFIG["num_mel_bins"]), FRAMES)).astype(np.float32)
+
+
+def _modules() -> tuple[Any, Any, Any]:
+    """The encoder, the first-step decoder and the with-past decoder as flat-tensor modules."""
+    import torch
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    whisper = _whisper()
+    n = int(CONFIG["decoder_layers"])
+
+    class Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = whisper.model.encoder
+
+        def forward(self, input_features: torch.Tensor) -> Any:
+            return self.encoder(input_features=input_features).last_hidden_state
+
+    class Decoder(torch.nn.Module):
+        def __init__(self, past: bool) -> None:
+            super().__init__()
+            self.whisper = whisper
+            self.past = past
+
+        def forward(self, input_ids: torch.Tensor, *rest: torch.Tensor) -> Any:
+            selfs, cross = DynamicCache(), DynamicCache()
+            if self.past:
+                for i in range(n):
+                    selfs.update(rest[4 * i], rest[4 * i + 1], i)
+                    cross.update(rest[4 * i + 2], rest[4 * i + 3], i)
+                # the cross cache is reused: the encoder's output is only checked for presence
+                encoded = torch.zeros(input_ids.shape[0], 1, int(CONFIG["d_model"]))
+            else:
+                encoded = rest[0]
+            cache = EncoderDecoderCache(selfs, cross)
+            out = self.whisper.model.decoder(
+                input_ids=input_ids, encoder_hidden_states=encoded, cache=cache, use_cache=True
+            )
+            flat: list[torch.Tensor] = []
+            for i in range(n):
+                flat += [
+                    cache.self_attention_cache.layers[i].keys,
+                    cache.self_attention_cache.layers[i].values,
+                ]
+                if not self.past:
+                    layer = cache.cross_attention_cache.layers[i]
+                    flat += [layer.keys, layer.values]
+            return (self.whisper.proj_out(out.last_hidden_state), *flat)
+
+    return Encoder().eval(), Decoder(False).eval(), Decoder(True).eval()
+
+
+def _names(past: bool) -> tuple[list[str], list[str]]:
+    """The input and output names of the first-step (``past=False``) or the with-past decoder."""
+    n = int(CONFIG["decoder_layers"])
+    kinds = [("decoder", "key"), ("decoder", "value"), ("encoder", "key"), ("encoder", "value")]
+    present = [f"present.{i}.{a}.{k}" for i in range(n) for a, k in kinds if not past or a == "decoder"]
+    if not past:
+        return ["input_ids", "encoder_hidden_states"], ["logits", *present]
+    return ["input_ids", *(f"past_key_values.{i}.{a}.{k}" for i in range(n) for a, k in kinds)], [
+        "logits",
+        *present,
+    ]
+
+
+def _export(
+    module: Any, args: tuple[Any, ...], path: Path, names: tuple[list[str], list[str]], shapes: Any
+) -> None:
+    """Export ``module`` to ``path`` by the dynamo exporter, keeping only the nodes' module scopes."""
+    import onnx
+    import torch
+
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    tmp = path.with_suffix(".raw.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module,
+            args,
+            str(tmp),
+            dynamo=True,
+            external_data=False,
+            input_names=names[0],
+            output_names=names[1],
+            dynamic_shapes=shapes,
+            verbose=False,
+        )
+    proto = onnx.load(str(tmp))
+    tmp.unlink()
+    for node in proto.graph.node:
+        keep = [p for p in node.metadata_props if p.key == SCOPE_KEY]
+        del node.metadata_props[:]
+        node.metadata_props.extend(keep)
+    onnx.save(proto, str(path))
+
+
+def export(out: Path) -> Path:
+    """Write the Whisper-shaped folder into ``out`` (made if missing) without caching; return ``out``."""
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    encoder, first, with_past = _modules()
+    n, heads = int(CONFIG["decoder_layers"]), int(CONFIG["decoder_attention_heads"])
+    head = int(CONFIG["d_model"]) // heads
+    batch, seq, past = (
+        torch.export.Dim("batch"),
+        torch.export.Dim("sequence_length"),
+        torch.export.Dim("past"),
+    )
+    feats = torch.from_numpy(features(2))
+    _export(encoder, (feats,), out / ENCODER, (["input_features"], ["last_hidden_state"]), ({0: batch},))
+    with torch.no_grad():
+        encoded = encoder(feats)
+    ids = torch.tensor([[int(CONFIG["decoder_start_token_id"]), 3, 5]] * 2)
+    encoder_length = torch.export.Dim("encoder_sequence_length")
+    _export(
+        first,
+        (ids, encoded),
+        out / DECODER,
+        _names(False),
+        ({0: batch, 1: seq}, ({0: batch, 1: encoder_length},)),
+    )
+    rng = np.random.default_rng(1)
+    frames = encoded.shape[1]
+    cache = []
+    for _ in range(n):
+        for length in (3, 3, frames, frames):
+            cache.append(torch.from_numpy(rng.standard_normal((2, heads, length, head)).astype(np.float32)))
+    kv_shapes = tuple({0: batch, 2: past} if j % 4 < 2 else {0: batch} for j in range(4 * n))
+    _export(with_past, (ids[:, :1], *cache), out / WITH_PAST, _names(True), ({0: batch, 1: seq}, kv_shapes))
+    config = {**_whisper().config.to_dict(), "architectures": ["WhisperForConditionalGeneration"]}
+    (out / "config.json").write_text(json.dumps(config, indent=2, default=str), encoding="utf-8")
+    generation = {
+        "decoder_start_token_id": CONFIG["decoder_start_token_id"],
+        "eos_token_id": CONFIG["eos_token_id"],
+        "pad_token_id": CONFIG["pad_token_id"],
+        "max_length": CONFIG["max_target_positions"],
+    }
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2), encoding="utf-8")
+    merged(out)
+    return out
+
+
+def merged(folder: Path) -> Path:
+    """Write ``decoder_model_merged.onnx`` into ``folder`` from its two decoders: the with-past decoder's
+    outputs in the no-past one's order, each it does not make (the cross-attention cache) an empty
+    float tensor, then :func:`~tools.export_decoders.merge_decoders`."""
+    import onnx
+    from onnx import helper
+
+    first, later = onnx.load(str(folder / DECODER)), onnx.load(str(folder / WITH_PAST))
+    made = {o.name: o for o in later.graph.output}
+    outputs = []
+    for o in first.graph.output:
+        if o.name not in made:
+            empty = helper.make_tensor(f"{o.name}_empty", onnx.TensorProto.FLOAT, [0], [])
+            later.graph.node.append(helper.make_node("Constant", [], [o.name], value=empty))
+        outputs.append(made.get(o.name, o))
+    del later.graph.output[:]
+    later.graph.output.extend(outputs)
+    onnx.save(merge_decoders(first, later), str(folder / MERGED))
+    return folder / MERGED
+
+
+def merged_only(folder: Path, out: Path) -> Path:
+    """A copy of ``folder`` in ``out`` with ``decoder_model_merged.onnx`` in place of the two decoders."""
+    out.mkdir(parents=True, exist_ok=True)
+    for path in folder.iterdir():
+        if path.name not in (DECODER, WITH_PAST):
+            shutil.copy(path, out / path.name)
+    return out
+
+
+def cache_key() -> str:
+    parts = {
+        "revision": EXPORT_REVISION,
+        "config": CONFIG,
+        "versions": {d: _version(d) for d in ("torch", "transformers", "onnx", "onnxscript")},
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def cached_export() -> Path:
+    """The cached Whisper-shaped folder, made now if missing; concurrent callers are safe."""
+    root = cache_dir() / "seq2seq"
+    final = root / f"{NAME}-{cache_key()}"
+    if (final / "generation_config.json").is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{NAME}-"))
+    try:
+        export(tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / "generation_config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def greedy(folder: Path, feats: np.ndarray, max_new_tokens: int = 16) -> list[list[int]]:
+    """A plain onnxruntime greedy loop over the folder's unsplit files, each row of ``feats`` alone:
+    the tokens a split must reproduce (the start token first, then the new ones up to an end id)."""
+    import onnxruntime as ort
+
+    config = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
+    start, eos = int(config["decoder_start_token_id"]), int(config["eos_token_id"])
+    enc, first, later = (ort.InferenceSession(str(folder / f)) for f in (ENCODER, DECODER, WITH_PAST))
+    made: list[list[int]] = []
+    for row in feats:
+        (encoded,) = enc.run(None, {"input_features": row[None]})
+        names = [o.name for o in first.get_outputs()]
+        feeds = {"input_ids": np.array([[start]]), "encoder_hidden_states": encoded}
+        outs = dict(zip(names, first.run(None, feeds), strict=True))
+        tokens: list[int] = []
+        while len(tokens) < max_new_tokens:
+            token = int(np.argmax(outs["logits"][0, -1]))
+            tokens.append(token)
+            if token == eos:
+                break
+            feeds = {"input_ids": np.array([[token]])}
+            feeds |= {n.replace("present", "past_key_values"): v for n, v in outs.items() if n != "logits"}
+            step = dict(zip([o.name for o in later.get_outputs()], later.run(None, feeds), strict=True))
+            outs |= step
+        made.append(tokens)
+    return made
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, required=True, help="folder to write the model folder into")
+    args = parser.parse_args(argv)
+    print(export(args.out / NAME))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
