@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from onnxpipe.core.choices import Ends
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.iocontract import IOContract
-from onnxpipe.core.kv import KVPair
 from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
