@@ -20,7 +20,7 @@ from onnxpipe.core.text import human_bytes
 from onnxpipe.export.boundary import BoundaryTypes
 from onnxpipe.export.contract import ContractMaker
 from onnxpipe.export.options import ExportOptions
-from onnxpipe.ir.embedding import tied_tables
+from onnxpipe.ir.embedding import TIED_SHARE, tied_tables
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import symbol_sizes
 from onnxpipe.manifest import (
@@ -61,11 +61,6 @@ class SharedWeights:
     """Each worker's weight bytes, every tensor of its stages once."""
 
 
-SHARED_NOTE_SHARE = 0.01
-"""A weight shared by stages is named in a note from this share of the model's weights on: a tied token
-embedding and LM head (about 16% of a 0.5B model), not the small constants exporters share."""
-
-
 def shared_weights(
     view: ModelView, weights_per_stage: Sequence[Sequence[str]], workers: Sequence[int] | None = None
 ) -> SharedWeights:
@@ -86,7 +81,7 @@ def shared_weights(
     for t, ws in held.items():
         for w in ws:
             per_worker[w] += size.get(t, 0)
-    large, tied = SHARED_NOTE_SHARE * view.param_bytes, tied_tables(view)
+    large, tied = TIED_SHARE * view.param_bytes, tied_tables(view)
     notes = tuple(
         _shared_note(t, size[t], holders[t], held[t], len(weights_per_stage), max(worker) + 1, t in tied)
         for t in sorted(holders, key=lambda t: -size.get(t, 0))

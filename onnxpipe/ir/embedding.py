@@ -142,8 +142,9 @@ def token_input(view: ModelView, exclude: Collection[str], presents: Collection[
 
 
 TIED_SHARE = 0.01
-"""A weight counts as a tied table from this share of the model's weights on: a tied token embedding and
-LM head (about 16% of a 0.5B model), not the small constants exporters share."""
+"""A weight counts as a tied table, and a weight shared by stages is named in the export's notes, from
+this share of the model's weights on: a tied token embedding and LM head (about 16% of a 0.5B model), not
+the small constants exporters share."""
 
 
 def tied_tables(view: ModelView) -> tuple[str, ...]:
