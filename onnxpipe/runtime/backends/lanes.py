@@ -4,6 +4,7 @@ micro-batch must go to), and hold ``slots`` micro-batches per channel, ``k + 1``
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -15,7 +16,7 @@ from onnxpipe.runtime.spec import WorkerSpec
 from onnxpipe.runtime.trips import Trip
 
 
-class Lanes:
+class Lanes(ABC):
     """The base of every backend (the contract: :mod:`onnxpipe.runtime.base`): its lanes, fed in turn.  A
     subclass offers a micro-batch to one lane (:meth:`_offer`), moves what comes out, reports and stops
     its workers, and records its failure in ``_failure``, which every later call raises."""
@@ -59,9 +60,9 @@ class Lanes:
                 return True
         return False
 
+    @abstractmethod
     def _offer(self, li: int, seq: int, feeds: Mapping[str, np.ndarray]) -> bool:
         """Hand ``seq`` to lane ``li`` if it has room; whether it went."""
-        raise NotImplementedError
 
     def _check_open(self) -> None:
         if self._failure is not None:
@@ -69,28 +70,29 @@ class Lanes:
         if self._closed:
             raise RuntimeStageError("the pipeline's workers were stopped; open the pipeline again")
 
+    @abstractmethod
     def poll(self) -> Sequence[tuple[int, Delivery]]:
         """What came out since the last call; raises once a worker failed or died."""
-        raise NotImplementedError
 
+    @abstractmethod
     def wait(self, timeout: float) -> None:
         """Block until :meth:`poll` may have something new, ``timeout`` seconds at most."""
-        raise NotImplementedError
 
+    @abstractmethod
     def wake(self) -> None:
         """Make a concurrent :meth:`wait` return (a micro-batch was queued)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def stats(self) -> list[WorkerStats]:
         """Each stage's statistics, in lane and stage order."""
-        raise NotImplementedError
 
+    @abstractmethod
     def reset_stats(self) -> None:
-        raise NotImplementedError
+        """Start every stage's statistics afresh (a measured run after a warm-up)."""
 
+    @abstractmethod
     def close(self, graceful: bool = True) -> None:
         """Stop every worker (letting each finish its run first when ``graceful``)."""
-        raise NotImplementedError
 
     def trips(self) -> list[Trip]:
         """None where a worker's hops are a queue's or shared memory's, timed in its records."""
