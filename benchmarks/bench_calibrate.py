@@ -3,7 +3,7 @@
 How well ``split --calibrate`` (stages timed alone) holds the stages' relative times: the cut that calibration
 sets depends on the stages' times relative to each other.  Timed one after the other, each stage's time is
 that of its own stretch of minutes, so a machine that runs 10-20% slower for a while (a neighbour on a shared
-host) moves the cut for nothing.  :func:`onnxpipe.calibrate.timing.time_in_turns` lets the stages take turns a
+host) moves the cut for nothing.  :func:`onnxpipe.core.runtimes.time_in_turns` lets the stages take turns a
 few runs at a time.  For each model this benchmark makes one 2-stage plan of its measured profile, then times
 the same stage sessions ``--repeats`` times each way, alternating:
 
@@ -52,9 +52,10 @@ from benchmarks.bench_pipeline import CpuWatch, model_table, run_models
 from benchmarks.common import benchmark_parser
 from onnxpipe import api
 from onnxpipe.api import CalibrationOptions, PlanRequest, SplitOptions
-from onnxpipe.calibrate.timing import ALONE_BLOCK, ready_stages, scratch_stages, time_in_turns
+from onnxpipe.calibrate.timing import ready_stages, scratch_stages
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.core.ortsession import open_session, session_options
+from onnxpipe.core.runtimes import ALONE_BLOCK, time_in_turns
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.source import get_profile

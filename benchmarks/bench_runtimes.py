@@ -10,7 +10,7 @@ differently.  For each model and each runtime R (onnxruntime, OpenVINO, tract; 1
   stage timed on R, the costs corrected, partitioned again: :mod:`onnxpipe.calibrate.devices`).
 
 Both plans' stages are then timed on R side by side, their 2K engines taking turns a few runs at a time
-(:func:`onnxpipe.calibrate.timing.time_in_turns`), so that a machine whose speed drifts slows both alike;
+(:func:`onnxpipe.core.runtimes.time_in_turns`), so that a machine whose speed drifts slows both alike;
 ``--repeats`` such timings, the plans' order alternating, give each stage its median.
 Reported per plan: slowest / mean stage (goal for ``own_costs``: at most 1.10 on every runtime) and
 slowest / fastest.  A runtime that cannot run the whole model is skipped with its reason (tract and

@@ -45,12 +45,11 @@ from onnxpipe.core.choices import CostSource
 from onnxpipe.core.errors import UsageError, error_line
 from onnxpipe.core.options import opt
 from onnxpipe.core.runtime_kinds import EngineConfig
-from onnxpipe.core.runtimes import Engine, open_engine
+from onnxpipe.core.runtimes import Engine, open_engine, time_in_turns
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
-from onnxpipe.planning.nodesplit.costs import time_in_turns
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.planning.types import Plan
 

@@ -24,15 +24,13 @@ from onnxpipe.core.errors import UsageError
 from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.core.runtime_kinds import EngineConfig
-from onnxpipe.core.runtimes import median_seconds
+from onnxpipe.core.runtimes import median_seconds, time_in_turns
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.runtime_profile import is_reference
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
-from onnxpipe.planning.nodesplit.costs import ALONE_BLOCK as ALONE_BLOCK
-from onnxpipe.planning.nodesplit.costs import time_in_turns as time_in_turns
 from onnxpipe.planning.types import Plan
 from onnxpipe.runtime.affinity import available_cpus, cpu_sets, physical_cores
 from onnxpipe.runtime.backends.ray_backend import RayBackend

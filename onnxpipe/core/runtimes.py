@@ -38,17 +38,20 @@ from onnxpipe.core.extras import install_hint
 from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, EngineConfig, kind_of
 
 __all__ = [
+    "ALONE_BLOCK",
     "DEFAULT_OPENVINO_DEVICE",
     "OPENVINO_CPU_DEFAULTS",
     "Engine",
     "EngineConfig",
     "FileEngine",
+    "Runs",
     "Runtime",
     "available",
     "bind_outputs",
     "open_engine",
     "require",
     "runs_here",
+    "time_in_turns",
     "time_run",
 ]
 
@@ -220,6 +223,56 @@ def median_seconds(call: Callable[[], object], *, runs: int, warmup: int) -> flo
         call()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+ALONE_BLOCK = 5
+"""Timed runs of one stage in a row when the stages are timed alone, before the next one's turn."""
+
+
+class Runs(Protocol):
+    """What :func:`time_in_turns` times: an onnxruntime session, an :class:`Engine` or a test's fake."""
+
+    def run(self, names: Sequence[str], feeds: Mapping[str, Any], /) -> object:
+        """The outputs ``names`` for the inputs ``feeds``."""
+        ...
+
+
+def time_in_turns(
+    stages: Sequence[tuple[Runs, Sequence[str], Mapping[str, Any]]],
+    *,
+    runs: int = 30,
+    block: int = ALONE_BLOCK,
+    clock: Callable[[], float] | None = None,
+) -> list[float]:
+    """Median seconds of ``runs`` runs of each stage, the stages taking turns ``block`` timed runs at a
+    time (each turn after one untimed run that brings the stage's weights back into the caches), in
+    forward then backward order; timed by ``clock`` (default: the wall clock, ``time.perf_counter``).
+
+    Why turns: a machine whose speed drifts (a neighbour on a shared host) then slows every stage alike,
+    and the cut, which depends on the stages' relative times, stays where it belongs.  Timed one stage
+    after the other (``block >= runs``), each stage's time is that of its own minute
+    (``benchmarks/bench_calibrate.py`` measures the difference).  ``stages``: a session (or engine), the
+    names of the outputs it is run for and its feeds; calibration times a plan's stages so, node
+    splitting the pieces of a cut node.
+    """
+    if block < 1 or runs < 1:
+        raise ValueError(f"time_in_turns needs runs and block of at least 1, got runs={runs}, block={block}")
+    now = clock or time.perf_counter
+    times: list[list[float]] = [[] for _ in stages]
+    turn = 0
+    while any(len(t) < runs for t in times):
+        order = range(len(stages)) if turn % 2 == 0 else range(len(stages) - 1, -1, -1)
+        for s in order:
+            if len(times[s]) >= runs:
+                continue
+            session, names, feeds = stages[s]
+            session.run(names, feeds)
+            for _ in range(min(block, runs - len(times[s]))):
+                start = now()
+                session.run(names, feeds)
+                times[s].append(now() - start)
+        turn += 1
+    return [statistics.median(t) for t in times]
 
 
 def bind_outputs(

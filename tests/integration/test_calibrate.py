@@ -24,7 +24,6 @@ from onnxpipe.calibrate.loop import (
 from onnxpipe.calibrate.timing import (
     StageTimer,
     choose_timer,
-    time_in_turns,
     time_stages,
     time_stages_in_pipeline,
     timed_runs,
@@ -33,6 +32,7 @@ from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.choices import Phase
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.runtime_kinds import EngineConfig
+from onnxpipe.core.runtimes import time_in_turns
 from onnxpipe.cost.phases import phase_profiles
 from onnxpipe.cost.profile import Profile, corrected
 from onnxpipe.cost.static import static_profile

@@ -15,11 +15,12 @@ import pytest
 
 from onnxpipe.calibrate.devices import calibrate_on_devices, device_seconds, how_timed, timing_devices
 from onnxpipe.calibrate.loop import kept_round, measured_balance, worse_than_last
-from onnxpipe.calibrate.timing import own_clock, time_in_turns
+from onnxpipe.calibrate.timing import own_clock
 from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.runtime_kinds import EngineConfig
+from onnxpipe.core.runtimes import time_in_turns
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.load import load_model

@@ -16,17 +16,15 @@ free: :attr:`PartCosts.measured` says which.
 from __future__ import annotations
 
 import math
-import statistics
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper
 
 from onnxpipe.core.ortsession import open_session, session_options
+from onnxpipe.core.runtimes import time_in_turns
 from onnxpipe.cost.profile import CostSource, Profile
 from onnxpipe.ir.load import view_from_proto
 from onnxpipe.ir.model import ModelView, dtype_name, itemsize
@@ -39,8 +37,6 @@ DEFAULT_RUNS = 15
 """Timed runs of each piece (after one untimed run per turn); the medians are compared."""
 TURN = 3
 """Timed runs per piece per turn."""
-ALONE_BLOCK = 5
-"""Timed runs of one stage in a row when the stages are timed alone, before the next one's turn."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +86,10 @@ def sized_costs(
     pieces, read = _pieces(*mini, spec, kind, layouts)
     options = session_options(threads=profile.threads)
     keys = list(pieces)
-    sessions = [(open_session(pieces[k][0].SerializeToString(), options), None, pieces[k][1]) for k in keys]
+    sessions = [
+        (open_session(model.SerializeToString(), options), [o.name for o in model.graph.output], feeds)
+        for model, feeds in (pieces[k] for k in keys)
+    ]
     seconds = dict(zip(keys, time_in_turns(sessions, runs=runs, block=TURN), strict=True))
     cost, whole = chain_seconds(profile, spec), seconds["chain"]
     if whole <= 0:
@@ -238,41 +237,3 @@ def _piece_model(
 
 def _output(name: str, elem: int) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, elem, None)
-
-
-def time_in_turns(
-    stages: Sequence[tuple[Any, list[str] | None, Mapping[str, Any]]],
-    *,
-    runs: int = 30,
-    block: int = ALONE_BLOCK,
-    clock: Callable[[], float] | None = None,
-) -> list[float]:
-    """Median seconds of ``runs`` runs of each stage, the stages taking turns ``block`` timed runs at a
-    time (each turn after one untimed run that brings the stage's weights back into the caches), in
-    forward then backward order; timed by ``clock`` (default: the wall clock, ``time.perf_counter``).
-
-    Why turns: a machine whose speed drifts (a neighbour on a shared host) then slows every stage alike,
-    and the cut, which depends on the stages' relative times, stays where it belongs.  Timed one stage
-    after the other (``block >= runs``), each stage's time is that of its own minute
-    (``benchmarks/bench_calibrate.py`` measures the difference).  ``stages``: a session (or engine), the
-    names of the outputs it is run for (None: all) and its feeds; calibration times a plan's stages so,
-    node splitting the pieces of a cut node.
-    """
-    if block < 1 or runs < 1:
-        raise ValueError(f"time_in_turns needs runs and block of at least 1, got runs={runs}, block={block}")
-    now = clock or time.perf_counter
-    times: list[list[float]] = [[] for _ in stages]
-    turn = 0
-    while any(len(t) < runs for t in times):
-        order = range(len(stages)) if turn % 2 == 0 else range(len(stages) - 1, -1, -1)
-        for s in order:
-            if len(times[s]) >= runs:
-                continue
-            session, names, feeds = stages[s]
-            session.run(names, feeds)
-            for _ in range(min(block, runs - len(times[s]))):
-                start = now()
-                session.run(names, feeds)
-                times[s].append(now() - start)
-        turn += 1
-    return [statistics.median(t) for t in times]
