@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from onnxpipe.core.choices import Ends
 from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.core.options import opt
 from onnxpipe.core.text import human_bytes
@@ -45,7 +46,7 @@ def keeping_tied(view: ModelView, request: PlanRequest, plan_for: Callable[[Plan
     """The plan ``plan_for`` makes of ``request``; for a plain ``stages=K`` (K >= 2, no ``workers``) on
     identical workers of a model with a tied table, the better by :func:`worth_it` of K stages on K
     workers and K + 1 stages on K workers, its notes saying which and why (and why not, off identical
-    workers)."""
+    workers or with ``ends="own"``)."""
     k = request.stages
     if not (isinstance(k, int) and k >= 2 and request.workers is None):
         return plan_for(request)
@@ -61,14 +62,20 @@ def keeping_tied(view: ModelView, request: PlanRequest, plan_for: Callable[[Plan
             f"which would hold it once, are planned on identical workers only, not with "
             f"{request.off_the_chain}",
         )
+    if request.decoder.ends == Ends.OWN:
+        return _noted(
+            plan_for(request),
+            f"{what}, held by the first and the last of {k} workers: {k + 1} stages on {k} workers, "
+            f"which would hold it once, are not planned with {opt('ends', Ends.OWN)}",
+        )
     plain = plan_for(replace(request, workers=k))
     try:
         tied = plan_for(replace(request, stages=k + 1, workers=k))
-    except (PartitionError, UsageError) as e:
+    except (PartitionError, UsageError):
         return _noted(
             plain,
             f"{what}, held by the first and the last of {k} workers: {k + 1} stages on "
-            f"{k} workers cannot be made ({e})",
+            f"{k} workers cannot be made",
         )
     plain_bytes = sum(worker_weights(view, plain.stages, k))
     tied_bytes = sum(worker_weights(view, tied.stages, k))

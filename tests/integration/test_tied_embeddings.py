@@ -32,6 +32,7 @@ from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import load_manifest
 from onnxpipe.planning import tied as tied_module
+from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.planner import plan
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.planning.tied import worth_it
@@ -220,13 +221,20 @@ def test_a_stage_count_with_no_stage_to_spare_says_why_the_table_is_held_twice(
     costed: tuple[ModelView, Profile],
 ) -> None:
     """Six stages of a 4-layer decoder leave no seventh to deal back to worker 0: a stage per worker, and
-    a note that says so, as for a plan off identical workers; one stage, or a model with no tied table,
-    plans as before, with no such note."""
+    a note that says so (and no partitioner's advice to ask for fewer), as for a plan off identical
+    workers or with ``ends="own"``; one stage, or a model with no tied table, plans as before, with no
+    such note."""
     view, profile = costed
     got = plan(view, profile, PlanRequest(6))
     assert (got.k, got.workers) == (6, None)
     (note,) = [n for n in got.notes if n.startswith(SHARE_NOTE)]
-    assert "7 stages on 6 workers cannot be made" in note
+    assert note.endswith("7 stages on 6 workers cannot be made")
+    attached = plan(view, profile, PlanRequest(4, decoder=DecoderOptions(ends="attached")))
+    (note,) = [n for n in attached.notes if n.startswith(SHARE_NOTE)]
+    assert note.endswith("5 stages on 4 workers cannot be made")  # not the partitioner's "use k <= 4"
+    own = plan(view, profile, PlanRequest(3, decoder=DecoderOptions(ends="own")))
+    (note,) = [n for n in own.notes if n.startswith(SHARE_NOTE)]
+    assert own.workers is None and note.endswith("are not planned with `ends=own`")
     assert not any(n.startswith("the token embedding") for n in plan(view, profile, PlanRequest(1)).notes)
     latency = plan(view, profile, PlanRequest(2, objective="latency"))  # a chain for one request at a time
     (note,) = [n for n in latency.notes if n.startswith(SHARE_NOTE)]
