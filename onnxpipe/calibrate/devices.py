@@ -160,6 +160,9 @@ class _Costs:
 
     reference: Profile
     own: Mapping[str, Mapping[str, float]]
+    calibrated: bool = False
+    """Whether a round corrected these costs; the first plan, before any, reads the devices file as it
+    is."""
 
     def corrected(self, plan: Plan, round_: CalibrationRound, cluster: Cluster) -> _Costs:
         """These costs with each stage's nodes scaled by what the round measured of it."""
@@ -185,7 +188,7 @@ class _Costs:
                         row[n] *= factor
         seconds = MappingProxyType(reference)
         fixed = dataclasses.replace(self.reference, node_seconds=seconds, total_seconds=sum(seconds.values()))
-        return _Costs(fixed, {name: MappingProxyType(row) for name, row in own.items()})
+        return _Costs(fixed, {name: MappingProxyType(row) for name, row in own.items()}, calibrated=True)
 
     def cluster(self, cluster: Cluster, folder: Path) -> Cluster:
         """``cluster`` with every device that carries its own costs reading them from a scratch profile;
@@ -264,7 +267,7 @@ def calibrate_on_devices(
     with tempfile.TemporaryDirectory(prefix="onnxpipe-calibrate-devices-") as tmp:
 
         def make(costs: _Costs) -> Plan:
-            if costs.reference is profile:  # the first plan: the devices file as it is
+            if not costs.calibrated:  # the first plan: the devices file as it is
                 return make_plan(profile, request)
             devices = costs.cluster(cluster, Path(tmp))
             return make_plan(costs.reference, dataclasses.replace(request, devices=devices))

@@ -102,4 +102,4 @@ def counting_copies(
     if compute == part.compute and transfer == part.transfer:
         return stages, part
     counted = part.recosted(compute, transfer)
-    return with_copy_costs(stages, counted, [0] * len(stages)), counted
+    return with_copy_costs(stages, counted), counted

@@ -310,16 +310,20 @@ def adjusted(
 
 
 def with_copy_costs(
-    stages: Sequence[StageSpec], part: Partition, gone: Sequence[int]
+    stages: Sequence[StageSpec], part: Partition, gone: Sequence[int] | None = None
 ) -> tuple[StageSpec, ...]:
     """``stages`` with the compute and transfer of ``part`` (as :func:`adjusted` made it) and ``gone``
-    bytes taken off what crosses the cut in front of each."""
+    bytes taken off what crosses the cut in front of each (None: every cut carries what it did)."""
     return tuple(
         dataclasses.replace(
             st,
             compute_seconds=float(part.compute[st.index]),
             transfer_seconds=float(part.transfer[st.index]),
-            link_bytes_in=max(0, st.link_bytes_in - gone[st.index]) if st.index > 0 else st.link_bytes_in,
+            link_bytes_in=(
+                max(0, st.link_bytes_in - gone[st.index])
+                if gone is not None and st.index > 0
+                else st.link_bytes_in
+            ),
         )
         for st in stages
     )
