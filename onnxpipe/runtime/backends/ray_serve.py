@@ -178,9 +178,9 @@ class StageServer:
             bytes_in=frame.nbytes,
         )
         out = Note(note.epoch, note.seq, route.stage, sent, (*note.legs, leg))
-        endpoint.send(route.address, out, sends)
-        end = time.perf_counter()
+        end = time.perf_counter()  # recorded before the outputs go: the driver may ask for it once they came
         runner.recorder.add(Record(note.seq, start, run_start, run_end, end, end))
+        endpoint.send(route.address, out, sends)
 
     def _fail(self, note: Note, kind: FailureKind, text: str) -> None:
         endpoint = self._endpoint
