@@ -26,7 +26,8 @@ why (``summary.hosts``).  In one run:
 * ``generate`` (1 Gbit): the medium decoder (``tools/export_decoders.py``'s ``llama_gqa_medium``) split
   in 2, a stage per node, against the unsplit model on one node and two replicas, one intra-op thread
   per actor: tokens/s at 1, 2 and 4 sequences in flight, identical tokens required; and the pipeline's
-  hops per step (from its trips) against their bytes' time at the link's rate;
+  hops per step with one sequence in flight (from its trips) against their bytes' time at the link's
+  rate;
 * ``lost_node`` (1 Gbit): a spare node with stage 1's resources joins on a host of its own, the node
   holding stage 1 is killed (its whole process tree, SIGKILL) in the middle of a long stream; the stream
   completes, and the result holds the recovery's seconds (the data plane sees the break at once; Ray's
@@ -349,17 +350,19 @@ def _generate_round(
     kind: str, folder: Path, cases: dict[int, list[list[int]]], new_tokens: int
 ) -> tuple[dict[int, Generation], list[Trip]]:
     """``kind`` opened (a node takes one actor at a time: each generator has the cluster to itself),
-    warmed up, and run on each count's prompts; the steps' trips (the pipeline's)."""
+    warmed up, and run on each count's prompts; the pipeline's steps' trips with the fewest sequences in
+    flight (with more, a step's frame also waits for a stage busy with another step: not the hop's)."""
     with _generator(kind, folder) as pipe:
         warm = GenerateOptions(prompt_ids=((1, 2, 3, 4),) * 2, max_new_tokens=4, ignore_eos=True)
         pipe.generate_with(pipe.prompting(warm))
-        made = {}
+        made, trips = {}, []
         for count, prompts in cases.items():
             options = GenerateOptions(
                 prompt_ids=tuple(tuple(p) for p in prompts), max_new_tokens=new_tokens, ignore_eos=True
             )
             made[count] = pipe.generate_with(pipe.prompting(options))
-        trips = pipe.steps.trips() if isinstance(pipe.steps, Pipeline) else []
+            if count == min(cases) and isinstance(pipe.steps, Pipeline):
+                trips = pipe.steps.trips()
     return made, trips
 
 
@@ -698,7 +701,8 @@ def _print_ratios(summary: dict[str, Any]) -> None:
         )
     for hop in generate.get("step_hops", []):
         print(
-            f"generate step hop {hop['hop']}: {hop['bytes']} B in {hop['ms']:.3f} ms (wire {hop['wire_ms']})"
+            f"generate step hop {hop['hop']}: {hop['bytes']} B in {hop['ms']:.3f} ms (wire {hop['wire_ms']}, "
+            f"excess {hop['excess_ms']})"
         )
     if "lost_node" in summary:
         lost = summary["lost_node"]

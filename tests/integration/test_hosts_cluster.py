@@ -1,7 +1,8 @@
 """The Ray backend on machines of their own (``tools/hosts.py``): each node in its own network namespace
 with its own address, a 100 Mbit link, a core of its own; the driver (``onnxpipe run`` as a user runs it)
-on a third machine with the head; the split folder out of the stage machines' reach.  Skipped with the
-reason where this machine cannot make namespaced hosts (not root, no ``ip``/``tc``)."""
+on a third machine with the head; the split folder out of the stage machines' reach; a machine lost
+mid-run.  Skipped with the reason where this machine cannot make namespaced hosts (not root, no
+``ip``/``tc``)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
 from onnxpipe.manifest import load_manifest
 from onnxpipe.verification.options import BY_BOUNDARY
 from tools.hosts import Hosts, HostSpec, cannot_make_hosts
-from tools.ray_cluster import QUICK_HEALTH_CHECKS, LocalCluster
+from tools.ray_cluster import QUICK_HEALTH_CHECKS, LocalCluster, session_members
 
 pytestmark = [pytest.mark.slow, pytest.mark.exhaustive]
 
@@ -53,7 +54,7 @@ def test_each_host_has_its_address_its_link_and_its_core(host_cluster: LocalClus
     hosts = host_cluster.hosts
     assert hosts is not None
     addresses = {h.address for h in hosts.hosts.values()}
-    assert len(addresses) == 3 and not {"127.0.0.1"} & addresses
+    assert len(addresses) == len(hosts.hosts) >= 3 and not {"127.0.0.1"} & addresses
     qdisc = hosts.run("a", ["tc", "qdisc", "show", "dev", "eth0"]).stdout
     assert "tbf" in qdisc and "100Mbit" in qdisc
     cores = hosts.run("b", [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"])
@@ -211,3 +212,79 @@ def test_a_compressed_boundary_crosses_the_link_and_holds_its_tolerance(
                 got = stacked[name][j]
                 bound = tolerance.atol + tolerance.rtol * float(np.abs(value).max())
                 assert float(np.abs(got - value).max()) <= bound, (name, j)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead and not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+_LOST_SCRIPT = """
+import json, signal, sys, threading, time
+import numpy as np, ray
+from onnxpipe.runtime.base import RayConfig
+from onnxpipe.runtime.pipeline import Pipeline
+from tools.ray_cluster import kill_session
+split, address, sessions, inputs, out = sys.argv[1:]
+sessions = json.loads(sessions)
+ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+with np.load(inputs) as stacked:
+    batches = [{"tokens": t} for t in stacked["tokens"]]
+pins = [{"resources": {"node_a": 1}}, {"resources": {"lost_host": 1}}]
+got = []
+with Pipeline.from_manifest(split, RayConfig(resources=pins)) as pipe:
+    victim = pipe.backend.placed[1]
+    for out_ in pipe.stream(batches):
+        got.append(out_)
+        if len(got) == 100:
+            threading.Thread(target=kill_session, args=(sessions[victim.node_id], signal.SIGKILL)).start()
+    recoveries = [
+        {"seconds": r.seconds, "lost": r.lost.node_id, "pid": r.lost.pid, "now": r.now.node_id,
+         "node_lost": r.node_lost, "replayed": r.replayed}
+        for r in pipe.backend.recoveries
+    ]
+np.savez(out, **{name: np.stack([g[name] for g in got]) for name in got[0]})
+print(json.dumps(recoveries))
+"""
+
+
+def test_a_machine_lost_mid_run_is_replaced_and_every_result_comes_once(
+    host_cluster: LocalCluster, sample_models_dir: Path, tmp_path: Path
+) -> None:
+    """Stage 1 on one of two machines that can host it (hosts c and e, a node each); that machine's node
+    is killed (its whole process tree, SIGKILL) after 100 of 600 results: the head's quick health checks
+    declare it dead, Ray starts the stage's actor on the other machine, every result comes once and
+    equal to the model's, and no process of the lost actor or of its node is left.  The recovery's
+    seconds are printed (the issue's goal: under 5 s), not asserted: a busy machine stretches them."""
+    hosts = host_cluster.hosts
+    assert hosts is not None
+    spares = []
+    for name in ("c", "e"):
+        hosts.add(HostSpec(name, cpus=(1,), rate_mbit=RATE_MBIT))
+        spares.append(host_cluster.add(name, 1, {"lost_host": 1}, host=name))
+    host_cluster.wait()
+    split = split_tiny(tmp_path, sample_models_dir)
+    batches = token_batches(16, seed=8)
+    inputs = [batches[j % len(batches)] for j in range(600)]
+    stacked = tmp_path / "inputs.npz"
+    np.savez(stacked, tokens=np.stack([b["tokens"] for b in inputs]))
+    sessions = {n.node_id: n.process.pid for n in spares}
+    outputs = tmp_path / "outputs.npz"
+    argv = [sys.executable, "-c", _LOST_SCRIPT, str(split), host_cluster.address, json.dumps(sessions)]
+    done = host_cluster.run_on("d", [*argv, str(stacked), str(outputs)], timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (recovery,) = json.loads(done.stdout.strip().splitlines()[-1])
+    print(
+        f"a machine lost mid-run: recovered in {recovery['seconds']:.2f} s, "
+        f"{recovery['replayed']} micro-batches sent again"
+    )
+    lost = [n for n in spares if n.node_id == recovery["lost"]]
+    assert len(lost) == 1 and recovery["node_lost"] and recovery["now"] != recovery["lost"]
+    with np.load(outputs) as stacked:
+        actual = [{name: stacked[name][j] for name in stacked.files} for j in range(len(inputs))]
+    assert_same(original_outputs(sample_models_dir / "transformer_tiny.onnx", inputs), actual)
+    assert not _alive(recovery["pid"])  # the lost actor's worker is gone
+    assert session_members(lost[0].process.pid) == []  # and every process of its node

@@ -99,3 +99,36 @@ def test_a_closed_endpoint_sends_nothing() -> None:
     endpoint.close()
     with pytest.raises(PlaneError, match="closed"):
         endpoint.send(endpoint.address, 0, {})
+
+
+def test_a_sender_never_waits_for_a_peer_that_does_not_read_and_keeps_the_order() -> None:
+    """Frames written at once while the socket's buffer takes them, the rest by the connection's thread
+    once the peer reads again: every ``send`` returns while the peer reads nothing (a sender that waited
+    could close a cycle in which nobody reads), and every frame arrives whole and in order."""
+    reading = threading.Event()
+    got: queue.SimpleQueue[Frame] = queue.SimpleQueue()
+
+    def slow(frame: Frame) -> None:
+        reading.wait(30)
+        got.put(frame)
+
+    receiver = Endpoint("127.0.0.1", slow)
+    sender = Endpoint("127.0.0.1", lambda _f: None)
+    try:
+        big = np.arange(8 << 20, dtype=np.uint8)  # three: more than both sockets' buffers take
+        small = np.arange(10, dtype=np.int64)
+        for seq in range(12):
+            sender.send(receiver.address, seq, {"x": big if seq % 4 == 1 else small + seq})
+        assert got.empty()
+        (link,) = sender._senders.values()
+        assert link._behind > 0  # what the buffers did not take waits for the connection's thread
+        reading.set()
+        frames = [got.get(timeout=30) for _ in range(12)]
+        assert [f.meta for f in frames] == list(range(12))
+        for f in frames:
+            want = big if f.meta % 4 == 1 else small + f.meta
+            assert np.array_equal(f.tensors["x"], want)
+    finally:
+        reading.set()
+        sender.close()
+        receiver.close()

@@ -7,15 +7,18 @@ with the routes of its stages (where each one's outputs go).  After a lost actor
 driver opens a new epoch on every actor: frames of an older epoch still on their way are dropped where
 they arrive, so a micro-batch sent again is delivered once.
 
-A frame is taken in the order it arrived, one at a time (an actor's stages share its interpreter and its
-cores, as a Ray call at a time did); its stage's failure does not stop the server: a :class:`Failed`
-goes to the driver, which fails the run (or, for a generation step whose cache is gone, that step).
+A frame is run by the thread that read it off its connection, and its outputs written by that thread
+(:class:`~onnxpipe.runtime.backends.ray_plane.Endpoint`'s ``send``), one frame at a time (an actor's
+stages share its interpreter and its cores, as a Ray call at a time did).  Why not a queue to a serving
+thread: each handover between threads cost a hop a thread switch, which on a node's busy core waited
+for the scheduler (milliseconds a hop of a generation step, measured on namespaced hosts with a core
+each).  A stage's failure does not stop the server: a :class:`Failed` goes to the driver, which fails
+the run (or, for a generation step whose cache is gone, that step).
 :meth:`StageServer.watch` answers the driver when a connection breaks (a peer's process or node died).
 """
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Mapping
@@ -28,6 +31,9 @@ from onnxpipe.runtime.backends.ray_plane import Address, Endpoint, Frame, PlaneE
 from onnxpipe.runtime.session import CacheMissing, Record, StageFailure, StageRunner
 from onnxpipe.runtime.trips import Leg
 
+ROUTE_TIMEOUT_S = 60.0
+"""How long a frame that came before its actor learned the routes waits for them (the driver routes
+every actor before it sends anything: in practice, not at all)."""
 TO_DRIVER = -1
 """The stage a note names when its tensors are the outputs, for the driver."""
 
@@ -81,8 +87,9 @@ class StageServer:
         self._routes: dict[int, Route] = {}
         self._driver: Address | None = None
         self._endpoint: Endpoint | None = None
-        self._inbox: queue.SimpleQueue[Frame | None] = queue.SimpleQueue()
-        self._worker: threading.Thread | None = None
+        self._routed = threading.Event()
+        self._running = threading.Lock()
+        """Held while a frame runs: one at a time, and :meth:`close` waits for the one running."""
         self._changed = threading.Condition()
         self._breaks: dict[int, str] = {}
         """Why a connection broke, by the epoch it broke in."""
@@ -98,15 +105,14 @@ class StageServer:
             self._epoch = epoch
             self._changed.notify_all()  # a watch of the epoch before ends
         self._routes, self._driver = {}, None
-        self._inbox = queue.SimpleQueue()
+        self._routed = threading.Event()
         self._endpoint = Endpoint(self.host, self._arrived, lambda _peer, why: self._broke(epoch, why))
         return self._endpoint.address
 
     def route(self, routes: Mapping[int, Route], driver: Address) -> None:
         """Where each stage's outputs go (and failures: the driver); serving starts."""
         self._routes, self._driver = dict(routes), driver
-        self._worker = threading.Thread(target=self._serve, name="onnxpipe stage server", daemon=True)
-        self._worker.start()
+        self._routed.set()
 
     def watch(self, epoch: int) -> str:
         """Block until a connection breaks in ``epoch`` (why), or a newer epoch begins (an empty text)."""
@@ -115,19 +121,28 @@ class StageServer:
             return self._breaks.get(epoch, "")
 
     def close(self) -> None:
-        """Stop serving: what the worker took is finished, the rest dropped; the endpoint closed."""
+        """Stop serving: the frame running is finished, the rest dropped; the endpoint closed."""
         endpoint, self._endpoint = self._endpoint, None
-        if self._worker is not None:
-            self._inbox.put(None)
-            self._worker.join(timeout=30.0)
-            self._worker = None
+        self._routed.set()  # a frame waiting for its route is dropped
+        with self._running:
+            pass
         if endpoint is not None:
             endpoint.close()
 
     def _arrived(self, frame: Frame) -> None:
+        """Run ``frame`` (in the thread that read it) if it is of this epoch and the server still open."""
         note = frame.meta
-        if isinstance(note, Note) and note.epoch == self._epoch:
-            self._inbox.put(frame)
+        endpoint = self._endpoint
+        if not isinstance(note, Note) or note.epoch != self._epoch or endpoint is None:
+            return
+        self._routed.wait(ROUTE_TIMEOUT_S)
+        with self._running:
+            if self._endpoint is not endpoint:  # closed meanwhile: a newer epoch sends it again
+                return
+            try:
+                self._run(note, frame, endpoint)
+            except PlaneError as e:  # the next stage is gone: the driver learns it from the watch
+                self._broke(note.epoch, str(e))
 
     def _broke(self, epoch: int, why: str) -> None:
         """A connection of ``epoch`` broke; not one that this server's own close ended."""
@@ -136,15 +151,7 @@ class StageServer:
                 self._breaks.setdefault(epoch, f"{why} (seen on {self.where})")
                 self._changed.notify_all()
 
-    def _serve(self) -> None:
-        while (frame := self._inbox.get()) is not None:
-            note: Note = frame.meta
-            try:
-                self._run(note, frame)
-            except PlaneError as e:  # the next stage is gone: the driver learns it from the watch
-                self._broke(note.epoch, str(e))
-
-    def _run(self, note: Note, frame: Frame) -> None:
+    def _run(self, note: Note, frame: Frame, endpoint: Endpoint) -> None:
         start = time.perf_counter()
         runner = self.runners.get(note.stage)
         if runner is None:
@@ -171,12 +178,9 @@ class StageServer:
             bytes_in=frame.nbytes,
         )
         out = Note(note.epoch, note.seq, route.stage, sent, (*note.legs, leg))
-        endpoint = self._endpoint
-        if endpoint is None:  # closed meanwhile: a newer epoch sends this micro-batch again
-            return
-        endpoint.send(route.address, out, sends)
-        end = time.perf_counter()
+        end = time.perf_counter()  # recorded before the outputs go: the driver may ask for it once they came
         runner.recorder.add(Record(note.seq, start, run_start, run_end, end, end))
+        endpoint.send(route.address, out, sends)
 
     def _fail(self, note: Note, kind: FailureKind, text: str) -> None:
         endpoint = self._endpoint

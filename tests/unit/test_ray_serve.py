@@ -1,0 +1,75 @@
+"""An actor's stage server on the data plane (``onnxpipe/runtime/backends/ray_serve.py``), on this
+machine's loopback, without Ray: a frame runs in the thread that read it, and a close waits for it."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from onnxpipe.runtime.backends.ray_plane import Endpoint, Frame
+from onnxpipe.runtime.backends.ray_serve import Note, Route, StageServer
+
+
+class _Stage:
+    """Adds one to ``x``, noting the thread it ran in; waits for ``go`` first."""
+
+    def __init__(self) -> None:
+        self.go = threading.Event()
+        self.go.set()
+        self.threads: list[str] = []
+        self.recorder = self
+
+    def add(self, _record: Any) -> None:
+        pass
+
+    def run(self, seq: int, received: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.threads.append(threading.current_thread().name)
+        self.go.wait(30)
+        return {"x": received["x"] + 1}
+
+
+def _served() -> tuple[StageServer, _Stage, Endpoint, queue.SimpleQueue[Frame], tuple[str, int]]:
+    stage = _Stage()
+    server = StageServer({0: stage}, "127.0.0.1", "box")  # type: ignore[dict-item]
+    out: queue.SimpleQueue[Frame] = queue.SimpleQueue()
+    driver = Endpoint("127.0.0.1", out.put)
+    address = server.open(1)
+    server.route({0: Route(driver.address)}, driver.address)
+    return server, stage, driver, out, address
+
+
+def test_frames_run_in_the_thread_that_read_them_in_order() -> None:
+    server, stage, driver, out, to = _served()
+    try:
+        for seq in range(5):
+            driver.send(to, Note(1, seq, 0, 0.0), {"x": np.full(3, seq)})
+        frames = [out.get(timeout=10) for _ in range(5)]
+        assert [f.meta.seq for f in frames] == list(range(5))
+        assert all(np.array_equal(f.tensors["x"], np.full(3, f.meta.seq + 1)) for f in frames)
+        assert [len(f.meta.legs) for f in frames] == [1] * 5
+        assert len(set(stage.threads)) == 1 and stage.threads[0].startswith("onnxpipe plane from")
+    finally:
+        server.close()
+        driver.close()
+
+
+def test_a_close_waits_for_the_frame_running_and_drops_an_older_epoch_s() -> None:
+    server, stage, driver, out, to = _served()
+    stage.go.clear()
+    driver.send(to, Note(1, 0, 0, 0.0), {"x": np.zeros(2)})
+    driver.send(to, Note(0, 1, 0, 0.0), {"x": np.zeros(2)})  # an older epoch's: dropped
+    while not stage.threads:
+        threading.Event().wait(0.01)
+    closed = threading.Event()
+    closing = threading.Thread(target=lambda: (server.close(), closed.set()))
+    closing.start()
+    assert not closed.wait(0.2)  # the frame running holds the close
+    stage.go.set()
+    closing.join(10)
+    assert closed.is_set() and out.get(timeout=10).meta.seq == 0
+    assert stage.threads == [stage.threads[0]] and out.empty()
+    driver.close()
