@@ -14,11 +14,16 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxpipe.api import PlanOptions, SplitOptions, plan, run, split
+from onnxpipe.core.choices import CostSource
 from onnxpipe.core.errors import ModelLoadError, UsageError
+from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.ir.joined import join_embedding, named_embedding
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.merged import runnable_file
+from onnxpipe.planning.request import PlanRequest
 from onnxpipe.runtime.generation.embedding import Embedding
+from onnxpipe.runtime.options import RunOptions
 
 HIDDEN, VOCAB, OUT = 4, 10, 3
 RNG = np.random.default_rng(0)
@@ -283,3 +288,28 @@ def test_the_file_a_whole_model_worker_opens_unwraps_a_merged_decoder_before_joi
     feeds = {"input_ids": ids, "past": np.zeros((1, 0, HIDDEN), np.float32), "attention_mask": ids}
     whole = ort.InferenceSession(str(made), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(whole.run(["logits"], feeds)[0], TABLE[ids] @ HEAD, rtol=1e-6)
+
+
+def test_run_builds_the_whole_model_file_only_to_compare_and_a_plan_says_where_the_embedding_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run`` without ``--compare`` feeds random token ids made from the model as split (its weights left
+    on disk) and writes no joined file; the plan's note on the embedding model of a graph that is no
+    decoder says nothing of ``--ends``."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    text, emb = text_model(tmp_path / "text.onnx"), embedding_model(tmp_path / "embedding.onnx")
+    out = tmp_path / "split"
+    request, static = PlanRequest(2), ProfileOptions(cost=CostSource.STATIC)
+    result = split(text, SplitOptions(out=out, plan=request, profile=static, embedding=emb, verify=False))
+    note = "the embedding model embedding.onnx runs in stage 0 on worker 0, with 1 node(s): where the balance"
+    assert [n for n in result.plan.notes if "runs in stage" in n] == [
+        f"{note} put it; the split takes the token ids 'input_ids'"
+    ]
+    planned = plan(text, PlanOptions(plan=request, profile=static, embedding=emb)).plan
+    assert [n for n in planned.notes if n.startswith(note)] == [
+        n for n in result.plan.notes if n.startswith(note)
+    ]
+    report = run(out, RunOptions(microbatches=2, warmup=0))
+    assert report.outputs_match is None and not list((tmp_path / "tmp").glob("onnxpipe-*"))
+    report = run(out, RunOptions(microbatches=2, warmup=0, compare=True))
+    assert report.outputs_match and len(list((tmp_path / "tmp" / "onnxpipe-unwrapped").iterdir())) == 1
