@@ -19,12 +19,11 @@ from onnx import helper
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.iocontract import IOContract, Role
+from onnxpipe.core.model_config import GENAI_CONFIG_NAME
 from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.ir.joined import embedding_inputs, genai_embedding
 from onnxpipe.manifest import Manifest
-
-GENAI_CONFIG = "genai_config.json"
 
 
 class Embedding:
@@ -72,17 +71,17 @@ def split_embedding(
         if not given.is_file():
             raise UsageError(f"{given}: no such embedding model file")
         return Embedding(given)
-    looked = [folder / GENAI_CONFIG]
+    looked = [folder / GENAI_CONFIG_NAME]
     if manifest.source.path is not None:
-        looked.append((folder / manifest.source.path).resolve().parent / GENAI_CONFIG)
+        looked.append((folder / manifest.source.path).resolve().parent / GENAI_CONFIG_NAME)
     for config in looked:
         found = _named_in(config)
         if found is not None:
             return found
     raise UsageError(
         f"{folder}: the model takes {embeds!r}, made from the token ids by its embedding model; give it with "
-        f"{opt('embedding', 'FILE.onnx')} (token ids in, inputs_embeds out) or a {GENAI_CONFIG} naming it "
-        f"(model.embedding.filename); looked in {', '.join(str(p) for p in looked)}"
+        f"{opt('embedding', 'FILE.onnx')} (token ids in, inputs_embeds out) or a {GENAI_CONFIG_NAME} "
+        f"naming it (model.embedding.filename); looked in {', '.join(str(p) for p in looked)}"
     )
 
 
