@@ -17,7 +17,7 @@ from onnxpipe.calibrate.devices import calibrate_on_devices, how_timed
 from onnxpipe.calibrate.loop import calibrate_phases
 from onnxpipe.calibrate.options import CalibrationOptions
 from onnxpipe.calibrate.timing import choose_timer, cluster_timer, time_model
-from onnxpipe.core.choices import CalibrationMode, Ends, Phase
+from onnxpipe.core.choices import CalibrationMode, Phase
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.core.options import opt
@@ -64,35 +64,9 @@ def plan(
     if profile.measured:
         watch.check()
     save_profile(prof, profile)
-    the_plan = embedding_placed(
-        make_plan(view, prof, request, phase_profiles=phases, decoder=found), view, request
-    )
+    the_plan = make_plan(view, prof, request, phase_profiles=phases, decoder=found)
     drawn = None if options.plot is None else draw_plan(the_plan, options.plot, title=view.file_name)
     return PlanResult(plan=the_plan, drawn=drawn)
-
-
-def embedding_placed(the_plan: Plan, view: ModelView, request: PlanRequest) -> Plan:
-    """``the_plan`` with a note saying which stage and worker run the embedding model joined ahead of the
-    text model (:mod:`onnxpipe.ir.joined`), and why there."""
-    if view.embedding is None:
-        return the_plan
-    ids = view.inputs[0]  # the joined graph's first input is the embedding model's token ids
-    at = next(s for s in the_plan.stages if ids in s.inputs)
-    with_layers = (
-        f"with layers {at.kv_layers[0]}-{at.kv_layers[-1]}" if at.kv_layers else "a stage of its own"
-    )
-    why = {
-        Ends.FREE: f"where the balance put it ({opt('ends', Ends.FREE)}; {opt('ends', Ends.OWN)} gives it a "
-        "stage of its own)",
-        Ends.ATTACHED: f"with the first layer ({opt('ends', Ends.ATTACHED)})",
-        Ends.OWN: f"as {opt('ends', Ends.OWN)} asks",
-    }[request.decoder.ends]
-    worker = at.worker if at.worker is not None else at.index
-    note = (
-        f"the embedding model {view.embedding.name} runs in stage {at.index} on worker {worker}, "
-        f"{with_layers}: {why}; the split takes the token ids {ids!r}"
-    )
-    return dataclasses.replace(the_plan, notes=(*the_plan.notes, note))
 
 
 def load(model: str | Path | ModelView, embedding: Path | None = None) -> ModelView:

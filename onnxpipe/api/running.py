@@ -13,6 +13,8 @@ from onnxpipe.core.choices import Backend
 from onnxpipe.core.errors import ManifestError, RuntimeStageError, UsageError
 from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.core.options import opt
+from onnxpipe.ir.load import load_model
+from onnxpipe.ir.merged import runnable_file
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.backends.ray_resources import load_ray_resources
 from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig, Tensors
@@ -32,7 +34,7 @@ from onnxpipe.runtime.report.measure import Measurement, measure
 from onnxpipe.runtime.report.model import RunReport
 from onnxpipe.runtime.session import peak_rss_bytes
 from onnxpipe.runtime.spec import Placement, manifest_placements, placement_of
-from onnxpipe.verification.verify import runnable_source
+from onnxpipe.verification.verify import source_embedding, source_model_path
 
 
 def run(
@@ -53,8 +55,9 @@ def run(
     directory = Path(folder)
     manifest = load_manifest(directory)  # the stage files are hashed here, once per run
     placements = _placements(opts, manifest)
-    model = _source_model(directory, manifest, opts.model, needed=opts.compare)
-    inputs, shapes = _inputs(opts, directory, manifest, model)
+    source = _source(directory, manifest, opts.model, needed=opts.compare)
+    model = runnable_file(*source) if opts.compare and source is not None else None  # built only to compare
+    inputs, shapes = _inputs(opts, directory, manifest, source)
     config = _backend_config(opts, manifest)
     if opts.backend == Backend.LOCAL:  # Ray places its workers elsewhere, maybe on other machines
         _warn_threads(say, placements or manifest_placements(manifest, opts.threads), manifest)
@@ -112,9 +115,13 @@ def _placements(opts: RunOptions, manifest: Manifest) -> list[Placement] | None:
     return result
 
 
-def _source_model(directory: Path, manifest: Manifest, model: Path | None, *, needed: bool) -> Path | None:
+def _source(
+    directory: Path, manifest: Manifest, model: Path | None, *, needed: bool
+) -> tuple[Path, Path | None] | None:
+    """The source model's file and the embedding model the split joined ahead of it; ``None`` where they
+    are not at hand and not ``needed``."""
     try:
-        return runnable_source(directory, manifest, model)
+        return source_model_path(directory, manifest, model), source_embedding(directory, manifest)
     except (ManifestError, UsageError):
         if needed:
             raise
@@ -122,7 +129,7 @@ def _source_model(directory: Path, manifest: Manifest, model: Path | None, *, ne
 
 
 def _inputs(
-    opts: RunOptions, directory: Path, manifest: Manifest, model: Path | None
+    opts: RunOptions, directory: Path, manifest: Manifest, source: tuple[Path, Path | None] | None
 ) -> tuple[list[Batch], dict[str, tuple[int, ...]]]:
     """The micro-batches to stream, and their shapes: read from the user's files, or random."""
     if opts.has_input_files:
@@ -132,10 +139,11 @@ def _inputs(
         if opts.microbatches is not None:
             inputs = [inputs[j % len(inputs)] for j in range(opts.microbatches)]
         return inputs, {n: tuple(int(d) for d in v.shape) for n, v in inputs[0].items()}
-    shapes = input_shapes_for(manifest, model, opts.shapes)
+    # the source as split, its weights left on disk (the embedding model's table read to join it)
+    view = None if source is None else load_model(source[0], check=False, embedding=source[1])
+    shapes = input_shapes_for(manifest, view, opts.shapes)
     count = opts.microbatches or MEASURED_MICROBATCHES
-    source = model if model is not None else (directory, manifest)
-    return random_inputs(source, shapes, count, seed=opts.seed), shapes
+    return random_inputs(view or (directory, manifest), shapes, count, seed=opts.seed), shapes
 
 
 def _backend_config(opts: RunOptions, manifest: Manifest) -> BackendConfig:

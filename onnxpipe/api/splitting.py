@@ -15,7 +15,7 @@ from pathlib import Path
 from onnxpipe.api.autotrial import paid_here
 from onnxpipe.api.options import SplitOptions
 from onnxpipe.api.paths import check_output_folder
-from onnxpipe.api.plans import calibrated_plan, embedding_placed, load, note_retries, start
+from onnxpipe.api.plans import calibrated_plan, load, note_retries, start
 from onnxpipe.api.preamble import BusyWatch
 from onnxpipe.api.profiling import save_profile
 from onnxpipe.api.results import SplitResult
@@ -102,7 +102,6 @@ def split(
         watch.check()
     save_profile(prof, profile_options)
     the_plan = _noted(note_retries(the_plan, prof), retried, view if opts.static else None)
-    the_plan = embedding_placed(the_plan, view, opts.plan)
     say.step(f"exporting {the_plan.k} stages")
     samples = prof.samples
     first = samples.first if samples is not None else None

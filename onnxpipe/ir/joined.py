@@ -8,27 +8,37 @@ token-id decoder: the planner places it as it places every decoder's embedding (
 it, ``--ends attached`` with the first layer, ``--ends own`` in a stage of its own), the stage holding it
 takes the token ids, and the split generates, verifies and runs in GenAI as a token-id decoder.  The
 embedding model's inputs besides the ids (a vision model's ``image_features``) are fed empty: the split
-is the text path.  The embedding's weights come into memory (a table, the largest one, but one); the
-text model's stay on disk.
+is the text path (:func:`embedding_inputs`, the rule the driver's embedding session follows too).  An
+embedding model of another opset is converted to the text model's: one graph has one opset.  The
+embedding's weights come into memory (a table, the largest one, but one); the text model's stay on disk
+(a file of the two joined, weights and all, is written only for a worker that runs the whole model:
+:func:`onnxpipe.ir.merged.runnable_file`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import tempfile
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper, numpy_helper, version_converter
 
+from onnxpipe.core.dims import Dim
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.model_config import GENAI_CONFIG_NAME, config_beside
 from onnxpipe.core.options import opt
+from onnxpipe.ir.model import value_dims
 
 _INTS = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+_FLOATS = (
+    onnx.TensorProto.FLOAT,
+    onnx.TensorProto.FLOAT16,
+    onnx.TensorProto.BFLOAT16,
+    onnx.TensorProto.DOUBLE,
+)
 
 
 @dataclass(frozen=True)
@@ -39,11 +49,20 @@ class Joined:
     note: str
 
 
+@dataclass(frozen=True)
+class NamedEmbedding:
+    """The embedding model a GenAI config names, and its tensors' names where the config gives them."""
+
+    file: Path
+    ids: str | None
+    embeds: str | None
+
+
 def join_embedding(decoder: onnx.ModelProto, where: Path, embedding: Path) -> Joined:
     """``decoder`` (read from ``where``) with the embedding model in ``embedding`` feeding its
     ``inputs_embeds``: one graph from the token ids to the logits.  A :class:`UsageError` naming both files
     where the embedding model's output is no input of the text model, or is not as wide as it."""
-    emb = _read(embedding)
+    emb = _at_opset(_read(embedding), embedding, decoder, where)
     takes = {vi.name: vi for vi in decoder.graph.input}
     made = [o for o in emb.graph.output if o.name in takes]
     if len(made) != 1:
@@ -53,28 +72,26 @@ def join_embedding(decoder: onnx.ModelProto, where: Path, embedding: Path) -> Jo
             f"({', '.join(takes)}); give the text model's own embedding model"
         )
     out = made[0].name
-    width, wanted = _last_dim(made[0]), _last_dim(takes[out])
+    width, wanted = (_last_dim(vi) for vi in (made[0], takes[out]))
     if isinstance(width, int) and isinstance(wanted, int) and width != wanted:
         raise UsageError(
             f"{embedding}: its output {out!r} is {width} wide, but {where} takes {out!r} {wanted} wide; "
             "give the text model's own embedding model"
         )
-    ids = [i for i in emb.graph.input if i.type.tensor_type.elem_type in _INTS]
-    if len(ids) != 1:
-        raise UsageError(
-            f"{embedding}: an embedding model takes the token ids (one integer input); its inputs are "
-            f"{', '.join(i.name for i in emb.graph.input)}"
-        )
     _rename_clashes(emb.graph, _names(decoder.graph) - {out})
-    empty = [_empty(i) for i in emb.graph.input if i.name != ids[0].name]
+    weights = {t.name for t in emb.graph.initializer}  # older exports list them as inputs too
+    inputs = {i.name: i for i in emb.graph.input if i.name not in weights}
+    ids, empty = embedding_inputs(
+        embedding, {n: (i.type.tensor_type.elem_type, value_dims(i)) for n, i in inputs.items()}
+    )
     model = onnx.ModelProto()
     model.CopyFrom(decoder)
     g = model.graph
     nodes = [*emb.graph.node, *decoder.graph.node]
     del g.node[:], g.input[:]
     g.node.extend(nodes)
-    g.input.extend([ids[0], *(vi for vi in decoder.graph.input if vi.name != out)])
-    g.initializer.extend([*emb.graph.initializer, *empty])
+    g.input.extend([inputs[ids], *(vi for vi in decoder.graph.input if vi.name != out)])
+    g.initializer.extend([*emb.graph.initializer, *(numpy_helper.from_array(v, n) for n, v in empty.items())])
     g.value_info.extend([*emb.graph.value_info, takes[out]])
     model.functions.extend(emb.functions)
     versions = {o.domain: o.version for o in decoder.opset_import}
@@ -83,52 +100,62 @@ def join_embedding(decoder: onnx.ModelProto, where: Path, embedding: Path) -> Jo
     del model.opset_import[:]
     model.opset_import.extend(helper.make_opsetid(d, v) for d, v in sorted(versions.items()))
     model.ir_version = max(decoder.ir_version, emb.ir_version)
-    fed_empty = f"; {', '.join(t.name for t in empty)} fed empty (the text path)" if empty else ""
+    fed_empty = f"; {', '.join(empty)} fed empty (the text path)" if empty else ""
     note = (
         f"embedding model {embedding.name} joined ahead of the text model: {len(emb.graph.node)} node(s) "
-        f"from the token ids {ids[0].name!r} to {out!r}, placed by the planner as a decoder's embedding"
-        f"{fed_empty}"
+        f"from the token ids {ids!r} to {out!r}, placed by the planner as a decoder's embedding{fed_empty}"
     )
     return Joined(model, note)
 
 
+def embedding_inputs(
+    embedding: Path, inputs: Mapping[str, tuple[int, tuple[Dim, ...] | None]], ids: str | None = None
+) -> tuple[str, dict[str, np.ndarray]]:
+    """The token ids input of the embedding model in ``embedding`` (``ids``, else its one integer input,
+    else ``input_ids``) and a feed with no rows for each other input (``inputs``: each one's element type
+    and dims): the split, and the driver that runs the embedding model, take the text path, with no image.
+    A :class:`UsageError` where the ids are not an integer input or another input is not a float one."""
+    integer = [n for n, (t, _) in inputs.items() if t in _INTS]
+    ids = ids or (integer[0] if len(integer) == 1 else "input_ids")
+    others = {n: v for n, v in inputs.items() if n != ids}
+    if ids not in integer or any(t not in _FLOATS for t, _ in others.values()):
+        raise UsageError(
+            f"{embedding}: an embedding model takes the token ids (one integer input) and float inputs "
+            f"besides, fed empty; its inputs are {', '.join(inputs)}"
+        )
+    return ids, {n: _empty(t, dims) for n, (t, dims) in others.items()}
+
+
 def named_embedding(model: Path) -> Path | None:
-    """The embedding model the GenAI config beside ``model`` (whose decoder is ``model``) names
-    (``model.embedding.filename``, as GenAI's vision-language configs and the builder's
-    ``exclude_embeds`` write it), else ``None``."""
+    """The embedding model the GenAI config beside ``model`` (whose decoder is ``model``) names, else
+    ``None``."""
     config = config_beside(model).config
     if config is None or config.path.name != GENAI_CONFIG_NAME:
         return None
-    section = config.document.get("model", {}).get("embedding", {})
-    name = section.get("filename") if isinstance(section, dict) else None
+    named = genai_embedding(config.path)
+    return None if named is None else named.file
+
+
+def genai_embedding(config: Path) -> NamedEmbedding | None:
+    """The embedding model the GenAI config ``config`` names beside it (``model.embedding``, as GenAI's
+    vision-language configs and the builder's ``exclude_embeds`` write it), else ``None``; a
+    :class:`UsageError` where the file it names is not there."""
+    if not config.is_file():
+        return None
+    try:
+        section = json.loads(config.read_text(encoding="utf-8"))["model"]["embedding"]
+        name = section["filename"]
+    except (ValueError, KeyError, TypeError):
+        return None
     if not isinstance(name, str):
         return None
-    if not (config.path.parent / name).is_file():
+    if not (config.parent / name).is_file():
         raise UsageError(
-            f"{config.path}: names the embedding model {name}, which is not beside it; copy it there or "
+            f"{config}: names the embedding model {name}, which is not beside it; copy it there or "
             f"give {opt('embedding', 'FILE.onnx')}"
         )
-    return config.path.parent / name
-
-
-def joined_file(path: Path, embedding: Path) -> Path:
-    """A file of ``path``'s text model joined with ``embedding`` (what a worker running the whole model
-    opens: ``generate --compare``), written once per pair of files into the temporary folder, the text
-    model's weights beside it where they pass protobuf's 2 GB."""
-    key = hashlib.sha256(f"{path.resolve()}\0{embedding.resolve()}".encode()).hexdigest()[:16]
-    for f in (path, embedding):
-        key += f"-{f.stat().st_mtime_ns}"
-    folder = Path(tempfile.gettempdir()) / "onnxpipe-joined" / key
-    target = folder / path.name
-    if target.is_file():
-        return target
-    model = join_embedding(onnx.load(str(path)), path, embedding).proto
-    folder.mkdir(parents=True, exist_ok=True)
-    partial = folder / f".{os.getpid()}.{path.name}"
-    large = model.ByteSize() > 2_000_000_000
-    onnx.save(model, str(partial), save_as_external_data=large, location=f"{path.name}.data")
-    os.replace(partial, target)
-    return target
+    ids, embeds = section.get("inputs", {}).get("input_ids"), section.get("outputs", {}).get("inputs_embeds")
+    return NamedEmbedding(config.parent / name, ids, embeds)
 
 
 def _read(embedding: Path) -> onnx.ModelProto:
@@ -142,19 +169,39 @@ def _read(embedding: Path) -> onnx.ModelProto:
         raise UsageError(f"{embedding}: not a readable ONNX embedding model ({detail})") from e
 
 
-def _last_dim(vi: onnx.ValueInfoProto) -> int | str | None:
-    dims = vi.type.tensor_type.shape.dim
-    if not dims:
-        return None
-    last = dims[-1]
-    return last.dim_value if last.HasField("dim_value") else (last.dim_param or None)
+def _at_opset(
+    emb: onnx.ModelProto, embedding: Path, decoder: onnx.ModelProto, where: Path
+) -> onnx.ModelProto:
+    """``emb`` converted to the text model's default-domain opset (one graph has one opset: an op of the
+    other's version would not run), or a :class:`UsageError` naming both where it cannot be."""
+    mine, wanted = _opset(emb), _opset(decoder)
+    if mine == wanted:
+        return emb
+    try:
+        return version_converter.convert_version(emb, wanted)
+    except Exception as e:
+        detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(
+            f"{embedding} (opset {mine}) cannot be converted to the opset of {where} (opset {wanted}) to be "
+            f"joined ahead of it ({detail}); export the embedding model at opset {wanted}"
+        ) from e
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def _last_dim(vi: onnx.ValueInfoProto) -> Dim:
+    dims = value_dims(vi)
+    return dims[-1] if dims else None
 
 
 def _names(graph: onnx.GraphProto) -> set[str]:
-    """Every tensor and node name ``graph`` uses at its top level."""
+    """Every tensor and node name ``graph`` uses at its top level (an empty one, an unnamed node or an
+    optional input left out, is no name)."""
     names = {v.name for v in (*graph.input, *graph.output, *graph.value_info)}
     names |= {t.name for t in graph.initializer} | {n.name for n in graph.node}
-    return names | {t for n in graph.node for t in (*n.input, *n.output) if t}
+    return (names | {t for n in graph.node for t in (*n.input, *n.output)}) - {""}
 
 
 def _rename_clashes(graph: onnx.GraphProto, taken: set[str]) -> None:
@@ -170,8 +217,7 @@ def _rename_clashes(graph: onnx.GraphProto, taken: set[str]) -> None:
         v.name = clash.get(v.name, v.name)
 
 
-def _empty(vi: onnx.ValueInfoProto) -> onnx.TensorProto:
-    """A constant standing for the input ``vi`` with no rows: each dim the file leaves open is 0."""
-    dims = [d.dim_value if d.HasField("dim_value") else 0 for d in vi.type.tensor_type.shape.dim]
-    dtype = helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
-    return numpy_helper.from_array(np.zeros(dims, dtype), vi.name)
+def _empty(elem_type: int, dims: tuple[Dim, ...] | None) -> np.ndarray:
+    """A value with no rows: each dim the file leaves open is 0 (one of unknown rank: no elements)."""
+    shape = [d if isinstance(d, int) else 0 for d in dims] if dims is not None else [0]
+    return np.zeros(shape, helper.tensor_dtype_to_np_dtype(elem_type))

@@ -66,6 +66,7 @@ def load_model(path: str | Path, *, check: bool = True, embedding: Path | None =
     notes: tuple[str, ...] = (_sorted_note(reordered),) if reordered else ()
     if check:
         _check_external_data(proto, p)
+    if check and embedding is None:
         note = _check(proto, p, in_memory=bool(reordered))
         notes = (*notes, note) if note else notes
     unwrapped = unwrap_merged_decoder(proto)
@@ -73,7 +74,8 @@ def load_model(path: str | Path, *, check: bool = True, embedding: Path | None =
         proto, notes = unwrapped.proto, (*notes, unwrapped.note)
     if embedding is not None:
         joined = join_embedding(proto, p, embedding)
-        proto, notes = joined.proto, (*notes, joined.note)
+        note = _check(joined.proto, p, in_memory=True) if check else None  # the graph split is the joined one
+        proto, notes = joined.proto, (*notes, *((note,) if note else ()), joined.note)
     view = view_from_proto(proto, path=p, sha256=file_sha256(p), base_dir=p.parent)
     rewritten = unwrapped is not None or embedding is not None
     return dataclasses.replace(view, notes=notes, rewritten=rewritten, embedding=embedding) if notes else view

@@ -24,6 +24,7 @@ import onnx
 from onnx import helper
 
 from onnxpipe.core.files import file_sha256
+from onnxpipe.ir.joined import join_embedding
 from onnxpipe.ir.model import graph_free_names
 
 _BOOL = onnx.TensorProto.BOOL
@@ -74,19 +75,24 @@ def unwrap_merged_decoder(proto: onnx.ModelProto) -> Unwrapped | None:
     return Unwrapped(model, note)
 
 
-def runnable_file(path: Path) -> Path:
-    """``path``, or, for a merged decoder, a file of its with-past branch with its weights: what a worker
-    running the whole model opens (``generate --compare``, ``run --compare``), for it feeds the model as
-    onnxpipe split it, without ``use_cache_branch``.  Written once per source file (by its hash) into the
-    temporary folder, as one file, or with its weights beside it when they pass protobuf's 2 GB."""
-    unwrapped = unwrap_merged_decoder(onnx.load(str(path), load_external_data=False))
-    if unwrapped is None:
+def runnable_file(path: Path, embedding: Path | None = None) -> Path:
+    """``path``, or, for a merged decoder (unwrapped) or a text model joined with its ``embedding`` model
+    (:mod:`onnxpipe.ir.joined`), a file of the model onnxpipe split, with its weights: what a worker running
+    the whole model opens (``generate --compare``, ``run --compare``), for it feeds the model as onnxpipe
+    split it.  Written once per source file (by its hash, and its embedding model's) into the temporary
+    folder, as one file, or with its weights beside it when they pass protobuf's 2 GB."""
+    proto = onnx.load(str(path), load_external_data=False)
+    unwrapped = unwrap_merged_decoder(proto)
+    if unwrapped is None and embedding is None:
         return path
-    folder = Path(tempfile.gettempdir()) / "onnxpipe-unwrapped" / file_sha256(path)[:16]
+    key = file_sha256(path)[:16] + (f"-{file_sha256(embedding)[:16]}" if embedding is not None else "")
+    folder = Path(tempfile.gettempdir()) / "onnxpipe-unwrapped" / key
     target = folder / path.name
     if target.is_file():
         return target
-    model = unwrapped.proto
+    model = proto if unwrapped is None else unwrapped.proto
+    if embedding is not None:
+        model = join_embedding(model, path, embedding).proto
     onnx.load_external_data_for_model(model, str(path.parent))
     folder.mkdir(parents=True, exist_ok=True)
     partial = folder / f".{os.getpid()}.{path.name}"

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from onnxpipe.core.choices import BoundaryDtype, Phase, SplitNodes
+from onnxpipe.core.choices import BoundaryDtype, Ends, Phase, SplitNodes
 from onnxpipe.core.machine import available_cpu_count
 from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import CostSource, Profile
@@ -84,13 +84,17 @@ def _finished(made: Plan, view: ModelView, profile: Profile, request: PlanReques
     op in the default domain) first in its notes; for a streaming plan on this machine, when ``bounded``
     (no node was cut), a note when one node bounds it (:mod:`onnxpipe.planning.bound`); and for a
     measured profile of this machine, its median whole run as the speed the estimates saw
-    (``reference_seconds``)."""
+    (``reference_seconds``); where an embedding model was joined ahead of the text model, which stage
+    runs it."""
     notes = [*(n for n in view.notes if n not in made.notes), *made.notes]
     here = request.devices is None
     if bounded and here and request.schedule.kind == "stream":
         bound = bounding_node(view, profile, made)
         if bound is not None:
             notes.append(bound_note(bound, made.k))
+    embedding = _embedding_note(made, view, request)
+    if embedding is not None and embedding not in notes:
+        notes.append(embedding)
     measured = here and profile.source == CostSource.PROFILE.value and profile.total_seconds > 0
     return dataclasses.replace(
         made,
@@ -98,6 +102,32 @@ def _finished(made: Plan, view: ModelView, profile: Profile, request: PlanReques
         optimized_for=request.objective,
         notes=tuple(notes),
         reference_seconds=profile.total_seconds if measured else made.reference_seconds,
+    )
+
+
+def _embedding_note(made: Plan, view: ModelView, request: PlanRequest) -> str | None:
+    """Which stage and worker run the embedding model joined ahead of the text model
+    (:mod:`onnxpipe.ir.joined`), and why there; ``None`` where none was joined."""
+    if view.embedding is None:
+        return None
+    ids = view.inputs[0]  # the joined graph's first input is the embedding model's token ids
+    at = next(s for s in made.stages if ids in s.inputs)
+    if not any(s.kv_layers for s in made.stages):  # no decoder found: cut as any graph, --ends unused
+        with_layers, why = f"with {len(at.node_names)} node(s)", "where the balance put it"
+    else:
+        with_layers = (
+            f"with layers {at.kv_layers[0]}-{at.kv_layers[-1]}" if at.kv_layers else "a stage of its own"
+        )
+        why = {
+            Ends.FREE: f"where the balance put it ({opt('ends', Ends.FREE)}; {opt('ends', Ends.OWN)} gives "
+            "it a stage of its own)",
+            Ends.ATTACHED: f"with the first layer ({opt('ends', Ends.ATTACHED)})",
+            Ends.OWN: f"as {opt('ends', Ends.OWN)} asks",
+        }[request.decoder.ends]
+    worker = at.worker if at.worker is not None else at.index
+    return (
+        f"the embedding model {view.embedding.name} runs in stage {at.index} on worker {worker}, "
+        f"{with_layers}: {why}; the split takes the token ids {ids!r}"
     )
 
 

@@ -58,7 +58,7 @@ def load_inputs(
 
 
 def input_shapes_for(
-    manifest: Manifest, model: Path | None, overrides: Mapping[str, Sequence[int]]
+    manifest: Manifest, model: Path | ModelView | None, overrides: Mapping[str, Sequence[int]]
 ) -> dict[str, tuple[int, ...]]:
     """The shapes random inputs get: the plan's profiled shapes, with ``overrides`` on top.
 
@@ -73,23 +73,29 @@ def input_shapes_for(
             f"the source model is not at hand to size the inputs {opt('shapes')} gives; give the model "
             f"({opt('model')}) or inputs of your own ({opt('input_files', 'FILE.npz')})"
         )
-    return planned_input_shapes(manifest, load_model(model, check=False), overrides)
+    view = model if isinstance(model, ModelView) else load_model(model, check=False)
+    return planned_input_shapes(manifest, view, overrides)
 
 
 def random_inputs(
-    source: Path | tuple[Path, Manifest],
+    source: Path | ModelView | tuple[Path, Manifest],
     shapes: Mapping[str, Sequence[int]],
     microbatches: int,
     *,
     seed: int = 0,
 ) -> list[Feeds]:
     """``microbatches`` seeded random micro-batches (cycling through a few distinct ones), made from the
-    source model, or, where it is not at hand (a split folder copied elsewhere), from the stage files:
+    source model (its file, or its view as split), or, where it is not at hand (a split folder copied
+    elsewhere), from the stage files:
     each model input by the first stage that reads it (``source``: the folder and its manifest), whose
     graph says what values it takes (rows of an embedding, a mask)."""
     if microbatches < 1:
         raise UsageError(f"{opt('microbatches', microbatches)}: give at least 1")
-    readers = _readers(source) if isinstance(source, tuple) else [(load_model(source, check=False), None)]
+    readers: list[tuple[ModelView, list[str] | None]]
+    if isinstance(source, tuple):
+        readers = [*_readers(source)]
+    else:
+        readers = [(source if isinstance(source, ModelView) else load_model(source, check=False), None)]
     distinct = [
         {
             k: v

@@ -32,7 +32,6 @@ from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.core.runtimes import EngineConfig, open_engine
 from onnxpipe.ir.feeds import random_feeds
-from onnxpipe.ir.joined import joined_file
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.merged import runnable_file
 from onnxpipe.ir.model import ModelView
@@ -453,7 +452,6 @@ def source_embedding(directory: Path, manifest: Manifest) -> Path | None:
 
 def runnable_source(directory: Path, manifest: Manifest, model_path: str | Path | None) -> Path:
     """The file a worker running the whole source model opens: the source (``model_path`` if given), its
-    merged decoder unwrapped, or joined with the embedding model the split joined ahead of it."""
+    merged decoder unwrapped, and joined with the embedding model the split joined ahead of it."""
     path = source_model_path(directory, manifest, model_path)
-    embedding = source_embedding(directory, manifest)
-    return runnable_file(path) if embedding is None else joined_file(path, embedding)
+    return runnable_file(path, source_embedding(directory, manifest))

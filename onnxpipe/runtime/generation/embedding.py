@@ -11,18 +11,19 @@ one beside the model named) holds it in a stage and takes the token ids (:mod:`o
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
+import onnx
+from onnx import helper
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.iocontract import IOContract, Role
+from onnxpipe.core.model_config import GENAI_CONFIG_NAME
 from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import open_session, session_options
+from onnxpipe.ir.joined import embedding_inputs, genai_embedding
 from onnxpipe.manifest import Manifest
-
-GENAI_CONFIG = "genai_config.json"
 
 
 class Embedding:
@@ -34,25 +35,18 @@ class Embedding:
         self.session = open_session(
             path, session_options(), fail=lambda e: UsageError(f"{path}: onnxruntime cannot open it ({e})")
         )
-        inputs = {i.name: i for i in self.session.get_inputs()}
-        integer = [n for n, i in inputs.items() if "int" in i.type]
-        self.ids = ids or (integer[0] if len(integer) == 1 else "input_ids")
+        inputs = {i.name: (_elem_type(i.type), tuple(i.shape)) for i in self.session.get_inputs()}
+        self.ids, self.empty = embedding_inputs(path, inputs, ids)
         outputs = [o.name for o in self.session.get_outputs()]
         self.embeds = embeds or (
             "inputs_embeds" if "inputs_embeds" in outputs or len(outputs) > 1 else outputs[0]
         )
-        others = [i for n, i in inputs.items() if n != self.ids and "float" not in i.type]
-        if self.ids not in inputs or self.embeds not in outputs or others:
+        if self.embeds not in outputs:
             raise UsageError(
-                f"{path}: an embedding model takes the token ids and returns inputs_embeds; its inputs are "
-                f"{', '.join(inputs)} and its outputs {', '.join(outputs)}"
+                f"{path}: an embedding model takes the token ids and returns inputs_embeds; its outputs are "
+                f"{', '.join(outputs)}"
             )
-        self.ids_type = np.int32 if "int32" in inputs[self.ids].type else np.int64
-        self.empty = {
-            n: np.zeros([0 if not isinstance(d, int) else d for d in i.shape], np.float32)
-            for n, i in inputs.items()
-            if n != self.ids
-        }
+        self.ids_type = helper.tensor_dtype_to_np_dtype(inputs[self.ids][0])
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
         feeds = {self.ids: ids.astype(self.ids_type), **self.empty}
@@ -77,31 +71,31 @@ def split_embedding(
         if not given.is_file():
             raise UsageError(f"{given}: no such embedding model file")
         return Embedding(given)
-    looked = [folder / GENAI_CONFIG]
+    looked = [folder / GENAI_CONFIG_NAME]
     if manifest.source.path is not None:
-        looked.append((folder / manifest.source.path).resolve().parent / GENAI_CONFIG)
+        looked.append((folder / manifest.source.path).resolve().parent / GENAI_CONFIG_NAME)
     for config in looked:
         found = _named_in(config)
         if found is not None:
             return found
     raise UsageError(
         f"{folder}: the model takes {embeds!r}, made from the token ids by its embedding model; give it with "
-        f"{opt('embedding', 'FILE.onnx')} (token ids in, inputs_embeds out) or a {GENAI_CONFIG} naming it "
-        f"(model.embedding.filename); looked in {', '.join(str(p) for p in looked)}"
+        f"{opt('embedding', 'FILE.onnx')} (token ids in, inputs_embeds out) or a {GENAI_CONFIG_NAME} "
+        f"naming it (model.embedding.filename); looked in {', '.join(str(p) for p in looked)}"
     )
 
 
 def _named_in(config: Path) -> Embedding | None:
     """The embedding model ``config`` (a GenAI config) names beside it, with its tensor names."""
-    if not config.is_file():
-        return None
+    named = genai_embedding(config)
+    return None if named is None else Embedding(named.file, named.ids, named.embeds)
+
+
+def _elem_type(ort_type: str) -> int:
+    """The ONNX element type of onnxruntime's ``tensor(float16)``; ``UNDEFINED`` for a sequence, a map."""
     try:
-        section = json.loads(config.read_text(encoding="utf-8"))["model"]["embedding"]
-        file = config.parent / str(section["filename"])
-    except (ValueError, KeyError, TypeError):
-        return None
-    if not file.is_file():
-        raise UsageError(f"{config}: names the embedding model {file.name}, which is not beside it")
-    ids = section.get("inputs", {}).get("input_ids")
-    embeds = section.get("outputs", {}).get("inputs_embeds")
-    return Embedding(file, ids, embeds)
+        return int(
+            onnx.TensorProto.DataType.Value(ort_type.removeprefix("tensor(").removesuffix(")").upper())
+        )
+    except ValueError:
+        return onnx.TensorProto.UNDEFINED
