@@ -290,14 +290,29 @@ def test_force_replaces_an_earlier_split_carrying_the_users_template(
     shutil.copytree(split2, earlier)
     (earlier / "decoder" / "chat_template.jinja").write_text("{{ messages }}")
     code, printed, err = cli_run(
-        ["split", whisper, "--stages", "3", "--out", earlier, "--force", "--cost", "static"], capfd
+        [
+            "split",
+            whisper,
+            "--stages",
+            "3",
+            "--out",
+            earlier,
+            "--force",
+            "--cost",
+            "static",
+            "--shape",
+            "input_features=3,8,32",
+        ],
+        capfd,
     )
     assert code == 0, err
     assert (earlier / "decoder" / "chat_template.jinja").read_text() == "{{ messages }}"
     assert load_manifest(earlier / "encoder").k + load_manifest(earlier / "decoder").k == 3
     record = read_seq2seq(earlier)
     assert record is not None and set(record.files) == {"config.json", "generation_config.json"}
-    assert "wrote 3 stages" in printed
+    assert "wrote 3 stages (1 in encoder/, 2 in decoder/, the decoder's shown)" in printed
+    shapes = load_manifest(earlier / "encoder").plan.profiled_input_shapes  # --shape goes to its part
+    assert tuple(shapes["input_features"]) == (3, 8, 32)
 
 
 def test_end_ids_settled_once_for_the_split_and_the_plain_loop(
@@ -342,6 +357,17 @@ def test_a_folder_with_a_tokenizer_prints_its_text(
         assert (
             f"sequence {i}: 1 prompt token(s) -> {len(tokens)} new: {' '.join(map(str, tokens))}" in printed
         )
+    other = tmp_path / "other"  # --tokenizer is used over the split's own
+    other.mkdir()
+    renamed = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({f"v{i}": i for i in vocab.values()}, unk_token="v0")
+    )
+    renamed.decoder = tokenizers.decoders.WordPiece()
+    renamed.save(str(other / "tokenizer.json"))
+    args = ["generate", out, "--inputs", file, "--max-new-tokens", "6", "--tokenizer", other]
+    code, printed, err = cli_run(args, capfd)
+    assert code == 0, err
+    assert f"sequence 0: {renamed.decode(seq2seq.greedy(whisper, feats, 6)[0])}\n" in printed
 
 
 def test_a_merged_decoder_folder_splits_and_generates_the_same_tokens(whisper: Path, tmp_path: Path) -> None:

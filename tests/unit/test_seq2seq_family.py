@@ -1,5 +1,6 @@
-"""An encoder-decoder's split folder as ``split --force`` sees it, and how its stages are dealt: no model
-is made or run (the family's real splits are in tests/integration/test_seq2seq.py)."""
+"""An encoder-decoder's split folder as ``split --force`` sees it, how its stages are dealt, and how its
+generation is timed: no model is made or run (the family's real splits are in
+tests/integration/test_seq2seq.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from onnxpipe.api.seq2seq import _encoder_stages
 from onnxpipe.core.errors import ExportError
 from onnxpipe.export.outdir import check_replaceable, check_target
 from onnxpipe.manifest.seq2seq import STEP_FILE, Seq2SeqRecord, write_seq2seq
+from onnxpipe.runtime.generation.result import Generation
+from onnxpipe.runtime.generation.seq2seq import encoding_included
 
 
 def test_the_encoder_gets_the_count_whose_largest_stage_is_smallest() -> None:
@@ -53,3 +56,12 @@ def test_a_record_naming_a_folder_outside_its_own_makes_no_split(tmp_path: Path)
     out = _family(tmp_path / "out", encoder="../elsewhere")
     with pytest.raises(ExportError, match=r"holds no earlier split \(manifest.json\)"):
         check_replaceable(out)
+
+
+def test_the_splits_generation_is_timed_from_before_its_encoding() -> None:
+    """The plain loop's clock starts before its encoder: the split's decoding gets its encoding's
+    seconds added, its tokens/s and first-token times counted as the plain loop's are."""
+    made = Generation(tokens=((1, 2),), seconds=2.0, steps=2, first_token_seconds=(0.5,), busy_shares=(0.5,))
+    timed = encoding_included(made, 2.0)
+    assert timed.seconds == 4.0 and timed.first_token_seconds == (2.5,) and timed.busy_shares == (0.25,)
+    assert timed.tokens_per_second == 0.5 and timed.tokens == made.tokens
