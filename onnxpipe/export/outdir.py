@@ -9,10 +9,9 @@ folders it had to create.
 
 :func:`check_target` refuses, before any work, a target that is a file or a non-empty folder without
 ``force``.  ``force`` replaces only what a split wrote: a non-empty folder is replaced only when it holds
-a previous split (its ``manifest.json``, or an encoder-decoder's ``seq2seq.json`` with its two splits),
-and never when it holds the source model or is the current
-folder or one above it (the process would be left in a deleted folder).  Anything else of the user's is
-refused, not deleted.
+a previous split (its ``manifest.json``, or an encoder-decoder's ``seq2seq.json`` and its two split
+folders), and never when it holds the source model or is the current folder or one above it (the process
+would be left in a deleted folder).  Anything else of the user's is refused, not deleted.
 """
 
 from __future__ import annotations

@@ -81,7 +81,9 @@ def encoding_included(made: Generation, encoding: float) -> Generation:
         made,
         seconds=seconds,
         first_token_seconds=tuple(t + encoding for t in made.first_token_seconds),
-        busy_shares=tuple(b * made.seconds / seconds for b in made.busy_shares) if seconds > 0 else (),
+        busy_shares=tuple(b * made.seconds / seconds for b in made.busy_shares)
+        if seconds > 0
+        else made.busy_shares,
     )
 
 
