@@ -24,7 +24,8 @@ recorded with the result.
 **The Whisper case** (``--whisper-stages``, default K=2; ``[]`` leaves it out): the Whisper-shaped folder of
 ``tools/export_seq2seq.py`` split as one encoder-decoder family into K stages, then ``generate --inputs``
 of 1 and 4 inputs in flight (``--whisper-inputs``) through the split against the folder's unsplit files as
-a plain onnxruntime greedy loop (``--compare``): the median tokens/s of each (encoding included) and
+a plain onnxruntime greedy loop (``--compare``): the median tokens/s of each, both clocks started before
+the first input's encoding (the encoder's time counts in both, opening the sessions in neither), and
 whether their tokens are identical (a case where they differ fails the benchmark).
 """
 

@@ -9,9 +9,9 @@ folders it had to create.
 
 :func:`check_target` refuses, before any work, a target that is a file or a non-empty folder without
 ``force``.  ``force`` replaces only what a split wrote: a non-empty folder is replaced only when it holds
-a previous split (its ``manifest.json``), and never when it holds the source model or is the current
-folder or one above it (the process would be left in a deleted folder).  Anything else of the user's is
-refused, not deleted.
+a previous split (its ``manifest.json``, or an encoder-decoder's ``seq2seq.json`` and its two split
+folders), and never when it holds the source model or is the current folder or one above it (the process
+would be left in a deleted folder).  Anything else of the user's is refused, not deleted.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from onnxpipe.core.options import opt
 from onnxpipe.core.text import names_text
 from onnxpipe.core.tokenizer_files import tokenizer_files
 from onnxpipe.manifest import MANIFEST_NAME, load_manifest
+from onnxpipe.manifest.seq2seq import Seq2SeqRecord, read_seq2seq
 
 
 def normalized(out_dir: str | Path) -> Path:
@@ -80,7 +81,8 @@ def check_replaceable(out: Path) -> None:
             "elsewhere"
         )
     mark = out / MANIFEST_NAME
-    if mark.is_symlink() or not mark.is_file():
+    family = _family(out)
+    if family is None and (mark.is_symlink() or not mark.is_file()):
         raise ExportError(
             f"{out}: exists, is not empty and holds no earlier split ({MANIFEST_NAME}); choose another "
             f"{opt('out')} or empty it ({opt('force', True)} replaces only an earlier split)"
@@ -93,6 +95,8 @@ def check_replaceable(out: Path) -> None:
             f"{out}: holds {names_text(unknown, 3)}, which no split wrote; {opt('force', True)} replaces "
             f"only an earlier split's own files: move them, or choose another {opt('out')}"
         )
+    for part in _parts(family):  # an encoder-decoder's two splits: each replaceable as any split
+        check_replaceable(out / part)
 
 
 def added_by_the_user(out: Path) -> list[Path]:
@@ -107,6 +111,9 @@ def _written_by_the_split(out: Path) -> set[str]:
     """The names a split wrote into ``out``: its manifest and the files the manifest lists (stages, their
     weights, a decoder's tokenizer files), the ONNX Runtime GenAI config; by their pattern where the
     manifest cannot be read."""
+    family = _family(out)
+    if family is not None:
+        return set(family.written())
     names = {MANIFEST_NAME, GENAI_CONFIG_NAME}
     try:
         manifest = load_manifest(out, check_files=False)
@@ -118,6 +125,30 @@ def _written_by_the_split(out: Path) -> set[str]:
             names.add(st.external_data)
     model = manifest.plan.decoder.model if manifest.plan.decoder is not None else None
     return names | set(model.files if model is not None else ())
+
+
+def _family(out: Path) -> Seq2SeqRecord | None:
+    """The record of the encoder-decoder split in ``out``; ``None`` where there is none or it cannot be
+    read (then ``out`` is no split's, and is refused)."""
+    if out.is_symlink() or not out.is_dir():
+        return None
+    try:
+        record = read_seq2seq(out)
+    except ManifestError:
+        return None
+    if record is None or not all(_parts(record)):
+        return None
+    return record
+
+
+def _parts(family: Seq2SeqRecord | None) -> tuple[str, ...]:
+    """The two split folders of an encoder-decoder's split, by name; an empty name for one that is not a
+    plain folder name (a record pointing out of its folder names nothing of its own)."""
+    if family is None:
+        return ()
+    return tuple(
+        p if Path(p).name == p and p not in ("", ".", "..") else "" for p in (family.encoder, family.decoder)
+    )
 
 
 def _current_folder() -> Path | None:
@@ -255,6 +286,8 @@ def _carry_across(out: Path, tmp: Path) -> None:
     """Link (else copy) into the new split ``tmp`` the files the user added to the earlier one in ``out``
     (:func:`added_by_the_user`), so that replacing it loses none; one the new split writes too must be
     the same file, or nothing is replaced."""
+    for part in _parts(_family(out)):  # what the user added to an encoder-decoder's two splits too
+        _carry_across(out / part, tmp / part)
     for p in added_by_the_user(out):
         target = tmp / p.name
         if target.exists():

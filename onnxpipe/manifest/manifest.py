@@ -47,6 +47,7 @@ from onnxpipe.manifest.entries import (
     StageEntry,
     VerificationRecord,
 )
+from onnxpipe.manifest.seq2seq import SEQ2SEQ_FILE
 from onnxpipe.planning.records import PlanSummary
 from onnxpipe.schedule.timeline import Timeline
 
@@ -161,7 +162,7 @@ def load_manifest(directory: str | Path, *, check_files: bool = True) -> Manifes
     if not path.is_file():
         raise ManifestError(
             f"{path}: no such file; {d} is an encoder-decoder's split: give its encoder/ or decoder/ folder"
-            if (d / "seq2seq.json").is_file()  # (onnxpipe.manifest.seq2seq.SEQ2SEQ_FILE)
+            if (d / SEQ2SEQ_FILE).is_file()
             else f"{path}: no such file; give a folder written by 'onnxpipe split'"
             if d.is_dir()
             else f"{d}: no such folder; give a folder written by 'onnxpipe split'"

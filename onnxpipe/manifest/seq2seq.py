@@ -4,7 +4,10 @@ An encoder-decoder folder (:mod:`onnxpipe.ir.seq2seq`) is split as two chains of
 (``encoder/``, run once per sequence) and its one-graph decoder's (``decoder/``, run per token, each
 worker keeping its layers' self- and cross-attention caches), each a split folder with its own manifest.
 This record joins them for ``generate``: which folder is which, the encoder's inputs and the output the
-decoder takes, and the tokens each sequence starts and ends with.
+decoder takes, and the tokens each sequence starts and ends with.  The folder also holds the decoder's
+step graph (:data:`STEP_FILE`, the model the decoder's split was made from: a second copy of the decoder's
+weights, kept so that the decoder's manifest names an existing source) and the config, generation and
+tokenizer files copied from the source folder (:attr:`Seq2SeqRecord.files`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from onnxpipe.core.errors import ManifestError
 from onnxpipe.core.jsonread import Document
 
 SEQ2SEQ_FILE = "seq2seq.json"
+STEP_FILE = "decoder_step_model.onnx"
+"""The decoder's one step graph (:func:`onnxpipe.ir.seq2seq.step_decoder`), its weights in
+``decoder_step_model.onnx.data`` beside it where they pass protobuf's 2 GB."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,14 @@ class Seq2SeqRecord:
     """How the stages were dealt between the encoder and the decoder, in words."""
     source: str
     """The folder split (``generate --compare`` runs its unsplit files)."""
+    files: tuple[str, ...] = ()
+    """The config, generation and tokenizer files the split copied from :attr:`source`."""
+
+    def written(self) -> frozenset[str]:
+        """The names the split wrote into the record's folder (what ``--force`` may replace there)."""
+        return frozenset(
+            {SEQ2SEQ_FILE, STEP_FILE, f"{STEP_FILE}.data", self.encoder, self.decoder, *self.files}
+        )
 
 
 def write_seq2seq(folder: Path, record: Seq2SeqRecord) -> None:

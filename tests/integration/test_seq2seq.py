@@ -4,6 +4,7 @@ export takes a minute (the fast lane is at its limit)."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -14,10 +15,13 @@ import pytest
 from cli_runner import run as cli_run
 
 from onnxpipe.api import SplitOptions, generate, split
+from onnxpipe.api.seq2seq import split_folder
 from onnxpipe.core.choices import CostSource
-from onnxpipe.core.errors import ModelLoadError
+from onnxpipe.core.errors import ExportError, ModelLoadError
+from onnxpipe.core.events import SILENT
 from onnxpipe.core.iocontract import Role
 from onnxpipe.cost.options import ProfileOptions
+from onnxpipe.export.options import ExportOptions
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.seq2seq import ENCODER_OUTPUT, Seq2SeqFolder, find_seq2seq, step_decoder
@@ -222,7 +226,112 @@ def test_bad_folder_and_inputs_are_one_line_errors(
     code, _, err = cli_run(["inspect", split2], capfd)
     assert code == 7 and "is an encoder-decoder's split: give its encoder/ or decoder/ folder" in err
     code, _, err = cli_run(["split", whisper, "--stages", "2", "--out", split2], capfd)
-    assert code == 6 and "holds an earlier encoder-decoder split; --force replaces it" in err
+    assert code == 6 and "holds an earlier split (config.json, decoder, decoder_step_model.onnx and" in err
+    assert "pass --force to replace it" in err
+    np.save(tmp_path / "feats.npy", seq2seq.features(1))
+    code, _, err = cli_run(["generate", split2, "--inputs", tmp_path / "feats.npy"], capfd)
+    assert code == 2 and "feats.npy: not a .npz; save the encoder's inputs by name" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    args = ["split", whisper, "--stages", "2", "--out", tmp_path / "shaped", "--shape", "mel=1,2"]
+    code, _, err = cli_run(args, capfd)
+    assert code == 2 and "--shape mel" in err and "names no input of the encoder (input_features)" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "shaped").exists()
+
+
+def _listing(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_force_never_removes_what_the_user_had(
+    whisper: Path,
+    split2: Path,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--force`` replaces an earlier encoder-decoder split only: one holding a file no split wrote, or
+    run from inside it (``--out .``), is refused in one line (exit 6) with every file left; a failure
+    half-way leaves the earlier split as it was and no temporary folder."""
+    earlier = tmp_path / "earlier"
+    shutil.copytree(split2, earlier)
+    (earlier / "notes.txt").write_text("mine")
+    (earlier / "mydata").mkdir()
+    before = _listing(earlier)
+    code, _, err = cli_run(["split", whisper, "--stages", "2", "--out", earlier, "--force"], capfd)
+    assert code == 6 and "holds mydata, notes.txt, which no split wrote" in err
+    assert len(err.strip().splitlines()) == 1 and _listing(earlier) == before
+    (earlier / "notes.txt").unlink()
+    (earlier / "mydata").rmdir()
+    monkeypatch.chdir(earlier)
+    code, _, err = cli_run(["split", whisper, "--stages", "2", "--out", ".", "--force"], capfd)
+    assert code == 6 and "is the current folder; --force would delete it" in err
+    assert read_seq2seq(earlier) is not None
+    monkeypatch.chdir(tmp_path)
+    before = _listing(earlier)
+
+    def failing(model: Path, options: SplitOptions, listener: object = None) -> object:
+        if model.name == seq2seq.ENCODER:
+            return split(model, options)
+        raise ExportError(f"{model}: failed on purpose")
+
+    options = SplitOptions(out=earlier, plan=PlanRequest(2), profile=ProfileOptions(cost=CostSource.STATIC))
+    with pytest.raises(ExportError, match="failed on purpose"):
+        split_folder(whisper, dataclasses.replace(options, export=ExportOptions(force=True)), SILENT, failing)
+    assert _listing(earlier) == before and sorted(p.name for p in tmp_path.iterdir()) == ["earlier"]
+    with pytest.raises(ExportError, match="failed on purpose"):
+        split_folder(whisper, dataclasses.replace(options, out=tmp_path / "new"), SILENT, failing)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["earlier"]
+
+
+def test_force_replaces_an_earlier_split_carrying_the_users_template(
+    whisper: Path, split2: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    earlier = tmp_path / "earlier"
+    shutil.copytree(split2, earlier)
+    (earlier / "decoder" / "chat_template.jinja").write_text("{{ messages }}")
+    code, printed, err = cli_run(
+        [
+            "split",
+            whisper,
+            "--stages",
+            "3",
+            "--out",
+            earlier,
+            "--force",
+            "--cost",
+            "static",
+            "--shape",
+            "input_features=3,8,32",
+        ],
+        capfd,
+    )
+    assert code == 0, err
+    assert (earlier / "decoder" / "chat_template.jinja").read_text() == "{{ messages }}"
+    assert load_manifest(earlier / "encoder").k + load_manifest(earlier / "decoder").k == 3
+    record = read_seq2seq(earlier)
+    assert record is not None and set(record.files) == {"config.json", "generation_config.json"}
+    assert "wrote 3 stages (1 in encoder/, 2 in decoder/, the decoder's shown)" in printed
+    shapes = load_manifest(earlier / "encoder").plan.profiled_input_shapes  # --shape goes to its part
+    assert tuple(shapes["input_features"]) == (3, 8, 32)
+
+
+def test_end_ids_settled_once_for_the_split_and_the_plain_loop(
+    whisper: Path, split2: Path, tmp_path: Path
+) -> None:
+    """``--eos-token-id`` stops both generators at the ids given; ``--ignore-eos`` at none."""
+    file, feats = _inputs(tmp_path, rows=2)
+    greedy = seq2seq.greedy(whisper, feats, NEW_TOKENS)
+    stop = greedy[0][2]
+    got = generate(
+        split2,
+        GenerateOptions(inputs=(file,), max_new_tokens=NEW_TOKENS, compare=True, eos_token_ids=(stop,)),
+    )
+    assert got.same and list(got.tokens[0]) == greedy[0][: greedy[0].index(stop) + 1]
+    got = generate(
+        split2, GenerateOptions(inputs=(file,), max_new_tokens=NEW_TOKENS, compare=True, ignore_eos=True)
+    )
+    assert got.same and [len(t) for t in got.tokens] == [NEW_TOKENS, NEW_TOKENS]
+    assert got.runs["pipeline"].seconds > 0 and got.runs["unsplit"].seconds > 0
 
 
 def test_a_folder_with_a_tokenizer_prints_its_text(
@@ -248,6 +357,17 @@ def test_a_folder_with_a_tokenizer_prints_its_text(
         assert (
             f"sequence {i}: 1 prompt token(s) -> {len(tokens)} new: {' '.join(map(str, tokens))}" in printed
         )
+    other = tmp_path / "other"  # --tokenizer is used over the split's own
+    other.mkdir()
+    renamed = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({f"v{i}": i for i in vocab.values()}, unk_token="v0")
+    )
+    renamed.decoder = tokenizers.decoders.WordPiece()
+    renamed.save(str(other / "tokenizer.json"))
+    args = ["generate", out, "--inputs", file, "--max-new-tokens", "6", "--tokenizer", other]
+    code, printed, err = cli_run(args, capfd)
+    assert code == 0, err
+    assert f"sequence 0: {renamed.decode(seq2seq.greedy(whisper, feats, 6)[0])}\n" in printed
 
 
 def test_a_merged_decoder_folder_splits_and_generates_the_same_tokens(whisper: Path, tmp_path: Path) -> None:
@@ -261,3 +381,24 @@ def test_a_merged_decoder_folder_splits_and_generates_the_same_tokens(whisper: P
     file, feats = _inputs(tmp_path)
     got = generate(out, GenerateOptions(inputs=(file,), max_new_tokens=NEW_TOKENS, compare=True))
     assert got.same and [list(t) for t in got.tokens] == seq2seq.greedy(whisper, feats, NEW_TOKENS)
+
+
+def test_weights_in_external_data_are_counted_and_a_large_step_graph_saved_beside_its_data(
+    whisper: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An encoder whose weights are external data weighs what it holds (its file alone is a few KiB);
+    a step graph over protobuf's limit (here made 0) is saved with its weights in
+    ``decoder_step_model.onnx.data``, and the split still generates the plain loop's tokens."""
+    folder = tmp_path / "external"
+    shutil.copytree(whisper, folder)
+    encoder = onnx.load(str(folder / seq2seq.ENCODER))
+    onnx.save(encoder, str(folder / seq2seq.ENCODER), save_as_external_data=True)
+    monkeypatch.setattr("onnxpipe.api.seq2seq.PROTOBUF_LIMIT", 0)
+    out = _split(folder, tmp_path / "split", 2)
+    plain = read_seq2seq(_split(whisper, tmp_path / "plain", 2))
+    record = read_seq2seq(out)
+    assert record is not None and plain is not None and record.balance == plain.balance
+    assert (out / "decoder_step_model.onnx.data").stat().st_size > (
+        out / "decoder_step_model.onnx"
+    ).stat().st_size
+    _generates_the_plain_loops_tokens(out, whisper, tmp_path)

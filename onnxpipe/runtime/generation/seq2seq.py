@@ -11,6 +11,7 @@ onnxruntime loop, the tokens the split must reproduce.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,6 +24,7 @@ from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.ir.seq2seq import DECODER, ENCODER, ENCODER_OUTPUT, MERGED, WITH_PAST
 from onnxpipe.manifest.seq2seq import Seq2SeqRecord
 from onnxpipe.runtime.generation.feeds import Step
+from onnxpipe.runtime.generation.result import Generation
 from onnxpipe.runtime.generation.scheduler import Run
 from onnxpipe.runtime.kvstate import StepFlags
 from onnxpipe.runtime.pipeline import Pipeline
@@ -36,10 +38,16 @@ def read_inputs(files: Sequence[Path], names: Sequence[str]) -> list[Tensors]:
     rows: list[Tensors] = []
     for file in files:
         try:
-            with np.load(file) as data:
-                arrays = {n: np.asarray(data[n]) for n in data.files}
+            data = np.load(file)
         except (OSError, ValueError) as e:
             raise UsageError(f"{file}: cannot be read as a .npz of the encoder's inputs ({e})") from None
+        if not isinstance(data, np.lib.npyio.NpzFile):  # a .npy: one array, with no input's name
+            raise UsageError(
+                f"{file}: not a .npz; save the encoder's inputs by name, e.g. "
+                "numpy.savez(FILE, input_features=...)"
+            )
+        with data:
+            arrays = {n: np.asarray(data[n]) for n in data.files}
         missing = [n for n in names if n not in arrays]
         if missing:
             raise UsageError(
@@ -53,31 +61,54 @@ def read_inputs(files: Sequence[Path], names: Sequence[str]) -> list[Tensors]:
     return rows
 
 
-def encode(directory: Path, rows: Sequence[Tensors], output: str, threads: int | None) -> list[np.ndarray]:
-    """Each row's encoder output through the encoder's split in ``directory``."""
+def encode(
+    directory: Path, rows: Sequence[Tensors], output: str, threads: int | None
+) -> tuple[list[np.ndarray], float]:
+    """Each row's encoder output through the encoder's split in ``directory``, and the seconds the rows
+    took (the stages' opening not counted, as :func:`plain_greedy` does not count its sessions')."""
     with Pipeline.from_manifest(directory, threads=threads, check_files=False) as pipe:
-        return [np.asarray(out[output]) for out in pipe.run_many(rows)]
+        start = time.perf_counter()
+        encoded = [np.asarray(out[output]) for out in pipe.run_many(rows)]
+        return encoded, time.perf_counter() - start
 
 
-def encoder_output(encoded: Sequence[np.ndarray], first: int = 0) -> Callable[[Step], np.ndarray]:
+def encoding_included(made: Generation, encoding: float) -> Generation:
+    """``made``, the decoder's generation, timed from before the encoding that took ``encoding`` seconds:
+    the clock :func:`plain_greedy` runs, whose time counts each row's encoder too (each worker's busy
+    share is then of that longer wall time)."""
+    seconds = made.seconds + encoding
+    return dataclasses.replace(
+        made,
+        seconds=seconds,
+        first_token_seconds=tuple(t + encoding for t in made.first_token_seconds),
+        busy_shares=tuple(b * made.seconds / seconds for b in made.busy_shares)
+        if seconds > 0
+        else made.busy_shares,
+    )
+
+
+def encoder_output(encoded: Sequence[np.ndarray]) -> Callable[[Step], np.ndarray]:
     """The builder of the encoder-output role: at a sequence's first step (``START``) its own encoder
-    output (sequence ``first + i`` the ``i``-th of ``encoded``), at later steps one of no frames."""
+    output (sequence ``i`` the ``i``-th of ``encoded``), at later steps one of no frames."""
     width = encoded[0].shape[-1]
 
     def build(step: Step) -> np.ndarray:
         rows = step.control.rows
         if all(r.flags & StepFlags.START for r in rows):
-            return np.concatenate([encoded[r.sequence - first] for r in rows])
+            return np.concatenate([encoded[r.sequence] for r in rows])
         return np.zeros((len(rows), 0, width), dtype=encoded[0].dtype)
 
     return build
 
 
-def plain_greedy(source: Path, rows: Sequence[Tensors], record: Seq2SeqRecord, max_new_tokens: int) -> Run:
+def plain_greedy(
+    source: Path, rows: Sequence[Tensors], record: Seq2SeqRecord, max_new_tokens: int, eos_ids: Sequence[int]
+) -> Run:
     """Greedy tokens of each row through the unsplit files in ``source`` (optimum's), one row at a time in
     a plain onnxruntime loop: the encoder, ``decoder_model`` on the start tokens, then
     ``decoder_with_past_model`` per token (or ``decoder_model_merged`` for both, its flag saying which),
-    up to an end id."""
+    up to one of ``eos_ids`` (the split's, settled from the options).  The clock starts before the first
+    row's encoder: its time counts every row's encoding."""
     fail = lambda e: UsageError(f"{source}: onnxruntime cannot open its model ({e})")  # noqa: E731
     merged = not (source / DECODER).is_file()
     names = (ENCODER, MERGED, MERGED) if merged else (ENCODER, DECODER, WITH_PAST)
@@ -106,7 +137,7 @@ def plain_greedy(source: Path, rows: Sequence[Tensors], record: Seq2SeqRecord, m
             steps += 1
             tokens.append(int(np.argmax(outs["logits"][0, -1])))
             stamps.append(time.perf_counter() - start)
-            if tokens[-1] in record.eos_ids or len(tokens) == max_new_tokens:
+            if tokens[-1] in eos_ids or len(tokens) == max_new_tokens:
                 break
             feeds = {"input_ids": np.array([[tokens[-1]]])}
             feeds |= {n.replace("present", "past_key_values", 1): v for n, v in outs.items() if n != "logits"}

@@ -1,0 +1,67 @@
+"""An encoder-decoder's split folder as ``split --force`` sees it, how its stages are dealt, and how its
+generation is timed: no model is made or run (the family's real splits are in
+tests/integration/test_seq2seq.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from onnxpipe.api.seq2seq import _encoder_stages
+from onnxpipe.core.errors import ExportError
+from onnxpipe.export.outdir import check_replaceable, check_target
+from onnxpipe.manifest.seq2seq import STEP_FILE, Seq2SeqRecord, write_seq2seq
+from onnxpipe.runtime.generation.result import Generation
+from onnxpipe.runtime.generation.seq2seq import encoding_included
+
+
+def test_the_encoder_gets_the_count_whose_largest_stage_is_smallest() -> None:
+    """Whisper-large-v3's proportions at K=6 (0.64 and 0.91 GB): rounding 6 x 0.41 gives the encoder 2
+    (largest stage 0.32 GB), 3 gives 0.30 GB; each part keeps one stage at least."""
+    assert _encoder_stages(6, (635, 907)) == 3
+    assert _encoder_stages(2, (1, 1000)) == 1 and _encoder_stages(3, (1000, 1)) == 2
+    assert _encoder_stages(4, (0, 0)) == 1
+
+
+def _family(out: Path, encoder: str = "encoder") -> Path:
+    """A hand-made encoder-decoder split: its record, two split folders of a manifest and a stage, the
+    step graph and a copied config."""
+    for part in ("encoder", "decoder"):
+        (out / part).mkdir(parents=True)
+        (out / part / "manifest.json").write_text("{}")
+        (out / part / "stage_0.onnx").write_bytes(b"")
+    (out / STEP_FILE).write_bytes(b"")
+    (out / "config.json").write_text("{}")
+    record = Seq2SeqRecord(encoder, "decoder", ("x",), "y", (1,), (2,), "", "/src", ("config.json",))
+    write_seq2seq(out, record)
+    return out
+
+
+def test_an_encoder_decoder_split_is_replaceable_and_nothing_else_of_the_users(tmp_path: Path) -> None:
+    out = _family(tmp_path / "out")
+    check_replaceable(out)
+    with pytest.raises(ExportError, match=r"holds an earlier split \(config.json, decoder, "):
+        check_target(out, force=False)
+    (out / "decoder" / "notes.txt").write_text("mine")
+    with pytest.raises(ExportError, match=r"decoder: holds notes.txt, which no split wrote"):
+        check_target(out, force=True)
+    (out / "decoder" / "notes.txt").unlink()
+    (out / "mydata").mkdir()
+    with pytest.raises(ExportError, match=r"out: holds mydata, which no split wrote"):
+        check_replaceable(out)
+
+
+def test_a_record_naming_a_folder_outside_its_own_makes_no_split(tmp_path: Path) -> None:
+    out = _family(tmp_path / "out", encoder="../elsewhere")
+    with pytest.raises(ExportError, match=r"holds no earlier split \(manifest.json\)"):
+        check_replaceable(out)
+
+
+def test_the_splits_generation_is_timed_from_before_its_encoding() -> None:
+    """The plain loop's clock starts before its encoder: the split's decoding gets its encoding's
+    seconds added, its tokens/s and first-token times counted as the plain loop's are."""
+    made = Generation(tokens=((1, 2),), seconds=2.0, steps=2, first_token_seconds=(0.5,), busy_shares=(0.5,))
+    timed = encoding_included(made, 2.0)
+    assert timed.seconds == 4.0 and timed.first_token_seconds == (2.5,) and timed.busy_shares == (0.25,)
+    assert timed.tokens_per_second == 0.5 and timed.tokens == made.tokens
