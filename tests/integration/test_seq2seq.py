@@ -261,3 +261,24 @@ def test_a_merged_decoder_folder_splits_and_generates_the_same_tokens(whisper: P
     file, feats = _inputs(tmp_path)
     got = generate(out, GenerateOptions(inputs=(file,), max_new_tokens=NEW_TOKENS, compare=True))
     assert got.same and [list(t) for t in got.tokens] == seq2seq.greedy(whisper, feats, NEW_TOKENS)
+
+
+@pytest.mark.parametrize("merged", [False, True])
+def test_a_torchscript_export_splits_and_generates_the_same_tokens(
+    whisper: Path, tmp_path: Path, merged: bool
+) -> None:
+    """optimum's exporter (TorchScript) reshapes the cross cache with ``Shape`` of the decoder's own
+    hidden states, leading back to the token ids: the step graph reads that batch off the encoder's
+    output instead, and the split generates the dynamo export's tokens (the same weights)."""
+    folder = seq2seq.cached_export(dynamo=False)
+    if merged:
+        folder = seq2seq.merged_only(folder, tmp_path / "merged")
+    found = find_seq2seq(folder)
+    assert found is not None and found.merged == merged
+    step = step_decoder(found)
+    rooted = [n for n in step.graph.node if n.op_type == "Shape" and n.name.startswith("cross/")]
+    assert rooted and all(n.input[0] == ENCODER_OUTPUT for n in rooted)
+    out = _split(folder, tmp_path / "split", 2)
+    file, feats = _inputs(tmp_path)
+    got = generate(out, GenerateOptions(inputs=(file,), max_new_tokens=NEW_TOKENS, compare=True))
+    assert got.same and [list(t) for t in got.tokens] == seq2seq.greedy(whisper, feats, NEW_TOKENS)
