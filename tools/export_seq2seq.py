@@ -1,7 +1,9 @@
 """A Whisper-shaped encoder-decoder, exported to ONNX by torch's dynamo exporter in the folder layout
-optimum writes for it, with random weights (no download).
+optimum writes for it, with random weights (no download); or by the TorchScript exporter optimum itself
+uses (``dynamo=False``), whose decoders read the cross cache's batch off the decoder's own hidden states.
 
     python tools/export_seq2seq.py --out DIR      # write the tiny Whisper folder into DIR/whisper_tiny
+    python tools/export_seq2seq.py --out DIR --torchscript   # into DIR/whisper_tiny_torchscript
 
 The folder holds, with optimum's file and tensor names:
 
@@ -19,8 +21,9 @@ The folder holds, with optimum's file and tensor names:
 
 Like optimum's Whisper export, the decoders take no attention mask: positions follow the cache's length.
 The sizes are tiny (d_model 64, 2 encoder and 3 decoder layers, 8 mel bins, 32 frames) so that export and
-tests take seconds.  Exports are cached in the corpus cache under ``seq2seq/<name>-<key>/``, keyed by the
-configuration and the versions of torch, transformers, onnx and onnxscript.
+tests take seconds.  Exports are cached in the corpus cache under ``seq2seq/<name>-<key>/`` (the
+TorchScript one's name ending ``_torchscript``), keyed by the configuration and the versions of torch,
+transformers, onnx and onnxscript.
 """
 
 from __future__ import annotations
@@ -292,6 +295,11 @@ def merged_only(folder: Path, out: Path) -> Path:
     return out
 
 
+def folder_name(dynamo: bool) -> str:
+    """The folder's name: :data:`NAME`, ending ``_torchscript`` for the TorchScript export."""
+    return NAME if dynamo else f"{NAME}_torchscript"
+
+
 def cache_key() -> str:
     parts = {
         "revision": EXPORT_REVISION,
@@ -305,7 +313,7 @@ def cached_export(dynamo: bool = True) -> Path:
     """The cached Whisper-shaped folder (exported by TorchScript with ``dynamo=False``, in a folder of
     its own), made now if missing; concurrent callers are safe."""
     root = cache_dir() / "seq2seq"
-    name = NAME if dynamo else f"{NAME}_torchscript"
+    name = folder_name(dynamo)
     final = root / f"{name}-{cache_key()}"
     if (final / "generation_config.json").is_file():
         return final
@@ -356,8 +364,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, required=True, help="folder to write the model folder into")
+    parser.add_argument("--torchscript", action="store_true", help="export by TorchScript, as optimum does")
     args = parser.parse_args(argv)
-    print(export(args.out / NAME))
+    print(export(args.out / folder_name(not args.torchscript), dynamo=not args.torchscript))
     return 0
 
 

@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.model_config import read_source_config
 from onnxpipe.ir.seq2seq import ENCODER, ENCODER_OUTPUT, MERGED, _slice, family_hint, find_seq2seq
 
 
@@ -67,6 +68,14 @@ def test_malformed_forced_ids_are_refused_naming_the_file(tmp_path: Path, forced
     _write(folder.parent / "config.json", {"decoder_start_token_id": 5, "forced_decoder_ids": forced})
     with pytest.raises(UsageError, match=r"repo/config\.json: forced_decoder_ids is .*: give \[\[position"):
         find_seq2seq(folder)
+
+
+def test_a_whisper_config_gives_its_decoders_positions_as_the_context(tmp_path: Path) -> None:
+    """Whisper's ``max_target_positions`` (448) bounds the decoder's context; its encoder's
+    ``max_source_positions`` does not."""
+    path = tmp_path / "config.json"
+    _write(path, {"model_type": "whisper", "max_source_positions": 1500, "max_target_positions": 448})
+    assert read_source_config(path).context_length == 448
 
 
 def test_a_merged_decoder_beside_its_encoder_is_pointed_at_its_folder(tmp_path: Path) -> None:
