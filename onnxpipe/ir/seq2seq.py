@@ -185,6 +185,9 @@ def step_decoder(found: Seq2SeqFolder) -> onnx.ModelProto:
     outputs = [o for o in graph.output if o.name not in wanted]
     del graph.output[:]
     graph.output.extend(outputs)
+    shapes = [v for v in graph.value_info if v.name not in wanted]  # a merged file's empty tensors' shapes
+    del graph.value_info[:]
+    graph.value_info.extend(shapes)
     grown = {past: present for present, past in wanted.items()}
     for node in graph.node:  # the with-past nodes read the grown cross cache in place of the past one
         node.input[:] = [grown.get(t, t) for t in node.input]
@@ -266,22 +269,29 @@ def _batch_only(graph: onnx.GraphProto, shape: onnx.NodeProto, producer: dict[st
 
     def ints(name: str) -> list[int] | None:
         made = producer.get(name)
-        if made is not None and made.op_type == "Constant" and made.attribute[0].name == "value":
-            return [int(v) for v in numpy_helper.to_array(made.attribute[0].t).reshape(-1)]
-        return [int(v) for v in numpy_helper.to_array(weights[name]).reshape(-1)] if name in weights else None
+        value: object = weights.get(name)
+        if made is not None and made.op_type == "Constant" and len(made.attribute) == 1:
+            value = helper.get_attribute_value(made.attribute[0])
+        if isinstance(value, onnx.TensorProto):
+            value = numpy_helper.to_array(value).reshape(-1).tolist()
+        return (
+            [int(v) for v in value]
+            if isinstance(value, list)
+            else [value]
+            if isinstance(value, int)
+            else None
+        )
 
     def dim0(reader: onnx.NodeProto) -> bool:
-        attrs = {a.name: helper.get_attribute_value(a) for a in reader.attribute}
+        if reader.input[0] != shape.output[0] or reader.op_type not in ("Gather", "Slice"):
+            return False
         if reader.op_type == "Gather":
-            return attrs.get("axis", 0) == 0 and ints(reader.input[1]) == [0]
+            return all(a.i == 0 for a in reader.attribute if a.name == "axis") and ints(reader.input[1]) == [
+                0
+            ]
         args = [ints(t) if t else None for t in reader.input[1:]]
         args += [None] * (4 - len(args))  # starts, ends, axes, steps
-        return (
-            reader.op_type == "Slice"
-            and args[:2] == [[0], [1]]
-            and args[2] in (None, [0])
-            and args[3] in (None, [1])
-        )
+        return args[:2] == [[0], [1]] and args[2] in (None, [0]) and args[3] in (None, [1])
 
     readers = [n for n in graph.node if shape.output[0] in n.input]
     starts = [a.i for a in shape.attribute if a.name == "start"]

@@ -92,6 +92,7 @@ def _cross_key(index: onnx.NodeProto) -> onnx.GraphProto:
     reshaped to [batch, -1, 2, 2] with the batch read off the decoder's own hidden states (``index``
     picks a dim of their shape)."""
     nodes = [
+        helper.make_node("Constant", [], ["zero_node"], value_int=0),  # as TorchScript writes its indices
         helper.make_node("Gather", ["embed", "input_ids"], ["hidden"]),
         helper.make_node("Shape", ["hidden"], ["shape"]),
         index,
@@ -121,6 +122,7 @@ def _cross_key(index: onnx.NodeProto) -> onnx.GraphProto:
     "index",
     [
         helper.make_node("Gather", ["shape", "zero"], ["batch"], axis=0),
+        helper.make_node("Gather", ["shape", "zero_node"], ["batch"]),
         helper.make_node("Slice", ["shape", "starts", "ends"], ["batch"]),
     ],
 )
@@ -129,14 +131,16 @@ def test_a_batch_read_off_the_decoders_hidden_states_is_read_off_the_encoders_ou
 ) -> None:
     graph = _cross_key(index)
     kept = _slice(graph, ["present.0.encoder.key"], Path("decoder_model.onnx"))
-    assert [n.op_type for n in kept] == ["Shape", index.op_type, "Unsqueeze", "Concat", "MatMul", "Reshape"]
-    assert kept[0].input[:] == [ENCODER_OUTPUT] and graph.node[1].input[:] == ["hidden"]
+    ops = [n.op_type for n in kept if n.op_type != "Constant"]
+    assert ops == ["Shape", index.op_type, "Unsqueeze", "Concat", "MatMul", "Reshape"]
+    shape = next(n for n in kept if n.op_type == "Shape")
+    assert shape.input[:] == [ENCODER_OUTPUT] and graph.node[2].input[:] == ["hidden"]  # a copy re-rooted
 
 
 def test_a_cross_cache_reading_the_decoders_sequence_length_is_refused() -> None:
     graph = _cross_key(helper.make_node("Gather", ["shape", "axes"], ["batch"], axis=0))  # [0]: still dim 0
     assert _slice(graph, ["present.0.encoder.key"], Path("d.onnx"))[0].input[:] == [ENCODER_OUTPUT]
     graph.initializer.append(helper.make_tensor("one", TensorProto.INT64, [], [1]))
-    graph.node[2].input[1] = "one"  # the sequence's length, which the encoder's output does not have
+    graph.node[3].input[1] = "one"  # the sequence's length, which the encoder's output does not have
     with pytest.raises(UsageError, match=r"^d\.onnx: its cross-attention cache reads 'input_ids', not only"):
         _slice(graph, ["present.0.encoder.key"], Path("d.onnx"))
