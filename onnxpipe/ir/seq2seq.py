@@ -30,7 +30,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxpipe.core.errors import ModelLoadError, UsageError
-from onnxpipe.core.tokenizer_files import looked_in, model_folders
+from onnxpipe.core.tokenizer_files import has_tokenizer, looked_in, model_folders, tokenizer_files
 from onnxpipe.ir.merged import branch_model, merged_if
 from onnxpipe.ir.model import graph_free_names
 
@@ -63,6 +63,15 @@ class Seq2SeqFolder:
     @property
     def merged(self) -> bool:
         return self.decoder.name == MERGED
+
+    @property
+    def side_files(self) -> tuple[Path, ...]:
+        """What goes with its split: the configs read (:attr:`configs`) and the tokenizer's files
+        (:func:`~onnxpipe.core.tokenizer_files.tokenizer_files`) of the first folder holding a tokenizer,
+        beside the files or one folder up."""
+        found = next((tokenizer_files(f) for f in model_folders(self.encoder) if has_tokenizer(f)), ())
+        files = {p.name: p for p in found} | {p.name: p for p in self.configs}
+        return tuple(files.values())
 
 
 def find_seq2seq(folder: Path) -> Seq2SeqFolder | None:

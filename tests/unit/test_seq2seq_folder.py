@@ -40,6 +40,21 @@ def test_configs_are_found_beside_the_files_or_one_folder_up(tmp_path: Path) -> 
     assert found is not None and found.merged
     assert (found.start_ids, found.eos_ids, found.notes) == ((5, 8, 9), (6, 7), ())
     assert found.configs == (folder.parent / "config.json", folder / "generation_config.json")
+    for name in ("tokenizer.json", "vocab.json", "merges.txt"):
+        (folder.parent / name).touch()
+    assert {p.relative_to(tmp_path).as_posix() for p in found.side_files} == {
+        "repo/config.json",
+        "repo/onnx/generation_config.json",
+        "repo/tokenizer.json",
+        "repo/vocab.json",
+        "repo/merges.txt",
+    }
+    (folder / "tokenizer.json").touch()  # a tokenizer beside the files is theirs
+    assert {p.relative_to(folder.parent).as_posix() for p in found.side_files} == {
+        "config.json",
+        "onnx/generation_config.json",
+        "onnx/tokenizer.json",
+    }
 
 
 @pytest.mark.parametrize(
