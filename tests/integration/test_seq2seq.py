@@ -223,6 +223,10 @@ def test_bad_folder_and_inputs_are_one_line_errors(
     assert code == 7 and "is an encoder-decoder's split: give its encoder/ or decoder/ folder" in err
     code, _, err = cli_run(["split", whisper, "--stages", "2", "--out", split2], capfd)
     assert code == 6 and "holds an earlier encoder-decoder split; --force replaces it" in err
+    code, _, err = cli_run(
+        ["split", whisper / seq2seq.MERGED, "--stages", "2", "--out", tmp_path / "m"], capfd
+    )
+    assert code == 5 and f"(an encoder-decoder's merged decoder: split its folder {whisper})" in err
 
 
 def test_a_folder_with_a_tokenizer_prints_its_text(
