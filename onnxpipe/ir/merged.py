@@ -55,6 +55,28 @@ def unwrap_merged_decoder(proto: onnx.ModelProto) -> Unwrapped | None:
     return Unwrapped(model, note)
 
 
+def runnable_file(path: Path) -> Path:
+    """``path``, or, for a merged decoder, a file of its with-past branch with its weights: what a worker
+    running the whole model opens (``generate --compare``, ``run --compare``), for it feeds the model as
+    onnxpipe split it, without ``use_cache_branch``.  Written once per source file (by its hash) into the
+    temporary folder, as one file, or with its weights beside it when they pass protobuf's 2 GB."""
+    unwrapped = unwrap_merged_decoder(onnx.load(str(path), load_external_data=False))
+    if unwrapped is None:
+        return path
+    folder = Path(tempfile.gettempdir()) / "onnxpipe-unwrapped" / file_sha256(path)[:16]
+    target = folder / path.name
+    if target.is_file():
+        return target
+    model = unwrapped.proto
+    onnx.load_external_data_for_model(model, str(path.parent))
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / f".{os.getpid()}.{path.name}"
+    large = model.ByteSize() > 2_000_000_000
+    onnx.save(model, str(partial), save_as_external_data=large, location=f"{path.name}.data")
+    os.replace(partial, target)
+    return target
+
+
 def branch_model(proto: onnx.ModelProto, node: onnx.NodeProto, branch: onnx.GraphProto) -> onnx.ModelProto:
     """``branch``, a branch of ``proto``'s one ``If`` ``node``, as a model of its own: the graph's inputs
     but the ``If``'s flag, the outer weights it reads (but those its own weights shadow), its nodes, and
@@ -80,28 +102,6 @@ def branch_model(proto: onnx.ModelProto, node: onnx.NodeProto, branch: onnx.Grap
     model.CopyFrom(proto)
     model.graph.CopyFrom(body)
     return model
-
-
-def runnable_file(path: Path) -> Path:
-    """``path``, or, for a merged decoder, a file of its with-past branch with its weights: what a worker
-    running the whole model opens (``generate --compare``, ``run --compare``), for it feeds the model as
-    onnxpipe split it, without ``use_cache_branch``.  Written once per source file (by its hash) into the
-    temporary folder, as one file, or with its weights beside it when they pass protobuf's 2 GB."""
-    unwrapped = unwrap_merged_decoder(onnx.load(str(path), load_external_data=False))
-    if unwrapped is None:
-        return path
-    folder = Path(tempfile.gettempdir()) / "onnxpipe-unwrapped" / file_sha256(path)[:16]
-    target = folder / path.name
-    if target.is_file():
-        return target
-    model = unwrapped.proto
-    onnx.load_external_data_for_model(model, str(path.parent))
-    folder.mkdir(parents=True, exist_ok=True)
-    partial = folder / f".{os.getpid()}.{path.name}"
-    large = model.ByteSize() > 2_000_000_000
-    onnx.save(model, str(partial), save_as_external_data=large, location=f"{path.name}.data")
-    os.replace(partial, target)
-    return target
 
 
 def merged_if(graph: onnx.GraphProto) -> tuple[onnx.NodeProto, onnx.GraphProto, onnx.GraphProto] | None:
