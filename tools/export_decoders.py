@@ -272,16 +272,20 @@ def export(name: str, path: Path, *, past: bool = True) -> Path:
         )
     proto = onnx.load(str(tmp))
     tmp.unlink()
-    for node in proto.graph.node:
-        # the exporter's debugging metadata (stack traces, FX nodes) is most of a tiny model's bytes; the
-        # module scopes are what onnxpipe reads (a node's layer), so they stay
-        keep = [p for p in node.metadata_props if p.key == SCOPE_KEY]
-        del node.metadata_props[:]
-        node.metadata_props.extend(keep)
+    strip_metadata(proto)
     if spec.config.get("tie_word_embeddings"):
         tie_lm_head(proto)
     onnx.save(proto, str(path))
     return path
+
+
+def strip_metadata(proto: onnx.ModelProto) -> None:
+    """Drop every node's metadata but its module scope: the exporter's debugging metadata (stack traces,
+    FX nodes) is most of a tiny model's bytes; the module scopes are what onnxpipe reads (a node's layer)."""
+    for node in proto.graph.node:
+        keep = [p for p in node.metadata_props if p.key == SCOPE_KEY]
+        del node.metadata_props[:]
+        node.metadata_props.extend(keep)
 
 
 def tie_lm_head(proto: onnx.ModelProto) -> None:

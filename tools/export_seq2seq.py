@@ -1,7 +1,9 @@
 """A Whisper-shaped encoder-decoder, exported to ONNX by torch's dynamo exporter in the folder layout
-optimum writes for it, with random weights (no download).
+optimum writes for it, with random weights (no download); or by the TorchScript exporter optimum itself
+uses (``dynamo=False``), whose decoders read the cross cache's batch off the decoder's own hidden states.
 
     python tools/export_seq2seq.py --out DIR      # write the tiny Whisper folder into DIR/whisper_tiny
+    python tools/export_seq2seq.py --out DIR --torchscript   # into DIR/whisper_tiny_torchscript
 
 The folder holds, with optimum's file and tensor names:
 
@@ -19,8 +21,9 @@ The folder holds, with optimum's file and tensor names:
 
 Like optimum's Whisper export, the decoders take no attention mask: positions follow the cache's length.
 The sizes are tiny (d_model 64, 2 encoder and 3 decoder layers, 8 mel bins, 32 frames) so that export and
-tests take seconds.  Exports are cached in the corpus cache under ``seq2seq/<name>-<key>/``, keyed by the
-configuration and the versions of torch, transformers, onnx and onnxscript.
+tests take seconds.  Exports are cached in the corpus cache under ``seq2seq/<name>-<key>/`` (the
+TorchScript one's name ending ``_torchscript``), keyed by the configuration and the versions of torch,
+transformers, onnx and onnxscript.
 """
 
 from __future__ import annotations
@@ -42,11 +45,11 @@ import numpy as np
 
 try:
     from tools.corpus import cache_dir
-    from tools.export_decoders import INIT_RANGE, SCOPE_KEY, SEED, _version, merge_decoders
+    from tools.export_decoders import INIT_RANGE, SEED, _version, merge_decoders, strip_metadata
 except ModuleNotFoundError:  # run as a script: python tools/export_seq2seq.py
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from tools.corpus import cache_dir
-    from tools.export_decoders import INIT_RANGE, SCOPE_KEY, SEED, _version, merge_decoders
+    from tools.export_decoders import INIT_RANGE, SEED, _version, merge_decoders, strip_metadata
 
 EXPORT_REVISION = 3  # bump to invalidate every cached export after changing how the folder is built
 NAME = "whisper_tiny"
@@ -156,39 +159,57 @@ def _names(past: bool) -> tuple[list[str], list[str]]:
     ]
 
 
+def _axes(name: str) -> dict[int, str]:
+    """The dynamic dims of tensor ``name`` for the TorchScript exporter, named as optimum names them."""
+    if name in ("input_features", "last_hidden_state"):
+        return {0: "batch"}
+    if name in ("input_ids", "logits"):
+        return {0: "batch", 1: "sequence_length"}
+    if name == "encoder_hidden_states" or ".encoder." in name:
+        return {0: "batch", 1 if name == "encoder_hidden_states" else 2: "encoder_sequence_length"}
+    return {0: "batch", 2: "past_sequence_length" if name.startswith("past") else "total_sequence_length"}
+
+
 def _export(
-    module: Any, args: tuple[Any, ...], path: Path, names: tuple[list[str], list[str]], shapes: Any
+    module: Any,
+    args: tuple[Any, ...],
+    path: Path,
+    names: tuple[list[str], list[str]],
+    shapes: Any,
+    dynamo: bool,
 ) -> None:
-    """Export ``module`` to ``path`` by the dynamo exporter, keeping only the nodes' module scopes."""
+    """Export ``module`` to ``path`` by the dynamo exporter (``shapes`` its dynamic shapes), or by the
+    TorchScript one optimum uses (its dynamic axes by :func:`_axes`), keeping only the nodes' module
+    scopes."""
     import onnx
     import torch
 
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     tmp = path.with_suffix(".raw.onnx")
+    how: dict[str, Any] = (
+        {"dynamo": True, "external_data": False, "dynamic_shapes": shapes}
+        if dynamo
+        else {
+            "dynamo": False,
+            "opset_version": 17,
+            "dynamic_axes": {t: _axes(t) for t in [*names[0], *names[1]]},
+        }
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            module,
-            args,
-            str(tmp),
-            dynamo=True,
-            external_data=False,
-            input_names=names[0],
-            output_names=names[1],
-            dynamic_shapes=shapes,
-            verbose=False,
+            module, args, str(tmp), input_names=names[0], output_names=names[1], verbose=False, **how
         )
     proto = onnx.load(str(tmp))
     tmp.unlink()
-    for node in proto.graph.node:
-        keep = [p for p in node.metadata_props if p.key == SCOPE_KEY]
-        del node.metadata_props[:]
-        node.metadata_props.extend(keep)
+    strip_metadata(proto)
     onnx.save(proto, str(path))
 
 
-def export(out: Path) -> Path:
-    """Write the Whisper-shaped folder into ``out`` (made if missing) without caching; return ``out``."""
+def export(out: Path, dynamo: bool = True) -> Path:
+    """Write the Whisper-shaped folder into ``out`` (made if missing) without caching; return ``out``.
+    ``dynamo=False`` exports by the TorchScript exporter, as optimum does: its decoders take the cross
+    cache's batch from ``Shape`` of the decoder's own hidden states, not of the encoder's output."""
     import torch
 
     out.mkdir(parents=True, exist_ok=True)
@@ -201,7 +222,9 @@ def export(out: Path) -> Path:
         torch.export.Dim("past"),
     )
     feats = torch.from_numpy(features(2))
-    _export(encoder, (feats,), out / ENCODER, (["input_features"], ["last_hidden_state"]), ({0: batch},))
+    _export(
+        encoder, (feats,), out / ENCODER, (["input_features"], ["last_hidden_state"]), ({0: batch},), dynamo
+    )
     with torch.no_grad():
         encoded = encoder(feats)
     ids = torch.tensor([[int(CONFIG["decoder_start_token_id"]), 3, 5]] * 2)
@@ -212,6 +235,7 @@ def export(out: Path) -> Path:
         out / DECODER,
         _names(False),
         ({0: batch, 1: seq}, ({0: batch, 1: encoder_length},)),
+        dynamo,
     )
     rng = np.random.default_rng(1)
     frames = encoded.shape[1]
@@ -220,7 +244,14 @@ def export(out: Path) -> Path:
         for length in (3, 3, frames, frames):
             cache.append(torch.from_numpy(rng.standard_normal((2, heads, length, head)).astype(np.float32)))
     kv_shapes = tuple({0: batch, 2: past} if j % 4 < 2 else {0: batch} for j in range(4 * n))
-    _export(with_past, (ids[:, :1], *cache), out / WITH_PAST, _names(True), ({0: batch, 1: seq}, kv_shapes))
+    _export(
+        with_past,
+        (ids[:, :1], *cache),
+        out / WITH_PAST,
+        _names(True),
+        ({0: batch, 1: seq}, kv_shapes),
+        dynamo,
+    )
     config = {**_whisper().config.to_dict(), "architectures": ["WhisperForConditionalGeneration"]}
     (out / "config.json").write_text(json.dumps(config, indent=2, default=str), encoding="utf-8")
     generation = {
@@ -264,6 +295,11 @@ def merged_only(folder: Path, out: Path) -> Path:
     return out
 
 
+def folder_name(dynamo: bool) -> str:
+    """The folder's name: :data:`NAME`, ending ``_torchscript`` for the TorchScript export."""
+    return NAME if dynamo else f"{NAME}_torchscript"
+
+
 def cache_key() -> str:
     parts = {
         "revision": EXPORT_REVISION,
@@ -273,16 +309,18 @@ def cache_key() -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def cached_export() -> Path:
-    """The cached Whisper-shaped folder, made now if missing; concurrent callers are safe."""
+def cached_export(dynamo: bool = True) -> Path:
+    """The cached Whisper-shaped folder (exported by TorchScript with ``dynamo=False``, in a folder of
+    its own), made now if missing; concurrent callers are safe."""
     root = cache_dir() / "seq2seq"
-    final = root / f"{NAME}-{cache_key()}"
+    name = folder_name(dynamo)
+    final = root / f"{name}-{cache_key()}"
     if (final / "generation_config.json").is_file():
         return final
     root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{NAME}-"))
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}-"))
     try:
-        export(tmp)
+        export(tmp, dynamo)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -326,8 +364,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, required=True, help="folder to write the model folder into")
+    parser.add_argument("--torchscript", action="store_true", help="export by TorchScript, as optimum does")
     args = parser.parse_args(argv)
-    print(export(args.out / NAME))
+    print(export(args.out / folder_name(not args.torchscript), dynamo=not args.torchscript))
     return 0
 
 

@@ -33,6 +33,7 @@ from onnxpipe.ir.joined import named_embedding
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import expected_text, load_samples
+from onnxpipe.ir.seq2seq import family_hint
 from onnxpipe.ir.shapes import non_tensor_inputs
 from onnxpipe.planning.decoder import refuse_own_ends
 from onnxpipe.planning.decoder_plan import check_stage_count
@@ -97,7 +98,7 @@ def start(
     opset onnxruntime cannot run, an input no random value can be made for when the model must run,
     ``runs_model`` or a measured profile); then the preamble said (``on_cluster``: the stages are
     calibrated on a Ray cluster, not run here)."""
-    request.check_stage_count(len(view.compute_nodes), view.label)
+    request.check_stage_count(len(view.compute_nodes), view.label + family_hint(view.path))
     phases = decoder_phases(view, request, profile, decoder)
     if profile.has_input_files:
         samples = load_samples(view, profile.input_files, stacked=profile.stacked_files)

@@ -198,7 +198,7 @@ def _read_hf(path: Path, f: Fields) -> SourceConfig:
             hidden_size=hidden,
             vocab_size=_opt_int(f, "vocab_size"),
         ),
-        context_length=_opt_int(f, "max_position_embeddings", "n_positions", "n_ctx"),
+        context_length=_opt_int(f, "max_position_embeddings", "n_positions", "n_ctx", "max_target_positions"),
     )
 
 

@@ -46,27 +46,8 @@ def unwrap_merged_decoder(proto: onnx.ModelProto) -> Unwrapped | None:
     if found is None:
         return None
     node, with_past, flag = found
-    reads = graph_free_names(with_past)
-    local = {t.name for t in with_past.initializer}
-    outer = [t for t in graph.initializer if t.name in reads and t.name not in local]
-    nodes = list(with_past.node)
-    # the If's outputs are the graph's; a branch may name its outputs otherwise
-    for inner, out in zip(with_past.output, node.output, strict=True):
-        if inner.name != out:
-            nodes.append(helper.make_node("Identity", [inner.name], [out], name=f"{out}/unwrapped"))
-    inputs = [vi for vi in graph.input if vi.name != flag]
-    body = helper.make_graph(
-        nodes,
-        graph.name,
-        inputs,
-        list(graph.output),
-        initializer=[*outer, *with_past.initializer],
-        value_info=[*with_past.value_info],
-    )
-    body.sparse_initializer.extend(with_past.sparse_initializer)
-    model = onnx.ModelProto()
-    model.CopyFrom(proto)
-    model.graph.CopyFrom(body)
+    model = branch_model(proto, node, with_past)
+    nodes = model.graph.node
     note = (
         f"merged decoder unwrapped: the graph was one If on {flag!r} choosing between the decoder without "
         f"a cache and the one with it; it is taken as the with-past branch ({len(nodes)} nodes), which "
@@ -102,11 +83,36 @@ def runnable_file(path: Path, embedding: Path | None = None) -> Path:
     return target
 
 
-def _cache_branches(
-    graph: onnx.GraphProto,
-) -> tuple[onnx.NodeProto, onnx.GraphProto, str] | None:
-    """The ``If`` node, its with-past branch (the one reading graph inputs, the cache, that the other
-    does not) and the flag input, when ``graph`` is a merged decoder."""
+def branch_model(proto: onnx.ModelProto, node: onnx.NodeProto, branch: onnx.GraphProto) -> onnx.ModelProto:
+    """``branch``, a branch of ``proto``'s one ``If`` ``node``, as a model of its own: the graph's inputs
+    but the ``If``'s flag, the outer weights it reads (but those its own weights shadow), its nodes, and
+    the ``If``'s outputs (a branch may name its outputs otherwise: ``Identity`` nodes rename them)."""
+    graph = proto.graph
+    reads = graph_free_names(branch)
+    local = {t.name for t in branch.initializer}
+    outer = [t for t in graph.initializer if t.name in reads and t.name not in local]
+    nodes = list(branch.node)
+    for inner, out in zip(branch.output, node.output, strict=True):
+        if inner.name != out:
+            nodes.append(helper.make_node("Identity", [inner.name], [out], name=f"{out}/unwrapped"))
+    body = helper.make_graph(
+        nodes,
+        graph.name,
+        [vi for vi in graph.input if vi.name != node.input[0]],
+        list(graph.output),
+        initializer=[*outer, *branch.initializer],
+        value_info=[*branch.value_info],
+    )
+    body.sparse_initializer.extend(branch.sparse_initializer)
+    model = onnx.ModelProto()
+    model.CopyFrom(proto)
+    model.graph.CopyFrom(body)
+    return model
+
+
+def merged_if(graph: onnx.GraphProto) -> tuple[onnx.NodeProto, onnx.GraphProto, onnx.GraphProto] | None:
+    """The ``If`` node and its ``then`` and ``else`` branches when ``graph`` is one ``If`` on a boolean
+    graph input giving the graph's outputs, as optimum merges two decoders."""
     if len(graph.node) != 1 or graph.node[0].op_type != "If" or graph.node[0].domain not in ("", "ai.onnx"):
         return None
     node = graph.node[0]
@@ -121,6 +127,18 @@ def _cache_branches(
     then, other = branches.get("then_branch"), branches.get("else_branch")
     if then is None or other is None or len(then.output) != len(other.output):
         return None
+    return node, then, other
+
+
+def _cache_branches(
+    graph: onnx.GraphProto,
+) -> tuple[onnx.NodeProto, onnx.GraphProto, str] | None:
+    """The ``If`` node, its with-past branch (the one reading graph inputs, the cache, that the other
+    does not) and the flag input, when ``graph`` is a merged decoder."""
+    found = merged_if(graph)
+    if found is None:
+        return None
+    node, then, other = found
     inputs = {vi.name for vi in graph.input} - {node.input[0]}
     then_reads, else_reads = graph_free_names(then) & inputs, graph_free_names(other) & inputs
     if else_reads < then_reads:

@@ -205,6 +205,46 @@ def test_folder_splits_at_3_each_layers_caches_on_its_stage(whisper: Path, tmp_p
     _generates_the_plain_loops_tokens(out, whisper, tmp_path)
 
 
+@pytest.mark.parametrize("merged", [False, True])
+def test_a_torchscript_export_splits_and_generates_the_same_tokens(
+    whisper: Path, tmp_path: Path, merged: bool
+) -> None:
+    """optimum's exporter (TorchScript) reshapes the cross cache with ``Shape`` of the decoder's own
+    hidden states, leading back to the token ids: the step graph reads that batch off the encoder's
+    output instead, and the split generates the dynamo export's tokens (the same weights).  The merged
+    file's with-past branch declares its empty cross outputs' shapes ([0]), as a shape-inferred file
+    does: the step graph, which makes them anew, drops those."""
+    folder = seq2seq.cached_export(dynamo=False)
+    if merged:
+        folder = seq2seq.merged_only(folder, tmp_path / "merged")
+        proto = onnx.load(str(folder / seq2seq.MERGED))
+        branch = next(a.g for a in proto.graph.node[0].attribute if a.name == "then_branch")  # with past
+        empty = [o.name for o in proto.graph.output if ".encoder." in o.name]
+        branch.value_info.extend(
+            onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [0]) for n in empty
+        )
+        onnx.save(proto, str(folder / seq2seq.MERGED))
+    found = find_seq2seq(folder)
+    assert found is not None and found.merged == merged
+    step = step_decoder(found)
+    rooted = [n for n in step.graph.node if n.op_type == "Shape" and n.name.startswith("cross/")]
+    assert rooted and all(n.input[0] == ENCODER_OUTPUT for n in rooted)
+    out = _split(folder, tmp_path / "split", 2)
+    file, feats = _inputs(tmp_path)
+    got = generate(out, GenerateOptions(inputs=(file,), max_new_tokens=NEW_TOKENS, compare=True))
+    assert got.same and [list(t) for t in got.tokens] == seq2seq.greedy(whisper, feats, NEW_TOKENS)
+
+
+def test_a_merged_decoder_file_alone_is_pointed_at_its_folder(
+    whisper: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """One ``If`` no cut divides: the message says to split the folder as one family (exit 5)."""
+    code, _, err = cli_run(
+        ["split", whisper / seq2seq.MERGED, "--stages", "2", "--out", tmp_path / "m"], capfd
+    )
+    assert code == 5 and f"(an encoder-decoder's merged decoder: split its folder {whisper})" in err
+
+
 def test_bad_folder_and_inputs_are_one_line_errors(
     whisper: Path, split2: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:

@@ -152,6 +152,9 @@ def test_names_genai_cannot_express_are_unsupported() -> None:
     pairs = [KVPair(i, f"pk{i}", f"pv{i}", f"qk{i}", f"qv{i}") for i in range(2)]
     names = tensor_names("input_ids", None, None, "logits", pairs)
     assert names == TensorNames("input_ids", None, None, "pk%d", "pv%d", "logits", "qk%d", "qv%d")
+    cross = [*pairs, *(KVPair(i, f"ck{i}", f"cv{i}", f"dk{i}", f"dv{i}", cross=True) for i in range(2))]
+    found = tensor_names("input_ids", None, None, "logits", cross)
+    assert isinstance(found, Unsupported) and found.reason.startswith("its cross-attention cache")
 
 
 @pytest.mark.parametrize(("name", "kv_heads", "positions"), [("llama_gqa", 2, None), ("gpt2", 4, 1024)])

@@ -30,7 +30,11 @@ def tensor_names(
     if not kv or any(p.past_value is None or p.present_value is None for p in kv):
         return Unsupported("key and value share one cache tensor per layer; GenAI needs them apart")
     if [p.layer for p in kv] != list(range(len(kv))):
-        return Unsupported("the cache's layers are not numbered 0 to N-1")
+        return Unsupported(
+            "its cross-attention cache (an encoder-decoder's) has no place in GenAI's decoder config"
+            if any(p.cross for p in kv)
+            else "the cache's layers are not numbered 0 to N-1"
+        )
     templates: list[str] = []
     for role in ("past_key", "past_value", "present_key", "present_value"):
         template = layer_template([getattr(p, role) for p in kv])
