@@ -20,7 +20,6 @@ into one step).
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -33,8 +32,8 @@ from onnxpipe.core.choices import Backend
 from onnxpipe.core.errors import ModelLoadError, UsageError
 from onnxpipe.core.events import Listener
 from onnxpipe.core.iocontract import Role
+from onnxpipe.core.model_config import config_beside
 from onnxpipe.core.options import opt
-from onnxpipe.core.tokenizer_files import tokenizer_files
 from onnxpipe.export.boundary import PROTOBUF_LIMIT
 from onnxpipe.export.outdir import check_target, staged_folder, writing
 from onnxpipe.ir.model import initializer_nbytes
@@ -90,7 +89,7 @@ def split_folder(
         f"{k_encoder} in encoder/, the decoder ({weights[1] / 2**20:.1f} MiB, per token) {k - k_encoder} in "
         "decoder/, each layer's self- and cross-attention caches on its stage"
     )
-    beside = tokenizer_files(folder)
+    beside = found.side_files
     with staged_folder(out, last=SEQ2SEQ_FILE) as tmp:
         decoder_options = _decoder_options(options, tmp, k - k_encoder, step, found.folder, decoder_shapes)
         with writing(out / STEP_FILE, out):
@@ -116,7 +115,7 @@ def split_folder(
         with writing(out / SEQ2SEQ_FILE, out):
             write_seq2seq(tmp, record)
     plan = decoder.manifest.plan
-    notes = (f"encoder-decoder: {balance}; the stages shown are the decoder's", *plan.notes)
+    notes = (f"encoder-decoder: {balance}; the stages shown are the decoder's", *found.notes, *plan.notes)
     manifest = dataclasses.replace(decoder.manifest, plan=dataclasses.replace(plan, notes=notes))
     report = decoder.report if encoder.ok else encoder.report
     return dataclasses.replace(decoder, manifest=manifest, out_dir=out, report=report)
@@ -191,7 +190,8 @@ def _decoder_options(
             shapes[name] = (1, d[1] or 1, frames or 1, d[3] or 1)
     part = _part(options, out / "decoder", k, shapes | given)
     decoder = part.plan.decoder
-    positions = _max_positions(source)
+    config = config_beside(source / ENCODER).config  # Whisper's max_target_positions, 448
+    positions = config.context_length if config is not None else None
     past = min(decoder.decode_past, positions - 1) if positions else decoder.decode_past
     new = dims["input_ids"][1] if len(dims.get("input_ids", [])) == 2 else None
     changed = dataclasses.replace(
@@ -201,16 +201,6 @@ def _decoder_options(
         max_context=min(decoder.max_context, positions or decoder.max_context),
     )
     return dataclasses.replace(part, plan=dataclasses.replace(part.plan, decoder=changed))
-
-
-def _max_positions(folder: Path) -> int | None:
-    """The decoder's positions, from the folder's config (``max_target_positions``, Whisper's 448)."""
-    path = folder / "config.json"
-    try:
-        value = json.loads(path.read_text(encoding="utf-8")).get("max_target_positions")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) and value > 1 else None
 
 
 def generate_folder(
