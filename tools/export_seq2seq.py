@@ -4,6 +4,7 @@ uses (``dynamo=False``), whose decoders read the cross cache's batch off the dec
 
     python tools/export_seq2seq.py --out DIR      # write the tiny Whisper folder into DIR/whisper_tiny
     python tools/export_seq2seq.py --out DIR --torchscript   # into DIR/whisper_tiny_torchscript
+    python tools/export_seq2seq.py --out DIR --t5   # the tiny T5 folder (:func:`export_t5`) into DIR/t5_tiny
 
 The folder holds, with optimum's file and tensor names:
 
@@ -20,6 +21,10 @@ The folder holds, with optimum's file and tensor names:
   empty tensors; :func:`merged_only` copies the folder with that file in place of the two decoders.
 
 Like optimum's Whisper export, the decoders take no attention mask: positions follow the cache's length.
+
+:func:`export_t5` (``--t5``) writes a tiny random-weight T5 in optimum's T5 (and Marian) layout: the
+encoder takes ``input_ids`` and ``attention_mask``, both decoders ``encoder_attention_mask`` after
+``input_ids``; the start token is the pad id 0, the end id 1; :func:`t5_greedy` is its plain loop.
 The sizes are tiny (d_model 64, 2 encoder and 3 decoder layers, 8 mel bins, 32 frames) so that export and
 tests take seconds.  Exports are cached in the corpus cache under ``seq2seq/<name>-<key>/`` (the
 TorchScript one's name ending ``_torchscript``), keyed by the configuration and the versions of torch,
@@ -37,7 +42,7 @@ import shutil
 import sys
 import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -146,9 +151,9 @@ def _modules() -> tuple[Any, Any, Any]:
     return Encoder().eval(), Decoder(False).eval(), Decoder(True).eval()
 
 
-def _names(past: bool) -> tuple[list[str], list[str]]:
-    """The input and output names of the first-step (``past=False``) or the with-past decoder."""
-    n = int(CONFIG["decoder_layers"])
+def _names(past: bool, n: int = int(CONFIG["decoder_layers"])) -> tuple[list[str], list[str]]:
+    """The input and output names of the first-step (``past=False``) or the with-past decoder of ``n``
+    layers."""
     kinds = [("decoder", "key"), ("decoder", "value"), ("encoder", "key"), ("encoder", "value")]
     present = [f"present.{i}.{a}.{k}" for i in range(n) for a, k in kinds if not past or a == "decoder"]
     if not past:
@@ -300,10 +305,10 @@ def folder_name(dynamo: bool) -> str:
     return NAME if dynamo else f"{NAME}_torchscript"
 
 
-def cache_key() -> str:
+def cache_key(config: dict[str, Any] = CONFIG) -> str:
     parts = {
         "revision": EXPORT_REVISION,
-        "config": CONFIG,
+        "config": config,
         "versions": {d: _version(d) for d in ("torch", "transformers", "onnx", "onnxscript")},
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
@@ -312,15 +317,25 @@ def cache_key() -> str:
 def cached_export(dynamo: bool = True) -> Path:
     """The cached Whisper-shaped folder (exported by TorchScript with ``dynamo=False``, in a folder of
     its own), made now if missing; concurrent callers are safe."""
+    return _cached(folder_name(dynamo), cache_key(), lambda out: export(out, dynamo))
+
+
+def cached_t5() -> Path:
+    """The cached T5-shaped folder (:func:`export_t5`), made now if missing."""
+    return _cached(T5_NAME, cache_key(T5_CONFIG), export_t5)
+
+
+def _cached(name: str, key: str, make: Callable[[Path], Path]) -> Path:
+    """``seq2seq/<name>-<key>`` in the corpus cache, written by ``make`` into a temporary folder renamed
+    into place (so concurrent callers are safe) where missing."""
     root = cache_dir() / "seq2seq"
-    name = folder_name(dynamo)
-    final = root / f"{name}-{cache_key()}"
+    final = root / f"{name}-{key}"
     if (final / "generation_config.json").is_file():
         return final
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}-"))
     try:
-        export(tmp, dynamo)
+        make(tmp)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -359,13 +374,191 @@ def greedy(folder: Path, feats: np.ndarray, max_new_tokens: int = 16) -> list[li
     return made
 
 
+# ------------------------------------------------------------------------------ a T5-shaped folder
+
+T5_NAME = "t5_tiny"
+T5_CONFIG: dict[str, Any] = {
+    "vocab_size": 64,
+    "d_model": 32,
+    "d_kv": 8,
+    "d_ff": 64,
+    "num_layers": 2,
+    "num_decoder_layers": 2,
+    "num_heads": 4,
+    "relative_attention_num_buckets": 8,
+    "relative_attention_max_distance": 16,
+    "decoder_start_token_id": 0,
+    "pad_token_id": 0,
+    "eos_token_id": 1,
+    "initializer_factor": 10.0,  # T5's own scale (1.0) repeats one token from the first step on
+}
+"""A tiny T5: like optimum's T5 (and Marian) exports, its encoder takes ``input_ids`` and
+``attention_mask``, its decoders ``encoder_attention_mask`` besides (the encoder's mask, every step)."""
+
+
+def _t5() -> Any:
+    import torch
+    import transformers
+
+    torch.manual_seed(SEED)
+    config = transformers.T5Config(**T5_CONFIG, attn_implementation="eager")
+    return transformers.T5ForConditionalGeneration(config).eval()
+
+
+def source_ids(batch: int = 1, length: int = 7, seed: int = 0) -> np.ndarray:
+    """Random encoder token ids [batch, length], none of them the pad or end id."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(2, int(T5_CONFIG["vocab_size"]), (batch, length)).astype(np.int64)
+
+
+def _t5_modules() -> tuple[Any, Any, Any]:
+    """The T5 encoder, first-step decoder and with-past decoder as flat-tensor modules."""
+    import torch
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+    from transformers.modeling_outputs import BaseModelOutput
+
+    t5 = _t5()
+    n = int(T5_CONFIG["num_decoder_layers"])
+
+    class Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = t5.encoder
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+            return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    class Decoder(torch.nn.Module):
+        def __init__(self, past: bool) -> None:
+            super().__init__()
+            self.t5 = t5
+            self.past = past
+
+        def forward(self, input_ids: torch.Tensor, mask: torch.Tensor, *rest: torch.Tensor) -> Any:
+            selfs, cross = DynamicCache(), DynamicCache()
+            if self.past:
+                for i in range(n):
+                    selfs.update(rest[4 * i], rest[4 * i + 1], i)
+                    cross.update(rest[4 * i + 2], rest[4 * i + 3], i)
+                encoded = torch.zeros(mask.shape[0], mask.shape[1], int(T5_CONFIG["d_model"]))
+            else:
+                encoded = rest[0]
+            cache = EncoderDecoderCache(selfs, cross)
+            out = self.t5(
+                encoder_outputs=BaseModelOutput(last_hidden_state=encoded),
+                attention_mask=mask,
+                decoder_input_ids=input_ids,
+                cache=cache,
+                use_cache=True,
+            )
+            flat: list[torch.Tensor] = []
+            for i in range(n):
+                flat += [
+                    cache.self_attention_cache.layers[i].keys,
+                    cache.self_attention_cache.layers[i].values,
+                ]
+                if not self.past:
+                    flat += [
+                        cache.cross_attention_cache.layers[i].keys,
+                        cache.cross_attention_cache.layers[i].values,
+                    ]
+            return (out.logits, *flat)
+
+    return Encoder().eval(), Decoder(False).eval(), Decoder(True).eval()
+
+
+def export_t5(out: Path) -> Path:
+    """Write the T5-shaped folder into ``out`` (made if missing) without caching; return ``out``."""
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    encoder, first, with_past = _t5_modules()
+    n, heads, head = (int(T5_CONFIG[k]) for k in ("num_decoder_layers", "num_heads", "d_kv"))
+    batch, seq, past, frames = (torch.export.Dim(d) for d in ("batch", "seq", "past", "frames"))
+    ids = torch.from_numpy(source_ids(2, 7))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    _export(
+        encoder,
+        (ids, mask),
+        out / ENCODER,
+        (["input_ids", "attention_mask"], ["last_hidden_state"]),
+        ({0: batch, 1: frames}, {0: batch, 1: frames}),
+        True,
+    )
+    with torch.no_grad():
+        encoded = encoder(ids, mask)
+    start = torch.tensor([[0, 3, 5]] * 2)
+    names = _names(False, n)
+    _export(
+        first,
+        (start, mask, encoded),
+        out / DECODER,
+        ([names[0][0], "encoder_attention_mask", *names[0][1:]], names[1]),
+        ({0: batch, 1: seq}, {0: batch, 1: frames}, ({0: batch, 1: frames},)),
+        True,
+    )
+    rng = np.random.default_rng(1)
+    cache = [
+        torch.from_numpy(rng.standard_normal((2, heads, length, head)).astype(np.float32))
+        for _ in range(n)
+        for length in (3, 3, 7, 7)
+    ]
+    names = _names(True, n)
+    kv_shapes = tuple({0: batch, 2: past} if j % 4 < 2 else {0: batch, 2: frames} for j in range(4 * n))
+    _export(
+        with_past,
+        (start[:, :1], mask, *cache),
+        out / WITH_PAST,
+        ([names[0][0], "encoder_attention_mask", *names[0][1:]], names[1]),
+        ({0: batch, 1: seq}, {0: batch, 1: frames}, kv_shapes),
+        True,
+    )
+    config = {**_t5().config.to_dict(), "architectures": ["T5ForConditionalGeneration"]}
+    (out / "config.json").write_text(json.dumps(config, indent=2, default=str), encoding="utf-8")
+    generation = {k: T5_CONFIG[k] for k in ("decoder_start_token_id", "eos_token_id", "pad_token_id")}
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2), encoding="utf-8")
+    return out
+
+
+def t5_greedy(
+    folder: Path, ids: np.ndarray, mask: np.ndarray | None, max_new_tokens: int = 16
+) -> list[list[int]]:
+    """A plain onnxruntime greedy loop over the T5 folder's unsplit files, each row alone (its mask
+    ones where ``mask`` is ``None``): the new tokens up to the end id."""
+    import onnxruntime as ort
+
+    enc, first, later = (ort.InferenceSession(str(folder / f)) for f in (ENCODER, DECODER, WITH_PAST))
+    made: list[list[int]] = []
+    for i, row in enumerate(ids):
+        row_mask = np.ones_like(row[None]) if mask is None else mask[i : i + 1]
+        (encoded,) = enc.run(None, {"input_ids": row[None], "attention_mask": row_mask})
+        feeds = {"input_ids": np.array([[int(T5_CONFIG["decoder_start_token_id"])]])}
+        feeds |= {"encoder_attention_mask": row_mask, "encoder_hidden_states": encoded}
+        outs = dict(zip([o.name for o in first.get_outputs()], first.run(None, feeds), strict=True))
+        tokens: list[int] = []
+        while len(tokens) < max_new_tokens:
+            tokens.append(int(np.argmax(outs["logits"][0, -1])))
+            if tokens[-1] == int(T5_CONFIG["eos_token_id"]):
+                break
+            feeds = {"input_ids": np.array([[tokens[-1]]]), "encoder_attention_mask": row_mask}
+            feeds |= {n.replace("present", "past_key_values"): v for n, v in outs.items() if n != "logits"}
+            outs |= dict(zip([o.name for o in later.get_outputs()], later.run(None, feeds), strict=True))
+        made.append(tokens)
+    return made
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, required=True, help="folder to write the model folder into")
     parser.add_argument("--torchscript", action="store_true", help="export by TorchScript, as optimum does")
+    parser.add_argument("--t5", action="store_true", help="write the tiny T5 folder (DIR/t5_tiny) instead")
     args = parser.parse_args(argv)
+    if args.t5:
+        print(export_t5(args.out / T5_NAME))
+        return 0
     print(export(args.out / folder_name(not args.torchscript), dynamo=not args.torchscript))
     return 0
 

@@ -53,6 +53,7 @@ from onnxpipe.runtime.generation.generator import Generator
 from onnxpipe.runtime.generation.result import Generation
 from onnxpipe.runtime.generation.seq2seq import (
     encode,
+    encoder_mask,
     encoder_output,
     encoding_included,
     plain_greedy,
@@ -188,6 +189,8 @@ def _decoder_options(
     for name, d in dims.items():
         if ".encoder." in name and len(d) == 4:
             shapes[name] = (1, d[1] or 1, frames or 1, d[3] or 1)
+        elif "encoder" in name and "mask" in name and len(d) == 2:  # T5's encoder_attention_mask
+            shapes[name] = (1, frames or 1)
     part = _part(options, out / "decoder", k, shapes | given)
     decoder = part.plan.decoder
     config = config_beside(source / ENCODER).config  # Whisper's max_target_positions, 448
@@ -235,7 +238,7 @@ def generate_folder(
         tokenizer=options.tokenizer or own,
         eos_token_ids=eos,
     )
-    builders = {Role.ENCODER_OUTPUT: encoder_output(encoded)}
+    builders = {Role.ENCODER_OUTPUT: encoder_output(encoded), Role.ENCODER_MASK: encoder_mask(rows, encoded)}
     config = LocalConfig(mode=options.local_mode)
     with Generator.open(decoder, config, threads=options.threads, builders=builders) as gen:
         prompting = gen.prompting(settled)

@@ -44,6 +44,9 @@ class Role(StrEnum):
     ENCODER_OUTPUT = "encoder_output"
     """An encoder-decoder's encoder output, ``[batch, frames, hidden]``: fed at a sequence's first step,
     empty (no frames) at every later one (:mod:`onnxpipe.ir.seq2seq`)."""
+    ENCODER_MASK = "encoder_mask"
+    """An encoder-decoder's encoder attention mask, ``[batch, frames]`` (T5's and Marian's
+    ``encoder_attention_mask``): ones over the encoder's frames, zeros over padding, at every step."""
     CROSS_PAST_KEY = "cross_past_key"
     """A layer's cross-attention keys, made from the encoder's output at the first step, then kept."""
     CROSS_PAST_VALUE = "cross_past_value"
@@ -99,16 +102,18 @@ class IOContract:
         kv: tuple[KVPair, ...],
         tokens: Role = Role.TOKEN_IDS,
         encoder_output: str | None = None,
+        encoder_mask: str | None = None,
     ) -> IOContract:
         """The contract of a decoder with a KV cache: its token (``tokens``: their ids or embeddings), mask
         and position inputs, its logits and each layer's cache pairs (as
         :func:`onnxpipe.ir.decoder.find_decoder` names them); an encoder-decoder's ``encoder_output``
-        input and cross-attention pairs too."""
+        input, its ``encoder_mask`` one where it takes the encoder's mask, and cross-attention pairs too."""
         inputs = [Binding(ids, tokens)]
         named = (
             (mask, Role.ATTENTION_MASK),
             (positions, Role.POSITIONS),
             (encoder_output, Role.ENCODER_OUTPUT),
+            (encoder_mask, Role.ENCODER_MASK),
         )
         inputs += [Binding(t, r) for t, r in named if t]
         outputs = [Binding(logits, Role.LOGITS)] if logits is not None else []

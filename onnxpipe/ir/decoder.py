@@ -241,7 +241,8 @@ def _with_layers(view: ModelView, pairs: tuple[KVPair, ...], ids: str, tokens: R
         embedding_nodes=embedding,
         lm_head_nodes=head,
         ids_input=ids,
-        mask_input=_named_input(view, "mask", pasts),
+        # an encoder-decoder's encoder_attention_mask is the encoder's, not the decoder's own
+        mask_input=_named_input(view, "mask", pasts | {t for t in view.inputs if "encoder" in t.lower()}),
         positions_input=_named_input(view, "position", pasts),
         scoped=scoped,
         shape_readers=tuple(shape_readers),

@@ -242,7 +242,10 @@ def _slice(graph: onnx.GraphProto, outputs: list[str], path: Path) -> list[onnx.
     The TorchScript exporter (optimum's) records the cross cache's reshape with the batch of the
     decoder's own hidden states, ``Shape(hidden)[0]``, which leads back to the token ids; such a ``Shape``
     is read from the encoder's output instead, whose dim 0 is the same batch: only where every reader of
-    it takes dim 0 alone (:func:`_batch_only`)."""
+    it takes dim 0 alone (:func:`_batch_only`).  torch's dynamo exporter reads the batch and the frames
+    off the first input that has them, T5's ``encoder_attention_mask`` [batch, frames]: such a ``Shape``
+    is read from the encoder's output's first two dims instead (:func:`_mask_dims`), which at a later step
+    has the frames the cross cache grows by (none), where the mask has every frame."""
     producer = {o: n for n in graph.node for o in n.output}
     others = {i.name for i in graph.input} - {ENCODER_OUTPUT}
     decoder_side = set(others)  # what the decoder's other inputs reach
@@ -260,6 +263,9 @@ def _slice(graph: onnx.GraphProto, outputs: list[str], path: Path) -> list[onnx.
             rooted.CopyFrom(node)
             rooted.input[0] = ENCODER_OUTPUT
             continue
+        if node.op_type == "Shape" and _is_mask(node.input[0]):
+            keep[id(node)] = _mask_dims(node)
+            continue
         keep[id(node)] = node
         read = [t for t in node.input if t in others]
         if read:
@@ -269,6 +275,25 @@ def _slice(graph: onnx.GraphProto, outputs: list[str], path: Path) -> list[onnx.
             )
         stack.extend(node.input)
     return [keep[id(n)] for n in graph.node if id(n) in keep]
+
+
+def _is_mask(name: str) -> bool:
+    """Whether input ``name`` is the encoder's mask (``encoder_attention_mask``)."""
+    return "encoder" in name.lower() and "mask" in name.lower()
+
+
+def _mask_dims(shape: onnx.NodeProto) -> onnx.NodeProto:
+    """``Shape`` of the encoder's mask [batch, frames] as ``Shape`` of the encoder's output
+    [batch, frames, hidden], its ``end`` kept within the first two dims."""
+    rooted = onnx.NodeProto()
+    rooted.CopyFrom(shape)
+    rooted.input[0] = ENCODER_OUTPUT
+    end = next((a for a in rooted.attribute if a.name == "end"), None)
+    if end is None:
+        rooted.attribute.append(helper.make_attribute("end", 2))
+    elif end.i < 0:
+        end.i += 2
+    return rooted
 
 
 def _batch_only(graph: onnx.GraphProto, shape: onnx.NodeProto, producer: dict[str, onnx.NodeProto]) -> bool:

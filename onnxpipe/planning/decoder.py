@@ -246,6 +246,9 @@ def io_contract(view: ModelView, dec: DecoderInfo) -> IOContract:
     logits = named[0] if len(named) == 1 else (rest[0] if len(rest) == 1 else None)
     pasts = set(dec.past_inputs)
     encoder = [t for t in view.inputs if "encoder" in t.lower() and t not in pasts]  # an encoder-decoder's
+    masks = [t for t in encoder if "mask" in t.lower()]  # T5's and Marian's encoder_attention_mask
+    encoder = [t for t in encoder if t not in masks]
+    cross = any(p.cross for p in dec.kv)
     return IOContract.of_decoder(
         dec.ids_input,
         dec.mask_input,
@@ -253,5 +256,6 @@ def io_contract(view: ModelView, dec: DecoderInfo) -> IOContract:
         logits,
         dec.kv,
         dec.tokens,
-        encoder[0] if len(encoder) == 1 and any(p.cross for p in dec.kv) else None,
+        encoder[0] if len(encoder) == 1 and cross else None,
+        masks[0] if len(masks) == 1 and cross else None,
     )

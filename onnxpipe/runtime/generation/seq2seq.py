@@ -34,7 +34,8 @@ Tensors = dict[str, np.ndarray]
 
 def read_inputs(files: Sequence[Path], names: Sequence[str]) -> list[Tensors]:
     """Each sequence's encoder inputs: a row of each ``.npz`` in ``files``, in order; a
-    :class:`UsageError` naming the file and the input it lacks."""
+    :class:`UsageError` naming the file and the input it lacks.  An encoder's mask (T5's
+    ``attention_mask``) a file leaves out is ones over its other input (every token real)."""
     rows: list[Tensors] = []
     for file in files:
         try:
@@ -48,6 +49,10 @@ def read_inputs(files: Sequence[Path], names: Sequence[str]) -> list[Tensors]:
             )
         with data:
             arrays = {n: np.asarray(data[n]) for n in data.files}
+        given = [arrays[n] for n in names if n in arrays]
+        for name in names:
+            if name not in arrays and "mask" in name and given and given[0].ndim == 2:
+                arrays[name] = np.ones(given[0].shape, np.int64)
         missing = [n for n in names if n not in arrays]
         if missing:
             raise UsageError(
@@ -101,6 +106,23 @@ def encoder_output(encoded: Sequence[np.ndarray]) -> Callable[[Step], np.ndarray
     return build
 
 
+def encoder_mask(rows: Sequence[Tensors], encoded: Sequence[np.ndarray]) -> Callable[[Step], np.ndarray]:
+    """The builder of the encoder-mask role (T5's ``encoder_attention_mask``), fed at every step: the
+    mask among sequence ``i``'s encoder inputs (``rows[i]``), else ones over its encoder output's frames."""
+    made = [_mask(row, e) for row, e in zip(rows, encoded, strict=True)]
+
+    def build(step: Step) -> np.ndarray:
+        return np.concatenate([made[r.sequence] for r in step.control.rows])
+
+    return build
+
+
+def _mask(row: Tensors, encoded: np.ndarray) -> np.ndarray:
+    """The encoder's mask of one sequence: its mask input (``attention_mask``), else ones over the frames
+    of its encoder output ``encoded``."""
+    return next((v for n, v in row.items() if "mask" in n), np.ones(encoded.shape[:2], np.int64))
+
+
 def plain_greedy(
     source: Path, rows: Sequence[Tensors], record: Seq2SeqRecord, max_new_tokens: int, eos_ids: Sequence[int]
 ) -> Run:
@@ -126,9 +148,11 @@ def plain_greedy(
     made: list[tuple[int, ...]] = []
     times: list[tuple[float, ...]] = []
     steps = 0
+    masked = [i.name for i in first.get_inputs() if "encoder" in i.name and "mask" in i.name]
     for row in rows:
         (encoded,) = encoder.run([record.encoder_output], row)
-        feeds: Tensors = {"input_ids": np.array([record.start_ids]), ENCODER_OUTPUT: encoded, **empty}
+        mask = dict.fromkeys(masked, _mask(row, encoded))
+        feeds: Tensors = {"input_ids": np.array([record.start_ids]), ENCODER_OUTPUT: encoded, **empty, **mask}
         feeds |= {f: np.array([False]) for f in flag}
         outs = dict(zip(first_names, first.run(None, feeds), strict=True))
         tokens: list[int] = []
@@ -139,7 +163,7 @@ def plain_greedy(
             stamps.append(time.perf_counter() - start)
             if tokens[-1] in eos_ids or len(tokens) == max_new_tokens:
                 break
-            feeds = {"input_ids": np.array([[tokens[-1]]])}
+            feeds = {"input_ids": np.array([[tokens[-1]]]), **mask}
             feeds |= {n.replace("present", "past_key_values", 1): v for n, v in outs.items() if n != "logits"}
             feeds |= {f: np.array([True]) for f in flag} | ({ENCODER_OUTPUT: encoded} if flag else {})
             made_now = zip(later_names, later.run(None, feeds), strict=True)
