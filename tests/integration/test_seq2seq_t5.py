@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 from onnxpipe.api import SplitOptions, generate, split
@@ -37,6 +38,22 @@ def split2(t5: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("t5") / "split"
     split(t5, SplitOptions(out=out, plan=PlanRequest(2), profile=ProfileOptions(cost=CostSource.STATIC)))
     return out
+
+
+def test_its_cache_reproduces_the_whole_sequence(t5: Path) -> None:
+    """The no-past decoder over the start token and the greedy tokens (the mask padding a row) picks
+    those tokens again: the with-past decoder's caches, self and cross, are the ones the model makes."""
+    ids = seq2seq.source_ids(2, 7, seed=4)
+    mask = np.ones_like(ids)
+    mask[1, 4:] = 0
+    enc = ort.InferenceSession(str(t5 / seq2seq.ENCODER))
+    first = ort.InferenceSession(str(t5 / seq2seq.DECODER))
+    for i, tokens in enumerate(seq2seq.t5_greedy(t5, ids, mask, NEW_TOKENS)):
+        feeds = {"input_ids": ids[i : i + 1], "attention_mask": mask[i : i + 1]}
+        (encoded,) = enc.run(None, feeds)
+        whole = {"input_ids": np.array([[0, *tokens[:-1]]]), "encoder_attention_mask": mask[i : i + 1]}
+        logits = first.run(["logits"], {**whole, "encoder_hidden_states": encoded})[0]
+        assert np.argmax(logits[0], axis=-1).tolist() == tokens
 
 
 def test_the_encoders_mask_has_a_role_of_its_own(split2: Path) -> None:
@@ -89,11 +106,15 @@ def test_splits_at_2_and_generates_the_plain_loops_tokens(
 
 
 def _generates_the_plain_loops_tokens(out: Path, t5: Path, tmp_path: Path) -> None:
-    ids = seq2seq.source_ids(2, 5, seed=9)
-    np.savez(tmp_path / "ids.npz", input_ids=ids)
-    options = GenerateOptions(inputs=(tmp_path / "ids.npz",), max_new_tokens=NEW_TOKENS, compare=True)
-    got = generate(out, options)
-    assert got.same and [list(t) for t in got.tokens] == seq2seq.t5_greedy(t5, ids, None, NEW_TOKENS)
+    """Two files of inputs of different lengths (5 and 9 tokens): each sequence's cross cache is as long
+    as its own encoder output."""
+    short, long = seq2seq.source_ids(2, 5, seed=9), seq2seq.source_ids(2, 9, seed=2)
+    np.savez(tmp_path / "short.npz", input_ids=short)
+    np.savez(tmp_path / "long.npz", input_ids=long)
+    files = (tmp_path / "short.npz", tmp_path / "long.npz")
+    got = generate(out, GenerateOptions(inputs=files, max_new_tokens=NEW_TOKENS, compare=True))
+    want = [*seq2seq.t5_greedy(t5, short, None, NEW_TOKENS), *seq2seq.t5_greedy(t5, long, None, NEW_TOKENS)]
+    assert got.same and [list(t) for t in got.tokens] == want
 
 
 def test_splits_at_3_each_layers_caches_on_its_stage(t5: Path, tmp_path: Path) -> None:

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from onnxpipe.api.seq2seq import _encoder_stages
-from onnxpipe.core.errors import ExportError
+from onnxpipe.core.errors import ExportError, UsageError
 from onnxpipe.export.outdir import check_replaceable, check_target
 from onnxpipe.manifest.seq2seq import STEP_FILE, Seq2SeqRecord, write_seq2seq
+from onnxpipe.runtime.generation.feeds import Step
 from onnxpipe.runtime.generation.result import Generation
-from onnxpipe.runtime.generation.seq2seq import encoding_included
+from onnxpipe.runtime.generation.seq2seq import encoder_mask, encoding_included, read_inputs
+from onnxpipe.runtime.kvstate import Control, Row, StepFlags
 
 
 def test_the_encoder_gets_the_count_whose_largest_stage_is_smallest() -> None:
@@ -65,3 +68,31 @@ def test_the_splits_generation_is_timed_from_before_its_encoding() -> None:
     timed = encoding_included(made, 2.0)
     assert timed.seconds == 4.0 and timed.first_token_seconds == (2.5,) and timed.busy_shares == (0.25,)
     assert timed.tokens_per_second == 0.5 and timed.tokens == made.tokens
+
+
+def test_an_encoders_mask_left_out_is_ones(tmp_path: Path) -> None:
+    """T5's ``--inputs`` may hold ``input_ids`` alone: its ``attention_mask`` is then ones; one holding
+    neither is one line naming the input it lacks."""
+    names = ("input_ids", "attention_mask")
+    np.savez(tmp_path / "a.npz", input_ids=np.arange(6).reshape(2, 3))
+    mask = np.array([[1, 1, 0]])
+    np.savez(tmp_path / "b.npz", input_ids=np.ones((1, 3), np.int64), attention_mask=mask)
+    rows = read_inputs([tmp_path / "a.npz", tmp_path / "b.npz"], names)
+    assert [r["attention_mask"].tolist() for r in rows] == [[[1, 1, 1]], [[1, 1, 1]], [[1, 1, 0]]]
+    assert rows[1]["input_ids"].tolist() == [[3, 4, 5]]
+    with pytest.raises(UsageError, match=r"holds no 'input_ids'"):
+        np.savez(tmp_path / "d.npz", attention_mask=mask)
+        read_inputs([tmp_path / "d.npz"], names)
+
+
+def test_the_encoders_mask_is_each_sequences_own_at_every_step() -> None:
+    """The mask among a sequence's encoder inputs, else ones over its encoder output's frames."""
+    rows = [
+        {"input_ids": np.ones((1, 3)), "attention_mask": np.array([[1, 0, 0]])},
+        {"input_features": np.ones((1, 2, 4))},
+    ]
+    encoded = [np.zeros((1, 3, 8), np.float32), np.zeros((1, 3, 8), np.float32)]
+    build = encoder_mask(rows, encoded)
+    later = Control((Row(1, StepFlags.NONE, 4), Row(0, StepFlags.NONE, 2)))
+    assert build(Step(((5,), (6,)), later)).tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert build(Step(((0,),), Control.one(0, StepFlags.START, 0))).tolist() == [[1, 0, 0]]

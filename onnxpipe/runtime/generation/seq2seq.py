@@ -4,9 +4,11 @@ Each sequence's encoder inputs (a row of ``--inputs``' arrays) run once through 
 its output is the :attr:`~onnxpipe.core.iocontract.Role.ENCODER_OUTPUT` the decoder's first step takes
 (:func:`encoder_output`, the builder of that role: the sequence's own output at its first step, no frames
 at every later one), from which each decoder stage makes its layers' cross-attention cache and keeps it.
-Everything else is a decoder's generation: the :class:`~.generator.Generator` and its scheduler, the
-start tokens the prompt.  :func:`plain_greedy` is the baseline: the folder's unsplit files in a plain
-onnxruntime loop, the tokens the split must reproduce.
+A T5- or Marian-style decoder also takes the encoder's mask at every step (:func:`encoder_mask`, the
+builder of :attr:`~onnxpipe.core.iocontract.Role.ENCODER_MASK`).  Everything else is a decoder's
+generation: the :class:`~.generator.Generator` and its scheduler, the start tokens the prompt.
+:func:`plain_greedy` is the baseline: the folder's unsplit files in a plain onnxruntime loop, the tokens
+the split must reproduce.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ Tensors = dict[str, np.ndarray]
 def read_inputs(files: Sequence[Path], names: Sequence[str]) -> list[Tensors]:
     """Each sequence's encoder inputs: a row of each ``.npz`` in ``files``, in order; a
     :class:`UsageError` naming the file and the input it lacks.  An encoder's mask (T5's
-    ``attention_mask``) a file leaves out is ones over its other input (every token real)."""
+    ``attention_mask``) a file leaves out is ones over its other input (every token real); the files'
+    rows may differ in length (a decode step carries one sequence, its own cross cache)."""
     rows: list[Tensors] = []
     for file in files:
         try:
