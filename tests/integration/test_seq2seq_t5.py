@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from cli_runner import run as cli_run
 
 from onnxpipe.api import SplitOptions, generate, split
 from onnxpipe.core.choices import CostSource
@@ -137,3 +138,19 @@ def test_a_merged_decoder_folder_splits_and_generates_the_same_tokens(t5: Path, 
     out = tmp_path / "split"
     split(folder, SplitOptions(out=out, plan=PlanRequest(2), profile=ProfileOptions(cost=CostSource.STATIC)))
     _generates_the_plain_loops_tokens(out, t5, tmp_path)
+
+
+def test_the_cli_generates_from_input_ids_and_compares(
+    t5: Path, split2: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``onnxpipe generate SPLIT --inputs FILE.npz --compare`` on the T5 split: exit 0, each sequence's
+    tokens printed, the same as the plain loop's."""
+    ids = seq2seq.source_ids(2, 6, seed=11)
+    np.savez(tmp_path / "ids.npz", input_ids=ids)
+    args = ["generate", split2, "--inputs", tmp_path / "ids.npz", "--max-new-tokens", "6", "--compare"]
+    code, printed, err = cli_run(args, capfd)
+    assert code == 0, err
+    for i, tokens in enumerate(seq2seq.t5_greedy(t5, ids, None, 6)):
+        assert (
+            f"sequence {i}: 1 prompt token(s) -> {len(tokens)} new: {' '.join(map(str, tokens))}" in printed
+        )
