@@ -48,6 +48,7 @@ _EXPORTS: dict[str, str] = {
     "LinkReport": "onnxpipe.runtime.report.links",
     "format_links": "onnxpipe.runtime.report.links",
     "export_triton": "onnxpipe.export.triton",
+    "written_stages": "onnxpipe.api.seq2seq",
     "FolderInspection": "onnxpipe.api.results",
     "GenerateResult": "onnxpipe.api.results",
     "Generation": "onnxpipe.runtime.generation.result",
@@ -102,6 +103,7 @@ __all__ = [
     "verify",
     "verify_json",
     "worker_groups",
+    "written_stages",
 ]
 __all__ += _options.__all__
 
@@ -123,6 +125,7 @@ if TYPE_CHECKING:
         verify_json,
     )
     from onnxpipe.api.running import run
+    from onnxpipe.api.seq2seq import written_stages
     from onnxpipe.api.splitting import split
     from onnxpipe.api.verifying import verify
     from onnxpipe.cost.profile import Profile

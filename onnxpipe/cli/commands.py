@@ -12,7 +12,6 @@ import argparse
 from collections.abc import Callable
 
 from onnxpipe import api
-from onnxpipe.api.seq2seq import written_stages
 from onnxpipe.cli.parsers import EXPORT_TRITON, GENERATE, INSPECT, LINKS, PLAN, PROFILE, RUN, SPLIT, VERIFY
 from onnxpipe.cli.say import Say, reading
 from onnxpipe.cli.tables import (
@@ -60,7 +59,7 @@ def split(args: argparse.Namespace) -> int:
             print(tried)
         print(format_manifest_table(result.manifest))
         print(
-            f"wrote {written_stages(result)} to {args.out}/ "
+            f"wrote {api.written_stages(result)} to {args.out}/ "
             f"(bottleneck {plan.bottleneck_seconds * 1e3:.3f} ms, "
             f"{plan.ratio_to_lower_bound:.3f}x the lower bound)"
         )
