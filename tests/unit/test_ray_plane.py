@@ -132,3 +132,27 @@ def test_a_sender_never_waits_for_a_peer_that_does_not_read_and_keeps_the_order(
         reading.set()
         sender.close()
         receiver.close()
+
+
+def test_a_sequence_a_map_and_an_absent_optional_keep_their_type_and_many_tensors_fit_a_frame() -> None:
+    """Values that are not arrays (ONNX sequences, maps, an absent optional) travel as they are, not
+    stacked into one array; a frame of more pieces than one ``sendmsg`` takes (1,024) is still sent."""
+    tensors: dict[str, object] = {
+        "seq": [np.zeros(2, np.float32), np.ones(3, np.float32)],
+        "map": [{"a": 1.0}],
+        "none": None,
+        **{f"t{i}": np.full(2, i, np.int32) for i in range(600)},
+    }
+    out: queue.SimpleQueue[Frame] = queue.SimpleQueue()
+    receiver = Endpoint("127.0.0.1", out.put)
+    sender = Endpoint("127.0.0.1", lambda _f: None)
+    try:
+        sender.send(receiver.address, "m", tensors)
+        frame = out.get(timeout=10)
+    finally:
+        sender.close()
+        receiver.close()
+    seq = frame.tensors["seq"]
+    assert isinstance(seq, list) and [a.shape for a in seq] == [(2,), (3,)]
+    assert frame.tensors["map"] == [{"a": 1.0}] and frame.tensors["none"] is None
+    assert all(np.array_equal(frame.tensors[f"t{i}"], np.full(2, i, np.int32)) for i in range(600))

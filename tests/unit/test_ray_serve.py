@@ -73,3 +73,30 @@ def test_a_close_waits_for_the_frame_running_and_drops_an_older_epoch_s() -> Non
     assert closed.is_set() and out.get(timeout=10).meta.seq == 0
     assert stage.threads == [stage.threads[0]] and out.empty()
     driver.close()
+
+
+class _Broken(_Stage):
+    """A stage whose run raises what no stage failure type names (a bug, a bad value)."""
+
+    def run(self, seq: int, received: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise ValueError("setting an array element with a sequence")
+
+
+def test_an_unexpected_error_in_a_stage_fails_its_micro_batch_and_the_next_ones_still_run() -> None:
+    """A frame whose run raises anything is sent back to the driver as a failure, and the connection's
+    reader lives on: before, the reader thread died unheard and the driver waited forever."""
+    stage = _Broken()
+    server = StageServer({0: stage}, "127.0.0.1", "box")  # type: ignore[dict-item]
+    out: queue.SimpleQueue[Frame] = queue.SimpleQueue()
+    driver = Endpoint("127.0.0.1", out.put)
+    to = server.open(1)
+    server.route({0: Route(driver.address)}, driver.address)
+    try:
+        for seq in range(2):
+            driver.send(to, Note(1, seq, 0, 0.0), {"x": np.zeros(2)})
+        failed = [out.get(timeout=10).meta for _ in range(2)]
+    finally:
+        server.close()
+        driver.close()
+    assert [f.seq for f in failed] == [0, 1]
+    assert all("ValueError" in f.text and "stage 0" in f.text for f in failed)

@@ -70,7 +70,7 @@ def _padding(nbytes: int) -> int:
     return -nbytes % ALIGN
 
 
-def encode(meta: Any, tensors: Mapping[str, np.ndarray]) -> list[memoryview]:
+def encode(meta: Any, tensors: Mapping[str, Any]) -> list[memoryview]:
     """The frame of ``meta`` and ``tensors`` as the pieces to write, the arrays' memory not copied (a
     strided array is copied to a contiguous one).
 
@@ -83,6 +83,9 @@ def encode(meta: Any, tensors: Mapping[str, np.ndarray]) -> list[memoryview]:
     specs: list[tuple[str, Any, Any]] = []
     views: list[memoryview] = []
     for name, value in tensors.items():
+        if not isinstance(value, np.ndarray | np.generic):  # an ONNX sequence, map or absent optional
+            specs.append((name, value, None))
+            continue
         array = np.asarray(value)
         if array.dtype.kind not in _RAW_KINDS:
             specs.append((name, array, None))
@@ -150,12 +153,17 @@ def _sent(views: list[memoryview], sent: int) -> list[memoryview]:
     return views
 
 
+IOV_MAX = 1024
+"""The most pieces one ``sendmsg`` takes on Linux (a frame of 600 tensors has 1,200): the rest go in the
+next call."""
+
+
 def _send_all(sock: socket.socket, parts: list[memoryview]) -> None:
     """Write ``parts`` in one ``sendmsg`` where the socket takes them (one packet for a small frame, not
     one per part), the rest in further calls."""
     views = [p for p in parts if p.nbytes]
     while views:
-        views = _sent(views, sock.sendmsg(views))
+        views = _sent(views, sock.sendmsg(views[:IOV_MAX]))
 
 
 class _Sender:
@@ -192,7 +200,7 @@ class _Sender:
                 return
             with contextlib.suppress(OSError):  # a full buffer; or a broken connection: the thread says so
                 while views and not self._behind:
-                    views = _sent(views, self._sock.sendmsg(views, [], socket.MSG_DONTWAIT))
+                    views = _sent(views, self._sock.sendmsg(views[:IOV_MAX], [], socket.MSG_DONTWAIT))
             if views:
                 self._behind += 1
                 self._queue.put(views)
@@ -266,7 +274,7 @@ class Endpoint:
         while True:
             try:
                 frame = read_frame(conn)
-            except (EOFError, OSError) as e:
+            except Exception as e:  # noqa: BLE001 - a reader that died unheard would leave its frames unread
                 if not self._closed:
                     self._on_broken(peer, f"the connection from {peer[0]}:{peer[1]} broke: {e}")
                 return

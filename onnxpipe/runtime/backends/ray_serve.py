@@ -34,6 +34,8 @@ from onnxpipe.runtime.trips import Leg
 ROUTE_TIMEOUT_S = 60.0
 """How long a frame that came before its actor learned the routes waits for them (the driver routes
 every actor before it sends anything: in practice, not at all)."""
+CLOSE_WAIT_S = 30.0
+"""How long closing waits for the frame running to finish (a hung stage must not hold the recovery)."""
 TO_DRIVER = -1
 """The stage a note names when its tensors are the outputs, for the driver."""
 
@@ -124,8 +126,8 @@ class StageServer:
         """Stop serving: the frame running is finished, the rest dropped; the endpoint closed."""
         endpoint, self._endpoint = self._endpoint, None
         self._routed.set()  # a frame waiting for its route is dropped
-        with self._running:
-            pass
+        if self._running.acquire(timeout=CLOSE_WAIT_S):  # a hung stage run must not hold the recovery
+            self._running.release()
         if endpoint is not None:
             endpoint.close()
 
@@ -143,6 +145,10 @@ class StageServer:
                 self._run(note, frame, endpoint)
             except PlaneError as e:  # the next stage is gone: the driver learns it from the watch
                 self._broke(note.epoch, str(e))
+            except Exception as e:  # noqa: BLE001 - fail the micro-batch, or the driver waits forever
+                self._fail(
+                    note, FailureKind.STAGE, f"stage {note.stage}: {type(e).__name__}: {e} (on {self.where})"
+                )
 
     def _broke(self, epoch: int, why: str) -> None:
         """A connection of ``epoch`` broke; not one that this server's own close ended."""
