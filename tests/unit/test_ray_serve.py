@@ -32,8 +32,10 @@ class _Stage:
         return {"x": received["x"] + 1}
 
 
-def _served() -> tuple[StageServer, _Stage, Endpoint, queue.SimpleQueue[Frame], tuple[str, int]]:
-    stage = _Stage()
+def _served(
+    stage: _Stage | None = None,
+) -> tuple[StageServer, _Stage, Endpoint, queue.SimpleQueue[Frame], tuple[str, int]]:
+    stage = stage or _Stage()
     server = StageServer({0: stage}, "127.0.0.1", "box")  # type: ignore[dict-item]
     out: queue.SimpleQueue[Frame] = queue.SimpleQueue()
     driver = Endpoint("127.0.0.1", out.put)
@@ -85,12 +87,7 @@ class _Broken(_Stage):
 def test_an_unexpected_error_in_a_stage_fails_its_micro_batch_and_the_next_ones_still_run() -> None:
     """A frame whose run raises anything is sent back to the driver as a failure, and the connection's
     reader lives on: before, the reader thread died unheard and the driver waited forever."""
-    stage = _Broken()
-    server = StageServer({0: stage}, "127.0.0.1", "box")  # type: ignore[dict-item]
-    out: queue.SimpleQueue[Frame] = queue.SimpleQueue()
-    driver = Endpoint("127.0.0.1", out.put)
-    to = server.open(1)
-    server.route({0: Route(driver.address)}, driver.address)
+    server, _stage, driver, out, to = _served(_Broken())
     try:
         for seq in range(2):
             driver.send(to, Note(1, seq, 0, 0.0), {"x": np.zeros(2)})
