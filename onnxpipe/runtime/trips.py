@@ -28,6 +28,10 @@ class Leg:
     """Its inputs' frame on the wire."""
 
 
+LegValues = tuple[int, float, float, float, int]
+"""A :class:`Leg`'s fields in order, as a frame carries them between stages."""
+
+
 @dataclass(frozen=True)
 class Hop:
     """One hop of one trip: the frame's bytes, and the seconds from the sender handing it over to its

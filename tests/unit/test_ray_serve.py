@@ -3,6 +3,7 @@ machine's loopback, without Ray: a frame runs in the thread that read it, and a 
 
 from __future__ import annotations
 
+import pickle
 import queue
 import threading
 from collections.abc import Mapping
@@ -11,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from onnxpipe.runtime.backends.ray_plane import Endpoint, Frame
-from onnxpipe.runtime.backends.ray_serve import Note, Route, StageServer
+from onnxpipe.runtime.backends.ray_serve import Failed, FailureKind, Note, Route, StageServer
 
 
 class _Stage:
@@ -44,15 +45,29 @@ def _served(
     return server, stage, driver, out, address
 
 
+def _note(frame: Frame) -> Note:
+    note = Note.read(frame.meta)
+    assert note is not None
+    return note
+
+
+def test_a_note_travels_as_plain_values_and_is_read_back() -> None:
+    note = Note(3, 7, 1, 2.5, ((0, 1.0, 0.01, 1.5, 100),))
+    wire = pickle.dumps(note.wire(), protocol=5)
+    assert b"Note" not in wire  # no class pickled by name: plain values
+    assert Note.read(pickle.loads(wire)) == note
+    assert Note.read(1.5) is None and Note.read(Failed(3, 7, FailureKind.STAGE, "x")) is None
+
+
 def test_frames_run_in_the_thread_that_read_them_in_order() -> None:
     server, stage, driver, out, to = _served()
     try:
         for seq in range(5):
-            driver.send(to, Note(1, seq, 0, 0.0), {"x": np.full(3, seq)})
+            driver.send(to, Note(1, seq, 0, 0.0).wire(), {"x": np.full(3, seq)})
         frames = [out.get(timeout=10) for _ in range(5)]
-        assert [f.meta.seq for f in frames] == list(range(5))
-        assert all(np.array_equal(f.tensors["x"], np.full(3, f.meta.seq + 1)) for f in frames)
-        assert [len(f.meta.legs) for f in frames] == [1] * 5
+        assert [_note(f).seq for f in frames] == list(range(5))
+        assert all(np.array_equal(f.tensors["x"], np.full(3, _note(f).seq + 1)) for f in frames)
+        assert [len(_note(f).legs) for f in frames] == [1] * 5
         assert len(set(stage.threads)) == 1 and stage.threads[0].startswith("onnxpipe plane from")
     finally:
         server.close()
@@ -62,8 +77,8 @@ def test_frames_run_in_the_thread_that_read_them_in_order() -> None:
 def test_a_close_waits_for_the_frame_running_and_drops_an_older_epoch_s() -> None:
     server, stage, driver, out, to = _served()
     stage.go.clear()
-    driver.send(to, Note(1, 0, 0, 0.0), {"x": np.zeros(2)})
-    driver.send(to, Note(0, 1, 0, 0.0), {"x": np.zeros(2)})  # an older epoch's: dropped
+    driver.send(to, Note(1, 0, 0, 0.0).wire(), {"x": np.zeros(2)})
+    driver.send(to, Note(0, 1, 0, 0.0).wire(), {"x": np.zeros(2)})  # an older epoch's: dropped
     while not stage.threads:
         threading.Event().wait(0.01)
     closed = threading.Event()
@@ -72,7 +87,7 @@ def test_a_close_waits_for_the_frame_running_and_drops_an_older_epoch_s() -> Non
     assert not closed.wait(0.2)  # the frame running holds the close
     stage.go.set()
     closing.join(10)
-    assert closed.is_set() and out.get(timeout=10).meta.seq == 0
+    assert closed.is_set() and _note(out.get(timeout=10)).seq == 0
     assert stage.threads == [stage.threads[0]] and out.empty()
     driver.close()
 

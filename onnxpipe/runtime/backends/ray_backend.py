@@ -89,7 +89,7 @@ from onnxpipe.runtime.base import Delivery, RayConfig, Tensors
 from onnxpipe.runtime.nodeplace import NodePlace
 from onnxpipe.runtime.session import MAX_RECORDS, WorkerStats
 from onnxpipe.runtime.spec import WorkerSpec
-from onnxpipe.runtime.trips import Trip
+from onnxpipe.runtime.trips import Leg, Trip
 from onnxpipe.schedule.timeline import worker_groups
 
 START_TIMEOUT_S = 300.0
@@ -331,7 +331,7 @@ class RayBackend(Lanes):
         note = Note(self._epoch, flight.seq, self.specs[position].index, flight.submitted)
         try:
             to = self._addresses[self._group_of[position]]
-            flight.nbytes = self._endpoint.send(to, note, flight.tensors)
+            flight.nbytes = self._endpoint.send(to, note.wire(), flight.tensors)
         except PlaneError as e:
             self._broken = self._broken or str(e)
 
@@ -343,8 +343,8 @@ class RayBackend(Lanes):
             done: list[tuple[int, Delivery]] = [self._cache_lost(f) for f in self._dropped]
             self._dropped = []
         for frame in frames:
-            note = frame.meta
-            if not isinstance(note, Note | Failed) or note.epoch != self._epoch:
+            note = frame.meta if isinstance(frame.meta, Failed) else Note.read(frame.meta)
+            if note is None or note.epoch != self._epoch:
                 continue  # sent before a recovery: its micro-batch was sent again
             with self._lock:
                 flight = self._in_flight.pop(note.seq, None)
@@ -357,7 +357,7 @@ class RayBackend(Lanes):
                     continue
                 self._failure = RuntimeStageError(note.text)  # what came out is delivered; next poll raises
                 break
-            done.append((flight.seq, self._delivered(flight, frame)))
+            done.append((flight.seq, self._delivered(flight, note, frame)))
         if self._failure is None and not self._recovering and self._loss() is not None:
             self._begin_recovery()
         return done
@@ -391,9 +391,8 @@ class RayBackend(Lanes):
         reason = why or "its stages' actor was lost and started again, empty"
         return flight.seq, CacheLost(f"generation step {flight.seq} lost its sequences' caches: {reason}")
 
-    def _delivered(self, flight: _Flight, frame: Frame) -> Tensors:
+    def _delivered(self, flight: _Flight, note: Note, frame: Frame) -> Tensors:
         """The outputs of ``flight`` from its last frame; its trip kept."""
-        note: Note = frame.meta
         with self._lock:
             self._lane_load[flight.lane] -= 1
         self._trips.append(
@@ -401,7 +400,7 @@ class RayBackend(Lanes):
                 seq=flight.seq,
                 submitted=flight.submitted,
                 delivered=frame.received,
-                legs=note.legs,
+                legs=tuple(Leg(*leg) for leg in note.legs),
                 bytes_in=flight.nbytes,
                 bytes_out=frame.nbytes,
             )
