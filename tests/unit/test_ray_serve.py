@@ -105,7 +105,7 @@ def test_an_unexpected_error_in_a_stage_fails_its_micro_batch_and_the_next_ones_
     server, _stage, driver, out, to = _served(_Broken())
     try:
         for seq in range(2):
-            driver.send(to, Note(1, seq, 0, 0.0), {"x": np.zeros(2)})
+            driver.send(to, Note(1, seq, 0, 0.0).wire(), {"x": np.zeros(2)})
         failed = [out.get(timeout=10).meta for _ in range(2)]
     finally:
         server.close()
