@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -51,6 +52,16 @@ BUILDS: dict[str, tuple[str, str, bool]] = {
     "gemma-int4": ("gemma", "int4", False),  # Gemma ties its embeddings itself
     "llama-fp16": ("llama", "fp16", False),
 }
+FAST_BUILDS = ("llama-int4", "qwen2-int4-tied")
+"""The builds the fast lane tests every family-wide check on (an untied and a tied int4, the builder's
+usual output); the other families and precisions run in the exhaustive lane: a cold build costs ~6 s."""
+
+
+def lanes(names: Iterable[str]) -> list[Any]:
+    """``names`` as parameters, those outside :data:`FAST_BUILDS` in the exhaustive lane."""
+    return [n if n in FAST_BUILDS else pytest.param(n, marks=pytest.mark.exhaustive) for n in names]
+
+
 RUNNABLE = [n for n in BUILDS if n != "llama-fp16"]
 """onnxruntime's CPU provider fails the builder's fp16 model past its first run (the builder makes fp16
 for GPUs: "Shape mismatch attempting to re-use buffer"), so it is recognised, planned and its cache
@@ -149,7 +160,10 @@ def until(tokens: Sequence[int], eos: Sequence[int]) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(BUILDS))
+@pytest.mark.parametrize(
+    "name",
+    lanes(BUILDS),
+)
 def test_a_builder_model_is_recognised_from_its_graph(built: Built, name: str) -> None:
     """Every layer's cache pair, the token input (a ``GatherBlockQuantized`` one for the tied int4
     models), the dims GenAI sizes its buffers with and the context, whatever the family and precision."""
@@ -181,7 +195,7 @@ def test_inspect_prints_the_int4_qwen2s_decoder_line(built: Built, capfd: pytest
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(BUILDS))
+@pytest.mark.parametrize("name", lanes(BUILDS))
 def test_kv_bytes_are_the_real_cache_arrays(built: Built, name: str) -> None:
     """A prompt of T tokens for 2 sequences: each layer's presents hold exactly T times the bytes a
     token adds (read off the graph alone: the head size the builder names ``kv_cache_dim`` comes from its
@@ -217,7 +231,7 @@ def _split(model: Path, out: Path, k: int, **decoder: int) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("k", [2, pytest.param(3, marks=pytest.mark.exhaustive)])
-@pytest.mark.parametrize("name", RUNNABLE)
+@pytest.mark.parametrize("name", lanes(RUNNABLE))
 def test_a_builder_split_keeps_each_layers_cache_and_generates_the_unsplit_tokens(
     built: Built, name: str, k: int, tmp_path: Path
 ) -> None:
