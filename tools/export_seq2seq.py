@@ -101,10 +101,34 @@ def features(batch: int = 1, seed: int = 0) -> np.ndarray:
     return rng.standard_normal((batch, int(CONFIG["num_mel_bins"]), FRAMES)).astype(np.float32)
 
 
+def _cache(rest: Sequence[Any], n: int, past: bool) -> Any:
+    """The with-past decoder's flat pasts (``rest``: per layer self key, value, cross key, value) as
+    transformers' cache of ``n`` layers; an empty one for the first step."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    selfs, cross = DynamicCache(), DynamicCache()
+    if past:
+        for i in range(n):
+            selfs.update(rest[4 * i], rest[4 * i + 1], i)
+            cross.update(rest[4 * i + 2], rest[4 * i + 3], i)
+    return EncoderDecoderCache(selfs, cross)
+
+
+def _presents(cache: Any, n: int, past: bool) -> list[Any]:
+    """The presents in optimum's order: per layer the self key and value, and at the first step (no
+    ``past``) the cross key and value the step made."""
+    flat: list[Any] = []
+    for i in range(n):
+        layers = [cache.self_attention_cache.layers[i]]
+        if not past:
+            layers.append(cache.cross_attention_cache.layers[i])
+        flat += [t for layer in layers for t in (layer.keys, layer.values)]
+    return flat
+
+
 def _modules() -> tuple[Any, Any, Any]:
     """The encoder, the first-step decoder and the with-past decoder as flat-tensor modules."""
     import torch
-    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
     whisper = _whisper()
     n = int(CONFIG["decoder_layers"])
@@ -124,29 +148,13 @@ def _modules() -> tuple[Any, Any, Any]:
             self.past = past
 
         def forward(self, input_ids: torch.Tensor, *rest: torch.Tensor) -> Any:
-            selfs, cross = DynamicCache(), DynamicCache()
-            if self.past:
-                for i in range(n):
-                    selfs.update(rest[4 * i], rest[4 * i + 1], i)
-                    cross.update(rest[4 * i + 2], rest[4 * i + 3], i)
-                # the cross cache is reused: the encoder's output is only checked for presence
-                encoded = torch.zeros(input_ids.shape[0], 1, int(CONFIG["d_model"]))
-            else:
-                encoded = rest[0]
-            cache = EncoderDecoderCache(selfs, cross)
+            cache = _cache(rest, n, self.past)
+            # with a past the cross cache is reused: the encoder's output is only checked for presence
+            encoded = torch.zeros(input_ids.shape[0], 1, int(CONFIG["d_model"])) if self.past else rest[0]
             out = self.whisper.model.decoder(
                 input_ids=input_ids, encoder_hidden_states=encoded, cache=cache, use_cache=True
             )
-            flat: list[torch.Tensor] = []
-            for i in range(n):
-                flat += [
-                    cache.self_attention_cache.layers[i].keys,
-                    cache.self_attention_cache.layers[i].values,
-                ]
-                if not self.past:
-                    layer = cache.cross_attention_cache.layers[i]
-                    flat += [layer.keys, layer.values]
-            return (self.whisper.proj_out(out.last_hidden_state), *flat)
+            return (self.whisper.proj_out(out.last_hidden_state), *_presents(cache, n, self.past))
 
     return Encoder().eval(), Decoder(False).eval(), Decoder(True).eval()
 
@@ -414,7 +422,6 @@ def source_ids(batch: int = 1, length: int = 7, seed: int = 0) -> np.ndarray:
 def _t5_modules() -> tuple[Any, Any, Any]:
     """The T5 encoder, first-step decoder and with-past decoder as flat-tensor modules."""
     import torch
-    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
     from transformers.modeling_outputs import BaseModelOutput
 
     t5 = _t5()
@@ -435,15 +442,9 @@ def _t5_modules() -> tuple[Any, Any, Any]:
             self.past = past
 
         def forward(self, input_ids: torch.Tensor, mask: torch.Tensor, *rest: torch.Tensor) -> Any:
-            selfs, cross = DynamicCache(), DynamicCache()
-            if self.past:
-                for i in range(n):
-                    selfs.update(rest[4 * i], rest[4 * i + 1], i)
-                    cross.update(rest[4 * i + 2], rest[4 * i + 3], i)
-                encoded = torch.zeros(mask.shape[0], mask.shape[1], int(T5_CONFIG["d_model"]))
-            else:
-                encoded = rest[0]
-            cache = EncoderDecoderCache(selfs, cross)
+            cache = _cache(rest, n, self.past)
+            d_model = int(T5_CONFIG["d_model"])
+            encoded = torch.zeros(mask.shape[0], mask.shape[1], d_model) if self.past else rest[0]
             out = self.t5(
                 encoder_outputs=BaseModelOutput(last_hidden_state=encoded),
                 attention_mask=mask,
@@ -451,18 +452,7 @@ def _t5_modules() -> tuple[Any, Any, Any]:
                 cache=cache,
                 use_cache=True,
             )
-            flat: list[torch.Tensor] = []
-            for i in range(n):
-                flat += [
-                    cache.self_attention_cache.layers[i].keys,
-                    cache.self_attention_cache.layers[i].values,
-                ]
-                if not self.past:
-                    flat += [
-                        cache.cross_attention_cache.layers[i].keys,
-                        cache.cross_attention_cache.layers[i].values,
-                    ]
-            return (out.logits, *flat)
+            return (out.logits, *_presents(cache, n, self.past))
 
     return Encoder().eval(), Decoder(False).eval(), Decoder(True).eval()
 
