@@ -121,7 +121,7 @@ class VerifyOptions:
     when given, else at its element type's tolerance (:func:`tolerance_for`).  ``runtime``: every
     stage on one runtime, or each on its device's (``devices``); None: onnxruntime on the CPU; the
     original always runs in onnxruntime on the CPU, and on the stages' runtime too where they share one
-    (:mod:`onnxpipe.verification.on_runtime`).  ``record``: write the result into the folder's
+    (:class:`~onnxpipe.verification.verify.OnRuntime`).  ``record``: write the result into the folder's
     manifest, which marks a split verified (or not).
     """
 
