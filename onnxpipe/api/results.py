@@ -31,8 +31,7 @@ from onnxpipe.runtime.options import Sampling
 from onnxpipe.runtime.report.cluster import GenerationCluster, recovery_obj
 from onnxpipe.runtime.report.model import RunReport
 from onnxpipe.verification.compare import OutputComparison
-from onnxpipe.verification.on_runtime import OnRuntime, passes
-from onnxpipe.verification.verify import VerifyReport
+from onnxpipe.verification.verify import OnRuntime, VerifyReport
 
 JSON_SCHEMA_VERSION = 1
 """The version of the documents below (``"json_schema_version"``), bumped on a change a reader of the
@@ -265,7 +264,7 @@ def verification_obj(report: VerifyReport) -> dict[str, Any]:
         "outputs": [
             {
                 "name": o.name,
-                "ok": passes(o, report.on_runtime, i),
+                "ok": report.passes(i),
                 "rtol": o.rtol,
                 "atol": o.atol,
                 "max_abs_diff": _finite(o.max_abs_diff),

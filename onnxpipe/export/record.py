@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, NamedTuple, cast
 
 from onnxpipe.core.choices import SCALE_BYTES, BoundaryDtype, scale_name
 from onnxpipe.core.errors import ExportError
@@ -114,7 +114,7 @@ def build_manifest(
     view: ModelView,
     plan: Plan,
     out: Path,
-    written: Sequence[StageEntry],
+    written: Sequence[StageFile],
     types: BoundaryTypes,
     shared: SharedWeights,
     contract: ContractMaker,
@@ -123,14 +123,15 @@ def build_manifest(
     """The manifest of ``plan`` as written to ``out``: each stage's file and the tensors it receives and
     emits (:func:`_stage_entry`), the model's inputs and outputs, the plan's numbers
     (:meth:`Plan.summary`) and the stream schedule (:func:`_schedule`); unverified, until a verification
-    records its result.  ``contract`` says what a boundary tensor is at the profiled shapes."""
+    records its result.  ``written``: each stage's files; ``contract`` says what a boundary tensor is at
+    the profiled shapes."""
     tensors = _Tensors(
         types, contract, plan.tensor_bytes, symbol_sizes(view, plan.input_shapes), plan.boundary_dtypes
     )
     flow = _Flow.of(view, plan.stages)
     stages = tuple(
-        _with_tensors(e, s, flow, tensors, shared.per_stage[s.index])
-        for s, e in zip(plan.stages, written, strict=True)
+        _stage_entry(s, f, flow, tensors, shared.per_stage[s.index])
+        for s, f in zip(plan.stages, written, strict=True)
     )
     outputs = tuple(
         ModelOutput(t, produced_by=flow.producer.get(t, MODEL_INPUT), **tensors.described(t))
@@ -244,48 +245,21 @@ class _Flow:
         return (*later, MODEL_OUTPUT) if tensor in self.model_outputs else later
 
 
-def written_entry(
-    s: StageSpec,
-    file: str,
-    sha256: str,
-    external_data: str | None,
-    external_data_sha256: str | None,
-    required_opsets: tuple[tuple[str, int], ...],
-) -> StageEntry:
-    """One stage's entry once its file is written: the file, its weights file, their hashes and what the
-    plan estimated; the tensors it receives and emits and the weights it shares are known once every
-    stage is written (:func:`build_manifest` adds them)."""
-    return StageEntry(
-        index=s.index,
-        file=file,
-        sha256=sha256,
-        external_data=external_data,
-        external_data_sha256=external_data_sha256,
-        node_count=len(s.file_node_names),
-        skipped_node_count=len(s.skipped_nodes),
-        same_values=tuple(a for a in s.aliases if a.same_as in s.inputs),
-        recomputed_node_count=len(s.recomputed_nodes),
-        required_opsets=required_opsets,
-        constant_node_count=len(s.constant_nodes),
-        device=s.device,
-        inputs=(),
-        outputs=(),
-        estimated_compute_seconds=s.compute_seconds,
-        estimated_transfer_seconds=s.transfer_seconds,
-        param_bytes=max(0, s.param_bytes),
-        peak_activation_bytes=max(0, s.peak_activation_bytes),
-        link_bytes_in=s.link_bytes_in,
-        worker=s.worker,
-        kv_layers=s.kv_layers,
-        kv_cache_bytes=s.kv_cache_bytes,
-        estimated_phase_seconds=s.phase_seconds,
-    )
+class StageFile(NamedTuple):
+    """What writing one stage made: its file, its weights file, their hashes and the op domains it uses."""
+
+    file: str
+    sha256: str
+    external_data: str | None
+    external_data_sha256: str | None
+    required_opsets: tuple[tuple[str, int], ...]
 
 
-def _with_tensors(
-    entry: StageEntry, s: StageSpec, flow: _Flow, tensors: _Tensors, shared_param_bytes: int
+def _stage_entry(
+    s: StageSpec, written: StageFile, flow: _Flow, tensors: _Tensors, shared_param_bytes: int
 ) -> StageEntry:
-    """A written stage's entry with the tensors it receives and emits and its weights other stages hold."""
+    """A stage's entry: the file written, the tensors it receives and emits (as they cross), what the plan
+    estimated for it and its weights other stages hold."""
     inputs = tuple(
         StageInput(source=flow.source(t, s.index), **sent) for t in s.inputs for sent in tensors.crossing(t)
     )
@@ -294,11 +268,27 @@ def _with_tensors(
         for t in s.outputs
         for sent in tensors.crossing(t)
     )
-    return replace(
-        entry,
+    return StageEntry(
+        index=s.index,
+        **written._asdict(),
+        node_count=len(s.file_node_names),
+        skipped_node_count=len(s.skipped_nodes),
+        same_values=tuple(a for a in s.aliases if a.same_as in s.inputs),
+        recomputed_node_count=len(s.recomputed_nodes),
+        constant_node_count=len(s.constant_nodes),
+        device=s.device,
         inputs=inputs,
         outputs=outputs,
+        estimated_compute_seconds=s.compute_seconds,
+        estimated_transfer_seconds=s.transfer_seconds,
+        param_bytes=max(0, s.param_bytes),
+        peak_activation_bytes=max(0, s.peak_activation_bytes),
         shared_param_bytes=shared_param_bytes,
+        link_bytes_in=s.link_bytes_in,
+        worker=s.worker,
+        kv_layers=s.kv_layers,
+        kv_cache_bytes=s.kv_cache_bytes,
+        estimated_phase_seconds=s.phase_seconds,
         boundary_dtype=cast(WireDtype, stage_boundary(tensors.wire, s).value),
     )
 

@@ -40,14 +40,14 @@ from onnxpipe.export.contract import ContractMaker, required_opsets
 from onnxpipe.export.model_files import with_decoder_files
 from onnxpipe.export.options import ExportOptions
 from onnxpipe.export.outdir import normalized, staged_folder, writing
-from onnxpipe.export.record import build_manifest, shared_weights, written_entry
+from onnxpipe.export.record import StageFile, build_manifest, shared_weights
 from onnxpipe.export.weightfile import externalize
 from onnxpipe.export.wire import compress_stage
 from onnxpipe.ir import contrib
 from onnxpipe.ir.decoder import FoundDecoder
 from onnxpipe.ir.external import holds_external
 from onnxpipe.ir.model import ModelView
-from onnxpipe.manifest import MANIFEST_NAME, Manifest, StageEntry, write_manifest
+from onnxpipe.manifest import MANIFEST_NAME, Manifest, write_manifest
 from onnxpipe.planning.types import Plan, StageSpec
 
 AUTO_EXTERNAL_BYTES = 1_800_000_000
@@ -183,7 +183,7 @@ class _StageWriter:
         names = spec.recomputed_nodes + spec.file_node_names + spec.constant_nodes
         return weights + sum(int(nodes[self.builder.by_name[n].index].ByteSize()) for n in names)
 
-    def write(self, spec: StageSpec) -> StageEntry:
+    def write(self, spec: StageSpec) -> StageFile:
         """Build, write, check and hash one stage.
 
         With external data the stage's weights go straight from the source (its external files, or the
@@ -220,7 +220,7 @@ class _StageWriter:
         self._check(spec, path)
         with writing(self.out / name, self.out):
             data = data_name if data_sha is not None else None
-            return written_entry(spec, name, file_sha256(path), data, data_sha, opsets)
+            return StageFile(name, file_sha256(path), data, data_sha, opsets)
 
     def _check(self, spec: StageSpec, path: Path) -> None:
         """The checker and onnxruntime must both accept the written stage.

@@ -86,33 +86,27 @@ def defaults_text(which: str) -> str:
 def tolerance_for(
     dtype: str, *, quantized: bool = False, computes_in: str | None = None, boundary: str = "float32"
 ) -> Tolerance:
-    """:func:`own_tolerance`, or for a float output of a split with compressed boundaries (``boundary``:
-    their narrowest dtype) :data:`BY_BOUNDARY`'s where looser."""
-    own = own_tolerance(dtype, quantized=quantized, computes_in=computes_in)
-    wire = BY_BOUNDARY.get(boundary)
-    if wire is None or not dtype.startswith(("float", "bfloat")):
-        return own
-    return Tolerance(max(own.rtol, wire.rtol), max(own.atol, wire.atol))
-
-
-def own_tolerance(dtype: str, *, quantized: bool = False, computes_in: str | None = None) -> Tolerance:
     """The tolerance an output of element type ``dtype`` is verified at by default: its type's (float32's
     :data:`DEFAULT_RTOL` and :data:`DEFAULT_ATOL` for the others), or a quantized model's if looser;
-    other integers and booleans must be equal.
+    other integers and booleans must be equal.  A float output of a split with compressed boundaries
+    (``boundary``: their narrowest dtype) gets :data:`BY_BOUNDARY`'s where looser.
 
     ``computes_in``: the float type most of the model's arithmetic is in.  A float16 model converted
     with float32 inputs and outputs (``keep_io_types``) rounds every intermediate to 11 bits, so its
     float32 outputs differ as float16 values do: they get the compute type's tolerance when it is looser.
     """
     if dtype in _BY_DTYPE:
-        return _BY_DTYPE[dtype]
-    if dtype.startswith(("int", "uint", "bool")):
+        own = _BY_DTYPE[dtype]
+    elif dtype.startswith(("int", "uint", "bool")):
         return Tolerance(0.0, 0.0)
-    if computes_in in ("float16", "bfloat16"):
-        return _BY_DTYPE[computes_in]
-    if quantized:
-        return QUANTIZED
-    return Tolerance(DEFAULT_RTOL, DEFAULT_ATOL)
+    elif computes_in in ("float16", "bfloat16"):
+        own = _BY_DTYPE[computes_in]
+    else:
+        own = QUANTIZED if quantized else Tolerance(DEFAULT_RTOL, DEFAULT_ATOL)
+    wire = BY_BOUNDARY.get(boundary)
+    if wire is None or not dtype.startswith(("float", "bfloat")):
+        return own
+    return Tolerance(max(own.rtol, wire.rtol), max(own.atol, wire.atol))
 
 
 @dataclass(frozen=True)
@@ -127,7 +121,7 @@ class VerifyOptions:
     when given, else at its element type's tolerance (:func:`tolerance_for`).  ``runtime``: every
     stage on one runtime, or each on its device's (``devices``); None: onnxruntime on the CPU; the
     original always runs in onnxruntime on the CPU, and on the stages' runtime too where they share one
-    (:mod:`onnxpipe.verification.on_runtime`).  ``record``: write the result into the folder's
+    (:class:`~onnxpipe.verification.verify.OnRuntime`).  ``record``: write the result into the folder's
     manifest, which marks a split verified (or not).
     """
 

@@ -9,8 +9,7 @@ top (:func:`planned_input_shapes`), and every model output is compared by
 
 ``runtime`` runs the stages elsewhere (:class:`~onnxpipe.verification.options.VerifyOptions`); the
 original always runs in onnxruntime on the CPU, the reference every chain is held to by the same
-norm-based tolerance, and on the stages' runtime too where they share one
-(:mod:`onnxpipe.verification.on_runtime`).
+norm-based tolerance, and on the stages' runtime too where they share one (:class:`OnRuntime`).
 
 The original model is the one the manifest records (its ``source.path``, relative to the folder) unless
 ``model`` names another copy; either way its sha256 must be the manifest's.
@@ -38,10 +37,8 @@ from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import Samples, load_samples
 from onnxpipe.ir.shapes import failure_hint, resolve_input_shapes, symbol_sizes
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, load_manifest
-from onnxpipe.verification import on_runtime as three_way
 from onnxpipe.verification.chain import run_stage_by_stage
 from onnxpipe.verification.compare import OutputComparison, compare, merge
-from onnxpipe.verification.on_runtime import OnRuntime
 from onnxpipe.verification.options import (
     BY_BOUNDARY,
     QUANTIZED_OPS,
@@ -52,6 +49,31 @@ from onnxpipe.verification.options import (
 
 REFERENCE = EngineConfig()
 """What the original runs on, the reference every chain is held to: onnxruntime on the CPU."""
+
+
+@dataclass(frozen=True)
+class OnRuntime:
+    """The whole model run on ``label``, the one runtime every stage ran on, and what it compared to.
+
+    Why: a runtime may differ from onnxruntime on the whole model already (OpenVINO's cubic resize with
+    ``exclude_outside``), and then its stages differ too, which says nothing about the split; so an
+    output also passes when its stages match the whole model on their runtime (a note names the
+    runtime's own difference).  ``stages[i]`` and ``whole[i]`` are of the report's ``outputs[i]``; both
+    are empty when the whole model did not run there (``not_run`` says why).
+    """
+
+    label: str
+    """What ran the stages and this run of the whole model (``openvino (CPU)``, ``tract``)."""
+    stages: tuple[OutputComparison, ...] = ()
+    """The chained stages against the whole model, both on ``label``: what the split changes."""
+    whole: tuple[OutputComparison, ...] = ()
+    """The whole model on ``label`` against onnxruntime on the CPU: what the runtime changes by itself."""
+    not_run: str | None = None
+    """Why the whole model did not run on ``label`` (the stages are then held to onnxruntime alone)."""
+
+    @property
+    def ran(self) -> bool:
+        return self.not_run is None and bool(self.stages)
 
 
 @dataclass(frozen=True)
@@ -87,26 +109,52 @@ class VerifyReport:
     """The narrowest type the split's boundaries cross in (``boundary_dtype``): float outputs were held to
     its tolerance (:data:`~onnxpipe.verification.options.BY_BOUNDARY`) where looser."""
 
+    def passes(self, i: int) -> bool:
+        """Whether output ``i`` passes: its stages match onnxruntime, or the whole model on the runtime
+        they ran on (:class:`OnRuntime`)."""
+        on = self.on_runtime
+        return self.outputs[i].ok or (on is not None and on.ran and on.stages[i].ok)
+
     @property
     def ok(self) -> bool:
         """Every output's stages match the original, or the whole model on the runtime they ran on."""
-        return all(three_way.passes(o, self.on_runtime, i) for i, o in enumerate(self.outputs))
+        return all(self.passes(i) for i in range(len(self.outputs)))
 
     @property
     def notes(self) -> list[str]:
-        """What the verdict leaves out: a runtime's own difference from onnxruntime, and its size; and why
-        float32 outputs were held to a narrower type's tolerance."""
-        own = three_way.notes(self.outputs, self.on_runtime)
+        """What the verdict leaves out: why float outputs were held to a narrower type's tolerance, and a
+        runtime's own difference from onnxruntime (which the split does not add to), with its size, or
+        why the whole model was not run on it."""
+        own: list[str] = []
+        if self.computes_in is not None:
+            own.append(
+                f"the model computes in {self.computes_in} (its float inputs and outputs are cast): its "
+                f"float outputs are held to {self.computes_in}'s tolerance"
+            )
         if self.boundary_dtype in BY_BOUNDARY:
             bound = BY_BOUNDARY[self.boundary_dtype].describe()
-            own.insert(0, f"boundaries cross as {self.boundary_dtype}: float outputs are held to {bound}")
-        if self.computes_in is None:
-            return own
-        return [
-            f"the model computes in {self.computes_in} (its float inputs and outputs are cast): its float "
-            f"outputs are held to {self.computes_in}'s tolerance",
-            *own,
-        ]
+            own.append(f"boundaries cross as {self.boundary_dtype}: float outputs are held to {bound}")
+        on = self.on_runtime
+        if on is not None and not on.ran:
+            own.append(
+                f"the whole model does not run on {on.label} ({on.not_run}): the stages were held to "
+                "onnxruntime alone"
+            )
+        elif on is not None:
+            apart = [
+                w for o, s, w in zip(self.outputs, on.stages, on.whole, strict=True) if not o.ok and s.ok
+            ]
+            sizes = ", ".join(
+                f"{w.name} by max abs diff {w.max_abs_diff:.3g} (max rel diff {w.max_rel_diff:.3g})"
+                for w in apart
+            )
+            if apart:
+                own.append(
+                    f"{on.label} differs from onnxruntime by itself: the whole model on it gives {sizes}; "
+                    "the stages on it match the whole model there, so the split adds nothing to that "
+                    "difference"
+                )
+        return own
 
     @property
     def stages_line(self) -> str | None:
@@ -128,13 +176,32 @@ class VerifyReport:
         return f"by each output's type, up to {bound}"
 
     def output_line(self, i: int, own: str = "") -> str:
-        """Output ``i``'s verdict and differences (``own``: its tolerance, where outputs differ in it)."""
-        return three_way.output_line(self.outputs[i], self.on_runtime, i, own)
+        """Output ``i``'s verdict and differences from onnxruntime; where these fail and the whole model
+        ran on the stages' runtime, each of the three comparisons (``own``: its tolerance, where outputs
+        differ in it)."""
+        reference, on = self.outputs[i], self.on_runtime
+        status = "ok" if self.passes(i) else "MISMATCH"
+        if on is None or not on.ran or reference.ok:
+            return f"{reference.name}: {status} ({reference.diffs}{own})"
+        return (
+            f"{reference.name}: {status} (stages against the whole model, both on {on.label}: "
+            f"{on.stages[i].diffs}; stages against onnxruntime: {reference.diffs}; the whole model on "
+            f"{on.label} against onnxruntime: {on.whole[i].diffs}{own})"
+        )
 
     @property
     def verdict(self) -> str:
         """``1 output(s) match the original``, or what they match or do not."""
-        return three_way.verdict(self.outputs, self.on_runtime)
+        n, on = len(self.outputs), self.on_runtime
+        if all(o.ok for o in self.outputs):
+            return f"{n} output(s) match the original"
+        if on is None or not on.ran:
+            return f"{n} output(s) DO NOT match the original"
+        if self.ok:
+            return (
+                f"{n} output(s) match the whole model on {on.label}, which differs from onnxruntime by itself"
+            )
+        return f"{n} output(s) DO NOT match the original, nor the whole model on {on.label}"
 
     def summary(self) -> str:
         """Print-friendly lines: what ran where, one line per output, the verdict, then any notes."""

@@ -28,7 +28,7 @@ from onnxpipe.export.genai.config import (
     Unsupported,
 )
 from onnxpipe.export.genai.graph import check_source_fits, layer_template, model_facts, tensor_names
-from onnxpipe.export.genai.pipeline import session_options_of
+from onnxpipe.export.genai.write import session_options_of
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.decoder_dims import DecoderDims
 from onnxpipe.ir.load import load_model
