@@ -30,7 +30,7 @@ from onnxpipe.core.dims import Dim
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.model_config import GENAI_CONFIG_NAME, config_beside
 from onnxpipe.core.options import opt
-from onnxpipe.ir.model import value_dims
+from onnxpipe.ir.model import set_items, value_dims
 
 _INTS = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
 _FLOATS = (
@@ -87,18 +87,15 @@ def join_embedding(decoder: onnx.ModelProto, where: Path, embedding: Path) -> Jo
     model = onnx.ModelProto()
     model.CopyFrom(decoder)
     g = model.graph
-    nodes = [*emb.graph.node, *decoder.graph.node]
-    del g.node[:], g.input[:]
-    g.node.extend(nodes)
-    g.input.extend([inputs[ids], *(vi for vi in decoder.graph.input if vi.name != out)])
+    set_items(g.node, [*emb.graph.node, *decoder.graph.node])
+    set_items(g.input, [inputs[ids], *(vi for vi in decoder.graph.input if vi.name != out)])
     g.initializer.extend([*emb.graph.initializer, *(numpy_helper.from_array(v, n) for n, v in empty.items())])
     g.value_info.extend([*emb.graph.value_info, takes[out]])
     model.functions.extend(emb.functions)
     versions = {o.domain: o.version for o in decoder.opset_import}
     for o in emb.opset_import:
         versions[o.domain] = max(o.version, versions.get(o.domain, 0))
-    del model.opset_import[:]
-    model.opset_import.extend(helper.make_opsetid(d, v) for d, v in sorted(versions.items()))
+    set_items(model.opset_import, (helper.make_opsetid(d, v) for d, v in sorted(versions.items())))
     model.ir_version = max(decoder.ir_version, emb.ir_version)
     fed_empty = f"; {', '.join(empty)} fed empty (the text path)" if empty else ""
     note = (

@@ -231,6 +231,14 @@ def set_input_shapes(graph: onnx.GraphProto, shapes: Mapping[str, Sequence[int]]
                 shape.dim.add().dim_value = int(d)
 
 
+def set_items(field: Any, items: Iterable[Any]) -> None:
+    """Make a protobuf repeated field (a graph's nodes, inputs, initializers...) hold ``items``, which may
+    be read from the field itself."""
+    kept = list(items)
+    del field[:]
+    field.extend(kept)
+
+
 # --------------------------------------------------------------------------------------------------
 # bodies
 
