@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 from onnxpipe.core.iocontract import Role
 from onnxpipe.core.kv import KVPair
-from onnxpipe.ir.embedding import FLOAT_TYPES, reads_table, table_reads, token_input
+from onnxpipe.ir.embedding import reads_table, table_reads, token_input
 from onnxpipe.ir.kv_pairs import find_pairs
-from onnxpipe.ir.model import ModelView, NodeInfo, TensorInfo
+from onnxpipe.ir.model import FLOAT_TYPES, ModelView, NodeInfo, TensorInfo
 
 SCOPE_KEY = "pkg.torch.onnx.name_scopes"
 """The node metadata key where torch's dynamo exporter lists a node's module scopes."""

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from onnxpipe.core.choices import Phase
 from onnxpipe.ir.decoder import embeds_input
 from onnxpipe.ir.decoder_kinds import PhaseShape, phase_shape
-from onnxpipe.ir.embedding import FLOAT_TYPES, INTEGER_TYPES
-from onnxpipe.ir.model import ModelView, NodeInfo
+from onnxpipe.ir.model import FLOAT_TYPES, INTEGER_TYPES, ModelView, NodeInfo
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from onnxpipe.core.kv import KVPair
-from onnxpipe.ir.embedding import FLOAT_TYPES
-from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.model import FLOAT_TYPES, ModelView
 
 _PAST = re.compile(r"past|cache", re.IGNORECASE)
 _PRESENT = re.compile(r"present|cache", re.IGNORECASE)
