@@ -23,7 +23,8 @@ from collections.abc import Mapping, Sequence
 from onnxpipe.core.kv import KVPair
 from onnxpipe.ir.model import FLOAT_TYPES, ModelView
 
-_PAST = re.compile(r"past|cache", re.IGNORECASE)
+PAST_NAME = re.compile(r"past|cache", re.IGNORECASE)
+"""What names a cache input (a past): the word ``past`` or ``cache``."""
 _PRESENT = re.compile(r"present|cache", re.IGNORECASE)
 _CROSS = re.compile(r"[._](?:encoder|cross)(?:[._]|$)")
 
@@ -105,7 +106,7 @@ def pairs_by_name(view: ModelView) -> tuple[KVPair, ...] | None:
     every layer ``0 .. L-1``, key and value apart or in one tensor each."""
     pasts: dict[tuple[int, str], str] = {}
     for t in view.inputs:
-        got = kv_name(t, _PAST)
+        got = kv_name(t, PAST_NAME)
         if got is not None and got not in pasts and view.tensor(t).elem_type in FLOAT_TYPES:
             pasts[got] = t
     presents: dict[tuple[int, str], str] = {}
