@@ -207,24 +207,17 @@ def _with_layers(view: ModelView, pairs: tuple[KVPair, ...], ids: str, tokens: R
         group[n.name] = g
         for o in n.outputs:
             tensor_group[o] = g
-    # a layer's cache must be its own: read and made by nodes of that layer only
-    for p in pairs:
-        makers = {group[view.nodes[view.producer[t]].name] for t in p.presents if t in view.producer}
-        readers = {
-            group[view.nodes[q].name]
-            for t in p.pasts
-            for q in view.consumers.get(t, ())
-            if not view.nodes[q].is_constant and view.nodes[q].op_type not in SHAPE_OPS
-        }
-        if makers | readers != {p.layer}:
-            return None
     shape_readers: list[tuple[str, str]] = []
-    for p in pairs:
+    for p in pairs:  # a layer's cache must be its own: its data read and made by that layer's nodes only
+        groups = {group[view.nodes[view.producer[t]].name] for t in p.presents if t in view.producer}
         for t in p.pasts:
-            for q in view.consumers.get(t, ()):
-                node = view.nodes[q]
+            for node in (view.nodes[q] for q in view.consumers.get(t, ())):
                 if node.op_type in SHAPE_OPS and group.get(node.name, p.layer) != p.layer:
                     shape_readers.append((node.name, t))
+                elif node.op_type not in SHAPE_OPS and not node.is_constant:
+                    groups.add(group[node.name])
+        if groups != {p.layer}:
+            return None
     embedding = tuple(
         n.name
         for n in compute
