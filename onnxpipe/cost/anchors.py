@@ -250,6 +250,6 @@ def value_candidates(
 
 
 def topological(nodes: Sequence[onnx.NodeProto], available: set[str]) -> list[int]:
-    deps = [[i for i in n.input if i] + sorted(subgraph_outer_reads(n)) for n in nodes]
+    """``nodes`` in a topological order (:func:`~onnxpipe.ir.graph.dfs_order`), by index."""
     outs = [[o for o in n.output if o] for n in nodes]
-    return dfs_order(deps, outs, available, [n.name for n in nodes])
+    return dfs_order([node_reads(n) for n in nodes], outs, available, [n.name for n in nodes])

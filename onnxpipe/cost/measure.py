@@ -37,7 +37,6 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -84,23 +83,21 @@ def profile_model(
     naming the dims that were guessed and the flags that set them.
     """
     given = frozen_shapes(shapes or {})
-    ProfileOptions(threads=threads, runs=runs, warmup=warmup, shapes=given, inputs=samples)  # refuses them
+    how = ProfileOptions(threads=threads, runs=runs, warmup=warmup, shapes=given, inputs=samples)  # checked
     if samples is not None:
         hint = f"the model fails on the given inputs ({samples.describe()}); give inputs it runs on"
-        how = _Settings(threads, runs, warmup, progress, hint)
-        return _measure(view, how, samples.shapes, list(samples.feeds), samples)
+        return _measure(view, how, progress, hint, samples.shapes, list(samples.feeds))
     input_shapes = resolve_input_shapes(view, shapes)
     hint = failure_hint(view, input_shapes, shapes)
-    how = _Settings(threads, runs, warmup, progress, hint)
     try:
-        return _measure(view, how, input_shapes, [random_feeds(view, input_shapes, seed)])
+        return _measure(view, how, progress, hint, input_shapes, [random_feeds(view, input_shapes, seed)])
     except ProfileError as first:
         why = error_line(first.__cause__ or first)  # onnxruntime's own line, not the wrapped message
         larger = retry_shapes(view, shapes)
         if larger is None:
             raise
         try:
-            prof = _measure(view, how, larger, [random_feeds(view, larger, seed)])
+            prof = _measure(view, how, progress, hint, larger, [random_feeds(view, larger, seed)])
         except ProfileError:
             raise ProfileError(
                 f"{view.label}: onnxruntime failed running the model on random inputs at the guessed sizes "
@@ -109,46 +106,31 @@ def profile_model(
     return dataclasses.replace(prof, unattributed=(retry_note(why, larger), *prof.unattributed))
 
 
-@dataclass(frozen=True)
-class _Settings:
-    """How each measurement of one profiling runs (a retry at larger sizes runs alike): threads, warm-up
-    and timed runs, the progress bar, and the hint a failure gives."""
-
-    threads: int
-    runs: int
-    warmup: int
-    progress: bool | str
-    hint: str
-
-    @property
-    def what(self) -> str:
-        """What the bar names besides the model: a phase, or nothing."""
-        return f", {self.progress}" if isinstance(self.progress, str) else ""
-
-
 def _measure(
     view: ModelView,
-    how: _Settings,
+    how: ProfileOptions,
+    progress: bool | str,
+    hint: str,
     input_shapes: Mapping[str, tuple[int, ...]],
     samples: Sequence[Mapping[str, Any]],
-    given: Samples | None = None,
 ) -> Profile:
-    """One measurement on ``samples`` at ``input_shapes``: time, match, attribute (module doc)."""
-    label = view.label
-    feeds = samples[0]
-    threads, runs, warmup = how.threads, how.runs, how.warmup
+    """One measurement on ``samples`` at ``input_shapes``: time, match, attribute (module doc); ``hint``:
+    what a failure tells the user to do; ``progress``: as :func:`profile_model`'s."""
+    label, feeds, given = view.label, samples[0], how.inputs
+    threads, runs, warmup = how.threads or 1, how.runs, how.warmup
+    what = f", {progress}" if isinstance(progress, str) else ""  # a phase the bar names
     steps = warmup + 2 * runs
     with (
         tempfile.TemporaryDirectory(prefix="onnxpipe-profile-") as tmpdir,
-        Progress(steps, f"profiling {label}{how.what}", enabled=bool(how.progress), unit="runs") as bar,
+        Progress(steps, f"profiling {label}{what}", enabled=bool(progress), unit="runs") as bar,
     ):
-        ort_model = OrtModel(view, Path(tmpdir), label, threads, how.hint)
+        ort_model = OrtModel(view, Path(tmpdir), label, threads, hint)
         timing = ort_model.measure(samples, warmup, runs, bar)
         bar.set_label(f"matching {label}'s nodes to onnxruntime's")
         matched = match_graphs(view, ort_model, timing, feeds, input_shapes, VALUE_CHUNK_BYTES)
         result = attribute(view, timing, matched)
         bar.done_text = (
-            f"profiled {label}{how.what}: {warmup} warm-up run(s), then {runs} timed twice: with "
+            f"profiled {label}{what}: {warmup} warm-up run(s), then {runs} timed twice: with "
             "onnxruntime's profiler (each node's time) and without (the whole model's)"
         )
     return Profile(

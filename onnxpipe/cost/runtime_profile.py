@@ -97,18 +97,13 @@ def profile_on_runtime(
     seconds, matched_share, notes = attribute_layers(view, layers, base.node_seconds, total)
     if not layers:
         notes = [f"{config.label} reports no per-layer times: every node's share follows its static cost"]
-    return Profile(
-        schema_version=base.schema_version,
-        model_sha256=view.sha256,
-        model_name=view.file_name,
+    return dataclasses.replace(  # the static profile's model, shapes and tensor bytes, measured times
+        base,
         source=CostSource.PROFILE,
         threads=config.threads,
         runs=runs,
-        input_shapes=MappingProxyType(input_shapes),
         node_seconds=MappingProxyType(seconds),
-        tensor_bytes=base.tensor_bytes,
         total_seconds=total,
-        regions=(),
         unattributed=tuple(notes),
         exact_fraction=matched_share,
         runtime=config.label,

@@ -1,7 +1,7 @@
 """Static costs: FLOPs and bytes per node from concrete shapes, without running the model.
 
 Used for ``--cost static`` (:func:`static_profile`) and, by the profiler, to split the measured time of a
-fused group of nodes over its members (:func:`node_cost`).
+fused group of nodes over its members (:func:`node_flops`).
 
 Shapes come from ONNX shape inference on a weight-less copy of the model with the inputs fixed to
 concrete sizes, so models over 2 GB work without reading their weights; where it leaves dims unsettled
@@ -22,7 +22,7 @@ Slice...) costs bytes only.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -95,20 +95,6 @@ _RECURRENT = frozenset({"LSTM", "GRU", "RNN"})
 _POOL = frozenset({"MaxPool", "AveragePool", "LpPool"})
 
 
-@dataclass(frozen=True)
-class NodeCost:
-    """Static cost of one node: FLOPs, bytes read and written, and the roofline time they imply."""
-
-    flops: float
-    bytes: int
-    known: bool
-    """False when a shape the formula needs was unknown (the cost is then a lower bound)."""
-
-    @property
-    def seconds(self) -> float:
-        return static_seconds(self.flops, self.bytes)
-
-
 def static_seconds(flops: float, nbytes: float) -> float:
     """Roofline time of one node with the module's nominal constants."""
     return max(flops / PEAK_FLOPS, nbytes / MEMORY_BANDWIDTH) + NODE_OVERHEAD_SECONDS
@@ -134,12 +120,6 @@ def node_bytes(view: ModelView, node: NodeInfo, shapes: Shapes) -> int:
     return total
 
 
-def node_cost(view: ModelView, node: NodeInfo, shapes: Shapes) -> NodeCost:
-    flops = _flops(view, node, shapes)
-    known = flops is not None and all(t in shapes for t in node.outputs)
-    return NodeCost(flops=flops or 0.0, bytes=node_bytes(view, node, shapes), known=known)
-
-
 def _numel(shape: Sequence[int] | None) -> int | None:
     return None if shape is None else math.prod(int(d) for d in shape)
 
@@ -150,10 +130,6 @@ def _nbytes(view: ModelView, tensor: str, shapes: Shapes) -> int | None:
         return None
     size = itemsize(view.tensor(tensor).elem_type)
     return n * (size if size else 4)
-
-
-def _attrs(view: ModelView, node: NodeInfo) -> dict[str, onnx.AttributeProto]:
-    return {a.name: a for a in view.proto.graph.node[node.index].attribute}
 
 
 def _flops(view: ModelView, node: NodeInfo, shapes: Shapes) -> float | None:
@@ -195,7 +171,7 @@ class _Op:
 
     @property
     def attrs(self) -> dict[str, onnx.AttributeProto]:
-        return _attrs(self.view, self.node)
+        return {a.name: a for a in self.view.proto.graph.node[self.node.index].attribute}
 
 
 _Formula = Callable[[_Op], float | None]
@@ -257,10 +233,6 @@ def _attention_flops(op: _Op) -> float | None:
     return 4.0 * out_el * kv_len
 
 
-def _einsum_op_flops(op: _Op) -> float | None:
-    return _einsum_flops(op.attrs, [op.shape(i) for i in range(len(op.inputs))], op.out_el)
-
-
 def _recurrent_flops(op: _Op) -> float | None:
     x, w, r = op.shape(0), op.shape(1), op.shape(2)
     if x is None or w is None or r is None or len(x) != 3 or len(w) != 3:
@@ -270,11 +242,11 @@ def _recurrent_flops(op: _Op) -> float | None:
 
 
 def _pool_flops(op: _Op) -> float | None:
-    kernel = _ints_attr(op.attrs, "kernel_shape")
+    kernel = op.attrs.get("kernel_shape")
     out_el = op.out_el
     if out_el is None:
         return None
-    return float(out_el * max(1, math.prod(kernel)))
+    return float(out_el * max(1, math.prod(kernel.ints if kernel is not None else ())))
 
 
 def _reduction_flops(op: _Op) -> float | None:
@@ -294,30 +266,9 @@ def _elementwise_flops(op: _Op) -> float | None:
     )
 
 
-_FORMULAS: Mapping[str, _Formula] = {
-    **dict.fromkeys(_CONV_LIKE, _conv_flops),
-    "ConvTranspose": _conv_transpose_flops,
-    **dict.fromkeys(_MATMUL_LIKE, _matmul_flops),
-    "Gemm": _gemm_flops,
-    **dict.fromkeys(_ATTENTION_LIKE | {"Attention"}, _attention_flops),
-    "Einsum": _einsum_op_flops,
-    **dict.fromkeys(_RECURRENT, _recurrent_flops),
-    **dict.fromkeys(_POOL, _pool_flops),
-    **dict.fromkeys(_REDUCTION_LIKE, _reduction_flops),
-    **dict.fromkeys(_ELEMENTWISE, _elementwise_flops),
-}
-"""The FLOP formula of each op that computes (an op not here, nor a ``Reduce*``, only moves data)."""
-
-
-def _ints_attr(attrs: Mapping[str, onnx.AttributeProto], name: str) -> list[int]:
-    a = attrs.get(name)
-    return [int(v) for v in a.ints] if a is not None else []
-
-
-def _einsum_flops(
-    attrs: Mapping[str, onnx.AttributeProto], ins: Sequence[Sequence[int] | None], out_el: int | None
-) -> float | None:
-    a = attrs.get("equation")
+def _einsum_flops(op: _Op) -> float | None:
+    a, out_el = op.attrs.get("equation"), op.out_el
+    ins = [op.shape(i) for i in range(len(op.inputs))]
     if a is None or out_el is None:
         return None
     eq = a.s.decode().replace(" ", "")
@@ -338,6 +289,21 @@ def _einsum_flops(
     return 2.0 * out_el * math.prod(sizes[c] for c in contracted)
 
 
+_FORMULAS: Mapping[str, _Formula] = {
+    **dict.fromkeys(_CONV_LIKE, _conv_flops),
+    "ConvTranspose": _conv_transpose_flops,
+    **dict.fromkeys(_MATMUL_LIKE, _matmul_flops),
+    "Gemm": _gemm_flops,
+    **dict.fromkeys(_ATTENTION_LIKE | {"Attention"}, _attention_flops),
+    "Einsum": _einsum_flops,
+    **dict.fromkeys(_RECURRENT, _recurrent_flops),
+    **dict.fromkeys(_POOL, _pool_flops),
+    **dict.fromkeys(_REDUCTION_LIKE, _reduction_flops),
+    **dict.fromkeys(_ELEMENTWISE, _elementwise_flops),
+}
+"""The FLOP formula of each op that computes (an op not here, nor a ``Reduce*``, only moves data)."""
+
+
 def constant_tensors(view: ModelView) -> set[str]:
     """Initializers and the tensors computed from them alone (:func:`onnxpipe.ir.shapevalues.constant_only`),
     which onnxruntime folds when it loads the model: they cost nothing per run."""
@@ -346,17 +312,6 @@ def constant_tensors(view: ModelView) -> set[str]:
 
 # --------------------------------------------------------------------------------------------------
 # static profile
-
-
-def tensor_bytes_for(
-    view: ModelView, shapes: Mapping[str, Sequence[int]], names: Iterable[str]
-) -> dict[str, int]:
-    result: dict[str, int] = {}
-    for t in names:
-        n = _nbytes(view, t, shapes)
-        if n is not None:
-            result[t] = n
-    return result
 
 
 def static_profile(
@@ -380,9 +335,9 @@ def static_profile(
         if node.outputs and all(t in folded for t in node.outputs):
             seconds[node.name] = 0.0  # computed from constants: folded once at load time
             continue
-        cost = node_cost(view, node, tshapes)
-        seconds[node.name] = cost.seconds
-        if not cost.known:
+        flops = _flops(view, node, tshapes)
+        seconds[node.name] = static_seconds(flops or 0.0, node_bytes(view, node, tshapes))
+        if flops is None or not all(t in tshapes for t in node.outputs):  # a lower bound
             guessed.append(node.name)
         if node.has_subgraph:
             bodies.append(node.name)
@@ -397,7 +352,7 @@ def static_profile(
             + names_text(bodies)
         )
     names = list(view.inputs) + [t for n in view.nodes for t in n.outputs] + list(view.initializers)
-    sizes = tensor_bytes_for(view, tshapes, dict.fromkeys(names))
+    sizes = {t: n for t in dict.fromkeys(names) if (n := _nbytes(view, t, tshapes)) is not None}
     # sequences, maps and optionals have no size to count (their length is data): costed from what is
     # known, their bytes left out, and said so rather than refused
     unsized = [t for t in dict.fromkeys(names) if t and t not in sizes]

@@ -22,7 +22,7 @@ from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import OptimizationLevel, open_session, session_options
 from onnxpipe.core.progress import Progress
 from onnxpipe.ir.external import holds_external
-from onnxpipe.ir.model import ModelView, subgraph_outer_reads
+from onnxpipe.ir.model import ModelView, set_items, subgraph_outer_reads
 
 
 @dataclass
@@ -242,12 +242,9 @@ def run_exposed(
     saved_inputs = list(graph.input)
     try:
         if run.prune_inputs:
-            keep = _read_inputs(graph, feeds)
-            del graph.input[:]
-            graph.input.extend(keep)
+            set_items(graph.input, _read_inputs(graph, feeds))
         for chunk in _chunks(run.names, run.estimates, chunk_bytes):
-            del graph.output[:]
-            graph.output.extend(onnx.ValueInfoProto(name=t) for t in chunk)
+            set_items(graph.output, (onnx.ValueInfoProto(name=t) for t in chunk))
             so = ort_model.options("ORT_DISABLE_ALL", threads=None, external_dir=run.external_dir)
             sess = ort_model.session(run.model.SerializeToString(), so, run.what)
             values = ort_model.run(sess, feeds, run.what)
@@ -257,11 +254,8 @@ def run_exposed(
                     take(t, arr)
             del values
     finally:
-        del graph.output[:]
-        graph.output.extend(saved_outputs)
-        if run.prune_inputs:
-            del graph.input[:]
-            graph.input.extend(saved_inputs)
+        set_items(graph.output, saved_outputs)
+        set_items(graph.input, saved_inputs)
 
 
 def _read_inputs(graph: onnx.GraphProto, feeds: Mapping[str, np.ndarray]) -> list[onnx.ValueInfoProto]:

@@ -55,13 +55,9 @@ def match_graphs(
     original, optimized, rename = _value_graphs(view, ort_model, timing.optimized, notes)
     constant = constant_tensors(view)
     sketcher = Sketcher()
-    shapes = {name: tuple(int(d) for d in arr.shape) for name, arr in feeds.items()}
-    nbytes = {name: int(arr.nbytes) for name, arr in feeds.items()}
+    shapes: dict[str, tuple[int, ...]] = {}
+    nbytes: dict[str, int] = {}
     o_prints: dict[str, Print] = {}
-    for name, arr in feeds.items():
-        p = sketcher.sketch(arr)
-        if p is not None:
-            o_prints[name] = p
 
     def take_original(name: str, arr: np.ndarray) -> None:
         shapes[name] = tuple(int(d) for d in arr.shape)
@@ -69,6 +65,9 @@ def match_graphs(
         p = sketcher.sketch(arr)
         if p is not None:
             o_prints[name] = p
+
+    for name, arr in feeds.items():  # the inputs first, as the run's values
+        take_original(name, np.asarray(arr))
 
     o_names = [t for n in view.nodes if not n.is_constant for t in n.outputs if t not in constant]
     symbols = symbol_sizes(view, input_shapes)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import onnx
 
+from onnxpipe.ir.model import set_items
+
 ORT_DEFAULT_DOMAIN_OPS = frozenset({"SimplifiedLayerNormalization", "LayerNormalization"})
 """Ops onnxruntime registers in the default ONNX domain beyond (or before) ONNX's own: the checker
 refuses them where the opset lacks them; onnxruntime runs them."""
@@ -94,9 +96,7 @@ def _external_as_inputs(graph: onnx.GraphProto) -> None:
     if not external and not constants:
         return
     names = {t.name for t in external}
-    kept = [t for t in graph.initializer if t.name not in names]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
+    set_items(graph.initializer, [t for t in graph.initializer if t.name not in names])
     graph.input.extend(
         onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in external
     )
@@ -104,9 +104,7 @@ def _external_as_inputs(graph: onnx.GraphProto) -> None:
         output = graph.node[i].output[0]
         graph.input.append(onnx.helper.make_tensor_value_info(output, value.data_type, list(value.dims)))
     gone = {i for i, _ in constants}
-    nodes = [n for i, n in enumerate(graph.node) if i not in gone]
-    del graph.node[:]
-    graph.node.extend(nodes)
+    set_items(graph.node, [n for i, n in enumerate(graph.node) if i not in gone])
 
 
 def _external_value(node: onnx.NodeProto) -> onnx.TensorProto | None:

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from onnxpipe.core.iocontract import Role
 from onnxpipe.core.kv import KVPair
-from onnxpipe.ir.embedding import FLOAT_TYPES, reads_table, table_reads, token_input
+from onnxpipe.ir.embedding import reads_table, table_reads, token_input
 from onnxpipe.ir.kv_pairs import find_pairs
-from onnxpipe.ir.model import ModelView, NodeInfo
+from onnxpipe.ir.model import FLOAT_TYPES, ModelView, NodeInfo, TensorInfo
 
 SCOPE_KEY = "pkg.torch.onnx.name_scopes"
 """The node metadata key where torch's dynamo exporter lists a node's module scopes."""
@@ -120,15 +120,9 @@ def embeds_input(view: ModelView, exclude: set[str]) -> str | None:
     """The tokens' embeddings a decoder takes in place of their ids (``inputs_embeds``, ``[batch, new
     tokens, hidden]``): the one float input of rank 3 not in ``exclude`` (the cache) named like
     ``embeds`` (by name: an encoder-decoder's ``encoder_hidden_states`` is no token input)."""
-    found = [
-        t
-        for t in view.inputs
-        if t not in exclude
-        and "embeds" in t.lower()
-        and view.tensor(t).elem_type in FLOAT_TYPES
-        and len(view.tensor(t).shape or ()) == 3
-    ]
-    return found[0] if len(found) == 1 else None
+    return _named_input(
+        view, "embeds", exclude, lambda t: t.elem_type in FLOAT_TYPES and len(t.shape or ()) == 3
+    )
 
 
 @dataclass(frozen=True)
@@ -155,8 +149,11 @@ def decoder_of(view: ModelView, found: FoundDecoder | None) -> DecoderInfo | Non
     return find_decoder(view) if found is None else found.on(view)
 
 
-def _named_input(view: ModelView, word: str, exclude: set[str]) -> str | None:
-    found = [t for t in view.inputs if word in t.lower() and t not in exclude]
+def _named_input(
+    view: ModelView, word: str, exclude: set[str], fits: Callable[[TensorInfo], bool] = lambda _: True
+) -> str | None:
+    """The one input not in ``exclude`` whose name holds ``word`` (and whose type ``fits``), else None."""
+    found = [t for t in view.inputs if word in t.lower() and t not in exclude and fits(view.tensor(t))]
     return found[0] if len(found) == 1 else None
 
 
@@ -210,24 +207,17 @@ def _with_layers(view: ModelView, pairs: tuple[KVPair, ...], ids: str, tokens: R
         group[n.name] = g
         for o in n.outputs:
             tensor_group[o] = g
-    # a layer's cache must be its own: read and made by nodes of that layer only
-    for p in pairs:
-        makers = {group[view.nodes[view.producer[t]].name] for t in p.presents if t in view.producer}
-        readers = {
-            group[view.nodes[q].name]
-            for t in p.pasts
-            for q in view.consumers.get(t, ())
-            if not view.nodes[q].is_constant and view.nodes[q].op_type not in SHAPE_OPS
-        }
-        if makers | readers != {p.layer}:
-            return None
     shape_readers: list[tuple[str, str]] = []
-    for p in pairs:
+    for p in pairs:  # a layer's cache must be its own: its data read and made by that layer's nodes only
+        groups = {group[view.nodes[view.producer[t]].name] for t in p.presents if t in view.producer}
         for t in p.pasts:
-            for q in view.consumers.get(t, ()):
-                node = view.nodes[q]
+            for node in (view.nodes[q] for q in view.consumers.get(t, ())):
                 if node.op_type in SHAPE_OPS and group.get(node.name, p.layer) != p.layer:
                     shape_readers.append((node.name, t))
+                elif node.op_type not in SHAPE_OPS and not node.is_constant:
+                    groups.add(group[node.name])
+        if groups != {p.layer}:
+            return None
     embedding = tuple(
         n.name
         for n in compute

@@ -18,15 +18,14 @@ the other inputs that share it, and the total is their sum.  Only inputs found b
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from onnxpipe.core.choices import Phase
 from onnxpipe.ir.decoder import embeds_input
 from onnxpipe.ir.decoder_kinds import PhaseShape, phase_shape
-from onnxpipe.ir.embedding import FLOAT_TYPES, INTEGER_TYPES
-from onnxpipe.ir.model import ModelView, NodeInfo
+from onnxpipe.ir.kv_pairs import PAST_NAME
+from onnxpipe.ir.model import FLOAT_TYPES, INTEGER_TYPES, ModelView, NodeInfo
 
 
 @dataclass(frozen=True)
@@ -39,9 +38,6 @@ class DecoderRoles:
     total: str | None
 
 
-_PAST_NAME = re.compile(r"past|cache", re.IGNORECASE)
-
-
 def decoder_roles(view: ModelView) -> DecoderRoles | None:
     """The symbols of the decoder's inputs, or ``None`` when the inputs do not look like a decoder's
     (no float input named like a past cache with a symbolic sequence axis, or no token input: their ids
@@ -51,7 +47,7 @@ def decoder_roles(view: ModelView) -> DecoderRoles | None:
     pasts = []
     for t in view.inputs:
         info = view.tensor(t)
-        if not _PAST_NAME.search(t) or info.shape is None or len(info.shape) < 3:
+        if not PAST_NAME.search(t) or info.shape is None or len(info.shape) < 3:
             continue
         if info.elem_type not in FLOAT_TYPES:
             continue
@@ -159,7 +155,7 @@ def _attention_node_sizes(view: ModelView, node: NodeInfo, out: dict[str, int]) 
 def _concat_sizes(view: ModelView, node: NodeInfo, out: dict[str, int]) -> None:
     """The sizes a ``Concat`` of a past input with new entries gives the past's symbolic dims (on every
     axis but the one it grows)."""
-    pasts = [t for t in node.inputs if t in view.inputs and _PAST_NAME.search(t)]
+    pasts = [t for t in node.inputs if t in view.inputs and PAST_NAME.search(t)]
     if len(pasts) != 1:
         return
     shape = view.tensor(pasts[0]).shape

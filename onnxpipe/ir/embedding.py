@@ -16,19 +16,13 @@ from dataclasses import dataclass
 
 import onnx
 
-from onnxpipe.ir.model import ModelView, NodeInfo
+from onnxpipe.ir.model import FLOAT_TYPES, INTEGER_TYPES, ModelView, NodeInfo
 
 GATHERS: Mapping[str, int] = {"Gather": 1, "GatherBlockQuantized": 1, "GatherND": 1}
 """Ops that read rows of a table (input 0) by index, and the input slot of the indices."""
 
 CARRIERS = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"})
 """Ops that carry ids to a gather unchanged in value (only their type or shape changes)."""
-
-FLOAT_TYPES = frozenset({1, 10, 11, 16})
-"""float, float16, double, bfloat16: the element types of logits and caches."""
-
-INTEGER_TYPES = frozenset({6, 7})
-"""int32, int64: the element types of token ids."""
 
 _PACKED = frozenset({onnx.TensorProto.UINT8, onnx.TensorProto.INT8})
 """Element types that hold several low-bit values of a block-quantized table per byte."""

@@ -27,7 +27,7 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from onnxpipe.ir.external import inlined
-from onnxpipe.ir.model import subgraph_outer_reads
+from onnxpipe.ir.model import set_items, subgraph_outer_reads
 
 MAX_FOLDED_BYTES = 1 << 20
 """The largest tensor a fold writes as an initializer (1 MiB)."""
@@ -93,8 +93,7 @@ def fold_constants(
                 added.append(numpy_helper.from_array(value, name))
     if not folded:
         return 0
-    del graph.node[:]
-    graph.node.extend(kept)
+    set_items(graph.node, kept)
     graph.initializer.extend(added)
     _drop_unused_initializers(graph)
     return folded
@@ -188,12 +187,8 @@ def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
     dropped = {t.name for t in graph.initializer if t.name not in used}
     if not dropped:
         return
-    keep = [t for t in graph.initializer if t.name not in dropped]
-    del graph.initializer[:]
-    graph.initializer.extend(keep)
-    inputs = [i for i in graph.input if i.name not in dropped]
-    del graph.input[:]
-    graph.input.extend(inputs)
+    set_items(graph.initializer, [t for t in graph.initializer if t.name not in dropped])
+    set_items(graph.input, [i for i in graph.input if i.name not in dropped])
 
 
 __all__ = ["INTEGER_OPS", "MAX_FOLDED_BYTES", "MOVEMENT_OPS", "fold_constants"]

@@ -30,15 +30,7 @@ from onnxpipe.core.dims import Dim
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.model_config import GENAI_CONFIG_NAME, config_beside
 from onnxpipe.core.options import opt
-from onnxpipe.ir.model import value_dims
-
-_INTS = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
-_FLOATS = (
-    onnx.TensorProto.FLOAT,
-    onnx.TensorProto.FLOAT16,
-    onnx.TensorProto.BFLOAT16,
-    onnx.TensorProto.DOUBLE,
-)
+from onnxpipe.ir.model import FLOAT_TYPES, INTEGER_TYPES, set_items, value_dims
 
 
 @dataclass(frozen=True)
@@ -87,18 +79,15 @@ def join_embedding(decoder: onnx.ModelProto, where: Path, embedding: Path) -> Jo
     model = onnx.ModelProto()
     model.CopyFrom(decoder)
     g = model.graph
-    nodes = [*emb.graph.node, *decoder.graph.node]
-    del g.node[:], g.input[:]
-    g.node.extend(nodes)
-    g.input.extend([inputs[ids], *(vi for vi in decoder.graph.input if vi.name != out)])
+    set_items(g.node, [*emb.graph.node, *decoder.graph.node])
+    set_items(g.input, [inputs[ids], *(vi for vi in decoder.graph.input if vi.name != out)])
     g.initializer.extend([*emb.graph.initializer, *(numpy_helper.from_array(v, n) for n, v in empty.items())])
     g.value_info.extend([*emb.graph.value_info, takes[out]])
     model.functions.extend(emb.functions)
     versions = {o.domain: o.version for o in decoder.opset_import}
     for o in emb.opset_import:
         versions[o.domain] = max(o.version, versions.get(o.domain, 0))
-    del model.opset_import[:]
-    model.opset_import.extend(helper.make_opsetid(d, v) for d, v in sorted(versions.items()))
+    set_items(model.opset_import, (helper.make_opsetid(d, v) for d, v in sorted(versions.items())))
     model.ir_version = max(decoder.ir_version, emb.ir_version)
     fed_empty = f"; {', '.join(empty)} fed empty (the text path)" if empty else ""
     note = (
@@ -115,10 +104,10 @@ def embedding_inputs(
     else ``input_ids``) and a feed with no rows for each other input (``inputs``: each one's element type
     and dims): the split, and the driver that runs the embedding model, take the text path, with no image.
     A :class:`UsageError` where the ids are not an integer input or another input is not a float one."""
-    integer = [n for n, (t, _) in inputs.items() if t in _INTS]
+    integer = [n for n, (t, _) in inputs.items() if t in INTEGER_TYPES]
     ids = ids or (integer[0] if len(integer) == 1 else "input_ids")
     others = {n: v for n, v in inputs.items() if n != ids}
-    if ids not in integer or any(t not in _FLOATS for t, _ in others.values()):
+    if ids not in integer or any(t not in FLOAT_TYPES for t, _ in others.values()):
         raise UsageError(
             f"{embedding}: an embedding model takes the token ids (one integer input) and float inputs "
             f"besides, fed empty; its inputs are {', '.join(inputs)}"

@@ -21,10 +21,10 @@ import re
 from collections.abc import Mapping, Sequence
 
 from onnxpipe.core.kv import KVPair
-from onnxpipe.ir.embedding import FLOAT_TYPES
-from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.model import FLOAT_TYPES, ModelView
 
-_PAST = re.compile(r"past|cache", re.IGNORECASE)
+PAST_NAME = re.compile(r"past|cache", re.IGNORECASE)
+"""What names a cache input (a past): the word ``past`` or ``cache``."""
 _PRESENT = re.compile(r"present|cache", re.IGNORECASE)
 _CROSS = re.compile(r"[._](?:encoder|cross)(?:[._]|$)")
 
@@ -106,7 +106,7 @@ def pairs_by_name(view: ModelView) -> tuple[KVPair, ...] | None:
     every layer ``0 .. L-1``, key and value apart or in one tensor each."""
     pasts: dict[tuple[int, str], str] = {}
     for t in view.inputs:
-        got = kv_name(t, _PAST)
+        got = kv_name(t, PAST_NAME)
         if got is not None and got not in pasts and view.tensor(t).elem_type in FLOAT_TYPES:
             pasts[got] = t
     presents: dict[tuple[int, str], str] = {}
@@ -206,12 +206,8 @@ def _concat_groups(view: ModelView) -> list[Group]:
 
 def _graph_input(view: ModelView, tensor: str) -> str | None:
     """The floating-point graph input ``tensor`` is, through :data:`_PASS` nodes; else None."""
-    while tensor not in view.inputs:
-        pos = view.producer.get(tensor)
-        if pos is None or view.nodes[pos].op_type not in _PASS:
-            return None
-        tensor = view.nodes[pos].inputs[0]
-    return tensor if view.tensor(tensor).elem_type in FLOAT_TYPES else None
+    tensor = _through(view, tensor)
+    return tensor if tensor in view.inputs and view.tensor(tensor).elem_type in FLOAT_TYPES else None
 
 
 def _graph_output(view: ModelView, tensor: str) -> str | None:
@@ -226,7 +222,7 @@ def _graph_output(view: ModelView, tensor: str) -> str | None:
 
 
 def _through(view: ModelView, output: str) -> str:
-    """The tensor a graph output copies through :data:`_PASS` nodes."""
+    """The tensor ``output`` copies through :data:`_PASS` nodes (itself where no such node makes it)."""
     pos = view.producer.get(output)
     while pos is not None and view.nodes[pos].op_type in _PASS:
         output = view.nodes[pos].inputs[0]

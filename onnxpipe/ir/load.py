@@ -36,6 +36,7 @@ from onnxpipe.ir.model import (
     NodeInfo,
     TensorInfo,
     initializer_nbytes,
+    set_items,
     subgraph_outer_reads,
     subgraphs,
     tensor_info,
@@ -149,9 +150,7 @@ def sort_graph_nodes(graph: onnx.GraphProto, outer: frozenset[str] = frozenset()
     order = stable_order(deps, outs, defined)
     if order is None or order == list(range(len(nodes))):
         return reordered
-    sorted_nodes = [nodes[i] for i in order]
-    del graph.node[:]
-    graph.node.extend(sorted_nodes)
+    set_items(graph.node, [nodes[i] for i in order])
     return reordered + 1
 
 

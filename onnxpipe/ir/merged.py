@@ -25,7 +25,7 @@ from onnx import helper
 
 from onnxpipe.core.files import file_sha256
 from onnxpipe.ir.joined import join_embedding
-from onnxpipe.ir.model import graph_free_names
+from onnxpipe.ir.model import INTEGER_TYPES, graph_free_names
 
 _BOOL = onnx.TensorProto.BOOL
 
@@ -149,8 +149,7 @@ def _cache_branches(
         return None
     # the first step's decoder reads token ids, a mask, positions: integers.  One that reads floats
     # (an encoder-decoder's encoder output) makes a cache the with-past branch cannot make from nothing
-    ints = {onnx.TensorProto.INT64, onnx.TensorProto.INT32}
     types = {vi.name: vi.type.tensor_type.elem_type for vi in graph.input}
-    if any(types[t] not in ints for t in first_reads):
+    if any(types[t] not in INTEGER_TYPES for t in first_reads):
         return None
     return node, with_past, node.input[0]

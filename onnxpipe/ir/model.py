@@ -159,6 +159,12 @@ class ModelView:
 # --------------------------------------------------------------------------------------------------
 # dtype helpers
 
+FLOAT_TYPES = frozenset({1, 10, 11, 16})
+"""float, float16, double, bfloat16: the element types of logits, caches and embeddings."""
+
+INTEGER_TYPES = frozenset({6, 7})
+"""int32, int64: the element types of token ids and of shape arithmetic."""
+
 
 def np_dtype(elem_type: int) -> np.dtype[Any] | None:
     """numpy's dtype of an ONNX element type; None for ``undefined`` and types numpy lacks."""
@@ -229,6 +235,14 @@ def set_input_shapes(graph: onnx.GraphProto, shapes: Mapping[str, Sequence[int]]
             shape.Clear()
             for d in shapes[vi.name]:
                 shape.dim.add().dim_value = int(d)
+
+
+def set_items(field: Any, items: Iterable[Any]) -> None:
+    """Make a protobuf repeated field (a graph's nodes, inputs, initializers...) hold ``items``, which may
+    be read from the field itself."""
+    kept = list(items)
+    del field[:]
+    field.extend(kept)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from onnx import helper, numpy_helper
 from onnxpipe.core.errors import ModelLoadError, UsageError
 from onnxpipe.core.tokenizer_files import has_tokenizer, looked_in, model_folders, tokenizer_files
 from onnxpipe.ir.merged import branch_model, merged_if
-from onnxpipe.ir.model import graph_free_names
+from onnxpipe.ir.model import graph_free_names, set_items
 
 ENCODER, DECODER, WITH_PAST = "encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx"
 MERGED = "decoder_model_merged.onnx"
@@ -188,15 +188,9 @@ def step_decoder(found: Seq2SeqFolder) -> onnx.ModelProto:
         copy.output[:] = [rename.get(t, t) for t in n.output]
         made.append(copy)
     # what the with-past decoder gives as the cross cache (nothing, or a merged file's empty tensors) goes
-    kept = [n for n in graph.node if not set(n.output) & set(wanted)]
-    del graph.node[:]
-    graph.node.extend(kept)
-    outputs = [o for o in graph.output if o.name not in wanted]
-    del graph.output[:]
-    graph.output.extend(outputs)
-    shapes = [v for v in graph.value_info if v.name not in wanted]  # a merged file's empty tensors' shapes
-    del graph.value_info[:]
-    graph.value_info.extend(shapes)
+    set_items(graph.node, [n for n in graph.node if not set(n.output) & set(wanted)])
+    set_items(graph.output, [o for o in graph.output if o.name not in wanted])
+    set_items(graph.value_info, [v for v in graph.value_info if v.name not in wanted])  # its empty tensors'
     grown = {past: present for present, past in wanted.items()}
     for node in graph.node:  # the with-past nodes read the grown cross cache in place of the past one
         node.input[:] = [grown.get(t, t) for t in node.input]
@@ -206,9 +200,7 @@ def step_decoder(found: Seq2SeqFolder) -> onnx.ModelProto:
         )
         for present, past in wanted.items()
     ]
-    nodes = [*made, *graph.node]
-    del graph.node[:]
-    graph.node.extend(nodes)
+    set_items(graph.node, [*made, *graph.node])
     if all(i.name != ENCODER_OUTPUT for i in graph.input):  # a merged file's branch has it already
         graph.input.append(next(i for i in first.graph.input if i.name == ENCODER_OUTPUT))
     encoded = next(i for i in graph.input if i.name == ENCODER_OUTPUT)

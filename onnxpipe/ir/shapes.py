@@ -189,7 +189,7 @@ def failure_hint(
         return " ".join(opt("shapes", f"{n}={','.join(str(int(d)) for d in used[n])}") for n in names)
 
     if not guessed:
-        every = flags(n for n in used if not _fixed(view, n))
+        every = flags(n for n in used if not view.tensor(n).is_static)
         if not every:
             return f"give real inputs with {files} (one array per input, by name){valued}"
         return f"give the shapes the model runs at with {every} (edited), or real inputs with {files}{valued}"
@@ -212,7 +212,7 @@ def valued_inputs(view: ModelView, used: Mapping[str, Sequence[int]]) -> list[st
     return [
         n
         for n in used
-        if _fixed(view, n)
+        if view.tensor(n).is_static  # the model fixes every dim (a scalar has none to size)
         and (view.tensor(n).dtype.startswith(("int", "uint")) or view.tensor(n).dtype == "bool")
     ]
 
@@ -231,12 +231,6 @@ def _valued_note(view: ModelView, used: Mapping[str, Sequence[int]]) -> str:
     if len(valued) == 1:
         return f" (the only way to set the value of {named}, which was random here)"
     return f" (the only way to set the values of {named}, which were random here)"
-
-
-def _fixed(view: ModelView, name: str) -> bool:
-    """Whether the model fixes every dim of input ``name`` (a scalar has none to size)."""
-    shape = view.tensor(name).shape
-    return shape is not None and all(isinstance(d, int) and d >= 0 for d in shape)
 
 
 def _default_dim(axis: int, rank: int, sequence_size: int = SEQUENCE_SIZE) -> int:

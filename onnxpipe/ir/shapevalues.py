@@ -28,10 +28,8 @@ import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import onnx
-
 from onnxpipe.core.dims import Dim
-from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.model import INTEGER_TYPES, ModelView
 from onnxpipe.ir.symbolic import symbolic_dims
 
 SHAPE_INPUTS: Mapping[str, tuple[int, ...]] = {
@@ -74,8 +72,6 @@ RANDOM_OPS = frozenset(
     {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 )
 """Ops whose outputs differ from run to run: never copied into a second stage."""
-
-INTEGER_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32})
 
 
 @dataclass(frozen=True)

@@ -99,9 +99,8 @@ def unsettled(
     for index, names in groups:
         for name in names:
             info = view.tensors.get(name)
-            dims = None if info is None else info.shape
-            if dims is None or not all(isinstance(d, int) and d >= 0 for d in dims):
-                found.append((index, name, dims))
+            if info is None or not info.is_static:
+                found.append((index, name, None if info is None else info.shape))
     return found
 
 

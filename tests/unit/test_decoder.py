@@ -24,7 +24,7 @@ from onnxpipe.ir.decoder import find_decoder, scope_group
 from onnxpipe.ir.decoder_kinds import phase_shape
 from onnxpipe.ir.decoder_shapes import decoder_roles, expression_size
 from onnxpipe.ir.kv_layout import kv_bytes_per_token
-from onnxpipe.ir.kv_pairs import _PAST
+from onnxpipe.ir.kv_pairs import PAST_NAME
 from onnxpipe.ir.kv_pairs import kv_name as _kv_name
 from onnxpipe.ir.load import view_from_proto
 from onnxpipe.ir.model import ModelView
@@ -127,14 +127,14 @@ def _profile(view: ModelView, seconds: dict[str, float] | None = None) -> Profil
 
 
 def test_cache_names_of_the_exporters() -> None:
-    assert _kv_name("past_key_values.3.key", _PAST) == (3, "key")
-    assert _kv_name("past_key_values.12.value", _PAST) == (12, "value")
-    assert _kv_name("past.2.value", _PAST) == (2, "value")
-    assert _kv_name("past_key_5", _PAST) == (5, "key")
-    assert _kv_name("key_cache.4", _PAST) == (4, "key")
-    assert _kv_name("past.1", _PAST) == (1, "kv")
-    assert _kv_name("input_ids", _PAST) is None
-    assert _kv_name("past_1_layer_2", _PAST) is None  # two numbers: no layer can be told
+    assert _kv_name("past_key_values.3.key", PAST_NAME) == (3, "key")
+    assert _kv_name("past_key_values.12.value", PAST_NAME) == (12, "value")
+    assert _kv_name("past.2.value", PAST_NAME) == (2, "value")
+    assert _kv_name("past_key_5", PAST_NAME) == (5, "key")
+    assert _kv_name("key_cache.4", PAST_NAME) == (4, "key")
+    assert _kv_name("past.1", PAST_NAME) == (1, "kv")
+    assert _kv_name("input_ids", PAST_NAME) is None
+    assert _kv_name("past_1_layer_2", PAST_NAME) is None  # two numbers: no layer can be told
 
 
 def test_scopes_give_layers_head_and_embedding() -> None:
