@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from onnxpipe.core.choices import Phase
 from onnxpipe.ir.decoder import embeds_input
 from onnxpipe.ir.decoder_kinds import PhaseShape, phase_shape
-from onnxpipe.ir.kv_pairs import PAST_NAME
+from onnxpipe.ir.kv_pairs import ATTENTION_SLOTS, PAST_NAME
 from onnxpipe.ir.model import FLOAT_TYPES, INTEGER_TYPES, ModelView, NodeInfo
 
 
@@ -133,7 +133,8 @@ def attention_head_sizes(view: ModelView) -> dict[str, int]:
 def _attention_node_sizes(view: ModelView, node: NodeInfo, out: dict[str, int]) -> None:
     proto = view.proto.graph.node[node.index]
     inputs = list(proto.input)  # with the empty names of absent optional inputs, by position
-    if len(inputs) < 5 or not inputs[0]:
+    pasts = [inputs[slot] for slot, _ in ATTENTION_SLOTS[(node.op_type, False)] if slot < len(inputs)]
+    if not pasts or not inputs[0]:
         return
     attrs = view.int_attributes(node)
     heads = attrs.get("num_heads", 0)
@@ -146,7 +147,7 @@ def _attention_node_sizes(view: ModelView, node: NodeInfo, out: dict[str, int]) 
     if query[-1] % parts:
         return
     head = query[-1] // parts
-    for past in inputs[3:5]:
+    for past in pasts:
         shape = view.tensor(past).shape if past in view.inputs else None
         if shape and isinstance(shape[-1], str):
             out.setdefault(shape[-1], head)

@@ -393,3 +393,31 @@ def test_a_decoder_taking_inputs_embeds_is_not_fed_through_its_mask() -> None:
     assert dec is not None and dec.ids_input == "inputs_embeds" and dec.mask_input == "attention_mask"
     roles = decoder_roles(view)
     assert roles is not None and (roles.sequence, roles.past, roles.total) == ("s", "p", "t")
+
+
+def test_multihead_attention_head_size_is_read_off_its_past_slots() -> None:
+    """onnxruntime's ``MultiHeadAttention`` takes its past key and value at slots 6 and 7 (slots 3 and 4
+    are its bias and padding mask): a symbolic head dim there is sized from the query's width."""
+    from onnxpipe.ir.decoder_shapes import attention_head_sizes
+    from onnxpipe.ir.load import view_from_proto
+
+    past = ["batch", 2, "past", "kv_cache_dim"]
+    node = helper.make_node(
+        "MultiHeadAttention",
+        ["q", "k", "v", "", "", "", "past_key", "past_value"],
+        ["out", "present_key", "present_value"],
+        domain="com.microsoft",
+        num_heads=2,
+    )
+    graph = helper.make_graph(
+        [node],
+        "mha",
+        [
+            *(helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 1, 64]) for n in ("q", "k", "v")),
+            *(helper.make_tensor_value_info(n, TensorProto.FLOAT, past) for n in ("past_key", "past_value")),
+        ],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in node.output],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    view = view_from_proto(helper.make_model(graph, opset_imports=opsets))
+    assert attention_head_sizes(view) == {"kv_cache_dim": 32}
