@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from onnxpipe.api.paths import check_output_file
+from onnxpipe.api.paths import check_output_file, writing
 from onnxpipe.api.preamble import BusyWatch, before_work
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.events import SILENT, Listener
@@ -52,12 +52,6 @@ def check_profile_target(options: ProfileOptions) -> None:
 
 def save_profile(prof: Profile, options: ProfileOptions) -> None:
     """Write ``prof`` to ``options.out`` when given."""
-    if options.out is None:
-        return
-    try:
-        prof.save(options.out)
-    except OSError as e:
-        raise UsageError(
-            f"{options.out}: cannot be written ({e.strerror or e}); "
-            f"choose another {opt('ProfileOptions.out')}"
-        ) from e
+    if options.out is not None:
+        with writing(options.out, "ProfileOptions.out"):
+            prof.save(options.out)
