@@ -56,12 +56,7 @@ def plan(
     request = options.plan
     profile, shapes = start(view, request, options.profile, say, decoder=found)
     watch = BusyWatch(say, "profiling")
-    phases = phase_profiles(view, profile, shapes, progress=say.progress) if shapes else {}
-    prof = (
-        phases.get(Phase.DECODE)
-        or phases.get(Phase.PREFILL)
-        or get_profile(view, profile, progress=say.progress)
-    )
+    prof, phases = measure(view, profile, shapes, say)
     if profile.measured:
         watch.check()
     save_profile(prof, profile)
@@ -110,6 +105,16 @@ def start(
     if profile.saved is None:  # a saved profile's own shapes and threads hold
         before_work(say, view, profile, request, phases, on_cluster=on_cluster)
     return profile, phases
+
+
+def measure(
+    view: ModelView, profile: ProfileOptions, shapes: tuple[PhaseShape, ...], say: Listener
+) -> tuple[Profile, dict[Phase, Profile]]:
+    """The profile a plan is made from, and a decoder's at each of its phases (``shapes``): the
+    generation step's, else the prompt's, else the model's own."""
+    phases = phase_profiles(view, profile, shapes, progress=say.progress) if shapes else {}
+    prof = phases.get(Phase.DECODE) or phases.get(Phase.PREFILL)
+    return prof or get_profile(view, profile, progress=say.progress), phases
 
 
 def decoder_phases(
