@@ -13,7 +13,7 @@ import difflib
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar, overload
+from typing import Any, NoReturn, TypeVar
 
 from onnxpipe.api.options import (
     DEFAULT_MICROBATCHES,
@@ -79,17 +79,7 @@ class CommandParser(argparse.ArgumentParser):
         what = " ".join(message.split())  # one line, whatever a type function put in its message
         self.exit(2, f"{self.prog}: error: {what}; see '{self.prog} --help'\n")
 
-    @overload
-    def parse_known_args(
-        self, args: Iterable[str] | None = None, namespace: None = None
-    ) -> tuple[argparse.Namespace, list[str]]: ...
-    @overload
-    def parse_known_args(self, args: Iterable[str] | None, namespace: _N) -> tuple[_N, list[str]]: ...
-    @overload
-    def parse_known_args(self, *, namespace: _N) -> tuple[_N, list[str]]: ...
-    def parse_known_args(
-        self, args: Iterable[str] | None = None, namespace: Any = None
-    ) -> tuple[Any, list[str]]:
+    def parse_known_args(self, args: Iterable[str] | None = None, namespace: Any = None) -> Any:
         """argparse's, after refusing an unknown option by name (:meth:`refuse_unknown_options`); a
         parser that :attr:`refuses_extras` also refuses what is left (an extra positional)."""
         given = list(sys.argv[1:] if args is None else args)
