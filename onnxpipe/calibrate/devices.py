@@ -61,16 +61,10 @@ def timing_devices(cluster: Cluster, threads: int) -> dict[str, Device]:
     return {d.name: d if timed_on_itself(d) else Device(d.name, reference) for d in cluster.devices}
 
 
-def devices_clock(devices: Mapping[str, Device]) -> tuple[Callable[[], float], str]:
-    """The clock the stages are timed by when opened as ``devices`` (by name) say, and its name
-    (:func:`onnxpipe.calibrate.timing.own_clock`)."""
-    return own_clock([d.engine_config() for d in devices.values()])
-
-
 def how_timed(cluster: Cluster, threads: int) -> str:
     """How the stages of a plan for ``cluster`` are timed, for the note (``threads``: the reference
     profile's)."""
-    clock = devices_clock(timing_devices(cluster, threads))[1]
+    clock = own_clock([d.engine_config() for d in timing_devices(cluster, threads).values()])[1]
     return (
         f"each stage timed alone {clock}, on its device's runtime, or, for a device not here, as the "
         "reference profile was measured and divided by the device's speed"
@@ -99,11 +93,11 @@ def time_stages_on_devices(
     warmup: int = 3,
 ) -> list[float]:
     """Median seconds of each stage of ``plan`` on the runtime ``devices`` gives its device's name, the
-    stages taking turns, at the profile's shapes, by :func:`devices_clock`."""
+    stages taking turns, at the profile's shapes, by their :func:`~onnxpipe.calibrate.timing.own_clock`."""
     configs = {name: d.engine_config() for name, d in devices.items()}
-    with scratch_stages(view, plan) as (out, manifest):
+    with scratch_stages(view, plan, profile) as (out, manifest):
         engines = list(ready_engines(view, profile, out, manifest, configs, warmup=warmup))
-        return in_turns(engines, runs=runs, clock=devices_clock(devices)[0])
+        return in_turns(engines, runs=runs, clock=own_clock(list(configs.values()))[0])
 
 
 @dataclass(frozen=True)

@@ -81,16 +81,10 @@ def scratch_stages(
 def time_stages(
     view: ModelView, plan: Plan, profile: Profile, *, runs: int | None = None, warmup: int = 3
 ) -> list[float]:
-    """Median seconds of each stage of ``plan`` run alone, at the profile's shapes and threads.
-
-    ``runs`` timed runs per stage; by default as many as :func:`timed_runs` finds for the profile's
-    time per stage.  The stages are exported to a scratch folder; stage ``s`` is fed what the earlier
-    stages computed from one set of seeded random model inputs.  They are timed in turns
-    (:func:`time_in_turns`), which keeps every stage's session open at once; stages whose weights
-    together pass :data:`TURNS_MAX_PARAM_BYTES` (a model split because it is large) are timed one after
-    the other instead, each session closed before the next opens, as one stage alone fits where the
-    whole may not.
-    """
+    """Median seconds of each stage of ``plan`` run alone (:func:`ready_engines`), ``runs`` times each
+    (default :func:`timed_runs`), in turns; stages whose weights together pass
+    :data:`TURNS_MAX_PARAM_BYTES` one after the other, one engine open at a time, as one stage alone fits
+    where the whole model may not."""
     if runs is None:
         runs = timed_runs(profile.total_seconds / max(1, plan.k))
     with scratch_stages(view, plan, profile) as (out, manifest):
