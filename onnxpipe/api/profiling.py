@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from onnxpipe.api.paths import check_output_file, writing
-from onnxpipe.api.preamble import BusyWatch, before_work
+from onnxpipe.api.preamble import before_work, busy_watch
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.core.options import opt
@@ -30,10 +30,8 @@ def profile(
     check_runtime_opsets(view)
     if opts.measured:
         before_work(say, view, opts)
-    watch = BusyWatch(say, "profiling") if opts.measured else None
-    prof = get_profile(view, opts, progress=say.progress)
-    if watch is not None:
-        watch.check()
+    with busy_watch(say, "profiling", measuring=opts.measured):
+        prof = get_profile(view, opts, progress=say.progress)
     save_profile(prof, opts)
     return prof
 

@@ -16,7 +16,7 @@ from onnxpipe.api.autotrial import paid_here
 from onnxpipe.api.options import SplitOptions
 from onnxpipe.api.paths import check_output_folder
 from onnxpipe.api.plans import calibrated_plan, load, measure, note_retries, start
-from onnxpipe.api.preamble import BusyWatch
+from onnxpipe.api.preamble import busy_watch
 from onnxpipe.api.profiling import save_profile
 from onnxpipe.api.results import SplitResult
 from onnxpipe.api.seq2seq import split_folder
@@ -84,13 +84,11 @@ def split(
         found = FoundDecoder.of(view)
     if profile_options.measured:
         say.step("profiling")
-    measuring = profile_options.measured or opts.calibration.rounds > 0
-    watch = BusyWatch(say, "profiling and calibration" if opts.calibration.rounds else "profiling")
-    prof, phases = measure(view, profile_options, phase_shapes, say)
-    say.step("planning, calibrating" if opts.calibration.rounds else "planning")
-    view, the_plan = _plan_of(view, prof, opts, phases, found)
-    if measuring:
-        watch.check()
+    step = "profiling and calibration" if opts.calibration.rounds else "profiling"
+    with busy_watch(say, step, measuring=profile_options.measured or opts.calibration.rounds > 0):
+        prof, phases = measure(view, profile_options, phase_shapes, say)
+        say.step("planning, calibrating" if opts.calibration.rounds else "planning")
+        view, the_plan = _plan_of(view, prof, opts, phases, found)
     save_profile(prof, profile_options)
     the_plan = _noted(note_retries(the_plan, prof), retried, view if opts.static else None)
     say.step(f"exporting {the_plan.k} stages")

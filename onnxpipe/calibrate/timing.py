@@ -261,15 +261,21 @@ def time_stages_on_cluster(
             return pipe.backend.time_windows(WINDOW_SECONDS, WINDOW_MIN_RUNS)
 
 
-def cluster_timer(address: str | None, resources: Path | Sequence[Mapping[str, Any]] | None) -> StageTimer:
-    """The stage timer of ``mode="ray"``: each plan's stages on the cluster at ``address``, placed by
-    ``resources`` (a resources file, read for the plan's number of stages, or one mapping per stage)."""
+def cluster_timer(
+    address: str | None, resources: Path | Sequence[Mapping[str, Any]] | None
+) -> tuple[StageTimer, str]:
+    """The stage timer of ``mode="ray"``, and how it times, for the note: each plan's stages on the
+    cluster at ``address``, placed by ``resources`` (a resources file, read for the plan's number of
+    stages, or one mapping per stage)."""
 
     def timer(view: ModelView, plan: Plan, profile: Profile) -> list[float]:
         given = load_ray_resources(resources, plan.k) if isinstance(resources, Path) else resources
         return time_stages_on_cluster(view, plan, profile, RayConfig(address=address, resources=given))
 
-    return timer
+    return (
+        timer,
+        "each stage timed on its node of the Ray cluster over a window of back-to-back runs, all at once",
+    )
 
 
 REFERENCE_RUNS = 20
