@@ -210,7 +210,7 @@ _RUN_INPUTS = [
     flag("--warmup", type=count, metavar="W", help="untimed micro-batches run first"),
     shape_flag("shape of a random model input (default: the shapes the plan was made for)"),
     flag("--seed", type=int, help="seed of the random inputs"),
-    flag("--model", metavar="MODEL", help="the source model (default: the path in the manifest)"),
+    flag("--model", help="the source model (default: the path in the manifest)"),
 ]
 _RUN_RESULTS = [
     flag("--report", metavar="FILE.json", help="write the measurements as JSON"),
