@@ -52,7 +52,7 @@ from benchmarks.bench_pipeline import CpuWatch, model_table, run_models
 from benchmarks.common import benchmark_parser
 from onnxpipe import api
 from onnxpipe.api import CalibrationOptions, PlanRequest, SplitOptions
-from onnxpipe.calibrate.timing import ready_stages, scratch_stages
+from onnxpipe.calibrate.timing import ready_engines, scratch_stages
 from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.core.runtimes import ALONE_BLOCK, time_in_turns
@@ -77,7 +77,7 @@ def bench_model(
     times: dict[str, list[list[float]]] = {k: [] for k in blocks}
     others: list[float] = []
     with scratch_stages(view, plan) as (out, manifest):
-        stages = list(ready_stages(view, profile, out, manifest))
+        stages = list(ready_engines(view, profile, out, manifest))
         for r in range(args.repeats):
             with CpuWatch(()) as watch:
                 for way in list(blocks) if r % 2 == 0 else list(blocks)[::-1]:

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import benchmark_parser, cached_profile, model_path, params_of, shown, write_result
-from onnxpipe.calibrate.devices import calibrate_on_devices, ready_engines
-from onnxpipe.calibrate.timing import scratch_stages, time_in_turns
+from onnxpipe.calibrate.devices import calibrate_on_devices
+from onnxpipe.calibrate.timing import ready_engines, scratch_stages, time_in_turns
 from onnxpipe.cluster.model import Cluster, Device, Link
 from onnxpipe.core.choices import Runtime, choice
 from onnxpipe.core.errors import OnnxpipeError
@@ -85,10 +85,8 @@ def time_side_by_side(
         counts = []
         for p in plans:
             out, manifest = stack.enter_context(scratch_stages(view, p))
-            devices = {
-                st.device: Device(st.device, engine=EngineConfig(runtime=runtime)) for st in manifest.stages
-            }
-            ready = list(ready_engines(view, profile, out, manifest, devices, 3))
+            configs = {st.device: EngineConfig(runtime=runtime) for st in manifest.stages}
+            ready = list(ready_engines(view, profile, out, manifest, configs))
             engines.extend(ready)
             counts.append(len(ready))
         seconds = time_in_turns(engines, runs=runs)

@@ -71,74 +71,40 @@ _EXPORTS: dict[str, str] = {
     "worker_groups": "onnxpipe.schedule.timeline",
 }
 
-__all__ = [
-    "DecoderInfo",
-    "FolderInspection",
-    "GenerateResult",
-    "Generation",
-    "GenerationCluster",
-    "LinkReport",
-    "Manifest",
-    "ModelInspection",
-    "ModelSummary",
-    "ModelView",
-    "Plan",
-    "PlanResult",
-    "Profile",
-    "RunReport",
-    "SplitResult",
-    "TritonRepository",
-    "VerifyReport",
-    "export_triton",
-    "format_links",
-    "format_report",
-    "generate",
-    "inspect",
-    "links",
-    "plan",
-    "profile",
-    "run",
-    "run_json",
-    "split",
-    "verify",
-    "verify_json",
-    "worker_groups",
-    "written_stages",
-]
-__all__ += _options.__all__
+__all__ = sorted([*_EXPORTS, *_options.__all__])
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 
 if TYPE_CHECKING:
-    from onnxpipe.api.generating import generate
-    from onnxpipe.api.inspecting import inspect
-    from onnxpipe.api.links import links
-    from onnxpipe.api.plans import plan
-    from onnxpipe.api.profiling import profile
-    from onnxpipe.api.results import (
-        FolderInspection,
-        GenerateResult,
-        ModelInspection,
-        PlanResult,
-        SplitResult,
-        run_json,
-        verify_json,
-    )
-    from onnxpipe.api.running import run
-    from onnxpipe.api.seq2seq import written_stages
-    from onnxpipe.api.splitting import split
-    from onnxpipe.api.verifying import verify
-    from onnxpipe.cost.profile import Profile
-    from onnxpipe.export.triton import TritonRepository, export_triton
-    from onnxpipe.ir.decoder import DecoderInfo
-    from onnxpipe.ir.model import ModelView
-    from onnxpipe.ir.summary import ModelSummary
-    from onnxpipe.manifest import Manifest
-    from onnxpipe.planning.types import Plan
-    from onnxpipe.runtime.generation.result import Generation
-    from onnxpipe.runtime.report.cluster import GenerationCluster
-    from onnxpipe.runtime.report.links import LinkReport, format_links
-    from onnxpipe.runtime.report.model import RunReport
-    from onnxpipe.runtime.report.text import format_report
-    from onnxpipe.schedule.timeline import worker_groups
-    from onnxpipe.verification.verify import VerifyReport
+    from onnxpipe.api.generating import generate as generate
+    from onnxpipe.api.inspecting import inspect as inspect
+    from onnxpipe.api.links import links as links
+    from onnxpipe.api.plans import plan as plan
+    from onnxpipe.api.profiling import profile as profile
+    from onnxpipe.api.results import FolderInspection as FolderInspection
+    from onnxpipe.api.results import GenerateResult as GenerateResult
+    from onnxpipe.api.results import ModelInspection as ModelInspection
+    from onnxpipe.api.results import PlanResult as PlanResult
+    from onnxpipe.api.results import SplitResult as SplitResult
+    from onnxpipe.api.results import run_json as run_json
+    from onnxpipe.api.results import verify_json as verify_json
+    from onnxpipe.api.running import run as run
+    from onnxpipe.api.seq2seq import written_stages as written_stages
+    from onnxpipe.api.splitting import split as split
+    from onnxpipe.api.verifying import verify as verify
+    from onnxpipe.cost.profile import Profile as Profile
+    from onnxpipe.export.triton import TritonRepository as TritonRepository
+    from onnxpipe.export.triton import export_triton as export_triton
+    from onnxpipe.ir.decoder import DecoderInfo as DecoderInfo
+    from onnxpipe.ir.model import ModelView as ModelView
+    from onnxpipe.ir.summary import ModelSummary as ModelSummary
+    from onnxpipe.manifest import Manifest as Manifest
+    from onnxpipe.planning.types import Plan as Plan
+    from onnxpipe.runtime.generation.result import Generation as Generation
+    from onnxpipe.runtime.report.cluster import GenerationCluster as GenerationCluster
+    from onnxpipe.runtime.report.links import LinkReport as LinkReport
+    from onnxpipe.runtime.report.links import format_links as format_links
+    from onnxpipe.runtime.report.model import RunReport as RunReport
+    from onnxpipe.runtime.report.text import format_report as format_report
+    from onnxpipe.schedule.timeline import worker_groups as worker_groups
+    from onnxpipe.verification.verify import VerifyReport as VerifyReport

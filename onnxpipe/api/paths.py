@@ -9,13 +9,15 @@ permission bits do not say it for root, nor for a read-only file system.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib.util
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
-from onnxpipe.core.errors import ExportError, OnnxpipeError, UsageError
+from onnxpipe.core.errors import ExportError, UsageError
 from onnxpipe.core.extras import install_hint
 from onnxpipe.core.options import opt
 from onnxpipe.planning.draw import SUFFIXES
@@ -52,17 +54,27 @@ def _reason(e: OSError) -> str:
     return e.strerror or str(e)
 
 
-def check_output_file(path: Path, field: str, *, error: type[OnnxpipeError] = UsageError) -> None:
+def check_output_file(path: Path, field: str) -> None:
     """Refuse an output file ``path`` that cannot be written: a folder, or in a folder where no file can be
     made; the line names the option ``field`` to change."""
     if path.is_dir():
-        raise error(f"{path}: is a folder; give {opt(field)} a file name")
+        raise UsageError(f"{path}: is a folder; give {opt(field)} a file name")
     if path.exists() and not os.access(path, os.W_OK):
-        raise error(f"{path}: cannot be written (permission denied); choose another {opt(field)}")
+        raise UsageError(f"{path}: cannot be written (permission denied); choose another {opt(field)}")
     folder = _nearest_folder(path)
     why = _cannot_write_in(folder)
     if why is not None:
-        raise error(f"{path}: cannot be written ({why} in {folder}); choose another {opt(field)}")
+        raise UsageError(f"{path}: cannot be written ({why} in {folder}); choose another {opt(field)}")
+
+
+@contextlib.contextmanager
+def writing(path: Path, field: str) -> Iterator[None]:
+    """Writing the output file ``path`` (checked before the work by :func:`check_output_file`): an
+    ``OSError`` that still comes is one line naming the option ``field`` to change."""
+    try:
+        yield
+    except OSError as e:
+        raise UsageError(f"{path}: cannot be written ({e.strerror or e}); choose another {opt(field)}") from e
 
 
 def check_output_folder(path: Path) -> None:

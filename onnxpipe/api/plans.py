@@ -10,7 +10,7 @@ from pathlib import Path
 
 from onnxpipe.api.options import PlanOptions
 from onnxpipe.api.paths import check_plot
-from onnxpipe.api.preamble import BusyWatch, before_work
+from onnxpipe.api.preamble import before_work, busy_watch
 from onnxpipe.api.profiling import save_profile
 from onnxpipe.api.results import PlanResult
 from onnxpipe.calibrate.devices import calibrate_on_devices, how_timed
@@ -55,15 +55,8 @@ def plan(
     found = FoundDecoder.of(view)  # once for the request: its checks, its phases, each plan tried
     request = options.plan
     profile, shapes = start(view, request, options.profile, say, decoder=found)
-    watch = BusyWatch(say, "profiling")
-    phases = phase_profiles(view, profile, shapes, progress=say.progress) if shapes else {}
-    prof = (
-        phases.get(Phase.DECODE)
-        or phases.get(Phase.PREFILL)
-        or get_profile(view, profile, progress=say.progress)
-    )
-    if profile.measured:
-        watch.check()
+    with busy_watch(say, "profiling", measuring=profile.measured):
+        prof, phases = measure(view, profile, shapes, say)
     save_profile(prof, profile)
     the_plan = make_plan(view, prof, request, phase_profiles=phases, decoder=found)
     drawn = None if options.plot is None else draw_plan(the_plan, options.plot, title=view.file_name)
@@ -110,6 +103,16 @@ def start(
     if profile.saved is None:  # a saved profile's own shapes and threads hold
         before_work(say, view, profile, request, phases, on_cluster=on_cluster)
     return profile, phases
+
+
+def measure(
+    view: ModelView, profile: ProfileOptions, shapes: tuple[PhaseShape, ...], say: Listener
+) -> tuple[Profile, dict[Phase, Profile]]:
+    """The profile a plan is made from, and a decoder's at each of its phases (``shapes``): the
+    generation step's, else the prompt's, else the model's own."""
+    phases = phase_profiles(view, profile, shapes, progress=say.progress) if shapes else {}
+    prof = phases.get(Phase.DECODE) or phases.get(Phase.PREFILL)
+    return prof or get_profile(view, profile, progress=say.progress), phases
 
 
 def decoder_phases(
@@ -167,14 +170,11 @@ def calibrated_plan(
             f"measured on {prof.runtime}; give {opt('devices')} with devices of that runtime to calibrate "
             "on it"
         )
-    k = request.stages if isinstance(request.stages, int) else len(make(prof).stages)
     mode = CalibrationMode.ALONE if request.interleaved else calibration.mode
     if mode == CalibrationMode.RAY:
-        timer = cluster_timer(calibration.ray_address, calibration.ray_resources)
-        how = (
-            "each stage timed on its node of the Ray cluster over a window of back-to-back runs, all at once"
-        )
+        timer, how = cluster_timer(calibration.ray_address, calibration.ray_resources)
     else:
+        k = request.stages if isinstance(request.stages, int) else len(make(prof).stages)
         timer, how = choose_timer(mode, k, prof.threads)
     both = phases is not None and Phase.PREFILL in phases and Phase.DECODE in phases
     if both:

@@ -9,10 +9,11 @@ named as fields (:mod:`onnxpipe.core.options`), which the CLI words as its flags
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 
 from onnxpipe.core.events import Listener
-from onnxpipe.core.machine import BUSY_WARNING_CPUS, CpuSample, available_cpu_count, busy_elsewhere, sample
+from onnxpipe.core.machine import BUSY_WARNING_CPUS, available_cpu_count, busy_elsewhere, sample
 from onnxpipe.core.options import opt
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.ir.decoder_kinds import PhaseShape
@@ -108,27 +109,23 @@ def threads_warning(
     return None
 
 
-class BusyWatch:
-    """Samples the machine before a measuring step and warns after it when other processes were busy."""
-
-    def __init__(self, listener: Listener, step: str) -> None:
-        self.listener = listener
-        self.step = step
-        self.before: CpuSample | None = sample()
-
-    def check(self) -> float | None:
-        after = sample()
-        busy = busy_elsewhere(self.before, after)
-        if busy is not None and busy > BUSY_WARNING_CPUS:
-            load = ""
-            if self.before is not None and after is not None and self.before.load_1min is not None:
-                load = f" (load average {self.before.load_1min:.2f} before, {after.load_1min:.2f} after)"
-            self.listener.warn(
-                f"other processes kept {busy:.1f} CPU(s) busy during {self.step}{load}: the measured costs "
-                f"include their interference; measure again on a quiet machine (or pass a saved "
-                f"{opt('saved')})"
-            )
-        return busy
+@contextlib.contextmanager
+def busy_watch(listener: Listener, step: str, *, measuring: bool = True) -> Iterator[None]:
+    """Warn after ``step`` when it was ``measuring`` and other processes kept the machine busy: the costs
+    it measured include their interference."""
+    before = sample()
+    yield
+    after = sample()
+    busy = busy_elsewhere(before, after)
+    if measuring and busy is not None and busy > BUSY_WARNING_CPUS:
+        load = ""
+        if before is not None and after is not None and before.load_1min is not None:
+            load = f" (load average {before.load_1min:.2f} before, {after.load_1min:.2f} after)"
+        listener.warn(
+            f"other processes kept {busy:.1f} CPU(s) busy during {step}{load}: the measured costs "
+            f"include their interference; measure again on a quiet machine (or pass a saved "
+            f"{opt('saved')})"
+        )
 
 
 def before_work(

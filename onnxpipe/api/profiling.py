@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from onnxpipe.api.paths import check_output_file
-from onnxpipe.api.preamble import BusyWatch, before_work
+from onnxpipe.api.paths import check_output_file, writing
+from onnxpipe.api.preamble import before_work, busy_watch
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.core.options import opt
@@ -30,10 +30,8 @@ def profile(
     check_runtime_opsets(view)
     if opts.measured:
         before_work(say, view, opts)
-    watch = BusyWatch(say, "profiling") if opts.measured else None
-    prof = get_profile(view, opts, progress=say.progress)
-    if watch is not None:
-        watch.check()
+    with busy_watch(say, "profiling", measuring=opts.measured):
+        prof = get_profile(view, opts, progress=say.progress)
     save_profile(prof, opts)
     return prof
 
@@ -52,12 +50,6 @@ def check_profile_target(options: ProfileOptions) -> None:
 
 def save_profile(prof: Profile, options: ProfileOptions) -> None:
     """Write ``prof`` to ``options.out`` when given."""
-    if options.out is None:
-        return
-    try:
-        prof.save(options.out)
-    except OSError as e:
-        raise UsageError(
-            f"{options.out}: cannot be written ({e.strerror or e}); "
-            f"choose another {opt('ProfileOptions.out')}"
-        ) from e
+    if options.out is not None:
+        with writing(options.out, "ProfileOptions.out"):
+            prof.save(options.out)

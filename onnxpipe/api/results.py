@@ -194,7 +194,7 @@ def _num(x: float | None) -> float | None:
     return None if x is None else num(x)
 
 
-def plan_obj(plan: Plan, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def plan_obj(plan: Plan) -> dict[str, Any]:
     """A plan with the field names of the manifest's ``plan``, ``stages`` and ``schedule``."""
     obj: dict[str, Any] = {
         "objective": plan.objective,
@@ -219,7 +219,6 @@ def plan_obj(plan: Plan, extra: Mapping[str, Any] | None = None) -> dict[str, An
         **({} if plan.link_model is None else {"link_model": plan.link_model}),
         **({} if plan.optimized_for is None else {"optimized_for": plan.optimized_for}),
         "latency_seconds": num(plan.latency_seconds),
-        **(extra or {}),
         "stages": [
             {
                 "index": s.index,

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from onnxpipe.api.paths import check_output_file
+from onnxpipe.api.paths import check_output_file, writing
 from onnxpipe.api.preamble import threads_warning
 from onnxpipe.core.choices import Backend
 from onnxpipe.core.errors import ManifestError, RuntimeStageError, UsageError
 from onnxpipe.core.events import SILENT, Listener
-from onnxpipe.core.options import opt
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.merged import runnable_file
 from onnxpipe.manifest import Manifest, load_manifest
@@ -179,7 +177,8 @@ def _warn_threads(say: Listener, placements: list[Placement], manifest: Manifest
 
 def _write_results(opts: RunOptions, report: RunReport, measured: Measurement) -> None:
     if opts.report is not None:
-        _write(opts.report, "report", lambda f: f.write(report.to_json().encode("utf-8")))
+        with writing(opts.report, "report"):
+            opts.report.write_bytes(report.to_json().encode("utf-8"))
     if opts.outputs is not None:
         outputs = measured.outputs
         names = list(outputs[0]) if outputs else []
@@ -187,12 +186,5 @@ def _write_results(opts: RunOptions, report: RunReport, measured: Measurement) -
             stacked = {n: np.stack([o[n] for o in outputs]) for n in names}
         except ValueError as e:
             raise UsageError(f"{opts.outputs}: outputs of different shapes cannot be stacked ({e})") from e
-        _write(opts.outputs, "outputs", lambda f: np.savez(f, **stacked))  # type: ignore[arg-type]
-
-
-def _write(path: Path, field: str, write: Any) -> None:
-    try:
-        with path.open("wb") as f:
-            write(f)
-    except OSError as e:
-        raise UsageError(f"{path}: cannot be written ({e.strerror or e}); choose another {opt(field)}") from e
+        with writing(opts.outputs, "outputs"), opts.outputs.open("wb") as f:
+            np.savez(f, **stacked)  # type: ignore[arg-type]

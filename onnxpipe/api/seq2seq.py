@@ -249,12 +249,13 @@ def generate_folder(
         say.step("generating with the unsplit files (a plain onnxruntime loop in this thread)")
         plain = plain_greedy(Path(record.source), rows, record, settled.max_new_tokens, eos or ())
         runs["unsplit"] = Generation.of(plain, (plain.seconds,), prompting.codec)
+    stages = k + load_manifest(folder / record.encoder, check_files=False).k
     return GenerateResult(
         prompts=prompting.options.prompt_ids,
         runs=runs,
         sampling=None,
-        stages=k + load_manifest(folder / record.encoder, check_files=False).k,
-        workers=k + load_manifest(folder / record.encoder, check_files=False).k,
+        stages=stages,
+        workers=stages,
         texts=runs["pipeline"].texts,
         backend=options.backend.value,
         cluster=None,

@@ -15,8 +15,8 @@ from pathlib import Path
 from onnxpipe.api.autotrial import paid_here
 from onnxpipe.api.options import SplitOptions
 from onnxpipe.api.paths import check_output_folder
-from onnxpipe.api.plans import calibrated_plan, load, note_retries, start
-from onnxpipe.api.preamble import BusyWatch
+from onnxpipe.api.plans import calibrated_plan, load, measure, note_retries, start
+from onnxpipe.api.preamble import busy_watch
 from onnxpipe.api.profiling import save_profile
 from onnxpipe.api.results import SplitResult
 from onnxpipe.api.seq2seq import split_folder
@@ -28,10 +28,8 @@ from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.core.model_config import SourceConfig, read_source_config
 from onnxpipe.core.options import opt
 from onnxpipe.cost.options import ProfileOptions
-from onnxpipe.cost.phases import phase_profiles
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.runnable import runnable_shapes
-from onnxpipe.cost.source import get_profile
 from onnxpipe.export.checks import check_exportable
 from onnxpipe.export.genai.config import Unsupported
 from onnxpipe.export.genai.graph import check_source_fits, model_facts
@@ -86,20 +84,11 @@ def split(
         found = FoundDecoder.of(view)
     if profile_options.measured:
         say.step("profiling")
-    measuring = profile_options.measured or opts.calibration.rounds > 0
-    watch = BusyWatch(say, "profiling and calibration" if opts.calibration.rounds else "profiling")
-    phases = (
-        phase_profiles(view, profile_options, phase_shapes, progress=say.progress) if phase_shapes else {}
-    )
-    prof = (
-        phases.get(Phase.DECODE)
-        or phases.get(Phase.PREFILL)
-        or get_profile(view, profile_options, progress=say.progress)
-    )
-    say.step("planning, calibrating" if opts.calibration.rounds else "planning")
-    view, the_plan = _plan_of(view, prof, opts, phases, found)
-    if measuring:
-        watch.check()
+    step = "profiling and calibration" if opts.calibration.rounds else "profiling"
+    with busy_watch(say, step, measuring=profile_options.measured or opts.calibration.rounds > 0):
+        prof, phases = measure(view, profile_options, phase_shapes, say)
+        say.step("planning, calibrating" if opts.calibration.rounds else "planning")
+        view, the_plan = _plan_of(view, prof, opts, phases, found)
     save_profile(prof, profile_options)
     the_plan = _noted(note_retries(the_plan, prof), retried, view if opts.static else None)
     say.step(f"exporting {the_plan.k} stages")

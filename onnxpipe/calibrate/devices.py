@@ -30,26 +30,21 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-import numpy as np
-
 from onnxpipe.calibrate.loop import DEFAULT_TOLERANCE, Calibrated, CalibrationRound, Rounds, run_rounds
-from onnxpipe.calibrate.timing import own_clock, scratch_stages
+from onnxpipe.calibrate.timing import in_turns, own_clock, ready_engines, scratch_stages
 from onnxpipe.cluster.costs import CostMethod, DeviceCosts, reference_setting, timed_on_itself
 from onnxpipe.cluster.model import Cluster, Device
 from onnxpipe.core.choices import CostSource
-from onnxpipe.core.errors import UsageError, error_line
+from onnxpipe.core.errors import UsageError
 from onnxpipe.core.options import opt
 from onnxpipe.core.runtime_kinds import EngineConfig
-from onnxpipe.core.runtimes import Engine, open_engine, time_in_turns
 from onnxpipe.cost.profile import Profile
-from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView
-from onnxpipe.manifest import Manifest
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.planning.types import Plan
 
@@ -66,16 +61,10 @@ def timing_devices(cluster: Cluster, threads: int) -> dict[str, Device]:
     return {d.name: d if timed_on_itself(d) else Device(d.name, reference) for d in cluster.devices}
 
 
-def devices_clock(devices: Mapping[str, Device]) -> tuple[Callable[[], float], str]:
-    """The clock the stages are timed by when opened as ``devices`` (by name) say, and its name
-    (:func:`onnxpipe.calibrate.timing.own_clock`)."""
-    return own_clock([d.engine_config() for d in devices.values()])
-
-
 def how_timed(cluster: Cluster, threads: int) -> str:
     """How the stages of a plan for ``cluster`` are timed, for the note (``threads``: the reference
     profile's)."""
-    clock = devices_clock(timing_devices(cluster, threads))[1]
+    clock = own_clock([d.engine_config() for d in timing_devices(cluster, threads).values()])[1]
     return (
         f"each stage timed alone {clock}, on its device's runtime, or, for a device not here, as the "
         "reference profile was measured and divided by the device's speed"
@@ -104,51 +93,11 @@ def time_stages_on_devices(
     warmup: int = 3,
 ) -> list[float]:
     """Median seconds of each stage of ``plan`` on the runtime ``devices`` gives its device's name, the
-    stages taking turns, at the profile's shapes, by :func:`devices_clock`."""
-    with scratch_stages(view, plan) as (out, manifest):
-        engines = list(ready_engines(view, profile, out, manifest, devices, warmup))
-        try:
-            return time_in_turns(engines, runs=runs, clock=devices_clock(devices)[0])
-        finally:
-            for engine, _, _ in engines:
-                engine.close()
-
-
-def ready_engines(
-    view: ModelView,
-    profile: Profile,
-    out: Path,
-    manifest: Manifest,
-    devices: Mapping[str, Device],
-    warmup: int,
-) -> Iterator[tuple[Engine, list[str], dict[str, np.ndarray]]]:
-    """Each stage of the split in ``out`` open on its device's engine (``devices`` by the manifest's
-    device names), warmed up on what the earlier stages computed from one set of seeded random inputs,
-    with its output names and the feeds it is timed on."""
-    values: dict[str, np.ndarray] = dict(random_feeds(view, profile.input_shapes))
-    for st in manifest.stages:
-        device = devices[st.device]
-        config = device.engine_config()
-        where = f"stage {st.index} ({st.file})"
-
-        def refused(e: Exception, where: str = where, label: str = config.label) -> Exception:
-            return UsageError(
-                f"{where} does not load in {label} ({error_line(e)}); give its device another runtime"
-            )
-
-        engine = open_engine(out / st.file, config, fail=refused)
-        feeds = {t.name: values[t.name] for t in st.inputs}
-        names = [t.name for t in st.outputs]
-        try:
-            for _ in range(max(1, warmup)):
-                results = engine.run(names, feeds)
-        except Exception as e:
-            engine.close()
-            raise UsageError(
-                f"stage {st.index} fails in {config.label} ({error_line(e)}); give its device another runtime"
-            ) from e
-        values.update(zip(names, results, strict=True))
-        yield engine, names, feeds
+    stages taking turns, at the profile's shapes, by their :func:`~onnxpipe.calibrate.timing.own_clock`."""
+    configs = {name: d.engine_config() for name, d in devices.items()}
+    with scratch_stages(view, plan, profile) as (out, manifest):
+        engines = list(ready_engines(view, profile, out, manifest, configs, warmup=warmup))
+        return in_turns(engines, runs=runs, clock=own_clock(list(configs.values()))[0])
 
 
 @dataclass(frozen=True)

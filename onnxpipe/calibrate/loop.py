@@ -8,16 +8,11 @@ the pipeline's own threads (the driver that hands micro-batches over, the caller
 wake next to the last worker more than the first (the ``calibrate`` and ``pipeline`` benchmarks measure
 both, ``benchmarks/results/calibrate.json``).
 
-How: export the plan's stages to a scratch folder and time them
-(:class:`onnxpipe.calibrate.options.CalibrationOptions`): ``alone`` runs each stage by itself at the
-profiled shapes (its inputs from running the earlier stages once) and takes the median of ``runs``
-timed runs after ``warmup``, the stages taking turns a few runs at a time; ``pipeline`` runs them
-together as a thread pipeline, each worker pinned to CPUs of its own, and takes each worker's median
-session time over a stream of micro-batches.  Then scale every node of stage ``s`` by
-``measured_s / estimated_s`` and partition again; repeat while the cut moves and a stage is off by more
-than ``tolerance``, at most ``rounds`` times.  The corrected profile is an ordinary
-:class:`~onnxpipe.cost.profile.Profile`: the final plan's estimates are the stages' own times.  Only the
-profile's per-node seconds change; the partitioner stays exact on the corrected numbers.
+How: export the plan's stages to a scratch folder and time them, alone or together as a pinned thread
+pipeline (:mod:`.timing`); scale every node of stage ``s`` by ``measured_s / estimated_s`` and partition
+again, while the cut moves and a stage is off by more than ``tolerance``, at most ``rounds`` times.  The
+corrected profile is an ordinary :class:`~onnxpipe.cost.profile.Profile`, on which the partitioner stays
+exact: the final plan's estimates are the stages' own times.
 
 Each round must run no worse than the one before by calibration's own measure, how evenly the timed cut
 ran (:func:`measured_balance`, a ratio, so that rounds timed while the machine ran at different speeds

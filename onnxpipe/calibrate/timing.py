@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 
 from onnxpipe.core.choices import CalibrationMode, LocalMode, choice
-from onnxpipe.core.errors import UsageError
+from onnxpipe.core.errors import UsageError, error_line
 from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.core.runtime_kinds import EngineConfig
-from onnxpipe.core.runtimes import median_seconds, time_in_turns
+from onnxpipe.core.runtimes import ALONE_BLOCK, Engine, median_seconds, open_engine, time_in_turns
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.runtime_profile import is_reference
 from onnxpipe.export.stages import export_stages
@@ -81,26 +81,20 @@ def scratch_stages(
 def time_stages(
     view: ModelView, plan: Plan, profile: Profile, *, runs: int | None = None, warmup: int = 3
 ) -> list[float]:
-    """Median seconds of each stage of ``plan`` run alone, at the profile's shapes and threads.
-
-    ``runs`` timed runs per stage; by default as many as :func:`timed_runs` finds for the profile's
-    time per stage.  The stages are exported to a scratch folder; stage ``s`` is fed what the earlier
-    stages computed from one set of seeded random model inputs.  They are timed in turns
-    (:func:`time_in_turns`), which keeps every stage's session open at once; stages whose weights
-    together pass :data:`TURNS_MAX_PARAM_BYTES` (a model split because it is large) are timed one after
-    the other instead, each session closed before the next opens, as one stage alone fits where the
-    whole may not.
-    """
+    """Median seconds of each stage of ``plan`` run alone (:func:`ready_engines`), ``runs`` times each
+    (default :func:`timed_runs`), in turns; stages whose weights together pass
+    :data:`TURNS_MAX_PARAM_BYTES` one after the other, one engine open at a time, as one stage alone fits
+    where the whole model may not."""
     if runs is None:
         runs = timed_runs(profile.total_seconds / max(1, plan.k))
     with scratch_stages(view, plan, profile) as (out, manifest):
-        stages = ready_stages(view, profile, out, manifest, warmup=warmup)
+        stages = ready_engines(view, profile, out, manifest, warmup=warmup)
         if sum(st.param_bytes for st in manifest.stages) <= TURNS_MAX_PARAM_BYTES:
-            return time_in_turns(list(stages), runs=runs)
+            return in_turns(list(stages), runs=runs)
         seconds: list[float] = []
         for stage in stages:
-            seconds.append(time_in_turns([stage], runs=runs, block=runs)[0])
-            del stage  # closed before the next one opens
+            seconds.extend(in_turns([stage], runs=runs, block=runs))
+            del stage  # closed, and let go of, before the next one opens
         return seconds
 
 
@@ -112,27 +106,63 @@ def timed_runs(stage_seconds: float) -> int:
     return max(MIN_RUNS, min(MAX_RUNS, math.ceil(TIMED_SECONDS / stage_seconds)))
 
 
-ReadyStage = tuple[Any, list[str], dict[str, np.ndarray]]
-"""An onnxruntime session, its output names and the feeds it is timed on."""
+ReadyStage = tuple[Engine, list[str], dict[str, np.ndarray]]
+"""A stage's engine, its output names and the feeds it is timed on."""
 
 
-def ready_stages(
-    view: ModelView, profile: Profile, out: Path, manifest: Manifest, *, warmup: int = 3
+def ready_engines(
+    view: ModelView,
+    profile: Profile,
+    out: Path,
+    manifest: Manifest,
+    configs: Mapping[str, EngineConfig] | None = None,
+    *,
+    warmup: int = 3,
 ) -> Iterator[ReadyStage]:
-    """A session for each stage of the split in ``out``, in stage order, with the profile's threads,
-    warmed up on what the earlier stages computed from one set of seeded random model inputs (a
-    generator: a caller that drops each stage before taking the next holds one session at a time)."""
+    """Each stage of the split in ``out``, in stage order, open on the engine ``configs`` gives its
+    device's name (default: onnxruntime on the CPU with the profile's threads, as the profile was
+    measured), warmed up on what the earlier stages computed from :func:`profile_feeds` (a generator: a
+    caller that drops each stage before taking the next holds one engine at a time)."""
     values: dict[str, np.ndarray] = profile_feeds(view, profile)
-    options = session_options(threads=profile.threads)
+    reference = EngineConfig(threads=profile.threads)
     for st in manifest.stages:
-        session = open_session(out / st.file, options)
-        feeds = {i.name: values[i.name] for i in session.get_inputs()}
-        names = [o.name for o in session.get_outputs()]
-        for _ in range(max(1, warmup)):
-            results = session.run(names, feeds)
+        config = reference if configs is None else configs[st.device]
+        where = f"stage {st.index} ({st.file})"
+
+        def refused(e: Exception, where: str = where, label: str = config.label) -> Exception:
+            return UsageError(
+                f"{where} does not load in {label} ({error_line(e)}); give its device another runtime"
+            )
+
+        engine = open_engine(out / st.file, config, fail=refused)
+        feeds = {t.name: values[t.name] for t in st.inputs}
+        names = [t.name for t in st.outputs]
+        try:
+            for _ in range(max(1, warmup)):
+                results = engine.run(names, feeds)
+        except Exception as e:
+            engine.close()
+            raise UsageError(
+                f"stage {st.index} fails in {config.label} ({error_line(e)}); give its device another runtime"
+            ) from e
         values.update(zip(names, results, strict=True))
-        yield session, names, feeds
-        del session, feeds, results
+        yield engine, names, feeds
+        del engine, feeds, results
+
+
+def in_turns(
+    stages: Sequence[ReadyStage],
+    *,
+    runs: int,
+    block: int = ALONE_BLOCK,
+    clock: Callable[[], float] | None = None,
+) -> list[float]:
+    """:func:`~onnxpipe.core.runtimes.time_in_turns` of ``stages``, their engines closed afterwards."""
+    try:
+        return time_in_turns(stages, runs=runs, block=block, clock=clock)
+    finally:
+        for engine, _, _ in stages:
+            engine.close()
 
 
 def own_clock(configs: Sequence[EngineConfig]) -> tuple[Callable[[], float], str]:
@@ -231,15 +261,21 @@ def time_stages_on_cluster(
             return pipe.backend.time_windows(WINDOW_SECONDS, WINDOW_MIN_RUNS)
 
 
-def cluster_timer(address: str | None, resources: Path | Sequence[Mapping[str, Any]] | None) -> StageTimer:
-    """The stage timer of ``mode="ray"``: each plan's stages on the cluster at ``address``, placed by
-    ``resources`` (a resources file, read for the plan's number of stages, or one mapping per stage)."""
+def cluster_timer(
+    address: str | None, resources: Path | Sequence[Mapping[str, Any]] | None
+) -> tuple[StageTimer, str]:
+    """The stage timer of ``mode="ray"``, and how it times, for the note: each plan's stages on the
+    cluster at ``address``, placed by ``resources`` (a resources file, read for the plan's number of
+    stages, or one mapping per stage)."""
 
     def timer(view: ModelView, plan: Plan, profile: Profile) -> list[float]:
         given = load_ray_resources(resources, plan.k) if isinstance(resources, Path) else resources
         return time_stages_on_cluster(view, plan, profile, RayConfig(address=address, resources=given))
 
-    return timer
+    return (
+        timer,
+        "each stage timed on its node of the Ray cluster over a window of back-to-back runs, all at once",
+    )
 
 
 REFERENCE_RUNS = 20

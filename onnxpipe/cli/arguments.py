@@ -13,22 +13,12 @@ import difflib
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar, overload
+from typing import Any, NoReturn, TypeVar
 
 from onnxpipe.api.options import (
     DEFAULT_MICROBATCHES,
     DEFAULT_TIME_SLACK,
-    BoundaryDtype,
-    CostSource,
-    DeviceOrder,
-    Ends,
-    LinkModel,
     LocalMode,
-    Objective,
-    PhaseChoice,
-    RayFiles,
-    ScheduleChoice,
-    SplitNodes,
     defaults_text,
 )
 from onnxpipe.cli.argtypes import (
@@ -41,7 +31,6 @@ from onnxpipe.cli.argtypes import (
     stages_arg,
 )
 from onnxpipe.cli.flags import Flag, flag, grouped
-from onnxpipe.core.choices import values
 
 _N = TypeVar("_N")
 
@@ -90,17 +79,7 @@ class CommandParser(argparse.ArgumentParser):
         what = " ".join(message.split())  # one line, whatever a type function put in its message
         self.exit(2, f"{self.prog}: error: {what}; see '{self.prog} --help'\n")
 
-    @overload
-    def parse_known_args(
-        self, args: Iterable[str] | None = None, namespace: None = None
-    ) -> tuple[argparse.Namespace, list[str]]: ...
-    @overload
-    def parse_known_args(self, args: Iterable[str] | None, namespace: _N) -> tuple[_N, list[str]]: ...
-    @overload
-    def parse_known_args(self, *, namespace: _N) -> tuple[_N, list[str]]: ...
-    def parse_known_args(
-        self, args: Iterable[str] | None = None, namespace: Any = None
-    ) -> tuple[Any, list[str]]:
+    def parse_known_args(self, args: Iterable[str] | None = None, namespace: Any = None) -> Any:
         """argparse's, after refusing an unknown option by name (:meth:`refuse_unknown_options`); a
         parser that :attr:`refuses_extras` also refuses what is left (an extra positional)."""
         given = list(sys.argv[1:] if args is None else args)
@@ -188,7 +167,6 @@ def shape_flag(help: str = "concrete shape of a model input with dynamic dims (r
         "--shape",
         field="shapes",
         action="append",
-        default=[],
         metavar="NAME=D1,D2,...",
         to_field=shapes,
         help=help,
@@ -197,30 +175,21 @@ def shape_flag(help: str = "concrete shape of a model input with dynamic dims (r
 
 def input_flags() -> list[Flag]:
     """``--inputs`` and ``--inputs-stacked``: the user's sample inputs."""
-
-    def files(name: str, field: str, help: str) -> Flag:
-        return flag(
-            name,
-            field=field,
-            action="append",
-            default=[],
-            type=Path,
-            metavar="FILE",
-            to_field=tuple,
-            help=help,
-        )
-
     return [
-        files(
+        flag(
             "--inputs",
-            "input_files",
-            "real model inputs to run on instead of random ones: an .npz with one array per input (by "
+            field="input_files",
+            action="append",
+            metavar="FILE",
+            help="real model inputs to run on instead of random ones: an .npz with one array per input (by "
             "name) or a folder of <input>.npy files; repeat for several samples (they fix the shapes)",
         ),
-        files(
+        flag(
             "--inputs-stacked",
-            "stacked_files",
-            "like --inputs, an .npz whose arrays hold several samples along a leading axis",
+            field="stacked_files",
+            action="append",
+            metavar="FILE",
+            help="like --inputs, an .npz whose arrays hold several samples along a leading axis",
         ),
     ]
 
@@ -281,13 +250,10 @@ def _stage_flags() -> list[Flag]:
             metavar="K|auto",
             help="number of stages, or auto",
         ),
-        flag(
-            "--profile", field="profile.saved", type=Path, help="reuse a profile saved by 'onnxpipe profile'"
-        ),
+        flag("--profile", field="profile.saved", help="reuse a profile saved by 'onnxpipe profile'"),
         flag(
             "--cost",
             field="profile.cost",
-            choices=values(CostSource),
             help="measured (default) or static costs",
         ),
         flag(
@@ -301,14 +267,12 @@ def _stage_flags() -> list[Flag]:
         flag(
             "--link-model",
             field="plan.link_model",
-            choices=values(LinkModel),
             help="serial: a stage's transfer in adds to its compute; overlap: links run beside compute and "
             "the larger counts (default: serial without --devices, overlap with it or when training)",
         ),
         flag(
             "--objective",
             field="plan.objective",
-            choices=values(Objective),
             help="throughput: the slowest stage or link sets the pace of a stream of requests; latency: "
             "the sum of every stage and link, what one request alone waits (single-sequence decoding)",
         ),
@@ -331,7 +295,6 @@ def _stage_flags() -> list[Flag]:
         flag(
             "--split-nodes",
             field="plan.split_nodes",
-            choices=values(SplitNodes),
             help="auto: a node that holds the split back (a big MatMul, Gemm or Conv with constant weights) "
             "may be cut into parts in consecutive stages when that lowers the slowest stage; off (default): "
             "contiguous stages of whole nodes",
@@ -352,13 +315,11 @@ def _schedule_flags() -> list[Flag]:
         flag(
             "--order",
             field="plan.order",
-            choices=values(DeviceOrder),
             help="keep the devices' order, or search it",
         ),
         flag(
             "--boundary-dtype",
             field="plan.boundary_dtype",
-            choices=values(BoundaryDtype),
             help="what the float32 activations crossing a cut travel as, cast or quantized inside the stage "
             "files: float16, bfloat16, int8 (a per-tensor scale), or auto: float16 where a cut's transfer "
             "would bound the pipeline at the --devices links' rates (default: float32, as they are)",
@@ -366,7 +327,6 @@ def _schedule_flags() -> list[Flag]:
         flag(
             "--schedule",
             field="plan.schedule.kind",
-            choices=values(ScheduleChoice),
             help="stream (inference), gpipe or 1f1b (training), auto (best training schedule)",
         ),
         flag(
@@ -395,7 +355,6 @@ def _decoder_flags() -> list[Flag]:
     return [
         flag(
             "--phase",
-            choices=values(PhaseChoice),
             help="balance the layer cuts for a prompt (prefill), a generation step (decode), or both "
             "(default: the worse phase as close as it can be to its own best split)",
         ),
@@ -408,7 +367,6 @@ def _decoder_flags() -> list[Flag]:
         ),
         flag(
             "--ends",
-            choices=values(Ends),
             help="embedding and LM head: where the balance puts them (free), with the first/last layer "
             "(attached), or each in a stage of its own (own)",
         ),
@@ -436,13 +394,11 @@ def ray_flags(work: str, lost: str) -> list[Flag]:
         RAY_ADDRESS,
         flag(
             "--ray-resources",
-            type=Path,
             metavar="FILE",
             help="JSON file of per-stage Ray actor resources (pins each stage to a node)",
         ),
         flag(
             "--ray-files",
-            choices=values(RayFiles),
             help="ship each stage's files through Ray to the node its actor lands on (checked by sha256, "
             "cached there), or read them from a folder every node has at the same path",
         ),

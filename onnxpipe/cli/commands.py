@@ -258,15 +258,8 @@ def export_triton(args: argparse.Namespace) -> int:
 
 
 WORK: dict[str, Callable[[argparse.Namespace], int]] = {
-    "profile": profile,
-    "split": split,
-    "plan": plan,
-    "verify": verify,
-    "run": run,
-    "generate": generate,
-    "links": links,
-    "inspect": inspect,
-    "export-triton": export_triton,
+    work.__name__.replace("_", "-"): work
+    for work in (profile, split, plan, verify, run, generate, links, inspect, export_triton)
 }
 """Subcommand name -> its work.  A command given a model or a split folder says so first
 (:func:`onnxpipe.cli.say.reading`), before the door loads onnx and onnxruntime (seconds on a loaded

@@ -2,7 +2,8 @@
 
 A :class:`Flag` names the field it sets as a dotted path into the subcommand's options object
 (``plan.stages`` of :class:`~onnxpipe.api.SplitOptions`); its default is that field's default, read from
-the options class, so that a default is defined once, where the library defines it.  The table makes the
+the options class, so that a default is defined once, where the library defines it; so are the values a
+choice takes and a path's type, read from the field's annotation (:func:`_typed`).  The table makes the
 argparse arguments (:meth:`Subcommand.add_arguments`), turns the parsed arguments into the options
 object (:meth:`Subcommand.options`), and words an option named in a library message as its flag
 (:func:`word`): the library says `` `stages=2` ``, the CLI ``--stages 2``.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import operator
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxpipe.api import options as api_options
+from onnxpipe.core.choices import values
 from onnxpipe.core.options import OptionRef
 
 _OPTION_CLASSES: dict[str, type] = {
@@ -31,6 +34,12 @@ _OPTION_CLASSES: dict[str, type] = {
     if isinstance(value, type) and dataclasses.is_dataclass(value)
 }
 """Every options class of the door, by name: what a field's annotation names."""
+_CHOICES: dict[str, type[enum.StrEnum]] = {
+    name: value
+    for name, value in vars(api_options).items()
+    if isinstance(value, type) and issubclass(value, enum.StrEnum)
+}
+"""Every choice an option takes, by name: a field so annotated is a flag of its values."""
 
 _NO_DEFAULT = object()
 
@@ -38,8 +47,9 @@ _NO_DEFAULT = object()
 @dataclass(frozen=True)
 class Flag:
     """One flag: its names, the options field it sets (None for a flag of the CLI's own), its help and
-    its argparse settings.  ``to_field`` turns the parsed value into the field's; ``from_field`` the
-    field's value into the flag's (for the default shown and for wording a suggested value)."""
+    its argparse settings.  ``to_field`` turns the parsed value into the field's (a repeated flag's list:
+    a tuple by default); ``from_field`` the field's value into the flag's (for the default shown and for
+    wording a suggested value)."""
 
     names: tuple[str, ...]
     field: str | None
@@ -91,14 +101,30 @@ def grouped(group: str, flags: Iterable[Flag], at: str = "") -> list[Flag]:
     return [dataclasses.replace(f, group=group, field=f"{at}{f.field}" if f.field else None) for f in flags]
 
 
-def _nested_type(owner: type, name: str) -> type:
-    """The options class of ``owner``'s field ``name`` (an options object inside another)."""
+def _type_names(owner: type, name: str) -> list[str]:
+    """The names the annotation of ``owner``'s field ``name`` is written with (``Path | None``: ``Path``,
+    ``None``): the options modules postpone their annotations, whose types they import only to check."""
     f = next(f for f in dataclasses.fields(owner) if f.name == name)
     annotation = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
-    for word in re.findall(r"[A-Za-z_]\w*", annotation):
+    return re.findall(r"[A-Za-z_]\w*", annotation)
+
+
+def _nested_type(owner: type, name: str) -> type:
+    """The options class of ``owner``'s field ``name`` (an options object inside another)."""
+    for word in _type_names(owner, name):
         if word in _OPTION_CLASSES:
             return _OPTION_CLASSES[word]
     raise TypeError(f"{owner.__name__}.{name} is not an options object")
+
+
+def _typed(options: type, path: str) -> dict[str, Any]:
+    """The argparse settings the type of the field at ``path`` decides, so that a flag need not repeat
+    them: a path for a ``Path`` field, the values of a choice (``CostSource``) for a choice's."""
+    names = _type_names(*owner_of(options, path))
+    if "Path" in names:
+        return {"type": Path}
+    choices = [_CHOICES[n] for n in names if n in _CHOICES]
+    return {"choices": values(choices[0])} if choices else {}
 
 
 def owner_of(options: type, path: str) -> tuple[type, str]:
@@ -161,6 +187,8 @@ class Subcommand:
                     made[f.group] = parser.add_argument_group(f.group)
                 where = made[f.group]
             settings = dict(f.settings)
+            if f.field is not None and not f.switch and not {"type", "choices"} & set(settings):
+                settings.update(_typed(self.options_type, f.field))
             if f.field is not None and not f.switch and not {"metavar", "choices"} & set(settings):
                 settings["metavar"] = _bare(f.names[0]).upper()  # argparse's own
             if f.field is not None and "default" not in settings:
@@ -179,7 +207,8 @@ class Subcommand:
         for f in self.flags:
             if f.field is not None:
                 value = getattr(args, f.dest)
-                values[f.field] = f.to_field(value) if f.to_field and value is not None else value
+                to_field = f.to_field or (tuple if f.settings.get("action") == "append" else None)
+                values[f.field] = to_field(value) if to_field and value is not None else value
         return build(self.options_type, values)
 
     def find(self, ref: OptionRef) -> Flag | None:

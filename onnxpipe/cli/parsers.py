@@ -11,22 +11,15 @@ from pathlib import Path
 
 from onnxpipe.api.options import (
     DEFAULT_ROUNDS,
-    Backend,
-    CalibrationMode,
-    CostSource,
-    ExternalData,
     GenerateOptions,
     InspectOptions,
     LinkOptions,
     PlanOptions,
     ProfileOptions,
     RunOptions,
-    Runtime,
     SplitOptions,
     TritonOptions,
-    TritonPlatform,
     VerifyOptions,
-    VerifyRuntime,
 )
 from onnxpipe.cli.argtypes import byte_sizes, count, positive_int, positive_number, probability, token_ids
 from onnxpipe.cli.arguments import (
@@ -42,7 +35,6 @@ from onnxpipe.cli.arguments import (
     tolerance_flags,
 )
 from onnxpipe.cli.flags import Subcommand, flag, grouped, negated, word
-from onnxpipe.core.choices import values
 from onnxpipe.core.options import render
 
 PROFILE = Subcommand(
@@ -51,13 +43,12 @@ PROFILE = Subcommand(
     "model",
     ProfileOptions,
     [
-        flag("--out", "-o", type=Path, required=True, help="profile JSON to write"),
-        flag("--cost", choices=values(CostSource), help="measure, or static FLOPs"),
+        flag("--out", "-o", required=True, help="profile JSON to write"),
+        flag("--cost", help="measure, or static FLOPs"),
         flag("--force", action="store_true", help="overwrite an existing profile file"),
         QUIET,
         flag(
             "--runtime",
-            choices=values(Runtime),
             help="measure on this runtime (default onnxruntime); openvino and tract: the whole model timed, "
             "their per-layer reports mapped back to nodes where they name them (docs/runtimes.md)",
         ),
@@ -69,7 +60,6 @@ PROFILE = Subcommand(
 
 EMBEDDING = flag(
     "--embedding",
-    type=Path,
     metavar="FILE.onnx",
     help="the embedding model of a text model that takes inputs_embeds (token ids in, inputs_embeds out; "
     "default: the one the genai_config.json beside the model names): joined ahead of it, so that the split "
@@ -83,12 +73,11 @@ SPLIT = Subcommand(
     "model",
     SplitOptions,
     [
-        flag("--out", "-o", type=Path, help="folder to write stages and manifest.json into"),
+        flag("--out", "-o", help="folder to write stages and manifest.json into"),
         *planning_flags(),
         flag(
             "--external-data",
             field="export.external_data",
-            choices=values(ExternalData),
             help="store stage weights in separate files",
         ),
         flag("--force", field="export.force", action="store_true", help="replace a non-empty output folder"),
@@ -102,7 +91,6 @@ SPLIT = Subcommand(
         flag(
             "--genai-config",
             field="export.genai_config",
-            type=Path,
             metavar="FILE",
             help="the model's genai_config.json or Hugging Face config.json (default: the one beside the "
             "model): the genai_config.json written for a decoder (ONNX Runtime GenAI's decoder-pipeline) "
@@ -125,7 +113,6 @@ SPLIT = Subcommand(
         flag(
             "--calibrate-in",
             field="calibration.mode",
-            choices=values(CalibrationMode),
             help="time each stage alone (default), or the stages running together as a pinned thread "
             "pipeline; auto: as a pipeline when there is a physical core for every stage thread; ray: as a "
             "pipeline on a Ray cluster, each stage on the node it will run on",
@@ -139,7 +126,6 @@ SPLIT = Subcommand(
         flag(
             "--ray-resources",
             field="calibration.ray_resources",
-            type=Path,
             metavar="FILE",
             help="with --calibrate-in ray: JSON file of per-stage Ray actor resources, as run takes",
         ),
@@ -157,7 +143,7 @@ PLAN = Subcommand(
     PlanOptions,
     [
         *planning_flags(),
-        flag("--plot", type=Path, help="draw the schedule and the stage loads (.png or .svg)"),
+        flag("--plot", help="draw the schedule and the stage loads (.png or .svg)"),
         EMBEDDING,
         QUIET,
         *measure_flags(),
@@ -172,12 +158,11 @@ VERIFY = Subcommand(
     "dir",
     VerifyOptions,
     [
-        flag("--model", type=Path, help="the source model (default: the path in the manifest)"),
+        flag("--model", help="the source model (default: the path in the manifest)"),
         *tolerance_flags(),
         flag("--seed", type=int, help="seed of the random inputs both models are run on"),
         flag(
             "--runtime",
-            choices=values(VerifyRuntime),
             help="run every stage on this runtime, or 'devices': each on its device's runtime (a split made "
             "with --devices); default: onnxruntime on the CPU.  The original always runs in onnxruntime",
         ),
@@ -190,7 +175,7 @@ VERIFY = Subcommand(
 
 
 _RUN_WORKERS = [
-    flag("--backend", choices=values(Backend), help="local workers or a Ray cluster"),
+    flag("--backend", help="local workers or a Ray cluster"),
     flag("--local-mode", choices=LOCAL_MODES, help="local workers as processes (shared memory) or threads"),
     flag(
         "--threads",
@@ -225,13 +210,12 @@ _RUN_INPUTS = [
     flag("--warmup", type=count, metavar="W", help="untimed micro-batches run first"),
     shape_flag("shape of a random model input (default: the shapes the plan was made for)"),
     flag("--seed", type=int, help="seed of the random inputs"),
-    flag("--model", type=Path, metavar="MODEL", help="the source model (default: the path in the manifest)"),
+    flag("--model", help="the source model (default: the path in the manifest)"),
 ]
 _RUN_RESULTS = [
-    flag("--report", type=Path, metavar="FILE.json", help="write the measurements as JSON"),
+    flag("--report", metavar="FILE.json", help="write the measurements as JSON"),
     flag(
         "--outputs",
-        type=Path,
         metavar="FILE.npz",
         help="write the model outputs as .npz, stacked on axis 0",
     ),
@@ -267,19 +251,14 @@ GENERATE = Subcommand(
             "--prompt",
             field="prompts",
             action="append",
-            default=[],
             metavar="TEXT",
-            to_field=tuple,
             help="a prompt as text, encoded by the model's tokenizer; its answer is printed as text as it is "
             "made (repeat the option for several sequences in flight)",
         ),
         flag(
             "--inputs",
-            type=Path,
             action="append",
-            default=[],
             metavar="FILE.npz",
-            to_field=tuple,
             help="an encoder-decoder split's encoder inputs (e.g. input_features), a sequence per row, "
             "in place of prompts (repeatable)",
         ),
@@ -287,9 +266,7 @@ GENERATE = Subcommand(
             "--prompt-ids",
             type=token_ids,
             action="append",
-            default=[],
             metavar="IDS",
-            to_field=tuple,
             help="a prompt's token ids, comma-separated (repeatable), instead of --prompt",
         ),
         flag(
@@ -301,7 +278,6 @@ GENERATE = Subcommand(
         flag("--system", metavar="TEXT", help="with --chat: a system message before each prompt"),
         flag(
             "--tokenizer",
-            type=Path,
             metavar="DIR",
             help="the folder of the model's tokenizer files (tokenizer.json, tokenizer_config.json; default: "
             "the split's folder, else the source model's)",
@@ -313,7 +289,6 @@ GENERATE = Subcommand(
             type=count,
             action="append",
             metavar="ID",
-            to_field=tuple,
             help="stop a sequence at this token (repeatable; default: the model's end ids, from the GenAI "
             "config its builder wrote, else its Hugging Face configs or tokenizer)",
         ),
@@ -371,7 +346,6 @@ GENERATE = Subcommand(
         ),
         flag(
             "--backend",
-            choices=values(Backend),
             help="local workers or Ray actors on a cluster, each keeping its stage's cache",
         ),
         *ray_flags("generation", "the sequences whose caches it held rebuilt there by a prefill"),
@@ -382,10 +356,9 @@ GENERATE = Subcommand(
             "with K replicas of it (on --backend: Ray places them itself), side by side: the tokens must be "
             "the same (exit 1 if not), and tokens/s of each are reported",
         ),
-        flag("--model", type=Path, help="the source model for --compare (default: the manifest's)"),
+        flag("--model", help="the source model for --compare (default: the manifest's)"),
         flag(
             "--embedding",
-            type=Path,
             metavar="FILE.onnx",
             help="the embedding model of a split that takes inputs_embeds (token ids in, inputs_embeds out; "
             "default: the one the folder's genai_config.json names), run before each step",
@@ -405,14 +378,12 @@ LINKS = Subcommand(
         RAY_ADDRESS,
         flag(
             "--ray-resources",
-            type=Path,
             metavar="FILE",
             help="JSON file of each device's Ray resources, in pipeline order (as run takes per stage): "
             "they put each device's probe on its node",
         ),
         flag(
             "--split",
-            type=Path,
             metavar="DIR",
             help="a split folder: each link is timed with the bytes its stages send across it",
         ),
@@ -432,7 +403,6 @@ LINKS = Subcommand(
         ),
         flag(
             "--out",
-            type=Path,
             metavar="FILE.json",
             help="write the devices file again, its links the measured ones",
         ),
@@ -465,11 +435,10 @@ EXPORT_TRITON = Subcommand(
     "dir",
     TritonOptions,
     [
-        flag("--out", type=Path, help="the repository folder to write"),
+        flag("--out", help="the repository folder to write"),
         flag("--name", help="the ensemble's name (default: the source model's file stem)"),
         flag(
             "--platform",
-            choices=values(TritonPlatform),
             help="what runs each stage: onnxruntime_onnx or the openvino backend; auto: each stage's "
             "runtime in the manifest (default)",
         ),

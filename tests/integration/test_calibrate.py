@@ -165,21 +165,21 @@ def test_large_stages_are_timed_one_session_at_a_time(
 
     open_now: list[int] = []
     most = [0]
-    real_open = cal.open_session
+    real_open = cal.open_engine
 
     class Tracked:
-        def __init__(self, session: Any) -> None:
-            self.session = session
+        def __init__(self, engine: Any) -> None:
+            self.engine = engine
             open_now.append(1)
             most[0] = max(most[0], len(open_now))
 
         def __getattr__(self, name: str) -> Any:
-            return getattr(self.session, name)
+            return getattr(self.engine, name)
 
         def __del__(self) -> None:
             open_now.pop()
 
-    monkeypatch.setattr(cal, "open_session", lambda *a, **k: Tracked(real_open(*a, **k)))
+    monkeypatch.setattr(cal, "open_engine", lambda *a, **k: Tracked(real_open(*a, **k)))
     monkeypatch.setattr(cal, "TURNS_MAX_PARAM_BYTES", 0)
     prof = static_profile(view)
     seconds = time_stages(view, make_plan(view, prof, 3), prof, runs=3, warmup=1)
