@@ -140,21 +140,21 @@ class Pipeline(ClosesOnExit):
         lanes: Sequence[Sequence[WorkerSpec]],
         backend: BackendConfig | None = None,
         *,
-        manifest: Manifest,
-        directory: Path,
         input_types: Mapping[str, str],
         output_names: Sequence[str],
+        manifest: Manifest | None = None,
+        directory: Path | None = None,
         workers: Sequence[int] | None = None,
         check_here: bool = False,
     ) -> Pipeline:
         """Start the workers of ``lanes`` (the chains of one split: one lane, or replicas) as ``backend``
         says; ``input_types``: the inputs the first worker takes (name: dtype), ``output_names`` the
-        outputs the last sends back; ``workers``: the worker of each stage of an interleaved split
-        (:func:`shared_workers`); ``check_here``: refuse a provider this machine lacks before any worker
-        starts (the local backend; Ray actors check on their own node)."""
+        outputs the last sends back; ``manifest`` and ``directory``: the split's, if any; ``workers``:
+        the worker of each stage of an interleaved split (:func:`shared_workers`); ``check_here``: refuse
+        a provider this machine lacks before any worker starts (the local backend; Ray actors check on
+        their own node)."""
         config = backend if backend is not None else LocalConfig()
-        local = isinstance(config, LocalConfig)
-        if check_here and local:
+        if check_here and isinstance(config, LocalConfig):
             check_providers_here([s for lane in lanes for s in lane], ort.get_available_providers())
         pin_note = None
         if isinstance(config, LocalConfig) and config.pin:
