@@ -46,7 +46,7 @@ from onnxpipe.runtime.backends.processes import ProcessBackend
 from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.backends.threads import ThreadBackend
 from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig, Tensors
-from onnxpipe.runtime.driver import CLOSE_TIMEOUT_S, CLOSED, Driver, Job
+from onnxpipe.runtime.driver import CLOSE_TIMEOUT_S, Driver, Job
 from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import (
     Placement,
@@ -269,11 +269,11 @@ class Pipeline(ClosesOnExit):
 
     def stats(self) -> list[WorkerStats]:
         """Each worker's timing records and memory since it started or since :meth:`reset_stats`."""
-        self._raise_if_failed()
+        self._driver.check_open()
         return self.backend.stats()
 
     def reset_stats(self) -> None:
-        self._raise_if_failed()
+        self._driver.check_open()
         self.backend.reset_stats()
 
     def trips(self) -> list[Trip]:
@@ -288,12 +288,6 @@ class Pipeline(ClosesOnExit):
     def idle(self) -> bool:
         """Whether no micro-batch is queued or running."""
         return self._driver.idle()
-
-    def _raise_if_failed(self) -> None:
-        if self._driver.error is not None:
-            raise RuntimeStageError(f"the pipeline stopped after a failure: {self._driver.error}")
-        if not self._driver.accepting:
-            raise UsageError(CLOSED)
 
     @property
     def failure(self) -> RuntimeStageError | None:
