@@ -205,18 +205,25 @@ class Pipeline(ClosesOnExit):
         and over.  Stopping the iteration early leaves nothing behind: what was submitted finishes and
         is dropped.
         """
-        window = max(1, self.capacity)
-        pending: deque[Job] = deque()
         try:
-            for feeds in inputs:
-                pending.append(self.submit(feeds))
-                while len(pending) >= window or (pending and pending[0].done()):
-                    yield pending.popleft().result()
-            while pending:
-                yield pending.popleft().result()
+            for job in self.jobs(inputs):
+                yield job.result()
         except KeyboardInterrupt:
             self.close(graceful=False)
             raise
+
+    def jobs(self, inputs: Iterable[Mapping[str, np.ndarray]]) -> Iterator[Job]:
+        """The job of each micro-batch of ``inputs``, in input order, once it is done or :attr:`capacity`
+        are in flight (its result then comes next): :meth:`stream`'s window, for a caller that wants
+        the jobs' times too."""
+        window = max(1, self.capacity)
+        pending: deque[Job] = deque()
+        for feeds in inputs:
+            pending.append(self.submit(feeds))
+            while len(pending) >= window or (pending and pending[0].done()):
+                yield pending.popleft()
+        while pending:
+            yield pending.popleft()
 
     def run_many(self, inputs: Iterable[Mapping[str, np.ndarray]]) -> list[Tensors]:
         """``list(stream(inputs))``, stopping the workers on Ctrl-C."""
