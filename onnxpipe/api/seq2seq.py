@@ -55,7 +55,6 @@ from onnxpipe.runtime.generation.seq2seq import (
     encode,
     encoder_mask,
     encoder_output,
-    encoding_included,
     plain_greedy,
     read_inputs,
 )
@@ -244,7 +243,7 @@ def generate_folder(
         prompting = gen.prompting(settled)
         k = len(gen.steps.lanes[0])
         say.step(f"generating {len(rows)} sequence(s) through the decoder's {k} stage(s)")
-        runs = {"pipeline": encoding_included(gen.generate_with(prompting), encoding)}
+        runs = {"pipeline": gen.generate_with(prompting, lead=encoding)}
     if options.compare:
         say.step("generating with the unsplit files (a plain onnxruntime loop in this thread)")
         plain = plain_greedy(Path(record.source), rows, record, settled.max_new_tokens, eos or ())

@@ -30,6 +30,7 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from itertools import accumulate
 from pathlib import Path
 
 from onnxpipe.runtime.spec import WorkerSpec
@@ -103,12 +104,8 @@ def cpu_sets(
     whole = _by_package(cores, threads)  # whole cores: a worker's threads share only its own cores
     if whole is not None:
         return whole
-    out: list[tuple[int, ...]] = []
-    at = 0
-    for n in threads:  # the last resort: consecutive CPUs
-        out.append(pool[at : at + n])
-        at += n
-    return out
+    # the last resort: consecutive CPUs
+    return [pool[end - n : end] for n, end in zip(threads, accumulate(threads), strict=True)]
 
 
 def _by_package(cores: Sequence[Core], threads: Sequence[int]) -> list[tuple[int, ...]] | None:
@@ -122,20 +119,14 @@ def _by_package(cores: Sequence[Core], threads: Sequence[int]) -> list[tuple[int
     for n in threads:
         source = next((free for free in packages.values() if _cores_for(free, n) is not None), None)
         if source is None:  # no package holds it alone: span them, in order
-            spanned = [core for free in packages.values() for core in free]
-            taken = _cores_for(spanned, n)
-            if taken is None:
-                return None
-            gone = set(spanned[:taken])
-            for free in packages.values():
-                free[:] = [core for core in free if core not in gone]
-            got = [cpu for core in spanned[:taken] for cpu in core.cpus]
-        else:
-            taken = _cores_for(source, n)
-            assert taken is not None
-            got = [cpu for core in source[:taken] for cpu in core.cpus]
-            del source[:taken]
-        out.append(tuple(got[:n]))
+            source = [core for free in packages.values() for core in free]
+        taken = _cores_for(source, n)
+        if taken is None:
+            return None
+        gone = source[:taken]
+        for free in packages.values():
+            free[:] = [core for core in free if core not in gone]
+        out.append(tuple([cpu for core in gone for cpu in core.cpus][:n]))
     return out
 
 

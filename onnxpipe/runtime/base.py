@@ -63,7 +63,7 @@ class LocalConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", choice(LocalMode, self.mode, "local_mode"))
-        _check_slots(self.slots)
+        check_slots(self.slots)
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class RayConfig:
         if self.resources is not None:
             object.__setattr__(self, "resources", tuple(dict(r) for r in self.resources))
         object.__setattr__(self, "files", choice(RayFiles, self.files, "ray_files"))
-        _check_slots(self.slots)
+        check_slots(self.slots)
         if self.restarts < 0:
             raise UsageError(f"{opt('ray_restarts', self.restarts)}: give 0 (no restart) or more")
         if not self.restart_timeout > 0:
@@ -100,16 +100,6 @@ BackendConfig = LocalConfig | RayConfig
 """One config per backend: what each needs to start its workers, nothing the other takes."""
 
 
-def _check_slots(slots: int) -> None:
+def check_slots(slots: int) -> None:
     if slots < 1:
         raise UsageError(f"slots {slots}: a channel needs at least one slot")
-
-
-def lane_order(next_lane: int, lanes: int, lane: int | None) -> list[int]:
-    """The lanes to try for a micro-batch: ``lane`` alone when it names one (checked), else every lane
-    in turn from ``next_lane``."""
-    if lane is None:
-        return [(next_lane + step) % lanes for step in range(lanes)]
-    if not 0 <= lane < lanes:
-        raise UsageError(f"lane {lane}: this pipeline has lanes 0 to {lanes - 1}")
-    return [lane]

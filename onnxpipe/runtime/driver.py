@@ -52,14 +52,11 @@ class Job(Future[Tensors]):
 
 
 class Driver:
-    """The pipeline's queue and in-flight jobs, shared by its callers and its driver thread.
-
-    Kept apart from :class:`Pipeline` so that the thread keeps only this alive: a pipeline dropped
-    without ``close()`` is collected, and its finalizer (:meth:`abandon`) tells the driver to finish.
-    Every attribute except ``abandoned`` is guarded by ``lock``.  Only the driver thread waits on the
-    backend and delivers results, and it never ends without settling every future: any error it meets
-    fails the pipeline.
-    """
+    """The pipeline's queue and in-flight jobs, shared by its callers and its driver thread (apart from
+    the pipeline: see the module docstring; its finalizer calls :meth:`abandon`).  Every attribute
+    except ``abandoned`` is guarded by ``lock``.  Only the driver thread waits on the backend and
+    delivers results, and it never ends without settling every future: any error it meets fails the
+    pipeline."""
 
     def __init__(self, backend: Lanes, output_names: tuple[str, ...]) -> None:
         self.backend = backend
@@ -80,12 +77,16 @@ class Driver:
 
     # ------------------------------------------------------------------------------ from callers
 
+    def check_open(self) -> None:
+        """Refuse work once the pipeline failed or was closed."""
+        if self.error is not None:
+            raise RuntimeStageError(f"the pipeline stopped after a failure: {self.error}")
+        if not self.accepting:
+            raise UsageError(CLOSED)
+
     def submit(self, feeds: dict[str, np.ndarray], lane: int | None = None) -> Job:
         with self.lock:
-            if self.error is not None:
-                raise RuntimeStageError(f"the pipeline stopped after a failure: {self.error}")
-            if not self.accepting:
-                raise UsageError(CLOSED)
+            self.check_open()
             job = Job(self.next_seq, feeds, lane)
             self.next_seq += 1
             self.queue.append(job)

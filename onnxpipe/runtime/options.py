@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -63,13 +63,9 @@ class WorkerOptions:
             raise UsageError(f"{opt('threads', self.threads)}: give 1 or more threads per worker")
         if self.backend == Backend.RAY:
             return
-        for name in ("ray_address", "ray_resources"):  # another backend's options are refused
-            if getattr(self, name) is not None:
-                raise UsageError(f"{opt(name)} is for {opt('backend', Backend.RAY)}")
-        defaults = (("ray_files", DEFAULT_RAY_FILES), ("ray_restarts", DEFAULT_RAY_RESTARTS))
-        for name, default in (*defaults, ("ray_restart_timeout", DEFAULT_RAY_RESTART_TIMEOUT_S)):
-            if getattr(self, name) != default:
-                raise UsageError(f"{opt(name)} is for {opt('backend', Backend.RAY)}")
+        for f in fields(WorkerOptions):  # another backend's options are refused
+            if f.name.startswith("ray_") and getattr(self, f.name) != f.default:
+                raise UsageError(f"{opt(f.name)} is for {opt('backend', Backend.RAY)}")
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from onnxpipe.runtime.backends.processes import ProcessBackend
 from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.backends.threads import ThreadBackend
 from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig, Tensors
-from onnxpipe.runtime.driver import CLOSE_TIMEOUT_S, CLOSED, Driver, Job
+from onnxpipe.runtime.driver import CLOSE_TIMEOUT_S, Driver, Job
 from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import (
     Placement,
@@ -140,21 +140,21 @@ class Pipeline(ClosesOnExit):
         lanes: Sequence[Sequence[WorkerSpec]],
         backend: BackendConfig | None = None,
         *,
-        manifest: Manifest,
-        directory: Path,
         input_types: Mapping[str, str],
         output_names: Sequence[str],
+        manifest: Manifest | None = None,
+        directory: Path | None = None,
         workers: Sequence[int] | None = None,
         check_here: bool = False,
     ) -> Pipeline:
         """Start the workers of ``lanes`` (the chains of one split: one lane, or replicas) as ``backend``
         says; ``input_types``: the inputs the first worker takes (name: dtype), ``output_names`` the
-        outputs the last sends back; ``workers``: the worker of each stage of an interleaved split
-        (:func:`shared_workers`); ``check_here``: refuse a provider this machine lacks before any worker
-        starts (the local backend; Ray actors check on their own node)."""
+        outputs the last sends back; ``manifest`` and ``directory``: the split's, if any; ``workers``:
+        the worker of each stage of an interleaved split (:func:`shared_workers`); ``check_here``: refuse
+        a provider this machine lacks before any worker starts (the local backend; Ray actors check on
+        their own node)."""
         config = backend if backend is not None else LocalConfig()
-        local = isinstance(config, LocalConfig)
-        if check_here and local:
+        if check_here and isinstance(config, LocalConfig):
             check_providers_here([s for lane in lanes for s in lane], ort.get_available_providers())
         pin_note = None
         if isinstance(config, LocalConfig) and config.pin:
@@ -205,18 +205,25 @@ class Pipeline(ClosesOnExit):
         and over.  Stopping the iteration early leaves nothing behind: what was submitted finishes and
         is dropped.
         """
-        window = max(1, self.capacity)
-        pending: deque[Job] = deque()
         try:
-            for feeds in inputs:
-                pending.append(self.submit(feeds))
-                while len(pending) >= window or (pending and pending[0].done()):
-                    yield pending.popleft().result()
-            while pending:
-                yield pending.popleft().result()
+            for job in self.jobs(inputs):
+                yield job.result()
         except KeyboardInterrupt:
             self.close(graceful=False)
             raise
+
+    def jobs(self, inputs: Iterable[Mapping[str, np.ndarray]]) -> Iterator[Job]:
+        """The job of each micro-batch of ``inputs``, in input order, once it is done or :attr:`capacity`
+        are in flight (its result then comes next): :meth:`stream`'s window, for a caller that wants
+        the jobs' times too."""
+        window = max(1, self.capacity)
+        pending: deque[Job] = deque()
+        for feeds in inputs:
+            pending.append(self.submit(feeds))
+            while len(pending) >= window or (pending and pending[0].done()):
+                yield pending.popleft()
+        while pending:
+            yield pending.popleft()
 
     def run_many(self, inputs: Iterable[Mapping[str, np.ndarray]]) -> list[Tensors]:
         """``list(stream(inputs))``, stopping the workers on Ctrl-C."""
@@ -269,11 +276,11 @@ class Pipeline(ClosesOnExit):
 
     def stats(self) -> list[WorkerStats]:
         """Each worker's timing records and memory since it started or since :meth:`reset_stats`."""
-        self._raise_if_failed()
+        self._driver.check_open()
         return self.backend.stats()
 
     def reset_stats(self) -> None:
-        self._raise_if_failed()
+        self._driver.check_open()
         self.backend.reset_stats()
 
     def trips(self) -> list[Trip]:
@@ -288,12 +295,6 @@ class Pipeline(ClosesOnExit):
     def idle(self) -> bool:
         """Whether no micro-batch is queued or running."""
         return self._driver.idle()
-
-    def _raise_if_failed(self) -> None:
-        if self._driver.error is not None:
-            raise RuntimeStageError(f"the pipeline stopped after a failure: {self._driver.error}")
-        if not self._driver.accepting:
-            raise UsageError(CLOSED)
 
     @property
     def failure(self) -> RuntimeStageError | None:

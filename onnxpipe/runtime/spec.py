@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from onnxpipe.cluster.model import Device
@@ -205,13 +205,13 @@ def generation_specs(
     caches: dict[int, tuple[CacheSlot, ...]] = {}
     for st in manifest.stages:
         owned = {t for r in contract.kv if r.layer in st.kv_layers for t in r.pasts}
-        slots = []
-        for t in st.inputs:
-            if t.name not in past_to_present:
-                continue
-            present = past_to_present[t.name] if t.name in owned else None
-            slots.append(cache_slot(declared[t.name], present, manifest.source.file))
-        caches[st.index] = tuple(slots)
+        caches[st.index] = tuple(
+            cache_slot(
+                declared[t.name], past_to_present[t.name] if t.name in owned else None, manifest.source.file
+            )
+            for t in st.inputs
+            if t.name in past_to_present
+        )
     pasts = set(past_to_present)
     inputs = [t.name for t in manifest.model_inputs if t.name not in pasts] + [CONTROL]
     return _chain(directory, manifest, placements, inputs, [str(contract.logits), CONTROL], caches)
@@ -325,21 +325,16 @@ def model_generation_spec(
     whole KV cache: the baseline a split's generation is compared with."""
     past_to_present = contract.past_to_present()
     inputs = [t.name for t in manifest.model_inputs]
-    slots = []
-    for t in manifest.model_inputs:
-        if t.name in past_to_present:
-            slots.append(cache_slot(t, past_to_present[t.name], manifest.source.file))
-    logits = str(contract.logits)
-    return WorkerSpec(
-        index=index,
-        label=f"replica {index} ({path.name})",
-        path=str(path),
+    whole = model_spec(path, inputs, [o.name for o in manifest.model_outputs], placement, index=index)
+    return replace(
+        whole,
         receives=(*(n for n in inputs if n not in past_to_present), CONTROL),
-        inputs=tuple(inputs),
-        outputs=tuple(o.name for o in manifest.model_outputs),
-        sends=(logits, CONTROL),
-        placement=placement,
-        caches=tuple(slots),
+        sends=(str(contract.logits), CONTROL),
+        caches=tuple(
+            cache_slot(t, past_to_present[t.name], manifest.source.file)
+            for t in manifest.model_inputs
+            if t.name in past_to_present
+        ),
         generating=True,
     )
 

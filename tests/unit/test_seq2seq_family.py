@@ -15,7 +15,8 @@ from onnxpipe.export.outdir import check_replaceable, check_target
 from onnxpipe.manifest.seq2seq import STEP_FILE, Seq2SeqRecord, write_seq2seq
 from onnxpipe.runtime.generation.feeds import Step
 from onnxpipe.runtime.generation.result import Generation
-from onnxpipe.runtime.generation.seq2seq import encoder_mask, encoding_included, read_inputs
+from onnxpipe.runtime.generation.scheduler import Run
+from onnxpipe.runtime.generation.seq2seq import encoder_mask, read_inputs
 from onnxpipe.runtime.kvstate import Control, Row, StepFlags
 
 
@@ -64,10 +65,10 @@ def test_a_record_naming_a_folder_outside_its_own_makes_no_split(tmp_path: Path)
 def test_the_splits_generation_is_timed_from_before_its_encoding() -> None:
     """The plain loop's clock starts before its encoder: the split's decoding gets its encoding's
     seconds added, its tokens/s and first-token times counted as the plain loop's are."""
-    made = Generation(tokens=((1, 2),), seconds=2.0, steps=2, first_token_seconds=(0.5,), busy_shares=(0.5,))
-    timed = encoding_included(made, 2.0)
+    run = Run(tokens=((1, 2),), times=((0.5, 1.5),), seconds=2.0, steps=2, batch=1, rebuilt=0)
+    timed = Generation.of(run, (1.0,), None, lead=2.0)
     assert timed.seconds == 4.0 and timed.first_token_seconds == (2.5,) and timed.busy_shares == (0.25,)
-    assert timed.tokens_per_second == 0.5 and timed.tokens == made.tokens
+    assert timed.tokens_per_second == 0.5 and timed.tokens == run.tokens and timed.token_gaps == (1.0,)
 
 
 def test_an_encoders_mask_left_out_is_ones(tmp_path: Path) -> None:

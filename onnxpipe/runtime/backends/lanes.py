@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from onnxpipe.core.errors import RuntimeStageError, UsageError
-from onnxpipe.runtime.base import Delivery, lane_order
+from onnxpipe.runtime.base import Delivery, check_slots
 from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import WorkerSpec
 from onnxpipe.runtime.trips import Trip
@@ -32,8 +32,7 @@ class Lanes(ABC):
             raise ValueError("a backend needs at least one lane of at least one worker")
         if workers is not None and (len(lanes) != 1 or len(workers) != len(lanes[0])):
             raise UsageError("workers gives the worker of each stage of one lane")
-        if slots < 1:
-            raise UsageError(f"slots {slots}: a channel needs at least one slot")
+        check_slots(slots)
         self._sizes = [len(lane) for lane in lanes]
         self._slots = slots
         self._next_lane = 0
@@ -54,7 +53,10 @@ class Lanes(ABC):
     def try_submit(self, seq: int, feeds: Mapping[str, np.ndarray], to_lane: int | None = None) -> bool:
         """Micro-batch ``seq`` to the next lane with room (lanes in turn), or to ``to_lane`` only."""
         self._check_open()
-        for li in lane_order(self._next_lane, self.lanes, to_lane):
+        if to_lane is not None and not 0 <= to_lane < self.lanes:
+            raise UsageError(f"lane {to_lane}: this pipeline has lanes 0 to {self.lanes - 1}")
+        turn = [(self._next_lane + step) % self.lanes for step in range(self.lanes)]
+        for li in turn if to_lane is None else [to_lane]:
             if self._offer(li, seq, feeds):
                 self._next_lane = (li + 1) % self.lanes
                 return True

@@ -230,8 +230,11 @@ class Generator(ClosesOnExit):
             size = 1
         return Batching(size, self._side)
 
-    def generate_with(self, prompting: Prompting, on_token: OnToken | None = None) -> Generation:
-        """:meth:`generate` for prompts settled by :meth:`prompting`."""
+    def generate_with(
+        self, prompting: Prompting, on_token: OnToken | None = None, *, lead: float = 0.0
+    ) -> Generation:
+        """:meth:`generate` for prompts settled by :meth:`prompting`; ``lead``: as for
+        :meth:`Generation.of <.result.Generation.of>`."""
         options = prompting.options
         batching = self.batching(options)
         first = self._next_sequence
@@ -251,7 +254,7 @@ class Generator(ClosesOnExit):
             self.steps.close(graceful=False)
             raise
         busy = tuple(sum(r.run_seconds for r in w.records) for w in self.steps.stats())
-        return Generation.of(run, busy, prompting.codec)
+        return Generation.of(run, busy, prompting.codec, lead=lead)
 
     # ---------------------------------------------------------------------------------- closing
 

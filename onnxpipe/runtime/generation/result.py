@@ -37,15 +37,19 @@ class Generation:
     that held them was lost (a Ray node that died; the tokens are the same)."""
 
     @staticmethod
-    def of(run: Run, busy_seconds: Sequence[float], codec: TextCodec | None) -> Generation:
+    def of(
+        run: Run, busy_seconds: Sequence[float], codec: TextCodec | None, *, lead: float = 0.0
+    ) -> Generation:
         """The generation of ``run``: each worker's ``busy_seconds`` as shares of its wall time, and the
-        new tokens as text where the prompts came as text (``codec``, their tokenizer)."""
-        seconds = run.seconds
+        new tokens as text where the prompts came as text (``codec``, their tokenizer).  ``lead``: the
+        seconds before the run that its clock counts too (an encoder-decoder's encoding, as the plain
+        loop it is compared with counts it: :mod:`.seq2seq`)."""
+        seconds = run.seconds + lead
         return Generation(
             tokens=run.tokens,
             seconds=seconds,
             steps=run.steps,
-            first_token_seconds=tuple(t[0] if t else 0.0 for t in run.times),
+            first_token_seconds=tuple((t[0] if t else 0.0) + lead for t in run.times),
             texts=None if codec is None else tuple(codec.decode(t) for t in run.tokens),
             token_gaps=tuple(b - a for t in run.times for a, b in pairwise(t)),
             batch=run.batch,

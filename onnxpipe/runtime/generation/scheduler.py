@@ -23,10 +23,8 @@ Each of its sequences is then rebuilt: a prefill of its prompt and every token i
 the whole pipeline (the stages that kept their caches start them again), whose last logits make the
 token the lost step would have made.  The tokens are the same as without the loss.
 
-Greedy by default: it is what reproduces the unsplit model's tokens exactly, which is what a split must be
-checked against; batched or not, each sequence's tokens are the ones it makes alone.  Sampling
-(temperature, top-k, top-p) is seeded per sequence (:mod:`onnxpipe.runtime.sampling`), so a sampled run
-through the split and through the unsplit model give the same tokens too.
+Batched or not, each sequence's tokens are the ones it makes alone, greedy or sampled (seeded per
+sequence: :mod:`onnxpipe.runtime.sampling`): the unsplit model's, which a split is checked against.
 """
 
 from __future__ import annotations

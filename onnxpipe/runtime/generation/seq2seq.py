@@ -13,7 +13,6 @@ the split must reproduce.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,7 +25,6 @@ from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.ir.seq2seq import DECODER, ENCODER, ENCODER_OUTPUT, MERGED, WITH_PAST
 from onnxpipe.manifest.seq2seq import Seq2SeqRecord
 from onnxpipe.runtime.generation.feeds import Step
-from onnxpipe.runtime.generation.result import Generation
 from onnxpipe.runtime.generation.scheduler import Run
 from onnxpipe.runtime.kvstate import StepFlags
 from onnxpipe.runtime.pipeline import Pipeline
@@ -78,21 +76,6 @@ def encode(
         start = time.perf_counter()
         encoded = [np.asarray(out[output]) for out in pipe.run_many(rows)]
         return encoded, time.perf_counter() - start
-
-
-def encoding_included(made: Generation, encoding: float) -> Generation:
-    """``made``, the decoder's generation, timed from before the encoding that took ``encoding`` seconds:
-    the clock :func:`plain_greedy` runs, whose time counts each row's encoder too (each worker's busy
-    share is then of that longer wall time)."""
-    seconds = made.seconds + encoding
-    return dataclasses.replace(
-        made,
-        seconds=seconds,
-        first_token_seconds=tuple(t + encoding for t in made.first_token_seconds),
-        busy_shares=tuple(b * made.seconds / seconds for b in made.busy_shares)
-        if seconds > 0
-        else made.busy_shares,
-    )
 
 
 def encoder_output(encoded: Sequence[np.ndarray]) -> Callable[[Step], np.ndarray]:

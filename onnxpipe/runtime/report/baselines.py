@@ -32,10 +32,10 @@ from onnxpipe.core.choices import LocalMode
 from onnxpipe.core.errors import RuntimeStageError, error_line
 from onnxpipe.core.runtimes import Engine, open_engine
 from onnxpipe.manifest import Manifest
-from onnxpipe.runtime.affinity import assign_cpus, cpu_sets, pinned
+from onnxpipe.runtime.affinity import cpu_sets, pinned
 from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig, Tensors
-from onnxpipe.runtime.pipeline import Pipeline, make_backend
+from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.report.ceiling import MIN_RUN_S, balanced_ceiling
 from onnxpipe.runtime.report.measure import Measurement, measure
 from onnxpipe.runtime.report.model import BaselineReport, RunReport
@@ -145,15 +145,10 @@ def _open(model: Path, placement: Placement) -> Engine:
 
 
 def _replicas(
-    model: Path,
-    pipeline: Pipeline,
-    placement: Placement,
-    threads: Sequence[int],
-    config: BackendConfig,
-    pin: bool = False,
+    model: Path, pipeline: Pipeline, placement: Placement, threads: Sequence[int], config: BackendConfig
 ) -> Pipeline:
-    """One one-worker lane of the whole model per entry of ``threads``, pinned to CPUs of their own
-    (:func:`~onnxpipe.runtime.affinity.assign_cpus`) with ``pin``."""
+    """One one-worker lane of the whole model per entry of ``threads``, started as ``config`` says
+    (pinned to CPUs of their own with its ``pin``: :func:`~onnxpipe.runtime.affinity.assign_cpus`)."""
     lanes = [
         [
             model_spec(
@@ -162,12 +157,7 @@ def _replicas(
         ]
         for i, n in enumerate(threads)
     ]
-    if pin:
-        lanes, _ = assign_cpus(lanes)
-    backend = make_backend(lanes, config)
-    return Pipeline(
-        backend, input_types=pipeline.input_types, output_names=pipeline.output_names, lanes=lanes
-    )
+    return Pipeline.start(lanes, config, input_types=pipeline.input_types, output_names=pipeline.output_names)
 
 
 def replicas_measurement(
@@ -181,16 +171,16 @@ def replicas_measurement(
     warmup: int,
 ) -> Measurement:
     """Run ``inputs`` through one one-worker lane of the whole model per entry of ``threads``."""
-    config = _replica_config(pipeline, mode)
-    with _replicas(model, pipeline, placement, threads, config, is_pinned(pipeline)) as data_parallel:
+    with _replicas(model, pipeline, placement, threads, _replica_config(pipeline, mode)) as data_parallel:
         return measure(data_parallel, inputs, warmup=warmup)
 
 
 def _replica_config(pipeline: Pipeline, mode: ReplicaMode) -> BackendConfig:
     """The replicas' backend: the pipeline's cluster, files and restarts, each replica placed by Ray
-    (no stage's resources), for Ray; local workers in ``mode`` otherwise."""
+    (no stage's resources), for Ray; local workers in ``mode``, pinned where the pipeline's are,
+    otherwise."""
     if mode != "ray":
-        return LocalConfig(mode=LocalMode(mode))
+        return LocalConfig(mode=LocalMode(mode), pin=is_pinned(pipeline))
     if isinstance(pipeline.backend, RayBackend):
         return replace(pipeline.backend.config, resources=None)
     return RayConfig()

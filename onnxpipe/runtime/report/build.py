@@ -153,29 +153,29 @@ def _cluster_part(pipeline: Pipeline, measurement: Measurement) -> dict[str, Any
 def stage_report(spec: WorkerSpec, st: WorkerStats | None, wall: float) -> StageReport:
     """One stage's line of the report: what its worker measured (``st``) against what the manifest
     estimated (``spec.stage``); memory figures only where the stage's process is its own."""
-    records = st.records if st is not None else ()
-    runs = [r.run_seconds for r in records]
-    busy = [r.busy_seconds for r in records]
+    if st is None:  # a run that failed before its stats were taken: nothing measured
+        st = WorkerStats(spec.index, spec.label, (), None, 0.0, None, None, None)
+    runs = [r.run_seconds for r in st.records]
+    busy = [r.busy_seconds for r in st.records]
     busy_total = float(sum(busy))
-    shared = st.process_shared if st is not None else False
-    own = st if st is not None and not shared else None
+    own = None if st.process_shared else st
     return StageReport(
         worker=spec,
-        microbatches=len(records),
+        microbatches=len(st.records),
         measured_ms=statistics.median(runs) * 1e3 if runs else math.nan,
         mean_ms=statistics.fmean(runs) * 1e3 if runs else math.nan,
         handling_ms=statistics.median(busy) * 1e3 if busy else math.nan,
         busy_seconds=busy_total,
         busy_fraction=busy_total / wall if wall > 0 else math.nan,
-        peak_rss_bytes=st.peak_rss_bytes if st is not None else None,
-        rss_bytes=st.rss_bytes if st is not None else None,
-        startup_rss_bytes=st.startup_rss_bytes if st is not None else None,
-        pid=st.pid if st is not None else None,
-        memory_shared_with_other_workers=shared,
+        peak_rss_bytes=st.peak_rss_bytes,
+        rss_bytes=st.rss_bytes,
+        startup_rss_bytes=st.startup_rss_bytes,
+        pid=st.pid,
+        memory_shared_with_other_workers=st.process_shared,
         model_rss_bytes=own.model_rss_bytes if own is not None else None,
         worker_peak_rss_bytes=own.peak_rss_bytes if own is not None else None,
         worker_model_rss_bytes=own.model_rss_bytes if own is not None else None,
-        hosted_with=st.hosted_with if st is not None else (),
+        hosted_with=st.hosted_with,
     )
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -14,7 +13,6 @@ import numpy as np
 
 from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.runtime.base import Tensors
-from onnxpipe.runtime.driver import Job
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.trips import Trip
@@ -135,28 +133,18 @@ def measure(
         pipeline.run_many([inputs[j % len(inputs)] for j in range(warmup)])
     pipeline.reset_stats()
     window = max(1, pipeline.capacity)
-    pending: deque[Job] = deque()
     queued_at: list[float] = []
     done_at: list[float] = []
     outputs: list[Tensors] = []
-
-    def take() -> None:  # keeps the job's times, not the job: a done future holds its result
-        job = pending.popleft()
-        result = job.result()
-        if keep_outputs:
-            outputs.append(result)
-        queued_at.append(job.queued_at)
-        done_at.append(job.done_at if job.done_at is not None else time.perf_counter())
-
     start = time.perf_counter()
     failure: str | None = None
     try:
-        for feeds in inputs:
-            pending.append(pipeline.submit(feeds))
-            while len(pending) >= window:
-                take()
-        while pending:
-            take()
+        for job in pipeline.jobs(inputs):  # keeps the job's times, not the job: it holds its result
+            result = job.result()
+            if keep_outputs:
+                outputs.append(result)
+            queued_at.append(job.queued_at)
+            done_at.append(job.done_at if job.done_at is not None else time.perf_counter())
     except RuntimeStageError as e:  # its workers are gone: no stats, no single runs
         if not partial:
             raise

@@ -30,13 +30,8 @@ class Latency:
         if not seconds:
             return Latency(math.nan, math.nan, math.nan, math.nan, math.nan)
         ms = np.asarray(seconds, dtype=np.float64) * 1e3
-        return Latency(
-            float(ms.mean()),
-            float(np.percentile(ms, 50)),
-            float(np.percentile(ms, 90)),
-            float(np.percentile(ms, 99)),
-            float(ms.max()),
-        )
+        p50, p90, p99 = (float(p) for p in np.percentile(ms, [50, 90, 99]))
+        return Latency(float(ms.mean()), p50, p90, p99, float(ms.max()))
 
     def to_obj(self) -> dict[str, float | None]:
         return {k.removesuffix("_ms"): num(v) for k, v in dataclasses.asdict(self).items()}
