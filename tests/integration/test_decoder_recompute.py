@@ -134,7 +134,7 @@ def test_copies_are_charged_to_the_stage_and_spare_its_link() -> None:
         part = solve_layers(layers, dec, 3, options.ends, bandwidth)
         phases = (PhaseCosts("decode", profile.node_seconds, layers.seq.sizes, part.compute),)
         copies = InputCopies(view, dec, phases, bandwidth, layers.seq.classes, share=share)
-        specs = decoder_stages(view, dec, layers, part, options, profile, copies=copies)
+        specs = decoder_stages(view, dec, layers.seq, part, options, profile, copies=copies)
         received = [sum(layers.seq.sizes[t] for t in st.inputs if t in made) for st in specs]
         return copies, list(part.compute), received
 

@@ -32,7 +32,7 @@ from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.partition.phases import solve_two_phases, solve_weighted
 from onnxpipe.planning.decoder import coarse_allowed, layer_sequences
 from onnxpipe.planning.decoder_kinds import DecoderOptions
-from onnxpipe.planning.decoder_plan import make_decoder_plan, solve_layers
+from onnxpipe.planning.decoder_plan import layer_plan, solve_layers
 
 HEADS, HEAD_DIM, WIDTH, VOCAB = 2, 4, 8, 16
 
@@ -213,7 +213,7 @@ def test_layer_aligned_partition_is_exact_and_keeps_each_cache_whole() -> None:
     # layer 2 is slow: the best 3-stage split isolates it
     slow = {n.name: (1.0 if "layers.2" in n.name else 1e-3) for n in view.compute_nodes}
     prof = _profile(view, slow)
-    plan = make_decoder_plan(view, prof, 3, dec, DecoderOptions(max_context=100))
+    plan = layer_plan(view, [(Phase.DECODE, prof)], 3, dec, DecoderOptions(max_context=100))
     assert [st.kv_layers for st in plan.stages] == [(0, 1), (2,), (3,)]
     assert kv_split_layers(view, dec, plan.stages) == []
     per_token = kv_bytes_per_token(view, dec.kv[0])
