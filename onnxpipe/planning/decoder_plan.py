@@ -326,9 +326,10 @@ def input_copies(
 
 
 def decoder_summary(
-    view: ModelView, profile: Profile, dec: DecoderInfo, options: DecoderOptions, phase: Phase
+    view: ModelView, profile: Profile, dec: DecoderInfo, options: DecoderOptions
 ) -> DecoderRecord:
-    """The manifest's ``plan.decoder`` of a plan balanced for one ``phase``, profiled as ``profile``."""
+    """The manifest's ``plan.decoder`` of a plan balanced for the one phase ``profile`` was measured at."""
+    phase = profile_phase(profile, dec)
     shapes = (phase_shape_of(profile, dec, phase),)
     return decoder_record(view, dec, options, PhaseChoice(phase.value), shapes)
 
@@ -349,7 +350,9 @@ def decoder_record(
 def decoder_notes(
     view: ModelView, dec: DecoderInfo, stages: tuple[StageSpec, ...], options: DecoderOptions
 ) -> tuple[str, ...]:
-    notes = [*view.notes, dec.describe()]
+    """What a plan cut between ``dec``'s layers says of them: the decoder found, each stage's layers and
+    cache, the pasts a stage reads for their shape only (the model's own notes come from the planner)."""
+    notes = [dec.describe()]
     per_stage = ", ".join(
         f"{st.index}: {_layer_range(st.kv_layers)} {st.kv_cache_bytes / 2**20:.1f} MiB" for st in stages
     )

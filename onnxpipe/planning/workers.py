@@ -271,7 +271,7 @@ def _dealt_stages(
         specs, part, copied = interleaved_decoder_stages(
             view, decoder, items.seq, part, options, profile, request.bandwidth_bytes_per_s
         )
-        summary = decoder_summary(view, profile, decoder, options, profile_phase(profile, decoder))
+        summary = decoder_summary(view, profile, decoder, options)
     stages = tuple(replace(st, worker=part.workers[st.index]) for st in specs)
     weights = worker_weights(view, stages, workers)
     mem = ", ".join(f"{m / 2**20:.1f}" for m in weights)
