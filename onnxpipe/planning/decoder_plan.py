@@ -27,7 +27,6 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.decoder_dims import counted_context
 from onnxpipe.ir.model import ModelView
-from onnxpipe.partition import evaluate
 from onnxpipe.partition.interleave import InterleavedPartition
 from onnxpipe.partition.phases import solve_two_phases
 from onnxpipe.partition.result import Partition
@@ -78,23 +77,6 @@ def coarse_bounds(
         inner = solve(first, last, k - first - (n - last), [True] * (last - first + 1))
         return tuple(range(first)) + tuple(first + b for b in inner) + tuple(range(last + 1, n + 1))
     return tuple(solve(0, n, k, coarse_allowed(layers, dec, ends)))
-
-
-def solve_layers(
-    layers: LayerSequences,
-    dec: DecoderInfo,
-    k: int,
-    ends: Ends,
-    bandwidth: float,
-    cut_bytes: Sequence[float] | None = None,
-) -> Partition:
-    """The exact split of the layer groups into ``k`` stages under ``ends``, scored on the fine sequence;
-    ``cut_bytes`` (per fine position, :func:`~onnxpipe.planning.decoder_recompute.priced_cuts`) are what the
-    split is chosen on when given, the sequence's own are what it is scored on."""
-    fine_cut = layers.seq.cut_bytes if cut_bytes is None else cut_bytes
-    solve = _solver([layers.coarse_costs], [[fine_cut[a] for a in layers.starts]], bandwidth)
-    fine = layers.fine_bounds(coarse_bounds(layers, dec, k, ends, solve))
-    return evaluate(layers.seq.costs, fine, cut_bytes=layers.seq.cut_bytes, bandwidth=bandwidth)
 
 
 def _solver(

@@ -32,7 +32,7 @@ from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.partition.phases import solve_two_phases, solve_weighted
 from onnxpipe.planning.decoder import coarse_allowed, layer_sequences
 from onnxpipe.planning.decoder_kinds import DecoderOptions
-from onnxpipe.planning.decoder_plan import layer_plan, solve_layers
+from onnxpipe.planning.decoder_plan import layer_plan, split_layers
 
 HEADS, HEAD_DIM, WIDTH, VOCAB = 2, 4, 8, 16
 
@@ -237,13 +237,18 @@ def test_own_ends_need_enough_stages() -> None:
     view = view_from_proto(_decoder(2))
     dec = find_decoder(view)
     assert dec is not None
-    layers = layer_sequences(view, _profile(view), dec)
-    part = solve_layers(layers, dec, 3, Ends.OWN, float("inf"))
-    assert part.bounds == (layers.starts[0], layers.starts[1], layers.starts[3], layers.starts[4])
+    prof = _profile(view)
+    layers = layer_sequences(view, prof, dec)
+
+    def split(k: int, ends: Ends) -> tuple[int, ...]:
+        options = DecoderOptions(ends=ends, copy_inputs=False)
+        return split_layers(view, [(Phase.DECODE, prof)], k, dec, options, float("inf"))[0].parts[0].bounds
+
+    assert split(3, Ends.OWN) == (layers.starts[0], layers.starts[1], layers.starts[3], layers.starts[4])
     with pytest.raises(PartitionError, match="`ends=own`"):
-        solve_layers(layers, dec, 2, Ends.OWN, float("inf"))
+        split(2, Ends.OWN)
     with pytest.raises(PartitionError, match="`layer_cuts=False`"):
-        solve_layers(layers, dec, 6, Ends.FREE, float("inf"))
+        split(6, Ends.FREE)
 
 
 def _rms_model(op: str) -> onnx.ModelProto:
