@@ -19,7 +19,7 @@ from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import CostSource, Profile
 from onnxpipe.ir.decoder import FoundDecoder, decoder_of
 from onnxpipe.ir.model import ModelView
-from onnxpipe.planning.bound import bound_note, bounding_node
+from onnxpipe.planning.bound import bound_note
 from onnxpipe.planning.cluster import plan_pipeline
 from onnxpipe.planning.decoder_plan import layer_plan, profile_phase
 from onnxpipe.planning.nodesplit import Planned, plan_splitting_nodes
@@ -89,9 +89,8 @@ def _finished(made: Plan, view: ModelView, profile: Profile, request: PlanReques
     notes = [*(n for n in view.notes if n not in made.notes), *made.notes]
     here = request.devices is None
     if bounded and here and request.schedule.kind == "stream":
-        bound = bounding_node(view, profile, made)
-        if bound is not None:
-            notes.append(bound_note(bound, made.k))
+        bound = bound_note(view, profile, made)
+        notes += [bound] if bound is not None else []
     embedding = _embedding_note(made, view, request)
     if embedding is not None and embedding not in notes:
         notes.append(embedding)
