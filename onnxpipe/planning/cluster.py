@@ -37,7 +37,7 @@ from onnxpipe.partition.chainbound import chain_bound
 from onnxpipe.partition.inputs import HeterogeneousRequest
 from onnxpipe.partition.result import Partition
 from onnxpipe.planning.decoder import fine_allowed, kv_makers, layer_cut_items, with_kv
-from onnxpipe.planning.decoder_plan import decoder_notes, decoder_summary, profile_phase
+from onnxpipe.planning.decoder_plan import decoder_notes, decoder_record, profile_phase
 from onnxpipe.planning.decoder_recompute import (
     InputCopies,
     PhaseCosts,
@@ -243,7 +243,7 @@ def _with_decoder(
         timeline = stream(part.compute, option.microbatches, link=part.transfer)
         copied = copies_note(copies.chosen, copies.phases, [gone])
         notes += [copied] if copied else []
-    summary = decoder_summary(view, profile, dec, request.decoder)
+    summary = decoder_record(view, dec, request.decoder, [(profile_phase(profile, dec), profile)])
     return _Staged(specs, part, timeline, tuple(notes), summary)
 
 

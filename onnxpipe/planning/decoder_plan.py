@@ -191,11 +191,11 @@ def layer_plan(
     phase's profile or for prefill's and decode's (the module): the stage times it reports are the last
     phase's."""
     split, seq = split_layers(view, profiles, k, dec, options, bandwidth_bytes_per_s)
-    shapes = tuple(phase_shape_of(profile, dec, phase) for phase, profile in profiles)
+    record = decoder_record(view, dec, options, profiles)
     notes = [*decoder_notes(view, dec, split.stages, options)]
     if len(profiles) > 1:
         part_p, part_d = split.parts
-        prompt, cached = shapes[0].new_tokens, shapes[1].past_tokens
+        prompt, cached = record.phase_shapes[0].new_tokens, record.phase_shapes[1].past_tokens
         notes.append(
             f"balanced for both phases: prefill bottleneck {part_p.bottleneck * 1e3:.3f} ms "
             f"({_ratio(part_p)} its lower bound), decode {part_d.bottleneck * 1e3:.3f} ms ({_ratio(part_d)} "
@@ -212,23 +212,12 @@ def layer_plan(
         notes=tuple(notes),
         timeline=stream([s.cost_seconds for s in split.stages], microbatches),
         objective=OBJECTIVE if len(profiles) == 1 else TWO_PHASE_OBJECTIVE,
-        decoder=decoder_record(
-            view,
-            dec,
-            options,
-            PhaseChoice(profiles[0][0].value) if len(profiles) == 1 else PhaseChoice.BOTH,
-            shapes,
-        ),
+        decoder=record,
     )
 
 
 def _ratio(part: Partition) -> str:
     return f"{part.bottleneck / part.lower_bound:.3f}x" if part.lower_bound > 0 else "1.000x"
-
-
-def phase_shape_of(profile: Profile, dec: DecoderInfo, phase: Phase) -> PhaseShape:
-    """(phase, new tokens, cached tokens) of the shapes ``profile`` was measured at."""
-    return PhaseShape(phase, *_tokens_and_past(profile, dec))
 
 
 def _tokens_and_past(profile: Profile, dec: DecoderInfo) -> tuple[int, int]:
@@ -307,24 +296,13 @@ def input_copies(
     return InputCopies(view, dec, phases, bandwidth_bytes_per_s, seq.classes)
 
 
-def decoder_summary(
-    view: ModelView, profile: Profile, dec: DecoderInfo, options: DecoderOptions
-) -> DecoderRecord:
-    """The manifest's ``plan.decoder`` of a plan balanced for the one phase ``profile`` was measured at."""
-    phase = profile_phase(profile, dec)
-    shapes = (phase_shape_of(profile, dec, phase),)
-    return decoder_record(view, dec, options, PhaseChoice(phase.value), shapes)
-
-
 def decoder_record(
-    view: ModelView,
-    dec: DecoderInfo,
-    options: DecoderOptions,
-    phase: PhaseChoice,
-    shapes: tuple[PhaseShape, ...],
+    view: ModelView, dec: DecoderInfo, options: DecoderOptions, profiles: Sequence[tuple[Phase, Profile]]
 ) -> DecoderRecord:
-    """The manifest's ``plan.decoder`` of a plan cut between ``dec``'s layers, balanced for ``phase``
-    (each phase profiled at its ``shapes``)."""
+    """The manifest's ``plan.decoder`` of a plan cut between ``dec``'s layers, balanced for the phase of
+    each of ``profiles`` (both: prefill's and decode's), with the shapes each was profiled at."""
+    shapes = tuple(PhaseShape(phase, *_tokens_and_past(profile, dec)) for phase, profile in profiles)
+    phase = PhaseChoice(profiles[0][0].value) if len(profiles) == 1 else PhaseChoice.BOTH
     context = counted_context(view, dec, options.max_context)
     return DecoderRecord(dec.layers, True, options.ends, context, phase, shapes, io_contract(view, dec))
 

@@ -32,7 +32,7 @@ from onnxpipe.planning.decoder import LayerSequences, context_words, fine_allowe
 from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.decoder_plan import (
     decoder_notes,
-    decoder_summary,
+    decoder_record,
     interleaved_decoder_stages,
     profile_phase,
 )
@@ -271,7 +271,7 @@ def _dealt_stages(
         specs, part, copied = interleaved_decoder_stages(
             view, decoder, items.seq, part, options, profile, request.bandwidth_bytes_per_s
         )
-        summary = decoder_summary(view, profile, decoder, options)
+        summary = decoder_record(view, decoder, options, [(profile_phase(profile, decoder), profile)])
     stages = tuple(replace(st, worker=part.workers[st.index]) for st in specs)
     weights = worker_weights(view, stages, workers)
     mem = ", ".join(f"{m / 2**20:.1f}" for m in weights)
