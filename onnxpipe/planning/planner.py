@@ -22,7 +22,7 @@ from onnxpipe.ir.model import ModelView
 from onnxpipe.planning.bound import bound_note
 from onnxpipe.planning.cluster import plan_pipeline
 from onnxpipe.planning.decoder_plan import layer_plan, profile_phase
-from onnxpipe.planning.nodesplit import Planned, plan_splitting_nodes
+from onnxpipe.planning.nodesplit.plan import Planned, plan_splitting_nodes
 from onnxpipe.planning.orders import stages_auto
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.planning.tied import keeping_tied
