@@ -52,7 +52,7 @@ from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.manifest import load_manifest
 from onnxpipe.planning.decoder_kinds import DecoderOptions
-from onnxpipe.planning.phases import make_two_phase_plan
+from onnxpipe.planning.decoder_plan import layer_plan
 from onnxpipe.planning.sequences import tensor_sizes
 from onnxpipe.planning.types import Plan
 from tools import export_decoders
@@ -135,10 +135,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             for k in args.stages:
                 for bandwidth in args.bandwidths:
                     made = {
-                        way: make_two_phase_plan(
+                        way: layer_plan(
                             view,
-                            profiles[Phase.PREFILL],
-                            profiles[Phase.DECODE],
+                            [
+                                (Phase.PREFILL, profiles[Phase.PREFILL]),
+                                (Phase.DECODE, profiles[Phase.DECODE]),
+                            ],
                             k,
                             dec,
                             DecoderOptions(copy_inputs=way == "copied"),

@@ -9,7 +9,7 @@ cannot) is profiled at the prefill shape
 
 * ``prefill``: balanced for the prefill profile; ``decode``: for the decode profile;
 * ``both``: onnxpipe's default, the worse phase as close as possible to its own best split
-  (:mod:`onnxpipe.planning.phases`);
+  (:mod:`onnxpipe.planning.decoder_plan`);
 * ``calibrated``: ``both`` after ``--calibrate`` (its stages timed at both shapes and each phase's costs
   corrected by them, :func:`onnxpipe.calibrate.loop.calibrate_phases`);
 * ``equal``: equal layer counts, the embedding with the first layers and the LM head with the last: what
@@ -72,8 +72,7 @@ from onnxpipe.manifest import load_manifest
 from onnxpipe.partition import evaluate
 from onnxpipe.planning.decoder import layer_sequences
 from onnxpipe.planning.decoder_kinds import DecoderOptions
-from onnxpipe.planning.decoder_plan import decoder_stages, make_decoder_plan
-from onnxpipe.planning.phases import make_two_phase_plan
+from onnxpipe.planning.decoder_plan import decoder_stages, layer_plan
 from onnxpipe.planning.stages import plan_from
 from onnxpipe.planning.types import Plan
 from tools import export_decoders
@@ -101,7 +100,7 @@ def equal_layers_plan(view: ModelView, profiles: Mapping[Phase, Any], dec: Decod
     fine = layers.fine_bounds(coarse)
     part = evaluate(layers.seq.costs, fine, cut_bytes=layers.seq.cut_bytes)
     options = DecoderOptions(ends=Ends.ATTACHED)
-    stages = decoder_stages(view, dec, layers, part, options, prof)
+    stages = decoder_stages(view, dec, layers.seq, part, options, prof)
     return plan_from(view, prof, part, stages, layers.seq.sizes, float("inf"))
 
 
@@ -109,9 +108,9 @@ def plans(view: ModelView, profiles: Mapping[Phase, Any], dec: DecoderInfo, k: i
     options = DecoderOptions()
     pre, dec_prof = profiles[Phase.PREFILL], profiles[Phase.DECODE]
     return {
-        "prefill": make_decoder_plan(view, pre, k, dec, options, phase="prefill"),
-        "decode": make_decoder_plan(view, dec_prof, k, dec, options, phase="decode"),
-        "both": make_two_phase_plan(view, pre, dec_prof, k, dec, options),
+        "prefill": layer_plan(view, [(Phase.PREFILL, pre)], k, dec, options),
+        "decode": layer_plan(view, [(Phase.DECODE, dec_prof)], k, dec, options),
+        "both": layer_plan(view, [(Phase.PREFILL, pre), (Phase.DECODE, dec_prof)], k, dec, options),
         "equal": equal_layers_plan(view, profiles, dec, k),
     }
 
@@ -139,7 +138,8 @@ def calibrated_plan(
     """The ``both`` plan after ``rounds`` of calibration at both phases, and the corrected profiles."""
 
     def make(ps: Mapping[Phase | None, Profile]) -> Plan:
-        return make_two_phase_plan(view, ps[Phase.PREFILL], ps[Phase.DECODE], k, dec, DecoderOptions())
+        both = [(Phase.PREFILL, ps[Phase.PREFILL]), (Phase.DECODE, ps[Phase.DECODE])]
+        return layer_plan(view, both, k, dec, DecoderOptions())
 
     start: dict[Phase | None, Profile] = dict(profiles.items())
     done = calibrate_phases(view, start, make, rounds=rounds)

@@ -7,7 +7,7 @@ For GPT-2 small (torch export, random weights; exported into the corpus cache on
    tokens; cached under ``benchmarks/results/profiles/``, shared with the partition benchmark) and plan
    two ways on the same costs: the exact contiguous split (:func:`onnxpipe.planning.workers.make_plan`)
    and the plan that may cut one node into parts over consecutive stages
-   (:func:`onnxpipe.planning.nodesplit.plan_splitting_nodes`, the parts' costs measured); each bottleneck
+   (:func:`onnxpipe.planning.nodesplit.plan.plan_splitting_nodes`, the parts' costs measured); each bottleneck
    is divided by ``total / K`` (the bound without the largest-node term, which only a cut node passes);
 2. export both plans and time every stage *alone* (its own onnxruntime session, default optimisation
    level, 1 intra-op thread) on the tensors it receives in the chained run; every round runs all stages
@@ -47,7 +47,7 @@ from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import Manifest
-from onnxpipe.planning.nodesplit import plan_splitting_nodes
+from onnxpipe.planning.nodesplit.plan import plan_splitting_nodes
 from onnxpipe.planning.workers import make_plan
 
 MODELS = ("gpt2_small", "light_inception_v2")

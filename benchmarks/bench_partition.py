@@ -12,8 +12,8 @@ lower bound ``max(total / K, largest node)``:
 * ``equal``      — the same node count per stage (DeepSpeed ``partition_method="uniform"``);
 * ``params``     — parameter-balanced (DeepSpeed's default ``partition_method="parameters"``);
 * ``torchgpipe`` — torchgpipe's ``balance_by_time`` block-partition heuristic;
-* ``node_split`` — :func:`onnxpipe.planning.nodesplit.plan_splitting_nodes`: one node may be cut into parts
-  over consecutive stages (parts costed by their share of the node here, so that the figures stay
+* ``node_split`` — :func:`onnxpipe.planning.nodesplit.plan.plan_splitting_nodes`: one node may be cut
+  into parts over consecutive stages (parts costed by their share of the node here, so that the figures stay
   deterministic; ``python -m benchmarks nodesplit`` measures them).  Only it can pass the largest-node
   term, so every row also gives each bottleneck over ``total / K`` (``bottleneck_over_average``).
 
@@ -59,7 +59,7 @@ from benchmarks.common import (
 from onnxpipe import partition
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.load import load_model
-from onnxpipe.planning.nodesplit import plan_splitting_nodes
+from onnxpipe.planning.nodesplit.plan import plan_splitting_nodes
 from onnxpipe.planning.workers import make_plan
 from tools.make_large_graph import make_many_nodes
 

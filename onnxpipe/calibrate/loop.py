@@ -22,7 +22,7 @@ so.  Why: the correction assumes a stage costs the sum of its nodes, and a stage
 the CPU's cache between its runs costs less than its share of the whole model (``docs/devices.md``), so
 one factor per stage can move the cut back and forth instead of settling.
 
-A decoder balanced for both phases (:mod:`onnxpipe.planning.phases`) is calibrated at both
+A decoder balanced for both phases (:mod:`onnxpipe.planning.decoder_plan`) is calibrated at both
 (:func:`calibrate_phases`): its stages are timed at the prompt's shapes and at a generation step's, and
 each phase's profile is corrected by its own stage times.
 """
@@ -171,7 +171,7 @@ def calibrate_phases(
 ) -> Calibrated:
     """Correct the profiles a plan is made from by the stages' own times until the cut settles: one
     profile (``None``), or one per phase (a decoder's prompt and generation step, balanced together by
-    :mod:`onnxpipe.planning.phases`): each round times the stages at every phase's shapes, corrects
+    :mod:`onnxpipe.planning.decoder_plan`): each round times the stages at every phase's shapes, corrects
     each phase's profile by that phase's stage times, and plans again from all of them; it stops when
     every phase's stages are within ``tolerance`` or the cut does not move.  Why both phases: a stage
     run alone differs from its share of the whole model by different amounts at the two shapes (a

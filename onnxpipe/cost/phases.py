@@ -1,6 +1,6 @@
 """Profiles of a decoder at each phase's shapes: a prompt (prefill) and a generation step (decode).
 
-:mod:`onnxpipe.planning.phases` balances the layer cuts for both; each phase's profile is an ordinary
+:mod:`onnxpipe.planning.decoder_plan` balances the layer cuts for both; each phase's profile is an ordinary
 profile taken at that phase's sizes (:mod:`onnxpipe.ir.decoder_shapes`).  The user's ``--shape`` values
 for the decoder's own inputs (tokens, mask, positions, cache) would pin both phases to one size, so on
 the axes a phase sets (new tokens, cached tokens, total) they give way to the phase's; their other dims

@@ -36,8 +36,8 @@ from onnxpipe.partition import solve_heterogeneous
 from onnxpipe.partition.chainbound import chain_bound
 from onnxpipe.partition.inputs import HeterogeneousRequest
 from onnxpipe.partition.result import Partition
-from onnxpipe.planning.decoder import context_words, fine_allowed, kv_makers, layer_cut_items, with_kv
-from onnxpipe.planning.decoder_plan import decoder_summary, profile_phase
+from onnxpipe.planning.decoder import fine_allowed, kv_makers, layer_cut_items, with_kv
+from onnxpipe.planning.decoder_plan import decoder_notes, decoder_record, profile_phase
 from onnxpipe.planning.decoder_recompute import (
     InputCopies,
     PhaseCosts,
@@ -233,7 +233,7 @@ def _with_decoder(
     dec, option, arranged = costs.decoder, best.option, best.search.cluster
     specs = with_kv(view, profile, dec, staged.specs, request.decoder.max_context)
     part, timeline = staged.part, staged.timeline
-    notes: list[str] = []
+    notes = list(decoder_notes(view, dec, specs, request.decoder))
     if copies is not None:
         gone = gone_bytes(view, specs, copies.chosen, costs.seq.sizes)
         part = adjusted(
@@ -242,14 +242,8 @@ def _with_decoder(
         specs = with_copy_costs(specs, part, gone)
         timeline = stream(part.compute, option.microbatches, link=part.transfer)
         copied = copies_note(copies.chosen, copies.phases, [gone])
-        if copied:
-            notes.append(copied)
-    notes.append(dec.describe())
-    notes.append(
-        f"cuts only between layers ({opt('ends', request.decoder.ends)}); each device holds its "
-        f"layers' KV cache at {context_words(view, dec, request.decoder.max_context)}, counted in its memory"
-    )
-    summary = decoder_summary(view, profile, dec, request.decoder, profile_phase(profile, dec))
+        notes += [copied] if copied else []
+    summary = decoder_record(view, dec, request.decoder, [(profile_phase(profile, dec), profile)])
     return _Staged(specs, part, timeline, tuple(notes), summary)
 
 

@@ -1,10 +1,16 @@
 """The plan of a decoder on identical workers: cuts between layers only, found exactly on the layers.
 
-:func:`make_decoder_plan` partitions the coarse sequence of :mod:`onnxpipe.planning.decoder` (one item per
+:func:`layer_plan` partitions the coarse sequence of :mod:`onnxpipe.planning.decoder` (one item per
 layer group) with :func:`onnxpipe.partition.solve`, maps the bounds back to compute positions, scores
 them there with :func:`onnxpipe.partition.evaluate` (the same cost formula), and adds each stage's KV
 layers and cache bytes.  Fused groups are not consulted: a cut between two layers splits none that
 matters, and keeping the cache whole is not optional.
+
+Given a profile at each phase (a prompt, prefill; a generation step, decode), which spread their time
+differently over the layers, the cuts minimise exactly the larger of the two phases' bottlenecks, each
+relative to that phase's own best split (:func:`onnxpipe.partition.phases.solve_two_phases`), so that
+neither phase pays much for the other; both phases' estimates are kept per stage, and the plan reports
+the decode ones (generation is where the steady state of a pipeline lies).
 """
 
 from __future__ import annotations
@@ -21,7 +27,6 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.decoder_dims import counted_context
 from onnxpipe.ir.model import ModelView
-from onnxpipe.partition import evaluate
 from onnxpipe.partition.interleave import InterleavedPartition
 from onnxpipe.partition.phases import solve_two_phases
 from onnxpipe.partition.result import Partition
@@ -74,29 +79,12 @@ def coarse_bounds(
     return tuple(solve(0, n, k, coarse_allowed(layers, dec, ends)))
 
 
-def solve_layers(
-    layers: LayerSequences,
-    dec: DecoderInfo,
-    k: int,
-    ends: Ends,
-    bandwidth: float,
-    cut_bytes: Sequence[float] | None = None,
-) -> Partition:
-    """The exact split of the layer groups into ``k`` stages under ``ends``, scored on the fine sequence;
-    ``cut_bytes`` (per fine position, :func:`~onnxpipe.planning.decoder_recompute.priced_cuts`) are what the
-    split is chosen on when given, the sequence's own are what it is scored on."""
-    fine_cut = layers.seq.cut_bytes if cut_bytes is None else cut_bytes
-    solve = _solver([layers.coarse_costs], [[fine_cut[a] for a in layers.starts]], bandwidth)
-    fine = layers.fine_bounds(coarse_bounds(layers, dec, k, ends, solve))
-    return evaluate(layers.seq.costs, fine, cut_bytes=layers.seq.cut_bytes, bandwidth=bandwidth)
-
-
 def _solver(
     costs: Sequence[Sequence[float]], cuts: Sequence[Sequence[float]], bandwidth: float
 ) -> CoarseSolver:
     """The exact split of a run of coarse items (:func:`coarse_bounds` asks for each), on one phase's
     ``costs`` and ``cuts`` (per coarse item and position), or on prefill's and decode's at once
-    (:func:`~onnxpipe.partition.phases.solve_two_phases`, :mod:`onnxpipe.planning.phases`)."""
+    (:func:`~onnxpipe.partition.phases.solve_two_phases`)."""
 
     def solve(lo: int, hi: int, kk: int, allowed: Sequence[bool]) -> Sequence[int]:
         if len(costs) == 1:
@@ -125,7 +113,7 @@ def split_layers(
     bandwidth: float,
 ) -> tuple[Counted, Sequences]:
     """The exact ``k``-stage split of ``dec``'s layer groups under ``options.ends`` for one phase's profile,
-    or for prefill and decode together (:mod:`onnxpipe.planning.phases`): the stages with their KV cache
+    or for prefill and decode together (the module): the stages with their KV cache
     and what they copy (:func:`counting_copies`), each phase's partition, and the last phase's line-up
     (the one a plan reports).  With ``copy_inputs`` the cuts are chosen knowing what the stages will
     copy (:func:`priced_cuts`), and scored on the bytes that really cross."""
@@ -153,7 +141,7 @@ def split_layers(
         for (phase, profile), seq, part in zip(profiles, seqs, parts, strict=True)
     )
     copies = input_copies(view, dec, phases, bandwidth, last.seq, options)
-    made = decoder_stages(view, dec, last, parts[-1], options, profiles[-1][1], copies=copies)
+    made = decoder_stages(view, dec, last.seq, parts[-1], options, profiles[-1][1], copies=copies)
     return counting_copies(view, made, parts, copies, phases, bandwidth), last.seq
 
 
@@ -189,38 +177,25 @@ def named(view: ModelView, error: PartitionError) -> PartitionError:
     return PartitionError(f"{view.label}: {error}")
 
 
-def make_decoder_plan(
-    view: ModelView,
-    profile: Profile,
-    k: int,
-    dec: DecoderInfo,
-    options: DecoderOptions,
-    *,
-    bandwidth_bytes_per_s: float = math.inf,
-    microbatches: int = DEFAULT_MICROBATCHES,
-    phase: Phase = Phase.DECODE,
-) -> Plan:
-    """Partition the decoder ``view`` into ``k`` stages that cut only between layers, exactly."""
-    return layer_plan(view, [(phase, profile)], k, dec, options, bandwidth_bytes_per_s, microbatches)
-
-
 def layer_plan(
     view: ModelView,
     profiles: Sequence[tuple[Phase, Profile]],
     k: int,
     dec: DecoderInfo,
     options: DecoderOptions,
-    bandwidth_bytes_per_s: float,
-    microbatches: int,
+    *,
+    bandwidth_bytes_per_s: float = math.inf,
+    microbatches: int = DEFAULT_MICROBATCHES,
 ) -> Plan:
-    """The plan of :func:`split_layers` for one phase's profile, or for prefill's and decode's
-    (:mod:`onnxpipe.planning.phases`): the stage times it reports are the last phase's."""
+    """Partition the decoder ``view`` into ``k`` stages that cut only between layers, exactly, for one
+    phase's profile or for prefill's and decode's (the module): the stage times it reports are the last
+    phase's."""
     split, seq = split_layers(view, profiles, k, dec, options, bandwidth_bytes_per_s)
-    shapes = tuple(phase_shape_of(profile, dec, phase) for phase, profile in profiles)
+    record = decoder_record(view, dec, options, profiles)
     notes = [*decoder_notes(view, dec, split.stages, options)]
     if len(profiles) > 1:
         part_p, part_d = split.parts
-        prompt, cached = shapes[0].new_tokens, shapes[1].past_tokens
+        prompt, cached = record.phase_shapes[0].new_tokens, record.phase_shapes[1].past_tokens
         notes.append(
             f"balanced for both phases: prefill bottleneck {part_p.bottleneck * 1e3:.3f} ms "
             f"({_ratio(part_p)} its lower bound), decode {part_d.bottleneck * 1e3:.3f} ms ({_ratio(part_d)} "
@@ -237,23 +212,12 @@ def layer_plan(
         notes=tuple(notes),
         timeline=stream([s.cost_seconds for s in split.stages], microbatches),
         objective=OBJECTIVE if len(profiles) == 1 else TWO_PHASE_OBJECTIVE,
-        decoder=decoder_record(
-            view,
-            dec,
-            options,
-            PhaseChoice(profiles[0][0].value) if len(profiles) == 1 else PhaseChoice.BOTH,
-            shapes,
-        ),
+        decoder=record,
     )
 
 
 def _ratio(part: Partition) -> str:
     return f"{part.bottleneck / part.lower_bound:.3f}x" if part.lower_bound > 0 else "1.000x"
-
-
-def phase_shape_of(profile: Profile, dec: DecoderInfo, phase: Phase) -> PhaseShape:
-    """(phase, new tokens, cached tokens) of the shapes ``profile`` was measured at."""
-    return PhaseShape(phase, *_tokens_and_past(profile, dec))
 
 
 def _tokens_and_past(profile: Profile, dec: DecoderInfo) -> tuple[int, int]:
@@ -271,17 +235,18 @@ def profile_phase(profile: Profile, dec: DecoderInfo) -> Phase:
 def decoder_stages(
     view: ModelView,
     dec: DecoderInfo,
-    layers: LayerSequences,
+    seq: Sequences,
     part: Partition,
     options: DecoderOptions,
     profile: Profile,
     *,
     copies: InputCopies | None = None,
 ) -> tuple[StageSpec, ...]:
-    """The named stages of ``part``, each with the layers whose cache it holds and that cache's bytes;
-    ``copies`` chooses the rotary tables and masks each makes instead of receiving them
-    (:mod:`onnxpipe.planning.decoder_recompute`; the stage costs are ``part``'s, without the copies)."""
-    stages = specs_from_bounds(view, layers.seq, part.bounds, part.compute, part.transfer, copies=copies)
+    """The named stages of ``part`` (over ``seq``, in layer order), each with the layers whose cache it
+    holds and that cache's bytes; ``copies`` chooses the rotary tables and masks each makes instead of
+    receiving them (:mod:`onnxpipe.planning.decoder_recompute`; the stage costs are ``part``'s, without
+    the copies)."""
+    stages = specs_from_bounds(view, seq, part.bounds, part.compute, part.transfer, copies=copies)
     return with_kv(view, profile, dec, stages, options.max_context)
 
 
@@ -294,17 +259,13 @@ def interleaved_decoder_stages(
     profile: Profile,
     bandwidth_bytes_per_s: float,
 ) -> tuple[tuple[StageSpec, ...], InterleavedPartition, str | None]:
-    """The stages of an interleaved split of a decoder (``seq`` in layer order, ``part`` cut between
-    layers): each holds its own layers' cache and pasts, makes the rotary tables and masks the rule of
-    :mod:`onnxpipe.planning.decoder_recompute` finds cheaper to make than to receive (``copy_inputs``), and
-    keeps its estimate at the profiled phase; with ``part``'s figures counting those copies, and the
-    copies' note (None when there are none)."""
+    """:func:`decoder_stages` of an interleaved split (``part`` cut between layers), its estimate kept
+    at the profiled phase; with ``part``'s figures counting the copies, and the copies' note (None
+    when there are none)."""
     phases = (PhaseCosts(profile_phase(profile, dec), profile.node_seconds, seq.sizes, part.stages.compute),)
     copies = input_copies(view, dec, phases, bandwidth_bytes_per_s, seq, options)
-    chain = part.stages
-    specs = specs_from_bounds(view, seq, chain.bounds, chain.compute, chain.transfer, copies=copies)
-    specs = with_kv(view, profile, dec, specs, options.max_context)
-    counted = counting_copies(view, specs, [chain], copies, phases, bandwidth_bytes_per_s)
+    specs = decoder_stages(view, dec, seq, part.stages, options, profile, copies=copies)
+    counted = counting_copies(view, specs, [part.stages], copies, phases, bandwidth_bytes_per_s)
     fixed = counted.parts[0]
     busy = [0.0] * part.k
     for worker, cost in zip(part.workers, fixed.stage_costs, strict=True):
@@ -335,23 +296,13 @@ def input_copies(
     return InputCopies(view, dec, phases, bandwidth_bytes_per_s, seq.classes)
 
 
-def decoder_summary(
-    view: ModelView, profile: Profile, dec: DecoderInfo, options: DecoderOptions, phase: Phase
-) -> DecoderRecord:
-    """The manifest's ``plan.decoder`` of a plan balanced for one ``phase``, profiled as ``profile``."""
-    shapes = (phase_shape_of(profile, dec, phase),)
-    return decoder_record(view, dec, options, PhaseChoice(phase.value), shapes)
-
-
 def decoder_record(
-    view: ModelView,
-    dec: DecoderInfo,
-    options: DecoderOptions,
-    phase: PhaseChoice,
-    shapes: tuple[PhaseShape, ...],
+    view: ModelView, dec: DecoderInfo, options: DecoderOptions, profiles: Sequence[tuple[Phase, Profile]]
 ) -> DecoderRecord:
-    """The manifest's ``plan.decoder`` of a plan cut between ``dec``'s layers, balanced for ``phase``
-    (each phase profiled at its ``shapes``)."""
+    """The manifest's ``plan.decoder`` of a plan cut between ``dec``'s layers, balanced for the phase of
+    each of ``profiles`` (both: prefill's and decode's), with the shapes each was profiled at."""
+    shapes = tuple(PhaseShape(phase, *_tokens_and_past(profile, dec)) for phase, profile in profiles)
+    phase = PhaseChoice(profiles[0][0].value) if len(profiles) == 1 else PhaseChoice.BOTH
     context = counted_context(view, dec, options.max_context)
     return DecoderRecord(dec.layers, True, options.ends, context, phase, shapes, io_contract(view, dec))
 
@@ -359,7 +310,9 @@ def decoder_record(
 def decoder_notes(
     view: ModelView, dec: DecoderInfo, stages: tuple[StageSpec, ...], options: DecoderOptions
 ) -> tuple[str, ...]:
-    notes = [*view.notes, dec.describe()]
+    """What a plan cut between ``dec``'s layers says of them: the decoder found, each stage's layers and
+    cache, the pasts a stage reads for their shape only (the model's own notes come from the planner)."""
+    notes = [dec.describe()]
     per_stage = ", ".join(
         f"{st.index}: {_layer_range(st.kv_layers)} {st.kv_cache_bytes / 2**20:.1f} MiB" for st in stages
     )

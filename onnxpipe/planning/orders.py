@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Generic, Literal, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from onnxpipe.cluster.model import Cluster, device_type
 from onnxpipe.core.choices import DeviceOrder, Objective
@@ -212,12 +212,11 @@ def place(
     solve: Callable[[Cluster], P],
     *,
     order: DeviceOrder = DeviceOrder.FIXED,
-    max_orders: int = DEFAULT_MAX_ORDERS,
     objective: Objective = Objective.THROUGHPUT,
 ) -> OrderSearch[P]:
     """``--order fixed|free``: the first ``k`` devices in file order, or the best order and choice."""
     if order == DeviceOrder.FREE:
-        return best_device_order(cluster, k, solve, max_orders=max_orders, objective=objective)
+        return best_device_order(cluster, k, solve, objective=objective)
     return fixed_order(cluster, k, solve)
 
 
@@ -243,13 +242,10 @@ def stages_auto(
     solve_k: Callable[[int], R],
     *,
     tolerance: float = DEFAULT_TOLERANCE,
-    mode: Literal["throughput", "fit"] = "throughput",
-    min_k: int = 1,
     objective: Objective = Objective.THROUGHPUT,
 ) -> StagesChoice[R]:
     """Choose the number of stages: the fewest within ``tolerance`` of the best bottleneck (or latency:
-    ``objective``) over ``min_k..max_k`` (``mode="throughput"``), or the fewest that fit memory
-    (``mode="fit"``).  The table holds each count's score under the objective.
+    ``objective``) over ``1..max_k``.  The table holds each count's score under the objective.
 
     ``solve_k(k)`` plans ``k`` stages (for example ``lambda k: place(cluster, k, solve, order=...)``) and
     raises :class:`PartitionError` when ``k`` stages cannot be made (memory, too few nodes); those counts
@@ -258,12 +254,12 @@ def stages_auto(
     """
     if not tolerance >= 0 or math.isinf(tolerance):
         raise UsageError(f"stage tolerance must be a non-negative number, got {tolerance}")
-    if max_k < min_k or min_k < 1:
-        raise UsageError(f"no stage count to try between {min_k} and {max_k}")
+    if max_k < 1:
+        raise UsageError(f"no stage count to try between 1 and {max_k}")
     results: dict[int, R] = {}
     last_error: PartitionError | None = None
     table: list[tuple[int, float]] = []
-    for k in range(min_k, max_k + 1):
+    for k in range(1, max_k + 1):
         try:
             r = solve_k(k)
         except PartitionError as e:
@@ -272,23 +268,16 @@ def stages_auto(
             continue
         results[k] = r
         table.append((k, score(r, objective)))
-        if mode == "fit":
-            break
     if not results:
         assert last_error is not None
-        raise PartitionError(f"no stage count from {min_k} to {max_k} fits: {last_error}") from last_error
+        raise PartitionError(f"no stage count from 1 to {max_k} fits: {last_error}") from last_error
     best = min(score(r, objective) for r in results.values())
-    if mode == "fit":
-        k = min(results)
-        reason = f"the fewest stages that fit memory ({k})"
-    else:
-        limit = best * (1 + tolerance)
-        k = min(kk for kk, r in results.items() if score(r, objective) <= limit)
-        what = "latency" if objective == Objective.LATENCY else "bottleneck"
-        reason = (
-            f"the fewest stages within {tolerance:.0%} of the best {what} "
-            f"({best * 1e3:.3f} ms over {min_k}..{max_k} stages)"
-        )
+    k = min(kk for kk, r in results.items() if score(r, objective) <= best * (1 + tolerance))
+    what = "latency" if objective == Objective.LATENCY else "bottleneck"
+    reason = (
+        f"the fewest stages within {tolerance:.0%} of the best {what} ({best * 1e3:.3f} ms over 1..{max_k} "
+        "stages)"
+    )
     return StagesChoice(k, results[k], tuple(table), reason)
 
 

@@ -3,7 +3,8 @@
 A streaming plan on copies of this machine in a fixed order goes to :mod:`onnxpipe.planning.workers` (one
 stage per worker, or interleaved); anything else (a devices file, a free device order, a training
 schedule, ``--stages auto``) to :func:`onnxpipe.planning.cluster.plan_pipeline`.  A decoder with a KV cache
-on identical workers is cut between its layers only (:mod:`onnxpipe.planning.decoder_plan`).  All are exact.
+on identical workers is cut between its layers only, balanced for one phase or both
+(:mod:`onnxpipe.planning.decoder_plan`).  All are exact.
 """
 
 from __future__ import annotations
@@ -18,12 +19,11 @@ from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import CostSource, Profile
 from onnxpipe.ir.decoder import FoundDecoder, decoder_of
 from onnxpipe.ir.model import ModelView
-from onnxpipe.planning.bound import bound_note, bounding_node
+from onnxpipe.planning.bound import bound_note
 from onnxpipe.planning.cluster import plan_pipeline
-from onnxpipe.planning.decoder_plan import make_decoder_plan, profile_phase
-from onnxpipe.planning.nodesplit import Planned, plan_splitting_nodes
+from onnxpipe.planning.decoder_plan import layer_plan, profile_phase
+from onnxpipe.planning.nodesplit.plan import Planned, plan_splitting_nodes
 from onnxpipe.planning.orders import stages_auto
-from onnxpipe.planning.phases import make_two_phase_plan
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.planning.tied import keeping_tied
 from onnxpipe.planning.types import Plan
@@ -44,7 +44,7 @@ def plan(
     With ``split_nodes="auto"`` its stages may name the parts of a cut node: :func:`planned` also gives
     the view that holds them, which is what the exporter needs.  ``phase_profiles``: a decoder's
     profiles at the prefill and decode shapes (:func:`onnxpipe.cost.phases.phase_profiles`); with both,
-    the layer cuts are balanced for both phases (:mod:`onnxpipe.planning.phases`).  ``decoder``: the
+    the layer cuts are balanced for both phases (:mod:`onnxpipe.planning.decoder_plan`).  ``decoder``: the
     model's decoder as the request's door found it (default: found here).
     """
     return planned(view, profile, request, phase_profiles=phase_profiles, decoder=decoder).plan
@@ -89,9 +89,8 @@ def _finished(made: Plan, view: ModelView, profile: Profile, request: PlanReques
     notes = [*(n for n in view.notes if n not in made.notes), *made.notes]
     here = request.devices is None
     if bounded and here and request.schedule.kind == "stream":
-        bound = bounding_node(view, profile, made)
-        if bound is not None:
-            notes.append(bound_note(bound, made.k))
+        bound = bound_note(view, profile, made)
+        notes += [bound] if bound is not None else []
     embedding = _embedding_note(made, view, request)
     if embedding is not None and embedding not in notes:
         notes.append(embedding)
@@ -185,26 +184,16 @@ def _plan(
     if dec is not None and request.on_identical_workers and not request.interleaved:
         assert isinstance(request.stages, int)  # on_identical_workers
         phases = phase_profiles or {}
-        if Phase.PREFILL in phases and Phase.DECODE in phases:
-            return make_two_phase_plan(
-                view,
-                phases[Phase.PREFILL],
-                phases[Phase.DECODE],
-                request.stages,
-                dec,
-                request.decoder,
-                bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
-                microbatches=request.schedule.stream_microbatches,
-            )
-        return make_decoder_plan(
+        both = Phase.PREFILL in phases and Phase.DECODE in phases
+        profiles = [(ph, phases[ph]) for ph in (Phase.PREFILL, Phase.DECODE)] if both else []
+        return layer_plan(
             view,
-            profile,
+            profiles or [(profile_phase(profile, dec), profile)],
             request.stages,
             dec,
             request.decoder,
             bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
             microbatches=request.schedule.stream_microbatches,
-            phase=profile_phase(profile, dec),
         )
     if not request.on_identical_workers or not isinstance(request.stages, int):
         return plan_pipeline(view, profile, request, decoder=decoder)

@@ -101,7 +101,7 @@ class NodeSplit:
     node: str
     kind: str
     """How it was cut: ``columns``, ``reduction`` or ``channels``
-    (:class:`onnxpipe.planning.nodesplit.SplitKind`)."""
+    (:class:`onnxpipe.planning.nodesplit.find.SplitKind`)."""
     parts: Annotated[int, Minimum(2)]
     stages: tuple[int, ...]
     """The stage of each part, in order; the join runs in the last one."""
@@ -111,7 +111,7 @@ class NodeSplit:
     carried: tuple[str, ...] = ()
     """The nodes after it that each part computes on its slice (a bias, an activation)."""
     part_nodes: tuple[tuple[str, ...], ...] = ()
-    """Each part's nodes (in the cut model :func:`onnxpipe.planning.nodesplit.cut_node` makes); empty
+    """Each part's nodes (in the cut model :func:`onnxpipe.planning.nodesplit.cut.cut_node` makes); empty
     in a manifest written before the field."""
     join: str = ""
     """The node that joins the parts' results; empty in a manifest written before the field."""
@@ -158,7 +158,7 @@ class PlanFigures:
     (never their data); empty when the inputs were random at the profiled shapes."""
     node_splits: tuple[NodeSplit, ...] = ()
     """Nodes cut into parts placed in consecutive stages (``--split-nodes auto``); the stages then name the
-    parts' nodes, which the model cut by :func:`onnxpipe.planning.nodesplit.cut_node` holds."""
+    parts' nodes, which the model cut by :func:`onnxpipe.planning.nodesplit.cut.cut_node` holds."""
     link_model: LinkModel | None = None
     """``serial`` (a stage's transfer in adds to its compute) or ``overlap`` (links run beside compute);
     None for a plan made outside the planner, and in a manifest written before the field (whose plans were

@@ -32,12 +32,11 @@ from onnxpipe.planning.decoder import LayerSequences, context_words, fine_allowe
 from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.decoder_plan import (
     decoder_notes,
-    decoder_summary,
+    decoder_record,
     interleaved_decoder_stages,
     profile_phase,
 )
 from onnxpipe.planning.fused import keeping_fused_groups
-from onnxpipe.planning.records import DecoderRecord
 from onnxpipe.planning.request import DEFAULT_TIME_SLACK, PlanRequest
 from onnxpipe.planning.sequences import Sequences, first_reader_param_bytes, sequences
 from onnxpipe.planning.stages import plan_from, specs_from_bounds
@@ -163,26 +162,7 @@ def make_interleaved_plan(
         part = items.solve(k, workers, request.bandwidth_bytes_per_s, time_slack, notes)
     except PartitionError as e:
         raise PartitionError(f"{view.label}: {e}") from e
-    dealt = _dealt_stages(view, profile, request, items, part, decoder)
-    notes.extend(dealt.notes)
-    notes.append(_contiguous_comparison(items.seq, items.item_mem, workers, request.bandwidth_bytes_per_s))
-    stages, part = dealt.stages, dealt.part
-    microbatches = request.schedule.stream_microbatches
-    return plan_from(
-        view,
-        profile,
-        part,
-        stages,
-        items.seq.sizes,
-        request.bandwidth_bytes_per_s,
-        notes=tuple(notes),
-        timeline=stream([s.cost_seconds for s in stages], microbatches, workers=part.workers),
-        objective=INTERLEAVED_OBJECTIVE,
-        workers=workers,
-        time_slack=time_slack,
-        worker_param_bytes=dealt.weights,
-        decoder=dealt.decoder,
-    )
+    return _dealt_plan(view, profile, request, items, part, decoder, notes, time_slack)
 
 
 @dataclass(frozen=True)
@@ -240,28 +220,18 @@ class _Items:
         return replace(coarse, stages=replace(coarse.stages, bounds=fine))
 
 
-@dataclass(frozen=True)
-class _Dealt:
-    """The interleaved stages, each with its worker, the partition they cost, their notes and a
-    decoder's ``plan.decoder``."""
-
-    stages: tuple[StageSpec, ...]
-    part: InterleavedPartition
-    notes: tuple[str, ...]
-    decoder: DecoderRecord | None
-    weights: tuple[int, ...]
-    """Each worker's weight bytes, every tensor once (:func:`worker_weights`)."""
-
-
-def _dealt_stages(
+def _dealt_plan(
     view: ModelView,
     profile: Profile,
     request: PlanRequest,
     items: _Items,
     part: InterleavedPartition,
     decoder: DecoderInfo | None,
-) -> _Dealt:
-    """The stages of ``part``, dealt out to the workers: a decoder's with their KV layers and cache."""
+    notes: list[str],
+    time_slack: float,
+) -> Plan:
+    """The plan of ``part``, its stages dealt out to the workers (a decoder's with their KV layers and
+    cache), after ``notes``."""
     options, workers = request.decoder, part.k  # an interleaved partition's k counts its workers
     summary, copied = None, None
     if decoder is None:
@@ -271,15 +241,15 @@ def _dealt_stages(
         specs, part, copied = interleaved_decoder_stages(
             view, decoder, items.seq, part, options, profile, request.bandwidth_bytes_per_s
         )
-        summary = decoder_summary(view, profile, decoder, options, profile_phase(profile, decoder))
+        summary = decoder_record(view, decoder, options, [(profile_phase(profile, decoder), profile)])
     stages = tuple(replace(st, worker=part.workers[st.index]) for st in specs)
     weights = worker_weights(view, stages, workers)
     mem = ", ".join(f"{m / 2**20:.1f}" for m in weights)
     slower = part.bottleneck / part.fastest - 1 if part.fastest > 0 else 0.0  # all-zero costs: all tie
-    notes = [
+    notes.append(
         f"{len(stages)} stages interleaved on {workers} workers (stage s on worker s % {workers}); weights "
         f"per worker {mem} MiB; busiest worker {slower:.2%} slower than the fastest split"
-    ]
+    )
     if decoder is not None:
         kv = ", ".join(
             f"{sum(st.kv_cache_bytes for st in stages if st.worker == w) / 2**20:.1f}" for w in range(workers)
@@ -291,7 +261,24 @@ def _dealt_stages(
         )
         if copied:
             notes.append(copied)
-    return _Dealt(stages, part, tuple(notes), summary, weights)
+    notes.append(_contiguous_comparison(items.seq, items.item_mem, workers, request.bandwidth_bytes_per_s))
+    return plan_from(
+        view,
+        profile,
+        part,
+        stages,
+        items.seq.sizes,
+        request.bandwidth_bytes_per_s,
+        notes=tuple(notes),
+        timeline=stream(
+            [s.cost_seconds for s in stages], request.schedule.stream_microbatches, workers=part.workers
+        ),
+        objective=INTERLEAVED_OBJECTIVE,
+        workers=workers,
+        time_slack=time_slack,
+        worker_param_bytes=weights,
+        decoder=summary,
+    )
 
 
 def worker_weights(view: ModelView, stages: Sequence[StageSpec], workers: int) -> tuple[int, ...]:

@@ -29,10 +29,10 @@ from onnxpipe.ir.decoder_kinds import phase_shape
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapevalues import value_kinds
-from onnxpipe.partition import evaluate
+from onnxpipe.partition import Partition, evaluate
 from onnxpipe.planning.decoder import layer_sequences
 from onnxpipe.planning.decoder_kinds import DecoderOptions
-from onnxpipe.planning.decoder_plan import decoder_stages, solve_layers
+from onnxpipe.planning.decoder_plan import decoder_stages, split_layers
 from onnxpipe.planning.decoder_recompute import InputCopies, PhaseCosts, input_derived, priced_cuts
 from onnxpipe.planning.planner import plan
 from onnxpipe.planning.request import PlanRequest
@@ -121,6 +121,14 @@ def test_rotary_and_masks_stop_crossing_when_cheaper(name: str) -> None:
                 assert any("less crossing each cut" in n for n in p.notes)
 
 
+def _layer_split(
+    view: ModelView, profile: Profile, dec: DecoderInfo, options: DecoderOptions, bandwidth: float
+) -> Partition:
+    """The exact 3-stage split between layers, its stages as the partitioner scored them (no copies)."""
+    sent = dataclasses.replace(options, copy_inputs=False)
+    return split_layers(view, [(Phase.DECODE, profile)], 3, dec, sent, bandwidth)[0].parts[0]
+
+
 def test_copies_are_charged_to_the_stage_and_spare_its_link() -> None:
     """The copies' profiled seconds are added to the stage's compute, and the bytes that no longer
     cross come off its transfer time and its link bytes; with no bandwidth a share of 0 sends all."""
@@ -131,10 +139,10 @@ def test_copies_are_charged_to_the_stage_and_spare_its_link() -> None:
     made = _input_made(view, dec)
 
     def stages(bandwidth: float, share: float | None) -> tuple[InputCopies, list[float], list[int]]:
-        part = solve_layers(layers, dec, 3, options.ends, bandwidth)
+        part = _layer_split(view, profile, dec, options, bandwidth)
         phases = (PhaseCosts("decode", profile.node_seconds, layers.seq.sizes, part.compute),)
         copies = InputCopies(view, dec, phases, bandwidth, layers.seq.classes, share=share)
-        specs = decoder_stages(view, dec, layers, part, options, profile, copies=copies)
+        specs = decoder_stages(view, dec, layers.seq, part, options, profile, copies=copies)
         received = [sum(layers.seq.sizes[t] for t in st.inputs if t in made) for st in specs]
         return copies, list(part.compute), received
 
@@ -163,7 +171,7 @@ def test_copies_are_charged_to_the_stage_and_spare_its_link() -> None:
         ),
     )
     assert {t for st in off.stages[1:] for t in st.inputs} & made
-    plain = solve_layers(layers, dec, 3, options.ends, SLOW_LINK)
+    plain = _layer_split(view, profile, dec, options, SLOW_LINK)
     assert [st.cost_seconds for st in off.stages] == list(plain.stage_costs)
 
 

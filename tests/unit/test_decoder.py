@@ -32,7 +32,7 @@ from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.partition.phases import solve_two_phases, solve_weighted
 from onnxpipe.planning.decoder import coarse_allowed, layer_sequences
 from onnxpipe.planning.decoder_kinds import DecoderOptions
-from onnxpipe.planning.decoder_plan import make_decoder_plan, solve_layers
+from onnxpipe.planning.decoder_plan import layer_plan, split_layers
 
 HEADS, HEAD_DIM, WIDTH, VOCAB = 2, 4, 8, 16
 
@@ -213,7 +213,7 @@ def test_layer_aligned_partition_is_exact_and_keeps_each_cache_whole() -> None:
     # layer 2 is slow: the best 3-stage split isolates it
     slow = {n.name: (1.0 if "layers.2" in n.name else 1e-3) for n in view.compute_nodes}
     prof = _profile(view, slow)
-    plan = make_decoder_plan(view, prof, 3, dec, DecoderOptions(max_context=100))
+    plan = layer_plan(view, [(Phase.DECODE, prof)], 3, dec, DecoderOptions(max_context=100))
     assert [st.kv_layers for st in plan.stages] == [(0, 1), (2,), (3,)]
     assert kv_split_layers(view, dec, plan.stages) == []
     per_token = kv_bytes_per_token(view, dec.kv[0])
@@ -237,13 +237,18 @@ def test_own_ends_need_enough_stages() -> None:
     view = view_from_proto(_decoder(2))
     dec = find_decoder(view)
     assert dec is not None
-    layers = layer_sequences(view, _profile(view), dec)
-    part = solve_layers(layers, dec, 3, Ends.OWN, float("inf"))
-    assert part.bounds == (layers.starts[0], layers.starts[1], layers.starts[3], layers.starts[4])
+    prof = _profile(view)
+    layers = layer_sequences(view, prof, dec)
+
+    def split(k: int, ends: Ends) -> tuple[int, ...]:
+        options = DecoderOptions(ends=ends, copy_inputs=False)
+        return split_layers(view, [(Phase.DECODE, prof)], k, dec, options, float("inf"))[0].parts[0].bounds
+
+    assert split(3, Ends.OWN) == (layers.starts[0], layers.starts[1], layers.starts[3], layers.starts[4])
     with pytest.raises(PartitionError, match="`ends=own`"):
-        solve_layers(layers, dec, 2, Ends.OWN, float("inf"))
+        split(2, Ends.OWN)
     with pytest.raises(PartitionError, match="`layer_cuts=False`"):
-        solve_layers(layers, dec, 6, Ends.FREE, float("inf"))
+        split(6, Ends.FREE)
 
 
 def _rms_model(op: str) -> onnx.ModelProto:

@@ -15,27 +15,3 @@ It lives in the planning room because planning is its only user and the lowest r
 needs: the model (``ir``), the costs (``cost``), the partitioner (``partition``) and the planner.
 ``docs/node-splitting.md`` describes it for users.
 """
-
-from onnxpipe.planning.nodesplit.constants import Constants
-from onnxpipe.planning.nodesplit.costs import PartCosts, chain_seconds, shared_costs, sized_costs
-from onnxpipe.planning.nodesplit.cut import CutModel, cut_node
-from onnxpipe.planning.nodesplit.find import SplitKind, Splittable, find_splittable, part_sizes
-from onnxpipe.planning.nodesplit.plan import Planned, carried_profile, merged_sizes, plan_splitting_nodes
-
-__all__ = [
-    "Constants",
-    "CutModel",
-    "PartCosts",
-    "Planned",
-    "SplitKind",
-    "Splittable",
-    "carried_profile",
-    "chain_seconds",
-    "cut_node",
-    "find_splittable",
-    "merged_sizes",
-    "part_sizes",
-    "plan_splitting_nodes",
-    "shared_costs",
-    "sized_costs",
-]
