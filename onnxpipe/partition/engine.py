@@ -18,7 +18,7 @@ import numpy as np
 from onnxpipe.partition.costmodel import _Model
 from onnxpipe.partition.numeric import BoolArr, FloatArr, IntArr
 from onnxpipe.partition.result import Partition, _balanced, _choose, _memory_error, _partition_of
-from onnxpipe.partition.scan import _BIG, _monotone_search, _range_chmin
+from onnxpipe.partition.scan import _BIG, _best_cover, _monotone_search, _range_chmin
 
 _PRUNE_MARGIN = 1e-12  # relative slack that makes the work-based pruning immune to rounding
 _ENDGAME = 16.0  # try 'anything better than hi?' once [lo, hi] spans <= 16 snap gaps (tuned)
@@ -368,11 +368,10 @@ class _Engine:
                 pred = np.where(ok, base + (best & ((1 << shift) - 1)), -1)
             else:
                 order = np.argsort(v2, kind="stable").astype(np.intp)  # ties: earlier position first
-                rank = np.empty(order.size, dtype=np.intp)
-                rank[order] = np.arange(order.size, dtype=np.intp)
-                best = _range_chmin(size, offset, r2 - base - 1, rank)
-                ok = (best < _BIG) & m.allowed[base + 1 : base + 1 + size]
-                pred = np.where(ok, base + offset[order[np.where(ok, best, 0)]], -1)
+                ok, chosen = _best_cover(
+                    size, offset, r2 - base - 1, order, m.allowed[base + 1 : base + 1 + size]
+                )
+                pred = np.where(ok, base + offset[chosen], -1)
             prev = vals[np.maximum(pred - lo, 0)]  # value of the chosen start (junk where not ok)
             lo = base + 1
             preds.append((lo, pred))

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnxpipe.core.errors import PartitionError
-from onnxpipe.partition.inputs import _allowed, _check_bounds, _check_transfers, _costs, _vector
+from onnxpipe.partition.inputs import _check_bounds, _homogeneous_model, _vector
 from onnxpipe.partition.numeric import FloatArr, IntArr, _prefix
 from onnxpipe.partition.result import Partition
 
@@ -129,8 +129,6 @@ def _sums(
     bandwidth: float,
     allowed_cuts: Sequence[bool] | None,
 ) -> _Sums:
-    c = _costs(costs)
-    n = c.size
     for name, v in (("workers", workers), ("stages", stages)):
         if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
             raise PartitionError(f"{name} must be a positive integer, got {v!r}")
@@ -139,34 +137,22 @@ def _sums(
         raise PartitionError(
             f"{s} stages cannot be dealt out to {workers} workers: give a multiple of {workers}, or one more"
         )
-    if n == 0:
-        raise PartitionError("costs is empty: there are no items to split into stages")
-    if s > n:
-        raise PartitionError(
-            f"cannot split {n} items into {s} non-empty stages ({workers} workers): "
-            f"use fewer workers or stages per worker"
-        )
-    if not (isinstance(bandwidth, int | float) and bandwidth > 0):
-        raise PartitionError(
-            f"bandwidth must be a positive number of bytes/s (inf for free), got {bandwidth!r}"
-        )
-    allowed = _allowed(allowed_cuts, n, s)
-    cut = _vector("cut_bytes", cut_bytes, n + 1, 0.0)
+    model, _ = _homogeneous_model(costs, s, cut_bytes, bandwidth, allowed_cuts)
+    n, cut = model.n, model.cut
     if cut.max(initial=0.0) >= 2.0**62:
         raise PartitionError("cut_bytes must be below 2**62 bytes")
-    _check_transfers(cut, float(bandwidth))
-    xfer = np.zeros(n + 1) if math.isinf(bandwidth) else cut / float(bandwidth)
+    xfer = cut / model.tr_div[0]
     xfer[0] = 0.0
     mem = _vector("item_mem", item_mem, n, 0.0)
     return _Sums(
         n=n,
         k=workers,
         stages=s,
-        time=_prefix("costs", c),
+        time=model.prefix(0),
         mem=_prefix("item_mem", mem),
         xfer=xfer,
         cut=np.rint(cut).astype(np.int64),
-        positions=np.flatnonzero(allowed[1:n]) + 1,
+        positions=np.flatnonzero(model.allowed[1:n]) + 1,
     )
 
 

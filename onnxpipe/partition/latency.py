@@ -24,7 +24,7 @@ from onnxpipe.partition.costmodel import _Model
 from onnxpipe.partition.engine import _Engine, _smallest_uniform_cap
 from onnxpipe.partition.numeric import FloatArr, IntArr
 from onnxpipe.partition.result import _memory_error
-from onnxpipe.partition.scan import _BIG, _range_chmin
+from onnxpipe.partition.scan import _best_cover
 
 
 def latency_bounds(model: _Model) -> tuple[int, ...]:
@@ -48,11 +48,8 @@ def latency_bounds(model: _Model) -> tuple[int, ...]:
         if starts.size == 0:  # no stage s fits anywhere its predecessors can end
             raise _memory_error(model, _smallest_uniform_cap(model))
         order = np.lexsort((starts, nbytes[starts], vals[starts])).astype(np.intp)
-        rank = np.empty(order.size, dtype=np.intp)
-        rank[order] = np.arange(order.size, dtype=np.intp)
-        best = _range_chmin(n + 1, starts + 1, ends, rank)
-        ok = (best < _BIG) & model.allowed
-        pred = np.where(ok, starts[order[np.where(ok, best, 0)]], -1)
+        ok, chosen = _best_cover(n + 1, starts + 1, ends, order, model.allowed)
+        pred = np.where(ok, starts[chosen], -1)
         preds.append(pred)
         nbytes = np.where(ok, nbytes[np.maximum(pred, 0)] + model.cut, 0.0)
         vals = np.where(ok, vals[np.maximum(pred, 0)], math.inf)
