@@ -18,7 +18,7 @@ from typing import Any
 from onnxpipe.cluster.model import REFERENCE_PROVIDER, Cluster, Device, Link, _frozen, option_text
 from onnxpipe.core.choices import Runtime, values
 from onnxpipe.core.errors import UsageError
-from onnxpipe.core.jsonread import Document, Fields, Rule, Value, describe, syntax_error_text
+from onnxpipe.core.jsonread import Document, Fields, Rule, Value, describe
 from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, EngineConfig, kind_of
 from onnxpipe.core.text import counted
 from onnxpipe.core.units import parse_bytes, parse_rate
@@ -29,15 +29,7 @@ def load_cluster(path: str | Path) -> Cluster:
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"{p}: no such devices file; give a JSON file as described in docs/devices.md")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"{p}: cannot be read ({e}); give a UTF-8 JSON devices file") from e
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{p}: not valid JSON ({syntax_error_text(e)}); fix the devices file") from e
-    return read_cluster(obj, str(p), p.parent)
+    return read_cluster(Document(str(p), UsageError, _ADVICE).load(p), str(p), p.parent)
 
 
 def read_cluster(obj: Any, source: str = "devices file", base: Path | None = None) -> Cluster:

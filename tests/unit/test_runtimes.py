@@ -131,11 +131,11 @@ def test_runtime_layers_are_matched_to_nodes() -> None:
 
 
 def test_an_engine_runs_for_no_outputs_and_not_once_closed() -> None:
-    """What every engine shares (:class:`~onnxpipe.core.runtimes.FileEngine`): no run for no outputs
+    """What every engine shares (:class:`~onnxpipe.core.runtimes.Engine`): no run for no outputs
     (onnxruntime would refuse one), and none once closed."""
-    from onnxpipe.core.runtimes import FileEngine
+    from onnxpipe.core.runtimes import Engine
 
-    class Doubling(FileEngine):
+    class Doubling(Engine):
         runtime = Runtime.ONNXRUNTIME
         released = False
 
