@@ -65,11 +65,6 @@ class Device:
     profile_path: str | None = None
     profile_here: bool = False
 
-    @property
-    def runtime_label(self) -> str:
-        """How messages name what runs the device's stage: ``onnxruntime (CPUExecutionProvider)``..."""
-        return self.engine.label
-
     def engine_config(self, threads: int | None = None) -> EngineConfig:
         """How to open this device's stage (:func:`onnxpipe.core.runtimes.open_engine`); ``threads``
         replaces the device's own."""

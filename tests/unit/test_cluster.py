@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 from paths import REPO_ROOT
 
-from onnxpipe.cluster.costs import device_costs, provider_available, scale_costs
+from onnxpipe.cluster.costs import device_costs, scale_costs
 from onnxpipe.cluster.devicesfile import load_cluster, read_cluster
 from onnxpipe.cluster.model import Cluster, Device, Link, device_type
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.runtime_kinds import EngineConfig
+from onnxpipe.core.runtimes import runs_here
 from onnxpipe.core.units import parse_bytes, parse_rate
 
 ROOT = REPO_ROOT
@@ -370,7 +371,7 @@ def test_device_costs_records_how() -> None:
     assert by["ref"].source == "profiled on CPUExecutionProvider with 1 thread"
     assert by["cpu4"].method == "profiled" and by["cpu4"].node_seconds["mm"] == 0.005
     assert by["cpu4"].source == "profiled on CPUExecutionProvider with 4 threads"
-    if not provider_available(devices[2]):
+    if not runs_here(devices[2].engine):
         assert by["cuda"].method == "scaled"
         assert (
             by["cuda"].source
@@ -391,7 +392,3 @@ def test_device_costs_without_callables() -> None:
     c = Cluster((Device("cpu4", profile_here=True, engine=EngineConfig(threads=4)),), ())
     with pytest.raises(UsageError, match="profile_here"):
         device_costs(c, REFERENCE, OP_TYPES, reference_threads=1)
-
-
-def test_provider_available() -> None:
-    assert provider_available(Device("cpu"))

@@ -42,7 +42,7 @@ def test_three_runtimes_are_read_with_their_settings() -> None:
     assert [d.engine.runtime for d in (ov, ort, tr)] == [Runtime.OPENVINO, Runtime.ONNXRUNTIME, Runtime.TRACT]
     assert ov.engine_config().openvino_config == (("INFERENCE_PRECISION_HINT", "f32"),)
     assert ov.engine_config().threads == 2
-    assert [d.runtime_label for d in cluster.devices] == [
+    assert [d.engine.label for d in cluster.devices] == [
         "openvino (CPU)",
         "onnxruntime (CPUExecutionProvider)",
         "tract",
