@@ -166,8 +166,7 @@ def _homogeneous_model(
 ) -> tuple[_Model, float]:
     """Validate :func:`~onnxpipe.partition.solve`'s arguments: the heterogeneous request of one cost row
     at speed 1 and one link into every stage, its transfers not overlapping compute."""
-    c = _costs(costs)
-    _check_k(k, c.size)
+    _check_k(k, _costs(costs).size)  # before the bandwidth, as every solver checks them
     try:
         bw = float(bandwidth)
     except (TypeError, ValueError):
@@ -178,7 +177,7 @@ def _homogeneous_model(
             "(inf = free)"
         )
     request = HeterogeneousRequest(
-        c, cut_bytes=cut_bytes, bandwidths=[bw] * k, overlap=False, allowed_cuts=allowed_cuts
+        costs, cut_bytes=cut_bytes, bandwidths=[bw] * k, overlap=False, allowed_cuts=allowed_cuts
     )
     return _heterogeneous_model(request, k)
 
