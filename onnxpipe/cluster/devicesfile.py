@@ -92,24 +92,19 @@ def _device(f: Fields, base: Path | None) -> Device:
     name = f["name"].string(_NAME)
     runtime = _runtime(f.get("runtime", Runtime.ONNXRUNTIME.value))
     kind = kind_of(runtime)
+    for taken, keys, whose, owner in (
+        (kind.takes_provider, ("provider", "provider_options"), "onnxruntime's", Runtime.ONNXRUNTIME),
+        (kind.takes_openvino_device, ("openvino_device", "openvino_config"), "OpenVINO's", Runtime.OPENVINO),
+    ):
+        given = [key for key in keys if key in f.raw]
+        if given and not taken:
+            raise f[given[0]].fail(
+                f"is {whose}, and this device's runtime is {runtime.value}",
+                f"remove it, or set runtime to {owner.value}",
+            )
     if kind.takes_provider:
         f.need("provider", "a device run by onnxruntime names its execution provider (or set runtime)")
-        provider = _provider(f["provider"])
-    else:
-        for key in ("provider", "provider_options"):
-            if key in f.raw:
-                raise f[key].fail(
-                    f"is onnxruntime's, and this device's runtime is {runtime.value}",
-                    "remove it, or set runtime to onnxruntime",
-                )
-        provider = REFERENCE_PROVIDER
-    if not kind.takes_openvino_device:
-        for key in ("openvino_device", "openvino_config"):
-            if key in f.raw:
-                raise f[key].fail(
-                    f"is OpenVINO's, and this device's runtime is {runtime.value}",
-                    "remove it, or set runtime to openvino",
-                )
+    provider = _provider(f["provider"]) if kind.takes_provider else REFERENCE_PROVIDER
     ov_device = f.get("openvino_device", DEFAULT_OPENVINO_DEVICE).string(_NAME)
     ov_config = f.get("openvino_config", {}).dict_of(Value.scalar)
     options = f.get("provider_options", {}).dict_of(Value.scalar)
