@@ -45,9 +45,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnxpipe.core.errors import PartitionError
+from onnxpipe.partition.costmodel import _Model
 from onnxpipe.partition.inputs import _check_bounds, _homogeneous_model, _vector
 from onnxpipe.partition.numeric import FloatArr, IntArr, _prefix
-from onnxpipe.partition.result import Partition
+from onnxpipe.partition.result import Partition, _partition_of
 
 MAX_SPLITS = 60_000_000
 """Most splits (``C(allowed inner positions, S - 1)``) an interleaved search may have to score."""
@@ -104,6 +105,7 @@ class _Sums:
     xfer: FloatArr  # transfer time of a stage starting at p (0 at p = 0), n + 1
     cut: IntArr  # whole bytes crossing a cut at p, n + 1 (the tie-break; transfers use the exact values)
     positions: IntArr  # allowed inner cut positions, ascending
+    chain: _Model  # the stages as a chain (one link into each, no overlap): what reports them
 
     def score(self, bounds: Sequence[int]) -> tuple[FloatArr, FloatArr, FloatArr, FloatArr]:
         """Per-stage compute and transfer, per-worker load and memory: the one formula for reporting."""
@@ -153,6 +155,7 @@ def _sums(
         xfer=xfer,
         cut=np.rint(cut).astype(np.int64),
         positions=np.flatnonzero(model.allowed[1:n]) + 1,
+        chain=model,
     )
 
 
@@ -306,20 +309,10 @@ def _check_size(t: _Sums) -> None:
 
 
 def _result(t: _Sums, bounds: Sequence[int], fastest: float) -> InterleavedPartition:
-    comp, tr, load, wmem = t.score(bounds)
-    stage_costs = tuple(float(x) for x in comp + tr)
+    _, _, load, wmem = t.score(bounds)
     lower_bound = float(t.time[t.n]) / t.k
-    chain = Partition(
-        bounds=tuple(int(b) for b in bounds),
-        compute=tuple(float(x) for x in comp),
-        transfer=tuple(float(x) for x in tr),
-        stage_costs=stage_costs,
-        bottleneck=max(stage_costs),
-        lower_bound=min(lower_bound, max(stage_costs)),
-        cut_bytes_total=sum(int(t.cut[b]) for b in bounds[1:-1]),
-    )
     return InterleavedPartition(
-        stages=chain,
+        stages=_partition_of(t.chain, lower_bound, bounds),
         workers=tuple(s % t.k for s in range(t.stages)),
         worker_seconds=tuple(float(x) for x in load),
         worker_memory=tuple(float(x) for x in wmem),
