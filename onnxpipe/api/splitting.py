@@ -20,13 +20,13 @@ from onnxpipe.api.preamble import busy_watch
 from onnxpipe.api.profiling import save_profile
 from onnxpipe.api.results import SplitResult
 from onnxpipe.api.seq2seq import split_folder
-from onnxpipe.cluster.costs import provider_available
 from onnxpipe.core.choices import CalibrationMode, Phase, SplitNodes, VerifyRuntime
 from onnxpipe.core.dims import Dim
 from onnxpipe.core.errors import ExportError, OnnxpipeError, UsageError, VerificationError
 from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.core.model_config import SourceConfig, read_source_config
 from onnxpipe.core.options import opt
+from onnxpipe.core.runtimes import runs_here
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.runnable import runnable_shapes
@@ -287,6 +287,6 @@ def _verify_runtime(the_plan: Plan) -> VerifyRuntime | None:
         return None
     by_name = {d.name: d for d in the_plan.cluster.devices}
     used = [by_name[s.device] for s in the_plan.stages if s.device in by_name]
-    if all(d.engine.kind.reference for d in used) or not all(provider_available(d) for d in used):
+    if all(d.engine.kind.reference for d in used) or not all(runs_here(d.engine) for d in used):
         return None
     return VerifyRuntime.DEVICES

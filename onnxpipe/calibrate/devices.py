@@ -268,7 +268,7 @@ def _calibrated_source(device: Device, record: DeviceCosts, threads: int) -> tup
     """A calibrated device's cost method and source, as the devices file set it up (a device here
     read its corrected costs from a scratch profile)."""
     if timed_on_itself(device):
-        on, own = device.runtime_label, device.engine.threads
+        on, own = device.engine.label, device.engine.threads
         return "profiled", f"profiled on {on} with {own} thread(s); calibrated per stage on {on}"
     here = f"its stages timed here in onnxruntime (CPUExecutionProvider) with {threads} thread(s)"
     if device.profile_path is not None:

@@ -33,19 +33,12 @@ class DeviceCosts:
     node_seconds: Mapping[str, float] = field(repr=False)
 
 
-def provider_available(device: Device) -> bool:
-    """Whether this machine can run ``device``'s stage (so it can be profiled here): its runtime's package
-    is installed and, for onnxruntime, this onnxruntime has ``device.provider``.  An OpenVINO device
-    (``GPU``, ``NPU``) OpenVINO does not see here counts as missing."""
-    return runs_here(device.engine_config())
-
-
 def timed_on_itself(device: Device) -> bool:
     """Whether ``device`` is here to be measured on: no profile of its own was given, it asks to be
     profiled here (``profile_here``) and its runtime and provider are available.  Any other device is
     only described (its ``speed``, ``op_speeds`` or a profile measured on it elsewhere): this machine can
     time its stage only as the reference profile was measured, never as the device runs it."""
-    return device.profile_path is None and device.profile_here and provider_available(device)
+    return device.profile_path is None and device.profile_here and runs_here(device.engine)
 
 
 def reference_setting(device: Device, reference_threads: int | None) -> bool:
@@ -120,7 +113,7 @@ def device_costs(
                 secs = {n: float(t) for n, t in reference.items()}
             elif measure is None:
                 raise UsageError(
-                    f"{cluster.label}: devices[{i}].profile_here asks to profile on {d.runtime_label} but "
+                    f"{cluster.label}: devices[{i}].profile_here asks to profile on {d.engine.label} but "
                     "no profiler was given; set profile_here to false"
                 )
             else:

@@ -18,7 +18,7 @@ from typing import Any
 from onnxpipe.cluster.model import REFERENCE_PROVIDER, Cluster, Device, Link, _frozen, option_text
 from onnxpipe.core.choices import Runtime, values
 from onnxpipe.core.errors import UsageError
-from onnxpipe.core.jsonread import Document, Fields, Rule, Value, describe, syntax_error_text
+from onnxpipe.core.jsonread import Document, Fields, Rule, Value, describe
 from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, EngineConfig, kind_of
 from onnxpipe.core.text import counted
 from onnxpipe.core.units import parse_bytes, parse_rate
@@ -29,15 +29,7 @@ def load_cluster(path: str | Path) -> Cluster:
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"{p}: no such devices file; give a JSON file as described in docs/devices.md")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"{p}: cannot be read ({e}); give a UTF-8 JSON devices file") from e
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{p}: not valid JSON ({syntax_error_text(e)}); fix the devices file") from e
-    return read_cluster(obj, str(p), p.parent)
+    return read_cluster(Document(str(p), UsageError, _ADVICE).load(p), str(p), p.parent)
 
 
 def read_cluster(obj: Any, source: str = "devices file", base: Path | None = None) -> Cluster:
@@ -100,24 +92,19 @@ def _device(f: Fields, base: Path | None) -> Device:
     name = f["name"].string(_NAME)
     runtime = _runtime(f.get("runtime", Runtime.ONNXRUNTIME.value))
     kind = kind_of(runtime)
+    for taken, keys, whose, owner in (
+        (kind.takes_provider, ("provider", "provider_options"), "onnxruntime's", Runtime.ONNXRUNTIME),
+        (kind.takes_openvino_device, ("openvino_device", "openvino_config"), "OpenVINO's", Runtime.OPENVINO),
+    ):
+        given = [key for key in keys if key in f.raw]
+        if given and not taken:
+            raise f[given[0]].fail(
+                f"is {whose}, and this device's runtime is {runtime.value}",
+                f"remove it, or set runtime to {owner.value}",
+            )
     if kind.takes_provider:
         f.need("provider", "a device run by onnxruntime names its execution provider (or set runtime)")
-        provider = _provider(f["provider"])
-    else:
-        for key in ("provider", "provider_options"):
-            if key in f.raw:
-                raise f[key].fail(
-                    f"is onnxruntime's, and this device's runtime is {runtime.value}",
-                    "remove it, or set runtime to onnxruntime",
-                )
-        provider = REFERENCE_PROVIDER
-    if not kind.takes_openvino_device:
-        for key in ("openvino_device", "openvino_config"):
-            if key in f.raw:
-                raise f[key].fail(
-                    f"is OpenVINO's, and this device's runtime is {runtime.value}",
-                    "remove it, or set runtime to openvino",
-                )
+    provider = _provider(f["provider"]) if kind.takes_provider else REFERENCE_PROVIDER
     ov_device = f.get("openvino_device", DEFAULT_OPENVINO_DEVICE).string(_NAME)
     ov_config = f.get("openvino_config", {}).dict_of(Value.scalar)
     options = f.get("provider_options", {}).dict_of(Value.scalar)

@@ -15,7 +15,6 @@ defines.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -64,11 +63,6 @@ class Device:
     op_speeds: Mapping[str, float] = field(default_factory=_frozen)
     profile_path: str | None = None
     profile_here: bool = False
-
-    @property
-    def runtime_label(self) -> str:
-        """How messages name what runs the device's stage: ``onnxruntime (CPUExecutionProvider)``..."""
-        return self.engine.label
 
     def engine_config(self, threads: int | None = None) -> EngineConfig:
         """How to open this device's stage (:func:`onnxpipe.core.runtimes.open_engine`); ``threads``
@@ -232,9 +226,6 @@ class Cluster:
     def to_obj(self) -> dict[str, Any]:
         """The cluster as a devices file writes it (links always as a list)."""
         return {"devices": [d.to_obj() for d in self.devices], "links": [lk.to_obj() for lk in self.links]}
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_obj(), indent=2, allow_nan=False) + "\n"
 
     @property
     def label(self) -> str:

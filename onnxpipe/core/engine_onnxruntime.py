@@ -11,12 +11,12 @@ import onnxruntime as ort
 
 from onnxpipe.core.choices import Runtime
 from onnxpipe.core.ortsession import OptimizationLevel, Provider, open_session, session_options
-from onnxpipe.core.runtimes import EngineConfig, FileEngine
+from onnxpipe.core.runtimes import Engine, EngineConfig
 
 CPU = "CPUExecutionProvider"
 
 
-class OrtEngine(FileEngine):
+class OrtEngine(Engine):
     """An onnxruntime session as an :class:`~onnxpipe.core.runtimes.Engine`."""
 
     runtime = Runtime.ONNXRUNTIME

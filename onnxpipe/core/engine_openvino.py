@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 
 from onnxpipe.core.choices import Runtime
-from onnxpipe.core.runtimes import OPENVINO_CPU_DEFAULTS, EngineConfig, FileEngine, bind_outputs, file_io
+from onnxpipe.core.runtimes import OPENVINO_CPU_DEFAULTS, Engine, EngineConfig, bind_outputs, file_io
 
 
-class OpenVinoEngine(FileEngine):
+class OpenVinoEngine(Engine):
     """A model compiled by OpenVINO, with one infer request."""
 
     runtime = Runtime.OPENVINO

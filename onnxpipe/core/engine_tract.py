@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from onnxpipe.core.choices import Runtime
-from onnxpipe.core.runtimes import EngineConfig, FileEngine, bind_outputs, file_io
+from onnxpipe.core.runtimes import Engine, EngineConfig, bind_outputs, file_io
 
 _DTYPES = {
     "float32": "f32",
@@ -44,7 +44,7 @@ def fact(array: np.ndarray) -> str:
     return ",".join([*(str(d) for d in array.shape), dtype])
 
 
-class TractEngine(FileEngine):
+class TractEngine(Engine):
     """A model file parsed by tract, optimized per input signature."""
 
     runtime = Runtime.TRACT

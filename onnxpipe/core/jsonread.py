@@ -25,6 +25,7 @@ import json
 import math
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -66,6 +67,16 @@ class Document:
     def read(self, value: Any) -> Value:
         """The whole parsed document, at the empty path."""
         return Value(value, "", self)
+
+    def load(self, path: Path) -> Any:
+        """The JSON text of the file at ``path``, parsed; one that cannot be read or is not JSON fails as
+        ``<path>: cannot be read (...)`` or ``<path>: not valid JSON (<where>)``, then the advice."""
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as e:
+            raise self.error(f"{path}: cannot be read ({e}); {self.advice}") from e
+        except json.JSONDecodeError as e:
+            raise self.error(f"{path}: not valid JSON ({syntax_error_text(e)}); {self.advice}") from e
 
     def fail(self, path: str, what: str, advice: str | None = None) -> Exception:
         """``<file>: <path>: <what>; <advice>``: returned, not raised, so that callers write ``raise``.

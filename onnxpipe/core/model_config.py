@@ -11,7 +11,6 @@ refused when named, and set aside with a note when it merely lies beside the mod
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxpipe.core.errors import UsageError
-from onnxpipe.core.jsonread import Document, Fields, Value, syntax_error_text
+from onnxpipe.core.jsonread import Document, Fields, Value
 from onnxpipe.core.options import opt
 from onnxpipe.core.tokenizer_files import folder_place, looked_in, model_folders
 
@@ -120,12 +119,7 @@ def read_source_config(path: str | Path) -> SourceConfig:
 def _json(p: Path) -> Any:
     if not p.is_file():
         raise UsageError(f"{p}: no such file ({opt('genai_config')}); {_ADVICE}")
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"{p}: cannot be read ({e}); {_ADVICE}") from e
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{p}: not valid JSON ({syntax_error_text(e)}); {_ADVICE}") from e
+    return Document(str(p), UsageError, _ADVICE).load(p)
 
 
 def _opt_int(f: Fields, *keys: str, minimum: int = 1) -> int | None:

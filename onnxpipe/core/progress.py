@@ -6,10 +6,10 @@
 
 On a terminal the bar is tqdm's when it is installed (``pip install 'onnxpipe[progress]'``): counts with
 their unit, elapsed time, rate and time left, redrawn in place, the one maintained library for this
-(rich would also do, but draws whole screens and weighs ten times more for one bar).  Without tqdm a
-small bar of the same facts is drawn.  When stderr is a file or a pipe (a log) nothing is redrawn: a
-line says where the step is every :data:`LOG_EVERY_SECONDS` and when it is done, so that a log shows
-progress and its pace.  A disabled bar writes nothing; the API's steps leave it disabled unless asked.
+(rich would also do, but draws whole screens and weighs ten times more for one bar).  Otherwise (a file,
+a pipe, a terminal without tqdm) nothing is redrawn: a line says where the step is every
+:data:`LOG_EVERY_SECONDS` and when it is done, so that a log shows progress and its pace.  A disabled
+bar writes nothing; the API's steps leave it disabled unless asked.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from abc import ABC, abstractmethod
 from types import TracebackType
 from typing import Any, Self, TextIO
 
-_WIDTH = 30
 LOG_EVERY_SECONDS = 5.0
 """How often a step writes a line of progress when stderr is not a terminal."""
 
@@ -74,7 +73,6 @@ class Progress:
         self._stream = stream if stream is not None else sys.stderr
         self._interactive = bool(getattr(self._stream, "isatty", lambda: False)())
         self._start = time.perf_counter()
-        self._last_draw = 0.0
         self._last_line = self._start
         self._bar: Any = None
         self.done_text: str | None = None
@@ -82,18 +80,11 @@ class Progress:
 
     def __enter__(self) -> Progress:
         self._start = self._last_line = time.perf_counter()
-        if self.enabled and self._interactive:
-            tqdm = _tqdm()
-            if tqdm is not None:
-                self._bar = tqdm(
-                    total=self.total or None,
-                    desc=self.label,
-                    unit=f" {self.unit}",
-                    file=self._stream,
-                    leave=True,
-                )
-            else:
-                self._draw()
+        tqdm = _tqdm() if self.enabled and self._interactive else None
+        if tqdm is not None:
+            self._bar = tqdm(
+                total=self.total or None, desc=self.label, unit=f" {self.unit}", file=self._stream, leave=True
+            )
         return self
 
     def __exit__(
@@ -108,15 +99,7 @@ class Progress:
             self.advance(self.total - self.done)
         if self._bar is not None:
             self._bar.close()
-            if exc_type is None and self.done_text is not None:
-                self._stream.write(self._line(done=True) + "\n")
-            return
-        if self._interactive:
-            self._draw(force=True)
-            self._stream.write("\n")
-            if exc_type is None and self.done_text is not None:
-                self._stream.write(self._line(done=True) + "\n")
-        elif exc_type is None:
+        if exc_type is None and (self._bar is None or self.done_text is not None):
             self._stream.write(self._line(done=True) + "\n")
         self._stream.flush()
 
@@ -125,8 +108,6 @@ class Progress:
         self.label = label
         if self._bar is not None:
             self._bar.set_description(label)
-        elif self.enabled and self._interactive:
-            self._draw(force=True)
 
     def advance(self, steps: int = 1) -> None:
         before = self.done
@@ -135,8 +116,6 @@ class Progress:
             return
         if self._bar is not None:
             self._bar.update(self.done - before)
-        elif self._interactive:
-            self._draw()
         else:
             now = time.perf_counter()
             if now - self._last_line >= LOG_EVERY_SECONDS and self.done < self.total:
@@ -150,18 +129,3 @@ class Progress:
             return f"{self.done_text} ({elapsed:.1f} s)"
         count = f"{self.done}/{self.total} {self.unit}" if self.total else f"{self.done} {self.unit}"
         return f"{self.label}: {count} {'in' if done else 'after'} {elapsed:.1f} s"
-
-    def _draw(self, force: bool = False) -> None:
-        now = time.perf_counter()
-        if not force and now - self._last_draw < 0.1 and self.done < self.total:
-            return
-        self._last_draw = now
-        elapsed = now - self._start
-        if self.total:
-            filled = int(_WIDTH * self.done / self.total)
-            bar = "#" * filled + "." * (_WIDTH - filled)
-            text = f"{self.label} [{bar}] {self.done}/{self.total} {self.unit} {elapsed:5.1f}s"
-        else:
-            text = f"{self.label} {self.done} {self.unit} {elapsed:5.1f}s"
-        self._stream.write("\r" + text.ljust(_WIDTH + 40))
-        self._stream.flush()

@@ -61,26 +61,6 @@ class RuntimeKind:
         (``runs_here``)."""
         return f"onnxpipe.core.engine_{self.name}"
 
-    def label(self, config: EngineConfig) -> str:
-        """``"onnxruntime (CPUExecutionProvider)"``, ``"openvino (CPU)"`` or ``"tract"``."""
-        if self.takes_provider:
-            return f"{self.name} ({config.provider})"
-        if self.takes_openvino_device:
-            return f"{self.name} ({config.openvino_device})"
-        return self.name
-
-    def runs_on(self, config: EngineConfig) -> str:
-        """What reports name as a stage's provider: onnxruntime's provider, or the runtime's label."""
-        return config.provider if self.takes_provider else self.label(config)
-
-    def uses_gpu(self, config: EngineConfig) -> bool:
-        """Whether ``config`` runs its stage on a GPU (an OpenVINO device other than the CPU counts)."""
-        if self.takes_provider:
-            return config.provider in GPU_PROVIDERS
-        if self.takes_openvino_device:
-            return not config.openvino_device.upper().startswith("CPU")
-        return False
-
 
 RUNTIMES: Mapping[Runtime, RuntimeKind] = {
     Runtime.ONNXRUNTIME: RuntimeKind(
@@ -137,14 +117,21 @@ class EngineConfig:
 
     @property
     def uses_gpu(self) -> bool:
-        return self.kind.uses_gpu(self)
+        """Whether the stage runs on a GPU (an OpenVINO device other than the CPU counts)."""
+        if self.kind.takes_provider:
+            return self.provider in GPU_PROVIDERS
+        return self.kind.takes_openvino_device and not self.openvino_device.upper().startswith("CPU")
 
     @property
     def label(self) -> str:
         """``"onnxruntime (CPUExecutionProvider)"``, ``"openvino (CPU)"`` or ``"tract"``."""
-        return self.kind.label(self)
+        if self.kind.takes_provider:
+            return f"{self.kind.name} ({self.provider})"
+        if self.kind.takes_openvino_device:
+            return f"{self.kind.name} ({self.openvino_device})"
+        return self.kind.name
 
     @property
     def runs_on(self) -> str:
         """What reports name as the stage's provider: onnxruntime's provider, or the runtime's label."""
-        return self.kind.runs_on(self)
+        return self.provider if self.kind.takes_provider else self.label

@@ -43,7 +43,6 @@ __all__ = [
     "OPENVINO_CPU_DEFAULTS",
     "Engine",
     "EngineConfig",
-    "FileEngine",
     "Runs",
     "Runtime",
     "available",
@@ -99,38 +98,13 @@ def runs_here(config: EngineConfig) -> bool:
     return bool(importlib.import_module(config.kind.engine_module).runs_here(config))
 
 
-class Engine(Protocol):
-    """One loaded stage (or whole model) on one runtime."""
+class Engine:
+    """One loaded stage (or whole model) on one runtime.
 
-    runtime: Runtime
-
-    @property
-    def input_names(self) -> tuple[str, ...]:
-        """The file's inputs, in order (weights listed as inputs excluded)."""
-        ...
-
-    @property
-    def output_names(self) -> tuple[str, ...]:
-        """The file's outputs, in order."""
-        ...
-
-    def run(self, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[Any]:
-        """The outputs ``names`` (in that order) for the inputs ``feeds``, by name."""
-        ...
-
-    def layer_seconds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, float] | None:
-        """Seconds per layer of one run as the runtime reports them (its own layer names), or None when
-        it reports none; the caller maps the names back to the model's nodes."""
-        ...
-
-    def close(self) -> None:
-        """Release the runtime's resources; the engine does not run afterwards."""
-        ...
-
-
-class FileEngine:
-    """What every engine shares: its file's input and output names, no run once closed, and no run for no
-    outputs (onnxruntime refuses one); an engine writes :meth:`_run` and :meth:`_release`."""
+    What every engine shares lives here: its file's input and output names, no run once closed, and no
+    run for no outputs (onnxruntime refuses one); an engine's module writes :meth:`_run`,
+    :meth:`layer_seconds` and :meth:`_release`.
+    """
 
     runtime: Runtime
 
@@ -141,13 +115,16 @@ class FileEngine:
 
     @property
     def input_names(self) -> tuple[str, ...]:
+        """The file's inputs, in order (weights listed as inputs excluded)."""
         return self._inputs
 
     @property
     def output_names(self) -> tuple[str, ...]:
+        """The file's outputs, in order."""
         return self._outputs
 
     def run(self, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[Any]:
+        """The outputs ``names`` (in that order) for the inputs ``feeds``, by name."""
         if self._closed:
             raise RuntimeError("the engine is closed")
         return self._run(names, feeds) if names else []
@@ -155,7 +132,13 @@ class FileEngine:
     def _run(self, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[Any]:
         raise NotImplementedError
 
+    def layer_seconds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, float] | None:
+        """Seconds per layer of one run as the runtime reports them (its own layer names), or None when
+        it reports none; the caller maps the names back to the model's nodes."""
+        raise NotImplementedError
+
     def close(self) -> None:
+        """Release the runtime's resources; the engine does not run afterwards."""
         self._closed = True
         self._release()
 

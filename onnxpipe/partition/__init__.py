@@ -81,21 +81,11 @@ arrays, so the homogeneous mode pays ``searchsorted`` once per probe, not ``K`` 
 ``O(K n^2)`` dynamic programme with the same cost formula and tie rules is the test oracle
 (``benchmarks/reference_dp.py``: the package never runs it).
 
-Layout
-------
-One responsibility per module, so that each can be read, and tested, on its own:
-
-* :mod:`onnxpipe.partition.numeric`: correctly rounded prefix sums, the weights of the work bound;
-* :mod:`onnxpipe.partition.costmodel`: :class:`_Model`, the one canonical cost formula (time, memory);
-* :mod:`onnxpipe.partition.inputs`: :class:`HeterogeneousRequest` and the validation that turns a
-  caller's arguments into a model, with its lower bound;
-* :mod:`onnxpipe.partition.scan`: vectorised exact array searches (latest ends, interval minima);
-* :mod:`onnxpipe.partition.engine`: the probe, the exact search and the tie-break pass;
-* :mod:`onnxpipe.partition.result`: :class:`Partition` and the tie-break rule both solvers share.
-
-This module holds the public entry points, and re-exports the private names that tests and benchmarks
-reach for (:class:`HeterogeneousRequest`, :class:`_Model`, :class:`_Engine`, the model builders).  No
-name here equals a submodule's name: importing a submodule would overwrite it.
+Layout: one responsibility per module, each read and tested on its own (``numeric`` prefix sums,
+``costmodel`` the one cost formula, ``inputs`` validation and bounds, ``scan`` array searches, ``engine``
+the probe, search and tie-break, ``result`` the :class:`Partition`).  This module holds the public entry
+points and re-exports the private names tests and benchmarks reach for; no name here equals a
+submodule's name (importing the submodule would overwrite it).
 """
 
 from __future__ import annotations

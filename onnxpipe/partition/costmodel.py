@@ -96,12 +96,12 @@ class _Model:
     mem_cap: FloatArr | None = None  # len k
     mem_fac: FloatArr | None = None  # len k
     first_receives: bool = False
+    """Stage 0 receives too (a window of a larger problem that starts after its stage 0: :meth:`window`)."""
     tie_rtol: float = TIE_RTOL
+    """Splits this close to the optimum (relative) tie; the fewest bytes among them win (``_choose``)."""
     start: FloatArr | None = None
     """len n+1: seconds a stage starting at each position adds, if it receives (what it makes again of
     values it would otherwise receive); counted with the transfer."""
-    """Splits this close to the optimum (relative) tie; the fewest bytes among them win (``_choose``)."""
-    """Stage 0 receives too (a window of a larger problem that starts after its stage 0: :meth:`window`)."""
 
     def receives(self, s: int) -> bool:
         """Whether stage ``s`` pays for what it receives (every stage but the first of the problem)."""

@@ -18,7 +18,7 @@ import numpy as np
 from onnxpipe.partition.costmodel import _Model
 from onnxpipe.partition.numeric import BoolArr, FloatArr, IntArr
 from onnxpipe.partition.result import Partition, _balanced, _choose, _memory_error, _partition_of
-from onnxpipe.partition.scan import _BIG, _monotone_search, _range_chmin
+from onnxpipe.partition.scan import _BIG, _best_cover, _monotone_search, _range_chmin
 
 _PRUNE_MARGIN = 1e-12  # relative slack that makes the work-based pruning immune to rounding
 _ENDGAME = 16.0  # try 'anything better than hi?' once [lo, hi] spans <= 16 snap gaps (tuned)
@@ -322,61 +322,76 @@ class _Engine:
 
     # -- tie-break ---------------------------------------------------------------------------------------
     def min_bytes(self, bound: float) -> tuple[float, tuple[int, ...]]:
-        """Fewest total cut bytes over partitions with every stage cost ``<= bound`` (must be feasible).
-
-        Layered DP: value(b) = cut[b] + min over starts a covering b of value(a).  Candidates are ordered
-        by ``(value, position)`` so the minimum is unique and the choice deterministic (earliest start).
-        When values are integers (bytes) the pair is packed into one int64 key; otherwise it is ranked.
-        """
-        m = self.m
-        n, k = m.n, m.k
-        if not m.cut[1:n].any():  # all values 0: the probe's reconstruction makes the same choice, cheaper
+        """Fewest total cut bytes over partitions with every stage cost ``<= bound`` (must be feasible)."""
+        if not self.m.cut[1 : self.m.n].any():  # no bytes anywhere: the probe's choice is the same, cheaper
             res = self.probe(bound)
             assert res.bounds is not None
             return 0.0, res.bounds
+        found = self.shortest(bound)
+        assert found is not None
+        return found
+
+    def shortest(
+        self, bound: float, weight: Callable[[int, IntArr], FloatArr] | None = None
+    ) -> tuple[float, tuple[int, ...]] | None:
+        """The partition with every stage cost ``<= bound`` whose starts weigh least in all, and that
+        total; None when none exists (only possible for a bound no probe proved feasible).
+
+        A shortest path over cut positions, layer by layer: value(b) = weight(s, b) + min over the starts
+        ``a`` of stage ``s - 1`` that can end at ``b`` of value(a), where ``weight(s, b)`` is what stage
+        ``s`` starting at ``b`` adds (default: the bytes crossing the cut).  Candidates are ordered by
+        ``(value, bytes, position)``, so the minimum is unique and the choice deterministic (fewest bytes,
+        then the earliest start).  When values are whole bytes the pair ``(value, position)`` is packed
+        into one int64 key; otherwise it is ranked.
+        """
+        m = self.m
+        n, k = m.n, m.k
         cache: dict[int, _Lazy] = {}
-        lo, vals = 0, np.zeros(1)
+        lo, vals, nbytes = 0, np.zeros(1), np.zeros(1)
         preds: list[tuple[int, IntArr]] = []
         for s in range(k):
-            first = self._first_alive(s, bound)
+            first = self._first_alive(s, bound) if math.isfinite(bound) else 0
             if first > lo:
-                vals = vals[first - lo :]
+                vals, nbytes = vals[first - lo :], nbytes[first - lo :]
                 lo = first
             i0, i1 = _true_span(np.isfinite(vals))
-            vals = vals[i0:i1]
+            vals, nbytes = vals[i0:i1], nbytes[i0:i1]
             lo += i0
             hi = lo + vals.size - 1
             r, _ = self.ends(s, lo, hi, bound, cache)
             if s == k - 1:
                 hit = np.flatnonzero((r == n) & np.isfinite(vals))
-                j = int(hit[np.argmin(vals[hit])])  # argmin: first (earliest) among equal values
-                total = float(vals[j])
+                if hit.size == 0:
+                    return None
+                j = int(hit[np.lexsort((nbytes[hit], vals[hit]))[0]])  # stable: earliest among ties
                 bounds = [n, lo + j]
                 for plo, parr in reversed(preds):
                     bounds.append(int(parr[bounds[-1] - plo]))
-                return total, tuple(reversed(bounds))
+                return float(vals[j]), tuple(reversed(bounds))
             idx = np.flatnonzero(np.isfinite(vals) & (r > self.positions[lo : hi + 1]))
+            if idx.size == 0:
+                return None
             r2, v2 = r[idx], vals[idx]
             base = lo + int(idx[0])
             offset = idx - (base - lo)  # position - base, ascending
             size = int(r2.max()) - base
             shift = max(size, 1).bit_length()
-            if v2.max() < 2.0 ** (62 - shift) and bool(np.all(v2 == np.floor(v2))):
+            allowed = m.allowed[base + 1 : base + 1 + size]
+            if weight is None and v2.max() < 2.0 ** (62 - shift) and bool(np.all(v2 == np.floor(v2))):
                 keys = (v2.astype(np.intp) << shift) | offset  # (value, position) in one integer
                 best = _range_chmin(size, offset, r2 - base - 1, keys)
-                ok = (best < _BIG) & m.allowed[base + 1 : base + 1 + size]
+                ok = (best < _BIG) & allowed
                 pred = np.where(ok, base + (best & ((1 << shift) - 1)), -1)
             else:
-                order = np.argsort(v2, kind="stable").astype(np.intp)  # ties: earlier position first
-                rank = np.empty(order.size, dtype=np.intp)
-                rank[order] = np.arange(order.size, dtype=np.intp)
-                best = _range_chmin(size, offset, r2 - base - 1, rank)
-                ok = (best < _BIG) & m.allowed[base + 1 : base + 1 + size]
-                pred = np.where(ok, base + offset[order[np.where(ok, best, 0)]], -1)
-            prev = vals[np.maximum(pred - lo, 0)]  # value of the chosen start (junk where not ok)
+                order = np.lexsort((nbytes[idx], v2)).astype(np.intp)  # stable: earlier position first
+                ok, chosen = _best_cover(size, offset, r2 - base - 1, order, allowed)
+                pred = np.where(ok, base + offset[chosen], -1)
+            at = np.maximum(pred - lo, 0)  # the chosen start (junk where not ok)
             lo = base + 1
             preds.append((lo, pred))
-            vals = np.where(ok, prev + m.cut[lo : lo + size], np.inf)
+            cut = m.cut[lo : lo + size]
+            add = cut if weight is None else weight(s + 1, self.positions[lo : lo + size])
+            vals, nbytes = np.where(ok, vals[at] + add, np.inf), np.where(ok, nbytes[at] + cut, 0.0)
         raise AssertionError("unreachable")
 
 

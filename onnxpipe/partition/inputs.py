@@ -164,33 +164,22 @@ def _homogeneous_model(
     bandwidth: float,
     allowed_cuts: Sequence[bool] | None,
 ) -> tuple[_Model, float]:
-    """Validate :func:`~onnxpipe.partition.solve`'s arguments: one cost row, one link, no overlap; with
-    the bound no split can beat (the larger of the average load and the largest item)."""
-    c = _costs(costs)
-    n = c.size
-    _check_k(k, n)
+    """Validate :func:`~onnxpipe.partition.solve`'s arguments: the heterogeneous request of one cost row
+    at speed 1 and one link into every stage, its transfers not overlapping compute."""
+    _check_k(k, _costs(costs).size)  # before the bandwidth, as every solver checks them
     try:
         bw = float(bandwidth)
     except (TypeError, ValueError):
         bw = math.nan
     if not bw > 0:  # also rejects NaN
-        raise PartitionError(f"bandwidth = {bandwidth!r} is invalid: give bytes per second > 0 (inf = free)")
-    cut = _vector("cut_bytes", cut_bytes, n + 1, 0.0, hint=" (n+1: one per cut position 0..n)")
-    _check_transfers(cut, bw)
-    model = _Model(
-        n=n,
-        k=k,
-        work=_Work.single(c, _prefix("costs", c), k),
-        cut=cut,
-        speed=np.ones(k),
-        tr_mul=np.ones(k),
-        tr_div=np.full(k, bw),
-        tr_add=np.zeros(k),
-        overlap=False,
-        allowed=_allowed(allowed_cuts, n, k),
+        raise PartitionError(
+            f"bandwidth = {bandwidth!r} is invalid: bandwidth must be a positive number of bytes per second "
+            "(inf = free)"
+        )
+    request = HeterogeneousRequest(
+        costs, cut_bytes=cut_bytes, bandwidths=[bw] * k, overlap=False, allowed_cuts=allowed_cuts
     )
-    lower = max(float(model.prefix(0)[n]) / k, float(c.max()))
-    return model, lower
+    return _heterogeneous_model(request, k)
 
 
 def _device_costs(device_costs: Sequence[Sequence[float]], k: int) -> FloatArr:

@@ -45,9 +45,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnxpipe.core.errors import PartitionError
-from onnxpipe.partition.inputs import _allowed, _check_bounds, _check_transfers, _costs, _vector
+from onnxpipe.partition.costmodel import _Model
+from onnxpipe.partition.inputs import _check_bounds, _homogeneous_model, _vector
 from onnxpipe.partition.numeric import FloatArr, IntArr, _prefix
-from onnxpipe.partition.result import Partition
+from onnxpipe.partition.result import Partition, _partition_of
 
 MAX_SPLITS = 60_000_000
 """Most splits (``C(allowed inner positions, S - 1)``) an interleaved search may have to score."""
@@ -104,6 +105,7 @@ class _Sums:
     xfer: FloatArr  # transfer time of a stage starting at p (0 at p = 0), n + 1
     cut: IntArr  # whole bytes crossing a cut at p, n + 1 (the tie-break; transfers use the exact values)
     positions: IntArr  # allowed inner cut positions, ascending
+    chain: _Model  # the stages as a chain (one link into each, no overlap): what reports them
 
     def score(self, bounds: Sequence[int]) -> tuple[FloatArr, FloatArr, FloatArr, FloatArr]:
         """Per-stage compute and transfer, per-worker load and memory: the one formula for reporting."""
@@ -129,8 +131,6 @@ def _sums(
     bandwidth: float,
     allowed_cuts: Sequence[bool] | None,
 ) -> _Sums:
-    c = _costs(costs)
-    n = c.size
     for name, v in (("workers", workers), ("stages", stages)):
         if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
             raise PartitionError(f"{name} must be a positive integer, got {v!r}")
@@ -139,34 +139,23 @@ def _sums(
         raise PartitionError(
             f"{s} stages cannot be dealt out to {workers} workers: give a multiple of {workers}, or one more"
         )
-    if n == 0:
-        raise PartitionError("costs is empty: there are no items to split into stages")
-    if s > n:
-        raise PartitionError(
-            f"cannot split {n} items into {s} non-empty stages ({workers} workers): "
-            f"use fewer workers or stages per worker"
-        )
-    if not (isinstance(bandwidth, int | float) and bandwidth > 0):
-        raise PartitionError(
-            f"bandwidth must be a positive number of bytes/s (inf for free), got {bandwidth!r}"
-        )
-    allowed = _allowed(allowed_cuts, n, s)
-    cut = _vector("cut_bytes", cut_bytes, n + 1, 0.0)
+    model, _ = _homogeneous_model(costs, s, cut_bytes, bandwidth, allowed_cuts)
+    n, cut = model.n, model.cut
     if cut.max(initial=0.0) >= 2.0**62:
         raise PartitionError("cut_bytes must be below 2**62 bytes")
-    _check_transfers(cut, float(bandwidth))
-    xfer = np.zeros(n + 1) if math.isinf(bandwidth) else cut / float(bandwidth)
+    xfer = cut / model.tr_div[0]
     xfer[0] = 0.0
     mem = _vector("item_mem", item_mem, n, 0.0)
     return _Sums(
         n=n,
         k=workers,
         stages=s,
-        time=_prefix("costs", c),
+        time=model.prefix(0),
         mem=_prefix("item_mem", mem),
         xfer=xfer,
         cut=np.rint(cut).astype(np.int64),
-        positions=np.flatnonzero(allowed[1:n]) + 1,
+        positions=np.flatnonzero(model.allowed[1:n]) + 1,
+        chain=model,
     )
 
 
@@ -320,20 +309,10 @@ def _check_size(t: _Sums) -> None:
 
 
 def _result(t: _Sums, bounds: Sequence[int], fastest: float) -> InterleavedPartition:
-    comp, tr, load, wmem = t.score(bounds)
-    stage_costs = tuple(float(x) for x in comp + tr)
+    _, _, load, wmem = t.score(bounds)
     lower_bound = float(t.time[t.n]) / t.k
-    chain = Partition(
-        bounds=tuple(int(b) for b in bounds),
-        compute=tuple(float(x) for x in comp),
-        transfer=tuple(float(x) for x in tr),
-        stage_costs=stage_costs,
-        bottleneck=max(stage_costs),
-        lower_bound=min(lower_bound, max(stage_costs)),
-        cut_bytes_total=sum(int(t.cut[b]) for b in bounds[1:-1]),
-    )
     return InterleavedPartition(
-        stages=chain,
+        stages=_partition_of(t.chain, lower_bound, bounds),
         workers=tuple(s % t.k for s in range(t.stages)),
         worker_seconds=tuple(float(x) for x in load),
         worker_memory=tuple(float(x) for x in wmem),

@@ -8,7 +8,7 @@ on identical devices the compute telescopes away and only the hops are left; on 
 cut also pays (or earns) the change of speed of the items it moves.  So the best split is a shortest path
 over cut positions, layer by layer: stage ``s`` may start at ``a`` and end anywhere in ``(a, r_s(a)]``
 (its memory grows with its end: :class:`~onnxpipe.partition.engine._Engine`'s memory ends), which makes
-each layer a minimum over the intervals covering each position (:func:`_range_chmin`), ``O(n log n)``.
+each layer a minimum over the intervals covering each position (:meth:`_Engine.shortest`), ``O(n log n)``.
 Float addition is monotone, so adding ``w`` after the minimum loses no optimum.  Ties (free links on
 identical devices: every split costs the same) go to the fewest bytes crossing the cuts, then the
 earliest positions.
@@ -18,52 +18,20 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from onnxpipe.partition.costmodel import _Model
 from onnxpipe.partition.engine import _Engine, _smallest_uniform_cap
 from onnxpipe.partition.numeric import FloatArr, IntArr
 from onnxpipe.partition.result import _memory_error
-from onnxpipe.partition.scan import _BIG, _range_chmin
 
 
 def latency_bounds(model: _Model) -> tuple[int, ...]:
     """The bounds of the split of ``model`` with the least sum of stage and transfer times (memory caps
-    and forbidden cuts respected), or :class:`MemoryFitError` naming the smallest cap when none fits."""
-    n, k = model.n, model.k
-    engine = _Engine(model)
-    positions = np.arange(n + 1, dtype=np.intp)
-    vals = np.full(n + 1, math.inf)
-    vals[0] = 0.0
-    nbytes = np.zeros(n + 1)
-    preds: list[IntArr] = []
-    for s in range(k):
-        last_start = n - (k - s)  # later stages need an item each
-        starts = positions[: last_start + 1][np.isfinite(vals[: last_start + 1])]
-        mem = engine.mem[s]
-        ends = np.full(starts.size, n, dtype=np.intp) if mem is None else mem.get(0, last_start)[starts]
-        ends = np.minimum(ends, n - (k - 1 - s))
-        keep = ends > starts
-        starts, ends = starts[keep], ends[keep]
-        if starts.size == 0:  # no stage s fits anywhere its predecessors can end
-            raise _memory_error(model, _smallest_uniform_cap(model))
-        order = np.lexsort((starts, nbytes[starts], vals[starts])).astype(np.intp)
-        rank = np.empty(order.size, dtype=np.intp)
-        rank[order] = np.arange(order.size, dtype=np.intp)
-        best = _range_chmin(n + 1, starts + 1, ends, rank)
-        ok = (best < _BIG) & model.allowed
-        pred = np.where(ok, starts[order[np.where(ok, best, 0)]], -1)
-        preds.append(pred)
-        nbytes = np.where(ok, nbytes[np.maximum(pred, 0)] + model.cut, 0.0)
-        vals = np.where(ok, vals[np.maximum(pred, 0)], math.inf)
-        if s + 1 < k:
-            vals = vals + _cut_weight(model, s + 1, positions)
-    if not math.isfinite(vals[n]):
+    and forbidden cuts respected), or :class:`MemoryFitError` naming the smallest cap when none fits:
+    the engine's shortest path over the cuts, under no bound on a stage's time, weighed by ``w_s``."""
+    found = _Engine(model).shortest(math.inf, lambda s, p: _cut_weight(model, s, p))
+    if found is None:  # no stage fits anywhere its predecessors can end
         raise _memory_error(model, _smallest_uniform_cap(model))
-    bounds = [n]
-    for pred in reversed(preds):
-        bounds.append(int(pred[bounds[-1]]))
-    return tuple(reversed(bounds))
+    return found[1]
 
 
 def _cut_weight(model: _Model, s: int, p: IntArr) -> FloatArr:

@@ -23,7 +23,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from onnxpipe.core.errors import PartitionError
+import numpy as np
+
+from onnxpipe.partition.inputs import _allowed, _check_k, _costs, _vector
 
 
 @dataclass(frozen=True)
@@ -58,22 +60,16 @@ def solve_weighted(
     Among optimal splits the one with the smallest ``sum_s (wa * A_s + wb * B_s)`` is not sought: ties
     go to the earliest cut positions.  ``allowed_cuts[p] = False`` forbids a stage starting at ``p``.
     """
-    n = len(costs_a)
-    if len(costs_b) != n:
-        raise PartitionError(f"costs_b has {len(costs_b)} entries, costs_a {n}")
-    if not 1 <= k <= n:
-        raise PartitionError(f"cannot make {k} non-empty stages from {n} items")
-    if any(not (c >= 0) for c in (*costs_a, *costs_b)):
-        raise PartitionError("costs must be non-negative numbers")
-    ca = list(cut_a) if cut_a is not None else [0.0] * (n + 1)
-    cb = list(cut_b) if cut_b is not None else [0.0] * (n + 1)
-    allowed = list(allowed_cuts) if allowed_cuts is not None else [True] * (n + 1)
-    if len(ca) != n + 1 or len(cb) != n + 1 or len(allowed) != n + 1:
-        raise PartitionError(f"cut sizes and allowed cuts need {n + 1} entries (one per position 0..n)")
-    pa, pb = [0.0], [0.0]
-    for x, y in zip(costs_a, costs_b, strict=True):
-        pa.append(pa[-1] + float(x))
-        pb.append(pb[-1] + float(y))
+    items_a = _costs(costs_a)
+    n = items_a.size
+    items_b = _vector("costs_b", costs_b, n, 0.0, hint=" (one per item, as costs_a)")
+    _check_k(k, n)
+    hint = " (n+1: one per cut position 0..n)"
+    ca = _vector("cut_a", cut_a, n + 1, 0.0, hint=hint).tolist()
+    cb = _vector("cut_b", cut_b, n + 1, 0.0, hint=hint).tolist()
+    allowed = _allowed(allowed_cuts, n, k).tolist()
+    pa = [0.0, *np.cumsum(items_a).tolist()]
+    pb = [0.0, *np.cumsum(items_b).tolist()]
     wa, wb = weights
 
     def cost(a: int, b: int) -> float:
@@ -92,8 +88,7 @@ def solve_weighted(
                 v = max(best[s - 1][i], cost(i, j))
                 if v < best[s][j]:
                     best[s][j], arg[s][j] = v, i
-    if best[k][n] == inf:
-        raise PartitionError(f"no split into {k} stages uses only the allowed cuts")
+    assert best[k][n] < inf, "_allowed leaves k - 1 cuts, so a split exists"
     bounds = [n]
     for s in range(k, 0, -1):
         bounds.append(arg[s][bounds[-1]])

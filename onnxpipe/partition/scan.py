@@ -73,3 +73,16 @@ def _range_chmin(size: int, left: IntArr, right: IntArr, vals: IntArr) -> IntArr
         np.minimum(tab[j - 1, half : half + cnt], row, out=tab[j - 1, half : half + cnt])
     out: IntArr = tab[0].copy()
     return out
+
+
+def _best_cover(
+    size: int, left: IntArr, right: IntArr, order: IntArr, allowed: BoolArr
+) -> tuple[BoolArr, IntArr]:
+    """For each position ``0..size-1``: whether an interval ``[left[j], right[j]]`` covers it (and the
+    position is ``allowed``), and the covering ``j`` that comes first in ``order`` (a preference order of
+    the intervals: best first).  The layered passes' step, "the best start that can end here"."""
+    rank = np.empty(order.size, dtype=np.intp)
+    rank[order] = np.arange(order.size, dtype=np.intp)
+    best = _range_chmin(size, left, right, rank)
+    ok: BoolArr = (best < _BIG) & allowed
+    return ok, order[np.where(ok, best, 0)]

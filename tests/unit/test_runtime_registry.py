@@ -129,7 +129,7 @@ def test_labels_and_what_reports_name_as_the_provider() -> None:
 
 def test_what_uses_a_gpu() -> None:
     def gpu(config: EngineConfig) -> bool:
-        return config.kind.uses_gpu(config)
+        return config.uses_gpu
 
     assert gpu(EngineConfig(provider="CUDAExecutionProvider"))
     assert not gpu(EngineConfig())

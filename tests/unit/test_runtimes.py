@@ -42,7 +42,7 @@ def test_three_runtimes_are_read_with_their_settings() -> None:
     assert [d.engine.runtime for d in (ov, ort, tr)] == [Runtime.OPENVINO, Runtime.ONNXRUNTIME, Runtime.TRACT]
     assert ov.engine_config().openvino_config == (("INFERENCE_PRECISION_HINT", "f32"),)
     assert ov.engine_config().threads == 2
-    assert [d.runtime_label for d in cluster.devices] == [
+    assert [d.engine.label for d in cluster.devices] == [
         "openvino (CPU)",
         "onnxruntime (CPUExecutionProvider)",
         "tract",
@@ -131,11 +131,11 @@ def test_runtime_layers_are_matched_to_nodes() -> None:
 
 
 def test_an_engine_runs_for_no_outputs_and_not_once_closed() -> None:
-    """What every engine shares (:class:`~onnxpipe.core.runtimes.FileEngine`): no run for no outputs
+    """What every engine shares (:class:`~onnxpipe.core.runtimes.Engine`): no run for no outputs
     (onnxruntime would refuse one), and none once closed."""
-    from onnxpipe.core.runtimes import FileEngine
+    from onnxpipe.core.runtimes import Engine
 
-    class Doubling(FileEngine):
+    class Doubling(Engine):
         runtime = Runtime.ONNXRUNTIME
         released = False
 
