@@ -32,11 +32,6 @@ def load_cluster(path: str | Path) -> Cluster:
     return read_cluster(Document(str(p), UsageError, _ADVICE).load(p), str(p), p.parent)
 
 
-def read_cluster(obj: Any, source: str = "devices file", base: Path | None = None) -> Cluster:
-    """Validate a parsed devices file; ``base`` is the folder relative ``profile_path`` are taken from."""
-    return _read_cluster(Document(source, UsageError, _ADVICE).read(obj), base)
-
-
 _DEVICE_KEYS = {
     "name",
     "provider",
@@ -66,8 +61,9 @@ _NAME: Rule[str] = Rule(lambda s: bool(s.strip()), "a non-empty string")
 _FILE_NAME: Rule[str] = Rule(lambda s: s != "", "a file name")
 
 
-def _read_cluster(top_value: Value, base: Path | None) -> Cluster:
-    top = top_value.fields().only(_TOP_KEYS)
+def read_cluster(obj: Any, source: str = "devices file", base: Path | None = None) -> Cluster:
+    """Validate a parsed devices file; ``base`` is the folder relative ``profile_path`` are taken from."""
+    top = Document(source, UsageError, _ADVICE).read(obj).fields().only(_TOP_KEYS)
     devs = top.need("devices", "list the devices in pipeline order (see docs/devices.md)")
     if not isinstance(devs.raw, list) or not devs.raw:
         raise devs.expected("a non-empty list of devices")

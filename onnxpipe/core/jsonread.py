@@ -69,14 +69,21 @@ class Document:
         return Value(value, "", self)
 
     def load(self, path: Path) -> Any:
-        """The JSON text of the file at ``path``, parsed; one that cannot be read or is not JSON fails as
-        ``<path>: cannot be read (...)`` or ``<path>: not valid JSON (<where>)``, then the advice."""
+        """The JSON text of the file at ``path``, parsed (:meth:`parse`); one that cannot be read fails as
+        ``<path>: cannot be read (...)``, then the advice."""
         try:
-            return json.loads(path.read_text(encoding="utf-8"))
+            text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise self.error(f"{path}: cannot be read ({e}); {self.advice}") from e
+        return self.parse(text)
+
+    def parse(self, text: str) -> Any:
+        """``text`` parsed as JSON; text that is not fails as ``<file>: not valid JSON (<where>)``, then
+        the advice."""
+        try:
+            return json.loads(text)
         except json.JSONDecodeError as e:
-            raise self.error(f"{path}: not valid JSON ({syntax_error_text(e)}); {self.advice}") from e
+            raise self.error(f"{self.source}: not valid JSON ({syntax_error_text(e)}); {self.advice}") from e
 
     def fail(self, path: str, what: str, advice: str | None = None) -> Exception:
         """``<file>: <path>: <what>; <advice>``: returned, not raised, so that callers write ``raise``.

@@ -20,12 +20,13 @@ from onnxpipe.core.codec import Codec, Finite, Minimum
 from onnxpipe.core.errors import ProfileError
 from onnxpipe.core.files import write_text_atomic
 from onnxpipe.core.inputfiles import InputRecord
-from onnxpipe.core.jsonread import Document, Value, syntax_error_text
+from onnxpipe.core.jsonread import Document, Value
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import Samples
 
 SCHEMA_VERSION = 1
 _CODEC = Codec()
+_ADVICE = "re-run onnxpipe profile to make a new one"
 Seconds = Annotated[float, Finite(least=0.0)]
 
 DEFAULT_RUNTIME = "onnxruntime (CPUExecutionProvider)"
@@ -82,14 +83,8 @@ class Profile:
     def from_json(cls, text: str, *, source_name: str = "") -> Profile:
         """Parse and validate; :class:`ProfileError` naming ``source_name`` and the JSON path on bad
         content (maps keyed by node and tensor names name their entries ``node_seconds['name']``)."""
-        where = source_name or "profile"
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ProfileError(
-                f"{where}: not valid JSON ({syntax_error_text(e)}); re-run onnxpipe profile"
-            ) from None
-        doc = Document(where, ProfileError, "re-run onnxpipe profile to make a new one", root="profile")
+        doc = Document(source_name or "profile", ProfileError, _ADVICE, root="profile")
+        data = doc.parse(text)
         top = doc.read(data)
         if not isinstance(data, dict):
             raise top.expected("a JSON object")

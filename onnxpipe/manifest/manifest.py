@@ -33,7 +33,7 @@ from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.codec import Codec, Special
 from onnxpipe.core.errors import ManifestError
 from onnxpipe.core.files import file_sha256, write_text_atomic
-from onnxpipe.core.jsonread import Document, syntax_error_text
+from onnxpipe.core.jsonread import Document
 from onnxpipe.manifest.entries import (
     MANIFEST_NAME,
     MODEL,
@@ -110,17 +110,21 @@ class Manifest:
     @staticmethod
     def from_json(text: str, source: str = MANIFEST_NAME) -> Manifest:
         """Parse and validate ``text``; ``source`` names the file in error messages."""
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ManifestError(
-                f"{source}: not valid JSON ({syntax_error_text(e)}); re-run onnxpipe split"
-            ) from e
-        doc = Document(source, ManifestError, "re-run onnxpipe split", root="manifest")
-        manifest: Manifest = CODEC.decode(Manifest, doc.read(read.upgraded(obj, doc)))
-        check_consistency(manifest, doc)
-        _check_digest(obj, source)  # last: a field an edit broke is named by its own check first
-        return manifest
+        doc = _document(source)
+        return _decoded(doc.parse(text), doc)
+
+
+def _decoded(obj: Any, doc: Document) -> Manifest:
+    """Validate the parsed manifest ``obj`` of the file ``doc`` reads."""
+    manifest: Manifest = CODEC.decode(Manifest, doc.read(read.upgraded(obj, doc)))
+    check_consistency(manifest, doc)
+    _check_digest(obj, doc.source)  # last: a field an edit broke is named by its own check first
+    return manifest
+
+
+def _document(source: str) -> Document:
+    """The manifest file ``source`` being read: its errors are :class:`ManifestError`."""
+    return Document(source, ManifestError, "re-run onnxpipe split", root="manifest")
 
 
 def content_digest(obj: dict[str, Any]) -> str:
@@ -167,11 +171,8 @@ def load_manifest(directory: str | Path, *, check_files: bool = True) -> Manifes
             if d.is_dir()
             else f"{d}: no such folder; give a folder written by 'onnxpipe split'"
         )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ManifestError(f"{path}: cannot be read ({e}); re-run onnxpipe split") from e
-    manifest = Manifest.from_json(text, source=str(path))
+    doc = _document(str(path))
+    manifest = _decoded(doc.load(path), doc)
     problems = stage_file_problems(d, manifest) if check_files else []
     if problems:
         raise ManifestError(f"{path}: {problems[0]}; re-run onnxpipe split")

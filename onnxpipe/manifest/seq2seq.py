@@ -65,10 +65,7 @@ def read_seq2seq(folder: Path) -> Seq2SeqRecord | None:
     path = folder / SEQ2SEQ_FILE
     if not path.is_file():
         return None
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise ManifestError(f"{path}: not JSON ({e})") from None
-    read = Document(str(path), ManifestError, "re-run onnxpipe split on the encoder-decoder folder").read(doc)
+    doc = Document(str(path), ManifestError, "re-run onnxpipe split on the encoder-decoder folder")
+    read = doc.read(doc.load(path))
     record: Seq2SeqRecord = Codec().decode(Seq2SeqRecord, read)
     return record

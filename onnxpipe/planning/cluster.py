@@ -53,7 +53,7 @@ from onnxpipe.planning.orders import OrderSearch, place, stages_auto
 from onnxpipe.planning.records import DecoderRecord
 from onnxpipe.planning.request import PlanRequest, ScheduleOption
 from onnxpipe.planning.sequences import Sequences, first_reader_param_bytes, sequences
-from onnxpipe.planning.stages import plan_from, specs_from_bounds
+from onnxpipe.planning.stages import StageOptions, assign_stages, plan_from
 from onnxpipe.planning.types import Plan, StageSpec
 from onnxpipe.schedule.simulate import in_flight, simulate, stream
 from onnxpipe.schedule.timeline import Timeline
@@ -125,14 +125,13 @@ def plan_pipeline(
     # the manifest's stage times are one sample's forward pass (what inference and `run` measure);
     # training step times live in the timeline
     per_sample = _work(option, request) if option.training else 1.0
-    specs = specs_from_bounds(
+    specs = assign_stages(
         view,
-        costs.seq,
         part.bounds,
+        costs.seq.sizes,
         [c / per_sample for c in part.compute],
         [t / option.size for t in part.transfer] if option.training else part.transfer,
-        devices=arranged.names,
-        copies=copies,
+        StageOptions(seq=costs.seq, devices=arranged.names, copies=copies),
     )
     staged = _Staged(specs, part, best.timeline)
     if costs.decoder is not None:

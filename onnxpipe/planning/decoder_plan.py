@@ -43,7 +43,7 @@ from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.decoder_recompute import Counted, InputCopies, PhaseCosts, counting_copies, priced_cuts
 from onnxpipe.planning.records import DecoderRecord, PhaseShape
 from onnxpipe.planning.sequences import Sequences
-from onnxpipe.planning.stages import plan_from, specs_from_bounds
+from onnxpipe.planning.stages import StageOptions, assign_stages, plan_from
 from onnxpipe.planning.types import Plan, StageSpec
 from onnxpipe.schedule.simulate import stream
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
@@ -246,7 +246,8 @@ def decoder_stages(
     holds and that cache's bytes; ``copies`` chooses the rotary tables and masks each makes instead of
     receiving them (:mod:`onnxpipe.planning.decoder_recompute`; the stage costs are ``part``'s, without
     the copies)."""
-    stages = specs_from_bounds(view, seq, part.bounds, part.compute, part.transfer, copies=copies)
+    drawn = StageOptions(seq=seq, copies=copies)
+    stages = assign_stages(view, part.bounds, seq.sizes, part.compute, part.transfer, drawn)
     return with_kv(view, profile, dec, stages, options.max_context)
 
 

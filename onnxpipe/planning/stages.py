@@ -50,21 +50,6 @@ class StageOptions:
     given (the planner adds the copies' cost)."""
 
 
-def specs_from_bounds(
-    view: ModelView,
-    seq: Sequences,
-    bounds: Sequence[int],
-    compute_seconds: Sequence[float],
-    transfer_seconds: Sequence[float],
-    *,
-    devices: Sequence[str] | None = None,
-    copies: StageCopies | None = None,
-) -> tuple[StageSpec, ...]:
-    """:func:`assign_stages` for a partition of ``seq``, with its sizes, cut bytes and value classes."""
-    options = StageOptions(seq=seq, devices=devices, copies=copies)
-    return assign_stages(view, bounds, seq.sizes, compute_seconds, transfer_seconds, options)
-
-
 def plan_from(
     view: ModelView,
     profile: Profile,

@@ -39,7 +39,7 @@ from onnxpipe.planning.decoder_plan import (
 from onnxpipe.planning.fused import keeping_fused_groups
 from onnxpipe.planning.request import DEFAULT_TIME_SLACK, PlanRequest
 from onnxpipe.planning.sequences import Sequences, first_reader_param_bytes, sequences
-from onnxpipe.planning.stages import plan_from, specs_from_bounds
+from onnxpipe.planning.stages import StageOptions, assign_stages, plan_from
 from onnxpipe.planning.types import Plan, StageSpec
 from onnxpipe.schedule.simulate import stream
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
@@ -112,7 +112,7 @@ def make_plan(
         notes,
         seq.cuttable,
     )
-    stages = specs_from_bounds(view, seq, part.bounds, part.compute, part.transfer)
+    stages = assign_stages(view, part.bounds, seq.sizes, part.compute, part.transfer, StageOptions(seq=seq))
     per_call = per_call_cost(profile, per_call_seconds)
     stages, part = counting_copies(stages, part, extra, profile, per_call)
     if per_call > 0:
@@ -236,7 +236,8 @@ def _dealt_plan(
     summary, copied = None, None
     if decoder is None:
         chain = part.stages
-        specs = specs_from_bounds(view, items.seq, chain.bounds, chain.compute, chain.transfer)
+        drawn = StageOptions(seq=items.seq)
+        specs = assign_stages(view, chain.bounds, items.seq.sizes, chain.compute, chain.transfer, drawn)
     else:
         specs, part, copied = interleaved_decoder_stages(
             view, decoder, items.seq, part, options, profile, request.bandwidth_bytes_per_s

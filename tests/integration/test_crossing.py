@@ -29,7 +29,7 @@ from onnxpipe.planning import sequences as sequences_module
 from onnxpipe.planning.planner import plan
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.planning.sequences import sequences
-from onnxpipe.planning.stages import plan_from, specs_from_bounds
+from onnxpipe.planning.stages import StageOptions, assign_stages, plan_from
 from onnxpipe.planning.types import Plan
 from tools import corpus
 
@@ -161,7 +161,7 @@ def _cut_between(view_path: Path, maker: str, reader: str, k: int = 3) -> tuple[
     bounds = [0, at[maker] + 1, *(at[maker] + 1 + (m - at[maker] - 1) * i // (k - 1) for i in range(1, k))]
     assert bounds[2] > at[reader], "the reader should be in the stage after the cut"
     zeros = [0.0] * k
-    specs = specs_from_bounds(view, seq, bounds, zeros, zeros)
+    specs = assign_stages(view, bounds, seq.sizes, zeros, zeros, StageOptions(seq=seq))
     part = Partition(tuple(bounds), tuple(zeros), tuple(zeros), tuple(zeros), 0.0, 0.0, 0)
     return plan_from(view, prof, part, specs, seq.sizes, float("inf")), view
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -196,3 +197,19 @@ def test_a_syntax_error_says_where_once(text: str, says: str) -> None:
     with pytest.raises(json.JSONDecodeError) as info:
         json.loads(text)
     assert syntax_error_text(info.value) == says
+
+
+def test_parse_and_load_name_the_file_and_say_what_to_do(tmp_path: Path) -> None:
+    assert _doc().parse('{"a": [1]}') == {"a": [1]}
+    _fails(
+        lambda: _doc().parse("[1,\n]"), "f.json: not valid JSON (Expecting value at line 2 column 1); fix it"
+    )
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text("[true]", encoding="utf-8")
+    bad.write_text("{", encoding="utf-8")
+    assert Document(str(good), _Bad, "fix it").load(good) == [True]
+    with pytest.raises(_Bad, match=r"bad\.json: not valid JSON \(.*line 1 column 2\); fix it$"):
+        Document(str(bad), _Bad, "fix it").load(bad)
+    missing = tmp_path / "missing.json"
+    with pytest.raises(_Bad, match=r"missing\.json: cannot be read \(.*\); fix it$"):
+        Document(str(missing), _Bad, "fix it").load(missing)

@@ -31,6 +31,7 @@ from onnxpipe.manifest import (
     load_manifest,
     write_manifest,
 )
+from onnxpipe.manifest.seq2seq import SEQ2SEQ_FILE, read_seq2seq
 from onnxpipe.planning.records import DecoderRecord, NodeSplit
 from onnxpipe.schedule.simulate import simulate
 
@@ -712,3 +713,12 @@ def test_a_manifest_is_sealed_with_its_digest_and_a_hand_edit_is_refused() -> No
         Manifest.from_json(json.dumps(obj))
     del obj["digest"]  # the user takes the edit on purpose (and a manifest written before digests)
     assert Manifest.from_json(json.dumps(obj)).stages[0].estimated_compute_seconds == 5.0
+
+
+def test_a_broken_seq2seq_record_names_its_file_and_what_to_do(tmp_path: Path) -> None:
+    assert read_seq2seq(tmp_path) is None  # no record: not an encoder-decoder's split
+    (tmp_path / SEQ2SEQ_FILE).write_text('{"encoder": ', encoding="utf-8")
+    with pytest.raises(
+        ManifestError, match=r"seq2seq\.json: not valid JSON \(.*\); re-run onnxpipe split on the"
+    ):
+        read_seq2seq(tmp_path)
