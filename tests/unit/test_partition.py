@@ -997,6 +997,7 @@ def test_device_costs_match_brute_force(c: Case) -> None:
     check_heterogeneous(c)
 
 
+@pytest.mark.exhaustive  # the fast lane: activations swept with and without device costs below
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases(hetero=True, acts=True))
 def test_activation_memory_matches_brute_force(c: Case) -> None:
