@@ -6,6 +6,9 @@ uses (``dynamo=False``), whose decoders read the cross cache's batch off the dec
     python tools/export_seq2seq.py --out DIR --torchscript   # into DIR/whisper_tiny_torchscript
     python tools/export_seq2seq.py --out DIR --t5   # the tiny T5 folder (:func:`export_t5`) into DIR/t5_tiny
 
+The three are committed in ``sample_models/seq2seq/`` (``--out sample_models/seq2seq``, each line once), so
+that the tests export nothing; the same seed makes the same files.
+
 The folder holds, with optimum's file and tensor names:
 
 - ``encoder_model.onnx``: ``input_features`` [batch, mel bins, frames] -> ``last_hidden_state``
@@ -25,10 +28,11 @@ Like optimum's Whisper export, the decoders take no attention mask: positions fo
 :func:`export_t5` (``--t5``) writes a tiny random-weight T5 in optimum's T5 (and Marian) layout: the
 encoder takes ``input_ids`` and ``attention_mask``, both decoders ``encoder_attention_mask`` after
 ``input_ids``; the start token is the pad id 0, the end id 1; :func:`t5_greedy` is its plain loop.
-The sizes are tiny (d_model 64, 2 encoder and 3 decoder layers, 8 mel bins, 32 frames) so that export and
-tests take seconds.  Exports are cached in the corpus cache under ``seq2seq/<name>-<key>/`` (the
-TorchScript one's name ending ``_torchscript``), keyed by the configuration and the versions of torch,
-transformers, onnx and onnxscript.
+The sizes are tiny (d_model 32, 2 encoder and 3 decoder layers, 8 mel bins, 32 frames) so that the
+committed files stay a few hundred KB each and tests take seconds.  :func:`cached_export` (the
+benchmarks') caches an export in the corpus cache under ``seq2seq/<name>-<key>/`` (the TorchScript one's
+name ending ``_torchscript``), keyed by the configuration and the versions of torch, transformers, onnx and
+onnxscript.
 """
 
 from __future__ import annotations
@@ -61,13 +65,13 @@ NAME = "whisper_tiny"
 CONFIG: dict[str, Any] = {
     "vocab_size": 96,
     "num_mel_bins": 8,
-    "d_model": 64,
+    "d_model": 32,
     "encoder_layers": 2,
     "decoder_layers": 3,
     "encoder_attention_heads": 4,
     "decoder_attention_heads": 4,
-    "encoder_ffn_dim": 128,
-    "decoder_ffn_dim": 128,
+    "encoder_ffn_dim": 64,
+    "decoder_ffn_dim": 64,
     "max_source_positions": 16,
     "max_target_positions": 64,
     "decoder_start_token_id": 90,
@@ -326,11 +330,6 @@ def cached_export(dynamo: bool = True) -> Path:
     """The cached Whisper-shaped folder (exported by TorchScript with ``dynamo=False``, in a folder of
     its own), made now if missing; concurrent callers are safe."""
     return _cached(folder_name(dynamo), cache_key(), lambda out: export(out, dynamo))
-
-
-def cached_t5() -> Path:
-    """The cached T5-shaped folder (:func:`export_t5`), made now if missing."""
-    return _cached(T5_NAME, cache_key(T5_CONFIG), export_t5)
 
 
 def _cached(name: str, key: str, make: Callable[[Path], Path]) -> Path:

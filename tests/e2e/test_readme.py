@@ -190,15 +190,20 @@ def run_example(how: str, code: str, folder: Path) -> None:
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
 
-def test_python_example_runs(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "runs",
+    [("script",), pytest.param(("script", "script", "stdin"), marks=pytest.mark.exhaustive)],
+)
+def test_python_example_runs(tmp_path: Path, runs: tuple[str, ...]) -> None:
+    """The README's Python example runs as a script; the exhaustive lane runs it again (replacing what the
+    first run wrote, as a user running it again would) and from standard input."""
     code = python_blocks()
     assert "__main__" not in code, "the README's example must run as people run examples, unguarded"
     samples = set(re.findall(r'"(sample_models/[\w./]+\.onnx)"', code))
     assert samples, "the Python example names no sample model"
     assert all((REPO_ROOT / sample).is_file() for sample in samples)
     (tmp_path / "sample_models").symlink_to(REPO_ROOT / "sample_models", target_is_directory=True)
-    # a second run replaces what the first wrote, as a user running it again would
-    for how in ("script", "script", "stdin"):
+    for how in runs:
         run_example(how, code, tmp_path)
         assert (tmp_path / "stages" / "manifest.json").is_file()
     written = {p.name for p in tmp_path.iterdir()} - {"sample_models", "readme_example.py"}

@@ -252,6 +252,7 @@ def test_external_data_model_with_renamed_nodes(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive  # the fast lane attributes a conv model's profile (conv_profile)
 def test_light_resnet50_is_fully_attributed(light_model: Callable[[str], Path]) -> None:
     """NCHWc renames nearly every tensor of ResNet-50; all its time still lands on original nodes."""
     view = load_model(light_model("resnet50"))

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from paths import SEQ2SEQ
 
-from tools import make_sample_models
+from tools import export_seq2seq, make_sample_models
 
 NAMES = sorted(make_sample_models.BUILDERS)
 
@@ -87,3 +90,29 @@ def test_transformer_is_causal_with_symbolic_seq(sample_models_dir: Path) -> Non
     assert not np.allclose(logits2[:, 12:], logits[:, 12:])
     (one,) = sess.run(None, {"tokens": tokens[:1, :1]})
     np.testing.assert_allclose(one[0, 0], logits[0, 0], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("folder", "config"),
+    [
+        (export_seq2seq.NAME, export_seq2seq.CONFIG),
+        (export_seq2seq.folder_name(dynamo=False), export_seq2seq.CONFIG),
+        (export_seq2seq.T5_NAME, export_seq2seq.T5_CONFIG),
+    ],
+)
+def test_committed_seq2seq_folder_holds_the_exporters_configuration(
+    folder: str, config: dict[str, Any]
+) -> None:
+    """A cheap check that ``sample_models/seq2seq/`` is what ``tools/export_seq2seq.py`` writes now: each
+    folder's ``config.json`` holds the tool's configuration, its files are optimum's and small (the
+    exhaustive lane exports Whisper again and compares the models)."""
+    path = SEQ2SEQ / folder
+    hint = f"{path} is not what the tool writes: regenerate it (tools/export_seq2seq.py says how)"
+    written = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    assert {k: written.get(k) for k in config} == config, hint
+    generation = json.loads((path / "generation_config.json").read_text(encoding="utf-8"))
+    assert generation["decoder_start_token_id"] == config["decoder_start_token_id"], hint
+    files = {export_seq2seq.ENCODER, export_seq2seq.DECODER, export_seq2seq.WITH_PAST}
+    assert files <= {p.name for p in path.iterdir()}, hint
+    for p in path.glob("*.onnx"):
+        assert p.stat().st_size < 400_000, f"{p} is over 400 KB: keep the committed models tiny"

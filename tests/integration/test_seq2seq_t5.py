@@ -1,6 +1,7 @@
 """T5/Marian-style encoder-decoder folders: the encoder takes ``input_ids`` and ``attention_mask``, the
 decoders ``encoder_attention_mask`` besides the encoder's output, at every step.  The tiny random-weight
-T5 of ``tools/export_seq2seq.py`` (no download), cached between sessions; the long lane only."""
+T5 of ``tools/export_seq2seq.py`` (no download), committed in ``sample_models/seq2seq/``; the long lane
+only."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from cli_runner import run as cli_run
+from paths import SEQ2SEQ
 
 from onnxpipe.api import SplitOptions, generate, split
 from onnxpipe.core.choices import CostSource
@@ -31,7 +33,7 @@ NEW_TOKENS = 10
 
 @pytest.fixture(scope="module")
 def t5() -> Path:
-    return seq2seq.cached_t5()
+    return SEQ2SEQ / seq2seq.T5_NAME
 
 
 @pytest.fixture(scope="module")

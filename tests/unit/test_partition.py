@@ -977,6 +977,7 @@ def check_heterogeneous(c: Case) -> None:
         assert evaluate_heterogeneous(c.request(), p.bounds) == p
 
 
+@pytest.mark.exhaustive  # the fast lane: the memory-cap and activation sweeps below are heterogeneous
 @FAST
 @given(cases(hetero=True))
 def test_heterogeneous_matches_brute_force(c: Case) -> None:
@@ -989,12 +990,14 @@ def test_memory_caps_match_brute_force(c: Case) -> None:
     check_heterogeneous(c)
 
 
+@pytest.mark.exhaustive  # the fast lane: device costs swept with activations below, every split scored
 @FAST
 @given(cases(hetero=True, devices=True))
 def test_device_costs_match_brute_force(c: Case) -> None:
     check_heterogeneous(c)
 
 
+@pytest.mark.exhaustive  # the fast lane: activations swept with and without device costs below
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases(hetero=True, acts=True))
 def test_activation_memory_matches_brute_force(c: Case) -> None:
@@ -1007,6 +1010,7 @@ def test_activation_memory_with_device_costs_matches_brute_force(c: Case) -> Non
     check_heterogeneous(c)
 
 
+@pytest.mark.exhaustive  # the fast lane: brute force below and above, the reference DP on large costs
 @settings(max_examples=150, deadline=None)
 @given(
     st.sampled_from([(False, False), (True, False), (False, True), (True, True)]).flatmap(
