@@ -2,16 +2,16 @@
 value made of shapes alone crosses a cut unless the plan's notes name it (issue 31).
 
 The sweep: each corpus model split into 2 to 6 stages with static costs, and into 2 and 4 with costs
-measured once (one timed run: the costs only place the cuts; not for the three :data:`STATIC_ONLY`
-models), exported without verification.  The model runs whole once per runtime at small inputs (the
-sizes a split chooses: batch 1, sequences of 16, images of 64, or what the model runs at,
-:func:`onnxpipe.cost.runnable.runnable_shapes`); where it runs, each split's stages are chained on that
-runtime, every stage run once, and the chain's outputs are held to the whole model's on the same
-runtime where that agrees with onnxruntime (tract's and OpenVINO's resize differ on the OCR detector,
-and a cut can move tract's result there too: there the stages must run).  A stage file that two splits
-share (the same bytes, as the first stages of two counts often are) is run once.  What crosses a cut
-is read off the manifests and held to a test's own analysis of what is made of shapes
-(:func:`other_runtimes.made_of_shapes`).
+measured once (one timed run: the costs only place the cuts; not for the three :data:`STATIC_ONLY` models);
+the :data:`HEAVY` CNNs into 2 and 5 with static costs and 2 with measured ones.  Exported without
+verification.  The model runs whole once per runtime at small inputs (the sizes a split chooses: batch 1,
+sequences of 16, images of 64, or what the model runs at, :func:`onnxpipe.cost.runnable.runnable_shapes`);
+where it runs, each split's stages are chained on that runtime, every stage run once, and the chain's
+outputs are held to the whole model's on the same runtime where that agrees with onnxruntime (tract's and
+OpenVINO's resize differ on the OCR detector, and a cut can move tract's result there too: there the stages
+must run).  A stage file that two splits share (the same bytes, as the first stages of two counts often are)
+is run once.  What crosses a cut is read off the manifests and held to a test's own analysis of what is made
+of shapes (:func:`other_runtimes.made_of_shapes`).
 """
 
 from __future__ import annotations
@@ -54,6 +54,12 @@ STATIC_ONLY = frozenset({"light_vgg19", "light_zfnet512", "light_bvlc_alexnet"})
 """Split with static costs only: profiling them alone takes 5-17 s (fully connected layers of up to 400 MB
 made by ``ConstantOfShape`` at 224x224), and they are plain chains of layers with nothing made of shapes,
 so a measured cut exercises nothing a static one does not."""
+HEAVY = frozenset({*STATIC_ONLY, "light_densenet121", "light_inception_v2", "light_resnet50"})
+"""The corpus's heaviest CNNs (each whole run on tract or OpenVINO takes seconds at 224x224, and a split
+runs the whole model again stage by stage): split at :data:`HEAVY_COUNTS` only.  Their layers are plain
+chains or blocks whose cuts carry activations alone, so each further count repeats a boundary of a kind
+already run; the lighter CNNs and the other models take every count."""
+HEAVY_COUNTS = (2, 5)
 TOLERANCE = 1e-4
 RUNNERS: dict[str, Callable[[], Runner]] = {"tract": tract_runner, "openvino": openvino_runner}
 
@@ -167,10 +173,13 @@ def test_every_stage_runs_where_the_model_does(
     runtimes = _runtimes(model, feeds)
     shaped = made_of_shapes(onnx.load(model, load_external_data=False))
     problems: list[str] = []
-    splits = [(ProfileOptions(cost="static", shapes=shapes), k) for k in STATIC_COUNTS]
+    counts = HEAVY_COUNTS if name in HEAVY else STATIC_COUNTS
+    splits = [(ProfileOptions(cost="static", shapes=shapes), k) for k in counts]
     if name not in STATIC_ONLY:
         measured = get_profile(view, ProfileOptions(cost="profile", shapes=shapes, runs=1, warmup=0))
-        splits += [(ProfileOptions(saved=measured), k) for k in MEASURED_COUNTS]
+        splits += [
+            (ProfileOptions(saved=measured), k) for k in MEASURED_COUNTS[: 1 if name in HEAVY else None]
+        ]
     for costs, k in splits:
         if k > len(view.compute_nodes):
             continue
