@@ -71,43 +71,7 @@ _EXPORTS: dict[str, str] = {
     "worker_groups": "onnxpipe.schedule.timeline",
 }
 
-# written out, not computed from _EXPORTS: a type checker reads only a literal __all__ (for
-# `from onnxpipe import *`); tests/unit/test_api.py holds the two to the same names
-__all__ = [
-    "DecoderInfo",
-    "FolderInspection",
-    "GenerateResult",
-    "Generation",
-    "GenerationCluster",
-    "LinkReport",
-    "Manifest",
-    "ModelInspection",
-    "ModelSummary",
-    "ModelView",
-    "Plan",
-    "PlanResult",
-    "Profile",
-    "RunReport",
-    "SplitResult",
-    "TritonRepository",
-    "VerifyReport",
-    "export_triton",
-    "format_links",
-    "format_report",
-    "generate",
-    "inspect",
-    "links",
-    "plan",
-    "profile",
-    "run",
-    "run_json",
-    "split",
-    "verify",
-    "verify_json",
-    "worker_groups",
-    "written_stages",
-]
-__all__ += _options.__all__
+__all__ = sorted([*_EXPORTS, *_options.__all__])
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 
