@@ -524,3 +524,29 @@ def test_stages_on_devices_are_timed_on_the_profiles_sample(view: ModelView) -> 
             finally:
                 for engine, _, _ in ready:
                     engine.close()
+
+
+def test_a_stage_that_fails_when_timed_says_what_can_be_done(
+    view: ModelView, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One line, a usage error: on a device, give it another runtime; on this machine's onnxruntime,
+    where there is no device to change, leave calibration out."""
+    import onnxpipe.calibrate.timing as cal
+
+    class Failing:
+        def run(self, names: Any, feeds: Any) -> Any:
+            raise RuntimeError("boom")
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(cal, "open_engine", lambda *a, **k: Failing())
+    prof = static_profile(view)
+    with cal.scratch_stages(view, make_plan(view, prof, 2)) as (out, manifest):
+        with pytest.raises(
+            UsageError, match=r"stage 0 fails in .*\(boom\); leave out `CalibrationOptions\.rounds`"
+        ):
+            next(cal.ready_engines(view, prof, out, manifest, warmup=1))
+        configs = {st.device: EngineConfig(threads=1) for st in manifest.stages}
+        with pytest.raises(UsageError, match=r"\(boom\); give its device another runtime"):
+            next(cal.ready_engines(view, prof, out, manifest, configs, warmup=1))
