@@ -125,14 +125,18 @@ def ready_engines(
     caller that drops each stage before taking the next holds one engine at a time)."""
     values: dict[str, np.ndarray] = profile_feeds(view, profile)
     reference = EngineConfig(threads=profile.threads)
+    # on this machine's onnxruntime no runtime can be given instead: only calibration can be left out
+    remedy = (
+        "give its device another runtime"
+        if configs is not None
+        else f"leave out {opt('CalibrationOptions.rounds')}"
+    )
     for st in manifest.stages:
         config = reference if configs is None else configs[st.device]
         where = f"stage {st.index} ({st.file})"
 
         def refused(e: Exception, where: str = where, label: str = config.label) -> Exception:
-            return UsageError(
-                f"{where} does not load in {label} ({error_line(e)}); give its device another runtime"
-            )
+            return UsageError(f"{where} does not load in {label} ({error_line(e)}); {remedy}")
 
         engine = open_engine(out / st.file, config, fail=refused)
         feeds = {t.name: values[t.name] for t in st.inputs}
@@ -142,9 +146,7 @@ def ready_engines(
                 results = engine.run(names, feeds)
         except Exception as e:
             engine.close()
-            raise UsageError(
-                f"stage {st.index} fails in {config.label} ({error_line(e)}); give its device another runtime"
-            ) from e
+            raise UsageError(f"stage {st.index} fails in {config.label} ({error_line(e)}); {remedy}") from e
         values.update(zip(names, results, strict=True))
         yield engine, names, feeds
         del engine, feeds, results

@@ -491,3 +491,62 @@ def test_balance_is_the_busiest_worker_over_the_mean() -> None:
     assert measured_balance({None: r}, workers=(0, 1, 0, 1)) == pytest.approx(1.0)  # each worker 4
     nothing = CalibrationRound(bounds=(1, 2), estimated_seconds=(1.0, 1.0), measured_seconds=(0.0, 0.0))
     assert measured_balance({None: nothing}) == math.inf
+
+
+def test_stages_on_devices_are_timed_on_the_profiles_sample(view: ModelView) -> None:
+    """Calibration on devices opens each stage on its device's engine and feeds the first stage the user's
+    sample the profile was made with (``--inputs``), as timing on this machine does; random inputs only
+    without one."""
+    import dataclasses
+
+    import numpy as np
+
+    from onnxpipe.calibrate.timing import ready_engines, scratch_stages
+    from onnxpipe.ir.feeds import random_feeds
+    from onnxpipe.ir.samples import Samples
+
+    prof = static_profile(view)
+    random = dict(random_feeds(view, prof.input_shapes))
+    sample = {
+        n: np.full_like(a, 3) if a.dtype.kind in "iu" else np.full_like(a, 0.5) for n, a in random.items()
+    }
+    sampled = dataclasses.replace(prof, samples=Samples(feeds=(sample,), records=()))
+    the_plan = make_plan(view, prof, 2)
+    for profile, expected in ((sampled, sample), (prof, random)):
+        with scratch_stages(view, the_plan, profile) as (out, manifest):
+            configs = {st.device: EngineConfig(threads=1) for st in manifest.stages}
+            ready = list(ready_engines(view, profile, out, manifest, configs, warmup=1))
+            try:
+                first_feeds = ready[0][2]
+                assert first_feeds
+                assert first_feeds.keys() <= expected.keys()
+                assert all(np.array_equal(first_feeds[n], expected[n]) for n in first_feeds)
+            finally:
+                for engine, _, _ in ready:
+                    engine.close()
+
+
+def test_a_stage_that_fails_when_timed_says_what_can_be_done(
+    view: ModelView, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One line, a usage error: on a device, give it another runtime; on this machine's onnxruntime,
+    where there is no device to change, leave calibration out."""
+    import onnxpipe.calibrate.timing as cal
+
+    class Failing:
+        def run(self, names: Any, feeds: Any) -> Any:
+            raise RuntimeError("boom")
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(cal, "open_engine", lambda *a, **k: Failing())
+    prof = static_profile(view)
+    with cal.scratch_stages(view, make_plan(view, prof, 2)) as (out, manifest):
+        with pytest.raises(
+            UsageError, match=r"stage 0 fails in .*\(boom\); leave out `CalibrationOptions\.rounds`"
+        ):
+            next(cal.ready_engines(view, prof, out, manifest, warmup=1))
+        configs = {st.device: EngineConfig(threads=1) for st in manifest.stages}
+        with pytest.raises(UsageError, match=r"\(boom\); give its device another runtime"):
+            next(cal.ready_engines(view, prof, out, manifest, configs, warmup=1))

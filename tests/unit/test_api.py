@@ -79,3 +79,22 @@ def test_options_refuse_what_cannot_work_together_when_they_are_made() -> None:
         assert names in str(info.value), (names, str(info.value))
     with pytest.raises(UsageError, match="`slots=0`"):
         dataclasses.replace(RunOptions(), slots=0)
+
+
+def test_the_facade_lists_its_names_as_type_checkers_read_them() -> None:
+    """``from onnxpipe import *`` gives a type checker (mypy, an IDE) the names of ``__all__`` only when
+    ``__all__`` is a list of string literals; a computed one (``sorted([*_EXPORTS])``) gives it none.
+    So the facade writes its names out, and they must be the ones it resolves at run time."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(str(onnxpipe.__file__)).read_text())
+    (listed,) = [
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"]
+    ]
+    assert isinstance(listed, ast.List)
+    names = [e.value for e in listed.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    assert len(names) == len(listed.elts)
+    assert set(names) == set(onnxpipe._EXPORTS) | {"__version__"} == set(onnxpipe.__all__)

@@ -101,3 +101,31 @@ def test_the_plan_shows_what_a_stage_needs_against_the_device(
     code, out, err = run(["plan", resnet, "-k", "1", "--cost", "static", "--devices", devices], capfd)
     assert code == 0, err
     assert "memory need" in out and " of 1.0 GiB" in out
+
+
+def test_a_measuring_step_on_a_busy_machine_is_warned_about(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a step that measured, other processes' CPU time past the threshold is one warning with the
+    load averages; a step that measured nothing (a saved or static profile) is not warned about."""
+    import onnxpipe.api.preamble as preamble
+
+    busy = BUSY_WARNING_CPUS + 1.0  # CPUs other processes kept busy over the 10 s
+    samples = [_sample(100, 50, 0), _sample(100 + 10 * busy, 50, 10)]
+
+    class Heard(Silent):
+        def __init__(self) -> None:
+            self.warnings: list[str] = []
+
+        def warn(self, text: str) -> None:
+            self.warnings.append(text)
+
+    for measuring in (True, False):
+        monkeypatch.setattr(preamble, "sample", iter(samples).__next__)
+        heard = Heard()
+        with preamble.busy_watch(heard, "profiling", measuring=measuring):
+            pass
+        if measuring:
+            (warning,) = heard.warnings
+            assert warning.startswith(f"other processes kept {busy:.1f} CPU(s) busy during profiling")
+            assert "(load average 1.00 before, 1.00 after)" in warning
+        else:
+            assert heard.warnings == []

@@ -338,3 +338,20 @@ def test_options_take_their_paths_as_strings() -> None:
     )
     assert per_stage.ray_resources == [{"num_cpus": 1}] and per_stage.tokenizer == Path("tok")
     assert LinkOptions(split="out", out=None).split == Path("out")
+
+
+def test_every_ray_option_is_refused_without_the_ray_backend() -> None:
+    """Each ``ray_`` option set off its default is another backend's: refused by name for local workers,
+    taken for Ray (the defaults pass either way)."""
+    given = {
+        "ray_address": "auto",
+        "ray_resources": "res.json",
+        "ray_files": "shared",
+        "ray_restarts": 2,
+        "ray_restart_timeout": 5.0,
+    }
+    for name, value in given.items():
+        with pytest.raises(UsageError, match=rf"`{name}`.* is for `backend=ray`"):
+            RunOptions(**{name: value})  # type: ignore[arg-type]
+        assert getattr(RunOptions(backend="ray", **{name: value}), name) is not None  # type: ignore[arg-type]
+    assert RunOptions().ray_restarts == RunOptions(backend="ray").ray_restarts
