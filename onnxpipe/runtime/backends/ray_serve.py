@@ -195,9 +195,8 @@ class StageServer:
         runner.recorder.add(Record(note.seq, start, run_start, run_end, end, end))
         sent = time.time()
         leg = (note.stage, frame.received, run_end - run_start, sent, frame.nbytes)
-        endpoint.send(
-            route.address, Note(note.epoch, note.seq, route.stage, sent, (*note.legs, leg)).wire(), sends
-        )
+        wire = (note.epoch, note.seq, route.stage, sent, (*note.legs, leg))  # a Note's wire(), made at once
+        endpoint.send(route.address, wire, sends)
 
     def _fail(self, note: Note, kind: FailureKind, text: str) -> None:
         endpoint = self._endpoint
