@@ -127,7 +127,7 @@ def encode(meta: Any, tensors: Mapping[str, Any]) -> tuple[list[memoryview], int
     as before: numpy's pickling cost 60-90 us a frame each way on a busy node, most of a small frame's
     hop beyond the wire.  Why the buffer's format and no dtype attribute in the common case: after a
     stage's run has passed its weights through the CPU's caches, every distinct piece of numpy touched
-    costs microseconds (a generation step's frame of 5 tensors took 110 us to encode, this 75)."""
+    costs microseconds: a generation step's frame of 5 tensors took 117 us to encode by dtype, 90 by format."""
     specs: list[tuple[str, str | None, Any, int]] = []
     parts: list[memoryview] = []
     data = 0
@@ -162,6 +162,8 @@ def encode(meta: Any, tensors: Mapping[str, Any]) -> tuple[list[memoryview], int
 
 READ_AHEAD = 64 * 1024
 """The most a reader's first call for a frame takes (the rest of a larger frame comes in one more)."""
+_NOTHING = bytearray()
+"""No bytes read ahead (never written to: a frame's buffer holds at least its header)."""
 
 
 class FrameReader:
@@ -173,7 +175,7 @@ class FrameReader:
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
-        self._ahead = bytearray()
+        self._ahead = _NOTHING
         """What the last call read beyond its frame: the beginning of the next ones."""
         self._expect = 4096
         """How much a frame's first call takes."""
@@ -198,8 +200,9 @@ class FrameReader:
             buf[:got] = memoryview(before)[:got]
         while got < end:
             got += self._recv(memoryview(buf)[got:end], socket.MSG_WAITALL)
-        self._ahead = buf[end:got]
-        del buf[end:]
+        self._ahead = buf[end:got] if got > end else _NOTHING
+        if len(buf) > end:
+            del buf[end:]
         self._expect = min(end + 1024, READ_AHEAD)
         if len(self._spare) < self._expect:
             self._spare = bytearray(self._expect)
