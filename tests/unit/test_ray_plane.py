@@ -6,11 +6,12 @@ from __future__ import annotations
 import queue
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
 
-from onnxpipe.runtime.backends.ray_plane import Endpoint, Frame, PlaneError, encode, read_frame
+from onnxpipe.runtime.backends.ray_plane import Endpoint, Frame, FrameReader, PlaneError, encode
 
 
 def _pair() -> tuple[socket.socket, socket.socket]:
@@ -19,37 +20,80 @@ def _pair() -> tuple[socket.socket, socket.socket]:
 
 
 def test_a_frame_carries_its_meta_and_tensors_of_every_dtype() -> None:
-    tensors = {
+    """Arrays of numbers travel as their bytes, and arrive as views of the frame's memory (bfloat16 and
+    the other ml_dtypes too, named by their dtype's name), strided ones copied; arrays of Python
+    objects and of dates travel pickled; a numpy scalar arrives as a 0-d array."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    raw = {
         "x": np.arange(12, dtype=np.float32).reshape(3, 4),
         "ids": np.array([[1, 2, 3]], dtype=np.int64),
         "half": np.ones((2, 2), dtype=np.float16),
+        "bf16": np.arange(6, dtype=np.float32).reshape(2, 3).astype(ml_dtypes.bfloat16),
+        "f8": np.array([0.5, -2.0], dtype=ml_dtypes.float8_e5m2),
+        "int4": np.array([[1, -3]], dtype=ml_dtypes.int4),
+        "complex": np.array([1 + 2j, 3j], dtype=np.complex64),
+        "big_endian": np.arange(3, dtype=">i4"),
         "flag": np.array(True),
+        "scalar": np.float32(2.5),
         "empty": np.zeros((0, 5), dtype=np.float32),
-        "text": np.array(["a", "bc"], dtype=object),
         "strided": np.arange(20, dtype=np.int32).reshape(4, 5)[:, ::2],
+        "bf16_strided": np.ones((4, 4), dtype=ml_dtypes.bfloat16)[::2],
     }
+    pickled = {
+        "text": np.array(["a", "bc"], dtype=object),
+        "dates": np.array(["2026-12-06"], dtype="datetime64[D]"),
+    }
+    tensors = {**raw, **pickled}
     a, b = _pair()
     with a, b:
-        parts = encode({"seq": 7, "stage": 1}, tensors)
+        parts, nbytes = encode({"seq": 7, "stage": 1}, tensors)
         writer = threading.Thread(target=lambda: [a.sendall(p) for p in parts])
         writer.start()
-        frame = read_frame(b)
+        frame = FrameReader(b).read()
         writer.join()
     assert frame.meta == {"seq": 7, "stage": 1}
-    assert frame.nbytes == sum(p.nbytes for p in parts)
-    assert set(frame.tensors) == set(tensors)
+    assert frame.nbytes == nbytes == sum(p.nbytes for p in parts)
+    assert list(frame.tensors) == list(tensors)
     for name, value in tensors.items():
         got = frame.tensors[name]
         assert got.dtype == value.dtype and got.shape == value.shape, name
         assert np.array_equal(got, value), name
+        assert isinstance(got.base, bytearray) == (name in raw), name  # a view of the frame, or unpickled
     assert frame.tensors["x"].flags.writeable  # a stage may write into its inputs
+
+
+def test_a_reader_takes_frames_that_came_together_or_in_pieces() -> None:
+    """Frames written back to back (several in one read), one whose header comes in two pieces, and a
+    large frame written in pieces each come whole, in order."""
+    small = [encode(i, {"x": np.full(3, i, dtype=np.int64)}) for i in range(5)]
+    large = encode("large", {"x": np.arange(1 << 18, dtype=np.float32)})  # 1 MiB: beyond a first read
+    a, b = _pair()
+    with a, b:
+
+        def write() -> None:
+            together = b"".join(bytes(p) for parts, _n in small for p in parts)
+            a.sendall(together[:5])
+            time.sleep(0.05)  # the reader has the first 5 bytes of a header
+            a.sendall(together[5:])
+            for p in large[0]:
+                a.sendall(p)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        reader = FrameReader(b)
+        frames = [reader.read() for _ in range(6)]
+        writer.join()
+    assert [f.meta for f in frames] == [0, 1, 2, 3, 4, "large"]
+    assert all(np.array_equal(f.tensors["x"], np.full(3, i)) for i, f in enumerate(frames[:5]))
+    assert np.array_equal(frames[5].tensors["x"], np.arange(1 << 18, dtype=np.float32))
+    assert [f.nbytes for f in frames] == [n for _p, n in small] + [large[1]]
 
 
 def test_a_closed_connection_between_frames_is_an_eof() -> None:
     a, b = _pair()
     a.close()
     with b, pytest.raises(EOFError):
-        read_frame(b)
+        FrameReader(b).read()
 
 
 def test_endpoints_deliver_frames_in_order_and_both_ways() -> None:

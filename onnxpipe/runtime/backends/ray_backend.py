@@ -327,11 +327,11 @@ class RayBackend(Lanes):
         be made is a broken one (the actor is gone: the next poll recovers)."""
         assert self._endpoint is not None
         position = self._lanes[flight.lane][0]
-        flight.submitted = time.time()
-        note = Note(self._epoch, flight.seq, self.specs[position].index, flight.submitted)
+        to, stage = self._addresses[self._group_of[position]], self.specs[position].index
+        flight.submitted = time.time()  # the hop's measure starts: what it needs was looked up before
         try:
-            to = self._addresses[self._group_of[position]]
-            flight.nbytes = self._endpoint.send(to, note.wire(), flight.tensors)
+            wire = Note(self._epoch, flight.seq, stage, flight.submitted).wire()
+            flight.nbytes = self._endpoint.send(to, wire, flight.tensors)
         except PlaneError as e:
             self._broken = self._broken or str(e)
 
