@@ -27,7 +27,9 @@ why (``summary.hosts``).  In one run:
   in 2, a stage per node, against the unsplit model on one node and two replicas, one intra-op thread
   per actor: tokens/s at 1, 2 and 4 sequences in flight, identical tokens required; and the pipeline's
   hops per step with one sequence in flight (from its trips) against their bytes' time at the link's
-  rate;
+  rate, and the middle hop against a bare socket's (``benchmarks/socket_floor.py``: the same bytes from
+  host a to host b, each side computing a stage's time before it sends: this machine's floor of link
+  and wake-ups, with no data plane);
 * ``lost_node`` (1 Gbit): a spare node with stage 1's resources joins on a host of its own, the node
   holding stage 1 is killed (its whole process tree, SIGKILL) in the middle of a long stream; the stream
   completes, and the result holds the recovery's seconds (the data plane sees the break at once; Ray's
@@ -62,6 +64,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import socket_floor
 from benchmarks.bench_pipeline import CLOCK_TICKS, _busy_ticks
 from benchmarks.bench_ray import TreeWatch
 from benchmarks.common import RESULTS, benchmark_parser, params_of, shown, write_result
@@ -405,9 +408,11 @@ def generation(args: argparse.Namespace, base: Path, rate_mbit: float | None) ->
                 tokens[kind, n] = g.tokens
             trips += kind_trips if kind == "ray_pipeline" else []
         print(f"  generate round {r + 1}/{rounds}: " + _rates_text(rates, counts))
+    steps = [t for t in trips if len(t.legs) == 2]
     return {
         "rows": [_generation_row(n, rates, tokens) for n in counts],
         "step_hops": step_hops(trips, rate_mbit),
+        "stage_run_ms": statistics.median(t.legs[0].run_seconds for t in steps) * 1e3 if steps else None,
     }
 
 
@@ -586,6 +591,8 @@ def _on_hosts(args: argparse.Namespace) -> dict[str, Any]:
                 found = _drive(cluster, args, fast, FAST_MBIT)
                 done["hops"] += found.pop("hops", [])
                 done.update(found)
+                if "generate" in found:
+                    found["generate"]["socket_floor"] = _floor(hosts, found["generate"])
             slow = [c for c in ("hops", "link_bound", "boundary") if c in args.cases]
             if slow:
                 found = _drive(cluster, args, slow, SLOW_MBIT)
@@ -598,6 +605,17 @@ def _on_hosts(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             cluster.stop()
     return {**done, "hosts": "namespaced hosts: d (head and driver), a (core 0), b (core 1), c (spare)"}
+
+
+def _floor(hosts: Hosts, generate: dict[str, Any]) -> dict[str, Any] | None:
+    """The bare socket's floor under the step's middle hop (:mod:`benchmarks.socket_floor`): its bytes
+    from host a to host b, each side computing a stage's time before it sends; and what the data plane's
+    hop costs beyond it."""
+    hops, run_ms = generate.get("step_hops", []), generate.get("stage_run_ms")
+    if len(hops) != 3 or not run_ms:
+        return None
+    found = socket_floor.floor(hosts, hops[1]["bytes"], run_ms / 1e3)
+    return {**found, "plane_beyond_floor_ms": hops[1]["ms"] - found["a_to_b_ms"]}
 
 
 def _on_loopback(args: argparse.Namespace, why: str) -> dict[str, Any]:
@@ -703,6 +721,13 @@ def _print_ratios(summary: dict[str, Any]) -> None:
         print(
             f"generate step hop {hop['hop']}: {hop['bytes']} B in {hop['ms']:.3f} ms (wire {hop['wire_ms']}, "
             f"excess {hop['excess_ms']})"
+        )
+    floor = generate.get("socket_floor")
+    if floor:
+        print(
+            f"socket floor a -> b: {floor['bytes']} B in {floor['a_to_b_ms']:.3f} ms on a bare socket after "
+            f"{floor['gap_ms']:.1f} ms of compute each side (b -> a {floor['b_to_a_ms']:.3f} ms); the step's "
+            f"stage 0 -> stage 1 hop costs {floor['plane_beyond_floor_ms']:.3f} ms beyond it"
         )
     if "lost_node" in summary:
         lost = summary["lost_node"]
