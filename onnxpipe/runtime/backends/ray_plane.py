@@ -127,7 +127,8 @@ def encode(meta: Any, tensors: Mapping[str, Any]) -> tuple[list[memoryview], int
     as before: numpy's pickling cost 60-90 us a frame each way on a busy node, most of a small frame's
     hop beyond the wire.  Why the buffer's format and no dtype attribute in the common case: after a
     stage's run has passed its weights through the CPU's caches, every distinct piece of numpy touched
-    costs microseconds: a generation step's frame of 5 tensors took 117 us to encode by dtype, 90 by format."""
+    costs microseconds: a generation step's frame of 5 tensors took 117 us to encode by dtype, 90 by
+    format."""
     specs: list[tuple[str, str | None, Any, int]] = []
     parts: list[memoryview] = []
     data = 0
