@@ -51,6 +51,38 @@ atexit.register(shutil.rmtree, _STAGE_CACHE, True)
 os.environ.setdefault("ONNXPIPE_BENCH_PROFILES", str(REPO_ROOT / ".cache" / "bench-profiles"))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (``pyproject.toml``'s addopts): a worker per CPU, at most 4; none on one CPU.  Tests
+    that need the machine to themselves say so (:func:`_machine_share`)."""
+    cpus = len(os.sched_getaffinity(0))
+    return min(cpus, 4) if cpus > 1 else 0
+
+
+@pytest.fixture(autouse=True)
+def _machine_share(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """A test marked ``whole_machine`` runs alone: while it runs, the other workers' tests wait.  Why:
+    the hosts tests pin the machine's cores, set CPU quotas and measure link rates and a lost node's
+    recovery, which another test's compute on the same cores would distort.  A lock shared by the run's
+    workers (files in the folder above each worker's temporary folder): every other test holds it
+    shared, a ``whole_machine`` test exclusively; a gate taken first gives the exclusive one its turn
+    (shared holders cannot keep it waiting)."""
+    import fcntl
+
+    folder = tmp_path_factory.getbasetemp().parent
+    whole = request.node.get_closest_marker("whole_machine") is not None
+    with open(folder / ".onnxpipe-gate", "a") as gate, open(folder / ".onnxpipe-machine", "a") as machine:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(machine, fcntl.LOCK_EX if whole else fcntl.LOCK_SH)
+        fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(machine, fcntl.LOCK_UN)
+
+
 def _fetch(get: Callable[..., T], *args: object) -> T:
     try:
         return get(*args)

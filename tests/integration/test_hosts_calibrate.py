@@ -19,7 +19,12 @@ from tools.hosts import CFS_PERIOD_US, Hosts, HostSpec, cannot_make_hosts
 from tools.make_large_graph import make_big_weights
 from tools.ray_cluster import LocalCluster
 
-pytestmark = [pytest.mark.slow, pytest.mark.exhaustive]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.exhaustive,
+    pytest.mark.whole_machine,
+    pytest.mark.xdist_group("hosts"),
+]
 
 QUOTA = 0.15
 """Node b's share of its core once the nodes are up (they start at a full core: a raylet at a tenth of

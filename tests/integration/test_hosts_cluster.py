@@ -22,7 +22,12 @@ from onnxpipe.verification.options import BY_BOUNDARY
 from tools.hosts import Hosts, HostSpec, cannot_make_hosts
 from tools.ray_cluster import QUICK_HEALTH_CHECKS, LocalCluster, session_members
 
-pytestmark = [pytest.mark.slow, pytest.mark.exhaustive]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.exhaustive,
+    pytest.mark.whole_machine,
+    pytest.mark.xdist_group("hosts"),
+]
 
 RATE_MBIT = 100.0
 PINNED = [{"resources": {"node_a": 1}}, {"resources": {"node_b": 1}}]
