@@ -7,24 +7,12 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pytest
+from runtime_support import spec
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.runtime.backends.lanes import Lanes
 from onnxpipe.runtime.base import Delivery
 from onnxpipe.runtime.session import WorkerStats
-from onnxpipe.runtime.spec import WorkerSpec
-
-
-def _spec(index: int) -> WorkerSpec:
-    return WorkerSpec(
-        index=index,
-        label=f"stage {index}",
-        path="m.onnx",
-        receives=("x",),
-        inputs=("x",),
-        outputs=("y",),
-        sends=("y",),
-    )
 
 
 class _Recorded(Lanes):
@@ -33,7 +21,7 @@ class _Recorded(Lanes):
     kind = "threads"
 
     def __init__(self, lanes: int, slots: int = 1) -> None:
-        super().__init__([[_spec(0)] for _ in range(lanes)], slots, None)
+        super().__init__([[spec(0)] for _ in range(lanes)], slots, None)
         self.full: set[int] = set()
         self.went: list[tuple[int, int]] = []
 

@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from runtime_support import spec
 
 from onnxpipe.runtime.affinity import (
     Core,
@@ -23,16 +24,7 @@ from onnxpipe.runtime.spec import Placement, WorkerSpec
 
 
 def worker(index: int, threads: int) -> WorkerSpec:
-    return WorkerSpec(
-        index=index,
-        label=f"stage {index}",
-        path="m.onnx",
-        receives=("x",),
-        inputs=("x",),
-        outputs=("y",),
-        sends=("y",),
-        placement=Placement(threads=threads),
-    )
+    return spec(index, Placement(threads=threads))
 
 
 def fake_sysfs(root: Path, cores: list[list[int]], packages: list[int] | None = None) -> Path:
