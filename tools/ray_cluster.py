@@ -81,10 +81,22 @@ class Node:
         return self.process.poll() is None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_ports(count: int, *, taken: set[int] | None = None) -> list[int]:
+    """``count`` distinct free ports, none of them in ``taken`` (which gets them added).
+
+    The sockets stay bound until all are picked: picked one by one, the kernel may hand the same
+    just-closed port out twice, and ``ray start`` refuses two components on one port."""
+    taken = set() if taken is None else taken
+    with contextlib.ExitStack() as stack:
+        ports: list[int] = []
+        while len(ports) < count:
+            s = stack.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+            if port not in taken:
+                taken.add(port)
+                ports.append(port)
+    return ports
 
 
 def ray_command() -> list[str]:
@@ -176,7 +188,8 @@ class LocalCluster:
         self.token = cluster_token()
         self._unshare = can_hide() if hide else None
         self.hides = self._unshare is not None
-        self.port = free_port()
+        self._ports: set[int] = set()  # every port handed to a node of this cluster
+        self.port = free_ports(1, taken=self._ports)[0]
         self.ip = "127.0.0.1" if hosts is None or head_host is None else hosts.hosts[head_host].address
         self.address = f"{self.ip}:{self.port}"
         self.nodes: list[Node] = []
@@ -208,6 +221,7 @@ class LocalCluster:
         temp = self.base / spec.name
         log = self.base / f"{spec.name}.log"
         host = self.host_of(spec)
+        ports = iter(free_ports(7, taken=self._ports))
         args = [
             *ray_command(),
             "start",
@@ -217,12 +231,12 @@ class LocalCluster:
             f"--num-cpus={spec.num_cpus}",
             f"--resources={json.dumps(dict(spec.resources))}",
             f"--temp-dir={temp}",
-            f"--node-manager-port={free_port()}",
-            f"--object-manager-port={free_port()}",
-            f"--metrics-export-port={free_port()}",
-            f"--runtime-env-agent-port={free_port()}",
-            f"--dashboard-agent-grpc-port={free_port()}",
-            f"--dashboard-agent-listen-port={free_port()}",
+            f"--node-manager-port={next(ports)}",
+            f"--object-manager-port={next(ports)}",
+            f"--metrics-export-port={next(ports)}",
+            f"--runtime-env-agent-port={next(ports)}",
+            f"--dashboard-agent-grpc-port={next(ports)}",
+            f"--dashboard-agent-listen-port={next(ports)}",
             "--object-store-memory=200000000",
         ]
         if head:
@@ -230,7 +244,7 @@ class LocalCluster:
                 "--head",
                 f"--port={self.port}",
                 "--include-dashboard=false",
-                f"--dashboard-port={free_port()}",
+                f"--dashboard-port={next(ports)}",
             ]
             if self.system_config:
                 args.append(f"--system-config={json.dumps(self.system_config)}")
