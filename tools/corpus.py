@@ -16,11 +16,14 @@ callers (the test fixtures) skip on it and on nothing else.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -52,6 +55,27 @@ def cache_dir() -> Path:
     path = Path(os.environ.get(CACHE_ENV) or REPO_ROOT / ".cache" / "corpus")
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def build_once(final: Path, made: str, make: Callable[[Path], Path]) -> Path:
+    """``final``, a folder of the cache holding ``made``, built where missing: ``make`` writes into an
+    empty temporary folder beside it and returns the folder it wrote, which is renamed into place.
+
+    Concurrent callers (the test run's workers, two runs at once) take a lock on it first: one builds,
+    the others wait and then find its result, instead of each exporting the same model again."""
+    if (final / made).exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.parent / f".{final.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / made).exists():
+            return final
+        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}-"))
+        try:
+            os.rename(make(tmp), final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
 
 
 def _package_dir(package: str) -> Path:

@@ -39,8 +39,6 @@ import argparse
 import hashlib
 import json
 import logging
-import os
-import shutil
 import sys
 import tempfile
 import warnings
@@ -53,10 +51,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 try:
-    from tools.corpus import cache_dir
+    from tools.corpus import build_once, cache_dir
 except ModuleNotFoundError:  # run as a script: python tools/export_decoders.py
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tools.corpus import cache_dir
+    from tools.corpus import build_once, cache_dir
 
 if TYPE_CHECKING:
     import onnx
@@ -584,22 +582,13 @@ def cache_key(name: str) -> str:
 
 def cached_export(name: str) -> Path:
     """The cached export of ``name``, made now if missing; concurrent callers are safe."""
-    root = cache_dir() / "decoders"
-    final = root / f"{name}-{cache_key(name)}"
-    if (final / f"{name}.onnx").is_file():
-        return final / f"{name}.onnx"
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}-"))
-    try:
+
+    def make(tmp: Path) -> Path:
         export(name, tmp / f"{name}.onnx")
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / f"{name}.onnx").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final / f"{name}.onnx"
+        return tmp
+
+    final = cache_dir() / "decoders" / f"{name}-{cache_key(name)}"
+    return build_once(final, f"{name}.onnx", make) / f"{name}.onnx"
 
 
 def decoder(name: str) -> Path:

@@ -41,10 +41,8 @@ import argparse
 import hashlib
 import json
 import logging
-import os
 import shutil
 import sys
-import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -53,11 +51,11 @@ from typing import Any
 import numpy as np
 
 try:
-    from tools.corpus import cache_dir
+    from tools.corpus import build_once, cache_dir
     from tools.export_decoders import INIT_RANGE, SEED, _version, merge_decoders, strip_metadata
 except ModuleNotFoundError:  # run as a script: python tools/export_seq2seq.py
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tools.corpus import cache_dir
+    from tools.corpus import build_once, cache_dir
     from tools.export_decoders import INIT_RANGE, SEED, _version, merge_decoders, strip_metadata
 
 EXPORT_REVISION = 3  # bump to invalidate every cached export after changing how the folder is built
@@ -333,24 +331,9 @@ def cached_export(dynamo: bool = True) -> Path:
 
 
 def _cached(name: str, key: str, make: Callable[[Path], Path]) -> Path:
-    """``seq2seq/<name>-<key>`` in the corpus cache, written by ``make`` into a temporary folder renamed
-    into place (so concurrent callers are safe) where missing."""
-    root = cache_dir() / "seq2seq"
-    final = root / f"{name}-{key}"
-    if (final / "generation_config.json").is_file():
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}-"))
-    try:
-        make(tmp)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / "generation_config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    """``seq2seq/<name>-<key>`` in the corpus cache, written by ``make`` where missing (concurrent callers
+    are safe: :func:`tools.corpus.build_once`)."""
+    return build_once(cache_dir() / "seq2seq" / f"{name}-{key}", "generation_config.json", make)
 
 
 def greedy(folder: Path, feats: np.ndarray, max_new_tokens: int = 16) -> list[list[int]]:

@@ -38,10 +38,8 @@ import argparse
 import hashlib
 import json
 import logging
-import os
 import shutil
 import sys
-import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -52,10 +50,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 try:
-    from tools.corpus import cache_dir
+    from tools.corpus import build_once, cache_dir
 except ModuleNotFoundError:  # run as a script: python tools/export_transformers.py
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tools.corpus import cache_dir
+    from tools.corpus import build_once, cache_dir
 
 if TYPE_CHECKING:
     import torch
@@ -307,22 +305,13 @@ def file_stem(name: str, dynamo: bool) -> str:
 def cached_export(name: str, dynamo: bool) -> Path:
     """The cached export of ``name``, made now if missing; concurrent callers are safe."""
     stem = file_stem(name, dynamo)
-    root = cache_dir() / "transformers"
-    final = root / f"{stem}-{cache_key(name, dynamo)}"
-    if (final / f"{stem}.onnx").is_file():
-        return final / f"{stem}.onnx"
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{stem}-"))
-    try:
+
+    def make(tmp: Path) -> Path:
         export(name, tmp / f"{stem}.onnx", dynamo)
-        try:
-            os.rename(tmp, final)  # atomic; fails if another process got there first
-        except OSError:
-            if not (final / f"{stem}.onnx").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final / f"{stem}.onnx"
+        return tmp
+
+    final = cache_dir() / "transformers" / f"{stem}-{cache_key(name, dynamo)}"
+    return build_once(final, f"{stem}.onnx", make) / f"{stem}.onnx"
 
 
 def gpt2_tiny(dynamo: bool = False) -> Path:

@@ -44,10 +44,10 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from tools.corpus import cache_dir
+    from tools.corpus import build_once, cache_dir
 except ModuleNotFoundError:  # run as a script: python tools/make_genai_builder_model.py
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tools.corpus import cache_dir
+    from tools.corpus import build_once, cache_dir
 
 BUILD_REVISION = 1  # bump to invalidate every cached build after changing how models are made
 VOCAB = 160
@@ -202,24 +202,15 @@ def cache_key(family: str, precision: str, tied: bool) -> str:
 
 def builder_model(family: str = "llama", precision: str = "fp32", tied: bool = False) -> Path:
     """The cached build's folder (``model.onnx``, ``genai_config.json``, tokenizer files), made now if
-    missing; concurrent callers are safe (each builds into a temporary folder renamed into place)."""
-    root = cache_dir() / "genai_builder"
+    missing; concurrent callers are safe (:func:`tools.corpus.build_once`)."""
     name = f"{family}-{precision}" + ("-tied" if tied else "")
-    final = root / f"{name}-{cache_key(family, precision, tied)}"
-    if (final / "model.onnx").is_file():
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}-"))
-    try:
+
+    def make(tmp: Path) -> Path:
         build(tmp / "model", family, precision, tied)
-        try:
-            os.rename(tmp / "model", final)
-        except OSError:
-            if not (final / "model.onnx").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+        return tmp / "model"
+
+    final = cache_dir() / "genai_builder" / f"{name}-{cache_key(family, precision, tied)}"
+    return build_once(final, "model.onnx", make)
 
 
 def exclude_embeds_build(out: Path, family: str = "llama") -> Path:
