@@ -16,6 +16,7 @@ callers (the test fixtures) skip on it and on nothing else.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -57,6 +58,15 @@ def cache_dir() -> Path:
     return path
 
 
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on the file ``path`` (made with its folder if missing) while the block runs."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def build_once(final: Path, made: str, make: Callable[[Path], Path]) -> Path:
     """``final``, a folder of the cache holding ``made``, built where missing: ``make`` writes into an
     empty temporary folder beside it and returns the folder it wrote, which is renamed into place.
@@ -65,9 +75,7 @@ def build_once(final: Path, made: str, make: Callable[[Path], Path]) -> Path:
     the others wait and then find its result, instead of each exporting the same model again."""
     if (final / made).exists():
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with open(final.parent / f".{final.name}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _locked(final.parent / f".{final.name}.lock"):
         if (final / made).exists():
             return final
         tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}-"))
@@ -123,8 +131,11 @@ def _wheel(dist: str, version: str) -> Path:
     found = sorted(wheels.glob(pattern))
     if found:
         return found[0]
-    wheels.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=wheels, prefix=".download-") as tmp:
+    lock = _locked(wheels / f".{dist}-{version}.lock")
+    with lock, tempfile.TemporaryDirectory(dir=wheels, prefix=".download-") as tmp:
+        found = sorted(wheels.glob(pattern))  # a concurrent caller's download, done while this one waited
+        if found:
+            return found[0]
         cmd = [
             sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
             "--disable-pip-version-check", "--no-input", "-d", tmp, f"{dist}=={version}",
@@ -141,7 +152,7 @@ def _wheel(dist: str, version: str) -> Path:
                 f"pip download {dist}=={version} failed (exit {proc.returncode}): {_pip_reason(proc)}"
             )
         target = wheels / downloaded[0].name
-        os.replace(downloaded[0], target)  # atomic; a concurrent run writes the same bytes
+        os.replace(downloaded[0], target)  # atomic: callers that do not wait see it whole or not at all
     return target
 
 
