@@ -124,8 +124,8 @@ class _Costs:
         for stage, factor in zip(plan.stages, round_.factors, strict=True):
             device = by_name[stage.device]
             if timed_on_itself(device) and not reference_setting(device, threads):
-                config = device.engine_config()
-                rows = [own[d.name] for d in cluster.devices if d.name in own and _here_alike(d, config)]
+                alike = [d for d in cluster.devices if timed_on_itself(d) and d.engine == device.engine]
+                rows = [own[d.name] for d in alike if d.name in own]
             else:  # timed as the reference: its machine-relative costs, and the described devices' own rows
                 rows = [
                     reference,
@@ -157,10 +157,6 @@ class _Costs:
             ).save(path)
             devices.append(dataclasses.replace(d, profile_path=str(path), profile_here=False))
         return Cluster(tuple(devices), cluster.links, cluster.source)
-
-
-def _here_alike(device: Device, config: object) -> bool:
-    return timed_on_itself(device) and device.engine_config() == config
 
 
 def _own_rows(plan: Plan, cluster: Cluster, threads: int) -> dict[str, Mapping[str, float]]:
