@@ -123,7 +123,7 @@ class _Costs:
             own.setdefault(name, dict(row))
         for stage, factor in zip(plan.stages, round_.factors, strict=True):
             device = by_name[stage.device]
-            if timed_on_itself(device) and not reference_setting(device, threads):
+            if timed_on_itself(device) and not reference_setting(device.engine, threads):
                 alike = [d for d in cluster.devices if timed_on_itself(d) and d.engine == device.engine]
                 rows = [own[d.name] for d in alike if d.name in own]
             else:  # timed as the reference: its machine-relative costs, and the described devices' own rows
@@ -167,7 +167,7 @@ def _own_rows(plan: Plan, cluster: Cluster, threads: int) -> dict[str, Mapping[s
     rows: dict[str, Mapping[str, float]] = {}
     for r in plan.device_costs:
         d = by_name[r.device]
-        if d.profile_path is not None or (timed_on_itself(d) and not reference_setting(d, threads)):
+        if d.profile_path is not None or (timed_on_itself(d) and not reference_setting(d.engine, threads)):
             rows[r.device] = r.node_seconds
     return rows
 
