@@ -188,11 +188,7 @@ def _round(
         )
         for stage, m in zip(plan.stages, measured, strict=True)
     ]
-    return CalibrationRound(
-        bounds=tuple(len(s.node_names) for s in plan.stages),
-        estimated_seconds=tuple(s.compute_seconds for s in plan.stages),
-        measured_seconds=tuple(on_devices),
-    )
+    return CalibrationRound.of(plan, on_devices)
 
 
 def calibrate_on_devices(
