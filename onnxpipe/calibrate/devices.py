@@ -123,9 +123,9 @@ class _Costs:
             own.setdefault(name, dict(row))
         for stage, factor in zip(plan.stages, round_.factors, strict=True):
             device = by_name[stage.device]
-            if timed_on_itself(device) and not reference_setting(device, threads):
-                config = device.engine_config()
-                rows = [own[d.name] for d in cluster.devices if d.name in own and _here_alike(d, config)]
+            if timed_on_itself(device) and not reference_setting(device.engine, threads):
+                alike = [d for d in cluster.devices if timed_on_itself(d) and d.engine == device.engine]
+                rows = [own[d.name] for d in alike if d.name in own]
             else:  # timed as the reference: its machine-relative costs, and the described devices' own rows
                 rows = [
                     reference,
@@ -159,10 +159,6 @@ class _Costs:
         return Cluster(tuple(devices), cluster.links, cluster.source)
 
 
-def _here_alike(device: Device, config: object) -> bool:
-    return timed_on_itself(device) and device.engine_config() == config
-
-
 def _own_rows(plan: Plan, cluster: Cluster, threads: int) -> dict[str, Mapping[str, float]]:
     """The costs of the devices of ``plan`` that carry their own (not the reference's, scaled or not),
     as ``plan`` was made with them: a device first used after a correction (another order, another
@@ -171,7 +167,7 @@ def _own_rows(plan: Plan, cluster: Cluster, threads: int) -> dict[str, Mapping[s
     rows: dict[str, Mapping[str, float]] = {}
     for r in plan.device_costs:
         d = by_name[r.device]
-        if d.profile_path is not None or (timed_on_itself(d) and not reference_setting(d, threads)):
+        if d.profile_path is not None or (timed_on_itself(d) and not reference_setting(d.engine, threads)):
             rows[r.device] = r.node_seconds
     return rows
 
@@ -192,11 +188,7 @@ def _round(
         )
         for stage, m in zip(plan.stages, measured, strict=True)
     ]
-    return CalibrationRound(
-        bounds=tuple(len(s.node_names) for s in plan.stages),
-        estimated_seconds=tuple(s.compute_seconds for s in plan.stages),
-        measured_seconds=tuple(on_devices),
-    )
+    return CalibrationRound.of(plan, on_devices)
 
 
 def calibrate_on_devices(

@@ -53,6 +53,12 @@ class CalibrationRound:
     estimated_seconds: tuple[float, ...]
     measured_seconds: tuple[float, ...]
 
+    @staticmethod
+    def of(plan: Plan, measured: Sequence[float], phase: Phase | None = None) -> CalibrationRound:
+        """``plan``'s cut and its stages' estimates at ``phase`` (:func:`stage_estimates`) against the
+        ``measured`` seconds."""
+        return CalibrationRound(_bounds(plan), stage_estimates(plan, phase), tuple(measured))
+
     @property
     def factors(self) -> tuple[float, ...]:
         pairs = zip(self.measured_seconds, self.estimated_seconds, strict=True)
@@ -183,11 +189,7 @@ def calibrate_phases(
 
     def time_round(current: Mapping[Phase | None, Profile], plan: Plan) -> Rounds:
         return {
-            phase: CalibrationRound(
-                bounds=_bounds(plan),
-                estimated_seconds=stage_estimates(plan, phase),
-                measured_seconds=tuple(measure(view, plan, prof)),
-            )
+            phase: CalibrationRound.of(plan, measure(view, plan, prof), phase)
             for phase, prof in current.items()
         }
 

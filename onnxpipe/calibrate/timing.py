@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxpipe.cluster.costs import reference_setting
 from onnxpipe.core.choices import CalibrationMode, LocalMode, choice
 from onnxpipe.core.errors import UsageError, error_line
 from onnxpipe.core.options import opt
@@ -26,7 +27,6 @@ from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.core.runtime_kinds import EngineConfig
 from onnxpipe.core.runtimes import ALONE_BLOCK, Engine, median_seconds, open_engine, time_in_turns
 from onnxpipe.cost.profile import Profile
-from onnxpipe.cost.runtime_profile import is_reference
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView
@@ -180,7 +180,7 @@ def own_clock(configs: Sequence[EngineConfig]) -> tuple[Callable[[], float], str
     short one, and its median stretched more.  Sessions with more threads, and other runtimes or
     providers, work on threads of their own (or a device's): only the wall clock sees all of it.
     """
-    if configs and all(is_reference(c) and c.threads == 1 for c in configs):
+    if configs and all(reference_setting(c, 1) for c in configs):
         return time.thread_time, "by the CPU time of its one thread"
     return time.perf_counter, "by the wall clock"
 

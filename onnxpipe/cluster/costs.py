@@ -13,6 +13,7 @@ from typing import Literal
 
 from onnxpipe.cluster.model import REFERENCE_PROVIDER, Cluster, Device, _frozen
 from onnxpipe.core.errors import UsageError
+from onnxpipe.core.runtime_kinds import EngineConfig
 from onnxpipe.core.runtimes import runs_here
 
 CostMethod = Literal["profile_file", "profiled", "scaled"]
@@ -41,15 +42,15 @@ def timed_on_itself(device: Device) -> bool:
     return device.profile_path is None and device.profile_here and runs_here(device.engine)
 
 
-def reference_setting(device: Device, reference_threads: int | None) -> bool:
-    """Whether ``device`` runs as the reference profile was measured: onnxruntime on
-    :data:`REFERENCE_PROVIDER` without options, with the reference's threads (``None``: not compared)."""
-    e = device.engine
+def reference_setting(engine: EngineConfig, reference_threads: int | None = None) -> bool:
+    """Whether ``engine`` runs as the reference profile was measured (what ``onnxpipe profile`` measures):
+    onnxruntime on :data:`REFERENCE_PROVIDER` without options, with the reference's threads (``None``:
+    not compared)."""
     return (
-        e.kind.reference
-        and e.provider == REFERENCE_PROVIDER
-        and not e.provider_options
-        and (reference_threads is None or e.threads == reference_threads)
+        engine.kind.reference
+        and engine.provider == REFERENCE_PROVIDER
+        and not engine.provider_options
+        and (reference_threads is None or engine.threads == reference_threads)
     )
 
 
@@ -109,7 +110,7 @@ def device_costs(
             out.append(DeviceCosts(d.name, "profile_file", f"profile file {d.profile_path}", _frozen(secs)))
             continue
         if timed_on_itself(d):
-            if reference_setting(d, reference_threads):
+            if reference_setting(d.engine, reference_threads):
                 secs = {n: float(t) for n, t in reference.items()}
             elif measure is None:
                 raise UsageError(

@@ -3,13 +3,12 @@ value (:mod:`onnxpipe.cost.sketch` prints), and original tensors the optimizer c
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import onnx
 
-from onnxpipe.cost.sketch import VALUE_TOLERANCE, Print
+from onnxpipe.cost.sketch import Print, near_norm
 from onnxpipe.ir.graph import dfs_order
 from onnxpipe.ir.model import ModelView, subgraph_outer_reads
 
@@ -199,11 +198,7 @@ def find_duplicates(
     for o, pr in o_prints.items():
         if o in anchored or o in constant or o not in view.producer:
             continue
-        lst = index.get(pr.size, [])
-        k = bisect.bisect_left(lst, pr.norm * (1 - VALUE_TOLERANCE), key=lambda e: e[0])
-        for norm, _, q, twin in lst[k:]:
-            if norm > pr.norm * (1 + VALUE_TOLERANCE):
-                break
+        for _, _, q, twin in near_norm(index.get(pr.size, []), pr.norm):
             if pr.same(q) and not _related(view, o, twin):
                 result.add(o)
                 break
@@ -237,13 +232,7 @@ def value_candidates(
     """Original tensors, neither ``used`` nor ``constant``, whose values one of ``prints`` matches."""
     found: list[str] = []
     for p in prints:
-        lst = by_size.get(p.size)
-        if not lst:
-            continue
-        lo = bisect.bisect_left(lst, (p.norm * (1 - VALUE_TOLERANCE), ""))
-        for norm, name in lst[lo:]:
-            if norm > p.norm * (1 + VALUE_TOLERANCE):
-                break
+        for _, name in near_norm(by_size.get(p.size, []), p.norm):
             if name not in used and name not in constant and name not in found and p.same(o_prints[name]):
                 found.append(name)
     return found

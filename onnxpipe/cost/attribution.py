@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
+from networkx.utils import UnionFind
+
 from onnxpipe.core.text import names_text
 from onnxpipe.cost.anchors import node_reads
 from onnxpipe.cost.static import node_flops
@@ -31,24 +33,6 @@ class Attribution:
     regions: tuple[tuple[str, ...], ...]
     exact_fraction: float
     notes: list[str]
-
-
-class _UnionFind:
-    def __init__(self, n: int) -> None:
-        self.parent = list(range(n))
-
-    def find(self, i: int) -> int:
-        root = i
-        while self.parent[root] != root:
-            root = self.parent[root]
-        while self.parent[i] != root:
-            self.parent[i], i = root, self.parent[i]
-        return root
-
-    def union(self, a: int, b: int) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[max(ra, rb)] = min(ra, rb)
 
 
 def attribute(view: ModelView, timing: Timing, matched: Matched) -> Attribution:
@@ -82,15 +66,14 @@ class _Regions:
         self.p_nodes = list(matched.optimized.graph.node)
         self.n_o = len(view.nodes)
         self.anchors = matched.anchors
-        self.uf = _UnionFind(self.n_o + len(self.p_nodes))
+        self.uf = UnionFind(range(self.n_o + len(self.p_nodes)))
         self.p_producer: dict[str, int] = {}
         self.p_consumers: dict[str, list[int]] = {}
         self._join_original(matched)
         self._join_optimized(matched)
         self._join_anchors()
-        self.members: dict[int, list[int]] = {}
-        for i in range(self.n_o + len(self.p_nodes)):
-            self.members.setdefault(self.uf.find(i), []).append(i)
+        self.members = {min(g): sorted(g) for g in sorted(self.uf.to_sets(), key=min)}
+        self.root = {i: root for root, items in self.members.items() for i in items}
 
     def _join_original(self, matched: Matched) -> None:
         """Original side: join across tensors the optimized graph does not hold."""
@@ -129,7 +112,7 @@ class _Regions:
         for j, n in enumerate(self.p_nodes):
             s = timing.node_seconds.get(n.name, 0.0)
             if s:
-                root = self.uf.find(self.n_o + j)
+                root = self.root[self.n_o + j]
                 times[root] = times.get(root, 0.0) + s
         return times
 
@@ -162,7 +145,7 @@ class _Regions:
             found: list[int] = []
             nxt: list[int] = []
             for k in (k for r in frontier for i in self.members[r] for k in self._linked(i)):
-                rk = self.uf.find(k)
+                rk = self.root[k]
                 if rk in seen:
                     continue
                 seen.add(rk)

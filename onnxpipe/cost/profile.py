@@ -136,10 +136,7 @@ class Profile:
 def corrected(profile: Profile, stage_nodes: Sequence[Sequence[str]], factors: Sequence[float]) -> Profile:
     """``profile`` with every node of stage ``s`` (``stage_nodes[s]``, node names) scaled by ``factors[s]``:
     calibration's correction, once the stages' own times are known."""
-    scale: dict[str, float] = {}
-    for names, f in zip(stage_nodes, factors, strict=True):
-        for name in names:
-            scale[name] = f
+    scale = {name: f for names, f in zip(stage_nodes, factors, strict=True) for name in names}
     node_seconds: Mapping[str, float] = {n: t * scale.get(n, 1.0) for n, t in profile.node_seconds.items()}
     return replace(profile, node_seconds=node_seconds, total_seconds=sum(node_seconds.values()))
 

@@ -30,6 +30,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
+from onnxpipe.cluster.costs import reference_setting
 from onnxpipe.core.choices import CostSource
 from onnxpipe.core.errors import ProfileError, UsageError, error_line
 from onnxpipe.core.runtimes import EngineConfig, open_engine, time_run
@@ -42,11 +43,6 @@ from onnxpipe.ir.shapes import resolve_input_shapes
 
 LAYER_RUNS = 5
 """Runs whose per-layer reports are taken (the median of each layer's time)."""
-
-
-def is_reference(config: EngineConfig) -> bool:
-    """Whether ``config`` is onnxruntime on the CPU without options: what ``onnxpipe profile`` measures."""
-    return config.kind.reference and config.provider == "CPUExecutionProvider" and not config.provider_options
 
 
 def profile_on_runtime(
@@ -64,7 +60,7 @@ def profile_on_runtime(
     """
     if runs < 1:
         raise UsageError(f"runs must be >= 1, got {runs}")
-    if is_reference(config):
+    if reference_setting(config):
         prof = profile_model(view, threads=config.threads, runs=runs, warmup=warmup, shapes=shapes)
         return dataclasses.replace(prof, runtime=config.label)
     if view.path is None:

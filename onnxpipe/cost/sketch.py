@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -13,6 +15,14 @@ VALUE_TOLERANCE = 1e-3
 CENTRED_TOLERANCE = 0.1
 """The same, for the values minus their mean (looser: rounding is large next to a tiny spread)."""
 SKETCH_SIZE = 64
+Entry = TypeVar("Entry", bound=tuple[Any, ...])
+
+
+def near_norm(entries: Sequence[Entry], norm: float) -> Sequence[Entry]:
+    """The entries (sorted by their first item, a norm) whose norm is within :data:`VALUE_TOLERANCE` of
+    ``norm``: the only tensors whose values can match."""
+    lo = bisect.bisect_left(entries, norm * (1 - VALUE_TOLERANCE), key=lambda e: e[0])
+    return entries[lo : bisect.bisect_right(entries, norm * (1 + VALUE_TOLERANCE), key=lambda e: e[0])]
 
 
 @dataclass(frozen=True)

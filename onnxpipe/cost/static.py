@@ -114,10 +114,7 @@ def node_bytes(view: ModelView, node: NodeInfo, shapes: Shapes) -> int:
     """Bytes the node reads (weights included) and writes; 0 for ops that only alias their input."""
     if node.op_type in _ALIASING:
         return 0
-    total = 0
-    for t in dict.fromkeys(node.reads + node.outputs):
-        total += _nbytes(view, t, shapes) or 0
-    return total
+    return sum(_nbytes(view, t, shapes) or 0 for t in dict.fromkeys(node.reads + node.outputs))
 
 
 def _numel(shape: Sequence[int] | None) -> int | None:

@@ -3,7 +3,6 @@ run with every tensor exposed, NCHWc blocked values read back as NCHW, degenerat
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ from onnx import numpy_helper
 
 from onnxpipe.core.errors import ProfileError
 from onnxpipe.cost.anchors import AnchorFinder, find_duplicates, topological, value_candidates
-from onnxpipe.cost.sketch import VALUE_TOLERANCE, Print, Sketcher
+from onnxpipe.cost.sketch import Print, Sketcher, near_norm
 from onnxpipe.cost.static import constant_tensors
 from onnxpipe.cost.trace import Exposed, OrtModel, Timing, run_exposed
 from onnxpipe.ir.external import tensor_values
@@ -150,11 +149,7 @@ def _optimized_prints(
     p_prints: dict[str, list[Print]] = {}
 
     def wanted(size: int, norm: float) -> bool:
-        lst = by_size.get(size)
-        if not lst:
-            return False
-        k = bisect.bisect_left(lst, (norm * (1 - VALUE_TOLERANCE), ""))
-        return k < len(lst) and lst[k][0] <= norm * (1 + VALUE_TOLERANCE)
+        return bool(near_norm(by_size.get(size, []), norm))
 
     def matches(p: Print) -> bool:
         return bool(value_candidates([p], o_prints, by_size, set(), set()))

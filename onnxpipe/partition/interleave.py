@@ -87,11 +87,6 @@ class InterleavedPartition:
         """The number of workers."""
         return len(self.worker_seconds)
 
-    @property
-    def ratio(self) -> float:
-        """``bottleneck / lower_bound`` (1.0 when the lower bound is 0): how far from perfect balance."""
-        return 1.0 if self.lower_bound == 0 else self.bottleneck / self.lower_bound
-
 
 @dataclass(frozen=True)
 class _Sums:

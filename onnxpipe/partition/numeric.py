@@ -41,12 +41,8 @@ def _exact_prefix(values: FloatArr) -> FloatArr:
         return out
     emin = int(e[nz].min())
     shifts = np.where(nz, e - emin, 0)
-    acc = 0
-    sums = [0]
-    append = sums.append
-    for m, sh in zip(imant.tolist(), shifts.tolist(), strict=True):
-        acc += m << sh
-        append(acc)
+    terms = [m << sh for m, sh in zip(imant.tolist(), shifts.tolist(), strict=True)]
+    sums = list(itertools.accumulate(terms, initial=0))
     if emin >= 0:
         scale = 1 << emin
         out[:] = [float(x * scale) for x in sums]

@@ -26,9 +26,8 @@ from onnxpipe.core.errors import MemoryFitError, PartitionError, UsageError
 from onnxpipe.core.options import opt
 from onnxpipe.core.runtime_kinds import EngineConfig
 from onnxpipe.core.text import human_bytes
-from onnxpipe.cost.measure import profile_model
 from onnxpipe.cost.profile import Profile
-from onnxpipe.cost.runtime_profile import is_reference, profile_on_runtime
+from onnxpipe.cost.runtime_profile import profile_on_runtime
 from onnxpipe.ir.decoder import DecoderInfo, FoundDecoder, decoder_of
 from onnxpipe.ir.decoder_dims import counted_context
 from onnxpipe.ir.model import ModelView, NodeInfo
@@ -454,11 +453,7 @@ def _measure_fn(view: ModelView, profile: Profile) -> Callable[[Device], Mapping
     def measure(device: Device) -> Mapping[str, float]:
         config = device.engine_config()
         if config not in measured:
-            if is_reference(config):
-                prof = profile_model(view, threads=config.threads, shapes=profile.input_shapes)
-            else:
-                prof = profile_on_runtime(view, config, shapes=profile.input_shapes)
-            measured[config] = prof.node_seconds
+            measured[config] = profile_on_runtime(view, config, shapes=profile.input_shapes).node_seconds
         return measured[config]
 
     return measure

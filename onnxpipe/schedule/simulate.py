@@ -121,25 +121,6 @@ def simulate(
     interleaved split); ``None``: a device per stage.
     """
     kind = choice(ScheduleKind, kind, "ScheduleRequest.kind")
-    f_cost, b_cost, l_cost = _costs(kind, fwd, bwd, link, microbatches)
-    k = len(f_cost)
-    if workers is None:
-        return _simulate(kind, f_cost, b_cost, l_cost, microbatches, None)
-    if kind.training:
-        raise UsageError(f"schedule {kind!r}: stages that share a worker are planned for inference only")
-    if len(workers) != k or any(w < 0 for w in workers):
-        raise ValueError(f"workers must give each of the {k} stages a worker index >= 0: {list(workers)}")
-    return _simulate(kind, f_cost, b_cost, l_cost, microbatches, tuple(int(w) for w in workers))
-
-
-def _costs(
-    kind: ScheduleKind,
-    fwd: Sequence[float],
-    bwd: Sequence[float] | None,
-    link: Sequence[float],
-    microbatches: int,
-) -> tuple[list[float], list[float], list[float]]:
-    """The forward, backward and link seconds of each stage, checked (backward zeros for streaming)."""
     if microbatches < 1:
         raise UsageError(
             f"need at least one micro-batch, got {microbatches}; choose {opt('microbatches')} 1 or more"
@@ -160,7 +141,13 @@ def _costs(
     for name, seq in (("fwd", f_cost), ("bwd", b_cost), ("link", l_cost)):
         if any(not (math.isfinite(x) and x >= 0) for x in seq):
             raise ValueError(f"{name} times must be finite and non-negative: {seq}")
-    return f_cost, b_cost, l_cost
+    if workers is None:
+        return _simulate(kind, f_cost, b_cost, l_cost, microbatches, None)
+    if kind.training:
+        raise UsageError(f"schedule {kind!r}: stages that share a worker are planned for inference only")
+    if len(workers) != k or any(w < 0 for w in workers):
+        raise ValueError(f"workers must give each of the {k} stages a worker index >= 0: {list(workers)}")
+    return _simulate(kind, f_cost, b_cost, l_cost, microbatches, tuple(int(w) for w in workers))
 
 
 def _simulate(

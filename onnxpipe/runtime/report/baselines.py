@@ -28,6 +28,7 @@ from typing import Literal, cast
 
 import numpy as np
 
+from onnxpipe.cluster.model import device_type
 from onnxpipe.core.choices import LocalMode
 from onnxpipe.core.errors import RuntimeStageError, error_line
 from onnxpipe.core.runtimes import Engine, open_engine
@@ -279,18 +280,7 @@ def _alike(pipeline: Pipeline) -> bool:
     m = pipeline.manifest
     if m is None or m.cluster is None:
         return True
-    kinds = {
-        (
-            d.engine.provider,
-            d.engine.threads,
-            d.speed,
-            tuple(sorted(d.op_speeds.items())),
-            d.profile_path,
-            d.profile_here,
-        )
-        for d in m.cluster.devices
-    }
-    return len(kinds) == 1
+    return len({device_type(d) for d in m.cluster.devices}) == 1
 
 
 def _most(values: Sequence[int | None]) -> int | None:

@@ -91,12 +91,7 @@ def format_report(report: RunReport) -> str:
         *_baseline_lines(report),
         *_recovery_lines(report),
     ]
-    machine = _machine_line(report)
-    if machine:
-        lines.append(machine)
-    memory = memory_line(report)
-    if memory:
-        lines.append(memory)
+    lines += [line for line in (_machine_line(report), memory_line(report)) if line]
     if report.outputs_match is not None:
         verdict = "match" if report.outputs_match else "DO NOT match"
         lines.append(
