@@ -167,21 +167,19 @@ class ProcessBackend(Lanes):
 
     def _await_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        waiting = list(self._workers)
-        while waiting:
+        while waiting := [w for w in self._workers if not w.pid]:
             left = deadline - time.monotonic()
             if left <= 0:
                 names = ", ".join(w.label for w in waiting)
                 raise RuntimeStageError(f"{names}: did not start within {timeout:.0f} s")
             wait([x for w in waiting for x in (w.status, w.process.sentinel)], timeout=min(left, WATCH_S))
-            for w in [w for w in waiting if w.status.poll()]:
-                message = w.status.recv()
-                if message[0] != "ready":
-                    raise RuntimeStageError(str(message[1]))
-                w.pid = int(message[1])
-                waiting.remove(w)
             for w in waiting:
-                if w.process.exitcode is not None:
+                if w.status.poll():
+                    message = w.status.recv()
+                    if message[0] != "ready":
+                        raise RuntimeStageError(str(message[1]))
+                    w.pid = int(message[1])
+                elif w.process.exitcode is not None:
                     raise RuntimeStageError(_exit_text(w))
 
     # ------------------------------------------------------------------------------------ running
@@ -239,26 +237,23 @@ class ProcessBackend(Lanes):
         the time to wait for the death to show before it reports the bare closed channel."""
         deadline = time.monotonic() + grace
         while True:
-            self._raise_reported_or_dead()
+            for w in self._workers:
+                if w.status.poll():
+                    try:
+                        message = w.status.recv()
+                    except (EOFError, OSError):
+                        continue
+                    self._failure = RuntimeStageError(str(message[1]))
+                    raise self._failure
+            # a neighbour of a killed worker leaves quietly (code 0) when its channel closes: blame the kill
+            dead = [w for w in self._workers if w.process.exitcode is not None]
+            if dead:
+                first = min(dead, key=lambda w: w.process.exitcode == 0)
+                self._failure = RuntimeStageError(_exit_text(first))
+                raise self._failure
             if time.monotonic() >= deadline:
                 return
             time.sleep(0.005)
-
-    def _raise_reported_or_dead(self) -> None:
-        for w in self._workers:
-            if w.status.poll():
-                try:
-                    message = w.status.recv()
-                except (EOFError, OSError):
-                    continue
-                self._failure = RuntimeStageError(str(message[1]))
-                raise self._failure
-        # a neighbour of a killed worker leaves quietly (code 0) when its channel closes: blame the kill
-        dead = [w for w in self._workers if w.process.exitcode is not None]
-        if dead:
-            first = min(dead, key=lambda w: w.process.exitcode == 0)
-            self._failure = RuntimeStageError(_exit_text(first))
-            raise self._failure
 
     # ---------------------------------------------------------------------------------- stats
 
@@ -330,8 +325,6 @@ class ProcessBackend(Lanes):
         for lane in self._lanes:
             lane.writer.close()
             lane.reader.close()
-            for conn in (lane.writer.data, lane.writer.free, lane.reader.data, lane.reader.free):
-                conn.close()
         for w in workers:
             w.control.close()
             w.status.close()

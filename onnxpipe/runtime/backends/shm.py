@@ -167,10 +167,12 @@ class SlotWriter:
         _unlink(segment.name)
 
     def close(self) -> None:
-        """Unlink every segment this writer created."""
+        """Unlink every segment this writer created; close its pipes."""
         for segment in self._segments.values():
             self._release(segment)
         self._segments.clear()
+        self.data.close()
+        self.free.close()
 
 
 class SlotReader:
@@ -227,7 +229,10 @@ class SlotReader:
         return segment
 
     def close(self) -> None:
+        """Unmap every segment; close the pipes."""
         for segment in self._mapped.values():
             with contextlib.suppress(BufferError):
                 segment.close()
         self._mapped.clear()
+        self.data.close()
+        self.free.close()
