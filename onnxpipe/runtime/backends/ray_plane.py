@@ -135,13 +135,6 @@ IOV_MAX = 1024
 next call."""
 
 
-def _send_all(sock: socket.socket, parts: list[memoryview]) -> None:
-    """Write ``parts`` in one ``sendmsg`` where the socket takes them (one packet for a small frame, not
-    one per part), the rest in further calls."""
-    while parts:
-        parts = _sent(parts, sock.sendmsg(parts[:IOV_MAX]))
-
-
 class _Sender:
     """The connection to one destination.  A frame is written at once by the thread that sends it, as far
     as the socket's buffer takes it without waiting; what is left (a full buffer: a slow link, a busy
@@ -184,8 +177,9 @@ class _Sender:
 
     def _loop(self) -> None:
         while (views := self._queue.get()) is not None:
-            try:
-                _send_all(self._sock, views)
+            try:  # in one sendmsg where the socket takes them (one packet for a small frame), the rest after
+                while views:
+                    views = _sent(views, self._sock.sendmsg(views[:IOV_MAX]))
             except OSError as e:
                 self._broken = True
                 self._on_broken(self.to, f"sending to {self.to[0]}:{self.to[1]} failed: {e}")

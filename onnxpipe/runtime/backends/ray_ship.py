@@ -73,16 +73,9 @@ def ship(ray: Any, actor: Any, specs: Sequence[WorkerSpec]) -> tuple[int, dict[i
 def _stream(ray: Any, actor: Any, f: ShippedFile, source: Path) -> None:
     """``source`` to ``actor`` in chunks, at most :data:`WINDOW` on their way at once."""
     pending: list[Any] = []
-    offset = 0
     with source.open("rb") as handle:
-        while True:
-            data = handle.read(CHUNK_BYTES)
-            if offset > 0 and not data:
-                break
-            pending.append(actor.write.remote(f.sha256, offset, data))
-            offset += len(data)
+        for offset in range(0, max(f.size, 1), CHUNK_BYTES):  # an empty file: its one empty chunk is sent
+            pending.append(actor.write.remote(f.sha256, offset, handle.read(CHUNK_BYTES)))
             if len(pending) >= WINDOW:
                 ray.get(pending.pop(0))
-            if not data:  # an empty file: its one empty chunk is sent
-                break
     ray.get(pending)
