@@ -164,7 +164,6 @@ class RayBackend(Lanes):
         self._event = threading.Event()
         self._recovering = False
         self._replay: list[_Flight] = []
-
         """Micro-batches to send again once a recovery brought the lost actors back."""
         self._dropped: list[_Flight] = []
         """Generation steps a recovery dropped, to fail alone (:class:`CacheLost`) at the next poll."""
