@@ -108,14 +108,12 @@ class ProcessBackend(Lanes):
             for li, lane in enumerate(lanes):
                 self._start_lane(li, lane, worker_groups(range(len(lane)) if workers is None else workers))
             self._await_ready(start_timeout)
-            everything: list[Connection | int] = [self._wake_fd]
-            health: list[Connection | int] = []
-            for started in self._lanes:
-                everything += [started.reader.data, started.writer.free]
-                for w in started.workers:
-                    health += [w.status, w.process.sentinel]
+            health: list[Connection | int] = [
+                x for w in self._workers for x in (w.status, w.process.sentinel)
+            ]
+            channels = [x for lane in self._lanes for x in (lane.reader.data, lane.writer.free)]
             self._health = Poller(*health)
-            self._events = Poller(*everything, *health)
+            self._events = Poller(self._wake_fd, *channels, *health)
         except BaseException:
             self.close(graceful=False)
             raise
@@ -303,29 +301,26 @@ class ProcessBackend(Lanes):
         if self._closed:
             return
         self._closed = True
-        workers = self._workers
+        started = [w.process for w in self._workers if w.process.pid is not None]
         if graceful:
-            for w in workers:
+            for w in self._workers:
                 with contextlib.suppress(OSError):
                     w.control.send(STOP)
             deadline = time.monotonic() + STOP_GRACE_S
-            for w in workers:
-                if w.process.pid is not None:
-                    w.process.join(max(0.0, deadline - time.monotonic()))
-        for w in workers:
-            if w.process.pid is not None and w.process.exitcode is None:
-                w.process.terminate()
-        for w in workers:
-            if w.process.pid is None:
-                continue
-            w.process.join(STOP_GRACE_S)
-            if w.process.exitcode is None:
-                w.process.kill()
-                w.process.join()
+            for process in started:
+                process.join(max(0.0, deadline - time.monotonic()))
+        for process in started:
+            if process.exitcode is None:
+                process.terminate()
+        for process in started:
+            process.join(STOP_GRACE_S)
+            if process.exitcode is None:
+                process.kill()
+                process.join()
         for lane in self._lanes:
             lane.writer.close()
             lane.reader.close()
-        for w in workers:
+        for w in self._workers:
             w.control.close()
             w.status.close()
         self._wake_read.close()

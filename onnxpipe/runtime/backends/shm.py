@@ -98,16 +98,10 @@ class Poller:
 def unlink_prefix(prefix: str) -> int:
     """Remove every shared-memory segment whose name starts with ``prefix``; returns how many."""
     removed = 0
-    if not SHM_DIR.is_dir():
-        return 0
-    for p in SHM_DIR.glob(prefix + "*"):
-        try:
+    for p in SHM_DIR.glob(prefix + "*"):  # nothing where there is no such folder
+        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to remove
             p.unlink()
             removed += 1
-        except FileNotFoundError:
-            pass
-        except OSError:
-            continue
     return removed
 
 
