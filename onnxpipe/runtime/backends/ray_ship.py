@@ -39,27 +39,18 @@ def model_files(path: Path) -> tuple[ModelFile, ...]:
     return tuple(ModelFile(n, file_sha256(path.parent / n)) for n in [path.name, *names])
 
 
-def files_of(spec: WorkerSpec) -> list[tuple[ShippedFile, Path]]:
-    """Each file of ``spec``'s model with its size, and where the driver reads it."""
-    path = Path(spec.path)
-    recorded = spec.files or model_files(path)
-    out = []
-    for f in recorded:
-        source = path.parent / f.name
-        out.append((ShippedFile(f.name, f.sha256, source.stat().st_size), source))
-    return out
-
-
 def ship(ray: Any, actor: Any, specs: Sequence[WorkerSpec]) -> tuple[int, dict[int, list[ShippedFile]]]:
     """Send ``actor``'s node the files of ``specs`` it lacks; the bytes sent, and each stage's files (by
     stage index) for the actor to open them from its node's cache."""
     stage_files: dict[int, list[ShippedFile]] = {}
     sources: dict[str, tuple[ShippedFile, Path, str]] = {}
-    for spec in specs:
-        listed = files_of(spec)
-        stage_files[spec.index] = [f for f, _ in listed]
-        for f, source in listed:
-            sources.setdefault(f.sha256, (f, source, spec.label))
+    for spec in specs:  # each file of a stage's model with its size, and where the driver reads it
+        folder = Path(spec.path).parent
+        stage_files[spec.index] = []
+        for recorded in spec.files or model_files(Path(spec.path)):
+            f = ShippedFile(recorded.name, recorded.sha256, (folder / recorded.name).stat().st_size)
+            stage_files[spec.index].append(f)
+            sources.setdefault(f.sha256, (f, folder / f.name, spec.label))
     missing = ray.get(actor.missing.remote([f for f, _, _ in sources.values()]))
     sent = 0
     for sha in missing:
