@@ -70,11 +70,6 @@ def _buffer(segment: SharedMemory) -> memoryview:
     return buf
 
 
-def _unlink(name: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        _posixshmem.shm_unlink("/" + name)
-
-
 class Poller:
     """A persistent ``select.poll`` over a few connections or file descriptors (no per-call set-up)."""
 
@@ -158,7 +153,8 @@ class SlotWriter:
     def _release(segment: SharedMemory) -> None:
         with contextlib.suppress(BufferError):
             segment.close()
-        _unlink(segment.name)
+        with contextlib.suppress(FileNotFoundError):
+            _posixshmem.shm_unlink("/" + segment.name)
 
     def close(self) -> None:
         """Unlink every segment this writer created; close its pipes."""
