@@ -303,8 +303,7 @@ class RayBackend(Lanes):
     # ---------------------------------------------------------------------------------- running
 
     def try_submit(self, seq: int, feeds: Mapping[str, np.ndarray], to_lane: int | None = None) -> bool:
-        """Send micro-batch ``seq`` to the first stage of the next lane with room (lanes in turn), or
-        ``to_lane``."""
+        """As :meth:`Lanes.try_submit`, but nothing goes while a recovery brings lost actors back."""
         with self._lock:
             if self._recovering or not super().try_submit(seq, feeds, to_lane):
                 return False
