@@ -9,7 +9,7 @@ import os
 import signal
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from multiprocessing.connection import Connection
 
 from onnxpipe.runtime.affinity import pin_thread
@@ -26,30 +26,16 @@ from onnxpipe.runtime.session import (
 from onnxpipe.runtime.spec import WorkerSpec
 
 WATCH_S = 1.0  # how often a waiting worker checks that its parent is alive
-
-
 SIGNAL_WAIT_S = 0.25  # how long a signalled worker waits to see whether its parent is dying too
-
-
 STOP = "stop"
-
-
 STATS = "stats"  # sent as (STATS, request id); the reply is (request id, WorkerStats)
-
-
 RESET = "reset"
 
 
-@dataclass(frozen=True)
-class StageEnds:
-    """The channel ends of one stage hosted by a worker process: where its micro-batches come in, where
-    its results go, and the name prefix of the segments it writes."""
-
-    in_data: Connection
-    in_free: Connection
-    out_data: Connection
-    out_free: Connection
-    prefix: str
+StageEnds = tuple[Connection, Connection, Connection, Connection, str]
+"""The channel ends of one stage hosted by a worker process: where its micro-batches come in (the data
+pipe's end, the free pipe's), where its results go (the same two), and the name prefix of the segments it
+writes."""
 
 
 def worker_main(
@@ -78,10 +64,9 @@ def worker_main(
     if host is None:
         return
     status.send(("ready", os.getpid()))
-    loop = _Loop(host, control, parent_pid, startup_rss)
     orphaned = False
     try:
-        orphaned = loop.run()
+        orphaned = _serve(host, control, parent_pid, startup_rss)
     except StageFailure as e:
         report(status, str(e))
     except (EOFError, BrokenPipeError, ConnectionResetError):
@@ -116,9 +101,9 @@ def _start(
         return None
     hosted: list[Hosted[SlotReader, SlotWriter]] = []
     try:
-        for spec, end in zip(specs, ends, strict=True):
-            reader = SlotReader(end.in_data, end.in_free)
-            writer = SlotWriter(end.prefix, slots, end.out_data, end.out_free)
+        for spec, (in_data, in_free, out_data, out_free, prefix) in zip(specs, ends, strict=True):
+            reader = SlotReader(in_data, in_free)
+            writer = SlotWriter(prefix, slots, out_data, out_free)
             hosted.append(Hosted(StageRunner(spec), reader, writer))
     except StageFailure as e:
         report(status, str(e))
@@ -128,63 +113,51 @@ def _start(
     return Host(hosted)
 
 
-class _Loop:
+def _serve(
+    host: Host[SlotReader, SlotWriter], control: Connection, parent_pid: int, startup_rss: int | None
+) -> bool:
     """A worker process's loop over its :class:`~.hosting.Host`: work while any stage can, wait on what
     could let one work again, and answer the caller's control messages (stats, reset, stop) between
-    micro-batches."""
+    micro-batches.  Works until told to stop (False) or the parent is gone (True: the worker is
+    orphaned)."""
+    asked = Poller(control)  # a persistent poll: Connection.poll() builds a selector per call
+    # what to wait on, by which stages hold a result: their room, else their input (and control)
+    waits: dict[tuple[bool, ...], Poller] = {}
+    while True:
+        # the caller's stats, reset and stop come first, also while every pass finds work
+        if asked.any() and not _control_says_go(host, control, startup_rss):
+            return False
+        worked = host.one_pass()
+        if worked is None:
+            return False
+        if worked:
+            continue
+        key = tuple(h.held is not None for h in host.hosted)
+        if key not in waits:
+            objects = [
+                h.outbox.free if held else h.inbox.data for h, held in zip(host.hosted, key, strict=True)
+            ]
+            waits[key] = Poller(*objects, control)
+        ready = waits[key].ready(WATCH_S)
+        if not ready:
+            if os.getppid() != parent_pid:
+                return True
+            continue
+        if control in ready and not _control_says_go(host, control, startup_rss):
+            return False
 
-    def __init__(
-        self,
-        host: Host[SlotReader, SlotWriter],
-        control: Connection,
-        parent_pid: int,
-        startup_rss: int | None,
-    ) -> None:
-        self.host = host
-        self.control = control
-        self.parent_pid = parent_pid
-        self.startup_rss = startup_rss
-        self.asked = Poller(control)  # a persistent poll: Connection.poll() builds a selector per call
-        self.waits: dict[tuple[bool, ...], Poller] = {}
-        """What to wait on, by which stages hold a result: their room, else their input (and control)."""
 
-    def run(self) -> bool:
-        """Work until told to stop (False) or the parent is gone (True: the worker is orphaned)."""
-        while True:
-            # the caller's stats, reset and stop come first, also while every pass finds work
-            if self.asked.any() and not self._control_says_go():
-                return False
-            worked = self.host.one_pass()
-            if worked is None:
-                return False
-            if worked:
-                continue
-            ready = self._poller().ready(WATCH_S)
-            if not ready:
-                if os.getppid() != self.parent_pid:
-                    return True
-                continue
-            if self.control in ready and not self._control_says_go():
-                return False
-
-    def _poller(self) -> Poller:
-        hosted = self.host.hosted
-        key = tuple(h.held is not None for h in hosted)
-        poller = self.waits.get(key)
-        if poller is None:
-            objects = [h.outbox.free if held else h.inbox.data for h, held in zip(hosted, key, strict=True)]
-            poller = self.waits[key] = Poller(*objects, self.control)
-        return poller
-
-    def _control_says_go(self) -> bool:
-        message = self.control.recv()
-        runners = [h.runner for h in self.host.hosted]
-        if isinstance(message, tuple) and message[0] == STATS:
-            self.control.send((message[1], hosted_stats(runners, self.startup_rss)))
-        elif message == RESET:
-            for r in runners:
-                r.recorder.reset()
-        return bool(message != STOP)
+def _control_says_go(
+    host: Host[SlotReader, SlotWriter], control: Connection, startup_rss: int | None
+) -> bool:
+    message = control.recv()
+    runners = [h.runner for h in host.hosted]
+    if isinstance(message, tuple) and message[0] == STATS:
+        control.send((message[1], hosted_stats(runners, startup_rss)))
+    elif message == RESET:
+        for r in runners:
+            r.recorder.reset()
+    return bool(message != STOP)
 
 
 def hosted_stats(runners: Sequence[StageRunner], startup_rss: int | None) -> list[WorkerStats]:

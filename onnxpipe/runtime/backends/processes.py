@@ -108,14 +108,12 @@ class ProcessBackend(Lanes):
             for li, lane in enumerate(lanes):
                 self._start_lane(li, lane, worker_groups(range(len(lane)) if workers is None else workers))
             self._await_ready(start_timeout)
-            everything: list[Connection | int] = [self._wake_fd]
-            health: list[Connection | int] = []
-            for started in self._lanes:
-                everything += [started.reader.data, started.writer.free]
-                for w in started.workers:
-                    health += [w.status, w.process.sentinel]
+            health: list[Connection | int] = [
+                x for w in self._workers for x in (w.status, w.process.sentinel)
+            ]
+            channels = [x for lane in self._lanes for x in (lane.reader.data, lane.writer.free)]
             self._health = Poller(*health)
-            self._events = Poller(*everything, *health)
+            self._events = Poller(self._wake_fd, *channels, *health)
         except BaseException:
             self.close(graceful=False)
             raise
@@ -135,10 +133,8 @@ class ProcessBackend(Lanes):
         try:
             for positions in hosts:
                 specs = tuple(lane[i] for i in positions)
-                ends = tuple(
-                    StageEnds(
-                        data[i][0], free[i][1], data[i + 1][1], free[i + 1][0], f"{self.prefix}-l{li}c{i + 1}"
-                    )
+                ends: tuple[StageEnds, ...] = tuple(
+                    (data[i][0], free[i][1], data[i + 1][1], free[i + 1][0], f"{self.prefix}-l{li}c{i + 1}")
                     for i in positions
                 )
                 control, control_child = ctx.Pipe()
@@ -167,21 +163,19 @@ class ProcessBackend(Lanes):
 
     def _await_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        waiting = list(self._workers)
-        while waiting:
+        while waiting := [w for w in self._workers if not w.pid]:
             left = deadline - time.monotonic()
             if left <= 0:
                 names = ", ".join(w.label for w in waiting)
                 raise RuntimeStageError(f"{names}: did not start within {timeout:.0f} s")
             wait([x for w in waiting for x in (w.status, w.process.sentinel)], timeout=min(left, WATCH_S))
-            for w in [w for w in waiting if w.status.poll()]:
-                message = w.status.recv()
-                if message[0] != "ready":
-                    raise RuntimeStageError(str(message[1]))
-                w.pid = int(message[1])
-                waiting.remove(w)
             for w in waiting:
-                if w.process.exitcode is not None:
+                if w.status.poll():
+                    message = w.status.recv()
+                    if message[0] != "ready":
+                        raise RuntimeStageError(str(message[1]))
+                    w.pid = int(message[1])
+                elif w.process.exitcode is not None:
                     raise RuntimeStageError(_exit_text(w))
 
     # ------------------------------------------------------------------------------------ running
@@ -239,26 +233,23 @@ class ProcessBackend(Lanes):
         the time to wait for the death to show before it reports the bare closed channel."""
         deadline = time.monotonic() + grace
         while True:
-            self._raise_reported_or_dead()
+            for w in self._workers:
+                if w.status.poll():
+                    try:
+                        message = w.status.recv()
+                    except (EOFError, OSError):
+                        continue
+                    self._failure = RuntimeStageError(str(message[1]))
+                    raise self._failure
+            # a neighbour of a killed worker leaves quietly (code 0) when its channel closes: blame the kill
+            dead = [w for w in self._workers if w.process.exitcode is not None]
+            if dead:
+                first = min(dead, key=lambda w: w.process.exitcode == 0)
+                self._failure = RuntimeStageError(_exit_text(first))
+                raise self._failure
             if time.monotonic() >= deadline:
                 return
             time.sleep(0.005)
-
-    def _raise_reported_or_dead(self) -> None:
-        for w in self._workers:
-            if w.status.poll():
-                try:
-                    message = w.status.recv()
-                except (EOFError, OSError):
-                    continue
-                self._failure = RuntimeStageError(str(message[1]))
-                raise self._failure
-        # a neighbour of a killed worker leaves quietly (code 0) when its channel closes: blame the kill
-        dead = [w for w in self._workers if w.process.exitcode is not None]
-        if dead:
-            first = min(dead, key=lambda w: w.process.exitcode == 0)
-            self._failure = RuntimeStageError(_exit_text(first))
-            raise self._failure
 
     # ---------------------------------------------------------------------------------- stats
 
@@ -308,31 +299,26 @@ class ProcessBackend(Lanes):
         if self._closed:
             return
         self._closed = True
-        workers = self._workers
+        started = [w.process for w in self._workers if w.process.pid is not None]
         if graceful:
-            for w in workers:
+            for w in self._workers:
                 with contextlib.suppress(OSError):
                     w.control.send(STOP)
             deadline = time.monotonic() + STOP_GRACE_S
-            for w in workers:
-                if w.process.pid is not None:
-                    w.process.join(max(0.0, deadline - time.monotonic()))
-        for w in workers:
-            if w.process.pid is not None and w.process.exitcode is None:
-                w.process.terminate()
-        for w in workers:
-            if w.process.pid is None:
-                continue
-            w.process.join(STOP_GRACE_S)
-            if w.process.exitcode is None:
-                w.process.kill()
-                w.process.join()
+            for process in started:
+                process.join(max(0.0, deadline - time.monotonic()))
+        for process in started:
+            if process.exitcode is None:
+                process.terminate()
+        for process in started:
+            process.join(STOP_GRACE_S)
+            if process.exitcode is None:
+                process.kill()
+                process.join()
         for lane in self._lanes:
             lane.writer.close()
             lane.reader.close()
-            for conn in (lane.writer.data, lane.writer.free, lane.reader.data, lane.reader.free):
-                conn.close()
-        for w in workers:
+        for w in self._workers:
             w.control.close()
             w.status.close()
         self._wake_read.close()

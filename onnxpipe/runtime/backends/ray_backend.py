@@ -164,7 +164,6 @@ class RayBackend(Lanes):
         self._event = threading.Event()
         self._recovering = False
         self._replay: list[_Flight] = []
-
         """Micro-batches to send again once a recovery brought the lost actors back."""
         self._dropped: list[_Flight] = []
         """Generation steps a recovery dropped, to fail alone (:class:`CacheLost`) at the next poll."""
@@ -304,8 +303,7 @@ class RayBackend(Lanes):
     # ---------------------------------------------------------------------------------- running
 
     def try_submit(self, seq: int, feeds: Mapping[str, np.ndarray], to_lane: int | None = None) -> bool:
-        """Send micro-batch ``seq`` to the first stage of the next lane with room (lanes in turn), or
-        ``to_lane``."""
+        """As :meth:`Lanes.try_submit`, but nothing goes while a recovery brings lost actors back."""
         with self._lock:
             if self._recovering or not super().try_submit(seq, feeds, to_lane):
                 return False

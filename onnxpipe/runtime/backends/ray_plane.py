@@ -9,13 +9,12 @@ on its node's address (:class:`Endpoint`); the driver sends a micro-batch's inpu
 actor, each actor sends its outputs straight to the next one's, the last one to the driver.  A hop then
 costs its bytes over the link plus a frame's header: no byte crosses a machine it has no business on.
 
-A frame is a fixed header of lengths, a small pickled part (``meta``, and each tensor's name, dtype,
-shape and place) and the arrays' bytes (:func:`encode`): written from the arrays' own memory, read in as
-few calls as its bytes allow into one piece whose slices the received arrays are (:class:`FrameReader`).
-A frame is written by the thread that sends it as far as the socket's buffer takes it without waiting,
-the rest by a thread per destination (:class:`_Sender`), so a stage computes its next micro-batch while
-its last outputs are still on the wire; each connection is read by a thread of its own, which hands
-every frame to the endpoint's callback in the order it arrived.
+A frame (:mod:`~onnxpipe.runtime.backends.frames`) is read in as few calls as its bytes allow into one
+piece whose slices the received arrays are (:class:`FrameReader`).  A frame is written by the thread
+that sends it as far as the socket's buffer takes it without waiting, the rest by a thread per
+destination (:class:`_Sender`), so a stage computes its next micro-batch while its last outputs are
+still on the wire; each connection is read by a thread of its own, which hands every frame to the
+endpoint's callback in the order it arrived.
 
 A connection that breaks (its peer's process died, or its node) is reported to ``on_broken`` with the
 peer's address; what the pipeline does about it (Ray's restart, the micro-batches sent again) is the
@@ -25,11 +24,8 @@ backend's business.
 from __future__ import annotations
 
 import contextlib
-import importlib
-import pickle
 import queue
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -37,32 +33,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from onnxpipe.runtime.backends.frames import LENGTHS, decode, encode
+
 Address = tuple[str, int]
 
-_LENGTHS = struct.Struct("!QQ")
-"""A frame's header: its bytes before the arrays' (this header, the pickled part, padding), and the
-arrays' bytes."""
-ALIGN = 64
-"""The arrays' bytes start at a multiple of this from the frame's start, each one at a multiple of it
-from there (padding between)."""
-_PADDING = memoryview(bytes(ALIGN))
 CONNECT_TIMEOUT_S = 30.0
 BUFFER_BYTES = 4 * 1024 * 1024
 """Socket buffers large enough to keep a gigabit link busy across a millisecond or two of scheduling."""
-
-
-def _formats() -> dict[str, str]:
-    """The buffer format of each dtype whose arrays travel as their bytes (booleans, integers, floats,
-    complex numbers, either byte order), and the dtype's name on the wire: ``l`` is 8 bytes on Linux and
-    4 on Windows, ``<i8`` is ``<i8`` everywhere."""
-    formats = {}
-    for code in "?bBhHiIlLqQefdFD":
-        for dtype in (np.dtype(code), np.dtype(code).newbyteorder("<"), np.dtype(code).newbyteorder(">")):
-            formats[np.empty(0, dtype).data.format] = dtype.str
-    return formats
-
-
-_FORMATS = _formats()
 
 
 class PlaneError(RuntimeError):
@@ -78,87 +55,6 @@ class Frame(NamedTuple):
     tensors: dict[str, np.ndarray]
     nbytes: int
     received: float
-
-
-class _Dtypes(dict[str, np.dtype[Any]]):
-    """Each dtype a frame names, made once: a name of :data:`_FORMATS` or of ml_dtypes' (``bfloat16``,
-    the float8s, int4), which numpy knows once ml_dtypes is imported."""
-
-    def __missing__(self, name: str) -> np.dtype[Any]:
-        try:
-            dtype = np.dtype(name)
-        except TypeError:
-            importlib.import_module("ml_dtypes")
-            dtype = np.dtype(name)
-        self[name] = dtype
-        return dtype
-
-
-_DTYPES = _Dtypes()
-
-
-def _raw(value: Any) -> tuple[str, memoryview] | None:
-    """What :func:`encode` takes apart from an array of a dtype of :data:`_FORMATS`: a numpy scalar or an
-    array of a subclass (as an array), a strided array (copied to a contiguous one), an array of
-    ml_dtypes' (its bytes as unsigned integers of its size, its dtype by name: ``bfloat16``'s dtype
-    string, ``<V2``, names no type); None for a value that travels pickled (not an array, or an array
-    of Python objects, strings or dates)."""
-    if not isinstance(value, np.ndarray | np.generic):  # an ONNX sequence, map or absent optional
-        return None
-    array = np.asarray(value)
-    if not array.flags.c_contiguous:
-        array = np.ascontiguousarray(array)
-    if array.dtype.type.__module__ == "ml_dtypes":
-        return array.dtype.name, array.view(f"u{array.dtype.itemsize}").data
-    with contextlib.suppress(ValueError):  # no buffer: dates, times
-        view = array.data
-        name = _FORMATS.get(view.format)
-        if name is not None:
-            return name, view
-    return None
-
-
-def encode(meta: Any, tensors: Mapping[str, Any]) -> tuple[list[memoryview], int]:
-    """The frame of ``meta`` and ``tensors`` as the pieces to write, the arrays' memory not copied (a
-    strided array is copied to a contiguous one), and its size.
-
-    The pickled part holds ``meta`` and, per tensor, its name, dtype, shape and offset; a value that is
-    no array of :func:`_raw`'s travels inside it.  Why not the arrays pickled (protocol 5, out of band)
-    as before: numpy's pickling cost 60-90 us a frame each way on a busy node, most of a small frame's
-    hop beyond the wire.  Why the buffer's format and no dtype attribute in the common case: after a
-    stage's run has passed its weights through the CPU's caches, every distinct piece of numpy touched
-    costs microseconds: a generation step's frame of 5 tensors took 117 us to encode by dtype, 90 by
-    format."""
-    specs: list[tuple[str, str | None, Any, int]] = []
-    parts: list[memoryview] = []
-    data = 0
-    for name, value in tensors.items():
-        dtype = None
-        if type(value) is np.ndarray:  # the common case, by the buffer's own format
-            try:
-                view = value.data
-            except ValueError:  # no buffer: an array of ml_dtypes', dates
-                pass
-            else:
-                dtype = _FORMATS.get(view.format)
-        if dtype is None or not view.c_contiguous:
-            raw = _raw(value)
-            if raw is None:
-                specs.append((name, None, value, 0))
-                continue
-            dtype, view = raw
-        pad = -data % ALIGN
-        if pad:
-            parts.append(_PADDING[:pad])
-            data += pad
-        specs.append((name, dtype, view.shape, data))
-        if view.nbytes:
-            parts.append(view)
-            data += view.nbytes
-    body = pickle.dumps((meta, specs), protocol=5)
-    pad = -(_LENGTHS.size + len(body)) % ALIGN
-    head = _LENGTHS.size + len(body) + pad
-    return [memoryview(_LENGTHS.pack(head, data) + body + _PADDING[:pad]), *parts], head + data
 
 
 READ_AHEAD = 64 * 1024
@@ -188,13 +84,13 @@ class FrameReader:
     def read(self) -> Frame:
         """The next frame; :class:`EOFError` when the peer closed the connection between frames."""
         buf, got = self._ahead, len(self._ahead)
-        if got < _LENGTHS.size:
+        if got < LENGTHS.size:
             buf, self._spare = self._spare, bytearray()
             buf[:got] = self._ahead
             got += self._recv(memoryview(buf)[got:], 0)
-        while got < _LENGTHS.size:
-            got += self._recv(memoryview(buf)[got : _LENGTHS.size], socket.MSG_WAITALL)
-        head, data = _LENGTHS.unpack_from(buf)
+        while got < LENGTHS.size:
+            got += self._recv(memoryview(buf)[got : LENGTHS.size], socket.MSG_WAITALL)
+        head, data = LENGTHS.unpack_from(buf)
         end = head + data
         if len(buf) < end:
             buf, before = bytearray(end), buf
@@ -207,11 +103,7 @@ class FrameReader:
         self._expect = min(end + 1024, READ_AHEAD)
         if len(self._spare) < self._expect:
             self._spare = bytearray(self._expect)
-        meta, specs = pickle.loads(memoryview(buf)[_LENGTHS.size :])
-        tensors = {
-            name: shape if dtype is None else np.ndarray(shape, _DTYPES[dtype], buf, head + offset)
-            for name, dtype, shape, offset in specs
-        }
+        meta, tensors = decode(buf)
         return Frame(meta, tensors, end, time.time())
 
     def _recv(self, into: memoryview, flags: int) -> int:
@@ -241,13 +133,6 @@ def _sent(views: list[memoryview], sent: int) -> list[memoryview]:
 IOV_MAX = 1024
 """The most pieces one ``sendmsg`` takes on Linux (a frame of 600 tensors has 1,200): the rest go in the
 next call."""
-
-
-def _send_all(sock: socket.socket, parts: list[memoryview]) -> None:
-    """Write ``parts`` in one ``sendmsg`` where the socket takes them (one packet for a small frame, not
-    one per part), the rest in further calls."""
-    while parts:
-        parts = _sent(parts, sock.sendmsg(parts[:IOV_MAX]))
 
 
 class _Sender:
@@ -292,8 +177,9 @@ class _Sender:
 
     def _loop(self) -> None:
         while (views := self._queue.get()) is not None:
-            try:
-                _send_all(self._sock, views)
+            try:  # in one sendmsg where the socket takes them (one packet for a small frame), the rest after
+                while views:
+                    views = _sent(views, self._sock.sendmsg(views[:IOV_MAX]))
             except OSError as e:
                 self._broken = True
                 self._on_broken(self.to, f"sending to {self.to[0]}:{self.to[1]} failed: {e}")

@@ -16,18 +16,15 @@ RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory", "resources")
 
 
 def actor_options(spec: WorkerSpec, given: Mapping[str, Any]) -> dict[str, Any]:
-    """Ray actor options for ``spec``: its resources (``given`` first) and no restarts or retries."""
-    options: dict[str, Any] = {
+    """Ray actor options for ``spec``: its resources (``given`` first), no retries, one call at a time (the
+    backend says how often the actor restarts)."""
+    return {
         "num_cpus": spec.placement.threads,
         "num_gpus": 1 if spec.placement.uses_gpu else 0,
+        **{key: given[key] for key in RESOURCE_KEYS if key in given},
+        "max_task_retries": 0,
+        "max_concurrency": 1,
     }
-    for key in RESOURCE_KEYS:
-        if key in given:
-            options[key] = given[key]
-    options["max_restarts"] = 0
-    options["max_task_retries"] = 0
-    options["max_concurrency"] = 1
-    return options
 
 
 def merged_options(options: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -39,27 +39,18 @@ def model_files(path: Path) -> tuple[ModelFile, ...]:
     return tuple(ModelFile(n, file_sha256(path.parent / n)) for n in [path.name, *names])
 
 
-def files_of(spec: WorkerSpec) -> list[tuple[ShippedFile, Path]]:
-    """Each file of ``spec``'s model with its size, and where the driver reads it."""
-    path = Path(spec.path)
-    recorded = spec.files or model_files(path)
-    out = []
-    for f in recorded:
-        source = path.parent / f.name
-        out.append((ShippedFile(f.name, f.sha256, source.stat().st_size), source))
-    return out
-
-
 def ship(ray: Any, actor: Any, specs: Sequence[WorkerSpec]) -> tuple[int, dict[int, list[ShippedFile]]]:
     """Send ``actor``'s node the files of ``specs`` it lacks; the bytes sent, and each stage's files (by
     stage index) for the actor to open them from its node's cache."""
     stage_files: dict[int, list[ShippedFile]] = {}
     sources: dict[str, tuple[ShippedFile, Path, str]] = {}
-    for spec in specs:
-        listed = files_of(spec)
-        stage_files[spec.index] = [f for f, _ in listed]
-        for f, source in listed:
-            sources.setdefault(f.sha256, (f, source, spec.label))
+    for spec in specs:  # each file of a stage's model with its size, and where the driver reads it
+        folder = Path(spec.path).parent
+        stage_files[spec.index] = []
+        for recorded in spec.files or model_files(Path(spec.path)):
+            f = ShippedFile(recorded.name, recorded.sha256, (folder / recorded.name).stat().st_size)
+            stage_files[spec.index].append(f)
+            sources.setdefault(f.sha256, (f, folder / f.name, spec.label))
     missing = ray.get(actor.missing.remote([f for f, _, _ in sources.values()]))
     sent = 0
     for sha in missing:
@@ -73,16 +64,9 @@ def ship(ray: Any, actor: Any, specs: Sequence[WorkerSpec]) -> tuple[int, dict[i
 def _stream(ray: Any, actor: Any, f: ShippedFile, source: Path) -> None:
     """``source`` to ``actor`` in chunks, at most :data:`WINDOW` on their way at once."""
     pending: list[Any] = []
-    offset = 0
     with source.open("rb") as handle:
-        while True:
-            data = handle.read(CHUNK_BYTES)
-            if offset > 0 and not data:
-                break
-            pending.append(actor.write.remote(f.sha256, offset, data))
-            offset += len(data)
+        for offset in range(0, max(f.size, 1), CHUNK_BYTES):  # an empty file: its one empty chunk is sent
+            pending.append(actor.write.remote(f.sha256, offset, handle.read(CHUNK_BYTES)))
             if len(pending) >= WINDOW:
                 ray.get(pending.pop(0))
-            if not data:  # an empty file: its one empty chunk is sent
-                break
     ray.get(pending)

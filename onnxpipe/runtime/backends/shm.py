@@ -1,8 +1,8 @@
 """A bounded channel between two processes: tensors in shared memory, small messages in pipes.
 
 A channel has ``slots`` shared-memory buffers.  The writer copies a micro-batch's tensors into a free
-slot, followed by their table (name, dtype, shape and offset of each), and sends a small message (sequence
-number, slot, segment name, where the table lies) through the ``data`` pipe; the reader maps the slot,
+slot as a frame (:mod:`~onnxpipe.runtime.backends.frames`: their table, then their bytes), and sends a
+small message (sequence number, slot, segment name) through the ``data`` pipe; the reader maps the slot,
 hands out numpy views of it (no copy), and returns the slot through the ``free`` pipe once it no longer
 needs them.  A writer with no free slot waits: that is the backpressure between stages.
 
@@ -22,11 +22,10 @@ from __future__ import annotations
 import _posixshmem
 import contextlib
 import os
-import pickle
 import select
 import struct
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
@@ -35,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-ALIGN = 64
-"""Each tensor starts at a multiple of this many bytes of the payload, so that its array is aligned."""
+from onnxpipe.runtime.backends.frames import decode, encode
+
 MIN_SEGMENT = 1 << 16
 MAX_SLOTS = 64
 """Slots a channel may have: that many messages (each well under 256 bytes) fit in a pipe's buffer
@@ -46,28 +45,13 @@ _SLOT = struct.Struct("<i")
 
 
 @dataclass(frozen=True)
-class TensorMeta:
-    """Where one tensor lies in a flat payload (a shared-memory slot); ``pickled``: its ``nbytes`` there
-    are a pickled object array."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    offset: int
-    nbytes: int
-    pickled: bool = False
-
-
-@dataclass(frozen=True)
 class ItemMessage:
-    """One micro-batch on the data pipe: the slot and segment holding it, and where its table of
-    :class:`TensorMeta` lies there (the table is in the slot so that the message stays small)."""
+    """One micro-batch on the data pipe: the slot and segment holding its frame (its table is there, so
+    that the message stays small)."""
 
     seq: int
     slot: int
     segment: str
-    table_offset: int
-    table_size: int
 
 
 def _open(name: str, *, create: bool, size: int = 0) -> SharedMemory:
@@ -84,11 +68,6 @@ def _buffer(segment: SharedMemory) -> memoryview:
     buf = segment.buf
     assert buf is not None, "a closed segment"
     return buf
-
-
-def _unlink(name: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        _posixshmem.shm_unlink("/" + name)
 
 
 class Poller:
@@ -111,72 +90,13 @@ class Poller:
         return bool(self._poll.poll(0))
 
 
-def laid_out(
-    tensors: Mapping[str, np.ndarray],
-) -> tuple[tuple[TensorMeta, ...], list[np.ndarray | bytes], int]:
-    """Each tensor's place in one flat payload (every one at a multiple of :data:`ALIGN`), what goes
-    there (an object tensor, e.g. strings, has no fixed-size layout: pickled), and the payload's size."""
-    metas: list[TensorMeta] = []
-    contents: list[np.ndarray | bytes] = []
-    offset = end = 0
-    for name, value in tensors.items():
-        a = np.asarray(value)
-        content: np.ndarray | bytes = a
-        if a.dtype.hasobject:
-            content = pickle.dumps(a, protocol=pickle.HIGHEST_PROTOCOL)
-        nbytes = len(content) if isinstance(content, bytes) else a.nbytes
-        shape = tuple(int(d) for d in a.shape)
-        metas.append(TensorMeta(name, a.dtype.str, shape, offset, nbytes, pickled=isinstance(content, bytes)))
-        contents.append(content)
-        end = offset + nbytes
-        offset = _round_up(end, ALIGN)
-    return tuple(metas), contents, end
-
-
-def write_payload(
-    buf: memoryview, metas: Sequence[TensorMeta], contents: Sequence[np.ndarray | bytes]
-) -> None:
-    """Copy each of :func:`laid_out`'s contents to its place in ``buf``."""
-    for meta, content in zip(metas, contents, strict=True):
-        if isinstance(content, bytes):
-            buf[meta.offset : meta.offset + meta.nbytes] = content
-        elif meta.nbytes:
-            dst: np.ndarray = np.ndarray(meta.shape, dtype=content.dtype, buffer=buf, offset=meta.offset)
-            np.copyto(dst, content, casting="no")
-            del dst
-
-
-def read_payload(buf: memoryview, metas: Sequence[TensorMeta]) -> dict[str, np.ndarray]:
-    """The tensors of a payload: views of ``buf`` (an object tensor unpickled: an array of its own)."""
-    out: dict[str, np.ndarray] = {}
-    for meta in metas:
-        if meta.pickled:
-            with buf[meta.offset : meta.offset + meta.nbytes] as raw:
-                out[meta.name] = pickle.loads(raw)
-        else:
-            out[meta.name] = np.ndarray(
-                meta.shape, dtype=np.dtype(meta.dtype), buffer=buf, offset=meta.offset
-            )
-    return out
-
-
-def _round_up(n: int, to: int) -> int:
-    return (n + to - 1) // to * to
-
-
 def unlink_prefix(prefix: str) -> int:
     """Remove every shared-memory segment whose name starts with ``prefix``; returns how many."""
     removed = 0
-    if not SHM_DIR.is_dir():
-        return 0
-    for p in SHM_DIR.glob(prefix + "*"):
-        try:
+    for p in SHM_DIR.glob(prefix + "*"):  # nothing where there is no such folder
+        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to remove
             p.unlink()
             removed += 1
-        except FileNotFoundError:
-            pass
-        except OSError:
-            continue
     return removed
 
 
@@ -205,13 +125,13 @@ class SlotWriter:
     def send(self, seq: int, tensors: Mapping[str, np.ndarray]) -> None:
         """Copy ``tensors`` into a free slot and announce them; call only after :meth:`has_room`."""
         slot = self._free_slots.pop()
-        metas, contents, size = laid_out(tensors)
-        table = pickle.dumps(metas, protocol=pickle.HIGHEST_PROTOCOL)
-        segment = self._segment(slot, size + len(table))
-        buf = _buffer(segment)
-        write_payload(buf, metas, contents)
-        buf[size : size + len(table)] = table
-        self.data.send(ItemMessage(seq, slot, segment.name, size, len(table)))
+        parts, size = encode(None, tensors)
+        segment = self._segment(slot, size)
+        buf, at = _buffer(segment), 0
+        for part in parts:
+            buf[at : at + part.nbytes] = part.cast("B")
+            at += part.nbytes
+        self.data.send(ItemMessage(seq, slot, segment.name))
 
     def _segment(self, slot: int, size: int) -> SharedMemory:
         current = self._segments.get(slot)
@@ -224,7 +144,7 @@ class SlotWriter:
         segment = _open(
             f"{self.prefix}-{slot}-{self._generation}",
             create=True,
-            size=_round_up(grown, os.sysconf("SC_PAGE_SIZE")),
+            size=grown + -grown % os.sysconf("SC_PAGE_SIZE"),  # whole pages
         )
         self._segments[slot] = segment
         return segment
@@ -233,13 +153,16 @@ class SlotWriter:
     def _release(segment: SharedMemory) -> None:
         with contextlib.suppress(BufferError):
             segment.close()
-        _unlink(segment.name)
+        with contextlib.suppress(FileNotFoundError):
+            _posixshmem.shm_unlink("/" + segment.name)
 
     def close(self) -> None:
-        """Unlink every segment this writer created."""
+        """Unlink every segment this writer created; close its pipes."""
         for segment in self._segments.values():
             self._release(segment)
         self._segments.clear()
+        self.data.close()
+        self.free.close()
 
 
 class SlotReader:
@@ -272,15 +195,12 @@ class SlotReader:
 
         Object tensors are unpickled: they are the reader's own arrays, not views.
         """
-        buf = _buffer(self._map(item.slot, item.segment))
-        with buf[item.table_offset : item.table_offset + item.table_size] as raw:
-            metas: tuple[TensorMeta, ...] = pickle.loads(raw)
-        return read_payload(buf, metas)
+        return decode(_buffer(self._map(item.slot, item.segment)))[1]
 
     def copies(self, item: ItemMessage) -> dict[str, np.ndarray]:
         """The item's tensors as arrays the caller owns."""
         views = self.views(item)
-        out = {n: np.array(v, copy=True) for n, v in views.items()}
+        out = {n: np.array(v, copy=True) if isinstance(v, np.ndarray) else v for n, v in views.items()}
         del views
         return out
 
@@ -299,7 +219,10 @@ class SlotReader:
         return segment
 
     def close(self) -> None:
+        """Unmap every segment; close the pipes."""
         for segment in self._mapped.values():
             with contextlib.suppress(BufferError):
                 segment.close()
         self._mapped.clear()
+        self.data.close()
+        self.free.close()

@@ -86,8 +86,10 @@ class StageCache:
             fd, name = tempfile.mkstemp(prefix=f".{sha256[:16]}.", dir=folder)
             incoming = _Incoming(os.fdopen(fd, "wb"), Path(name), hashlib.sha256())
             self._incoming[sha256] = incoming
-        if offset != incoming.written:
-            self.abandon(sha256)
+        if offset != incoming.written:  # out of order: what came of the file is dropped
+            del self._incoming[sha256]
+            incoming.file.close()
+            incoming.path.unlink(missing_ok=True)
             raise ShipFailure(
                 f"file {sha256[:12]}: a chunk at byte {offset} came after byte {incoming.written}"
             )
@@ -111,13 +113,6 @@ class StageCache:
                 "after the split: run onnxpipe split again, or check the driver's copy"
             )
         os.replace(incoming.path, self.blob(file.sha256))
-
-    def abandon(self, sha256: str) -> None:
-        """Drop a file half-way through (its sender failed)."""
-        incoming = self._incoming.pop(sha256, None)
-        if incoming is not None:
-            incoming.file.close()
-            incoming.path.unlink(missing_ok=True)
 
     def stage_path(self, files: Sequence[ShippedFile]) -> Path:
         """The path of the stage file of ``files`` (all in the cache), in a folder of its own where its

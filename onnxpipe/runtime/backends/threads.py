@@ -203,7 +203,6 @@ class ThreadBackend(Lanes):
         super()._check_open()
 
     def stats(self) -> list[WorkerStats]:
-        """Each stage's statistics, in lane and stage order."""
         result: list[WorkerStats] = []
         for runner, w in self._stages:
             with w.lock:
