@@ -249,8 +249,7 @@ class StageBuilder:
                 f"stage {spec.index}: node {info.name!r} (Shape) reads {info.inputs[:1]} whose shape is not "
                 "static; please report this with the model"
             )
-        start, end = _shape_range(proto, len(shape))
-        value = np.array([int(d) for d in shape[start:end] if isinstance(d, int)], dtype=np.int64)
+        value = np.array([int(d) for d in shape[_shape_range(proto)] if isinstance(d, int)], dtype=np.int64)
         return helper.make_node(
             "Constant", [], [proto.output[0]], name=info.name, value=numpy_helper.from_array(value)
         )
@@ -260,11 +259,10 @@ class StageBuilder:
         ``Constant``, or a ``Shape`` of a tensor the stage has followed by a ``Gather`` of one axis;
         joined by a ``Concat`` that writes the node's output."""
         proto = self.view.proto.graph.node[info.index]
-        start, end = _shape_range(proto, len(parts))
         base = f"{SHAPE_NODE_PREFIX}{info.name}/"
         nodes: list[onnx.NodeProto] = []
         pieces: list[str] = []
-        for i, part in enumerate(parts[start:end]):
+        for i, part in enumerate(parts[_shape_range(proto)]):
             piece = f"{base}{i}"
             if isinstance(part, int):
                 value = numpy_helper.from_array(np.array([part], dtype=np.int64))
@@ -388,15 +386,8 @@ def _packed_nbytes(t: onnx.TensorProto) -> int | None:
 __all__ = ["StageBuilder"]
 
 
-def _shape_range(proto: onnx.NodeProto, rank: int) -> tuple[int, int]:
-    """The dims ``[start, end)`` a ``Shape`` node returns of a rank-``rank`` tensor: its optional
-    ``start``/``end`` attributes (opset 15), negative ones counted from the end, clamped to the rank."""
-    start, end = 0, rank
-    for attr in proto.attribute:
-        if attr.name == "start":
-            start = int(attr.i)
-        elif attr.name == "end":
-            end = int(attr.i)
-    start = min(max(start + rank if start < 0 else start, 0), rank)
-    end = min(max(end + rank if end < 0 else end, 0), rank)
-    return start, end
+def _shape_range(proto: onnx.NodeProto) -> slice:
+    """The dims a ``Shape`` node returns: its optional ``start``/``end`` attributes (opset 15), which count
+    from the end when negative and are clamped to the rank, as a Python slice does."""
+    bounds = {a.name: int(a.i) for a in proto.attribute if a.name in ("start", "end")}
+    return slice(bounds.get("start", 0), bounds.get("end"))

@@ -159,7 +159,7 @@ def export_triton(folder: str | Path, options: TritonOptions) -> TritonRepositor
         for model in models:
             text = model.to_pbtxt()
             if pb is not None:
-                _parse(pb, text, target / model.name / "config.pbtxt")
+                parse_config(pb, text, target / model.name / "config.pbtxt")
             (tmp / model.name).mkdir(exist_ok=True)
             with writing(target / model.name / "config.pbtxt", target):
                 (tmp / model.name / "config.pbtxt").write_text(text, encoding="utf-8")
@@ -362,18 +362,13 @@ def model_config_module() -> ModuleType | None:
     return None
 
 
-def parse_config(pb: ModuleType, text: str) -> Any:
-    """``text`` parsed into tritonclient's ``ModelConfig`` (raises protobuf's ParseError)."""
-    from google.protobuf import text_format
-
-    return text_format.Parse(text, pb.ModelConfig())
-
-
-def _parse(pb: ModuleType, text: str, where: Path) -> None:
+def parse_config(pb: ModuleType, text: str, where: Path | str = "config.pbtxt") -> Any:
+    """``text`` parsed into tritonclient's ``ModelConfig``; one that does not parse is an
+    :class:`ExportError` naming ``where`` (the file it is written to)."""
     from google.protobuf import text_format
 
     try:
-        parse_config(pb, text)
+        return text_format.Parse(text, pb.ModelConfig())
     except text_format.ParseError as e:
         raise ExportError(f"{where}: Triton's model config does not parse ({e}); please report this") from e
 

@@ -18,6 +18,7 @@ The original model is the one the manifest records (its ``source.path``, relativ
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -254,22 +255,19 @@ def verify_folder(out_dir: str | Path, options: VerifyOptions) -> VerifyReport:
     computes_in = narrower_compute_type(view)
     boundary = loosest_boundary(st.boundary_dtype for st in manifest.stages)
 
-    def compared(
-        want: Sequence[Mapping[str, Any]], got: Sequence[Mapping[str, Any]]
-    ) -> tuple[OutputComparison, ...]:
-        return compare_all(
-            names,
-            want,
-            got,
-            lambda t: options.tolerance(t, quantized=quantized, computes_in=computes_in, boundary=boundary),
-        )
+    def tolerance(dtype: str) -> Tolerance:
+        return options.tolerance(dtype, quantized=quantized, computes_in=computes_in, boundary=boundary)
 
-    outputs = compared(expected, staged)
+    outputs = compare_all(names, expected, staged, tolerance)
     on_runtime = None
-    if isinstance(whole, str) and one is not None:
+    if one is not None and isinstance(whole, str):
         on_runtime = OnRuntime(one.label, not_run=whole)
-    elif isinstance(whole, list) and one is not None:
-        on_runtime = OnRuntime(one.label, stages=compared(whole, staged), whole=compared(expected, whole))
+    elif one is not None and isinstance(whole, list):
+        on_runtime = OnRuntime(
+            one.label,
+            stages=compare_all(names, whole, staged, tolerance),
+            whole=compare_all(names, expected, whole, tolerance),
+        )
     return VerifyReport(
         outputs=outputs,
         rtol=max((o.rtol for o in outputs), default=0.0),
@@ -470,17 +468,19 @@ def _as_array(value: object) -> np.ndarray:
     return np.asarray(value)
 
 
-def _plain(path: Path) -> Path:
-    """``path`` without its ``..`` steps (``stages/../../models/m.onnx`` as ``../models/m.onnx``), as
-    messages name it: resolved (a linked folder is followed, not cut away), then relative to the current
-    folder where it lies below it."""
-    if ".." not in path.parts:
-        return path
-    resolved = path.resolve()
-    try:
-        return resolved.relative_to(Path.cwd().resolve())
-    except (ValueError, OSError):
-        return resolved
+def _recorded(directory: Path, path: str, what: str, otherwise: str) -> Path:
+    """The file the manifest in ``directory`` records at ``path`` (relative to it, or absolute), named
+    without its ``..`` steps (``stages/../../models/m.onnx`` as ``../models/m.onnx``) as messages name
+    it: resolved (a linked folder is followed, not cut away), then relative to the current folder where
+    it lies below it.  A file that is not there is a :class:`UsageError` saying ``otherwise``."""
+    p = directory / path
+    if ".." in p.parts:
+        p = p.resolve()
+        with suppress(ValueError, OSError):
+            p = p.relative_to(Path.cwd().resolve())
+    if not p.is_file():
+        raise UsageError(f"{p}: the {what} recorded in {directory / MANIFEST_NAME} is not there; {otherwise}")
+    return p
 
 
 def source_model_path(directory: Path, manifest: Manifest, model_path: str | Path | None) -> Path:
@@ -495,26 +495,16 @@ def source_model_path(directory: Path, manifest: Manifest, model_path: str | Pat
             f"{directory / MANIFEST_NAME}: records no path for the source model {manifest.source.file}; "
             f"pass it with {opt('model')}"
         )
-    p = _plain(directory / manifest.source.path)  # an absolute recorded path stays absolute
-    if not p.is_file():
-        raise UsageError(
-            f"{p}: the source model recorded in {directory / MANIFEST_NAME} is not there; "
-            f"pass its path with {opt('model')}"
-        )
-    return p
+    return _recorded(directory, manifest.source.path, "source model", f"pass its path with {opt('model')}")
 
 
 def source_embedding(directory: Path, manifest: Manifest) -> Path | None:
     """The embedding model the split joined ahead of its source (``source.embedding``), else ``None``."""
     if manifest.source.embedding is None:
         return None
-    p = _plain(directory / manifest.source.embedding)
-    if not p.is_file():
-        raise UsageError(
-            f"{p}: the embedding model recorded in {directory / MANIFEST_NAME} is not there; "
-            "put it back, or split the model again"
-        )
-    return p
+    return _recorded(
+        directory, manifest.source.embedding, "embedding model", "put it back, or split the model again"
+    )
 
 
 def runnable_source(directory: Path, manifest: Manifest, model_path: str | Path | None) -> Path:
