@@ -34,10 +34,11 @@ from typing import Any
 from onnxpipe.core.choices import TritonPlatform
 from onnxpipe.core.errors import ExportError, UsageError
 from onnxpipe.core.options import opt
+from onnxpipe.core.runtime_kinds import RuntimeKind
 from onnxpipe.core.text import names_text
 from onnxpipe.export.options import TritonOptions
 from onnxpipe.export.outdir import normalized, staged_folder, writing
-from onnxpipe.manifest import Manifest, StageEntry, load_manifest
+from onnxpipe.manifest import Manifest, load_manifest
 
 TRITON_TYPES = {
     "float32": "TYPE_FP32", "float16": "TYPE_FP16", "float64": "TYPE_FP64", "bfloat16": "TYPE_BF16",
@@ -195,9 +196,13 @@ def plan_repository(
 
     stages: list[TritonModel] = []
     steps: list[TritonStep] = []
+    kinds = _stage_kinds(manifest)
     for st in manifest.stages:
         model = f"{ensemble}_stage{st.index}"
-        runtime = _backend_of(manifest, st) if platform == TritonPlatform.AUTO else platform.value
+        # the backend of the stage's runtime, else onnxruntime's, which also serves a runtime Triton has no
+        # backend for (tract)
+        own = kinds[st.index].triton_backend if st.index in kinds else None
+        runtime = (own or "onnxruntime") if platform == TritonPlatform.AUTO else platform.value
         gpu = st.device.lower().startswith(("cuda", "gpu"))
         stages.append(
             TritonModel(
@@ -242,13 +247,8 @@ def repository_notes(manifest: Manifest, platform: TritonPlatform, max_batch_siz
             f"carr{'ies' if len(unbatched) == 1 else 'y'} "
             "no batch at axis 0, so Triton cannot batch requests; the configs list every dim"
         )
-    if platform == TritonPlatform.AUTO and manifest.cluster is not None:
-        by_name = {d.name: d.engine.kind for d in manifest.cluster.devices}
-        unserved = {
-            st.index: by_name[st.device].name
-            for st in manifest.stages
-            if st.device in by_name and by_name[st.device].triton_backend is None
-        }
+    if platform == TritonPlatform.AUTO:
+        unserved = {i: kind.name for i, kind in _stage_kinds(manifest).items() if kind.triton_backend is None}
         for name in dict.fromkeys(unserved.values()):
             listed = [str(i) for i, n in unserved.items() if n == name]
             notes.append(
@@ -265,15 +265,12 @@ def _unbatched(manifest: Manifest) -> list[str]:
     return sorted({t.name for t in tensors if t.batch_axis != 0})
 
 
-def _backend_of(manifest: Manifest, stage: StageEntry) -> str:
-    """The Triton backend of a stage: that of the runtime of its device in the manifest's cluster (the
-    devices file's), else onnxruntime's, which also serves a runtime Triton has no backend for (tract)."""
+def _stage_kinds(manifest: Manifest) -> dict[int, RuntimeKind]:
+    """Each stage's runtime, that of its device in the manifest's cluster (the devices file's); none for a
+    split made without devices."""
     devices = manifest.cluster.devices if manifest.cluster is not None else ()
-    for device in devices:
-        backend = device.engine.kind.triton_backend
-        if device.name == stage.device and backend is not None:
-            return backend
-    return "onnxruntime"
+    kinds = {d.name: d.engine.kind for d in devices}
+    return {st.index: kinds[st.device] for st in manifest.stages if st.device in kinds}
 
 
 def check_data_flow(ensemble: TritonModel, stages: Sequence[TritonModel]) -> None:

@@ -128,9 +128,7 @@ def _folder(
     directory: str | Path, threads: int, check_files: bool, engines: Sequence[EngineConfig] | None
 ) -> tuple[Path, Manifest, list[EngineConfig]]:
     """The split folder, its manifest, and each stage's engine: ``engines[s]``, else onnxruntime on the
-    CPU with ``threads``."""
-    if threads < 1:
-        raise UsageError(f"threads {threads}: give a positive number of intra-op threads")
+    CPU with ``threads`` (:func:`~onnxpipe.core.runtimes.open_engine` refuses fewer than one)."""
     d = Path(directory)
     manifest = load_manifest(d, check_files=check_files)
     if engines is None:

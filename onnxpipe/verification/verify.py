@@ -17,6 +17,7 @@ The original model is the one the manifest records (its ``source.path``, relativ
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -294,13 +295,9 @@ def narrower_compute_type(view: ModelView) -> str | None:
     outputs = {view.tensors[o].dtype for o in view.outputs if o in view.tensors}
     if not outputs & {"float32", "float64"}:
         return None
-    counts: dict[str, int] = {}
-    for n in view.compute_nodes:
-        for o in n.outputs:
-            t = view.tensors.get(o)
-            if t is not None and t.dtype.startswith(("float", "bfloat")):
-                counts[t.dtype] = counts.get(t.dtype, 0) + 1
-    most = max(counts, key=lambda d: counts[d], default=None)
+    written = (view.tensors[o].dtype for n in view.compute_nodes for o in n.outputs if o in view.tensors)
+    counts = Counter(d for d in written if d.startswith(("float", "bfloat")))
+    most = counts.most_common(1)[0][0] if counts else None
     return most if most in _NARROW_FLOATS else None
 
 

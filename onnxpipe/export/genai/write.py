@@ -1,12 +1,10 @@
 """The whole ``genai_config.json`` of a written split: the graph's names and dims, the source config's ids
 and context, the manifest's stages as GenAI's ``decoder.pipeline`` (each stage's file, its tensors and its
-session options, from its device), put together and written."""
+session options, from its device), put together (:mod:`onnxpipe.export.model_files` writes it)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from onnxpipe.cluster.model import Device
 from onnxpipe.core.model_config import GENAI_CONFIG_NAME, SourceConfig, TokenIds
@@ -107,11 +105,6 @@ def _attention_heads(dims: ConfigDims, graph: DecoderDims, source: SourceConfig 
     if heads is None and dims.hidden_size is not None and dims.hidden_size % dims.head_size == 0:
         heads = dims.hidden_size // dims.head_size
     return heads
-
-
-def write_genai_config(config: GenAIConfig, path: Path) -> None:
-    """Write ``config`` as JSON (GenAI's parser takes plain JSON, 4-space indent as its builder writes)."""
-    path.write_text(json.dumps(config.to_json(), indent=4) + "\n", encoding="utf-8")
 
 
 def describe_written(config: GenAIConfig, source: SourceConfig | None) -> str:
