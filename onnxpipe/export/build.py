@@ -187,26 +187,19 @@ class StageBuilder:
     ) -> None:
         """Inputs and outputs with the boundary types (``untyped`` outputs without one), and the source's
         ``value_info`` of the inner tensors the stage makes."""
-        for t in spec.inputs:
-            graph.input.append(self.types.value_info(t, spec.index))
-        for t in spec.outputs:
-            if t in untyped:
-                graph.output.append(helper.make_empty_tensor_value_info(t))
-            else:
-                graph.output.append(self.types.value_info(t, spec.index))
-        boundary = set(spec.inputs) | set(spec.outputs)
-        for t in sorted(produced - boundary):
-            vi = self.value_info.get(t)
-            if vi is not None:
-                graph.value_info.append(vi)
+        graph.input.extend(self.types.value_info(t, spec.index) for t in spec.inputs)
+        graph.output.extend(
+            helper.make_empty_tensor_value_info(t) if t in untyped else self.types.value_info(t, spec.index)
+            for t in spec.outputs
+        )
+        inner = sorted(produced - set(spec.inputs) - set(spec.outputs))
+        graph.value_info.extend(self.value_info[t] for t in inner if t in self.value_info)
 
     def _add_annotations(self, graph: onnx.GraphProto, tensors: set[str]) -> None:
         """The source's quantization annotations of the tensors the stage has (its weights included)."""
         present = tensors | {t.name for t in graph.initializer}
         present |= {sp.values.name for sp in graph.sparse_initializer}
-        for tensor_name, ann in self.annotations.items():
-            if tensor_name in present:
-                graph.quantization_annotation.add().CopyFrom(ann)
+        graph.quantization_annotation.extend(a for t, a in self.annotations.items() if t in present)
 
     # ----------------------------------------------------------------------------------------------
 

@@ -97,12 +97,9 @@ def copy_model_files(view: ModelView, source: ModelSource, tmp: Path) -> tuple[t
 
 def _origin(model: Path | None, folder: Path) -> str | None:
     """Where the model's files came from, when not from beside it."""
-    if model is None:
+    if model is None or folder not in model_folders(model):
         return str(folder)
-    place = folder_place(model, folder)
-    if place == "beside the model":
-        return None
-    return place if folder in model_folders(model) else str(folder)
+    return None if folder == model.absolute().parent else folder_place(model, folder)
 
 
 def model_record(

@@ -119,10 +119,7 @@ def _written_by_the_split(out: Path) -> set[str]:
         manifest = load_manifest(out, check_files=False)
     except ManifestError:
         return names | {p.name for p in out.glob("stage_*.onnx*")}
-    for st in manifest.stages:
-        names.add(st.file)
-        if st.external_data is not None:
-            names.add(st.external_data)
+    names |= {f for st in manifest.stages for f in (st.file, st.external_data) if f is not None}
     model = manifest.plan.decoder.model if manifest.plan.decoder is not None else None
     return names | set(model.files if model is not None else ())
 

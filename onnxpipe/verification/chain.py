@@ -182,6 +182,5 @@ def run_stage(
 
 def model_outputs(manifest: Manifest, feeds: Mapping[str, np.ndarray], values: Values) -> Values:
     """The model outputs from the last stage's ``values``; outputs that are model inputs come from feeds."""
-    out = dict(values)
-    out.update({o.name: feeds[o.name] for o in manifest.model_outputs if o.produced_by == MODEL_INPUT})
-    return {o.name: out[o.name] for o in manifest.model_outputs}
+    outputs = manifest.model_outputs
+    return {o.name: (feeds if o.produced_by == MODEL_INPUT else values)[o.name] for o in outputs}

@@ -83,11 +83,9 @@ def _written_dims(graph: DecoderDims, source: SourceConfig | None) -> ConfigDims
 def _context_length(manifest: Manifest, graph: DecoderDims, source: SourceConfig | None) -> int | None:
     """The smallest context any of the plan, the source config and the position table allows; None when
     none says one."""
-    limits = [manifest.plan.decoder.max_context] if manifest.plan.decoder is not None else []
-    for limit in (source.context_length if source else None, graph.position_rows):
-        if limit is not None:
-            limits.append(limit)
-    return min(limits) if limits else None
+    planned = manifest.plan.decoder.max_context if manifest.plan.decoder is not None else None
+    limits = (planned, source.context_length if source else None, graph.position_rows)
+    return min((n for n in limits if n is not None), default=None)
 
 
 def _token_ids(source: SourceConfig | None) -> TokenIds:
@@ -223,9 +221,5 @@ def primary_options(pipeline: Sequence[PipelineModel]) -> SessionOptions | None:
     managed tensors (cache, logits) on that device.  With stages on different providers (or the CPU) the
     primary device stays the CPU, which every stage can read from."""
     providers = {p.session_options.providers if p.session_options else None for p in pipeline}
-    if len(providers) != 1:
-        return None
-    (only,) = providers
-    if not only:
-        return None
-    return SessionOptions(providers=only)
+    only = providers.pop() if len(providers) == 1 else None
+    return SessionOptions(providers=only) if only else None
