@@ -81,12 +81,9 @@ class TritonModel:
 
     def to_pbtxt(self) -> str:
         lines = [f"name: {_q(self.name)}"]
-        if self.platform is not None:
-            lines.append(f"platform: {_q(self.platform)}")
-        if self.backend is not None:
-            lines.append(f"backend: {_q(self.backend)}")
-        if self.default_model_filename is not None:
-            lines.append(f"default_model_filename: {_q(self.default_model_filename)}")
+        for key in ("platform", "backend", "default_model_filename"):
+            if getattr(self, key) is not None:
+                lines.append(f"{key}: {_q(getattr(self, key))}")
         lines.append(f"max_batch_size: {self.max_batch_size}")
         for kind, tensors in (("input", self.inputs), ("output", self.outputs)):
             for t in tensors:

@@ -452,16 +452,11 @@ def _as_array(value: object) -> np.ndarray:
     if isinstance(value, np.ndarray):
         return value
     if isinstance(value, list):
-        try:
+        with suppress(ValueError):  # a ragged sequence
             stacked = np.asarray(value)
             if stacked.dtype != object:
                 return stacked
-        except ValueError:
-            pass
-        out = np.empty(len(value), dtype=object)
-        for i, v in enumerate(value):
-            out[i] = v
-        return out
+        return np.fromiter(value, dtype=object, count=len(value))
     return np.asarray(value)
 
 
