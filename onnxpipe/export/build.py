@@ -80,11 +80,8 @@ class StageBuilder:
         for name in [*spec.recomputed_nodes, *spec.file_node_names]:
             wanted.update(self.by_name[name].reads)
         wanted.update(spec.outputs)  # a model output that is an initializer
-        tensors = wanted | set(spec.inputs)
-        for name in list(tensors):
-            ann = self.annotations.get(name)
-            if ann is not None:
-                wanted.update(e.value for e in ann.quant_parameter_tensor_names)
+        annotated = [self.annotations[t] for t in wanted | set(spec.inputs) if t in self.annotations]
+        wanted.update(e.value for ann in annotated for e in ann.quant_parameter_tensor_names)
         return [t for t in [*self.dense, *self.sparse] if t in wanted and t not in spec.inputs]
 
     def build(

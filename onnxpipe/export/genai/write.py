@@ -212,8 +212,7 @@ def _pipeline_model(
 
 def _only_head(stage: StageEntry, names: TensorNames) -> bool:
     """Whether the stage makes the logits and holds no layer (nothing but the LM head, ``--ends own``)."""
-    makes_logits = any(o.name == names.logits for o in stage.outputs)
-    return makes_logits and not stage.kv_layers
+    return not stage.kv_layers and any(o.name == names.logits for o in stage.outputs)
 
 
 def primary_options(pipeline: Sequence[PipelineModel]) -> SessionOptions | None:
