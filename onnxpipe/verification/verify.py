@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -247,7 +248,7 @@ def verify_folder(out_dir: str | Path, options: VerifyOptions) -> VerifyReport:
     else:
         input_shapes = planned_input_shapes(manifest, view, options.shapes)
         all_feeds = [random_feeds(view, input_shapes, seed + r) for r in range(runs)]
-    fails = _random_failure(manifest, view, input_shapes, options.shapes)
+    fails = partial(_random_failure, manifest, view, input_shapes, options.shapes)
     expected = _run_original(model, view, names, all_feeds, threads, samples, fails)
     one = one_runtime(engines)
     whole = _run_whole(model, names, all_feeds, one) if one is not None else None
@@ -425,26 +426,23 @@ def _random_failure(
     view: ModelView,
     input_shapes: Mapping[str, tuple[int, ...]],
     overrides: Mapping[str, Sequence[int]],
-) -> Callable[[str], str]:
-    """What a failure of the original on random inputs says after its shapes: the split's own input files
-    to give again, or the sizes chosen at the split (not the ones given to verify, ``overrides``) and
-    the inputs only real values set (:func:`~onnxpipe.ir.shapes.failure_hint`)."""
-
-    def text(why: str) -> str:
-        shown = ", ".join(f"{n}={list(v)}" for n, v in input_shapes.items())
-        used = manifest.plan.profiled_inputs
-        hint = (
-            "the split was made on "
-            + ", ".join(r.file for r in used)
-            + ": give "
-            + " ".join(opt("input_files", r.file) for r in used)
-            + " again"
-            if used
-            else failure_hint(view, input_shapes, overrides)
-        )
-        return f"of shapes {shown} ({why}); {hint}"
-
-    return text
+    why: str,
+) -> str:
+    """What a failure of the original on random inputs (``why``) says after its shapes: the split's own
+    input files to give again, or the sizes chosen at the split (not the ones given to verify,
+    ``overrides``) and the inputs only real values set (:func:`~onnxpipe.ir.shapes.failure_hint`)."""
+    shown = ", ".join(f"{n}={list(v)}" for n, v in input_shapes.items())
+    used = manifest.plan.profiled_inputs
+    hint = (
+        "the split was made on "
+        + ", ".join(r.file for r in used)
+        + ": give "
+        + " ".join(opt("input_files", r.file) for r in used)
+        + " again"
+        if used
+        else failure_hint(view, input_shapes, overrides)
+    )
+    return f"of shapes {shown} ({why}); {hint}"
 
 
 def _as_array(value: object) -> np.ndarray:
