@@ -23,7 +23,7 @@ import shutil
 import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from onnxpipe.core.errors import ExportError, ManifestError
@@ -228,11 +228,9 @@ def _make_temporary(out: Path) -> Path:
     """A new folder beside ``out``, with the mode the umask gives (``mkdtemp`` would make it 0700)."""
     while True:
         tmp = out.parent / f".{out.name}.onnxpipe-tmp-{uuid.uuid4().hex[:12]}"
-        try:
+        with suppress(FileExistsError):  # else another name
             tmp.mkdir(mode=0o777)
             return tmp
-        except FileExistsError:
-            continue
 
 
 def _remove_empty(folders: Iterable[Path]) -> None:
