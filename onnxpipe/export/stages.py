@@ -245,8 +245,7 @@ class _StageWriter:
                 "else please report this with the model"
             )
 
-        session = open_session(path, options, fail=does_not_load)
-        del session
+        open_session(path, options, fail=does_not_load)  # and let it go at once
 
     def _error_line(self, e: BaseException) -> str:
         """The error's first line, naming files by where they will be, not the temporary folder."""

@@ -237,17 +237,15 @@ def verify_folder(out_dir: str | Path, options: VerifyOptions) -> VerifyReport:
     samples = options.samples
     if samples is None and (options.input_files or options.stacked_files):
         samples = load_samples(view, options.input_files, stacked=options.stacked_files)
-    runs = options.runs
     names = [o.name for o in manifest.model_outputs]
 
     # the original first, then the stages one at a time: never two of them in memory at once
     if samples is not None:
         input_shapes = samples.shapes
         all_feeds: list[Mapping[str, Any]] = list(samples.feeds)
-        runs = len(all_feeds)
     else:
         input_shapes = planned_input_shapes(manifest, view, options.shapes)
-        all_feeds = [random_feeds(view, input_shapes, seed + r) for r in range(runs)]
+        all_feeds = [random_feeds(view, input_shapes, seed + r) for r in range(options.runs)]
     fails = partial(_random_failure, manifest, view, input_shapes, options.shapes)
     expected = _run_original(model, view, names, all_feeds, threads, samples, fails)
     one = one_runtime(engines)
@@ -275,7 +273,7 @@ def verify_folder(out_dir: str | Path, options: VerifyOptions) -> VerifyReport:
         rtol=max((o.rtol for o in outputs), default=0.0),
         atol=max((o.atol for o in outputs), default=0.0),
         seed=seed,
-        runs=runs,
+        runs=len(all_feeds),
         input_shapes=input_shapes,
         model_path=model,
         stage_runtimes=tuple(e.label for e in engines) if engines is not None else (),
