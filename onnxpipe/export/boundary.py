@@ -258,21 +258,12 @@ def serialized_size(model: onnx.ModelProto) -> float:
     from google.protobuf.message import EncodeError
 
     graph = model.graph
-    total = 0
+    parts = [graph.node, graph.initializer, graph.sparse_initializer, graph.input, graph.output]
+    parts += [graph.value_info, model.functions]
     try:
-        for part in (
-            graph.node,
-            graph.initializer,
-            graph.sparse_initializer,
-            graph.input,
-            graph.output,
-            graph.value_info,
-            model.functions,
-        ):
-            total += sum(p.ByteSize() for p in part)
+        return float(sum(p.ByteSize() for part in parts for p in part))
     except EncodeError:
         return float("inf")
-    return float(total)
 
 
 def type_text(t: onnx.TypeProto) -> str:
