@@ -36,6 +36,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -216,11 +217,9 @@ class BoundaryTypes:
                 ones = {n: np.ones_like(v) if v.dtype.kind in "iu" else v for n, v in random.items()}
                 tries = [random, ones]
             for feeds in tries:
-                try:
+                with suppress(Exception):  # else the next inputs may run
                     values = session.run(sorted(names), feeds)
                     break
-                except Exception:  # noqa: BLE001 - the next inputs may run
-                    continue
         except Exception:  # noqa: BLE001 - unconfirmed ranks are refused by value_info
             return set()
         if values is None:
@@ -259,21 +258,12 @@ def serialized_size(model: onnx.ModelProto) -> float:
     from google.protobuf.message import EncodeError
 
     graph = model.graph
-    total = 0
+    parts = [graph.node, graph.initializer, graph.sparse_initializer, graph.input, graph.output]
+    parts += [graph.value_info, model.functions]
     try:
-        for part in (
-            graph.node,
-            graph.initializer,
-            graph.sparse_initializer,
-            graph.input,
-            graph.output,
-            graph.value_info,
-            model.functions,
-        ):
-            total += sum(p.ByteSize() for p in part)
+        return float(sum(p.ByteSize() for part in parts for p in part))
     except EncodeError:
         return float("inf")
-    return float(total)
 
 
 def type_text(t: onnx.TypeProto) -> str:

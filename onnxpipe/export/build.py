@@ -80,11 +80,8 @@ class StageBuilder:
         for name in [*spec.recomputed_nodes, *spec.file_node_names]:
             wanted.update(self.by_name[name].reads)
         wanted.update(spec.outputs)  # a model output that is an initializer
-        tensors = wanted | set(spec.inputs)
-        for name in list(tensors):
-            ann = self.annotations.get(name)
-            if ann is not None:
-                wanted.update(e.value for e in ann.quant_parameter_tensor_names)
+        annotated = [self.annotations[t] for t in wanted | set(spec.inputs) if t in self.annotations]
+        wanted.update(e.value for ann in annotated for e in ann.quant_parameter_tensor_names)
         return [t for t in [*self.dense, *self.sparse] if t in wanted and t not in spec.inputs]
 
     def build(
@@ -187,26 +184,19 @@ class StageBuilder:
     ) -> None:
         """Inputs and outputs with the boundary types (``untyped`` outputs without one), and the source's
         ``value_info`` of the inner tensors the stage makes."""
-        for t in spec.inputs:
-            graph.input.append(self.types.value_info(t, spec.index))
-        for t in spec.outputs:
-            if t in untyped:
-                graph.output.append(helper.make_empty_tensor_value_info(t))
-            else:
-                graph.output.append(self.types.value_info(t, spec.index))
-        boundary = set(spec.inputs) | set(spec.outputs)
-        for t in sorted(produced - boundary):
-            vi = self.value_info.get(t)
-            if vi is not None:
-                graph.value_info.append(vi)
+        graph.input.extend(self.types.value_info(t, spec.index) for t in spec.inputs)
+        graph.output.extend(
+            helper.make_empty_tensor_value_info(t) if t in untyped else self.types.value_info(t, spec.index)
+            for t in spec.outputs
+        )
+        inner = sorted(produced - set(spec.inputs) - set(spec.outputs))
+        graph.value_info.extend(self.value_info[t] for t in inner if t in self.value_info)
 
     def _add_annotations(self, graph: onnx.GraphProto, tensors: set[str]) -> None:
         """The source's quantization annotations of the tensors the stage has (its weights included)."""
         present = tensors | {t.name for t in graph.initializer}
         present |= {sp.values.name for sp in graph.sparse_initializer}
-        for tensor_name, ann in self.annotations.items():
-            if tensor_name in present:
-                graph.quantization_annotation.add().CopyFrom(ann)
+        graph.quantization_annotation.extend(a for t, a in self.annotations.items() if t in present)
 
     # ----------------------------------------------------------------------------------------------
 
@@ -249,8 +239,7 @@ class StageBuilder:
                 f"stage {spec.index}: node {info.name!r} (Shape) reads {info.inputs[:1]} whose shape is not "
                 "static; please report this with the model"
             )
-        start, end = _shape_range(proto, len(shape))
-        value = np.array([int(d) for d in shape[start:end] if isinstance(d, int)], dtype=np.int64)
+        value = np.array([int(d) for d in shape[_shape_range(proto)] if isinstance(d, int)], dtype=np.int64)
         return helper.make_node(
             "Constant", [], [proto.output[0]], name=info.name, value=numpy_helper.from_array(value)
         )
@@ -260,11 +249,10 @@ class StageBuilder:
         ``Constant``, or a ``Shape`` of a tensor the stage has followed by a ``Gather`` of one axis;
         joined by a ``Concat`` that writes the node's output."""
         proto = self.view.proto.graph.node[info.index]
-        start, end = _shape_range(proto, len(parts))
         base = f"{SHAPE_NODE_PREFIX}{info.name}/"
         nodes: list[onnx.NodeProto] = []
         pieces: list[str] = []
-        for i, part in enumerate(parts[start:end]):
+        for i, part in enumerate(parts[_shape_range(proto)]):
             piece = f"{base}{i}"
             if isinstance(part, int):
                 value = numpy_helper.from_array(np.array([part], dtype=np.int64))
@@ -388,15 +376,8 @@ def _packed_nbytes(t: onnx.TensorProto) -> int | None:
 __all__ = ["StageBuilder"]
 
 
-def _shape_range(proto: onnx.NodeProto, rank: int) -> tuple[int, int]:
-    """The dims ``[start, end)`` a ``Shape`` node returns of a rank-``rank`` tensor: its optional
-    ``start``/``end`` attributes (opset 15), negative ones counted from the end, clamped to the rank."""
-    start, end = 0, rank
-    for attr in proto.attribute:
-        if attr.name == "start":
-            start = int(attr.i)
-        elif attr.name == "end":
-            end = int(attr.i)
-    start = min(max(start + rank if start < 0 else start, 0), rank)
-    end = min(max(end + rank if end < 0 else end, 0), rank)
-    return start, end
+def _shape_range(proto: onnx.NodeProto) -> slice:
+    """The dims a ``Shape`` node returns: its optional ``start``/``end`` attributes (opset 15), which count
+    from the end when negative and are clamped to the rank, as a Python slice does."""
+    bounds = {a.name: int(a.i) for a in proto.attribute if a.name in ("start", "end")}
+    return slice(bounds.get("start", 0), bounds.get("end"))

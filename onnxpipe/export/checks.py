@@ -46,19 +46,16 @@ def check_runtime_opsets(view: ModelView) -> None:
     Opens a one-node model with the same imports and IR version, so nothing of the model is read.
     """
     src = view.proto
-    probe = onnx.ModelProto()
-    probe.ir_version = max(src.ir_version, 4)
-    probe.opset_import.extend(src.opset_import)
-    if not any(o.domain in ("", "ai.onnx") for o in src.opset_import):
-        probe.opset_import.append(helper.make_opsetid("", 1))
-    probe.graph.CopyFrom(
-        helper.make_graph(
-            [helper.make_node("Identity", ["x"], ["y"])],
-            "opset_probe",
-            [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
-            [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
-        )
+    opsets = list(src.opset_import)
+    if not any(o.domain in ("", "ai.onnx") for o in opsets):
+        opsets.append(helper.make_opsetid("", 1))
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "opset_probe",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
     )
+    probe = helper.make_model(graph, opset_imports=opsets, ir_version=max(src.ir_version, 4))
     options = session_options(level="ORT_DISABLE_ALL", log_severity=4)
     try:
         open_session(probe.SerializeToString(), options)

@@ -51,14 +51,8 @@ class TensorContract:
 
 def batch_symbol(view: ModelView) -> str | None:
     """The symbol at axis 0 of every model input (of rank 1 or more), if they all share one."""
-    found: set[object] = set()
-    for name in view.inputs:
-        shape = view.tensor(name).shape
-        if shape:
-            found.add(shape[0])
-    if len(found) != 1:
-        return None
-    only = found.pop()
+    found = {shape[0] for name in view.inputs if (shape := view.tensor(name).shape)}
+    only = found.pop() if len(found) == 1 else None
     return only if isinstance(only, str) else None
 
 

@@ -15,6 +15,7 @@ record says no token ids.
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from onnxpipe.core.options import opt
 from onnxpipe.core.tokenizer_files import chat_template, folder_place, model_folders, tokenizer_files
 from onnxpipe.export.genai.config import Unsupported
 from onnxpipe.export.genai.graph import check_source_fits, model_facts
-from onnxpipe.export.genai.write import describe_written, genai_config, write_genai_config
+from onnxpipe.export.genai.write import describe_written, genai_config
 from onnxpipe.export.outdir import writing
 from onnxpipe.ir.decoder import DecoderInfo, FoundDecoder, decoder_of
 from onnxpipe.ir.decoder_dims import decoder_dims, own_config, own_context
@@ -96,12 +97,9 @@ def copy_model_files(view: ModelView, source: ModelSource, tmp: Path) -> tuple[t
 
 def _origin(model: Path | None, folder: Path) -> str | None:
     """Where the model's files came from, when not from beside it."""
-    if model is None:
+    if model is None or folder not in model_folders(model):
         return str(folder)
-    place = folder_place(model, folder)
-    if place == "beside the model":
-        return None
-    return place if folder in model_folders(model) else str(folder)
+    return None if folder == model.absolute().parent else folder_place(model, folder)
 
 
 def model_record(
@@ -174,5 +172,6 @@ def _write_genai_config(
             raise ExportError(f"{out / GENAI_CONFIG_NAME}: cannot be written: {config.reason}")
         return f"{GENAI_CONFIG_NAME} not written: ONNX Runtime GenAI cannot run this split ({config.reason})"
     with writing(out / GENAI_CONFIG_NAME, out):
-        write_genai_config(config, tmp / GENAI_CONFIG_NAME)
+        # plain JSON, as GenAI's parser takes, with a 4-space indent as its builder writes
+        (tmp / GENAI_CONFIG_NAME).write_text(json.dumps(config.to_json(), indent=4) + "\n", encoding="utf-8")
     return describe_written(config, source.config)

@@ -23,7 +23,7 @@ import shutil
 import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from onnxpipe.core.errors import ExportError, ManifestError
@@ -119,10 +119,7 @@ def _written_by_the_split(out: Path) -> set[str]:
         manifest = load_manifest(out, check_files=False)
     except ManifestError:
         return names | {p.name for p in out.glob("stage_*.onnx*")}
-    for st in manifest.stages:
-        names.add(st.file)
-        if st.external_data is not None:
-            names.add(st.external_data)
+    names |= {f for st in manifest.stages for f in (st.file, st.external_data) if f is not None}
     model = manifest.plan.decoder.model if manifest.plan.decoder is not None else None
     return names | set(model.files if model is not None else ())
 
@@ -231,11 +228,9 @@ def _make_temporary(out: Path) -> Path:
     """A new folder beside ``out``, with the mode the umask gives (``mkdtemp`` would make it 0700)."""
     while True:
         tmp = out.parent / f".{out.name}.onnxpipe-tmp-{uuid.uuid4().hex[:12]}"
-        try:
+        with suppress(FileExistsError):  # else another name
             tmp.mkdir(mode=0o777)
             return tmp
-        except FileExistsError:
-            continue
 
 
 def _remove_empty(folders: Iterable[Path]) -> None:

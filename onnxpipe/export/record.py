@@ -77,17 +77,16 @@ def shared_weights(
     )
     held = {t: sorted({worker[s] for s in stages}) for t, stages in holders.items()}
     duplicated = sum(size.get(t, 0) * (len(w) - 1) for t, w in held.items())
-    per_worker = [0] * (max(worker, default=-1) + 1)
-    for t, ws in held.items():
-        for w in ws:
-            per_worker[w] += size.get(t, 0)
+    per_worker = tuple(
+        sum(size.get(t, 0) for t, ws in held.items() if w in ws) for w in range(max(worker, default=-1) + 1)
+    )
     large, tied = TIED_SHARE * view.param_bytes, tied_tables(view)
     notes = tuple(
         _shared_note(t, size[t], holders[t], held[t], len(weights_per_stage), max(worker) + 1, t in tied)
         for t in sorted(holders, key=lambda t: -size.get(t, 0))
         if len(holders[t]) > 1 and size.get(t, 0) >= large
     )
-    return SharedWeights(per_stage, duplicated, notes, tuple(per_worker))
+    return SharedWeights(per_stage, duplicated, notes, per_worker)
 
 
 def _shared_note(

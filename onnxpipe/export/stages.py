@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import onnx
 
@@ -161,20 +161,17 @@ class _StageWriter:
         return self.builder.build(spec, weights=weights, untyped=untyped, keep_external=True)
 
     def check_sizes(self, specs: Sequence[StageSpec]) -> None:
-        """With ``external_data="never"``, refuse a stage whose weights alone pass protobuf's limit
-        before any weight is read."""
+        """With ``external_data="never"``, refuse a stage over protobuf's limit before any weight is read
+        (with ``auto`` a stage that big gets a weights file: only ``never`` writes one so big inline)."""
         if self.mode != ExternalData.NEVER:
             return
         for spec in specs:
-            size = sum(self.view.initializers.get(t, 0) for t in self.builder.weights_of(spec))
+            i, size = spec.index, self.stage_bytes(spec)
             if size > PROTOBUF_LIMIT:
-                self._too_big(spec.index, size)
-
-    def _too_big(self, i: int, size: float) -> NoReturn:
-        raise ExportError(
-            f"{self.out / stage_file_name(i)}: stage {i} holds {size / 1e9:.2f} GB, over protobuf's 2 GB "
-            f"limit; use {opt('external_data', ExternalData.AUTO)} or always"
-        )
+                raise ExportError(
+                    f"{self.out / stage_file_name(i)}: stage {i} holds {size / 1e9:.2f} GB, over protobuf's "
+                    f"2 GB limit; use {opt('external_data', ExternalData.AUTO)} or always"
+                )
 
     def stage_bytes(self, spec: StageSpec) -> int:
         """About the bytes of the stage file with its weights inside, from dims: no weight is read."""
@@ -203,8 +200,6 @@ class _StageWriter:
         external = self.mode == ExternalData.ALWAYS or (
             self.mode == ExternalData.AUTO and (self.source_external or size > AUTO_EXTERNAL_BYTES)
         )
-        if not external and size > PROTOBUF_LIMIT:
-            self._too_big(i, size)
         name, data_name = stage_file_name(i), stage_data_name(i)
         path, data_path = self.tmp / name, self.tmp / data_name
         model = self.builder.build(spec, weights=True, keep_external=external)
@@ -250,8 +245,7 @@ class _StageWriter:
                 "else please report this with the model"
             )
 
-        session = open_session(path, options, fail=does_not_load)
-        del session
+        open_session(path, options, fail=does_not_load)  # and let it go at once
 
     def _error_line(self, e: BaseException) -> str:
         """The error's first line, naming files by where they will be, not the temporary folder."""

@@ -34,10 +34,11 @@ from typing import Any
 from onnxpipe.core.choices import TritonPlatform
 from onnxpipe.core.errors import ExportError, UsageError
 from onnxpipe.core.options import opt
+from onnxpipe.core.runtime_kinds import RuntimeKind
 from onnxpipe.core.text import names_text
 from onnxpipe.export.options import TritonOptions
 from onnxpipe.export.outdir import normalized, staged_folder, writing
-from onnxpipe.manifest import Manifest, StageEntry, load_manifest
+from onnxpipe.manifest import Manifest, load_manifest
 
 TRITON_TYPES = {
     "float32": "TYPE_FP32", "float16": "TYPE_FP16", "float64": "TYPE_FP64", "bfloat16": "TYPE_BF16",
@@ -80,12 +81,9 @@ class TritonModel:
 
     def to_pbtxt(self) -> str:
         lines = [f"name: {_q(self.name)}"]
-        if self.platform is not None:
-            lines.append(f"platform: {_q(self.platform)}")
-        if self.backend is not None:
-            lines.append(f"backend: {_q(self.backend)}")
-        if self.default_model_filename is not None:
-            lines.append(f"default_model_filename: {_q(self.default_model_filename)}")
+        for key in ("platform", "backend", "default_model_filename"):
+            if getattr(self, key) is not None:
+                lines.append(f"{key}: {_q(getattr(self, key))}")
         lines.append(f"max_batch_size: {self.max_batch_size}")
         for kind, tensors in (("input", self.inputs), ("output", self.outputs)):
             for t in tensors:
@@ -159,7 +157,7 @@ def export_triton(folder: str | Path, options: TritonOptions) -> TritonRepositor
         for model in models:
             text = model.to_pbtxt()
             if pb is not None:
-                _parse(pb, text, target / model.name / "config.pbtxt")
+                parse_config(pb, text, target / model.name / "config.pbtxt")
             (tmp / model.name).mkdir(exist_ok=True)
             with writing(target / model.name / "config.pbtxt", target):
                 (tmp / model.name / "config.pbtxt").write_text(text, encoding="utf-8")
@@ -195,9 +193,13 @@ def plan_repository(
 
     stages: list[TritonModel] = []
     steps: list[TritonStep] = []
+    kinds = _stage_kinds(manifest)
     for st in manifest.stages:
         model = f"{ensemble}_stage{st.index}"
-        runtime = _backend_of(manifest, st) if platform == TritonPlatform.AUTO else platform.value
+        # the backend of the stage's runtime, else onnxruntime's, which also serves a runtime Triton has no
+        # backend for (tract)
+        own = kinds[st.index].triton_backend if st.index in kinds else None
+        runtime = (own or "onnxruntime") if platform == TritonPlatform.AUTO else platform.value
         gpu = st.device.lower().startswith(("cuda", "gpu"))
         stages.append(
             TritonModel(
@@ -242,13 +244,8 @@ def repository_notes(manifest: Manifest, platform: TritonPlatform, max_batch_siz
             f"carr{'ies' if len(unbatched) == 1 else 'y'} "
             "no batch at axis 0, so Triton cannot batch requests; the configs list every dim"
         )
-    if platform == TritonPlatform.AUTO and manifest.cluster is not None:
-        by_name = {d.name: d.engine.kind for d in manifest.cluster.devices}
-        unserved = {
-            st.index: by_name[st.device].name
-            for st in manifest.stages
-            if st.device in by_name and by_name[st.device].triton_backend is None
-        }
+    if platform == TritonPlatform.AUTO:
+        unserved = {i: kind.name for i, kind in _stage_kinds(manifest).items() if kind.triton_backend is None}
         for name in dict.fromkeys(unserved.values()):
             listed = [str(i) for i, n in unserved.items() if n == name]
             notes.append(
@@ -265,15 +262,12 @@ def _unbatched(manifest: Manifest) -> list[str]:
     return sorted({t.name for t in tensors if t.batch_axis != 0})
 
 
-def _backend_of(manifest: Manifest, stage: StageEntry) -> str:
-    """The Triton backend of a stage: that of the runtime of its device in the manifest's cluster (the
-    devices file's), else onnxruntime's, which also serves a runtime Triton has no backend for (tract)."""
+def _stage_kinds(manifest: Manifest) -> dict[int, RuntimeKind]:
+    """Each stage's runtime, that of its device in the manifest's cluster (the devices file's); none for a
+    split made without devices."""
     devices = manifest.cluster.devices if manifest.cluster is not None else ()
-    for device in devices:
-        backend = device.engine.kind.triton_backend
-        if device.name == stage.device and backend is not None:
-            return backend
-    return "onnxruntime"
+    kinds = {d.name: d.engine.kind for d in devices}
+    return {st.index: kinds[st.device] for st in manifest.stages if st.device in kinds}
 
 
 def check_data_flow(ensemble: TritonModel, stages: Sequence[TritonModel]) -> None:
@@ -362,18 +356,13 @@ def model_config_module() -> ModuleType | None:
     return None
 
 
-def parse_config(pb: ModuleType, text: str) -> Any:
-    """``text`` parsed into tritonclient's ``ModelConfig`` (raises protobuf's ParseError)."""
-    from google.protobuf import text_format
-
-    return text_format.Parse(text, pb.ModelConfig())
-
-
-def _parse(pb: ModuleType, text: str, where: Path) -> None:
+def parse_config(pb: ModuleType, text: str, where: Path | str = "config.pbtxt") -> Any:
+    """``text`` parsed into tritonclient's ``ModelConfig``; one that does not parse is an
+    :class:`ExportError` naming ``where`` (the file it is written to)."""
     from google.protobuf import text_format
 
     try:
-        parse_config(pb, text)
+        return text_format.Parse(text, pb.ModelConfig())
     except text_format.ParseError as e:
         raise ExportError(f"{where}: Triton's model config does not parse ({e}); please report this") from e
 

@@ -53,7 +53,8 @@ class WeightFile:
             self._write(b"\0" * (ALIGNMENT - self._size % ALIGNMENT))
         offset = self._size
         if is_external(t):
-            self._copy_from(t, source_file(t, model_folder(t, source_dir)))
+            for chunk in read_source(t, source_file(t, model_folder(t, source_dir))):
+                self._write(chunk)
         elif t.HasField("raw_data"):
             self._write(t.raw_data)
         else:
@@ -75,21 +76,12 @@ class WeightFile:
         self._file = None
         return self._sha.hexdigest()
 
-    def abort(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
     def _write(self, data: bytes | memoryview) -> None:
         if self._file is None:
             self._file = self.path.open("xb")
         self._file.write(data)
         self._sha.update(data)
         self._size += len(data)
-
-    def _copy_from(self, t: onnx.TensorProto, src: Path) -> None:
-        for chunk in read_source(t, src):
-            self._write(chunk)
 
 
 def externalize(model: onnx.ModelProto, path: Path, source_dir: Path | None, threshold: int) -> str | None:
@@ -109,7 +101,7 @@ def externalize(model: onnx.ModelProto, path: Path, source_dir: Path | None, thr
             elif is_external(t):  # small, but still in the source's file: into the stage file itself
                 read_inline(t, model_folder(t, source_dir))
     except BaseException:
-        weights.abort()
+        weights.close()
         raise
     return weights.close()
 

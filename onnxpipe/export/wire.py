@@ -41,8 +41,7 @@ def compress_stage(model: onnx.ModelProto, spec: StageSpec, wire: Mapping[str, B
         dtype = wire.get(t)
         if dtype is None:
             continue
-        _check_opset(model, spec, dtype)
-        _retype(inputs[t], dtype.wire_name(t), ELEM_TYPE[dtype])
+        _to_wire(model, spec, inputs[t], dtype)
         if dtype == BoundaryDtype.INT8:
             graph.input.append(helper.make_tensor_value_info(scale_name(t), onnx.TensorProto.FLOAT, []))
             decompress.append(_node("DequantizeLinear", [dtype.wire_name(t), scale_name(t)], t))
@@ -54,9 +53,8 @@ def compress_stage(model: onnx.ModelProto, spec: StageSpec, wire: Mapping[str, B
         dtype = wire.get(out.name)
         if dtype is None:
             continue
-        _check_opset(model, spec, dtype)
         t = out.name
-        _retype(out, dtype.wire_name(t), ELEM_TYPE[dtype])
+        _to_wire(model, spec, out, dtype)
         if dtype == BoundaryDtype.INT8:
             graph.output.append(helper.make_tensor_value_info(scale_name(t), onnx.TensorProto.FLOAT, []))
         if t not in inputs:  # else the stage passes on the compressed input it received
@@ -89,12 +87,9 @@ def _node(op: str, inputs: list[str], output: str, **attrs: int) -> onnx.NodePro
     return node
 
 
-def _retype(vi: onnx.ValueInfoProto, name: str, elem_type: int) -> None:
-    vi.name = name
-    vi.type.tensor_type.elem_type = elem_type
-
-
-def _check_opset(model: onnx.ModelProto, spec: StageSpec, dtype: BoundaryDtype) -> None:
+def _to_wire(model: onnx.ModelProto, spec: StageSpec, vi: onnx.ValueInfoProto, dtype: BoundaryDtype) -> None:
+    """Declare the boundary tensor ``vi`` as its wire tensor of ``dtype``, once the model's opset has the
+    ops that make and read it."""
     version = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
     if version < MIN_OPSET[dtype]:
         raise ExportError(
@@ -102,6 +97,8 @@ def _check_opset(model: onnx.ModelProto, spec: StageSpec, dtype: BoundaryDtype) 
             f"model imports opset {version}; choose {opt('boundary_dtype', BoundaryDtype.FLOAT16)}, or "
             "convert the model to a newer opset"
         )
+    vi.name = dtype.wire_name(vi.name)
+    vi.type.tensor_type.elem_type = ELEM_TYPE[dtype]
 
 
 __all__ = ["compress_stage"]

@@ -128,9 +128,7 @@ def _folder(
     directory: str | Path, threads: int, check_files: bool, engines: Sequence[EngineConfig] | None
 ) -> tuple[Path, Manifest, list[EngineConfig]]:
     """The split folder, its manifest, and each stage's engine: ``engines[s]``, else onnxruntime on the
-    CPU with ``threads``."""
-    if threads < 1:
-        raise UsageError(f"threads {threads}: give a positive number of intra-op threads")
+    CPU with ``threads`` (:func:`~onnxpipe.core.runtimes.open_engine` refuses fewer than one)."""
     d = Path(directory)
     manifest = load_manifest(d, check_files=check_files)
     if engines is None:
@@ -184,6 +182,5 @@ def run_stage(
 
 def model_outputs(manifest: Manifest, feeds: Mapping[str, np.ndarray], values: Values) -> Values:
     """The model outputs from the last stage's ``values``; outputs that are model inputs come from feeds."""
-    out = dict(values)
-    out.update({o.name: feeds[o.name] for o in manifest.model_outputs if o.produced_by == MODEL_INPUT})
-    return {o.name: out[o.name] for o in manifest.model_outputs}
+    outputs = manifest.model_outputs
+    return {o.name: (feeds if o.produced_by == MODEL_INPUT else values)[o.name] for o in outputs}

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,7 +154,7 @@ class VerifyOptions:
         if self.threads < 1:
             raise UsageError(f"{opt('threads', self.threads)}: give a positive number of threads")
         for name, value in (("rtol", self.rtol), ("atol", self.atol)):
-            if value is not None and not (value >= 0 and not math.isnan(value)):
+            if value is not None and not value >= 0:  # NaN is not >= 0 either
                 raise UsageError(f"{opt(name, value)}: tolerances must be numbers >= 0")
         given = self.samples is not None or bool(self.input_files or self.stacked_files)
         if given and self.shapes:

@@ -17,8 +17,11 @@ The original model is the one the manifest records (its ``source.path``, relativ
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -234,18 +237,16 @@ def verify_folder(out_dir: str | Path, options: VerifyOptions) -> VerifyReport:
     samples = options.samples
     if samples is None and (options.input_files or options.stacked_files):
         samples = load_samples(view, options.input_files, stacked=options.stacked_files)
-    runs = options.runs
     names = [o.name for o in manifest.model_outputs]
 
     # the original first, then the stages one at a time: never two of them in memory at once
     if samples is not None:
         input_shapes = samples.shapes
         all_feeds: list[Mapping[str, Any]] = list(samples.feeds)
-        runs = len(all_feeds)
     else:
         input_shapes = planned_input_shapes(manifest, view, options.shapes)
-        all_feeds = [random_feeds(view, input_shapes, seed + r) for r in range(runs)]
-    fails = _random_failure(manifest, view, input_shapes, options.shapes)
+        all_feeds = [random_feeds(view, input_shapes, seed + r) for r in range(options.runs)]
+    fails = partial(_random_failure, manifest, view, input_shapes, options.shapes)
     expected = _run_original(model, view, names, all_feeds, threads, samples, fails)
     one = one_runtime(engines)
     whole = _run_whole(model, names, all_feeds, one) if one is not None else None
@@ -254,28 +255,25 @@ def verify_folder(out_dir: str | Path, options: VerifyOptions) -> VerifyReport:
     computes_in = narrower_compute_type(view)
     boundary = loosest_boundary(st.boundary_dtype for st in manifest.stages)
 
-    def compared(
-        want: Sequence[Mapping[str, Any]], got: Sequence[Mapping[str, Any]]
-    ) -> tuple[OutputComparison, ...]:
-        return compare_all(
-            names,
-            want,
-            got,
-            lambda t: options.tolerance(t, quantized=quantized, computes_in=computes_in, boundary=boundary),
-        )
+    def tolerance(dtype: str) -> Tolerance:
+        return options.tolerance(dtype, quantized=quantized, computes_in=computes_in, boundary=boundary)
 
-    outputs = compared(expected, staged)
+    outputs = compare_all(names, expected, staged, tolerance)
     on_runtime = None
-    if isinstance(whole, str) and one is not None:
+    if one is not None and isinstance(whole, str):
         on_runtime = OnRuntime(one.label, not_run=whole)
-    elif isinstance(whole, list) and one is not None:
-        on_runtime = OnRuntime(one.label, stages=compared(whole, staged), whole=compared(expected, whole))
+    elif one is not None and isinstance(whole, list):
+        on_runtime = OnRuntime(
+            one.label,
+            stages=compare_all(names, whole, staged, tolerance),
+            whole=compare_all(names, expected, whole, tolerance),
+        )
     return VerifyReport(
         outputs=outputs,
         rtol=max((o.rtol for o in outputs), default=0.0),
         atol=max((o.atol for o in outputs), default=0.0),
         seed=seed,
-        runs=runs,
+        runs=len(all_feeds),
         input_shapes=input_shapes,
         model_path=model,
         stage_runtimes=tuple(e.label for e in engines) if engines is not None else (),
@@ -296,13 +294,9 @@ def narrower_compute_type(view: ModelView) -> str | None:
     outputs = {view.tensors[o].dtype for o in view.outputs if o in view.tensors}
     if not outputs & {"float32", "float64"}:
         return None
-    counts: dict[str, int] = {}
-    for n in view.compute_nodes:
-        for o in n.outputs:
-            t = view.tensors.get(o)
-            if t is not None and t.dtype.startswith(("float", "bfloat")):
-                counts[t.dtype] = counts.get(t.dtype, 0) + 1
-    most = max(counts, key=lambda d: counts[d], default=None)
+    written = (view.tensors[o].dtype for n in view.compute_nodes for o in n.outputs if o in view.tensors)
+    counts = Counter(d for d in written if d.startswith(("float", "bfloat")))
+    most = counts.most_common(1)[0][0] if counts else None
     return most if most in _NARROW_FLOATS else None
 
 
@@ -430,26 +424,23 @@ def _random_failure(
     view: ModelView,
     input_shapes: Mapping[str, tuple[int, ...]],
     overrides: Mapping[str, Sequence[int]],
-) -> Callable[[str], str]:
-    """What a failure of the original on random inputs says after its shapes: the split's own input files
-    to give again, or the sizes chosen at the split (not the ones given to verify, ``overrides``) and
-    the inputs only real values set (:func:`~onnxpipe.ir.shapes.failure_hint`)."""
-
-    def text(why: str) -> str:
-        shown = ", ".join(f"{n}={list(v)}" for n, v in input_shapes.items())
-        used = manifest.plan.profiled_inputs
-        hint = (
-            "the split was made on "
-            + ", ".join(r.file for r in used)
-            + ": give "
-            + " ".join(opt("input_files", r.file) for r in used)
-            + " again"
-            if used
-            else failure_hint(view, input_shapes, overrides)
-        )
-        return f"of shapes {shown} ({why}); {hint}"
-
-    return text
+    why: str,
+) -> str:
+    """What a failure of the original on random inputs (``why``) says after its shapes: the split's own
+    input files to give again, or the sizes chosen at the split (not the ones given to verify,
+    ``overrides``) and the inputs only real values set (:func:`~onnxpipe.ir.shapes.failure_hint`)."""
+    shown = ", ".join(f"{n}={list(v)}" for n, v in input_shapes.items())
+    used = manifest.plan.profiled_inputs
+    hint = (
+        "the split was made on "
+        + ", ".join(r.file for r in used)
+        + ": give "
+        + " ".join(opt("input_files", r.file) for r in used)
+        + " again"
+        if used
+        else failure_hint(view, input_shapes, overrides)
+    )
+    return f"of shapes {shown} ({why}); {hint}"
 
 
 def _as_array(value: object) -> np.ndarray:
@@ -457,30 +448,27 @@ def _as_array(value: object) -> np.ndarray:
     if isinstance(value, np.ndarray):
         return value
     if isinstance(value, list):
-        try:
+        with suppress(ValueError):  # a ragged sequence
             stacked = np.asarray(value)
             if stacked.dtype != object:
                 return stacked
-        except ValueError:
-            pass
-        out = np.empty(len(value), dtype=object)
-        for i, v in enumerate(value):
-            out[i] = v
-        return out
+        return np.fromiter(value, dtype=object, count=len(value))
     return np.asarray(value)
 
 
-def _plain(path: Path) -> Path:
-    """``path`` without its ``..`` steps (``stages/../../models/m.onnx`` as ``../models/m.onnx``), as
-    messages name it: resolved (a linked folder is followed, not cut away), then relative to the current
-    folder where it lies below it."""
-    if ".." not in path.parts:
-        return path
-    resolved = path.resolve()
-    try:
-        return resolved.relative_to(Path.cwd().resolve())
-    except (ValueError, OSError):
-        return resolved
+def _recorded(directory: Path, path: str, what: str, otherwise: str) -> Path:
+    """The file the manifest in ``directory`` records at ``path`` (relative to it, or absolute), named
+    without its ``..`` steps (``stages/../../models/m.onnx`` as ``../models/m.onnx``) as messages name
+    it: resolved (a linked folder is followed, not cut away), then relative to the current folder where
+    it lies below it.  A file that is not there is a :class:`UsageError` saying ``otherwise``."""
+    p = directory / path
+    if ".." in p.parts:
+        p = p.resolve()
+        with suppress(ValueError, OSError):
+            p = p.relative_to(Path.cwd().resolve())
+    if not p.is_file():
+        raise UsageError(f"{p}: the {what} recorded in {directory / MANIFEST_NAME} is not there; {otherwise}")
+    return p
 
 
 def source_model_path(directory: Path, manifest: Manifest, model_path: str | Path | None) -> Path:
@@ -495,26 +483,16 @@ def source_model_path(directory: Path, manifest: Manifest, model_path: str | Pat
             f"{directory / MANIFEST_NAME}: records no path for the source model {manifest.source.file}; "
             f"pass it with {opt('model')}"
         )
-    p = _plain(directory / manifest.source.path)  # an absolute recorded path stays absolute
-    if not p.is_file():
-        raise UsageError(
-            f"{p}: the source model recorded in {directory / MANIFEST_NAME} is not there; "
-            f"pass its path with {opt('model')}"
-        )
-    return p
+    return _recorded(directory, manifest.source.path, "source model", f"pass its path with {opt('model')}")
 
 
 def source_embedding(directory: Path, manifest: Manifest) -> Path | None:
     """The embedding model the split joined ahead of its source (``source.embedding``), else ``None``."""
     if manifest.source.embedding is None:
         return None
-    p = _plain(directory / manifest.source.embedding)
-    if not p.is_file():
-        raise UsageError(
-            f"{p}: the embedding model recorded in {directory / MANIFEST_NAME} is not there; "
-            "put it back, or split the model again"
-        )
-    return p
+    return _recorded(
+        directory, manifest.source.embedding, "embedding model", "put it back, or split the model again"
+    )
 
 
 def runnable_source(directory: Path, manifest: Manifest, model_path: str | Path | None) -> Path:

@@ -25,5 +25,6 @@ The data model is typed (:mod:`.config`: :class:`GenAIConfig` and its parts); JS
 edges (:func:`onnxpipe.core.model_config.read_source_config` reads, :meth:`GenAIConfig.to_json`
 writes).  Top to bottom:
 :mod:`.config` the model, :mod:`.graph` what the graph says (and a ``--genai-config`` that contradicts
-it), :mod:`.write` the stages as GenAI's pipeline and the whole config put together and written.
+it), :mod:`.write` the stages as GenAI's pipeline and the whole config put together (written by
+:mod:`onnxpipe.export.model_files`).
 """

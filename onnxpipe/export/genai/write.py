@@ -1,12 +1,10 @@
 """The whole ``genai_config.json`` of a written split: the graph's names and dims, the source config's ids
 and context, the manifest's stages as GenAI's ``decoder.pipeline`` (each stage's file, its tensors and its
-session options, from its device), put together and written."""
+session options, from its device), put together (:mod:`onnxpipe.export.model_files` writes it)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from onnxpipe.cluster.model import Device
 from onnxpipe.core.model_config import GENAI_CONFIG_NAME, SourceConfig, TokenIds
@@ -85,11 +83,9 @@ def _written_dims(graph: DecoderDims, source: SourceConfig | None) -> ConfigDims
 def _context_length(manifest: Manifest, graph: DecoderDims, source: SourceConfig | None) -> int | None:
     """The smallest context any of the plan, the source config and the position table allows; None when
     none says one."""
-    limits = [manifest.plan.decoder.max_context] if manifest.plan.decoder is not None else []
-    for limit in (source.context_length if source else None, graph.position_rows):
-        if limit is not None:
-            limits.append(limit)
-    return min(limits) if limits else None
+    planned = manifest.plan.decoder.max_context if manifest.plan.decoder is not None else None
+    limits = (planned, source.context_length if source else None, graph.position_rows)
+    return min((n for n in limits if n is not None), default=None)
 
 
 def _token_ids(source: SourceConfig | None) -> TokenIds:
@@ -107,11 +103,6 @@ def _attention_heads(dims: ConfigDims, graph: DecoderDims, source: SourceConfig 
     if heads is None and dims.hidden_size is not None and dims.hidden_size % dims.head_size == 0:
         heads = dims.hidden_size // dims.head_size
     return heads
-
-
-def write_genai_config(config: GenAIConfig, path: Path) -> None:
-    """Write ``config`` as JSON (GenAI's parser takes plain JSON, 4-space indent as its builder writes)."""
-    path.write_text(json.dumps(config.to_json(), indent=4) + "\n", encoding="utf-8")
 
 
 def describe_written(config: GenAIConfig, source: SourceConfig | None) -> str:
@@ -221,8 +212,7 @@ def _pipeline_model(
 
 def _only_head(stage: StageEntry, names: TensorNames) -> bool:
     """Whether the stage makes the logits and holds no layer (nothing but the LM head, ``--ends own``)."""
-    makes_logits = any(o.name == names.logits for o in stage.outputs)
-    return makes_logits and not stage.kv_layers
+    return not stage.kv_layers and any(o.name == names.logits for o in stage.outputs)
 
 
 def primary_options(pipeline: Sequence[PipelineModel]) -> SessionOptions | None:
@@ -230,9 +220,5 @@ def primary_options(pipeline: Sequence[PipelineModel]) -> SessionOptions | None:
     managed tensors (cache, logits) on that device.  With stages on different providers (or the CPU) the
     primary device stays the CPU, which every stage can read from."""
     providers = {p.session_options.providers if p.session_options else None for p in pipeline}
-    if len(providers) != 1:
-        return None
-    (only,) = providers
-    if not only:
-        return None
-    return SessionOptions(providers=only)
+    only = providers.pop() if len(providers) == 1 else None
+    return SessionOptions(providers=only) if only else None
