@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 
+from onnxpipe.core.dims import dims_text
 from onnxpipe.core.events import Listener
 from onnxpipe.core.machine import BUSY_WARNING_CPUS, available_cpu_count, busy_elsewhere, sample
 from onnxpipe.core.options import opt
@@ -22,12 +23,6 @@ from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import expected_text
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.planning.request import PlanRequest
-
-
-def _show_dims(dims: Sequence[object] | None) -> str:
-    if dims is None:
-        return "[?]"
-    return "[" + ", ".join("?" if d is None or (isinstance(d, int) and d < 0) else str(d) for d in dims) + "]"
 
 
 def input_lines(
@@ -59,7 +54,9 @@ def input_lines(
         shape = shapes[name]
         if name in own:
             at = ", ".join(f"{phase} {'x'.join(map(str, s[name]))}" for phase, s in per_phase.items())
-            lines.append(f"input {name}: {info.dtype} {_show_dims(info.shape)} -> {at} (sized per phase)")
+            lines.append(
+                f"input {name}: {info.dtype} {dims_text(info.shape, '[?]')} -> {at} (sized per phase)"
+            )
             continue
         at = "x".join(map(str, shape)) or "scalar"
         guessed: list[str] = []
@@ -74,7 +71,7 @@ def input_lines(
         how = f"given by {given}" if name in overrides else "fixed"
         if guessed:
             how = f"guessed {', '.join(guessed)}"
-        lines.append(f"input {name}: {info.dtype} {_show_dims(info.shape)} -> run at {at} ({how})")
+        lines.append(f"input {name}: {info.dtype} {dims_text(info.shape, '[?]')} -> run at {at} ({how})")
         if guessed:
             hints.append(opt("shapes", f"{name}={','.join(map(str, shape))}"))
     if hints:

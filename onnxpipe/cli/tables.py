@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from onnxpipe import api
-from onnxpipe.core.dims import Dim
+from onnxpipe.core.dims import dims_text
 from onnxpipe.core.text import human_bytes, table
 
 BYTES_LEGEND = (
@@ -96,20 +96,6 @@ def format_manifest_table(manifest: api.Manifest, *, files_changed: bool = False
     return "\n".join(part for part in (head, footer, _decoder_stages(manifest)) if part)
 
 
-def _dims(dims: tuple[Dim, ...] | None) -> str:
-    """``[batch, 3, height, width]``; an unknown dim ``?``, a long symbolic expression cut short."""
-    if dims is None:
-        return "[unknown rank]"
-
-    def one(d: Dim) -> str:
-        if d is None or (isinstance(d, int) and d < 0):
-            return "?"
-        text = str(d)
-        return text if len(text) <= 32 else text[:29] + "..."
-
-    return "[" + ", ".join(one(d) for d in dims) + "]"
-
-
 def format_model_table(view: api.ModelView, s: api.ModelSummary) -> str:
     """Per operator type: node count and parameter bytes (each weight at its first reader, so that the
     column sums to the model's weights); then the model's inputs and outputs (dtypes,
@@ -126,7 +112,7 @@ def format_model_table(view: api.ModelView, s: api.ModelSummary) -> str:
     symbolic = False
     for kind, tensors in (("input", s.inputs), ("output", s.outputs)):
         for t in tensors:
-            lines.append(f"{kind} {t.name}: {t.dtype} {_dims(t.shape)}")
+            lines.append(f"{kind} {t.name}: {t.dtype} {dims_text(t.shape, '[unknown rank]', cut=32)}")
             symbolic = symbolic or (
                 kind == "input" and (t.shape is None or any(not isinstance(d, int) or d < 0 for d in t.shape))
             )
