@@ -21,7 +21,7 @@ from onnxpipe.ir.decoder_kinds import PhaseShape
 from onnxpipe.ir.decoder_shapes import decoder_inputs
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import expected_text
-from onnxpipe.ir.shapes import resolve_input_shapes
+from onnxpipe.ir.shapes import guessed_dims, resolve_input_shapes
 from onnxpipe.planning.request import PlanRequest
 
 
@@ -39,9 +39,11 @@ def input_lines(
     shapes = resolve_input_shapes(view, overrides)
     own = decoder_inputs(view) if phases else set()
     per_phase = {p.phase: resolve_input_shapes(view, overrides, phase=p) for p in phases}
-    given_symbols = {
-        d for name, dims in overrides.items() for d in (view.tensor(name).shape or ()) if isinstance(d, str)
-    }
+    guesses: dict[str, list[str]] = {}
+    for name, axis, symbol in guessed_dims(view, overrides):
+        guesses.setdefault(name, []).append(
+            f"{f'dim {axis}' if symbol is None else symbol}={shapes[name][axis]}"
+        )
     lines: list[str] = []
     hints: list[str] = []
     for name in view.inputs:
@@ -59,14 +61,7 @@ def input_lines(
             )
             continue
         at = "x".join(map(str, shape)) or "scalar"
-        guessed: list[str] = []
-        if name not in overrides and info.shape is not None:
-            for axis, d in enumerate(info.shape):
-                if isinstance(d, int) and d >= 0:
-                    continue
-                if isinstance(d, str) and d in given_symbols:
-                    continue
-                guessed.append(f"{d if isinstance(d, str) else f'dim {axis}'}={shape[axis]}")
+        guessed = guesses.get(name, [])
         given = "the inputs" if from_inputs else opt("shapes")
         how = f"given by {given}" if name in overrides else "fixed"
         if guessed:
