@@ -83,7 +83,6 @@ def generate(
         sampling=options.sampling,
         stages=k,
         workers=workers,
-        texts=runs["pipeline"].texts,
         backend=options.backend.value,
         cluster=cluster,
     )

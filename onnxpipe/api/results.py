@@ -121,8 +121,6 @@ class GenerateResult:
     sampling: Sampling | None
     stages: int
     workers: int
-    texts: tuple[str, ...] | None = None
-    """The pipeline's new tokens of each prompt as text, when the prompts were text."""
     backend: str = "local"
     cluster: GenerationCluster | None = None
     """On Ray: each stage's node, each hop's share of a step's time, each lost actor brought back."""
@@ -131,6 +129,11 @@ class GenerateResult:
     def tokens(self) -> tuple[tuple[int, ...], ...]:
         """The pipeline's new tokens of each prompt, in prompt order."""
         return self.runs["pipeline"].tokens
+
+    @property
+    def texts(self) -> tuple[str, ...] | None:
+        """The pipeline's new tokens of each prompt as text, when the prompts were text."""
+        return self.runs["pipeline"].texts
 
     @property
     def same(self) -> bool:
