@@ -54,10 +54,7 @@ def split(args: argparse.Namespace) -> int:
         print(result.to_json())
     else:
         plan = result.plan
-        tried = format_stage_counts(plan)
-        if tried is not None:
-            print(tried)
-        print(format_manifest_table(result.manifest))
+        print("\n".join([*format_stage_counts(plan), format_manifest_table(result.manifest)]))
         print(
             f"wrote {api.written_stages(result)} to {args.out}/ "
             f"(bottleneck {plan.bottleneck_seconds * 1e3:.3f} ms, "
@@ -79,10 +76,7 @@ def plan(args: argparse.Namespace) -> int:
     if args.json:
         print(result.to_json())
     else:
-        tried = format_stage_counts(plan)
-        if tried is not None:
-            print(tried)
-        print(format_plan_table(plan))
+        print("\n".join([*format_stage_counts(plan), format_plan_table(plan)]))
         for note in plan.notes:
             print(f"  note: {say.text(note)}")
     if result.drawn is not None:

@@ -292,10 +292,11 @@ def format_plan_table(plan: api.Plan) -> str:
     return "\n".join(lines)
 
 
-def format_stage_counts(plan: api.Plan) -> str | None:
-    """``--stages auto``: a row per stage count tried, its bottleneck and throughput, the chosen marked."""
+def format_stage_counts(plan: api.Plan) -> list[str]:
+    """``--stages auto``: a row per stage count tried, its bottleneck and throughput, the chosen marked (a
+    table printed before the plan's; none for a count given)."""
     if not plan.stage_counts_tried:
-        return None
+        return []
     rows = []
     for k, seconds in plan.stage_counts_tried:
         fits = seconds != float("inf") and seconds > 0
@@ -308,7 +309,7 @@ def format_stage_counts(plan: api.Plan) -> str | None:
             ]
         )
     what = "latency ms" if plan.optimized_for == "latency" else "bottleneck ms"
-    return table(["stages", what, "per second", "choice"], rows)
+    return [table(["stages", what, "per second", "choice"], rows)]
 
 
 def _of_type(report: api.VerifyReport) -> str:
