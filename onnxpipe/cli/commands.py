@@ -205,8 +205,7 @@ def cluster_lines(cluster: api.GenerationCluster, rebuilt: int) -> list[str]:
 
 def links(args: argparse.Namespace) -> int:
     say = Say("links", json_output=args.json)
-    options = LINKS.options(args)
-    report = api.links(args.devices, options, listener=say)
+    report = api.links(args.devices, LINKS.options(args), listener=say)
     print(report.to_json() if args.json else say.text(api.format_links(report)))
     if report.written is not None:
         say.line(f"wrote {report.written}")
