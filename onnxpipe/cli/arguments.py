@@ -13,7 +13,7 @@ import difflib
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 from onnxpipe.api.options import (
     DEFAULT_MICROBATCHES,
@@ -31,8 +31,6 @@ from onnxpipe.cli.argtypes import (
     stages_arg,
 )
 from onnxpipe.cli.flags import Flag, flag, grouped
-
-_N = TypeVar("_N")
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
