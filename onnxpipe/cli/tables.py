@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from onnxpipe import api
 from onnxpipe.core.dims import dims_text
-from onnxpipe.core.text import human_bytes, table
+from onnxpipe.core.text import human_bytes, names_text, table
 
 BYTES_LEGEND = (
     "bytes in: what a stage reads (model inputs, earlier stages' outputs); link in: what crosses the link "
@@ -120,11 +120,10 @@ def format_model_table(view: api.ModelView, s: api.ModelSummary) -> str:
         lines.append("  dims shown by name or ? are sized by a guess unless --shape NAME=D1,D2,... sets them")
     lines.append(f"opsets: {', '.join(f'{d} {v}' for d, v in s.opsets)}; IR version {s.ir_version}")
     if s.control_flow:
-        shown = ", ".join(f"{name} ({op})" for name, op in s.control_flow[:5])
-        more = f" and {len(s.control_flow) - 5} more" if len(s.control_flow) > 5 else ""
+        shown = names_text([f"{name} ({op})" for name, op in s.control_flow], limit=5)
         lines.append(
             f"control flow: {len(s.control_flow)} node(s) with subgraphs, each kept whole in one stage: "
-            f"{shown}{more}"
+            f"{shown}"
         )
     else:
         lines.append("control flow: none")
