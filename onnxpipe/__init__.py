@@ -19,56 +19,7 @@ from typing import TYPE_CHECKING
 from onnxpipe.core.lazy import lazy_exports
 from onnxpipe.core.version import __version__ as __version__
 
-_API = "onnxpipe.api"
-_ERRORS = "onnxpipe.core.errors"
-
-_EXPORTS: dict[str, str] = {
-    # the door: a function per subcommand, its options, its result
-    "profile": _API,
-    "plan": _API,
-    "split": _API,
-    "verify": _API,
-    "inspect": _API,
-    "run": _API,
-    "generate": _API,
-    "links": _API,
-    "export_triton": _API,
-    "ProfileOptions": _API,
-    "PlanOptions": _API,
-    "PlanRequest": _API,
-    "ScheduleRequest": _API,
-    "DecoderOptions": _API,
-    "SplitOptions": _API,
-    "CalibrationOptions": _API,
-    "ExportOptions": _API,
-    "VerifyOptions": _API,
-    "InspectOptions": _API,
-    "RunOptions": _API,
-    "GenerateOptions": _API,
-    "LinkOptions": _API,
-    "Sampling": _API,
-    "TritonOptions": _API,
-    "PlanResult": _API,
-    "SplitResult": _API,
-    "FolderInspection": _API,
-    "ModelInspection": _API,
-    "GenerateResult": _API,
-    "LinkReport": _API,
-    "RunReport": _API,
-    "TritonRepository": _API,
-    "VerifyReport": _API,
-    # the errors
-    "ExportError": _ERRORS,
-    "ManifestError": _ERRORS,
-    "MemoryFitError": _ERRORS,
-    "ModelLoadError": _ERRORS,
-    "OnnxpipeError": _ERRORS,
-    "PartitionError": _ERRORS,
-    "ProfileError": _ERRORS,
-    "RuntimeStageError": _ERRORS,
-    "UsageError": _ERRORS,
-    "VerificationError": _ERRORS,
-    # the steps below the door
+_BELOW_THE_DOOR: dict[str, str] = {
     "get_profile": "onnxpipe.cost.source",
     "static_profile": "onnxpipe.cost.static",
     "export_stages": "onnxpipe.export.stages",
@@ -90,8 +41,8 @@ _EXPORTS: dict[str, str] = {
     "load_cluster": "onnxpipe.cluster.devicesfile",
 }
 
-# written out, not computed from _EXPORTS: a type checker reads only a literal __all__ (for
-# `from onnxpipe import *`); tests/unit/test_api.py holds the two to the same names
+# written out: a type checker reads only a literal __all__ (for `from onnxpipe import *`); the module of
+# each name is in _EXPORTS below, made from it (tests/unit/test_api.py holds the two to the same names)
 __all__ = [
     "CalibrationOptions",
     "Cluster",
@@ -157,6 +108,14 @@ __all__ = [
     "static_profile",
     "verify",
 ]
+
+_EXPORTS: dict[str, str] = {
+    name: _BELOW_THE_DOOR.get(name, "onnxpipe.core.errors" if name.endswith("Error") else "onnxpipe.api")
+    for name in __all__
+    if name != "__version__"
+}
+"""Each public name's module: the door's functions, options and results (:mod:`onnxpipe.api`), the
+errors (:mod:`onnxpipe.core.errors`, each named ``...Error``), and the steps below the door."""
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 

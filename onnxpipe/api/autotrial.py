@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-import time
+import timeit
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,16 +51,12 @@ def measure_gain(view: ModelView, plan: Plan) -> float:
         session = open_session(view.path, session_options(threads=1))
         with Pipeline.from_manifest(out) as pipe:
             pipe.run_many(feeds[:4])  # warm-up
-            piped = min(_seconds(lambda: pipe.run_many(feeds)) for _ in range(TRIAL_ROUNDS))
+            piped = min(timeit.repeat(lambda: pipe.run_many(feeds), number=1, repeat=TRIAL_ROUNDS))
         session.run(None, feeds[0])
-        whole = min(_seconds(lambda: [session.run(None, f) for f in feeds]) for _ in range(TRIAL_ROUNDS))
+        whole = min(
+            timeit.repeat(lambda: [session.run(None, f) for f in feeds], number=1, repeat=TRIAL_ROUNDS)
+        )
     return whole / piped if piped > 0 else 1.0
-
-
-def _seconds(call: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
 
 
 def paid_here(

@@ -8,14 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from onnxpipe.api.results import GenerateResult
-from onnxpipe.api.running import ray_config
+from onnxpipe.api.running import backend_config
 from onnxpipe.api.seq2seq import generate_folder
-from onnxpipe.core.choices import Backend
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.core.iocontract import IOContract
 from onnxpipe.core.options import opt
-from onnxpipe.manifest import Manifest, load_manifest
+from onnxpipe.manifest import load_manifest
 from onnxpipe.manifest.seq2seq import SEQ2SEQ_FILE, read_seq2seq
 from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig
@@ -55,7 +54,7 @@ def generate(
         )
     manifest = load_manifest(Path(folder), check_files=False)
     contract = split_contract(manifest, folder)  # once for the request: the split's, the baselines'
-    config = _backend_config(manifest, options)
+    config = backend_config(options, manifest.k)
     with Generator.open(
         folder, config, threads=options.threads, contract=contract, embedding=options.embedding
     ) as gen:
@@ -84,16 +83,9 @@ def generate(
         sampling=options.sampling,
         stages=k,
         workers=workers,
-        texts=runs["pipeline"].texts,
         backend=options.backend.value,
         cluster=cluster,
     )
-
-
-def _backend_config(manifest: Manifest, options: GenerateOptions) -> BackendConfig:
-    if options.backend == Backend.RAY:
-        return ray_config(options, manifest.k)
-    return LocalConfig(mode=options.local_mode)
 
 
 def _cluster(gen: Generator) -> GenerationCluster | None:

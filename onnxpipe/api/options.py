@@ -89,10 +89,7 @@ class SplitOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "out", Path(self.out))
         as_paths(self, "embedding")
-        self._check()
-
-    def _check(self) -> None:
-        """Refuse what cannot work together, before anything is loaded."""
+        # what cannot work together is refused here, before anything is loaded
         VerifyOptions(rtol=self.rtol, atol=self.atol)  # refuses a bad tolerance
         if self.profile.out is not None and self.profile.out.absolute() == self.out.absolute():
             raise UsageError(f"{opt('ProfileOptions.out')}: the profile cannot be the split's folder")

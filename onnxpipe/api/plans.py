@@ -176,23 +176,19 @@ def calibrated_plan(
     else:
         k = request.stages if isinstance(request.stages, int) else len(make(prof).stages)
         timer, how = choose_timer(mode, k, prof.threads)
-    both = phases is not None and Phase.PREFILL in phases and Phase.DECODE in phases
-    if both:
-        assert phases is not None
-        done = calibrate_phases(
-            view,
-            {Phase.PREFILL: phases[Phase.PREFILL], Phase.DECODE: phases[Phase.DECODE]},
-            lambda ps: make_plan(
-                view, ps[Phase.DECODE], request, phase_profiles=_named_phases(ps), decoder=decoder
-            ),
-            rounds=calibration.rounds,
-            timer=timer,
-        )
-    else:
-        done = calibrate_phases(
-            view, {None: prof}, lambda ps: make(ps[None]), rounds=calibration.rounds, timer=timer
-        )
-    used = done.profiles[Phase.DECODE if both else None]
+    start: dict[Phase | None, Profile] = {None: prof}
+    if phases is not None and Phase.PREFILL in phases and Phase.DECODE in phases:  # both, together
+        start = {Phase.PREFILL: phases[Phase.PREFILL], Phase.DECODE: phases[Phase.DECODE]}
+    key = None if None in start else Phase.DECODE
+
+    def remake(ps: Mapping[Phase | None, Profile]) -> Plan:
+        if key is None:
+            return make(ps[None])
+        named = {phase: p for phase, p in ps.items() if phase is not None}
+        return make_plan(view, ps[key], request, phase_profiles=named, decoder=decoder)
+
+    done = calibrate_phases(view, start, remake, rounds=calibration.rounds, timer=timer)
+    used = done.profiles[key]
     return dataclasses.replace(
         done.plan, notes=(*done.plan.notes, done.note(how)), reference_seconds=time_model(view, used)
     )
@@ -210,10 +206,6 @@ def refuse_untyped_inputs(view: ModelView) -> None:
             f"({opt('ProfileOptions.inputs')}), or plan from static costs without running the model "
             f"({opt('cost', 'static')} and {opt('verify', False)})"
         )
-
-
-def _named_phases(profiles: Mapping[Phase | None, Profile]) -> dict[Phase, Profile]:
-    return {phase: p for phase, p in profiles.items() if phase is not None}
 
 
 def _calibrated_on_devices(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 
+from onnxpipe.core.dims import dims_text
 from onnxpipe.core.events import Listener
 from onnxpipe.core.machine import BUSY_WARNING_CPUS, available_cpu_count, busy_elsewhere, sample
 from onnxpipe.core.options import opt
@@ -20,14 +21,8 @@ from onnxpipe.ir.decoder_kinds import PhaseShape
 from onnxpipe.ir.decoder_shapes import decoder_inputs
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import expected_text
-from onnxpipe.ir.shapes import resolve_input_shapes
+from onnxpipe.ir.shapes import guessed_dims, resolve_input_shapes
 from onnxpipe.planning.request import PlanRequest
-
-
-def _show_dims(dims: Sequence[object] | None) -> str:
-    if dims is None:
-        return "[?]"
-    return "[" + ", ".join("?" if d is None or (isinstance(d, int) and d < 0) else str(d) for d in dims) + "]"
 
 
 def input_lines(
@@ -44,9 +39,11 @@ def input_lines(
     shapes = resolve_input_shapes(view, overrides)
     own = decoder_inputs(view) if phases else set()
     per_phase = {p.phase: resolve_input_shapes(view, overrides, phase=p) for p in phases}
-    given_symbols = {
-        d for name, dims in overrides.items() for d in (view.tensor(name).shape or ()) if isinstance(d, str)
-    }
+    guesses: dict[str, list[str]] = {}
+    for name, axis, symbol in guessed_dims(view, overrides):
+        guesses.setdefault(name, []).append(
+            f"{f'dim {axis}' if symbol is None else symbol}={shapes[name][axis]}"
+        )
     lines: list[str] = []
     hints: list[str] = []
     for name in view.inputs:
@@ -59,22 +56,17 @@ def input_lines(
         shape = shapes[name]
         if name in own:
             at = ", ".join(f"{phase} {'x'.join(map(str, s[name]))}" for phase, s in per_phase.items())
-            lines.append(f"input {name}: {info.dtype} {_show_dims(info.shape)} -> {at} (sized per phase)")
+            lines.append(
+                f"input {name}: {info.dtype} {dims_text(info.shape, '[?]')} -> {at} (sized per phase)"
+            )
             continue
         at = "x".join(map(str, shape)) or "scalar"
-        guessed: list[str] = []
-        if name not in overrides and info.shape is not None:
-            for axis, d in enumerate(info.shape):
-                if isinstance(d, int) and d >= 0:
-                    continue
-                if isinstance(d, str) and d in given_symbols:
-                    continue
-                guessed.append(f"{d if isinstance(d, str) else f'dim {axis}'}={shape[axis]}")
+        guessed = guesses.get(name, [])
         given = "the inputs" if from_inputs else opt("shapes")
         how = f"given by {given}" if name in overrides else "fixed"
         if guessed:
             how = f"guessed {', '.join(guessed)}"
-        lines.append(f"input {name}: {info.dtype} {_show_dims(info.shape)} -> run at {at} ({how})")
+        lines.append(f"input {name}: {info.dtype} {dims_text(info.shape, '[?]')} -> run at {at} ({how})")
         if guessed:
             hints.append(opt("shapes", f"{name}={','.join(map(str, shape))}"))
     if hints:

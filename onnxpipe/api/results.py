@@ -10,7 +10,6 @@ compared field by field.  The schema is in docs/cli.md.  Every float follows the
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from onnxpipe.runtime.generation.result import Generation
 from onnxpipe.runtime.options import Sampling
 from onnxpipe.runtime.report.cluster import GenerationCluster, recovery_obj
 from onnxpipe.runtime.report.model import RunReport
+from onnxpipe.runtime.report.model import num as finite  # a difference not finite (unequal shapes): null
 from onnxpipe.verification.compare import OutputComparison
 from onnxpipe.verification.verify import OnRuntime, VerifyReport
 
@@ -121,8 +121,6 @@ class GenerateResult:
     sampling: Sampling | None
     stages: int
     workers: int
-    texts: tuple[str, ...] | None = None
-    """The pipeline's new tokens of each prompt as text, when the prompts were text."""
     backend: str = "local"
     cluster: GenerationCluster | None = None
     """On Ray: each stage's node, each hop's share of a step's time, each lost actor brought back."""
@@ -131,6 +129,11 @@ class GenerateResult:
     def tokens(self) -> tuple[tuple[int, ...], ...]:
         """The pipeline's new tokens of each prompt, in prompt order."""
         return self.runs["pipeline"].tokens
+
+    @property
+    def texts(self) -> tuple[str, ...] | None:
+        """The pipeline's new tokens of each prompt as text, when the prompts were text."""
+        return self.runs["pipeline"].texts
 
     @property
     def same(self) -> bool:
@@ -146,10 +149,10 @@ class GenerateResult:
                 "tokens_per_second": num(g.tokens_per_second),
                 "steps": g.steps,
                 "batch": g.batch,
-                "time_to_first_token_seconds": _num(g.time_to_first_token()),
+                "time_to_first_token_seconds": num(g.time_to_first_token()),
                 "time_per_token_seconds": {
-                    "p50": _num(g.time_per_token(0.5)),
-                    "p90": _num(g.time_per_token(0.9)),
+                    "p50": num(g.time_per_token(0.5)),
+                    "p90": num(g.time_per_token(0.9)),
                 },
                 "busy_shares": [num(b) for b in g.busy_shares],
                 "rebuilt_sequences": g.rebuilt,
@@ -188,10 +191,6 @@ def _cluster_obj(cluster: GenerationCluster) -> dict[str, Any]:
         ],
         "recoveries": [recovery_obj(r) for r in cluster.recoveries],
     }
-
-
-def _num(x: float | None) -> float | None:
-    return None if x is None else num(x)
 
 
 def plan_obj(plan: Plan) -> dict[str, Any]:
@@ -266,8 +265,8 @@ def verification_obj(report: VerifyReport) -> dict[str, Any]:
                 "ok": report.passes(i),
                 "rtol": o.rtol,
                 "atol": o.atol,
-                "max_abs_diff": _finite(o.max_abs_diff),
-                "max_rel_diff": _finite(o.max_rel_diff),
+                "max_abs_diff": finite(o.max_abs_diff),
+                "max_rel_diff": finite(o.max_rel_diff),
             }
             for i, o in enumerate(report.outputs)
         ],
@@ -283,7 +282,7 @@ def _on_runtime_obj(on: OnRuntime | None) -> dict[str, Any] | None:
         return None
 
     def diffs(c: OutputComparison) -> dict[str, Any]:
-        return {"ok": c.ok, "max_abs_diff": _finite(c.max_abs_diff), "max_rel_diff": _finite(c.max_rel_diff)}
+        return {"ok": c.ok, "max_abs_diff": finite(c.max_abs_diff), "max_rel_diff": finite(c.max_rel_diff)}
 
     return {
         "runtime": on.label,
@@ -325,8 +324,3 @@ def model_obj(s: ModelSummary) -> dict[str, Any]:
 
 def _shape(dims: tuple[Dim, ...] | None) -> list[Dim] | None:
     return None if dims is None else list(dims)
-
-
-def _finite(x: float) -> float | None:
-    """A difference, or None where it is not finite (outputs of unequal shapes, NaN in one of them)."""
-    return float(x) if math.isfinite(x) else None

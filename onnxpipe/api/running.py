@@ -22,8 +22,8 @@ from onnxpipe.runtime.inputs import input_shapes_for, load_inputs, random_inputs
 from onnxpipe.runtime.options import (
     MEASURED_MICROBATCHES,
     SINGLE_LATENCY_MICROBATCHES,
-    GenerateOptions,
     RunOptions,
+    WorkerOptions,
 )
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.report.baselines import Feeds, add_baselines, distinct
@@ -56,7 +56,7 @@ def run(
     source = _source(directory, manifest, opts.model, needed=opts.compare)
     model = runnable_file(*source) if opts.compare and source is not None else None  # built only to compare
     inputs, shapes = _inputs(opts, directory, manifest, source)
-    config = _backend_config(opts, manifest)
+    config = backend_config(opts, manifest.k, slots=opts.slots, pin=opts.pin)
     if opts.backend == Backend.LOCAL:  # Ray places its workers elsewhere, maybe on other machines
         _warn_threads(say, placements or manifest_placements(manifest, opts.threads), manifest)
     say.step(f"starting {manifest.k} stage worker(s)")
@@ -144,17 +144,14 @@ def _inputs(
     return random_inputs(view or (directory, manifest), shapes, count, seed=opts.seed), shapes
 
 
-def _backend_config(opts: RunOptions, manifest: Manifest) -> BackendConfig:
-    """The backend ``opts.backend`` names, with its own options (another backend's refused when
-    :class:`RunOptions` were made)."""
-    if opts.backend == Backend.RAY:
-        return ray_config(opts, manifest.k, slots=opts.slots)
-    return LocalConfig(mode=opts.local_mode, slots=opts.slots, pin=opts.pin)
-
-
-def ray_config(opts: RunOptions | GenerateOptions, stages: int, *, slots: int = DEFAULT_SLOTS) -> RayConfig:
-    """The Ray backend of ``opts`` (``run``'s or ``generate``'s) for a split of ``stages`` stages: its
-    resources file read, one entry per stage."""
+def backend_config(
+    opts: WorkerOptions, stages: int, *, slots: int = DEFAULT_SLOTS, pin: bool = False
+) -> BackendConfig:
+    """The backend ``opts.backend`` names (``run``'s or ``generate``'s, another backend's options refused
+    when they were made) for a split of ``stages`` stages: local workers with ``slots`` and ``pin``, or
+    Ray actors, the resources file read with one entry per stage."""
+    if opts.backend == Backend.LOCAL:
+        return LocalConfig(mode=opts.local_mode, slots=slots, pin=pin)
     given = opts.ray_resources
     resources = load_ray_resources(given, stages) if isinstance(given, Path) else given
     return RayConfig(

@@ -255,7 +255,6 @@ def generate_folder(
         sampling=None,
         stages=stages,
         workers=stages,
-        texts=runs["pipeline"].texts,
         backend=options.backend.value,
         cluster=None,
     )

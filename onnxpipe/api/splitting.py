@@ -21,7 +21,7 @@ from onnxpipe.api.profiling import save_profile
 from onnxpipe.api.results import SplitResult
 from onnxpipe.api.seq2seq import split_folder
 from onnxpipe.core.choices import CalibrationMode, Phase, SplitNodes, VerifyRuntime
-from onnxpipe.core.dims import Dim
+from onnxpipe.core.dims import dims_text
 from onnxpipe.core.errors import ExportError, OnnxpipeError, UsageError, VerificationError
 from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.core.model_config import SourceConfig, read_source_config
@@ -168,20 +168,16 @@ def _noted(the_plan: Plan, retried: str | None, frozen: ModelView | None) -> Pla
     notes = [retried] if retried is not None else []
     open_dims = unsettled(frozen, [(s.index, s.outputs) for s in the_plan.stages]) if frozen else []
     if open_dims:
-        named = "; ".join(f"stage {i} emits {name} {_dims_text(dims)}" for i, name, dims in open_dims)
+        named = "; ".join(
+            f"stage {i} emits {name} {dims_text(dims, 'of unknown rank', symbols=False)}"
+            for i, name, dims in open_dims
+        )
         notes.append(
             f"{len(open_dims)} stage output(s) of the static split keep dims that the frozen input sizes do "
             f"not settle: {named} (their sizes follow data, as a NonZero's count or an If on a value "
             "does, which no freezing fixes)"
         )
     return dataclasses.replace(the_plan, notes=(*the_plan.notes, *notes)) if notes else the_plan
-
-
-def _dims_text(dims: tuple[Dim, ...] | None) -> str:
-    """``[1, ?, 4]``, or ``of unknown rank``."""
-    if dims is None:
-        return "of unknown rank"
-    return "[" + ", ".join(str(d) if isinstance(d, int) and d >= 0 else "?" for d in dims) + "]"
 
 
 class _Verified:

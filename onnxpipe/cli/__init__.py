@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from onnxpipe.cli.arguments import CommandParser, SubcommandParser
+from onnxpipe.cli.arguments import CommandParser
 from onnxpipe.cli.commands import WORK
 from onnxpipe.cli.parsers import SUBCOMMANDS, worded
 from onnxpipe.cli.say import COMMAND_START, process_start
@@ -37,9 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Split an ONNX model into a balanced pipeline of stage models.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(
-        dest="command", required=True, metavar="COMMAND", parser_class=SubcommandParser
-    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in SUBCOMMANDS:
         command.add_arguments(sub.add_parser(command.name, help=command.help))
     return parser

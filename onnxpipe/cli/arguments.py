@@ -13,7 +13,7 @@ import difflib
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 from onnxpipe.api.options import (
     DEFAULT_MICROBATCHES,
@@ -31,8 +31,6 @@ from onnxpipe.cli.argtypes import (
     stages_arg,
 )
 from onnxpipe.cli.flags import Flag, flag, grouped
-
-_N = TypeVar("_N")
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
@@ -72,20 +70,20 @@ class CommandParser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
-    refuses_extras = False
-    """Whether arguments left after parsing are refused here (a subcommand's) or handed up (the top's)."""
-
     def error(self, message: str) -> NoReturn:
         what = " ".join(message.split())  # one line, whatever a type function put in its message
         self.exit(2, f"{self.prog}: error: {what}; see '{self.prog} --help'\n")
 
     def parse_known_args(self, args: Iterable[str] | None = None, namespace: Any = None) -> Any:
         """argparse's, after refusing an unknown option by name (:meth:`refuse_unknown_options`); a
-        parser that :attr:`refuses_extras` also refuses what is left (an extra positional)."""
+        subcommand's parser (one with no subcommands) also refuses what is left (an extra positional)
+        itself: argparse hands it up to the top-level parser, whose error would read ``onnxpipe: error:
+        unrecognized arguments`` and point at the top-level help, which does not list the subcommand's
+        options; refused here, the line names the subcommand and its ``--help``."""
         given = list(sys.argv[1:] if args is None else args)
         self.refuse_unknown_options(given)
         parsed, extras = super().parse_known_args(given, namespace)
-        if extras and self.refuses_extras:
+        if extras and self._subparsers is None:
             self.error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed, extras
 
@@ -120,17 +118,6 @@ class CommandParser(argparse.ArgumentParser):
         }
         close = difflib.get_close_matches(name.lstrip("-"), shown, n=1)
         return f" (did you mean {shown[close[0]]}?)" if close else ""
-
-
-class SubcommandParser(CommandParser):
-    """A subcommand's parser, which also refuses arguments it does not know itself.
-
-    argparse hands a subcommand's unknown arguments up to the top-level parser, whose error would read
-    ``onnxpipe: error: unrecognized arguments`` and point at the top-level help, which does not list the
-    subcommand's options; refused here, the line names the subcommand and its ``--help``.
-    """
-
-    refuses_extras = True
 
 
 def _looks_like_option(arg: str) -> bool:

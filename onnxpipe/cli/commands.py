@@ -54,10 +54,7 @@ def split(args: argparse.Namespace) -> int:
         print(result.to_json())
     else:
         plan = result.plan
-        tried = format_stage_counts(plan)
-        if tried is not None:
-            print(tried)
-        print(format_manifest_table(result.manifest))
+        print("\n".join([*format_stage_counts(plan), format_manifest_table(result.manifest)]))
         print(
             f"wrote {api.written_stages(result)} to {args.out}/ "
             f"(bottleneck {plan.bottleneck_seconds * 1e3:.3f} ms, "
@@ -79,10 +76,7 @@ def plan(args: argparse.Namespace) -> int:
     if args.json:
         print(result.to_json())
     else:
-        tried = format_stage_counts(plan)
-        if tried is not None:
-            print(tried)
-        print(format_plan_table(plan))
+        print("\n".join([*format_stage_counts(plan), format_plan_table(plan)]))
         for note in plan.notes:
             print(f"  note: {say.text(note)}")
     if result.drawn is not None:
@@ -211,8 +205,7 @@ def cluster_lines(cluster: api.GenerationCluster, rebuilt: int) -> list[str]:
 
 def links(args: argparse.Namespace) -> int:
     say = Say("links", json_output=args.json)
-    options = LINKS.options(args)
-    report = api.links(args.devices, options, listener=say)
+    report = api.links(args.devices, LINKS.options(args), listener=say)
     print(report.to_json() if args.json else say.text(api.format_links(report)))
     if report.written is not None:
         say.line(f"wrote {report.written}")

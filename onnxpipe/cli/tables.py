@@ -9,8 +9,8 @@ from collections import Counter
 from collections.abc import Sequence
 
 from onnxpipe import api
-from onnxpipe.core.dims import Dim
-from onnxpipe.core.text import human_bytes, table
+from onnxpipe.core.dims import dims_text
+from onnxpipe.core.text import human_bytes, names_text, table
 
 BYTES_LEGEND = (
     "bytes in: what a stage reads (model inputs, earlier stages' outputs); link in: what crosses the link "
@@ -96,20 +96,6 @@ def format_manifest_table(manifest: api.Manifest, *, files_changed: bool = False
     return "\n".join(part for part in (head, footer, _decoder_stages(manifest)) if part)
 
 
-def _dims(dims: tuple[Dim, ...] | None) -> str:
-    """``[batch, 3, height, width]``; an unknown dim ``?``, a long symbolic expression cut short."""
-    if dims is None:
-        return "[unknown rank]"
-
-    def one(d: Dim) -> str:
-        if d is None or (isinstance(d, int) and d < 0):
-            return "?"
-        text = str(d)
-        return text if len(text) <= 32 else text[:29] + "..."
-
-    return "[" + ", ".join(one(d) for d in dims) + "]"
-
-
 def format_model_table(view: api.ModelView, s: api.ModelSummary) -> str:
     """Per operator type: node count and parameter bytes (each weight at its first reader, so that the
     column sums to the model's weights); then the model's inputs and outputs (dtypes,
@@ -126,7 +112,7 @@ def format_model_table(view: api.ModelView, s: api.ModelSummary) -> str:
     symbolic = False
     for kind, tensors in (("input", s.inputs), ("output", s.outputs)):
         for t in tensors:
-            lines.append(f"{kind} {t.name}: {t.dtype} {_dims(t.shape)}")
+            lines.append(f"{kind} {t.name}: {t.dtype} {dims_text(t.shape, '[unknown rank]', cut=32)}")
             symbolic = symbolic or (
                 kind == "input" and (t.shape is None or any(not isinstance(d, int) or d < 0 for d in t.shape))
             )
@@ -134,11 +120,10 @@ def format_model_table(view: api.ModelView, s: api.ModelSummary) -> str:
         lines.append("  dims shown by name or ? are sized by a guess unless --shape NAME=D1,D2,... sets them")
     lines.append(f"opsets: {', '.join(f'{d} {v}' for d, v in s.opsets)}; IR version {s.ir_version}")
     if s.control_flow:
-        shown = ", ".join(f"{name} ({op})" for name, op in s.control_flow[:5])
-        more = f" and {len(s.control_flow) - 5} more" if len(s.control_flow) > 5 else ""
+        shown = names_text([f"{name} ({op})" for name, op in s.control_flow], limit=5)
         lines.append(
             f"control flow: {len(s.control_flow)} node(s) with subgraphs, each kept whole in one stage: "
-            f"{shown}{more}"
+            f"{shown}"
         )
     else:
         lines.append("control flow: none")
@@ -306,10 +291,11 @@ def format_plan_table(plan: api.Plan) -> str:
     return "\n".join(lines)
 
 
-def format_stage_counts(plan: api.Plan) -> str | None:
-    """``--stages auto``: a row per stage count tried, its bottleneck and throughput, the chosen marked."""
+def format_stage_counts(plan: api.Plan) -> list[str]:
+    """``--stages auto``: a row per stage count tried, its bottleneck and throughput, the chosen marked (a
+    table printed before the plan's; none for a count given)."""
     if not plan.stage_counts_tried:
-        return None
+        return []
     rows = []
     for k, seconds in plan.stage_counts_tried:
         fits = seconds != float("inf") and seconds > 0
@@ -322,7 +308,7 @@ def format_stage_counts(plan: api.Plan) -> str | None:
             ]
         )
     what = "latency ms" if plan.optimized_for == "latency" else "bottleneck ms"
-    return table(["stages", what, "per second", "choice"], rows)
+    return [table(["stages", what, "per second", "choice"], rows)]
 
 
 def _of_type(report: api.VerifyReport) -> str:

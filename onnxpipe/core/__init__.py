@@ -5,8 +5,8 @@ people write them (:mod:`.units`), dims (:mod:`.dims`), file hashes and atomic w
 layer's KV-cache tensor names (:mod:`.kv`), plain-text tables (:mod:`.text`), a progress bar
 (:mod:`.progress`) and the one place that opens onnxruntime sessions (:mod:`.ortsession`); the runtimes a
 stage can run on, behind one protocol (:mod:`.runtimes`, with :mod:`.engine_onnxruntime`,
-:mod:`.engine_openvino`, :mod:`.engine_tract` and the file's declared inputs and outputs, :mod:`.graphio`).
-Modules here import nothing of onnxpipe outside ``core``; importing them loads neither onnx nor onnxruntime
-(``ortsession`` and the onnxruntime engine load onnxruntime, ``graphio`` and the engines that use it onnx;
-OpenVINO and tract load only when an engine of theirs is opened).
+:mod:`.engine_openvino` and :mod:`.engine_tract`).  Modules here import nothing of onnxpipe outside
+``core``; importing them loads neither onnx nor onnxruntime (``ortsession`` and the onnxruntime engine load
+onnxruntime; OpenVINO, tract and onnx, for a file's declared inputs and outputs, load only when an engine of
+theirs is opened).
 """

@@ -157,8 +157,11 @@ def _left_out(value: Any, default: Any) -> bool:
     return default is not dataclasses.MISSING and (default is None or default == ()) and value == default
 
 
-def number(x: float) -> float | None:
-    """A float as JSON writes it: ``+inf`` as ``null``; NaN and ``-inf`` are refused (no field means them)."""
+def number(x: float | None) -> float | None:
+    """A float as JSON writes it: ``+inf`` (and None, nothing known) as ``null``; NaN and ``-inf`` are
+    refused (no field means them)."""
+    if x is None:
+        return None
     if math.isnan(x):
         raise ValueError("NaN cannot be written to a JSON file of onnxpipe's")
     if math.isinf(x):

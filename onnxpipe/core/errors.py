@@ -34,9 +34,7 @@ class OnnxpipeError(Exception):
 
 
 class UsageError(OnnxpipeError):
-    """Arguments that cannot work together (K out of range, a malformed ``--shape``...)."""
-
-    exit_code = 2
+    """Arguments that cannot work together (K out of range, a malformed ``--shape``...): exit code 2."""
 
 
 class ModelLoadError(OnnxpipeError):

@@ -94,9 +94,6 @@ class Document:
             f"{self.source}: {path or self.root}: {what}; {self.advice if advice is None else advice}"
         )
 
-    def missing(self, path: str) -> Exception:
-        return self.error(f"{self.source}: missing field '{path}'; {self.advice}")
-
 
 @dataclass(frozen=True)
 class Value:
@@ -256,7 +253,7 @@ class Fields:
 
     def __getitem__(self, key: str) -> Value:
         if key not in self.raw:
-            raise self.doc.missing(self._path(key))
+            raise self.doc.error(f"{self.doc.source}: missing field '{self._path(key)}'; {self.doc.advice}")
         return Value(self.raw[key], self._path(key), self.doc)
 
     def need(self, key: str, advice: str) -> Value:

@@ -51,7 +51,6 @@ __all__ = [
     "require",
     "runs_here",
     "time_in_turns",
-    "time_run",
 ]
 
 
@@ -181,18 +180,6 @@ def open_engine(
             raise
         raise fail(e) from e
     return engine
-
-
-def time_run(
-    engine: Engine,
-    feeds: Mapping[str, np.ndarray],
-    *,
-    runs: int = 10,
-    warmup: int = 2,
-) -> float:
-    """Median wall seconds of ``runs`` runs of ``engine`` (all its outputs) on ``feeds`` after ``warmup``
-    untimed ones."""
-    return median_seconds(lambda: engine.run(engine.output_names, feeds), runs=runs, warmup=warmup)
 
 
 def median_seconds(call: Callable[[], object], *, runs: int, warmup: int) -> float:

@@ -33,7 +33,7 @@ from types import MappingProxyType
 from onnxpipe.cluster.costs import reference_setting
 from onnxpipe.core.choices import CostSource
 from onnxpipe.core.errors import ProfileError, UsageError, error_line
-from onnxpipe.core.runtimes import EngineConfig, open_engine, time_run
+from onnxpipe.core.runtimes import EngineConfig, median_seconds, open_engine
 from onnxpipe.cost.measure import profile_model
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.static import static_profile
@@ -76,7 +76,7 @@ def profile_on_runtime(
         ),
     )
     try:
-        total = time_run(engine, feeds, runs=runs, warmup=warmup)
+        total = median_seconds(lambda: engine.run(engine.output_names, feeds), runs=runs, warmup=warmup)
         # tract's profiler times many iterations itself (for seconds): once is enough
         repeats = 1 if config.kind.times_layers_itself else min(runs, LAYER_RUNS)
         reports = [engine.layer_seconds(feeds) for _ in range(repeats)]
