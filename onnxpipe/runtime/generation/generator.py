@@ -15,9 +15,7 @@ one place (:meth:`~.result.Generation.of`).  The same generator drives replicas 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
@@ -25,7 +23,7 @@ from onnxpipe.core.errors import UsageError
 from onnxpipe.core.iocontract import IOContract, Role
 from onnxpipe.core.progress import ClosesOnExit
 from onnxpipe.manifest import Manifest, load_manifest
-from onnxpipe.runtime.base import BackendConfig, Tensors
+from onnxpipe.runtime.base import BackendConfig
 from onnxpipe.runtime.generation.contract import generation_input_types, split_contract
 from onnxpipe.runtime.generation.embedding import split_embedding
 from onnxpipe.runtime.generation.feeds import Step, StepFeeds
@@ -36,7 +34,6 @@ from onnxpipe.runtime.options import GenerateOptions, Sampling
 from onnxpipe.runtime.pipeline import Pipeline, shared_workers, stage_placements
 from onnxpipe.runtime.plainloop import PlainLoop
 from onnxpipe.runtime.prompting import Prompting, settle
-from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import (
     Placement,
     WorkerSpec,
@@ -51,31 +48,16 @@ Builder = Callable[[Step], np.ndarray]
 """A step's feed of one role (:data:`~.feeds.BUILDERS`)."""
 
 
-class Steps(Protocol):
-    """What a generator drives: lanes of workers that each keep their layers' caches, taking a step's
-    feeds in a lane (a :class:`~onnxpipe.runtime.pipeline.Pipeline`, or the plain loop)."""
-
-    @property
-    def lanes(self) -> Sequence[Sequence[WorkerSpec]]: ...
-
-    def submit(self, feeds: Mapping[str, np.ndarray], lane: int | None = None) -> Future[Tensors]: ...
-
-    def stats(self) -> list[WorkerStats]: ...
-
-    def reset_stats(self) -> None: ...
-
-    def close(self, graceful: bool = True) -> None: ...
-
-
 class Generator(ClosesOnExit):
-    """Generates through ``steps`` (a pipeline of a split, replicas, the plain loop), each step's feeds
-    made by ``feeds`` from the split's IO contract.  ``manifest`` and ``directory`` (the split's) find
-    the tokenizer and the end ids; ``side``: where the caches of sequences sharing a step are padded
+    """Generates through ``steps`` (a pipeline of a split, replicas, the plain loop: lanes of workers
+    that each keep their layers' caches, taking a step's feeds in a lane), each step's feeds made by
+    ``feeds`` from the split's IO contract.  ``manifest`` and ``directory`` (the split's) find the
+    tokenizer and the end ids; ``side``: where the caches of sequences sharing a step are padded
     (default: read off the model files)."""
 
     def __init__(
         self,
-        steps: Steps,
+        steps: Pipeline | PlainLoop,
         feeds: StepFeeds,
         *,
         manifest: Manifest | None = None,
@@ -242,7 +224,7 @@ class Generator(ClosesOnExit):
         self.steps.reset_stats()
         try:
             run = schedule(
-                lambda feeds, lane: self.steps.submit(feeds, lane),
+                self.steps.submit,
                 len(self.steps.lanes),
                 self.feeds,
                 options,
