@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -221,27 +221,13 @@ class GenerateOptions(WorkerOptions):
     @classmethod
     def drawn(cls, sampling: Sampling | None) -> dict[str, Any]:
         """The fields that say ``sampling`` (none for greedy): ``GenerateOptions(..., **drawn(s))``."""
-        if sampling is None:
-            return {}
-        return {
-            "do_sample": True,
-            "temperature": sampling.temperature,
-            "top_k": sampling.top_k,
-            "top_p": sampling.top_p,
-            "seed": sampling.seed,
-        }
+        return {} if sampling is None else {"do_sample": True, **asdict(sampling)}
 
     @property
     def sampling(self) -> Sampling | None:
         """How tokens are drawn, or None: greedy."""
-        if not self.do_sample:
-            return None
-        return Sampling(
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_k=self.top_k or 0,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            seed=self.seed or 0,
-        )
+        given = {f.name: v for f in fields(Sampling) if (v := getattr(self, f.name)) is not None}
+        return Sampling(**given) if self.do_sample else None
 
     def _check(self) -> None:
         """Refuse what cannot work together, before any worker starts."""
@@ -253,10 +239,12 @@ class GenerateOptions(WorkerOptions):
             raise UsageError(f"{opt('batch', self.batch)}: give 1 or more sequences per step")
         if any(t < 0 for p in self.prompt_ids for t in p) or any(t < 0 for t in self.eos_token_ids or ()):
             raise UsageError(f"{opt('prompt_ids')}: token ids are 0 or more")
+        empty = next((i for i, p in enumerate(self.prompt_ids) if not p), None)
+        if empty is not None:
+            raise UsageError(f"prompt {empty} holds no token id: give at least one")
         self._check_text()
         if not self.do_sample:
-            knobs = ("temperature", "top_k", "top_p", "seed")
-            given = [name for name in knobs if getattr(self, name) is not None]
+            given = [f.name for f in fields(Sampling) if getattr(self, f.name) is not None]
             if given:
                 raise UsageError(
                     f"{opt(given[0])} is for sampling: add {opt('do_sample', True)}, or leave it out for "

@@ -55,8 +55,8 @@ def settle(folder: Path, manifest: Manifest, options: GenerateOptions) -> Prompt
 def _check_fits(
     ids: tuple[tuple[int, ...], ...], options: GenerateOptions, limits: DecoderLimits, codec: TextCodec | None
 ) -> None:
-    """Refuse a prompt of no token (text the tokenizer made nothing of, or no id), an id beyond the
-    vocabulary, a sequence past the context."""
+    """Refuse a prompt of no token (text the tokenizer made nothing of: options refuse an empty
+    ``prompt_ids``), an id beyond the vocabulary, a sequence past the context."""
     vocab = limits.vocab_size
     for i, prompt in enumerate(ids):
         if not prompt and codec is not None and options.prompts:
@@ -64,8 +64,6 @@ def _check_fits(
                 f"prompt {i} ({options.prompts[i]!r}): the tokenizer in {codec.folder} made no token of this "
                 f"text; give text it has tokens for, or the prompt as token ids ({opt('prompt_ids')})"
             )
-        if not prompt:
-            raise UsageError(f"prompt {i} holds no token id: give at least one")
         beyond = [t for t in prompt if vocab is not None and t >= vocab]
         if beyond and codec is not None:
             raise UsageError(
