@@ -15,7 +15,7 @@ import resource
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
@@ -122,19 +122,6 @@ class WorkerStats:
         return max(0, self.peak_rss_bytes - self.startup_rss_bytes - (self.shared_memory_bytes or 0))
 
 
-@dataclass
-class Recorder:
-    """Timing records of one worker, bounded to the last :data:`MAX_RECORDS`."""
-
-    records: deque[Record] = field(default_factory=lambda: deque(maxlen=MAX_RECORDS))
-
-    def add(self, record: Record) -> None:
-        self.records.append(record)
-
-    def reset(self) -> None:
-        self.records.clear()
-
-
 def _open(spec: WorkerSpec) -> Engine:
     """The engine of ``spec`` on its placement's runtime, its threads pinned to the worker's CPUs."""
     place = spec.placement
@@ -176,7 +163,8 @@ class StageRunner:
         self.load_rss_bytes = (
             rss_after - rss_before if rss_after is not None and rss_before is not None else None
         )
-        self.recorder = Recorder()
+        self.records: deque[Record] = deque(maxlen=MAX_RECORDS)
+        """The worker's timing records, bounded to the last :data:`MAX_RECORDS`."""
         self.kv: KVState | None = None
         """A generating worker's caches (:mod:`onnxpipe.runtime.kvstate`)."""
         if spec.generating:
@@ -231,7 +219,7 @@ class StageRunner:
         return WorkerStats(
             index=self.spec.index,
             label=self.spec.label,
-            records=tuple(self.recorder.records),
+            records=tuple(self.records),
             pid=pid,
             load_seconds=self.load_seconds,
             startup_rss_bytes=startup_rss,

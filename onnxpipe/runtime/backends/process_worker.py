@@ -183,7 +183,7 @@ class _Loop:
             self.control.send((message[1], hosted_stats(runners, self.startup_rss)))
         elif message == RESET:
             for r in runners:
-                r.recorder.reset()
+                r.records.clear()
         return bool(message != STOP)
 
 

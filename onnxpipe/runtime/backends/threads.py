@@ -213,7 +213,7 @@ class ThreadBackend(Lanes):
     def reset_stats(self) -> None:
         for runner, w in self._stages:
             with w.lock:
-                runner.recorder.reset()
+                runner.records.clear()
 
     def close(self, graceful: bool = True) -> None:
         if self._closed:
