@@ -29,7 +29,7 @@ from onnxpipe.runtime.affinity import pin_thread
 from onnxpipe.runtime.backends.hosting import Host, Hosted
 from onnxpipe.runtime.backends.lanes import Lanes
 from onnxpipe.runtime.base import Tensors
-from onnxpipe.runtime.choices import DEFAULT_SLOTS
+from onnxpipe.runtime.options import DEFAULT_SLOTS
 from onnxpipe.runtime.session import StageFailure, StageRunner, WorkerStats, current_rss_bytes
 from onnxpipe.runtime.spec import WorkerSpec
 from onnxpipe.schedule.timeline import worker_groups
