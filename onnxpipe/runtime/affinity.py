@@ -27,6 +27,7 @@ each process its own CPUs (``taskset -c``) and pinning picks from those.
 from __future__ import annotations
 
 import os
+from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -132,12 +133,9 @@ def _by_package(cores: Sequence[Core], threads: Sequence[int]) -> list[tuple[int
 
 def _cores_for(cores: Sequence[Core], n: int) -> int | None:
     """How many of ``cores``, from the first, give ``n`` CPUs; None if all of them do not."""
-    total = 0
-    for i, core in enumerate(cores):
-        total += len(core.cpus)
-        if total >= n:
-            return i + 1
-    return None
+    counts = list(accumulate(len(core.cpus) for core in cores))
+    taken = bisect_left(counts, n)
+    return taken + 1 if taken < len(counts) else None
 
 
 def assign_cpus(

@@ -24,9 +24,6 @@ CLOSE_TIMEOUT_S = 60.0
 """How long a graceful :meth:`Pipeline.close` waits for the submitted micro-batches before failing them."""
 
 
-CLOSED = "the pipeline is closed; open it again with Pipeline.from_manifest"
-
-
 Stop = Literal["drain", "now"]
 """How the driver ends: after the submitted work finished (or its deadline passed), or at once."""
 
@@ -82,7 +79,7 @@ class Driver:
         if self.error is not None:
             raise RuntimeStageError(f"the pipeline stopped after a failure: {self.error}")
         if not self.accepting:
-            raise UsageError(CLOSED)
+            raise UsageError("the pipeline is closed; open it again with Pipeline.from_manifest")
 
     def submit(self, feeds: dict[str, np.ndarray], lane: int | None = None) -> Job:
         with self.lock:

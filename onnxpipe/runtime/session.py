@@ -178,9 +178,7 @@ class StageRunner:
         cached: dict[str, np.ndarray] = {}
         if self.kv is not None:
             control = Control.read(received[CONTROL])
-            if all(
-                r.flags & StepFlags.DROP for r in control.rows
-            ):  # sequences that ended early: nothing runs
+            if all(r.flags & StepFlags.DROP for r in control.rows):  # ended early: nothing runs
                 self.kv.drop(control)
                 return {n: received.get(n, _NOTHING) for n in spec.sends}
             try:
@@ -254,7 +252,7 @@ def describe_failure(spec: WorkerSpec, seq: int, feeds: Mapping[str, np.ndarray]
         named = [n for n in feeds if f"input: {n} " in text or f"'{n}'" in text or f" {n} " in text]
         if named:
             where = f" on input tensor {named[0]!r}"
-    shapes = ", ".join(f"{n} {_describe_array(v)}" for n, v in feeds.items())
+    shapes = ", ".join(f"{n} {v.dtype}[{','.join(str(d) for d in v.shape)}]" for n, v in feeds.items())
     return f"{spec.label} failed on micro-batch {seq}{where}: {text} [inputs: {shapes}]"
 
 
@@ -270,12 +268,6 @@ def node_outputs(path: str, node_name: str) -> list[str]:
         if node.name == node_name:
             return [o for o in node.output if o]
     return []
-
-
-def _describe_array(v: object) -> str:
-    if isinstance(v, np.ndarray):
-        return f"{v.dtype}[{','.join(str(d) for d in v.shape)}]"
-    return type(v).__name__
 
 
 # --------------------------------------------------------------------------------------------------
