@@ -201,17 +201,15 @@ class KVState:
                 if s.present is None:
                     continue
                 value = produced[s.present]
-                if alone:
-                    cache[s.past] = np.array(value, copy=True) if self.copy else value
-                    continue
-                grown = value.shape[s.sequence_axis] - length  # the step's new tokens
-                keep = (
-                    slice(length - r.cached, None)
-                    if control.side == PadSide.LEFT
-                    else slice(0, r.cached + grown)
-                )
-                mine = s.row(value, i, keep)
-                cache[s.past] = np.array(mine, copy=True) if self.copy else mine
+                if not alone:  # the sequence's own row of the step's present
+                    grown = value.shape[s.sequence_axis] - length  # the step's new tokens
+                    keep = (
+                        slice(length - r.cached, None)
+                        if control.side == PadSide.LEFT
+                        else slice(0, r.cached + grown)
+                    )
+                    value = s.row(value, i, keep)
+                cache[s.past] = np.array(value, copy=True) if self.copy else value
 
     def drop(self, control: Control) -> None:
         for r in control.rows:
