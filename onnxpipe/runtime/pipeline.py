@@ -119,16 +119,13 @@ class Pipeline(ClosesOnExit):
         """
         d = Path(directory)
         manifest = load_manifest(d, check_files=check_files)
-        specs = stage_specs(d, manifest, stage_placements(manifest, threads, placements, d))
-        inputs = {t.name: t.dtype for t in manifest.model_inputs}
-        outputs = [o.name for o in manifest.model_outputs]
         return cls.start(
-            [specs],
+            [stage_specs(d, manifest, stage_placements(manifest, threads, placements, d))],
             backend,
             manifest=manifest,
             directory=d,
-            input_types=inputs,
-            output_names=outputs,
+            input_types={t.name: t.dtype for t in manifest.model_inputs},
+            output_names=[o.name for o in manifest.model_outputs],
             workers=shared_workers(manifest),
             check_here=placements is None,
         )

@@ -94,18 +94,15 @@ class Generator(ClosesOnExit):
         already (:func:`~.contract.split_contract`); ``embedding``: the embedding model of a split that
         takes ``inputs_embeds`` (default: the one its ``genai_config.json`` names; :mod:`.embedding`);
         ``builders``: the feeds of roles only the caller can make (:class:`~.feeds.StepFeeds`)."""
-        d = Path(directory)
-        manifest = load_manifest(d, check_files=check_files)
-        contract = contract or split_contract(manifest, d)
-        feeds = _feeds(d, manifest, contract, embedding, builders)
-        specs = generation_specs(d, manifest, stage_placements(manifest, threads, placements, d), contract)
+        d, manifest, feeds = _split(directory, check_files, contract, embedding, builders)
+        placed = stage_placements(manifest, threads, placements, d)
         pipe = Pipeline.start(
-            [specs],
+            [generation_specs(d, manifest, placed, feeds.contract)],
             backend,
             manifest=manifest,
             directory=d,
             input_types=feeds.input_types,
-            output_names=[str(contract.logits)],
+            output_names=[str(feeds.contract.logits)],
             workers=shared_workers(manifest),
             check_here=placements is None,
         )
@@ -245,17 +242,20 @@ class Generator(ClosesOnExit):
         self.steps.close(graceful)
 
 
-def _feeds(
-    directory: Path,
-    manifest: Manifest,
-    contract: IOContract,
+def _split(
+    directory: str | Path,
+    check_files: bool,
+    contract: IOContract | None,
     embedding: Path | None,
     builders: Mapping[Role, Builder] | None = None,
-) -> StepFeeds:
-    """The step feeds of the split's ``contract``, its embeddings made by its embedding model where it
-    takes them."""
-    embed = split_embedding(directory, manifest, contract, embedding)
-    return StepFeeds(contract, generation_input_types(manifest, contract), embed, builders)
+) -> tuple[Path, Manifest, StepFeeds]:
+    """The split ``directory``, its manifest, and the step feeds of its contract (``contract``, else the
+    manifest's), its embeddings made by its embedding model where it takes them."""
+    d = Path(directory)
+    manifest = load_manifest(d, check_files=check_files)
+    contract = contract or split_contract(manifest, d)
+    embed = split_embedding(d, manifest, contract, embedding)
+    return d, manifest, StepFeeds(contract, generation_input_types(manifest, contract), embed, builders)
 
 
 def _whole_model(
@@ -267,14 +267,11 @@ def _whole_model(
 ) -> tuple[Path, Manifest, StepFeeds, Callable[[int], WorkerSpec]]:
     """The split ``directory``, its manifest, the feeds of its contract and the spec of a worker running
     the whole source model (``model``, default the manifest's) with its whole cache, by replica index."""
-    d = Path(directory)
-    manifest = load_manifest(d, check_files=False)
-    contract = contract or split_contract(manifest, d)
-    feeds = _feeds(d, manifest, contract, embedding)
+    d, manifest, feeds = _split(directory, False, contract, embedding)
     path = runnable_source(d, manifest, model)
     place = placement_for_device("cpu", manifest.plan.threads if threads is None else threads)
 
     def spec(index: int) -> WorkerSpec:
-        return model_generation_spec(path, manifest, place, contract, index=index)
+        return model_generation_spec(path, manifest, place, feeds.contract, index=index)
 
     return d, manifest, feeds, spec
