@@ -73,11 +73,9 @@ def physical_cores(cpus: Sequence[int], sysfs: Path = SYSFS_CPUS) -> list[Core]:
         except (OSError, ValueError):
             siblings, package = frozenset((cpu,)), -1 - cpu
         groups.setdefault((package, siblings | {cpu}), []).append(cpu)
-    first = {cpu: i for i, cpu in enumerate(cpus)}
-    package_at: dict[int, int] = {}
-    for (package, _), members in groups.items():
-        package_at[package] = min(package_at.get(package, len(cpus)), first[members[0]])
-    ordered = sorted(groups.items(), key=lambda g: (package_at[g[0][0]], first[g[1][0]]))
+    # groups are in the order of their first CPU: a stable sort by package keeps the cores in it
+    packages = list(dict.fromkeys(package for package, _ in groups))
+    ordered = sorted(groups.items(), key=lambda g: packages.index(g[0][0]))
     return [Core(package, tuple(members)) for (package, _), members in ordered]
 
 
