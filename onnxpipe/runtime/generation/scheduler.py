@@ -39,12 +39,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from onnxpipe.core.errors import CacheLost, UsageError
+from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.generation.feeds import StepFeeds
 from onnxpipe.runtime.kvstate import Control, PadSide, Row, StepFlags
 from onnxpipe.runtime.options import GenerateOptions, Sampling
 from onnxpipe.runtime.sampling import draw, generator
 
-Tensors = dict[str, np.ndarray]
 Submit = Callable[[Tensors, int], "Future[Tensors]"]
 """Queue one step's feeds in a lane; the future's result holds the logits."""
 OnToken = Callable[[int, int], None]
