@@ -95,8 +95,9 @@ def _tokenizer_folder(folder: Path, manifest: Manifest, given: Path | None) -> P
     source model's, else the one above it (the ``onnx/`` layout of Hugging Face repositories)."""
     if given is not None:
         return given
-    source = _source_model(folder, manifest)
-    searched = [folder, *(model_folders(source) if source is not None else ())]
+    # the model that was split, where its folder still exists (its tokenizer may lie there or one up)
+    source = None if manifest.source.path is None else (folder / manifest.source.path).resolve()
+    searched = [folder, *(model_folders(source) if source is not None and source.parent.is_dir() else ())]
     for where in searched:
         if has_tokenizer(where):
             return where
@@ -107,15 +108,6 @@ def _tokenizer_folder(folder: Path, manifest: Manifest, given: Path | None) -> P
         f"give the folder of the model's tokenizer files as {opt('tokenizer')}, or token ids as "
         f"{opt('prompt_ids')}"
     )
-
-
-def _source_model(folder: Path, manifest: Manifest) -> Path | None:
-    """The model that was split, where its folder still exists (its own tokenizer may lie there or one
-    folder up)."""
-    if manifest.source.path is None:
-        return None
-    model = (folder / manifest.source.path).resolve()
-    return model if model.parent.is_dir() else None
 
 
 def _eos(
