@@ -251,16 +251,12 @@ def stage_specs(
         if generating:
             later.add(CONTROL)
     needed_after.reverse()
-    first_needs = later  # everything any stage or output reads
-
-    available: list[str] = [n for n in model_inputs if n in first_needs]
+    available: list[str] = [n for n in model_inputs if n in later]  # later: what any stage or output reads
     specs: list[WorkerSpec] = []
     for st, place, after in zip(manifest.stages, placements, needed_after, strict=True):
         receives = tuple(available)
         produced = [t.name for t in st.outputs]
-        seen = set(receives)
-        pool = list(receives) + [n for n in produced if n not in seen]
-        sends = tuple(n for n in pool if n in after)
+        sends = tuple(n for n in dict.fromkeys([*receives, *produced]) if n in after)
         specs.append(
             WorkerSpec(
                 index=st.index,
