@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -231,11 +231,6 @@ class GenerateOptions(WorkerOptions):
         if self.eos_token_ids is not None:
             object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
         self._check()
-
-    @classmethod
-    def drawn(cls, sampling: Sampling | None) -> dict[str, Any]:
-        """The fields that say ``sampling`` (none for greedy): ``GenerateOptions(..., **drawn(s))``."""
-        return {} if sampling is None else {"do_sample": True, **asdict(sampling)}
 
     @property
     def sampling(self) -> Sampling | None:

@@ -15,6 +15,7 @@ one place (:meth:`~.result.Generation.of`).  The same generator drives replicas 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -188,7 +189,7 @@ class Generator(ClosesOnExit):
             eos_token_ids=None if eos_token_ids is None else tuple(eos_token_ids),
             in_flight=in_flight,
             batch=batch,
-            **GenerateOptions.drawn(sampling),
+            **({} if sampling is None else {"do_sample": True, **asdict(sampling)}),  # the knobs of sampling
         )
         return self.generate_with(self.prompting(options), on_token)
 
