@@ -53,8 +53,7 @@ class Generator(ClosesOnExit):
     """Generates through ``steps`` (a pipeline of a split, replicas, the plain loop: lanes of workers
     that each keep their layers' caches, taking a step's feeds in a lane), each step's feeds made by
     ``feeds`` from the split's IO contract.  ``manifest`` and ``directory`` (the split's) find the
-    tokenizer and the end ids; ``side``: where the caches of sequences sharing a step are padded
-    (default: read off the model files)."""
+    tokenizer and the end ids."""
 
     def __init__(
         self,
@@ -63,13 +62,12 @@ class Generator(ClosesOnExit):
         *,
         manifest: Manifest | None = None,
         directory: Path | None = None,
-        side: PadSide | None = None,
     ) -> None:
         self.steps = steps
         self.feeds = feeds
         self.manifest = manifest
         self.directory = directory
-        self._side = side
+        self._side: PadSide | None = None  # where a step's caches are padded: read off the model files
         self._next_sequence = 0
 
     # ---------------------------------------------------------------------------------- opening
