@@ -16,10 +16,10 @@ from onnxpipe.ir.merged import runnable_file
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.backends.ray_resources import load_ray_resources
 from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig, Tensors
-from onnxpipe.runtime.choices import DEFAULT_SLOTS
 from onnxpipe.runtime.inputs import Feeds as Batch
 from onnxpipe.runtime.inputs import input_shapes_for, load_inputs, random_inputs
 from onnxpipe.runtime.options import (
+    DEFAULT_SLOTS,
     MEASURED_MICROBATCHES,
     SINGLE_LATENCY_MICROBATCHES,
     RunOptions,

@@ -27,6 +27,7 @@ each process its own CPUs (``taskset -c``) and pinning picks from those.
 from __future__ import annotations
 
 import os
+from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -72,11 +73,9 @@ def physical_cores(cpus: Sequence[int], sysfs: Path = SYSFS_CPUS) -> list[Core]:
         except (OSError, ValueError):
             siblings, package = frozenset((cpu,)), -1 - cpu
         groups.setdefault((package, siblings | {cpu}), []).append(cpu)
-    first = {cpu: i for i, cpu in enumerate(cpus)}
-    package_at: dict[int, int] = {}
-    for (package, _), members in groups.items():
-        package_at[package] = min(package_at.get(package, len(cpus)), first[members[0]])
-    ordered = sorted(groups.items(), key=lambda g: (package_at[g[0][0]], first[g[1][0]]))
+    # groups are in the order of their first CPU: a stable sort by package keeps the cores in it
+    packages = list(dict.fromkeys(package for package, _ in groups))
+    ordered = sorted(groups.items(), key=lambda g: packages.index(g[0][0]))
     return [Core(package, tuple(members)) for (package, _), members in ordered]
 
 
@@ -132,12 +131,9 @@ def _by_package(cores: Sequence[Core], threads: Sequence[int]) -> list[tuple[int
 
 def _cores_for(cores: Sequence[Core], n: int) -> int | None:
     """How many of ``cores``, from the first, give ``n`` CPUs; None if all of them do not."""
-    total = 0
-    for i, core in enumerate(cores):
-        total += len(core.cpus)
-        if total >= n:
-            return i + 1
-    return None
+    counts = list(accumulate(len(core.cpus) for core in cores))
+    taken = bisect_left(counts, n)
+    return taken + 1 if taken < len(counts) else None
 
 
 def assign_cpus(

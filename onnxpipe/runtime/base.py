@@ -35,7 +35,7 @@ import numpy as np
 from onnxpipe.core.choices import LocalMode, RayFiles, choice
 from onnxpipe.core.errors import CacheLost, UsageError
 from onnxpipe.core.options import opt
-from onnxpipe.runtime.choices import (
+from onnxpipe.runtime.options import (
     DEFAULT_LOCAL_MODE,
     DEFAULT_RAY_FILES,
     DEFAULT_RAY_RESTART_TIMEOUT_S,

@@ -24,9 +24,6 @@ CLOSE_TIMEOUT_S = 60.0
 """How long a graceful :meth:`Pipeline.close` waits for the submitted micro-batches before failing them."""
 
 
-CLOSED = "the pipeline is closed; open it again with Pipeline.from_manifest"
-
-
 Stop = Literal["drain", "now"]
 """How the driver ends: after the submitted work finished (or its deadline passed), or at once."""
 
@@ -82,7 +79,7 @@ class Driver:
         if self.error is not None:
             raise RuntimeStageError(f"the pipeline stopped after a failure: {self.error}")
         if not self.accepting:
-            raise UsageError(CLOSED)
+            raise UsageError("the pipeline is closed; open it again with Pipeline.from_manifest")
 
     def submit(self, feeds: dict[str, np.ndarray], lane: int | None = None) -> Job:
         with self.lock:
@@ -183,9 +180,8 @@ class Driver:
         """Append what the backend returned to ``finished`` (under the lock)."""
         now = time.perf_counter()
         for seq, outputs in self.backend.poll():
-            job = self.in_flight[seq]
+            job = self.in_flight.pop(seq)
             result = outputs if isinstance(outputs, CacheLost) else {n: outputs[n] for n in self.output_names}
-            del self.in_flight[seq]
             job.done_at = now
             finished.append((job, result))
 
@@ -205,19 +201,16 @@ class Driver:
         try:
             while self.queue:
                 job = self.queue[0]
-                if job.cancelled():  # its caller gave up before a worker had it: drop it
-                    self.queue.popleft()
-                    job.feeds = None
-                    job.set_running_or_notify_cancel()  # tells concurrent.futures.wait()
-                    continue
-                assert job.feeds is not None
-                if not self.backend.try_submit(job.seq, job.feeds, job.lane):
-                    break  # FIFO: a job for a full lane holds back the ones behind it
+                if not job.cancelled():  # else its caller gave up before a worker had it: drop it
+                    assert job.feeds is not None
+                    if not self.backend.try_submit(job.seq, job.feeds, job.lane):
+                        break  # FIFO: a job for a full lane holds back the ones behind it
+                    job.submitted_at = time.perf_counter()
+                    self.in_flight[job.seq] = job
                 self.queue.popleft()
                 job.feeds = None
-                job.submitted_at = time.perf_counter()
-                self.in_flight[job.seq] = job
-                # from now on cancel() is refused; one that slipped in since the check just loses the result
+                # a dropped job: tells concurrent.futures.wait(); a handed-over one: from now on cancel() is
+                # refused (one that slipped in since the check just loses the result)
                 job.set_running_or_notify_cancel()
         except RuntimeStageError as e:
             return self._fail(e)

@@ -67,8 +67,7 @@ class CacheSlot:
 
     def empty(self, batch: int, cached: int) -> np.ndarray:
         """Zeros of this past's shape for ``batch`` sequences of ``cached`` tokens."""
-        rank = len(self.shape)
-        seq = rank + self.sequence_axis
+        seq = len(self.shape) + self.sequence_axis
         dims = [cached if i == seq else (batch if d is None else d) for i, d in enumerate(self.shape)]
         return np.zeros(dims, dtype=np.dtype(self.dtype))
 
@@ -79,13 +78,11 @@ class CacheSlot:
         axis = first.ndim + self.sequence_axis
         dims = list(first.shape)
         dims[0], dims[axis] = len(caches), length
-        out = np.empty(dims, dtype=first.dtype)
+        out = np.zeros(dims, dtype=first.dtype)  # the padding stays zeros
         for i, cache in enumerate(caches):
             n = cache.shape[axis]
             keep = slice(length - n, length) if side == PadSide.LEFT else slice(0, n)
-            pad = slice(0, length - n) if side == PadSide.LEFT else slice(n, length)
             out[self._at(out.ndim, i, keep)] = cache
-            out[self._at(out.ndim, i, pad)] = 0
         return out
 
     def row(self, present: np.ndarray, index: int, keep: slice) -> np.ndarray:
@@ -201,17 +198,15 @@ class KVState:
                 if s.present is None:
                     continue
                 value = produced[s.present]
-                if alone:
-                    cache[s.past] = np.array(value, copy=True) if self.copy else value
-                    continue
-                grown = value.shape[s.sequence_axis] - length  # the step's new tokens
-                keep = (
-                    slice(length - r.cached, None)
-                    if control.side == PadSide.LEFT
-                    else slice(0, r.cached + grown)
-                )
-                mine = s.row(value, i, keep)
-                cache[s.past] = np.array(mine, copy=True) if self.copy else mine
+                if not alone:  # the sequence's own row of the step's present
+                    grown = value.shape[s.sequence_axis] - length  # the step's new tokens
+                    keep = (
+                        slice(length - r.cached, None)
+                        if control.side == PadSide.LEFT
+                        else slice(0, r.cached + grown)
+                    )
+                    value = s.row(value, i, keep)
+                cache[s.past] = np.array(value, copy=True) if self.copy else value
 
     def drop(self, control: Control) -> None:
         for r in control.rows:

@@ -17,16 +17,30 @@ from onnxpipe.core.choices import Backend, LocalMode, RayFiles, choice
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.options import opt
 from onnxpipe.cost.options import frozen_shapes
-from onnxpipe.runtime.choices import (
-    DEFAULT_LOCAL_MODE,
-    DEFAULT_RAY_FILES,
-    DEFAULT_RAY_RESTART_TIMEOUT_S,
-    DEFAULT_RAY_RESTARTS,
-    DEFAULT_SLOTS,
-)
 
 if TYPE_CHECKING:
     from onnxpipe.cluster.model import Cluster
+
+DEFAULT_LOCAL_MODE = LocalMode.THREADS
+"""Threads are the default because they pass tensors without copies and wake without inter-process
+signals, which made them faster than processes on every model the ``pipeline`` benchmark measured
+(``benchmarks/results/pipeline.json``, docs/runtime.md).  Processes isolate the stages and measure each
+one's memory."""
+
+DEFAULT_SLOTS = 2
+"""Micro-batches each channel between two workers holds, whatever the backend: one being handed over while
+the next is computed."""
+
+DEFAULT_RAY_FILES = RayFiles.SHIP
+"""Stage files reach Ray's nodes through Ray: a cluster needs no folder every machine shares, and each
+node keeps what it got, so a second run ships nothing."""
+
+DEFAULT_RAY_RESTARTS = 3
+"""Times Ray starts a lost actor again (its node died) before the run stops: a spare node takes over."""
+
+DEFAULT_RAY_RESTART_TIMEOUT_S = 120.0
+"""Seconds a lost actor may take to run again: Ray first declares its node dead (its health checks,
+about 15-30 s by default), then starts the actor on another node and the driver ships it its files."""
 
 MEASURED_MICROBATCHES = 32
 """Micro-batches :func:`onnxpipe.run` streams when neither ``inputs`` nor ``microbatches`` says how many."""
@@ -218,30 +232,11 @@ class GenerateOptions(WorkerOptions):
             object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
         self._check()
 
-    @classmethod
-    def drawn(cls, sampling: Sampling | None) -> dict[str, Any]:
-        """The fields that say ``sampling`` (none for greedy): ``GenerateOptions(..., **drawn(s))``."""
-        if sampling is None:
-            return {}
-        return {
-            "do_sample": True,
-            "temperature": sampling.temperature,
-            "top_k": sampling.top_k,
-            "top_p": sampling.top_p,
-            "seed": sampling.seed,
-        }
-
     @property
     def sampling(self) -> Sampling | None:
         """How tokens are drawn, or None: greedy."""
-        if not self.do_sample:
-            return None
-        return Sampling(
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_k=self.top_k or 0,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            seed=self.seed or 0,
-        )
+        given = {f.name: v for f in fields(Sampling) if (v := getattr(self, f.name)) is not None}
+        return Sampling(**given) if self.do_sample else None
 
     def _check(self) -> None:
         """Refuse what cannot work together, before any worker starts."""
@@ -253,10 +248,12 @@ class GenerateOptions(WorkerOptions):
             raise UsageError(f"{opt('batch', self.batch)}: give 1 or more sequences per step")
         if any(t < 0 for p in self.prompt_ids for t in p) or any(t < 0 for t in self.eos_token_ids or ()):
             raise UsageError(f"{opt('prompt_ids')}: token ids are 0 or more")
+        empty = next((i for i, p in enumerate(self.prompt_ids) if not p), None)
+        if empty is not None:
+            raise UsageError(f"prompt {empty} holds no token id: give at least one")
         self._check_text()
         if not self.do_sample:
-            knobs = ("temperature", "top_k", "top_p", "seed")
-            given = [name for name in knobs if getattr(self, name) is not None]
+            given = [f.name for f in fields(Sampling) if getattr(self, f.name) is not None]
             if given:
                 raise UsageError(
                     f"{opt(given[0])} is for sampling: add {opt('do_sample', True)}, or leave it out for "

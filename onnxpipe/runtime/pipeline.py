@@ -29,9 +29,8 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -120,16 +119,13 @@ class Pipeline(ClosesOnExit):
         """
         d = Path(directory)
         manifest = load_manifest(d, check_files=check_files)
-        specs = stage_specs(d, manifest, stage_placements(manifest, threads, placements, d))
-        inputs = {t.name: t.dtype for t in manifest.model_inputs}
-        outputs = [o.name for o in manifest.model_outputs]
         return cls.start(
-            [specs],
+            [stage_specs(d, manifest, stage_placements(manifest, threads, placements, d))],
             backend,
             manifest=manifest,
             directory=d,
-            input_types=inputs,
-            output_names=outputs,
+            input_types={t.name: t.dtype for t in manifest.model_inputs},
+            output_names=[o.name for o in manifest.model_outputs],
             workers=shared_workers(manifest),
             check_here=placements is None,
         )
@@ -194,8 +190,7 @@ class Pipeline(ClosesOnExit):
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> Tensors:
         """Model outputs for one micro-batch of model inputs."""
-        result: Tensors = self._interruptible(lambda: self.submit(feeds).result())
-        return result
+        return self.run_many([feeds])[0]
 
     def stream(self, inputs: Iterable[Mapping[str, np.ndarray]]) -> Iterator[Tensors]:
         """Model outputs for each micro-batch of ``inputs``, in input order, while later ones run.
@@ -227,15 +222,7 @@ class Pipeline(ClosesOnExit):
 
     def run_many(self, inputs: Iterable[Mapping[str, np.ndarray]]) -> list[Tensors]:
         """``list(stream(inputs))``, stopping the workers on Ctrl-C."""
-        result: list[Tensors] = self._interruptible(lambda: list(self.stream(inputs)))
-        return result
-
-    def _interruptible(self, call: Callable[[], Any]) -> Any:
-        try:
-            return call()
-        except KeyboardInterrupt:
-            self.close(graceful=False)
-            raise
+        return list(self.stream(inputs))
 
     def _check_feeds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Private C-ordered copies of the model inputs in ``feeds``; a :class:`UsageError` if malformed."""

@@ -55,8 +55,8 @@ def settle(folder: Path, manifest: Manifest, options: GenerateOptions) -> Prompt
 def _check_fits(
     ids: tuple[tuple[int, ...], ...], options: GenerateOptions, limits: DecoderLimits, codec: TextCodec | None
 ) -> None:
-    """Refuse a prompt of no token (text the tokenizer made nothing of, or no id), an id beyond the
-    vocabulary, a sequence past the context."""
+    """Refuse a prompt of no token (text the tokenizer made nothing of: options refuse an empty
+    ``prompt_ids``), an id beyond the vocabulary, a sequence past the context."""
     vocab = limits.vocab_size
     for i, prompt in enumerate(ids):
         if not prompt and codec is not None and options.prompts:
@@ -64,8 +64,6 @@ def _check_fits(
                 f"prompt {i} ({options.prompts[i]!r}): the tokenizer in {codec.folder} made no token of this "
                 f"text; give text it has tokens for, or the prompt as token ids ({opt('prompt_ids')})"
             )
-        if not prompt:
-            raise UsageError(f"prompt {i} holds no token id: give at least one")
         beyond = [t for t in prompt if vocab is not None and t >= vocab]
         if beyond and codec is not None:
             raise UsageError(
@@ -97,8 +95,9 @@ def _tokenizer_folder(folder: Path, manifest: Manifest, given: Path | None) -> P
     source model's, else the one above it (the ``onnx/`` layout of Hugging Face repositories)."""
     if given is not None:
         return given
-    source = _source_model(folder, manifest)
-    searched = [folder, *(model_folders(source) if source is not None else ())]
+    # the model that was split, where its folder still exists (its tokenizer may lie there or one up)
+    source = None if manifest.source.path is None else (folder / manifest.source.path).resolve()
+    searched = [folder, *(model_folders(source) if source is not None and source.parent.is_dir() else ())]
     for where in searched:
         if has_tokenizer(where):
             return where
@@ -109,15 +108,6 @@ def _tokenizer_folder(folder: Path, manifest: Manifest, given: Path | None) -> P
         f"give the folder of the model's tokenizer files as {opt('tokenizer')}, or token ids as "
         f"{opt('prompt_ids')}"
     )
-
-
-def _source_model(folder: Path, manifest: Manifest) -> Path | None:
-    """The model that was split, where its folder still exists (its own tokenizer may lie there or one
-    folder up)."""
-    if manifest.source.path is None:
-        return None
-    model = (folder / manifest.source.path).resolve()
-    return model if model.parent.is_dir() else None
 
 
 def _eos(

@@ -52,10 +52,3 @@ def draw(sampling: Sampling, logits: np.ndarray, rng: np.random.Generator) -> in
     cumulative = np.cumsum(probabilities(sampling, logits))
     at = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
     return min(at, cumulative.size - 1)
-
-
-def last_logits(logits: np.ndarray) -> np.ndarray:
-    """The logits at the last position of the one sequence in the batch (``[batch, seq, vocab]`` or
-    ``[batch, vocab]``)."""
-    row: np.ndarray = logits[0, -1] if logits.ndim == 3 else logits[0]
-    return row

@@ -15,7 +15,7 @@ import resource
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
@@ -122,19 +122,6 @@ class WorkerStats:
         return max(0, self.peak_rss_bytes - self.startup_rss_bytes - (self.shared_memory_bytes or 0))
 
 
-@dataclass
-class Recorder:
-    """Timing records of one worker, bounded to the last :data:`MAX_RECORDS`."""
-
-    records: deque[Record] = field(default_factory=lambda: deque(maxlen=MAX_RECORDS))
-
-    def add(self, record: Record) -> None:
-        self.records.append(record)
-
-    def reset(self) -> None:
-        self.records.clear()
-
-
 def _open(spec: WorkerSpec) -> Engine:
     """The engine of ``spec`` on its placement's runtime, its threads pinned to the worker's CPUs."""
     place = spec.placement
@@ -176,7 +163,8 @@ class StageRunner:
         self.load_rss_bytes = (
             rss_after - rss_before if rss_after is not None and rss_before is not None else None
         )
-        self.recorder = Recorder()
+        self.records: deque[Record] = deque(maxlen=MAX_RECORDS)
+        """The worker's timing records, bounded to the last :data:`MAX_RECORDS`."""
         self.kv: KVState | None = None
         """A generating worker's caches (:mod:`onnxpipe.runtime.kvstate`)."""
         if spec.generating:
@@ -190,9 +178,7 @@ class StageRunner:
         cached: dict[str, np.ndarray] = {}
         if self.kv is not None:
             control = Control.read(received[CONTROL])
-            if all(
-                r.flags & StepFlags.DROP for r in control.rows
-            ):  # sequences that ended early: nothing runs
+            if all(r.flags & StepFlags.DROP for r in control.rows):  # ended early: nothing runs
                 self.kv.drop(control)
                 return {n: received.get(n, _NOTHING) for n in spec.sends}
             try:
@@ -231,7 +217,7 @@ class StageRunner:
         return WorkerStats(
             index=self.spec.index,
             label=self.spec.label,
-            records=tuple(self.recorder.records),
+            records=tuple(self.records),
             pid=pid,
             load_seconds=self.load_seconds,
             startup_rss_bytes=startup_rss,
@@ -266,7 +252,7 @@ def describe_failure(spec: WorkerSpec, seq: int, feeds: Mapping[str, np.ndarray]
         named = [n for n in feeds if f"input: {n} " in text or f"'{n}'" in text or f" {n} " in text]
         if named:
             where = f" on input tensor {named[0]!r}"
-    shapes = ", ".join(f"{n} {_describe_array(v)}" for n, v in feeds.items())
+    shapes = ", ".join(f"{n} {v.dtype}[{','.join(str(d) for d in v.shape)}]" for n, v in feeds.items())
     return f"{spec.label} failed on micro-batch {seq}{where}: {text} [inputs: {shapes}]"
 
 
@@ -282,12 +268,6 @@ def node_outputs(path: str, node_name: str) -> list[str]:
         if node.name == node_name:
             return [o for o in node.output if o]
     return []
-
-
-def _describe_array(v: object) -> str:
-    if isinstance(v, np.ndarray):
-        return f"{v.dtype}[{','.join(str(d) for d in v.shape)}]"
-    return type(v).__name__
 
 
 # --------------------------------------------------------------------------------------------------

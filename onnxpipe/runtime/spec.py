@@ -177,22 +177,6 @@ def check_providers_here(specs: Sequence[WorkerSpec], available: Sequence[str]) 
             )
 
 
-def stage_specs(
-    directory: Path,
-    manifest: Manifest,
-    placements: Sequence[Placement],
-) -> list[WorkerSpec]:
-    """One spec per stage of ``manifest``, forwarding what later stages and the model outputs need."""
-    return _chain(
-        directory,
-        manifest,
-        placements,
-        [t.name for t in manifest.model_inputs],
-        [o.name for o in manifest.model_outputs],
-        {},
-    )
-
-
 def generation_specs(
     directory: Path, manifest: Manifest, placements: Sequence[Placement], contract: IOContract
 ) -> list[WorkerSpec]:
@@ -212,9 +196,8 @@ def generation_specs(
             for t in st.inputs
             if t.name in past_to_present
         )
-    pasts = set(past_to_present)
-    inputs = [t.name for t in manifest.model_inputs if t.name not in pasts] + [CONTROL]
-    return _chain(directory, manifest, placements, inputs, [str(contract.logits), CONTROL], caches)
+    inputs = [t.name for t in manifest.model_inputs if t.name not in past_to_present] + [CONTROL]
+    return stage_specs(directory, manifest, placements, inputs, [str(contract.logits), CONTROL], caches)
 
 
 def cache_slot(tensor: ModelTensor, present: str | None, source: str) -> CacheSlot:
@@ -241,16 +224,20 @@ def cache_slot(tensor: ModelTensor, present: str | None, source: str) -> CacheSl
     return CacheSlot(tensor.name, present, tensor.dtype, tuple(dims))
 
 
-def _chain(
+def stage_specs(
     directory: Path,
     manifest: Manifest,
     placements: Sequence[Placement],
-    model_inputs: Sequence[str],
-    outputs: Sequence[str],
-    caches: Mapping[int, tuple[CacheSlot, ...]],
+    model_inputs: Sequence[str] | None = None,
+    outputs: Sequence[str] | None = None,
+    caches: Mapping[int, tuple[CacheSlot, ...]] | None = None,
 ) -> list[WorkerSpec]:
-    """The chain's specs: the first worker receives ``model_inputs``, each forwards what later stages
-    and ``outputs`` need; a stage's ``caches`` are fed by its worker, never received."""
+    """One spec per stage of ``manifest``: the first worker receives ``model_inputs`` (default: the model
+    inputs), each forwards what later stages and ``outputs`` (default: the model outputs) need; a stage's
+    ``caches`` are fed by its worker, never received."""
+    model_inputs = [t.name for t in manifest.model_inputs] if model_inputs is None else model_inputs
+    outputs = [o.name for o in manifest.model_outputs] if outputs is None else outputs
+    caches = caches or {}
     if len(placements) != manifest.k:
         raise ValueError(f"{len(placements)} placements for {manifest.k} stages")
     generating = CONTROL in model_inputs
@@ -264,16 +251,12 @@ def _chain(
         if generating:
             later.add(CONTROL)
     needed_after.reverse()
-    first_needs = later  # everything any stage or output reads
-
-    available: list[str] = [n for n in model_inputs if n in first_needs]
+    available: list[str] = [n for n in model_inputs if n in later]  # later: what any stage or output reads
     specs: list[WorkerSpec] = []
     for st, place, after in zip(manifest.stages, placements, needed_after, strict=True):
         receives = tuple(available)
         produced = [t.name for t in st.outputs]
-        seen = set(receives)
-        pool = list(receives) + [n for n in produced if n not in seen]
-        sends = tuple(n for n in pool if n in after)
+        sends = tuple(n for n in dict.fromkeys([*receives, *produced]) if n in after)
         specs.append(
             WorkerSpec(
                 index=st.index,

@@ -160,13 +160,9 @@ def _token_text(value: object) -> str | None:
 
 
 def _ids(value: object) -> tuple[int, ...]:
-    if isinstance(value, bool):
-        return ()
-    if isinstance(value, int):
-        return (value,)
-    if isinstance(value, list):
-        return tuple(v for v in value if isinstance(v, int) and not isinstance(v, bool))
-    return ()
+    """The token ids of a config's ``eos_token_id``: one id or a list of them (booleans are no ids)."""
+    values = [value] if isinstance(value, int) else value if isinstance(value, list) else []
+    return tuple(v for v in values if isinstance(v, int) and not isinstance(v, bool))
 
 
 def config_eos_ids(folder: Path) -> tuple[tuple[int, ...], str] | None:

@@ -16,6 +16,7 @@ import itertools
 import os
 import signal
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -48,7 +49,7 @@ from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.report.baselines import stage_worker_memory
 from onnxpipe.runtime.report.model import StageReport, WorkerReport
-from onnxpipe.runtime.session import Recorder
+from onnxpipe.runtime.session import Record
 from onnxpipe.schedule.timeline import worker_groups
 
 
@@ -239,7 +240,7 @@ class _Runner:
 
     def __init__(self, index: int, ran: list[tuple[int, int]]) -> None:
         self.spec = spec(index)
-        self.recorder = Recorder()
+        self.records: deque[Record] = deque()
         self.ran = ran
 
     def run(self, seq: int, received: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -272,7 +273,7 @@ def test_a_held_result_lets_the_workers_other_stages_run() -> None:
     while host.one_pass():
         pass
     assert full.sent == [20, 21] and ran[-1] == (2, 21)
-    assert [r.seq for r in host.hosted[1].runner.recorder.records] == [20, 21]
+    assert [r.seq for r in host.hosted[1].runner.records] == [20, 21]
 
 
 def _matmul_chain(path: Path, layers: int = 8, width: int = 512) -> Path:

@@ -22,10 +22,7 @@ class _Stage:
         self.go = threading.Event()
         self.go.set()
         self.threads: list[str] = []
-        self.recorder = self
-
-    def add(self, _record: Any) -> None:
-        pass
+        self.records: list[Any] = []
 
     def run(self, seq: int, received: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.threads.append(threading.current_thread().name)

@@ -89,7 +89,7 @@ class Hosted(Generic[In, Out]):
         self.busy = None
         del sends
         self.inbox.release(slot)
-        self.runner.recorder.add(replace(record, out_ready=out_ready, done=time.perf_counter()))
+        self.runner.records.append(replace(record, out_ready=out_ready, done=time.perf_counter()))
         return True
 
 

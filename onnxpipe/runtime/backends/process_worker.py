@@ -156,7 +156,7 @@ def _control_says_go(
         control.send((message[1], hosted_stats(runners, startup_rss)))
     elif message == RESET:
         for r in runners:
-            r.recorder.reset()
+            r.records.clear()
     return bool(message != STOP)
 
 

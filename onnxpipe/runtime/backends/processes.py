@@ -42,7 +42,7 @@ from onnxpipe.runtime.backends.shm import (
 )
 from onnxpipe.runtime.backends.spawning import WORKERS
 from onnxpipe.runtime.base import Tensors
-from onnxpipe.runtime.choices import DEFAULT_SLOTS
+from onnxpipe.runtime.options import DEFAULT_SLOTS
 from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import WorkerSpec
 from onnxpipe.schedule.timeline import worker_groups

@@ -153,4 +153,4 @@ class WorkerActor:
 
     def reset(self) -> None:
         for runner in self.runners.values():
-            runner.recorder.reset()
+            runner.records.clear()

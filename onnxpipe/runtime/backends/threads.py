@@ -29,7 +29,7 @@ from onnxpipe.runtime.affinity import pin_thread
 from onnxpipe.runtime.backends.hosting import Host, Hosted
 from onnxpipe.runtime.backends.lanes import Lanes
 from onnxpipe.runtime.base import Tensors
-from onnxpipe.runtime.choices import DEFAULT_SLOTS
+from onnxpipe.runtime.options import DEFAULT_SLOTS
 from onnxpipe.runtime.session import StageFailure, StageRunner, WorkerStats, current_rss_bytes
 from onnxpipe.runtime.spec import WorkerSpec
 from onnxpipe.schedule.timeline import worker_groups
@@ -212,7 +212,7 @@ class ThreadBackend(Lanes):
     def reset_stats(self) -> None:
         for runner, w in self._stages:
             with w.lock:
-                runner.recorder.reset()
+                runner.records.clear()
 
     def close(self, graceful: bool = True) -> None:
         if self._closed:

@@ -75,20 +75,14 @@ def split_embedding(
     if manifest.source.path is not None:
         looked.append((folder / manifest.source.path).resolve().parent / GENAI_CONFIG_NAME)
     for config in looked:
-        found = _named_in(config)
-        if found is not None:
-            return found
+        named = genai_embedding(config)
+        if named is not None:
+            return Embedding(named.file, named.ids, named.embeds)
     raise UsageError(
         f"{folder}: the model takes {embeds!r}, made from the token ids by its embedding model; give it with "
         f"{opt('embedding', 'FILE.onnx')} (token ids in, inputs_embeds out) or a {GENAI_CONFIG_NAME} "
         f"naming it (model.embedding.filename); looked in {', '.join(str(p) for p in looked)}"
     )
-
-
-def _named_in(config: Path) -> Embedding | None:
-    """The embedding model ``config`` (a GenAI config) names beside it, with its tensor names."""
-    named = genai_embedding(config)
-    return None if named is None else Embedding(named.file, named.ids, named.embeds)
 
 
 def _elem_type(ort_type: str) -> int:

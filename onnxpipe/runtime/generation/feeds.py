@@ -17,9 +17,8 @@ import numpy as np
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.iocontract import IOContract, Role
+from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.kvstate import CONTROL, Control, PadSide
-
-Tensors = dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)

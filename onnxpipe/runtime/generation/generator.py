@@ -15,9 +15,8 @@ one place (:meth:`~.result.Generation.of`).  The same generator drives replicas 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
+from dataclasses import asdict
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
@@ -25,7 +24,7 @@ from onnxpipe.core.errors import UsageError
 from onnxpipe.core.iocontract import IOContract, Role
 from onnxpipe.core.progress import ClosesOnExit
 from onnxpipe.manifest import Manifest, load_manifest
-from onnxpipe.runtime.base import BackendConfig, Tensors
+from onnxpipe.runtime.base import BackendConfig
 from onnxpipe.runtime.generation.contract import generation_input_types, split_contract
 from onnxpipe.runtime.generation.embedding import split_embedding
 from onnxpipe.runtime.generation.feeds import Step, StepFeeds
@@ -36,7 +35,6 @@ from onnxpipe.runtime.options import GenerateOptions, Sampling
 from onnxpipe.runtime.pipeline import Pipeline, shared_workers, stage_placements
 from onnxpipe.runtime.plainloop import PlainLoop
 from onnxpipe.runtime.prompting import Prompting, settle
-from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import (
     Placement,
     WorkerSpec,
@@ -51,42 +49,25 @@ Builder = Callable[[Step], np.ndarray]
 """A step's feed of one role (:data:`~.feeds.BUILDERS`)."""
 
 
-class Steps(Protocol):
-    """What a generator drives: lanes of workers that each keep their layers' caches, taking a step's
-    feeds in a lane (a :class:`~onnxpipe.runtime.pipeline.Pipeline`, or the plain loop)."""
-
-    @property
-    def lanes(self) -> Sequence[Sequence[WorkerSpec]]: ...
-
-    def submit(self, feeds: Mapping[str, np.ndarray], lane: int | None = None) -> Future[Tensors]: ...
-
-    def stats(self) -> list[WorkerStats]: ...
-
-    def reset_stats(self) -> None: ...
-
-    def close(self, graceful: bool = True) -> None: ...
-
-
 class Generator(ClosesOnExit):
-    """Generates through ``steps`` (a pipeline of a split, replicas, the plain loop), each step's feeds
-    made by ``feeds`` from the split's IO contract.  ``manifest`` and ``directory`` (the split's) find
-    the tokenizer and the end ids; ``side``: where the caches of sequences sharing a step are padded
-    (default: read off the model files)."""
+    """Generates through ``steps`` (a pipeline of a split, replicas, the plain loop: lanes of workers
+    that each keep their layers' caches, taking a step's feeds in a lane), each step's feeds made by
+    ``feeds`` from the split's IO contract.  ``manifest`` and ``directory`` (the split's) find the
+    tokenizer and the end ids."""
 
     def __init__(
         self,
-        steps: Steps,
+        steps: Pipeline | PlainLoop,
         feeds: StepFeeds,
         *,
         manifest: Manifest | None = None,
         directory: Path | None = None,
-        side: PadSide | None = None,
     ) -> None:
         self.steps = steps
         self.feeds = feeds
         self.manifest = manifest
         self.directory = directory
-        self._side = side
+        self._side: PadSide | None = None  # where a step's caches are padded: read off the model files
         self._next_sequence = 0
 
     # ---------------------------------------------------------------------------------- opening
@@ -112,18 +93,15 @@ class Generator(ClosesOnExit):
         already (:func:`~.contract.split_contract`); ``embedding``: the embedding model of a split that
         takes ``inputs_embeds`` (default: the one its ``genai_config.json`` names; :mod:`.embedding`);
         ``builders``: the feeds of roles only the caller can make (:class:`~.feeds.StepFeeds`)."""
-        d = Path(directory)
-        manifest = load_manifest(d, check_files=check_files)
-        contract = contract or split_contract(manifest, d)
-        feeds = _feeds(d, manifest, contract, embedding, builders)
-        specs = generation_specs(d, manifest, stage_placements(manifest, threads, placements, d), contract)
+        d, manifest, feeds = _split(directory, check_files, contract, embedding, builders)
+        placed = stage_placements(manifest, threads, placements, d)
         pipe = Pipeline.start(
-            [specs],
+            [generation_specs(d, manifest, placed, feeds.contract)],
             backend,
             manifest=manifest,
             directory=d,
             input_types=feeds.input_types,
-            output_names=[str(contract.logits)],
+            output_names=[str(feeds.contract.logits)],
             workers=shared_workers(manifest),
             check_here=placements is None,
         )
@@ -209,7 +187,7 @@ class Generator(ClosesOnExit):
             eos_token_ids=None if eos_token_ids is None else tuple(eos_token_ids),
             in_flight=in_flight,
             batch=batch,
-            **GenerateOptions.drawn(sampling),
+            **({} if sampling is None else {"do_sample": True, **asdict(sampling)}),  # the knobs of sampling
         )
         return self.generate_with(self.prompting(options), on_token)
 
@@ -242,7 +220,7 @@ class Generator(ClosesOnExit):
         self.steps.reset_stats()
         try:
             run = schedule(
-                lambda feeds, lane: self.steps.submit(feeds, lane),
+                self.steps.submit,
                 len(self.steps.lanes),
                 self.feeds,
                 options,
@@ -263,17 +241,20 @@ class Generator(ClosesOnExit):
         self.steps.close(graceful)
 
 
-def _feeds(
-    directory: Path,
-    manifest: Manifest,
-    contract: IOContract,
+def _split(
+    directory: str | Path,
+    check_files: bool,
+    contract: IOContract | None,
     embedding: Path | None,
     builders: Mapping[Role, Builder] | None = None,
-) -> StepFeeds:
-    """The step feeds of the split's ``contract``, its embeddings made by its embedding model where it
-    takes them."""
-    embed = split_embedding(directory, manifest, contract, embedding)
-    return StepFeeds(contract, generation_input_types(manifest, contract), embed, builders)
+) -> tuple[Path, Manifest, StepFeeds]:
+    """The split ``directory``, its manifest, and the step feeds of its contract (``contract``, else the
+    manifest's), its embeddings made by its embedding model where it takes them."""
+    d = Path(directory)
+    manifest = load_manifest(d, check_files=check_files)
+    contract = contract or split_contract(manifest, d)
+    embed = split_embedding(d, manifest, contract, embedding)
+    return d, manifest, StepFeeds(contract, generation_input_types(manifest, contract), embed, builders)
 
 
 def _whole_model(
@@ -285,14 +266,11 @@ def _whole_model(
 ) -> tuple[Path, Manifest, StepFeeds, Callable[[int], WorkerSpec]]:
     """The split ``directory``, its manifest, the feeds of its contract and the spec of a worker running
     the whole source model (``model``, default the manifest's) with its whole cache, by replica index."""
-    d = Path(directory)
-    manifest = load_manifest(d, check_files=False)
-    contract = contract or split_contract(manifest, d)
-    feeds = _feeds(d, manifest, contract, embedding)
+    d, manifest, feeds = _split(directory, False, contract, embedding)
     path = runnable_source(d, manifest, model)
     place = placement_for_device("cpu", manifest.plan.threads if threads is None else threads)
 
     def spec(index: int) -> WorkerSpec:
-        return model_generation_spec(path, manifest, place, contract, index=index)
+        return model_generation_spec(path, manifest, place, feeds.contract, index=index)
 
     return d, manifest, feeds, spec

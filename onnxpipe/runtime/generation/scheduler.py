@@ -39,12 +39,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from onnxpipe.core.errors import CacheLost, UsageError
+from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.generation.feeds import StepFeeds
 from onnxpipe.runtime.kvstate import Control, PadSide, Row, StepFlags
 from onnxpipe.runtime.options import GenerateOptions, Sampling
-from onnxpipe.runtime.sampling import draw, generator, last_logits
+from onnxpipe.runtime.sampling import draw, generator
 
-Tensors = dict[str, np.ndarray]
 Submit = Callable[[Tensors, int], "Future[Tensors]"]
 """Queue one step's feeds in a lane; the future's result holds the logits."""
 OnToken = Callable[[int, int], None]
@@ -111,7 +111,7 @@ def next_token(
     """The next token from the logits at the last position (``[batch, seq, vocab]`` or
     ``[batch, vocab]``) of the one sequence in the batch: the highest, or drawn as ``sampling`` says
     with the sequence's ``rng``."""
-    last = last_logits(logits)
+    last = logits[0, -1] if logits.ndim == 3 else logits[0]
     if sampling is None:
         return int(np.argmax(last))
     if rng is None:  # a fresh generator per call would draw the same number every step
@@ -121,9 +121,6 @@ def next_token(
 
 def _sequences(options: GenerateOptions, first_ident: int) -> list[_Sequence]:
     """A sequence per prompt, each with its own draws when sampling."""
-    for i, p in enumerate(options.prompt_ids):
-        if len(p) == 0:
-            raise UsageError(f"prompt {i} holds no token id: give at least one")
     sampling = options.sampling
     return [
         _Sequence(i, first_ident + i, p, rng=None if sampling is None else generator(sampling, i))

@@ -24,12 +24,11 @@ from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.ir.seq2seq import DECODER, ENCODER, ENCODER_OUTPUT, MERGED, WITH_PAST
 from onnxpipe.manifest.seq2seq import Seq2SeqRecord
+from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.generation.feeds import Step
 from onnxpipe.runtime.generation.scheduler import Run
 from onnxpipe.runtime.kvstate import StepFlags
 from onnxpipe.runtime.pipeline import Pipeline
-
-Tensors = dict[str, np.ndarray]
 
 
 def read_inputs(files: Sequence[Path], names: Sequence[str]) -> list[Tensors]:
