@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import onnx
@@ -23,14 +22,13 @@ from onnx import helper, numpy_helper
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.ir.load import in_order, view_from_proto
-from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.model import ModelView, set_items, subgraph_outer_reads
 from onnxpipe.planning.nodesplit.constants import Constants
 from onnxpipe.planning.nodesplit.find import (
     BINARY_OPS,
     UNARY_OPS,
     SplitKind,
     Splittable,
-    node_attr,
     part_sizes,
     tensor_rank,
 )
@@ -166,7 +164,8 @@ class _Cutter:
         if head.op_type == "MatMul":
             ins[1] = self._part(w[:, part], ins[1], s)
         elif head.op_type == "Gemm":
-            ins[1] = self._part(w[part, :] if node_attr(head, "transB", 0) else w[:, part], ins[1], s)
+            trans_b = any(a.name == "transB" and a.i for a in head.attribute)
+            ins[1] = self._part(w[part, :] if trans_b else w[:, part], ins[1], s)
             if len(ins) > 2 and ins[2]:
                 c = self.consts.weight(ins[2])
                 if c.ndim >= 1 and c.shape[-1] == self.spec.width:
@@ -264,32 +263,18 @@ def _rebuilt(
     kept = _without_dead(kept, outputs)
     read = _reads(kept) | outputs
     init_names = {t.name for t in view.proto.graph.initializer}
-    _replace(graph.node, kept)
-    _replace(graph.initializer, [t for t in graph.initializer if t.name in read] + new_inits)
-    _replace(graph.input, [i for i in graph.input if i.name not in init_names or i.name in read])
+    set_items(graph.node, kept)
+    set_items(graph.initializer, [t for t in graph.initializer if t.name in read] + new_inits)
+    set_items(graph.input, [i for i in graph.input if i.name not in init_names or i.name in read])
     produced = {o for n in kept for o in n.output} | {i.name for i in graph.input}
-    _replace(graph.value_info, [v for v in graph.value_info if v.name in produced])
+    set_items(graph.value_info, [v for v in graph.value_info if v.name in produced])
     return proto
 
 
-def _replace(field: Any, items: list[Any]) -> None:
-    """Set a repeated field of a graph to ``items``."""
-    del field[:]
-    field.extend(items)
-
-
 def _reads(nodes: Iterable[onnx.NodeProto]) -> set[str]:
-    """Every tensor ``nodes`` read, their subgraphs' reads included (a weight only a branch reads stays)."""
-    read: set[str] = set()
-    for n in nodes:
-        read.update(n.input)
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                read |= _reads(a.g.node)
-            elif a.type == onnx.AttributeProto.GRAPHS:
-                for g in a.graphs:
-                    read |= _reads(g.node)
-    return read
+    """Every tensor ``nodes`` read, their subgraphs' outer reads included (a weight only a branch reads
+    stays)."""
+    return {t for n in nodes for t in (*n.input, *subgraph_outer_reads(n))}
 
 
 def _without_dead(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:
