@@ -386,19 +386,3 @@ def copies_note(
         "receiving them (onnxpipe.planning.decoder_recompute); less crossing each cut per step: "
         + "; ".join(parts)
     )
-
-
-__all__ = [
-    "COPY_SHARE",
-    "Copied",
-    "Counted",
-    "InputCopies",
-    "PhaseCosts",
-    "adjusted",
-    "copies_note",
-    "counting_copies",
-    "gone_bytes",
-    "input_derived",
-    "priced_cuts",
-    "with_copy_costs",
-]

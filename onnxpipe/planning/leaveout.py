@@ -125,7 +125,7 @@ class KeptDevices(Generic[P]):
                 kept = c
         arranged = joined(self.cluster, kept)
         assert arranged is not None
-        return OrderSearch(kept, arranged, self.result(kept), len(candidates), 0, free=False)
+        return OrderSearch(kept, arranged, self.result(kept), len(candidates), free=False)
 
     def notes(self, chosen: OrderSearch[P]) -> list[str]:
         """A note for each device left out whose return would make the chosen plan worse, with the figures

@@ -60,15 +60,14 @@ class OrderSearch(Generic[P]):
     """The devices chosen for a ``k``-stage plan: ``order[i]`` is the index (in the file) of stage ``i``'s
     device; ``cluster`` is the arranged cluster and ``result`` the partition on it.
 
-    ``evaluated`` counts the distinct type sequences solved, ``infeasible`` those no partition fits
-    (memory); ``free`` says whether the order was searched or taken from the file.
+    ``evaluated`` counts the distinct type sequences solved; ``free`` says whether the order was searched
+    or taken from the file.
     """
 
     order: tuple[int, ...]
     cluster: Cluster
     result: P
     evaluated: int
-    infeasible: int
     free: bool
 
     @property
@@ -146,7 +145,7 @@ def distinct_orders(cluster: Cluster, k: int) -> Iterator[tuple[int, ...]]:
 def fixed_order(cluster: Cluster, k: int, solve: Callable[[Cluster], P]) -> OrderSearch[P]:
     """The first ``k`` devices in file order: the plan without ``--order free``."""
     arranged = cluster.prefix(k)
-    return OrderSearch(tuple(range(k)), arranged, solve(arranged), 1, 0, free=False)
+    return OrderSearch(tuple(range(k)), arranged, solve(arranged), 1, free=False)
 
 
 def best_device_order(
@@ -184,7 +183,7 @@ def best_device_order(
             "or keep the file's order"
         )
     best: tuple[tuple[int, ...], Cluster, P] | None = None
-    evaluated = infeasible = 0
+    evaluated = 0
     first_error: PartitionError | None = None
     for order in distinct_orders(cluster, k):
         arranged = cluster.arranged(order)
@@ -192,7 +191,6 @@ def best_device_order(
         try:
             result = solve(arranged)
         except PartitionError as e:
-            infeasible += 1
             first_error = first_error or e
             continue
         if best is None or score(result, objective) < score(best[2], objective) * (1 - _TIE_RTOL):
@@ -203,7 +201,7 @@ def best_device_order(
             f"no order of {k} of the {cluster.size} devices fits memory ({evaluated} orders tried); "
             f"in file order: {first_error}"
         ) from first_error
-    return OrderSearch(best[0], best[1], best[2], evaluated, infeasible, free=True)
+    return OrderSearch(best[0], best[1], best[2], evaluated, free=True)
 
 
 def place(
