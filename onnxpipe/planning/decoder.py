@@ -68,13 +68,11 @@ class LayerSequences:
 def layer_sequences(view: ModelView, profile: Profile, dec: DecoderInfo) -> LayerSequences:
     """The compute nodes by layer group, their costs, and the cut bytes with the cache left out."""
     compute = sorted(view.compute_nodes, key=lambda n: (dec.node_layer[n.name], n.position))
-    groups: list[int] = []
-    starts: list[int] = []
-    for p, n in enumerate(compute):
-        g = dec.node_layer[n.name]
-        if not groups or groups[-1] != g:
-            groups.append(g)
-            starts.append(p)
+    runs = itertools.groupby(range(len(compute)), key=lambda p: dec.node_layer[compute[p].name])
+    groups, starts = [], []
+    for g, positions in runs:
+        groups.append(g)
+        starts.append(next(positions))
     starts.append(len(compute))
     boundary = set(starts)
     seq = dataclasses.replace(

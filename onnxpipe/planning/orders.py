@@ -20,6 +20,7 @@ for little throughput once the pipeline is limited by its largest node or its li
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -118,12 +119,8 @@ def distinct_orders(cluster: Cluster, k: int) -> Iterator[tuple[int, ...]]:
         by_type[t].append(i)
 
     def indices(types: Sequence[int]) -> tuple[int, ...]:
-        used = [0] * len(counts)
-        out = []
-        for t in types:
-            out.append(by_type[t][used[t]])
-            used[t] += 1
-        return tuple(out)
+        unused = [iter(devices) for devices in by_type]  # each type's devices, next first
+        return tuple(next(unused[t]) for t in types)
 
     first = ids[:k]
     yield indices(first)
@@ -280,10 +277,8 @@ def stages_auto(
 
 
 def _counts(ids: Sequence[int]) -> tuple[int, ...]:
-    counts = [0] * (max(ids, default=-1) + 1)
-    for t in ids:
-        counts[t] += 1
-    return tuple(counts)
+    counted = Counter(ids)
+    return tuple(counted[t] for t in range(max(ids, default=-1) + 1))
 
 
 def _take(c: tuple[int, ...], t: int) -> tuple[int, ...]:
