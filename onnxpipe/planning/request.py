@@ -226,9 +226,7 @@ class PlanRequest:
     def _check(self) -> None:
         """Refuse what cannot work together, before any cost is measured (cheap)."""
         stages = self.stages
-        if isinstance(stages, bool) or not isinstance(stages, int | str):
-            raise UsageError(f"{opt('stages', stages)}: give a number of stages or 'auto'")
-        if isinstance(stages, str) and stages != "auto":
+        if isinstance(stages, bool) or not (isinstance(stages, int) or stages == "auto"):
             raise UsageError(f"{opt('stages', stages)}: give a number of stages or 'auto'")
         if isinstance(stages, int) and stages < 1:
             raise UsageError(f"{opt('stages', stages)}: give 1 or more stages, or 'auto'")
