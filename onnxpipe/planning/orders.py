@@ -34,7 +34,8 @@ DEFAULT_MAX_ORDERS = 20_000
 """Most distinct device-type sequences :func:`best_device_order` solves (each is one exact partition)."""
 DEFAULT_TOLERANCE = 0.05
 """``--stages auto`` keeps the fewest stages within 5% of the best bottleneck."""
-_TIE_RTOL = 1e-12  # bottlenecks closer than this are equal: keep the order found first (file order first)
+SCORE_TIE_RTOL = 1e-12
+"""Scores closer than this are equal: the searches keep the choice found first (file order first)."""
 
 
 class HasBottleneck(Protocol):
@@ -190,7 +191,7 @@ def best_device_order(
         except PartitionError as e:
             first_error = first_error or e
             continue
-        if best is None or score(result, objective) < score(best[2], objective) * (1 - _TIE_RTOL):
+        if best is None or score(result, objective) < score(best[2], objective) * (1 - SCORE_TIE_RTOL):
             best = (order, arranged, result)
     if best is None:
         assert first_error is not None
