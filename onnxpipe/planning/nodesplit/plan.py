@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from onnxpipe.core.errors import PartitionError
-from onnxpipe.cost.profile import CostSource, Profile
+from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.model import ModelView
 from onnxpipe.partition import Partition, solve
 from onnxpipe.partition.splitting import SplitCandidate, SplitShape, expand
@@ -81,11 +81,6 @@ class _Search:
     measure: bool
     seq: Sequences
     contiguous: Plan
-
-    @property
-    def timed(self) -> bool:
-        """Whether parts are timed: asked for, and the costs were measured (static costs are shared)."""
-        return self.measure and self.profile.source == CostSource.PROFILE.value
 
     def plan(self, view: ModelView, profile: Profile) -> Plan:
         return make_plan(
@@ -178,8 +173,9 @@ def _equal_costs(search: _Search, spec: Splittable, kind: SplitKind) -> dict[int
 def _costs(
     search: _Search, spec: Splittable, kind: SplitKind, layouts: Sequence[Sequence[int]]
 ) -> list[PartCosts]:
-    """The parts' costs of each layout: timed (:func:`.costs.sized_costs`) or by their share."""
-    if search.timed:
+    """The parts' costs of each layout: timed when asked (:func:`.costs.sized_costs`, which shares out
+    static costs), else by their share."""
+    if search.measure:
         return sized_costs(search.view, search.profile, spec, kind, layouts)
     return [shared_costs(search.profile, spec, kind, sizes) for sizes in layouts]
 
