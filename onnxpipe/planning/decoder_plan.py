@@ -123,11 +123,9 @@ def split_layers(
     if any(x.starts != lines[0].starts for x in lines):  # the order depends on the graph alone: a bug if not
         raise PartitionError("the prefill and decode profiles line the layers up differently")
     seqs, last = [x.seq for x in lines], lines[-1]
-    cuts = (
-        priced_cuts(view, dec, seqs, [p.node_seconds for _, p in profiles], bandwidth)
-        if options.copy_inputs
-        else [[float(b) for b in seq.cut_bytes] for seq in seqs]
-    )
+    # without copies, the cut bytes as they are (what priced_cuts gives for links it cannot price)
+    priced = bandwidth if options.copy_inputs else math.inf
+    cuts = priced_cuts(view, dec, seqs, [p.node_seconds for _, p in profiles], priced)
     solve = _solver([x.coarse_costs for x in lines], [[c[a] for a in last.starts] for c in cuts], bandwidth)
     try:
         fine = last.fine_bounds(coarse_bounds(last, dec, k, options.ends, solve))
