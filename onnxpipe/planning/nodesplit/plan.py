@@ -148,7 +148,6 @@ def _offers(search: _Search) -> list[_Offer]:
 
 def _offer(search: _Search, spec: Splittable, start: int) -> _Offer:
     """Every (kind, part count) ``spec`` offers, as the partitioner's shapes, fewest parts first."""
-    out_bytes = search.seq.sizes.get(spec.output, 0)
     by_kind = {kind: _equal_costs(search, spec, kind) for kind in spec.kinds}
     shapes: list[SplitShape] = []
     choices: list[tuple[SplitKind, PartCosts]] = []
@@ -157,8 +156,7 @@ def _offer(search: _Search, spec: Splittable, start: int) -> _Offer:
             costs = by_kind[kind].get(p)
             if costs is None:
                 continue
-            carried = _carried_bytes(spec, kind, part_sizes(spec.extent(kind), p), out_bytes)
-            shapes.append(SplitShape(costs.part_seconds, costs.join_seconds, carried, kind.value))
+            shapes.append(_split_shape(search, spec, kind, part_sizes(spec.extent(kind), p), costs))
             choices.append((kind, costs))
     return _Offer(spec, start, tuple(shapes), tuple(choices))
 
@@ -180,15 +178,18 @@ def _costs(
     return [shared_costs(search.profile, spec, kind, sizes) for sizes in layouts]
 
 
-def _carried_bytes(
-    spec: Splittable, kind: SplitKind, sizes: Sequence[int], out_bytes: int
-) -> tuple[float, ...]:
-    """What each link between two parts carries on top of the node's input: the output the earlier parts
+def _split_shape(
+    search: _Search, spec: Splittable, kind: SplitKind, sizes: Sequence[int], costs: PartCosts
+) -> SplitShape:
+    """``spec`` cut by ``kind`` into parts of ``sizes`` costing ``costs``, as the partitioner's shape, with
+    what each link between two parts carries on top of the node's input: the output the earlier parts
     made, which the join still needs."""
+    out_bytes = float(search.seq.sizes.get(spec.output, 0))
     if kind == SplitKind.REDUCTION:  # every earlier partial sum travels to the join
-        return tuple(float(out_bytes) * (t + 1) for t in range(len(sizes) - 1))
-    extent = spec.extent(kind)  # the earlier parts' slices of the output
-    return tuple(float(out_bytes) * sum(sizes[: t + 1]) / extent for t in range(len(sizes) - 1))
+        carried = tuple(out_bytes * (t + 1) for t in range(len(sizes) - 1))
+    else:  # the earlier parts' slices of the output
+        carried = tuple(out_bytes * sum(sizes[: t + 1]) / spec.extent(kind) for t in range(len(sizes) - 1))
+    return SplitShape(costs.part_seconds, costs.join_seconds, carried, kind.value)
 
 
 @dataclass(frozen=True)
@@ -256,10 +257,7 @@ def _scored(search: _Search, offers: list[_Offer], layout: _Layout) -> _Layout:
     """``layout`` with the bottleneck of the best split with its parts as costed (inf when none)."""
     offer, costs = offers[layout.offer], layout.costs
     assert costs is not None
-    out_bytes = search.seq.sizes.get(offer.spec.output, 0)
-    carried = _carried_bytes(offer.spec, layout.kind, layout.sizes, out_bytes)
-    shape = SplitShape(costs.part_seconds, costs.join_seconds, carried, layout.kind.value)
-    part = _solve_shape(search, offer, shape)
+    part = _solve_shape(search, offer, _split_shape(search, offer.spec, layout.kind, layout.sizes, costs))
     return replace(layout, bottleneck=math.inf if part is None else part.bottleneck)
 
 
