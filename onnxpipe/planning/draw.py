@@ -231,12 +231,9 @@ def _draw_times(ax: Any, stages: Sequence[StageSummary], overlapped: bool, bottl
             linewidth=1,
             label=f"bottleneck {bottleneck * scale:.3g} {unit}",
         )
-    _stage_axis(ax, stages)
+    _stage_axis(ax, stages, "time per stage")
     ax.set_ylim(0, max(peak * scale * 1.18, 1e-12))
     ax.set_ylabel(f"per micro-batch ({unit})")
-    ax.set_title("time per stage", fontsize=10)
-    ax.legend(fontsize=8, loc="best")
-    ax.grid(axis="y", alpha=0.3)
 
 
 def _label(ax: Any, text: str, x: float, y: float, **style: Any) -> None:
@@ -250,10 +247,14 @@ def _bytes_text(nbytes: float) -> str:
     return f"{nbytes / scale:.3g} {unit}"
 
 
-def _stage_axis(ax: Any, stages: Sequence[StageSummary]) -> None:
-    """One bar per stage along x, each named by its index and device."""
+def _stage_axis(ax: Any, stages: Sequence[StageSummary], title: str) -> None:
+    """One bar per stage along x, each named by its index and device; the chart's title, legend and
+    grid."""
     ax.set_xticks(range(len(stages)), [f"{i}\n{s.device}" for i, s in enumerate(stages)], fontsize=8)
     ax.set_xlim(-0.6, len(stages) - 0.4)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="best")
+    ax.grid(axis="y", alpha=0.3)
 
 
 def _draw_memory(ax: Any, stages: Sequence[StageSummary]) -> None:
@@ -285,7 +286,12 @@ def _draw_memory(ax: Any, stages: Sequence[StageSummary]) -> None:
             )
             _label(ax, _bytes_text(s.memory_cap), x, s.memory_cap / scale, fontsize=7, color=_CAP_COLOR)
             labelled = True
-    _stage_axis(ax, stages)
+    title = (
+        "memory per stage against the device's"
+        if finite_caps
+        else "memory per stage (no device memory given)"
+    )
+    _stage_axis(ax, stages, title)
     if log:
         ax.set_yscale("log")
         smallest = min((v for v in params + acts if v > 0), default=1.0)
@@ -294,14 +300,6 @@ def _draw_memory(ax: Any, stages: Sequence[StageSummary]) -> None:
     else:
         ax.set_ylim(0, max(peak / scale * 1.18, 1e-12))
         ax.set_ylabel(f"memory ({unit})")
-    ax.set_title(
-        "memory per stage against the device's"
-        if finite_caps
-        else "memory per stage (no device memory given)",
-        fontsize=10,
-    )
-    ax.legend(fontsize=8, loc="best")
-    ax.grid(axis="y", alpha=0.3)
 
 
 def draw_plan(plan: Plan, path: str | Path, *, title: str | None = None) -> Path:
