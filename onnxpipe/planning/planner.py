@@ -197,7 +197,7 @@ def _plan(
         )
     if not request.on_identical_workers or not isinstance(request.stages, int):
         return plan_pipeline(view, profile, request, decoder=decoder)
-    if request.workers is not None and request.interleaved:
+    if request.interleaved:
         return make_interleaved_plan(view, profile, request, dec)
     return make_plan(
         view,

@@ -233,7 +233,7 @@ class PlanRequest:
         if self.workers is not None:
             self._check_workers()
         if self.time_slack is not None:
-            if self.workers is None or self.workers == stages:
+            if not self.interleaved:
                 raise UsageError(
                     f"{opt('time_slack', self.time_slack)}: it trades time for balanced weights between "
                     f"workers that run several stages each; give {opt('workers', 'W')} with {opt('stages')} "
@@ -302,7 +302,7 @@ class PlanRequest:
                 f"fixed order; a devices file, {opt('order', DeviceOrder.FREE)} and training schedules "
                 f"overlap links with compute: leave out {opt('link_model')} or give overlap"
             )
-        if self.link_model == LinkModel.OVERLAP and self.workers is not None and self.interleaved:
+        if self.link_model == LinkModel.OVERLAP and self.interleaved:
             raise UsageError(
                 f"{opt('link_model', LinkModel.OVERLAP)}: interleaved stages ({opt('workers')}) are "
                 f"planned with serial links; leave out {opt('link_model')} or {opt('workers')}"
