@@ -263,7 +263,7 @@ def _stage(lineup: _Lineup, s: int, wanted: set[str], keep_from: frozenset[int])
         param_bytes=sum(
             view.weights.get(t, 0) for t in dict.fromkeys(t for n in [*copies, *kept.nodes] for t in n.reads)
         ),
-        peak_activation_bytes=_peak_activation(kept.nodes, inputs, outputs, sizes, view, aliases),
+        peak_activation_bytes=_peak_activation(kept.nodes, inputs, outputs, sizes, aliases),
         device=options.devices[s] if options.devices is not None else "cpu",
         link_bytes_in=int(link_bytes[lineup.bounds[s]]) if link_bytes is not None and s > 0 else 0,
         aliases=aliases,
@@ -458,8 +458,7 @@ def _peak_activation(
     inputs: Sequence[str],
     outputs: Sequence[str],
     sizes: Mapping[str, int],
-    view: ModelView,
-    aliases: Sequence[SameValue] = (),
+    aliases: Sequence[SameValue],
 ) -> int:
     """Largest sum of live activation bytes while the stage runs its nodes in order (a remade input is
     its source's bytes: it lives as long as its last reader)."""
