@@ -139,7 +139,7 @@ def _matmul(view: ModelView, consts: Constants, info: NodeInfo, proto: onnx.Node
         return None
     assert shape is not None
     depth, width = int(shape[0]), int(shape[1])  # type: ignore[arg-type]
-    kinds = (SplitKind.COLUMNS, SplitKind.REDUCTION) if rank_a >= 1 and depth >= 2 else (SplitKind.COLUMNS,)
+    kinds = (SplitKind.COLUMNS, SplitKind.REDUCTION) if depth >= 2 else (SplitKind.COLUMNS,)
     return _Head(kinds, width, depth, 0) if width >= 2 else None
 
 

@@ -82,15 +82,6 @@ class _Search:
     seq: Sequences
     contiguous: Plan
 
-    def plan(self, view: ModelView, profile: Profile) -> Plan:
-        return make_plan(
-            view,
-            profile,
-            self.k,
-            bandwidth_bytes_per_s=self.bandwidth_bytes_per_s,
-            microbatches=self.microbatches,
-        )
-
 
 @dataclass(frozen=True)
 class _Offer:
@@ -302,7 +293,10 @@ def _realize(search: _Search, best: tuple[_Offer, _Layout]) -> Planned | None:
     while True:
         cut = cut_node(search.view, offer.spec, layout.kind, sizes)
         cut_profile = carried_profile(search.profile, cut, costs)
-        planned = search.plan(cut.view, cut_profile)
+        bandwidth, microbatches = search.bandwidth_bytes_per_s, search.microbatches
+        planned = make_plan(
+            cut.view, cut_profile, search.k, bandwidth_bytes_per_s=bandwidth, microbatches=microbatches
+        )
         stage_of = planned.stage_of()
         shared = [stage_of[p[-1]] for p in cut.parts]
         if len(set(shared)) == len(shared):
