@@ -21,7 +21,7 @@ from pathlib import Path
 
 from onnxpipe.cluster.costs import DeviceCosts, device_costs
 from onnxpipe.cluster.model import Cluster, Device
-from onnxpipe.core.choices import DeviceOrder, LinkModel, Objective
+from onnxpipe.core.choices import DeviceOrder, LinkModel, Objective, ScheduleKind
 from onnxpipe.core.errors import MemoryFitError, PartitionError, UsageError
 from onnxpipe.core.options import opt
 from onnxpipe.core.runtime_kinds import EngineConfig
@@ -48,7 +48,6 @@ from onnxpipe.planning.decoder_recompute import (
 )
 from onnxpipe.planning.fused import keeping_fused_groups
 from onnxpipe.planning.leaveout import KeptDevices
-from onnxpipe.planning.memory import TRAINING_STATE_FACTOR, stage_memory_bytes
 from onnxpipe.planning.orders import SCORE_TIE_RTOL, OrderSearch, place, stages_auto
 from onnxpipe.planning.request import PlanRequest, ScheduleOption
 from onnxpipe.planning.sequences import Sequences, first_reader_param_bytes, sequences
@@ -65,6 +64,34 @@ LATENCY_OBJECTIVE = (
     "minimize the latency of one request alone: the sum of every stage's compute time on its device and "
     "every link's transfer time"
 )
+
+TRAINING_STATE_FACTOR = 4.0
+"""Bytes held per parameter byte when training with Adam: weights, gradients and two moments."""
+
+
+def stage_memory_bytes(
+    kind: ScheduleKind,
+    stage: int,
+    k: int,
+    microbatches: int,
+    size: int,
+    weight_bytes: float,
+    activation_bytes: float,
+    bytes_in: float,
+) -> float:
+    """What stage ``stage`` must hold on its device under a schedule: the planner's memory model.
+
+    * streaming inference: its weights, plus the micro-batch it computes and the next one arriving
+      (``2 * size * bytes_in``, with ``bytes_in`` what crosses the link in front of it; stage 0's input
+      comes from the caller and is not counted); the working set inside one run is reported separately
+      (``peak_activation_bytes``);
+    * training: weights, gradients and Adam's two moments (``4 *`` weights), plus every activation of the
+      stage for each micro-batch in flight (GPipe ``M``, 1F1B ``min(M, K - s)``).
+    """
+    if kind == "stream":
+        return weight_bytes + 2.0 * size * bytes_in
+    held = in_flight(kind, stage, k, microbatches) * size
+    return TRAINING_STATE_FACTOR * weight_bytes + held * activation_bytes
 
 
 @dataclass(frozen=True)
