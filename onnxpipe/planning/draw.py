@@ -144,10 +144,8 @@ def plot_plan(
 
 def _draw_gantt(ax: Any, tl: Timeline, names: Sequence[str], link_rows: Sequence[int]) -> None:
     unit, scale = _time_unit(tl.makespan)
-    labels: list[str] = []
-    y = 0
-    ylist: list[int] = []
-    for s, steps in enumerate(tl.stages):
+    labels: list[str] = []  # one per row, top to bottom: the stages, then the links
+    for y, steps in enumerate(tl.stages):
         for st in steps:
             width = (st.end - st.start) * scale
             color = _F_COLOR if st.kind == "F" else _B_COLOR
@@ -164,18 +162,15 @@ def _draw_gantt(ax: Any, tl: Timeline, names: Sequence[str], link_rows: Sequence
                     fontsize=7,
                     color="white",
                 )
-        labels.append(f"{s}: {names[s]}")
-        ylist.append(y)
-        y += 1
-    for lk in link_rows:  # forward transfers in the upper half of the row, gradients in the lower
+        labels.append(f"{y}: {names[y]}")
+    # forward transfers in the upper half of a link's row, gradients in the lower
+    for y, lk in enumerate(link_rows, start=len(labels)):
         for t in tl.transfers:
             if t.link == lk:
                 color, dy = (_LINK_F_COLOR, -0.2) if t.kind == "F" else (_LINK_B_COLOR, 0.2)
                 ax.barh(y + dy, (t.end - t.start) * scale, left=t.start * scale, height=0.38, color=color)
         labels.append(f"link {lk - 1}–{lk}" if lk > 0 else "input → 0")
-        ylist.append(y)
-        y += 1
-    ax.set_yticks(ylist, labels)
+    ax.set_yticks(range(len(labels)), labels)
     ax.invert_yaxis()
     ax.set_xlabel(f"time ({unit})")
     ax.set_xlim(0, max(tl.makespan * scale * 1.01, 1e-12))
