@@ -181,11 +181,9 @@ def best_device_order(
             "or keep the file's order"
         )
     best: tuple[tuple[int, ...], Cluster, P] | None = None
-    evaluated = 0
     first_error: PartitionError | None = None
     for order in distinct_orders(cluster, k):
         arranged = cluster.arranged(order)
-        evaluated += 1
         try:
             result = solve(arranged)
         except PartitionError as e:
@@ -196,10 +194,10 @@ def best_device_order(
     if best is None:
         assert first_error is not None
         raise PartitionError(
-            f"no order of {k} of the {cluster.size} devices fits memory ({evaluated} orders tried); "
+            f"no order of {k} of the {cluster.size} devices fits memory ({total} orders tried); "
             f"in file order: {first_error}"
         ) from first_error
-    return OrderSearch(best[0], best[1], best[2], evaluated, free=True)
+    return OrderSearch(best[0], best[1], best[2], total, free=True)  # every distinct order was solved
 
 
 def place(
