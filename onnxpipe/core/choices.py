@@ -117,7 +117,7 @@ class SplitNodes(StrEnum):
 
 
 class LinkModel(StrEnum):
-    """How a link's transfer time counts against a stage (:mod:`onnxpipe.planning.links`)."""
+    """How a link's transfer time counts against a stage (:mod:`onnxpipe.planning.request`)."""
 
     SERIAL = "serial"
     """A stage receives its inputs, then computes: compute + transfer in."""

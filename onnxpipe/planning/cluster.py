@@ -21,7 +21,7 @@ from pathlib import Path
 
 from onnxpipe.cluster.costs import DeviceCosts, device_costs
 from onnxpipe.cluster.model import Cluster, Device
-from onnxpipe.core.choices import DeviceOrder, LinkModel, Objective
+from onnxpipe.core.choices import DeviceOrder, LinkModel, Objective, ScheduleKind
 from onnxpipe.core.errors import MemoryFitError, PartitionError, UsageError
 from onnxpipe.core.options import opt
 from onnxpipe.core.runtime_kinds import EngineConfig
@@ -30,7 +30,7 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.runtime_profile import profile_on_runtime
 from onnxpipe.ir.decoder import DecoderInfo, FoundDecoder, decoder_of
 from onnxpipe.ir.decoder_dims import counted_context
-from onnxpipe.ir.model import ModelView, NodeInfo
+from onnxpipe.ir.model import ModelView
 from onnxpipe.partition import solve_heterogeneous
 from onnxpipe.partition.chainbound import chain_bound
 from onnxpipe.partition.inputs import HeterogeneousRequest
@@ -47,9 +47,7 @@ from onnxpipe.planning.decoder_recompute import (
 )
 from onnxpipe.planning.fused import keeping_fused_groups
 from onnxpipe.planning.leaveout import KeptDevices
-from onnxpipe.planning.memory import TRAINING_STATE_FACTOR, stage_memory_bytes
-from onnxpipe.planning.orders import OrderSearch, place, stages_auto
-from onnxpipe.planning.records import DecoderRecord
+from onnxpipe.planning.orders import SCORE_TIE_RTOL, OrderSearch, place, stages_auto
 from onnxpipe.planning.request import PlanRequest, ScheduleOption
 from onnxpipe.planning.sequences import Sequences, first_reader_param_bytes, sequences
 from onnxpipe.planning.stages import StageOptions, assign_stages, plan_from
@@ -65,6 +63,34 @@ LATENCY_OBJECTIVE = (
     "minimize the latency of one request alone: the sum of every stage's compute time on its device and "
     "every link's transfer time"
 )
+
+TRAINING_STATE_FACTOR = 4.0
+"""Bytes held per parameter byte when training with Adam: weights, gradients and two moments."""
+
+
+def stage_memory_bytes(
+    kind: ScheduleKind,
+    stage: int,
+    k: int,
+    microbatches: int,
+    size: int,
+    weight_bytes: float,
+    activation_bytes: float,
+    bytes_in: float,
+) -> float:
+    """What stage ``stage`` must hold on its device under a schedule: the planner's memory model.
+
+    * streaming inference: its weights, plus the micro-batch it computes and the next one arriving
+      (``2 * size * bytes_in``, with ``bytes_in`` what crosses the link in front of it; stage 0's input
+      comes from the caller and is not counted); the working set inside one run is reported separately
+      (``peak_activation_bytes``);
+    * training: weights, gradients and Adam's two moments (``4 *`` weights), plus every activation of the
+      stage for each micro-batch in flight (GPipe ``M``, 1F1B ``min(M, K - s)``).
+    """
+    if kind == "stream":
+        return weight_bytes + 2.0 * size * bytes_in
+    held = in_flight(kind, stage, k, microbatches) * size
+    return TRAINING_STATE_FACTOR * weight_bytes + held * activation_bytes
 
 
 @dataclass(frozen=True)
@@ -132,25 +158,35 @@ def plan_pipeline(
         [t / option.size for t in part.transfer] if option.training else part.transfer,
         StageOptions(seq=costs.seq, devices=arranged.names, copies=copies),
     )
-    staged = _Staged(specs, part, best.timeline)
-    if costs.decoder is not None:
-        staged = _with_decoder(view, profile, request, costs, best, staged, copies)
-    _check_final_memory(staged.specs, arranged, best, costs.acts)
+    timeline, record, dec = best.timeline, None, costs.decoder
+    if dec is not None:  # the stages' KV layers and cache, and the inputs they copy priced in
+        specs = with_kv(view, profile, dec, specs, request.decoder.max_context)
+        notes += decoder_notes(view, dec, specs, request.decoder)
+        if copies is not None:
+            gone = gone_bytes(view, specs, copies.chosen, costs.seq.sizes)
+            sent = [g * option.size for g in gone]
+            part = adjusted(part, copies.chosen, sent, 0, arranged.bandwidths, overlap=True)
+            specs = with_copy_costs(specs, part, gone)
+            timeline = stream(part.compute, option.microbatches, link=part.transfer)
+            copied = copies_note(copies.chosen, copies.phases, [gone])
+            notes += [copied] if copied else []
+        record = decoder_record(view, dec, request.decoder, [(profile_phase(profile, dec), profile)])
+    _check_final_memory(specs, arranged, best, costs.acts)
     kept = {d.name for d in arranged.devices}
     return plan_from(
         view,
         profile,
-        _bounded(staged.part, best, costs, request),
-        staged.specs,
+        _bounded(part, best, costs, request),
+        specs,
         costs.seq.sizes,
         request.bandwidth_bytes_per_s,
-        notes=(*notes, *staged.notes),
-        timeline=staged.timeline,
+        notes=tuple(notes),
+        timeline=timeline,
         objective=LATENCY_OBJECTIVE if request.objective == Objective.LATENCY else OBJECTIVE,
         cluster=arranged,
         device_costs=tuple(r for r in costs.records if r.device in kept),
         microbatch_size=option.size,
-        decoder=staged.decoder,
+        decoder=record,
     )
 
 
@@ -205,46 +241,6 @@ def _search_notes(best: _Candidate, reason: str) -> list[str]:
     return notes
 
 
-@dataclass(frozen=True)
-class _Staged:
-    """The stages of the best candidate, the partition and timeline they cost, and what a decoder adds:
-    notes and the manifest's ``plan.decoder``."""
-
-    specs: tuple[StageSpec, ...]
-    part: Partition
-    timeline: Timeline
-    notes: tuple[str, ...] = ()
-    decoder: DecoderRecord | None = None
-
-
-def _with_decoder(
-    view: ModelView,
-    profile: Profile,
-    request: PlanRequest,
-    costs: _Costs,
-    best: _Candidate,
-    staged: _Staged,
-    copies: InputCopies | None,
-) -> _Staged:
-    """A decoder's stages with their KV layers and cache, and the inputs they copy priced in."""
-    assert costs.decoder is not None  # called for a decoder only
-    dec, option, arranged = costs.decoder, best.option, best.search.cluster
-    specs = with_kv(view, profile, dec, staged.specs, request.decoder.max_context)
-    part, timeline = staged.part, staged.timeline
-    notes = list(decoder_notes(view, dec, specs, request.decoder))
-    if copies is not None:
-        gone = gone_bytes(view, specs, copies.chosen, costs.seq.sizes)
-        part = adjusted(
-            part, copies.chosen, [g * option.size for g in gone], 0, arranged.bandwidths, overlap=True
-        )
-        specs = with_copy_costs(specs, part, gone)
-        timeline = stream(part.compute, option.microbatches, link=part.transfer)
-        copied = copies_note(copies.chosen, copies.phases, [gone])
-        notes += [copied] if copied else []
-    summary = decoder_record(view, dec, request.decoder, [(profile_phase(profile, dec), profile)])
-    return _Staged(specs, part, timeline, tuple(notes), summary)
-
-
 def _input_copies(
     view: ModelView,
     profile: Profile,
@@ -285,6 +281,9 @@ def _costs(
         )
     )
     compute = seq.compute
+    # each layer's KV cache bytes at the maximum context, at the node that makes its present key
+    context = counted_context(view, dec, request.decoder.max_context) if dec is not None else 0
+    makers = kv_makers(view, dec, profile.input_shapes, context) if dec is not None else {}
     records = device_costs(
         cluster,
         {n.name: c for n, c in zip(compute, seq.costs, strict=True)},
@@ -300,73 +299,66 @@ def _costs(
         acts=tuple(float(sum(seq.sizes.get(o, 0) for o in n.outputs)) for n in compute),
         records=records,
         decoder=dec,
-        kv=tuple(_kv_per_node(view, dec, compute, request, profile)) if dec is not None else (),
+        kv=tuple(float(makers[n.name][1]) if n.name in makers else 0.0 for n in compute)
+        if dec is not None
+        else (),
     )
-
-
-def _kv_per_node(
-    view: ModelView, dec: DecoderInfo, compute: Sequence[NodeInfo], request: PlanRequest, profile: Profile
-) -> list[float]:
-    """Each layer's KV cache bytes at the maximum context, at the node that makes its present key."""
-    context = counted_context(view, dec, request.decoder.max_context)
-    makers = kv_makers(view, dec, profile.input_shapes, context)
-    return [float(makers[n.name][1]) if n.name in makers else 0.0 for n in compute]
 
 
 def _best(
     view: ModelView, costs: _Costs, cluster: Cluster, request: PlanRequest, max_k: int
 ) -> tuple[_Candidate, str, list[str]]:
-    """The fastest candidate over the schedules asked for, why its stage count (``auto``: the fewest
-    within the tolerance of the best), and, for ``auto`` in the file's order, the devices it left out
-    because they slow the pipeline (:mod:`onnxpipe.planning.leaveout`).  The last failure is raised when
-    no schedule fits."""
+    """The fastest candidate over the schedules asked for (:func:`_best_of`).  The last failure is raised
+    when no schedule fits."""
     best: tuple[_Candidate, str, list[str]] | None = None
     last_error: PartitionError | None = None
     objective = request.objective
     for option in request.schedule.candidates():
-        found: dict[int, _Candidate] = {}
-
-        def solve(arranged: Cluster, option: ScheduleOption = option) -> Partition:
-            return _solve(view, costs, arranged, request, option)
-
-        kept = (
-            KeptDevices(cluster, solve, objective)
-            if request.stages == "auto" and request.order == DeviceOrder.FIXED
-            else None
-        )
-
-        def search_k(
-            k: int,
-            option: ScheduleOption = option,
-            found: dict[int, _Candidate] = found,
-            kept: KeptDevices[Partition] | None = kept,
-            solve: Callable[[Cluster], Partition] = solve,
-        ) -> OrderSearch[Partition]:
-            if k not in found:
-                search = (
-                    kept.search(k)
-                    if kept is not None
-                    else place(cluster, k, solve, order=request.order, objective=objective)
-                )
-                found[k] = _candidate(request, option, search)
-            return found[k].search
-
         try:
-            if request.stages == "auto":
-                choice = stages_auto(max_k, search_k, tolerance=request.tolerance, objective=objective)
-                k, reason = choice.k, choice.reason
-            else:
-                k, reason = request.stages, ""
-            search_k(k)
+            found = _best_of(view, costs, cluster, request, max_k, option)
         except PartitionError as e:
             last_error = e
             continue
-        if best is None or found[k].score(objective) < best[0].score(objective) * (1 - 1e-12):
-            best = (found[k], reason, kept.notes(found[k].search) if kept is not None else [])
+        if best is None or found[0].score(objective) < best[0].score(objective) * (1 - SCORE_TIE_RTOL):
+            best = found
     if best is None:
         assert last_error is not None
         raise last_error
     return best
+
+
+def _best_of(
+    view: ModelView, costs: _Costs, cluster: Cluster, request: PlanRequest, max_k: int, option: ScheduleOption
+) -> tuple[_Candidate, str, list[str]]:
+    """The best candidate under ``option``, why its stage count (``auto``: the fewest within the
+    tolerance of the best), and, for ``auto`` in the file's order, the devices it left out because they
+    slow the pipeline (:mod:`onnxpipe.planning.leaveout`)."""
+    objective = request.objective
+    found: dict[int, _Candidate] = {}
+
+    def solve(arranged: Cluster) -> Partition:
+        return _solve(view, costs, arranged, request, option)
+
+    auto_kept = request.stages == "auto" and request.order == DeviceOrder.FIXED
+    kept = KeptDevices(cluster, solve, objective) if auto_kept else None
+
+    def search_k(k: int) -> OrderSearch[Partition]:
+        if k not in found:
+            search = (
+                kept.search(k)
+                if kept is not None
+                else place(cluster, k, solve, order=request.order, objective=objective)
+            )
+            found[k] = _candidate(request, option, search)
+        return found[k].search
+
+    if request.stages == "auto":
+        choice = stages_auto(max_k, search_k, tolerance=request.tolerance, objective=objective)
+        k, reason = choice.k, choice.reason
+    else:
+        k, reason = request.stages, ""
+    search_k(k)
+    return found[k], reason, kept.notes(found[k].search) if kept is not None else []
 
 
 def _candidate(request: PlanRequest, option: ScheduleOption, search: OrderSearch[Partition]) -> _Candidate:

@@ -7,7 +7,8 @@ that starts after them was estimated without them (GPT-2 tiny in 3 stages: about
 each later stage).  :func:`start_seconds` gives the partitioner, for every position a stage may start
 at, the profiled seconds of the nodes that make the recomputable values crossing that position (the
 union of their producers, back to data, inputs and weights), so that it balances the stages with their
-copies; :func:`copies_seconds` counts what each stage of a plan really copies, for the estimates.
+copies; :func:`counting_copies` counts what each stage of a plan really copies (its
+:attr:`~onnxpipe.planning.types.StageSpec.recomputed_nodes`), for the estimates.
 """
 
 from __future__ import annotations
@@ -76,11 +77,6 @@ def _makers(
     return memo[tensor]
 
 
-def copies_seconds(stage: StageSpec, profile: Profile) -> float:
-    """The profiled seconds of the nodes ``stage`` copies (:attr:`StageSpec.recomputed_nodes`)."""
-    return sum(max(0.0, float(profile.node_seconds.get(n, 0.0))) for n in stage.recomputed_nodes)
-
-
 def counting_copies(
     stages: tuple[StageSpec, ...],
     part: Partition,
@@ -92,9 +88,10 @@ def counting_copies(
     estimate :func:`start_seconds` gave the partitioner, which ``part`` counted with the transfer), and
     ``per_call`` seconds each (one session call's fixed cost: the same for every stage, so it moves no
     cut)."""
-    compute = tuple(
-        c + copies_seconds(st, profile) + per_call for c, st in zip(part.compute, stages, strict=True)
-    )
+    copied = [
+        sum(max(0.0, float(profile.node_seconds.get(n, 0.0))) for n in st.recomputed_nodes) for st in stages
+    ]
+    compute = tuple(c + x + per_call for c, x in zip(part.compute, copied, strict=True))
     transfer = tuple(
         max(0.0, t - (extra[a] if s > 0 else 0.0))
         for s, (t, a) in enumerate(zip(part.transfer, part.bounds[:-1], strict=True))

@@ -68,13 +68,11 @@ class LayerSequences:
 def layer_sequences(view: ModelView, profile: Profile, dec: DecoderInfo) -> LayerSequences:
     """The compute nodes by layer group, their costs, and the cut bytes with the cache left out."""
     compute = sorted(view.compute_nodes, key=lambda n: (dec.node_layer[n.name], n.position))
-    groups: list[int] = []
-    starts: list[int] = []
-    for p, n in enumerate(compute):
-        g = dec.node_layer[n.name]
-        if not groups or groups[-1] != g:
-            groups.append(g)
-            starts.append(p)
+    runs = itertools.groupby(range(len(compute)), key=lambda p: dec.node_layer[compute[p].name])
+    groups, starts = [], []
+    for g, positions in runs:
+        groups.append(g)
+        starts.append(next(positions))
     starts.append(len(compute))
     boundary = set(starts)
     seq = dataclasses.replace(
@@ -130,15 +128,16 @@ def fine_allowed(layers: LayerSequences, coarse: Sequence[bool]) -> Sequences:
 def with_kv(
     view: ModelView, profile: Profile, dec: DecoderInfo, specs: Sequence[StageSpec], max_context: int
 ) -> tuple[StageSpec, ...]:
-    """``specs`` with each stage's own layers, their cache's bytes at the context counted
-    (:func:`counted_context`: ``max_context``, or the model's own where smaller) for the profiled batch
-    and shapes, and only its own layers' pasts as inputs (:func:`own_cache_only`)."""
-    context = counted_context(view, dec, max_context)
-    kv = stage_kv(view, dec, specs, context, profile.input_shapes)
-    return tuple(
-        own_cache_only(view, dec, dataclasses.replace(st, kv_layers=owned, kv_cache_bytes=nbytes))
-        for st, (owned, nbytes) in zip(specs, kv, strict=True)
-    )
+    """``specs`` with each stage's own layers (where their presents are made) and their cache's bytes at
+    the context counted (:func:`counted_context`: ``max_context``, or the model's own where smaller) for
+    the profiled batch and shapes, and only its own layers' pasts as inputs (:func:`own_cache_only`)."""
+    makers = kv_makers(view, dec, profile.input_shapes, counted_context(view, dec, max_context))
+    out = []
+    for st in specs:
+        mine = [makers[n] for n in st.node_names if n in makers]
+        owned, nbytes = tuple(sorted({layer for layer, _ in mine})), sum(b for _, b in mine)
+        out.append(own_cache_only(view, dec, dataclasses.replace(st, kv_layers=owned, kv_cache_bytes=nbytes)))
+    return tuple(out)
 
 
 def context_words(view: ModelView, dec: DecoderInfo, max_context: int) -> str:
@@ -148,23 +147,6 @@ def context_words(view: ModelView, dec: DecoderInfo, max_context: int) -> str:
         return f"{max_context} tokens of context"
     under = opt("max_context", max_context)
     return f"{own.tokens} tokens of context (the model's own, from {own.source}, under {under})"
-
-
-def stage_kv(
-    view: ModelView,
-    dec: DecoderInfo,
-    stages: Sequence[StageSpec],
-    context: int,
-    shapes: Mapping[str, Sequence[int]],
-) -> list[tuple[tuple[int, ...], int]]:
-    """Per stage: the layers whose cache it holds (where their presents are made) and the cache's bytes
-    at ``context`` tokens, for the batch and the head dims of ``shapes`` (the profiled input shapes)."""
-    makers = kv_makers(view, dec, shapes, context)
-    out: list[tuple[tuple[int, ...], int]] = []
-    for st in stages:
-        mine = [makers[n] for n in st.node_names if n in makers]
-        out.append((tuple(sorted({layer for layer, _ in mine})), sum(b for _, b in mine)))
-    return out
 
 
 def kv_makers(

@@ -123,11 +123,9 @@ def split_layers(
     if any(x.starts != lines[0].starts for x in lines):  # the order depends on the graph alone: a bug if not
         raise PartitionError("the prefill and decode profiles line the layers up differently")
     seqs, last = [x.seq for x in lines], lines[-1]
-    cuts = (
-        priced_cuts(view, dec, seqs, [p.node_seconds for _, p in profiles], bandwidth)
-        if options.copy_inputs
-        else [[float(b) for b in seq.cut_bytes] for seq in seqs]
-    )
+    # without copies, the cut bytes as they are (what priced_cuts gives for links it cannot price)
+    priced = bandwidth if options.copy_inputs else math.inf
+    cuts = priced_cuts(view, dec, seqs, [p.node_seconds for _, p in profiles], priced)
     solve = _solver([x.coarse_costs for x in lines], [[c[a] for a in last.starts] for c in cuts], bandwidth)
     try:
         fine = last.fine_bounds(coarse_bounds(last, dec, k, options.ends, solve))
@@ -140,9 +138,7 @@ def split_layers(
         PhaseCosts(phase, profile.node_seconds, seq.sizes, part.compute)
         for (phase, profile), seq, part in zip(profiles, seqs, parts, strict=True)
     )
-    copies = input_copies(view, dec, phases, bandwidth, last.seq, options)
-    made = decoder_stages(view, dec, last.seq, parts[-1], options, profiles[-1][1], copies=copies)
-    return counting_copies(view, made, parts, copies, phases, bandwidth), last.seq
+    return copying_stages(view, dec, last.seq, parts, phases, options, profiles[-1][1], bandwidth), last.seq
 
 
 def check_stage_count(view: ModelView, dec: DecoderInfo, k: int, ends: Ends) -> None:
@@ -264,9 +260,7 @@ def interleaved_decoder_stages(
     at the profiled phase; with ``part``'s figures counting the copies, and the copies' note (None
     when there are none)."""
     phases = (PhaseCosts(profile_phase(profile, dec), profile.node_seconds, seq.sizes, part.stages.compute),)
-    copies = input_copies(view, dec, phases, bandwidth_bytes_per_s, seq, options)
-    specs = decoder_stages(view, dec, seq, part.stages, options, profile, copies=copies)
-    counted = counting_copies(view, specs, [part.stages], copies, phases, bandwidth_bytes_per_s)
+    counted = copying_stages(view, dec, seq, [part.stages], phases, options, profile, bandwidth_bytes_per_s)
     fixed = counted.parts[0]
     busy = [0.0] * part.k
     for worker, cost in zip(part.workers, fixed.stage_costs, strict=True):
@@ -282,19 +276,25 @@ def interleaved_decoder_stages(
     return counted.stages, dealt, counted.note
 
 
-def input_copies(
+def copying_stages(
     view: ModelView,
     dec: DecoderInfo,
-    phases: Sequence[PhaseCosts],
-    bandwidth_bytes_per_s: float,
     seq: Sequences,
+    parts: Sequence[Partition],
+    phases: Sequence[PhaseCosts],
     options: DecoderOptions,
-) -> InputCopies | None:
-    """The rotary tables and masks a decoder's stages copy instead of receiving them, with ``copy_inputs``
-    (:mod:`onnxpipe.planning.decoder_recompute`); None without."""
-    if not options.copy_inputs:
-        return None
-    return InputCopies(view, dec, phases, bandwidth_bytes_per_s, seq.classes)
+    profile: Profile,
+    bandwidth_bytes_per_s: float,
+) -> Counted:
+    """:func:`decoder_stages` of the last of ``parts`` (each phase's scores of one split, in ``phases``
+    order) with the rotary tables and masks they copy instead of receiving them, with ``copy_inputs``
+    (:mod:`onnxpipe.planning.decoder_recompute`), counted in each phase's partition
+    (:func:`counting_copies`)."""
+    copies = (
+        InputCopies(view, dec, phases, bandwidth_bytes_per_s, seq.classes) if options.copy_inputs else None
+    )
+    made = decoder_stages(view, dec, seq, parts[-1], options, profile, copies=copies)
+    return counting_copies(view, made, parts, copies, phases, bandwidth_bytes_per_s)
 
 
 def decoder_record(

@@ -80,12 +80,11 @@ class PhaseCosts:
 @dataclass(frozen=True)
 class Copied:
     """What one stage makes of the model inputs instead of receiving: the tensors, the nodes copied for
-    them, the copies' seconds and the tensors' bytes at each phase (in :class:`PhaseCosts` order)."""
+    them, and the copies' seconds at each phase (in :class:`PhaseCosts` order)."""
 
     tensors: tuple[str, ...]
     nodes: tuple[str, ...]
     seconds: tuple[float, ...]
-    tensor_bytes: tuple[int, ...]
 
 
 def input_derived(view: ModelView, dec: DecoderInfo) -> frozenset[int]:
@@ -136,17 +135,14 @@ class InputCopies:
         self._received: dict[int, frozenset[object]] = {}
 
     def _value(self, tensor: str) -> object:
-        c = self.classes.get(tensor)
-        return tensor if c is None else c
+        """The value ``tensor`` holds: its class of equal tensors, or itself."""
+        return self.classes.get(tensor, tensor)
 
     def __call__(self, stage: int, kinds: ValueKinds, received: Sequence[str], rec: Recomputed) -> Recomputed:
         view = self.view
         spared = set(rec.tensors)
         data = [t for t in received if t not in spared and not kinds.recomputable(t)]
-        later: set[object] = set()
-        for s, values in self._received.items():
-            if s > stage:
-                later |= values
+        later: set[object] = set().union(*(values for s, values in self._received.items() if s > stage))
         candidates = [
             t
             for t in data
@@ -159,7 +155,6 @@ class InputCopies:
         tensors: list[str] = []
         nodes: set[int] = set()
         seconds = [0.0] * len(self.phases)
-        nbytes = [0] * len(self.phases)
         budget = [self.share * p.stage_compute[stage] for p in self.phases]
         for t in candidates:
             found = copy_closure(view, kinds, t, have, view.weights, chosen, self.allowed)
@@ -176,9 +171,8 @@ class InputCopies:
             chosen |= added
             sources.update(subs)
             seconds = [a + b for a, b in zip(seconds, cost, strict=True)]
-            nbytes = [a + b for a, b in zip(nbytes, size, strict=True)]
         self.chosen[stage] = Copied(
-            tuple(tensors), tuple(view.nodes[q].name for q in sorted(nodes)), tuple(seconds), tuple(nbytes)
+            tuple(tensors), tuple(view.nodes[q].name for q in sorted(nodes)), tuple(seconds)
         )
         self._received[stage] = frozenset(self._value(t) for t in data if t not in tensors)
         if not tensors:
@@ -386,19 +380,3 @@ def copies_note(
         "receiving them (onnxpipe.planning.decoder_recompute); less crossing each cut per step: "
         + "; ".join(parts)
     )
-
-
-__all__ = [
-    "COPY_SHARE",
-    "Copied",
-    "Counted",
-    "InputCopies",
-    "PhaseCosts",
-    "adjusted",
-    "copies_note",
-    "counting_copies",
-    "gone_bytes",
-    "input_derived",
-    "priced_cuts",
-    "with_copy_costs",
-]

@@ -144,10 +144,8 @@ def plot_plan(
 
 def _draw_gantt(ax: Any, tl: Timeline, names: Sequence[str], link_rows: Sequence[int]) -> None:
     unit, scale = _time_unit(tl.makespan)
-    labels: list[str] = []
-    y = 0
-    ylist: list[int] = []
-    for s, steps in enumerate(tl.stages):
+    labels: list[str] = []  # one per row, top to bottom: the stages, then the links
+    for y, steps in enumerate(tl.stages):
         for st in steps:
             width = (st.end - st.start) * scale
             color = _F_COLOR if st.kind == "F" else _B_COLOR
@@ -164,18 +162,15 @@ def _draw_gantt(ax: Any, tl: Timeline, names: Sequence[str], link_rows: Sequence
                     fontsize=7,
                     color="white",
                 )
-        labels.append(f"{s}: {names[s]}")
-        ylist.append(y)
-        y += 1
-    for lk in link_rows:  # forward transfers in the upper half of the row, gradients in the lower
+        labels.append(f"{y}: {names[y]}")
+    # forward transfers in the upper half of a link's row, gradients in the lower
+    for y, lk in enumerate(link_rows, start=len(labels)):
         for t in tl.transfers:
             if t.link == lk:
                 color, dy = (_LINK_F_COLOR, -0.2) if t.kind == "F" else (_LINK_B_COLOR, 0.2)
                 ax.barh(y + dy, (t.end - t.start) * scale, left=t.start * scale, height=0.38, color=color)
         labels.append(f"link {lk - 1}–{lk}" if lk > 0 else "input → 0")
-        ylist.append(y)
-        y += 1
-    ax.set_yticks(ylist, labels)
+    ax.set_yticks(range(len(labels)), labels)
     ax.invert_yaxis()
     ax.set_xlabel(f"time ({unit})")
     ax.set_xlim(0, max(tl.makespan * scale * 1.01, 1e-12))
@@ -231,12 +226,9 @@ def _draw_times(ax: Any, stages: Sequence[StageSummary], overlapped: bool, bottl
             linewidth=1,
             label=f"bottleneck {bottleneck * scale:.3g} {unit}",
         )
-    _stage_axis(ax, stages)
+    _stage_axis(ax, stages, "time per stage")
     ax.set_ylim(0, max(peak * scale * 1.18, 1e-12))
     ax.set_ylabel(f"per micro-batch ({unit})")
-    ax.set_title("time per stage", fontsize=10)
-    ax.legend(fontsize=8, loc="best")
-    ax.grid(axis="y", alpha=0.3)
 
 
 def _label(ax: Any, text: str, x: float, y: float, **style: Any) -> None:
@@ -250,10 +242,14 @@ def _bytes_text(nbytes: float) -> str:
     return f"{nbytes / scale:.3g} {unit}"
 
 
-def _stage_axis(ax: Any, stages: Sequence[StageSummary]) -> None:
-    """One bar per stage along x, each named by its index and device."""
+def _stage_axis(ax: Any, stages: Sequence[StageSummary], title: str) -> None:
+    """One bar per stage along x, each named by its index and device; the chart's title, legend and
+    grid."""
     ax.set_xticks(range(len(stages)), [f"{i}\n{s.device}" for i, s in enumerate(stages)], fontsize=8)
     ax.set_xlim(-0.6, len(stages) - 0.4)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="best")
+    ax.grid(axis="y", alpha=0.3)
 
 
 def _draw_memory(ax: Any, stages: Sequence[StageSummary]) -> None:
@@ -285,7 +281,12 @@ def _draw_memory(ax: Any, stages: Sequence[StageSummary]) -> None:
             )
             _label(ax, _bytes_text(s.memory_cap), x, s.memory_cap / scale, fontsize=7, color=_CAP_COLOR)
             labelled = True
-    _stage_axis(ax, stages)
+    title = (
+        "memory per stage against the device's"
+        if finite_caps
+        else "memory per stage (no device memory given)"
+    )
+    _stage_axis(ax, stages, title)
     if log:
         ax.set_yscale("log")
         smallest = min((v for v in params + acts if v > 0), default=1.0)
@@ -294,14 +295,6 @@ def _draw_memory(ax: Any, stages: Sequence[StageSummary]) -> None:
     else:
         ax.set_ylim(0, max(peak / scale * 1.18, 1e-12))
         ax.set_ylabel(f"memory ({unit})")
-    ax.set_title(
-        "memory per stage against the device's"
-        if finite_caps
-        else "memory per stage (no device memory given)",
-        fontsize=10,
-    )
-    ax.legend(fontsize=8, loc="best")
-    ax.grid(axis="y", alpha=0.3)
 
 
 def draw_plan(plan: Plan, path: str | Path, *, title: str | None = None) -> Path:

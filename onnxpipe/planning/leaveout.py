@@ -25,9 +25,8 @@ from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.choices import Objective
 from onnxpipe.core.errors import PartitionError
 from onnxpipe.core.options import opt
-from onnxpipe.planning.orders import OrderSearch, P, score, type_ids
+from onnxpipe.planning.orders import SCORE_TIE_RTOL, OrderSearch, P, score, type_ids
 
-_TIE_RTOL = 1e-12  # scores closer than this are equal (the same rule as the order search)
 MAX_SETS = 256
 """Most distinct device sets ``--stages auto`` solves, over all stage counts, to choose exactly."""
 
@@ -99,7 +98,7 @@ class KeptDevices(Generic[P]):
                 if joined(self.cluster, kept) is None:
                     continue
                 s = self.score_of(kept)
-                if best is None or s < best[0] * (1 - _TIE_RTOL):
+                if best is None or s < best[0] * (1 - SCORE_TIE_RTOL):
                     best = (s, kept)
             assert best is not None  # dropping the last device always leaves a joined run
             current = best[1]
@@ -121,11 +120,11 @@ class KeptDevices(Generic[P]):
             candidates = [tuple(range(k)), self.chain[k]]
         kept = candidates[0]
         for c in candidates[1:]:
-            if self.score_of(c) < self.score_of(kept) * (1 - _TIE_RTOL):
+            if self.score_of(c) < self.score_of(kept) * (1 - SCORE_TIE_RTOL):
                 kept = c
         arranged = joined(self.cluster, kept)
         assert arranged is not None
-        return OrderSearch(kept, arranged, self.result(kept), len(candidates), 0, free=False)
+        return OrderSearch(kept, arranged, self.result(kept), len(candidates), free=False)
 
     def notes(self, chosen: OrderSearch[P]) -> list[str]:
         """A note for each device left out whose return would make the chosen plan worse, with the figures

@@ -20,6 +20,7 @@ for little throughput once the pipeline is limited by its largest node or its li
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -33,7 +34,8 @@ DEFAULT_MAX_ORDERS = 20_000
 """Most distinct device-type sequences :func:`best_device_order` solves (each is one exact partition)."""
 DEFAULT_TOLERANCE = 0.05
 """``--stages auto`` keeps the fewest stages within 5% of the best bottleneck."""
-_TIE_RTOL = 1e-12  # bottlenecks closer than this are equal: keep the order found first (file order first)
+SCORE_TIE_RTOL = 1e-12
+"""Scores closer than this are equal: the searches keep the choice found first (file order first)."""
 
 
 class HasBottleneck(Protocol):
@@ -60,15 +62,14 @@ class OrderSearch(Generic[P]):
     """The devices chosen for a ``k``-stage plan: ``order[i]`` is the index (in the file) of stage ``i``'s
     device; ``cluster`` is the arranged cluster and ``result`` the partition on it.
 
-    ``evaluated`` counts the distinct type sequences solved, ``infeasible`` those no partition fits
-    (memory); ``free`` says whether the order was searched or taken from the file.
+    ``evaluated`` counts the distinct type sequences solved; ``free`` says whether the order was searched
+    or taken from the file.
     """
 
     order: tuple[int, ...]
     cluster: Cluster
     result: P
     evaluated: int
-    infeasible: int
     free: bool
 
     @property
@@ -119,12 +120,8 @@ def distinct_orders(cluster: Cluster, k: int) -> Iterator[tuple[int, ...]]:
         by_type[t].append(i)
 
     def indices(types: Sequence[int]) -> tuple[int, ...]:
-        used = [0] * len(counts)
-        out = []
-        for t in types:
-            out.append(by_type[t][used[t]])
-            used[t] += 1
-        return tuple(out)
+        unused = [iter(devices) for devices in by_type]  # each type's devices, next first
+        return tuple(next(unused[t]) for t in types)
 
     first = ids[:k]
     yield indices(first)
@@ -146,7 +143,7 @@ def distinct_orders(cluster: Cluster, k: int) -> Iterator[tuple[int, ...]]:
 def fixed_order(cluster: Cluster, k: int, solve: Callable[[Cluster], P]) -> OrderSearch[P]:
     """The first ``k`` devices in file order: the plan without ``--order free``."""
     arranged = cluster.prefix(k)
-    return OrderSearch(tuple(range(k)), arranged, solve(arranged), 1, 0, free=False)
+    return OrderSearch(tuple(range(k)), arranged, solve(arranged), 1, free=False)
 
 
 def best_device_order(
@@ -184,26 +181,23 @@ def best_device_order(
             "or keep the file's order"
         )
     best: tuple[tuple[int, ...], Cluster, P] | None = None
-    evaluated = infeasible = 0
     first_error: PartitionError | None = None
     for order in distinct_orders(cluster, k):
         arranged = cluster.arranged(order)
-        evaluated += 1
         try:
             result = solve(arranged)
         except PartitionError as e:
-            infeasible += 1
             first_error = first_error or e
             continue
-        if best is None or score(result, objective) < score(best[2], objective) * (1 - _TIE_RTOL):
+        if best is None or score(result, objective) < score(best[2], objective) * (1 - SCORE_TIE_RTOL):
             best = (order, arranged, result)
     if best is None:
         assert first_error is not None
         raise PartitionError(
-            f"no order of {k} of the {cluster.size} devices fits memory ({evaluated} orders tried); "
+            f"no order of {k} of the {cluster.size} devices fits memory ({total} orders tried); "
             f"in file order: {first_error}"
         ) from first_error
-    return OrderSearch(best[0], best[1], best[2], evaluated, infeasible, free=True)
+    return OrderSearch(best[0], best[1], best[2], total, free=True)  # every distinct order was solved
 
 
 def place(
@@ -282,10 +276,8 @@ def stages_auto(
 
 
 def _counts(ids: Sequence[int]) -> tuple[int, ...]:
-    counts = [0] * (max(ids, default=-1) + 1)
-    for t in ids:
-        counts[t] += 1
-    return tuple(counts)
+    counted = Counter(ids)
+    return tuple(counted[t] for t in range(max(ids, default=-1) + 1))
 
 
 def _take(c: tuple[int, ...], t: int) -> tuple[int, ...]:

@@ -10,6 +10,7 @@ on identical workers is cut between its layers only, balanced for one phase or b
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -19,7 +20,6 @@ from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import CostSource, Profile
 from onnxpipe.ir.decoder import FoundDecoder, decoder_of
 from onnxpipe.ir.model import ModelView
-from onnxpipe.planning.bound import bound_note
 from onnxpipe.planning.cluster import plan_pipeline
 from onnxpipe.planning.decoder_plan import layer_plan, profile_phase
 from onnxpipe.planning.nodesplit.plan import Planned, plan_splitting_nodes
@@ -82,7 +82,7 @@ def planned(
 def _finished(made: Plan, view: ModelView, profile: Profile, request: PlanRequest, *, bounded: bool) -> Plan:
     """``made`` as the request has it: its link model; what loading accepted with a remark (an onnxruntime
     op in the default domain) first in its notes; for a streaming plan on this machine, when ``bounded``
-    (no node was cut), a note when one node bounds it (:mod:`onnxpipe.planning.bound`); and for a
+    (no node was cut), a note when one node bounds it (:func:`bound_note`); and for a
     measured profile of this machine, its median whole run as the speed the estimates saw
     (``reference_seconds``); where an embedding model was joined ahead of the text model, which stage
     runs it."""
@@ -101,6 +101,40 @@ def _finished(made: Plan, view: ModelView, profile: Profile, request: PlanReques
         optimized_for=request.objective,
         notes=tuple(notes),
         reference_seconds=profile.total_seconds if measured else made.reference_seconds,
+    )
+
+
+def bound_note(view: ModelView, profile: Profile, made: Plan) -> str | None:
+    """``made``'s note when one node bounds it (the largest node's cost reaches ``total / K``): which
+    node, its share of the model's time and of the bottleneck, and the most stages that can still help
+    (``ceil(total / largest)``), and what could go below it (:mod:`onnxpipe.planning.nodesplit`); None
+    when no node bounds it.
+
+    Why: the lower bound a plan reports is ``max(total / K, largest node)``; once the largest node wins,
+    no cut goes below it and every further stage only adds links.  A ratio of 1.000 to that bound then
+    reads as perfect while a stage may sit at a tenth of the bottleneck (GPT-2's LM head bounds every
+    split past three stages)."""
+    costs = {n: profile.node_seconds.get(n, 0.0) for s in made.stages for n in s.node_names}
+    total = sum(costs.values())
+    if made.k < 2 or total <= 0:
+        return None
+    node, seconds = max(costs.items(), key=lambda item: item[1])
+    if seconds * made.k < total * (1 - 1e-9):
+        return None
+    info = view.node_by_name.get(node)
+    useful = max(1, math.ceil(total / seconds - 1e-9))
+    of_bottleneck = seconds / made.bottleneck_seconds if made.bottleneck_seconds > 0 else 1.0
+    beyond = (
+        f"{made.k} stages are no faster than {useful}"
+        if made.k > useful
+        else f"more than {useful} stages cannot help"
+    )
+    return (
+        f"one node bounds this plan: {node} ({info.op_type if info is not None else '?'}) costs "
+        f"{seconds * 1e3:.3f} ms, {seconds / total:.0%} of the model's time and {of_bottleneck:.0%} of the "
+        f"bottleneck, and no cut goes below it: {beyond}; only splitting that node itself could go further: "
+        f"{opt('split_nodes', 'auto')} cuts a MatMul, Gemm or Conv with constant weights into parts in "
+        "consecutive stages"
     )
 
 
@@ -197,7 +231,7 @@ def _plan(
         )
     if not request.on_identical_workers or not isinstance(request.stages, int):
         return plan_pipeline(view, profile, request, decoder=decoder)
-    if request.workers is not None and request.interleaved:
+    if request.interleaved:
         return make_interleaved_plan(view, profile, request, dec)
     return make_plan(
         view,

@@ -292,6 +292,3 @@ def _cheap(kinds: ValueKinds, node: NodeInfo) -> bool:
     if all(o in kinds.constant_only or o in kinds.shape_derived for o in node.outputs):
         return True
     return node.op_type in SHAPE_ARITHMETIC and not node.has_subgraph and node.domain in ("", "ai.onnx")
-
-
-__all__ = ["MAX_COPIED_BYTES", "MAX_NODES", "Recomputed", "copy_closure", "recompute", "shape_from_dims"]

@@ -29,10 +29,19 @@ from onnxpipe.core.choices import (
 from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.core.options import opt
 from onnxpipe.planning.decoder_kinds import DecoderOptions
-from onnxpipe.planning.links import DEFAULT_LINK_MODEL, DEVICES_LINK_MODEL
 from onnxpipe.planning.orders import DEFAULT_TOLERANCE
 from onnxpipe.schedule.timeline import DEFAULT_BACKWARD_RATIO, DEFAULT_MICROBATCHES
 
+DEFAULT_LINK_MODEL = LinkModel.SERIAL
+"""How a link's transfer time counts against a stage without a devices file: ``serial``, a stage receives
+its inputs, then computes (compute + transfer in): the stages are this machine's workers, which receive
+their own inputs (one core does both, or the link blocks it)."""
+DEVICES_LINK_MODEL = LinkModel.OVERLAP
+"""With a devices file (or a training schedule): ``overlap``, links move the next micro-batch while the
+stage computes the current one (the larger of the two counts), as devices with their own network engines
+do.  Plans without a devices file used to add and plans with one to overlap, with nothing saying so; the
+same 1 Gbit/s link then gave two cuts.  Both stay, chosen by ``--link-model`` and recorded in the plan
+and the manifest."""
 DEFAULT_TIME_SLACK = 0.01
 """An interleaved split may be 1% slower than the fastest one if that balances the workers' weights:
 the exactly fastest split of a CNN can leave most of its weights on one worker while one a fraction of
@@ -136,7 +145,7 @@ class PlanRequest:
     tolerance: float = DEFAULT_TOLERANCE
     split_nodes: SplitNodes = DEFAULT_SPLIT_NODES
     link_model: LinkModel | None = None
-    """How transfers count (:mod:`onnxpipe.planning.links`); None: serial without devices, overlap with."""
+    """How transfers count (:data:`DEFAULT_LINK_MODEL`); None: serial without devices, overlap with."""
     decoder: DecoderOptions = field(default_factory=DecoderOptions)
     """How a decoder with a KV cache is split (ignored for other models)."""
     objective: Objective = Objective.THROUGHPUT
@@ -226,16 +235,14 @@ class PlanRequest:
     def _check(self) -> None:
         """Refuse what cannot work together, before any cost is measured (cheap)."""
         stages = self.stages
-        if isinstance(stages, bool) or not isinstance(stages, int | str):
-            raise UsageError(f"{opt('stages', stages)}: give a number of stages or 'auto'")
-        if isinstance(stages, str) and stages != "auto":
+        if isinstance(stages, bool) or not (isinstance(stages, int) or stages == "auto"):
             raise UsageError(f"{opt('stages', stages)}: give a number of stages or 'auto'")
         if isinstance(stages, int) and stages < 1:
             raise UsageError(f"{opt('stages', stages)}: give 1 or more stages, or 'auto'")
         if self.workers is not None:
             self._check_workers()
         if self.time_slack is not None:
-            if self.workers is None or self.workers == stages:
+            if not self.interleaved:
                 raise UsageError(
                     f"{opt('time_slack', self.time_slack)}: it trades time for balanced weights between "
                     f"workers that run several stages each; give {opt('workers', 'W')} with {opt('stages')} "
@@ -304,7 +311,7 @@ class PlanRequest:
                 f"fixed order; a devices file, {opt('order', DeviceOrder.FREE)} and training schedules "
                 f"overlap links with compute: leave out {opt('link_model')} or give overlap"
             )
-        if self.link_model == LinkModel.OVERLAP and self.workers is not None and self.interleaved:
+        if self.link_model == LinkModel.OVERLAP and self.interleaved:
             raise UsageError(
                 f"{opt('link_model', LinkModel.OVERLAP)}: interleaved stages ({opt('workers')}) are "
                 f"planned with serial links; leave out {opt('link_model')} or {opt('workers')}"

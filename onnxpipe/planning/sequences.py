@@ -9,6 +9,7 @@ themselves (:func:`cuttable_positions`).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -48,11 +49,7 @@ def allowed_cuts_from_regions(compute: Sequence[NodeInfo], regions: Sequence[Seq
             continue
         diff[lo + 1] += 1
         diff[hi + 1] -= 1
-    allowed, run = [], 0
-    for p in range(m + 1):
-        run += diff[p]
-        allowed.append(run == 0 or p in (0, m))
-    return allowed
+    return [run == 0 or p in (0, m) for p, run in enumerate(itertools.accumulate(diff[: m + 1]))]
 
 
 @dataclass(frozen=True)

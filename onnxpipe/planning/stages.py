@@ -193,11 +193,8 @@ class _Lineup:
         k = len(bounds) - 1
         stage_nodes = tuple(compute[bounds[s] : bounds[s + 1]] for s in range(k))
         produced_in = {o: s for s, nodes in enumerate(stage_nodes) for n in nodes for o in n.outputs}
-        last_reads: dict[str, int] = {}
-        for s, nodes in enumerate(stage_nodes):
-            for n in nodes:
-                for t in n.reads:
-                    last_reads[t] = max(last_reads.get(t, -1), s)
+        # the stages count up: each tensor keeps the last that reads it
+        last_reads = {t: s for s, nodes in enumerate(stage_nodes) for n in nodes for t in n.reads}
         for t in view.outputs:
             last_reads[t] = k  # read "after" the last stage
         if not options.share_equal_values:
@@ -246,7 +243,8 @@ def _stage(lineup: _Lineup, s: int, wanted: set[str], keep_from: frozenset[int])
     # a value received under the name of a tensor this stage makes again itself (its copies') would be
     # an input and a node's output at once: such a tensor is received under its own name
     made_here = {o for n in got.copies for o in n.outputs}
-    source = {t: _unless_made(lineup.equal.received_as(t, s), t, made_here) for t in got.received}
+    source = {t: lineup.equal.received_as(t, s) for t in got.received}
+    source = {t: t if sent in made_here else sent for t, sent in source.items()}
     aliases = tuple(SameValue(t, source[t]) for t in got.received if source[t] != t) + kept.inner
     inputs = tuple(dict.fromkeys(source.values()))
     outputs = kept.outputs + tuple(extra_outputs)
@@ -265,7 +263,7 @@ def _stage(lineup: _Lineup, s: int, wanted: set[str], keep_from: frozenset[int])
         param_bytes=sum(
             view.weights.get(t, 0) for t in dict.fromkeys(t for n in [*copies, *kept.nodes] for t in n.reads)
         ),
-        peak_activation_bytes=_peak_activation(kept.nodes, inputs, outputs, sizes, view, aliases),
+        peak_activation_bytes=_peak_activation(kept.nodes, inputs, outputs, sizes, aliases),
         device=options.devices[s] if options.devices is not None else "cpu",
         link_bytes_in=int(link_bytes[lineup.bounds[s]]) if link_bytes is not None and s > 0 else 0,
         aliases=aliases,
@@ -278,12 +276,6 @@ def _stage(lineup: _Lineup, s: int, wanted: set[str], keep_from: frozenset[int])
             *(t for t in got.received if t not in got.movable and lineup.kinds.recomputable(t)),
         ),
     )
-
-
-def _unless_made(source: str, tensor: str, made_here: set[str]) -> str:
-    """``source``, the tensor of ``tensor``'s value a stage receives, or ``tensor`` itself where the
-    stage makes ``source`` (a copy of its producer)."""
-    return tensor if source in made_here else source
 
 
 @dataclass(frozen=True)
@@ -466,8 +458,7 @@ def _peak_activation(
     inputs: Sequence[str],
     outputs: Sequence[str],
     sizes: Mapping[str, int],
-    view: ModelView,
-    aliases: Sequence[SameValue] = (),
+    aliases: Sequence[SameValue],
 ) -> int:
     """Largest sum of live activation bytes while the stage runs its nodes in order (a remade input is
     its source's bytes: it lives as long as its last reader)."""

@@ -55,6 +55,7 @@ def keeping_tied(view: ModelView, request: PlanRequest, plan_for: Callable[[Plan
         return plan_for(request)
     named = ", ".join(f"{t} ({human_bytes(view.weights[t])})" for t in tables)
     what = f"the token embedding and the LM head share {named}"
+    held = f"{what}, held by the first and the last of {k} workers: {k + 1} stages on {k} workers"
     if not request.on_identical_workers:
         return _noted(
             plan_for(request),
@@ -65,18 +66,13 @@ def keeping_tied(view: ModelView, request: PlanRequest, plan_for: Callable[[Plan
     if request.decoder.ends == Ends.OWN:
         return _noted(
             plan_for(request),
-            f"{what}, held by the first and the last of {k} workers: {k + 1} stages on {k} workers, "
-            f"which would hold it once, are not planned with {opt('ends', Ends.OWN)}",
+            f"{held}, which would hold it once, are not planned with {opt('ends', Ends.OWN)}",
         )
     plain = plan_for(replace(request, workers=k))
     try:
         tied = plan_for(replace(request, stages=k + 1, workers=k))
     except (PartitionError, UsageError):
-        return _noted(
-            plain,
-            f"{what}, held by the first and the last of {k} workers: {k + 1} stages on "
-            f"{k} workers cannot be made",
-        )
+        return _noted(plain, f"{held} cannot be made")
     plain_bytes = sum(worker_weights(view, plain.stages, k))
     tied_bytes = sum(worker_weights(view, tied.stages, k))
     saved, slower = plain_bytes - tied_bytes, _slower(plain, tied)
@@ -93,8 +89,7 @@ def keeping_tied(view: ModelView, request: PlanRequest, plan_for: Callable[[Plan
         )
     return _noted(
         plain,
-        f"{what}, held by the first and the last of {k} workers: {k + 1} stages on {k} "
-        f"workers would hold it once, {figures} (not kept: the share of time is above that of memory); "
+        f"{held} would hold it once, {figures} (not kept: the share of time is above that of memory); "
         f"{opt('stages', k + 1)} {opt('workers', k)} asks for it",
     )
 

@@ -54,14 +54,6 @@ def compressed_profile(view: ModelView, profile: Profile, wire: Mapping[str, Bou
     return dataclasses.replace(profile, tensor_bytes=MappingProxyType(sizes))
 
 
-def slow_cuts(plan: Plan, request: PlanRequest) -> list[int]:
-    """The stages whose transfer in takes longer than the slowest stage computes (at their links' rates)."""
-    if request.devices is None and math.isinf(request.bandwidth_bytes_per_s):
-        return []
-    slowest = max(s.compute_seconds for s in plan.stages)
-    return [s.index for s in plan.stages[1:] if s.transfer_seconds > slowest]
-
-
 def plan_with_wire(
     view: ModelView,
     profile: Profile,
@@ -78,11 +70,14 @@ def plan_with_wire(
     sizes = MappingProxyType(tensor_sizes(view, profile))
     if dtype == BoundaryDtype.AUTO:
         first = make({})
-        slow = slow_cuts(first, request)
+        links = request.devices is not None or not math.isinf(request.bandwidth_bytes_per_s)
+        slowest = max(s.compute_seconds for s in first.stages)
+        # the stages whose transfer in takes longer than the slowest stage computes (at their links' rates)
+        slow = [s.index for s in first.stages[1:] if links and s.transfer_seconds > slowest]
         if not slow:
             why = (
                 "no link is slow enough to bound the pipeline"
-                if request.devices is not None or not math.isinf(request.bandwidth_bytes_per_s)
+                if links
                 else f"there are no links to weigh (no {opt('devices')})"
             )
             note = f"{opt('boundary_dtype', BoundaryDtype.AUTO)}: every boundary stays float32: {why}"

@@ -42,7 +42,7 @@ def test_with_no_bandwidth_copies_take_at_most_their_share_of_the_stage() -> Non
 
 
 def test_stage_costs_take_the_copies_and_lose_the_bytes() -> None:
-    copied = {1: Copied(("cos",), ("n1", "n2"), (0.25,), (1000,))}
+    copied = {1: Copied(("cos",), ("n1", "n2"), (0.25,))}
     part = adjusted(_part(), copied, [0, 1000, 0], 0, 1e4)
     assert part.compute == (1.0, 2.25, 3.0)
     assert part.transfer == pytest.approx((0.0, 0.4, 0.5))

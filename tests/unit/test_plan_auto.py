@@ -16,8 +16,7 @@ from onnxpipe.cost.profile import CostSource, Profile
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
-from onnxpipe.planning.bound import bound_note
-from onnxpipe.planning.planner import auto_here, plan
+from onnxpipe.planning.planner import auto_here, bound_note, plan
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.planning.types import Plan
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import onnx
@@ -23,14 +22,13 @@ from onnx import helper, numpy_helper
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.ir.load import in_order, view_from_proto
-from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.model import ModelView, set_items, subgraph_outer_reads
 from onnxpipe.planning.nodesplit.constants import Constants
 from onnxpipe.planning.nodesplit.find import (
     BINARY_OPS,
     UNARY_OPS,
     SplitKind,
     Splittable,
-    node_attr,
     part_sizes,
     tensor_rank,
 )
@@ -57,7 +55,8 @@ def cut_node(view: ModelView, spec: Splittable, kind: SplitKind, parts: int | Se
     """
     sizes = _checked_sizes(spec, kind, parts)
     cutter = _Cutter(view, spec, kind)
-    part_nodes = [cutter.part(s) for s in _slices(sizes)]
+    starts = [0, *itertools.accumulate(sizes)]
+    part_nodes = [cutter.part(_Slice(i, starts[i], starts[i + 1])) for i in range(len(sizes))]
     join = cutter.join([nodes[-1].output[0] for nodes in part_nodes])
     new = [*(n for nodes in part_nodes for n in nodes), join]
     proto = _rebuilt(view, spec, new, cutter.inits)
@@ -95,11 +94,6 @@ class _Slice:
     hi: int
 
 
-def _slices(sizes: Sequence[int]) -> list[_Slice]:
-    starts = [0, *itertools.accumulate(sizes)]
-    return [_Slice(i, starts[i], starts[i + 1]) for i in range(len(sizes))]
-
-
 # --------------------------------------------------------------------------------------------------
 # the parts and the join
 
@@ -112,7 +106,7 @@ class _Cutter:
         self.spec = spec
         self.kind = kind
         self.consts = Constants(view)
-        self.names = _Names({n.name for n in view.nodes} | set(view.tensors) | set(view.initializers))
+        self.taken = {n.name for n in view.nodes} | set(view.tensors) | set(view.initializers)
         self.inits: list[onnx.TensorProto] = []
         self.chain = [self.consts.protos[n] for n in spec.chain]
         head = self.chain[0]
@@ -135,7 +129,7 @@ class _Cutter:
     def join(self, outputs: list[str]) -> onnx.NodeProto:
         """The node that writes the chain's output from the parts': their sum, or their concatenation
         along the split axis."""
-        name = self.names.fresh(f"{self.spec.node}__join")
+        name = self._fresh(f"{self.spec.node}__join")
         if self.kind == SplitKind.REDUCTION:
             return helper.make_node("Sum", outputs, [self.spec.output], name=name)
         axis = 1 if self.kind == SplitKind.CHANNELS else -1
@@ -147,12 +141,12 @@ class _Cutter:
         head = self.chain[0]
         a, w = head.input[0], head.input[1]
         weight = self.consts.weight(w)
-        sliced = self.names.fresh(f"{a}__k{s.index}")
+        sliced = self._fresh(f"{a}__k{s.index}")
         bounds = [
             self._const(np.array([v], np.int64), f"{head.name}__k{s.index}_{what}")
             for v, what in ((s.lo, "start"), (s.hi, "end"), (-1, "axis"))
         ]
-        slicer = self.names.fresh(f"{head.name}__slice{s.index}")
+        slicer = self._fresh(f"{head.name}__slice{s.index}")
         nodes.append(helper.make_node("Slice", [a, *bounds], [sliced], name=slicer))
         return [sliced, self._const(weight[s.lo : s.hi, :], f"{w}__k{s.index}")]
 
@@ -166,7 +160,8 @@ class _Cutter:
         if head.op_type == "MatMul":
             ins[1] = self._part(w[:, part], ins[1], s)
         elif head.op_type == "Gemm":
-            ins[1] = self._part(w[part, :] if node_attr(head, "transB", 0) else w[:, part], ins[1], s)
+            trans_b = any(a.name == "transB" and a.i for a in head.attribute)
+            ins[1] = self._part(w[part, :] if trans_b else w[:, part], ins[1], s)
             if len(ins) > 2 and ins[2]:
                 c = self.consts.weight(ins[2])
                 if c.ndim >= 1 and c.shape[-1] == self.spec.width:
@@ -201,32 +196,26 @@ class _Cutter:
 
     def _append(self, nodes: list[onnx.NodeProto], node: onnx.NodeProto, ins: list[str], s: _Slice) -> str:
         """Append part ``s`` of ``node`` (a copy reading ``ins``) to ``nodes``; its output's name."""
-        out = self.names.fresh(f"{node.output[0]}__part{s.index}")
-        nodes.append(_copy(node, ins, [out], self.names.fresh(f"{node.name}__part{s.index}")))
+        out = self._fresh(f"{node.output[0]}__part{s.index}")
+        nodes.append(_copy(node, ins, [out], self._fresh(f"{node.name}__part{s.index}")))
         return out
 
     def _part(self, value: np.ndarray, weight: str, s: _Slice) -> str:
         """A new initializer holding part ``s`` of ``weight`` (``value``, already sliced); its name."""
         return self._const(value, f"{weight}__part{s.index}")
 
-    def _const(self, value: np.ndarray, hint: str) -> str:
-        """A new initializer holding ``value``; its name."""
-        name = self.names.fresh(hint)
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
-        return name
-
-
-class _Names:
-    """Fresh tensor and node names that collide with nothing in the model."""
-
-    def __init__(self, taken: set[str]) -> None:
-        self.taken = set(taken)
-
-    def fresh(self, hint: str) -> str:
+    def _fresh(self, hint: str) -> str:
+        """A tensor or node name that collides with nothing in the model."""
         name, k = hint, 1
         while name in self.taken:
             name, k = f"{hint}_{k}", k + 1
         self.taken.add(name)
+        return name
+
+    def _const(self, value: np.ndarray, hint: str) -> str:
+        """A new initializer holding ``value``; its name."""
+        name = self._fresh(hint)
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
         return name
 
 
@@ -264,32 +253,18 @@ def _rebuilt(
     kept = _without_dead(kept, outputs)
     read = _reads(kept) | outputs
     init_names = {t.name for t in view.proto.graph.initializer}
-    _replace(graph.node, kept)
-    _replace(graph.initializer, [t for t in graph.initializer if t.name in read] + new_inits)
-    _replace(graph.input, [i for i in graph.input if i.name not in init_names or i.name in read])
+    set_items(graph.node, kept)
+    set_items(graph.initializer, [t for t in graph.initializer if t.name in read] + new_inits)
+    set_items(graph.input, [i for i in graph.input if i.name not in init_names or i.name in read])
     produced = {o for n in kept for o in n.output} | {i.name for i in graph.input}
-    _replace(graph.value_info, [v for v in graph.value_info if v.name in produced])
+    set_items(graph.value_info, [v for v in graph.value_info if v.name in produced])
     return proto
 
 
-def _replace(field: Any, items: list[Any]) -> None:
-    """Set a repeated field of a graph to ``items``."""
-    del field[:]
-    field.extend(items)
-
-
 def _reads(nodes: Iterable[onnx.NodeProto]) -> set[str]:
-    """Every tensor ``nodes`` read, their subgraphs' reads included (a weight only a branch reads stays)."""
-    read: set[str] = set()
-    for n in nodes:
-        read.update(n.input)
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                read |= _reads(a.g.node)
-            elif a.type == onnx.AttributeProto.GRAPHS:
-                for g in a.graphs:
-                    read |= _reads(g.node)
-    return read
+    """Every tensor ``nodes`` read, their subgraphs' outer reads included (a weight only a branch reads
+    stays)."""
+    return {t for n in nodes for t in (*n.input, *subgraph_outer_reads(n))}
 
 
 def _without_dead(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:

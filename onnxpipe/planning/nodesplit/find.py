@@ -139,7 +139,7 @@ def _matmul(view: ModelView, consts: Constants, info: NodeInfo, proto: onnx.Node
         return None
     assert shape is not None
     depth, width = int(shape[0]), int(shape[1])  # type: ignore[arg-type]
-    kinds = (SplitKind.COLUMNS, SplitKind.REDUCTION) if rank_a >= 1 and depth >= 2 else (SplitKind.COLUMNS,)
+    kinds = (SplitKind.COLUMNS, SplitKind.REDUCTION) if depth >= 2 else (SplitKind.COLUMNS,)
     return _Head(kinds, width, depth, 0) if width >= 2 else None
 
 
@@ -150,7 +150,7 @@ def _gemm(view: ModelView, consts: Constants, info: NodeInfo, proto: onnx.NodePr
     if not _fixed_2d(shape) or not _bias_constant(consts, ins):
         return None
     assert shape is not None
-    width = int(shape[0] if node_attr(proto, "transB", 0) else shape[1])  # type: ignore[arg-type]
+    width = int(shape[0] if view.int_attributes(info).get("transB", 0) else shape[1])  # type: ignore[arg-type]
     return _Head((SplitKind.COLUMNS,), width, 0, 0) if width >= 2 else None
 
 
@@ -158,7 +158,7 @@ def _conv(view: ModelView, consts: Constants, info: NodeInfo, proto: onnx.NodePr
     """``Conv`` with ``group = 1`` and constant weights (and bias): by output channels (axis 1)."""
     ins = list(proto.input)
     shape = view.tensor(ins[1]).shape
-    if node_attr(proto, "group", 1) != 1 or shape is None or not isinstance(shape[0], int):
+    if view.int_attributes(info).get("group", 1) != 1 or shape is None or not isinstance(shape[0], int):
         return None
     if not _bias_constant(consts, ins):
         return None
@@ -214,14 +214,6 @@ def _carries(
 
 def _single_reader(view: ModelView, tensor: str) -> bool:
     return len(view.consumers.get(tensor, ())) == 1 and tensor not in view.outputs
-
-
-def node_attr(node: onnx.NodeProto, name: str, default: int | float) -> int | float:
-    """A node's integer or float attribute, ``default`` when it is not set."""
-    for a in node.attribute:
-        if a.name == name:
-            return float(a.f) if a.type == onnx.AttributeProto.FLOAT else int(a.i)
-    return default
 
 
 def tensor_rank(view: ModelView, tensor: str) -> int | None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from onnxpipe.core.errors import PartitionError
-from onnxpipe.cost.profile import CostSource, Profile
+from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.model import ModelView
 from onnxpipe.partition import Partition, solve
 from onnxpipe.partition.splitting import SplitCandidate, SplitShape, expand
@@ -81,20 +81,6 @@ class _Search:
     measure: bool
     seq: Sequences
     contiguous: Plan
-
-    @property
-    def timed(self) -> bool:
-        """Whether parts are timed: asked for, and the costs were measured (static costs are shared)."""
-        return self.measure and self.profile.source == CostSource.PROFILE.value
-
-    def plan(self, view: ModelView, profile: Profile) -> Plan:
-        return make_plan(
-            view,
-            profile,
-            self.k,
-            bandwidth_bytes_per_s=self.bandwidth_bytes_per_s,
-            microbatches=self.microbatches,
-        )
 
 
 @dataclass(frozen=True)
@@ -153,7 +139,6 @@ def _offers(search: _Search) -> list[_Offer]:
 
 def _offer(search: _Search, spec: Splittable, start: int) -> _Offer:
     """Every (kind, part count) ``spec`` offers, as the partitioner's shapes, fewest parts first."""
-    out_bytes = search.seq.sizes.get(spec.output, 0)
     by_kind = {kind: _equal_costs(search, spec, kind) for kind in spec.kinds}
     shapes: list[SplitShape] = []
     choices: list[tuple[SplitKind, PartCosts]] = []
@@ -162,8 +147,7 @@ def _offer(search: _Search, spec: Splittable, start: int) -> _Offer:
             costs = by_kind[kind].get(p)
             if costs is None:
                 continue
-            carried = _carried_bytes(spec, kind, part_sizes(spec.extent(kind), p), out_bytes)
-            shapes.append(SplitShape(costs.part_seconds, costs.join_seconds, carried, kind.value))
+            shapes.append(_split_shape(search, spec, kind, part_sizes(spec.extent(kind), p), costs))
             choices.append((kind, costs))
     return _Offer(spec, start, tuple(shapes), tuple(choices))
 
@@ -178,21 +162,25 @@ def _equal_costs(search: _Search, spec: Splittable, kind: SplitKind) -> dict[int
 def _costs(
     search: _Search, spec: Splittable, kind: SplitKind, layouts: Sequence[Sequence[int]]
 ) -> list[PartCosts]:
-    """The parts' costs of each layout: timed (:func:`.costs.sized_costs`) or by their share."""
-    if search.timed:
+    """The parts' costs of each layout: timed when asked (:func:`.costs.sized_costs`, which shares out
+    static costs), else by their share."""
+    if search.measure:
         return sized_costs(search.view, search.profile, spec, kind, layouts)
     return [shared_costs(search.profile, spec, kind, sizes) for sizes in layouts]
 
 
-def _carried_bytes(
-    spec: Splittable, kind: SplitKind, sizes: Sequence[int], out_bytes: int
-) -> tuple[float, ...]:
-    """What each link between two parts carries on top of the node's input: the output the earlier parts
+def _split_shape(
+    search: _Search, spec: Splittable, kind: SplitKind, sizes: Sequence[int], costs: PartCosts
+) -> SplitShape:
+    """``spec`` cut by ``kind`` into parts of ``sizes`` costing ``costs``, as the partitioner's shape, with
+    what each link between two parts carries on top of the node's input: the output the earlier parts
     made, which the join still needs."""
+    out_bytes = float(search.seq.sizes.get(spec.output, 0))
     if kind == SplitKind.REDUCTION:  # every earlier partial sum travels to the join
-        return tuple(float(out_bytes) * (t + 1) for t in range(len(sizes) - 1))
-    extent = spec.extent(kind)  # the earlier parts' slices of the output
-    return tuple(float(out_bytes) * sum(sizes[: t + 1]) / extent for t in range(len(sizes) - 1))
+        carried = tuple(out_bytes * (t + 1) for t in range(len(sizes) - 1))
+    else:  # the earlier parts' slices of the output
+        carried = tuple(out_bytes * sum(sizes[: t + 1]) / spec.extent(kind) for t in range(len(sizes) - 1))
+    return SplitShape(costs.part_seconds, costs.join_seconds, carried, kind.value)
 
 
 @dataclass(frozen=True)
@@ -260,10 +248,7 @@ def _scored(search: _Search, offers: list[_Offer], layout: _Layout) -> _Layout:
     """``layout`` with the bottleneck of the best split with its parts as costed (inf when none)."""
     offer, costs = offers[layout.offer], layout.costs
     assert costs is not None
-    out_bytes = search.seq.sizes.get(offer.spec.output, 0)
-    carried = _carried_bytes(offer.spec, layout.kind, layout.sizes, out_bytes)
-    shape = SplitShape(costs.part_seconds, costs.join_seconds, carried, layout.kind.value)
-    part = _solve_shape(search, offer, shape)
+    part = _solve_shape(search, offer, _split_shape(search, offer.spec, layout.kind, layout.sizes, costs))
     return replace(layout, bottleneck=math.inf if part is None else part.bottleneck)
 
 
@@ -308,7 +293,10 @@ def _realize(search: _Search, best: tuple[_Offer, _Layout]) -> Planned | None:
     while True:
         cut = cut_node(search.view, offer.spec, layout.kind, sizes)
         cut_profile = carried_profile(search.profile, cut, costs)
-        planned = search.plan(cut.view, cut_profile)
+        bandwidth, microbatches = search.bandwidth_bytes_per_s, search.microbatches
+        planned = make_plan(
+            cut.view, cut_profile, search.k, bandwidth_bytes_per_s=bandwidth, microbatches=microbatches
+        )
         stage_of = planned.stage_of()
         shared = [stage_of[p[-1]] for p in cut.parts]
         if len(set(shared)) == len(shared):
