@@ -30,7 +30,7 @@ from onnxpipe.core.dims import Dim
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.model_config import GENAI_CONFIG_NAME, config_beside
 from onnxpipe.core.options import opt
-from onnxpipe.ir.model import FLOAT_TYPES, INTEGER_TYPES, set_items, value_dims
+from onnxpipe.ir.model import FLOAT_TYPES, INTEGER_TYPES, default_opset, set_items, value_dims
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ def _at_opset(
 ) -> onnx.ModelProto:
     """``emb`` converted to the text model's default-domain opset (one graph has one opset: an op of the
     other's version would not run), or a :class:`UsageError` naming both where it cannot be."""
-    mine, wanted = _opset(emb), _opset(decoder)
+    mine, wanted = default_opset(emb), default_opset(decoder)
     if mine == wanted:
         return emb
     try:
@@ -174,10 +174,6 @@ def _at_opset(
             f"{embedding} (opset {mine}) cannot be converted to the opset of {where} (opset {wanted}) to be "
             f"joined ahead of it ({detail}); export the embedding model at opset {wanted}"
         ) from e
-
-
-def _opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
 def _last_dim(vi: onnx.ValueInfoProto) -> Dim:

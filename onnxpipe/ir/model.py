@@ -190,6 +190,11 @@ def itemsize(elem_type: int) -> int:
     return 0 if elem_type == 0 else 1 if dtype is None else int(dtype.itemsize)
 
 
+def default_opset(model: onnx.ModelProto, missing: int = 0) -> int:
+    """``model``'s version of ONNX's default domain (``missing`` where it imports none)."""
+    return next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), missing)
+
+
 def initializer_nbytes(tensor: onnx.TensorProto) -> int:
     """Size of an initializer from its dims and type: works for external data without reading it."""
     return math.prod(int(d) for d in tensor.dims) * itemsize(tensor.data_type)
