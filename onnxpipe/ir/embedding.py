@@ -11,6 +11,7 @@ many rows as the logits have columns: the vocabulary.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -91,10 +92,7 @@ def table_read(view: ModelView, node: NodeInfo) -> TableRead:
     attrs = view.int_attributes(node)
     axis = attrs.get("gather_axis", attrs.get("axis", 0)) % len(shape)
     rows = shape[axis]
-    width = 1
-    for a, d in enumerate(shape):
-        if a != axis and isinstance(d, int):
-            width *= d
+    width = math.prod(d for a, d in enumerate(shape) if a != axis and isinstance(d, int))
     if node.op_type == "GatherBlockQuantized" and info.elem_type in _PACKED:
         width *= 8 // max(1, attrs.get("bits", 4))
     assert isinstance(rows, int)

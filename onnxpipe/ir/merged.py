@@ -41,11 +41,11 @@ class Unwrapped:
 def unwrap_merged_decoder(proto: onnx.ModelProto) -> Unwrapped | None:
     """``proto``'s with-past branch as a model of its own, or ``None`` when ``proto`` is no merged
     decoder (see the module docstring)."""
-    graph = proto.graph
-    found = _cache_branches(graph)
+    found = _cache_branches(proto.graph)
     if found is None:
         return None
-    node, with_past, flag = found
+    node, with_past = found
+    flag = node.input[0]
     model = branch_model(proto, node, with_past)
     nodes = model.graph.node
     note = (
@@ -130,11 +130,9 @@ def merged_if(graph: onnx.GraphProto) -> tuple[onnx.NodeProto, onnx.GraphProto, 
     return node, then, other
 
 
-def _cache_branches(
-    graph: onnx.GraphProto,
-) -> tuple[onnx.NodeProto, onnx.GraphProto, str] | None:
-    """The ``If`` node, its with-past branch (the one reading graph inputs, the cache, that the other
-    does not) and the flag input, when ``graph`` is a merged decoder."""
+def _cache_branches(graph: onnx.GraphProto) -> tuple[onnx.NodeProto, onnx.GraphProto] | None:
+    """The ``If`` node and its with-past branch (the one reading graph inputs, the cache, that the other
+    does not), when ``graph`` is a merged decoder."""
     found = merged_if(graph)
     if found is None:
         return None
@@ -152,4 +150,4 @@ def _cache_branches(
     types = {vi.name: vi.type.tensor_type.elem_type for vi in graph.input}
     if any(types[t] not in INTEGER_TYPES for t in first_reads):
         return None
-    return node, with_past, node.input[0]
+    return node, with_past
