@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterator, Mapping
-from dataclasses import dataclass
 
 import onnx
 
@@ -29,19 +28,10 @@ _PACKED = frozenset({onnx.TensorProto.UINT8, onnx.TensorProto.INT8})
 """Element types that hold several low-bit values of a block-quantized table per byte."""
 
 
-@dataclass(frozen=True)
-class TableRead:
-    """A gather that reads rows of a table computed from weights alone: the node, the table's rows and
-    the width of a row (dequantized for a block-quantized table); None where the shapes do not say."""
-
-    node: str
-    rows: int | None
-    columns: int | None
-
-
-def table_reads(view: ModelView, ids: str) -> list[TableRead]:
-    """Every gather that indexes a weight-made table with ``ids`` (through :data:`CARRIERS`)."""
-    reads: list[TableRead] = []
+def table_reads(view: ModelView, ids: str) -> list[tuple[int, int] | None]:
+    """Every gather that indexes a weight-made table with ``ids`` (through :data:`CARRIERS`): its table's
+    :func:`table_read`."""
+    reads: list[tuple[int, int] | None] = []
     for node, t in index_readers(view, ids, CARRIERS):
         slot = GATHERS.get(node.op_type)
         indexes = slot is not None and len(node.inputs) > slot and node.inputs[slot] == t
@@ -83,12 +73,13 @@ def reads_table(view: ModelView, n: NodeInfo) -> bool:
     return n.op_type in GATHERS and bool(n.inputs) and from_weights(view, n.inputs[0])
 
 
-def table_read(view: ModelView, node: NodeInfo) -> TableRead:
-    """The rows and row width of the table ``node`` gathers from."""
+def table_read(view: ModelView, node: NodeInfo) -> tuple[int, int] | None:
+    """The rows and the width of a row (dequantized for a block-quantized table) of the table ``node``
+    gathers from; None where the shapes do not say."""
     info = view.tensor(node.inputs[0])
     shape = info.shape
     if shape is None or len(shape) < 2 or not all(isinstance(d, int) for d in shape):
-        return TableRead(node.name, None, None)
+        return None
     attrs = view.int_attributes(node)
     axis = attrs.get("gather_axis", attrs.get("axis", 0)) % len(shape)
     rows = shape[axis]
@@ -96,7 +87,7 @@ def table_read(view: ModelView, node: NodeInfo) -> TableRead:
     if node.op_type == "GatherBlockQuantized" and info.elem_type in _PACKED:
         width *= 8 // max(1, attrs.get("bits", 4))
     assert isinstance(rows, int)
-    return TableRead(node.name, rows, width)
+    return rows, width
 
 
 def logits_output(view: ModelView, presents: Collection[str]) -> str | None:
@@ -123,7 +114,7 @@ def token_input(view: ModelView, exclude: Collection[str], presents: Collection[
     candidates = [t for t in view.inputs if t not in exclude and view.tensor(t).elem_type in INTEGER_TYPES]
     reads = {t: table_reads(view, t) for t in candidates}
     vocab = vocabulary(view, presents)
-    by_rows = [t for t in candidates if vocab is not None and any(r.rows == vocab for r in reads[t])]
+    by_rows = [t for t in candidates if vocab is not None and any(r and r[0] == vocab for r in reads[t])]
     named = [t for t in candidates if "input_ids" in t.lower()]
     indexing = [t for t in candidates if reads[t]]
     plain = [t for t in candidates if "mask" not in t.lower() and "position" not in t.lower()]
