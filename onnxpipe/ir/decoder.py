@@ -169,9 +169,7 @@ def node_scopes(view: ModelView, node: NodeInfo) -> tuple[str, ...]:
                 break
             if isinstance(scopes, list):
                 return tuple(str(s) for s in scopes)
-    if "/" in node.name:
-        return tuple(s for s in node.name.split("/")[:-1] if s)
-    return ()
+    return tuple(s for s in node.name.split("/")[:-1] if s)
 
 
 def scope_group(scopes: Sequence[str], layers: int) -> int | None:

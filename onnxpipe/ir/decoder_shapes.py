@@ -121,8 +121,7 @@ def _attention_node_sizes(view: ModelView, node: NodeInfo, out: dict[str, int]) 
     query = view.tensor(inputs[0]).shape
     if heads <= 0 or not query or not isinstance(query[-1], int):
         return
-    packed = not inputs[1]
-    parts = heads + 2 * kv_heads if packed else heads
+    parts = heads + 2 * kv_heads if not inputs[1] else heads  # query, key and value packed in input 0
     if query[-1] % parts:
         return
     head = query[-1] // parts

@@ -192,8 +192,6 @@ def _names(graph: onnx.GraphProto) -> set[str]:
 def _rename_clashes(graph: onnx.GraphProto, taken: set[str]) -> None:
     """Prefix ``graph``'s names that ``taken`` holds with ``embedding/`` (its nodes join another graph)."""
     clash = {n: f"embedding/{n}" for n in _names(graph) & taken}
-    if not clash:
-        return
     for n in graph.node:
         n.name = clash.get(n.name, n.name)
         n.input[:] = [clash.get(t, t) for t in n.input]

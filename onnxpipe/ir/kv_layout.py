@@ -12,6 +12,7 @@ sequence axis the one where the present differs from the past (``past_sequence_l
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -33,10 +34,7 @@ class CacheLayout:
 
     def bytes_per_token(self, batch: int = 1) -> int:
         """Bytes one token adds for ``batch`` sequences (the unknown dims counted as 1)."""
-        count = batch
-        for d in self.dims:
-            count *= d or 1
-        return count * self.itemsize
+        return batch * math.prod(d or 1 for d in self.dims) * self.itemsize
 
 
 def cache_layout(

@@ -116,12 +116,8 @@ def merged_if(graph: onnx.GraphProto) -> tuple[onnx.NodeProto, onnx.GraphProto, 
     if len(graph.node) != 1 or graph.node[0].op_type != "If" or graph.node[0].domain not in ("", "ai.onnx"):
         return None
     node = graph.node[0]
-    flags = {
-        vi.name
-        for vi in graph.input
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type == _BOOL
-    }
-    if node.input[0] not in flags or list(node.output) != [o.name for o in graph.output]:
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in graph.input}  # 0 for a sequence, a map...
+    if types.get(node.input[0]) != _BOOL or list(node.output) != [o.name for o in graph.output]:
         return None
     branches = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
     then, other = branches.get("then_branch"), branches.get("else_branch")

@@ -51,12 +51,10 @@ class TensorInfo:
         """Bytes of one instance, with symbolic dims taken from ``dims`` (else counted as 1)."""
         if self.shape is None:
             return 0
-        count = 1
-        for d in self.shape:
-            if isinstance(d, int):
-                count *= d
-            elif isinstance(d, str) and dims is not None and d in dims:
-                count *= dims[d]
+        given = dims or {}
+        count = math.prod(
+            d if isinstance(d, int) else given.get(d, 1) if isinstance(d, str) else 1 for d in self.shape
+        )
         return count * itemsize(self.elem_type)
 
 
@@ -214,15 +212,10 @@ def value_dims(vi: onnx.ValueInfoProto) -> tuple[Dim, ...] | None:
     unknown; None for a non-tensor or a tensor of unknown rank."""
     if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
         return None
-    dims: list[Dim] = []
-    for d in vi.type.tensor_type.shape.dim:
-        if d.HasField("dim_value") and d.dim_value >= 0:
-            dims.append(int(d.dim_value))
-        elif d.HasField("dim_param") and d.dim_param:
-            dims.append(d.dim_param)
-        else:
-            dims.append(None)
-    return tuple(dims)
+    return tuple(
+        int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0 else d.dim_param or None
+        for d in vi.type.tensor_type.shape.dim
+    )
 
 
 def tensor_info(vi: onnx.ValueInfoProto) -> TensorInfo | None:

@@ -171,9 +171,8 @@ def step_decoder(found: Seq2SeqFolder) -> onnx.ModelProto:
     slice_nodes = _slice(first.graph, cross, found.decoder)
     reads = {t for n in slice_nodes for t in n.input}
     have = {t.name: t for t in graph.initializer}
-    weights = [t for t in first.graph.initializer if t.name in reads]
     # a weight of the same name and bytes is the with-past file's own; any other is copied, renamed
-    copied = [t for t in weights if t.name not in have or have[t.name] != t]
+    copied = [t for t in first.graph.initializer if t.name in reads and have.get(t.name) != t]
     rename = {o: _PREFIX + o for n in slice_nodes for o in n.output if o}
     rename |= {t.name: _PREFIX + t.name for t in copied}
     for t in copied:
