@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -25,20 +24,12 @@ from onnx import helper
 
 from onnxpipe.core.files import file_sha256
 from onnxpipe.ir.joined import join_embedding
-from onnxpipe.ir.model import INTEGER_TYPES, graph_free_names
+from onnxpipe.ir.model import INTEGER_TYPES, Rewritten, graph_free_names
 
 _BOOL = onnx.TensorProto.BOOL
 
 
-@dataclass(frozen=True)
-class Unwrapped:
-    """The with-past decoder made the graph, and the note saying what was unwrapped."""
-
-    proto: onnx.ModelProto
-    note: str
-
-
-def unwrap_merged_decoder(proto: onnx.ModelProto) -> Unwrapped | None:
+def unwrap_merged_decoder(proto: onnx.ModelProto) -> Rewritten | None:
     """``proto``'s with-past branch as a model of its own, or ``None`` when ``proto`` is no merged
     decoder (see the module docstring)."""
     found = _cache_branches(proto.graph)
@@ -53,7 +44,7 @@ def unwrap_merged_decoder(proto: onnx.ModelProto) -> Unwrapped | None:
         f"a cache and the one with it; it is taken as the with-past branch ({len(nodes)} nodes), which "
         f"serves the first step with an empty past (length 0), and {flag!r} is dropped"
     )
-    return Unwrapped(model, note)
+    return Rewritten(model, note)
 
 
 def runnable_file(path: Path, embedding: Path | None = None) -> Path:

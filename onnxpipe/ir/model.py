@@ -86,6 +86,15 @@ class NodeInfo:
 
 
 @dataclass(frozen=True)
+class Rewritten:
+    """A model loading rewrote (a merged decoder unwrapped to its with-past branch, :mod:`.merged`; a text
+    model joined with its embedding model ahead of it, :mod:`.joined`), and the note saying what was done."""
+
+    proto: onnx.ModelProto
+    note: str
+
+
+@dataclass(frozen=True)
 class ModelView:
     """A read-only view of a loaded model: nodes in topological order, tensors, producers, consumers."""
 
@@ -126,9 +135,7 @@ class ModelView:
         """What onnxruntime opens to run the whole model as onnxpipe sees it: the file, or, for a graph
         loading changed (:attr:`rewritten`), its bytes, whose external weights lie in :attr:`base_dir`;
         ``None`` for a model never read from a file."""
-        if self.rewritten or self.path is None:
-            return self.proto.SerializeToString() if self.rewritten else None
-        return self.path
+        return self.proto.SerializeToString() if self.rewritten else self.path
 
     @property
     def node_by_name(self) -> Mapping[str, NodeInfo]:
