@@ -48,10 +48,9 @@ def cache_layout(
     changed = [a for a, d in enumerate(dims) if a < len(grown) and grown[a] != d and d != batch_symbol]
     sequence_axis = changed[0] if len(changed) == 1 else max(0, len(dims) - 2)
     symbolic = [a for a, d in enumerate(dims) if isinstance(d, str) and a != sequence_axis]
-    if batch_symbol is not None:
-        batch_axis = next((a for a in symbolic if dims[a] == batch_symbol), None)
-    else:  # the first symbolic dim besides the tokens': a batch leads every layout exporters write
-        batch_axis = symbolic[0] if symbolic else None
+    # without the tokens' batch symbol, the first symbolic dim besides the tokens': a batch leads every
+    # layout exporters write
+    batch_axis = next((a for a in symbolic if batch_symbol in (None, dims[a])), None)
     heads = attention_head_sizes(view)
     sizes: list[int | None] = []
     for a, d in enumerate(dims):
