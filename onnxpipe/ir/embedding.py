@@ -12,14 +12,14 @@ many rows as the logits have columns: the vocabulary.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator
 
 import onnx
 
 from onnxpipe.ir.model import FLOAT_TYPES, INTEGER_TYPES, ModelView, NodeInfo
 
-GATHERS: Mapping[str, int] = {"Gather": 1, "GatherBlockQuantized": 1, "GatherND": 1}
-"""Ops that read rows of a table (input 0) by index, and the input slot of the indices."""
+GATHERS = frozenset({"Gather", "GatherBlockQuantized", "GatherND"})
+"""Ops that read rows of a table (input 0) by the indices in input 1."""
 
 CARRIERS = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"})
 """Ops that carry ids to a gather unchanged in value (only their type or shape changes)."""
@@ -31,13 +31,11 @@ _PACKED = frozenset({onnx.TensorProto.UINT8, onnx.TensorProto.INT8})
 def table_reads(view: ModelView, ids: str) -> list[tuple[int, int] | None]:
     """Every gather that indexes a weight-made table with ``ids`` (through :data:`CARRIERS`): its table's
     :func:`table_read`."""
-    reads: list[tuple[int, int] | None] = []
-    for node, t in index_readers(view, ids, CARRIERS):
-        slot = GATHERS.get(node.op_type)
-        indexes = slot is not None and len(node.inputs) > slot and node.inputs[slot] == t
-        if indexes and from_weights(view, node.inputs[0]):
-            reads.append(table_read(view, node))
-    return reads
+    return [
+        table_read(view, node)
+        for node, t in index_readers(view, ids, CARRIERS)
+        if node.op_type in GATHERS and node.inputs[1:2] == (t,) and from_weights(view, node.inputs[0])
+    ]
 
 
 def index_readers(view: ModelView, ids: str, carriers: Collection[str]) -> Iterator[tuple[NodeInfo, str]]:

@@ -44,8 +44,7 @@ def concrete_shapes(
     del light.graph.value_info[:]
     set_input_shapes(light.graph, input_shapes)
     try:
-        inferred = shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True)
-        graph = inferred.graph
+        graph = shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True).graph
     except Exception:  # noqa: BLE001 - best effort: the view's own types remain
         graph = light.graph
 

@@ -236,10 +236,8 @@ def set_input_shapes(graph: onnx.GraphProto, shapes: Mapping[str, Sequence[int]]
     """Declare ``graph``'s tensor inputs named in ``shapes`` at those sizes (in place)."""
     for vi in graph.input:
         if vi.name in shapes and vi.type.HasField("tensor_type"):
-            shape = vi.type.tensor_type.shape
-            shape.Clear()
-            for d in shapes[vi.name]:
-                shape.dim.add().dim_value = int(d)
+            dims = [onnx.TensorShapeProto.Dimension(dim_value=int(d)) for d in shapes[vi.name]]
+            vi.type.tensor_type.shape.CopyFrom(onnx.TensorShapeProto(dim=dims))
 
 
 def set_items(field: Any, items: Iterable[Any]) -> None:
