@@ -309,11 +309,10 @@ def _choose_order(
     deps = [n.reads for n in drafts]
     outs = [n.outputs for n in drafts]
     available = weights | set(inputs)
-    candidates = []
-    if stable_order(deps, outs, available) == list(range(len(drafts))):  # the file's order is topological
-        candidates.append(list(range(len(drafts))))
-    candidates.append(dfs_order(deps, outs, available, [n.name for n in drafts]))
-    candidates.append(greedy_live_order(deps, outs, available, size))
+    file_order = list(range(len(drafts)))
+    candidates = [file_order] if stable_order(deps, outs, available) == file_order else []  # topological
+    candidates += [dfs_order(deps, outs, available, [n.name for n in drafts])]
+    candidates += [greedy_live_order(deps, outs, available, size)]
     return min(candidates, key=lambda order: sum(live_bytes_profile(order, deps, outs, size, free, outputs)))
 
 
