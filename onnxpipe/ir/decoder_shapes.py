@@ -49,10 +49,9 @@ def decoder_roles(view: ModelView) -> DecoderRoles | None:
     if past_sym is None:
         return None
     ids = [t for t in view.inputs if "input_ids" in t.lower()] or [
-        t
+        t  # an integer: no past (a float)
         for t in view.inputs
-        if t not in pasts
-        and "mask" not in t.lower()
+        if "mask" not in t.lower()
         and "position" not in t.lower()
         and view.tensor(t).elem_type in INTEGER_TYPES
     ]
