@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.common import ROOT, benchmark_parser, params_of, shown, write_result
-from onnxpipe.ir.graph import dfs_order, file_order_if_topological, live_bytes_profile
+from onnxpipe.ir.graph import dfs_order, live_bytes_profile, stable_order
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from tools import corpus
@@ -39,7 +39,8 @@ def measure(view: ModelView) -> dict[str, float]:
     size = {name: t.nbytes() for name, t in view.tensors.items()}
     free = set(view.initializers) | {o for n in view.nodes if n.is_constant for o in n.outputs}
     avail = free | set(view.inputs)
-    file_order = file_order_if_topological(deps, outs, avail) or dfs_order(deps, outs, avail)
+    stable = stable_order(deps, outs, avail)  # the file's own order where it is topological
+    file_order = stable if stable == list(range(len(deps))) else dfs_order(deps, outs, avail)
     chosen = [n.index for n in view.nodes]
     index_to_pos = {n.index: i for i, n in enumerate(nodes)}
     chosen = [index_to_pos[i] for i in chosen]

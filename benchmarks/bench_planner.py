@@ -149,7 +149,7 @@ def problem_of(name: str, shapes: dict[str, tuple[int, ...]] | None, refresh: bo
     sizes = tensor_sizes(view, profile)
     const_out = {o for n in view.nodes if n.is_constant for o in n.outputs}
     free = set(view.initializers) | const_out
-    cuts = cut_profile([n.reads for n in compute], [n.outputs for n in compute], sizes, free).bytes
+    cuts = cut_profile([n.reads for n in compute], [n.outputs for n in compute], sizes, free)
     seen: set[str] = set()
     weights = []
     for n in compute:

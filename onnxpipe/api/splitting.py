@@ -35,7 +35,7 @@ from onnxpipe.export.genai.config import Unsupported
 from onnxpipe.export.genai.graph import check_source_fits, model_facts
 from onnxpipe.export.outdir import check_target, normalized
 from onnxpipe.export.stages import write_stages
-from onnxpipe.ir.decoder import FoundDecoder
+from onnxpipe.ir.decoder import FoundDecoder, decoder_of
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.ir.static import static_view, unsettled
@@ -246,7 +246,7 @@ def check_genai_request(
     a split that may cut inside a layer, a model or devices ONNX Runtime GenAI cannot run, a config of
     another model, or one inside the folder ``force`` would replace."""
     where = source.path
-    dec = found.on(view)
+    dec = decoder_of(view, found)
     if dec is None:
         raise UsageError(
             f"{where}: {opt('genai_config')} is for a decoder LLM with a KV cache, and {view.label} is not "

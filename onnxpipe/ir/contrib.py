@@ -17,7 +17,8 @@ from pathlib import Path
 
 import onnx
 
-from onnxpipe.ir.model import set_items
+from onnxpipe.ir.external import is_external
+from onnxpipe.ir.model import default_opset, set_items
 
 ORT_DEFAULT_DOMAIN_OPS = frozenset({"SimplifiedLayerNormalization", "LayerNormalization"})
 """Ops onnxruntime registers in the default ONNX domain beyond (or before) ONNX's own: the checker
@@ -65,7 +66,7 @@ def _moved_to_contrib(proto: onnx.ModelProto) -> onnx.ModelProto | None:
     copy = external_as_inputs(proto)
     for n in copy.graph.node:
         if _is_ort_op(n):
-            if n.op_type == "LayerNormalization" and _opset(copy) >= 17:
+            if n.op_type == "LayerNormalization" and default_opset(copy) >= 17:
                 continue  # ONNX's own op from opset 17: the complaint is about something else
             n.domain = _CONTRIB_DOMAIN
     if not any(o.domain == _CONTRIB_DOMAIN for o in copy.opset_import):
@@ -74,49 +75,27 @@ def _moved_to_contrib(proto: onnx.ModelProto) -> onnx.ModelProto | None:
 
 
 def external_as_inputs(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``proto`` whose weights in external files are graph inputs, for checking in memory."""
-    copy = onnx.ModelProto()
-    copy.CopyFrom(proto)
-    _external_as_inputs(copy.graph)
-    return copy
-
-
-def _external_as_inputs(graph: onnx.GraphProto) -> None:
-    """Turn the copy's weights kept in external files into graph inputs of the same type: initializers,
-    and the values of ``Constant`` nodes (optimum's fp32 exports keep some there).
+    """A copy of ``proto`` whose weights in external files are graph inputs of the same type, for checking
+    in memory: initializers, and the values of ``Constant`` nodes (optimum's fp32 exports keep some there).
 
     The checker checks an in-memory model's external weights by path from the current folder, not from
     the model's (the builder's ``model.onnx.data`` "is not regular file"), and the copy is checked in
     memory; whether those files are there and whole is checked where the model is loaded
     (:mod:`onnxpipe.ir.load`).  As inputs, the weights' types and shapes still meet the checker.
     """
-    external = [t for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
-    values = [(i, _external_value(n)) for i, n in enumerate(graph.node) if n.op_type == "Constant"]
-    constants = [(i, v) for i, v in values if v is not None]
-    if not external and not constants:
-        return
-    names = {t.name for t in external}
-    set_items(graph.initializer, [t for t in graph.initializer if t.name not in names])
-    graph.input.extend(
-        onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in external
-    )
-    for i, value in constants:
-        output = graph.node[i].output[0]
-        graph.input.append(onnx.helper.make_tensor_value_info(output, value.data_type, list(value.dims)))
-    gone = {i for i, _ in constants}
-    set_items(graph.node, [n for i, n in enumerate(graph.node) if i not in gone])
-
-
-def _external_value(node: onnx.NodeProto) -> onnx.TensorProto | None:
-    return next(
-        (
-            a.t
-            for a in node.attribute
-            if a.type == onnx.AttributeProto.TENSOR and a.t.data_location == onnx.TensorProto.EXTERNAL
-        ),
-        None,
-    )
-
-
-def _opset(proto: onnx.ModelProto) -> int:
-    return next((int(o.version) for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    graph = copy.graph
+    constants = {
+        i: a.t
+        for i, n in enumerate(graph.node)
+        if n.op_type == "Constant"
+        for a in n.attribute
+        if a.type == onnx.AttributeProto.TENSOR and is_external(a.t)
+    }
+    values = [(t.name, t) for t in graph.initializer if is_external(t)]
+    values += [(graph.node[i].output[0], t) for i, t in constants.items()]
+    set_items(graph.initializer, [t for t in graph.initializer if not is_external(t)])
+    graph.input.extend(onnx.helper.make_tensor_value_info(n, t.data_type, list(t.dims)) for n, t in values)
+    set_items(graph.node, [n for i, n in enumerate(graph.node) if i not in constants])
+    return copy

@@ -138,15 +138,11 @@ class FoundDecoder:
     def of(view: ModelView) -> FoundDecoder:
         return FoundDecoder(view, find_decoder(view))
 
-    def on(self, view: ModelView) -> DecoderInfo | None:
-        """``view``'s decoder: the one found, when ``view`` is the view it was found on; else found now
-        (a view frozen or cut since the door is another graph)."""
-        return self.info if view is self.view else find_decoder(view)
-
 
 def decoder_of(view: ModelView, found: FoundDecoder | None) -> DecoderInfo | None:
-    """``view``'s decoder, as ``found`` at the door where it was, else found now."""
-    return find_decoder(view) if found is None else found.on(view)
+    """``view``'s decoder: the one ``found`` at the door, when ``view`` is the view it was found on; else
+    found now (no door, or a view frozen or cut since the door is another graph)."""
+    return found.info if found is not None and view is found.view else find_decoder(view)
 
 
 def _named_input(
@@ -169,9 +165,7 @@ def node_scopes(view: ModelView, node: NodeInfo) -> tuple[str, ...]:
                 break
             if isinstance(scopes, list):
                 return tuple(str(s) for s in scopes)
-    if "/" in node.name:
-        return tuple(s for s in node.name.split("/")[:-1] if s)
-    return ()
+    return tuple(s for s in node.name.split("/")[:-1] if s)
 
 
 def scope_group(scopes: Sequence[str], layers: int) -> int | None:

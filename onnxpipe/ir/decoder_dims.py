@@ -86,7 +86,7 @@ def _tables(view: ModelView, dec: DecoderInfo) -> list[tuple[int, int]]:
     """(rows, row width) of each weight-made table the nodes before the layers gather from."""
     embedding = set(dec.embedding_nodes)
     reads = [table_read(view, n) for n in view.nodes if n.name in embedding and reads_table(view, n)]
-    return [(r.rows, r.columns) for r in reads if r.rows is not None and r.columns is not None]
+    return [r for r in reads if r is not None]
 
 
 ROTARY_TABLE_SLOTS = {"GroupQueryAttention": (7,), "RotaryEmbedding": (1, 2)}

@@ -25,10 +25,6 @@ class PhaseShape:
     sequence: int
     past: int
 
-    @property
-    def total(self) -> int:
-        return self.past + self.sequence
-
     def describe(self) -> str:
         return f"{self.phase.value} ({self.sequence} new token(s) after {self.past} cached)"
 

@@ -42,28 +42,16 @@ def decoder_roles(view: ModelView) -> DecoderRoles | None:
     """The symbols of the decoder's inputs, or ``None`` when the inputs do not look like a decoder's
     (no float input named like a past cache with a symbolic sequence axis, or no token input: their ids
     ``[batch, new]`` or their embeddings ``[batch, new, hidden]``)."""
-    past_sym: str | None = None
-    batch_sym: str | None = None
-    pasts = []
-    for t in view.inputs:
-        info = view.tensor(t)
-        if not PAST_NAME.search(t) or info.shape is None or len(info.shape) < 3:
-            continue
-        if info.elem_type not in FLOAT_TYPES:
-            continue
-        pasts.append(t)
-        d = info.shape[-2]  # the sequence axis
-        if isinstance(d, str):
-            past_sym = past_sym or d
-        if isinstance(info.shape[0], str):
-            batch_sym = batch_sym or info.shape[0]
-    if not pasts or past_sym is None:
+    pasts = [t for t in view.inputs if PAST_NAME.search(t) and view.tensor(t).elem_type in FLOAT_TYPES]
+    shapes = [s for s in (view.tensor(t).shape for t in pasts) if s is not None and len(s) >= 3]
+    past_sym = next((s[-2] for s in shapes if isinstance(s[-2], str)), None)  # the sequence axis
+    batch_sym = next((s[0] for s in shapes if isinstance(s[0], str)), None)
+    if past_sym is None:
         return None
     ids = [t for t in view.inputs if "input_ids" in t.lower()] or [
-        t
+        t  # an integer: no past (a float)
         for t in view.inputs
-        if t not in pasts
-        and "mask" not in t.lower()
+        if "mask" not in t.lower()
         and "position" not in t.lower()
         and view.tensor(t).elem_type in INTEGER_TYPES
     ]
@@ -74,12 +62,9 @@ def decoder_roles(view: ModelView) -> DecoderRoles | None:
     if ids_shape is None or len(ids_shape) != (2 if len(ids) == 1 else 3):
         return None
     seq_sym = ids_shape[1] if isinstance(ids_shape[1], str) else None
-    total_sym: str | None = None
     masks = [t for t in view.inputs if "mask" in t.lower()]
-    if len(masks) == 1:
-        shape = view.tensor(masks[0]).shape
-        if shape is not None and len(shape) >= 2 and isinstance(shape[-1], str) and shape[-1] != seq_sym:
-            total_sym = shape[-1]
+    mask = (view.tensor(masks[0]).shape or ()) if len(masks) == 1 else ()
+    total_sym = mask[-1] if len(mask) >= 2 and isinstance(mask[-1], str) and mask[-1] != seq_sym else None
     return DecoderRoles(batch_sym, seq_sym, past_sym, total_sym)
 
 
@@ -95,17 +80,10 @@ def decoder_symbol_sizes(
     if roles is None:
         return {}
     shape = shape or phase_shape(Phase.DECODE)
-    out: dict[str, int] = {}
-    seq = given.get(roles.sequence, shape.sequence) if roles.sequence else shape.sequence
-    past = given.get(roles.past, shape.past) if roles.past else shape.past
-    if roles.batch and roles.batch not in given:
-        out[roles.batch] = 1
-    if roles.sequence and roles.sequence not in given:
-        out[roles.sequence] = seq
-    if roles.past and roles.past not in given:
-        out[roles.past] = past
-    if roles.total and roles.total not in given:
-        out[roles.total] = past + seq
+    seq = given.get(roles.sequence or "", shape.sequence)
+    past = given.get(roles.past or "", shape.past)
+    sizes = {roles.batch: 1, roles.sequence: seq, roles.past: past, roles.total: past + seq}
+    out = {sym: size for sym, size in sizes.items() if sym and sym not in given}
     for sym, size in attention_head_sizes(view).items():
         if sym not in given and sym not in out:
             out[sym] = size
@@ -142,8 +120,7 @@ def _attention_node_sizes(view: ModelView, node: NodeInfo, out: dict[str, int]) 
     query = view.tensor(inputs[0]).shape
     if heads <= 0 or not query or not isinstance(query[-1], int):
         return
-    packed = not inputs[1]
-    parts = heads + 2 * kv_heads if packed else heads
+    parts = heads + 2 * kv_heads if not inputs[1] else heads  # query, key and value packed in input 0
     if query[-1] % parts:
         return
     head = query[-1] // parts
@@ -175,18 +152,10 @@ def _concat_sizes(view: ModelView, node: NodeInfo, out: dict[str, int]) -> None:
 def expression_size(dim: str, symbols: Mapping[str, int]) -> int | None:
     """The size of a dim written as a sum of symbols and numbers (``past_sequence_length + 1``), else
     ``None``."""
-    if "+" not in dim:
+    parts = [part.strip() for part in dim.split("+")]
+    if len(parts) < 2 or not all(part.isdigit() or part in symbols for part in parts):
         return None
-    total = 0
-    for part in dim.split("+"):
-        part = part.strip()
-        if part.isdigit():
-            total += int(part)
-        elif part in symbols:
-            total += symbols[part]
-        else:
-            return None
-    return total
+    return sum(int(part) if part.isdigit() else symbols[part] for part in parts)
 
 
 def decoder_inputs(view: ModelView) -> set[str]:

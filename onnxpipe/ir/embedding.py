@@ -11,15 +11,15 @@ many rows as the logits have columns: the vocabulary.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping
-from dataclasses import dataclass
+import math
+from collections.abc import Collection, Iterator
 
 import onnx
 
 from onnxpipe.ir.model import FLOAT_TYPES, INTEGER_TYPES, ModelView, NodeInfo
 
-GATHERS: Mapping[str, int] = {"Gather": 1, "GatherBlockQuantized": 1, "GatherND": 1}
-"""Ops that read rows of a table (input 0) by index, and the input slot of the indices."""
+GATHERS = frozenset({"Gather", "GatherBlockQuantized", "GatherND"})
+"""Ops that read rows of a table (input 0) by the indices in input 1."""
 
 CARRIERS = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"})
 """Ops that carry ids to a gather unchanged in value (only their type or shape changes)."""
@@ -28,25 +28,14 @@ _PACKED = frozenset({onnx.TensorProto.UINT8, onnx.TensorProto.INT8})
 """Element types that hold several low-bit values of a block-quantized table per byte."""
 
 
-@dataclass(frozen=True)
-class TableRead:
-    """A gather that reads rows of a table computed from weights alone: the node, the table's rows and
-    the width of a row (dequantized for a block-quantized table); None where the shapes do not say."""
-
-    node: str
-    rows: int | None
-    columns: int | None
-
-
-def table_reads(view: ModelView, ids: str) -> list[TableRead]:
-    """Every gather that indexes a weight-made table with ``ids`` (through :data:`CARRIERS`)."""
-    reads: list[TableRead] = []
-    for node, t in index_readers(view, ids, CARRIERS):
-        slot = GATHERS.get(node.op_type)
-        indexes = slot is not None and len(node.inputs) > slot and node.inputs[slot] == t
-        if indexes and from_weights(view, node.inputs[0]):
-            reads.append(table_read(view, node))
-    return reads
+def table_reads(view: ModelView, ids: str) -> list[tuple[int, int] | None]:
+    """Every gather that indexes a weight-made table with ``ids`` (through :data:`CARRIERS`): its table's
+    :func:`table_read`."""
+    return [
+        table_read(view, node)
+        for node, t in index_readers(view, ids, CARRIERS)
+        if node.op_type in GATHERS and node.inputs[1:2] == (t,) and from_weights(view, node.inputs[0])
+    ]
 
 
 def index_readers(view: ModelView, ids: str, carriers: Collection[str]) -> Iterator[tuple[NodeInfo, str]]:
@@ -82,23 +71,21 @@ def reads_table(view: ModelView, n: NodeInfo) -> bool:
     return n.op_type in GATHERS and bool(n.inputs) and from_weights(view, n.inputs[0])
 
 
-def table_read(view: ModelView, node: NodeInfo) -> TableRead:
-    """The rows and row width of the table ``node`` gathers from."""
+def table_read(view: ModelView, node: NodeInfo) -> tuple[int, int] | None:
+    """The rows and the width of a row (dequantized for a block-quantized table) of the table ``node``
+    gathers from; None where the shapes do not say."""
     info = view.tensor(node.inputs[0])
     shape = info.shape
     if shape is None or len(shape) < 2 or not all(isinstance(d, int) for d in shape):
-        return TableRead(node.name, None, None)
+        return None
     attrs = view.int_attributes(node)
     axis = attrs.get("gather_axis", attrs.get("axis", 0)) % len(shape)
     rows = shape[axis]
-    width = 1
-    for a, d in enumerate(shape):
-        if a != axis and isinstance(d, int):
-            width *= d
+    width = math.prod(d for a, d in enumerate(shape) if a != axis and isinstance(d, int))
     if node.op_type == "GatherBlockQuantized" and info.elem_type in _PACKED:
         width *= 8 // max(1, attrs.get("bits", 4))
     assert isinstance(rows, int)
-    return TableRead(node.name, rows, width)
+    return rows, width
 
 
 def logits_output(view: ModelView, presents: Collection[str]) -> str | None:
@@ -125,7 +112,7 @@ def token_input(view: ModelView, exclude: Collection[str], presents: Collection[
     candidates = [t for t in view.inputs if t not in exclude and view.tensor(t).elem_type in INTEGER_TYPES]
     reads = {t: table_reads(view, t) for t in candidates}
     vocab = vocabulary(view, presents)
-    by_rows = [t for t in candidates if vocab is not None and any(r.rows == vocab for r in reads[t])]
+    by_rows = [t for t in candidates if vocab is not None and any(r and r[0] == vocab for r in reads[t])]
     named = [t for t in candidates if "input_ids" in t.lower()]
     indexing = [t for t in candidates if reads[t]]
     plain = [t for t in candidates if "mask" not in t.lower() and "position" not in t.lower()]

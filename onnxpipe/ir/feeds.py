@@ -101,11 +101,7 @@ def _rows_indexed(view: ModelView, node: NodeInfo, t: str) -> int | None:
     if data is None:
         return None
     shape = view.tensor(data).shape
-    if shape is None or not shape:
-        return None
-    if axis < 0:
-        axis += len(shape)
-    if not 0 <= axis < len(shape):
+    if not shape or not -len(shape) <= axis < len(shape):
         return None
     rows = shape[axis]
     return rows if isinstance(rows, int) else None

@@ -26,8 +26,8 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from onnxpipe.ir.external import inlined
-from onnxpipe.ir.model import set_items, subgraph_outer_reads
+from onnxpipe.ir.external import inlined, is_external
+from onnxpipe.ir.model import default_opset, set_items, subgraph_outer_reads
 
 MAX_FOLDED_BYTES = 1 << 20
 """The largest tensor a fold writes as an initializer (1 MiB)."""
@@ -47,14 +47,6 @@ INTEGER_OPS = frozenset(
 )  # fmt: skip
 """Ops folded when every input and output is an integer (or bool) tensor: integer results are exact."""
 
-_EXACT_TYPES = frozenset(
-    {
-        onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16, onnx.TensorProto.INT8,
-        onnx.TensorProto.UINT64, onnx.TensorProto.UINT32, onnx.TensorProto.UINT16, onnx.TensorProto.UINT8,
-        onnx.TensorProto.BOOL,
-    }
-)  # fmt: skip
-
 
 def fold_constants(
     model: onnx.ModelProto, static_shapes: dict[str, tuple[int, ...]], base_dir: Path | None = None
@@ -67,11 +59,8 @@ def fold_constants(
     folder.
     """
     graph = model.graph
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
-    values: dict[str, np.ndarray] = {}
-    for t in graph.initializer:
-        if t.data_location != onnx.TensorProto.EXTERNAL:
-            values[t.name] = numpy_helper.to_array(t)
+    opset = default_opset(model, 17)
+    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer if not is_external(t)}
     kept: list[onnx.NodeProto] = []
     added: list[onnx.TensorProto] = []
     graph_outputs = {o.name for o in graph.output}
@@ -162,10 +151,8 @@ def _inlined(
 
 
 def _exact(a: np.ndarray) -> bool:
-    try:
-        return int(helper.np_dtype_to_tensor_dtype(a.dtype)) in _EXACT_TYPES
-    except (KeyError, TypeError, ValueError):
-        return False
+    """Whether ``a`` holds integers or booleans (of any width, signed or not)."""
+    return a.dtype.kind in "iub"
 
 
 def _one_node_model(node: onnx.NodeProto, values: dict[str, np.ndarray], opset: int) -> onnx.ModelProto:

@@ -7,8 +7,9 @@ outer-scope reads of subgraphs included) and ``outs[i]`` (tensors it writes).
 from __future__ import annotations
 
 import heapq
+import itertools
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -16,19 +17,7 @@ from onnxpipe.core.errors import ModelLoadError
 
 
 def _producers(outs: Sequence[Sequence[str]]) -> dict[str, int]:
-    prod: dict[str, int] = {}
-    for i, o in enumerate(outs):
-        for t in o:
-            prod[t] = i
-    return prod
-
-
-def file_order_if_topological(
-    deps: Sequence[Sequence[str]], outs: Sequence[Sequence[str]], available: Iterable[str]
-) -> list[int] | None:
-    """``[0, 1, ..., n-1]`` if every node reads only what is defined before it, else ``None``."""
-    order = stable_order(deps, outs, available)
-    return order if order == list(range(len(deps))) else None
+    return {t: i for i, o in enumerate(outs) for t in o}
 
 
 def dfs_order(
@@ -135,20 +124,7 @@ def live_bytes_profile(
     profile = cut_profile(
         [*(deps[i] for i in order), last], [*(outs[i] for i in order), ()], size, initializers
     )
-    return list(profile.bytes[1 : len(order)])
-
-
-@dataclass(frozen=True)
-class CutProfile:
-    """What crosses each cut between consecutive compute nodes.
-
-    ``bytes[p]`` for ``p = 0 .. m`` is the size of the tensors a stage starting at compute position ``p``
-    must receive: produced before ``p`` (model inputs count as produced before 0) and read at or after
-    ``p``.  In a linear pipeline these travel down the chain, skip connections included, so this is the
-    load on the link in front of that stage.  ``bytes[0]`` and ``bytes[m]`` are 0 by convention.
-    """
-
-    bytes: tuple[int, ...]
+    return list(profile[1 : len(order)])
 
 
 def cut_profile(
@@ -157,8 +133,14 @@ def cut_profile(
     tensor_bytes: Mapping[str, int],
     free: Iterable[str],
     classes: Mapping[str, int] | None = None,
-) -> CutProfile:
-    """Cut bytes for nodes already in order; ``free`` tensors (weights, constants) never cross.
+) -> tuple[int, ...]:
+    """What crosses each cut between consecutive compute nodes, for nodes already in order; ``free``
+    tensors (weights, constants) never cross.
+
+    Item ``p`` for ``p = 0 .. m`` is the size of the tensors a stage starting at compute position ``p``
+    must receive: produced before ``p`` (model inputs count as produced before 0) and read at or after
+    ``p``.  In a linear pipeline these travel down the chain, skip connections included, so this is the
+    load on the link in front of that stage.  Items ``0`` and ``m`` are 0 by convention.
 
     ``classes`` (:func:`onnxpipe.ir.samevalue.value_classes`) counts provably equal tensors once: a cut
     carries a value while any tensor of it crosses, as the exported stages send one tensor of each value
@@ -166,15 +148,8 @@ def cut_profile(
     """
     m = len(compute_deps)
     freeset = set(free)
-    start: dict[str, int] = {}
-    for p, o in enumerate(compute_outs):
-        for t in o:
-            start[t] = p
-    last: dict[str, int] = {}
-    for p, d in enumerate(compute_deps):
-        for t in d:
-            if t not in freeset:
-                last[t] = p
+    start = {t: p for p, o in enumerate(compute_outs) for t in o}
+    last = {t: p for p, d in enumerate(compute_deps) for t in d if t not in freeset}
     crossing = [(t, start.get(t, -1) + 1, end) for t, end in last.items() if end > start.get(t, -1)]
     # spans of one value: a class's tensors (equal values have equal sizes; the largest if one is unknown)
     spans: dict[tuple[str, object], list[tuple[int, int, int]]] = {}
@@ -190,7 +165,7 @@ def cut_profile(
     live = np.cumsum(diff)[: m + 1]
     live[0] = 0
     live[m] = 0
-    return CutProfile(tuple(int(x) for x in live))
+    return tuple(int(x) for x in live)
 
 
 def _merged(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -222,11 +197,8 @@ def greedy_live_order(
 
     prod = _producers(outs)
     avail = set(available)
-    readers: dict[str, int] = {}
     unique_deps = [tuple(dict.fromkeys(t for t in d if t not in avail or t in prod)) for d in deps]
-    for ud in unique_deps:
-        for t in ud:
-            readers[t] = readers.get(t, 0) + 1
+    readers = Counter(t for ud in unique_deps for t in ud)
     indeg, succ = _dependencies(deps, outs, avail)
 
     def effect(i: int) -> int:
@@ -234,12 +206,9 @@ def greedy_live_order(
         return sum(size.get(t, 0) for t in outs[i]) - freed
 
     n = len(deps)
-    seq = 0
-    heap: list[tuple[int, int, int]] = []
-    for i in range(n):
-        if indeg[i] == 0:
-            heapq.heappush(heap, (effect(i), -seq, i))
-            seq += 1
+    readied = itertools.count()  # the order nodes became ready in, the latest first on ties
+    heap = [(effect(i), -next(readied), i) for i in range(n) if indeg[i] == 0]
+    heapq.heapify(heap)
     order: list[int] = []
     done = [False] * n
     while heap:
@@ -257,8 +226,7 @@ def greedy_live_order(
         for s in sorted(succ[i]):
             indeg[s] -= 1
             if indeg[s] == 0:
-                heapq.heappush(heap, (effect(s), -seq, s))
-                seq += 1
+                heapq.heappush(heap, (effect(s), -next(readied), s))
     if len(order) != n:
         raise cycle_error([i for i in range(n) if not done[i]], succ, None)
     return order

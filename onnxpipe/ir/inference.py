@@ -44,8 +44,7 @@ def concrete_shapes(
     del light.graph.value_info[:]
     set_input_shapes(light.graph, input_shapes)
     try:
-        inferred = shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True)
-        graph = inferred.graph
+        graph = shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True).graph
     except Exception:  # noqa: BLE001 - best effort: the view's own types remain
         graph = light.graph
 
@@ -93,16 +92,12 @@ def concrete_shapes(
                 f"{len(left)} tensor(s) have dims shape inference left unsettled, sized from the inputs' "
                 f"symbols or as 1 (e.g. {names_text(left, 3)}): {why}"
             )
-    result: dict[str, tuple[int, ...]] = {}
-    for name, found_dims in found.items():
-        result[name] = tuple(
-            d if isinstance(d, int) else symbols.get(d, 1) if isinstance(d, str) else 1 for d in found_dims
-        )
-    for name, given in input_shapes.items():
-        result[name] = tuple(int(d) for d in given)
-    for t in view.proto.graph.initializer:
-        result[t.name] = tuple(int(d) for d in t.dims)
-    return result
+    result = {
+        name: tuple(d if isinstance(d, int) else symbols.get(d, 1) if isinstance(d, str) else 1 for d in dims)
+        for name, dims in found.items()
+    }
+    result |= {name: tuple(int(d) for d in given) for name, given in input_shapes.items()}
+    return result | {t.name: tuple(int(d) for d in t.dims) for t in view.proto.graph.initializer}
 
 
 def _unknowns(dims: Sequence[Dim]) -> int:

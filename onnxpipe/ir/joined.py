@@ -30,15 +30,7 @@ from onnxpipe.core.dims import Dim
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.model_config import GENAI_CONFIG_NAME, config_beside
 from onnxpipe.core.options import opt
-from onnxpipe.ir.model import FLOAT_TYPES, INTEGER_TYPES, set_items, value_dims
-
-
-@dataclass(frozen=True)
-class Joined:
-    """The text model with its embedding model ahead of it, and the note saying so."""
-
-    proto: onnx.ModelProto
-    note: str
+from onnxpipe.ir.model import FLOAT_TYPES, INTEGER_TYPES, Rewritten, default_opset, set_items, value_dims
 
 
 @dataclass(frozen=True)
@@ -50,7 +42,7 @@ class NamedEmbedding:
     embeds: str | None
 
 
-def join_embedding(decoder: onnx.ModelProto, where: Path, embedding: Path) -> Joined:
+def join_embedding(decoder: onnx.ModelProto, where: Path, embedding: Path) -> Rewritten:
     """``decoder`` (read from ``where``) with the embedding model in ``embedding`` feeding its
     ``inputs_embeds``: one graph from the token ids to the logits.  A :class:`UsageError` naming both files
     where the embedding model's output is no input of the text model, or is not as wide as it."""
@@ -64,7 +56,7 @@ def join_embedding(decoder: onnx.ModelProto, where: Path, embedding: Path) -> Jo
             f"({', '.join(takes)}); give the text model's own embedding model"
         )
     out = made[0].name
-    width, wanted = (_last_dim(vi) for vi in (made[0], takes[out]))
+    width, wanted = ((value_dims(vi) or (None,))[-1] for vi in (made[0], takes[out]))  # their last dims
     if isinstance(width, int) and isinstance(wanted, int) and width != wanted:
         raise UsageError(
             f"{embedding}: its output {out!r} is {width} wide, but {where} takes {out!r} {wanted} wide; "
@@ -94,7 +86,7 @@ def join_embedding(decoder: onnx.ModelProto, where: Path, embedding: Path) -> Jo
         f"embedding model {embedding.name} joined ahead of the text model: {len(emb.graph.node)} node(s) "
         f"from the token ids {ids!r} to {out!r}, placed by the planner as a decoder's embedding{fed_empty}"
     )
-    return Joined(model, note)
+    return Rewritten(model, note)
 
 
 def embedding_inputs(
@@ -163,7 +155,7 @@ def _at_opset(
 ) -> onnx.ModelProto:
     """``emb`` converted to the text model's default-domain opset (one graph has one opset: an op of the
     other's version would not run), or a :class:`UsageError` naming both where it cannot be."""
-    mine, wanted = _opset(emb), _opset(decoder)
+    mine, wanted = default_opset(emb), default_opset(decoder)
     if mine == wanted:
         return emb
     try:
@@ -174,15 +166,6 @@ def _at_opset(
             f"{embedding} (opset {mine}) cannot be converted to the opset of {where} (opset {wanted}) to be "
             f"joined ahead of it ({detail}); export the embedding model at opset {wanted}"
         ) from e
-
-
-def _opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-
-
-def _last_dim(vi: onnx.ValueInfoProto) -> Dim:
-    dims = value_dims(vi)
-    return dims[-1] if dims else None
 
 
 def _names(graph: onnx.GraphProto) -> set[str]:
@@ -196,8 +179,6 @@ def _names(graph: onnx.GraphProto) -> set[str]:
 def _rename_clashes(graph: onnx.GraphProto, taken: set[str]) -> None:
     """Prefix ``graph``'s names that ``taken`` holds with ``embedding/`` (its nodes join another graph)."""
     clash = {n: f"embedding/{n}" for n in _names(graph) & taken}
-    if not clash:
-        return
     for n in graph.node:
         n.name = clash.get(n.name, n.name)
         n.input[:] = [clash.get(t, t) for t in n.input]

@@ -12,6 +12,7 @@ sequence axis the one where the present differs from the past (``past_sequence_l
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -33,10 +34,7 @@ class CacheLayout:
 
     def bytes_per_token(self, batch: int = 1) -> int:
         """Bytes one token adds for ``batch`` sequences (the unknown dims counted as 1)."""
-        count = batch
-        for d in self.dims:
-            count *= d or 1
-        return count * self.itemsize
+        return batch * math.prod(d or 1 for d in self.dims) * self.itemsize
 
 
 def cache_layout(
@@ -50,10 +48,9 @@ def cache_layout(
     changed = [a for a, d in enumerate(dims) if a < len(grown) and grown[a] != d and d != batch_symbol]
     sequence_axis = changed[0] if len(changed) == 1 else max(0, len(dims) - 2)
     symbolic = [a for a, d in enumerate(dims) if isinstance(d, str) and a != sequence_axis]
-    if batch_symbol is not None:
-        batch_axis = next((a for a in symbolic if dims[a] == batch_symbol), None)
-    else:  # the first symbolic dim besides the tokens': a batch leads every layout exporters write
-        batch_axis = symbolic[0] if symbolic else None
+    # without the tokens' batch symbol, the first symbolic dim besides the tokens': a batch leads every
+    # layout exporters write
+    batch_axis = next((a for a in symbolic if batch_symbol in (None, dims[a])), None)
     heads = attention_head_sizes(view)
     sizes: list[int | None] = []
     for a, d in enumerate(dims):

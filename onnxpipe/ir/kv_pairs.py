@@ -151,14 +151,10 @@ def pairs_by_graph(view: ModelView) -> tuple[KVPair, ...] | None:
         return None
     if len({t for g in groups for pair in g for t in pair}) != 2 * sum(len(g) for g in groups):
         return None  # a tensor in two places: no consistent cache
-    ordered = _numbered(view, groups)
-    pairs = []
-    for layer, g in enumerate(ordered):
-        if len(g) == 1:
-            pairs.append(KVPair(layer, g[0][0], None, g[0][1], None))
-        else:
-            pairs.append(KVPair(layer, g[0][0], g[1][0], g[0][1], g[1][1]))
-    return tuple(pairs)
+    return tuple(  # a group of one pair: key and value in one tensor
+        KVPair(layer, g[0][0], g[1][0] if len(g) > 1 else None, g[0][1], g[1][1] if len(g) > 1 else None)
+        for layer, g in enumerate(_numbered(view, groups))
+    )
 
 
 Group = Sequence[tuple[str, str]]

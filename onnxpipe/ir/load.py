@@ -24,7 +24,6 @@ from onnxpipe.ir import contrib
 from onnxpipe.ir.external import external_info, holds_external, is_external, weightless_copy
 from onnxpipe.ir.graph import (
     dfs_order,
-    file_order_if_topological,
     greedy_live_order,
     live_bytes_profile,
     stable_order,
@@ -310,12 +309,10 @@ def _choose_order(
     deps = [n.reads for n in drafts]
     outs = [n.outputs for n in drafts]
     available = weights | set(inputs)
-    candidates = []
-    file_order = file_order_if_topological(deps, outs, available)
-    if file_order is not None:
-        candidates.append(file_order)
-    candidates.append(dfs_order(deps, outs, available, [n.name for n in drafts]))
-    candidates.append(greedy_live_order(deps, outs, available, size))
+    file_order = list(range(len(drafts)))
+    candidates = [file_order] if stable_order(deps, outs, available) == file_order else []  # topological
+    candidates += [dfs_order(deps, outs, available, [n.name for n in drafts])]
+    candidates += [greedy_live_order(deps, outs, available, size)]
     return min(candidates, key=lambda order: sum(live_bytes_profile(order, deps, outs, size, free, outputs)))
 
 
@@ -332,18 +329,14 @@ def _constant_nodes(
     while changed:
         changed = False
         for idx, node in enumerate(drafts):
-            ins = node.inputs
             if idx in result or node.domain not in ("", "ai.onnx") or node.outer_inputs:
                 continue
-            ok = False
-            if node.op_type == "Constant":
-                ok = True
-            elif node.op_type in ("ConstantOfShape", "Identity"):
-                ok = all(i in const_tensors for i in ins)
-            elif node.op_type == "Shape":
-                src = tensors.get(ins[0]) if ins else None
-                ok = src is not None and src.is_static
-            if ok:
+            ins = node.inputs
+            if (
+                node.op_type == "Constant"
+                or (node.op_type in ("ConstantOfShape", "Identity") and all(i in const_tensors for i in ins))
+                or (node.op_type == "Shape" and bool(ins) and ins[0] in tensors and tensors[ins[0]].is_static)
+            ):
                 result.add(idx)
                 const_tensors.update(node.outputs)
                 changed = True

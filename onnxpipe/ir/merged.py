@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -25,27 +24,19 @@ from onnx import helper
 
 from onnxpipe.core.files import file_sha256
 from onnxpipe.ir.joined import join_embedding
-from onnxpipe.ir.model import INTEGER_TYPES, graph_free_names
+from onnxpipe.ir.model import INTEGER_TYPES, Rewritten, graph_free_names
 
 _BOOL = onnx.TensorProto.BOOL
 
 
-@dataclass(frozen=True)
-class Unwrapped:
-    """The with-past decoder made the graph, and the note saying what was unwrapped."""
-
-    proto: onnx.ModelProto
-    note: str
-
-
-def unwrap_merged_decoder(proto: onnx.ModelProto) -> Unwrapped | None:
+def unwrap_merged_decoder(proto: onnx.ModelProto) -> Rewritten | None:
     """``proto``'s with-past branch as a model of its own, or ``None`` when ``proto`` is no merged
     decoder (see the module docstring)."""
-    graph = proto.graph
-    found = _cache_branches(graph)
+    found = _cache_branches(proto.graph)
     if found is None:
         return None
-    node, with_past, flag = found
+    node, with_past = found
+    flag = node.input[0]
     model = branch_model(proto, node, with_past)
     nodes = model.graph.node
     note = (
@@ -53,7 +44,7 @@ def unwrap_merged_decoder(proto: onnx.ModelProto) -> Unwrapped | None:
         f"a cache and the one with it; it is taken as the with-past branch ({len(nodes)} nodes), which "
         f"serves the first step with an empty past (length 0), and {flag!r} is dropped"
     )
-    return Unwrapped(model, note)
+    return Rewritten(model, note)
 
 
 def runnable_file(path: Path, embedding: Path | None = None) -> Path:
@@ -116,12 +107,8 @@ def merged_if(graph: onnx.GraphProto) -> tuple[onnx.NodeProto, onnx.GraphProto, 
     if len(graph.node) != 1 or graph.node[0].op_type != "If" or graph.node[0].domain not in ("", "ai.onnx"):
         return None
     node = graph.node[0]
-    flags = {
-        vi.name
-        for vi in graph.input
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type == _BOOL
-    }
-    if node.input[0] not in flags or list(node.output) != [o.name for o in graph.output]:
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in graph.input}  # 0 for a sequence, a map...
+    if types.get(node.input[0]) != _BOOL or list(node.output) != [o.name for o in graph.output]:
         return None
     branches = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
     then, other = branches.get("then_branch"), branches.get("else_branch")
@@ -130,11 +117,9 @@ def merged_if(graph: onnx.GraphProto) -> tuple[onnx.NodeProto, onnx.GraphProto, 
     return node, then, other
 
 
-def _cache_branches(
-    graph: onnx.GraphProto,
-) -> tuple[onnx.NodeProto, onnx.GraphProto, str] | None:
-    """The ``If`` node, its with-past branch (the one reading graph inputs, the cache, that the other
-    does not) and the flag input, when ``graph`` is a merged decoder."""
+def _cache_branches(graph: onnx.GraphProto) -> tuple[onnx.NodeProto, onnx.GraphProto] | None:
+    """The ``If`` node and its with-past branch (the one reading graph inputs, the cache, that the other
+    does not), when ``graph`` is a merged decoder."""
     found = merged_if(graph)
     if found is None:
         return None
@@ -152,4 +137,4 @@ def _cache_branches(
     types = {vi.name: vi.type.tensor_type.elem_type for vi in graph.input}
     if any(types[t] not in INTEGER_TYPES for t in first_reads):
         return None
-    return node, with_past, node.input[0]
+    return node, with_past

@@ -51,12 +51,10 @@ class TensorInfo:
         """Bytes of one instance, with symbolic dims taken from ``dims`` (else counted as 1)."""
         if self.shape is None:
             return 0
-        count = 1
-        for d in self.shape:
-            if isinstance(d, int):
-                count *= d
-            elif isinstance(d, str) and dims is not None and d in dims:
-                count *= dims[d]
+        given = dims or {}
+        count = math.prod(
+            d if isinstance(d, int) else given.get(d, 1) if isinstance(d, str) else 1 for d in self.shape
+        )
         return count * itemsize(self.elem_type)
 
 
@@ -85,6 +83,15 @@ class NodeInfo:
     def reads(self) -> tuple[str, ...]:
         """Every tensor the node depends on: its inputs, then its bodies' outer reads."""
         return self.inputs + tuple(t for t in self.outer_inputs if t not in self.inputs)
+
+
+@dataclass(frozen=True)
+class Rewritten:
+    """A model loading rewrote (a merged decoder unwrapped to its with-past branch, :mod:`.merged`; a text
+    model joined with its embedding model ahead of it, :mod:`.joined`), and the note saying what was done."""
+
+    proto: onnx.ModelProto
+    note: str
 
 
 @dataclass(frozen=True)
@@ -128,9 +135,7 @@ class ModelView:
         """What onnxruntime opens to run the whole model as onnxpipe sees it: the file, or, for a graph
         loading changed (:attr:`rewritten`), its bytes, whose external weights lie in :attr:`base_dir`;
         ``None`` for a model never read from a file."""
-        if self.rewritten or self.path is None:
-            return self.proto.SerializeToString() if self.rewritten else None
-        return self.path
+        return self.proto.SerializeToString() if self.rewritten else self.path
 
     @property
     def node_by_name(self) -> Mapping[str, NodeInfo]:
@@ -190,6 +195,11 @@ def itemsize(elem_type: int) -> int:
     return 0 if elem_type == 0 else 1 if dtype is None else int(dtype.itemsize)
 
 
+def default_opset(model: onnx.ModelProto, missing: int = 0) -> int:
+    """``model``'s version of ONNX's default domain (``missing`` where it imports none)."""
+    return next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), missing)
+
+
 def initializer_nbytes(tensor: onnx.TensorProto) -> int:
     """Size of an initializer from its dims and type: works for external data without reading it."""
     return math.prod(int(d) for d in tensor.dims) * itemsize(tensor.data_type)
@@ -209,15 +219,10 @@ def value_dims(vi: onnx.ValueInfoProto) -> tuple[Dim, ...] | None:
     unknown; None for a non-tensor or a tensor of unknown rank."""
     if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
         return None
-    dims: list[Dim] = []
-    for d in vi.type.tensor_type.shape.dim:
-        if d.HasField("dim_value") and d.dim_value >= 0:
-            dims.append(int(d.dim_value))
-        elif d.HasField("dim_param") and d.dim_param:
-            dims.append(d.dim_param)
-        else:
-            dims.append(None)
-    return tuple(dims)
+    return tuple(
+        int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0 else d.dim_param or None
+        for d in vi.type.tensor_type.shape.dim
+    )
 
 
 def tensor_info(vi: onnx.ValueInfoProto) -> TensorInfo | None:
@@ -231,10 +236,8 @@ def set_input_shapes(graph: onnx.GraphProto, shapes: Mapping[str, Sequence[int]]
     """Declare ``graph``'s tensor inputs named in ``shapes`` at those sizes (in place)."""
     for vi in graph.input:
         if vi.name in shapes and vi.type.HasField("tensor_type"):
-            shape = vi.type.tensor_type.shape
-            shape.Clear()
-            for d in shapes[vi.name]:
-                shape.dim.add().dim_value = int(d)
+            dims = [onnx.TensorShapeProto.Dimension(dim_value=int(d)) for d in shapes[vi.name]]
+            vi.type.tensor_type.shape.CopyFrom(onnx.TensorShapeProto(dim=dims))
 
 
 def set_items(field: Any, items: Iterable[Any]) -> None:

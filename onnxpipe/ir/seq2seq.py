@@ -171,9 +171,8 @@ def step_decoder(found: Seq2SeqFolder) -> onnx.ModelProto:
     slice_nodes = _slice(first.graph, cross, found.decoder)
     reads = {t for n in slice_nodes for t in n.input}
     have = {t.name: t for t in graph.initializer}
-    weights = [t for t in first.graph.initializer if t.name in reads]
     # a weight of the same name and bytes is the with-past file's own; any other is copied, renamed
-    copied = [t for t in weights if t.name not in have or have[t.name] != t]
+    copied = [t for t in first.graph.initializer if t.name in reads and have.get(t.name) != t]
     rename = {o: _PREFIX + o for n in slice_nodes for o in n.output if o}
     rename |= {t.name: _PREFIX + t.name for t in copied}
     for t in copied:
@@ -205,11 +204,9 @@ def step_decoder(found: Seq2SeqFolder) -> onnx.ModelProto:
         graph.input.append(next(i for i in first.graph.input if i.name == ENCODER_OUTPUT))
     encoded = next(i for i in graph.input if i.name == ENCODER_OUTPUT)
     frames = encoded.type.tensor_type.shape.dim[1]  # its frames come once: 0 on later steps
-    frames.ClearField("dim_value")
     frames.dim_param = "encoder_sequence_length"
     for past in wanted.values():
         dims = next(i for i in graph.input if i.name == past).type.tensor_type.shape.dim
-        dims[2].ClearField("dim_value")
         dims[2].dim_param = "encoder_past_sequence_length"
     graph.output.extend(o for o in first.graph.output if o.name in wanted)
     frames = encoder_frames(found)
@@ -236,8 +233,8 @@ def _slice(graph: onnx.GraphProto, outputs: list[str], path: Path) -> list[onnx.
     is read from the encoder's output instead, whose dim 0 is the same batch: only where every reader of
     it takes dim 0 alone (:func:`_batch_only`).  torch's dynamo exporter reads the batch and the frames
     off the first input that has them, T5's ``encoder_attention_mask`` [batch, frames]: such a ``Shape``
-    is read from the encoder's output's first two dims instead (:func:`_mask_dims`), which at a later step
-    has the frames the cross cache grows by (none), where the mask has every frame."""
+    is read from the encoder's output's first two dims instead (:func:`_on_encoder_output`), which at a
+    later step has the frames the cross cache grows by (none), where the mask has every frame."""
     producer = {o: n for n in graph.node for o in n.output}
     others = {i.name for i in graph.input} - {ENCODER_OUTPUT}
     decoder_side = set(others)  # what the decoder's other inputs reach
@@ -250,14 +247,12 @@ def _slice(graph: onnx.GraphProto, outputs: list[str], path: Path) -> list[onnx.
         node = producer.get(stack.pop())
         if node is None or id(node) in keep:
             continue
-        if node.op_type == "Shape" and node.input[0] in decoder_side and _batch_only(graph, node, producer):
-            keep[id(node)] = rooted = onnx.NodeProto()
-            rooted.CopyFrom(node)
-            rooted.input[0] = ENCODER_OUTPUT
-            continue
-        if node.op_type == "Shape" and _is_mask(node.input[0]):
-            keep[id(node)] = _mask_dims(node)
-            continue
+        if node.op_type == "Shape":
+            batch = node.input[0] in decoder_side and _batch_only(graph, node, producer)
+            name = node.input[0].lower()
+            if batch or ("encoder" in name and "mask" in name):  # the encoder's mask: encoder_attention_mask
+                keep[id(node)] = _on_encoder_output(node, mask=not batch)
+                continue
         keep[id(node)] = node
         read = [t for t in node.input if t in others]
         if read:
@@ -269,17 +264,14 @@ def _slice(graph: onnx.GraphProto, outputs: list[str], path: Path) -> list[onnx.
     return [keep[id(n)] for n in graph.node if id(n) in keep]
 
 
-def _is_mask(name: str) -> bool:
-    """Whether input ``name`` is the encoder's mask (``encoder_attention_mask``)."""
-    return "encoder" in name.lower() and "mask" in name.lower()
-
-
-def _mask_dims(shape: onnx.NodeProto) -> onnx.NodeProto:
-    """``Shape`` of the encoder's mask [batch, frames] as ``Shape`` of the encoder's output
-    [batch, frames, hidden], its ``end`` kept within the first two dims."""
+def _on_encoder_output(shape: onnx.NodeProto, *, mask: bool) -> onnx.NodeProto:
+    """``shape`` (a ``Shape`` node) as ``Shape`` of the encoder's output [batch, frames, hidden]; of the
+    encoder's mask [batch, frames] (``mask``), its ``end`` kept within the first two dims."""
     rooted = onnx.NodeProto()
     rooted.CopyFrom(shape)
     rooted.input[0] = ENCODER_OUTPUT
+    if not mask:
+        return rooted
     end = next((a for a in rooted.attribute if a.name == "end"), None)
     if end is None:
         rooted.attribute.append(helper.make_attribute("end", 2))
@@ -300,21 +292,16 @@ def _batch_only(graph: onnx.GraphProto, shape: onnx.NodeProto, producer: dict[st
             value = helper.get_attribute_value(made.attribute[0])
         if isinstance(value, onnx.TensorProto):
             value = numpy_helper.to_array(value).reshape(-1).tolist()
-        return (
-            [int(v) for v in value]
-            if isinstance(value, list)
-            else [value]
-            if isinstance(value, int)
-            else None
-        )
+        if isinstance(value, int):
+            value = [value]
+        return [int(v) for v in value] if isinstance(value, list) else None
 
     def dim0(reader: onnx.NodeProto) -> bool:
         if reader.input[0] != shape.output[0] or reader.op_type not in ("Gather", "Slice"):
             return False
         if reader.op_type == "Gather":
-            return all(a.i == 0 for a in reader.attribute if a.name == "axis") and ints(reader.input[1]) == [
-                0
-            ]
+            axis0 = all(a.i == 0 for a in reader.attribute if a.name == "axis")
+            return axis0 and ints(reader.input[1]) == [0]
         args = [ints(t) if t else None for t in reader.input[1:]]
         args += [None] * (4 - len(args))  # starts, ends, axes, steps
         return args[:2] == [[0], [1]] and args[2] in (None, [0]) and args[3] in (None, [1])

@@ -153,15 +153,14 @@ def guessed_dims(
     those of inputs ``overrides`` gives left out."""
     given = set(overrides or {})
     fixed = {d for n in given if n in view.inputs for d in (view.tensor(n).shape or ()) if isinstance(d, str)}
-    found: list[tuple[str, int, str | None]] = []
-    for name in view.inputs:
-        shape = view.tensor(name).shape
-        if name in given or shape is None or name in non_tensor_inputs(view):
-            continue
-        for axis, d in enumerate(shape):
-            if not (isinstance(d, int) and d >= 0) and d not in fixed:
-                found.append((name, axis, d if isinstance(d, str) else None))
-    return found
+    others = non_tensor_inputs(view)
+    return [
+        (name, axis, d if isinstance(d, str) else None)
+        for name in view.inputs
+        if name not in given and name not in others
+        for axis, d in enumerate(view.tensor(name).shape or ())
+        if not (isinstance(d, int) and d >= 0) and d not in fixed
+    ]
 
 
 def is_sequence_dim(view: ModelView, name: str, axis: int) -> bool:

@@ -65,8 +65,7 @@ def _static_shapes(model: onnx.ModelProto, *, symbolic: bool) -> dict[str, tuple
     """Tensors whose every dim is a number, by ONNX's inference (and onnxruntime's symbolic one)."""
     found: dict[str, tuple[int, ...]] = {}
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
-        g = inferred.graph
+        g = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True).graph
         for vi in [*g.input, *g.value_info, *g.output]:
             _keep_static(found, vi.name, value_dims(vi))
     except Exception:  # noqa: BLE001 - best effort: the symbolic inference may still settle them

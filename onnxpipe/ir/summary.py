@@ -39,11 +39,7 @@ class ModelSummary:
 
 def summarize(view: ModelView) -> ModelSummary:
     """The :class:`ModelSummary` of ``view`` (reads no weights)."""
-
-    files: Counter[str] = Counter()
-    for t in stored_tensors(view.proto):
-        if is_external(t):
-            files[external_info(t)[0]] += 1
+    files = Counter(external_info(t)[0] for t in stored_tensors(view.proto) if is_external(t))
     ops: Counter[str] = Counter(
         f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type for n in view.nodes
     )

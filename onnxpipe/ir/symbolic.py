@@ -39,7 +39,7 @@ from typing import Any
 import onnx
 
 from onnxpipe.core.dims import Dim
-from onnxpipe.ir.model import value_dims
+from onnxpipe.ir.model import default_opset, value_dims
 
 INT_MAX = 2**31 - 1
 """What the tool takes for an unbounded end (``Slice`` to the end), as its own default."""
@@ -89,8 +89,7 @@ def _infer(tool: Any, model: onnx.ModelProto, auto_merge: bool = False) -> Any:
     """``SymbolicShapeInference.infer_shapes`` without its save of an unfinished model into the current
     directory and its raise: the loop it runs, kept as far as it got also when the tool raised on some
     node (None: the opset is below the tool's floor)."""
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    if opset < 7:  # the tool's own floor
+    if default_opset(model) < 7:  # the tool's own floor
         return None
     inference = tool(INT_MAX, auto_merge, False, 0)  # int_max, auto_merge, guess_output_rank, verbose
     try:

@@ -92,7 +92,7 @@ def sequences(
     return Sequences(
         compute=compute,
         costs=tuple(max(0.0, float(profile.node_seconds.get(n.name, 0.0))) for n in compute),
-        cut_bytes=cuts.bytes,
+        cut_bytes=cuts,
         allowed=tuple(a and c for a, c in zip(fused, cuttable, strict=True)),
         sizes=sizes,
         classes=classes,

@@ -8,9 +8,9 @@ from onnxpipe.core.errors import ModelLoadError
 from onnxpipe.ir.graph import (
     cut_profile,
     dfs_order,
-    file_order_if_topological,
     greedy_live_order,
     live_bytes_profile,
+    stable_order,
 )
 
 # x -> a -> b -> c -> y, with a skip a -> y
@@ -20,8 +20,8 @@ SIZE = {"x": 1, "a": 10, "b": 100, "c": 1000, "y": 1}
 
 
 def test_file_order_detects_non_topological() -> None:
-    assert file_order_if_topological(DEPS, OUTS, {"x"}) == [0, 1, 2, 3]
-    assert file_order_if_topological(list(reversed(DEPS)), list(reversed(OUTS)), {"x"}) is None
+    assert stable_order(DEPS, OUTS, {"x"}) == [0, 1, 2, 3]
+    assert stable_order(list(reversed(DEPS)), list(reversed(OUTS)), {"x"}) == [3, 2, 1, 0]
 
 
 def test_orders_are_topological() -> None:
@@ -51,7 +51,7 @@ def test_cut_profile_model_inputs_and_free_tensors() -> None:
     outs = [("a",), ("b",), ("y",)]
     prof = cut_profile(deps, outs, {"x": 4, "a": 8, "b": 16, "w": 1000}, free={"w"})
     # cut 1: a and the model input x read again by node 1; cut 2: b
-    assert prof.bytes == (0, 12, 16, 0)
+    assert prof == (0, 12, 16, 0)
 
 
 def test_cut_profile_counts_equal_tensors_once_while_any_crosses() -> None:
@@ -60,14 +60,14 @@ def test_cut_profile_counts_equal_tensors_once_while_any_crosses() -> None:
     outs = [("a",), ("c",), ("b",), ("d",), ("y",)]
     sizes = {"a": 8, "b": 8, "c": 100}
     plain = cut_profile(deps, outs, sizes, free=(), classes=None)
-    assert plain.bytes == (0, 8, 108, 108, 108, 0)
+    assert plain == (0, 8, 108, 108, 108, 0)
     shared = cut_profile(deps, outs, sizes, free=(), classes={"a": 7, "b": 7, "c": 1})
-    assert shared.bytes == plain.bytes  # a and b never cross one cut together
+    assert shared == plain  # a and b never cross one cut together
     deps2 = [("x",), ("x",), ("x",), ("a", "b"), ("a", "b")]
     outs2 = [("a",), ("b",), ("c",), ("d",), ("y",)]
     # a crosses cuts 1..4, b 2..4: the value counts 8 bytes at each, not 16
-    assert cut_profile(deps2, outs2, {"a": 8, "b": 8}, free=()).bytes == (0, 8, 16, 16, 16, 0)
-    assert cut_profile(deps2, outs2, {"a": 8, "b": 8}, free=(), classes={"a": 0, "b": 0}).bytes == (
+    assert cut_profile(deps2, outs2, {"a": 8, "b": 8}, free=()) == (0, 8, 16, 16, 16, 0)
+    assert cut_profile(deps2, outs2, {"a": 8, "b": 8}, free=(), classes={"a": 0, "b": 0}) == (
         0,
         8,
         8,
