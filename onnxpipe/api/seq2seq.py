@@ -34,9 +34,8 @@ from onnxpipe.core.events import Listener
 from onnxpipe.core.iocontract import Role
 from onnxpipe.core.model_config import config_beside
 from onnxpipe.core.options import opt
-from onnxpipe.export.boundary import PROTOBUF_LIMIT
 from onnxpipe.export.outdir import check_target, staged_folder, writing
-from onnxpipe.ir.model import initializer_nbytes
+from onnxpipe.ir.model import PROTOBUF_LIMIT, initializer_nbytes
 from onnxpipe.ir.seq2seq import (
     DECODER,
     ENCODER,

@@ -51,7 +51,7 @@ from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.export.weightfile import externalize
 from onnxpipe.ir.external import is_external, stored_tensors
 from onnxpipe.ir.feeds import random_feeds
-from onnxpipe.ir.model import ModelView, TensorInfo, dtype_name, tensor_info
+from onnxpipe.ir.model import PROTOBUF_LIMIT, ModelView, TensorInfo, dtype_name, tensor_info
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.planning.types import StageSpec
 
@@ -59,8 +59,6 @@ BuildStage = Callable[[StageSpec, bool, frozenset[str]], onnx.ModelProto]
 """``build(spec, weights, untyped)``: the stage as a model, with ``untyped`` outputs left without a type;
 with weights, those the source keeps in external files may stay there (see
 :meth:`onnxpipe.export.build.StageBuilder.build`'s ``keep_external``)."""
-
-PROTOBUF_LIMIT = 2_000_000_000
 
 
 class BoundaryTypes:

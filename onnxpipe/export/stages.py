@@ -33,7 +33,7 @@ from onnxpipe.core.files import file_sha256
 from onnxpipe.core.model_config import SourceConfig
 from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import open_session, session_options
-from onnxpipe.export.boundary import PROTOBUF_LIMIT, BoundaryTypes
+from onnxpipe.export.boundary import BoundaryTypes
 from onnxpipe.export.build import StageBuilder
 from onnxpipe.export.checks import check_exportable, check_plan
 from onnxpipe.export.contract import ContractMaker, required_opsets
@@ -46,7 +46,7 @@ from onnxpipe.export.wire import compress_stage
 from onnxpipe.ir import contrib
 from onnxpipe.ir.decoder import FoundDecoder
 from onnxpipe.ir.external import holds_external
-from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.model import PROTOBUF_LIMIT, ModelView
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, write_manifest
 from onnxpipe.planning.types import Plan, StageSpec
 

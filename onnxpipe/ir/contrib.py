@@ -74,15 +74,18 @@ def _moved_to_contrib(proto: onnx.ModelProto) -> onnx.ModelProto | None:
     return copy
 
 
-def external_as_inputs(proto: onnx.ModelProto) -> onnx.ModelProto:
+def external_as_inputs(proto: onnx.ModelProto, *, every: bool = False) -> onnx.ModelProto:
     """A copy of ``proto`` whose weights in external files are graph inputs of the same type, for checking
     in memory: initializers, and the values of ``Constant`` nodes (optimum's fp32 exports keep some there).
+    ``every``: all its weights, also those held in the model (one over protobuf's 2 GB, which the
+    checker cannot take whole).
 
     The checker checks an in-memory model's external weights by path from the current folder, not from
     the model's (the builder's ``model.onnx.data`` "is not regular file"), and the copy is checked in
     memory; whether those files are there and whole is checked where the model is loaded
     (:mod:`onnxpipe.ir.load`).  As inputs, the weights' types and shapes still meet the checker.
     """
+    moved = (lambda t: True) if every else is_external
     copy = onnx.ModelProto()
     copy.CopyFrom(proto)
     graph = copy.graph
@@ -91,11 +94,11 @@ def external_as_inputs(proto: onnx.ModelProto) -> onnx.ModelProto:
         for i, n in enumerate(graph.node)
         if n.op_type == "Constant"
         for a in n.attribute
-        if a.type == onnx.AttributeProto.TENSOR and is_external(a.t)
+        if a.type == onnx.AttributeProto.TENSOR and moved(a.t)
     }
-    values = [(t.name, t) for t in graph.initializer if is_external(t)]
+    values = [(t.name, t) for t in graph.initializer if moved(t)]
     values += [(graph.node[i].output[0], t) for i, t in constants.items()]
-    set_items(graph.initializer, [t for t in graph.initializer if not is_external(t)])
+    set_items(graph.initializer, [t for t in graph.initializer if not moved(t)])
     graph.input.extend(onnx.helper.make_tensor_value_info(n, t.data_type, list(t.dims)) for n, t in values)
     set_items(graph.node, [n for i, n in enumerate(graph.node) if i not in constants])
     return copy

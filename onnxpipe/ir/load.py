@@ -31,6 +31,7 @@ from onnxpipe.ir.graph import (
 from onnxpipe.ir.joined import join_embedding
 from onnxpipe.ir.merged import unwrap_merged_decoder
 from onnxpipe.ir.model import (
+    PROTOBUF_LIMIT,
     ModelView,
     NodeInfo,
     TensorInfo,
@@ -117,9 +118,10 @@ def _check(proto: onnx.ModelProto, p: Path, *, in_memory: bool) -> str | None:
     :func:`_check_external_data`), not the file on disk."""
     try:
         has_external = holds_external(proto)
-        if in_memory and has_external:
-            return contrib.check_model(contrib.external_as_inputs(proto))
-        if has_external or proto.ByteSize() > 2_000_000_000:
+        large = proto.ByteSize() > PROTOBUF_LIMIT  # a text model and its embedding joined may pass it
+        if in_memory and (has_external or large):
+            return contrib.check_model(contrib.external_as_inputs(proto, every=large))
+        if has_external or large:
             return contrib.check_model(p)  # by path: resolves external files beside the model
         return contrib.check_model(proto)
     except onnx.checker.ValidationError as e:

@@ -24,7 +24,7 @@ from onnx import helper
 
 from onnxpipe.core.files import file_sha256
 from onnxpipe.ir.joined import join_embedding
-from onnxpipe.ir.model import INTEGER_TYPES, Rewritten, graph_free_names
+from onnxpipe.ir.model import INTEGER_TYPES, PROTOBUF_LIMIT, Rewritten, graph_free_names
 
 _BOOL = onnx.TensorProto.BOOL
 
@@ -68,7 +68,7 @@ def runnable_file(path: Path, embedding: Path | None = None) -> Path:
     onnx.load_external_data_for_model(model, str(path.parent))
     folder.mkdir(parents=True, exist_ok=True)
     partial = folder / f".{os.getpid()}.{path.name}"
-    large = model.ByteSize() > 2_000_000_000
+    large = model.ByteSize() > PROTOBUF_LIMIT
     onnx.save(model, str(partial), save_as_external_data=large, location=f"{path.name}.data")
     os.replace(partial, target)
     return target

@@ -164,6 +164,10 @@ class ModelView:
 # --------------------------------------------------------------------------------------------------
 # dtype helpers
 
+PROTOBUF_LIMIT = 2_000_000_000
+"""The largest model protobuf serialises (2 GiB less some headroom): past it a model is written with its
+weights in an external file, and the checker is given a copy whose weights are inputs."""
+
 FLOAT_TYPES = frozenset({1, 10, 11, 16})
 """float, float16, double, bfloat16: the element types of logits, caches and embeddings."""
 

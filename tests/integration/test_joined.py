@@ -175,6 +175,27 @@ def test_the_joined_graph_is_checked_when_loaded(tmp_path: Path) -> None:
     assert load_model(text, embedding=bad, check=False).inputs == ("input_ids",)
 
 
+def test_a_joined_graph_over_protobuf_s_limit_is_checked_with_its_weights_as_inputs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: a text model and its embedding model, each under 2 GB in one file, joined over it: the
+    checker was handed the whole graph and protobuf's size error came out as a traceback.  The limit is
+    lowered here, and the checker refuses what is over it as protobuf does (a ``ValueError``)."""
+    text, emb = text_model(tmp_path / "text.onnx"), embedding_model(tmp_path / "embedding.onnx")
+    limit = join_embedding(onnx.load(str(text)), text, emb).proto.ByteSize() - 1  # just under the joined
+    checker = onnx.checker.check_model
+
+    def check_within_limit(model: onnx.ModelProto | str, *args: object, **kwargs: object) -> None:
+        if isinstance(model, onnx.ModelProto) and model.ByteSize() > limit:
+            raise ValueError(f"Message onnx.ModelProto exceeds maximum protobuf size of {limit}")
+        checker(model, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("onnxpipe.ir.load.PROTOBUF_LIMIT", limit)
+    monkeypatch.setattr(onnx.checker, "check_model", check_within_limit)
+    view = load_model(text, embedding=emb)
+    assert view.inputs == ("input_ids",) and view.embedding == emb
+
+
 def test_weights_listed_as_inputs_and_empty_names_are_not_inputs_or_clashes(tmp_path: Path) -> None:
     """An older export lists its weights among its inputs: they stay weights, not inputs fed empty; an
     unnamed node and a Clip's missing ``min`` (an empty name) are no names that clash."""
