@@ -8,8 +8,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from networkx.utils import UnionFind
-
 from onnxpipe.core.text import names_text
 from onnxpipe.cost.anchors import node_reads
 from onnxpipe.cost.static import node_flops
@@ -62,6 +60,10 @@ class _Regions:
     """
 
     def __init__(self, view: ModelView, matched: Matched) -> None:
+        # networkx only where a profile is measured: importing it costs about 20 MB and 0.1 s, which a
+        # split from a saved or static profile does not pay (as in onnxpipe.ir.graph.cycle_error)
+        from networkx.utils import UnionFind
+
         self.view = view
         self.p_nodes = list(matched.optimized.graph.node)
         self.n_o = len(view.nodes)

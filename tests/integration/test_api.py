@@ -20,3 +20,12 @@ def test_the_manifest_imports_without_onnx_or_onnxruntime() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False", "False"]
+
+
+def test_planning_imports_without_networkx() -> None:
+    """networkx (about 20 MB) is imported where it is used only: a failing graph's cycle
+    (:func:`onnxpipe.ir.graph.cycle_error`) and a measured profile's regions
+    (:mod:`onnxpipe.cost.attribution`), so that a plan from a saved or static profile does not carry it."""
+    code = "import sys, onnxpipe.api.plans, onnxpipe.cost.measure; print('networkx' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 from runtime_support import (
@@ -23,6 +24,8 @@ from runtime_support import (
     token_batches,
 )
 
+from onnxpipe.cluster.model import Device
+from onnxpipe.core.runtime_kinds import EngineConfig
 from onnxpipe.runtime.backends.ray_recovery import Recovery
 from onnxpipe.runtime.nodeplace import NodePlace
 from onnxpipe.runtime.report import baselines as compare
@@ -315,3 +318,20 @@ def test_nodes_of_one_machine_are_told_apart_by_their_addresses() -> None:
     assert "node (host address id)" in two_machines and "right 10.1.0.3 11111111" in two_machines
     loopback = on(("box", "127.0.0.1"), ("box", "127.0.0.1"))
     assert "node (host address id)" in loopback and "box 127.0.0.1 11111111" in loopback
+
+
+def test_devices_alike_in_pace_stay_alike_whatever_their_memory_or_provider_options() -> None:
+    """The replicas' balanced ceiling applies to devices that run at one pace: a device's memory and its
+    provider's options (a GPU's device_id) do not set it; its provider, threads and speeds do."""
+
+    def alike(*devices: Device) -> bool:
+        return compare._alike(
+            SimpleNamespace(manifest=SimpleNamespace(cluster=SimpleNamespace(devices=devices)))
+        )
+
+    cuda = EngineConfig(provider=CUDA_PROVIDER, provider_options=(("device_id", "0"),))
+    other = replace(cuda, provider_options=(("device_id", "1"),))
+    assert alike(Device("a", memory_bytes=8 << 30), Device("b", memory_bytes=16 << 30))
+    assert alike(Device("g0", engine=cuda), Device("g1", engine=other))
+    assert not alike(Device("a"), Device("b", speed=2.0))
+    assert not alike(Device("a"), Device("b", engine=EngineConfig(threads=4)))

@@ -28,7 +28,6 @@ from typing import Literal, cast
 
 import numpy as np
 
-from onnxpipe.cluster.model import device_type
 from onnxpipe.core.choices import LocalMode
 from onnxpipe.core.errors import RuntimeStageError, error_line
 from onnxpipe.core.runtimes import Engine, open_engine
@@ -280,7 +279,20 @@ def _alike(pipeline: Pipeline) -> bool:
     m = pipeline.manifest
     if m is None or m.cluster is None:
         return True
-    return len({device_type(d) for d in m.cluster.devices}) == 1
+    # what sets a device's pace, not cluster.model.device_type, which also tells apart devices that only
+    # differ in memory or in provider options (two GPUs by device_id), as alike here as they ever were
+    kinds = {
+        (
+            d.engine.provider,
+            d.engine.threads,
+            d.speed,
+            tuple(sorted(d.op_speeds.items())),
+            d.profile_path,
+            d.profile_here,
+        )
+        for d in m.cluster.devices
+    }
+    return len(kinds) == 1
 
 
 def _most(values: Sequence[int | None]) -> int | None:
