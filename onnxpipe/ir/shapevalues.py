@@ -5,7 +5,7 @@ a stage input ("Unsupported DatumType in the public API TDim") and cannot type a
 arrives from outside; OpenVINO's onnxruntime provider fails on stages that receive values computed only
 from weights (Inception v2's first stage sent 117 ``Unsqueeze(initializer)`` tensors).  Both kinds are
 cheap to make again where they are read, so :mod:`onnxpipe.planning.recompute` has the consumer stage
-recompute them from what it already has, and :mod:`onnxpipe.export.fold` folds the constant ones.
+recompute them from what it already has, and :mod:`onnxpipe.ir.fold` folds the constant ones.
 
 * A **shape value** is an integer tensor that reaches, through integer shape arithmetic only, an input
   of an op that reads it as a shape, an index range or axes (``Reshape``'s shape, ``Expand``'s shape,
