@@ -21,9 +21,11 @@ from multiprocessing import connection as mpc
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from manifest_edits import sealed
+from onnx import TensorProto, helper
 from runtime_support import (
     MODES,
     assert_no_workers_left,
@@ -47,8 +49,10 @@ from onnxpipe.runtime.backends.ray_resources import actor_options, load_ray_reso
 from onnxpipe.runtime.backends.shm import SHM_DIR, ItemMessage, SlotReader, SlotWriter, unlink_prefix
 from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.session import StageFailure, StageRunner
 from onnxpipe.runtime.spec import (
     Placement,
+    WorkerSpec,
     manifest_placements,
     placement_for_device,
     placement_of,
@@ -315,6 +319,29 @@ def test_channel_grows_slots_and_carries_objects_and_empty_tensors() -> None:
         writer.close()
     assert not list(SHM_DIR.glob(prefix + "*"))
     assert unlink_prefix(prefix) == 0
+
+
+def _sequence_stage(path: Path) -> Path:
+    """A stage that takes a sequence (a boundary tensor of a cut after a SequenceConstruct) and an index."""
+    seq = helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, None)
+    at = helper.make_tensor_value_info("i", TensorProto.INT64, [])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph(
+        [helper.make_node("SequenceAt", ["s", "i"], ["y"], name="at")], "g", [seq, at], [y]
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_stage_fed_a_sequence_fails_with_its_own_error(tmp_path: Path) -> None:
+    """onnxruntime's error on a stage whose input is a sequence reaches the caller as the stage's failure,
+    the sequence named as a list among its inputs."""
+    path = _sequence_stage(tmp_path / "stage_1.onnx")
+    runner = StageRunner(WorkerSpec(1, "stage 1", str(path), ("s", "i"), ("s", "i"), ("y",), ("y",)))
+    with pytest.raises(
+        StageFailure, match=r"stage 1 failed on micro-batch 3.*\[inputs: s list, i int64\[\]\]"
+    ):
+        runner.run(3, {"s": [np.zeros(2, np.float32)], "i": np.array(5, np.int64)})
 
 
 def test_run_hashes_each_stage_file_once(tiny_split: Path, monkeypatch: pytest.MonkeyPatch) -> None:
