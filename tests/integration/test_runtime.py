@@ -321,6 +321,48 @@ def test_channel_grows_slots_and_carries_objects_and_empty_tensors() -> None:
     assert unlink_prefix(prefix) == 0
 
 
+def test_a_channel_carries_what_a_frame_carries() -> None:
+    """The shared-memory channel writes the data plane's frame: bfloat16 and the other ml_dtypes keep
+    their dtype (not a void of their size), strided and Fortran-ordered arrays and numpy scalars arrive
+    as arrays, and an ONNX sequence, a map and an absent optional keep their type (not stacked)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    data_r, data_w = mpc.Pipe(duplex=False)
+    free_r, free_w = mpc.Pipe(duplex=False)
+    prefix = f"onnxpipe-{os.getpid()}-frame"
+    writer = SlotWriter(prefix, 2, data_w, free_r)
+    reader = SlotReader(data_r, free_w)
+    arrays = {
+        "bf16": np.arange(6, dtype=np.float32).reshape(2, 3).astype(ml_dtypes.bfloat16),
+        "bf16_strided": np.ones((4, 4), dtype=ml_dtypes.bfloat16)[::2],
+        "f8": np.array([0.5, -2.0], dtype=ml_dtypes.float8_e5m2),
+        "complex": np.array([1 + 2j, 3j], dtype=np.complex64),
+        "big_endian": np.arange(3, dtype=">i4"),
+        "strided": np.arange(20, dtype=np.int32).reshape(4, 5)[:, ::2],
+        "fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+        "scalar": np.float32(2.5),
+        "text": np.array(["a", "bc"]),
+    }
+    others = {"seq": [np.zeros(2, np.float32), np.ones(3, np.float32)], "map": [{"a": 1.0}], "none": None}
+    try:
+        writer.send(0, {**arrays, **others})  # type: ignore[dict-item]
+        message = reader.recv()
+        assert isinstance(message, ItemMessage)
+        got = reader.copies(message)
+        reader.release(message.slot)
+        assert list(got) == [*arrays, *others]
+        for name, value in arrays.items():
+            expected = np.asarray(value)
+            assert got[name].dtype == expected.dtype and got[name].shape == expected.shape, name
+            assert got[name].tobytes() == expected.tobytes(), name
+        seq = got["seq"]
+        assert isinstance(seq, list) and [a.shape for a in seq] == [(2,), (3,)]
+        assert got["map"] == [{"a": 1.0}] and got["none"] is None
+    finally:
+        reader.close()
+        writer.close()
+    assert not list(SHM_DIR.glob(prefix + "*"))
+
+
 def _sequence_stage(path: Path) -> Path:
     """A stage that takes a sequence (a boundary tensor of a cut after a SequenceConstruct) and an index."""
     seq = helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, None)
