@@ -252,7 +252,7 @@ def describe_failure(spec: WorkerSpec, seq: int, feeds: Mapping[str, np.ndarray]
         named = [n for n in feeds if f"input: {n} " in text or f"'{n}'" in text or f" {n} " in text]
         if named:
             where = f" on input tensor {named[0]!r}"
-    shapes = ", ".join(f"{n} {v.dtype}[{','.join(str(d) for d in v.shape)}]" for n, v in feeds.items())
+    shapes = ", ".join(f"{n} {_describe_value(v)}" for n, v in feeds.items())
     return f"{spec.label} failed on micro-batch {seq}{where}: {text} [inputs: {shapes}]"
 
 
@@ -268,6 +268,14 @@ def node_outputs(path: str, node_name: str) -> list[str]:
         if node.name == node_name:
             return [o for o in node.output if o]
     return []
+
+
+def _describe_value(v: object) -> str:
+    """An array's dtype and shape; else the value's type: a stage's input may be an ONNX sequence (a
+    list), a map or an absent optional (None), which travel between the stages as they are."""
+    if isinstance(v, np.ndarray):
+        return f"{v.dtype}[{','.join(str(d) for d in v.shape)}]"
+    return type(v).__name__
 
 
 # --------------------------------------------------------------------------------------------------

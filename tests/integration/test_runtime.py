@@ -21,9 +21,11 @@ from multiprocessing import connection as mpc
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from manifest_edits import sealed
+from onnx import TensorProto, helper
 from runtime_support import (
     MODES,
     assert_no_workers_left,
@@ -47,8 +49,10 @@ from onnxpipe.runtime.backends.ray_resources import actor_options, load_ray_reso
 from onnxpipe.runtime.backends.shm import SHM_DIR, ItemMessage, SlotReader, SlotWriter, unlink_prefix
 from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.pipeline import Pipeline
+from onnxpipe.runtime.session import StageFailure, StageRunner
 from onnxpipe.runtime.spec import (
     Placement,
+    WorkerSpec,
     manifest_placements,
     placement_for_device,
     placement_of,
@@ -315,6 +319,71 @@ def test_channel_grows_slots_and_carries_objects_and_empty_tensors() -> None:
         writer.close()
     assert not list(SHM_DIR.glob(prefix + "*"))
     assert unlink_prefix(prefix) == 0
+
+
+def test_a_channel_carries_what_a_frame_carries() -> None:
+    """The shared-memory channel writes the data plane's frame: bfloat16 and the other ml_dtypes keep
+    their dtype (not a void of their size), strided and Fortran-ordered arrays and numpy scalars arrive
+    as arrays, and an ONNX sequence, a map and an absent optional keep their type (not stacked)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    data_r, data_w = mpc.Pipe(duplex=False)
+    free_r, free_w = mpc.Pipe(duplex=False)
+    prefix = f"onnxpipe-{os.getpid()}-frame"
+    writer = SlotWriter(prefix, 2, data_w, free_r)
+    reader = SlotReader(data_r, free_w)
+    arrays = {
+        "bf16": np.arange(6, dtype=np.float32).reshape(2, 3).astype(ml_dtypes.bfloat16),
+        "bf16_strided": np.ones((4, 4), dtype=ml_dtypes.bfloat16)[::2],
+        "f8": np.array([0.5, -2.0], dtype=ml_dtypes.float8_e5m2),
+        "complex": np.array([1 + 2j, 3j], dtype=np.complex64),
+        "big_endian": np.arange(3, dtype=">i4"),
+        "strided": np.arange(20, dtype=np.int32).reshape(4, 5)[:, ::2],
+        "fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+        "scalar": np.float32(2.5),
+        "text": np.array(["a", "bc"]),
+    }
+    others = {"seq": [np.zeros(2, np.float32), np.ones(3, np.float32)], "map": [{"a": 1.0}], "none": None}
+    try:
+        writer.send(0, {**arrays, **others})  # type: ignore[dict-item]
+        message = reader.recv()
+        assert isinstance(message, ItemMessage)
+        got = reader.copies(message)
+        reader.release(message.slot)
+        assert list(got) == [*arrays, *others]
+        for name, value in arrays.items():
+            expected = np.asarray(value)
+            assert got[name].dtype == expected.dtype and got[name].shape == expected.shape, name
+            assert got[name].tobytes() == expected.tobytes(), name
+        seq = got["seq"]
+        assert isinstance(seq, list) and [a.shape for a in seq] == [(2,), (3,)]
+        assert got["map"] == [{"a": 1.0}] and got["none"] is None
+    finally:
+        reader.close()
+        writer.close()
+    assert not list(SHM_DIR.glob(prefix + "*"))
+
+
+def _sequence_stage(path: Path) -> Path:
+    """A stage that takes a sequence (a boundary tensor of a cut after a SequenceConstruct) and an index."""
+    seq = helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, None)
+    at = helper.make_tensor_value_info("i", TensorProto.INT64, [])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph(
+        [helper.make_node("SequenceAt", ["s", "i"], ["y"], name="at")], "g", [seq, at], [y]
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_stage_fed_a_sequence_fails_with_its_own_error(tmp_path: Path) -> None:
+    """onnxruntime's error on a stage whose input is a sequence reaches the caller as the stage's failure,
+    the sequence named as a list among its inputs."""
+    path = _sequence_stage(tmp_path / "stage_1.onnx")
+    runner = StageRunner(WorkerSpec(1, "stage 1", str(path), ("s", "i"), ("s", "i"), ("y",), ("y",)))
+    with pytest.raises(
+        StageFailure, match=r"stage 1 failed on micro-batch 3.*\[inputs: s list, i int64\[\]\]"
+    ):
+        runner.run(3, {"s": [np.zeros(2, np.float32)], "i": np.array(5, np.int64)})
 
 
 def test_run_hashes_each_stage_file_once(tiny_split: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -439,3 +439,22 @@ def test_the_killed_worker_is_blamed_not_the_neighbour_that_left_after_it() -> N
     with pytest.raises(RuntimeStageError, match=r"^stage 1: .*killed by SIGKILL"):
         backend._check_workers()
     status_theirs.close()
+
+
+def test_a_start_up_failure_a_worker_reported_is_named_before_a_silent_death() -> None:
+    """A worker that died at start-up without a word (listed first) and one that reported why it cannot
+    start: the report is raised, as :meth:`ProcessBackend._check_workers` does once running."""
+    dead_ours, dead_theirs = mp.Pipe()
+    told_ours, told_theirs = mp.Pipe()
+    told_theirs.send(("error", "stage 1 (stage_1.onnx): does not load in onnxruntime (CPU)"))
+    died = SimpleNamespace(exitcode=-signal.SIGKILL, pid=1, sentinel=dead_theirs)
+    failed = SimpleNamespace(exitcode=None, pid=2, sentinel=told_theirs)
+    backend = object.__new__(ProcessBackend)
+    backend._workers = [
+        processes._Worker((SimpleNamespace(label="stage 0"),), died, dead_ours, dead_ours),  # type: ignore[arg-type]
+        processes._Worker((SimpleNamespace(label="stage 1"),), failed, told_ours, told_ours),  # type: ignore[arg-type]
+    ]
+    with pytest.raises(RuntimeStageError, match=r"^stage 1 \(stage_1.onnx\): does not load"):
+        backend._await_ready(5.0)
+    dead_theirs.close()
+    told_theirs.close()

@@ -169,13 +169,14 @@ class ProcessBackend(Lanes):
                 names = ", ".join(w.label for w in waiting)
                 raise RuntimeStageError(f"{names}: did not start within {timeout:.0f} s")
             wait([x for w in waiting for x in (w.status, w.process.sentinel)], timeout=min(left, WATCH_S))
-            for w in waiting:
+            for w in waiting:  # what any worker reported comes before a death (as in _check_workers)
                 if w.status.poll():
                     message = w.status.recv()
                     if message[0] != "ready":
                         raise RuntimeStageError(str(message[1]))
                     w.pid = int(message[1])
-                elif w.process.exitcode is not None:
+            for w in waiting:
+                if not w.pid and w.process.exitcode is not None:
                     raise RuntimeStageError(_exit_text(w))
 
     # ------------------------------------------------------------------------------------ running
