@@ -9,7 +9,7 @@ import os
 import signal
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 
 from onnxpipe.runtime.affinity import pin_thread
@@ -32,10 +32,16 @@ STATS = "stats"  # sent as (STATS, request id); the reply is (request id, Worker
 RESET = "reset"
 
 
-StageEnds = tuple[Connection, Connection, Connection, Connection, str]
-"""The channel ends of one stage hosted by a worker process: where its micro-batches come in (the data
-pipe's end, the free pipe's), where its results go (the same two), and the name prefix of the segments it
-writes."""
+@dataclass(frozen=True)
+class StageEnds:
+    """The channel ends of one stage hosted by a worker process: where its micro-batches come in, where
+    its results go, and the name prefix of the segments it writes."""
+
+    in_data: Connection
+    in_free: Connection
+    out_data: Connection
+    out_free: Connection
+    prefix: str
 
 
 def worker_main(
@@ -101,9 +107,9 @@ def _start(
         return None
     hosted: list[Hosted[SlotReader, SlotWriter]] = []
     try:
-        for spec, (in_data, in_free, out_data, out_free, prefix) in zip(specs, ends, strict=True):
-            reader = SlotReader(in_data, in_free)
-            writer = SlotWriter(prefix, slots, out_data, out_free)
+        for spec, end in zip(specs, ends, strict=True):
+            reader = SlotReader(end.in_data, end.in_free)
+            writer = SlotWriter(end.prefix, slots, end.out_data, end.out_free)
             hosted.append(Hosted(StageRunner(spec), reader, writer))
     except StageFailure as e:
         report(status, str(e))

@@ -133,8 +133,10 @@ class ProcessBackend(Lanes):
         try:
             for positions in hosts:
                 specs = tuple(lane[i] for i in positions)
-                ends: tuple[StageEnds, ...] = tuple(
-                    (data[i][0], free[i][1], data[i + 1][1], free[i + 1][0], f"{self.prefix}-l{li}c{i + 1}")
+                ends = tuple(
+                    StageEnds(
+                        data[i][0], free[i][1], data[i + 1][1], free[i + 1][0], f"{self.prefix}-l{li}c{i + 1}"
+                    )
                     for i in positions
                 )
                 control, control_child = ctx.Pipe()
