@@ -97,6 +97,8 @@ PROBE_S = 0.5
 """How often a recovery looks at the cluster while a lost actor is away."""
 WATCH_S = 0.1
 """How often a poll asks Ray whether an actor died (a broken connection is seen at once)."""
+DEATH_S = 3.0
+"""How long a run that may not restart waits, after a broken connection, for Ray to say which actor died."""
 
 
 @dataclass
@@ -368,19 +370,43 @@ class RayBackend(Lanes):
         now = time.monotonic()
         if why is None and now - self._watched >= WATCH_S:
             self._watched = now
-            ray = self._ray
-            ready, _ = ray.wait(self._watches, num_returns=len(self._watches), timeout=0)
-            for ref in ready:
-                try:
-                    why = ray.get(ref) or None
-                except ray.exceptions.RayError as e:
-                    why = ray_error_text(e, "a stage actor was lost", self._actor_names())
-                if why is not None:
-                    break
+            why = self._watched_loss()
         if why is not None and self.config.restarts == 0:
+            why = self._death_behind(why)
             self._failure = RuntimeStageError(f"the pipeline lost a stage and may not restart it: {why}")
             return None
         return why
+
+    def _watched_loss(self) -> str | None:
+        """What the first actor's watch that answered says: a broken connection it saw, or its death
+        (naming its stages)."""
+        ray = self._ray
+        ready, _ = ray.wait(self._watches, num_returns=len(self._watches), timeout=0)
+        for ref in ready:
+            try:
+                why: str | None = ray.get(ref) or None
+            except ray.exceptions.RayError as e:
+                why = ray_error_text(e, "a stage actor was lost", self._actor_names())
+            if why is not None:
+                return why
+        return None
+
+    def _death_behind(self, why: str) -> str:
+        """A connection that broke is most often a peer actor's death, which its neighbour sees before Ray
+        reports it: a run that may not restart waits up to :data:`DEATH_S` for Ray to name the dead actor
+        and its stages, and keeps ``why`` where no actor died."""
+        ray = self._ray
+        deadline = time.monotonic() + DEATH_S
+        while True:
+            ready, _ = ray.wait(self._watches, num_returns=len(self._watches), timeout=0)
+            for ref in ready:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayError as e:
+                    return ray_error_text(e, "a stage actor was lost", self._actor_names())
+            if time.monotonic() >= deadline:
+                return why
+            time.sleep(WATCH_S)
 
     def _cache_lost(self, flight: _Flight, why: str | None = None) -> tuple[int, Delivery]:
         """A generation step whose sequences' caches died with an actor: it fails alone (under the
