@@ -56,7 +56,7 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -370,42 +370,35 @@ class RayBackend(Lanes):
         now = time.monotonic()
         if why is None and now - self._watched >= WATCH_S:
             self._watched = now
-            why = self._watched_loss()
+            why = next((text for text, _ in self._answers() if text), None)
         if why is not None and self.config.restarts == 0:
             why = self._death_behind(why)
             self._failure = RuntimeStageError(f"the pipeline lost a stage and may not restart it: {why}")
             return None
         return why
 
-    def _watched_loss(self) -> str | None:
-        """What the first actor's watch that answered says: a broken connection it saw, or its death
-        (naming its stages)."""
+    def _answers(self) -> Iterator[tuple[str | None, bool]]:
+        """What each actor's watch that answered says, and whether it is a death (naming the actor's
+        stages) rather than a broken connection the actor saw."""
         ray = self._ray
         ready, _ = ray.wait(self._watches, num_returns=len(self._watches), timeout=0)
         for ref in ready:
             try:
-                why: str | None = ray.get(ref) or None
+                answer: str | None = ray.get(ref) or None
             except ray.exceptions.RayError as e:
-                why = ray_error_text(e, "a stage actor was lost", self._actor_names())
-            if why is not None:
-                return why
-        return None
+                yield ray_error_text(e, "a stage actor was lost", self._actor_names()), True
+            else:
+                yield answer, False
 
     def _death_behind(self, why: str) -> str:
         """A connection that broke is most often a peer actor's death, which its neighbour sees before Ray
         reports it: a run that may not restart waits up to :data:`DEATH_S` for Ray to name the dead actor
         and its stages, and keeps ``why`` where no actor died."""
-        ray = self._ray
         deadline = time.monotonic() + DEATH_S
         while True:
-            ready, _ = ray.wait(self._watches, num_returns=len(self._watches), timeout=0)
-            for ref in ready:
-                try:
-                    ray.get(ref)
-                except ray.exceptions.RayError as e:
-                    return ray_error_text(e, "a stage actor was lost", self._actor_names())
-            if time.monotonic() >= deadline:
-                return why
+            died = next((text for text, dead in self._answers() if dead), None)
+            if died is not None or time.monotonic() >= deadline:
+                return died or why
             time.sleep(WATCH_S)
 
     def _cache_lost(self, flight: _Flight, why: str | None = None) -> tuple[int, Delivery]:
