@@ -28,7 +28,7 @@ names, the cache's as ``%d`` templates of the layer, and the dims GenAI sizes it
 a decoder's graph alone; and the refusal of a ``--genai-config`` that describes another model than the
 graph); the stages as GenAI's ``decoder.pipeline`` (each stage's file, its tensors and its session
 options, from its device) and the whole config put together (written by
-:mod:`onnxpipe.export.model_files`).
+:func:`onnxpipe.export.stages.with_decoder_files`).
 """
 
 from __future__ import annotations
