@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, cast
 
@@ -202,13 +202,7 @@ class _Tensors:
     def described(self, name: str) -> dict[str, Any]:
         """dtype, normalised shape, profiled shape and batch axis of a tensor (the boundary contract)."""
         dtype, shape = self.types.describe(name)
-        c = self.contract.entry(name, shape)
-        return {
-            "dtype": dtype,
-            "shape": c.shape,
-            "profiled_shape": c.profiled_shape,
-            "batch_axis": c.batch_axis,
-        }
+        return {"dtype": dtype, **asdict(self.contract.entry(name, shape))}
 
     def crossing(self, name: str) -> list[dict[str, Any]]:
         """What crosses a cut for ``name``: the tensor with its bytes per sample, or compressed, its wire
@@ -223,7 +217,7 @@ class _Tensors:
             {**sized, "name": dtype.wire_name(name), "dtype": dtype.value, "bytes_per_sample": wire_bytes}
         ]
         if scale:
-            scalar = {"shape": (), "profiled_shape": (), "batch_axis": None}
+            scalar = asdict(TensorContract((), (), None))
             sent.append({"name": scale_name(name), "dtype": "float32", "bytes_per_sample": scale, **scalar})
         return sent
 
