@@ -20,7 +20,7 @@ from onnxpipe.core.text import human_bytes
 from onnxpipe.export.boundary import BoundaryTypes
 from onnxpipe.export.contract import ContractMaker
 from onnxpipe.export.options import ExportOptions
-from onnxpipe.ir.embedding import TIED_SHARE, tied_tables
+from onnxpipe.ir.decoder import TIED_SHARE, tied_tables
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import symbol_sizes
 from onnxpipe.manifest import (

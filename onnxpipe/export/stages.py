@@ -43,9 +43,9 @@ from onnxpipe.export.outdir import normalized, staged_folder, writing
 from onnxpipe.export.record import StageFile, build_manifest, shared_weights
 from onnxpipe.export.weightfile import externalize
 from onnxpipe.export.wire import compress_stage
-from onnxpipe.ir import contrib
 from onnxpipe.ir.decoder import FoundDecoder
 from onnxpipe.ir.external import holds_external
+from onnxpipe.ir.load import check_model
 from onnxpipe.ir.model import PROTOBUF_LIMIT, ModelView
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, write_manifest
 from onnxpipe.planning.types import Plan, StageSpec
@@ -226,7 +226,7 @@ class _StageWriter:
         """
         i = spec.index
         try:
-            contrib.check_model(path)  # onnxruntime's default-domain ops stay as the source wrote them
+            check_model(path)  # onnxruntime's default-domain ops stay as the source wrote them
         except (onnx.checker.ValidationError, ValueError) as e:
             raise ExportError(
                 f"{self.out / path.name}: stage {i} fails the ONNX checker{self._node_in(spec, str(e))}: "

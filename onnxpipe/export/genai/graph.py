@@ -14,9 +14,8 @@ from onnxpipe.core.kv import KVPair
 from onnxpipe.core.model_config import SourceConfig
 from onnxpipe.core.options import opt
 from onnxpipe.export.genai.config import TensorNames, Unsupported
-from onnxpipe.ir.decoder import DecoderInfo
+from onnxpipe.ir.decoder import DecoderInfo, logits_output
 from onnxpipe.ir.decoder_dims import DecoderDims, decoder_dims
-from onnxpipe.ir.embedding import logits_output
 from onnxpipe.ir.model import ModelView
 
 
