@@ -45,9 +45,8 @@ from onnxpipe.core.iocontract import Role
 from onnxpipe.core.kv import KVPair
 from onnxpipe.core.model_config import GENAI_CONFIG_NAME, SourceConfig, TokenIds
 from onnxpipe.core.options import opt
-from onnxpipe.ir.decoder import DecoderInfo
+from onnxpipe.ir.decoder import DecoderInfo, logits_output
 from onnxpipe.ir.decoder_dims import DecoderDims, decoder_dims
-from onnxpipe.ir.embedding import logits_output
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest, StageEntry
 

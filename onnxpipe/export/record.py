@@ -46,7 +46,7 @@ from onnxpipe.core.text import human_bytes
 from onnxpipe.export.boundary import BoundaryTypes, clean, with_outputs
 from onnxpipe.export.build import nodes_within
 from onnxpipe.export.options import ExportOptions
-from onnxpipe.ir.embedding import TIED_SHARE, tied_tables
+from onnxpipe.ir.decoder import TIED_SHARE, tied_tables
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.model import ModelView, TensorInfo, dims_text
 from onnxpipe.ir.shapes import resolve_input_shapes, symbol_sizes

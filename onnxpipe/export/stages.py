@@ -67,10 +67,10 @@ from onnxpipe.export.options import ExportOptions
 from onnxpipe.export.outdir import normalized, staged_folder, writing
 from onnxpipe.export.record import ContractMaker, StageFile, build_manifest, required_opsets, shared_weights
 from onnxpipe.export.weightfile import externalize
-from onnxpipe.ir import contrib
 from onnxpipe.ir.decoder import DecoderInfo, FoundDecoder, decoder_of
 from onnxpipe.ir.decoder_dims import decoder_dims, own_config, own_context
 from onnxpipe.ir.external import holds_external
+from onnxpipe.ir.load import check_model
 from onnxpipe.ir.model import PROTOBUF_LIMIT, ModelView
 from onnxpipe.manifest import MANIFEST_NAME, Manifest, write_manifest
 from onnxpipe.planning.records import DecoderModelRecord
@@ -252,7 +252,7 @@ class _StageWriter:
         """
         i = spec.index
         try:
-            contrib.check_model(path)  # onnxruntime's default-domain ops stay as the source wrote them
+            check_model(path)  # onnxruntime's default-domain ops stay as the source wrote them
         except (onnx.checker.ValidationError, ValueError) as e:
             raise ExportError(
                 f"{self.out / path.name}: stage {i} fails the ONNX checker{self._node_in(spec, str(e))}: "

@@ -41,8 +41,8 @@ from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.core.runtimes import EngineConfig, open_engine
 from onnxpipe.ir.feeds import random_feeds
+from onnxpipe.ir.joined import runnable_file
 from onnxpipe.ir.load import load_model
-from onnxpipe.ir.merged import runnable_file
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import Samples, load_samples
 from onnxpipe.ir.shapes import failure_hint, resolve_input_shapes, symbol_sizes
