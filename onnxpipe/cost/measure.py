@@ -27,8 +27,9 @@ them, and fusions replace groups of nodes by one kernel.  :func:`profile_model` 
    the total, and :attr:`Profile.unattributed` says which times were not attributed to exactly one node.
 
 This module runs the steps, kept in modules of their own: :mod:`onnxpipe.cost.trace` (step 1 and the
-sessions), :mod:`onnxpipe.cost.valuematch` with :mod:`onnxpipe.cost.anchors` (step 2),
-:mod:`onnxpipe.cost.attribution` (step 3); the result is a :class:`~onnxpipe.cost.profile.Profile`.
+sessions), :mod:`onnxpipe.cost.valuematch` with :mod:`onnxpipe.cost.anchors` and
+:mod:`onnxpipe.cost.sketch` (step 2), :mod:`onnxpipe.cost.attribution` (step 3); the result is a
+:class:`~onnxpipe.cost.profile.Profile`.
 """
 
 from __future__ import annotations

@@ -12,15 +12,8 @@ import onnx
 from onnx import numpy_helper
 
 from onnxpipe.core.errors import ProfileError
-from onnxpipe.cost.anchors import (
-    AnchorFinder,
-    Print,
-    Sketcher,
-    find_duplicates,
-    near_norm,
-    topological,
-    value_candidates,
-)
+from onnxpipe.cost.anchors import AnchorFinder, find_duplicates, topological, value_candidates
+from onnxpipe.cost.sketch import Print, Sketcher, near_norm
 from onnxpipe.cost.static import constant_tensors
 from onnxpipe.cost.trace import Exposed, OrtModel, Timing, run_exposed
 from onnxpipe.ir.external import tensor_values

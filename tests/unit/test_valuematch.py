@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from onnxpipe.cost.anchors import Print, Sketcher, value_candidates
+from onnxpipe.cost.anchors import value_candidates
+from onnxpipe.cost.sketch import Print, Sketcher
 from onnxpipe.cost.valuematch import _unblocked_prints
 
 
