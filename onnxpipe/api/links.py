@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from onnxpipe.api.paths import check_output_file
+from onnxpipe.api.preamble import check_output_file
 from onnxpipe.cluster.devicesfile import load_cluster, with_links
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.events import SILENT, Listener

@@ -1,4 +1,8 @@
-"""``run``: a split folder run as a pipeline and measured, optionally against the model itself."""
+"""``run``: a split folder run as a pipeline and measured, optionally against the model itself.
+
+``inspect``: what a split folder holds, or what a model is (its inputs, opsets, whether it is a decoder
+with a KV cache).
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,18 @@ from pathlib import Path
 
 import numpy as np
 
-from onnxpipe.api.paths import check_output_file, writing
-from onnxpipe.api.preamble import threads_warning
+from onnxpipe.api.options import InspectOptions
+from onnxpipe.api.preamble import check_output_file, threads_warning, writing
+from onnxpipe.api.results import FolderInspection, Inspection, ModelInspection
 from onnxpipe.core.choices import Backend
 from onnxpipe.core.errors import ManifestError, RuntimeStageError, UsageError
 from onnxpipe.core.events import SILENT, Listener
+from onnxpipe.ir.decoder import find_decoder
+from onnxpipe.ir.decoder_dims import decoder_facts
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.merged import runnable_file
-from onnxpipe.manifest import Manifest, load_manifest
+from onnxpipe.ir.summary import summarize
+from onnxpipe.manifest import Manifest, load_manifest, stage_file_problems
 from onnxpipe.runtime.backends.ray_resources import load_ray_resources
 from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig, Tensors
 from onnxpipe.runtime.inputs import Feeds as Batch
@@ -185,3 +193,19 @@ def _write_results(opts: RunOptions, report: RunReport, measured: Measurement) -
             raise UsageError(f"{opts.outputs}: outputs of different shapes cannot be stacked ({e})") from e
         with writing(opts.outputs, "outputs"), opts.outputs.open("wb") as f:
             np.savez(f, **stacked)  # type: ignore[arg-type]
+
+
+def inspect(target: str | Path, options: InspectOptions | None = None) -> Inspection:
+    """A split folder's manifest, its stage files checked against it (unless ``options.check_files`` is
+    false): what is missing or changed is reported, not raised, so the folder can still be looked at; or
+    a model's summary and decoder, if it is one."""
+    opts = options or InspectOptions()
+    path = Path(target)
+    if path.is_dir():
+        manifest = load_manifest(path, check_files=False)
+        problems = stage_file_problems(path, manifest) if opts.check_files else []
+        return FolderInspection(manifest, tuple(problems), checked=opts.check_files)
+    view = load_model(path)
+    dec = find_decoder(view)
+    facts = decoder_facts(view, dec) if dec is not None else None
+    return ModelInspection(view=view, summary=summarize(view), decoder=dec, facts=facts)
