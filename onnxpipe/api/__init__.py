@@ -44,7 +44,7 @@ _EXPORTS: dict[str, str] = {
     "inspect": "onnxpipe.api.running",
     "run": "onnxpipe.api.running",
     "generate": "onnxpipe.api.generating",
-    "links": "onnxpipe.api.links",
+    "links": "onnxpipe.api.running",
     "LinkReport": "onnxpipe.runtime.report.links",
     "format_links": "onnxpipe.runtime.report.links",
     "export_triton": "onnxpipe.export.triton",
@@ -77,7 +77,6 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 
 if TYPE_CHECKING:
     from onnxpipe.api.generating import generate as generate
-    from onnxpipe.api.links import links as links
     from onnxpipe.api.plans import plan as plan
     from onnxpipe.api.plans import profile as profile
     from onnxpipe.api.results import FolderInspection as FolderInspection
@@ -88,6 +87,7 @@ if TYPE_CHECKING:
     from onnxpipe.api.results import run_json as run_json
     from onnxpipe.api.results import verify_json as verify_json
     from onnxpipe.api.running import inspect as inspect
+    from onnxpipe.api.running import links as links
     from onnxpipe.api.running import run as run
     from onnxpipe.api.seq2seq import written_stages as written_stages
     from onnxpipe.api.splitting import split as split

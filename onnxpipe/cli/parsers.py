@@ -21,17 +21,22 @@ from onnxpipe.api.options import (
     TritonOptions,
     VerifyOptions,
 )
-from onnxpipe.cli.argtypes import byte_sizes, count, positive_int, positive_number, probability, token_ids
 from onnxpipe.cli.arguments import (
     JSON,
     LOCAL_MODES,
     QUIET,
     RAY_ADDRESS,
+    byte_sizes,
+    count,
     input_flags,
     measure_flags,
     planning_flags,
+    positive_int,
+    positive_number,
+    probability,
     ray_flags,
     shape_flag,
+    token_ids,
     tolerance_flags,
 )
 from onnxpipe.cli.flags import Subcommand, flag, grouped, negated, word
