@@ -298,43 +298,41 @@ def shape_flag(help: str = "concrete shape of a model input with dynamic dims (r
     )
 
 
-def input_flags() -> list[Flag]:
-    """``--inputs`` and ``--inputs-stacked``: the user's sample inputs."""
-    return [
-        flag(
-            "--inputs",
-            field="input_files",
-            action="append",
-            metavar="FILE",
-            help="real model inputs to run on instead of random ones: an .npz with one array per input (by "
-            "name) or a folder of <input>.npy files; repeat for several samples (they fix the shapes)",
-        ),
-        flag(
-            "--inputs-stacked",
-            field="stacked_files",
-            action="append",
-            metavar="FILE",
-            help="like --inputs, an .npz whose arrays hold several samples along a leading axis",
-        ),
-    ]
+INPUT_FLAGS = [
+    flag(
+        "--inputs",
+        field="input_files",
+        action="append",
+        metavar="FILE",
+        help="real model inputs to run on instead of random ones: an .npz with one array per input (by "
+        "name) or a folder of <input>.npy files; repeat for several samples (they fix the shapes)",
+    ),
+    flag(
+        "--inputs-stacked",
+        field="stacked_files",
+        action="append",
+        metavar="FILE",
+        help="like --inputs, an .npz whose arrays hold several samples along a leading axis",
+    ),
+]
+"""``--inputs`` and ``--inputs-stacked``: the user's sample inputs."""
 
 
-def tolerance_flags() -> list[Flag]:
-    """The tolerance a verification holds the outputs to (fields of :class:`~onnxpipe.api.VerifyOptions`,
-    or of :class:`~onnxpipe.api.SplitOptions`): by each output's type unless given."""
-    return [
-        flag(
-            "--rtol",
-            type=nonnegative_number,
-            help="relative tolerance: an output matches when max|a-b| <= atol + rtol * max|a| (default: by "
-            f"the output's type: {defaults_text('rtol')})",
-        ),
-        flag(
-            "--atol",
-            type=nonnegative_number,
-            help=f"absolute tolerance (see --rtol; default: by the output's type: {defaults_text('atol')})",
-        ),
-    ]
+TOLERANCE_FLAGS = [
+    flag(
+        "--rtol",
+        type=nonnegative_number,
+        help="relative tolerance: an output matches when max|a-b| <= atol + rtol * max|a| (default: by "
+        f"the output's type: {defaults_text('rtol')})",
+    ),
+    flag(
+        "--atol",
+        type=nonnegative_number,
+        help=f"absolute tolerance (see --rtol; default: by the output's type: {defaults_text('atol')})",
+    ),
+]
+"""The tolerance a verification holds the outputs to (fields of :class:`~onnxpipe.api.VerifyOptions`,
+or of :class:`~onnxpipe.api.SplitOptions`): by each output's type unless given."""
 
 
 def measure_flags(prefix: str = "profile.", *, devices: bool = True) -> list[Flag]:
@@ -350,160 +348,156 @@ def measure_flags(prefix: str = "profile.", *, devices: bool = True) -> list[Fla
         flag("--runs", type=positive_int, help="timed runs to take the median of"),
         flag("--warmup", type=count, help="untimed warm-up runs"),
         shape_flag(),
-        *input_flags(),
+        *INPUT_FLAGS,
     ]
     return grouped("measurement", flags, at=prefix)
 
 
-def planning_flags() -> list[Flag]:
-    """What to plan (a :class:`~onnxpipe.api.PlanRequest` at ``plan.``), from which costs, and how a
-    decoder LLM with a KV cache is split (ignored for other models: ``plan.decoder``)."""
-    return [
-        *grouped("planning", [*_stage_flags(), *_schedule_flags()]),
-        *grouped("decoders (models with a KV cache)", _decoder_flags(), at="plan.decoder."),
-    ]
+_STAGE_FLAGS = [
+    flag(
+        "--stages",
+        "-k",
+        field="plan.stages",
+        type=stages_arg,
+        metavar="K|auto",
+        help="number of stages, or auto",
+    ),
+    flag("--profile", field="profile.saved", help="reuse a profile saved by 'onnxpipe profile'"),
+    flag(
+        "--cost",
+        field="profile.cost",
+        help="measured (default) or static costs",
+    ),
+    flag(
+        "--bandwidth",
+        field="plan.bandwidth_bytes_per_s",
+        type=bandwidth,
+        metavar="RATE",
+        help="link bandwidth: bytes/s (125000000) or a rate as devices files write it ('1 Gbit/s'); "
+        "bytes a stage receives count as transfer time (default: free)",
+    ),
+    flag(
+        "--link-model",
+        field="plan.link_model",
+        help="serial: a stage's transfer in adds to its compute; overlap: links run beside compute and "
+        "the larger counts (default: serial without --devices, overlap with it or when training)",
+    ),
+    flag(
+        "--objective",
+        field="plan.objective",
+        help="throughput: the slowest stage or link sets the pace of a stream of requests; latency: "
+        "the sum of every stage and link, what one request alone waits (single-sequence decoding)",
+    ),
+    flag(
+        "--workers",
+        field="plan.workers",
+        type=positive_int,
+        metavar="W",
+        help="deal the K stages out to W identical workers in turn (stage s on worker s %% W), so that "
+        "each worker gets about 1/W of the time and of the weights (inference; K a multiple of W)",
+    ),
+    flag(
+        "--time-slack",
+        field="plan.time_slack",
+        type=nonnegative_number,
+        metavar="F",
+        help="with --workers: accept a split up to F slower than the fastest (default "
+        f"{DEFAULT_TIME_SLACK}, i.e. 1%%) if it balances the workers' weights better",
+    ),
+    flag(
+        "--split-nodes",
+        field="plan.split_nodes",
+        help="auto: a node that holds the split back (a big MatMul, Gemm or Conv with constant weights) "
+        "may be cut into parts in consecutive stages when that lowers the slowest stage; off (default): "
+        "contiguous stages of whole nodes",
+    ),
+]
+"""How many stages, from which costs, over which links, on how many workers."""
 
 
-def _stage_flags() -> list[Flag]:
-    """How many stages, from which costs, over which links, on how many workers."""
-    return [
-        flag(
-            "--stages",
-            "-k",
-            field="plan.stages",
-            type=stages_arg,
-            metavar="K|auto",
-            help="number of stages, or auto",
-        ),
-        flag("--profile", field="profile.saved", help="reuse a profile saved by 'onnxpipe profile'"),
-        flag(
-            "--cost",
-            field="profile.cost",
-            help="measured (default) or static costs",
-        ),
-        flag(
-            "--bandwidth",
-            field="plan.bandwidth_bytes_per_s",
-            type=bandwidth,
-            metavar="RATE",
-            help="link bandwidth: bytes/s (125000000) or a rate as devices files write it ('1 Gbit/s'); "
-            "bytes a stage receives count as transfer time (default: free)",
-        ),
-        flag(
-            "--link-model",
-            field="plan.link_model",
-            help="serial: a stage's transfer in adds to its compute; overlap: links run beside compute and "
-            "the larger counts (default: serial without --devices, overlap with it or when training)",
-        ),
-        flag(
-            "--objective",
-            field="plan.objective",
-            help="throughput: the slowest stage or link sets the pace of a stream of requests; latency: "
-            "the sum of every stage and link, what one request alone waits (single-sequence decoding)",
-        ),
-        flag(
-            "--workers",
-            field="plan.workers",
-            type=positive_int,
-            metavar="W",
-            help="deal the K stages out to W identical workers in turn (stage s on worker s %% W), so that "
-            "each worker gets about 1/W of the time and of the weights (inference; K a multiple of W)",
-        ),
-        flag(
-            "--time-slack",
-            field="plan.time_slack",
-            type=nonnegative_number,
-            metavar="F",
-            help="with --workers: accept a split up to F slower than the fastest (default "
-            f"{DEFAULT_TIME_SLACK}, i.e. 1%%) if it balances the workers' weights better",
-        ),
-        flag(
-            "--split-nodes",
-            field="plan.split_nodes",
-            help="auto: a node that holds the split back (a big MatMul, Gemm or Conv with constant weights) "
-            "may be cut into parts in consecutive stages when that lowers the slowest stage; off (default): "
-            "contiguous stages of whole nodes",
-        ),
-    ]
+_SCHEDULE_FLAGS = [
+    flag(
+        "--devices",
+        field="plan.devices",
+        type=Path,
+        help="cluster file: devices in pipeline order and their links",
+    ),
+    flag(
+        "--order",
+        field="plan.order",
+        help="keep the devices' order, or search it",
+    ),
+    flag(
+        "--boundary-dtype",
+        field="plan.boundary_dtype",
+        help="what the float32 activations crossing a cut travel as, cast or quantized inside the stage "
+        "files: float16, bfloat16, int8 (a per-tensor scale), or auto: float16 where a cut's transfer "
+        "would bound the pipeline at the --devices links' rates (default: float32, as they are)",
+    ),
+    flag(
+        "--schedule",
+        field="plan.schedule.kind",
+        help="stream (inference), gpipe or 1f1b (training), auto (best training schedule)",
+    ),
+    flag(
+        "--microbatches",
+        field="plan.schedule.microbatches",
+        type=positive_int,
+        help=f"micro-batches M per batch (default {DEFAULT_MICROBATCHES})",
+    ),
+    flag(
+        "--batch",
+        field="plan.schedule.batch",
+        type=positive_int,
+        help="samples per training iteration (default: M)",
+    ),
+    flag(
+        "--backward-ratio",
+        field="plan.schedule.backward_ratio",
+        type=positive_number,
+        help="backward time over forward time (training)",
+    ),
+]
+"""The devices and their order, the schedule the plan simulates, and what training splits a batch
+into (``plan.schedule``)."""
 
 
-def _schedule_flags() -> list[Flag]:
-    """The devices and their order, the schedule the plan simulates, and what training splits a batch
-    into (``plan.schedule``)."""
-    return [
-        flag(
-            "--devices",
-            field="plan.devices",
-            type=Path,
-            help="cluster file: devices in pipeline order and their links",
-        ),
-        flag(
-            "--order",
-            field="plan.order",
-            help="keep the devices' order, or search it",
-        ),
-        flag(
-            "--boundary-dtype",
-            field="plan.boundary_dtype",
-            help="what the float32 activations crossing a cut travel as, cast or quantized inside the stage "
-            "files: float16, bfloat16, int8 (a per-tensor scale), or auto: float16 where a cut's transfer "
-            "would bound the pipeline at the --devices links' rates (default: float32, as they are)",
-        ),
-        flag(
-            "--schedule",
-            field="plan.schedule.kind",
-            help="stream (inference), gpipe or 1f1b (training), auto (best training schedule)",
-        ),
-        flag(
-            "--microbatches",
-            field="plan.schedule.microbatches",
-            type=positive_int,
-            help=f"micro-batches M per batch (default {DEFAULT_MICROBATCHES})",
-        ),
-        flag(
-            "--batch",
-            field="plan.schedule.batch",
-            type=positive_int,
-            help="samples per training iteration (default: M)",
-        ),
-        flag(
-            "--backward-ratio",
-            field="plan.schedule.backward_ratio",
-            type=positive_number,
-            help="backward time over forward time (training)",
-        ),
-    ]
+_DECODER_FLAGS = [
+    flag(
+        "--phase",
+        help="balance the layer cuts for a prompt (prefill), a generation step (decode), or both "
+        "(default: the worse phase as close as it can be to its own best split)",
+    ),
+    flag(
+        "--layer-cuts",
+        choices=("on", "off"),
+        to_field=lambda v: v == "on",
+        from_field=lambda v: "on" if v else "off",
+        help="cut only between layers, each layer's KV cache in one stage (default on)",
+    ),
+    flag(
+        "--ends",
+        help="embedding and LM head: where the balance puts them (free), with the first/last layer "
+        "(attached), or each in a stage of its own (own)",
+    ),
+    flag(
+        "--max-context",
+        type=positive_int,
+        metavar="TOKENS",
+        help="context the KV cache memory per stage is counted at (at most the model's own context)",
+    ),
+    flag("--prefill-tokens", type=positive_int, metavar="N", help="prompt tokens of the prefill shape"),
+    flag("--decode-past", type=count, metavar="N", help="cached tokens of the decode shape"),
+]
+"""How a decoder's layers are cut and the shapes its phases are measured at."""
 
 
-def _decoder_flags() -> list[Flag]:
-    """How a decoder's layers are cut and the shapes its phases are measured at."""
-    return [
-        flag(
-            "--phase",
-            help="balance the layer cuts for a prompt (prefill), a generation step (decode), or both "
-            "(default: the worse phase as close as it can be to its own best split)",
-        ),
-        flag(
-            "--layer-cuts",
-            choices=("on", "off"),
-            to_field=lambda v: v == "on",
-            from_field=lambda v: "on" if v else "off",
-            help="cut only between layers, each layer's KV cache in one stage (default on)",
-        ),
-        flag(
-            "--ends",
-            help="embedding and LM head: where the balance puts them (free), with the first/last layer "
-            "(attached), or each in a stage of its own (own)",
-        ),
-        flag(
-            "--max-context",
-            type=positive_int,
-            metavar="TOKENS",
-            help="context the KV cache memory per stage is counted at (at most the model's own context)",
-        ),
-        flag("--prefill-tokens", type=positive_int, metavar="N", help="prompt tokens of the prefill shape"),
-        flag("--decode-past", type=count, metavar="N", help="cached tokens of the decode shape"),
-    ]
+PLANNING_FLAGS = [
+    *grouped("planning", [*_STAGE_FLAGS, *_SCHEDULE_FLAGS]),
+    *grouped("decoders (models with a KV cache)", _DECODER_FLAGS, at="plan.decoder."),
+]
+"""What to plan (a :class:`~onnxpipe.api.PlanRequest` at ``plan.``), from which costs, and how a
+decoder LLM with a KV cache is split (ignored for other models: ``plan.decoder``)."""
 
 
 RAY_ADDRESS = flag(
