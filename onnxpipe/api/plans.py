@@ -201,7 +201,17 @@ def calibrated_plan(
     if not calibration.rounds:
         return make(prof)
     if request.devices is not None and calibration.mode != CalibrationMode.RAY:
-        return _calibrated_on_devices(view, prof, request, calibration, decoder)
+        # every stage timed on its device, or, for a device not here, as the reference profile was
+        # measured with the device's speed kept (:mod:`.calibrate.devices`)
+        on_devices = calibrate_on_devices(
+            view,
+            prof,
+            request,
+            lambda p, r: make_plan(view, p, r, decoder=decoder),
+            rounds=calibration.rounds,
+        )
+        how = how_timed(request.devices, prof.threads)
+        return dataclasses.replace(on_devices.plan, notes=(*on_devices.plan.notes, on_devices.note(how)))
     if not prof.on_reference:
         raise UsageError(
             f"{opt('CalibrationOptions.rounds')} times the stages in onnxruntime, and the profile was "
@@ -244,20 +254,3 @@ def refuse_untyped_inputs(view: ModelView) -> None:
             f"({opt('ProfileOptions.inputs')}), or plan from static costs without running the model "
             f"({opt('cost', 'static')} and {opt('verify', False)})"
         )
-
-
-def _calibrated_on_devices(
-    view: ModelView,
-    prof: Profile,
-    request: PlanRequest,
-    calibration: CalibrationOptions,
-    decoder: FoundDecoder | None,
-) -> Plan:
-    """The plan calibrated with every stage timed on its device, or, for a device not here, as the
-    reference profile was measured with the device's speed kept (:mod:`.calibrate.devices`)."""
-    done = calibrate_on_devices(
-        view, prof, request, lambda p, r: make_plan(view, p, r, decoder=decoder), rounds=calibration.rounds
-    )
-    assert request.devices is not None
-    how = how_timed(request.devices, prof.threads)
-    return dataclasses.replace(done.plan, notes=(*done.plan.notes, done.note(how)))
