@@ -16,33 +16,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from onnxpipe.core.lazy import lazy_exports
+from onnxpipe.core.lazy import lazy_exports, typed_exports
 from onnxpipe.core.version import __version__ as __version__
 
-_BELOW_THE_DOOR: dict[str, str] = {
-    "get_profile": "onnxpipe.cost.source",
-    "static_profile": "onnxpipe.cost.static",
-    "export_stages": "onnxpipe.export.stages",
-    "Manifest": "onnxpipe.manifest",
-    "load_manifest": "onnxpipe.manifest",
-    "ModelView": "onnxpipe.ir.model",
-    "load_model": "onnxpipe.ir.load",
-    "Partition": "onnxpipe.partition",
-    "solve": "onnxpipe.partition",
-    "Plan": "onnxpipe.planning.types",
-    "StageSpec": "onnxpipe.planning.types",
-    "make_plan": "onnxpipe.planning.workers",
-    "plan_pipeline": "onnxpipe.planning.cluster",
-    "Profile": "onnxpipe.cost.profile",
-    "profile_model": "onnxpipe.cost.measure",
-    "Pipeline": "onnxpipe.runtime",
-    "Generator": "onnxpipe.runtime",
-    "Cluster": "onnxpipe.cluster.model",
-    "load_cluster": "onnxpipe.cluster.devicesfile",
-}
-
 # written out: a type checker reads only a literal __all__ (for `from onnxpipe import *`); the module of
-# each name is in _EXPORTS below, made from it (tests/unit/test_api.py holds the two to the same names)
+# each name is its import under TYPE_CHECKING below, which resolves it at run time too (typed_exports;
+# tests/unit/test_api.py holds the two to the same names)
 __all__ = [
     "CalibrationOptions",
     "Cluster",
@@ -109,13 +88,9 @@ __all__ = [
     "verify",
 ]
 
-_EXPORTS: dict[str, str] = {
-    name: _BELOW_THE_DOOR.get(name, "onnxpipe.core.errors" if name.endswith("Error") else "onnxpipe.api")
-    for name in __all__
-    if name != "__version__"
-}
-"""Each public name's module: the door's functions, options and results (:mod:`onnxpipe.api`), the
-errors (:mod:`onnxpipe.core.errors`, each named ``...Error``), and the steps below the door."""
+_EXPORTS = typed_exports(__name__)
+"""Each public name's module, as the imports below say: the door's functions, options and results
+(:mod:`onnxpipe.api`), the errors (:mod:`onnxpipe.core.errors`), and the steps below the door."""
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 

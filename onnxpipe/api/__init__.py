@@ -34,42 +34,11 @@ from typing import TYPE_CHECKING
 
 from onnxpipe.api import options as _options
 from onnxpipe.api.options import *  # noqa: F403 (the options and their choices, listed once there)
-from onnxpipe.core.lazy import lazy_exports
+from onnxpipe.core.lazy import lazy_exports, typed_exports
 
-_EXPORTS: dict[str, str] = {
-    "profile": "onnxpipe.api.plans",
-    "plan": "onnxpipe.api.plans",
-    "split": "onnxpipe.api.splitting",
-    "verify": "onnxpipe.api.splitting",
-    "inspect": "onnxpipe.api.running",
-    "run": "onnxpipe.api.running",
-    "generate": "onnxpipe.api.generating",
-    "links": "onnxpipe.api.running",
-    "LinkReport": "onnxpipe.runtime.report.links",
-    "format_links": "onnxpipe.runtime.report.links",
-    "export_triton": "onnxpipe.export.triton",
-    "written_stages": "onnxpipe.api.seq2seq",
-    "FolderInspection": "onnxpipe.api.results",
-    "GenerateResult": "onnxpipe.api.results",
-    "Generation": "onnxpipe.runtime.generation.result",
-    "GenerationCluster": "onnxpipe.runtime.report.cluster",
-    "ModelInspection": "onnxpipe.api.results",
-    "PlanResult": "onnxpipe.api.results",
-    "SplitResult": "onnxpipe.api.results",
-    "verify_json": "onnxpipe.api.results",
-    "run_json": "onnxpipe.api.results",
-    "format_report": "onnxpipe.runtime.report.text",
-    "Manifest": "onnxpipe.manifest",
-    "ModelView": "onnxpipe.ir.model",
-    "Plan": "onnxpipe.planning.types",
-    "Profile": "onnxpipe.cost.profile",
-    "RunReport": "onnxpipe.runtime.report.model",
-    "TritonRepository": "onnxpipe.export.triton",
-    "VerifyReport": "onnxpipe.verification.verify",
-    "DecoderInfo": "onnxpipe.ir.decoder",
-    "ModelSummary": "onnxpipe.ir.summary",
-    "worker_groups": "onnxpipe.schedule.timeline",
-}
+_EXPORTS = typed_exports(__name__)
+"""The door's functions and results, and what the CLI prints them with, each from the module its import
+under TYPE_CHECKING below names (the options are imported at once, above)."""
 
 __all__ = sorted([*_EXPORTS, *_options.__all__])
 

@@ -1,4 +1,4 @@
-"""A package facade whose names are imported on first use (PEP 562): the one helper both facades share.
+"""A package facade whose names are imported on first use (PEP 562): the helpers the facades share.
 
 ``import onnxpipe`` and ``import onnxpipe.api`` stay cheap: every pipeline worker process imports the
 package, most need only the runtime, and the CLI's parsers read the options without loading onnx or
@@ -8,9 +8,11 @@ attribute of its name, which would hide a function so named.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import sys
 from collections.abc import Callable, Mapping
+from importlib.abc import InspectLoader
 from typing import Any
 
 
@@ -32,3 +34,25 @@ def lazy_exports(
         return public
 
     return getattr_, dir_
+
+
+def typed_exports(package: str) -> dict[str, str]:
+    """Each name the ``if TYPE_CHECKING:`` block of ``package``'s source imports, and the module it comes
+    from: a facade writes a name and its module once, as the import a type checker reads, and resolves
+    it at run time from the same line (as scientific Python's lazy_loader reads a stub file)."""
+    spec = sys.modules[package].__spec__
+    loader = spec.loader if spec is not None else None
+    source = loader.get_source(package) if isinstance(loader, InspectLoader) else None
+    if source is None:
+        raise ImportError(f"{package}: its source, whose imports name its exports, cannot be read")
+    (block,) = [
+        node
+        for node in ast.parse(source).body
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+    ]
+    return {
+        alias.asname or alias.name: node.module
+        for node in block.body
+        if isinstance(node, ast.ImportFrom) and node.module is not None
+        for alias in node.names
+    }
