@@ -22,7 +22,7 @@ from onnxpipe.ir.decoder_dims import DecoderFacts
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.summary import ModelSummary
 from onnxpipe.manifest import Manifest
-from onnxpipe.manifest.write import dumps, timeline_obj
+from onnxpipe.manifest.layout import dumps, timeline_obj
 from onnxpipe.planning.types import Plan
 from onnxpipe.planning.wire import stage_boundary
 from onnxpipe.runtime.generation.result import Generation
