@@ -22,7 +22,7 @@ from onnxpipe.ir.joined import join_embedding, named_embedding
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.merged import runnable_file
 from onnxpipe.planning.request import PlanRequest
-from onnxpipe.runtime.generation.embedding import Embedding
+from onnxpipe.runtime.generation.feeds import Embedding
 from onnxpipe.runtime.options import RunOptions
 
 HIDDEN, VOCAB, OUT = 4, 10, 3
