@@ -241,8 +241,6 @@ def stage_specs(
     model_inputs = [t.name for t in manifest.model_inputs] if model_inputs is None else model_inputs
     outputs = [o.name for o in manifest.model_outputs] if outputs is None else outputs
     caches = caches or {}
-    if len(placements) != manifest.k:
-        raise ValueError(f"{len(placements)} placements for {manifest.k} stages")
     generating = CONTROL in model_inputs
     local = {s.past for slots in caches.values() for s in slots}
     # tensors still needed after stage i: read by a later stage or a model output

@@ -55,13 +55,12 @@ def token_ids(step: Step) -> np.ndarray:
 
 def attention_mask(step: Step) -> np.ndarray:
     """``[B, length + new]``: ones over each sequence's cached and new tokens, zeros over the padding of
-    a shorter sequence's cache, on the side the caches are padded (:class:`PadSide`)."""
-    length = step.control.length
-    slots = np.arange(length + step.new)[None, :]
-    cached = step.cached[:, None]
-    if step.control.side == PadSide.LEFT:
-        return slots >= length - cached
-    return slots < cached + step.new
+    a shorter sequence's cache, on the side the caches are padded (:meth:`PadSide.span`)."""
+    control = step.control
+    mask = np.zeros((len(control.rows), control.length + step.new), dtype=bool)
+    for i, r in enumerate(control.rows):
+        mask[i, control.side.span(control.length, r.cached, step.new)] = True
+    return mask
 
 
 def positions(step: Step) -> np.ndarray:
