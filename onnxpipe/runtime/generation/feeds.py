@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnx
 from onnx import helper
 
 from onnxpipe.core.errors import UsageError
@@ -23,6 +22,7 @@ from onnxpipe.core.iocontract import IOContract, Role
 from onnxpipe.core.model_config import GENAI_CONFIG_NAME
 from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import open_session, session_options
+from onnxpipe.export.boundary import from_ort
 from onnxpipe.ir.joined import embedding_inputs, genai_embedding
 from onnxpipe.manifest import Manifest
 from onnxpipe.runtime.base import Tensors
@@ -48,6 +48,10 @@ class Step:
         return len(self.tokens[0])
 
 
+Builder = Callable[[Step], np.ndarray]
+"""A step's feed of one role (:data:`BUILDERS`)."""
+
+
 def token_ids(step: Step) -> np.ndarray:
     """The new tokens, ``[B, new]``."""
     return np.asarray(step.tokens)
@@ -68,7 +72,7 @@ def positions(step: Step) -> np.ndarray:
     return step.cached[:, None] + np.arange(step.new)[None, :]
 
 
-BUILDERS: Mapping[Role, Callable[[Step], np.ndarray]] = {
+BUILDERS: Mapping[Role, Builder] = {
     Role.TOKEN_IDS: token_ids,
     Role.ATTENTION_MASK: attention_mask,
     Role.POSITIONS: positions,
@@ -85,7 +89,7 @@ class StepFeeds:
         contract: IOContract,
         input_types: Mapping[str, str],
         embedding: Callable[[np.ndarray], np.ndarray] | None = None,
-        builders: Mapping[Role, Callable[[Step], np.ndarray]] | None = None,
+        builders: Mapping[Role, Builder] | None = None,
     ) -> None:
         """``embedding``: the token ids' embeddings (:class:`Embedding`), the builder of
         :attr:`Role.INPUTS_EMBEDS` where the model takes them in place of the ids; ``builders``: those of
@@ -158,7 +162,9 @@ class Embedding:
         self.session = open_session(
             path, session_options(), fail=lambda e: UsageError(f"{path}: onnxruntime cannot open it ({e})")
         )
-        inputs = {i.name: (_elem_type(i.type), tuple(i.shape)) for i in self.session.get_inputs()}
+        infos = {i.name: from_ort(i.name, i.type, i.shape) for i in self.session.get_inputs()}
+        # a sequence or a map (no tensor: None) has no element type; refused as neither ids nor floats
+        inputs = {n: (t.elem_type, t.shape) if t is not None else (0, None) for n, t in infos.items()}
         self.ids, self.empty = embedding_inputs(path, inputs, ids)
         outputs = [o.name for o in self.session.get_outputs()]
         self.embeds = embeds or (
@@ -206,13 +212,3 @@ def split_embedding(
         f"{opt('embedding', 'FILE.onnx')} (token ids in, inputs_embeds out) or a {GENAI_CONFIG_NAME} "
         f"naming it (model.embedding.filename); looked in {', '.join(str(p) for p in looked)}"
     )
-
-
-def _elem_type(ort_type: str) -> int:
-    """The ONNX element type of onnxruntime's ``tensor(float16)``; ``UNDEFINED`` for a sequence, a map."""
-    try:
-        return int(
-            onnx.TensorProto.DataType.Value(ort_type.removeprefix("tensor(").removesuffix(")").upper())
-        )
-    except ValueError:
-        return onnx.TensorProto.UNDEFINED

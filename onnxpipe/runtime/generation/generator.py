@@ -39,7 +39,7 @@ from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import DecoderLimits, Manifest, decoder_limits, load_manifest
 from onnxpipe.planning.decoder import io_contract
 from onnxpipe.runtime.base import BackendConfig, Tensors
-from onnxpipe.runtime.generation.feeds import Step, StepFeeds, split_embedding
+from onnxpipe.runtime.generation.feeds import Builder, StepFeeds, split_embedding
 from onnxpipe.runtime.generation.result import Generation
 from onnxpipe.runtime.generation.scheduler import Batching, OnToken, batch_size, schedule
 from onnxpipe.runtime.kvstate import PadSide
@@ -56,9 +56,6 @@ from onnxpipe.runtime.spec import (
 )
 from onnxpipe.runtime.text import TextCodec
 from onnxpipe.verification.verify import runnable_source, source_model_path
-
-Builder = Callable[[Step], np.ndarray]
-"""A step's feed of one role (:data:`~.feeds.BUILDERS`)."""
 
 
 class Generator(ClosesOnExit):

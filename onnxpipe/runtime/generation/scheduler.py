@@ -166,15 +166,6 @@ def next_token(
     return draw(sampling, last, rng)
 
 
-def _sequences(options: GenerateOptions, first_ident: int) -> list[_Sequence]:
-    """A sequence per prompt, each with its own draws when sampling."""
-    sampling = options.sampling
-    return [
-        _Sequence(i, first_ident + i, p, rng=None if sampling is None else generator(sampling, i))
-        for i, p in enumerate(options.prompt_ids)
-    ]
-
-
 class _Scheduler:
     """The continuous batching of :func:`generate`: admits prompts into groups, sends each group's step
     when its last one came back, and reads the tokens off the logits."""
@@ -313,7 +304,11 @@ def schedule(
     ``first_ident``: the first sequence id (ids must not repeat while caches are held); ``on_token`` is
     told each token as it comes.  ``options.eos_token_ids`` are the ids to stop at, as given (the
     model's are found by :func:`onnxpipe.runtime.generation.generator.settle`)."""
-    seqs = _sequences(options, first_ident)
+    sampling = options.sampling  # a sequence per prompt, each with its own draws when sampling
+    seqs = [
+        _Sequence(i, first_ident + i, p, rng=None if sampling is None else generator(sampling, i))
+        for i, p in enumerate(options.prompt_ids)
+    ]
     batching = batching or Batching()
     if batching.size > 1 and not step_feeds.can_pad(batching.side):
         raise UsageError(
