@@ -19,8 +19,7 @@ from onnxpipe.manifest import load_manifest
 from onnxpipe.manifest.seq2seq import SEQ2SEQ_FILE, Seq2SeqRecord, read_seq2seq
 from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig
-from onnxpipe.runtime.generation.contract import split_contract
-from onnxpipe.runtime.generation.generator import Generator
+from onnxpipe.runtime.generation.generator import Generator, Prompting, split_contract
 from onnxpipe.runtime.generation.result import Generation
 from onnxpipe.runtime.generation.seq2seq import (
     encode,
@@ -31,7 +30,6 @@ from onnxpipe.runtime.generation.seq2seq import (
 )
 from onnxpipe.runtime.options import GenerateOptions
 from onnxpipe.runtime.pipeline import Pipeline
-from onnxpipe.runtime.prompting import Prompting
 from onnxpipe.runtime.report.cluster import GenerationCluster, hop_shares, stage_nodes
 from onnxpipe.runtime.text import TextStreams
 

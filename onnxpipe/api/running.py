@@ -32,7 +32,6 @@ from onnxpipe.runtime.backends.ray_connect import connected
 from onnxpipe.runtime.backends.ray_links import measure_links
 from onnxpipe.runtime.backends.ray_resources import load_ray_resources
 from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig, Tensors
-from onnxpipe.runtime.inputs import Feeds as Batch
 from onnxpipe.runtime.inputs import input_shapes_for, load_inputs, random_inputs
 from onnxpipe.runtime.options import (
     DEFAULT_LINK_SIZES,
@@ -147,7 +146,7 @@ def _source(
 
 def _inputs(
     opts: RunOptions, directory: Path, manifest: Manifest, source: tuple[Path, Path | None] | None
-) -> tuple[list[Batch], dict[str, tuple[int, ...]]]:
+) -> tuple[list[Tensors], dict[str, tuple[int, ...]]]:
     """The micro-batches to stream, and their shapes: read from the user's files, or random."""
     if opts.has_input_files:
         inputs = load_inputs(

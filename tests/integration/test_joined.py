@@ -21,7 +21,7 @@ from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.ir.joined import join_embedding, named_embedding, runnable_file
 from onnxpipe.ir.load import load_model
 from onnxpipe.planning.request import PlanRequest
-from onnxpipe.runtime.generation.embedding import Embedding
+from onnxpipe.runtime.generation.feeds import Embedding
 from onnxpipe.runtime.options import RunOptions
 
 HIDDEN, VOCAB, OUT = 4, 10, 3

@@ -11,7 +11,7 @@ import pytest
 from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.runtime.backends.ray_actor import WorkerActor
 from onnxpipe.runtime.backends.ray_serve import StageServer
-from onnxpipe.runtime.nodeplace import NodePlace
+from onnxpipe.runtime.trips import NodePlace
 
 
 class _Counting:

@@ -28,7 +28,6 @@ from onnxpipe.runtime.backends.process_worker import hosted_stats
 from onnxpipe.runtime.backends.ray_plane import Address
 from onnxpipe.runtime.backends.ray_serve import Route, StageServer
 from onnxpipe.runtime.backends.stage_cache import ShipFailure, ShippedFile, StageCache
-from onnxpipe.runtime.nodeplace import NodePlace
 from onnxpipe.runtime.session import (
     StageFailure,
     StageRunner,
@@ -36,6 +35,7 @@ from onnxpipe.runtime.session import (
     current_rss_bytes,
 )
 from onnxpipe.runtime.spec import WorkerSpec
+from onnxpipe.runtime.trips import NodePlace
 
 WATCH_GROUP = "watch"
 """The concurrency group of :meth:`WorkerActor.watch` calls: each epoch's waits beside the calls in

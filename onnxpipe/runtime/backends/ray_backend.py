@@ -86,10 +86,9 @@ from onnxpipe.runtime.backends.ray_resources import (
 from onnxpipe.runtime.backends.ray_serve import Failed, FailureKind, Note, Route
 from onnxpipe.runtime.backends.ray_ship import ship
 from onnxpipe.runtime.base import Delivery, RayConfig, Tensors
-from onnxpipe.runtime.nodeplace import NodePlace
 from onnxpipe.runtime.session import MAX_RECORDS, WorkerStats
 from onnxpipe.runtime.spec import WorkerSpec
-from onnxpipe.runtime.trips import Leg, Trip
+from onnxpipe.runtime.trips import Leg, NodePlace, Trip
 from onnxpipe.schedule.timeline import worker_groups
 
 START_TIMEOUT_S = 300.0

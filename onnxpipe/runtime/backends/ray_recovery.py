@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from onnxpipe.core.options import opt
-from onnxpipe.runtime.nodeplace import NodePlace
+from onnxpipe.runtime.trips import NodePlace
 
 
 @dataclass(frozen=True)

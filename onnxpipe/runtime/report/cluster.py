@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from onnxpipe.runtime.backends.ray_recovery import Recovery
-from onnxpipe.runtime.nodeplace import NodePlace
-from onnxpipe.runtime.trips import Trip
+from onnxpipe.runtime.trips import NodePlace, Trip
 
 
 @dataclass(frozen=True)
