@@ -2,7 +2,7 @@
 
 An actor starts empty.  The driver asks where it landed (:meth:`WorkerActor.node`), ships it what its
 node lacks (:meth:`WorkerActor.missing`, :meth:`WorkerActor.write`, :meth:`WorkerActor.seal`; see
-:mod:`~onnxpipe.runtime.backends.ray_ship`) or leaves it to read a shared folder, and then opens its
+:mod:`~onnxpipe.runtime.backends.stage_cache`) or leaves it to read a shared folder, and then opens its
 stages (:meth:`WorkerActor.open`).  Ray restarts an actor whose node was lost on another node, empty
 again, and the driver sets it up again (files, stages, the data plane) before it sends it anything.
 
