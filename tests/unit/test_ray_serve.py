@@ -1,4 +1,4 @@
-"""An actor's stage server on the data plane (``onnxpipe/runtime/backends/ray_serve.py``), on this
+"""An actor's stage server on the data plane (``onnxpipe/runtime/backends/ray_actor.py``), on this
 machine's loopback, without Ray: a frame runs in the thread that read it, and a close waits for it."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from onnxpipe.runtime.backends.ray_actor import Failed, FailureKind, Note, Route, StageServer
 from onnxpipe.runtime.backends.ray_plane import Endpoint, Frame
-from onnxpipe.runtime.backends.ray_serve import Failed, FailureKind, Note, Route, StageServer
 
 
 class _Stage:

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from onnxpipe.core.errors import RuntimeStageError
-from onnxpipe.runtime.backends.ray_actor import WorkerActor
-from onnxpipe.runtime.backends.ray_serve import StageServer
+from onnxpipe.runtime.backends.ray_actor import StageServer, WorkerActor
 from onnxpipe.runtime.nodeplace import NodePlace
 
 

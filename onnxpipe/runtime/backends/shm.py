@@ -184,7 +184,7 @@ class SlotReader:
 
     def take(self) -> tuple[int, dict[str, np.ndarray], int] | None:
         """The next micro-batch: its number, views of its tensors (:meth:`views`) and its slot; None when
-        the channel closed (:class:`~onnxpipe.runtime.backends.hosting.Inbox`)."""
+        the channel closed (:class:`~onnxpipe.runtime.backends.lanes.Inbox`)."""
         message = self.recv()
         if not isinstance(message, ItemMessage):
             return None

@@ -10,7 +10,7 @@ the one a worker runs still counts.  A lane of ``k`` workers thus holds at most 
 micro-batches, which is :attr:`ThreadBackend.capacity`.
 
 A thread runs one stage, or all the stages of one worker of an interleaved split (``workers``), taking
-turns of them as a worker process does (:mod:`.hosting`).
+turns of them as a worker process does (:class:`~.lanes.Host`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ import numpy as np
 
 from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.runtime.affinity import pin_thread
-from onnxpipe.runtime.backends.hosting import Host, Hosted
-from onnxpipe.runtime.backends.lanes import Lanes
+from onnxpipe.runtime.backends.lanes import Host, Hosted, Lanes
 from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.options import DEFAULT_SLOTS
 from onnxpipe.runtime.session import StageFailure, StageRunner, WorkerStats, current_rss_bytes
@@ -40,8 +39,8 @@ STOP_GRACE_S = 10.0
 
 class _Channel:
     """A FIFO of micro-batches with ``slots`` places (see the module docstring) that wakes its receiver
-    when one comes in and its sender when a place frees (an :class:`~.hosting.Inbox` and an
-    :class:`~.hosting.Outbox`).  One sender and one receiver: a place counted free stays free."""
+    when one comes in and its sender when a place frees (an :class:`~.lanes.Inbox` and an
+    :class:`~.lanes.Outbox`).  One sender and one receiver: a place counted free stays free."""
 
     def __init__(self, slots: int, sender: threading.Event, receiver: threading.Event) -> None:
         self.slots = slots
