@@ -7,29 +7,26 @@ stages (:meth:`WorkerActor.open`).  Ray restarts an actor whose node was lost on
 again, and the driver sets it up again (files, stages, the data plane) before it sends it anything.
 
 Micro-batches do not come as calls: once its stages are open, the driver opens the actor's end of the
-data plane (:meth:`WorkerActor.plane_open`, :meth:`WorkerActor.plane_route`; see
-:class:`StageServer` below), and frames flow from actor to actor.  The driver calls
-:meth:`WorkerActor.watch`, which waits for a connection of the plane to break, in a concurrency group
-of its own (:data:`WATCH_GROUP`), so that it does not hold up the actor's other calls, which run one at
-a time in the order they were made (the chunks of a shipped file among them).
+data plane (:mod:`~onnxpipe.runtime.backends.ray_plane`; :meth:`WorkerActor.plane_open`,
+:meth:`WorkerActor.plane_route`), and frames flow from actor to actor: in from the stage before it (or
+the driver), each run by its stage, its outputs out to the stage after it (or the driver), with no call
+from the driver per micro-batch.  The driver calls :meth:`WorkerActor.watch`, which waits for a
+connection of the plane to break (a peer's process or node died), in a concurrency group of its own
+(:data:`WATCH_GROUP`), so that it does not hold up the actor's other calls, which run one at a time in
+the order they were made (the chunks of a shipped file among them).
 
-The actor's stages are served over the data plane (:mod:`~onnxpipe.runtime.backends.ray_plane`) by a
-:class:`StageServer`: frames in from the stage before it (or the driver), each run by its stage, its outputs
-out to the stage after it (or the driver), with no call from the driver per micro-batch.
-
-The driver sets the plane up per *epoch*: every actor opens a fresh endpoint (:meth:`StageServer.open`)
-with the routes of its stages (where each one's outputs go).  After a lost actor was started again the
-driver opens a new epoch on every actor: frames of an older epoch still on their way are dropped where
-they arrive, so a micro-batch sent again is delivered once.
+The driver sets the plane up per *epoch*: every actor opens a fresh endpoint with the routes of its
+stages (where each one's outputs go).  After a lost actor was started again the driver opens a new epoch
+on every actor: frames of an older epoch still on their way are dropped where they arrive, so a
+micro-batch sent again is delivered once.
 
 A frame is run by the thread that read it off its connection, and its outputs written by that thread
 (:class:`~onnxpipe.runtime.backends.ray_plane.Endpoint`'s ``send``), one frame at a time (an actor's
 stages share its interpreter and its cores, as a Ray call at a time did).  Why not a queue to a serving
 thread: each handover between threads cost a hop a thread switch, which on a node's busy core waited
 for the scheduler (milliseconds a hop of a generation step, measured on namespaced hosts with a core
-each).  A stage's failure does not stop the server: a :class:`Failed` goes to the driver, which fails
-the run (or, for a generation step whose cache is gone, that step).
-:meth:`StageServer.watch` answers the driver when a connection breaks (a peer's process or node died).
+each).  A stage's failure does not stop the actor serving: a :class:`Failed` goes to the driver, which
+fails the run (or, for a generation step whose cache is gone, that step).
 """
 
 from __future__ import annotations
@@ -125,118 +122,6 @@ class Route:
     stage: int = TO_DRIVER
 
 
-class StageServer:
-    """The serving side of one actor: see the module docstring."""
-
-    def __init__(self, runners: Mapping[int, StageRunner], host: str, where: str) -> None:
-        self.runners = runners
-        self.host = host
-        self.where = where
-        """The actor's node in words, for the messages."""
-        self._epoch = -1
-        self._routes: dict[int, Route] = {}
-        self._driver: Address | None = None
-        self._endpoint: Endpoint | None = None
-        self._routed = threading.Event()
-        self._running = threading.Lock()
-        """Held while a frame runs: one at a time, and :meth:`close` waits for the one running."""
-        self._changed = threading.Condition()
-        self._breaks: dict[int, str] = {}
-        """Why a connection broke, by the epoch it broke in."""
-        self.received: dict[int, dict[str, np.ndarray]] = {}
-        """What each stage ran on last: calibration times the stage on it again
-        (:meth:`WorkerActor.window`)."""
-
-    def open(self, epoch: int) -> Address:
-        """Serve epoch ``epoch`` on a fresh endpoint (the last one closed, its frames dropped): its
-        address.  Frames are taken once :meth:`route` said where they go."""
-        self.close()
-        with self._changed:
-            self._epoch = epoch
-            self._changed.notify_all()  # a watch of the epoch before ends
-        self._routes, self._driver = {}, None
-        self._routed = threading.Event()
-        self._endpoint = Endpoint(self.host, self._arrived, lambda _peer, why: self._broke(epoch, why))
-        return self._endpoint.address
-
-    def route(self, routes: Mapping[int, Route], driver: Address) -> None:
-        """Where each stage's outputs go (and failures: the driver); serving starts."""
-        self._routes, self._driver = dict(routes), driver
-        self._routed.set()
-
-    def watch(self, epoch: int) -> str:
-        """Block until a connection breaks in ``epoch`` (why), or a newer epoch begins (an empty text)."""
-        with self._changed:
-            self._changed.wait_for(lambda: epoch in self._breaks or self._epoch != epoch)
-            return self._breaks.get(epoch, "")
-
-    def close(self) -> None:
-        """Stop serving: the frame running is finished, the rest dropped; the endpoint closed."""
-        endpoint, self._endpoint = self._endpoint, None
-        self._routed.set()  # a frame waiting for its route is dropped
-        if self._running.acquire(timeout=CLOSE_WAIT_S):  # a hung stage run must not hold the recovery
-            self._running.release()
-        if endpoint is not None:
-            endpoint.close()
-
-    def _arrived(self, frame: Frame) -> None:
-        """Run ``frame`` (in the thread that read it) if it is of this epoch and the server still open."""
-        note = Note.read(frame.meta)
-        endpoint = self._endpoint
-        if note is None or note.epoch != self._epoch or endpoint is None:
-            return
-        if not self._routed.is_set():
-            self._routed.wait(ROUTE_TIMEOUT_S)
-        with self._running:
-            if self._endpoint is not endpoint:  # closed meanwhile: a newer epoch sends it again
-                return
-            try:
-                self._run(note, frame, endpoint)
-            except PlaneError as e:  # the next stage is gone: the driver learns it from the watch
-                self._broke(note.epoch, str(e))
-            except Exception as e:  # noqa: BLE001 - fail the micro-batch, or the driver waits forever
-                self._fail(
-                    note, FailureKind.STAGE, f"stage {note.stage}: {type(e).__name__}: {e} (on {self.where})"
-                )
-
-    def _broke(self, epoch: int, why: str) -> None:
-        """A connection of ``epoch`` broke; not one that this server's own close ended."""
-        with self._changed:
-            if epoch == self._epoch and self._endpoint is not None:
-                self._breaks.setdefault(epoch, f"{why} (seen on {self.where})")
-                self._changed.notify_all()
-
-    def _run(self, note: Note, frame: Frame, endpoint: Endpoint) -> None:
-        start = time.perf_counter()
-        runner = self.runners.get(note.stage)
-        if runner is None:
-            self._fail(note, FailureKind.STAGE, f"stage {note.stage} is not open on {self.where}")
-            return
-        run_start = time.perf_counter()
-        try:
-            sends = runner.run(note.seq, frame.tensors)
-        except CacheMissing as e:
-            self._fail(note, FailureKind.CACHE_GONE, f"{e} (on {self.where})")
-            return
-        except StageFailure as e:
-            self._fail(note, FailureKind.STAGE, str(e))
-            return
-        run_end = time.perf_counter()
-        self.received[note.stage] = frame.tensors
-        route = self._routes[note.stage]
-        end = time.perf_counter()  # recorded before the outputs go: the driver may ask for it once they came
-        runner.records.append(Record(note.seq, start, run_start, run_end, end, end))
-        sent = time.time()
-        leg = (note.stage, frame.received, run_end - run_start, sent, frame.nbytes)
-        wire = (note.epoch, note.seq, route.stage, sent, (*note.legs, leg))  # a Note's wire(), made at once
-        endpoint.send(route.address, wire, sends)
-
-    def _fail(self, note: Note, kind: FailureKind, text: str) -> None:
-        endpoint = self._endpoint
-        if endpoint is not None and self._driver is not None:
-            endpoint.send(self._driver, Failed(note.epoch, note.seq, kind, text), {})
-
-
 def node_here() -> NodePlace:
     """The node and process of the Ray worker that calls it."""
     import ray
@@ -258,7 +143,18 @@ class WorkerActor:
         self.runners: dict[int, StageRunner] = {}
         self.cache = StageCache()
         self.place: NodePlace | None = None
-        self.server: StageServer | None = None
+        self._epoch = -1
+        self._routes: dict[int, Route] = {}
+        self._driver: Address | None = None
+        self._endpoint: Endpoint | None = None
+        self._routed = threading.Event()
+        self._running = threading.Lock()
+        """Held while a frame runs: one at a time, and :meth:`plane_close` waits for the one running."""
+        self._changed = threading.Condition()
+        self._breaks: dict[int, str] = {}
+        """Why a connection broke, by the epoch it broke in."""
+        self.received: dict[int, dict[str, np.ndarray]] = {}
+        """What each stage ran on last: :meth:`window` times the stage on it again."""
 
     # ------------------------------------------------------------------------------ setting up
 
@@ -304,22 +200,39 @@ class WorkerActor:
     # ------------------------------------------------------------------------------ the data plane
 
     def plane_open(self, epoch: int) -> Address:
-        """Open this actor's end of the data plane for ``epoch`` (the last one's closed): its address."""
-        if self.server is None:
-            place = self.node()
-            self.server = StageServer(self.runners, place.address, place.short)
-        return self.server.open(epoch)
+        """Serve epoch ``epoch`` on a fresh endpoint of this actor's node (the last one closed, its frames
+        dropped): its address.  Frames are taken once :meth:`plane_route` said where they go."""
+        self.plane_close()
+        with self._changed:
+            self._epoch = epoch
+            self._changed.notify_all()  # a watch of the epoch before ends
+        self._routes, self._driver = {}, None
+        self._routed = threading.Event()
+        self._endpoint = Endpoint(
+            self.node().address, self._arrived, lambda _peer, why: self._broke(epoch, why)
+        )
+        return self._endpoint.address
 
     def plane_route(self, routes: Mapping[int, Route], driver: Address) -> None:
-        """Where each hosted stage's outputs go, and where failures go: the driver."""
-        assert self.server is not None, "plane_open comes first"
-        self.server.route(routes, driver)
+        """Where each hosted stage's outputs go (and failures: the driver); serving starts."""
+        self._routes, self._driver = dict(routes), driver
+        self._routed.set()
 
     def watch(self, epoch: int) -> str:
-        """Wait until a connection of this actor's plane breaks in ``epoch``: why (the driver sets the
-        pipeline up again)."""
-        assert self.server is not None, "plane_open comes first"
-        return self.server.watch(epoch)
+        """Block until a connection of this actor's plane breaks in ``epoch`` (why: the driver sets the
+        pipeline up again), or a newer epoch begins (an empty text)."""
+        with self._changed:
+            self._changed.wait_for(lambda: epoch in self._breaks or self._epoch != epoch)
+            return self._breaks.get(epoch, "")
+
+    def plane_close(self) -> None:
+        """Stop serving: the frame running is finished, the rest dropped; the endpoint closed."""
+        endpoint, self._endpoint = self._endpoint, None
+        self._routed.set()  # a frame waiting for its route is dropped
+        if self._running.acquire(timeout=CLOSE_WAIT_S):  # a hung stage run must not hold the recovery
+            self._running.release()
+        if endpoint is not None:
+            endpoint.close()
 
     def window(self, stage: int, seconds: float, min_runs: int) -> float:
         """Seconds per run of hosted stage ``stage`` run back to back on what it ran on last, over at
@@ -329,7 +242,7 @@ class WorkerActor:
         instance's) runs a run shorter than the quota's period at full speed and is throttled between
         runs, and a core shared with another stage's actor is shared over time; only a window of
         back-to-back runs longer than the period shows either."""
-        received = self.server.received.get(stage) if self.server is not None else None
+        received = self.received.get(stage)
         if received is None:
             raise RuntimeStageError(f"stage {stage} has run nothing on {self.node().short} to time again")
         runner, runs, start = self.runners[stage], 0, time.perf_counter()
@@ -349,3 +262,64 @@ class WorkerActor:
     def reset(self) -> None:
         for runner in self.runners.values():
             runner.records.clear()
+
+    # ------------------------------------------------------------------------------ serving frames
+
+    def _arrived(self, frame: Frame) -> None:
+        """Run ``frame`` (in the thread that read it) if it is of this epoch and the plane still open."""
+        note = Note.read(frame.meta)
+        endpoint = self._endpoint
+        if note is None or note.epoch != self._epoch or endpoint is None:
+            return
+        if not self._routed.is_set():
+            self._routed.wait(ROUTE_TIMEOUT_S)
+        with self._running:
+            if self._endpoint is not endpoint:  # closed meanwhile: a newer epoch sends it again
+                return
+            try:
+                self._run(note, frame, endpoint)
+            except PlaneError as e:  # the next stage is gone: the driver learns it from the watch
+                self._broke(note.epoch, str(e))
+            except Exception as e:  # noqa: BLE001 - fail the micro-batch, or the driver waits forever
+                self._fail(
+                    note,
+                    FailureKind.STAGE,
+                    f"stage {note.stage}: {type(e).__name__}: {e} (on {self.node().short})",
+                )
+
+    def _broke(self, epoch: int, why: str) -> None:
+        """A connection of ``epoch`` broke; not one that this actor's own close ended."""
+        with self._changed:
+            if epoch == self._epoch and self._endpoint is not None:
+                self._breaks.setdefault(epoch, f"{why} (seen on {self.node().short})")
+                self._changed.notify_all()
+
+    def _run(self, note: Note, frame: Frame, endpoint: Endpoint) -> None:
+        start = time.perf_counter()
+        runner = self.runners.get(note.stage)
+        if runner is None:
+            self._fail(note, FailureKind.STAGE, f"stage {note.stage} is not open on {self.node().short}")
+            return
+        run_start = time.perf_counter()
+        try:
+            sends = runner.run(note.seq, frame.tensors)
+        except CacheMissing as e:
+            self._fail(note, FailureKind.CACHE_GONE, f"{e} (on {self.node().short})")
+            return
+        except StageFailure as e:
+            self._fail(note, FailureKind.STAGE, str(e))
+            return
+        run_end = time.perf_counter()
+        self.received[note.stage] = frame.tensors
+        route = self._routes[note.stage]
+        end = time.perf_counter()  # recorded before the outputs go: the driver may ask for it once they came
+        runner.records.append(Record(note.seq, start, run_start, run_end, end, end))
+        sent = time.time()
+        leg = (note.stage, frame.received, run_end - run_start, sent, frame.nbytes)
+        wire = (note.epoch, note.seq, route.stage, sent, (*note.legs, leg))  # a Note's wire(), made at once
+        endpoint.send(route.address, wire, sends)
+
+    def _fail(self, note: Note, kind: FailureKind, text: str) -> None:
+        endpoint = self._endpoint
+        if endpoint is not None and self._driver is not None:
+            endpoint.send(self._driver, Failed(note.epoch, note.seq, kind, text), {})

@@ -20,7 +20,7 @@ the split folder at the driver's path, which every node must then have.  Then th
 
 **Hops.** Micro-batches do not travel in Ray's calls: once the actors' stages are open, each actor opens
 its end of the data plane (:mod:`~onnxpipe.runtime.backends.ray_plane`, served by
-:class:`~onnxpipe.runtime.backends.ray_actor.StageServer`), a listener on its node's address, and learns
+:class:`~onnxpipe.runtime.backends.ray_actor.WorkerActor`), a listener on its node's address, and learns
 where each of its stages' outputs go.  The driver sends a micro-batch's inputs to the first stage's actor over
 a persistent connection; each actor sends its outputs straight to the next stage's, the last one back to the
 driver.  A hop costs its bytes over the link and a frame's header, not a Ray call relayed by the driver (about
