@@ -35,6 +35,7 @@ from typing import Any, BinaryIO
 import onnx
 
 from onnxpipe.core.files import file_sha256
+from onnxpipe.ir.external import external_info, is_external
 from onnxpipe.runtime.spec import ModelFile, WorkerSpec
 
 CACHE_ENV = "ONNXPIPE_STAGE_CACHE"
@@ -164,13 +165,9 @@ def model_files(path: Path) -> tuple[ModelFile, ...]:
     """The model at ``path`` and the external weights files beside it, hashed here (a model whose files
     no manifest records, such as the source model the baselines run)."""
     proto = onnx.load(str(path), load_external_data=False)
-    names: list[str] = []
-    for t in proto.graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            location = {e.key: e.value for e in t.external_data}.get("location", "")
-            if location and location not in names:
-                names.append(location)
-    return tuple(ModelFile(n, file_sha256(path.parent / n)) for n in [path.name, *names])
+    locations = (external_info(t)[0] for t in proto.graph.initializer if is_external(t))
+    names = [path.name, *dict.fromkeys(n for n in locations if n)]
+    return tuple(ModelFile(n, file_sha256(path.parent / n)) for n in names)
 
 
 def ship(ray: Any, actor: Any, specs: Sequence[WorkerSpec]) -> tuple[int, dict[int, list[ShippedFile]]]:
