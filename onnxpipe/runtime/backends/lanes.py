@@ -123,12 +123,12 @@ class Lanes(ABC):
 
 class Inbox(Protocol):
     """Where a hosted stage's micro-batches come in: :meth:`take` gives the next one's number, its
-    tensors and the slot they hold until :meth:`release`, or None once the channel closed (the caller's
-    close); :meth:`pending`: whether one (or the end) is waiting."""
+    tensors and the slot they hold until :meth:`release` (a channel whose sender is gone raises
+    :class:`EOFError`); :meth:`pending`: whether one (or the end) is waiting."""
 
     def pending(self) -> bool: ...
 
-    def take(self) -> tuple[int, dict[str, np.ndarray], int] | None: ...
+    def take(self) -> tuple[int, dict[str, np.ndarray], int]: ...
 
     def release(self, slot: int) -> None: ...
 
@@ -158,13 +158,10 @@ class Hosted(Generic[In, Out]):
         self.busy: int | None = None
         """The micro-batch taken and not yet sent on (what a failure names)."""
 
-    def run_next(self) -> bool:
-        """Take the next micro-batch, run it, and send the result if there is room (else hold it).
-        False when the channel was closed (the caller's close)."""
+    def run_next(self) -> None:
+        """Take the next micro-batch, run it, and send the result if there is room (else hold it)."""
         received = time.perf_counter()
         taken = self.inbox.take()
-        if taken is None:
-            return False
         seq, views, slot = taken
         self.busy = seq
         run_start = time.perf_counter()
@@ -173,7 +170,6 @@ class Hosted(Generic[In, Out]):
         self.held = (Record(seq, received, run_start, run_end, run_end, run_end), slot, sends)
         del views, taken
         self.send_held()
-        return True
 
     def send_held(self) -> bool:
         """Send the held result if the downstream channel has room; whether it went."""
@@ -204,9 +200,8 @@ class Host(Generic[In, Out]):
     def label(self) -> str:
         return ", ".join(h.runner.spec.label for h in self.hosted)
 
-    def one_pass(self) -> bool | None:
-        """Send held results and run the deepest stage with work; whether any work was done, None when
-        a channel closed (the caller's close)."""
+    def one_pass(self) -> bool:
+        """Send held results and run the deepest stage with work; whether any work was done."""
         worked = False
         for h in self._deepest_first:
             if h.held is not None:
@@ -214,8 +209,7 @@ class Host(Generic[In, Out]):
                 worked = h.send_held() or worked
             if h.held is None and h.inbox.pending():
                 self.current = h
-                if not h.run_next():
-                    return None
+                h.run_next()
                 self.current = None
                 return True
         self.current = None

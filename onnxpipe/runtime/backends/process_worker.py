@@ -133,10 +133,7 @@ def _serve(
         # the caller's stats, reset and stop come first, also while every pass finds work
         if asked.any() and not _control_says_go(host, control, startup_rss):
             return False
-        worked = host.one_pass()
-        if worked is None:
-            return False
-        if worked:
+        if host.one_pass():
             continue
         key = tuple(h.held is not None for h in host.hosted)
         if key not in waits:

@@ -48,7 +48,6 @@ from onnxpipe.runtime.backends.lanes import Lanes
 from onnxpipe.runtime.backends.process_worker import RESET, STATS, STOP, WATCH_S, StageEnds, worker_main
 from onnxpipe.runtime.backends.shm import (
     MAX_SLOTS,
-    ItemMessage,
     Poller,
     SlotReader,
     SlotWriter,
@@ -216,9 +215,8 @@ class ProcessBackend(Lanes):
                 lane.writer.collect_freed()
                 while lane.reader.pending():
                     message = lane.reader.recv()
-                    if isinstance(message, ItemMessage):
-                        done.append((message.seq, lane.reader.copies(message)))
-                        lane.reader.release(message.slot)
+                    done.append((message.seq, lane.reader.copies(message)))
+                    lane.reader.release(message.slot)
         except (OSError, EOFError) as e:
             self._check_workers(grace=_REAP_GRACE_S)
             self._failure = RuntimeStageError(f"a worker's channel closed unexpectedly ({e!r})")
