@@ -20,7 +20,7 @@ Ctrl-C in :meth:`run` or :meth:`stream` stops the workers at once.  A pipeline d
 ``close()`` finishes what was submitted and stops its workers once it is garbage-collected.
 
 Process workers are started with ``spawn`` but never import the caller's ``__main__``
-(:mod:`onnxpipe.runtime.backends.spawning`): a script needs no ``if __name__ == "__main__":`` guard, and
+(:mod:`onnxpipe.runtime.backends.processes`): a script needs no ``if __name__ == "__main__":`` guard, and
 ``python -`` and notebooks work too.
 """
 

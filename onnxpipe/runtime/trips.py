@@ -2,9 +2,9 @@
 each hop's bytes, and when it left and arrived.
 
 Each stage adds its :class:`Leg` to the micro-batch's frame on the data plane
-(:mod:`~onnxpipe.runtime.backends.ray_serve`), and the driver adds its own times to the legs it gets back
-with the outputs: a :class:`Trip`.  Its hops are the driver to the first stage, each stage to the next,
-and the last stage back to the driver.  Times are wall clocks (``time.time()``) of the machines the
+(:class:`~onnxpipe.runtime.backends.ray_actor.WorkerActor`), and the driver adds its own times to the legs it
+gets back with the outputs: a :class:`Trip`.  Its hops are the driver to the first stage, each stage to the
+next, and the last stage back to the driver.  Times are wall clocks (``time.time()``) of the machines the
 stages ran on: exact on one machine, as good as the machines' clocks agree across several.
 """
 

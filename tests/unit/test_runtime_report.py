@@ -26,7 +26,7 @@ from runtime_support import (
 
 from onnxpipe.cluster.model import Device
 from onnxpipe.core.runtime_kinds import EngineConfig
-from onnxpipe.runtime.backends.ray_recovery import Recovery
+from onnxpipe.runtime.backends.ray_resources import Recovery
 from onnxpipe.runtime.report import baselines as compare
 from onnxpipe.runtime.report.build import build_report
 from onnxpipe.runtime.report.measure import min_steady_microbatches

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onnxpipe.runtime.backends.ray_recovery import Recovery
+from onnxpipe.runtime.backends.ray_resources import Recovery
 from onnxpipe.runtime.trips import NodePlace, Trip
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxpipe.runtime.backends.ray_recovery import Recovery
+from onnxpipe.runtime.backends.ray_resources import Recovery
 from onnxpipe.runtime.report.cluster import HopReport, bounding_hop, per_hop, recovery_obj
 from onnxpipe.runtime.spec import CPU_PROVIDER, WorkerSpec
 
