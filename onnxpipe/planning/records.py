@@ -164,7 +164,7 @@ class PlanFigures:
     None for a plan made outside the planner, and in a manifest written before the field (whose plans were
     serial without a devices file, overlap with one)."""
     decoder: DecoderRecord | None = None
-    """Set when the model is a decoder with a KV cache (:mod:`onnxpipe.planning.decoder`)."""
+    """Set when the model is a decoder with a KV cache (:mod:`onnxpipe.planning.decoder_plan`)."""
     optimized_for: Objective | None = None
     """The objective that chose the split (``throughput``: the bottleneck; ``latency``: one request's
     time through every stage and link); None for a plan made outside the planner, and in a manifest

@@ -48,7 +48,7 @@ class StageSpec:
     """Nodes of ``node_names`` left out of the stage file: what they computed is remade from an equal
     tensor (see ``aliases``) or no longer needed."""
     kv_layers: tuple[int, ...] = ()
-    """A decoder's layers whose KV cache this stage holds (:mod:`onnxpipe.planning.decoder`)."""
+    """A decoder's layers whose KV cache this stage holds (:mod:`onnxpipe.planning.decoder_plan`)."""
     kv_cache_bytes: int = 0
     """That cache's bytes at the plan's maximum context
     (:attr:`~onnxpipe.manifest.entries.DecoderRecord.max_context`)."""

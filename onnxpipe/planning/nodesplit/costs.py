@@ -29,9 +29,8 @@ from onnxpipe.cost.profile import CostSource, Profile
 from onnxpipe.ir.load import view_from_proto
 from onnxpipe.ir.model import ModelView, dtype_name, itemsize
 from onnxpipe.ir.shapes import symbol_sizes
-from onnxpipe.planning.nodesplit.constants import Constants
 from onnxpipe.planning.nodesplit.cut import cut_node
-from onnxpipe.planning.nodesplit.find import SplitKind, Splittable, part_sizes
+from onnxpipe.planning.nodesplit.find import Constants, SplitKind, Splittable, part_sizes
 
 DEFAULT_RUNS = 15
 """Timed runs of each piece (after one untimed run per turn); the medians are compared."""

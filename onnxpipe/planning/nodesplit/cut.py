@@ -3,7 +3,7 @@ its output, and a join that puts the slices back together (see :mod:`.find` for 
 
 The cut model keeps every tensor name the rest of the graph reads (the join writes the chain's last
 output), so the stages made from it are compared with the original model by ``verify`` as they are.
-Weights are sliced by value (:mod:`.constants`); what only the cut chain read (the whole weights, the
+Weights are sliced by value (:class:`.find.Constants`); what only the cut chain read (the whole weights, the
 nodes that computed them) leaves the model.
 
 :func:`cut_node` reads as its steps: check the sizes, make each part, make the join, put them where the
@@ -23,10 +23,10 @@ from onnx import helper, numpy_helper
 from onnxpipe.core.errors import UsageError
 from onnxpipe.ir.load import in_order, view_from_proto
 from onnxpipe.ir.model import ModelView, set_items, subgraph_outer_reads
-from onnxpipe.planning.nodesplit.constants import Constants
 from onnxpipe.planning.nodesplit.find import (
     BINARY_OPS,
     UNARY_OPS,
+    Constants,
     SplitKind,
     Splittable,
     part_sizes,

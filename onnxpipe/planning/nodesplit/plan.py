@@ -34,7 +34,6 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.model import ModelView
 from onnxpipe.partition import Partition, solve
 from onnxpipe.partition.splitting import SplitCandidate, SplitShape, expand
-from onnxpipe.planning.fused import anywhere_cuttable
 from onnxpipe.planning.nodesplit.costs import (
     PartCosts,
     chain_seconds,
@@ -45,7 +44,7 @@ from onnxpipe.planning.nodesplit.costs import (
 from onnxpipe.planning.nodesplit.cut import CutModel, cut_node
 from onnxpipe.planning.nodesplit.find import SplitKind, Splittable, find_splittable, part_sizes
 from onnxpipe.planning.records import NodeSplit
-from onnxpipe.planning.sequences import Sequences, sequences
+from onnxpipe.planning.sequences import Sequences, anywhere_cuttable, sequences
 from onnxpipe.planning.types import Plan
 from onnxpipe.planning.workers import make_plan
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES

@@ -12,7 +12,7 @@ from onnxpipe.core.options import opt
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import Manifest
-from onnxpipe.planning.decoder import io_contract
+from onnxpipe.planning.decoder_plan import io_contract
 from onnxpipe.runtime.kvstate import CONTROL
 from onnxpipe.verification.verify import source_model_path
 
@@ -41,7 +41,7 @@ def split_contract(manifest: Manifest, folder: str | Path) -> IOContract:
 
 def _from_source(manifest: Manifest, folder: Path) -> IOContract:
     """The contract of a manifest written before ``plan.decoder.io``: the planner's, from the source model
-    the manifest records (:func:`onnxpipe.planning.decoder.io_contract`)."""
+    the manifest records (:func:`onnxpipe.planning.decoder_plan.io_contract`)."""
     try:
         path = source_model_path(folder, manifest, None)
     except UsageError as e:
