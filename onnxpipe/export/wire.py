@@ -1,4 +1,5 @@
-"""Compressed boundaries written into the stage files (``boundary_dtype``, :mod:`onnxpipe.planning.wire`).
+"""Compressed boundaries written into the stage files (``boundary_dtype``, planned by
+:func:`onnxpipe.planning.planner.plan_with_wire`).
 
 The sending stage casts each compressed float32 output to float16 or bfloat16, or quantizes it to int8
 with a per-tensor scale it computes at run time (``max|x| / 127``, symmetric, zero point 0) and sends

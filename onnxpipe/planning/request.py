@@ -200,7 +200,8 @@ class PlanRequest:
     """``throughput``: the slowest stage or link (a stream of requests); ``latency``: the sum of every
     stage and link, what one request alone (single-sequence decoding) waits for."""
     boundary_dtype: BoundaryDtype = BoundaryDtype.FLOAT32
-    """What the float32 activations crossing a cut travel as (:mod:`onnxpipe.planning.wire`)."""
+    """What the float32 activations crossing a cut travel as
+    (:func:`onnxpipe.planning.planner.plan_with_wire`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(
