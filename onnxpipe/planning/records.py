@@ -116,8 +116,8 @@ class NodeSplit:
     join: str = ""
     """The node that joins the parts' results; empty in a manifest written before the field."""
     measured: bool = False
-    """Whether the parts' costs were timed (:mod:`onnxpipe.planning.nodesplit.costs`) or scaled by their
-    share."""
+    """Whether the parts' costs were timed (:func:`onnxpipe.planning.nodesplit.cut.sized_costs`) or scaled
+    by their share."""
 
     def __post_init__(self) -> None:
         if len(self.stages) != self.parts or list(self.stages) != sorted(self.stages):

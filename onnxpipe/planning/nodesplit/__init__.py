@@ -6,8 +6,8 @@ its output, so that the planner can put them in consecutive stages.  The feature
 
 * :mod:`.find`: which nodes can be cut, by which kinds of cut, with which nodes carried along, and the
   weights' values, which the cut slices;
-* :mod:`.cut`: the model with one node cut into parts and a join;
-* :mod:`.costs`: what the parts and the join cost (timed side by side, or by their share);
+* :mod:`.cut`: the model with one node cut into parts and a join, and what the parts and the join cost
+  (timed side by side, or by their share);
 * :mod:`.plan`: the plan that may cut a node, solved by :mod:`onnxpipe.partition.splitting` on plain
   numbers and kept only when it beats the best contiguous plan.
 
