@@ -67,7 +67,7 @@ _EXPORTS: dict[str, str] = {
     "TritonRepository": "onnxpipe.export.triton",
     "VerifyReport": "onnxpipe.verification.verify",
     "DecoderInfo": "onnxpipe.ir.decoder",
-    "ModelSummary": "onnxpipe.ir.summary",
+    "ModelSummary": "onnxpipe.ir.load",
     "worker_groups": "onnxpipe.schedule.timeline",
 }
 
@@ -96,8 +96,8 @@ if TYPE_CHECKING:
     from onnxpipe.export.triton import TritonRepository as TritonRepository
     from onnxpipe.export.triton import export_triton as export_triton
     from onnxpipe.ir.decoder import DecoderInfo as DecoderInfo
+    from onnxpipe.ir.load import ModelSummary as ModelSummary
     from onnxpipe.ir.model import ModelView as ModelView
-    from onnxpipe.ir.summary import ModelSummary as ModelSummary
     from onnxpipe.manifest import Manifest as Manifest
     from onnxpipe.planning.types import Plan as Plan
     from onnxpipe.runtime.generation.result import Generation as Generation

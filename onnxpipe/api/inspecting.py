@@ -9,8 +9,7 @@ from onnxpipe.api.options import InspectOptions
 from onnxpipe.api.results import FolderInspection, Inspection, ModelInspection
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.decoder_dims import decoder_facts
-from onnxpipe.ir.load import load_model
-from onnxpipe.ir.summary import summarize
+from onnxpipe.ir.load import load_model, summarize
 from onnxpipe.manifest import load_manifest, stage_file_problems
 
 

@@ -17,8 +17,8 @@ from onnxpipe.core.events import Listener
 from onnxpipe.core.machine import BUSY_WARNING_CPUS, available_cpu_count, busy_elsewhere, sample
 from onnxpipe.core.options import opt
 from onnxpipe.cost.options import ProfileOptions
+from onnxpipe.ir.decoder_dims import decoder_inputs
 from onnxpipe.ir.decoder_kinds import PhaseShape
-from onnxpipe.ir.decoder_shapes import decoder_inputs
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import expected_text
 from onnxpipe.ir.shapes import guessed_dims, resolve_input_shapes

@@ -11,8 +11,8 @@ from onnxpipe.api.preamble import threads_warning
 from onnxpipe.core.choices import Backend
 from onnxpipe.core.errors import ManifestError, RuntimeStageError, UsageError
 from onnxpipe.core.events import SILENT, Listener
+from onnxpipe.ir.joined import runnable_file
 from onnxpipe.ir.load import load_model
-from onnxpipe.ir.merged import runnable_file
 from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.backends.ray_resources import load_ray_resources
 from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig, Tensors

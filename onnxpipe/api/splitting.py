@@ -31,8 +31,7 @@ from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.runnable import runnable_shapes
 from onnxpipe.export.checks import check_exportable
-from onnxpipe.export.genai.config import Unsupported
-from onnxpipe.export.genai.graph import check_source_fits, model_facts
+from onnxpipe.export.genai import Unsupported, check_source_fits, model_facts
 from onnxpipe.export.outdir import check_target, normalized
 from onnxpipe.export.stages import write_stages
 from onnxpipe.ir.decoder import FoundDecoder, decoder_of
@@ -44,8 +43,7 @@ from onnxpipe.planning.planner import planned
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.planning.types import Plan
 from onnxpipe.verification.options import VerifyOptions
-from onnxpipe.verification.record import record_verification, verification_record
-from onnxpipe.verification.verify import VerifyReport, verify_folder
+from onnxpipe.verification.verify import VerifyReport, record_verification, verify_folder
 
 
 def split(
@@ -217,7 +215,7 @@ class _Verified:
                 f"{self.left}"
             ) from e
         self.report = report
-        return dataclasses.replace(manifest, verification=verification_record(report))
+        return dataclasses.replace(manifest, verification=report.record())
 
     @contextlib.contextmanager
     def interrupts(self) -> Iterator[None]:

@@ -7,8 +7,7 @@ from pathlib import Path
 
 from onnxpipe.manifest import MANIFEST_NAME
 from onnxpipe.verification.options import VerifyOptions
-from onnxpipe.verification.record import record_verification
-from onnxpipe.verification.verify import VerifyReport, verify_folder
+from onnxpipe.verification.verify import VerifyReport, record_verification, verify_folder
 
 
 def verify(folder: str | Path, options: VerifyOptions | None = None) -> VerifyReport:

@@ -45,8 +45,13 @@ from onnxpipe.core.iocontract import IOContract
 from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
-from onnxpipe.ir.decoder_dims import counted_context, own_context
-from onnxpipe.ir.kv_layout import batch_symbol, cache_batch, kv_bytes_per_token
+from onnxpipe.ir.decoder_dims import (
+    batch_symbol,
+    cache_batch,
+    counted_context,
+    kv_bytes_per_token,
+    own_context,
+)
 from onnxpipe.ir.model import ModelView
 from onnxpipe.partition.interleave import InterleavedPartition
 from onnxpipe.partition.phases import solve_two_phases

@@ -8,7 +8,7 @@ on identical workers is cut between its layers only, balanced for one phase or b
 
 A tied token embedding and LM head is held once (:func:`keeping_tied`): the first and the last stage on one
 worker. Where one table is both the embedding (read by the model's first nodes) and the LM head (its last
-ones, :func:`onnxpipe.ir.embedding.tied_tables`), ``K`` stages on ``K`` workers hold it twice, the first
+ones, :func:`onnxpipe.ir.decoder.tied_tables`), ``K`` stages on ``K`` workers hold it twice, the first
 worker and the last: +30% over the whole model's weights for a tied 0.5B int4 model at two stages, the
 memory a pipeline exists to save. ``K + 1`` stages dealt out to the same ``K`` workers in turn put the last
 stage back on worker 0 with the first, which holds the table once (the interleaved search of
@@ -28,7 +28,7 @@ int8), so a cut is placed where the bytes it really sends are few. ``auto`` plan
 the cuts whose transfer into a stage takes longer than the slowest stage computes (those that bound the
 pipeline at their link's rate), and plans again with the tensors entering those stages as float16; without
 links of a finite rate it compresses nothing and says so. The exporter writes the casts into the stage files
-(:mod:`onnxpipe.export.wire`).
+(:func:`onnxpipe.export.stages.compress_stage`).
 """
 
 from __future__ import annotations
@@ -45,8 +45,7 @@ from onnxpipe.core.machine import available_cpu_count
 from onnxpipe.core.options import opt
 from onnxpipe.core.text import human_bytes
 from onnxpipe.cost.profile import CostSource, Profile
-from onnxpipe.ir.decoder import FoundDecoder, decoder_of
-from onnxpipe.ir.embedding import tied_tables
+from onnxpipe.ir.decoder import FoundDecoder, decoder_of, tied_tables
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapevalues import value_kinds
 from onnxpipe.planning.cluster import plan_pipeline

@@ -845,7 +845,7 @@ def test_interrupted_verification_leaves_the_earlier_split_and_verify_completes_
     assert record is not None and record.status == "passed" and record.rtol == 1e-4 and record.runs >= 1
 
     # a folder that cannot take the result still verifies, and says it could not record it
-    import onnxpipe.verification.record as rec
+    import onnxpipe.verification.verify as rec
 
     def cannot(*args: object, **kwargs: object) -> None:
         raise PermissionError(13, "Permission denied")
