@@ -51,8 +51,8 @@ from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.manifest import load_manifest
-from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.decoder_plan import layer_plan
+from onnxpipe.planning.request import DecoderOptions
 from onnxpipe.planning.sequences import tensor_sizes
 from onnxpipe.planning.types import Plan
 from tools import export_decoders

@@ -70,9 +70,8 @@ from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.manifest import load_manifest
 from onnxpipe.partition import evaluate
-from onnxpipe.planning.decoder import layer_sequences
-from onnxpipe.planning.decoder_kinds import DecoderOptions
-from onnxpipe.planning.decoder_plan import decoder_stages, layer_plan
+from onnxpipe.planning.decoder_plan import decoder_stages, layer_plan, layer_sequences
+from onnxpipe.planning.request import DecoderOptions
 from onnxpipe.planning.stages import plan_from
 from onnxpipe.planning.types import Plan
 from tools import export_decoders

@@ -3,9 +3,9 @@
 Where one table is the embedding (a ``Gather`` of its rows) and the LM head (a ``Gemm`` reading it
 transposed, ``transB``, as ``MatMulNBits`` reads a builder's int4 blocks; or a ``Transpose`` and a
 ``MatMul``, as ``tools/export_decoders.py`` ties ``llama_tied``), 2 stages on 2 workers hold it on both
-workers and ``--stages 3 --workers 2`` on worker 0 alone (:mod:`onnxpipe.planning.tied`).  For a model
-made here (random weights, ``--vocab`` x ``--hidden`` float32 table, 4 residual ``MatMul`` layers), per
-form of the head:
+workers and ``--stages 3 --workers 2`` on worker 0 alone
+(:func:`onnxpipe.planning.planner.keeping_tied`).  For a model made here (random weights, ``--vocab``
+x ``--hidden`` float32 table, 4 residual ``MatMul`` layers), per form of the head:
 
 * ``plain`` and ``tied``: the plan's weights over the workers (each tensor once per worker, as the
   manifest counts them), the stage files' bytes, and each worker's model memory measured by running the

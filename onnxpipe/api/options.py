@@ -38,8 +38,7 @@ from onnxpipe.core.errors import UsageError
 from onnxpipe.core.options import opt
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.export.options import ExportOptions, TritonOptions
-from onnxpipe.planning.decoder_kinds import DecoderOptions
-from onnxpipe.planning.request import DEFAULT_TIME_SLACK, PlanRequest, ScheduleRequest
+from onnxpipe.planning.request import DEFAULT_TIME_SLACK, DecoderOptions, PlanRequest, ScheduleRequest
 from onnxpipe.runtime.options import GenerateOptions, LinkOptions, RunOptions, Sampling, as_paths
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
 from onnxpipe.verification.options import VerifyOptions, defaults_text

@@ -35,8 +35,7 @@ from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import expected_text, load_samples
 from onnxpipe.ir.seq2seq import family_hint
 from onnxpipe.ir.shapes import non_tensor_inputs
-from onnxpipe.planning.decoder import refuse_own_ends
-from onnxpipe.planning.decoder_plan import check_stage_count
+from onnxpipe.planning.decoder_plan import check_stage_count, refuse_own_ends
 from onnxpipe.planning.draw import draw_plan
 from onnxpipe.planning.planner import plan as make_plan
 from onnxpipe.planning.request import PlanRequest

@@ -23,8 +23,7 @@ from onnxpipe.ir.load import ModelSummary
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import Manifest
 from onnxpipe.manifest.layout import dumps, timeline_obj
-from onnxpipe.planning.types import Plan
-from onnxpipe.planning.wire import stage_boundary
+from onnxpipe.planning.types import Plan, stage_boundary
 from onnxpipe.runtime.generation.result import Generation
 from onnxpipe.runtime.options import Sampling
 from onnxpipe.runtime.report.cluster import GenerationCluster, recovery_obj

@@ -65,8 +65,7 @@ from onnxpipe.manifest import (
     VerificationRecord,
 )
 from onnxpipe.manifest.entries import WireDtype
-from onnxpipe.planning.types import Plan, StageSpec
-from onnxpipe.planning.wire import stage_boundary
+from onnxpipe.planning.types import Plan, StageSpec, stage_boundary
 from onnxpipe.schedule.simulate import stream
 from onnxpipe.schedule.timeline import Timeline
 

@@ -17,11 +17,11 @@ with ``training_info`` (a training algorithm bound to the weights cannot be spli
 opset the installed onnxruntime cannot run, an output folder that is not empty (without ``force``) or
 holds the source.
 
-Compressed boundaries (``boundary_dtype``, :mod:`onnxpipe.planning.wire`) are written into the stage files
-here (:func:`compress_stage`).  The sending stage casts each compressed float32 output to float16 or
-bfloat16, or quantizes it to int8 with a per-tensor scale it computes at run time (``max|x| / 127``,
-symmetric, zero point 0) and sends beside it; the receiving stage casts back, or dequantizes, into the
-source's own tensor name first thing, so its nodes read what they read in the source.  The tensor on the
+Compressed boundaries (``boundary_dtype``, :func:`onnxpipe.planning.planner.plan_with_wire`) are written
+into the stage files here (:func:`compress_stage`). The sending stage casts each compressed float32 output
+to float16 or bfloat16, or quantizes it to int8 with a per-tensor scale it computes at run time (``max|x| /
+127``, symmetric, zero point 0) and sends beside it; the receiving stage casts back, or dequantizes, into
+the source's own tensor name first thing, so its nodes read what they read in the source. The tensor on the
 link takes a derived name (:meth:`BoundaryDtype.wire_name`, :func:`scale_name`), which both stages and the
 manifest use: every runtime that chains stages by name runs the compressed split as it is.
 

@@ -35,8 +35,14 @@ from onnxpipe.partition import solve_heterogeneous
 from onnxpipe.partition.inputs import HeterogeneousRequest
 from onnxpipe.partition.numeric import chain_bound
 from onnxpipe.partition.result import Partition
-from onnxpipe.planning.decoder import fine_allowed, kv_makers, layer_cut_items, with_kv
-from onnxpipe.planning.decoder_plan import decoder_notes, decoder_record, profile_phase
+from onnxpipe.planning.decoder_plan import (
+    decoder_notes,
+    decoder_record,
+    kv_makers,
+    layer_cut_items,
+    profile_phase,
+    with_kv,
+)
 from onnxpipe.planning.decoder_recompute import (
     InputCopies,
     PhaseCosts,
@@ -45,11 +51,9 @@ from onnxpipe.planning.decoder_recompute import (
     gone_bytes,
     with_copy_costs,
 )
-from onnxpipe.planning.fused import keeping_fused_groups
-from onnxpipe.planning.leaveout import KeptDevices
-from onnxpipe.planning.orders import SCORE_TIE_RTOL, OrderSearch, place, stages_auto
+from onnxpipe.planning.orders import SCORE_TIE_RTOL, KeptDevices, OrderSearch, place, stages_auto
 from onnxpipe.planning.request import PlanRequest, ScheduleOption
-from onnxpipe.planning.sequences import Sequences, first_reader_param_bytes, sequences
+from onnxpipe.planning.sequences import Sequences, first_reader_param_bytes, keeping_fused_groups, sequences
 from onnxpipe.planning.stages import StageOptions, assign_stages, plan_from
 from onnxpipe.planning.types import Plan, StageSpec
 from onnxpipe.schedule.simulate import in_flight, simulate, stream
@@ -108,7 +112,8 @@ class _Costs:
     decoder: DecoderInfo | None = None
     """Set for a decoder cut between layers only: ``seq`` is then in layer order, cuts between layers."""
     kv: tuple[float, ...] = ()
-    """KV cache bytes at the maximum context per compute node (at the node making a layer's present)."""
+    """KV cache bytes at the maximum context per compute node (at the node making a layer's present; 0
+    for all but a decoder's)."""
 
 
 @dataclass(frozen=True)
@@ -271,19 +276,16 @@ def _costs(
     view: ModelView, profile: Profile, cluster: Cluster, request: PlanRequest, decoder: FoundDecoder | None
 ) -> _Costs:
     dec = decoder_of(view, decoder) if request.decoder.layer_cuts else None
-    seq = (
-        sequences(view, profile)
-        if dec is None
-        else fine_allowed(
-            *layer_cut_items(
-                view, profile, dec, request.decoder.ends, request.off_the_chain or opt("devices")
-            )
+    if dec is None:
+        seq, makers = sequences(view, profile), {}
+    else:
+        off = request.off_the_chain or opt("devices")
+        seq = layer_cut_items(view, profile, dec, request.decoder.ends, off)[2]
+        # each layer's KV cache bytes at the maximum context, at the node that makes its present key
+        makers = kv_makers(
+            view, dec, profile.input_shapes, counted_context(view, dec, request.decoder.max_context)
         )
-    )
     compute = seq.compute
-    # each layer's KV cache bytes at the maximum context, at the node that makes its present key
-    context = counted_context(view, dec, request.decoder.max_context) if dec is not None else 0
-    makers = kv_makers(view, dec, profile.input_shapes, context) if dec is not None else {}
     records = device_costs(
         cluster,
         {n.name: c for n, c in zip(compute, seq.costs, strict=True)},
@@ -299,9 +301,7 @@ def _costs(
         acts=tuple(float(sum(seq.sizes.get(o, 0) for o in n.outputs)) for n in compute),
         records=records,
         decoder=dec,
-        kv=tuple(float(makers[n.name][1]) if n.name in makers else 0.0 for n in compute)
-        if dec is not None
-        else (),
+        kv=tuple(float(makers[n.name][1]) if n.name in makers else 0.0 for n in compute),
     )
 
 
@@ -332,7 +332,7 @@ def _best_of(
 ) -> tuple[_Candidate, str, list[str]]:
     """The best candidate under ``option``, why its stage count (``auto``: the fewest within the
     tolerance of the best), and, for ``auto`` in the file's order, the devices it left out because they
-    slow the pipeline (:mod:`onnxpipe.planning.leaveout`)."""
+    slow the pipeline (:class:`onnxpipe.planning.orders.KeptDevices`)."""
     objective = request.objective
     found: dict[int, _Candidate] = {}
 
@@ -396,7 +396,7 @@ def _heterogeneous_request(
         # a decoder's KV cache at the maximum context is held where its layer runs
         item_mem=[
             (TRAINING_STATE_FACTOR if training else 1.0) * p + kv
-            for p, kv in zip(costs.params, costs.kv or [0.0] * len(costs.params), strict=True)
+            for p, kv in zip(costs.params, costs.kv, strict=True)
         ],
         mem_caps=arranged.mem_caps,
         # inference holds the micro-batch it computes and the next one arriving

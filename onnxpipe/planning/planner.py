@@ -5,30 +5,57 @@ stage per worker, or interleaved); anything else (a devices file, a free device 
 schedule, ``--stages auto``) to :func:`onnxpipe.planning.cluster.plan_pipeline`.  A decoder with a KV cache
 on identical workers is cut between its layers only, balanced for one phase or both
 (:mod:`onnxpipe.planning.decoder_plan`).  All are exact.
+
+A tied token embedding and LM head is held once (:func:`keeping_tied`): the first and the last stage on one
+worker. Where one table is both the embedding (read by the model's first nodes) and the LM head (its last
+ones, :func:`onnxpipe.ir.decoder.tied_tables`), ``K`` stages on ``K`` workers hold it twice, the first
+worker and the last: +30% over the whole model's weights for a tied 0.5B int4 model at two stages, the
+memory a pipeline exists to save. ``K + 1`` stages dealt out to the same ``K`` workers in turn put the last
+stage back on worker 0 with the first, which holds the table once (the interleaved search of
+:func:`onnxpipe.planning.workers.make_interleaved_plan`, which balances the workers, not the stages).
+
+For a plain ``stages=K`` (no ``workers``) the planner makes both and keeps the tied layout where the share
+of weight memory it saves is at least the share of bottleneck it costs (:func:`worth_it`): one percent of
+the pipeline's weights buys one percent of its speed. ``workers=K`` keeps a stage per worker, ``stages=K+1
+workers=K`` the tied layout, whatever they cost.
+
+Boundaries compressed on the link (``boundary_dtype``, :func:`plan_with_wire`): which tensors travel
+narrower, and what the planner counts for them. Only float32 activations are compressed: the model's inputs
+and outputs, weights, values of weights or shapes alone, integers and booleans cross as they are. For a
+fixed dtype every float32 activation that crosses a cut is compressed, and the planner plans with their
+compressed bytes (:meth:`BoundaryDtype.wire_bytes`: half for float16, a quarter plus a 4-byte scale for
+int8), so a cut is placed where the bytes it really sends are few. ``auto`` plans with float32 first, finds
+the cuts whose transfer into a stage takes longer than the slowest stage computes (those that bound the
+pipeline at their link's rate), and plans again with the tensors entering those stages as float16; without
+links of a finite rate it compresses nothing and says so. The exporter writes the casts into the stage files
+(:func:`onnxpipe.export.stages.compress_stage`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from onnxpipe.core.choices import BoundaryDtype, Ends, Phase, SplitNodes
+from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.core.machine import available_cpu_count
 from onnxpipe.core.options import opt
+from onnxpipe.core.text import human_bytes
 from onnxpipe.cost.profile import CostSource, Profile
-from onnxpipe.ir.decoder import FoundDecoder, decoder_of
+from onnxpipe.ir.decoder import FoundDecoder, decoder_of, tied_tables
 from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.shapevalues import value_kinds
 from onnxpipe.planning.cluster import plan_pipeline
 from onnxpipe.planning.decoder_plan import layer_plan, profile_phase
 from onnxpipe.planning.nodesplit.plan import Planned, plan_splitting_nodes
 from onnxpipe.planning.orders import stages_auto
 from onnxpipe.planning.request import PlanRequest
-from onnxpipe.planning.tied import keeping_tied
+from onnxpipe.planning.sequences import tensor_sizes
 from onnxpipe.planning.types import Plan
-from onnxpipe.planning.wire import compressed_profile, plan_with_wire
-from onnxpipe.planning.workers import make_interleaved_plan, make_plan
+from onnxpipe.planning.workers import make_interleaved_plan, make_plan, worker_weights
 
 
 def plan(
@@ -240,3 +267,149 @@ def _plan(
         bandwidth_bytes_per_s=request.bandwidth_bytes_per_s,
         microbatches=request.schedule.stream_microbatches,
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# boundaries compressed on the link
+
+FLOAT32 = 1
+"""``onnx.TensorProto.FLOAT``."""
+
+
+def compressible(view: ModelView) -> frozenset[str]:
+    """The float32 activations of ``view``: what a compressed boundary may narrow.  Not the values of
+    weights or shapes alone (:mod:`onnxpipe.ir.shapevalues`), should one still cross: a ``Resize``'s
+    scales or a mask of ``-3.4e38`` would change meaning, rounded."""
+    ends = set(view.inputs) | set(view.outputs) | set(view.weights)
+    kinds = value_kinds(view)
+    return frozenset(
+        n
+        for n, t in view.tensors.items()
+        if t.elem_type == FLOAT32 and n not in ends and not kinds.recomputable(n)
+    )
+
+
+def compressed_profile(view: ModelView, profile: Profile, wire: Mapping[str, BoundaryDtype]) -> Profile:
+    """``profile`` with the tensors of ``wire`` at the bytes they take on the link."""
+    if not wire:
+        return profile
+    sizes = tensor_sizes(view, profile)
+    sizes.update({t: dtype.wire_bytes(sizes.get(t, 0)) for t, dtype in wire.items()})
+    return dataclasses.replace(profile, tensor_bytes=MappingProxyType(sizes))
+
+
+def plan_with_wire(
+    view: ModelView,
+    profile: Profile,
+    request: PlanRequest,
+    make: Callable[[Mapping[str, BoundaryDtype]], Plan],
+) -> Plan:
+    """The plan ``make`` makes with the tensors it is given at their compressed bytes
+    (:func:`compressed_profile` of its profiles), those ``request.boundary_dtype`` compresses, and the
+    tensors it compresses (:attr:`Plan.boundary_dtypes`, those that cross a cut)."""
+    dtype = request.boundary_dtype
+    if dtype == BoundaryDtype.FLOAT32:
+        return make({})
+    floats = compressible(view)
+    sizes = MappingProxyType(tensor_sizes(view, profile))
+    if dtype == BoundaryDtype.AUTO:
+        first = make({})
+        links = request.devices is not None or not math.isinf(request.bandwidth_bytes_per_s)
+        slowest = max(s.compute_seconds for s in first.stages)
+        # the stages whose transfer in takes longer than the slowest stage computes (at their links' rates)
+        slow = [s.index for s in first.stages[1:] if links and s.transfer_seconds > slowest]
+        if not slow:
+            why = (
+                "no link is slow enough to bound the pipeline"
+                if links
+                else f"there are no links to weigh (no {opt('devices')})"
+            )
+            note = f"{opt('boundary_dtype', BoundaryDtype.AUTO)}: every boundary stays float32: {why}"
+            return dataclasses.replace(first, notes=(*first.notes, note))
+        entering = {t for i in slow for t in first.stages[i].inputs if t in floats}
+        wire = dict.fromkeys(entering, BoundaryDtype.FLOAT16)
+    else:
+        wire = dict.fromkeys(floats, dtype)
+    made = make(wire)
+    return dataclasses.replace(
+        made, tensor_bytes=sizes, boundary_dtypes=MappingProxyType(_crossing(made, wire))
+    )
+
+
+def _crossing(plan: Plan, wire: Mapping[str, BoundaryDtype]) -> dict[str, BoundaryDtype]:
+    """The tensors of ``wire`` that some stage of ``plan`` receives."""
+    received: Collection[str] = {t for s in plan.stages for t in s.inputs}
+    return {t: d for t, d in wire.items() if t in received}
+
+
+# --------------------------------------------------------------------------------------------------
+# a tied embedding and LM head
+
+
+def worth_it(plain: Plan, tied: Plan, plain_bytes: int, tied_bytes: int) -> bool:
+    """The rule: the tied layout is kept when it holds fewer bytes over the workers and its bottleneck is
+    slower than the plain split's by at most the share of those bytes it saves."""
+    saved = 1 - tied_bytes / plain_bytes if plain_bytes > 0 else 0.0
+    return saved > 0 and _slower(plain, tied) <= saved
+
+
+def _slower(plain: Plan, tied: Plan) -> float:
+    if plain.bottleneck_seconds <= 0:
+        return 0.0 if tied.bottleneck_seconds <= 0 else float("inf")
+    return tied.bottleneck_seconds / plain.bottleneck_seconds - 1
+
+
+def keeping_tied(view: ModelView, request: PlanRequest, plan_for: Callable[[PlanRequest], Plan]) -> Plan:
+    """The plan ``plan_for`` makes of ``request``; for a plain ``stages=K`` (K >= 2, no ``workers``) on
+    identical workers of a model with a tied table, the better by :func:`worth_it` of K stages on K
+    workers and K + 1 stages on K workers, its notes saying which and why (and why not, off identical
+    workers or with ``ends="own"``)."""
+    k = request.stages
+    if not (isinstance(k, int) and k >= 2 and request.workers is None):
+        return plan_for(request)
+    tables = tied_tables(view)
+    if not tables:
+        return plan_for(request)
+    named = ", ".join(f"{t} ({human_bytes(view.weights[t])})" for t in tables)
+    what = f"the token embedding and the LM head share {named}"
+    held = f"{what}, held by the first and the last of {k} workers: {k + 1} stages on {k} workers"
+    if not request.on_identical_workers:
+        return _noted(
+            plan_for(request),
+            f"{what}, held by the first and the last stage's devices: {k + 1} stages on {k} workers, "
+            f"which would hold it once, are planned on identical workers only, not with "
+            f"{request.off_the_chain}",
+        )
+    if request.decoder.ends == Ends.OWN:
+        return _noted(
+            plan_for(request),
+            f"{held}, which would hold it once, are not planned with {opt('ends', Ends.OWN)}",
+        )
+    plain = plan_for(dataclasses.replace(request, workers=k))
+    try:
+        tied = plan_for(dataclasses.replace(request, stages=k + 1, workers=k))
+    except (PartitionError, UsageError):
+        return _noted(plain, f"{held} cannot be made")
+    plain_bytes = sum(worker_weights(view, plain.stages, k))
+    tied_bytes = sum(worker_weights(view, tied.stages, k))
+    saved, slower = plain_bytes - tied_bytes, _slower(plain, tied)
+    figures = (
+        f"{human_bytes(saved)} ({saved / max(1, plain_bytes):.1%}) less weight memory over the workers for "
+        f"a {abs(slower):.2%} {'slower' if slower >= 0 else 'faster'} bottleneck"
+    )
+    if worth_it(plain, tied, plain_bytes, tied_bytes):
+        return _noted(
+            tied,
+            f"{what}: {k + 1} stages on {k} workers, the last on worker 0 with the first, "
+            f"hold it once: {figures} (kept: the share of memory it saves is at least the share of time); "
+            f"{opt('workers', k)} keeps a stage per worker",
+        )
+    return _noted(
+        plain,
+        f"{held} would hold it once, {figures} (not kept: the share of time is above that of memory); "
+        f"{opt('stages', k + 1)} {opt('workers', k)} asks for it",
+    )
+
+
+def _noted(plan: Plan, note: str) -> Plan:
+    return dataclasses.replace(plan, notes=(*plan.notes, note))

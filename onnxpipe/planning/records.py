@@ -116,8 +116,8 @@ class NodeSplit:
     join: str = ""
     """The node that joins the parts' results; empty in a manifest written before the field."""
     measured: bool = False
-    """Whether the parts' costs were timed (:mod:`onnxpipe.planning.nodesplit.costs`) or scaled by their
-    share."""
+    """Whether the parts' costs were timed (:func:`onnxpipe.planning.nodesplit.cut.sized_costs`) or scaled
+    by their share."""
 
     def __post_init__(self) -> None:
         if len(self.stages) != self.parts or list(self.stages) != sorted(self.stages):
@@ -164,7 +164,7 @@ class PlanFigures:
     None for a plan made outside the planner, and in a manifest written before the field (whose plans were
     serial without a devices file, overlap with one)."""
     decoder: DecoderRecord | None = None
-    """Set when the model is a decoder with a KV cache (:mod:`onnxpipe.planning.decoder`)."""
+    """Set when the model is a decoder with a KV cache (:mod:`onnxpipe.planning.decoder_plan`)."""
     optimized_for: Objective | None = None
     """The objective that chose the split (``throughput``: the bottleneck; ``latency``: one request's
     time through every stage and link); None for a plan made outside the planner, and in a manifest

@@ -5,6 +5,9 @@ links of one bandwidth), in which device order, dealt out to how many workers, u
 (:class:`ScheduleRequest`).  The API, the CLI and the planners share it, so each option is spelled
 once; a :class:`PlanRequest` refuses what cannot work together when it is made, before any cost is
 measured.
+
+How a decoder LLM's split is asked for (:class:`DecoderOptions`) is here too, apart from
+:mod:`onnxpipe.planning.decoder_plan`, so that options objects are made without loading the model code.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.choices import (
     BoundaryDtype,
     DeviceOrder,
+    Ends,
     LinkModel,
     Objective,
+    PhaseChoice,
     ScheduleChoice,
     ScheduleKind,
     SplitNodes,
@@ -28,7 +33,7 @@ from onnxpipe.core.choices import (
 )
 from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.core.options import opt
-from onnxpipe.planning.decoder_kinds import DecoderOptions
+from onnxpipe.ir.decoder_kinds import DECODE_PAST, PREFILL_TOKENS, PhaseShape, phase_shape
 from onnxpipe.planning.orders import DEFAULT_TOLERANCE
 from onnxpipe.schedule.timeline import DEFAULT_BACKWARD_RATIO, DEFAULT_MICROBATCHES
 
@@ -117,6 +122,49 @@ class ScheduleRequest:
         return [ScheduleOption(kd, m, batch // m) for kd in kinds for m in options]
 
 
+DEFAULT_MAX_CONTEXT = 4096
+"""Tokens of context the KV cache memory is reported (and checked) for when ``--max-context`` is not
+given: a common context length of today's small LLMs."""
+
+
+@dataclass(frozen=True)
+class DecoderOptions:
+    """How a decoder is split: cuts between layers only (``layer_cuts``), where its ends go, and the
+    context its KV cache memory is counted at."""
+
+    layer_cuts: bool = True
+    ends: Ends = Ends.FREE
+    max_context: int = DEFAULT_MAX_CONTEXT
+    phase: PhaseChoice = PhaseChoice.BOTH
+    """The phase(s) the split is balanced for; ``both`` profiles the model at two shapes."""
+    prefill_tokens: int = PREFILL_TOKENS
+    decode_past: int = DECODE_PAST
+    copy_inputs: bool = True
+    """Whether a stage makes the rotary tables and masks of the model inputs instead of receiving them,
+    where the plan's rule finds that cheaper (:mod:`onnxpipe.planning.decoder_recompute`)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ends", choice(Ends, self.ends, "ends"))
+        object.__setattr__(self, "phase", choice(PhaseChoice, self.phase, "phase"))
+        self._check()
+
+    def phases(self) -> tuple[PhaseShape, ...]:
+        """The shapes to profile at: one phase, or prefill then decode for ``both``."""
+        return tuple(
+            phase_shape(p, prefill_tokens=self.prefill_tokens, decode_past=self.decode_past)
+            for p in self.phase.phases
+        )
+
+    def _check(self) -> None:
+        self.phases()  # refuses a bad prefill_tokens or decode_past
+        if (
+            isinstance(self.max_context, bool)
+            or not isinstance(self.max_context, int)
+            or self.max_context < 1
+        ):
+            raise UsageError(f"{opt('max_context', self.max_context)}: give a positive number of tokens")
+
+
 DEFAULT_SPLIT_NODES = SplitNodes.OFF
 """Off by default: ``auto`` times the candidate node's parts (seconds of extra planning) and changes the
 stage files' nodes; the ``nodesplit`` benchmark measures what it gains (docs/node-splitting.md)."""
@@ -152,7 +200,8 @@ class PlanRequest:
     """``throughput``: the slowest stage or link (a stream of requests); ``latency``: the sum of every
     stage and link, what one request alone (single-sequence decoding) waits for."""
     boundary_dtype: BoundaryDtype = BoundaryDtype.FLOAT32
-    """What the float32 activations crossing a cut travel as (:mod:`onnxpipe.planning.wire`)."""
+    """What the float32 activations crossing a cut travel as
+    (:func:`onnxpipe.planning.planner.plan_with_wire`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(

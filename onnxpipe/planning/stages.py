@@ -38,7 +38,7 @@ class StageOptions:
 
     seq: Sequences | None = None
     """The partitioner's line-up the bounds count in: its compute order (default: the view's; a decoder's
-    is lined up by layer, :mod:`onnxpipe.planning.decoder`), its cut profile (``cut_bytes[p]``: what
+    is lined up by layer, :mod:`onnxpipe.planning.decoder_plan`), its cut profile (``cut_bytes[p]``: what
     crosses the link in front of a stage starting at ``p``, the stage's inputs plus what it forwards) and
     its value classes (else worked out from the view)."""
     devices: Sequence[str] | None = None

@@ -48,7 +48,7 @@ class StageSpec:
     """Nodes of ``node_names`` left out of the stage file: what they computed is remade from an equal
     tensor (see ``aliases``) or no longer needed."""
     kv_layers: tuple[int, ...] = ()
-    """A decoder's layers whose KV cache this stage holds (:mod:`onnxpipe.planning.decoder`)."""
+    """A decoder's layers whose KV cache this stage holds (:mod:`onnxpipe.planning.decoder_plan`)."""
     kv_cache_bytes: int = 0
     """That cache's bytes at the plan's maximum context
     (:attr:`~onnxpipe.manifest.entries.DecoderRecord.max_context`)."""
@@ -99,7 +99,8 @@ class Plan(PlanFigures):
     stage_counts_tried: tuple[tuple[int, float], ...] = ()
     """``--stages auto``: each stage count tried and its bottleneck (``inf``: could not be made)."""
     boundary_dtypes: Mapping[str, BoundaryDtype] = field(default_factory=dict)
-    """The float32 tensors crossing a cut that travel compressed, and as what (:mod:`.wire`)."""
+    """The float32 tensors crossing a cut that travel compressed, and as what
+    (:func:`~onnxpipe.planning.planner.plan_with_wire`)."""
 
     @property
     def k(self) -> int:
@@ -132,3 +133,9 @@ class Plan(PlanFigures):
             profiled_input_shapes={n: tuple(int(d) for d in v) for n, v in self.input_shapes.items()},
             duplicated_param_bytes=duplicated_param_bytes,
         )
+
+
+def stage_boundary(wire: Mapping[str, BoundaryDtype], spec: StageSpec) -> BoundaryDtype:
+    """What the compressed float32 activations ``spec`` receives cross as (``wire``: a plan's
+    :attr:`~Plan.boundary_dtypes`; float32 when none is)."""
+    return next((wire[t] for t in spec.inputs if t in wire), BoundaryDtype.FLOAT32)

@@ -135,7 +135,7 @@ def check_split_folder(
     assert Manifest.from_json(manifest.to_json()) == manifest
     assert json.loads((out / "manifest.json").read_text())["schema_version"] == manifest.schema_version
     # K workers; a model whose embedding and LM head share a table may get K+1 stages on them (the last
-    # back on worker 0 with the first: onnxpipe.planning.tied), else a stage per worker
+    # back on worker 0 with the first: onnxpipe.planning.planner.keeping_tied), else a stage per worker
     stages = manifest.k
     assert stages == manifest.plan.k and (manifest.plan.workers or stages) == k
     assert stages == k or (stages == k + 1 and any("share" in n for n in manifest.plan.notes))

@@ -24,7 +24,7 @@ from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.manifest import load_manifest
-from onnxpipe.planning.wire import compressible
+from onnxpipe.planning.planner import compressible
 from onnxpipe.verification.options import BY_BOUNDARY, VerifyOptions
 
 RESNET = REPO_ROOT / "sample_models" / "resnet_tiny.onnx"

@@ -37,8 +37,7 @@ from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.decoder_dims import kv_bytes_per_token
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import decoder_limits, load_manifest
-from onnxpipe.planning.decoder_kinds import DecoderOptions
-from onnxpipe.planning.request import PlanRequest
+from onnxpipe.planning.request import DecoderOptions, PlanRequest
 from onnxpipe.runtime.generation.generator import Generator
 
 BUILDS: dict[str, tuple[str, str, bool]] = {

@@ -17,8 +17,7 @@ from onnxpipe.core.choices import CostSource
 from onnxpipe.core.errors import UsageError
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.manifest import MANIFEST_NAME, decoder_limits, load_manifest, write_manifest
-from onnxpipe.planning.decoder_kinds import DEFAULT_MAX_CONTEXT
-from onnxpipe.planning.request import PlanRequest
+from onnxpipe.planning.request import DEFAULT_MAX_CONTEXT, PlanRequest
 
 DECODERS = SAMPLE_MODELS / "decoders"
 FAST = ProfileOptions(cost=CostSource.STATIC)

@@ -30,12 +30,10 @@ from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapevalues import value_kinds
 from onnxpipe.partition import Partition, evaluate
-from onnxpipe.planning.decoder import layer_sequences
-from onnxpipe.planning.decoder_kinds import DecoderOptions
-from onnxpipe.planning.decoder_plan import decoder_stages, split_layers
+from onnxpipe.planning.decoder_plan import decoder_stages, layer_sequences, split_layers
 from onnxpipe.planning.decoder_recompute import InputCopies, PhaseCosts, input_derived, priced_cuts
 from onnxpipe.planning.planner import plan
-from onnxpipe.planning.request import PlanRequest
+from onnxpipe.planning.request import DecoderOptions, PlanRequest
 from onnxpipe.runtime.generation.generator import Generator
 from onnxpipe.verification.chain import StageChain
 

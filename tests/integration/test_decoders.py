@@ -34,10 +34,9 @@ from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.manifest import load_manifest
-from onnxpipe.planning.decoder import foreign_pasts
-from onnxpipe.planning.decoder_kinds import DecoderOptions
+from onnxpipe.planning.decoder_plan import foreign_pasts
 from onnxpipe.planning.planner import plan
-from onnxpipe.planning.request import PlanRequest
+from onnxpipe.planning.request import DecoderOptions, PlanRequest
 from onnxpipe.planning.stages import assign_stages
 from onnxpipe.verification.chain import StageChain
 

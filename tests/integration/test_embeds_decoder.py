@@ -29,8 +29,7 @@ from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.decoder_dims import decoder_dims
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import Manifest, load_manifest
-from onnxpipe.planning.decoder_kinds import DecoderOptions
-from onnxpipe.planning.request import PlanRequest
+from onnxpipe.planning.request import DecoderOptions, PlanRequest
 from onnxpipe.runtime.generation.generator import Generator
 from tools.export_decoders import exclude_embeds
 from tools.make_genai_builder_model import exclude_embeds_build

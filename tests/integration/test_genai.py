@@ -27,8 +27,7 @@ from onnxpipe.core.model_config import GENAI_CONFIG_NAME
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.export.genai import DEFAULT_EOS
 from onnxpipe.export.options import ExportOptions
-from onnxpipe.planning.decoder_kinds import DecoderOptions
-from onnxpipe.planning.request import PlanRequest
+from onnxpipe.planning.request import DecoderOptions, PlanRequest
 
 og = pytest.importorskip(
     "onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install '.[genai]')"

@@ -25,8 +25,7 @@ from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import load_manifest
-from onnxpipe.planning.decoder_kinds import DecoderOptions
-from onnxpipe.planning.request import PlanRequest
+from onnxpipe.planning.request import DecoderOptions, PlanRequest
 from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.generation.generator import Generator
 from onnxpipe.runtime.generation.scheduler import draw, generator

@@ -23,8 +23,7 @@ from onnxpipe.cost.source import get_profile
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import load_manifest
-from onnxpipe.planning.nodesplit.costs import sized_costs
-from onnxpipe.planning.nodesplit.cut import cut_node
+from onnxpipe.planning.nodesplit.cut import cut_node, sized_costs
 from onnxpipe.planning.nodesplit.find import SplitKind, find_splittable, part_sizes
 from onnxpipe.planning.request import PlanRequest
 

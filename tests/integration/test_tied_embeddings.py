@@ -5,7 +5,7 @@
 on K workers holds it on two workers; ``--stages V*W+1 --workers W`` deals the last stage back to worker
 0 with the first, which holds it once, and the tokens stay the unsplit model's.  A plain ``--stages K``
 makes that layout by itself, K + 1 stages on K workers, where the memory it saves is worth its time
-(:mod:`onnxpipe.planning.tied`).
+(:func:`onnxpipe.planning.planner.keeping_tied`).
 """
 
 from __future__ import annotations
@@ -31,11 +31,9 @@ from onnxpipe.ir.decoder import tied_tables
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import load_manifest
-from onnxpipe.planning import tied as tied_module
-from onnxpipe.planning.decoder_kinds import DecoderOptions
-from onnxpipe.planning.planner import plan
-from onnxpipe.planning.request import PlanRequest
-from onnxpipe.planning.tied import worth_it
+from onnxpipe.planning import planner as tied_module
+from onnxpipe.planning.planner import plan, worth_it
+from onnxpipe.planning.request import DecoderOptions, PlanRequest
 from onnxpipe.planning.workers import worker_weights
 from onnxpipe.runtime.generation.generator import Generator
 from tests.integration.test_builder_decoders import greedy

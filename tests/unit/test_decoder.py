@@ -28,9 +28,8 @@ from onnxpipe.ir.load import check_model, view_from_proto
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.partition.phases import solve_two_phases, solve_weighted
-from onnxpipe.planning.decoder import coarse_allowed, layer_sequences
-from onnxpipe.planning.decoder_kinds import DecoderOptions
-from onnxpipe.planning.decoder_plan import layer_plan, split_layers
+from onnxpipe.planning.decoder_plan import coarse_allowed, layer_plan, layer_sequences, split_layers
+from onnxpipe.planning.request import DecoderOptions
 
 HEADS, HEAD_DIM, WIDTH, VOCAB = 2, 4, 8, 16
 

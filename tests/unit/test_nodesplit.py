@@ -22,8 +22,7 @@ from onnxpipe.cost.profile import CostSource
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.load import view_from_proto
 from onnxpipe.planning.nodesplit import plan as nodesplit_plan
-from onnxpipe.planning.nodesplit.costs import PartCosts
-from onnxpipe.planning.nodesplit.cut import cut_node
+from onnxpipe.planning.nodesplit.cut import PartCosts, cut_node
 from onnxpipe.planning.nodesplit.find import SplitKind, Splittable, find_splittable, part_sizes
 from onnxpipe.planning.nodesplit.plan import carried_profile, merged_sizes, plan_splitting_nodes
 from onnxpipe.planning.workers import make_plan

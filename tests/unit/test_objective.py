@@ -1,5 +1,5 @@
 """``objective="latency"`` (one request alone: the sum of every stage and link) and ``stages="auto"``
-leaving out a device that slows the pipeline (:mod:`onnxpipe.planning.leaveout`)."""
+leaving out a device that slows the pipeline (:class:`onnxpipe.planning.orders.KeptDevices`)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,8 @@ from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.partition import HeterogeneousRequest, Partition, solve_heterogeneous
-from onnxpipe.planning import leaveout
-from onnxpipe.planning.leaveout import KeptDevices
-from onnxpipe.planning.orders import stages_auto
+from onnxpipe.planning import orders
+from onnxpipe.planning.orders import KeptDevices, stages_auto
 from onnxpipe.planning.planner import plan
 from onnxpipe.planning.request import PlanRequest, ScheduleRequest
 
@@ -70,11 +69,11 @@ def items_solver(costs: list[float]) -> Callable[[Cluster], Partition]:
 # leaving out a slow device
 
 
-@pytest.mark.parametrize("max_sets", [leaveout.MAX_SETS, 1])  # every set, or the backward elimination
+@pytest.mark.parametrize("max_sets", [orders.MAX_SETS, 1])  # every set, or the backward elimination
 def test_a_device_ten_times_slower_in_the_middle_is_left_out_with_a_note(
     max_sets: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(leaveout, "MAX_SETS", max_sets)
+    monkeypatch.setattr(orders, "MAX_SETS", max_sets)
     devices = cluster(1.0, 0.1, 1.0)
     kept = KeptDevices(devices, items_solver([1.0] * 4), Objective.THROUGHPUT)
     assert kept.exact == (max_sets > 1)

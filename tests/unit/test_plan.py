@@ -120,7 +120,7 @@ class _FakeSplit:
 
 def test_fused_groups_are_cut_when_they_leave_too_few_positions() -> None:
     from onnxpipe.core.errors import PartitionError
-    from onnxpipe.planning.fused import keeping_fused_groups
+    from onnxpipe.planning.sequences import keeping_fused_groups
 
     def solve(allowed: object) -> _FakeSplit:
         if allowed is not None:
@@ -140,7 +140,7 @@ def test_cutting_fused_groups_keeps_the_positions_no_stage_may_start_at() -> Non
     """Dropping the fused groups still keeps ``cuttable`` (no stage of nothing but remade values); only
     when that leaves too few positions does anything go."""
     from onnxpipe.core.errors import PartitionError
-    from onnxpipe.planning.fused import keeping_fused_groups
+    from onnxpipe.planning.sequences import keeping_fused_groups
 
     cuttable = (True, True, False, True, True)
     allowed = (True, False, False, True, True)
@@ -172,7 +172,7 @@ def test_fused_groups_are_kept_only_while_they_cost_little_balance(
     kept: float, cut: float, chosen: str
 ) -> None:
     """Within FUSED_GROUP_SLACK (5%) of the best split that cuts them, the groups stay whole."""
-    from onnxpipe.planning.fused import keeping_fused_groups
+    from onnxpipe.planning.sequences import keeping_fused_groups
 
     notes: list[str] = []
     result = keeping_fused_groups(
@@ -214,9 +214,8 @@ def test_measured_costs_tie_within_their_noise(monkeypatch: pytest.MonkeyPatch) 
     from onnxpipe.ir.load import load_model
     from onnxpipe.ir.shapevalues import value_kinds
     from onnxpipe.partition import TIE_RTOL, solve
-    from onnxpipe.planning.copycost import start_seconds
     from onnxpipe.planning.sequences import sequences
-    from onnxpipe.planning.workers import MEASURED_TIE_RTOL, make_plan, near_tie_rtol
+    from onnxpipe.planning.workers import MEASURED_TIE_RTOL, make_plan, near_tie_rtol, start_seconds
 
     view = load_model(SAMPLES / "transformer_tiny.onnx")
     static = static_profile(view)
@@ -243,9 +242,8 @@ def test_stage_estimates_count_the_nodes_a_stage_copies() -> None:
     from onnxpipe.cost.static import static_profile
     from onnxpipe.ir.load import load_model
     from onnxpipe.ir.shapevalues import value_kinds
-    from onnxpipe.planning.copycost import start_seconds
     from onnxpipe.planning.sequences import sequences
-    from onnxpipe.planning.workers import make_plan
+    from onnxpipe.planning.workers import make_plan, start_seconds
 
     view = load_model(SAMPLES / "transformer_tiny.onnx")
     prof = static_profile(view)
@@ -285,7 +283,7 @@ def test_each_stage_estimate_counts_a_session_calls_fixed_cost() -> None:
 
 def test_fused_groups_within_the_slack_of_the_bound_are_kept_without_a_second_solve() -> None:
     """A split within 5% of the lower bound cannot be beaten by more than 5%: no need to solve again."""
-    from onnxpipe.planning.fused import keeping_fused_groups
+    from onnxpipe.planning.sequences import keeping_fused_groups
 
     asked: list[object] = []
 
@@ -315,7 +313,7 @@ def test_fused_group_rule_against_brute_force(data: st.DataObject) -> None:
     """Whatever the groups: the split is within the slack of the best one that may cut them, it keeps
     them whole exactly when the best split that does is within that slack, and a note says when not."""
     from onnxpipe.partition import solve
-    from onnxpipe.planning.fused import FUSED_GROUP_SLACK, keeping_fused_groups
+    from onnxpipe.planning.sequences import FUSED_GROUP_SLACK, keeping_fused_groups
 
     costs = data.draw(st.lists(st.floats(0.01, 10.0), min_size=2, max_size=8))
     n = len(costs)

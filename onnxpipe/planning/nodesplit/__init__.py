@@ -4,10 +4,10 @@ A contiguous pipeline can never beat its largest node; GPT-2's LM head or an ear
 quarter of the whole time.  Such a node is cut into ``p`` ordinary ONNX nodes that each compute a slice of
 its output, so that the planner can put them in consecutive stages.  The feature reads top to bottom:
 
-* :mod:`.find`: which nodes can be cut, by which kinds of cut, with which nodes carried along;
-* :mod:`.constants`: the weights' values, which the cut slices;
-* :mod:`.cut`: the model with one node cut into parts and a join;
-* :mod:`.costs`: what the parts and the join cost (timed side by side, or by their share);
+* :mod:`.find`: which nodes can be cut, by which kinds of cut, with which nodes carried along, and the
+  weights' values, which the cut slices;
+* :mod:`.cut`: the model with one node cut into parts and a join, and what the parts and the join cost
+  (timed side by side, or by their share);
 * :mod:`.plan`: the plan that may cut a node, solved by :mod:`onnxpipe.partition.splitting` on plain
   numbers and kept only when it beats the best contiguous plan.
 

@@ -1,19 +1,18 @@
 """Plans that may cut one dominating node into parts over consecutive stages (``--split-nodes auto``).
 
 A contiguous plan stops at ``max(total / K, largest node)``. Here the nodes that can be cut
-(:func:`.find.find_splittable`) and are large enough to matter (at least :data:`MIN_SHARE` of
-``total / K``; the :data:`MAX_CANDIDATES` largest) are solved on plain numbers
-(:func:`onnxpipe.partition.splitting.expand` and :func:`onnxpipe.partition.solve`) with every part count
-from 2 to :data:`MAX_PARTS` (more parts than stages give the cut finer places to fall) and every kind of
-cut they allow, their parts' costs measured (:mod:`.costs`) and the bytes each inner link carries counted
-(the node's input, forwarded, and the parts' outputs the join needs). Equal parts that a split put in
-one stage are merged into one wider part (more equal parts only give finer places to cut the node; two
-kernels in one stage would be slower than one), and a wider part may cost more than its equal parts did:
-so the :data:`MAX_LAYOUTS` most promising merged layouts are costed as such and solved again, and the
-lowest bottleneck chooses the node, the kind and the count of parts (:func:`_best_layout`). The node is
-then cut in the model (:func:`.cut.cut_node`), the profile carried over to the parts, and the cut model
-planned by :func:`onnxpipe.planning.workers.make_plan` as any other; the split is kept only if that plan's
-bottleneck is below the best contiguous plan's.
+(:func:`.find.find_splittable`) and are large enough to matter (at least :data:`MIN_SHARE` of ``total / K``;
+the :data:`MAX_CANDIDATES` largest) are solved on plain numbers (:func:`onnxpipe.partition.splitting.expand`
+and :func:`onnxpipe.partition.solve`) with every part count from 2 to :data:`MAX_PARTS` (more parts than
+stages give the cut finer places to fall) and every kind of cut they allow, their parts' costs measured
+(:func:`.cut.sized_costs`) and the bytes each inner link carries counted (the node's input, forwarded, and
+the parts' outputs the join needs). Equal parts that a split put in one stage are merged into one wider part
+(more equal parts only give finer places to cut the node; two kernels in one stage would be slower than
+one), and a wider part may cost more than its equal parts did: so the :data:`MAX_LAYOUTS` most promising
+merged layouts are costed as such and solved again, and the lowest bottleneck chooses the node, the kind and
+the count of parts (:func:`_best_layout`). The node is then cut in the model (:func:`.cut.cut_node`), the
+profile carried over to the parts, and the cut model planned by :func:`onnxpipe.planning.workers.make_plan`
+as any other; the split is kept only if that plan's bottleneck is below the best contiguous plan's.
 
 The result holds the plan and the view its stages are made of (the cut model, or the original when no
 split helps): the exporter writes the stages from that view, and ``verify`` compares them with the
@@ -34,18 +33,18 @@ from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.model import ModelView
 from onnxpipe.partition import Partition, solve
 from onnxpipe.partition.splitting import SplitCandidate, SplitShape, expand
-from onnxpipe.planning.fused import anywhere_cuttable
-from onnxpipe.planning.nodesplit.costs import (
+from onnxpipe.planning.nodesplit.cut import (
+    CutModel,
     PartCosts,
     chain_seconds,
+    cut_node,
     node_seconds,
     shared_costs,
     sized_costs,
 )
-from onnxpipe.planning.nodesplit.cut import CutModel, cut_node
 from onnxpipe.planning.nodesplit.find import SplitKind, Splittable, find_splittable, part_sizes
 from onnxpipe.planning.records import NodeSplit
-from onnxpipe.planning.sequences import Sequences, sequences
+from onnxpipe.planning.sequences import Sequences, anywhere_cuttable, sequences
 from onnxpipe.planning.types import Plan
 from onnxpipe.planning.workers import make_plan
 from onnxpipe.schedule.timeline import DEFAULT_MICROBATCHES
