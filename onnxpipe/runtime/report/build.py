@@ -128,14 +128,7 @@ def _on_node(stage: StageReport, pipeline: Pipeline, position: int) -> StageRepo
     backend = pipeline.backend
     if not isinstance(backend, RayBackend):
         return stage
-    place = backend.placed[position]
-    return replace(
-        stage,
-        node_id=place.node_id,
-        node_address=place.address,
-        host=place.host,
-        shipped_bytes=backend.shipped_to(position),
-    )
+    return replace(stage, node=backend.placed[position], shipped_bytes=backend.shipped_to(position))
 
 
 def _cluster_part(pipeline: Pipeline, measurement: Measurement) -> dict[str, Any]:
@@ -158,24 +151,16 @@ def stage_report(spec: WorkerSpec, st: WorkerStats | None, wall: float) -> Stage
     runs = [r.run_seconds for r in st.records]
     busy = [r.busy_seconds for r in st.records]
     busy_total = float(sum(busy))
-    own = None if st.process_shared else st
     return StageReport(
         worker=spec,
+        stats=st,
         microbatches=len(st.records),
         measured_ms=statistics.median(runs) * 1e3 if runs else math.nan,
         mean_ms=statistics.fmean(runs) * 1e3 if runs else math.nan,
         handling_ms=statistics.median(busy) * 1e3 if busy else math.nan,
         busy_seconds=busy_total,
         busy_fraction=busy_total / wall if wall > 0 else math.nan,
-        peak_rss_bytes=st.peak_rss_bytes,
-        rss_bytes=st.rss_bytes,
-        startup_rss_bytes=st.startup_rss_bytes,
-        pid=st.pid,
-        memory_shared_with_other_workers=st.process_shared,
-        model_rss_bytes=own.model_rss_bytes if own is not None else None,
-        worker_peak_rss_bytes=own.peak_rss_bytes if own is not None else None,
-        worker_model_rss_bytes=own.model_rss_bytes if own is not None else None,
-        hosted_with=st.hosted_with,
+        alone=None if st.process_shared else st,
     )
 
 
@@ -205,7 +190,7 @@ def _run_notes(
             "as "
             "its estimate assumes"
         )
-    if any(s.memory_shared_with_other_workers for s in stages):
+    if any(s.stats.process_shared for s in stages):
         notes.append(
             "thread workers share one process: a stage's peak RSS is the process's, and its own memory "
             f"cannot be told apart (the allocator reuses memory across sessions); {opt('compare', True)} "

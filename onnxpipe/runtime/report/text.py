@@ -105,14 +105,15 @@ def _node_column(report: RunReport) -> tuple[str, list[str]] | None:
     """The stage table's node column, its header and a cell per stage (None for local workers).  Nodes
     of one machine's namespaces (or containers) share its host name, which then tells them apart no
     more: where their addresses do, the cells give the address and node id, the header the host."""
-    on = [s for s in report.stages if s.node_id is not None]
+    nodes = [s.node for s in report.stages]
+    on = [n for n in nodes if n is not None]
     if not on:
         return None
-    hosts = {s.host for s in on}
-    if len(hosts) == 1 and len(on) > 1 and len({s.node_address for s in on}) > 1:
-        cells = [f"{s.node_address} {s.node_id[:8]}" if s.node_id else "-" for s in report.stages]
+    hosts = {n.host for n in on}
+    if len(hosts) == 1 and len(on) > 1 and len({n.address for n in on}) > 1:
+        cells = [f"{n.address} {n.node_id[:8]}" if n else "-" for n in nodes]
         return f"node (address id, all on host {hosts.pop()})", cells
-    return "node (host address id)", [s.node_text or "-" for s in report.stages]
+    return "node (host address id)", [f"{n.host} {n.address} {n.node_id[:8]}" if n else "-" for n in nodes]
 
 
 def _stage_table(report: RunReport) -> str:
@@ -133,7 +134,7 @@ def _stage_table(report: RunReport) -> str:
             _bytes(s.param_bytes),
         ]
         if not shared:
-            row += [_bytes(s.peak_rss_bytes), _bytes(s.model_rss_bytes)]
+            row += [_bytes(s.stats.peak_rss_bytes), _bytes(s.model_rss_bytes)]
         if nodes is not None:
             row += [nodes[1][i], _bytes(s.shipped_bytes)]
         rows.append(row)
@@ -283,7 +284,7 @@ def memory_line(report: RunReport) -> str | None:
             return f"{ratio} (a replica worker peaks at {_bytes(replicas.peak_rss_bytes)})"
     if not report.memory_shared:
         return None
-    peaks = [p for p in [report.driver_peak_rss_bytes, *(s.peak_rss_bytes for s in report.stages)] if p]
+    peaks = [p for p in [report.driver_peak_rss_bytes, *(s.stats.peak_rss_bytes for s in report.stages)] if p]
     weighed = [(weights, named) for named, _, weights in _workers_memory(report) if weights is not None]
     parts = []
     if weighed:
