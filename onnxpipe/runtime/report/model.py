@@ -14,7 +14,7 @@ import numpy as np
 
 from onnxpipe.runtime.backends.ray_recovery import Recovery
 from onnxpipe.runtime.nodeplace import NodePlace
-from onnxpipe.runtime.report.cluster import HopReport, bounding_hop, per_hop, recovery_obj
+from onnxpipe.runtime.report.cluster import HopReport, recovery_obj
 from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import CPU_PROVIDER, WorkerSpec
 
@@ -276,16 +276,22 @@ class RunReport:
 
     @property
     def bounding_hop(self) -> HopReport | None:
-        """The hop that bounds the pipeline's rate, where one does (Ray): its own time is longer than
-        the slowest stage's handling of a micro-batch."""
-        if not self.hops or not self.stages:
+        """The hop that bounds the pipeline's rate, where one does (Ray): its own time (a micro-batch at a
+        time) is longer than the slowest stage's handling of a micro-batch, so the link it crosses, not a
+        stage, sets the pace (the data plane sends while the stages compute, so a hop costs the rate only
+        where it is the longest step).  None when every hop is quicker, or none was timed."""
+        timed = [h for h in self.hops if h.single_ms is not None]
+        if not timed or not self.stages:
             return None
-        return bounding_hop(self.hops, max(s.handling_ms for s in self.stages))
+        slowest = max(timed, key=lambda h: h.single_ms or 0.0)
+        return slowest if (slowest.single_ms or 0.0) > max(s.handling_ms for s in self.stages) else None
 
     @property
     def hop_overhead_ms(self) -> float | None:
-        """:attr:`overhead_ms` shared among a micro-batch's hops."""
-        return per_hop(self.overhead_ms, len(self.hops))
+        """:attr:`overhead_ms` shared among a micro-batch's hops, each taking its stage's handling along."""
+        if self.overhead_ms is None or not self.hops or math.isnan(self.overhead_ms):
+            return None
+        return self.overhead_ms / len(self.hops)
 
     @property
     def workers(self) -> tuple[WorkerReport, ...]:
