@@ -88,10 +88,7 @@ def build_report(
     manifest = pipeline.manifest
     specs = pipeline.lanes[0]
     by_index = {s.index: s for s in measurement.stats[: len(specs)]}
-    stages = tuple(
-        _on_node(stage_report(spec, by_index.get(spec.index), measurement.wall_seconds), pipeline, i)
-        for i, spec in enumerate(specs)
-    )
+    stages = tuple(stage_report(spec, by_index.get(spec.index), measurement.wall_seconds) for spec in specs)
     bottleneck = max(range(len(stages)), key=lambda i: stages[i].busy_seconds) if stages else 0
     comparable, notes = check_estimates(manifest, specs, input_shapes) if manifest is not None else (True, [])
     errors = [abs(s.estimate_error) for s in stages if s.estimate_error is not None]
@@ -112,30 +109,28 @@ def build_report(
         latency_saturated=Latency.of(measurement.latencies_s),
         latency_in_flight=measurement.in_flight,
         latency_single=Latency.of(single) if single else None,
-        stages=stages,
         bottleneck_stage=stages[bottleneck].index if stages else 0,
         estimates_comparable=comparable,
         estimate_max_error=max(errors) if errors else None,
         driver_peak_rss_bytes=driver_peak_rss_bytes,
         notes=tuple(notes),
         worker_stages=groups,
-        **_cluster_part(pipeline, measurement),
+        **_cluster_part(pipeline, measurement, stages),
     )
 
 
-def _on_node(stage: StageReport, pipeline: Pipeline, position: int) -> StageReport:
-    """``stage`` with the node its actor ran on last and the bytes shipped there (Ray only)."""
-    backend = pipeline.backend
-    if not isinstance(backend, RayBackend):
-        return stage
-    return replace(stage, node=backend.placed[position], shipped_bytes=backend.shipped_to(position))
-
-
-def _cluster_part(pipeline: Pipeline, measurement: Measurement) -> dict[str, Any]:
-    """The report's hops, overhead, recoveries and failure (the hops and recoveries on Ray only)."""
-    part: dict[str, Any] = {"failure": measurement.failure}
+def _cluster_part(
+    pipeline: Pipeline, measurement: Measurement, stages: tuple[StageReport, ...]
+) -> dict[str, Any]:
+    """The report's stages, hops, overhead, recoveries and failure: on Ray, each stage with the node its
+    actor ran on last and the bytes shipped there, and the hops and recoveries."""
+    part: dict[str, Any] = {"failure": measurement.failure, "stages": stages}
     backend = pipeline.backend
     if isinstance(backend, RayBackend):
+        part["stages"] = tuple(
+            replace(s, node=backend.placed[i], shipped_bytes=backend.shipped_to(i))
+            for i, s in enumerate(stages)
+        )
         indexes = [s.index for s in pipeline.lanes[0]]
         part["hops"] = hop_reports(measurement.trips, measurement.single_trips, indexes)
         part["overhead_ms"] = overhead_ms(measurement.single_trips)

@@ -147,7 +147,8 @@ def _stage_table(report: RunReport) -> str:
 
 
 def _hop_lines(report: RunReport) -> list[str]:
-    """The hops' table and their overhead (on a cluster only)."""
+    """The hops' table, the link that bounds the pipeline if one does (in words: its bytes, its time and
+    rate, against the slowest stage's time), and the hops' overhead (on a cluster only)."""
     if not report.hops:
         return []
     rows = [
@@ -160,9 +161,17 @@ def _hop_lines(report: RunReport) -> list[str]:
         for h in report.hops
     ]
     lines = [table(["hop", "bytes/micro-batch", "one at a time ms", "in the stream ms"], rows)]
-    bound = link_line(report)
-    if bound is not None:
-        lines.append(bound)
+    bound = report.bounding_hop
+    if bound is not None and bound.single_ms is not None:
+        rate = bound.bytes_per_microbatch / (bound.single_ms / 1e3) * 8 / 1e6
+        slowest = max(report.stages, key=lambda s: s.handling_ms)
+        lines.append(
+            f"link: {bound.source} -> {bound.target} bounds the pipeline: "
+            f"{human_bytes(bound.bytes_per_microbatch)} a micro-batch take {bound.single_ms:.2f} ms on it "
+            f"(about {rate:.0f} Mbit/s), longer than stage {slowest.index}'s {slowest.handling_ms:.2f} ms; "
+            "a faster link, machines closer together, or a cut where fewer bytes cross makes it faster, "
+            "more CPU does not"
+        )
     if report.overhead_ms is not None:
         lines.append(
             f"overhead: one micro-batch at a time took {report.overhead_ms:.2f} ms beyond its stages' own "
@@ -327,23 +336,6 @@ def _workers_memory(report: RunReport) -> list[tuple[str, int | None, int | None
             (f" (stages {_stage_list(w.stages)})", w.model_rss_bytes, w.param_bytes) for w in report.workers
         ]
     return [("", s.worker_model_rss_bytes, s.param_bytes) for s in report.stages]
-
-
-def link_line(report: RunReport) -> str | None:
-    """The link that bounds the pipeline, in words: its bytes, its time and rate, against the slowest
-    stage's time (None where no hop bounds it)."""
-    bound = report.bounding_hop
-    if bound is None or bound.single_ms is None:
-        return None
-    rate = bound.bytes_per_microbatch / (bound.single_ms / 1e3) * 8 / 1e6
-    slowest = max(report.stages, key=lambda s: s.handling_ms)
-    return (
-        f"link: {bound.source} -> {bound.target} bounds the pipeline: "
-        f"{human_bytes(bound.bytes_per_microbatch)} a micro-batch take {bound.single_ms:.2f} ms on it "
-        f"(about {rate:.0f} Mbit/s), longer than stage {slowest.index}'s {slowest.handling_ms:.2f} ms; "
-        "a faster link, machines closer together, or a cut where fewer bytes cross makes it faster, "
-        "more CPU does not"
-    )
 
 
 def _verdict(report: RunReport) -> str:
