@@ -92,7 +92,11 @@ def build_report(
     bottleneck = max(range(len(stages)), key=lambda i: stages[i].busy_seconds) if stages else 0
     comparable, notes = check_estimates(manifest, specs, input_shapes) if manifest is not None else (True, [])
     errors = [abs(s.estimate_error) for s in stages if s.estimate_error is not None]
-    groups = _worker_groups(manifest)
+    groups: tuple[tuple[int, ...], ...] = ()
+    if (
+        manifest is not None and manifest.plan.workers is not None
+    ):  # an interleaved split: each worker's stages
+        groups = tuple(manifest.stages_of(w) for w in range(manifest.workers))
     notes.extend(_run_notes(pipeline, stages, groups, measurement))
     single = measurement.single_latencies_s
     return RunReport(
@@ -157,13 +161,6 @@ def stage_report(spec: WorkerSpec, st: WorkerStats | None, wall: float) -> Stage
         busy_fraction=busy_total / wall if wall > 0 else math.nan,
         alone=None if st.process_shared else st,
     )
-
-
-def _worker_groups(manifest: Manifest | None) -> tuple[tuple[int, ...], ...]:
-    """The stages of each worker of an interleaved split; none otherwise."""
-    if manifest is None or manifest.plan.workers is None:
-        return ()
-    return tuple(manifest.stages_of(w) for w in range(manifest.workers))
 
 
 def _run_notes(

@@ -349,14 +349,14 @@ def _verdict(report: RunReport) -> str:
             f"{worst.pipeline_speedup:.2f}x the throughput of {worst_name} ({worst.description}): serve "
             "this model as one session here, and split it where it must fit several devices"
         )
-    if report.bounding_hop is not None:
-        return (
-            f"verdict: the pipeline is SLOWER than {worst_name} ({worst.description}): "
-            f"{worst.pipeline_speedup:.2f}x its throughput, bounded by the link from "
-            f"{report.bounding_hop.source} to {report.bounding_hop.target} (above)"
-        )
-    return (
+    slower = (
         f"verdict: the pipeline is SLOWER than {worst_name} ({worst.description}): "
-        f"{worst.pipeline_speedup:.2f}x its throughput; run that instead here, or give the stages CPUs "
-        f"of their own (fewer stages, {opt('threads')}, more machines)"
+        f"{worst.pipeline_speedup:.2f}x its throughput"
+    )
+    bound = report.bounding_hop
+    if bound is not None:
+        return f"{slower}, bounded by the link from {bound.source} to {bound.target} (above)"
+    return (
+        f"{slower}; run that instead here, or give the stages CPUs of their own (fewer stages, "
+        f"{opt('threads')}, more machines)"
     )
