@@ -11,7 +11,7 @@ for each count of sequences, four generators make the same tokens, each worker w
   dealt into K groups, a decode step carrying a group: each stage has a step);
 * ``unbatched``: the same pipeline, a step per sequence (``batch=1``): what it did before batching;
 * ``plain``: the unsplit model as a plain onnxruntime loop in the caller's thread, every sequence in one
-  step (:class:`~onnxpipe.runtime.plainloop.PlainLoop`): one device at its best;
+  step (:class:`~onnxpipe.runtime.generation.generator.PlainLoop`): one device at its best;
 * ``replicas``: K workers each running the whole model, the sequences dealt over them, each replica's
   in one step (data parallelism: the ceiling of K devices when each can hold the whole model).
 

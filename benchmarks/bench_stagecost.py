@@ -8,7 +8,7 @@ Each model is split once (measured costs, ``--k`` stages) and exported three way
   (``unk__82``);
 * ``unnamed dims``: the same tensors sent, and only the symbols the source names declared;
 * ``onnxpipe``: today's export: also each value sent once and its repeats remade
-  (:mod:`onnxpipe.ir.samevalue`).
+  (:func:`onnxpipe.ir.shapevalues.value_classes`).
 
 Then, pinned to one CPU with one intra-op thread, the whole model's session and each variant's stages
 are timed, each stage looping alone on what it receives (as a pipeline runs it on a CPU of its own,

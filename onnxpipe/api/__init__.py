@@ -37,14 +37,14 @@ from onnxpipe.api.options import *  # noqa: F403 (the options and their choices,
 from onnxpipe.core.lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
-    "profile": "onnxpipe.api.profiling",
+    "profile": "onnxpipe.api.plans",
     "plan": "onnxpipe.api.plans",
     "split": "onnxpipe.api.splitting",
-    "verify": "onnxpipe.api.verifying",
-    "inspect": "onnxpipe.api.inspecting",
+    "verify": "onnxpipe.api.splitting",
+    "inspect": "onnxpipe.api.running",
     "run": "onnxpipe.api.running",
     "generate": "onnxpipe.api.generating",
-    "links": "onnxpipe.api.links",
+    "links": "onnxpipe.api.running",
     "LinkReport": "onnxpipe.runtime.report.links",
     "format_links": "onnxpipe.runtime.report.links",
     "export_triton": "onnxpipe.export.triton",
@@ -67,7 +67,7 @@ _EXPORTS: dict[str, str] = {
     "TritonRepository": "onnxpipe.export.triton",
     "VerifyReport": "onnxpipe.verification.verify",
     "DecoderInfo": "onnxpipe.ir.decoder",
-    "ModelSummary": "onnxpipe.ir.summary",
+    "ModelSummary": "onnxpipe.ir.load",
     "worker_groups": "onnxpipe.schedule.timeline",
 }
 
@@ -77,10 +77,8 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 
 if TYPE_CHECKING:
     from onnxpipe.api.generating import generate as generate
-    from onnxpipe.api.inspecting import inspect as inspect
-    from onnxpipe.api.links import links as links
     from onnxpipe.api.plans import plan as plan
-    from onnxpipe.api.profiling import profile as profile
+    from onnxpipe.api.plans import profile as profile
     from onnxpipe.api.results import FolderInspection as FolderInspection
     from onnxpipe.api.results import GenerateResult as GenerateResult
     from onnxpipe.api.results import ModelInspection as ModelInspection
@@ -88,16 +86,18 @@ if TYPE_CHECKING:
     from onnxpipe.api.results import SplitResult as SplitResult
     from onnxpipe.api.results import run_json as run_json
     from onnxpipe.api.results import verify_json as verify_json
+    from onnxpipe.api.running import inspect as inspect
+    from onnxpipe.api.running import links as links
     from onnxpipe.api.running import run as run
     from onnxpipe.api.seq2seq import written_stages as written_stages
     from onnxpipe.api.splitting import split as split
-    from onnxpipe.api.verifying import verify as verify
+    from onnxpipe.api.splitting import verify as verify
     from onnxpipe.cost.profile import Profile as Profile
     from onnxpipe.export.triton import TritonRepository as TritonRepository
     from onnxpipe.export.triton import export_triton as export_triton
     from onnxpipe.ir.decoder import DecoderInfo as DecoderInfo
+    from onnxpipe.ir.load import ModelSummary as ModelSummary
     from onnxpipe.ir.model import ModelView as ModelView
-    from onnxpipe.ir.summary import ModelSummary as ModelSummary
     from onnxpipe.manifest import Manifest as Manifest
     from onnxpipe.planning.types import Plan as Plan
     from onnxpipe.runtime.generation.result import Generation as Generation

@@ -1,5 +1,6 @@
 """``generate``: tokens through a decoder's split, each worker keeping its layers' KV cache; optionally the
-same prompts through the unsplit model and K replicas of it, side by side."""
+same prompts through the unsplit model and K replicas of it, side by side; an encoder-decoder's split
+(:mod:`onnxpipe.api.seq2seq`) from its encoder's inputs (:func:`generate_folder`)."""
 
 from __future__ import annotations
 
@@ -9,21 +10,26 @@ from pathlib import Path
 
 from onnxpipe.api.results import GenerateResult
 from onnxpipe.api.running import backend_config
-from onnxpipe.api.seq2seq import generate_folder
+from onnxpipe.core.choices import Backend
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.events import SILENT, Listener
-from onnxpipe.core.iocontract import IOContract
+from onnxpipe.core.iocontract import IOContract, Role
 from onnxpipe.core.options import opt
 from onnxpipe.manifest import load_manifest
-from onnxpipe.manifest.seq2seq import SEQ2SEQ_FILE, read_seq2seq
+from onnxpipe.manifest.seq2seq import SEQ2SEQ_FILE, Seq2SeqRecord, read_seq2seq
 from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig
-from onnxpipe.runtime.generation.contract import split_contract
-from onnxpipe.runtime.generation.generator import Generator
+from onnxpipe.runtime.generation.generator import Generator, Prompting, split_contract
 from onnxpipe.runtime.generation.result import Generation
+from onnxpipe.runtime.generation.seq2seq import (
+    encode,
+    encoder_mask,
+    encoder_output,
+    plain_greedy,
+    read_inputs,
+)
 from onnxpipe.runtime.options import GenerateOptions
 from onnxpipe.runtime.pipeline import Pipeline
-from onnxpipe.runtime.prompting import Prompting
 from onnxpipe.runtime.report.cluster import GenerationCluster, hop_shares
 from onnxpipe.runtime.text import TextStreams
 
@@ -153,3 +159,58 @@ def _baselines(
         with many:
             runs["replicas"] = many.generate_with(prompting)
     return runs
+
+
+def generate_folder(
+    folder: Path, record: Seq2SeqRecord, options: GenerateOptions, say: Listener
+) -> GenerateResult:
+    """Generate from ``options.inputs`` through the encoder-decoder split in ``folder``
+    (:mod:`onnxpipe.runtime.generation.seq2seq`): each row encoded by the encoder's split, then decoded
+    greedily from the start tokens by the decoder's; with ``compare`` the folder's unsplit files too, as a
+    plain onnxruntime loop."""
+    if options.prompts or options.prompt_ids:
+        raise UsageError(
+            f"{folder}: an encoder-decoder split generates from its encoder's inputs ({opt('inputs')}), "
+            f"not from prompts; leave out {opt('prompts')} and {opt('prompt_ids')}"
+        )
+    if options.backend != Backend.LOCAL or options.do_sample:
+        given = (
+            opt("backend", options.backend) if options.backend != Backend.LOCAL else opt("do_sample", True)
+        )
+        raise UsageError(
+            f"{given}: an encoder-decoder split generates greedily on local workers (so far); leave it out"
+        )
+    rows = read_inputs(options.inputs, record.encoder_inputs)
+    say.step(f"encoding {len(rows)} input(s) through the encoder's split")
+    encoded, encoding = encode(folder / record.encoder, rows, record.encoder_output, options.threads)
+    decoder = folder / record.decoder
+    own = decoder if (decoder / "tokenizer.json").is_file() else None
+    eos = options.eos_token_ids if options.eos_token_ids is not None or options.ignore_eos else record.eos_ids
+    settled = dataclasses.replace(
+        options,
+        inputs=(),
+        prompt_ids=(record.start_ids,) * len(rows),
+        tokenizer=options.tokenizer or own,
+        eos_token_ids=eos,
+    )
+    builders = {Role.ENCODER_OUTPUT: encoder_output(encoded), Role.ENCODER_MASK: encoder_mask(rows, encoded)}
+    config = LocalConfig(mode=options.local_mode)
+    with Generator.open(decoder, config, threads=options.threads, builders=builders) as gen:
+        prompting = gen.prompting(settled)
+        k = len(gen.steps.lanes[0])
+        say.step(f"generating {len(rows)} sequence(s) through the decoder's {k} stage(s)")
+        runs = {"pipeline": gen.generate_with(prompting, lead=encoding)}
+    if options.compare:
+        say.step("generating with the unsplit files (a plain onnxruntime loop in this thread)")
+        plain = plain_greedy(Path(record.source), rows, record, settled.max_new_tokens, eos or ())
+        runs["unsplit"] = Generation.of(plain, (plain.seconds,), prompting.codec)
+    stages = k + load_manifest(folder / record.encoder, check_files=False).k
+    return GenerateResult(
+        prompts=prompting.options.prompt_ids,
+        runs=runs,
+        sampling=None,
+        stages=stages,
+        workers=stages,
+        backend=options.backend.value,
+        cluster=None,
+    )

@@ -1,5 +1,7 @@
 """``plan``: load, profile (or reuse a profile), and plan the stages; and the steps ``split`` shares with
 it: loading a model for a request, a decoder's profiles at its phases, calibration.
+
+``profile``: measure (or count) every node's cost, and save the profile where asked.
 """
 
 from __future__ import annotations
@@ -9,9 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from onnxpipe.api.options import PlanOptions
-from onnxpipe.api.paths import check_plot
-from onnxpipe.api.preamble import before_work, busy_watch
-from onnxpipe.api.profiling import save_profile
+from onnxpipe.api.preamble import before_work, busy_watch, check_output_file, check_plot, writing
 from onnxpipe.api.results import PlanResult
 from onnxpipe.calibrate.devices import calibrate_on_devices, how_timed
 from onnxpipe.calibrate.loop import calibrate_phases
@@ -61,6 +61,44 @@ def plan(
     the_plan = make_plan(view, prof, request, phase_profiles=phases, decoder=found)
     drawn = None if options.plot is None else draw_plan(the_plan, options.plot, title=view.file_name)
     return PlanResult(plan=the_plan, drawn=drawn)
+
+
+def profile(
+    model: str | Path | ModelView, options: ProfileOptions | None = None, *, listener: Listener | None = None
+) -> Profile:
+    """``model``'s profile as ``options`` say (measured on onnxruntime by default), saved to
+    ``options.out`` when given: a file there is replaced only with ``options.force``, and one that cannot
+    be written is refused before anything is measured."""
+    say = listener or SILENT
+    opts = options or ProfileOptions()
+    check_profile_target(opts)
+    view = model if isinstance(model, ModelView) else load_model(model)
+    check_runtime_opsets(view)
+    if opts.measured:
+        before_work(say, view, opts)
+    with busy_watch(say, "profiling", measuring=opts.measured):
+        prof = get_profile(view, opts, progress=say.progress)
+    save_profile(prof, opts)
+    return prof
+
+
+def check_profile_target(options: ProfileOptions) -> None:
+    """Refuse, before any work, a profile file that exists (without ``force``) or cannot be written."""
+    out = options.out
+    if out is None:
+        return
+    if out.exists() and not options.force:
+        raise UsageError(
+            f"{out}: exists; choose another {opt('ProfileOptions.out')} or pass {opt('force', True)}"
+        )
+    check_output_file(out, "ProfileOptions.out")
+
+
+def save_profile(prof: Profile, options: ProfileOptions) -> None:
+    """Write ``prof`` to ``options.out`` when given."""
+    if options.out is not None:
+        with writing(options.out, "ProfileOptions.out"):
+            prof.save(options.out)
 
 
 def load(model: str | Path | ModelView, embedding: Path | None = None) -> ModelView:
@@ -163,7 +201,17 @@ def calibrated_plan(
     if not calibration.rounds:
         return make(prof)
     if request.devices is not None and calibration.mode != CalibrationMode.RAY:
-        return _calibrated_on_devices(view, prof, request, calibration, decoder)
+        # every stage timed on its device, or, for a device not here, as the reference profile was
+        # measured with the device's speed kept (:mod:`.calibrate.devices`)
+        on_devices = calibrate_on_devices(
+            view,
+            prof,
+            request,
+            lambda p, r: make_plan(view, p, r, decoder=decoder),
+            rounds=calibration.rounds,
+        )
+        how = how_timed(request.devices, prof.threads)
+        return dataclasses.replace(on_devices.plan, notes=(*on_devices.plan.notes, on_devices.note(how)))
     if not prof.on_reference:
         raise UsageError(
             f"{opt('CalibrationOptions.rounds')} times the stages in onnxruntime, and the profile was "
@@ -206,20 +254,3 @@ def refuse_untyped_inputs(view: ModelView) -> None:
             f"({opt('ProfileOptions.inputs')}), or plan from static costs without running the model "
             f"({opt('cost', 'static')} and {opt('verify', False)})"
         )
-
-
-def _calibrated_on_devices(
-    view: ModelView,
-    prof: Profile,
-    request: PlanRequest,
-    calibration: CalibrationOptions,
-    decoder: FoundDecoder | None,
-) -> Plan:
-    """The plan calibrated with every stage timed on its device, or, for a device not here, as the
-    reference profile was measured with the device's speed kept (:mod:`.calibrate.devices`)."""
-    done = calibrate_on_devices(
-        view, prof, request, lambda p, r: make_plan(view, p, r, decoder=decoder), rounds=calibration.rounds
-    )
-    assert request.devices is not None
-    how = how_timed(request.devices, prof.threads)
-    return dataclasses.replace(done.plan, notes=(*done.plan.notes, done.note(how)))

@@ -19,10 +19,10 @@ from onnxpipe.core.codec import number as num
 from onnxpipe.core.dims import Dim
 from onnxpipe.ir.decoder import DecoderInfo
 from onnxpipe.ir.decoder_dims import DecoderFacts
+from onnxpipe.ir.load import ModelSummary
 from onnxpipe.ir.model import ModelView
-from onnxpipe.ir.summary import ModelSummary
 from onnxpipe.manifest import Manifest
-from onnxpipe.manifest.write import dumps, timeline_obj
+from onnxpipe.manifest.layout import dumps, timeline_obj
 from onnxpipe.planning.types import Plan
 from onnxpipe.planning.wire import stage_boundary
 from onnxpipe.runtime.generation.result import Generation

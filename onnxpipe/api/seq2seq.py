@@ -11,10 +11,10 @@ self- and cross-attention caches on its stage).  The decoder is split as its one
 second copy of the decoder's weights, with the folder's config and tokenizer files), and profiled at a
 later step's sizes (no new encoder frames, the cross cache full), which is what most of a generation runs.
 
-Generating runs the two splits one after the other: every input through the encoder's stages, then the
-decoder's stages over the sequences (the encoder's and the decoder's stages never work at once), each
-decode step carrying one sequence (the step graph takes no attention mask, so sequences are not padded
-into one step).
+Generating (:func:`onnxpipe.api.generating.generate_folder`) runs the two splits one after the other:
+every input through the encoder's stages, then the decoder's stages over the sequences (the encoder's and
+the decoder's stages never work at once), each decode step carrying one sequence (the step graph takes no
+attention mask, so sequences are not padded into one step).
 """
 
 from __future__ import annotations
@@ -27,11 +27,9 @@ from pathlib import Path
 import onnx
 
 from onnxpipe.api.options import SplitOptions
-from onnxpipe.api.results import GenerateResult, SplitResult
-from onnxpipe.core.choices import Backend
+from onnxpipe.api.results import SplitResult
 from onnxpipe.core.errors import ModelLoadError, UsageError
 from onnxpipe.core.events import Listener
-from onnxpipe.core.iocontract import Role
 from onnxpipe.core.model_config import config_beside
 from onnxpipe.core.options import opt
 from onnxpipe.export.outdir import check_target, staged_folder, writing
@@ -47,17 +45,6 @@ from onnxpipe.ir.seq2seq import (
 )
 from onnxpipe.manifest import load_manifest
 from onnxpipe.manifest.seq2seq import SEQ2SEQ_FILE, STEP_FILE, Seq2SeqRecord, read_seq2seq, write_seq2seq
-from onnxpipe.runtime.base import LocalConfig
-from onnxpipe.runtime.generation.generator import Generator
-from onnxpipe.runtime.generation.result import Generation
-from onnxpipe.runtime.generation.seq2seq import (
-    encode,
-    encoder_mask,
-    encoder_output,
-    plain_greedy,
-    read_inputs,
-)
-from onnxpipe.runtime.options import GenerateOptions
 
 
 def split_folder(
@@ -202,58 +189,3 @@ def _decoder_options(
         max_context=min(decoder.max_context, positions or decoder.max_context),
     )
     return dataclasses.replace(part, plan=dataclasses.replace(part.plan, decoder=changed))
-
-
-def generate_folder(
-    folder: Path, record: Seq2SeqRecord, options: GenerateOptions, say: Listener
-) -> GenerateResult:
-    """Generate from ``options.inputs`` through the encoder-decoder split in ``folder``
-    (:mod:`onnxpipe.runtime.generation.seq2seq`): each row encoded by the encoder's split, then decoded
-    greedily from the start tokens by the decoder's; with ``compare`` the folder's unsplit files too, as a
-    plain onnxruntime loop."""
-    if options.prompts or options.prompt_ids:
-        raise UsageError(
-            f"{folder}: an encoder-decoder split generates from its encoder's inputs ({opt('inputs')}), "
-            f"not from prompts; leave out {opt('prompts')} and {opt('prompt_ids')}"
-        )
-    if options.backend != Backend.LOCAL or options.do_sample:
-        given = (
-            opt("backend", options.backend) if options.backend != Backend.LOCAL else opt("do_sample", True)
-        )
-        raise UsageError(
-            f"{given}: an encoder-decoder split generates greedily on local workers (so far); leave it out"
-        )
-    rows = read_inputs(options.inputs, record.encoder_inputs)
-    say.step(f"encoding {len(rows)} input(s) through the encoder's split")
-    encoded, encoding = encode(folder / record.encoder, rows, record.encoder_output, options.threads)
-    decoder = folder / record.decoder
-    own = decoder if (decoder / "tokenizer.json").is_file() else None
-    eos = options.eos_token_ids if options.eos_token_ids is not None or options.ignore_eos else record.eos_ids
-    settled = dataclasses.replace(
-        options,
-        inputs=(),
-        prompt_ids=(record.start_ids,) * len(rows),
-        tokenizer=options.tokenizer or own,
-        eos_token_ids=eos,
-    )
-    builders = {Role.ENCODER_OUTPUT: encoder_output(encoded), Role.ENCODER_MASK: encoder_mask(rows, encoded)}
-    config = LocalConfig(mode=options.local_mode)
-    with Generator.open(decoder, config, threads=options.threads, builders=builders) as gen:
-        prompting = gen.prompting(settled)
-        k = len(gen.steps.lanes[0])
-        say.step(f"generating {len(rows)} sequence(s) through the decoder's {k} stage(s)")
-        runs = {"pipeline": gen.generate_with(prompting, lead=encoding)}
-    if options.compare:
-        say.step("generating with the unsplit files (a plain onnxruntime loop in this thread)")
-        plain = plain_greedy(Path(record.source), rows, record, settled.max_new_tokens, eos or ())
-        runs["unsplit"] = Generation.of(plain, (plain.seconds,), prompting.codec)
-    stages = k + load_manifest(folder / record.encoder, check_files=False).k
-    return GenerateResult(
-        prompts=prompting.options.prompt_ids,
-        runs=runs,
-        sampling=None,
-        stages=stages,
-        workers=stages,
-        backend=options.backend.value,
-        cluster=None,
-    )

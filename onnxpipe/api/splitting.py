@@ -3,21 +3,36 @@
 The request is checked once before anything is measured: the options when they were made, here the
 output folder, the model's opsets, the stage count, a GenAI config that cannot serve.  Then the steps
 run in order, each told to the listener as it begins, so that no step of a long split is silent.
+
+``split --stages auto`` on this machine: the chosen split run briefly against the whole model, and one
+stage when the pipeline does not pay here.
+
+``auto`` chooses the stage count from the estimates: the slowest stage over 1..CPUs stages.  The
+estimates leave out what a pipeline adds per micro-batch (a hand-off between workers, a session call per
+stage, the workers sharing the CPUs with the driver): on a small machine and a small model that is more
+than the split saves, and ``run --compare`` then said the pipeline was slower than one session of the
+whole model (0.66x for the sample ResNet on 2 CPUs, right after ``auto`` had chosen 2 stages).  So when
+``auto`` chooses more than one stage here, the split is written to a temporary folder and run as ``run``
+runs it, beside one session of the whole model (one thread, the baseline ``run --compare`` names
+``session_1_thread``); when the pipeline's throughput is below that session's, the plan of one stage is
+taken instead, and a note says why in one line.  The measurement is one function
+(:func:`measure_gain`), which tests replace.
+
+``verify``: the chained stages of a split folder against the model, the result recorded in the folder.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Mapping
+import tempfile
+import timeit
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from onnxpipe.api.autotrial import paid_here
 from onnxpipe.api.options import SplitOptions
-from onnxpipe.api.paths import check_output_folder
-from onnxpipe.api.plans import calibrated_plan, load, measure, note_retries, start
-from onnxpipe.api.preamble import busy_watch
-from onnxpipe.api.profiling import save_profile
+from onnxpipe.api.plans import calibrated_plan, load, measure, note_retries, save_profile, start
+from onnxpipe.api.preamble import busy_watch, check_output_folder
 from onnxpipe.api.results import SplitResult
 from onnxpipe.api.seq2seq import split_folder
 from onnxpipe.core.choices import CalibrationMode, Phase, SplitNodes, VerifyRuntime
@@ -26,26 +41,28 @@ from onnxpipe.core.errors import ExportError, OnnxpipeError, UsageError, Verific
 from onnxpipe.core.events import SILENT, Listener
 from onnxpipe.core.model_config import SourceConfig, read_source_config
 from onnxpipe.core.options import opt
+from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.core.runtimes import runs_here
 from onnxpipe.cost.options import ProfileOptions
-from onnxpipe.cost.profile import Profile
+from onnxpipe.cost.profile import CostSource, Profile
 from onnxpipe.cost.runnable import runnable_shapes
 from onnxpipe.export.checks import check_exportable
-from onnxpipe.export.genai.config import Unsupported
-from onnxpipe.export.genai.graph import check_source_fits, model_facts
+from onnxpipe.export.genai import Unsupported, check_source_fits, model_facts
+from onnxpipe.export.options import ExportOptions
 from onnxpipe.export.outdir import check_target, normalized
 from onnxpipe.export.stages import write_stages
 from onnxpipe.ir.decoder import FoundDecoder, decoder_of
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.ir.static import static_view, unsettled
-from onnxpipe.manifest import Manifest
+from onnxpipe.manifest import MANIFEST_NAME, Manifest
 from onnxpipe.planning.planner import planned
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.planning.types import Plan
+from onnxpipe.runtime.inputs import input_shapes_for, random_inputs
+from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.verification.options import VerifyOptions
-from onnxpipe.verification.record import record_verification, verification_record
-from onnxpipe.verification.verify import VerifyReport, verify_folder
+from onnxpipe.verification.verify import VerifyReport, record_verification, verify_folder
 
 
 def split(
@@ -217,7 +234,7 @@ class _Verified:
                 f"{self.left}"
             ) from e
         self.report = report
-        return dataclasses.replace(manifest, verification=verification_record(report))
+        return dataclasses.replace(manifest, verification=report.record())
 
     @contextlib.contextmanager
     def interrupts(self) -> Iterator[None]:
@@ -286,3 +303,97 @@ def _verify_runtime(the_plan: Plan) -> VerifyRuntime | None:
     if all(d.engine.kind.reference for d in used) or not all(runs_here(d.engine) for d in used):
         return None
     return VerifyRuntime.DEVICES
+
+
+TRIAL_MICROBATCHES = 32
+"""Micro-batches of one round of the short run, as many as ``run`` measures by default."""
+TRIAL_ROUNDS = 3
+
+
+def measure_gain(view: ModelView, plan: Plan) -> float:
+    """The pipeline's throughput over one session's of the whole model (one thread), on the same random
+    micro-batches at the planned shapes: ``plan`` written to a temporary folder and run as ``run`` runs
+    it by default (thread workers: no process is started, so a caller's script needs no ``__main__``
+    guard); each side's best of :data:`TRIAL_ROUNDS` rounds of :data:`TRIAL_MICROBATCHES`."""
+    assert view.path is not None
+    with tempfile.TemporaryDirectory(prefix="onnxpipe-auto-") as tmp:
+        out = Path(tmp) / "stages"
+        manifest = write_stages(view, plan, out, ExportOptions())
+        feeds = random_inputs(view.path, input_shapes_for(manifest, view.path, {}), TRIAL_MICROBATCHES)
+        session = open_session(view.path, session_options(threads=1))
+        with Pipeline.from_manifest(out) as pipe:
+            pipe.run_many(feeds[:4])  # warm-up
+            piped = min(timeit.repeat(lambda: pipe.run_many(feeds), number=1, repeat=TRIAL_ROUNDS))
+        session.run(None, feeds[0])
+        whole = min(
+            timeit.repeat(lambda: [session.run(None, f) for f in feeds], number=1, repeat=TRIAL_ROUNDS)
+        )
+    return whole / piped if piped > 0 else 1.0
+
+
+def paid_here(
+    view: ModelView,
+    the_plan: Plan,
+    profile: Profile,
+    request: PlanRequest,
+    one_stage: Callable[[], Plan],
+    gain: Callable[[ModelView, Plan], float] | None = None,
+) -> Plan:
+    """``the_plan`` when ``auto`` chose one stage, or when its pipeline beats one session of the whole
+    model in a short run here (``gain``, default :func:`measure_gain`); else ``one_stage()``, with a note
+    that says why.  Only for ``auto`` on this machine (no devices file), on measured costs of a model file
+    with no node cut (a static profile says nothing of this machine's speed)."""
+    applies = (
+        request.stages == "auto"
+        and request.devices is None
+        and the_plan.k > 1
+        and not the_plan.node_splits
+        and profile.source == CostSource.PROFILE.value
+        and view.path is not None
+    )
+    if not applies:
+        return the_plan
+    try:
+        ratio = (gain or measure_gain)(view, the_plan)
+    except (OnnxpipeError, OSError, RuntimeError) as e:  # random inputs a model refuses, a full disk...
+        note = f"{opt('stages', 'auto')}: the split could not be run against the whole model here ({e})"
+        return dataclasses.replace(the_plan, notes=(*the_plan.notes, note))
+    measured = (
+        f"a short run of the {the_plan.k}-stage pipeline here gave {ratio:.2f}x the throughput of one "
+        "session of the whole model (one thread)"
+    )
+    if ratio >= 1.0:
+        return dataclasses.replace(the_plan, notes=(*the_plan.notes, f"{opt('stages', 'auto')}: {measured}"))
+    whole = one_stage()
+    note = (
+        f"{opt('stages', 'auto')} chose 1 stage: {measured}; on this machine the hand-offs between stages "
+        f"cost more than the split saves (give {opt('stages')} K to split anyway)"
+    )
+    return dataclasses.replace(
+        whole, notes=(*whole.notes, note), stage_counts_tried=the_plan.stage_counts_tried
+    )
+
+
+def verify(folder: str | Path, options: VerifyOptions | None = None) -> VerifyReport:
+    """Run the original model and the chained stages of ``folder`` on the same inputs and compare them.
+
+    With ``options.runtime`` running every stage on one other runtime, the whole model runs there too,
+    and :attr:`VerifyReport.on_runtime` holds the stages against it and it against onnxruntime: an output
+    passes when its stages match either, and :attr:`VerifyReport.notes` give the runtime's own
+    difference.  A mismatch is not an exception: :attr:`VerifyReport.ok` says it.  With
+    ``options.record`` (the default) the result is written into the folder's manifest; a folder that
+    cannot be written keeps what it said, and :attr:`VerifyReport.record_note` says why.
+    """
+    opts = options or VerifyOptions()
+    report = verify_folder(folder, opts)
+    if not opts.record:
+        return report
+    try:
+        record_verification(folder, report)
+    except OSError as e:
+        note = (
+            f"{folder}: the result could not be written into its manifest ({e.strerror or e}); "
+            "the folder still reads as it did"
+        )
+        return dataclasses.replace(report, record_note=note)
+    return dataclasses.replace(report, recorded_in=Path(folder) / MANIFEST_NAME)

@@ -2,7 +2,7 @@
 table of flags (:class:`~onnxpipe.cli.flags.Subcommand`), in the order ``onnxpipe --help`` lists them.
 
 Parsers only: argparse, the door's light options and core; the work of each is
-:data:`onnxpipe.cli.commands.WORK` under the same name.
+:data:`onnxpipe.cli.WORK` under the same name.
 """
 
 from __future__ import annotations
@@ -21,18 +21,23 @@ from onnxpipe.api.options import (
     TritonOptions,
     VerifyOptions,
 )
-from onnxpipe.cli.argtypes import byte_sizes, count, positive_int, positive_number, probability, token_ids
 from onnxpipe.cli.arguments import (
+    INPUT_FLAGS,
     JSON,
     LOCAL_MODES,
+    PLANNING_FLAGS,
     QUIET,
     RAY_ADDRESS,
-    input_flags,
+    TOLERANCE_FLAGS,
+    byte_sizes,
+    count,
     measure_flags,
-    planning_flags,
+    positive_int,
+    positive_number,
+    probability,
     ray_flags,
     shape_flag,
-    tolerance_flags,
+    token_ids,
 )
 from onnxpipe.cli.flags import Subcommand, flag, grouped, negated, word
 from onnxpipe.core.options import render
@@ -74,7 +79,7 @@ SPLIT = Subcommand(
     SplitOptions,
     [
         flag("--out", "-o", help="folder to write stages and manifest.json into"),
-        *planning_flags(),
+        *PLANNING_FLAGS,
         flag(
             "--external-data",
             field="export.external_data",
@@ -98,7 +103,7 @@ SPLIT = Subcommand(
             "defaults",
         ),
         EMBEDDING,
-        *tolerance_flags(),
+        *TOLERANCE_FLAGS,
         negated("--no-verify", "verify", "skip comparing the stages with the model"),
         flag(
             "--calibrate",
@@ -142,7 +147,7 @@ PLAN = Subcommand(
     "model",
     PlanOptions,
     [
-        *planning_flags(),
+        *PLANNING_FLAGS,
         flag("--plot", help="draw the schedule and the stage loads (.png or .svg)"),
         EMBEDDING,
         QUIET,
@@ -159,7 +164,7 @@ VERIFY = Subcommand(
     VerifyOptions,
     [
         flag("--model", help="the source model (default: the path in the manifest)"),
-        *tolerance_flags(),
+        *TOLERANCE_FLAGS,
         flag("--seed", type=int, help="seed of the random inputs both models are run on"),
         flag(
             "--runtime",
@@ -168,7 +173,7 @@ VERIFY = Subcommand(
         ),
         flag("--threads", type=positive_int, help="threads each stage runs with (default 1)"),
         shape_flag(),
-        *input_flags(),
+        *INPUT_FLAGS,
         JSON,
     ],
 )
@@ -199,7 +204,7 @@ _RUN_WORKERS = [
     *ray_flags("run", "its micro-batches sent again"),
 ]
 _RUN_INPUTS = [
-    *input_flags(),
+    *INPUT_FLAGS,
     flag(
         "--microbatches",
         "-m",

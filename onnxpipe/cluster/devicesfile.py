@@ -12,6 +12,7 @@ import difflib
 import json
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -32,28 +33,20 @@ def load_cluster(path: str | Path) -> Cluster:
     return read_cluster(Document(str(p), UsageError, _ADVICE).load(p), str(p), p.parent)
 
 
-_DEVICE_KEYS = {
-    "name",
-    "provider",
-    "provider_options",
-    "threads",
-    "memory_bytes",
-    "speed",
-    "op_speeds",
-    "profile_path",
-    "profile_here",
-    "description",
-    "runtime",
-    "openvino_device",
-    "openvino_config",
-}
+# a device's keys are its record's fields and its engine's (but the optimization level, onnxpipe's own),
+# and a description for the reader of the file
+_DEVICE_KEYS = (
+    {f.name for f in fields(Device) if f.name != "engine"}
+    | {f.name for f in fields(EngineConfig) if f.name != "level"}
+    | {"description"}
+)
 _REQUIRED_DEVICE_KEYS = ("name", "threads", "memory_bytes")
 _NEEDS = (
     "every device needs "
     + ", ".join(_REQUIRED_DEVICE_KEYS)
     + ", and provider unless its runtime is not onnxruntime"
 )
-_LINK_KEYS = {"bandwidth_bytes_per_s", "latency_s", "description"}
+_LINK_KEYS = {f.name for f in fields(Link)} | {"description"}
 _TOP_KEYS = {"devices", "links", "description"}
 
 _ADVICE = "see docs/devices.md"

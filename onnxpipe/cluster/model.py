@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -243,11 +243,5 @@ def device_type(device: Device) -> tuple[Any, ...]:
     A profile file counts as part of the type (two devices with their own profiles are different, even if
     the files happen to agree), so grouping never merges devices whose costs might differ.
     """
-    return (
-        device.engine,
-        device.memory_bytes,
-        device.speed,
-        tuple(sorted(device.op_speeds.items())),
-        device.profile_path,
-        device.profile_here,
-    )
+    values = (getattr(device, f.name) for f in fields(Device) if f.name != "name")
+    return tuple(tuple(sorted(v.items())) if isinstance(v, Mapping) else v for v in values)

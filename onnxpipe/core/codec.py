@@ -285,9 +285,7 @@ class Codec:
         self, args: tuple[Any, ...], v: Value, nullable: bool, expected: str | None
     ) -> tuple[Any, ...]:
         if len(args) == 2 and args[1] is Ellipsis:
-            item = args[0]
-            read = v.opt_list_of if nullable else v.list_of
-            return read(lambda x: self.decode(item, x)) or ()
+            return v.list_of(lambda x: self.decode(args[0], x), nullable=nullable)
         items = v.list_of(lambda x: x)
         if len(items) != len(args):  # a fixed list is named by its Expected where it has one
             raise v.fail(

@@ -38,19 +38,19 @@ class OpenVinoEngine(Engine):
         super().__init__(*file_io(path))
         # OpenVINO keeps most of ONNX's tensor names, but not all (an input that feeds a Dropout takes
         # the Dropout's output name): a name it lost is bound by the file's position
-        self._in_port = _ports(self._compiled.inputs, self._inputs)
-        self._position = _ports(self._compiled.outputs, self._outputs)
+        self._in_port = _ports(self._compiled.inputs, self.input_names)
+        self._position = _ports(self._compiled.outputs, self.output_names)
 
     def _run(self, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[Any]:
         result = self._request.infer(
-            {p: feeds[n] for n, p in zip(self._inputs, self._in_port, strict=True) if n in feeds}
+            {p: feeds[n] for n, p in zip(self.input_names, self._in_port, strict=True) if n in feeds}
         )
         values = result.to_tuple()
         ordered = [np.asarray(values[p]) for p in self._position]
-        return bind_outputs(names, self._outputs, ordered, str(self._path))
+        return bind_outputs(names, self.output_names, ordered, str(self._path))
 
     def layer_seconds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, float] | None:
-        self.run(self._outputs, feeds)
+        self.run(self.output_names, feeds)
         seconds: dict[str, float] = {}
         for info in self._request.profiling_info:
             t = info.real_time.total_seconds()

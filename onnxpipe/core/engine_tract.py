@@ -78,7 +78,7 @@ class TractEngine(Engine):
     def _run(self, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[Any]:
         arrays = self._arrays(feeds)
         results = [t.to_numpy() for t in self._runnable(arrays).run(arrays)]
-        return bind_outputs(names, self._outputs, results, str(self._path))
+        return bind_outputs(names, self.output_names, results, str(self._path))
 
     def layer_seconds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, float] | None:
         arrays = self._arrays(feeds)

@@ -205,19 +205,12 @@ class Value:
         """A JSON object turned into ``T`` by ``read`` (a dataclass's reader)."""
         return read(self.fields())
 
-    def list_of(self, item: Callable[[Value], T]) -> tuple[T, ...]:
-        """A list, each element read by ``item`` at path ``<path>[i]``."""
+    def list_of(self, item: Callable[[Value], T], *, nullable: bool = False) -> tuple[T, ...]:
+        """A list, each element read by ``item`` at path ``<path>[i]``; ``nullable``: the list of an
+        ``X | None`` whose ``null`` was read already (a shape of unknown rank), named so in messages."""
         if not isinstance(self.raw, list):
-            raise self.expected("a list")
-        return self._items(item)
-
-    def opt_list_of(self, item: Callable[[Value], T]) -> tuple[T, ...] | None:
-        """Like :meth:`list_of`, or ``None`` for ``null`` (a shape of unknown rank)."""
-        if self.raw is None:
-            return None
-        if not isinstance(self.raw, list):
-            raise self.expected("a list or null")
-        return self._items(item)
+            raise self.expected("a list or null" if nullable else "a list")
+        return tuple(item(Value(v, f"{self.path}[{i}]", self.doc)) for i, v in enumerate(self.raw))
 
     def objects(self, read: Callable[[Fields], T]) -> tuple[T, ...]:
         """A list of JSON objects, each turned into ``T`` by ``read``."""
@@ -233,9 +226,6 @@ class Value:
         if not subscript:
             return {key: item(v) for key, v in fields.items()}
         return {key: item(Value(v, f"{self.path}[{key!r}]", self.doc)) for key, v in fields.raw.items()}
-
-    def _items(self, item: Callable[[Value], T]) -> tuple[T, ...]:
-        return tuple(item(Value(v, f"{self.path}[{i}]", self.doc)) for i, v in enumerate(self.raw))
 
     def _checked(self, s: str, rule: Rule[str] | None) -> str:
         if rule is not None and not rule.ok(s):

@@ -35,24 +35,8 @@ import numpy as np
 from onnxpipe.core.choices import Runtime
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.extras import install_hint
-from onnxpipe.core.runtime_kinds import DEFAULT_OPENVINO_DEVICE, EngineConfig, kind_of
-
-__all__ = [
-    "ALONE_BLOCK",
-    "DEFAULT_OPENVINO_DEVICE",
-    "OPENVINO_CPU_DEFAULTS",
-    "Engine",
-    "EngineConfig",
-    "Runs",
-    "Runtime",
-    "available",
-    "bind_outputs",
-    "open_engine",
-    "require",
-    "runs_here",
-    "time_in_turns",
-]
-
+from onnxpipe.core.runtime_kinds import EngineConfig as EngineConfig
+from onnxpipe.core.runtime_kinds import kind_of
 
 OPENVINO_CPU_DEFAULTS: Mapping[str, str] = {
     "INFERENCE_PRECISION_HINT": "f32",
@@ -108,19 +92,11 @@ class Engine:
     runtime: Runtime
 
     def __init__(self, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> None:
-        self._inputs = inputs
-        self._outputs = outputs
-        self._closed = False
-
-    @property
-    def input_names(self) -> tuple[str, ...]:
+        self.input_names = inputs
         """The file's inputs, in order (weights listed as inputs excluded)."""
-        return self._inputs
-
-    @property
-    def output_names(self) -> tuple[str, ...]:
+        self.output_names = outputs
         """The file's outputs, in order."""
-        return self._outputs
+        self._closed = False
 
     def run(self, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[Any]:
         """The outputs ``names`` (in that order) for the inputs ``feeds``, by name."""

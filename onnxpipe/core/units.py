@@ -8,45 +8,32 @@ accepted in one is accepted in all.  Decimal units are powers of 1000, binary on
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
-_SIZE_UNITS = {
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-_RATE_UNITS = {
-    "b/s": 1.0,
-    "kb/s": 1e3,
-    "mb/s": 1e6,
-    "gb/s": 1e9,
-    "kib/s": 2.0**10,
-    "mib/s": 2.0**20,
-    "gib/s": 2.0**30,
-    "bit/s": 1 / 8,
-    "kbit/s": 1e3 / 8,
-    "mbit/s": 1e6 / 8,
-    "gbit/s": 1e9 / 8,
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+_SIZE_UNITS = {"b": 1} | {prefix + "b": factor for prefix, factor in (_DECIMAL | _BINARY).items()}
+# rates: every size unit but the tera ones per second, and bits per second (divided by 8 into bytes)
+_RATE_UNITS = {unit + "/s": float(f) for unit, f in _SIZE_UNITS.items() if not unit.startswith("t")} | {
+    prefix + "bit/s": f / 8 for prefix, f in {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9}.items()
 }
 _QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z/]+)\s*$")
 
 
+def _quantity(text: str, units: Mapping[str, float], what: str) -> float:
+    """The number in ``text`` times its unit's factor in ``units``; a ``ValueError`` naming ``what`` the
+    text is not."""
+    m = _QUANTITY.match(text)
+    if not m or m.group(2).lower() not in units:
+        raise ValueError(f"not a {what}: {text!r}")
+    return float(m.group(1)) * units[m.group(2).lower()]
+
+
 def parse_bytes(text: str) -> int:
     """``"8 GiB"`` -> ``8589934592``; ``"512MB"`` -> ``512000000`` (decimal and binary units)."""
-    m = _QUANTITY.match(text)
-    if not m or m.group(2).lower() not in _SIZE_UNITS:
-        raise ValueError(f"not a size: {text!r}")
-    return round(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+    return round(_quantity(text, _SIZE_UNITS, "size"))
 
 
 def parse_rate(text: str) -> float:
     """``"100 Mbit/s"`` -> ``12500000.0`` bytes per second; ``"1.5 GB/s"`` -> ``1.5e9``."""
-    m = _QUANTITY.match(text)
-    if not m or m.group(2).lower() not in _RATE_UNITS:
-        raise ValueError(f"not a rate: {text!r}")
-    return float(m.group(1)) * _RATE_UNITS[m.group(2).lower()]
+    return _quantity(text, _RATE_UNITS, "rate")

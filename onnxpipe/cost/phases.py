@@ -1,7 +1,7 @@
 """Profiles of a decoder at each phase's shapes: a prompt (prefill) and a generation step (decode).
 
 :mod:`onnxpipe.planning.decoder_plan` balances the layer cuts for both; each phase's profile is an ordinary
-profile taken at that phase's sizes (:mod:`onnxpipe.ir.decoder_shapes`).  The user's ``--shape`` values
+profile taken at that phase's sizes (:mod:`onnxpipe.ir.decoder_dims`).  The user's ``--shape`` values
 for the decoder's own inputs (tokens, mask, positions, cache) would pin both phases to one size, so on
 the axes a phase sets (new tokens, cached tokens, total) they give way to the phase's; their other dims
 (the batch, a head size the exporter left symbolic, as GenAI's builder names ``kv_cache_dim``) are kept,
@@ -17,8 +17,8 @@ from onnxpipe.core.choices import Phase
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.source import get_profile
+from onnxpipe.ir.decoder_dims import decoder_inputs, decoder_roles, decoder_symbol_sizes, expression_size
 from onnxpipe.ir.decoder_kinds import PhaseShape
-from onnxpipe.ir.decoder_shapes import decoder_inputs, decoder_roles, decoder_symbol_sizes, expression_size
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 

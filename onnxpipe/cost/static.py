@@ -31,10 +31,10 @@ import onnx
 from onnxpipe.core.choices import CostSource
 from onnxpipe.core.text import names_text
 from onnxpipe.cost.profile import SCHEMA_VERSION, Profile
-from onnxpipe.ir.inference import concrete_shapes
 from onnxpipe.ir.model import ModelView, NodeInfo, itemsize
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.ir.shapevalues import constant_only
+from onnxpipe.ir.static import concrete_shapes
 
 PEAK_FLOPS = 50e9
 """Nominal FLOP/s of one core running a well-vectorised kernel (AVX2 fp32 reaches 50-100)."""

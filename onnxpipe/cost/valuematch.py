@@ -17,9 +17,9 @@ from onnxpipe.cost.sketch import Print, Sketcher, near_norm
 from onnxpipe.cost.static import constant_tensors
 from onnxpipe.cost.trace import Exposed, OrtModel, Timing, run_exposed
 from onnxpipe.ir.external import tensor_values
-from onnxpipe.ir.inference import concrete_shapes
 from onnxpipe.ir.model import ModelView, itemsize
 from onnxpipe.ir.shapes import symbol_sizes
+from onnxpipe.ir.static import concrete_shapes
 
 _NCHWC_DOMAIN = "com.microsoft.nchwc"
 _NCHWC_BLOCKS = (16, 8, 4)

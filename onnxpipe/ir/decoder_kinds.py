@@ -1,4 +1,4 @@
-"""A decoder's two phases and their default sizes, apart from :mod:`onnxpipe.ir.decoder_shapes` so that the
+"""A decoder's two phases and their default sizes, apart from :mod:`onnxpipe.ir.decoder_dims` so that the
 CLI's parsers can offer them without loading the model code (``onnxpipe --help`` stays fast)."""
 
 from __future__ import annotations

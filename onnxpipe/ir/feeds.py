@@ -14,7 +14,7 @@ import onnx
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.options import opt
-from onnxpipe.ir.embedding import index_readers
+from onnxpipe.ir.decoder import index_readers
 from onnxpipe.ir.model import ModelView, NodeInfo, np_dtype
 from onnxpipe.ir.samples import expected_text
 from onnxpipe.ir.shapes import non_tensor_inputs

@@ -142,7 +142,7 @@ def cut_profile(
     ``p``.  In a linear pipeline these travel down the chain, skip connections included, so this is the
     load on the link in front of that stage.  Items ``0`` and ``m`` are 0 by convention.
 
-    ``classes`` (:func:`onnxpipe.ir.samevalue.value_classes`) counts provably equal tensors once: a cut
+    ``classes`` (:func:`onnxpipe.ir.shapevalues.value_classes`) counts provably equal tensors once: a cut
     carries a value while any tensor of it crosses, as the exported stages send one tensor of each value
     (:func:`onnxpipe.planning.stages.assign_stages`).  Without it every tensor counts, as if none were equal.
     """

@@ -2,7 +2,8 @@
 put in topological order where the file has them out of it, stable node names, the tensors subgraph
 bodies read from outside, ONNX shape inference, cheap constants and the topological order that keeps
 few bytes live across any cut; optimum's merged decoder is unwrapped to its with-past branch
-(:mod:`onnxpipe.ir.merged`); a text model is joined with its embedding model (:mod:`onnxpipe.ir.joined`).
+(:func:`onnxpipe.ir.joined.unwrap_merged_decoder`); a text model is joined with its embedding model
+(:mod:`onnxpipe.ir.joined`).
 
 External weights stay on disk: the exporter reads each stage's weights when it writes the stage.
 """
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
@@ -20,21 +23,20 @@ from onnx import shape_inference
 
 from onnxpipe.core.errors import ModelLoadError
 from onnxpipe.core.files import file_sha256
-from onnxpipe.ir import contrib
-from onnxpipe.ir.external import external_info, holds_external, is_external, weightless_copy
+from onnxpipe.ir.external import external_info, holds_external, is_external, stored_tensors, weightless_copy
 from onnxpipe.ir.graph import (
     dfs_order,
     greedy_live_order,
     live_bytes_profile,
     stable_order,
 )
-from onnxpipe.ir.joined import join_embedding
-from onnxpipe.ir.merged import unwrap_merged_decoder
+from onnxpipe.ir.joined import join_embedding, unwrap_merged_decoder
 from onnxpipe.ir.model import (
     PROTOBUF_LIMIT,
     ModelView,
     NodeInfo,
     TensorInfo,
+    default_opset,
     initializer_nbytes,
     set_items,
     subgraph_outer_reads,
@@ -111,7 +113,7 @@ def _check_external_data(proto: onnx.ModelProto, p: Path) -> None:
 
 def _check(proto: onnx.ModelProto, p: Path, *, in_memory: bool) -> str | None:
     """The checker's verdict: ``None``, or a note when it accepts onnxruntime's own default-domain ops
-    only (:mod:`onnxpipe.ir.contrib`); anything else it refuses is a :class:`ModelLoadError`.
+    only (:func:`check_model`); anything else it refuses is a :class:`ModelLoadError`.
 
     ``in_memory``: the loaded model differs from the file (its nodes were sorted), so the checker sees
     the model in memory, its external weights as inputs (their files are checked by
@@ -120,10 +122,10 @@ def _check(proto: onnx.ModelProto, p: Path, *, in_memory: bool) -> str | None:
         has_external = holds_external(proto)
         large = proto.ByteSize() > PROTOBUF_LIMIT  # a text model and its embedding joined may pass it
         if in_memory and (has_external or large):
-            return contrib.check_model(contrib.external_as_inputs(proto, every=large))
+            return check_model(external_as_inputs(proto, every=large))
         if has_external or large:
-            return contrib.check_model(p)  # by path: resolves external files beside the model
-        return contrib.check_model(proto)
+            return check_model(p)  # by path: resolves external files beside the model
+        return check_model(proto)
     except onnx.checker.ValidationError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else "invalid model"
         raise ModelLoadError(
@@ -343,3 +345,152 @@ def _constant_nodes(
                 const_tensors.update(node.outputs)
                 changed = True
     return result
+
+
+# --------------------------------------------------------------------------------------------------
+# onnxruntime's own ops written in the default domain: accepted with a note instead of refused.
+#
+# ONNX Runtime GenAI's model builder (what Olive uses to make the LLM files most users have) writes
+# ``SimplifiedLayerNormalization`` in the default ONNX domain.  onnxruntime registers that op (and its
+# pre-opset-17 ``LayerNormalization``) there itself, so it runs the model; ``onnx.checker`` knows only
+# ONNX's ops and refuses it ("No Op registered for SimplifiedLayerNormalization with domain_version of
+# 22").  Refusing would turn away the format most decoder users have, and accepting any unknown op would
+# let typos through to a late onnxruntime failure.  So the checker runs on a copy in which only these
+# named ops are moved to onnxruntime's ``com.microsoft`` domain (which the checker does not verify): every
+# other complaint still refuses the model, and the original complaint is kept as a note.  Stages keep the
+# nodes exactly as the source wrote them.
+
+ORT_DEFAULT_DOMAIN_OPS = frozenset({"SimplifiedLayerNormalization", "LayerNormalization"})
+"""Ops onnxruntime registers in the default ONNX domain beyond (or before) ONNX's own: the checker
+refuses them where the opset lacks them; onnxruntime runs them."""
+
+_CONTRIB_DOMAIN = "com.microsoft"
+
+
+def check_model(model: onnx.ModelProto | Path) -> str | None:
+    """``onnx.checker.check_model``, except that onnxruntime's default-domain ops are accepted.
+
+    Returns ``None`` when the checker accepts the model as it is, or a note with the checker's complaint
+    when it accepts it only with those ops set aside.  Raises the checker's
+    :class:`onnx.checker.ValidationError` (or ``ValueError``) for anything else.
+    """
+    try:
+        onnx.checker.check_model(str(model) if isinstance(model, Path) else model)
+        return None
+    except onnx.checker.ValidationError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "invalid model"
+        proto = onnx.load(str(model), load_external_data=False) if isinstance(model, Path) else model
+        moved = _moved_to_contrib(proto)
+        if moved is None:
+            raise
+        ops = sorted({n.op_type for n in proto.graph.node if _is_ort_op(n)})
+        try:
+            onnx.checker.check_model(moved)
+        except onnx.checker.ValidationError:
+            raise e from None
+        return (
+            f"onnx.checker refuses the model ({first}); accepted because onnxruntime runs "
+            f"{', '.join(ops)} in the default domain (its own contrib op), and the stages keep those nodes"
+        )
+
+
+def _is_ort_op(node: onnx.NodeProto) -> bool:
+    return node.domain in ("", "ai.onnx") and node.op_type in ORT_DEFAULT_DOMAIN_OPS
+
+
+def _moved_to_contrib(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+    """A copy with onnxruntime's default-domain ops in ``com.microsoft``; ``None`` if the
+    model has none (then the checker's complaint is about something else)."""
+    if not any(_is_ort_op(n) for n in proto.graph.node):
+        return None
+    copy = external_as_inputs(proto)
+    for n in copy.graph.node:
+        if _is_ort_op(n):
+            if n.op_type == "LayerNormalization" and default_opset(copy) >= 17:
+                continue  # ONNX's own op from opset 17: the complaint is about something else
+            n.domain = _CONTRIB_DOMAIN
+    if not any(o.domain == _CONTRIB_DOMAIN for o in copy.opset_import):
+        copy.opset_import.append(onnx.helper.make_opsetid(_CONTRIB_DOMAIN, 1))
+    return copy
+
+
+def external_as_inputs(proto: onnx.ModelProto, *, every: bool = False) -> onnx.ModelProto:
+    """A copy of ``proto`` whose weights in external files are graph inputs of the same type, for checking
+    in memory: initializers, and the values of ``Constant`` nodes (optimum's fp32 exports keep some there).
+    ``every``: all its weights, also those held in the model (one over protobuf's 2 GB, which the
+    checker cannot take whole).
+
+    The checker checks an in-memory model's external weights by path from the current folder, not from
+    the model's (the builder's ``model.onnx.data`` "is not regular file"), and the copy is checked in
+    memory; whether those files are there and whole is checked where the model is loaded
+    (:mod:`onnxpipe.ir.load`).  As inputs, the weights' types and shapes still meet the checker.
+    """
+    moved = (lambda t: True) if every else is_external
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    graph = copy.graph
+    constants = {
+        i: a.t
+        for i, n in enumerate(graph.node)
+        if n.op_type == "Constant"
+        for a in n.attribute
+        if a.type == onnx.AttributeProto.TENSOR and moved(a.t)
+    }
+    values = [(t.name, t) for t in graph.initializer if moved(t)]
+    values += [(graph.node[i].output[0], t) for i, t in constants.items()]
+    set_items(graph.initializer, [t for t in graph.initializer if not moved(t)])
+    graph.input.extend(onnx.helper.make_tensor_value_info(n, t.data_type, list(t.dims)) for n, t in values)
+    set_items(graph.node, [n for i, n in enumerate(graph.node) if i not in constants])
+    return copy
+
+
+# --------------------------------------------------------------------------------------------------
+# What ``inspect MODEL`` tells about a model before it is split: its inputs and outputs (dtypes, dims
+# with their symbols), opsets, node counts, weights, control-flow nodes and external weight files.
+#
+# These decide what a split will do and cannot be seen in a table of operators: a symbolic dim is sized
+# by a guess unless ``--shape`` sets it, an If or Loop node is one stage's whole, weights kept in external
+# files are read from there at export.
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    """The facts of one model that decide how it splits (see the module docstring)."""
+
+    name: str
+    inputs: tuple[TensorInfo, ...]
+    """The model inputs as shape inference saw them: ``shape`` None when the rank is unknown, a str dim a
+    symbol."""
+    outputs: tuple[TensorInfo, ...]
+    ir_version: int
+    opsets: tuple[tuple[str, int], ...]
+    """``(domain, version)``, the default domain written ``ai.onnx``."""
+    node_count: int
+    compute_node_count: int
+    param_bytes: int
+    control_flow: tuple[tuple[str, str], ...]
+    """``(node name, op type)`` of the nodes with subgraphs (If, Loop, Scan)."""
+    external_data: tuple[tuple[str, int], ...]
+    """``(file, tensors)`` of the files holding weights outside the model file."""
+    op_counts: tuple[tuple[str, int], ...]
+
+
+def summarize(view: ModelView) -> ModelSummary:
+    """The :class:`ModelSummary` of ``view`` (reads no weights)."""
+    files = Counter(external_info(t)[0] for t in stored_tensors(view.proto) if is_external(t))
+    ops: Counter[str] = Counter(
+        f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type for n in view.nodes
+    )
+    return ModelSummary(
+        name=view.label,
+        inputs=tuple(view.tensor(n) for n in view.inputs),
+        outputs=tuple(view.tensor(n) for n in view.outputs),
+        ir_version=int(view.proto.ir_version),
+        opsets=tuple(sorted((o.domain or "ai.onnx", int(o.version)) for o in view.proto.opset_import)),
+        node_count=len(view.nodes),
+        compute_node_count=len(view.compute_nodes),
+        param_bytes=view.param_bytes,
+        control_flow=tuple((n.name, n.op_type) for n in view.nodes if n.has_subgraph),
+        external_data=tuple(sorted(files.items())),
+        op_counts=tuple(ops.most_common()),
+    )

@@ -112,11 +112,11 @@ class ModelView:
     base_dir: Path | None = None
     notes: tuple[str, ...] = ()
     """What loading accepted with a remark (onnxruntime's own ops the checker refuses,
-    :mod:`onnxpipe.ir.contrib`); plans repeat them."""
+    :func:`onnxpipe.ir.load.check_model`); plans repeat them."""
     rewritten: bool = False
-    """Whether loading changed the graph (a merged decoder unwrapped, :mod:`onnxpipe.ir.merged`): what
-    runs the model as onnxpipe sees it is :attr:`proto` (its external weights in :attr:`base_dir`), not
-    the file."""
+    """Whether loading changed the graph (a merged decoder unwrapped,
+    :func:`onnxpipe.ir.joined.unwrap_merged_decoder`): what runs the model as onnxpipe sees it is
+    :attr:`proto` (its external weights in :attr:`base_dir`), not the file."""
     embedding: Path | None = None
     """The embedding model joined ahead of the file's graph (:mod:`onnxpipe.ir.joined`), recorded with the
     split's source."""

@@ -31,7 +31,7 @@ from onnx import helper, numpy_helper
 
 from onnxpipe.core.errors import ModelLoadError, UsageError
 from onnxpipe.core.tokenizer_files import has_tokenizer, looked_in, model_folders, tokenizer_files
-from onnxpipe.ir.merged import branch_model, merged_if
+from onnxpipe.ir.joined import branch_model, merged_if
 from onnxpipe.ir.model import graph_free_names, set_items
 
 ENCODER, DECODER, WITH_PAST = "encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx"
@@ -313,7 +313,7 @@ def _batch_only(graph: onnx.GraphProto, shape: onnx.NodeProto, producer: dict[st
 
 def _branches(path: Path) -> tuple[onnx.ModelProto, onnx.ModelProto]:
     """The first-step and the with-past decoders of optimum's merged file ``path``, each branch of its
-    ``If`` a model of its own (:func:`~onnxpipe.ir.merged.branch_model`); the with-past one is the branch
+    ``If`` a model of its own (:func:`~onnxpipe.ir.joined.branch_model`); the with-past one is the branch
     reading a past cross-attention cache."""
     proto = onnx.load(str(path))
     found = merged_if(proto.graph)

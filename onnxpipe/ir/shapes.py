@@ -9,7 +9,7 @@ Symbolic or unknown input dims get sizes that make typical models run:
 * every other dim (sequence length, time steps, ...) is 16 (:data:`SEQUENCE_SIZE`; a measured profile
   that fails at it retries once at :data:`RETRY_SEQUENCE_SIZE`, :mod:`onnxpipe.cost.measure`);
 * a decoder's past length, new tokens and mask length are sized together for one phase (a decode step
-  by default), by :mod:`onnxpipe.ir.decoder_shapes`.
+  by default), by :mod:`onnxpipe.ir.decoder_dims`.
 
 Inputs that are not tensors (sequences, maps, optionals) have no shape and are left out: only real
 inputs (``--inputs``, or arrays given to the API) can feed them.  When a run at the sizes chosen here
@@ -17,9 +17,9 @@ fails, :func:`failure_hint` says which input dims were guessed and the exact fla
 
 The same symbolic name gets the same size everywhere, and a size given for it by an override is used for
 every other input that names it.  Unnamed dims that the model shows must be equal (a state's batch and
-its input's) are linked the same way (:mod:`onnxpipe.ir.links`).  :func:`symbol_sizes` reads back
-which size each symbol took, so that the profiler, the planner, the exporter and the verifier size a
-tensor alike.
+its input's) are linked the same way (:func:`onnxpipe.ir.symbolic.linked_input_shapes`).
+:func:`symbol_sizes` reads back which size each symbol took, so that the profiler, the planner, the
+exporter and the verifier size a tensor alike.
 
 """
 
@@ -29,10 +29,10 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.options import opt
+from onnxpipe.ir.decoder_dims import decoder_symbol_sizes, expression_size
 from onnxpipe.ir.decoder_kinds import PhaseShape
-from onnxpipe.ir.decoder_shapes import decoder_symbol_sizes, expression_size
-from onnxpipe.ir.links import linked_input_shapes
 from onnxpipe.ir.model import ModelView, dims_text
+from onnxpipe.ir.symbolic import linked_input_shapes
 
 BATCH_SIZE = 1
 IMAGE_SIZE = 64
@@ -53,7 +53,7 @@ def resolve_input_shapes(
     """Concrete shapes for every tensor input of the model (see the module docstring for the defaults;
     ``sequence_size`` replaces :data:`SEQUENCE_SIZE`).
 
-    A decoder's inputs (:mod:`onnxpipe.ir.decoder_shapes`) are sized together for ``phase`` (default:
+    A decoder's inputs (:mod:`onnxpipe.ir.decoder_dims`) are sized together for ``phase`` (default:
     a decode step), so that past, new tokens and mask agree; a dim written as a sum of symbols
     (``past_sequence_length + 1``) is their sum.
 

@@ -2,7 +2,7 @@
 
 Its parts are frozen dataclasses (:mod:`.entries` for the files and tensors written, the plan's own
 records from :mod:`onnxpipe.planning.records`), the whole is :class:`.manifest.Manifest`; it is written
-and read by one codec (:mod:`onnxpipe.core.codec`), older versions brought up to date by :mod:`.read`,
+and read by one codec (:mod:`onnxpipe.core.codec`), older versions brought up to date by :mod:`.layout`,
 and checked across fields by :mod:`.manifest`.  ``docs/manifest.md`` documents every field and the
 versioning.  Importing this room loads neither onnx nor onnxruntime (nor does ``planning.records``).
 """
@@ -23,10 +23,11 @@ from onnxpipe.manifest.entries import (
     StageOutput,
     VerificationRecord,
 )
-from onnxpipe.manifest.limits import DecoderLimits, decoder_limits
 from onnxpipe.manifest.manifest import (
+    DecoderLimits,
     Manifest,
     content_digest,
+    decoder_limits,
     load_manifest,
     stage_file_problems,
     write_manifest,

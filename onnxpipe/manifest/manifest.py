@@ -8,7 +8,7 @@ the previous version would misread (see the versioning policy there).
 The file's records are written and read by one codec (:data:`CODEC`, :mod:`onnxpipe.core.codec`) from
 their own types: this module adds the envelope (the schema version, the digest, the stage files' hashes)
 and the rules that span fields; a file of an older schema version is first brought to today's layout by
-the explicit steps of :func:`onnxpipe.manifest.read.upgraded`.  A new field is one declaration on its
+the explicit steps of :func:`onnxpipe.manifest.layout.upgraded`.  A new field is one declaration on its
 record (with a default, so that older files read), and a row in ``docs/manifest.md``.
 
 JSON has no infinity: every float field writes ``+inf`` as ``null`` and reads ``null`` back as
@@ -17,6 +17,13 @@ JSON has no infinity: every float field writes ``+inf`` as ``null`` and reads ``
 The file is sealed with the ``digest`` of its content (:func:`content_digest`): a manifest changed by hand
 would have its figures believed (an estimate of 5 s shown at 100% under a bottleneck of 0.2 ms), so it is
 refused when read, until its user deletes the digest to take the edit on purpose.
+
+A decoder's split also says what a generator checks a request against before any work
+(:func:`decoder_limits`): a prompt of ids beyond the vocabulary, or a prompt and new tokens past the
+context, fails deep inside a run (onnxruntime's raw error, after the work); a chat request needs a
+template, and text needs a tokenizer.  The split records all of it (``plan.decoder`` and its ``model``
+record, the tokenizer files copied beside the stages: :func:`onnxpipe.export.stages.with_decoder_files`),
+read back here as one typed value, without onnx.
 """
 
 from __future__ import annotations
@@ -27,13 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import onnxpipe.manifest.read as read
-import onnxpipe.manifest.write as write
+import onnxpipe.manifest.layout as layout
 from onnxpipe.cluster.model import Cluster
 from onnxpipe.core.codec import Codec, Special
-from onnxpipe.core.errors import ManifestError
+from onnxpipe.core.errors import ManifestError, UsageError
 from onnxpipe.core.files import file_sha256, write_text_atomic
 from onnxpipe.core.jsonread import Document
+from onnxpipe.core.tokenizer_files import chat_template, has_tokenizer
 from onnxpipe.manifest.entries import (
     MANIFEST_NAME,
     MODEL,
@@ -53,8 +60,8 @@ from onnxpipe.schedule.timeline import Timeline
 
 CODEC = Codec(
     {
-        Cluster: Special(Cluster.to_obj, read.cluster),
-        Timeline: Special(write.timeline_obj, read.timeline),
+        Cluster: Special(Cluster.to_obj, layout.cluster),
+        Timeline: Special(layout.timeline_obj, layout.timeline),
     }
 )
 """The manifest's records as JSON: each from its fields' types, the devices and the schedule in formats
@@ -98,14 +105,14 @@ class Manifest:
     def to_obj(self) -> dict[str, Any]:
         """The manifest as a JSON object, ``schema_version`` first (its ``digest`` not yet added)."""
         obj: dict[str, Any] = CODEC.encode(Manifest, self)
-        obj["schedule"] = write.timeline_obj(self.schedule, [s.device for s in self.stages])
+        obj["schedule"] = layout.timeline_obj(self.schedule, [s.device for s in self.stages])
         return {"schema_version": obj.pop("schema_version"), **obj}
 
     def to_json(self) -> str:
         """The manifest as indented JSON text (ends with a newline), sealed with its ``digest``."""
         obj = self.to_obj()
         obj["digest"] = content_digest(obj)
-        return write.dumps(obj) + "\n"
+        return layout.dumps(obj) + "\n"
 
     @staticmethod
     def from_json(text: str, source: str = MANIFEST_NAME) -> Manifest:
@@ -116,7 +123,7 @@ class Manifest:
 
 def _decoded(obj: Any, doc: Document) -> Manifest:
     """Validate the parsed manifest ``obj`` of the file ``doc`` reads."""
-    manifest: Manifest = CODEC.decode(Manifest, doc.read(read.upgraded(obj, doc)))
+    manifest: Manifest = CODEC.decode(Manifest, doc.read(layout.upgraded(obj, doc)))
     check_consistency(manifest, doc)
     _check_digest(obj, doc.source)  # last: a field an edit broke is named by its own check first
     return manifest
@@ -194,6 +201,59 @@ def stage_file_problems(directory: Path, manifest: Manifest) -> list[str]:
             elif file_sha256(p) != sha:
                 problems.append(f"stage {st.index} file {name} changed after export (sha256 mismatch)")
     return problems
+
+
+@dataclass(frozen=True)
+class DecoderLimits:
+    """A decoder split's limits and token ids.
+
+    ``context`` is the most tokens (prompt and new) a sequence may hold: the context the split counted
+    its KV cache at (``max_context``, or the model's own where smaller), the ``context_length`` its
+    ``genai_config.json`` says.  ``vocab_size`` bounds the token ids (None where neither the graph nor a
+    config says it).  ``eos_ids`` are the model's own end-of-sequence ids (empty when no config of the
+    model states them: no id is guessed).  ``tokenizer_dir`` is the folder when it holds a tokenizer
+    (``tokenizer.json``, a SentencePiece model, or BPE vocabulary and merges), ``chat_template`` the
+    template's text when the model has one.
+    """
+
+    vocab_size: int | None
+    context: int
+    eos_ids: tuple[int, ...]
+    tokenizer_dir: Path | None
+    chat_template: str | None
+    bos_id: int | None = None
+    pad_id: int | None = None
+
+
+def decoder_limits(folder: str | Path, manifest: Manifest | None = None) -> DecoderLimits:
+    """The limits of the decoder split in ``folder`` (its ``manifest``, read from the folder unless
+    given).
+
+    Raises :class:`UsageError` naming the folder when it was not split as a decoder with a KV cache, and
+    :class:`~onnxpipe.core.errors.ManifestError` for a manifest that cannot be read.
+    """
+    path = Path(folder)
+    m = manifest if manifest is not None else load_manifest(path, check_files=False)
+    record = m.plan.decoder
+    if record is None:
+        raise UsageError(
+            f"{path}: was not split as a decoder LLM with a KV cache, so it has no vocabulary or context to "
+            "check against; split a decoder"
+        )
+    model = record.model
+    context = record.max_context
+    if model is not None and model.context_length is not None:
+        context = min(context, model.context_length)
+    template = chat_template(path)
+    return DecoderLimits(
+        vocab_size=model.vocab_size if model is not None else None,
+        context=context,
+        eos_ids=model.eos_token_ids if model is not None else (),
+        tokenizer_dir=path if has_tokenizer(path) else None,
+        chat_template=template[0] if template is not None else None,
+        bos_id=model.bos_token_id if model is not None else None,
+        pad_id=model.pad_token_id if model is not None else None,
+    )
 
 
 # --------------------------------------------------------------------------------------------------

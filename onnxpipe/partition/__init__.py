@@ -82,7 +82,7 @@ arrays, so the homogeneous mode pays ``searchsorted`` once per probe, not ``K`` 
 (``benchmarks/reference_dp.py``: the package never runs it).
 
 Layout: one responsibility per module, each read and tested on its own (``numeric`` prefix sums,
-``costmodel`` the one cost formula, ``inputs`` validation and bounds, ``scan`` array searches, ``engine``
+``costmodel`` the one cost formula, ``inputs`` validation and bounds, ``engine`` its array searches and
 the probe, search and tie-break, ``result`` the :class:`Partition`).  This module holds the public entry
 points and re-exports the private names tests and benchmarks reach for; no name here equals a
 submodule's name (importing the submodule would overwrite it).
@@ -98,7 +98,7 @@ from onnxpipe.core.choices import Objective
 from onnxpipe.core.errors import PartitionError
 from onnxpipe.partition.costmodel import _Model as _Model
 from onnxpipe.partition.engine import _Engine as _Engine
-from onnxpipe.partition.engine import _finish
+from onnxpipe.partition.engine import _finish, latency_bounds
 from onnxpipe.partition.inputs import HeterogeneousRequest as HeterogeneousRequest
 from onnxpipe.partition.inputs import (
     _check_bounds,
@@ -108,7 +108,6 @@ from onnxpipe.partition.inputs import (
     _item_count,
     _vector,
 )
-from onnxpipe.partition.latency import latency_bounds
 from onnxpipe.partition.result import TIE_RTOL, Partition, _partition_of
 
 __all__ = ["TIE_RTOL", "Partition", "evaluate", "evaluate_heterogeneous", "solve", "solve_heterogeneous"]
@@ -147,7 +146,7 @@ def solve(
 def solve_heterogeneous(request: HeterogeneousRequest, k: int) -> Partition:
     """Split the items over ``k`` different devices in a fixed order, minimising the pipeline bottleneck
     (or, ``request.objective`` ``latency``, the sum of every stage's compute and transfer:
-    :mod:`onnxpipe.partition.latency`).
+    :func:`onnxpipe.partition.engine.latency_bounds`).
 
     ``request`` (:class:`HeterogeneousRequest`, whose fields say what each means) holds everything but
     ``k``.  ``device_costs`` entries must be finite: like every stage sum here a stage's time is a

@@ -4,6 +4,25 @@ This is the fast path behind :func:`~onnxpipe.partition.solve` and
 :func:`~onnxpipe.partition.solve_heterogeneous`; the package docstring gives the argument for why each
 step is exact.  It reads the problem only through :class:`_Model`'s canonical formulas, so its answers
 can be compared bit for bit with the reference DP's.
+
+Its array searches (:func:`_monotone_search`, :func:`_range_chmin`, :func:`_best_cover`) know nothing of
+stages or costs: one finds the latest end a monotone predicate allows, repairing ``searchsorted``'s
+floating-point guesses; the others take minima over many intervals at once, exact whatever their inputs'
+quality, so that they can be checked on plain arrays.
+
+The latency objective (:func:`latency_bounds`) is the split whose stages and hops add up to the least
+time, exactly.  One request at a time (single-sequence decoding, a lone query) waits for every stage and
+every hop in turn: its time is ``sum_s (compute_s + transfer_s)``, whether or not the links overlap compute
+for a stream.  Written over the cuts, with ``C_s`` stage ``s``'s prefix sums over its speed, that sum is
+``C_{K-1}[n] - C_0[0] + sum_{s >= 1} w_s(b_s)`` where ``w_s(p) = C_{s-1}[p] - C_s[p] + transfer_s(p)``:
+on identical devices the compute telescopes away and only the hops are left; on different devices each
+cut also pays (or earns) the change of speed of the items it moves.  So the best split is a shortest path
+over cut positions, layer by layer: stage ``s`` may start at ``a`` and end anywhere in ``(a, r_s(a)]``
+(its memory grows with its end: :class:`_Engine`'s memory ends), which makes
+each layer a minimum over the intervals covering each position (:meth:`_Engine.shortest`), ``O(n log n)``.
+Float addition is monotone, so adding ``w`` after the minimum loses no optimum.  Ties (free links on
+identical devices: every split costs the same) go to the fewest bytes crossing the cuts, then the
+earliest positions.
 """
 
 from __future__ import annotations
@@ -18,10 +37,11 @@ import numpy as np
 from onnxpipe.partition.costmodel import _Model
 from onnxpipe.partition.numeric import BoolArr, FloatArr, IntArr
 from onnxpipe.partition.result import Partition, _balanced, _choose, _memory_error, _partition_of
-from onnxpipe.partition.scan import _BIG, _best_cover, _monotone_search, _range_chmin
 
 _PRUNE_MARGIN = 1e-12  # relative slack that makes the work-based pruning immune to rounding
 _ENDGAME = 16.0  # try 'anything better than hi?' once [lo, hi] spans <= 16 snap gaps (tuned)
+_BIG = np.iinfo(np.intp).max
+"""Marks "no value" in :func:`_range_chmin`'s output: larger than every key it is given."""
 
 
 @dataclass
@@ -414,6 +434,25 @@ def _solved_bounds(model: _Model, lower: float, *, balance: bool = True) -> tupl
     return _balanced(model, bounds, lambda sub: _solved_bounds(sub, sub.spread_bound(), balance=False))
 
 
+def latency_bounds(model: _Model) -> tuple[int, ...]:
+    """The bounds of the split of ``model`` with the least sum of stage and transfer times (memory caps
+    and forbidden cuts respected), or :class:`MemoryFitError` naming the smallest cap when none fits:
+    the engine's shortest path over the cuts, under no bound on a stage's time, weighed by ``w_s``."""
+    found = _Engine(model).shortest(math.inf, lambda s, p: _cut_weight(model, s, p))
+    if found is None:  # no stage fits anywhere its predecessors can end
+        raise _memory_error(model, _smallest_uniform_cap(model))
+    return found[1]
+
+
+def _cut_weight(model: _Model, s: int, p: IntArr) -> FloatArr:
+    """``w_s(p)``: what stage ``s`` starting at ``p`` adds to the latency beyond the constant ends: its
+    transfer in, and the items before ``p`` paid at stage ``s - 1``'s speed instead of its own."""
+    before = model.prefix(s - 1)[p] / model.speed[s - 1]
+    after = model.prefix(s)[p] / model.speed[s]
+    out: FloatArr = (before - after) + model.transfer(s, p)
+    return out
+
+
 def _smallest_uniform_cap(model: _Model) -> float:
     """The optimum of the memory problem (:meth:`_Model.memory_model`): only asked when no split fits."""
     mem = model.memory_model()
@@ -426,3 +465,77 @@ def _true_span(mask: BoolArr) -> tuple[int, int]:
     """The first True of ``mask`` and one past its last (the whole mask when none is True): a layer's
     positions are trimmed to the span that can still be reached."""
     return int(mask.argmax()), mask.size - int(mask[::-1].argmax())
+
+
+# -- array searches ------------------------------------------------------------------------------------
+
+
+def _monotone_search(
+    a: IntArr, lim: IntArr, guess: IntArr, ok: Callable[[IntArr, IntArr], BoolArr]
+) -> IntArr:
+    """Largest ``b`` in ``[a, lim]`` with ``b == a or ok(i, b)``, where ``ok(i, b)`` judges ``b`` as an
+    end for the starts ``a[i]`` and is true-then-false in ``b``.
+
+    ``guess`` (from searchsorted) is usually exact; it is verified and, where rounding made it wrong,
+    repaired by a vectorised binary search over just those entries — so the result is exact whatever
+    the quality of the guess.
+    """
+    g = np.minimum(np.maximum(guess, a), lim)
+    bad = np.zeros(a.size, dtype=bool)
+    chk = np.flatnonzero(g > a)
+    if chk.size:
+        bad[chk] = ~ok(chk, g[chk])
+    up = np.zeros(a.size, dtype=bool)
+    cand = np.flatnonzero(~bad & (g < lim))
+    if cand.size:
+        up[cand] = ok(cand, g[cand] + 1)
+    lo = np.where(up, g + 1, np.where(bad, a, g))
+    hi = np.where(up, lim, np.where(bad, g - 1, g))
+    todo = np.flatnonzero(lo < hi)
+    if todo.size:
+        low, high = lo[todo], hi[todo]
+        act = np.flatnonzero(low < high)
+        while act.size:
+            mid = (low[act] + high[act] + 1) // 2
+            good = ok(todo[act], mid)
+            low[act] = np.where(good, mid, low[act])
+            high[act] = np.where(good, high[act], mid - 1)
+            act = act[low[act] < high[act]]
+        lo[todo] = low
+    return lo
+
+
+def _range_chmin(size: int, left: IntArr, right: IntArr, vals: IntArr) -> IntArr:
+    """``out[i] = min(vals[j] for j with left[j] <= i <= right[j])`` (``_BIG`` where none), vectorised.
+
+    Each interval is covered by two overlapping power-of-two blocks (sparse-table style); block minima
+    are then pushed down level by level.  ``O((size + m) log size)``.
+    """
+    length = right - left + 1
+    level = (np.frexp(length.astype(np.float64))[1] - 1).astype(np.intp)
+    top = int(level.max())
+    table = np.full((top + 1) * size, _BIG, dtype=np.intp)
+    np.minimum.at(table, level * size + left, vals)
+    np.minimum.at(table, level * size + right - (np.left_shift(1, level)) + 1, vals)
+    tab = table.reshape(top + 1, size)
+    for j in range(top, 0, -1):
+        half = 1 << (j - 1)
+        cnt = size - (1 << j) + 1
+        row = tab[j, :cnt]
+        np.minimum(tab[j - 1, :cnt], row, out=tab[j - 1, :cnt])
+        np.minimum(tab[j - 1, half : half + cnt], row, out=tab[j - 1, half : half + cnt])
+    out: IntArr = tab[0].copy()
+    return out
+
+
+def _best_cover(
+    size: int, left: IntArr, right: IntArr, order: IntArr, allowed: BoolArr
+) -> tuple[BoolArr, IntArr]:
+    """For each position ``0..size-1``: whether an interval ``[left[j], right[j]]`` covers it (and the
+    position is ``allowed``), and the covering ``j`` that comes first in ``order`` (a preference order of
+    the intervals: best first).  The layered passes' step, "the best start that can end here"."""
+    rank = np.empty(order.size, dtype=np.intp)
+    rank[order] = np.arange(order.size, dtype=np.intp)
+    best = _range_chmin(size, left, right, rank)
+    ok: BoolArr = (best < _BIG) & allowed
+    return ok, order[np.where(ok, best, 0)]

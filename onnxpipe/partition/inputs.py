@@ -67,7 +67,8 @@ class HeterogeneousRequest:
     ``min(M, k - s)``; GPipe: ``M``)."""
     objective: Objective = Objective.THROUGHPUT
     """What the solver minimises: the bottleneck, or (``latency``) the sum of every stage's compute and
-    transfer (:mod:`onnxpipe.partition.latency`); either way the result reports the bottleneck too."""
+    transfer (:func:`onnxpipe.partition.engine.latency_bounds`); either way the result reports the
+    bottleneck too."""
 
 
 def _vector(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -149,13 +150,11 @@ def _runs(pinned: Sequence[bool]) -> list[tuple[int, int]]:
     """``(first, end)`` of every run of two or more consecutive stages that are not pinned."""
     out: list[tuple[int, int]] = []
     s = 0
-    while s < len(pinned):
-        e = s
-        while e < len(pinned) and not pinned[e]:
-            e += 1
-        if e - s > 1:
+    for held, run in itertools.groupby(pinned):
+        e = s + len(list(run))
+        if not held and e - s > 1:
             out.append((s, e))
-        s = e + 1
+        s = e
     return out
 
 

@@ -32,8 +32,8 @@ from onnxpipe.ir.decoder import DecoderInfo, FoundDecoder, decoder_of
 from onnxpipe.ir.decoder_dims import counted_context
 from onnxpipe.ir.model import ModelView
 from onnxpipe.partition import solve_heterogeneous
-from onnxpipe.partition.chainbound import chain_bound
 from onnxpipe.partition.inputs import HeterogeneousRequest
+from onnxpipe.partition.numeric import chain_bound
 from onnxpipe.partition.result import Partition
 from onnxpipe.planning.decoder import fine_allowed, kv_makers, layer_cut_items, with_kv
 from onnxpipe.planning.decoder_plan import decoder_notes, decoder_record, profile_phase

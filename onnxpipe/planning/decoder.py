@@ -30,8 +30,13 @@ from onnxpipe.core.iocontract import IOContract
 from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.decoder import DecoderInfo
-from onnxpipe.ir.decoder_dims import counted_context, own_context
-from onnxpipe.ir.kv_layout import batch_symbol, cache_batch, kv_bytes_per_token
+from onnxpipe.ir.decoder_dims import (
+    batch_symbol,
+    cache_batch,
+    counted_context,
+    kv_bytes_per_token,
+    own_context,
+)
 from onnxpipe.ir.model import ModelView
 from onnxpipe.planning.recompute import shape_from_dims
 from onnxpipe.planning.sequences import Sequences, sequences
@@ -221,7 +226,7 @@ def io_contract(view: ModelView, dec: DecoderInfo) -> IOContract:
     """The split's IO contract, what a generation loop feeds and reads: ``dec``'s token, mask and
     position inputs, its cache pairs, and the logits (the one output besides the presents, or the one
     named ``logits``).  The planner writes it in the manifest; a manifest written before it gets it from
-    here too, from its source model (:func:`onnxpipe.runtime.generation.contract.split_contract`)."""
+    here too, from its source model (:func:`onnxpipe.runtime.generation.generator.split_contract`)."""
     presents = set(dec.present_outputs)
     rest = [t for t in view.outputs if t not in presents]
     named = [t for t in rest if "logits" in t.lower()]

@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.graph import cut_profile
 from onnxpipe.ir.model import ModelView, NodeInfo
-from onnxpipe.ir.samevalue import value_classes
 from onnxpipe.ir.shapes import symbol_sizes
-from onnxpipe.ir.shapevalues import ValueKinds, value_kinds
+from onnxpipe.ir.shapevalues import ValueKinds, value_classes, value_kinds
 
 
 def tensor_sizes(view: ModelView, profile: Profile) -> dict[str, int]:
@@ -60,7 +59,7 @@ class Sequences:
     start there (not inside a fused group, and where ``cuttable`` allows); ``cuttable[p]`` whether a
     stage may start there at all (:func:`cuttable_positions`; None: anywhere), which a planner keeps when
     it cuts through fused groups; ``sizes`` are every tensor's bytes at the profiled shapes; ``classes``
-    number the provably equal tensors (:func:`onnxpipe.ir.samevalue.value_classes`), which
+    number the provably equal tensors (:func:`onnxpipe.ir.shapevalues.value_classes`), which
     :func:`assign_stages` is given again so that it sends what ``cut_bytes`` counts.
     """
 

@@ -2,7 +2,8 @@
 and to the :class:`~onnxpipe.planning.types.Plan` every planner returns.
 
 The stages are worked out last to first, since what a stage must emit depends on what the later ones
-receive; provably equal tensors (:mod:`onnxpipe.ir.samevalue`) cross a cut once and are remade.
+receive; provably equal tensors (:func:`onnxpipe.ir.shapevalues.value_classes`) cross a cut once and are
+remade.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from onnxpipe.core.options import opt
 from onnxpipe.core.runtime_kinds import RUNTIMES
 from onnxpipe.cost.profile import Profile
 from onnxpipe.ir.model import ModelView, NodeInfo
-from onnxpipe.ir.samevalue import value_classes
-from onnxpipe.ir.shapevalues import ValueKinds, value_kinds
+from onnxpipe.ir.shapevalues import ValueKinds, value_classes, value_kinds
 from onnxpipe.partition.interleave import InterleavedPartition
 from onnxpipe.partition.result import Partition
 from onnxpipe.planning.recompute import MAX_COPIED_BYTES, MAX_NODES, Recomputed, recompute
@@ -131,8 +131,8 @@ def assign_stages(
     """Turn partition bounds over compute positions into named stages with their inputs and outputs.
 
     With ``share_equal_values`` (:class:`StageOptions`) a stage that reads tensors of an earlier stage
-    that are provably equal to others (:mod:`onnxpipe.ir.samevalue`) receives, for each value, the first
-    tensor the earlier stage makes of it, and remakes the ones it reads from that
+    that are provably equal to others (:func:`onnxpipe.ir.shapevalues.value_classes`) receives, for each
+    value, the first tensor the earlier stage makes of it, and remakes the ones it reads from that
     (:attr:`StageSpec.aliases`).  The earlier stage remakes its own repeats of a value it emits the same
     way, and its nodes that then compute nothing anybody reads are left out of its file
     (:attr:`StageSpec.skipped_nodes`).  The stages are worked out last to first, since what a stage must

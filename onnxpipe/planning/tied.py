@@ -1,7 +1,7 @@
 """A tied token embedding and LM head held once: the first and the last stage on one worker.
 
 Where one table is both the embedding (read by the model's first nodes) and the LM head (its last ones,
-:func:`onnxpipe.ir.embedding.tied_tables`), ``K`` stages on ``K`` workers hold it twice, the first
+:func:`onnxpipe.ir.decoder.tied_tables`), ``K`` stages on ``K`` workers hold it twice, the first
 worker and the last: +30% over the whole model's weights for a tied 0.5B int4 model at two stages, the
 memory a pipeline exists to save.  ``K + 1`` stages dealt out to the same ``K`` workers in turn put the
 last stage back on worker 0 with the first, which holds the table once (the interleaved search of
@@ -22,7 +22,7 @@ from onnxpipe.core.choices import Ends
 from onnxpipe.core.errors import PartitionError, UsageError
 from onnxpipe.core.options import opt
 from onnxpipe.core.text import human_bytes
-from onnxpipe.ir.embedding import tied_tables
+from onnxpipe.ir.decoder import tied_tables
 from onnxpipe.ir.model import ModelView
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.planning.types import Plan

@@ -9,7 +9,7 @@ placed where the bytes it really sends are few.  ``auto`` plans with float32 fir
 transfer into a stage takes longer than the slowest stage computes (those that bound the pipeline at
 their link's rate), and plans again with the tensors entering those stages as float16; without links of
 a finite rate it compresses nothing and says so.  The exporter writes the casts into the stage files
-(:mod:`onnxpipe.export.wire`).
+(:func:`onnxpipe.export.stages.compress_stage`).
 """
 
 from __future__ import annotations

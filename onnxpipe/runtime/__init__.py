@@ -27,7 +27,7 @@ _EXPORTS: dict[str, str] = {
     "LocalConfig": "onnxpipe.runtime.base",
     "RayConfig": "onnxpipe.runtime.base",
     "DEFAULT_LOCAL_MODE": "onnxpipe.runtime.options",
-    "Job": "onnxpipe.runtime.driver",
+    "Job": "onnxpipe.runtime.pipeline",
     "Generation": "onnxpipe.runtime.generation.result",
     "Generator": "onnxpipe.runtime.generation.generator",
     "Pipeline": "onnxpipe.runtime.pipeline",
@@ -65,11 +65,10 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 
 if TYPE_CHECKING:
     from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig
-    from onnxpipe.runtime.driver import Job
     from onnxpipe.runtime.generation.generator import Generator
     from onnxpipe.runtime.generation.result import Generation
     from onnxpipe.runtime.options import DEFAULT_LOCAL_MODE
-    from onnxpipe.runtime.pipeline import Pipeline
+    from onnxpipe.runtime.pipeline import Job, Pipeline
     from onnxpipe.runtime.report.build import build_report
     from onnxpipe.runtime.report.measure import Measurement, measure
     from onnxpipe.runtime.report.model import RunReport

@@ -22,22 +22,21 @@ from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import MODEL, Manifest
+from onnxpipe.runtime.base import Tensors
 from onnxpipe.verification.verify import planned_input_shapes
 
 DISTINCT_RANDOM = 16
 """Random micro-batches that are actually different; longer runs cycle through them (memory stays small)."""
 
-Feeds = dict[str, np.ndarray]
-
 
 def load_inputs(
     files: Sequence[Path], stacked: Sequence[Path], input_types: Mapping[str, str]
-) -> list[Feeds]:
+) -> list[Tensors]:
     """Micro-batches from the user's files, read as ``split`` reads its samples
     (:mod:`onnxpipe.core.inputfiles`): one micro-batch per file of ``files`` (an ``.npz``, or a folder of
     ``.npy`` files), several along a leading axis in each ``.npz`` of ``stacked``; every model input of
     ``input_types`` by name, no other."""
-    batches: list[Feeds] = []
+    batches: list[Tensors] = []
     for path, is_stacked in [*((p, False) for p in files), *((p, True) for p in stacked)]:
         field = "stacked_files" if is_stacked else "input_files"
         _, samples = read_input_file(path, stacked=is_stacked)
@@ -83,7 +82,7 @@ def random_inputs(
     microbatches: int,
     *,
     seed: int = 0,
-) -> list[Feeds]:
+) -> list[Tensors]:
     """``microbatches`` seeded random micro-batches (cycling through a few distinct ones), made from the
     source model (its file, or its view as split), or, where it is not at hand (a split folder copied
     elsewhere), from the stage files:

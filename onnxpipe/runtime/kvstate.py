@@ -50,6 +50,11 @@ class PadSide(IntEnum):
     LEFT = 0
     RIGHT = 1
 
+    def span(self, length: int, cached: int, new: int = 0) -> slice:
+        """Where a sequence's ``cached`` tokens, and ``new`` ones after them, lie in a step's ``length``
+        cached slots (padded to the longest sequence's) followed by its new ones."""
+        return slice(length - cached, length + new) if self == PadSide.LEFT else slice(0, cached + new)
+
 
 @dataclass(frozen=True)
 class CacheSlot:
@@ -80,9 +85,7 @@ class CacheSlot:
         dims[0], dims[axis] = len(caches), length
         out = np.zeros(dims, dtype=first.dtype)  # the padding stays zeros
         for i, cache in enumerate(caches):
-            n = cache.shape[axis]
-            keep = slice(length - n, length) if side == PadSide.LEFT else slice(0, n)
-            out[self._at(out.ndim, i, keep)] = cache
+            out[self._at(out.ndim, i, side.span(length, cache.shape[axis]))] = cache
         return out
 
     def row(self, present: np.ndarray, index: int, keep: slice) -> np.ndarray:
@@ -200,12 +203,7 @@ class KVState:
                 value = produced[s.present]
                 if not alone:  # the sequence's own row of the step's present
                     grown = value.shape[s.sequence_axis] - length  # the step's new tokens
-                    keep = (
-                        slice(length - r.cached, None)
-                        if control.side == PadSide.LEFT
-                        else slice(0, r.cached + grown)
-                    )
-                    value = s.row(value, i, keep)
+                    value = s.row(value, i, control.side.span(length, r.cached, grown))
                 cache[s.past] = np.array(value, copy=True) if self.copy else value
 
     def drop(self, control: Control) -> None:

@@ -160,7 +160,7 @@ def as_paths(options: object, *names: str) -> None:
 class Sampling:
     """Sample the next token: logits over ``temperature``, only the ``top_k`` most likely (0: all),
     then only the most likely tokens whose probabilities add up to ``top_p`` (1.0: all), drawn with the
-    sequence's generator from ``seed`` (:mod:`onnxpipe.runtime.sampling`)."""
+    sequence's generator from ``seed`` (:func:`~onnxpipe.runtime.generation.scheduler.draw`)."""
 
     temperature: float = 1.0
     top_k: int = 0

@@ -24,8 +24,8 @@ from onnxpipe.core.errors import UsageError, error_line
 from onnxpipe.core.runtimes import Engine, open_engine, runs_here
 from onnxpipe.runtime.affinity import pinned
 from onnxpipe.runtime.kvstate import CONTROL, Control, KVState, NoCache, StepFlags
-from onnxpipe.runtime.nodeplace import NodePlace
 from onnxpipe.runtime.spec import WorkerSpec
+from onnxpipe.runtime.trips import NodePlace
 
 MAX_RECORDS = 1 << 16
 """Timing records a worker keeps (the most recent ones): bounded, so a long-running server does not grow."""

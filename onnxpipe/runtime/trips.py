@@ -1,15 +1,31 @@
-"""A micro-batch's trip through a pipeline on a cluster: each hop's bytes, and when it left and arrived.
+"""A pipeline on a cluster: where each worker runs (:class:`NodePlace`), and a micro-batch's trip through it,
+each hop's bytes, and when it left and arrived.
 
 Each stage adds its :class:`Leg` to the micro-batch's frame on the data plane
-(:mod:`~onnxpipe.runtime.backends.ray_serve`), and the driver adds its own times to the legs it gets back
-with the outputs: a :class:`Trip`.  Its hops are the driver to the first stage, each stage to the next,
-and the last stage back to the driver.  Times are wall clocks (``time.time()``) of the machines the
+(:class:`~onnxpipe.runtime.backends.ray_actor.WorkerActor`), and the driver adds its own times to the legs it
+gets back with the outputs: a :class:`Trip`.  Its hops are the driver to the first stage, each stage to the
+next, and the last stage back to the driver.  Times are wall clocks (``time.time()``) of the machines the
 stages ran on: exact on one machine, as good as the machines' clocks agree across several.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class NodePlace:
+    """A worker's node: Ray's node id, the node's IP address, its host name, and the worker's process."""
+
+    node_id: str
+    address: str
+    host: str
+    pid: int
+
+    @property
+    def short(self) -> str:
+        """``host (address, node 1a2b3c4d)``: enough to tell two nodes of one machine apart."""
+        return f"{self.host} ({self.address}, node {self.node_id[:8]})"
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,13 @@ norm-based tolerance, and on the stages' runtime too where they share one (:clas
 
 The original model is the one the manifest records (its ``source.path``, relative to the folder) unless
 ``model`` names another copy; either way its sha256 must be the manifest's.
+
+The result is written into the split folder's manifest (``verification``, :func:`record_verification`).
+A folder that looks complete but was never compared with the model is the worst kind of wrong: ``split``
+verifies its stages in the temporary folder it writes them to and records the result there before that
+folder replaces the output folder, so that only a folder never verified (``--no-verify``) is marked
+unverified and an interrupted verification (Ctrl-C) replaces nothing; ``onnxpipe verify`` records its
+own result the same way, which completes such a folder without ``--force``.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -34,12 +41,12 @@ from onnxpipe.core.options import opt
 from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.core.runtimes import EngineConfig, open_engine
 from onnxpipe.ir.feeds import random_feeds
+from onnxpipe.ir.joined import runnable_file
 from onnxpipe.ir.load import load_model
-from onnxpipe.ir.merged import runnable_file
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import Samples, load_samples
 from onnxpipe.ir.shapes import failure_hint, resolve_input_shapes, symbol_sizes
-from onnxpipe.manifest import MANIFEST_NAME, Manifest, load_manifest
+from onnxpipe.manifest import MANIFEST_NAME, Manifest, VerificationRecord, load_manifest, write_manifest
 from onnxpipe.verification.chain import run_stage_by_stage
 from onnxpipe.verification.compare import OutputComparison, compare, merge
 from onnxpipe.verification.options import (
@@ -206,6 +213,17 @@ class VerifyReport:
             )
         return f"{n} output(s) DO NOT match the original, nor the whole model on {on.label}"
 
+    def record(self) -> VerificationRecord:
+        """The manifest's record of this result: passed or failed, and how."""
+        return VerificationRecord(
+            status="passed" if self.ok else "failed",
+            rtol=self.rtol,
+            atol=self.atol,
+            seed=self.seed,
+            runs=self.runs,
+            input_shapes={k: tuple(int(d) for d in v) for k, v in self.input_shapes.items()},
+        )
+
     def summary(self) -> str:
         """Print-friendly lines: what ran where, one line per output, the verdict, then any notes."""
         head = [f"  {self.stages_line}"] if self.stages_line is not None else []
@@ -213,6 +231,14 @@ class VerifyReport:
         lines.append(f"verify: {self.verdict} over {self.runs} run(s) (tolerance: {self.tolerance})")
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
+
+
+def record_verification(directory: str | Path, report: VerifyReport) -> None:
+    """Write ``report``'s result into ``directory``'s manifest (atomically).  Raises ``OSError`` when the
+    folder cannot be written; the caller says what that means for it."""
+    d = Path(directory)
+    manifest = load_manifest(d, check_files=False)
+    write_manifest(d / MANIFEST_NAME, replace(manifest, verification=report.record()))
 
 
 def verify_folder(out_dir: str | Path, options: VerifyOptions) -> VerifyReport:

@@ -175,8 +175,8 @@ HEAVY_MODULES = ("numpy", "onnx", "onnxruntime", "matplotlib")
     "args", [["--version"], ["--help"], ["split", "--help"], ["run", "--help"], ["plan", "m.onnx"]]
 )
 def test_help_version_and_usage_errors_load_no_heavy_module(args: list[str]) -> None:
-    """The parsers import argparse and light modules only; the work (onnxpipe.cli.commands) is imported
-    when a command runs, so that ``onnxpipe --version`` answers at once."""
+    """The parsers import argparse and light modules only; the door's functions, which the work calls, are
+    imported when a command runs, so that ``onnxpipe --version`` answers at once."""
     code = (
         "import sys\n"
         "from onnxpipe.cli import main\n"
@@ -216,8 +216,8 @@ def test_verify_answers_before_loading_the_model_libraries(done: Path) -> None:
 
 
 def test_every_parser_has_its_work() -> None:
-    from onnxpipe.cli import SUBCOMMANDS
-    from onnxpipe.cli.commands import WORK
+    from onnxpipe.cli import WORK
+    from onnxpipe.cli.parsers import SUBCOMMANDS
 
     assert [c.name for c in SUBCOMMANDS] == list(WORK)
     for name in WORK:
@@ -845,7 +845,7 @@ def test_interrupted_verification_leaves_the_earlier_split_and_verify_completes_
     assert record is not None and record.status == "passed" and record.rtol == 1e-4 and record.runs >= 1
 
     # a folder that cannot take the result still verifies, and says it could not record it
-    import onnxpipe.verification.record as rec
+    import onnxpipe.verification.verify as rec
 
     def cannot(*args: object, **kwargs: object) -> None:
         raise PermissionError(13, "Permission denied")

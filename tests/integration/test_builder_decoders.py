@@ -32,9 +32,9 @@ from onnxpipe.core.choices import CostSource
 from onnxpipe.core.errors import MemoryFitError
 from onnxpipe.core.model_config import GENAI_CONFIG_NAME
 from onnxpipe.cost.options import ProfileOptions
-from onnxpipe.export.genai.config import DEFAULT_EOS
+from onnxpipe.export.genai import DEFAULT_EOS
 from onnxpipe.ir.decoder import find_decoder
-from onnxpipe.ir.kv_layout import kv_bytes_per_token
+from onnxpipe.ir.decoder_dims import kv_bytes_per_token
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import decoder_limits, load_manifest
 from onnxpipe.planning.decoder_kinds import DecoderOptions

@@ -13,8 +13,8 @@ from onnx import TensorProto, helper
 from onnxpipe.cost.static import (
     static_profile,
 )
-from onnxpipe.ir.inference import concrete_shapes
 from onnxpipe.ir.load import load_model, view_from_proto
+from onnxpipe.ir.static import concrete_shapes
 
 
 def _true_values(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

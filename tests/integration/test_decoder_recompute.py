@@ -293,7 +293,7 @@ def test_onnxruntime_genai_runs_stages_that_make_their_masks(name: str, tmp_path
     """GenAI's ``decoder-pipeline`` feeds each stage the model inputs it lists (the mask, the positions),
     so stages that make their rotary tables and masks generate the unsplit model's tokens there too."""
     og = pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed")
-    from onnxpipe.export.genai.config import DEFAULT_EOS
+    from onnxpipe.export.genai import DEFAULT_EOS
 
     view, dec = _load(name)
     out = tmp_path / "out"

@@ -2,9 +2,9 @@
 
 Hypothesis builds a model from a safe op set (elementwise, MatMul, Cast), with random skip connections
 (any earlier tensor of the right type may be read), exact repeats of earlier nodes (equal values that a
-stage receives once, :mod:`onnxpipe.ir.samevalue`), random If nodes whose branches read outer tensors
-(sometimes nested), random element types (float32, float64, int32; Cast moves values between them), and
-symbolic or fixed dims.  It then draws K and the cut positions, exports with
+stage receives once, :func:`onnxpipe.ir.shapevalues.value_classes`), random If nodes whose branches read
+outer tensors (sometimes nested), random element types (float32, float64, int32; Cast moves values between
+them), and symbolic or fixed dims.  It then draws K and the cut positions, exports with
 :func:`onnxpipe.planning.stages.assign_stages` on those bounds (so every cut is reachable, not only the ones a
 cost model would choose), and compares the chain with the model at two batch sizes.
 

@@ -25,7 +25,7 @@ from onnxpipe.cluster.devicesfile import load_cluster
 from onnxpipe.core.choices import Ends
 from onnxpipe.core.model_config import GENAI_CONFIG_NAME
 from onnxpipe.cost.options import ProfileOptions
-from onnxpipe.export.genai.config import DEFAULT_EOS
+from onnxpipe.export.genai import DEFAULT_EOS
 from onnxpipe.export.options import ExportOptions
 from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.request import PlanRequest

@@ -29,8 +29,8 @@ from onnxpipe.planning.decoder_kinds import DecoderOptions
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.generation.generator import Generator
+from onnxpipe.runtime.generation.scheduler import draw, generator
 from onnxpipe.runtime.options import Sampling
-from onnxpipe.runtime.sampling import draw, generator
 from onnxpipe.verification.verify import source_model_path
 
 DECODERS = SAMPLE_MODELS / "decoders"

@@ -6,8 +6,8 @@ pays for one interpreter and one onnxruntime instead of one per stage.  Its stag
 the two workers (0 -> 1 -> 2 -> 3), so a process that waited on one stage's full channel while another of
 its stages had work would stall the whole pipeline: these tests run such chains with one slot per channel
 and many micro-batches, check the outputs in order, a failure in a hosted stage, the memory report, and
-that a worker never runs two of its sessions at once, in processes or threads (one loop, :mod:`hosting
-<onnxpipe.runtime.backends.hosting>`, runs a worker's stages in both).
+that a worker never runs two of its sessions at once, in processes or threads (one loop, :class:`Host
+<onnxpipe.runtime.backends.lanes.Host>`, runs a worker's stages in both).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import load_manifest
 from onnxpipe.planning.workers import make_plan
-from onnxpipe.runtime.backends.hosting import Host, Hosted
+from onnxpipe.runtime.backends.lanes import Host, Hosted
 from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.report.baselines import stage_worker_memory

@@ -18,11 +18,10 @@ from onnxpipe.api import PlanOptions, SplitOptions, plan, run, split
 from onnxpipe.core.choices import CostSource
 from onnxpipe.core.errors import ModelLoadError, UsageError
 from onnxpipe.cost.options import ProfileOptions
-from onnxpipe.ir.joined import join_embedding, named_embedding
+from onnxpipe.ir.joined import join_embedding, named_embedding, runnable_file
 from onnxpipe.ir.load import load_model
-from onnxpipe.ir.merged import runnable_file
 from onnxpipe.planning.request import PlanRequest
-from onnxpipe.runtime.generation.embedding import Embedding
+from onnxpipe.runtime.generation.feeds import Embedding
 from onnxpipe.runtime.options import RunOptions
 
 HIDDEN, VOCAB, OUT = 4, 10, 3

@@ -9,7 +9,7 @@ import pytest
 from decoder_models import HEAD_DIM, HEADS, concat_decoder
 
 from onnxpipe.ir.decoder import find_decoder
-from onnxpipe.ir.kv_layout import kv_bytes_per_token
+from onnxpipe.ir.decoder_dims import kv_bytes_per_token
 from onnxpipe.ir.load import view_from_proto
 
 

@@ -18,7 +18,7 @@ from paths import SAMPLE_MODELS
 from onnxpipe.api import SplitOptions, split
 from onnxpipe.core.choices import CostSource
 from onnxpipe.cost.options import ProfileOptions
-from onnxpipe.export.genai.config import DEFAULT_EOS
+from onnxpipe.export.genai import DEFAULT_EOS
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import load_manifest

@@ -273,7 +273,7 @@ def test_results_that_came_out_before_a_failure_are_delivered(reshape_split: Pat
     try:
         for seq, b in enumerate(reshape_batches(8, bad=7)):
             wait_until(partial(backend.try_submit, seq, b))
-        wait_until(lambda: backend._shared.failure is not None)
+        wait_until(lambda: backend._failure is not None)
         assert sorted(seq for seq, _ in backend.poll()) == list(range(7))
         with pytest.raises(RuntimeStageError, match="micro-batch 7"):
             backend.poll()

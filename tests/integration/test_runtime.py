@@ -41,7 +41,7 @@ from runtime_support import (
 
 from onnxpipe import api
 from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
-from onnxpipe.cli.commands import run as run_command
+from onnxpipe.cli import run as run_command
 from onnxpipe.cluster.devicesfile import read_cluster
 from onnxpipe.core.errors import RuntimeStageError, UsageError
 from onnxpipe.manifest import load_manifest

@@ -14,7 +14,7 @@ import pytest
 from cli_runner import run
 from runtime_support import assert_same, original_outputs, parse, token_batches
 
-from onnxpipe.cli.commands import run as run_command
+from onnxpipe.cli import run as run_command
 from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.runtime.affinity import (
     available_cpus,

@@ -358,7 +358,7 @@ def test_thread_records_are_there_once_their_results_are(tmp_path: Path) -> None
     right after a stream missed the last micro-batch and a reset right after a warm-up kept one."""
     specs = identity_chain(tmp_path, TensorProto.FLOAT)
     backend = ThreadBackend([specs])
-    backend._shared.wake = _SlowAfterWake()
+    backend._wake = _SlowAfterWake()
     feeds = {"s": np.zeros(4, np.float32)}
     with Pipeline(backend, input_types={"s": "float32"}, output_names=["t"], lanes=[specs]) as pipe:
         list(pipe.stream([feeds] * 8))  # a warm-up, as measure() runs one

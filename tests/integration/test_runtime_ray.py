@@ -144,7 +144,7 @@ def test_ctrl_c_while_actors_start_kills_those_started(
 
 
 def test_ray_cli_run(ray_cluster: Any, tiny_split: Path, tmp_path: Path) -> None:
-    from onnxpipe.cli.commands import run as run_command
+    from onnxpipe.cli import run as run_command
 
     report = tmp_path / "report.json"
     assert run_command(parse(str(tiny_split), "--backend", "ray", "-m", "8", "--report", str(report))) == 0
@@ -331,7 +331,7 @@ def test_ray_replicas_are_lanes_of_one_actor_each(ray_cluster: Any, sample_model
 def test_ray_compare_runs_the_replicas_as_actors(ray_cluster: Any, tiny_split: Path, tmp_path: Path) -> None:
     import json
 
-    from onnxpipe.cli.commands import run as run_command
+    from onnxpipe.cli import run as run_command
 
     report = tmp_path / "report.json"
     argv = (str(tiny_split), "--backend", "ray", "-m", "8", "--compare", "--report", str(report))

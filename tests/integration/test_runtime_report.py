@@ -35,7 +35,7 @@ from runtime_support import (
 
 from onnxpipe import api
 from onnxpipe.api import PlanRequest, ProfileOptions, SplitOptions
-from onnxpipe.cli.commands import run as run_command
+from onnxpipe.cli import run as run_command
 from onnxpipe.core import engine_onnxruntime, ortsession
 from onnxpipe.core.choices import LocalMode
 from onnxpipe.core.text import human_bytes

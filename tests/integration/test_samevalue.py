@@ -1,4 +1,5 @@
-"""Equal values across stage cuts: :mod:`onnxpipe.ir.samevalue` and how stages send and remake them."""
+"""Equal values across stage cuts: :func:`onnxpipe.ir.shapevalues.value_classes` and how stages send and
+remake them."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from onnxpipe.export.build import ALIAS_NODE_PREFIX
 from onnxpipe.export.stages import export_stages
 from onnxpipe.ir.load import load_model, view_from_proto
 from onnxpipe.ir.model import ModelView
-from onnxpipe.ir.samevalue import CONTENT_LIMIT, value_classes
+from onnxpipe.ir.shapevalues import CONTENT_LIMIT, value_classes
 from onnxpipe.manifest import MANIFEST_NAME, load_manifest
 from onnxpipe.planning.records import SameValue
 from onnxpipe.planning.sequences import sequences

@@ -22,7 +22,7 @@ from onnxpipe.ir.seq2seq import ENCODER_OUTPUT, find_seq2seq, step_decoder
 from onnxpipe.manifest import load_manifest
 from onnxpipe.manifest.seq2seq import read_seq2seq
 from onnxpipe.planning.request import PlanRequest
-from onnxpipe.runtime.generation.contract import split_contract
+from onnxpipe.runtime.generation.generator import split_contract
 from onnxpipe.runtime.options import GenerateOptions
 from tools import export_seq2seq as seq2seq
 

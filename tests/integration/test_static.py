@@ -1,5 +1,5 @@
 """``split --static``: the given shapes frozen, stale value_info dropped, shape arithmetic folded
-(:mod:`onnxpipe.ir.static`, :mod:`onnxpipe.ir.fold`) (issue 18)."""
+(:mod:`onnxpipe.ir.static`) (issue 18)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,9 @@ from onnx import helper
 from onnxpipe.api import PlanRequest, SplitOptions, split
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.cost.runnable import RETRY_NOTE
-from onnxpipe.ir.fold import fold_constants
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.shapes import RETRY_SEQUENCE_SIZE
-from onnxpipe.ir.static import freeze_shapes
+from onnxpipe.ir.static import fold_constants, freeze_shapes
 from onnxpipe.manifest import load_manifest
 
 

@@ -27,7 +27,7 @@ from onnxpipe.core.text import human_bytes
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.source import get_profile
-from onnxpipe.ir.embedding import tied_tables
+from onnxpipe.ir.decoder import tied_tables
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.model import ModelView
 from onnxpipe.manifest import load_manifest

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import onnxpipe
 
 
@@ -98,3 +100,30 @@ def test_the_facade_lists_its_names_as_type_checkers_read_them() -> None:
     names = [e.value for e in listed.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
     assert len(names) == len(listed.elts)
     assert set(names) == set(onnxpipe._EXPORTS) | {"__version__"} == set(onnxpipe.__all__)
+
+
+@pytest.mark.parametrize("facade", ["onnxpipe", "onnxpipe.api"])
+def test_what_a_type_checker_reads_is_what_the_facade_gives(facade: str) -> None:
+    """A facade says each public name twice: in the lazy table the run time reads (``_EXPORTS``) and as
+    an import under ``if TYPE_CHECKING:`` that mypy and an IDE read.  The two must name the same things,
+    and each import must reach the very object the facade hands out, or a user's editor and their
+    program disagree about what ``onnxpipe.split`` is."""
+    import ast
+    import importlib
+    from pathlib import Path
+
+    module = importlib.import_module(facade)
+    tree = ast.parse(Path(str(module.__file__)).read_text())
+    (guarded,) = [
+        node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    ]
+    typed = {
+        alias.asname or alias.name: node.module
+        for node in guarded.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert set(typed) == set(module._EXPORTS)
+    for name, source in typed.items():
+        assert source is not None
+        assert getattr(importlib.import_module(source), name) is getattr(module, name), name

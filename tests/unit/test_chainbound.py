@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from onnxpipe.partition.chainbound import chain_bound
+from onnxpipe.partition.numeric import chain_bound
 
 
 def _best_split(rows: list[list[float]]) -> float:

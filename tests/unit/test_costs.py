@@ -18,10 +18,10 @@ from onnxpipe.cost.static import (
     node_flops,
     static_profile,
 )
-from onnxpipe.ir import inference, symbolic
-from onnxpipe.ir.inference import concrete_shapes
+from onnxpipe.ir import static, symbolic
 from onnxpipe.ir.load import load_model, view_from_proto
 from onnxpipe.ir.model import ModelView
+from onnxpipe.ir.static import concrete_shapes
 
 
 def _flops_of(view: ModelView, name: str) -> float:
@@ -186,7 +186,7 @@ def test_without_sympy_the_shapes_fall_back_and_a_note_says_how_to_settle_them(
 ) -> None:
     """The old answer, sized from the inputs' symbols or 1, with the remedy named."""
     monkeypatch.setattr(symbolic, "available", lambda: False)
-    monkeypatch.setattr(inference, "symbolic_available", lambda: False)
+    monkeypatch.setattr(static, "symbolic_available", lambda: False)
     notes: list[str] = []
     shapes = concrete_shapes(view_from_proto(shape_arithmetic_model()), {"x": (2, 7)}, notes)
     assert shapes["p"] == (1, 1) and shapes["y"] == (2, 7)

@@ -19,14 +19,12 @@ from onnxpipe.core.errors import PartitionError
 from onnxpipe.cost.phases import phase_overrides
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.static import static_profile
-from onnxpipe.ir import contrib
 from onnxpipe.ir.decoder import find_decoder, scope_group
+from onnxpipe.ir.decoder_dims import decoder_roles, expression_size, kv_bytes_per_token
 from onnxpipe.ir.decoder_kinds import phase_shape
-from onnxpipe.ir.decoder_shapes import decoder_roles, expression_size
-from onnxpipe.ir.kv_layout import kv_bytes_per_token
 from onnxpipe.ir.kv_pairs import PAST_NAME
 from onnxpipe.ir.kv_pairs import kv_name as _kv_name
-from onnxpipe.ir.load import view_from_proto
+from onnxpipe.ir.load import check_model, view_from_proto
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.shapes import resolve_input_shapes
 from onnxpipe.partition.phases import solve_two_phases, solve_weighted
@@ -264,11 +262,11 @@ def _rms_model(op: str) -> onnx.ModelProto:
 
 
 def test_onnxruntimes_default_domain_ops_pass_with_a_note() -> None:
-    note = contrib.check_model(_rms_model("SimplifiedLayerNormalization"))
+    note = check_model(_rms_model("SimplifiedLayerNormalization"))
     assert note is not None and "SimplifiedLayerNormalization" in note and "onnx.checker refuses" in note
-    assert contrib.check_model(_rms_model("LayerNormalization")) is None  # ONNX's own at opset 20
+    assert check_model(_rms_model("LayerNormalization")) is None  # ONNX's own at opset 20
     with pytest.raises(onnx.checker.ValidationError):
-        contrib.check_model(_rms_model("NoSuchNormalization"))
+        check_model(_rms_model("NoSuchNormalization"))
 
 
 def test_default_domain_ops_pass_with_external_weights_checked_from_elsewhere(
@@ -288,14 +286,14 @@ def test_default_domain_ops_pass_with_external_weights_checked_from_elsewhere(
         size_threshold=0,
     )
     monkeypatch.chdir(tmp_path)
-    note = contrib.check_model(path)
+    note = check_model(path)
     assert note is not None and "SimplifiedLayerNormalization" in note
     with pytest.raises(onnx.checker.ValidationError):  # a real fault still refuses
         model = _rms_model("NoSuchNormalization")
         onnx.save_model(
             model, str(path), save_as_external_data=True, location="model.onnx.data", size_threshold=0
         )
-        contrib.check_model(path)
+        check_model(path)
 
 
 def _brute_two_phase(a: list[float], b: list[float], k: int, wa: float, wb: float) -> float:
@@ -403,7 +401,7 @@ def test_a_decoder_taking_inputs_embeds_is_not_fed_through_its_mask() -> None:
 def test_multihead_attention_head_size_is_read_off_its_past_slots() -> None:
     """onnxruntime's ``MultiHeadAttention`` takes its past key and value at slots 6 and 7 (slots 3 and 4
     are its bias and padding mask): a symbolic head dim there is sized from the query's width."""
-    from onnxpipe.ir.decoder_shapes import attention_head_sizes
+    from onnxpipe.ir.decoder_dims import attention_head_sizes
     from onnxpipe.ir.load import view_from_proto
 
     past = ["batch", 2, "past", "kv_cache_dim"]

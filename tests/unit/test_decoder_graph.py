@@ -1,5 +1,5 @@
 """A decoder recognised from its graph rather than its exporter's habits, and its own config and tokenizer
-files beside it (:mod:`onnxpipe.ir.embedding`, :mod:`onnxpipe.ir.kv_pairs`, :mod:`onnxpipe.ir.decoder_dims`,
+files beside it (:mod:`onnxpipe.ir.kv_pairs`, :mod:`onnxpipe.ir.decoder_dims`,
 :mod:`onnxpipe.core.model_config`, :mod:`onnxpipe.core.tokenizer_files`), on the hand-built decoders of
 ``tests/decoder_models.py``."""
 

@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxpipe.cli.argtypes import shapes as parse_shape_overrides
+from onnxpipe.cli.arguments import shapes as parse_shape_overrides
 from onnxpipe.core.errors import UsageError
 from onnxpipe.ir.feeds import random_feeds
 from onnxpipe.ir.load import view_from_proto

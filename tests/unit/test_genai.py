@@ -17,7 +17,7 @@ from onnxpipe.core.errors import UsageError
 from onnxpipe.core.kv import KVPair
 from onnxpipe.core.model_config import ModelDims, SourceConfig, SourceKind, TokenIds, read_source_config
 from onnxpipe.core.runtime_kinds import EngineConfig
-from onnxpipe.export.genai.config import (
+from onnxpipe.export.genai import (
     DEFAULT_SEARCH,
     ConfigDims,
     GenAIConfig,
@@ -26,9 +26,12 @@ from onnxpipe.export.genai.config import (
     SessionOptions,
     TensorNames,
     Unsupported,
+    check_source_fits,
+    layer_template,
+    model_facts,
+    session_options_of,
+    tensor_names,
 )
-from onnxpipe.export.genai.graph import check_source_fits, layer_template, model_facts, tensor_names
-from onnxpipe.export.genai.write import session_options_of
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.decoder_dims import DecoderDims
 from onnxpipe.ir.load import load_model

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from onnxpipe.cli.argtypes import token_ids
+from onnxpipe.cli.arguments import token_ids
 from onnxpipe.core.errors import UsageError
 from onnxpipe.core.iocontract import Binding, IOContract, Role
 from onnxpipe.core.kv import KVPair

@@ -18,8 +18,8 @@ from onnxpipe.api import PlanRequest, ProfileOptions
 from onnxpipe.core.errors import ManifestError, UsageError
 from onnxpipe.core.jsonread import Document, Value
 from onnxpipe.cost.source import get_profile
-from onnxpipe.manifest import read
-from onnxpipe.manifest.write import timeline_obj
+from onnxpipe.manifest import layout
+from onnxpipe.manifest.layout import timeline_obj
 from onnxpipe.planning.planner import plan as make_plan
 from onnxpipe.runtime.affinity import assign_cpus
 from onnxpipe.runtime.spec import Placement, WorkerSpec
@@ -43,7 +43,7 @@ def test_shared_workers_take_turns_deeper_stage_first() -> None:
 
 def _read(obj: object) -> Timeline:
     """The schedule read back as the manifest reads its ``schedule`` field."""
-    return read.timeline(
+    return layout.timeline(
         Value(obj, "schedule", Document("manifest.json", ManifestError, "re-run onnxpipe split"))
     )
 

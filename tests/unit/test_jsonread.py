@@ -79,13 +79,16 @@ def test_reader_strings_and_rules() -> None:
 def test_reader_lists_and_maps() -> None:
     v = _doc().read
     assert v([1, 2]).list_of(Value.integer) == (1, 2)
-    assert v(None).opt_list_of(Value.integer) is None and v([]).opt_list_of(Value.integer) == ()
+    assert v([]).list_of(Value.integer, nullable=True) == ()
     assert list(v({"b": [1], "a": []}).dict_of(lambda x: x.list_of(Value.integer)).items()) == [
         ("b", (1,)),
         ("a", ()),
     ]
     _fails(lambda: v({"x": 1}).list_of(Value.integer), "f.json: top: expected a list, got an object; fix it")
-    _fails(lambda: v(1).opt_list_of(Value.integer), "f.json: top: expected a list or null, got int 1; fix it")
+    _fails(
+        lambda: v(1).list_of(Value.integer, nullable=True),
+        "f.json: top: expected a list or null, got int 1; fix it",
+    )
     _fails(
         lambda: v([1, "2"]).list_of(Value.integer),
         "f.json: [1]: expected an integer, got string '2'; fix it",

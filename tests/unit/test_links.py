@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from cli_runner import one_line_error, run
 
-from onnxpipe.cli.argtypes import bandwidth
+from onnxpipe.cli.arguments import bandwidth
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.load import load_model
 from onnxpipe.planning.planner import plan

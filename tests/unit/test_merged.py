@@ -1,6 +1,7 @@
-"""optimum's merged decoder unwrapped to its with-past branch (:mod:`onnxpipe.ir.merged`), and the ``If``
-models it leaves alone, on the hand-built decoders of ``tests/decoder_models.py`` merged as optimum's
-``merge_decoders`` does (``tools/export_decoders.py``)."""
+"""optimum's merged decoder unwrapped to its with-past branch
+(:func:`onnxpipe.ir.joined.unwrap_merged_decoder`), and the ``If`` models it leaves alone, on the hand-built
+decoders of ``tests/decoder_models.py`` merged as optimum's ``merge_decoders`` does
+(``tools/export_decoders.py``)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from decoder_models import HEAD_DIM, HEADS, LAYERS, concat_decoder
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxpipe.ir.decoder import find_decoder
+from onnxpipe.ir.joined import runnable_file, unwrap_merged_decoder
 from onnxpipe.ir.load import load_model, view_from_proto
-from onnxpipe.ir.merged import runnable_file, unwrap_merged_decoder
 from tools.export_decoders import merge_decoders
 
 

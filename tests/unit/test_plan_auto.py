@@ -90,7 +90,7 @@ def test_split_auto_keeps_a_pipeline_only_when_a_short_run_here_says_it_pays(
 ) -> None:
     """``auto`` measured (here injected) against one session of the whole model: below it, one stage and a
     note that says why; above it, the split it chose, with what was measured."""
-    from onnxpipe.api.autotrial import paid_here
+    from onnxpipe.api.splitting import paid_here
     from onnxpipe.planning.workers import make_plan
 
     view, prof, request, two = _auto_plan(resnet, monkeypatch)
@@ -113,7 +113,7 @@ def test_split_auto_is_not_measured_where_the_estimates_say_nothing_of_this_mach
     resnet: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A stage count given, a static profile, or one stage chosen: nothing is run."""
-    from onnxpipe.api.autotrial import paid_here
+    from onnxpipe.api.splitting import paid_here
 
     view, prof, request, two = _auto_plan(resnet, monkeypatch)
 
@@ -134,7 +134,7 @@ def test_split_auto_keeps_its_choice_when_the_short_run_fails(
     resnet: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A model the short run cannot feed keeps the estimates' choice, and the note says why."""
-    from onnxpipe.api.autotrial import paid_here
+    from onnxpipe.api.splitting import paid_here
     from onnxpipe.core.errors import RuntimeStageError
 
     view, prof, request, two = _auto_plan(resnet, monkeypatch)

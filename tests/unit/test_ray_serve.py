@@ -1,5 +1,6 @@
-"""An actor's stage server on the data plane (``onnxpipe/runtime/backends/ray_serve.py``), on this
-machine's loopback, without Ray: a frame runs in the thread that read it, and a close waits for it."""
+"""An actor serving its stages on the data plane (``onnxpipe/runtime/backends/ray_actor.py``), on this
+machine's loopback, without Ray (the actor's body is a plain class): a frame runs in the thread that
+read it, and a close waits for it."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from onnxpipe.runtime.backends.ray_actor import Failed, FailureKind, Note, Route, WorkerActor
 from onnxpipe.runtime.backends.ray_plane import Endpoint, Frame
-from onnxpipe.runtime.backends.ray_serve import Failed, FailureKind, Note, Route, StageServer
+from onnxpipe.runtime.trips import NodePlace
 
 
 class _Stage:
@@ -32,13 +34,15 @@ class _Stage:
 
 def _served(
     stage: _Stage | None = None,
-) -> tuple[StageServer, _Stage, Endpoint, queue.SimpleQueue[Frame], tuple[str, int]]:
+) -> tuple[WorkerActor, _Stage, Endpoint, queue.SimpleQueue[Frame], tuple[str, int]]:
     stage = stage or _Stage()
-    server = StageServer({0: stage}, "127.0.0.1", "box")  # type: ignore[dict-item]
+    server = WorkerActor([])
+    server.place = NodePlace(node_id="f" * 16, address="127.0.0.1", host="box", pid=1)
+    server.runners = {0: stage}  # type: ignore[dict-item]
     out: queue.SimpleQueue[Frame] = queue.SimpleQueue()
     driver = Endpoint("127.0.0.1", out.put)
-    address = server.open(1)
-    server.route({0: Route(driver.address)}, driver.address)
+    address = server.plane_open(1)
+    server.plane_route({0: Route(driver.address)}, driver.address)
     return server, stage, driver, out, address
 
 
@@ -67,7 +71,7 @@ def test_frames_run_in_the_thread_that_read_them_in_order() -> None:
         assert [len(_note(f).legs) for f in frames] == [1] * 5
         assert len(set(stage.threads)) == 1 and stage.threads[0].startswith("onnxpipe plane from")
     finally:
-        server.close()
+        server.plane_close()
         driver.close()
 
 
@@ -79,7 +83,7 @@ def test_a_close_waits_for_the_frame_running_and_drops_the_frames_behind_it() ->
     while not stage.threads:
         threading.Event().wait(0.01)
     closed = threading.Event()
-    closing = threading.Thread(target=lambda: (server.close(), closed.set()))
+    closing = threading.Thread(target=lambda: (server.plane_close(), closed.set()))
     closing.start()
     assert not closed.wait(0.2)  # the frame running holds the close
     stage.go.set()
@@ -93,15 +97,15 @@ def test_a_frame_of_an_older_epoch_is_dropped_where_it_arrives() -> None:
     """A frame sent before a recovery opened epoch 2 (its micro-batch is sent again in epoch 2) does not
     run: the server, open all along, runs only the frame of its own epoch."""
     server, stage, driver, out, _to = _served()
-    to = server.open(2)
-    server.route({0: Route(driver.address)}, driver.address)
+    to = server.plane_open(2)
+    server.plane_route({0: Route(driver.address)}, driver.address)
     try:
         driver.send(to, Note(1, 5, 0, 0.0).wire(), {"x": np.zeros(2)})
         driver.send(to, Note(2, 6, 0, 0.0).wire(), {"x": np.zeros(2)})
         assert _note(out.get(timeout=10)).seq == 6
         assert len(stage.threads) == 1 and out.empty()
     finally:
-        server.close()
+        server.plane_close()
         driver.close()
 
 
@@ -121,7 +125,7 @@ def test_an_unexpected_error_in_a_stage_fails_its_micro_batch_and_the_next_ones_
             driver.send(to, Note(1, seq, 0, 0.0).wire(), {"x": np.zeros(2)})
         failed = [out.get(timeout=10).meta for _ in range(2)]
     finally:
-        server.close()
+        server.plane_close()
         driver.close()
     assert [f.seq for f in failed] == [0, 1]
     assert all("ValueError" in f.text and "stage 0" in f.text for f in failed)

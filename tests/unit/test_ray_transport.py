@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from onnxpipe.runtime.backends.ray_recovery import missing_resources, request_of
+from onnxpipe.runtime.backends.ray_resources import missing_resources, request_of
 from onnxpipe.runtime.backends.stage_cache import ShipFailure, ShippedFile, StageCache
 from onnxpipe.runtime.trips import Leg, Trip
 

@@ -10,8 +10,7 @@ import pytest
 
 from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.runtime.backends.ray_actor import WorkerActor
-from onnxpipe.runtime.backends.ray_serve import StageServer
-from onnxpipe.runtime.nodeplace import NodePlace
+from onnxpipe.runtime.trips import NodePlace
 
 
 class _Counting:
@@ -32,8 +31,7 @@ def _actor(received: dict[int, dict[str, np.ndarray]]) -> tuple[WorkerActor, _Co
     actor.place = NodePlace(node_id="f" * 16, address="10.0.0.2", host="box", pid=1)
     stage = _Counting(received.get(0, {}))
     actor.runners = {0: stage}  # type: ignore[dict-item]
-    actor.server = StageServer(actor.runners, "10.0.0.2", actor.place.short)
-    actor.server.received = received
+    actor.received = received
     return actor, stage
 
 

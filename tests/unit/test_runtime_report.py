@@ -26,8 +26,7 @@ from runtime_support import (
 
 from onnxpipe.cluster.model import Device
 from onnxpipe.core.runtime_kinds import EngineConfig
-from onnxpipe.runtime.backends.ray_recovery import Recovery
-from onnxpipe.runtime.nodeplace import NodePlace
+from onnxpipe.runtime.backends.ray_resources import Recovery
 from onnxpipe.runtime.report import baselines as compare
 from onnxpipe.runtime.report.build import build_report
 from onnxpipe.runtime.report.measure import min_steady_microbatches
@@ -37,6 +36,7 @@ from onnxpipe.runtime.spec import (
     Placement,
     WorkerSpec,
 )
+from onnxpipe.runtime.trips import NodePlace
 
 
 def test_steady_throughput_comes_from_the_last_workers_records() -> None:

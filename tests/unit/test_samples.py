@@ -19,11 +19,11 @@ from onnxpipe.core.jsonread import Document
 from onnxpipe.cost.profile import Profile
 from onnxpipe.cost.static import static_profile
 from onnxpipe.ir.feeds import random_feeds
-from onnxpipe.ir.links import linked_input_shapes
 from onnxpipe.ir.load import load_model, view_from_proto
 from onnxpipe.ir.model import ModelView
 from onnxpipe.ir.samples import load_samples, samples_from_feeds
 from onnxpipe.ir.shapes import failure_hint, guessed_dims, resolve_input_shapes, valued_inputs
+from onnxpipe.ir.symbolic import linked_input_shapes
 from onnxpipe.planning.workers import make_plan
 
 

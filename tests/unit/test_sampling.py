@@ -1,6 +1,6 @@
-"""The next-token sampler (:mod:`onnxpipe.runtime.sampling`): temperature, top-k and top-p filter as
-documented, draws follow the distribution, generators are per sequence and repeatable, bad knobs are
-refused."""
+"""The next-token sampler (:func:`onnxpipe.runtime.generation.scheduler.draw`): temperature, top-k and
+top-p filter as documented, draws follow the distribution, generators are per sequence and repeatable,
+bad knobs are refused."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 from onnxpipe.core.errors import UsageError
-from onnxpipe.runtime.generation.scheduler import next_token
+from onnxpipe.runtime.generation.scheduler import draw, generator, next_token, probabilities
 from onnxpipe.runtime.options import Sampling
-from onnxpipe.runtime.sampling import draw, generator, probabilities
 
 LOGITS = np.array([2.0, 1.0, 0.5, 3.0, -1.0, 0.0], dtype=np.float32)
 

@@ -13,8 +13,8 @@ import pytest
 
 from onnxpipe.core.errors import ManifestError, UsageError
 from onnxpipe.core.jsonread import Document, Value
-from onnxpipe.manifest import read
-from onnxpipe.manifest.write import timeline_obj
+from onnxpipe.manifest import layout
+from onnxpipe.manifest.layout import timeline_obj
 from onnxpipe.schedule.simulate import in_flight, simulate, step_order
 from onnxpipe.schedule.timeline import Step, Timeline, Transfer
 
@@ -270,7 +270,7 @@ def _timeline_obj(tl: Timeline, names: list[str] | None = None) -> dict[str, Any
 
 def _read(obj: object) -> Timeline:
     """The schedule read back as the manifest reads its ``schedule`` field."""
-    return read.timeline(
+    return layout.timeline(
         Value(obj, "schedule", Document("manifest.json", ManifestError, "re-run onnxpipe split"))
     )
 

@@ -7,7 +7,7 @@ from multiprocessing import spawn
 
 import pytest
 
-from onnxpipe.runtime.backends.spawning import MAIN_KEYS, WORKERS, WorkerProcess, preparation_data
+from onnxpipe.runtime.backends.processes import MAIN_KEYS, WORKERS, WorkerProcess, preparation_data
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 
 from onnxpipe.runtime.affinity import pin_thread
-from onnxpipe.runtime.backends.hosting import Host, Hosted
+from onnxpipe.runtime.backends.lanes import Host, Hosted
 from onnxpipe.runtime.backends.shm import Poller, SlotReader, SlotWriter, unlink_prefix
 from onnxpipe.runtime.session import (
     StageFailure,
@@ -57,7 +57,7 @@ def worker_main(
 
     The process hosts one stage, or all the stages of one worker of an interleaved split (``specs``, in
     stage order, ``ends[i]`` the channels of ``specs[i]``), each with its own session, and takes turns
-    of them (:mod:`.hosting`): one process per worker pays for one interpreter and one onnxruntime
+    of them (:class:`~.lanes.Host`): one process per worker pays for one interpreter and one onnxruntime
     instead of one per stage.
 
     A worker whose parent died removes every segment of the pipeline (the parent cannot any more).
@@ -122,7 +122,7 @@ def _start(
 def _serve(
     host: Host[SlotReader, SlotWriter], control: Connection, parent_pid: int, startup_rss: int | None
 ) -> bool:
-    """A worker process's loop over its :class:`~.hosting.Host`: work while any stage can, wait on what
+    """A worker process's loop over its :class:`~.lanes.Host`: work while any stage can, wait on what
     could let one work again, and answer the caller's control messages (stats, reset, stop) between
     micro-batches.  Works until told to stop (False) or the parent is gone (True: the worker is
     orphaned)."""
@@ -133,10 +133,7 @@ def _serve(
         # the caller's stats, reset and stop come first, also while every pass finds work
         if asked.any() and not _control_says_go(host, control, startup_rss):
             return False
-        worked = host.one_pass()
-        if worked is None:
-            return False
-        if worked:
+        if host.one_pass():
             continue
         key = tuple(h.held is not None for h in host.hosted)
         if key not in waits:

@@ -10,11 +10,23 @@ Nothing is left behind: workers are daemonic; a worker ignores Ctrl-C (the calle
 when its parent is gone or a pipe closes; on failure, Ctrl-C or close every worker is stopped, then
 terminated, then killed, and joined; every shared-memory segment carries the pipeline's name prefix and
 is unlinked at close even when its creator was killed.
+
+Workers are started as ``spawn`` starts them, except that they never import the caller's ``__main__``
+(:data:`WORKERS`).  multiprocessing's ``spawn`` (and ``forkserver``) make each child run the parent's main
+script again (as ``__mp_main__``) before it unpickles its target, so that functions defined there can be
+found.  A worker of ours needs nothing from it (its target and arguments live in onnxpipe), and running it
+again breaks the ways people run examples: a script without ``if __name__ == "__main__":`` starts the
+pipeline again in every child (multiprocessing's bootstrapping ``RuntimeError``, then an ``EOFError`` in
+the parent), and ``python -`` gives the child a main file named ``<stdin>`` that does not exist.  So our
+children are launched exactly as ``spawn`` launches them, with the two keys that name the main module left
+out of the preparation data they read first (:func:`multiprocessing.spawn.prepare` then leaves
+``__main__`` alone).
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import secrets
 import signal
@@ -24,8 +36,10 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from multiprocessing import context, popen_spawn_posix, reduction, resource_tracker, spawn, util
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
+from typing import Any
 
 import numpy as np
 
@@ -34,13 +48,11 @@ from onnxpipe.runtime.backends.lanes import Lanes
 from onnxpipe.runtime.backends.process_worker import RESET, STATS, STOP, WATCH_S, StageEnds, worker_main
 from onnxpipe.runtime.backends.shm import (
     MAX_SLOTS,
-    ItemMessage,
     Poller,
     SlotReader,
     SlotWriter,
     unlink_prefix,
 )
-from onnxpipe.runtime.backends.spawning import WORKERS
 from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.options import DEFAULT_SLOTS
 from onnxpipe.runtime.session import WorkerStats
@@ -203,9 +215,8 @@ class ProcessBackend(Lanes):
                 lane.writer.collect_freed()
                 while lane.reader.pending():
                     message = lane.reader.recv()
-                    if isinstance(message, ItemMessage):
-                        done.append((message.seq, lane.reader.copies(message)))
-                        lane.reader.release(message.slot)
+                    done.append((message.seq, lane.reader.copies(message)))
+                    lane.reader.release(message.slot)
         except (OSError, EOFError) as e:
             self._check_workers(grace=_REAP_GRACE_S)
             self._failure = RuntimeStageError(f"a worker's channel closed unexpectedly ({e!r})")
@@ -340,3 +351,70 @@ def _exit_text(w: _Worker) -> str:
     else:
         how = f"exited with code {code}"
     return f"{w.label}: worker process (pid {w.process.pid}) {how} without reporting an error"
+
+
+MAIN_KEYS = ("init_main_from_name", "init_main_from_path")
+"""The preparation data's keys that make a spawned child import the parent's main module."""
+
+
+def preparation_data(name: str) -> dict[str, Any]:
+    """What ``spawn`` sends a child before its process object (paths, working folder, authkey, ...), less
+    the caller's main module."""
+    data: dict[str, Any] = spawn.get_preparation_data(name)
+    for key in MAIN_KEYS:
+        data.pop(key, None)
+    return data
+
+
+class _WorkerPopen(popen_spawn_posix.Popen):
+    """:meth:`_launch` is the standard library's ``popen_spawn_posix.Popen._launch`` (the same in Python
+    3.11 to 3.13) with one change, the preparation data less the caller's main module; it is copied, not
+    wrapped, because the preparation data is made and written inside it."""
+
+    def _launch(self, process_obj: Any) -> None:
+        fds: list[int] = self._fds  # type: ignore[attr-defined]  # set by Popen; typeshed omits it
+        tracker_fd = resource_tracker.getfd()
+        assert tracker_fd is not None  # getfd() starts the tracker first
+        fds.append(tracker_fd)
+        prep_data = preparation_data(process_obj._name)
+        fp = io.BytesIO()
+        context.set_spawning_popen(self)
+        try:
+            reduction.dump(prep_data, fp)
+            reduction.dump(process_obj, fp)
+        finally:
+            context.set_spawning_popen(None)
+        parent_r = child_w = child_r = parent_w = None
+        try:
+            parent_r, child_w = os.pipe()
+            child_r, parent_w = os.pipe()
+            cmd = spawn.get_command_line(tracker_fd=tracker_fd, pipe_handle=child_r)
+            fds.extend([child_r, child_w])
+            self.pid = util.spawnv_passfds(os.fsencode(spawn.get_executable()), cmd, fds)
+            self.sentinel = parent_r
+            with open(parent_w, "wb", closefd=False) as f:
+                f.write(fp.getbuffer())
+        finally:
+            mine = tuple(fd for fd in (parent_r, parent_w) if fd is not None)
+            self.finalizer = util.Finalize(self, util.close_fds, mine)  # type: ignore[attr-defined]  # typeshed omits it
+            for fd in (child_r, child_w):
+                if fd is not None:
+                    os.close(fd)
+
+
+class WorkerProcess(context.SpawnProcess):
+    """A ``spawn`` process that does not run the caller's main module again (see the module docstring)."""
+
+    @staticmethod
+    def _Popen(process_obj: BaseProcess) -> _WorkerPopen:
+        return _WorkerPopen(process_obj)
+
+
+class WorkerContext(context.SpawnContext):
+    """The context of :class:`WorkerProcess`: its ``Process``, and the rest (``Pipe``, ...) as ``spawn``'s."""
+
+    Process = WorkerProcess
+
+
+WORKERS = WorkerContext()
+"""The context worker processes are started from."""

@@ -15,18 +15,18 @@ in the order their inputs become ready (``allow_out_of_order_execution``).
 
 **Files.** Once an actor has started, the driver learns its node (:attr:`RayBackend.places`) and, with
 ``files="ship"`` (the default), ships it what its node's cache lacks of its stages' files, checked by
-sha256 on arrival (:mod:`~onnxpipe.runtime.backends.ray_ship`); with ``files="shared"`` the actor reads
+sha256 on arrival (:mod:`~onnxpipe.runtime.backends.stage_cache`); with ``files="shared"`` the actor reads
 the split folder at the driver's path, which every node must then have.  Then the actor opens its stages.
 
 **Hops.** Micro-batches do not travel in Ray's calls: once the actors' stages are open, each actor opens
 its end of the data plane (:mod:`~onnxpipe.runtime.backends.ray_plane`, served by
-:mod:`~onnxpipe.runtime.backends.ray_serve`), a listener on its node's address, and learns where each
-of its stages' outputs go.  The driver sends a micro-batch's inputs to the first stage's actor over a
-persistent connection; each actor sends its outputs straight to the next stage's, the last one back to
-the driver.  A hop costs its bytes over the link and a frame's header, not a Ray call relayed by the
-driver (about a millisecond each, every byte crossing the driver's machine: what the chain of calls
-this replaced cost).  At most :attr:`RayBackend.capacity` micro-batches are in flight (backpressure);
-results are matched to micro-batches by number, so the order is the pipeline's business.
+:class:`~onnxpipe.runtime.backends.ray_actor.WorkerActor`), a listener on its node's address, and learns
+where each of its stages' outputs go.  The driver sends a micro-batch's inputs to the first stage's actor over
+a persistent connection; each actor sends its outputs straight to the next stage's, the last one back to the
+driver.  A hop costs its bytes over the link and a frame's header, not a Ray call relayed by the driver (about
+a millisecond each, every byte crossing the driver's machine: what the chain of calls this replaced cost).  At
+most :attr:`RayBackend.capacity` micro-batches are in flight (backpressure); results are matched to
+micro-batches by number, so the order is the pipeline's business.
 
 **Failures.** A stage that raises fails its micro-batch and the pipeline (the caller sees the stage's
 own :class:`RuntimeStageError`).  An actor that is *lost* (its process or node died) is another matter:
@@ -35,14 +35,14 @@ driver's own end), Ray starts the actor again (``restarts``) on a node that has 
 cluster declared it dead, the driver sets it up again (ships its files to the new node, opens its
 stages), opens a new epoch of the plane on every actor (frames of the old one are dropped where they
 arrive), and sends again every micro-batch that was in flight, so that every result comes exactly once
-(:class:`~.ray_recovery.Recovery` says what happened).  When no
+(:class:`~.ray_resources.Recovery` says what happened).  When no
 node left can take it, or it does not come back within ``restart_timeout``, the run stops with one line
-naming the stages, the lost node and what no node has (:mod:`~.ray_recovery`); what was delivered stays
+naming the stages, the lost node and what no node has (:mod:`~.ray_resources`); what was delivered stays
 delivered.  A generating pipeline's actors keep KV caches that die with them: a lost actor is started
 again the same way, but the steps in flight are not sent again (they would grow the caches of the stages
 that survived twice): each fails alone with :class:`~onnxpipe.core.errors.CacheLost`, as does a later
 step that reaches the new actor for a sequence it holds no cache of
-(:attr:`~.ray_serve.FailureKind.CACHE_GONE`), and the generation loop rebuilds those sequences by a
+(:attr:`~.ray_actor.FailureKind.CACHE_GONE`), and the generation loop rebuilds those sequences by a
 prefill of their tokens so far (:mod:`onnxpipe.runtime.generation.scheduler`).
 
 The connection to Ray (started unless the caller did, shared, shut down by the last backend) is
@@ -65,11 +65,15 @@ import numpy as np
 from onnxpipe.core.choices import RayFiles
 from onnxpipe.core.errors import CacheLost, RuntimeStageError, UsageError, error_line
 from onnxpipe.runtime.backends.lanes import Lanes
-from onnxpipe.runtime.backends.ray_actor import WATCH_GROUP, WorkerActor
+from onnxpipe.runtime.backends.ray_actor import WATCH_GROUP, Failed, FailureKind, Note, Route, WorkerActor
 from onnxpipe.runtime.backends.ray_connect import OWNED_RAY, import_ray, ray_error_text
 from onnxpipe.runtime.backends.ray_plane import Address, Endpoint, Frame, PlaneError
-from onnxpipe.runtime.backends.ray_recovery import (
+from onnxpipe.runtime.backends.ray_resources import (
+    RESOURCE_KEYS,
     Recovery,
+    actor_options,
+    check_shared_pins,
+    merged_options,
     missing_resources,
     no_node_text,
     node_alive,
@@ -77,19 +81,11 @@ from onnxpipe.runtime.backends.ray_recovery import (
     stages_text,
     timed_out_text,
 )
-from onnxpipe.runtime.backends.ray_resources import (
-    RESOURCE_KEYS,
-    actor_options,
-    check_shared_pins,
-    merged_options,
-)
-from onnxpipe.runtime.backends.ray_serve import Failed, FailureKind, Note, Route
-from onnxpipe.runtime.backends.ray_ship import ship
+from onnxpipe.runtime.backends.stage_cache import ship
 from onnxpipe.runtime.base import Delivery, RayConfig, Tensors
-from onnxpipe.runtime.nodeplace import NodePlace
 from onnxpipe.runtime.session import MAX_RECORDS, WorkerStats
 from onnxpipe.runtime.spec import WorkerSpec
-from onnxpipe.runtime.trips import Leg, Trip
+from onnxpipe.runtime.trips import Leg, NodePlace, Trip
 from onnxpipe.schedule.timeline import worker_groups
 
 START_TIMEOUT_S = 300.0

@@ -178,16 +178,15 @@ class SlotReader:
         """Whether a message (or the end of the channel) is waiting."""
         return self._incoming.any()
 
-    def recv(self) -> object:
-        """The next message (an :class:`ItemMessage`); blocks."""
-        return self.data.recv()
+    def recv(self) -> ItemMessage:
+        """The next message; blocks (:class:`EOFError` once the writer's end closed)."""
+        message: ItemMessage = self.data.recv()
+        return message
 
-    def take(self) -> tuple[int, dict[str, np.ndarray], int] | None:
-        """The next micro-batch: its number, views of its tensors (:meth:`views`) and its slot; None when
-        the channel closed (:class:`~onnxpipe.runtime.backends.hosting.Inbox`)."""
+    def take(self) -> tuple[int, dict[str, np.ndarray], int]:
+        """The next micro-batch: its number, views of its tensors (:meth:`views`) and its slot
+        (:class:`~onnxpipe.runtime.backends.lanes.Inbox`)."""
         message = self.recv()
-        if not isinstance(message, ItemMessage):
-            return None
         return message.seq, self.views(message), message.slot
 
     def views(self, item: ItemMessage) -> dict[str, np.ndarray]:

@@ -10,7 +10,7 @@ the one a worker runs still counts.  A lane of ``k`` workers thus holds at most 
 micro-batches, which is :attr:`ThreadBackend.capacity`.
 
 A thread runs one stage, or all the stages of one worker of an interleaved split (``workers``), taking
-turns of them as a worker process does (:mod:`.hosting`).
+turns of them as a worker process does (:class:`~.lanes.Host`).
 """
 
 from __future__ import annotations
@@ -20,14 +20,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.runtime.affinity import pin_thread
-from onnxpipe.runtime.backends.hosting import Host, Hosted
-from onnxpipe.runtime.backends.lanes import Lanes
+from onnxpipe.runtime.backends.lanes import Host, Hosted, Lanes
 from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.options import DEFAULT_SLOTS
 from onnxpipe.runtime.session import StageFailure, StageRunner, WorkerStats, current_rss_bytes
@@ -40,8 +39,8 @@ STOP_GRACE_S = 10.0
 
 class _Channel:
     """A FIFO of micro-batches with ``slots`` places (see the module docstring) that wakes its receiver
-    when one comes in and its sender when a place frees (an :class:`~.hosting.Inbox` and an
-    :class:`~.hosting.Outbox`).  One sender and one receiver: a place counted free stays free."""
+    when one comes in and its sender when a place frees (an :class:`~.lanes.Inbox` and an
+    :class:`~.lanes.Outbox`).  One sender and one receiver: a place counted free stays free."""
 
     def __init__(self, slots: int, sender: threading.Event, receiver: threading.Event) -> None:
         self.slots = slots
@@ -73,46 +72,31 @@ class _Channel:
         self.sender.set()
 
 
-@dataclass
-class _Shared:
-    wake: threading.Event = field(default_factory=threading.Event)
-    stopping: threading.Event = field(default_factory=threading.Event)
-    failure: str | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def fail(self, text: str) -> None:
-        with self.lock:
-            if self.failure is None:
-                self.failure = text
-        self.stopping.set()
-        self.wake.set()
-
-
 class _Worker:
     """One worker thread and the stages it hosts; ``lock`` is held while it works, so that the stats
     and a reset never see a result sent without its record."""
 
-    def __init__(self, host: Host[_Channel, _Channel], wake: threading.Event, shared: _Shared) -> None:
+    def __init__(self, host: Host[_Channel, _Channel], wake: threading.Event, backend: ThreadBackend) -> None:
         self.host = host
         self.wake = wake
-        self.shared = shared
+        self.backend = backend
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._loop, name=f"onnxpipe {host.label}", daemon=True)
 
     def _loop(self) -> None:
-        shared = self.shared
+        backend = self.backend
         try:
             pin_thread(sorted({c for h in self.host.hosted for c in h.runner.spec.placement.cpus}))
-            while not shared.stopping.is_set():
+            while not backend.stopping.is_set():
                 self.wake.clear()  # before the pass: a wake-up during it is not lost
                 with self.lock:
                     worked = self.host.one_pass()
                 if not worked:
                     self.wake.wait(_POLL_S)
         except StageFailure as e:
-            shared.fail(str(e))
+            backend.fail(str(e))
         except BaseException as e:  # noqa: BLE001 - a bug here must reach the caller, not vanish
-            shared.fail(self.host.internal_error(e))
+            backend.fail(self.host.internal_error(e))
 
 
 @dataclass
@@ -137,7 +121,9 @@ class ThreadBackend(Lanes):
         """``workers``: the worker of each stage of a single lane (an interleaved split's
         ``manifest.worker_of``), whose stages then take turns; None: every stage runs when it can."""
         super().__init__(lanes, slots, workers)
-        self._shared = _Shared()
+        self._wake = threading.Event()
+        self.stopping = threading.Event()
+        self._failing = threading.Lock()
         self._startup_rss = current_rss_bytes()
         self._lanes: list[_Lane] = []
         self._workers: list[_Worker] = []
@@ -159,12 +145,12 @@ class ThreadBackend(Lanes):
         the stages each one hosts); each channel wakes the workers at its ends (the driver at the lane's)."""
         wakes = [threading.Event() for _ in hosts]
         wake_of = {i: wakes[w] for w, positions in enumerate(hosts) for i in positions}
-        ends = [self._shared.wake, *(wake_of[i] for i in range(len(runners))), self._shared.wake]
+        ends = [self._wake, *(wake_of[i] for i in range(len(runners))), self._wake]
         channels = [_Channel(self._slots, ends[c], ends[c + 1]) for c in range(len(runners) + 1)]
         worker_of: dict[int, _Worker] = {}
         for positions, wake in zip(hosts, wakes, strict=True):
             host = Host([Hosted(runners[i], channels[i], channels[i + 1]) for i in positions])
-            self._workers.append(_Worker(host, wake, self._shared))
+            self._workers.append(_Worker(host, wake, self))
             worker_of.update((i, self._workers[-1]) for i in positions)
         self._stages += [(r, worker_of[i]) for i, r in enumerate(runners)]
         self._lanes.append(_Lane(channels[0], runners[0].spec.receives, channels[-1]))
@@ -186,21 +172,25 @@ class ThreadBackend(Lanes):
                 lane.results.release(slot)
         if not done:
             self._check_open()
-        elif self._shared.failure is not None:
-            self._shared.wake.set()  # so that the driver's next wait returns and polls the failure
+        elif self._failure is not None:
+            self._wake.set()  # so that the driver's next wait returns and polls the failure
         return done
 
     def wait(self, timeout: float) -> None:
-        self._shared.wake.wait(timeout)
-        self._shared.wake.clear()
+        self._wake.wait(timeout)
+        self._wake.clear()
 
     def wake(self) -> None:
-        self._shared.wake.set()
+        self._wake.set()
 
-    def _check_open(self) -> None:
-        if self._shared.failure is not None:
-            self._failure = RuntimeStageError(self._shared.failure)
-        super()._check_open()
+    def fail(self, text: str) -> None:
+        """A worker's failure: the first one is kept (every later call raises it), and every worker
+        stops."""
+        with self._failing:
+            if self._failure is None:
+                self._failure = RuntimeStageError(text)
+        self.stopping.set()
+        self._wake.set()
 
     def stats(self) -> list[WorkerStats]:
         result: list[WorkerStats] = []
@@ -218,7 +208,7 @@ class ThreadBackend(Lanes):
         if self._closed:
             return
         self._closed = True
-        self._shared.stopping.set()
+        self.stopping.set()
         deadline = time.monotonic() + STOP_GRACE_S
         for w in self._workers:
             w.thread.join(max(0.0, deadline - time.monotonic()))

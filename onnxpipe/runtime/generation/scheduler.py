@@ -24,7 +24,7 @@ the whole pipeline (the stages that kept their caches start them again), whose l
 token the lost step would have made.  The tokens are the same as without the loss.
 
 Batched or not, each sequence's tokens are the ones it makes alone, greedy or sampled (seeded per
-sequence: :mod:`onnxpipe.runtime.sampling`): the unsplit model's, which a split is checked against.
+sequence: :func:`draw`): the unsplit model's, which a split is checked against.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ from onnxpipe.runtime.base import Tensors
 from onnxpipe.runtime.generation.feeds import StepFeeds
 from onnxpipe.runtime.kvstate import Control, PadSide, Row, StepFlags
 from onnxpipe.runtime.options import GenerateOptions, Sampling
-from onnxpipe.runtime.sampling import draw, generator
 
 Submit = Callable[[Tensors, int], "Future[Tensors]"]
 """Queue one step's feeds in a lane; the future's result holds the logits."""
@@ -105,6 +104,54 @@ class _Group:
     busy: bool = False
 
 
+# --------------------------------------------------------------------------------------------------
+# the next token
+#
+# Greedy (the highest logit) is the default: it reproduces the unsplit model's tokens exactly, which is
+# what a split is checked against.  Sampling is what a deployment serves, with the knobs ONNX Runtime
+# GenAI's ``search`` options and Hugging Face's ``generate`` name (``do_sample``, ``temperature``,
+# ``top_k``, ``top_p``).  It is seeded per sequence: prompt ``i`` draws from its own generator made of
+# ``(seed, i)``, so its tokens depend neither on which sequences share the pipeline nor on the order their
+# steps come back in.  The same seed through the split and through the unsplit model therefore gives the
+# same tokens wherever their logits agree, and ``--compare`` checks a sampled run as it checks a greedy
+# one.  The knobs are :class:`~onnxpipe.runtime.options.Sampling`; here, plain numpy on one row of
+# logits; the filtering follows the usual order: temperature, then top-k, then top-p (the smallest set of
+# the most likely tokens whose probabilities reach ``top_p``).
+
+
+def generator(sampling: Sampling, sequence: int) -> np.random.Generator:
+    """The generator of prompt ``sequence`` (its place among the prompts)."""
+    return np.random.default_rng([sampling.seed, sequence])
+
+
+def probabilities(sampling: Sampling, logits: np.ndarray) -> np.ndarray:
+    """The distribution a token is drawn from, over the whole vocabulary (zeros where filtered)."""
+    z = np.asarray(logits, dtype=np.float64)
+    with np.errstate(over="ignore"):  # at most 0: a tiny temperature sends the rest to -inf, no nan
+        z = (z - np.max(z)) / sampling.temperature
+    if sampling.top_k and sampling.top_k < z.size:
+        kth = np.partition(z, z.size - sampling.top_k)[z.size - sampling.top_k]
+        z = np.where(z >= kth, z, -np.inf)
+    p = np.exp(z)
+    p /= p.sum()
+    if sampling.top_p < 1.0:
+        order = np.argsort(-p, kind="stable")
+        reach = np.cumsum(p[order])
+        keep = int(np.searchsorted(reach, sampling.top_p)) + 1  # the smallest set reaching top_p
+        mask = np.zeros_like(p, dtype=bool)
+        mask[order[:keep]] = True
+        p = np.where(mask, p, 0.0)
+        p /= p.sum()
+    return p
+
+
+def draw(sampling: Sampling, logits: np.ndarray, rng: np.random.Generator) -> int:
+    """One token from ``logits`` (one row over the vocabulary), with ``rng``."""
+    cumulative = np.cumsum(probabilities(sampling, logits))
+    at = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+    return min(at, cumulative.size - 1)
+
+
 def next_token(
     logits: np.ndarray, sampling: Sampling | None = None, rng: np.random.Generator | None = None
 ) -> int:
@@ -117,15 +164,6 @@ def next_token(
     if rng is None:  # a fresh generator per call would draw the same number every step
         raise ValueError("sampling draws with the sequence's own generator: pass rng=generator(sampling, i)")
     return draw(sampling, last, rng)
-
-
-def _sequences(options: GenerateOptions, first_ident: int) -> list[_Sequence]:
-    """A sequence per prompt, each with its own draws when sampling."""
-    sampling = options.sampling
-    return [
-        _Sequence(i, first_ident + i, p, rng=None if sampling is None else generator(sampling, i))
-        for i, p in enumerate(options.prompt_ids)
-    ]
 
 
 class _Scheduler:
@@ -172,9 +210,7 @@ class _Scheduler:
                 return
             s = waiting.popleft()
             group.members.append(s)
-            control = Control.one(s.ident, self._flags(s, True), 0)
-            self._send(self.feeds.step([s.prompt], control), [s], group, decode=False)
-            s.cached = len(s.prompt)
+            self._prefill(s, s.prompt, group)
 
     def step_groups(self) -> None:
         """A step for each idle group with members ready: one new token each."""
@@ -219,11 +255,14 @@ class _Scheduler:
         built again by a prefill of its prompt and its tokens so far, through every stage (a stage that
         kept its cache starts it again), whose logits make the token the lost step would have made."""
         for s in members:
-            history = (*s.prompt, *s.new)
-            control = Control.one(s.ident, self._flags(s, True), 0)
-            self._send(self.feeds.step([history], control), [s], group, decode=False)
-            s.cached = len(history)
+            self._prefill(s, (*s.prompt, *s.new), group)
             self.rebuilt += 1
+
+    def _prefill(self, s: _Sequence, tokens: tuple[int, ...], group: _Group) -> None:
+        """A step of its own for ``s``, starting its cache with ``tokens``."""
+        control = Control.one(s.ident, self._flags(s, True), 0)
+        self._send(self.feeds.step([tokens], control), [s], group, decode=False)
+        s.cached = len(tokens)
 
     def _after(self, s: _Sequence, token: int, group: _Group) -> None:
         if len(s.new) >= self.options.max_new_tokens:
@@ -264,8 +303,12 @@ def schedule(
     over ``lanes``, each decode step carrying up to ``batching.size`` sequences (default: one);
     ``first_ident``: the first sequence id (ids must not repeat while caches are held); ``on_token`` is
     told each token as it comes.  ``options.eos_token_ids`` are the ids to stop at, as given (the
-    model's are found by :func:`onnxpipe.runtime.prompting.settle`)."""
-    seqs = _sequences(options, first_ident)
+    model's are found by :func:`onnxpipe.runtime.generation.generator.settle`)."""
+    sampling = options.sampling  # a sequence per prompt, each with its own draws when sampling
+    seqs = [
+        _Sequence(i, first_ident + i, p, rng=None if sampling is None else generator(sampling, i))
+        for i, p in enumerate(options.prompt_ids)
+    ]
     batching = batching or Batching()
     if batching.size > 1 and not step_feeds.can_pad(batching.side):
         raise UsageError(

@@ -14,7 +14,7 @@ the split must reproduce.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +25,7 @@ from onnxpipe.core.ortsession import open_session, session_options
 from onnxpipe.ir.seq2seq import DECODER, ENCODER, ENCODER_OUTPUT, MERGED, WITH_PAST
 from onnxpipe.manifest.seq2seq import Seq2SeqRecord
 from onnxpipe.runtime.base import Tensors
-from onnxpipe.runtime.generation.feeds import Step
+from onnxpipe.runtime.generation.feeds import Builder, Step
 from onnxpipe.runtime.generation.scheduler import Run
 from onnxpipe.runtime.kvstate import StepFlags
 from onnxpipe.runtime.pipeline import Pipeline
@@ -77,7 +77,7 @@ def encode(
         return encoded, time.perf_counter() - start
 
 
-def encoder_output(encoded: Sequence[np.ndarray]) -> Callable[[Step], np.ndarray]:
+def encoder_output(encoded: Sequence[np.ndarray]) -> Builder:
     """The builder of the encoder-output role: at a sequence's first step (``START``) its own encoder
     output (sequence ``i`` the ``i``-th of ``encoded``), at later steps one of no frames."""
     width = encoded[0].shape[-1]
@@ -91,7 +91,7 @@ def encoder_output(encoded: Sequence[np.ndarray]) -> Callable[[Step], np.ndarray
     return build
 
 
-def encoder_mask(rows: Sequence[Tensors], encoded: Sequence[np.ndarray]) -> Callable[[Step], np.ndarray]:
+def encoder_mask(rows: Sequence[Tensors], encoded: Sequence[np.ndarray]) -> Builder:
     """The builder of the encoder-mask role (T5's ``encoder_attention_mask``), fed at every step: the
     mask among sequence ``i``'s encoder inputs (``rows[i]``), else ones over its encoder output's frames."""
     made = [_mask(row, e) for row, e in zip(rows, encoded, strict=True)]

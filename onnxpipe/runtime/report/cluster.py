@@ -16,9 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onnxpipe.runtime.backends.ray_recovery import Recovery
-from onnxpipe.runtime.nodeplace import NodePlace
-from onnxpipe.runtime.trips import Trip
+from onnxpipe.runtime.backends.ray_resources import Recovery
+from onnxpipe.runtime.trips import NodePlace, Trip
 
 
 @dataclass(frozen=True)
