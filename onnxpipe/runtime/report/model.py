@@ -15,8 +15,8 @@ import numpy as np
 from onnxpipe.runtime.backends.ray_resources import Recovery
 from onnxpipe.runtime.report.cluster import HopReport, recovery_obj
 from onnxpipe.runtime.session import WorkerStats
-from onnxpipe.runtime.trips import NodePlace
 from onnxpipe.runtime.spec import CPU_PROVIDER, WorkerSpec
+from onnxpipe.runtime.trips import NodePlace
 
 
 @dataclass(frozen=True)
