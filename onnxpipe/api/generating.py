@@ -30,7 +30,7 @@ from onnxpipe.runtime.generation.seq2seq import (
 )
 from onnxpipe.runtime.options import GenerateOptions
 from onnxpipe.runtime.pipeline import Pipeline
-from onnxpipe.runtime.report.cluster import GenerationCluster, hop_shares, stage_nodes
+from onnxpipe.runtime.report.cluster import GenerationCluster, hop_shares
 from onnxpipe.runtime.text import TextStreams
 
 
@@ -103,7 +103,8 @@ def _cluster(gen: Generator) -> GenerationCluster | None:
     stages = [spec.index for spec in pipe.lanes[0]]
     hops, shares = hop_shares(backend.trips(), stages)
     return GenerationCluster(
-        nodes=stage_nodes(stages, backend.placed),
+        stages=tuple(stages),
+        nodes=tuple(backend.placed),
         hops=hops,
         stage_shares=shares,
         recoveries=tuple(backend.recoveries),

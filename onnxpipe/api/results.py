@@ -179,10 +179,13 @@ def _cluster_obj(cluster: GenerationCluster) -> dict[str, Any]:
     return {
         "stages": [
             {
-                **dataclasses.asdict(n),
+                "stage": stage,
+                "node_id": node.node_id,
+                "address": node.address,
+                "host": node.host,
                 "run_share": num(cluster.stage_shares[i]) if i < len(cluster.stage_shares) else None,
             }
-            for i, n in enumerate(cluster.nodes)
+            for i, (stage, node) in enumerate(zip(cluster.stages, cluster.nodes, strict=True))
         ],
         "hops": [
             {"source": h.source, "target": h.target, "median_ms": num(h.median_ms), "share": num(h.share)}

@@ -200,9 +200,9 @@ def cluster_lines(cluster: api.GenerationCluster, rebuilt: int) -> list[str]:
     """Where a generation ran on Ray: each stage's node and share of a step's time, each hop's, each
     lost actor brought back and the sequences rebuilt."""
     lines = []
-    for i, n in enumerate(cluster.nodes):
+    for i, (stage, node) in enumerate(zip(cluster.stages, cluster.nodes, strict=True)):
         share = f", {cluster.stage_shares[i]:.0%} of a step running" if i < len(cluster.stage_shares) else ""
-        lines.append(f"stage {n.stage}: node {n.host} ({n.address}, node {n.node_id[:8]}){share}")
+        lines.append(f"stage {stage}: node {node.short}{share}")
     if cluster.hops:
         hops = ", ".join(
             f"{h.source} -> {h.target} {h.median_ms:.2f} ms ({h.share:.0%})" for h in cluster.hops

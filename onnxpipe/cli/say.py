@@ -77,11 +77,9 @@ def reading(path: Path, *, quiet: bool = False) -> None:
     that follows is still the one line of its own."""
     if quiet or not (path.is_file() or path.is_dir()) or not sys.stderr.isatty():
         return
-    files = _with_weights(path) if path.is_file() else [p for p in path.iterdir() if p.is_file()]
+    if path.is_file():  # the model file, and the weight files beside it named after it (model.onnx.data)
+        files = [path, *(p for p in path.parent.glob(f"{path.name}*") if p != path and p.is_file())]
+    else:
+        files = [p for p in path.iterdir() if p.is_file()]
     size = human_bytes(sum(p.stat().st_size for p in files))
     print(f"... reading {path.name or path} ({size})", file=sys.stderr, flush=True)
-
-
-def _with_weights(model: Path) -> list[Path]:
-    """The model file and the weight files beside it that are named after it (``model.onnx.data``)."""
-    return [model, *(p for p in model.parent.glob(f"{model.name}*") if p != model and p.is_file())]

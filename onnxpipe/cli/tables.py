@@ -109,14 +109,11 @@ def format_model_table(view: api.ModelView, s: api.ModelSummary) -> str:
         params[op] += sum(view.weights[t] for t in fresh)
     rows = [[op, f"{c}", human_bytes(params[op])] for op, c in s.op_counts]
     lines = [table(["op", "nodes", "params"], rows)]
-    symbolic = False
     for kind, tensors in (("input", s.inputs), ("output", s.outputs)):
-        for t in tensors:
-            lines.append(f"{kind} {t.name}: {t.dtype} {dims_text(t.shape, '[unknown rank]', cut=32)}")
-            symbolic = symbolic or (
-                kind == "input" and (t.shape is None or any(not isinstance(d, int) or d < 0 for d in t.shape))
-            )
-    if symbolic:
+        lines += [
+            f"{kind} {t.name}: {t.dtype} {dims_text(t.shape, '[unknown rank]', cut=32)}" for t in tensors
+        ]
+    if any(t.shape is None or any(not isinstance(d, int) or d < 0 for d in t.shape) for t in s.inputs):
         lines.append("  dims shown by name or ? are sized by a guess unless --shape NAME=D1,D2,... sets them")
     lines.append(f"opsets: {', '.join(f'{d} {v}' for d, v in s.opsets)}; IR version {s.ir_version}")
     if s.control_flow:

@@ -18,6 +18,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +50,7 @@ from onnxpipe.runtime.base import LocalConfig
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.report.baselines import stage_worker_memory
 from onnxpipe.runtime.report.model import StageReport, WorkerReport
-from onnxpipe.runtime.session import Record
+from onnxpipe.runtime.session import Record, WorkerStats
 from onnxpipe.schedule.timeline import worker_groups
 
 
@@ -158,20 +159,20 @@ def test_a_hosting_process_killed_is_reported(six_on_two: Path) -> None:
 
 
 def _stage(index: int, model: int, hosted_with: tuple[int, ...]) -> StageReport:
+    measured = WorkerStats(index, f"stage {index}", (), None, 0.0, None, None, None, process_shared=True)
+    alone = replace(
+        measured, process_shared=False, peak_rss_bytes=model, startup_rss_bytes=0, hosted_with=hosted_with
+    )
     return StageReport(
         worker=spec(index, stage=entry(index, 1.0, param_bytes=10)),
+        stats=measured,
         microbatches=1,
         measured_ms=1.0,
         mean_ms=1.0,
         handling_ms=1.0,
         busy_seconds=1.0,
         busy_fraction=0.5,
-        peak_rss_bytes=None,
-        rss_bytes=None,
-        startup_rss_bytes=None,
-        pid=None,
-        worker_model_rss_bytes=model,
-        hosted_with=hosted_with,
+        alone=alone,
     )
 
 

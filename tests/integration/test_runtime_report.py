@@ -318,7 +318,7 @@ def test_an_interleaved_run_sums_each_workers_stages(
         assert w.param_bytes == sum(manifest.stages[i].param_bytes for i in w.stages)
         if mode == "processes":  # one process hosts the worker's stages: its model memory, counted once
             assert {r.hosted_with for r in rows} == {w.stages}
-            assert {r.pid for r in rows} == {rows[0].pid}
+            assert {r.stats.pid for r in rows} == {rows[0].stats.pid}
             assert w.model_rss_bytes == rows[0].worker_model_rss_bytes == rows[1].worker_model_rss_bytes
             assert w.model_rss_bytes is not None and w.model_rss_bytes > 0
         else:  # one shared process: no stage's own memory, so no worker's

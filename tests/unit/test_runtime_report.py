@@ -305,7 +305,7 @@ def test_nodes_of_one_machine_are_told_apart_by_their_addresses() -> None:
 
     def on(*places: tuple[str, str]) -> str:
         stages = [
-            replace(s, node_id=f"{i}" * 12, host=host, node_address=address)
+            replace(s, node=NodePlace(f"{i}" * 12, address, host, 1))
             for i, (s, (host, address)) in enumerate(zip(report.stages, places, strict=True))
         ]
         return format_report(replace(report, stages=stages))

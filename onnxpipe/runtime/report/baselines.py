@@ -222,17 +222,7 @@ def _memory_run(pipeline: Pipeline, inputs: Sequence[Feeds]) -> list[WorkerStats
 
 def _with_worker_memory(report: RunReport, stats: Sequence[WorkerStats]) -> RunReport:
     by_index = {st.index: st for st in stats}
-    stages = tuple(
-        replace(
-            s,
-            worker_peak_rss_bytes=by_index[s.index].peak_rss_bytes,
-            worker_model_rss_bytes=by_index[s.index].model_rss_bytes,
-            hosted_with=by_index[s.index].hosted_with,
-        )
-        if s.index in by_index
-        else s
-        for s in report.stages
-    )
+    stages = tuple(replace(s, alone=by_index.get(s.index, s.alone)) for s in report.stages)
     return replace(report, stages=stages)
 
 

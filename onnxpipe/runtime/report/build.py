@@ -88,14 +88,15 @@ def build_report(
     manifest = pipeline.manifest
     specs = pipeline.lanes[0]
     by_index = {s.index: s for s in measurement.stats[: len(specs)]}
-    stages = tuple(
-        _on_node(stage_report(spec, by_index.get(spec.index), measurement.wall_seconds), pipeline, i)
-        for i, spec in enumerate(specs)
-    )
+    stages = tuple(stage_report(spec, by_index.get(spec.index), measurement.wall_seconds) for spec in specs)
     bottleneck = max(range(len(stages)), key=lambda i: stages[i].busy_seconds) if stages else 0
     comparable, notes = check_estimates(manifest, specs, input_shapes) if manifest is not None else (True, [])
     errors = [abs(s.estimate_error) for s in stages if s.estimate_error is not None]
-    groups = _worker_groups(manifest)
+    groups: tuple[tuple[int, ...], ...] = ()
+    if (
+        manifest is not None and manifest.plan.workers is not None
+    ):  # an interleaved split: each worker's stages
+        groups = tuple(manifest.stages_of(w) for w in range(manifest.workers))
     notes.extend(_run_notes(pipeline, stages, groups, measurement))
     single = measurement.single_latencies_s
     return RunReport(
@@ -112,37 +113,28 @@ def build_report(
         latency_saturated=Latency.of(measurement.latencies_s),
         latency_in_flight=measurement.in_flight,
         latency_single=Latency.of(single) if single else None,
-        stages=stages,
         bottleneck_stage=stages[bottleneck].index if stages else 0,
         estimates_comparable=comparable,
         estimate_max_error=max(errors) if errors else None,
         driver_peak_rss_bytes=driver_peak_rss_bytes,
         notes=tuple(notes),
         worker_stages=groups,
-        **_cluster_part(pipeline, measurement),
+        **_cluster_part(pipeline, measurement, stages),
     )
 
 
-def _on_node(stage: StageReport, pipeline: Pipeline, position: int) -> StageReport:
-    """``stage`` with the node its actor ran on last and the bytes shipped there (Ray only)."""
-    backend = pipeline.backend
-    if not isinstance(backend, RayBackend):
-        return stage
-    place = backend.placed[position]
-    return replace(
-        stage,
-        node_id=place.node_id,
-        node_address=place.address,
-        host=place.host,
-        shipped_bytes=backend.shipped_to(position),
-    )
-
-
-def _cluster_part(pipeline: Pipeline, measurement: Measurement) -> dict[str, Any]:
-    """The report's hops, overhead, recoveries and failure (the hops and recoveries on Ray only)."""
-    part: dict[str, Any] = {"failure": measurement.failure}
+def _cluster_part(
+    pipeline: Pipeline, measurement: Measurement, stages: tuple[StageReport, ...]
+) -> dict[str, Any]:
+    """The report's stages, hops, overhead, recoveries and failure: on Ray, each stage with the node its
+    actor ran on last and the bytes shipped there, and the hops and recoveries."""
+    part: dict[str, Any] = {"failure": measurement.failure, "stages": stages}
     backend = pipeline.backend
     if isinstance(backend, RayBackend):
+        part["stages"] = tuple(
+            replace(s, node=backend.placed[i], shipped_bytes=backend.shipped_to(i))
+            for i, s in enumerate(stages)
+        )
         indexes = [s.index for s in pipeline.lanes[0]]
         part["hops"] = hop_reports(measurement.trips, measurement.single_trips, indexes)
         part["overhead_ms"] = overhead_ms(measurement.single_trips)
@@ -158,32 +150,17 @@ def stage_report(spec: WorkerSpec, st: WorkerStats | None, wall: float) -> Stage
     runs = [r.run_seconds for r in st.records]
     busy = [r.busy_seconds for r in st.records]
     busy_total = float(sum(busy))
-    own = None if st.process_shared else st
     return StageReport(
         worker=spec,
+        stats=st,
         microbatches=len(st.records),
         measured_ms=statistics.median(runs) * 1e3 if runs else math.nan,
         mean_ms=statistics.fmean(runs) * 1e3 if runs else math.nan,
         handling_ms=statistics.median(busy) * 1e3 if busy else math.nan,
         busy_seconds=busy_total,
         busy_fraction=busy_total / wall if wall > 0 else math.nan,
-        peak_rss_bytes=st.peak_rss_bytes,
-        rss_bytes=st.rss_bytes,
-        startup_rss_bytes=st.startup_rss_bytes,
-        pid=st.pid,
-        memory_shared_with_other_workers=st.process_shared,
-        model_rss_bytes=own.model_rss_bytes if own is not None else None,
-        worker_peak_rss_bytes=own.peak_rss_bytes if own is not None else None,
-        worker_model_rss_bytes=own.model_rss_bytes if own is not None else None,
-        hosted_with=st.hosted_with,
+        alone=None if st.process_shared else st,
     )
-
-
-def _worker_groups(manifest: Manifest | None) -> tuple[tuple[int, ...], ...]:
-    """The stages of each worker of an interleaved split; none otherwise."""
-    if manifest is None or manifest.plan.workers is None:
-        return ()
-    return tuple(manifest.stages_of(w) for w in range(manifest.workers))
 
 
 def _run_notes(
@@ -205,7 +182,7 @@ def _run_notes(
             "as "
             "its estimate assumes"
         )
-    if any(s.memory_shared_with_other_workers for s in stages):
+    if any(s.stats.process_shared for s in stages):
         notes.append(
             "thread workers share one process: a stage's peak RSS is the process's, and its own memory "
             f"cannot be told apart (the allocator reuses memory across sessions); {opt('compare', True)} "

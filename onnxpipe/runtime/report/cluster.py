@@ -11,7 +11,6 @@ measured with the driver's clock and each stage's timer, no two machines' clocks
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,18 +32,6 @@ class HopReport:
     """Median over the micro-batches run one at a time; None when none was."""
     stream_ms: float | None
     """Median over the measured stream (queueing behind other micro-batches included)."""
-
-
-def bounding_hop(hops: Sequence[HopReport], stage_ms: float) -> HopReport | None:
-    """The hop whose own time (a micro-batch at a time) is longer than the slowest stage's time per
-    micro-batch: the link it crosses, not a stage, bounds the pipeline's rate (the data plane sends
-    while the stages compute, so a hop costs the rate only where it is the longest step).  None when
-    every hop is quicker, or none was timed."""
-    timed = [h for h in hops if h.single_ms is not None]
-    if not timed:
-        return None
-    slowest = max(timed, key=lambda h: h.single_ms or 0.0)
-    return slowest if (slowest.single_ms or 0.0) > stage_ms else None
 
 
 def recovery_obj(r: Recovery) -> dict[str, Any]:
@@ -72,44 +59,23 @@ def hop_reports(
     if not trips:
         return ()
     ends = ["driver", *(f"stage {s}" for s in stages), "driver"]
-    reports = []
-    for h in range(len(stages) + 1):
-        hops = [t.hops[h] for t in trips]
-        alone = [t.hops[h].seconds for t in single if len(t.legs) == len(stages)]
-        reports.append(
-            HopReport(
-                source=ends[h],
-                target=ends[h + 1],
-                bytes_per_microbatch=round(statistics.median(hop.bytes for hop in hops)),
-                single_ms=statistics.median(alone) * 1e3 if alone else None,
-                stream_ms=statistics.median(hop.seconds for hop in hops) * 1e3,
-            )
+    alone = [t for t in single if len(t.legs) == len(stages)]
+    return tuple(
+        HopReport(
+            source=ends[h],
+            target=ends[h + 1],
+            bytes_per_microbatch=round(statistics.median(t.hops[h].bytes for t in trips)),
+            single_ms=statistics.median(t.hops[h].seconds for t in alone) * 1e3 if alone else None,
+            stream_ms=statistics.median(t.hops[h].seconds for t in trips) * 1e3,
         )
-    return tuple(reports)
+        for h in range(len(stages) + 1)
+    )
 
 
 def overhead_ms(single: Sequence[Trip]) -> float | None:
     """A micro-batch's median time beyond its stages' own work, one at a time (None: none was run)."""
     values = [t.overhead_seconds for t in single if t.legs]
     return statistics.median(values) * 1e3 if values else None
-
-
-def per_hop(overhead: float | None, hops: int) -> float | None:
-    """The overhead shared among a trip's hops, each taking its stage's handling along."""
-    if overhead is None or hops == 0 or math.isnan(overhead):
-        return None
-    return overhead / hops
-
-
-@dataclass(frozen=True)
-class StageNode:
-    """Where one stage ran: its number and its actor's node (Ray's node id, the node's address and
-    host name)."""
-
-    stage: int
-    node_id: str
-    address: str
-    host: str
 
 
 @dataclass(frozen=True)
@@ -130,17 +96,12 @@ class GenerationCluster:
     brought back (the sequences it held rebuilt:
     :attr:`~onnxpipe.runtime.generation.result.Generation.rebuilt`)."""
 
-    nodes: tuple[StageNode, ...]
+    stages: tuple[int, ...]
+    nodes: tuple[NodePlace, ...]
+    """The node of each of :attr:`stages`' actors (Ray's node id, the node's address and host name)."""
     hops: tuple[HopShare, ...]
     stage_shares: tuple[float, ...]
     recoveries: tuple[Recovery, ...]
-
-
-def stage_nodes(stages: Sequence[int], places: Sequence[NodePlace]) -> tuple[StageNode, ...]:
-    return tuple(
-        StageNode(stage=s, node_id=p.node_id, address=p.address, host=p.host)
-        for s, p in zip(stages, places, strict=True)
-    )
 
 
 def hop_shares(

@@ -13,8 +13,10 @@ from typing import Any
 import numpy as np
 
 from onnxpipe.runtime.backends.ray_resources import Recovery
-from onnxpipe.runtime.report.cluster import HopReport, bounding_hop, per_hop, recovery_obj
+from onnxpipe.runtime.report.cluster import HopReport, recovery_obj
+from onnxpipe.runtime.session import WorkerStats
 from onnxpipe.runtime.spec import CPU_PROVIDER, WorkerSpec
+from onnxpipe.runtime.trips import NodePlace
 
 
 @dataclass(frozen=True)
@@ -40,8 +42,8 @@ class Latency:
 @dataclass(frozen=True)
 class StageReport:
     """One stage of the run: the spec its worker ran (label, placement, and the manifest's record of the
-    stage: its file, weights and estimate, none for a chain not opened from a split folder), and what
-    was measured.
+    stage: its file, weights and estimate, none for a chain not opened from a split folder), what its
+    worker measured (``stats``), and the figures taken from those records.
 
     ``measured_ms`` is the median time of the stage's session run; ``handling_ms`` adds the worker's own
     work around it (mapping and copying tensors); ``busy_fraction`` is the share of the measured wall
@@ -49,33 +51,21 @@ class StageReport:
     """
 
     worker: WorkerSpec
+    stats: WorkerStats
+    """What the stage's worker measured: its records, its process and the process's memory (for thread
+    workers the one process's they share, ``process_shared``)."""
     microbatches: int
     measured_ms: float
     mean_ms: float
     handling_ms: float
     busy_seconds: float
     busy_fraction: float
-    peak_rss_bytes: int | None
-    rss_bytes: int | None
-    startup_rss_bytes: int | None
-    pid: int | None
-    memory_shared_with_other_workers: bool = False
-    model_rss_bytes: int | None = None
-    """Peak minus the memory before loading, for a worker with its own process; None for thread
-    workers, whose process's growth while a session loads hides what the allocator reused."""
-    worker_peak_rss_bytes: int | None = None
-    """Peak RSS of a worker process running this stage alone: the worker's own (processes), or one
-    short run in processes of their own when the pipeline ran threads (``--compare`` only)."""
-    worker_model_rss_bytes: int | None = None
-    """That worker's peak minus its memory before loading: what the stage's model costs a worker (for a
-    stage whose process hosts other stages too, :attr:`hosted_with`, what all their models cost it)."""
-    hosted_with: tuple[int, ...] = ()
-    """The stages, this one among them, whose sessions shared that worker process (an interleaved split's
-    worker in processes or on Ray); empty: the process ran this stage alone."""
-    node_id: str | None = None
-    """Ray's id of the node the stage ran on (last, after a recovery); None for local workers."""
-    node_address: str | None = None
-    host: str | None = None
+    alone: WorkerStats | None = None
+    """The stats of a worker process running this stage alone: the worker's own (processes), or one
+    short run in processes of their own when the pipeline ran threads (``--compare`` only); for a stage
+    whose process hosts other stages too (:attr:`hosted_with`), what all their models cost it."""
+    node: NodePlace | None = None
+    """The node the stage ran on (last, after a recovery); None for local workers."""
     shipped_bytes: int | None = None
     """Bytes of the stage's files the driver shipped to its node for this run (0: its node had them);
     None when they were not shipped (local workers, or a folder the nodes share)."""
@@ -100,15 +90,26 @@ class StageReport:
         return _error(self.estimated_ms, self.measured_ms)
 
     @property
-    def node_text(self) -> str | None:
-        """``host address 1a2b3c4d``: where the stage ran, None for local workers."""
-        if self.node_id is None:
-            return None
-        return f"{self.host} {self.node_address} {self.node_id[:8]}"
+    def model_rss_bytes(self) -> int | None:
+        """Peak minus the memory before loading, for a worker with its own process; None for thread
+        workers, whose process's growth while a session loads hides what the allocator reused."""
+        return None if self.stats.process_shared else self.stats.model_rss_bytes
+
+    @property
+    def worker_model_rss_bytes(self) -> int | None:
+        """What the stage's model costs a worker process of its own (:attr:`alone`); None: not measured."""
+        return self.alone.model_rss_bytes if self.alone is not None else None
+
+    @property
+    def hosted_with(self) -> tuple[int, ...]:
+        """The stages, this one among them, whose sessions shared the worker process of :attr:`alone` (an
+        interleaved split's worker in processes or on Ray); empty: the process ran this stage alone."""
+        return (self.alone or self.stats).hosted_with
 
     def to_obj(self) -> dict[str, Any]:
-        """The stage as the report's JSON has it: what its spec and record say, then what was measured."""
-        place = self.worker.placement
+        """The stage as the report's JSON has it: what its spec and record say, what was measured, then
+        where it ran."""
+        place, st, alone, node = self.worker.placement, self.stats, self.alone, self.node
         held: dict[str, Any] = {
             "index": self.index,
             "label": self.worker.label,
@@ -120,8 +121,19 @@ class StageReport:
             "param_bytes": self.param_bytes,
             "estimated_ms": self.estimated_ms,
             "estimate_error": self.estimate_error,
+            **_fields_obj(self, skip=("worker", "stats", "alone", "node", "shipped_bytes")),
+            **{key: getattr(st, key) for key in ("peak_rss_bytes", "rss_bytes", "startup_rss_bytes", "pid")},
+            "memory_shared_with_other_workers": st.process_shared,
+            "model_rss_bytes": self.model_rss_bytes,
+            "worker_peak_rss_bytes": alone.peak_rss_bytes if alone is not None else None,
+            "worker_model_rss_bytes": self.worker_model_rss_bytes,
+            "hosted_with": self.hosted_with,
+            "node_id": node.node_id if node is not None else None,
+            "node_address": node.address if node is not None else None,
+            "host": node.host if node is not None else None,
+            "shipped_bytes": self.shipped_bytes,
         }
-        return {k: _json(v) for k, v in held.items()} | _fields_obj(self, skip=("worker",))
+        return {k: _json(v) for k, v in held.items()}
 
 
 def _error(estimated: float | None, measured: float) -> float | None:
@@ -261,16 +273,22 @@ class RunReport:
 
     @property
     def bounding_hop(self) -> HopReport | None:
-        """The hop that bounds the pipeline's rate, where one does (Ray): its own time is longer than
-        the slowest stage's handling of a micro-batch."""
-        if not self.hops or not self.stages:
+        """The hop that bounds the pipeline's rate, where one does (Ray): its own time (a micro-batch at a
+        time) is longer than the slowest stage's handling of a micro-batch, so the link it crosses, not a
+        stage, sets the pace (the data plane sends while the stages compute, so a hop costs the rate only
+        where it is the longest step).  None when every hop is quicker, or none was timed."""
+        timed = [h for h in self.hops if h.single_ms is not None]
+        if not timed or not self.stages:
             return None
-        return bounding_hop(self.hops, max(s.handling_ms for s in self.stages))
+        slowest = max(timed, key=lambda h: h.single_ms or 0.0)
+        return slowest if (slowest.single_ms or 0.0) > max(s.handling_ms for s in self.stages) else None
 
     @property
     def hop_overhead_ms(self) -> float | None:
-        """:attr:`overhead_ms` shared among a micro-batch's hops."""
-        return per_hop(self.overhead_ms, len(self.hops))
+        """:attr:`overhead_ms` shared among a micro-batch's hops, each taking its stage's handling along."""
+        if self.overhead_ms is None or not self.hops or math.isnan(self.overhead_ms):
+            return None
+        return self.overhead_ms / len(self.hops)
 
     @property
     def workers(self) -> tuple[WorkerReport, ...]:
@@ -293,7 +311,7 @@ class RunReport:
     @property
     def memory_shared(self) -> bool:
         """Whether the stages share one process (threads), so no stage's memory can be told apart."""
-        return any(s.memory_shared_with_other_workers for s in self.stages)
+        return any(s.stats.process_shared for s in self.stages)
 
     def to_obj(self) -> dict[str, Any]:
         """The report as JSON-ready data (NaN and infinity as ``null``); ``bottleneck_worker`` and

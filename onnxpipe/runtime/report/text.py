@@ -105,14 +105,15 @@ def _node_column(report: RunReport) -> tuple[str, list[str]] | None:
     """The stage table's node column, its header and a cell per stage (None for local workers).  Nodes
     of one machine's namespaces (or containers) share its host name, which then tells them apart no
     more: where their addresses do, the cells give the address and node id, the header the host."""
-    on = [s for s in report.stages if s.node_id is not None]
+    nodes = [s.node for s in report.stages]
+    on = [n for n in nodes if n is not None]
     if not on:
         return None
-    hosts = {s.host for s in on}
-    if len(hosts) == 1 and len(on) > 1 and len({s.node_address for s in on}) > 1:
-        cells = [f"{s.node_address} {s.node_id[:8]}" if s.node_id else "-" for s in report.stages]
+    hosts = {n.host for n in on}
+    if len(hosts) == 1 and len(on) > 1 and len({n.address for n in on}) > 1:
+        cells = [f"{n.address} {n.node_id[:8]}" if n else "-" for n in nodes]
         return f"node (address id, all on host {hosts.pop()})", cells
-    return "node (host address id)", [s.node_text or "-" for s in report.stages]
+    return "node (host address id)", [f"{n.host} {n.address} {n.node_id[:8]}" if n else "-" for n in nodes]
 
 
 def _stage_table(report: RunReport) -> str:
@@ -133,7 +134,7 @@ def _stage_table(report: RunReport) -> str:
             _bytes(s.param_bytes),
         ]
         if not shared:
-            row += [_bytes(s.peak_rss_bytes), _bytes(s.model_rss_bytes)]
+            row += [_bytes(s.stats.peak_rss_bytes), _bytes(s.model_rss_bytes)]
         if nodes is not None:
             row += [nodes[1][i], _bytes(s.shipped_bytes)]
         rows.append(row)
@@ -146,7 +147,8 @@ def _stage_table(report: RunReport) -> str:
 
 
 def _hop_lines(report: RunReport) -> list[str]:
-    """The hops' table and their overhead (on a cluster only)."""
+    """The hops' table, the link that bounds the pipeline if one does (in words: its bytes, its time and
+    rate, against the slowest stage's time), and the hops' overhead (on a cluster only)."""
     if not report.hops:
         return []
     rows = [
@@ -159,9 +161,17 @@ def _hop_lines(report: RunReport) -> list[str]:
         for h in report.hops
     ]
     lines = [table(["hop", "bytes/micro-batch", "one at a time ms", "in the stream ms"], rows)]
-    bound = link_line(report)
-    if bound is not None:
-        lines.append(bound)
+    bound = report.bounding_hop
+    if bound is not None and bound.single_ms is not None:
+        rate = bound.bytes_per_microbatch / (bound.single_ms / 1e3) * 8 / 1e6
+        slowest = max(report.stages, key=lambda s: s.handling_ms)
+        lines.append(
+            f"link: {bound.source} -> {bound.target} bounds the pipeline: "
+            f"{human_bytes(bound.bytes_per_microbatch)} a micro-batch take {bound.single_ms:.2f} ms on it "
+            f"(about {rate:.0f} Mbit/s), longer than stage {slowest.index}'s {slowest.handling_ms:.2f} ms; "
+            "a faster link, machines closer together, or a cut where fewer bytes cross makes it faster, "
+            "more CPU does not"
+        )
     if report.overhead_ms is not None:
         lines.append(
             f"overhead: one micro-batch at a time took {report.overhead_ms:.2f} ms beyond its stages' own "
@@ -283,7 +293,7 @@ def memory_line(report: RunReport) -> str | None:
             return f"{ratio} (a replica worker peaks at {_bytes(replicas.peak_rss_bytes)})"
     if not report.memory_shared:
         return None
-    peaks = [p for p in [report.driver_peak_rss_bytes, *(s.peak_rss_bytes for s in report.stages)] if p]
+    peaks = [p for p in [report.driver_peak_rss_bytes, *(s.stats.peak_rss_bytes for s in report.stages)] if p]
     weighed = [(weights, named) for named, _, weights in _workers_memory(report) if weights is not None]
     parts = []
     if weighed:
@@ -328,23 +338,6 @@ def _workers_memory(report: RunReport) -> list[tuple[str, int | None, int | None
     return [("", s.worker_model_rss_bytes, s.param_bytes) for s in report.stages]
 
 
-def link_line(report: RunReport) -> str | None:
-    """The link that bounds the pipeline, in words: its bytes, its time and rate, against the slowest
-    stage's time (None where no hop bounds it)."""
-    bound = report.bounding_hop
-    if bound is None or bound.single_ms is None:
-        return None
-    rate = bound.bytes_per_microbatch / (bound.single_ms / 1e3) * 8 / 1e6
-    slowest = max(report.stages, key=lambda s: s.handling_ms)
-    return (
-        f"link: {bound.source} -> {bound.target} bounds the pipeline: "
-        f"{human_bytes(bound.bytes_per_microbatch)} a micro-batch take {bound.single_ms:.2f} ms on it "
-        f"(about {rate:.0f} Mbit/s), longer than stage {slowest.index}'s {slowest.handling_ms:.2f} ms; "
-        "a faster link, machines closer together, or a cut where fewer bytes cross makes it faster, "
-        "more CPU does not"
-    )
-
-
 def _verdict(report: RunReport) -> str:
     """One line on whether the pipeline was worth it: slower than a baseline says which, and by how much."""
     worst_name, worst = min(report.baselines.items(), key=lambda item: item[1].pipeline_speedup)
@@ -356,14 +349,14 @@ def _verdict(report: RunReport) -> str:
             f"{worst.pipeline_speedup:.2f}x the throughput of {worst_name} ({worst.description}): serve "
             "this model as one session here, and split it where it must fit several devices"
         )
-    if report.bounding_hop is not None:
-        return (
-            f"verdict: the pipeline is SLOWER than {worst_name} ({worst.description}): "
-            f"{worst.pipeline_speedup:.2f}x its throughput, bounded by the link from "
-            f"{report.bounding_hop.source} to {report.bounding_hop.target} (above)"
-        )
-    return (
+    slower = (
         f"verdict: the pipeline is SLOWER than {worst_name} ({worst.description}): "
-        f"{worst.pipeline_speedup:.2f}x its throughput; run that instead here, or give the stages CPUs "
-        f"of their own (fewer stages, {opt('threads')}, more machines)"
+        f"{worst.pipeline_speedup:.2f}x its throughput"
+    )
+    bound = report.bounding_hop
+    if bound is not None:
+        return f"{slower}, bounded by the link from {bound.source} to {bound.target} (above)"
+    return (
+        f"{slower}; run that instead here, or give the stages CPUs of their own (fewer stages, "
+        f"{opt('threads')}, more machines)"
     )
