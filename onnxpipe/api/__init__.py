@@ -41,10 +41,10 @@ _EXPORTS: dict[str, str] = {
     "plan": "onnxpipe.api.plans",
     "split": "onnxpipe.api.splitting",
     "verify": "onnxpipe.api.splitting",
-    "inspect": "onnxpipe.api.running",
+    "inspect": "onnxpipe.api.inspecting",
     "run": "onnxpipe.api.running",
     "generate": "onnxpipe.api.generating",
-    "links": "onnxpipe.api.running",
+    "links": "onnxpipe.api.linking",
     "LinkReport": "onnxpipe.runtime.report.links",
     "format_links": "onnxpipe.runtime.report.links",
     "export_triton": "onnxpipe.export.triton",
@@ -77,6 +77,8 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 
 if TYPE_CHECKING:
     from onnxpipe.api.generating import generate as generate
+    from onnxpipe.api.inspecting import inspect as inspect
+    from onnxpipe.api.linking import links as links
     from onnxpipe.api.plans import plan as plan
     from onnxpipe.api.plans import profile as profile
     from onnxpipe.api.results import FolderInspection as FolderInspection
@@ -86,8 +88,6 @@ if TYPE_CHECKING:
     from onnxpipe.api.results import SplitResult as SplitResult
     from onnxpipe.api.results import run_json as run_json
     from onnxpipe.api.results import verify_json as verify_json
-    from onnxpipe.api.running import inspect as inspect
-    from onnxpipe.api.running import links as links
     from onnxpipe.api.running import run as run
     from onnxpipe.api.seq2seq import written_stages as written_stages
     from onnxpipe.api.splitting import split as split

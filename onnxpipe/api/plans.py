@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from onnxpipe.api.options import PlanOptions
-from onnxpipe.api.preamble import before_work, busy_watch, check_output_file, check_plot, writing
+from onnxpipe.api.paths import check_output_file, check_plot, writing
+from onnxpipe.api.preamble import before_work, busy_watch
 from onnxpipe.api.results import PlanResult
 from onnxpipe.calibrate.devices import calibrate_on_devices, how_timed
 from onnxpipe.calibrate.loop import calibrate_phases

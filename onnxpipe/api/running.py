@@ -1,51 +1,32 @@
-"""``run``: a split folder run as a pipeline and measured, optionally against the model itself.
-
-``inspect``: what a split folder holds, or what a model is (its inputs, opsets, whether it is a decoder
-with a KV cache).
-
-``links``: a devices file's links measured on a Ray cluster, through the pipeline's own transport.
-"""
+"""``run``: a split folder run as a pipeline and measured, optionally against the model itself."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from onnxpipe.api.options import InspectOptions
-from onnxpipe.api.preamble import check_output_file, threads_warning, writing
-from onnxpipe.api.results import FolderInspection, Inspection, ModelInspection
-from onnxpipe.cluster.devicesfile import load_cluster, with_links
+from onnxpipe.api.paths import check_output_file, writing
+from onnxpipe.api.preamble import threads_warning
 from onnxpipe.core.choices import Backend
 from onnxpipe.core.errors import ManifestError, RuntimeStageError, UsageError
 from onnxpipe.core.events import SILENT, Listener
-from onnxpipe.core.files import write_text_atomic
-from onnxpipe.core.options import opt
-from onnxpipe.ir.decoder import find_decoder
-from onnxpipe.ir.decoder_dims import decoder_facts
 from onnxpipe.ir.joined import runnable_file
-from onnxpipe.ir.load import load_model, summarize
-from onnxpipe.manifest import Manifest, load_manifest, stage_file_problems
-from onnxpipe.runtime.backends.ray_connect import connected
-from onnxpipe.runtime.backends.ray_links import measure_links
+from onnxpipe.ir.load import load_model
+from onnxpipe.manifest import Manifest, load_manifest
 from onnxpipe.runtime.backends.ray_resources import load_ray_resources
 from onnxpipe.runtime.base import BackendConfig, LocalConfig, RayConfig, Tensors
 from onnxpipe.runtime.inputs import input_shapes_for, load_inputs, random_inputs
 from onnxpipe.runtime.options import (
-    DEFAULT_LINK_SIZES,
     DEFAULT_SLOTS,
     MEASURED_MICROBATCHES,
     SINGLE_LATENCY_MICROBATCHES,
-    LinkOptions,
     RunOptions,
     WorkerOptions,
 )
 from onnxpipe.runtime.pipeline import Pipeline
 from onnxpipe.runtime.report.baselines import Feeds, add_baselines, distinct
 from onnxpipe.runtime.report.build import build_report
-from onnxpipe.runtime.report.links import LinkReport, LinkResult
 from onnxpipe.runtime.report.measure import Measurement, measure
 from onnxpipe.runtime.report.model import RunReport
 from onnxpipe.runtime.session import peak_rss_bytes
@@ -203,78 +184,3 @@ def _write_results(opts: RunOptions, report: RunReport, measured: Measurement) -
             raise UsageError(f"{opts.outputs}: outputs of different shapes cannot be stacked ({e})") from e
         with writing(opts.outputs, "outputs"), opts.outputs.open("wb") as f:
             np.savez(f, **stacked)  # type: ignore[arg-type]
-
-
-def inspect(target: str | Path, options: InspectOptions | None = None) -> Inspection:
-    """A split folder's manifest, its stage files checked against it (unless ``options.check_files`` is
-    false): what is missing or changed is reported, not raised, so the folder can still be looked at; or
-    a model's summary and decoder, if it is one."""
-    opts = options or InspectOptions()
-    path = Path(target)
-    if path.is_dir():
-        manifest = load_manifest(path, check_files=False)
-        problems = stage_file_problems(path, manifest) if opts.check_files else []
-        return FolderInspection(manifest, tuple(problems), checked=opts.check_files)
-    view = load_model(path)
-    dec = find_decoder(view)
-    facts = decoder_facts(view, dec) if dec is not None else None
-    return ModelInspection(view=view, summary=summarize(view), decoder=dec, facts=facts)
-
-
-def links(
-    devices: str | Path, options: LinkOptions | None = None, *, listener: Listener | None = None
-) -> LinkReport:
-    """Measure the link between each pair of consecutive devices of the devices file ``devices``, on the
-    Ray nodes the devices' resources pin a probe to (:mod:`onnxpipe.runtime.backends.ray_links`), and
-    write the file again with them when ``options.out`` says where."""
-    say = listener or SILENT
-    opts = options or LinkOptions()
-    path = Path(devices)
-    cluster = load_cluster(path)
-    k = len(cluster.devices)
-    if k < 2:
-        raise UsageError(f"{path}: has one device, so no link to measure; list the devices in pipeline order")
-    if opts.out is not None:
-        check_output_file(opts.out, "out")
-    asks = _probe_options(opts.ray_resources, k)
-    if all(not a.get("resources") for a in asks):
-        say.warn(
-            f"no device names Ray resources ({opt('ray_resources')}): the probes land wherever Ray puts "
-            "them, not on the devices' nodes"
-        )
-    sizes = _sizes(opts, k)
-    say.step(f"measuring {k - 1} link(s) at {len({n for s in sizes for n in s}) + 1} size(s)")
-    with connected(opts.ray_address) as ray:
-        measured = measure_links(ray, asks, sizes, opts.repeats)
-    names = [d.name for d in cluster.devices]
-    results = tuple(LinkResult(names[i], names[i + 1], m) for i, m in enumerate(measured))
-    if opts.out is not None:
-        text, _ = with_links(path, [r.link_obj() for r in results])
-        write_text_atomic(opts.out, text)
-    return LinkReport(results, opts.out)
-
-
-def _probe_options(given: Path | Sequence[Mapping[str, Any]] | None, k: int) -> list[dict[str, Any]]:
-    """Each device's probe's actor options: the device's custom resources (its node), no CPU."""
-    if isinstance(given, Path):
-        entries: Sequence[Mapping[str, Any]] = load_ray_resources(given, k)
-    else:
-        entries = given if given is not None else [{}] * k
-    if len(entries) != k:
-        raise UsageError(
-            f"{opt('ray_resources')}: {len(entries)} entries for {k} devices; give one per device"
-        )
-    return [{"num_cpus": 0, "resources": dict(e.get("resources", {}))} for e in entries]
-
-
-def _sizes(opts: LinkOptions, k: int) -> list[tuple[int, ...]]:
-    """The sizes each link is timed at: the split's boundary between the stages on its two devices, or
-    the sizes given, or the defaults."""
-    if opts.split is None:
-        return [opts.sizes or DEFAULT_LINK_SIZES] * (k - 1)
-    manifest = load_manifest(opts.split, check_files=False)
-    out: list[tuple[int, ...]] = []
-    for i in range(k - 1):
-        crossing = manifest.stages[i + 1].link_bytes_in if i + 1 < manifest.k else 0
-        out.append((crossing,) if crossing > 0 else DEFAULT_LINK_SIZES)
-    return out

@@ -31,8 +31,9 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from onnxpipe.api.options import SplitOptions
+from onnxpipe.api.paths import check_output_folder
 from onnxpipe.api.plans import calibrated_plan, load, measure, note_retries, save_profile, start
-from onnxpipe.api.preamble import busy_watch, check_output_folder
+from onnxpipe.api.preamble import busy_watch
 from onnxpipe.api.results import SplitResult
 from onnxpipe.api.seq2seq import split_folder
 from onnxpipe.core.choices import CalibrationMode, Phase, SplitNodes, VerifyRuntime

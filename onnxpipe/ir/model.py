@@ -87,8 +87,9 @@ class NodeInfo:
 
 @dataclass(frozen=True)
 class Rewritten:
-    """A model loading rewrote (a merged decoder unwrapped to its with-past branch, :mod:`.merged`; a text
-    model joined with its embedding model ahead of it, :mod:`.joined`), and the note saying what was done."""
+    """A model loading rewrote (a merged decoder unwrapped to its with-past branch,
+    :func:`.joined.unwrap_merged_decoder`; a text model joined with its embedding model ahead of it,
+    :mod:`.joined`), and the note saying what was done."""
 
     proto: onnx.ModelProto
     note: str

@@ -139,6 +139,26 @@ def test_unknown_key_suggests_the_right_one(tmp_path: Path) -> None:
     assert "link: unknown key; did you mean 'links'?" in msg
 
 
+def _documented_keys(heading: str) -> set[str]:
+    """The keys in the first column of the table under ``heading`` in docs/devices.md."""
+    text = (ROOT / "docs" / "devices.md").read_text(encoding="utf-8")
+    table = text.split(heading, 1)[1].split("\n\n", 2)[1]
+    return set(re.findall(r"^\| `(\w+)` \|", table, flags=re.MULTILINE))
+
+
+def test_the_keys_a_devices_file_takes_are_the_documented_ones(tmp_path: Path) -> None:
+    """A device's and a link's keys are read from their records' fields (less onnxpipe's own): they
+    must stay those docs/devices.md lists, so that a field added to a record for onnxpipe's own use does
+    not become a key a devices file may set unnoticed (as the engine's optimization level is not)."""
+    from onnxpipe.cluster import devicesfile
+
+    assert _documented_keys("Each device:") | {"description"} == devicesfile._DEVICE_KEYS
+    assert _documented_keys("Each link:") | {"description"} == devicesfile._LINK_KEYS
+    for internal in ("level", "engine"):
+        msg = _error(tmp_path, {"devices": [_dev("a", **{internal: "ORT_DISABLE_ALL"})]})
+        assert f"devices[0].{internal}: unknown key" in msg, msg
+
+
 def test_bad_provider_suggests(tmp_path: Path) -> None:
     msg = _error(tmp_path, {"devices": [_dev("a", provider="CUDAProvider")]})
     assert "devices[0].provider" in msg and "CUDAExecutionProvider" in msg
