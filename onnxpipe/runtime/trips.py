@@ -10,6 +10,8 @@ stages ran on: exact on one machine, as good as the machines' clocks agree acros
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass
 
 
@@ -26,6 +28,18 @@ class NodePlace:
     def short(self) -> str:
         """``host (address, node 1a2b3c4d)``: enough to tell two nodes of one machine apart."""
         return f"{self.host} ({self.address}, node {self.node_id[:8]})"
+
+
+def node_here() -> NodePlace:
+    """The node and process of the Ray worker that calls it."""
+    import ray
+
+    return NodePlace(
+        node_id=ray.get_runtime_context().get_node_id(),
+        address=ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
+        host=socket.gethostname(),
+        pid=os.getpid(),
+    )
 
 
 @dataclass(frozen=True)

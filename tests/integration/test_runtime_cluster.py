@@ -22,7 +22,7 @@ from onnxpipe.api import ExportOptions, PlanRequest, ProfileOptions, RunOptions,
 from onnxpipe.api import run as run_split
 from onnxpipe.core.errors import RuntimeStageError
 from onnxpipe.core.events import Silent
-from onnxpipe.runtime.backends import stage_cache
+from onnxpipe.runtime.backends import ray_ship
 from onnxpipe.runtime.backends.ray_backend import RayBackend
 from onnxpipe.runtime.backends.ray_links import LARGEST_BYTES
 from onnxpipe.runtime.base import RayConfig
@@ -97,7 +97,7 @@ def test_nodes_that_cannot_read_the_driver_s_folder_get_the_stages_shipped(
     ships), they run, and a second run finds them in the nodes' caches and ships nothing."""
     if not on_cluster.hides:
         pytest.skip("this machine gives no process a mount namespace of its own (unshare)")
-    monkeypatch.setattr(stage_cache, "CHUNK_BYTES", 20_000)
+    monkeypatch.setattr(ray_ship, "CHUNK_BYTES", 20_000)
     split = on_cluster.hidden / "private"  # the mlp: no other test ships its stages to these nodes
     model = sample_models_dir / "mlp.onnx"
     options = SplitOptions(

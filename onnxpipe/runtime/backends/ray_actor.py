@@ -32,7 +32,6 @@ fails the run (or, for a generation step whose cache is gone, that step).
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -56,7 +55,7 @@ from onnxpipe.runtime.session import (
     current_rss_bytes,
 )
 from onnxpipe.runtime.spec import WorkerSpec
-from onnxpipe.runtime.trips import LegValues, NodePlace
+from onnxpipe.runtime.trips import LegValues, NodePlace, node_here
 
 ROUTE_TIMEOUT_S = 60.0
 """How long a frame that came before its actor learned the routes waits for them (the driver routes
@@ -119,18 +118,6 @@ class Route:
 
     address: Address
     stage: int = TO_DRIVER
-
-
-def node_here() -> NodePlace:
-    """The node and process of the Ray worker that calls it."""
-    import ray
-
-    return NodePlace(
-        node_id=ray.get_runtime_context().get_node_id(),
-        address=ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
-        host=socket.gethostname(),
-        pid=os.getpid(),
-    )
 
 
 class WorkerActor:

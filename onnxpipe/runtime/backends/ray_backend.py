@@ -81,7 +81,7 @@ from onnxpipe.runtime.backends.ray_resources import (
     stages_text,
     timed_out_text,
 )
-from onnxpipe.runtime.backends.stage_cache import ship
+from onnxpipe.runtime.backends.ray_ship import ship
 from onnxpipe.runtime.base import Delivery, RayConfig, Tensors
 from onnxpipe.runtime.session import MAX_RECORDS, WorkerStats
 from onnxpipe.runtime.spec import WorkerSpec

@@ -31,9 +31,8 @@ from typing import Any
 import numpy as np
 
 from onnxpipe.core.errors import RuntimeStageError, error_line
-from onnxpipe.runtime.backends.ray_actor import node_here
 from onnxpipe.runtime.backends.ray_plane import Address, Endpoint, Frame
-from onnxpipe.runtime.trips import NodePlace
+from onnxpipe.runtime.trips import NodePlace, node_here
 
 SMALL_BYTES = 1024
 """The smallest size every link is measured at: its time is nearly all latency."""
