@@ -32,10 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import onnx
-
 from onnxpipe.core.files import file_sha256
-from onnxpipe.ir.external import external_info, is_external
 from onnxpipe.runtime.spec import ModelFile, WorkerSpec
 
 CACHE_ENV = "ONNXPIPE_STAGE_CACHE"
@@ -164,8 +161,13 @@ def _link(blob: Path, to: Path) -> None:
 def model_files(path: Path) -> tuple[ModelFile, ...]:
     """The model at ``path`` and the external weights files beside it, hashed here (a model whose files
     no manifest records, such as the source model the baselines run)."""
+    # onnx is imported here, not at the top: the actor imports this module for its cache, and a worker
+    # starts without onnx (tests/unit/test_layers.py); only the driver hashes a model's files
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
     proto = onnx.load(str(path), load_external_data=False)
-    locations = (external_info(t)[0] for t in proto.graph.initializer if is_external(t))
+    locations = (ExternalDataInfo(t).location for t in proto.graph.initializer if uses_external_data(t))
     names = [path.name, *dict.fromkeys(n for n in locations if n)]
     return tuple(ModelFile(n, file_sha256(path.parent / n)) for n in names)
 
