@@ -137,8 +137,14 @@ def manifest_placements(manifest: Manifest, threads: int | None = None) -> list[
     if manifest.cluster is None:
         n = manifest.plan.threads if threads is None else threads
         return [placement_for_device(st.device, n) for st in manifest.stages]
-    by_name = {d.name: d for d in manifest.cluster.devices}  # load_manifest checked each stage's is there
-    return [placement_of(by_name[st.device], threads) for st in manifest.stages]
+    by_name = {d.name: d for d in manifest.cluster.devices}
+    result: list[Placement] = []
+    for st in manifest.stages:
+        dev = by_name.get(st.device)
+        if dev is None:  # load_manifest checks this, a manifest built in code (Pipeline.from_manifest) not
+            raise UsageError(f"stage {st.index} runs on {st.device!r}, which is not a device of the manifest")
+        result.append(placement_of(dev, threads))
+    return result
 
 
 def check_providers_here(specs: Sequence[WorkerSpec], available: Sequence[str]) -> None:
@@ -274,6 +280,9 @@ def stage_specs(
             )
         )
         available = list(sends)
+    missing = [o for o in outputs if o not in available]
+    if missing:  # a manifest built in code, or a contract whose logits no stage of the split makes
+        raise UsageError(f"model output {missing[0]!r} is produced by no stage of the manifest")
     return specs
 
 

@@ -48,15 +48,3 @@ def test_each_door_function_loads_its_own_work_only(name: str, not_loaded: tuple
     code = f"import sys, onnxpipe; onnxpipe.{name}; print(*[m in sys.modules for m in {not_loaded!r}])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False"] * len(not_loaded)
-
-
-def test_a_worker_starts_without_onnx() -> None:
-    """A Ray actor and a worker process open their stages with onnxruntime only: onnx (protobuf and
-    its checker, about 60 ms and 20 MB) is the driver's, for shipping and hashing the stage files
-    (:mod:`onnxpipe.runtime.backends.ray_ship`), so a worker's modules do not import it."""
-    code = (
-        "import sys, onnxpipe.runtime.backends.ray_actor, onnxpipe.runtime.backends.process_worker; "
-        "print('onnx' in sys.modules)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False"]

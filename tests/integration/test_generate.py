@@ -5,8 +5,10 @@ onnxruntime loop that feeds the presents back as pasts (no onnxpipe code in the 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import replace
 from functools import cache, partial
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from paths import SAMPLE_MODELS
 from onnxpipe.api import GenerateOptions, SplitOptions, generate, split
 from onnxpipe.core.choices import CostSource, Ends
 from onnxpipe.core.errors import CacheLost, UsageError
-from onnxpipe.core.iocontract import Role
+from onnxpipe.core.iocontract import Binding, Role
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.ir.decoder import find_decoder
 from onnxpipe.ir.load import load_model
@@ -251,6 +253,20 @@ def test_generate_refuses_what_it_cannot_run(splits: Splits) -> None:
             pipe.generate([PROMPTS[0], ()], 4)
         with pytest.raises(UsageError, match="`max_new_tokens=0`"):
             pipe.generate([PROMPTS[0]], 0)
+
+
+def test_a_contract_whose_logits_no_stage_makes_is_refused_before_any_worker_starts(splits: Splits) -> None:
+    """Regression: with stage_specs' check of the outputs removed (as unreachable after load_manifest), a
+    contract given to Generator.open whose logits no stage of the split makes started the workers, and
+    the first step hung: the driver lost the step it could not read the logits of."""
+    folder = splits("gpt2", 2)
+    contract = load_manifest(folder).plan.decoder.io  # type: ignore[union-attr]
+    assert contract is not None
+    outputs = tuple(Binding("nope", b.role) if b.role == Role.LOGITS else b for b in contract.outputs)
+    threads_before = threading.active_count()
+    with pytest.raises(UsageError, match="model output 'nope' is produced by no stage of the manifest"):
+        Generator.open(folder, contract=replace(contract, outputs=outputs))
+    assert threading.active_count() == threads_before
 
 
 def test_the_contract_is_written_in_the_manifest_by_the_split(splits: Splits) -> None:

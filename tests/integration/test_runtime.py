@@ -551,6 +551,26 @@ def test_a_split_made_with_devices_runs_on_its_own_devices(
     capsys.readouterr()
 
 
+def test_a_manifest_built_in_code_is_checked_as_a_read_one_is(
+    tmp_path: Path, sample_models_dir: Path
+) -> None:
+    """Pipeline.from_manifest takes a manifest the caller made (``manifest=``), which load_manifest never
+    checked: a stage on a device its cluster lacks, or a model output no stage makes, is a UsageError
+    naming it, before any worker starts (not a KeyError, or a pipeline whose results never come)."""
+    cpu = "CPUExecutionProvider"
+    out = split_on_devices(tmp_path, sample_models_dir, ("board-a", cpu, 1), ("board-b", cpu, 1))
+    manifest = load_manifest(out)
+    threads_before = threading.active_count()
+    elsewhere = replace(manifest, stages=(manifest.stages[0], replace(manifest.stages[1], device="board-c")))
+    with pytest.raises(UsageError, match="stage 1 runs on 'board-c', which is not a device of the manifest"):
+        Pipeline.from_manifest(out, manifest=elsewhere)
+    ghost = replace(manifest.model_outputs[0], name="ghost")
+    unmade = replace(manifest, model_outputs=(*manifest.model_outputs, ghost))
+    with pytest.raises(UsageError, match="model output 'ghost' is produced by no stage of the manifest"):
+        Pipeline.from_manifest(out, manifest=unmade)
+    assert threading.active_count() == threads_before and not active_children()
+
+
 def test_a_provider_this_machine_lacks_is_named_before_any_worker_starts(
     tmp_path: Path, sample_models_dir: Path
 ) -> None:

@@ -199,6 +199,29 @@ def test_the_manifest_needs_neither_onnx_nor_onnxruntime() -> None:
     assert not {m: h for m, h in heavy.items() if h}, heavy
 
 
+WORKER_STARTS = (
+    "onnxpipe.runtime.backends.process_worker",  # a worker process's target
+    "onnxpipe.runtime.backends.processes",  # the class of the process object the child unpickles
+    "onnxpipe.runtime.backends.ray_actor",  # a Ray actor's body
+)
+"""The modules a worker imports as it starts."""
+
+
+def test_a_worker_starts_without_onnx_ray_or_networkx() -> None:
+    """A worker needs onnxruntime and its stage, not the splitting machinery: no module that importing a
+    worker's start module runs imports onnx, ray or networkx at its top level (ray_ship's merge into
+    stage_cache had every Ray actor import onnx for the driver's hashing of a model's files)."""
+    graph = nx.DiGraph(
+        (imp.importer, imp.imported) for imp in IMPORTS if not (imp.type_checking or imp.in_function)
+    )
+    heavy: dict[str, set[str]] = {}
+    for start in WORKER_STARTS:
+        closure = {start} | nx.descendants(graph, start)
+        closure |= {".".join(m.split(".")[:i]) for m in list(closure) for i in range(2, m.count(".") + 1)}
+        heavy |= {m: found for m in closure if (found := third_party(m) & {"onnx", "ray", "networkx"})}
+    assert not heavy, heavy
+
+
 def test_the_cli_imports_only_the_door_and_core() -> None:
     """The CLI parses, maps flags to options, calls :mod:`onnxpipe.api` and prints: nothing else."""
     wrong = [
