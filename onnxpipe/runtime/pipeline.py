@@ -224,10 +224,19 @@ class Driver:
         """Append what the backend returned to ``finished`` (under the lock)."""
         now = time.perf_counter()
         for seq, outputs in self.backend.poll():
-            job = self.in_flight.pop(seq)
-            result = outputs if isinstance(outputs, CacheLost) else {n: outputs[n] for n in self.output_names}
+            job = self.in_flight[seq]  # popped once its result is whole: a failure below still settles it
+            if not isinstance(outputs, CacheLost):
+                missing = [n for n in self.output_names if n not in outputs]
+                if missing:
+                    sent = ", ".join(map(repr, outputs))
+                    raise RuntimeStageError(
+                        f"the last stage sent back no {missing[0]!r} (it sent {sent}): "
+                        "start the pipeline with output names its last stage makes"
+                    )
+                outputs = {n: outputs[n] for n in self.output_names}
+            del self.in_flight[seq]
             job.done_at = now
-            finished.append((job, result))
+            finished.append((job, outputs))
 
     def _finished(self) -> bool:
         """Whether the driver should end now (under the lock)."""
@@ -398,7 +407,7 @@ class Pipeline(ClosesOnExit):
         """Start the workers of ``lanes`` (the chains of one split: one lane, or replicas) as ``backend``
         says; ``input_types``: the inputs the first worker takes (name: dtype), ``output_names`` the
         outputs the last sends back; ``manifest`` and ``directory``: the split's, if any; ``workers``:
-        the worker of each stage of an interleaved split (:func:`shared_workers`); ``check_here``: refuse
+        the worker of each stage of an interleaved split (:meth:`Manifest.worker_of`); ``check_here``: refuse
         a provider this machine lacks before any worker starts (the local backend; Ray actors check on
         their own node)."""
         config = backend if backend is not None else LocalConfig()

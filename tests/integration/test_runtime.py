@@ -631,3 +631,16 @@ def test_ray_resources_file(tmp_path: Path, tiny_split: Path) -> None:
     path.write_text(json.dumps({"stages": [{}]}))
     with pytest.raises(UsageError, match="1 entries for a pipeline of 2 stages"):
         load_ray_resources(path, 2)
+
+
+def test_an_output_the_last_stage_does_not_make_fails_the_pipeline_not_hangs_it(tiny_split: Path) -> None:
+    """``Pipeline.start`` takes the output names from its caller; one that the last stage does not send
+    back fails the micro-batch and the pipeline with a RuntimeStageError naming it, instead of a result
+    that never comes (the driver used to drop the job before it read the outputs)."""
+    manifest = load_manifest(tiny_split)
+    specs = stage_specs(tiny_split, manifest, manifest_placements(manifest, 1))
+    inputs = {t.name: t.dtype for t in manifest.model_inputs}
+    with Pipeline.start([specs], input_types=inputs, output_names=["ghost"]) as pipe:
+        job = pipe.submit(token_batches(1)[0])
+        with pytest.raises(RuntimeStageError, match="the last stage sent back no 'ghost'"):
+            job.result(timeout=60)
