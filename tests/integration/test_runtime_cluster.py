@@ -132,7 +132,7 @@ def test_run_through_the_api_on_the_cluster(on_cluster: LocalCluster, tiny_split
         RunOptions(backend="ray", ray_address=on_cluster.address, ray_resources=PINNED, microbatches=12),
     )
     assert report.backend == "ray" and report.microbatches == 12
-    assert [s.host is not None for s in report.stages] == [True, True]
+    assert [s.node is not None for s in report.stages] == [True, True]
 
 
 def _kill_when(
