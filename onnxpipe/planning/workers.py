@@ -360,7 +360,8 @@ def start_seconds(
     out = [0.0]
     for a in range(1, n + 1):
         for t, sign in [*((t, -1) for t in leave[a]), *((t, 1) for t in enter[a])]:
-            for name in _makers(view, kinds, t, closure):
+            # in name order: a set's order follows PYTHONHASHSEED, and so would the sum's last bits
+            for name in sorted(_makers(view, kinds, t, closure)):
                 before = count.get(name, 0)
                 count[name] = before + sign
                 if (before == 0) != (count[name] == 0):

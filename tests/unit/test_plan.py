@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -257,6 +257,43 @@ def test_stage_estimates_count_the_nodes_a_stage_copies() -> None:
         copies = math.fsum(prof.node_seconds.get(n, 0.0) for n in stage.recomputed_nodes)
         assert stage.compute_seconds == pytest.approx(own + copies, rel=1e-9, abs=1e-15)
     assert plan.bottleneck_seconds == max(stage.cost_seconds for stage in plan.stages)
+
+
+def test_what_a_stage_copies_sums_to_the_same_seconds_in_every_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The seconds of the nodes a stage copies are summed in one order, not in the order a set of node
+    names iterates in (which follows ``PYTHONHASHSEED``): else a stage's estimate, and the manifest's
+    digest, changed in their last bits from one run of the same command to the next."""
+    from onnxpipe.cost.static import static_profile
+    from onnxpipe.ir.load import load_model
+    from onnxpipe.ir.model import ModelView
+    from onnxpipe.ir.shapevalues import ValueKinds, value_kinds
+    from onnxpipe.planning import workers
+    from onnxpipe.planning.sequences import sequences
+
+    makers = workers._makers
+    view = load_model(SAMPLES / "transformer_tiny.onnx")
+    prof = static_profile(view)
+    seq = sequences(view, prof)
+    kinds = value_kinds(view)
+
+    def seconds_iterating(backwards: bool) -> tuple[float, ...]:
+        class Iterated(frozenset[str]):
+            """Node names that iterate in name order, or backwards: two processes' set orders."""
+
+            def __iter__(self) -> Iterator[str]:
+                return iter(sorted(frozenset.__iter__(self), reverse=backwards))
+
+        def ordered(
+            view: ModelView, kinds: ValueKinds, tensor: str, memo: dict[str, frozenset[str]]
+        ) -> Iterated:
+            return Iterated(makers(view, kinds, tensor, memo))
+
+        monkeypatch.setattr(workers, "_makers", ordered)
+        return workers.start_seconds(view, seq.compute, kinds, prof)
+
+    assert seconds_iterating(False) == seconds_iterating(True)
 
 
 def test_each_stage_estimate_counts_a_session_calls_fixed_cost() -> None:
