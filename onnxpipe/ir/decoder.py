@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from onnxpipe.core.iocontract import Role
+from onnxpipe.core.iocontract import IOContract, Role
 from onnxpipe.core.kv import KVPair
 from onnxpipe.ir.kv_pairs import find_pairs
 from onnxpipe.ir.model import FLOAT_TYPES, INTEGER_TYPES, ModelView, NodeInfo, TensorInfo
@@ -371,3 +371,29 @@ def tied_tables(view: ModelView) -> tuple[str, ...]:
         if nbytes >= large and ends == {"first", "last"}:
             found.append(t)
     return tuple(found)
+
+
+def io_contract(view: ModelView, dec: DecoderInfo) -> IOContract:
+    """The split's IO contract, what a generation loop feeds and reads: ``dec``'s token, mask and
+    position inputs, its cache pairs, and the logits (the one output besides the presents, or the one
+    named ``logits``).  The planner writes it in the manifest; a manifest written before it gets it from
+    here too, from its source model (:func:`onnxpipe.runtime.generation.generator.split_contract`)."""
+    presents = set(dec.present_outputs)
+    rest = [t for t in view.outputs if t not in presents]
+    named = [t for t in rest if "logits" in t.lower()]
+    logits = named[0] if len(named) == 1 else (rest[0] if len(rest) == 1 else None)
+    pasts = set(dec.past_inputs)
+    encoder = [t for t in view.inputs if "encoder" in t.lower() and t not in pasts]  # an encoder-decoder's
+    masks = [t for t in encoder if "mask" in t.lower()]  # T5's and Marian's encoder_attention_mask
+    encoder = [t for t in encoder if t not in masks]
+    cross = any(p.cross for p in dec.kv)
+    return IOContract.of_decoder(
+        dec.ids_input,
+        dec.mask_input,
+        dec.positions_input,
+        logits,
+        dec.kv,
+        dec.tokens,
+        encoder[0] if len(encoder) == 1 and cross else None,
+        masks[0] if len(masks) == 1 and cross else None,
+    )

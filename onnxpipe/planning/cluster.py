@@ -109,11 +109,11 @@ class _Costs:
     acts: tuple[float, ...]
     """Bytes of each compute node's outputs: what training keeps for the backward pass."""
     records: tuple[DeviceCosts, ...]
-    decoder: DecoderInfo | None = None
-    """Set for a decoder cut between layers only: ``seq`` is then in layer order, cuts between layers."""
-    kv: tuple[float, ...] = ()
+    kv: tuple[float, ...]
     """KV cache bytes at the maximum context per compute node (at the node making a layer's present; 0
     for all but a decoder's)."""
+    decoder: DecoderInfo | None = None
+    """Set for a decoder cut between layers only: ``seq`` is then in layer order, cuts between layers."""
 
 
 @dataclass(frozen=True)

@@ -41,10 +41,9 @@ from dataclasses import dataclass
 from onnxpipe import partition as _partition
 from onnxpipe.core.choices import Ends, Phase, PhaseChoice
 from onnxpipe.core.errors import PartitionError, UsageError
-from onnxpipe.core.iocontract import IOContract
 from onnxpipe.core.options import opt
 from onnxpipe.cost.profile import Profile
-from onnxpipe.ir.decoder import DecoderInfo
+from onnxpipe.ir.decoder import DecoderInfo, io_contract
 from onnxpipe.ir.decoder_dims import (
     batch_symbol,
     cache_batch,
@@ -535,29 +534,3 @@ def foreign_pasts(dec: DecoderInfo, stage: StageSpec) -> tuple[str, ...]:
     layer_of = dec.layer_of_tensor()
     owned = set(stage.kv_layers)
     return tuple(t for t in stage.inputs if t in layer_of and layer_of[t] not in owned)
-
-
-def io_contract(view: ModelView, dec: DecoderInfo) -> IOContract:
-    """The split's IO contract, what a generation loop feeds and reads: ``dec``'s token, mask and
-    position inputs, its cache pairs, and the logits (the one output besides the presents, or the one
-    named ``logits``).  The planner writes it in the manifest; a manifest written before it gets it from
-    here too, from its source model (:func:`onnxpipe.runtime.generation.generator.split_contract`)."""
-    presents = set(dec.present_outputs)
-    rest = [t for t in view.outputs if t not in presents]
-    named = [t for t in rest if "logits" in t.lower()]
-    logits = named[0] if len(named) == 1 else (rest[0] if len(rest) == 1 else None)
-    pasts = set(dec.past_inputs)
-    encoder = [t for t in view.inputs if "encoder" in t.lower() and t not in pasts]  # an encoder-decoder's
-    masks = [t for t in encoder if "mask" in t.lower()]  # T5's and Marian's encoder_attention_mask
-    encoder = [t for t in encoder if t not in masks]
-    cross = any(p.cross for p in dec.kv)
-    return IOContract.of_decoder(
-        dec.ids_input,
-        dec.mask_input,
-        dec.positions_input,
-        logits,
-        dec.kv,
-        dec.tokens,
-        encoder[0] if len(encoder) == 1 and cross else None,
-        masks[0] if len(masks) == 1 and cross else None,
-    )

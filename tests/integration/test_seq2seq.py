@@ -24,12 +24,11 @@ from onnxpipe.core.events import SILENT
 from onnxpipe.core.iocontract import Role
 from onnxpipe.cost.options import ProfileOptions
 from onnxpipe.export.options import ExportOptions
-from onnxpipe.ir.decoder import find_decoder
+from onnxpipe.ir.decoder import find_decoder, io_contract
 from onnxpipe.ir.load import load_model
 from onnxpipe.ir.seq2seq import ENCODER_OUTPUT, Seq2SeqFolder, find_seq2seq, step_decoder
 from onnxpipe.manifest import load_manifest
 from onnxpipe.manifest.seq2seq import read_seq2seq
-from onnxpipe.planning.decoder_plan import io_contract
 from onnxpipe.planning.request import PlanRequest
 from onnxpipe.runtime.options import GenerateOptions
 from tools import export_seq2seq as seq2seq

@@ -34,10 +34,9 @@ from onnxpipe.core.iocontract import IOContract, Role
 from onnxpipe.core.options import opt
 from onnxpipe.core.progress import ClosesOnExit
 from onnxpipe.core.tokenizer_files import has_tokenizer, model_folders
-from onnxpipe.ir.decoder import find_decoder
+from onnxpipe.ir.decoder import find_decoder, io_contract
 from onnxpipe.ir.load import load_model
 from onnxpipe.manifest import DecoderLimits, Manifest, decoder_limits, load_manifest
-from onnxpipe.planning.decoder_plan import io_contract
 from onnxpipe.runtime.base import BackendConfig, Tensors
 from onnxpipe.runtime.generation.feeds import Builder, StepFeeds, split_embedding
 from onnxpipe.runtime.generation.result import Generation
@@ -305,7 +304,7 @@ def split_contract(manifest: Manifest, folder: str | Path) -> IOContract:
 
 def _from_source(manifest: Manifest, folder: Path) -> IOContract:
     """The contract of a manifest written before ``plan.decoder.io``: the planner's, from the source model
-    the manifest records (:func:`onnxpipe.planning.decoder_plan.io_contract`)."""
+    the manifest records (:func:`onnxpipe.ir.decoder.io_contract`)."""
     try:
         path = source_model_path(folder, manifest, None)
     except UsageError as e:
