@@ -28,6 +28,11 @@ differently over the layers, the cuts minimise exactly the larger of the two pha
 relative to that phase's own best split (:func:`onnxpipe.partition.phases.solve_two_phases`), so that
 neither phase pays much for the other; both phases' estimates are kept per stage, and the plan reports
 the decode ones (generation is where the steady state of a pipeline lies).
+
+The layer line-up (:func:`layer_sequences`, :func:`layer_cut_items`) and the KV accounting
+(:func:`with_kv`, :func:`own_cache_only`) serve the devices-file and interleaved planners too
+(:mod:`onnxpipe.planning.cluster`, :mod:`onnxpipe.planning.workers`): a decoder is cut between layers,
+and each stage keeps its own layers' cache, whichever planner places it.
 """
 
 from __future__ import annotations
